@@ -1,0 +1,120 @@
+// The one dispatch header: every op the models use, forward and backward side by side.
+// A backend (kernels/cpu, kernels/cuda) implements Ops; models call ops_for(device).
+// Kernels know nothing of sharding, units or configs.
+//
+// Conventions (llm.c style):
+//  * row-major; activations are (N, C) with N = B*T rows unless stated;
+//  * Linear weights use PyTorch's nn.Linear layout (OC, C): y = x W^T + b;
+//  * every backward ACCUMULATES (+=) into every gradient it writes, parameter and input
+//    gradients alike; callers zero buffers that must start at zero;
+//  * nullable pointers are marked "may be null";
+//  * results are deterministic for a fixed thread count (static partitioning, fixed-order
+//    reductions): two identical runs give bit-identical numbers.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "core/device.h"
+
+namespace sw {
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+  virtual Device device() const = 0;
+
+  // ---- GEMM: C = alpha * op(A) @ op(B) + beta * C, row-major, op = transpose if flag set.
+  // A is (M,K) (or (K,M) when ta), B is (K,N) (or (N,K) when tb), C is (M,N).
+  virtual void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+                    const float* B, int ldb, float beta, float* C, int ldc) const = 0;
+
+  // ---- Linear: out(N,OC) = inp(N,C) @ w(OC,C)^T + b(OC) [b may be null].
+  virtual void linear_forward(float* out, const float* inp, const float* w, const float* b, int N,
+                              int C, int OC) const = 0;
+  // dinp(N,C) += dout @ w;  dw(OC,C) += dout^T @ inp;  db(OC) += colsum(dout).
+  // dinp, db may be null.
+  virtual void linear_backward(float* dinp, float* dw, float* db, const float* dout,
+                               const float* inp, const float* w, int N, int C, int OC) const = 0;
+
+  // ---- Embedding: out(B,T,C) = wte[tokens[b,t]] + wpe[t] [wpe may be null].
+  // Token ids must be < V (checked by the data loader, not here).
+  virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte,
+                                 const float* wpe, int B, int T, int C) const = 0;
+  virtual void embedding_backward(float* dwte, float* dwpe, const float* dout,
+                                  const int32_t* tokens, int B, int T, int C) const = 0;
+
+  // ---- LayerNorm over the last dim (eps 1e-5). mean, rstd: (N) saved for backward.
+  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                                 const float* w, const float* b, int N, int C) const = 0;
+  virtual void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
+                                  const float* inp, const float* w, const float* mean,
+                                  const float* rstd, int N, int C) const = 0;
+
+  // ---- RMSNorm: out = inp * rstd * w, rstd = 1/sqrt(mean(inp^2) + eps).
+  virtual void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N,
+                               int C, float eps) const = 0;
+  virtual void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp,
+                                const float* w, const float* rstd, int N, int C) const = 0;
+
+  // ---- GELU, tanh approximation (GPT-2's "gelu_new"), elementwise over n values.
+  virtual void gelu_forward(float* out, const float* inp, size_t n) const = 0;
+  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const = 0;
+
+  // ---- SwiGLU: gu is (N, 2F) with rows [gate | up]; out(N,F) = silu(gate) * up.
+  virtual void swiglu_forward(float* out, const float* gu, int N, int F) const = 0;
+  virtual void swiglu_backward(float* dgu, const float* dout, const float* gu, int N,
+                               int F) const = 0;
+
+  // ---- Residual: out = a + b (out may alias a or b).
+  virtual void residual_forward(float* out, const float* a, const float* b, size_t n) const = 0;
+
+  // ---- RoPE (Hugging Face rotate_half convention: dim i pairs with i + hd/2), applied in place
+  // to the q and k heads of a packed qkv buffer (B, T, (H + 2*KVH) * hd) laid out
+  // [q heads | k heads | v heads]; v is untouched. Position of row (b,t) is t.
+  virtual void rope_forward(float* qkv, int B, int T, int H, int KVH, int hd,
+                            float theta) const = 0;
+  // Inverse rotation applied in place to dqkv (the gradient of the rotated q and k).
+  virtual void rope_backward(float* dqkv, int B, int T, int H, int KVH, int hd,
+                             float theta) const = 0;
+
+  // ---- Causal self-attention with grouped-query heads (KVH divides H; KVH == H is MHA).
+  // qkv: (B, T, (H + 2*KVH) * hd) as above; out: (B, T, H*hd);
+  // lse: (B, H, T) log-sum-exp of each softmax row, saved for backward.
+  // Scale 1/sqrt(hd). Never materialises more than a tile of the (T, T) score matrix per thread.
+  virtual void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H,
+                                 int KVH, int hd) const = 0;
+  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv,
+                                  const float* out, const float* lse, int B, int T, int H,
+                                  int KVH, int hd) const = 0;
+
+  // ---- Fused LM head + softmax cross-entropy (logits are never stored in full).
+  // For each row n: logits = x[n] @ w^T (V), loss[n] = logsumexp(logits) - logits[targets[n]].
+  // Rows with targets[n] < 0 are ignored (loss 0, no gradient).
+  // If dx/dw are non-null the gradient of (grad_scale * sum_n loss[n]) is accumulated at the
+  // same time: dx(N,C) += ..., dw(V,C) += .... Returns sum_n loss[n] (as double).
+  virtual double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w,
+                             const int32_t* targets, int N, int C, int V,
+                             float grad_scale) const = 0;
+
+  // ---- AdamW (decoupled weight decay, bias-corrected; step counts from 1), on n elements.
+  // param -= lr * (mhat / (sqrt(vhat) + eps) + wd * param), with grad multiplied by grad_mult
+  // first (for clipping and gradient-accumulation averaging).
+  virtual void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr,
+                     float beta1, float beta2, float eps, float wd, int step,
+                     float grad_mult) const = 0;
+
+  // ---- Utilities.
+  virtual double sum_squares(const float* x, size_t n) const = 0;  // fixed-order, deterministic
+  virtual void scale(float* x, float a, size_t n) const = 0;
+  virtual void fill(float* x, float v, size_t n) const = 0;
+  virtual void add_inplace(float* y, const float* x, size_t n) const = 0;  // y += x
+  virtual void copy(float* dst, const float* src, size_t n) const = 0;
+};
+
+// The Ops of a device; throws sw::Error if this build has no backend for it.
+const Ops& ops_for(Device device);
+
+// Backends register themselves (kernels/cuda does so when built).
+void register_ops(DeviceKind kind, const Ops* ops);
+
+}  // namespace sw

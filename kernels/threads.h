@@ -1,0 +1,8 @@
+// Threads per rank for our kernels and BLAS: one OpenMP pool shared by both (the build links
+// OpenBLAS's OpenMP variant, so its threads and ours never fight for the cores).
+#pragma once
+
+namespace sw {
+void set_num_threads(int n);  // n <= 0: all cores divided by the ranks on this node
+int num_threads();
+}  // namespace sw

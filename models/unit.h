@@ -1,0 +1,104 @@
+// The unit contract (docs/ARCHITECTURE.md, "Units"). A model is a sequence of units; each unit
+// declares its parameters and implements forward and backward on the residual stream.
+// A unit never allocates its parameters and never communicates: the sharding layer owns
+// parameter memory (one flat buffer per unit, declaration order) and hands the unit pointers
+// to the gathered parameters and to the gradient buffers for each call.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/alloc.h"
+#include "core/tensor.h"
+#include "kernels/ops.h"
+
+namespace sw {
+
+enum class Init : uint8_t { Normal, Zeros, Ones };
+
+struct ParamSpec {
+  std::string name;  // global, unique in the model: "h.3.attn.qkv.weight"
+  Shape shape;
+  Init init = Init::Normal;
+  float std = 0.02f;         // for Init::Normal
+  bool weight_decay = true;  // AdamW decays matrices, not norms/biases
+  // Export: the Hugging Face tensor name and whether HF stores the transpose of our
+  // (out, in) matrix (GPT-2's Conv1D). Empty hf_name: exported under `name`.
+  std::string hf_name;
+  bool hf_transpose = false;
+};
+
+// Activations a unit keeps from forward for its backward, owned by the engine (one Saved per
+// call site) so that activation checkpointing can drop and recompute them. Tracked as
+// Mem::Activations.
+class Saved {
+ public:
+  // Forward: allocates `n` floats under `key` (reusing the allocation if it already exists
+  // with the same size). Backward: returns the same pointer (checks that it exists).
+  float* f32(std::string_view key, size_t n);
+  int32_t* i32(std::string_view key, size_t n);
+  float* get(std::string_view key) const;  // throws if absent
+  size_t bytes() const;
+  void clear();  // frees everything
+ private:
+  void* slot(std::string_view key, size_t bytes);
+  std::map<std::string, Buffer, std::less<>> bufs_;
+};
+
+// Temporary memory for one call, released (for reuse) when the call returns. Tracked as
+// Mem::Workspace; grows to the largest request and stays allocated.
+class Scratch {
+ public:
+  float* f32(size_t n);  // a fresh region each call until reset()
+  void reset() { used_ = 0; }
+  size_t capacity_bytes() const;
+ private:
+  std::vector<Buffer> blocks_;
+  size_t used_ = 0;  // floats used in the last block
+};
+
+struct Batch {
+  const int32_t* tokens = nullptr;   // (B, T)
+  const int32_t* targets = nullptr;  // (B, T); < 0 = ignore
+  int B = 0, T = 0;
+};
+
+struct UnitCtx {
+  const Ops* ops = nullptr;
+  const Batch* batch = nullptr;
+  const std::vector<float*>* params = nullptr;  // gathered parameters, ParamSpec order
+  const std::vector<float*>* grads = nullptr;   // gradient buffers (accumulate +=), same order
+  Saved* saved = nullptr;
+  Scratch* scratch = nullptr;
+  bool training = true;    // false: inference/eval; no gradients will be asked for
+  float grad_scale = 1.f;  // loss units: multiply d(sum of token losses) by this
+  double loss_sum = 0.0;   // loss units add the sum of token losses here
+  int64_t loss_count = 0;  // and the number of counted tokens here
+  // Inference only (training == false): when non-null, a loss call writes the (B, V) logits of
+  // the last position of each sequence here instead of computing a loss.
+  float* logits = nullptr;
+
+  float* param(size_t i) const { return (*params)[i]; }
+  float* grad(size_t i) const { return (*grads)[i]; }
+};
+
+class Unit {
+ public:
+  virtual ~Unit() = default;
+  virtual std::string name() const = 0;         // "h.3", "embed_head"
+  virtual std::vector<ParamSpec> params() const = 0;
+  // How many times the unit runs per forward (a tied embedding/head unit runs twice). The
+  // model's schedule says which call runs when.
+  virtual int num_calls() const { return 1; }
+  // x, y: (B, T, d_model) residual stream; the first call of an embedding ignores x, a loss
+  // call writes no y (y may be null) and reports into ctx.loss_sum.
+  virtual void forward(UnitCtx& ctx, int call, const float* x, float* y) = 0;
+  // Given dy (null for a loss call), writes (=, not +=) dx (null for an embedding call) and
+  // accumulates parameter gradients into ctx.grads. x is the same input forward saw.
+  virtual void backward(UnitCtx& ctx, int call, const float* x, const float* dy, float* dx) = 0;
+};
+
+}  // namespace sw
