@@ -1,0 +1,65 @@
+// CPU implementations of kernels/ops.h, as plain functions (llm.c style). Semantics, shapes
+// and the "backward accumulates" rule are documented on the Ops methods; these mirror them
+// one-to-one. Multi-threaded with OpenMP (static schedules, fixed-order reductions, so results
+// are bit-identical run to run for a fixed thread count).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace sw::cpu {
+
+// gemm.cpp (OpenBLAS)
+void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+          const float* B, int ldb, float beta, float* C, int ldc);
+void linear_forward(float* out, const float* inp, const float* w, const float* b, int N, int C,
+                    int OC);
+void linear_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                     const float* w, int N, int C, int OC);
+
+// embedding.cpp
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                       int B, int T, int C);
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
+                        int T, int C);
+
+// norm.cpp
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                       const float* b, int N, int C);
+void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                        const float* w, const float* mean, const float* rstd, int N, int C);
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C,
+                     float eps);
+void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                      const float* rstd, int N, int C);
+
+// elementwise.cpp
+void gelu_forward(float* out, const float* inp, size_t n);
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
+void swiglu_forward(float* out, const float* gu, int N, int F);
+void swiglu_backward(float* dgu, const float* dout, const float* gu, int N, int F);
+void residual_forward(float* out, const float* a, const float* b, size_t n);
+double sum_squares(const float* x, size_t n);
+void scale(float* x, float a, size_t n);
+void fill(float* x, float v, size_t n);
+void add_inplace(float* y, const float* x, size_t n);
+void copy(float* dst, const float* src, size_t n);
+
+// rope.cpp
+void rope_forward(float* qkv, int B, int T, int H, int KVH, int hd, float theta);
+void rope_backward(float* dqkv, int B, int T, int H, int KVH, int hd, float theta);
+
+// attention.cpp
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KVH,
+                       int hd);
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, int B, int T, int H, int KVH, int hd);
+
+// lmhead.cpp
+double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w,
+                   const int32_t* targets, int N, int C, int V, float grad_scale);
+
+// adamw.cpp
+void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
+           float beta2, float eps, float wd, int step, float grad_mult);
+
+}  // namespace sw::cpu
