@@ -1,0 +1,58 @@
+// A training run's configuration, read from JSON with DeepSpeed's key names where the meaning
+// is the same (train_micro_batch_size_per_gpu, gradient_accumulation_steps, optimizer{type,
+// params}, scheduler{type, params}, gradient_clipping, bf16/fp16, zero_optimization) and FSDP's
+// where DeepSpeed has none. Every key is validated: unknown keys (with the closest valid key
+// suggested), wrong types and out-of-range values throw sw::Error naming the file and key path.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "models/model.h"
+
+namespace sw {
+
+struct OptimizerConfig {
+  std::string type = "AdamW";  // optimizer.type
+  float lr = 3e-4f;            // optimizer.params.lr
+  float beta1 = 0.9f, beta2 = 0.95f;  // optimizer.params.betas
+  float eps = 1e-8f;                  // optimizer.params.eps
+  float weight_decay = 0.1f;          // optimizer.params.weight_decay
+};
+
+struct SchedulerConfig {
+  std::string type = "WarmupCosineLR";  // scheduler.type: WarmupCosineLR | WarmupLR | Constant
+  int warmup_num_steps = 0;             // scheduler.params.warmup_num_steps
+  int total_num_steps = 0;              // scheduler.params.total_num_steps (0 = train_steps)
+  float warmup_min_ratio = 0.f;         // lr at step 0 = lr * warmup_min_ratio
+  float cos_min_ratio = 0.1f;           // lr at the end = lr * cos_min_ratio
+};
+
+struct TrainConfig {
+  std::string source;  // the config file's path (for messages)
+  ModelConfig model;   // model.{type, vocab_size, n_layer, n_head, n_kv_head, d_model, d_ff, seq_len, ...}
+  std::string train_data, val_data;  // data.train, data.val (val optional)
+  int micro_batch = 8;               // train_micro_batch_size_per_gpu
+  int grad_accum = 1;                // gradient_accumulation_steps
+  int train_steps = 100;             // train_steps
+  uint64_t seed = 1337;              // seed
+  std::string run_dir = "runs/default";  // run_dir
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  float grad_clip = 1.0f;      // gradient_clipping (0 = off)
+  int eval_every_steps = 0;    // eval_every_steps (0 = only at the end when val data exists)
+  int eval_batches = 8;        // eval_batches
+  int log_every_steps = 1;     // log_every_steps (metrics.jsonl gets every step)
+  int threads = 0;             // threads per rank (0 = cores / local ranks)
+  int zero_stage = 3;          // zero_optimization.stage
+  std::string resolved_json;   // the config after defaults and overrides, pretty-printed
+};
+
+// Reads `path`, applies `overrides` ("a.b.c=value", value parsed as JSON, else as a string),
+// validates. Throws sw::Error("config: <path>: <key path>: <problem>").
+TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Same from a JSON text (source names it in messages).
+TrainConfig parse_config(const std::string& json_text, const std::string& source,
+                         const std::vector<std::string>& overrides = {});
+
+}  // namespace sw

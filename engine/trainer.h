@@ -1,0 +1,27 @@
+// The training loop: data, micro-batches with gradient accumulation, clipping, AdamW with the
+// LR schedule, periodic validation, metrics.jsonl, a live progress line, and the final
+// weights exported to <run_dir>/model.safetensors with Hugging Face names.
+#pragma once
+#include <string>
+
+#include "engine/config.h"
+
+namespace sw {
+
+struct TrainOptions {
+  bool progress = true;  // live progress line on stderr (step/total, loss, tokens/s, ETA)
+  bool export_weights = true;
+};
+
+struct TrainSummary {
+  int steps = 0;
+  double last_loss = 0;       // training loss of the last step
+  double last_val_loss = -1;  // -1 when no validation ran
+  double tokens_per_s = 0;    // mean over the run, excluding the first step
+  double unigram_entropy = 0; // byte-unigram entropy of the training data, nats (for reference)
+  std::string weights_path;   // "" when not exported
+};
+
+TrainSummary train(const TrainConfig& cfg, const TrainOptions& opts = {});
+
+}  // namespace sw
