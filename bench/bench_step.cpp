@@ -1,1 +1,140 @@
-int main() { return 0; }  // placeholder: being written
+// Training-step throughput of Shardwise on a GPT-2 or Llama shape, with the sgemm roofline
+// measured in the same process. Prints a table and one JSON line (for bench/step.sh, which
+// runs PyTorch on the same shapes beside it).
+//
+//   bench_step [--model gpt2|llama] [--d 768] [--layers 12] [--heads 12] [--kv-heads H]
+//              [--vocab 50257] [--T 256] [--B 4] [--steps 5] [--warmup 2] [--threads 2]
+//
+// Training FLOPs per token = 6 * params + 12 * layers * d_model * T (forward + backward,
+// matmuls and attention scores; the PaLM/llm.c convention); roofline fraction = achieved
+// FLOP/s over OpenBLAS sgemm FLOP/s at the model's own GEMM shapes.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/alloc.h"
+#include "core/rng.h"
+#include "kernels/ops.h"
+#include "kernels/threads.h"
+#include "models/model.h"
+#include "sharding/sharded_model.h"
+
+using namespace sw;
+using Clock = std::chrono::steady_clock;
+
+static double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// sgemm GFLOP/s on the shapes a transformer step uses (N = B*T rows), median of reps.
+static double sgemm_gflops(const Ops& ops, int N, int C, int V) {
+  struct S { int M, Nn, K; bool ta, tb; };
+  const std::vector<S> shapes = {
+      {N, 3 * C, C, false, true},  // qkv forward
+      {N, 4 * C, C, false, true},  // mlp fc forward
+      {N, C, 4 * C, false, true},  // mlp proj forward
+      {N, C, 4 * C, false, false},  // dinp of fc
+      {4 * C, C, N, true, false},   // dW of fc
+      {256, std::min(V, 8192), C, false, true},  // an LM-head chunk
+  };
+  double flops = 0, secs = 0;
+  for (const S& s : shapes) {
+    std::vector<float> A(size_t(s.M) * s.K, 0.01f), B(size_t(s.K) * s.Nn, 0.02f),
+        Cm(size_t(s.M) * s.Nn, 0.f);
+    const int lda = s.ta ? s.M : s.K, ldb = s.tb ? s.K : s.Nn;
+    ops.gemm(s.ta, s.tb, s.M, s.Nn, s.K, 1.f, A.data(), lda, B.data(), ldb, 0.f, Cm.data(), s.Nn);
+    std::vector<double> t;
+    for (int r = 0; r < 5; ++r) {
+      auto t0 = Clock::now();
+      ops.gemm(s.ta, s.tb, s.M, s.Nn, s.K, 1.f, A.data(), lda, B.data(), ldb, 0.f, Cm.data(),
+               s.Nn);
+      t.push_back(seconds_since(t0));
+    }
+    std::sort(t.begin(), t.end());
+    flops += 2.0 * s.M * s.Nn * s.K;
+    secs += t[t.size() / 2];
+  }
+  return flops / secs / 1e9;
+}
+
+int main(int argc, char** argv) {
+  ModelConfig mc;
+  mc.type = "gpt2";
+  mc.d_model = 768;
+  mc.n_layer = 12;
+  mc.n_head = 12;
+  mc.vocab_size = 50257;
+  mc.seq_len = 256;
+  int B = 4, steps = 5, warmup = 2, threads = 2;
+  for (int i = 1; i < argc; ++i) {
+    auto arg = [&](const char* name) { return std::strcmp(argv[i], name) == 0 && i + 1 < argc; };
+    if (arg("--model")) mc.type = argv[++i];
+    else if (arg("--d")) mc.d_model = std::atoi(argv[++i]);
+    else if (arg("--layers")) mc.n_layer = std::atoi(argv[++i]);
+    else if (arg("--heads")) mc.n_head = std::atoi(argv[++i]);
+    else if (arg("--kv-heads")) mc.n_kv_head = std::atoi(argv[++i]);
+    else if (arg("--vocab")) mc.vocab_size = std::atoi(argv[++i]);
+    else if (arg("--T")) mc.seq_len = std::atoi(argv[++i]);
+    else if (arg("--B")) B = std::atoi(argv[++i]);
+    else if (arg("--steps")) steps = std::atoi(argv[++i]);
+    else if (arg("--warmup")) warmup = std::atoi(argv[++i]);
+    else if (arg("--threads")) threads = std::atoi(argv[++i]);
+    else {
+      std::fprintf(stderr, "bench_step: unknown or incomplete option '%s'\n", argv[i]);
+      return 2;
+    }
+  }
+  set_num_threads(threads);
+  const Ops& ops = ops_for(Device::cpu());
+  const int T = mc.seq_len, N = B * T;
+
+  const double gemm_rate = sgemm_gflops(ops, N, mc.d_model, mc.vocab_size);
+
+  Model model = build_model(mc);
+  ShardedModel sm(model, ops, 1234);
+  const double P = static_cast<double>(sm.num_params());
+  const double flops_per_token = 6.0 * P + 12.0 * mc.n_layer * mc.d_model * T;
+
+  std::vector<int32_t> tokens(N), targets(N);
+  Rng rng(7);
+  for (int i = 0; i < N; ++i) {
+    tokens[i] = static_cast<int32_t>(rng.below(mc.vocab_size));
+    targets[i] = static_cast<int32_t>(rng.below(mc.vocab_size));
+  }
+  Batch batch{tokens.data(), targets.data(), B, T};
+  AdamWParams ap;
+  std::vector<double> times;
+  double loss = 0;
+  MemTracker::global().reset_peaks();
+  for (int s = 0; s < warmup + steps; ++s) {
+    auto t0 = Clock::now();
+    sm.zero_grads();
+    loss = sm.forward_backward(batch, 1.f);
+    const double norm = sm.grad_norm();
+    const float mult = norm > 1.0 ? static_cast<float>(1.0 / norm) : 1.f;
+    sm.optimizer_step(ap, 1e-4f, mult, s + 1);
+    if (s >= warmup) times.push_back(seconds_since(t0));
+  }
+  std::sort(times.begin(), times.end());
+  const double step_s = times[times.size() / 2];
+  const double tps = N / step_s;
+  const double achieved = tps * flops_per_token / 1e9;
+  std::printf("model      %s d=%d L=%d H=%d V=%d T=%d B=%d threads=%d params=%.1fM\n",
+              mc.type.c_str(), mc.d_model, mc.n_layer, mc.n_head, mc.vocab_size, T, B, threads,
+              P / 1e6);
+  std::printf("sgemm      %.1f GFLOP/s (model GEMM shapes, same run)\n", gemm_rate);
+  std::printf("step       %.3f s median of %d  -> %.1f tokens/s, %.1f GFLOP/s = %.0f%% of sgemm\n",
+              step_s, steps, tps, achieved, 100.0 * achieved / gemm_rate);
+  std::printf("peak mem   %.1f MiB (loss %.4f)\n",
+              MemTracker::global().total_peak() / 1048576.0, loss);
+  std::printf("{\"peer\": \"shardwise\", \"threads\": %d, \"params\": %.0f, \"step_s\": %.6f, "
+              "\"tokens_per_s\": %.3f, \"gflops\": %.3f, \"sgemm_gflops\": %.3f, "
+              "\"roofline_frac\": %.4f, \"flops_per_token\": %.0f}\n",
+              threads, P, step_s, tps, achieved, gemm_rate, achieved / gemm_rate,
+              flops_per_token);
+  return 0;
+}

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The default job: set up, build, prepare the fortunes corpus (Debian's `fortunes` package, so
+# nothing is downloaded), train the default small GPT (configs/default.json) and print a sample.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+bash scripts/build.sh
+sw=build/tools/shardwise
+mkdir -p data
+if [ ! -s data/fortunes_train.bin ] || [ ! -s data/fortunes_val.bin ]; then
+  # The fortune text files are the ones without an extension (.dat/.u8 are indexes).
+  mapfile -t texts < <(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.*' | sort)
+  "$sw" data prepare "${texts[@]}" --out data/fortunes_train.bin --val data/fortunes_val.bin \
+    --val-fraction 0.05
+fi
+"$sw" train configs/default.json "$@"
+echo
+echo "---- sample (greedy would repeat itself; temperature 0.8, top-k 40) ----"
+"$sw" sample --config configs/default.json --weights runs/default/model.safetensors \
+  --prompt "Q: " --tokens 300 --temperature 0.8 --top-k 40 --seed 1
+echo
