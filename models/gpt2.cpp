@@ -1,1 +1,268 @@
-// placeholder: being written
+// GPT-2 units (see gpt2.h). Shapes: B batch, T time, N = B*T rows, C d_model, H heads,
+// hd = C/H, F = d_ff (4C), V vocab, maxT = seq_len.
+#include "models/gpt2.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace sw {
+
+namespace {
+
+// Activation storage: kept in ctx.saved when training (backward needs it), in ctx.scratch
+// otherwise (eval keeps nothing). Same arithmetic either way.
+float* keep(UnitCtx& ctx, const char* key, size_t n) {
+  return ctx.training ? ctx.saved->f32(key, n) : ctx.scratch->f32(n);
+}
+
+// Scratch is per call: released for reuse when the call returns.
+struct ScratchScope {
+  Scratch* s;
+  ~ScratchScope() { s->reset(); }
+};
+
+size_t sz(int64_t a, int64_t b = 1) { return static_cast<size_t>(a * b); }
+
+int64_t count_targets(const Batch& b) {
+  int64_t n = 0;
+  const int64_t N = int64_t{b.B} * b.T;
+  for (int64_t i = 0; i < N; ++i) n += b.targets[i] >= 0;
+  return n;
+}
+
+ParamSpec spec(std::string name, Shape shape, Init init, float std, std::string hf,
+               bool hf_t = false) {
+  ParamSpec p;
+  p.name = std::move(name);
+  p.weight_decay = shape.size() >= 2;
+  p.shape = std::move(shape);
+  p.init = init;
+  p.std = std;
+  p.hf_name = std::move(hf);
+  p.hf_transpose = hf_t;
+  return p;
+}
+
+// ---- [0] embed_head ------------------------------------------------------------------------
+class EmbedHead final : public Unit {
+ public:
+  explicit EmbedHead(const ModelConfig& c) : c_(c) {}
+  std::string name() const override { return "embed_head"; }
+  int num_calls() const override { return 2; }
+
+  // 0 wte (V,C); 1 wpe (maxT,C); 2 ln_f.weight (C); 3 ln_f.bias (C); [4 lm_head.weight (V,C)]
+  std::vector<ParamSpec> params() const override {
+    const int64_t V = c_.vocab_size, C = c_.d_model, maxT = c_.seq_len;
+    std::vector<ParamSpec> p = {
+        spec("wte", {V, C}, Init::Normal, 0.02f, "wte.weight"),
+        spec("wpe", {maxT, C}, Init::Normal, 0.02f, "wpe.weight"),
+        spec("ln_f.weight", {C}, Init::Ones, 0.f, "ln_f.weight"),
+        spec("ln_f.bias", {C}, Init::Zeros, 0.f, "ln_f.bias"),
+    };
+    if (!c_.tie_embeddings)
+      p.push_back(spec("lm_head.weight", {V, C}, Init::Normal, 0.02f, "lm_head.weight"));
+    return p;
+  }
+
+  void forward(UnitCtx& ctx, int call, const float* x, float* y) override {
+    const Ops& ops = *ctx.ops;
+    const Batch& bt = *ctx.batch;
+    const int B = bt.B, T = bt.T, C = c_.d_model, V = c_.vocab_size;
+    const int N = B * T;
+    ScratchScope guard{ctx.scratch};
+    if (T > c_.seq_len)
+      fail("model", "batch sequence length " + std::to_string(T) + " exceeds model.seq_len = " +
+                        std::to_string(c_.seq_len));
+    if (call == 0) {
+      ops.embedding_forward(y, bt.tokens, ctx.param(0), ctx.param(1), B, T, C);  // y (B,T,C)
+      return;
+    }
+    SW_CHECK(call == 1, "embed_head has two calls");
+    const float* lnw = ctx.param(2);  // (C)
+    const float* lnb = ctx.param(3);  // (C)
+    const size_t lm = head_index();
+    const float* w = ctx.param(lm);  // (V,C)
+    if (!ctx.training && ctx.logits) {
+      // Inference: logits of each sequence's last position only.
+      float* xl = ctx.scratch->f32(sz(B, C));  // (B,C)
+      for (int b = 0; b < B; ++b) ops.copy(xl + sz(b, C), x + sz(int64_t{b} * T + T - 1, C), sz(C));
+      float* hl = ctx.scratch->f32(sz(B, C));
+      float* mean = ctx.scratch->f32(sz(B));
+      float* rstd = ctx.scratch->f32(sz(B));
+      ops.layernorm_forward(hl, mean, rstd, xl, lnw, lnb, B, C);
+      ops.linear_forward(ctx.logits, hl, w, nullptr, B, C, V);  // (B,V)
+      return;
+    }
+    SW_CHECK(ctx.batch->targets != nullptr, "a loss call needs targets");
+    float* h = keep(ctx, "lnf", sz(N, C));      // (N,C)
+    float* mean = keep(ctx, "lnf_mean", sz(N));  // (N)
+    float* rstd = keep(ctx, "lnf_rstd", sz(N));  // (N)
+    ops.layernorm_forward(h, mean, rstd, x, lnw, lnb, N, C);
+    float* losses = ctx.scratch->f32(sz(N));  // (N)
+    // Fused: with gradient buffers at hand, the LM head's gradients are produced now (dw
+    // accumulated into its gradient, dh stashed for backward), so the (N,V) logits are never
+    // stored. Without them (eval, or a forward re-run without grads) backward does it.
+    const bool fused = ctx.training && ctx.grads != nullptr;
+    float* dh = nullptr;
+    if (fused) {
+      dh = ctx.saved->f32("dlnf", sz(N, C));  // (N,C)
+      ops.fill(dh, 0.f, sz(N, C));
+    }
+    if (ctx.training) ctx.saved->f32("fused", 1)[0] = fused ? 1.f : 0.f;
+    const double s = ops.lmhead_xent(losses, dh, fused ? ctx.grad(lm) : nullptr, h, w,
+                                     bt.targets, N, C, V, ctx.grad_scale);
+    ctx.loss_sum += s;
+    ctx.loss_count += count_targets(bt);
+  }
+
+  void backward(UnitCtx& ctx, int call, const float* x, const float* dy, float* dx) override {
+    const Ops& ops = *ctx.ops;
+    const Batch& bt = *ctx.batch;
+    const int B = bt.B, T = bt.T, C = c_.d_model, V = c_.vocab_size;
+    const int N = B * T;
+    ScratchScope guard{ctx.scratch};
+    if (call == 0) {
+      ops.embedding_backward(ctx.grad(0), ctx.grad(1), dy, bt.tokens, B, T, C);
+      return;
+    }
+    SW_CHECK(call == 1, "embed_head has two calls");
+    const size_t lm = head_index();
+    const float* h = ctx.saved->get("lnf");
+    const float* mean = ctx.saved->get("lnf_mean");
+    const float* rstd = ctx.saved->get("lnf_rstd");
+    const float* dh;
+    if (ctx.saved->get("fused")[0] != 0.f) {
+      dh = ctx.saved->get("dlnf");
+    } else {
+      float* d = ctx.scratch->f32(sz(N, C));
+      ops.fill(d, 0.f, sz(N, C));
+      float* losses = ctx.scratch->f32(sz(N));
+      ops.lmhead_xent(losses, d, ctx.grad(lm), h, ctx.param(lm), bt.targets, N, C, V,
+                      ctx.grad_scale);
+      dh = d;
+    }
+    ops.fill(dx, 0.f, sz(N, C));
+    ops.layernorm_backward(dx, ctx.grad(2), ctx.grad(3), dh, x, ctx.param(2), mean, rstd, N, C);
+  }
+
+ private:
+  size_t head_index() const { return c_.tie_embeddings ? 0 : 4; }
+  ModelConfig c_;
+};
+
+// ---- [1..L] blocks ---------------------------------------------------------------------------
+class Block final : public Unit {
+ public:
+  Block(const ModelConfig& c, int layer) : c_(c), layer_(layer) {}
+  std::string name() const override { return "h." + std::to_string(layer_); }
+
+  enum : size_t { LN1W, LN1B, QKVW, QKVB, PROJW, PROJB, LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB };
+
+  std::vector<ParamSpec> params() const override {
+    const int64_t C = c_.d_model, F = c_.d_ff;
+    const std::string n = name() + ".";
+    const float res_std = 0.02f / std::sqrt(2.f * static_cast<float>(c_.n_layer));
+    return {
+        spec(n + "ln_1.weight", {C}, Init::Ones, 0.f, n + "ln_1.weight"),
+        spec(n + "ln_1.bias", {C}, Init::Zeros, 0.f, n + "ln_1.bias"),
+        spec(n + "attn.c_attn.weight", {3 * C, C}, Init::Normal, 0.02f, n + "attn.c_attn.weight", true),
+        spec(n + "attn.c_attn.bias", {3 * C}, Init::Zeros, 0.f, n + "attn.c_attn.bias"),
+        spec(n + "attn.c_proj.weight", {C, C}, Init::Normal, res_std, n + "attn.c_proj.weight", true),
+        spec(n + "attn.c_proj.bias", {C}, Init::Zeros, 0.f, n + "attn.c_proj.bias"),
+        spec(n + "ln_2.weight", {C}, Init::Ones, 0.f, n + "ln_2.weight"),
+        spec(n + "ln_2.bias", {C}, Init::Zeros, 0.f, n + "ln_2.bias"),
+        spec(n + "mlp.c_fc.weight", {F, C}, Init::Normal, 0.02f, n + "mlp.c_fc.weight", true),
+        spec(n + "mlp.c_fc.bias", {F}, Init::Zeros, 0.f, n + "mlp.c_fc.bias"),
+        spec(n + "mlp.c_proj.weight", {C, F}, Init::Normal, res_std, n + "mlp.c_proj.weight", true),
+        spec(n + "mlp.c_proj.bias", {C}, Init::Zeros, 0.f, n + "mlp.c_proj.bias"),
+    };
+  }
+
+  void forward(UnitCtx& ctx, int call, const float* x, float* y) override {
+    const Ops& ops = *ctx.ops;
+    const int B = ctx.batch->B, T = ctx.batch->T, C = c_.d_model, H = c_.n_head, F = c_.d_ff;
+    const int N = B * T, hd = C / H;
+    ScratchScope guard{ctx.scratch};
+    auto P = [&](size_t i) { return ctx.param(i); };
+
+    float* ln1 = keep(ctx, "ln1", sz(N, C));          // (N,C)
+    float* ln1_mean = keep(ctx, "ln1_mean", sz(N));    // (N)
+    float* ln1_rstd = keep(ctx, "ln1_rstd", sz(N));    // (N)
+    float* qkv = keep(ctx, "qkv", sz(N, 3 * C));       // (N,3C) [q | k | v]
+    float* atty = keep(ctx, "atty", sz(N, C));         // (N,C)
+    float* lse = keep(ctx, "lse", sz(B, int64_t{H} * T));  // (B,H,T)
+    float* x2 = keep(ctx, "x2", sz(N, C));             // (N,C) residual after attention
+    float* ln2 = keep(ctx, "ln2", sz(N, C));           // (N,C)
+    float* ln2_mean = keep(ctx, "ln2_mean", sz(N));    // (N)
+    float* ln2_rstd = keep(ctx, "ln2_rstd", sz(N));    // (N)
+    float* fch = keep(ctx, "fch", sz(N, F));           // (N,F) before GELU
+    float* fch_gelu = keep(ctx, "fch_gelu", sz(N, F)); // (N,F)
+
+    ops.layernorm_forward(ln1, ln1_mean, ln1_rstd, x, P(LN1W), P(LN1B), N, C);
+    ops.linear_forward(qkv, ln1, P(QKVW), P(QKVB), N, C, 3 * C);
+    ops.attention_forward(atty, lse, qkv, B, T, H, H, hd);
+    ops.linear_forward(x2, atty, P(PROJW), P(PROJB), N, C, C);
+    ops.residual_forward(x2, x2, x, sz(N, C));
+    ops.layernorm_forward(ln2, ln2_mean, ln2_rstd, x2, P(LN2W), P(LN2B), N, C);
+    ops.linear_forward(fch, ln2, P(FCW), P(FCB), N, C, F);
+    ops.gelu_forward(fch_gelu, fch, sz(N, F));
+    ops.linear_forward(y, fch_gelu, P(FCPROJW), P(FCPROJB), N, F, C);
+    ops.residual_forward(y, y, x2, sz(N, C));
+  }
+
+  void backward(UnitCtx& ctx, int call, const float* x, const float* dy, float* dx) override {
+    const Ops& ops = *ctx.ops;
+    const int B = ctx.batch->B, T = ctx.batch->T, C = c_.d_model, H = c_.n_head, F = c_.d_ff;
+    const int N = B * T, hd = C / H;
+    ScratchScope guard{ctx.scratch};
+    auto P = [&](size_t i) { return ctx.param(i); };
+    auto G = [&](size_t i) { return ctx.grad(i); };
+    const Saved& s = *ctx.saved;
+    auto zeros = [&](size_t n) {
+      float* p = ctx.scratch->f32(n);
+      ops.fill(p, 0.f, n);
+      return p;
+    };
+
+    // dx starts as dy (the residual path) and collects dL/dx2, then dL/dx.
+    if (dx != dy) ops.copy(dx, dy, sz(N, C));
+    // MLP: y = x2 + fcproj(gelu(fc(ln2(x2))))
+    float* dfch_gelu = zeros(sz(N, F));
+    ops.linear_backward(dfch_gelu, G(FCPROJW), G(FCPROJB), dy, s.get("fch_gelu"), P(FCPROJW), N, F, C);
+    float* dfch = zeros(sz(N, F));
+    ops.gelu_backward(dfch, s.get("fch"), dfch_gelu, sz(N, F));
+    float* dln2 = zeros(sz(N, C));
+    ops.linear_backward(dln2, G(FCW), G(FCB), dfch, s.get("ln2"), P(FCW), N, C, F);
+    ops.layernorm_backward(dx, G(LN2W), G(LN2B), dln2, s.get("x2"), P(LN2W), s.get("ln2_mean"),
+                           s.get("ln2_rstd"), N, C);
+    // Attention: x2 = x + proj(attn(qkv(ln1(x)))); dx now holds dL/dx2.
+    const float* qkv = s.get("qkv");
+    const float* atty = s.get("atty");
+    float* datty = zeros(sz(N, C));
+    ops.linear_backward(datty, G(PROJW), G(PROJB), dx, atty, P(PROJW), N, C, C);
+    float* dqkv = zeros(sz(N, 3 * C));
+    ops.attention_backward(dqkv, datty, qkv, atty, s.get("lse"), B, T, H, H, hd);
+    float* dln1 = zeros(sz(N, C));
+    ops.linear_backward(dln1, G(QKVW), G(QKVB), dqkv, s.get("ln1"), P(QKVW), N, C, 3 * C);
+    ops.layernorm_backward(dx, G(LN1W), G(LN1B), dln1, x, P(LN1W), s.get("ln1_mean"),
+                           s.get("ln1_rstd"), N, C);
+  }
+
+ private:
+  ModelConfig c_;
+  int layer_;
+};
+
+}  // namespace
+
+void build_gpt2(Model& m) {
+  const ModelConfig& c = m.config;
+  m.units.push_back(std::make_unique<EmbedHead>(c));
+  for (int l = 0; l < c.n_layer; ++l) m.units.push_back(std::make_unique<Block>(c, l));
+  m.schedule.push_back({0, 0});
+  for (int l = 0; l < c.n_layer; ++l) m.schedule.push_back({l + 1, 0});
+  m.schedule.push_back({0, 1});
+}
+
+}  // namespace sw

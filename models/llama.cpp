@@ -1,1 +1,323 @@
-// placeholder: being written
+// Llama-style units (see llama.h). Shapes: B batch, T time, N = B*T rows, C d_model,
+// H query heads, KVH key/value heads, hd = C/H, QKV = (H + 2*KVH)*hd, F = d_ff, V vocab.
+#include "models/llama.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace sw {
+
+namespace {
+
+// Activation storage: kept in ctx.saved when training (backward needs it), in ctx.scratch
+// otherwise (eval keeps nothing). Same arithmetic either way.
+float* keep(UnitCtx& ctx, const char* key, size_t n) {
+  return ctx.training ? ctx.saved->f32(key, n) : ctx.scratch->f32(n);
+}
+
+struct ScratchScope {  // scratch is per call: released for reuse when the call returns
+  Scratch* s;
+  ~ScratchScope() { s->reset(); }
+};
+
+size_t sz(int64_t a, int64_t b = 1) { return static_cast<size_t>(a * b); }
+
+int64_t count_targets(const Batch& b) {
+  int64_t n = 0;
+  const int64_t N = int64_t{b.B} * b.T;
+  for (int64_t i = 0; i < N; ++i) n += b.targets[i] >= 0;
+  return n;
+}
+
+ParamSpec spec(std::string name, Shape shape, Init init, float std, std::string hf) {
+  ParamSpec p;
+  p.name = std::move(name);
+  p.weight_decay = shape.size() >= 2;
+  p.shape = std::move(shape);
+  p.init = init;
+  p.std = std;
+  p.hf_name = std::move(hf);
+  return p;
+}
+
+// ---- Packed linear (no bias) -------------------------------------------------------------
+// Several (oc_i, C) weight matrices declared one after another; their outputs are written side
+// by side into rows of width OC = sum oc_i: out(N,OC) = [x W_0^T | x W_1^T | ...]. When the
+// matrices (and, for backward, their gradients) are contiguous in memory this is one GEMM.
+struct Packed {
+  const float* w[3];
+  float* dw[3];
+  int oc[3];
+  int n = 0;
+  int total() const {
+    int t = 0;
+    for (int i = 0; i < n; ++i) t += oc[i];
+    return t;
+  }
+  template <class Ptr>
+  bool contiguous(Ptr const* p, int C) const {
+    for (int i = 1; i < n; ++i)
+      if (p[i] != p[i - 1] + static_cast<int64_t>(oc[i - 1]) * C) return false;
+    return true;
+  }
+};
+
+void packed_forward(const Ops& ops, float* out, const float* x, const Packed& pk, int N, int C) {
+  const int OC = pk.total();
+  if (pk.contiguous(pk.w, C)) {
+    ops.linear_forward(out, x, pk.w[0], nullptr, N, C, OC);
+    return;
+  }
+  for (int i = 0, off = 0; i < pk.n; off += pk.oc[i], ++i)
+    ops.gemm(false, true, N, pk.oc[i], C, 1.f, x, C, pk.w[i], C, 0.f, out + off, OC);
+}
+
+// dx(N,C) += dout @ [W_0; W_1; ...];  dW_i += dout[:, block i]^T @ x.
+void packed_backward(const Ops& ops, float* dx, const float* dout, const float* x,
+                     const Packed& pk, int N, int C) {
+  const int OC = pk.total();
+  if (pk.contiguous(pk.w, C) && pk.contiguous(pk.dw, C)) {
+    ops.linear_backward(dx, pk.dw[0], nullptr, dout, x, pk.w[0], N, C, OC);
+    return;
+  }
+  for (int i = 0, off = 0; i < pk.n; off += pk.oc[i], ++i) {
+    ops.gemm(false, false, N, C, pk.oc[i], 1.f, dout + off, OC, pk.w[i], C, 1.f, dx, C);
+    ops.gemm(true, false, pk.oc[i], C, N, 1.f, dout + off, OC, x, C, 1.f, pk.dw[i], C);
+  }
+}
+
+// ---- [0] embed -------------------------------------------------------------------------------
+class Embed final : public Unit {
+ public:
+  explicit Embed(const ModelConfig& c) : c_(c) {}
+  std::string name() const override { return "embed"; }
+  std::vector<ParamSpec> params() const override {
+    return {spec("embed_tokens.weight", {c_.vocab_size, c_.d_model}, Init::Normal, 0.02f,
+                 "model.embed_tokens.weight")};  // (V,C)
+  }
+  void forward(UnitCtx& ctx, int call, const float* x, float* y) override {
+    const Batch& b = *ctx.batch;
+    if (b.T > c_.seq_len)
+      fail("model", "batch sequence length " + std::to_string(b.T) + " exceeds model.seq_len = " +
+                        std::to_string(c_.seq_len));
+    ctx.ops->embedding_forward(y, b.tokens, ctx.param(0), nullptr, b.B, b.T, c_.d_model);
+  }
+  void backward(UnitCtx& ctx, int call, const float* x, const float* dy, float* dx) override {
+    const Batch& b = *ctx.batch;
+    ctx.ops->embedding_backward(ctx.grad(0), nullptr, dy, b.tokens, b.B, b.T, c_.d_model);
+  }
+
+ private:
+  ModelConfig c_;
+};
+
+// ---- [1..L] blocks ---------------------------------------------------------------------------
+class Block final : public Unit {
+ public:
+  Block(const ModelConfig& c, int layer) : c_(c), layer_(layer) {}
+  std::string name() const override { return "layers." + std::to_string(layer_); }
+
+  enum : size_t { IN_NORM, QW, KW, VW, OW, POST_NORM, GATEW, UPW, DOWNW };
+
+  std::vector<ParamSpec> params() const override {
+    const int64_t C = c_.d_model, H = c_.n_head, KVH = c_.n_kv_head, hd = C / H, F = c_.d_ff;
+    const std::string n = name() + ".", hf = "model." + n;
+    const float res_std = 0.02f / std::sqrt(2.f * static_cast<float>(c_.n_layer));
+    return {
+        spec(n + "input_layernorm.weight", {C}, Init::Ones, 0.f, hf + "input_layernorm.weight"),
+        spec(n + "self_attn.q_proj.weight", {H * hd, C}, Init::Normal, 0.02f, hf + "self_attn.q_proj.weight"),
+        spec(n + "self_attn.k_proj.weight", {KVH * hd, C}, Init::Normal, 0.02f, hf + "self_attn.k_proj.weight"),
+        spec(n + "self_attn.v_proj.weight", {KVH * hd, C}, Init::Normal, 0.02f, hf + "self_attn.v_proj.weight"),
+        spec(n + "self_attn.o_proj.weight", {C, H * hd}, Init::Normal, res_std, hf + "self_attn.o_proj.weight"),
+        spec(n + "post_attention_layernorm.weight", {C}, Init::Ones, 0.f, hf + "post_attention_layernorm.weight"),
+        spec(n + "mlp.gate_proj.weight", {F, C}, Init::Normal, 0.02f, hf + "mlp.gate_proj.weight"),
+        spec(n + "mlp.up_proj.weight", {F, C}, Init::Normal, 0.02f, hf + "mlp.up_proj.weight"),
+        spec(n + "mlp.down_proj.weight", {C, F}, Init::Normal, res_std, hf + "mlp.down_proj.weight"),
+    };
+  }
+
+  void forward(UnitCtx& ctx, int call, const float* x, float* y) override {
+    const Ops& ops = *ctx.ops;
+    const int B = ctx.batch->B, T = ctx.batch->T, C = c_.d_model, H = c_.n_head,
+              KVH = c_.n_kv_head, F = c_.d_ff;
+    const int N = B * T, hd = C / H, QKV = (H + 2 * KVH) * hd;
+    const float eps = c_.norm_eps;
+    ScratchScope guard{ctx.scratch};
+    auto P = [&](size_t i) { return ctx.param(i); };
+
+    float* xn = keep(ctx, "xn", sz(N, C));          // (N,C) input_layernorm(x)
+    float* rstd1 = keep(ctx, "rstd1", sz(N));        // (N)
+    float* qkv = keep(ctx, "qkv", sz(N, QKV));       // (N,QKV) [q | k | v], q and k rotated
+    float* atty = keep(ctx, "atty", sz(N, int64_t{H} * hd));  // (N,H*hd)
+    float* lse = keep(ctx, "lse", sz(B, int64_t{H} * T));     // (B,H,T)
+    float* x2 = keep(ctx, "x2", sz(N, C));           // (N,C) residual after attention
+    float* xn2 = keep(ctx, "xn2", sz(N, C));         // (N,C) post_attention_layernorm(x2)
+    float* rstd2 = keep(ctx, "rstd2", sz(N));        // (N)
+    float* gu = keep(ctx, "gu", sz(N, 2 * F));       // (N,2F) [gate | up]
+    float* hmlp = keep(ctx, "hmlp", sz(N, F));       // (N,F) silu(gate) * up
+
+    ops.rmsnorm_forward(xn, rstd1, x, P(IN_NORM), N, C, eps);
+    packed_forward(ops, qkv, xn, qkv_pack(ctx), N, C);
+    ops.rope_forward(qkv, B, T, H, KVH, hd, c_.rope_theta);
+    ops.attention_forward(atty, lse, qkv, B, T, H, KVH, hd);
+    ops.linear_forward(x2, atty, P(OW), nullptr, N, H * hd, C);
+    ops.residual_forward(x2, x2, x, sz(N, C));
+    ops.rmsnorm_forward(xn2, rstd2, x2, P(POST_NORM), N, C, eps);
+    packed_forward(ops, gu, xn2, gu_pack(ctx), N, C);
+    ops.swiglu_forward(hmlp, gu, N, F);
+    ops.linear_forward(y, hmlp, P(DOWNW), nullptr, N, F, C);
+    ops.residual_forward(y, y, x2, sz(N, C));
+  }
+
+  void backward(UnitCtx& ctx, int call, const float* x, const float* dy, float* dx) override {
+    const Ops& ops = *ctx.ops;
+    const int B = ctx.batch->B, T = ctx.batch->T, C = c_.d_model, H = c_.n_head,
+              KVH = c_.n_kv_head, F = c_.d_ff;
+    const int N = B * T, hd = C / H, QKV = (H + 2 * KVH) * hd;
+    ScratchScope guard{ctx.scratch};
+    auto P = [&](size_t i) { return ctx.param(i); };
+    auto G = [&](size_t i) { return ctx.grad(i); };
+    const Saved& s = *ctx.saved;
+    auto zeros = [&](size_t n) {
+      float* p = ctx.scratch->f32(n);
+      ops.fill(p, 0.f, n);
+      return p;
+    };
+
+    // dx starts as dy (the residual path) and collects dL/dx2, then dL/dx.
+    if (dx != dy) ops.copy(dx, dy, sz(N, C));
+    // MLP: y = x2 + down(swiglu(gate|up(norm2(x2))))
+    float* dh = zeros(sz(N, F));
+    ops.linear_backward(dh, G(DOWNW), nullptr, dy, s.get("hmlp"), P(DOWNW), N, F, C);
+    float* dgu = zeros(sz(N, 2 * F));
+    ops.swiglu_backward(dgu, dh, s.get("gu"), N, F);
+    float* dxn2 = zeros(sz(N, C));
+    packed_backward(ops, dxn2, dgu, s.get("xn2"), gu_pack(ctx), N, C);
+    ops.rmsnorm_backward(dx, G(POST_NORM), dxn2, s.get("x2"), P(POST_NORM), s.get("rstd2"), N, C);
+    // Attention: x2 = x + o(attn(rope(qkv(norm1(x))))); dx now holds dL/dx2.
+    const float* atty = s.get("atty");
+    float* datty = zeros(sz(N, int64_t{H} * hd));
+    ops.linear_backward(datty, G(OW), nullptr, dx, atty, P(OW), N, H * hd, C);
+    float* dqkv = zeros(sz(N, QKV));
+    ops.attention_backward(dqkv, datty, s.get("qkv"), atty, s.get("lse"), B, T, H, KVH, hd);
+    ops.rope_backward(dqkv, B, T, H, KVH, hd, c_.rope_theta);
+    float* dxn = zeros(sz(N, C));
+    packed_backward(ops, dxn, dqkv, s.get("xn"), qkv_pack(ctx), N, C);
+    ops.rmsnorm_backward(dx, G(IN_NORM), dxn, x, P(IN_NORM), s.get("rstd1"), N, C);
+  }
+
+ private:
+  Packed qkv_pack(const UnitCtx& ctx) const {
+    const int hd = c_.d_model / c_.n_head;
+    Packed p;
+    p.n = 3;
+    const size_t idx[3] = {QW, KW, VW};
+    const int oc[3] = {c_.n_head * hd, c_.n_kv_head * hd, c_.n_kv_head * hd};
+    for (int i = 0; i < 3; ++i) {
+      p.w[i] = ctx.param(idx[i]);
+      p.dw[i] = ctx.grads ? ctx.grad(idx[i]) : nullptr;
+      p.oc[i] = oc[i];
+    }
+    return p;
+  }
+  Packed gu_pack(const UnitCtx& ctx) const {
+    Packed p;
+    p.n = 2;
+    const size_t idx[2] = {GATEW, UPW};
+    for (int i = 0; i < 2; ++i) {
+      p.w[i] = ctx.param(idx[i]);
+      p.dw[i] = ctx.grads ? ctx.grad(idx[i]) : nullptr;
+      p.oc[i] = c_.d_ff;
+    }
+    return p;
+  }
+  ModelConfig c_;
+  int layer_;
+};
+
+// ---- [L+1] head: final norm, LM head, cross-entropy -----------------------------------------
+class Head final : public Unit {
+ public:
+  explicit Head(const ModelConfig& c) : c_(c) {}
+  std::string name() const override { return "head"; }
+  // 0 norm.weight (C); 1 lm_head.weight (V,C)
+  std::vector<ParamSpec> params() const override {
+    return {spec("norm.weight", {c_.d_model}, Init::Ones, 0.f, "model.norm.weight"),
+            spec("lm_head.weight", {c_.vocab_size, c_.d_model}, Init::Normal, 0.02f,
+                 "lm_head.weight")};
+  }
+
+  void forward(UnitCtx& ctx, int call, const float* x, float* y) override {
+    const Ops& ops = *ctx.ops;
+    const Batch& bt = *ctx.batch;
+    const int B = bt.B, T = bt.T, C = c_.d_model, V = c_.vocab_size;
+    const int N = B * T;
+    ScratchScope guard{ctx.scratch};
+    const float* nw = ctx.param(0);  // (C)
+    const float* w = ctx.param(1);   // (V,C)
+    if (!ctx.training && ctx.logits) {
+      // Inference: logits of each sequence's last position only.
+      float* xl = ctx.scratch->f32(sz(B, C));  // (B,C)
+      for (int b = 0; b < B; ++b) ops.copy(xl + sz(b, C), x + sz(int64_t{b} * T + T - 1, C), sz(C));
+      float* hl = ctx.scratch->f32(sz(B, C));
+      float* rstd = ctx.scratch->f32(sz(B));
+      ops.rmsnorm_forward(hl, rstd, xl, nw, B, C, c_.norm_eps);
+      ops.linear_forward(ctx.logits, hl, w, nullptr, B, C, V);  // (B,V)
+      return;
+    }
+    SW_CHECK(bt.targets != nullptr, "a loss call needs targets");
+    float* h = keep(ctx, "hnorm", sz(N, C));  // (N,C)
+    float* rstd = keep(ctx, "rstd", sz(N));   // (N)
+    ops.rmsnorm_forward(h, rstd, x, nw, N, C, c_.norm_eps);
+    float* losses = ctx.scratch->f32(sz(N));  // (N)
+    // Fused: with gradient buffers at hand the LM head's gradients are produced now (see gpt2).
+    const bool fused = ctx.training && ctx.grads != nullptr;
+    float* dh = nullptr;
+    if (fused) {
+      dh = ctx.saved->f32("dhnorm", sz(N, C));  // (N,C)
+      ops.fill(dh, 0.f, sz(N, C));
+    }
+    if (ctx.training) ctx.saved->f32("fused", 1)[0] = fused ? 1.f : 0.f;
+    const double s = ops.lmhead_xent(losses, dh, fused ? ctx.grad(1) : nullptr, h, w,
+                                     bt.targets, N, C, V, ctx.grad_scale);
+    ctx.loss_sum += s;
+    ctx.loss_count += count_targets(bt);
+  }
+
+  void backward(UnitCtx& ctx, int call, const float* x, const float* dy, float* dx) override {
+    const Ops& ops = *ctx.ops;
+    const Batch& bt = *ctx.batch;
+    const int C = c_.d_model, V = c_.vocab_size, N = bt.B * bt.T;
+    ScratchScope guard{ctx.scratch};
+    const float* h = ctx.saved->get("hnorm");
+    const float* dh;
+    if (ctx.saved->get("fused")[0] != 0.f) {
+      dh = ctx.saved->get("dhnorm");
+    } else {
+      float* d = ctx.scratch->f32(sz(N, C));
+      ops.fill(d, 0.f, sz(N, C));
+      float* losses = ctx.scratch->f32(sz(N));
+      ops.lmhead_xent(losses, d, ctx.grad(1), h, ctx.param(1), bt.targets, N, C, V,
+                      ctx.grad_scale);
+      dh = d;
+    }
+    ops.fill(dx, 0.f, sz(N, C));
+    ops.rmsnorm_backward(dx, ctx.grad(0), dh, x, ctx.param(0), ctx.saved->get("rstd"), N, C);
+  }
+
+ private:
+  ModelConfig c_;
+};
+
+}  // namespace
+
+void build_llama(Model& m) {
+  const ModelConfig& c = m.config;
+  m.units.push_back(std::make_unique<Embed>(c));
+  for (int l = 0; l < c.n_layer; ++l) m.units.push_back(std::make_unique<Block>(c, l));
+  m.units.push_back(std::make_unique<Head>(c));
+  for (int u = 0; u < static_cast<int>(m.units.size()); ++u) m.schedule.push_back({u, 0});
+}
+
+}  // namespace sw

@@ -1,1 +1,80 @@
-// placeholder: being written
+// Model: parameter counting and build_model (config validation, dispatch on the type).
+#include "models/model.h"
+
+#include "core/error.h"
+#include "models/gpt2.h"
+#include "models/llama.h"
+
+namespace sw {
+
+int64_t Model::num_params() const {
+  // A tied weight is one ParamSpec of one unit (used by several calls), so a plain sum counts
+  // it once.
+  int64_t n = 0;
+  for (const auto& u : units)
+    for (const ParamSpec& p : u->params()) n += numel(p.shape);
+  return n;
+}
+
+namespace {
+
+void require_positive(const char* key, int64_t v) {
+  if (v <= 0) fail("model", std::string("model.") + key + ": must be positive, got " + std::to_string(v));
+}
+
+std::string str(int v) { return std::to_string(v); }
+
+// Validates cfg and fills in the defaults (n_kv_head, d_ff) so that later layers (export,
+// planner) read the real sizes.
+ModelConfig resolve(const ModelConfig& in) {
+  ModelConfig c = in;
+  const bool gpt2 = c.type == "gpt2", llama = c.type == "llama";
+  if (!gpt2 && !llama)
+    fail("model", "model.type: unknown model type '" + c.type + "' (valid: gpt2, llama)");
+  require_positive("vocab_size", c.vocab_size);
+  require_positive("n_layer", c.n_layer);
+  require_positive("n_head", c.n_head);
+  require_positive("d_model", c.d_model);
+  require_positive("seq_len", c.seq_len);
+  if (c.n_kv_head < 0) fail("model", "model.n_kv_head: must be >= 0 (0 = n_head), got " + str(c.n_kv_head));
+  if (c.d_ff < 0) fail("model", "model.d_ff: must be >= 0 (0 = default), got " + str(c.d_ff));
+  if (c.d_model % c.n_head != 0)
+    fail("model", "model.n_head: " + str(c.n_head) + " does not divide model.d_model = " + str(c.d_model));
+  if (c.n_kv_head == 0) c.n_kv_head = c.n_head;
+  if (!(c.norm_eps > 0.f)) fail("model", "model.norm_eps: must be positive, got " + std::to_string(c.norm_eps));
+  if (gpt2) {
+    if (c.n_kv_head != c.n_head)
+      fail("model", "model.n_kv_head: gpt2 has no grouped-query attention (use 0 or n_head = " +
+                        str(c.n_head) + ", got " + str(c.n_kv_head) + ")");
+    if (c.d_ff == 0) c.d_ff = 4 * c.d_model;
+  } else {
+    if (c.n_kv_head > c.n_head || c.n_head % c.n_kv_head != 0)
+      fail("model", "model.n_kv_head: " + str(c.n_kv_head) + " does not divide model.n_head = " +
+                        str(c.n_head));
+    const int hd = c.d_model / c.n_head;
+    if (hd % 2 != 0)
+      fail("model", "model.n_head: head dimension d_model/n_head = " + str(hd) +
+                        " must be even for RoPE");
+    if (!(c.rope_theta > 0.f))
+      fail("model", "model.rope_theta: must be positive, got " + std::to_string(c.rope_theta));
+    if (c.d_ff == 0) {
+      const int64_t f = (8 * static_cast<int64_t>(c.d_model) + 2) / 3;  // ceil(8d/3)
+      c.d_ff = static_cast<int>((f + 63) / 64 * 64);
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+Model build_model(const ModelConfig& cfg) {
+  Model m;
+  m.config = resolve(cfg);
+  if (m.config.type == "gpt2")
+    build_gpt2(m);
+  else
+    build_llama(m);
+  return m;
+}
+
+}  // namespace sw
