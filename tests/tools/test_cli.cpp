@@ -1,0 +1,342 @@
+// Runs the built `shardwise` binary as a user would and checks exit codes, messages and the
+// files it writes. The .bin format is checked byte by byte against the llm.c layout, read
+// here independently of engine/data.
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int rc = -1;
+  std::string out, err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+void spit(const fs::path& p, const std::string& s) {
+  std::ofstream f(p, std::ios::binary);
+  f << s;
+}
+
+// Shell-quotes one argument.
+std::string q(const std::string& s) {
+  std::string r = "'";
+  for (char c : s) r += (c == '\'') ? std::string("'\\''") : std::string(1, c);
+  return r + "'";
+}
+
+// A fresh scratch directory per test case.
+fs::path scratch(const std::string& name) {
+  fs::path d = fs::path(SW_BINARY_DIR) / "tests" / "tools_tmp" / name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// Runs `shardwise ARGS` in `dir`, capturing stdout, stderr and the exit code.
+Result sw_run(const fs::path& dir, const std::vector<std::string>& args) {
+  std::string cmd = "cd " + q(dir.string()) + " && OMP_NUM_THREADS=2 " + q(SHARDWISE_BIN);
+  for (const auto& a : args) cmd += " " + q(a);
+  cmd += " >" + q((dir / "stdout.txt").string()) + " 2>" + q((dir / "stderr.txt").string());
+  const int st = std::system(cmd.c_str());
+  Result r;
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+  r.out = slurp(dir / "stdout.txt");
+  r.err = slurp(dir / "stderr.txt");
+  return r;
+}
+
+std::vector<std::string> lines(const std::string& s) {
+  std::vector<std::string> v;
+  std::istringstream is(s);
+  for (std::string l; std::getline(is, l);) v.push_back(l);
+  return v;
+}
+
+bool has(const std::string& hay, const std::string& needle) {
+  return hay.find(needle) != std::string::npos;
+}
+
+// A usage mistake: exit 2, "shardwise: <problem>" then a "Try ... --help" hint, nothing else.
+void check_usage_error(const Result& r, const std::string& needle) {
+  INFO("stderr: " << r.err);
+  CHECK(r.rc == 2);
+  const auto ls = lines(r.err);
+  REQUIRE(ls.size() == 2);
+  CHECK(ls[0].rfind("shardwise: ", 0) == 0);
+  CHECK(has(ls[0], needle));
+  CHECK(has(ls[1], "--help"));
+}
+
+// A user error: exit 1 and exactly one line "shardwise: error: ..." naming the problem.
+void check_error(const Result& r, const std::vector<std::string>& needles) {
+  INFO("stderr: " << r.err);
+  CHECK(r.rc == 1);
+  const auto ls = lines(r.err);
+  REQUIRE(ls.size() == 1);
+  CHECK(ls[0].rfind("shardwise: error: ", 0) == 0);
+  for (const auto& n : needles) CHECK(has(ls[0], n));
+}
+
+// llm.c token file: 256 int32 header (magic 20240520, version 1, count), then uint16 tokens.
+std::vector<uint16_t> read_bin(const fs::path& p) {
+  const std::string s = slurp(p);
+  REQUIRE(s.size() >= 1024);
+  int32_t h[256];
+  std::memcpy(h, s.data(), 1024);
+  CHECK(h[0] == 20240520);
+  CHECK(h[1] == 1);
+  for (int i = 3; i < 256; i++) CHECK(h[i] == 0);
+  REQUIRE(h[2] >= 0);
+  REQUIRE(s.size() == 1024 + 2 * static_cast<size_t>(h[2]));
+  std::vector<uint16_t> t(static_cast<size_t>(h[2]));
+  std::memcpy(t.data(), s.data() + 1024, t.size() * 2);
+  return t;
+}
+
+std::vector<uint16_t> bytes_of(const std::string& s) {
+  std::vector<uint16_t> v;
+  for (unsigned char c : s) v.push_back(c);
+  return v;
+}
+
+// Deterministic English-ish text of about n bytes.
+std::string make_text(size_t n) {
+  static const char* words[] = {"the", "quick", "brown", "fox", "jumps", "over", "a", "lazy",
+                                "dog", "and", "runs", "away", "into", "woods", "at", "night"};
+  std::string s;
+  uint64_t x = 12345;
+  while (s.size() < n) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    s += words[(x >> 33) % 16];
+    s += ((x >> 20) % 9 == 0) ? ".\n" : " ";
+  }
+  return s;
+}
+
+std::string tiny_config(const fs::path& dir, const std::string& extra = "") {
+  return R"({
+  "model": {"type": "gpt2", "vocab_size": 256, "n_layer": 1, "n_head": 2, "d_model": 32,
+            "seq_len": 32},
+  "data": {"train": ")" + (dir / "train.bin").string() + R"(", "val": ")" +
+         (dir / "val.bin").string() + R"("},
+  "train_micro_batch_size_per_gpu": 4,
+  "train_steps": 6,
+  "eval_every_steps": 3,
+  "eval_batches": 2,
+  "seed": 7,
+  "threads": 2,
+  "optimizer": {"type": "AdamW", "params": {"lr": 0.003}},
+  "scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 2}},
+  "run_dir": ")" + (dir / "run").string() + R"(")" + extra + R"(
+})";
+}
+
+}  // namespace
+
+TEST_CASE("cli: --help and --version work for the program and every subcommand") {
+  const fs::path d = scratch("help");
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"--help"}, {"-h"}, {"help"}, {"train", "--help"}, {"data", "--help"},
+           {"data", "prepare", "--help"}, {"sample", "-h"}, {"help", "sample"}}) {
+    const Result r = sw_run(d, args);
+    INFO("args[0..]: " << args[0] << (args.size() > 1 ? " " + args[1] : ""));
+    CHECK(r.rc == 0);
+    CHECK(has(r.out, "Usage: shardwise"));
+    CHECK(r.err.empty());
+  }
+  CHECK(has(sw_run(d, {"train", "--help"}).out, "--set"));
+  CHECK(has(sw_run(d, {"data", "prepare", "-h"}).out, "--val-fraction"));
+  CHECK(has(sw_run(d, {"sample", "--help"}).out, "--temperature"));
+  const Result v = sw_run(d, {"--version"});
+  CHECK(v.rc == 0);
+  CHECK(v.out.rfind("shardwise ", 0) == 0);
+}
+
+TEST_CASE("cli: usage mistakes exit 2 with one line naming the problem") {
+  const fs::path d = scratch("usage");
+  spit(d / "cfg.json", "{}");
+  check_usage_error(sw_run(d, {}), "missing command");
+  check_usage_error(sw_run(d, {"frobnicate"}), "unknown command 'frobnicate'");
+  check_usage_error(sw_run(d, {"--frob"}), "unknown option '--frob'");
+  check_usage_error(sw_run(d, {"train"}), "missing CONFIG");
+  check_usage_error(sw_run(d, {"train", "cfg.json", "--bogus"}), "unknown option '--bogus'");
+  check_usage_error(sw_run(d, {"train", "cfg.json", "--set"}), "--set needs a value");
+  check_usage_error(sw_run(d, {"train", "cfg.json", "--set", "novalue"}), "KEY=VALUE");
+  check_usage_error(sw_run(d, {"train", "a.json", "b.json"}), "unexpected argument 'b.json'");
+  check_usage_error(sw_run(d, {"data"}), "missing data subcommand");
+  check_usage_error(sw_run(d, {"data", "shuffle"}), "unknown data subcommand 'shuffle'");
+  check_usage_error(sw_run(d, {"data", "prepare", "x.txt"}), "missing --out");
+  check_usage_error(sw_run(d, {"data", "prepare", "--out", "x.bin"}), "no input TEXT");
+  check_usage_error(sw_run(d, {"data", "prepare", "x.txt", "--out", "a.bin", "--val-fraction",
+                               "1.5", "--val", "b.bin"}),
+                    "--val-fraction");
+  check_usage_error(sw_run(d, {"data", "prepare", "x.txt", "--out", "a.bin", "--val-fraction",
+                               "0.1"}),
+                    "needs --val");
+  check_usage_error(sw_run(d, {"sample", "--weights", "w.safetensors"}), "missing --config");
+  check_usage_error(sw_run(d, {"sample", "--config", "cfg.json", "--tokens", "abc"}),
+                    "--tokens expects an integer, got 'abc'");
+  check_usage_error(sw_run(d, {"sample", "--config", "cfg.json", "--tokens", "12x"}),
+                    "--tokens expects an integer");
+  check_usage_error(sw_run(d, {"sample", "--config", "cfg.json", "--temperature", "hot"}),
+                    "--temperature expects a number");
+  check_usage_error(sw_run(d, {"sample", "--config", "cfg.json", "--temperature", "-1"}),
+                    "--temperature must be >= 0");
+  check_usage_error(sw_run(d, {"sample", "--config", "cfg.json", "--seed", "-3"}), "--seed");
+  check_usage_error(sw_run(d, {"sample", "--config"}), "--config needs a value");
+}
+
+TEST_CASE("cli: data prepare writes llm.c .bin files byte for byte") {
+  const fs::path d = scratch("prepare");
+  const std::string a = "Hello, world!\n%\nA second \xc3\xa9 fortune.\n";
+  std::string b;
+  for (int i = 0; i < 256; i++) b.push_back(static_cast<char>(i));  // every byte value
+  spit(d / "a.txt", a);
+  spit(d / "b.txt", b);
+
+  SECTION("no split: the concatenation, in order") {
+    const Result r = sw_run(d, {"data", "prepare", "a.txt", "b.txt", "--out", "sub/all.bin"});
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    CHECK(has(r.out, std::to_string(a.size() + b.size()) + " tokens"));
+    CHECK(read_bin(d / "sub" / "all.bin") == bytes_of(a + b));
+  }
+  SECTION("split: evenly spread blocks, train + val = the input, as documented") {
+    const std::string text = make_text(50000);
+    spit(d / "big.txt", text);
+    const Result r = sw_run(d, {"data", "prepare", "big.txt", "--out", "t.bin", "--val",
+                                "v.bin", "--val-fraction", "0.2"});
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    const auto t = read_bin(d / "t.bin"), v = read_bin(d / "v.bin");
+    // The documented rule: blocks of min(4096, max(1, N/100)) bytes; block i is validation
+    // when floor((i+1)F) > floor(iF).
+    const size_t block = std::min<size_t>(4096, text.size() / 100);
+    std::string et, ev;
+    for (size_t i = 0; i * block < text.size(); i++) {
+      const bool val = std::floor((i + 1) * 0.2) > std::floor(i * 0.2);
+      (val ? ev : et) += text.substr(i * block, block);
+    }
+    CHECK(t == bytes_of(et));
+    CHECK(v == bytes_of(ev));
+    CHECK(t.size() + v.size() == text.size());
+    CHECK(std::abs(static_cast<double>(v.size()) / text.size() - 0.2) < 0.01);
+    CHECK(has(r.out, std::to_string(t.size()) + " tokens"));
+    CHECK(has(r.out, std::to_string(v.size()) + " tokens"));
+    // Deterministic: a second run writes the same files.
+    const std::string t1 = slurp(d / "t.bin");
+    REQUIRE(sw_run(d, {"data", "prepare", "big.txt", "--out", "t.bin", "--val", "v.bin",
+                       "--val-fraction", "0.2"})
+                .rc == 0);
+    CHECK(slurp(d / "t.bin") == t1);
+  }
+  SECTION("missing input, directory input, empty input, too small to split") {
+    check_error(sw_run(d, {"data", "prepare", "a.txt", "nope.txt", "--out", "x.bin"}),
+                {"nope.txt", "does not exist"});
+    check_error(sw_run(d, {"data", "prepare", ".", "--out", "x.bin"}), {"directory"});
+    spit(d / "empty.txt", "");
+    check_error(sw_run(d, {"data", "prepare", "empty.txt", "--out", "x.bin"}), {"empty"});
+    spit(d / "one.txt", "z");
+    check_error(sw_run(d, {"data", "prepare", "one.txt", "--out", "x.bin", "--val", "y.bin"}),
+                {"too small"});
+    CHECK(!fs::exists(d / "x.bin"));
+  }
+}
+
+TEST_CASE("cli: train and sample report user errors as one line, exit 1") {
+  const fs::path d = scratch("errors");
+  spit(d / "text.txt", make_text(20000));
+  REQUIRE(sw_run(d, {"data", "prepare", "text.txt", "--out", "train.bin", "--val", "val.bin"})
+              .rc == 0);
+  spit(d / "good.json", tiny_config(d));
+
+  check_error(sw_run(d, {"train", "missing.json"}), {"missing.json"});
+  spit(d / "typo.json", tiny_config(d, R"(, "optimiser": {})"));
+  check_error(sw_run(d, {"train", "typo.json"}), {"optimiser", "optimizer"});
+  check_error(sw_run(d, {"train", "good.json", "--set", "optimizer.params.lrr=0.1"}),
+              {"lrr", "lr"});
+  check_error(sw_run(d, {"train", "good.json", "--set",
+                         "data.train=" + (d / "nodata.bin").string()}),
+              {"nodata.bin"});
+  spit(d / "broken.json", "{\"model\": ");
+  check_error(sw_run(d, {"train", "broken.json"}), {"broken.json"});
+  check_error(sw_run(d, {"sample", "--config", "good.json", "--weights", "nope.safetensors"}),
+              {"nope.safetensors"});
+  check_error(sw_run(d, {"sample", "--config", "good.json"}), {"model.safetensors"});
+  spit(d / "garbage.safetensors", "this is not a safetensors file");
+  check_error(sw_run(d, {"sample", "--config", "good.json", "--weights", "garbage.safetensors"}),
+              {"garbage.safetensors"});
+}
+
+TEST_CASE("cli: tiny train end to end, then deterministic greedy sampling") {
+  const fs::path d = scratch("e2e");
+  spit(d / "text.txt", make_text(20000));
+  REQUIRE(sw_run(d, {"data", "prepare", "text.txt", "--out", "train.bin", "--val", "val.bin"})
+              .rc == 0);
+  spit(d / "cfg.json", tiny_config(d));
+
+  const Result tr = sw_run(d, {"train", "cfg.json", "--quiet", "--set", "train_steps=6"});
+  INFO("train stdout: " << tr.out << "\nstderr: " << tr.err);
+  REQUIRE(tr.rc == 0);
+  CHECK(has(tr.out, "trained 6 steps"));
+  CHECK(has(tr.out, "val loss"));
+  CHECK(has(tr.out, "unigram entropy"));
+  CHECK(has(tr.out, "model.safetensors"));
+  const fs::path metrics = d / "run" / "metrics.jsonl";
+  REQUIRE(fs::exists(metrics));
+  CHECK(lines(slurp(metrics)).size() >= 6);
+  REQUIRE(fs::exists(d / "run" / "model.safetensors"));
+
+  const std::string prompt = "the quick ";
+  const int N = 40;
+  auto sample = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {"sample", "--config", "cfg.json", "--weights",
+                                     "run/model.safetensors", "--prompt", prompt, "--tokens",
+                                     std::to_string(N)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return sw_run(d, args);
+  };
+  const Result g1 = sample({"--temperature", "0"});
+  const Result g2 = sample({"--temperature", "0", "--seed", "99"});  // greedy ignores the seed
+  INFO("sample stderr: " << g1.err);
+  REQUIRE(g1.rc == 0);
+  REQUIRE(g2.rc == 0);
+  CHECK(g1.out == g2.out);
+  // prompt + N bytes + newline; the continuation may contain newlines, so count bytes.
+  CHECK(g1.out.size() == prompt.size() + N + 1);
+  CHECK(g1.out.rfind(prompt, 0) == 0);
+  CHECK(g1.out.back() == '\n');
+
+  const Result s1 = sample({"--temperature", "1", "--top-k", "5", "--seed", "3"});
+  const Result s2 = sample({"--temperature", "1", "--top-k", "5", "--seed", "3"});
+  REQUIRE(s1.rc == 0);
+  CHECK(s1.out == s2.out);
+  CHECK(s1.out.size() == prompt.size() + N + 1);
+
+  // The default weights path is <run_dir>/model.safetensors; an empty prompt works too.
+  const Result e = sw_run(d, {"sample", "--config", "cfg.json", "--tokens", "5",
+                              "--temperature", "0"});
+  INFO("stderr: " << e.err);
+  CHECK(e.rc == 0);
+  CHECK(e.out.size() == 5 + 1);
+}
