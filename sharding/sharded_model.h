@@ -44,6 +44,8 @@ class ShardedModel {
 
   // Full (gathered) parameters, one call per ParamSpec in unit order.
   void for_each_param(const std::function<void(const ParamSpec&, const float* data)>& fn) const;
+  // Accumulated gradients, same order and shapes as for_each_param.
+  void for_each_grad(const std::function<void(const ParamSpec&, const float* grad)>& fn) const;
   // Overwrites a parameter by global name (throws sw::Error if unknown or size differs).
   void set_param(const std::string& name, const float* data, int64_t n);
 
