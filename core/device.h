@@ -13,7 +13,8 @@ struct Device {
   static Device cpu() { return {}; }
   static Device cuda(int i) { return {DeviceKind::CUDA, i}; }
   bool is_cpu() const { return kind == DeviceKind::CPU; }
-  bool operator==(const Device&) const = default;
+  bool operator==(const Device& o) const { return kind == o.kind && index == o.index; }
+  bool operator!=(const Device& o) const { return !(*this == o); }
   std::string str() const { return is_cpu() ? "cpu" : "cuda:" + std::to_string(index); }
 };
 
