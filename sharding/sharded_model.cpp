@@ -397,6 +397,15 @@ void ShardedModel::for_each_param(
       fn(fu.layout.specs[s], fu.master.f32() + fu.layout.entries[s].offset);
 }
 
+void ShardedModel::for_each_grad(
+    const std::function<void(const ParamSpec&, const float* grad)>& fn) const {
+  // World 1: the reduced gradient shard is the full gradient. With more ranks this gathers the
+  // reduced shards one unit at a time.
+  for (const FlatUnit& fu : impl_->units)
+    for (size_t s = 0; s < fu.layout.specs.size(); ++s)
+      fn(fu.layout.specs[s], fu.grad_shard + fu.layout.entries[s].offset);
+}
+
 void ShardedModel::set_param(const std::string& name, const float* data, int64_t n) {
   auto it = impl_->by_name.find(name);
   if (it == impl_->by_name.end()) fail("sharded_model", "no parameter named '" + name + "'");
