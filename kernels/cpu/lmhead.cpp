@@ -1,1 +1,102 @@
-// placeholder: being written
+// Fused LM head + softmax cross-entropy.
+//
+// Rows are processed in chunks of at most kChunk rows; for each chunk:
+//   logits(nc, V) = x_chunk(nc, C) @ w(V, C)^T                       (sgemm, all threads)
+//   per row: max, sum of exp, lse, loss = lse - logit[target]          (OpenMP over rows)
+//   with gradients, the chunk is turned in place into
+//   dlogits = grad_scale * (softmax - onehot(target))                  (same pass)
+//   dx_chunk += dlogits @ w ;  dw += dlogits^T @ x_chunk               (sgemm, all threads)
+// so at most kChunk x V logits exist at a time. Ignored rows (target < 0) get loss 0 and a
+// zero dlogits row. The returned sum is taken over rows in order, in double.
+//
+// Chunk size: every chunk streams w (V x C) twice and dw once in and out, so the memory
+// traffic per chunk is ~4*V*C floats against 6*nc*V*C flops; larger chunks raise the
+// arithmetic intensity (and the K dimension of the dw GEMM) at the cost of nc*V*4 bytes of
+// workspace. See bench/bench_kernels_b.cpp for the measurement behind kChunk.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "kernels/cpu/cpu_internal.h"
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace sw::cpu {
+
+namespace {
+int g_chunk_override = 0;  // for the benchmark's chunk-size sweep (0 = default)
+}
+constexpr int kChunk = 256;
+
+// Not part of the public contract: lets bench/bench_kernels_b.cpp sweep the chunk size.
+void lmhead_set_chunk_for_bench(int rows) { g_chunk_override = rows; }
+
+double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w,
+                   const int32_t* targets, int N, int C, int V, float grad_scale) {
+  SW_CHECK(N >= 0 && C > 0 && V > 0, "lmhead_xent: bad shape");
+  if (N == 0) return 0.0;
+  detail::blas_select_core();
+  const bool grad = dx != nullptr || dw != nullptr;
+  const int chunk = std::min(N, g_chunk_override > 0 ? g_chunk_override : kChunk);
+  Buffer buf(sizeof(float) * (size_t)chunk * V, Mem::Workspace);
+  float* logits = buf.f32();
+  double total = 0.0;
+  std::vector<float> rl(chunk);
+
+  for (int n0 = 0; n0 < N; n0 += chunk) {
+    const int nc = std::min(chunk, N - n0);
+    const float* xc = x + (size_t)n0 * C;
+    detail::sgemm(false, true, nc, V, C, 1.f, xc, C, w, C, 0.f, logits, V);
+
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < nc; ++r) {
+      float* row = logits + (size_t)r * V;
+      const int t = targets[n0 + r];
+      SW_CHECK(t < V, "lmhead_xent: target id >= vocabulary size");
+      if (t < 0) {
+        rl[r] = 0.f;
+        if (grad) std::memset(row, 0, sizeof(float) * V);
+        continue;
+      }
+      float mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
+      for (int v = 0; v < V; ++v) mx = std::max(mx, row[v]);
+      const float lt = row[t];
+      float sum = 0.f;
+      if (grad) {
+        // Keep exp(logit - max) in place; it becomes grad_scale * softmax below.
+#pragma omp simd reduction(+ : sum)
+        for (int v = 0; v < V; ++v) {
+          const float e = detail::exp_approx(row[v] - mx);
+          row[v] = e;
+          sum += e;
+        }
+      } else {
+#pragma omp simd reduction(+ : sum)
+        for (int v = 0; v < V; ++v) sum += detail::exp_approx(row[v] - mx);
+      }
+      rl[r] = mx + std::log(sum) - lt;
+      if (grad) {
+        // dlogits = grad_scale * softmax - grad_scale * onehot(target)
+        const float k = grad_scale / sum;
+#pragma omp simd
+        for (int v = 0; v < V; ++v) row[v] *= k;
+        row[t] -= grad_scale;
+      }
+    }
+    for (int r = 0; r < nc; ++r) {
+      if (loss) loss[n0 + r] = rl[r];
+      total += rl[r];
+    }
+    if (dx) detail::sgemm(false, false, nc, C, V, 1.f, logits, V, w, C, 1.f, dx + (size_t)n0 * C, C);
+    if (dw) detail::sgemm(true, false, V, C, nc, 1.f, logits, V, xc, C, 1.f, dw, C);
+  }
+  return total;
+}
+
+}  // namespace sw::cpu

@@ -1,0 +1,57 @@
+// Private helpers shared by the CPU GEMM, attention and LM-head kernels (not part of the
+// kernel contract; only kernels/cpu/*.cpp include this).
+#pragma once
+#include <cblas.h>
+
+#include <bit>
+#include <cstdint>
+
+namespace sw::cpu::detail {
+
+// Makes sure OpenBLAS runs its AVX2/AVX-512 kernels. OpenBLAS 0.3.21 (Debian 12) built with
+// DYNAMIC_ARCH does not recognise recent Xeons (e.g. family 6 model 207) and falls back to its
+// SSE3 "Prescott" kernels, about 6x slower. When the user has not set OPENBLAS_CORETYPE and the
+// detected core is such a generic fallback, this re-selects SkylakeX (AVX-512) or Haswell
+// (AVX2) from what the CPU reports. Idempotent and thread-safe; gemm.cpp also runs it at
+// program start. Returns OpenBLAS's core name after selection.
+const char* blas_select_core();
+
+// Row-major C = alpha * op(A) @ op(B) + beta * C (op = transpose when the flag is set).
+// From inside an OpenMP parallel region OpenBLAS's OpenMP build runs single-threaded.
+inline void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+                  const float* B, int ldb, float beta, float* C, int ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M,
+              N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+// exp(x) in fp32, branch-free so loops over it vectorise (AVX-512 / AVX2 with -O3).
+// Range reduction x = n*ln2 + r, |r| <= ln2/2, then a degree-7 polynomial for e^r (Cephes
+// expf coefficients, relative error ~1e-7, i.e. within 1-2 ulp of std::exp). Returns exactly
+// 0 for x < -87.3 (including -inf, used for masked scores); saturates near FLT_MAX above
+// 88.7; NaN stays NaN.
+inline float exp_approx(float x) {
+  const float lo = -87.33654f, hi = 88.72283f;
+  const float xc = x < lo ? lo : (x > hi ? hi : x);
+  // n = round(x / ln2) via the 1.5*2^23 trick (exact for |n| < 2^22).
+  const float shifter = 12582912.0f;
+  const float t = xc * 1.44269504088896341f + shifter;
+  const float n = t - shifter;
+  float r = xc - n * 0.693359375f;  // ln2 split in a high part with few mantissa bits ...
+  r = r - n * -2.12194440e-4f;      // ... and the low remainder (Cody-Waite)
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  // 2^n: n in [-126, 128]; build it in two halves so n = 128 does not overflow the exponent.
+  const int32_t ni = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(shifter);
+  const int32_t n1 = ni >> 1, n2 = ni - n1;
+  const float s1 = std::bit_cast<float>((n1 + 127) << 23);
+  const float s2 = std::bit_cast<float>((n2 + 127) << 23);
+  const float y = p * s1 * s2;
+  return x < lo ? 0.0f : y;
+}
+
+}  // namespace sw::cpu::detail
