@@ -1,1 +1,43 @@
-// placeholder: being written
+// AdamW with torch.optim.AdamW semantics (decoupled weight decay, bias-corrected moments, eps
+// added after the square root of the corrected second moment). One fused, memory-bound pass:
+// reads param, grad, m, v and writes param, m, v. Elementwise, so results do not depend on the
+// thread count.
+#include <cmath>
+
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace sw::cpu {
+
+namespace {
+constexpr size_t kParallelMin = size_t{1} << 15;  // elements
+}
+
+// Per element, in PyTorch's order of operations:
+//   g = grad * grad_mult
+//   p *= 1 - lr * wd
+//   m = beta1 m + (1 - beta1) g;   v = beta2 v + (1 - beta2) g^2
+//   p -= (lr / (1 - beta1^step)) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
+// which is p -= lr * (mhat / (sqrt(vhat) + eps) + wd * p) with p the value before the step.
+// Scalar coefficients are formed in double (as PyTorch does in Python) and rounded once.
+void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
+           float beta2, float eps, float wd, int step, float grad_mult) {
+  const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), step);
+  const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), step);
+  const float step_size = static_cast<float>(static_cast<double>(lr) / bc1);
+  const float inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
+  const float decay = static_cast<float>(1.0 - static_cast<double>(lr) * wd);
+  const float b1 = beta1, b2 = beta2;
+  const float omb1 = static_cast<float>(1.0 - beta1), omb2 = static_cast<float>(1.0 - beta2);
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+  for (size_t i = 0; i < n; ++i) {
+    const float g = grad[i] * grad_mult;
+    const float mi = b1 * m[i] + omb1 * g;
+    const float vi = b2 * v[i] + omb2 * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = std::sqrt(vi) * inv_bc2_sqrt + eps;
+    param[i] = param[i] * decay - step_size * (mi / denom);
+  }
+}
+
+}  // namespace sw::cpu

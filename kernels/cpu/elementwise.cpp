@@ -1,1 +1,188 @@
-// placeholder: being written
+// Elementwise kernels: GELU (tanh form), SwiGLU, residual add and the small vector utilities.
+// All are memory-bound streams: one `omp parallel for simd schedule(static)` each, with an `if`
+// clause so that tiny vectors do not pay for waking the thread pool. Every element is computed
+// independently, so results do not depend on the thread count at all; sum_squares reduces
+// fixed-size chunks and then the chunk sums in order, so it is thread-count independent too.
+#include <omp.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace sw::cpu {
+
+namespace {
+
+// Below this many elements a stream runs on the calling thread (a parallel region costs a few
+// microseconds; 32K floats is ~128 KiB, roughly that long to stream).
+constexpr size_t kParallelMin = size_t{1} << 15;
+
+// e^x for x clamped to [-80, 80] (e^80 ~ 5.5e34: every result and every product the callers
+// form with it stays a normal float, so no denormal slow paths). Range reduction
+// x = k*ln2 + r with |r| <= ln2/2 (ln2 split in two for an exact k*ln2_hi), a degree-7 Taylor
+// polynomial for e^r (truncation < 1e-8 relative), and 2^k assembled in the exponent bits.
+// Relative error ~2 ulp. Plain arithmetic only, so `omp simd` loops vectorise it.
+inline float exp_clamped(float x) {
+  x = std::min(std::max(x, -80.f), 80.f);
+  constexpr float kShift = 12582912.f;  // 1.5 * 2^23: x*log2e + kShift rounds to an integer
+  const float t = x * 1.44269504088896341f + kShift;
+  const float k = t - kShift;
+  const int32_t ki = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(kShift);
+  float r = x - k * 0.693145751953125f;  // ln2, high 16 bits: k*hi is exact
+  r = r - k * 1.428606820309417232e-6f;  // ln2 - hi
+  float p = 1.f / 5040.f;
+  p = p * r + 1.f / 720.f;
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  return p * std::bit_cast<float>((ki + 127) << 23);
+}
+
+constexpr float kSqrt2OverPi = 0.79788456080286535588f;
+constexpr float kGeluA = 0.044715f;
+
+}  // namespace
+
+// GELU, tanh approximation: y = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
+// Since 0.5 (1 + tanh(u)) = sigmoid(2u) = 1 / (1 + e^{-2u}), we evaluate y = x / (1 + e^{-2u}):
+// the same function, without tanh's cancellation near 1 + tanh(u) = 0 (large negative x).
+// u is formed from x clamped to [-10, 10]: beyond that e^{-2u} is saturated by exp_clamped
+// anyway, and x^3 cannot overflow.
+void gelu_forward(float* out, const float* inp, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+  for (size_t i = 0; i < n; ++i) {
+    const float x = inp[i];
+    const float xc = std::min(std::max(x, -10.f), 10.f);
+    const float u = kSqrt2OverPi * xc * (1.f + kGeluA * xc * xc);
+    out[i] = x / (1.f + exp_clamped(-2.f * u));
+  }
+}
+
+// dy/dx = s + x * 2u' * s (1 - s), with s = sigmoid(2u), 1 - s = e s (e = e^{-2u}) and
+// u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2).  dinp += dout * dy/dx. Outside [-10, 10] the
+// second term is below 1e-30, so x is clamped there (no overflow to inf * 0).
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+  for (size_t i = 0; i < n; ++i) {
+    const float x = std::min(std::max(inp[i], -10.f), 10.f);
+    const float x2 = x * x;
+    const float u = kSqrt2OverPi * x * (1.f + kGeluA * x2);
+    const float du = kSqrt2OverPi * (1.f + 3.f * kGeluA * x2);
+    const float e = exp_clamped(-2.f * u);
+    const float s = 1.f / (1.f + e);
+    const float one_minus_s = e * s;
+    dinp[i] += dout[i] * (s + 2.f * x * du * one_minus_s * s);
+  }
+}
+
+// out(N,F) = silu(gate) * up, gu rows [gate (F) | up (F)]; silu(g) = g / (1 + e^{-g}).
+void swiglu_forward(float* out, const float* gu, int N, int F) {
+  const size_t F2 = 2 * static_cast<size_t>(F);
+#pragma omp parallel for schedule(static) if (static_cast<size_t>(N) * F >= kParallelMin)
+  for (int n = 0; n < N; ++n) {
+    const float* g = gu + n * F2;
+    const float* up = g + F;
+    float* o = out + static_cast<size_t>(n) * F;
+#pragma omp simd
+    for (int i = 0; i < F; ++i) o[i] = g[i] / (1.f + exp_clamped(-g[i])) * up[i];
+  }
+}
+
+// d up += dout * silu(g);  d gate += dout * up * silu'(g), silu'(g) = s (1 + g (1 - s)).
+void swiglu_backward(float* dgu, const float* dout, const float* gu, int N, int F) {
+  const size_t F2 = 2 * static_cast<size_t>(F);
+#pragma omp parallel for schedule(static) if (static_cast<size_t>(N) * F >= kParallelMin)
+  for (int n = 0; n < N; ++n) {
+    const float* g = gu + n * F2;
+    const float* up = g + F;
+    float* dg = dgu + n * F2;
+    float* dup = dg + F;
+    const float* d = dout + static_cast<size_t>(n) * F;
+#pragma omp simd
+    for (int i = 0; i < F; ++i) {
+      const float e = exp_clamped(-g[i]);
+      const float s = 1.f / (1.f + e);
+      const float one_minus_s = e * s;
+      dup[i] += d[i] * g[i] * s;
+      dg[i] += d[i] * up[i] * s * (1.f + g[i] * one_minus_s);
+    }
+  }
+}
+
+// out = a + b; out may alias a or b (same index only: no loop-carried dependence, so `simd`
+// is valid).
+void residual_forward(float* out, const float* a, const float* b, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+  for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+// Sum of squares in double. The vector is cut into fixed chunks of kChunk elements; each chunk
+// is summed (vectorised, in double), then the chunk sums are added in index order. The result
+// depends only on n and the data, not on the thread count.
+double sum_squares(const float* x, size_t n) {
+  constexpr size_t kChunk = size_t{1} << 16;
+  const size_t nchunks = (n + kChunk - 1) / kChunk;
+  if (nchunks <= 1) {
+    double s = 0;
+#pragma omp simd reduction(+ : s)
+    for (size_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
+    return s;
+  }
+  thread_local std::vector<double> partial;  // grows only; one slot per chunk
+  if (partial.size() < nchunks) partial.resize(nchunks);
+  double* part = partial.data();
+#pragma omp parallel for schedule(static)
+  for (size_t c = 0; c < nchunks; ++c) {
+    const size_t i0 = c * kChunk, i1 = std::min(n, i0 + kChunk);
+    double s = 0;
+#pragma omp simd reduction(+ : s)
+    for (size_t i = i0; i < i1; ++i) s += static_cast<double>(x[i]) * x[i];
+    part[c] = s;
+  }
+  double s = 0;
+  for (size_t c = 0; c < nchunks; ++c) s += part[c];
+  return s;
+}
+
+void scale(float* x, float a, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+  for (size_t i = 0; i < n; ++i) x[i] *= a;
+}
+
+void fill(float* x, float v, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+  for (size_t i = 0; i < n; ++i) x[i] = v;
+}
+
+void add_inplace(float* y, const float* x, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+  for (size_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+// dst and src must not overlap (dst == src is a no-op).
+void copy(float* dst, const float* src, size_t n) {
+  if (dst == src || n == 0) return;
+  if (n < kParallelMin) {
+    std::memcpy(dst, src, n * sizeof(float));
+    return;
+  }
+#pragma omp parallel
+  {
+    const size_t nt = static_cast<size_t>(omp_get_num_threads());
+    const size_t t = static_cast<size_t>(omp_get_thread_num());
+    // Split on 16-float (64-byte) boundaries so no two threads write one cache line.
+    const size_t lines = (n + 15) / 16;
+    const size_t i0 = std::min(n, lines * t / nt * 16), i1 = std::min(n, lines * (t + 1) / nt * 16);
+    if (i1 > i0) std::memcpy(dst + i0, src + i0, (i1 - i0) * sizeof(float));
+  }
+}
+
+}  // namespace sw::cpu

@@ -1,1 +1,192 @@
-// placeholder: being written
+// LayerNorm and RMSNorm over the last dim of (N, C) rows.
+//
+// Forward: one parallel loop over rows; each row (a few KiB) stays in L1 for its passes.
+// Backward: dinp is per-row; dw/db are sums over rows, computed deterministically. Rows are cut
+// into a fixed number of contiguous blocks that depends only on N (never on the thread count);
+// each block accumulates its own partial dw/db rows, then the partials are summed block by block
+// in index order, columns split across threads. So results are bit-identical for any thread
+// count, and the only scratch is one small partials buffer that is reused across calls.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace sw::cpu {
+
+namespace {
+
+constexpr float kLayerNormEps = 1e-5f;
+constexpr size_t kParallelMin = size_t{1} << 14;  // elements; below this, run on one thread
+
+// Blocking of rows for the dw/db reductions: at most 64 blocks of at least 8 rows.
+struct RowBlocks {
+  int rows;  // rows per block
+  int count;
+};
+RowBlocks row_blocks(int N) {
+  const int count = std::max(1, std::min(64, N / 8));
+  const int rows = (N + count - 1) / count;
+  return {rows, (N + rows - 1) / rows};
+}
+
+// Scratch for the per-block partial sums; grows only, owned by the calling thread.
+float* partials(size_t floats) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < floats) buf.resize(floats);
+  return buf.data();
+}
+
+// out[c] += sum over blocks b (in order) of part[b * stride + c], for c in [0, C), when out is
+// not null. Columns are split across the threads of the enclosing parallel region.
+void reduce_blocks(float* out, const float* part, size_t stride, int nblocks, int C) {
+  constexpr int kCols = 64;
+  const int nchunks = (C + kCols - 1) / kCols;
+#pragma omp for schedule(static)
+  for (int ch = 0; ch < nchunks; ++ch) {
+    const int c0 = ch * kCols, nc = std::min(kCols, C - c0);
+    float acc[kCols] = {};
+    for (int b = 0; b < nblocks; ++b) {
+      const float* p = part + b * stride + c0;
+#pragma omp simd
+      for (int c = 0; c < nc; ++c) acc[c] += p[c];
+    }
+    if (out) {
+#pragma omp simd
+      for (int c = 0; c < nc; ++c) out[c0 + c] += acc[c];
+    }
+  }
+}
+
+}  // namespace
+
+// out = (inp - mean) * rstd * w + b  [b may be null]; mean, rstd (N) saved for backward (either
+// may be null when no backward follows). Two passes for the variance (the row is in L1), so no
+// E[x^2] - E[x]^2 cancellation.
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                       const float* b, int N, int C) {
+#pragma omp parallel for schedule(static) if (static_cast<size_t>(N) * C >= kParallelMin)
+  for (int n = 0; n < N; ++n) {
+    const float* x = inp + static_cast<size_t>(n) * C;
+    float* o = out + static_cast<size_t>(n) * C;
+    float s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < C; ++i) s += x[i];
+    const float m = s / C;
+    float v = 0;
+#pragma omp simd reduction(+ : v)
+    for (int i = 0; i < C; ++i) {
+      const float d = x[i] - m;
+      v += d * d;
+    }
+    const float r = 1.f / std::sqrt(v / C + kLayerNormEps);
+    if (b) {
+#pragma omp simd
+      for (int i = 0; i < C; ++i) o[i] = (x[i] - m) * r * w[i] + b[i];
+    } else {
+#pragma omp simd
+      for (int i = 0; i < C; ++i) o[i] = (x[i] - m) * r * w[i];
+    }
+    if (mean) mean[n] = m;
+    if (rstd) rstd[n] = r;
+  }
+}
+
+// With xhat = (x - mean) * rstd and g = dout:
+//   dinp += rstd * (w g - mean(w g) - xhat * mean(w g xhat));  dw += sum_n g xhat;  db += sum_n g.
+// Two passes over each row: (1) the two row means plus this block's dw/db partials, (2) dinp.
+// db may be null (bias-free LayerNorm).
+void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                        const float* w, const float* mean, const float* rstd, int N, int C) {
+  const RowBlocks rb = row_blocks(N);
+  const size_t stride = 2 * static_cast<size_t>(C);  // block b: [dw partial (C) | db partial (C)]
+  float* part = partials(stride * rb.count);
+#pragma omp parallel if (static_cast<size_t>(N) * C >= kParallelMin)
+  {
+#pragma omp for schedule(static)
+    for (int blk = 0; blk < rb.count; ++blk) {
+      float* pdw = part + blk * stride;
+      float* pdb = pdw + C;
+      std::memset(pdw, 0, stride * sizeof(float));
+      const int n1 = std::min(N, (blk + 1) * rb.rows);
+      for (int n = blk * rb.rows; n < n1; ++n) {
+        const float* x = inp + static_cast<size_t>(n) * C;
+        const float* g = dout + static_cast<size_t>(n) * C;
+        float* dx = dinp + static_cast<size_t>(n) * C;
+        const float m = mean[n], r = rstd[n];
+        float sum_wg = 0, sum_wgx = 0;
+#pragma omp simd reduction(+ : sum_wg, sum_wgx)
+        for (int i = 0; i < C; ++i) {
+          const float xh = (x[i] - m) * r;
+          const float wg = w[i] * g[i];
+          sum_wg += wg;
+          sum_wgx += wg * xh;
+          pdw[i] += g[i] * xh;
+          pdb[i] += g[i];
+        }
+        const float mean_wg = sum_wg / C, mean_wgx = sum_wgx / C;
+#pragma omp simd
+        for (int i = 0; i < C; ++i) {
+          const float xh = (x[i] - m) * r;
+          dx[i] += r * (w[i] * g[i] - mean_wg - xh * mean_wgx);
+        }
+      }
+    }
+    // (implicit barrier: all partials are written)
+    reduce_blocks(dw, part, stride, rb.count, C);
+    reduce_blocks(db, part + C, stride, rb.count, C);
+  }
+}
+
+// out = inp * rstd * w, rstd = 1 / sqrt(mean(inp^2) + eps); rstd (N) may be null.
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C,
+                     float eps) {
+#pragma omp parallel for schedule(static) if (static_cast<size_t>(N) * C >= kParallelMin)
+  for (int n = 0; n < N; ++n) {
+    const float* x = inp + static_cast<size_t>(n) * C;
+    float* o = out + static_cast<size_t>(n) * C;
+    float ss = 0;
+#pragma omp simd reduction(+ : ss)
+    for (int i = 0; i < C; ++i) ss += x[i] * x[i];
+    const float r = 1.f / std::sqrt(ss / C + eps);
+#pragma omp simd
+    for (int i = 0; i < C; ++i) o[i] = x[i] * r * w[i];
+    if (rstd) rstd[n] = r;
+  }
+}
+
+// dinp += rstd * (w g - x * rstd^2 * mean(w g x));  dw += sum_n g x rstd.
+void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                      const float* rstd, int N, int C) {
+  const RowBlocks rb = row_blocks(N);
+  const size_t stride = static_cast<size_t>(C);
+  float* part = partials(stride * rb.count);
+#pragma omp parallel if (static_cast<size_t>(N) * C >= kParallelMin)
+  {
+#pragma omp for schedule(static)
+    for (int blk = 0; blk < rb.count; ++blk) {
+      float* pdw = part + blk * stride;
+      std::memset(pdw, 0, stride * sizeof(float));
+      const int n1 = std::min(N, (blk + 1) * rb.rows);
+      for (int n = blk * rb.rows; n < n1; ++n) {
+        const float* x = inp + static_cast<size_t>(n) * C;
+        const float* g = dout + static_cast<size_t>(n) * C;
+        float* dx = dinp + static_cast<size_t>(n) * C;
+        const float r = rstd[n];
+        float sum_wgx = 0;
+#pragma omp simd reduction(+ : sum_wgx)
+        for (int i = 0; i < C; ++i) {
+          sum_wgx += w[i] * g[i] * x[i];
+          pdw[i] += g[i] * x[i] * r;
+        }
+        const float k = r * r * sum_wgx / C;
+#pragma omp simd
+        for (int i = 0; i < C; ++i) dx[i] += r * (w[i] * g[i] - x[i] * k);
+      }
+    }
+    reduce_blocks(dw, part, stride, rb.count, C);
+  }
+}
+
+}  // namespace sw::cpu

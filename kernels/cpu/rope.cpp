@@ -1,1 +1,93 @@
-// placeholder: being written
+// Rotary position embedding, Hugging Face "rotate_half" convention: within a head of hd dims,
+// dim i pairs with dim i + hd/2 (i < hd/2) and the pair is rotated by angle t * inv_freq[i],
+// inv_freq[i] = theta^(-2i/hd):
+//   y[i]        = x[i] cos - x[i+hd/2] sin
+//   y[i + hd/2] = x[i+hd/2] cos + x[i] sin
+// Backward applies the transpose (= inverse) rotation to the gradient, in place.
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace sw::cpu {
+
+namespace {
+
+constexpr size_t kParallelMin = size_t{1} << 14;  // elements
+
+// cos/sin table (T, hd/2), computed the way transformers' LlamaRotaryEmbedding does in fp32:
+// inv_freq = 1 / theta^(float(2i)/hd) rounded to float, angle = float(t) * inv_freq in float;
+// cos/sin are then evaluated in double and rounded once. Cached per calling thread and only
+// recomputed when hd or theta change or a longer T is asked for (rows of a longer table are
+// the same, so a prefix serves any shorter T).
+struct RopeTable {
+  int T = 0, hd = 0;
+  float theta = 0;
+  std::vector<float> cos, sin;
+};
+
+const RopeTable& rope_table(int T, int hd, float theta) {
+  thread_local RopeTable tab;
+  if (tab.hd == hd && tab.theta == theta && tab.T >= T) return tab;
+  const int half = hd / 2;
+  tab.T = T;
+  tab.hd = hd;
+  tab.theta = theta;
+  tab.cos.resize(static_cast<size_t>(T) * half);
+  tab.sin.resize(static_cast<size_t>(T) * half);
+  std::vector<float> inv_freq(half);
+  for (int i = 0; i < half; ++i) {
+    const float expo = static_cast<float>(2 * i) / static_cast<float>(hd);
+    inv_freq[i] = 1.f / static_cast<float>(std::pow(static_cast<double>(theta), expo));
+  }
+  for (int t = 0; t < T; ++t)
+    for (int i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(t) * inv_freq[i];
+      tab.cos[static_cast<size_t>(t) * half + i] = static_cast<float>(std::cos(double{angle}));
+      tab.sin[static_cast<size_t>(t) * half + i] = static_cast<float>(std::sin(double{angle}));
+    }
+  return tab;
+}
+
+// Rotates the q and k heads of every (b, t) row by +angle (sign = 1) or -angle (sign = -1).
+void rope_apply(float* qkv, int B, int T, int H, int KVH, int hd, float theta, float sign) {
+  SW_CHECK(hd % 2 == 0, "rope: head dim must be even");
+  const RopeTable& tab = rope_table(T, hd, theta);
+  const int half = hd / 2;
+  const int rot_heads = H + KVH;  // q heads then k heads; v heads follow and stay untouched
+  const size_t row = static_cast<size_t>(H + 2 * KVH) * hd;
+  const int BT = B * T;
+  const float* cos_tab = tab.cos.data();
+  const float* sin_tab = tab.sin.data();
+#pragma omp parallel for schedule(static) \
+    if (static_cast<size_t>(BT) * rot_heads * hd >= kParallelMin)
+  for (int n = 0; n < BT; ++n) {
+    const int t = n % T;
+    const float* c = cos_tab + static_cast<size_t>(t) * half;
+    const float* s = sin_tab + static_cast<size_t>(t) * half;
+    float* base = qkv + n * row;
+    for (int h = 0; h < rot_heads; ++h) {
+      float* x1 = base + static_cast<size_t>(h) * hd;
+      float* x2 = x1 + half;
+#pragma omp simd
+      for (int i = 0; i < half; ++i) {
+        const float a = x1[i], b = x2[i], sn = sign * s[i];
+        x1[i] = a * c[i] - b * sn;
+        x2[i] = b * c[i] + a * sn;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void rope_forward(float* qkv, int B, int T, int H, int KVH, int hd, float theta) {
+  rope_apply(qkv, B, T, H, KVH, hd, theta, 1.f);
+}
+
+void rope_backward(float* dqkv, int B, int T, int H, int KVH, int hd, float theta) {
+  rope_apply(dqkv, B, T, H, KVH, hd, theta, -1.f);
+}
+
+}  // namespace sw::cpu
