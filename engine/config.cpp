@@ -1,1 +1,749 @@
-// placeholder: being written
+// JSON config: a schema of every accepted key, validation with suggestions, --set overrides,
+// defaults, and the resolved (re-loadable) config.
+//
+// Passes, in order:
+//   1. parse the text (line:column on syntax errors; duplicate keys are errors);
+//   2. apply --set overrides (the key path must exist in the schema);
+//   3. walk the JSON against the schema: unknown keys (with the nearest valid key suggested)
+//      and wrong types throw; keys accepted only for DeepSpeed compatibility become notes;
+//   4. read values into TrainConfig with range checks (messages name key path and range);
+//   5. write the resolved config: the input with every effective key set to its final value.
+//
+// DeepSpeed compatibility decisions (see docs/ARCHITECTURE.md):
+//   * optimizer.type "Adam" is DeepSpeed's Adam, whose default adam_w_mode=true makes it AdamW
+//     (decoupled weight decay); adam_w_mode=false (L2 regularisation) is rejected.
+//   * WarmupCosineLR / WarmupLR follow DeepSpeed's formulas (engine/schedule.h), including
+//     warmup_type linear|log; WarmupLR's warmup_max_lr / warmup_min_lr are converted to
+//     optimizer.params.lr / warmup_min_ratio.
+//   * train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps: any two
+//     determine the third (world size 1 for now); all three must agree. Hugging Face's "auto"
+//     is accepted for these three and means "derive or default".
+//   * bf16/fp16 enabled=true is rejected until mixed precision lands.
+#include "engine/config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace sw {
+namespace {
+
+using json = nlohmann::json;
+
+// ---- Schema ----------------------------------------------------------------------------------
+
+enum class Kind { Obj, Int, Num, Bool, Str, Betas, Any };
+
+struct Node {
+  std::string name;
+  Kind kind = Kind::Any;
+  std::vector<Node> kids;  // Kind::Obj
+  bool compat = false;     // accepted for DeepSpeed compatibility; no effect yet (a note)
+  bool auto_ok = false;    // accepts Hugging Face's "auto"
+  const Node* kid(const std::string& k) const {
+    for (const Node& n : kids)
+      if (n.name == k) return &n;
+    return nullptr;
+  }
+};
+
+Node leaf(const char* name, Kind k, bool auto_ok = false) {
+  Node n;
+  n.name = name;
+  n.kind = k;
+  n.auto_ok = auto_ok;
+  return n;
+}
+Node obj(const char* name, std::vector<Node> kids) {
+  Node n;
+  n.name = name;
+  n.kind = Kind::Obj;
+  n.kids = std::move(kids);
+  return n;
+}
+Node compat(Node n) {  // marks a node (and everything below it) as compatibility-only
+  n.compat = true;
+  for (Node& k : n.kids) k = compat(std::move(k));
+  return n;
+}
+// DeepSpeed's numeric knobs that Hugging Face configs often set to "auto".
+Node cnum(const char* name) { return compat(leaf(name, Kind::Num, true)); }
+Node cbool(const char* name) { return compat(leaf(name, Kind::Bool)); }
+Node cstr(const char* name) { return compat(leaf(name, Kind::Str)); }
+
+const Node& schema() {
+  static const Node root = [] {
+    Node offload_common = obj("", {cstr("device"), cstr("nvme_path"), cnum("buffer_count"),
+                                   cbool("pin_memory")});
+    Node offload_opt = offload_common;
+    offload_opt.name = "offload_optimizer";
+    for (const char* k : {"pipeline_read", "pipeline_write", "fast_init"})
+      offload_opt.kids.push_back(cbool(k));
+    offload_opt.kids.push_back(cnum("ratio"));
+    Node offload_par = offload_common;
+    offload_par.name = "offload_param";
+    offload_par.kids.push_back(cnum("buffer_size"));
+    offload_par.kids.push_back(cnum("max_in_cpu"));
+
+    Node zero = obj("zero_optimization", {leaf("stage", Kind::Int)});
+    for (const char* k : {"allgather_partitions", "overlap_comm", "reduce_scatter",
+                          "contiguous_gradients", "round_robin_gradients", "elastic_checkpoint",
+                          "ignore_unused_parameters", "load_from_fp32_weights", "cpu_offload",
+                          "stage3_gather_16bit_weights_on_model_save",
+                          "stage3_gather_fp16_weights_on_model_save", "zero_quantized_weights",
+                          "zero_quantized_gradients", "mics_hierarchical_params_gather",
+                          "use_multi_rank_bucket_allreduce", "memory_efficient_linear"})
+      zero.kids.push_back(cbool(k));
+    for (const char* k : {"allgather_bucket_size", "reduce_bucket_size", "sub_group_size",
+                          "stage3_max_live_parameters", "stage3_max_reuse_distance",
+                          "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+                          "zero_hpz_partition_size", "mics_shard_size"})
+      zero.kids.push_back(cnum(k));
+    zero.kids.push_back(compat(offload_opt));
+    zero.kids.push_back(compat(offload_par));
+
+    Node fp16 = obj("fp16", {leaf("enabled", Kind::Bool), cbool("auto_cast"),
+                             cnum("loss_scale"), cnum("initial_scale_power"),
+                             cnum("loss_scale_window"), cnum("hysteresis"),
+                             cbool("consecutive_hysteresis"), cnum("min_loss_scale")});
+    Node bf16 = obj("bf16", {leaf("enabled", Kind::Bool), cbool("immediate_grad_update")});
+
+    Node act = compat(obj("activation_checkpointing",
+                          {cbool("partition_activations"), cbool("cpu_checkpointing"),
+                           cbool("contiguous_memory_optimization"), cnum("number_checkpoints"),
+                           cbool("synchronize_checkpoint_boundary"), cbool("profile")}));
+
+    return obj("", {
+        leaf("train_batch_size", Kind::Int, true),
+        leaf("train_micro_batch_size_per_gpu", Kind::Int, true),
+        leaf("gradient_accumulation_steps", Kind::Int, true),
+        obj("optimizer",
+            {leaf("type", Kind::Str),
+             obj("params", {leaf("lr", Kind::Num), leaf("betas", Kind::Betas),
+                            leaf("eps", Kind::Num), leaf("weight_decay", Kind::Num),
+                            leaf("adam_w_mode", Kind::Bool), cbool("torch_adam"),
+                            cbool("fused"), cbool("bias_correction"), cbool("amsgrad")})}),
+        obj("scheduler",
+            {leaf("type", Kind::Str),
+             obj("params", {leaf("warmup_num_steps", Kind::Int), leaf("total_num_steps", Kind::Int),
+                            leaf("warmup_min_ratio", Kind::Num), leaf("cos_min_ratio", Kind::Num),
+                            leaf("warmup_type", Kind::Str), leaf("warmup_min_lr", Kind::Num),
+                            leaf("warmup_max_lr", Kind::Num), cnum("last_batch_iteration")})}),
+        leaf("gradient_clipping", Kind::Num, true),
+        bf16,
+        fp16,
+        compat(obj("amp", {cbool("enabled"), cstr("opt_level")})),
+        zero,
+        act,
+        cnum("steps_per_print"),
+        cbool("wall_clock_breakdown"),
+        cbool("prescale_gradients"),
+        cnum("gradient_predivide_factor"),
+        cstr("communication_data_type"),
+        cbool("zero_allow_untested_optimizer"),
+        cbool("zero_force_ds_cpu_optimizer"),
+        cbool("sparse_gradients"),
+        cbool("dump_state"),
+        compat(leaf("tensorboard", Kind::Any)),
+        compat(leaf("wandb", Kind::Any)),
+        compat(leaf("csv_monitor", Kind::Any)),
+        compat(leaf("comms_logger", Kind::Any)),
+        compat(leaf("flops_profiler", Kind::Any)),
+        obj("model", {leaf("type", Kind::Str), leaf("vocab_size", Kind::Int),
+                      leaf("n_layer", Kind::Int), leaf("n_head", Kind::Int),
+                      leaf("n_kv_head", Kind::Int), leaf("d_model", Kind::Int),
+                      leaf("d_ff", Kind::Int), leaf("seq_len", Kind::Int),
+                      leaf("rope_theta", Kind::Num), leaf("norm_eps", Kind::Num),
+                      leaf("tie_embeddings", Kind::Bool)}),
+        obj("data", {leaf("train", Kind::Str), leaf("val", Kind::Str)}),
+        leaf("train_steps", Kind::Int),
+        leaf("seed", Kind::Int),
+        leaf("run_dir", Kind::Str),
+        leaf("eval_every_steps", Kind::Int),
+        leaf("eval_batches", Kind::Int),
+        leaf("log_every_steps", Kind::Int),
+        leaf("threads", Kind::Int),
+    });
+  }();
+  return root;
+}
+
+// ---- Messages --------------------------------------------------------------------------------
+
+std::string join_path(const std::string& parent, const std::string& key) {
+  return parent.empty() ? key : parent + "." + key;
+}
+
+// Optimal string alignment distance (Levenshtein plus adjacent transpositions).
+size_t edit_distance(const std::string& a, const std::string& b) {
+  const size_t n = a.size(), m = b.size();
+  std::vector<std::vector<size_t>> d(n + 1, std::vector<size_t>(m + 1));
+  for (size_t i = 0; i <= n; ++i) d[i][0] = i;
+  for (size_t j = 0; j <= m; ++j) d[0][j] = j;
+  for (size_t i = 1; i <= n; ++i)
+    for (size_t j = 1; j <= m; ++j) {
+      const size_t cost = std::tolower((unsigned char)a[i - 1]) == std::tolower((unsigned char)b[j - 1]) ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[n][m];
+}
+
+// Every full key path in the schema whose last component is `key` (for keys put at the wrong
+// level, e.g. a top-level "lr").
+void find_key(const Node& n, const std::string& path, const std::string& key,
+              std::vector<std::string>& out) {
+  for (const Node& k : n.kids) {
+    const std::string p = join_path(path, k.name);
+    if (k.name == key) out.push_back(p);
+    if (k.kind == Kind::Obj) find_key(k, p, key, out);
+  }
+}
+
+[[noreturn]] void unknown_key(const std::string& source, const Node& level,
+                              const std::string& parent, const std::string& key,
+                              const std::string& origin) {
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  for (const Node& k : level.kids) {
+    const size_t d = edit_distance(key, k.name);
+    if (d < best_d) best_d = d, best = k.name;
+  }
+  std::string msg = source + ": unknown key '" + join_path(parent, key) + "'" + origin;
+  const size_t limit = std::max<size_t>(2, key.size() / 3);
+  std::vector<std::string> elsewhere;
+  find_key(schema(), "", key, elsewhere);
+  if (!best.empty() && best_d <= limit) {
+    msg += " (did you mean '" + join_path(parent, best) + "'?)";
+  } else if (!elsewhere.empty()) {
+    msg += " (did you mean '" + elsewhere.front() + "'?)";
+  } else {
+    msg += " (valid keys here: ";
+    for (size_t i = 0; i < level.kids.size(); ++i) msg += (i ? ", " : "") + level.kids[i].name;
+    msg += ")";
+  }
+  fail("config", msg);
+}
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::Obj: return "an object";
+    case Kind::Int: return "an integer";
+    case Kind::Num: return "a number";
+    case Kind::Bool: return "true or false";
+    case Kind::Str: return "a string";
+    case Kind::Betas: return "an array of two numbers [beta1, beta2]";
+    case Kind::Any: return "any value";
+  }
+  return "?";
+}
+
+std::string describe(const json& v) {
+  std::string s = v.dump();
+  if (s.size() > 40) s = s.substr(0, 37) + "...";
+  switch (v.type()) {
+    case json::value_t::string: return "string " + s;
+    case json::value_t::boolean: return "boolean " + s;
+    case json::value_t::null: return "null";
+    case json::value_t::object: return "an object";
+    case json::value_t::array: return "array " + s;
+    default: return "number " + s;
+  }
+}
+
+bool is_auto(const json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
+
+bool kind_matches(Kind k, const json& v) {
+  switch (k) {
+    case Kind::Obj: return v.is_object();
+    case Kind::Int:
+      if (v.is_number_integer()) return true;
+      if (v.is_number_float()) {  // 1e4 is an integer written in float syntax
+        const double d = v.get<double>();
+        return std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.2e18;
+      }
+      return false;
+    case Kind::Num: return v.is_number();
+    case Kind::Bool: return v.is_boolean();
+    case Kind::Str: return v.is_string();
+    case Kind::Betas: return v.is_array() && v.size() == 2 && v[0].is_number() && v[1].is_number();
+    case Kind::Any: return true;
+  }
+  return false;
+}
+
+// ---- Parsing ---------------------------------------------------------------------------------
+
+// Syntax errors with line:column; duplicate keys rejected (JSON allows them, nlohmann keeps the
+// last one silently, which hides mistakes).
+json parse_text(const std::string& text, const std::string& source) {
+  std::vector<std::set<std::string>> seen;  // keys of each open object
+  std::vector<std::string> keys;            // key path of the open objects
+  std::string last_key, dup;
+  auto cb = [&](int depth, json::parse_event_t ev, json& parsed) {
+    (void)depth;
+    switch (ev) {
+      case json::parse_event_t::object_start:
+        keys.push_back(last_key);
+        seen.emplace_back();
+        break;
+      case json::parse_event_t::object_end:
+        if (!seen.empty()) seen.pop_back();
+        if (!keys.empty()) keys.pop_back();
+        break;
+      case json::parse_event_t::array_start: keys.push_back(last_key); seen.emplace_back(); break;
+      case json::parse_event_t::array_end:
+        if (!seen.empty()) seen.pop_back();
+        if (!keys.empty()) keys.pop_back();
+        break;
+      case json::parse_event_t::key: {
+        last_key = parsed.get<std::string>();
+        if (!seen.empty() && !seen.back().insert(last_key).second && dup.empty()) {
+          std::string p;
+          for (size_t i = 1; i < keys.size(); ++i) p = join_path(p, keys[i]);
+          dup = join_path(p, last_key);
+        }
+        break;
+      }
+      default: break;
+    }
+    return true;
+  };
+  json j;
+  try {
+    j = json::parse(text, cb);
+  } catch (const json::parse_error& e) {
+    // Position from the byte offset; the reason is nlohmann's text after the position.
+    size_t line = 1, col = 1;
+    const size_t end = std::min<size_t>(e.byte > 0 ? e.byte - 1 : 0, text.size());
+    for (size_t i = 0; i < end; ++i) {
+      if (text[i] == '\n') ++line, col = 1;
+      else ++col;
+    }
+    std::string why = e.what();
+    const size_t p = why.find(": ", why.find("column"));
+    if (p != std::string::npos) why = why.substr(p + 2);
+    else if (why.find(']') != std::string::npos) why = why.substr(why.find(']') + 2);
+    fail("config", source + ":" + std::to_string(line) + ":" + std::to_string(col) +
+                       ": invalid JSON: " + why);
+  }
+  if (!dup.empty()) fail("config", source + ": duplicate key '" + dup + "'");
+  if (!j.is_object()) fail("config", source + ": the top level must be a JSON object, got " + describe(j));
+  return j;
+}
+
+// "a.b.c=value": the value parsed as JSON if it parses, else taken as a string.
+void apply_override(json& root, const std::string& ov, const std::string& source,
+                    std::map<std::string, std::string>& origins) {
+  const size_t eq = ov.find('=');
+  if (eq == std::string::npos || eq == 0)
+    fail("config", source + ": --set '" + ov + "': expected KEY=VALUE, e.g. optimizer.params.lr=1e-3");
+  const std::string path = ov.substr(0, eq), text = ov.substr(eq + 1);
+  std::vector<std::string> parts;
+  {
+    std::stringstream ss(path);
+    std::string p;
+    while (std::getline(ss, p, '.')) parts.push_back(p);
+    if (path.back() == '.') parts.push_back("");
+  }
+  const std::string origin = " (from --set " + ov + ")";
+  const Node* level = &schema();
+  json* cur = &root;
+  std::string sofar;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const std::string& k = parts[i];
+    if (k.empty()) fail("config", source + ": --set '" + ov + "': empty component in key path '" + path + "'");
+    const Node* n = level->kind == Kind::Obj ? level->kid(k) : nullptr;
+    if (level->kind == Kind::Obj && !n) unknown_key(source, *level, sofar, k, origin);
+    if (level->kind != Kind::Obj && level->kind != Kind::Any)
+      fail("config", source + ": --set '" + ov + "': '" + sofar + "' is " + kind_name(level->kind) +
+                         ", it has no key '" + k + "'");
+    sofar = join_path(sofar, k);
+    if (!cur->is_object())
+      fail("config", source + ": --set '" + ov + "': cannot set '" + sofar + "' because its parent is " +
+                         describe(*cur) + ", not an object");
+    if (i + 1 < parts.size()) {
+      json& next = (*cur)[k];
+      if (next.is_null()) next = json::object();  // creates intermediate objects
+      cur = &next;
+      if (n) level = n;
+    } else {
+      json v;
+      try {
+        v = json::parse(text);
+      } catch (const json::parse_error&) {
+        v = text;
+      }
+      (*cur)[k] = v;
+      origins[sofar] = origin;
+    }
+  }
+}
+
+struct Ctx {
+  std::string source;
+  std::map<std::string, std::string> origins;  // key path -> " (from --set ...)"
+  std::vector<std::string> notes;
+  std::string origin(const std::string& path) const {
+    for (const auto& [k, o] : origins)  // an override of the key or of an enclosing object
+      if (path == k || path.rfind(k + ".", 0) == 0) return o;
+    return "";
+  }
+  [[noreturn]] void bad(const std::string& path, const std::string& problem) const {
+    fail("config", source + ": " + path + ": " + problem + origin(path));
+  }
+};
+
+void validate(const json& j, const Node& n, const std::string& path, Ctx& c,
+              std::vector<std::string>& compat_keys) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string p = join_path(path, it.key());
+    const Node* k = n.kid(it.key());
+    if (!k) unknown_key(c.source, n, path, it.key(), c.origin(p));
+    const json& v = it.value();
+    if (!(k->auto_ok && is_auto(v)) && !kind_matches(k->kind, v))
+      c.bad(p, std::string("expected ") + kind_name(k->kind) + (k->auto_ok ? " or \"auto\"" : "") +
+                   ", got " + describe(v));
+    if (k->compat && !n.compat) compat_keys.push_back(p);  // the top-most compatibility key
+    if (k->kind == Kind::Obj) validate(v, *k, p, c, compat_keys);
+  }
+}
+
+// ---- Reading values with range checks --------------------------------------------------------
+
+const json* at(const json& root, const std::string& path) {
+  const json* cur = &root;
+  std::stringstream ss(path);
+  std::string k;
+  while (std::getline(ss, k, '.')) {
+    if (!cur->is_object()) return nullptr;
+    auto it = cur->find(k);
+    if (it == cur->end()) return nullptr;
+    cur = &*it;
+  }
+  return cur;
+}
+bool has(const json& root, const std::string& path) {
+  const json* v = at(root, path);
+  return v && !v->is_null() && !is_auto(*v);
+}
+
+std::string num_str(double v) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+std::string num_str(float v) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
+long long get_int(const json& root, const std::string& path, long long def, long long lo,
+                  long long hi, const Ctx& c) {
+  if (!has(root, path)) return def;
+  const json& v = *at(root, path);
+  long long x;
+  if (v.is_number_unsigned() && v.get<unsigned long long>() > (unsigned long long)LLONG_MAX) x = LLONG_MAX;
+  else x = v.is_number_float() ? (long long)v.get<double>() : v.get<long long>();
+  if (x < lo || x > hi) {
+    std::string range = hi >= INT32_MAX ? ">= " + std::to_string(lo)
+                                        : "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+    c.bad(path, "must be " + range + " (got " + v.dump() + ")");
+  }
+  return x;
+}
+
+// Range for numbers: lo/hi with open or closed ends.
+struct Range {
+  double lo, hi;
+  bool lo_open, hi_open;
+  std::string str() const {
+    if (std::isinf(hi)) return std::string(lo_open ? "> " : ">= ") + num_str(lo);
+    return std::string(lo_open ? "(" : "[") + num_str(lo) + ", " + num_str(hi) + (hi_open ? ")" : "]");
+  }
+  bool ok(double x) const {
+    return std::isfinite(x) && (lo_open ? x > lo : x >= lo) && (hi_open ? x < hi : x <= hi);
+  }
+};
+constexpr double kInf = INFINITY;
+
+double check_num(double x, const std::string& path, Range r, const Ctx& c) {
+  if (!r.ok(x)) c.bad(path, "must be " + r.str() + " (got " + num_str(x) + ")");
+  return x;
+}
+double get_num(const json& root, const std::string& path, double def, Range r, const Ctx& c) {
+  if (!has(root, path)) return def;
+  return check_num(at(root, path)->get<double>(), path, r, c);
+}
+std::string get_str(const json& root, const std::string& path, const std::string& def,
+                    const std::vector<std::string>& choices, const Ctx& c) {
+  if (!has(root, path)) return def;
+  std::string s = at(root, path)->get<std::string>();
+  if (!choices.empty() && std::find(choices.begin(), choices.end(), s) == choices.end()) {
+    std::string list;
+    for (size_t i = 0; i < choices.size(); ++i) list += (i ? ", " : "") + choices[i];
+    c.bad(path, "'" + s + "' is not one of " + list);
+  }
+  return s;
+}
+bool get_bool(const json& root, const std::string& path, bool def) {
+  return has(root, path) ? at(root, path)->get<bool>() : def;
+}
+
+// A float written back as the shortest decimal that reads back as the same float.
+json fjson(float f) {
+  char buf[32];
+  auto r = std::to_chars(buf, buf + sizeof buf, f);
+  return json::parse(std::string(buf, r.ptr));
+}
+
+void set_path(json& root, const std::string& path, json v) {
+  json* cur = &root;
+  std::stringstream ss(path);
+  std::string k;
+  std::vector<std::string> parts;
+  while (std::getline(ss, k, '.')) parts.push_back(k);
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    json& next = (*cur)[parts[i]];
+    if (!next.is_object()) next = json::object();
+    cur = &next;
+  }
+  (*cur)[parts.back()] = std::move(v);
+}
+void erase_path(json& root, const std::string& path) {
+  const size_t dot = path.rfind('.');
+  json* parent = dot == std::string::npos ? &root : const_cast<json*>(at(root, path.substr(0, dot)));
+  if (parent && parent->is_object()) parent->erase(path.substr(dot == std::string::npos ? 0 : dot + 1));
+}
+
+TrainConfig read_config(json j, const std::string& source, const std::vector<std::string>& overrides) {
+  Ctx c;
+  c.source = source;
+  for (const std::string& ov : overrides) apply_override(j, ov, source, c.origins);
+  std::vector<std::string> compat_keys;
+  validate(j, schema(), "", c, compat_keys);
+  if (!compat_keys.empty()) {
+    std::string note = "config: note: " + source + ": accepted for DeepSpeed compatibility, no effect yet: ";
+    for (size_t i = 0; i < compat_keys.size(); ++i) note += (i ? ", " : "") + compat_keys[i];
+    c.notes.push_back(note);
+  }
+
+  TrainConfig cfg;
+  cfg.source = source;
+  cfg.notes = c.notes;
+  const long long IMAX = INT32_MAX;
+
+  // Mixed precision: rejected, not ignored.
+  if (get_bool(j, "bf16.enabled", false))
+    c.bad("bf16.enabled", "mixed precision is not implemented yet; training runs in fp32 (set it to false or remove the bf16 block)");
+  if (get_bool(j, "fp16.enabled", false))
+    c.bad("fp16.enabled", "mixed precision is not implemented yet; training runs in fp32 (set it to false or remove the fp16 block)");
+
+  // Batch sizes: any two of the three determine the third (world size 1 for now).
+  const int world = 1;
+  const bool has_tbs = has(j, "train_batch_size"), has_mb = has(j, "train_micro_batch_size_per_gpu"),
+             has_ga = has(j, "gradient_accumulation_steps");
+  long long tbs = get_int(j, "train_batch_size", 0, 1, IMAX, c);
+  long long mb = get_int(j, "train_micro_batch_size_per_gpu", cfg.micro_batch, 1, IMAX, c);
+  long long ga = get_int(j, "gradient_accumulation_steps", cfg.grad_accum, 1, IMAX, c);
+  if (has_tbs) {
+    if (has_mb && !has_ga) {
+      if (tbs % (mb * world))
+        c.bad("train_batch_size", std::to_string(tbs) + " is not a multiple of train_micro_batch_size_per_gpu (" +
+                                      std::to_string(mb) + ") * world size (" + std::to_string(world) + ")");
+      ga = tbs / (mb * world);
+    } else if (!has_mb && has_ga) {
+      if (tbs % (ga * world))
+        c.bad("train_batch_size", std::to_string(tbs) + " is not a multiple of gradient_accumulation_steps (" +
+                                      std::to_string(ga) + ") * world size (" + std::to_string(world) + ")");
+      mb = tbs / (ga * world);
+    } else if (!has_mb && !has_ga) {
+      if (tbs % world) c.bad("train_batch_size", "must be a multiple of the world size");
+      mb = tbs / world, ga = 1;
+    } else if (tbs != mb * ga * world) {
+      c.bad("train_batch_size", "must equal train_micro_batch_size_per_gpu * gradient_accumulation_steps * world size = " +
+                                    std::to_string(mb) + " * " + std::to_string(ga) + " * " + std::to_string(world) +
+                                    " = " + std::to_string(mb * ga * world) + " (got " + std::to_string(tbs) + ")");
+    }
+  }
+  cfg.micro_batch = (int)mb;
+  cfg.grad_accum = (int)ga;
+
+  // Optimizer.
+  OptimizerConfig& o = cfg.optimizer;
+  o.type = get_str(j, "optimizer.type", o.type, {"AdamW", "Adam"}, c);
+  if (has(j, "optimizer.params.adam_w_mode") && !get_bool(j, "optimizer.params.adam_w_mode", true))
+    c.bad("optimizer.params.adam_w_mode", "only decoupled weight decay (AdamW, adam_w_mode true) is implemented");
+  o.lr = (float)get_num(j, "optimizer.params.lr", o.lr, {0, kInf, true, false}, c);
+  if (has(j, "optimizer.params.betas")) {
+    const json& b = *at(j, "optimizer.params.betas");
+    o.beta1 = (float)check_num(b[0].get<double>(), "optimizer.params.betas[0]", {0, 1, false, true}, c);
+    o.beta2 = (float)check_num(b[1].get<double>(), "optimizer.params.betas[1]", {0, 1, false, true}, c);
+  }
+  o.eps = (float)get_num(j, "optimizer.params.eps", o.eps, {0, kInf, true, false}, c);
+  o.weight_decay = (float)get_num(j, "optimizer.params.weight_decay", o.weight_decay, {0, kInf, false, false}, c);
+
+  // Training length first: the scheduler's total defaults to it.
+  cfg.train_steps = (int)get_int(j, "train_steps", cfg.train_steps, 1, IMAX, c);
+
+  // Scheduler.
+  SchedulerConfig& s = cfg.scheduler;
+  s.type = get_str(j, "scheduler.type", s.type, {"WarmupCosineLR", "WarmupLR", "Constant"}, c);
+  const std::map<std::string, std::vector<std::string>> sched_keys = {
+      {"WarmupCosineLR", {"warmup_num_steps", "total_num_steps", "warmup_min_ratio", "cos_min_ratio", "warmup_type", "last_batch_iteration"}},
+      {"WarmupLR", {"warmup_num_steps", "warmup_min_ratio", "warmup_type", "warmup_min_lr", "warmup_max_lr", "last_batch_iteration"}},
+      {"Constant", {}}};
+  if (const json* p = at(j, "scheduler.params"); p && p->is_object())
+    for (auto it = p->begin(); it != p->end(); ++it) {
+      const auto& ok = sched_keys.at(s.type);
+      if (std::find(ok.begin(), ok.end(), it.key()) == ok.end())
+        c.bad("scheduler.params." + it.key(), "not a parameter of scheduler type " + s.type);
+    }
+  s.warmup_num_steps = (int)get_int(j, "scheduler.params.warmup_num_steps", s.warmup_num_steps, 0, IMAX, c);
+  s.total_num_steps = (int)get_int(j, "scheduler.params.total_num_steps", s.total_num_steps, 0, IMAX, c);
+  s.warmup_min_ratio = (float)get_num(j, "scheduler.params.warmup_min_ratio", s.warmup_min_ratio, {0, 1, false, false}, c);
+  s.cos_min_ratio = (float)get_num(j, "scheduler.params.cos_min_ratio", s.cos_min_ratio, {0, 1, false, false}, c);
+  s.warmup_type = get_str(j, "scheduler.params.warmup_type", s.warmup_type, {"linear", "log"}, c);
+  if (has(j, "scheduler.params.warmup_max_lr")) {
+    const double mx = get_num(j, "scheduler.params.warmup_max_lr", 0, {0, kInf, true, false}, c);
+    if (has(j, "optimizer.params.lr") && std::fabs(mx - o.lr) > 1e-6 * mx)
+      c.bad("scheduler.params.warmup_max_lr", "is the peak learning rate and conflicts with optimizer.params.lr (" +
+                                                  num_str(mx) + " vs " + num_str(o.lr) + "); give only one");
+    o.lr = (float)mx;
+  }
+  if (has(j, "scheduler.params.warmup_min_lr")) {
+    const double mn = get_num(j, "scheduler.params.warmup_min_lr", 0, {0, o.lr, false, false}, c);
+    if (has(j, "scheduler.params.warmup_min_ratio"))
+      c.bad("scheduler.params.warmup_min_lr", "conflicts with scheduler.params.warmup_min_ratio; give only one");
+    s.warmup_min_ratio = (float)(mn / o.lr);
+  }
+  const int total = s.total_num_steps > 0 ? s.total_num_steps : cfg.train_steps;
+  if (s.type == "WarmupCosineLR" && s.warmup_num_steps > total)
+    c.bad("scheduler.params.warmup_num_steps", "must be <= total_num_steps (" + std::to_string(total) +
+                                                   (s.total_num_steps > 0 ? "" : ", from train_steps") + "), got " +
+                                                   std::to_string(s.warmup_num_steps));
+
+  cfg.grad_clip = (float)get_num(j, "gradient_clipping", cfg.grad_clip, {0, kInf, false, false}, c);
+  cfg.zero_stage = (int)get_int(j, "zero_optimization.stage", cfg.zero_stage, 0, 3, c);
+
+  // Model.
+  ModelConfig& m = cfg.model;
+  m.type = get_str(j, "model.type", m.type, {"gpt2", "llama"}, c);
+  m.vocab_size = (int)get_int(j, "model.vocab_size", m.vocab_size, 1, 65536, c);  // tokens are uint16
+  m.n_layer = (int)get_int(j, "model.n_layer", m.n_layer, 1, IMAX, c);
+  m.n_head = (int)get_int(j, "model.n_head", m.n_head, 1, IMAX, c);
+  m.n_kv_head = (int)get_int(j, "model.n_kv_head", m.n_kv_head, 0, IMAX, c);
+  m.d_model = (int)get_int(j, "model.d_model", m.d_model, 1, IMAX, c);
+  m.d_ff = (int)get_int(j, "model.d_ff", m.d_ff, 0, IMAX, c);
+  m.seq_len = (int)get_int(j, "model.seq_len", m.seq_len, 1, IMAX, c);
+  m.rope_theta = (float)get_num(j, "model.rope_theta", m.rope_theta, {0, kInf, true, false}, c);
+  m.norm_eps = (float)get_num(j, "model.norm_eps", m.norm_eps, {0, kInf, true, false}, c);
+  m.tie_embeddings = get_bool(j, "model.tie_embeddings", m.tie_embeddings);
+  if (m.d_model % m.n_head)
+    c.bad("model.d_model", "must be a multiple of model.n_head (" + std::to_string(m.n_head) + "), got " + std::to_string(m.d_model));
+  if (m.n_kv_head > 0 && m.n_head % m.n_kv_head)
+    c.bad("model.n_kv_head", "must divide model.n_head (" + std::to_string(m.n_head) + "), got " + std::to_string(m.n_kv_head));
+  if (m.type == "gpt2" && m.n_kv_head > 0 && m.n_kv_head != m.n_head)
+    c.bad("model.n_kv_head", "gpt2 has no grouped-query attention: leave it 0 or equal to model.n_head");
+  if (m.type == "llama" && has(j, "model.tie_embeddings") && m.tie_embeddings)
+    c.bad("model.tie_embeddings", "is supported for gpt2 only");
+
+  // Data and run.
+  cfg.train_data = get_str(j, "data.train", cfg.train_data, {}, c);
+  cfg.val_data = get_str(j, "data.val", cfg.val_data, {}, c);
+  if (has(j, "seed")) {
+    const json& v = *at(j, "seed");
+    if (v.is_number_integer() && !v.is_number_unsigned() && v.get<long long>() < 0)
+      c.bad("seed", "must be >= 0 (got " + v.dump() + ")");
+    cfg.seed = v.is_number_float() ? (uint64_t)v.get<double>() : v.get<uint64_t>();
+  }
+  cfg.run_dir = get_str(j, "run_dir", cfg.run_dir, {}, c);
+  if (cfg.run_dir.empty()) c.bad("run_dir", "must not be empty");
+  cfg.eval_every_steps = (int)get_int(j, "eval_every_steps", cfg.eval_every_steps, 0, IMAX, c);
+  cfg.eval_batches = (int)get_int(j, "eval_batches", cfg.eval_batches, 1, IMAX, c);
+  cfg.log_every_steps = (int)get_int(j, "log_every_steps", cfg.log_every_steps, 1, IMAX, c);
+  cfg.threads = (int)get_int(j, "threads", cfg.threads, 0, 4096, c);
+
+  // Resolved config: the input (compatibility keys kept as given) with every effective key set
+  // to its final value; parse_config(resolved_json) gives the same TrainConfig.
+  json r = j;
+  if (has_tbs || (at(j, "train_batch_size") && is_auto(*at(j, "train_batch_size")))) erase_path(r, "train_batch_size");
+  set_path(r, "train_micro_batch_size_per_gpu", cfg.micro_batch);
+  set_path(r, "gradient_accumulation_steps", cfg.grad_accum);
+  set_path(r, "optimizer.type", o.type);
+  set_path(r, "optimizer.params.lr", fjson(o.lr));
+  set_path(r, "optimizer.params.betas", json::array({fjson(o.beta1), fjson(o.beta2)}));
+  set_path(r, "optimizer.params.eps", fjson(o.eps));
+  set_path(r, "optimizer.params.weight_decay", fjson(o.weight_decay));
+  set_path(r, "scheduler.type", s.type);
+  erase_path(r, "scheduler.params.warmup_min_lr");
+  erase_path(r, "scheduler.params.warmup_max_lr");
+  if (s.type != "Constant") {
+    set_path(r, "scheduler.params.warmup_num_steps", s.warmup_num_steps);
+    set_path(r, "scheduler.params.warmup_min_ratio", fjson(s.warmup_min_ratio));
+    set_path(r, "scheduler.params.warmup_type", s.warmup_type);
+  }
+  if (s.type == "WarmupCosineLR") {
+    set_path(r, "scheduler.params.total_num_steps", s.total_num_steps);
+    set_path(r, "scheduler.params.cos_min_ratio", fjson(s.cos_min_ratio));
+  }
+  set_path(r, "gradient_clipping", fjson(cfg.grad_clip));
+  set_path(r, "zero_optimization.stage", cfg.zero_stage);
+  set_path(r, "model.type", m.type);
+  set_path(r, "model.vocab_size", m.vocab_size);
+  set_path(r, "model.n_layer", m.n_layer);
+  set_path(r, "model.n_head", m.n_head);
+  set_path(r, "model.n_kv_head", m.n_kv_head);
+  set_path(r, "model.d_model", m.d_model);
+  set_path(r, "model.d_ff", m.d_ff);
+  set_path(r, "model.seq_len", m.seq_len);
+  set_path(r, "model.rope_theta", fjson(m.rope_theta));
+  set_path(r, "model.norm_eps", fjson(m.norm_eps));
+  set_path(r, "model.tie_embeddings", m.tie_embeddings);
+  set_path(r, "data.train", cfg.train_data);
+  if (!cfg.val_data.empty()) set_path(r, "data.val", cfg.val_data);
+  set_path(r, "train_steps", cfg.train_steps);
+  set_path(r, "seed", cfg.seed);
+  set_path(r, "run_dir", cfg.run_dir);
+  set_path(r, "eval_every_steps", cfg.eval_every_steps);
+  set_path(r, "eval_batches", cfg.eval_batches);
+  set_path(r, "log_every_steps", cfg.log_every_steps);
+  set_path(r, "threads", cfg.threads);
+  cfg.resolved_json = r.dump(2) + "\n";
+  return cfg;
+}
+
+}  // namespace
+
+TrainConfig parse_config(const std::string& json_text, const std::string& source,
+                         const std::vector<std::string>& overrides) {
+  return read_config(parse_text(json_text, source), source, overrides);
+}
+
+TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) fail("config", path + ": is a directory, not a config file");
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail("config", path + ": cannot open (" + std::string(std::strerror(errno)) + ")");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  if (f.bad()) fail("config", path + ": cannot read (" + std::string(std::strerror(errno)) + ")");
+  return parse_config(ss.str(), path, overrides);
+}
+
+}  // namespace sw

@@ -26,6 +26,7 @@ struct SchedulerConfig {
   int total_num_steps = 0;              // scheduler.params.total_num_steps (0 = train_steps)
   float warmup_min_ratio = 0.f;         // lr at step 0 = lr * warmup_min_ratio
   float cos_min_ratio = 0.1f;           // lr at the end = lr * cos_min_ratio
+  std::string warmup_type = "linear";   // scheduler.params.warmup_type: linear | log (DeepSpeed's)
 };
 
 struct TrainConfig {
@@ -46,6 +47,9 @@ struct TrainConfig {
   int threads = 0;             // threads per rank (0 = cores / local ranks)
   int zero_stage = 3;          // zero_optimization.stage
   std::string resolved_json;   // the config after defaults and overrides, pretty-printed
+  // Keys accepted for DeepSpeed compatibility that have no effect yet (one line each, naming
+  // the key); the trainer prints them to stderr.
+  std::vector<std::string> notes;
 };
 
 // Reads `path`, applies `overrides` ("a.b.c=value", value parsed as JSON, else as a string),

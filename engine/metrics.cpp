@@ -1,1 +1,98 @@
-// placeholder: being written
+#include "engine/metrics.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace sw {
+
+namespace {
+nlohmann::json num(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); }
+}  // namespace
+
+std::string metrics_json_line(const StepMetrics& m) {
+  nlohmann::ordered_json j;
+  j["step"] = m.step;
+  j["loss"] = num(m.loss);
+  j["lr"] = num(m.lr);
+  j["grad_norm"] = num(m.grad_norm);
+  j["tokens_per_s"] = num(m.tokens_per_s);
+  j["peak_mem_bytes"] = m.peak_mem_bytes;
+  j["step_time_s"] = num(m.step_time_s);
+  if (m.has_val) j["val_loss"] = num(m.val_loss);
+  return j.dump();
+}
+
+MetricsLog::MetricsLog(const std::string& path) : path_(path) {
+  f_ = std::fopen(path.c_str(), "w");
+  if (!f_) fail("metrics", path + ": cannot create (" + std::string(std::strerror(errno)) + ")");
+}
+
+MetricsLog::~MetricsLog() {
+  if (f_) std::fclose(f_);
+}
+
+void MetricsLog::write(const StepMetrics& m) {
+  const std::string line = metrics_json_line(m) + "\n";
+  if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0)
+    fail("metrics", path_ + ": write failed (" + std::string(std::strerror(errno)) + ")");
+}
+
+std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const long t = static_cast<long>(s + 0.5);
+  char buf[32];
+  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+  else if (t >= 60) std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
+  else std::snprintf(buf, sizeof buf, "%lds", t);
+  return buf;
+}
+
+Progress::Progress(int total_steps, int log_every, bool enabled, FILE* out, int tty)
+    : total_(total_steps), every_(log_every < 1 ? 1 : log_every), enabled_(enabled), out_(out) {
+  tty_ = tty < 0 ? (out && ::isatty(::fileno(out))) : tty > 0;
+}
+
+void Progress::update(const StepMetrics& m, double elapsed_s) {
+  if (m.has_val) last_val_ = m.val_loss;
+  if (first_step_s_ < 0) first_step_s_ = m.step_time_s;
+  if (!enabled_) return;
+  const bool last = m.step >= total_;
+  if (!tty_ && !last && m.step % every_ != 0) return;
+  // ETA from the mean step time after the first step (which includes warm-up).
+  const int done = m.step;
+  double per_step = done > 1 ? (elapsed_s - first_step_s_) / (done - 1) : elapsed_s;
+  const double eta = per_step * (total_ - done);
+  char tps[32];
+  if (m.tokens_per_s >= 1e6) std::snprintf(tps, sizeof tps, "%.2fM", m.tokens_per_s / 1e6);
+  else if (m.tokens_per_s >= 1e3) std::snprintf(tps, sizeof tps, "%.1fk", m.tokens_per_s / 1e3);
+  else std::snprintf(tps, sizeof tps, "%.0f", m.tokens_per_s);
+  char val[32] = "val -";
+  if (std::isfinite(last_val_)) std::snprintf(val, sizeof val, "val %.4f", last_val_);
+  char line[256];
+  std::snprintf(line, sizeof line, "step %d/%d | loss %.4f | %s | %s tok/s | ETA %s", m.step, total_,
+                m.loss, val, tps, last ? "0s" : format_duration(eta).c_str());
+  if (tty_) {
+    std::fprintf(out_, "\r%s\x1b[K", line);
+    open_line_ = true;
+    if (last) finish();
+  } else {
+    std::fprintf(out_, "%s\n", line);
+  }
+  std::fflush(out_);
+}
+
+void Progress::finish() {
+  if (open_line_) {
+    std::fputc('\n', out_);
+    std::fflush(out_);
+    open_line_ = false;
+  }
+}
+
+}  // namespace sw

@@ -1,0 +1,66 @@
+// Token data in llm.c / nanoGPT's shard format, so prepared datasets load as they are:
+//   header: 256 int32 (little-endian) — [0] = 20240520 (magic), [1] = 1 (version),
+//           [2] = number of tokens; the rest zero;
+//   then that many uint16 token ids. Trailing bytes after them are ignored.
+//
+// Batches are a pure function of (seed, step, micro-step, row): resuming at step s draws exactly
+// the batches an uninterrupted run would, without replaying earlier steps.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace sw {
+
+constexpr int32_t kTokenMagic = 20240520;
+constexpr int32_t kTokenVersion = 1;
+constexpr int kTokenHeaderInts = 256;
+
+// Writes `tokens` with the header above (to path.tmp, then renamed). Throws sw::Error("data: ...").
+void write_token_file(const std::string& path, const std::vector<uint16_t>& tokens);
+
+// A validated, memory-mapped token file (read-only).
+class TokenFile {
+ public:
+  // Maps and checks `path`: readable, complete header, magic and version, the header's token
+  // count fits the file, at least `min_tokens` tokens, every id < vocab_size. Each failure
+  // throws one line naming the file (a bad token: its position and value).
+  TokenFile(const std::string& path, int vocab_size, int64_t min_tokens);
+  ~TokenFile();
+  TokenFile(TokenFile&& o) noexcept;
+  TokenFile& operator=(TokenFile&& o) noexcept;
+  TokenFile(const TokenFile&) = delete;
+  TokenFile& operator=(const TokenFile&) = delete;
+
+  const uint16_t* tokens() const { return tokens_; }
+  int64_t size() const { return n_; }
+  const std::string& path() const { return path_; }
+  // Entropy (nats) of the file's token-frequency (unigram) distribution: the loss a model that
+  // only learned token frequencies would reach. For byte-level data, the byte-unigram entropy.
+  double unigram_entropy() const { return entropy_; }
+
+ private:
+  void unmap();
+  std::string path_;
+  void* map_ = nullptr;
+  size_t map_bytes_ = 0;
+  const uint16_t* tokens_ = nullptr;
+  int64_t n_ = 0;
+  double entropy_ = 0;
+};
+
+// Start of the training window for (seed, step, micro, row): uniform in [0, n_tokens - T - 1].
+// `row` is the row's index in the global batch.
+int64_t train_window_start(int64_t n_tokens, int T, uint64_t seed, int64_t step, int micro, int64_t row);
+
+// Fills inputs/targets (B, T) for micro-step `micro` of optimizer step `step` (0-based):
+// row b is the window w = tokens[start : start + T + 1], inputs = w[0:T], targets = w[1:T+1].
+void train_batch(const TokenFile& f, uint64_t seed, int64_t step, int micro, int B, int T,
+                 int32_t* inputs, int32_t* targets);
+
+// Validation batch `batch` of `n_batches`: the n_batches * B windows are spread evenly over the
+// file (first window at 0, last at the end), the same for every run and seed.
+void eval_batch(const TokenFile& f, int batch, int n_batches, int B, int T, int32_t* inputs,
+                int32_t* targets);
+
+}  // namespace sw

@@ -1,0 +1,66 @@
+// Run metrics: <run_dir>/metrics.jsonl gets one JSON object per optimizer step, flushed as it is
+// written, so a crashed or running job can be read; stderr gets a live progress line.
+//
+// metrics.jsonl keys: step (1-based count of optimizer steps done), loss (mean training loss of
+// the step's micro-batches), lr (used by the step), grad_norm (global L2 norm before clipping),
+// tokens_per_s (all ranks together), peak_mem_bytes (MemTracker total peak so far, this rank),
+// step_time_s, and val_loss on evaluation steps only. Non-finite numbers are written as null.
+#pragma once
+#include <cmath>
+#include <cstddef>
+#include <cstdio>
+#include <string>
+
+namespace sw {
+
+struct StepMetrics {
+  int step = 0;
+  double loss = 0;
+  double lr = 0;
+  double grad_norm = 0;
+  double tokens_per_s = 0;
+  size_t peak_mem_bytes = 0;
+  double step_time_s = 0;
+  double val_loss = NAN;  // NaN: no evaluation this step (key omitted)
+  bool has_val = false;
+};
+
+// The JSON line for one step (no trailing newline).
+std::string metrics_json_line(const StepMetrics& m);
+
+class MetricsLog {
+ public:
+  // Creates (truncates) `path`; throws sw::Error("metrics: <path>: ...") if it cannot.
+  explicit MetricsLog(const std::string& path);
+  ~MetricsLog();
+  MetricsLog(const MetricsLog&) = delete;
+  MetricsLog& operator=(const MetricsLog&) = delete;
+  void write(const StepMetrics& m);  // one line, flushed
+
+ private:
+  std::string path_;
+  FILE* f_ = nullptr;
+};
+
+// "step 12/100 | loss 3.4521 | val 3.5012 | 12.3k tok/s | ETA 1m23s". On a terminal the line is
+// rewritten in place (\r) every step; otherwise one line every `log_every` steps and at the last.
+class Progress {
+ public:
+  // tty < 0: detect from `out`.
+  Progress(int total_steps, int log_every, bool enabled, FILE* out = stderr, int tty = -1);
+  // elapsed_s: wall time since the first step started.
+  void update(const StepMetrics& m, double elapsed_s);
+  void finish();  // ends an in-place line with a newline
+
+ private:
+  int total_, every_;
+  bool enabled_, tty_, open_line_ = false;
+  FILE* out_;
+  double last_val_ = NAN;
+  double first_step_s_ = -1;  // the first step's time (includes warm-up; left out of the ETA)
+};
+
+// "1h02m", "3m07s", "12s".
+std::string format_duration(double seconds);
+
+}  // namespace sw

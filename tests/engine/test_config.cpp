@@ -1,0 +1,252 @@
+// Config parsing: defaults, DeepSpeed keys, and a test for every kind of user mistake, each
+// checking that the message names the file and the key (or the override).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "engine/config.h"
+
+using namespace sw;
+using Catch::Matchers::Contains;
+
+namespace {
+TrainConfig parse(const std::string& text, const std::vector<std::string>& ov = {}) {
+  return parse_config(text, "cfg.json", ov);
+}
+std::string error_of(const std::string& text, const std::vector<std::string>& ov = {}) {
+  try {
+    parse(text, ov);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+}  // namespace
+
+TEST_CASE("config: empty object gives the documented defaults") {
+  const TrainConfig c = parse("{}");
+  const TrainConfig d;  // the struct's defaults
+  CHECK(c.micro_batch == d.micro_batch);
+  CHECK(c.grad_accum == d.grad_accum);
+  CHECK(c.train_steps == d.train_steps);
+  CHECK(c.optimizer.lr == d.optimizer.lr);
+  CHECK(c.scheduler.type == "WarmupCosineLR");
+  CHECK(c.zero_stage == 3);
+  CHECK(c.model.type == "gpt2");
+  CHECK(c.source == "cfg.json");
+  CHECK(c.notes.empty());
+}
+
+TEST_CASE("config: DeepSpeed-style config lands in the right fields") {
+  const TrainConfig c = parse(R"({
+    "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2, "train_batch_size": 8,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.8, 0.99], "eps": 1e-6, "weight_decay": 0.01}},
+    "scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 5, "total_num_steps": 50,
+                  "warmup_min_ratio": 0.1, "cos_min_ratio": 0.2}},
+    "gradient_clipping": 0.5, "bf16": {"enabled": false}, "fp16": {"enabled": false},
+    "zero_optimization": {"stage": 2},
+    "model": {"type": "llama", "vocab_size": 512, "n_layer": 2, "n_head": 4, "n_kv_head": 2, "d_model": 64,
+              "d_ff": 160, "seq_len": 32, "rope_theta": 500000, "norm_eps": 1e-6, "tie_embeddings": false},
+    "data": {"train": "a.bin", "val": "b.bin"}, "train_steps": 50, "seed": 7, "run_dir": "runs/x",
+    "eval_every_steps": 10, "eval_batches": 3, "log_every_steps": 5, "threads": 2})");
+  CHECK(c.micro_batch == 4);
+  CHECK(c.grad_accum == 2);
+  CHECK(c.optimizer.lr == 1e-3f);
+  CHECK(c.optimizer.beta1 == 0.8f);
+  CHECK(c.optimizer.beta2 == 0.99f);
+  CHECK(c.optimizer.eps == 1e-6f);
+  CHECK(c.optimizer.weight_decay == 0.01f);
+  CHECK(c.scheduler.warmup_num_steps == 5);
+  CHECK(c.scheduler.total_num_steps == 50);
+  CHECK(c.scheduler.warmup_min_ratio == 0.1f);
+  CHECK(c.scheduler.cos_min_ratio == 0.2f);
+  CHECK(c.grad_clip == 0.5f);
+  CHECK(c.zero_stage == 2);
+  CHECK(c.model.type == "llama");
+  CHECK(c.model.vocab_size == 512);
+  CHECK(c.model.n_kv_head == 2);
+  CHECK(c.model.d_ff == 160);
+  CHECK(c.model.rope_theta == 500000.f);
+  CHECK(c.model.norm_eps == 1e-6f);
+  CHECK(!c.model.tie_embeddings);
+  CHECK(c.train_data == "a.bin");
+  CHECK(c.val_data == "b.bin");
+  CHECK(c.seed == 7);
+  CHECK(c.run_dir == "runs/x");
+  CHECK(c.eval_every_steps == 10);
+  CHECK(c.eval_batches == 3);
+  CHECK(c.log_every_steps == 5);
+  CHECK(c.threads == 2);
+}
+
+TEST_CASE("config: resolved_json re-loads to the same config") {
+  const TrainConfig a = parse(R"({"optimizer": {"params": {"eps": 1e-7}}, "train_steps": 20,
+                                  "zero_optimization": {"stage": 1, "overlap_comm": true},
+                                  "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 0.002, "warmup_min_lr": 0.0002, "warmup_num_steps": 3}},
+                                  "train_batch_size": 16, "train_micro_batch_size_per_gpu": 4})");
+  CHECK(a.optimizer.lr == 0.002f);  // WarmupLR's warmup_max_lr is the peak lr
+  CHECK(a.scheduler.warmup_min_ratio == Approx(0.1f));
+  CHECK(a.grad_accum == 4);
+  const TrainConfig b = parse_config(a.resolved_json, "resolved.json");
+  CHECK(b.resolved_json == a.resolved_json);
+  CHECK(b.optimizer.lr == a.optimizer.lr);
+  CHECK(b.scheduler.warmup_min_ratio == a.scheduler.warmup_min_ratio);
+  CHECK(b.grad_accum == 4);
+  CHECK(b.micro_batch == 4);
+  CHECK_THAT(a.resolved_json, Contains("\"overlap_comm\": true"));  // compatibility keys kept
+  CHECK_THAT(a.resolved_json, Contains("\"n_layer\": 4"));          // defaults filled
+}
+
+TEST_CASE("config: unknown key names the path and suggests the nearest valid key") {
+  CHECK(error_of(R"({"optimizer": {"parms": {"lr": 1e-3}}})") ==
+        "config: cfg.json: unknown key 'optimizer.parms' (did you mean 'optimizer.params'?)");
+  CHECK(error_of(R"({"train_setps": 3})") ==
+        "config: cfg.json: unknown key 'train_setps' (did you mean 'train_steps'?)");
+  // A key at the wrong level: suggest where it belongs.
+  CHECK(error_of(R"({"lr": 0.1})") == "config: cfg.json: unknown key 'lr' (did you mean 'optimizer.params.lr'?)");
+  // Nothing close: list what is valid there.
+  const std::string e = error_of(R"({"data": {"xyzzy_quux": "a"}})");
+  CHECK_THAT(e, Contains("unknown key 'data.xyzzy_quux'"));
+  CHECK_THAT(e, Contains("valid keys here: train, val"));
+  CHECK_THAT(error_of(R"({"zero_optimization": {"offload_optimizer": {"devic": "cpu"}}})"),
+             Contains("'zero_optimization.offload_optimizer.devic' (did you mean 'zero_optimization.offload_optimizer.device'?)"));
+}
+
+TEST_CASE("config: wrong type names the key and the expected type") {
+  CHECK(error_of(R"({"optimizer": {"params": {"lr": "fast"}}})") ==
+        "config: cfg.json: optimizer.params.lr: expected a number, got string \"fast\"");
+  CHECK_THAT(error_of(R"({"train_steps": 2.5})"), Contains("train_steps: expected an integer, got number 2.5"));
+  CHECK_THAT(error_of(R"({"optimizer": {"params": {"betas": [0.9]}}})"),
+             Contains("optimizer.params.betas: expected an array of two numbers"));
+  CHECK_THAT(error_of(R"({"model": 3})"), Contains("model: expected an object, got number 3"));
+  CHECK_THAT(error_of(R"({"bf16": {"enabled": "yes"}})"), Contains("bf16.enabled: expected true or false"));
+  CHECK_THAT(error_of(R"({"data": {"train": 5}})"), Contains("data.train: expected a string"));
+  CHECK_THAT(error_of(R"({"seed": -1})"), Contains("seed: must be >= 0"));
+  CHECK(parse(R"({"train_steps": 1e3})").train_steps == 1000);  // integral floats are integers
+}
+
+TEST_CASE("config: out-of-range values name the key and the range") {
+  CHECK(error_of(R"({"optimizer": {"params": {"lr": 0}}})") ==
+        "config: cfg.json: optimizer.params.lr: must be > 0 (got 0)");
+  CHECK_THAT(error_of(R"({"optimizer": {"params": {"lr": -1e-3}}})"), Contains("optimizer.params.lr: must be > 0"));
+  CHECK_THAT(error_of(R"({"optimizer": {"params": {"betas": [0.9, 1.0]}}})"),
+             Contains("optimizer.params.betas[1]: must be [0, 1) (got 1)"));
+  CHECK_THAT(error_of(R"({"optimizer": {"params": {"betas": [-0.1, 0.9]}}})"),
+             Contains("optimizer.params.betas[0]: must be [0, 1)"));
+  CHECK_THAT(error_of(R"({"zero_optimization": {"stage": 4}})"),
+             Contains("zero_optimization.stage: must be in [0, 3] (got 4)"));
+  CHECK_THAT(error_of(R"({"model": {"seq_len": 0}})"), Contains("model.seq_len: must be >= 1 (got 0)"));
+  CHECK_THAT(error_of(R"({"model": {"vocab_size": 65537}})"),
+             Contains("model.vocab_size: must be in [1, 65536] (got 65537)"));
+  CHECK_THAT(error_of(R"({"train_micro_batch_size_per_gpu": 0})"),
+             Contains("train_micro_batch_size_per_gpu: must be >= 1"));
+  CHECK_THAT(error_of(R"({"gradient_accumulation_steps": -2})"), Contains("gradient_accumulation_steps: must be >= 1"));
+  CHECK_THAT(error_of(R"({"optimizer": {"params": {"eps": 0}}})"), Contains("optimizer.params.eps: must be > 0"));
+  CHECK_THAT(error_of(R"({"scheduler": {"params": {"cos_min_ratio": 1.5}}})"),
+             Contains("scheduler.params.cos_min_ratio: must be [0, 1] (got 1.5)"));
+  CHECK_THAT(error_of(R"({"scheduler": {"params": {"warmup_num_steps": 20}}, "train_steps": 10})"),
+             Contains("scheduler.params.warmup_num_steps: must be <= total_num_steps (10"));
+  CHECK_THAT(error_of(R"({"model": {"d_model": 100, "n_head": 3}})"),
+             Contains("model.d_model: must be a multiple of model.n_head"));
+  CHECK_THAT(error_of(R"({"optimizer": {"type": "SGD"}})"),
+             Contains("optimizer.type: 'SGD' is not one of AdamW, Adam"));
+  CHECK_THAT(error_of(R"({"scheduler": {"type": "OneCycle"}})"),
+             Contains("scheduler.type: 'OneCycle' is not one of WarmupCosineLR, WarmupLR, Constant"));
+  CHECK_THAT(error_of(R"({"run_dir": ""})"), Contains("run_dir: must not be empty"));
+}
+
+TEST_CASE("config: batch sizes follow DeepSpeed's two-of-three rule") {
+  CHECK(parse(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8})").grad_accum == 4);
+  CHECK(parse(R"({"train_batch_size": 32, "gradient_accumulation_steps": 2})").micro_batch == 16);
+  CHECK(parse(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": "auto",
+                  "gradient_accumulation_steps": "auto"})").micro_batch == 32);
+  CHECK(error_of(R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2})") ==
+        "config: cfg.json: train_batch_size: must equal train_micro_batch_size_per_gpu * "
+        "gradient_accumulation_steps * world size = 8 * 2 * 1 = 16 (got 30)");
+  CHECK_THAT(error_of(R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 8})"),
+             Contains("train_batch_size: 30 is not a multiple of train_micro_batch_size_per_gpu (8)"));
+}
+
+TEST_CASE("config: mixed precision is rejected, not ignored") {
+  CHECK_THAT(error_of(R"({"bf16": {"enabled": true}})"), Contains("cfg.json: bf16.enabled: mixed precision is not implemented"));
+  CHECK_THAT(error_of(R"({"fp16": {"enabled": true, "loss_scale": 0}})"), Contains("cfg.json: fp16.enabled: mixed precision"));
+  CHECK_NOTHROW(parse(R"({"fp16": {"enabled": false, "loss_scale": 0, "initial_scale_power": 16,
+                          "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}})"));
+}
+
+TEST_CASE("config: DeepSpeed keys without effect are accepted and reported as one note") {
+  const TrainConfig c = parse(R"({"zero_optimization": {"stage": 3, "overlap_comm": true, "reduce_bucket_size": "auto",
+      "contiguous_gradients": true, "offload_optimizer": {"device": "cpu", "pin_memory": true}},
+      "steps_per_print": 10, "wall_clock_breakdown": false})");
+  REQUIRE(c.notes.size() == 1);
+  CHECK_THAT(c.notes[0], Contains("zero_optimization.overlap_comm"));
+  CHECK_THAT(c.notes[0], Contains("zero_optimization.offload_optimizer"));
+  CHECK_THAT(c.notes[0], Contains("steps_per_print"));
+  // Adam is DeepSpeed's Adam, which is AdamW by default; L2-mode Adam is refused.
+  CHECK(parse(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": true}}})").optimizer.type == "Adam");
+  CHECK_THAT(error_of(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})"),
+             Contains("optimizer.params.adam_w_mode: only decoupled weight decay"));
+  // A parameter of another schedule.
+  CHECK_THAT(error_of(R"({"scheduler": {"type": "WarmupLR", "params": {"cos_min_ratio": 0.1}}})"),
+             Contains("scheduler.params.cos_min_ratio: not a parameter of scheduler type WarmupLR"));
+  CHECK_THAT(error_of(R"({"optimizer": {"params": {"lr": 1e-3}}, "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 2e-3}}})"),
+             Contains("scheduler.params.warmup_max_lr: is the peak learning rate and conflicts with optimizer.params.lr (0.002 vs 0.001)"));
+}
+
+TEST_CASE("config: syntax errors give file:line:column; duplicates and non-objects are refused") {
+  CHECK_THAT(error_of("{\n  \"train_steps\": 1,\n}"), Contains("config: cfg.json:3:1: invalid JSON: syntax error"));
+  CHECK_THAT(error_of(""), Contains("config: cfg.json:1:1: invalid JSON"));
+  CHECK(error_of(R"({"optimizer": {"params": {"lr": 1, "lr": 2}}})") ==
+        "config: cfg.json: duplicate key 'optimizer.params.lr'");
+  CHECK_THAT(error_of("[1, 2]"), Contains("cfg.json: the top level must be a JSON object"));
+}
+
+TEST_CASE("config: missing or unreadable files are named") {
+  const std::string missing = "/nonexistent-dir/cfg.json";
+  CHECK_THROWS_WITH(load_config(missing), Contains("config: /nonexistent-dir/cfg.json: cannot open"));
+  const auto dir = std::filesystem::temp_directory_path();
+  CHECK_THROWS_WITH(load_config(dir.string()), Contains(dir.string() + ": is a directory"));
+  const auto p = dir / "sw_test_config_bad.json";
+  {
+    std::ofstream(p) << "{\"model\": {\"n_layer\": }}";
+  }
+  CHECK_THROWS_WITH(load_config(p.string()), Contains(p.string() + ":1:23: invalid JSON"));
+  {
+    std::ofstream(p) << "{\"train_steps\": 7}";
+  }
+  CHECK(load_config(p.string()).train_steps == 7);
+  std::filesystem::remove(p);
+}
+
+TEST_CASE("config: --set overrides existing keys, creates objects, parses JSON or takes strings") {
+  const TrainConfig c = parse(R"({"optimizer": {"params": {"lr": 1e-3}}})",
+                              {"optimizer.params.lr=2e-3", "scheduler.params.warmup_num_steps=4",
+                               "run_dir=runs/with spaces", "optimizer.params.betas=[0.5,0.6]",
+                               "model.type=llama"});
+  CHECK(c.optimizer.lr == 2e-3f);
+  CHECK(c.scheduler.warmup_num_steps == 4);
+  CHECK(c.run_dir == "runs/with spaces");
+  CHECK(c.optimizer.beta1 == 0.5f);
+  CHECK(c.model.type == "llama");
+  CHECK_THAT(c.resolved_json, Contains("\"run_dir\": \"runs/with spaces\""));
+}
+
+TEST_CASE("config: bad overrides are named") {
+  CHECK(error_of("{}", {"optimizer.parms.lr=1"}) ==
+        "config: cfg.json: unknown key 'optimizer.parms' (from --set optimizer.parms.lr=1) "
+        "(did you mean 'optimizer.params'?)");
+  CHECK_THAT(error_of("{}", {"lr"}), Contains("--set 'lr': expected KEY=VALUE"));
+  CHECK_THAT(error_of("{}", {"optimizer..lr=1"}), Contains("empty component"));
+  CHECK(error_of("{}", {"optimizer.params.lr=fast"}) ==
+        "config: cfg.json: optimizer.params.lr: expected a number, got string \"fast\" "
+        "(from --set optimizer.params.lr=fast)");
+  CHECK_THAT(error_of("{}", {"data.train=3"}), Contains("data.train: expected a string, got number 3 (from --set data.train=3)"));
+  CHECK_THAT(error_of("{}", {"optimizer.params.lr.x=1"}), Contains("'optimizer.params.lr' is a number, it has no key 'x'"));
+  CHECK_THAT(error_of(R"({"optimizer": 5})", {"optimizer.type=Adam"}),
+             Contains("cannot set 'optimizer.type' because its parent is number 5"));
+  CHECK_THAT(error_of("{}", {"zero_optimization.stage=7"}),
+             Contains("zero_optimization.stage: must be in [0, 3] (got 7) (from --set zero_optimization.stage=7)"));
+}
