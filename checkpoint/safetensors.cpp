@@ -218,7 +218,7 @@ SafeTensorsReader::SafeTensorsReader(const std::string& path) : path_(path) {
       bool huge = false;
       for (const nlohmann::json& dim : *s) {
         if (!dim.is_number_unsigned())
-          fail_file(where + "shape " + dim.dump() + " entry is not a non-negative integer");
+          fail_file(where + "shape entry " + dim.dump() + " is not a non-negative integer");
         const uint64_t dv = dim.get<uint64_t>();
         if (dv > (1ull << 62)) huge = true;
         t.shape.push_back(static_cast<int64_t>(std::min<uint64_t>(dv, 1ull << 62)));

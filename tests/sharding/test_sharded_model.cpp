@@ -409,7 +409,7 @@ TEST_CASE("ShardedModel: training lowers the loss on a fixed batch", "[sharding]
   CHECK(sm.eval_loss(d.batch) < last);  // parameters have moved on since `last`
 }
 
-TEST_CASE("ShardedModel: memory by category; activations are freed after each step",
+TEST_CASE("ShardedModel: memory by category, activations freed after each step",
           "[sharding]") {
   MemTracker& mt = MemTracker::global();
   const size_t params0 = mt.current(Mem::Params), grads0 = mt.current(Mem::Grads);
