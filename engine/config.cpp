@@ -531,6 +531,55 @@ void erase_path(json& root, const std::string& path) {
   if (parent && parent->is_object()) parent->erase(path.substr(dot == std::string::npos ? 0 : dot + 1));
 }
 
+// Writes every effective key of `cfg` into `r` (other keys of r are kept).
+void write_resolved(json& r, const TrainConfig& cfg) {
+  const OptimizerConfig& o = cfg.optimizer;
+  const SchedulerConfig& s = cfg.scheduler;
+  const ModelConfig& m = cfg.model;
+  set_path(r, "train_micro_batch_size_per_gpu", cfg.micro_batch);
+  set_path(r, "gradient_accumulation_steps", cfg.grad_accum);
+  set_path(r, "optimizer.type", o.type);
+  set_path(r, "optimizer.params.lr", fjson(o.lr));
+  set_path(r, "optimizer.params.betas", json::array({fjson(o.beta1), fjson(o.beta2)}));
+  set_path(r, "optimizer.params.eps", fjson(o.eps));
+  set_path(r, "optimizer.params.weight_decay", fjson(o.weight_decay));
+  set_path(r, "scheduler.type", s.type);
+  erase_path(r, "scheduler.params.warmup_min_lr");
+  erase_path(r, "scheduler.params.warmup_max_lr");
+  if (s.type != "Constant") {
+    set_path(r, "scheduler.params.warmup_num_steps", s.warmup_num_steps);
+    set_path(r, "scheduler.params.warmup_min_ratio", fjson(s.warmup_min_ratio));
+    set_path(r, "scheduler.params.warmup_type", s.warmup_type);
+  }
+  if (s.type == "WarmupCosineLR") {
+    set_path(r, "scheduler.params.total_num_steps", s.total_num_steps);
+    set_path(r, "scheduler.params.cos_min_ratio", fjson(s.cos_min_ratio));
+  }
+  set_path(r, "gradient_clipping", fjson(cfg.grad_clip));
+  set_path(r, "zero_optimization.stage", cfg.zero_stage);
+  set_path(r, "model.type", m.type);
+  set_path(r, "model.vocab_size", m.vocab_size);
+  set_path(r, "model.n_layer", m.n_layer);
+  set_path(r, "model.n_head", m.n_head);
+  set_path(r, "model.n_kv_head", m.n_kv_head);
+  set_path(r, "model.d_model", m.d_model);
+  set_path(r, "model.d_ff", m.d_ff);
+  set_path(r, "model.seq_len", m.seq_len);
+  set_path(r, "model.rope_theta", fjson(m.rope_theta));
+  set_path(r, "model.norm_eps", fjson(m.norm_eps));
+  if (m.type == "gpt2") set_path(r, "model.tie_embeddings", m.tie_embeddings);
+  else erase_path(r, "model.tie_embeddings");
+  set_path(r, "data.train", cfg.train_data);
+  if (!cfg.val_data.empty()) set_path(r, "data.val", cfg.val_data);
+  set_path(r, "train_steps", cfg.train_steps);
+  set_path(r, "seed", cfg.seed);
+  set_path(r, "run_dir", cfg.run_dir);
+  set_path(r, "eval_every_steps", cfg.eval_every_steps);
+  set_path(r, "eval_batches", cfg.eval_batches);
+  set_path(r, "log_every_steps", cfg.log_every_steps);
+  set_path(r, "threads", cfg.threads);
+}
+
 TrainConfig read_config(json j, const std::string& source, const std::vector<std::string>& overrides) {
   Ctx c;
   c.source = source;
@@ -683,52 +732,18 @@ TrainConfig read_config(json j, const std::string& source, const std::vector<std
   // to its final value; parse_config(resolved_json) gives the same TrainConfig.
   json r = j;
   if (has_tbs || (at(j, "train_batch_size") && is_auto(*at(j, "train_batch_size")))) erase_path(r, "train_batch_size");
-  set_path(r, "train_micro_batch_size_per_gpu", cfg.micro_batch);
-  set_path(r, "gradient_accumulation_steps", cfg.grad_accum);
-  set_path(r, "optimizer.type", o.type);
-  set_path(r, "optimizer.params.lr", fjson(o.lr));
-  set_path(r, "optimizer.params.betas", json::array({fjson(o.beta1), fjson(o.beta2)}));
-  set_path(r, "optimizer.params.eps", fjson(o.eps));
-  set_path(r, "optimizer.params.weight_decay", fjson(o.weight_decay));
-  set_path(r, "scheduler.type", s.type);
-  erase_path(r, "scheduler.params.warmup_min_lr");
-  erase_path(r, "scheduler.params.warmup_max_lr");
-  if (s.type != "Constant") {
-    set_path(r, "scheduler.params.warmup_num_steps", s.warmup_num_steps);
-    set_path(r, "scheduler.params.warmup_min_ratio", fjson(s.warmup_min_ratio));
-    set_path(r, "scheduler.params.warmup_type", s.warmup_type);
-  }
-  if (s.type == "WarmupCosineLR") {
-    set_path(r, "scheduler.params.total_num_steps", s.total_num_steps);
-    set_path(r, "scheduler.params.cos_min_ratio", fjson(s.cos_min_ratio));
-  }
-  set_path(r, "gradient_clipping", fjson(cfg.grad_clip));
-  set_path(r, "zero_optimization.stage", cfg.zero_stage);
-  set_path(r, "model.type", m.type);
-  set_path(r, "model.vocab_size", m.vocab_size);
-  set_path(r, "model.n_layer", m.n_layer);
-  set_path(r, "model.n_head", m.n_head);
-  set_path(r, "model.n_kv_head", m.n_kv_head);
-  set_path(r, "model.d_model", m.d_model);
-  set_path(r, "model.d_ff", m.d_ff);
-  set_path(r, "model.seq_len", m.seq_len);
-  set_path(r, "model.rope_theta", fjson(m.rope_theta));
-  set_path(r, "model.norm_eps", fjson(m.norm_eps));
-  set_path(r, "model.tie_embeddings", m.tie_embeddings);
-  set_path(r, "data.train", cfg.train_data);
-  if (!cfg.val_data.empty()) set_path(r, "data.val", cfg.val_data);
-  set_path(r, "train_steps", cfg.train_steps);
-  set_path(r, "seed", cfg.seed);
-  set_path(r, "run_dir", cfg.run_dir);
-  set_path(r, "eval_every_steps", cfg.eval_every_steps);
-  set_path(r, "eval_batches", cfg.eval_batches);
-  set_path(r, "log_every_steps", cfg.log_every_steps);
-  set_path(r, "threads", cfg.threads);
+  write_resolved(r, cfg);
   cfg.resolved_json = r.dump(2) + "\n";
   return cfg;
 }
 
 }  // namespace
+
+std::string config_json(const TrainConfig& cfg) {
+  json r = json::object();
+  write_resolved(r, cfg);
+  return r.dump(2) + "\n";
+}
 
 TrainConfig parse_config(const std::string& json_text, const std::string& source,
                          const std::vector<std::string>& overrides) {

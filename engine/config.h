@@ -59,4 +59,8 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
 TrainConfig parse_config(const std::string& json_text, const std::string& source,
                          const std::vector<std::string>& overrides = {});
 
+// `cfg` as JSON (every effective key, defaults included) that parse_config reads back to the
+// same values; for a parsed config, resolved_json also keeps the compatibility-only keys.
+std::string config_json(const TrainConfig& cfg);
+
 }  // namespace sw

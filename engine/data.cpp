@@ -132,10 +132,9 @@ TokenFile& TokenFile::operator=(TokenFile&& o) noexcept {
   return *this;
 }
 
-int64_t train_window_start(int64_t n_tokens, int T, uint64_t seed, int64_t step, int micro,
-                           int64_t row) {
+int64_t train_window_start(int64_t n_tokens, int T, uint64_t seed, int64_t step, int64_t row) {
   static const uint64_t kStream = rng_stream("data.train");
-  const uint64_t stream = mix64(mix64(kStream + static_cast<uint64_t>(step)) + static_cast<uint64_t>(micro));
+  const uint64_t stream = mix64(kStream + static_cast<uint64_t>(step));
   const uint64_t n_starts = static_cast<uint64_t>(n_tokens - T);  // starts 0 .. n - T - 1
   return static_cast<int64_t>(rng_bits(seed, stream, static_cast<uint64_t>(row)) % n_starts);
 }
@@ -150,11 +149,11 @@ void fill_row(const TokenFile& f, int64_t start, int T, int32_t* in, int32_t* tg
 }
 }  // namespace
 
-void train_batch(const TokenFile& f, uint64_t seed, int64_t step, int micro, int B, int T,
+void train_batch(const TokenFile& f, uint64_t seed, int64_t step, int64_t first_row, int B, int T,
                  int32_t* inputs, int32_t* targets) {
   SW_CHECK(f.size() >= T + 1, "token file shorter than one window");
   for (int b = 0; b < B; ++b)
-    fill_row(f, train_window_start(f.size(), T, seed, step, micro, b), T,
+    fill_row(f, train_window_start(f.size(), T, seed, step, first_row + b), T,
              inputs + static_cast<size_t>(b) * T, targets + static_cast<size_t>(b) * T);
 }
 

@@ -3,7 +3,7 @@
 //           [2] = number of tokens; the rest zero;
 //   then that many uint16 token ids. Trailing bytes after them are ignored.
 //
-// Batches are a pure function of (seed, step, micro-step, row): resuming at step s draws exactly
+// Batches are a pure function of (seed, step, row): resuming at step s draws exactly
 // the batches an uninterrupted run would, without replaying earlier steps.
 #pragma once
 #include <cstdint>
@@ -49,13 +49,16 @@ class TokenFile {
   double entropy_ = 0;
 };
 
-// Start of the training window for (seed, step, micro, row): uniform in [0, n_tokens - T - 1].
-// `row` is the row's index in the global batch.
-int64_t train_window_start(int64_t n_tokens, int T, uint64_t seed, int64_t step, int micro, int64_t row);
+// Start of the training window of row `row` of optimizer step `step` (0-based): uniform in
+// [0, n_tokens - T - 1], a function of (seed, step, row) only. Rows are numbered across the
+// whole step's global batch: micro-step k, rank r, local row b of a micro-batch of B rows is
+// row (k * world + r) * B + b. So any split of the same global batch into micro-steps (and,
+// later, ranks) trains on the same windows.
+int64_t train_window_start(int64_t n_tokens, int T, uint64_t seed, int64_t step, int64_t row);
 
-// Fills inputs/targets (B, T) for micro-step `micro` of optimizer step `step` (0-based):
-// row b is the window w = tokens[start : start + T + 1], inputs = w[0:T], targets = w[1:T+1].
-void train_batch(const TokenFile& f, uint64_t seed, int64_t step, int micro, int B, int T,
+// Fills inputs/targets (B, T) with rows first_row .. first_row + B - 1 of step `step`:
+// each row is a window w = tokens[start : start + T + 1], inputs = w[0:T], targets = w[1:T+1].
+void train_batch(const TokenFile& f, uint64_t seed, int64_t step, int64_t first_row, int B, int T,
                  int32_t* inputs, int32_t* targets);
 
 // Validation batch `batch` of `n_batches`: the n_batches * B windows are spread evenly over the

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 
 #include <nlohmann/json.hpp>
@@ -13,6 +14,12 @@ namespace sw {
 
 namespace {
 nlohmann::json num(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); }
+nlohmann::json num(float x) {
+  if (!std::isfinite(x)) return nullptr;
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, x);
+  return nlohmann::json::parse(std::string(buf, r.ptr));
+}
 }  // namespace
 
 std::string metrics_json_line(const StepMetrics& m) {

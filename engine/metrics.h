@@ -16,7 +16,7 @@ namespace sw {
 struct StepMetrics {
   int step = 0;
   double loss = 0;
-  double lr = 0;
+  float lr = 0;  // written as the shortest decimal of the fp32 value the optimizer used
   double grad_norm = 0;
   double tokens_per_s = 0;
   size_t peak_mem_bytes = 0;

@@ -170,7 +170,7 @@ TEST_CASE("config: batch sizes follow DeepSpeed's two-of-three rule") {
              Contains("train_batch_size: 30 is not a multiple of train_micro_batch_size_per_gpu (8)"));
 }
 
-TEST_CASE("config: mixed precision is rejected, not ignored") {
+TEST_CASE("config: mixed precision is rejected and not ignored") {
   CHECK_THAT(error_of(R"({"bf16": {"enabled": true}})"), Contains("cfg.json: bf16.enabled: mixed precision is not implemented"));
   CHECK_THAT(error_of(R"({"fp16": {"enabled": true, "loss_scale": 0}})"), Contains("cfg.json: fp16.enabled: mixed precision"));
   CHECK_NOTHROW(parse(R"({"fp16": {"enabled": false, "loss_scale": 0, "initial_scale_power": 16,
@@ -196,7 +196,7 @@ TEST_CASE("config: DeepSpeed keys without effect are accepted and reported as on
              Contains("scheduler.params.warmup_max_lr: is the peak learning rate and conflicts with optimizer.params.lr (0.002 vs 0.001)"));
 }
 
-TEST_CASE("config: syntax errors give file:line:column; duplicates and non-objects are refused") {
+TEST_CASE("config: syntax errors give file:line:column and duplicates or non-objects are refused") {
   CHECK_THAT(error_of("{\n  \"train_steps\": 1,\n}"), Contains("config: cfg.json:3:1: invalid JSON: syntax error"));
   CHECK_THAT(error_of(""), Contains("config: cfg.json:1:1: invalid JSON"));
   CHECK(error_of(R"({"optimizer": {"params": {"lr": 1, "lr": 2}}})") ==
@@ -221,7 +221,7 @@ TEST_CASE("config: missing or unreadable files are named") {
   std::filesystem::remove(p);
 }
 
-TEST_CASE("config: --set overrides existing keys, creates objects, parses JSON or takes strings") {
+TEST_CASE("config: --set overrides keys and creates objects and parses JSON or takes strings") {
   const TrainConfig c = parse(R"({"optimizer": {"params": {"lr": 1e-3}}})",
                               {"optimizer.params.lr=2e-3", "scheduler.params.warmup_num_steps=4",
                                "run_dir=runs/with spaces", "optimizer.params.betas=[0.5,0.6]",
@@ -249,4 +249,22 @@ TEST_CASE("config: bad overrides are named") {
              Contains("cannot set 'optimizer.type' because its parent is number 5"));
   CHECK_THAT(error_of("{}", {"zero_optimization.stage=7"}),
              Contains("zero_optimization.stage: must be in [0, 3] (got 7) (from --set zero_optimization.stage=7)"));
+}
+
+TEST_CASE("config: config_json round-trips programmatic and llama configs") {
+  TrainConfig c;
+  c.model.type = "llama";
+  c.model.n_kv_head = 2;
+  c.optimizer.lr = 1.7e-4f;
+  c.scheduler.type = "Constant";
+  c.seed = 18446744073709551615ull;
+  const TrainConfig b = parse_config(config_json(c), "x");
+  CHECK(b.model.type == "llama");
+  CHECK(b.model.n_kv_head == 2);
+  CHECK(b.optimizer.lr == 1.7e-4f);
+  CHECK(b.scheduler.type == "Constant");
+  CHECK(b.seed == c.seed);
+  CHECK(config_json(b) == config_json(c));
+  const TrainConfig l = parse(R"({"model": {"type": "llama"}})");
+  CHECK(parse_config(l.resolved_json, "r").resolved_json == l.resolved_json);
 }

@@ -82,7 +82,7 @@ TEST_CASE("data: every malformed file gives one line naming the file") {
   std::filesystem::remove(p);
 }
 
-TEST_CASE("data: batches are pure functions of (seed, step, micro, row); resume reproduces them") {
+TEST_CASE("data: batches are pure functions of seed and step and row so resuming reproduces them") {
   const std::string p = tmp_path("det.bin");
   std::vector<uint16_t> toks(5000);
   for (size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<uint16_t>((i * 7919) % 251);
@@ -95,39 +95,43 @@ TEST_CASE("data: batches are pure functions of (seed, step, micro, row); resume 
     const TokenFile f(p, 256, T + 1);
     for (int s = 0; s < 10; ++s)
       for (int k = 0; k < 2; ++k) {
-        train_batch(f, 42, s, k, B, T, in.data(), tg.data());
+        train_batch(f, 42, s, k * B, B, T, in.data(), tg.data());
         run_a.push_back(in);
         run_a.push_back(tg);
       }
   }
   const TokenFile g(p, 256, T + 1);
-  train_batch(g, 42, 7, 1, B, T, in2.data(), tg2.data());
+  train_batch(g, 42, 7, B, B, T, in2.data(), tg2.data());
   CHECK(in2 == run_a[(7 * 2 + 1) * 2]);
   CHECK(tg2 == run_a[(7 * 2 + 1) * 2 + 1]);
   // Targets are the inputs shifted by one inside the same window of the file.
   for (int b = 0; b < B; ++b) {
-    const int64_t start = train_window_start(g.size(), T, 42, 7, 1, b);
+    const int64_t start = train_window_start(g.size(), T, 42, 7, B + b);
     for (int t = 0; t < T; ++t) {
       CHECK(in2[b * T + t] == toks[start + t]);
       CHECK(tg2[b * T + t] == toks[start + t + 1]);
     }
   }
-  // Different step, micro-step, row or seed -> (almost surely) a different window.
+  // One micro-batch of 2B rows holds exactly the rows of two micro-batches of B.
+  std::vector<int32_t> big(2 * B * T), bigt(2 * B * T);
+  train_batch(g, 42, 7, 0, 2 * B, T, big.data(), bigt.data());
+  CHECK(std::vector<int32_t>(big.begin() + B * T, big.end()) == in2);
+  CHECK(std::vector<int32_t>(bigt.begin() + B * T, bigt.end()) == tg2);
+  // Different step, row or seed -> (almost surely) a different window.
   std::set<int64_t> starts;
-  for (int s = 0; s < 4; ++s)
-    for (int k = 0; k < 4; ++k)
-      for (int b = 0; b < 4; ++b) starts.insert(train_window_start(g.size(), T, 42, s, k, b));
+  for (int s = 0; s < 8; ++s)
+    for (int b = 0; b < 8; ++b) starts.insert(train_window_start(g.size(), T, 42, s, b));
   CHECK(starts.size() >= 60);  // 64 draws from 4984 starts
-  CHECK(train_window_start(g.size(), T, 43, 7, 1, 0) != train_window_start(g.size(), T, 42, 7, 1, 0));
+  CHECK(train_window_start(g.size(), T, 43, 7, 1) != train_window_start(g.size(), T, 42, 7, 1));
   std::filesystem::remove(p);
 }
 
-TEST_CASE("data: window starts cover [0, n - T - 1] and never run past the end") {
+TEST_CASE("data: window starts cover 0 to n-T-1 and never run past the end") {
   const int64_t n = 40;
   const int T = 8;
   int64_t lo = n, hi = -1;
   for (int s = 0; s < 2000; ++s) {
-    const int64_t st = train_window_start(n, T, 1, s, 0, 0);
+    const int64_t st = train_window_start(n, T, 1, s, 0);
     lo = std::min(lo, st);
     hi = std::max(hi, st);
     REQUIRE(st + T + 1 <= n);
@@ -135,7 +139,7 @@ TEST_CASE("data: window starts cover [0, n - T - 1] and never run past the end")
   CHECK(lo == 0);
   CHECK(hi == n - T - 1);
   // The smallest legal file (exactly T + 1 tokens) has exactly one window.
-  CHECK(train_window_start(T + 1, T, 5, 3, 2, 1) == 0);
+  CHECK(train_window_start(T + 1, T, 5, 3, 2) == 0);
 }
 
 TEST_CASE("data: eval batches are fixed windows spread over the file") {

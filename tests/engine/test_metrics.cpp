@@ -13,7 +13,7 @@
 using namespace sw;
 using Catch::Matchers::Contains;
 
-TEST_CASE("metrics: one JSON object per line with the required keys, flushed") {
+TEST_CASE("metrics: one flushed JSON object per line with the required keys") {
   const auto p = (std::filesystem::temp_directory_path() / "sw_test_metrics.jsonl").string();
   {
     MetricsLog log(p);
@@ -45,7 +45,7 @@ TEST_CASE("metrics: one JSON object per line with the required keys, flushed") {
   CHECK_THROWS_WITH(MetricsLog("/nonexistent-dir/m.jsonl"), Contains("metrics: /nonexistent-dir/m.jsonl: cannot create"));
 }
 
-TEST_CASE("metrics: progress prints every log_every steps off a terminal, rewrites in place on one") {
+TEST_CASE("metrics: progress prints every log_every steps off a terminal and rewrites in place on one") {
   auto run = [](int tty, int every) {
     FILE* f = std::tmpfile();
     Progress pr(10, every, true, f, tty);

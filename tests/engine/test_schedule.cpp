@@ -16,7 +16,7 @@ OptimizerConfig opt(float lr) {
 }
 }  // namespace
 
-TEST_CASE("schedule: WarmupCosineLR, linear warmup then cosine to cos_min_ratio") {
+TEST_CASE("schedule: WarmupCosineLR is linear warmup then cosine to cos_min_ratio") {
   SchedulerConfig s;
   s.type = "WarmupCosineLR";
   s.warmup_num_steps = 10;
@@ -36,7 +36,7 @@ TEST_CASE("schedule: WarmupCosineLR, linear warmup then cosine to cos_min_ratio"
   for (int i = 10; i < 115; ++i) CHECK(lr_at(o, s, 999, i + 1) <= lr_at(o, s, 999, i));
 }
 
-TEST_CASE("schedule: warmup_min_ratio, total 0 = train_steps, no warmup") {
+TEST_CASE("schedule: warmup_min_ratio and total 0 meaning train_steps and no warmup") {
   SchedulerConfig s;
   s.warmup_num_steps = 4;
   s.warmup_min_ratio = 0.5f;
@@ -63,7 +63,7 @@ TEST_CASE("schedule: log warmup as DeepSpeed defines it") {
   CHECK(lr_at(o, s, 1000, 99) == Approx(1.0).epsilon(1e-6));  // ln 100 / ln 100
 }
 
-TEST_CASE("schedule: WarmupLR holds lr after warmup; Constant is constant") {
+TEST_CASE("schedule: WarmupLR holds lr after warmup and Constant is constant") {
   SchedulerConfig s;
   s.type = "WarmupLR";
   s.warmup_num_steps = 8;

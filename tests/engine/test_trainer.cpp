@@ -1,0 +1,207 @@
+// train() end to end on tiny GPT-2 models: determinism, learning, metrics, gradient
+// accumulation, and the errors a user can cause.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "engine/config.h"
+#include "engine/data.h"
+#include "engine/trainer.h"
+
+using namespace sw;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path test_dir() {
+  const fs::path d = fs::temp_directory_path() / "sw_test_trainer";
+  fs::create_directories(d);
+  return d;
+}
+
+// Random tokens in [0, vocab): nothing to learn beyond frequencies.
+std::string random_tokens(const std::string& name, size_t n, int vocab, uint64_t seed) {
+  std::vector<uint16_t> t(n);
+  for (size_t i = 0; i < n; ++i) t[i] = static_cast<uint16_t>(rng_bits(seed, 0, i) % vocab);
+  const std::string p = (test_dir() / name).string();
+  write_token_file(p, t);
+  return p;
+}
+
+// A cycle 0, 1, ..., period-1, 0, 1, ...: the next token is a function of the current one.
+std::string cycle_tokens(const std::string& name, size_t n, int period) {
+  std::vector<uint16_t> t(n);
+  for (size_t i = 0; i < n; ++i) t[i] = static_cast<uint16_t>(i % period);
+  const std::string p = (test_dir() / name).string();
+  write_token_file(p, t);
+  return p;
+}
+
+TrainConfig tiny_config(const std::string& train, const std::string& run, std::vector<std::string> extra = {}) {
+  std::vector<std::string> ov = {"data.train=" + train, "run_dir=" + (test_dir() / run).string()};
+  ov.insert(ov.end(), extra.begin(), extra.end());
+  return parse_config(R"({
+    "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
+    "scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 2, "cos_min_ratio": 0.1}},
+    "gradient_clipping": 1.0,
+    "model": {"type": "gpt2", "vocab_size": 32, "n_layer": 2, "n_head": 2, "d_model": 32, "seq_len": 16},
+    "train_steps": 6, "seed": 1234, "eval_batches": 2, "threads": 2
+  })", "tiny.json", ov);
+}
+
+TrainOptions quiet(bool export_weights = false) {
+  TrainOptions o;
+  o.progress = false;
+  o.export_weights = export_weights;
+  return o;
+}
+
+std::vector<nlohmann::json> read_metrics(const std::string& run_dir) {
+  std::ifstream f(fs::path(run_dir) / "metrics.jsonl");
+  std::vector<nlohmann::json> out;
+  for (std::string line; std::getline(f, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+std::string read_bytes(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+TEST_CASE("train: two runs give bit-identical losses and grad norms and weights") {
+  const std::string data = random_tokens("det.bin", 4000, 32, 1);
+  const TrainConfig a = tiny_config(data, "det_a");
+  const TrainConfig b = tiny_config(data, "det_b");
+  const TrainSummary sa = train(a, quiet(true));
+  const TrainSummary sb = train(b, quiet(true));
+  const auto ma = read_metrics(a.run_dir), mb = read_metrics(b.run_dir);
+  REQUIRE(ma.size() == 6);
+  REQUIRE(mb.size() == 6);
+  for (size_t i = 0; i < ma.size(); ++i) {
+    CHECK(ma[i]["loss"].get<double>() == mb[i]["loss"].get<double>());  // exact
+    CHECK(ma[i]["grad_norm"].get<double>() == mb[i]["grad_norm"].get<double>());
+  }
+  CHECK(sa.last_loss == sb.last_loss);
+  REQUIRE(fs::exists(sa.weights_path));
+  CHECK(read_bytes(sa.weights_path) == read_bytes(sb.weights_path));
+  // A different seed changes the run.
+  const TrainSummary sc = train(tiny_config(data, "det_c", {"seed=99"}), quiet());
+  CHECK(sc.last_loss != sa.last_loss);
+}
+
+TEST_CASE("train: a learnable pattern drives the loss down and validation runs on schedule") {
+  const std::string tr = cycle_tokens("cycle_train.bin", 3000, 16);
+  const std::string va = cycle_tokens("cycle_val.bin", 500, 16);
+  const TrainConfig c = tiny_config(tr, "learn", {"data.val=" + va, "train_steps=40", "eval_every_steps=10",
+                                                  "optimizer.params.lr=1e-2", "scheduler.params.warmup_num_steps=4"});
+  const TrainSummary s = train(c, quiet());
+  const auto m = read_metrics(c.run_dir);
+  REQUIRE(m.size() == 40);
+  const double first = m[0]["loss"].get<double>();
+  CHECK(first == Approx(std::log(32.0)).epsilon(0.15));  // ~uniform over the vocabulary at init
+  CHECK(s.last_loss < 0.1 * first);                       // the next token is deterministic
+  CHECK(s.last_val_loss >= 0);
+  CHECK(s.last_val_loss < 0.1 * first);
+  CHECK(s.steps == 40);
+  CHECK(s.unigram_entropy == Approx(std::log(16.0)).epsilon(1e-3));
+  CHECK(s.tokens_per_s > 0);
+  for (size_t i = 0; i < m.size(); ++i) {
+    const int step = static_cast<int>(i) + 1;
+    CHECK(m[i]["step"].get<int>() == step);
+    CHECK(m[i].contains("val_loss") == (step % 10 == 0));
+  }
+}
+
+TEST_CASE("train: metrics.jsonl has the required keys and config.json re-loads and the summary matches") {
+  const std::string data = random_tokens("keys.bin", 3000, 32, 2);
+  const std::string val = random_tokens("keys_val.bin", 500, 32, 3);
+  const TrainConfig c = tiny_config(data, "keys", {"data.val=" + val, "train_steps=3"});
+  const TrainSummary s = train(c, quiet(true));
+  const auto m = read_metrics(c.run_dir);
+  REQUIRE(m.size() == 3);
+  for (const auto& line : m) {
+    for (const char* k : {"step", "loss", "lr", "grad_norm", "tokens_per_s", "peak_mem_bytes", "step_time_s"})
+      CHECK(line.contains(k));
+    CHECK(line["peak_mem_bytes"].get<size_t>() > 0);
+    CHECK(line["grad_norm"].get<double>() > 0);
+  }
+  CHECK(!m[0].contains("val_loss"));
+  CHECK(m[2].contains("val_loss"));  // evaluated at the end
+  CHECK(m[2]["val_loss"].get<double>() == s.last_val_loss);
+  CHECK(m[2]["loss"].get<double>() == s.last_loss);
+  // lr follows the schedule: warmup of 2 steps from 0.
+  CHECK(m[0]["lr"].get<double>() == 0.0);
+  CHECK(m[1]["lr"].get<double>() == Approx(1.5e-3));
+  const TrainConfig back = load_config((fs::path(c.run_dir) / "config.json").string());
+  CHECK(back.resolved_json == c.resolved_json);
+  CHECK(s.weights_path == (fs::path(c.run_dir) / "model.safetensors").string());
+  CHECK(fs::file_size(s.weights_path) > 0);
+}
+
+TEST_CASE("train: micro 4 x accum 1 and micro 2 x accum 2 train on the same global batch") {
+  const std::string data = random_tokens("accum.bin", 4000, 32, 4);
+  const TrainConfig one = tiny_config(data, "accum1", {"train_steps=3"});
+  const TrainConfig two = tiny_config(data, "accum2", {"train_steps=3", "train_micro_batch_size_per_gpu=2",
+                                                       "gradient_accumulation_steps=2"});
+  train(one, quiet());
+  train(two, quiet());
+  const auto a = read_metrics(one.run_dir), b = read_metrics(two.run_dir);
+  REQUIRE(a.size() == 3);
+  REQUIRE(b.size() == 3);
+  for (size_t i = 0; i < 3; ++i) {
+    // Same windows, same mean: equal up to floating-point summation order.
+    CHECK(b[i]["loss"].get<double>() == Approx(a[i]["loss"].get<double>()).epsilon(1e-5));
+    CHECK(b[i]["grad_norm"].get<double>() == Approx(a[i]["grad_norm"].get<double>()).epsilon(1e-4));
+  }
+}
+
+TEST_CASE("train: user mistakes stop the run with a message naming the key or file") {
+  const std::string data = random_tokens("err.bin", 2000, 32, 5);
+  // run_dir under a regular file cannot be created; checked before the data is even opened.
+  const std::string blocker = (test_dir() / "a_file").string();
+  std::ofstream(blocker) << "x";
+  const std::string bad_dir = blocker + "/run";
+  CHECK_THROWS_WITH(train(tiny_config((test_dir() / "no_such.bin").string(), "x", {"run_dir=" + bad_dir}), quiet()),
+                    Contains("train: run_dir '" + bad_dir + "': cannot create it"));
+  // No training data configured.
+  CHECK_THROWS_WITH(train(tiny_config("", "nodata"), quiet()), Contains("tiny.json: data.train: required for training"));
+  // Missing file.
+  const std::string missing = (test_dir() / "missing.bin").string();
+  CHECK_THROWS_WITH(train(tiny_config(missing, "missing"), quiet()), Contains("data: " + missing + ": cannot open"));
+  // Tokens outside the model's vocabulary.
+  CHECK_THROWS_WITH(train(tiny_config(data, "vocab", {"model.vocab_size=16"}), quiet()),
+                    Contains("data: " + data + ": token "));
+  // A file too short for one window of seq_len + 1 tokens.
+  const std::string shortf = random_tokens("short.bin", 10, 32, 6);
+  CHECK_THROWS_WITH(train(tiny_config(shortf, "short"), quiet()), Contains(shortf + ": 10 tokens, need at least 17"));
+  // A TrainConfig built in code is validated like a file.
+  TrainConfig code = tiny_config(data, "code");
+  code.optimizer.lr = -1;
+  code.resolved_json.clear();
+  CHECK_THROWS_WITH(train(code, quiet()), Contains("optimizer.params.lr: must be > 0"));
+}
+
+TEST_CASE("train: a diverging run stops with a clear error and exports nothing") {
+  const std::string data = random_tokens("nan.bin", 2000, 32, 7);
+  const TrainConfig c = tiny_config(data, "nan", {"optimizer.params.lr=1e30", "gradient_clipping=0",
+                                                 "scheduler.type=Constant", "scheduler.params={}", "train_steps=20"});
+  fs::remove(fs::path(c.run_dir) / "model.safetensors");
+  CHECK_THROWS_WITH(train(c, quiet(true)), Contains("train: non-finite"));
+  CHECK(!fs::exists(fs::path(c.run_dir) / "model.safetensors"));
+  const auto m = read_metrics(c.run_dir);
+  REQUIRE(!m.empty());
+  CHECK(m.size() < 20);
+}
