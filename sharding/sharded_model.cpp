@@ -43,7 +43,9 @@ struct FlatUnit {
   float* full = nullptr;        // (padded) gathered parameters, valid when Unsharded
   float* grad_shard = nullptr;  // (shard_size) reduced gradient of this rank's shard
 
-  std::vector<float*> params, grads;  // per ParamSpec: into full / grad (UnitCtx pointers)
+  // Per ParamSpec: pointers into full / grad, handed to the unit through UnitCtx. (When the
+  // gathered buffer is allocated by unshard(), unshard() re-points `params`.)
+  std::vector<float*> params, grads;
   ShardedState state = ShardedState::Sharded;
   bool grads_pending = false;  // backward wrote into `grad` since the last reduce_grads()
 
@@ -89,12 +91,13 @@ struct ShardedModel::Impl {
   std::vector<Buffer> acts;
   std::vector<Saved> saved;
   Scratch scratch;
-  // Gradient ping-pong for backward (dy of one call is dx of the next). Kept across steps.
+  // Ping-pong (B*T*d) buffers, kept across steps: backward's dy/dx (dy of one call is dx of
+  // the next) and inference's residual stream.
   Buffer dbuf[2];
 
-  void ensure_grad_buffers(size_t n) {
+  void ensure_pingpong(size_t n) {
     for (Buffer& b : dbuf)
-      if (b.bytes() < n * sizeof(float)) b = Buffer(n * sizeof(float), Mem::Workspace);
+      if (b.bytes() < n * sizeof(float)) b = Buffer(n * sizeof(float), Mem::Workspace, ops->device());
   }
 
   // Frees the activations and Saved of every call (end of backward, or after an error).
@@ -111,7 +114,7 @@ struct ShardedModel::Impl {
                double& loss_sum, int64_t& loss_count) {
     const size_t n = static_cast<size_t>(batch.B) * batch.T * model.d_model();
     const size_t P = model.schedule.size();
-    ensure_grad_buffers(n);
+    ensure_pingpong(n);
     const float* x = nullptr;  // the first call (an embedding) ignores x
     for (size_t p = 0; p < P; ++p) {
       const Call& c = model.schedule[p];
