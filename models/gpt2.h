@@ -10,6 +10,16 @@
 // Init (GPT-2 / nanoGPT): matrices N(0, 0.02), the residual projections (attn.c_proj,
 // mlp.c_proj) N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1. Weight decay applies to
 // every 2-D parameter, embeddings included (as nanoGPT does), never to biases or norms.
+//
+// Activations and the loss call (both models): training forwards keep what backward needs in
+// ctx.saved; eval forwards (training == false) put everything in ctx.scratch and keep nothing.
+// The loss call is fused: when it runs with training && ctx.grads != null it accumulates the
+// LM-head weight gradient into ctx.grads during forward and stashes d(normed x) in ctx.saved,
+// so its backward only runs the final norm's backward. When it runs with ctx.grads == null
+// (a forward meant to be recomputed), its backward does the LM-head gradient instead. So an
+// engine that drops and recomputes the loss call's activations must run that call's first
+// forward without grads; re-running a fused loss forward would count the head gradient twice.
+// With ctx.logits set (inference) the loss call writes the last position's (B, V) logits.
 #pragma once
 #include "models/model.h"
 

@@ -16,6 +16,8 @@
 // "lm_head.weight"); hf_name is the full HF name; nothing is transposed.
 // Init: matrices N(0, 0.02), o_proj and down_proj N(0, 0.02/sqrt(2L)) (GPT-2's residual
 // scaling), norm weights 1; weight decay on 2-D parameters only.
+// Activations, the fused loss call and logits: as for GPT-2 (see gpt2.h).
+// cfg.tie_embeddings is ignored (lm_head is its own weight).
 #pragma once
 #include "models/model.h"
 
