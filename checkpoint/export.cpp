@@ -29,15 +29,23 @@ void transpose(float* dst, const float* src, int64_t rows, int64_t cols) {
   for (int64_t r0 = 0; r0 < rows; r0 += kT)
     for (int64_t c0 = 0; c0 < cols; c0 += kT)
       for (int64_t r = r0; r < std::min(rows, r0 + kT); ++r)
-        for (int64_t c = c0; c < std::min(cols, c0 + kT); ++c) dst[c * rows + r] = src[r * cols + c];
+        for (int64_t c = c0; c < std::min(cols, c0 + kT); ++c)
+          dst[c * rows + r] = src[r * cols + c];
 }
 
 std::string config_json(const ModelConfig& c) {
   nlohmann::ordered_json j = {
-      {"type", c.type},         {"vocab_size", c.vocab_size}, {"n_layer", c.n_layer},
-      {"n_head", c.n_head},     {"n_kv_head", c.n_kv_head},   {"d_model", c.d_model},
-      {"d_ff", c.d_ff},         {"seq_len", c.seq_len},       {"rope_theta", c.rope_theta},
-      {"norm_eps", c.norm_eps}, {"tie_embeddings", c.tie_embeddings},
+      {"type", c.type},
+      {"vocab_size", c.vocab_size},
+      {"n_layer", c.n_layer},
+      {"n_head", c.n_head},
+      {"n_kv_head", c.n_kv_head},
+      {"d_model", c.d_model},
+      {"d_ff", c.d_ff},
+      {"seq_len", c.seq_len},
+      {"rope_theta", c.rope_theta},
+      {"norm_eps", c.norm_eps},
+      {"tie_embeddings", c.tie_embeddings},
   };
   return j.dump();
 }
@@ -134,8 +142,7 @@ void import_safetensors(ShardedModel& model, const std::string& path) {
   std::vector<std::string> unknown;
   for (const StTensorInfo& t : r.tensors())
     if (!expected.count(t.name) && !is_hf_buffer(t.name)) unknown.push_back(t.name);
-  if (!unknown.empty())
-    fail_import("unexpected tensors not in the model: " + name_list(unknown));
+  if (!unknown.empty()) fail_import("unexpected tensors not in the model: " + name_list(unknown));
 
   std::vector<float> buf, tmp;
   for (const Item& it : items) {

@@ -28,14 +28,11 @@ struct DTypeRow {
   size_t size;
 };
 constexpr DTypeRow kDTypes[] = {
-    {StDType::F64, "F64", 8},         {StDType::F32, "F32", 4},
-    {StDType::F16, "F16", 2},         {StDType::BF16, "BF16", 2},
-    {StDType::I64, "I64", 8},         {StDType::I32, "I32", 4},
-    {StDType::I16, "I16", 2},         {StDType::I8, "I8", 1},
-    {StDType::U64, "U64", 8},         {StDType::U32, "U32", 4},
-    {StDType::U16, "U16", 2},         {StDType::U8, "U8", 1},
-    {StDType::BOOL, "BOOL", 1},       {StDType::F8_E4M3, "F8_E4M3", 1},
-    {StDType::F8_E5M2, "F8_E5M2", 1},
+    {StDType::F64, "F64", 8},   {StDType::F32, "F32", 4},         {StDType::F16, "F16", 2},
+    {StDType::BF16, "BF16", 2}, {StDType::I64, "I64", 8},         {StDType::I32, "I32", 4},
+    {StDType::I16, "I16", 2},   {StDType::I8, "I8", 1},           {StDType::U64, "U64", 8},
+    {StDType::U32, "U32", 4},   {StDType::U16, "U16", 2},         {StDType::U8, "U8", 1},
+    {StDType::BOOL, "BOOL", 1}, {StDType::F8_E4M3, "F8_E4M3", 1}, {StDType::F8_E5M2, "F8_E5M2", 1},
 };
 
 std::string one_line(std::string s) {
@@ -66,8 +63,9 @@ int64_t pread_all(int fd, void* dst, uint64_t n, uint64_t off) {
   char* p = static_cast<char*>(dst);
   uint64_t got = 0;
   while (got < n) {
-    const ssize_t r = ::pread(fd, p + got, static_cast<size_t>(std::min<uint64_t>(n - got, 1ull << 30)),
-                              static_cast<off_t>(off + got));
+    const ssize_t r =
+        ::pread(fd, p + got, static_cast<size_t>(std::min<uint64_t>(n - got, 1ull << 30)),
+                static_cast<off_t>(off + got));
     if (r < 0) {
       if (errno == EINTR) continue;
       return -1;
@@ -112,9 +110,12 @@ bool st_dtype_from_name(const std::string& s, StDType* out) {
 
 StDType st_dtype(DType t) {
   switch (t) {
-    case DType::F32: return StDType::F32;
-    case DType::BF16: return StDType::BF16;
-    case DType::F16: return StDType::F16;
+    case DType::F32:
+      return StDType::F32;
+    case DType::BF16:
+      return StDType::BF16;
+    case DType::F16:
+      return StDType::F16;
   }
   return StDType::F32;
 }
@@ -231,15 +232,16 @@ SafeTensorsReader::SafeTensorsReader(const std::string& path) : path_(path) {
         fail_file(where + "'data_offsets' must be two non-negative integers");
       t.begin = (*o)[0].get<uint64_t>();
       t.end = (*o)[1].get<uint64_t>();
-      if (t.end < t.begin) fail_file(where + "data_offsets " + offsets_str(t.begin, t.end) +
-                                     " end before they begin");
+      if (t.end < t.begin)
+        fail_file(where + "data_offsets " + offsets_str(t.begin, t.end) + " end before they begin");
       if (t.end > data_size)
         fail_file(where + "data_offsets " + offsets_str(t.begin, t.end) +
                   " exceed the file's data section (" + std::to_string(data_size) + " bytes)");
       if (huge || static_cast<uint64_t>(nbytes) != t.end - t.begin)
         fail_file(where + "shape " + shape_str(t.shape) + " of " + st_dtype_name(t.dtype) +
-                  " needs " + (huge ? std::string("more bytes than the file has")
-                                    : std::to_string(static_cast<uint64_t>(nbytes)) + " bytes") +
+                  " needs " +
+                  (huge ? std::string("more bytes than the file has")
+                        : std::to_string(static_cast<uint64_t>(nbytes)) + " bytes") +
                   " but data_offsets " + offsets_str(t.begin, t.end) + " span " +
                   std::to_string(t.end - t.begin));
       tensors_.push_back(std::move(t));
@@ -437,7 +439,8 @@ void SafeTensorsWriter::finish() {
   finished_ = true;
   // Make the rename durable: fsync the directory (best effort).
   const size_t slash = path_.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path_.substr(0, slash));
+  const std::string dir =
+      slash == std::string::npos ? "." : (slash == 0 ? "/" : path_.substr(0, slash));
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);

@@ -21,12 +21,27 @@ namespace sw {
 
 // Element types a safetensors file may declare. The writer emits F32/BF16/F16/I32 (and any
 // other); the reader knows all of them so it can skip tensors it does not use.
-enum class StDType : uint8_t { F64, F32, F16, BF16, I64, I32, I16, I8, U64, U32, U16, U8, BOOL,
-                               F8_E4M3, F8_E5M2 };
+enum class StDType : uint8_t {
+  F64,
+  F32,
+  F16,
+  BF16,
+  I64,
+  I32,
+  I16,
+  I8,
+  U64,
+  U32,
+  U16,
+  U8,
+  BOOL,
+  F8_E4M3,
+  F8_E5M2
+};
 size_t st_dtype_size(StDType t);
-const char* st_dtype_name(StDType t);                  // "F32", ...
+const char* st_dtype_name(StDType t);                         // "F32", ...
 bool st_dtype_from_name(const std::string& s, StDType* out);  // false if unknown
-StDType st_dtype(DType t);                             // F32/BF16/F16
+StDType st_dtype(DType t);                                    // F32/BF16/F16
 
 struct StTensorInfo {
   std::string name;

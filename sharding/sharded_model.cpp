@@ -97,7 +97,8 @@ struct ShardedModel::Impl {
 
   void ensure_pingpong(size_t n) {
     for (Buffer& b : dbuf)
-      if (b.bytes() < n * sizeof(float)) b = Buffer(n * sizeof(float), Mem::Workspace, ops->device());
+      if (b.bytes() < n * sizeof(float))
+        b = Buffer(n * sizeof(float), Mem::Workspace, ops->device());
   }
 
   // Frees the activations and Saved of every call (end of backward, or after an error).
@@ -231,8 +232,12 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed)
       const Range r = intersect(shard, {e.offset, e.offset + e.numel});
       if (r.empty()) continue;
       switch (spec.init) {
-        case Init::Zeros: ops.fill(dst + r.lo, 0.f, static_cast<size_t>(r.hi - r.lo)); break;
-        case Init::Ones: ops.fill(dst + r.lo, 1.f, static_cast<size_t>(r.hi - r.lo)); break;
+        case Init::Zeros:
+          ops.fill(dst + r.lo, 0.f, static_cast<size_t>(r.hi - r.lo));
+          break;
+        case Init::Ones:
+          ops.fill(dst + r.lo, 1.f, static_cast<size_t>(r.hi - r.lo));
+          break;
         case Init::Normal: {
           SW_CHECK(ops.device().is_cpu(), "initialisation writes host memory");
           const uint64_t stream = rng_stream(spec.name.c_str());
@@ -267,8 +272,8 @@ int64_t count_targets(const Batch& b) {
 
 void check_batch(const Batch& b, bool need_targets) {
   if (b.B <= 0 || b.T <= 0)
-    fail("sharded_model", "batch shape (" + std::to_string(b.B) + ", " + std::to_string(b.T) +
-                              ") must be positive");
+    fail("sharded_model",
+         "batch shape (" + std::to_string(b.B) + ", " + std::to_string(b.T) + ") must be positive");
   if (!b.tokens) fail("sharded_model", "batch has no tokens");
   if (need_targets && !b.targets) fail("sharded_model", "batch has no targets");
 }
@@ -383,8 +388,7 @@ void ShardedModel::optimizer_step(const AdamWParams& p, float lr, float grad_mul
       const size_t off = static_cast<size_t>(r.lo - shard.lo);
       const float wd = fu.layout.specs[s].weight_decay ? p.weight_decay : 0.f;
       ops.adamw(fu.master.f32() + off, fu.grad_shard + off, fu.m.f32() + off, fu.v.f32() + off,
-                static_cast<size_t>(r.hi - r.lo), lr, p.beta1, p.beta2, p.eps, wd, step,
-                grad_mult);
+                static_cast<size_t>(r.hi - r.lo), lr, p.beta1, p.beta2, p.eps, wd, step, grad_mult);
     }
   }
 }
@@ -416,9 +420,8 @@ void ShardedModel::set_param(const std::string& name, const float* data, int64_t
   const size_t s = static_cast<size_t>(it->second.second);
   const FlatEntry& e = fu.layout.entries[s];
   if (n != e.numel)
-    fail("sharded_model", "parameter '" + name + "' has " + std::to_string(e.numel) +
-                              " elements " + shape_str(fu.layout.specs[s].shape) + ", got " +
-                              std::to_string(n));
+    fail("sharded_model", "parameter '" + name + "' has " + std::to_string(e.numel) + " elements " +
+                              shape_str(fu.layout.specs[s].shape) + ", got " + std::to_string(n));
   const Range shard = fu.shard_range();
   const Range r = intersect(shard, {e.offset, e.offset + e.numel});
   if (r.empty()) return;

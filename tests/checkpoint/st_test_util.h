@@ -14,8 +14,8 @@ namespace sttest {
 struct TempDir {
   std::filesystem::path path;
   explicit TempDir(const std::string& tag) {
-    path = std::filesystem::temp_directory_path() /
-           ("sw_" + tag + "_" + std::to_string(::getpid()));
+    path =
+        std::filesystem::temp_directory_path() / ("sw_" + tag + "_" + std::to_string(::getpid()));
     std::filesystem::remove_all(path);
     std::filesystem::create_directories(path);
   }

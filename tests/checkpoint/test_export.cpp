@@ -31,9 +31,8 @@ ModelConfig tiny() {
 
 std::map<std::string, std::vector<float>> params_of(const ShardedModel& sm) {
   std::map<std::string, std::vector<float>> r;
-  sm.for_each_param([&](const ParamSpec& s, const float* p) {
-    r[s.name].assign(p, p + numel(s.shape));
-  });
+  sm.for_each_param(
+      [&](const ParamSpec& s, const float* p) { r[s.name].assign(p, p + numel(s.shape)); });
   return r;
 }
 
@@ -163,16 +162,17 @@ TEST_CASE("import: missing, mis-shaped and unknown tensors are named", "[export]
     ft.descs[i].shape = {3 * 16, 16};  // our layout, not HF's: must be rejected
     ft.save(bad);
     const std::string m = error_of(bad);
-    CHECK_THAT(m, Catch::StartsWith("import: " + bad) &&
-                      Catch::Contains("'h.0.attn.c_attn.weight' is (48, 16), the model expects (16, 48)"));
+    CHECK_THAT(
+        m, Catch::StartsWith("import: " + bad) &&
+               Catch::Contains("'h.0.attn.c_attn.weight' is (48, 16), the model expects (16, 48)"));
   }
   SECTION("unknown tensor") {
     FileTensors ft(good);
     ft.descs.push_back({"h.0.mlp.extra", StDType::F32, {2}});
     ft.data.emplace_back(8, 0);
     ft.save(bad);
-    CHECK_THAT(error_of(bad), Catch::Contains("unexpected tensors") &&
-                                  Catch::Contains("'h.0.mlp.extra'"));
+    CHECK_THAT(error_of(bad),
+               Catch::Contains("unexpected tensors") && Catch::Contains("'h.0.mlp.extra'"));
   }
   SECTION("malformed file") {
     auto bytes = sttest::read_all(good);

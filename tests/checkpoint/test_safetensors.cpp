@@ -130,12 +130,15 @@ TEST_CASE("safetensors: streaming writer", "[safetensors]") {
   CHECK(dir.count() == 1);
   // Writer misuse is reported with the tensor's name.
   {
-    SafeTensorsWriter w(dir.file("m.safetensors"), {{"x", StDType::F32, {4}}, {"y", StDType::F32, {2}}});
+    SafeTensorsWriter w(dir.file("m.safetensors"),
+                        {{"x", StDType::F32, {4}}, {"y", StDType::F32, {2}}});
     w.write_tensor("x", big.data());
-    CHECK_THROWS_WITH(w.finish(), Catch::Contains("tensor 'y'") && Catch::Contains("8 bytes missing"));
+    CHECK_THROWS_WITH(w.finish(),
+                      Catch::Contains("tensor 'y'") && Catch::Contains("8 bytes missing"));
   }
   {
-    SafeTensorsWriter w(dir.file("m.safetensors"), {{"x", StDType::F32, {4}}, {"y", StDType::F32, {2}}});
+    SafeTensorsWriter w(dir.file("m.safetensors"),
+                        {{"x", StDType::F32, {4}}, {"y", StDType::F32, {2}}});
     CHECK_THROWS_WITH(w.write_tensor("y", big.data()), Catch::Contains("out of order"));
   }
   {
@@ -146,9 +149,9 @@ TEST_CASE("safetensors: streaming writer", "[safetensors]") {
                                       {{"x", StDType::F32, {1}}, {"x", StDType::F32, {1}}}),
                     Catch::Contains("tensor 'x' is declared twice"));
   CHECK(dir.count() == 1);
-  CHECK_THROWS_WITH(save_safetensors(dir.file("no/such/dir/x.safetensors"), {}),
-                    Catch::Contains("no/such/dir/x.safetensors") &&
-                        Catch::Contains("cannot create"));
+  CHECK_THROWS_WITH(
+      save_safetensors(dir.file("no/such/dir/x.safetensors"), {}),
+      Catch::Contains("no/such/dir/x.safetensors") && Catch::Contains("cannot create"));
 }
 
 TEST_CASE("safetensors: hand-built files in any offset order are read", "[safetensors]") {
@@ -172,8 +175,7 @@ TEST_CASE("safetensors: hand-built files in any offset order are read", "[safete
   CHECK(r.metadata().at("k") == "v");
 }
 
-TEST_CASE("safetensors: malformed files are rejected naming the file and tensor",
-          "[safetensors]") {
+TEST_CASE("safetensors: malformed files are rejected naming the file and tensor", "[safetensors]") {
   TempDir dir("st_bad");
   const std::string p = dir.file("bad.safetensors");
   const std::vector<uint8_t> d16(16, 0);
@@ -186,9 +188,7 @@ TEST_CASE("safetensors: malformed files are rejected naming the file and tensor"
     for (const std::string& s : parts) CHECK(m.find(s) != std::string::npos);
   };
 
-  SECTION("missing file") {
-    expect({"cannot open"});
-  }
+  SECTION("missing file") { expect({"cannot open"}); }
   SECTION("shorter than the length field") {
     std::ofstream(p) << "abc";
     expect({"3 bytes, too short"});
@@ -230,7 +230,9 @@ TEST_CASE("safetensors: malformed files are rejected naming the file and tensor"
     expect({"tensor 'w'", "shape (3) of F32 needs 12 bytes", "span 16"});
   }
   SECTION("absurd shape") {
-    write_raw(p, R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,16]}})", d16);
+    write_raw(p,
+              R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,16]}})",
+              d16);
     expect({"tensor 'w'", "more bytes than the file has"});
   }
   SECTION("bad JSON") {
@@ -266,7 +268,9 @@ TEST_CASE("safetensors: malformed files are rejected naming the file and tensor"
     expect({"tensor 'w'", "unknown field 'x'"});
   }
   SECTION("metadata value not a string") {
-    write_raw(p, R"({"__metadata__":{"n":3},"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", d16);
+    write_raw(p,
+              R"({"__metadata__":{"n":3},"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})",
+              d16);
     expect({"__metadata__ value of 'n'"});
   }
   SECTION("tensor entry not an object") {

@@ -1,9 +1,9 @@
 // Cross-checks our safetensors code against an independent Python implementation
 // (tests/checkpoint/check_safetensors.py): Python verifies a file we wrote, then writes one by
 // hand that we read. Runs with SW_PYTHON (Debian's python3, which also has torch).
-#include <catch2/catch.hpp>
 #include <sys/wait.h>
 
+#include <catch2/catch.hpp>
 #include <cstdlib>
 #include <cstring>
 

@@ -57,8 +57,8 @@ class TestEmbedHead final : public Unit {
       return;
     }
     // Loss only here; backward recomputes the fused head with gradients.
-    c.loss_sum += c.ops->lmhead_xent(c.scratch->f32(N), nullptr, nullptr, x, c.param(0),
-                                     b.targets, N, kC, kV, 0.f);
+    c.loss_sum += c.ops->lmhead_xent(c.scratch->f32(N), nullptr, nullptr, x, c.param(0), b.targets,
+                                     N, kC, kV, 0.f);
     for (int i = 0; i < N; ++i) c.loss_count += b.targets[i] >= 0;
   }
   void backward(UnitCtx& c, int call, const float* x, const float* dy, float* dx) override {
@@ -160,17 +160,15 @@ Data concat(const Data& a, const Data& b) {
 
 std::map<std::string, std::vector<float>> params_of(const ShardedModel& sm) {
   std::map<std::string, std::vector<float>> r;
-  sm.for_each_param([&](const ParamSpec& s, const float* p) {
-    r[s.name].assign(p, p + numel(s.shape));
-  });
+  sm.for_each_param(
+      [&](const ParamSpec& s, const float* p) { r[s.name].assign(p, p + numel(s.shape)); });
   return r;
 }
 
 std::map<std::string, std::vector<float>> grads_of(const ShardedModel& sm) {
   std::map<std::string, std::vector<float>> r;
-  sm.for_each_grad([&](const ParamSpec& s, const float* g) {
-    r[s.name].assign(g, g + numel(s.shape));
-  });
+  sm.for_each_grad(
+      [&](const ParamSpec& s, const float* g) { r[s.name].assign(g, g + numel(s.shape)); });
   return r;
 }
 
@@ -265,8 +263,7 @@ TEST_CASE("ShardedModel: two identical runs are bit-identical", "[sharding]") {
     CHECK(std::memcmp(v.data(), params[1].at(name).data(), v.size() * sizeof(float)) == 0);
 }
 
-TEST_CASE("ShardedModel: gradients are those of the mean loss (finite differences)",
-          "[sharding]") {
+TEST_CASE("ShardedModel: gradients are those of the mean loss (finite differences)", "[sharding]") {
   Model m = make_model();
   ShardedModel sm(m, cpu(), 9);
   Data d(2, 6, 17);
@@ -283,8 +280,8 @@ TEST_CASE("ShardedModel: gradients are those of the mean loss (finite difference
       sm.set_param(name, x.data(), int64_t(x.size()));
       return sm.eval_loss(d.batch);
     };
-    const auto r = swtest::check_grad(f, x.data(), grads.at(name).data(), x.size(), 24, 1e-2f,
-                                      1e-3);
+    const auto r =
+        swtest::check_grad(f, x.data(), grads.at(name).data(), x.size(), 24, 1e-2f, 1e-3);
     sm.set_param(name, p.data(), int64_t(p.size()));
     INFO(name << ": " << r.str());
     CHECK(r.max_err < 2e-2);
@@ -409,8 +406,7 @@ TEST_CASE("ShardedModel: training lowers the loss on a fixed batch", "[sharding]
   CHECK(sm.eval_loss(d.batch) < last);  // parameters have moved on since `last`
 }
 
-TEST_CASE("ShardedModel: memory by category, activations freed after each step",
-          "[sharding]") {
+TEST_CASE("ShardedModel: memory by category, activations freed after each step", "[sharding]") {
   MemTracker& mt = MemTracker::global();
   const size_t params0 = mt.current(Mem::Params), grads0 = mt.current(Mem::Grads);
   const size_t opt0 = mt.current(Mem::Optimizer), act0 = mt.current(Mem::Activations);
