@@ -355,15 +355,12 @@ Tol per_tensor_tol(const std::string& name) {
 }  // namespace
 
 TEST_CASE("GPT-2 whole-model gradients match finite differences", "[models][gradcheck]") {
-  for (bool tied : {true, false}) {
-    ModelConfig c = tiny_gpt2();
-    c.tie_embeddings = tied;
-    INFO("tie_embeddings=" << tied);
-    Harness H(c);
-    H.init_random(11, 3.f);
-    TokenBatch tb(2, 8, c.vocab_size, 5);
-    gradcheck_model(H, tb.batch, 16, per_tensor_tol);
-  }
+  // Tied head (the untied variant is covered by the PyTorch cross-check).
+  ModelConfig c = tiny_gpt2();
+  Harness H(c);
+  H.init_random(11, 3.f);
+  TokenBatch tb(2, 8, c.vocab_size, 5);
+  gradcheck_model(H, tb.batch, 16, per_tensor_tol);
 }
 
 TEST_CASE("Llama (GQA) whole-model gradients match finite differences", "[models][gradcheck]") {
