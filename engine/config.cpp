@@ -13,8 +13,12 @@
 //   * optimizer.type "Adam" is DeepSpeed's Adam, whose default adam_w_mode=true makes it AdamW
 //     (decoupled weight decay); adam_w_mode=false (L2 regularisation) is rejected.
 //   * WarmupCosineLR / WarmupLR follow DeepSpeed's formulas (engine/schedule.h), including
-//     warmup_type linear|log; WarmupLR's warmup_max_lr / warmup_min_lr are converted to
-//     optimizer.params.lr / warmup_min_ratio.
+//     warmup_type linear|log, except that warmup_type defaults to linear here (DeepSpeed: log);
+//     WarmupLR's warmup_max_lr / warmup_min_lr are converted to optimizer.params.lr /
+//     warmup_min_ratio. Parameters of another schedule type are errors.
+//   * DeepSpeed keys with no effect yet (most of zero_optimization, offload_*, monitors, ...)
+//     are type-checked, kept in the resolved config and listed in one note; "auto" is accepted
+//     for their numeric values.
 //   * train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps: any two
 //     determine the third (world size 1 for now); all three must agree. Hugging Face's "auto"
 //     is accepted for these three and means "derive or default".
@@ -31,10 +35,9 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
-
-#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 
@@ -80,14 +83,20 @@ Node compat(Node n) {  // marks a node (and everything below it) as compatibilit
   return n;
 }
 // DeepSpeed's numeric knobs that Hugging Face configs often set to "auto".
-Node cnum(const char* name) { return compat(leaf(name, Kind::Num, true)); }
-Node cbool(const char* name) { return compat(leaf(name, Kind::Bool)); }
-Node cstr(const char* name) { return compat(leaf(name, Kind::Str)); }
+Node cnum(const char* name) {
+  return compat(leaf(name, Kind::Num, true));
+}
+Node cbool(const char* name) {
+  return compat(leaf(name, Kind::Bool));
+}
+Node cstr(const char* name) {
+  return compat(leaf(name, Kind::Str));
+}
 
 const Node& schema() {
   static const Node root = [] {
-    Node offload_common = obj("", {cstr("device"), cstr("nvme_path"), cnum("buffer_count"),
-                                   cbool("pin_memory")});
+    Node offload_common =
+        obj("", {cstr("device"), cstr("nvme_path"), cnum("buffer_count"), cbool("pin_memory")});
     Node offload_opt = offload_common;
     offload_opt.name = "offload_optimizer";
     for (const char* k : {"pipeline_read", "pipeline_write", "fast_init"})
@@ -99,26 +108,26 @@ const Node& schema() {
     offload_par.kids.push_back(cnum("max_in_cpu"));
 
     Node zero = obj("zero_optimization", {leaf("stage", Kind::Int)});
-    for (const char* k : {"allgather_partitions", "overlap_comm", "reduce_scatter",
-                          "contiguous_gradients", "round_robin_gradients", "elastic_checkpoint",
-                          "ignore_unused_parameters", "load_from_fp32_weights", "cpu_offload",
-                          "stage3_gather_16bit_weights_on_model_save",
-                          "stage3_gather_fp16_weights_on_model_save", "zero_quantized_weights",
-                          "zero_quantized_gradients", "mics_hierarchical_params_gather",
-                          "use_multi_rank_bucket_allreduce", "memory_efficient_linear"})
+    for (const char* k :
+         {"allgather_partitions", "overlap_comm", "reduce_scatter", "contiguous_gradients",
+          "round_robin_gradients", "elastic_checkpoint", "ignore_unused_parameters",
+          "load_from_fp32_weights", "cpu_offload", "stage3_gather_16bit_weights_on_model_save",
+          "stage3_gather_fp16_weights_on_model_save", "zero_quantized_weights",
+          "zero_quantized_gradients", "mics_hierarchical_params_gather",
+          "use_multi_rank_bucket_allreduce", "memory_efficient_linear"})
       zero.kids.push_back(cbool(k));
-    for (const char* k : {"allgather_bucket_size", "reduce_bucket_size", "sub_group_size",
-                          "stage3_max_live_parameters", "stage3_max_reuse_distance",
-                          "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
-                          "zero_hpz_partition_size", "mics_shard_size"})
+    for (const char* k :
+         {"allgather_bucket_size", "reduce_bucket_size", "sub_group_size",
+          "stage3_max_live_parameters", "stage3_max_reuse_distance", "stage3_prefetch_bucket_size",
+          "stage3_param_persistence_threshold", "zero_hpz_partition_size", "mics_shard_size"})
       zero.kids.push_back(cnum(k));
     zero.kids.push_back(compat(offload_opt));
     zero.kids.push_back(compat(offload_par));
 
-    Node fp16 = obj("fp16", {leaf("enabled", Kind::Bool), cbool("auto_cast"),
-                             cnum("loss_scale"), cnum("initial_scale_power"),
-                             cnum("loss_scale_window"), cnum("hysteresis"),
-                             cbool("consecutive_hysteresis"), cnum("min_loss_scale")});
+    Node fp16 =
+        obj("fp16", {leaf("enabled", Kind::Bool), cbool("auto_cast"), cnum("loss_scale"),
+                     cnum("initial_scale_power"), cnum("loss_scale_window"), cnum("hysteresis"),
+                     cbool("consecutive_hysteresis"), cnum("min_loss_scale")});
     Node bf16 = obj("bf16", {leaf("enabled", Kind::Bool), cbool("immediate_grad_update")});
 
     Node act = compat(obj("activation_checkpointing",
@@ -126,57 +135,59 @@ const Node& schema() {
                            cbool("contiguous_memory_optimization"), cnum("number_checkpoints"),
                            cbool("synchronize_checkpoint_boundary"), cbool("profile")}));
 
-    return obj("", {
-        leaf("train_batch_size", Kind::Int, true),
-        leaf("train_micro_batch_size_per_gpu", Kind::Int, true),
-        leaf("gradient_accumulation_steps", Kind::Int, true),
-        obj("optimizer",
-            {leaf("type", Kind::Str),
-             obj("params", {leaf("lr", Kind::Num), leaf("betas", Kind::Betas),
-                            leaf("eps", Kind::Num), leaf("weight_decay", Kind::Num),
-                            leaf("adam_w_mode", Kind::Bool), cbool("torch_adam"),
-                            cbool("fused"), cbool("bias_correction"), cbool("amsgrad")})}),
-        obj("scheduler",
-            {leaf("type", Kind::Str),
-             obj("params", {leaf("warmup_num_steps", Kind::Int), leaf("total_num_steps", Kind::Int),
-                            leaf("warmup_min_ratio", Kind::Num), leaf("cos_min_ratio", Kind::Num),
-                            leaf("warmup_type", Kind::Str), leaf("warmup_min_lr", Kind::Num),
-                            leaf("warmup_max_lr", Kind::Num), cnum("last_batch_iteration")})}),
-        leaf("gradient_clipping", Kind::Num, true),
-        bf16,
-        fp16,
-        compat(obj("amp", {cbool("enabled"), cstr("opt_level")})),
-        zero,
-        act,
-        cnum("steps_per_print"),
-        cbool("wall_clock_breakdown"),
-        cbool("prescale_gradients"),
-        cnum("gradient_predivide_factor"),
-        cstr("communication_data_type"),
-        cbool("zero_allow_untested_optimizer"),
-        cbool("zero_force_ds_cpu_optimizer"),
-        cbool("sparse_gradients"),
-        cbool("dump_state"),
-        compat(leaf("tensorboard", Kind::Any)),
-        compat(leaf("wandb", Kind::Any)),
-        compat(leaf("csv_monitor", Kind::Any)),
-        compat(leaf("comms_logger", Kind::Any)),
-        compat(leaf("flops_profiler", Kind::Any)),
-        obj("model", {leaf("type", Kind::Str), leaf("vocab_size", Kind::Int),
-                      leaf("n_layer", Kind::Int), leaf("n_head", Kind::Int),
-                      leaf("n_kv_head", Kind::Int), leaf("d_model", Kind::Int),
-                      leaf("d_ff", Kind::Int), leaf("seq_len", Kind::Int),
-                      leaf("rope_theta", Kind::Num), leaf("norm_eps", Kind::Num),
-                      leaf("tie_embeddings", Kind::Bool)}),
-        obj("data", {leaf("train", Kind::Str), leaf("val", Kind::Str)}),
-        leaf("train_steps", Kind::Int),
-        leaf("seed", Kind::Int),
-        leaf("run_dir", Kind::Str),
-        leaf("eval_every_steps", Kind::Int),
-        leaf("eval_batches", Kind::Int),
-        leaf("log_every_steps", Kind::Int),
-        leaf("threads", Kind::Int),
-    });
+    return obj(
+        "", {
+                leaf("train_batch_size", Kind::Int, true),
+                leaf("train_micro_batch_size_per_gpu", Kind::Int, true),
+                leaf("gradient_accumulation_steps", Kind::Int, true),
+                obj("optimizer",
+                    {leaf("type", Kind::Str),
+                     obj("params", {leaf("lr", Kind::Num), leaf("betas", Kind::Betas),
+                                    leaf("eps", Kind::Num), leaf("weight_decay", Kind::Num),
+                                    leaf("adam_w_mode", Kind::Bool), cbool("torch_adam"),
+                                    cbool("fused"), cbool("bias_correction"), cbool("amsgrad")})}),
+                obj("scheduler",
+                    {leaf("type", Kind::Str),
+                     obj("params",
+                         {leaf("warmup_num_steps", Kind::Int), leaf("total_num_steps", Kind::Int),
+                          leaf("warmup_min_ratio", Kind::Num), leaf("cos_min_ratio", Kind::Num),
+                          leaf("warmup_type", Kind::Str), leaf("warmup_min_lr", Kind::Num),
+                          leaf("warmup_max_lr", Kind::Num), cnum("last_batch_iteration")})}),
+                leaf("gradient_clipping", Kind::Num),
+                bf16,
+                fp16,
+                compat(obj("amp", {cbool("enabled"), cstr("opt_level")})),
+                zero,
+                act,
+                cnum("steps_per_print"),
+                cbool("wall_clock_breakdown"),
+                cbool("prescale_gradients"),
+                cnum("gradient_predivide_factor"),
+                cstr("communication_data_type"),
+                cbool("zero_allow_untested_optimizer"),
+                cbool("zero_force_ds_cpu_optimizer"),
+                cbool("sparse_gradients"),
+                cbool("dump_state"),
+                compat(leaf("tensorboard", Kind::Any)),
+                compat(leaf("wandb", Kind::Any)),
+                compat(leaf("csv_monitor", Kind::Any)),
+                compat(leaf("comms_logger", Kind::Any)),
+                compat(leaf("flops_profiler", Kind::Any)),
+                obj("model", {leaf("type", Kind::Str), leaf("vocab_size", Kind::Int),
+                              leaf("n_layer", Kind::Int), leaf("n_head", Kind::Int),
+                              leaf("n_kv_head", Kind::Int), leaf("d_model", Kind::Int),
+                              leaf("d_ff", Kind::Int), leaf("seq_len", Kind::Int),
+                              leaf("rope_theta", Kind::Num), leaf("norm_eps", Kind::Num),
+                              leaf("tie_embeddings", Kind::Bool)}),
+                obj("data", {leaf("train", Kind::Str), leaf("val", Kind::Str)}),
+                leaf("train_steps", Kind::Int),
+                leaf("seed", Kind::Int),
+                leaf("run_dir", Kind::Str),
+                leaf("eval_every_steps", Kind::Int),
+                leaf("eval_batches", Kind::Int),
+                leaf("log_every_steps", Kind::Int),
+                leaf("threads", Kind::Int),
+            });
   }();
   return root;
 }
@@ -195,7 +206,8 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   for (size_t j = 0; j <= m; ++j) d[0][j] = j;
   for (size_t i = 1; i <= n; ++i)
     for (size_t j = 1; j <= m; ++j) {
-      const size_t cost = std::tolower((unsigned char)a[i - 1]) == std::tolower((unsigned char)b[j - 1]) ? 0 : 1;
+      const size_t cost =
+          std::tolower((unsigned char)a[i - 1]) == std::tolower((unsigned char)b[j - 1]) ? 0 : 1;
       d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
       if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
         d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
@@ -241,13 +253,20 @@ void find_key(const Node& n, const std::string& path, const std::string& key,
 
 const char* kind_name(Kind k) {
   switch (k) {
-    case Kind::Obj: return "an object";
-    case Kind::Int: return "an integer";
-    case Kind::Num: return "a number";
-    case Kind::Bool: return "true or false";
-    case Kind::Str: return "a string";
-    case Kind::Betas: return "an array of two numbers [beta1, beta2]";
-    case Kind::Any: return "any value";
+    case Kind::Obj:
+      return "an object";
+    case Kind::Int:
+      return "an integer";
+    case Kind::Num:
+      return "a number";
+    case Kind::Bool:
+      return "true or false";
+    case Kind::Str:
+      return "a string";
+    case Kind::Betas:
+      return "an array of two numbers [beta1, beta2]";
+    case Kind::Any:
+      return "any value";
   }
   return "?";
 }
@@ -256,20 +275,29 @@ std::string describe(const json& v) {
   std::string s = v.dump();
   if (s.size() > 40) s = s.substr(0, 37) + "...";
   switch (v.type()) {
-    case json::value_t::string: return "string " + s;
-    case json::value_t::boolean: return "boolean " + s;
-    case json::value_t::null: return "null";
-    case json::value_t::object: return "an object";
-    case json::value_t::array: return "array " + s;
-    default: return "number " + s;
+    case json::value_t::string:
+      return "string " + s;
+    case json::value_t::boolean:
+      return "boolean " + s;
+    case json::value_t::null:
+      return "null";
+    case json::value_t::object:
+      return "an object";
+    case json::value_t::array:
+      return "array " + s;
+    default:
+      return "number " + s;
   }
 }
 
-bool is_auto(const json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
+bool is_auto(const json& v) {
+  return v.is_string() && v.get<std::string>() == "auto";
+}
 
 bool kind_matches(Kind k, const json& v) {
   switch (k) {
-    case Kind::Obj: return v.is_object();
+    case Kind::Obj:
+      return v.is_object();
     case Kind::Int:
       if (v.is_number_integer()) return true;
       if (v.is_number_float()) {  // 1e4 is an integer written in float syntax
@@ -277,11 +305,16 @@ bool kind_matches(Kind k, const json& v) {
         return std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.2e18;
       }
       return false;
-    case Kind::Num: return v.is_number();
-    case Kind::Bool: return v.is_boolean();
-    case Kind::Str: return v.is_string();
-    case Kind::Betas: return v.is_array() && v.size() == 2 && v[0].is_number() && v[1].is_number();
-    case Kind::Any: return true;
+    case Kind::Num:
+      return v.is_number();
+    case Kind::Bool:
+      return v.is_boolean();
+    case Kind::Str:
+      return v.is_string();
+    case Kind::Betas:
+      return v.is_array() && v.size() == 2 && v[0].is_number() && v[1].is_number();
+    case Kind::Any:
+      return true;
   }
   return false;
 }
@@ -305,7 +338,10 @@ json parse_text(const std::string& text, const std::string& source) {
         if (!seen.empty()) seen.pop_back();
         if (!keys.empty()) keys.pop_back();
         break;
-      case json::parse_event_t::array_start: keys.push_back(last_key); seen.emplace_back(); break;
+      case json::parse_event_t::array_start:
+        keys.push_back(last_key);
+        seen.emplace_back();
+        break;
       case json::parse_event_t::array_end:
         if (!seen.empty()) seen.pop_back();
         if (!keys.empty()) keys.pop_back();
@@ -319,7 +355,8 @@ json parse_text(const std::string& text, const std::string& source) {
         }
         break;
       }
-      default: break;
+      default:
+        break;
     }
     return true;
   };
@@ -331,18 +368,23 @@ json parse_text(const std::string& text, const std::string& source) {
     size_t line = 1, col = 1;
     const size_t end = std::min<size_t>(e.byte > 0 ? e.byte - 1 : 0, text.size());
     for (size_t i = 0; i < end; ++i) {
-      if (text[i] == '\n') ++line, col = 1;
-      else ++col;
+      if (text[i] == '\n')
+        ++line, col = 1;
+      else
+        ++col;
     }
     std::string why = e.what();
     const size_t p = why.find(": ", why.find("column"));
-    if (p != std::string::npos) why = why.substr(p + 2);
-    else if (why.find(']') != std::string::npos) why = why.substr(why.find(']') + 2);
+    if (p != std::string::npos)
+      why = why.substr(p + 2);
+    else if (why.find(']') != std::string::npos)
+      why = why.substr(why.find(']') + 2);
     fail("config", source + ":" + std::to_string(line) + ":" + std::to_string(col) +
                        ": invalid JSON: " + why);
   }
   if (!dup.empty()) fail("config", source + ": duplicate key '" + dup + "'");
-  if (!j.is_object()) fail("config", source + ": the top level must be a JSON object, got " + describe(j));
+  if (!j.is_object())
+    fail("config", source + ": the top level must be a JSON object, got " + describe(j));
   return j;
 }
 
@@ -351,7 +393,8 @@ void apply_override(json& root, const std::string& ov, const std::string& source
                     std::map<std::string, std::string>& origins) {
   const size_t eq = ov.find('=');
   if (eq == std::string::npos || eq == 0)
-    fail("config", source + ": --set '" + ov + "': expected KEY=VALUE, e.g. optimizer.params.lr=1e-3");
+    fail("config",
+         source + ": --set '" + ov + "': expected KEY=VALUE, e.g. optimizer.params.lr=1e-3");
   const std::string path = ov.substr(0, eq), text = ov.substr(eq + 1);
   std::vector<std::string> parts;
   {
@@ -366,7 +409,8 @@ void apply_override(json& root, const std::string& ov, const std::string& source
   std::string sofar;
   for (size_t i = 0; i < parts.size(); ++i) {
     const std::string& k = parts[i];
-    if (k.empty()) fail("config", source + ": --set '" + ov + "': empty component in key path '" + path + "'");
+    if (k.empty())
+      fail("config", source + ": --set '" + ov + "': empty component in key path '" + path + "'");
     const Node* n = level->kind == Kind::Obj ? level->kid(k) : nullptr;
     if (level->kind == Kind::Obj && !n) unknown_key(source, *level, sofar, k, origin);
     if (level->kind != Kind::Obj && level->kind != Kind::Any)
@@ -374,8 +418,8 @@ void apply_override(json& root, const std::string& ov, const std::string& source
                          ", it has no key '" + k + "'");
     sofar = join_path(sofar, k);
     if (!cur->is_object())
-      fail("config", source + ": --set '" + ov + "': cannot set '" + sofar + "' because its parent is " +
-                         describe(*cur) + ", not an object");
+      fail("config", source + ": --set '" + ov + "': cannot set '" + sofar +
+                         "' because its parent is " + describe(*cur) + ", not an object");
     if (i + 1 < parts.size()) {
       json& next = (*cur)[k];
       if (next.is_null()) next = json::object();  // creates intermediate objects
@@ -458,11 +502,14 @@ long long get_int(const json& root, const std::string& path, long long def, long
   if (!has(root, path)) return def;
   const json& v = *at(root, path);
   long long x;
-  if (v.is_number_unsigned() && v.get<unsigned long long>() > (unsigned long long)LLONG_MAX) x = LLONG_MAX;
-  else x = v.is_number_float() ? (long long)v.get<double>() : v.get<long long>();
+  if (v.is_number_unsigned() && v.get<unsigned long long>() > (unsigned long long)LLONG_MAX)
+    x = LLONG_MAX;
+  else
+    x = v.is_number_float() ? (long long)v.get<double>() : v.get<long long>();
   if (x < lo || x > hi) {
-    std::string range = hi >= INT32_MAX ? ">= " + std::to_string(lo)
-                                        : "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+    std::string range = hi >= INT32_MAX
+                            ? ">= " + std::to_string(lo)
+                            : "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
     c.bad(path, "must be " + range + " (got " + v.dump() + ")");
   }
   return x;
@@ -474,7 +521,8 @@ struct Range {
   bool lo_open, hi_open;
   std::string str() const {
     if (std::isinf(hi)) return std::string(lo_open ? "> " : ">= ") + num_str(lo);
-    return std::string(lo_open ? "(" : "[") + num_str(lo) + ", " + num_str(hi) + (hi_open ? ")" : "]");
+    return std::string(lo_open ? "(" : "[") + num_str(lo) + ", " + num_str(hi) +
+           (hi_open ? ")" : "]");
   }
   bool ok(double x) const {
     return std::isfinite(x) && (lo_open ? x > lo : x >= lo) && (hi_open ? x < hi : x <= hi);
@@ -527,8 +575,10 @@ void set_path(json& root, const std::string& path, json v) {
 }
 void erase_path(json& root, const std::string& path) {
   const size_t dot = path.rfind('.');
-  json* parent = dot == std::string::npos ? &root : const_cast<json*>(at(root, path.substr(0, dot)));
-  if (parent && parent->is_object()) parent->erase(path.substr(dot == std::string::npos ? 0 : dot + 1));
+  json* parent =
+      dot == std::string::npos ? &root : const_cast<json*>(at(root, path.substr(0, dot)));
+  if (parent && parent->is_object())
+    parent->erase(path.substr(dot == std::string::npos ? 0 : dot + 1));
 }
 
 // Writes every effective key of `cfg` into `r` (other keys of r are kept).
@@ -567,8 +617,10 @@ void write_resolved(json& r, const TrainConfig& cfg) {
   set_path(r, "model.seq_len", m.seq_len);
   set_path(r, "model.rope_theta", fjson(m.rope_theta));
   set_path(r, "model.norm_eps", fjson(m.norm_eps));
-  if (m.type == "gpt2") set_path(r, "model.tie_embeddings", m.tie_embeddings);
-  else erase_path(r, "model.tie_embeddings");
+  if (m.type == "gpt2")
+    set_path(r, "model.tie_embeddings", m.tie_embeddings);
+  else
+    erase_path(r, "model.tie_embeddings");
   set_path(r, "data.train", cfg.train_data);
   if (!cfg.val_data.empty()) set_path(r, "data.val", cfg.val_data);
   set_path(r, "train_steps", cfg.train_steps);
@@ -580,14 +632,16 @@ void write_resolved(json& r, const TrainConfig& cfg) {
   set_path(r, "threads", cfg.threads);
 }
 
-TrainConfig read_config(json j, const std::string& source, const std::vector<std::string>& overrides) {
+TrainConfig read_config(json j, const std::string& source,
+                        const std::vector<std::string>& overrides) {
   Ctx c;
   c.source = source;
   for (const std::string& ov : overrides) apply_override(j, ov, source, c.origins);
   std::vector<std::string> compat_keys;
   validate(j, schema(), "", c, compat_keys);
   if (!compat_keys.empty()) {
-    std::string note = "config: note: " + source + ": accepted for DeepSpeed compatibility, no effect yet: ";
+    std::string note =
+        "config: note: " + source + ": accepted for DeepSpeed compatibility, no effect yet: ";
     for (size_t i = 0; i < compat_keys.size(); ++i) note += (i ? ", " : "") + compat_keys[i];
     c.notes.push_back(note);
   }
@@ -599,13 +653,18 @@ TrainConfig read_config(json j, const std::string& source, const std::vector<std
 
   // Mixed precision: rejected, not ignored.
   if (get_bool(j, "bf16.enabled", false))
-    c.bad("bf16.enabled", "mixed precision is not implemented yet; training runs in fp32 (set it to false or remove the bf16 block)");
+    c.bad("bf16.enabled",
+          "mixed precision is not implemented yet; training runs in fp32 (set it to false or "
+          "remove the bf16 block)");
   if (get_bool(j, "fp16.enabled", false))
-    c.bad("fp16.enabled", "mixed precision is not implemented yet; training runs in fp32 (set it to false or remove the fp16 block)");
+    c.bad("fp16.enabled",
+          "mixed precision is not implemented yet; training runs in fp32 (set it to false or "
+          "remove the fp16 block)");
 
   // Batch sizes: any two of the three determine the third (world size 1 for now).
   const int world = 1;
-  const bool has_tbs = has(j, "train_batch_size"), has_mb = has(j, "train_micro_batch_size_per_gpu"),
+  const bool has_tbs = has(j, "train_batch_size"),
+             has_mb = has(j, "train_micro_batch_size_per_gpu"),
              has_ga = has(j, "gradient_accumulation_steps");
   long long tbs = get_int(j, "train_batch_size", 0, 1, IMAX, c);
   long long mb = get_int(j, "train_micro_batch_size_per_gpu", cfg.micro_batch, 1, IMAX, c);
@@ -613,21 +672,25 @@ TrainConfig read_config(json j, const std::string& source, const std::vector<std
   if (has_tbs) {
     if (has_mb && !has_ga) {
       if (tbs % (mb * world))
-        c.bad("train_batch_size", std::to_string(tbs) + " is not a multiple of train_micro_batch_size_per_gpu (" +
-                                      std::to_string(mb) + ") * world size (" + std::to_string(world) + ")");
+        c.bad("train_batch_size",
+              std::to_string(tbs) + " is not a multiple of train_micro_batch_size_per_gpu (" +
+                  std::to_string(mb) + ") * world size (" + std::to_string(world) + ")");
       ga = tbs / (mb * world);
     } else if (!has_mb && has_ga) {
       if (tbs % (ga * world))
-        c.bad("train_batch_size", std::to_string(tbs) + " is not a multiple of gradient_accumulation_steps (" +
-                                      std::to_string(ga) + ") * world size (" + std::to_string(world) + ")");
+        c.bad("train_batch_size",
+              std::to_string(tbs) + " is not a multiple of gradient_accumulation_steps (" +
+                  std::to_string(ga) + ") * world size (" + std::to_string(world) + ")");
       mb = tbs / (ga * world);
     } else if (!has_mb && !has_ga) {
       if (tbs % world) c.bad("train_batch_size", "must be a multiple of the world size");
       mb = tbs / world, ga = 1;
     } else if (tbs != mb * ga * world) {
-      c.bad("train_batch_size", "must equal train_micro_batch_size_per_gpu * gradient_accumulation_steps * world size = " +
-                                    std::to_string(mb) + " * " + std::to_string(ga) + " * " + std::to_string(world) +
-                                    " = " + std::to_string(mb * ga * world) + " (got " + std::to_string(tbs) + ")");
+      c.bad("train_batch_size",
+            "must equal train_micro_batch_size_per_gpu * gradient_accumulation_steps * world size "
+            "= " +
+                std::to_string(mb) + " * " + std::to_string(ga) + " * " + std::to_string(world) +
+                " = " + std::to_string(mb * ga * world) + " (got " + std::to_string(tbs) + ")");
     }
   }
   cfg.micro_batch = (int)mb;
@@ -637,15 +700,19 @@ TrainConfig read_config(json j, const std::string& source, const std::vector<std
   OptimizerConfig& o = cfg.optimizer;
   o.type = get_str(j, "optimizer.type", o.type, {"AdamW", "Adam"}, c);
   if (has(j, "optimizer.params.adam_w_mode") && !get_bool(j, "optimizer.params.adam_w_mode", true))
-    c.bad("optimizer.params.adam_w_mode", "only decoupled weight decay (AdamW, adam_w_mode true) is implemented");
+    c.bad("optimizer.params.adam_w_mode",
+          "only decoupled weight decay (AdamW, adam_w_mode true) is implemented");
   o.lr = (float)get_num(j, "optimizer.params.lr", o.lr, {0, kInf, true, false}, c);
   if (has(j, "optimizer.params.betas")) {
     const json& b = *at(j, "optimizer.params.betas");
-    o.beta1 = (float)check_num(b[0].get<double>(), "optimizer.params.betas[0]", {0, 1, false, true}, c);
-    o.beta2 = (float)check_num(b[1].get<double>(), "optimizer.params.betas[1]", {0, 1, false, true}, c);
+    o.beta1 =
+        (float)check_num(b[0].get<double>(), "optimizer.params.betas[0]", {0, 1, false, true}, c);
+    o.beta2 =
+        (float)check_num(b[1].get<double>(), "optimizer.params.betas[1]", {0, 1, false, true}, c);
   }
   o.eps = (float)get_num(j, "optimizer.params.eps", o.eps, {0, kInf, true, false}, c);
-  o.weight_decay = (float)get_num(j, "optimizer.params.weight_decay", o.weight_decay, {0, kInf, false, false}, c);
+  o.weight_decay = (float)get_num(j, "optimizer.params.weight_decay", o.weight_decay,
+                                  {0, kInf, false, false}, c);
 
   // Training length first: the scheduler's total defaults to it.
   cfg.train_steps = (int)get_int(j, "train_steps", cfg.train_steps, 1, IMAX, c);
@@ -654,8 +721,12 @@ TrainConfig read_config(json j, const std::string& source, const std::vector<std
   SchedulerConfig& s = cfg.scheduler;
   s.type = get_str(j, "scheduler.type", s.type, {"WarmupCosineLR", "WarmupLR", "Constant"}, c);
   const std::map<std::string, std::vector<std::string>> sched_keys = {
-      {"WarmupCosineLR", {"warmup_num_steps", "total_num_steps", "warmup_min_ratio", "cos_min_ratio", "warmup_type", "last_batch_iteration"}},
-      {"WarmupLR", {"warmup_num_steps", "warmup_min_ratio", "warmup_type", "warmup_min_lr", "warmup_max_lr", "last_batch_iteration"}},
+      {"WarmupCosineLR",
+       {"warmup_num_steps", "total_num_steps", "warmup_min_ratio", "cos_min_ratio", "warmup_type",
+        "last_batch_iteration"}},
+      {"WarmupLR",
+       {"warmup_num_steps", "warmup_min_ratio", "warmup_type", "warmup_min_lr", "warmup_max_lr",
+        "last_batch_iteration"}},
       {"Constant", {}}};
   if (const json* p = at(j, "scheduler.params"); p && p->is_object())
     for (auto it = p->begin(); it != p->end(); ++it) {
@@ -663,29 +734,36 @@ TrainConfig read_config(json j, const std::string& source, const std::vector<std
       if (std::find(ok.begin(), ok.end(), it.key()) == ok.end())
         c.bad("scheduler.params." + it.key(), "not a parameter of scheduler type " + s.type);
     }
-  s.warmup_num_steps = (int)get_int(j, "scheduler.params.warmup_num_steps", s.warmup_num_steps, 0, IMAX, c);
-  s.total_num_steps = (int)get_int(j, "scheduler.params.total_num_steps", s.total_num_steps, 0, IMAX, c);
-  s.warmup_min_ratio = (float)get_num(j, "scheduler.params.warmup_min_ratio", s.warmup_min_ratio, {0, 1, false, false}, c);
-  s.cos_min_ratio = (float)get_num(j, "scheduler.params.cos_min_ratio", s.cos_min_ratio, {0, 1, false, false}, c);
+  s.warmup_num_steps =
+      (int)get_int(j, "scheduler.params.warmup_num_steps", s.warmup_num_steps, 0, IMAX, c);
+  s.total_num_steps =
+      (int)get_int(j, "scheduler.params.total_num_steps", s.total_num_steps, 0, IMAX, c);
+  s.warmup_min_ratio = (float)get_num(j, "scheduler.params.warmup_min_ratio", s.warmup_min_ratio,
+                                      {0, 1, false, false}, c);
+  s.cos_min_ratio =
+      (float)get_num(j, "scheduler.params.cos_min_ratio", s.cos_min_ratio, {0, 1, false, false}, c);
   s.warmup_type = get_str(j, "scheduler.params.warmup_type", s.warmup_type, {"linear", "log"}, c);
   if (has(j, "scheduler.params.warmup_max_lr")) {
     const double mx = get_num(j, "scheduler.params.warmup_max_lr", 0, {0, kInf, true, false}, c);
     if (has(j, "optimizer.params.lr") && std::fabs(mx - o.lr) > 1e-6 * mx)
-      c.bad("scheduler.params.warmup_max_lr", "is the peak learning rate and conflicts with optimizer.params.lr (" +
-                                                  num_str(mx) + " vs " + num_str(o.lr) + "); give only one");
+      c.bad("scheduler.params.warmup_max_lr",
+            "is the peak learning rate and conflicts with optimizer.params.lr (" + num_str(mx) +
+                " vs " + num_str(o.lr) + "); give only one");
     o.lr = (float)mx;
   }
   if (has(j, "scheduler.params.warmup_min_lr")) {
     const double mn = get_num(j, "scheduler.params.warmup_min_lr", 0, {0, o.lr, false, false}, c);
     if (has(j, "scheduler.params.warmup_min_ratio"))
-      c.bad("scheduler.params.warmup_min_lr", "conflicts with scheduler.params.warmup_min_ratio; give only one");
+      c.bad("scheduler.params.warmup_min_lr",
+            "conflicts with scheduler.params.warmup_min_ratio; give only one");
     s.warmup_min_ratio = (float)(mn / o.lr);
   }
   const int total = s.total_num_steps > 0 ? s.total_num_steps : cfg.train_steps;
   if (s.type == "WarmupCosineLR" && s.warmup_num_steps > total)
-    c.bad("scheduler.params.warmup_num_steps", "must be <= total_num_steps (" + std::to_string(total) +
-                                                   (s.total_num_steps > 0 ? "" : ", from train_steps") + "), got " +
-                                                   std::to_string(s.warmup_num_steps));
+    c.bad("scheduler.params.warmup_num_steps",
+          "must be <= total_num_steps (" + std::to_string(total) +
+              (s.total_num_steps > 0 ? "" : ", from train_steps") + "), got " +
+              std::to_string(s.warmup_num_steps));
 
   cfg.grad_clip = (float)get_num(j, "gradient_clipping", cfg.grad_clip, {0, kInf, false, false}, c);
   cfg.zero_stage = (int)get_int(j, "zero_optimization.stage", cfg.zero_stage, 0, 3, c);
@@ -693,7 +771,8 @@ TrainConfig read_config(json j, const std::string& source, const std::vector<std
   // Model.
   ModelConfig& m = cfg.model;
   m.type = get_str(j, "model.type", m.type, {"gpt2", "llama"}, c);
-  m.vocab_size = (int)get_int(j, "model.vocab_size", m.vocab_size, 1, 65536, c);  // tokens are uint16
+  m.vocab_size =
+      (int)get_int(j, "model.vocab_size", m.vocab_size, 1, 65536, c);  // tokens are uint16
   m.n_layer = (int)get_int(j, "model.n_layer", m.n_layer, 1, IMAX, c);
   m.n_head = (int)get_int(j, "model.n_head", m.n_head, 1, IMAX, c);
   m.n_kv_head = (int)get_int(j, "model.n_kv_head", m.n_kv_head, 0, IMAX, c);
@@ -704,11 +783,14 @@ TrainConfig read_config(json j, const std::string& source, const std::vector<std
   m.norm_eps = (float)get_num(j, "model.norm_eps", m.norm_eps, {0, kInf, true, false}, c);
   m.tie_embeddings = get_bool(j, "model.tie_embeddings", m.tie_embeddings);
   if (m.d_model % m.n_head)
-    c.bad("model.d_model", "must be a multiple of model.n_head (" + std::to_string(m.n_head) + "), got " + std::to_string(m.d_model));
+    c.bad("model.d_model", "must be a multiple of model.n_head (" + std::to_string(m.n_head) +
+                               "), got " + std::to_string(m.d_model));
   if (m.n_kv_head > 0 && m.n_head % m.n_kv_head)
-    c.bad("model.n_kv_head", "must divide model.n_head (" + std::to_string(m.n_head) + "), got " + std::to_string(m.n_kv_head));
+    c.bad("model.n_kv_head", "must divide model.n_head (" + std::to_string(m.n_head) + "), got " +
+                                 std::to_string(m.n_kv_head));
   if (m.type == "gpt2" && m.n_kv_head > 0 && m.n_kv_head != m.n_head)
-    c.bad("model.n_kv_head", "gpt2 has no grouped-query attention: leave it 0 or equal to model.n_head");
+    c.bad("model.n_kv_head",
+          "gpt2 has no grouped-query attention: leave it 0 or equal to model.n_head");
   if (m.type == "llama" && has(j, "model.tie_embeddings") && m.tie_embeddings)
     c.bad("model.tie_embeddings", "is supported for gpt2 only");
 
@@ -731,7 +813,8 @@ TrainConfig read_config(json j, const std::string& source, const std::vector<std
   // Resolved config: the input (compatibility keys kept as given) with every effective key set
   // to its final value; parse_config(resolved_json) gives the same TrainConfig.
   json r = j;
-  if (has_tbs || (at(j, "train_batch_size") && is_auto(*at(j, "train_batch_size")))) erase_path(r, "train_batch_size");
+  if (has_tbs || (at(j, "train_batch_size") && is_auto(*at(j, "train_batch_size"))))
+    erase_path(r, "train_batch_size");
   write_resolved(r, cfg);
   cfg.resolved_json = r.dump(2) + "\n";
   return cfg;
@@ -752,7 +835,8 @@ TrainConfig parse_config(const std::string& json_text, const std::string& source
 
 TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) fail("config", path + ": is a directory, not a config file");
+  if (std::filesystem::is_directory(path, ec))
+    fail("config", path + ": is a directory, not a config file");
   std::ifstream f(path, std::ios::binary);
   if (!f) fail("config", path + ": cannot open (" + std::string(std::strerror(errno)) + ")");
   std::stringstream ss;

@@ -47,8 +47,8 @@ struct TrainConfig {
   int threads = 0;             // threads per rank (0 = cores / local ranks)
   int zero_stage = 3;          // zero_optimization.stage
   std::string resolved_json;   // the config after defaults and overrides, pretty-printed
-  // Keys accepted for DeepSpeed compatibility that have no effect yet (one line each, naming
-  // the key); the trainer prints them to stderr.
+  // Messages for the user that are not errors: one line listing the keys present that are
+  // accepted for DeepSpeed compatibility but have no effect yet. train() prints them to stderr.
   std::vector<std::string> notes;
 };
 

@@ -19,7 +19,9 @@ namespace sw {
 namespace {
 constexpr size_t kHeaderBytes = kTokenHeaderInts * sizeof(int32_t);
 
-std::string errno_str() { return std::strerror(errno); }
+std::string errno_str() {
+  return std::strerror(errno);
+}
 }  // namespace
 
 void write_token_file(const std::string& path, const std::vector<uint16_t>& tokens) {
@@ -55,8 +57,8 @@ TokenFile::TokenFile(const std::string& path, int vocab_size, int64_t min_tokens
   const size_t bytes = static_cast<size_t>(st.st_size);
   if (bytes < kHeaderBytes) {
     ::close(fd);
-    fail("data", path + ": truncated header (" + std::to_string(bytes) + " bytes, a token file starts with " +
-                     std::to_string(kHeaderBytes) + ")");
+    fail("data", path + ": truncated header (" + std::to_string(bytes) +
+                     " bytes, a token file starts with " + std::to_string(kHeaderBytes) + ")");
   }
   void* m = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
@@ -115,9 +117,13 @@ void TokenFile::unmap() {
   n_ = 0;
 }
 
-TokenFile::~TokenFile() { unmap(); }
+TokenFile::~TokenFile() {
+  unmap();
+}
 
-TokenFile::TokenFile(TokenFile&& o) noexcept { *this = std::move(o); }
+TokenFile::TokenFile(TokenFile&& o) noexcept {
+  *this = std::move(o);
+}
 
 TokenFile& TokenFile::operator=(TokenFile&& o) noexcept {
   if (this != &o) {
@@ -165,8 +171,10 @@ void eval_batch(const TokenFile& f, int batch, int n_batches, int B, int T, int3
   const int64_t last = f.size() - T - 1;  // the last valid start
   for (int b = 0; b < B; ++b) {
     const int64_t w = static_cast<int64_t>(batch) * B + b;
-    const int64_t start = W > 1 ? static_cast<int64_t>(static_cast<__int128>(w) * last / (W - 1)) : 0;
-    fill_row(f, start, T, inputs + static_cast<size_t>(b) * T, targets + static_cast<size_t>(b) * T);
+    const int64_t start =
+        W > 1 ? static_cast<int64_t>(static_cast<__int128>(w) * last / (W - 1)) : 0;
+    fill_row(f, start, T, inputs + static_cast<size_t>(b) * T,
+             targets + static_cast<size_t>(b) * T);
   }
 }
 

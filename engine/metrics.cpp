@@ -5,7 +5,6 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
-
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -13,7 +12,9 @@
 namespace sw {
 
 namespace {
-nlohmann::json num(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); }
+nlohmann::json num(double x) {
+  return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr);
+}
 nlohmann::json num(float x) {
   if (!std::isfinite(x)) return nullptr;
   char buf[32];
@@ -54,9 +55,12 @@ std::string format_duration(double s) {
   if (!std::isfinite(s) || s < 0) return "?";
   const long t = static_cast<long>(s + 0.5);
   char buf[32];
-  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, (t / 60) % 60);
-  else if (t >= 60) std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
-  else std::snprintf(buf, sizeof buf, "%lds", t);
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+  else if (t >= 60)
+    std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%lds", t);
   return buf;
 }
 
@@ -71,19 +75,25 @@ void Progress::update(const StepMetrics& m, double elapsed_s) {
   if (!enabled_) return;
   const bool last = m.step >= total_;
   if (!tty_ && !last && m.step % every_ != 0) return;
+  // On a terminal at most ~20 updates a second (tiny models run thousands of steps a second).
+  if (tty_ && !last && !m.has_val && last_print_s_ >= 0 && elapsed_s - last_print_s_ < 0.05) return;
+  last_print_s_ = elapsed_s;
   // ETA from the mean step time after the first step (which includes warm-up).
   const int done = m.step;
   double per_step = done > 1 ? (elapsed_s - first_step_s_) / (done - 1) : elapsed_s;
   const double eta = per_step * (total_ - done);
   char tps[32];
-  if (m.tokens_per_s >= 1e6) std::snprintf(tps, sizeof tps, "%.2fM", m.tokens_per_s / 1e6);
-  else if (m.tokens_per_s >= 1e3) std::snprintf(tps, sizeof tps, "%.1fk", m.tokens_per_s / 1e3);
-  else std::snprintf(tps, sizeof tps, "%.0f", m.tokens_per_s);
+  if (m.tokens_per_s >= 1e6)
+    std::snprintf(tps, sizeof tps, "%.2fM", m.tokens_per_s / 1e6);
+  else if (m.tokens_per_s >= 1e3)
+    std::snprintf(tps, sizeof tps, "%.1fk", m.tokens_per_s / 1e3);
+  else
+    std::snprintf(tps, sizeof tps, "%.0f", m.tokens_per_s);
   char val[32] = "val -";
   if (std::isfinite(last_val_)) std::snprintf(val, sizeof val, "val %.4f", last_val_);
   char line[256];
-  std::snprintf(line, sizeof line, "step %d/%d | loss %.4f | %s | %s tok/s | ETA %s", m.step, total_,
-                m.loss, val, tps, last ? "0s" : format_duration(eta).c_str());
+  std::snprintf(line, sizeof line, "step %d/%d | loss %.4f | %s | %s tok/s | ETA %s", m.step,
+                total_, m.loss, val, tps, last ? "0s" : format_duration(eta).c_str());
   if (tty_) {
     std::fprintf(out_, "\r%s\x1b[K", line);
     open_line_ = true;

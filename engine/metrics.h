@@ -3,8 +3,9 @@
 //
 // metrics.jsonl keys: step (1-based count of optimizer steps done), loss (mean training loss of
 // the step's micro-batches), lr (used by the step), grad_norm (global L2 norm before clipping),
-// tokens_per_s (all ranks together), peak_mem_bytes (MemTracker total peak so far, this rank),
-// step_time_s, and val_loss on evaluation steps only. Non-finite numbers are written as null.
+// tokens_per_s (all ranks together), peak_mem_bytes (MemTracker total peak since train() started,
+// this rank), step_time_s, and val_loss on evaluation steps only. Non-finite numbers are written as
+// null.
 #pragma once
 #include <cmath>
 #include <cstddef>
@@ -43,7 +44,8 @@ class MetricsLog {
 };
 
 // "step 12/100 | loss 3.4521 | val 3.5012 | 12.3k tok/s | ETA 1m23s". On a terminal the line is
-// rewritten in place (\r) every step; otherwise one line every `log_every` steps and at the last.
+// rewritten in place (\r), at most every 50 ms (and on eval steps and the last step); otherwise
+// one line every `log_every` steps and at the last. metrics.jsonl always gets every step.
 class Progress {
  public:
   // tty < 0: detect from `out`.
@@ -57,6 +59,7 @@ class Progress {
   bool enabled_, tty_, open_line_ = false;
   FILE* out_;
   double last_val_ = NAN;
+  double last_print_s_ = -1;
   double first_step_s_ = -1;  // the first step's time (includes warm-up; left out of the ETA)
 };
 

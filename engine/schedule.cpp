@@ -11,8 +11,10 @@ float lr_at(const OptimizerConfig& opt, const SchedulerConfig& sched, int train_
   const int W = sched.warmup_num_steps;
   if (step < W) {
     double g;
-    if (sched.warmup_type == "log") g = std::log(step + 1.0) / std::log(std::max(W, 2) * 1.0);
-    else g = static_cast<double>(step) / W;
+    if (sched.warmup_type == "log")
+      g = std::log(step + 1.0) / std::log(std::max(W, 2) * 1.0);
+    else
+      g = static_cast<double>(step) / W;
     const double r0 = sched.warmup_min_ratio;
     return static_cast<float>(lr * (r0 + (1.0 - r0) * g));
   }

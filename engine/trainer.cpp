@@ -42,7 +42,8 @@ void prepare_run_dir(const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) fail("train", "run_dir '" + dir + "': cannot create it (" + ec.message() + ")");
-  if (!fs::is_directory(dir, ec)) fail("train", "run_dir '" + dir + "': exists and is not a directory");
+  if (!fs::is_directory(dir, ec))
+    fail("train", "run_dir '" + dir + "': exists and is not a directory");
   const std::string probe = (fs::path(dir) / ".shardwise-write-test").string();
   FILE* f = std::fopen(probe.c_str(), "w");
   if (!f) fail("train", "run_dir '" + dir + "': not writable (" + std::strerror(errno) + ")");
@@ -62,7 +63,8 @@ void write_text(const std::string& path, const std::string& text) {
 [[noreturn]] void non_finite(const char* what, double v, int step, const std::string& detail) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%g", v);
-  fail("train", std::string("non-finite ") + what + " (" + buf + ") at step " + std::to_string(step) + detail +
+  fail("train", std::string("non-finite ") + what + " (" + buf + ") at step " +
+                    std::to_string(step) + detail +
                     "; stopping (lower optimizer.params.lr or set gradient_clipping; files already "
                     "written in run_dir are kept, the weights of this run are not exported)");
 }
@@ -76,7 +78,9 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainOptions& opts) {
   cfg.resolved_json = cfg_in.resolved_json.empty() ? config_json(cfg_in) : cfg_in.resolved_json;
   for (const std::string& n : cfg_in.notes) std::fprintf(stderr, "%s\n", n.c_str());
   if (cfg.train_data.empty())
-    fail("config", source + ": data.train: required for training (an llm.c-format token file, see `shardwise data prepare`)");
+    fail("config", source +
+                       ": data.train: required for training (an llm.c-format token file, see "
+                       "`shardwise data prepare`)");
 
   set_num_threads(cfg.threads);
   prepare_run_dir(cfg.run_dir);
@@ -87,8 +91,10 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainOptions& opts) {
   const int V = cfg.model.vocab_size;
   const TokenFile train_data(cfg.train_data, V, int64_t{T} + 1);
   std::unique_ptr<TokenFile> val_data;
-  if (!cfg.val_data.empty()) val_data = std::make_unique<TokenFile>(cfg.val_data, V, int64_t{T} + 1);
+  if (!cfg.val_data.empty())
+    val_data = std::make_unique<TokenFile>(cfg.val_data, V, int64_t{T} + 1);
 
+  MemTracker::global().reset_peaks();  // peak_mem_bytes is this run's peak
   Model model = build_model(cfg.model);
   ShardedModel sm(model, ops_for(Device::cpu()), cfg.seed);
 
@@ -111,7 +117,8 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainOptions& opts) {
     for (int i = 0; i < cfg.eval_batches; ++i) {
       eval_batch(*val_data, i, cfg.eval_batches, B, T, inputs.data(), targets.data());
       const double l = sm.eval_loss(batch);
-      if (!std::isfinite(l)) non_finite("validation loss", l, step, " (eval batch " + std::to_string(i) + ")");
+      if (!std::isfinite(l))
+        non_finite("validation loss", l, step, " (eval batch " + std::to_string(i) + ")");
       sum += l;
     }
     return sum / cfg.eval_batches;
@@ -127,7 +134,8 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainOptions& opts) {
     double loss = 0;
     for (int k = 0; k < accum; ++k) {
       const int rank = 0;
-      train_batch(train_data, cfg.seed, s, (int64_t{k} * world + rank) * B, B, T, inputs.data(), targets.data());
+      train_batch(train_data, cfg.seed, s, (int64_t{k} * world + rank) * B, B, T, inputs.data(),
+                  targets.data());
       const double l = sm.forward_backward(batch, 1.0f / static_cast<float>(accum));
       if (!std::isfinite(l)) {
         StepMetrics m;
@@ -143,10 +151,15 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainOptions& opts) {
     const double norm = sm.grad_norm();
     const float lr = lr_at(cfg.optimizer, cfg.scheduler, cfg.train_steps, s);
     if (!std::isfinite(norm)) {
+      StepMetrics m;
+      m.step = s + 1, m.loss = loss, m.lr = lr, m.grad_norm = norm;
+      m.peak_mem_bytes = MemTracker::global().total_peak();
+      metrics.write(m);
       progress.finish();
       non_finite("gradient norm", norm, s + 1, "");
     }
-    const float mult = cfg.grad_clip > 0 ? static_cast<float>(std::min(1.0, cfg.grad_clip / (norm + 1e-6))) : 1.f;
+    const float mult =
+        cfg.grad_clip > 0 ? static_cast<float>(std::min(1.0, cfg.grad_clip / (norm + 1e-6))) : 1.f;
     sm.optimizer_step(adam, lr, mult, s + 1);
     const double dt = seconds_since(t0);
 

@@ -1,7 +1,6 @@
 // Config parsing: defaults, DeepSpeed keys, and a test for every kind of user mistake, each
 // checking that the message names the file and the key (or the override).
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -106,23 +105,27 @@ TEST_CASE("config: unknown key names the path and suggests the nearest valid key
   CHECK(error_of(R"({"train_setps": 3})") ==
         "config: cfg.json: unknown key 'train_setps' (did you mean 'train_steps'?)");
   // A key at the wrong level: suggest where it belongs.
-  CHECK(error_of(R"({"lr": 0.1})") == "config: cfg.json: unknown key 'lr' (did you mean 'optimizer.params.lr'?)");
+  CHECK(error_of(R"({"lr": 0.1})") ==
+        "config: cfg.json: unknown key 'lr' (did you mean 'optimizer.params.lr'?)");
   // Nothing close: list what is valid there.
   const std::string e = error_of(R"({"data": {"xyzzy_quux": "a"}})");
   CHECK_THAT(e, Contains("unknown key 'data.xyzzy_quux'"));
   CHECK_THAT(e, Contains("valid keys here: train, val"));
   CHECK_THAT(error_of(R"({"zero_optimization": {"offload_optimizer": {"devic": "cpu"}}})"),
-             Contains("'zero_optimization.offload_optimizer.devic' (did you mean 'zero_optimization.offload_optimizer.device'?)"));
+             Contains("'zero_optimization.offload_optimizer.devic' (did you mean "
+                      "'zero_optimization.offload_optimizer.device'?)"));
 }
 
 TEST_CASE("config: wrong type names the key and the expected type") {
   CHECK(error_of(R"({"optimizer": {"params": {"lr": "fast"}}})") ==
         "config: cfg.json: optimizer.params.lr: expected a number, got string \"fast\"");
-  CHECK_THAT(error_of(R"({"train_steps": 2.5})"), Contains("train_steps: expected an integer, got number 2.5"));
+  CHECK_THAT(error_of(R"({"train_steps": 2.5})"),
+             Contains("train_steps: expected an integer, got number 2.5"));
   CHECK_THAT(error_of(R"({"optimizer": {"params": {"betas": [0.9]}}})"),
              Contains("optimizer.params.betas: expected an array of two numbers"));
   CHECK_THAT(error_of(R"({"model": 3})"), Contains("model: expected an object, got number 3"));
-  CHECK_THAT(error_of(R"({"bf16": {"enabled": "yes"}})"), Contains("bf16.enabled: expected true or false"));
+  CHECK_THAT(error_of(R"({"bf16": {"enabled": "yes"}})"),
+             Contains("bf16.enabled: expected true or false"));
   CHECK_THAT(error_of(R"({"data": {"train": 5}})"), Contains("data.train: expected a string"));
   CHECK_THAT(error_of(R"({"seed": -1})"), Contains("seed: must be >= 0"));
   CHECK(parse(R"({"train_steps": 1e3})").train_steps == 1000);  // integral floats are integers
@@ -131,20 +134,24 @@ TEST_CASE("config: wrong type names the key and the expected type") {
 TEST_CASE("config: out-of-range values name the key and the range") {
   CHECK(error_of(R"({"optimizer": {"params": {"lr": 0}}})") ==
         "config: cfg.json: optimizer.params.lr: must be > 0 (got 0)");
-  CHECK_THAT(error_of(R"({"optimizer": {"params": {"lr": -1e-3}}})"), Contains("optimizer.params.lr: must be > 0"));
+  CHECK_THAT(error_of(R"({"optimizer": {"params": {"lr": -1e-3}}})"),
+             Contains("optimizer.params.lr: must be > 0"));
   CHECK_THAT(error_of(R"({"optimizer": {"params": {"betas": [0.9, 1.0]}}})"),
              Contains("optimizer.params.betas[1]: must be [0, 1) (got 1)"));
   CHECK_THAT(error_of(R"({"optimizer": {"params": {"betas": [-0.1, 0.9]}}})"),
              Contains("optimizer.params.betas[0]: must be [0, 1)"));
   CHECK_THAT(error_of(R"({"zero_optimization": {"stage": 4}})"),
              Contains("zero_optimization.stage: must be in [0, 3] (got 4)"));
-  CHECK_THAT(error_of(R"({"model": {"seq_len": 0}})"), Contains("model.seq_len: must be >= 1 (got 0)"));
+  CHECK_THAT(error_of(R"({"model": {"seq_len": 0}})"),
+             Contains("model.seq_len: must be >= 1 (got 0)"));
   CHECK_THAT(error_of(R"({"model": {"vocab_size": 65537}})"),
              Contains("model.vocab_size: must be in [1, 65536] (got 65537)"));
   CHECK_THAT(error_of(R"({"train_micro_batch_size_per_gpu": 0})"),
              Contains("train_micro_batch_size_per_gpu: must be >= 1"));
-  CHECK_THAT(error_of(R"({"gradient_accumulation_steps": -2})"), Contains("gradient_accumulation_steps: must be >= 1"));
-  CHECK_THAT(error_of(R"({"optimizer": {"params": {"eps": 0}}})"), Contains("optimizer.params.eps: must be > 0"));
+  CHECK_THAT(error_of(R"({"gradient_accumulation_steps": -2})"),
+             Contains("gradient_accumulation_steps: must be >= 1"));
+  CHECK_THAT(error_of(R"({"optimizer": {"params": {"eps": 0}}})"),
+             Contains("optimizer.params.eps: must be > 0"));
   CHECK_THAT(error_of(R"({"scheduler": {"params": {"cos_min_ratio": 1.5}}})"),
              Contains("scheduler.params.cos_min_ratio: must be [0, 1] (got 1.5)"));
   CHECK_THAT(error_of(R"({"scheduler": {"params": {"warmup_num_steps": 20}}, "train_steps": 10})"),
@@ -153,8 +160,9 @@ TEST_CASE("config: out-of-range values name the key and the range") {
              Contains("model.d_model: must be a multiple of model.n_head"));
   CHECK_THAT(error_of(R"({"optimizer": {"type": "SGD"}})"),
              Contains("optimizer.type: 'SGD' is not one of AdamW, Adam"));
-  CHECK_THAT(error_of(R"({"scheduler": {"type": "OneCycle"}})"),
-             Contains("scheduler.type: 'OneCycle' is not one of WarmupCosineLR, WarmupLR, Constant"));
+  CHECK_THAT(
+      error_of(R"({"scheduler": {"type": "OneCycle"}})"),
+      Contains("scheduler.type: 'OneCycle' is not one of WarmupCosineLR, WarmupLR, Constant"));
   CHECK_THAT(error_of(R"({"run_dir": ""})"), Contains("run_dir: must not be empty"));
 }
 
@@ -162,23 +170,30 @@ TEST_CASE("config: batch sizes follow DeepSpeed's two-of-three rule") {
   CHECK(parse(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8})").grad_accum == 4);
   CHECK(parse(R"({"train_batch_size": 32, "gradient_accumulation_steps": 2})").micro_batch == 16);
   CHECK(parse(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": "auto",
-                  "gradient_accumulation_steps": "auto"})").micro_batch == 32);
-  CHECK(error_of(R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2})") ==
-        "config: cfg.json: train_batch_size: must equal train_micro_batch_size_per_gpu * "
-        "gradient_accumulation_steps * world size = 8 * 2 * 1 = 16 (got 30)");
-  CHECK_THAT(error_of(R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 8})"),
-             Contains("train_batch_size: 30 is not a multiple of train_micro_batch_size_per_gpu (8)"));
+                  "gradient_accumulation_steps": "auto"})")
+            .micro_batch == 32);
+  CHECK(
+      error_of(
+          R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2})") ==
+      "config: cfg.json: train_batch_size: must equal train_micro_batch_size_per_gpu * "
+      "gradient_accumulation_steps * world size = 8 * 2 * 1 = 16 (got 30)");
+  CHECK_THAT(
+      error_of(R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 8})"),
+      Contains("train_batch_size: 30 is not a multiple of train_micro_batch_size_per_gpu (8)"));
 }
 
 TEST_CASE("config: mixed precision is rejected and not ignored") {
-  CHECK_THAT(error_of(R"({"bf16": {"enabled": true}})"), Contains("cfg.json: bf16.enabled: mixed precision is not implemented"));
-  CHECK_THAT(error_of(R"({"fp16": {"enabled": true, "loss_scale": 0}})"), Contains("cfg.json: fp16.enabled: mixed precision"));
+  CHECK_THAT(error_of(R"({"bf16": {"enabled": true}})"),
+             Contains("cfg.json: bf16.enabled: mixed precision is not implemented"));
+  CHECK_THAT(error_of(R"({"fp16": {"enabled": true, "loss_scale": 0}})"),
+             Contains("cfg.json: fp16.enabled: mixed precision"));
   CHECK_NOTHROW(parse(R"({"fp16": {"enabled": false, "loss_scale": 0, "initial_scale_power": 16,
                           "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}})"));
 }
 
 TEST_CASE("config: DeepSpeed keys without effect are accepted and reported as one note") {
-  const TrainConfig c = parse(R"({"zero_optimization": {"stage": 3, "overlap_comm": true, "reduce_bucket_size": "auto",
+  const TrainConfig c = parse(
+      R"({"zero_optimization": {"stage": 3, "overlap_comm": true, "reduce_bucket_size": "auto",
       "contiguous_gradients": true, "offload_optimizer": {"device": "cpu", "pin_memory": true}},
       "steps_per_print": 10, "wall_clock_breakdown": false})");
   REQUIRE(c.notes.size() == 1);
@@ -186,18 +201,25 @@ TEST_CASE("config: DeepSpeed keys without effect are accepted and reported as on
   CHECK_THAT(c.notes[0], Contains("zero_optimization.offload_optimizer"));
   CHECK_THAT(c.notes[0], Contains("steps_per_print"));
   // Adam is DeepSpeed's Adam, which is AdamW by default; L2-mode Adam is refused.
-  CHECK(parse(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": true}}})").optimizer.type == "Adam");
+  CHECK(
+      parse(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": true}}})").optimizer.type ==
+      "Adam");
   CHECK_THAT(error_of(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})"),
              Contains("optimizer.params.adam_w_mode: only decoupled weight decay"));
   // A parameter of another schedule.
-  CHECK_THAT(error_of(R"({"scheduler": {"type": "WarmupLR", "params": {"cos_min_ratio": 0.1}}})"),
-             Contains("scheduler.params.cos_min_ratio: not a parameter of scheduler type WarmupLR"));
-  CHECK_THAT(error_of(R"({"optimizer": {"params": {"lr": 1e-3}}, "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 2e-3}}})"),
-             Contains("scheduler.params.warmup_max_lr: is the peak learning rate and conflicts with optimizer.params.lr (0.002 vs 0.001)"));
+  CHECK_THAT(
+      error_of(R"({"scheduler": {"type": "WarmupLR", "params": {"cos_min_ratio": 0.1}}})"),
+      Contains("scheduler.params.cos_min_ratio: not a parameter of scheduler type WarmupLR"));
+  CHECK_THAT(
+      error_of(
+          R"({"optimizer": {"params": {"lr": 1e-3}}, "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 2e-3}}})"),
+      Contains("scheduler.params.warmup_max_lr: is the peak learning rate and conflicts with "
+               "optimizer.params.lr (0.002 vs 0.001)"));
 }
 
 TEST_CASE("config: syntax errors give file:line:column and duplicates or non-objects are refused") {
-  CHECK_THAT(error_of("{\n  \"train_steps\": 1,\n}"), Contains("config: cfg.json:3:1: invalid JSON: syntax error"));
+  CHECK_THAT(error_of("{\n  \"train_steps\": 1,\n}"),
+             Contains("config: cfg.json:3:1: invalid JSON: syntax error"));
   CHECK_THAT(error_of(""), Contains("config: cfg.json:1:1: invalid JSON"));
   CHECK(error_of(R"({"optimizer": {"params": {"lr": 1, "lr": 2}}})") ==
         "config: cfg.json: duplicate key 'optimizer.params.lr'");
@@ -206,26 +228,23 @@ TEST_CASE("config: syntax errors give file:line:column and duplicates or non-obj
 
 TEST_CASE("config: missing or unreadable files are named") {
   const std::string missing = "/nonexistent-dir/cfg.json";
-  CHECK_THROWS_WITH(load_config(missing), Contains("config: /nonexistent-dir/cfg.json: cannot open"));
+  CHECK_THROWS_WITH(load_config(missing),
+                    Contains("config: /nonexistent-dir/cfg.json: cannot open"));
   const auto dir = std::filesystem::temp_directory_path();
   CHECK_THROWS_WITH(load_config(dir.string()), Contains(dir.string() + ": is a directory"));
   const auto p = dir / "sw_test_config_bad.json";
-  {
-    std::ofstream(p) << "{\"model\": {\"n_layer\": }}";
-  }
+  { std::ofstream(p) << "{\"model\": {\"n_layer\": }}"; }
   CHECK_THROWS_WITH(load_config(p.string()), Contains(p.string() + ":1:23: invalid JSON"));
-  {
-    std::ofstream(p) << "{\"train_steps\": 7}";
-  }
+  { std::ofstream(p) << "{\"train_steps\": 7}"; }
   CHECK(load_config(p.string()).train_steps == 7);
   std::filesystem::remove(p);
 }
 
 TEST_CASE("config: --set overrides keys and creates objects and parses JSON or takes strings") {
-  const TrainConfig c = parse(R"({"optimizer": {"params": {"lr": 1e-3}}})",
-                              {"optimizer.params.lr=2e-3", "scheduler.params.warmup_num_steps=4",
-                               "run_dir=runs/with spaces", "optimizer.params.betas=[0.5,0.6]",
-                               "model.type=llama"});
+  const TrainConfig c =
+      parse(R"({"optimizer": {"params": {"lr": 1e-3}}})",
+            {"optimizer.params.lr=2e-3", "scheduler.params.warmup_num_steps=4",
+             "run_dir=runs/with spaces", "optimizer.params.betas=[0.5,0.6]", "model.type=llama"});
   CHECK(c.optimizer.lr == 2e-3f);
   CHECK(c.scheduler.warmup_num_steps == 4);
   CHECK(c.run_dir == "runs/with spaces");
@@ -243,12 +262,15 @@ TEST_CASE("config: bad overrides are named") {
   CHECK(error_of("{}", {"optimizer.params.lr=fast"}) ==
         "config: cfg.json: optimizer.params.lr: expected a number, got string \"fast\" "
         "(from --set optimizer.params.lr=fast)");
-  CHECK_THAT(error_of("{}", {"data.train=3"}), Contains("data.train: expected a string, got number 3 (from --set data.train=3)"));
-  CHECK_THAT(error_of("{}", {"optimizer.params.lr.x=1"}), Contains("'optimizer.params.lr' is a number, it has no key 'x'"));
+  CHECK_THAT(error_of("{}", {"data.train=3"}),
+             Contains("data.train: expected a string, got number 3 (from --set data.train=3)"));
+  CHECK_THAT(error_of("{}", {"optimizer.params.lr.x=1"}),
+             Contains("'optimizer.params.lr' is a number, it has no key 'x'"));
   CHECK_THAT(error_of(R"({"optimizer": 5})", {"optimizer.type=Adam"}),
              Contains("cannot set 'optimizer.type' because its parent is number 5"));
   CHECK_THAT(error_of("{}", {"zero_optimization.stage=7"}),
-             Contains("zero_optimization.stage: must be in [0, 3] (got 7) (from --set zero_optimization.stage=7)"));
+             Contains("zero_optimization.stage: must be in [0, 3] (got 7) (from --set "
+                      "zero_optimization.stage=7)"));
 }
 
 TEST_CASE("config: config_json round-trips programmatic and llama configs") {

@@ -1,7 +1,6 @@
 // Token files: format, every validation error, batch determinism and the resume property.
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -24,7 +23,8 @@ std::vector<uint16_t> ramp(size_t n, int mod) {
   for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint16_t>(i % mod);
   return v;
 }
-void write_raw(const std::string& path, const std::vector<int32_t>& header, const std::vector<uint16_t>& toks) {
+void write_raw(const std::string& path, const std::vector<int32_t>& header,
+               const std::vector<uint16_t>& toks) {
   std::ofstream f(path, std::ios::binary);
   f.write(reinterpret_cast<const char*>(header.data()), header.size() * 4);
   f.write(reinterpret_cast<const char*>(toks.data()), toks.size() * 2);
@@ -61,24 +61,27 @@ TEST_CASE("data: write_token_file writes llm.c's header and the tokens") {
 
 TEST_CASE("data: every malformed file gives one line naming the file") {
   const std::string p = tmp_path("bad.bin");
-  CHECK_THROWS_WITH(TokenFile(tmp_path("missing.bin"), 256, 2),
-                    Contains("data: " + tmp_path("missing.bin") + ": cannot open token file (No such file"));
-  {
-    std::ofstream(p, std::ios::binary) << std::string(100, '\0');
-  }
+  CHECK_THROWS_WITH(
+      TokenFile(tmp_path("missing.bin"), 256, 2),
+      Contains("data: " + tmp_path("missing.bin") + ": cannot open token file (No such file"));
+  { std::ofstream(p, std::ios::binary) << std::string(100, '\0'); }
   CHECK_THROWS_WITH(TokenFile(p, 256, 2), Contains(p + ": truncated header (100 bytes"));
   write_raw(p, header(12345, 1, 4), {1, 2, 3, 4});
   CHECK_THROWS_WITH(TokenFile(p, 256, 2), Contains(p + ": bad magic 12345, expected 20240520"));
   write_raw(p, header(20240520, 2, 4), {1, 2, 3, 4});
   CHECK_THROWS_WITH(TokenFile(p, 256, 2), Contains(p + ": unsupported version 2"));
   write_raw(p, header(20240520, 1, 10), {1, 2, 3, 4});  // header claims more than the file has
-  CHECK_THROWS_WITH(TokenFile(p, 256, 2), Contains(p + ": header says 10 tokens but the file holds 4"));
+  CHECK_THROWS_WITH(TokenFile(p, 256, 2),
+                    Contains(p + ": header says 10 tokens but the file holds 4"));
   write_raw(p, header(20240520, 1, 4), {1, 2, 3, 4});
-  CHECK_THROWS_WITH(TokenFile(p, 256, 9), Contains(p + ": 4 tokens, need at least 9 for one (seq_len + 1) window"));
+  CHECK_THROWS_WITH(TokenFile(p, 256, 9),
+                    Contains(p + ": 4 tokens, need at least 9 for one (seq_len + 1) window"));
   write_token_file(p, {1, 2, 300, 4, 999});
-  CHECK_THROWS_WITH(TokenFile(p, 256, 2), Contains(p + ": token 300 at position 2 is >= model.vocab_size 256"));
+  CHECK_THROWS_WITH(TokenFile(p, 256, 2),
+                    Contains(p + ": token 300 at position 2 is >= model.vocab_size 256"));
   CHECK_NOTHROW(TokenFile(p, 1000, 2));
-  CHECK_THROWS_WITH(write_token_file("/nonexistent-dir/x.bin", {1}), Contains("data: /nonexistent-dir/x.bin: cannot write"));
+  CHECK_THROWS_WITH(write_token_file("/nonexistent-dir/x.bin", {1}),
+                    Contains("data: /nonexistent-dir/x.bin: cannot write"));
   std::filesystem::remove(p);
 }
 
@@ -166,6 +169,7 @@ TEST_CASE("data: unigram entropy in nats") {
   write_token_file(p, std::vector<uint16_t>(100, 9));  // one id
   CHECK(TokenFile(p, 256, 2).unigram_entropy() == 0.0);
   write_token_file(p, {0, 0, 0, 1});  // p = 3/4, 1/4
-  CHECK(TokenFile(p, 256, 2).unigram_entropy() == Approx(-(0.75 * std::log(0.75) + 0.25 * std::log(0.25))));
+  CHECK(TokenFile(p, 256, 2).unigram_entropy() ==
+        Approx(-(0.75 * std::log(0.75) + 0.25 * std::log(0.25))));
   std::filesystem::remove(p);
 }

@@ -1,10 +1,8 @@
 // metrics.jsonl lines and the progress line.
 #include <catch2/catch.hpp>
-
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -26,7 +24,8 @@ TEST_CASE("metrics: one flushed JSON object per line with the required keys") {
     std::string line;
     REQUIRE(std::getline(f, line));
     const auto j = nlohmann::json::parse(line);
-    for (const char* k : {"step", "loss", "lr", "grad_norm", "tokens_per_s", "peak_mem_bytes", "step_time_s"})
+    for (const char* k :
+         {"step", "loss", "lr", "grad_norm", "tokens_per_s", "peak_mem_bytes", "step_time_s"})
       CHECK(j.contains(k));
     CHECK(!j.contains("val_loss"));
     CHECK(j["loss"].get<double>() == 2.5);
@@ -42,10 +41,12 @@ TEST_CASE("metrics: one flushed JSON object per line with the required keys") {
   CHECK(j["val_loss"].get<double>() == 3.0);
   CHECK(j["loss"].is_null());  // non-finite -> null (valid JSON)
   std::filesystem::remove(p);
-  CHECK_THROWS_WITH(MetricsLog("/nonexistent-dir/m.jsonl"), Contains("metrics: /nonexistent-dir/m.jsonl: cannot create"));
+  CHECK_THROWS_WITH(MetricsLog("/nonexistent-dir/m.jsonl"),
+                    Contains("metrics: /nonexistent-dir/m.jsonl: cannot create"));
 }
 
-TEST_CASE("metrics: progress prints every log_every steps off a terminal and rewrites in place on one") {
+TEST_CASE(
+    "metrics: progress prints every log_every steps off a terminal and rewrites in place on one") {
   auto run = [](int tty, int every) {
     FILE* f = std::tmpfile();
     Progress pr(10, every, true, f, tty);
@@ -64,7 +65,9 @@ TEST_CASE("metrics: progress prints every log_every steps off a terminal and rew
   };
   const std::string plain = run(0, 4);
   CHECK(std::count(plain.begin(), plain.end(), '\n') == 3);  // steps 4, 8, 10
-  CHECK_THAT(plain, Contains("step 4/10 | loss 0.2500 | val - | 2.5k tok/s | ETA 1s"));  // 6 steps of 0.1 s left
+  CHECK_THAT(
+      plain,
+      Contains("step 4/10 | loss 0.2500 | val - | 2.5k tok/s | ETA 1s"));  // 6 steps of 0.1 s left
   CHECK_THAT(plain, Contains("step 8/10 | loss 0.1250 | val 0.5000"));
   CHECK(plain.find('\r') == std::string::npos);
   const std::string tty = run(1, 4);

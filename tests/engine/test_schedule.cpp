@@ -1,6 +1,5 @@
 // LR schedules against their closed forms at the steps where the formulas change.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 
 #include "engine/schedule.h"
@@ -24,11 +23,12 @@ TEST_CASE("schedule: WarmupCosineLR is linear warmup then cosine to cos_min_rati
   s.warmup_min_ratio = 0.0f;
   s.cos_min_ratio = 0.1f;
   const OptimizerConfig o = opt(2.0f);
-  CHECK(lr_at(o, s, 999, 0) == 0.0f);                      // warmup starts at lr * r0
+  CHECK(lr_at(o, s, 999, 0) == 0.0f);                       // warmup starts at lr * r0
   CHECK(lr_at(o, s, 999, 5) == Approx(1.0).epsilon(1e-6));  // half way
   CHECK(lr_at(o, s, 999, 9) == Approx(1.8).epsilon(1e-6));
   // First step after warmup: cosine progress 1/100.
-  CHECK(lr_at(o, s, 999, 10) == Approx(2.0 * (0.1 + 0.9 * 0.5 * (1 + std::cos(kPi / 100)))).epsilon(1e-6));
+  CHECK(lr_at(o, s, 999, 10) ==
+        Approx(2.0 * (0.1 + 0.9 * 0.5 * (1 + std::cos(kPi / 100)))).epsilon(1e-6));
   CHECK(lr_at(o, s, 999, 59) == Approx(2.0 * 0.55).epsilon(1e-6));  // progress 1/2
   CHECK(lr_at(o, s, 999, 109) == Approx(0.2).epsilon(1e-6));        // last step: lr * rc
   CHECK(lr_at(o, s, 999, 500) == Approx(0.2).epsilon(1e-6));        // stays there
