@@ -3,26 +3,30 @@
 // qkv: (B, T, R) with R = (H + 2*KVH) * hd, each row laid out [q heads | k heads | v heads];
 // query head h reads kv head g = h / (H / KVH). out: (B, T, H*hd). lse: (B, H, T).
 //
-// Forward: one task per (b, h, query tile of BQ rows). Keys are visited in tiles of BK columns
-// up to the tile's last row (tiles wholly above the diagonal are skipped) with an online
-// softmax (running max m, running sum l, output rescaled when m grows), so a thread holds one
-// BQ x BK score tile, never a (T, T) matrix. Tasks are independent, so any schedule gives the
-// same bits.
+// Forward: one task per (b, h, query tile of kFwdBQ rows). Keys are visited in tiles of kFwdBK
+// columns up to the tile's last row (tiles wholly above the diagonal are skipped) with an
+// online softmax (running max m, running sum l, output rescaled when m grows), so a thread
+// holds one kFwdBQ x kFwdBK score tile, never a (T, T) matrix. Tasks are independent, so any
+// schedule gives the same bits.
 //
 // Backward: one task per (b, h). D = rowsum(dout * out) first; then for each key tile j, for
-// each query tile i that can see it: S = scale Q_i K_j^T, P = exp(S - lse_i) (causal mask),
+// each query tile i that can see it: S = Q_i K_j^T, P = exp(scale S - lse_i) (causal mask),
 // dV_j += P^T dO_i, dP = dO_i V_j^T, dS = scale * P * (dP - D_i), dQ_i += dS K_j,
 // dK_j += dS^T Q_i. dQ rows of head h belong to this task only. With MHA the task also owns
 // its dK/dV columns and accumulates straight into dqkv; with GQA several query heads share a
 // kv head, so each task writes its partial dK/dV into a per-(b,h) scratch, and a second pass
 // adds the partials into dqkv in fixed head order (no races, bit-identical reruns).
 //
-// The tile products are small sgemm calls; inside our parallel regions OpenBLAS's OpenMP
-// build runs them single-threaded.
+// Tile products use the register-blocked microkernel below rather than sgemm: at hd = 64 the
+// tiles are too small for OpenBLAS (packing and call overhead dominated: ~30% of its large-GEMM
+// rate, against ~70-80% here), and a hand-written loop can also skip the masked half of the
+// diagonal tiles at 16-column / 6-row granularity. K and V tiles are transposed once per key
+// tile (hd x keys) so every product has the form "broadcast a scalar, FMA a 16-float row".
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -42,7 +46,150 @@ constexpr int kBwdBQ = 64;   // backward query tile
 constexpr int kBwdBK = 64;   // backward key tile
 
 using detail::exp_approx;
-using detail::sgemm;
+
+// ---- Microkernel --------------------------------------------------------------------------
+using detail::exp_v16;
+using detail::hmax;
+using detail::hsum;
+using detail::I16;
+using detail::V16;
+using detail::vload;
+using detail::vmax;
+using detail::vsplat;
+using detail::vstore;
+
+constexpr int kMR = 6;  // rows per register block (6 rows x 4 vectors = 24 accumulators)
+
+// C(i, 0:16*NV) (+)= sum_{k<K} A[i*sa + k*sk] * B[k*ldb + 0:16*NV], for i < MR.
+template <int MR, int NV>
+inline void ukernel(int K, const float* A, ptrdiff_t sa, ptrdiff_t sk, const float* B,
+                    ptrdiff_t ldb, float* C, ptrdiff_t ldc, bool acc) {
+  V16 c[MR][NV];
+  for (int i = 0; i < MR; ++i)
+    for (int v = 0; v < NV; ++v) c[i][v] = V16{};
+  for (int k = 0; k < K; ++k) {
+    V16 b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = vload(B + k * ldb + 16 * v);
+    for (int i = 0; i < MR; ++i) {
+      const float a = A[i * sa + k * sk];
+      for (int v = 0; v < NV; ++v) c[i][v] += a * b[v];
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int v = 0; v < NV; ++v) {
+      float* p = C + i * ldc + 16 * v;
+      vstore(p, acc ? vload(p) + c[i][v] : c[i][v]);
+    }
+}
+
+template <int MR>
+inline void ukernel_nv(int nv, int K, const float* A, ptrdiff_t sa, ptrdiff_t sk, const float* B,
+                       ptrdiff_t ldb, float* C, ptrdiff_t ldc, bool acc) {
+  switch (nv) {
+    case 4: ukernel<MR, 4>(K, A, sa, sk, B, ldb, C, ldc, acc); break;
+    case 3: ukernel<MR, 3>(K, A, sa, sk, B, ldb, C, ldc, acc); break;
+    case 2: ukernel<MR, 2>(K, A, sa, sk, B, ldb, C, ldc, acc); break;
+    default: ukernel<MR, 1>(K, A, sa, sk, B, ldb, C, ldc, acc); break;
+  }
+}
+
+inline void ukernel_dispatch(int mr, int nv, int K, const float* A, ptrdiff_t sa, ptrdiff_t sk,
+                             const float* B, ptrdiff_t ldb, float* C, ptrdiff_t ldc, bool acc) {
+  switch (mr) {
+    case 6: ukernel_nv<6>(nv, K, A, sa, sk, B, ldb, C, ldc, acc); break;
+    case 5: ukernel_nv<5>(nv, K, A, sa, sk, B, ldb, C, ldc, acc); break;
+    case 4: ukernel_nv<4>(nv, K, A, sa, sk, B, ldb, C, ldc, acc); break;
+    case 3: ukernel_nv<3>(nv, K, A, sa, sk, B, ldb, C, ldc, acc); break;
+    case 2: ukernel_nv<2>(nv, K, A, sa, sk, B, ldb, C, ldc, acc); break;
+    default: ukernel_nv<1>(nv, K, A, sa, sk, B, ldb, C, ldc, acc); break;
+  }
+}
+
+// Which part of a causal tile a product needs, for a row block [i, i+mr) of the output:
+//   kAll:      everything;
+//   kColsUpTo: output columns < i + mr + d (score tiles: key c visible from row r iff c <= r + d);
+//   kKUpTo:    reduction index k < i + mr + d (P V, dS K: keys beyond the row are masked);
+//   kKFrom:    k >= i - d (P^T dO, dS^T Q: query rows before the key are masked).
+// Columns not computed are left untouched; masked terms that are computed are exact zeros.
+enum class Causal { kAll, kColsUpTo, kKUpTo, kKFrom };
+
+// C(M, W) (+)= sum_k A(i, k) B(k, 0:W) with A(i, k) = A[i*sa + k*sk]. The last W % 16 columns
+// use a scalar loop.
+void mm(int M, int W, int K, const float* A, ptrdiff_t sa, ptrdiff_t sk, const float* B,
+        ptrdiff_t ldb, float* C, ptrdiff_t ldc, bool acc, Causal cz = Causal::kAll, int d = 0) {
+  const int W16 = W / 16 * 16;
+  for (int j = 0; j < W; j += 64) {
+    for (int i = 0; i < M; i += kMR) {
+      const int mr = std::min(kMR, M - i);
+      int k0 = 0, k1 = K, w1 = std::min(W, j + 64);
+      if (cz == Causal::kColsUpTo) w1 = std::min(w1, i + mr + d);
+      if (cz == Causal::kKUpTo) k1 = std::clamp(i + mr + d, 0, K);
+      if (cz == Causal::kKFrom) k0 = std::clamp(i - d, 0, K);
+      if (w1 <= j) continue;
+      const float* a = A + i * sa + k0 * sk;
+      const float* b = B + (ptrdiff_t)k0 * ldb;
+      float* c = C + i * ldc;
+      const int wv = std::min(w1, W16);  // vector part [j, wv)
+      if (wv > j)
+        ukernel_dispatch(mr, (wv - j + 15) / 16 > 4 ? 4 : (wv - j + 15) / 16, k1 - k0, a, sa, sk,
+                         b + j, ldb, c + j, ldc, acc);
+      for (int col = std::max(j, W16); col < w1; ++col)  // scalar tail (W not a multiple of 16)
+        for (int r = 0; r < mr; ++r) {
+          float s = 0.f;
+          for (int k = 0; k < k1 - k0; ++k) s += a[r * sa + k * sk] * b[(ptrdiff_t)k * ldb + col];
+          c[r * ldc + col] = acc ? c[r * ldc + col] + s : s;
+        }
+    }
+  }
+}
+
+// One stage of a 16x16 in-register transpose: swaps the off-diagonal b x b blocks of each
+// 2b x 2b block (rows i and i + b exchange their halves). Stages b = 8, 4, 2, 1 transpose.
+template <int b>
+inline void transpose_stage(V16* r) {
+#define SW_LO(c) (((c) & b) == 0 ? (c) : 16 + (c) - b)
+#define SW_HI(c) (((c) & b) == 0 ? (c) + b : 16 + (c))
+  constexpr I16 lo = {SW_LO(0),  SW_LO(1),  SW_LO(2),  SW_LO(3), SW_LO(4),  SW_LO(5),
+                      SW_LO(6),  SW_LO(7),  SW_LO(8),  SW_LO(9), SW_LO(10), SW_LO(11),
+                      SW_LO(12), SW_LO(13), SW_LO(14), SW_LO(15)};
+  constexpr I16 hi = {SW_HI(0),  SW_HI(1),  SW_HI(2),  SW_HI(3), SW_HI(4),  SW_HI(5),
+                      SW_HI(6),  SW_HI(7),  SW_HI(8),  SW_HI(9), SW_HI(10), SW_HI(11),
+                      SW_HI(12), SW_HI(13), SW_HI(14), SW_HI(15)};
+#undef SW_LO
+#undef SW_HI
+  for (int i = 0; i < 16; ++i)
+    if ((i & b) == 0) {
+      const V16 x = r[i], y = r[i + b];
+      r[i] = __builtin_shuffle(x, y, lo);
+      r[i + b] = __builtin_shuffle(x, y, hi);
+    }
+}
+
+// dst(hd, ldd) = src(n, hd; row stride lds)^T, columns n..ldd-1 zeroed. 16x16 blocks in
+// registers; the edges (n or hd not multiples of 16) element by element.
+void transpose_tile(float* dst, int ldd, const float* src, ptrdiff_t lds, int n, int hd) {
+  const int n16 = n / 16 * 16, hd16 = hd / 16 * 16;
+  for (int j = 0; j < n16; j += 16) {
+    for (int c = 0; c < hd16; c += 16) {
+      V16 r[16];
+      for (int i = 0; i < 16; ++i) r[i] = vload(src + (j + i) * lds + c);
+      transpose_stage<8>(r);
+      transpose_stage<4>(r);
+      transpose_stage<2>(r);
+      transpose_stage<1>(r);
+      for (int i = 0; i < 16; ++i) vstore(dst + (ptrdiff_t)(c + i) * ldd + j, r[i]);
+    }
+    for (int c = hd16; c < hd; ++c)
+      for (int i = j; i < j + 16; ++i) dst[(ptrdiff_t)c * ldd + i] = src[i * lds + c];
+  }
+  for (int c = 0; c < hd; ++c) {
+    float* d = dst + (ptrdiff_t)c * ldd;
+    for (int j = n16; j < n; ++j) d[j] = src[j * lds + c];
+    for (int j = n; j < ldd; ++j) d[j] = 0.f;
+  }
+}
+
+inline int round16(int n) { return (n + 15) / 16 * 16; }
 
 void check_shapes(int B, int T, int H, int KVH, int hd) {
   SW_CHECK(B >= 0 && T >= 0 && H > 0 && KVH > 0 && hd > 0, "attention: bad shape");
@@ -55,7 +202,6 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
                        int hd) {
   check_shapes(B, T, H, KVH, hd);
   if (B == 0 || T == 0) return;
-  detail::blas_select_core();
   const int R = (H + 2 * KVH) * hd, CO = H * hd, rep = H / KVH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int nqt = (T + kFwdBQ - 1) / kFwdBQ;
@@ -64,7 +210,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 
 #pragma omp parallel
   {
-    std::vector<float> S((size_t)kFwdBQ * kFwdBK);
+    std::vector<float> S((size_t)kFwdBQ * kFwdBK), KT((size_t)hd * kFwdBK);
     float m[kFwdBQ], l[kFwdBQ];
     // Heaviest tiles (last query rows, most keys) first: better balance under dynamic
     // scheduling. Each task's result does not depend on which thread runs it.
@@ -80,24 +226,29 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
       for (int r = 0; r < nq; ++r) m[r] = ninf, l[r] = 0.f;
 
       for (int j0 = 0; j0 < i1; j0 += kFwdBK) {
-        const int j1 = std::min(i1, j0 + kFwdBK), nk = j1 - j0;
-        sgemm(false, true, nq, nk, hd, scale, Q, R, K + (size_t)j0 * R, R, 0.f, S.data(), nk);
+        const int j1 = std::min(i1, j0 + kFwdBK), nk = j1 - j0, ldp = round16(nk);
+        transpose_tile(KT.data(), ldp, K + (size_t)j0 * R, R, nk, hd);
+        // S = Q K^T (unscaled), only the columns each row block can see.
+        mm(nq, ldp, hd, Q, R, 1, KT.data(), ldp, S.data(), ldp, false, Causal::kColsUpTo, i0 - j0);
         for (int r = 0; r < nq; ++r) {
-          float* row = S.data() + (size_t)r * nk;
+          float* row = S.data() + (size_t)r * ldp;
           const int nv = std::clamp(i0 + r - j0 + 1, 0, nk);  // keys j <= i are visible
-          for (int c = nv; c < nk; ++c) row[c] = 0.f;
+          const int nv16 = round16(nv);
+          for (int c = nv16; c < ldp; c += 16) vstore(row + c, V16{});
           if (nv == 0) continue;
-          float mx = ninf;
-#pragma omp simd reduction(max : mx)
-          for (int c = 0; c < nv; ++c) mx = std::max(mx, row[c]);
-          const float mnew = std::max(m[r], mx);
-          float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-          for (int c = 0; c < nv; ++c) {
-            const float p = exp_approx(row[c] - mnew);
-            row[c] = p;
-            sum += p;
+          // Masked columns up to the next multiple of 16 become -inf, so exp gives exact zeros
+          // and every loop below runs on whole vectors.
+          for (int c = nv; c < nv16; ++c) row[c] = ninf;
+          V16 vm = vsplat(ninf);
+          for (int c = 0; c < nv16; c += 16) vm = vmax(vm, vload(row + c));
+          const float mnew = std::max(m[r], hmax(vm) * scale);
+          V16 vs{};
+          for (int c = 0; c < nv16; c += 16) {
+            const V16 p = exp_v16(vload(row + c) * scale - mnew);
+            vstore(row + c, p);
+            vs += p;
           }
+          const float sum = hsum(vs);
           if (j0 > 0 && mnew > m[r]) {  // rescale what earlier key tiles accumulated
             const float alpha = exp_approx(m[r] - mnew);
             float* o = O + (size_t)r * CO;
@@ -108,8 +259,8 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
           m[r] = mnew;
         }
         // O (+)= P V_j; the first key tile overwrites (out is an output, not accumulated).
-        sgemm(false, false, nq, hd, nk, 1.f, S.data(), nk, V + (size_t)j0 * R, R,
-              j0 == 0 ? 0.f : 1.f, O, CO);
+        mm(nq, hd, nk, S.data(), ldp, 1, V + (size_t)j0 * R, R, O, CO, j0 > 0, Causal::kKUpTo,
+           i0 - j0);
       }
       float* L = lse + ((size_t)b * H + h) * T + i0;
       for (int r = 0; r < nq; ++r) {
@@ -126,19 +277,20 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                         const float* lse, int B, int T, int H, int KVH, int hd) {
   check_shapes(B, T, H, KVH, hd);
   if (B == 0 || T == 0) return;
-  detail::blas_select_core();
   const int R = (H + 2 * KVH) * hd, CO = H * hd, rep = H / KVH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float ninf = -std::numeric_limits<float>::infinity();
   const bool gqa = rep > 1;
   // GQA partials: per (b, h), dK then dV, each (T, hd).
   Buffer scratch;
   if (gqa) scratch = Buffer(sizeof(float) * (size_t)B * H * 2 * T * hd, Mem::Workspace);
   float* part = scratch.f32();
+  constexpr int ldp = (kBwdBK + 15) / 16 * 16;
 
 #pragma omp parallel
   {
-    std::vector<float> P((size_t)kBwdBQ * kBwdBK), dS((size_t)kBwdBQ * kBwdBK);
-    std::vector<float> D(T);
+    std::vector<float> P((size_t)kBwdBQ * ldp), dS((size_t)kBwdBQ * ldp);
+    std::vector<float> KT((size_t)hd * ldp), VT((size_t)hd * ldp), D(T);
 #pragma omp for schedule(dynamic, 1)
     for (int bh = 0; bh < B * H; ++bh) {
       const int b = bh / H, h = bh % H, g = h / rep;
@@ -176,33 +328,39 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
         const float* Vj = V + (size_t)j0 * R;
         float* dKj = dK + (size_t)j0 * ldkv;
         float* dVj = dV + (size_t)j0 * ldkv;
+        transpose_tile(KT.data(), ldp, Kj, R, nk, hd);
+        transpose_tile(VT.data(), ldp, Vj, R, nk, hd);
         bool first = true;
         for (int i0 = (j0 / kBwdBQ) * kBwdBQ; i0 < T; i0 += kBwdBQ) {
-          const int i1 = std::min(T, i0 + kBwdBQ), nq = i1 - i0;
+          const int i1 = std::min(T, i0 + kBwdBQ), nq = i1 - i0, d = i0 - j0;
           if (i1 <= j0) continue;  // every row of this query tile is above the key tile
           const float* Qi = Q + (size_t)i0 * R;
           const float* dOi = dO + (size_t)i0 * CO;
-          sgemm(false, true, nq, nk, hd, scale, Qi, R, Kj, R, 0.f, P.data(), nk);
-          sgemm(false, true, nq, nk, hd, 1.f, dOi, CO, Vj, R, 0.f, dS.data(), nk);
+          mm(nq, ldp, hd, Qi, R, 1, KT.data(), ldp, P.data(), ldp, false, Causal::kColsUpTo, d);
+          mm(nq, ldp, hd, dOi, CO, 1, VT.data(), ldp, dS.data(), ldp, false, Causal::kColsUpTo, d);
           for (int r = 0; r < nq; ++r) {
-            float* p = P.data() + (size_t)r * nk;
-            float* ds = dS.data() + (size_t)r * nk;
-            const int nv = std::clamp(i0 + r - j0 + 1, 0, nk);
+            float* p = P.data() + (size_t)r * ldp;
+            float* ds = dS.data() + (size_t)r * ldp;
+            const int nv = std::clamp(i0 + r - j0 + 1, 0, nk), nv16 = round16(nv);
             const float li = L[i0 + r], di = D[i0 + r];
-#pragma omp simd
-            for (int c = 0; c < nv; ++c) {
-              const float pv = exp_approx(p[c] - li);
-              p[c] = pv;
-              ds[c] = scale * pv * (ds[c] - di);
+            // As in the forward: -inf up to the vector boundary gives P = 0 and dS = 0 there
+            // (dP is finite in those columns: the product covered them).
+            for (int c = nv; c < nv16; ++c) p[c] = ninf;
+            for (int c = 0; c < nv16; c += 16) {
+              const V16 pv = exp_v16(vload(p + c) * scale - li);
+              vstore(p + c, pv);
+              vstore(ds + c, scale * pv * (vload(ds + c) - di));
             }
-            for (int c = nv; c < nk; ++c) p[c] = 0.f, ds[c] = 0.f;
+            for (int c = nv16; c < ldp; c += 16) vstore(p + c, V16{}), vstore(ds + c, V16{});
           }
           // With GQA the scratch starts undefined: the first contribution overwrites it.
-          const float beta = (gqa && first) ? 0.f : 1.f;
+          const bool acc = !(gqa && first);
           first = false;
-          sgemm(true, false, nk, hd, nq, 1.f, P.data(), nk, dOi, CO, beta, dVj, ldkv);
-          sgemm(true, false, nk, hd, nq, 1.f, dS.data(), nk, Qi, R, beta, dKj, ldkv);
-          sgemm(false, false, nq, hd, nk, 1.f, dS.data(), nk, Kj, R, 1.f, dQ + (size_t)i0 * R, R);
+          // dV_j (nk, hd) (+)= P^T dO_i ; dK_j (+)= dS^T Q_i : A(j, r) = P[r*ldp + j].
+          mm(nk, hd, nq, P.data(), 1, ldp, dOi, CO, dVj, ldkv, acc, Causal::kKFrom, d);
+          mm(nk, hd, nq, dS.data(), 1, ldp, Qi, R, dKj, ldkv, acc, Causal::kKFrom, d);
+          // dQ_i (nq, hd) += dS K_j
+          mm(nq, hd, nk, dS.data(), ldp, 1, Kj, R, dQ + (size_t)i0 * R, R, true, Causal::kKUpTo, d);
         }
       }
     }

@@ -55,3 +55,50 @@ inline float exp_approx(float x) {
 }
 
 }  // namespace sw::cpu::detail
+
+namespace sw::cpu::detail {
+
+// 16 floats; GCC lowers it to one AVX-512 register (or two AVX2 / four SSE registers).
+// Unaligned, may alias float.
+typedef float V16 __attribute__((vector_size(64), aligned(4), may_alias));
+typedef int32_t I16 __attribute__((vector_size(64), aligned(4), may_alias));
+inline V16 vload(const float* p) { return *reinterpret_cast<const V16*>(p); }
+inline void vstore(float* p, V16 v) { *reinterpret_cast<V16*>(p) = v; }
+inline V16 vsplat(float x) { return V16{} + x; }
+inline V16 vmax(V16 a, V16 b) { return a > b ? a : b; }
+inline float hsum(V16 v) {  // fixed order, lane 0 to 15
+  float s = 0.f;
+  for (int i = 0; i < 16; ++i) s += v[i];
+  return s;
+}
+inline float hmax(V16 v) {
+  float m = v[0];
+  for (int i = 1; i < 16; ++i) m = v[i] > m ? v[i] : m;
+  return m;
+}
+
+// exp_approx on 16 lanes (same formula, same results lane by lane).
+inline V16 exp_v16(V16 x) {
+  const V16 lo = vsplat(-87.33654f), hi = vsplat(88.72283f);
+  V16 xc = x < lo ? lo : x;
+  xc = xc > hi ? hi : xc;
+  const V16 shifter = vsplat(12582912.0f);
+  const V16 t = xc * 1.44269504088896341f + shifter;
+  const V16 n = t - shifter;
+  V16 r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  V16 p = vsplat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const I16 ni = (I16)t - (I16)shifter;
+  const I16 n1 = ni >> 1, n2 = ni - n1;
+  const V16 s1 = (V16)((n1 + 127) << 23), s2 = (V16)((n2 + 127) << 23);
+  const V16 y = p * s1 * s2;
+  return x < lo ? V16{} : y;
+}
+
+}  // namespace sw::cpu::detail

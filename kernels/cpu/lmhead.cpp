@@ -43,7 +43,15 @@ double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const floa
   detail::blas_select_core();
   const bool grad = dx != nullptr || dw != nullptr;
   const int chunk = std::min(N, g_chunk_override > 0 ? g_chunk_override : kChunk);
-  Buffer buf(sizeof(float) * (size_t)chunk * V, Mem::Workspace);
+  // The logits chunk lives in a per-thread buffer kept between calls: a fresh 50-100 MB
+  // allocation is mmap'ed by glibc and page-faulted (and zeroed by the kernel) on every call,
+  // which cost ~2-3% of the LM head's time. It is tracked as Mem::Workspace.
+  thread_local Buffer buf;
+  const size_t need = sizeof(float) * (size_t)chunk * V;
+  if (buf.bytes() < need) {
+    buf.release();
+    buf = Buffer(need, Mem::Workspace);
+  }
   float* logits = buf.f32();
   double total = 0.0;
   std::vector<float> rl(chunk);

@@ -12,10 +12,11 @@
 //  * GEMM-like sums of K fp32 products: the textbook bound is |err| <= K u sum_k |a_k b_k|
 //    (u = 2^-24); blocked/FMA summation does much better, we allow K u sum|ab| + tiny.
 //  * attention / softmax: exp_approx is within ~2 ulp of exp and the sums are over <= T terms,
-//    so outputs carry ~1e-6 relative error; we allow 2e-5 on O(1) values.
+//    so outputs carry ~1e-6 error on O(1) values (measured <= 1.3e-6); we allow 1e-5.
 //  * finite differences of a double reference with h = 2^-10 (x +- h is exact in fp32 for
 //    |x| < 2^13): truncation h^2/6 |f'''| ~ 1e-7, so the error measured is that of our fp32
-//    gradient, ~1e-5 relative; tolerance 1e-3 with a 1e-3 floor for near-zero gradients.
+//    gradient, ~1e-5 relative (measured <= 2.4e-5); tolerance 2e-4 with a 1e-3 floor for
+//    near-zero gradients.
 //  * finite differences of our fp32 forward with h = 1e-2: the loss carries ~1e-7 sqrt(#outputs)
 //    rounding error, /2h ~ 1e-5..1e-4 on these tiny shapes, plus h^2 truncation ~1e-4;
 //    tolerance 1e-2 with a 1e-2 floor.
@@ -51,6 +52,13 @@ Vec randv(size_t n, uint64_t seed, float stddev = 1.f) {
   swtest::randn(v, seed, stddev);
   return v;
 }
+
+// SW_TEST_VERBOSE=1 prints the measured errors (used to set the tolerances).
+#define REPORT(msg)                                 \
+  do {                                              \
+    INFO(msg);                                      \
+    if (std::getenv("SW_TEST_VERBOSE")) WARN(msg);  \
+  } while (0)
 
 bool same_bits(const Vec& a, const Vec& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
@@ -237,7 +245,7 @@ TEST_CASE("linear forward and backward match references and finite differences")
     for (auto [name, xv, g] : {std::tuple{"dinp", &x, &gi}, std::tuple{"dw", &ww, &gw},
                                std::tuple{"db", &bb, &gb}}) {
       const auto r = check_grad(loss, xv->data(), g->data(), xv->size(), 48, 1e-2f, 1e-1);
-      INFO(name << ": " << r.str());
+      REPORT(name << ": " << r.str());
       CHECK(r.max_err < 1e-2);
     }
   }
@@ -326,9 +334,12 @@ TEST_CASE("attention forward matches a full-softmax double reference (MHA, GQA, 
     sw::cpu::attention_forward(out.data(), lse.data(), qkv.data(), a.B, a.T, a.H, a.KVH, a.hd);
     DVec ro, rl;
     attn_ref(a, qkv, ro, rl);
-    INFO("B=" << a.B << " T=" << a.T << " H=" << a.H << " KVH=" << a.KVH << " hd=" << a.hd);
-    CHECK(max_abs_diff(out.data(), ro.data(), out.size()) < 2e-5);
-    CHECK(max_abs_diff(lse.data(), rl.data(), lse.size()) < 2e-5);
+    const double eo = max_abs_diff(out.data(), ro.data(), out.size());
+    const double el = max_abs_diff(lse.data(), rl.data(), lse.size());
+    REPORT("B=" << a.B << " T=" << a.T << " H=" << a.H << " KVH=" << a.KVH << " hd=" << a.hd
+                << ": out err " << eo << ", lse err " << el);
+    CHECK(eo < 1e-5);
+    CHECK(el < 1e-5);
   }
 }
 
@@ -353,9 +364,9 @@ TEST_CASE("attention backward matches finite differences for dq, dk, dv") {
     };
     for (int part = 0; part < 3; ++part) {
       const auto r = fd_at(ref_loss, qkv.data(), dqkv.data(), part_indices(a, part, 40, 7), kHRef, 1e-3);
-      INFO("B=" << a.B << " T=" << a.T << " H=" << a.H << " KVH=" << a.KVH << " part="
-                << "qkv"[part] << ": " << r.str());
-      CHECK(r.max_err < 1e-3);
+      REPORT("B=" << a.B << " T=" << a.T << " H=" << a.H << " KVH=" << a.KVH << " part="
+                  << "qkv"[part] << ": " << r.str());
+      CHECK(r.max_err < 2e-4);
     }
   }
   // FD of our own fp32 forward on a tiny GQA shape.
@@ -372,7 +383,7 @@ TEST_CASE("attention backward matches finite differences for dq, dk, dv") {
       return swtest::dot(o2.data(), proj.data(), o2.size());
     };
     const auto r = check_grad(loss, qkv.data(), dqkv.data(), qkv.size(), 1000, 1e-2f, 1e-2);
-    INFO(r.str());
+    REPORT("attention fp32 FD: " << r.str());
     CHECK(r.max_err < 1e-2);
   }
 }
@@ -402,8 +413,8 @@ TEST_CASE("attention backward accumulates (+=) and reruns bit-identically") {
     double err = 0;
     for (size_t i = 0; i < g.size(); ++i)
       err = std::max(err, std::fabs(g[i] - ((double)pre[i] + g0[i])) / (1.0 + std::fabs(g0[i])));
-    INFO("KVH=" << a.KVH << " worst deviation from prefill + gradient: " << err);
-    CHECK(err < 1e-5);
+    REPORT("KVH=" << a.KVH << " worst deviation from prefill + gradient: " << err);
+    CHECK(err < 2e-6);  // measured ~2e-7: one extra rounding per element
   }
 }
 
@@ -452,10 +463,11 @@ TEST_CASE("lmhead_xent loss matches full logits + log-softmax; ignored targets; 
         sw::cpu::lmhead_xent(loss.data(), nullptr, nullptr, x.data(), w.data(), tg.data(), N, C, V, 1.f);
     double rtot = 0;
     for (double v : ref) rtot += v;
-    INFO("N=" << N << " C=" << C << " V=" << V);
+    const double el = max_abs_diff(loss.data(), ref.data(), N);
+    REPORT("N=" << N << " C=" << C << " V=" << V << ": loss err " << el);
     // Logits carry <= C u sum|xw| ~ 1e-6 error, the row's lse and loss a few times that.
-    CHECK(max_abs_diff(loss.data(), ref.data(), N) < 2e-5);
-    CHECK(std::fabs(total - rtot) < 2e-5 * N);
+    CHECK(el < 5e-6);  // measured <= 6e-7
+    CHECK(std::fabs(total - rtot) < 5e-6 * N);
     for (int n = 0; n < N; ++n)
       if (tg[n] < 0) CHECK(loss[n] == 0.f);
   }
@@ -479,8 +491,8 @@ TEST_CASE("lmhead_xent gradients: finite differences, +=, null outputs, grad_sca
   };
   for (auto [name, xv, g] : {std::tuple{"dx", &x, &dx}, std::tuple{"dw", &w, &dw}}) {
     const auto r = check_grad(ref_loss, xv->data(), g->data(), xv->size(), 24, kHRef, 1e-3);
-    INFO(name << ": " << r.str());
-    CHECK(r.max_err < 1e-3);
+    REPORT(name << ": " << r.str());
+    CHECK(r.max_err < 2e-4);
   }
   // Ignored rows get no gradient.
   for (int n = 0; n < N; ++n)
@@ -519,8 +531,8 @@ TEST_CASE("lmhead_xent gradients: finite differences, +=, null outputs, grad_sca
       err = std::max(err, std::fabs(ax[i] - ((double)px[i] + dx[i])) / (1.0 + std::fabs(dx[i])));
     for (size_t i = 0; i < aw.size(); ++i)
       err = std::max(err, std::fabs(aw[i] - ((double)pw[i] + dw[i])) / (1.0 + std::fabs(dw[i])));
-    INFO("worst deviation from prefill + gradient: " << err);
-    CHECK(err < 1e-5);
+    REPORT("lmhead worst deviation from prefill + gradient: " << err);
+    CHECK(err < 2e-6);  // measured ~2e-7: one extra rounding per element
   }
 
   // Bit-identical reruns.
@@ -546,7 +558,7 @@ TEST_CASE("lmhead_xent gradients: finite differences, +=, null outputs, grad_sca
     };
     for (auto [name, xv, g] : {std::tuple{"dx", &xs, &gx}, std::tuple{"dw", &ws, &gw}}) {
       const auto r = check_grad(loss_f, xv->data(), g->data(), xv->size(), 100, 1e-2f, 1e-2);
-      INFO(name << " (fp32 FD): " << r.str());
+      REPORT(name << " (fp32 FD): " << r.str());
       CHECK(r.max_err < 1e-2);
     }
   }

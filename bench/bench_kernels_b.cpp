@@ -1,0 +1,240 @@
+// Throughput of the GEMM-heavy CPU kernels at GPT-2 124M shapes (B=4, T=256, C=768, H=12,
+// V=50257), each reported as a fraction of the plain sgemm rate measured in the same run.
+//
+//   bench_kernels_b [--threads N] [--reps R] [--quick]
+//
+// Method: every measurement is warmed up once, then timed R times (wall clock); the median is
+// reported. FLOP counts are model FLOPs:
+//   sgemm / linear fwd: 2*M*N*K; linear bwd: 4*N*C*OC (dinp + dw; db is O(N*OC));
+//   attention fwd: 4*B*H*hd*T(T+1)/2 (QK^T and PV on the causal half);
+//   attention bwd: 2x forward (dQ, dK, dV, dP; the recomputed QK^T is not counted, so the
+//   fraction is what the step sees);
+//   LM head fwd+bwd: 6*N*C*V (logits, dx, dw); fwd only: 2*N*C*V.
+// The reference ("roofline") is the FLOP-weighted rate of plain sgemm over the GEMMs of one
+// training step at these shapes (forward NT, backward NN and TN, LM head), i.e. the time one
+// step's GEMMs take when called directly, converted back to GFLOP/s.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/threads.h"
+
+extern "C" char* openblas_get_corename(void);
+
+namespace {
+
+int g_reps = 5;
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Median seconds of fn over g_reps runs after one warm-up.
+double time_median(const std::function<void()>& fn, int reps = -1) {
+  if (reps < 0) reps = g_reps;
+  fn();
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    const double t0 = now();
+    fn();
+    t.push_back(now() - t0);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+std::vector<float> randv(size_t n, uint64_t seed, float sd = 1.f) {
+  std::vector<float> v(n);
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; ++i) v[i] = sd * sw::rng_normal(seed, 0, i);
+  return v;
+}
+
+struct Gemm {
+  const char* what;
+  bool ta, tb;
+  int M, N, K;
+  double count;  // how many times one step runs it
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 2;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) threads = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) g_reps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--quick")) quick = true, g_reps = 3;
+    else {
+      std::fprintf(stderr, "usage: %s [--threads N] [--reps R] [--quick]\n", argv[0]);
+      return 2;
+    }
+  }
+  sw::set_num_threads(threads);
+  const int B = 4, T = 256, C = 768, H = 12, hd = C / H, V = 50257, L = 12, N = B * T;
+  // Touch the kernels once so OpenBLAS's core is selected before we print it.
+  {
+    float a = 1, b = 1, c = 0;
+    sw::cpu::gemm(false, false, 1, 1, 1, 1.f, &a, 1, &b, 1, 0.f, &c, 1);
+  }
+  std::printf("# bench_kernels_b: threads=%d reps=%d (median after 1 warm-up), OpenBLAS core %s\n",
+              threads, g_reps, openblas_get_corename());
+  std::printf("# GPT-2 124M shapes: B=%d T=%d C=%d H=%d hd=%d V=%d\n", B, T, C, H, hd, V);
+
+  // Buffers big enough for every shape.
+  const size_t big = (size_t)std::max(V, 4 * C) * C;
+  const auto A = randv((size_t)N * 4 * C, 1, 0.5f), Bm = randv(big, 2, 0.02f);
+  const auto Lg = randv((size_t)N * V, 9, 1e-3f);  // stands in for (N, V) dlogits
+  std::vector<float> Cm((size_t)N * V, 0.f);
+
+  // ---- 1. plain sgemm at the step's shapes ------------------------------------------------
+  // Linear layers per block: qkv (C -> 3C), attn proj (C -> C), fc (C -> 4C), fc proj (4C -> C).
+  struct Lin { const char* name; int C, OC; };
+  const Lin lins[] = {{"qkv", C, 3 * C}, {"attn.proj", C, C}, {"fc", C, 4 * C}, {"fc.proj", 4 * C, C}};
+  std::vector<Gemm> gemms;
+  for (const Lin& l : lins) {
+    gemms.push_back({l.name, false, true, N, l.OC, l.C, (double)L});   // fwd: out = x W^T
+    gemms.push_back({l.name, false, false, N, l.C, l.OC, (double)L});  // bwd: dx = dy W
+    gemms.push_back({l.name, true, false, l.OC, l.C, N, (double)L});   // bwd: dW = dy^T x
+  }
+  gemms.push_back({"lm_head", false, true, N, V, C, 1});  // logits
+  gemms.push_back({"lm_head", false, false, N, C, V, 1});  // dx
+  gemms.push_back({"lm_head", true, false, V, C, N, 1});   // dw
+  std::printf("\n## sgemm (cblas_sgemm row-major through sw::cpu::gemm)\n");
+  std::printf("%-10s %-3s %6s %6s %6s %9s %8s\n", "layer", "op", "M", "N", "K", "ms", "GFLOP/s");
+  double step_flops = 0, step_time = 0, best_rate = 0;
+  for (const Gemm& g : gemms) {
+    if (quick && g.M * (double)g.N * g.K > 1e10) continue;
+    const int lda = g.ta ? g.M : g.K, ldb = g.tb ? g.K : g.N;
+    const float* a = (size_t)g.M * g.K > A.size() ? Lg.data() : A.data();
+    const double t = time_median([&] {
+      sw::cpu::gemm(g.ta, g.tb, g.M, g.N, g.K, 1.f, a, lda, Bm.data(), ldb, 1.f, Cm.data(), g.N);
+    });
+    const double fl = 2.0 * g.M * g.N * g.K, rate = fl / t / 1e9;
+    std::printf("%-10s %c%c  %6d %6d %6d %9.2f %8.1f\n", g.what, g.ta ? 'T' : 'N', g.tb ? 'T' : 'N',
+                g.M, g.N, g.K, t * 1e3, rate);
+    step_flops += g.count * fl;
+    step_time += g.count * t;
+    best_rate = std::max(best_rate, rate);
+  }
+  const double roof = step_flops / step_time / 1e9;
+  std::printf("sgemm roofline (FLOP-weighted over one step's GEMMs): %.1f GFLOP/s; best shape %.1f\n",
+              roof, best_rate);
+
+  // Tile sgemm inside our own parallel region: OpenBLAS (OpenMP build) must run it
+  // single-threaded; compare the per-thread rate with a 1-thread call outside.
+  {
+    const int m = 64, n = 64, k = 64, iters = 2000;
+    std::vector<float> ta((size_t)threads * m * k, 0.5f), tb((size_t)threads * k * n, 0.25f),
+        tc((size_t)threads * m * n, 0.f);
+    const double t_in = time_median([&] {
+#pragma omp parallel
+      {
+        const int id = omp_get_thread_num();
+        for (int it = 0; it < iters; ++it)
+          sw::cpu::gemm(false, true, m, n, k, 1.f, &ta[(size_t)id * m * k], k, &tb[(size_t)id * k * n],
+                        k, 1.f, &tc[(size_t)id * m * n], n);
+      }
+    });
+    sw::set_num_threads(1);
+    const double t_one = time_median([&] {
+      for (int it = 0; it < iters; ++it)
+        sw::cpu::gemm(false, true, m, n, k, 1.f, ta.data(), k, tb.data(), k, 1.f, tc.data(), n);
+    });
+    sw::set_num_threads(threads);
+    const double fl = 2.0 * m * n * k * iters;
+    std::printf("64x64x64 sgemm: %.1f GFLOP/s per thread inside omp parallel (%d threads), "
+                "%.1f GFLOP/s alone with 1 thread\n",
+                fl / t_in / 1e9, threads, fl / t_one / 1e9);
+  }
+
+  auto row = [&](const char* name, double flops, double t) {
+    const double rate = flops / t / 1e9;
+    std::printf("%-28s %9.2f %8.1f %7.1f%%\n", name, t * 1e3, rate, 100.0 * rate / roof);
+  };
+
+  // ---- 2. Linear ---------------------------------------------------------------------------
+  std::printf("\n## kernels (fraction of the sgemm roofline above)\n");
+  std::printf("%-28s %9s %8s %8s\n", "op", "ms", "GFLOP/s", "of roof");
+  {
+    const auto bias = randv(4 * C, 3);
+    std::vector<float> dinp((size_t)N * 4 * C, 0.f), db(4 * C, 0.f);
+    double lf = 0, lt = 0, bf = 0, bt = 0;
+    for (const Lin& l : lins) {
+      const double fl = 2.0 * N * l.C * l.OC;
+      const double t = time_median([&] {
+        sw::cpu::linear_forward(Cm.data(), A.data(), Bm.data(), bias.data(), N, l.C, l.OC);
+      });
+      const double tb = time_median([&] {
+        sw::cpu::linear_backward(dinp.data(), Cm.data(), db.data(), A.data(), A.data(), Bm.data(), N,
+                                 l.C, l.OC);
+      });
+      row((std::string("linear fwd ") + l.name).c_str(), fl, t);
+      row((std::string("linear bwd ") + l.name).c_str(), 2 * fl, tb);
+      lf += fl, lt += t, bf += 2 * fl, bt += tb;
+    }
+    row("linear fwd (4 layers)", lf, lt);
+    row("linear bwd (4 layers)", bf, bt);
+  }
+
+  // ---- 3. Attention ------------------------------------------------------------------------
+  {
+    const size_t nqkv = (size_t)N * 3 * C;
+    const auto qkv = randv(nqkv, 4), dout = randv((size_t)N * C, 5);
+    std::vector<float> out((size_t)N * C), lse((size_t)B * H * T), dqkv(nqkv, 0.f);
+    const double fl = 4.0 * B * H * hd * T * (T + 1) / 2.0;
+    const double t = time_median([&] {
+      sw::cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, H, hd);
+    }, 3 * g_reps);
+    const double tb = time_median([&] {
+      sw::cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T,
+                                  H, H, hd);
+    }, 3 * g_reps);
+    row("attention fwd", fl, t);
+    row("attention bwd", 2 * fl, tb);
+    // GQA variant (4 kv heads) for reference.
+    const int KVH = 4;
+    const size_t nq2 = (size_t)N * (H + 2 * KVH) * hd;
+    const auto qkv2 = randv(nq2, 6);
+    std::vector<float> dqkv2(nq2, 0.f);
+    const double t2 = time_median([&] {
+      sw::cpu::attention_forward(out.data(), lse.data(), qkv2.data(), B, T, H, KVH, hd);
+    }, 3 * g_reps);
+    const double tb2 = time_median([&] {
+      sw::cpu::attention_backward(dqkv2.data(), dout.data(), qkv2.data(), out.data(), lse.data(), B, T,
+                                  H, KVH, hd);
+    }, 3 * g_reps);
+    row("attention fwd (GQA KVH=4)", fl, t2);
+    row("attention bwd (GQA KVH=4)", 2 * fl, tb2);
+  }
+
+  // ---- 4. LM head + cross-entropy -----------------------------------------------------------
+  {
+    const auto x = randv((size_t)N * C, 7);
+    std::vector<int32_t> tg(N);
+    for (int n = 0; n < N; ++n) tg[n] = (int32_t)sw::rng_bits(8, 0, n) % V;
+    std::vector<float> loss(N), dx((size_t)N * C, 0.f);
+    const double fl = 2.0 * N * C * V;
+    const double t = time_median([&] {
+      sw::cpu::lmhead_xent(loss.data(), nullptr, nullptr, x.data(), Bm.data(), tg.data(), N, C, V, 1.f);
+    });
+    const double tb = time_median([&] {
+      sw::cpu::lmhead_xent(loss.data(), dx.data(), Cm.data(), x.data(), Bm.data(), tg.data(), N, C, V,
+                           1.f / N);
+    });
+    row("lm head + xent fwd (eval)", fl, t);
+    row("lm head + xent fwd+bwd", 3 * fl, tb);
+  }
+  return 0;
+}
