@@ -1,0 +1,287 @@
+// Backend-independent parts of the communication layer: names, Work, argument checks, the
+// one-rank LocalGroup and world-group selection.
+#include "sharding/comm/group.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "core/error.h"
+#include "sharding/comm/mpi_backend.h"
+#include "sharding/comm/work.h"
+
+namespace sw {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Max: return "max";
+  }
+  return "?";
+}
+
+const char* coll_name(CollKind k) {
+  switch (k) {
+    case CollKind::AllGather: return "all_gather";
+    case CollKind::ReduceScatter: return "reduce_scatter";
+    case CollKind::AllReduce: return "all_reduce";
+    case CollKind::Broadcast: return "broadcast";
+    case CollKind::Barrier: return "barrier";
+    case CollKind::Split: return "split";
+  }
+  return "?";
+}
+
+const char* comm_algo_name(CommAlgo a) {
+  switch (a) {
+    case CommAlgo::Auto: return "auto";
+    case CommAlgo::Mpi: return "mpi";
+    case CommAlgo::Ring: return "ring";
+    case CommAlgo::Direct: return "direct";
+    case CommAlgo::OneShot: return "oneshot";
+  }
+  return "?";
+}
+
+CommAlgo comm_algo_from_name(const std::string& s) {
+  for (CommAlgo a : {CommAlgo::Auto, CommAlgo::Mpi, CommAlgo::Ring, CommAlgo::Direct,
+                     CommAlgo::OneShot})
+    if (s == comm_algo_name(a)) return a;
+  fail("comm", "unknown algorithm '" + s + "' (expected auto, mpi, ring, direct or oneshot)");
+}
+
+std::string describe(const Collective& c) {
+  std::string s = coll_name(c.kind);
+  switch (c.kind) {
+    case CollKind::Barrier: return s + "()";
+    case CollKind::Split:
+      return s + "(color=" + std::to_string(c.color) + ",key=" + std::to_string(c.key) + ")";
+    default: break;
+  }
+  s += "(count=" + std::to_string(c.count) + "," + dtype_name(c.dtype);
+  if (c.kind == CollKind::ReduceScatter || c.kind == CollKind::AllReduce)
+    s += std::string(",") + reduce_op_name(c.op);
+  if (c.kind == CollKind::Broadcast) s += ",root=" + std::to_string(c.root);
+  return s + ")";
+}
+
+namespace detail {
+double collective_bytes(const Collective& c, int world) {
+  const double e = static_cast<double>(c.count) * static_cast<double>(dtype_size(c.dtype));
+  switch (c.kind) {
+    case CollKind::AllGather:
+    case CollKind::ReduceScatter: return e * world;
+    case CollKind::AllReduce:
+    case CollKind::Broadcast: return e;
+    default: return 0;
+  }
+}
+}  // namespace detail
+
+// ---- Work ----------------------------------------------------------------------------------
+
+void Work::wait() {
+  if (!s_) return;
+  if (!s_->done.load(std::memory_order_acquire)) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::unique_lock<std::mutex> l(s_->mu);
+    s_->cv.wait(l, [&] { return s_->done.load(std::memory_order_acquire); });
+    l.unlock();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s_->stats) s_->stats->add_exposed(dt);
+  }
+  if (!s_->error.empty()) throw Error(s_->error);
+}
+
+bool Work::test() { return !s_ || s_->done.load(std::memory_order_acquire); }
+
+uint64_t Work::seq() const { return s_ ? s_->seq : 0; }
+
+// ---- Options -------------------------------------------------------------------------------
+
+namespace {
+double env_num(const char* name, double dflt, double lo, double hi) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return dflt;
+  char* end = nullptr;
+  const double x = std::strtod(v, &end);
+  if (end == v || *end != '\0' || !(x >= lo && x <= hi))
+    fail("comm", std::string("environment variable ") + name + "='" + v +
+                     "' is not a number in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                     "]");
+  return x;
+}
+}  // namespace
+
+CommOptions CommOptions::from_env() {
+  CommOptions o;
+  o.timeout_s = env_num("SHARDWISE_COMM_TIMEOUT_S", o.timeout_s, 0.01, 1e9);
+  o.debug = env_num("SHARDWISE_COMM_DEBUG", 0, 0, 1) != 0;
+  o.delay_us = static_cast<int>(env_num("SHARDWISE_COMM_DELAY_US", 0, 0, 1e8));
+  o.chunk_bytes =
+      static_cast<int64_t>(env_num("SHARDWISE_COMM_CHUNK_KB", o.chunk_bytes >> 10, 1, 1 << 20)) << 10;
+  o.spin_us = static_cast<int>(env_num("SHARDWISE_COMM_SPIN_US", o.spin_us, 0, 1e7));
+  return o;
+}
+
+// ---- Group convenience forms ---------------------------------------------------------------
+
+void Group::set_timeout(double seconds) {
+  if (!(seconds > 0)) fail("comm", "comm_timeout_s must be > 0, got " + std::to_string(seconds));
+  CommOptions o = options();
+  o.timeout_s = seconds;
+  set_options(o);
+}
+
+void Group::set_debug(bool on) {
+  CommOptions o = options();
+  o.debug = on;
+  set_options(o);
+}
+
+namespace {
+void check_count(const char* what, int64_t count) {
+  if (count < 0) fail("comm", std::string(what) + ": count must be >= 0, got " + std::to_string(count));
+}
+void check_bufs(const char* what, int64_t count, const void* a, const void* b) {
+  if (count > 0 && (!a || !b)) fail("comm", std::string(what) + ": null buffer with count > 0");
+}
+}  // namespace
+
+Work Group::issue_all_gather(const void* send, void* recv, int64_t count, DType dt, CommAlgo algo) {
+  check_count("all_gather", count);
+  check_bufs("all_gather", count, send, recv);
+  if (algo == CommAlgo::OneShot) fail("comm", "all_gather: algorithm 'oneshot' is all_reduce only");
+  Collective c;
+  c.kind = CollKind::AllGather;
+  c.send = send, c.recv = recv, c.count = count, c.dtype = dt, c.algo = algo;
+  return issue(c);
+}
+
+Work Group::issue_reduce_scatter(const void* send, void* recv, int64_t count, ReduceOp op, DType dt,
+                                 CommAlgo algo) {
+  check_count("reduce_scatter", count);
+  check_bufs("reduce_scatter", count, send, recv);
+  if (algo == CommAlgo::OneShot)
+    fail("comm", "reduce_scatter: algorithm 'oneshot' is all_reduce only");
+  Collective c;
+  c.kind = CollKind::ReduceScatter;
+  c.send = send, c.recv = recv, c.count = count, c.dtype = dt, c.op = op, c.algo = algo;
+  return issue(c);
+}
+
+Work Group::issue_all_reduce(const void* send, void* recv, int64_t count, ReduceOp op, DType dt,
+                             CommAlgo algo) {
+  check_count("all_reduce", count);
+  check_bufs("all_reduce", count, send, recv);
+  Collective c;
+  c.kind = CollKind::AllReduce;
+  c.send = send, c.recv = recv, c.count = count, c.dtype = dt, c.op = op, c.algo = algo;
+  return issue(c);
+}
+
+Work Group::issue_broadcast(void* buf, int64_t count, int root, DType dt) {
+  check_count("broadcast", count);
+  check_bufs("broadcast", count, buf, buf);
+  if (root < 0 || root >= size())
+    fail("comm", "broadcast: root " + std::to_string(root) + " is not a rank of a group of size " +
+                     std::to_string(size()));
+  Collective c;
+  c.kind = CollKind::Broadcast;
+  c.send = buf, c.recv = buf, c.count = count, c.dtype = dt, c.root = root;
+  return issue(c);
+}
+
+Work Group::issue_barrier() {
+  Collective c;
+  c.kind = CollKind::Barrier;
+  return issue(c);
+}
+
+// ---- LocalGroup ----------------------------------------------------------------------------
+
+namespace {
+
+class LocalGroup final : public Group {
+ public:
+  LocalGroup() : stats_(std::make_shared<detail::StatsBlock>()), opts_(CommOptions::from_env()) {}
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  const char* backend() const override { return "local"; }
+  std::shared_ptr<Group> split(int color, int key) override {
+    ++seq_;
+    if (color < 0) return nullptr;
+    return std::make_shared<LocalGroup>();
+  }
+  Work issue(const Collective& c) override {
+    // With one rank every collective is a copy (Avg divides by 1: exact, so a copy too).
+    const size_t bytes = static_cast<size_t>(c.count) * dtype_size(c.dtype);
+    if ((c.kind == CollKind::AllGather || c.kind == CollKind::ReduceScatter ||
+         c.kind == CollKind::AllReduce) &&
+        bytes > 0 && c.send != c.recv)
+      std::memmove(c.recv, c.send, bytes);
+    auto s = std::make_shared<detail::WorkState>();
+    s->seq = ++seq_;
+    s->stats = stats_;
+    s->done.store(true);
+    stats_->add_op(detail::collective_bytes(c, 1), 0.0);
+    return Work(std::move(s));
+  }
+  void set_options(const CommOptions& o) override { opts_ = o; }
+  CommOptions options() const override { return opts_; }
+  CommStats stats() const override { return stats_->get(); }
+  void reset_stats() override { stats_->reset(); }
+
+ private:
+  std::shared_ptr<detail::StatsBlock> stats_;
+  CommOptions opts_;
+  uint64_t seq_ = 0;
+};
+
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : 0;
+}
+
+}  // namespace
+
+GroupPtr make_local_group() { return std::make_shared<LocalGroup>(); }
+
+bool launched_multi_rank() {
+  return env_int("OMPI_COMM_WORLD_SIZE") > 1 || env_int("PMI_SIZE") > 1 ||
+         env_int("SLURM_STEP_NUM_TASKS") > 1;
+}
+
+namespace {
+std::mutex g_world_mu;
+GroupPtr g_world, g_mpi_world;
+}  // namespace
+
+GroupPtr mpi_world_group() {
+  std::lock_guard<std::mutex> l(g_world_mu);
+  if (!g_mpi_world) g_mpi_world = comm::make_mpi_world();
+  return g_mpi_world;
+}
+
+GroupPtr world_group() {
+  if (launched_multi_rank()) return mpi_world_group();
+  std::lock_guard<std::mutex> l(g_world_mu);
+  if (!g_world) g_world = make_local_group();
+  return g_world;
+}
+
+int world_rank() {
+  const int r = comm::mpi_rank_if_initialized();
+  return r < 0 ? 0 : r;
+}
+
+void comm_abort(int code) {
+  comm::mpi_abort_if_initialized(code);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(code);
+}
+
+}  // namespace sw

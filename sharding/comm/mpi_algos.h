@@ -1,0 +1,84 @@
+// Collective algorithms on MPI point-to-point messages (internal to sharding/comm).
+//
+// Every algorithm moves the data in chunks of P2P::chunk_bytes with non-blocking sends and
+// receives, so a chunk's reduction overlaps the transfer of the next one. Messages between a
+// pair of ranks are matched in posting order (MPI's non-overtaking rule), which every
+// algorithm below keeps: each rank posts its sends to, and receives from, a given peer in
+// (step, chunk) order.
+//
+// Buffers are raw bytes of `dt` elements; the `Blocks` layout says where block b of a flat
+// buffer lives, so the same code serves reduce_scatter/all_gather (equal blocks of count)
+// and all_reduce (blocks of ceil(count/size), the last ones shorter or empty).
+#pragma once
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "core/dtype.h"
+#include "sharding/comm/group.h"
+
+namespace sw::comm {
+
+[[noreturn]] void mpi_error(const char* expr, int rc, const char* file, int line);
+#define SW_MPI_CHECK(expr)                                               \
+  do {                                                                   \
+    const int sw_mpi_rc_ = (expr);                                       \
+    if (sw_mpi_rc_ != MPI_SUCCESS)                                       \
+      ::sw::comm::mpi_error(#expr, sw_mpi_rc_, __FILE__, __LINE__);      \
+  } while (0)
+
+// How the communication thread waits: busy-polls MPI for spin_us (lowest latency), then
+// sleeps with a growing nap (up to 200 us) between polls, so a late peer does not cost a core
+// that compute could use.
+struct Poller {
+  int spin_us = 50;
+  void wait(MPI_Request* r) const;
+  void wait_all(std::vector<MPI_Request>& rs) const;
+};
+
+struct P2P {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0, size = 1;
+  int64_t chunk_bytes = 512 << 10;
+  int tag = 0;
+  Poller poll;
+  int64_t chunk_elems(DType dt) const;
+};
+
+// n blocks of at most L elements in a flat buffer of `total`: block b starts at min(b*L, total).
+struct Blocks {
+  int64_t L = 0, total = 0;
+  int64_t off(int b) const { return std::min<int64_t>(static_cast<int64_t>(b) * L, total); }
+  int64_t len(int b) const { return std::min<int64_t>(L, total - off(b)); }
+};
+
+// Ring reduce-scatter over the block-local columns [c0, c1) of every block:
+// out[c] (c in [c0,c1)) := op over ranks of block `rank` of send. Rank r's block b is the
+// sum, in this grouping, ((x[b+1] + x[b+2]) + ...) + x[b] (ranks mod size): fixed by
+// (rank, size) only. out may alias send's block `rank`. tmp: 2*(c1-c0) elements.
+void ring_reduce_scatter(const P2P& p, const void* send, void* out, const Blocks& bl, int64_t c0,
+                         int64_t c1, DType dt, ReduceOp op, void* tmp);
+// Ring all-gather over columns [c0, c1) of every block of buf (in place: this rank's block
+// must already be in buf).
+void ring_all_gather(const P2P& p, void* buf, const Blocks& bl, int64_t c0, int64_t c1, DType dt);
+// Direct (pairwise) reduce-scatter: every rank sends block q to rank q and adds what it
+// receives in rank order x0 + x1 + ... . out may alias send's block `rank`.
+// tmp: 2*size*chunk_elems elements.
+void direct_reduce_scatter(const P2P& p, const void* send, void* out, const Blocks& bl, DType dt,
+                           ReduceOp op, void* tmp);
+// Direct all-gather: every rank sends its block to every other rank at once (in place).
+void direct_all_gather(const P2P& p, void* buf, const Blocks& bl, DType dt);
+// One-shot all-reduce: every rank receives every other rank's whole buffer and adds in rank
+// order. recv may equal send. tmp: size*count elements.
+void oneshot_all_reduce(const P2P& p, const void* send, void* recv, int64_t count, DType dt,
+                        ReduceOp op, void* tmp);
+
+MPI_Datatype mpi_type(DType dt);
+// MPI_SUM/MPI_MAX for f32; user-defined ops (fp32 arithmetic) for bf16/f16. Avg maps to sum.
+MPI_Op mpi_op(DType dt, ReduceOp op);
+void create_mpi_ops();  // once, after MPI_Init
+void free_mpi_ops();    // before MPI_Finalize
+
+}  // namespace sw::comm

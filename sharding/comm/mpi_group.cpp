@@ -1,0 +1,703 @@
+// The MPI backend: MpiGroup, its communication thread, the watchdog and the algorithm choice.
+//
+// Threads per group: the caller issues collectives into a FIFO; one communication thread
+// executes them in issue order (the same order on every rank, so no collective can overtake
+// another); one watchdog thread aborts the job when a collective runs longer than
+// comm_timeout_s. The two threads call MPI concurrently, hence MPI_THREAD_MULTIPLE.
+// Each group uses three duplicated communicators: data, the watchdog's side channel and the
+// debug fingerprints, so none can match another's messages.
+#include <mpi.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "sharding/comm/mpi_algos.h"
+#include "sharding/comm/mpi_backend.h"
+#include "sharding/comm/reduce.h"
+#include "sharding/comm/work.h"
+
+namespace sw::comm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double secs_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+constexpr int kAbortCode = 70;  // exit status of every rank when the watchdog fires
+constexpr int kTagQuery = 1, kTagReply = 2;
+
+// ---- Algorithm choice ----------------------------------------------------------------------
+//
+// Measured with bench/bench_collectives on this project's 2-core VM, 2 ranks, OpenMPI 4.1.4
+// shared memory (vader), fp32, median of 20 iterations (busbw, GB/s; the machine was shared
+// with other jobs, so treat figures as +-30%):
+//   (filled in from the benchmark; see choose_algo)
+CommAlgo choose_algo(CollKind kind, int64_t bytes_per_rank, int n) {
+  switch (kind) {
+    case CollKind::AllGather: return CommAlgo::Ring;
+    case CollKind::ReduceScatter: return CommAlgo::Ring;
+    case CollKind::AllReduce: return bytes_per_rank <= (32 << 10) ? CommAlgo::OneShot : CommAlgo::Ring;
+    default: return CommAlgo::Mpi;
+  }
+}
+
+class MpiGroup;
+
+// Process-wide MPI state; leaked on purpose so it outlives every static destructor.
+struct Runtime {
+  std::mutex mu;
+  bool we_initialized = false;
+  bool finalized = false;
+  std::set<MpiGroup*> groups;
+};
+Runtime& runtime() {
+  static Runtime* r = new Runtime;
+  return *r;
+}
+
+void finalize_at_exit();
+
+void ensure_mpi() {
+  Runtime& R = runtime();
+  std::lock_guard<std::mutex> l(R.mu);
+  if (R.finalized) fail("comm", "MPI was already finalized");
+  int inited = 0;
+  MPI_Initialized(&inited);
+  int provided = 0;
+  if (!inited) {
+    SW_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
+    R.we_initialized = true;
+    std::atexit(finalize_at_exit);
+  } else {
+    MPI_Query_thread(&provided);
+  }
+  if (provided < MPI_THREAD_MULTIPLE)
+    fail("comm", "this MPI library provides thread level " + std::to_string(provided) +
+                     ", but Shardwise needs MPI_THREAD_MULTIPLE (its communication and watchdog "
+                     "threads call MPI concurrently); use an MPI built with thread support");
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  set_error_rank(rank);
+  create_mpi_ops();
+}
+
+// Fingerprint of one collective, exchanged in debug mode.
+struct Fingerprint {
+  int64_t seq, count;
+  int32_t kind, dtype, op, root, color, algo;
+};
+uint64_t fnv1a(const void* p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ static_cast<const unsigned char*>(p)[i]) * 1099511628211ull;
+  return h;
+}
+
+// What a rank tells a peer's watchdog about itself.
+struct PeerStatus {
+  int64_t active, seq, last_done, issued, count;
+  int32_t kind, dtype, op, pad;
+  double elapsed;
+};
+
+std::string fmt_seconds(double s) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", s);
+  return b;
+}
+
+// ---- MpiGroup ------------------------------------------------------------------------------
+
+struct Op {
+  Collective c;
+  std::shared_ptr<detail::WorkState> work;
+  MPI_Comm split_comm = MPI_COMM_NULL;  // Split's result
+};
+
+class MpiGroup final : public Group {
+ public:
+  // Takes ownership of `comm` when own is true; duplicates it otherwise.
+  MpiGroup(MPI_Comm comm, bool own, const CommOptions& opts);
+  ~MpiGroup() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* backend() const override { return "mpi"; }
+  std::shared_ptr<Group> split(int color, int key) override;
+  Work issue(const Collective& c) override;
+  void set_options(const CommOptions& o) override {
+    std::lock_guard<std::mutex> l(opt_mu_);
+    opts_ = o;
+  }
+  CommOptions options() const override {
+    std::lock_guard<std::mutex> l(opt_mu_);
+    return opts_;
+  }
+  CommStats stats() const override { return stats_->get(); }
+  void reset_stats() override { stats_->reset(); }
+
+  void shutdown();  // idempotent; joins the threads and frees the communicators
+
+ private:
+  std::shared_ptr<Op> enqueue(const Collective& c);
+  void comm_loop();
+  void watchdog_loop();
+  void execute(Op& op, const CommOptions& o);
+  void check_same_collective(const Op& op);
+  void run_all_gather(const Collective& c, const P2P& p, CommAlgo a, int64_t slice);
+  void run_reduce_scatter(const Collective& c, const P2P& p, CommAlgo a, int64_t slice);
+  void run_all_reduce(const Collective& c, const P2P& p, CommAlgo a, int64_t slice);
+  void* scratch(size_t bytes);
+  void serve_queries(MPI_Request* qreq, int* qbuf);
+  PeerStatus my_status();
+  [[noreturn]] void on_timeout(MPI_Request* qreq, int* qbuf);
+  std::string world_rank_str(int group_rank) const {
+    return std::to_string(world_ranks_[static_cast<size_t>(group_rank)]);
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL, hb_comm_ = MPI_COMM_NULL, dbg_comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+  std::vector<int> world_ranks_;  // group rank -> MPI_COMM_WORLD rank
+  std::shared_ptr<detail::StatsBlock> stats_;
+
+  mutable std::mutex opt_mu_;
+  CommOptions opts_;
+
+  // Queue (caller -> comm thread).
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Op>> queue_;
+  bool stopping_ = false;
+  uint64_t issued_ = 0;
+
+  // What the comm thread is doing (read by the watchdog).
+  std::mutex st_mu_;
+  bool active_ = false;
+  uint64_t active_seq_ = 0, last_done_ = 0;
+  Collective active_c_;
+  Clock::time_point active_start_;
+
+  std::string failed_;  // comm thread only: first error; the group is unusable after it
+  Buffer scratch_;      // comm thread only
+  std::mt19937_64 delay_rng_;
+
+  std::mutex wd_mu_;
+  std::condition_variable wd_cv_;
+  bool wd_stop_ = false;
+  std::deque<PeerStatus> reply_bufs_;  // watchdog only; stable addresses for Isend
+
+  std::thread comm_thread_, watchdog_thread_;
+  bool shut_ = false;
+};
+
+MpiGroup::MpiGroup(MPI_Comm comm, bool own, const CommOptions& opts)
+    : stats_(std::make_shared<detail::StatsBlock>()), opts_(opts) {
+  if (own) {
+    comm_ = comm;
+  } else {
+    SW_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+  }
+  SW_MPI_CHECK(MPI_Comm_dup(comm_, &hb_comm_));
+  SW_MPI_CHECK(MPI_Comm_dup(comm_, &dbg_comm_));
+  for (MPI_Comm c : {comm_, hb_comm_, dbg_comm_}) MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+  MPI_Group g, wg;
+  MPI_Comm_group(comm_, &g);
+  MPI_Comm_group(MPI_COMM_WORLD, &wg);
+  std::vector<int> mine(static_cast<size_t>(size_));
+  for (int i = 0; i < size_; i++) mine[static_cast<size_t>(i)] = i;
+  world_ranks_.resize(static_cast<size_t>(size_));
+  MPI_Group_translate_ranks(g, size_, mine.data(), wg, world_ranks_.data());
+  MPI_Group_free(&g);
+  MPI_Group_free(&wg);
+  delay_rng_.seed(0x5eedull * 1000003ull + static_cast<uint64_t>(world_ranks_[static_cast<size_t>(rank_)]));
+  {
+    std::lock_guard<std::mutex> l(runtime().mu);
+    runtime().groups.insert(this);
+  }
+  comm_thread_ = std::thread([this] { comm_loop(); });
+  watchdog_thread_ = std::thread([this] { watchdog_loop(); });
+}
+
+MpiGroup::~MpiGroup() {
+  shutdown();
+  std::lock_guard<std::mutex> l(runtime().mu);
+  runtime().groups.erase(this);
+}
+
+void MpiGroup::shutdown() {
+  if (shut_) return;
+  shut_ = true;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (comm_thread_.joinable()) comm_thread_.join();  // drains the queue; the watchdog still guards it
+  {
+    std::lock_guard<std::mutex> l(wd_mu_);
+    wd_stop_ = true;
+  }
+  wd_cv_.notify_all();
+  if (watchdog_thread_.joinable()) watchdog_thread_.join();
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (!fin)
+    for (MPI_Comm* c : {&comm_, &hb_comm_, &dbg_comm_})
+      if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+}
+
+std::shared_ptr<Op> MpiGroup::enqueue(const Collective& c) {
+  auto op = std::make_shared<Op>();
+  op->c = c;
+  op->work = std::make_shared<detail::WorkState>();
+  op->work->stats = stats_;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stopping_) fail("comm", std::string(coll_name(c.kind)) + " issued on a group that was shut down");
+    op->work->seq = ++issued_;
+    queue_.push_back(op);
+  }
+  cv_.notify_one();
+  return op;
+}
+
+Work MpiGroup::issue(const Collective& c) { return Work(enqueue(c)->work); }
+
+std::shared_ptr<Group> MpiGroup::split(int color, int key) {
+  Collective c;
+  c.kind = CollKind::Split;
+  c.color = color;
+  c.key = key;
+  auto op = enqueue(c);
+  Work(op->work).wait();
+  if (op->split_comm == MPI_COMM_NULL) return nullptr;
+  return std::make_shared<MpiGroup>(op->split_comm, true, options());
+}
+
+void* MpiGroup::scratch(size_t bytes) {
+  if (scratch_.bytes() < bytes) {
+    scratch_.release();
+    scratch_ = Buffer(bytes, Mem::Communication);
+  }
+  return scratch_.data();
+}
+
+// ---- The communication thread ------------------------------------------------------------
+
+void MpiGroup::comm_loop() {
+#ifdef __linux__
+  prctl(PR_SET_TIMERSLACK, 1000UL);  // 1 us, so the poller's short naps stay short
+#endif
+  for (;;) {
+    std::shared_ptr<Op> op;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      op = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    const CommOptions o = options();
+    const auto t0 = Clock::now();
+    {
+      std::lock_guard<std::mutex> l(st_mu_);
+      active_ = true;
+      active_seq_ = op->work->seq;
+      active_c_ = op->c;
+      active_start_ = t0;
+    }
+    std::string err;
+    try {
+      if (!failed_.empty())
+        throw Error("comm: " + describe(op->c) + " on a group that failed earlier (" + failed_ + ")");
+      if (o.delay_us > 0) {
+        const auto us = static_cast<int64_t>(delay_rng_() % static_cast<uint64_t>(o.delay_us + 1));
+        std::this_thread::sleep_for(std::chrono::microseconds(us));
+      }
+      if (o.debug) check_same_collective(*op);
+      execute(*op, o);
+    } catch (const std::exception& e) {
+      err = e.what();
+      if (failed_.empty()) failed_ = err;
+    }
+    const double dt = secs_since(t0);
+    {
+      std::lock_guard<std::mutex> l(st_mu_);
+      active_ = false;
+      last_done_ = op->work->seq;
+    }
+    if (err.empty()) stats_->add_op(detail::collective_bytes(op->c, size_), dt);
+    op->work->complete(std::move(err));
+  }
+}
+
+void MpiGroup::check_same_collective(const Op& op) {
+  Fingerprint f{};
+  f.seq = static_cast<int64_t>(op.work->seq);
+  f.count = op.c.count;
+  f.kind = static_cast<int32_t>(op.c.kind);
+  f.dtype = static_cast<int32_t>(op.c.dtype);
+  f.op = op.c.kind == CollKind::ReduceScatter || op.c.kind == CollKind::AllReduce
+             ? static_cast<int32_t>(op.c.op) : -1;
+  f.root = op.c.kind == CollKind::Broadcast ? op.c.root : -1;
+  f.color = 0;  // split colors legitimately differ
+  f.algo = static_cast<int32_t>(op.c.algo);
+  if (op.c.kind == CollKind::Barrier || op.c.kind == CollKind::Split) f.count = 0, f.dtype = 0;
+  const auto h = static_cast<int64_t>(fnv1a(&f, sizeof f) >> 1);
+  int64_t v[2] = {h, -h}, mn[2];
+  SW_MPI_CHECK(MPI_Allreduce(v, mn, 2, MPI_INT64_T, MPI_MIN, dbg_comm_));
+  if (mn[0] == -mn[1]) return;  // min == max: every rank issued the same collective
+  std::vector<Fingerprint> all(static_cast<size_t>(size_));
+  SW_MPI_CHECK(MPI_Allgather(&f, sizeof f, MPI_BYTE, all.data(), sizeof f, MPI_BYTE, dbg_comm_));
+  std::string msg = "comm: collective sequence diverged at #" + std::to_string(op.work->seq) +
+                    " (first divergence; every rank must issue the same collectives in the same "
+                    "order):";
+  for (int q = 0; q < size_; q++) {
+    const Fingerprint& g = all[static_cast<size_t>(q)];
+    Collective c;
+    c.kind = static_cast<CollKind>(g.kind);
+    c.count = g.count;
+    c.dtype = static_cast<DType>(g.dtype);
+    c.op = g.op >= 0 ? static_cast<ReduceOp>(g.op) : ReduceOp::Sum;
+    c.root = g.root;
+    msg += std::string(q ? "," : "") + " rank " + world_rank_str(q) + ": #" + std::to_string(g.seq) +
+           " " + describe(c);
+    if (g.algo != f.algo) msg += std::string(" algo=") + comm_algo_name(static_cast<CommAlgo>(g.algo));
+  }
+  throw Error(msg);
+}
+
+void MpiGroup::execute(Op& op, const CommOptions& o) {
+  const Collective& c = op.c;
+  P2P p;
+  p.comm = comm_;
+  p.rank = rank_;
+  p.size = size_;
+  p.chunk_bytes = o.chunk_bytes;
+  p.poll.spin_us = o.spin_us;
+  p.tag = 16 + 4 * static_cast<int>(c.kind);
+  const size_t es = dtype_size(c.dtype);
+  // Slices bound the scratch memory and the number of requests in flight: 16 chunks.
+  const int64_t slice = 16 * p.chunk_elems(c.dtype);
+  CommAlgo a = c.algo;
+  const int64_t bytes = c.count * static_cast<int64_t>(es);
+  if (a == CommAlgo::Auto) a = choose_algo(c.kind, bytes, size_);
+  switch (c.kind) {
+    case CollKind::AllGather: return run_all_gather(c, p, a, slice);
+    case CollKind::ReduceScatter: return run_reduce_scatter(c, p, a, slice);
+    case CollKind::AllReduce: return run_all_reduce(c, p, a, slice);
+    case CollKind::Broadcast: {
+      // In pieces of at most 1 GiB (MPI counts are int).
+      constexpr int64_t kPiece = int64_t(1) << 30;
+      for (int64_t off = 0; off < bytes; off += kPiece) {
+        MPI_Request r;
+        SW_MPI_CHECK(MPI_Ibcast(static_cast<char*>(c.recv) + off,
+                                static_cast<int>(std::min(kPiece, bytes - off)), MPI_BYTE, c.root,
+                                comm_, &r));
+        p.poll.wait(&r);
+      }
+      return;
+    }
+    case CollKind::Barrier: {
+      MPI_Request r;
+      SW_MPI_CHECK(MPI_Ibarrier(comm_, &r));
+      p.poll.wait(&r);
+      return;
+    }
+    case CollKind::Split:
+      SW_MPI_CHECK(MPI_Comm_split(comm_, c.color < 0 ? MPI_UNDEFINED : c.color, c.key, &op.split_comm));
+      return;
+  }
+}
+
+namespace {
+inline bool fits_int(int64_t n) { return n <= static_cast<int64_t>(1 << 30); }
+}  // namespace
+
+void MpiGroup::run_all_gather(const Collective& c, const P2P& p, CommAlgo a, int64_t slice) {
+  const size_t es = dtype_size(c.dtype);
+  const int n = size_;
+  if (c.count == 0) return;
+  char* out = static_cast<char*>(c.recv);
+  char* own = out + static_cast<size_t>(c.count * rank_) * es;
+  const bool in_place = c.send == own;
+  if (a == CommAlgo::Mpi && fits_int(c.count * n)) {
+    SW_MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : c.send, static_cast<int>(c.count),
+                               mpi_type(c.dtype), out, static_cast<int>(c.count), mpi_type(c.dtype),
+                               comm_));
+    return;
+  }
+  if (!in_place) std::memcpy(own, c.send, static_cast<size_t>(c.count) * es);
+  if (n == 1) return;
+  const Blocks bl{c.count, c.count * n};
+  if (a == CommAlgo::Direct) return direct_all_gather(p, out, bl, c.dtype);
+  for (int64_t c0 = 0; c0 < c.count; c0 += slice)
+    ring_all_gather(p, out, bl, c0, std::min(c.count, c0 + slice), c.dtype);
+}
+
+void MpiGroup::run_reduce_scatter(const Collective& c, const P2P& p, CommAlgo a, int64_t slice) {
+  const size_t es = dtype_size(c.dtype);
+  const int n = size_;
+  if (c.count == 0) return;
+  const size_t bytes = static_cast<size_t>(c.count) * es;
+  if (n == 1) {
+    if (c.send != c.recv) std::memcpy(c.recv, c.send, bytes);
+    return;
+  }
+  if (a == CommAlgo::Mpi && fits_int(c.count * n)) {
+    const char* own = static_cast<const char*>(c.send) + static_cast<size_t>(rank_) * bytes;
+    const bool alias = own == c.recv;
+    void* dst = alias ? scratch(bytes) : c.recv;
+    SW_MPI_CHECK(MPI_Reduce_scatter_block(c.send, dst, static_cast<int>(c.count), mpi_type(c.dtype),
+                                          mpi_op(c.dtype, c.op), comm_));
+    if (alias) std::memcpy(c.recv, dst, bytes);
+    if (c.op == ReduceOp::Avg) divide(c.recv, c.count, c.dtype, static_cast<float>(n));
+    return;
+  }
+  const Blocks bl{c.count, c.count * n};
+  if (a == CommAlgo::Direct) {
+    void* tmp = scratch(static_cast<size_t>(2 * n * p.chunk_elems(c.dtype)) * es);
+    return direct_reduce_scatter(p, c.send, c.recv, bl, c.dtype, c.op, tmp);
+  }
+  void* tmp = scratch(static_cast<size_t>(2 * std::min(slice, c.count)) * es);
+  for (int64_t c0 = 0; c0 < c.count; c0 += slice)
+    ring_reduce_scatter(p, c.send, c.recv, bl, c0, std::min(c.count, c0 + slice), c.dtype, c.op, tmp);
+}
+
+void MpiGroup::run_all_reduce(const Collective& c, const P2P& p, CommAlgo a, int64_t slice) {
+  const size_t es = dtype_size(c.dtype);
+  const int n = size_;
+  if (c.count == 0) return;
+  if (n == 1) {
+    if (c.send != c.recv) std::memcpy(c.recv, c.send, static_cast<size_t>(c.count) * es);
+    return;
+  }
+  if (a == CommAlgo::Mpi && fits_int(c.count)) {
+    SW_MPI_CHECK(MPI_Allreduce(c.send == c.recv ? MPI_IN_PLACE : c.send, c.recv,
+                               static_cast<int>(c.count), mpi_type(c.dtype), mpi_op(c.dtype, c.op),
+                               comm_));
+    if (c.op == ReduceOp::Avg) divide(c.recv, c.count, c.dtype, static_cast<float>(n));
+    return;
+  }
+  if (a == CommAlgo::OneShot) {
+    void* tmp = scratch(static_cast<size_t>(c.count * n) * es);
+    return oneshot_all_reduce(p, c.send, c.recv, c.count, c.dtype, c.op, tmp);
+  }
+  // Reduce-scatter into this rank's block of recv, then all-gather the blocks in place.
+  const Blocks bl{(c.count + n - 1) / n, c.count};
+  char* mine = static_cast<char*>(c.recv) + static_cast<size_t>(bl.off(rank_)) * es;
+  P2P q = p;
+  if (a == CommAlgo::Direct) {
+    void* tmp = scratch(static_cast<size_t>(2 * n * p.chunk_elems(c.dtype)) * es);
+    direct_reduce_scatter(p, c.send, mine, bl, c.dtype, c.op, tmp);
+    q.tag = p.tag + 1;
+    return direct_all_gather(q, c.recv, bl, c.dtype);
+  }
+  void* tmp = scratch(static_cast<size_t>(2 * std::min(slice, bl.L)) * es);
+  for (int64_t c0 = 0; c0 < bl.L; c0 += slice)
+    ring_reduce_scatter(p, c.send, mine, bl, c0, std::min(bl.L, c0 + slice), c.dtype, c.op, tmp);
+  q.tag = p.tag + 1;
+  for (int64_t c0 = 0; c0 < bl.L; c0 += slice)
+    ring_all_gather(q, c.recv, bl, c0, std::min(bl.L, c0 + slice), c.dtype);
+}
+
+// ---- The watchdog ------------------------------------------------------------------------
+//
+// Every tick it answers peers' status queries on the side channel and checks the running
+// collective's age. On timeout it asks every peer what it is doing (grace period of up to 2 s
+// for answers), prints one line naming the collective, its sequence number and the ranks that
+// never reached it, and calls MPI_Abort so every rank exits non-zero.
+
+PeerStatus MpiGroup::my_status() {
+  PeerStatus s{};
+  std::lock_guard<std::mutex> l(st_mu_);
+  s.active = active_ ? 1 : 0;
+  s.seq = static_cast<int64_t>(active_seq_);
+  s.last_done = static_cast<int64_t>(last_done_);
+  s.kind = static_cast<int32_t>(active_c_.kind);
+  s.dtype = static_cast<int32_t>(active_c_.dtype);
+  s.op = static_cast<int32_t>(active_c_.op);
+  s.count = active_c_.count;
+  s.elapsed = active_ ? secs_since(active_start_) : 0.0;
+  {
+    std::lock_guard<std::mutex> q(mu_);
+    s.issued = static_cast<int64_t>(issued_);
+  }
+  return s;
+}
+
+void MpiGroup::serve_queries(MPI_Request* qreq, int* qbuf) {
+  for (;;) {
+    int flag = 0;
+    MPI_Status st;
+    if (MPI_Test(qreq, &flag, &st) != MPI_SUCCESS || !flag) return;
+    reply_bufs_.push_back(my_status());
+    MPI_Request r;
+    if (MPI_Isend(&reply_bufs_.back(), sizeof(PeerStatus), MPI_BYTE, st.MPI_SOURCE, kTagReply,
+                  hb_comm_, &r) == MPI_SUCCESS)
+      MPI_Request_free(&r);
+    MPI_Irecv(qbuf, 1, MPI_INT, MPI_ANY_SOURCE, kTagQuery, hb_comm_, qreq);
+  }
+}
+
+void MpiGroup::watchdog_loop() {
+  int qbuf = 0;
+  MPI_Request qreq = MPI_REQUEST_NULL;
+  MPI_Irecv(&qbuf, 1, MPI_INT, MPI_ANY_SOURCE, kTagQuery, hb_comm_, &qreq);
+  for (;;) {
+    const double timeout = options().timeout_s;
+    const double tick = std::clamp(timeout / 20, 0.005, 0.1);
+    {
+      std::unique_lock<std::mutex> l(wd_mu_);
+      wd_cv_.wait_for(l, std::chrono::duration<double>(tick), [&] { return wd_stop_; });
+      if (wd_stop_) break;
+    }
+    serve_queries(&qreq, &qbuf);
+    bool late = false;
+    {
+      std::lock_guard<std::mutex> l(st_mu_);
+      late = active_ && secs_since(active_start_) > timeout;
+    }
+    if (late) on_timeout(&qreq, &qbuf);
+  }
+  if (qreq != MPI_REQUEST_NULL) {
+    MPI_Cancel(&qreq);
+    MPI_Wait(&qreq, MPI_STATUS_IGNORE);
+  }
+}
+
+void MpiGroup::on_timeout(MPI_Request* qreq, int* qbuf) {
+  Collective c;
+  uint64_t seq;
+  {
+    std::lock_guard<std::mutex> l(st_mu_);
+    c = active_c_;
+    seq = active_seq_;
+  }
+  const double timeout = options().timeout_s;
+  const auto n = static_cast<size_t>(size_);
+  std::vector<PeerStatus> got(n);
+  std::vector<MPI_Request> rr(n, MPI_REQUEST_NULL), sr(n, MPI_REQUEST_NULL);
+  std::vector<int> answered(n, 0);
+  int one = 1;
+  for (int q = 0; q < size_; q++) {
+    if (q == rank_) continue;
+    MPI_Irecv(&got[static_cast<size_t>(q)], sizeof(PeerStatus), MPI_BYTE, q, kTagReply, hb_comm_,
+              &rr[static_cast<size_t>(q)]);
+    MPI_Isend(&one, 1, MPI_INT, q, kTagQuery, hb_comm_, &sr[static_cast<size_t>(q)]);
+  }
+  const double grace = std::clamp(timeout / 4, 0.5, 2.0);
+  const auto t0 = Clock::now();
+  for (;;) {
+    serve_queries(qreq, qbuf);
+    bool all = true;
+    for (int q = 0; q < size_; q++) {
+      const auto i = static_cast<size_t>(q);
+      if (q == rank_ || answered[i]) continue;
+      int flag = 0;
+      if (MPI_Test(&rr[i], &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag) answered[i] = 1;
+      else all = false;
+    }
+    if (all || secs_since(t0) > grace) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::string missing, detail;
+  for (int q = 0; q < size_; q++) {
+    if (q == rank_) continue;
+    const auto i = static_cast<size_t>(q);
+    const PeerStatus& s = got[i];
+    bool reached = false;
+    detail += "; rank " + world_rank_str(q) + ": ";
+    if (!answered[i]) {
+      detail += "no answer";
+    } else if (s.active) {
+      Collective pc;
+      pc.kind = static_cast<CollKind>(s.kind);
+      pc.count = s.count;
+      pc.dtype = static_cast<DType>(s.dtype);
+      pc.op = static_cast<ReduceOp>(s.op);
+      // A peer in #seq running a different collective diverged: it never reaches ours.
+      reached = s.seq > static_cast<int64_t>(seq) ||
+                (s.seq == static_cast<int64_t>(seq) && describe(pc) == describe(c));
+      detail += "in #" + std::to_string(s.seq) + " " + describe(pc) + " for " +
+                fmt_seconds(std::round(s.elapsed * 10) / 10) + " s";
+    } else {
+      reached = s.last_done >= static_cast<int64_t>(seq);
+      detail += "idle after #" + std::to_string(s.last_done) + " (issued " +
+                std::to_string(s.issued) + ")";
+    }
+    if (!reached) missing += (missing.empty() ? "" : ", ") + world_rank_str(q);
+  }
+  std::fprintf(stderr,
+               "shardwise: rank %s: collective #%llu %s did not complete within %s s; ranks not "
+               "reached: [%s] (a peer died or diverged)%s\n",
+               world_rank_str(rank_).c_str(), static_cast<unsigned long long>(seq),
+               describe(c).c_str(), fmt_seconds(timeout).c_str(), missing.c_str(), detail.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, kAbortCode);
+  std::_Exit(kAbortCode);
+}
+
+void finalize_at_exit() {
+  Runtime& R = runtime();
+  std::vector<MpiGroup*> gs;
+  {
+    std::lock_guard<std::mutex> l(R.mu);
+    gs.assign(R.groups.begin(), R.groups.end());
+  }
+  for (MpiGroup* g : gs) g->shutdown();
+  std::lock_guard<std::mutex> l(R.mu);
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (!fin && R.we_initialized) {
+    free_mpi_ops();
+    MPI_Finalize();
+  }
+  R.finalized = true;
+}
+
+}  // namespace
+
+GroupPtr make_mpi_world() {
+  ensure_mpi();
+  return std::make_shared<MpiGroup>(MPI_COMM_WORLD, false, CommOptions::from_env());
+}
+
+int mpi_rank_if_initialized() {
+  int inited = 0, fin = 0;
+  MPI_Initialized(&inited);
+  MPI_Finalized(&fin);
+  if (!inited || fin) return -1;
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+void mpi_abort_if_initialized(int code) {
+  int inited = 0, fin = 0;
+  MPI_Initialized(&inited);
+  MPI_Finalized(&fin);
+  if (inited && !fin) MPI_Abort(MPI_COMM_WORLD, code);
+}
+
+}  // namespace sw::comm

@@ -1,0 +1,59 @@
+// Completion state shared by a Work handle and the backend that runs the collective
+// (internal to sharding/comm).
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "sharding/comm/group.h"
+
+namespace sw::detail {
+
+struct StatsBlock {
+  mutable std::mutex mu;
+  CommStats s;
+  void add_op(double bytes, double seconds) {
+    std::lock_guard<std::mutex> l(mu);
+    s.ops++;
+    s.bytes += bytes;
+    s.comm_s += seconds;
+  }
+  void add_exposed(double seconds) {
+    std::lock_guard<std::mutex> l(mu);
+    s.exposed_s += seconds;
+  }
+  CommStats get() const {
+    std::lock_guard<std::mutex> l(mu);
+    return s;
+  }
+  void reset() {
+    std::lock_guard<std::mutex> l(mu);
+    s = CommStats{};
+  }
+};
+
+struct WorkState {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::atomic<bool> done{false};
+  std::string error;  // non-empty: the collective failed
+  uint64_t seq = 0;
+  std::shared_ptr<StatsBlock> stats;
+
+  void complete(std::string err) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      error = std::move(err);
+      done.store(true, std::memory_order_release);
+    }
+    cv.notify_all();
+  }
+};
+
+// nccl-tests "size" of a collective in bytes (AG: output, RS: input, AR/BC: the buffer).
+double collective_bytes(const Collective& c, int world);
+
+}  // namespace sw::detail
