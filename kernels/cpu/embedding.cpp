@@ -16,7 +16,7 @@ constexpr size_t kParallelMin = size_t{1} << 14;  // elements
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                        int B, int T, int C) {
   const int BT = B * T;
-#pragma omp parallel for schedule(static) if (static_cast<size_t>(BT) * C >= kParallelMin)
+#pragma omp parallel for schedule(static) if (parallel : static_cast<size_t>(BT) * C >= kParallelMin)
   for (int n = 0; n < BT; ++n) {
     float* o = out + static_cast<size_t>(n) * C;
     const float* e = wte + static_cast<size_t>(tokens[n]) * C;
@@ -38,7 +38,7 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, cons
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
                         int T, int C) {
   const int BT = B * T;
-#pragma omp parallel if (static_cast<size_t>(BT) * C >= kParallelMin)
+#pragma omp parallel if (parallel : static_cast<size_t>(BT) * C >= kParallelMin)
   {
     const int nt = omp_get_num_threads(), t = omp_get_thread_num();
     const int lines = (C + 15) / 16;

@@ -59,6 +59,35 @@ void reduce_blocks(float* out, const float* part, size_t stride, int nblocks, in
   }
 }
 
+// Row reductions. A single `omp simd reduction` accumulator serialises on the add latency
+// (~4 cycles per 16 floats); these keep kLanes = 64 independent partial sums (four vectors),
+// fold a tail of < 64 terms into the first lanes, and combine the lanes pairwise. The order is
+// fixed, so results are deterministic.
+constexpr int kLanes = 64;
+
+inline float lanes_total(float* acc) {
+  for (int w = kLanes / 2; w >= 1; w /= 2) {
+#pragma omp simd
+    for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
+  }
+  return acc[0];
+}
+
+// sum_i f(i) for i in [0, C).
+template <class F>
+inline float row_sum(int C, const F& f) {
+  float acc[kLanes] = {};
+  int i = 0;
+  for (; i + kLanes <= C; i += kLanes) {
+#pragma omp simd
+    for (int j = 0; j < kLanes; ++j) acc[j] += f(i + j);
+  }
+  const int tail = C - i;
+#pragma omp simd
+  for (int j = 0; j < tail; ++j) acc[j] += f(i + j);
+  return lanes_total(acc);
+}
+
 }  // namespace
 
 // out = (inp - mean) * rstd * w + b  [b may be null]; mean, rstd (N) saved for backward (either
@@ -66,20 +95,12 @@ void reduce_blocks(float* out, const float* part, size_t stride, int nblocks, in
 // E[x^2] - E[x]^2 cancellation.
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
                        const float* b, int N, int C) {
-#pragma omp parallel for schedule(static) if (static_cast<size_t>(N) * C >= kParallelMin)
+#pragma omp parallel for schedule(static) if (parallel : static_cast<size_t>(N) * C >= kParallelMin)
   for (int n = 0; n < N; ++n) {
     const float* x = inp + static_cast<size_t>(n) * C;
     float* o = out + static_cast<size_t>(n) * C;
-    float s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int i = 0; i < C; ++i) s += x[i];
-    const float m = s / C;
-    float v = 0;
-#pragma omp simd reduction(+ : v)
-    for (int i = 0; i < C; ++i) {
-      const float d = x[i] - m;
-      v += d * d;
-    }
+    const float m = row_sum(C, [x](int i) { return x[i]; }) / C;
+    const float v = row_sum(C, [x, m](int i) { return (x[i] - m) * (x[i] - m); });
     const float r = 1.f / std::sqrt(v / C + kLayerNormEps);
     if (b) {
 #pragma omp simd
@@ -102,7 +123,7 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
   const RowBlocks rb = row_blocks(N);
   const size_t stride = 2 * static_cast<size_t>(C);  // block b: [dw partial (C) | db partial (C)]
   float* part = partials(stride * rb.count);
-#pragma omp parallel if (static_cast<size_t>(N) * C >= kParallelMin)
+#pragma omp parallel if (parallel : static_cast<size_t>(N) * C >= kParallelMin)
   {
 #pragma omp for schedule(static)
     for (int blk = 0; blk < rb.count; ++blk) {
@@ -115,17 +136,23 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
         const float* g = dout + static_cast<size_t>(n) * C;
         float* dx = dinp + static_cast<size_t>(n) * C;
         const float m = mean[n], r = rstd[n];
-        float sum_wg = 0, sum_wgx = 0;
-#pragma omp simd reduction(+ : sum_wg, sum_wgx)
-        for (int i = 0; i < C; ++i) {
-          const float xh = (x[i] - m) * r;
-          const float wg = w[i] * g[i];
-          sum_wg += wg;
-          sum_wgx += wg * xh;
-          pdw[i] += g[i] * xh;
-          pdb[i] += g[i];
+        // sum(w g) and sum(w g xhat) with kLanes partial sums each (see row_sum), and the
+        // block's dw/db partials in the same pass.
+        float acc_wg[kLanes] = {}, acc_wgx[kLanes] = {};
+        for (int i0 = 0; i0 < C; i0 += kLanes) {
+          const int len = std::min(kLanes, C - i0);
+#pragma omp simd
+          for (int j = 0; j < len; ++j) {
+            const int i = i0 + j;
+            const float xh = (x[i] - m) * r;
+            const float wg = w[i] * g[i];
+            acc_wg[j] += wg;
+            acc_wgx[j] += wg * xh;
+            pdw[i] += g[i] * xh;
+            pdb[i] += g[i];
+          }
         }
-        const float mean_wg = sum_wg / C, mean_wgx = sum_wgx / C;
+        const float mean_wg = lanes_total(acc_wg) / C, mean_wgx = lanes_total(acc_wgx) / C;
 #pragma omp simd
         for (int i = 0; i < C; ++i) {
           const float xh = (x[i] - m) * r;
@@ -142,13 +169,11 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
 // out = inp * rstd * w, rstd = 1 / sqrt(mean(inp^2) + eps); rstd (N) may be null.
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C,
                      float eps) {
-#pragma omp parallel for schedule(static) if (static_cast<size_t>(N) * C >= kParallelMin)
+#pragma omp parallel for schedule(static) if (parallel : static_cast<size_t>(N) * C >= kParallelMin)
   for (int n = 0; n < N; ++n) {
     const float* x = inp + static_cast<size_t>(n) * C;
     float* o = out + static_cast<size_t>(n) * C;
-    float ss = 0;
-#pragma omp simd reduction(+ : ss)
-    for (int i = 0; i < C; ++i) ss += x[i] * x[i];
+    const float ss = row_sum(C, [x](int i) { return x[i] * x[i]; });
     const float r = 1.f / std::sqrt(ss / C + eps);
 #pragma omp simd
     for (int i = 0; i < C; ++i) o[i] = x[i] * r * w[i];
@@ -162,7 +187,7 @@ void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* in
   const RowBlocks rb = row_blocks(N);
   const size_t stride = static_cast<size_t>(C);
   float* part = partials(stride * rb.count);
-#pragma omp parallel if (static_cast<size_t>(N) * C >= kParallelMin)
+#pragma omp parallel if (parallel : static_cast<size_t>(N) * C >= kParallelMin)
   {
 #pragma omp for schedule(static)
     for (int blk = 0; blk < rb.count; ++blk) {
@@ -174,13 +199,17 @@ void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* in
         const float* g = dout + static_cast<size_t>(n) * C;
         float* dx = dinp + static_cast<size_t>(n) * C;
         const float r = rstd[n];
-        float sum_wgx = 0;
-#pragma omp simd reduction(+ : sum_wgx)
-        for (int i = 0; i < C; ++i) {
-          sum_wgx += w[i] * g[i] * x[i];
-          pdw[i] += g[i] * x[i] * r;
+        float acc[kLanes] = {};
+        for (int i0 = 0; i0 < C; i0 += kLanes) {
+          const int len = std::min(kLanes, C - i0);
+#pragma omp simd
+          for (int j = 0; j < len; ++j) {
+            const int i = i0 + j;
+            acc[j] += w[i] * g[i] * x[i];
+            pdw[i] += g[i] * x[i] * r;
+          }
         }
-        const float k = r * r * sum_wgx / C;
+        const float k = r * r * lanes_total(acc) / C;
 #pragma omp simd
         for (int i = 0; i < C; ++i) dx[i] += r * (w[i] * g[i] - x[i] * k);
       }

@@ -61,7 +61,7 @@ void rope_apply(float* qkv, int B, int T, int H, int KVH, int hd, float theta, f
   const float* cos_tab = tab.cos.data();
   const float* sin_tab = tab.sin.data();
 #pragma omp parallel for schedule(static) \
-    if (static_cast<size_t>(BT) * rot_heads * hd >= kParallelMin)
+    if (parallel : static_cast<size_t>(BT) * rot_heads * hd >= kParallelMin)
   for (int n = 0; n < BT; ++n) {
     const int t = n % T;
     const float* c = cos_tab + static_cast<size_t>(t) * half;
