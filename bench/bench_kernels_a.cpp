@@ -107,6 +107,46 @@ int main(int argc, char** argv) {
            }, iters));
   }
 
+  {  // SwiGLU on (N, 2*4C) -> (N, 4C); fwd reads gu, writes out; bwd reads gu, dout, rmw dgu.
+    std::vector<float> gu = randn(2 * NC4, 11), out(NC4), dout = randn(NC4, 12), dgu(2 * NC4, 0.f);
+    report("swiglu fwd", shape4, 12.0 * NC4,
+           time_calls([&] { sw::cpu::swiglu_forward(out.data(), gu.data(), N, C4); }, iters));
+    report("swiglu bwd", shape4, 28.0 * NC4, time_calls([&] {
+             sw::cpu::swiglu_backward(dgu.data(), dout.data(), gu.data(), N, C4);
+           }, iters));
+  }
+
+  {  // Embedding with GPT-2's vocabulary: fwd gathers N rows of wte + wpe; bwd scatters them.
+    const int V = 50257, T = std::min(N, 1024), B = N / T;
+    std::vector<float> wte = randn(size_t(V) * C, 13), wpe = randn(size_t(T) * C, 14), out(NC),
+                       dwte(size_t(V) * C, 0.f), dwpe(size_t(T) * C, 0.f), dout = randn(NC, 15);
+    std::vector<int32_t> tok(size_t(B) * T);
+    sw::Rng rng(16);
+    for (auto& t : tok) t = static_cast<int32_t>(rng.below(V));
+    report("embedding fwd", shape, 12.0 * NC, time_calls([&] {
+             sw::cpu::embedding_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+           }, iters));
+    report("embedding bwd", shape, 20.0 * NC, time_calls([&] {
+             sw::cpu::embedding_backward(dwte.data(), dwpe.data(), dout.data(), tok.data(), B, T, C);
+           }, iters));
+  }
+
+  {  // RoPE on a packed qkv (N, 3C) with 12 heads of 64 (q and k rotated in place: 2 x 2NC floats).
+    std::vector<float> qkv = randn(3 * NC, 17);
+    const int T = std::min(N, 1024), B = N / T;
+    report("rope fwd", "12x64 heads", 16.0 * NC, time_calls([&] {
+             sw::cpu::rope_forward(qkv.data(), B, T, 12, 12, 64, 10000.f);
+           }, iters));
+  }
+
+  {  // sum_squares (gradient-norm clipping) over (N, 4C) floats.
+    std::vector<float> x = randn(NC4, 18);
+    double sink = 0;
+    report("sum_squares", shape4, 4.0 * NC4,
+           time_calls([&] { sink += sw::cpu::sum_squares(x.data(), NC4); }, iters));
+    if (sink == 0) std::printf("(unexpected zero)\n");
+  }
+
   {  // AdamW over as many parameters as the (N, 4C) tensor: reads p, g, m, v; writes p, m, v.
     std::vector<float> p = randn(NC4, 9), g = randn(NC4, 10), m(NC4, 0.f), v(NC4, 0.f);
     int step = 0;

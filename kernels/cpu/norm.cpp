@@ -8,6 +8,7 @@
 // count, and the only scratch is one small partials buffer that is reused across calls.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -31,11 +32,17 @@ RowBlocks row_blocks(int N) {
   return {rows, (N + rows - 1) / rows};
 }
 
-// Scratch for the per-block partial sums; grows only, owned by the calling thread.
+// Partial rows are padded to whole 64-byte lines so that blocks written by different threads
+// never share a cache line.
+size_t padded(int C) { return (static_cast<size_t>(C) + 15) / 16 * 16; }
+
+// Scratch for the per-block partial sums, 64-byte aligned; grows only, owned by the calling
+// thread.
 float* partials(size_t floats) {
   thread_local std::vector<float> buf;
-  if (buf.size() < floats) buf.resize(floats);
-  return buf.data();
+  if (buf.size() < floats + 16) buf.resize(floats + 16);
+  const uintptr_t p = reinterpret_cast<uintptr_t>(buf.data());
+  return buf.data() + ((64 - p % 64) % 64) / sizeof(float);
 }
 
 // out[c] += sum over blocks b (in order) of part[b * stride + c], for c in [0, C), when out is
@@ -120,15 +127,17 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 // db may be null (bias-free LayerNorm).
 void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                         const float* w, const float* mean, const float* rstd, int N, int C) {
+  if (N <= 0 || C <= 0) return;
   const RowBlocks rb = row_blocks(N);
-  const size_t stride = 2 * static_cast<size_t>(C);  // block b: [dw partial (C) | db partial (C)]
+  const size_t Cp = padded(C);
+  const size_t stride = 2 * Cp;  // block b: [dw partial (Cp) | db partial (Cp)]
   float* part = partials(stride * rb.count);
 #pragma omp parallel if (parallel : static_cast<size_t>(N) * C >= kParallelMin)
   {
 #pragma omp for schedule(static)
     for (int blk = 0; blk < rb.count; ++blk) {
       float* pdw = part + blk * stride;
-      float* pdb = pdw + C;
+      float* pdb = pdw + Cp;
       std::memset(pdw, 0, stride * sizeof(float));
       const int n1 = std::min(N, (blk + 1) * rb.rows);
       for (int n = blk * rb.rows; n < n1; ++n) {
@@ -162,7 +171,7 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
     }
     // (implicit barrier: all partials are written)
     reduce_blocks(dw, part, stride, rb.count, C);
-    reduce_blocks(db, part + C, stride, rb.count, C);
+    reduce_blocks(db, part + Cp, stride, rb.count, C);
   }
 }
 
@@ -184,8 +193,9 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, 
 // dinp += rstd * (w g - x * rstd^2 * mean(w g x));  dw += sum_n g x rstd.
 void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
                       const float* rstd, int N, int C) {
+  if (N <= 0 || C <= 0) return;
   const RowBlocks rb = row_blocks(N);
-  const size_t stride = static_cast<size_t>(C);
+  const size_t stride = padded(C);
   float* part = partials(stride * rb.count);
 #pragma omp parallel if (parallel : static_cast<size_t>(N) * C >= kParallelMin)
   {

@@ -233,6 +233,16 @@ TEST_CASE("kernels_a layernorm forward and backward", "[layernorm]") {
   }
 }
 
+TEST_CASE("kernels_a norms on an empty batch", "[layernorm][rmsnorm]") {
+  Vec dw(4, 1.f), db(4, 1.f);
+  sw::cpu::layernorm_forward(nullptr, nullptr, nullptr, nullptr, dw.data(), db.data(), 0, 4);
+  sw::cpu::layernorm_backward(nullptr, dw.data(), db.data(), nullptr, nullptr, dw.data(), nullptr,
+                              nullptr, 0, 4);
+  sw::cpu::rmsnorm_backward(nullptr, dw.data(), nullptr, nullptr, dw.data(), nullptr, 0, 4);
+  CHECK(dw == Vec(4, 1.f));
+  CHECK(db == Vec(4, 1.f));
+}
+
 TEST_CASE("kernels_a rmsnorm forward and backward", "[rmsnorm]") {
   struct Shape { int N, C; float eps; };
   const Shape shapes[] = {{5, 37, 1e-5f}, {1, 16, 1e-6f}, {130, 200, 1e-5f}};
