@@ -147,7 +147,8 @@ void ring_reduce_scatter(const P2P& p, const void* send, void* out, const Blocks
 
 // All-gather, step s: send block (r-s), receive block (r-s-1) straight into its place; the
 // block received at step s is forwarded at step s+1. All receives are posted up front.
-void ring_all_gather(const P2P& p, void* buf, const Blocks& bl, int64_t c0, int64_t c1, DType dt) {
+void ring_all_gather(const P2P& p, void* buf, const void* own, const Blocks& bl, int64_t c0,
+                     int64_t c1, DType dt) {
   const int n = p.size, r = p.rank;
   const size_t es = dtype_size(dt);
   const int64_t C = p.chunk_elems(dt);
@@ -164,7 +165,8 @@ void ring_all_gather(const P2P& p, void* buf, const Blocks& bl, int64_t c0, int6
     for (int j = 0; j < m; j++)
       irecv(p, where(recv_blk(s), j), len(recv_blk(s), j), es, left,
             &rreq[static_cast<size_t>(s * m + j)]);
-  for (int j = 0; j < m; j++) isend(p, where(r, j), len(r, j), es, right, &sreq[static_cast<size_t>(j)]);
+  for (int j = 0; j < m; j++)
+    isend(p, at(own, c0 + j * C, es), len(r, j), es, right, &sreq[static_cast<size_t>(j)]);
   for (int s = 0; s <= n - 2; s++)
     for (int j = 0; j < m; j++) {
       p.poll.wait(&rreq[static_cast<size_t>(s * m + j)]);
@@ -222,7 +224,7 @@ void direct_reduce_scatter(const P2P& p, const void* send, void* out, const Bloc
   p.poll.wait_all(sreq);
 }
 
-void direct_all_gather(const P2P& p, void* buf, const Blocks& bl, DType dt) {
+void direct_all_gather(const P2P& p, void* buf, const void* own, const Blocks& bl, DType dt) {
   const int n = p.size, r = p.rank;
   const size_t es = dtype_size(dt);
   const int64_t C = p.chunk_elems(dt);
@@ -242,7 +244,7 @@ void direct_all_gather(const P2P& p, void* buf, const Blocks& bl, DType dt) {
     const int q = mod(r + i, n);
     for (int k = 0; k < m; k++) {
       req.push_back(MPI_REQUEST_NULL);
-      isend(p, at(buf, bl.off(r) + k * C, es), len(r, k), es, q, &req.back());
+      isend(p, at(own, k * C, es), len(r, k), es, q, &req.back());
     }
   }
   p.poll.wait_all(req);

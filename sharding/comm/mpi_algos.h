@@ -60,16 +60,18 @@ struct Blocks {
 // (rank, size) only. out may alias send's block `rank`. tmp: 2*(c1-c0) elements.
 void ring_reduce_scatter(const P2P& p, const void* send, void* out, const Blocks& bl, int64_t c0,
                          int64_t c1, DType dt, ReduceOp op, void* tmp);
-// Ring all-gather over columns [c0, c1) of every block of buf (in place: this rank's block
-// must already be in buf).
-void ring_all_gather(const P2P& p, void* buf, const Blocks& bl, int64_t c0, int64_t c1, DType dt);
+// Ring all-gather over columns [c0, c1) of every block of buf. This rank's block is sent from
+// `own` (its input; a buffer the caller did not just write is measurably faster to send from
+// under CMA) and must be in buf's block `rank` by the time the caller reads buf.
+void ring_all_gather(const P2P& p, void* buf, const void* own, const Blocks& bl, int64_t c0,
+                     int64_t c1, DType dt);
 // Direct (pairwise) reduce-scatter: every rank sends block q to rank q and adds what it
 // receives in rank order x0 + x1 + ... . out may alias send's block `rank`.
 // tmp: 2*size*chunk_elems elements.
 void direct_reduce_scatter(const P2P& p, const void* send, void* out, const Blocks& bl, DType dt,
                            ReduceOp op, void* tmp);
-// Direct all-gather: every rank sends its block to every other rank at once (in place).
-void direct_all_gather(const P2P& p, void* buf, const Blocks& bl, DType dt);
+// Direct all-gather: every rank sends its block (from `own`) to every other rank at once.
+void direct_all_gather(const P2P& p, void* buf, const void* own, const Blocks& bl, DType dt);
 // One-shot all-reduce: every rank receives every other rank's whole buffer and adds in rank
 // order. recv may equal send. tmp: size*count elements.
 void oneshot_all_reduce(const P2P& p, const void* send, void* recv, int64_t count, DType dt,

@@ -47,15 +47,34 @@ constexpr int kTagQuery = 1, kTagReply = 2;
 
 // ---- Algorithm choice ----------------------------------------------------------------------
 //
-// Measured with bench/bench_collectives on this project's 2-core VM, 2 ranks, OpenMPI 4.1.4
-// shared memory (vader), fp32, median of 20 iterations (busbw, GB/s; the machine was shared
-// with other jobs, so treat figures as +-30%):
-//   (filled in from the benchmark; see choose_algo)
-CommAlgo choose_algo(CollKind kind, int64_t bytes_per_rank, int n) {
+// Measured with bench/bench_collectives on the project's 2-core VM: 2 ranks, OpenMPI 4.1.4 over
+// shared memory (vader + CMA single copy), fp32, median of 50 iterations, chunk 512 KiB. The
+// machine was shared with other jobs (load average 5-6 on 2 cores), so figures are +-20% below
+// 8 MiB and meaningless above (preemption dominates). Time in us (busbw GB/s):
+//
+//   size   all_gather mpi/ring/direct    reduce_scatter mpi/ring/direct   all_reduce mpi/ring/direct/oneshot
+//   4K     4.6 / 4.7 / 4.6                5.4 / 5.0 / 5.1                  8.9 /  8.4 /  8.5 /  8.8
+//   16K    6.5 / 6.3 / 6.1                10.2 / 7.0 / 7.0                 16.4 / 14.5 / 15.4 / 10.7
+//   64K    8.3 / 8.2 / 8.1                17.5 / 9.4 / 10.1                29.3 / 31.4 / 23.9 / 18.1
+//   256K   15.1 / 15.2 / 15.2             54.3 / 19.0 / 22.5               76.3 / 47.1 / 67.8 / 46.5
+//   1M     63.1 / 64.5 / 63.2 (8.3)       249 / 77.1 / 88.8 (2.1/6.8/5.9)  314 / 200 / 369 / 414
+//   4M     332 / 336 / 418 (6.3)          1242 / 532 / 629 (1.7/3.9/3.3)   1156 / 877 / 1234 / 1262 (3.6/4.8/3.4/3.3)
+//
+// So: MPI_Reduce_scatter_block is 2-3x slower than the ring from 32 KiB up (as the issue
+// said); MPI_Allgather equals our ring (both one message each way at 2 ranks); the one-shot
+// all-reduce wins up to 256 KiB (one exchange instead of two), the ring above. Direct and
+// ring are the same schedule at 2 ranks; at more ranks direct needs one round instead of
+// size-1, so it takes the small sizes (latency-bound; not measurable on 2 cores).
+// The choice depends only on (collective, bytes, size), so it is the same on every rank.
+CommAlgo choose_algo(CollKind kind, int64_t bytes, int n) {
+  constexpr int64_t KiB = 1024;
   switch (kind) {
-    case CollKind::AllGather: return CommAlgo::Ring;
-    case CollKind::ReduceScatter: return CommAlgo::Ring;
-    case CollKind::AllReduce: return bytes_per_rank <= (32 << 10) ? CommAlgo::OneShot : CommAlgo::Ring;
+    case CollKind::AllGather:  // bytes = per-rank contribution
+      return bytes * n <= 64 * KiB ? CommAlgo::Direct : CommAlgo::Ring;
+    case CollKind::ReduceScatter:  // bytes = per-rank output
+      return bytes * n <= 16 * KiB ? CommAlgo::Direct : CommAlgo::Ring;
+    case CollKind::AllReduce:  // bytes = the buffer; one-shot moves (n-1)x it per rank
+      return bytes * n <= 512 * KiB ? CommAlgo::OneShot : CommAlgo::Ring;
     default: return CommAlgo::Mpi;
   }
 }
@@ -447,12 +466,20 @@ void MpiGroup::run_all_gather(const Collective& c, const P2P& p, CommAlgo a, int
                                comm_));
     return;
   }
-  if (!in_place) std::memcpy(own, c.send, static_cast<size_t>(c.count) * es);
-  if (n == 1) return;
+  if (n == 1) {
+    if (!in_place) std::memcpy(own, c.send, static_cast<size_t>(c.count) * es);
+    return;
+  }
+  // The own block travels from the input; its local copy is made after the transfer (both only
+  // read the input).
   const Blocks bl{c.count, c.count * n};
-  if (a == CommAlgo::Direct) return direct_all_gather(p, out, bl, c.dtype);
-  for (int64_t c0 = 0; c0 < c.count; c0 += slice)
-    ring_all_gather(p, out, bl, c0, std::min(c.count, c0 + slice), c.dtype);
+  if (a == CommAlgo::Direct) {
+    direct_all_gather(p, out, c.send, bl, c.dtype);
+  } else {
+    for (int64_t c0 = 0; c0 < c.count; c0 += slice)
+      ring_all_gather(p, out, c.send, bl, c0, std::min(c.count, c0 + slice), c.dtype);
+  }
+  if (!in_place) std::memcpy(own, c.send, static_cast<size_t>(c.count) * es);
 }
 
 void MpiGroup::run_reduce_scatter(const Collective& c, const P2P& p, CommAlgo a, int64_t slice) {
@@ -511,14 +538,14 @@ void MpiGroup::run_all_reduce(const Collective& c, const P2P& p, CommAlgo a, int
     void* tmp = scratch(static_cast<size_t>(2 * n * p.chunk_elems(c.dtype)) * es);
     direct_reduce_scatter(p, c.send, mine, bl, c.dtype, c.op, tmp);
     q.tag = p.tag + 1;
-    return direct_all_gather(q, c.recv, bl, c.dtype);
+    return direct_all_gather(q, c.recv, mine, bl, c.dtype);
   }
   void* tmp = scratch(static_cast<size_t>(2 * std::min(slice, bl.L)) * es);
   for (int64_t c0 = 0; c0 < bl.L; c0 += slice)
     ring_reduce_scatter(p, c.send, mine, bl, c0, std::min(bl.L, c0 + slice), c.dtype, c.op, tmp);
   q.tag = p.tag + 1;
   for (int64_t c0 = 0; c0 < bl.L; c0 += slice)
-    ring_all_gather(q, c.recv, bl, c0, std::min(bl.L, c0 + slice), c.dtype);
+    ring_all_gather(q, c.recv, mine, bl, c0, std::min(bl.L, c0 + slice), c.dtype);
 }
 
 // ---- The watchdog ------------------------------------------------------------------------
