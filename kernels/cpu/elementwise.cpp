@@ -2,9 +2,9 @@
 // All are memory-bound streams: one `omp parallel for simd schedule(static)` each, with an
 // `if (parallel : ...)` clause so that tiny vectors do not pay for waking the thread pool (the
 // `parallel :` modifier matters: a plain `if` also applies to `simd` and turns off vectorisation
-// whenever it is false). Every element is computed
-// independently, so results do not depend on the thread count at all; sum_squares reduces
-// fixed-size chunks and then the chunk sums in order, so it is thread-count independent too.
+// whenever it is false). Every element is computed independently, so results do not depend on
+// the thread count at all; sum_squares reduces fixed-size chunks and then the chunk sums in
+// order, so it is thread-count independent too.
 #include <omp.h>
 
 #include <algorithm>
