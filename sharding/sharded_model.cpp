@@ -1,90 +1,73 @@
-// ShardedModel, world size 1. The structure is the FSDP one (see sharded_model.h): every unit
-// owns a flat layout, an fp32 master shard, AdamW moments of that shard, a full gradient
-// buffer that backward accumulates into and a reduced gradient shard; the steps where
-// communication goes are named (unshard / reshard / reduce_grads) and are called exactly where
-// FSDP calls them. At world 1 the shard is the whole flat buffer, so "gathered parameters" and
-// "master shard" are the same memory and the reduced gradient shard is the full gradient: the
-// three steps only flip states.
+// ShardedModel: the schedule walk, prefetch, reductions and the optimizer over FlatUnits
+// (sharding/unit_state.h holds the per-unit state machine and memory roles; sharded_model.h
+// the data flow of a step).
+//
+// Groups: a world group of W ranks is seen as S-rank shard groups times R-rank replicate
+// groups (S * R = W). FULL_SHARD / SHARD_GRAD_OP / SHARD_OPTIMIZER: S = W, R = 1. NO_SHARD:
+// S = 1, R = W. HYBRID_SHARD: S = shard_group_size (consecutive ranks), R = W / S.
+// Parameters are sharded over the shard group; gradients are reduce-scattered (averaged) over
+// it, then all-reduced (averaged) over the replicate group. With S = 1 there is nothing to
+// scatter: gradients are all-reduced in place, in buckets (DDP).
 #include "sharding/sharded_model.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <unordered_map>
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "sharding/unit_state.h"
 
 namespace sw {
 
 namespace {
 
-// Where a unit's parameters are (FSDP2's ShardedState): Sharded = only the master shard is
-// valid; Unsharded = the gathered full buffer is valid and may be handed to the unit.
-enum class ShardedState : uint8_t { Sharded, Unsharded };
+// Sum of one double per rank, added in rank order: identical on every rank, independent of
+// timing. (Raw all-gather of the 8 bytes; the reductions of the Group API are fp32.)
+double sum_over_ranks(Group& g, double x) {
+  if (g.size() == 1) return x;
+  std::vector<double> all(static_cast<size_t>(g.size()));
+  g.all_gather(&x, all.data(), 2, DType::F32);
+  double s = 0;
+  for (double v : all) s += v;
+  return s;
+}
 
-// A half-open float range [lo, hi) inside a unit's flat buffer.
-struct Range {
-  int64_t lo = 0, hi = 0;
-  bool empty() const { return hi <= lo; }
+// NO_SHARD: a contiguous range of the bucket buffer holding whole units' gradients.
+struct Bucket {
+  int64_t lo = 0, hi = 0;  // floats
+  int units = 0;           // how many units it holds
+  int ready = 0;           // of those, how many finished their backward this micro-step
+  bool issued = false;
+  std::vector<int> members;
 };
 
-Range intersect(Range a, Range b) { return {std::max(a.lo, b.lo), std::min(a.hi, b.hi)}; }
-
-struct FlatUnit {
-  Unit* unit = nullptr;
-  FlatLayout layout;  // world-sized layout of this unit's parameters
-  int rank = 0;
-
-  Buffer master;  // (shard_size) fp32 master shard, Mem::Params; optimizer updates it
-  Buffer m, v;    // (shard_size) AdamW moments, Mem::Optimizer
-  Buffer grad;    // (padded) full gradient that backward accumulates into, Mem::Grads
-  // Views. At world 1: full == master, grad_shard == grad.
-  float* full = nullptr;        // (padded) gathered parameters, valid when Unsharded
-  float* grad_shard = nullptr;  // (shard_size) reduced gradient of this rank's shard
-
-  // Per ParamSpec: pointers into full / grad, handed to the unit through UnitCtx. (When the
-  // gathered buffer is allocated by unshard(), unshard() re-points `params`.)
-  std::vector<float*> params, grads;
-  ShardedState state = ShardedState::Sharded;
-  bool grads_pending = false;  // backward wrote into `grad` since the last reduce_grads()
-
-  // Schedule positions of this unit's first and last calls: forward gathers before the first
-  // and may reshard after the last; backward (reverse order) gathers before the last and
-  // reduces gradients after the first.
-  int first_pos = -1, last_pos = -1;
-
-  Range shard_range() const {
-    const int64_t off = layout.shard_offset(rank);
-    return {off, off + layout.shard_size()};
-  }
-
-  // All-gather: full <- every rank's master shard. World 1: the master is the full buffer.
-  void unshard() {
-    if (state == ShardedState::Unsharded) return;
-    state = ShardedState::Unsharded;
-  }
-  // Frees (forgets) the gathered buffer. World 1: nothing to free.
-  void reshard() {
-    if (state == ShardedState::Sharded) return;
-    state = ShardedState::Sharded;
-  }
-  // Reduce-scatter: grad_shard += this rank's slice of the sum over ranks of `grad`.
-  // World 1: the full gradient is the shard and accumulates in place.
-  void reduce_grads() {
-    if (!grads_pending) return;
-    grads_pending = false;
-  }
+// A reduction in flight.
+struct Pending {
+  enum Kind : uint8_t { UnitReduceScatter, UnitAllReduce, BucketAllReduce } kind;
+  int index;  // unit or bucket
+  Work work;
 };
 
 }  // namespace
 
 struct ShardedModel::Impl {
   const Ops* ops = nullptr;
-  int world = 1, rank = 0;
-  std::vector<FlatUnit> units;
+  ShardingPolicy policy;
+  GroupPtr world, shard, rep;  // rep: null when R == 1
+  int W = 1, S = 1, R = 1;
+  std::vector<std::unique_ptr<FlatUnit>> units;
   // Global parameter name -> (unit, spec index).
   std::unordered_map<std::string, std::pair<int, int>> by_name;
+
+  // S == 1 and R > 1: every unit's gradients in one buffer, in backward-completion order
+  // (descending first schedule position), cut into buckets.
+  Buffer bucket_buf;
+  std::vector<Bucket> buckets;
+  std::vector<int> bucket_of;  // per unit
+  std::deque<Pending> pending;
 
   // Per schedule position: the input activation x of that call (B*T*d floats,
   // Mem::Activations; empty for position 0, whose embedding ignores x) and its Saved.
@@ -94,6 +77,17 @@ struct ShardedModel::Impl {
   // Ping-pong (B*T*d) buffers, kept across steps: backward's dy/dx (dy of one call is dx of
   // the next) and inference's residual stream.
   Buffer dbuf[2];
+
+  // gather_full_params: per unit, the gathered parameters (empty on ranks other than 0 with
+  // rank0_only).
+  std::vector<Buffer> summoned;
+  bool summon_held = false, summon_rank0_only = false;
+
+  ~Impl() { quiesce(); }
+
+  FlatUnit& unit_at(const Model& m, size_t pos) {
+    return *units[static_cast<size_t>(m.schedule[pos].unit)];
+  }
 
   void ensure_pingpong(size_t n) {
     for (Buffer& b : dbuf)
@@ -107,6 +101,138 @@ struct ShardedModel::Impl {
     for (Saved& s : saved) s.clear();
   }
 
+  int live_units() const {
+    int n = 0;
+    for (const auto& u : units) n += u->holds_gathered();
+    return n;
+  }
+
+  // Issues the gathers of the `depth` units after (dir = +1) or before (dir = -1) schedule
+  // position `pos`, skipping units already gathered or in flight, within max_live_units.
+  void prefetch(const Model& m, int pos, int depth, int dir) {
+    const int P = static_cast<int>(m.schedule.size());
+    for (int k = 1; k <= depth; ++k) {
+      const int p = pos + dir * k;
+      if (p < 0 || p >= P) break;
+      FlatUnit& fu = unit_at(m, static_cast<size_t>(p));
+      if (fu.sharded_state() == ShardedState::Unsharded || fu.gather_in_flight()) continue;
+      if (policy.max_live_units > 0 && live_units() >= policy.max_live_units) break;
+      fu.issue_unshard();
+    }
+  }
+
+  // ---- Reductions ----------------------------------------------------------------------------
+
+  // The unit finished its backward for this micro-step and its gradients are to be reduced.
+  void reduce_unit(FlatUnit& fu) {
+    switch (fu.kind()) {
+      case FlatUnit::Kind::Sharded:
+      case FlatUnit::Kind::FullReplicated:
+        pending.push_back({Pending::UnitReduceScatter, fu.index(), fu.issue_reduce_scatter()});
+        break;
+      case FlatUnit::Kind::Whole:
+        if (R == 1) {
+          fu.reduced_in_place();
+        } else {
+          Bucket& b = buckets[static_cast<size_t>(bucket_of[static_cast<size_t>(fu.index())])];
+          if (++b.ready == b.units) issue_bucket(static_cast<int>(&b - buckets.data()));
+        }
+        break;
+    }
+  }
+
+  void issue_bucket(int bi) {
+    Bucket& b = buckets[static_cast<size_t>(bi)];
+    if (b.issued) return;
+    b.issued = true;
+    float* p = bucket_buf.f32() + b.lo;
+    pending.push_back(
+        {Pending::BucketAllReduce, bi, rep->issue_all_reduce(p, p, b.hi - b.lo, ReduceOp::Avg)});
+  }
+
+  // What follows the completion of a reduction (which may issue the next one).
+  void advance(const Pending& p) {
+    switch (p.kind) {
+      case Pending::UnitReduceScatter: {
+        FlatUnit& fu = *units[static_cast<size_t>(p.index)];
+        if (rep) {
+          float* blk = fu.reduced_block();
+          pending.push_back({Pending::UnitAllReduce, p.index,
+                             rep->issue_all_reduce(blk, blk, fu.shard_size(), ReduceOp::Avg)});
+        } else {
+          fu.accumulate_reduced();
+        }
+        break;
+      }
+      case Pending::UnitAllReduce:
+        units[static_cast<size_t>(p.index)]->accumulate_reduced();
+        break;
+      case Pending::BucketAllReduce: {
+        Bucket& b = buckets[static_cast<size_t>(p.index)];
+        for (int u : b.members) units[static_cast<size_t>(u)]->reduced_in_place();
+        b.ready = 0;
+        b.issued = false;
+        break;
+      }
+    }
+  }
+
+  // Completes reductions in issue order: all of them (block) or those already done. Follow-up
+  // all-reduces are issued in that same order on every rank.
+  void progress(bool block) {
+    while (!pending.empty()) {
+      if (!block && !pending.front().work.test()) break;
+      Pending p = std::move(pending.front());
+      pending.pop_front();
+      p.work.wait();
+      advance(p);
+    }
+  }
+
+  // Reduces every gradient not reduced yet (ReduceOnce without a last micro-step, or units
+  // outside the schedule) and waits for all reductions.
+  void sync_grads() {
+    progress(true);
+    std::vector<FlatUnit*> order;
+    for (auto& u : units) order.push_back(u.get());
+    std::stable_sort(order.begin(), order.end(),
+                     [](FlatUnit* a, FlatUnit* b) { return a->first_pos > b->first_pos; });
+    for (FlatUnit* fu : order) {
+      if (!fu->grads_dirty()) continue;
+      if (fu->kind() == FlatUnit::Kind::Whole && R > 1)
+        issue_bucket(bucket_of[static_cast<size_t>(fu->index())]);
+      else
+        reduce_unit(*fu);
+    }
+    progress(true);
+    for (Bucket& b : buckets) b.ready = 0;
+  }
+
+  // Waits for everything in flight (errors swallowed): teardown and error paths.
+  void quiesce() noexcept {
+    for (Pending& p : pending) {
+      try {
+        p.work.wait();
+      } catch (...) {
+      }
+    }
+    pending.clear();
+    for (Bucket& b : buckets) b.ready = 0, b.issued = false;
+    for (auto& u : units) u->quiesce();
+  }
+
+  // After an exception: drop the step's activations and every transient buffer.
+  void abandon_step() {
+    quiesce();
+    free_activations();
+    for (auto& u : units) {
+      u->reshard();
+      u->to_idle();
+    }
+  }
+
+  // ---- Forward ---------------------------------------------------------------------------------
+
   // Runs the schedule forward. Training: every call's output is kept as the next call's input
   // activation (acts) together with its Saved, for backward. Inference: activations flow
   // through the ping-pong buffers and each call's Saved is cleared right after the call.
@@ -119,8 +245,14 @@ struct ShardedModel::Impl {
     const float* x = nullptr;  // the first call (an embedding) ignores x
     for (size_t p = 0; p < P; ++p) {
       const Call& c = model.schedule[p];
-      FlatUnit& fu = units[static_cast<size_t>(c.unit)];
-      fu.unshard();
+      FlatUnit& fu = unit_at(model, p);
+      if (training) fu.to_forward();
+      fu.issue_unshard();
+      prefetch(model, static_cast<int>(p), policy.forward_prefetch, +1);
+      fu.wait_unshard();
+      // The loss call may compute the head's gradients during forward (models/unit.h): the
+      // last call's unit gets its gradient buffer now (backward starts with it anyway).
+      if (training && p + 1 == P) fu.ensure_grads();
       float* y = nullptr;  // the last call (the loss) writes no y
       if (p + 1 < P) {
         if (training) {
@@ -136,29 +268,59 @@ struct ShardedModel::Impl {
       ctx.grad_scale = grad_scale;
       ctx.logits = logits;
       scratch.reset();
-      fu.unit->forward(ctx, c.call, x, y);
+      fu.unit()->forward(ctx, c.call, x, y);
       loss_sum += ctx.loss_sum;
       loss_count += ctx.loss_count;
       if (!training) saved[p].clear();
-      // FULL_SHARD frees the gathered parameters after the unit's last forward call
-      // (SHARD_GRAD_OP will keep them until backward).
-      if (static_cast<int>(p) == fu.last_pos) fu.reshard();
+      // Reshard after the unit's last forward call: always in inference; in training when the
+      // policy says so, except for the unit backward starts with.
+      if (static_cast<int>(p) == fu.last_pos &&
+          (!training || (policy.reshard_after_forward && fu.last_pos + 1 != static_cast<int>(P))))
+        fu.reshard();
       x = y;
     }
   }
 
-  // After an exception: drop the step's activations and every gathered buffer.
-  void abandon_step() {
-    free_activations();
-    for (FlatUnit& fu : units) fu.reshard();
+  void backward(Model& model, const Batch& batch, float scale, bool reduce_now) {
+    const size_t P = model.schedule.size();
+    // dy of the last (loss) call is null; each call writes dx into the ping-pong buffer the
+    // previous call reads as dy.
+    const float* dy = nullptr;
+    int cur = 0;
+    for (size_t q = P; q-- > 0;) {
+      const Call& c = model.schedule[q];
+      FlatUnit& fu = unit_at(model, q);
+      fu.issue_unshard();
+      prefetch(model, static_cast<int>(q), policy.backward_prefetch, -1);
+      fu.wait_unshard();
+      fu.to_pre_backward();
+      fu.ensure_grads();
+      float* dx = q > 0 ? dbuf[cur].f32() : nullptr;
+      UnitCtx ctx = ctx_for(fu, batch, static_cast<int>(q), true);
+      ctx.grad_scale = scale;
+      scratch.reset();
+      fu.unit()->backward(ctx, c.call, q > 0 ? acts[q].f32() : nullptr, dy, dx);
+      fu.mark_dirty();
+      // This call's activations are no longer needed.
+      acts[q].release();
+      saved[q].clear();
+      if (static_cast<int>(q) == fu.first_pos) {  // the unit's last backward call
+        fu.to_post_backward();
+        fu.reshard();
+        if (reduce_now) reduce_unit(fu);
+      }
+      progress(false);
+      dy = dx;
+      cur ^= 1;
+    }
   }
 
   UnitCtx ctx_for(FlatUnit& fu, const Batch& batch, int pos, bool training) {
     UnitCtx ctx;
     ctx.ops = ops;
     ctx.batch = &batch;
-    ctx.params = &fu.params;
-    ctx.grads = &fu.grads;
+    ctx.params = &fu.params();
+    ctx.grads = &fu.grads();
     ctx.saved = &saved[static_cast<size_t>(pos)];
     ctx.scratch = &scratch;
     ctx.training = training;
@@ -169,67 +331,132 @@ struct ShardedModel::Impl {
 // ---- Construction and initialisation ---------------------------------------------------------
 
 ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed)
+    : ShardedModel(model, ops, seed, make_local_group(),
+                   ShardingPolicy::for_strategy(ShardingStrategy::FullShard)) {}
+
+ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr group,
+                           const ShardingPolicy& policy)
     : model_(model), impl_(std::make_unique<Impl>()) {
   Impl& I = *impl_;
   I.ops = &ops;
+  I.policy = policy;
+  if (!group) fail("sharding", "no communication group given");
   if (model.units.empty()) fail("sharded_model", "the model has no units");
   if (model.schedule.empty()) fail("sharded_model", "the model's schedule is empty");
+  if (policy.forward_prefetch < 0 || policy.backward_prefetch < 0 || policy.max_live_units < 0)
+    fail("sharding", "prefetch depths and max_live_units must be >= 0");
 
-  I.units.resize(model.units.size());
-  for (size_t u = 0; u < model.units.size(); ++u) {
-    FlatUnit& fu = I.units[u];
-    fu.unit = model.units[u].get();
-    fu.rank = I.rank;
-    fu.layout = FlatLayout::build(fu.unit->params(), I.world);
-    const FlatLayout& L = fu.layout;
-    const size_t shard_bytes = static_cast<size_t>(L.shard_size()) * sizeof(float);
-    fu.master = Buffer(shard_bytes, Mem::Params, ops.device());
-    fu.m = Buffer(shard_bytes, Mem::Optimizer, ops.device());
-    fu.v = Buffer(shard_bytes, Mem::Optimizer, ops.device());
-    fu.grad = Buffer(static_cast<size_t>(L.padded) * sizeof(float), Mem::Grads, ops.device());
-    ops.fill(fu.master.f32(), 0.f, static_cast<size_t>(L.shard_size()));
-    ops.fill(fu.m.f32(), 0.f, static_cast<size_t>(L.shard_size()));
-    ops.fill(fu.v.f32(), 0.f, static_cast<size_t>(L.shard_size()));
-    ops.fill(fu.grad.f32(), 0.f, static_cast<size_t>(L.padded));
-    // World 1: the shard is the whole buffer.
-    fu.full = fu.master.f32();
-    fu.grad_shard = fu.grad.f32();
-    for (size_t s = 0; s < L.specs.size(); ++s) {
-      const ParamSpec& spec = L.specs[s];
-      fu.params.push_back(fu.full + L.entries[s].offset);
-      fu.grads.push_back(fu.grad.f32() + L.entries[s].offset);
-      if (!I.by_name.emplace(spec.name, std::make_pair(static_cast<int>(u), static_cast<int>(s)))
-               .second)
-        fail("sharded_model", "parameter name '" + spec.name + "' is declared twice");
+  // Groups.
+  I.world = group;
+  I.W = group->size();
+  const int rank = group->rank();
+  switch (policy.strategy) {
+    case ShardingStrategy::NoShard:
+      I.S = 1;
+      break;
+    case ShardingStrategy::HybridShard: {
+      I.S = policy.shard_group_size > 0 ? policy.shard_group_size : I.W;
+      if (I.W % I.S != 0)
+        fail("sharding", "shard_group_size (" + std::to_string(I.S) +
+                             ") must divide the world size (" + std::to_string(I.W) + ")");
+      break;
     }
+    default:
+      I.S = I.W;
   }
+  I.R = I.W / I.S;
+  if (I.S == I.W) {
+    I.shard = group;
+  } else if (I.S == 1) {
+    I.shard = make_local_group();
+  } else {
+    // Shard groups: consecutive ranks (within a node under the usual rank placement);
+    // replicate groups: the ranks with the same position in each shard group.
+    I.shard = group->split(rank / I.S, rank);
+  }
+  if (I.R > 1) I.rep = I.S == 1 ? group : group->split(rank % I.S, rank);
 
+  // Schedule positions of each unit's first and last calls.
+  const size_t U = model.units.size();
+  std::vector<int> first(U, -1), last(U, -1);
   for (size_t p = 0; p < model.schedule.size(); ++p) {
     const Call& c = model.schedule[p];
-    if (c.unit < 0 || c.unit >= static_cast<int>(I.units.size()))
+    if (c.unit < 0 || c.unit >= static_cast<int>(U))
       fail("sharded_model", "schedule entry " + std::to_string(p) + " names unit " +
-                                std::to_string(c.unit) + " of " + std::to_string(I.units.size()));
-    FlatUnit& fu = I.units[static_cast<size_t>(c.unit)];
-    if (c.call < 0 || c.call >= fu.unit->num_calls())
+                                std::to_string(c.unit) + " of " + std::to_string(U));
+    Unit* u = model.units[static_cast<size_t>(c.unit)].get();
+    if (c.call < 0 || c.call >= u->num_calls())
       fail("sharded_model", "schedule entry " + std::to_string(p) + " runs call " +
-                                std::to_string(c.call) + " of unit '" + fu.unit->name() +
-                                "', which has " + std::to_string(fu.unit->num_calls()));
-    if (fu.first_pos < 0) fu.first_pos = static_cast<int>(p);
-    fu.last_pos = static_cast<int>(p);
+                                std::to_string(c.call) + " of unit '" + u->name() +
+                                "', which has " + std::to_string(u->num_calls()));
+    if (first[static_cast<size_t>(c.unit)] < 0) first[static_cast<size_t>(c.unit)] = static_cast<int>(p);
+    last[static_cast<size_t>(c.unit)] = static_cast<int>(p);
+  }
+
+  const FlatUnit::Kind kind = I.S == 1 ? FlatUnit::Kind::Whole
+                              : policy.strategy == ShardingStrategy::ShardOptimizer
+                                  ? FlatUnit::Kind::FullReplicated
+                                  : FlatUnit::Kind::Sharded;
+
+  // NO_SHARD buckets: units in backward-completion order, cut at bucket_bytes.
+  std::vector<int64_t> region(U, -1);
+  if (kind == FlatUnit::Kind::Whole && I.R > 1) {
+    std::vector<int> order(U);
+    for (size_t u = 0; u < U; ++u) order[u] = static_cast<int>(u);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return first[size_t(a)] > first[size_t(b)]; });
+    int64_t off = 0;
+    I.bucket_of.assign(U, -1);
+    for (int u : order) {
+      const int64_t padded = FlatLayout::build(model.units[size_t(u)]->params(), 1).padded;
+      if (I.buckets.empty() ||
+          (I.buckets.back().hi - I.buckets.back().lo) * 4 >= policy.bucket_bytes) {
+        Bucket b;
+        b.lo = b.hi = off;
+        I.buckets.push_back(b);
+      }
+      Bucket& b = I.buckets.back();
+      region[size_t(u)] = off;
+      off += padded;
+      b.hi = off;
+      b.units++;
+      b.members.push_back(u);
+      I.bucket_of[size_t(u)] = static_cast<int>(I.buckets.size() - 1);
+    }
+    I.bucket_buf = Buffer(static_cast<size_t>(off) * sizeof(float), Mem::Grads, ops.device());
+    ops.fill(I.bucket_buf.f32(), 0.f, static_cast<size_t>(off));
+  }
+
+  I.units.reserve(U);
+  for (size_t u = 0; u < U; ++u) {
+    float* bucket_grads = region[u] >= 0 ? I.bucket_buf.f32() + region[u] : nullptr;
+    I.units.push_back(std::make_unique<FlatUnit>(model.units[u].get(), static_cast<int>(u), kind,
+                                                 I.shard.get(), ops, bucket_grads));
+    FlatUnit& fu = *I.units.back();
+    fu.first_pos = first[u];
+    fu.last_pos = last[u];
+    const FlatLayout& L = fu.layout();
+    for (size_t s = 0; s < L.specs.size(); ++s)
+      if (!I.by_name.emplace(L.specs[s].name, std::make_pair(static_cast<int>(u), static_cast<int>(s)))
+               .second)
+        fail("sharded_model", "parameter name '" + L.specs[s].name + "' is declared twice");
   }
   I.acts.resize(model.schedule.size());
   I.saved.resize(model.schedule.size());
 
   // Element i of parameter s: a pure function of (seed, s.name, i), so any rank can produce
-  // exactly its slice. Only the intersection of each parameter with this rank's shard is
-  // written; alignment gaps and padding stay zero.
-  for (FlatUnit& fu : I.units) {
-    const Range shard = fu.shard_range();
-    float* dst = fu.master.f32() - shard.lo;  // indexed by flat offset
-    for (size_t s = 0; s < fu.layout.specs.size(); ++s) {
-      const ParamSpec& spec = fu.layout.specs[s];
-      const FlatEntry& e = fu.layout.entries[s];
-      const Range r = intersect(shard, {e.offset, e.offset + e.numel});
+  // exactly its slice. Sharded units write the intersection of each parameter with this
+  // rank's shard into the master; persistent ones write the whole full buffer. Alignment gaps
+  // and padding stay zero.
+  for (auto& up : I.units) {
+    FlatUnit& fu = *up;
+    const bool whole = fu.persistent();
+    const Range dst_range = whole ? Range{0, fu.layout().padded} : fu.shard_range();
+    float* dst = (whole ? fu.full() : fu.master()) - dst_range.lo;  // indexed by flat offset
+    for (size_t s = 0; s < fu.layout().specs.size(); ++s) {
+      const ParamSpec& spec = fu.layout().specs[s];
+      const FlatEntry& e = fu.layout().entries[s];
+      const Range r = intersect(dst_range, {e.offset, e.offset + e.numel});
       if (r.empty()) continue;
       switch (spec.init) {
         case Init::Zeros:
@@ -254,9 +481,31 @@ ShardedModel::~ShardedModel() = default;
 
 int64_t ShardedModel::num_params() const {
   int64_t n = 0;
-  for (const FlatUnit& fu : impl_->units)
-    for (const FlatEntry& e : fu.layout.entries) n += e.numel;
+  for (const auto& fu : impl_->units)
+    for (const FlatEntry& e : fu->layout().entries) n += e.numel;
   return n;
+}
+
+int ShardedModel::rank() const { return impl_->world->rank(); }
+int ShardedModel::world() const { return impl_->W; }
+const ShardingPolicy& ShardedModel::policy() const { return impl_->policy; }
+Group& ShardedModel::group() const { return *impl_->world; }
+
+CommStats ShardedModel::comm_stats() const {
+  CommStats t;
+  std::vector<Group*> seen;
+  for (Group* g : {impl_->world.get(), impl_->shard.get(), impl_->rep.get()}) {
+    if (!g || std::find(seen.begin(), seen.end(), g) != seen.end()) continue;
+    seen.push_back(g);
+    const CommStats s = g->stats();
+    t.ops += s.ops, t.bytes += s.bytes, t.comm_s += s.comm_s, t.exposed_s += s.exposed_s;
+  }
+  return t;
+}
+
+void ShardedModel::reset_comm_stats() {
+  for (Group* g : {impl_->world.get(), impl_->shard.get(), impl_->rep.get()})
+    if (g) g->reset_stats();
 }
 
 // ---- Execution -------------------------------------------------------------------------------
@@ -280,48 +529,28 @@ void check_batch(const Batch& b, bool need_targets) {
 
 }  // namespace
 
-double ShardedModel::forward_backward(const Batch& batch, float grad_scale) {
+double ShardedModel::forward_backward(const Batch& batch, float grad_scale, bool last_micro_step) {
   Impl& I = *impl_;
   check_batch(batch, true);
   const int64_t counted = count_targets(batch);
   // d(mean loss) = d(sum of token losses) / counted.
   const float scale = counted > 0 ? grad_scale / static_cast<float>(counted) : 0.f;
-  const size_t P = model_.schedule.size();
+  const bool reduce_now =
+      last_micro_step || I.policy.accum == GradAccumMode::ReduceEachMicroStep;
 
   double loss_sum = 0;
   int64_t loss_count = 0;
   try {
+    I.progress(true);  // nothing should be in flight; a no-op normally
     I.forward(model_, batch, true, scale, nullptr, loss_sum, loss_count);
-
-    // Backward in reverse schedule order. dy of the last (loss) call is null; each call writes
-    // dx into the ping-pong buffer the previous call reads as dy.
-    const float* dy = nullptr;
-    int cur = 0;
-    for (size_t q = P; q-- > 0;) {
-      const Call& c = model_.schedule[q];
-      FlatUnit& fu = I.units[static_cast<size_t>(c.unit)];
-      fu.unshard();
-      float* dx = q > 0 ? I.dbuf[cur].f32() : nullptr;
-      UnitCtx ctx = I.ctx_for(fu, batch, static_cast<int>(q), true);
-      ctx.grad_scale = scale;
-      I.scratch.reset();
-      fu.unit->backward(ctx, c.call, q > 0 ? I.acts[q].f32() : nullptr, dy, dx);
-      fu.grads_pending = true;
-      // This call's activations are no longer needed.
-      I.acts[q].release();
-      I.saved[q].clear();
-      if (static_cast<int>(q) == fu.first_pos) {  // the unit's last backward call
-        fu.reshard();
-        fu.reduce_grads();
-      }
-      dy = dx;
-      cur ^= 1;
-    }
+    I.backward(model_, batch, scale, reduce_now);
+    if (reduce_now) I.sync_grads();  // also units outside the schedule
   } catch (...) {
     I.abandon_step();
     throw;
   }
   I.free_activations();
+  for (auto& u : I.units) u->to_idle();
   if (counted > 0 && loss_count == 0)
     fail("sharded_model", "no call of the model's schedule reported a loss");
   return loss_count > 0 ? loss_sum / static_cast<double>(loss_count) : 0.0;
@@ -360,36 +589,45 @@ void ShardedModel::logits_last(const Batch& batch, float* logits) {
 // ---- Gradients and optimizer ----------------------------------------------------------------
 
 double ShardedModel::grad_norm() const {
+  Impl& I = *impl_;
+  I.sync_grads();
   // Sum of squares of this rank's reduced gradient shard (alignment gaps and padding are never
-  // written, so they stay zero); with more ranks the partial sums are all-reduced here.
+  // written, so they stay zero), summed over the shard group; replicas hold equal shards.
   double ss = 0;
-  for (const FlatUnit& fu : impl_->units)
-    ss += impl_->ops->sum_squares(fu.grad_shard, static_cast<size_t>(fu.layout.shard_size()));
-  return std::sqrt(ss);
+  for (const auto& fu : I.units)
+    ss += I.ops->sum_squares(fu->grad_shard(), static_cast<size_t>(fu->shard_size()));
+  return std::sqrt(sum_over_ranks(*I.shard, ss));
 }
 
 void ShardedModel::zero_grads() {
-  for (FlatUnit& fu : impl_->units) {
-    impl_->ops->fill(fu.grad.f32(), 0.f, static_cast<size_t>(fu.layout.padded));
-    fu.grads_pending = false;
-  }
+  Impl& I = *impl_;
+  I.progress(true);
+  for (auto& fu : I.units) fu->zero_grads();
+  for (Bucket& b : I.buckets) b.ready = 0, b.issued = false;
 }
 
 void ShardedModel::optimizer_step(const AdamWParams& p, float lr, float grad_mult, int step) {
   SW_CHECK(step >= 1, "AdamW steps count from 1");
-  const Ops& ops = *impl_->ops;
-  for (FlatUnit& fu : impl_->units) {
-    fu.reduce_grads();  // no-op unless a backward is still pending
+  Impl& I = *impl_;
+  I.sync_grads();
+  const Ops& ops = *I.ops;
+  for (auto& up : I.units) {
+    FlatUnit& fu = *up;
+    // Stage 1: a previous regather must be complete (it reads this rank's slice).
+    if (fu.kind() == FlatUnit::Kind::FullReplicated) fu.wait_unshard();
     const Range shard = fu.shard_range();
-    for (size_t s = 0; s < fu.layout.specs.size(); ++s) {
-      const FlatEntry& e = fu.layout.entries[s];
+    for (size_t s = 0; s < fu.layout().specs.size(); ++s) {
+      const FlatEntry& e = fu.layout().entries[s];
       const Range r = intersect(shard, {e.offset, e.offset + e.numel});
       if (r.empty()) continue;
       const size_t off = static_cast<size_t>(r.lo - shard.lo);
-      const float wd = fu.layout.specs[s].weight_decay ? p.weight_decay : 0.f;
-      ops.adamw(fu.master.f32() + off, fu.grad_shard + off, fu.m.f32() + off, fu.v.f32() + off,
-                static_cast<size_t>(r.hi - r.lo), lr, p.beta1, p.beta2, p.eps, wd, step, grad_mult);
+      const float wd = fu.layout().specs[s].weight_decay ? p.weight_decay : 0.f;
+      ops.adamw(fu.master() + off, fu.grad_shard() + off, fu.adam_m() + off, fu.adam_v() + off,
+                static_cast<size_t>(r.hi - r.lo), lr, p.beta1, p.beta2, p.eps, wd, step,
+                grad_mult);
     }
+    // Stage 1: all-gather the updated slices while the next unit's update runs.
+    fu.issue_regather();
   }
 }
 
@@ -397,36 +635,92 @@ void ShardedModel::optimizer_step(const AdamWParams& p, float lr, float grad_mul
 
 void ShardedModel::for_each_param(
     const std::function<void(const ParamSpec&, const float* data)>& fn) const {
-  // World 1: the master shard is the full buffer. With more ranks this gathers one unit at a
-  // time into a temporary.
-  for (const FlatUnit& fu : impl_->units)
-    for (size_t s = 0; s < fu.layout.specs.size(); ++s)
-      fn(fu.layout.specs[s], fu.master.f32() + fu.layout.entries[s].offset);
+  Impl& I = *impl_;
+  if (I.summon_held && I.summon_rank0_only && rank() != 0)
+    fail("sharded_model", "for_each_param on rank " + std::to_string(rank()) +
+                              " while gather_full_params(rank0_only) holds the copy on rank 0");
+  for (size_t u = 0; u < I.units.size(); ++u) {
+    FlatUnit& fu = *I.units[u];
+    const float* base;
+    Buffer tmp;
+    if (I.summon_held) {
+      base = I.summoned[u].f32();
+    } else if (fu.persistent()) {
+      fu.wait_unshard();
+      base = fu.full();
+    } else {
+      tmp = Buffer(static_cast<size_t>(fu.layout().padded) * sizeof(float), Mem::Communication,
+                   I.ops->device());
+      fu.gather_params_into(tmp.f32());
+      base = tmp.f32();
+    }
+    for (size_t s = 0; s < fu.layout().specs.size(); ++s)
+      fn(fu.layout().specs[s], base + fu.layout().entries[s].offset);
+  }
 }
 
 void ShardedModel::for_each_grad(
     const std::function<void(const ParamSpec&, const float* grad)>& fn) const {
-  // World 1: the reduced gradient shard is the full gradient. With more ranks this gathers the
-  // reduced shards one unit at a time.
-  for (const FlatUnit& fu : impl_->units)
-    for (size_t s = 0; s < fu.layout.specs.size(); ++s)
-      fn(fu.layout.specs[s], fu.grad_shard + fu.layout.entries[s].offset);
+  Impl& I = *impl_;
+  I.sync_grads();
+  for (auto& up : I.units) {
+    FlatUnit& fu = *up;
+    Buffer tmp;
+    const float* base = fu.grad_shard();
+    if (fu.kind() != FlatUnit::Kind::Whole) {
+      tmp = Buffer(static_cast<size_t>(fu.layout().padded) * sizeof(float), Mem::Communication,
+                   I.ops->device());
+      fu.gather_grads_into(tmp.f32());
+      base = tmp.f32();
+    }
+    for (size_t s = 0; s < fu.layout().specs.size(); ++s)
+      fn(fu.layout().specs[s], base + fu.layout().entries[s].offset);
+  }
+}
+
+void ShardedModel::gather_full_params(bool rank0_only) {
+  Impl& I = *impl_;
+  release_full_params();
+  I.summoned.resize(I.units.size());
+  for (size_t u = 0; u < I.units.size(); ++u) {
+    FlatUnit& fu = *I.units[u];
+    Buffer b(static_cast<size_t>(fu.layout().padded) * sizeof(float), Mem::Communication,
+             I.ops->device());
+    fu.gather_params_into(b.f32());
+    if (!rank0_only || rank() == 0) I.summoned[u] = std::move(b);
+  }
+  I.summon_held = true;
+  I.summon_rank0_only = rank0_only;
+}
+
+void ShardedModel::release_full_params() {
+  impl_->summoned.clear();
+  impl_->summon_held = false;
 }
 
 void ShardedModel::set_param(const std::string& name, const float* data, int64_t n) {
-  auto it = impl_->by_name.find(name);
-  if (it == impl_->by_name.end()) fail("sharded_model", "no parameter named '" + name + "'");
-  FlatUnit& fu = impl_->units[static_cast<size_t>(it->second.first)];
+  Impl& I = *impl_;
+  auto it = I.by_name.find(name);
+  if (it == I.by_name.end()) fail("sharded_model", "no parameter named '" + name + "'");
+  FlatUnit& fu = *I.units[static_cast<size_t>(it->second.first)];
   const size_t s = static_cast<size_t>(it->second.second);
-  const FlatEntry& e = fu.layout.entries[s];
+  const FlatEntry& e = fu.layout().entries[s];
   if (n != e.numel)
-    fail("sharded_model", "parameter '" + name + "' has " + std::to_string(e.numel) + " elements " +
-                              shape_str(fu.layout.specs[s].shape) + ", got " + std::to_string(n));
-  const Range shard = fu.shard_range();
-  const Range r = intersect(shard, {e.offset, e.offset + e.numel});
-  if (r.empty()) return;
-  impl_->ops->copy(fu.master.f32() + (r.lo - shard.lo), data + (r.lo - e.offset),
-                   static_cast<size_t>(r.hi - r.lo));
+    fail("sharded_model", "parameter '" + name + "' has " + std::to_string(e.numel) +
+                              " elements " + shape_str(fu.layout().specs[s].shape) + ", got " +
+                              std::to_string(n));
+  release_full_params();
+  if (fu.persistent()) fu.wait_unshard();
+  // The full copy, where this rank holds one (it contains the master slice for stage 1).
+  if (fu.full() && fu.sharded_state() == ShardedState::Unsharded)
+    I.ops->copy(fu.full() + e.offset, data, static_cast<size_t>(n));
+  if (fu.kind() == FlatUnit::Kind::Sharded) {
+    const Range shard = fu.shard_range();
+    const Range r = intersect(shard, {e.offset, e.offset + e.numel});
+    if (!r.empty())
+      I.ops->copy(fu.master() + (r.lo - shard.lo), data + (r.lo - e.offset),
+                  static_cast<size_t>(r.hi - r.lo));
+  }
 }
 
 }  // namespace sw

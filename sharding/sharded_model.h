@@ -1,8 +1,30 @@
-// Runs a Model over flat, sharded parameters. Owns, per unit: the fp32 master shard, the
-// gathered parameter buffer, gradient buffers and AdamW moments (all tracked by category).
-// With world size 1 (this file's first form) the shard is the whole flat buffer and the
-// gather/reduce steps are no-ops; the sharding issue adds the communication group, strategies
-// and prefetch behind the same interface.
+// Runs a Model over flat, sharded parameters (FSDP / ZeRO). Owns, per unit: the fp32 master
+// shard, the gathered parameter buffer, gradient buffers and AdamW moments (all tracked by
+// category; sharding/unit_state.h has the table of which buffer lives when), and drives the
+// per-unit state machine over the model's schedule:
+//
+//   forward   unit k: wait for its all-gather; issue unit k+1's (forward prefetch); compute;
+//             free the gathered parameters after the unit's last forward call when the policy
+//             reshards after forward (FULL_SHARD; the unit that runs last stays gathered, and
+//             so does a unit whose calls span the schedule, like GPT-2's tied embedding/head).
+//   backward  unit k: wait for its gather; issue unit k-1's (backward prefetch); compute;
+//             after the unit's last backward call free its parameters and issue the
+//             reduce-scatter of its gradients, which runs while unit k-1 computes; every
+//             reduction is waited for before forward_backward returns.
+//   optimizer AdamW on this rank's slice of every unit (fp32 master); stage 1 then all-gathers
+//             the updated slices (waited for at the unit's next use).
+// Strategies, gradient accumulation modes and the memory of each are in sharding/policy.h.
+//
+// Ranks and scaling: each rank runs its own micro-batch; forward_backward returns the mean loss
+// over this rank's tokens, and gradients are AVERAGED over ranks (reduce-scatter / all-reduce
+// with ReduceOp::Avg), so N ranks with B rows each produce the gradient of the mean loss over
+// the N*B rows (exactly when every rank counts the same number of target tokens).
+//
+// Collectives: with more than one rank, every method that says "collective" must be called by
+// every rank of the group, in the same order, with the same arguments where they matter
+// (batch shapes, last_micro_step). zero_grads, set_param and num_params never communicate.
+// World size 1 (the first constructor, or a one-rank group) never communicates and keeps the
+// master shard, the gathered parameters and the gradient shard in the same memory.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -11,7 +33,9 @@
 #include <vector>
 
 #include "models/model.h"
+#include "sharding/comm/group.h"
 #include "sharding/flat_param.h"
+#include "sharding/policy.h"
 
 namespace sw {
 
@@ -23,33 +47,61 @@ struct AdamWParams {
 
 class ShardedModel {
  public:
-  // Initialises every parameter from (seed, its global name, element index) only.
+  // Initialises every parameter from (seed, its global name, element index) only, so any
+  // number of ranks starts from exactly the weights one rank would. One rank, no communication.
   ShardedModel(Model& model, const Ops& ops, uint64_t seed);
+  // Sharded over `group` as `policy` says. Collective (HYBRID_SHARD splits the group); throws
+  // sw::Error("sharding: ...") when shard_group_size does not divide the group size.
+  ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr group,
+               const ShardingPolicy& policy);
   ~ShardedModel();
 
   Model& model() { return model_; }
 
-  // One micro-batch forward and backward; gradients ACCUMULATE across calls until
-  // zero_grads(). d(loss) is scaled by grad_scale / (tokens counted). Returns the mean loss.
-  double forward_backward(const Batch& batch, float grad_scale = 1.f);
-  // Forward only; returns the mean loss.
+  // Collective. One micro-batch forward and backward; gradients ACCUMULATE across calls until
+  // zero_grads(). d(loss) is scaled by grad_scale / (tokens counted on this rank). Returns the
+  // mean loss over this rank's tokens. `last_micro_step`: false on every micro-step of an
+  // optimizer step but the last, so GradAccumMode::ReduceOnce can postpone the reduction
+  // (ReduceEachMicroStep ignores it). Gradients not yet reduced are reduced by grad_norm,
+  // optimizer_step and for_each_grad.
+  double forward_backward(const Batch& batch, float grad_scale = 1.f, bool last_micro_step = true);
+  // Collective. Forward only; returns the mean loss over this rank's tokens.
   double eval_loss(const Batch& batch);
-  // Forward only; writes (B, V) logits of each sequence's last position.
+  // Collective. Forward only; writes (B, V) logits of each sequence's last position.
   void logits_last(const Batch& batch, float* logits);
 
-  double grad_norm() const;  // global L2 norm of the accumulated gradients
+  // Collective. Global L2 norm of the accumulated (reduced) gradients: this rank's sum of
+  // squares, summed over the shard group in double precision, identical on every rank.
+  double grad_norm() const;
   void zero_grads();
-  // AdamW on every parameter; grads multiplied by grad_mult first (clipping). step from 1.
+  // Collective. AdamW on this rank's slice of every parameter; grads multiplied by grad_mult
+  // first (clipping). step from 1.
   void optimizer_step(const AdamWParams& p, float lr, float grad_mult, int step);
 
-  // Full (gathered) parameters, one call per ParamSpec in unit order.
+  // Collective (unless gather_full_params holds a copy). Full parameters, one call per
+  // ParamSpec in unit order, gathered one unit at a time.
   void for_each_param(const std::function<void(const ParamSpec&, const float* data)>& fn) const;
-  // Accumulated gradients, same order and shapes as for_each_param.
+  // Collective. Accumulated reduced gradients, same order and shapes as for_each_param.
   void for_each_grad(const std::function<void(const ParamSpec&, const float* grad)>& fn) const;
-  // Overwrites a parameter by global name (throws sw::Error if unknown or size differs).
+  // Overwrites a parameter by global name (throws sw::Error if unknown or size differs). Every
+  // rank passes the full tensor and keeps what it owns.
   void set_param(const std::string& name, const float* data, int64_t n);
 
+  // Collective: gathers every parameter into a consolidated copy (Mem::Communication) that
+  // for_each_param then reads without communicating, so one rank can export alone (FSDP's
+  // full state dict). rank0_only: ranks other than 0 keep nothing and must not call
+  // for_each_param until release_full_params().
+  void gather_full_params(bool rank0_only = false);
+  void release_full_params();
+
   int64_t num_params() const;
+  int rank() const;   // in the group given at construction
+  int world() const;  // its size
+  const ShardingPolicy& policy() const;
+  Group& group() const;  // the group given at construction
+  // Communication time of the groups this model uses (comm_s, exposed_s summed over them).
+  CommStats comm_stats() const;
+  void reset_comm_stats();
 
  private:
   struct Impl;

@@ -1,0 +1,78 @@
+// How a ShardedModel splits model state over ranks: a small value type the engine fills from
+// the JSON config (engine/config.cpp) and ShardedModel reads. FSDP's names, DeepSpeed's stages:
+//
+//   strategy         stage  parameters between uses   gradients                  optimizer state
+//   FULL_SHARD       3      shard; gathered per unit  reduce-scattered to shards  shard
+//                           for fwd and again for bwd
+//   SHARD_GRAD_OP    2      shard; gathered in fwd,   reduce-scattered to shards  shard
+//                           kept until the unit's bwd
+//   SHARD_OPTIMIZER  1      full on every rank;       full, reduce-scattered      shard; updated
+//                           all-gathered after step   once per step               slices gathered
+//   NO_SHARD         0      full on every rank        full, bucketed all-reduce   full (DDP)
+//   HYBRID_SHARD     -      FULL_SHARD inside groups of shard_group_size ranks; the gradient
+//                           shards are then all-reduced across the groups (replicas)
+//
+// Gradient accumulation (gradient_accumulation_steps > 1), `accum`:
+//   ReduceEachMicroStep  every micro-step's gradients are reduced right after its backward and
+//                        added into the sharded gradients; the unsharded gradient buffer of a
+//                        unit lives only from its backward to its reduce-scatter (low memory;
+//                        default for stages 2, 3 and HYBRID).
+//   ReduceOnce           unsharded gradients accumulate locally over the micro-steps and are
+//                        reduced during the last micro-step's backward (1/accum of the
+//                        communication; every unit's unsharded gradients stay allocated across
+//                        the micro-steps; default for stages 0 and 1, which keep full
+//                        gradients anyway).
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace sw {
+
+enum class ShardingStrategy : uint8_t { FullShard, ShardGradOp, ShardOptimizer, NoShard, HybridShard };
+enum class GradAccumMode : uint8_t { ReduceEachMicroStep, ReduceOnce };
+
+// "FULL_SHARD", "SHARD_GRAD_OP", "SHARD_OPTIMIZER", "NO_SHARD", "HYBRID_SHARD".
+const char* strategy_name(ShardingStrategy s);
+// Inverse of strategy_name; throws sw::Error("sharding: ...") listing the valid names.
+ShardingStrategy strategy_from_name(const std::string& name);
+// zero_optimization.stage -> strategy (3 FULL_SHARD, 2 SHARD_GRAD_OP, 1 SHARD_OPTIMIZER,
+// 0 NO_SHARD); and back (HYBRID_SHARD shards like stage 3).
+ShardingStrategy strategy_from_stage(int stage);
+int stage_of(ShardingStrategy s);
+// "reduce_each_micro_step", "reduce_once"; and back (throws sw::Error).
+const char* accum_mode_name(GradAccumMode m);
+GradAccumMode accum_mode_from_name(const std::string& name);
+GradAccumMode default_accum_mode(ShardingStrategy s);
+// The strategy's default for reshard_after_forward (FULL_SHARD, HYBRID_SHARD: true).
+bool default_reshard_after_forward(ShardingStrategy s);
+
+struct ShardingPolicy {
+  ShardingStrategy strategy = ShardingStrategy::FullShard;
+  // HYBRID_SHARD: ranks per shard group (consecutive world ranks); must divide the world size.
+  // 0 = the whole world (then HYBRID_SHARD is FULL_SHARD). Ignored by other strategies.
+  int shard_group_size = 0;
+  // Stages 2/3/HYBRID: free a unit's gathered parameters after its last forward call and
+  // gather again for backward (true: FULL_SHARD), or keep them until its backward (false:
+  // SHARD_GRAD_OP). The unit that runs last in forward is always kept (backward starts with
+  // it), and so is a unit with several calls between its first and last (GPT-2's tied
+  // embedding/head).
+  bool reshard_after_forward = true;
+  // How many units ahead (in schedule order) forward issues all-gathers, and how many units
+  // behind backward issues them (0 = gather only when needed).
+  int forward_prefetch = 1;
+  int backward_prefetch = 1;
+  // Cap on units whose gathered parameters are allocated at once, counting prefetches in
+  // flight; prefetches that would exceed it are not issued (a unit that is needed now is
+  // always gathered). 0 = no cap (the prefetch depths bound it).
+  int max_live_units = 0;
+  GradAccumMode accum = GradAccumMode::ReduceEachMicroStep;
+  // NO_SHARD: gradients are all-reduced in buckets of about this many bytes, each issued as
+  // soon as the last unit in it has finished its backward (DDP's bucket_cap_mb, 25 MiB).
+  int64_t bucket_bytes = int64_t{25} << 20;
+
+  // The defaults of a strategy (reshard_after_forward and accum follow it).
+  static ShardingPolicy for_strategy(ShardingStrategy s);
+  std::string describe() const;  // "FULL_SHARD(reshard_after_forward=1, prefetch=1/1, ...)"
+};
+
+}  // namespace sw

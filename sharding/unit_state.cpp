@@ -1,0 +1,233 @@
+#include "sharding/unit_state.h"
+
+#include "core/error.h"
+
+namespace sw {
+
+const char* sharded_state_name(ShardedState s) {
+  return s == ShardedState::Sharded ? "Sharded" : "Unsharded";
+}
+
+const char* training_state_name(TrainingState s) {
+  switch (s) {
+    case TrainingState::Idle: return "Idle";
+    case TrainingState::Forward: return "Forward";
+    case TrainingState::PreBackward: return "PreBackward";
+    case TrainingState::PostBackward: return "PostBackward";
+  }
+  return "?";
+}
+
+namespace {
+size_t fbytes(int64_t n) { return static_cast<size_t>(n) * sizeof(float); }
+}  // namespace
+
+FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const Ops& ops,
+                   float* bucket_grads)
+    : unit_(unit), index_(index), kind_(kind), shard_(shard_group), ops_(&ops) {
+  const int S = shard_->size();
+  SW_CHECK((kind == Kind::Whole) == (S == 1), "a unit is Whole exactly when its shard group is 1");
+  rank_ = shard_->rank();
+  layout_ = FlatLayout::build(unit->params(), S);
+  const int64_t P = layout_.padded, Sh = layout_.shard_size();
+  const Device dev = ops.device();
+  auto zeroed = [&](Buffer& b, int64_t n, Mem cat) {
+    b = Buffer(fbytes(n), cat, dev);
+    ops.fill(b.f32(), 0.f, static_cast<size_t>(n));
+    return b.f32();
+  };
+  switch (kind) {
+    case Kind::Sharded:
+      master_ = zeroed(master_buf_, Sh, Mem::Params);
+      grad_shard_ = zeroed(grad_shard_buf_, Sh, Mem::Grads);
+      break;
+    case Kind::FullReplicated:
+      full_ = zeroed(full_buf_, P, Mem::Params);
+      master_ = full_ + shard_range().lo;
+      grad_full_ = zeroed(grad_buf_, P, Mem::Grads);
+      grad_shard_ = zeroed(grad_shard_buf_, Sh, Mem::Grads);
+      sstate_ = ShardedState::Unsharded;
+      break;
+    case Kind::Whole:
+      full_ = zeroed(full_buf_, P, Mem::Params);
+      master_ = full_;
+      grad_full_ = bucket_grads ? bucket_grads : zeroed(grad_buf_, P, Mem::Grads);
+      grad_shard_ = grad_full_;
+      sstate_ = ShardedState::Unsharded;
+      break;
+  }
+  zeroed(m_, Sh, Mem::Optimizer);
+  zeroed(v_, Sh, Mem::Optimizer);
+  point_params();
+  point_grads();
+}
+
+FlatUnit::~FlatUnit() { quiesce(); }
+
+Range FlatUnit::shard_range() const {
+  const int64_t off = layout_.shard_offset(rank_);
+  return {off, off + layout_.shard_size()};
+}
+
+void FlatUnit::point_params() {
+  params_.resize(layout_.specs.size());
+  for (size_t s = 0; s < params_.size(); ++s)
+    params_[s] = full_ ? full_ + layout_.entries[s].offset : nullptr;
+}
+
+void FlatUnit::point_grads() {
+  grads_.resize(layout_.specs.size());
+  for (size_t s = 0; s < grads_.size(); ++s)
+    grads_[s] = grad_full_ ? grad_full_ + layout_.entries[s].offset : nullptr;
+}
+
+// ---- Parameters ------------------------------------------------------------------------------
+
+void FlatUnit::issue_unshard() {
+  if (sstate_ == ShardedState::Unsharded || gather_in_flight_) return;
+  const int64_t Sh = layout_.shard_size();
+  switch (kind_) {
+    case Kind::Sharded:
+      if (full_buf_.empty()) {
+        full_buf_ = Buffer(fbytes(layout_.padded), Mem::Communication, ops_->device());
+        full_ = full_buf_.f32();
+        point_params();
+      }
+      gather_ = shard_->issue_all_gather(master_, full_, Sh);
+      break;
+    case Kind::FullReplicated:  // in place: this rank's slice is already where it belongs
+      gather_ = shard_->issue_all_gather(full_ + shard_range().lo, full_, Sh);
+      break;
+    case Kind::Whole:
+      sstate_ = ShardedState::Unsharded;
+      return;
+  }
+  gather_in_flight_ = true;
+}
+
+void FlatUnit::wait_unshard() {
+  if (sstate_ == ShardedState::Unsharded) return;
+  issue_unshard();
+  gather_.wait();
+  gather_in_flight_ = false;
+  sstate_ = ShardedState::Unsharded;
+}
+
+void FlatUnit::reshard() {
+  SW_CHECK(!gather_in_flight_, "reshard of unit '" + unit_->name() + "' with a gather in flight");
+  if (kind_ != Kind::Sharded || sstate_ == ShardedState::Sharded) return;
+  full_buf_.release();
+  full_ = nullptr;
+  point_params();
+  sstate_ = ShardedState::Sharded;
+}
+
+void FlatUnit::issue_regather() {
+  if (kind_ != Kind::FullReplicated) return;
+  SW_CHECK(!gather_in_flight_, "regather of unit '" + unit_->name() + "' with a gather in flight");
+  sstate_ = ShardedState::Sharded;
+  issue_unshard();
+}
+
+// ---- Training state --------------------------------------------------------------------------
+
+void FlatUnit::to_forward() {
+  SW_CHECK(tstate_ == TrainingState::Idle || tstate_ == TrainingState::Forward,
+           "unit '" + unit_->name() + "': forward in state " + training_state_name(tstate_));
+  tstate_ = TrainingState::Forward;
+}
+
+void FlatUnit::to_pre_backward() {
+  SW_CHECK(tstate_ == TrainingState::Forward || tstate_ == TrainingState::PreBackward,
+           "unit '" + unit_->name() + "': backward in state " + training_state_name(tstate_));
+  SW_CHECK(sstate_ == ShardedState::Unsharded,
+           "unit '" + unit_->name() + "': backward needs gathered parameters");
+  tstate_ = TrainingState::PreBackward;
+}
+
+void FlatUnit::to_post_backward() {
+  SW_CHECK(tstate_ == TrainingState::PreBackward,
+           "unit '" + unit_->name() + "': post-backward in state " + training_state_name(tstate_));
+  tstate_ = TrainingState::PostBackward;
+}
+
+// ---- Gradients -------------------------------------------------------------------------------
+
+void FlatUnit::ensure_grads() {
+  if (grad_full_) return;
+  SW_CHECK(kind_ == Kind::Sharded, "persistent gradients are always allocated");
+  grad_buf_ = Buffer(fbytes(layout_.padded), Mem::Communication, ops_->device());
+  grad_full_ = grad_buf_.f32();
+  ops_->fill(grad_full_, 0.f, static_cast<size_t>(layout_.padded));
+  point_grads();
+}
+
+Work FlatUnit::issue_reduce_scatter() {
+  SW_CHECK(kind_ != Kind::Whole && grad_full_, "reduce-scatter needs unsharded gradients");
+  return shard_->issue_reduce_scatter(grad_full_, reduced_block(), layout_.shard_size(),
+                                      ReduceOp::Avg);
+}
+
+void FlatUnit::accumulate_reduced() {
+  SW_CHECK(kind_ != Kind::Whole && grad_full_, "nothing to accumulate");
+  const size_t Sh = static_cast<size_t>(layout_.shard_size());
+  ops_->add_inplace(grad_shard_, reduced_block(), Sh);
+  if (kind_ == Kind::Sharded) {
+    grad_buf_.release();
+    grad_full_ = nullptr;
+    point_grads();
+  } else {
+    ops_->fill(grad_full_, 0.f, static_cast<size_t>(layout_.padded));
+  }
+  dirty_ = false;
+}
+
+void FlatUnit::zero_grads() {
+  const size_t P = static_cast<size_t>(layout_.padded), Sh = static_cast<size_t>(shard_size());
+  switch (kind_) {
+    case Kind::Sharded:
+      grad_buf_.release();
+      grad_full_ = nullptr;
+      point_grads();
+      ops_->fill(grad_shard_, 0.f, Sh);
+      break;
+    case Kind::FullReplicated:
+      ops_->fill(grad_full_, 0.f, P);
+      ops_->fill(grad_shard_, 0.f, Sh);
+      break;
+    case Kind::Whole:
+      ops_->fill(grad_full_, 0.f, P);
+      break;
+  }
+  dirty_ = false;
+}
+
+// ---- Export helpers --------------------------------------------------------------------------
+
+void FlatUnit::gather_params_into(float* out) const {
+  if (kind_ == Kind::Whole) {
+    ops_->copy(out, full_, static_cast<size_t>(layout_.padded));
+    return;
+  }
+  shard_->all_gather(master_, out, layout_.shard_size());
+}
+
+void FlatUnit::gather_grads_into(float* out) const {
+  if (kind_ == Kind::Whole) {
+    ops_->copy(out, grad_shard_, static_cast<size_t>(layout_.padded));
+    return;
+  }
+  shard_->all_gather(grad_shard_, out, layout_.shard_size());
+}
+
+void FlatUnit::quiesce() noexcept {
+  if (!gather_in_flight_) return;
+  try {
+    gather_.wait();
+  } catch (...) {
+  }
+  gather_in_flight_ = false;
+  sstate_ = ShardedState::Unsharded;
+}
+
+}  // namespace sw

@@ -1,0 +1,168 @@
+// One unit's sharded state (internal to sharding/): its flat layout, the memory of each role,
+// and the state machine of FSDP2's FSDPParamGroup, with named states and guarded, idempotent
+// transitions. ShardedModel (sharded_model.cpp) decides WHEN to call them; this file says
+// WHAT each transition does.
+//
+// Memory of one unit (S = ranks in the shard group, "shard" = padded / S floats):
+//   role             sharded unit (S > 1, stage 2/3)     stage 1 (S > 1)     S == 1 (NO_SHARD, world 1)
+//   master           own buffer (shard), Params          view into full      = full
+//   full params      transient (padded), Communication   persistent, Params  persistent, Params
+//   unsharded grads  transient (padded), Communication   persistent, Grads   view into the model's
+//                                                                            bucket buffer, Grads
+//   reduced grads    own buffer (shard), Grads           own buffer, Grads   = unsharded grads
+//   AdamW m, v       own buffers (shard), Optimizer      same                (padded), Optimizer
+// "Transient" buffers exist only between the transitions that allocate and free them, so a
+// rank's persistent model state (Params + Grads + Optimizer) is 16 bytes per parameter / S;
+// gathered parameters and gradients awaiting their reduce-scatter are Communication.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "core/alloc.h"
+#include "models/unit.h"
+#include "sharding/comm/group.h"
+#include "sharding/flat_param.h"
+
+namespace sw {
+
+// Where a unit's parameters are. Sharded: only the master shard is valid (a gather may be in
+// flight); Unsharded: the full buffer is valid and may be handed to the unit.
+enum class ShardedState : uint8_t { Sharded, Unsharded };
+// Where the unit is in the current step: Idle (between steps), Forward (its forward calls have
+// started), PreBackward (its backward calls have started), PostBackward (its last backward call
+// is done; its gradients are complete for this micro-step and may be reduced).
+enum class TrainingState : uint8_t { Idle, Forward, PreBackward, PostBackward };
+const char* sharded_state_name(ShardedState s);
+const char* training_state_name(TrainingState s);
+
+// A half-open float range [lo, hi) inside a unit's flat buffer.
+struct Range {
+  int64_t lo = 0, hi = 0;
+  bool empty() const { return hi <= lo; }
+};
+inline Range intersect(Range a, Range b) { return {std::max(a.lo, b.lo), std::min(a.hi, b.hi)}; }
+
+class FlatUnit {
+ public:
+  enum class Kind : uint8_t {
+    Sharded,         // S > 1, stages 2/3 and HYBRID: everything unsharded is transient
+    FullReplicated,  // S > 1, stage 1: full params and grads persistent, optimizer sharded
+    Whole,           // S == 1: the shard is the whole buffer
+  };
+
+  // Allocates the persistent buffers (zeroed). `bucket_grads`: for Kind::Whole, the unit's
+  // region of the model's bucket buffer (padded floats), or null to allocate its own.
+  FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const Ops& ops,
+           float* bucket_grads);
+  FlatUnit(const FlatUnit&) = delete;
+  FlatUnit& operator=(const FlatUnit&) = delete;
+  ~FlatUnit();
+
+  Unit* unit() const { return unit_; }
+  int index() const { return index_; }
+  Kind kind() const { return kind_; }
+  const FlatLayout& layout() const { return layout_; }
+  int64_t shard_size() const { return layout_.shard_size(); }
+  Range shard_range() const;  // this rank's slice of the flat buffer
+  // Whether the full parameters stay allocated for the unit's whole life.
+  bool persistent() const { return kind_ != Kind::Sharded; }
+
+  ShardedState sharded_state() const { return sstate_; }
+  TrainingState training_state() const { return tstate_; }
+  bool gather_in_flight() const { return gather_in_flight_; }
+  // Transient gathered parameters allocated (valid or in flight): what max_live_units counts.
+  bool holds_gathered() const { return kind_ == Kind::Sharded && full_ != nullptr; }
+
+  // ---- Parameters (FSDP2's unshard = issue + wait, reshard) ----------------------------
+  // Sharded and no gather in flight: allocates the full buffer (if transient) and issues the
+  // all-gather of every rank's master shard into it. Otherwise a no-op.
+  void issue_unshard();
+  // -> Unsharded: issues the gather if nobody did, waits for it.
+  void wait_unshard();
+  // Unsharded -> Sharded: frees the transient full buffer. A no-op for persistent parameters
+  // and when already Sharded. Must not be called with a gather in flight.
+  void reshard();
+  // Stage 1 after the optimizer updated this rank's slice of the persistent full buffer: the
+  // other slices are stale until the in-place all-gather issued here completes (-> Sharded,
+  // gather in flight).
+  void issue_regather();
+
+  // ---- Training state -------------------------------------------------------------------
+  void to_forward();       // Idle|Forward -> Forward (idempotent)
+  void to_pre_backward();  // Forward|PreBackward -> PreBackward (needs Unsharded)
+  void to_post_backward(); // PreBackward -> PostBackward
+  void to_idle() { tstate_ = TrainingState::Idle; }
+
+  // ---- Gradients ---------------------------------------------------------------------------
+  // Makes the unsharded gradient buffer exist (transient ones are allocated zeroed).
+  void ensure_grads();
+  bool has_grads() const { return grad_full_ != nullptr; }
+  // Backward wrote into the unsharded gradients since they were last reduced.
+  bool grads_dirty() const { return dirty_; }
+  void mark_dirty() { dirty_ = true; }
+  // Sharded kinds: issues the reduce-scatter (average over the shard group) of the unsharded
+  // gradients, in place into this rank's block of them.
+  Work issue_reduce_scatter();
+  // The block that reduce-scatter wrote (what a HYBRID all-reduce averages over replicas).
+  float* reduced_block() const { return grad_full_ + shard_range().lo; }
+  // Sharded kinds, once the reduction completed: reduced shard += block; then the unsharded
+  // buffer is freed (transient) or zeroed (persistent). Clears dirty.
+  void accumulate_reduced();
+  // Kind::Whole: the reduction happened in place; clears dirty.
+  void reduced_in_place() { dirty_ = false; }
+  // Zeroes the reduced gradients and drops (or zeroes) the unsharded ones.
+  void zero_grads();
+
+  // ---- Views -------------------------------------------------------------------------------
+  float* master() const { return master_; }          // (shard) fp32 master
+  float* full() const { return full_; }              // (padded) valid when Unsharded
+  float* grad_shard() const { return grad_shard_; }  // (shard) reduced gradients
+  float* grad_full() const { return grad_full_; }    // (padded) unsharded gradients
+  float* adam_m() const { return m_.f32(); }
+  float* adam_v() const { return v_.f32(); }
+  const std::vector<float*>& params() const { return params_; }  // per spec, into full
+  const std::vector<float*>& grads() const { return grads_; }    // per spec, into grad_full
+  // Gathers this unit's master shards into `out` (padded floats) without touching the state:
+  // a collective, for parameter export between steps.
+  void gather_params_into(float* out) const;
+  // Same for the reduced gradient shards.
+  void gather_grads_into(float* out) const;
+
+  // Schedule positions of the unit's first and last calls (set by ShardedModel).
+  int first_pos = -1, last_pos = -1;
+
+  // Waits for any collective of this unit still in flight (errors swallowed): for teardown.
+  void quiesce() noexcept;
+
+ private:
+  void point_params();
+  void point_grads();
+
+  Unit* unit_;
+  int index_;
+  Kind kind_;
+  Group* shard_;  // the shard group (size S)
+  const Ops* ops_;
+  FlatLayout layout_;
+  int rank_;  // in the shard group
+
+  Buffer master_buf_;      // Kind::Sharded: (shard) Params
+  Buffer full_buf_;        // (padded): transient Communication, or persistent Params
+  Buffer m_, v_;           // (shard) Optimizer
+  Buffer grad_buf_;        // (padded) unsharded grads (empty when a bucket view)
+  Buffer grad_shard_buf_;  // (shard) reduced grads, Kinds Sharded/FullReplicated
+  float* master_ = nullptr;
+  float* full_ = nullptr;
+  float* grad_full_ = nullptr;
+  float* grad_shard_ = nullptr;
+  std::vector<float*> params_, grads_;
+
+  ShardedState sstate_ = ShardedState::Sharded;
+  TrainingState tstate_ = TrainingState::Idle;
+  Work gather_;
+  bool gather_in_flight_ = false;
+  bool dirty_ = false;
+};
+
+}  // namespace sw
