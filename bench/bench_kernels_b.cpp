@@ -23,6 +23,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/rng.h"
@@ -51,6 +52,27 @@ double time_median(const std::function<void()>& fn, int reps = -1) {
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+// Medians of fa and fb timed alternately (a, b, a, b, ...) after one warm-up each, so slow
+// drifts of a shared machine hit both alike.
+std::pair<double, double> time_paired(const std::function<void()>& fa,
+                                      const std::function<void()>& fb, int reps = -1) {
+  if (reps < 0) reps = g_reps;
+  fa();
+  fb();
+  std::vector<double> ta, tb;
+  for (int r = 0; r < reps; ++r) {
+    double t0 = now();
+    fa();
+    ta.push_back(now() - t0);
+    t0 = now();
+    fb();
+    tb.push_back(now() - t0);
+  }
+  std::sort(ta.begin(), ta.end());
+  std::sort(tb.begin(), tb.end());
+  return {ta[ta.size() / 2], tb[tb.size() / 2]};
 }
 
 std::vector<float> randv(size_t n, uint64_t seed, float sd = 1.f) {
@@ -159,33 +181,47 @@ int main(int argc, char** argv) {
                 fl / t_in / 1e9, threads, fl / t_one / 1e9);
   }
 
-  auto row = [&](const char* name, double flops, double t) {
+  // own: median time of the sgemm calls the kernel makes (same shapes, called directly,
+  // timed interleaved with the kernel); 0 when there is no such reference.
+  auto row = [&](const char* name, double flops, double t, double own = 0) {
     const double rate = flops / t / 1e9;
-    std::printf("%-28s %9.2f %8.1f %7.1f%%\n", name, t * 1e3, rate, 100.0 * rate / roof);
+    std::printf("%-28s %9.2f %8.1f %7.1f%%", name, t * 1e3, rate, 100.0 * rate / roof);
+    if (own > 0) std::printf(" %9.1f%%", 100.0 * own / t);
+    std::printf("\n");
   };
 
   // ---- 2. Linear ---------------------------------------------------------------------------
-  std::printf("\n## kernels (fraction of the sgemm roofline above)\n");
-  std::printf("%-28s %9s %8s %8s\n", "op", "ms", "GFLOP/s", "of roof");
+  std::printf("\n## kernels: %% of the sgemm roofline above; %% of the same sgemm calls made directly\n");
+  std::printf("%-28s %9s %8s %8s %10s\n", "op", "ms", "GFLOP/s", "of roof", "of sgemm");
   {
     const auto bias = randv(4 * C, 3);
     std::vector<float> dinp((size_t)N * 4 * C, 0.f), db(4 * C, 0.f);
-    double lf = 0, lt = 0, bf = 0, bt = 0;
+    double lf = 0, lt = 0, lo = 0, bf = 0, bt = 0, bo = 0;
     for (const Lin& l : lins) {
       const double fl = 2.0 * N * l.C * l.OC;
-      const double t = time_median([&] {
-        sw::cpu::linear_forward(Cm.data(), A.data(), Bm.data(), bias.data(), N, l.C, l.OC);
-      });
-      const double tb = time_median([&] {
-        sw::cpu::linear_backward(dinp.data(), Cm.data(), db.data(), A.data(), A.data(), Bm.data(), N,
-                                 l.C, l.OC);
-      });
-      row((std::string("linear fwd ") + l.name).c_str(), fl, t);
-      row((std::string("linear bwd ") + l.name).c_str(), 2 * fl, tb);
-      lf += fl, lt += t, bf += 2 * fl, bt += tb;
+      const auto [t, to] = time_paired(
+          [&] { sw::cpu::linear_forward(Cm.data(), A.data(), Bm.data(), bias.data(), N, l.C, l.OC); },
+          [&] {
+            sw::cpu::gemm(false, true, N, l.OC, l.C, 1.f, A.data(), l.C, Bm.data(), l.C, 1.f,
+                          Cm.data(), l.OC);
+          });
+      const auto [tb, tbo] = time_paired(
+          [&] {
+            sw::cpu::linear_backward(dinp.data(), Cm.data(), db.data(), A.data(), A.data(),
+                                     Bm.data(), N, l.C, l.OC);
+          },
+          [&] {
+            sw::cpu::gemm(false, false, N, l.C, l.OC, 1.f, A.data(), l.OC, Bm.data(), l.C, 1.f,
+                          dinp.data(), l.C);
+            sw::cpu::gemm(true, false, l.OC, l.C, N, 1.f, A.data(), l.OC, A.data(), l.C, 1.f,
+                          Cm.data(), l.C);
+          });
+      row((std::string("linear fwd ") + l.name).c_str(), fl, t, to);
+      row((std::string("linear bwd ") + l.name).c_str(), 2 * fl, tb, tbo);
+      lf += fl, lt += t, lo += to, bf += 2 * fl, bt += tb, bo += tbo;
     }
-    row("linear fwd (4 layers)", lf, lt);
-    row("linear bwd (4 layers)", bf, bt);
+    row("linear fwd (4 layers)", lf, lt, lo);
+    row("linear bwd (4 layers)", bf, bt, bo);
   }
 
   // ---- 3. Attention ------------------------------------------------------------------------
@@ -226,15 +262,26 @@ int main(int argc, char** argv) {
     for (int n = 0; n < N; ++n) tg[n] = (int32_t)sw::rng_bits(8, 0, n) % V;
     std::vector<float> loss(N), dx((size_t)N * C, 0.f);
     const double fl = 2.0 * N * C * V;
-    const double t = time_median([&] {
-      sw::cpu::lmhead_xent(loss.data(), nullptr, nullptr, x.data(), Bm.data(), tg.data(), N, C, V, 1.f);
-    });
-    const double tb = time_median([&] {
-      sw::cpu::lmhead_xent(loss.data(), dx.data(), Cm.data(), x.data(), Bm.data(), tg.data(), N, C, V,
-                           1.f / N);
-    });
-    row("lm head + xent fwd (eval)", fl, t);
-    row("lm head + xent fwd+bwd", 3 * fl, tb);
+    const auto [t, to] = time_paired(
+        [&] {
+          sw::cpu::lmhead_xent(loss.data(), nullptr, nullptr, x.data(), Bm.data(), tg.data(), N, C,
+                               V, 1.f);
+        },
+        [&] {
+          sw::cpu::gemm(false, true, N, V, C, 1.f, x.data(), C, Bm.data(), C, 0.f, Cm.data(), V);
+        });
+    const auto [tb, tbo] = time_paired(
+        [&] {
+          sw::cpu::lmhead_xent(loss.data(), dx.data(), Cm.data(), x.data(), Bm.data(), tg.data(), N,
+                               C, V, 1.f / N);
+        },
+        [&] {  // the three GEMMs unchunked, on full (N, V) logits
+          sw::cpu::gemm(false, true, N, V, C, 1.f, x.data(), C, Bm.data(), C, 0.f, Cm.data(), V);
+          sw::cpu::gemm(false, false, N, C, V, 1.f, Lg.data(), V, Bm.data(), C, 1.f, dx.data(), C);
+          sw::cpu::gemm(true, false, V, C, N, 1.f, Lg.data(), V, x.data(), C, 1.f, Cm.data(), C);
+        });
+    row("lm head + xent fwd (eval)", fl, t, to);
+    row("lm head + xent fwd+bwd", 3 * fl, tb, tbo);
   }
   return 0;
 }

@@ -18,10 +18,15 @@
 // adds the partials into dqkv in fixed head order (no races, bit-identical reruns).
 //
 // Tile products use the register-blocked microkernel below rather than sgemm: at hd = 64 the
-// tiles are too small for OpenBLAS (packing and call overhead dominated: ~30% of its large-GEMM
-// rate, against ~70-80% here), and a hand-written loop can also skip the masked half of the
-// diagonal tiles at 16-column / 6-row granularity. K and V tiles are transposed once per key
-// tile (hd x keys) so every product has the form "broadcast a scalar, FMA a 16-float row".
+// tiles are too small for OpenBLAS (packing and call overhead: ~35% of its large-GEMM rate in
+// our measurements, against ~45-60% for the whole kernel here, softmax included), and a
+// hand-written loop can skip the masked half of the diagonal tiles at 6-row x 16-column
+// granularity. K (and in the backward V) tiles are transposed once per key tile (hd x keys) so
+// every product has the form "broadcast a scalar, FMA a 16-float row". The backward also copies
+// Q, dO (per head) and the K tile into buffers with padded rows and accumulates dQ, dK, dV
+// locally: qkv's row stride (e.g. 2304 floats) maps consecutive rows to a few L1 sets, which
+// costs the microkernel up to 40% when it streams such rows many times; the forward streams
+// them once or twice and measured no gain from copying.
 #include <omp.h>
 
 #include <algorithm>
@@ -114,7 +119,7 @@ inline void ukernel_dispatch(int mr, int nv, int K, const float* A, ptrdiff_t sa
 enum class Causal { kAll, kColsUpTo, kKUpTo, kKFrom };
 
 // C(M, W) (+)= sum_k A(i, k) B(k, 0:W) with A(i, k) = A[i*sa + k*sk]. The last W % 16 columns
-// use a scalar loop.
+// (only when hd is not a multiple of 16) use a scalar loop.
 void mm(int M, int W, int K, const float* A, ptrdiff_t sa, ptrdiff_t sk, const float* B,
         ptrdiff_t ldb, float* C, ptrdiff_t ldc, bool acc, Causal cz = Causal::kAll, int d = 0) {
   const int W16 = W / 16 * 16;
@@ -129,11 +134,9 @@ void mm(int M, int W, int K, const float* A, ptrdiff_t sa, ptrdiff_t sk, const f
       const float* a = A + i * sa + k0 * sk;
       const float* b = B + (ptrdiff_t)k0 * ldb;
       float* c = C + i * ldc;
-      const int wv = std::min(w1, W16);  // vector part [j, wv)
-      if (wv > j)
-        ukernel_dispatch(mr, (wv - j + 15) / 16 > 4 ? 4 : (wv - j + 15) / 16, k1 - k0, a, sa, sk,
-                         b + j, ldb, c + j, ldc, acc);
-      for (int col = std::max(j, W16); col < w1; ++col)  // scalar tail (W not a multiple of 16)
+      const int wv = std::min(w1, W16);  // vector part [j, wv), rounded up within W16
+      if (wv > j) ukernel_dispatch(mr, (wv - j + 15) / 16, k1 - k0, a, sa, sk, b + j, ldb, c + j, ldc, acc);
+      for (int col = std::max(j, W16); col < w1; ++col)
         for (int r = 0; r < mr; ++r) {
           float s = 0.f;
           for (int k = 0; k < k1 - k0; ++k) s += a[r * sa + k * sk] * b[(ptrdiff_t)k * ldb + col];
@@ -165,9 +168,9 @@ inline void transpose_stage(V16* r) {
     }
 }
 
-// dst(hd, ldd) = src(n, hd; row stride lds)^T, columns n..ldd-1 zeroed. 16x16 blocks in
-// registers; the edges (n or hd not multiples of 16) element by element.
-void transpose_tile(float* dst, int ldd, const float* src, ptrdiff_t lds, int n, int hd) {
+// dst(hd, ldd) = src(n, hd; row stride lds)^T with columns n..round16(n)-1 zeroed. 16x16
+// blocks in registers; the edges (n or hd not multiples of 16) element by element.
+void pack_transposed(float* dst, int ldd, const float* src, ptrdiff_t lds, int n, int hd) {
   const int n16 = n / 16 * 16, hd16 = hd / 16 * 16;
   for (int j = 0; j < n16; j += 16) {
     for (int c = 0; c < hd16; c += 16) {
@@ -185,11 +188,30 @@ void transpose_tile(float* dst, int ldd, const float* src, ptrdiff_t lds, int n,
   for (int c = 0; c < hd; ++c) {
     float* d = dst + (ptrdiff_t)c * ldd;
     for (int j = n16; j < n; ++j) d[j] = src[j * lds + c];
-    for (int j = n; j < ldd; ++j) d[j] = 0.f;
+    for (int j = n; j < (n + 15) / 16 * 16; ++j) d[j] = 0.f;
+  }
+}
+
+// dst(n, ldd) = src(n, hd; row stride lds), columns hd..round16(hd)-1 zeroed.
+void pack_rows(float* dst, int ldd, const float* src, ptrdiff_t lds, int n, int hd) {
+  const int hd16 = (hd + 15) / 16 * 16;
+  for (int i = 0; i < n; ++i) {
+    float* d = dst + (ptrdiff_t)i * ldd;
+    std::memcpy(d, src + i * lds, sizeof(float) * hd);
+    for (int c = hd; c < hd16; ++c) d[c] = 0.f;
   }
 }
 
 inline int round16(int n) { return (n + 15) / 16 * 16; }
+
+// Leading dimension for a packed buffer of rows n floats wide: a multiple of 16 floats that
+// is an odd number of 64-byte lines, so consecutive rows fall in different L1 sets. (qkv's own
+// row stride, e.g. 2304 floats, maps every row to the same few sets and halves the kernel's
+// speed; that is why operands are packed at all.)
+inline int padded_ld(int n) {
+  const int n16 = round16(n);
+  return (n16 / 16) % 2 == 0 ? n16 + 16 : n16;
+}
 
 void check_shapes(int B, int T, int H, int KVH, int hd) {
   SW_CHECK(B >= 0 && T >= 0 && H > 0 && KVH > 0 && hd > 0, "attention: bad shape");
@@ -227,7 +249,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 
       for (int j0 = 0; j0 < i1; j0 += kFwdBK) {
         const int j1 = std::min(i1, j0 + kFwdBK), nk = j1 - j0, ldp = round16(nk);
-        transpose_tile(KT.data(), ldp, K + (size_t)j0 * R, R, nk, hd);
+        pack_transposed(KT.data(), ldp, K + (size_t)j0 * R, R, nk, hd);
         // S = Q K^T (unscaled), only the columns each row block can see.
         mm(nq, ldp, hd, Q, R, 1, KT.data(), ldp, S.data(), ldp, false, Causal::kColsUpTo, i0 - j0);
         for (int r = 0; r < nq; ++r) {
@@ -278,6 +300,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   check_shapes(B, T, H, KVH, hd);
   if (B == 0 || T == 0) return;
   const int R = (H + 2 * KVH) * hd, CO = H * hd, rep = H / KVH;
+  const int hd16 = round16(hd), ldh = padded_ld(hd);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const float ninf = -std::numeric_limits<float>::infinity();
   const bool gqa = rep > 1;
@@ -285,37 +308,32 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   Buffer scratch;
   if (gqa) scratch = Buffer(sizeof(float) * (size_t)B * H * 2 * T * hd, Mem::Workspace);
   float* part = scratch.f32();
-  constexpr int ldp = (kBwdBK + 15) / 16 * 16;
+  const int ldk = padded_ld(kBwdBK);
 
 #pragma omp parallel
   {
-    std::vector<float> P((size_t)kBwdBQ * ldp), dS((size_t)kBwdBQ * ldp);
-    std::vector<float> KT((size_t)hd * ldp), VT((size_t)hd * ldp), D(T);
+    // Per thread: Q, dO and the dQ accumulator of one head (T rows each), the current key
+    // tile transposed (K^T, V^T) and as rows (K), its dK/dV accumulators, two score tiles.
+    std::vector<float> Qp((size_t)T * ldh), dOp((size_t)T * ldh), dQp((size_t)T * ldh);
+    std::vector<float> KT((size_t)hd * ldk), VT((size_t)hd * ldk);
+    std::vector<float> Kp((size_t)kBwdBK * ldh), dKp((size_t)kBwdBK * ldh),
+        dVp((size_t)kBwdBK * ldh);
+    std::vector<float> P((size_t)kBwdBQ * ldk), dS((size_t)kBwdBQ * ldk), D(T);
 #pragma omp for schedule(dynamic, 1)
     for (int bh = 0; bh < B * H; ++bh) {
       const int b = bh / H, h = bh % H, g = h / rep;
       const size_t base = (size_t)b * T * R;
-      const float* Q = qkv + base + (size_t)h * hd;
       const float* K = qkv + base + (size_t)(H + g) * hd;
       const float* V = qkv + base + (size_t)(H + KVH + g) * hd;
-      float* dQ = dqkv + base + (size_t)h * hd;
       const float* O = out + (size_t)b * T * CO + (size_t)h * hd;
       const float* dO = dout + (size_t)b * T * CO + (size_t)h * hd;
       const float* L = lse + (size_t)bh * T;
-      float *dK, *dV;
-      int ldkv;
-      if (gqa) {
-        dK = part + (size_t)bh * 2 * T * hd;
-        dV = dK + (size_t)T * hd;
-        ldkv = hd;
-      } else {
-        dK = dqkv + base + (size_t)(H + g) * hd;
-        dV = dqkv + base + (size_t)(H + KVH + g) * hd;
-        ldkv = R;
-      }
+      pack_rows(Qp.data(), ldh, qkv + base + (size_t)h * hd, R, T, hd);
+      pack_rows(dOp.data(), ldh, dO, CO, T, hd);
+      std::fill(dQp.begin(), dQp.end(), 0.f);
       for (int i = 0; i < T; ++i) {
         const float* o = O + (size_t)i * CO;
-        const float* d = dO + (size_t)i * CO;
+        const float* d = dOp.data() + (size_t)i * ldh;
         float s = 0.f;
 #pragma omp simd reduction(+ : s)
         for (int c = 0; c < hd; ++c) s += o[c] * d[c];
@@ -323,24 +341,21 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
       }
 
       for (int j0 = 0; j0 < T; j0 += kBwdBK) {
-        const int j1 = std::min(T, j0 + kBwdBK), nk = j1 - j0;
-        const float* Kj = K + (size_t)j0 * R;
-        const float* Vj = V + (size_t)j0 * R;
-        float* dKj = dK + (size_t)j0 * ldkv;
-        float* dVj = dV + (size_t)j0 * ldkv;
-        transpose_tile(KT.data(), ldp, Kj, R, nk, hd);
-        transpose_tile(VT.data(), ldp, Vj, R, nk, hd);
+        const int j1 = std::min(T, j0 + kBwdBK), nk = j1 - j0, nk16 = round16(nk);
+        pack_transposed(KT.data(), ldk, K + (size_t)j0 * R, R, nk, hd);
+        pack_transposed(VT.data(), ldk, V + (size_t)j0 * R, R, nk, hd);
+        pack_rows(Kp.data(), ldh, K + (size_t)j0 * R, R, nk, hd);
         bool first = true;
         for (int i0 = (j0 / kBwdBQ) * kBwdBQ; i0 < T; i0 += kBwdBQ) {
           const int i1 = std::min(T, i0 + kBwdBQ), nq = i1 - i0, d = i0 - j0;
           if (i1 <= j0) continue;  // every row of this query tile is above the key tile
-          const float* Qi = Q + (size_t)i0 * R;
-          const float* dOi = dO + (size_t)i0 * CO;
-          mm(nq, ldp, hd, Qi, R, 1, KT.data(), ldp, P.data(), ldp, false, Causal::kColsUpTo, d);
-          mm(nq, ldp, hd, dOi, CO, 1, VT.data(), ldp, dS.data(), ldp, false, Causal::kColsUpTo, d);
+          const float* Qi = Qp.data() + (size_t)i0 * ldh;
+          const float* dOi = dOp.data() + (size_t)i0 * ldh;
+          mm(nq, nk16, hd, Qi, ldh, 1, KT.data(), ldk, P.data(), ldk, false, Causal::kColsUpTo, d);
+          mm(nq, nk16, hd, dOi, ldh, 1, VT.data(), ldk, dS.data(), ldk, false, Causal::kColsUpTo, d);
           for (int r = 0; r < nq; ++r) {
-            float* p = P.data() + (size_t)r * ldp;
-            float* ds = dS.data() + (size_t)r * ldp;
+            float* p = P.data() + (size_t)r * ldk;
+            float* ds = dS.data() + (size_t)r * ldk;
             const int nv = std::clamp(i0 + r - j0 + 1, 0, nk), nv16 = round16(nv);
             const float li = L[i0 + r], di = D[i0 + r];
             // As in the forward: -inf up to the vector boundary gives P = 0 and dS = 0 there
@@ -351,17 +366,41 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
               vstore(p + c, pv);
               vstore(ds + c, scale * pv * (vload(ds + c) - di));
             }
-            for (int c = nv16; c < ldp; c += 16) vstore(p + c, V16{}), vstore(ds + c, V16{});
+            for (int c = nv16; c < nk16; c += 16) vstore(p + c, V16{}), vstore(ds + c, V16{});
           }
-          // With GQA the scratch starts undefined: the first contribution overwrites it.
-          const bool acc = !(gqa && first);
+          // dV_j (nk, hd) (+)= P^T dO_i ; dK_j (+)= dS^T Q_i : A(j, r) = P[r*ldk + j]. The
+          // first query tile initialises the accumulators (rows it cannot see get zeros).
+          mm(nk, hd16, nq, P.data(), 1, ldk, dOi, ldh, dVp.data(), ldh, !first, Causal::kKFrom, d);
+          mm(nk, hd16, nq, dS.data(), 1, ldk, Qi, ldh, dKp.data(), ldh, !first, Causal::kKFrom, d);
           first = false;
-          // dV_j (nk, hd) (+)= P^T dO_i ; dK_j (+)= dS^T Q_i : A(j, r) = P[r*ldp + j].
-          mm(nk, hd, nq, P.data(), 1, ldp, dOi, CO, dVj, ldkv, acc, Causal::kKFrom, d);
-          mm(nk, hd, nq, dS.data(), 1, ldp, Qi, R, dKj, ldkv, acc, Causal::kKFrom, d);
           // dQ_i (nq, hd) += dS K_j
-          mm(nq, hd, nk, dS.data(), ldp, 1, Kj, R, dQ + (size_t)i0 * R, R, true, Causal::kKUpTo, d);
+          mm(nq, hd16, nk, dS.data(), ldk, 1, Kp.data(), ldh, dQp.data() + (size_t)i0 * ldh, ldh,
+             true, Causal::kKUpTo, d);
         }
+        // Key tile done: dK/dV += (MHA) or scratch = (GQA) its accumulators.
+        float* dK = gqa ? part + ((size_t)bh * 2 * T + j0) * hd : dqkv + base + (size_t)j0 * R + (size_t)(H + g) * hd;
+        float* dV = gqa ? dK + (size_t)T * hd : dqkv + base + (size_t)j0 * R + (size_t)(H + KVH + g) * hd;
+        const ptrdiff_t ld = gqa ? hd : R;
+        for (int j = 0; j < nk; ++j) {
+          const float* sk = dKp.data() + (size_t)j * ldh;
+          const float* sv = dVp.data() + (size_t)j * ldh;
+          float* tk = dK + j * ld;
+          float* tv = dV + j * ld;
+          if (gqa) {
+            std::memcpy(tk, sk, sizeof(float) * hd);
+            std::memcpy(tv, sv, sizeof(float) * hd);
+          } else {
+#pragma omp simd
+            for (int c = 0; c < hd; ++c) tk[c] += sk[c], tv[c] += sv[c];
+          }
+        }
+      }
+      float* dQ = dqkv + base + (size_t)h * hd;
+      for (int i = 0; i < T; ++i) {
+        const float* s = dQp.data() + (size_t)i * ldh;
+        float* t = dQ + (size_t)i * R;
+#pragma omp simd
+        for (int c = 0; c < hd; ++c) t[c] += s[c];
       }
     }
 

@@ -66,15 +66,21 @@ inline V16 vload(const float* p) { return *reinterpret_cast<const V16*>(p); }
 inline void vstore(float* p, V16 v) { *reinterpret_cast<V16*>(p) = v; }
 inline V16 vsplat(float x) { return V16{} + x; }
 inline V16 vmax(V16 a, V16 b) { return a > b ? a : b; }
-inline float hsum(V16 v) {  // fixed order, lane 0 to 15
-  float s = 0.f;
-  for (int i = 0; i < 16; ++i) s += v[i];
-  return s;
+// Horizontal sum / max as a fixed 4-step tree (halves, quarters, ...): deterministic.
+inline V16 swap_halves(V16 v, int step) {
+  constexpr I16 s8 = {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7};
+  constexpr I16 s4 = {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11};
+  constexpr I16 s2 = {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13};
+  constexpr I16 s1 = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
+  return __builtin_shuffle(v, step == 8 ? s8 : step == 4 ? s4 : step == 2 ? s2 : s1);
+}
+inline float hsum(V16 v) {
+  for (int step : {8, 4, 2, 1}) v += swap_halves(v, step);
+  return v[0];
 }
 inline float hmax(V16 v) {
-  float m = v[0];
-  for (int i = 1; i < 16; ++i) m = v[i] > m ? v[i] : m;
-  return m;
+  for (int step : {8, 4, 2, 1}) v = vmax(v, swap_halves(v, step));
+  return v[0];
 }
 
 // exp_approx on 16 lanes (same formula, same results lane by lane).

@@ -93,7 +93,7 @@ void linear_forward(float* out, const float* inp, const float* w, const float* b
   if (N <= 0 || OC <= 0) return;
   detail::blas_select_core();
   if (b) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)N * OC >= (1u << 16))
     for (int n = 0; n < N; ++n) std::memcpy(out + (size_t)n * OC, b, sizeof(float) * OC);
   }
   if (C <= 0) {
@@ -115,7 +115,7 @@ void linear_backward(float* dinp, float* dw, float* db, const float* dout, const
     // of 256 columns, static schedule), so the result does not depend on the thread count.
     constexpr int CB = 256;
     const int nblocks = (OC + CB - 1) / CB;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)N * OC >= (1u << 16))
     for (int blk = 0; blk < nblocks; ++blk) {
       const int c0 = blk * CB, c1 = c0 + CB < OC ? c0 + CB : OC, w0 = c1 - c0;
       float acc[CB];
