@@ -403,6 +403,12 @@ void MpiGroup::check_same_collective(const Op& op) {
            " " + describe(c);
     if (g.algo != f.algo) msg += std::string(" algo=") + comm_algo_name(static_cast<CommAlgo>(g.algo));
   }
+  // Every rank throws the same message from wait(); the group's first rank also prints it, in
+  // case the caller swallows the exception.
+  if (rank_ == 0) {
+    std::fprintf(stderr, "shardwise: rank %s: %s\n", world_rank_str(0).c_str(), msg.c_str());
+    std::fflush(stderr);
+  }
   throw Error(msg);
 }
 

@@ -70,9 +70,16 @@ TEST_CASE("names, descriptions and options") {
   CHECK(describe(c) == "all_gather(count=12,bf16)");
   ::setenv("SHARDWISE_COMM_TIMEOUT_S", "7.5", 1);
   ::setenv("SHARDWISE_COMM_DELAY_US", "100", 1);
+  ::setenv("SHARDWISE_COMM_DEBUG", "1", 1);
+  ::setenv("SHARDWISE_COMM_CHUNK_KB", "64", 1);
   CommOptions o = CommOptions::from_env();
   CHECK(o.timeout_s == 7.5);
   CHECK(o.delay_us == 100);
+  CHECK(o.debug);
+  CHECK(o.chunk_bytes == 64 * 1024);
+  ::unsetenv("SHARDWISE_COMM_DEBUG");
+  ::unsetenv("SHARDWISE_COMM_CHUNK_KB");
+  CHECK_FALSE(CommOptions::from_env().debug);
   ::setenv("SHARDWISE_COMM_TIMEOUT_S", "soon", 1);
   CHECK_THROWS_WITH(CommOptions::from_env(), Catch::Contains("SHARDWISE_COMM_TIMEOUT_S"));
   ::unsetenv("SHARDWISE_COMM_TIMEOUT_S");
