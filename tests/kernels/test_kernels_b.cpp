@@ -38,6 +38,7 @@
 #include "tests/common/gradcheck.h"
 
 extern "C" char* openblas_get_corename(void);
+extern "C" int openblas_get_parallel(void);  // 0 sequential, 1 pthreads, 2 OpenMP
 
 namespace {
 
@@ -115,6 +116,13 @@ void gemm_ref(bool ta, bool tb, int M, int N, int K, float alpha, const Vec& A, 
 }
 
 }  // namespace
+
+TEST_CASE("the loaded OpenBLAS is the OpenMP build") {
+  // The build links the openmp variant by path and sets an RPATH; without it the dynamic
+  // loader picks whatever Debian's alternatives point at (the pthreads build by default), whose
+  // own thread pool then competes with our OpenMP threads.
+  CHECK(openblas_get_parallel() == 2);
+}
 
 TEST_CASE("OpenBLAS uses vector kernels on AVX2/AVX-512 machines") {
   // OpenBLAS 0.3.21 falls back to SSE3 "Prescott" kernels on CPUs it does not know (6x
@@ -452,7 +460,7 @@ std::vector<int32_t> make_targets(int N, int V, uint64_t seed) {
 
 }  // namespace
 
-TEST_CASE("lmhead_xent loss matches full logits + log-softmax; ignored targets; eval mode") {
+TEST_CASE("lmhead_xent loss matches full logits + log-softmax, ignored targets, eval mode") {
   sw::set_num_threads(2);
   // N = 300 > the 256-row chunk and not a multiple of it.
   for (auto [N, C, V] : {std::tuple{300, 24, 97}, std::tuple{5, 16, 1000}, std::tuple{1, 8, 3}}) {
