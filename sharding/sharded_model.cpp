@@ -106,6 +106,11 @@ struct ShardedModel::Impl {
     for (const auto& u : units) n += u->holds_gathered();
     return n;
   }
+  int peak_live = 0;  // peak_gathered_units()
+  void issue(FlatUnit& fu) {
+    fu.issue_unshard();
+    peak_live = std::max(peak_live, live_units());
+  }
 
   // Issues the gathers of the `depth` units after (dir = +1) or before (dir = -1) schedule
   // position `pos`, skipping units already gathered or in flight, within max_live_units.
@@ -117,7 +122,7 @@ struct ShardedModel::Impl {
       FlatUnit& fu = unit_at(m, static_cast<size_t>(p));
       if (fu.sharded_state() == ShardedState::Unsharded || fu.gather_in_flight()) continue;
       if (policy.max_live_units > 0 && live_units() >= policy.max_live_units) break;
-      fu.issue_unshard();
+      issue(fu);
     }
   }
 
@@ -247,7 +252,7 @@ struct ShardedModel::Impl {
       const Call& c = model.schedule[p];
       FlatUnit& fu = unit_at(model, p);
       if (training) fu.to_forward();
-      fu.issue_unshard();
+      issue(fu);
       prefetch(model, static_cast<int>(p), policy.forward_prefetch, +1);
       fu.wait_unshard();
       // The loss call may compute the head's gradients during forward (models/unit.h): the
@@ -290,7 +295,7 @@ struct ShardedModel::Impl {
     for (size_t q = P; q-- > 0;) {
       const Call& c = model.schedule[q];
       FlatUnit& fu = unit_at(model, q);
-      fu.issue_unshard();
+      issue(fu);
       prefetch(model, static_cast<int>(q), policy.backward_prefetch, -1);
       fu.wait_unshard();
       fu.to_pre_backward();
@@ -489,6 +494,7 @@ int64_t ShardedModel::num_params() const {
 int ShardedModel::rank() const { return impl_->world->rank(); }
 int ShardedModel::world() const { return impl_->W; }
 const ShardingPolicy& ShardedModel::policy() const { return impl_->policy; }
+int ShardedModel::peak_gathered_units() const { return impl_->peak_live; }
 Group& ShardedModel::group() const { return *impl_->world; }
 
 CommStats ShardedModel::comm_stats() const {
@@ -542,6 +548,7 @@ double ShardedModel::forward_backward(const Batch& batch, float grad_scale, bool
   int64_t loss_count = 0;
   try {
     I.progress(true);  // nothing should be in flight; a no-op normally
+    I.peak_live = I.live_units();
     I.forward(model_, batch, true, scale, nullptr, loss_sum, loss_count);
     I.backward(model_, batch, scale, reduce_now);
     if (reduce_now) I.sync_grads();  // also units outside the schedule

@@ -99,6 +99,9 @@ class ShardedModel {
   int world() const;  // its size
   const ShardingPolicy& policy() const;
   Group& group() const;  // the group given at construction
+  // The most units whose gathered parameters were allocated at once (transient gathers,
+  // prefetches in flight included) during the last forward_backward: what max_live_units caps.
+  int peak_gathered_units() const;
   // Communication time of the groups this model uses (comm_s, exposed_s summed over them).
   CommStats comm_stats() const;
   void reset_comm_stats();

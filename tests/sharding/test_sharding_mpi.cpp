@@ -1,0 +1,371 @@
+// Multi-rank ShardedModel tests, run by ctest through `mpirun -np N` (N = 2, 3, 4; label mpi).
+// Every rank runs every TEST_CASE in the same order and only uses CHECK (never REQUIRE), so a
+// failure on one rank never leaves the others waiting in a collective.
+//
+// Parity: N ranks with micro-batch B train a tiny GPT-2 and a tiny Llama for 20 steps; each
+// rank also trains the same model alone (a one-rank group, no communication) on the same
+// global batch (micro-batch N*B, the same rows: engine/data.h numbers rows across ranks), and
+// the losses, gradient norms and final parameters must agree. Variants: no accumulation;
+// accumulation of 2 micro-steps reducing each micro-step; and reducing once.
+// Determinism: the same N-rank run twice is bit-identical, and so are runs that differ only in
+// prefetch depth and max_live_units (prefetch changes when data moves, never the arithmetic).
+// Memory: per-rank model state by category is exactly the shard sizes the policy promises.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/alloc.h"
+#include "core/rng.h"
+#include "kernels/ops.h"
+#include "kernels/threads.h"
+#include "models/model.h"
+#include "sharding/comm/group.h"
+#include "sharding/sharded_model.h"
+
+using namespace sw;
+
+namespace {
+
+const Ops& cpu() { return ops_for(Device::cpu()); }
+
+GroupPtr world() {
+  static GroupPtr g = [] {
+    GroupPtr w = world_group();
+    set_num_threads(1);
+    return w;
+  }();
+  return g;
+}
+
+ModelConfig tiny(const std::string& type) {
+  ModelConfig c;
+  c.type = type;
+  c.vocab_size = 64;
+  c.n_layer = 2;
+  c.d_model = 32;
+  c.seq_len = 16;
+  if (type == "gpt2") {
+    c.n_head = 2;
+  } else {
+    c.n_head = 4;
+    c.n_kv_head = 2;
+    c.d_ff = 64;
+  }
+  return c;
+}
+
+// Synthetic "text": a fixed token sequence with structure (a noisy counter), and windows
+// chosen by (step, global row) only, like engine/data.h.
+struct Corpus {
+  std::vector<int32_t> toks;
+  explicit Corpus(int V) {
+    Rng r(99);
+    int32_t t = 0;
+    for (int i = 0; i < 4096; ++i) {
+      t = (t + 1 + (r.below(7) == 0 ? static_cast<int32_t>(r.below(5)) : 0)) % V;
+      toks.push_back(t);
+    }
+  }
+  // Rows first_row .. first_row + B - 1 of step `step`.
+  void fill(int step, int64_t first_row, int B, int T, int32_t* in, int32_t* tg) const {
+    const uint64_t n = toks.size() - static_cast<uint64_t>(T) - 1;
+    for (int b = 0; b < B; ++b) {
+      const uint64_t start =
+          rng_bits(7, static_cast<uint64_t>(step), static_cast<uint64_t>(first_row + b)) % n;
+      for (int t = 0; t < T; ++t) {
+        in[size_t(b) * T + t] = toks[start + t];
+        tg[size_t(b) * T + t] = toks[start + t + 1];
+      }
+    }
+  }
+};
+
+double sum_doubles(Group& g, double x) {
+  std::vector<double> all(static_cast<size_t>(g.size()));
+  g.all_gather(&x, all.data(), 2, DType::F32);
+  double s = 0;
+  for (double v : all) s += v;
+  return s;
+}
+
+struct RunResult {
+  std::vector<double> losses, norms;
+  std::map<std::string, std::vector<float>> params;
+  // Mem::Communication peak during training above its level at the start (bytes). The MPI
+  // group's own staging buffer is in that category too: warm it up before measuring.
+  size_t peak_comm = 0;
+};
+
+// The trainer's loop (engine/trainer.cpp) in miniature: AdamW, clipping at 1.0.
+RunResult train(GroupPtr g, const ShardingPolicy& pol, const ModelConfig& mc, int B, int accum,
+                int steps = 20) {
+  const int W = g->size(), r = g->rank(), T = mc.seq_len;
+  Model m = build_model(mc);
+  ShardedModel sm(m, cpu(), 4242, g, pol);
+  Corpus corpus(mc.vocab_size);
+  std::vector<int32_t> in(size_t(B) * T), tg(size_t(B) * T);
+  const Batch batch{in.data(), tg.data(), B, T};
+  AdamWParams ap;
+  ap.weight_decay = 0.1f;
+  RunResult res;
+  MemTracker::global().reset_peaks();
+  const size_t comm0 = MemTracker::global().current(Mem::Communication);
+  for (int s = 0; s < steps; ++s) {
+    sm.zero_grads();
+    double loss = 0;
+    for (int k = 0; k < accum; ++k) {
+      corpus.fill(s, (int64_t{k} * W + r) * B, B, T, in.data(), tg.data());
+      loss += sm.forward_backward(batch, 1.f / float(accum), k + 1 == accum);
+    }
+    res.losses.push_back(sum_doubles(*g, loss) / (W * accum));
+    const double norm = sm.grad_norm();
+    res.norms.push_back(norm);
+    const float mult = static_cast<float>(std::min(1.0, 1.0 / (norm + 1e-6)));
+    sm.optimizer_step(ap, 3e-3f, mult, s + 1);
+  }
+  res.peak_comm = MemTracker::global().peak(Mem::Communication) - comm0;
+  sm.for_each_param([&](const ParamSpec& s, const float* p) {
+    res.params[s.name].assign(p, p + numel(s.shape));
+  });
+  return res;
+}
+
+// The one-rank run with the same global batch, cached per (model, B, accum).
+const RunResult& reference(const std::string& type, int global_B, int accum) {
+  static std::map<std::string, RunResult> cache;
+  const std::string key = type + "/" + std::to_string(global_B) + "/" + std::to_string(accum);
+  auto it = cache.find(key);
+  if (it == cache.end())
+    it = cache.emplace(key, train(make_local_group(),
+                                  ShardingPolicy::for_strategy(ShardingStrategy::FullShard),
+                                  tiny(type), global_B, accum))
+             .first;
+  return it->second;
+}
+
+void check_close(const RunResult& a, const RunResult& ref, const std::string& what) {
+  INFO(what << " (rank " << world()->rank() << ")");
+  CHECK(a.losses.size() == ref.losses.size());
+  double worst_loss = 0, worst_norm = 0;
+  for (size_t i = 0; i < std::min(a.losses.size(), ref.losses.size()); ++i) {
+    worst_loss = std::max(worst_loss, std::fabs(a.losses[i] - ref.losses[i]) / std::fabs(ref.losses[i]));
+    worst_norm = std::max(worst_norm, std::fabs(a.norms[i] - ref.norms[i]) / std::fabs(ref.norms[i]));
+  }
+  double worst_param = 0, worst_abs = 0;
+  std::string worst_name;
+  for (const auto& [name, pr] : ref.params) {
+    auto it = a.params.find(name);
+    CHECK(it != a.params.end());
+    if (it == a.params.end()) continue;
+    CHECK(it->second.size() == pr.size());
+    for (size_t i = 0; i < std::min(pr.size(), it->second.size()); ++i) {
+      // Absolute 1e-4 plus relative 1e-4: Adam normalises gradients, so a parameter whose
+      // true gradient is zero (GPT-2's key bias: softmax ignores it) moves by lr-sized steps
+      // driven by rounding noise, and reduction order changes that noise. Observed worst case
+      // at lr 3e-3 over 20 steps: 3e-5.
+      const double d = std::fabs(double(it->second[i]) - pr[i]);
+      const double e = d / (1.0 + std::fabs(pr[i]));
+      worst_abs = std::max(worst_abs, d);
+      if (e > worst_param) worst_param = e, worst_name = name;
+    }
+  }
+  INFO("worst relative loss error " << worst_loss << ", grad norm " << worst_norm
+                                    << ", parameter " << worst_param << " (" << worst_name
+                                    << ", absolute " << worst_abs << ")");
+  CHECK(worst_loss < 1e-5);
+  CHECK(worst_norm < 1e-4);
+  CHECK(worst_param < 1e-4);
+  if (std::getenv("SW_PARITY_VERBOSE") && world()->rank() == 0)
+    std::printf("%-48s loss %.2e  norm %.2e  param %.2e abs %.2e %s\n", what.c_str(), worst_loss,
+                worst_norm, worst_param, worst_abs, worst_name.c_str());
+}
+
+bool bit_identical(const RunResult& a, const RunResult& b) {
+  return a.losses == b.losses && a.norms == b.norms && a.params == b.params;
+}
+
+// Parity of one strategy on both models, three accumulation variants.
+void parity(ShardingPolicy pol) {
+  const GroupPtr g = world();
+  const int W = g->size(), B = 2;
+  for (const std::string type : {"gpt2", "llama"}) {
+    const ModelConfig mc = tiny(type);
+    const std::string base = std::string(strategy_name(pol.strategy)) + " W=" +
+                             std::to_string(W) + " " + type;
+    check_close(train(g, pol, mc, B, 1), reference(type, W * B, 1), base + " accum=1");
+    for (GradAccumMode mode : {GradAccumMode::ReduceEachMicroStep, GradAccumMode::ReduceOnce}) {
+      ShardingPolicy p = pol;
+      p.accum = mode;
+      check_close(train(g, p, mc, B, 2), reference(type, W * B, 2),
+                  base + " accum=2 " + accum_mode_name(mode));
+    }
+  }
+}
+
+// The same run twice, and with other prefetch settings: bit-identical.
+void determinism(ShardingPolicy pol) {
+  const GroupPtr g = world();
+  const ModelConfig mc = tiny("gpt2");
+  const RunResult a = train(g, pol, mc, 2, 2, 6);
+  CHECK(bit_identical(a, train(g, pol, mc, 2, 2, 6)));
+  ShardingPolicy p = pol;
+  p.forward_prefetch = 0, p.backward_prefetch = 0;
+  CHECK(bit_identical(a, train(g, p, mc, 2, 2, 6)));
+  p.forward_prefetch = 3, p.backward_prefetch = 3, p.max_live_units = 2;
+  CHECK(bit_identical(a, train(g, p, mc, 2, 2, 6)));
+}
+
+ShardingPolicy hybrid_policy() {
+  ShardingPolicy p = ShardingPolicy::for_strategy(ShardingStrategy::HybridShard);
+  // Groups of 2 where the world divides; otherwise shard groups of one rank (replicas only).
+  p.shard_group_size = world()->size() % 2 == 0 ? 2 : 1;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("FULL_SHARD matches one rank; deterministic under any prefetch", "[full_shard]") {
+  const ShardingPolicy p = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+  parity(p);
+  determinism(p);
+}
+
+TEST_CASE("SHARD_GRAD_OP matches one rank", "[shard_grad_op]") {
+  const ShardingPolicy p = ShardingPolicy::for_strategy(ShardingStrategy::ShardGradOp);
+  parity(p);
+  determinism(p);
+}
+
+TEST_CASE("SHARD_OPTIMIZER (stage 1) matches one rank", "[shard_optimizer]") {
+  const ShardingPolicy p = ShardingPolicy::for_strategy(ShardingStrategy::ShardOptimizer);
+  parity(p);
+  determinism(p);
+}
+
+TEST_CASE("NO_SHARD (bucketed all-reduce) matches one rank", "[no_shard]") {
+  ShardingPolicy p = ShardingPolicy::for_strategy(ShardingStrategy::NoShard);
+  p.bucket_bytes = 16 << 10;  // several buckets even for the tiny models
+  parity(p);
+  determinism(p);
+}
+
+TEST_CASE("HYBRID_SHARD matches one rank", "[hybrid_shard]") {
+  const ShardingPolicy p = hybrid_policy();
+  parity(p);
+  determinism(p);
+}
+
+TEST_CASE("Per-rank model state by category is the promised shard", "[memory]") {
+  const GroupPtr g = world();
+  const int W = g->size();
+  MemTracker& mt = MemTracker::global();
+  const ModelConfig mc = tiny("gpt2");
+  Model probe = build_model(mc);
+  int64_t full = 0, shard = 0;  // floats summed over units: padded for world 1 and for W
+  for (auto& u : probe.units) {
+    full += FlatLayout::build(u->params(), 1).padded;
+    shard += FlatLayout::build(u->params(), W).shard_size();
+  }
+  struct Expect {
+    ShardingStrategy s;
+    int64_t params, grads, optim;  // floats
+  };
+  for (const Expect& e : {Expect{ShardingStrategy::FullShard, shard, shard, 2 * shard},
+                          Expect{ShardingStrategy::ShardGradOp, shard, shard, 2 * shard},
+                          Expect{ShardingStrategy::ShardOptimizer, shard * W, shard * W + shard,
+                                 2 * shard},
+                          Expect{ShardingStrategy::NoShard, full, full, 2 * full}}) {
+    INFO(strategy_name(e.s));
+    const size_t p0 = mt.current(Mem::Params), g0 = mt.current(Mem::Grads),
+                 o0 = mt.current(Mem::Optimizer);
+    {
+      Model m = build_model(mc);
+      ShardedModel sm(m, cpu(), 1, g, ShardingPolicy::for_strategy(e.s));
+      CHECK(mt.current(Mem::Params) - p0 == size_t(e.params) * 4);
+      CHECK(mt.current(Mem::Grads) - g0 == size_t(e.grads) * 4);
+      CHECK(mt.current(Mem::Optimizer) - o0 == size_t(e.optim) * 4);
+      // Steps leave nothing transient behind (the first one may grow the group's staging
+      // buffer, also Mem::Communication).
+      std::vector<int32_t> tok(2 * 16, 1);
+      size_t c1 = 0;
+      for (int step = 1; step <= 3; ++step) {
+        sm.zero_grads();
+        sm.forward_backward(Batch{tok.data(), tok.data(), 2, 16});
+        sm.optimizer_step(AdamWParams{}, 1e-3f, 1.f, step);
+        if (step == 1) c1 = mt.current(Mem::Communication);
+        CHECK(mt.current(Mem::Communication) == c1);
+      }
+      CHECK(mt.current(Mem::Params) - p0 == size_t(e.params) * 4);
+      CHECK(mt.current(Mem::Grads) - g0 == size_t(e.grads) * 4);
+    }
+    CHECK(mt.current(Mem::Params) == p0);
+    CHECK(mt.current(Mem::Grads) == g0);
+    CHECK(mt.current(Mem::Optimizer) == o0);
+  }
+}
+
+TEST_CASE("FULL_SHARD keeps at most max_live_units gathered", "[memory]") {
+  const GroupPtr g = world();
+  for (const std::string type : {"llama", "gpt2"}) {
+    ModelConfig mc = tiny(type);
+    mc.n_layer = 4;
+    Model probe = build_model(mc);
+    int64_t largest = 0;
+    for (auto& u : probe.units)
+      largest = std::max(largest, FlatLayout::build(u->params(), g->size()).padded);
+    train(g, ShardingPolicy::for_strategy(ShardingStrategy::FullShard), mc, 2, 1, 1);  // warm-up
+    for (int cap : {0, 1, 2, 3}) {
+      ShardingPolicy p = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+      p.forward_prefetch = p.backward_prefetch = 4;
+      p.max_live_units = cap;
+      Model m = build_model(mc);
+      ShardedModel sm(m, cpu(), 1, g, p);
+      std::vector<int32_t> tok(2 * 16, 3);
+      MemTracker::global().reset_peaks();
+      const size_t c0 = MemTracker::global().current(Mem::Communication);
+      sm.forward_backward(Batch{tok.data(), tok.data(), 2, 16});
+      const size_t peak = MemTracker::global().peak(Mem::Communication) - c0;
+      const int live = sm.peak_gathered_units();
+      INFO(type << " max_live_units " << cap << ": " << live << " units gathered at once, peak "
+                << peak << " bytes, largest unit " << largest * 4);
+      // A unit needed now is gathered even above the cap: GPT-2's tied embedding/head stays
+      // gathered all step, so with a cap of 1 it and the computing block make 2. Without a
+      // cap, the prefetch depth (4) bounds it: the embedding and the 4 blocks ahead of it.
+      const int expect = cap == 0 ? 5 : type == "gpt2" ? std::max(cap, 2) : cap;
+      CHECK(live == expect);
+      // Transient memory: those units' parameters plus the unsharded gradients of the unit
+      // computing and of those whose reduce-scatter is in flight (at most 2 here), plus GPT-2's
+      // tied unit's.
+      CHECK(peak <= size_t(live + 3) * size_t(largest) * 4);
+    }
+  }
+}
+
+// Not run by default: ctest's fault test runs it under expect_fail.sh. Rank 1 dies at step 3;
+// the others must be ended by their watchdog (SHARDWISE_COMM_TIMEOUT_S) with its message.
+TEST_CASE("a rank killed mid-training", "[.kill]") {
+  const GroupPtr g = world();
+  Model m = build_model(tiny("gpt2"));
+  ShardedModel sm(m, cpu(), 1, g, ShardingPolicy::for_strategy(ShardingStrategy::FullShard));
+  Corpus corpus(64);
+  std::vector<int32_t> in(2 * 16), tg(2 * 16);
+  for (int s = 0; s < 1000; ++s) {
+    if (s == 3 && g->rank() == 1) {
+      std::fprintf(stderr, "rank 1: killing myself at step 3\n");
+      std::fflush(stderr);
+      std::raise(SIGKILL);
+    }
+    corpus.fill(s, g->rank() * 2, 2, 16, in.data(), tg.data());
+    sm.zero_grads();
+    sm.forward_backward(Batch{in.data(), tg.data(), 2, 16});
+    sm.optimizer_step(AdamWParams{}, 1e-3f, 1.f / float(1 + sm.grad_norm()), s + 1);
+  }
+  FAIL("the job should have been aborted");
+}
