@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <string>
 #include <utility>
@@ -154,31 +155,40 @@ int main(int argc, char** argv) {
   std::printf("sgemm roofline (FLOP-weighted over one step's GEMMs): %.1f GFLOP/s; best shape %.1f\n",
               roof, best_rate);
 
-  // Tile sgemm inside our own parallel region: OpenBLAS (OpenMP build) must run it
-  // single-threaded; compare the per-thread rate with a 1-thread call outside.
+  // sgemm called from inside our own parallel region: OpenBLAS's OpenMP build must run it on
+  // the calling thread alone. Thread 0 makes a 1024^3 call while the other threads wait; its
+  // own CPU time then covers all the work (a split call would leave it about 1/threads).
   {
-    const int m = 64, n = 64, k = 64, iters = 2000;
-    std::vector<float> ta((size_t)threads * m * k, 0.5f), tb((size_t)threads * k * n, 0.25f),
-        tc((size_t)threads * m * n, 0.f);
-    const double t_in = time_median([&] {
-#pragma omp parallel
-      {
-        const int id = omp_get_thread_num();
-        for (int it = 0; it < iters; ++it)
-          sw::cpu::gemm(false, true, m, n, k, 1.f, &ta[(size_t)id * m * k], k, &tb[(size_t)id * k * n],
-                        k, 1.f, &tc[(size_t)id * m * n], n);
-      }
-    });
+    const int n = 1024;
+    auto thread_cpu = [] {
+      timespec ts;
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+      return ts.tv_sec + 1e-9 * ts.tv_nsec;
+    };
+    auto call = [&] {
+      sw::cpu::gemm(false, false, n, n, n, 1.f, A.data(), n, Bm.data(), n, 0.f, Cm.data(), n);
+    };
+    double inside = 1e30, alone = 1e30;
     sw::set_num_threads(1);
-    const double t_one = time_median([&] {
-      for (int it = 0; it < iters; ++it)
-        sw::cpu::gemm(false, true, m, n, k, 1.f, ta.data(), k, tb.data(), k, 1.f, tc.data(), n);
-    });
+    call();
+    for (int r = 0; r < 3; ++r) {
+      const double c0 = thread_cpu();
+      call();
+      alone = std::min(alone, thread_cpu() - c0);
+    }
     sw::set_num_threads(threads);
-    const double fl = 2.0 * m * n * k * iters;
-    std::printf("64x64x64 sgemm: %.1f GFLOP/s per thread inside omp parallel (%d threads), "
-                "%.1f GFLOP/s alone with 1 thread\n",
-                fl / t_in / 1e9, threads, fl / t_one / 1e9);
+    call();
+    for (int r = 0; r < 4; ++r) {
+#pragma omp parallel
+      if (omp_get_thread_num() == 0) {
+        const double c0 = thread_cpu();
+        call();
+        if (r > 0) inside = std::min(inside, thread_cpu() - c0);
+      }
+    }
+    std::printf("sgemm %d^3 from inside omp parallel: calling thread's CPU time %.1f ms "
+                "(%.0f%% of a 1-thread call's: ~100%% = ran single-threaded)\n",
+                n, inside * 1e3, 100.0 * inside / alone);
   }
 
   // own: median time of the sgemm calls the kernel makes (same shapes, called directly,
