@@ -20,7 +20,12 @@
 //     are type-checked, kept in the resolved config and listed in one note; "auto" is accepted
 //     for their numeric values.
 //   * train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps: any two
-//     determine the third (world size 1 for now); all three must agree. Hugging Face's "auto"
+//     determine the third with the world size the launcher announces (mpirun/srun environment;
+//     1 without a launcher); all three must agree.
+//   * zero_optimization.stage and sharding_strategy both select the strategy (3 FULL_SHARD,
+//     2 SHARD_GRAD_OP, 1 SHARD_OPTIMIZER, 0 NO_SHARD; HYBRID_SHARD is stage 3 within groups)
+//     and must agree when both are given; options that only one strategy family reads
+//     (shard_group_size, reshard_after_forward) are errors with the others. Hugging Face's "auto"
 //     is accepted for these three and means "derive or default".
 //   * bf16/fp16 enabled=true is rejected until mixed precision lands.
 #include "engine/config.h"
@@ -31,6 +36,7 @@
 #include <charconv>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -187,6 +193,16 @@ const Node& schema() {
                 leaf("eval_batches", Kind::Int),
                 leaf("log_every_steps", Kind::Int),
                 leaf("threads", Kind::Int),
+                leaf("sharding_strategy", Kind::Str),
+                leaf("shard_group_size", Kind::Int),
+                leaf("reshard_after_forward", Kind::Bool),
+                leaf("forward_prefetch", Kind::Any),
+                leaf("backward_prefetch", Kind::Any),
+                leaf("max_live_units", Kind::Int),
+                leaf("blocks_per_unit", Kind::Int),
+                leaf("gradient_accumulation_mode", Kind::Str),
+                leaf("comm_timeout_s", Kind::Num),
+                leaf("comm_debug", Kind::Bool),
             });
   }();
   return root;
@@ -630,6 +646,47 @@ void write_resolved(json& r, const TrainConfig& cfg) {
   set_path(r, "eval_batches", cfg.eval_batches);
   set_path(r, "log_every_steps", cfg.log_every_steps);
   set_path(r, "threads", cfg.threads);
+  const ShardingPolicy& sp = cfg.sharding;
+  set_path(r, "sharding_strategy", strategy_name(sp.strategy));
+  const bool sharded_params = sp.strategy == ShardingStrategy::FullShard ||
+                              sp.strategy == ShardingStrategy::ShardGradOp ||
+                              sp.strategy == ShardingStrategy::HybridShard;
+  if (sp.strategy == ShardingStrategy::HybridShard)
+    set_path(r, "shard_group_size", sp.shard_group_size);
+  else
+    erase_path(r, "shard_group_size");
+  if (sharded_params)
+    set_path(r, "reshard_after_forward", sp.reshard_after_forward);
+  else
+    erase_path(r, "reshard_after_forward");
+  set_path(r, "forward_prefetch", sp.forward_prefetch);
+  set_path(r, "backward_prefetch", sp.backward_prefetch);
+  set_path(r, "max_live_units", sp.max_live_units);
+  set_path(r, "gradient_accumulation_mode", accum_mode_name(sp.accum));
+  set_path(r, "blocks_per_unit", cfg.blocks_per_unit);
+  set_path(r, "comm_timeout_s", cfg.comm_timeout_s);
+  set_path(r, "comm_debug", cfg.comm_debug);
+}
+
+// The number of ranks the launcher started (mpirun, srun), read from its environment without
+// initialising MPI; 1 without a launcher.
+int launcher_world_size() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"})
+    if (const char* v = std::getenv(var)) {
+      const int n = std::atoi(v);
+      if (n >= 1) return n;
+    }
+  return 1;
+}
+
+// forward_prefetch / backward_prefetch: a unit count >= 0, or true (1) / false (0).
+int get_prefetch(const json& root, const std::string& path, int def, const Ctx& c) {
+  if (!has(root, path)) return def;
+  const json& v = *at(root, path);
+  if (v.is_boolean()) return v.get<bool>() ? 1 : 0;
+  if (!kind_matches(Kind::Int, v))
+    c.bad(path, "expected true, false or a number of units >= 0, got " + describe(v));
+  return (int)get_int(root, path, def, 0, 1024, c);
 }
 
 TrainConfig read_config(json j, const std::string& source,
@@ -661,8 +718,8 @@ TrainConfig read_config(json j, const std::string& source,
           "mixed precision is not implemented yet; training runs in fp32 (set it to false or "
           "remove the fp16 block)");
 
-  // Batch sizes: any two of the three determine the third (world size 1 for now).
-  const int world = 1;
+  // Batch sizes: any two of the three determine the third.
+  const int world = launcher_world_size();
   const bool has_tbs = has(j, "train_batch_size"),
              has_mb = has(j, "train_micro_batch_size_per_gpu"),
              has_ga = has(j, "gradient_accumulation_steps");
@@ -767,6 +824,53 @@ TrainConfig read_config(json j, const std::string& source,
 
   cfg.grad_clip = (float)get_num(j, "gradient_clipping", cfg.grad_clip, {0, kInf, false, false}, c);
   cfg.zero_stage = (int)get_int(j, "zero_optimization.stage", cfg.zero_stage, 0, 3, c);
+
+  // Sharding strategy and its options.
+  ShardingStrategy strat = strategy_from_stage(cfg.zero_stage);
+  if (has(j, "sharding_strategy")) {
+    const std::string name =
+        get_str(j, "sharding_strategy", "",
+                {"FULL_SHARD", "SHARD_GRAD_OP", "SHARD_OPTIMIZER", "NO_SHARD", "HYBRID_SHARD"}, c);
+    const ShardingStrategy s2 = strategy_from_name(name);
+    if (has(j, "zero_optimization.stage") && stage_of(s2) != cfg.zero_stage)
+      c.bad("sharding_strategy", "'" + name + "' is ZeRO stage " + std::to_string(stage_of(s2)) +
+                                     " but zero_optimization.stage is " +
+                                     std::to_string(cfg.zero_stage) +
+                                     "; give one of them, or make them agree");
+    strat = s2;
+  }
+  cfg.zero_stage = stage_of(strat);
+  ShardingPolicy& sp = cfg.sharding;
+  sp = ShardingPolicy::for_strategy(strat);
+  const bool sharded_params = strat == ShardingStrategy::FullShard ||
+                              strat == ShardingStrategy::ShardGradOp ||
+                              strat == ShardingStrategy::HybridShard;
+  if (has(j, "shard_group_size")) {
+    if (strat != ShardingStrategy::HybridShard)
+      c.bad("shard_group_size", std::string("is only used by HYBRID_SHARD (the strategy is ") +
+                                    strategy_name(strat) + ")");
+    sp.shard_group_size = (int)get_int(j, "shard_group_size", 0, 0, IMAX, c);
+    if (sp.shard_group_size > 0 && world % sp.shard_group_size != 0)
+      c.bad("shard_group_size", "must divide the world size (" + std::to_string(world) +
+                                    "), got " + std::to_string(sp.shard_group_size));
+  }
+  if (has(j, "reshard_after_forward")) {
+    if (!sharded_params)
+      c.bad("reshard_after_forward",
+            std::string("only applies to FULL_SHARD, SHARD_GRAD_OP and HYBRID_SHARD (") +
+                strategy_name(strat) + " keeps full parameters on every rank)");
+    sp.reshard_after_forward = get_bool(j, "reshard_after_forward", sp.reshard_after_forward);
+  }
+  sp.forward_prefetch = get_prefetch(j, "forward_prefetch", sp.forward_prefetch, c);
+  sp.backward_prefetch = get_prefetch(j, "backward_prefetch", sp.backward_prefetch, c);
+  sp.max_live_units = (int)get_int(j, "max_live_units", sp.max_live_units, 0, IMAX, c);
+  if (has(j, "gradient_accumulation_mode"))
+    sp.accum = accum_mode_from_name(get_str(j, "gradient_accumulation_mode", "",
+                                            {"reduce_each_micro_step", "reduce_once"}, c));
+  cfg.blocks_per_unit = (int)get_int(j, "blocks_per_unit", cfg.blocks_per_unit, 1, IMAX, c);
+  cfg.comm_timeout_s =
+      get_num(j, "comm_timeout_s", cfg.comm_timeout_s, {0, kInf, false, false}, c);
+  cfg.comm_debug = get_bool(j, "comm_debug", cfg.comm_debug);
 
   // Model.
   ModelConfig& m = cfg.model;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "models/model.h"
+#include "sharding/policy.h"
 
 namespace sw {
 
@@ -45,7 +46,18 @@ struct TrainConfig {
   int eval_batches = 8;        // eval_batches
   int log_every_steps = 1;     // log_every_steps (metrics.jsonl gets every step)
   int threads = 0;             // threads per rank (0 = cores / local ranks)
+  // Sharding. zero_optimization.stage and sharding_strategy (FSDP's names, see
+  // sharding/policy.h) say the same thing; when both are given they must agree. zero_stage is
+  // the stage of the resolved strategy (HYBRID_SHARD: 3).
   int zero_stage = 3;          // zero_optimization.stage
+  // sharding_strategy, shard_group_size, reshard_after_forward, forward_prefetch,
+  // backward_prefetch (units ahead; true = 1, false = 0), max_live_units,
+  // gradient_accumulation_mode ("reduce_each_micro_step" | "reduce_once"; the default
+  // depends on the strategy).
+  ShardingPolicy sharding;
+  int blocks_per_unit = 1;     // blocks_per_unit: consecutive transformer blocks per FSDP unit
+  double comm_timeout_s = 0;   // comm_timeout_s: watchdog limit (0 = SHARDWISE_COMM_TIMEOUT_S or 300)
+  bool comm_debug = false;     // comm_debug: check that all ranks issue the same collectives
   std::string resolved_json;   // the config after defaults and overrides, pretty-printed
   // Messages for the user that are not errors: one line listing the keys present that are
   // accepted for DeepSpeed compatibility but have no effect yet. train() prints them to stderr.

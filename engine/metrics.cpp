@@ -32,6 +32,8 @@ std::string metrics_json_line(const StepMetrics& m) {
   j["tokens_per_s"] = num(m.tokens_per_s);
   j["peak_mem_bytes"] = m.peak_mem_bytes;
   j["step_time_s"] = num(m.step_time_s);
+  j["comm_s"] = num(m.comm_s);
+  j["exposed_comm_s"] = num(m.exposed_comm_s);
   if (m.has_val) j["val_loss"] = num(m.val_loss);
   return j.dump();
 }

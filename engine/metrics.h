@@ -4,8 +4,11 @@
 // metrics.jsonl keys: step (1-based count of optimizer steps done), loss (mean training loss of
 // the step's micro-batches), lr (used by the step), grad_norm (global L2 norm before clipping),
 // tokens_per_s (all ranks together), peak_mem_bytes (MemTracker total peak since train() started,
-// this rank), step_time_s, and val_loss on evaluation steps only. Non-finite numbers are written as
-// null.
+// this rank), step_time_s, comm_s (time this rank's communication threads spent running
+// collectives during the step), exposed_comm_s (time compute waited for communication: what
+// overlap did not hide), and val_loss on evaluation steps only. Non-finite numbers are written
+// as null. With several ranks, rank 0 writes the file: loss and grad_norm are global, the
+// memory and communication figures are rank 0's.
 #pragma once
 #include <cmath>
 #include <cstddef>
@@ -22,6 +25,8 @@ struct StepMetrics {
   double tokens_per_s = 0;
   size_t peak_mem_bytes = 0;
   double step_time_s = 0;
+  double comm_s = 0;          // communication time during the step (this rank)
+  double exposed_comm_s = 0;  // time blocked waiting for communication (this rank)
   double val_loss = NAN;  // NaN: no evaluation this step (key omitted)
   bool has_val = false;
 };

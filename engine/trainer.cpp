@@ -1,18 +1,31 @@
-// The training loop (world size 1 for now; the sharding issue adds ranks behind ShardedModel).
+// The training loop over the ranks of world_group() (one process without mpirun; N ranks
+// under `mpirun -np N shardwise train`), each holding a ShardedModel shard as the config's
+// sharding policy says.
 //
-// Per optimizer step s (0-based):
-//   zero grads; for k in 0..accum-1: rows (k*world + rank)*B .. +B of step s (engine/data.h)
-//   -> forward_backward(batch, 1/accum)
-//   (so the accumulated gradient is that of the mean loss over the step's micro-batches);
-//   clip factor min(1, clip / (norm + 1e-6)); lr = lr_at(s); AdamW step s + 1;
-//   metrics line; validation on eval steps.
+// Per optimizer step s (0-based), on every rank r of W:
+//   zero grads; for k in 0..accum-1: rows (k*W + r)*B .. +B of step s (engine/data.h)
+//   -> forward_backward(batch, 1/accum, last = k == accum-1)
+//   (each rank's gradient is that of its mean loss; ShardedModel averages over ranks, so the
+//   result is the gradient of the mean loss over the global batch: N ranks train exactly
+//   what one rank with micro-batch N*B would);
+//   loss = sum over ranks / (W * accum); clip factor min(1, clip / (norm + 1e-6)) with the
+//   global norm; lr = lr_at(s); AdamW step s + 1; validation on eval steps, its batches split
+//   over the ranks.
+// Rank 0 alone writes run_dir (config.json, metrics.jsonl, the exported weights) and prints.
+//
+// Errors with several ranks: an error every rank reaches together (a non-finite loss or
+// gradient norm, decided on reduced values) is printed once by rank 0, then every rank ends;
+// an error on some ranks only is printed with its rank and the job is aborted (comm_abort),
+// so no rank is left waiting in a collective.
 #include "engine/trainer.h"
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <vector>
 
 #include "checkpoint/export.h"
@@ -24,7 +37,9 @@
 #include "kernels/ops.h"
 #include "kernels/threads.h"
 #include "models/model.h"
+#include "sharding/comm/group.h"
 #include "sharding/sharded_model.h"
+#include "sharding/wrap.h"
 
 namespace sw {
 
@@ -60,14 +75,41 @@ void write_text(const std::string& path, const std::string& text) {
     fail("train", path + ": write failed (" + std::strerror(errno) + ")");
 }
 
+// An error that every rank raises at the same point (decided on values reduced over ranks).
+struct CollectiveError : Error {
+  using Error::Error;
+};
+
 [[noreturn]] void non_finite(const char* what, double v, int step, const std::string& detail) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%g", v);
-  fail("train", std::string("non-finite ") + what + " (" + buf + ") at step " +
-                    std::to_string(step) + detail +
-                    "; stopping (lower optimizer.params.lr or set gradient_clipping; files already "
-                    "written in run_dir are kept, the weights of this run are not exported)");
+  throw CollectiveError("train: non-finite " + std::string(what) + " (" + buf + ") at step " +
+                        std::to_string(step) + detail +
+                        "; stopping (lower optimizer.params.lr or set gradient_clipping; files "
+                        "already written in run_dir are kept, the weights of this run are not "
+                        "exported)");
 }
+
+// Sum of one double per rank, in rank order (identical on every rank).
+double sum_over_ranks(Group& g, double x) {
+  if (g.size() == 1) return x;
+  std::vector<double> all(static_cast<size_t>(g.size()));
+  g.all_gather(&x, all.data(), 2, DType::F32);  // the 8 bytes, raw
+  double s = 0;
+  for (double v : all) s += v;
+  return s;
+}
+
+// Ranks per node as the launcher tells it (HYBRID_SHARD's default shard group); 0 if unknown.
+int local_ranks() {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"})
+    if (const char* v = std::getenv(var))
+      if (std::atoi(v) >= 1) return std::atoi(v);
+  return 0;
+}
+
+TrainSummary train_ranks(const TrainConfig& cfg, const TrainOptions& opts, Group& world,
+                         GroupPtr world_ptr);
 
 }  // namespace
 
@@ -76,16 +118,47 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainOptions& opts) {
   const std::string source = cfg_in.source.empty() ? "TrainConfig" : cfg_in.source;
   TrainConfig cfg = parse_config(config_json(cfg_in), source);
   cfg.resolved_json = cfg_in.resolved_json.empty() ? config_json(cfg_in) : cfg_in.resolved_json;
-  for (const std::string& n : cfg_in.notes) std::fprintf(stderr, "%s\n", n.c_str());
   if (cfg.train_data.empty())
     fail("config", source +
                        ": data.train: required for training (an llm.c-format token file, see "
                        "`shardwise data prepare`)");
 
+  const GroupPtr world = world_group();
+  if (world->size() == 1) {
+    for (const std::string& n : cfg_in.notes) std::fprintf(stderr, "%s\n", n.c_str());
+    return train_ranks(cfg, opts, *world, world);
+  }
+  try {
+    if (world->rank() == 0)
+      for (const std::string& n : cfg_in.notes) std::fprintf(stderr, "%s\n", n.c_str());
+    return train_ranks(cfg, opts, *world, world);
+  } catch (const CollectiveError& e) {
+    if (world->rank() == 0) std::fprintf(stderr, "shardwise: error: %s\n", e.what());
+    std::fflush(stderr);
+    world->barrier();  // rank 0 has printed before anyone ends the job
+    comm_abort(1);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "shardwise: error: rank %d: %s\n", world->rank(), e.what());
+    std::fflush(stderr);
+    comm_abort(1);
+  }
+}
+
+namespace {
+
+TrainSummary train_ranks(const TrainConfig& cfg, const TrainOptions& opts, Group& world,
+                         GroupPtr world_ptr) {
+  const int W = world.size(), rank = world.rank();
+  const bool lead = rank == 0;  // writes run_dir, prints
+  if (cfg.comm_timeout_s > 0) world.set_timeout(cfg.comm_timeout_s);
+  if (cfg.comm_debug) world.set_debug(true);
+
   set_num_threads(cfg.threads);
-  prepare_run_dir(cfg.run_dir);
   const fs::path run_dir(cfg.run_dir);
-  write_text((run_dir / "config.json").string(), cfg.resolved_json);
+  if (lead) {
+    prepare_run_dir(cfg.run_dir);
+    write_text((run_dir / "config.json").string(), cfg.resolved_json);
+  }
 
   const int B = cfg.micro_batch, T = cfg.model.seq_len, accum = cfg.grad_accum;
   const int V = cfg.model.vocab_size;
@@ -96,10 +169,20 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainOptions& opts) {
 
   MemTracker::global().reset_peaks();  // peak_mem_bytes is this run's peak
   Model model = build_model(cfg.model);
-  ShardedModel sm(model, ops_for(Device::cpu()), cfg.seed);
+  wrap_blocks(model, cfg.blocks_per_unit);
+  ShardingPolicy policy = cfg.sharding;
+  if (policy.strategy == ShardingStrategy::HybridShard && policy.shard_group_size == 0) {
+    const int local = local_ranks();  // FSDP's default: shard within a node
+    policy.shard_group_size = local > 0 && W % local == 0 ? local : W;
+  }
+  ShardedModel sm(model, ops_for(Device::cpu()), cfg.seed, world_ptr, policy);
 
-  MetricsLog metrics((run_dir / "metrics.jsonl").string());
-  Progress progress(cfg.train_steps, cfg.log_every_steps, opts.progress);
+  std::unique_ptr<MetricsLog> metrics;
+  if (lead) metrics = std::make_unique<MetricsLog>((run_dir / "metrics.jsonl").string());
+  auto write_metrics = [&](const StepMetrics& m) {
+    if (metrics) metrics->write(m);
+  };
+  Progress progress(cfg.train_steps, cfg.log_every_steps, opts.progress && lead);
 
   std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(static_cast<size_t>(B) * T);
   const Batch batch{inputs.data(), targets.data(), B, T};
@@ -109,19 +192,28 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainOptions& opts) {
   adam.beta2 = cfg.optimizer.beta2;
   adam.eps = cfg.optimizer.eps;
   adam.weight_decay = cfg.optimizer.weight_decay;
-  const int world = 1;
-  const double tokens_per_step = static_cast<double>(B) * T * accum * world;
+  const double tokens_per_step = static_cast<double>(B) * T * accum * W;
 
+  // Validation: batch i is evaluated by rank i % W; every rank makes the same number of
+  // eval_loss calls (they are collectives), the surplus ones on batch 0, discarded.
   auto evaluate = [&](int step) {
     double sum = 0;
-    for (int i = 0; i < cfg.eval_batches; ++i) {
-      eval_batch(*val_data, i, cfg.eval_batches, B, T, inputs.data(), targets.data());
+    int first_bad = -1;
+    const int rounds = (cfg.eval_batches + W - 1) / W;
+    for (int round = 0; round < rounds; ++round) {
+      const int i = round * W + rank;
+      const bool mine = i < cfg.eval_batches;
+      eval_batch(*val_data, mine ? i : 0, cfg.eval_batches, B, T, inputs.data(), targets.data());
       const double l = sm.eval_loss(batch);
-      if (!std::isfinite(l))
-        non_finite("validation loss", l, step, " (eval batch " + std::to_string(i) + ")");
+      if (!mine) continue;
+      if (!std::isfinite(l) && first_bad < 0) first_bad = i;
       sum += l;
     }
-    return sum / cfg.eval_batches;
+    const double total = sum_over_ranks(world, sum);
+    if (!std::isfinite(total))
+      non_finite("validation loss", total, step,
+                 first_bad >= 0 ? " (eval batch " + std::to_string(first_bad) + ")" : "");
+    return total / cfg.eval_batches;
   };
 
   TrainSummary summary;
@@ -130,31 +222,37 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainOptions& opts) {
   const auto t_start = Clock::now();
   for (int s = 0; s < cfg.train_steps; ++s) {
     const auto t0 = Clock::now();
+    const CommStats c0 = sm.comm_stats();
     sm.zero_grads();
     double loss = 0;
+    int bad_micro = -1;  // first micro-step with a non-finite loss on this rank
     for (int k = 0; k < accum; ++k) {
-      const int rank = 0;
-      train_batch(train_data, cfg.seed, s, (int64_t{k} * world + rank) * B, B, T, inputs.data(),
+      train_batch(train_data, cfg.seed, s, (int64_t{k} * W + rank) * B, B, T, inputs.data(),
                   targets.data());
-      const double l = sm.forward_backward(batch, 1.0f / static_cast<float>(accum));
-      if (!std::isfinite(l)) {
-        StepMetrics m;
-        m.step = s + 1, m.loss = l, m.lr = lr_at(cfg.optimizer, cfg.scheduler, cfg.train_steps, s);
-        m.grad_norm = NAN, m.peak_mem_bytes = MemTracker::global().total_peak();
-        metrics.write(m);
-        progress.finish();
-        non_finite("loss", l, s + 1, accum > 1 ? " (micro-step " + std::to_string(k) + ")" : "");
-      }
+      const double l =
+          sm.forward_backward(batch, 1.0f / static_cast<float>(accum), k + 1 == accum);
+      if (!std::isfinite(l) && bad_micro < 0) bad_micro = k;
       loss += l;
     }
-    loss /= accum;
-    const double norm = sm.grad_norm();
+    loss = sum_over_ranks(world, loss) / (static_cast<double>(accum) * W);
     const float lr = lr_at(cfg.optimizer, cfg.scheduler, cfg.train_steps, s);
+    if (!std::isfinite(loss)) {
+      StepMetrics m;
+      m.step = s + 1, m.loss = loss, m.lr = lr;
+      m.grad_norm = NAN, m.peak_mem_bytes = MemTracker::global().total_peak();
+      write_metrics(m);
+      progress.finish();
+      std::string detail;
+      if (bad_micro >= 0 && accum > 1) detail += " (micro-step " + std::to_string(bad_micro) + ")";
+      if (bad_micro >= 0 && W > 1) detail += " (rank " + std::to_string(rank) + ")";
+      non_finite("loss", loss, s + 1, detail);
+    }
+    const double norm = sm.grad_norm();
     if (!std::isfinite(norm)) {
       StepMetrics m;
       m.step = s + 1, m.loss = loss, m.lr = lr, m.grad_norm = norm;
       m.peak_mem_bytes = MemTracker::global().total_peak();
-      metrics.write(m);
+      write_metrics(m);
       progress.finish();
       non_finite("gradient norm", norm, s + 1, "");
     }
@@ -162,6 +260,7 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainOptions& opts) {
         cfg.grad_clip > 0 ? static_cast<float>(std::min(1.0, cfg.grad_clip / (norm + 1e-6))) : 1.f;
     sm.optimizer_step(adam, lr, mult, s + 1);
     const double dt = seconds_since(t0);
+    const CommStats c1 = sm.comm_stats();
 
     StepMetrics m;
     m.step = s + 1;
@@ -170,6 +269,8 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainOptions& opts) {
     m.grad_norm = norm;
     m.step_time_s = dt;
     m.tokens_per_s = dt > 0 ? tokens_per_step / dt : 0;
+    m.comm_s = c1.comm_s - c0.comm_s;
+    m.exposed_comm_s = c1.exposed_s - c0.exposed_s;
     const bool last = s + 1 == cfg.train_steps;
     if (val_data && (last || (cfg.eval_every_steps > 0 && (s + 1) % cfg.eval_every_steps == 0))) {
       m.val_loss = evaluate(s + 1);
@@ -177,7 +278,7 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainOptions& opts) {
       summary.last_val_loss = m.val_loss;
     }
     m.peak_mem_bytes = MemTracker::global().total_peak();
-    metrics.write(m);
+    write_metrics(m);
     progress.update(m, seconds_since(t_start));
 
     if (s > 0) timed_s += dt, timed_tokens += tokens_per_step;
@@ -190,9 +291,13 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainOptions& opts) {
 
   if (opts.export_weights) {
     summary.weights_path = (run_dir / "model.safetensors").string();
-    export_hf_safetensors(sm, summary.weights_path);
+    sm.gather_full_params(/*rank0_only=*/true);  // collective; then rank 0 writes alone
+    if (lead) export_hf_safetensors(sm, summary.weights_path);
+    sm.release_full_params();
   }
   return summary;
 }
+
+}  // namespace
 
 }  // namespace sw

@@ -17,7 +17,7 @@ TEST_CASE("metrics: one flushed JSON object per line with the required keys") {
     MetricsLog log(p);
     StepMetrics m;
     m.step = 1, m.loss = 2.5, m.lr = 1e-3, m.grad_norm = 0.75, m.tokens_per_s = 1234.5;
-    m.peak_mem_bytes = 4096, m.step_time_s = 0.25;
+    m.peak_mem_bytes = 4096, m.step_time_s = 0.25, m.comm_s = 0.125, m.exposed_comm_s = 0.0625;
     log.write(m);
     // Flushed before the log is closed.
     std::ifstream f(p);
@@ -25,8 +25,11 @@ TEST_CASE("metrics: one flushed JSON object per line with the required keys") {
     REQUIRE(std::getline(f, line));
     const auto j = nlohmann::json::parse(line);
     for (const char* k :
-         {"step", "loss", "lr", "grad_norm", "tokens_per_s", "peak_mem_bytes", "step_time_s"})
+         {"step", "loss", "lr", "grad_norm", "tokens_per_s", "peak_mem_bytes", "step_time_s",
+          "comm_s", "exposed_comm_s"})
       CHECK(j.contains(k));
+    CHECK(j["comm_s"].get<double>() == 0.125);
+    CHECK(j["exposed_comm_s"].get<double>() == 0.0625);
     CHECK(!j.contains("val_loss"));
     CHECK(j["loss"].get<double>() == 2.5);
     CHECK(j["peak_mem_bytes"].get<size_t>() == 4096);

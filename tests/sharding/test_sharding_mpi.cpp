@@ -28,6 +28,7 @@
 #include "models/model.h"
 #include "sharding/comm/group.h"
 #include "sharding/sharded_model.h"
+#include "sharding/wrap.h"
 
 using namespace sw;
 
@@ -105,9 +106,10 @@ struct RunResult {
 
 // The trainer's loop (engine/trainer.cpp) in miniature: AdamW, clipping at 1.0.
 RunResult train(GroupPtr g, const ShardingPolicy& pol, const ModelConfig& mc, int B, int accum,
-                int steps = 20) {
+                int steps = 20, int blocks_per_unit = 1) {
   const int W = g->size(), r = g->rank(), T = mc.seq_len;
   Model m = build_model(mc);
+  wrap_blocks(m, blocks_per_unit);
   ShardedModel sm(m, cpu(), 4242, g, pol);
   Corpus corpus(mc.vocab_size);
   std::vector<int32_t> in(size_t(B) * T), tg(size_t(B) * T);
@@ -235,6 +237,10 @@ TEST_CASE("FULL_SHARD matches one rank; deterministic under any prefetch", "[ful
   const ShardingPolicy p = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
   parity(p);
   determinism(p);
+  // Both blocks in one unit (blocks_per_unit 2) against the plain one-rank run.
+  for (const std::string type : {"gpt2", "llama"})
+    check_close(train(world(), p, tiny(type), 2, 1, 20, 2), reference(type, 2 * world()->size(), 1),
+                std::string("FULL_SHARD blocks_per_unit=2 ") + type);
 }
 
 TEST_CASE("SHARD_GRAD_OP matches one rank", "[shard_grad_op]") {

@@ -1,0 +1,189 @@
+#include "sharding/wrap.h"
+
+#include <array>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "core/error.h"
+
+namespace sw {
+
+namespace {
+
+// Intermediate residual streams of inference and backward (Mem::Workspace), shared by the
+// composites of a model (they never run at the same time).
+using PingPong = std::array<Buffer, 2>;
+
+// Several blocks run as one unit. Its parameter list is the blocks' lists concatenated; each
+// block sees the slice of ctx.params / ctx.grads that belongs to it and a Saved of its own.
+class CompositeUnit final : public Unit {
+ public:
+  CompositeUnit(std::vector<std::unique_ptr<Unit>> kids, int d_model, std::shared_ptr<PingPong> pp)
+      : kids_(std::move(kids)), d_(d_model), kid_saved_(kids_.size()), pp_(std::move(pp)) {
+    size_t n = 0;
+    for (auto& k : kids_) {
+      first_.push_back(n);
+      n += k->params().size();
+    }
+    first_.push_back(n);
+    for (size_t j = 0; j < kids_.size(); ++j) {  // Saved key of block j's input (j >= 1)
+      std::string k = "x";
+      k += std::to_string(j);
+      keys_.push_back(std::move(k));
+    }
+    kid_params_.resize(kids_.size());
+    kid_grads_.resize(kids_.size());
+  }
+
+  std::string name() const override { return kids_.front()->name() + ".." + kids_.back()->name(); }
+
+  std::vector<ParamSpec> params() const override {
+    std::vector<ParamSpec> all;
+    for (auto& k : kids_)
+      for (ParamSpec& s : k->params()) all.push_back(std::move(s));
+    return all;
+  }
+
+  void forward(UnitCtx& ctx, int call, const float* x, float* y) override {
+    const size_t n = size_t(ctx.batch->B) * ctx.batch->T * d_;
+    const float* in = x;
+    for (size_t j = 0; j < kids_.size(); ++j) {
+      float* out;
+      if (j + 1 == kids_.size()) {
+        out = y;
+      } else if (ctx.training) {
+        out = ctx.saved->f32(keys_[j + 1], n);  // block j+1's input
+      } else {
+        out = pingpong(j % 2, n);
+      }
+      UnitCtx c = kid_ctx(ctx, j);
+      ctx.scratch->reset();
+      kids_[j]->forward(c, 0, in, out);
+      ctx.loss_sum += c.loss_sum;
+      ctx.loss_count += c.loss_count;
+      if (!ctx.training) kid_saved_[j].clear();
+      in = out;
+    }
+  }
+
+  void backward(UnitCtx& ctx, int call, const float* x, const float* dy, float* dx) override {
+    const size_t n = size_t(ctx.batch->B) * ctx.batch->T * d_;
+    const float* d_out = dy;
+    for (size_t j = kids_.size(); j-- > 0;) {
+      const float* in = j == 0 ? x : ctx.saved->get(keys_[j]);
+      float* d_in = j == 0 ? dx : pingpong(j % 2, n);
+      UnitCtx c = kid_ctx(ctx, j);
+      ctx.scratch->reset();
+      kids_[j]->backward(c, 0, in, d_out, d_in);
+      kid_saved_[j].clear();
+      d_out = d_in;
+    }
+  }
+
+ private:
+  UnitCtx kid_ctx(const UnitCtx& ctx, size_t j) {
+    kid_params_[j].assign(ctx.params->begin() + long(first_[j]),
+                          ctx.params->begin() + long(first_[j + 1]));
+    kid_grads_[j].assign(ctx.grads->begin() + long(first_[j]),
+                         ctx.grads->begin() + long(first_[j + 1]));
+    UnitCtx c = ctx;
+    c.params = &kid_params_[j];
+    c.grads = &kid_grads_[j];
+    c.saved = &kid_saved_[j];
+    c.loss_sum = 0;
+    c.loss_count = 0;
+    return c;
+  }
+
+  float* pingpong(int i, size_t n) {
+    Buffer& b = (*pp_)[size_t(i)];
+    if (b.bytes() < n * sizeof(float)) b = Buffer(n * sizeof(float), Mem::Workspace);
+    return b.f32();
+  }
+
+  std::vector<std::unique_ptr<Unit>> kids_;
+  int d_;
+  std::vector<std::string> keys_;
+  std::vector<size_t> first_;  // index of each block's first spec; last entry = total
+  std::vector<Saved> kid_saved_;
+  std::vector<std::vector<float*>> kid_params_, kid_grads_;
+  std::shared_ptr<PingPong> pp_;
+};
+
+}  // namespace
+
+void wrap_blocks(Model& model, int blocks_per_unit) {
+  if (blocks_per_unit <= 1) return;
+  const size_t P = model.schedule.size(), U = model.units.size();
+  std::vector<int> uses(U, 0);
+  for (const Call& c : model.schedule) {
+    if (c.unit < 0 || c.unit >= int(U)) fail("wrap", "schedule names unit " + std::to_string(c.unit));
+    uses[size_t(c.unit)]++;
+  }
+  auto is_block = [&](size_t p) {
+    const Call& c = model.schedule[p];
+    return p > 0 && p + 1 < P && uses[size_t(c.unit)] == 1 &&
+           model.units[size_t(c.unit)]->num_calls() == 1;
+  };
+  // Chunks of schedule positions [lo, hi) to merge.
+  std::vector<std::pair<size_t, size_t>> chunks;
+  for (size_t p = 0; p < P;) {
+    if (!is_block(p)) {
+      ++p;
+      continue;
+    }
+    size_t end = p;
+    while (end < P && is_block(end)) ++end;
+    for (size_t lo = p; lo < end; lo += size_t(blocks_per_unit)) {
+      const size_t hi = std::min(end, lo + size_t(blocks_per_unit));
+      if (hi - lo > 1) chunks.push_back({lo, hi});
+    }
+    p = end;
+  }
+  if (chunks.empty()) return;
+
+  // Old unit index -> chunk it is merged into (-1: stays alone).
+  std::vector<int> chunk_of(U, -1);
+  for (size_t k = 0; k < chunks.size(); ++k)
+    for (size_t p = chunks[k].first; p < chunks[k].second; ++p)
+      chunk_of[size_t(model.schedule[p].unit)] = int(k);
+
+  // New units: each composite takes the place of its first block (in unit order).
+  std::vector<std::unique_ptr<Unit>> units;
+  std::vector<int> new_index(U, -1);
+  std::vector<int> chunk_index(chunks.size(), -1);
+  auto pp = std::make_shared<PingPong>();
+  for (size_t u = 0; u < U; ++u) {
+    const int k = chunk_of[u];
+    if (k < 0) {
+      new_index[u] = int(units.size());
+      units.push_back(std::move(model.units[u]));
+      continue;
+    }
+    if (chunk_index[size_t(k)] >= 0) {
+      new_index[u] = chunk_index[size_t(k)];
+      continue;
+    }
+    std::vector<std::unique_ptr<Unit>> kids;
+    for (size_t p = chunks[size_t(k)].first; p < chunks[size_t(k)].second; ++p)
+      kids.push_back(std::move(model.units[size_t(model.schedule[p].unit)]));
+    chunk_index[size_t(k)] = int(units.size());
+    new_index[u] = chunk_index[size_t(k)];
+    units.push_back(std::make_unique<CompositeUnit>(std::move(kids), model.d_model(), pp));
+  }
+  // Blocks merged before their own index was reached map to their composite too.
+  for (size_t u = 0; u < U; ++u)
+    if (chunk_of[u] >= 0) new_index[u] = chunk_index[size_t(chunk_of[u])];
+
+  std::vector<Call> schedule;
+  for (size_t p = 0; p < P; ++p) {
+    const int k = chunk_of[size_t(model.schedule[p].unit)];
+    if (k >= 0 && chunks[size_t(k)].first != p) continue;  // the composite runs once
+    schedule.push_back({new_index[size_t(model.schedule[p].unit)], k >= 0 ? 0 : model.schedule[p].call});
+  }
+  model.units = std::move(units);
+  model.schedule = std::move(schedule);
+}
+
+}  // namespace sw
