@@ -622,7 +622,6 @@ void write_resolved(json& r, const TrainConfig& cfg) {
     set_path(r, "scheduler.params.cos_min_ratio", fjson(s.cos_min_ratio));
   }
   set_path(r, "gradient_clipping", fjson(cfg.grad_clip));
-  set_path(r, "zero_optimization.stage", cfg.zero_stage);
   set_path(r, "model.type", m.type);
   set_path(r, "model.vocab_size", m.vocab_size);
   set_path(r, "model.n_layer", m.n_layer);
@@ -646,7 +645,16 @@ void write_resolved(json& r, const TrainConfig& cfg) {
   set_path(r, "eval_batches", cfg.eval_batches);
   set_path(r, "log_every_steps", cfg.log_every_steps);
   set_path(r, "threads", cfg.threads);
-  const ShardingPolicy& sp = cfg.sharding;
+  // A TrainConfig built in code may set either zero_stage or sharding.strategy: a strategy
+  // other than the default wins; otherwise zero_stage picks it (with that strategy's defaults).
+  ShardingPolicy sp = cfg.sharding;
+  if (sp.strategy == ShardingStrategy::FullShard && cfg.zero_stage != 3) {
+    const ShardingPolicy d = ShardingPolicy::for_strategy(strategy_from_stage(cfg.zero_stage));
+    sp.strategy = d.strategy;
+    sp.reshard_after_forward = d.reshard_after_forward;
+    sp.accum = d.accum;
+  }
+  set_path(r, "zero_optimization.stage", stage_of(sp.strategy));
   set_path(r, "sharding_strategy", strategy_name(sp.strategy));
   const bool sharded_params = sp.strategy == ShardingStrategy::FullShard ||
                               sp.strategy == ShardingStrategy::ShardGradOp ||

@@ -48,7 +48,8 @@ struct TrainConfig {
   int threads = 0;             // threads per rank (0 = cores / local ranks)
   // Sharding. zero_optimization.stage and sharding_strategy (FSDP's names, see
   // sharding/policy.h) say the same thing; when both are given they must agree. zero_stage is
-  // the stage of the resolved strategy (HYBRID_SHARD: 3).
+  // the stage of the resolved strategy (HYBRID_SHARD: 3). A TrainConfig built in code may set
+  // either: a sharding.strategy other than FULL_SHARD wins, else zero_stage picks the strategy.
   int zero_stage = 3;          // zero_optimization.stage
   // sharding_strategy, shard_group_size, reshard_after_forward, forward_prefetch,
   // backward_prefetch (units ahead; true = 1, false = 0), max_live_units,

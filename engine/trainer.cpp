@@ -9,8 +9,9 @@
 //   result is the gradient of the mean loss over the global batch: N ranks train exactly
 //   what one rank with micro-batch N*B would);
 //   loss = sum over ranks / (W * accum); clip factor min(1, clip / (norm + 1e-6)) with the
-//   global norm; lr = lr_at(s); AdamW step s + 1; validation on eval steps, its batches split
-//   over the ranks.
+//   global norm; lr = lr_at(s); AdamW step s + 1; validation on eval steps over
+//   eval_batches * W batches of B rows, split over the ranks (the windows one rank with
+//   micro-batch W*B would evaluate).
 // Rank 0 alone writes run_dir (config.json, metrics.jsonl, the exported weights) and prints.
 //
 // Errors with several ranks: an error every rank reaches together (a non-finite loss or
@@ -194,18 +195,15 @@ TrainSummary train_ranks(const TrainConfig& cfg, const TrainOptions& opts, Group
   adam.weight_decay = cfg.optimizer.weight_decay;
   const double tokens_per_step = static_cast<double>(B) * T * accum * W;
 
-  // Validation: batch i is evaluated by rank i % W; every rank makes the same number of
-  // eval_loss calls (they are collectives), the surplus ones on batch 0, discarded.
+  // Validation on eval_batches * W batches of B rows (the same windows one rank with
+  // micro-batch W*B evaluates in eval_batches batches); rank r takes batches r, r+W, ...
   auto evaluate = [&](int step) {
+    const int n = cfg.eval_batches * W;
     double sum = 0;
     int first_bad = -1;
-    const int rounds = (cfg.eval_batches + W - 1) / W;
-    for (int round = 0; round < rounds; ++round) {
-      const int i = round * W + rank;
-      const bool mine = i < cfg.eval_batches;
-      eval_batch(*val_data, mine ? i : 0, cfg.eval_batches, B, T, inputs.data(), targets.data());
+    for (int i = rank; i < n; i += W) {
+      eval_batch(*val_data, i, n, B, T, inputs.data(), targets.data());
       const double l = sm.eval_loss(batch);
-      if (!mine) continue;
       if (!std::isfinite(l) && first_bad < 0) first_bad = i;
       sum += l;
     }
@@ -213,7 +211,7 @@ TrainSummary train_ranks(const TrainConfig& cfg, const TrainOptions& opts, Group
     if (!std::isfinite(total))
       non_finite("validation loss", total, step,
                  first_bad >= 0 ? " (eval batch " + std::to_string(first_bad) + ")" : "");
-    return total / cfg.eval_batches;
+    return total / n;
   };
 
   TrainSummary summary;

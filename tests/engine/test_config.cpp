@@ -290,3 +290,81 @@ TEST_CASE("config: config_json round-trips programmatic and llama configs") {
   const TrainConfig l = parse(R"({"model": {"type": "llama"}})");
   CHECK(parse_config(l.resolved_json, "r").resolved_json == l.resolved_json);
 }
+
+TEST_CASE("config: sharding keys select the strategy and its options") {
+  const TrainConfig d = parse("{}");
+  CHECK(d.sharding.strategy == ShardingStrategy::FullShard);
+  CHECK(d.sharding.reshard_after_forward);
+  CHECK(d.sharding.accum == GradAccumMode::ReduceEachMicroStep);
+  CHECK(d.blocks_per_unit == 1);
+  // Stages map to strategies, with the strategy's defaults.
+  const TrainConfig s0 = parse(R"({"zero_optimization": {"stage": 0}})");
+  CHECK(s0.sharding.strategy == ShardingStrategy::NoShard);
+  CHECK(s0.sharding.accum == GradAccumMode::ReduceOnce);
+  const TrainConfig s2 = parse(R"({"zero_optimization": {"stage": 2}})");
+  CHECK(s2.sharding.strategy == ShardingStrategy::ShardGradOp);
+  CHECK(!s2.sharding.reshard_after_forward);
+  CHECK(parse(R"({"zero_optimization": {"stage": 1}})").sharding.strategy ==
+        ShardingStrategy::ShardOptimizer);
+  // FSDP names; the stage follows.
+  const TrainConfig h = parse(R"({"sharding_strategy": "HYBRID_SHARD", "shard_group_size": 1,
+                                  "forward_prefetch": false, "backward_prefetch": 2,
+                                  "max_live_units": 3, "blocks_per_unit": 4,
+                                  "gradient_accumulation_mode": "reduce_once",
+                                  "comm_timeout_s": 12.5, "comm_debug": true,
+                                  "reshard_after_forward": false})");
+  CHECK(h.sharding.strategy == ShardingStrategy::HybridShard);
+  CHECK(h.zero_stage == 3);
+  CHECK(h.sharding.shard_group_size == 1);
+  CHECK(h.sharding.forward_prefetch == 0);
+  CHECK(h.sharding.backward_prefetch == 2);
+  CHECK(h.sharding.max_live_units == 3);
+  CHECK(h.blocks_per_unit == 4);
+  CHECK(h.sharding.accum == GradAccumMode::ReduceOnce);
+  CHECK(h.comm_timeout_s == 12.5);
+  CHECK(h.comm_debug);
+  CHECK(!h.sharding.reshard_after_forward);
+  CHECK(parse(R"({"forward_prefetch": true})").sharding.forward_prefetch == 1);
+  // Agreeing stage and name are fine.
+  CHECK(parse(R"({"zero_optimization": {"stage": 0}, "sharding_strategy": "NO_SHARD"})")
+            .sharding.strategy == ShardingStrategy::NoShard);
+  // The resolved config re-loads to the same policy.
+  const TrainConfig r = parse_config(h.resolved_json, "resolved.json");
+  CHECK(r.resolved_json == h.resolved_json);
+  CHECK(r.sharding.describe() == h.sharding.describe());
+  CHECK(r.blocks_per_unit == 4);
+  CHECK(r.comm_debug);
+  // Code that sets only zero_stage (or only sharding.strategy) round-trips through config_json.
+  TrainConfig c;
+  c.zero_stage = 2;
+  CHECK(parse_config(config_json(c), "x").sharding.strategy == ShardingStrategy::ShardGradOp);
+  CHECK(!parse_config(config_json(c), "x").sharding.reshard_after_forward);
+  TrainConfig c2;
+  c2.sharding = ShardingPolicy::for_strategy(ShardingStrategy::NoShard);
+  CHECK(parse_config(config_json(c2), "x").zero_stage == 0);
+}
+
+TEST_CASE("config: sharding mistakes name the key") {
+  CHECK_THAT(error_of(R"({"zero_optimization": {"stage": 2}, "sharding_strategy": "FULL_SHARD"})"),
+             Contains("cfg.json: sharding_strategy: 'FULL_SHARD' is ZeRO stage 3 but "
+                      "zero_optimization.stage is 2"));
+  CHECK_THAT(error_of(R"({"sharding_strategy": "FULL"})"),
+             Contains("sharding_strategy: 'FULL' is not one of FULL_SHARD, SHARD_GRAD_OP"));
+  CHECK_THAT(error_of(R"({"shard_group_size": 2})"),
+             Contains("shard_group_size: is only used by HYBRID_SHARD (the strategy is FULL_SHARD)"));
+  CHECK_THAT(error_of(R"({"sharding_strategy": "NO_SHARD", "reshard_after_forward": true})"),
+             Contains("reshard_after_forward: only applies to FULL_SHARD, SHARD_GRAD_OP and "
+                      "HYBRID_SHARD (NO_SHARD keeps full parameters on every rank)"));
+  CHECK_THAT(error_of(R"({"sharding_strategy": "HYBRID_SHARD", "shard_group_size": 2})"),
+             Contains("shard_group_size: must divide the world size (1), got 2"));
+  CHECK_THAT(error_of(R"({"forward_prefetch": "yes"})"),
+             Contains("forward_prefetch: expected true, false or a number of units >= 0"));
+  CHECK_THAT(error_of(R"({"backward_prefetch": -1})"), Contains("backward_prefetch: must be in [0, 1024]"));
+  CHECK_THAT(error_of(R"({"blocks_per_unit": 0})"), Contains("blocks_per_unit: must be >= 1"));
+  CHECK_THAT(error_of(R"({"gradient_accumulation_mode": "once"})"),
+             Contains("gradient_accumulation_mode: 'once' is not one of reduce_each_micro_step, "
+                      "reduce_once"));
+  CHECK_THAT(error_of(R"({"comm_timeout_s": -1})"), Contains("comm_timeout_s: must be >= 0"));
+  CHECK_THAT(error_of(R"({"sharding_stratgy": "NO_SHARD"})"),
+             Contains("did you mean 'sharding_strategy'?"));
+}
