@@ -4,6 +4,15 @@
 //
 //   bench_step [--model gpt2|llama] [--d 768] [--layers 12] [--heads 12] [--kv-heads H]
 //              [--vocab 50257] [--T 256] [--B 4] [--steps 5] [--warmup 2] [--threads 2]
+//              [--strategy FULL_SHARD|SHARD_GRAD_OP|SHARD_OPTIMIZER|NO_SHARD|HYBRID_SHARD]
+//              [--prefetch N] [--max-live N] [--blocks-per-unit N] [--shard-group N]
+//
+// Under `mpirun -np N bench_step ...` every rank trains its own micro-batch of B rows with the
+// given strategy (world_group()); tokens/s counts all ranks (N*B*T per step). Rank 0 prints;
+// the table adds communication (comm_s: time the communication threads ran collectives;
+// exposed: time compute waited for them) and, per rank, the model state (params + grads +
+// optimizer bytes held between steps), the transient gathered buffers (communication peak)
+// and the peak of all tracked memory.
 //
 // Training FLOPs per token = 6 * params + 12 * layers * d_model * T (forward + backward,
 // matmuls and attention scores; the PaLM/llm.c convention); roofline fraction = achieved
@@ -21,7 +30,9 @@
 #include "kernels/ops.h"
 #include "kernels/threads.h"
 #include "models/model.h"
+#include "sharding/comm/group.h"
 #include "sharding/sharded_model.h"
+#include "sharding/wrap.h"
 
 using namespace sw;
 using Clock = std::chrono::steady_clock;
@@ -69,7 +80,10 @@ int main(int argc, char** argv) {
   mc.n_head = 12;
   mc.vocab_size = 50257;
   mc.seq_len = 256;
-  int B = 4, steps = 5, warmup = 2, threads = 2;
+  int B = 4, steps = 5, warmup = 2, threads = 2, blocks_per_unit = 1;
+  const GroupPtr world = world_group();
+  const int W = world->size(), rank = world->rank();
+  ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
   for (int i = 1; i < argc; ++i) {
     auto arg = [&](const char* name) { return std::strcmp(argv[i], name) == 0 && i + 1 < argc; };
     if (arg("--model")) mc.type = argv[++i];
@@ -83,6 +97,16 @@ int main(int argc, char** argv) {
     else if (arg("--steps")) steps = std::atoi(argv[++i]);
     else if (arg("--warmup")) warmup = std::atoi(argv[++i]);
     else if (arg("--threads")) threads = std::atoi(argv[++i]);
+    else if (arg("--strategy")) {
+      const ShardingPolicy keep = pol;
+      pol = ShardingPolicy::for_strategy(strategy_from_name(argv[++i]));
+      pol.forward_prefetch = keep.forward_prefetch, pol.backward_prefetch = keep.backward_prefetch;
+      pol.max_live_units = keep.max_live_units, pol.shard_group_size = keep.shard_group_size;
+    }
+    else if (arg("--prefetch")) pol.forward_prefetch = pol.backward_prefetch = std::atoi(argv[++i]);
+    else if (arg("--max-live")) pol.max_live_units = std::atoi(argv[++i]);
+    else if (arg("--shard-group")) pol.shard_group_size = std::atoi(argv[++i]);
+    else if (arg("--blocks-per-unit")) blocks_per_unit = std::atoi(argv[++i]);
     else {
       std::fprintf(stderr, "bench_step: unknown or incomplete option '%s'\n", argv[i]);
       return 2;
@@ -92,49 +116,87 @@ int main(int argc, char** argv) {
   const Ops& ops = ops_for(Device::cpu());
   const int T = mc.seq_len, N = B * T;
 
-  const double gemm_rate = sgemm_gflops(ops, N, mc.d_model, mc.vocab_size);
+  // Every rank measures sgemm at once (they share the cores as training does); the roofline
+  // of the job is the sum.
+  auto sum_all = [&](double x) {
+    std::vector<double> all(static_cast<size_t>(W));
+    world->all_gather(&x, all.data(), 2, DType::F32);
+    return all;
+  };
+  double gemm_rate = 0;
+  for (double r : sum_all(sgemm_gflops(ops, N, mc.d_model, mc.vocab_size))) gemm_rate += r;
 
+  MemTracker& mt = MemTracker::global();
   Model model = build_model(mc);
-  ShardedModel sm(model, ops, 1234);
+  wrap_blocks(model, blocks_per_unit);
+  ShardedModel sm(model, ops, 1234, world, pol);
   const double P = static_cast<double>(sm.num_params());
   const double flops_per_token = 6.0 * P + 12.0 * mc.n_layer * mc.d_model * T;
+  const double model_state = double(mt.current(Mem::Params) + mt.current(Mem::Grads) +
+                                    mt.current(Mem::Optimizer));
 
   std::vector<int32_t> tokens(N), targets(N);
-  Rng rng(7);
+  Rng rng(7 + static_cast<uint64_t>(rank));
   for (int i = 0; i < N; ++i) {
     tokens[i] = static_cast<int32_t>(rng.below(mc.vocab_size));
     targets[i] = static_cast<int32_t>(rng.below(mc.vocab_size));
   }
   Batch batch{tokens.data(), targets.data(), B, T};
   AdamWParams ap;
-  std::vector<double> times;
+  std::vector<double> times, comm, exposed;
   double loss = 0;
-  MemTracker::global().reset_peaks();
+  mt.reset_peaks();
   for (int s = 0; s < warmup + steps; ++s) {
+    const CommStats c0 = sm.comm_stats();
     auto t0 = Clock::now();
     sm.zero_grads();
     loss = sm.forward_backward(batch, 1.f);
     const double norm = sm.grad_norm();
     const float mult = norm > 1.0 ? static_cast<float>(1.0 / norm) : 1.f;
     sm.optimizer_step(ap, 1e-4f, mult, s + 1);
-    if (s >= warmup) times.push_back(seconds_since(t0));
+    const double dt = seconds_since(t0);
+    const CommStats c1 = sm.comm_stats();
+    if (s >= warmup) {
+      times.push_back(dt);
+      comm.push_back(c1.comm_s - c0.comm_s);
+      exposed.push_back(c1.exposed_s - c0.exposed_s);
+    }
   }
-  std::sort(times.begin(), times.end());
-  const double step_s = times[times.size() / 2];
-  const double tps = N / step_s;
+  // A step ends on every rank at about the same time (collectives); rank 0's median is the
+  // job's step time.
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double step_s = median(times);
+  const double tps = double(W) * N / step_s;
   const double achieved = tps * flops_per_token / 1e9;
-  std::printf("model      %s d=%d L=%d H=%d V=%d T=%d B=%d threads=%d params=%.1fM\n",
-              mc.type.c_str(), mc.d_model, mc.n_layer, mc.n_head, mc.vocab_size, T, B, threads,
-              P / 1e6);
-  std::printf("sgemm      %.1f GFLOP/s (model GEMM shapes, same run)\n", gemm_rate);
+  const double comm_s = median(comm), exposed_s = median(exposed);
+  const std::vector<double> state_r = sum_all(model_state),
+                            peak_r = sum_all(double(mt.total_peak())),
+                            commpeak_r = sum_all(double(mt.peak(Mem::Communication)));
+  if (rank != 0) return 0;
+  std::printf("model      %s d=%d L=%d H=%d V=%d T=%d B=%d params=%.1fM\n", mc.type.c_str(),
+              mc.d_model, mc.n_layer, mc.n_head, mc.vocab_size, T, B, P / 1e6);
+  std::printf("ranks      %d x %d threads, %s, blocks_per_unit %d\n", W, threads,
+              W > 1 ? pol.describe().c_str() : "unsharded (one rank)", blocks_per_unit);
+  std::printf("sgemm      %.1f GFLOP/s (model GEMM shapes, all ranks, same run)\n", gemm_rate);
   std::printf("step       %.3f s median of %d  -> %.1f tokens/s, %.1f GFLOP/s = %.0f%% of sgemm\n",
               step_s, steps, tps, achieved, 100.0 * achieved / gemm_rate);
-  std::printf("peak mem   %.1f MiB (loss %.4f)\n",
-              MemTracker::global().total_peak() / 1048576.0, loss);
-  std::printf("{\"peer\": \"shardwise\", \"threads\": %d, \"params\": %.0f, \"step_s\": %.6f, "
-              "\"tokens_per_s\": %.3f, \"gflops\": %.3f, \"sgemm_gflops\": %.3f, "
-              "\"roofline_frac\": %.4f, \"flops_per_token\": %.0f}\n",
-              threads, P, step_s, tps, achieved, gemm_rate, achieved / gemm_rate,
-              flops_per_token);
+  std::printf("comm       %.3f s per step in collectives, %.3f s exposed (%.1f%% of the step)\n",
+              comm_s, exposed_s, 100.0 * exposed_s / step_s);
+  for (int r = 0; r < W; ++r)
+    std::printf("rank %-5d model state %.1f MiB, gathered/comm peak %.1f MiB, peak %.1f MiB\n", r,
+                state_r[size_t(r)] / 1048576.0, commpeak_r[size_t(r)] / 1048576.0,
+                peak_r[size_t(r)] / 1048576.0);
+  std::printf("loss       %.4f (rank 0)\n", loss);
+  std::printf("{\"peer\": \"shardwise\", \"ranks\": %d, \"threads\": %d, \"strategy\": \"%s\", "
+              "\"params\": %.0f, \"step_s\": %.6f, \"tokens_per_s\": %.3f, \"gflops\": %.3f, "
+              "\"sgemm_gflops\": %.3f, \"roofline_frac\": %.4f, \"flops_per_token\": %.0f, "
+              "\"comm_s\": %.6f, \"exposed_comm_s\": %.6f, \"model_state_bytes\": %.0f, "
+              "\"peak_bytes\": %.0f}\n",
+              W, threads, W > 1 ? strategy_name(pol.strategy) : "none", P, step_s, tps, achieved,
+              gemm_rate, achieved / gemm_rate, flops_per_token, comm_s, exposed_s, state_r[0],
+              peak_r[0]);
   return 0;
 }

@@ -1,33 +1,49 @@
 #!/usr/bin/env bash
 # Step throughput, Shardwise vs PyTorch on the same shapes, in the same run, alternating the
-# two (A B A B) so that machine noise hits both alike. Prints each run and the ratios.
+# runs (A B A B) so that machine noise hits both alike. Prints each run and the ratios.
 #
 #   bench/step.sh [BUILD_DIR] [-- extra bench_step args]   (default: GPT-2 124M, T=256, B=4)
-# Environment: THREADS (2), ROUNDS (2), STEPS (5), TORCH_DTYPE (fp32).
+#
+# MODE (environment) picks the comparison:
+#   single (default)  Shardwise 1 rank x THREADS vs PyTorch 1 process x THREADS
+#   mpi               Shardwise unsharded 1 rank x 2 threads, Shardwise STRATEGY (FULL_SHARD)
+#                     on 2 ranks x 1 thread (mpirun), PyTorch DDP 2 ranks x 1 thread (gloo);
+#                     B is per rank, so the sharded runs process twice the tokens per step
+#   memory            per-rank memory of STRATEGY at world 1, 2 and 4 (MEM_ARGS: the shape for
+#                     all three, default a 6-layer d=512 GPT-2 so that 4 ranks fit beside the
+#                     other jobs on this machine); model state should fall as 1/N
+# Environment: THREADS (2), ROUNDS (2), STEPS (5), TORCH_DTYPE (fp32), STRATEGY (FULL_SHARD).
 set -euo pipefail
 build=${1:-build}
 shift || true
 [ "${1:-}" = "--" ] && shift
-threads=${THREADS:-2} rounds=${ROUNDS:-2} steps=${STEPS:-5}
+mode=${MODE:-single}
+threads=${THREADS:-2} rounds=${ROUNDS:-2} steps=${STEPS:-5} strategy=${STRATEGY:-FULL_SHARD}
 here=$(cd "$(dirname "$0")" && pwd)
-args=(--threads "$threads" --steps "$steps" "$@")
-# bench_step's shape flags map one-to-one onto torch_step.py's.
-torch_args=(--threads "$threads" --steps "$steps" --dtype "${TORCH_DTYPE:-fp32}")
-while (($#)); do
-  case $1 in
-    --d|--layers|--heads|--vocab|--T|--B) torch_args+=("$1" "$2"); shift 2 ;;
-    *) shift ;;
+py=/usr/bin/python3
+mpirun=(mpirun --allow-run-as-root --oversubscribe)
+export OMPI_MCA_mpi_yield_when_idle=1
+# bench_step's shape flags map one-to-one onto the PyTorch scripts'.
+shape=()
+for ((i = 1; i <= $#; i++)); do
+  case ${!i} in
+    --d|--layers|--heads|--vocab|--T|--B) j=$((i + 1)); shape+=("${!i}" "${!j}") ;;
   esac
 done
-sw=() pt=()
-for ((r = 1; r <= rounds; r++)); do
-  line=$("$build/bench/bench_step" "${args[@]}" | tee /dev/stderr | tail -1)
-  sw+=("$(echo "$line" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens_per_s"])')")
-  line=$(OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 "$here/torch_step.py" "${torch_args[@]}")
-  echo "$line" >&2
-  pt+=("$(echo "$line" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens_per_s"])')")
-done
-/usr/bin/python3 - "${sw[*]}" "${pt[*]}" <<'PY'
+tps() { "$py" -c 'import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])[sys.argv[1]])' "${1:-tokens_per_s}"; }
+
+if [ "$mode" = single ]; then
+  args=(--threads "$threads" --steps "$steps" "$@")
+  torch_args=(--threads "$threads" --steps "$steps" --dtype "${TORCH_DTYPE:-fp32}" "${shape[@]}")
+  sw=() pt=()
+  for ((r = 1; r <= rounds; r++)); do
+    line=$("$build/bench/bench_step" "${args[@]}" | tee /dev/stderr | tail -1)
+    sw+=("$(echo "$line" | tps)")
+    line=$(OMP_WAIT_POLICY=PASSIVE "$py" "$here/torch_step.py" "${torch_args[@]}")
+    echo "$line" >&2
+    pt+=("$(echo "$line" | tps)")
+  done
+  "$py" - "${sw[*]}" "${pt[*]}" <<'PY'
 import sys
 sw = [float(x) for x in sys.argv[1].split()]
 pt = [float(x) for x in sys.argv[2].split()]
@@ -36,3 +52,47 @@ for i, (a, b) in enumerate(zip(sw, pt), 1):
     print(f"{i:5d}  {a:15.1f}  {b:13.1f}  {a / b:5.2f}x")
 print(f"best   {max(sw):15.1f}  {max(pt):13.1f}  {max(sw) / max(pt):5.2f}x  (target >= 1.2x)")
 PY
+elif [ "$mode" = mpi ]; then
+  un=() fs=() dp=() ex=() cm=()
+  for ((r = 1; r <= rounds; r++)); do
+    line=$("$build/bench/bench_step" --threads 2 --steps "$steps" "$@" | tee /dev/stderr | tail -1)
+    un+=("$(echo "$line" | tps)")
+    line=$("${mpirun[@]}" -np 2 "$build/bench/bench_step" --threads 1 --steps "$steps" \
+             --strategy "$strategy" "$@" | tee /dev/stderr | tail -1)
+    fs+=("$(echo "$line" | tps)")
+    ex+=("$(echo "$line" | tps exposed_comm_s)")
+    cm+=("$(echo "$line" | tps comm_s)")
+    line=$(OMP_WAIT_POLICY=PASSIVE "$py" "$here/torch_ddp.py" --ranks 2 --threads 1 \
+             --steps "$steps" "${shape[@]}")
+    echo "$line" >&2
+    dp+=("$(echo "$line" | tps)")
+  done
+  "$py" - "$strategy" "${un[*]}" "${fs[*]}" "${dp[*]}" "${ex[*]}" "${cm[*]}" <<'PY'
+import sys
+name = sys.argv[1]
+un, fs, dp, ex, cm = ([float(x) for x in a.split()] for a in sys.argv[2:7])
+print(f"round  unsharded 1x2 tok/s  {name} 2x1 tok/s  DDP 2x1 tok/s  {name}/unsharded"
+      f"  {name}/DDP  comm s/step  exposed s/step")
+for i in range(len(un)):
+    print(f"{i + 1:5d}  {un[i]:20.1f}  {fs[i]:{len(name) + 10}.1f}  {dp[i]:13.1f}"
+          f"  {fs[i] / un[i]:{len(name) + 10}.2f}x  {fs[i] / dp[i]:{len(name) + 3}.2f}x"
+          f"  {cm[i]:11.3f}  {ex[i]:14.3f}")
+print(f"best   {max(un):20.1f}  {max(fs):{len(name) + 10}.1f}  {max(dp):13.1f}"
+      f"  {max(fs) / max(un):{len(name) + 10}.2f}x  {max(fs) / max(dp):{len(name) + 3}.2f}x"
+      f"  (targets >= 0.90x, >= 1.2x)")
+PY
+elif [ "$mode" = memory ]; then
+  read -r -a mem_args <<<"${MEM_ARGS:---d 512 --layers 6 --heads 8 --T 128 --B 2}"
+  for np in 1 2 4; do
+    echo "== world $np ($strategy)"
+    if [ "$np" = 1 ]; then
+      "$build/bench/bench_step" --threads 1 --steps 2 --warmup 1 "${mem_args[@]}" "$@" | grep -E "^(model|ranks|rank|step)"
+    else
+      "${mpirun[@]}" -np "$np" "$build/bench/bench_step" --threads 1 --steps 2 --warmup 1 \
+        --strategy "$strategy" "${mem_args[@]}" "$@" | grep -E "^(model|ranks|rank|step)"
+    fi
+  done
+else
+  echo "step.sh: unknown MODE '$mode' (single, mpi or memory)" >&2
+  exit 2
+fi

@@ -242,7 +242,6 @@ TrainSummary train_ranks(const TrainConfig& cfg, const TrainOptions& opts, Group
       progress.finish();
       std::string detail;
       if (bad_micro >= 0 && accum > 1) detail += " (micro-step " + std::to_string(bad_micro) + ")";
-      if (bad_micro >= 0 && W > 1) detail += " (rank " + std::to_string(rank) + ")";
       non_finite("loss", loss, s + 1, detail);
     }
     const double norm = sm.grad_norm();
