@@ -462,8 +462,8 @@ std::vector<int32_t> make_targets(int N, int V, uint64_t seed) {
 
 TEST_CASE("lmhead_xent loss matches full logits + log-softmax, ignored targets, eval mode") {
   sw::set_num_threads(2);
-  // N = 300 > the 256-row chunk and not a multiple of it.
-  for (auto [N, C, V] : {std::tuple{300, 24, 97}, std::tuple{5, 16, 1000}, std::tuple{1, 8, 3}}) {
+  // N = 600 > the 512-row chunk and not a multiple of it.
+  for (auto [N, C, V] : {std::tuple{600, 24, 97}, std::tuple{5, 16, 1000}, std::tuple{1, 8, 3}}) {
     const Vec x = randv((size_t)N * C, 600 + N, 0.5f), w = randv((size_t)V * C, 601 + V, 0.5f);
     const auto tg = make_targets(N, V, 602);
     const DVec ref = xent_ref(x, w, tg, N, C, V);
@@ -484,7 +484,7 @@ TEST_CASE("lmhead_xent loss matches full logits + log-softmax, ignored targets, 
 
 TEST_CASE("lmhead_xent gradients: finite differences, +=, null outputs, grad_scale, reruns") {
   sw::set_num_threads(2);
-  const int N = 300, C = 24, V = 97;
+  const int N = 600, C = 24, V = 97;  // two chunks (512 + 88 rows)
   Vec x = randv((size_t)N * C, 700, 0.5f), w = randv((size_t)V * C, 701, 0.5f);
   const auto tg = make_targets(N, V, 702);
   const float gs = 0.3f;
