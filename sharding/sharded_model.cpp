@@ -620,8 +620,13 @@ void ShardedModel::optimizer_step(const AdamWParams& p, float lr, float grad_mul
   const Ops& ops = *I.ops;
   for (auto& up : I.units) {
     FlatUnit& fu = *up;
-    // Stage 1: a previous regather must be complete (it reads this rank's slice).
+    // Stage 1: a previous regather must be complete (it reads this rank's slice). Sharded: a
+    // gather prefetched after a previous update reads the master and is stale after this one.
     if (fu.kind() == FlatUnit::Kind::FullReplicated) fu.wait_unshard();
+    if (fu.kind() == FlatUnit::Kind::Sharded && fu.holds_gathered()) {
+      fu.wait_unshard();
+      fu.reshard();
+    }
     const Range shard = fu.shard_range();
     for (size_t s = 0; s < fu.layout().specs.size(); ++s) {
       const FlatEntry& e = fu.layout().entries[s];
@@ -635,6 +640,11 @@ void ShardedModel::optimizer_step(const AdamWParams& p, float lr, float grad_mul
     }
     // Stage 1: all-gather the updated slices while the next unit's update runs.
     fu.issue_regather();
+    // Sharded: the units the next forward starts with are gathered now, while the following
+    // units' updates run (the first gather of a step has no compute before it to hide behind).
+    if (fu.kind() == FlatUnit::Kind::Sharded && fu.first_pos >= 0 &&
+        fu.first_pos < I.policy.forward_prefetch)
+      I.issue(fu);
   }
 }
 
@@ -718,6 +728,10 @@ void ShardedModel::set_param(const std::string& name, const float* data, int64_t
                               std::to_string(n));
   release_full_params();
   if (fu.persistent()) fu.wait_unshard();
+  if (fu.kind() == FlatUnit::Kind::Sharded && fu.holds_gathered()) {  // a prefetch goes stale
+    fu.wait_unshard();
+    fu.reshard();
+  }
   // The full copy, where this rank holds one (it contains the master slice for stage 1).
   if (fu.full() && fu.sharded_state() == ShardedState::Unsharded)
     I.ops->copy(fu.full() + e.offset, data, static_cast<size_t>(n));

@@ -12,7 +12,9 @@
 //             reduce-scatter of its gradients, which runs while unit k-1 computes; every
 //             reduction is waited for before forward_backward returns.
 //   optimizer AdamW on this rank's slice of every unit (fp32 master); stage 1 then all-gathers
-//             the updated slices (waited for at the unit's next use).
+//             the updated slices (waited for at the unit's next use); sharded strategies
+//             issue the gathers of the first forward_prefetch units of the next forward as
+//             soon as those units are updated, so they overlap the remaining updates.
 // Strategies, gradient accumulation modes and the memory of each are in sharding/policy.h.
 //
 // Ranks and scaling: each rank runs its own micro-batch; forward_backward returns the mean loss
