@@ -107,10 +107,14 @@ int main(int argc, char** argv) {
   int threads = 2;
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) threads = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) g_reps = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--quick")) quick = true, g_reps = 3;
-    else if (!std::strcmp(argv[i], "--cpu")) g_cpu = true;
+    if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
+      threads = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc)
+      g_reps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--quick"))
+      quick = true, g_reps = 3;
+    else if (!std::strcmp(argv[i], "--cpu"))
+      g_cpu = true;
     else {
       std::fprintf(stderr, "usage: %s [--threads N] [--reps R] [--quick] [--cpu]\n", argv[0]);
       return 2;
@@ -123,9 +127,10 @@ int main(int argc, char** argv) {
     float a = 1, b = 1, c = 0;
     sw::cpu::gemm(false, false, 1, 1, 1, 1.f, &a, 1, &b, 1, 0.f, &c, 1);
   }
-  std::printf("# bench_kernels_b: threads=%d reps=%d (median after 1 warm-up, %s time), "
-              "OpenBLAS core %s\n",
-              threads, g_reps, g_cpu ? "process CPU" : "wall", openblas_get_corename());
+  std::printf(
+      "# bench_kernels_b: threads=%d reps=%d (median after 1 warm-up, %s time), "
+      "OpenBLAS core %s\n",
+      threads, g_reps, g_cpu ? "process CPU" : "wall", openblas_get_corename());
   std::printf("# GPT-2 124M shapes: B=%d T=%d C=%d H=%d hd=%d V=%d\n", B, T, C, H, hd, V);
 
   // Buffers big enough for every shape.
@@ -136,15 +141,19 @@ int main(int argc, char** argv) {
 
   // ---- 1. plain sgemm at the step's shapes ------------------------------------------------
   // Linear layers per block: qkv (C -> 3C), attn proj (C -> C), fc (C -> 4C), fc proj (4C -> C).
-  struct Lin { const char* name; int C, OC; };
-  const Lin lins[] = {{"qkv", C, 3 * C}, {"attn.proj", C, C}, {"fc", C, 4 * C}, {"fc.proj", 4 * C, C}};
+  struct Lin {
+    const char* name;
+    int C, OC;
+  };
+  const Lin lins[] = {
+      {"qkv", C, 3 * C}, {"attn.proj", C, C}, {"fc", C, 4 * C}, {"fc.proj", 4 * C, C}};
   std::vector<Gemm> gemms;
   for (const Lin& l : lins) {
     gemms.push_back({l.name, false, true, N, l.OC, l.C, (double)L});   // fwd: out = x W^T
     gemms.push_back({l.name, false, false, N, l.C, l.OC, (double)L});  // bwd: dx = dy W
     gemms.push_back({l.name, true, false, l.OC, l.C, N, (double)L});   // bwd: dW = dy^T x
   }
-  gemms.push_back({"lm_head", false, true, N, V, C, 1});  // logits
+  gemms.push_back({"lm_head", false, true, N, V, C, 1});   // logits
   gemms.push_back({"lm_head", false, false, N, C, V, 1});  // dx
   gemms.push_back({"lm_head", true, false, V, C, N, 1});   // dw
   std::printf("\n## sgemm (cblas_sgemm row-major through sw::cpu::gemm)\n");
@@ -165,9 +174,10 @@ int main(int argc, char** argv) {
     best_rate = std::max(best_rate, rate);
   }
   const double roof = best_rate;
-  std::printf("sgemm roofline (best shape): %.1f GFLOP/s; FLOP-weighted over one step's GEMMs: "
-              "%.1f GFLOP/s (%.1f%%)\n",
-              roof, step_flops / step_time / 1e9, 100.0 * step_flops / step_time / 1e9 / roof);
+  std::printf(
+      "sgemm roofline (best shape): %.1f GFLOP/s; FLOP-weighted over one step's GEMMs: "
+      "%.1f GFLOP/s (%.1f%%)\n",
+      roof, step_flops / step_time / 1e9, 100.0 * step_flops / step_time / 1e9 / roof);
 
   // sgemm called from inside our own parallel region: OpenBLAS's OpenMP build must run it on
   // the calling thread alone. Thread 0 makes a 1024^3 call while the other threads wait; its
@@ -200,9 +210,10 @@ int main(int argc, char** argv) {
         if (r > 0) inside = std::min(inside, thread_cpu() - c0);
       }
     }
-    std::printf("sgemm %d^3 from inside omp parallel: calling thread's CPU time %.1f ms "
-                "(%.0f%% of a 1-thread call's: ~100%% = ran single-threaded)\n",
-                n, inside * 1e3, 100.0 * inside / alone);
+    std::printf(
+        "sgemm %d^3 from inside omp parallel: calling thread's CPU time %.1f ms "
+        "(%.0f%% of a 1-thread call's: ~100%% = ran single-threaded)\n",
+        n, inside * 1e3, 100.0 * inside / alone);
   }
 
   // own: median time of the sgemm calls the kernel makes (same shapes, called directly,
@@ -215,7 +226,8 @@ int main(int argc, char** argv) {
   };
 
   // ---- 2. Linear ---------------------------------------------------------------------------
-  std::printf("\n## kernels: %% of the sgemm roofline above; %% of the same sgemm calls made directly\n");
+  std::printf(
+      "\n## kernels: %% of the sgemm roofline above; %% of the same sgemm calls made directly\n");
   std::printf("%-28s %9s %8s %8s %10s\n", "op", "ms", "GFLOP/s", "of roof", "of sgemm");
   {
     const auto bias = randv(4 * C, 3);
@@ -224,7 +236,9 @@ int main(int argc, char** argv) {
     for (const Lin& l : lins) {
       const double fl = 2.0 * N * l.C * l.OC;
       const auto [t, to] = time_paired(
-          [&] { sw::cpu::linear_forward(Cm.data(), A.data(), Bm.data(), bias.data(), N, l.C, l.OC); },
+          [&] {
+            sw::cpu::linear_forward(Cm.data(), A.data(), Bm.data(), bias.data(), N, l.C, l.OC);
+          },
           [&] {
             sw::cpu::gemm(false, true, N, l.OC, l.C, 1.f, A.data(), l.C, Bm.data(), l.C, 1.f,
                           Cm.data(), l.OC);
@@ -254,13 +268,15 @@ int main(int argc, char** argv) {
     const auto qkv = randv(nqkv, 4), dout = randv((size_t)N * C, 5);
     std::vector<float> out((size_t)N * C), lse((size_t)B * H * T), dqkv(nqkv, 0.f);
     const double fl = 4.0 * B * H * hd * T * (T + 1) / 2.0;
-    const double t = time_median([&] {
-      sw::cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, H, hd);
-    }, 3 * g_reps);
-    const double tb = time_median([&] {
-      sw::cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T,
-                                  H, H, hd);
-    }, 3 * g_reps);
+    const double t = time_median(
+        [&] { sw::cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, H, hd); },
+        3 * g_reps);
+    const double tb = time_median(
+        [&] {
+          sw::cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
+                                      B, T, H, H, hd);
+        },
+        3 * g_reps);
     row("attention fwd", fl, t);
     row("attention bwd", 2 * fl, tb);
     // GQA variant (4 kv heads) for reference.
@@ -268,13 +284,15 @@ int main(int argc, char** argv) {
     const size_t nq2 = (size_t)N * (H + 2 * KVH) * hd;
     const auto qkv2 = randv(nq2, 6);
     std::vector<float> dqkv2(nq2, 0.f);
-    const double t2 = time_median([&] {
-      sw::cpu::attention_forward(out.data(), lse.data(), qkv2.data(), B, T, H, KVH, hd);
-    }, 3 * g_reps);
-    const double tb2 = time_median([&] {
-      sw::cpu::attention_backward(dqkv2.data(), dout.data(), qkv2.data(), out.data(), lse.data(), B, T,
-                                  H, KVH, hd);
-    }, 3 * g_reps);
+    const double t2 = time_median(
+        [&] { sw::cpu::attention_forward(out.data(), lse.data(), qkv2.data(), B, T, H, KVH, hd); },
+        3 * g_reps);
+    const double tb2 = time_median(
+        [&] {
+          sw::cpu::attention_backward(dqkv2.data(), dout.data(), qkv2.data(), out.data(),
+                                      lse.data(), B, T, H, KVH, hd);
+        },
+        3 * g_reps);
     row("attention fwd (GQA KVH=4)", fl, t2);
     row("attention bwd (GQA KVH=4)", 2 * fl, tb2);
   }

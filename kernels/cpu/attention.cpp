@@ -135,7 +135,8 @@ void mm(int M, int W, int K, const float* A, ptrdiff_t sa, ptrdiff_t sk, const f
       const float* b = B + (ptrdiff_t)k0 * ldb;
       float* c = C + i * ldc;
       const int wv = std::min(w1, W16);  // vector part [j, wv), rounded up within W16
-      if (wv > j) ukernel_dispatch(mr, (wv - j + 15) / 16, k1 - k0, a, sa, sk, b + j, ldb, c + j, ldc, acc);
+      if (wv > j)
+        ukernel_dispatch(mr, (wv - j + 15) / 16, k1 - k0, a, sa, sk, b + j, ldb, c + j, ldc, acc);
       for (int col = std::max(j, W16); col < w1; ++col)
         for (int r = 0; r < mr; ++r) {
           float s = 0.f;
@@ -150,8 +151,10 @@ void mm(int M, int W, int K, const float* A, ptrdiff_t sa, ptrdiff_t sk, const f
 // 2b x 2b block (rows i and i + b exchange their halves). Stages b = 8, 4, 2, 1 transpose.
 template <int b>
 inline void transpose_stage(V16* r) {
+// clang-format off
 #define SW_LO(c) (((c) & b) == 0 ? (c) : 16 + (c) - b)
 #define SW_HI(c) (((c) & b) == 0 ? (c) + b : 16 + (c))
+  // clang-format on
   constexpr I16 lo = {SW_LO(0),  SW_LO(1),  SW_LO(2),  SW_LO(3), SW_LO(4),  SW_LO(5),
                       SW_LO(6),  SW_LO(7),  SW_LO(8),  SW_LO(9), SW_LO(10), SW_LO(11),
                       SW_LO(12), SW_LO(13), SW_LO(14), SW_LO(15)};
@@ -352,7 +355,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
           const float* Qi = Qp.data() + (size_t)i0 * ldh;
           const float* dOi = dOp.data() + (size_t)i0 * ldh;
           mm(nq, nk16, hd, Qi, ldh, 1, KT.data(), ldk, P.data(), ldk, false, Causal::kColsUpTo, d);
-          mm(nq, nk16, hd, dOi, ldh, 1, VT.data(), ldk, dS.data(), ldk, false, Causal::kColsUpTo, d);
+          mm(nq, nk16, hd, dOi, ldh, 1, VT.data(), ldk, dS.data(), ldk, false, Causal::kColsUpTo,
+             d);
           for (int r = 0; r < nq; ++r) {
             float* p = P.data() + (size_t)r * ldk;
             float* ds = dS.data() + (size_t)r * ldk;
@@ -378,8 +382,10 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
              true, Causal::kKUpTo, d);
         }
         // Key tile done: dK/dV += (MHA) or scratch = (GQA) its accumulators.
-        float* dK = gqa ? part + ((size_t)bh * 2 * T + j0) * hd : dqkv + base + (size_t)j0 * R + (size_t)(H + g) * hd;
-        float* dV = gqa ? dK + (size_t)T * hd : dqkv + base + (size_t)j0 * R + (size_t)(H + KVH + g) * hd;
+        float* dK = gqa ? part + ((size_t)bh * 2 * T + j0) * hd
+                        : dqkv + base + (size_t)j0 * R + (size_t)(H + g) * hd;
+        float* dV =
+            gqa ? dK + (size_t)T * hd : dqkv + base + (size_t)j0 * R + (size_t)(H + KVH + g) * hd;
         const ptrdiff_t ld = gqa ? hd : R;
         for (int j = 0; j < nk; ++j) {
           const float* sk = dKp.data() + (size_t)j * ldh;

@@ -20,8 +20,8 @@ const char* blas_select_core();
 // From inside an OpenMP parallel region OpenBLAS's OpenMP build runs single-threaded.
 inline void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
                   const float* B, int ldb, float beta, float* C, int ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M,
-              N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
+              K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 // exp(x) in fp32, branch-free so loops over it vectorise (AVX-512 / AVX2 with -O3).

@@ -30,9 +30,10 @@ bool in_list(const std::string& s, std::initializer_list<const char*> names) {
 }
 
 const char* select_core_once() {
-  const char* forced = std::getenv("OPENBLAS_CORETYPE");
-  if ((forced && *forced) || !gotoblas_dynamic_init || !gotoblas_dynamic_quit)
+  const char* env = std::getenv("OPENBLAS_CORETYPE");
+  if ((env && *env) || !gotoblas_dynamic_init || !gotoblas_dynamic_quit)
     return openblas_get_corename();
+  const bool env_set = env != nullptr;  // set but empty: restored as such below
   const std::string core = openblas_get_corename();
   __builtin_cpu_init();
   const bool intel = __builtin_cpu_is("intel");
@@ -51,8 +52,8 @@ const char* select_core_once() {
   setenv("OPENBLAS_CORETYPE", want, 1);
   gotoblas_dynamic_quit();
   gotoblas_dynamic_init();
-  if (forced)
-    setenv("OPENBLAS_CORETYPE", forced, 1);
+  if (env_set)
+    setenv("OPENBLAS_CORETYPE", "", 1);
   else
     unsetenv("OPENBLAS_CORETYPE");
   return openblas_get_corename();
@@ -79,7 +80,8 @@ void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, in
   detail::blas_select_core();
   if (K <= 0) {  // C = beta * C (BLAS semantics), without relying on the library's corner case
     for (int i = 0; i < M; ++i)
-      for (int j = 0; j < N; ++j) C[(size_t)i * ldc + j] = beta == 0.f ? 0.f : beta * C[(size_t)i * ldc + j];
+      for (int j = 0; j < N; ++j)
+        C[(size_t)i * ldc + j] = beta == 0.f ? 0.f : beta * C[(size_t)i * ldc + j];
     return;
   }
   detail::sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);

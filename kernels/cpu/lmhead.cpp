@@ -106,7 +106,8 @@ double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const floa
       if (loss) loss[n0 + r] = rl[r];
       total += rl[r];
     }
-    if (dx) detail::sgemm(false, false, nc, C, V, 1.f, logits, V, w, C, 1.f, dx + (size_t)n0 * C, C);
+    if (dx)
+      detail::sgemm(false, false, nc, C, V, 1.f, logits, V, w, C, 1.f, dx + (size_t)n0 * C, C);
     if (dw) detail::sgemm(true, false, V, C, nc, 1.f, logits, V, xc, C, 1.f, dw, C);
   }
   return total;

@@ -55,10 +55,10 @@ Vec randv(size_t n, uint64_t seed, float stddev = 1.f) {
 }
 
 // SW_TEST_VERBOSE=1 prints the measured errors (used to set the tolerances).
-#define REPORT(msg)                                 \
-  do {                                              \
-    INFO(msg);                                      \
-    if (std::getenv("SW_TEST_VERBOSE")) WARN(msg);  \
+#define REPORT(msg)                                \
+  do {                                             \
+    INFO(msg);                                     \
+    if (std::getenv("SW_TEST_VERBOSE")) WARN(msg); \
   } while (0)
 
 bool same_bits(const Vec& a, const Vec& b) {
@@ -111,7 +111,8 @@ void gemm_ref(bool ta, bool tb, int M, int N, int K, float alpha, const Vec& A, 
       }
       const double c0 = C0[(size_t)i * ldc + j];
       C[(size_t)i * ldc + j] = alpha * s + beta * c0;
-      bound[(size_t)i * ldc + j] = (K + 2) * kU * (std::fabs(alpha) * sa + std::fabs(beta * c0)) + 1e-30;
+      bound[(size_t)i * ldc + j] =
+          (K + 2) * kU * (std::fabs(alpha) * sa + std::fabs(beta * c0)) + 1e-30;
     }
 }
 
@@ -142,7 +143,9 @@ TEST_CASE("OpenBLAS uses vector kernels on AVX2/AVX-512 machines") {
 
 TEST_CASE("gemm matches a double reference for all transposes and padded leading dims") {
   sw::set_num_threads(2);
-  struct Shape { int M, N, K; };
+  struct Shape {
+    int M, N, K;
+  };
   for (Shape s : {Shape{1, 1, 1}, Shape{5, 7, 3}, Shape{33, 65, 47}, Shape{130, 97, 200}})
     for (int ta = 0; ta < 2; ++ta)
       for (int tb = 0; tb < 2; ++tb) {
@@ -177,13 +180,14 @@ TEST_CASE("gemm matches a double reference for all transposes and padded leading
 TEST_CASE("linear forward and backward match references and finite differences") {
   sw::set_num_threads(2);
   const int N = 37, C = 29, OC = 300;  // OC > 256 exercises two db column blocks
-  const Vec inp = randv((size_t)N * C, 11), w = randv((size_t)OC * C, 12, 0.2f),
-            b = randv(OC, 13), proj = randv((size_t)N * OC, 14);
+  const Vec inp = randv((size_t)N * C, 11), w = randv((size_t)OC * C, 12, 0.2f), b = randv(OC, 13),
+            proj = randv((size_t)N * OC, 14);
 
   // Forward, with and without bias.
   for (bool with_b : {true, false}) {
     Vec out((size_t)N * OC, 123.f);  // garbage must be overwritten
-    sw::cpu::linear_forward(out.data(), inp.data(), w.data(), with_b ? b.data() : nullptr, N, C, OC);
+    sw::cpu::linear_forward(out.data(), inp.data(), w.data(), with_b ? b.data() : nullptr, N, C,
+                            OC);
     int bad = 0;
     for (int n = 0; n < N; ++n)
       for (int o = 0; o < OC; ++o) {
@@ -225,7 +229,8 @@ TEST_CASE("linear forward and backward match references and finite differences")
       }
     for (int o = 0; o < OC; ++o) {
       double s = db0[o], sa = std::fabs(s);
-      for (int n = 0; n < N; ++n) s += proj[(size_t)n * OC + o], sa += std::fabs(proj[(size_t)n * OC + o]);
+      for (int n = 0; n < N; ++n)
+        s += proj[(size_t)n * OC + o], sa += std::fabs(proj[(size_t)n * OC + o]);
       bad += std::fabs(db[o] - s) > (N + 2) * kU * sa;
     }
     CHECK(bad == 0);
@@ -234,7 +239,8 @@ TEST_CASE("linear forward and backward match references and finite differences")
   // Null dinp / db leave nothing behind; dw alone is the same as before.
   {
     Vec dw2 = dw0;
-    sw::cpu::linear_backward(nullptr, dw2.data(), nullptr, proj.data(), inp.data(), w.data(), N, C, OC);
+    sw::cpu::linear_backward(nullptr, dw2.data(), nullptr, proj.data(), inp.data(), w.data(), N, C,
+                             OC);
     CHECK(same_bits(dw2, dw));
   }
 
@@ -250,8 +256,8 @@ TEST_CASE("linear forward and backward match references and finite differences")
     Vec gi(inp.size(), 0.f), gw(w.size(), 0.f), gb(b.size(), 0.f);
     sw::cpu::linear_backward(gi.data(), gw.data(), gb.data(), proj.data(), inp.data(), w.data(), N,
                              C, OC);
-    for (auto [name, xv, g] : {std::tuple{"dinp", &x, &gi}, std::tuple{"dw", &ww, &gw},
-                               std::tuple{"db", &bb, &gb}}) {
+    for (auto [name, xv, g] :
+         {std::tuple{"dinp", &x, &gi}, std::tuple{"dw", &ww, &gw}, std::tuple{"db", &bb, &gb}}) {
       const auto r = check_grad(loss, xv->data(), g->data(), xv->size(), 48, 1e-2f, 1e-1);
       REPORT(name << ": " << r.str());
       CHECK(r.max_err < 1e-2);
@@ -262,8 +268,10 @@ TEST_CASE("linear forward and backward match references and finite differences")
   {
     Vec a1((size_t)N * C, 0.f), w1(w.size(), 0.f), b1(OC, 0.f);
     Vec a2 = a1, w2 = w1, b2 = b1;
-    sw::cpu::linear_backward(a1.data(), w1.data(), b1.data(), proj.data(), inp.data(), w.data(), N, C, OC);
-    sw::cpu::linear_backward(a2.data(), w2.data(), b2.data(), proj.data(), inp.data(), w.data(), N, C, OC);
+    sw::cpu::linear_backward(a1.data(), w1.data(), b1.data(), proj.data(), inp.data(), w.data(), N,
+                             C, OC);
+    sw::cpu::linear_backward(a2.data(), w2.data(), b2.data(), proj.data(), inp.data(), w.data(), N,
+                             C, OC);
     CHECK(same_bits(a1, a2));
     CHECK(same_bits(w1, w2));
     CHECK(same_bits(b1, b2));
@@ -372,7 +380,8 @@ TEST_CASE("attention backward matches finite differences for dq, dk, dv") {
       return s;
     };
     for (int part = 0; part < 3; ++part) {
-      const auto r = fd_at(ref_loss, qkv.data(), dqkv.data(), part_indices(a, part, a.hd == 64 ? 16 : 30, 7), kHRef, 1e-3);
+      const auto r = fd_at(ref_loss, qkv.data(), dqkv.data(),
+                           part_indices(a, part, a.hd == 64 ? 16 : 30, 7), kHRef, 1e-3);
       REPORT("B=" << a.B << " T=" << a.T << " H=" << a.H << " KVH=" << a.KVH << " part="
                   << "qkv"[part] << ": " << r.str());
       CHECK(r.max_err < 2e-4);
@@ -409,10 +418,10 @@ TEST_CASE("attention backward accumulates (+=) and reruns bit-identically") {
     CHECK(same_bits(lse, lse2));
 
     Vec g0(a.nqkv(), 0.f), g1(a.nqkv(), 0.f);
-    sw::cpu::attention_backward(g0.data(), proj.data(), qkv.data(), out.data(), lse.data(), a.B, a.T,
-                                a.H, a.KVH, a.hd);
-    sw::cpu::attention_backward(g1.data(), proj.data(), qkv.data(), out.data(), lse.data(), a.B, a.T,
-                                a.H, a.KVH, a.hd);
+    sw::cpu::attention_backward(g0.data(), proj.data(), qkv.data(), out.data(), lse.data(), a.B,
+                                a.T, a.H, a.KVH, a.hd);
+    sw::cpu::attention_backward(g1.data(), proj.data(), qkv.data(), out.data(), lse.data(), a.B,
+                                a.T, a.H, a.KVH, a.hd);
     CHECK(same_bits(g0, g1));
 
     const Vec pre = randv(a.nqkv(), 502);
@@ -468,8 +477,8 @@ TEST_CASE("lmhead_xent loss matches full logits + log-softmax, ignored targets, 
     const auto tg = make_targets(N, V, 602);
     const DVec ref = xent_ref(x, w, tg, N, C, V);
     Vec loss(N, 9.f);
-    const double total =
-        sw::cpu::lmhead_xent(loss.data(), nullptr, nullptr, x.data(), w.data(), tg.data(), N, C, V, 1.f);
+    const double total = sw::cpu::lmhead_xent(loss.data(), nullptr, nullptr, x.data(), w.data(),
+                                              tg.data(), N, C, V, 1.f);
     double rtot = 0;
     for (double v : ref) rtot += v;
     const double el = max_abs_diff(loss.data(), ref.data(), N);
@@ -511,8 +520,8 @@ TEST_CASE("lmhead_xent gradients: finite differences, +=, null outputs, grad_sca
   // Eval mode and one-sided gradients give the same loss; the loss does not depend on them.
   {
     Vec l2(N);
-    const double t2 = sw::cpu::lmhead_xent(l2.data(), nullptr, nullptr, x.data(), w.data(), tg.data(),
-                                           N, C, V, gs);
+    const double t2 = sw::cpu::lmhead_xent(l2.data(), nullptr, nullptr, x.data(), w.data(),
+                                           tg.data(), N, C, V, gs);
     CHECK(t2 == tot);
     CHECK(same_bits(l2, loss));
     Vec dx2((size_t)N * C, 0.f), dw2((size_t)V * C, 0.f);
@@ -525,8 +534,10 @@ TEST_CASE("lmhead_xent gradients: finite differences, +=, null outputs, grad_sca
   // grad_scale is exactly linear for powers of two; += onto prefilled buffers.
   {
     Vec dx1((size_t)N * C, 0.f), dw1((size_t)V * C, 0.f), dx4 = dx1, dw4 = dw1;
-    sw::cpu::lmhead_xent(nullptr, dx1.data(), dw1.data(), x.data(), w.data(), tg.data(), N, C, V, 1.f);
-    sw::cpu::lmhead_xent(nullptr, dx4.data(), dw4.data(), x.data(), w.data(), tg.data(), N, C, V, 0.25f);
+    sw::cpu::lmhead_xent(nullptr, dx1.data(), dw1.data(), x.data(), w.data(), tg.data(), N, C, V,
+                         1.f);
+    sw::cpu::lmhead_xent(nullptr, dx4.data(), dw4.data(), x.data(), w.data(), tg.data(), N, C, V,
+                         0.25f);
     int bad = 0;
     for (size_t i = 0; i < dx1.size(); ++i) bad += dx4[i] != 0.25f * dx1[i];
     for (size_t i = 0; i < dw1.size(); ++i) bad += dw4[i] != 0.25f * dw1[i];
@@ -560,7 +571,8 @@ TEST_CASE("lmhead_xent gradients: finite differences, +=, null outputs, grad_sca
     Vec xs = randv((size_t)n * c, 710, 0.5f), ws = randv((size_t)v * c, 711, 0.5f);
     const std::vector<int32_t> t{3, -1, 10, 0};
     Vec gx((size_t)n * c, 0.f), gw((size_t)v * c, 0.f);
-    sw::cpu::lmhead_xent(nullptr, gx.data(), gw.data(), xs.data(), ws.data(), t.data(), n, c, v, gs);
+    sw::cpu::lmhead_xent(nullptr, gx.data(), gw.data(), xs.data(), ws.data(), t.data(), n, c, v,
+                         gs);
     auto loss_f = [&] {
       return gs * sw::cpu::lmhead_xent(nullptr, nullptr, nullptr, xs.data(), ws.data(), t.data(), n,
                                        c, v, gs);
