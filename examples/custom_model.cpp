@@ -149,7 +149,8 @@ Model make_model() {
   return m;
 }
 
-// A learnable synthetic language: the next token is a fixed function of the last two.
+// A learnable synthetic language: the next token takes its high three bits from the current
+// token and its low three bits from the one before (so it needs the causal shift to learn).
 void make_batch(int B, int T, uint64_t seed, std::vector<int32_t>& tok, std::vector<int32_t>& tgt) {
   Rng rng(seed);
   tok.assign(size_t(B) * T, 0);
@@ -157,7 +158,7 @@ void make_batch(int B, int T, uint64_t seed, std::vector<int32_t>& tok, std::vec
   for (int b = 0; b < B; ++b) {
     int p2 = static_cast<int>(rng.below(kVocab)), p1 = static_cast<int>(rng.below(kVocab));
     for (int t = 0; t < T; ++t) {
-      const int next = (3 * p1 + 5 * p2 + 1) % kVocab;
+      const int next = (p1 / 8) * 8 + (p2 % 8);  // high bits from t, low bits from t-1
       tok[size_t(b) * T + t] = p1;
       tgt[size_t(b) * T + t] = next;
       p2 = p1;
