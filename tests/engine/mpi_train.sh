@@ -5,7 +5,7 @@
 #   2. 2 ranks FULL_SHARD, micro-batch 2               -> same losses, grad norms, val losses,
 #                                                         exported weights
 #   3. 2 ranks NO_SHARD, micro-batch 1 x 2 accumulation (reduce_each_micro_step)
-#   4. 2 ranks HYBRID_SHARD (groups of 1) + SHARD_OPTIMIZER, blocks_per_unit 2
+#   4. 2 ranks HYBRID_SHARD (groups of 1, blocks_per_unit 2, comm_debug on), SHARD_OPTIMIZER
 #   5. error paths: a data file no rank can open (non-zero exit, message naming it); a run
 #      that diverges on every rank (the non-finite error printed once, by rank 0)
 # Only rank 0 writes run_dir: metrics.jsonl has one line per step, with comm_s.
@@ -46,7 +46,7 @@ run2 full --set train_micro_batch_size_per_gpu=2 --set sharding_strategy=FULL_SH
 run2 noshard --set train_micro_batch_size_per_gpu=1 --set gradient_accumulation_steps=2 \
   --set zero_optimization.stage=0 --set gradient_accumulation_mode=reduce_each_micro_step
 run2 hybrid --set train_micro_batch_size_per_gpu=2 --set sharding_strategy=HYBRID_SHARD \
-  --set shard_group_size=1 --set blocks_per_unit=2
+  --set shard_group_size=1 --set blocks_per_unit=2 --set comm_debug=true --set comm_timeout_s=60
 run2 stage1 --set train_micro_batch_size_per_gpu=2 --set zero_optimization.stage=1
 
 # noshard's validation uses micro-batch 1 (2 ranks x 1 row = other windows than one rank x 4):
