@@ -43,13 +43,16 @@ static double seconds_since(Clock::time_point t0) {
 
 // sgemm GFLOP/s on the shapes a transformer step uses (N = B*T rows), median of reps.
 static double sgemm_gflops(const Ops& ops, int N, int C, int V) {
-  struct S { int M, Nn, K; bool ta, tb; };
+  struct S {
+    int M, Nn, K;
+    bool ta, tb;
+  };
   const std::vector<S> shapes = {
-      {N, 3 * C, C, false, true},  // qkv forward
-      {N, 4 * C, C, false, true},  // mlp fc forward
-      {N, C, 4 * C, false, true},  // mlp proj forward
-      {N, C, 4 * C, false, false},  // dinp of fc
-      {4 * C, C, N, true, false},   // dW of fc
+      {N, 3 * C, C, false, true},                // qkv forward
+      {N, 4 * C, C, false, true},                // mlp fc forward
+      {N, C, 4 * C, false, true},                // mlp proj forward
+      {N, C, 4 * C, false, false},               // dinp of fc
+      {4 * C, C, N, true, false},                // dW of fc
       {256, std::min(V, 8192), C, false, true},  // an LM-head chunk
   };
   double flops = 0, secs = 0;
@@ -61,8 +64,7 @@ static double sgemm_gflops(const Ops& ops, int N, int C, int V) {
     std::vector<double> t;
     for (int r = 0; r < 5; ++r) {
       auto t0 = Clock::now();
-      ops.gemm(s.ta, s.tb, s.M, s.Nn, s.K, 1.f, A.data(), lda, B.data(), ldb, 0.f, Cm.data(),
-               s.Nn);
+      ops.gemm(s.ta, s.tb, s.M, s.Nn, s.K, 1.f, A.data(), lda, B.data(), ldb, 0.f, Cm.data(), s.Nn);
       t.push_back(seconds_since(t0));
     }
     std::sort(t.begin(), t.end());
@@ -86,27 +88,41 @@ int main(int argc, char** argv) {
   ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
   for (int i = 1; i < argc; ++i) {
     auto arg = [&](const char* name) { return std::strcmp(argv[i], name) == 0 && i + 1 < argc; };
-    if (arg("--model")) mc.type = argv[++i];
-    else if (arg("--d")) mc.d_model = std::atoi(argv[++i]);
-    else if (arg("--layers")) mc.n_layer = std::atoi(argv[++i]);
-    else if (arg("--heads")) mc.n_head = std::atoi(argv[++i]);
-    else if (arg("--kv-heads")) mc.n_kv_head = std::atoi(argv[++i]);
-    else if (arg("--vocab")) mc.vocab_size = std::atoi(argv[++i]);
-    else if (arg("--T")) mc.seq_len = std::atoi(argv[++i]);
-    else if (arg("--B")) B = std::atoi(argv[++i]);
-    else if (arg("--steps")) steps = std::atoi(argv[++i]);
-    else if (arg("--warmup")) warmup = std::atoi(argv[++i]);
-    else if (arg("--threads")) threads = std::atoi(argv[++i]);
+    if (arg("--model"))
+      mc.type = argv[++i];
+    else if (arg("--d"))
+      mc.d_model = std::atoi(argv[++i]);
+    else if (arg("--layers"))
+      mc.n_layer = std::atoi(argv[++i]);
+    else if (arg("--heads"))
+      mc.n_head = std::atoi(argv[++i]);
+    else if (arg("--kv-heads"))
+      mc.n_kv_head = std::atoi(argv[++i]);
+    else if (arg("--vocab"))
+      mc.vocab_size = std::atoi(argv[++i]);
+    else if (arg("--T"))
+      mc.seq_len = std::atoi(argv[++i]);
+    else if (arg("--B"))
+      B = std::atoi(argv[++i]);
+    else if (arg("--steps"))
+      steps = std::atoi(argv[++i]);
+    else if (arg("--warmup"))
+      warmup = std::atoi(argv[++i]);
+    else if (arg("--threads"))
+      threads = std::atoi(argv[++i]);
     else if (arg("--strategy")) {
       const ShardingPolicy keep = pol;
       pol = ShardingPolicy::for_strategy(strategy_from_name(argv[++i]));
       pol.forward_prefetch = keep.forward_prefetch, pol.backward_prefetch = keep.backward_prefetch;
       pol.max_live_units = keep.max_live_units, pol.shard_group_size = keep.shard_group_size;
-    }
-    else if (arg("--prefetch")) pol.forward_prefetch = pol.backward_prefetch = std::atoi(argv[++i]);
-    else if (arg("--max-live")) pol.max_live_units = std::atoi(argv[++i]);
-    else if (arg("--shard-group")) pol.shard_group_size = std::atoi(argv[++i]);
-    else if (arg("--blocks-per-unit")) blocks_per_unit = std::atoi(argv[++i]);
+    } else if (arg("--prefetch"))
+      pol.forward_prefetch = pol.backward_prefetch = std::atoi(argv[++i]);
+    else if (arg("--max-live"))
+      pol.max_live_units = std::atoi(argv[++i]);
+    else if (arg("--shard-group"))
+      pol.shard_group_size = std::atoi(argv[++i]);
+    else if (arg("--blocks-per-unit"))
+      blocks_per_unit = std::atoi(argv[++i]);
     else {
       std::fprintf(stderr, "bench_step: unknown or incomplete option '%s'\n", argv[i]);
       return 2;
@@ -132,8 +148,8 @@ int main(int argc, char** argv) {
   ShardedModel sm(model, ops, 1234, world, pol);
   const double P = static_cast<double>(sm.num_params());
   const double flops_per_token = 6.0 * P + 12.0 * mc.n_layer * mc.d_model * T;
-  const double model_state = double(mt.current(Mem::Params) + mt.current(Mem::Grads) +
-                                    mt.current(Mem::Optimizer));
+  const double model_state =
+      double(mt.current(Mem::Params) + mt.current(Mem::Grads) + mt.current(Mem::Optimizer));
 
   std::vector<int32_t> tokens(N), targets(N);
   Rng rng(7 + static_cast<uint64_t>(rank));
@@ -190,13 +206,13 @@ int main(int argc, char** argv) {
                 state_r[size_t(r)] / 1048576.0, commpeak_r[size_t(r)] / 1048576.0,
                 peak_r[size_t(r)] / 1048576.0);
   std::printf("loss       %.4f (rank 0)\n", loss);
-  std::printf("{\"peer\": \"shardwise\", \"ranks\": %d, \"threads\": %d, \"strategy\": \"%s\", "
-              "\"params\": %.0f, \"step_s\": %.6f, \"tokens_per_s\": %.3f, \"gflops\": %.3f, "
-              "\"sgemm_gflops\": %.3f, \"roofline_frac\": %.4f, \"flops_per_token\": %.0f, "
-              "\"comm_s\": %.6f, \"exposed_comm_s\": %.6f, \"model_state_bytes\": %.0f, "
-              "\"peak_bytes\": %.0f}\n",
-              W, threads, W > 1 ? strategy_name(pol.strategy) : "none", P, step_s, tps, achieved,
-              gemm_rate, achieved / gemm_rate, flops_per_token, comm_s, exposed_s, state_r[0],
-              peak_r[0]);
+  std::printf(
+      "{\"peer\": \"shardwise\", \"ranks\": %d, \"threads\": %d, \"strategy\": \"%s\", "
+      "\"params\": %.0f, \"step_s\": %.6f, \"tokens_per_s\": %.3f, \"gflops\": %.3f, "
+      "\"sgemm_gflops\": %.3f, \"roofline_frac\": %.4f, \"flops_per_token\": %.0f, "
+      "\"comm_s\": %.6f, \"exposed_comm_s\": %.6f, \"model_state_bytes\": %.0f, "
+      "\"peak_bytes\": %.0f}\n",
+      W, threads, W > 1 ? strategy_name(pol.strategy) : "none", P, step_s, tps, achieved, gemm_rate,
+      achieved / gemm_rate, flops_per_token, comm_s, exposed_s, state_r[0], peak_r[0]);
   return 0;
 }

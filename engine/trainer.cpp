@@ -227,8 +227,7 @@ TrainSummary train_ranks(const TrainConfig& cfg, const TrainOptions& opts, Group
     for (int k = 0; k < accum; ++k) {
       train_batch(train_data, cfg.seed, s, (int64_t{k} * W + rank) * B, B, T, inputs.data(),
                   targets.data());
-      const double l =
-          sm.forward_backward(batch, 1.0f / static_cast<float>(accum), k + 1 == accum);
+      const double l = sm.forward_backward(batch, 1.0f / static_cast<float>(accum), k + 1 == accum);
       if (!std::isfinite(l) && bad_micro < 0) bad_micro = k;
       loss += l;
     }

@@ -12,11 +12,16 @@ constexpr ShardingStrategy kAll[] = {ShardingStrategy::FullShard, ShardingStrate
 
 const char* strategy_name(ShardingStrategy s) {
   switch (s) {
-    case ShardingStrategy::FullShard: return "FULL_SHARD";
-    case ShardingStrategy::ShardGradOp: return "SHARD_GRAD_OP";
-    case ShardingStrategy::ShardOptimizer: return "SHARD_OPTIMIZER";
-    case ShardingStrategy::NoShard: return "NO_SHARD";
-    case ShardingStrategy::HybridShard: return "HYBRID_SHARD";
+    case ShardingStrategy::FullShard:
+      return "FULL_SHARD";
+    case ShardingStrategy::ShardGradOp:
+      return "SHARD_GRAD_OP";
+    case ShardingStrategy::ShardOptimizer:
+      return "SHARD_OPTIMIZER";
+    case ShardingStrategy::NoShard:
+      return "NO_SHARD";
+    case ShardingStrategy::HybridShard:
+      return "HYBRID_SHARD";
   }
   return "?";
 }
@@ -31,21 +36,30 @@ ShardingStrategy strategy_from_name(const std::string& name) {
 
 ShardingStrategy strategy_from_stage(int stage) {
   switch (stage) {
-    case 3: return ShardingStrategy::FullShard;
-    case 2: return ShardingStrategy::ShardGradOp;
-    case 1: return ShardingStrategy::ShardOptimizer;
-    case 0: return ShardingStrategy::NoShard;
+    case 3:
+      return ShardingStrategy::FullShard;
+    case 2:
+      return ShardingStrategy::ShardGradOp;
+    case 1:
+      return ShardingStrategy::ShardOptimizer;
+    case 0:
+      return ShardingStrategy::NoShard;
   }
   fail("sharding", "ZeRO stage must be 0, 1, 2 or 3, got " + std::to_string(stage));
 }
 
 int stage_of(ShardingStrategy s) {
   switch (s) {
-    case ShardingStrategy::FullShard: return 3;
-    case ShardingStrategy::ShardGradOp: return 2;
-    case ShardingStrategy::ShardOptimizer: return 1;
-    case ShardingStrategy::NoShard: return 0;
-    case ShardingStrategy::HybridShard: return 3;
+    case ShardingStrategy::FullShard:
+      return 3;
+    case ShardingStrategy::ShardGradOp:
+      return 2;
+    case ShardingStrategy::ShardOptimizer:
+      return 1;
+    case ShardingStrategy::NoShard:
+      return 0;
+    case ShardingStrategy::HybridShard:
+      return 3;
   }
   return 3;
 }
@@ -87,8 +101,7 @@ std::string ShardingPolicy::describe() const {
   d += std::string(", accum=") + accum_mode_name(accum);
   if (strategy == ShardingStrategy::HybridShard)
     d += ", shard_group_size=" + std::to_string(shard_group_size);
-  if (strategy == ShardingStrategy::NoShard)
-    d += ", bucket_bytes=" + std::to_string(bucket_bytes);
+  if (strategy == ShardingStrategy::NoShard) d += ", bucket_bytes=" + std::to_string(bucket_bytes);
   return d + ")";
 }
 

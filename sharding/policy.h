@@ -28,7 +28,13 @@
 
 namespace sw {
 
-enum class ShardingStrategy : uint8_t { FullShard, ShardGradOp, ShardOptimizer, NoShard, HybridShard };
+enum class ShardingStrategy : uint8_t {
+  FullShard,
+  ShardGradOp,
+  ShardOptimizer,
+  NoShard,
+  HybridShard
+};
 enum class GradAccumMode : uint8_t { ReduceEachMicroStep, ReduceOnce };
 
 // "FULL_SHARD", "SHARD_GRAD_OP", "SHARD_OPTIMIZER", "NO_SHARD", "HYBRID_SHARD".

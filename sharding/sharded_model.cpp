@@ -394,7 +394,8 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
       fail("sharded_model", "schedule entry " + std::to_string(p) + " runs call " +
                                 std::to_string(c.call) + " of unit '" + u->name() +
                                 "', which has " + std::to_string(u->num_calls()));
-    if (first[static_cast<size_t>(c.unit)] < 0) first[static_cast<size_t>(c.unit)] = static_cast<int>(p);
+    if (first[static_cast<size_t>(c.unit)] < 0)
+      first[static_cast<size_t>(c.unit)] = static_cast<int>(p);
     last[static_cast<size_t>(c.unit)] = static_cast<int>(p);
   }
 
@@ -442,7 +443,8 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
     fu.last_pos = last[u];
     const FlatLayout& L = fu.layout();
     for (size_t s = 0; s < L.specs.size(); ++s)
-      if (!I.by_name.emplace(L.specs[s].name, std::make_pair(static_cast<int>(u), static_cast<int>(s)))
+      if (!I.by_name
+               .emplace(L.specs[s].name, std::make_pair(static_cast<int>(u), static_cast<int>(s)))
                .second)
         fail("sharded_model", "parameter name '" + L.specs[s].name + "' is declared twice");
   }
@@ -541,8 +543,7 @@ double ShardedModel::forward_backward(const Batch& batch, float grad_scale, bool
   const int64_t counted = count_targets(batch);
   // d(mean loss) = d(sum of token losses) / counted.
   const float scale = counted > 0 ? grad_scale / static_cast<float>(counted) : 0.f;
-  const bool reduce_now =
-      last_micro_step || I.policy.accum == GradAccumMode::ReduceEachMicroStep;
+  const bool reduce_now = last_micro_step || I.policy.accum == GradAccumMode::ReduceEachMicroStep;
 
   double loss_sum = 0;
   int64_t loss_count = 0;
@@ -635,8 +636,7 @@ void ShardedModel::optimizer_step(const AdamWParams& p, float lr, float grad_mul
       const size_t off = static_cast<size_t>(r.lo - shard.lo);
       const float wd = fu.layout().specs[s].weight_decay ? p.weight_decay : 0.f;
       ops.adamw(fu.master() + off, fu.grad_shard() + off, fu.adam_m() + off, fu.adam_v() + off,
-                static_cast<size_t>(r.hi - r.lo), lr, p.beta1, p.beta2, p.eps, wd, step,
-                grad_mult);
+                static_cast<size_t>(r.hi - r.lo), lr, p.beta1, p.beta2, p.eps, wd, step, grad_mult);
     }
     // Stage 1: all-gather the updated slices while the next unit's update runs.
     fu.issue_regather();
@@ -723,9 +723,8 @@ void ShardedModel::set_param(const std::string& name, const float* data, int64_t
   const size_t s = static_cast<size_t>(it->second.second);
   const FlatEntry& e = fu.layout().entries[s];
   if (n != e.numel)
-    fail("sharded_model", "parameter '" + name + "' has " + std::to_string(e.numel) +
-                              " elements " + shape_str(fu.layout().specs[s].shape) + ", got " +
-                              std::to_string(n));
+    fail("sharded_model", "parameter '" + name + "' has " + std::to_string(e.numel) + " elements " +
+                              shape_str(fu.layout().specs[s].shape) + ", got " + std::to_string(n));
   release_full_params();
   if (fu.persistent()) fu.wait_unshard();
   if (fu.kind() == FlatUnit::Kind::Sharded && fu.holds_gathered()) {  // a prefetch goes stale

@@ -10,10 +10,14 @@ const char* sharded_state_name(ShardedState s) {
 
 const char* training_state_name(TrainingState s) {
   switch (s) {
-    case TrainingState::Idle: return "Idle";
-    case TrainingState::Forward: return "Forward";
-    case TrainingState::PreBackward: return "PreBackward";
-    case TrainingState::PostBackward: return "PostBackward";
+    case TrainingState::Idle:
+      return "Idle";
+    case TrainingState::Forward:
+      return "Forward";
+    case TrainingState::PreBackward:
+      return "PreBackward";
+    case TrainingState::PostBackward:
+      return "PostBackward";
   }
   return "?";
 }

@@ -3,12 +3,13 @@
 // transitions. ShardedModel (sharded_model.cpp) decides WHEN to call them; this file says
 // WHAT each transition does.
 //
-// Memory of one unit (S = ranks in the shard group, "shard" = padded / S floats):
-//   role             sharded unit (S > 1, stage 2/3)     stage 1 (S > 1)     S == 1 (NO_SHARD, world 1)
+// Memory of one unit (S = ranks in the shard group, "shard" = padded / S floats). Columns:
+// A = sharded unit (S > 1, stages 2/3, HYBRID), B = stage 1 (S > 1), C = S == 1 (NO_SHARD,
+// world 1).
+//   role             A                                   B                   C
 //   master           own buffer (shard), Params          view into full      = full
 //   full params      transient (padded), Communication   persistent, Params  persistent, Params
-//   unsharded grads  transient (padded), Communication   persistent, Grads   view into the model's
-//                                                                            bucket buffer, Grads
+//   unsharded grads  transient (padded), Communication   persistent, Grads   own or bucket, Grads
 //   reduced grads    own buffer (shard), Grads           own buffer, Grads   = unsharded grads
 //   AdamW m, v       own buffers (shard), Optimizer      same                (padded), Optimizer
 // "Transient" buffers exist only between the transitions that allocate and free them, so a
@@ -89,9 +90,9 @@ class FlatUnit {
   void issue_regather();
 
   // ---- Training state -------------------------------------------------------------------
-  void to_forward();       // Idle|Forward -> Forward (idempotent)
-  void to_pre_backward();  // Forward|PreBackward -> PreBackward (needs Unsharded)
-  void to_post_backward(); // PreBackward -> PostBackward
+  void to_forward();        // Idle|Forward -> Forward (idempotent)
+  void to_pre_backward();   // Forward|PreBackward -> PreBackward (needs Unsharded)
+  void to_post_backward();  // PreBackward -> PostBackward
   void to_idle() { tstate_ = TrainingState::Idle; }
 
   // ---- Gradients ---------------------------------------------------------------------------

@@ -118,7 +118,8 @@ void wrap_blocks(Model& model, int blocks_per_unit) {
   const size_t P = model.schedule.size(), U = model.units.size();
   std::vector<int> uses(U, 0);
   for (const Call& c : model.schedule) {
-    if (c.unit < 0 || c.unit >= int(U)) fail("wrap", "schedule names unit " + std::to_string(c.unit));
+    if (c.unit < 0 || c.unit >= int(U))
+      fail("wrap", "schedule names unit " + std::to_string(c.unit));
     uses[size_t(c.unit)]++;
   }
   auto is_block = [&](size_t p) {
@@ -180,7 +181,8 @@ void wrap_blocks(Model& model, int blocks_per_unit) {
   for (size_t p = 0; p < P; ++p) {
     const int k = chunk_of[size_t(model.schedule[p].unit)];
     if (k >= 0 && chunks[size_t(k)].first != p) continue;  // the composite runs once
-    schedule.push_back({new_index[size_t(model.schedule[p].unit)], k >= 0 ? 0 : model.schedule[p].call});
+    schedule.push_back(
+        {new_index[size_t(model.schedule[p].unit)], k >= 0 ? 0 : model.schedule[p].call});
   }
   model.units = std::move(units);
   model.schedule = std::move(schedule);

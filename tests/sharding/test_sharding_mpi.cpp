@@ -145,9 +145,10 @@ const RunResult& reference(const std::string& type, int global_B, int accum) {
   const std::string key = type + "/" + std::to_string(global_B) + "/" + std::to_string(accum);
   auto it = cache.find(key);
   if (it == cache.end())
-    it = cache.emplace(key, train(make_local_group(),
-                                  ShardingPolicy::for_strategy(ShardingStrategy::FullShard),
-                                  tiny(type), global_B, accum))
+    it = cache
+             .emplace(key, train(make_local_group(),
+                                 ShardingPolicy::for_strategy(ShardingStrategy::FullShard),
+                                 tiny(type), global_B, accum))
              .first;
   return it->second;
 }
@@ -157,8 +158,10 @@ void check_close(const RunResult& a, const RunResult& ref, const std::string& wh
   CHECK(a.losses.size() == ref.losses.size());
   double worst_loss = 0, worst_norm = 0;
   for (size_t i = 0; i < std::min(a.losses.size(), ref.losses.size()); ++i) {
-    worst_loss = std::max(worst_loss, std::fabs(a.losses[i] - ref.losses[i]) / std::fabs(ref.losses[i]));
-    worst_norm = std::max(worst_norm, std::fabs(a.norms[i] - ref.norms[i]) / std::fabs(ref.norms[i]));
+    worst_loss =
+        std::max(worst_loss, std::fabs(a.losses[i] - ref.losses[i]) / std::fabs(ref.losses[i]));
+    worst_norm =
+        std::max(worst_norm, std::fabs(a.norms[i] - ref.norms[i]) / std::fabs(ref.norms[i]));
   }
   double worst_param = 0, worst_abs = 0;
   std::string worst_name;
@@ -178,9 +181,9 @@ void check_close(const RunResult& a, const RunResult& ref, const std::string& wh
       if (e > worst_param) worst_param = e, worst_name = name;
     }
   }
-  INFO("worst relative loss error " << worst_loss << ", grad norm " << worst_norm
-                                    << ", parameter " << worst_param << " (" << worst_name
-                                    << ", absolute " << worst_abs << ")");
+  INFO("worst relative loss error " << worst_loss << ", grad norm " << worst_norm << ", parameter "
+                                    << worst_param << " (" << worst_name << ", absolute "
+                                    << worst_abs << ")");
   CHECK(worst_loss < 1e-5);
   CHECK(worst_norm < 1e-4);
   CHECK(worst_param < 1e-4);
@@ -199,8 +202,8 @@ void parity(ShardingPolicy pol) {
   const int W = g->size(), B = 2;
   for (const std::string type : {"gpt2", "llama"}) {
     const ModelConfig mc = tiny(type);
-    const std::string base = std::string(strategy_name(pol.strategy)) + " W=" +
-                             std::to_string(W) + " " + type;
+    const std::string base =
+        std::string(strategy_name(pol.strategy)) + " W=" + std::to_string(W) + " " + type;
     check_close(train(g, pol, mc, B, 1), reference(type, W * B, 1), base + " accum=1");
     for (GradAccumMode mode : {GradAccumMode::ReduceEachMicroStep, GradAccumMode::ReduceOnce}) {
       ShardingPolicy p = pol;
@@ -283,11 +286,11 @@ TEST_CASE("Per-rank model state by category is the promised shard", "[memory]") 
     ShardingStrategy s;
     int64_t params, grads, optim;  // floats
   };
-  for (const Expect& e : {Expect{ShardingStrategy::FullShard, shard, shard, 2 * shard},
-                          Expect{ShardingStrategy::ShardGradOp, shard, shard, 2 * shard},
-                          Expect{ShardingStrategy::ShardOptimizer, shard * W, shard * W + shard,
-                                 2 * shard},
-                          Expect{ShardingStrategy::NoShard, full, full, 2 * full}}) {
+  for (const Expect& e :
+       {Expect{ShardingStrategy::FullShard, shard, shard, 2 * shard},
+        Expect{ShardingStrategy::ShardGradOp, shard, shard, 2 * shard},
+        Expect{ShardingStrategy::ShardOptimizer, shard * W, shard * W + shard, 2 * shard},
+        Expect{ShardingStrategy::NoShard, full, full, 2 * full}}) {
     INFO(strategy_name(e.s));
     const size_t p0 = mt.current(Mem::Params), g0 = mt.current(Mem::Grads),
                  o0 = mt.current(Mem::Optimizer);

@@ -111,13 +111,14 @@ TEST_CASE("a wrapped model trains bit-identically to the unwrapped one", "[shard
 }
 
 TEST_CASE("sharding policy names and stages", "[sharding]") {
-  for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
-                             ShardingStrategy::ShardOptimizer, ShardingStrategy::NoShard,
-                             ShardingStrategy::HybridShard})
+  for (ShardingStrategy s :
+       {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
+        ShardingStrategy::ShardOptimizer, ShardingStrategy::NoShard, ShardingStrategy::HybridShard})
     CHECK(strategy_from_name(strategy_name(s)) == s);
   for (int st = 0; st <= 3; ++st) CHECK(stage_of(strategy_from_stage(st)) == st);
   CHECK(stage_of(ShardingStrategy::HybridShard) == 3);
-  CHECK_THROWS_WITH(strategy_from_name("FULLSHARD"), Contains("unknown sharding strategy 'FULLSHARD'"));
+  CHECK_THROWS_WITH(strategy_from_name("FULLSHARD"),
+                    Contains("unknown sharding strategy 'FULLSHARD'"));
   CHECK_THROWS_WITH(strategy_from_stage(4), Contains("ZeRO stage must be 0, 1, 2 or 3"));
   CHECK(ShardingPolicy::for_strategy(ShardingStrategy::FullShard).reshard_after_forward);
   CHECK(!ShardingPolicy::for_strategy(ShardingStrategy::ShardGradOp).reshard_after_forward);
@@ -125,7 +126,8 @@ TEST_CASE("sharding policy names and stages", "[sharding]") {
   CHECK(ShardingPolicy::for_strategy(ShardingStrategy::FullShard).accum ==
         GradAccumMode::ReduceEachMicroStep);
   CHECK(accum_mode_from_name("reduce_once") == GradAccumMode::ReduceOnce);
-  CHECK_THROWS_WITH(accum_mode_from_name("once"), Contains("reduce_each_micro_step or reduce_once"));
+  CHECK_THROWS_WITH(accum_mode_from_name("once"),
+                    Contains("reduce_each_micro_step or reduce_once"));
 }
 
 TEST_CASE("one rank: every strategy is the same computation", "[sharding]") {
@@ -136,7 +138,8 @@ TEST_CASE("one rank: every strategy is the same computation", "[sharding]") {
                              ShardingStrategy::ShardOptimizer, ShardingStrategy::NoShard,
                              ShardingStrategy::HybridShard}) {
     Model m = build_model(mc);
-    ShardedModel sm(m, ops_for(Device::cpu()), 5, make_local_group(), ShardingPolicy::for_strategy(s));
+    ShardedModel sm(m, ops_for(Device::cpu()), 5, make_local_group(),
+                    ShardingPolicy::for_strategy(s));
     std::vector<int32_t> tok(2 * 16, 7), tgt(2 * 16, 9);
     std::vector<double> losses;
     for (int step = 1; step <= 3; ++step) {
