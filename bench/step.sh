@@ -30,6 +30,17 @@ for ((i = 1; i <= $#; i++)); do
     --d|--layers|--heads|--vocab|--T|--B) j=$((i + 1)); shape+=("${!i}" "${!j}") ;;
   esac
 done
+# Debian's OpenBLAS 0.3.21 does not recognise this CPU and falls back to its SSE3 (Prescott)
+# kernels, ~6x slower; Shardwise re-selects the right kernels at start-up (kernels/cpu/gemm.cpp).
+# PyTorch gets the same fix through OPENBLAS_CORETYPE, so both peers run their best GEMMs.
+if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
+  if grep -qw avx512f /proc/cpuinfo; then torch_core=SkylakeX
+  elif grep -qw avx2 /proc/cpuinfo; then torch_core=Haswell
+  else torch_core=""; fi
+else
+  torch_core=$OPENBLAS_CORETYPE
+fi
+torch_env=(env OMP_WAIT_POLICY=PASSIVE ${torch_core:+OPENBLAS_CORETYPE=$torch_core})
 tps() { "$py" -c 'import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])[sys.argv[1]])' "${1:-tokens_per_s}"; }
 
 if [ "$mode" = single ]; then
@@ -39,7 +50,7 @@ if [ "$mode" = single ]; then
   for ((r = 1; r <= rounds; r++)); do
     line=$("$build/bench/bench_step" "${args[@]}" | tee /dev/stderr | tail -1)
     sw+=("$(echo "$line" | tps)")
-    line=$(OMP_WAIT_POLICY=PASSIVE "$py" "$here/torch_step.py" "${torch_args[@]}")
+    line=$("${torch_env[@]}" "$py" "$here/torch_step.py" "${torch_args[@]}")
     echo "$line" >&2
     pt+=("$(echo "$line" | tps)")
   done
@@ -62,7 +73,7 @@ elif [ "$mode" = mpi ]; then
     fs+=("$(echo "$line" | tps)")
     ex+=("$(echo "$line" | tps exposed_comm_s)")
     cm+=("$(echo "$line" | tps comm_s)")
-    line=$(OMP_WAIT_POLICY=PASSIVE "$py" "$here/torch_ddp.py" --ranks 2 --threads 1 \
+    line=$("${torch_env[@]}" "$py" "$here/torch_ddp.py" --ranks 2 --threads 1 \
              --steps "$steps" "${shape[@]}")
     echo "$line" >&2
     dp+=("$(echo "$line" | tps)")
