@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "core/device.h"
+#include "core/dtype.h"
 
 namespace sw {
 
@@ -113,6 +114,14 @@ class Ops {
 
 // The Ops of a device; throws sw::Error if this build has no backend for it.
 const Ops& ops_for(Device device);
+// The Ops of a device computing in `compute` precision (mixed precision). Every pointer stays
+// float*: activations, parameters and gradients are fp32 in memory; F32 is ops_for(device).
+// BF16 / F16: matrix products (gemm, linear_*, attention_*, lmhead_xent) round their operands
+// to bf16 / fp16 (values that overflow fp16 become +-inf, so a too-large loss scale shows up
+// as non-finite gradients) and accumulate in fp32; element-wise ops, norms and AdamW stay
+// fp32. On the CPU, BF16 uses AVX512-BF16 instructions when the CPU has them (detected at run
+// time) and an exact-rounding fallback otherwise.
+const Ops& ops_for(Device device, DType compute);
 
 // Backends register themselves (kernels/cuda does so when built).
 void register_ops(DeviceKind kind, const Ops* ops);

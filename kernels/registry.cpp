@@ -20,4 +20,10 @@ const Ops& ops_for(Device device) {
   return *g_cuda_ops;
 }
 
+const Ops& ops_for(Device device, DType compute) {
+  // Placeholder until kernels/cpu implements the BF16/F16 compute variants: fp32 compute.
+  (void)compute;
+  return ops_for(device);
+}
+
 }  // namespace sw

@@ -1,5 +1,7 @@
 #include "sharding/policy.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace sw {
@@ -103,6 +105,30 @@ std::string ShardingPolicy::describe() const {
     d += ", shard_group_size=" + std::to_string(shard_group_size);
   if (strategy == ShardingStrategy::NoShard) d += ", bucket_bytes=" + std::to_string(bucket_bytes);
   return d + ")";
+}
+
+const char* checkpoint_mode_name(CheckpointMode m) {
+  switch (m) {
+    case CheckpointMode::Off: return "off";
+    case CheckpointMode::Full: return "full";
+    case CheckpointMode::Selective: return "selective";
+  }
+  return "?";
+}
+
+CheckpointMode checkpoint_mode_from_name(const std::string& s) {
+  if (s == "off") return CheckpointMode::Off;
+  if (s == "full") return CheckpointMode::Full;
+  if (s == "selective") return CheckpointMode::Selective;
+  fail("sharding", "activation checkpointing mode '" + s + "': expected off, full or selective");
+}
+
+CheckpointMode ActivationCheckpointing::mode_for(int index) const {
+  if (mode == CheckpointMode::Off) return mode;
+  if (!units.empty())
+    return std::find(units.begin(), units.end(), index) != units.end() ? mode
+                                                                         : CheckpointMode::Off;
+  return every > 0 && index % every == 0 ? mode : CheckpointMode::Off;
 }
 
 }  // namespace sw

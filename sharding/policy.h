@@ -25,6 +25,9 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "core/dtype.h"
 
 namespace sw {
 
@@ -52,6 +55,33 @@ GradAccumMode default_accum_mode(ShardingStrategy s);
 // The strategy's default for reshard_after_forward (FULL_SHARD, HYBRID_SHARD: true).
 bool default_reshard_after_forward(ShardingStrategy s);
 
+// Mixed precision (FSDP's MixedPrecision, DeepSpeed's bf16/fp16 blocks). Master weights and
+// optimizer state stay fp32 in the shards. param_dtype: parameters are all-gathered in this
+// type (half the bytes of f32) and units compute with ops_for(device, param_dtype);
+// reduce_dtype: gradients are reduce-scattered / all-reduced in this type.
+struct MixedPrecisionPolicy {
+  DType param_dtype = DType::F32;
+  DType reduce_dtype = DType::F32;
+  bool enabled() const { return param_dtype != DType::F32 || reduce_dtype != DType::F32; }
+};
+
+// Activation checkpointing: which units drop their saved activations after forward and
+// recompute them inside their backward. Full: the unit keeps only its input; Selective: it
+// keeps the outputs of its matrix products (and attention) and recomputes only the cheap
+// element-wise ops (norms, activations, residual adds). Units: every `every`-th unit counting
+// from 0 (every = 1: all), or exactly the unit indices in `units` when that is not empty.
+// A loss call is never recomputed.
+enum class CheckpointMode : uint8_t { Off, Full, Selective };
+const char* checkpoint_mode_name(CheckpointMode m);  // "off", "full", "selective"
+CheckpointMode checkpoint_mode_from_name(const std::string& s);  // throws sw::Error
+struct ActivationCheckpointing {
+  CheckpointMode mode = CheckpointMode::Off;
+  int every = 1;
+  std::vector<int> units;
+  // The mode that applies to unit `index` (Off when the unit is not selected).
+  CheckpointMode mode_for(int index) const;
+};
+
 struct ShardingPolicy {
   ShardingStrategy strategy = ShardingStrategy::FullShard;
   // HYBRID_SHARD: ranks per shard group (consecutive world ranks); must divide the world size.
@@ -75,6 +105,8 @@ struct ShardingPolicy {
   // NO_SHARD: gradients are all-reduced in buckets of about this many bytes, each issued as
   // soon as the last unit in it has finished its backward (DDP's bucket_cap_mb, 25 MiB).
   int64_t bucket_bytes = int64_t{25} << 20;
+  MixedPrecisionPolicy mixed_precision;
+  ActivationCheckpointing activation_checkpointing;
 
   // The defaults of a strategy (reshard_after_forward and accum follow it).
   static ShardingPolicy for_strategy(ShardingStrategy s);
