@@ -27,7 +27,11 @@
 //     and must agree when both are given; options that only one strategy family reads
 //     (shard_group_size, reshard_after_forward) are errors with the others. Hugging Face's "auto"
 //     is accepted for these three and means "derive or default".
-//   * bf16/fp16 enabled=true is rejected until mixed precision lands.
+//   * bf16.enabled / fp16.enabled select mixed precision (both at once is an error); the
+//     `mixed_precision` block (param_dtype, reduce_dtype: "fp32" | "bf16" | "fp16") overrides
+//     the dtypes they imply (param_dtype = the enabled block's, reduce_dtype = param_dtype).
+//     fp16 anywhere needs fp16.enabled, which brings loss scaling with DeepSpeed's keys
+//     (engine/loss_scaler.h); fp16.auto_cast and bf16.immediate_grad_update have no effect.
 #include "engine/config.h"
 
 #include <algorithm>
@@ -131,9 +135,10 @@ const Node& schema() {
     zero.kids.push_back(compat(offload_par));
 
     Node fp16 =
-        obj("fp16", {leaf("enabled", Kind::Bool), cbool("auto_cast"), cnum("loss_scale"),
-                     cnum("initial_scale_power"), cnum("loss_scale_window"), cnum("hysteresis"),
-                     cbool("consecutive_hysteresis"), cnum("min_loss_scale")});
+        obj("fp16", {leaf("enabled", Kind::Bool), cbool("auto_cast"), leaf("loss_scale", Kind::Num),
+                     leaf("initial_scale_power", Kind::Int), leaf("loss_scale_window", Kind::Int),
+                     leaf("hysteresis", Kind::Int), leaf("consecutive_hysteresis", Kind::Bool),
+                     leaf("min_loss_scale", Kind::Num)});
     Node bf16 = obj("bf16", {leaf("enabled", Kind::Bool), cbool("immediate_grad_update")});
 
     Node act = compat(obj("activation_checkpointing",
@@ -162,6 +167,8 @@ const Node& schema() {
                 leaf("gradient_clipping", Kind::Num),
                 bf16,
                 fp16,
+                obj("mixed_precision",
+                    {leaf("param_dtype", Kind::Str), leaf("reduce_dtype", Kind::Str)}),
                 compat(obj("amp", {cbool("enabled"), cstr("opt_level")})),
                 zero,
                 act,
@@ -597,6 +604,14 @@ void erase_path(json& root, const std::string& path) {
     parent->erase(path.substr(dot == std::string::npos ? 0 : dot + 1));
 }
 
+// mixed_precision's dtype names.
+const char* precision_name(DType d) {
+  return d == DType::BF16 ? "bf16" : d == DType::F16 ? "fp16" : "fp32";
+}
+DType precision_from_name(const std::string& s) {
+  return s == "bf16" ? DType::BF16 : s == "fp16" ? DType::F16 : DType::F32;
+}
+
 // Writes every effective key of `cfg` into `r` (other keys of r are kept).
 void write_resolved(json& r, const TrainConfig& cfg) {
   const OptimizerConfig& o = cfg.optimizer;
@@ -671,6 +686,23 @@ void write_resolved(json& r, const TrainConfig& cfg) {
   set_path(r, "backward_prefetch", sp.backward_prefetch);
   set_path(r, "max_live_units", sp.max_live_units);
   set_path(r, "gradient_accumulation_mode", accum_mode_name(sp.accum));
+  set_path(r, "bf16.enabled", cfg.bf16);
+  set_path(r, "fp16.enabled", cfg.fp16);
+  if (cfg.fp16) {
+    const LossScalerConfig& ls = cfg.loss_scaler;
+    set_path(r, "fp16.loss_scale", ls.loss_scale);
+    set_path(r, "fp16.initial_scale_power", ls.initial_scale_power);
+    set_path(r, "fp16.loss_scale_window", ls.loss_scale_window);
+    set_path(r, "fp16.hysteresis", ls.hysteresis);
+    set_path(r, "fp16.consecutive_hysteresis", ls.consecutive_hysteresis);
+    set_path(r, "fp16.min_loss_scale", ls.min_loss_scale);
+  }
+  // A TrainConfig built in code may set only bf16 / fp16: the policy they imply.
+  MixedPrecisionPolicy mp = sp.mixed_precision;
+  if (!mp.enabled() && (cfg.bf16 || cfg.fp16))
+    mp.param_dtype = mp.reduce_dtype = cfg.bf16 ? DType::BF16 : DType::F16;
+  set_path(r, "mixed_precision.param_dtype", precision_name(mp.param_dtype));
+  set_path(r, "mixed_precision.reduce_dtype", precision_name(mp.reduce_dtype));
   set_path(r, "blocks_per_unit", cfg.blocks_per_unit);
   set_path(r, "comm_timeout_s", cfg.comm_timeout_s);
   set_path(r, "comm_debug", cfg.comm_debug);
@@ -716,15 +748,38 @@ TrainConfig read_config(json j, const std::string& source,
   cfg.notes = c.notes;
   const long long IMAX = INT32_MAX;
 
-  // Mixed precision: rejected, not ignored.
-  if (get_bool(j, "bf16.enabled", false))
-    c.bad("bf16.enabled",
-          "mixed precision is not implemented yet; training runs in fp32 (set it to false or "
-          "remove the bf16 block)");
-  if (get_bool(j, "fp16.enabled", false))
+  // Mixed precision (the policy goes into cfg.sharding once the strategy has set it).
+  cfg.bf16 = get_bool(j, "bf16.enabled", false);
+  cfg.fp16 = get_bool(j, "fp16.enabled", false);
+  if (cfg.bf16 && cfg.fp16)
     c.bad("fp16.enabled",
-          "mixed precision is not implemented yet; training runs in fp32 (set it to false or "
-          "remove the fp16 block)");
+          "bf16.enabled and fp16.enabled are both true; enable at most one of them");
+  MixedPrecisionPolicy mp;
+  mp.param_dtype = cfg.bf16 ? DType::BF16 : cfg.fp16 ? DType::F16 : DType::F32;
+  if (has(j, "mixed_precision.param_dtype"))
+    mp.param_dtype = precision_from_name(
+        get_str(j, "mixed_precision.param_dtype", "", {"fp32", "bf16", "fp16"}, c));
+  mp.reduce_dtype = mp.param_dtype;
+  if (has(j, "mixed_precision.reduce_dtype"))
+    mp.reduce_dtype = precision_from_name(
+        get_str(j, "mixed_precision.reduce_dtype", "", {"fp32", "bf16", "fp16"}, c));
+  for (const char* k : {"param_dtype", "reduce_dtype"}) {
+    const DType d = std::string(k) == "param_dtype" ? mp.param_dtype : mp.reduce_dtype;
+    if (d == DType::F16 && !cfg.fp16)
+      c.bad(std::string("mixed_precision.") + k,
+            "fp16 needs loss scaling: set fp16.enabled to true (or use bf16)");
+  }
+  LossScalerConfig& ls = cfg.loss_scaler;
+  ls.loss_scale = get_num(j, "fp16.loss_scale", ls.loss_scale, {0, kInf, false, false}, c);
+  ls.initial_scale_power =
+      (int)get_int(j, "fp16.initial_scale_power", ls.initial_scale_power, 0, 120, c);
+  ls.loss_scale_window =
+      (int)get_int(j, "fp16.loss_scale_window", ls.loss_scale_window, 1, IMAX, c);
+  ls.hysteresis = (int)get_int(j, "fp16.hysteresis", ls.hysteresis, 1, IMAX, c);
+  ls.consecutive_hysteresis =
+      get_bool(j, "fp16.consecutive_hysteresis", ls.consecutive_hysteresis);
+  ls.min_loss_scale =
+      get_num(j, "fp16.min_loss_scale", ls.min_loss_scale, {0, kInf, true, false}, c);
 
   // Batch sizes: any two of the three determine the third.
   const int world = launcher_world_size();
@@ -875,6 +930,7 @@ TrainConfig read_config(json j, const std::string& source,
   if (has(j, "gradient_accumulation_mode"))
     sp.accum = accum_mode_from_name(get_str(j, "gradient_accumulation_mode", "",
                                             {"reduce_each_micro_step", "reduce_once"}, c));
+  sp.mixed_precision = mp;
   cfg.blocks_per_unit = (int)get_int(j, "blocks_per_unit", cfg.blocks_per_unit, 1, IMAX, c);
   cfg.comm_timeout_s =
       get_num(j, "comm_timeout_s", cfg.comm_timeout_s, {0, kInf, false, false}, c);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/loss_scaler.h"
 #include "models/model.h"
 #include "sharding/policy.h"
 
@@ -56,6 +57,13 @@ struct TrainConfig {
   // gradient_accumulation_mode ("reduce_each_micro_step" | "reduce_once"; the default
   // depends on the strategy).
   ShardingPolicy sharding;
+  // Mixed precision: bf16.enabled / fp16.enabled (at most one), which set
+  // sharding.mixed_precision (param_dtype = that type, reduce_dtype = param_dtype, unless the
+  // `mixed_precision` block says otherwise: "fp32" | "bf16" | "fp16"). fp16 adds loss scaling
+  // (fp16.loss_scale, initial_scale_power, loss_scale_window, hysteresis,
+  // consecutive_hysteresis, min_loss_scale: engine/loss_scaler.h).
+  bool bf16 = false, fp16 = false;
+  LossScalerConfig loss_scaler;
   int blocks_per_unit = 1;     // blocks_per_unit: consecutive transformer blocks per FSDP unit
   double comm_timeout_s = 0;   // comm_timeout_s: watchdog limit (0 = SHARDWISE_COMM_TIMEOUT_S or 300)
   bool comm_debug = false;     // comm_debug: check that all ranks issue the same collectives

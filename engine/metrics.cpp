@@ -34,6 +34,9 @@ std::string metrics_json_line(const StepMetrics& m) {
   j["step_time_s"] = num(m.step_time_s);
   j["comm_s"] = num(m.comm_s);
   j["exposed_comm_s"] = num(m.exposed_comm_s);
+  j["overflow"] = m.overflow;
+  j["skipped_steps"] = m.skipped_steps;
+  if (std::isfinite(m.loss_scale)) j["loss_scale"] = m.loss_scale;
   if (m.has_val) j["val_loss"] = num(m.val_loss);
   return j.dump();
 }
@@ -93,9 +96,11 @@ void Progress::update(const StepMetrics& m, double elapsed_s) {
     std::snprintf(tps, sizeof tps, "%.0f", m.tokens_per_s);
   char val[32] = "val -";
   if (std::isfinite(last_val_)) std::snprintf(val, sizeof val, "val %.4f", last_val_);
+  char skipped[48] = "";
+  if (m.skipped_steps > 0) std::snprintf(skipped, sizeof skipped, " | skipped %d", m.skipped_steps);
   char line[256];
-  std::snprintf(line, sizeof line, "step %d/%d | loss %.4f | %s | %s tok/s | ETA %s", m.step,
-                total_, m.loss, val, tps, last ? "0s" : format_duration(eta).c_str());
+  std::snprintf(line, sizeof line, "step %d/%d | loss %.4f | %s | %s tok/s%s | ETA %s", m.step,
+                total_, m.loss, val, tps, skipped, last ? "0s" : format_duration(eta).c_str());
   if (tty_) {
     std::fprintf(out_, "\r%s\x1b[K", line);
     open_line_ = true;

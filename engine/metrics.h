@@ -6,7 +6,9 @@
 // tokens_per_s (all ranks together), peak_mem_bytes (MemTracker total peak since train() started,
 // this rank), step_time_s, comm_s (time this rank's communication threads spent running
 // collectives during the step), exposed_comm_s (time compute waited for communication: what
-// overlap did not hide), and val_loss on evaluation steps only. Non-finite numbers are written
+// overlap did not hide), overflow (true when fp16 gradients overflowed and the optimizer step
+// was skipped), skipped_steps (such steps so far), loss_scale (fp16 only: the scale this step's
+// backward used), and val_loss on evaluation steps only. Non-finite numbers are written
 // as null. With several ranks, rank 0 writes the file: loss and grad_norm are global, the
 // memory and communication figures are rank 0's.
 #pragma once
@@ -27,6 +29,9 @@ struct StepMetrics {
   double step_time_s = 0;
   double comm_s = 0;          // communication time during the step (this rank)
   double exposed_comm_s = 0;  // time blocked waiting for communication (this rank)
+  bool overflow = false;    // fp16 overflow: the optimizer step was skipped
+  int skipped_steps = 0;    // overflow-skipped steps so far, this one included
+  double loss_scale = NAN;  // fp16: the loss scale used (NaN: not fp16, key omitted)
   double val_loss = NAN;  // NaN: no evaluation this step (key omitted)
   bool has_val = false;
 };
@@ -48,7 +53,8 @@ class MetricsLog {
   FILE* f_ = nullptr;
 };
 
-// "step 12/100 | loss 3.4521 | val 3.5012 | 12.3k tok/s | ETA 1m23s". On a terminal the line is
+// "step 12/100 | loss 3.4521 | val 3.5012 | 12.3k tok/s | ETA 1m23s", with " | skipped N"
+// before the ETA once fp16 overflow skipped steps. On a terminal the line is
 // rewritten in place (\r), at most every 50 ms (and on eval steps and the last step); otherwise
 // one line every `log_every` steps and at the last. metrics.jsonl always gets every step.
 class Progress {

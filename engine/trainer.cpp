@@ -14,6 +14,17 @@
 //   micro-batch W*B would evaluate).
 // Rank 0 alone writes run_dir (config.json, metrics.jsonl, the exported weights) and prints.
 //
+// Mixed precision: the sharding policy's mixed_precision (from bf16/fp16) makes ShardedModel
+// gather and compute in bf16/fp16 and reduce gradients in reduce_dtype; masters and AdamW stay
+// fp32. fp16 adds loss scaling (engine/loss_scaler.h): forward_backward gets grad_scale =
+// scale / accum; the global gradient norm (reduced identically on every rank) decides
+// overflow: non-finite -> the step is skipped (gradients dropped, weights and AdamW state
+// untouched) and the scaler lowers the scale; otherwise the gradients are unscaled through
+// AdamW's grad_mult (1/scale times the clip factor, which is computed on the unscaled norm).
+// As in DeepSpeed (engine._take_model_step), a skipped step consumes its batch but does not
+// advance the LR schedule nor AdamW's step count: both count applied steps only.
+// Without fp16, a non-finite gradient norm stays an error.
+//
 // Errors with several ranks: an error every rank reaches together (a non-finite loss or
 // gradient norm, decided on reduced values) is printed once by rank 0, then every rank ends;
 // an error on some ranks only is printed with its rank and the job is aborted (comm_abort),
@@ -33,6 +44,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "engine/data.h"
+#include "engine/loss_scaler.h"
 #include "engine/metrics.h"
 #include "engine/schedule.h"
 #include "kernels/ops.h"
@@ -214,6 +226,9 @@ TrainSummary train_ranks(const TrainConfig& cfg, const TrainOptions& opts, Group
     return total / n;
   };
 
+  LossScaler scaler(cfg.loss_scaler);  // used with fp16 only
+  int applied = 0, skipped = 0;        // optimizer steps applied / skipped on overflow
+
   TrainSummary summary;
   summary.unigram_entropy = train_data.unigram_entropy();
   double timed_s = 0, timed_tokens = 0;  // steps after the first
@@ -224,15 +239,17 @@ TrainSummary train_ranks(const TrainConfig& cfg, const TrainOptions& opts, Group
     sm.zero_grads();
     double loss = 0;
     int bad_micro = -1;  // first micro-step with a non-finite loss on this rank
+    const double loss_scale = cfg.fp16 ? scaler.scale : 1.0;
     for (int k = 0; k < accum; ++k) {
       train_batch(train_data, cfg.seed, s, (int64_t{k} * W + rank) * B, B, T, inputs.data(),
                   targets.data());
-      const double l = sm.forward_backward(batch, 1.0f / static_cast<float>(accum), k + 1 == accum);
+      const double l = sm.forward_backward(
+          batch, static_cast<float>(loss_scale / static_cast<double>(accum)), k + 1 == accum);
       if (!std::isfinite(l) && bad_micro < 0) bad_micro = k;
       loss += l;
     }
     loss = sum_over_ranks(world, loss) / (static_cast<double>(accum) * W);
-    const float lr = lr_at(cfg.optimizer, cfg.scheduler, cfg.train_steps, s);
+    const float lr = lr_at(cfg.optimizer, cfg.scheduler, cfg.train_steps, applied);
     if (!std::isfinite(loss)) {
       StepMetrics m;
       m.step = s + 1, m.loss = loss, m.lr = lr;
@@ -243,8 +260,16 @@ TrainSummary train_ranks(const TrainConfig& cfg, const TrainOptions& opts, Group
       if (bad_micro >= 0 && accum > 1) detail += " (micro-step " + std::to_string(bad_micro) + ")";
       non_finite("loss", loss, s + 1, detail);
     }
-    const double norm = sm.grad_norm();
-    if (!std::isfinite(norm)) {
+    const double norm = sm.grad_norm() / loss_scale;  // of the unscaled gradients
+    const bool overflow = cfg.fp16 && !std::isfinite(norm);
+    if (cfg.fp16) {
+      try {
+        scaler.update(overflow);
+      } catch (const Error& e) {  // decided on the reduced norm: every rank is here
+        throw CollectiveError(std::string(e.what()) + " (step " + std::to_string(s + 1) + ")");
+      }
+    }
+    if (!overflow && !std::isfinite(norm)) {
       StepMetrics m;
       m.step = s + 1, m.loss = loss, m.lr = lr, m.grad_norm = norm;
       m.peak_mem_bytes = MemTracker::global().total_peak();
@@ -252,9 +277,14 @@ TrainSummary train_ranks(const TrainConfig& cfg, const TrainOptions& opts, Group
       progress.finish();
       non_finite("gradient norm", norm, s + 1, "");
     }
-    const float mult =
-        cfg.grad_clip > 0 ? static_cast<float>(std::min(1.0, cfg.grad_clip / (norm + 1e-6))) : 1.f;
-    sm.optimizer_step(adam, lr, mult, s + 1);
+    if (overflow) {
+      sm.zero_grads();  // the step is skipped: weights and AdamW state stay as they are
+      ++skipped;
+    } else {
+      const double clip = cfg.grad_clip > 0 ? std::min(1.0, cfg.grad_clip / (norm + 1e-6)) : 1.0;
+      sm.optimizer_step(adam, lr, static_cast<float>(clip / loss_scale), applied + 1);
+      ++applied;
+    }
     const double dt = seconds_since(t0);
     const CommStats c1 = sm.comm_stats();
 
@@ -267,6 +297,9 @@ TrainSummary train_ranks(const TrainConfig& cfg, const TrainOptions& opts, Group
     m.tokens_per_s = dt > 0 ? tokens_per_step / dt : 0;
     m.comm_s = c1.comm_s - c0.comm_s;
     m.exposed_comm_s = c1.exposed_s - c0.exposed_s;
+    m.overflow = overflow;
+    m.skipped_steps = skipped;
+    if (cfg.fp16) m.loss_scale = loss_scale;
     const bool last = s + 1 == cfg.train_steps;
     if (val_data && (last || (cfg.eval_every_steps > 0 && (s + 1) % cfg.eval_every_steps == 0))) {
       m.val_loss = evaluate(s + 1);
@@ -281,6 +314,8 @@ TrainSummary train_ranks(const TrainConfig& cfg, const TrainOptions& opts, Group
     if (cfg.train_steps == 1) timed_s = dt, timed_tokens = tokens_per_step;
     summary.steps = s + 1;
     summary.last_loss = loss;
+    summary.skipped_steps = skipped;
+    summary.loss_scale = cfg.fp16 ? scaler.scale : 0;
   }
   progress.finish();
   summary.tokens_per_s = timed_s > 0 ? timed_tokens / timed_s : 0;

@@ -19,6 +19,8 @@ struct TrainSummary {
   double last_val_loss = -1;  // -1 when no validation ran
   double tokens_per_s = 0;    // mean over the run, excluding the first step
   double unigram_entropy = 0; // byte-unigram entropy of the training data, nats (for reference)
+  int skipped_steps = 0;      // fp16: optimizer steps skipped because gradients overflowed
+  double loss_scale = 0;      // fp16: the loss scale at the end (0 otherwise)
   std::string weights_path;   // "" when not exported
 };
 

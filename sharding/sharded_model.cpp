@@ -54,7 +54,8 @@ struct Pending {
 }  // namespace
 
 struct ShardedModel::Impl {
-  const Ops* ops = nullptr;
+  const Ops* ops = nullptr;          // utilities and the optimizer (fp32)
+  const Ops* compute_ops = nullptr;  // what units run with: ops_for(device, param_dtype)
   ShardingPolicy policy;
   GroupPtr world, shard, rep;  // rep: null when R == 1
   int W = 1, S = 1, R = 1;
@@ -137,6 +138,7 @@ struct ShardedModel::Impl {
         break;
       case FlatUnit::Kind::Whole:
         if (R == 1) {
+          fu.round_grads();  // where N ranks would narrow them to reduce_dtype
           fu.reduced_in_place();
         } else {
           Bucket& b = buckets[static_cast<size_t>(bucket_of[static_cast<size_t>(fu.index())])];
@@ -151,8 +153,10 @@ struct ShardedModel::Impl {
     if (b.issued) return;
     b.issued = true;
     float* p = bucket_buf.f32() + b.lo;
-    pending.push_back(
-        {Pending::BucketAllReduce, bi, rep->issue_all_reduce(p, p, b.hi - b.lo, ReduceOp::Avg)});
+    const DType rdt = policy.mixed_precision.reduce_dtype;
+    narrow_in_place(rdt, p, b.hi - b.lo);  // reduce_dtype values at the front of the range
+    pending.push_back({Pending::BucketAllReduce, bi,
+                       rep->issue_all_reduce(p, p, b.hi - b.lo, ReduceOp::Avg, rdt)});
   }
 
   // What follows the completion of a reduction (which may issue the next one).
@@ -161,9 +165,10 @@ struct ShardedModel::Impl {
       case Pending::UnitReduceScatter: {
         FlatUnit& fu = *units[static_cast<size_t>(p.index)];
         if (rep) {
-          float* blk = fu.reduced_block();
+          void* blk = fu.reduced_block();
           pending.push_back({Pending::UnitAllReduce, p.index,
-                             rep->issue_all_reduce(blk, blk, fu.shard_size(), ReduceOp::Avg)});
+                             rep->issue_all_reduce(blk, blk, fu.shard_size(), ReduceOp::Avg,
+                                                   fu.reduce_dtype())});
         } else {
           fu.accumulate_reduced();
         }
@@ -174,6 +179,7 @@ struct ShardedModel::Impl {
         break;
       case Pending::BucketAllReduce: {
         Bucket& b = buckets[static_cast<size_t>(p.index)];
+        widen_in_place(policy.mixed_precision.reduce_dtype, bucket_buf.f32() + b.lo, b.hi - b.lo);
         for (int u : b.members) units[static_cast<size_t>(u)]->reduced_in_place();
         b.ready = 0;
         b.issued = false;
@@ -322,7 +328,7 @@ struct ShardedModel::Impl {
 
   UnitCtx ctx_for(FlatUnit& fu, const Batch& batch, int pos, bool training) {
     UnitCtx ctx;
-    ctx.ops = ops;
+    ctx.ops = compute_ops;
     ctx.batch = &batch;
     ctx.params = &fu.params();
     ctx.grads = &fu.grads();
@@ -345,6 +351,11 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
   Impl& I = *impl_;
   I.ops = &ops;
   I.policy = policy;
+  const MixedPrecisionPolicy& mp = policy.mixed_precision;
+  for (DType d : {mp.param_dtype, mp.reduce_dtype})
+    if (d != DType::F32 && d != DType::BF16 && d != DType::F16)
+      fail("sharding", "mixed precision: unsupported dtype");
+  I.compute_ops = mp.param_dtype == DType::F32 ? &ops : &ops_for(ops.device(), mp.param_dtype);
   if (!group) fail("sharding", "no communication group given");
   if (model.units.empty()) fail("sharded_model", "the model has no units");
   if (model.schedule.empty()) fail("sharded_model", "the model's schedule is empty");
@@ -437,7 +448,7 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
   for (size_t u = 0; u < U; ++u) {
     float* bucket_grads = region[u] >= 0 ? I.bucket_buf.f32() + region[u] : nullptr;
     I.units.push_back(std::make_unique<FlatUnit>(model.units[u].get(), static_cast<int>(u), kind,
-                                                 I.shard.get(), ops, bucket_grads));
+                                                 I.shard.get(), ops, bucket_grads, mp));
     FlatUnit& fu = *I.units.back();
     fu.first_pos = first[u];
     fu.last_pos = last[u];
@@ -481,6 +492,7 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
         }
       }
     }
+    fu.finish_init();  // a split master takes its slice; the compute copy is rounded
   }
 }
 
@@ -662,7 +674,7 @@ void ShardedModel::for_each_param(
     Buffer tmp;
     if (I.summon_held) {
       base = I.summoned[u].f32();
-    } else if (fu.persistent()) {
+    } else if (fu.persistent() && !fu.split_master()) {
       fu.wait_unshard();
       base = fu.full();
     } else {
@@ -731,10 +743,13 @@ void ShardedModel::set_param(const std::string& name, const float* data, int64_t
     fu.wait_unshard();
     fu.reshard();
   }
-  // The full copy, where this rank holds one (it contains the master slice for stage 1).
-  if (fu.full() && fu.sharded_state() == ShardedState::Unsharded)
+  // The full copy, where this rank holds one (it contains the master slice for stage 1, or is
+  // the rounded compute copy with a split master).
+  if (fu.full() && fu.sharded_state() == ShardedState::Unsharded) {
     I.ops->copy(fu.full() + e.offset, data, static_cast<size_t>(n));
-  if (fu.kind() == FlatUnit::Kind::Sharded) {
+    if (fu.split_master()) fu.round_compute(e.offset, n);
+  }
+  if (fu.kind() == FlatUnit::Kind::Sharded || fu.split_master()) {
     const Range shard = fu.shard_range();
     const Range r = intersect(shard, {e.offset, e.offset + e.numel});
     if (!r.empty())

@@ -1,5 +1,7 @@
 #include "sharding/unit_state.h"
 
+#include <cstring>
+
 #include "core/error.h"
 
 namespace sw {
@@ -24,11 +26,72 @@ const char* training_state_name(TrainingState s) {
 
 namespace {
 size_t fbytes(int64_t n) { return static_cast<size_t>(n) * sizeof(float); }
+
+inline uint16_t to_half(DType dt, float f) {
+  return dt == DType::BF16 ? f32_to_bf16(f) : f32_to_f16(f);
+}
+inline float from_half(DType dt, uint16_t h) {
+  return dt == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
 }  // namespace
 
+// ---- Precision conversions ---------------------------------------------------------------------
+// The in-place forms go through bytes (memcpy) because a buffer holds floats and 16-bit values
+// at once. Narrowing walks forward (value i is written at byte 2i, at or before the byte 4i it
+// was read from); widening walks backward (value i is read at byte 2i before float i, bytes
+// 4i..4i+3, overwrites it or later values, which were already read).
+
+void round_to_dtype(DType dt, float* x, int64_t n) {
+  if (dt == DType::F32) return;
+  for (int64_t i = 0; i < n; ++i) x[i] = from_half(dt, to_half(dt, x[i]));
+}
+
+void narrow_to(DType dt, const float* src, void* dst, int64_t n) {
+  if (dt == DType::F32) {
+    if (n > 0) std::memcpy(dst, src, fbytes(n));
+    return;
+  }
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) d[i] = to_half(dt, src[i]);
+}
+
+void narrow_in_place(DType dt, float* buf, int64_t n) {
+  if (dt == DType::F32) return;
+  unsigned char* b = reinterpret_cast<unsigned char*>(buf);
+  for (int64_t i = 0; i < n; ++i) {
+    float f;
+    std::memcpy(&f, b + 4 * i, 4);
+    const uint16_t h = to_half(dt, f);
+    std::memcpy(b + 2 * i, &h, 2);
+  }
+}
+
+void widen_in_place(DType dt, float* buf, int64_t n) {
+  if (dt == DType::F32) return;
+  unsigned char* b = reinterpret_cast<unsigned char*>(buf);
+  for (int64_t i = n; i-- > 0;) {
+    uint16_t h;
+    std::memcpy(&h, b + 2 * i, 2);
+    const float f = from_half(dt, h);
+    std::memcpy(b + 4 * i, &f, 4);
+  }
+}
+
+void add_widened(DType dt, const void* src, float* dst, int64_t n) {
+  if (dt == DType::F32) {
+    const float* s = static_cast<const float*>(src);
+    for (int64_t i = 0; i < n; ++i) dst[i] += s[i];
+    return;
+  }
+  const uint16_t* s = static_cast<const uint16_t*>(src);
+  for (int64_t i = 0; i < n; ++i) dst[i] += from_half(dt, s[i]);
+}
+
 FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const Ops& ops,
-                   float* bucket_grads)
-    : unit_(unit), index_(index), kind_(kind), shard_(shard_group), ops_(&ops) {
+                   float* bucket_grads, const MixedPrecisionPolicy& mp)
+    : unit_(unit), index_(index), kind_(kind), shard_(shard_group), ops_(&ops),
+      pdt_(mp.param_dtype), rdt_(mp.reduce_dtype) {
+  split_ = kind != Kind::Sharded && pdt_ != DType::F32;
   const int S = shard_->size();
   SW_CHECK((kind == Kind::Whole) == (S == 1), "a unit is Whole exactly when its shard group is 1");
   rank_ = shard_->rank();
@@ -47,14 +110,14 @@ FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const O
       break;
     case Kind::FullReplicated:
       full_ = zeroed(full_buf_, P, Mem::Params);
-      master_ = full_ + shard_range().lo;
+      master_ = split_ ? zeroed(master_buf_, Sh, Mem::Params) : full_ + shard_range().lo;
       grad_full_ = zeroed(grad_buf_, P, Mem::Grads);
       grad_shard_ = zeroed(grad_shard_buf_, Sh, Mem::Grads);
       sstate_ = ShardedState::Unsharded;
       break;
     case Kind::Whole:
       full_ = zeroed(full_buf_, P, Mem::Params);
-      master_ = full_;
+      master_ = split_ ? zeroed(master_buf_, P, Mem::Params) : full_;
       grad_full_ = bucket_grads ? bucket_grads : zeroed(grad_buf_, P, Mem::Grads);
       grad_shard_ = grad_full_;
       sstate_ = ShardedState::Unsharded;
@@ -85,7 +148,26 @@ void FlatUnit::point_grads() {
     grads_[s] = grad_full_ ? grad_full_ + layout_.entries[s].offset : nullptr;
 }
 
+void FlatUnit::finish_init() {
+  if (!split_) return;
+  const Range r = shard_range();
+  ops_->copy(master_, full_ + r.lo, static_cast<size_t>(r.hi - r.lo));
+  round_to_dtype(pdt_, full_, layout_.padded);
+}
+
+void FlatUnit::round_compute(int64_t off, int64_t n) {
+  SW_CHECK(full_ && off >= 0 && off + n <= layout_.padded, "round_compute out of range");
+  round_to_dtype(pdt_, full_ + off, n);
+}
+
 // ---- Parameters ------------------------------------------------------------------------------
+
+void FlatUnit::issue_narrow_gather() {
+  const int64_t Sh = layout_.shard_size();
+  uint16_t* front = reinterpret_cast<uint16_t*>(full_);  // (padded) param_dtype values
+  narrow_to(pdt_, master_, front + rank_ * Sh, Sh);
+  gather_ = shard_->issue_all_gather(front + rank_ * Sh, front, Sh, pdt_);
+}
 
 void FlatUnit::issue_unshard() {
   if (sstate_ == ShardedState::Unsharded || gather_in_flight_) return;
@@ -97,10 +179,16 @@ void FlatUnit::issue_unshard() {
         full_ = full_buf_.f32();
         point_params();
       }
-      gather_ = shard_->issue_all_gather(master_, full_, Sh);
+      if (pdt_ != DType::F32)
+        issue_narrow_gather();
+      else
+        gather_ = shard_->issue_all_gather(master_, full_, Sh);
       break;
     case Kind::FullReplicated:  // in place: this rank's slice is already where it belongs
-      gather_ = shard_->issue_all_gather(full_ + shard_range().lo, full_, Sh);
+      if (split_)
+        issue_narrow_gather();
+      else
+        gather_ = shard_->issue_all_gather(full_ + shard_range().lo, full_, Sh);
       break;
     case Kind::Whole:
       sstate_ = ShardedState::Unsharded;
@@ -109,12 +197,17 @@ void FlatUnit::issue_unshard() {
   gather_in_flight_ = true;
 }
 
-void FlatUnit::wait_unshard() {
-  if (sstate_ == ShardedState::Unsharded) return;
-  issue_unshard();
+void FlatUnit::finish_gather() {
   gather_.wait();
   gather_in_flight_ = false;
   sstate_ = ShardedState::Unsharded;
+  if (pdt_ != DType::F32) widen_in_place(pdt_, full_, layout_.padded);
+}
+
+void FlatUnit::wait_unshard() {
+  if (sstate_ == ShardedState::Unsharded) return;
+  issue_unshard();
+  finish_gather();
 }
 
 void FlatUnit::reshard() {
@@ -127,6 +220,11 @@ void FlatUnit::reshard() {
 }
 
 void FlatUnit::issue_regather() {
+  if (kind_ == Kind::Whole && split_) {
+    ops_->copy(full_, master_, static_cast<size_t>(layout_.padded));
+    round_to_dtype(pdt_, full_, layout_.padded);
+    return;
+  }
   if (kind_ != Kind::FullReplicated) return;
   SW_CHECK(!gather_in_flight_, "regather of unit '" + unit_->name() + "' with a gather in flight");
   sstate_ = ShardedState::Sharded;
@@ -166,16 +264,31 @@ void FlatUnit::ensure_grads() {
   point_grads();
 }
 
+void* FlatUnit::reduced_block() const {
+  const int64_t lo = shard_range().lo;
+  if (rdt_ == DType::F32) return grad_full_ + lo;
+  return reinterpret_cast<uint16_t*>(grad_full_) + lo;
+}
+
+void FlatUnit::round_grads() {
+  SW_CHECK(kind_ == Kind::Whole, "round_grads is for whole units");
+  round_to_dtype(rdt_, grad_full_, layout_.padded);
+}
+
 Work FlatUnit::issue_reduce_scatter() {
   SW_CHECK(kind_ != Kind::Whole && grad_full_, "reduce-scatter needs unsharded gradients");
+  narrow_in_place(rdt_, grad_full_, layout_.padded);  // no-op for F32
   return shard_->issue_reduce_scatter(grad_full_, reduced_block(), layout_.shard_size(),
-                                      ReduceOp::Avg);
+                                      ReduceOp::Avg, rdt_);
 }
 
 void FlatUnit::accumulate_reduced() {
   SW_CHECK(kind_ != Kind::Whole && grad_full_, "nothing to accumulate");
   const size_t Sh = static_cast<size_t>(layout_.shard_size());
-  ops_->add_inplace(grad_shard_, reduced_block(), Sh);
+  if (rdt_ == DType::F32)
+    ops_->add_inplace(grad_shard_, static_cast<const float*>(reduced_block()), Sh);
+  else
+    add_widened(rdt_, reduced_block(), grad_shard_, layout_.shard_size());
   if (kind_ == Kind::Sharded) {
     grad_buf_.release();
     grad_full_ = nullptr;
@@ -210,7 +323,7 @@ void FlatUnit::zero_grads() {
 
 void FlatUnit::gather_params_into(float* out) const {
   if (kind_ == Kind::Whole) {
-    ops_->copy(out, full_, static_cast<size_t>(layout_.padded));
+    ops_->copy(out, master_, static_cast<size_t>(layout_.padded));
     return;
   }
   shard_->all_gather(master_, out, layout_.shard_size());
@@ -227,11 +340,11 @@ void FlatUnit::gather_grads_into(float* out) const {
 void FlatUnit::quiesce() noexcept {
   if (!gather_in_flight_) return;
   try {
-    gather_.wait();
+    finish_gather();
   } catch (...) {
+    gather_in_flight_ = false;
+    sstate_ = ShardedState::Unsharded;
   }
-  gather_in_flight_ = false;
-  sstate_ = ShardedState::Unsharded;
 }
 
 }  // namespace sw

@@ -15,6 +15,25 @@
 // "Transient" buffers exist only between the transitions that allocate and free them, so a
 // rank's persistent model state (Params + Grads + Optimizer) is 16 bytes per parameter / S;
 // gathered parameters and gradients awaiting their reduce-scatter are Communication.
+//
+// Mixed precision (MixedPrecisionPolicy, sharding/policy.h). Master shards, reduced gradients
+// and AdamW moments stay fp32; the full parameters the unit computes with hold values exactly
+// representable in param_dtype (the rounding of the masters), still stored as fp32.
+//   param_dtype != F32, kind A: each rank rounds its master shard into its slot of the FRONT
+//     half of the (padded) full buffer and the all-gather runs in place there in param_dtype
+//     (half the bytes of fp32); wait_unshard then widens the gathered values to fp32 in
+//     place, from the back. No memory beyond the fp32 full buffer.
+//   param_dtype != F32, kinds B and C: the master can no longer be (a view into) the full
+//     buffer, which must hold rounded values: the master gets its own buffer (B: shard, C:
+//     padded; Params) and the full buffer becomes the compute copy (persistent, Params).
+//     Extra memory: C: +4 bytes per parameter (the master copy); B: +4 bytes per parameter / S.
+//     Kind B refreshes the copy by the in-place param_dtype all-gather above after each
+//     optimizer step; kind C re-rounds it from the master (no communication).
+//   reduce_dtype != F32: kinds A and B narrow the unsharded gradients in place (front half of
+//     their buffer) and reduce-scatter (HYBRID: then all-reduce) in reduce_dtype; the reduced
+//     block is widened and added into the fp32 reduced gradients. Kind C with replicas
+//     (NO_SHARD) does the same per bucket; kind C alone rounds its gradients to reduce_dtype
+//     at the same point, so fp16 overflow shows up alike at any world size.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -24,6 +43,7 @@
 #include "models/unit.h"
 #include "sharding/comm/group.h"
 #include "sharding/flat_param.h"
+#include "sharding/policy.h"
 
 namespace sw {
 
@@ -44,6 +64,15 @@ struct Range {
 };
 inline Range intersect(Range a, Range b) { return {std::max(a.lo, b.lo), std::min(a.hi, b.hi)}; }
 
+// Precision conversions of the mixed-precision paths, on n values; dt == F32 makes each a
+// no-op (or a copy / add). Rounding is to nearest even (core/dtype.h); values beyond fp16's
+// range become +-inf.
+void round_to_dtype(DType dt, float* x, int64_t n);                 // in place
+void narrow_to(DType dt, const float* src, void* dst, int64_t n);   // no overlap
+void narrow_in_place(DType dt, float* buf, int64_t n);    // n floats -> n dt values at the front
+void widen_in_place(DType dt, float* buf, int64_t n);     // n dt values at the front -> n floats
+void add_widened(DType dt, const void* src, float* dst, int64_t n);  // dst += src
+
 class FlatUnit {
  public:
   enum class Kind : uint8_t {
@@ -55,7 +84,7 @@ class FlatUnit {
   // Allocates the persistent buffers (zeroed). `bucket_grads`: for Kind::Whole, the unit's
   // region of the model's bucket buffer (padded floats), or null to allocate its own.
   FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const Ops& ops,
-           float* bucket_grads);
+           float* bucket_grads, const MixedPrecisionPolicy& mp = {});
   FlatUnit(const FlatUnit&) = delete;
   FlatUnit& operator=(const FlatUnit&) = delete;
   ~FlatUnit();
@@ -68,6 +97,16 @@ class FlatUnit {
   Range shard_range() const;  // this rank's slice of the flat buffer
   // Whether the full parameters stay allocated for the unit's whole life.
   bool persistent() const { return kind_ != Kind::Sharded; }
+  DType param_dtype() const { return pdt_; }
+  DType reduce_dtype() const { return rdt_; }
+  // Kinds B/C with param_dtype != F32: the master has its own buffer and the full buffer is
+  // the rounded compute copy.
+  bool split_master() const { return split_; }
+  // After the initialiser wrote every value of a persistent unit's full buffer: with a split
+  // master, copies this rank's slice into the master and rounds the full buffer. Else a no-op.
+  void finish_init();
+  // Rounds [off, off + n) of the persistent full buffer to param_dtype (set_param).
+  void round_compute(int64_t off, int64_t n);
 
   ShardedState sharded_state() const { return sstate_; }
   TrainingState training_state() const { return tstate_; }
@@ -86,7 +125,8 @@ class FlatUnit {
   void reshard();
   // Stage 1 after the optimizer updated this rank's slice of the persistent full buffer: the
   // other slices are stale until the in-place all-gather issued here completes (-> Sharded,
-  // gather in flight).
+  // gather in flight). Kind C with a split master: re-rounds the compute copy from the master
+  // (no communication). Otherwise a no-op.
   void issue_regather();
 
   // ---- Training state -------------------------------------------------------------------
@@ -105,13 +145,17 @@ class FlatUnit {
   // Sharded kinds: issues the reduce-scatter (average over the shard group) of the unsharded
   // gradients, in place into this rank's block of them.
   Work issue_reduce_scatter();
-  // The block that reduce-scatter wrote (what a HYBRID all-reduce averages over replicas).
-  float* reduced_block() const { return grad_full_ + shard_range().lo; }
+  // The block that reduce-scatter wrote (what a HYBRID all-reduce averages over replicas):
+  // shard_size() values of reduce_dtype().
+  void* reduced_block() const;
   // Sharded kinds, once the reduction completed: reduced shard += block; then the unsharded
   // buffer is freed (transient) or zeroed (persistent). Clears dirty.
   void accumulate_reduced();
   // Kind::Whole: the reduction happened in place; clears dirty.
   void reduced_in_place() { dirty_ = false; }
+  // Kind::Whole without replicas: rounds the gradients to reduce_dtype (where a multi-rank
+  // run would narrow them for its reduction); a no-op for F32.
+  void round_grads();
   // Zeroes the reduced gradients and drops (or zeroes) the unsharded ones.
   void zero_grads();
 
@@ -139,6 +183,8 @@ class FlatUnit {
  private:
   void point_params();
   void point_grads();
+  void issue_narrow_gather();  // the param_dtype all-gather into the front of full_
+  void finish_gather();        // waits for the gather; widens it when it ran in param_dtype
 
   Unit* unit_;
   int index_;
@@ -148,7 +194,9 @@ class FlatUnit {
   FlatLayout layout_;
   int rank_;  // in the shard group
 
-  Buffer master_buf_;      // Kind::Sharded: (shard) Params
+  DType pdt_ = DType::F32, rdt_ = DType::F32;
+  bool split_ = false;
+  Buffer master_buf_;      // Kind::Sharded, or a split master: (shard) Params
   Buffer full_buf_;        // (padded): transient Communication, or persistent Params
   Buffer m_, v_;           // (shard) Optimizer
   Buffer grad_buf_;        // (padded) unsharded grads (empty when a bucket view)

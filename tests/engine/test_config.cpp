@@ -182,13 +182,62 @@ TEST_CASE("config: batch sizes follow DeepSpeed's two-of-three rule") {
       Contains("train_batch_size: 30 is not a multiple of train_micro_batch_size_per_gpu (8)"));
 }
 
-TEST_CASE("config: mixed precision is rejected and not ignored") {
-  CHECK_THAT(error_of(R"({"bf16": {"enabled": true}})"),
-             Contains("cfg.json: bf16.enabled: mixed precision is not implemented"));
-  CHECK_THAT(error_of(R"({"fp16": {"enabled": true, "loss_scale": 0}})"),
-             Contains("cfg.json: fp16.enabled: mixed precision"));
-  CHECK_NOTHROW(parse(R"({"fp16": {"enabled": false, "loss_scale": 0, "initial_scale_power": 16,
-                          "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}})"));
+TEST_CASE("config: bf16 / fp16 / mixed_precision select the policy and loss scaling") {
+  const TrainConfig d = parse("{}");
+  CHECK(!d.bf16);
+  CHECK(!d.fp16);
+  CHECK(!d.sharding.mixed_precision.enabled());
+  const TrainConfig b = parse(R"({"bf16": {"enabled": true}})");
+  CHECK(b.bf16);
+  CHECK(b.sharding.mixed_precision.param_dtype == DType::BF16);
+  CHECK(b.sharding.mixed_precision.reduce_dtype == DType::BF16);
+  // reduce_dtype follows param_dtype unless given; the block overrides what bf16 implies.
+  const TrainConfig b2 = parse(R"({"bf16": {"enabled": true},
+                                   "mixed_precision": {"reduce_dtype": "fp32"}})");
+  CHECK(b2.sharding.mixed_precision.param_dtype == DType::BF16);
+  CHECK(b2.sharding.mixed_precision.reduce_dtype == DType::F32);
+  const TrainConfig p = parse(R"({"mixed_precision": {"param_dtype": "bf16"}})");
+  CHECK(p.sharding.mixed_precision.reduce_dtype == DType::BF16);
+  CHECK(!p.bf16);
+  // fp16 with DeepSpeed's loss-scaling keys and defaults.
+  const TrainConfig f = parse(R"({"fp16": {"enabled": true}})");
+  CHECK(f.fp16);
+  CHECK(f.sharding.mixed_precision.param_dtype == DType::F16);
+  CHECK(f.loss_scaler.loss_scale == 0);
+  CHECK(f.loss_scaler.initial_scale_power == 16);
+  CHECK(f.loss_scaler.loss_scale_window == 1000);
+  CHECK(f.loss_scaler.hysteresis == 2);
+  CHECK(f.loss_scaler.min_loss_scale == 1);
+  const TrainConfig f2 = parse(R"({"fp16": {"enabled": true, "loss_scale": 128,
+      "initial_scale_power": 12, "loss_scale_window": 50, "hysteresis": 3, "min_loss_scale": 0.25,
+      "consecutive_hysteresis": true}})");
+  CHECK(f2.loss_scaler.loss_scale == 128);
+  CHECK(f2.loss_scaler.initial_scale_power == 12);
+  CHECK(f2.loss_scaler.loss_scale_window == 50);
+  CHECK(f2.loss_scaler.hysteresis == 3);
+  CHECK(f2.loss_scaler.min_loss_scale == 0.25);
+  CHECK(f2.loss_scaler.consecutive_hysteresis);
+  // The resolved config reads back to the same values.
+  for (const TrainConfig* c : {&b2, &f2}) {
+    const TrainConfig r = parse_config(c->resolved_json, "r");
+    CHECK(r.resolved_json == c->resolved_json);
+    CHECK(r.sharding.mixed_precision.param_dtype == c->sharding.mixed_precision.param_dtype);
+    CHECK(r.sharding.mixed_precision.reduce_dtype == c->sharding.mixed_precision.reduce_dtype);
+    CHECK(r.loss_scaler.hysteresis == c->loss_scaler.hysteresis);
+  }
+  // Mistakes.
+  CHECK_THAT(error_of(R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})"),
+             Contains("cfg.json: fp16.enabled: bf16.enabled and fp16.enabled are both true"));
+  CHECK_THAT(error_of(R"({"mixed_precision": {"param_dtype": "fp16"}})"),
+             Contains("cfg.json: mixed_precision.param_dtype: fp16 needs loss scaling"));
+  CHECK_THAT(error_of(R"({"mixed_precision": {"param_dtype": "half"}})"),
+             Contains("mixed_precision.param_dtype: 'half' is not one of fp32, bf16, fp16"));
+  CHECK_THAT(error_of(R"({"mixed_precision": {"reduce_dtyp": "bf16"}})"),
+             Contains("did you mean 'mixed_precision.reduce_dtype'"));
+  CHECK_THAT(error_of(R"({"fp16": {"enabled": true, "hysteresis": 0}})"),
+             Contains("fp16.hysteresis: must be >= 1"));
+  CHECK_THAT(error_of(R"({"fp16": {"enabled": true, "min_loss_scale": 0}})"),
+             Contains("fp16.min_loss_scale: must be > 0"));
 }
 
 TEST_CASE("config: DeepSpeed keys without effect are accepted and reported as one note") {
@@ -287,6 +336,16 @@ TEST_CASE("config: config_json round-trips programmatic and llama configs") {
   CHECK(b.scheduler.type == "Constant");
   CHECK(b.seed == c.seed);
   CHECK(config_json(b) == config_json(c));
+  // Mixed precision set in code: bf16 alone implies the policy; fp16 keeps its scaler keys.
+  TrainConfig m;
+  m.bf16 = true;
+  CHECK(parse_config(config_json(m), "x").sharding.mixed_precision.param_dtype == DType::BF16);
+  m.bf16 = false, m.fp16 = true;
+  m.loss_scaler.initial_scale_power = 9;
+  const TrainConfig mf = parse_config(config_json(m), "x");
+  CHECK(mf.sharding.mixed_precision.reduce_dtype == DType::F16);
+  CHECK(mf.loss_scaler.initial_scale_power == 9);
+  CHECK(config_json(mf) == config_json(m));
   const TrainConfig l = parse(R"({"model": {"type": "llama"}})");
   CHECK(parse_config(l.resolved_json, "r").resolved_json == l.resolved_json);
 }
