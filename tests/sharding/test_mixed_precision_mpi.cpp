@@ -1,0 +1,343 @@
+// Mixed precision across ranks, run by ctest through `mpirun -np N` (label mpi). Every rank runs
+// every TEST_CASE in the same order and only uses CHECK, so a failure never strands a peer.
+//
+// Parity: N ranks (micro-batch 2 each) train a tiny GPT-2 and a tiny Llama for 20 steps with a
+// mixed-precision policy, and each rank also trains the same model alone on the same global
+// batch with the same policy; losses, gradient norms and final fp32 masters must agree.
+// Where the two differ: the one-rank run rounds the whole batch's gradient to reduce_dtype
+// once, N ranks round each rank's gradient and then each hop of the reduction (fp32
+// accumulation, rounding per hop), so gradients differ by a few reduce_dtype ulps; a master
+// that moves across a rounding boundary then changes one gathered parameter by one ulp.
+// Tolerances (relative; parameters relative to 1 + |p|), 20 steps at lr 3e-3, set from the
+// worst values observed at 2 and 4 ranks:
+//   reduce_dtype fp32: loss 1e-4, grad norm 2e-3, parameters 2e-4. The masters differ only
+//     by fp32 reduction order, but a master that crosses a bf16 rounding boundary moves its
+//     gathered value by a whole bf16 ulp, which the next steps' gradients amplify
+//     (observed: loss 1e-5, norm 5e-4, parameters 6e-5).
+//   reduce_dtype bf16/fp16: loss 1e-3, grad norm 3e-2, parameters 4e-2. Gradients differ by
+//     16-bit ulps; Adam turns sign noise in near-zero gradients into lr-sized steps
+//     (observed: loss 1.5e-4, norm 6e-3, parameters 1.3e-2 = about four steps of lr, Llama
+//     at 4 ranks; the parameter bound is the loose one).
+// A wrong averaging factor or a lost gradient block moves the norms by far more.
+// Bytes: parameters gathered in bf16 move exactly half the bytes of fp32 (CommStats), and so
+// do bf16 reductions. Exactness: the parameters a unit sees are exactly the bf16 rounding of
+// the fp32 masters, for sharded (FULL_SHARD), stage 1 and NO_SHARD layouts, after steps.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/rng.h"
+#include "kernels/ops.h"
+#include "kernels/threads.h"
+#include "models/model.h"
+#include "sharding/comm/group.h"
+#include "sharding/sharded_model.h"
+
+using namespace sw;
+
+namespace {
+
+const Ops& cpu() { return ops_for(Device::cpu()); }
+
+GroupPtr world() {
+  static GroupPtr g = [] {
+    GroupPtr w = world_group();
+    set_num_threads(1);
+    return w;
+  }();
+  return g;
+}
+
+ModelConfig tiny(const std::string& type) {
+  ModelConfig c;
+  c.type = type;
+  c.vocab_size = 64;
+  c.n_layer = 2;
+  c.d_model = 32;
+  c.seq_len = 16;
+  if (type == "gpt2") {
+    c.n_head = 2;
+  } else {
+    c.n_head = 4;
+    c.n_kv_head = 2;
+    c.d_ff = 64;
+  }
+  return c;
+}
+
+// A noisy counter as "text"; windows chosen by (step, global row) only.
+struct Corpus {
+  std::vector<int32_t> toks;
+  explicit Corpus(int V) {
+    Rng r(99);
+    int32_t t = 0;
+    for (int i = 0; i < 4096; ++i) {
+      t = (t + 1 + (r.below(7) == 0 ? static_cast<int32_t>(r.below(5)) : 0)) % V;
+      toks.push_back(t);
+    }
+  }
+  void fill(int step, int64_t first_row, int B, int T, int32_t* in, int32_t* tg) const {
+    const uint64_t n = toks.size() - static_cast<uint64_t>(T) - 1;
+    for (int b = 0; b < B; ++b) {
+      const uint64_t start =
+          rng_bits(7, static_cast<uint64_t>(step), static_cast<uint64_t>(first_row + b)) % n;
+      for (int t = 0; t < T; ++t) {
+        in[size_t(b) * T + t] = toks[start + t];
+        tg[size_t(b) * T + t] = toks[start + t + 1];
+      }
+    }
+  }
+};
+
+double sum_doubles(Group& g, double x) {
+  std::vector<double> all(static_cast<size_t>(g.size()));
+  g.all_gather(&x, all.data(), 2, DType::F32);
+  double s = 0;
+  for (double v : all) s += v;
+  return s;
+}
+
+MixedPrecisionPolicy mp(DType param, DType reduce) {
+  MixedPrecisionPolicy m;
+  m.param_dtype = param;
+  m.reduce_dtype = reduce;
+  return m;
+}
+
+struct RunResult {
+  std::vector<double> losses, norms;
+  std::map<std::string, std::vector<float>> params;
+};
+
+// The trainer's loop in miniature (AdamW, clipping at 1). fp16 runs scale the loss by 1024
+// and unscale through grad_mult, as the trainer does.
+RunResult train(GroupPtr g, ShardingPolicy pol, const ModelConfig& mc, int B, int accum,
+                int steps = 20) {
+  const int W = g->size(), r = g->rank(), T = mc.seq_len;
+  Model m = build_model(mc);
+  ShardedModel sm(m, cpu(), 4242, g, pol);
+  Corpus corpus(mc.vocab_size);
+  std::vector<int32_t> in(size_t(B) * T), tg(size_t(B) * T);
+  const Batch batch{in.data(), tg.data(), B, T};
+  const bool f16 = pol.mixed_precision.param_dtype == DType::F16 ||
+                   pol.mixed_precision.reduce_dtype == DType::F16;
+  const float scale = f16 ? 1024.f : 1.f;
+  AdamWParams ap;
+  RunResult res;
+  for (int s = 0; s < steps; ++s) {
+    sm.zero_grads();
+    double loss = 0;
+    for (int k = 0; k < accum; ++k) {
+      corpus.fill(s, (int64_t{k} * W + r) * B, B, T, in.data(), tg.data());
+      loss += sm.forward_backward(batch, scale / float(accum), k + 1 == accum);
+    }
+    res.losses.push_back(sum_doubles(*g, loss) / (W * accum));
+    const double norm = sm.grad_norm() / scale;
+    res.norms.push_back(norm);
+    const float mult = static_cast<float>(std::min(1.0, 1.0 / (norm + 1e-6)) / scale);
+    sm.optimizer_step(ap, 3e-3f, mult, s + 1);
+  }
+  sm.for_each_param([&](const ParamSpec& s, const float* p) {
+    res.params[s.name].assign(p, p + numel(s.shape));
+  });
+  return res;
+}
+
+// Tolerances: see the file's header.
+void check_close(const RunResult& a, const RunResult& ref, const std::string& what,
+                 bool reduced_in_16) {
+  INFO(what << " (rank " << world()->rank() << ")");
+  const double tol_loss = reduced_in_16 ? 1e-3 : 1e-4, tol_norm = reduced_in_16 ? 3e-2 : 2e-3,
+               tol_param = reduced_in_16 ? 4e-2 : 2e-4;
+  CHECK(a.losses.size() == ref.losses.size());
+  double worst_loss = 0, worst_norm = 0, worst_param = 0;
+  for (size_t i = 0; i < std::min(a.losses.size(), ref.losses.size()); ++i) {
+    worst_loss =
+        std::max(worst_loss, std::fabs(a.losses[i] - ref.losses[i]) / std::fabs(ref.losses[i]));
+    worst_norm =
+        std::max(worst_norm, std::fabs(a.norms[i] - ref.norms[i]) / std::fabs(ref.norms[i]));
+  }
+  for (const auto& [name, pr] : ref.params) {
+    auto it = a.params.find(name);
+    CHECK(it != a.params.end());
+    if (it == a.params.end() || it->second.size() != pr.size()) continue;
+    for (size_t i = 0; i < pr.size(); ++i)
+      worst_param = std::max(worst_param,
+                             std::fabs(double(it->second[i]) - pr[i]) / (1.0 + std::fabs(pr[i])));
+  }
+  INFO("worst relative loss error " << worst_loss << ", grad norm " << worst_norm
+                                    << ", parameter " << worst_param);
+  CHECK(std::isfinite(worst_loss));
+  CHECK(worst_loss < tol_loss);
+  CHECK(worst_norm < tol_norm);
+  CHECK(worst_param < tol_param);
+  if (std::getenv("SW_PARITY_VERBOSE") && world()->rank() == 0)
+    std::printf("%-56s loss %.2e  norm %.2e  param %.2e\n", what.c_str(), worst_loss, worst_norm,
+                worst_param);
+}
+
+void parity(ShardingPolicy pol) {
+  const GroupPtr g = world();
+  const int W = g->size(), B = 2;
+  struct Variant {
+    DType param, reduce;
+    const char* name;
+  };
+  for (const Variant v : {Variant{DType::BF16, DType::F32, "bf16/fp32"},
+                          Variant{DType::BF16, DType::BF16, "bf16/bf16"},
+                          Variant{DType::F16, DType::F16, "fp16/fp16"}}) {
+    for (const std::string type : {"gpt2", "llama"}) {
+      ShardingPolicy p = pol;
+      p.mixed_precision = mp(v.param, v.reduce);
+      ShardingPolicy one = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+      one.mixed_precision = p.mixed_precision;
+      const std::string base = std::string(strategy_name(pol.strategy)) +
+                               " W=" + std::to_string(W) + " " + type + " " + v.name;
+      const bool r16 = v.reduce != DType::F32;
+      check_close(train(g, p, tiny(type), B, 1), train(make_local_group(), one, tiny(type), W * B, 1),
+                  base + " accum=1", r16);
+      if (type == "gpt2") {  // accumulation, in the strategy's non-default mode
+        p.accum = p.accum == GradAccumMode::ReduceOnce ? GradAccumMode::ReduceEachMicroStep
+                                                       : GradAccumMode::ReduceOnce;
+        one.accum = p.accum;
+        check_close(train(g, p, tiny(type), B, 2),
+                    train(make_local_group(), one, tiny(type), W * B, 2),
+                    base + " accum=2 " + accum_mode_name(p.accum), r16);
+      }
+    }
+  }
+}
+
+// Records the parameters a unit computes with (its forward's ctx.params), per name.
+struct Recorder : Unit {
+  std::unique_ptr<Unit> inner;
+  std::map<std::string, std::vector<float>>* out;
+  Recorder(std::unique_ptr<Unit> u, std::map<std::string, std::vector<float>>* o)
+      : inner(std::move(u)), out(o) {}
+  std::string name() const override { return inner->name(); }
+  std::vector<ParamSpec> params() const override { return inner->params(); }
+  int num_calls() const override { return inner->num_calls(); }
+  void forward(UnitCtx& ctx, int call, const float* x, float* y) override {
+    const std::vector<ParamSpec> specs = inner->params();
+    for (size_t i = 0; i < specs.size(); ++i)
+      (*out)[specs[i].name].assign(ctx.param(i), ctx.param(i) + numel(specs[i].shape));
+    inner->forward(ctx, call, x, y);
+  }
+  void backward(UnitCtx& ctx, int call, const float* x, const float* dy, float* dx) override {
+    inner->backward(ctx, call, x, dy, dx);
+  }
+};
+
+ShardingPolicy hybrid_policy() {
+  ShardingPolicy p = ShardingPolicy::for_strategy(ShardingStrategy::HybridShard);
+  p.shard_group_size = world()->size() % 2 == 0 && world()->size() > 2 ? 2 : 1;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("mixed precision FULL_SHARD matches one rank", "[mp_full_shard]") {
+  parity(ShardingPolicy::for_strategy(ShardingStrategy::FullShard));
+}
+
+TEST_CASE("mixed precision SHARD_GRAD_OP matches one rank", "[mp_shard_grad_op]") {
+  parity(ShardingPolicy::for_strategy(ShardingStrategy::ShardGradOp));
+}
+
+TEST_CASE("mixed precision SHARD_OPTIMIZER matches one rank", "[mp_shard_optimizer]") {
+  parity(ShardingPolicy::for_strategy(ShardingStrategy::ShardOptimizer));
+}
+
+TEST_CASE("mixed precision NO_SHARD matches one rank", "[mp_no_shard]") {
+  ShardingPolicy p = ShardingPolicy::for_strategy(ShardingStrategy::NoShard);
+  p.bucket_bytes = 16 << 10;  // several buckets
+  parity(p);
+}
+
+TEST_CASE("mixed precision HYBRID_SHARD matches one rank", "[mp_hybrid_shard]") {
+  parity(hybrid_policy());
+}
+
+TEST_CASE("bf16 gathers and reductions move half the bytes of fp32", "[mp_bytes]") {
+  const GroupPtr g = world();
+  const ModelConfig mc = tiny("gpt2");
+  std::vector<int32_t> tok(2 * 16, 5);
+  const Batch batch{tok.data(), tok.data(), 2, 16};
+  for (ShardingStrategy st : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
+                              ShardingStrategy::NoShard}) {
+    INFO(strategy_name(st));
+    double eval_bytes[2], fb_bytes[2];
+    for (int half = 0; half < 2; ++half) {
+      ShardingPolicy p = ShardingPolicy::for_strategy(st);
+      if (half) p.mixed_precision = mp(DType::BF16, DType::BF16);
+      Model m = build_model(mc);
+      ShardedModel sm(m, cpu(), 7, g, p);
+      sm.reset_comm_stats();
+      sm.eval_loss(batch);  // only parameter gathers
+      eval_bytes[half] = sm.comm_stats().bytes;
+      sm.reset_comm_stats();
+      sm.forward_backward(batch);  // gathers and gradient reductions
+      fb_bytes[half] = sm.comm_stats().bytes;
+    }
+    if (st == ShardingStrategy::NoShard) {
+      CHECK(eval_bytes[0] == 0);  // nothing to gather
+      CHECK(eval_bytes[1] == 0);
+    } else {
+      CHECK(eval_bytes[0] > 0);
+      CHECK(eval_bytes[1] * 2 == eval_bytes[0]);
+    }
+    CHECK(fb_bytes[0] > 0);
+    CHECK(fb_bytes[1] * 2 == fb_bytes[0]);
+  }
+}
+
+TEST_CASE("units compute with exactly the bf16 / fp16 rounding of the fp32 masters",
+          "[mp_exact]") {
+  const GroupPtr g = world();
+  const ModelConfig mc = tiny("gpt2");
+  Corpus corpus(mc.vocab_size);
+  for (DType dt : {DType::BF16, DType::F16})
+    for (ShardingStrategy st : {ShardingStrategy::FullShard, ShardingStrategy::ShardOptimizer,
+                                ShardingStrategy::NoShard}) {
+      INFO(strategy_name(st) << " " << dtype_name(dt));
+      ShardingPolicy p = ShardingPolicy::for_strategy(st);
+      p.mixed_precision = mp(dt, dt);
+      std::map<std::string, std::vector<float>> seen;
+      Model m = build_model(mc);
+      for (auto& u : m.units) u = std::make_unique<Recorder>(std::move(u), &seen);
+      ShardedModel sm(m, cpu(), 11, g, p);
+      std::vector<int32_t> in(2 * 16), tg(2 * 16);
+      const Batch batch{in.data(), tg.data(), 2, 16};
+      const float scale = dt == DType::F16 ? 256.f : 1.f;
+      for (int s = 0; s < 3; ++s) {  // after optimizer steps too: the refreshed copies
+        corpus.fill(s, g->rank() * 2, 2, 16, in.data(), tg.data());
+        sm.zero_grads();
+        sm.forward_backward(batch, scale);
+        sm.optimizer_step(AdamWParams{}, 1e-2f, 1.f / scale, s + 1);
+      }
+      seen.clear();
+      sm.eval_loss(batch);
+      size_t checked = 0, wrong = 0, moved = 0;
+      sm.for_each_param([&](const ParamSpec& spec, const float* master) {
+        const auto it = seen.find(spec.name);
+        CHECK(it != seen.end());
+        if (it == seen.end()) return;
+        for (int64_t i = 0; i < numel(spec.shape); ++i) {
+          const float r = dt == DType::BF16 ? bf16_to_f32(f32_to_bf16(master[i]))
+                                            : f16_to_f32(f32_to_f16(master[i]));
+          wrong += it->second[size_t(i)] != r;
+          moved += r != master[i];
+          ++checked;
+        }
+      });
+      CHECK(checked == size_t(sm.num_params()));
+      CHECK(wrong == 0);
+      CHECK(moved > checked / 2);  // the masters really carry more precision than the copies
+    }
+}
