@@ -16,6 +16,9 @@
 //             issue the gathers of the first forward_prefetch units of the next forward as
 //             soon as those units are updated, so they overlap the remaining updates.
 // Strategies, gradient accumulation modes and the memory of each are in sharding/policy.h.
+// Mixed precision (policy.mixed_precision): masters and AdamW stay fp32 with `ops`; units
+// compute with ops_for(device, param_dtype) on the rounded parameters, which are gathered in
+// param_dtype; gradients are reduced in reduce_dtype (sharding/unit_state.h has the details).
 //
 // Ranks and scaling: each rank runs its own micro-batch; forward_backward returns the mean loss
 // over this rank's tokens, and gradients are AVERAGED over ranks (reduce-scatter / all-reduce
