@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "core/alloc.h"
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "kernels/ops.h"
@@ -244,6 +245,55 @@ ShardingPolicy hybrid_policy() {
 
 TEST_CASE("mixed precision FULL_SHARD matches one rank", "[mp_full_shard]") {
   parity(ShardingPolicy::for_strategy(ShardingStrategy::FullShard));
+  // Prefetch changes when data moves, never the arithmetic: bit-identical runs.
+  ShardingPolicy p = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+  p.mixed_precision = mp(DType::BF16, DType::BF16);
+  const RunResult a = train(world(), p, tiny("gpt2"), 2, 2, 6);
+  p.forward_prefetch = 0, p.backward_prefetch = 0;
+  const RunResult b = train(world(), p, tiny("gpt2"), 2, 2, 6);
+  p.forward_prefetch = 3, p.backward_prefetch = 3, p.max_live_units = 2;
+  const RunResult c = train(world(), p, tiny("gpt2"), 2, 2, 6);
+  CHECK((a.losses == b.losses && a.norms == b.norms && a.params == b.params));
+  CHECK((a.losses == c.losses && a.norms == c.norms && a.params == c.params));
+}
+
+TEST_CASE("mixed precision keeps the fp32 model state; a split master costs what it says",
+          "[mp_memory]") {
+  const GroupPtr g = world();
+  const int W = g->size();
+  MemTracker& mt = MemTracker::global();
+  const ModelConfig mc = tiny("gpt2");
+  Model probe = build_model(mc);
+  int64_t full = 0, shard = 0;  // floats summed over units: padded for one rank, shard for W
+  for (auto& u : probe.units) {
+    full += FlatLayout::build(u->params(), 1).padded;
+    shard += FlatLayout::build(u->params(), W).shard_size();
+  }
+  struct Expect {
+    ShardingStrategy s;
+    int64_t params, grads, optim;  // floats; sharing the fp32 table's except where noted
+  };
+  const bool one = W == 1;
+  for (const Expect& e : {
+           // sharded: unchanged (the gathered copy is transient Communication)
+           Expect{ShardingStrategy::FullShard, one ? 2 * full : shard, one ? full : shard,
+                  one ? 2 * full : 2 * shard},
+           // stage 1: the master gets its own shard buffer beside the full compute copy
+           Expect{ShardingStrategy::ShardOptimizer, one ? 2 * full : shard * W + shard,
+                  one ? full : shard * W + shard, one ? 2 * full : 2 * shard},
+           // NO_SHARD / one rank: master + rounded compute copy
+           Expect{ShardingStrategy::NoShard, 2 * full, full, 2 * full}}) {
+    INFO(strategy_name(e.s) << " W=" << W);
+    const size_t p0 = mt.current(Mem::Params), g0 = mt.current(Mem::Grads),
+                 o0 = mt.current(Mem::Optimizer);
+    ShardingPolicy p = ShardingPolicy::for_strategy(e.s);
+    p.mixed_precision = mp(DType::BF16, DType::BF16);
+    Model m = build_model(mc);
+    ShardedModel sm(m, cpu(), 1, g, p);
+    CHECK(mt.current(Mem::Params) - p0 == size_t(e.params) * 4);
+    CHECK(mt.current(Mem::Grads) - g0 == size_t(e.grads) * 4);
+    CHECK(mt.current(Mem::Optimizer) - o0 == size_t(e.optim) * 4);
+  }
 }
 
 TEST_CASE("mixed precision SHARD_GRAD_OP matches one rank", "[mp_shard_grad_op]") {
