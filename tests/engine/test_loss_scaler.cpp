@@ -1,9 +1,12 @@
 // LossScaler: DeepSpeed's dynamic loss-scale rules (window doubling, hysteresis, the
 // min_loss_scale floor and the error below it) and the static scale, step by step.
 #include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
 
 #include "core/error.h"
 #include "engine/loss_scaler.h"
+#include "engine/metrics.h"
 
 using namespace sw;
 using Catch::Matchers::Contains;
@@ -110,4 +113,29 @@ TEST_CASE("loss scaler: a static scale never changes; overflow still skips") {
   CHECK(s.scale == 128);
   for (int i = 0; i < 2000; ++i) CHECK(s.update(false));
   CHECK(s.scale == 128);
+}
+
+TEST_CASE("metrics: overflow, skipped_steps and loss_scale in the JSON line and progress") {
+  StepMetrics m;
+  m.step = 3, m.loss = 2.0, m.grad_norm = NAN, m.overflow = true, m.skipped_steps = 2;
+  std::string line = metrics_json_line(m);
+  CHECK_THAT(line, Contains("\"overflow\":true"));
+  CHECK_THAT(line, Contains("\"skipped_steps\":2"));
+  CHECK_THAT(line, Contains("\"grad_norm\":null"));
+  CHECK_THAT(line, !Contains("loss_scale"));  // not fp16
+  m.loss_scale = 32768;
+  CHECK_THAT(metrics_json_line(m), Contains("\"loss_scale\":32768"));
+  FILE* f = std::tmpfile();
+  REQUIRE(f);
+  Progress p(10, 1, true, f, 0);
+  p.update(m, 1.0);
+  m.step = 4, m.skipped_steps = 0;
+  p.update(m, 2.0);
+  std::rewind(f);
+  char buf[512] = {0};
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  const std::string out(buf, n);
+  CHECK_THAT(out, Contains("step 3/10 | loss 2.0000 | val - | 0 tok/s | skipped 2 | ETA"));
+  CHECK_THAT(out, Contains("step 4/10 | loss 2.0000 | val - | 0 tok/s | ETA"));
 }

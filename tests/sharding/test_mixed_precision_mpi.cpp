@@ -10,10 +10,11 @@
 // that moves across a rounding boundary then changes one gathered parameter by one ulp.
 // Tolerances (relative; parameters relative to 1 + |p|), 20 steps at lr 3e-3, set from the
 // worst values observed at 2 and 4 ranks:
-//   reduce_dtype fp32: loss 1e-4, grad norm 2e-3, parameters 2e-4. The masters differ only
+//   reduce_dtype fp32: loss 3e-4, grad norm 5e-3, parameters 5e-4. The masters differ only
 //     by fp32 reduction order, but a master that crosses a bf16 rounding boundary moves its
 //     gathered value by a whole bf16 ulp, which the next steps' gradients amplify
-//     (observed: loss 1e-5, norm 5e-4, parameters 6e-5).
+//     (observed: loss 1e-5, norm 5e-4, parameters 6e-5 with fp32 matrix products; the
+//     margin leaves room for the bf16 operand rounding of ops_for(cpu, BF16)).
 //   reduce_dtype bf16/fp16: loss 1e-3, grad norm 3e-2, parameters 4e-2. Gradients differ by
 //     16-bit ulps; Adam turns sign noise in near-zero gradients into lr-sized steps
 //     (observed: loss 1.5e-4, norm 6e-3, parameters 1.3e-2 = about four steps of lr, Llama
@@ -154,8 +155,8 @@ RunResult train(GroupPtr g, ShardingPolicy pol, const ModelConfig& mc, int B, in
 void check_close(const RunResult& a, const RunResult& ref, const std::string& what,
                  bool reduced_in_16) {
   INFO(what << " (rank " << world()->rank() << ")");
-  const double tol_loss = reduced_in_16 ? 1e-3 : 1e-4, tol_norm = reduced_in_16 ? 3e-2 : 2e-3,
-               tol_param = reduced_in_16 ? 4e-2 : 2e-4;
+  const double tol_loss = reduced_in_16 ? 1e-3 : 3e-4, tol_norm = reduced_in_16 ? 3e-2 : 5e-3,
+               tol_param = reduced_in_16 ? 4e-2 : 5e-4;
   CHECK(a.losses.size() == ref.losses.size());
   double worst_loss = 0, worst_norm = 0, worst_param = 0;
   for (size_t i = 0; i < std::min(a.losses.size(), ref.losses.size()); ++i) {
