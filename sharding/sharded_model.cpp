@@ -134,7 +134,7 @@ struct ShardedModel::Impl {
     switch (fu.kind()) {
       case FlatUnit::Kind::Sharded:
       case FlatUnit::Kind::FullReplicated:
-        pending.push_back({Pending::UnitReduceScatter, fu.index(), fu.issue_reduce_scatter()});
+        pending.push_back({Pending::UnitReduceScatter, fu.index(), fu.issue_reduce_scatter(R)});
         break;
       case FlatUnit::Kind::Whole:
         if (R == 1) {
@@ -154,9 +154,14 @@ struct ShardedModel::Impl {
     b.issued = true;
     float* p = bucket_buf.f32() + b.lo;
     const DType rdt = policy.mixed_precision.reduce_dtype;
-    narrow_in_place(rdt, p, b.hi - b.lo);  // reduce_dtype values at the front of the range
-    pending.push_back({Pending::BucketAllReduce, bi,
-                       rep->issue_all_reduce(p, p, b.hi - b.lo, ReduceOp::Avg, rdt)});
+    ReduceOp op = ReduceOp::Avg;
+    if (rdt != DType::F32) {  // divide, then sum in 16 bits (FlatUnit::issue_reduce_scatter)
+      ops->scale(p, 1.f / static_cast<float>(R), static_cast<size_t>(b.hi - b.lo));
+      narrow_in_place(rdt, p, b.hi - b.lo);  // reduce_dtype values at the front of the range
+      op = ReduceOp::Sum;
+    }
+    pending.push_back(
+        {Pending::BucketAllReduce, bi, rep->issue_all_reduce(p, p, b.hi - b.lo, op, rdt)});
   }
 
   // What follows the completion of a reduction (which may issue the next one).
@@ -167,7 +172,10 @@ struct ShardedModel::Impl {
         if (rep) {
           void* blk = fu.reduced_block();
           pending.push_back({Pending::UnitAllReduce, p.index,
-                             rep->issue_all_reduce(blk, blk, fu.shard_size(), ReduceOp::Avg,
+                             rep->issue_all_reduce(blk, blk, fu.shard_size(),
+                                                   fu.reduce_dtype() == DType::F32
+                                                       ? ReduceOp::Avg
+                                                       : ReduceOp::Sum,  // divided before
                                                    fu.reduce_dtype())});
         } else {
           fu.accumulate_reduced();

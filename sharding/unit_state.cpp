@@ -275,11 +275,17 @@ void FlatUnit::round_grads() {
   round_to_dtype(rdt_, grad_full_, layout_.padded);
 }
 
-Work FlatUnit::issue_reduce_scatter() {
+Work FlatUnit::issue_reduce_scatter(int replicas) {
   SW_CHECK(kind_ != Kind::Whole && grad_full_, "reduce-scatter needs unsharded gradients");
-  narrow_in_place(rdt_, grad_full_, layout_.padded);  // no-op for F32
+  if (rdt_ == DType::F32)
+    return shard_->issue_reduce_scatter(grad_full_, reduced_block(), layout_.shard_size(),
+                                        ReduceOp::Avg);
+  // 16 bits: divide first, then sum, so partial sums stay within the average's range.
+  ops_->scale(grad_full_, 1.f / static_cast<float>(shard_->size() * replicas),
+              static_cast<size_t>(layout_.padded));
+  narrow_in_place(rdt_, grad_full_, layout_.padded);
   return shard_->issue_reduce_scatter(grad_full_, reduced_block(), layout_.shard_size(),
-                                      ReduceOp::Avg, rdt_);
+                                      ReduceOp::Sum, rdt_);
 }
 
 void FlatUnit::accumulate_reduced() {

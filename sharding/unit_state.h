@@ -29,9 +29,10 @@
 //     Extra memory: C: +4 bytes per parameter (the master copy); B: +4 bytes per parameter / S.
 //     Kind B refreshes the copy by the in-place param_dtype all-gather above after each
 //     optimizer step; kind C re-rounds it from the master (no communication).
-//   reduce_dtype != F32: kinds A and B narrow the unsharded gradients in place (front half of
-//     their buffer) and reduce-scatter (HYBRID: then all-reduce) in reduce_dtype; the reduced
-//     block is widened and added into the fp32 reduced gradients. Kind C with replicas
+//   reduce_dtype != F32: kinds A and B divide the unsharded gradients by the world size,
+//     narrow them in place (front half of their buffer) and sum them by reduce-scatter
+//     (HYBRID: then all-reduce) in reduce_dtype; the reduced block is widened and added into
+//     the fp32 reduced gradients. Kind C with replicas
 //     (NO_SHARD) does the same per bucket; kind C alone rounds its gradients to reduce_dtype
 //     at the same point, so fp16 overflow shows up alike at any world size.
 #pragma once
@@ -143,8 +144,12 @@ class FlatUnit {
   bool grads_dirty() const { return dirty_; }
   void mark_dirty() { dirty_ = true; }
   // Sharded kinds: issues the reduce-scatter (average over the shard group) of the unsharded
-  // gradients, in place into this rank's block of them.
-  Work issue_reduce_scatter();
+  // gradients, in place into this rank's block of them. In a 16-bit reduce_dtype the
+  // gradients are divided by S * `replicas` first and then summed (here, and by the caller's
+  // all-reduce over the replicas): partial sums then never exceed what the average could
+  // reach, so fp16 overflows as it would with one rank (a sum of S values, divided at the
+  // end, could overflow where the average does not).
+  Work issue_reduce_scatter(int replicas = 1);
   // The block that reduce-scatter wrote (what a HYBRID all-reduce averages over replicas):
   // shard_size() values of reduce_dtype().
   void* reduced_block() const;

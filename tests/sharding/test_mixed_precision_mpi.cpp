@@ -392,3 +392,52 @@ TEST_CASE("units compute with exactly the bf16 / fp16 rounding of the fp32 maste
       CHECK(moved > checked / 2);  // the masters really carry more precision than the copies
     }
 }
+
+TEST_CASE("fp16 reductions overflow where one rank would, not earlier", "[mp_fp16_range]") {
+  // The largest |gradient| of the mean loss over the global batch (fp32, one rank) sets a
+  // grad_scale that puts it at 75% or 150% of fp16's largest value (65504). N ranks must agree
+  // with one rank: finite at 75% (a sum of N rank gradients divided at the end would reach
+  // N x 75% and overflow), non-finite at 150%. Parameters in bf16, so only the reduction is
+  // fp16.
+  const GroupPtr g = world();
+  const int W = g->size(), B = 2;
+  const ModelConfig mc = tiny("gpt2");
+  Corpus corpus(mc.vocab_size);
+  const int T = mc.seq_len;
+  std::vector<int32_t> in(size_t(W * B) * T), tg(size_t(W * B) * T);
+  corpus.fill(0, 0, W * B, T, in.data(), tg.data());
+  double gmax = 0;
+  {
+    Model m = build_model(mc);
+    ShardingPolicy p = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+    p.mixed_precision = mp(DType::BF16, DType::F32);
+    ShardedModel sm(m, cpu(), 3, make_local_group(), p);
+    sm.forward_backward(Batch{in.data(), tg.data(), W * B, T});
+    sm.for_each_grad([&](const ParamSpec& s, const float* gr) {
+      for (int64_t i = 0; i < numel(s.shape); ++i) gmax = std::max(gmax, double(std::fabs(gr[i])));
+    });
+  }
+  REQUIRE(gmax > 0);
+  for (ShardingStrategy st : {ShardingStrategy::FullShard, ShardingStrategy::NoShard,
+                              ShardingStrategy::HybridShard})
+    for (double frac : {0.75, 1.5}) {
+      INFO(strategy_name(st) << " at " << frac << " of the fp16 range");
+      const float scale = static_cast<float>(frac * 65504.0 / gmax);
+      ShardingPolicy p = ShardingPolicy::for_strategy(st);
+      if (st == ShardingStrategy::HybridShard) p = hybrid_policy();
+      p.mixed_precision = mp(DType::BF16, DType::F16);
+      bool finite[2];
+      for (int multi = 0; multi < 2; ++multi) {
+        ShardingPolicy one = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+        one.mixed_precision = p.mixed_precision;
+        Model m = build_model(mc);
+        ShardedModel sm(m, cpu(), 3, multi ? g : make_local_group(), multi ? p : one);
+        const int b = multi ? B : W * B;
+        const size_t off = multi ? size_t(g->rank()) * B * T : 0;
+        sm.forward_backward(Batch{in.data() + off, tg.data() + off, b, T}, scale);
+        finite[multi] = std::isfinite(sm.grad_norm());
+      }
+      CHECK(finite[0] == (frac < 1));
+      CHECK(finite[1] == finite[0]);
+    }
+}
