@@ -54,7 +54,8 @@ struct TrainConfig {
   // sharding_strategy, shard_group_size, reshard_after_forward, forward_prefetch,
   // backward_prefetch (units ahead; true = 1, false = 0), max_live_units,
   // gradient_accumulation_mode ("reduce_each_micro_step" | "reduce_once"; the default
-  // depends on the strategy).
+  // depends on the strategy), activation_checkpointing ("off" | "full" | "selective", or
+  // {"mode", "every": k} / {"mode", "units": [unit indices]}).
   ShardingPolicy sharding;
   int blocks_per_unit = 1;     // blocks_per_unit: consecutive transformer blocks per FSDP unit
   double comm_timeout_s = 0;   // comm_timeout_s: watchdog limit (0 = SHARDWISE_COMM_TIMEOUT_S or 300)
