@@ -69,7 +69,7 @@ struct MixedPrecisionPolicy {
 // Activation checkpointing: which units drop their saved activations after forward and
 // recompute them inside their backward. Full: the unit keeps only its input; Selective: it
 // keeps the outputs of its matrix products (and attention) and recomputes only the cheap
-// element-wise ops (norms, activations, residual adds). Units: every `every`-th unit counting
+// element-wise ops (norm and activation outputs). Units: every `every`-th unit counting
 // from 0 (every = 1: all), or exactly the unit indices in `units` when that is not empty.
 // A loss call is never recomputed.
 const char* checkpoint_mode_name(CheckpointMode m);  // "off", "full", "selective"
