@@ -10,7 +10,10 @@
 // hurts them alike; each mode's time is the median of its timed steps (one warm-up step per
 // model built). "peak act" is MemTracker's peak of Mem::Activations during a forward_backward
 // (the unit inputs the engine keeps plus the units' Saved); "inputs" is the part the unit
-// inputs take, (schedule positions - 1) * B*T*d * 4 bytes. Ratios are against off.
+// inputs take, (schedule positions - 1) * B*T*d * 4 bytes. "step cpu s": CPU time of the
+// process per step (see cpu_seconds). Ratios are against off.
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -37,8 +40,17 @@ struct BenchShape {
   int d, layers, heads, vocab, T, B;
 };
 
+// CPU seconds of the whole process (all threads): on a shared, oversubscribed machine this
+// tracks the work done better than wall time (run with OMP_WAIT_POLICY=PASSIVE so that idle
+// OpenMP threads do not spin).
+double cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
 struct Result {
-  std::vector<double> fb_s, step_s;
+  std::vector<double> fb_s, step_s, step_cpu_s;
   size_t peak_act = 0, peak_total = 0;
 };
 
@@ -109,6 +121,7 @@ int main(int argc, char** argv) {
           sm.zero_grads();
           const size_t act0 = mt.current(Mem::Activations), tot0 = mt.total_current();
           mt.reset_peaks();
+          const double c0 = cpu_seconds();
           const auto t0 = Clock::now();
           sm.forward_backward(batch);
           const auto t1 = Clock::now();
@@ -116,7 +129,9 @@ int main(int argc, char** argv) {
           res[m].peak_total = std::max(res[m].peak_total, mt.total_peak() - tot0);
           sm.optimizer_step(AdamWParams{}, 1e-4f, 1.f, k + 1);
           const auto t2 = Clock::now();
+          const double c2 = cpu_seconds();
           if (k == 0) continue;
+          res[m].step_cpu_s.push_back(c2 - c0);
           res[m].fb_s.push_back(std::chrono::duration<double>(t1 - t0).count());
           res[m].step_s.push_back(std::chrono::duration<double>(t2 - t0).count());
         }
@@ -124,17 +139,18 @@ int main(int argc, char** argv) {
     const double inputs = double(positions - 1) * double(N) * s.d * 4;
     std::printf("\n%s: d=%d layers=%d heads=%d vocab=%d T=%d B=%d; unit inputs %.1f MiB\n",
                 s.name, s.d, s.layers, s.heads, s.vocab, s.T, s.B, inputs / (1 << 20));
-    std::printf("  %-10s %13s %7s %17s %7s %10s %7s %8s %7s %9s\n", "mode", "peak act MiB",
-                "x off", "act - inputs MiB", "x off", "fwd+bwd s", "x off", "step s", "x off",
-                "tokens/s");
+    std::printf("  %-10s %13s %7s %17s %7s %10s %7s %8s %7s %9s %10s %7s\n", "mode",
+                "peak act MiB", "x off", "act - inputs MiB", "x off", "fwd+bwd s", "x off",
+                "step s", "x off", "tokens/s", "step cpu s", "x off");
     const double a0 = double(res[0].peak_act), f0 = median(res[0].fb_s),
-                 t0 = median(res[0].step_s);
+                 t0 = median(res[0].step_s), u0 = median(res[0].step_cpu_s);
     for (int m = 0; m < 3; ++m) {
       const double a = double(res[m].peak_act), f = median(res[m].fb_s), t = median(res[m].step_s);
-      std::printf("  %-10s %13.1f %7.3f %17.1f %7.3f %10.3f %7.3f %8.3f %7.3f %9.1f\n",
+      const double u = median(res[m].step_cpu_s);
+      std::printf("  %-10s %13.1f %7.3f %17.1f %7.3f %10.3f %7.3f %8.3f %7.3f %9.1f %10.3f %7.3f\n",
                   checkpoint_mode_name(modes[m]), a / (1 << 20), a / a0,
                   (a - inputs) / (1 << 20), (a - inputs) / (a0 - inputs), f, f / f0, t, t / t0,
-                  double(N) / t);
+                  double(N) / t, u, u / u0);
     }
   }
   return 0;
