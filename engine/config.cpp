@@ -141,10 +141,15 @@ const Node& schema() {
                      leaf("min_loss_scale", Kind::Num)});
     Node bf16 = obj("bf16", {leaf("enabled", Kind::Bool), cbool("immediate_grad_update")});
 
-    Node act = compat(obj("activation_checkpointing",
-                          {cbool("partition_activations"), cbool("cpu_checkpointing"),
-                           cbool("contiguous_memory_optimization"), cnum("number_checkpoints"),
-                           cbool("synchronize_checkpoint_boundary"), cbool("profile")}));
+    // activation_checkpointing: "off" | "full" | "selective", or an object with mode, every,
+    // units (ours) and DeepSpeed's keys (compatibility only). Kind::Any with kids: an object
+    // value is validated against the kids, the rest is checked when read.
+    Node act = obj("activation_checkpointing",
+                   {leaf("mode", Kind::Str), leaf("every", Kind::Int), leaf("units", Kind::Any),
+                    cbool("partition_activations"), cbool("cpu_checkpointing"),
+                    cbool("contiguous_memory_optimization"), cnum("number_checkpoints"),
+                    cbool("synchronize_checkpoint_boundary"), cbool("profile")});
+    act.kind = Kind::Any;
 
     return obj(
         "", {
@@ -486,7 +491,8 @@ void validate(const json& j, const Node& n, const std::string& path, Ctx& c,
       c.bad(p, std::string("expected ") + kind_name(k->kind) + (k->auto_ok ? " or \"auto\"" : "") +
                    ", got " + describe(v));
     if (k->compat && !n.compat) compat_keys.push_back(p);  // the top-most compatibility key
-    if (k->kind == Kind::Obj) validate(v, *k, p, c, compat_keys);
+    if (k->kind == Kind::Obj || (k->kind == Kind::Any && !k->kids.empty() && v.is_object()))
+      validate(v, *k, p, c, compat_keys);
   }
 }
 
@@ -704,6 +710,23 @@ void write_resolved(json& r, const TrainConfig& cfg) {
   set_path(r, "mixed_precision.param_dtype", precision_name(mp.param_dtype));
   set_path(r, "mixed_precision.reduce_dtype", precision_name(mp.reduce_dtype));
   set_path(r, "blocks_per_unit", cfg.blocks_per_unit);
+  // activation_checkpointing: a plain mode name when that says everything, else the object
+  // (an object given in the input stays one, keeping its DeepSpeed keys).
+  const ActivationCheckpointing& ac = sp.activation_checkpointing;
+  const json* acj = at(r, "activation_checkpointing");
+  if (!(acj && acj->is_object()) && ac.every == 1 && ac.units.empty()) {
+    set_path(r, "activation_checkpointing", checkpoint_mode_name(ac.mode));
+  } else {
+    if (!(acj && acj->is_object())) set_path(r, "activation_checkpointing", json::object());
+    set_path(r, "activation_checkpointing.mode", checkpoint_mode_name(ac.mode));
+    if (ac.units.empty()) {
+      set_path(r, "activation_checkpointing.every", ac.every);
+      erase_path(r, "activation_checkpointing.units");
+    } else {
+      set_path(r, "activation_checkpointing.units", ac.units);
+      erase_path(r, "activation_checkpointing.every");
+    }
+  }
   set_path(r, "comm_timeout_s", cfg.comm_timeout_s);
   set_path(r, "comm_debug", cfg.comm_debug);
 }
@@ -727,6 +750,50 @@ int get_prefetch(const json& root, const std::string& path, int def, const Ctx& 
   if (!kind_matches(Kind::Int, v))
     c.bad(path, "expected true, false or a number of units >= 0, got " + describe(v));
   return (int)get_int(root, path, def, 0, 1024, c);
+}
+
+// activation_checkpointing: "off" | "full" | "selective", or {"mode": ..., "every": k} or
+// {"mode": ..., "units": [i, ...]} (unit indices in the model's unit order after
+// blocks_per_unit; checked against the unit count the model will have).
+void read_activation_checkpointing(const json& j, TrainConfig& cfg, const Ctx& c) {
+  const std::string key = "activation_checkpointing";
+  if (!has(j, key)) return;
+  ActivationCheckpointing& ac = cfg.sharding.activation_checkpointing;
+  const std::vector<std::string> modes = {"off", "full", "selective"};
+  const json& v = *at(j, key);
+  if (v.is_string()) {
+    ac.mode = checkpoint_mode_from_name(get_str(j, key, "off", modes, c));
+    return;
+  }
+  if (!v.is_object())
+    c.bad(key, "expected \"off\", \"full\", \"selective\" or an object {\"mode\", \"every\" or "
+               "\"units\"}, got " + describe(v));
+  const bool every = has(j, key + ".every"), units = has(j, key + ".units");
+  if (!has(j, key + ".mode")) {
+    if (every || units) c.bad(key + ".mode", "is required when every or units is given");
+    return;  // DeepSpeed's keys only: no effect (noted)
+  }
+  ac.mode = checkpoint_mode_from_name(get_str(j, key + ".mode", "off", modes, c));
+  if (every && units) c.bad(key + ".units", "conflicts with " + key + ".every; give only one");
+  ac.every = (int)get_int(j, key + ".every", 1, 1, INT32_MAX, c);
+  if (!units) return;
+  const json& u = *at(j, key + ".units");
+  if (!u.is_array() || u.empty())
+    c.bad(key + ".units", "expected a non-empty array of unit indices, got " + describe(u));
+  const ModelConfig& m = cfg.model;
+  const int bpu = std::max(1, cfg.blocks_per_unit);
+  const int n_units = (m.type == "llama" ? 2 : 1) + (m.n_layer + bpu - 1) / bpu;
+  for (size_t i = 0; i < u.size(); ++i) {
+    const std::string p = key + ".units[" + std::to_string(i) + "]";
+    if (!kind_matches(Kind::Int, u[i])) c.bad(p, "expected a unit index, got " + describe(u[i]));
+    const long long x = u[i].is_number_float() ? (long long)u[i].get<double>() : u[i].get<long long>();
+    if (x < 0 || x >= n_units)
+      c.bad(p, "must be in [0, " + std::to_string(n_units - 1) + "]: the model has " +
+                   std::to_string(n_units) + " units (got " + std::to_string(x) + ")");
+    if (std::find(ac.units.begin(), ac.units.end(), (int)x) != ac.units.end())
+      c.bad(p, "unit " + std::to_string(x) + " is listed twice");
+    ac.units.push_back((int)x);
+  }
 }
 
 TrainConfig read_config(json j, const std::string& source,
@@ -961,6 +1028,8 @@ TrainConfig read_config(json j, const std::string& source,
           "gpt2 has no grouped-query attention: leave it 0 or equal to model.n_head");
   if (m.type == "llama" && has(j, "model.tie_embeddings") && m.tie_embeddings)
     c.bad("model.tie_embeddings", "is supported for gpt2 only");
+
+  read_activation_checkpointing(j, cfg, c);
 
   // Data and run.
   cfg.train_data = get_str(j, "data.train", cfg.train_data, {}, c);

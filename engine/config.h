@@ -55,7 +55,8 @@ struct TrainConfig {
   // sharding_strategy, shard_group_size, reshard_after_forward, forward_prefetch,
   // backward_prefetch (units ahead; true = 1, false = 0), max_live_units,
   // gradient_accumulation_mode ("reduce_each_micro_step" | "reduce_once"; the default
-  // depends on the strategy).
+  // depends on the strategy), activation_checkpointing ("off" | "full" | "selective", or
+  // {"mode", "every": k} / {"mode", "units": [unit indices]}).
   ShardingPolicy sharding;
   // Mixed precision: bf16.enabled / fp16.enabled (at most one), which set
   // sharding.mixed_precision (param_dtype = that type, reduce_dtype = param_dtype, unless the

@@ -12,8 +12,9 @@ namespace {
 
 // Activation storage: kept in ctx.saved when training (backward needs it), in ctx.scratch
 // otherwise (eval keeps nothing). Same arithmetic either way.
-float* keep(UnitCtx& ctx, const char* key, size_t n) {
-  return ctx.training ? ctx.saved->f32(key, n) : ctx.scratch->f32(n);
+// `k`: Keep::Cheap marks what selective checkpointing drops and Block::recompute rebuilds.
+float* keep(UnitCtx& ctx, const char* key, size_t n, Keep k = Keep::Always) {
+  return ctx.training ? ctx.saved->f32(key, n, k) : ctx.scratch->f32(n);
 }
 
 // Scratch is per call: released for reuse when the call returns.
@@ -186,18 +187,18 @@ class Block final : public Unit {
     ScratchScope guard{ctx.scratch};
     auto P = [&](size_t i) { return ctx.param(i); };
 
-    float* ln1 = keep(ctx, "ln1", sz(N, C));          // (N,C)
+    float* ln1 = keep(ctx, "ln1", sz(N, C), Keep::Cheap);  // (N,C)
     float* ln1_mean = keep(ctx, "ln1_mean", sz(N));    // (N)
     float* ln1_rstd = keep(ctx, "ln1_rstd", sz(N));    // (N)
     float* qkv = keep(ctx, "qkv", sz(N, 3 * C));       // (N,3C) [q | k | v]
     float* atty = keep(ctx, "atty", sz(N, C));         // (N,C)
     float* lse = keep(ctx, "lse", sz(B, int64_t{H} * T));  // (B,H,T)
     float* x2 = keep(ctx, "x2", sz(N, C));             // (N,C) residual after attention
-    float* ln2 = keep(ctx, "ln2", sz(N, C));           // (N,C)
+    float* ln2 = keep(ctx, "ln2", sz(N, C), Keep::Cheap);  // (N,C)
     float* ln2_mean = keep(ctx, "ln2_mean", sz(N));    // (N)
     float* ln2_rstd = keep(ctx, "ln2_rstd", sz(N));    // (N)
     float* fch = keep(ctx, "fch", sz(N, F));           // (N,F) before GELU
-    float* fch_gelu = keep(ctx, "fch_gelu", sz(N, F)); // (N,F)
+    float* fch_gelu = keep(ctx, "fch_gelu", sz(N, F), Keep::Cheap);  // (N,F)
 
     ops.layernorm_forward(ln1, ln1_mean, ln1_rstd, x, P(LN1W), P(LN1B), N, C);
     ops.linear_forward(qkv, ln1, P(QKVW), P(QKVB), N, C, 3 * C);
@@ -209,6 +210,27 @@ class Block final : public Unit {
     ops.gelu_forward(fch_gelu, fch, sz(N, F));
     ops.linear_forward(y, fch_gelu, P(FCPROJW), P(FCPROJB), N, F, C);
     ops.residual_forward(y, y, x2, sz(N, C));
+  }
+
+  // Selective: ln1, ln2 and fch_gelu from x, x2 and fch with the same kernels as forward (the
+  // norm statistics are recomputed into scratch; the saved ones stay).
+  bool selective_recompute() const override { return true; }
+  void recompute(UnitCtx& ctx, int call, const float* x, float* y, CheckpointMode mode) override {
+    if (mode != CheckpointMode::Selective) {
+      forward(ctx, call, x, y);
+      return;
+    }
+    const Ops& ops = *ctx.ops;
+    const int N = ctx.batch->B * ctx.batch->T, C = c_.d_model, F = c_.d_ff;
+    ScratchScope guard{ctx.scratch};
+    Saved& s = *ctx.saved;
+    float* mean = ctx.scratch->f32(sz(N));
+    float* rstd = ctx.scratch->f32(sz(N));
+    ops.layernorm_forward(s.f32("ln1", sz(N, C), Keep::Cheap), mean, rstd, x, ctx.param(LN1W),
+                          ctx.param(LN1B), N, C);
+    ops.layernorm_forward(s.f32("ln2", sz(N, C), Keep::Cheap), mean, rstd, s.get("x2"),
+                          ctx.param(LN2W), ctx.param(LN2B), N, C);
+    ops.gelu_forward(s.f32("fch_gelu", sz(N, F), Keep::Cheap), s.get("fch"), sz(N, F));
   }
 
   void backward(UnitCtx& ctx, int call, const float* x, const float* dy, float* dx) override {

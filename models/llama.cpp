@@ -12,8 +12,9 @@ namespace {
 
 // Activation storage: kept in ctx.saved when training (backward needs it), in ctx.scratch
 // otherwise (eval keeps nothing). Same arithmetic either way.
-float* keep(UnitCtx& ctx, const char* key, size_t n) {
-  return ctx.training ? ctx.saved->f32(key, n) : ctx.scratch->f32(n);
+// `k`: Keep::Cheap marks what selective checkpointing drops and Block::recompute rebuilds.
+float* keep(UnitCtx& ctx, const char* key, size_t n, Keep k = Keep::Always) {
+  return ctx.training ? ctx.saved->f32(key, n, k) : ctx.scratch->f32(n);
 }
 
 struct ScratchScope {  // scratch is per call: released for reuse when the call returns
@@ -146,16 +147,16 @@ class Block final : public Unit {
     ScratchScope guard{ctx.scratch};
     auto P = [&](size_t i) { return ctx.param(i); };
 
-    float* xn = keep(ctx, "xn", sz(N, C));          // (N,C) input_layernorm(x)
+    float* xn = keep(ctx, "xn", sz(N, C), Keep::Cheap);    // (N,C) input_layernorm(x)
     float* rstd1 = keep(ctx, "rstd1", sz(N));        // (N)
     float* qkv = keep(ctx, "qkv", sz(N, QKV));       // (N,QKV) [q | k | v], q and k rotated
     float* atty = keep(ctx, "atty", sz(N, int64_t{H} * hd));  // (N,H*hd)
     float* lse = keep(ctx, "lse", sz(B, int64_t{H} * T));     // (B,H,T)
     float* x2 = keep(ctx, "x2", sz(N, C));           // (N,C) residual after attention
-    float* xn2 = keep(ctx, "xn2", sz(N, C));         // (N,C) post_attention_layernorm(x2)
+    float* xn2 = keep(ctx, "xn2", sz(N, C), Keep::Cheap);  // (N,C) post_attention_layernorm(x2)
     float* rstd2 = keep(ctx, "rstd2", sz(N));        // (N)
     float* gu = keep(ctx, "gu", sz(N, 2 * F));       // (N,2F) [gate | up]
-    float* hmlp = keep(ctx, "hmlp", sz(N, F));       // (N,F) silu(gate) * up
+    float* hmlp = keep(ctx, "hmlp", sz(N, F), Keep::Cheap);  // (N,F) silu(gate) * up
 
     ops.rmsnorm_forward(xn, rstd1, x, P(IN_NORM), N, C, eps);
     packed_forward(ops, qkv, xn, qkv_pack(ctx), N, C);
@@ -168,6 +169,26 @@ class Block final : public Unit {
     ops.swiglu_forward(hmlp, gu, N, F);
     ops.linear_forward(y, hmlp, P(DOWNW), nullptr, N, F, C);
     ops.residual_forward(y, y, x2, sz(N, C));
+  }
+
+  // Selective: xn, xn2 and hmlp from x, x2 and gu with the same kernels as forward (the norm
+  // statistics are recomputed into scratch; the saved ones stay).
+  bool selective_recompute() const override { return true; }
+  void recompute(UnitCtx& ctx, int call, const float* x, float* y, CheckpointMode mode) override {
+    if (mode != CheckpointMode::Selective) {
+      forward(ctx, call, x, y);
+      return;
+    }
+    const Ops& ops = *ctx.ops;
+    const int N = ctx.batch->B * ctx.batch->T, C = c_.d_model, F = c_.d_ff;
+    const float eps = c_.norm_eps;
+    ScratchScope guard{ctx.scratch};
+    Saved& s = *ctx.saved;
+    float* rstd = ctx.scratch->f32(sz(N));
+    ops.rmsnorm_forward(s.f32("xn", sz(N, C), Keep::Cheap), rstd, x, ctx.param(IN_NORM), N, C, eps);
+    ops.rmsnorm_forward(s.f32("xn2", sz(N, C), Keep::Cheap), rstd, s.get("x2"),
+                        ctx.param(POST_NORM), N, C, eps);
+    ops.swiglu_forward(s.f32("hmlp", sz(N, F), Keep::Cheap), s.get("gu"), N, F);
   }
 
   void backward(UnitCtx& ctx, int call, const float* x, const float* dy, float* dx) override {

@@ -9,24 +9,25 @@ namespace sw {
 
 // ---- Saved ---------------------------------------------------------------------------------
 
-void* Saved::slot(std::string_view key, size_t bytes) {
+void* Saved::slot(std::string_view key, size_t bytes, Keep keep) {
   auto it = bufs_.find(key);
   if (it != bufs_.end()) {
-    if (it->second.bytes() == bytes) return it->second.data();
-    it->second = Buffer(bytes, Mem::Activations);  // size changed (another batch shape)
-    return it->second.data();
+    it->second.keep = keep;
+    if (it->second.buf.bytes() != bytes)  // size changed (another batch shape)
+      it->second.buf = Buffer(bytes, Mem::Activations);
+    return it->second.buf.data();
   }
-  auto [pos, inserted] = bufs_.emplace(std::string(key), Buffer(bytes, Mem::Activations));
+  auto [pos, inserted] = bufs_.emplace(std::string(key), Slot{Buffer(bytes, Mem::Activations), keep});
   (void)inserted;
-  return pos->second.data();
+  return pos->second.buf.data();
 }
 
-float* Saved::f32(std::string_view key, size_t n) {
-  return static_cast<float*>(slot(key, n * sizeof(float)));
+float* Saved::f32(std::string_view key, size_t n, Keep keep) {
+  return static_cast<float*>(slot(key, n * sizeof(float), keep));
 }
 
-int32_t* Saved::i32(std::string_view key, size_t n) {
-  return static_cast<int32_t*>(slot(key, n * sizeof(int32_t)));
+int32_t* Saved::i32(std::string_view key, size_t n, Keep keep) {
+  return static_cast<int32_t*>(slot(key, n * sizeof(int32_t), keep));
 }
 
 float* Saved::get(std::string_view key) const {
@@ -34,16 +35,54 @@ float* Saved::get(std::string_view key) const {
   if (it == bufs_.end())
     fail("model", "no saved activation '" + std::string(key) +
                       "': backward ran without the matching forward");
-  return it->second.f32();
+  return it->second.buf.f32();
+}
+
+bool Saved::has(std::string_view key) const { return bufs_.find(key) != bufs_.end(); }
+
+Saved& Saved::part(size_t j) {
+  if (parts_.size() <= j) parts_.resize(j + 1);
+  if (!parts_[j]) parts_[j] = std::make_unique<Saved>();
+  return *parts_[j];
 }
 
 size_t Saved::bytes() const {
   size_t b = 0;
-  for (const auto& kv : bufs_) b += kv.second.bytes();
+  for (const auto& kv : bufs_) b += kv.second.buf.bytes();
+  for (const auto& p : parts_)
+    if (p) b += p->bytes();
   return b;
 }
 
-void Saved::clear() { bufs_.clear(); }
+size_t Saved::cheap_bytes() const {
+  size_t b = 0;
+  for (const auto& kv : bufs_)
+    if (kv.second.keep == Keep::Cheap) b += kv.second.buf.bytes();
+  for (const auto& p : parts_)
+    if (p) b += p->cheap_bytes();
+  return b;
+}
+
+void Saved::clear() {
+  bufs_.clear();
+  for (auto& p : parts_)
+    if (p) p->clear();
+}
+
+size_t Saved::drop_cheap() {
+  size_t b = 0;
+  for (auto it = bufs_.begin(); it != bufs_.end();) {
+    if (it->second.keep == Keep::Cheap) {
+      b += it->second.buf.bytes();
+      it = bufs_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto& p : parts_)
+    if (p) b += p->drop_cheap();
+  return b;
+}
 
 // ---- Scratch -------------------------------------------------------------------------------
 // Bump allocation in 64-byte (16-float) steps. When the last block is full a new, larger block

@@ -14,6 +14,7 @@
 #include "core/alloc.h"
 #include "core/tensor.h"
 #include "kernels/ops.h"
+#include "models/recompute.h"
 
 namespace sw {
 
@@ -31,21 +32,39 @@ struct ParamSpec {
   bool hf_transpose = false;
 };
 
+// How a Saved buffer fares under selective activation checkpointing. Always: kept (outputs of
+// matrix products and attention, norm statistics: costly to recompute, or tiny). Cheap: an
+// element-wise result (norm output, GELU/SwiGLU output) that selective checkpointing frees
+// after forward and the unit's recompute() rebuilds from the Always buffers.
+enum class Keep : uint8_t { Always, Cheap };
+
 // Activations a unit keeps from forward for its backward, owned by the engine (one Saved per
 // call site) so that activation checkpointing can drop and recompute them. Tracked as
 // Mem::Activations.
 class Saved {
  public:
   // Forward: allocates `n` floats under `key` (reusing the allocation if it already exists
-  // with the same size). Backward: returns the same pointer (checks that it exists).
-  float* f32(std::string_view key, size_t n);
-  int32_t* i32(std::string_view key, size_t n);
+  // with the same size), marked `keep`. Backward: returns the same pointer (checks that it
+  // exists).
+  float* f32(std::string_view key, size_t n, Keep keep = Keep::Always);
+  int32_t* i32(std::string_view key, size_t n, Keep keep = Keep::Always);
   float* get(std::string_view key) const;  // throws if absent
+  bool has(std::string_view key) const;
+  // The nested Saved of part j of a composite unit (sharding/wrap.cpp), owned by this one.
+  // bytes(), cheap_bytes(), clear() and drop_cheap() include the parts.
+  Saved& part(size_t j);
   size_t bytes() const;
-  void clear();  // frees everything
+  size_t cheap_bytes() const;  // bytes of the Keep::Cheap buffers
+  void clear();                // frees everything
+  size_t drop_cheap();         // frees the Keep::Cheap buffers; returns the bytes freed
  private:
-  void* slot(std::string_view key, size_t bytes);
-  std::map<std::string, Buffer, std::less<>> bufs_;
+  struct Slot {
+    Buffer buf;
+    Keep keep = Keep::Always;
+  };
+  void* slot(std::string_view key, size_t bytes, Keep keep);
+  std::map<std::string, Slot, std::less<>> bufs_;
+  std::vector<std::unique_ptr<Saved>> parts_;
 };
 
 // Temporary memory for one call, released (for reuse) when the call returns. Tracked as
@@ -99,6 +118,21 @@ class Unit {
   // Given dy (null for a loss call), writes (=, not +=) dx (null for an embedding call) and
   // accumulates parameter gradients into ctx.grads. x is the same input forward saw.
   virtual void backward(UnitCtx& ctx, int call, const float* x, const float* dy, float* dx) = 0;
+
+  // Activation checkpointing (the engine calls it right before backward, for a call whose
+  // Saved it dropped after forward; never for a loss call). Must leave ctx.saved exactly as
+  // forward left it, bit for bit. mode Full: ctx.saved is empty; Selective: it still holds the
+  // Keep::Always buffers (only asked when selective_recompute() is true). ctx.training is true,
+  // ctx.grads is null (no gradient may be touched), x is forward's input and y a scratch
+  // buffer of the call's output size whose content is discarded. The default re-runs forward,
+  // which is right for every unit whose forward is a pure function of (params, batch, x).
+  virtual void recompute(UnitCtx& ctx, int call, const float* x, float* y, CheckpointMode mode) {
+    (void)mode;
+    forward(ctx, call, x, y);
+  }
+  // True when recompute(..., Selective) rebuilds the Keep::Cheap buffers from the others.
+  // When false the engine checkpoints the unit's calls fully under Selective.
+  virtual bool selective_recompute() const { return false; }
 };
 
 }  // namespace sw

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "models/recompute.h"
 
 namespace sw {
 
@@ -68,10 +69,9 @@ struct MixedPrecisionPolicy {
 // Activation checkpointing: which units drop their saved activations after forward and
 // recompute them inside their backward. Full: the unit keeps only its input; Selective: it
 // keeps the outputs of its matrix products (and attention) and recomputes only the cheap
-// element-wise ops (norms, activations, residual adds). Units: every `every`-th unit counting
+// element-wise ops (norm and activation outputs). Units: every `every`-th unit counting
 // from 0 (every = 1: all), or exactly the unit indices in `units` when that is not empty.
 // A loss call is never recomputed.
-enum class CheckpointMode : uint8_t { Off, Full, Selective };
 const char* checkpoint_mode_name(CheckpointMode m);  // "off", "full", "selective"
 CheckpointMode checkpoint_mode_from_name(const std::string& s);  // throws sw::Error
 struct ActivationCheckpointing {

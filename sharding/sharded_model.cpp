@@ -74,6 +74,9 @@ struct ShardedModel::Impl {
   // Mem::Activations; empty for position 0, whose embedding ignores x) and its Saved.
   std::vector<Buffer> acts;
   std::vector<Saved> saved;
+  // Per schedule position: how backward must rebuild its Saved (activation checkpointing;
+  // Off: forward's Saved was kept).
+  std::vector<CheckpointMode> recompute;
   Scratch scratch;
   // Ping-pong (B*T*d) buffers, kept across steps: backward's dy/dx (dy of one call is dx of
   // the next) and inference's residual stream.
@@ -100,6 +103,7 @@ struct ShardedModel::Impl {
   void free_activations() {
     for (Buffer& a : acts) a.release();
     for (Saved& s : saved) s.clear();
+    std::fill(recompute.begin(), recompute.end(), CheckpointMode::Off);
   }
 
   int live_units() const {
@@ -291,6 +295,7 @@ struct ShardedModel::Impl {
       loss_sum += ctx.loss_sum;
       loss_count += ctx.loss_count;
       if (!training) saved[p].clear();
+      if (training) recompute[p] = checkpoint(model, p);
       // Reshard after the unit's last forward call: always in inference; in training when the
       // policy says so, except for the unit backward starts with.
       if (static_cast<int>(p) == fu.last_pos &&
@@ -313,6 +318,10 @@ struct ShardedModel::Impl {
       prefetch(model, static_cast<int>(q), policy.backward_prefetch, -1);
       fu.wait_unshard();
       fu.to_pre_backward();
+      if (recompute[q] != CheckpointMode::Off) {
+        rebuild(model, batch, q, scale);
+        recompute[q] = CheckpointMode::Off;
+      }
       fu.ensure_grads();
       float* dx = q > 0 ? dbuf[cur].f32() : nullptr;
       UnitCtx ctx = ctx_for(fu, batch, static_cast<int>(q), true);
@@ -332,6 +341,46 @@ struct ShardedModel::Impl {
       dy = dx;
       cur ^= 1;
     }
+  }
+
+  // ---- Activation checkpointing ------------------------------------------------------------
+
+  // After the training forward of position p: frees what the policy drops of its Saved and
+  // returns how backward must rebuild it (Off: nothing dropped). The loss call (the last
+  // position) is never checkpointed: its forward may already have produced gradients.
+  CheckpointMode checkpoint(const Model& m, size_t p) {
+    if (p + 1 == m.schedule.size()) return CheckpointMode::Off;
+    const int u = m.schedule[p].unit;
+    CheckpointMode mode = policy.activation_checkpointing.mode_for(u);
+    if (mode == CheckpointMode::Selective && !m.units[static_cast<size_t>(u)]->selective_recompute())
+      mode = CheckpointMode::Full;
+    Saved& s = saved[p];
+    switch (mode) {
+      case CheckpointMode::Off:
+        break;
+      case CheckpointMode::Full:
+        if (s.bytes() == 0) return CheckpointMode::Off;
+        s.clear();
+        break;
+      case CheckpointMode::Selective:
+        if (s.drop_cheap() == 0) return CheckpointMode::Off;
+        break;
+    }
+    return mode;
+  }
+
+  // Before the backward of position q (parameters gathered): the unit's recompute refills its
+  // Saved from the call's kept input, with the same parameters and batch as forward and no
+  // gradient buffers; its output goes to scratch and is dropped.
+  void rebuild(Model& model, const Batch& batch, size_t q, float scale) {
+    FlatUnit& fu = unit_at(model, q);
+    UnitCtx ctx = ctx_for(fu, batch, static_cast<int>(q), true);
+    ctx.grads = nullptr;
+    ctx.grad_scale = scale;
+    scratch.reset();
+    float* y = scratch.f32(static_cast<size_t>(batch.B) * batch.T * model.d_model());
+    fu.unit()->recompute(ctx, model.schedule[q].call, q > 0 ? acts[q].f32() : nullptr, y,
+                         recompute[q]);
   }
 
   UnitCtx ctx_for(FlatUnit& fu, const Batch& batch, int pos, bool training) {
@@ -369,6 +418,13 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
   if (model.schedule.empty()) fail("sharded_model", "the model's schedule is empty");
   if (policy.forward_prefetch < 0 || policy.backward_prefetch < 0 || policy.max_live_units < 0)
     fail("sharding", "prefetch depths and max_live_units must be >= 0");
+  const ActivationCheckpointing& ac = policy.activation_checkpointing;
+  if (ac.every < 1)
+    fail("sharding", "activation_checkpointing.every must be >= 1, got " + std::to_string(ac.every));
+  for (int u : ac.units)
+    if (u < 0 || u >= static_cast<int>(model.units.size()))
+      fail("sharding", "activation_checkpointing.units names unit " + std::to_string(u) +
+                           "; the model has units 0.." + std::to_string(model.units.size() - 1));
 
   // Groups.
   I.world = group;
@@ -469,6 +525,7 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
   }
   I.acts.resize(model.schedule.size());
   I.saved.resize(model.schedule.size());
+  I.recompute.assign(model.schedule.size(), CheckpointMode::Off);
 
   // Element i of parameter s: a pure function of (seed, s.name, i), so any rank can produce
   // exactly its slice. Sharded units write the intersection of each parameter with this

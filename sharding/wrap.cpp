@@ -16,11 +16,12 @@ namespace {
 using PingPong = std::array<Buffer, 2>;
 
 // Several blocks run as one unit. Its parameter list is the blocks' lists concatenated; each
-// block sees the slice of ctx.params / ctx.grads that belongs to it and a Saved of its own.
+// block sees the slice of ctx.params / ctx.grads that belongs to it and a Saved of its own
+// (part j of the composite's Saved, so that activation checkpointing frees it with the rest).
 class CompositeUnit final : public Unit {
  public:
   CompositeUnit(std::vector<std::unique_ptr<Unit>> kids, int d_model, std::shared_ptr<PingPong> pp)
-      : kids_(std::move(kids)), d_(d_model), kid_saved_(kids_.size()), pp_(std::move(pp)) {
+      : kids_(std::move(kids)), d_(d_model), pp_(std::move(pp)) {
     size_t n = 0;
     for (auto& k : kids_) {
       first_.push_back(n);
@@ -62,7 +63,7 @@ class CompositeUnit final : public Unit {
       kids_[j]->forward(c, 0, in, out);
       ctx.loss_sum += c.loss_sum;
       ctx.loss_count += c.loss_count;
-      if (!ctx.training) kid_saved_[j].clear();
+      if (!ctx.training) c.saved->clear();
       in = out;
     }
   }
@@ -76,8 +77,26 @@ class CompositeUnit final : public Unit {
       UnitCtx c = kid_ctx(ctx, j);
       ctx.scratch->reset();
       kids_[j]->backward(c, 0, in, d_out, d_in);
-      kid_saved_[j].clear();
+      c.saved->clear();
       d_out = d_in;
+    }
+  }
+
+  // Selective checkpointing: each block rebuilds its own cheap buffers from its saved input.
+  bool selective_recompute() const override {
+    for (const auto& k : kids_)
+      if (!k->selective_recompute()) return false;
+    return true;
+  }
+  void recompute(UnitCtx& ctx, int call, const float* x, float* y, CheckpointMode mode) override {
+    if (mode != CheckpointMode::Selective) {
+      forward(ctx, call, x, y);
+      return;
+    }
+    for (size_t j = 0; j < kids_.size(); ++j) {
+      UnitCtx c = kid_ctx(ctx, j);
+      ctx.scratch->reset();
+      kids_[j]->recompute(c, 0, j == 0 ? x : ctx.saved->get(keys_[j]), y, mode);
     }
   }
 
@@ -85,12 +104,13 @@ class CompositeUnit final : public Unit {
   UnitCtx kid_ctx(const UnitCtx& ctx, size_t j) {
     kid_params_[j].assign(ctx.params->begin() + long(first_[j]),
                           ctx.params->begin() + long(first_[j + 1]));
-    kid_grads_[j].assign(ctx.grads->begin() + long(first_[j]),
-                         ctx.grads->begin() + long(first_[j + 1]));
+    if (ctx.grads)
+      kid_grads_[j].assign(ctx.grads->begin() + long(first_[j]),
+                           ctx.grads->begin() + long(first_[j + 1]));
     UnitCtx c = ctx;
     c.params = &kid_params_[j];
-    c.grads = &kid_grads_[j];
-    c.saved = &kid_saved_[j];
+    c.grads = ctx.grads ? &kid_grads_[j] : nullptr;
+    c.saved = &ctx.saved->part(j);
     c.loss_sum = 0;
     c.loss_count = 0;
     return c;
@@ -106,7 +126,6 @@ class CompositeUnit final : public Unit {
   int d_;
   std::vector<std::string> keys_;
   std::vector<size_t> first_;  // index of each block's first spec; last entry = total
-  std::vector<Saved> kid_saved_;
   std::vector<std::vector<float*>> kid_params_, kid_grads_;
   std::shared_ptr<PingPong> pp_;
 };
