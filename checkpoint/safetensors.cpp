@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "checkpoint/crc32c.h"
 #include "core/error.h"
 
 static_assert(std::endian::native == std::endian::little,
@@ -380,6 +381,8 @@ SafeTensorsWriter::SafeTensorsWriter(const std::string& path, std::vector<StTens
   for (int i = 0; i < 8; ++i) len8[i] = static_cast<unsigned char>(n >> (8 * i));
   if (!write_all(fd_, len8, 8) || !write_all(fd_, header.data(), header.size()))
     fail_file("cannot write the header (" + errno_str() + ")");
+  data_start_ = 8 + header.size();
+  header_crc_ = crc32c(header.data(), header.size(), crc32c(len8, 8));
   while (cur_ < ends_.size() && ends_[cur_] == 0) ++cur_;  // leading empty tensors
 }
 

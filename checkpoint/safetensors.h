@@ -117,6 +117,11 @@ class SafeTensorsWriter {
   // Name of the tensor the next appended byte belongs to ("" when all are written).
   const std::string& next_tensor() const;
   void finish();
+  // Where the data section starts in the file (8 + header length), and the CRC-32C
+  // (checkpoint/crc32c.h) of those first data_start() bytes: with the CRCs of the data a
+  // caller computes while appending, crc32c_combine gives the whole file's CRC.
+  uint64_t data_start() const { return data_start_; }
+  uint32_t header_crc32c() const { return header_crc_; }
 
  private:
   [[noreturn]] void fail_file(const std::string& msg);
@@ -127,6 +132,8 @@ class SafeTensorsWriter {
   uint64_t written_ = 0;        // data-section bytes written
   size_t cur_ = 0;              // tensor the next byte belongs to
   bool finished_ = false;
+  uint64_t data_start_ = 0;
+  uint32_t header_crc_ = 0;
 };
 
 // One-call writer for tensors already in memory.
