@@ -763,7 +763,7 @@ std::string inspect_checkpoint(const std::string& step_dir) {
   o << "step         " << m.state.step << "   seed " << m.state.seed << "\n";
   o << "world size   " << m.world << "   strategy " << m.strategy << "   shard group size "
     << m.shard_group << "\n";
-  o << "model        " << m.config_json.dump() << "\n";
+  o << "model        " << model_config_to_json(m.config).dump() << "\n";
   o << "parameters   " << nparams << " (fp32 master + AdamW m, v)   files " << m.files.size()
     << "   bytes " << total << "\n\n";
   std::snprintf(line, sizeof line, "%-40s %-22s %-5s %12s %14s\n", "tensor (parameter)", "shape",

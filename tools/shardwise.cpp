@@ -31,6 +31,7 @@
 #include "kernels/ops.h"
 #include "models/model.h"
 #include "sharding/sharded_model.h"
+#include "tools/ckpt_cmd.h"
 
 #ifndef SW_VERSION
 #define SW_VERSION "0.1.0"
@@ -62,6 +63,7 @@ const char* kMainHelp =
     "  train CONFIG [--set key.path=value]...   train a model described by a JSON config\n"
     "  data prepare TEXT... --out FILE.bin      byte-level tokenize text into a .bin token file\n"
     "  sample --config CFG --prompt TEXT ...    generate text from trained weights\n"
+    "  ckpt export|inspect|verify DIR ...       consolidate, list or check a sharded checkpoint\n"
     "\n"
     "Options:\n"
     "  -h, --help      show this help (also `shardwise <command> --help`)\n"
@@ -465,6 +467,7 @@ int run(const std::vector<std::string>& args) {
   if (c == "train") return cmd_train(rest);
   if (c == "data") return cmd_data(rest);
   if (c == "sample") return cmd_sample(rest);
+  if (c == "ckpt") return sw::cmd_ckpt(rest);
   if (c == "help") {
     if (rest.empty()) {
       std::cout << kMainHelp;
@@ -473,7 +476,7 @@ int run(const std::vector<std::string>& args) {
     return run({rest[0], "--help"});
   }
   if (c.size() > 1 && c[0] == '-') usage_fail("", "unknown option '" + c + "'");
-  usage_fail("", "unknown command '" + c + "' (expected train, data or sample)");
+  usage_fail("", "unknown command '" + c + "' (expected train, data, sample or ckpt)");
 }
 
 // One line, no embedded newlines (a multi-line message would break the one-line contract).

@@ -5,7 +5,10 @@
 // garbage metadata, a shard header lying about offsets, a different model shape) with the file
 // and tensor named; export from a checkpoint == export_hf_safetensors of the same model (byte
 // for byte), and export -> import round trip.
+#include <sys/wait.h>
+
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -336,4 +339,35 @@ TEST_CASE("checkpoint: export equals export_hf_safetensors, and imports back", "
     import_safetensors(c, a);
     CHECK(bit_equal(state(c, SK::Master), state(s.sm, SK::Master)));
   }
+}
+
+TEST_CASE("checkpoint: shardwise ckpt verify / inspect / export", "[checkpoint][cli]") {
+  SavedCkpt s("ckpt_cli");
+  const std::string sw = std::string(SW_BINARY_DIR) + "/tools/shardwise";
+  REQUIRE(std::filesystem::exists(sw));
+  auto run = [&](const std::string& args, std::string* err) {
+    const std::string log = s.dir.file("err.txt");
+    const int rc = std::system((sw + " " + args + " >" + s.dir.file("out.txt") + " 2>" + log).c_str());
+    const std::vector<char> e = slurp(log);
+    *err = std::string(e.begin(), e.end());
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  };
+  std::string err;
+  CHECK(run("ckpt verify " + s.step, &err) == 0);
+  const std::vector<char> out = slurp(s.dir.file("out.txt"));
+  CHECK_THAT(std::string(out.begin(), out.end()), Catch::StartsWith("ok "));
+  CHECK(run("ckpt inspect " + s.step, &err) == 0);
+  CHECK(run("ckpt export " + s.step + " --out " + s.dir.file("cli.safetensors"), &err) == 0);
+  export_checkpoint(s.step, s.dir.file("api.safetensors"));
+  CHECK(slurp(s.dir.file("cli.safetensors")) == slurp(s.dir.file("api.safetensors")));
+  CHECK(run("ckpt export " + s.step, &err) == 2);  // no --out
+  CHECK_THAT(err, Catch::Contains("missing --out"));
+  std::vector<char> d = slurp(s.step + "/rank_0.safetensors");
+  d[d.size() - 3] ^= 1;
+  spit(s.step + "/rank_0.safetensors", d);
+  CHECK(run("ckpt verify " + s.step, &err) == 1);
+  CHECK_THAT(err, Catch::StartsWith("shardwise: error: checkpoint: ") &&
+                      Catch::Contains("rank_0.safetensors: tensor 'u") &&
+                      Catch::Contains("checksum mismatch"));
+  CHECK(std::count(err.begin(), err.end(), '\n') == 1);
 }
