@@ -295,6 +295,14 @@ void SafeTensorsReader::read_bytes(const std::string& name, void* dst, uint64_t 
     fail_file("tensor '" + name + "': file ended while reading (truncated after it was opened?)");
 }
 
+void SafeTensorsReader::prefetch(const std::string& name, uint64_t offset, uint64_t n) const {
+  const StTensorInfo& t = at(name);
+  if (offset >= t.bytes()) return;
+  n = std::min(n, t.bytes() - offset);
+  ::posix_fadvise(fd_, static_cast<off_t>(data_start_ + t.begin + offset), static_cast<off_t>(n),
+                  POSIX_FADV_WILLNEED);
+}
+
 void SafeTensorsReader::read_f32(const std::string& name, float* dst, int64_t first,
                                  int64_t count) const {
   const StTensorInfo& t = at(name);

@@ -74,6 +74,9 @@ class SafeTensorsReader {
   // little-endian). n = UINT64_MAX reads to the end of the tensor.
   void read_bytes(const std::string& name, void* dst, uint64_t offset = 0,
                   uint64_t n = UINT64_MAX) const;
+  // Hint that bytes [offset, offset + n) of tensor `name` (clipped to it) will be read soon:
+  // the kernel starts reading them in the background (posix_fadvise WILLNEED).
+  void prefetch(const std::string& name, uint64_t offset, uint64_t n) const;
   // Reads `count` elements starting at element `first` as f32, converting from F32/BF16/F16
   // (other dtypes throw).
   void read_f32(const std::string& name, float* dst, int64_t first = 0, int64_t count = -1) const;

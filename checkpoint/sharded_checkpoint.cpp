@@ -612,6 +612,8 @@ void read_range(const SafeTensorsReader& r, const FileTensor& t, uint64_t block_
   buf.resize(std::min(end_blk - blk, kChunkBlocks) * block_bytes);
   while (blk < end_blk) {
     const size_t nb = std::min(kChunkBlocks, end_blk - blk);
+    // The next chunk is read by the kernel while this one is checked and copied.
+    if (blk + nb < end_blk) r.prefetch(t.name, (blk + nb) * block_bytes, kChunkBlocks * block_bytes);
     read_blocks(r, t, block_bytes, blk, blk + nb, buf.data());
     const int64_t plo = t.lo + static_cast<int64_t>(blk * bf);
     const int64_t lo = std::max(a, plo), hi = std::min<int64_t>(b, plo + static_cast<int64_t>(nb * bf));
@@ -694,6 +696,11 @@ TrainState load_checkpoint(ShardedModel& sm, const std::string& step_dir) {
     }
     if (need.empty()) continue;
     const SafeTensorsReader r = open_shard(m, fe);
+    // Ask the kernel for every needed byte now, so the disk streams while blocks are checked.
+    for (auto& [t, o] : need) {
+      const uint64_t b0 = static_cast<uint64_t>(o.lo - t->lo) * 4 / m.block_bytes * m.block_bytes;
+      r.prefetch(t->name, b0, static_cast<uint64_t>(o.hi - t->lo) * 4 - b0);
+    }
     for (auto& [t, o] : need)
       read_range(r, *t, m.block_bytes, o.lo, o.hi, buf,
                  [&, t = t](int64_t lo, int64_t hi, const float* data) {
