@@ -4,11 +4,13 @@
 //   bench_ckpt_stall [--d 768] [--layers 12] [--heads 12] [--vocab 50257] [--T 64] [--B 1]
 //                    [--saves 3] [--every 2] [--threads 2] [--dir DIR]
 //
-// For each mode: train `every` steps, save, repeat `saves` times (after one warm-up step).
+// For each mode: train `every` steps, save, repeat `saves` times, then `every` more steps (after
+// one warm-up step).
 // Columns:
 //   stall/save   time the training thread spent in Checkpointer calls per save (sync: snapshot +
-//                write + fsync + commit; async: snapshot copy + the commit at a later step)
-//   step         mean training step time over the steps between saves
+//                write + fsync + commit; async: snapshot copy + the commit at a later step, plus
+//                waiting for the previous write when it outlasts `every` steps)
+//   step         mean training step time with no background write in flight
 //   step+bg      async only: the mean step time while a background write was in flight (the
 //                writer competes with the training threads for cores and memory bandwidth)
 //   cost/save    stall/save + (steps overlapped) * (step+bg - baseline step): the wall time a
@@ -42,6 +44,7 @@ static double seconds_since(Clock::time_point t0) {
 
 struct Result {
   double stall_per_save = 0, step_s = 0, step_bg_s = 0, cost_per_save = 0;
+  double in_save = 0, in_commit = 0;  // stall split: save() calls vs poll()/finish() calls
   int bg_steps = 0;
 };
 
@@ -52,16 +55,26 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const char* v = argv[i + 1];
-    if (a == "--d") d = std::atoi(v);
-    else if (a == "--layers") layers = std::atoi(v);
-    else if (a == "--heads") heads = std::atoi(v);
-    else if (a == "--vocab") vocab = std::atoi(v);
-    else if (a == "--T") T = std::atoi(v);
-    else if (a == "--B") B = std::atoi(v);
-    else if (a == "--saves") saves = std::atoi(v);
-    else if (a == "--every") every = std::atoi(v);
-    else if (a == "--threads") threads = std::atoi(v);
-    else if (a == "--dir") dir = v;
+    if (a == "--d")
+      d = std::atoi(v);
+    else if (a == "--layers")
+      layers = std::atoi(v);
+    else if (a == "--heads")
+      heads = std::atoi(v);
+    else if (a == "--vocab")
+      vocab = std::atoi(v);
+    else if (a == "--T")
+      T = std::atoi(v);
+    else if (a == "--B")
+      B = std::atoi(v);
+    else if (a == "--saves")
+      saves = std::atoi(v);
+    else if (a == "--every")
+      every = std::atoi(v);
+    else if (a == "--threads")
+      threads = std::atoi(v);
+    else if (a == "--dir")
+      dir = v;
     else {
       std::fprintf(stderr, "bench_ckpt_stall: unknown option %s\n", a.c_str());
       return 2;
@@ -88,9 +101,19 @@ int main(int argc, char** argv) {
     return seconds_since(t0);
   };
   train_step();  // warm-up
-  std::printf("bench_ckpt_stall: gpt2 d=%d layers=%d vocab=%d T=%d B=%d (%.1fM params), "
-              "%d saves every %d steps, threads=%d, dir %s\n",
-              d, layers, vocab, T, B, sm.num_params() / 1e6, saves, every, threads, dir.c_str());
+  std::printf(
+      "bench_ckpt_stall: gpt2 d=%d layers=%d vocab=%d T=%d B=%d (%.1fM params), "
+      "%d saves every %d steps, threads=%d, dir %s\n",
+      d, layers, vocab, T, B, sm.num_params() / 1e6, saves, every, threads, dir.c_str());
+  double snapshot_s = 0;  // one in-memory snapshot on its own (async saving's floor)
+  {
+    TrainState st;
+    const auto t0 = Clock::now();
+    SnapshotPtr snap = snapshot_checkpoint(sm, st);
+    snapshot_s = seconds_since(t0);
+    std::printf("snapshot %.1f MB in %.3f s (%.2f GB/s)\n", snapshot_bytes(*snap) / 1e6, snapshot_s,
+                snapshot_bytes(*snap) / 1e9 / snapshot_s);
+  }
   double snap_bytes = 0, sync_write_s = 0;
   Result res[2];
   for (int mode = 0; mode < 2; ++mode) {
@@ -99,31 +122,40 @@ int main(int argc, char** argv) {
     Checkpointer ck(dir, 2, async, *g);
     Result& r = res[mode];
     double stall = 0, plain = 0, bg = 0;
+    int last_saved = 0;
     int n_plain = 0, n_bg = 0;
-    for (int s = 0; s < saves; ++s) {
+    for (int s = 0; s <= saves; ++s) {  // every save is followed by `every` steps
       for (int k = 0; k < every; ++k) {
         const CkptEvents ev = ck.poll();
         const bool in_flight = ck.pending();  // (the writer may finish during the step)
         stall += ev.stall_s;
+        r.in_commit += ev.stall_s;
         const double dt = train_step();
-        if (in_flight) bg += dt, ++n_bg;
-        else plain += dt, ++n_plain;
+        if (in_flight)
+          bg += dt, ++n_bg;
+        else
+          plain += dt, ++n_plain;
       }
+      if (s == saves) break;
       TrainState st;
-      st.step = step;
+      st.step = last_saved = step;
       const auto t0 = Clock::now();
       const CkptEvents ev = ck.save(sm, st);
       stall += ev.stall_s;
+      r.in_save += ev.stall_s;
       if (!async) sync_write_s += seconds_since(t0);
       if (ev.failed >= 0) {
         std::fprintf(stderr, "bench_ckpt_stall: save failed: %s\n", ev.error.c_str());
         return 1;
       }
     }
-    stall += ck.finish().stall_s;
+    const double fin = ck.finish().stall_s;
+    stall += fin;
+    r.in_commit += fin;
     if (!async) {
       snap_bytes = 0;
-      for (const auto& e : fs::recursive_directory_iterator(fs::path(dir) / ("step_" + std::to_string(step))))
+      for (const auto& e :
+           fs::recursive_directory_iterator(fs::path(dir) / ("step_" + std::to_string(last_saved))))
         if (e.is_regular_file()) snap_bytes += double(e.file_size());
     }
     r.stall_per_save = stall / saves;
@@ -132,13 +164,14 @@ int main(int argc, char** argv) {
     r.bg_steps = n_bg;
     r.cost_per_save = r.stall_per_save;
   }
-  // Baseline step time: sync mode's (no writer in flight).
-  const double base = res[0].step_s;
+  // Baseline step time: async mode's steps with no writer in flight, else sync mode's.
+  const double base = res[1].step_s > 0 ? res[1].step_s : res[0].step_s;
   if (res[1].bg_steps > 0)
     res[1].cost_per_save += (res[1].step_bg_s - base) * res[1].bg_steps / saves;
-  std::printf("checkpoint bytes %.1f MB; sync save %.2f s each (%.0f MB/s incl. snapshot and "
-              "fsync)\n",
-              snap_bytes / 1e6, sync_write_s / saves, snap_bytes / 1e6 / (sync_write_s / saves));
+  std::printf(
+      "checkpoint bytes %.1f MB; sync save %.2f s each (%.0f MB/s incl. snapshot and "
+      "fsync)\n",
+      snap_bytes / 1e6, sync_write_s / saves, snap_bytes / 1e6 / (sync_write_s / saves));
   std::printf("%-6s %12s %10s %10s %12s\n", "mode", "stall/save", "step", "step+bg", "cost/save");
   for (int mode = 0; mode < 2; ++mode) {
     const Result& r = res[mode];
@@ -147,6 +180,10 @@ int main(int argc, char** argv) {
     std::printf("%-6s %10.3f s %8.3f s %10s %10.3f s\n", mode ? "async" : "sync", r.stall_per_save,
                 r.step_s, bgs, r.cost_per_save);
   }
+  std::printf(
+      "async stall split per save: %.3f s in save() (snapshot), %.3f s in poll()/finish() "
+      "(commit: metadata, fsync, rename, latest)\n",
+      res[1].in_save / saves, res[1].in_commit / saves);
   std::printf("async/sync stall ratio %.3f; cost ratio %.3f\n",
               res[1].stall_per_save / res[0].stall_per_save,
               res[1].cost_per_save / res[0].cost_per_save);

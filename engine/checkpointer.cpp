@@ -81,8 +81,8 @@ std::string read_latest(const std::string& ckpt_dir) {
   std::getline(f, name);
   while (!name.empty() && (name.back() == '\r' || name.back() == ' ')) name.pop_back();
   if (parse_step_name(name) < 0)
-    fail("checkpoint", p.string() + ": expected a line 'step_<N>', got '" + name.substr(0, 40) +
-                           "'");
+    fail("checkpoint",
+         p.string() + ": expected a line 'step_<N>', got '" + name.substr(0, 40) + "'");
   return (fs::path(ckpt_dir) / name).string();
 }
 
@@ -153,8 +153,7 @@ std::vector<std::string> remove_stale(const std::string& ckpt_dir) {
       const size_t n = std::strlen(suf);
       return name.size() > n && name.compare(name.size() - n, n, suf) == 0;
     };
-    const bool tmp_step =
-        name.rfind("step_", 0) == 0 && (ends_with(".tmp") || ends_with(".old"));
+    const bool tmp_step = name.rfind("step_", 0) == 0 && (ends_with(".tmp") || ends_with(".old"));
     if (dot_step || tmp_step || name == ".latest.tmp") victims.push_back(e.path());
   }
   for (const fs::path& p : victims) {
@@ -176,14 +175,16 @@ std::string resolve_resume(const std::string& resume, const std::string& ckpt_di
   }
   std::error_code ec;
   if (!fs::exists(resume, ec))
-    fail("resume", resume + ": no such checkpoint (expected a step directory such as "
-                            "<dir>/step_100, a checkpoint directory holding 'latest', or 'auto')");
+    fail("resume", resume +
+                       ": no such checkpoint (expected a step directory such as "
+                       "<dir>/step_100, a checkpoint directory holding 'latest', or 'auto')");
   if (!fs::is_directory(resume, ec))
     fail("resume", resume + ": is a file, not a checkpoint directory");
   if (fs::exists(fs::path(resume) / "latest", ec)) {
     const std::string latest = read_latest(resume);
     if (!fs::exists(fs::path(latest) / "metadata.json", ec))
-      fail("resume", resume + ": 'latest' names " + latest + ", which is not a complete checkpoint");
+      fail("resume",
+           resume + ": 'latest' names " + latest + ", which is not a complete checkpoint");
     return latest;
   }
   if (fs::exists(fs::path(resume) / "metadata.json", ec)) return resume;
@@ -198,7 +199,8 @@ Checkpointer::Checkpointer(std::string dir, int keep_last, bool async, Group& gr
   if (group_.rank() == 0) {
     std::error_code ec;
     fs::create_directories(dir_, ec);
-    if (ec) fail("checkpoint", "checkpoint.dir '" + dir_ + "': cannot create it (" + ec.message() + ")");
+    if (ec)
+      fail("checkpoint", "checkpoint.dir '" + dir_ + "': cannot create it (" + ec.message() + ")");
     remove_stale(dir_);
   }
   group_.barrier();

@@ -38,10 +38,10 @@ class ShardedModel;
 
 // What checkpointing did during one call, for metrics and messages.
 struct CkptEvents {
-  double stall_s = 0;       // wall time the calling (training) thread spent in the call
-  int64_t committed = -1;   // step of a checkpoint committed during the call
-  int64_t failed = -1;      // step of a save that failed during the call
-  std::string error;        // this rank's error for the failed save ("" if it failed elsewhere)
+  double stall_s = 0;      // wall time the calling (training) thread spent in the call
+  int64_t committed = -1;  // step of a checkpoint committed during the call
+  int64_t failed = -1;     // step of a save that failed during the call
+  std::string error;       // this rank's error for the failed save ("" if it failed elsewhere)
   void add(const CkptEvents& o);  // merges o into this (stall summed; later steps win)
 };
 
@@ -59,15 +59,15 @@ class Checkpointer {
   Checkpointer& operator=(const Checkpointer&) = delete;
 
   CkptEvents save(const ShardedModel& sm, const TrainState& state);  // collective
-  CkptEvents poll();                                                  // collective
-  CkptEvents finish();                                                // collective
+  CkptEvents poll();                                                 // collective
+  CkptEvents finish();                                               // collective
   bool pending() const { return pending_; }
   const std::string& dir() const { return dir_; }
 
   static std::string step_name(int64_t step);  // "step_<N>"
 
  private:
-  CkptEvents commit_pending();  // collective; requires pending_ and the writer joined
+  CkptEvents commit_pending();         // collective; requires pending_ and the writer joined
   void write(const std::string& tmp);  // writer body: never throws, sets error_ and written_
 
   std::string dir_;

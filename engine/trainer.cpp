@@ -222,7 +222,8 @@ TrainSummary train_ranks(const TrainConfig& cfg, const TrainOptions& opts, Group
   }
   summary.start_step = start;
   std::unique_ptr<Checkpointer> ckpt;
-  if (ck.every_steps > 0) ckpt = std::make_unique<Checkpointer>(ck.dir, ck.keep_last, ck.async, world);
+  if (ck.every_steps > 0)
+    ckpt = std::make_unique<Checkpointer>(ck.dir, ck.keep_last, ck.async, world);
   auto train_state = [&](int step) {
     TrainState st;
     st.step = step;
@@ -366,7 +367,8 @@ TrainSummary train_ranks(const TrainConfig& cfg, const TrainOptions& opts, Group
     summary.last_loss = loss;
 
     // Periodic save (the final one is below, after the loop).
-    if (ckpt && !last && (s + 1) % ck.every_steps == 0) note_ckpt(ckpt->save(sm, train_state(s + 1)));
+    if (ckpt && !last && (s + 1) % ck.every_steps == 0)
+      note_ckpt(ckpt->save(sm, train_state(s + 1)));
   }
   progress.finish();
   if (ckpt) {

@@ -107,16 +107,15 @@ TEST_CASE("checkpointer: train 8 vs train 4 + resume to 8 are bit-identical (syn
   for (const bool async : {false, true}) {
     const std::string a = async ? "async" : "sync";
     INFO(a);
-    const std::vector<std::string> ck = {"data.val=" + val, "eval_every_steps=3",
-                                         "checkpoint.every_steps=2",
-                                         std::string("checkpoint.async=") + (async ? "true" : "false")};
+    const std::vector<std::string> ck = {
+        "data.val=" + val, "eval_every_steps=3", "checkpoint.every_steps=2",
+        std::string("checkpoint.async=") + (async ? "true" : "false")};
     fresh("full_" + a);
     fresh("half_" + a);
     const TrainConfig full = tiny(data, "full_" + a, ck);
     const TrainSummary sf = train(full, quiet());
     CHECK(sf.checkpoints_saved == 4);  // steps 2, 4, 6, 8
-    CHECK(read_latest(full.checkpoint.dir) ==
-          (fs::path(full.checkpoint.dir) / "step_8").string());
+    CHECK(read_latest(full.checkpoint.dir) == (fs::path(full.checkpoint.dir) / "step_8").string());
 
     std::vector<std::string> ck4 = ck;
     ck4.push_back("train_steps=4");
@@ -126,7 +125,9 @@ TEST_CASE("checkpointer: train 8 vs train 4 + resume to 8 are bit-identical (syn
     // A killed run may have logged past its checkpoint, and cut a line short.
     {
       std::ofstream m(fs::path(half.run_dir) / "metrics.jsonl", std::ios::app);
-      m << R"({"step": 5, "loss": 99.0})" << "\n" << R"({"step": 6, "lo)";
+      m << R"({"step": 5, "loss": 99.0})"
+        << "\n"
+        << R"({"step": 6, "lo)";
     }
     std::vector<std::string> ck8 = ck;
     ck8.push_back("checkpoint.resume=auto");
@@ -148,7 +149,8 @@ TEST_CASE("checkpointer: train 8 vs train 4 + resume to 8 are bit-identical (syn
 TEST_CASE("checkpointer: metrics.jsonl records checkpoint saves and their stall") {
   const std::string data = random_tokens("metrics.bin", 4000, 32, 13);
   fresh("metrics");
-  const TrainConfig c = tiny(data, "metrics", {"checkpoint.every_steps=3", "checkpoint.async=true"});
+  const TrainConfig c =
+      tiny(data, "metrics", {"checkpoint.every_steps=3", "checkpoint.async=true"});
   const TrainSummary s = train(c, quiet(false));
   const auto m = read_metrics(c.run_dir);
   REQUIRE(m.size() == 8);
@@ -220,7 +222,8 @@ TEST_CASE("checkpointer: latest pointer, keep_last pruning, stale temporary dire
     fs::create_directories(dir / d / "x");
   std::ofstream(dir / ".latest.tmp") << "step_9\n";
   { Checkpointer c(dir.string(), 2, true, *g); }
-  for (const char* d : {".step_9.tmp", "step_3.tmp", ".step_2.deleting", "step_4.old", ".latest.tmp"})
+  for (const char* d :
+       {".step_9.tmp", "step_3.tmp", ".step_2.deleting", "step_4.old", ".latest.tmp"})
     CHECK(!fs::exists(dir / d));
   CHECK(steps() == std::vector<int64_t>{4});
   CHECK(read_bytes(dir / "latest") == "step_4\n");
@@ -259,9 +262,8 @@ TEST_CASE("checkpointer: resume paths: step dir, checkpoint dir, auto, and the e
   const std::string data = random_tokens("seed.bin", 3000, 32, 15);
   fresh("seed");
   train(tiny(data, "seed", {"train_steps=2", "checkpoint.every_steps=2"}), quiet(false));
-  CHECK_THROWS_WITH(
-      train(tiny(data, "seed", {"seed=5", "checkpoint.resume=auto"}), quiet(false)),
-      Contains("saved by a run with seed 1234, this config has seed 5"));
+  CHECK_THROWS_WITH(train(tiny(data, "seed", {"seed=5", "checkpoint.resume=auto"}), quiet(false)),
+                    Contains("saved by a run with seed 1234, this config has seed 5"));
   CHECK_THROWS_WITH(train(tiny(data, "seed", {"checkpoint.resume=" + missing}), quiet(false)),
                     Contains("resume: " + missing + ": no such checkpoint"));
 }
@@ -297,13 +299,15 @@ TEST_CASE("checkpointer: the checkpoint config keys") {
     }
     return std::string("(no error)");
   };
-  CHECK_THAT(error_of(R"({"checkpoint": {"every_step": 5}})"),
-             Contains("unknown key 'checkpoint.every_step' (did you mean 'checkpoint.every_steps'?)"));
+  CHECK_THAT(
+      error_of(R"({"checkpoint": {"every_step": 5}})"),
+      Contains("unknown key 'checkpoint.every_step' (did you mean 'checkpoint.every_steps'?)"));
   CHECK_THAT(error_of(R"({"checkpoint": {"keep_last": -1}})"),
              Contains("cfg.json: checkpoint.keep_last: must be >= 0"));
   CHECK_THAT(error_of(R"({"checkpoint": {"async": "yes"}})"),
              Contains("checkpoint.async: expected true or false"));
-  CHECK_THAT(error_of(R"({"checkpoint": {"dir": ""}})"), Contains("checkpoint.dir: must not be empty"));
+  CHECK_THAT(error_of(R"({"checkpoint": {"dir": ""}})"),
+             Contains("checkpoint.dir: must not be empty"));
   CHECK_THAT(error_of(R"({"checkpoint": {"resume": "auto", "init_from": "m.safetensors"}})"),
              Contains("checkpoint.init_from: conflicts with checkpoint.resume"));
 }

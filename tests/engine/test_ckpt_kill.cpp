@@ -35,12 +35,14 @@ const std::string kShardwise = std::string(SW_BINARY_DIR) + "/tools/shardwise";
 
 fs::path work() {
   static const fs::path d = [] {
-    const fs::path p = fs::temp_directory_path() / ("sw_test_ckpt_kill_" + std::to_string(getpid()));
+    const fs::path p =
+        fs::temp_directory_path() / ("sw_test_ckpt_kill_" + std::to_string(getpid()));
     fs::remove_all(p);
     fs::create_directories(p);
     std::atexit([] {
       std::error_code ec;
-      fs::remove_all(fs::temp_directory_path() / ("sw_test_ckpt_kill_" + std::to_string(getpid())), ec);
+      fs::remove_all(fs::temp_directory_path() / ("sw_test_ckpt_kill_" + std::to_string(getpid())),
+                     ec);
     });
     return p;
   }();
@@ -63,7 +65,8 @@ std::string config() {
     sw::write_token_file((work() / "train.bin").string(), t);
     std::ofstream(cfg) << R"({
       "model": {"type": "gpt2", "vocab_size": 32, "n_layer": 2, "n_head": 2, "d_model": 32, "seq_len": 16},
-      "data": {"train": ")" << (work() / "train.bin").string() << R"("},
+      "data": {"train": ")"
+                       << (work() / "train.bin").string() << R"("},
       "train_micro_batch_size_per_gpu": 4, "train_steps": 40, "threads": 1, "seed": 5,
       "optimizer": {"params": {"lr": 0.003}},
       "checkpoint": {"every_steps": 10, "keep_last": 2}
@@ -82,8 +85,8 @@ Child start(const std::string& run, std::vector<std::string> args,
             std::vector<std::string> env = {}, bool ignore_sigxfsz = false) {
   Child c;
   c.log = (work() / (run + ".log")).string();
-  std::vector<std::string> argv = {kShardwise, "train", config(), "--quiet",
-                                   "--set", "run_dir=" + (work() / run).string()};
+  std::vector<std::string> argv = {kShardwise, "train", config(),
+                                   "--quiet",  "--set", "run_dir=" + (work() / run).string()};
   argv.insert(argv.end(), args.begin(), args.end());
   c.pid = fork();
   REQUIRE(c.pid >= 0);
@@ -138,7 +141,8 @@ std::string latest_of(const std::string& run) {
 std::vector<double> losses(const std::string& run) {
   std::ifstream f(work() / run / "metrics.jsonl");
   std::vector<double> out;
-  for (std::string l; std::getline(f, l);) out.push_back(nlohmann::json::parse(l)["loss"].get<double>());
+  for (std::string l; std::getline(f, l);)
+    out.push_back(nlohmann::json::parse(l)["loss"].get<double>());
   return out;
 }
 
@@ -226,11 +230,12 @@ TEST_CASE("ckpt kill: a full disk during a save: one clear line, previous checkp
   WARN("disk-full mechanism: " << (tmpfs ? "tmpfs of " + std::to_string(size) + " bytes (ENOSPC)"
                                          : std::string("RLIMIT_FSIZE (EFBIG)")));
   const std::vector<std::string> args = {"--set", "checkpoint.dir=" + ck.string()};
-  Child c = start("full", args, {"SHARDWISE_CKPT_TEST_DELAY_MS=" + std::string(tmpfs ? "0" : "300")},
-                  !tmpfs);
+  Child c = start("full", args,
+                  {"SHARDWISE_CKPT_TEST_DELAY_MS=" + std::string(tmpfs ? "0" : "300")}, !tmpfs);
   if (!tmpfs) {
-    REQUIRE(wait_until(c, [&] { return fs::exists(ck / "step_10" / "metadata.json") &&
-                                       fs::exists(ck / "latest"); }));
+    REQUIRE(wait_until(c, [&] {
+      return fs::exists(ck / "step_10" / "metadata.json") && fs::exists(ck / "latest");
+    }));
     const rlimit lim{64 * 1024, 64 * 1024};  // below a shard file, above metrics.jsonl
     REQUIRE(prlimit(c.pid, RLIMIT_FSIZE, &lim, nullptr) == 0);
   }
