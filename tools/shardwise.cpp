@@ -61,6 +61,7 @@ const char* kMainHelp =
     "\n"
     "Commands:\n"
     "  train CONFIG [--set key.path=value]...   train a model described by a JSON config\n"
+    "        [--resume DIR|auto] [--init-from FILE]  (continue from a checkpoint / weights)\n"
     "  data prepare TEXT... --out FILE.bin      byte-level tokenize text into a .bin token file\n"
     "  sample --config CFG --prompt TEXT ...    generate text from trained weights\n"
     "  ckpt export|inspect|verify DIR ...       consolidate, list or check a sharded checkpoint\n"
