@@ -1,20 +1,27 @@
-// Checkpoint I/O against the disk's own sequential bandwidth, measured in the same run.
+// Checkpoint I/O against the disk's own sequential bandwidth, measured alternately in the
+// same run (the disk is often shared: each figure is the median of kReps runs, and each
+// checkpoint run sits next to the disk run it is compared with).
 //
-//   bench_ckpt_io [DIR] [--small]
+//   bench_ckpt_io [DIR] [--small] [--reps N]
 //
-// 1. Disk: writes one file of the checkpoint's size in 8 MiB write() calls and fsyncs it (what
-//    `dd bs=8M conv=fsync` measures); then evicts its pages with posix_fadvise(DONTNEED)
-//    (dropping caches globally is impossible in a container, but clean pages of one file can be
-//    dropped, which is all a cold read needs) and reads it back in 8 MiB read() calls.
-// 2. save_checkpoint of a 124M-parameter GPT-2 (master + AdamW m, v: ~1.5 GB): snapshot,
-//    CRC-32C, write, fsync, metadata, rename. Then the shard file's pages are evicted the same
-//    way and load_checkpoint reads it back (pread of every block, CRC check, copy into the model).
-// Prints bandwidths and the ratios save/disk-write and load/disk-read (target >= 0.8).
+// Per repetition, on a 124M-parameter GPT-2 (fp32 master + AdamW m, v: ~1.5 GB):
+//   disk write   one file of the checkpoint's exact byte count in 8 MiB write() calls, then
+//                fsync (what `dd bs=8M conv=fsync` measures);
+//   save         save_checkpoint, all of it: CRC-32C, write, fsync, metadata.json, renames;
+//   async save   snapshot_checkpoint (reusing the previous snapshot's memory, as the engine
+//                does) + write_snapshot + commit_checkpoint; the snapshot alone is what an
+//                asynchronous save stalls training for;
+//   disk read    the probe file after evicting its pages (posix_fadvise DONTNEED: dropping
+//                caches globally is impossible in a container, but one file's clean pages
+//                can be dropped), in 8 MiB read() calls;
+//   load         load_checkpoint of the evicted checkpoint (pread, CRC check, copy in).
+// Prints medians and the ratios save/disk-write and load/disk-read (target >= 0.8).
 // --small: a 4-layer d=256 model (quick check of the program itself).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -85,16 +92,25 @@ uint64_t dir_bytes(const std::string& dir) {
   return n;
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string dir = "bench_ckpt_io.tmp";
   bool small = false;
+  int reps = 3;
   for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--small")
+    const std::string a = argv[i];
+    if (a == "--small")
       small = true;
+    else if (a == "--reps" && i + 1 < argc)
+      reps = std::max(1, std::atoi(argv[++i]));
     else
-      dir = argv[i];
+      dir = a;
   }
   try {
     fs::remove_all(dir);
@@ -108,50 +124,84 @@ int main(int argc, char** argv) {
     c.seq_len = 1024;
     Model model = build_model(c);
     ShardedModel sm(model, ops_for(Device::cpu()), 1);
-    const uint64_t bytes = static_cast<uint64_t>(sm.num_params()) * 12;
-    std::printf("model: GPT-2 %lld parameters, checkpoint ~%.2f GB (fp32 master + m + v), dir %s\n",
-                static_cast<long long>(sm.num_params()), bytes / 1e9, dir.c_str());
-
-    // Disk (best of two, each on a fresh file).
-    double wbw = 0, rbw = 0;
-    for (int rep = 0; rep < 2; ++rep) {
-      const std::string f = dir + "/disk_probe.bin";
-      wbw = std::max(wbw, bytes / disk_write(f, bytes) / 1e9);
-      evict(f);
-      rbw = std::max(rbw, bytes / disk_read(f) / 1e9);
-      fs::remove(f);
-    }
-    std::printf("disk      write %.3f GB/s (8 MiB writes + fsync)   read %.3f GB/s (8 MiB reads, "
-                "pages evicted)\n", wbw, rbw);
-
-    // Checkpoint (best of two).
-    double sbw = 0, wbw2 = 0, lbw = 0, snap_s = 1e9;
     TrainState st;
     st.step = 1;
-    for (int rep = 0; rep < 2; ++rep) {
+
+    // Warm-up (untimed): one save gives the exact byte count the disk runs write.
+    const std::string warm = dir + "/step_warm";
+    save_checkpoint(sm, st, warm);
+    const uint64_t bytes = dir_bytes(warm);
+    fs::remove_all(warm);
+    std::printf("model: GPT-2 %lld parameters, checkpoint %.3f GB (fp32 master + m + v), dir %s, "
+                "median of %d\n",
+                static_cast<long long>(sm.num_params()), bytes / 1e9, dir.c_str(), reps);
+
+    double t0 = now();
+    SnapshotPtr snap = snapshot_checkpoint(sm, st);
+    const double snap_cold = now() - t0;
+
+    std::vector<double> dw, dr, sv, as, snp, ld, rs, ra, rl;
+    const std::string probe = dir + "/disk_probe.bin";
+    // The three writers run in a rotated order (and the two readers in alternating order) so
+    // that no figure always follows the same neighbour; removals are synced before the next
+    // measurement (the file system may discard freed blocks).
+    auto settle = [] { ::sync(); };
+    for (int rep = 0; rep < reps; ++rep) {
       const std::string step = dir + "/step_" + std::to_string(rep);
-      // save_checkpoint's three phases, timed apart.
-      double t0 = now();
-      SnapshotPtr snap = snapshot_checkpoint(sm, st);
-      const double t1 = now();
-      write_snapshot(*snap, step + ".tmp");
-      if (!commit_checkpoint(sm.group(), *snap, true, step + ".tmp", step)) fail("bench", "commit failed");
-      const double t2 = now();
-      snap.reset();
-      snap_s = std::min(snap_s, t1 - t0);
-      const uint64_t on_disk = dir_bytes(step);
-      sbw = std::max(sbw, on_disk / (t2 - t0) / 1e9);
-      wbw2 = std::max(wbw2, on_disk / (t2 - t1) / 1e9);
+      const std::string astep = dir + "/astep_" + std::to_string(rep);
+      double w = 0, s = 0, a = 0, snap_s = 0, r = 0, l = 0;
+      for (int k = 0; k < 3; ++k) {
+        const int which = (k + rep) % 3;
+        settle();
+        if (which == 0) {
+          w = bytes / disk_write(probe, bytes) / 1e9;
+        } else if (which == 1) {
+          t0 = now();
+          save_checkpoint(sm, st, step);
+          s = bytes / (now() - t0) / 1e9;
+        } else {
+          t0 = now();
+          snap = snapshot_checkpoint(sm, st, std::move(snap));
+          snap_s = now() - t0;
+          write_snapshot(*snap, astep + ".tmp");
+          if (!commit_checkpoint(sm.group(), *snap, true, astep + ".tmp", astep))
+            fail("bench", "commit failed");
+          a = bytes / (now() - t0) / 1e9;
+        }
+      }
+      evict(probe);
       evict_dir(step);
-      t0 = now();
-      load_checkpoint(sm, step);
-      lbw = std::max(lbw, on_disk / (now() - t0) / 1e9);
+      for (int k = 0; k < 2; ++k) {
+        if ((k + rep) % 2 == 0) {
+          r = bytes / disk_read(probe) / 1e9;
+        } else {
+          t0 = now();
+          load_checkpoint(sm, step);
+          l = bytes / (now() - t0) / 1e9;
+        }
+      }
+      fs::remove(probe);
       fs::remove_all(step);
+      fs::remove_all(astep);
+
+      dw.push_back(w), sv.push_back(s), as.push_back(a), snp.push_back(snap_s);
+      dr.push_back(r), ld.push_back(l);
+      rs.push_back(s / w), ra.push_back(a / w), rl.push_back(l / r);
+      std::printf("  rep %d: disk write %.3f  save %.3f (%.2f)  async save %.3f (%.2f)  disk read "
+                  "%.3f  load %.3f (%.2f) GB/s\n",
+                  rep, w, s, s / w, a, a / w, r, l, l / r);
+      std::fflush(stdout);
     }
-    std::printf("snapshot  %.3f s (in-memory copy; what an async save stalls training for)\n", snap_s);
-    std::printf("save      %.3f GB/s   ratio to disk write %.2f   (snapshot + write + commit)\n", sbw, sbw / wbw);
-    std::printf("  write   %.3f GB/s   ratio to disk write %.2f   (write_snapshot + commit: CRC, write, fsync, rename)\n", wbw2, wbw2 / wbw);
-    std::printf("load      %.3f GB/s   ratio to disk read  %.2f\n", lbw, lbw / rbw);
+    std::printf("disk       write %.3f GB/s (8 MiB writes + fsync)   read %.3f GB/s (8 MiB reads, "
+                "pages evicted)\n", median(dw), median(dr));
+    std::printf("save       %.3f GB/s   ratio to disk write %.2f (median of per-rep ratios %.2f)"
+                "   save_checkpoint, all phases\n", median(sv), median(sv) / median(dw), median(rs));
+    std::printf("async save %.3f GB/s   ratio to disk write %.2f (median of per-rep ratios %.2f)"
+                "   snapshot + write_snapshot + commit\n", median(as), median(as) / median(dw), median(ra));
+    std::printf("snapshot   %.3f s (reused memory, median), %.3f s (first, fresh memory): the "
+                "training stall of an async save\n", median(snp), snap_cold);
+    std::printf("load       %.3f GB/s   ratio to disk read  %.2f (median of per-rep ratios %.2f)\n",
+                median(ld), median(ld) / median(dr), median(rl));
     fs::remove_all(dir);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_ckpt_io: %s\n", e.what());

@@ -418,6 +418,17 @@ void SafeTensorsWriter::append(const void* data, size_t nbytes) {
   while (cur_ < ends_.size() && ends_[cur_] <= written_) ++cur_;
 }
 
+void SafeTensorsWriter::start_writeback() {
+  if (fd_ < 0) return;
+#if defined(__linux__)
+  const uint64_t end = data_start_ + written_;
+  if (end > writeback_ &&
+      ::sync_file_range(fd_, static_cast<off64_t>(writeback_), static_cast<off64_t>(end - writeback_),
+                        SYNC_FILE_RANGE_WRITE) == 0)
+    writeback_ = end;  // a failure is harmless: finish()'s fsync writes everything anyway
+#endif
+}
+
 void SafeTensorsWriter::write_tensor(const std::string& name, const void* data) {
   size_t i = 0;
   while (i < tensors_.size() && tensors_[i].name != name) ++i;

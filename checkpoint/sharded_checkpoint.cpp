@@ -98,8 +98,9 @@ void write_file_synced(const std::string& path, const std::string& text) {
 
 struct SnapTensor {
   int unit = 0, kind = 0;
-  int64_t lo = 0, hi = 0;  // floats of the unit's flat buffer
-  int64_t at = 0;          // floats into CheckpointSnapshot::data
+  int64_t lo = 0, hi = 0;        // floats of the unit's flat buffer
+  int64_t at = 0;                // floats into CheckpointSnapshot::data
+  std::vector<uint32_t> blocks;  // CRC-32C per kBlockBytes block (filled with the data)
 };
 
 struct CheckpointSnapshot {
@@ -109,14 +110,18 @@ struct CheckpointSnapshot {
   TrainState state;
   ojson units;  // the model's layout as metadata.json records it
   std::vector<SnapTensor> tensors;
+  int64_t floats = 0;  // sum of the tensors' sizes
+  // Either the copied data, with every block's CRC already in `tensors`, or (save_checkpoint's
+  // synchronous path) the model itself, read and checksummed while writing.
   Buffer data;
+  const ShardedModel* source = nullptr;
   // Set by write_snapshot (the file's entry in metadata.json), read by commit_checkpoint.
   mutable std::string file_entry;
 };
 
 void SnapshotDeleter::operator()(CheckpointSnapshot* s) const { delete s; }
 
-int64_t snapshot_bytes(const CheckpointSnapshot& s) { return static_cast<int64_t>(s.data.bytes()); }
+int64_t snapshot_bytes(const CheckpointSnapshot& s) { return s.floats * 4; }
 
 namespace {
 
@@ -152,9 +157,8 @@ ojson state_json(const TrainState& s) {
           {"config_json", s.config_json}};
 }
 
-}  // namespace
-
-SnapshotPtr snapshot_checkpoint(const ShardedModel& sm, const TrainState& state) {
+// Everything but the data: identity, layout, and the tensors this rank writes.
+SnapshotPtr describe_snapshot(const ShardedModel& sm, const TrainState& state) {
   SnapshotPtr s(new CheckpointSnapshot);
   s->rank = sm.rank();
   s->world = sm.world();
@@ -163,25 +167,60 @@ SnapshotPtr snapshot_checkpoint(const ShardedModel& sm, const TrainState& state)
   s->config = const_cast<ShardedModel&>(sm).model().config;
   s->state = state;
   s->units = layout_json(sm);
-  int64_t total = 0;
   for (int u = 0; u < sm.num_units(); ++u) {
     const FlatRange r = sm.owned_range(u);
     if (r.empty()) continue;
     for (int k = 0; k < 3; ++k) {
-      s->tensors.push_back({u, k, r.lo, r.hi, total});
-      total += r.size();
+      s->tensors.push_back({u, k, r.lo, r.hi, s->floats, {}});
+      s->floats += r.size();
     }
   }
-  s->data = Buffer(static_cast<size_t>(std::max<int64_t>(total, 1)) * sizeof(float),
-                   Mem::Workspace);
-  for (const SnapTensor& t : s->tensors)
-    sm.read_state(t.unit, static_cast<StateKind>(t.kind), {t.lo, t.hi}, s->data.f32() + t.at);
+  return s;
+}
+
+// Copies block b of tensor t out of the model into dst and returns its CRC, computed while
+// the block is still in cache (one pass over the model's memory for both).
+uint32_t copy_block(const ShardedModel& sm, const SnapTensor& t, uint64_t b, float* dst) {
+  constexpr int64_t kBlockFloats = static_cast<int64_t>(kBlockBytes / 4);
+  const int64_t lo = t.lo + static_cast<int64_t>(b) * kBlockFloats;
+  const int64_t hi = std::min(t.hi, lo + kBlockFloats);
+  sm.read_state(t.unit, static_cast<StateKind>(t.kind), {lo, hi}, dst);
+  return crc32c(dst, static_cast<size_t>(hi - lo) * 4);
+}
+
+uint64_t num_blocks(const SnapTensor& t) {
+  return (static_cast<uint64_t>(t.hi - t.lo) * 4 + kBlockBytes - 1) / kBlockBytes;
+}
+
+}  // namespace
+
+SnapshotPtr snapshot_checkpoint(const ShardedModel& sm, const TrainState& state, SnapshotPtr reuse) {
+  SnapshotPtr s = describe_snapshot(sm, state);
+  const size_t bytes = static_cast<size_t>(std::max<int64_t>(s->floats, 1)) * sizeof(float);
+  if (reuse && reuse->data.bytes() == bytes && reuse->data.device().is_cpu())
+    s->data = std::move(reuse->data);  // already faulted in: no page faults in the copy below
+  else
+    s->data = Buffer(bytes, Mem::Workspace);
+  reuse.reset();
+  for (SnapTensor& t : s->tensors) {
+    const uint64_t nb = num_blocks(t);
+    t.blocks.resize(nb);
+    for (uint64_t b = 0; b < nb; ++b)
+      t.blocks[b] = copy_block(sm, t, b, s->data.f32() + t.at + static_cast<int64_t>(b * kBlockBytes / 4));
+  }
   return s;
 }
 
 // ---- Write -----------------------------------------------------------------------------------
 
-void write_snapshot(const CheckpointSnapshot& s, const std::string& tmp_dir) {
+namespace {
+
+constexpr uint64_t kWriteChunk = 8 * kBlockBytes;  // bytes per write() call
+
+// Writes the snapshot's file. From a copied snapshot this is pure I/O (the CRCs are known);
+// from the model (s.source) each block is copied into a small staging buffer and checksummed
+// there, so the model's memory is read once and no full-size copy exists.
+void write_shard(const CheckpointSnapshot& s, const std::string& tmp_dir) {
   std::error_code ec;
   fs::create_directories(tmp_dir, ec);
   if (ec) fail("checkpoint", tmp_dir + ": cannot create the directory (" + ec.message() + ")");
@@ -196,26 +235,48 @@ void write_snapshot(const CheckpointSnapshot& s, const std::string& tmp_dir) {
                        {"rank", std::to_string(s.rank)},
                        {"world_size", std::to_string(s.world)}});
 
+  // Streamed from the model: block CRCs are computed here, per tensor.
+  std::vector<std::vector<uint32_t>> streamed_blocks;
+  if (s.source) {
+    Buffer stage(kWriteChunk + kBlockBytes, Mem::Workspace);
+    auto* base = reinterpret_cast<unsigned char*>(stage.data());
+    uint64_t fill = 0;
+    streamed_blocks.resize(s.tensors.size());
+    for (size_t i = 0; i < s.tensors.size(); ++i) {
+      const SnapTensor& t = s.tensors[i];
+      const uint64_t nb = num_blocks(t), bytes = static_cast<uint64_t>(t.hi - t.lo) * 4;
+      streamed_blocks[i].resize(nb);
+      for (uint64_t b = 0; b < nb; ++b) {
+        streamed_blocks[i][b] = copy_block(*s.source, t, b, reinterpret_cast<float*>(base + fill));
+        fill += std::min(kBlockBytes, bytes - b * kBlockBytes);
+        if (fill >= kWriteChunk) {
+          w.append(base, fill);
+          w.start_writeback();
+          fill = 0;
+        }
+      }
+    }
+    if (fill > 0) w.append(base, fill);
+  } else {
+    const auto* p = reinterpret_cast<const unsigned char*>(s.data.data());
+    const uint64_t total = static_cast<uint64_t>(s.floats) * 4;
+    for (uint64_t off = 0; off < total; off += kWriteChunk) {
+      w.append(p + off, std::min(kWriteChunk, total - off));
+      w.start_writeback();
+    }
+  }
+
   uint32_t file_crc = w.header_crc32c();
   uint64_t pos = w.data_start();
   ojson tensors = ojson::array();
-  constexpr uint64_t kChunk = 8 * kBlockBytes;  // per write() call
   for (size_t i = 0; i < s.tensors.size(); ++i) {
     const SnapTensor& t = s.tensors[i];
-    const auto* p = reinterpret_cast<const unsigned char*>(s.data.f32() + t.at);
+    const std::vector<uint32_t>& blocks = s.source ? streamed_blocks[i] : t.blocks;
     const uint64_t bytes = static_cast<uint64_t>(t.hi - t.lo) * sizeof(float);
-    std::vector<uint32_t> blocks;
     uint32_t tcrc = 0;
-    for (uint64_t off = 0; off < bytes; off += kChunk) {
-      const uint64_t n = std::min(kChunk, bytes - off);
-      for (uint64_t b = 0; b < n; b += kBlockBytes) {
-        const uint64_t bn = std::min(kBlockBytes, n - b);
-        const uint32_t c = crc32c(p + off + b, bn);
-        blocks.push_back(c);
-        tcrc = blocks.size() == 1 ? c : crc32c_combine(tcrc, c, bn);
-      }
-      w.append(p + off, n);
-    }
+    for (size_t b = 0; b < blocks.size(); ++b)
+      tcrc = b == 0 ? blocks[b]
+                    : crc32c_combine(tcrc, blocks[b], std::min(kBlockBytes, bytes - b * kBlockBytes));
     file_crc = crc32c_combine(file_crc, tcrc, bytes);
     tensors.push_back({{"name", descs[i].name},
                        {"unit", t.unit},
@@ -235,6 +296,12 @@ void write_snapshot(const CheckpointSnapshot& s, const std::string& tmp_dir) {
                  {"crc32c", file_crc},
                  {"tensors", std::move(tensors)}};
   s.file_entry = entry.dump();
+}
+
+}  // namespace
+
+void write_snapshot(const CheckpointSnapshot& s, const std::string& tmp_dir) {
+  write_shard(s, tmp_dir);
 }
 
 // ---- Commit ----------------------------------------------------------------------------------
@@ -339,7 +406,10 @@ bool commit_checkpoint(Group& g, const CheckpointSnapshot& s, bool ok, const std
 }
 
 void save_checkpoint(const ShardedModel& sm, const TrainState& state, const std::string& final_dir) {
-  SnapshotPtr snap = snapshot_checkpoint(sm, state);
+  // Synchronous: the model cannot change during the call, so the file is written straight
+  // from it (no full-size copy).
+  SnapshotPtr snap = describe_snapshot(sm, state);
+  snap->source = &sm;
   const std::string tmp = final_dir + ".tmp";
   std::string error;
   try {

@@ -47,8 +47,12 @@ struct SnapshotDeleter {
 using SnapshotPtr = std::unique_ptr<CheckpointSnapshot, SnapshotDeleter>;
 
 // Local. Copies this rank's share of every unit's master parameters and AdamW moments (and
-// `state`) into host memory; bytes() says how much. The model may train on right after.
-SnapshotPtr snapshot_checkpoint(const ShardedModel& sm, const TrainState& state);
+// `state`) into host memory, checksumming each block as it is copied (so write_snapshot is
+// pure I/O); snapshot_bytes() says how much. The model may train on right after. `reuse`: a
+// previous snapshot, whose host memory is taken over when it has the right size (already
+// faulted in, so the copy runs at memory speed; the engine passes its last snapshot back).
+SnapshotPtr snapshot_checkpoint(const ShardedModel& sm, const TrainState& state,
+                                SnapshotPtr reuse = nullptr);
 int64_t snapshot_bytes(const CheckpointSnapshot& s);
 
 // Local, callable from a background thread. Writes this rank's files into `tmp_dir` (which it
@@ -63,8 +67,9 @@ void write_snapshot(const CheckpointSnapshot& s, const std::string& tmp_dir);
 bool commit_checkpoint(Group& g, const CheckpointSnapshot& s, bool ok, const std::string& tmp_dir,
                        const std::string& final_dir);
 
-// Collective convenience: snapshot + write (tmp dir final_dir + ".tmp") + commit; throws
-// sw::Error on failure (after cleaning the tmp dir), leaving other checkpoints untouched.
+// Collective convenience: write (tmp dir final_dir + ".tmp") + commit; throws sw::Error on
+// failure (after cleaning the tmp dir), leaving other checkpoints untouched. Writes straight
+// from the model (no snapshot copy), checksumming each block on the way.
 void save_checkpoint(const ShardedModel& sm, const TrainState& state, const std::string& final_dir);
 
 // Collective. Loads a step directory written by any world size and strategy into `sm`
