@@ -218,8 +218,8 @@ namespace {
 constexpr uint64_t kWriteChunk = 8 * kBlockBytes;  // bytes per write() call
 
 // Writes the snapshot's file. From a copied snapshot this is pure I/O (the CRCs are known);
-// from the model (s.source) each block is copied into a small staging buffer and checksummed
-// there, so the model's memory is read once and no full-size copy exists.
+// from the model (s.source) the data is written in place, each chunk checksummed just before
+// it is written: no copy besides the kernel's.
 void write_shard(const CheckpointSnapshot& s, const std::string& tmp_dir) {
   std::error_code ec;
   fs::create_directories(tmp_dir, ec);
@@ -238,25 +238,22 @@ void write_shard(const CheckpointSnapshot& s, const std::string& tmp_dir) {
   // Streamed from the model: block CRCs are computed here, per tensor.
   std::vector<std::vector<uint32_t>> streamed_blocks;
   if (s.source) {
-    Buffer stage(kWriteChunk + kBlockBytes, Mem::Workspace);
-    auto* base = reinterpret_cast<unsigned char*>(stage.data());
-    uint64_t fill = 0;
     streamed_blocks.resize(s.tensors.size());
     for (size_t i = 0; i < s.tensors.size(); ++i) {
       const SnapTensor& t = s.tensors[i];
+      const auto* p = reinterpret_cast<const unsigned char*>(
+          s.source->state_view(t.unit, static_cast<StateKind>(t.kind), {t.lo, t.hi}));
       const uint64_t nb = num_blocks(t), bytes = static_cast<uint64_t>(t.hi - t.lo) * 4;
       streamed_blocks[i].resize(nb);
-      for (uint64_t b = 0; b < nb; ++b) {
-        streamed_blocks[i][b] = copy_block(*s.source, t, b, reinterpret_cast<float*>(base + fill));
-        fill += std::min(kBlockBytes, bytes - b * kBlockBytes);
-        if (fill >= kWriteChunk) {
-          w.append(base, fill);
-          w.start_writeback();
-          fill = 0;
-        }
+      // Each chunk is checksummed, then written while still in cache.
+      for (uint64_t off = 0; off < bytes; off += kWriteChunk) {
+        const uint64_t n = std::min(kWriteChunk, bytes - off);
+        for (uint64_t b = off; b < off + n; b += kBlockBytes)
+          streamed_blocks[i][b / kBlockBytes] = crc32c(p + b, std::min(kBlockBytes, bytes - b));
+        w.append(p + off, n);
+        w.start_writeback();
       }
     }
-    if (fill > 0) w.append(base, fill);
   } else {
     const auto* p = reinterpret_cast<const unsigned char*>(s.data.data());
     const uint64_t total = static_cast<uint64_t>(s.floats) * 4;
@@ -407,7 +404,7 @@ bool commit_checkpoint(Group& g, const CheckpointSnapshot& s, bool ok, const std
 
 void save_checkpoint(const ShardedModel& sm, const TrainState& state, const std::string& final_dir) {
   // Synchronous: the model cannot change during the call, so the file is written straight
-  // from it (no full-size copy).
+  // from its memory (no snapshot copy).
   SnapshotPtr snap = describe_snapshot(sm, state);
   snap->source = &sm;
   const std::string tmp = final_dir + ".tmp";
@@ -670,20 +667,29 @@ void read_blocks(const SafeTensorsReader& r, const FileTensor& t, uint64_t block
   }
 }
 
-// Reads floats [a, b) of tensor t (inside [t.lo, t.hi)) in pieces of at most `chunk` whole
-// blocks, verified, handing each piece to fn(lo, hi, data).
+// Reads floats [a, b) of tensor t (inside [t.lo, t.hi)) in pieces of kChunkBlocks whole
+// blocks, verified, handing each piece to fn(lo, hi, data). The pieces are small enough to
+// stay in cache between the read, the CRC check and fn's copy; the kernel is asked to read
+// kAheadBlocks ahead of the piece in hand (asking for everything at once would make the
+// request block until the whole range is queued, serialising the disk and the checking).
 template <class Fn>
 void read_range(const SafeTensorsReader& r, const FileTensor& t, uint64_t block_bytes, int64_t a,
                 int64_t b, std::vector<unsigned char>& buf, Fn&& fn) {
   const uint64_t bf = block_bytes / 4;  // floats per block
-  constexpr size_t kChunkBlocks = 16;
+  constexpr size_t kChunkBlocks = 2, kAheadBlocks = 32;
   size_t blk = static_cast<size_t>(static_cast<uint64_t>(a - t.lo) / bf);
   const size_t end_blk = static_cast<size_t>((static_cast<uint64_t>(b - t.lo) + bf - 1) / bf);
+  const uint64_t tensor_end = t.bytes;
+  auto ask = [&](size_t from, size_t to) {  // blocks [from, to) clipped to the range
+    to = std::min(to, end_blk);
+    if (from < to)
+      r.prefetch(t.name, from * block_bytes, std::min<uint64_t>(to * block_bytes, tensor_end) - from * block_bytes);
+  };
+  ask(blk, blk + kAheadBlocks);
   buf.resize(std::min(end_blk - blk, kChunkBlocks) * block_bytes);
   while (blk < end_blk) {
     const size_t nb = std::min(kChunkBlocks, end_blk - blk);
-    // The next chunk is read by the kernel while this one is checked and copied.
-    if (blk + nb < end_blk) r.prefetch(t.name, (blk + nb) * block_bytes, kChunkBlocks * block_bytes);
+    ask(blk + kAheadBlocks, blk + kAheadBlocks + nb);
     read_blocks(r, t, block_bytes, blk, blk + nb, buf.data());
     const int64_t plo = t.lo + static_cast<int64_t>(blk * bf);
     const int64_t lo = std::max(a, plo), hi = std::min<int64_t>(b, plo + static_cast<int64_t>(nb * bf));
@@ -766,11 +772,6 @@ TrainState load_checkpoint(ShardedModel& sm, const std::string& step_dir) {
     }
     if (need.empty()) continue;
     const SafeTensorsReader r = open_shard(m, fe);
-    // Ask the kernel for every needed byte now, so the disk streams while blocks are checked.
-    for (auto& [t, o] : need) {
-      const uint64_t b0 = static_cast<uint64_t>(o.lo - t->lo) * 4 / m.block_bytes * m.block_bytes;
-      r.prefetch(t->name, b0, static_cast<uint64_t>(o.hi - t->lo) * 4 - b0);
-    }
     for (auto& [t, o] : need)
       read_range(r, *t, m.block_bytes, o.lo, o.hi, buf,
                  [&, t = t](int64_t lo, int64_t hi, const float* data) {

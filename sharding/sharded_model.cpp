@@ -804,16 +804,21 @@ float* state_base(FlatUnit& fu, ShardedModel::StateKind k) {
 
 }  // namespace
 
-void ShardedModel::read_state(int u, StateKind k, FlatRange r, float* dst) const {
+const float* ShardedModel::state_view(int u, StateKind k, FlatRange r) const {
   Impl& I = *impl_;
   SW_CHECK(I.ops->device().is_cpu(), "checkpoint state access reads host memory");
   FlatUnit& fu = *I.units[static_cast<size_t>(u)];
   const FlatRange h = held_range(u, k);
-  SW_CHECK(r.lo >= h.lo && r.hi <= h.hi, "read_state outside the held range");
-  if (r.empty()) return;
+  SW_CHECK(r.lo >= h.lo && r.hi <= h.hi, "state_view outside the held range");
   // Stage 1: the slices of other ranks arrive with the regather issued after the update.
-  if (fu.kind() == FlatUnit::Kind::FullReplicated && k == StateKind::Master) fu.wait_unshard();
-  std::memcpy(dst, state_base(fu, k) + r.lo, static_cast<size_t>(r.size()) * sizeof(float));
+  if (!r.empty() && fu.kind() == FlatUnit::Kind::FullReplicated && k == StateKind::Master)
+    fu.wait_unshard();
+  return state_base(fu, k) + r.lo;
+}
+
+void ShardedModel::read_state(int u, StateKind k, FlatRange r, float* dst) const {
+  if (r.empty()) return;
+  std::memcpy(dst, state_view(u, k, r), static_cast<size_t>(r.size()) * sizeof(float));
 }
 
 void ShardedModel::write_state(int u, StateKind k, FlatRange r, const float* src) {

@@ -141,6 +141,10 @@ class ShardedModel {
   // of a stage-1 master range must cover what other ranks would otherwise regather: callers
   // load held_range entirely (load_checkpoint does).
   void read_state(int u, StateKind k, FlatRange r, float* dst) const;
+  // Local. r (inside held_range(u, k)) in place, after the same wait as read_state: for a
+  // reader that would only copy it elsewhere (a synchronous checkpoint writes it to disk).
+  // Valid until the state next changes (optimizer step, write_state, regather).
+  const float* state_view(int u, StateKind k, FlatRange r) const;
   void write_state(int u, StateKind k, FlatRange r, const float* src);
 
  private:
