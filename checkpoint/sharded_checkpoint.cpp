@@ -251,15 +251,16 @@ void write_shard(const CheckpointSnapshot& s, const std::string& tmp_dir) {
         for (uint64_t b = off; b < off + n; b += kBlockBytes)
           streamed_blocks[i][b / kBlockBytes] = crc32c(p + b, std::min(kBlockBytes, bytes - b));
         w.append(p + off, n);
-        w.start_writeback();
+        if (n == kWriteChunk) w.start_writeback();  // a small tail is left to the fsync
       }
     }
   } else {
     const auto* p = reinterpret_cast<const unsigned char*>(s.data.data());
     const uint64_t total = static_cast<uint64_t>(s.floats) * 4;
     for (uint64_t off = 0; off < total; off += kWriteChunk) {
-      w.append(p + off, std::min(kWriteChunk, total - off));
-      w.start_writeback();
+      const uint64_t n = std::min(kWriteChunk, total - off);
+      w.append(p + off, n);
+      if (n == kWriteChunk) w.start_writeback();
     }
   }
 
