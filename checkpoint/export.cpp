@@ -6,6 +6,7 @@
 #include <set>
 #include <vector>
 
+#include "checkpoint/hf_layout.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "sharding/sharded_model.h"
@@ -13,42 +14,6 @@
 namespace sw {
 
 namespace {
-
-const std::string& file_name(const ParamSpec& s) { return s.hf_name.empty() ? s.name : s.hf_name; }
-
-// The shape stored in the file: HF's Conv1D keeps (in, out) where we keep (out, in).
-Shape file_shape(const ParamSpec& s) {
-  if (!s.hf_transpose) return s.shape;
-  SW_CHECK(s.shape.size() == 2, "hf_transpose on a parameter that is not a matrix: " + s.name);
-  return {s.shape[1], s.shape[0]};
-}
-
-// dst(cols, rows) = src(rows, cols)^T, in cache-friendly tiles.
-void transpose(float* dst, const float* src, int64_t rows, int64_t cols) {
-  constexpr int64_t kT = 32;
-  for (int64_t r0 = 0; r0 < rows; r0 += kT)
-    for (int64_t c0 = 0; c0 < cols; c0 += kT)
-      for (int64_t r = r0; r < std::min(rows, r0 + kT); ++r)
-        for (int64_t c = c0; c < std::min(cols, c0 + kT); ++c)
-          dst[c * rows + r] = src[r * cols + c];
-}
-
-std::string config_json(const ModelConfig& c) {
-  nlohmann::ordered_json j = {
-      {"type", c.type},
-      {"vocab_size", c.vocab_size},
-      {"n_layer", c.n_layer},
-      {"n_head", c.n_head},
-      {"n_kv_head", c.n_kv_head},
-      {"d_model", c.d_model},
-      {"d_ff", c.d_ff},
-      {"seq_len", c.seq_len},
-      {"rope_theta", c.rope_theta},
-      {"norm_eps", c.norm_eps},
-      {"tie_embeddings", c.tie_embeddings},
-  };
-  return j.dump();
-}
 
 // Tensors that HF GPT-2 checkpoints carry but that are not parameters (the causal-mask
 // buffers).
@@ -75,28 +40,24 @@ void export_hf_safetensors(const ShardedModel& model, const std::string& path) {
   std::vector<StTensorDesc> descs;
   std::set<std::string> seen;
   model.for_each_param([&](const ParamSpec& s, const float*) {
-    const std::string& n = file_name(s);
+    const std::string& n = hf_file_name(s);
     if (!seen.insert(n).second)
       fail("export", path + ": two parameters export to the same name '" + n + "'");
-    descs.push_back({n, StDType::F32, file_shape(s)});
+    descs.push_back({n, StDType::F32, hf_file_shape(s)});
   });
-  std::map<std::string, std::string> meta = {
-      {"format", "pt"},  // what Hugging Face's loaders check for
-      {"producer", "shardwise"},
-      // ShardedModel::model() has no const overload; reading the config modifies nothing.
-      {"model_config", config_json(const_cast<ShardedModel&>(model).model().config)},
-  };
+  // ShardedModel::model() has no const overload; reading the config modifies nothing.
+  const auto meta = hf_export_metadata(const_cast<ShardedModel&>(model).model().config);
   // Pass 2: stream the data, transposing HF Conv1D weights through one temporary.
   SafeTensorsWriter w(path, std::move(descs), meta);
   std::vector<float> tmp;
   model.for_each_param([&](const ParamSpec& s, const float* data) {
     if (!s.hf_transpose) {
-      w.write_tensor(file_name(s), data);
+      w.write_tensor(hf_file_name(s), data);
       return;
     }
     tmp.resize(static_cast<size_t>(numel(s.shape)));
-    transpose(tmp.data(), data, s.shape[0], s.shape[1]);
-    w.write_tensor(file_name(s), tmp.data());
+    transpose_f32(tmp.data(), data, s.shape[0], s.shape[1]);
+    w.write_tensor(hf_file_name(s), tmp.data());
   });
   w.finish();
 }
@@ -114,14 +75,14 @@ void import_safetensors(ShardedModel& model, const std::string& path) {
   std::vector<std::string> missing, mismatched;
   std::set<std::string> expected;
   model.for_each_param([&](const ParamSpec& s, const float*) {
-    const std::string& n = file_name(s);
+    const std::string& n = hf_file_name(s);
     expected.insert(n);
     const StTensorInfo* t = r.find(n);
     if (!t) {
       missing.push_back(n);
       return;
     }
-    const Shape want = file_shape(s);
+    const Shape want = hf_file_shape(s);
     if (t->shape != want)
       mismatched.push_back("'" + n + "' is " + shape_str(t->shape) + ", the model expects " +
                            shape_str(want));
@@ -152,7 +113,7 @@ void import_safetensors(ShardedModel& model, const std::string& path) {
     if (it.spec.hf_transpose) {
       tmp.resize(buf.size());
       // The file holds (in, out) = (shape[1], shape[0]); ours is (out, in).
-      transpose(tmp.data(), buf.data(), it.spec.shape[1], it.spec.shape[0]);
+      transpose_f32(tmp.data(), buf.data(), it.spec.shape[1], it.spec.shape[0]);
       buf.swap(tmp);
     }
     model.set_param(it.spec.name, buf.data(), n);

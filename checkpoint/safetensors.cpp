@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "checkpoint/crc32c.h"
 #include "core/error.h"
 
 static_assert(std::endian::native == std::endian::little,
@@ -294,6 +295,14 @@ void SafeTensorsReader::read_bytes(const std::string& name, void* dst, uint64_t 
     fail_file("tensor '" + name + "': file ended while reading (truncated after it was opened?)");
 }
 
+void SafeTensorsReader::prefetch(const std::string& name, uint64_t offset, uint64_t n) const {
+  const StTensorInfo& t = at(name);
+  if (offset >= t.bytes()) return;
+  n = std::min(n, t.bytes() - offset);
+  ::posix_fadvise(fd_, static_cast<off_t>(data_start_ + t.begin + offset), static_cast<off_t>(n),
+                  POSIX_FADV_WILLNEED);
+}
+
 void SafeTensorsReader::read_f32(const std::string& name, float* dst, int64_t first,
                                  int64_t count) const {
   const StTensorInfo& t = at(name);
@@ -380,6 +389,8 @@ SafeTensorsWriter::SafeTensorsWriter(const std::string& path, std::vector<StTens
   for (int i = 0; i < 8; ++i) len8[i] = static_cast<unsigned char>(n >> (8 * i));
   if (!write_all(fd_, len8, 8) || !write_all(fd_, header.data(), header.size()))
     fail_file("cannot write the header (" + errno_str() + ")");
+  data_start_ = 8 + header.size();
+  header_crc_ = crc32c(header.data(), header.size(), crc32c(len8, 8));
   while (cur_ < ends_.size() && ends_[cur_] == 0) ++cur_;  // leading empty tensors
 }
 
@@ -405,6 +416,17 @@ void SafeTensorsWriter::append(const void* data, size_t nbytes) {
     fail_file("cannot write tensor '" + next_tensor() + "' (" + errno_str() + ")");
   written_ += nbytes;
   while (cur_ < ends_.size() && ends_[cur_] <= written_) ++cur_;
+}
+
+void SafeTensorsWriter::start_writeback() {
+  if (fd_ < 0) return;
+#if defined(__linux__)
+  const uint64_t end = data_start_ + written_;
+  if (end > writeback_ &&
+      ::sync_file_range(fd_, static_cast<off64_t>(writeback_), static_cast<off64_t>(end - writeback_),
+                        SYNC_FILE_RANGE_WRITE) == 0)
+    writeback_ = end;  // a failure is harmless: finish()'s fsync writes everything anyway
+#endif
 }
 
 void SafeTensorsWriter::write_tensor(const std::string& name, const void* data) {

@@ -74,6 +74,9 @@ class SafeTensorsReader {
   // little-endian). n = UINT64_MAX reads to the end of the tensor.
   void read_bytes(const std::string& name, void* dst, uint64_t offset = 0,
                   uint64_t n = UINT64_MAX) const;
+  // Hint that bytes [offset, offset + n) of tensor `name` (clipped to it) will be read soon:
+  // the kernel starts reading them in the background (posix_fadvise WILLNEED).
+  void prefetch(const std::string& name, uint64_t offset, uint64_t n) const;
   // Reads `count` elements starting at element `first` as f32, converting from F32/BF16/F16
   // (other dtypes throw).
   void read_f32(const std::string& name, float* dst, int64_t first = 0, int64_t count = -1) const;
@@ -116,7 +119,17 @@ class SafeTensorsWriter {
   void write_tensor(const std::string& name, const void* data);
   // Name of the tensor the next appended byte belongs to ("" when all are written).
   const std::string& next_tensor() const;
+  // Asks the kernel to start writing the bytes appended so far to disk, without waiting
+  // (sync_file_range on Linux, nothing elsewhere): a caller streaming a large file calls it
+  // every few MiB so the disk works while it produces the rest and finish()'s fsync has
+  // little left to wait for.
+  void start_writeback();
   void finish();
+  // Where the data section starts in the file (8 + header length), and the CRC-32C
+  // (checkpoint/crc32c.h) of those first data_start() bytes: with the CRCs of the data a
+  // caller computes while appending, crc32c_combine gives the whole file's CRC.
+  uint64_t data_start() const { return data_start_; }
+  uint32_t header_crc32c() const { return header_crc_; }
 
  private:
   [[noreturn]] void fail_file(const std::string& msg);
@@ -125,8 +138,11 @@ class SafeTensorsWriter {
   std::vector<StTensorDesc> tensors_;
   std::vector<uint64_t> ends_;  // cumulative data offsets
   uint64_t written_ = 0;        // data-section bytes written
+  uint64_t writeback_ = 0;      // file bytes handed to start_writeback()
   size_t cur_ = 0;              // tensor the next byte belongs to
   bool finished_ = false;
+  uint64_t data_start_ = 0;
+  uint32_t header_crc_ = 0;
 };
 
 // One-call writer for tensors already in memory.

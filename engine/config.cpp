@@ -215,6 +215,11 @@ const Node& schema() {
                 leaf("gradient_accumulation_mode", Kind::Str),
                 leaf("comm_timeout_s", Kind::Num),
                 leaf("comm_debug", Kind::Bool),
+                obj("checkpoint",
+                    {leaf("dir", Kind::Str), leaf("every_steps", Kind::Int),
+                     leaf("keep_last", Kind::Int), leaf("async", Kind::Bool),
+                     leaf("save_final", Kind::Bool), leaf("resume", Kind::Str),
+                     leaf("init_from", Kind::Str)}),
             });
   }();
   return root;
@@ -618,6 +623,10 @@ DType precision_from_name(const std::string& s) {
   return s == "bf16" ? DType::BF16 : s == "fp16" ? DType::F16 : DType::F32;
 }
 
+std::string default_checkpoint_dir(const std::string& run_dir) {
+  return (std::filesystem::path(run_dir) / "checkpoints").string();
+}
+
 // Writes every effective key of `cfg` into `r` (other keys of r are kept).
 void write_resolved(json& r, const TrainConfig& cfg) {
   const OptimizerConfig& o = cfg.optimizer;
@@ -729,6 +738,20 @@ void write_resolved(json& r, const TrainConfig& cfg) {
   }
   set_path(r, "comm_timeout_s", cfg.comm_timeout_s);
   set_path(r, "comm_debug", cfg.comm_debug);
+  const CheckpointConfig& k = cfg.checkpoint;
+  set_path(r, "checkpoint.dir", k.dir.empty() ? default_checkpoint_dir(cfg.run_dir) : k.dir);
+  set_path(r, "checkpoint.every_steps", k.every_steps);
+  set_path(r, "checkpoint.keep_last", k.keep_last);
+  set_path(r, "checkpoint.async", k.async);
+  set_path(r, "checkpoint.save_final", k.save_final);
+  if (k.resume.empty())
+    erase_path(r, "checkpoint.resume");
+  else
+    set_path(r, "checkpoint.resume", k.resume);
+  if (k.init_from.empty())
+    erase_path(r, "checkpoint.init_from");
+  else
+    set_path(r, "checkpoint.init_from", k.init_from);
 }
 
 // The number of ranks the launcher started (mpirun, srun), read from its environment without
@@ -1046,6 +1069,23 @@ TrainConfig read_config(json j, const std::string& source,
   cfg.eval_batches = (int)get_int(j, "eval_batches", cfg.eval_batches, 1, IMAX, c);
   cfg.log_every_steps = (int)get_int(j, "log_every_steps", cfg.log_every_steps, 1, IMAX, c);
   cfg.threads = (int)get_int(j, "threads", cfg.threads, 0, 4096, c);
+
+  // Checkpoints.
+  CheckpointConfig& k = cfg.checkpoint;
+  k.dir = get_str(j, "checkpoint.dir", "", {}, c);
+  if (has(j, "checkpoint.dir") && k.dir.empty()) c.bad("checkpoint.dir", "must not be empty");
+  if (k.dir.empty()) k.dir = default_checkpoint_dir(cfg.run_dir);
+  k.every_steps = (int)get_int(j, "checkpoint.every_steps", k.every_steps, 0, IMAX, c);
+  k.keep_last = (int)get_int(j, "checkpoint.keep_last", k.keep_last, 0, IMAX, c);
+  k.async = get_bool(j, "checkpoint.async", k.async);
+  k.save_final = get_bool(j, "checkpoint.save_final", k.save_final);
+  if (const json* v = at(j, "checkpoint.resume"); v && v->is_string())  // "auto" included
+    k.resume = v->get<std::string>();
+  k.init_from = get_str(j, "checkpoint.init_from", k.init_from, {}, c);
+  if (!k.resume.empty() && !k.init_from.empty())
+    c.bad("checkpoint.init_from",
+          "conflicts with checkpoint.resume ('" + k.resume +
+              "'): a resumed run takes its weights from the checkpoint; give only one");
 
   // Resolved config: the input (compatibility keys kept as given) with every effective key set
   // to its final value; parse_config(resolved_json) gives the same TrainConfig.

@@ -31,6 +31,32 @@ struct SchedulerConfig {
   std::string warmup_type = "linear";   // scheduler.params.warmup_type: linear | log (DeepSpeed's)
 };
 
+// checkpoint block: sharded checkpoints of the run (engine/checkpointer.h, docs/ARCHITECTURE.md).
+struct CheckpointConfig {
+  std::string dir;       // checkpoint.dir: "" in code = <run_dir>/checkpoints (resolved on parse)
+  int every_steps = 0;   // checkpoint.every_steps: save after every N optimizer steps (0 = off)
+  // checkpoint.keep_last: complete checkpoints kept (0 = all). 3 by default: a full save holds
+  // 12 bytes of model state per parameter, so keeping every one fills disks on long runs,
+  // while 3 survive a checkpoint found bad after the fact.
+  int keep_last = 3;
+  // checkpoint.async: write in a background thread while training continues (the snapshot is
+  // copied synchronously). Off by default, as in DeepSpeed and PyTorch DCP: the snapshot then
+  // lives alongside a training step's activations (a higher peak), the writer competes with the
+  // training threads for cores, and its errors surface a few steps later.
+  bool async = false;
+  // checkpoint.save_final: also save after the last step when every_steps > 0 (set
+  // every_steps = train_steps for only a final checkpoint). A failed final save is an error.
+  bool save_final = true;
+  // checkpoint.resume: "" = start fresh; "auto" = resume from <dir>/latest when it exists
+  // (else start fresh); otherwise a step directory or a checkpoint directory holding `latest`
+  // (must exist). `shardwise train --resume X` sets it.
+  std::string resume;
+  // checkpoint.init_from: a safetensors file of weights (as `shardwise train` or `ckpt export`
+  // write) to start from instead of the random init; optimizer state starts fresh, step 0.
+  // Not together with resume. `shardwise train --init-from FILE` sets it.
+  std::string init_from;
+};
+
 struct TrainConfig {
   std::string source;  // the config file's path (for messages)
   ModelConfig model;   // model.{type, vocab_size, n_layer, n_head, n_kv_head, d_model, d_ff, seq_len, ...}
@@ -68,6 +94,8 @@ struct TrainConfig {
   int blocks_per_unit = 1;     // blocks_per_unit: consecutive transformer blocks per FSDP unit
   double comm_timeout_s = 0;   // comm_timeout_s: watchdog limit (0 = SHARDWISE_COMM_TIMEOUT_S or 300)
   bool comm_debug = false;     // comm_debug: check that all ranks issue the same collectives
+  CheckpointConfig checkpoint;  // checkpoint.{dir, every_steps, keep_last, async, save_final,
+                                // resume, init_from}
   std::string resolved_json;   // the config after defaults and overrides, pretty-printed
   // Messages for the user that are not errors: one line listing the keys present that are
   // accepted for DeepSpeed compatibility but have no effect yet. train() prints them to stderr.

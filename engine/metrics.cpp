@@ -38,10 +38,40 @@ std::string metrics_json_line(const StepMetrics& m) {
   j["skipped_steps"] = m.skipped_steps;
   if (std::isfinite(m.loss_scale)) j["loss_scale"] = m.loss_scale;
   if (m.has_val) j["val_loss"] = num(m.val_loss);
+  if (m.ckpt_stall_s >= 0) j["ckpt_stall_s"] = num(m.ckpt_stall_s);
+  if (m.ckpt_saved >= 0) j["ckpt_saved"] = m.ckpt_saved;
+  if (m.ckpt_failed >= 0) j["ckpt_failed"] = m.ckpt_failed;
   return j.dump();
 }
 
-MetricsLog::MetricsLog(const std::string& path) : path_(path) {
+MetricsLog::MetricsLog(const std::string& path, int64_t keep_through_step) : path_(path) {
+  if (keep_through_step >= 0) {
+    std::string kept;
+    if (FILE* in = std::fopen(path.c_str(), "r")) {
+      std::string line;
+      for (int c; (c = std::fgetc(in)) != EOF;) {
+        if (c != '\n') {
+          line += static_cast<char>(c);
+          continue;
+        }
+        const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+        if (j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+            j["step"].get<int64_t>() <= keep_through_step)
+          kept += line + "\n";
+        line.clear();
+      }
+      std::fclose(in);  // a last line without '\n' was cut by a kill: dropped
+    }
+    const std::string tmp = path + ".tmp";
+    FILE* out = std::fopen(tmp.c_str(), "w");
+    const bool ok = out && std::fwrite(kept.data(), 1, kept.size(), out) == kept.size();
+    if (!out || std::fclose(out) != 0 || !ok || std::rename(tmp.c_str(), path.c_str()) != 0)
+      fail("metrics", path + ": cannot rewrite for resume (" + std::string(std::strerror(errno)) +
+                          ")");
+    f_ = std::fopen(path.c_str(), "a");
+    if (!f_) fail("metrics", path + ": cannot append (" + std::string(std::strerror(errno)) + ")");
+    return;
+  }
   f_ = std::fopen(path.c_str(), "w");
   if (!f_) fail("metrics", path + ": cannot create (" + std::string(std::strerror(errno)) + ")");
 }
@@ -69,8 +99,13 @@ std::string format_duration(double s) {
   return buf;
 }
 
-Progress::Progress(int total_steps, int log_every, bool enabled, FILE* out, int tty)
-    : total_(total_steps), every_(log_every < 1 ? 1 : log_every), enabled_(enabled), out_(out) {
+Progress::Progress(int total_steps, int log_every, bool enabled, FILE* out, int tty,
+                   int start_step)
+    : total_(total_steps),
+      every_(log_every < 1 ? 1 : log_every),
+      start_(start_step),
+      enabled_(enabled),
+      out_(out) {
   tty_ = tty < 0 ? (out && ::isatty(::fileno(out))) : tty > 0;
 }
 
@@ -84,8 +119,8 @@ void Progress::update(const StepMetrics& m, double elapsed_s) {
   if (tty_ && !last && !m.has_val && last_print_s_ >= 0 && elapsed_s - last_print_s_ < 0.05) return;
   last_print_s_ = elapsed_s;
   // ETA from the mean step time after the first step (which includes warm-up).
-  const int done = m.step;
-  double per_step = done > 1 ? (elapsed_s - first_step_s_) / (done - 1) : elapsed_s;
+  const int done = m.step, done_here = m.step - start_;
+  double per_step = done_here > 1 ? (elapsed_s - first_step_s_) / (done_here - 1) : elapsed_s;
   const double eta = per_step * (total_ - done);
   char tps[32];
   if (m.tokens_per_s >= 1e6)

@@ -14,6 +14,7 @@
 #pragma once
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
@@ -34,6 +35,12 @@ struct StepMetrics {
   double loss_scale = NAN;  // fp16: the loss scale used (NaN: not fp16, key omitted)
   double val_loss = NAN;  // NaN: no evaluation this step (key omitted)
   bool has_val = false;
+  // Checkpoint work since the previous line (keys omitted when there was none): the save
+  // after the previous step and this step's commit polling. ckpt_stall_s: time the training
+  // thread spent in it; ckpt_saved / ckpt_failed: the step of a checkpoint committed / a save
+  // that failed in that interval (-1: none).
+  double ckpt_stall_s = -1;
+  int64_t ckpt_saved = -1, ckpt_failed = -1;
 };
 
 // The JSON line for one step (no trailing newline).
@@ -42,7 +49,10 @@ std::string metrics_json_line(const StepMetrics& m);
 class MetricsLog {
  public:
   // Creates (truncates) `path`; throws sw::Error("metrics: <path>: ...") if it cannot.
-  explicit MetricsLog(const std::string& path);
+  // keep_through_step >= 0 (a resumed run): keeps the lines of `path` for steps up to and
+  // including it (a killed run may have logged further; those lines are dropped, as is a
+  // partly written last line) and appends after them.
+  explicit MetricsLog(const std::string& path, int64_t keep_through_step = -1);
   ~MetricsLog();
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;
@@ -59,14 +69,16 @@ class MetricsLog {
 // one line every `log_every` steps and at the last. metrics.jsonl always gets every step.
 class Progress {
  public:
-  // tty < 0: detect from `out`.
-  Progress(int total_steps, int log_every, bool enabled, FILE* out = stderr, int tty = -1);
+  // tty < 0: detect from `out`. start_step: steps done before this run (a resumed run),
+  // left out of the ETA's step time.
+  Progress(int total_steps, int log_every, bool enabled, FILE* out = stderr, int tty = -1,
+           int start_step = 0);
   // elapsed_s: wall time since the first step started.
   void update(const StepMetrics& m, double elapsed_s);
   void finish();  // ends an in-place line with a newline
 
  private:
-  int total_, every_;
+  int total_, every_, start_;
   bool enabled_, tty_, open_line_ = false;
   FILE* out_;
   double last_val_ = NAN;

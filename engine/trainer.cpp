@@ -25,6 +25,18 @@
 // advance the LR schedule nor AdamW's step count: both count applied steps only.
 // Without fp16, a non-finite gradient norm stays an error.
 //
+// Checkpoints (engine/checkpointer.h): with checkpoint.every_steps = E > 0, a save follows
+// every step s+1 that is a multiple of E, and the last step when checkpoint.save_final. The
+// saved TrainState holds the step count; the batches (engine/data.h), the LR and AdamW's bias
+// correction are functions of the step, and the model state is the checkpoint's, so a run
+// resumed at step N computes exactly what the uninterrupted run computed from step N on.
+// Async saves are committed at the first step start where every rank's writer is done (one
+// tiny all-reduce per step while a save is pending), and before the next save or the end.
+// A failed periodic save prints one warning line per failing rank, is recorded in
+// metrics.jsonl (ckpt_failed) and training goes on (the previous checkpoint and `latest` are
+// unchanged); a failed final save is an error (exit 1) since the run ends without the state
+// the user asked for.
+//
 // Errors with several ranks: an error every rank reaches together (a non-finite loss or
 // gradient norm, decided on reduced values) is printed once by rank 0, then every rank ends;
 // an error on some ranks only is printed with its rank and the job is aborted (comm_abort),
@@ -41,8 +53,10 @@
 #include <vector>
 
 #include "checkpoint/export.h"
+#include "checkpoint/sharded_checkpoint.h"
 #include "core/alloc.h"
 #include "core/error.h"
+#include "engine/checkpointer.h"
 #include "engine/data.h"
 #include "engine/loss_scaler.h"
 #include "engine/metrics.h"
@@ -180,6 +194,7 @@ TrainSummary train_ranks(const TrainConfig& cfg, const TrainOptions& opts, Group
   if (!cfg.val_data.empty())
     val_data = std::make_unique<TokenFile>(cfg.val_data, V, int64_t{T} + 1);
 
+  TrainSummary summary;
   MemTracker::global().reset_peaks();  // peak_mem_bytes is this run's peak
   Model model = build_model(cfg.model);
   wrap_blocks(model, cfg.blocks_per_unit);
@@ -190,12 +205,86 @@ TrainSummary train_ranks(const TrainConfig& cfg, const TrainOptions& opts, Group
   }
   ShardedModel sm(model, ops_for(Device::cpu()), cfg.seed, world_ptr, policy);
 
+  LossScaler scaler(cfg.loss_scaler);  // used with fp16 only
+  int applied = 0, skipped = 0;        // optimizer steps applied / skipped on overflow
+
+  // Where the run starts: a checkpoint (resume), exported weights (init_from), or the init.
+  const CheckpointConfig& ck = cfg.checkpoint;
+  int start = 0;
+  const std::string resume_dir = resolve_resume(ck.resume, ck.dir);
+  if (!resume_dir.empty()) {
+    const TrainState st = load_checkpoint(sm, resume_dir);
+    if (st.seed != cfg.seed)
+      fail("resume", resume_dir + ": saved by a run with seed " + std::to_string(st.seed) +
+                         ", this config has seed " + std::to_string(cfg.seed) +
+                         " (the data order depends on it; set seed to match)");
+    if (st.step > cfg.train_steps)
+      fail("resume", resume_dir + ": is at step " + std::to_string(st.step) +
+                         ", beyond train_steps (" + std::to_string(cfg.train_steps) + ")");
+    if (cfg.fp16 && st.loss_scale > 0) {  // the loss scaler continues where it was
+      scaler.scale = st.loss_scale;
+      scaler.good_steps = st.scaler_good_steps;
+      scaler.hysteresis_left = st.scaler_hysteresis_left;
+    }
+    start = static_cast<int>(st.step);
+    applied = static_cast<int>(st.optimizer_steps);
+    skipped = start - applied;
+    summary.resumed_from = resume_dir;
+    if (lead)
+      std::fprintf(stderr, "shardwise: resumed from %s at step %d\n", resume_dir.c_str(), start);
+  } else if (ck.resume == "auto" && lead) {
+    std::fprintf(stderr, "shardwise: no checkpoint in %s yet; starting at step 0\n",
+                 ck.dir.c_str());
+  }
+  if (!ck.init_from.empty()) {
+    import_safetensors(sm, ck.init_from);
+    if (lead) std::fprintf(stderr, "shardwise: initialised from %s\n", ck.init_from.c_str());
+  }
+  summary.start_step = start;
+  std::unique_ptr<Checkpointer> ckpt;
+  if (ck.every_steps > 0)
+    ckpt = std::make_unique<Checkpointer>(ck.dir, ck.keep_last, ck.async, world);
+  auto train_state = [&](int step) {
+    TrainState st;
+    st.step = step;
+    st.seed = cfg.seed;
+    st.optimizer_steps = applied;
+    if (cfg.fp16) {
+      st.loss_scale = scaler.scale;
+      st.scaler_good_steps = scaler.good_steps;
+      st.scaler_hysteresis_left = scaler.hysteresis_left;
+    }
+    st.config_json = cfg.resolved_json;
+    return st;
+  };
+  CkptEvents ckpt_since_line;  // checkpoint work not yet reported in metrics.jsonl
+  bool ckpt_activity = false;
+  auto note_ckpt = [&](const CkptEvents& ev) {
+    ckpt_activity = true;
+    ckpt_since_line.add(ev);
+    summary.ckpt_stall_s += ev.stall_s;
+    if (ev.committed >= 0) ++summary.checkpoints_saved, summary.last_checkpoint = ev.committed;
+    if (ev.failed >= 0) {
+      ++summary.checkpoints_failed;
+      if (!ev.error.empty()) {
+        std::string who = W > 1 ? "rank " + std::to_string(rank) + ": " : "";
+        std::fprintf(stderr,
+                     "shardwise: warning: %scheckpoint %s not saved: %s; the previous "
+                     "checkpoints and 'latest' are unchanged\n",
+                     who.c_str(), Checkpointer::step_name(ev.failed).c_str(), ev.error.c_str());
+      }
+    }
+  };
+
   std::unique_ptr<MetricsLog> metrics;
-  if (lead) metrics = std::make_unique<MetricsLog>((run_dir / "metrics.jsonl").string());
+  if (lead)
+    metrics = std::make_unique<MetricsLog>((run_dir / "metrics.jsonl").string(),
+                                           resume_dir.empty() ? -1 : start);
   auto write_metrics = [&](const StepMetrics& m) {
     if (metrics) metrics->write(m);
   };
-  Progress progress(cfg.train_steps, cfg.log_every_steps, opts.progress && lead);
+  Progress progress(cfg.train_steps, cfg.log_every_steps, opts.progress && lead, stderr, -1,
+                    start);
 
   std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(static_cast<size_t>(B) * T);
   const Batch batch{inputs.data(), targets.data(), B, T};
@@ -226,14 +315,11 @@ TrainSummary train_ranks(const TrainConfig& cfg, const TrainOptions& opts, Group
     return total / n;
   };
 
-  LossScaler scaler(cfg.loss_scaler);  // used with fp16 only
-  int applied = 0, skipped = 0;        // optimizer steps applied / skipped on overflow
-
-  TrainSummary summary;
   summary.unigram_entropy = train_data.unigram_entropy();
   double timed_s = 0, timed_tokens = 0;  // steps after the first
   const auto t_start = Clock::now();
-  for (int s = 0; s < cfg.train_steps; ++s) {
+  for (int s = start; s < cfg.train_steps; ++s) {
+    if (ckpt && ckpt->pending()) note_ckpt(ckpt->poll());
     const auto t0 = Clock::now();
     const CommStats c0 = sm.comm_stats();
     sm.zero_grads();
@@ -307,17 +393,50 @@ TrainSummary train_ranks(const TrainConfig& cfg, const TrainOptions& opts, Group
       summary.last_val_loss = m.val_loss;
     }
     m.peak_mem_bytes = MemTracker::global().total_peak();
+    if (ckpt_activity) {
+      m.ckpt_stall_s = ckpt_since_line.stall_s;
+      m.ckpt_saved = ckpt_since_line.committed;
+      m.ckpt_failed = ckpt_since_line.failed;
+      ckpt_since_line = CkptEvents{};
+      ckpt_activity = false;
+    }
     write_metrics(m);
     progress.update(m, seconds_since(t_start));
 
-    if (s > 0) timed_s += dt, timed_tokens += tokens_per_step;
-    if (cfg.train_steps == 1) timed_s = dt, timed_tokens = tokens_per_step;
+    if (s > start) timed_s += dt, timed_tokens += tokens_per_step;
+    if (cfg.train_steps - start == 1) timed_s = dt, timed_tokens = tokens_per_step;
     summary.steps = s + 1;
     summary.last_loss = loss;
     summary.skipped_steps = skipped;
     summary.loss_scale = cfg.fp16 ? scaler.scale : 0;
+
+    // Periodic save (the final one is below, after the loop).
+    if (ckpt && !last && (s + 1) % ck.every_steps == 0)
+      note_ckpt(ckpt->save(sm, train_state(s + 1)));
   }
   progress.finish();
+  if (ckpt) {
+    note_ckpt(ckpt->finish());  // a pending async save
+    const bool periodic_last = cfg.train_steps % ck.every_steps == 0;
+    const bool ran = start < cfg.train_steps;
+    if (ran && (ck.save_final || periodic_last)) {
+      CkptEvents ev = ckpt->save(sm, train_state(cfg.train_steps));
+      ev.add(ckpt->finish());
+      const bool failed = ev.failed >= 0;
+      const std::string err = ev.error;
+      ev.error.clear();  // reported below, as an error rather than a warning
+      note_ckpt(ev);
+      if (failed) {
+        if (rank != 0 && !err.empty())  // rank 0 prints the collective error
+          std::fprintf(stderr, "shardwise: error: rank %d: final checkpoint not saved: %s\n", rank,
+                       err.c_str());
+        throw CollectiveError("train: the final checkpoint " +
+                              Checkpointer::step_name(cfg.train_steps) + " was not saved" +
+                              (err.empty() ? " (see the ranks' messages)" : ": " + err) +
+                              "; the previous checkpoints and 'latest' are unchanged");
+      }
+    }
+  }
   summary.tokens_per_s = timed_s > 0 ? timed_tokens / timed_s : 0;
 
   if (opts.export_weights) {

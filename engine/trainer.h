@@ -2,6 +2,7 @@
 // LR schedule, periodic validation, metrics.jsonl, a live progress line, and the final
 // weights exported to <run_dir>/model.safetensors with Hugging Face names.
 #pragma once
+#include <cstdint>
 #include <string>
 
 #include "engine/config.h"
@@ -22,6 +23,13 @@ struct TrainSummary {
   int skipped_steps = 0;      // fp16: optimizer steps skipped because gradients overflowed
   double loss_scale = 0;      // fp16: the loss scale at the end (0 otherwise)
   std::string weights_path;   // "" when not exported
+  // Checkpoints (checkpoint block).
+  int start_step = 0;          // > 0 when resumed
+  std::string resumed_from;    // the step directory resumed from ("" = none)
+  int checkpoints_saved = 0;   // committed by this run
+  int checkpoints_failed = 0;
+  int64_t last_checkpoint = -1;  // step of the last committed checkpoint
+  double ckpt_stall_s = 0;     // total time the training thread spent checkpointing (rank 0)
 };
 
 TrainSummary train(const TrainConfig& cfg, const TrainOptions& opts = {});

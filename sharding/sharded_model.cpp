@@ -824,3 +824,99 @@ void ShardedModel::set_param(const std::string& name, const float* data, int64_t
 }
 
 }  // namespace sw
+
+// ---- Checkpoint access (see sharded_model.h; used by checkpoint/sharded_checkpoint.cpp) ------
+
+namespace sw {
+
+namespace {
+
+FlatRange clip_used(Range r, int64_t used) { return {std::min(r.lo, used), std::min(r.hi, used)}; }
+
+}  // namespace
+
+int ShardedModel::num_units() const { return static_cast<int>(impl_->units.size()); }
+
+const FlatLayout& ShardedModel::unit_layout(int u) const {
+  SW_CHECK(u >= 0 && u < num_units(), "unit index out of range");
+  return impl_->units[static_cast<size_t>(u)]->layout();
+}
+
+std::string ShardedModel::unit_name(int u) const {
+  SW_CHECK(u >= 0 && u < num_units(), "unit index out of range");
+  return impl_->units[static_cast<size_t>(u)]->unit()->name();
+}
+
+FlatRange ShardedModel::owned_range(int u) const {
+  const Impl& I = *impl_;
+  const FlatUnit& fu = *I.units[static_cast<size_t>(u)];
+  const FlatRange s = clip_used(fu.shard_range(), fu.layout().used);
+  // Replica q of R holding this shard writes the q-th of R even parts.
+  const int64_t q = I.world->rank() / I.S, R = I.R, n = s.size();
+  return {s.lo + n * q / R, s.lo + n * (q + 1) / R};
+}
+
+FlatRange ShardedModel::held_range(int u, StateKind k) const {
+  const FlatUnit& fu = *impl_->units[static_cast<size_t>(u)];
+  const int64_t used = fu.layout().used;
+  if (fu.kind() == FlatUnit::Kind::Whole ||
+      (fu.kind() == FlatUnit::Kind::FullReplicated && k == StateKind::Master))
+    return {0, used};
+  return clip_used(fu.shard_range(), used);
+}
+
+namespace {
+
+// Pointer to flat index `lo` of kind k's storage (index-shifted so [held] is addressable).
+float* state_base(FlatUnit& fu, ShardedModel::StateKind k) {
+  const Range sh = fu.shard_range();
+  switch (k) {
+    case ShardedModel::StateKind::Master:
+      // Whole and stage 1 keep the full buffer (the master is a view into it).
+      return fu.kind() == FlatUnit::Kind::Sharded ? fu.master() - sh.lo : fu.full();
+    case ShardedModel::StateKind::ExpAvg:
+      return fu.adam_m() - (fu.kind() == FlatUnit::Kind::Whole ? 0 : sh.lo);
+    case ShardedModel::StateKind::ExpAvgSq:
+      return fu.adam_v() - (fu.kind() == FlatUnit::Kind::Whole ? 0 : sh.lo);
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+const float* ShardedModel::state_view(int u, StateKind k, FlatRange r) const {
+  Impl& I = *impl_;
+  SW_CHECK(I.ops->device().is_cpu(), "checkpoint state access reads host memory");
+  FlatUnit& fu = *I.units[static_cast<size_t>(u)];
+  const FlatRange h = held_range(u, k);
+  SW_CHECK(r.lo >= h.lo && r.hi <= h.hi, "state_view outside the held range");
+  // Stage 1: the slices of other ranks arrive with the regather issued after the update.
+  if (!r.empty() && fu.kind() == FlatUnit::Kind::FullReplicated && k == StateKind::Master)
+    fu.wait_unshard();
+  return state_base(fu, k) + r.lo;
+}
+
+void ShardedModel::read_state(int u, StateKind k, FlatRange r, float* dst) const {
+  if (r.empty()) return;
+  std::memcpy(dst, state_view(u, k, r), static_cast<size_t>(r.size()) * sizeof(float));
+}
+
+void ShardedModel::write_state(int u, StateKind k, FlatRange r, const float* src) {
+  Impl& I = *impl_;
+  SW_CHECK(I.ops->device().is_cpu(), "checkpoint state access writes host memory");
+  FlatUnit& fu = *I.units[static_cast<size_t>(u)];
+  const FlatRange h = held_range(u, k);
+  SW_CHECK(r.lo >= h.lo && r.hi <= h.hi, "write_state outside the held range");
+  if (r.empty()) return;
+  if (k == StateKind::Master) {
+    release_full_params();
+    if (fu.persistent()) fu.wait_unshard();  // a regather in flight would overwrite the data
+    if (fu.kind() == FlatUnit::Kind::Sharded && fu.holds_gathered()) {  // stale after this
+      fu.wait_unshard();
+      fu.reshard();
+    }
+  }
+  std::memcpy(state_base(fu, k) + r.lo, src, static_cast<size_t>(r.size()) * sizeof(float));
+}
+
+}  // namespace sw

@@ -44,6 +44,13 @@
 
 namespace sw {
 
+// A half-open float range [lo, hi) of a unit's flat buffer (checkpoint access below).
+struct FlatRange {
+  int64_t lo = 0, hi = 0;
+  int64_t size() const { return hi > lo ? hi - lo : 0; }
+  bool empty() const { return hi <= lo; }
+};
+
 struct AdamWParams {
   float lr = 3e-4f;
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
@@ -110,6 +117,38 @@ class ShardedModel {
   // Communication time of the groups this model uses (comm_s, exposed_s summed over them).
   CommStats comm_stats() const;
   void reset_comm_stats();
+
+  // ---- Checkpoint access (checkpoint/sharded_checkpoint.*) ----------------------------------
+  // A unit's flat state is three fp32 buffers over its FlatLayout: master parameters, AdamW m
+  // and AdamW v, each `padded` floats of which [0, used) matter (alignment gaps and padding
+  // are zero). Ranges are in floats of that flat buffer; `layout.world` is the shard group
+  // size S, not the world size.
+  //
+  // owned_range(u): what this rank WRITES to a checkpoint, the same range for all three kinds.
+  // Disjoint across the world's ranks and together exactly [0, used): the rank's shard (the
+  // whole buffer when S == 1) clipped to `used`, split evenly among the R = W / S replicas that
+  // hold it, replica q (= world rank / S) taking the q-th part. So NO_SHARD's W ranks each
+  // write 1/W of every unit and HYBRID's replicas share their shard's writing.
+  // held_range(u, k): what this rank STORES of kind k and must load: the shard clipped to
+  // `used` (sharded strategies), [0, used) for stage 1's master (its persistent full buffer)
+  // and for everything with S == 1.
+  enum class StateKind : uint8_t { Master, ExpAvg, ExpAvgSq };
+  int num_units() const;
+  const FlatLayout& unit_layout(int u) const;
+  std::string unit_name(int u) const;
+  FlatRange owned_range(int u) const;
+  FlatRange held_range(int u, StateKind k) const;
+  // Local. Copy r (inside held_range(u, k)) out of / into this rank's state. Before reading,
+  // pending updates are complete (a stage-1 regather is waited for); writing master data drops
+  // any gathered copy of the unit (it is stale) and any gather_full_params copy. write_state
+  // of a stage-1 master range must cover what other ranks would otherwise regather: callers
+  // load held_range entirely (load_checkpoint does).
+  void read_state(int u, StateKind k, FlatRange r, float* dst) const;
+  // Local. r (inside held_range(u, k)) in place, after the same wait as read_state: for a
+  // reader that would only copy it elsewhere (a synchronous checkpoint writes it to disk).
+  // Valid until the state next changes (optimizer step, write_state, regather).
+  const float* state_view(int u, StateKind k, FlatRange r) const;
+  void write_state(int u, StateKind k, FlatRange r, const float* src);
 
  private:
   struct Impl;

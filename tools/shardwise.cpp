@@ -31,6 +31,7 @@
 #include "kernels/ops.h"
 #include "models/model.h"
 #include "sharding/sharded_model.h"
+#include "tools/ckpt_cmd.h"
 
 #ifndef SW_VERSION
 #define SW_VERSION "0.1.0"
@@ -60,8 +61,10 @@ const char* kMainHelp =
     "\n"
     "Commands:\n"
     "  train CONFIG [--set key.path=value]...   train a model described by a JSON config\n"
+    "        [--resume DIR|auto] [--init-from FILE]  (continue from a checkpoint / weights)\n"
     "  data prepare TEXT... --out FILE.bin      byte-level tokenize text into a .bin token file\n"
     "  sample --config CFG --prompt TEXT ...    generate text from trained weights\n"
+    "  ckpt export|inspect|verify DIR ...       consolidate, list or check a sharded checkpoint\n"
     "\n"
     "Options:\n"
     "  -h, --help      show this help (also `shardwise <command> --help`)\n"
@@ -82,7 +85,19 @@ const char* kTrainHelp =
     "                    (VALUE is parsed as JSON, otherwise taken as a string); repeatable\n"
     "  --quiet           no live progress line on stderr\n"
     "  --no-export       do not write model.safetensors\n"
-    "  -h, --help        show this help\n";
+    "  --resume DIR      continue a run from a checkpoint: a step directory (<dir>/step_N) or a\n"
+    "                    checkpoint directory (its 'latest' file names the step); 'auto' =\n"
+    "                    <checkpoint.dir>/latest when it exists, else start fresh. The run\n"
+    "                    continues exactly as if never stopped (same losses, same weights);\n"
+    "                    metrics.jsonl is appended to (sets checkpoint.resume)\n"
+    "  --init-from FILE  start from the weights in a safetensors file (model.safetensors, or\n"
+    "                    `shardwise ckpt export` output) with fresh optimizer state, step 0\n"
+    "                    (sets checkpoint.init_from)\n"
+    "  -h, --help        show this help\n"
+    "\n"
+    "Checkpoints: set checkpoint.every_steps (e.g. --set checkpoint.every_steps=500) to save\n"
+    "<run_dir>/checkpoints/step_N every N steps (and after the last step); checkpoint.keep_last\n"
+    "(default 3), checkpoint.async (write in the background), checkpoint.dir.\n";
 
 const char* kDataHelp =
     "Usage: shardwise data prepare TEXT... --out FILE.bin [--val FILE.bin] [--val-fraction F]\n"
@@ -202,6 +217,22 @@ int launcher_rank() {
 
 // ---- train ---------------------------------------------------------------------------------
 
+// `s` as a JSON string literal (for --set values that must stay strings).
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+      continue;
+    }
+    out += c;
+  }
+  return out + "\"";
+}
+
 int cmd_train(const std::vector<std::string>& args) {
   const std::string cmd = "train";
   std::optional<std::string> config;
@@ -221,6 +252,12 @@ int cmd_train(const std::vector<std::string>& args) {
       opts.progress = false;
     } else if (a == "--no-export") {
       opts.export_weights = false;
+    } else if (take_value(args, i, "--resume", cmd, v)) {
+      if (v.empty()) usage_fail(cmd, "--resume expects a checkpoint directory or 'auto'");
+      overrides.push_back("checkpoint.resume=" + json_string(v));
+    } else if (take_value(args, i, "--init-from", cmd, v)) {
+      if (v.empty()) usage_fail(cmd, "--init-from expects a safetensors file");
+      overrides.push_back("checkpoint.init_from=" + json_string(v));
     } else if (a.size() > 1 && a[0] == '-') {
       unknown_option(cmd, a);
     } else if (!config) {
@@ -247,6 +284,12 @@ int cmd_train(const std::vector<std::string>& args) {
   std::printf("  unigram entropy    %.4f nats (byte-unigram loss of the training data)\n",
               s.unigram_entropy);
   std::printf("  tokens/s           %.0f\n", s.tokens_per_s);
+  if (!s.resumed_from.empty())
+    std::printf("  resumed from       %s (step %d)\n", s.resumed_from.c_str(), s.start_step);
+  if (s.checkpoints_saved > 0 || s.checkpoints_failed > 0)
+    std::printf("  checkpoints        %d saved, %d failed, last step_%lld in %s (stall %.2f s)\n",
+                s.checkpoints_saved, s.checkpoints_failed, (long long)s.last_checkpoint,
+                cfg.checkpoint.dir.c_str(), s.ckpt_stall_s);
   std::printf("  weights            %s\n", s.weights_path.empty() ? "(not exported)"
                                                                  : s.weights_path.c_str());
   std::fflush(stdout);
@@ -425,6 +468,7 @@ int run(const std::vector<std::string>& args) {
   if (c == "train") return cmd_train(rest);
   if (c == "data") return cmd_data(rest);
   if (c == "sample") return cmd_sample(rest);
+  if (c == "ckpt") return sw::cmd_ckpt(rest);
   if (c == "help") {
     if (rest.empty()) {
       std::cout << kMainHelp;
@@ -433,7 +477,7 @@ int run(const std::vector<std::string>& args) {
     return run({rest[0], "--help"});
   }
   if (c.size() > 1 && c[0] == '-') usage_fail("", "unknown option '" + c + "'");
-  usage_fail("", "unknown command '" + c + "' (expected train, data or sample)");
+  usage_fail("", "unknown command '" + c + "' (expected train, data, sample or ckpt)");
 }
 
 // One line, no embedded newlines (a multi-line message would break the one-line contract).

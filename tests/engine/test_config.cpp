@@ -329,7 +329,18 @@ TEST_CASE("config: config_json round-trips programmatic and llama configs") {
   c.optimizer.lr = 1.7e-4f;
   c.scheduler.type = "Constant";
   c.seed = 18446744073709551615ull;
+  c.checkpoint.every_steps = 7;
+  c.checkpoint.keep_last = 0;
+  c.checkpoint.async = true;
+  c.checkpoint.save_final = false;
+  c.checkpoint.resume = "auto";
   const TrainConfig b = parse_config(config_json(c), "x");
+  CHECK(b.checkpoint.dir == "runs/default/checkpoints");  // "" in code: the default
+  CHECK(b.checkpoint.every_steps == 7);
+  CHECK(b.checkpoint.keep_last == 0);
+  CHECK(b.checkpoint.async);
+  CHECK(!b.checkpoint.save_final);
+  CHECK(b.checkpoint.resume == "auto");
   CHECK(b.model.type == "llama");
   CHECK(b.model.n_kv_head == 2);
   CHECK(b.optimizer.lr == 1.7e-4f);

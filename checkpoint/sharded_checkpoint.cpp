@@ -1,0 +1,943 @@
+// Sharded checkpoints: the format and protocol are described in sharded_checkpoint.h and
+// docs/ARCHITECTURE.md ("Checkpoints"). Integrity: every tensor's bytes are checksummed in
+// fixed blocks of kBlockBytes (relative to the tensor's start; the last one shorter), so a
+// rank that reads part of a tensor reads the whole blocks around that part and checks them;
+// the tensor CRC and the file CRC (header included) are combined from the block CRCs, so the
+// data is checksummed once, while it is written.
+#include "checkpoint/sharded_checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "checkpoint/crc32c.h"
+#include "checkpoint/hf_layout.h"
+#include "checkpoint/safetensors.h"
+#include "core/alloc.h"
+#include "core/error.h"
+#include "sharding/sharded_model.h"
+
+namespace sw {
+
+namespace fs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+using StateKind = ShardedModel::StateKind;
+
+namespace {
+
+constexpr uint64_t kBlockBytes = uint64_t{1} << 20;  // checksum block
+constexpr const char* kFormatName = "shardwise-checkpoint";
+constexpr const char* kKindNames[3] = {"master", "exp_avg", "exp_avg_sq"};
+
+std::string errno_str() { return std::strerror(errno); }
+
+std::string hex32(uint32_t v) {
+  char b[16];
+  std::snprintf(b, sizeof b, "%08x", v);
+  return b;
+}
+
+std::string tensor_name(int unit, int kind, int64_t lo, int64_t hi) {
+  return "u" + std::to_string(unit) + "." + kKindNames[kind] + "[" + std::to_string(lo) + ":" +
+         std::to_string(hi) + "]";
+}
+
+// fsync of a directory (makes renames and creations inside it durable).
+void fsync_dir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) fail("checkpoint", dir + ": cannot open the directory to fsync (" + errno_str() + ")");
+  const int rc = ::fsync(fd);
+  const std::string err = errno_str();
+  ::close(fd);
+  if (rc != 0) fail("checkpoint", dir + ": fsync of the directory failed (" + err + ")");
+}
+
+std::string parent_dir(const std::string& p) {
+  fs::path parent = fs::path(p).lexically_normal().parent_path();
+  if (parent.empty()) return ".";
+  return parent.string();
+}
+
+// Writes `text` to path (create/truncate), fsyncs it.
+void write_file_synced(const std::string& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("checkpoint", path + ": cannot create (" + errno_str() + ")");
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string err = errno_str();
+      ::close(fd);
+      fail("checkpoint", path + ": write failed (" + err + ")");
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    const std::string err = errno_str();
+    ::close(fd);
+    fail("checkpoint", path + ": fsync failed (" + err + ")");
+  }
+  if (::close(fd) != 0) fail("checkpoint", path + ": close failed (" + errno_str() + ")");
+}
+
+}  // namespace
+
+// ---- Snapshot --------------------------------------------------------------------------------
+
+struct SnapTensor {
+  int unit = 0, kind = 0;
+  int64_t lo = 0, hi = 0;        // floats of the unit's flat buffer
+  int64_t at = 0;                // floats into CheckpointSnapshot::data
+  std::vector<uint32_t> blocks;  // CRC-32C per kBlockBytes block (filled with the data)
+};
+
+struct CheckpointSnapshot {
+  int rank = 0, world = 1, shard_group = 1;
+  std::string strategy;
+  ModelConfig config;
+  TrainState state;
+  ojson units;  // the model's layout as metadata.json records it
+  std::vector<SnapTensor> tensors;
+  int64_t floats = 0;  // sum of the tensors' sizes
+  // Either the copied data, with every block's CRC already in `tensors`, or (save_checkpoint's
+  // synchronous path) the model itself, read and checksummed while writing.
+  Buffer data;
+  const ShardedModel* source = nullptr;
+  // Set by write_snapshot (the file's entry in metadata.json), read by commit_checkpoint.
+  mutable std::string file_entry;
+};
+
+void SnapshotDeleter::operator()(CheckpointSnapshot* s) const { delete s; }
+
+int64_t snapshot_bytes(const CheckpointSnapshot& s) { return s.floats * 4; }
+
+namespace {
+
+ojson layout_json(const ShardedModel& sm) {
+  ojson units = ojson::array();
+  for (int u = 0; u < sm.num_units(); ++u) {
+    const FlatLayout& L = sm.unit_layout(u);
+    ojson params = ojson::array();
+    for (size_t s = 0; s < L.specs.size(); ++s) {
+      const ParamSpec& p = L.specs[s];
+      params.push_back({{"name", p.name},
+                        {"shape", p.shape},
+                        {"offset", L.entries[s].offset},
+                        {"numel", L.entries[s].numel},
+                        {"hf_name", hf_file_name(p)},
+                        {"hf_transpose", p.hf_transpose}});
+    }
+    units.push_back({{"name", sm.unit_name(u)},
+                     {"numel", L.used},
+                     {"padded", L.padded},
+                     {"dtype", "F32"},
+                     {"params", std::move(params)}});
+  }
+  return units;
+}
+
+ojson state_json(const TrainState& s) {
+  return {{"step", s.step},
+          {"seed", s.seed},
+          {"optimizer_steps", s.optimizer_steps},
+          {"loss_scale", s.loss_scale},
+          {"scaler_good_steps", s.scaler_good_steps},
+          {"scaler_hysteresis_left", s.scaler_hysteresis_left},
+          {"config_json", s.config_json}};
+}
+
+// Everything but the data: identity, layout, and the tensors this rank writes.
+SnapshotPtr describe_snapshot(const ShardedModel& sm, const TrainState& state) {
+  SnapshotPtr s(new CheckpointSnapshot);
+  s->rank = sm.rank();
+  s->world = sm.world();
+  s->shard_group = sm.num_units() > 0 ? sm.unit_layout(0).world : 1;
+  s->strategy = strategy_name(sm.policy().strategy);
+  s->config = const_cast<ShardedModel&>(sm).model().config;
+  s->state = state;
+  s->units = layout_json(sm);
+  for (int u = 0; u < sm.num_units(); ++u) {
+    const FlatRange r = sm.owned_range(u);
+    if (r.empty()) continue;
+    for (int k = 0; k < 3; ++k) {
+      s->tensors.push_back({u, k, r.lo, r.hi, s->floats, {}});
+      s->floats += r.size();
+    }
+  }
+  return s;
+}
+
+// Copies block b of tensor t out of the model into dst and returns its CRC, computed while
+// the block is still in cache (one pass over the model's memory for both).
+uint32_t copy_block(const ShardedModel& sm, const SnapTensor& t, uint64_t b, float* dst) {
+  constexpr int64_t kBlockFloats = static_cast<int64_t>(kBlockBytes / 4);
+  const int64_t lo = t.lo + static_cast<int64_t>(b) * kBlockFloats;
+  const int64_t hi = std::min(t.hi, lo + kBlockFloats);
+  sm.read_state(t.unit, static_cast<StateKind>(t.kind), {lo, hi}, dst);
+  return crc32c(dst, static_cast<size_t>(hi - lo) * 4);
+}
+
+uint64_t num_blocks(const SnapTensor& t) {
+  return (static_cast<uint64_t>(t.hi - t.lo) * 4 + kBlockBytes - 1) / kBlockBytes;
+}
+
+}  // namespace
+
+SnapshotPtr snapshot_checkpoint(const ShardedModel& sm, const TrainState& state, SnapshotPtr reuse) {
+  SnapshotPtr s = describe_snapshot(sm, state);
+  const size_t bytes = static_cast<size_t>(std::max<int64_t>(s->floats, 1)) * sizeof(float);
+  if (reuse && reuse->data.bytes() == bytes && reuse->data.device().is_cpu())
+    s->data = std::move(reuse->data);  // already faulted in: no page faults in the copy below
+  else
+    s->data = Buffer(bytes, Mem::Workspace);
+  reuse.reset();
+  for (SnapTensor& t : s->tensors) {
+    const uint64_t nb = num_blocks(t);
+    t.blocks.resize(nb);
+    for (uint64_t b = 0; b < nb; ++b)
+      t.blocks[b] = copy_block(sm, t, b, s->data.f32() + t.at + static_cast<int64_t>(b * kBlockBytes / 4));
+  }
+  return s;
+}
+
+// ---- Write -----------------------------------------------------------------------------------
+
+namespace {
+
+constexpr uint64_t kWriteChunk = 8 * kBlockBytes;  // bytes per write() call
+
+// Writes the snapshot's file. From a copied snapshot this is pure I/O (the CRCs are known);
+// from the model (s.source) the data is written in place, each chunk checksummed just before
+// it is written: no copy besides the kernel's.
+void write_shard(const CheckpointSnapshot& s, const std::string& tmp_dir) {
+  std::error_code ec;
+  fs::create_directories(tmp_dir, ec);
+  if (ec) fail("checkpoint", tmp_dir + ": cannot create the directory (" + ec.message() + ")");
+  const std::string fname = "rank_" + std::to_string(s.rank) + ".safetensors";
+  const std::string path = tmp_dir + "/" + fname;
+
+  std::vector<StTensorDesc> descs;
+  for (const SnapTensor& t : s.tensors)
+    descs.push_back({tensor_name(t.unit, t.kind, t.lo, t.hi), StDType::F32, {t.hi - t.lo}});
+  SafeTensorsWriter w(path, descs,
+                      {{"format", kFormatName},
+                       {"rank", std::to_string(s.rank)},
+                       {"world_size", std::to_string(s.world)}});
+
+  // Streamed from the model: block CRCs are computed here, per tensor.
+  std::vector<std::vector<uint32_t>> streamed_blocks;
+  if (s.source) {
+    streamed_blocks.resize(s.tensors.size());
+    for (size_t i = 0; i < s.tensors.size(); ++i) {
+      const SnapTensor& t = s.tensors[i];
+      const auto* p = reinterpret_cast<const unsigned char*>(
+          s.source->state_view(t.unit, static_cast<StateKind>(t.kind), {t.lo, t.hi}));
+      const uint64_t nb = num_blocks(t), bytes = static_cast<uint64_t>(t.hi - t.lo) * 4;
+      streamed_blocks[i].resize(nb);
+      // Each chunk is checksummed, then written while still in cache.
+      for (uint64_t off = 0; off < bytes; off += kWriteChunk) {
+        const uint64_t n = std::min(kWriteChunk, bytes - off);
+        for (uint64_t b = off; b < off + n; b += kBlockBytes)
+          streamed_blocks[i][b / kBlockBytes] = crc32c(p + b, std::min(kBlockBytes, bytes - b));
+        w.append(p + off, n);
+        if (n == kWriteChunk) w.start_writeback();  // a small tail is left to the fsync
+      }
+    }
+  } else {
+    const auto* p = reinterpret_cast<const unsigned char*>(s.data.data());
+    const uint64_t total = static_cast<uint64_t>(s.floats) * 4;
+    for (uint64_t off = 0; off < total; off += kWriteChunk) {
+      const uint64_t n = std::min(kWriteChunk, total - off);
+      w.append(p + off, n);
+      if (n == kWriteChunk) w.start_writeback();
+    }
+  }
+
+  uint32_t file_crc = w.header_crc32c();
+  uint64_t pos = w.data_start();
+  ojson tensors = ojson::array();
+  for (size_t i = 0; i < s.tensors.size(); ++i) {
+    const SnapTensor& t = s.tensors[i];
+    const std::vector<uint32_t>& blocks = s.source ? streamed_blocks[i] : t.blocks;
+    const uint64_t bytes = static_cast<uint64_t>(t.hi - t.lo) * sizeof(float);
+    uint32_t tcrc = 0;
+    for (size_t b = 0; b < blocks.size(); ++b)
+      tcrc = b == 0 ? blocks[b]
+                    : crc32c_combine(tcrc, blocks[b], std::min(kBlockBytes, bytes - b * kBlockBytes));
+    file_crc = crc32c_combine(file_crc, tcrc, bytes);
+    tensors.push_back({{"name", descs[i].name},
+                       {"unit", t.unit},
+                       {"kind", kKindNames[t.kind]},
+                       {"lo", t.lo},
+                       {"hi", t.hi},
+                       {"offset", pos},
+                       {"bytes", bytes},
+                       {"crc32c", tcrc},
+                       {"block_crc32c", blocks}});
+    pos += bytes;
+  }
+  w.finish();  // fsyncs the file, renames it into place and fsyncs tmp_dir
+  ojson entry = {{"file", fname},
+                 {"rank", s.rank},
+                 {"bytes", pos},
+                 {"crc32c", file_crc},
+                 {"tensors", std::move(tensors)}};
+  s.file_entry = entry.dump();
+}
+
+}  // namespace
+
+void write_snapshot(const CheckpointSnapshot& s, const std::string& tmp_dir) {
+  write_shard(s, tmp_dir);
+}
+
+// ---- Commit ----------------------------------------------------------------------------------
+
+namespace {
+
+// Every rank's string, in rank order (raw all-gathers of lengths, then of padded bytes).
+std::vector<std::string> all_gather_strings(Group& g, const std::string& mine) {
+  const int W = g.size();
+  if (W == 1) return {mine};
+  int64_t len = static_cast<int64_t>(mine.size());
+  std::vector<int64_t> lens(static_cast<size_t>(W));
+  g.all_gather(&len, lens.data(), 2, DType::F32);  // 8 bytes as two 4-byte words
+  const int64_t maxlen = *std::max_element(lens.begin(), lens.end());
+  const int64_t words = (maxlen + 3) / 4;
+  std::vector<char> send(static_cast<size_t>(std::max<int64_t>(words, 1) * 4), 0),
+      recv(send.size() * static_cast<size_t>(W));
+  std::memcpy(send.data(), mine.data(), mine.size());
+  g.all_gather(send.data(), recv.data(), std::max<int64_t>(words, 1), DType::F32);
+  std::vector<std::string> out;
+  for (int r = 0; r < W; ++r)
+    out.emplace_back(recv.data() + send.size() * static_cast<size_t>(r),
+                     static_cast<size_t>(lens[static_cast<size_t>(r)]));
+  return out;
+}
+
+// The metadata document with its self-checksum: "metadata_crc32c" is the CRC-32C of the
+// document's compact dump without that key (ordered, so the dump is reproducible).
+std::string seal_metadata(ojson j) {
+  j.erase("metadata_crc32c");
+  const uint32_t c = crc32c(j.dump().data(), j.dump().size());
+  j["metadata_crc32c"] = c;
+  return j.dump(1) + "\n";
+}
+
+bool any_rank(Group& g, bool v) {
+  float f = v ? 1.f : 0.f, out = 0;
+  g.all_reduce(&f, &out, 1, ReduceOp::Max);
+  return out > 0;
+}
+
+}  // namespace
+
+bool commit_checkpoint(Group& g, const CheckpointSnapshot& s, bool ok, const std::string& tmp_dir,
+                       const std::string& final_dir) {
+  const bool all_ok = !any_rank(g, !ok);
+  std::vector<std::string> entries = all_gather_strings(g, all_ok ? s.file_entry : std::string());
+  if (!all_ok) {
+    if (g.rank() == 0) {
+      std::error_code ec;
+      fs::remove_all(tmp_dir, ec);
+    }
+    g.barrier();
+    return false;
+  }
+  std::string error;
+  if (g.rank() == 0) {
+    try {
+      ojson meta = {{"format", kFormatName},
+                    {"format_version", kCheckpointFormatVersion},
+                    {"model_config", model_config_to_json(s.config)},
+                    {"world_size", s.world},
+                    {"strategy", s.strategy},
+                    {"shard_group_size", s.shard_group},
+                    {"dtype", "F32"},
+                    {"block_bytes", kBlockBytes},
+                    {"tensor_names", "u<unit>.<master|exp_avg|exp_avg_sq>[<lo>:<hi>], floats of "
+                                     "the unit's flat buffer"},
+                    {"train_state", state_json(s.state)},
+                    {"units", s.units}};
+      ojson files = ojson::array();
+      for (const std::string& e : entries) files.push_back(ojson::parse(e));
+      meta["files"] = std::move(files);
+      write_file_synced(tmp_dir + "/metadata.json", seal_metadata(std::move(meta)));
+      fsync_dir(tmp_dir);
+      std::error_code ec;
+      std::string old;
+      if (fs::exists(final_dir, ec)) {  // saving the same step again: replace it
+        old = final_dir + ".old";
+        fs::remove_all(old, ec);
+        fs::rename(final_dir, old, ec);
+        if (ec) fail("checkpoint", final_dir + ": cannot move the existing directory aside (" +
+                                       ec.message() + ")");
+      }
+      fs::rename(tmp_dir, final_dir, ec);
+      if (ec)
+        fail("checkpoint", "cannot rename " + tmp_dir + " to " + final_dir + " (" + ec.message() + ")");
+      fsync_dir(parent_dir(final_dir));
+      if (!old.empty()) fs::remove_all(old, ec);
+    } catch (const std::exception& e) {
+      error = e.what();
+      std::error_code ec;
+      fs::remove_all(tmp_dir, ec);
+    }
+  }
+  int status = error.empty() ? 1 : 0;
+  float f = static_cast<float>(status);
+  g.broadcast(&f, 1, 0);
+  if (!error.empty()) throw Error(error);
+  if (f != 1.f) fail("checkpoint", "rank 0 could not commit " + final_dir + " (see its error)");
+  return true;
+}
+
+SnapshotPtr view_checkpoint(const ShardedModel& sm, const TrainState& state) {
+  SnapshotPtr snap = describe_snapshot(sm, state);
+  snap->source = &sm;
+  return snap;
+}
+
+void save_checkpoint(const ShardedModel& sm, const TrainState& state, const std::string& final_dir) {
+  // Synchronous: the model cannot change during the call, so the file is written straight
+  // from its memory (no snapshot copy).
+  SnapshotPtr snap = describe_snapshot(sm, state);
+  snap->source = &sm;
+  const std::string tmp = final_dir + ".tmp";
+  std::string error;
+  try {
+    write_snapshot(*snap, tmp);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  if (!commit_checkpoint(sm.group(), *snap, error.empty(), tmp, final_dir)) {
+    if (!error.empty()) throw Error(error);
+    fail("checkpoint", final_dir + ": another rank failed to write its shard; nothing was saved");
+  }
+}
+
+// ---- Reading metadata ------------------------------------------------------------------------
+
+namespace {
+
+struct FileTensor {
+  std::string name;
+  int unit = 0, kind = 0;
+  int64_t lo = 0, hi = 0;
+  uint64_t offset = 0, bytes = 0;  // offset: absolute in the file
+  uint32_t crc = 0;
+  std::vector<uint32_t> blocks;
+};
+struct FileEntry {
+  std::string file;  // name inside the step directory
+  uint64_t bytes = 0;
+  uint32_t crc = 0;
+  std::vector<FileTensor> tensors;
+};
+struct ParamMeta {
+  std::string name, hf_name;
+  Shape shape;
+  int64_t offset = 0, numel = 0;
+  bool hf_transpose = false;
+};
+struct UnitMeta {
+  std::string name;
+  int64_t numel = 0, padded = 0;
+  std::vector<ParamMeta> params;
+};
+struct Meta {
+  std::string dir, path;  // step directory, metadata.json
+  int version = 0, world = 0, shard_group = 0;
+  std::string strategy;
+  nlohmann::json config_json;
+  ModelConfig config;
+  uint64_t block_bytes = kBlockBytes;
+  TrainState state;
+  std::vector<UnitMeta> units;
+  std::vector<FileEntry> files;
+};
+
+// Typed access with one-line errors naming metadata.json and the key path.
+struct MetaReader {
+  std::string path;
+  [[noreturn]] void bad(const std::string& where, const std::string& what) const {
+    fail("checkpoint", path + ": " + where + " " + what);
+  }
+  const nlohmann::json& at(const nlohmann::json& j, const char* key, const std::string& where) const {
+    if (!j.is_object() || !j.contains(key)) bad(where, std::string("has no '") + key + "'");
+    return j.at(key);
+  }
+  template <class T>
+  T get(const nlohmann::json& j, const char* key, const std::string& where) const {
+    const nlohmann::json& v = at(j, key, where);
+    try {
+      return v.get<T>();
+    } catch (const std::exception&) {
+      bad(where + "." + key, "has the wrong type");
+    }
+  }
+  int64_t get_nonneg(const nlohmann::json& j, const char* key, const std::string& where) const {
+    const nlohmann::json& v = at(j, key, where);
+    if (!v.is_number_integer() || v.get<int64_t>() < 0)
+      bad(where + "." + key, "must be a non-negative integer");
+    return v.get<int64_t>();
+  }
+  const nlohmann::json& array(const nlohmann::json& j, const char* key,
+                              const std::string& where) const {
+    const nlohmann::json& v = at(j, key, where);
+    if (!v.is_array()) bad(where + "." + key, "is not an array");
+    return v;
+  }
+};
+
+Meta read_meta(const std::string& step_dir) {
+  Meta m;
+  m.dir = step_dir;
+  m.path = step_dir + "/metadata.json";
+  std::ifstream in(m.path, std::ios::binary);
+  if (!in) fail("checkpoint", m.path + ": cannot open (" + errno_str() + ")");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::ordered_json oj;
+  try {
+    oj = nlohmann::ordered_json::parse(ss.str());
+  } catch (const std::exception& e) {
+    std::string w = e.what();
+    fail("checkpoint", m.path + ": not valid JSON (" + w.substr(0, w.find('\n')) + ")");
+  }
+  MetaReader R{m.path};
+  if (!oj.is_object()) R.bad("the document", "is not a JSON object");
+  if (!oj.contains("format") || oj["format"] != kFormatName)
+    R.bad("the document", std::string("is not a Shardwise checkpoint (no \"format\": \"") +
+                              kFormatName + "\")");
+  if (!oj.contains("metadata_crc32c") || !oj["metadata_crc32c"].is_number_unsigned())
+    R.bad("the document", "has no 'metadata_crc32c'");
+  const uint32_t stored = oj["metadata_crc32c"].get<uint32_t>();
+  oj.erase("metadata_crc32c");
+  const std::string body = oj.dump();
+  const uint32_t got = crc32c(body.data(), body.size());
+  if (got != stored)
+    fail("checkpoint", m.path + ": checksum mismatch (stored " + hex32(stored) + ", computed " +
+                           hex32(got) + "): the metadata is corrupt");
+  const nlohmann::json j = nlohmann::json::parse(body);
+
+  m.version = static_cast<int>(R.get_nonneg(j, "format_version", "the document"));
+  if (m.version != kCheckpointFormatVersion)
+    R.bad("format_version", std::to_string(m.version) + " is not supported (this build reads " +
+                                std::to_string(kCheckpointFormatVersion) + ")");
+  m.world = static_cast<int>(R.get_nonneg(j, "world_size", "the document"));
+  m.shard_group = static_cast<int>(R.get_nonneg(j, "shard_group_size", "the document"));
+  m.strategy = R.get<std::string>(j, "strategy", "the document");
+  m.config_json = R.at(j, "model_config", "the document");
+  m.config = model_config_from_json(m.config_json, m.path);
+  m.block_bytes = static_cast<uint64_t>(R.get_nonneg(j, "block_bytes", "the document"));
+  if (m.block_bytes == 0 || m.block_bytes % 4) R.bad("block_bytes", "must be a positive multiple of 4");
+  const nlohmann::json& ts = R.at(j, "train_state", "the document");
+  m.state.step = R.get<int64_t>(ts, "step", "train_state");
+  m.state.seed = R.get<uint64_t>(ts, "seed", "train_state");
+  m.state.optimizer_steps = R.get<int64_t>(ts, "optimizer_steps", "train_state");
+  m.state.loss_scale = R.get<double>(ts, "loss_scale", "train_state");
+  m.state.scaler_good_steps = R.get<int64_t>(ts, "scaler_good_steps", "train_state");
+  m.state.scaler_hysteresis_left = R.get<int>(ts, "scaler_hysteresis_left", "train_state");
+  m.state.config_json = R.get<std::string>(ts, "config_json", "train_state");
+
+  const nlohmann::json& units = R.array(j, "units", "the document");
+  for (size_t u = 0; u < units.size(); ++u) {
+    const std::string w = "units[" + std::to_string(u) + "]";
+    UnitMeta um;
+    um.name = R.get<std::string>(units[u], "name", w);
+    um.numel = R.get_nonneg(units[u], "numel", w);
+    um.padded = R.get_nonneg(units[u], "padded", w);
+    const nlohmann::json& ps = R.array(units[u], "params", w);
+    for (size_t p = 0; p < ps.size(); ++p) {
+      const std::string pw = w + ".params[" + std::to_string(p) + "]";
+      ParamMeta pm;
+      pm.name = R.get<std::string>(ps[p], "name", pw);
+      pm.hf_name = R.get<std::string>(ps[p], "hf_name", pw);
+      pm.hf_transpose = R.get<bool>(ps[p], "hf_transpose", pw);
+      pm.offset = R.get_nonneg(ps[p], "offset", pw);
+      pm.numel = R.get_nonneg(ps[p], "numel", pw);
+      for (const auto& d : R.array(ps[p], "shape", pw)) {
+        if (!d.is_number_integer() || d.get<int64_t>() < 0) R.bad(pw + ".shape", "has a bad dimension");
+        pm.shape.push_back(d.get<int64_t>());
+      }
+      if (numel(pm.shape) != pm.numel || pm.offset + pm.numel > um.numel)
+        R.bad(pw, "is inconsistent (shape, numel, offset and the unit's numel disagree)");
+      if (pm.hf_transpose && pm.shape.size() != 2) R.bad(pw, "has hf_transpose but is not a matrix");
+      um.params.push_back(std::move(pm));
+    }
+    m.units.push_back(std::move(um));
+  }
+
+  const nlohmann::json& files = R.array(j, "files", "the document");
+  std::set<std::string> fnames;
+  for (size_t f = 0; f < files.size(); ++f) {
+    const std::string w = "files[" + std::to_string(f) + "]";
+    FileEntry fe;
+    fe.file = R.get<std::string>(files[f], "file", w);
+    if (fe.file.empty() || fe.file.find('/') != std::string::npos || fe.file[0] == '.' ||
+        !fnames.insert(fe.file).second)
+      R.bad(w + ".file", "'" + fe.file + "' is not a plain, unique file name");
+    fe.bytes = static_cast<uint64_t>(R.get_nonneg(files[f], "bytes", w));
+    fe.crc = R.get<uint32_t>(files[f], "crc32c", w);
+    const nlohmann::json& ts2 = R.array(files[f], "tensors", w);
+    for (size_t t = 0; t < ts2.size(); ++t) {
+      const std::string tw = w + ".tensors[" + std::to_string(t) + "]";
+      FileTensor ft;
+      ft.name = R.get<std::string>(ts2[t], "name", tw);
+      ft.unit = static_cast<int>(R.get_nonneg(ts2[t], "unit", tw));
+      const std::string kind = R.get<std::string>(ts2[t], "kind", tw);
+      ft.kind = -1;
+      for (int k = 0; k < 3; ++k)
+        if (kind == kKindNames[k]) ft.kind = k;
+      if (ft.kind < 0) R.bad(tw + ".kind", "'" + kind + "' is not master, exp_avg or exp_avg_sq");
+      ft.lo = R.get_nonneg(ts2[t], "lo", tw);
+      ft.hi = R.get_nonneg(ts2[t], "hi", tw);
+      ft.offset = static_cast<uint64_t>(R.get_nonneg(ts2[t], "offset", tw));
+      ft.bytes = static_cast<uint64_t>(R.get_nonneg(ts2[t], "bytes", tw));
+      ft.crc = R.get<uint32_t>(ts2[t], "crc32c", tw);
+      ft.blocks = R.get<std::vector<uint32_t>>(ts2[t], "block_crc32c", tw);
+      if (ft.unit >= static_cast<int>(m.units.size()) || ft.hi < ft.lo ||
+          ft.hi > m.units[static_cast<size_t>(ft.unit)].numel ||
+          ft.bytes != static_cast<uint64_t>(ft.hi - ft.lo) * 4 || ft.offset > fe.bytes ||
+          ft.bytes > fe.bytes - ft.offset ||
+          ft.blocks.size() != (ft.bytes + m.block_bytes - 1) / m.block_bytes)
+        R.bad(tw, "('" + ft.name + "') is inconsistent (unit, range, offset, bytes or blocks)");
+      fe.tensors.push_back(std::move(ft));
+    }
+    m.files.push_back(std::move(fe));
+  }
+  return m;
+}
+
+// Every (unit, kind) must be tiled exactly by the files' tensors.
+void check_coverage(const Meta& m) {
+  for (size_t u = 0; u < m.units.size(); ++u)
+    for (int k = 0; k < 3; ++k) {
+      std::vector<std::pair<int64_t, int64_t>> rs;
+      for (const FileEntry& f : m.files)
+        for (const FileTensor& t : f.tensors)
+          if (t.unit == static_cast<int>(u) && t.kind == k && t.hi > t.lo) rs.push_back({t.lo, t.hi});
+      std::sort(rs.begin(), rs.end());
+      int64_t at = 0;
+      for (auto [lo, hi] : rs) {
+        if (lo != at)
+          fail("checkpoint", m.path + ": " + tensor_name(int(u), k, std::min(lo, at), std::max(lo, at)) +
+                                 (lo > at ? " is in no file" : " is in two files"));
+        at = hi;
+      }
+      if (at != m.units[u].numel)
+        fail("checkpoint", m.path + ": " + tensor_name(int(u), k, at, m.units[u].numel) + " is in no file");
+    }
+}
+
+// Opens a shard file and checks that its safetensors header (validated by the reader) says
+// what metadata.json says about every tensor, so later reads are bounded by both.
+SafeTensorsReader open_shard(const Meta& m, const FileEntry& fe) {
+  const std::string path = m.dir + "/" + fe.file;
+  SafeTensorsReader r(path);
+  auto bad = [&](const std::string& msg) { fail("checkpoint", path + ": " + msg); };
+  if (r.file_size() != fe.bytes)
+    bad("file is " + std::to_string(r.file_size()) + " bytes, metadata.json says " +
+        std::to_string(fe.bytes) + (r.file_size() < fe.bytes ? " (truncated)" : ""));
+  for (const FileTensor& t : fe.tensors) {
+    const StTensorInfo* i = r.find(t.name);
+    if (!i) bad("tensor '" + t.name + "' is missing");
+    if (i->dtype != StDType::F32 || r.data_start() + i->begin != t.offset || i->bytes() != t.bytes)
+      bad("tensor '" + t.name + "': the header's dtype/offsets disagree with metadata.json");
+  }
+  return r;
+}
+
+// Reads whole checksum blocks [b0, b1) of tensor t into dst and checks each one.
+void read_blocks(const SafeTensorsReader& r, const FileTensor& t, uint64_t block_bytes, size_t b0,
+                 size_t b1, unsigned char* dst) {
+  const uint64_t lo = b0 * block_bytes, hi = std::min<uint64_t>(b1 * block_bytes, t.bytes);
+  r.read_bytes(t.name, dst, lo, hi - lo);
+  for (size_t b = b0; b < b1; ++b) {
+    const uint64_t s = b * block_bytes, n = std::min(block_bytes, t.bytes - s);
+    const uint32_t c = crc32c(dst + (s - lo), n);
+    if (c != t.blocks[b])
+      fail("checkpoint", r.path() + ": tensor '" + t.name + "': checksum mismatch in bytes [" +
+                             std::to_string(s) + ", " + std::to_string(s + n) + ") (stored " +
+                             hex32(t.blocks[b]) + ", computed " + hex32(c) + "): corrupt file");
+  }
+}
+
+// Reads floats [a, b) of tensor t (inside [t.lo, t.hi)) in pieces of kChunkBlocks whole
+// blocks, verified, handing each piece to fn(lo, hi, data). The pieces are small enough to
+// stay in cache between the read, the CRC check and fn's copy; the kernel is asked to read
+// kAheadBlocks ahead of the piece in hand (asking for everything at once would make the
+// request block until the whole range is queued, serialising the disk and the checking).
+template <class Fn>
+void read_range(const SafeTensorsReader& r, const FileTensor& t, uint64_t block_bytes, int64_t a,
+                int64_t b, std::vector<unsigned char>& buf, Fn&& fn) {
+  const uint64_t bf = block_bytes / 4;  // floats per block
+  constexpr size_t kChunkBlocks = 2, kAheadBlocks = 32;
+  size_t blk = static_cast<size_t>(static_cast<uint64_t>(a - t.lo) / bf);
+  const size_t end_blk = static_cast<size_t>((static_cast<uint64_t>(b - t.lo) + bf - 1) / bf);
+  const uint64_t tensor_end = t.bytes;
+  auto ask = [&](size_t from, size_t to) {  // blocks [from, to) clipped to the range
+    to = std::min(to, end_blk);
+    if (from < to)
+      r.prefetch(t.name, from * block_bytes, std::min<uint64_t>(to * block_bytes, tensor_end) - from * block_bytes);
+  };
+  ask(blk, blk + kAheadBlocks);
+  buf.resize(std::min(end_blk - blk, kChunkBlocks) * block_bytes);
+  while (blk < end_blk) {
+    const size_t nb = std::min(kChunkBlocks, end_blk - blk);
+    ask(blk + kAheadBlocks, blk + kAheadBlocks + nb);
+    read_blocks(r, t, block_bytes, blk, blk + nb, buf.data());
+    const int64_t plo = t.lo + static_cast<int64_t>(blk * bf);
+    const int64_t lo = std::max(a, plo), hi = std::min<int64_t>(b, plo + static_cast<int64_t>(nb * bf));
+    fn(lo, hi, reinterpret_cast<const float*>(buf.data()) + (lo - plo));
+    blk += nb;
+  }
+}
+
+std::string shape_list(const Shape& s) { return shape_str(s); }
+
+}  // namespace
+
+// ---- Load ------------------------------------------------------------------------------------
+
+TrainState load_checkpoint(ShardedModel& sm, const std::string& step_dir) {
+  const Meta m = read_meta(step_dir);
+
+  // The model must match: every difference is listed.
+  std::vector<std::string> diffs;
+  const nlohmann::json mine = nlohmann::json::parse(model_config_to_json(sm.model().config).dump());
+  for (auto it = mine.begin(); it != mine.end(); ++it) {
+    const auto theirs = m.config_json.find(it.key());
+    if (theirs == m.config_json.end() || *theirs != it.value())
+      diffs.push_back("model_config." + it.key() + ": checkpoint " +
+                      (theirs == m.config_json.end() ? std::string("(absent)") : theirs->dump()) +
+                      ", model " + it.value().dump());
+  }
+  if (static_cast<int>(m.units.size()) != sm.num_units())
+    diffs.push_back("units: checkpoint has " + std::to_string(m.units.size()) + ", model has " +
+                    std::to_string(sm.num_units()));
+  const int U = std::min(static_cast<int>(m.units.size()), sm.num_units());
+  for (int u = 0; u < U; ++u) {
+    const UnitMeta& cu = m.units[static_cast<size_t>(u)];
+    const FlatLayout& L = sm.unit_layout(u);
+    const std::string un = "unit " + std::to_string(u);
+    if (cu.name != sm.unit_name(u))
+      diffs.push_back(un + " name: checkpoint '" + cu.name + "', model '" + sm.unit_name(u) + "'");
+    std::map<std::string, const ParamMeta*> theirs;
+    for (const ParamMeta& p : cu.params) theirs[p.name] = &p;
+    std::set<std::string> ours;
+    for (size_t s = 0; s < L.specs.size(); ++s) {
+      const ParamSpec& p = L.specs[s];
+      ours.insert(p.name);
+      auto it = theirs.find(p.name);
+      if (it == theirs.end()) {
+        diffs.push_back("parameter '" + p.name + "' " + shape_list(p.shape) + " is not in the checkpoint");
+      } else if (it->second->shape != p.shape) {
+        diffs.push_back("parameter '" + p.name + "': checkpoint " + shape_list(it->second->shape) +
+                        ", model " + shape_list(p.shape));
+      } else if (it->second->offset != L.entries[s].offset) {
+        diffs.push_back("parameter '" + p.name + "': flat offset " +
+                        std::to_string(it->second->offset) + " in the checkpoint, " +
+                        std::to_string(L.entries[s].offset) + " in the model");
+      }
+    }
+    for (const ParamMeta& p : cu.params)
+      if (!ours.count(p.name))
+        diffs.push_back("parameter '" + p.name + "' " + shape_list(p.shape) + " is not in the model");
+    if (diffs.empty() && cu.numel != L.used)
+      diffs.push_back(un + " numel: checkpoint " + std::to_string(cu.numel) + ", model " +
+                      std::to_string(L.used));
+  }
+  if (!diffs.empty()) {
+    std::string msg = step_dir + ": the checkpoint's model differs from this one (" +
+                      std::to_string(diffs.size()) + " difference" + (diffs.size() > 1 ? "s" : "") +
+                      "): ";
+    for (size_t i = 0; i < diffs.size(); ++i) msg += (i ? "; " : "") + diffs[i];
+    fail("checkpoint", msg);
+  }
+  check_coverage(m);
+
+  // Each rank reads the blocks overlapping what it holds, file by file.
+  std::vector<unsigned char> buf;
+  for (const FileEntry& fe : m.files) {
+    std::vector<std::pair<const FileTensor*, FlatRange>> need;
+    for (const FileTensor& t : fe.tensors) {
+      const FlatRange h = sm.held_range(t.unit, static_cast<StateKind>(t.kind));
+      const FlatRange o{std::max(h.lo, t.lo), std::min(h.hi, t.hi)};
+      if (!o.empty()) need.push_back({&t, o});
+    }
+    if (need.empty()) continue;
+    const SafeTensorsReader r = open_shard(m, fe);
+    for (auto& [t, o] : need)
+      read_range(r, *t, m.block_bytes, o.lo, o.hi, buf,
+                 [&, t = t](int64_t lo, int64_t hi, const float* data) {
+                   sm.write_state(t->unit, static_cast<StateKind>(t->kind), {lo, hi}, data);
+                 });
+  }
+  return m.state;
+}
+
+// ---- Tools -----------------------------------------------------------------------------------
+
+void verify_checkpoint(const std::string& step_dir) {
+  const Meta m = read_meta(step_dir);
+  check_coverage(m);
+  std::vector<unsigned char> buf(m.block_bytes);
+  for (const FileEntry& fe : m.files) {
+    const SafeTensorsReader r = open_shard(m, fe);
+    // The header bytes, then every tensor by blocks, combined into the file's CRC.
+    std::vector<unsigned char> head(static_cast<size_t>(r.data_start()));
+    const int fd = ::open(r.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fail("checkpoint", r.path() + ": cannot open (" + errno_str() + ")");
+    const ssize_t got = ::pread(fd, head.data(), head.size(), 0);
+    ::close(fd);
+    if (got != static_cast<ssize_t>(head.size()))
+      fail("checkpoint", r.path() + ": cannot read the header");
+    uint32_t fcrc = crc32c(head.data(), head.size());
+    std::vector<const FileTensor*> order;
+    for (const FileTensor& t : fe.tensors) order.push_back(&t);
+    std::sort(order.begin(), order.end(),
+              [](const FileTensor* a, const FileTensor* b) { return a->offset < b->offset; });
+    uint64_t pos = r.data_start();
+    for (const FileTensor* t : order) {
+      if (t->offset != pos)
+        fail("checkpoint", r.path() + ": tensor '" + t->name + "' does not follow the previous one");
+      uint32_t tcrc = 0;
+      for (size_t b = 0; b < t->blocks.size(); ++b) {
+        read_blocks(r, *t, m.block_bytes, b, b + 1, buf.data());
+        const uint64_t n = std::min(m.block_bytes, t->bytes - b * m.block_bytes);
+        tcrc = b == 0 ? t->blocks[b] : crc32c_combine(tcrc, t->blocks[b], n);
+      }
+      if (tcrc != t->crc)
+        fail("checkpoint", r.path() + ": tensor '" + t->name + "': checksum mismatch (stored " +
+                               hex32(t->crc) + ", computed " + hex32(tcrc) + ")");
+      fcrc = crc32c_combine(fcrc, tcrc, t->bytes);
+      pos += t->bytes;
+    }
+    if (pos != fe.bytes)
+      fail("checkpoint", r.path() + ": " + std::to_string(fe.bytes - pos) +
+                             " bytes after the last tensor");
+    if (fcrc != fe.crc)
+      fail("checkpoint", r.path() + ": file checksum mismatch (stored " + hex32(fe.crc) +
+                             ", computed " + hex32(fcrc) + ")");
+  }
+}
+
+std::string inspect_checkpoint(const std::string& step_dir) {
+  const Meta m = read_meta(step_dir);
+  std::ostringstream o;
+  char line[512];
+  uint64_t total = 0;
+  for (const FileEntry& f : m.files) total += f.bytes;
+  int64_t nparams = 0;
+  for (const UnitMeta& u : m.units)
+    for (const ParamMeta& p : u.params) nparams += p.numel;
+  o << "checkpoint   " << step_dir << "\n";
+  o << "format       " << kFormatName << " v" << m.version << "\n";
+  o << "step         " << m.state.step << "   seed " << m.state.seed << "\n";
+  o << "world size   " << m.world << "   strategy " << m.strategy << "   shard group size "
+    << m.shard_group << "\n";
+  o << "model        " << model_config_to_json(m.config).dump() << "\n";
+  o << "parameters   " << nparams << " (fp32 master + AdamW m, v)   files " << m.files.size()
+    << "   bytes " << total << "\n\n";
+  std::snprintf(line, sizeof line, "%-40s %-22s %-5s %12s %14s\n", "tensor (parameter)", "shape",
+                "dtype", "numel", "bytes (x3)");
+  o << line;
+  for (const UnitMeta& u : m.units)
+    for (const ParamMeta& p : u.params) {
+      std::snprintf(line, sizeof line, "%-40s %-22s %-5s %12lld %14lld\n", p.name.c_str(),
+                    shape_str(p.shape).c_str(), "F32", static_cast<long long>(p.numel),
+                    static_cast<long long>(p.numel * 12));
+      o << line;
+    }
+  o << "\n";
+  std::snprintf(line, sizeof line, "%-22s %8s %14s %10s\n", "file", "tensors", "bytes", "crc32c");
+  o << line;
+  for (const FileEntry& f : m.files) {
+    std::snprintf(line, sizeof line, "%-22s %8zu %14llu %10s\n", f.file.c_str(), f.tensors.size(),
+                  static_cast<unsigned long long>(f.bytes), hex32(f.crc).c_str());
+    o << line;
+  }
+  return o.str();
+}
+
+void export_checkpoint(const std::string& step_dir, const std::string& out_path) {
+  const Meta m = read_meta(step_dir);
+  check_coverage(m);
+  // Pass 1: the table of contents (the order of export_hf_safetensors: units, then specs).
+  std::vector<StTensorDesc> descs;
+  std::set<std::string> seen;
+  for (const UnitMeta& u : m.units)
+    for (const ParamMeta& p : u.params) {
+      if (!seen.insert(p.hf_name).second)
+        fail("export", out_path + ": two parameters export to the same name '" + p.hf_name + "'");
+      descs.push_back({p.hf_name, StDType::F32,
+                       p.hf_transpose ? Shape{p.shape[1], p.shape[0]} : p.shape});
+    }
+  // Master tensors by unit; readers opened on first use.
+  std::vector<std::vector<std::pair<size_t, const FileTensor*>>> masters(m.units.size());
+  for (size_t f = 0; f < m.files.size(); ++f)
+    for (const FileTensor& t : m.files[f].tensors)
+      if (t.kind == 0) masters[static_cast<size_t>(t.unit)].push_back({f, &t});
+  std::map<size_t, SafeTensorsReader> readers;
+  SafeTensorsWriter w(out_path, std::move(descs), hf_export_metadata(m.config));
+  std::vector<float> val, tmp;
+  std::vector<unsigned char> buf;
+  for (size_t u = 0; u < m.units.size(); ++u)
+    for (const ParamMeta& p : m.units[u].params) {
+      val.assign(static_cast<size_t>(p.numel), 0.f);
+      const int64_t a = p.offset, b = p.offset + p.numel;
+      for (auto [f, t] : masters[u]) {
+        const int64_t lo = std::max(a, t->lo), hi = std::min(b, t->hi);
+        if (lo >= hi) continue;
+        auto it = readers.find(f);
+        if (it == readers.end()) it = readers.emplace(f, open_shard(m, m.files[f])).first;
+        read_range(it->second, *t, m.block_bytes, lo, hi, buf,
+                   [&](int64_t l, int64_t h, const float* d) {
+                     std::memcpy(val.data() + (l - a), d, static_cast<size_t>(h - l) * 4);
+                   });
+      }
+      if (p.hf_transpose) {
+        tmp.resize(val.size());
+        transpose_f32(tmp.data(), val.data(), p.shape[0], p.shape[1]);
+        w.write_tensor(p.hf_name, tmp.data());
+      } else {
+        w.write_tensor(p.hf_name, val.data());
+      }
+    }
+  w.finish();
+}
+
+std::string resolve_checkpoint_dir(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_regular_file(path + "/metadata.json", ec)) return path;
+  const std::string latest = path + "/latest";
+  if (fs::is_regular_file(latest, ec)) {
+    std::ifstream in(latest);
+    std::string name;
+    std::getline(in, name);
+    while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
+    if (name.empty()) fail("checkpoint", latest + ": empty");
+    const std::string dir = name[0] == '/' ? name : path + "/" + name;
+    if (fs::is_regular_file(dir + "/metadata.json", ec)) return dir;
+    fail("checkpoint", latest + " names '" + name + "', which has no metadata.json");
+  }
+  if (!fs::exists(path, ec)) fail("checkpoint", path + ": no such file or directory");
+  fail("checkpoint", path + ": neither a checkpoint step directory (no metadata.json) nor a "
+                            "checkpoint directory with a 'latest' file");
+}
+
+}  // namespace sw

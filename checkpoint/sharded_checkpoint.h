@@ -1,0 +1,100 @@
+// Sharded checkpoints (issue 5): one step directory per save,
+//   <ckpt_dir>/step_<N>/metadata.json        format version, model config, world size,
+//                                            strategy, every flat unit's layout and dtype,
+//                                            which file holds which flat range, and a CRC-32C
+//                                            per tensor and per file
+//   <ckpt_dir>/step_<N>/rank_<r>.safetensors this rank's share: fp32 master parameters and
+//                                            AdamW m, v (each a range of a unit's flat buffer)
+// plus the engine state (TrainState) inside metadata.json. The save protocol is split so the
+// engine can write in the background (async save):
+//   1. snapshot_checkpoint  (local, synchronous): copies this rank's share into host memory;
+//   2. write_snapshot       (local, any thread): writes and fsyncs this rank's files into a
+//                           temporary directory; touches nothing but the snapshot;
+//   3. commit_checkpoint    (collective): once every rank has written, rank 0 writes
+//                           metadata.json, fsyncs, and renames the temporary directory to the
+//                           final one (atomic: a step directory either exists complete or not).
+// Maintaining <ckpt_dir>/latest, keep_last pruning and when to save are the engine's
+// (engine/checkpointer.*).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace sw {
+
+class Group;
+class ShardedModel;
+
+constexpr int kCheckpointFormatVersion = 1;
+
+// Engine state saved beside the tensors, so that a resumed run continues bit-identically.
+// Batches are a pure function of (seed, step) (engine/data.h), so the data position is `step`.
+struct TrainState {
+  int64_t step = 0;       // optimizer steps completed; the resumed run starts at step index `step`
+  uint64_t seed = 0;      // the run's seed (init and data order)
+  // Optimizer steps applied (AdamW's step count and the LR schedule's position): step minus
+  // the steps an fp16 overflow skipped.
+  int64_t optimizer_steps = 0;
+  // Dynamic loss scaler (fp16); loss_scale 0 = no scaler.
+  double loss_scale = 0;
+  int64_t scaler_good_steps = 0;
+  int scaler_hysteresis_left = 0;
+  std::string config_json;  // the resolved config of the run that saved (informational)
+};
+
+// This rank's share of a checkpoint, copied out of the model (opaque).
+struct CheckpointSnapshot;
+struct SnapshotDeleter {
+  void operator()(CheckpointSnapshot* s) const;
+};
+using SnapshotPtr = std::unique_ptr<CheckpointSnapshot, SnapshotDeleter>;
+
+// Local. Copies this rank's share of every unit's master parameters and AdamW moments (and
+// `state`) into host memory, checksumming each block as it is copied (so write_snapshot is
+// pure I/O); snapshot_bytes() says how much. The model may train on right after. `reuse`: a
+// previous snapshot, whose host memory is taken over when it has the right size (already
+// faulted in, so the copy runs at memory speed; the engine passes its last snapshot back).
+SnapshotPtr snapshot_checkpoint(const ShardedModel& sm, const TrainState& state,
+                                SnapshotPtr reuse = nullptr);
+int64_t snapshot_bytes(const CheckpointSnapshot& s);
+// Local. A snapshot that refers to the model's own memory instead of a copy (no allocation, no
+// copy): valid only while the model does not change, so for synchronous saves that write it
+// before training goes on.
+SnapshotPtr view_checkpoint(const ShardedModel& sm, const TrainState& state);
+
+// Local, callable from a background thread. Writes this rank's files into `tmp_dir` (which it
+// creates if needed), fsyncs them. Throws sw::Error naming the file on any failure (ENOSPC...);
+// nothing outside tmp_dir is touched.
+void write_snapshot(const CheckpointSnapshot& s, const std::string& tmp_dir);
+
+// Collective. `ok`: whether this rank's write_snapshot succeeded. When every rank succeeded,
+// rank 0 writes metadata.json into tmp_dir, fsyncs it and the directory, renames tmp_dir to
+// final_dir and fsyncs the parent; returns true on every rank. When any rank failed, rank 0
+// removes tmp_dir and every rank returns false (the caller reports the error it caught).
+bool commit_checkpoint(Group& g, const CheckpointSnapshot& s, bool ok, const std::string& tmp_dir,
+                       const std::string& final_dir);
+
+// Collective convenience: write (tmp dir final_dir + ".tmp") + commit; throws sw::Error on
+// failure (after cleaning the tmp dir), leaving other checkpoints untouched. Writes straight
+// from the model (no snapshot copy), checksumming each block on the way.
+void save_checkpoint(const ShardedModel& sm, const TrainState& state, const std::string& final_dir);
+
+// Collective. Loads a step directory written by any world size and strategy into `sm`
+// (whatever its world size and strategy): each rank reads only the byte ranges of the files
+// that overlap the ranges it holds, checking their CRCs. Throws sw::Error naming the file and
+// tensor on a missing/truncated/corrupt file, and listing every difference when the model
+// shape differs from the checkpoint's.
+TrainState load_checkpoint(ShardedModel& sm, const std::string& step_dir);
+
+// Tools (one process, no model needed).
+void verify_checkpoint(const std::string& step_dir);           // every checksum; throws naming file+tensor
+std::string inspect_checkpoint(const std::string& step_dir);   // human-readable table
+// Consolidated weights with Hugging Face names and layouts (as export_hf_safetensors writes),
+// streamed tensor by tensor so memory stays within about twice the largest tensor.
+void export_checkpoint(const std::string& step_dir, const std::string& out_path);
+
+// Resolves a user's --resume argument: a step directory, or a checkpoint directory whose
+// `latest` file names one. Throws sw::Error when neither.
+std::string resolve_checkpoint_dir(const std::string& path);
+
+}  // namespace sw

@@ -1,0 +1,286 @@
+// Faults around checkpoints with the real `shardwise train` in a child process: SIGKILL during
+// training and during a save, a full disk during a save, and a bad --resume path. In each case
+// the previous checkpoint must still load, `latest` must not move, and resuming must end with
+// the same weights as a run that was never interrupted.
+//
+// Saves are slowed with SHARDWISE_CKPT_TEST_DELAY_MS (the writer sleeps after creating the
+// temporary directory and after writing its files), so the kills land inside a save
+// deterministically, whatever the machine's load.
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "checkpoint/sharded_checkpoint.h"
+#include "core/rng.h"
+#include "engine/checkpointer.h"
+#include "engine/data.h"
+
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kShardwise = std::string(SW_BINARY_DIR) + "/tools/shardwise";
+
+fs::path work() {
+  static const fs::path d = [] {
+    const fs::path p =
+        fs::temp_directory_path() / ("sw_test_ckpt_kill_" + std::to_string(getpid()));
+    fs::remove_all(p);
+    fs::create_directories(p);
+    std::atexit([] {
+      std::error_code ec;
+      fs::remove_all(fs::temp_directory_path() / ("sw_test_ckpt_kill_" + std::to_string(getpid())),
+                     ec);
+    });
+    return p;
+  }();
+  return d;
+}
+
+std::string read_bytes(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// One config for every run here; 40 steps, a checkpoint every 10.
+std::string config() {
+  const fs::path cfg = work() / "cfg.json";
+  if (!fs::exists(cfg)) {
+    std::vector<uint16_t> t(8000);
+    for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<uint16_t>(sw::rng_bits(3, 0, i) % 32);
+    sw::write_token_file((work() / "train.bin").string(), t);
+    std::ofstream(cfg) << R"({
+      "model": {"type": "gpt2", "vocab_size": 32, "n_layer": 2, "n_head": 2, "d_model": 32, "seq_len": 16},
+      "data": {"train": ")"
+                       << (work() / "train.bin").string() << R"("},
+      "train_micro_batch_size_per_gpu": 4, "train_steps": 40, "threads": 1, "seed": 5,
+      "optimizer": {"params": {"lr": 0.003}},
+      "checkpoint": {"every_steps": 10, "keep_last": 2}
+    })";
+  }
+  return cfg.string();
+}
+
+struct Child {
+  pid_t pid = -1;
+  std::string log;  // stdout + stderr
+};
+
+// Starts `shardwise train CONFIG --quiet --set run_dir=<run> args...` with extra environment.
+Child start(const std::string& run, std::vector<std::string> args,
+            std::vector<std::string> env = {}, bool ignore_sigxfsz = false) {
+  Child c;
+  c.log = (work() / (run + ".log")).string();
+  std::vector<std::string> argv = {kShardwise, "train", config(),
+                                   "--quiet",  "--set", "run_dir=" + (work() / run).string()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  c.pid = fork();
+  REQUIRE(c.pid >= 0);
+  if (c.pid == 0) {
+    FILE* f = std::freopen(c.log.c_str(), "w", stdout);
+    if (!f) _exit(127);
+    dup2(fileno(stdout), 2);
+    for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
+    setenv("OMP_NUM_THREADS", "1", 1);
+    if (ignore_sigxfsz) signal(SIGXFSZ, SIG_IGN);  // kept across exec: writes fail with EFBIG
+    std::vector<char*> a;
+    for (std::string& s : argv) a.push_back(s.data());
+    a.push_back(nullptr);
+    execv(a[0], a.data());
+    _exit(127);
+  }
+  return c;
+}
+
+// Exit status (128 + signal when killed).
+int wait_for(const Child& c) {
+  int st = 0;
+  REQUIRE(waitpid(c.pid, &st, 0) == c.pid);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+int run(const std::string& name, std::vector<std::string> args, std::vector<std::string> env = {}) {
+  return wait_for(start(name, std::move(args), std::move(env)));
+}
+
+// Polls `cond` every millisecond; false after 60 s or when the child has ended.
+template <class F>
+bool wait_until(const Child& c, F cond) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60)) {
+    if (cond()) return true;
+    int st = 0;
+    if (waitpid(c.pid, &st, WNOHANG) == c.pid) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
+}
+
+std::string latest_of(const std::string& run) {
+  try {
+    return fs::path(sw::read_latest((work() / run / "checkpoints").string())).filename().string();
+  } catch (...) {
+    return "";
+  }
+}
+
+std::vector<double> losses(const std::string& run) {
+  std::ifstream f(work() / run / "metrics.jsonl");
+  std::vector<double> out;
+  for (std::string l; std::getline(f, l);)
+    out.push_back(nlohmann::json::parse(l)["loss"].get<double>());
+  return out;
+}
+
+// The uninterrupted run everything is compared with.
+const std::string& reference_weights() {
+  static const std::string w = [] {
+    const int rc = run("ref", {});
+    INFO(read_bytes(work() / "ref.log"));
+    REQUIRE(rc == 0);
+    return read_bytes(work() / "ref" / "model.safetensors");
+  }();
+  return w;
+}
+
+void check_resumes_exactly(const std::string& name, const std::string& from_step) {
+  const int rc = run(name, {"--resume", "auto"});
+  const std::string log = read_bytes(work() / (name + ".log"));
+  INFO(log);
+  REQUIRE(rc == 0);
+  CHECK_THAT(log, Contains("resumed from " + (work() / name / "checkpoints" / from_step).string()));
+  CHECK(read_bytes(work() / name / "model.safetensors") == reference_weights());
+  CHECK(losses(name) == losses("ref"));  // every step's loss, the killed run's lines kept
+}
+
+}  // namespace
+
+TEST_CASE("ckpt kill: SIGKILL during training, then --resume auto gives the same weights") {
+  reference_weights();
+  // Saves take >= 400 ms here: a kill right after `latest` names step_20 lands in the steps
+  // after it or in the save of step_30.
+  Child c = start("killtrain", {}, {"SHARDWISE_CKPT_TEST_DELAY_MS=200"});
+  REQUIRE(wait_until(c, [] { return latest_of("killtrain") == "step_20"; }));
+  kill(c.pid, SIGKILL);
+  CHECK(wait_for(c) == 128 + SIGKILL);
+  CHECK(latest_of("killtrain") == "step_20");
+  check_resumes_exactly("killtrain", "step_20");
+}
+
+TEST_CASE("ckpt kill: SIGKILL in the middle of a save keeps the previous checkpoint") {
+  reference_weights();
+  for (const bool async : {false, true}) {
+    const std::string name = async ? "killsave_async" : "killsave_sync";
+    fs::remove_all(work() / name);
+    Child c = start(name, {"--set", std::string("checkpoint.async=") + (async ? "true" : "false")},
+                    {"SHARDWISE_CKPT_TEST_DELAY_MS=300"});
+    const fs::path tmp_file = work() / name / "checkpoints" / ".step_30.tmp" / "rank_0.safetensors";
+    // The shard file is written; the commit (metadata.json, rename, latest) has not happened.
+    REQUIRE(wait_until(c, [&] { return fs::exists(tmp_file); }));
+    kill(c.pid, SIGKILL);
+    CHECK(wait_for(c) == 128 + SIGKILL);
+    const fs::path ck = work() / name / "checkpoints";
+    CHECK(latest_of(name) == "step_20");
+    CHECK(!fs::exists(ck / "step_30"));
+    CHECK(fs::exists(ck / ".step_30.tmp"));
+    CHECK_NOTHROW(sw::verify_checkpoint((ck / "step_20").string()));
+    check_resumes_exactly(name, "step_20");
+    CHECK(!fs::exists(ck / ".step_30.tmp"));  // removed when the resumed run started
+  }
+}
+
+TEST_CASE("ckpt kill: a full disk during a save: one clear line, previous checkpoint intact") {
+  reference_weights();
+  const fs::path ref_step = work() / "ref" / "checkpoints" / "step_40";
+  uintmax_t step_bytes = 0;
+  for (const auto& e : fs::recursive_directory_iterator(ref_step))
+    if (e.is_regular_file()) step_bytes += e.file_size();
+  REQUIRE(step_bytes > 64 * 1024);
+  const fs::path ck = work() / "full_ck";
+  fs::create_directories(ck);
+  // Room for one checkpoint and a half: step_10 fits, step_20 does not (keep_last prunes only
+  // after a commit). Preferred mechanism: a real ENOSPC from a small tmpfs; without the
+  // capability to mount, RLIMIT_FSIZE (EFBIG) set on the child once step_10 is committed.
+  const uintmax_t size = (step_bytes * 3 / 2 + 8191) / 4096 * 4096;
+  // (SW_TEST_NO_TMPFS=1 forces the fallback, to test it.)
+  const bool tmpfs =
+      !std::getenv("SW_TEST_NO_TMPFS") &&
+      mount("tmpfs", ck.c_str(), "tmpfs", 0, ("size=" + std::to_string(size)).c_str()) == 0;
+  struct Unmount {
+    bool on;
+    fs::path p;
+    ~Unmount() {
+      if (on) umount(p.c_str());
+    }
+  } unmount{tmpfs, ck};
+  WARN("disk-full mechanism: " << (tmpfs ? "tmpfs of " + std::to_string(size) + " bytes (ENOSPC)"
+                                         : std::string("RLIMIT_FSIZE (EFBIG)")));
+  const std::vector<std::string> args = {"--set", "checkpoint.dir=" + ck.string()};
+  Child c = start("full", args,
+                  {"SHARDWISE_CKPT_TEST_DELAY_MS=" + std::string(tmpfs ? "0" : "300")}, !tmpfs);
+  if (!tmpfs) {
+    REQUIRE(wait_until(c, [&] {
+      return fs::exists(ck / "step_10" / "metadata.json") && fs::exists(ck / "latest");
+    }));
+    const rlimit lim{64 * 1024, 64 * 1024};  // below a shard file, above metrics.jsonl
+    REQUIRE(prlimit(c.pid, RLIMIT_FSIZE, &lim, nullptr) == 0);
+  }
+  const int rc = wait_for(c);
+  const std::string log = read_bytes(work() / "full.log");
+  INFO(log);
+  // Periodic saves that fail are warnings; the final one is an error.
+  CHECK(rc == 1);
+  const char* why = tmpfs ? "No space left on device" : "File too large";
+  for (const char* step : {"step_20", "step_30"}) {
+    const std::string w = std::string("shardwise: warning: checkpoint ") + step + " not saved: ";
+    REQUIRE_THAT(log, Contains(w));
+    const std::string line = log.substr(log.find(w), log.find('\n', log.find(w)) - log.find(w));
+    CHECK_THAT(line, Contains(why));
+    CHECK_THAT(line, Contains("the previous checkpoints and 'latest' are unchanged"));
+  }
+  CHECK_THAT(log, Contains("shardwise: error: train: the final checkpoint step_40 was not saved"));
+  CHECK(fs::path(sw::read_latest(ck.string())).filename() == "step_10");
+  CHECK_NOTHROW(sw::verify_checkpoint((ck / "step_10").string()));
+  for (const auto& e : fs::directory_iterator(ck))  // no temporary directory left behind
+    CHECK(e.path().filename().string().rfind(".step_", 0) != 0);
+  // metrics.jsonl records the failures and training went on to the end.
+  std::ifstream mf(work() / "full" / "metrics.jsonl");
+  std::vector<int64_t> failed;
+  int lines = 0;
+  for (std::string l; std::getline(mf, l); ++lines) {
+    const auto j = nlohmann::json::parse(l);
+    if (j.contains("ckpt_failed")) failed.push_back(j["ckpt_failed"].get<int64_t>());
+  }
+  CHECK(lines == 40);
+  CHECK(failed == std::vector<int64_t>{20, 30});
+  // The checkpoint that survived resumes exactly (into a directory with room).
+  const int rc2 = run("full", {"--resume", (ck / "step_10").string(), "--set",
+                               "checkpoint.dir=" + (work() / "full_ck2").string()});
+  INFO(read_bytes(work() / "full.log"));
+  CHECK(rc2 == 0);
+  CHECK(read_bytes(work() / "full" / "model.safetensors") == reference_weights());
+}
+
+TEST_CASE("ckpt kill: a bad --resume path is one clear error") {
+  const std::string bad = (work() / "no_such_ckpt").string();
+  const int rc = run("badresume", {"--resume", bad});
+  const std::string log = read_bytes(work() / "badresume.log");
+  CHECK(rc == 1);
+  CHECK(log == "shardwise: error: resume: " + bad +
+                   ": no such checkpoint (expected a step directory such as <dir>/step_100, a "
+                   "checkpoint directory holding 'latest', or 'auto')\n");
+}
