@@ -1,0 +1,205 @@
+// Reduced-precision matrix products: bf16 / fp16 operands, fp32 accumulation (see cpu_kernels.h).
+//
+// Two ways to compute the same thing (products of the rounded operands are exact in fp32, so
+// the two differ only in the fp32 summation order):
+//  * native (BF16 only): gemm_bf16_avx512.cpp, AVX512-BF16 vdpbf16ps microkernels that round
+//    while packing;
+//  * emulated: the operands are rounded (f32_to_bf16 / f32_to_f16 semantics) into fp32 copies,
+//    then OpenBLAS sgemm. One extra pass over the operands (a few % of a GEMM at the model's
+//    shapes); an operand used by two products (dout in linear_backward) is rounded once.
+// BF16 runs native only where it is faster: the CPU must have AVX512-BF16 and vdpbf16ps must
+// deliver more flops than fp32 FMA (dpbf16_flop_ratio() > 1.2, measured once per process; on
+// the 4th-generation Xeon these helpers were developed on it delivers ~0.5x, as one vdpbf16ps
+// issues at a quarter of the FMA's rate, so there bf16 products run at sgemm speed, not
+// faster). SW_BF16_PATH=native|emulated overrides the choice; tests force one path per call.
+//
+// F16 is always emulated: x86 has no fp16 dot product with fp32 accumulation below AMX-FP16,
+// so fp16 compute brings no speed on the CPU; it exists for the fp16 mixed-precision mode
+// (values beyond fp16's range become +-inf, which is how the loss scaler detects overflow).
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "core/alloc.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "kernels/cpu/cpu_internal.h"
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace sw::cpu {
+
+namespace {
+
+bool hw_avx512_bf16() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+  }();
+  return has;
+}
+
+bool hw_f16c() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2");
+  }();
+  return has;
+}
+
+bool choose_native() {
+  if (!hw_avx512_bf16()) return false;
+  const char* env = std::getenv("SW_BF16_PATH");
+  const std::string e = env ? env : "";
+  if (e == "native") return true;
+  if (e == "emulated") return false;
+  if (!e.empty()) fail("kernels", "SW_BF16_PATH must be native or emulated, not '" + e + "'");
+  return detail::dpbf16_flop_ratio() > 1.2;
+}
+
+inline float round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+// fp32 -> fp16 -> fp32 with F16C (IEEE round to nearest even: overflow -> inf, subnormals kept;
+// the same values as f32_to_f16, NaN payloads aside).
+__attribute__((target("avx2,f16c"))) void round_f16_f16c(float* dst, const float* src, int n) {
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < n; ++i) dst[i] = f16_to_f32(f32_to_f16(src[i]));
+}
+
+void round_row(DType t, float* d, const float* s, int n) {
+  if (t == DType::BF16) {
+#pragma omp simd
+    for (int c = 0; c < n; ++c) d[c] = round_bf16(s[c]);
+  } else if (hw_f16c()) {
+    round_f16_f16c(d, s, n);
+  } else {
+    for (int c = 0; c < n; ++c) d[c] = f16_to_f32(f32_to_f16(s[c]));
+  }
+}
+
+// dst(rows, cols), dense, = round(src(rows, cols; stride ld)).
+void round_matrix(DType t, float* dst, const float* src, int rows, int cols, int ld) {
+#pragma omp parallel for schedule(static) if ((size_t)rows * cols >= (1u << 15) && !omp_in_parallel())
+  for (int r = 0; r < rows; ++r) round_row(t, dst + (size_t)r * cols, src + (size_t)r * ld, cols);
+}
+
+// Per-thread workspaces for the rounded copies (kept between calls: the operands of a model's
+// GEMMs are tens of MB, and fresh mmap'ed buffers are page-faulted on every call).
+float* workspace(int slot, size_t floats) {
+  thread_local Buffer buf[3];
+  Buffer& b = buf[slot];
+  if (b.bytes() < floats * sizeof(float)) {
+    b.release();
+    b = Buffer(floats * sizeof(float), Mem::Workspace);
+  }
+  return b.f32();
+}
+
+const float* rounded(DType t, int slot, const float* src, int rows, int cols, int ld) {
+  float* d = workspace(slot, (size_t)rows * cols);
+  round_matrix(t, d, src, rows, cols, ld);
+  return d;
+}
+
+bool use_native(DType t, LowpPath path) {
+  if (t != DType::BF16) {
+    SW_CHECK(path != LowpPath::Native, "gemm: no native path for fp16 on the CPU");
+    return false;
+  }
+  if (path == LowpPath::Emulated) return false;
+  if (path == LowpPath::Native) {
+    SW_CHECK(hw_avx512_bf16(), "gemm: this CPU has no AVX512-BF16");
+    return true;
+  }
+  return bf16_native();
+}
+
+}  // namespace
+
+bool cpu_has_avx512_bf16() { return hw_avx512_bf16(); }
+
+bool bf16_native() {
+  static const bool native = choose_native();
+  return native;
+}
+
+void round_to(DType t, float* dst, const float* src, size_t n) {
+  if (t == DType::F32) {
+    if (dst != src) std::memmove(dst, src, n * sizeof(float));
+    return;
+  }
+  constexpr size_t kBlock = 4096;
+  const long nb = (long)((n + kBlock - 1) / kBlock);
+#pragma omp parallel for schedule(static) if (n >= (1u << 15) && !omp_in_parallel())
+  for (long b = 0; b < nb; ++b) {
+    const size_t i0 = (size_t)b * kBlock, m = std::min(kBlock, n - i0);
+    round_row(t, dst + i0, src + i0, (int)m);
+  }
+}
+
+void gemm_lowp(DType t, bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
+               int lda, const float* B, int ldb, float beta, float* C, int ldc, LowpPath path) {
+  if (t == DType::F32) return gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  if (M <= 0 || N <= 0) return;
+  SW_CHECK(lda >= (ta ? M : (K > 0 ? K : 1)) && ldb >= (tb ? (K > 0 ? K : 1) : N) && ldc >= N,
+           "gemm: leading dimension smaller than the row width");
+  if (K <= 0) return gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);  // C = beta C
+  detail::blas_select_core();
+  if (use_native(t, path))
+    return detail::gemm_bf16_avx512(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  const int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+  const float* a = rounded(t, 0, A, ar, ac, lda);
+  const float* b = rounded(t, 1, B, br, bc, ldb);
+  detail::sgemm(ta, tb, M, N, K, alpha, a, ac, b, bc, beta, C, ldc);
+}
+
+void linear_forward_lowp(DType t, float* out, const float* inp, const float* w, const float* b,
+                         int N, int C, int OC) {
+  if (t == DType::F32) return linear_forward(out, inp, w, b, N, C, OC);
+  if (N <= 0 || OC <= 0) return;
+  if (b) {
+#pragma omp parallel for schedule(static) if ((size_t)N * OC >= (1u << 16))
+    for (int n = 0; n < N; ++n) std::memcpy(out + (size_t)n * OC, b, sizeof(float) * OC);
+  }
+  if (C <= 0) {
+    if (!b) std::memset(out, 0, sizeof(float) * (size_t)N * OC);
+    return;
+  }
+  gemm_lowp(t, false, true, N, OC, C, 1.f, inp, C, w, C, b ? 1.f : 0.f, out, OC);
+}
+
+void linear_backward_lowp(DType t, float* dinp, float* dw, float* db, const float* dout,
+                          const float* inp, const float* w, int N, int C, int OC) {
+  if (t == DType::F32) return linear_backward(dinp, dw, db, dout, inp, w, N, C, OC);
+  if (N <= 0 || OC <= 0) return;
+  if ((dinp || dw) && C > 0) {
+    if (use_native(t, LowpPath::Auto)) {
+      if (dinp) gemm_lowp(t, false, false, N, C, OC, 1.f, dout, OC, w, C, 1.f, dinp, C);
+      if (dw) gemm_lowp(t, true, false, OC, C, N, 1.f, dout, OC, inp, C, 1.f, dw, C);
+    } else {
+      // dout feeds both products: rounded once.
+      detail::blas_select_core();
+      const float* rd = rounded(t, 0, dout, N, OC, OC);
+      if (dinp) {
+        const float* rw = rounded(t, 1, w, OC, C, C);
+        detail::sgemm(false, false, N, C, OC, 1.f, rd, OC, rw, C, 1.f, dinp, C);
+      }
+      if (dw) {
+        const float* ri = rounded(t, 2, inp, N, C, C);
+        detail::sgemm(true, false, OC, C, N, 1.f, rd, OC, ri, C, 1.f, dw, C);
+      }
+    }
+  }
+  // The bias gradient is a sum, not a product: fp32 (the fp32 op's code).
+  if (db) linear_backward(nullptr, nullptr, db, dout, inp, w, N, C, OC);
+}
+
+}  // namespace sw::cpu
