@@ -20,6 +20,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -74,10 +75,20 @@ __attribute__((target("avx2,f16c"))) void round_f16_f16c(float* dst, const float
   for (; i < n; ++i) dst[i] = f16_to_f32(f32_to_f16(src[i]));
 }
 
+// f32_to_bf16's arithmetic on 16 lanes (GCC vector extensions: one AVX-512 register, or two
+// AVX2 / four SSE registers), result widened back to fp32.
+typedef uint32_t U16 __attribute__((vector_size(64), aligned(4), may_alias));
+
 void round_row(DType t, float* d, const float* s, int n) {
   if (t == DType::BF16) {
-#pragma omp simd
-    for (int c = 0; c < n; ++c) d[c] = round_bf16(s[c]);
+    int c = 0;
+    for (; c + 16 <= n; c += 16) {
+      const U16 u = *reinterpret_cast<const U16*>(s + c);
+      const U16 r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+      const U16 nan = (U16)((u & 0x7fffffffu) > 0x7f800000u);  // all ones where NaN
+      *reinterpret_cast<U16*>(d + c) = (nan & ((u | 0x00400000u) & 0xffff0000u)) | (~nan & r);
+    }
+    for (; c < n; ++c) d[c] = round_bf16(s[c]);
   } else if (hw_f16c()) {
     round_f16_f16c(d, s, n);
   } else {

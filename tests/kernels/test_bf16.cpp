@@ -548,3 +548,36 @@ TEST_CASE("attention in bf16/fp16: forward vs rounded reference, both passes vs 
     }
   }
 }
+
+TEST_CASE("round_to is f32_to_bf16 / f32_to_f16 bit for bit (NaN, inf, subnormals, ties)") {
+  // Random bit patterns (every exponent, NaNs included) plus special values; lengths not a
+  // multiple of the vector width.
+  std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+                                0x7f800001u, 0xffffffffu, 0x00000001u, 0x807fffffu, 0x3f808000u,
+                                0x3f818000u, 0x7f7fffffu, 0x477fe000u, 0x477ff000u, 0x33800000u};
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (int i = 0; i < 5000; ++i) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    bits.push_back((uint32_t)x);
+  }
+  Vec src(bits.size());
+  std::memcpy(src.data(), bits.data(), bits.size() * 4);
+  for (DType t : {DType::BF16, DType::F16}) {
+    Vec dst(src.size());
+    sw::cpu::round_to(t, dst.data(), src.data(), src.size());
+    size_t bad = 0;
+    for (size_t i = 0; i < src.size(); ++i) {
+      const float e = rnd(t, src[i]);
+      if (std::isnan(e) ? !std::isnan(dst[i]) : std::memcmp(&e, &dst[i], 4) != 0) ++bad;
+    }
+    INFO(sw::dtype_name(t) << ": " << bad << " of " << src.size() << " differ");
+    CHECK(bad == 0);
+    if (t == DType::BF16) {  // bf16 NaNs keep f32_to_bf16's exact bits
+      Vec e = rounded(t, src);
+      CHECK(same_bits(dst, e));
+    }
+    Vec inplace = src;
+    sw::cpu::round_to(t, inplace.data(), inplace.data(), inplace.size());
+    CHECK(same_bits(inplace, dst));
+  }
+}
