@@ -96,12 +96,6 @@ void round_row(DType t, float* d, const float* s, int n) {
   }
 }
 
-// dst(rows, cols), dense, = round(src(rows, cols; stride ld)).
-void round_matrix(DType t, float* dst, const float* src, int rows, int cols, int ld) {
-#pragma omp parallel for schedule(static) if ((size_t)rows * cols >= (1u << 15) && !omp_in_parallel())
-  for (int r = 0; r < rows; ++r) round_row(t, dst + (size_t)r * cols, src + (size_t)r * ld, cols);
-}
-
 // Per-thread workspaces for the rounded copies (kept between calls: the operands of a model's
 // GEMMs are tens of MB, and fresh mmap'ed buffers are page-faulted on every call).
 float* workspace(int slot, size_t floats) {
@@ -114,10 +108,36 @@ float* workspace(int slot, size_t floats) {
   return b.f32();
 }
 
-const float* rounded(DType t, int slot, const float* src, int rows, int cols, int ld) {
-  float* d = workspace(slot, (size_t)rows * cols);
-  round_matrix(t, d, src, rows, cols, ld);
-  return d;
+// A matrix to round: src(rows, cols; stride ld) -> a dense copy in workspace `slot`.
+struct RoundJob {
+  const float* src;
+  int rows, cols, ld;
+  const float* out = nullptr;
+};
+
+// Rounds up to three matrices in ONE parallel region (static split of all their rows): every
+// fork/join is a point where both threads must be running, which costs far more than the
+// rounding itself when the cores are shared.
+void round_jobs(DType t, RoundJob* jobs, int njobs) {
+  float* dst[3];
+  long total = 0, first[4];
+  for (int j = 0; j < njobs; ++j) {
+    dst[j] = workspace(j, (size_t)jobs[j].rows * jobs[j].cols);
+    jobs[j].out = dst[j];
+    first[j] = total;
+    total += jobs[j].rows;
+  }
+  first[njobs] = total;
+  size_t elems = 0;
+  for (int j = 0; j < njobs; ++j) elems += (size_t)jobs[j].rows * jobs[j].cols;
+#pragma omp parallel for schedule(static) if (elems >= (1u << 15) && !omp_in_parallel())
+  for (long r = 0; r < total; ++r) {
+    int j = 0;
+    while (r >= first[j + 1]) ++j;
+    const long i = r - first[j];
+    round_row(t, dst[j] + (size_t)i * jobs[j].cols, jobs[j].src + (size_t)i * jobs[j].ld,
+              jobs[j].cols);
+  }
 }
 
 bool use_native(DType t, LowpPath path) {
@@ -167,9 +187,9 @@ void gemm_lowp(DType t, bool ta, bool tb, int M, int N, int K, float alpha, cons
   if (use_native(t, path))
     return detail::gemm_bf16_avx512(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   const int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
-  const float* a = rounded(t, 0, A, ar, ac, lda);
-  const float* b = rounded(t, 1, B, br, bc, ldb);
-  detail::sgemm(ta, tb, M, N, K, alpha, a, ac, b, bc, beta, C, ldc);
+  RoundJob jobs[2] = {{A, ar, ac, lda}, {B, br, bc, ldb}};
+  round_jobs(t, jobs, 2);
+  detail::sgemm(ta, tb, M, N, K, alpha, jobs[0].out, ac, jobs[1].out, bc, beta, C, ldc);
 }
 
 void linear_forward_lowp(DType t, float* out, const float* inp, const float* w, const float* b,
@@ -196,17 +216,17 @@ void linear_backward_lowp(DType t, float* dinp, float* dw, float* db, const floa
       if (dinp) gemm_lowp(t, false, false, N, C, OC, 1.f, dout, OC, w, C, 1.f, dinp, C);
       if (dw) gemm_lowp(t, true, false, OC, C, N, 1.f, dout, OC, inp, C, 1.f, dw, C);
     } else {
-      // dout feeds both products: rounded once.
+      // dout feeds both products: rounded once; all three operands in one pass.
       detail::blas_select_core();
-      const float* rd = rounded(t, 0, dout, N, OC, OC);
-      if (dinp) {
-        const float* rw = rounded(t, 1, w, OC, C, C);
-        detail::sgemm(false, false, N, C, OC, 1.f, rd, OC, rw, C, 1.f, dinp, C);
-      }
-      if (dw) {
-        const float* ri = rounded(t, 2, inp, N, C, C);
-        detail::sgemm(true, false, OC, C, N, 1.f, rd, OC, ri, C, 1.f, dw, C);
-      }
+      RoundJob jobs[3] = {{dout, N, OC, OC}, {w, OC, C, C}, {inp, N, C, C}};
+      int nj = 1;
+      if (dinp) jobs[nj++] = jobs[1];
+      if (dw) jobs[nj++] = jobs[2];
+      round_jobs(t, jobs, nj);
+      const float* rd = jobs[0].out;
+      if (dinp) detail::sgemm(false, false, N, C, OC, 1.f, rd, OC, jobs[1].out, C, 1.f, dinp, C);
+      if (dw)
+        detail::sgemm(true, false, OC, C, N, 1.f, rd, OC, jobs[nj - 1].out, C, 1.f, dw, C);
     }
   }
   // The bias gradient is a sum, not a product: fp32 (the fp32 op's code).
