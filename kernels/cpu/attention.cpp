@@ -217,9 +217,14 @@ inline int padded_ld(int n) {
 }
 
 // Reduced-precision compute: qkv rounded to bf16 / fp16 once per call (Q, K and V are operands
-// of every tile product); P, dS and dO are rounded where they are formed.
-const float* rounded_qkv(Buffer& buf, DType t, const float* qkv, size_t n) {
-  buf = Buffer(sizeof(float) * n, Mem::Workspace);
+// of every tile product) into a per-thread workspace kept between calls (a fresh buffer of this
+// size would be page-faulted on every call); P, dS and dO are rounded where they are formed.
+const float* rounded_qkv(DType t, const float* qkv, size_t n) {
+  thread_local Buffer buf;
+  if (buf.bytes() < sizeof(float) * n) {
+    buf.release();
+    buf = Buffer(sizeof(float) * n, Mem::Workspace);
+  }
   round_to(t, buf.f32(), qkv, n);
   return buf.f32();
 }
@@ -237,8 +242,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
   if (B == 0 || T == 0) return;
   const int R = (H + 2 * KVH) * hd, CO = H * hd, rep = H / KVH;
   const bool lowp = compute != DType::F32;
-  Buffer qkv_r;
-  if (lowp) qkv = rounded_qkv(qkv_r, compute, qkv, (size_t)B * T * R);
+  if (lowp) qkv = rounded_qkv(compute, qkv, (size_t)B * T * R);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int nqt = (T + kFwdBQ - 1) / kFwdBQ;
   const int ntasks = B * H * nqt;
@@ -317,8 +321,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   if (B == 0 || T == 0) return;
   const int R = (H + 2 * KVH) * hd, CO = H * hd, rep = H / KVH;
   const bool lowp = compute != DType::F32;
-  Buffer qkv_r;
-  if (lowp) qkv = rounded_qkv(qkv_r, compute, qkv, (size_t)B * T * R);
+  if (lowp) qkv = rounded_qkv(compute, qkv, (size_t)B * T * R);
   const int hd16 = round16(hd), ldh = padded_ld(hd);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const float ninf = -std::numeric_limits<float>::infinity();

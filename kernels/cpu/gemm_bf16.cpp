@@ -169,11 +169,18 @@ void round_to(DType t, float* dst, const float* src, size_t n) {
   }
   constexpr size_t kBlock = 4096;
   const long nb = (long)((n + kBlock - 1) / kBlock);
-#pragma omp parallel for schedule(static) if (n >= (1u << 15) && !omp_in_parallel())
-  for (long b = 0; b < nb; ++b) {
+  auto block = [&](long b) {
     const size_t i0 = (size_t)b * kBlock, m = std::min(kBlock, n - i0);
     round_row(t, dst + i0, src + i0, (int)m);
+  };
+  // Small or nested calls (attention and the LM head round rows from inside their own
+  // parallel loops) run here without opening a parallel region.
+  if (n < (1u << 15) || omp_in_parallel()) {
+    for (long b = 0; b < nb; ++b) block(b);
+    return;
   }
+#pragma omp parallel for schedule(static)
+  for (long b = 0; b < nb; ++b) block(b);
 }
 
 void gemm_lowp(DType t, bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
