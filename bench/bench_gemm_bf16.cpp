@@ -1,7 +1,9 @@
 // BF16 GEMM throughput against its peers on the GPT-2 124M shapes, in one run, alternating:
 //   sgemm   OpenBLAS cblas_sgemm on the fp32 operands (the fp32 path of Shardwise);
 //   emul    Shardwise's gemm_lowp(BF16) emulated path: operands rounded to bf16 into fp32
-//           copies, then sgemm (what Auto runs where vdpbf16ps is slower than FMA);
+//           copies, then sgemm (the path for CPUs without AVX-512);
+//   fused   gemm_lowp(BF16) fused path: AVX-512 FMA microkernels on panels rounded to bf16
+//           while packing (no extra pass; what Auto runs where vdpbf16ps is slower than FMA);
 //   native  gemm_lowp(BF16) native path: AVX512-BF16 vdpbf16ps microkernels, rounding while
 //           packing (only where the CPU has AVX512-BF16);
 //   onednn  oneDNN's bf16 matmul (bf16 operands converted beforehand and not timed, f32
@@ -79,8 +81,13 @@ int main(int argc, char** argv) {
       {"lmhead dw    dl^T@x", V, C, 512, true, false},
   };
   const bool hw = sw::cpu::cpu_has_avx512_bf16();
+  const bool hwf = sw::cpu::cpu_has_avx512();
+  const sw::cpu::LowpPath ap = sw::cpu::lowp_auto_path(sw::DType::BF16);
   std::printf("threads %d, reps %d, AVX512-BF16 %s, Auto path: %s\n", threads, reps,
-              hw ? "yes" : "no", sw::cpu::bf16_native() ? "native" : "emulated");
+              hw ? "yes" : "no",
+              ap == sw::cpu::LowpPath::Native  ? "native"
+              : ap == sw::cpu::LowpPath::Fused ? "fused"
+                                               : "emulated");
 #ifdef SW_HAVE_DNNL
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   dnnl::stream strm(eng);
@@ -88,13 +95,14 @@ int main(int argc, char** argv) {
 #else
   const bool dnnl_on = false;
 #endif
-  std::printf("GFLOP/s (median)       %6s %6s %6s  %7s %7s %7s %7s  %7s %7s %9s\n", "M", "N",
-              "K", "sgemm", "emul", "native", "onednn", "emul/s", "nat/s", "best/dnnl");
-  double tf = 0, ts = 0, te = 0, tn = 0, td = 0;
+  std::printf("GFLOP/s (median)       %6s %6s %6s  %7s %7s %7s %7s %7s  %7s %7s %7s %9s\n",
+              "M", "N", "K", "sgemm", "emul", "fused", "native", "onednn", "emul/s", "fused/s",
+              "nat/s", "best/dnnl");
+  double tf = 0, ts = 0, te = 0, tu = 0, tn = 0, td = 0;
   for (const Shape& s : shapes) {
     const int lda = s.ta ? s.M : s.K, ldb = s.tb ? s.K : s.N;
     std::vector<float> A((size_t)s.M * s.K), B((size_t)s.K * s.N), Cs((size_t)s.M * s.N),
-        Ce((size_t)s.M * s.N), Cn((size_t)s.M * s.N);
+        Ce((size_t)s.M * s.N), Cu((size_t)s.M * s.N), Cn((size_t)s.M * s.N);
     uint32_t x = 12345;
     auto rnd = [&] {
       x = x * 1664525u + 1013904223u;
@@ -109,6 +117,11 @@ int main(int argc, char** argv) {
     auto run_e = [&] {
       sw::cpu::gemm_lowp(sw::DType::BF16, s.ta, s.tb, s.M, s.N, s.K, 1.f, A.data(), lda,
                          B.data(), ldb, 0.f, Ce.data(), s.N, sw::cpu::LowpPath::Emulated);
+    };
+    auto run_u = [&] {
+      if (hwf)
+        sw::cpu::gemm_lowp(sw::DType::BF16, s.ta, s.tb, s.M, s.N, s.K, 1.f, A.data(), lda,
+                           B.data(), ldb, 0.f, Cu.data(), s.N, sw::cpu::LowpPath::Fused);
     };
     auto run_n = [&] {
       if (hw)
@@ -144,30 +157,35 @@ int main(int argc, char** argv) {
     };
     run_s();
     run_e();
+    run_u();
     run_n();
     if (dnnl_on) run_d();
-    std::vector<double> t_s, t_e, t_n, t_d;
+    std::vector<double> t_s, t_e, t_u, t_n, t_d;
     for (int r = 0; r < reps; ++r) {
       t_s.push_back(timed(run_s));
       t_e.push_back(timed(run_e));
+      if (hwf) t_u.push_back(timed(run_u));
       if (hw) t_n.push_back(timed(run_n));
       if (dnnl_on) t_d.push_back(timed(run_d));
     }
     const double fl = 2.0 * s.M * s.N * s.K;
-    const double ms = median(t_s), me = median(t_e), mn = hw ? median(t_n) : 0,
-                 md = dnnl_on ? median(t_d) : 0;
-    tf += fl, ts += ms, te += me, tn += mn, td += md;
+    const double ms = median(t_s), me = median(t_e), mu = hwf ? median(t_u) : 0,
+                 mn = hw ? median(t_n) : 0, md = dnnl_on ? median(t_d) : 0;
+    tf += fl, ts += ms, te += me, tu += mu, tn += mn, td += md;
     auto row = [&](const char* name, int M, int N, int K, double fs, double ms_, double me_,
-                   double mn_, double md_) {
+                   double mu_, double mn_, double md_) {
       auto g = [&](double t) { return t > 0 ? fs / t / 1e9 : 0.0; };
-      const double best = mn_ > 0 ? std::min(me_, mn_) : me_;
-      std::printf("%-22s %6d %6d %6d  %7.1f %7.1f %7.1f %7.1f  %6.2fx %6.2fx %8.2fx\n", name, M,
-                  N, K, g(ms_), g(me_), g(mn_), g(md_), ms_ / me_, mn_ > 0 ? ms_ / mn_ : 0.0,
+      auto r = [&](double t) { return t > 0 ? ms_ / t : 0.0; };
+      double best = me_;
+      if (mu_ > 0) best = std::min(best, mu_);
+      if (mn_ > 0) best = std::min(best, mn_);
+      std::printf("%-22s %6d %6d %6d  %7.1f %7.1f %7.1f %7.1f %7.1f  %6.2fx %6.2fx %6.2fx %8.2fx\n",
+                  name, M, N, K, g(ms_), g(me_), g(mu_), g(mn_), g(md_), r(me_), r(mu_), r(mn_),
                   md_ > 0 ? md_ / best : 0.0);
       std::fflush(stdout);
     };
-    row(s.name, s.M, s.N, s.K, fl, ms, me, mn, md);
-    if (&s == &shapes.back()) row("total (all shapes)", 0, 0, 0, tf, ts, te, tn, td);
+    row(s.name, s.M, s.N, s.K, fl, ms, me, mu, mn, md);
+    if (&s == &shapes.back()) row("total (all shapes)", 0, 0, 0, tf, ts, te, tu, tn, td);
   }
   return 0;
 }

@@ -21,13 +21,15 @@ void linear_backward(float* dinp, float* dw, float* db, const float* dout, const
 // gemm_bf16.cpp: reduced-precision products. Operands are rounded to bf16 / fp16 (round to
 // nearest even, as core/dtype.h f32_to_bf16 / f32_to_f16: fp16 overflow gives +-inf) and the
 // products accumulated in fp32; everything else (bias, db) stays fp32. t = F32 calls the fp32
-// functions above. Two paths give the same exact products summed in different orders:
-// native = AVX512-BF16 vdpbf16ps kernels (BF16 only), emulated = rounded copies + sgemm.
-// Auto picks native where bf16_native() (see gemm_bf16.cpp); `path` forces one (tests, bench;
-// Native throws on a CPU without AVX512-BF16 and for F16).
-enum class LowpPath { Auto, Native, Emulated };
-bool cpu_has_avx512_bf16();  // the instructions exist on this CPU
-bool bf16_native();          // ... and Auto uses them (faster than FMA, or SW_BF16_PATH=native)
+// functions above. Three paths give the same exact products summed in different orders
+// (gemm_bf16.cpp): Native = AVX512-BF16 vdpbf16ps kernels (BF16 only), Fused = AVX-512 FMA
+// kernels rounding while packing, Emulated = rounded copies + sgemm. Auto resolves to
+// lowp_auto_path(t); a forced path throws where the CPU lacks it (and Native for F16).
+enum class LowpPath { Auto, Native, Fused, Emulated };
+bool cpu_has_avx512_bf16();  // the CPU has AVX512-BF16 (Native possible)
+bool cpu_has_avx512();       // the CPU has AVX-512F/BW (Fused possible)
+bool bf16_native();          // Auto runs Native for BF16 (faster than FMA, or forced)
+LowpPath lowp_auto_path(DType t);  // what Auto runs for t (fixed for the process)
 void gemm_lowp(DType t, bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
                int lda, const float* B, int ldb, float beta, float* C, int ldc,
                LowpPath path = LowpPath::Auto);

@@ -1,19 +1,21 @@
 // Reduced-precision matrix products: bf16 / fp16 operands, fp32 accumulation (see cpu_kernels.h).
 //
-// Two ways to compute the same thing (products of the rounded operands are exact in fp32, so
-// the two differ only in the fp32 summation order):
-//  * native (BF16 only): gemm_bf16_avx512.cpp, AVX512-BF16 vdpbf16ps microkernels that round
-//    while packing;
-//  * emulated: the operands are rounded (f32_to_bf16 / f32_to_f16 semantics) into fp32 copies,
-//    then OpenBLAS sgemm. One extra pass over the operands (a few % of a GEMM at the model's
-//    shapes); an operand used by two products (dout in linear_backward) is rounded once.
-// BF16 runs native only where it is faster: the CPU must have AVX512-BF16 and vdpbf16ps must
-// deliver more flops than fp32 FMA (dpbf16_flop_ratio() > 1.2, measured once per process; on
-// the 4th-generation Xeon these helpers were developed on it delivers ~0.5x, as one vdpbf16ps
-// issues at a quarter of the FMA's rate, so there bf16 products run at sgemm speed, not
-// faster). SW_BF16_PATH=native|emulated overrides the choice; tests force one path per call.
+// Three ways to compute the same thing (products of rounded operands are exact in fp32, so
+// they differ only in the fp32 summation order):
+//  * native (BF16 only): gemm_bf16_avx512.cpp, AVX512-BF16 vdpbf16ps microkernels on K-pair
+//    interleaved bf16 panels, rounding while packing;
+//  * fused (AVX-512F/BW): same blocking, panels of fp32 values rounded while packing, fp32
+//    FMA microkernels: no extra pass over the operands;
+//  * emulated (any CPU): operands rounded into fp32 copies, then OpenBLAS sgemm. One extra
+//    pass over the operands; an operand used by two products (dout in linear_backward) is
+//    rounded once, all of a call's operands in one parallel region.
+// Auto: BF16 runs native only where vdpbf16ps is faster than FMA (dpbf16_flop_ratio() > 1.2,
+// measured once per process; on the 4th-generation Xeon these kernels were developed on it
+// delivers ~0.5x: one vdpbf16ps issues at a quarter of the FMA's rate, so bf16 cannot beat
+// fp32 there), else fused where AVX-512 exists, else emulated. SW_LOWP_PATH=native|fused|
+// emulated overrides Auto; tests and the bench force one path per call.
 //
-// F16 is always emulated: x86 has no fp16 dot product with fp32 accumulation below AMX-FP16,
+// F16 has no native path: x86 has no fp16 dot product with fp32 accumulation below AMX-FP16,
 // so fp16 compute brings no speed on the CPU; it exists for the fp16 mixed-precision mode
 // (values beyond fp16's range become +-inf, which is how the loss scaler detects overflow).
 #include <immintrin.h>
@@ -52,13 +54,26 @@ bool hw_f16c() {
   return has;
 }
 
+bool hw_avx512() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  }();
+  return has;
+}
+
+std::string env_path() {
+  const char* env = std::getenv("SW_LOWP_PATH");
+  const std::string e = env ? env : "";
+  if (!e.empty() && e != "native" && e != "fused" && e != "emulated")
+    fail("kernels", "SW_LOWP_PATH must be native, fused or emulated, not '" + e + "'");
+  return e;
+}
+
 bool choose_native() {
   if (!hw_avx512_bf16()) return false;
-  const char* env = std::getenv("SW_BF16_PATH");
-  const std::string e = env ? env : "";
-  if (e == "native") return true;
-  if (e == "emulated") return false;
-  if (!e.empty()) fail("kernels", "SW_BF16_PATH must be native or emulated, not '" + e + "'");
+  const std::string e = env_path();
+  if (!e.empty()) return e == "native";
   return detail::dpbf16_flop_ratio() > 1.2;
 }
 
@@ -140,22 +155,34 @@ void round_jobs(DType t, RoundJob* jobs, int njobs) {
   }
 }
 
-bool use_native(DType t, LowpPath path) {
-  if (t != DType::BF16) {
-    SW_CHECK(path != LowpPath::Native, "gemm: no native path for fp16 on the CPU");
-    return false;
-  }
-  if (path == LowpPath::Emulated) return false;
+// The path a call takes: Auto resolved, forced paths checked against the CPU.
+LowpPath resolve(DType t, LowpPath path) {
+  if (path == LowpPath::Auto) return lowp_auto_path(t);
   if (path == LowpPath::Native) {
+    SW_CHECK(t == DType::BF16, "gemm: no native path for fp16 on the CPU");
     SW_CHECK(hw_avx512_bf16(), "gemm: this CPU has no AVX512-BF16");
-    return true;
   }
-  return bf16_native();
+  if (path == LowpPath::Fused) SW_CHECK(hw_avx512(), "gemm: this CPU has no AVX-512");
+  return path;
 }
 
 }  // namespace
 
 bool cpu_has_avx512_bf16() { return hw_avx512_bf16(); }
+bool cpu_has_avx512() { return hw_avx512(); }
+
+LowpPath lowp_auto_path(DType t) {
+  static const LowpPath bf16 = [] {
+    if (bf16_native()) return LowpPath::Native;
+    const std::string e = env_path();
+    return hw_avx512() && e != "emulated" ? LowpPath::Fused : LowpPath::Emulated;
+  }();
+  static const LowpPath f16 = [] {
+    const std::string e = env_path();
+    return hw_avx512() && e != "emulated" ? LowpPath::Fused : LowpPath::Emulated;
+  }();
+  return t == DType::BF16 ? bf16 : f16;
+}
 
 bool bf16_native() {
   static const bool native = choose_native();
@@ -191,8 +218,12 @@ void gemm_lowp(DType t, bool ta, bool tb, int M, int N, int K, float alpha, cons
            "gemm: leading dimension smaller than the row width");
   if (K <= 0) return gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);  // C = beta C
   detail::blas_select_core();
-  if (use_native(t, path))
+  path = resolve(t, path);
+  if (path == LowpPath::Native)
     return detail::gemm_bf16_avx512(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  if (path == LowpPath::Fused)
+    return detail::gemm_lowp_fma_avx512(t == DType::F16, ta, tb, M, N, K, alpha, A, lda, B, ldb,
+                                        beta, C, ldc);
   const int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
   RoundJob jobs[2] = {{A, ar, ac, lda}, {B, br, bc, ldb}};
   round_jobs(t, jobs, 2);
@@ -219,7 +250,7 @@ void linear_backward_lowp(DType t, float* dinp, float* dw, float* db, const floa
   if (t == DType::F32) return linear_backward(dinp, dw, db, dout, inp, w, N, C, OC);
   if (N <= 0 || OC <= 0) return;
   if ((dinp || dw) && C > 0) {
-    if (use_native(t, LowpPath::Auto)) {
+    if (lowp_auto_path(t) != LowpPath::Emulated) {  // these round while packing
       if (dinp) gemm_lowp(t, false, false, N, C, OC, 1.f, dout, OC, w, C, 1.f, dinp, C);
       if (dw) gemm_lowp(t, true, false, OC, C, N, 1.f, dout, OC, inp, C, 1.f, dw, C);
     } else {

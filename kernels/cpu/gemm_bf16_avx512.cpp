@@ -43,8 +43,10 @@ namespace {
 constexpr int kMR = 6;           // rows of C per microkernel tile
 constexpr int kNV = 4;           // zmm vectors per tile row
 constexpr int kNR = 16 * kNV;    // columns of C per tile
-constexpr int kKC = 192;         // reduction indices per block (even)
-constexpr int kKP = kKC / 2;     // pairs per block
+// Reduction indices per block: 192 for vdpbf16ps (96 pair words per lane), 128 for FMA (one
+// fp32 word per index); either way a B micro-panel is 24-32 KiB and stays in L1.
+constexpr int kKCdp = 192, kKCfma = 128;
+constexpr int kUnitsMax = 128;  // words per lane per block, the larger of the two
 constexpr int kMC = 144;         // rows per A block (multiple of kMR)
 constexpr int kNC = 4096;        // columns per B block (multiple of kNR)
 
@@ -147,6 +149,75 @@ void pack_kstrided(uint32_t* dst, const float* src, ptrdiff_t ld, int nl, int kc
   }
 }
 
+// ---- FMA variant ("fused"): the panels hold fp32 values already rounded to bf16 / fp16, one
+// word per reduction index; the microkernel is a plain fp32 FMA kernel. Same products, same
+// fp32 accumulation, no separate rounding pass: for CPUs where vdpbf16ps is slower than FMA.
+enum class Kind { Dp, FmaBf16, FmaF16 };
+
+template <Kind k>
+inline __m512 round_ps(__m512 x) {
+  if constexpr (k == Kind::FmaF16)
+    return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+  else
+    return _mm512_castsi512_ps(_mm512_and_si512(round_hi(x), splat(0xffff0000u)));
+}
+
+// Panel of W lanes over kc indices, dst[k*W + l] = round(x(l, k)); x(l, k) = src[l*ld + k].
+template <int W, Kind k>
+void pack_kcontig_f(uint32_t* dst, const float* src, ptrdiff_t ld, int nl, int kc) {
+  for (int g = 0; g < W; g += 16) {
+    const int lanes = std::min(16, W - g), valid = std::clamp(nl - g, 0, 16);
+    const __mmask16 smask = first_n(lanes);
+    for (int k0 = 0; k0 < kc; k0 += 16) {
+      const __mmask16 m = first_n(kc - k0);
+      __m512i r[16];
+      for (int l = 0; l < 16; ++l)
+        r[l] = l < valid ? _mm512_castps_si512(round_ps<k>(
+                               _mm512_maskz_loadu_ps(m, src + (ptrdiff_t)(g + l) * ld + k0)))
+                         : _mm512_setzero_si512();
+      transpose16(r);
+      const int nk = std::min(16, kc - k0);
+      for (int q = 0; q < nk; ++q)
+        _mm512_mask_storeu_epi32(dst + (size_t)(k0 + q) * W + g, smask, r[q]);
+    }
+  }
+}
+
+// Same panel with x(l, k) = src[k*ld + l].
+template <int W, Kind k>
+void pack_kstrided_f(uint32_t* dst, const float* src, ptrdiff_t ld, int nl, int kc) {
+  for (int q = 0; q < kc; ++q)
+    for (int g = 0; g < W; g += 16) {
+      const int lanes = std::min(16, W - g), valid = std::clamp(nl - g, 0, 16);
+      const __m512 x = _mm512_maskz_loadu_ps(first_n(valid), src + (ptrdiff_t)q * ld + g);
+      _mm512_mask_storeu_epi32(dst + (size_t)q * W + g, first_n(lanes),
+                               _mm512_castps_si512(round_ps<k>(x)));
+    }
+}
+
+void store_tile(__m512 (&c)[kMR][kNV], float* C, ptrdiff_t ldc, int mr, int nr, float alpha);
+
+// C[0:mr, 0:nr] += alpha * (A panel)(B panel) over kp indices (FMA variant).
+void ukernel_fma(int kp, const uint32_t* __restrict a, const uint32_t* __restrict b, float* C,
+                 ptrdiff_t ldc, int mr, int nr, float alpha) {
+  __m512 c[kMR][kNV];
+  for (int i = 0; i < kMR; ++i)
+    for (int v = 0; v < kNV; ++v) c[i][v] = _mm512_setzero_ps();
+  const float* af = reinterpret_cast<const float*>(a);
+  const float* bf = reinterpret_cast<const float*>(b);
+  for (int p = 0; p < kp; ++p) {
+    __m512 bv[kNV];
+    for (int v = 0; v < kNV; ++v) bv[v] = _mm512_load_ps(bf + 16 * v);
+    for (int i = 0; i < kMR; ++i) {
+      const __m512 av = _mm512_set1_ps(af[i]);
+      for (int v = 0; v < kNV; ++v) c[i][v] = _mm512_fmadd_ps(av, bv[v], c[i][v]);
+    }
+    af += kMR;
+    bf += kNR;
+  }
+  store_tile(c, C, ldc, mr, nr, alpha);
+}
+
 // C[0:mr, 0:nr] += alpha * (A panel)(B panel) over kp pairs; a: kMR words per pair, b: kNR.
 void ukernel(int kp, const uint32_t* __restrict a, const uint32_t* __restrict b, float* C,
              ptrdiff_t ldc, int mr, int nr, float alpha) {
@@ -163,6 +234,11 @@ void ukernel(int kp, const uint32_t* __restrict a, const uint32_t* __restrict b,
     a += kMR;
     b += kNR;
   }
+  store_tile(c, C, ldc, mr, nr, alpha);
+}
+
+// C tile += alpha * c (rows < mr, columns < nr).
+void store_tile(__m512 (&c)[kMR][kNV], float* C, ptrdiff_t ldc, int mr, int nr, float alpha) {
   const __m512 va = _mm512_set1_ps(alpha);
   if (nr == kNR) {
     for (int i = 0; i < mr; ++i) {
@@ -198,6 +274,7 @@ struct Aligned {
 };
 
 // One thread's slab: rows [m0, m1), columns [n0, n1) of C.
+template <Kind kind>
 void slab(bool ta, bool tb, int m0, int m1, int n0, int n1, int K, float alpha, const float* A,
           int lda, const float* B, int ldb, float beta, float* C, int ldc) {
   if (m1 <= m0 || n1 <= n0) return;
@@ -209,36 +286,52 @@ void slab(bool ta, bool tb, int m0, int m1, int n0, int n1, int K, float alpha, 
       for (int j = n0; j < n1; ++j) row[j] *= beta;
   }
   if (K <= 0 || alpha == 0.f) return;
+  constexpr bool dp = kind == Kind::Dp;
+  constexpr int KC = dp ? kKCdp : kKCfma;
   thread_local Aligned abuf, bbuf;
   const int ncmax = std::min(kNC, (n1 - n0 + kNR - 1) / kNR * kNR);
-  uint32_t* Bp = bbuf.get((size_t)ncmax * kKP);
-  uint32_t* Ap = abuf.get((size_t)kMC * kKP);
+  uint32_t* Bp = bbuf.get((size_t)ncmax * kUnitsMax);
+  uint32_t* Ap = abuf.get((size_t)kMC * kUnitsMax);
   for (int jc = n0; jc < n1; jc += kNC) {
     const int nc = std::min(kNC, n1 - jc);
-    for (int pc = 0; pc < K; pc += kKC) {
-      const int kc = std::min(kKC, K - pc), kp = (kc + 1) / 2;
+    for (int pc = 0; pc < K; pc += KC) {
+      const int kc = std::min(KC, K - pc), kp = dp ? (kc + 1) / 2 : kc;
       for (int jr = 0; jr < nc; jr += kNR) {
         uint32_t* d = Bp + (size_t)jr * kp;
         const int nl = std::min(kNR, nc - jr);
-        if (tb)
-          pack_kcontig<kNR>(d, B + (size_t)(jc + jr) * ldb + pc, ldb, nl, kc);
-        else
-          pack_kstrided<kNR>(d, B + (size_t)pc * ldb + jc + jr, ldb, nl, kc);
+        if constexpr (dp) {
+          if (tb)
+            pack_kcontig<kNR>(d, B + (size_t)(jc + jr) * ldb + pc, ldb, nl, kc);
+          else
+            pack_kstrided<kNR>(d, B + (size_t)pc * ldb + jc + jr, ldb, nl, kc);
+        } else {
+          if (tb)
+            pack_kcontig_f<kNR, kind>(d, B + (size_t)(jc + jr) * ldb + pc, ldb, nl, kc);
+          else
+            pack_kstrided_f<kNR, kind>(d, B + (size_t)pc * ldb + jc + jr, ldb, nl, kc);
+        }
       }
       for (int ic = m0; ic < m1; ic += kMC) {
         const int mc = std::min(kMC, m1 - ic);
         for (int ir = 0; ir < mc; ir += kMR) {
           uint32_t* d = Ap + (size_t)ir * kp;
           const int nl = std::min(kMR, mc - ir);
-          if (ta)
-            pack_kstrided<kMR>(d, A + (size_t)pc * lda + ic + ir, lda, nl, kc);
-          else
-            pack_kcontig<kMR>(d, A + (size_t)(ic + ir) * lda + pc, lda, nl, kc);
+          if constexpr (dp) {
+            if (ta)
+              pack_kstrided<kMR>(d, A + (size_t)pc * lda + ic + ir, lda, nl, kc);
+            else
+              pack_kcontig<kMR>(d, A + (size_t)(ic + ir) * lda + pc, lda, nl, kc);
+          } else {
+            if (ta)
+              pack_kstrided_f<kMR, kind>(d, A + (size_t)pc * lda + ic + ir, lda, nl, kc);
+            else
+              pack_kcontig_f<kMR, kind>(d, A + (size_t)(ic + ir) * lda + pc, lda, nl, kc);
+          }
         }
         for (int jr = 0; jr < nc; jr += kNR) {
           const int nr = std::min(kNR, nc - jr);
           for (int ir = 0; ir < mc; ir += kMR)
-            ukernel(kp, Ap + (size_t)ir * kp, Bp + (size_t)jr * kp,
+            (dp ? ukernel : ukernel_fma)(kp, Ap + (size_t)ir * kp, Bp + (size_t)jr * kp,
                     C + (size_t)(ic + ir) * ldc + jc + jr, ldc, std::min(kMR, mc - ir), nr,
                     alpha);
         }
@@ -284,8 +377,11 @@ double dpbf16_flop_ratio() {
   return 2.0 * best_fma / best_dp;
 }
 
-void gemm_bf16_avx512(bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
-                      int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+namespace {
+
+template <Kind kind>
+void run(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+         const float* B, int ldb, float beta, float* C, int ldc) {
   if (M <= 0 || N <= 0) return;
   const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
   const double work = 2.0 * M * N * std::max(K, 1);
@@ -299,10 +395,26 @@ void gemm_bf16_avx512(bool ta, bool tb, int M, int N, int K, float alpha, const 
     const int per = (units + nth - 1) / nth;
     const int a = std::min(extent, t * per * unit), b = std::min(extent, (t + 1) * per * unit);
     if (by_rows)
-      slab(ta, tb, a, b, 0, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+      slab<kind>(ta, tb, a, b, 0, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     else
-      slab(ta, tb, 0, M, a, b, K, alpha, A, lda, B, ldb, beta, C, ldc);
+      slab<kind>(ta, tb, 0, M, a, b, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
+}
+
+}  // namespace
+
+void gemm_bf16_avx512(bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
+                      int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  run<Kind::Dp>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void gemm_lowp_fma_avx512(bool f16, bool ta, bool tb, int M, int N, int K, float alpha,
+                          const float* A, int lda, const float* B, int ldb, float beta, float* C,
+                          int ldc) {
+  if (f16)
+    run<Kind::FmaF16>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  else
+    run<Kind::FmaBf16>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 }  // namespace sw::cpu::detail

@@ -61,10 +61,11 @@ double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const floa
   float* logits = buf.f32();
   // Reduced precision (compute BF16 / F16): the products take rounded operands. Emulated
   // (rounded copies + sgemm, see gemm_bf16.cpp), w and x are rounded once per call and
-  // dlogits in place in the row pass, so no product pays for rounding; with the native bf16
-  // kernels the packing rounds and the originals are passed.
+  // dlogits in place in the row pass, so no product pays for rounding; the native and fused
+  // kernels round while packing and get the originals.
   const bool lowp = compute != DType::F32;
-  const bool native = compute == DType::BF16 && bf16_native();
+  const LowpPath path = lowp ? lowp_auto_path(compute) : LowpPath::Emulated;
+  const bool native = lowp && path != LowpPath::Emulated;
   thread_local Buffer wbuf, xbuf;
   const float* wr = w;
   const float* xr = x;
@@ -82,11 +83,11 @@ double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const floa
     round_to(compute, xp, x, (size_t)N * C);
     wr = wp, xr = xp;
   }
-  auto mm = [native](bool ta, bool tb, int M, int Nn, int K, const float* A, int lda,
-                     const float* B, int ldb, float beta, float* Cm, int ldc) {
+  auto mm = [native, compute, path](bool ta, bool tb, int M, int Nn, int K, const float* A,
+                                    int lda, const float* B, int ldb, float beta, float* Cm,
+                                    int ldc) {
     if (native)
-      gemm_lowp(DType::BF16, ta, tb, M, Nn, K, 1.f, A, lda, B, ldb, beta, Cm, ldc,
-                LowpPath::Native);
+      gemm_lowp(compute, ta, tb, M, Nn, K, 1.f, A, lda, B, ldb, beta, Cm, ldc, path);
     else
       detail::sgemm(ta, tb, M, Nn, K, 1.f, A, lda, B, ldb, beta, Cm, ldc);
   };

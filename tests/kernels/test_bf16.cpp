@@ -112,11 +112,18 @@ std::vector<std::pair<DType, LowpPath>> paths() {
                                                {DType::F16, LowpPath::Emulated},
                                                {DType::F16, LowpPath::Auto}};
   if (sw::cpu::cpu_has_avx512_bf16()) p.push_back({DType::BF16, LowpPath::Native});
+  if (sw::cpu::cpu_has_avx512()) {
+    p.push_back({DType::BF16, LowpPath::Fused});
+    p.push_back({DType::F16, LowpPath::Fused});
+  }
   return p;
 }
 
 const char* path_name(LowpPath p) {
-  return p == LowpPath::Native ? "native" : p == LowpPath::Emulated ? "emulated" : "auto";
+  return p == LowpPath::Native     ? "native"
+         : p == LowpPath::Fused    ? "fused"
+         : p == LowpPath::Emulated ? "emulated"
+                                   : "auto";
 }
 
 }  // namespace
