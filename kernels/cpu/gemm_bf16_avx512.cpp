@@ -12,9 +12,15 @@
 // a zero). The microkernel keeps an MR x NR fp32 tile of C in 24 zmm registers; per pair it
 // loads NR/16 vectors of the B panel and broadcasts MR words of the A panel.
 //
-// Blocking (BLIS order): for each kKC block of K, a B block (all of the thread's columns, at
-// most kNC) is packed, then A in blocks of kMC rows (kept in L2 while all B panels pass over
-// it; each B micro-panel, kKC/2 x NR words = 24 KiB, stays in L1 across the A panels).
+// Blocking (BLIS order): for each block of K, a B block (all of the thread's columns, at most
+// kNC) is packed, then A in blocks of kMC rows (kept in L2 while all B panels pass over it;
+// each B micro-panel stays in L1/L2 across the A panels).
+//
+// The same blocking also serves the "fused" FMA variant (panels of fp32 values rounded while
+// packing, fp32 FMA microkernel) for CPUs where vdpbf16ps is slower than FMA. Measured on the
+// development machine (Xeon with AVX512-BF16, 2 cores, shared): one vdpbf16ps issues every
+// ~2 cycles against two FMAs per cycle, so the vdpbf16ps kernel runs at ~0.5x sgemm (oneDNN
+// 2.6's bf16 matmul at ~0.55x) and the fused kernel at ~0.9x sgemm.
 //
 // Threads: C is split into one contiguous slab per thread (rows when M >= N, else columns;
 // aligned to the microkernel tile). Each C element is produced by one thread with the same
@@ -43,10 +49,11 @@ namespace {
 constexpr int kMR = 6;           // rows of C per microkernel tile
 constexpr int kNV = 4;           // zmm vectors per tile row
 constexpr int kNR = 16 * kNV;    // columns of C per tile
-// Reduction indices per block: 192 for vdpbf16ps (96 pair words per lane), 128 for FMA (one
-// fp32 word per index); either way a B micro-panel is 24-32 KiB and stays in L1.
-constexpr int kKCdp = 192, kKCfma = 128;
-constexpr int kUnitsMax = 128;  // words per lane per block, the larger of the two
+// Reduction indices per block: 192 for vdpbf16ps (96 pair words per lane, a 24 KiB B
+// micro-panel), 256 for FMA (one fp32 word per index; 128 and 384 measured no better, within
+// the noise of a shared machine).
+constexpr int kKCdp = 192, kKCfma = 256;
+constexpr int kUnitsMax = 256;  // words per lane per block, the larger of the two
 constexpr int kMC = 144;         // rows per A block (multiple of kMR)
 constexpr int kNC = 4096;        // columns per B block (multiple of kNR)
 

@@ -13,8 +13,8 @@
 //     rounded operands is within (2 u_low + u_low^2) |a b| of the exact one, so
 //     |C_low - C_f32| <= (2 u_low + u_low^2 + 2 (K + 2) u) sum |a b| (proven); for attention
 //     and the LM head (exp, normalisation) documented measured tolerances instead.
-// Plus: the native AVX512-BF16 path and the emulated path agree (same products, another
-// summation order: within twice the fp32 bound); rounding is exactly f32_to_bf16 /
+// Plus: the native (AVX512-BF16), fused (AVX-512 FMA) and emulated (rounded copies + sgemm)
+// paths agree (same products, other summation orders: within twice the fp32 bound); rounding is exactly f32_to_bf16 /
 // f32_to_f16 (a product with the identity returns the rounded operand bit for bit); fp16
 // overflow gives inf; bit-identical reruns (and, for the native GEMM, 1 vs 2 threads).
 #include <omp.h>
@@ -258,7 +258,7 @@ TEST_CASE("fp16 overflow gives inf, bf16 keeps the value") {
   CHECK(std::isinf(out[0]));
 }
 
-TEST_CASE("native AVX512-BF16 and emulated bf16 agree; reruns are bit-identical") {
+TEST_CASE("native, fused and emulated bf16 agree; reruns are bit-identical") {
   for (int tr = 0; tr < 4; ++tr) {
     const bool ta = tr & 1, tb = tr & 2;
     const int M = 131, N = 275, K = 401;
@@ -272,24 +272,28 @@ TEST_CASE("native AVX512-BF16 and emulated bf16 agree; reruns are bit-identical"
     };
     const Vec e1 = run(LowpPath::Emulated), e2 = run(LowpPath::Emulated);
     CHECK(same_bits(e1, e2));
-    if (!sw::cpu::cpu_has_avx512_bf16()) continue;
-    const Vec n1 = run(LowpPath::Native), n2 = run(LowpPath::Native);
-    CHECK(same_bits(n1, n2));
-    // The native kernel gives each C element to one thread with a fixed K blocking, so the
-    // result does not depend on the thread count either.
-    const int nt = omp_get_max_threads();
-    omp_set_num_threads(1);
-    const Vec n_one = run(LowpPath::Native);
-    omp_set_num_threads(nt);
-    CHECK(same_bits(n1, n_one));
     DVec ref, sabs;
     gemm_ref(ta, tb, M, N, K, 1.f, rounded(DType::BF16, A), lda, rounded(DType::BF16, B), ldb,
              1.f, Vec((size_t)M * N, 0.5f), N, ref, sabs);
-    double worst = 0;
-    for (size_t x = 0; x < n1.size(); ++x)
-      worst = std::max(worst, std::fabs(n1[x] - e1[x]) / (2 * (K + 2) * kU * sabs[x]));
-    REPORT("ta" << ta << " tb" << tb << ": |native - emulated| / (2 x fp32 bound) " << worst);
-    CHECK(worst <= 1.0);
+    for (LowpPath p : {LowpPath::Native, LowpPath::Fused}) {
+      if (p == LowpPath::Native ? !sw::cpu::cpu_has_avx512_bf16() : !sw::cpu::cpu_has_avx512())
+        continue;
+      const Vec n1 = run(p), n2 = run(p);
+      CHECK(same_bits(n1, n2));
+      // The packed kernels give each C element to one thread with a fixed K blocking, so the
+      // result does not depend on the thread count either.
+      const int nt = omp_get_max_threads();
+      omp_set_num_threads(1);
+      const Vec n_one = run(p);
+      omp_set_num_threads(nt);
+      CHECK(same_bits(n1, n_one));
+      double worst = 0;
+      for (size_t x = 0; x < n1.size(); ++x)
+        worst = std::max(worst, std::fabs(n1[x] - e1[x]) / (2 * (K + 2) * kU * sabs[x]));
+      REPORT(path_name(p) << " ta" << ta << " tb" << tb
+                          << ": |path - emulated| / (2 x fp32 bound) " << worst);
+      CHECK(worst <= 1.0);
+    }
   }
 }
 
