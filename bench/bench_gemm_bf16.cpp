@@ -9,8 +9,9 @@
 //   onednn  oneDNN's bf16 matmul (bf16 operands converted beforehand and not timed, f32
 //           output), when the build found libdnnl: the engine PyTorch's bf16 autocast uses.
 // Prints GFLOP/s per shape (median of --reps timed calls per peer, peers interleaved call by
-// call) and the ratios to sgemm (and of the faster bf16 path to oneDNN), then the totals over all shapes (total flops
-// over total median time: the mix of one 124M training step's GEMMs, LM head included).
+// call) and the ratios to sgemm (and of oneDNN's time over the fastest Shardwise bf16 path),
+// then the totals over all shapes (total flops over total median time: the mix of one 124M
+// training step's GEMMs, LM head included).
 //
 //   bench_gemm_bf16 [--threads 2] [--reps 5] [--rows 1024]
 #include <omp.h>

@@ -202,7 +202,29 @@ void pack_kstrided_f(uint32_t* dst, const float* src, ptrdiff_t ld, int nl, int 
     }
 }
 
-void store_tile(__m512 (&c)[kMR][kNV], float* C, ptrdiff_t ldc, int mr, int nr, float alpha);
+
+// C tile += alpha * c (rows < mr, columns < nr).
+__attribute__((always_inline)) inline void store_tile(__m512 (&c)[kMR][kNV], float* C,
+                                                    ptrdiff_t ldc, int mr, int nr, float alpha) {
+  const __m512 va = _mm512_set1_ps(alpha);
+  if (nr == kNR) {
+    for (int i = 0; i < mr; ++i) {
+      float* row = C + i * ldc;
+      for (int v = 0; v < kNV; ++v)
+        _mm512_storeu_ps(row + 16 * v,
+                         _mm512_fmadd_ps(va, c[i][v], _mm512_loadu_ps(row + 16 * v)));
+    }
+  } else {
+    for (int i = 0; i < mr; ++i) {
+      float* row = C + i * ldc;
+      for (int v = 0; v < kNV && 16 * v < nr; ++v) {
+        const __mmask16 m = first_n(nr - 16 * v);
+        _mm512_mask_storeu_ps(row + 16 * v, m,
+                              _mm512_fmadd_ps(va, c[i][v], _mm512_maskz_loadu_ps(m, row + 16 * v)));
+      }
+    }
+  }
+}
 
 // C[0:mr, 0:nr] += alpha * (A panel)(B panel) over kp indices (FMA variant).
 void ukernel_fma(int kp, const uint32_t* __restrict a, const uint32_t* __restrict b, float* C,
@@ -242,28 +264,6 @@ void ukernel(int kp, const uint32_t* __restrict a, const uint32_t* __restrict b,
     b += kNR;
   }
   store_tile(c, C, ldc, mr, nr, alpha);
-}
-
-// C tile += alpha * c (rows < mr, columns < nr).
-void store_tile(__m512 (&c)[kMR][kNV], float* C, ptrdiff_t ldc, int mr, int nr, float alpha) {
-  const __m512 va = _mm512_set1_ps(alpha);
-  if (nr == kNR) {
-    for (int i = 0; i < mr; ++i) {
-      float* row = C + i * ldc;
-      for (int v = 0; v < kNV; ++v)
-        _mm512_storeu_ps(row + 16 * v,
-                         _mm512_fmadd_ps(va, c[i][v], _mm512_loadu_ps(row + 16 * v)));
-    }
-  } else {
-    for (int i = 0; i < mr; ++i) {
-      float* row = C + i * ldc;
-      for (int v = 0; v < kNV && 16 * v < nr; ++v) {
-        const __mmask16 m = first_n(nr - 16 * v);
-        _mm512_mask_storeu_ps(row + 16 * v, m,
-                              _mm512_fmadd_ps(va, c[i][v], _mm512_maskz_loadu_ps(m, row + 16 * v)));
-      }
-    }
-  }
 }
 
 struct Aligned {

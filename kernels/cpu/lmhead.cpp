@@ -65,11 +65,11 @@ double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const floa
   // kernels round while packing and get the originals.
   const bool lowp = compute != DType::F32;
   const LowpPath path = lowp ? lowp_auto_path(compute) : LowpPath::Emulated;
-  const bool native = lowp && path != LowpPath::Emulated;
+  const bool packs_round = lowp && path != LowpPath::Emulated;  // the kernel rounds
   thread_local Buffer wbuf, xbuf;
   const float* wr = w;
   const float* xr = x;
-  if (lowp && !native) {
+  if (lowp && !packs_round) {
     auto grow = [](Buffer& b, size_t floats) {
       if (b.bytes() < floats * sizeof(float)) {
         b.release();
@@ -83,10 +83,10 @@ double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const floa
     round_to(compute, xp, x, (size_t)N * C);
     wr = wp, xr = xp;
   }
-  auto mm = [native, compute, path](bool ta, bool tb, int M, int Nn, int K, const float* A,
+  auto mm = [packs_round, compute, path](bool ta, bool tb, int M, int Nn, int K, const float* A,
                                     int lda, const float* B, int ldb, float beta, float* Cm,
                                     int ldc) {
-    if (native)
+    if (packs_round)
       gemm_lowp(compute, ta, tb, M, Nn, K, 1.f, A, lda, B, ldb, beta, Cm, ldc, path);
     else
       detail::sgemm(ta, tb, M, Nn, K, 1.f, A, lda, B, ldb, beta, Cm, ldc);

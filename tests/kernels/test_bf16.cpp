@@ -14,9 +14,10 @@
 //     |C_low - C_f32| <= (2 u_low + u_low^2 + 2 (K + 2) u) sum |a b| (proven); for attention
 //     and the LM head (exp, normalisation) documented measured tolerances instead.
 // Plus: the native (AVX512-BF16), fused (AVX-512 FMA) and emulated (rounded copies + sgemm)
-// paths agree (same products, other summation orders: within twice the fp32 bound); rounding is exactly f32_to_bf16 /
-// f32_to_f16 (a product with the identity returns the rounded operand bit for bit); fp16
-// overflow gives inf; bit-identical reruns (and, for the native GEMM, 1 vs 2 threads).
+// paths agree (same products, other summation orders: within twice the fp32 bound);
+// rounding is exactly f32_to_bf16 / f32_to_f16 (a product with the identity returns the
+// rounded operand; round_to bit for bit on random bit patterns); fp16 overflow gives inf;
+// bit-identical reruns (and, for the packed native/fused GEMMs, 1 vs 2 threads).
 #include <omp.h>
 
 #include <algorithm>
@@ -152,7 +153,8 @@ TEST_CASE("bf16/fp16 gemm = double reference on rounded operands, all transposes
               const size_t x = (size_t)i * ldc + j;
               worst = std::max(worst, std::fabs(C[x] - ref[x]) / ((K + 2) * kU * sabs[x] + 1e-30));
             }
-            for (int j = N; j < ldc; ++j) pad_ok &= C[(size_t)i * ldc + j] == C0[(size_t)i * ldc + j];
+            for (int j = N; j < ldc; ++j)
+              pad_ok &= C[(size_t)i * ldc + j] == C0[(size_t)i * ldc + j];
           }
           REPORT(sw::dtype_name(t) << " " << path_name(path) << " M" << M << " N" << N << " K" << K
                                    << " ta" << ta << " tb" << tb << " alpha " << alpha << " beta "
@@ -458,9 +460,11 @@ TEST_CASE("LM head + cross-entropy in bf16/fp16 vs rounded-operand reference and
     double dl = 0, mdx = 0, mdw = 0, ex = 0, ew = 0;
     for (int n = 0; n < N; ++n) dl = std::max(dl, (double)std::fabs(loss[n] - loss32[n]));
     for (size_t i = 0; i < dx.size(); ++i)
-      mdx = std::max(mdx, (double)std::fabs(dx32[i])), ex = std::max(ex, (double)std::fabs(dx[i] - dx32[i]));
+      mdx = std::max(mdx, (double)std::fabs(dx32[i])),
+      ex = std::max(ex, (double)std::fabs(dx[i] - dx32[i]));
     for (size_t i = 0; i < dw.size(); ++i)
-      mdw = std::max(mdw, (double)std::fabs(dw32[i])), ew = std::max(ew, (double)std::fabs(dw[i] - dw32[i]));
+      mdw = std::max(mdw, (double)std::fabs(dw32[i])),
+      ew = std::max(ew, (double)std::fabs(dw[i] - dw32[i]));
     REPORT(sw::dtype_name(t) << " lmhead vs fp32: loss " << dl << " dx " << ex / mdx << " dw "
                              << ew / mdw << " total " << tot << " vs " << tot32);
     CHECK(dl < 8 * ul * 5);  // logits are O(5) here
@@ -541,9 +545,11 @@ TEST_CASE("attention in bf16/fp16: forward vs rounded reference, both passes vs 
       // (gradients), fp16 ~8x less; tolerances 4 u_low and 8 u_low.
       double eo = 0, mo = 0, ed = 0, md = 0;
       for (size_t i = 0; i < o.size(); ++i)
-        eo = std::max(eo, (double)std::fabs(o[i] - o32[i])), mo = std::max(mo, (double)std::fabs(o32[i]));
+        eo = std::max(eo, (double)std::fabs(o[i] - o32[i])),
+        mo = std::max(mo, (double)std::fabs(o32[i]));
       for (size_t i = 0; i < d.size(); ++i)
-        ed = std::max(ed, (double)std::fabs(d[i] - d32[i])), md = std::max(md, (double)std::fabs(d32[i]));
+        ed = std::max(ed, (double)std::fabs(d[i] - d32[i])),
+        md = std::max(md, (double)std::fabs(d32[i]));
       REPORT(sw::dtype_name(t) << " attention H" << H << " KVH" << KVH << ": out err/bound " << wa
                                << ", vs fp32 out " << eo / mo << ", dqkv " << ed / md);
       CHECK(wa <= 1.0);
