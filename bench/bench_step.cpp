@@ -6,6 +6,11 @@
 //              [--vocab 50257] [--T 256] [--B 4] [--steps 5] [--warmup 2] [--threads 2]
 //              [--strategy FULL_SHARD|SHARD_GRAD_OP|SHARD_OPTIMIZER|NO_SHARD|HYBRID_SHARD]
 //              [--prefetch N] [--max-live N] [--blocks-per-unit N] [--shard-group N]
+//              [--compute f32|bf16|f16]
+//
+// --compute picks the Ops the model computes with: ops_for(Device::cpu(), dtype) (bf16 / fp16:
+// matrix products on rounded operands with fp32 accumulation, see kernels/ops.h). The sgemm
+// roofline is fp32 sgemm whatever the compute dtype.
 //
 // Under `mpirun -np N bench_step ...` every rank trains its own micro-batch of B rows with the
 // given strategy (world_group()); tokens/s counts all ranks (N*B*T per step). Rank 0 prints;
@@ -83,6 +88,7 @@ int main(int argc, char** argv) {
   mc.vocab_size = 50257;
   mc.seq_len = 256;
   int B = 4, steps = 5, warmup = 2, threads = 2, blocks_per_unit = 1;
+  DType compute = DType::F32;
   const GroupPtr world = world_group();
   const int W = world->size(), rank = world->rank();
   ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
@@ -121,6 +127,8 @@ int main(int argc, char** argv) {
       pol.max_live_units = std::atoi(argv[++i]);
     else if (arg("--shard-group"))
       pol.shard_group_size = std::atoi(argv[++i]);
+    else if (arg("--compute"))
+      compute = dtype_from_name(argv[++i]);
     else if (arg("--blocks-per-unit"))
       blocks_per_unit = std::atoi(argv[++i]);
     else {
@@ -129,7 +137,7 @@ int main(int argc, char** argv) {
     }
   }
   set_num_threads(threads);
-  const Ops& ops = ops_for(Device::cpu());
+  const Ops& ops = ops_for(Device::cpu(), compute);
   const int T = mc.seq_len, N = B * T;
 
   // Every rank measures sgemm at once (they share the cores as training does); the roofline
@@ -140,7 +148,8 @@ int main(int argc, char** argv) {
     return all;
   };
   double gemm_rate = 0;
-  for (double r : sum_all(sgemm_gflops(ops, N, mc.d_model, mc.vocab_size))) gemm_rate += r;
+  for (double r : sum_all(sgemm_gflops(ops_for(Device::cpu()), N, mc.d_model, mc.vocab_size)))
+    gemm_rate += r;
 
   MemTracker& mt = MemTracker::global();
   Model model = build_model(mc);
@@ -194,8 +203,9 @@ int main(int argc, char** argv) {
   if (rank != 0) return 0;
   std::printf("model      %s d=%d L=%d H=%d V=%d T=%d B=%d params=%.1fM\n", mc.type.c_str(),
               mc.d_model, mc.n_layer, mc.n_head, mc.vocab_size, T, B, P / 1e6);
-  std::printf("ranks      %d x %d threads, %s, blocks_per_unit %d\n", W, threads,
-              W > 1 ? pol.describe().c_str() : "unsharded (one rank)", blocks_per_unit);
+  std::printf("ranks      %d x %d threads, %s, blocks_per_unit %d, compute %s\n", W, threads,
+              W > 1 ? pol.describe().c_str() : "unsharded (one rank)", blocks_per_unit,
+              dtype_name(compute));
   std::printf("sgemm      %.1f GFLOP/s (model GEMM shapes, all ranks, same run)\n", gemm_rate);
   std::printf("step       %.3f s median of %d  -> %.1f tokens/s, %.1f GFLOP/s = %.0f%% of sgemm\n",
               step_s, steps, tps, achieved, 100.0 * achieved / gemm_rate);
@@ -207,12 +217,13 @@ int main(int argc, char** argv) {
                 peak_r[size_t(r)] / 1048576.0);
   std::printf("loss       %.4f (rank 0)\n", loss);
   std::printf(
-      "{\"peer\": \"shardwise\", \"ranks\": %d, \"threads\": %d, \"strategy\": \"%s\", "
+      "{\"peer\": \"shardwise\", \"compute\": \"%s\", \"ranks\": %d, \"threads\": %d, "
+      "\"strategy\": \"%s\", "
       "\"params\": %.0f, \"step_s\": %.6f, \"tokens_per_s\": %.3f, \"gflops\": %.3f, "
       "\"sgemm_gflops\": %.3f, \"roofline_frac\": %.4f, \"flops_per_token\": %.0f, "
       "\"comm_s\": %.6f, \"exposed_comm_s\": %.6f, \"model_state_bytes\": %.0f, "
       "\"peak_bytes\": %.0f}\n",
-      W, threads, W > 1 ? strategy_name(pol.strategy) : "none", P, step_s, tps, achieved, gemm_rate,
+      dtype_name(compute), W, threads, W > 1 ? strategy_name(pol.strategy) : "none", P, step_s, tps, achieved, gemm_rate,
       achieved / gemm_rate, flops_per_token, comm_s, exposed_s, state_r[0], peak_r[0]);
   return 0;
 }

@@ -9,6 +9,9 @@
 #   mpi               Shardwise unsharded 1 rank x 2 threads, Shardwise STRATEGY (FULL_SHARD)
 #                     on 2 ranks x 1 thread (mpirun), PyTorch DDP 2 ranks x 1 thread (gloo);
 #                     B is per rank, so the sharded runs process twice the tokens per step
+#   bf16              Shardwise fp32, Shardwise bf16 compute (--compute bf16) and PyTorch bf16
+#                     autocast, 1 process x THREADS each, alternating; ratios bf16/fp32 and
+#                     bf16/PyTorch-bf16 (issue 4 targets: >= 1.6x and >= 1.3x)
 #   memory            per-rank memory of STRATEGY at world 1, 2 and 4 (MEM_ARGS: the shape for
 #                     all three, default a 6-layer d=512 GPT-2 so that 4 ranks fit beside the
 #                     other jobs on this machine); model state should fall as 1/N
@@ -92,6 +95,29 @@ print(f"best   {max(un):20.1f}  {max(fs):{len(name) + 10}.1f}  {max(dp):13.1f}"
       f"  {max(fs) / max(un):{len(name) + 10}.2f}x  {max(fs) / max(dp):{len(name) + 3}.2f}x"
       f"  (targets >= 0.90x, >= 1.2x)")
 PY
+elif [ "$mode" = bf16 ]; then
+  args=(--threads "$threads" --steps "$steps" "$@")
+  f32=() b16=() pt=()
+  for ((r = 1; r <= rounds; r++)); do
+    line=$("$build/bench/bench_step" "${args[@]}" --compute f32 | tee /dev/stderr | tail -1)
+    f32+=("$(echo "$line" | tps)")
+    line=$("$build/bench/bench_step" "${args[@]}" --compute bf16 | tee /dev/stderr | tail -1)
+    b16+=("$(echo "$line" | tps)")
+    line=$("${torch_env[@]}" "$py" "$here/torch_step.py" --threads "$threads" --steps "$steps" \
+             --dtype bf16 "${shape[@]}")
+    echo "$line" >&2
+    pt+=("$(echo "$line" | tps)")
+  done
+  "$py" - "${f32[*]}" "${b16[*]}" "${pt[*]}" <<'PY'
+import sys
+f32, b16, pt = ([float(x) for x in a.split()] for a in sys.argv[1:4])
+print("round  shardwise fp32 tok/s  shardwise bf16 tok/s  pytorch bf16 tok/s  bf16/fp32  bf16/pt-bf16")
+for i in range(len(f32)):
+    print(f"{i + 1:5d}  {f32[i]:20.1f}  {b16[i]:20.1f}  {pt[i]:18.1f}  {b16[i] / f32[i]:8.2f}x"
+          f"  {b16[i] / pt[i]:11.2f}x")
+print(f"best   {max(f32):20.1f}  {max(b16):20.1f}  {max(pt):18.1f}  {max(b16) / max(f32):8.2f}x"
+      f"  {max(b16) / max(pt):11.2f}x  (targets >= 1.6x, >= 1.3x)")
+PY
 elif [ "$mode" = memory ]; then
   read -r -a mem_args <<<"${MEM_ARGS:---d 512 --layers 6 --heads 8 --T 128 --B 2}"
   for np in 1 2 4; do
@@ -104,6 +130,6 @@ elif [ "$mode" = memory ]; then
     fi
   done
 else
-  echo "step.sh: unknown MODE '$mode' (single, mpi or memory)" >&2
+  echo "step.sh: unknown MODE '$mode' (single, mpi, bf16 or memory)" >&2
   exit 2
 fi

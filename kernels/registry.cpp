@@ -1,9 +1,11 @@
+#include <string>
+
 #include "core/error.h"
 #include "kernels/ops.h"
 
 namespace sw {
 
-const Ops& cpu_ops();  // kernels/cpu/cpu_ops.cpp
+const Ops& cpu_ops(DType compute);  // kernels/cpu/cpu_ops.cpp
 
 namespace {
 const Ops* g_cuda_ops = nullptr;
@@ -15,14 +17,16 @@ void register_ops(DeviceKind kind, const Ops* ops) {
 }
 
 const Ops& ops_for(Device device) {
-  if (device.is_cpu()) return cpu_ops();
+  if (device.is_cpu()) return cpu_ops(DType::F32);
   if (!g_cuda_ops) fail("kernels", "no backend for device " + device.str() + " in this build");
   return *g_cuda_ops;
 }
 
 const Ops& ops_for(Device device, DType compute) {
-  // Placeholder until kernels/cpu implements the BF16/F16 compute variants: fp32 compute.
-  (void)compute;
+  if (device.is_cpu()) return cpu_ops(compute);
+  if (compute != DType::F32)
+    fail("kernels", "no " + std::string(dtype_name(compute)) + " compute for device " +
+                        device.str() + " in this build");
   return ops_for(device);
 }
 

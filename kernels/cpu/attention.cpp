@@ -216,6 +216,19 @@ inline int padded_ld(int n) {
   return (n16 / 16) % 2 == 0 ? n16 + 16 : n16;
 }
 
+// Reduced-precision compute: qkv rounded to bf16 / fp16 once per call (Q, K and V are operands
+// of every tile product) into a per-thread workspace kept between calls (a fresh buffer of this
+// size would be page-faulted on every call); P, dS and dO are rounded where they are formed.
+const float* rounded_qkv(DType t, const float* qkv, size_t n) {
+  thread_local Buffer buf;
+  if (buf.bytes() < sizeof(float) * n) {
+    buf.release();
+    buf = Buffer(sizeof(float) * n, Mem::Workspace);
+  }
+  round_to(t, buf.f32(), qkv, n);
+  return buf.f32();
+}
+
 void check_shapes(int B, int T, int H, int KVH, int hd) {
   SW_CHECK(B >= 0 && T >= 0 && H > 0 && KVH > 0 && hd > 0, "attention: bad shape");
   SW_CHECK(H % KVH == 0, "attention: KVH must divide H");
@@ -224,10 +237,12 @@ void check_shapes(int B, int T, int H, int KVH, int hd) {
 }  // namespace
 
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KVH,
-                       int hd) {
+                       int hd, DType compute) {
   check_shapes(B, T, H, KVH, hd);
   if (B == 0 || T == 0) return;
   const int R = (H + 2 * KVH) * hd, CO = H * hd, rep = H / KVH;
+  const bool lowp = compute != DType::F32;
+  if (lowp) qkv = rounded_qkv(compute, qkv, (size_t)B * T * R);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int nqt = (T + kFwdBQ - 1) / kFwdBQ;
   const int ntasks = B * H * nqt;
@@ -282,6 +297,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
           }
           l[r] += sum;
           m[r] = mnew;
+          if (lowp) round_to(compute, row, row, nv16);  // P's operand copy for P V
         }
         // O (+)= P V_j; the first key tile overwrites (out is an output, not accumulated).
         mm(nq, hd, nk, S.data(), ldp, 1, V + (size_t)j0 * R, R, O, CO, j0 > 0, Causal::kKUpTo,
@@ -299,10 +315,13 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, int B, int T, int H, int KVH, int hd) {
+                        const float* lse, int B, int T, int H, int KVH, int hd,
+                        DType compute) {
   check_shapes(B, T, H, KVH, hd);
   if (B == 0 || T == 0) return;
   const int R = (H + 2 * KVH) * hd, CO = H * hd, rep = H / KVH;
+  const bool lowp = compute != DType::F32;
+  if (lowp) qkv = rounded_qkv(compute, qkv, (size_t)B * T * R);
   const int hd16 = round16(hd), ldh = padded_ld(hd);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const float ninf = -std::numeric_limits<float>::infinity();
@@ -342,6 +361,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
         for (int c = 0; c < hd; ++c) s += o[c] * d[c];
         D[i] = s;
       }
+      if (lowp) round_to(compute, dOp.data(), dOp.data(), (size_t)T * ldh);  // after D (fp32)
 
       for (int j0 = 0; j0 < T; j0 += kBwdBK) {
         const int j1 = std::min(T, j0 + kBwdBK), nk = j1 - j0, nk16 = round16(nk);
@@ -371,6 +391,10 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
               vstore(ds + c, scale * pv * (vload(ds + c) - di));
             }
             for (int c = nv16; c < nk16; c += 16) vstore(p + c, V16{}), vstore(ds + c, V16{});
+            if (lowp) {  // operands of the products below; dS was formed from fp32 P
+              round_to(compute, p, p, nv16);
+              round_to(compute, ds, ds, nv16);
+            }
           }
           // dV_j (nk, hd) (+)= P^T dO_i ; dK_j (+)= dS^T Q_i : A(j, r) = P[r*ldk + j]. The
           // first query tile initialises the accumulators (rows it cannot see get zeros).

@@ -24,6 +24,20 @@ inline void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const floa
               K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+// gemm_bf16_avx512.cpp (compiled for AVX512-BF16; call only when the CPU has it): row-major
+// C = alpha * op(A) @ op(B) + beta * C with A and B rounded to bf16 as they are packed, fp32
+// accumulation; OpenMP over the calling team's threads (one thread inside a parallel region).
+void gemm_bf16_avx512(bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
+                      int lda, const float* B, int ldb, float beta, float* C, int ldc);
+// Same contract on AVX-512F/BW without vdpbf16ps (call only where the CPU has those): operands
+// rounded to bf16 (f16 = false) or fp16 (f16 = true) while packed as fp32, fp32 FMA kernels.
+void gemm_lowp_fma_avx512(bool f16, bool ta, bool tb, int M, int N, int K, float alpha,
+                          const float* A, int lda, const float* B, int ldb, float beta, float* C,
+                          int ldc);
+// Measured flop rate of vdpbf16ps over that of fp32 FMA on this core (~2 where vdpbf16ps has
+// the FMA's throughput; ~0.5 on CPUs that run it at a quarter of the FMA's instruction rate).
+double dpbf16_flop_ratio();
+
 // exp(x) in fp32, branch-free so loops over it vectorise (AVX-512 / AVX2 with -O3).
 // Range reduction x = n*ln2 + r, |r| <= ln2/2, then a degree-7 polynomial for e^r (Cephes
 // expf coefficients, relative error ~1e-7, i.e. within 1-2 ulp of std::exp). Returns exactly

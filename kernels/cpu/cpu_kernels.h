@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace sw::cpu {
 
 // gemm.cpp (OpenBLAS)
@@ -15,6 +17,28 @@ void linear_forward(float* out, const float* inp, const float* w, const float* b
                     int OC);
 void linear_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                      const float* w, int N, int C, int OC);
+
+// gemm_bf16.cpp: reduced-precision products. Operands are rounded to bf16 / fp16 (round to
+// nearest even, as core/dtype.h f32_to_bf16 / f32_to_f16: fp16 overflow gives +-inf) and the
+// products accumulated in fp32; everything else (bias, db) stays fp32. t = F32 calls the fp32
+// functions above. Three paths give the same exact products summed in different orders
+// (gemm_bf16.cpp): Native = AVX512-BF16 vdpbf16ps kernels (BF16 only), Fused = AVX-512 FMA
+// kernels rounding while packing, Emulated = rounded copies + sgemm. Auto resolves to
+// lowp_auto_path(t); a forced path throws where the CPU lacks it (and Native for F16).
+enum class LowpPath { Auto, Native, Fused, Emulated };
+bool cpu_has_avx512_bf16();  // the CPU has AVX512-BF16 (Native possible)
+bool cpu_has_avx512();       // the CPU has AVX-512F/BW (Fused possible)
+bool bf16_native();          // Auto runs Native for BF16 (faster than FMA, or forced)
+LowpPath lowp_auto_path(DType t);  // what Auto runs for t (fixed for the process)
+void gemm_lowp(DType t, bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
+               int lda, const float* B, int ldb, float beta, float* C, int ldc,
+               LowpPath path = LowpPath::Auto);
+void linear_forward_lowp(DType t, float* out, const float* inp, const float* w, const float* b,
+                         int N, int C, int OC);
+void linear_backward_lowp(DType t, float* dinp, float* dw, float* db, const float* dout,
+                          const float* inp, const float* w, int N, int C, int OC);
+// dst[i] = src[i] rounded to t and back to fp32 (dst may equal src; F32 copies).
+void round_to(DType t, float* dst, const float* src, size_t n);
 
 // embedding.cpp
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
@@ -49,14 +73,21 @@ void rope_forward(float* qkv, int B, int T, int H, int KVH, int hd, float theta)
 void rope_backward(float* dqkv, int B, int T, int H, int KVH, int hd, float theta);
 
 // attention.cpp
+// compute = BF16 / F16: the tile products (Q K^T, P V, and in the backward dO V^T, P^T dO,
+// dS^T Q, dS K) take operands rounded to bf16 / fp16 and accumulate in fp32; softmax, lse and
+// the running statistics stay fp32.
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KVH,
-                       int hd);
+                       int hd, DType compute = DType::F32);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, int B, int T, int H, int KVH, int hd);
+                        const float* lse, int B, int T, int H, int KVH, int hd,
+                        DType compute = DType::F32);
 
 // lmhead.cpp
+// compute = BF16 / F16: the three products (logits, dx, dw) use gemm_lowp; the softmax and
+// the loss stay fp32.
 double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w,
-                   const int32_t* targets, int N, int C, int V, float grad_scale);
+                   const int32_t* targets, int N, int C, int V, float grad_scale,
+                   DType compute = DType::F32);
 
 // adamw.cpp
 void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,

@@ -7,20 +7,23 @@ namespace sw {
 
 namespace {
 
+// compute_ is the precision of the matrix products (gemm, linear, attention, LM head); every
+// other op is fp32 whatever it is.
 class CpuOps final : public Ops {
  public:
+  explicit CpuOps(DType compute) : compute_(compute) {}
   Device device() const override { return Device::cpu(); }
   void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
             const float* B, int ldb, float beta, float* C, int ldc) const override {
-    cpu::gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    cpu::gemm_lowp(compute_, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
   void linear_forward(float* out, const float* inp, const float* w, const float* b, int N, int C,
                       int OC) const override {
-    cpu::linear_forward(out, inp, w, b, N, C, OC);
+    cpu::linear_forward_lowp(compute_, out, inp, w, b, N, C, OC);
   }
   void linear_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                        const float* w, int N, int C, int OC) const override {
-    cpu::linear_backward(dinp, dw, db, dout, inp, w, N, C, OC);
+    cpu::linear_backward_lowp(compute_, dinp, dw, db, dout, inp, w, N, C, OC);
   }
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                          int B, int T, int C) const override {
@@ -73,17 +76,17 @@ class CpuOps final : public Ops {
   }
   void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KVH,
                          int hd) const override {
-    cpu::attention_forward(out, lse, qkv, B, T, H, KVH, hd);
+    cpu::attention_forward(out, lse, qkv, B, T, H, KVH, hd, compute_);
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                           const float* lse, int B, int T, int H, int KVH,
                           int hd) const override {
-    cpu::attention_backward(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd);
+    cpu::attention_backward(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd, compute_);
   }
   double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w,
                      const int32_t* targets, int N, int C, int V,
                      float grad_scale) const override {
-    return cpu::lmhead_xent(loss, dx, dw, x, w, targets, N, C, V, grad_scale);
+    return cpu::lmhead_xent(loss, dx, dw, x, w, targets, N, C, V, grad_scale, compute_);
   }
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
              float beta2, float eps, float wd, int step, float grad_mult) const override {
@@ -96,15 +99,18 @@ class CpuOps final : public Ops {
     cpu::add_inplace(y, x, n);
   }
   void copy(float* dst, const float* src, size_t n) const override { cpu::copy(dst, src, n); }
+
+ private:
+  DType compute_;
 };
 
 }  // namespace
 
-const Ops& cpu_ops() {
-  static const CpuOps ops;
+const Ops& cpu_ops(DType compute) {
+  static const CpuOps f32(DType::F32), bf16(DType::BF16), f16(DType::F16);
   static const int threads = num_threads();  // applies the default thread count once
   (void)threads;
-  return ops;
+  return compute == DType::BF16 ? bf16 : compute == DType::F16 ? f16 : f32;
 }
 
 }  // namespace sw

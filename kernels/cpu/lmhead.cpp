@@ -41,7 +41,8 @@ constexpr int kChunk = 512;
 constexpr size_t kChunkBytes = size_t(128) << 20;
 
 double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w,
-                   const int32_t* targets, int N, int C, int V, float grad_scale) {
+                   const int32_t* targets, int N, int C, int V, float grad_scale,
+                   DType compute) {
   SW_CHECK(N >= 0 && C > 0 && V > 0, "lmhead_xent: bad shape");
   if (N == 0) return 0.0;
   detail::blas_select_core();
@@ -58,13 +59,46 @@ double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const floa
     buf = Buffer(need, Mem::Workspace);
   }
   float* logits = buf.f32();
+  // Reduced precision (compute BF16 / F16): the products take rounded operands. Emulated
+  // (rounded copies + sgemm, see gemm_bf16.cpp), w and x are rounded once per call and
+  // dlogits in place in the row pass, so no product pays for rounding; the native and fused
+  // kernels round while packing and get the originals.
+  const bool lowp = compute != DType::F32;
+  const LowpPath path = lowp ? lowp_auto_path(compute) : LowpPath::Emulated;
+  const bool packs_round = lowp && path != LowpPath::Emulated;  // the kernel rounds
+  thread_local Buffer wbuf, xbuf;
+  const float* wr = w;
+  const float* xr = x;
+  if (lowp && !packs_round) {
+    auto grow = [](Buffer& b, size_t floats) {
+      if (b.bytes() < floats * sizeof(float)) {
+        b.release();
+        b = Buffer(floats * sizeof(float), Mem::Workspace);
+      }
+      return b.f32();
+    };
+    float* wp = grow(wbuf, (size_t)V * C);
+    float* xp = grow(xbuf, (size_t)N * C);
+    round_to(compute, wp, w, (size_t)V * C);
+    round_to(compute, xp, x, (size_t)N * C);
+    wr = wp, xr = xp;
+  }
+  auto mm = [packs_round, compute, path](bool ta, bool tb, int M, int Nn, int K, const float* A,
+                                    int lda, const float* B, int ldb, float beta, float* Cm,
+                                    int ldc) {
+    if (packs_round)
+      gemm_lowp(compute, ta, tb, M, Nn, K, 1.f, A, lda, B, ldb, beta, Cm, ldc, path);
+    else
+      detail::sgemm(ta, tb, M, Nn, K, 1.f, A, lda, B, ldb, beta, Cm, ldc);
+  };
+
   double total = 0.0;
   std::vector<float> rl(chunk);
 
   for (int n0 = 0; n0 < N; n0 += chunk) {
     const int nc = std::min(chunk, N - n0);
-    const float* xc = x + (size_t)n0 * C;
-    detail::sgemm(false, true, nc, V, C, 1.f, xc, C, w, C, 0.f, logits, V);
+    const float* xc = xr + (size_t)n0 * C;
+    mm(false, true, nc, V, C, xc, C, wr, C, 0.f, logits, V);
 
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < nc; ++r) {
@@ -100,6 +134,7 @@ double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const floa
 #pragma omp simd
         for (int v = 0; v < V; ++v) row[v] *= k;
         row[t] -= grad_scale;
+        if (lowp) round_to(compute, row, row, V);
       }
     }
     for (int r = 0; r < nc; ++r) {
@@ -107,8 +142,8 @@ double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const floa
       total += rl[r];
     }
     if (dx)
-      detail::sgemm(false, false, nc, C, V, 1.f, logits, V, w, C, 1.f, dx + (size_t)n0 * C, C);
-    if (dw) detail::sgemm(true, false, V, C, nc, 1.f, logits, V, xc, C, 1.f, dw, C);
+      mm(false, false, nc, C, V, logits, V, wr, C, 1.f, dx + (size_t)n0 * C, C);
+    if (dw) mm(true, false, V, C, nc, logits, V, xc, C, 1.f, dw, C);
   }
   return total;
 }

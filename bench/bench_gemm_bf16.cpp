@@ -1,0 +1,192 @@
+// BF16 GEMM throughput against its peers on the GPT-2 124M shapes, in one run, alternating:
+//   sgemm   OpenBLAS cblas_sgemm on the fp32 operands (the fp32 path of Shardwise);
+//   emul    Shardwise's gemm_lowp(BF16) emulated path: operands rounded to bf16 into fp32
+//           copies, then sgemm (the path for CPUs without AVX-512);
+//   fused   gemm_lowp(BF16) fused path: AVX-512 FMA microkernels on panels rounded to bf16
+//           while packing (no extra pass; what Auto runs where vdpbf16ps is slower than FMA);
+//   native  gemm_lowp(BF16) native path: AVX512-BF16 vdpbf16ps microkernels, rounding while
+//           packing (only where the CPU has AVX512-BF16);
+//   onednn  oneDNN's bf16 matmul (bf16 operands converted beforehand and not timed, f32
+//           output), when the build found libdnnl: the engine PyTorch's bf16 autocast uses.
+// Prints GFLOP/s per shape (median of --reps timed calls per peer, peers interleaved call by
+// call) and the ratios to sgemm (and of oneDNN's time over the fastest Shardwise bf16 path),
+// then the totals over all shapes (total flops over total median time: the mix of one 124M
+// training step's GEMMs, LM head included).
+//
+//   bench_gemm_bf16 [--threads 2] [--reps 5] [--rows 1024]
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/threads.h"
+
+#ifdef SW_HAVE_DNNL
+#include <dnnl.hpp>
+#endif
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Shape {
+  const char* name;
+  int M, N, K;
+  bool ta, tb;
+};
+
+double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 2, reps = 5, rows = 1024;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&] { return i + 1 < argc ? std::atoi(argv[++i]) : 0; };
+    if (a == "--threads") threads = next();
+    else if (a == "--reps") reps = next();
+    else if (a == "--rows") rows = next();
+    else {
+      std::fprintf(stderr, "usage: bench_gemm_bf16 [--threads 2] [--reps 5] [--rows 1024]\n");
+      return 2;
+    }
+  }
+  sw::set_num_threads(threads);
+  const int R = rows, C = 768, V = 50257;
+  const std::vector<Shape> shapes = {
+      {"qkv fwd      x@W^T", R, 3 * C, C, false, true},
+      {"attproj fwd  x@W^T", R, C, C, false, true},
+      {"fc fwd       x@W^T", R, 4 * C, C, false, true},
+      {"proj fwd     x@W^T", R, C, 4 * C, false, true},
+      {"qkv dinp     dy@W", R, C, 3 * C, false, false},
+      {"fc dinp      dy@W", R, C, 4 * C, false, false},
+      {"proj dinp    dy@W", R, 4 * C, C, false, false},
+      {"qkv dW       dy^T@x", 3 * C, C, R, true, false},
+      {"fc dW        dy^T@x", 4 * C, C, R, true, false},
+      {"proj dW      dy^T@x", C, 4 * C, R, true, false},
+      {"lmhead fwd   x@w^T", 512, V, C, false, true},
+      {"lmhead dx    dl@w", 512, C, V, false, false},
+      {"lmhead dw    dl^T@x", V, C, 512, true, false},
+  };
+  const bool hw = sw::cpu::cpu_has_avx512_bf16();
+  const bool hwf = sw::cpu::cpu_has_avx512();
+  const sw::cpu::LowpPath ap = sw::cpu::lowp_auto_path(sw::DType::BF16);
+  std::printf("threads %d, reps %d, AVX512-BF16 %s, Auto path: %s\n", threads, reps,
+              hw ? "yes" : "no",
+              ap == sw::cpu::LowpPath::Native  ? "native"
+              : ap == sw::cpu::LowpPath::Fused ? "fused"
+                                               : "emulated");
+#ifdef SW_HAVE_DNNL
+  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream strm(eng);
+  const bool dnnl_on = true;
+#else
+  const bool dnnl_on = false;
+#endif
+  std::printf("GFLOP/s (median)       %6s %6s %6s  %7s %7s %7s %7s %7s  %7s %7s %7s %9s\n",
+              "M", "N", "K", "sgemm", "emul", "fused", "native", "onednn", "emul/s", "fused/s",
+              "nat/s", "best/dnnl");
+  double tf = 0, ts = 0, te = 0, tu = 0, tn = 0, td = 0;
+  for (const Shape& s : shapes) {
+    const int lda = s.ta ? s.M : s.K, ldb = s.tb ? s.K : s.N;
+    std::vector<float> A((size_t)s.M * s.K), B((size_t)s.K * s.N), Cs((size_t)s.M * s.N),
+        Ce((size_t)s.M * s.N), Cu((size_t)s.M * s.N), Cn((size_t)s.M * s.N);
+    uint32_t x = 12345;
+    auto rnd = [&] {
+      x = x * 1664525u + 1013904223u;
+      return (float)((x >> 8) & 0xffff) / 65536.f - 0.5f;
+    };
+    for (float& v : A) v = rnd();
+    for (float& v : B) v = rnd();
+    auto run_s = [&] {
+      sw::cpu::gemm(s.ta, s.tb, s.M, s.N, s.K, 1.f, A.data(), lda, B.data(), ldb, 0.f, Cs.data(),
+                    s.N);
+    };
+    auto run_e = [&] {
+      sw::cpu::gemm_lowp(sw::DType::BF16, s.ta, s.tb, s.M, s.N, s.K, 1.f, A.data(), lda,
+                         B.data(), ldb, 0.f, Ce.data(), s.N, sw::cpu::LowpPath::Emulated);
+    };
+    auto run_u = [&] {
+      if (hwf)
+        sw::cpu::gemm_lowp(sw::DType::BF16, s.ta, s.tb, s.M, s.N, s.K, 1.f, A.data(), lda,
+                           B.data(), ldb, 0.f, Cu.data(), s.N, sw::cpu::LowpPath::Fused);
+    };
+    auto run_n = [&] {
+      if (hw)
+        sw::cpu::gemm_lowp(sw::DType::BF16, s.ta, s.tb, s.M, s.N, s.K, 1.f, A.data(), lda,
+                           B.data(), ldb, 0.f, Cn.data(), s.N, sw::cpu::LowpPath::Native);
+    };
+#ifdef SW_HAVE_DNNL
+    using dt = dnnl::memory::data_type;
+    using tag = dnnl::memory::format_tag;
+    dnnl::memory::desc amd({s.M, s.K}, dt::bf16, s.ta ? tag::ba : tag::ab);
+    dnnl::memory::desc bmd({s.K, s.N}, dt::bf16, s.tb ? tag::ba : tag::ab);
+    dnnl::memory::desc cmd({s.M, s.N}, dt::f32, tag::ab);
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(amd, bmd, cmd), eng);
+    dnnl::matmul mm(pd);
+    dnnl::memory am(amd, eng), bm(bmd, eng), cm(cmd, eng);
+    {
+      auto* pa = static_cast<uint16_t*>(am.get_data_handle());
+      auto* pb = static_cast<uint16_t*>(bm.get_data_handle());
+      for (size_t i = 0; i < A.size(); ++i) pa[i] = sw::f32_to_bf16(A[i]);
+      for (size_t i = 0; i < B.size(); ++i) pb[i] = sw::f32_to_bf16(B[i]);
+    }
+    auto run_d = [&] {
+      mm.execute(strm, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+      strm.wait();
+    };
+#else
+    auto run_d = [] {};
+#endif
+    auto timed = [](auto&& f) {
+      const double t0 = now_s();
+      f();
+      return now_s() - t0;
+    };
+    run_s();
+    run_e();
+    run_u();
+    run_n();
+    if (dnnl_on) run_d();
+    std::vector<double> t_s, t_e, t_u, t_n, t_d;
+    for (int r = 0; r < reps; ++r) {
+      t_s.push_back(timed(run_s));
+      t_e.push_back(timed(run_e));
+      if (hwf) t_u.push_back(timed(run_u));
+      if (hw) t_n.push_back(timed(run_n));
+      if (dnnl_on) t_d.push_back(timed(run_d));
+    }
+    const double fl = 2.0 * s.M * s.N * s.K;
+    const double ms = median(t_s), me = median(t_e), mu = hwf ? median(t_u) : 0,
+                 mn = hw ? median(t_n) : 0, md = dnnl_on ? median(t_d) : 0;
+    tf += fl, ts += ms, te += me, tu += mu, tn += mn, td += md;
+    auto row = [&](const char* name, int M, int N, int K, double fs, double ms_, double me_,
+                   double mu_, double mn_, double md_) {
+      auto g = [&](double t) { return t > 0 ? fs / t / 1e9 : 0.0; };
+      auto r = [&](double t) { return t > 0 ? ms_ / t : 0.0; };
+      double best = me_;
+      if (mu_ > 0) best = std::min(best, mu_);
+      if (mn_ > 0) best = std::min(best, mn_);
+      std::printf("%-22s %6d %6d %6d  %7.1f %7.1f %7.1f %7.1f %7.1f  %6.2fx %6.2fx %6.2fx %8.2fx\n",
+                  name, M, N, K, g(ms_), g(me_), g(mu_), g(mn_), g(md_), r(me_), r(mu_), r(mn_),
+                  md_ > 0 ? md_ / best : 0.0);
+      std::fflush(stdout);
+    };
+    row(s.name, s.M, s.N, s.K, fl, ms, me, mu, mn, md);
+    if (&s == &shapes.back()) row("total (all shapes)", 0, 0, 0, tf, ts, te, tu, tn, td);
+  }
+  return 0;
+}

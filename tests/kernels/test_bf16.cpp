@@ -1,0 +1,600 @@
+// Reduced-precision compute (ops_for(cpu, BF16 / F16)): every op that changes against fp32
+// (gemm, linear, attention, fused LM head) checked two ways, plus the ops that must not change.
+//
+// (a) Against a double-precision reference computed on operands ROUNDED the same way
+//     (core/dtype.h f32_to_bf16 / f32_to_f16). Products of rounded values are exact in fp32,
+//     so the only error left is fp32 accumulation: the proven bound
+//     (K + 2) u (|alpha| sum_k |a_k b_k| + |beta c|), u = 2^-24, applies. Where an operand is
+//     itself formed in fp32 inside the kernel before rounding (attention's P and dS, the LM
+//     head's dlogits) the kernel and the reference may round a value on either side of a
+//     rounding boundary, so those terms get one unit of the low precision more:
+//     u_low * sum |terms| (u_low = 2^-8 bf16, 2^-11 fp16).
+// (b) Against the fp32 ops, with the error the rounding itself makes: each product of two
+//     rounded operands is within (2 u_low + u_low^2) |a b| of the exact one, so
+//     |C_low - C_f32| <= (2 u_low + u_low^2 + 2 (K + 2) u) sum |a b| (proven); for attention
+//     and the LM head (exp, normalisation) documented measured tolerances instead.
+// Plus: the native (AVX512-BF16), fused (AVX-512 FMA) and emulated (rounded copies + sgemm)
+// paths agree (same products, other summation orders: within twice the fp32 bound);
+// rounding is exactly f32_to_bf16 / f32_to_f16 (a product with the identity returns the
+// rounded operand; round_to bit for bit on random bit patterns); fp16 overflow gives inf;
+// bit-identical reruns (and, for the packed native/fused GEMMs, 1 vs 2 threads).
+#include <omp.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "core/dtype.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/ops.h"
+#include "tests/common/gradcheck.h"
+
+namespace {
+
+using sw::DType;
+using sw::cpu::LowpPath;
+using Vec = std::vector<float>;
+using DVec = std::vector<double>;
+constexpr double kU = 1.0 / (1 << 24);
+
+// SW_TEST_VERBOSE=1 prints the measured errors (used to set the measured tolerances).
+#define REPORT(msg)                                \
+  do {                                             \
+    INFO(msg);                                     \
+    if (std::getenv("SW_TEST_VERBOSE")) WARN(msg); \
+  } while (0)
+
+Vec randv(size_t n, uint64_t seed, float stddev = 1.f) {
+  Vec v(n);
+  swtest::randn(v, seed, stddev);
+  return v;
+}
+
+double u_low(DType t) { return t == DType::BF16 ? 1.0 / 256 : 1.0 / 2048; }
+
+float rnd(DType t, float x) {
+  return t == DType::BF16 ? sw::bf16_to_f32(sw::f32_to_bf16(x))
+                          : sw::f16_to_f32(sw::f32_to_f16(x));
+}
+Vec rounded(DType t, const Vec& v) {
+  Vec r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = rnd(t, v[i]);
+  return r;
+}
+
+// Equal as numbers (+0 == -0: a sum of exact zeros may turn a rounded -0 into +0).
+bool same_values(const Vec& a, const Vec& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!(a[i] == b[i])) return false;
+  return true;
+}
+
+bool same_bits(const Vec& a, const Vec& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// C = alpha op(A) op(B) + beta C0 in double; sabs = |alpha| sum |ab| + |beta c0| per element.
+void gemm_ref(bool ta, bool tb, int M, int N, int K, float alpha, const Vec& A, int lda,
+              const Vec& B, int ldb, float beta, const Vec& C0, int ldc, DVec& C, DVec& sabs) {
+  C.assign((size_t)M * ldc, 0.0);
+  sabs.assign((size_t)M * ldc, 0.0);
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      double s = 0, sa = 0;
+      for (int k = 0; k < K; ++k) {
+        const double a = ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k];
+        const double b = tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j];
+        s += a * b;
+        sa += std::fabs(a * b);
+      }
+      const double c0 = C0[(size_t)i * ldc + j];
+      C[(size_t)i * ldc + j] = alpha * s + beta * c0;
+      sabs[(size_t)i * ldc + j] = std::fabs(alpha) * sa + std::fabs(beta * c0);
+    }
+}
+
+struct Case {
+  int M, N, K;
+};
+// Odd sizes: not multiples of the microkernel tile (6 x 64), of the K block (192) or of 16;
+// K odd (a zero-padded last pair); one case spanning several K and M blocks.
+const std::vector<Case> kCases = {{1, 1, 1},    {7, 5, 3},     {13, 70, 33},
+                                  {67, 129, 65}, {6, 64, 192}, {150, 200, 385}};
+
+std::vector<std::pair<DType, LowpPath>> paths() {
+  std::vector<std::pair<DType, LowpPath>> p = {{DType::BF16, LowpPath::Emulated},
+                                               {DType::BF16, LowpPath::Auto},
+                                               {DType::F16, LowpPath::Emulated},
+                                               {DType::F16, LowpPath::Auto}};
+  if (sw::cpu::cpu_has_avx512_bf16()) p.push_back({DType::BF16, LowpPath::Native});
+  if (sw::cpu::cpu_has_avx512()) {
+    p.push_back({DType::BF16, LowpPath::Fused});
+    p.push_back({DType::F16, LowpPath::Fused});
+  }
+  return p;
+}
+
+const char* path_name(LowpPath p) {
+  return p == LowpPath::Native     ? "native"
+         : p == LowpPath::Fused    ? "fused"
+         : p == LowpPath::Emulated ? "emulated"
+                                   : "auto";
+}
+
+}  // namespace
+
+TEST_CASE("bf16/fp16 gemm = double reference on rounded operands, all transposes, alpha/beta") {
+  for (auto [t, path] : paths())
+    for (const Case& cs : kCases)
+      for (int tr = 0; tr < 4; ++tr)
+        for (auto [alpha, beta] : {std::pair{1.f, 0.f}, {-0.5f, 1.f}, {1.5f, 0.75f}}) {
+          const bool ta = tr & 1, tb = tr & 2;
+          const int M = cs.M, N = cs.N, K = cs.K;
+          const int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 5, ldc = N + 2;
+          const Vec A = randv((size_t)(ta ? K : M) * lda, 11 + M);
+          const Vec B = randv((size_t)(tb ? N : K) * ldb, 23 + N);
+          const Vec C0 = randv((size_t)M * ldc, 37 + K);
+          Vec C = C0;
+          sw::cpu::gemm_lowp(t, ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta,
+                             C.data(), ldc, path);
+          DVec ref, sabs;
+          gemm_ref(ta, tb, M, N, K, alpha, rounded(t, A), lda, rounded(t, B), ldb, beta, C0, ldc,
+                   ref, sabs);
+          double worst = 0;  // error / bound
+          bool pad_ok = true;
+          for (int i = 0; i < M; ++i) {
+            for (int j = 0; j < N; ++j) {
+              const size_t x = (size_t)i * ldc + j;
+              worst = std::max(worst, std::fabs(C[x] - ref[x]) / ((K + 2) * kU * sabs[x] + 1e-30));
+            }
+            for (int j = N; j < ldc; ++j)
+              pad_ok &= C[(size_t)i * ldc + j] == C0[(size_t)i * ldc + j];
+          }
+          REPORT(sw::dtype_name(t) << " " << path_name(path) << " M" << M << " N" << N << " K" << K
+                                   << " ta" << ta << " tb" << tb << " alpha " << alpha << " beta "
+                                   << beta << ": error / fp32 bound " << worst);
+          CHECK(worst <= 1.0);
+          CHECK(pad_ok);  // columns beyond N (ldc padding) untouched
+        }
+}
+
+TEST_CASE("bf16/fp16 gemm vs fp32 gemm: within the rounding bound") {
+  for (auto [t, path] : paths())
+    for (int tr = 0; tr < 4; ++tr) {
+      const bool ta = tr & 1, tb = tr & 2;
+      const int M = 70, N = 90, K = 333;
+      const Vec A = randv((size_t)M * K, 5), B = randv((size_t)K * N, 6);
+      const int lda = ta ? M : K, ldb = tb ? K : N;
+      Vec Cl((size_t)M * N), Cf((size_t)M * N);
+      sw::cpu::gemm_lowp(t, ta, tb, M, N, K, 1.f, A.data(), lda, B.data(), ldb, 0.f, Cl.data(), N,
+                         path);
+      sw::cpu::gemm(ta, tb, M, N, K, 1.f, A.data(), lda, B.data(), ldb, 0.f, Cf.data(), N);
+      DVec ref, sabs;
+      gemm_ref(ta, tb, M, N, K, 1.f, A, lda, B, ldb, 0.f, Vec((size_t)M * N), N, ref, sabs);
+      const double ul = u_low(t), f = 2 * ul + ul * ul + 2 * (K + 2) * kU;
+      double worst = 0, se = 0, sr = 0;
+      for (size_t x = 0; x < Cl.size(); ++x) {
+        worst = std::max(worst, std::fabs(Cl[x] - Cf[x]) / (f * sabs[x]));
+        se += (Cl[x] - Cf[x]) * (Cl[x] - Cf[x]);
+        sr += Cf[x] * Cf[x];
+      }
+      const double rel_rms = std::sqrt(se / sr);
+      REPORT(sw::dtype_name(t) << " " << path_name(path) << " ta" << ta << " tb" << tb
+                               << ": |low - f32| / bound " << worst << ", rms rel error "
+                               << rel_rms);
+      CHECK(worst <= 1.0);
+      // Rounding errors of random sign: ~u_low/sqrt(3) per operand relative, not 2 u_low.
+      CHECK(rel_rms < ul);
+      CHECK(rel_rms > 0);  // the operands were rounded
+    }
+}
+
+TEST_CASE("rounding is exactly f32_to_bf16 / f32_to_f16 on every path") {
+  // C = A @ I returns op(A) rounded, bit for bit (one exact product and exact zeros per entry).
+  std::vector<float> specials = {1.0f + 1.0f / 256,  // tie: rounds to even (1.0) in bf16
+                                 1.0f + 3.0f / 256,  // tie: rounds up to 1 + 2^-6
+                                 1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048,  // fp16 ties
+                                 -3.14159f, 65504.f, 65519.f, 1e-3f, -2.5e-5f,
+                                 3.0e38f, -1.0e-30f, 0.f, -0.f};
+  Vec A = randv(16 * 40, 99, 100.f);
+  for (size_t i = 0; i < specials.size(); ++i) A[i * 3] = specials[i];
+  for (auto [t, path] : paths()) {
+    Vec a = A;
+    if (t == DType::F16)  // keep fp16 finite here (overflow has its own test)
+      for (float& v : a) v = std::clamp(v, -60000.f, 60000.f);
+    for (int ta = 0; ta < 2; ++ta) {
+      const int M = 16, K = 40;
+      Vec I((size_t)K * K, 0.f), C((size_t)M * K);
+      for (int k = 0; k < K; ++k) I[(size_t)k * K + k] = 1.f;
+      Vec src = a;  // (M, K) or its transpose (K, M)
+      if (ta)
+        for (int i = 0; i < M; ++i)
+          for (int k = 0; k < K; ++k) src[(size_t)k * M + i] = a[(size_t)i * K + k];
+      sw::cpu::gemm_lowp(t, ta, false, M, K, K, 1.f, src.data(), ta ? M : K, I.data(), K, 0.f,
+                         C.data(), K, path);
+      INFO(sw::dtype_name(t) << " " << path_name(path) << " ta " << ta);
+      CHECK(same_values(C, rounded(t, a)));
+      // The B side: C = I @ op(B) with op(B) = a^T (K, M); tb reads a itself as (M, K).
+      Vec at((size_t)K * M), expect((size_t)K * M);
+      for (int i = 0; i < M; ++i)
+        for (int k = 0; k < K; ++k) {
+          at[(size_t)k * M + i] = a[(size_t)i * K + k];
+          expect[(size_t)k * M + i] = rnd(t, a[(size_t)i * K + k]);
+        }
+      Vec C2((size_t)K * M);
+      const bool tb = ta;
+      sw::cpu::gemm_lowp(t, false, tb, K, M, K, 1.f, I.data(), K, tb ? a.data() : at.data(),
+                         tb ? K : M, 0.f, C2.data(), M, path);
+      CHECK(same_values(C2, expect));
+    }
+  }
+}
+
+TEST_CASE("fp16 overflow gives inf, bf16 keeps the value") {
+  const float big = 70000.f;  // > 65504: +inf in fp16, 70144 in bf16
+  for (auto [t, path] : paths()) {
+    Vec A = {big, 1.f, 1.f, 2.f}, B = {1.f, 1.f, 1.f, 1.f}, C(4);
+    sw::cpu::gemm_lowp(t, false, false, 2, 2, 2, 1.f, A.data(), 2, B.data(), 2, 0.f, C.data(), 2,
+                       path);
+    INFO(sw::dtype_name(t) << " " << path_name(path));
+    if (t == DType::F16) {
+      CHECK(std::isinf(C[0]));
+      CHECK(C[0] > 0);
+      CHECK(C[2] == 3.f);  // finite rows stay exact
+    } else {
+      CHECK(std::isfinite(C[0]));
+      CHECK(C[2] == 3.f);
+    }
+  }
+  // A loss scale too large for fp16: a product whose operands are finite in fp32 but not in
+  // fp16 must show up as non-finite output (what the dynamic loss scaler looks for).
+  const sw::Ops& f16 = sw::ops_for(sw::Device::cpu(), DType::F16);
+  Vec x = {1e5f, 1.f}, w = {1.f, 1.f}, out(1);
+  f16.linear_forward(out.data(), x.data(), w.data(), nullptr, 1, 2, 1);
+  CHECK(std::isinf(out[0]));
+}
+
+TEST_CASE("native, fused and emulated bf16 agree; reruns are bit-identical") {
+  for (int tr = 0; tr < 4; ++tr) {
+    const bool ta = tr & 1, tb = tr & 2;
+    const int M = 131, N = 275, K = 401;
+    const Vec A = randv((size_t)M * K, 71), B = randv((size_t)K * N, 72);
+    const int lda = ta ? M : K, ldb = tb ? K : N;
+    auto run = [&](LowpPath path) {
+      Vec C((size_t)M * N, 0.5f);
+      sw::cpu::gemm_lowp(DType::BF16, ta, tb, M, N, K, 1.f, A.data(), lda, B.data(), ldb, 1.f,
+                         C.data(), N, path);
+      return C;
+    };
+    const Vec e1 = run(LowpPath::Emulated), e2 = run(LowpPath::Emulated);
+    CHECK(same_bits(e1, e2));
+    DVec ref, sabs;
+    gemm_ref(ta, tb, M, N, K, 1.f, rounded(DType::BF16, A), lda, rounded(DType::BF16, B), ldb,
+             1.f, Vec((size_t)M * N, 0.5f), N, ref, sabs);
+    for (LowpPath p : {LowpPath::Native, LowpPath::Fused}) {
+      if (p == LowpPath::Native ? !sw::cpu::cpu_has_avx512_bf16() : !sw::cpu::cpu_has_avx512())
+        continue;
+      const Vec n1 = run(p), n2 = run(p);
+      CHECK(same_bits(n1, n2));
+      // The packed kernels give each C element to one thread with a fixed K blocking, so the
+      // result does not depend on the thread count either.
+      const int nt = omp_get_max_threads();
+      omp_set_num_threads(1);
+      const Vec n_one = run(p);
+      omp_set_num_threads(nt);
+      CHECK(same_bits(n1, n_one));
+      double worst = 0;
+      for (size_t x = 0; x < n1.size(); ++x)
+        worst = std::max(worst, std::fabs(n1[x] - e1[x]) / (2 * (K + 2) * kU * sabs[x]));
+      REPORT(path_name(p) << " ta" << ta << " tb" << tb
+                          << ": |path - emulated| / (2 x fp32 bound) " << worst);
+      CHECK(worst <= 1.0);
+    }
+  }
+}
+
+TEST_CASE("linear forward/backward in bf16/fp16 = double reference on rounded operands") {
+  for (DType t : {DType::BF16, DType::F16}) {
+    const sw::Ops& ops = sw::ops_for(sw::Device::cpu(), t);
+    const sw::Ops& f32 = sw::ops_for(sw::Device::cpu());
+    const int N = 37, C = 45, OC = 29;
+    const Vec x = randv((size_t)N * C, 1), w = randv((size_t)OC * C, 2), b = randv(OC, 3);
+    const Vec dout = randv((size_t)N * OC, 4);
+    Vec out((size_t)N * OC);
+    ops.linear_forward(out.data(), x.data(), w.data(), b.data(), N, C, OC);
+    const Vec xr = rounded(t, x), wr = rounded(t, w), dr = rounded(t, dout);
+    double worst = 0;
+    for (int n = 0; n < N; ++n)
+      for (int o = 0; o < OC; ++o) {
+        double s = b[o], sa = std::fabs(b[o]);
+        for (int c = 0; c < C; ++c) {
+          s += (double)xr[(size_t)n * C + c] * wr[(size_t)o * C + c];
+          sa += std::fabs((double)xr[(size_t)n * C + c] * wr[(size_t)o * C + c]);
+        }
+        worst = std::max(worst, std::fabs(out[(size_t)n * OC + o] - s) / ((C + 2) * kU * sa));
+      }
+    // Backward accumulates into prefilled buffers.
+    const Vec dx0 = randv((size_t)N * C, 5), dw0 = randv((size_t)OC * C, 6), db0 = randv(OC, 7);
+    Vec dx = dx0, dw = dw0, db = db0, db32 = db0;
+    ops.linear_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), N, C,
+                        OC);
+    for (int n = 0; n < N; ++n)
+      for (int c = 0; c < C; ++c) {
+        double s = dx0[(size_t)n * C + c], sa = std::fabs(s);
+        for (int o = 0; o < OC; ++o) {
+          const double p = (double)dr[(size_t)n * OC + o] * wr[(size_t)o * C + c];
+          s += p, sa += std::fabs(p);
+        }
+        worst = std::max(worst, std::fabs(dx[(size_t)n * C + c] - s) / ((OC + 2) * kU * sa));
+      }
+    for (int o = 0; o < OC; ++o)
+      for (int c = 0; c < C; ++c) {
+        double s = dw0[(size_t)o * C + c], sa = std::fabs(s);
+        for (int n = 0; n < N; ++n) {
+          const double p = (double)dr[(size_t)n * OC + o] * xr[(size_t)n * C + c];
+          s += p, sa += std::fabs(p);
+        }
+        worst = std::max(worst, std::fabs(dw[(size_t)o * C + c] - s) / ((N + 2) * kU * sa));
+      }
+    REPORT(sw::dtype_name(t) << " linear: error / fp32 bound " << worst);
+    CHECK(worst <= 1.0);
+    // The bias gradient is a plain fp32 sum: the fp32 op's bits.
+    f32.linear_backward(nullptr, nullptr, db32.data(), dout.data(), x.data(), w.data(), N, C, OC);
+    CHECK(same_bits(db, db32));
+  }
+}
+
+TEST_CASE("ops_for(cpu, BF16/F16): products change, element-wise ops and norms do not") {
+  const sw::Ops& f32 = sw::ops_for(sw::Device::cpu());
+  CHECK(&sw::ops_for(sw::Device::cpu(), DType::F32) == &f32);
+  const int N = 9, C = 40;
+  const Vec x = randv((size_t)N * C, 8), w = randv(C, 9), b = randv(C, 10);
+  for (DType t : {DType::BF16, DType::F16}) {
+    const sw::Ops& lo = sw::ops_for(sw::Device::cpu(), t);
+    CHECK(&lo != &f32);
+    CHECK(lo.device().is_cpu());
+    Vec o1((size_t)N * C), o2((size_t)N * C), m1(N), m2(N), r1(N), r2(N);
+    lo.layernorm_forward(o1.data(), m1.data(), r1.data(), x.data(), w.data(), b.data(), N, C);
+    f32.layernorm_forward(o2.data(), m2.data(), r2.data(), x.data(), w.data(), b.data(), N, C);
+    CHECK(same_bits(o1, o2));
+    lo.gelu_forward(o1.data(), x.data(), x.size());
+    f32.gelu_forward(o2.data(), x.data(), x.size());
+    CHECK(same_bits(o1, o2));
+    // gemm: the op is gemm_lowp on its dtype (Auto path), bit for bit.
+    Vec c1((size_t)N * N), c2((size_t)N * N), c3((size_t)N * N);
+    lo.gemm(false, true, N, N, C, 1.f, x.data(), C, x.data(), C, 0.f, c1.data(), N);
+    sw::cpu::gemm_lowp(t, false, true, N, N, C, 1.f, x.data(), C, x.data(), C, 0.f, c2.data(), N);
+    f32.gemm(false, true, N, N, C, 1.f, x.data(), C, x.data(), C, 0.f, c3.data(), N);
+    CHECK(same_bits(c1, c2));
+    CHECK(!same_bits(c1, c3));
+  }
+}
+
+namespace {
+
+// Double reference of the fused LM head on rounded x, w: per-row loss, and the gradients with
+// dlogits rounded as the kernel does. sab* = sum of |terms| per output element (for bounds).
+struct LmRef {
+  DVec loss, dx, dw, sdx, sdw, slogit;
+};
+LmRef lmhead_ref(DType t, const Vec& x, const Vec& w, const std::vector<int32_t>& tg, int N,
+                 int C, int V, float gs) {
+  const Vec xr = rounded(t, x), wr = rounded(t, w);
+  LmRef r;
+  r.loss.assign(N, 0), r.dx.assign((size_t)N * C, 0), r.dw.assign((size_t)V * C, 0);
+  r.sdx.assign((size_t)N * C, 0), r.sdw.assign((size_t)V * C, 0), r.slogit.assign(N, 0);
+  for (int n = 0; n < N; ++n) {
+    DVec lg(V);
+    double mx = -1e300, sl = 0;
+    for (int v = 0; v < V; ++v) {
+      double s = 0, sa = 0;
+      for (int c = 0; c < C; ++c) {
+        const double p = (double)xr[(size_t)n * C + c] * wr[(size_t)v * C + c];
+        s += p, sa += std::fabs(p);
+      }
+      lg[v] = s, mx = std::max(mx, s), sl = std::max(sl, sa);
+    }
+    r.slogit[n] = sl;
+    if (tg[n] < 0) continue;
+    double z = 0;
+    for (int v = 0; v < V; ++v) z += std::exp(lg[v] - mx);
+    r.loss[n] = mx + std::log(z) - lg[tg[n]];
+    for (int v = 0; v < V; ++v) {
+      double d = gs * std::exp(lg[v] - mx) / z - (v == tg[n] ? gs : 0.0);
+      const float dl = rnd(t, (float)d);
+      for (int c = 0; c < C; ++c) {
+        r.dx[(size_t)n * C + c] += (double)dl * wr[(size_t)v * C + c];
+        r.sdx[(size_t)n * C + c] += std::fabs((double)dl * wr[(size_t)v * C + c]);
+        r.dw[(size_t)v * C + c] += (double)dl * xr[(size_t)n * C + c];
+        r.sdw[(size_t)v * C + c] += std::fabs((double)dl * xr[(size_t)n * C + c]);
+      }
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("LM head + cross-entropy in bf16/fp16 vs rounded-operand reference and fp32") {
+  const int N = 21, C = 24, V = 77;
+  const float gs = 0.5f;
+  const Vec x = randv((size_t)N * C, 31), w = randv((size_t)V * C, 32, 0.3f);
+  std::vector<int32_t> tg(N);
+  for (int n = 0; n < N; ++n) tg[n] = n == 4 ? -1 : (n * 13) % V;
+  const sw::Ops& f32 = sw::ops_for(sw::Device::cpu());
+  Vec loss32(N), dx32((size_t)N * C), dw32((size_t)V * C);
+  const double tot32 = f32.lmhead_xent(loss32.data(), dx32.data(), dw32.data(), x.data(),
+                                       w.data(), tg.data(), N, C, V, gs);
+  for (DType t : {DType::BF16, DType::F16}) {
+    const sw::Ops& ops = sw::ops_for(sw::Device::cpu(), t);
+    Vec loss(N), dx((size_t)N * C), dw((size_t)V * C);
+    const double tot = ops.lmhead_xent(loss.data(), dx.data(), dw.data(), x.data(), w.data(),
+                                       tg.data(), N, C, V, gs);
+    const LmRef r = lmhead_ref(t, x, w, tg, N, C, V, gs);
+    // (a) loss: logits carry the fp32 bound (C+2) u sum|xw| each; the loss moves by at most
+    // twice the largest logit error (lse and the target logit), plus exp_approx's ~2 ulp.
+    double wl = 0, wx = 0, ww = 0;
+    for (int n = 0; n < N; ++n)
+      wl = std::max(wl, std::fabs(loss[n] - r.loss[n]) /
+                            (2 * (C + 2) * kU * r.slogit[n] + 1e-6 * (1 + std::fabs(r.loss[n]))));
+    // gradients: dlogits may round to the neighbouring value (one u_low of each term).
+    const double ul = u_low(t);
+    for (size_t i = 0; i < dx.size(); ++i)
+      wx = std::max(wx, std::fabs(dx[i] - r.dx[i]) / (ul * r.sdx[i] + 1e-7));
+    for (size_t i = 0; i < dw.size(); ++i)
+      ww = std::max(ww, std::fabs(dw[i] - r.dw[i]) / (ul * r.sdw[i] + 1e-7));
+    CHECK(loss[4] == 0.f);
+    REPORT(sw::dtype_name(t) << " lmhead: loss err/bound " << wl << ", dx " << wx << ", dw "
+                             << ww);
+    CHECK(wl <= 1.0);
+    CHECK(wx <= 1.0);
+    CHECK(ww <= 1.0);
+    // (b) against fp32: measured relative differences (bf16 ~4e-3, fp16 ~5e-4 of the largest
+    // gradient); tolerance 4 u_low relative to the largest magnitude.
+    double dl = 0, mdx = 0, mdw = 0, ex = 0, ew = 0;
+    for (int n = 0; n < N; ++n) dl = std::max(dl, (double)std::fabs(loss[n] - loss32[n]));
+    for (size_t i = 0; i < dx.size(); ++i)
+      mdx = std::max(mdx, (double)std::fabs(dx32[i])),
+      ex = std::max(ex, (double)std::fabs(dx[i] - dx32[i]));
+    for (size_t i = 0; i < dw.size(); ++i)
+      mdw = std::max(mdw, (double)std::fabs(dw32[i])),
+      ew = std::max(ew, (double)std::fabs(dw[i] - dw32[i]));
+    REPORT(sw::dtype_name(t) << " lmhead vs fp32: loss " << dl << " dx " << ex / mdx << " dw "
+                             << ew / mdw << " total " << tot << " vs " << tot32);
+    CHECK(dl < 8 * ul * 5);  // logits are O(5) here
+    CHECK(ex / mdx < 4 * ul);
+    CHECK(ew / mdw < 4 * ul);
+    // Rerun: bit-identical.
+    Vec loss2(N), dx2((size_t)N * C), dw2((size_t)V * C);
+    ops.lmhead_xent(loss2.data(), dx2.data(), dw2.data(), x.data(), w.data(), tg.data(), N, C, V,
+                    gs);
+    CHECK(same_bits(loss, loss2));
+    CHECK(same_bits(dx, dx2));
+    CHECK(same_bits(dw, dw2));
+  }
+}
+
+namespace {
+
+// Causal attention forward in double on rounded q, k, v, with P rounded (the kernel's operand
+// of P V); returns out and, per element, sum_j p_j |v_j| / l (for the one-u_low allowance).
+void attn_ref(DType t, const Vec& qkv, int B, int T, int H, int KVH, int hd, DVec& out,
+              DVec& spv) {
+  const Vec r = rounded(t, qkv);
+  const int R = (H + 2 * KVH) * hd, CO = H * hd, rep = H / KVH;
+  out.assign((size_t)B * T * CO, 0), spv.assign((size_t)B * T * CO, 0);
+  const double scale = 1.0 / std::sqrt((double)hd);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < T; ++i) {
+        const int g = h / rep;
+        DVec s(i + 1);
+        double mx = -1e300;
+        for (int j = 0; j <= i; ++j) {
+          double d = 0;
+          for (int c = 0; c < hd; ++c)
+            d += (double)r[((size_t)b * T + i) * R + h * hd + c] *
+                 r[((size_t)b * T + j) * R + (H + g) * hd + c];
+          s[j] = d * scale, mx = std::max(mx, s[j]);
+        }
+        double l = 0;
+        for (int j = 0; j <= i; ++j) l += std::exp(s[j] - mx);
+        for (int j = 0; j <= i; ++j) {
+          const double p = rnd(t, (float)std::exp(s[j] - mx));
+          for (int c = 0; c < hd; ++c) {
+            const double v = r[((size_t)b * T + j) * R + (H + KVH + g) * hd + c];
+            out[((size_t)b * T + i) * CO + h * hd + c] += p * v / l;
+            spv[((size_t)b * T + i) * CO + h * hd + c] += std::fabs(p * v) / l;
+          }
+        }
+      }
+}
+
+}  // namespace
+
+TEST_CASE("attention in bf16/fp16: forward vs rounded reference, both passes vs fp32") {
+  // T = 70: not a multiple of the tiles; GQA (H 4, KVH 2) and MHA.
+  for (auto [H, KVH] : {std::pair{4, 2}, {3, 3}}) {
+    const int B = 2, T = 70, hd = 16, R = (H + 2 * KVH) * hd, CO = H * hd;
+    const Vec qkv = randv((size_t)B * T * R, 41 + H), dout = randv((size_t)B * T * CO, 43);
+    const sw::Ops& f32 = sw::ops_for(sw::Device::cpu());
+    Vec o32((size_t)B * T * CO), l32((size_t)B * H * T), d32((size_t)B * T * R, 0.f);
+    f32.attention_forward(o32.data(), l32.data(), qkv.data(), B, T, H, KVH, hd);
+    f32.attention_backward(d32.data(), dout.data(), qkv.data(), o32.data(), l32.data(), B, T, H,
+                           KVH, hd);
+    for (DType t : {DType::BF16, DType::F16}) {
+      const sw::Ops& ops = sw::ops_for(sw::Device::cpu(), t);
+      Vec o((size_t)B * T * CO), l((size_t)B * H * T), d((size_t)B * T * R, 0.f);
+      ops.attention_forward(o.data(), l.data(), qkv.data(), B, T, H, KVH, hd);
+      ops.attention_backward(d.data(), dout.data(), qkv.data(), o.data(), l.data(), B, T, H, KVH,
+                             hd);
+      DVec ref, spv;
+      attn_ref(t, qkv, B, T, H, KVH, hd, ref, spv);
+      // (a) out: P may round to the neighbouring value (u_low of each term) plus fp32 and
+      // exp_approx error (~1e-6 on O(1) values, as in test_kernels_b).
+      double wa = 0;
+      for (size_t i = 0; i < o.size(); ++i)
+        wa = std::max(wa, std::fabs(o[i] - ref[i]) / (u_low(t) * spv[i] + 1e-5));
+      // (b) vs fp32, relative to the largest magnitude; measured bf16 ~5e-3 (out), ~1e-2
+      // (gradients), fp16 ~8x less; tolerances 4 u_low and 8 u_low.
+      double eo = 0, mo = 0, ed = 0, md = 0;
+      for (size_t i = 0; i < o.size(); ++i)
+        eo = std::max(eo, (double)std::fabs(o[i] - o32[i])),
+        mo = std::max(mo, (double)std::fabs(o32[i]));
+      for (size_t i = 0; i < d.size(); ++i)
+        ed = std::max(ed, (double)std::fabs(d[i] - d32[i])),
+        md = std::max(md, (double)std::fabs(d32[i]));
+      REPORT(sw::dtype_name(t) << " attention H" << H << " KVH" << KVH << ": out err/bound " << wa
+                               << ", vs fp32 out " << eo / mo << ", dqkv " << ed / md);
+      CHECK(wa <= 1.0);
+      CHECK(eo / mo < 4 * u_low(t));
+      CHECK(ed / md < 8 * u_low(t));
+      CHECK(eo > 0);  // rounding happened
+      Vec o2((size_t)B * T * CO), l2((size_t)B * H * T), d2((size_t)B * T * R, 0.f);
+      ops.attention_forward(o2.data(), l2.data(), qkv.data(), B, T, H, KVH, hd);
+      ops.attention_backward(d2.data(), dout.data(), qkv.data(), o2.data(), l2.data(), B, T, H,
+                             KVH, hd);
+      CHECK(same_bits(o, o2));
+      CHECK(same_bits(d, d2));
+    }
+  }
+}
+
+TEST_CASE("round_to is f32_to_bf16 / f32_to_f16 bit for bit (NaN, inf, subnormals, ties)") {
+  // Random bit patterns (every exponent, NaNs included) plus special values; lengths not a
+  // multiple of the vector width.
+  std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+                                0x7f800001u, 0xffffffffu, 0x00000001u, 0x807fffffu, 0x3f808000u,
+                                0x3f818000u, 0x7f7fffffu, 0x477fe000u, 0x477ff000u, 0x33800000u};
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (int i = 0; i < 5000; ++i) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    bits.push_back((uint32_t)x);
+  }
+  Vec src(bits.size());
+  std::memcpy(src.data(), bits.data(), bits.size() * 4);
+  for (DType t : {DType::BF16, DType::F16}) {
+    Vec dst(src.size());
+    sw::cpu::round_to(t, dst.data(), src.data(), src.size());
+    size_t bad = 0;
+    for (size_t i = 0; i < src.size(); ++i) {
+      const float e = rnd(t, src[i]);
+      if (std::isnan(e) ? !std::isnan(dst[i]) : std::memcmp(&e, &dst[i], 4) != 0) ++bad;
+    }
+    INFO(sw::dtype_name(t) << ": " << bad << " of " << src.size() << " differ");
+    CHECK(bad == 0);
+    if (t == DType::BF16) {  // bf16 NaNs keep f32_to_bf16's exact bits
+      Vec e = rounded(t, src);
+      CHECK(same_bits(dst, e));
+    }
+    Vec inplace = src;
+    sw::cpu::round_to(t, inplace.data(), inplace.data(), inplace.size());
+    CHECK(same_bits(inplace, dst));
+  }
+}
