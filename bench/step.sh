@@ -51,7 +51,7 @@ if [ "$mode" = single ]; then
   torch_args=(--threads "$threads" --steps "$steps" --dtype "${TORCH_DTYPE:-fp32}" "${shape[@]}")
   sw=() pt=()
   for ((r = 1; r <= rounds; r++)); do
-    line=$("$build/bench/bench_step" "${args[@]}" | tee /dev/stderr | tail -1)
+    line=$("$build/bench/bench_step" "${args[@]}" | tee -a /dev/stderr | tail -1)
     sw+=("$(echo "$line" | tps)")
     line=$("${torch_env[@]}" "$py" "$here/torch_step.py" "${torch_args[@]}")
     echo "$line" >&2
@@ -69,10 +69,10 @@ PY
 elif [ "$mode" = mpi ]; then
   un=() fs=() dp=() ex=() cm=()
   for ((r = 1; r <= rounds; r++)); do
-    line=$("$build/bench/bench_step" --threads 2 --steps "$steps" "$@" | tee /dev/stderr | tail -1)
+    line=$("$build/bench/bench_step" --threads 2 --steps "$steps" "$@" | tee -a /dev/stderr | tail -1)
     un+=("$(echo "$line" | tps)")
     line=$("${mpirun[@]}" -np 2 "$build/bench/bench_step" --threads 1 --steps "$steps" \
-             --strategy "$strategy" "$@" | tee /dev/stderr | tail -1)
+             --strategy "$strategy" "$@" | tee -a /dev/stderr | tail -1)
     fs+=("$(echo "$line" | tps)")
     ex+=("$(echo "$line" | tps exposed_comm_s)")
     cm+=("$(echo "$line" | tps comm_s)")
@@ -99,9 +99,9 @@ elif [ "$mode" = bf16 ]; then
   args=(--threads "$threads" --steps "$steps" "$@")
   f32=() b16=() pt=()
   for ((r = 1; r <= rounds; r++)); do
-    line=$("$build/bench/bench_step" "${args[@]}" --compute f32 | tee /dev/stderr | tail -1)
+    line=$("$build/bench/bench_step" "${args[@]}" --compute f32 | tee -a /dev/stderr | tail -1)
     f32+=("$(echo "$line" | tps)")
-    line=$("$build/bench/bench_step" "${args[@]}" --compute bf16 | tee /dev/stderr | tail -1)
+    line=$("$build/bench/bench_step" "${args[@]}" --compute bf16 | tee -a /dev/stderr | tail -1)
     b16+=("$(echo "$line" | tps)")
     line=$("${torch_env[@]}" "$py" "$here/torch_step.py" --threads "$threads" --steps "$steps" \
              --dtype bf16 "${shape[@]}")
