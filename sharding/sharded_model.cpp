@@ -872,8 +872,10 @@ float* state_base(FlatUnit& fu, ShardedModel::StateKind k) {
   const Range sh = fu.shard_range();
   switch (k) {
     case ShardedModel::StateKind::Master:
-      // Whole and stage 1 keep the full buffer (the master is a view into it).
-      return fu.kind() == FlatUnit::Kind::Sharded ? fu.master() - sh.lo : fu.full();
+      // Whole and stage 1 keep the full buffer (the master is a view into it), unless mixed
+      // precision split the fp32 master off (the full buffer is then the rounded compute copy).
+      return fu.kind() == FlatUnit::Kind::Sharded || fu.split_master() ? fu.master() - sh.lo
+                                                                       : fu.full();
     case ShardedModel::StateKind::ExpAvg:
       return fu.adam_m() - (fu.kind() == FlatUnit::Kind::Whole ? 0 : sh.lo);
     case ShardedModel::StateKind::ExpAvgSq:
@@ -893,6 +895,11 @@ const float* ShardedModel::state_view(int u, StateKind k, FlatRange r) const {
   // Stage 1: the slices of other ranks arrive with the regather issued after the update.
   if (!r.empty() && fu.kind() == FlatUnit::Kind::FullReplicated && k == StateKind::Master)
     fu.wait_unshard();
+  // A split fp32 master exists for this rank's shard only (what owned_range asks for).
+  if (!r.empty() && fu.split_master() && k == StateKind::Master) {
+    const Range sh = fu.shard_range();
+    SW_CHECK(r.lo >= sh.lo && r.hi <= sh.hi, "state_view: the fp32 master outside the shard");
+  }
   return state_base(fu, k) + r.lo;
 }
 
@@ -915,6 +922,18 @@ void ShardedModel::write_state(int u, StateKind k, FlatRange r, const float* src
       fu.wait_unshard();
       fu.reshard();
     }
+  }
+  if (k == StateKind::Master && fu.split_master()) {
+    // Mixed precision with a persistent full buffer: the fp32 master takes the part inside
+    // this rank's shard, the compute copy the rounding of all of it.
+    const Range sh = fu.shard_range();
+    const Range in = intersect({r.lo, r.hi}, sh);
+    if (!in.empty())
+      std::memcpy(fu.master() + (in.lo - sh.lo), src + (in.lo - r.lo),
+                  static_cast<size_t>(in.hi - in.lo) * sizeof(float));
+    std::memcpy(fu.full() + r.lo, src, static_cast<size_t>(r.size()) * sizeof(float));
+    fu.round_compute(r.lo, r.size());
+    return;
   }
   std::memcpy(state_base(fu, k) + r.lo, src, static_cast<size_t>(r.size()) * sizeof(float));
 }

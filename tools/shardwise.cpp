@@ -284,6 +284,9 @@ int cmd_train(const std::vector<std::string>& args) {
   std::printf("  unigram entropy    %.4f nats (byte-unigram loss of the training data)\n",
               s.unigram_entropy);
   std::printf("  tokens/s           %.0f\n", s.tokens_per_s);
+  if (cfg.fp16)
+    std::printf("  fp16 loss scale    %g (%d steps skipped on overflow)\n", s.loss_scale,
+                s.skipped_steps);
   if (!s.resumed_from.empty())
     std::printf("  resumed from       %s (step %d)\n", s.resumed_from.c_str(), s.start_step);
   if (s.checkpoints_saved > 0 || s.checkpoints_failed > 0)
