@@ -18,22 +18,15 @@
 #include "models/model.h"
 #include "sharding/comm/group.h"
 #include "sharding/sharded_model.h"
+#include "tests/common/mpi_test_util.h"
 
 using namespace sw;
 using SK = ShardedModel::StateKind;
 
 namespace {
 
-const Ops& cpu() { return ops_for(Device::cpu()); }
-
-GroupPtr world() {
-  static GroupPtr g = [] {
-    GroupPtr w = world_group();
-    set_num_threads(1);
-    return w;
-  }();
-  return g;
-}
+using swtest::cpu;
+using swtest::world;
 
 ModelConfig tiny() {
   ModelConfig c;

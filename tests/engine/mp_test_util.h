@@ -14,16 +14,15 @@
 #include "engine/config.h"
 #include "engine/data.h"
 #include "engine/trainer.h"
+#include "engine_test_util.h"
 
 namespace sw::mptest {
 
 namespace fs = std::filesystem;
+using enginetest::read_bytes;
+using enginetest::read_metrics;
 
-inline fs::path test_dir() {
-  const fs::path d = fs::temp_directory_path() / "sw_test_mixed_precision";
-  fs::create_directories(d);
-  return d;
-}
+inline fs::path test_dir() { return enginetest::make_test_dir("sw_test_mixed_precision"); }
 
 // Sentences of words drawn from a small lexicon with skewed frequencies: bytes with
 // structure a small model learns quickly (spelling, spaces, capitals after full stops).
@@ -74,17 +73,7 @@ inline TrainConfig config(const std::string& run, std::vector<std::string> extra
 }
 
 inline TrainOptions quiet(bool export_weights = false) {
-  TrainOptions o;
-  o.progress = false;
-  o.export_weights = export_weights;
-  return o;
-}
-
-inline std::vector<nlohmann::json> read_metrics(const std::string& run_dir) {
-  std::ifstream f(fs::path(run_dir) / "metrics.jsonl");
-  std::vector<nlohmann::json> out;
-  for (std::string line; std::getline(f, line);) out.push_back(nlohmann::json::parse(line));
-  return out;
+  return enginetest::quiet_options(export_weights);
 }
 
 inline std::vector<double> losses(const std::vector<nlohmann::json>& m) {
@@ -98,13 +87,6 @@ inline double mean(const std::vector<double>& l, size_t a, size_t b) {
   double s = 0;
   for (size_t i = a; i < b; ++i) s += l[i];
   return s / static_cast<double>(b - a);
-}
-
-inline std::string read_bytes(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
 }
 
 }  // namespace sw::mptest

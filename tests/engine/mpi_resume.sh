@@ -6,16 +6,8 @@
 # "Stopped at step 4" is a run of train_steps 4 whose LR schedule is that of 8 steps
 # (scheduler total_num_steps 8); the kill tests (test_ckpt_kill) cover real kills.
 set -u
-sw=$1 mpiexec=$2
-shift 2
-mpirun=("$mpiexec" "$@")
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-fail() { echo "mpi_resume: FAIL: $*"; exit 1; }
-
-for i in $(seq 1 3000); do echo "line $i: the quick brown fox jumps over $((i * 7 % 13)) lazy dogs"; done >"$work/text.txt"
-"$sw" data prepare "$work/text.txt" --out "$work/train.bin" --val "$work/val.bin" >/dev/null ||
-  fail "data prepare"
+source "$(dirname "${BASH_SOURCE[0]}")/mpi_common.sh" mpi_resume "$@"
+prepare_text 3000
 cat >"$work/cfg.json" <<EOF
 {
   "model": {"type": "gpt2", "vocab_size": 256, "n_layer": 2, "n_head": 2, "d_model": 32,

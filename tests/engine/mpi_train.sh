@@ -10,17 +10,10 @@
 #      that diverges on every rank (the non-finite error printed once, by rank 0)
 # Only rank 0 writes run_dir: metrics.jsonl has one line per step, with comm_s.
 set -u
-sw=$1 mpiexec=$2
-shift 2
-mpirun=("$mpiexec" "$@")
+source "$(dirname "${BASH_SOURCE[0]}")/mpi_common.sh" mpi_train "$@"
 py=/usr/bin/python3
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-fail() { echo "mpi_train: FAIL: $*"; exit 1; }
 
-for i in $(seq 1 4000); do echo "line $i: the quick brown fox jumps over $((i * 7 % 13)) lazy dogs"; done >"$work/text.txt"
-"$sw" data prepare "$work/text.txt" --out "$work/train.bin" --val "$work/val.bin" >/dev/null ||
-  fail "data prepare"
+prepare_text 4000
 cat >"$work/cfg.json" <<EOF
 {
   "model": {"type": "gpt2", "vocab_size": 256, "n_layer": 2, "n_head": 2, "d_model": 32,

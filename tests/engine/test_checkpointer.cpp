@@ -14,6 +14,7 @@
 #include "engine/config.h"
 #include "engine/data.h"
 #include "engine/trainer.h"
+#include "engine_test_util.h"
 #include "kernels/ops.h"
 #include "models/model.h"
 #include "sharding/comm/group.h"
@@ -25,18 +26,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path test_dir() {
-  const fs::path d = fs::temp_directory_path() / "sw_test_checkpointer";
-  fs::create_directories(d);
-  return d;
-}
+fs::path test_dir() { return enginetest::make_test_dir("sw_test_checkpointer"); }
 
 std::string random_tokens(const std::string& name, size_t n, int vocab, uint64_t seed) {
-  std::vector<uint16_t> t(n);
-  for (size_t i = 0; i < n; ++i) t[i] = static_cast<uint16_t>(rng_bits(seed, 0, i) % vocab);
-  const std::string p = (test_dir() / name).string();
-  write_token_file(p, t);
-  return p;
+  return enginetest::write_random_tokens(test_dir() / name, n, vocab, seed);
 }
 
 // total_num_steps is fixed at 8 so that a run of train_steps 4 follows the same LR schedule as
@@ -59,25 +52,11 @@ TrainConfig tiny(const std::string& data, const std::string& run,
 }
 
 TrainOptions quiet(bool export_weights = true) {
-  TrainOptions o;
-  o.progress = false;
-  o.export_weights = export_weights;
-  return o;
+  return enginetest::quiet_options(export_weights);
 }
 
-std::vector<nlohmann::json> read_metrics(const std::string& run_dir) {
-  std::ifstream f(fs::path(run_dir) / "metrics.jsonl");
-  std::vector<nlohmann::json> out;
-  for (std::string line; std::getline(f, line);) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
-
-std::string read_bytes(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using enginetest::read_bytes;
+using enginetest::read_metrics;
 
 void fresh(const std::string& run) { fs::remove_all(test_dir() / run); }
 

@@ -25,6 +25,7 @@
 #include "core/rng.h"
 #include "engine/checkpointer.h"
 #include "engine/data.h"
+#include "engine_test_util.h"
 
 using Catch::Matchers::Contains;
 namespace fs = std::filesystem;
@@ -49,12 +50,7 @@ fs::path work() {
   return d;
 }
 
-std::string read_bytes(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using sw::enginetest::read_bytes;
 
 // One config for every run here; 40 steps, a checkpoint every 10.
 std::string config() {

@@ -7,22 +7,14 @@
 
 #include "core/error.h"
 #include "engine/config.h"
+#include "engine_test_util.h"
 
 using namespace sw;
 using Catch::Matchers::Contains;
 
 namespace {
-TrainConfig parse(const std::string& text, const std::vector<std::string>& ov = {}) {
-  return parse_config(text, "cfg.json", ov);
-}
-std::string error_of(const std::string& text, const std::vector<std::string>& ov = {}) {
-  try {
-    parse(text, ov);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using enginetest::error_of;
+using enginetest::parse;
 }  // namespace
 
 TEST_CASE("config: empty object gives the documented defaults") {

@@ -12,6 +12,7 @@
 #include "engine/config.h"
 #include "engine/data.h"
 #include "engine/trainer.h"
+#include "engine_test_util.h"
 #include "models/model.h"
 
 using namespace sw;
@@ -20,19 +21,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path test_dir() {
-  const fs::path d = fs::temp_directory_path() / "sw_test_trainer";
-  fs::create_directories(d);
-  return d;
-}
+fs::path test_dir() { return enginetest::make_test_dir("sw_test_trainer"); }
 
 // Random tokens in [0, vocab): nothing to learn beyond frequencies.
 std::string random_tokens(const std::string& name, size_t n, int vocab, uint64_t seed) {
-  std::vector<uint16_t> t(n);
-  for (size_t i = 0; i < n; ++i) t[i] = static_cast<uint16_t>(rng_bits(seed, 0, i) % vocab);
-  const std::string p = (test_dir() / name).string();
-  write_token_file(p, t);
-  return p;
+  return enginetest::write_random_tokens(test_dir() / name, n, vocab, seed);
 }
 
 // A cycle 0, 1, ..., period-1, 0, 1, ...: the next token is a function of the current one.
@@ -60,25 +53,11 @@ TrainConfig tiny_config(const std::string& train, const std::string& run,
 }
 
 TrainOptions quiet(bool export_weights = false) {
-  TrainOptions o;
-  o.progress = false;
-  o.export_weights = export_weights;
-  return o;
+  return enginetest::quiet_options(export_weights);
 }
 
-std::vector<nlohmann::json> read_metrics(const std::string& run_dir) {
-  std::ifstream f(fs::path(run_dir) / "metrics.jsonl");
-  std::vector<nlohmann::json> out;
-  for (std::string line; std::getline(f, line);) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
-
-std::string read_bytes(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using enginetest::read_bytes;
+using enginetest::read_metrics;
 
 }  // namespace
 

@@ -32,28 +32,18 @@
 #include "core/dtype.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/ops.h"
-#include "tests/common/gradcheck.h"
+#include "tests/kernels/kernel_test_util.h"
 
 namespace {
 
 using sw::DType;
 using sw::cpu::LowpPath;
-using Vec = std::vector<float>;
-using DVec = std::vector<double>;
-constexpr double kU = 1.0 / (1 << 24);
-
-// SW_TEST_VERBOSE=1 prints the measured errors (used to set the measured tolerances).
-#define REPORT(msg)                                \
-  do {                                             \
-    INFO(msg);                                     \
-    if (std::getenv("SW_TEST_VERBOSE")) WARN(msg); \
-  } while (0)
-
-Vec randv(size_t n, uint64_t seed, float stddev = 1.f) {
-  Vec v(n);
-  swtest::randn(v, seed, stddev);
-  return v;
-}
+using swtest::DVec;
+using swtest::gemm_ref;
+using swtest::kU;
+using swtest::randv;
+using swtest::same_bits;
+using swtest::Vec;
 
 double u_low(DType t) { return t == DType::BF16 ? 1.0 / 256 : 1.0 / 2048; }
 
@@ -73,30 +63,6 @@ bool same_values(const Vec& a, const Vec& b) {
   for (size_t i = 0; i < a.size(); ++i)
     if (!(a[i] == b[i])) return false;
   return true;
-}
-
-bool same_bits(const Vec& a, const Vec& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-// C = alpha op(A) op(B) + beta C0 in double; sabs = |alpha| sum |ab| + |beta c0| per element.
-void gemm_ref(bool ta, bool tb, int M, int N, int K, float alpha, const Vec& A, int lda,
-              const Vec& B, int ldb, float beta, const Vec& C0, int ldc, DVec& C, DVec& sabs) {
-  C.assign((size_t)M * ldc, 0.0);
-  sabs.assign((size_t)M * ldc, 0.0);
-  for (int i = 0; i < M; ++i)
-    for (int j = 0; j < N; ++j) {
-      double s = 0, sa = 0;
-      for (int k = 0; k < K; ++k) {
-        const double a = ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k];
-        const double b = tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j];
-        s += a * b;
-        sa += std::fabs(a * b);
-      }
-      const double c0 = C0[(size_t)i * ldc + j];
-      C[(size_t)i * ldc + j] = alpha * s + beta * c0;
-      sabs[(size_t)i * ldc + j] = std::fabs(alpha) * sa + std::fabs(beta * c0);
-    }
 }
 
 struct Case {

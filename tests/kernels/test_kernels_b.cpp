@@ -40,6 +40,7 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/threads.h"
 #include "tests/common/gradcheck.h"
+#include "tests/kernels/kernel_test_util.h"
 
 extern "C" char* openblas_get_corename(void);
 extern "C" int openblas_get_parallel(void);  // 0 sequential, 1 pthreads, 2 OpenMP
@@ -47,27 +48,12 @@ extern "C" int openblas_get_parallel(void);  // 0 sequential, 1 pthreads, 2 Open
 namespace {
 
 using swtest::check_grad;
-using Vec = std::vector<float>;
-using DVec = std::vector<double>;
-constexpr double kU = 1.0 / (1 << 24);  // fp32 unit roundoff
-constexpr float kHRef = 1.0f / 1024;    // FD step on double references
-
-Vec randv(size_t n, uint64_t seed, float stddev = 1.f) {
-  Vec v(n);
-  swtest::randn(v, seed, stddev);
-  return v;
-}
-
-// SW_TEST_VERBOSE=1 prints the measured errors (used to set the tolerances).
-#define REPORT(msg)                                \
-  do {                                             \
-    INFO(msg);                                     \
-    if (std::getenv("SW_TEST_VERBOSE")) WARN(msg); \
-  } while (0)
-
-bool same_bits(const Vec& a, const Vec& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using swtest::DVec;
+using swtest::kU;
+using swtest::randv;
+using swtest::same_bits;
+using swtest::Vec;
+constexpr float kHRef = 1.0f / 1024;  // FD step on double references
 
 double max_abs_diff(const float* a, const double* r, size_t n) {
   double e = 0;
@@ -102,21 +88,11 @@ swtest::GradCheck fd_at(const std::function<double()>& f, float* x, const float*
 // |beta C|) per element (+1e-30).
 void gemm_ref(bool ta, bool tb, int M, int N, int K, float alpha, const Vec& A, int lda,
               const Vec& B, int ldb, float beta, const Vec& C0, int ldc, DVec& C, DVec& bound) {
-  C.assign((size_t)M * ldc, 0.0);
-  bound.assign((size_t)M * ldc, 0.0);
+  swtest::gemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C0, ldc, C, bound);
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < N; ++j) {
-      double s = 0, sa = 0;
-      for (int k = 0; k < K; ++k) {
-        const double a = ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k];
-        const double b = tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j];
-        s += a * b;
-        sa += std::fabs(a * b);
-      }
-      const double c0 = C0[(size_t)i * ldc + j];
-      C[(size_t)i * ldc + j] = alpha * s + beta * c0;
-      bound[(size_t)i * ldc + j] =
-          (K + 2) * kU * (std::fabs(alpha) * sa + std::fabs(beta * c0)) + 1e-30;
+      double& b = bound[(size_t)i * ldc + j];
+      b = (K + 2) * kU * b + 1e-30;
     }
 }
 

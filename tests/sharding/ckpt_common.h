@@ -11,27 +11,13 @@
 #include "models/model.h"
 #include "sharding/policy.h"
 #include "sharding/sharded_model.h"
+#include "tests/common/mpi_test_util.h"
 
 namespace ckpt {
 
 using namespace sw;
 
-inline ModelConfig tiny(const std::string& type) {
-  ModelConfig c;
-  c.type = type;
-  c.vocab_size = 64;
-  c.n_layer = 4;
-  c.d_model = 32;
-  c.seq_len = 16;
-  if (type == "gpt2") {
-    c.n_head = 2;
-  } else {
-    c.n_head = 4;
-    c.n_kv_head = 2;
-    c.d_ff = 64;
-  }
-  return c;
-}
+inline ModelConfig tiny(const std::string& type) { return swtest::tiny_config(type, 4); }
 
 struct Data {
   std::vector<int32_t> tokens, targets;

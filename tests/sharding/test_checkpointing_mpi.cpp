@@ -9,20 +9,14 @@
 #include "kernels/ops.h"
 #include "kernels/threads.h"
 #include "sharding/comm/group.h"
+#include "tests/common/mpi_test_util.h"
 
 using namespace sw;
 using namespace ckpt;
 
 namespace {
 
-GroupPtr world() {
-  static GroupPtr g = [] {
-    GroupPtr w = world_group();
-    set_num_threads(1);
-    return w;
-  }();
-  return g;
-}
+using swtest::world;
 
 void parity(ShardingStrategy st) {
   GroupPtr g = world();

@@ -29,72 +29,18 @@
 #include "sharding/comm/group.h"
 #include "sharding/sharded_model.h"
 #include "sharding/wrap.h"
+#include "tests/common/mpi_test_util.h"
 
 using namespace sw;
 
 namespace {
 
-const Ops& cpu() { return ops_for(Device::cpu()); }
+using swtest::Corpus;
+using swtest::cpu;
+using swtest::sum_doubles;
+using swtest::world;
 
-GroupPtr world() {
-  static GroupPtr g = [] {
-    GroupPtr w = world_group();
-    set_num_threads(1);
-    return w;
-  }();
-  return g;
-}
-
-ModelConfig tiny(const std::string& type) {
-  ModelConfig c;
-  c.type = type;
-  c.vocab_size = 64;
-  c.n_layer = 2;
-  c.d_model = 32;
-  c.seq_len = 16;
-  if (type == "gpt2") {
-    c.n_head = 2;
-  } else {
-    c.n_head = 4;
-    c.n_kv_head = 2;
-    c.d_ff = 64;
-  }
-  return c;
-}
-
-// Synthetic "text": a fixed token sequence with structure (a noisy counter), and windows
-// chosen by (step, global row) only, like engine/data.h.
-struct Corpus {
-  std::vector<int32_t> toks;
-  explicit Corpus(int V) {
-    Rng r(99);
-    int32_t t = 0;
-    for (int i = 0; i < 4096; ++i) {
-      t = (t + 1 + (r.below(7) == 0 ? static_cast<int32_t>(r.below(5)) : 0)) % V;
-      toks.push_back(t);
-    }
-  }
-  // Rows first_row .. first_row + B - 1 of step `step`.
-  void fill(int step, int64_t first_row, int B, int T, int32_t* in, int32_t* tg) const {
-    const uint64_t n = toks.size() - static_cast<uint64_t>(T) - 1;
-    for (int b = 0; b < B; ++b) {
-      const uint64_t start =
-          rng_bits(7, static_cast<uint64_t>(step), static_cast<uint64_t>(first_row + b)) % n;
-      for (int t = 0; t < T; ++t) {
-        in[size_t(b) * T + t] = toks[start + t];
-        tg[size_t(b) * T + t] = toks[start + t + 1];
-      }
-    }
-  }
-};
-
-double sum_doubles(Group& g, double x) {
-  std::vector<double> all(static_cast<size_t>(g.size()));
-  g.all_gather(&x, all.data(), 2, DType::F32);
-  double s = 0;
-  for (double v : all) s += v;
-  return s;
-}
+ModelConfig tiny(const std::string& type) { return swtest::tiny_config(type); }
 
 struct RunResult {
   std::vector<double> losses, norms;
