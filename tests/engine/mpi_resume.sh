@@ -1,7 +1,10 @@
 #!/bin/bash
 # `mpirun -np 2 shardwise train` stopped at step 4 and resumed to step 8 against the
-# uninterrupted 2-rank run (label mpi), with sync and async saves: every step's loss, grad norm
-# and validation loss, and the exported weights, must be identical.
+# uninterrupted 2-rank run (label mpi), with sync and async saves, and under mixed precision
+# (bf16 with stage 1, whose persistent full buffer is a rounded compute copy beside the fp32
+# master; fp16 with NO_SHARD and a loss scale that overflows, so the scaler's state and the
+# count of applied optimizer steps must survive the resume): every step's loss, grad norm and
+# validation loss, and the exported weights, must be identical.
 # Usage: mpi_resume.sh SHARDWISE MPIEXEC [mpirun flags...]
 # "Stopped at step 4" is a run of train_steps 4 whose LR schedule is that of 8 steps
 # (scheduler total_num_steps 8); the kill tests (test_ckpt_kill) cover real kills.
@@ -27,10 +30,18 @@ run2() {  # run name, args...
   timeout 120 "${mpirun[@]}" -np 2 "$sw" train "$work/cfg.json" --quiet --set run_dir="$work/$name" "$@" \
     >>"$work/$name.log" 2>&1 || { cat "$work/$name.log"; fail "$name: exit status $?"; }
 }
-for async in false true; do
-  run2 full_$async --set checkpoint.async=$async
-  run2 half_$async --set checkpoint.async=$async --set train_steps=4
-  run2 half_$async --set checkpoint.async=$async --resume auto
+variants=(
+  "sync|--set checkpoint.async=false"
+  "async|--set checkpoint.async=true"
+  "bf16_stage1|--set bf16.enabled=true --set zero_optimization.stage=1"
+  "fp16_stage0|--set fp16.enabled=true --set fp16.initial_scale_power=24 --set fp16.loss_scale_window=2 --set zero_optimization.stage=0"
+)
+for v in "${variants[@]}"; do
+  async=${v%%|*}
+  read -r -a vargs <<<"${v#*|}"
+  run2 full_$async "${vargs[@]}"
+  run2 half_$async "${vargs[@]}" --set train_steps=4
+  run2 half_$async "${vargs[@]}" --resume auto
   grep -q "resumed from $work/half_$async/checkpoints/step_4 at step 4" "$work/half_$async.log" ||
     { cat "$work/half_$async.log"; fail "half_$async: no 'resumed from' line"; }
   cmp "$work/full_$async/model.safetensors" "$work/half_$async/model.safetensors" ||
@@ -46,5 +57,9 @@ for x, y in zip(a, b):
     if x["step"] > 4:  # the stopped run also validated at its last step, 4
         assert x.get("val_loss") == y.get("val_loss"), (x["step"], x.get("val_loss"), y.get("val_loss"))
 PY
+  if [ "$async" = fp16_stage0 ]; then
+    grep -q '"overflow":true' "$work/full_$async/metrics.jsonl" ||
+      fail "fp16_stage0: no step overflowed, so the loss scaler's resume is not exercised"
+  fi
 done
-echo "mpi_resume: OK (2 ranks, sync and async: losses and weights identical after resume)"
+echo "mpi_resume: OK (2 ranks; sync, async, bf16 stage 1, fp16 NO_SHARD with overflows: losses and weights identical after resume)"
