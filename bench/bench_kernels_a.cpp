@@ -95,6 +95,39 @@ int main(int argc, char** argv) {
            }, iters));
   }
 
+  {  // Residual + norm as a block runs it (x2 = x2 + x in place, then the norm of x2): unfused =
+     // residual_forward then the norm (two passes over x2), fused = one call. Bytes counted as
+     // for the fused op: read a, b; write res, out (16 bytes per element) for both, so the GB/s
+     // ratio is the time ratio.
+    std::vector<float> a = randn(NC, 17), x = randn(NC, 18), w = randn(C, 19), b = randn(C, 20),
+                       out(NC), mean(N), rstd(N);
+    double unf = 0, fus = 0;
+    auto row = [&](const char* name, const std::function<void()>& fn) {
+      const Timing t = time_calls(fn, iters);
+      report(name, shape, 16.0 * NC, t);
+      return t.min;
+    };
+    unf = row("res+ln unfused", [&] {
+      sw::cpu::residual_forward(a.data(), a.data(), x.data(), NC);
+      sw::cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), a.data(), w.data(),
+                                 b.data(), N, C);
+    });
+    fus = row("res+ln fused", [&] {
+      sw::cpu::residual_layernorm_forward(a.data(), out.data(), mean.data(), rstd.data(),
+                                          a.data(), x.data(), w.data(), b.data(), N, C);
+    });
+    std::printf("%-14s %-10s fused/unfused speed-up %.2fx\n", "res+ln", shape, unf / fus);
+    unf = row("res+rms unfused", [&] {
+      sw::cpu::residual_forward(a.data(), a.data(), x.data(), NC);
+      sw::cpu::rmsnorm_forward(out.data(), rstd.data(), a.data(), w.data(), N, C, 1e-5f);
+    });
+    fus = row("res+rms fused", [&] {
+      sw::cpu::residual_rmsnorm_forward(a.data(), out.data(), rstd.data(), a.data(), x.data(),
+                                        w.data(), N, C, 1e-5f);
+    });
+    std::printf("%-14s %-10s fused/unfused speed-up %.2fx\n", "res+rms", shape, unf / fus);
+  }
+
   {  // GELU on the (N, 4C) MLP activation; fwd reads inp, writes out; bwd reads inp, dout, rmw dinp.
     std::vector<float> x = randn(NC4, 7), out(NC4), dout = randn(NC4, 8), dx(NC4, 0.f);
     report("gelu fwd", shape4, 8.0 * NC4,

@@ -57,6 +57,16 @@ class Ops {
   virtual void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp,
                                 const float* w, const float* rstd, int N, int C) const = 0;
 
+  // ---- Fused residual + norm (a block's "x2 = x + proj; h = norm(x2)"): res(N,C) = a + b, then
+  // out = layernorm_forward / rmsnorm_forward of res, in one pass over the rows. res may alias
+  // a or b (not out). Results are bit-identical to residual_forward followed by the norm.
+  virtual void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd,
+                                          const float* a, const float* b, const float* w,
+                                          const float* bias, int N, int C) const = 0;
+  virtual void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a,
+                                        const float* b, const float* w, int N, int C,
+                                        float eps) const = 0;
+
   // ---- GELU, tanh approximation (GPT-2's "gelu_new"), elementwise over n values.
   virtual void gelu_forward(float* out, const float* inp, size_t n) const = 0;
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const = 0;

@@ -55,6 +55,10 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, 
                      float eps);
 void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
                       const float* rstd, int N, int C);
+void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a,
+                                const float* b, const float* w, const float* bias, int N, int C);
+void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a, const float* b,
+                              const float* w, int N, int C, float eps);
 
 // elementwise.cpp
 void gelu_forward(float* out, const float* inp, size_t n);

@@ -50,6 +50,16 @@ class CpuOps final : public Ops {
                         const float* w, const float* rstd, int N, int C) const override {
     cpu::rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
   }
+  void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a,
+                                  const float* b, const float* w, const float* bias, int N,
+                                  int C) const override {
+    cpu::residual_layernorm_forward(res, out, mean, rstd, a, b, w, bias, N, C);
+  }
+  void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a,
+                                const float* b, const float* w, int N, int C,
+                                float eps) const override {
+    cpu::residual_rmsnorm_forward(res, out, rstd, a, b, w, N, C, eps);
+  }
   void gelu_forward(float* out, const float* inp, size_t n) const override {
     cpu::gelu_forward(out, inp, n);
   }

@@ -1,6 +1,7 @@
 // LayerNorm and RMSNorm over the last dim of (N, C) rows.
 //
-// Forward: one parallel loop over rows; each row (a few KiB) stays in L1 for its passes.
+// Forward: one parallel loop over rows; each row (a few KiB) stays in L1 for its passes. The
+// residual_* variants add the residual stream into the row in the norm's first pass.
 // Backward: dinp is per-row; dw/db are sums over rows, computed deterministically. Rows are cut
 // into a fixed number of contiguous blocks that depends only on N (never on the thread count);
 // each block accumulates its own partial dw/db rows, then the partials are summed block by block
@@ -95,29 +96,78 @@ inline float row_sum(int C, const F& f) {
   return lanes_total(acc);
 }
 
+// One LayerNorm row given sum(x) (computed by the caller with row_sum, so that the fused
+// residual variant below produces the same bits): o = (x - mean) * rstd * w + b [b may be null].
+// Two passes for the variance (the row is in L1), so no E[x^2] - E[x]^2 cancellation.
+inline void layernorm_row(float* o, float* mean, float* rstd, const float* x, float sum,
+                          const float* w, const float* b, int C) {
+  const float m = sum / C;
+  const float v = row_sum(C, [x, m](int i) { return (x[i] - m) * (x[i] - m); });
+  const float r = 1.f / std::sqrt(v / C + kLayerNormEps);
+  if (b) {
+#pragma omp simd
+    for (int i = 0; i < C; ++i) o[i] = (x[i] - m) * r * w[i] + b[i];
+  } else {
+#pragma omp simd
+    for (int i = 0; i < C; ++i) o[i] = (x[i] - m) * r * w[i];
+  }
+  if (mean) *mean = m;
+  if (rstd) *rstd = r;
+}
+
+// One RMSNorm row given sum(x^2): o = x * rstd * w.
+inline void rmsnorm_row(float* o, float* rstd, const float* x, float ss, const float* w, int C,
+                        float eps) {
+  const float r = 1.f / std::sqrt(ss / C + eps);
+#pragma omp simd
+  for (int i = 0; i < C; ++i) o[i] = x[i] * r * w[i];
+  if (rstd) *rstd = r;
+}
+
+// s = a + b for one row, written to res while its sum (f = identity) or sum of squares is
+// accumulated in row_sum's lane order: the sum is over the same floats in the same order as
+// row_sum over res afterwards, so the fused kernels are bit-identical to the unfused pair.
+inline float residual_row_sum(float* res, const float* a, const float* b, int C) {
+  return row_sum(C, [res, a, b](int i) {
+    const float s = a[i] + b[i];
+    res[i] = s;
+    return s;
+  });
+}
+inline float residual_row_sumsq(float* res, const float* a, const float* b, int C) {
+  return row_sum(C, [res, a, b](int i) {
+    const float s = a[i] + b[i];
+    res[i] = s;
+    return s * s;
+  });
+}
+
 }  // namespace
 
 // out = (inp - mean) * rstd * w + b  [b may be null]; mean, rstd (N) saved for backward (either
-// may be null when no backward follows). Two passes for the variance (the row is in L1), so no
-// E[x^2] - E[x]^2 cancellation.
+// may be null when no backward follows).
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
                        const float* b, int N, int C) {
 #pragma omp parallel for schedule(static) if (parallel : static_cast<size_t>(N) * C >= kParallelMin)
   for (int n = 0; n < N; ++n) {
-    const float* x = inp + static_cast<size_t>(n) * C;
-    float* o = out + static_cast<size_t>(n) * C;
-    const float m = row_sum(C, [x](int i) { return x[i]; }) / C;
-    const float v = row_sum(C, [x, m](int i) { return (x[i] - m) * (x[i] - m); });
-    const float r = 1.f / std::sqrt(v / C + kLayerNormEps);
-    if (b) {
-#pragma omp simd
-      for (int i = 0; i < C; ++i) o[i] = (x[i] - m) * r * w[i] + b[i];
-    } else {
-#pragma omp simd
-      for (int i = 0; i < C; ++i) o[i] = (x[i] - m) * r * w[i];
-    }
-    if (mean) mean[n] = m;
-    if (rstd) rstd[n] = r;
+    const size_t off = static_cast<size_t>(n) * C;
+    const float* x = inp + off;
+    layernorm_row(out + off, mean ? mean + n : nullptr, rstd ? rstd + n : nullptr, x,
+                  row_sum(C, [x](int i) { return x[i]; }), w, b, C);
+  }
+}
+
+// res = a + b (res may alias a or b); out = LayerNorm(res). Row by row: the residual row is
+// summed while it is written, then normalised while it is still in L1.
+void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a,
+                                const float* b, const float* w, const float* bias, int N, int C) {
+#pragma omp parallel for schedule(static) if (parallel : static_cast<size_t>(N) * C >= kParallelMin)
+  for (int n = 0; n < N; ++n) {
+    const size_t off = static_cast<size_t>(n) * C;
+    float* r = res + off;
+    const float sum = residual_row_sum(r, a + off, b + off, C);
+    layernorm_row(out + off, mean ? mean + n : nullptr, rstd ? rstd + n : nullptr, r, sum, w,
+                  bias, C);
   }
 }
 
@@ -180,13 +230,22 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, 
                      float eps) {
 #pragma omp parallel for schedule(static) if (parallel : static_cast<size_t>(N) * C >= kParallelMin)
   for (int n = 0; n < N; ++n) {
-    const float* x = inp + static_cast<size_t>(n) * C;
-    float* o = out + static_cast<size_t>(n) * C;
-    const float ss = row_sum(C, [x](int i) { return x[i] * x[i]; });
-    const float r = 1.f / std::sqrt(ss / C + eps);
-#pragma omp simd
-    for (int i = 0; i < C; ++i) o[i] = x[i] * r * w[i];
-    if (rstd) rstd[n] = r;
+    const size_t off = static_cast<size_t>(n) * C;
+    const float* x = inp + off;
+    rmsnorm_row(out + off, rstd ? rstd + n : nullptr, x,
+                row_sum(C, [x](int i) { return x[i] * x[i]; }), w, C, eps);
+  }
+}
+
+// res = a + b (res may alias a or b); out = RMSNorm(res), as residual_layernorm_forward.
+void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a, const float* b,
+                              const float* w, int N, int C, float eps) {
+#pragma omp parallel for schedule(static) if (parallel : static_cast<size_t>(N) * C >= kParallelMin)
+  for (int n = 0; n < N; ++n) {
+    const size_t off = static_cast<size_t>(n) * C;
+    float* r = res + off;
+    const float ss = residual_row_sumsq(r, a + off, b + off, C);
+    rmsnorm_row(out + off, rstd ? rstd + n : nullptr, r, ss, w, C, eps);
   }
 }
 
