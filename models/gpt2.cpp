@@ -204,16 +204,16 @@ class Block final : public Unit {
     ops.linear_forward(qkv, ln1, P(QKVW), P(QKVB), N, C, 3 * C);
     ops.attention_forward(atty, lse, qkv, B, T, H, H, hd);
     ops.linear_forward(x2, atty, P(PROJW), P(PROJB), N, C, C);
-    ops.residual_forward(x2, x2, x, sz(N, C));
-    ops.layernorm_forward(ln2, ln2_mean, ln2_rstd, x2, P(LN2W), P(LN2B), N, C);
+    ops.residual_layernorm_forward(x2, ln2, ln2_mean, ln2_rstd, x2, x, P(LN2W), P(LN2B), N, C);
     ops.linear_forward(fch, ln2, P(FCW), P(FCB), N, C, F);
     ops.gelu_forward(fch_gelu, fch, sz(N, F));
     ops.linear_forward(y, fch_gelu, P(FCPROJW), P(FCPROJB), N, F, C);
     ops.residual_forward(y, y, x2, sz(N, C));
   }
 
-  // Selective: ln1, ln2 and fch_gelu from x, x2 and fch with the same kernels as forward (the
-  // norm statistics are recomputed into scratch; the saved ones stay).
+  // Selective: ln1, ln2 and fch_gelu from x, x2 and fch, bit-identical to forward (ln2 is the
+  // plain LayerNorm of the saved x2, which forward's fused residual + LayerNorm matches bit for
+  // bit; the norm statistics are recomputed into scratch, the saved ones stay).
   bool selective_recompute() const override { return true; }
   void recompute(UnitCtx& ctx, int call, const float* x, float* y, CheckpointMode mode) override {
     if (mode != CheckpointMode::Selective) {

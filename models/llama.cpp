@@ -163,16 +163,16 @@ class Block final : public Unit {
     ops.rope_forward(qkv, B, T, H, KVH, hd, c_.rope_theta);
     ops.attention_forward(atty, lse, qkv, B, T, H, KVH, hd);
     ops.linear_forward(x2, atty, P(OW), nullptr, N, H * hd, C);
-    ops.residual_forward(x2, x2, x, sz(N, C));
-    ops.rmsnorm_forward(xn2, rstd2, x2, P(POST_NORM), N, C, eps);
+    ops.residual_rmsnorm_forward(x2, xn2, rstd2, x2, x, P(POST_NORM), N, C, eps);
     packed_forward(ops, gu, xn2, gu_pack(ctx), N, C);
     ops.swiglu_forward(hmlp, gu, N, F);
     ops.linear_forward(y, hmlp, P(DOWNW), nullptr, N, F, C);
     ops.residual_forward(y, y, x2, sz(N, C));
   }
 
-  // Selective: xn, xn2 and hmlp from x, x2 and gu with the same kernels as forward (the norm
-  // statistics are recomputed into scratch; the saved ones stay).
+  // Selective: xn, xn2 and hmlp from x, x2 and gu, bit-identical to forward (xn2 is the plain
+  // RMSNorm of the saved x2, which forward's fused residual + RMSNorm matches bit for bit; the
+  // norm statistics are recomputed into scratch, the saved ones stay).
   bool selective_recompute() const override { return true; }
   void recompute(UnitCtx& ctx, int call, const float* x, float* y, CheckpointMode mode) override {
     if (mode != CheckpointMode::Selective) {
