@@ -681,9 +681,11 @@ void read_blocks(const SafeTensorsReader& r, const FileTensor& t, uint64_t block
 // stay in cache between the read, the CRC check and fn's copy; the kernel is asked to read
 // kAheadBlocks ahead of the piece in hand (asking for everything at once would make the
 // request block until the whole range is queued, serialising the disk and the checking).
+// `st` (optional) counts what is read, under file name `file`.
 template <class Fn>
 void read_range(const SafeTensorsReader& r, const FileTensor& t, uint64_t block_bytes, int64_t a,
-                int64_t b, std::vector<unsigned char>& buf, Fn&& fn) {
+                int64_t b, std::vector<unsigned char>& buf, Fn&& fn, LoadStats* st = nullptr,
+                const std::string& file = {}) {
   const uint64_t bf = block_bytes / 4;  // floats per block
   constexpr size_t kChunkBlocks = 2, kAheadBlocks = 32;
   size_t blk = static_cast<size_t>(static_cast<uint64_t>(a - t.lo) / bf);
@@ -694,6 +696,13 @@ void read_range(const SafeTensorsReader& r, const FileTensor& t, uint64_t block_
     if (from < to)
       r.prefetch(t.name, from * block_bytes, std::min<uint64_t>(to * block_bytes, tensor_end) - from * block_bytes);
   };
+  if (st && blk < end_blk) {
+    const uint64_t begin = t.offset + blk * block_bytes;
+    const uint64_t end = t.offset + std::min<uint64_t>(end_blk * block_bytes, tensor_end);
+    st->payload_bytes += static_cast<int64_t>(end - begin);
+    st->blocks_read += static_cast<int64_t>(end_blk - blk);
+    st->spans.push_back({file, begin, end});
+  }
   ask(blk, blk + kAheadBlocks);
   buf.resize(std::min(end_blk - blk, kChunkBlocks) * block_bytes);
   while (blk < end_blk) {
@@ -713,8 +722,11 @@ std::string shape_list(const Shape& s) { return shape_str(s); }
 
 // ---- Load ------------------------------------------------------------------------------------
 
-TrainState load_checkpoint(ShardedModel& sm, const std::string& step_dir) {
+TrainState load_checkpoint(ShardedModel& sm, const std::string& step_dir, LoadStats* stats) {
   const Meta m = read_meta(step_dir);
+  LoadStats st;
+  std::error_code ec;
+  st.metadata_bytes = static_cast<int64_t>(std::filesystem::file_size(m.path, ec));
 
   // The model must match: every difference is listed.
   std::vector<std::string> diffs;
@@ -781,12 +793,17 @@ TrainState load_checkpoint(ShardedModel& sm, const std::string& step_dir) {
     }
     if (need.empty()) continue;
     const SafeTensorsReader r = open_shard(m, fe);
+    ++st.files_opened;
+    st.header_bytes += static_cast<int64_t>(r.data_start());
     for (auto& [t, o] : need)
-      read_range(r, *t, m.block_bytes, o.lo, o.hi, buf,
-                 [&, t = t](int64_t lo, int64_t hi, const float* data) {
-                   sm.write_state(t->unit, static_cast<StateKind>(t->kind), {lo, hi}, data);
-                 });
+      read_range(
+          r, *t, m.block_bytes, o.lo, o.hi, buf,
+          [&, t = t](int64_t lo, int64_t hi, const float* data) {
+            sm.write_state(t->unit, static_cast<StateKind>(t->kind), {lo, hi}, data);
+          },
+          &st, fe.file);
   }
+  if (stats) *stats = std::move(st);
   return m.state;
 }
 

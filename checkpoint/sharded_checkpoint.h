@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace sw {
 
@@ -79,12 +80,29 @@ bool commit_checkpoint(Group& g, const CheckpointSnapshot& s, bool ok, const std
 // from the model (no snapshot copy), checksumming each block on the way.
 void save_checkpoint(const ShardedModel& sm, const TrainState& state, const std::string& final_dir);
 
+// What one load_checkpoint call read on this rank (counted always; a few additions per file).
+struct LoadStats {
+  // One contiguous pread range of tensor data: bytes [begin, end) of shard file `file` (a file
+  // name inside the step directory), whole checksum blocks.
+  struct Span {
+    std::string file;
+    uint64_t begin = 0, end = 0;
+  };
+  int64_t metadata_bytes = 0;  // metadata.json, read whole by every rank
+  int64_t files_opened = 0;    // shard files opened (those with a tensor overlapping held ranges)
+  int64_t header_bytes = 0;    // safetensors headers of those files (8-byte length + JSON)
+  int64_t payload_bytes = 0;   // tensor bytes pread (= the sum of the spans' sizes)
+  int64_t blocks_read = 0;     // checksum blocks read and checked
+  std::vector<Span> spans;     // in read order
+};
+
 // Collective. Loads a step directory written by any world size and strategy into `sm`
 // (whatever its world size and strategy): each rank reads only the byte ranges of the files
 // that overlap the ranges it holds, checking their CRCs. Throws sw::Error naming the file and
 // tensor on a missing/truncated/corrupt file, and listing every difference when the model
-// shape differs from the checkpoint's.
-TrainState load_checkpoint(ShardedModel& sm, const std::string& step_dir);
+// shape differs from the checkpoint's. `stats` (optional): filled with what this rank read.
+TrainState load_checkpoint(ShardedModel& sm, const std::string& step_dir,
+                           LoadStats* stats = nullptr);
 
 // Tools (one process, no model needed).
 void verify_checkpoint(const std::string& step_dir);           // every checksum; throws naming file+tensor

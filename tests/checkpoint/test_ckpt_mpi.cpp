@@ -6,11 +6,21 @@
 // function bit for bit: that is exactly the 1-rank full state. Also: a rank that fails its
 // write makes commit_checkpoint return false everywhere and leaves no step directory.
 // Only CHECK is used, and load_checkpoint never communicates, so a failure cannot hang ranks.
+// Partial reads: a model whose units span many 1 MiB checksum blocks, saved on 1 rank, loaded
+// on 4: LoadStats must equal what metadata.json and held_range imply (block-rounded overlaps),
+// FULL_SHARD ranks must read about a quarter each, NO_SHARD ranks everything, and together the
+// ranks must read every block.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <nlohmann/json.hpp>
+#include <string>
 
+#include "checkpoint/safetensors.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "core/error.h"
 #include "kernels/ops.h"
@@ -164,6 +174,158 @@ TEST_CASE("checkpoint: save on N ranks, load on M ranks, any strategies", "[ckpt
   if (rank == 0) CHECK(loads == 4 * 5 * 4 * 5);
   CHECK(mismatches == 0);
   w->barrier();
+}
+
+namespace {
+
+// One tensor of a shard file as metadata.json describes it (parsed here, not by the loader).
+struct MetaTensor {
+  std::string file;
+  int unit = 0, kind = 0;
+  int64_t lo = 0, hi = 0;
+  uint64_t offset = 0, bytes = 0;
+};
+
+std::vector<MetaTensor> meta_tensors(const std::string& dir, uint64_t* block_bytes) {
+  std::ifstream in(dir + "/metadata.json");
+  const nlohmann::json j = nlohmann::json::parse(in);
+  *block_bytes = j.at("block_bytes").get<uint64_t>();
+  const std::map<std::string, int> kinds{{"master", 0}, {"exp_avg", 1}, {"exp_avg_sq", 2}};
+  std::vector<MetaTensor> out;
+  for (const auto& f : j.at("files"))
+    for (const auto& t : f.at("tensors"))
+      out.push_back({f.at("file").get<std::string>(), t.at("unit").get<int>(),
+                     kinds.at(t.at("kind").get<std::string>()), t.at("lo").get<int64_t>(),
+                     t.at("hi").get<int64_t>(), t.at("offset").get<uint64_t>(),
+                     t.at("bytes").get<uint64_t>()});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: a rank reads only the blocks overlapping what it holds", "[ckpt_mpi]") {
+  GroupPtr w = world();
+  const int rank = w->rank(), W = w->size();
+  const std::string dir = base_dir() + "_io/step";
+  ModelConfig c;
+  c.vocab_size = 4096;
+  c.n_layer = 4;
+  c.n_head = 4;
+  c.d_model = 512;  // units of 8-12 MiB per kind: a quarter spans several 1 MiB blocks
+  c.seq_len = 64;
+  Model model = build_model(c);
+  {
+    GroupPtr g = w->split(rank == 0 ? 0 : 1, rank);
+    if (rank == 0) {
+      std::filesystem::remove_all(base_dir() + "_io");
+      ShardedModel sm(model, cpu(), 7, g, ShardingPolicy::for_strategy(ShardingStrategy::FullShard));
+      save_checkpoint(sm, TrainState{}, dir);
+    }
+  }
+  w->barrier();
+
+  uint64_t B = 0;
+  const std::vector<MetaTensor> ts = meta_tensors(dir, &B);
+  REQUIRE(B > 0);
+  // The checkpoint's payload, from metadata.json and, independently, from the files' own
+  // safetensors headers (the shard files hold nothing but these tensors).
+  int64_t total = 0, total_files = 0, headers = 0;
+  std::map<std::string, int64_t> header_of;
+  for (const MetaTensor& t : ts) total += static_cast<int64_t>(t.bytes);
+  for (const MetaTensor& t : ts)
+    if (!header_of.count(t.file)) {
+      SafeTensorsReader r(dir + "/" + t.file);
+      header_of[t.file] = static_cast<int64_t>(r.data_start());
+      headers += static_cast<int64_t>(r.data_start());
+      total_files += static_cast<int64_t>(r.file_size() - r.data_start());
+    }
+  CHECK(total_files == total);
+
+  for (ShardingStrategy strat : {ShardingStrategy::FullShard, ShardingStrategy::NoShard}) {
+    const bool full = strat == ShardingStrategy::FullShard;
+    ShardedModel sm(model, cpu(), 8, w, ShardingPolicy::for_strategy(strat));
+    // Expected reads: per tensor, its overlap with held_range rounded out to whole blocks
+    // (relative to the tensor's start, clipped to its end).
+    int64_t want = 0, held = 0, touched = 0;
+    std::set<std::string> files;
+    std::vector<std::vector<float>> mine(ts.size());  // blocks this rank must read, per tensor
+    for (size_t i = 0; i < ts.size(); ++i) {
+      const MetaTensor& t = ts[i];
+      mine[i].assign(static_cast<size_t>((t.bytes + B - 1) / B), 0.f);
+      const FlatRange h = sm.held_range(t.unit, static_cast<SK>(t.kind));
+      const int64_t a = std::max(h.lo, t.lo), b = std::min(h.hi, t.hi);
+      if (a >= b) continue;
+      const uint64_t b0 = static_cast<uint64_t>(a - t.lo) * 4 / B;
+      const uint64_t b1 = (static_cast<uint64_t>(b - t.lo) * 4 + B - 1) / B;
+      want += static_cast<int64_t>(std::min(b1 * B, t.bytes) - b0 * B);
+      held += (b - a) * 4;
+      ++touched;
+      files.insert(t.file);
+      for (uint64_t k = b0; k < b1; ++k) mine[i][k] = 1.f;
+    }
+    int64_t want_headers = 0;
+    for (const std::string& f : files) want_headers += header_of[f];
+    int units = sm.num_units();
+
+    LoadStats st;
+    load_checkpoint(sm, dir, &st);
+    std::printf("load %s on %d ranks, rank %d: payload %lld of %lld bytes (held %lld), %lld "
+                "blocks, %lld files, header %lld bytes, metadata.json %lld bytes\n",
+                full ? "FULL_SHARD" : "NO_SHARD", W, rank, static_cast<long long>(st.payload_bytes),
+                static_cast<long long>(total), static_cast<long long>(held),
+                static_cast<long long>(st.blocks_read), static_cast<long long>(st.files_opened),
+                static_cast<long long>(st.header_bytes), static_cast<long long>(st.metadata_bytes));
+    CHECK(st.payload_bytes == want);
+    CHECK(st.files_opened == static_cast<int64_t>(files.size()));
+    CHECK(st.header_bytes == want_headers);
+    CHECK(st.metadata_bytes == static_cast<int64_t>(std::filesystem::file_size(dir + "/metadata.json")));
+    int64_t span_sum = 0;
+    std::vector<std::vector<float>> seen(ts.size());  // blocks the loader says it read
+    for (size_t i = 0; i < ts.size(); ++i) seen[i].assign(mine[i].size(), 0.f);
+    for (const LoadStats::Span& sp : st.spans) {
+      span_sum += static_cast<int64_t>(sp.end - sp.begin);
+      bool found = false;
+      for (size_t i = 0; i < ts.size() && !found; ++i) {
+        const MetaTensor& t = ts[i];
+        if (t.file != sp.file || sp.begin < t.offset || sp.end > t.offset + t.bytes) continue;
+        found = true;
+        CHECK((sp.begin - t.offset) % B == 0);  // whole blocks only
+        for (uint64_t k = (sp.begin - t.offset) / B; k * B < sp.end - t.offset; ++k) seen[i][k] += 1.f;
+      }
+      CHECK(found);
+    }
+    CHECK(span_sum == st.payload_bytes);
+    CHECK(st.blocks_read == [&] {
+      int64_t n = 0;
+      for (const auto& v : mine) for (float f : v) n += f > 0;
+      return n;
+    }());
+    bool same_blocks = true;
+    for (size_t i = 0; i < ts.size(); ++i) same_blocks &= seen[i] == mine[i];
+    CHECK(same_blocks);  // every needed block once, nothing else
+
+    if (full) {
+      // About a quarter each: the held share plus at most 2 partial blocks per tensor touched
+      // (bounded by 2 blocks x 3 kinds x units per file), and well below the whole checkpoint.
+      CHECK(held <= (total + W - 1) / W + 3 * units * static_cast<int64_t>(kAlign) * 4);
+      CHECK(st.payload_bytes <= held + 2 * static_cast<int64_t>(B) * touched);
+      CHECK(touched <= 3 * units * static_cast<int64_t>(files.size()));
+      if (W == 4) CHECK(st.payload_bytes * 5 < total * 2);  // < 40% (measured: 25-34%)
+    } else {
+      CHECK(st.payload_bytes == total);  // NO_SHARD: every rank holds, so reads, everything
+      CHECK(st.files_opened == static_cast<int64_t>(header_of.size()));
+    }
+    // Together the ranks read every block of every tensor.
+    std::vector<float> flat, sum;
+    for (const auto& v : seen) flat.insert(flat.end(), v.begin(), v.end());
+    sum.resize(flat.size());
+    w->all_reduce(flat.data(), sum.data(), static_cast<int64_t>(flat.size()), ReduceOp::Sum);
+    int64_t missed = 0;
+    for (float f : sum) missed += f < 1.f;
+    CHECK(missed == 0);
+  }
+  w->barrier();
+  if (rank == 0) std::filesystem::remove_all(base_dir() + "_io");
 }
 
 TEST_CASE("checkpoint: a failed rank aborts the commit everywhere", "[ckpt_mpi]") {
