@@ -124,9 +124,10 @@ inline void rmsnorm_row(float* o, float* rstd, const float* x, float ss, const f
   if (rstd) *rstd = r;
 }
 
-// s = a + b for one row, written to res while its sum (f = identity) or sum of squares is
-// accumulated in row_sum's lane order: the sum is over the same floats in the same order as
-// row_sum over res afterwards, so the fused kernels are bit-identical to the unfused pair.
+// s = a + b for one row, written to res while its sum (residual_row_sum) or sum of squares
+// (residual_row_sumsq) is accumulated in row_sum's lane order: the same floats summed in the
+// same order as row_sum over res afterwards, so the fused kernels are bit-identical to the
+// unfused pair (the build is ISO C++, -ffp-contract=off: no FMA contraction differs either).
 inline float residual_row_sum(float* res, const float* a, const float* b, int C) {
   return row_sum(C, [res, a, b](int i) {
     const float s = a[i] + b[i];
