@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "engine/clock.h"
 #include "sharding/comm/group.h"
 
 namespace sw {
@@ -21,10 +22,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 int test_delay_ms() {
   const char* v = std::getenv("SHARDWISE_CKPT_TEST_DELAY_MS");

@@ -56,6 +56,7 @@
 #include "checkpoint/sharded_checkpoint.h"
 #include "core/alloc.h"
 #include "core/error.h"
+#include "engine/clock.h"
 #include "engine/checkpointer.h"
 #include "engine/data.h"
 #include "engine/loss_scaler.h"
@@ -74,10 +75,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 // Creates run_dir if needed and proves it is writable, before any work is done.
 void prepare_run_dir(const std::string& dir) {

@@ -5,6 +5,7 @@
 
 #include <bit>
 #include <cstdint>
+#include <cstring>
 
 namespace sw::cpu::detail {
 
@@ -18,6 +19,13 @@ const char* blas_select_core();
 
 // Row-major C = alpha * op(A) @ op(B) + beta * C (op = transpose when the flag is set).
 // From inside an OpenMP parallel region OpenBLAS's OpenMP build runs single-threaded.
+// out(N, OC) := b broadcast to every row (the start of a linear layer whose GEMM then adds
+// with beta = 1).
+inline void broadcast_rows(float* out, const float* b, int N, int OC) {
+#pragma omp parallel for schedule(static) if ((size_t)N * OC >= (1u << 16))
+  for (int n = 0; n < N; ++n) std::memcpy(out + (size_t)n * OC, b, sizeof(float) * OC);
+}
+
 inline void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
                   const float* B, int ldb, float beta, float* C, int ldc) {
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,

@@ -94,10 +94,7 @@ void linear_forward(float* out, const float* inp, const float* w, const float* b
                     int OC) {
   if (N <= 0 || OC <= 0) return;
   detail::blas_select_core();
-  if (b) {
-#pragma omp parallel for schedule(static) if ((size_t)N * OC >= (1u << 16))
-    for (int n = 0; n < N; ++n) std::memcpy(out + (size_t)n * OC, b, sizeof(float) * OC);
-  }
+  if (b) detail::broadcast_rows(out, b, N, OC);
   if (C <= 0) {
     if (!b) std::memset(out, 0, sizeof(float) * (size_t)N * OC);
     return;

@@ -234,10 +234,7 @@ void linear_forward_lowp(DType t, float* out, const float* inp, const float* w, 
                          int N, int C, int OC) {
   if (t == DType::F32) return linear_forward(out, inp, w, b, N, C, OC);
   if (N <= 0 || OC <= 0) return;
-  if (b) {
-#pragma omp parallel for schedule(static) if ((size_t)N * OC >= (1u << 16))
-    for (int n = 0; n < N; ++n) std::memcpy(out + (size_t)n * OC, b, sizeof(float) * OC);
-  }
+  if (b) detail::broadcast_rows(out, b, N, OC);
   if (C <= 0) {
     if (!b) std::memset(out, 0, sizeof(float) * (size_t)N * OC);
     return;
