@@ -36,7 +36,10 @@ using StateKind = ShardedModel::StateKind;
 
 namespace {
 
-constexpr uint64_t kBlockBytes = uint64_t{1} << 20;  // checksum block
+// Checksum block: the unit of verification and of partial reads (a rank reads whole blocks, so
+// smaller blocks waste less when a rank's share of a tensor is small; 256 KiB keeps the
+// metadata at ~4 CRCs per MiB).
+constexpr uint64_t kBlockBytes = uint64_t{256} << 10;
 constexpr const char* kFormatName = "shardwise-checkpoint";
 constexpr const char* kKindNames[3] = {"master", "exp_avg", "exp_avg_sq"};
 
@@ -216,7 +219,8 @@ SnapshotPtr snapshot_checkpoint(const ShardedModel& sm, const TrainState& state,
 
 namespace {
 
-constexpr uint64_t kWriteChunk = 8 * kBlockBytes;  // bytes per write() call
+constexpr uint64_t kWriteChunk = uint64_t{8} << 20;  // bytes per write() call
+static_assert(kWriteChunk % kBlockBytes == 0, "writes cover whole checksum blocks");
 
 // Writes the snapshot's file. From a copied snapshot this is pure I/O (the CRCs are known);
 // from the model (s.source) the data is written in place, each chunk checksummed just before
@@ -687,7 +691,10 @@ void read_range(const SafeTensorsReader& r, const FileTensor& t, uint64_t block_
                 int64_t b, std::vector<unsigned char>& buf, Fn&& fn, LoadStats* st = nullptr,
                 const std::string& file = {}) {
   const uint64_t bf = block_bytes / 4;  // floats per block
-  constexpr size_t kChunkBlocks = 2, kAheadBlocks = 32;
+  // Pieces of about 2 MiB (read, checked and copied while in cache), read-ahead about 32 MiB,
+  // whatever block size the checkpoint was written with.
+  const size_t kChunkBlocks = std::max<size_t>(1, (size_t{2} << 20) / block_bytes);
+  const size_t kAheadBlocks = std::max<size_t>(1, (size_t{32} << 20) / block_bytes);
   size_t blk = static_cast<size_t>(static_cast<uint64_t>(a - t.lo) / bf);
   const size_t end_blk = static_cast<size_t>((static_cast<uint64_t>(b - t.lo) + bf - 1) / bf);
   const uint64_t tensor_end = t.bytes;

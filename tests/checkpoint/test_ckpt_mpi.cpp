@@ -6,7 +6,7 @@
 // function bit for bit: that is exactly the 1-rank full state. Also: a rank that fails its
 // write makes commit_checkpoint return false everywhere and leaves no step directory.
 // Only CHECK is used, and load_checkpoint never communicates, so a failure cannot hang ranks.
-// Partial reads: a model whose units span many 1 MiB checksum blocks, saved on 1 rank, loaded
+// Partial reads: a model whose units span many checksum blocks (256 KiB), saved on 1 rank, loaded
 // on 4: LoadStats must equal what metadata.json and held_range imply (block-rounded overlaps),
 // FULL_SHARD ranks must read about a quarter each, NO_SHARD ranks everything, and together the
 // ranks must read every block.
@@ -211,7 +211,7 @@ TEST_CASE("checkpoint: a rank reads only the blocks overlapping what it holds", 
   c.vocab_size = 4096;
   c.n_layer = 4;
   c.n_head = 4;
-  c.d_model = 512;  // units of 8-12 MiB per kind: a quarter spans several 1 MiB blocks
+  c.d_model = 512;  // units of 8-12 MiB per kind: a quarter spans many checksum blocks
   c.seq_len = 64;
   Model model = build_model(c);
   {

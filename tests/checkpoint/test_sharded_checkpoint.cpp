@@ -184,7 +184,7 @@ TEST_CASE("checkpoint: save -> load is bit-identical (master, m, v, train state)
 
 // The two write paths (save_checkpoint straight from the model; snapshot_checkpoint then
 // write_snapshot) must produce the same bytes. The model is large enough that tensors span
-// several checksum blocks (1 MiB), end mid-block, and the file spans several write chunks.
+// several checksum blocks (256 KiB), end mid-block, and the file spans several write chunks.
 TEST_CASE("checkpoint: direct save and (reused) snapshot write identical files", "[checkpoint]") {
   sttest::TempDir dir("ckpt_paths");
   ModelConfig c = tiny();
