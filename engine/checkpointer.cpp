@@ -299,7 +299,10 @@ CkptEvents Checkpointer::commit_pending() {
     ok = f == 1.f;
   }
   if (lead && !ok) fs::remove_all(tmp, ec);
-  snap_.reset();
+  // Async: the snapshot's memory stays as the staging buffer of the next save (no page faults
+  // in its copy; the host memory of one checkpoint share is held for the run, as async
+  // checkpointers' staging buffers are). Sync: a view of the model, dropped.
+  if (!async_) snap_.reset();
   pending_ = false;
   if (ok) {
     ev.committed = pending_step_;
