@@ -10,8 +10,9 @@
 //           output), when the build found libdnnl: the engine PyTorch's bf16 autocast uses.
 // Prints GFLOP/s per shape (median of --reps timed calls per peer, peers interleaved call by
 // call) and the ratios to sgemm (and of oneDNN's time over the fastest Shardwise bf16 path),
-// then the totals over all shapes (total flops over total median time: the mix of one 124M
-// training step's GEMMs, LM head included).
+// then the totals over all shapes (total flops over total median time, each shape counted
+// once: the forward, dinp and dW products of a 124M block's four Linears and one 512-row
+// LM-head chunk's three, not weighted by the 12 layers or the number of chunks).
 //
 //   bench_gemm_bf16 [--threads 2] [--reps 5] [--rows 1024]
 #include <omp.h>
@@ -72,9 +73,11 @@ int main(int argc, char** argv) {
       {"fc fwd       x@W^T", R, 4 * C, C, false, true},
       {"proj fwd     x@W^T", R, C, 4 * C, false, true},
       {"qkv dinp     dy@W", R, C, 3 * C, false, false},
+      {"attproj dinp dy@W", R, C, C, false, false},
       {"fc dinp      dy@W", R, C, 4 * C, false, false},
       {"proj dinp    dy@W", R, 4 * C, C, false, false},
       {"qkv dW       dy^T@x", 3 * C, C, R, true, false},
+      {"attproj dW   dy^T@x", C, C, R, true, false},
       {"fc dW        dy^T@x", 4 * C, C, R, true, false},
       {"proj dW      dy^T@x", C, 4 * C, R, true, false},
       {"lmhead fwd   x@w^T", 512, V, C, false, true},

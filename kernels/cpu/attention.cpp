@@ -221,12 +221,9 @@ inline int padded_ld(int n) {
 // size would be page-faulted on every call); P, dS and dO are rounded where they are formed.
 const float* rounded_qkv(DType t, const float* qkv, size_t n) {
   thread_local Buffer buf;
-  if (buf.bytes() < sizeof(float) * n) {
-    buf.release();
-    buf = Buffer(sizeof(float) * n, Mem::Workspace);
-  }
-  round_to(t, buf.f32(), qkv, n);
-  return buf.f32();
+  float* r = detail::grow_workspace(buf, n);
+  round_to(t, r, qkv, n);
+  return r;
 }
 
 void check_shapes(int B, int T, int H, int KVH, int hd) {

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/alloc.h"
+
 namespace sw::cpu::detail {
 
 // Makes sure OpenBLAS runs its AVX2/AVX-512 kernels. OpenBLAS 0.3.21 (Debian 12) built with
@@ -17,8 +19,6 @@ namespace sw::cpu::detail {
 // program start. Returns OpenBLAS's core name after selection.
 const char* blas_select_core();
 
-// Row-major C = alpha * op(A) @ op(B) + beta * C (op = transpose when the flag is set).
-// From inside an OpenMP parallel region OpenBLAS's OpenMP build runs single-threaded.
 // out(N, OC) := b broadcast to every row (the start of a linear layer whose GEMM then adds
 // with beta = 1).
 inline void broadcast_rows(float* out, const float* b, int N, int OC) {
@@ -26,6 +26,19 @@ inline void broadcast_rows(float* out, const float* b, int N, int OC) {
   for (int n = 0; n < N; ++n) std::memcpy(out + (size_t)n * OC, b, sizeof(float) * OC);
 }
 
+// A workspace of at least `floats` floats in b, reallocated only when it must grow: callers
+// keep b (thread_local) between calls, since a fresh buffer of tens of MB is mmap'ed and
+// page-faulted on every call. Tracked as Mem::Workspace.
+inline float* grow_workspace(Buffer& b, size_t floats) {
+  if (b.bytes() < floats * sizeof(float)) {
+    b.release();
+    b = Buffer(floats * sizeof(float), Mem::Workspace);
+  }
+  return b.f32();
+}
+
+// Row-major C = alpha * op(A) @ op(B) + beta * C (op = transpose when the flag is set).
+// From inside an OpenMP parallel region OpenBLAS's OpenMP build runs single-threaded.
 inline void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
                   const float* B, int ldb, float beta, float* C, int ldc) {
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,

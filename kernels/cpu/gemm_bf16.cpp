@@ -115,12 +115,7 @@ void round_row(DType t, float* d, const float* s, int n) {
 // GEMMs are tens of MB, and fresh mmap'ed buffers are page-faulted on every call).
 float* workspace(int slot, size_t floats) {
   thread_local Buffer buf[3];
-  Buffer& b = buf[slot];
-  if (b.bytes() < floats * sizeof(float)) {
-    b.release();
-    b = Buffer(floats * sizeof(float), Mem::Workspace);
-  }
-  return b.f32();
+  return detail::grow_workspace(buf[slot], floats);
 }
 
 // A matrix to round: src(rows, cols; stride ld) -> a dense copy in workspace `slot`.
@@ -172,16 +167,11 @@ bool cpu_has_avx512_bf16() { return hw_avx512_bf16(); }
 bool cpu_has_avx512() { return hw_avx512(); }
 
 LowpPath lowp_auto_path(DType t) {
-  static const LowpPath bf16 = [] {
-    if (bf16_native()) return LowpPath::Native;
-    const std::string e = env_path();
-    return hw_avx512() && e != "emulated" ? LowpPath::Fused : LowpPath::Emulated;
-  }();
-  static const LowpPath f16 = [] {
-    const std::string e = env_path();
-    return hw_avx512() && e != "emulated" ? LowpPath::Fused : LowpPath::Emulated;
-  }();
-  return t == DType::BF16 ? bf16 : f16;
+  // Without native: fused where AVX-512 exists unless SW_LOWP_PATH=emulated.
+  static const LowpPath fma_or_emulated =
+      hw_avx512() && env_path() != "emulated" ? LowpPath::Fused : LowpPath::Emulated;
+  if (t == DType::BF16 && bf16_native()) return LowpPath::Native;
+  return fma_or_emulated;
 }
 
 bool bf16_native() {

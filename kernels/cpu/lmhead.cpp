@@ -53,12 +53,7 @@ double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const floa
   // allocation is mmap'ed by glibc and page-faulted (and zeroed by the kernel) on every call,
   // which cost ~2-3% of the LM head's time. It is tracked as Mem::Workspace.
   thread_local Buffer buf;
-  const size_t need = sizeof(float) * (size_t)chunk * V;
-  if (buf.bytes() < need) {
-    buf.release();
-    buf = Buffer(need, Mem::Workspace);
-  }
-  float* logits = buf.f32();
+  float* logits = detail::grow_workspace(buf, (size_t)chunk * V);
   // Reduced precision (compute BF16 / F16): the products take rounded operands. Emulated
   // (rounded copies + sgemm, see gemm_bf16.cpp), w and x are rounded once per call and
   // dlogits in place in the row pass, so no product pays for rounding; the native and fused
@@ -70,15 +65,8 @@ double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const floa
   const float* wr = w;
   const float* xr = x;
   if (lowp && !packs_round) {
-    auto grow = [](Buffer& b, size_t floats) {
-      if (b.bytes() < floats * sizeof(float)) {
-        b.release();
-        b = Buffer(floats * sizeof(float), Mem::Workspace);
-      }
-      return b.f32();
-    };
-    float* wp = grow(wbuf, (size_t)V * C);
-    float* xp = grow(xbuf, (size_t)N * C);
+    float* wp = detail::grow_workspace(wbuf, (size_t)V * C);
+    float* xp = detail::grow_workspace(xbuf, (size_t)N * C);
     round_to(compute, wp, w, (size_t)V * C);
     round_to(compute, xp, x, (size_t)N * C);
     wr = wp, xr = xp;
@@ -134,7 +122,7 @@ double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const floa
 #pragma omp simd
         for (int v = 0; v < V; ++v) row[v] *= k;
         row[t] -= grad_scale;
-        if (lowp) round_to(compute, row, row, V);
+        if (lowp && !packs_round) round_to(compute, row, row, V);  // else the kernel rounds
       }
     }
     for (int r = 0; r < nc; ++r) {
