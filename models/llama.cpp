@@ -174,11 +174,7 @@ class Block final : public Unit {
   // RMSNorm of the saved x2, which forward's fused residual + RMSNorm matches bit for bit; the
   // norm statistics are recomputed into scratch, the saved ones stay).
   bool selective_recompute() const override { return true; }
-  void recompute(UnitCtx& ctx, int call, const float* x, float* y, CheckpointMode mode) override {
-    if (mode != CheckpointMode::Selective) {
-      forward(ctx, call, x, y);
-      return;
-    }
+  void recompute_cheap(UnitCtx& ctx, int /*call*/, const float* x) override {
     const Ops& ops = *ctx.ops;
     const int N = ctx.batch->B * ctx.batch->T, C = c_.d_model, F = c_.d_ff;
     const float eps = c_.norm_eps;

@@ -84,6 +84,13 @@ size_t Saved::drop_cheap() {
   return b;
 }
 
+// ---- Unit --------------------------------------------------------------------------------
+
+void Unit::recompute_cheap(UnitCtx& ctx, int call, const float* x) {
+  (void)ctx, (void)call, (void)x;
+  fail("model", "unit '" + name() + "' has no selective recompute");
+}
+
 // ---- Scratch -------------------------------------------------------------------------------
 // Bump allocation in 64-byte (16-float) steps. When the last block is full a new, larger block
 // is added, so pointers handed out earlier stay valid until reset(). The first request after a

@@ -35,7 +35,7 @@ struct ParamSpec {
 // How a Saved buffer fares under selective activation checkpointing. Always: kept (outputs of
 // matrix products and attention, norm statistics: costly to recompute, or tiny). Cheap: an
 // element-wise result (norm output, GELU/SwiGLU output) that selective checkpointing frees
-// after forward and the unit's recompute() rebuilds from the Always buffers.
+// after forward and the unit's recompute_cheap() rebuilds from the Always buffers.
 enum class Keep : uint8_t { Always, Cheap };
 
 // Activations a unit keeps from forward for its backward, owned by the engine (one Saved per
@@ -119,18 +119,15 @@ class Unit {
   // accumulates parameter gradients into ctx.grads. x is the same input forward saw.
   virtual void backward(UnitCtx& ctx, int call, const float* x, const float* dy, float* dx) = 0;
 
-  // Activation checkpointing (the engine calls it right before backward, for a call whose
-  // Saved it dropped after forward; never for a loss call). Must leave ctx.saved exactly as
-  // forward left it, bit for bit. mode Full: ctx.saved is empty; Selective: it still holds the
-  // Keep::Always buffers (only asked when selective_recompute() is true). ctx.training is true,
-  // ctx.grads is null (no gradient may be touched), x is forward's input and y a scratch
-  // buffer of the call's output size whose content is discarded. The default re-runs forward,
-  // which is right for every unit whose forward is a pure function of (params, batch, x).
-  virtual void recompute(UnitCtx& ctx, int call, const float* x, float* y, CheckpointMode mode) {
-    (void)mode;
-    forward(ctx, call, x, y);
-  }
-  // True when recompute(..., Selective) rebuilds the Keep::Cheap buffers from the others.
+  // Selective activation checkpointing (the engine calls it right before backward, for a call
+  // whose Keep::Cheap buffers it dropped after forward; only when selective_recompute() is
+  // true, never for a loss call). Must rebuild those buffers exactly as forward left them, bit
+  // for bit, from the Keep::Always buffers still in ctx.saved. ctx.training is true,
+  // ctx.grads is null (no gradient may be touched) and x is forward's input. A fully
+  // checkpointed call (empty ctx.saved) is rebuilt by re-running forward instead, which is
+  // right for every unit whose forward is a pure function of (params, batch, x).
+  virtual void recompute_cheap(UnitCtx& ctx, int call, const float* x);
+  // True when recompute_cheap() rebuilds the Keep::Cheap buffers from the others.
   // When false the engine checkpoints the unit's calls fully under Selective.
   virtual bool selective_recompute() const { return false; }
 };

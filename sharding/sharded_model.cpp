@@ -369,18 +369,24 @@ struct ShardedModel::Impl {
     return mode;
   }
 
-  // Before the backward of position q (parameters gathered): the unit's recompute refills its
-  // Saved from the call's kept input, with the same parameters and batch as forward and no
-  // gradient buffers; its output goes to scratch and is dropped.
+  // Before the backward of position q (parameters gathered): refills the call's Saved from its
+  // kept input, with the same parameters and batch as forward and no gradient buffers. Full:
+  // forward runs again (its output goes to scratch and is dropped); Selective: the unit's
+  // recompute_cheap rebuilds the buffers it dropped.
   void rebuild(Model& model, const Batch& batch, size_t q, float scale) {
     FlatUnit& fu = unit_at(model, q);
     UnitCtx ctx = ctx_for(fu, batch, static_cast<int>(q), true);
     ctx.grads = nullptr;
     ctx.grad_scale = scale;
     scratch.reset();
+    const int call = model.schedule[q].call;
+    const float* x = q > 0 ? acts[q].f32() : nullptr;
+    if (recompute[q] == CheckpointMode::Selective) {
+      fu.unit()->recompute_cheap(ctx, call, x);
+      return;
+    }
     float* y = scratch.f32(static_cast<size_t>(batch.B) * batch.T * model.d_model());
-    fu.unit()->recompute(ctx, model.schedule[q].call, q > 0 ? acts[q].f32() : nullptr, y,
-                         recompute[q]);
+    fu.unit()->forward(ctx, call, x, y);
   }
 
   UnitCtx ctx_for(FlatUnit& fu, const Batch& batch, int pos, bool training) {

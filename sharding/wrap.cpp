@@ -88,15 +88,11 @@ class CompositeUnit final : public Unit {
       if (!k->selective_recompute()) return false;
     return true;
   }
-  void recompute(UnitCtx& ctx, int call, const float* x, float* y, CheckpointMode mode) override {
-    if (mode != CheckpointMode::Selective) {
-      forward(ctx, call, x, y);
-      return;
-    }
+  void recompute_cheap(UnitCtx& ctx, int /*call*/, const float* x) override {
     for (size_t j = 0; j < kids_.size(); ++j) {
       UnitCtx c = kid_ctx(ctx, j);
       ctx.scratch->reset();
-      kids_[j]->recompute(c, 0, j == 0 ? x : ctx.saved->get(keys_[j]), y, mode);
+      kids_[j]->recompute_cheap(c, 0, j == 0 ? x : ctx.saved->get(keys_[j]));
     }
   }
 
