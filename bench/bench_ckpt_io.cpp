@@ -85,8 +85,11 @@ double disk_read(const std::string& path) {
   std::vector<char> buf(kChunk);
   const double t0 = now();
   const int fd = ::open(path.c_str(), O_RDONLY);
-  while (::read(fd, buf.data(), buf.size()) > 0) {
+  if (fd < 0) fail("bench", path + ": cannot open");
+  ssize_t n;
+  while ((n = ::read(fd, buf.data(), buf.size())) > 0) {
   }
+  if (n < 0) fail("bench", path + ": read failed");
   ::close(fd);
   return now() - t0;
 }
@@ -150,7 +153,7 @@ int main(int argc, char** argv) {
 
     std::vector<double> dw, dw2, rs2, dr, sv, as, snp, ld, rs, ra, rl;
     const std::string probe = dir + "/disk_probe.bin";
-    // The three writers run in a rotated order (and the two readers in alternating order) so
+    // The four writers run in a rotated order (and the two readers in alternating order) so
     // that no figure always follows the same neighbour; removals are synced before the next
     // measurement (the file system may discard freed blocks).
     auto settle = [] { ::sync(); };

@@ -37,6 +37,15 @@ def read_safetensors(path):
     return tensors, meta
 
 
+def read_batch(path):
+    """BATCH.bin: int32 B, T, then B*T tokens and B*T targets. Returns (tokens, targets), (B, T)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    B, T = struct.unpack("<ii", raw[:8])
+    ids = torch.tensor(struct.unpack(f"<{2 * B * T}i", raw[8:8 + 8 * B * T]), dtype=torch.long)
+    return ids[:B * T].view(B, T), ids[B * T:].view(B, T)
+
+
 def gpt2_loss(w, cfg, tokens, targets):
     C, H = cfg["d_model"], cfg["n_head"]
     eps = cfg["norm_eps"]
@@ -69,11 +78,7 @@ def main():
     cfg = json.loads(meta["model_config"])
     assert cfg["type"] == "gpt2", cfg
     w = {k: v.double() for k, v in w.items()}  # float64: the reference, not a peer
-    with open(batch_path, "rb") as f:
-        raw = f.read()
-    B, T = struct.unpack("<ii", raw[:8])
-    ids = torch.tensor(struct.unpack(f"<{2 * B * T}i", raw[8:8 + 8 * B * T]), dtype=torch.long)
-    tokens, targets = ids[:B * T].view(B, T), ids[B * T:].view(B, T)
+    tokens, targets = read_batch(batch_path)
     loss = gpt2_loss(w, cfg, tokens, targets).item()
     rel = abs(loss - expected) / abs(loss)
     print(f"pytorch loss {loss:.8f}  shardwise {expected:.8f}  rel diff {rel:.2e}")

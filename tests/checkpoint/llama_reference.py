@@ -2,10 +2,10 @@
 
 Usage: llama_reference.py MODEL.safetensors BATCH.bin EXPECTED_LOSS
 
-Reads the safetensors file with gpt2_reference.py's reader (json + struct), checks that it
-holds exactly the tensors a Hugging Face LlamaForCausalLM with this config has, under HF's
-names and (out, in) nn.Linear shapes, and runs a Llama written here in float64 from the file's
-model_config metadata, following transformers' modeling_llama:
+Reads the safetensors file and the batch with gpt2_reference.py's readers (json + struct),
+checks that the file holds exactly the tensors a Hugging Face LlamaForCausalLM with this config
+has, under HF's names and (out, in) nn.Linear shapes, and runs a Llama written here in float64
+from the file's model_config metadata, following transformers' modeling_llama:
   embed_tokens; per layer x += o_proj(attn(rope(q_proj(n)), rope(k_proj(n)), v_proj(n))) with
   n = input_layernorm(x), then x += down_proj(silu(gate_proj(n)) * up_proj(n)) with
   n = post_attention_layernorm(x); model.norm; untied lm_head.
@@ -21,14 +21,13 @@ Shardwise's loss by more than 100x the tolerance. Exit 0 when all holds, 1 other
 import json
 import math
 import os
-import struct
 import sys
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpt2_reference import read_safetensors  # noqa: E402
+from gpt2_reference import read_batch, read_safetensors  # noqa: E402
 
 # float64 PyTorch vs Shardwise's fp32 forward: observed relative differences are ~6e-9
 # (see test_ckpt_reference.cpp); 1e-6 leaves room for other BLAS / thread counts.
@@ -123,11 +122,7 @@ def main():
               f"{[(k, got[k], want[k]) for k in wrong]}")
         sys.exit(1)
     w = {k: v.double() for k, v in w.items()}  # float64: the reference, not a peer
-    with open(batch_path, "rb") as f:
-        raw = f.read()
-    B, T = struct.unpack("<ii", raw[:8])
-    ids = torch.tensor(struct.unpack(f"<{2 * B * T}i", raw[8:8 + 8 * B * T]), dtype=torch.long)
-    tokens, targets = ids[:B * T].view(B, T), ids[B * T:].view(B, T)
+    tokens, targets = read_batch(batch_path)
     loss = llama_loss(w, cfg, tokens, targets)
     rel = abs(loss - expected) / abs(loss)
     print(f"pytorch loss {loss:.10f}  shardwise {expected:.10f}  rel diff {rel:.2e} (tol {TOL:.0e})")

@@ -1,8 +1,12 @@
-// Helpers shared by the checkpoint tests: a scratch directory and raw file builders.
+// Helpers shared by the checkpoint tests: a scratch directory, raw file builders and the
+// launcher of the Python cross-checks.
 #pragma once
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -45,6 +49,16 @@ inline void write_raw(const std::string& path, const std::string& header,
 inline std::vector<uint8_t> read_all(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), {});
+}
+
+// Runs `SW_PYTHON tests/checkpoint/<script> <args>`; returns the script's exit status (-1 when
+// it did not exit). The command is reported with the caller's next assertion.
+inline int run_python_script(const std::string& script, const std::string& args) {
+  const std::string cmd =
+      std::string(SW_PYTHON) + " " + SW_SOURCE_DIR + "/tests/checkpoint/" + script + " " + args;
+  UNSCOPED_INFO(cmd);
+  const int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
 }  // namespace sttest

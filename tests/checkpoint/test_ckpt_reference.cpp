@@ -3,13 +3,10 @@
 // written in tests/checkpoint/{gpt2,llama}_reference.py (own safetensors reader, HF names and
 // layouts) must reproduce Shardwise's loss on a batch. A wrong name, transpose or layout
 // anywhere changes the loss by far more than the tolerances (1e-4 GPT-2, 1e-6 Llama).
-#include <sys/wait.h>
-
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <iterator>
 
 #include "checkpoint/export.h"
 #include "checkpoint/sharded_checkpoint.h"
@@ -35,16 +32,7 @@ int run_reference(const std::string& script, const std::string& model_path,
   }
   char expected[64];
   std::snprintf(expected, sizeof expected, "%.12f", loss);
-  const std::string cmd = std::string(SW_PYTHON) + " " + SW_SOURCE_DIR + "/tests/checkpoint/" +
-                          script + " " + model_path + " " + batch_path + " " + expected;
-  INFO(cmd);
-  const int rc = std::system(cmd.c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+  return sttest::run_python_script(script, model_path + " " + batch_path + " " + expected);
 }
 
 }  // namespace
@@ -131,7 +119,7 @@ TEST_CASE("checkpoint export: PyTorch Llama reproduces Shardwise's loss", "[chec
   export_checkpoint(dir.file("step"), out);
   // The trainer-side export of the live model writes the same bytes.
   export_hf_safetensors(sm, dir.file("live.safetensors"));
-  CHECK(slurp(out) == slurp(dir.file("live.safetensors")));
+  CHECK(sttest::read_all(out) == sttest::read_all(dir.file("live.safetensors")));
 
   fill(99);
   const double loss = sm.eval_loss(b);

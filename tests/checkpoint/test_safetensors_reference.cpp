@@ -1,8 +1,6 @@
 // Cross-checks our safetensors code against an independent Python implementation
 // (tests/checkpoint/check_safetensors.py): Python verifies a file we wrote, then writes one by
 // hand that we read. Runs with SW_PYTHON (Debian's python3, which also has torch).
-#include <sys/wait.h>
-
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <cstring>
@@ -16,11 +14,7 @@ using namespace sw;
 namespace {
 
 int run_python(const std::string& args) {
-  const std::string cmd = std::string(SW_PYTHON) + " " + SW_SOURCE_DIR +
-                          "/tests/checkpoint/check_safetensors.py " + args;
-  INFO(cmd);
-  const int rc = std::system(cmd.c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  return sttest::run_python_script("check_safetensors.py", args);
 }
 
 }  // namespace
