@@ -33,6 +33,15 @@ inline uint16_t to_half(DType dt, float f) {
 inline float from_half(DType dt, uint16_t h) {
   return dt == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
 }
+// Element-wise over [0, n), split over the OpenMP threads when large: every element is
+// independent, so the result does not depend on the split. These conversions run over whole
+// parameter and gradient buffers every step.
+template <class F>
+void for_each_index(int64_t n, F&& f) {
+#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 16))
+  for (int64_t i = 0; i < n; ++i) f(i);
+}
+
 }  // namespace
 
 // ---- Precision conversions ---------------------------------------------------------------------
@@ -42,8 +51,10 @@ inline float from_half(DType dt, uint16_t h) {
 // 4i..4i+3, overwrites it or later values, which were already read).
 
 void round_to_dtype(DType dt, float* x, int64_t n) {
-  if (dt == DType::F32) return;
-  for (int64_t i = 0; i < n; ++i) x[i] = from_half(dt, to_half(dt, x[i]));
+  if (dt == DType::BF16)
+    for_each_index(n, [&](int64_t i) { x[i] = bf16_to_f32(f32_to_bf16(x[i])); });
+  else if (dt == DType::F16)
+    for_each_index(n, [&](int64_t i) { x[i] = f16_to_f32(f32_to_f16(x[i])); });
 }
 
 void narrow_to(DType dt, const float* src, void* dst, int64_t n) {
@@ -52,7 +63,7 @@ void narrow_to(DType dt, const float* src, void* dst, int64_t n) {
     return;
   }
   uint16_t* d = static_cast<uint16_t*>(dst);
-  for (int64_t i = 0; i < n; ++i) d[i] = to_half(dt, src[i]);
+  for_each_index(n, [&](int64_t i) { d[i] = to_half(dt, src[i]); });
 }
 
 void narrow_in_place(DType dt, float* buf, int64_t n) {
@@ -80,11 +91,11 @@ void widen_in_place(DType dt, float* buf, int64_t n) {
 void add_widened(DType dt, const void* src, float* dst, int64_t n) {
   if (dt == DType::F32) {
     const float* s = static_cast<const float*>(src);
-    for (int64_t i = 0; i < n; ++i) dst[i] += s[i];
+    for_each_index(n, [&](int64_t i) { dst[i] += s[i]; });
     return;
   }
   const uint16_t* s = static_cast<const uint16_t*>(src);
-  for (int64_t i = 0; i < n; ++i) dst[i] += from_half(dt, s[i]);
+  for_each_index(n, [&](int64_t i) { dst[i] += from_half(dt, s[i]); });
 }
 
 FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const Ops& ops,
