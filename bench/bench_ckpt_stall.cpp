@@ -7,9 +7,10 @@
 // For each mode: train `every` steps, save, repeat `saves` times, then `every` more steps (after
 // one warm-up step).
 // Columns:
-//   stall/save   time the training thread spent in Checkpointer calls per save (sync: snapshot +
-//                write + fsync + commit; async: snapshot copy + the commit at a later step, plus
-//                waiting for the previous write when it outlasts `every` steps)
+//   stall/save   time the training thread spent in Checkpointer calls per save (sync: write
+//                straight from the model's memory + fsync + commit; async: snapshot copy + the
+//                commit at a later step, plus waiting for the previous write when it outlasts
+//                `every` steps)
 //   step         mean training step time with no background write in flight
 //   step+bg      async only: the mean step time while a background write was in flight (the
 //                writer competes with the training threads for cores and memory bandwidth)
@@ -17,7 +18,6 @@
 //                save costs the run in total
 // The snapshot bytes and the write bandwidth of the sync save are printed too. Run on an
 // otherwise idle machine; figures taken while other jobs run are noise.
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -28,6 +28,7 @@
 #include "checkpoint/sharded_checkpoint.h"
 #include "core/rng.h"
 #include "engine/checkpointer.h"
+#include "engine/clock.h"
 #include "kernels/ops.h"
 #include "kernels/threads.h"
 #include "models/model.h"
@@ -35,12 +36,7 @@
 #include "sharding/sharded_model.h"
 
 using namespace sw;
-using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
-
-static double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 struct Result {
   double stall_per_save = 0, step_s = 0, step_bg_s = 0, cost_per_save = 0;
@@ -169,8 +165,8 @@ int main(int argc, char** argv) {
   if (res[1].bg_steps > 0)
     res[1].cost_per_save += (res[1].step_bg_s - base) * res[1].bg_steps / saves;
   std::printf(
-      "checkpoint bytes %.1f MB; sync save %.2f s each (%.0f MB/s incl. snapshot and "
-      "fsync)\n",
+      "checkpoint bytes %.1f MB; sync save %.2f s each (%.0f MB/s incl. fsync and "
+      "commit)\n",
       snap_bytes / 1e6, sync_write_s / saves, snap_bytes / 1e6 / (sync_write_s / saves));
   std::printf("%-6s %12s %10s %10s %12s\n", "mode", "stall/save", "step", "step+bg", "cost/save");
   for (int mode = 0; mode < 2; ++mode) {
@@ -181,8 +177,8 @@ int main(int argc, char** argv) {
                 r.step_s, bgs, r.cost_per_save);
   }
   std::printf(
-      "async stall split per save: %.3f s in save() (snapshot), %.3f s in poll()/finish() "
-      "(commit: metadata, fsync, rename, latest)\n",
+      "async stall split per save: %.3f s in save() (snapshot, and any wait for the previous "
+      "write), %.3f s in poll()/finish() (commit: metadata, fsync, rename, latest)\n",
       res[1].in_save / saves, res[1].in_commit / saves);
   std::printf("async/sync stall ratio %.3f; cost ratio %.3f\n",
               res[1].stall_per_save / res[0].stall_per_save,

@@ -23,7 +23,6 @@
 // matmuls and attention scores; the PaLM/llm.c convention); roofline fraction = achieved
 // FLOP/s over OpenBLAS sgemm FLOP/s at the model's own GEMM shapes.
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -32,6 +31,7 @@
 
 #include "core/alloc.h"
 #include "core/rng.h"
+#include "engine/clock.h"
 #include "kernels/ops.h"
 #include "kernels/threads.h"
 #include "models/model.h"
@@ -40,11 +40,6 @@
 #include "sharding/wrap.h"
 
 using namespace sw;
-using Clock = std::chrono::steady_clock;
-
-static double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 // sgemm GFLOP/s on the shapes a transformer step uses (N = B*T rows), median of reps.
 static double sgemm_gflops(const Ops& ops, int N, int C, int V) {

@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_step import GPT  # noqa: E402  (same model, same initialisation)
+from torch_step import GPT, add_shape_args  # noqa: E402  (same model, initialisation, flags)
 
 
 def worker(rank, a, port, out):
@@ -59,15 +59,7 @@ def worker(rank, a, port, out):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--vocab", type=int, default=50257)
-    ap.add_argument("--d", type=int, default=768)
-    ap.add_argument("--layers", type=int, default=12)
-    ap.add_argument("--heads", type=int, default=12)
-    ap.add_argument("--T", type=int, default=256)
-    ap.add_argument("--B", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=1)
+    add_shape_args(ap, threads=1)
     ap.add_argument("--port", type=int, default=29517)
     a = ap.parse_args()
     ctx = mp.get_context("spawn")

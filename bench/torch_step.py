@@ -66,8 +66,8 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def add_shape_args(ap, threads):
+    """bench_step's shape and run flags (the same names and defaults); also used by torch_ddp.py."""
     ap.add_argument("--vocab", type=int, default=50257)
     ap.add_argument("--d", type=int, default=768)
     ap.add_argument("--layers", type=int, default=12)
@@ -76,7 +76,12 @@ def main():
     ap.add_argument("--B", type=int, default=4)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=threads)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    add_shape_args(ap, threads=2)
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     a = ap.parse_args()
     torch.manual_seed(0)

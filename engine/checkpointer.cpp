@@ -22,7 +22,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-
 int test_delay_ms() {
   const char* v = std::getenv("SHARDWISE_CKPT_TEST_DELAY_MS");
   return v ? std::max(0, std::atoi(v)) : 0;
@@ -276,14 +275,13 @@ CkptEvents Checkpointer::commit_pending() {
   std::string err = error_;
   // A step directory of the same name (from a run resumed at an earlier step) is replaced by
   // commit_checkpoint.
-  std::error_code ec;
   bool ok = false;
   try {
     ok = commit_checkpoint(group_, *snap_, err.empty(), tmp, final_dir);
   } catch (const std::exception& e) {
-    ok = false;
     if (err.empty()) err = e.what();
   }
+  const bool committed = ok;  // the same on every rank
   if (ok && lead) {
     try {
       write_latest(dir_, name);
@@ -293,12 +291,13 @@ CkptEvents Checkpointer::commit_pending() {
       err = e.what();
     }
   }
-  if (ok && group_.size() > 1) {  // every rank reports what rank 0 saw
+  // Every rank reports what rank 0 saw. On `committed`, not `ok`: rank 0's `ok` may have
+  // turned false above, and it must still take part in the broadcast.
+  if (committed && group_.size() > 1) {
     float f = ok ? 1.f : 0.f;
     group_.broadcast(&f, 1, 0);
     ok = f == 1.f;
   }
-  if (lead && !ok) fs::remove_all(tmp, ec);
   // Async: the snapshot's memory stays as the staging buffer of the next save (no page faults
   // in its copy; the host memory of one checkpoint share is held for the run, as async
   // checkpointers' staging buffers are). Sync: a view of the model, dropped.

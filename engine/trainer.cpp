@@ -75,7 +75,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-
 // Creates run_dir if needed and proves it is writable, before any work is done.
 void prepare_run_dir(const std::string& dir) {
   std::error_code ec;
@@ -203,7 +202,8 @@ TrainSummary train_ranks(const TrainConfig& cfg, const TrainOptions& opts, Group
   ShardedModel sm(model, ops_for(Device::cpu()), cfg.seed, world_ptr, policy);
 
   LossScaler scaler(cfg.loss_scaler);  // used with fp16 only
-  int applied = 0, skipped = 0;        // optimizer steps applied / skipped on overflow
+  // Optimizer steps applied; the others (s + 1 - applied after step s) were skipped on overflow.
+  int applied = 0;
 
   // Where the run starts: a checkpoint (resume), exported weights (init_from), or the init.
   const CheckpointConfig& ck = cfg.checkpoint;
@@ -225,7 +225,6 @@ TrainSummary train_ranks(const TrainConfig& cfg, const TrainOptions& opts, Group
     }
     start = static_cast<int>(st.step);
     applied = static_cast<int>(st.optimizer_steps);
-    skipped = start - applied;
     summary.resumed_from = resume_dir;
     if (lead)
       std::fprintf(stderr, "shardwise: resumed from %s at step %d\n", resume_dir.c_str(), start);
@@ -362,7 +361,6 @@ TrainSummary train_ranks(const TrainConfig& cfg, const TrainOptions& opts, Group
     }
     if (overflow) {
       sm.zero_grads();  // the step is skipped: weights and AdamW state stay as they are
-      ++skipped;
     } else {
       const double clip = cfg.grad_clip > 0 ? std::min(1.0, cfg.grad_clip / (norm + 1e-6)) : 1.0;
       sm.optimizer_step(adam, lr, static_cast<float>(clip / loss_scale), applied + 1);
@@ -381,7 +379,7 @@ TrainSummary train_ranks(const TrainConfig& cfg, const TrainOptions& opts, Group
     m.comm_s = c1.comm_s - c0.comm_s;
     m.exposed_comm_s = c1.exposed_s - c0.exposed_s;
     m.overflow = overflow;
-    m.skipped_steps = skipped;
+    m.skipped_steps = s + 1 - applied;
     if (cfg.fp16) m.loss_scale = loss_scale;
     const bool last = s + 1 == cfg.train_steps;
     if (val_data && (last || (cfg.eval_every_steps > 0 && (s + 1) % cfg.eval_every_steps == 0))) {
@@ -404,7 +402,7 @@ TrainSummary train_ranks(const TrainConfig& cfg, const TrainOptions& opts, Group
     if (cfg.train_steps - start == 1) timed_s = dt, timed_tokens = tokens_per_step;
     summary.steps = s + 1;
     summary.last_loss = loss;
-    summary.skipped_steps = skipped;
+    summary.skipped_steps = m.skipped_steps;
     summary.loss_scale = cfg.fp16 ? scaler.scale : 0;
 
     // Periodic save (the final one is below, after the loop).
