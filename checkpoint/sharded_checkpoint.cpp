@@ -22,6 +22,7 @@
 #include <sstream>
 
 #include "checkpoint/crc32c.h"
+#include "checkpoint/file_io.h"
 #include "checkpoint/hf_layout.h"
 #include "checkpoint/safetensors.h"
 #include "core/alloc.h"
@@ -54,45 +55,6 @@ std::string hex32(uint32_t v) {
 std::string tensor_name(int unit, int kind, int64_t lo, int64_t hi) {
   return "u" + std::to_string(unit) + "." + kKindNames[kind] + "[" + std::to_string(lo) + ":" +
          std::to_string(hi) + "]";
-}
-
-// fsync of a directory (makes renames and creations inside it durable).
-void fsync_dir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) fail("checkpoint", dir + ": cannot open the directory to fsync (" + errno_str() + ")");
-  const int rc = ::fsync(fd);
-  const std::string err = errno_str();
-  ::close(fd);
-  if (rc != 0) fail("checkpoint", dir + ": fsync of the directory failed (" + err + ")");
-}
-
-std::string parent_dir(const std::string& p) {
-  fs::path parent = fs::path(p).lexically_normal().parent_path();
-  if (parent.empty()) return ".";
-  return parent.string();
-}
-
-// Writes `text` to path (create/truncate), fsyncs it.
-void write_file_synced(const std::string& path, const std::string& text) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail("checkpoint", path + ": cannot create (" + errno_str() + ")");
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string err = errno_str();
-      ::close(fd);
-      fail("checkpoint", path + ": write failed (" + err + ")");
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    const std::string err = errno_str();
-    ::close(fd);
-    fail("checkpoint", path + ": fsync failed (" + err + ")");
-  }
-  if (::close(fd) != 0) fail("checkpoint", path + ": close failed (" + errno_str() + ")");
 }
 
 }  // namespace

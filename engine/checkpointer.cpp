@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "checkpoint/file_io.h"
 #include "core/error.h"
 #include "engine/clock.h"
 #include "sharding/comm/group.h"
@@ -36,15 +37,6 @@ int64_t parse_step_name(const std::string& name) {
     n = n * 10 + (name[i] - '0');
   }
   return n;
-}
-
-void fsync_path(const std::string& path, bool dir) {
-  const int fd = ::open(path.c_str(), dir ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-  if (fd < 0) fail("checkpoint", path + ": cannot open for fsync (" + std::strerror(errno) + ")");
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) fail("checkpoint", path + ": fsync failed (" + std::strerror(err) + ")");
 }
 
 // Renames `p` to a '.'-prefixed name (so it no longer counts as complete), then deletes it.
@@ -85,23 +77,15 @@ std::string read_latest(const std::string& ckpt_dir) {
 void write_latest(const std::string& ckpt_dir, const std::string& step_name) {
   const std::string tmp = (fs::path(ckpt_dir) / ".latest.tmp").string();
   const std::string dst = (fs::path(ckpt_dir) / "latest").string();
-  const std::string text = step_name + "\n";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) fail("checkpoint", tmp + ": cannot create (" + std::strerror(errno) + ")");
-  const ssize_t n = ::write(fd, text.data(), text.size());
-  const int werr = errno;
-  const bool synced = n == static_cast<ssize_t>(text.size()) && ::fsync(fd) == 0;
-  const int serr = errno;
-  ::close(fd);
-  if (!synced) {
+  try {
+    write_file_synced(tmp, step_name + "\n");
+  } catch (const Error&) {
     ::unlink(tmp.c_str());
-    fail("checkpoint", tmp + ": write failed (" +
-                           std::strerror(n == static_cast<ssize_t>(text.size()) ? serr : werr) +
-                           ")");
+    throw;
   }
   if (std::rename(tmp.c_str(), dst.c_str()) != 0)
     fail("checkpoint", dst + ": rename failed (" + std::strerror(errno) + ")");
-  fsync_path(ckpt_dir, /*dir=*/true);
+  fsync_dir(ckpt_dir);
 }
 
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& ckpt_dir) {
