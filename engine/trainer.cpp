@@ -9,7 +9,8 @@
 //   result is the gradient of the mean loss over the global batch: N ranks train exactly
 //   what one rank with micro-batch N*B would);
 //   loss = sum over ranks / (W * accum); clip factor min(1, clip / (norm + 1e-6)) with the
-//   global norm; lr = lr_at(s); AdamW step s + 1; validation on eval steps over
+//   global norm; lr = lr_at(a), AdamW step a + 1 with a = optimizer steps applied so far (= s
+//   unless fp16 skipped overflowing steps, see below); validation on eval steps over
 //   eval_batches * W batches of B rows, split over the ranks (the windows one rank with
 //   micro-batch W*B would evaluate).
 // Rank 0 alone writes run_dir (config.json, metrics.jsonl, the exported weights) and prints.
