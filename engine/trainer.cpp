@@ -114,16 +114,6 @@ struct CollectiveError : Error {
                         "exported)");
 }
 
-// Sum of one double per rank, in rank order (identical on every rank).
-double sum_over_ranks(Group& g, double x) {
-  if (g.size() == 1) return x;
-  std::vector<double> all(static_cast<size_t>(g.size()));
-  g.all_gather(&x, all.data(), 2, DType::F32);  // the 8 bytes, raw
-  double s = 0;
-  for (double v : all) s += v;
-  return s;
-}
-
 // Ranks per node as the launcher tells it (HYBRID_SHARD's default shard group); 0 if unknown.
 int local_ranks() {
   for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"})

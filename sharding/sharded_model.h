@@ -41,6 +41,7 @@
 #include "sharding/comm/group.h"
 #include "sharding/flat_param.h"
 #include "sharding/policy.h"
+#include "sharding/step_plan.h"
 
 namespace sw {
 
@@ -114,6 +115,13 @@ class ShardedModel {
   // The most units whose gathered parameters were allocated at once (transient gathers,
   // prefetches in flight included) during the last forward_backward: what max_live_units caps.
   int peak_gathered_units() const;
+  // The plan of one whole training step (accum micro-steps of B rows of T tokens, then the
+  // optimizer) in the steady state, exactly as the executor runs it; and of an eval forward.
+  StepPlan step_plan(int B, int T, int accum) const;
+  StepPlan eval_plan(int B, int T) const;
+  // While set (not null), the executor appends a record of every action it runs (begin and end
+  // times; a collective's are when it started and finished executing) to *recorder.
+  void set_recorder(StepRecorder* recorder);
   // Communication time of the groups this model uses (comm_s, exposed_s summed over them).
   CommStats comm_stats() const;
   void reset_comm_stats();
@@ -150,8 +158,9 @@ class ShardedModel {
   const float* state_view(int u, StateKind k, FlatRange r) const;
   void write_state(int u, StateKind k, FlatRange r, const float* src);
 
+  struct Impl;  // sharding/sharded_model_impl.h (internal)
+
  private:
-  struct Impl;
   Model& model_;
   std::unique_ptr<Impl> impl_;
 };

@@ -112,6 +112,7 @@ class FlatUnit {
   ShardedState sharded_state() const { return sstate_; }
   TrainingState training_state() const { return tstate_; }
   bool gather_in_flight() const { return gather_in_flight_; }
+  const Work& gather_work() const { return gather_; }  // the last gather issued (its times)
   // Transient gathered parameters allocated (valid or in flight): what max_live_units counts.
   bool holds_gathered() const { return kind_ == Kind::Sharded && full_ != nullptr; }
 

@@ -3,6 +3,7 @@
 #include "sharding/comm/group.h"
 
 #include <chrono>
+#include <vector>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -98,6 +99,17 @@ void Work::wait() {
 bool Work::test() { return !s_ || s_->done.load(std::memory_order_acquire); }
 
 uint64_t Work::seq() const { return s_ ? s_->seq : 0; }
+double sum_over_ranks(Group& g, double x) {
+  if (g.size() == 1) return x;
+  std::vector<double> all(static_cast<size_t>(g.size()));
+  g.all_gather(&x, all.data(), 2, DType::F32);
+  double s = 0;
+  for (double v : all) s += v;
+  return s;
+}
+
+double Work::started_at() const { return s_ ? s_->t_start : 0; }
+double Work::done_at() const { return s_ ? s_->t_done : 0; }
 
 // ---- Options -------------------------------------------------------------------------------
 
@@ -225,6 +237,9 @@ class LocalGroup final : public Group {
     auto s = std::make_shared<detail::WorkState>();
     s->seq = ++seq_;
     s->stats = stats_;
+    s->t_start = s->t_done = std::chrono::duration<double>(
+                                 std::chrono::steady_clock::now().time_since_epoch())
+                                 .count();
     s->done.store(true);
     stats_->add_op(detail::collective_bytes(c, 1), 0.0);
     return Work(std::move(s));

@@ -83,6 +83,10 @@ class Work {
   void wait();  // blocks until complete; throws sw::Error("comm: ...") if the collective failed
   bool test();  // true once complete (never blocks; errors surface in wait())
   uint64_t seq() const;  // the group's sequence number of this collective (0 for a no-op)
+  // Once complete: when the backend started and finished executing it (steady clock seconds,
+  // sw::trace_clock's; 0 for a default Work).
+  double started_at() const;
+  double done_at() const;
 
  private:
   std::shared_ptr<detail::WorkState> s_;
@@ -169,6 +173,10 @@ class Group {
 };
 
 using GroupPtr = std::shared_ptr<Group>;
+
+// Collective: the sum of one double per rank, added in rank order, so identical on every rank
+// and independent of timing (a raw all-gather of the 8 bytes; Group's reductions are fp32).
+double sum_over_ranks(Group& g, double x);
 
 // A single-rank group; needs no MPI.
 GroupPtr make_local_group();

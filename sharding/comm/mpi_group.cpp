@@ -345,6 +345,7 @@ void MpiGroup::comm_loop() {
       active_c_ = op->c;
       active_start_ = t0;
     }
+    op->work->t_start = std::chrono::duration<double>(t0.time_since_epoch()).count();
     std::string err;
     try {
       if (!failed_.empty())

@@ -2,6 +2,7 @@
 // (internal to sharding/comm).
 #pragma once
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -42,11 +43,16 @@ struct WorkState {
   std::string error;  // non-empty: the collective failed
   uint64_t seq = 0;
   std::shared_ptr<StatsBlock> stats;
+  // When the backend started and finished executing it (steady clock, seconds; 0 = unknown).
+  double t_start = 0, t_done = 0;
 
   void complete(std::string err) {
     {
       std::lock_guard<std::mutex> l(mu);
       error = std::move(err);
+      t_done = std::chrono::duration<double>(
+                   std::chrono::steady_clock::now().time_since_epoch()).count();
+      if (t_start == 0) t_start = t_done;
       done.store(true, std::memory_order_release);
     }
     cv.notify_all();

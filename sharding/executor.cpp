@@ -1,0 +1,406 @@
+// The executor: runs a StepPlan's actions in order (sharding/step_plan.h). On the CPU backend
+// the compute queue is this thread, the gather and reduce queues are the groups' communication
+// threads (one ordered sequence of collectives per group), and an event is a collective's Work:
+// a WaitGather blocks on the Gather's Work, the reduce queue is completed in order by
+// progress(), which polls after every backward call and blocks at WaitReduce. A CUDA build
+// maps the same queues to streams and the waits to cudaStreamWaitEvent (docs/ARCHITECTURE.md).
+//
+// The plan is a prediction made from declared sizes; the executor still checks the state it
+// acts on (a gather already in flight is not issued twice, a checkpoint drops what the Saved
+// really holds), so a plan built for a state the model is not in (the first step has no
+// prefetch from a previous optimizer) stays correct.
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "sharding/sharded_model_impl.h"
+
+namespace sw {
+
+int64_t count_targets(const Batch& b) {
+  int64_t n = 0;
+  const int64_t N = static_cast<int64_t>(b.B) * b.T;
+  for (int64_t i = 0; i < N; ++i) n += b.targets[i] >= 0;
+  return n;
+}
+
+void ShardedModel::Impl::ensure_pingpong(size_t n) {
+  for (Buffer& b : dbuf)
+    if (b.bytes() < n * sizeof(float)) b = Buffer(n * sizeof(float), Mem::Workspace, ops->device());
+}
+
+void ShardedModel::Impl::free_activations() {
+  for (Buffer& a : acts) a.release();
+  for (Saved& s : saved) s.clear();
+  std::fill(recompute.begin(), recompute.end(), CheckpointMode::Off);
+}
+
+// ---- Plans -----------------------------------------------------------------------------------
+
+const StepPlan& ShardedModel::Impl::plan_for(const Model& model, const Batch& batch,
+                                             SegmentKind kind, bool reduce) {
+  std::string key = std::to_string(static_cast<int>(kind)) + (reduce ? "r" : "n") + ":" +
+                    std::to_string(batch.B) + "x" + std::to_string(batch.T) + ":";
+  std::vector<bool> carried(units.size());
+  for (size_t u = 0; u < units.size(); ++u) {
+    carried[u] = units[u]->gather_in_flight() || units[u]->holds_gathered();
+    key += carried[u] ? '1' : '0';
+  }
+  auto it = plans.find(key);
+  if (it != plans.end()) return it->second;
+  PlanInput in = plan_in;
+  in.B = batch.B, in.T = batch.T;
+  in.carried = std::move(carried);
+  StepPlan p = kind == SegmentKind::Eval ? plan_eval(in) : plan_micro_step(in, 0, reduce);
+  (void)model;
+  return plans.emplace(std::move(key), std::move(p)).first->second;
+}
+
+// ---- Running ---------------------------------------------------------------------------------
+
+void ShardedModel::Impl::run(Model& model, const StepPlan& plan, ExecState& st) {
+  if (recorder) ++recorder->segments;
+  for (int i = 0; i < static_cast<int>(plan.actions.size()); ++i) {
+    if (exec_delay_us > 0) {  // tests: expose a missing wait by perturbing every queue's timing
+      delay_state = delay_state * 6364136223846793005ULL + 1442695040888963407ULL;
+      std::this_thread::sleep_for(std::chrono::microseconds(
+          static_cast<int64_t>((delay_state >> 33) % static_cast<uint64_t>(exec_delay_us + 1))));
+    }
+    run_action(model, plan, i, st);
+  }
+}
+
+void ShardedModel::Impl::record(const StepPlan& plan, int i, double t0, double t1) {
+  const Action& a = plan.actions[static_cast<size_t>(i)];
+  ActionRecord r;
+  r.action = i;
+  r.segment = recorder->segments - 1;
+  r.kind = a.kind;
+  r.queue = a.queue;
+  r.unit = a.unit;
+  r.call = a.call;
+  r.micro = a.micro;
+  r.bytes = a.bytes;
+  r.t_begin = t0;
+  r.t_end = t1;
+  recorder->records.push_back(r);
+}
+
+void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, ExecState& st) {
+  const Action& a = plan.actions[static_cast<size_t>(i)];
+  const double t0 = recorder ? trace_clock() : 0;
+  FlatUnit* fu = a.unit >= 0 ? units[static_cast<size_t>(a.unit)].get() : nullptr;
+  const Batch& batch = *st.batch;
+  const size_t P = model.schedule.size();
+  const size_t p = a.pos >= 0 ? static_cast<size_t>(a.pos) : 0;
+  switch (a.kind) {
+    case ActionKind::Gather: {
+      const bool was = fu->gather_in_flight() || fu->sharded_state() == ShardedState::Unsharded;
+      issue(*fu);
+      if (recorder && !was) {  // the collective's execution interval is filled in at its wait
+        record(plan, i, t0, t0);
+        recorder->records.back().t_end = -1;
+      }
+      return;
+    }
+    case ActionKind::WaitGather:
+    case ActionKind::Regather: {
+      if (a.kind == ActionKind::Regather) {
+        fu->issue_regather();
+        if (recorder) record(plan, i, t0, trace_clock());
+        return;
+      }
+      fu->wait_unshard();
+      if (recorder) {
+        const double t1 = trace_clock();
+        // The Gather's record gets the collective's real execution interval.
+        const Work& w = fu->gather_work();
+        for (auto r = recorder->records.rbegin(); r != recorder->records.rend(); ++r)
+          if (r->kind == ActionKind::Gather && r->unit == a.unit && r->t_end < 0) {
+            if (w.started_at() > 0) r->t_begin = std::max(r->t_begin, w.started_at());
+            r->t_end = w.done_at() > 0 ? w.done_at() : t1;
+            break;
+          }
+        record(plan, i, t0, t1);
+      }
+      return;
+    }
+    case ActionKind::Forward: {
+      const int pos = a.pos;
+      if (st.training) fu->to_forward();
+      // The loss call may compute the head's gradients during forward (models/unit.h): its
+      // unit gets its gradient buffer now (backward starts with it anyway).
+      if (st.training && p + 1 == P) fu->ensure_grads();
+      float* y = nullptr;  // the last call (the loss) writes no y
+      const size_t n = static_cast<size_t>(batch.B) * batch.T * model.d_model();
+      if (p + 1 < P) {
+        if (st.training) {
+          Buffer& next = acts[p + 1];
+          if (next.bytes() != n * sizeof(float))
+            next = Buffer(n * sizeof(float), Mem::Activations, ops->device());
+          y = next.f32();
+        } else {
+          y = dbuf[p % 2].f32();
+        }
+      }
+      UnitCtx ctx = ctx_for(*fu, batch, pos, st.training);
+      ctx.grad_scale = st.scale;
+      ctx.logits = st.logits;
+      scratch.reset();
+      fu->unit()->forward(ctx, model.schedule[p].call, st.x, y);
+      st.loss_sum += ctx.loss_sum;
+      st.loss_count += ctx.loss_count;
+      if (!st.training) saved[p].clear();
+      st.x = y;
+      break;
+    }
+    case ActionKind::DropSaved:
+      recompute[p] = checkpoint(model, p);
+      break;
+    case ActionKind::Recompute:
+      if (recompute[p] != CheckpointMode::Off) {
+        rebuild(model, batch, p, st.scale);
+        recompute[p] = CheckpointMode::Off;
+      }
+      break;
+    case ActionKind::Backward: {
+      progress(false);  // reductions issued after the previous call may have completed
+      fu->to_pre_backward();
+      fu->ensure_grads();
+      float* dx = p > 0 ? dbuf[st.cur].f32() : nullptr;
+      UnitCtx ctx = ctx_for(*fu, batch, a.pos, true);
+      ctx.grad_scale = st.scale;
+      scratch.reset();
+      fu->unit()->backward(ctx, model.schedule[p].call, p > 0 ? acts[p].f32() : nullptr, st.dy, dx);
+      fu->mark_dirty();
+      acts[p].release();  // this call's activations are no longer needed
+      saved[p].clear();
+      if (a.pos == fu->first_pos) fu->to_post_backward();  // the unit's last backward call
+      st.dy = dx;
+      st.cur ^= 1;
+      break;
+    }
+    case ActionKind::Free:
+      fu->reshard();
+      break;
+    case ActionKind::ReduceScatter: {
+      PendingReduction r;
+      r.action = i, r.kind = a.kind, r.unit = a.unit, r.issued = true, r.t_issue = t0;
+      r.finishes = R == 1;
+      r.work = fu->issue_reduce_scatter(R);
+      pending.push_back(std::move(r));
+      return;  // recorded when it completes (progress)
+    }
+    case ActionKind::AllReduce: {
+      if (a.bucket >= 0) {
+        issue_bucket(a.bucket, i);
+      } else {  // HYBRID: issued by progress() once the reduce-scatter before it completed
+        PendingReduction r;
+        r.action = i, r.kind = a.kind, r.unit = a.unit;
+        pending.push_back(std::move(r));
+      }
+      return;
+    }
+    case ActionKind::RoundGrads:
+      fu->round_grads();  // where N ranks would narrow them to reduce_dtype
+      fu->reduced_in_place();
+      break;
+    case ActionKind::WaitReduce:
+      sync_grads();
+      break;
+    case ActionKind::OptimizerUpdate:
+      update_unit(*fu, st);
+      break;
+    case ActionKind::Fetch:
+    case ActionKind::Evict:
+    case ActionKind::Count:
+      SW_CHECK(false, std::string("the executor cannot run ") + action_kind_name(a.kind) +
+                          " in this segment");
+  }
+  if (recorder) record(plan, i, t0, trace_clock());
+}
+
+// ---- Reductions ------------------------------------------------------------------------------
+
+void ShardedModel::Impl::issue_bucket(int bi, int action) {
+  const PlanBucket& b = plan_in.buckets[static_cast<size_t>(bi)];
+  float* p = bucket_buf.f32() + b.lo;
+  const DType rdt = policy.mixed_precision.reduce_dtype;
+  ReduceOp op = ReduceOp::Avg;
+  if (rdt != DType::F32) {  // divide, then sum in 16 bits (FlatUnit::issue_reduce_scatter)
+    ops->scale(p, 1.f / static_cast<float>(R), static_cast<size_t>(b.hi - b.lo));
+    narrow_in_place(rdt, p, b.hi - b.lo);  // reduce_dtype values at the front of the range
+    op = ReduceOp::Sum;
+  }
+  PendingReduction r;
+  r.action = action, r.kind = ActionKind::AllReduce, r.bucket = bi, r.issued = true;
+  r.t_issue = recorder ? trace_clock() : 0;
+  r.work = rep->issue_all_reduce(p, p, b.hi - b.lo, op, rdt);
+  pending.push_back(std::move(r));
+}
+
+void ShardedModel::Impl::progress(bool block) {
+  while (!pending.empty()) {
+    PendingReduction& r = pending.front();
+    if (!r.issued) {  // HYBRID: the reduce-scatter it waits for has completed
+      FlatUnit& fu = *units[static_cast<size_t>(r.unit)];
+      void* blk = fu.reduced_block();
+      r.t_issue = recorder ? trace_clock() : 0;
+      r.work = rep->issue_all_reduce(
+          blk, blk, fu.shard_size(),
+          fu.reduce_dtype() == DType::F32 ? ReduceOp::Avg : ReduceOp::Sum,  // divided before
+          fu.reduce_dtype());
+      r.issued = true;
+    }
+    if (!block && !r.work.test()) break;
+    PendingReduction done = std::move(r);
+    pending.pop_front();
+    done.work.wait();
+    if (done.bucket >= 0) {
+      const PlanBucket& b = plan_in.buckets[static_cast<size_t>(done.bucket)];
+      widen_in_place(policy.mixed_precision.reduce_dtype, bucket_buf.f32() + b.lo, b.hi - b.lo);
+      for (int u : b.members) units[static_cast<size_t>(u)]->reduced_in_place();
+    } else if (done.finishes) {
+      units[static_cast<size_t>(done.unit)]->accumulate_reduced();
+    }
+    if (recorder && done.action >= 0) {
+      ActionRecord rec;
+      rec.action = done.action;
+      rec.segment = recorder->segments - 1;
+      rec.kind = done.kind;
+      rec.queue = Queue::Reduce;
+      rec.unit = done.unit;
+      rec.t_begin = done.work.started_at() > 0 ? done.work.started_at() : done.t_issue;
+      rec.t_end = done.work.done_at() > 0 ? done.work.done_at() : trace_clock();
+      recorder->records.push_back(rec);
+    }
+  }
+}
+
+void ShardedModel::Impl::reduce_unit_now(FlatUnit& fu) {
+  switch (fu.kind()) {
+    case FlatUnit::Kind::Sharded:
+    case FlatUnit::Kind::FullReplicated: {
+      PendingReduction r;
+      r.kind = ActionKind::ReduceScatter, r.unit = fu.index(), r.issued = true;
+      r.finishes = R == 1;
+      r.work = fu.issue_reduce_scatter(R);
+      pending.push_back(std::move(r));
+      if (R > 1) {
+        PendingReduction ar;
+        ar.kind = ActionKind::AllReduce, ar.unit = fu.index();
+        pending.push_back(std::move(ar));
+      }
+      break;
+    }
+    case FlatUnit::Kind::Whole:
+      if (R == 1) {
+        fu.round_grads();
+        fu.reduced_in_place();
+      } else {
+        issue_bucket(plan_in.units[static_cast<size_t>(fu.index())].bucket, -1);
+      }
+      break;
+  }
+}
+
+void ShardedModel::Impl::sync_grads() {
+  progress(true);
+  std::vector<FlatUnit*> order;
+  for (auto& u : units) order.push_back(u.get());
+  std::stable_sort(order.begin(), order.end(),
+                   [](FlatUnit* a, FlatUnit* b) { return a->first_pos > b->first_pos; });
+  std::vector<bool> bucket_done(plan_in.buckets.size());
+  for (FlatUnit* fu : order) {
+    if (!fu->grads_dirty()) continue;
+    if (fu->kind() == FlatUnit::Kind::Whole && R > 1) {
+      const int b = plan_in.units[static_cast<size_t>(fu->index())].bucket;
+      if (bucket_done[static_cast<size_t>(b)]) continue;
+      bucket_done[static_cast<size_t>(b)] = true;
+    }
+    reduce_unit_now(*fu);
+  }
+  progress(true);
+}
+
+void ShardedModel::Impl::quiesce() noexcept {
+  for (PendingReduction& p : pending) {
+    try {
+      p.work.wait();
+    } catch (...) {
+    }
+  }
+  pending.clear();
+  for (auto& u : units) u->quiesce();
+}
+
+void ShardedModel::Impl::abandon_step() {
+  quiesce();
+  free_activations();
+  for (auto& u : units) {
+    u->reshard();
+    u->to_idle();
+  }
+}
+
+// ---- Activation checkpointing ----------------------------------------------------------------
+
+// After the training forward of position p: frees what the policy drops of its Saved and
+// returns how backward must rebuild it (Off: nothing dropped). The loss call (the last
+// position) is never checkpointed: its forward may already have produced gradients.
+CheckpointMode ShardedModel::Impl::checkpoint(const Model& m, size_t p) {
+  if (p + 1 == m.schedule.size()) return CheckpointMode::Off;
+  const int u = m.schedule[p].unit;
+  CheckpointMode mode = policy.activation_checkpointing.mode_for(u);
+  if (mode == CheckpointMode::Selective && !m.units[static_cast<size_t>(u)]->selective_recompute())
+    mode = CheckpointMode::Full;
+  Saved& s = saved[p];
+  switch (mode) {
+    case CheckpointMode::Off:
+      break;
+    case CheckpointMode::Full:
+      if (s.bytes() == 0) return CheckpointMode::Off;
+      s.clear();
+      break;
+    case CheckpointMode::Selective:
+      if (s.drop_cheap() == 0) return CheckpointMode::Off;
+      break;
+  }
+  return mode;
+}
+
+// Before the backward of position q (parameters gathered): refills the call's Saved from its
+// kept input, with the same parameters and batch as forward and no gradient buffers. Full:
+// forward runs again (its output goes to scratch and is dropped); Selective: the unit's
+// recompute_cheap rebuilds the buffers it dropped.
+void ShardedModel::Impl::rebuild(Model& model, const Batch& batch, size_t q, float scale) {
+  FlatUnit& fu = unit_at(model, q);
+  UnitCtx ctx = ctx_for(fu, batch, static_cast<int>(q), true);
+  ctx.grads = nullptr;
+  ctx.grad_scale = scale;
+  scratch.reset();
+  const int call = model.schedule[q].call;
+  const float* x = q > 0 ? acts[q].f32() : nullptr;
+  if (recompute[q] == CheckpointMode::Selective) {
+    fu.unit()->recompute_cheap(ctx, call, x);
+    return;
+  }
+  float* y = scratch.f32(static_cast<size_t>(batch.B) * batch.T * model.d_model());
+  fu.unit()->forward(ctx, call, x, y);
+}
+
+UnitCtx ShardedModel::Impl::ctx_for(FlatUnit& fu, const Batch& batch, int pos, bool training) {
+  UnitCtx ctx;
+  ctx.ops = compute_ops;
+  ctx.batch = &batch;
+  ctx.params = &fu.params();
+  ctx.grads = &fu.grads();
+  ctx.saved = &saved[static_cast<size_t>(pos)];
+  ctx.scratch = &scratch;
+  ctx.training = training;
+  return ctx;
+}
+
+}  // namespace sw

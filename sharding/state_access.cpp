@@ -1,0 +1,120 @@
+// Checkpoint access to a ShardedModel's flat state (sharded_model.h, "Checkpoint access"):
+// which ranges a rank owns and holds, and copies in and out of them.
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "sharding/sharded_model_impl.h"
+
+namespace sw {
+
+namespace {
+
+FlatRange clip_used(Range r, int64_t used) { return {std::min(r.lo, used), std::min(r.hi, used)}; }
+
+}  // namespace
+
+int ShardedModel::num_units() const { return static_cast<int>(impl_->units.size()); }
+
+const FlatLayout& ShardedModel::unit_layout(int u) const {
+  SW_CHECK(u >= 0 && u < num_units(), "unit index out of range");
+  return impl_->units[static_cast<size_t>(u)]->layout();
+}
+
+std::string ShardedModel::unit_name(int u) const {
+  SW_CHECK(u >= 0 && u < num_units(), "unit index out of range");
+  return impl_->units[static_cast<size_t>(u)]->unit()->name();
+}
+
+FlatRange ShardedModel::owned_range(int u) const {
+  const Impl& I = *impl_;
+  const FlatUnit& fu = *I.units[static_cast<size_t>(u)];
+  const FlatRange s = clip_used(fu.shard_range(), fu.layout().used);
+  // Replica q of R holding this shard writes the q-th of R even parts.
+  const int64_t q = I.world->rank() / I.S, R = I.R, n = s.size();
+  return {s.lo + n * q / R, s.lo + n * (q + 1) / R};
+}
+
+FlatRange ShardedModel::held_range(int u, StateKind k) const {
+  const FlatUnit& fu = *impl_->units[static_cast<size_t>(u)];
+  const int64_t used = fu.layout().used;
+  if (fu.kind() == FlatUnit::Kind::Whole ||
+      (fu.kind() == FlatUnit::Kind::FullReplicated && k == StateKind::Master))
+    return {0, used};
+  return clip_used(fu.shard_range(), used);
+}
+
+namespace {
+
+// Pointer to flat index `lo` of kind k's storage (index-shifted so [held] is addressable).
+float* state_base(FlatUnit& fu, ShardedModel::StateKind k) {
+  const Range sh = fu.shard_range();
+  switch (k) {
+    case ShardedModel::StateKind::Master:
+      // Whole and stage 1 keep the full buffer (the master is a view into it), unless mixed
+      // precision split the fp32 master off (the full buffer is then the rounded compute copy).
+      return fu.kind() == FlatUnit::Kind::Sharded || fu.split_master() ? fu.master() - sh.lo
+                                                                       : fu.full();
+    case ShardedModel::StateKind::ExpAvg:
+      return fu.adam_m() - (fu.kind() == FlatUnit::Kind::Whole ? 0 : sh.lo);
+    case ShardedModel::StateKind::ExpAvgSq:
+      return fu.adam_v() - (fu.kind() == FlatUnit::Kind::Whole ? 0 : sh.lo);
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+const float* ShardedModel::state_view(int u, StateKind k, FlatRange r) const {
+  Impl& I = *impl_;
+  SW_CHECK(I.ops->device().is_cpu(), "checkpoint state access reads host memory");
+  FlatUnit& fu = *I.units[static_cast<size_t>(u)];
+  const FlatRange h = held_range(u, k);
+  SW_CHECK(r.lo >= h.lo && r.hi <= h.hi, "state_view outside the held range");
+  // Stage 1: the slices of other ranks arrive with the regather issued after the update.
+  if (!r.empty() && fu.kind() == FlatUnit::Kind::FullReplicated && k == StateKind::Master)
+    fu.wait_unshard();
+  // A split fp32 master exists for this rank's shard only (what owned_range asks for).
+  if (!r.empty() && fu.split_master() && k == StateKind::Master) {
+    const Range sh = fu.shard_range();
+    SW_CHECK(r.lo >= sh.lo && r.hi <= sh.hi, "state_view: the fp32 master outside the shard");
+  }
+  return state_base(fu, k) + r.lo;
+}
+
+void ShardedModel::read_state(int u, StateKind k, FlatRange r, float* dst) const {
+  if (r.empty()) return;
+  std::memcpy(dst, state_view(u, k, r), static_cast<size_t>(r.size()) * sizeof(float));
+}
+
+void ShardedModel::write_state(int u, StateKind k, FlatRange r, const float* src) {
+  Impl& I = *impl_;
+  SW_CHECK(I.ops->device().is_cpu(), "checkpoint state access writes host memory");
+  FlatUnit& fu = *I.units[static_cast<size_t>(u)];
+  const FlatRange h = held_range(u, k);
+  SW_CHECK(r.lo >= h.lo && r.hi <= h.hi, "write_state outside the held range");
+  if (r.empty()) return;
+  if (k == StateKind::Master) {
+    release_full_params();
+    if (fu.persistent()) fu.wait_unshard();  // a regather in flight would overwrite the data
+    if (fu.kind() == FlatUnit::Kind::Sharded && fu.holds_gathered()) {  // stale after this
+      fu.wait_unshard();
+      fu.reshard();
+    }
+  }
+  if (k == StateKind::Master && fu.split_master()) {
+    // Mixed precision with a persistent full buffer: the fp32 master takes the part inside
+    // this rank's shard, the compute copy the rounding of all of it.
+    const Range sh = fu.shard_range();
+    const Range in = intersect({r.lo, r.hi}, sh);
+    if (!in.empty())
+      std::memcpy(fu.master() + (in.lo - sh.lo), src + (in.lo - r.lo),
+                  static_cast<size_t>(in.hi - in.lo) * sizeof(float));
+    std::memcpy(fu.full() + r.lo, src, static_cast<size_t>(r.size()) * sizeof(float));
+    fu.round_compute(r.lo, r.size());
+    return;
+  }
+  std::memcpy(state_base(fu, k) + r.lo, src, static_cast<size_t>(r.size()) * sizeof(float));
+}
+
+}  // namespace sw

@@ -1,0 +1,506 @@
+// Plan construction: a symbolic walk of the schedule over each unit's state (sharded, gather in
+// flight, unsharded), making the same decisions the engine used to take inline (prefetch depth
+// and max_live_units, reshard_after_forward, the tied unit kept from its first call to its
+// last, accumulation modes, buckets, HYBRID's two-level reduction, checkpointing, the
+// optimizer's prefetch of the next step) and writing each one down as an action.
+#include "sharding/step_plan.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "core/error.h"
+#include "sharding/flat_param.h"
+
+namespace sw {
+
+const char* queue_name(Queue q) {
+  static const char* n[] = {"compute", "gather", "reduce", "io"};
+  return q < Queue::Count ? n[static_cast<size_t>(q)] : "?";
+}
+
+const char* action_kind_name(ActionKind k) {
+  static const char* n[] = {"gather",      "wait_gather", "forward",        "drop_saved",
+                            "recompute",   "backward",    "free",           "reduce_scatter",
+                            "all_reduce",  "round_grads", "wait_reduce",    "optimizer_update",
+                            "regather",    "fetch",       "evict"};
+  return k < ActionKind::Count ? n[static_cast<size_t>(k)] : "?";
+}
+
+double trace_clock() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+PlanInput make_plan_input(const Model& model, const ShardingPolicy& policy, int world) {
+  PlanInput in;
+  in.policy = policy;
+  in.W = world;
+  switch (policy.strategy) {
+    case ShardingStrategy::NoShard:
+      in.S = 1;
+      break;
+    case ShardingStrategy::HybridShard:
+      in.S = policy.shard_group_size > 0 ? policy.shard_group_size : world;
+      if (in.S < 1 || world % in.S != 0)
+        fail("sharding", "shard_group_size (" + std::to_string(in.S) +
+                             ") must divide the world size (" + std::to_string(world) + ")");
+      break;
+    default:
+      in.S = world;
+  }
+  in.R = world / in.S;
+  in.kind = in.S == 1                                              ? UnitKind::Whole
+            : policy.strategy == ShardingStrategy::ShardOptimizer ? UnitKind::FullReplicated
+                                                                  : UnitKind::Sharded;
+  in.schedule = model.schedule;
+  in.d_model = model.d_model();
+  const size_t U = model.units.size();
+  in.units.resize(U);
+  for (size_t u = 0; u < U; ++u) {
+    PlanUnit& pu = in.units[u];
+    pu.name = model.units[u]->name();
+    pu.padded = FlatLayout::build(model.units[u]->params(), in.S).padded;
+    pu.selective = model.units[u]->selective_recompute();
+  }
+  for (size_t p = 0; p < model.schedule.size(); ++p) {
+    const Call& c = model.schedule[p];
+    if (c.unit < 0 || c.unit >= static_cast<int>(U))
+      fail("sharded_model", "schedule entry " + std::to_string(p) + " names unit " +
+                                std::to_string(c.unit) + " of " + std::to_string(U));
+    const Unit* unit = model.units[static_cast<size_t>(c.unit)].get();
+    if (c.call < 0 || c.call >= unit->num_calls())
+      fail("sharded_model", "schedule entry " + std::to_string(p) + " runs call " +
+                                std::to_string(c.call) + " of unit '" + unit->name() +
+                                "', which has " + std::to_string(unit->num_calls()));
+    PlanUnit& pu = in.units[static_cast<size_t>(c.unit)];
+    if (pu.first_pos < 0) pu.first_pos = static_cast<int>(p);
+    pu.last_pos = static_cast<int>(p);
+  }
+  // NO_SHARD buckets: units in backward-completion order (descending first position), cut
+  // once a bucket reaches bucket_bytes.
+  if (in.kind == UnitKind::Whole && in.R > 1) {
+    std::vector<int> order(U);
+    for (size_t u = 0; u < U; ++u) order[u] = static_cast<int>(u);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+      return in.units[size_t(a)].first_pos > in.units[size_t(b)].first_pos;
+    });
+    int64_t off = 0;
+    for (int u : order) {
+      if (in.buckets.empty() ||
+          (in.buckets.back().hi - in.buckets.back().lo) * 4 >= policy.bucket_bytes)
+        in.buckets.push_back({off, off, {}});
+      PlanBucket& b = in.buckets.back();
+      off += in.units[size_t(u)].padded;
+      b.hi = off;
+      b.members.push_back(u);
+      in.units[size_t(u)].bucket = static_cast<int>(in.buckets.size() - 1);
+    }
+  }
+  return in;
+}
+
+namespace {
+
+constexpr size_t kComm = static_cast<size_t>(Mem::Communication);
+constexpr size_t kAct = static_cast<size_t>(Mem::Activations);
+
+// The symbolic state of a walk over the schedule.
+class Builder {
+ public:
+  explicit Builder(const PlanInput& in) : in_(in) {
+    const size_t U = in.units.size();
+    st_.assign(U, St::Unsharded);
+    gather_at_.assign(U, -1);
+    has_grads_.assign(U, in.kind != UnitKind::Sharded);
+    if (in.kind == UnitKind::Sharded) st_.assign(U, St::Sharded);
+    for (size_t u = 0; u < U && u < in.carried.size(); ++u)
+      if (in.carried[u] && in.kind != UnitKind::Whole) st_[u] = St::InFlight;
+    recompute_.assign(in.schedule.size(), CheckpointMode::Off);
+    ready_.assign(in.buckets.size(), 0);
+    plan_.W = in.W, plan_.S = in.S, plan_.R = in.R, plan_.kind = in.kind;
+    for (const PlanUnit& u : in.units) plan_.unit_names.push_back(u.name);
+    plan_.activations_known = !in.calls.empty();
+    for (const CallMemory& c : in.calls) plan_.activations_known &= c.known;
+    fill_persistent();
+  }
+
+  StepPlan take() { return std::move(plan_); }
+  const std::vector<bool> in_flight() const {
+    std::vector<bool> f(st_.size());
+    for (size_t u = 0; u < st_.size(); ++u) f[u] = st_[u] == St::InFlight;
+    return f;
+  }
+
+  void micro_step(int micro, bool reduce) {
+    micro_ = micro;
+    const int b = static_cast<int>(plan_.actions.size());
+    forward(true);
+    backward(reduce);
+    plan_.segments.push_back({SegmentKind::MicroStep, micro, reduce, b,
+                              static_cast<int>(plan_.actions.size())});
+  }
+
+  void eval() {
+    const int b = static_cast<int>(plan_.actions.size());
+    forward(false);
+    plan_.segments.push_back(
+        {SegmentKind::Eval, 0, false, b, static_cast<int>(plan_.actions.size())});
+  }
+
+  void optimizer() {
+    micro_ = in_.accum - 1;
+    const int b = static_cast<int>(plan_.actions.size());
+    for (size_t u = 0; u < in_.units.size(); ++u) {
+      const int ui = static_cast<int>(u);
+      if (in_.kind == UnitKind::FullReplicated) wait(ui);  // a previous regather
+      if (in_.kind == UnitKind::Sharded && st_[u] != St::Sharded) {  // a stale prefetch
+        wait(ui);
+        free(ui);
+      }
+      add(ActionKind::OptimizerUpdate, Queue::Compute, ui);
+      if (in_.kind == UnitKind::FullReplicated) {
+        Action& a = add(ActionKind::Regather, Queue::Gather, ui);
+        a.bytes = in_.units[u].padded * static_cast<int64_t>(dtype_size(pdt()));
+        st_[u] = St::InFlight;
+        gather_at_[u] = static_cast<int>(plan_.actions.size()) - 1;
+      }
+      // The units the next forward starts with are gathered while later updates run.
+      const PlanUnit& pu = in_.units[u];
+      if (in_.kind == UnitKind::Sharded && pu.first_pos >= 0 &&
+          pu.first_pos < in_.policy.forward_prefetch)
+        issue(ui);
+    }
+    plan_.segments.push_back({SegmentKind::Optimizer, micro_, false, b,
+                              static_cast<int>(plan_.actions.size())});
+  }
+
+ private:
+  enum class St : uint8_t { Sharded, InFlight, Unsharded };
+
+  DType pdt() const { return in_.policy.mixed_precision.param_dtype; }
+  DType rdt() const { return in_.policy.mixed_precision.reduce_dtype; }
+  int64_t act_bytes() const { return int64_t{4} * in_.B * in_.T * in_.d_model; }
+  int64_t fbytes(int u) const { return in_.units[size_t(u)].padded * 4; }
+  const CallMemory* call_mem(int pos) const {
+    return pos < static_cast<int>(in_.calls.size()) ? &in_.calls[size_t(pos)] : nullptr;
+  }
+
+  Action& add(ActionKind k, Queue q, int unit = -1, int pos = -1) {
+    Action a;
+    a.kind = k;
+    a.queue = q;
+    a.unit = unit;
+    a.pos = pos;
+    if (pos >= 0) a.call = in_.schedule[size_t(pos)].call;
+    a.micro = micro_;
+    plan_.actions.push_back(std::move(a));
+    return plan_.actions.back();
+  }
+
+  int live() const {
+    int n = 0;
+    if (in_.kind == UnitKind::Sharded)
+      for (St s : st_) n += s != St::Sharded;
+    return n;
+  }
+
+  // FlatUnit::issue_unshard: a Sharded unit allocates its full buffer and gathers into it.
+  void issue(int u) {
+    if (st_[size_t(u)] != St::Sharded) return;
+    Action& a = add(ActionKind::Gather, Queue::Gather, u);
+    a.bytes = in_.units[size_t(u)].padded * static_cast<int64_t>(dtype_size(pdt()));
+    a.mem[kComm] = fbytes(u);
+    st_[size_t(u)] = St::InFlight;
+    gather_at_[size_t(u)] = static_cast<int>(plan_.actions.size()) - 1;
+  }
+
+  void prefetch(int pos, int depth, int dir) {
+    const int P = static_cast<int>(in_.schedule.size());
+    for (int k = 1; k <= depth; ++k) {
+      const int p = pos + dir * k;
+      if (p < 0 || p >= P) break;
+      const int u = in_.schedule[size_t(p)].unit;
+      if (st_[size_t(u)] != St::Sharded) continue;
+      if (in_.policy.max_live_units > 0 && live() >= in_.policy.max_live_units) break;
+      issue(u);
+    }
+  }
+
+  void wait(int u) {
+    if (st_[size_t(u)] == St::Unsharded) return;
+    issue(u);
+    Action& a = add(ActionKind::WaitGather, Queue::Compute, u);
+    if (gather_at_[size_t(u)] >= 0) a.waits.push_back(gather_at_[size_t(u)]);
+    st_[size_t(u)] = St::Unsharded;
+  }
+
+  void free(int u) {
+    if (in_.kind != UnitKind::Sharded || st_[size_t(u)] == St::Sharded) return;
+    Action& a = add(ActionKind::Free, Queue::Compute, u);
+    a.mem[kComm] = -fbytes(u);
+    st_[size_t(u)] = St::Sharded;
+    gather_at_[size_t(u)] = -1;
+  }
+
+  // FlatUnit::ensure_grads: a Sharded unit's unsharded gradients are transient.
+  void ensure_grads(Action& a, int u) {
+    if (has_grads_[size_t(u)]) return;
+    a.mem[kComm] += fbytes(u);
+    has_grads_[size_t(u)] = true;
+  }
+
+  CheckpointMode checkpoint_mode(int p) const {
+    const int P = static_cast<int>(in_.schedule.size());
+    if (p + 1 == P) return CheckpointMode::Off;  // the loss call
+    const int u = in_.schedule[size_t(p)].unit;
+    CheckpointMode m = in_.policy.activation_checkpointing.mode_for(u);
+    if (m == CheckpointMode::Selective && !in_.units[size_t(u)].selective) m = CheckpointMode::Full;
+    const CallMemory* cm = call_mem(p);
+    if (cm && cm->known) {  // nothing to drop: nothing to rebuild
+      if (m == CheckpointMode::Full && cm->saved == 0) m = CheckpointMode::Off;
+      if (m == CheckpointMode::Selective && cm->saved_cheap == 0) m = CheckpointMode::Off;
+    }
+    return m;
+  }
+
+  void forward(bool training) {
+    const int P = static_cast<int>(in_.schedule.size());
+    for (int p = 0; p < P; ++p) {
+      const int u = in_.schedule[size_t(p)].unit;
+      const PlanUnit& pu = in_.units[size_t(u)];
+      issue(u);
+      prefetch(p, in_.policy.forward_prefetch, +1);
+      wait(u);
+      Action& a = add(ActionKind::Forward, Queue::Compute, u, p);
+      const CallMemory* cm = call_mem(p);
+      if (training) {
+        if (p + 1 == P) ensure_grads(a, u);  // the loss call may produce the head's gradients
+        if (p + 1 < P) a.mem[kAct] += act_bytes();
+        if (cm) a.mem[kAct] += cm->saved;
+        const CheckpointMode m = checkpoint_mode(p);
+        if (m != CheckpointMode::Off) {
+          Action& d = add(ActionKind::DropSaved, Queue::Compute, u, p);
+          d.mode = m;
+          if (cm) d.mem[kAct] = -(m == CheckpointMode::Full ? cm->saved : cm->saved_cheap);
+          recompute_[size_t(p)] = m;
+        }
+      }
+      if (p == pu.last_pos && (!training || (in_.policy.reshard_after_forward && pu.last_pos + 1 != P)))
+        free(u);
+    }
+  }
+
+  void backward(bool reduce) {
+    const int P = static_cast<int>(in_.schedule.size());
+    for (int q = P - 1; q >= 0; --q) {
+      const int u = in_.schedule[size_t(q)].unit;
+      const PlanUnit& pu = in_.units[size_t(u)];
+      const CallMemory* cm = call_mem(q);
+      issue(u);
+      prefetch(q, in_.policy.backward_prefetch, -1);
+      wait(u);
+      if (recompute_[size_t(q)] != CheckpointMode::Off) {
+        Action& r = add(ActionKind::Recompute, Queue::Compute, u, q);
+        r.mode = recompute_[size_t(q)];
+        if (cm) r.mem[kAct] = r.mode == CheckpointMode::Full ? cm->saved : cm->saved_cheap;
+        recompute_[size_t(q)] = CheckpointMode::Off;
+      }
+      Action& a = add(ActionKind::Backward, Queue::Compute, u, q);
+      ensure_grads(a, u);
+      if (q > 0) a.mem[kAct] -= act_bytes();
+      if (cm) a.mem[kAct] -= cm->saved;
+      if (q == pu.first_pos) {  // the unit's last backward call
+        free(u);
+        if (reduce) reduce_unit(u);
+      }
+    }
+    if (reduce) {
+      Action& w = add(ActionKind::WaitReduce, Queue::Compute);
+      w.waits = std::move(reductions_);
+      reductions_.clear();
+    }
+  }
+
+  void reduce_unit(int u) {
+    const PlanUnit& pu = in_.units[size_t(u)];
+    const int64_t rb = static_cast<int64_t>(dtype_size(rdt()));
+    switch (in_.kind) {
+      case UnitKind::Sharded:
+      case UnitKind::FullReplicated: {
+        Action& rs = add(ActionKind::ReduceScatter, Queue::Reduce, u);
+        rs.bytes = pu.padded * rb;
+        int last = static_cast<int>(plan_.actions.size()) - 1;
+        if (in_.R > 1) {
+          Action& ar = add(ActionKind::AllReduce, Queue::Reduce, u);
+          ar.bytes = pu.padded / in_.S * rb;
+          ar.waits.push_back(last);
+          last = static_cast<int>(plan_.actions.size()) - 1;
+        }
+        if (in_.kind == UnitKind::Sharded) {  // completion frees the transient gradients
+          plan_.actions[size_t(last)].mem[kComm] -= fbytes(u);
+          has_grads_[size_t(u)] = false;
+        }
+        reductions_.push_back(last);
+        break;
+      }
+      case UnitKind::Whole:
+        if (in_.R == 1) {
+          add(ActionKind::RoundGrads, Queue::Compute, u);
+        } else {
+          const int b = pu.bucket;
+          const PlanBucket& bk = in_.buckets[size_t(b)];
+          if (++ready_[size_t(b)] == static_cast<int>(bk.members.size())) {
+            Action& ar = add(ActionKind::AllReduce, Queue::Reduce);
+            ar.bucket = b;
+            ar.bytes = (bk.hi - bk.lo) * rb;
+            ready_[size_t(b)] = 0;
+            reductions_.push_back(static_cast<int>(plan_.actions.size()) - 1);
+          }
+        }
+        break;
+    }
+  }
+
+  void fill_persistent() {
+    auto add_p = [&](Mem m, int64_t bytes) { plan_.persistent[static_cast<size_t>(m)] += bytes; };
+    const bool mp = pdt() != DType::F32;
+    int64_t max_scratch = 0;
+    for (const CallMemory& c : in_.calls) max_scratch = std::max(max_scratch, c.scratch);
+    for (const PlanUnit& u : in_.units) {
+      const int64_t full = u.padded * 4, shard = full / in_.S;
+      switch (in_.kind) {
+        case UnitKind::Sharded:
+          add_p(Mem::Params, shard);
+          add_p(Mem::Grads, shard);
+          break;
+        case UnitKind::FullReplicated:
+          add_p(Mem::Params, full + (mp ? shard : 0));
+          add_p(Mem::Grads, full + shard);
+          break;
+        case UnitKind::Whole:
+          add_p(Mem::Params, full + (mp ? full : 0));
+          add_p(Mem::Grads, full);  // its own buffer or its region of the bucket buffer
+          break;
+      }
+      add_p(Mem::Optimizer, 2 * shard);
+    }
+    plan_.reserved[static_cast<size_t>(Mem::Workspace)] = max_scratch + 2 * act_bytes();
+  }
+
+  const PlanInput& in_;
+  StepPlan plan_;
+  std::vector<St> st_;
+  std::vector<int> gather_at_;
+  std::vector<bool> has_grads_;
+  std::vector<CheckpointMode> recompute_;
+  std::vector<int> ready_;
+  std::vector<int> reductions_;
+  int micro_ = 0;
+};
+
+}  // namespace
+
+std::vector<bool> optimizer_prefetched(const PlanInput& in) {
+  PlanInput none = in;
+  none.carried.clear();
+  Builder b(none);
+  b.optimizer();
+  return b.in_flight();
+}
+
+StepPlan plan_micro_step(const PlanInput& in, int micro, bool reduce) {
+  Builder b(in);
+  b.micro_step(micro, reduce);
+  return b.take();
+}
+
+StepPlan plan_optimizer(const PlanInput& in) {
+  PlanInput none = in;
+  none.carried.clear();
+  Builder b(none);
+  b.optimizer();
+  return b.take();
+}
+
+StepPlan plan_eval(const PlanInput& in) {
+  Builder b(in);
+  b.eval();
+  return b.take();
+}
+
+StepPlan plan_step(const PlanInput& in) {
+  PlanInput steady = in;
+  if (steady.carried.empty()) steady.carried = optimizer_prefetched(in);
+  Builder b(steady);
+  const bool each = in.policy.accum == GradAccumMode::ReduceEachMicroStep;
+  for (int k = 0; k < in.accum; ++k) b.micro_step(k, each || k + 1 == in.accum);
+  b.optimizer();
+  return b.take();
+}
+
+int StepPlan::peak_gathered_units() const {
+  if (kind != UnitKind::Sharded) return 0;
+  int live = 0, peak = 0;
+  for (const Action& a : actions) {
+    if (a.kind == ActionKind::Gather) peak = std::max(peak, ++live);
+    if (a.kind == ActionKind::Free) --live;
+  }
+  return peak;
+}
+
+namespace {
+std::string mib(int64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%+.2f MiB", static_cast<double>(b) / (1 << 20));
+  return buf;
+}
+}  // namespace
+
+std::string StepPlan::str() const {
+  static const char* kinds[] = {"FULL_SHARDED", "FULL_REPLICATED", "WHOLE"};
+  std::string s = "step plan: world " + std::to_string(W) + " (shard group " + std::to_string(S) +
+                  " x " + std::to_string(R) + " replicas), units " +
+                  kinds[static_cast<size_t>(kind)] + ", " + std::to_string(actions.size()) +
+                  " actions, at most " + std::to_string(peak_gathered_units()) +
+                  " units gathered at once\n";
+  if (!activations_known) s += "  (activation sizes not declared by every unit: not counted)\n";
+  s += "  persistent:";
+  for (size_t c = 0; c < persistent.size(); ++c)
+    if (persistent[c]) s += std::string(" ") + mem_name(static_cast<Mem>(c)) + " " + mib(persistent[c]).substr(1);
+  s += "; reserved:";
+  for (size_t c = 0; c < reserved.size(); ++c)
+    if (reserved[c]) s += std::string(" ") + mem_name(static_cast<Mem>(c)) + " " + mib(reserved[c]).substr(1);
+  s += "\n";
+  static const char* seg[] = {"micro-step", "optimizer", "eval"};
+  size_t next_seg = 0;
+  for (size_t i = 0; i < actions.size(); ++i) {
+    while (next_seg < segments.size() && segments[next_seg].begin == static_cast<int>(i)) {
+      const Segment& g = segments[next_seg++];
+      s += std::string("-- ") + seg[static_cast<size_t>(g.kind)];
+      if (g.kind == SegmentKind::MicroStep)
+        s += " " + std::to_string(g.micro) + (g.reduce ? " (reduces gradients)" : " (accumulates locally)");
+      s += "\n";
+    }
+    const Action& a = actions[i];
+    char head[64];
+    std::snprintf(head, sizeof head, "%5zu %-8s %-16s", i, queue_name(a.queue), action_kind_name(a.kind));
+    s += head;
+    if (a.unit >= 0) s += " " + unit_names[size_t(a.unit)];
+    if (a.bucket >= 0) s += " bucket " + std::to_string(a.bucket);
+    if (a.pos >= 0) s += " pos " + std::to_string(a.pos) + " call " + std::to_string(a.call);
+    if (a.mode != CheckpointMode::Off)
+      s += a.mode == CheckpointMode::Full ? " (full)" : " (selective)";
+    if (a.bytes) s += " moves " + mib(a.bytes).substr(1);
+    for (size_t c = 0; c < a.mem.size(); ++c)
+      if (a.mem[c]) s += std::string(" ") + mem_name(static_cast<Mem>(c)) + " " + mib(a.mem[c]);
+    if (!a.waits.empty()) {
+      s += " waits";
+      for (int w : a.waits) s += " " + std::to_string(w);
+    }
+    s += "\n";
+  }
+  return s;
+}
+
+}  // namespace sw

@@ -1,0 +1,181 @@
+// The step as a plan (docs/ARCHITECTURE.md, "The step plan"). A pure function turns what a
+// step is made of (the model's schedule, the units' flat sizes, the sharding policy, the batch
+// shape and the units' declared activation sizes) into the ordered, typed actions of one
+// training step, each on a queue, with the actions it waits for, the bytes it moves and the
+// bytes it allocates or frees per memory category. The executor (sharding/executor.cpp) runs
+// exactly these actions; the memory planner replays them without running the model; the
+// profiler records each one's begin and end; offload adds Fetch/Evict actions on the io queue.
+//
+// Queues (what a CUDA build maps to streams, docs/ARCHITECTURE.md):
+//   compute  forward, backward, recompute, frees, waits, optimizer updates (the host thread on
+//            the CPU backend; the compute stream on CUDA)
+//   gather   all-gathers of parameters (the shard group's communication thread / stream)
+//   reduce   reduce-scatters and all-reduces of gradients (same thread on the CPU backend,
+//            which keeps one ordered sequence of collectives per group)
+//   io       fetch / evict of offloaded state (placeholders until offload lands)
+// An action on one queue never waits for a later action: waits point backwards in the list.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/alloc.h"
+#include "models/model.h"
+#include "sharding/policy.h"
+
+namespace sw {
+
+enum class Queue : uint8_t { Compute, Gather, Reduce, IO, Count };
+const char* queue_name(Queue q);  // "compute", "gather", "reduce", "io"
+
+enum class ActionKind : uint8_t {
+  Gather,          // gather: all-gather unit u's parameters (allocates its transient buffer)
+  WaitGather,      // compute waits for unit u's gather (the event of the Gather / Regather)
+  Forward,         // compute: position pos's forward (allocates its output and Saved)
+  DropSaved,       // compute: activation checkpointing frees Saved of pos (all, or Cheap)
+  Recompute,       // compute: rebuilds Saved of pos before its backward (Full or Selective)
+  Backward,        // compute: position pos's backward (frees its input and Saved)
+  Free,            // compute: reshard unit u (frees the transient full parameters)
+  ReduceScatter,   // reduce: unit u's gradients over the shard group (Avg)
+  AllReduce,       // reduce: HYBRID: unit u's reduced block over replicas, after its
+                   // ReduceScatter; NO_SHARD: bucket b (every member's backward done)
+  RoundGrads,      // compute: one rank alone rounds unit u's gradients to reduce_dtype
+  WaitReduce,      // compute waits for every reduction issued so far (end of backward)
+  OptimizerUpdate, // compute: AdamW on unit u's shard
+  Regather,        // gather: stage 1, all-gather the updated slices of unit u in place
+  Fetch,           // io: bring unit u's state from its tier (offload; not emitted yet)
+  Evict,           // io: write unit u's state to its tier (offload; not emitted yet)
+  Count
+};
+const char* action_kind_name(ActionKind k);  // "gather", "wait_gather", "forward", ...
+
+// What the planner knows of the memory of one schedule position's call (bytes).
+struct CallMemory {
+  int64_t saved = 0;        // Saved after a training forward
+  int64_t saved_cheap = 0;  // of which Keep::Cheap (dropped under selective checkpointing)
+  int64_t scratch = 0;      // the largest Scratch the call asks for (any of its phases)
+  bool known = false;       // the unit declared it (Unit::declare_activations)
+};
+
+// One unit as the plan sees it.
+struct PlanUnit {
+  std::string name;
+  int64_t padded = 0;  // floats of the flat buffer (a multiple of S * kAlign)
+  int first_pos = -1, last_pos = -1;  // its first and last schedule positions (-1: not run)
+  int bucket = -1;                    // NO_SHARD with replicas: its gradient bucket
+  bool selective = false;  // Unit::selective_recompute(): Selective is not turned into Full
+};
+
+// NO_SHARD with replicas: a contiguous range of the bucket buffer holding whole units'
+// gradients, all-reduced once its last member finished its backward.
+struct PlanBucket {
+  int64_t lo = 0, hi = 0;    // floats
+  std::vector<int> members;  // units, in backward-completion order
+};
+
+// How units keep their parameters (sharding/unit_state.h's FlatUnit::Kind).
+enum class UnitKind : uint8_t { Sharded, FullReplicated, Whole };
+
+// Everything plan_step reads. make_plan_input fills it from a model and a policy for any world
+// size, so `shardwise plan-dump` and the planner see the plan a run of that size executes.
+struct PlanInput {
+  std::vector<Call> schedule;
+  std::vector<PlanUnit> units;
+  std::vector<PlanBucket> buckets;
+  ShardingPolicy policy;
+  int W = 1, S = 1, R = 1;  // world, shard group, replicas (S * R = W)
+  UnitKind kind = UnitKind::Sharded;
+  int B = 0, T = 0, d_model = 0;
+  int accum = 1;  // micro-steps per optimizer step
+  std::vector<CallMemory> calls;  // per schedule position (empty: nothing declared)
+  // Units whose gather is in flight when the plan starts. Empty: the steady state of a
+  // training step (the previous step's optimizer prefetched the first forward_prefetch units).
+  std::vector<bool> carried;
+};
+
+// The flat sizes, groups and buckets of `model` sharded over `world` ranks with `policy` (whose
+// shard_group_size must already be resolved for HYBRID_SHARD; 0 = the world). Throws
+// sw::Error("sharding: ...") for an invalid schedule or group size.
+PlanInput make_plan_input(const Model& model, const ShardingPolicy& policy, int world);
+
+using MemDeltas = std::array<int64_t, static_cast<size_t>(Mem::Count)>;
+
+struct Action {
+  ActionKind kind = ActionKind::Forward;
+  Queue queue = Queue::Compute;
+  int unit = -1;    // the unit it concerns (-1: none)
+  int pos = -1;     // schedule position (Forward, DropSaved, Recompute, Backward)
+  int call = -1;    // that position's call of the unit
+  int bucket = -1;  // AllReduce of a NO_SHARD bucket
+  int micro = 0;    // micro-step of the optimizer step (the optimizer's actions: accum - 1)
+  CheckpointMode mode = CheckpointMode::Off;  // DropSaved / Recompute
+  int64_t bytes = 0;  // bytes a collective moves (its whole buffer in the wire dtype)
+  // Bytes allocated (+) and freed (-) per category by this action. A reduction's entry counts
+  // what its completion frees (the transient gradients), applied when it is waited for.
+  MemDeltas mem{};
+  std::vector<int> waits;  // indices of earlier actions this one waits for
+};
+
+// A contiguous part of a plan that one ShardedModel call runs.
+enum class SegmentKind : uint8_t { MicroStep, Optimizer, Eval };
+struct Segment {
+  SegmentKind kind = SegmentKind::MicroStep;
+  int micro = 0;
+  bool reduce = true;  // MicroStep: its backward reduces gradients (last micro-step, or
+                       // reduce_each_micro_step)
+  int begin = 0, end = 0;  // [begin, end) in actions
+};
+
+struct StepPlan {
+  std::vector<Action> actions;
+  std::vector<Segment> segments;
+  // Memory that stays allocated across steps, per category (persistent model state, the
+  // bucket buffer) and the step's workspace reserved once (the largest Scratch, the backward
+  // ping-pong buffers): what the step's deltas start from.
+  MemDeltas persistent{};
+  MemDeltas reserved{};
+  int W = 1, S = 1, R = 1;
+  UnitKind kind = UnitKind::Sharded;
+  bool activations_known = true;  // every call declared its activation memory
+  std::vector<std::string> unit_names;
+
+  // A readable listing: one line per action (index, queue, kind, unit, bytes, waits, memory).
+  std::string str() const;
+  // Most units whose transient parameters are allocated at once (what max_live_units caps).
+  int peak_gathered_units() const;
+};
+
+// Training: the accum micro-steps, then the optimizer, of a step in the steady state (units the
+// previous step's optimizer prefetched are in flight when it starts). Eval: one forward.
+StepPlan plan_step(const PlanInput& in);
+StepPlan plan_eval(const PlanInput& in);
+// The parts the executor runs, one per ShardedModel call: one micro-step's forward and
+// backward (`reduce`: its backward reduces the gradients), starting with in.carried in flight
+// (empty: none); the optimizer update. plan_step concatenates them.
+StepPlan plan_micro_step(const PlanInput& in, int micro, bool reduce);
+StepPlan plan_optimizer(const PlanInput& in);
+// The units the optimizer leaves in flight for the next step (its prefetches).
+std::vector<bool> optimizer_prefetched(const PlanInput& in);
+
+// The executor's record of one action (the profiler's timeline). Times are seconds on
+// trace_clock(); an asynchronous action (a collective) ends when its completion is observed.
+struct ActionRecord {
+  int action = -1;  // index in the plan
+  int segment = -1;
+  ActionKind kind = ActionKind::Forward;
+  Queue queue = Queue::Compute;
+  int unit = -1, call = -1, micro = 0;
+  int64_t bytes = 0;
+  double t_begin = 0, t_end = 0;
+};
+double trace_clock();  // steady clock, seconds
+
+// Where the executor writes its records while set (ShardedModel::set_recorder). Segments are
+// numbered in the order they ran since the recorder was attached.
+struct StepRecorder {
+  std::vector<ActionRecord> records;
+  int segments = 0;
+};
+
+}  // namespace sw
