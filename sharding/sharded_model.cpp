@@ -386,6 +386,7 @@ struct ShardedModel::Impl {
       return;
     }
     float* y = scratch.f32(static_cast<size_t>(batch.B) * batch.T * model.d_model());
+    Scratch::Hold keep_y(scratch);  // forward's own scratch comes on top of y (ActivationDecl)
     fu.unit()->forward(ctx, call, x, y);
   }
 
