@@ -6,13 +6,15 @@
 //   h = RMSNorm(x);  m[t] = h[t] @ Wa^T + h[t-1] @ Wb^T;  x += Wout @ gelu(m)
 //
 // Everything a user writes is here: Unit subclasses that declare parameters (ParamSpec) and
-// implement forward/backward with the kernels of kernels/ops.h, a Model that lists the units
+// their activation memory (declare_activations) and implement forward/backward with the
+// kernels of kernels/ops.h, a Model that lists the units
 // and their schedule, and a loop over ShardedModel (which owns parameters, gradients and
 // optimizer state, and shards them across ranks when run under mpirun).
 //
-//   custom_model [--steps N] [--gradcheck]
+//   custom_model [--steps N] [--gradcheck] [--check-activations]
 // --gradcheck compares every parameter gradient with central finite differences and exits
-// non-zero on a mismatch (the test suite runs it).
+// non-zero on a mismatch; --check-activations runs every unit call and compares the memory it
+// allocates with its declare_activations() (the test suite runs both).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -22,6 +24,7 @@
 
 #include "core/rng.h"
 #include "kernels/ops.h"
+#include "models/activation_check.h"
 #include "models/model.h"
 #include "sharding/sharded_model.h"
 
@@ -61,6 +64,22 @@ class EmbedHead final : public Unit {
     c.loss_sum += c.ops->lmhead_xent(c.scratch->f32(N), dh, dh ? c.grad(0) : nullptr, h,
                                      c.param(0), b.targets, N, kDim, kVocab, c.grad_scale);
     for (int i = 0; i < N; ++i) c.loss_count += b.targets[i] >= 0;
+  }
+  // Declaring activation memory: what forward/backward will ask of c.saved and c.scratch, in
+  // bytes, before they run (the memory planner sizes a step from this; a unit that does not
+  // declare still runs, and the planner reports it). Saved requests count n * 4 bytes, Scratch
+  // requests Scratch::bytes_for(n). Call 0 allocates nothing; call 1 keeps h and rstd (in
+  // inference too, where the engine clears them after the call) and, training, dh.
+  ActivationDecl declare_activations(int call, BatchShape s) const override {
+    ActivationDecl d;
+    if (call == 0) return d;
+    const size_t N = size_t(s.B) * size_t(s.T), h_rstd = (N * kDim + N) * sizeof(float);
+    d.saved = h_rstd + N * kDim * sizeof(float);  // h, rstd, dh
+    d.scratch_fwd = Scratch::bytes_for(N);        // per-row losses
+    d.saved_eval = h_rstd;
+    d.scratch_eval = Scratch::bytes_for(N);
+    d.saved_logits = h_rstd;                      // logits go to c.logits, no scratch
+    return d;
   }
   void backward(UnitCtx& c, int call, const float* x, const float* dy, float* dx) override {
     const Batch& b = *c.batch;
@@ -102,6 +121,15 @@ class ShiftMlpBlock final : public Unit {
     c.ops->gelu_forward(g, m, size_t(N) * kHidden);
     c.ops->copy(y, x, size_t(N) * kDim);
     c.ops->gemm(false, true, N, kDim, kHidden, 1.f, g, kHidden, c.param(3), kHidden, 1.f, y, kDim);
+  }
+  // Saved: h, rstd, m, g (forward saves them in inference too); backward's scratch: dg, dm, dh.
+  ActivationDecl declare_activations(int, BatchShape s) const override {
+    const size_t N = size_t(s.B) * size_t(s.T);
+    ActivationDecl d;
+    d.saved = (N * kDim + N + 2 * N * kHidden) * sizeof(float);
+    d.saved_eval = d.saved_logits = d.saved;
+    d.scratch_bwd = 2 * Scratch::bytes_for(N * kHidden) + Scratch::bytes_for(N * kDim);
+    return d;
   }
   void backward(UnitCtx& c, int, const float* x, const float* dy, float* dx) override {
     const Batch& b = *c.batch;
@@ -202,20 +230,84 @@ int gradcheck(ShardedModel& sm, const Batch& batch) {
   return bad ? 1 : 0;
 }
 
+// Runs every call of every unit once per call kind (models/activation_check.h) and compares
+// what it allocated with its declaration. Returns the number of mismatches.
+int check_activations(Model& m, const Batch& batch) {
+  int bad = 0;
+  Scratch scratch;
+  const size_t n = size_t(batch.B) * batch.T * kDim;
+  std::vector<float> x(n);
+  for (size_t i = 0; i < n; ++i) x[i] = 0.01f * float(i % 97) - 0.4f;
+  for (size_t p = 0; p < m.schedule.size(); ++p) {
+    const Call& c = m.schedule[p];
+    Unit& u = *m.units[size_t(c.unit)];
+    std::vector<float> pmem, gmem;
+    std::vector<float*> ps, gs;
+    size_t total = 0;
+    for (const ParamSpec& s : u.params()) total += size_t(numel(s.shape));
+    pmem.assign(total, 0.02f);
+    gmem.assign(total, 0.f);
+    total = 0;
+    for (const ParamSpec& s : u.params()) {
+      ps.push_back(pmem.data() + total);
+      gs.push_back(gmem.data() + total);
+      total += size_t(numel(s.shape));
+    }
+    ActivationProbe pr;
+    pr.ops = &ops_for(Device::cpu());
+    pr.batch = &batch;
+    pr.params = &ps;
+    pr.grads = &gs;
+    pr.x = p > 0 ? x.data() : nullptr;
+    pr.d_model = kDim;
+    pr.loss_call = p + 1 == m.schedule.size();
+    pr.vocab = kVocab;
+    const ActivationDecl want = u.declare_activations(c.call, {batch.B, batch.T});
+    const ActivationDecl got = measure_activations(u, c.call, pr, scratch);
+    const size_t w[] = {want.saved, want.saved_cheap, want.scratch_fwd, want.scratch_bwd,
+                        want.scratch_recompute, want.saved_eval, want.scratch_eval,
+                        want.saved_logits, want.scratch_logits};
+    const size_t g[] = {got.saved, got.saved_cheap, got.scratch_fwd, got.scratch_bwd,
+                        got.scratch_recompute, got.saved_eval, got.scratch_eval,
+                        got.saved_logits, got.scratch_logits};
+    const char* names[] = {"saved", "saved_cheap", "scratch_fwd", "scratch_bwd",
+                           "scratch_recompute", "saved_eval", "scratch_eval", "saved_logits",
+                           "scratch_logits"};
+    for (size_t k = 0; k < std::size(w); ++k) {
+      const bool ok = want.known && w[k] == g[k];
+      bad += !ok;
+      std::printf("activations %-12s call %d %-17s declared %8zu measured %8zu %s\n",
+                  u.name().c_str(), c.call, names[k], w[k], g[k], ok ? "ok" : "MISMATCH");
+    }
+  }
+  std::printf("check-activations: %s\n", bad ? "FAILED" : "ok");
+  return bad;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int steps = 300;
-  bool check = false;
+  bool check = false, check_act = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--gradcheck")) check = true;
+    else if (!std::strcmp(argv[i], "--check-activations")) check_act = true;
     else {
       std::fprintf(stderr, "custom_model: unknown option '%s'\n", argv[i]);
       return 2;
     }
   }
   Model model = make_model();
+  if (check_act) {  // odd batch shapes on purpose: declarations must hold for any (B, T)
+    std::vector<int32_t> tok, tgt;
+    int bad = 0;
+    for (auto [B, T] : {std::pair{1, 1}, std::pair{3, 5}, std::pair{2, 8}}) {
+      make_batch(B, T, 1, tok, tgt);
+      bad += check_activations(model, Batch{tok.data(), tgt.data(), B, T});
+    }
+    return bad ? 1 : 0;
+  }
   ShardedModel sm(model, ops_for(Device::cpu()), /*seed=*/42);
   std::printf("custom model: %lld parameters in %zu units\n",
               static_cast<long long>(sm.num_params()), model.units.size());

@@ -25,6 +25,10 @@ struct ScratchScope {
 
 size_t sz(int64_t a, int64_t b = 1) { return static_cast<size_t>(a * b); }
 
+// Bytes of a Saved request of n floats, and of a Scratch request (models/unit.h).
+size_t f32b(size_t n) { return n * sizeof(float); }
+size_t scrb(size_t n) { return Scratch::bytes_for(n); }
+
 int64_t count_targets(const Batch& b) {
   int64_t n = 0;
   const int64_t N = int64_t{b.B} * b.T;
@@ -115,6 +119,20 @@ class EmbedHead final : public Unit {
                                      bt.targets, N, C, V, ctx.grad_scale);
     ctx.loss_sum += s;
     ctx.loss_count += count_targets(bt);
+  }
+
+  // Call 0 (embedding) allocates nothing. Call 1 (loss), training: lnf, its statistics, the
+  // fused head's dlnf and the fused flag saved, the per-row losses in scratch; backward uses
+  // no scratch (the head's gradients came with forward). Inference: everything in scratch.
+  ActivationDecl declare_activations(int call, BatchShape shape) const override {
+    ActivationDecl d;
+    if (call == 0) return d;
+    const size_t B = size_t(shape.B), N = B * size_t(shape.T), C = size_t(c_.d_model);
+    d.saved = f32b(N * C) + 2 * f32b(N) + f32b(N * C) + f32b(1);  // lnf, mean, rstd, dlnf, fused
+    d.scratch_fwd = scrb(N);                                      // losses
+    d.scratch_eval = scrb(N * C) + 2 * scrb(N) + scrb(N);         // lnf, mean, rstd, losses
+    d.scratch_logits = 2 * scrb(B * C) + 2 * scrb(B);             // xl, hl, mean, rstd
+    return d;
   }
 
   void backward(UnitCtx& ctx, int call, const float* x, const float* dy, float* dx) override {
@@ -209,6 +227,23 @@ class Block final : public Unit {
     ops.gelu_forward(fch_gelu, fch, sz(N, F));
     ops.linear_forward(y, fch_gelu, P(FCPROJW), P(FCPROJB), N, F, C);
     ops.residual_forward(y, y, x2, sz(N, C));
+  }
+
+  // Forward keeps (in this order) ln1, ln1_mean, ln1_rstd, qkv, atty, lse, x2, ln2, ln2_mean,
+  // ln2_rstd, fch, fch_gelu: in Saved when training, in scratch in inference.
+  // recompute_cheap: two (N) statistics in scratch; backward: the six zeroed gradients.
+  ActivationDecl declare_activations(int /*call*/, BatchShape shape) const override {
+    const size_t B = size_t(shape.B), N = B * size_t(shape.T), C = size_t(c_.d_model),
+                 H = size_t(c_.n_head), F = size_t(c_.d_ff);
+    const size_t kept[] = {N * C, N, N, N * 3 * C, N * C, B * H * size_t(shape.T),
+                           N * C, N * C, N, N, N * F, N * F};
+    ActivationDecl d;
+    for (size_t n : kept) d.saved += f32b(n), d.scratch_eval += scrb(n);
+    d.saved_cheap = f32b(N * C) + f32b(N * C) + f32b(N * F);  // ln1, ln2, fch_gelu
+    d.scratch_logits = d.scratch_eval;
+    d.scratch_recompute = 2 * scrb(N);
+    d.scratch_bwd = 2 * scrb(N * F) + 2 * scrb(N * C) + scrb(N * 3 * C) + scrb(N * C);
+    return d;
   }
 
   // Selective: ln1, ln2 and fch_gelu from x, x2 and fch, bit-identical to forward (ln2 is the

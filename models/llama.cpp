@@ -24,6 +24,10 @@ struct ScratchScope {  // scratch is per call: released for reuse when the call 
 
 size_t sz(int64_t a, int64_t b = 1) { return static_cast<size_t>(a * b); }
 
+// Bytes of a Saved request of n floats, and of a Scratch request (models/unit.h).
+size_t f32b(size_t n) { return n * sizeof(float); }
+size_t scrb(size_t n) { return Scratch::bytes_for(n); }
+
 int64_t count_targets(const Batch& b) {
   int64_t n = 0;
   const int64_t N = int64_t{b.B} * b.T;
@@ -104,6 +108,7 @@ class Embed final : public Unit {
                         std::to_string(c_.seq_len));
     ctx.ops->embedding_forward(y, b.tokens, ctx.param(0), nullptr, b.B, b.T, c_.d_model);
   }
+  ActivationDecl declare_activations(int, BatchShape) const override { return {}; }  // none
   void backward(UnitCtx& ctx, int call, const float* x, const float* dy, float* dx) override {
     const Batch& b = *ctx.batch;
     ctx.ops->embedding_backward(ctx.grad(0), nullptr, dy, b.tokens, b.B, b.T, c_.d_model);
@@ -168,6 +173,24 @@ class Block final : public Unit {
     ops.swiglu_forward(hmlp, gu, N, F);
     ops.linear_forward(y, hmlp, P(DOWNW), nullptr, N, F, C);
     ops.residual_forward(y, y, x2, sz(N, C));
+  }
+
+  // Forward keeps (in this order) xn, rstd1, qkv, atty, lse, x2, xn2, rstd2, gu, hmlp: in
+  // Saved when training, in scratch in inference. recompute_cheap: one (N) statistic in
+  // scratch; backward: the six zeroed gradients.
+  ActivationDecl declare_activations(int /*call*/, BatchShape shape) const override {
+    const size_t B = size_t(shape.B), T = size_t(shape.T), N = B * T, C = size_t(c_.d_model),
+                 H = size_t(c_.n_head), KVH = size_t(c_.n_kv_head), hd = C / H,
+                 QKV = (H + 2 * KVH) * hd, F = size_t(c_.d_ff);
+    const size_t kept[] = {N * C, N, N * QKV, N * H * hd, B * H * T, N * C, N * C, N, N * 2 * F, N * F};
+    ActivationDecl d;
+    for (size_t n : kept) d.saved += f32b(n), d.scratch_eval += scrb(n);
+    d.saved_cheap = f32b(N * C) + f32b(N * C) + f32b(N * F);  // xn, xn2, hmlp
+    d.scratch_logits = d.scratch_eval;
+    d.scratch_recompute = scrb(N);
+    d.scratch_bwd = scrb(N * F) + scrb(N * 2 * F) + scrb(N * C) + scrb(N * H * hd) +
+                    scrb(N * QKV) + scrb(N * C);
+    return d;
   }
 
   // Selective: xn, xn2 and hmlp from x, x2 and gu, bit-identical to forward (xn2 is the plain
@@ -300,6 +323,18 @@ class Head final : public Unit {
                                      bt.targets, N, C, V, ctx.grad_scale);
     ctx.loss_sum += s;
     ctx.loss_count += count_targets(bt);
+  }
+
+  // Training: hnorm, rstd, the fused head's dhnorm and the fused flag saved, the per-row
+  // losses in scratch; backward uses no scratch. Inference: everything in scratch.
+  ActivationDecl declare_activations(int /*call*/, BatchShape shape) const override {
+    const size_t B = size_t(shape.B), N = B * size_t(shape.T), C = size_t(c_.d_model);
+    ActivationDecl d;
+    d.saved = f32b(N * C) + f32b(N) + f32b(N * C) + f32b(1);  // hnorm, rstd, dhnorm, fused
+    d.scratch_fwd = scrb(N);                                  // losses
+    d.scratch_eval = scrb(N * C) + scrb(N) + scrb(N);         // hnorm, rstd, losses
+    d.scratch_logits = 2 * scrb(B * C) + scrb(B);             // xl, hl, rstd
+    return d;
   }
 
   void backward(UnitCtx& ctx, int call, const float* x, const float* dy, float* dx) override {

@@ -91,34 +91,63 @@ void Unit::recompute_cheap(UnitCtx& ctx, int call, const float* x) {
   fail("model", "unit '" + name() + "' has no selective recompute");
 }
 
+ActivationDecl Unit::declare_activations(int call, BatchShape shape) const {
+  (void)call, (void)shape;
+  ActivationDecl d;
+  d.known = false;
+  return d;
+}
+
 // ---- Scratch -------------------------------------------------------------------------------
-// Bump allocation in 64-byte (16-float) steps. When the last block is full a new, larger block
-// is added, so pointers handed out earlier stay valid until reset(). The first request after a
-// reset() with more than one block merges them into one block of the total size, so a steady
-// state uses a single allocation.
+// Bump allocation in 64-byte (16-float) steps. When the current block is full the next block
+// that fits is used, or a new, larger one added, so pointers handed out earlier stay valid until
+// reset(). The first request with nothing handed out (no Hold) merges several blocks into one of
+// the total size, so a steady state uses a single allocation.
 
 namespace {
-constexpr size_t kScratchAlign = 16;  // floats
 size_t block_floats(const Buffer& b) { return b.bytes() / sizeof(float); }
 }  // namespace
 
 float* Scratch::f32(size_t n) {
-  n = std::max<size_t>(1, (n + kScratchAlign - 1) / kScratchAlign * kScratchAlign);
-  if (used_ == 0 && blocks_.size() > 1) {
+  n = bytes_for(n) / sizeof(float);
+  if (live_ == 0 && blocks_.size() > 1) {
     size_t total = 0;
     for (const Buffer& b : blocks_) total += block_floats(b);
     blocks_.clear();
     blocks_.emplace_back(total * sizeof(float), Mem::Workspace);
+    cur_ = off_ = 0;
   }
-  if (blocks_.empty() || used_ + n > block_floats(blocks_.back())) {
-    size_t cap = blocks_.empty() ? 0 : block_floats(blocks_.back());
-    cap = std::max(n, 2 * cap);
-    blocks_.emplace_back(cap * sizeof(float), Mem::Workspace);
-    used_ = 0;
+  if (blocks_.empty() || off_ + n > block_floats(blocks_[cur_])) {
+    size_t next = blocks_.empty() ? 0 : cur_ + 1;
+    while (next < blocks_.size() && block_floats(blocks_[next]) < n) ++next;
+    if (next >= blocks_.size()) {
+      const size_t cap = blocks_.empty() ? 0 : block_floats(blocks_.back());
+      blocks_.emplace_back(std::max(n, 2 * cap) * sizeof(float), Mem::Workspace);
+      next = blocks_.size() - 1;
+    }
+    cur_ = next;
+    off_ = 0;
   }
-  float* p = blocks_.back().f32() + used_;
-  used_ += n;
+  float* p = blocks_[cur_].f32() + off_;
+  off_ += n;
+  live_ += n;
+  high_ = std::max(high_, live_);
   return p;
+}
+
+void Scratch::reset() {
+  cur_ = floor_.block;
+  off_ = floor_.off;
+  live_ = floor_.live;
+}
+
+void Scratch::reserve(size_t bytes) {
+  SW_CHECK(live_ == 0 && floor_.live == 0, "Scratch::reserve with regions handed out");
+  const size_t floats = bytes_for(bytes / sizeof(float) + (bytes % sizeof(float) != 0)) / sizeof(float);
+  if (blocks_.size() == 1 && block_floats(blocks_[0]) >= floats) return;
+  blocks_.clear();
+  blocks_.emplace_back(floats * sizeof(float), Mem::Workspace);
+  cur_ = off_ = 0;
 }
 
 size_t Scratch::capacity_bytes() const {

@@ -68,15 +68,55 @@ class Saved {
 };
 
 // Temporary memory for one call, released (for reuse) when the call returns. Tracked as
-// Mem::Workspace; grows to the largest request and stays allocated.
+// Mem::Workspace. Bump allocation in 64-byte steps: f32(n) takes bytes_for(n) bytes.
+// reserve(bytes) makes one block of at least that size, so calls whose requests stay within it
+// never allocate; otherwise the scratch grows (a fallback: a unit that under-declares its
+// scratch still runs). high_water() says how much was requested at most, so an
+// under-declaration is detectable.
 class Scratch {
  public:
   float* f32(size_t n);  // a fresh region each call until reset()
-  void reset() { used_ = 0; }
+  // Releases every region handed out since the innermost live Hold (or all of them).
+  void reset();
+  // Replaces the blocks by one of at least `bytes` (nothing allocated when one block that large
+  // already exists). Only between calls: nothing may be handed out.
+  void reserve(size_t bytes);
   size_t capacity_bytes() const;
+  // Bytes handed out now / at most since reset_high_water() (bytes_for of each request).
+  size_t live_bytes() const { return live_ * sizeof(float); }
+  size_t high_water() const { return high_ * sizeof(float); }
+  void reset_high_water() { high_ = live_; }
+  static constexpr size_t bytes_for(size_t n) {
+    return (n == 0 ? kAlign : (n + kAlign - 1) / kAlign * kAlign) * sizeof(float);
+  }
+
+  // Keeps the regions handed out so far alive across reset() until it is destroyed (a
+  // composite unit's ping-pong buffers across its parts' calls; the engine's y of a full
+  // recompute). Holds nest; destroy them in reverse order.
+  class Hold {
+   public:
+    explicit Hold(Scratch& s) : s_(s), prev_(s.floor_) { s.floor_ = s.pos(); }
+    ~Hold() { s_.floor_ = prev_; }
+    Hold(const Hold&) = delete;
+    Hold& operator=(const Hold&) = delete;
+   private:
+    Scratch& s_;
+    struct Pos {
+      size_t block = 0, off = 0, live = 0;
+    };
+    friend class Scratch;
+    Pos prev_;
+  };
+
  private:
+  static constexpr size_t kAlign = 16;  // floats (64 bytes)
+  Hold::Pos pos() const { return {cur_, off_, live_}; }
   std::vector<Buffer> blocks_;
-  size_t used_ = 0;  // floats used in the last block
+  size_t cur_ = 0;   // block in use
+  size_t off_ = 0;   // floats used in blocks_[cur_]
+  size_t live_ = 0;  // floats handed out (all blocks) since the last reset to zero
+  size_t high_ = 0;  // most of live_ since reset_high_water()
+  Hold::Pos floor_;  // where reset() returns to
 };
 
 struct Batch {
@@ -102,6 +142,35 @@ struct UnitCtx {
 
   float* param(size_t i) const { return (*params)[i]; }
   float* grad(size_t i) const { return (*grads)[i]; }
+};
+
+// The batch shape a unit's activation sizes depend on.
+struct BatchShape {
+  int B = 0, T = 0;
+};
+
+// What one call of a unit allocates, declared before it runs (Unit::declare_activations), so a
+// planner can predict a step's memory without running the model and the engine can reserve
+// Scratch once. Exact, not bounds (tests/models/test_activation_decl.cpp checks equality):
+// Saved bytes are the sum of n * 4 over Saved::f32/i32(key, n) requests (parts included);
+// Scratch bytes are the high-water mark of a call, the sum of Scratch::bytes_for(n) over the
+// f32(n) requests live at once (a composite's parts run one after another, so it is its held
+// buffers plus the largest part's). Memory kernels keep for themselves (the LM head's logits
+// chunk, attention workspaces: Mem::Workspace) is not a unit's and not declared here.
+struct ActivationDecl {
+  // Training, as the engine runs it: forward with gradient buffers, then backward.
+  size_t saved = 0;              // Saved::bytes() after forward
+  size_t saved_cheap = 0;        // of which Keep::Cheap (dropped under selective checkpointing)
+  size_t scratch_fwd = 0;        // forward (also a full-recompute forward, which runs without
+                                 // gradient buffers and keeps the same Saved; loss calls are
+                                 // never recomputed)
+  size_t scratch_bwd = 0;        // backward
+  size_t scratch_recompute = 0;  // recompute_cheap (after drop_cheap)
+  // Inference (training == false). The engine clears the Saved after the call; saved_eval is
+  // the most it held during the call (0 for units that keep nothing in inference).
+  size_t saved_eval = 0, scratch_eval = 0;      // a loss call computes the loss
+  size_t saved_logits = 0, scratch_logits = 0;  // ctx.logits set (sampling); = eval for non-loss calls
+  bool known = true;  // false: the unit did not declare (no override); the planner reports it
 };
 
 class Unit {
@@ -130,6 +199,12 @@ class Unit {
   // True when recompute_cheap() rebuilds the Keep::Cheap buffers from the others.
   // When false the engine checkpoints the unit's calls fully under Selective.
   virtual bool selective_recompute() const { return false; }
+
+  // The activation memory of call `call` for batches of `shape` (see ActivationDecl): what
+  // forward, backward and recompute_cheap will request from ctx.saved and ctx.scratch. The
+  // default returns known = false: the engine still runs the unit (Scratch grows as needed),
+  // and the planner reports the unit as undeclared.
+  virtual ActivationDecl declare_activations(int call, BatchShape shape) const;
 };
 
 }  // namespace sw

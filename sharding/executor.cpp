@@ -388,6 +388,7 @@ void ShardedModel::Impl::rebuild(Model& model, const Batch& batch, size_t q, flo
     return;
   }
   float* y = scratch.f32(static_cast<size_t>(batch.B) * batch.T * model.d_model());
+  Scratch::Hold keep_y(scratch);  // forward's own scratch comes on top of y (ActivationDecl)
   fu.unit()->forward(ctx, call, x, y);
 }
 

@@ -1,6 +1,6 @@
 #include "sharding/wrap.h"
 
-#include <array>
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
@@ -11,17 +11,16 @@ namespace sw {
 
 namespace {
 
-// Intermediate residual streams of inference and backward (Mem::Workspace), shared by the
-// composites of a model (they never run at the same time).
-using PingPong = std::array<Buffer, 2>;
-
 // Several blocks run as one unit. Its parameter list is the blocks' lists concatenated; each
 // block sees the slice of ctx.params / ctx.grads that belongs to it and a Saved of its own
 // (part j of the composite's Saved, so that activation checkpointing frees it with the rest).
+// The intermediate residual streams of inference and the intermediate gradients of backward
+// ping-pong between (B, T, d) buffers taken from ctx.scratch and held across the blocks' calls
+// (one buffer for two blocks, two for more), so they are tracked and declared with the scratch.
 class CompositeUnit final : public Unit {
  public:
-  CompositeUnit(std::vector<std::unique_ptr<Unit>> kids, int d_model, std::shared_ptr<PingPong> pp)
-      : kids_(std::move(kids)), d_(d_model), pp_(std::move(pp)) {
+  CompositeUnit(std::vector<std::unique_ptr<Unit>> kids, int d_model)
+      : kids_(std::move(kids)), d_(d_model) {
     size_t n = 0;
     for (auto& k : kids_) {
       first_.push_back(n);
@@ -48,6 +47,9 @@ class CompositeUnit final : public Unit {
 
   void forward(UnitCtx& ctx, int call, const float* x, float* y) override {
     const size_t n = size_t(ctx.batch->B) * ctx.batch->T * d_;
+    float* pp[2] = {nullptr, nullptr};
+    if (!ctx.training) take_pingpong(*ctx.scratch, n, pp);
+    Scratch::Hold hold(*ctx.scratch);
     const float* in = x;
     for (size_t j = 0; j < kids_.size(); ++j) {
       float* out;
@@ -56,7 +58,7 @@ class CompositeUnit final : public Unit {
       } else if (ctx.training) {
         out = ctx.saved->f32(keys_[j + 1], n);  // block j+1's input
       } else {
-        out = pingpong(j % 2, n);
+        out = pp[j % 2];
       }
       UnitCtx c = kid_ctx(ctx, j);
       ctx.scratch->reset();
@@ -70,16 +72,46 @@ class CompositeUnit final : public Unit {
 
   void backward(UnitCtx& ctx, int call, const float* x, const float* dy, float* dx) override {
     const size_t n = size_t(ctx.batch->B) * ctx.batch->T * d_;
+    float* pp[2] = {nullptr, nullptr};
+    take_pingpong(*ctx.scratch, n, pp);
+    Scratch::Hold hold(*ctx.scratch);
     const float* d_out = dy;
     for (size_t j = kids_.size(); j-- > 0;) {
       const float* in = j == 0 ? x : ctx.saved->get(keys_[j]);
-      float* d_in = j == 0 ? dx : pingpong(j % 2, n);
+      float* d_in = j == 0 ? dx : pp[j % 2];
       UnitCtx c = kid_ctx(ctx, j);
       ctx.scratch->reset();
       kids_[j]->backward(c, 0, in, d_out, d_in);
       c.saved->clear();
       d_out = d_in;
     }
+  }
+
+  // Saved: the blocks' (as parts) plus the inputs of blocks 1.. (K-1 residual streams).
+  // Scratch: the blocks run one at a time, so the largest block's, plus the held ping-pong
+  // buffers in inference and backward.
+  ActivationDecl declare_activations(int /*call*/, BatchShape shape) const override {
+    const size_t n = size_t(shape.B) * size_t(shape.T) * size_t(d_);
+    const size_t held = num_pingpong() * Scratch::bytes_for(n);
+    ActivationDecl d;
+    d.saved = (kids_.size() - 1) * n * sizeof(float);
+    for (const auto& k : kids_) {
+      const ActivationDecl e = k->declare_activations(0, shape);
+      d.known = d.known && e.known;
+      d.saved += e.saved;
+      d.saved_cheap += e.saved_cheap;
+      d.scratch_fwd = std::max(d.scratch_fwd, e.scratch_fwd);
+      d.scratch_bwd = std::max(d.scratch_bwd, e.scratch_bwd);
+      d.scratch_recompute = std::max(d.scratch_recompute, e.scratch_recompute);
+      d.saved_eval = std::max(d.saved_eval, e.saved_eval);  // cleared after each block
+      d.scratch_eval = std::max(d.scratch_eval, e.scratch_eval);
+      d.saved_logits = std::max(d.saved_logits, e.saved_logits);
+      d.scratch_logits = std::max(d.scratch_logits, e.scratch_logits);
+    }
+    d.scratch_bwd += held;
+    d.scratch_eval += held;
+    d.scratch_logits += held;
+    return d;
   }
 
   // Selective checkpointing: each block rebuilds its own cheap buffers from its saved input.
@@ -112,10 +144,12 @@ class CompositeUnit final : public Unit {
     return c;
   }
 
-  float* pingpong(int i, size_t n) {
-    Buffer& b = (*pp_)[size_t(i)];
-    if (b.bytes() < n * sizeof(float)) b = Buffer(n * sizeof(float), Mem::Workspace);
-    return b.f32();
+  // Intermediate streams: blocks 0..K-2 write (forward) or blocks K-1..1 write (backward) one;
+  // consecutive blocks alternate between two buffers, so two blocks need only one.
+  size_t num_pingpong() const { return std::min<size_t>(2, kids_.size() - 1); }
+  void take_pingpong(Scratch& s, size_t n, float* pp[2]) const {
+    pp[0] = s.f32(n);
+    pp[1] = num_pingpong() == 2 ? s.f32(n) : pp[0];
   }
 
   std::vector<std::unique_ptr<Unit>> kids_;
@@ -123,7 +157,6 @@ class CompositeUnit final : public Unit {
   std::vector<std::string> keys_;
   std::vector<size_t> first_;  // index of each block's first spec; last entry = total
   std::vector<std::vector<float*>> kid_params_, kid_grads_;
-  std::shared_ptr<PingPong> pp_;
 };
 
 }  // namespace
@@ -169,7 +202,6 @@ void wrap_blocks(Model& model, int blocks_per_unit) {
   std::vector<std::unique_ptr<Unit>> units;
   std::vector<int> new_index(U, -1);
   std::vector<int> chunk_index(chunks.size(), -1);
-  auto pp = std::make_shared<PingPong>();
   for (size_t u = 0; u < U; ++u) {
     const int k = chunk_of[u];
     if (k < 0) {
@@ -186,7 +218,7 @@ void wrap_blocks(Model& model, int blocks_per_unit) {
       kids.push_back(std::move(model.units[size_t(model.schedule[p].unit)]));
     chunk_index[size_t(k)] = int(units.size());
     new_index[u] = chunk_index[size_t(k)];
-    units.push_back(std::make_unique<CompositeUnit>(std::move(kids), model.d_model(), pp));
+    units.push_back(std::make_unique<CompositeUnit>(std::move(kids), model.d_model()));
   }
   // Blocks merged before their own index was reached map to their composite too.
   for (size_t u = 0; u < U; ++u)
