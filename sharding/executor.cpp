@@ -1,8 +1,10 @@
 // The executor: runs a StepPlan's actions in order (sharding/step_plan.h). On the CPU backend
 // the compute queue is this thread, the gather and reduce queues are the groups' communication
 // threads (one ordered sequence of collectives per group), and an event is a collective's Work:
-// a WaitGather blocks on the Gather's Work, the reduce queue is completed in order by
-// progress(), which polls after every backward call and blocks at WaitReduce. A CUDA build
+// a WaitGather blocks on the Gather's Work; reductions complete in queue order at the
+// WaitReduce actions that list them (where their transient gradients are freed, so memory
+// follows the plan exactly), and HYBRID's follow-up all-reduces are issued as soon as a poll
+// before each backward call sees their reduce-scatter done. A CUDA build
 // maps the same queues to streams and the waits to cudaStreamWaitEvent (docs/ARCHITECTURE.md).
 //
 // The plan is a prediction made from declared sizes; the executor still checks the state it
@@ -52,9 +54,11 @@ const StepPlan& ShardedModel::Impl::plan_for(const Model& model, const Batch& ba
   if (it != plans.end()) return it->second;
   PlanInput in = plan_in;
   in.B = batch.B, in.T = batch.T;
+  declare_calls(in, model);
   in.carried = std::move(carried);
   StepPlan p = kind == SegmentKind::Eval ? plan_eval(in) : plan_micro_step(in, 0, reduce);
-  (void)model;
+  // The step's temporaries come from memory reserved once, as large as the plan says.
+  if (p.activations_known) scratch.reserve(static_cast<size_t>(p.scratch));
   return plans.emplace(std::move(key), std::move(p)).first->second;
 }
 
@@ -166,7 +170,7 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
       }
       break;
     case ActionKind::Backward: {
-      progress(false);  // reductions issued after the previous call may have completed
+      issue_follow_ups();  // HYBRID: a reduce-scatter that completed gets its all-reduce now
       fu->to_pre_backward();
       fu->ensure_grads();
       float* dx = p > 0 ? dbuf[st.cur].f32() : nullptr;
@@ -189,16 +193,17 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
       PendingReduction r;
       r.action = i, r.kind = a.kind, r.unit = a.unit, r.issued = true, r.t_issue = t0;
       r.finishes = R == 1;
+      r.bytes = a.bytes;
       r.work = fu->issue_reduce_scatter(R);
       pending.push_back(std::move(r));
-      return;  // recorded when it completes (progress)
+      return;  // recorded when it is completed (WaitReduce)
     }
     case ActionKind::AllReduce: {
       if (a.bucket >= 0) {
         issue_bucket(a.bucket, i);
-      } else {  // HYBRID: issued by progress() once the reduce-scatter before it completed
+      } else {  // HYBRID: issued once the reduce-scatter before it completed
         PendingReduction r;
-        r.action = i, r.kind = a.kind, r.unit = a.unit;
+        r.action = i, r.kind = a.kind, r.unit = a.unit, r.bytes = a.bytes;
         pending.push_back(std::move(r));
       }
       return;
@@ -208,7 +213,13 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
       fu->reduced_in_place();
       break;
     case ActionKind::WaitReduce:
-      sync_grads();
+      if (i + 1 == static_cast<int>(plan.actions.size())) {
+        sync_grads();  // the end of backward: everything, units outside the schedule included
+      } else {
+        int through = -1;
+        for (int w : a.waits) through = std::max(through, w);
+        complete_reductions(through);
+      }
       break;
     case ActionKind::OptimizerUpdate:
       update_unit(*fu, st);
@@ -236,26 +247,38 @@ void ShardedModel::Impl::issue_bucket(int bi, int action) {
   }
   PendingReduction r;
   r.action = action, r.kind = ActionKind::AllReduce, r.bucket = bi, r.issued = true;
+  r.bytes = (b.hi - b.lo) * static_cast<int64_t>(dtype_size(rdt));
   r.t_issue = recorder ? trace_clock() : 0;
   r.work = rep->issue_all_reduce(p, p, b.hi - b.lo, op, rdt);
   pending.push_back(std::move(r));
 }
 
-void ShardedModel::Impl::progress(bool block) {
-  while (!pending.empty()) {
+void ShardedModel::Impl::issue_follow_ups() {
+  for (size_t k = 0; k < pending.size(); ++k) {
+    PendingReduction& r = pending[k];
+    if (r.issued) continue;
+    // HYBRID's all-reduce of a unit's reduced block: once the reduce-scatter before it is done.
+    if (k > 0 && !pending[k - 1].work.test()) break;
+    FlatUnit& fu = *units[static_cast<size_t>(r.unit)];
+    void* blk = fu.reduced_block();
+    r.t_issue = recorder ? trace_clock() : 0;
+    r.work = rep->issue_all_reduce(
+        blk, blk, fu.shard_size(),
+        fu.reduce_dtype() == DType::F32 ? ReduceOp::Avg : ReduceOp::Sum,  // divided before
+        fu.reduce_dtype());
+    r.issued = true;
+  }
+}
+
+void ShardedModel::Impl::complete_reductions(int through) {
+  while (!pending.empty() && (through < 0 || pending.front().action <= through)) {
+    issue_follow_ups();
     PendingReduction& r = pending.front();
-    if (!r.issued) {  // HYBRID: the reduce-scatter it waits for has completed
-      FlatUnit& fu = *units[static_cast<size_t>(r.unit)];
-      void* blk = fu.reduced_block();
-      r.t_issue = recorder ? trace_clock() : 0;
-      r.work = rep->issue_all_reduce(
-          blk, blk, fu.shard_size(),
-          fu.reduce_dtype() == DType::F32 ? ReduceOp::Avg : ReduceOp::Sum,  // divided before
-          fu.reduce_dtype());
-      r.issued = true;
+    if (!r.issued) {  // its reduce-scatter is the entry before, already completed
+      pending.front().work.wait();
+      issue_follow_ups();
     }
-    if (!block && !r.work.test()) break;
-    PendingReduction done = std::move(r);
+    PendingReduction done = std::move(pending.front());
     pending.pop_front();
     done.work.wait();
     if (done.bucket >= 0) {
@@ -272,6 +295,8 @@ void ShardedModel::Impl::progress(bool block) {
       rec.kind = done.kind;
       rec.queue = Queue::Reduce;
       rec.unit = done.unit;
+      rec.bucket = done.bucket;
+      rec.bytes = done.bytes;
       rec.t_begin = done.work.started_at() > 0 ? done.work.started_at() : done.t_issue;
       rec.t_end = done.work.done_at() > 0 ? done.work.done_at() : trace_clock();
       recorder->records.push_back(rec);
@@ -307,7 +332,7 @@ void ShardedModel::Impl::reduce_unit_now(FlatUnit& fu) {
 }
 
 void ShardedModel::Impl::sync_grads() {
-  progress(true);
+  complete_reductions(-1);
   std::vector<FlatUnit*> order;
   for (auto& u : units) order.push_back(u.get());
   std::stable_sort(order.begin(), order.end(),
@@ -322,7 +347,7 @@ void ShardedModel::Impl::sync_grads() {
     }
     reduce_unit_now(*fu);
   }
-  progress(true);
+  complete_reductions(-1);
 }
 
 void ShardedModel::Impl::quiesce() noexcept {

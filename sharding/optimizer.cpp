@@ -21,7 +21,7 @@ double ShardedModel::grad_norm() const {
 
 void ShardedModel::zero_grads() {
   Impl& I = *impl_;
-  I.progress(true);
+  I.complete_reductions(-1);
   for (auto& fu : I.units) fu->zero_grads();
 }
 

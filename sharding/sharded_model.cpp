@@ -197,7 +197,7 @@ double ShardedModel::forward_backward(const Batch& batch, float grad_scale, bool
   st.scale = counted > 0 ? grad_scale / static_cast<float>(counted) : 0.f;
   const bool reduce = last_micro_step || I.policy.accum == GradAccumMode::ReduceEachMicroStep;
   try {
-    I.progress(true);  // nothing should be in flight; a no-op normally
+    I.complete_reductions(-1);  // nothing should be in flight; a no-op normally
     I.peak_live = I.live_units();
     I.ensure_pingpong(static_cast<size_t>(batch.B) * batch.T * model_.d_model());
     I.run(model_, I.plan_for(model_, batch, SegmentKind::MicroStep, reduce), st);
@@ -247,12 +247,14 @@ void ShardedModel::logits_last(const Batch& batch, float* logits) {
 StepPlan ShardedModel::step_plan(int B, int T, int accum) const {
   PlanInput in = impl_->plan_in;
   in.B = B, in.T = T, in.accum = accum;
+  declare_calls(in, model_);
   return plan_step(in);
 }
 
 StepPlan ShardedModel::eval_plan(int B, int T) const {
   PlanInput in = impl_->plan_in;
   in.B = B, in.T = T;
+  declare_calls(in, model_);
   return plan_eval(in);
 }
 

@@ -33,6 +33,7 @@ struct PendingReduction {
   int unit = -1, bucket = -1;
   bool issued = false;
   bool finishes = true;  // its completion finishes the unit's reduction (accumulate)
+  int64_t bytes = 0;
   double t_issue = 0;
   Work work;
 };
@@ -120,9 +121,12 @@ struct ShardedModel::Impl {
   // Runs every action of `plan` in order.
   void run(Model& model, const StepPlan& plan, ExecState& st);
   void run_action(Model& model, const StepPlan& plan, int i, ExecState& st);
-  // Completes reductions in queue order: all of them (block) or those already done, issuing
-  // each follow-up (HYBRID's all-reduce) when the reduction it waits for is complete.
-  void progress(bool block);
+  // Issues the follow-ups (HYBRID's all-reduces) whose reduce-scatter has completed. Never
+  // blocks, never frees.
+  void issue_follow_ups();
+  // Completes reductions in queue order up to plan action `through` (-1: all), accumulating
+  // the reduced gradients (which frees the transient ones).
+  void complete_reductions(int through);
   // Reduces every gradient not reduced yet (reduce_once without a last micro-step, units
   // outside the schedule) and waits for all reductions.
   void sync_grads();

@@ -100,6 +100,26 @@ PlanInput make_plan_input(const Model& model, const ShardingPolicy& policy, int 
   return in;
 }
 
+void declare_calls(PlanInput& in, const Model& model) {
+  in.calls.assign(in.schedule.size(), CallMemory{});
+  const BatchShape shape{in.B, in.T};
+  const int64_t y = static_cast<int64_t>(
+      Scratch::bytes_for(static_cast<size_t>(in.B) * in.T * model.d_model()));
+  for (size_t p = 0; p < in.schedule.size(); ++p) {
+    const Call& c = in.schedule[p];
+    const ActivationDecl d = model.units[size_t(c.unit)]->declare_activations(c.call, shape);
+    CallMemory& m = in.calls[p];
+    m.known = d.known;
+    if (!d.known) continue;
+    m.saved = static_cast<int64_t>(d.saved);
+    m.saved_cheap = static_cast<int64_t>(d.saved_cheap);
+    m.saved_eval = static_cast<int64_t>(std::max(d.saved_eval, d.saved_logits));
+    m.scratch = static_cast<int64_t>(std::max(
+        {d.scratch_fwd, d.scratch_bwd, d.scratch_recompute, d.scratch_eval, d.scratch_logits}));
+    m.scratch = std::max(m.scratch, y + static_cast<int64_t>(d.scratch_fwd));  // full recompute
+  }
+}
+
 namespace {
 
 constexpr size_t kComm = static_cast<size_t>(Mem::Communication);
@@ -115,7 +135,13 @@ class Builder {
     has_grads_.assign(U, in.kind != UnitKind::Sharded);
     if (in.kind == UnitKind::Sharded) st_.assign(U, St::Sharded);
     for (size_t u = 0; u < U && u < in.carried.size(); ++u)
-      if (in.carried[u] && in.kind != UnitKind::Whole) st_[u] = St::InFlight;
+      if (in.carried[u] && in.kind != UnitKind::Whole) {
+        st_[u] = St::InFlight;
+        if (in.kind == UnitKind::Sharded) {
+          plan_.initial[kComm] += in.units[u].padded * 4;
+          ++plan_.initial_gathered;
+        }
+      }
     recompute_.assign(in.schedule.size(), CheckpointMode::Off);
     ready_.assign(in.buckets.size(), 0);
     plan_.W = in.W, plan_.S = in.S, plan_.R = in.R, plan_.kind = in.kind;
@@ -165,10 +191,12 @@ class Builder {
         st_[u] = St::InFlight;
         gather_at_[u] = static_cast<int>(plan_.actions.size()) - 1;
       }
-      // The units the next forward starts with are gathered while later updates run.
+      // The units the next forward starts with are gathered while later updates run, within
+      // max_live_units (the next forward counts them as live).
       const PlanUnit& pu = in_.units[u];
       if (in_.kind == UnitKind::Sharded && pu.first_pos >= 0 &&
-          pu.first_pos < in_.policy.forward_prefetch)
+          pu.first_pos < in_.policy.forward_prefetch &&
+          (in_.policy.max_live_units == 0 || live() < in_.policy.max_live_units))
         issue(ui);
     }
     plan_.segments.push_back({SegmentKind::Optimizer, micro_, false, b,
@@ -274,6 +302,7 @@ class Builder {
       wait(u);
       Action& a = add(ActionKind::Forward, Queue::Compute, u, p);
       const CallMemory* cm = call_mem(p);
+      if (!training && cm) a.transient[kAct] = cm->saved_eval;
       if (training) {
         if (p + 1 == P) ensure_grads(a, u);  // the loss call may produce the head's gradients
         if (p + 1 < P) a.mem[kAct] += act_bytes();
@@ -306,6 +335,9 @@ class Builder {
         if (cm) r.mem[kAct] = r.mode == CheckpointMode::Full ? cm->saved : cm->saved_cheap;
         recompute_[size_t(q)] = CheckpointMode::Off;
       }
+      // At most one reduction in flight when a unit's transient gradients are allocated: the
+      // older ones are completed first (their gradients freed), which bounds the memory.
+      if (!has_grads_[size_t(u)] && inflight_.size() > 1) wait_reductions(inflight_.size() - 1);
       Action& a = add(ActionKind::Backward, Queue::Compute, u, q);
       ensure_grads(a, u);
       if (q > 0) a.mem[kAct] -= act_bytes();
@@ -315,11 +347,18 @@ class Builder {
         if (reduce) reduce_unit(u);
       }
     }
-    if (reduce) {
-      Action& w = add(ActionKind::WaitReduce, Queue::Compute);
-      w.waits = std::move(reductions_);
-      reductions_.clear();
+    if (reduce) wait_reductions(inflight_.size());
+  }
+
+  // WaitReduce for the oldest n reductions in flight: their completion (observed here) frees
+  // the transient gradients they reduced.
+  void wait_reductions(size_t n) {
+    Action& w = add(ActionKind::WaitReduce, Queue::Compute);
+    for (size_t k = 0; k < n; ++k) {
+      w.waits.push_back(inflight_[k].first);
+      w.mem[kComm] -= inflight_[k].second;
     }
+    inflight_.erase(inflight_.begin(), inflight_.begin() + static_cast<std::ptrdiff_t>(n));
   }
 
   void reduce_unit(int u) {
@@ -337,11 +376,12 @@ class Builder {
           ar.waits.push_back(last);
           last = static_cast<int>(plan_.actions.size()) - 1;
         }
+        int64_t freed = 0;
         if (in_.kind == UnitKind::Sharded) {  // completion frees the transient gradients
-          plan_.actions[size_t(last)].mem[kComm] -= fbytes(u);
+          freed = fbytes(u);
           has_grads_[size_t(u)] = false;
         }
-        reductions_.push_back(last);
+        inflight_.emplace_back(last, freed);
         break;
       }
       case UnitKind::Whole:
@@ -355,7 +395,7 @@ class Builder {
             ar.bucket = b;
             ar.bytes = (bk.hi - bk.lo) * rb;
             ready_[size_t(b)] = 0;
-            reductions_.push_back(static_cast<int>(plan_.actions.size()) - 1);
+            inflight_.emplace_back(static_cast<int>(plan_.actions.size()) - 1, 0);
           }
         }
         break;
@@ -385,6 +425,7 @@ class Builder {
       }
       add_p(Mem::Optimizer, 2 * shard);
     }
+    plan_.scratch = max_scratch;
     plan_.reserved[static_cast<size_t>(Mem::Workspace)] = max_scratch + 2 * act_bytes();
   }
 
@@ -395,7 +436,7 @@ class Builder {
   std::vector<bool> has_grads_;
   std::vector<CheckpointMode> recompute_;
   std::vector<int> ready_;
-  std::vector<int> reductions_;
+  std::vector<std::pair<int, int64_t>> inflight_;  // reductions: (last action, bytes freed)
   int micro_ = 0;
 };
 
@@ -441,7 +482,7 @@ StepPlan plan_step(const PlanInput& in) {
 
 int StepPlan::peak_gathered_units() const {
   if (kind != UnitKind::Sharded) return 0;
-  int live = 0, peak = 0;
+  int live = initial_gathered, peak = initial_gathered;
   for (const Action& a : actions) {
     if (a.kind == ActionKind::Gather) peak = std::max(peak, ++live);
     if (a.kind == ActionKind::Free) --live;

@@ -41,7 +41,8 @@ enum class ActionKind : uint8_t {
   AllReduce,       // reduce: HYBRID: unit u's reduced block over replicas, after its
                    // ReduceScatter; NO_SHARD: bucket b (every member's backward done)
   RoundGrads,      // compute: one rank alone rounds unit u's gradients to reduce_dtype
-  WaitReduce,      // compute waits for every reduction issued so far (end of backward)
+  WaitReduce,      // compute waits for the reductions it lists (completing them frees the
+                   // transient gradients; the end of backward waits for all)
   OptimizerUpdate, // compute: AdamW on unit u's shard
   Regather,        // gather: stage 1, all-gather the updated slices of unit u in place
   Fetch,           // io: bring unit u's state from its tier (offload; not emitted yet)
@@ -54,7 +55,9 @@ const char* action_kind_name(ActionKind k);  // "gather", "wait_gather", "forwar
 struct CallMemory {
   int64_t saved = 0;        // Saved after a training forward
   int64_t saved_cheap = 0;  // of which Keep::Cheap (dropped under selective checkpointing)
-  int64_t scratch = 0;      // the largest Scratch the call asks for (any of its phases)
+  int64_t saved_eval = 0;   // the most its Saved holds during an inference call
+  int64_t scratch = 0;      // the largest Scratch the call asks for (any of its phases, a full
+                            // recompute's output included)
   bool known = false;       // the unit declared it (Unit::declare_activations)
 };
 
@@ -98,6 +101,8 @@ struct PlanInput {
 // shard_group_size must already be resolved for HYBRID_SHARD; 0 = the world). Throws
 // sw::Error("sharding: ...") for an invalid schedule or group size.
 PlanInput make_plan_input(const Model& model, const ShardingPolicy& policy, int world);
+// Fills in.calls from the units' declarations (Unit::declare_activations) for in.B x in.T.
+void declare_calls(PlanInput& in, const Model& model);
 
 using MemDeltas = std::array<int64_t, static_cast<size_t>(Mem::Count)>;
 
@@ -111,9 +116,11 @@ struct Action {
   int micro = 0;    // micro-step of the optimizer step (the optimizer's actions: accum - 1)
   CheckpointMode mode = CheckpointMode::Off;  // DropSaved / Recompute
   int64_t bytes = 0;  // bytes a collective moves (its whole buffer in the wire dtype)
-  // Bytes allocated (+) and freed (-) per category by this action. A reduction's entry counts
-  // what its completion frees (the transient gradients), applied when it is waited for.
+  // Bytes allocated (+) and freed (-) per category by this action. A reduction's completion
+  // (freeing the transient gradients) is counted at the WaitReduce that observes it.
   MemDeltas mem{};
+  // Bytes held only while the action runs (an inference call's Saved, cleared after it).
+  MemDeltas transient{};
   std::vector<int> waits;  // indices of earlier actions this one waits for
 };
 
@@ -135,6 +142,11 @@ struct StepPlan {
   // ping-pong buffers): what the step's deltas start from.
   MemDeltas persistent{};
   MemDeltas reserved{};
+  int64_t scratch = 0;  // of reserved: the largest Scratch any call asks for (reserved once)
+  // Transient bytes already allocated when the plan starts (gathers carried from the previous
+  // step's optimizer). A whole step's deltas bring every category back to this.
+  MemDeltas initial{};
+  int initial_gathered = 0;  // units whose gather is in flight at the start
   int W = 1, S = 1, R = 1;
   UnitKind kind = UnitKind::Sharded;
   bool activations_known = true;  // every call declared its activation memory
@@ -165,7 +177,7 @@ struct ActionRecord {
   int segment = -1;
   ActionKind kind = ActionKind::Forward;
   Queue queue = Queue::Compute;
-  int unit = -1, call = -1, micro = 0;
+  int unit = -1, call = -1, micro = 0, bucket = -1;
   int64_t bytes = 0;
   double t_begin = 0, t_end = 0;
 };

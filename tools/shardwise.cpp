@@ -32,6 +32,7 @@
 #include "models/model.h"
 #include "sharding/sharded_model.h"
 #include "tools/ckpt_cmd.h"
+#include "tools/plan_cmd.h"
 
 #ifndef SW_VERSION
 #define SW_VERSION "0.1.0"
@@ -65,6 +66,7 @@ const char* kMainHelp =
     "  data prepare TEXT... --out FILE.bin      byte-level tokenize text into a .bin token file\n"
     "  sample --config CFG --prompt TEXT ...    generate text from trained weights\n"
     "  ckpt export|inspect|verify DIR ...       consolidate, list or check a sharded checkpoint\n"
+    "  plan-dump CONFIG [--world-size N]        print the step plan a run executes\n"
     "\n"
     "Options:\n"
     "  -h, --help      show this help (also `shardwise <command> --help`)\n"
@@ -472,6 +474,7 @@ int run(const std::vector<std::string>& args) {
   if (c == "data") return cmd_data(rest);
   if (c == "sample") return cmd_sample(rest);
   if (c == "ckpt") return sw::cmd_ckpt(rest);
+  if (c == "plan-dump") return sw::cmd_plan_dump(rest);
   if (c == "help") {
     if (rest.empty()) {
       std::cout << kMainHelp;
@@ -480,7 +483,7 @@ int run(const std::vector<std::string>& args) {
     return run({rest[0], "--help"});
   }
   if (c.size() > 1 && c[0] == '-') usage_fail("", "unknown option '" + c + "'");
-  usage_fail("", "unknown command '" + c + "' (expected train, data, sample or ckpt)");
+  usage_fail("", "unknown command '" + c + "' (expected train, data, sample, ckpt or plan-dump)");
 }
 
 // One line, no embedded newlines (a multi-line message would break the one-line contract).

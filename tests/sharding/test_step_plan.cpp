@@ -1,0 +1,328 @@
+// The step plan (sharding/step_plan.h) as data, without running a model: per strategy, the
+// sequence of gathers and frees against a hand-written expectation; max_live_units; waits
+// point backwards at the right actions; every category's bytes return to zero over a step;
+// and, at one rank, the executor's record of a real step is exactly the plan's action list.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/alloc.h"
+#include "kernels/ops.h"
+#include "models/model.h"
+#include "sharding/sharded_model.h"
+#include "sharding/step_plan.h"
+#include "sharding/wrap.h"
+
+using namespace sw;
+
+namespace {
+
+ModelConfig tiny(const std::string& type, int layers) {
+  ModelConfig c;
+  c.type = type;
+  c.vocab_size = 64;
+  c.n_layer = layers;
+  c.d_model = 32;
+  c.seq_len = 16;
+  c.n_head = type == "gpt2" ? 2 : 4;
+  if (type == "llama") c.n_kv_head = 2, c.d_ff = 64;
+  return c;
+}
+
+PlanInput input(const Model& m, ShardingPolicy p, int world, int accum = 1, int B = 2) {
+  PlanInput in = make_plan_input(m, p, world);
+  in.B = B, in.T = m.config.seq_len, in.accum = accum;
+  declare_calls(in, m);
+  return in;
+}
+
+// "G name", "F name" (free), "W name" (wait) of the gathers / frees / waits, in plan order.
+std::vector<std::string> gathers_and_frees(const StepPlan& p, bool waits = false) {
+  std::vector<std::string> out;
+  for (const Action& a : p.actions) {
+    const std::string u = a.unit >= 0 ? p.unit_names[size_t(a.unit)] : "";
+    if (a.kind == ActionKind::Gather) out.push_back("G " + u);
+    if (a.kind == ActionKind::Free) out.push_back("F " + u);
+    if (waits && a.kind == ActionKind::WaitGather) out.push_back("W " + u);
+  }
+  return out;
+}
+
+std::vector<std::string> kinds(const StepPlan& p, int begin, int end) {
+  std::vector<std::string> out;
+  for (int i = begin; i < end; ++i) {
+    const Action& a = p.actions[size_t(i)];
+    out.push_back(std::string(action_kind_name(a.kind)) + " " +
+                  (a.unit >= 0 ? p.unit_names[size_t(a.unit)] : "") +
+                  (a.pos >= 0 ? "@" + std::to_string(a.pos) : ""));
+  }
+  return out;
+}
+
+// Structural invariants every plan must satisfy.
+void check_invariants(const StepPlan& p) {
+  for (size_t i = 0; i < p.actions.size(); ++i) {
+    const Action& a = p.actions[i];
+    for (int w : a.waits) {
+      INFO("action " << i << " " << action_kind_name(a.kind) << " waits for " << w);
+      CHECK(w >= 0);
+      CHECK(w < static_cast<int>(i));
+      const Action& b = p.actions[size_t(w)];
+      if (a.kind == ActionKind::WaitGather) {
+        CHECK((b.kind == ActionKind::Gather || b.kind == ActionKind::Regather));
+        CHECK(b.unit == a.unit);
+      }
+      if (a.kind == ActionKind::WaitReduce)
+        CHECK((b.kind == ActionKind::ReduceScatter || b.kind == ActionKind::AllReduce));
+    }
+    // Queues: collectives of parameters on the gather queue, of gradients on the reduce queue.
+    if (a.kind == ActionKind::Gather || a.kind == ActionKind::Regather) CHECK(a.queue == Queue::Gather);
+    if (a.kind == ActionKind::ReduceScatter || a.kind == ActionKind::AllReduce)
+      CHECK(a.queue == Queue::Reduce);
+  }
+}
+
+// Replays the plan's memory deltas from what it starts with: the running total per category
+// never goes below zero and returns to the start (for a full steady-state step). Returns the peak per category.
+MemDeltas replay(const StepPlan& p, bool expect_zero_end) {
+  MemDeltas cur = p.initial, peak = p.initial;
+  for (const Action& a : p.actions)
+    for (size_t c = 0; c < cur.size(); ++c) {
+      cur[c] += a.mem[c];
+      INFO("category " << mem_name(static_cast<Mem>(c)));
+      CHECK(cur[c] >= 0);
+      peak[c] = std::max(peak[c], cur[c] + a.transient[c]);
+    }
+  if (expect_zero_end)
+    for (size_t c = 0; c < cur.size(); ++c) {
+      INFO("category " << mem_name(static_cast<Mem>(c)) << " ends at " << cur[c]);
+      CHECK(cur[c] == p.initial[c]);
+    }
+  return peak;
+}
+
+}  // namespace
+
+TEST_CASE("FULL_SHARD plan: gathers and frees of a tiny GPT-2, by hand", "[plan]") {
+  Model m = build_model(tiny("gpt2", 2));  // units: embed_head, h.0, h.1
+  ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+  const StepPlan p = plan_step(input(m, pol, 2));
+  check_invariants(p);
+  // Forward: the tied unit was prefetched by the previous optimizer step; h.0 is prefetched
+  // while embed computes, h.1 while h.0 computes; blocks are freed after forward; the tied unit
+  // stays. Backward: h.1 is gathered while the head's loss call runs backward, h.0 while h.1
+  // runs; each freed after its backward. The optimizer prefetches the tied unit again.
+  const std::vector<std::string> expect = {"G h.0",  "G h.1", "F h.0", "F h.1", "G h.1",
+                                           "G h.0",  "F h.1", "F h.0", "F embed_head",
+                                           "G embed_head"};
+  CHECK(gathers_and_frees(p) == expect);
+  // Each unit's gradients are reduce-scattered once, after its last backward call.
+  int rs = 0;
+  for (const Action& a : p.actions) rs += a.kind == ActionKind::ReduceScatter;
+  CHECK(rs == 3);
+  replay(p, true);
+}
+
+TEST_CASE("SHARD_GRAD_OP plan keeps forward's parameters until backward", "[plan]") {
+  Model m = build_model(tiny("llama", 2));  // embed, h.0, h.1, head
+  ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::ShardGradOp);
+  const StepPlan p = plan_step(input(m, pol, 4));
+  check_invariants(p);
+  const std::vector<std::string> expect = {
+      "G layers.0", "G layers.1", "G head",                 // forward prefetches, nothing freed
+      "F head", "F layers.1", "F layers.0", "F embed",      // each after its backward
+      "G embed"};                                   // the optimizer's prefetch
+  CHECK(gathers_and_frees(p) == expect);
+  replay(p, true);
+}
+
+TEST_CASE("max_live_units caps prefetching; prefetch depth bounds the rest", "[plan]") {
+  for (const std::string type : {"gpt2", "llama"}) {
+    Model m = build_model(tiny(type, 4));
+    for (int cap : {0, 1, 2, 3})
+      for (int depth : {1, 2, 4}) {
+        ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+        pol.forward_prefetch = pol.backward_prefetch = depth;
+        pol.max_live_units = cap;
+        const StepPlan p = plan_step(input(m, pol, 2));
+        check_invariants(p);
+        replay(p, true);
+        INFO(type << " cap " << cap << " depth " << depth);
+        // A unit needed now is gathered even above the cap; GPT-2's tied unit stays gathered.
+        const int needed = type == "gpt2" ? 2 : 1;
+        const int bound = cap == 0 ? depth + needed : std::max(cap, needed);
+        CHECK(p.peak_gathered_units() <= bound);
+        if (cap == 0 && depth == 4) CHECK(p.peak_gathered_units() == 5);
+      }
+  }
+}
+
+TEST_CASE("Accumulation modes: reduce each micro-step, or once", "[plan]") {
+  Model m = build_model(tiny("gpt2", 2));
+  for (GradAccumMode mode : {GradAccumMode::ReduceEachMicroStep, GradAccumMode::ReduceOnce}) {
+    ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+    pol.accum = mode;
+    const StepPlan p = plan_step(input(m, pol, 2, /*accum=*/3));
+    check_invariants(p);
+    replay(p, true);
+    REQUIRE(p.segments.size() == 4);  // 3 micro-steps + the optimizer
+    for (int k = 0; k < 3; ++k) {
+      const Segment& s = p.segments[size_t(k)];
+      int rs = 0;
+      for (int i = s.begin; i < s.end; ++i) rs += p.actions[size_t(i)].kind == ActionKind::ReduceScatter;
+      const bool reduces = mode == GradAccumMode::ReduceEachMicroStep || k == 2;
+      CHECK(s.reduce == reduces);
+      CHECK(rs == (reduces ? 3 : 0));
+    }
+  }
+}
+
+TEST_CASE("NO_SHARD buckets and HYBRID's two-level reduction", "[plan]") {
+  Model m = build_model(tiny("llama", 4));
+  {
+    ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::NoShard);
+    pol.bucket_bytes = 40000;  // a few units per bucket
+    const PlanInput in = input(m, pol, 3);
+    REQUIRE(in.buckets.size() > 1);
+    const StepPlan p = plan_step(in);
+    check_invariants(p);
+    replay(p, true);
+    int ar = 0;
+    for (size_t i = 0; i < p.actions.size(); ++i) {
+      const Action& a = p.actions[i];
+      if (a.kind == ActionKind::Gather) FAIL("NO_SHARD gathers nothing");
+      if (a.kind != ActionKind::AllReduce) continue;
+      ++ar;
+      // Issued right after the backward of the bucket's last member.
+      const PlanBucket& b = in.buckets[size_t(a.bucket)];
+      const Action* prev = &p.actions[i - 1];
+      CHECK(prev->unit == b.members.back());
+      CHECK(a.bytes == (b.hi - b.lo) * 4);
+    }
+    CHECK(ar == static_cast<int>(in.buckets.size()));
+  }
+  {
+    ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::HybridShard);
+    pol.shard_group_size = 2;
+    const StepPlan p = plan_step(input(m, pol, 4));
+    CHECK(p.S == 2);
+    CHECK(p.R == 2);
+    check_invariants(p);
+    replay(p, true);
+    for (size_t i = 0; i < p.actions.size(); ++i) {
+      const Action& a = p.actions[i];
+      if (a.kind != ActionKind::AllReduce) continue;
+      REQUIRE(a.waits.size() == 1);
+      const Action& rs = p.actions[size_t(a.waits[0])];
+      CHECK(rs.kind == ActionKind::ReduceScatter);
+      CHECK(rs.unit == a.unit);
+      CHECK(a.bytes * 2 == rs.bytes);  // the reduced block is 1/S of the buffer
+    }
+  }
+}
+
+TEST_CASE("Stage 1 regathers after the update; the next step waits for it", "[plan]") {
+  Model m = build_model(tiny("gpt2", 2));
+  const StepPlan p = plan_step(input(m, ShardingPolicy::for_strategy(ShardingStrategy::ShardOptimizer), 2));
+  check_invariants(p);
+  replay(p, true);
+  CHECK(gathers_and_frees(p).empty());
+  std::vector<std::string> regathers, waits;
+  for (const Action& a : p.actions) {
+    if (a.kind == ActionKind::Regather) regathers.push_back(p.unit_names[size_t(a.unit)]);
+    if (a.kind == ActionKind::WaitGather) waits.push_back(p.unit_names[size_t(a.unit)]);
+  }
+  CHECK(regathers == std::vector<std::string>{"embed_head", "h.0", "h.1"});
+  CHECK(waits == std::vector<std::string>{"embed_head", "h.0", "h.1"});  // in forward order
+}
+
+TEST_CASE("Activation checkpointing: drops after forward, recomputes before backward", "[plan]") {
+  for (CheckpointMode mode : {CheckpointMode::Full, CheckpointMode::Selective}) {
+    Model m = build_model(tiny("gpt2", 2));
+    ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+    pol.activation_checkpointing.mode = mode;
+    const StepPlan p = plan_step(input(m, pol, 2));
+    check_invariants(p);
+    const MemDeltas peak = replay(p, true);
+    ShardingPolicy off = pol;
+    off.activation_checkpointing.mode = CheckpointMode::Off;
+    const MemDeltas peak_off = replay(plan_step(input(m, off, 2)), true);
+    const size_t A = static_cast<size_t>(Mem::Activations);
+    CHECK(peak[A] < peak_off[A]);
+    // Each block is dropped once and recomputed once, right before its backward.
+    std::map<int, int> drops;
+    for (size_t i = 0; i < p.actions.size(); ++i) {
+      const Action& a = p.actions[i];
+      if (a.kind == ActionKind::DropSaved) {
+        CHECK(a.mode == mode);
+        ++drops[a.pos];
+      }
+      if (a.kind == ActionKind::Recompute) {
+        CHECK(drops[a.pos] == 1);
+        CHECK(p.actions[i + 1].kind == ActionKind::Backward);
+        CHECK(p.actions[i + 1].pos == a.pos);
+        CHECK(a.mem[A] == -[&] {  // what it rebuilds is what was dropped
+          for (const Action& d : p.actions)
+            if (d.kind == ActionKind::DropSaved && d.pos == a.pos) return d.mem[A];
+          return int64_t{0};
+        }());
+      }
+    }
+    CHECK(drops.size() == 2);  // the two blocks; the embedding saves nothing, the loss is exempt
+  }
+}
+
+TEST_CASE("The executor runs exactly the plan (one rank, a recorder attached)", "[plan]") {
+  for (CheckpointMode mode : {CheckpointMode::Off, CheckpointMode::Full, CheckpointMode::Selective})
+    for (int bpu : {1, 2}) {
+      Model m = build_model(tiny("llama", 4));
+      wrap_blocks(m, bpu);
+      ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+      pol.activation_checkpointing.mode = mode;
+      ShardedModel sm(m, ops_for(Device::cpu()), 7, make_local_group(), pol);
+      const int B = 2, T = 16;
+      std::vector<int32_t> tok(static_cast<size_t>(B) * T, 5);
+      const Batch batch{tok.data(), tok.data(), B, T};
+      sm.forward_backward(batch);  // warm-up: buffers grow once
+      const StepPlan plan = sm.step_plan(B, T, 1);
+      StepRecorder rec;
+      sm.set_recorder(&rec);
+      MemTracker::global().reset_peaks();
+      const size_t a0 = MemTracker::global().current(Mem::Activations);
+      sm.forward_backward(batch);
+      sm.optimizer_step(AdamWParams{}, 1e-3f, 1.f, 1);
+      sm.set_recorder(nullptr);
+      INFO("checkpointing " << checkpoint_mode_name(mode) << ", blocks_per_unit " << bpu);
+      // Same actions in the same order. Records are numbered within the segment that ran them
+      // (the micro-step, then the optimizer); a reduction is recorded when it completes.
+      std::vector<ActionRecord> recs = rec.records;
+      std::stable_sort(recs.begin(), recs.end(), [](const ActionRecord& x, const ActionRecord& y) {
+        return x.segment != y.segment ? x.segment < y.segment : x.action < y.action;
+      });
+      std::vector<std::string> ran, planned;
+      for (const ActionRecord& r : recs)
+        ran.push_back(std::string(action_kind_name(r.kind)) + " " + std::to_string(r.unit));
+      for (const Action& a : plan.actions)
+        planned.push_back(std::string(action_kind_name(a.kind)) + " " + std::to_string(a.unit));
+      CHECK(ran == planned);
+      for (const ActionRecord& r : rec.records) CHECK(r.t_end >= r.t_begin);
+      // The plan's activation peak is the measured one.
+      const size_t Ai = static_cast<size_t>(Mem::Activations);
+      const MemDeltas peak = replay(plan, true);
+      CHECK(static_cast<int64_t>(MemTracker::global().peak(Mem::Activations) - a0) == peak[Ai]);
+    }
+}
+
+TEST_CASE("plan str() lists every action with its queue", "[plan]") {
+  Model m = build_model(tiny("gpt2", 2));
+  const StepPlan p = plan_step(input(m, ShardingPolicy::for_strategy(ShardingStrategy::FullShard), 2));
+  const std::string s = p.str();
+  CHECK(s.find("reduce   reduce_scatter   h.1") != std::string::npos);
+  CHECK(s.find("gather   gather           h.0") != std::string::npos);
+  CHECK(s.find("-- optimizer") != std::string::npos);
+  size_t lines = 0;
+  for (char c : s) lines += c == '\n';
+  CHECK(lines >= p.actions.size());
+}
