@@ -16,6 +16,7 @@
 
 #include "core/device.h"
 #include "core/dtype.h"
+#include "core/stream.h"
 
 namespace sw {
 
@@ -23,6 +24,9 @@ class Ops {
  public:
   virtual ~Ops() = default;
   virtual Device device() const = 0;
+  // The stream these ops run on (core/stream.h): the calling thread on the CPU; a CUDA
+  // backend returns its compute stream, which the step executor makes wait for gathers.
+  virtual Stream& stream() const { return host_stream(); }
 
   // ---- GEMM: C = alpha * op(A) @ op(B) + beta * C, row-major, op = transpose if flag set.
   // A is (M,K) (or (K,M) when ta), B is (K,N) (or (N,K) when tb), C is (M,N).

@@ -209,7 +209,8 @@ void FlatUnit::issue_unshard() {
 }
 
 void FlatUnit::finish_gather() {
-  gather_.wait();
+  // The compute stream waits for the gather's event (on the CPU: this thread blocks).
+  ops_->stream().wait_event(gather_);
   gather_in_flight_ = false;
   sstate_ = ShardedState::Unsharded;
   if (pdt_ != DType::F32) widen_in_place(pdt_, full_, layout_.padded);

@@ -38,6 +38,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "core/stream.h"
 
 namespace sw {
 
@@ -74,14 +75,17 @@ namespace detail {
 struct WorkState;
 }
 
-// Completion handle of an issued collective. Copyable; a default Work is already complete.
-// Dropping a Work without waiting is allowed: the collective still runs (buffers must live).
-class Work {
+// Completion handle of an issued collective: the event its Group (a communication stream,
+// core/stream.h) records after it. Copyable; a default Work is already complete. Dropping a
+// Work without waiting is allowed: the collective still runs (buffers must live).
+class Work final : public Event {
  public:
   Work() = default;
   explicit Work(std::shared_ptr<detail::WorkState> s) : s_(std::move(s)) {}
   void wait();  // blocks until complete; throws sw::Error("comm: ...") if the collective failed
   bool test();  // true once complete (never blocks; errors surface in wait())
+  bool query() override { return test(); }
+  void synchronize() override { wait(); }
   uint64_t seq() const;  // the group's sequence number of this collective (0 for a no-op)
   // Once complete: when the backend started and finished executing it (steady clock seconds,
   // sw::trace_clock's; 0 for a default Work).

@@ -1,0 +1,48 @@
+// The execution context a step plan runs in (docs/ARCHITECTURE.md, "Execution context"): a
+// Stream is an ordered queue of work; an Event marks a point in one stream's work that another
+// stream, or the host, can wait for. Ops run on their device's compute stream
+// (Ops::stream()); a communication Group is itself a stream (its collectives run in issue
+// order) and every collective it issues returns its completion event (sharding/comm/group.h's
+// Work). The executor makes the compute stream wait for a gather's event before the unit runs,
+// and the host waits only where a value must be read on it.
+//
+// CPU backend: the compute stream is the calling thread (work runs when enqueued), so waiting
+// for an event blocks that thread; a Group's communication thread is its stream.
+// CUDA backend: Stream wraps a cudaStream_t, Event a cudaEvent_t recorded on it;
+// Stream::wait_event is cudaStreamWaitEvent (the host does not block), Event::synchronize is
+// cudaEventSynchronize, and a NCCL Group enqueues on its own stream and records an event
+// after each collective.
+#pragma once
+
+namespace sw {
+
+class Event {
+ public:
+  virtual ~Event() = default;
+  // True once everything the event marks has completed (never blocks).
+  virtual bool query() = 0;
+  // The host waits until it has; throws the failure of the work it marks, if any.
+  virtual void synchronize() = 0;
+};
+
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  virtual const char* name() const = 0;
+  // Work enqueued on this stream after this call starts only once `e` has completed.
+  virtual void wait_event(Event& e) = 0;
+  // The host waits for everything enqueued on this stream so far.
+  virtual void synchronize() = 0;
+};
+
+// The CPU's compute stream: the calling thread. Work runs as it is enqueued, so wait_event
+// blocks until the event completes and synchronize has nothing to wait for.
+class HostStream final : public Stream {
+ public:
+  const char* name() const override { return "host"; }
+  void wait_event(Event& e) override { e.synchronize(); }
+  void synchronize() override {}
+};
+HostStream& host_stream();
+
+}  // namespace sw
