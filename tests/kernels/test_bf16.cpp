@@ -82,6 +82,7 @@ std::vector<std::pair<DType, LowpPath>> paths() {
   if (sw::cpu::cpu_has_avx512()) {
     p.push_back({DType::BF16, LowpPath::Fused});
     p.push_back({DType::F16, LowpPath::Fused});
+    p.push_back({DType::BF16, LowpPath::OneDnn});
   }
   return p;
 }
@@ -90,6 +91,7 @@ const char* path_name(LowpPath p) {
   return p == LowpPath::Native     ? "native"
          : p == LowpPath::Fused    ? "fused"
          : p == LowpPath::Emulated ? "emulated"
+         : p == LowpPath::OneDnn   ? "onednn"
                                    : "auto";
 }
 
