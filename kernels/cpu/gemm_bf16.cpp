@@ -8,12 +8,16 @@
 //    FMA microkernels: no extra pass over the operands;
 //  * emulated (any CPU): operands rounded into fp32 copies, then OpenBLAS sgemm. One extra
 //    pass over the operands; an operand used by two products (dout in linear_backward) is
-//    rounded once, all of a call's operands in one parallel region.
+//    rounded once, all of a call's operands in one parallel region;
+//  * onednn (BF16, AVX-512): gemm_onednn.cpp, dense bf16 copies of the operands, then
+//    oneDNN's bf16 matmul (fp32 output). For BF16, Auto also picks per shape between its own
+//    kernel (native or fused) and onednn by timing both on the first call (shape_choice).
 // Auto: BF16 runs native only where vdpbf16ps is faster than FMA (dpbf16_flop_ratio() > 1.2,
 // measured once per process; on the 4th-generation Xeon these kernels were developed on it
 // delivers ~0.5x: one vdpbf16ps issues at a quarter of the FMA's rate, so bf16 cannot beat
 // fp32 there), else fused where AVX-512 exists, else emulated. SW_LOWP_PATH=native|fused|
-// emulated overrides Auto; tests and the bench force one path per call.
+// emulated|onednn overrides Auto (no per-shape choice then); tests and the bench force one
+// path per call.
 //
 // F16 has no native path: x86 has no fp16 dot product with fp32 accumulation below AMX-FP16,
 // so fp16 compute brings no speed on the CPU; it exists for the fp16 mixed-precision mode
