@@ -6,10 +6,14 @@
 //           while packing (no extra pass; what Auto runs where vdpbf16ps is slower than FMA);
 //   native  gemm_lowp(BF16) native path: AVX512-BF16 vdpbf16ps microkernels, rounding while
 //           packing (only where the CPU has AVX512-BF16);
-//   onednn  oneDNN's bf16 matmul (bf16 operands converted beforehand and not timed, f32
-//           output), when the build found libdnnl: the engine PyTorch's bf16 autocast uses.
+//   onednn  gemm_lowp(BF16) oneDNN path: operands converted to bf16 copies (timed), then
+//           oneDNN's bf16 matmul with fp32 output;
+//   dnnl0   oneDNN's bare bf16 matmul on operands converted beforehand (not timed): the
+//           engine PyTorch's bf16 autocast uses, and what the onednn path pays for converting;
+//   auto    gemm_lowp(BF16) Auto: its per-shape choice (own kernel or onednn, measured on the
+//           first call, which is the warm-up here; the "choice" column says which).
 // Prints GFLOP/s per shape (median of --reps timed calls per peer, peers interleaved call by
-// call) and the ratios to sgemm (and of oneDNN's time over the fastest Shardwise bf16 path),
+// call) and the ratios to sgemm (and of dnnl0's time over the fastest Shardwise bf16 path),
 // then the totals over all shapes (total flops over total median time, each shape counted
 // once: the forward, dinp and dW products of a 124M block's four Linears and one 512-row
 // LM-head chunk's three, not weighted by the 12 layers or the number of chunks).
@@ -29,9 +33,7 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/threads.h"
 
-#ifdef SW_HAVE_DNNL
 #include <dnnl.hpp>
-#endif
 
 using Clock = std::chrono::steady_clock;
 
@@ -92,21 +94,18 @@ int main(int argc, char** argv) {
               ap == sw::cpu::LowpPath::Native  ? "native"
               : ap == sw::cpu::LowpPath::Fused ? "fused"
                                                : "emulated");
-#ifdef SW_HAVE_DNNL
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   dnnl::stream strm(eng);
-  const bool dnnl_on = true;
-#else
-  const bool dnnl_on = false;
-#endif
-  std::printf("GFLOP/s (median)       %6s %6s %6s  %7s %7s %7s %7s %7s  %7s %7s %7s %9s\n",
-              "M", "N", "K", "sgemm", "emul", "fused", "native", "onednn", "emul/s", "fused/s",
-              "nat/s", "best/dnnl");
-  double tf = 0, ts = 0, te = 0, tu = 0, tn = 0, td = 0;
+  const bool dnnl_on = hwf;  // the onednn path converts with AVX-512
+  std::printf("GFLOP/s (median)       %6s %6s %6s  %7s %7s %7s %7s %7s %7s %7s  %7s %7s %7s %7s %9s  %s\n",
+              "M", "N", "K", "sgemm", "emul", "fused", "native", "onednn", "dnnl0", "auto",
+              "fused/s", "nat/s", "dnn/s", "auto/s", "dnnl0/own", "choice");
+  double tf = 0, ts = 0, te = 0, tu = 0, tn = 0, td = 0, to = 0, ta_ = 0;
   for (const Shape& s : shapes) {
     const int lda = s.ta ? s.M : s.K, ldb = s.tb ? s.K : s.N;
     std::vector<float> A((size_t)s.M * s.K), B((size_t)s.K * s.N), Cs((size_t)s.M * s.N),
-        Ce((size_t)s.M * s.N), Cu((size_t)s.M * s.N), Cn((size_t)s.M * s.N);
+        Ce((size_t)s.M * s.N), Cu((size_t)s.M * s.N), Cn((size_t)s.M * s.N),
+        Co((size_t)s.M * s.N), Ca((size_t)s.M * s.N);
     uint32_t x = 12345;
     auto rnd = [&] {
       x = x * 1664525u + 1013904223u;
@@ -132,7 +131,15 @@ int main(int argc, char** argv) {
         sw::cpu::gemm_lowp(sw::DType::BF16, s.ta, s.tb, s.M, s.N, s.K, 1.f, A.data(), lda,
                            B.data(), ldb, 0.f, Cn.data(), s.N, sw::cpu::LowpPath::Native);
     };
-#ifdef SW_HAVE_DNNL
+    auto run_o = [&] {
+      if (dnnl_on)
+        sw::cpu::gemm_lowp(sw::DType::BF16, s.ta, s.tb, s.M, s.N, s.K, 1.f, A.data(), lda,
+                           B.data(), ldb, 0.f, Co.data(), s.N, sw::cpu::LowpPath::OneDnn);
+    };
+    auto run_a = [&] {
+      sw::cpu::gemm_lowp(sw::DType::BF16, s.ta, s.tb, s.M, s.N, s.K, 1.f, A.data(), lda,
+                         B.data(), ldb, 0.f, Ca.data(), s.N);
+    };
     using dt = dnnl::memory::data_type;
     using tag = dnnl::memory::format_tag;
     dnnl::memory::desc amd({s.M, s.K}, dt::bf16, s.ta ? tag::ba : tag::ab);
@@ -151,9 +158,6 @@ int main(int argc, char** argv) {
       mm.execute(strm, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
       strm.wait();
     };
-#else
-    auto run_d = [] {};
-#endif
     auto timed = [](auto&& f) {
       const double t0 = now_s();
       f();
@@ -164,32 +168,46 @@ int main(int argc, char** argv) {
     run_u();
     run_n();
     if (dnnl_on) run_d();
-    std::vector<double> t_s, t_e, t_u, t_n, t_d;
+    run_o();
+    run_a();  // Auto's first call: measures and chooses for this shape
+    std::vector<double> t_s, t_e, t_u, t_n, t_d, t_o, t_a;
     for (int r = 0; r < reps; ++r) {
       t_s.push_back(timed(run_s));
       t_e.push_back(timed(run_e));
       if (hwf) t_u.push_back(timed(run_u));
       if (hw) t_n.push_back(timed(run_n));
       if (dnnl_on) t_d.push_back(timed(run_d));
+      if (dnnl_on) t_o.push_back(timed(run_o));
+      t_a.push_back(timed(run_a));
     }
     const double fl = 2.0 * s.M * s.N * s.K;
     const double ms = median(t_s), me = median(t_e), mu = hwf ? median(t_u) : 0,
-                 mn = hw ? median(t_n) : 0, md = dnnl_on ? median(t_d) : 0;
-    tf += fl, ts += ms, te += me, tu += mu, tn += mn, td += md;
+                 mn = hw ? median(t_n) : 0, md = dnnl_on ? median(t_d) : 0,
+                 mo = dnnl_on ? median(t_o) : 0, ma = median(t_a);
+    tf += fl, ts += ms, te += me, tu += mu, tn += mn, td += md, to += mo, ta_ += ma;
+    const sw::cpu::LowpPath ch = sw::cpu::lowp_shape_choice(s.ta, s.tb, s.M, s.N, s.K);
     auto row = [&](const char* name, int M, int N, int K, double fs, double ms_, double me_,
-                   double mu_, double mn_, double md_) {
+                   double mu_, double mn_, double md_, double mo_, double ma_,
+                   const char* choice) {
       auto g = [&](double t) { return t > 0 ? fs / t / 1e9 : 0.0; };
       auto r = [&](double t) { return t > 0 ? ms_ / t : 0.0; };
       double best = me_;
       if (mu_ > 0) best = std::min(best, mu_);
       if (mn_ > 0) best = std::min(best, mn_);
-      std::printf("%-22s %6d %6d %6d  %7.1f %7.1f %7.1f %7.1f %7.1f  %6.2fx %6.2fx %6.2fx %8.2fx\n",
-                  name, M, N, K, g(ms_), g(me_), g(mu_), g(mn_), g(md_), r(me_), r(mu_), r(mn_),
-                  md_ > 0 ? md_ / best : 0.0);
+      std::printf("%-22s %6d %6d %6d  %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f  %6.2fx %6.2fx "
+                  "%6.2fx %6.2fx %8.2fx  %s\n",
+                  name, M, N, K, g(ms_), g(me_), g(mu_), g(mn_), g(mo_), g(md_), g(ma_), r(mu_),
+                  r(mn_), r(mo_), r(ma_), md_ > 0 ? best / md_ : 0.0, choice);
       std::fflush(stdout);
     };
-    row(s.name, s.M, s.N, s.K, fl, ms, me, mu, mn, md);
-    if (&s == &shapes.back()) row("total (all shapes)", 0, 0, 0, tf, ts, te, tu, tn, td);
+    row(s.name, s.M, s.N, s.K, fl, ms, me, mu, mn, md, mo, ma,
+        ch == sw::cpu::LowpPath::OneDnn   ? "onednn"
+        : ch == sw::cpu::LowpPath::Native ? "native"
+        : ch == sw::cpu::LowpPath::Fused  ? "fused"
+        : ch == sw::cpu::LowpPath::Auto   ? "-"
+                                          : "emulated");
+    if (&s == &shapes.back())
+      row("total (all shapes)", 0, 0, 0, tf, ts, te, tu, tn, td, to, ta_, "");
   }
   return 0;
 }

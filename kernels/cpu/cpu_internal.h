@@ -4,6 +4,7 @@
 #include <cblas.h>
 
 #include <bit>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -55,6 +56,14 @@ void gemm_bf16_avx512(bool ta, bool tb, int M, int N, int K, float alpha, const 
 void gemm_lowp_fma_avx512(bool f16, bool ta, bool tb, int M, int N, int K, float alpha,
                           const float* A, int lda, const float* B, int ldb, float beta, float* C,
                           int ldc);
+// dst(rows, cols), dense bf16 = f32_to_bf16(src(rows, cols; row stride ld)), bit for bit, on
+// the calling thread (AVX-512F/BW; call only where the CPU has those).
+void to_bf16_rows(uint16_t* dst, const float* src, int rows, int cols, ptrdiff_t ld);
+// gemm_onednn.cpp: the same contract as gemm_bf16_avx512 through oneDNN's bf16 matmul
+// (operands converted to dense bf16 copies, fp32 output; AVX-512F/BW only). Primitives are
+// kept per (shape, transposes, ldc, alpha, beta, threads) for the process.
+void gemm_bf16_onednn(bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
+                      int lda, const float* B, int ldb, float beta, float* C, int ldc);
 // Measured flop rate of vdpbf16ps over that of fp32 FMA on this core (~2 where vdpbf16ps has
 // the FMA's throughput; ~0.5 on CPUs that run it at a quarter of the FMA's instruction rate).
 double dpbf16_flop_ratio();

@@ -25,11 +25,20 @@ void linear_backward(float* dinp, float* dw, float* db, const float* dout, const
 // (gemm_bf16.cpp): Native = AVX512-BF16 vdpbf16ps kernels (BF16 only), Fused = AVX-512 FMA
 // kernels rounding while packing, Emulated = rounded copies + sgemm. Auto resolves to
 // lowp_auto_path(t); a forced path throws where the CPU lacks it (and Native for F16).
-enum class LowpPath { Auto, Native, Fused, Emulated };
+// OneDnn = oneDNN's bf16 matmul on bf16 copies of the operands (BF16 only, AVX-512). For BF16,
+// Auto also chooses per shape: on the first call of each (M, N, K, transposes) it times its
+// own kernel (Native or Fused) against OneDnn on that call's operands and keeps the faster
+// for the process (SW_LOWP_PATH=native|fused|emulated|onednn disables that and forces one).
+enum class LowpPath { Auto, Native, Fused, Emulated, OneDnn };
 bool cpu_has_avx512_bf16();  // the CPU has AVX512-BF16 (Native possible)
 bool cpu_has_avx512();       // the CPU has AVX-512F/BW (Fused possible)
 bool bf16_native();          // Auto runs Native for BF16 (faster than FMA, or forced)
-LowpPath lowp_auto_path(DType t);  // what Auto runs for t (fixed for the process)
+LowpPath lowp_auto_path(DType t);  // Auto's own kernel for t (fixed for the process)
+bool lowp_per_shape(DType t);      // Auto also chooses between that and OneDnn per shape
+// The per-shape choice made for that shape so far (Auto: not yet called), with the best times
+// measured (seconds) when it was made.
+LowpPath lowp_shape_choice(bool ta, bool tb, int M, int N, int K, double* t_own = nullptr,
+                           double* t_onednn = nullptr);
 void gemm_lowp(DType t, bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
                int lda, const float* B, int ldb, float beta, float* C, int ldc,
                LowpPath path = LowpPath::Auto);

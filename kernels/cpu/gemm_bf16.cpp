@@ -8,12 +8,16 @@
 //    FMA microkernels: no extra pass over the operands;
 //  * emulated (any CPU): operands rounded into fp32 copies, then OpenBLAS sgemm. One extra
 //    pass over the operands; an operand used by two products (dout in linear_backward) is
-//    rounded once, all of a call's operands in one parallel region.
+//    rounded once, all of a call's operands in one parallel region;
+//  * onednn (BF16, AVX-512): gemm_onednn.cpp, dense bf16 copies of the operands, then
+//    oneDNN's bf16 matmul (fp32 output). For BF16, Auto also picks per shape between its own
+//    kernel (native or fused) and onednn by timing both on the first call (shape_choice).
 // Auto: BF16 runs native only where vdpbf16ps is faster than FMA (dpbf16_flop_ratio() > 1.2,
 // measured once per process; on the 4th-generation Xeon these kernels were developed on it
 // delivers ~0.5x: one vdpbf16ps issues at a quarter of the FMA's rate, so bf16 cannot beat
 // fp32 there), else fused where AVX-512 exists, else emulated. SW_LOWP_PATH=native|fused|
-// emulated overrides Auto; tests and the bench force one path per call.
+// emulated|onednn overrides Auto (no per-shape choice then); tests and the bench force one
+// path per call.
 //
 // F16 has no native path: x86 has no fp16 dot product with fp32 accumulation below AMX-FP16,
 // so fp16 compute brings no speed on the CPU; it exists for the fp16 mixed-precision mode
@@ -24,8 +28,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "core/alloc.h"
 #include "core/dtype.h"
@@ -65,8 +73,8 @@ bool hw_avx512() {
 std::string env_path() {
   const char* env = std::getenv("SW_LOWP_PATH");
   const std::string e = env ? env : "";
-  if (!e.empty() && e != "native" && e != "fused" && e != "emulated")
-    fail("kernels", "SW_LOWP_PATH must be native, fused or emulated, not '" + e + "'");
+  if (!e.empty() && e != "native" && e != "fused" && e != "emulated" && e != "onednn")
+    fail("kernels", "SW_LOWP_PATH must be native, fused, emulated or onednn, not '" + e + "'");
   return e;
 }
 
@@ -158,7 +166,78 @@ LowpPath resolve(DType t, LowpPath path) {
     SW_CHECK(hw_avx512_bf16(), "gemm: this CPU has no AVX512-BF16");
   }
   if (path == LowpPath::Fused) SW_CHECK(hw_avx512(), "gemm: this CPU has no AVX-512");
+  if (path == LowpPath::OneDnn) {
+    SW_CHECK(t == DType::BF16, "gemm: the oneDNN path is bf16 only");
+    SW_CHECK(hw_avx512(), "gemm: the oneDNN path needs AVX-512");
+  }
   return path;
+}
+
+// Auto's per-shape choice between the process's best own kernel (`base`, Native or Fused) and
+// oneDNN: measured on the first call of each (M, N, K, transposes), cached for the process.
+// Both candidates run on the call's own operands into a scratch copy of C (beta applies to
+// the copy), once to warm up (oneDNN builds its primitive, pages are touched), then
+// alternately; the faster minimum wins. Later calls cost one hash lookup under a mutex.
+struct ShapeKey {
+  int M, N, K;
+  bool ta, tb;
+  bool operator==(const ShapeKey&) const = default;
+};
+struct ShapeHash {
+  size_t operator()(const ShapeKey& k) const {
+    return ((size_t)k.M * 1000003u + (size_t)k.N) * 1000003u + (size_t)k.K * 4 + k.ta * 2 + k.tb;
+  }
+};
+struct ShapeChoice {
+  LowpPath path;
+  double t_base, t_onednn;  // best measured seconds
+};
+std::mutex g_shape_mu;
+std::unordered_map<ShapeKey, ShapeChoice, ShapeHash> g_shape_choice;
+
+void run_path(LowpPath p, bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
+              int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  if (p == LowpPath::Native)
+    detail::gemm_bf16_avx512(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  else if (p == LowpPath::Fused)
+    detail::gemm_lowp_fma_avx512(false, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  else
+    detail::gemm_bf16_onednn(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+LowpPath shape_choice(LowpPath base, bool ta, bool tb, int M, int N, int K, float alpha,
+                      const float* A, int lda, const float* B, int ldb, float beta,
+                      const float* C, int ldc) {
+  const ShapeKey key{M, N, K, ta, tb};
+  {
+    std::lock_guard<std::mutex> lock(g_shape_mu);
+    auto it = g_shape_choice.find(key);
+    if (it != g_shape_choice.end()) return it->second.path;
+  }
+  if (omp_in_parallel()) return base;  // one thread of a team: not a representative timing
+  const size_t n = (size_t)(M - 1) * ldc + N;  // C's extent
+  std::vector<float> scratch(n);
+  auto once = [&](LowpPath p) {
+    if (beta != 0.f) std::memcpy(scratch.data(), C, n * sizeof(float));
+    const double t0 = omp_get_wtime();
+    run_path(p, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, scratch.data(), ldc);
+    return omp_get_wtime() - t0;
+  };
+  const double w = once(base);
+  once(LowpPath::OneDnn);
+  const int reps = w > 0.1 ? 2 : w > 0.01 ? 3 : 5;
+  double tb_ = 1e30, td = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    tb_ = std::min(tb_, once(base));
+    td = std::min(td, once(LowpPath::OneDnn));
+  }
+  const ShapeChoice c{td < tb_ ? LowpPath::OneDnn : base, tb_, td};
+  if (const char* v = std::getenv("SW_LOWP_VERBOSE"); v && *v && *v != '0')
+    std::fprintf(stderr, "[kernels] bf16 gemm M%d N%d K%d ta%d tb%d: %s %.3f ms, onednn %.3f ms -> %s\n",
+                 M, N, K, (int)ta, (int)tb, base == LowpPath::Native ? "native" : "fused",
+                 tb_ * 1e3, td * 1e3, c.path == LowpPath::OneDnn ? "onednn" : "own kernel");
+  std::lock_guard<std::mutex> lock(g_shape_mu);
+  return g_shape_choice.emplace(key, c).first->second.path;
 }
 
 }  // namespace
@@ -170,8 +249,25 @@ LowpPath lowp_auto_path(DType t) {
   // Without native: fused where AVX-512 exists unless SW_LOWP_PATH=emulated.
   static const LowpPath fma_or_emulated =
       hw_avx512() && env_path() != "emulated" ? LowpPath::Fused : LowpPath::Emulated;
+  static const bool onednn = hw_avx512() && env_path() == "onednn";
+  if (t == DType::BF16 && onednn) return LowpPath::OneDnn;
   if (t == DType::BF16 && bf16_native()) return LowpPath::Native;
   return fma_or_emulated;
+}
+
+bool lowp_per_shape(DType t) {
+  static const bool on = hw_avx512() && env_path().empty();
+  return on && t == DType::BF16;
+}
+
+LowpPath lowp_shape_choice(bool ta, bool tb, int M, int N, int K, double* t_own,
+                           double* t_onednn) {
+  std::lock_guard<std::mutex> lock(g_shape_mu);
+  auto it = g_shape_choice.find(ShapeKey{M, N, K, ta, tb});
+  if (it == g_shape_choice.end()) return LowpPath::Auto;
+  if (t_own) *t_own = it->second.t_base;
+  if (t_onednn) *t_onednn = it->second.t_onednn;
+  return it->second.path;
 }
 
 bool bf16_native() {
@@ -208,7 +304,12 @@ void gemm_lowp(DType t, bool ta, bool tb, int M, int N, int K, float alpha, cons
            "gemm: leading dimension smaller than the row width");
   if (K <= 0) return gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);  // C = beta C
   detail::blas_select_core();
+  const bool per_shape = path == LowpPath::Auto && lowp_per_shape(t);
   path = resolve(t, path);
+  if (per_shape)
+    path = shape_choice(path, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  if (path == LowpPath::OneDnn)
+    return detail::gemm_bf16_onednn(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   if (path == LowpPath::Native)
     return detail::gemm_bf16_avx512(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   if (path == LowpPath::Fused)

@@ -410,6 +410,21 @@ void run(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int
 
 }  // namespace
 
+void to_bf16_rows(uint16_t* dst, const float* src, int rows, int cols, ptrdiff_t ld) {
+  for (int r = 0; r < rows; ++r) {
+    const float* s = src + (ptrdiff_t)r * ld;
+    uint16_t* d = dst + (size_t)r * cols;
+    int c = 0;
+    for (; c + 32 <= cols; c += 32)
+      _mm512_storeu_si512(d + c, pairs_of_run(_mm512_loadu_ps(s + c), _mm512_loadu_ps(s + c + 16)));
+    for (; c < cols; c += 16) {
+      const __mmask16 m = first_n(cols - c);
+      _mm512_mask_cvtepi32_storeu_epi16(
+          d + c, m, _mm512_srli_epi32(round_hi(_mm512_maskz_loadu_ps(m, s + c)), 16));
+    }
+  }
+}
+
 void gemm_bf16_avx512(bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
                       int lda, const float* B, int ldb, float beta, float* C, int ldc) {
   run<Kind::Dp>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);

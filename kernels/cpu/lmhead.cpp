@@ -71,11 +71,11 @@ double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const floa
     round_to(compute, xp, x, (size_t)N * C);
     wr = wp, xr = xp;
   }
-  auto mm = [packs_round, compute, path](bool ta, bool tb, int M, int Nn, int K, const float* A,
+  auto mm = [packs_round, compute](bool ta, bool tb, int M, int Nn, int K, const float* A,
                                     int lda, const float* B, int ldb, float beta, float* Cm,
                                     int ldc) {
     if (packs_round)
-      gemm_lowp(compute, ta, tb, M, Nn, K, 1.f, A, lda, B, ldb, beta, Cm, ldc, path);
+      gemm_lowp(compute, ta, tb, M, Nn, K, 1.f, A, lda, B, ldb, beta, Cm, ldc);  // Auto: per shape
     else
       detail::sgemm(ta, tb, M, Nn, K, 1.f, A, lda, B, ldb, beta, Cm, ldc);
   };

@@ -17,7 +17,10 @@
 // paths agree (same products, other summation orders: within twice the fp32 bound);
 // rounding is exactly f32_to_bf16 / f32_to_f16 (a product with the identity returns the
 // rounded operand; round_to bit for bit on random bit patterns); fp16 overflow gives inf;
-// bit-identical reruns (and, for the packed native/fused GEMMs, 1 vs 2 threads).
+// bit-identical reruns (and, for the packed native/fused GEMMs, 1 vs 2 threads). The oneDNN
+// path runs every path test above and is also compared with the emulated path to the
+// accumulation order (a few sqrt(K) fp32 epsilons); Auto's per-shape choice runs one of the
+// two paths bit for bit and leaves C as one call would (its timing runs use copies).
 #include <omp.h>
 
 #include <algorithm>
@@ -82,6 +85,7 @@ std::vector<std::pair<DType, LowpPath>> paths() {
   if (sw::cpu::cpu_has_avx512()) {
     p.push_back({DType::BF16, LowpPath::Fused});
     p.push_back({DType::F16, LowpPath::Fused});
+    p.push_back({DType::BF16, LowpPath::OneDnn});
   }
   return p;
 }
@@ -90,6 +94,7 @@ const char* path_name(LowpPath p) {
   return p == LowpPath::Native     ? "native"
          : p == LowpPath::Fused    ? "fused"
          : p == LowpPath::Emulated ? "emulated"
+         : p == LowpPath::OneDnn   ? "onednn"
                                    : "auto";
 }
 
@@ -263,6 +268,83 @@ TEST_CASE("native, fused and emulated bf16 agree; reruns are bit-identical") {
       CHECK(worst <= 1.0);
     }
   }
+}
+
+TEST_CASE("oneDNN bf16 path = emulated (rounded copies + sgemm) to fp32 summation order") {
+  if (!sw::cpu::cpu_has_avx512()) return;  // the oneDNN path converts with AVX-512
+  // Random and odd shapes (the kCases, plus several of oneDNN's blocks in every dimension),
+  // all transposes, overwrite (beta 0) and accumulate (beta 1), padded leading dimensions.
+  std::vector<Case> cases = kCases;
+  cases.push_back({131, 275, 401});
+  cases.push_back({300, 520, 1100});
+  for (const Case& cs : cases)
+    for (int tr = 0; tr < 4; ++tr)
+      for (float beta : {0.f, 1.f}) {
+        const bool ta = tr & 1, tb = tr & 2;
+        const int M = cs.M, N = cs.N, K = cs.K;
+        const int lda = (ta ? M : K) + 1, ldb = (tb ? K : N) + 3, ldc = N + 1;
+        const Vec A = randv((size_t)(ta ? K : M) * lda, 5 + M + tr);
+        const Vec B = randv((size_t)(tb ? N : K) * ldb, 7 + N + tr);
+        const Vec C0 = randv((size_t)M * ldc, 9 + K);
+        auto run = [&](LowpPath p) {
+          Vec C = C0;
+          sw::cpu::gemm_lowp(DType::BF16, ta, tb, M, N, K, 1.f, A.data(), lda, B.data(), ldb,
+                             beta, C.data(), ldc, p);
+          return C;
+        };
+        const Vec e = run(LowpPath::Emulated), o1 = run(LowpPath::OneDnn),
+                  o2 = run(LowpPath::OneDnn);
+        CHECK(same_bits(o1, o2));  // reruns at a fixed thread count are bit-identical
+        DVec ref, sabs;
+        gemm_ref(ta, tb, M, N, K, 1.f, rounded(DType::BF16, A), lda, rounded(DType::BF16, B),
+                 ldb, beta, C0, ldc, ref, sabs);
+        // The same exact products summed in another order: errors of random sign grow like
+        // sqrt(K) fp32 epsilons (the proven worst case is K + 2 unit roundoffs; a few sqrt(K)
+        // epsilons is what a different blocking of the sum gives in practice).
+        const double eps = 2 * kU;
+        double worst = 0, se = 0, sr = 0;
+        bool pad_ok = true;
+        for (int i = 0; i < M; ++i) {
+          for (int j = 0; j < N; ++j) {
+            const size_t x = (size_t)i * ldc + j;
+            worst = std::max(worst, std::fabs(o1[x] - e[x]) / (std::sqrt(K + 2.0) * eps * sabs[x] + 1e-30));
+            se += (o1[x] - e[x]) * (o1[x] - e[x]);
+            sr += sabs[x] * sabs[x];
+          }
+          for (int j = N; j < ldc; ++j) pad_ok &= o1[(size_t)i * ldc + j] == C0[(size_t)i * ldc + j];
+        }
+        const double rel_rms = std::sqrt(se / (sr + 1e-300));
+        REPORT("onednn M" << M << " N" << N << " K" << K << " ta" << ta << " tb" << tb << " beta "
+                          << beta << ": max |onednn - emulated| / (sqrt(K+2) eps sum|ab|) "
+                          << worst << ", rms " << rel_rms / (std::sqrt(K + 2.0) * eps));
+        CHECK(worst <= 4.0);
+        CHECK(rel_rms <= std::sqrt(K + 2.0) * eps);
+        CHECK(pad_ok);
+      }
+}
+
+TEST_CASE("Auto's per-shape choice: measured once, then one of the two paths bit for bit") {
+  if (!sw::cpu::lowp_per_shape(DType::BF16)) return;  // SW_LOWP_PATH forces a path
+  const int M = 96, N = 200, K = 160;
+  const Vec A = randv((size_t)M * K, 81), B = randv((size_t)K * N, 82);
+  CHECK(sw::cpu::lowp_shape_choice(false, true, M, N, K) == LowpPath::Auto);  // not called yet
+  auto run = [&](LowpPath p) {
+    Vec C((size_t)M * N, 0.25f);
+    sw::cpu::gemm_lowp(DType::BF16, false, true, M, N, K, 1.f, A.data(), K, B.data(), K, 1.f,
+                       C.data(), N, p);
+    return C;
+  };
+  const Vec a1 = run(LowpPath::Auto);  // measures (on scratch copies of C) and runs the choice
+  double t_own = 0, t_dnn = 0;
+  const LowpPath ch = sw::cpu::lowp_shape_choice(false, true, M, N, K, &t_own, &t_dnn);
+  REPORT("choice " << path_name(ch) << ", own " << t_own * 1e3 << " ms, onednn " << t_dnn * 1e3
+                   << " ms");
+  CHECK((ch == LowpPath::OneDnn || ch == sw::cpu::lowp_auto_path(DType::BF16)));
+  CHECK(t_own > 0);
+  CHECK(t_dnn > 0);
+  CHECK(same_bits(a1, run(ch)));  // beta = 1 applied once: the measurement ran on copies
+  CHECK(same_bits(a1, run(LowpPath::Auto)));
+  CHECK(sw::cpu::lowp_shape_choice(false, true, M, N, K) == ch);  // kept for the process
 }
 
 TEST_CASE("linear forward/backward in bf16/fp16 = double reference on rounded operands") {

@@ -1,0 +1,139 @@
+// BF16 GEMM through oneDNN's matmul (libdnnl, Debian's 2.x build on the GNU OpenMP runtime, so
+// it runs on our OpenMP pool with omp_get_max_threads() threads, as kernels/threads.h sets):
+// C(fp32) = alpha * op(A) @ op(B) + beta * C with A and B rounded to bf16 exactly as
+// core/dtype.h f32_to_bf16 does (to_bf16_rows, gemm_bf16_avx512.cpp), fp32 accumulation.
+//
+// The operands are converted into dense bf16 copies in per-thread workspaces (kept between
+// calls) in one parallel region, in their own layout: a transpose is a stride in the memory
+// descriptor, not a copy. oneDNN's own f32->bf16 reorder is not used because its AVX512-BF16
+// conversion (vcvtneps2bf16) flushes subnormal inputs to zero, which f32_to_bf16 does not.
+// Nothing is cached between calls but the primitives: weights change every optimizer step.
+//
+// alpha is the matmul's output scale and beta a sum post-op (dst = alpha * acc + beta * dst),
+// both fixed at primitive creation, so they are part of the cache key with the shape,
+// transposes, ldc and the thread count (a oneDNN CPU primitive is planned for the number of
+// threads it will run on). oneDNN splits the work statically for a given thread count, so
+// results are bit-identical run to run at a fixed thread count (tests/kernels/test_bf16.cpp).
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <dnnl.hpp>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "kernels/cpu/cpu_internal.h"
+
+namespace sw::cpu::detail {
+
+namespace {
+
+struct Key {
+  int M, N, K, ldc, threads;
+  bool ta, tb;
+  uint32_t alpha, beta;  // bit patterns
+  bool operator==(const Key&) const = default;
+};
+
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    uint64_t h = 1469598103934665603ull;
+    for (uint64_t v : {(uint64_t)k.M, (uint64_t)k.N, (uint64_t)k.K, (uint64_t)k.ldc,
+                       (uint64_t)k.threads, (uint64_t)(k.ta * 2 + k.tb), (uint64_t)k.alpha,
+                       (uint64_t)k.beta})
+      h = (h ^ v) * 1099511628211ull;
+    return h;
+  }
+};
+
+dnnl::engine& engine() {
+  static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  return eng;
+}
+
+dnnl::matmul primitive(const Key& k) {
+  static std::mutex mu;
+  static std::unordered_map<Key, dnnl::matmul, KeyHash> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(k);
+  if (it != cache.end()) return it->second;
+  using dt = dnnl::memory::data_type;
+  using dims = dnnl::memory::dims;
+  // op(A) is (M, K): A is stored (M, K) row-major, or (K, M) when transposed.
+  const dnnl::memory::desc a({k.M, k.K}, dt::bf16, k.ta ? dims{1, k.M} : dims{k.K, 1});
+  const dnnl::memory::desc b({k.K, k.N}, dt::bf16, k.tb ? dims{1, k.K} : dims{k.N, 1});
+  const dnnl::memory::desc c({k.M, k.N}, dt::f32, dims{k.ldc, 1});
+  dnnl::primitive_attr attr;
+  float alpha, beta;
+  std::memcpy(&alpha, &k.alpha, 4);
+  std::memcpy(&beta, &k.beta, 4);
+  if (alpha != 1.f) attr.set_output_scales(0, {alpha});
+  if (beta != 0.f) {
+    dnnl::post_ops po;
+    po.append_sum(beta);
+    attr.set_post_ops(po);
+  }
+  dnnl::matmul::primitive_desc pd;
+  try {
+    pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine());
+  } catch (const dnnl::error& e) {
+    fail("kernels", std::string("oneDNN bf16 matmul: no implementation (") + e.what() + ")");
+  }
+  return cache.emplace(k, dnnl::matmul(pd)).first->second;
+}
+
+uint16_t* workspace(int slot, size_t elems) {
+  thread_local Buffer buf[2];
+  return reinterpret_cast<uint16_t*>(grow_workspace(buf[slot], (elems + 1) / 2));
+}
+
+}  // namespace
+
+void gemm_bf16_onednn(bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
+                      int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  if (M <= 0 || N <= 0) return;
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  uint32_t ab, bb;
+  const float beta0 = beta == 0.f ? 0.f : beta;  // -0 and +0 are the same primitive
+  std::memcpy(&ab, &alpha, 4);
+  std::memcpy(&bb, &beta0, 4);
+  const dnnl::matmul mm = primitive({M, N, K, ldc, threads, ta, tb, ab, bb});
+
+  // Both conversions in one pass, rows of A then rows of B; on the calling thread unless the
+  // operands are huge (the LM head's weights): converting runs at ~15 GB/s of fp32 on one
+  // core (2.5M elements in 0.7 ms), while opening a parallel region on this shared 2-core
+  // machine cost 10-15 ms (the other thread has to be scheduled), more than the product's
+  // conversion time. Above 16M elements both threads split it statically.
+  const int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+  uint16_t* a16 = workspace(0, (size_t)ar * ac);
+  uint16_t* b16 = workspace(1, (size_t)br * bc);
+  constexpr int kRows = 16;
+  const long ablk = (ar + kRows - 1) / kRows, nblk = ablk + (br + kRows - 1) / kRows;
+  const size_t elems = (size_t)ar * ac + (size_t)br * bc;
+#pragma omp parallel for schedule(static) if (elems >= (1u << 24) && threads > 1)
+  for (long q = 0; q < nblk; ++q) {
+    if (q < ablk) {
+      const int r0 = (int)q * kRows, n = std::min(kRows, ar - r0);
+      to_bf16_rows(a16 + (size_t)r0 * ac, A + (size_t)r0 * lda, n, ac, lda);
+    } else {
+      const int r0 = (int)(q - ablk) * kRows, n = std::min(kRows, br - r0);
+      to_bf16_rows(b16 + (size_t)r0 * bc, B + (size_t)r0 * ldb, n, bc, ldb);
+    }
+  }
+
+  using dt = dnnl::memory::data_type;
+  using dims = dnnl::memory::dims;
+  dnnl::engine& eng = engine();
+  const dnnl::memory am({{M, K}, dt::bf16, ta ? dims{1, M} : dims{K, 1}}, eng, a16);
+  const dnnl::memory bm({{K, N}, dt::bf16, tb ? dims{1, K} : dims{N, 1}}, eng, b16);
+  const dnnl::memory cm({{M, N}, dt::f32, dims{ldc, 1}}, eng, C);
+  thread_local dnnl::stream strm(eng);
+  mm.execute(strm, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  strm.wait();
+}
+
+}  // namespace sw::cpu::detail
