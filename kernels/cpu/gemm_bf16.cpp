@@ -10,14 +10,15 @@
 //    pass over the operands; an operand used by two products (dout in linear_backward) is
 //    rounded once, all of a call's operands in one parallel region;
 //  * onednn (BF16, AVX-512): gemm_onednn.cpp, dense bf16 copies of the operands, then
-//    oneDNN's bf16 matmul (fp32 output). For BF16, Auto also picks per shape between its own
-//    kernel (native or fused) and onednn by timing both on the first call (shape_choice).
-// Auto: BF16 runs native only where vdpbf16ps is faster than FMA (dpbf16_flop_ratio() > 1.2,
-// measured once per process; on the 4th-generation Xeon these kernels were developed on it
-// delivers ~0.5x: one vdpbf16ps issues at a quarter of the FMA's rate, so bf16 cannot beat
-// fp32 there), else fused where AVX-512 exists, else emulated. SW_LOWP_PATH=native|fused|
-// emulated|onednn overrides Auto (no per-shape choice then); tests and the bench force one
-// path per call.
+//    oneDNN's bf16 matmul (fp32 output).
+// Auto: BF16 runs onednn where vdpbf16ps is faster than FMA (dpbf16_flop_ratio() > 1.2,
+// measured once per process with a wide margin either way: ~2x on the Zen 5 EPYC, ~0.5x on
+// the 4th-generation Xeon these kernels were developed on, where one vdpbf16ps issues at a
+// quarter of the FMA's rate, so bf16 cannot beat fp32 there), else fused where AVX-512
+// exists, else emulated. SW_LOWP_PATH=native|fused|emulated|onednn overrides Auto; =tuned
+// picks per shape between the own kernel and onednn by timing both on the first call
+// (shape_choice: faster, but two processes may choose differently and so differ in summation
+// order). Tests and the bench force one path per call.
 //
 // F16 has no native path: x86 has no fp16 dot product with fp32 accumulation below AMX-FP16,
 // so fp16 compute brings no speed on the CPU; it exists for the fp16 mixed-precision mode
@@ -73,15 +74,17 @@ bool hw_avx512() {
 std::string env_path() {
   const char* env = std::getenv("SW_LOWP_PATH");
   const std::string e = env ? env : "";
-  if (!e.empty() && e != "native" && e != "fused" && e != "emulated" && e != "onednn")
-    fail("kernels", "SW_LOWP_PATH must be native, fused, emulated or onednn, not '" + e + "'");
+  if (!e.empty() && e != "native" && e != "fused" && e != "emulated" && e != "onednn" &&
+      e != "tuned")
+    fail("kernels",
+         "SW_LOWP_PATH must be native, fused, emulated, onednn or tuned, not '" + e + "'");
   return e;
 }
 
 bool choose_native() {
   if (!hw_avx512_bf16()) return false;
   const std::string e = env_path();
-  if (!e.empty()) return e == "native";
+  if (!e.empty() && e != "tuned") return e == "native" || e == "onednn";
   return detail::dpbf16_flop_ratio() > 1.2;
 }
 
@@ -251,12 +254,17 @@ LowpPath lowp_auto_path(DType t) {
       hw_avx512() && env_path() != "emulated" ? LowpPath::Fused : LowpPath::Emulated;
   static const bool onednn = hw_avx512() && env_path() == "onednn";
   if (t == DType::BF16 && onednn) return LowpPath::OneDnn;
-  if (t == DType::BF16 && bf16_native()) return LowpPath::Native;
+  // Where bf16 dot products are fast, oneDNN's matmul: over GPT-2 124M's products it ran at
+  // 1.2x our native kernel on the EPYC (bench_gemm_bf16), and a rule that does not depend on a
+  // timing keeps two runs of a job (a resumed one) bit-identical. SW_LOWP_PATH=native keeps
+  // ours; =tuned times both per shape (faster, not reproducible across processes).
+  if (t == DType::BF16 && bf16_native()) return env_path() == "native" ? LowpPath::Native
+                                                                       : LowpPath::OneDnn;
   return fma_or_emulated;
 }
 
 bool lowp_per_shape(DType t) {
-  static const bool on = hw_avx512() && env_path().empty();
+  static const bool on = hw_avx512() && env_path() == "tuned";
   return on && t == DType::BF16;
 }
 

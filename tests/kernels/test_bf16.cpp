@@ -323,8 +323,11 @@ TEST_CASE("oneDNN bf16 path = emulated (rounded copies + sgemm) to fp32 summatio
       }
 }
 
-TEST_CASE("Auto's per-shape choice: measured once, then one of the two paths bit for bit") {
-  if (!sw::cpu::lowp_per_shape(DType::BF16)) return;  // SW_LOWP_PATH forces a path
+// Run by ctest as bf16_tuned_choice with SW_LOWP_PATH=tuned (Auto's default is a fixed rule).
+TEST_CASE("Tuned per-shape choice: measured once, then one of the two paths bit for bit",
+          "[.tuned]") {
+  if (!sw::cpu::cpu_has_avx512()) return;  // no oneDNN path to choose
+  REQUIRE(sw::cpu::lowp_per_shape(DType::BF16));
   const int M = 96, N = 200, K = 160;
   const Vec A = randv((size_t)M * K, 81), B = randv((size_t)K * N, 82);
   CHECK(sw::cpu::lowp_shape_choice(false, true, M, N, K) == LowpPath::Auto);  // not called yet
