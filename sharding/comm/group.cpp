@@ -6,8 +6,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <vector>
 
 #include "core/error.h"
+#include "core/launch.h"
 #include "sharding/comm/mpi_backend.h"
 #include "sharding/comm/work.h"
 
@@ -240,18 +242,23 @@ class LocalGroup final : public Group {
   uint64_t seq_ = 0;
 };
 
-int env_int(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : 0;
-}
-
 }  // namespace
 
 GroupPtr make_local_group() { return std::make_shared<LocalGroup>(); }
 
+template <class>
+double sum_over_ranks(Group& g, double x) {
+  if (g.size() == 1) return x;
+  std::vector<double> all(static_cast<size_t>(g.size()));
+  g.all_gather(&x, all.data(), 2, DType::F32);  // the 8 bytes, raw
+  double s = 0;
+  for (double v : all) s += v;
+  return s;
+}
+template double sum_over_ranks<void>(Group&, double);
+
 bool launched_multi_rank() {
-  return env_int("OMPI_COMM_WORLD_SIZE") > 1 || env_int("PMI_SIZE") > 1 ||
-         env_int("SLURM_STEP_NUM_TASKS") > 1;
+  return launch_env().world_size > 1;
 }
 
 namespace {

@@ -173,7 +173,7 @@ using GroupPtr = std::shared_ptr<Group>;
 // A single-rank group; needs no MPI.
 GroupPtr make_local_group();
 // The process's world: an MpiGroup when launched by mpirun/srun with more than one rank
-// (OMPI_COMM_WORLD_SIZE, PMI_SIZE or SLURM_STEP_NUM_TASKS > 1), a LocalGroup otherwise.
+// (core/launch.h: launch_env().world_size > 1), a LocalGroup otherwise.
 // Initialises MPI on first use (MPI_THREAD_MULTIPLE), sets sw::set_error_rank, and finalises
 // MPI at exit. Returns the same group on every call.
 GroupPtr world_group();
@@ -181,6 +181,13 @@ GroupPtr world_group();
 GroupPtr mpi_world_group();
 // True when the environment says this process is one of several launched ranks.
 bool launched_multi_rank();
+// Sum of one double per rank of `g`, added in rank order: identical on every rank and
+// independent of timing (a raw all-gather of the 8 bytes; the Group reductions are fp32).
+// A template only so that sharding/sharded_model.cpp's file-local copy (being removed in
+// issue 9's branch) still wins overload resolution there; once that copy is gone this can be
+// a plain function. Defined (and instantiated for the default argument) in group.cpp.
+template <class = void>
+double sum_over_ranks(Group& g, double x);
 // The rank of this process in MPI_COMM_WORLD (0 without MPI).
 int world_rank();
 // Ends every rank of the job with `code` (MPI_Abort under MPI, _Exit otherwise). For main()'s
