@@ -133,7 +133,7 @@ Peaks compute_peaks(const ProfileData& d) {
   p.peak_action = best->action;
   double best_span = std::numeric_limits<double>::infinity();  // the innermost such action
   for (const TraceAction& a : d.actions)
-    if (a.action == p.peak_action && a.t_begin <= p.peak_time && p.peak_time <= a.t_end &&
+    if (best != &tl.states[0] && a.action == p.peak_action && a.t_begin <= p.peak_time && p.peak_time <= a.t_end &&
         a.t_end - a.t_begin < best_span) {
       best_span = a.t_end - a.t_begin;
       p.peak_step = a.step;

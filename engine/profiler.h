@@ -57,7 +57,7 @@ struct Peaks {
   double peak_time = 0;     // when the total first reached it (seconds, data's clock)
   int peak_action = -1;     // the action of the sample that reached it (-1: the start state)
   int peak_step = 0;        // the step and kind of the recorded action with that index whose
-  std::string peak_kind;    // time span holds peak_time (0 / "" when none does)
+  std::string peak_kind;    // time span holds peak_time (0 / "": none does, or the start state)
   std::map<std::string, int64_t> at_peak;            // bytes per category at the total's peak
   std::map<std::string, int64_t> peak_per_category;  // each category's own peak
 };

@@ -2,6 +2,8 @@
 // one tid per queue and every action complete; peaks are computed exactly; the SVG is
 // well-formed and draws what the data says.
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -10,6 +12,7 @@
 
 #include "core/error.h"
 #include "engine/profiler.h"
+#include "engine/trainer.h"
 #include "engine_test_util.h"
 
 using namespace sw;
@@ -114,7 +117,7 @@ TEST_CASE("profiler: peaks of a hand-made timeline are exact") {
   CHECK_THAT(table, Catch::Matchers::Contains("activations"));
 }
 
-TEST_CASE("profiler: chrome trace is valid JSON, one pid per rank, one tid per queue") {
+TEST_CASE("profiler: chrome trace is valid JSON with one pid per rank and one tid per queue") {
   const ProfileData d = sample_data();
   const json doc = json::parse(chrome_trace_json(d));  // throws if invalid
   const json& ev = doc.at("traceEvents");
@@ -251,4 +254,109 @@ TEST_CASE("profiler: writers create files and name an unwritable path") {
   } catch (const Error& e) {
     CHECK_THAT(e.what(), Catch::Matchers::StartsWith("profile: /nonexistent_dir_sw/trace.json"));
   }
+}
+
+TEST_CASE("profiler: train records the profile block steps through the hook and changes no number") {
+  namespace fs = std::filesystem;
+  const fs::path dir = enginetest::make_test_dir("sw_profiler_train");
+  fs::remove_all(dir / "plain"), fs::remove_all(dir / "prof");
+  const std::string data = enginetest::write_random_tokens(dir / "tok.bin", 4000, 32, 3);
+  auto config = [&](const std::string& run, std::vector<std::string> extra) {
+    std::vector<std::string> ov = {"data.train=" + data, "data.val=" + data,
+                                   "run_dir=" + (dir / run).string()};
+    ov.insert(ov.end(), extra.begin(), extra.end());
+    return parse_config(R"({
+      "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+      "model": {"type": "gpt2", "vocab_size": 32, "n_layer": 2, "n_head": 2, "d_model": 32, "seq_len": 16},
+      "scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 1}},
+      "train_steps": 5, "eval_every_steps": 3, "eval_batches": 1, "seed": 9, "threads": 2
+    })", "p.json", ov);
+  };
+  const TrainSummary plain = train(config("plain", {}), enginetest::quiet_options(false));
+  std::vector<int> begun, ended;
+  int finished = 0;
+  ProfileHook hook;
+  hook.begin_step = [&](int s) { begun.push_back(s); };
+  hook.end_step = [&](int s) { ended.push_back(s); };
+  hook.finish = [&](ProfileData& d, std::vector<MemSample>& predicted) {
+    ++finished;
+    CHECK(d.actions.size() == 3 * (2 + 1 + 1 + 1) + 1);  // steps 2-4; step 3 evaluates
+    predicted.push_back(MemSample{d.actions.front().t_begin, 0, "activations", 1 << 20});
+  };
+  TrainOptions o = enginetest::quiet_options(false);
+  o.profile_hook = &hook;
+  const TrainSummary prof = train(
+      config("prof", {"profile.enabled=true", "profile.start_step=2", "profile.num_steps=3"}), o);
+
+  // Profiling changes no number.
+  const auto ma = enginetest::read_metrics((dir / "plain").string());
+  const auto mb = enginetest::read_metrics((dir / "prof").string());
+  REQUIRE(ma.size() == mb.size());
+  for (size_t i = 0; i < ma.size(); ++i) {
+    CHECK(ma[i]["loss"] == mb[i]["loss"]);
+    CHECK(ma[i]["grad_norm"] == mb[i]["grad_norm"]);
+  }
+  CHECK(plain.last_val_loss == prof.last_val_loss);
+
+  CHECK(begun == std::vector<int>{2, 3, 4});
+  CHECK(ended == std::vector<int>{2, 3, 4});
+  CHECK(finished == 1);
+  const ProfileResult& r = prof.profile;
+  CHECK(r.steps_recorded == 3);
+  CHECK(r.dir == (dir / "prof" / "profile").string());  // the default: <run_dir>/profile
+  CHECK(r.trace_path == (dir / "prof" / "profile" / "trace_rank0.json").string());
+  REQUIRE(fs::exists(r.trace_path));
+  REQUIRE(fs::exists(r.svg_path));
+  REQUIRE(fs::exists(r.peaks_path));
+  CHECK(plain.profile.steps_recorded == 0);
+  CHECK(!fs::exists(dir / "plain" / "profile"));
+
+  // The trace: per step a "step" action enclosing its micro-steps, grad_norm and optimizer,
+  // the loss in its args equal to metrics.jsonl's.
+  const json t = json::parse(enginetest::read_bytes(r.trace_path));
+  std::map<int, std::pair<double, double>> step_span;
+  std::map<int, int> children;
+  for (const json& e : t["traceEvents"])
+    if (e["ph"] == "X" && e["name"] == "step") {
+      const int s = e["args"]["step"];
+      step_span[s] = {e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()};
+      CHECK(e["args"]["loss"].get<double>() == mb[static_cast<size_t>(s - 1)]["loss"].get<double>());
+    }
+  CHECK(step_span.size() == 3);
+  for (const json& e : t["traceEvents"])
+    if (e["ph"] == "X" && e["name"] != "step") {
+      const int s = e["args"]["step"];
+      const double b = e["ts"], en = b + e["dur"].get<double>();
+      CHECK(b >= step_span.at(s).first - 1e-3);
+      CHECK(en <= step_span.at(s).second + 1e-3);
+      ++children[s];
+    }
+  CHECK(children == std::map<int, int>{{2, 4}, {3, 5}, {4, 4}});
+  // Peaks: the total includes the parameters, at least as large as the start state.
+  const json p = json::parse(enginetest::read_bytes(r.peaks_path));
+  CHECK(p["peak_bytes"].get<int64_t>() == r.peaks.peak_bytes);
+  CHECK(r.peaks.peak_per_category.at("params") > 0);
+  CHECK(enginetest::read_bytes(r.svg_path).find("predicted total") != std::string::npos);
+}
+
+TEST_CASE("profiler: an unwritable profile.out stops train before the first step") {
+  namespace fs = std::filesystem;
+  const fs::path dir = enginetest::make_test_dir("sw_profiler_train_bad");
+  const std::string data = enginetest::write_random_tokens(dir / "tok.bin", 2000, 32, 3);
+  { std::ofstream f(dir / "file"); f << "x"; }
+  const TrainConfig c = parse_config(
+      R"({"model": {"type": "gpt2", "vocab_size": 32, "n_layer": 1, "n_head": 2, "d_model": 32,
+          "seq_len": 16}, "train_steps": 2, "scheduler": {"type": "Constant"}})",
+      "p.json",
+      {"data.train=" + data, "run_dir=" + (dir / "run").string(), "profile.enabled=true",
+       "profile.out=" + (dir / "file" / "sub").string()});
+  fs::remove_all(dir / "run");
+  try {
+    train(c, enginetest::quiet_options(false));
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Matchers::StartsWith("profile: profile.out '" +
+                                                      (dir / "file" / "sub").string() + "'"));
+  }
+  CHECK(!fs::exists(dir / "run" / "metrics.jsonl"));  // stopped before the run dir
 }
