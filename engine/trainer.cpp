@@ -44,6 +44,7 @@
 // so no rank is left waiting in a collective.
 #include "engine/trainer.h"
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -51,6 +52,8 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "checkpoint/export.h"
@@ -119,7 +122,11 @@ struct CollectiveError : Error {
 }
 
 // What the trainer records of the profiled steps (see ProfileHook in trainer.h): its coarse
-// actions with their times, and MemTracker's bytes per category after each of them.
+// actions with their times, and MemTracker's bytes per category, polled by a sampling thread
+// every ~100 µs while recording (a change becomes one MemSample per category, attributed to
+// the coarse action in progress) and read again at each action's end. Polling reads relaxed
+// atomics only, so it cannot change what training computes; allocations shorter than the
+// polling interval can be missed (the allocators' event log, issue 9, will not miss them).
 class StepRecorder {
  public:
   StepRecorder(int rank, int world) {
@@ -127,27 +134,48 @@ class StepRecorder {
     for (int m = 0; m < static_cast<int>(Mem::Count); ++m)
       data_.categories.push_back(mem_name(static_cast<Mem>(m)));
   }
-  // The first call fixes mem_start.
+  ~StepRecorder() { stop(); }
+  StepRecorder(const StepRecorder&) = delete;
+  StepRecorder& operator=(const StepRecorder&) = delete;
+
+  // The first call fixes mem_start and starts the sampling thread.
   void begin_step() {
     if (started_) return;
     started_ = true;
     snapshot(last_);
     for (size_t i = 0; i < last_.size(); ++i) data_.mem_start[data_.categories[i]] = last_[i];
+    sampler_ = std::thread([this] {
+      std::vector<int64_t> now;
+      while (!stop_.load(std::memory_order_relaxed)) {
+        snapshot(now);
+        {
+          std::lock_guard<std::mutex> l(mu_);
+          record_changes(now, secs(Clock::now()), current_.load(std::memory_order_relaxed));
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    });
   }
+  // The coarse action `index` starts now (its memory changes are attributed to it).
+  void enter(int index) { current_.store(index, std::memory_order_relaxed); }
   // Records one action that ran from t0 to now; returns its index in data().actions.
   size_t action(int step, int micro, int index, const char* kind, Clock::time_point t0) {
     TraceAction a;
     a.step = step, a.micro = micro, a.action = index, a.queue = "compute", a.kind = kind;
     a.t_begin = secs(t0);
-    a.t_end = secs(Clock::now());
-    data_.actions.push_back(a);
     std::vector<int64_t> now;
     snapshot(now);
-    for (size_t i = 0; i < now.size(); ++i)
-      if (now[i] != last_[i])
-        data_.mem.push_back(MemSample{a.t_end, index, data_.categories[i], now[i] - last_[i]});
-    last_ = now;
+    a.t_end = secs(Clock::now());
+    std::lock_guard<std::mutex> l(mu_);
+    record_changes(now, a.t_end, index);
+    current_.store(-1, std::memory_order_relaxed);
+    data_.actions.push_back(a);
     return data_.actions.size() - 1;
+  }
+  // Stops the sampling thread; data() is complete after this.
+  void stop() {
+    stop_.store(true);
+    if (sampler_.joinable()) sampler_.join();
   }
   ProfileData& data() { return data_; }
   static double secs(Clock::time_point t) {
@@ -160,9 +188,20 @@ class StepRecorder {
     for (size_t m = 0; m < v.size(); ++m)
       v[m] = static_cast<int64_t>(MemTracker::global().current(static_cast<Mem>(m)));
   }
+  // Under mu_: one sample per category that changed since the last snapshot.
+  void record_changes(const std::vector<int64_t>& now, double t, int action) {
+    for (size_t i = 0; i < now.size(); ++i)
+      if (now[i] != last_[i])
+        data_.mem.push_back(MemSample{t, action, data_.categories[i], now[i] - last_[i]});
+    last_ = now;
+  }
   ProfileData data_;
   std::vector<int64_t> last_;
   bool started_ = false;
+  std::mutex mu_;
+  std::thread sampler_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> current_{-1};
 };
 
 // One training run on this rank. The phases, in the order run() calls them:
@@ -366,6 +405,7 @@ class Trainer {
     int bad_micro = -1;  // first micro-step with a non-finite loss on this rank
     const double loss_scale = cfg_.fp16 ? scaler_.scale : 1.0;
     for (int k = 0; k < accum_; ++k) {
+      if (rec) recorder_->enter(k);
       const auto tk = Clock::now();
       train_batch(*train_data_, cfg_.seed, s, (int64_t{k} * W_ + rank_) * B_, B_, T_,
                   inputs_.data(), targets_.data());
@@ -388,6 +428,7 @@ class Trainer {
         detail += " (micro-step " + std::to_string(bad_micro) + ")";
       non_finite("loss", loss, s + 1, detail);
     }
+    if (rec) recorder_->enter(accum_);
     const auto tn = Clock::now();
     const double norm = sm_->grad_norm() / loss_scale;  // of the unscaled gradients
     if (rec) recorder_->action(s + 1, 0, accum_, "grad_norm", tn);
@@ -407,6 +448,7 @@ class Trainer {
       progress_->finish();
       non_finite("gradient norm", norm, s + 1, "");
     }
+    if (rec) recorder_->enter(accum_ + 1);
     const auto to = Clock::now();
     if (overflow) {
       sm_->zero_grads();  // the step is skipped: weights and AdamW state stay as they are
@@ -464,6 +506,7 @@ class Trainer {
     const bool rec = profiled(s + 1);
     if (val_data_ &&
         (last || (cfg_.eval_every_steps > 0 && (s + 1) % cfg_.eval_every_steps == 0))) {
+      if (rec) recorder_->enter(accum_ + 2);
       const auto te = Clock::now();
       m.val_loss = evaluate(s + 1);
       m.has_val = true;
@@ -513,6 +556,7 @@ class Trainer {
 
   // Each rank writes its three files into profile.out.
   void write_profile() {
+    recorder_->stop();
     ProfileData& d = recorder_->data();
     std::vector<MemSample> predicted;
     if (hook() && hook()->finish) hook()->finish(d, predicted);

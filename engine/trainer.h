@@ -21,7 +21,9 @@ namespace sw {
 // The trainer itself fills ProfileData with what it sees: per recorded step one "step" action
 // on the compute queue (loss, grad_norm, lr, tokens_per_s in its args) enclosing its coarse
 // actions (one "forward_backward" per micro-step, "grad_norm", "optimizer", "evaluate"),
-// and MemTracker's bytes per category before recording and after each of those actions.
+// and MemTracker's bytes per category when recording starts, then as a sampling thread sees
+// them change (polled every ~100 µs, so short-lived buffers can be missed) and at the end of
+// each of those actions.
 // TODO(issue 9, the lead's glue): connect begin_step/end_step to the executor's per-action
 // records (queue, kind, unit, call, bytes, times) and to the allocators' event log, and in
 // finish() replace the trainer's coarse actions and samples with them (and hand the planner's

@@ -386,16 +386,17 @@ int cmd_profile(const std::vector<std::string>& args) {
   std::printf("%s", sw::format_peaks_table(p.peaks).c_str());
   // Until the step-plan executor and the allocators' event log feed the profile, memory is
   // sampled between the trainer's actions; MemTracker's peak also sees inside them.
-  std::printf("  tracker peak       %s (MemTracker, whole run; the table samples between "
-              "actions)\n",
+  std::printf("  tracker peak       %s (MemTracker, whole run incl. warm-up; the table is from "
+              "~100 us samples)\n",
               sw::format_bytes(p.tracker_peak_bytes).c_str());
   std::printf("  trace (Perfetto)   %s\n", p.trace_path.c_str());
   std::printf("  memory chart       %s\n", p.svg_path.c_str());
   std::printf("  peaks              %s\n", p.peaks_path.c_str());
   if (world > 1)
-    std::printf("  (ranks 1-%d wrote trace_rank<r>.json, memory_rank<r>.svg, peaks_rank<r>.json "
+    std::printf("  (rank%s %s wrote trace_rank<r>.json, memory_rank<r>.svg, peaks_rank<r>.json "
                 "in %s)\n",
-                world - 1, p.dir.c_str());
+                world > 2 ? "s" : "",
+                world > 2 ? ("1-" + std::to_string(world - 1)).c_str() : "1", p.dir.c_str());
   std::fflush(stdout);
   return 0;
 }
