@@ -43,6 +43,7 @@ int index_of(std::vector<std::string>& cats, const std::string& c) {
 
 // Earliest time in the data (the origin of the trace's and the chart's time axes).
 double origin_of(const ProfileData& d) {
+  if (std::isfinite(d.t_origin)) return d.t_origin;
   double t = std::numeric_limits<double>::infinity();
   for (const TraceAction& a : d.actions) t = std::min(t, a.t_begin);
   for (const MemSample& m : d.mem) t = std::min(t, m.t);

@@ -10,9 +10,11 @@
 //   peaks_rank<r>.json   the peak of the total, when it happened, what each category held then,
 //                        and each category's own peak
 // Times are seconds on one clock (the trainer uses steady_clock); the trace writes them as
-// microseconds since the earliest time in the data, the SVG as milliseconds since then.
+// microseconds since ProfileData::t_origin (default: the earliest time in the data), the SVG
+// as milliseconds since then.
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <string>
 #include <utility>
@@ -47,6 +49,10 @@ struct ProfileData {
   std::vector<MemSample> mem;  // in the order they happened (sorted by t, stably, on use)
   std::vector<std::string> categories;         // all category names, fixed order
   std::map<std::string, int64_t> mem_start;    // bytes in use per category when recording began
+  // The time that becomes 0 in the trace and on the chart (NaN: the earliest time in the data).
+  // The trainer sets rank 0's recording start on every rank, so ranks' traces line up when
+  // opened together (same node: one monotonic clock).
+  double t_origin = std::numeric_limits<double>::quiet_NaN();
 };
 
 // Peaks of the memory timeline: mem_start, then each sample applied in time order.

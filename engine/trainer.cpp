@@ -172,6 +172,7 @@ class StepRecorder {
     data_.actions.push_back(a);
     return data_.actions.size() - 1;
   }
+  bool started() const { return started_; }
   // Stops the sampling thread; data() is complete after this.
   void stop() {
     stop_.store(true);
@@ -395,6 +396,9 @@ class Trainer {
     if (ckpt_ && ckpt_->pending()) note_ckpt(ckpt_->poll());
     const bool rec = profiled(s + 1);
     if (rec) {
+      if (!recorder_->started())  // every rank is here: one origin for all ranks' traces
+        recorder_->data().t_origin =
+            sum_over_ranks(world_, lead_ ? StepRecorder::secs(Clock::now()) : 0.0);
       recorder_->begin_step();
       if (hook() && hook()->begin_step) hook()->begin_step(s + 1);
     }

@@ -185,6 +185,13 @@ TEST_CASE("profiler: chrome trace is valid JSON with one pid per rank and one ti
       CHECK(e["args"]["activations"] == 300);
     }
   CHECK(saw_peak);
+
+  // A given origin (another rank's start) shifts every time by the same amount.
+  ProfileData o = d;
+  o.t_origin = 99.5;
+  for (const json& e : json::parse(chrome_trace_json(o))["traceEvents"])
+    if (e["ph"] == "X" && e["name"] == "forward h.0" && e["args"]["step"] == 2)
+      CHECK(e["ts"].get<double>() == Approx(511000.0));
 }
 
 TEST_CASE("profiler: invalid UTF-8 and non-finite args still give valid JSON") {
