@@ -50,6 +50,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/launch.h"
 
 namespace sw {
 namespace {
@@ -220,6 +221,9 @@ const Node& schema() {
                      leaf("keep_last", Kind::Int), leaf("async", Kind::Bool),
                      leaf("save_final", Kind::Bool), leaf("resume", Kind::Str),
                      leaf("init_from", Kind::Str)}),
+                obj("profile",
+                    {leaf("enabled", Kind::Bool), leaf("start_step", Kind::Int),
+                     leaf("num_steps", Kind::Int), leaf("out", Kind::Str)}),
             });
   }();
   return root;
@@ -626,6 +630,9 @@ DType precision_from_name(const std::string& s) {
 std::string default_checkpoint_dir(const std::string& run_dir) {
   return (std::filesystem::path(run_dir) / "checkpoints").string();
 }
+std::string default_profile_dir(const std::string& run_dir) {
+  return (std::filesystem::path(run_dir) / "profile").string();
+}
 
 // Writes every effective key of `cfg` into `r` (other keys of r are kept).
 void write_resolved(json& r, const TrainConfig& cfg) {
@@ -752,17 +759,11 @@ void write_resolved(json& r, const TrainConfig& cfg) {
     erase_path(r, "checkpoint.init_from");
   else
     set_path(r, "checkpoint.init_from", k.init_from);
-}
-
-// The number of ranks the launcher started (mpirun, srun), read from its environment without
-// initialising MPI; 1 without a launcher.
-int launcher_world_size() {
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"})
-    if (const char* v = std::getenv(var)) {
-      const int n = std::atoi(v);
-      if (n >= 1) return n;
-    }
-  return 1;
+  const ProfileConfig& pf = cfg.profile;
+  set_path(r, "profile.enabled", pf.enabled);
+  set_path(r, "profile.start_step", pf.start_step);
+  set_path(r, "profile.num_steps", pf.num_steps);
+  set_path(r, "profile.out", pf.out.empty() ? default_profile_dir(cfg.run_dir) : pf.out);
 }
 
 // forward_prefetch / backward_prefetch: a unit count >= 0, or true (1) / false (0).
@@ -872,7 +873,7 @@ TrainConfig read_config(json j, const std::string& source,
       get_num(j, "fp16.min_loss_scale", ls.min_loss_scale, {0, kInf, true, false}, c);
 
   // Batch sizes: any two of the three determine the third.
-  const int world = launcher_world_size();
+  const int world = launch_env().world_size;  // without initialising MPI
   const bool has_tbs = has(j, "train_batch_size"),
              has_mb = has(j, "train_micro_batch_size_per_gpu"),
              has_ga = has(j, "gradient_accumulation_steps");
@@ -1086,6 +1087,25 @@ TrainConfig read_config(json j, const std::string& source,
     c.bad("checkpoint.init_from",
           "conflicts with checkpoint.resume ('" + k.resume +
               "'): a resumed run takes its weights from the checkpoint; give only one");
+
+  // Profiling: the recorded steps must lie in [1, train_steps] (checked when enabled, so a
+  // disabled block does not get in the way of a shorter run).
+  ProfileConfig& pf = cfg.profile;
+  pf.enabled = get_bool(j, "profile.enabled", pf.enabled);
+  pf.start_step = (int)get_int(j, "profile.start_step", pf.start_step, 1, IMAX, c);
+  pf.num_steps = (int)get_int(j, "profile.num_steps", pf.num_steps, 1, IMAX, c);
+  pf.out = get_str(j, "profile.out", "", {}, c);
+  if (has(j, "profile.out") && pf.out.empty()) c.bad("profile.out", "must not be empty");
+  if (pf.out.empty()) pf.out = default_profile_dir(cfg.run_dir);
+  if (pf.enabled && pf.start_step > cfg.train_steps)
+    c.bad("profile.start_step", "must be <= train_steps (" + std::to_string(cfg.train_steps) +
+                                    "), got " + std::to_string(pf.start_step));
+  if (pf.enabled && (long long)pf.start_step + pf.num_steps - 1 > cfg.train_steps)
+    c.bad("profile.num_steps",
+          std::to_string(pf.num_steps) + " steps from profile.start_step " +
+              std::to_string(pf.start_step) + " end at step " +
+              std::to_string((long long)pf.start_step + pf.num_steps - 1) +
+              ", beyond train_steps (" + std::to_string(cfg.train_steps) + ")");
 
   // Resolved config: the input (compatibility keys kept as given) with every effective key set
   // to its final value; parse_config(resolved_json) gives the same TrainConfig.

@@ -57,6 +57,15 @@ struct CheckpointConfig {
   std::string init_from;
 };
 
+// profile block: record steps with the profiler (engine/profiler.h; `shardwise profile` sets it).
+// Each rank writes trace_rank<r>.json, memory_rank<r>.svg and peaks_rank<r>.json into `out`.
+struct ProfileConfig {
+  bool enabled = false;  // profile.enabled
+  int start_step = 1;    // profile.start_step: first recorded optimizer step (1-based)
+  int num_steps = 1;     // profile.num_steps: steps recorded (all within train_steps)
+  std::string out;       // profile.out: "" in code = <run_dir>/profile (resolved on parse)
+};
+
 struct TrainConfig {
   std::string source;  // the config file's path (for messages)
   ModelConfig model;   // model.{type, vocab_size, n_layer, n_head, n_kv_head, d_model, d_ff, seq_len, ...}
@@ -96,6 +105,7 @@ struct TrainConfig {
   bool comm_debug = false;     // comm_debug: check that all ranks issue the same collectives
   CheckpointConfig checkpoint;  // checkpoint.{dir, every_steps, keep_last, async, save_final,
                                 // resume, init_from}
+  ProfileConfig profile;        // profile.{enabled, start_step, num_steps, out}
   std::string resolved_json;   // the config after defaults and overrides, pretty-printed
   // Messages for the user that are not errors: one line listing the keys present that are
   // accepted for DeepSpeed compatibility but have no effect yet. train() prints them to stderr.

@@ -44,6 +44,7 @@
 // so no rank is left waiting in a collective.
 #include "engine/trainer.h"
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -51,17 +52,21 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "checkpoint/export.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "core/alloc.h"
 #include "core/error.h"
-#include "engine/clock.h"
+#include "core/launch.h"
 #include "engine/checkpointer.h"
+#include "engine/clock.h"
 #include "engine/data.h"
 #include "engine/loss_scaler.h"
 #include "engine/metrics.h"
+#include "engine/profiler.h"
 #include "engine/schedule.h"
 #include "kernels/ops.h"
 #include "kernels/threads.h"
@@ -76,16 +81,18 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Creates run_dir if needed and proves it is writable, before any work is done.
-void prepare_run_dir(const std::string& dir) {
+// Creates `dir` if needed and proves it is writable, before any work is done. `what` names it
+// in messages ("run_dir", "profile.out").
+void prepare_dir(const std::string& what, const std::string& dir) {
+  const std::string comp = what == "run_dir" ? "train" : "profile";
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec) fail("train", "run_dir '" + dir + "': cannot create it (" + ec.message() + ")");
+  if (ec) fail(comp, what + " '" + dir + "': cannot create it (" + ec.message() + ")");
   if (!fs::is_directory(dir, ec))
-    fail("train", "run_dir '" + dir + "': exists and is not a directory");
+    fail(comp, what + " '" + dir + "': exists and is not a directory");
   const std::string probe = (fs::path(dir) / ".shardwise-write-test").string();
   FILE* f = std::fopen(probe.c_str(), "w");
-  if (!f) fail("train", "run_dir '" + dir + "': not writable (" + std::strerror(errno) + ")");
+  if (!f) fail(comp, what + " '" + dir + "': not writable (" + std::strerror(errno) + ")");
   std::fclose(f);
   std::remove(probe.c_str());
 }
@@ -114,16 +121,558 @@ struct CollectiveError : Error {
                         "exported)");
 }
 
-// Ranks per node as the launcher tells it (HYBRID_SHARD's default shard group); 0 if unknown.
-int local_ranks() {
-  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"})
-    if (const char* v = std::getenv(var))
-      if (std::atoi(v) >= 1) return std::atoi(v);
-  return 0;
-}
+// What the trainer records of the profiled steps (see ProfileHook in trainer.h): its coarse
+// actions with their times, and MemTracker's bytes per category, polled by a sampling thread
+// every ~100 µs while recording (a change becomes one MemSample per category, attributed to
+// the coarse action in progress) and read again at each action's end. Polling reads relaxed
+// atomics only, so it cannot change what training computes; allocations shorter than the
+// polling interval can be missed (the allocators' event log, issue 9, will not miss them).
+class ProfileRecorder {
+ public:
+  ProfileRecorder(int rank, int world) {
+    data_.rank = rank, data_.world = world;
+    for (int m = 0; m < static_cast<int>(Mem::Count); ++m)
+      data_.categories.push_back(mem_name(static_cast<Mem>(m)));
+  }
+  ~ProfileRecorder() { stop(); }
+  ProfileRecorder(const ProfileRecorder&) = delete;
+  ProfileRecorder& operator=(const ProfileRecorder&) = delete;
 
-TrainSummary train_ranks(const TrainConfig& cfg, const TrainOptions& opts, Group& world,
-                         GroupPtr world_ptr);
+  // The first call fixes mem_start and starts the sampling thread.
+  void begin_step() {
+    if (started_) return;
+    started_ = true;
+    snapshot(last_);
+    for (size_t i = 0; i < last_.size(); ++i) data_.mem_start[data_.categories[i]] = last_[i];
+    sampler_ = std::thread([this] {
+      std::vector<int64_t> now;
+      while (!stop_.load(std::memory_order_relaxed)) {
+        snapshot(now);
+        {
+          std::lock_guard<std::mutex> l(mu_);
+          record_changes(now, secs(Clock::now()), current_.load(std::memory_order_relaxed));
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    });
+  }
+  // The coarse action `index` starts now (its memory changes are attributed to it).
+  void enter(int index) { current_.store(index, std::memory_order_relaxed); }
+  // Records one action that ran from t0 to now; returns its index in data().actions.
+  size_t action(int step, int micro, int index, const char* kind, Clock::time_point t0) {
+    TraceAction a;
+    a.step = step, a.micro = micro, a.action = index, a.queue = "compute", a.kind = kind;
+    a.t_begin = secs(t0);
+    std::vector<int64_t> now;
+    snapshot(now);
+    a.t_end = secs(Clock::now());
+    std::lock_guard<std::mutex> l(mu_);
+    record_changes(now, a.t_end, index);
+    current_.store(-1, std::memory_order_relaxed);
+    data_.actions.push_back(a);
+    return data_.actions.size() - 1;
+  }
+  bool started() const { return started_; }
+  // Stops the sampling thread; data() is complete after this.
+  void stop() {
+    stop_.store(true);
+    if (sampler_.joinable()) sampler_.join();
+  }
+  ProfileData& data() { return data_; }
+  static double secs(Clock::time_point t) {
+    return std::chrono::duration<double>(t.time_since_epoch()).count();
+  }
+
+ private:
+  static void snapshot(std::vector<int64_t>& v) {
+    v.resize(static_cast<size_t>(Mem::Count));
+    for (size_t m = 0; m < v.size(); ++m)
+      v[m] = static_cast<int64_t>(MemTracker::global().current(static_cast<Mem>(m)));
+  }
+  // Under mu_: one sample per category that changed since the last snapshot.
+  void record_changes(const std::vector<int64_t>& now, double t, int action) {
+    for (size_t i = 0; i < now.size(); ++i)
+      if (now[i] != last_[i])
+        data_.mem.push_back(MemSample{t, action, data_.categories[i], now[i] - last_[i]});
+    last_ = now;
+  }
+  ProfileData data_;
+  std::vector<int64_t> last_;
+  bool started_ = false;
+  std::mutex mu_;
+  std::thread sampler_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> current_{-1};
+};
+
+// One training run on this rank. The phases, in the order run() calls them:
+//   set-up      communication and threads, profile.out (checked on every rank), run dir,
+//               data, model + sharding, start point (resume / init_from), checkpointer,
+//               metrics
+//   step(s)     micro-steps, loss reduction, norm / overflow / clipping, optimizer
+//   evaluate(s) validation loss on eval steps and the last step
+//   checkpoints periodic save after a step (after_step), final save (finish_checkpoints)
+//   export      the final weights (export_weights)
+class Trainer {
+ public:
+  Trainer(const TrainConfig& cfg, const TrainOptions& opts, Group& world, GroupPtr world_ptr)
+      : cfg_(cfg), opts_(opts), world_(world), world_ptr_(std::move(world_ptr)),
+        W_(world.size()), rank_(world.rank()), lead_(rank_ == 0), ck_(cfg.checkpoint),
+        run_dir_(cfg.run_dir), B_(cfg.micro_batch), T_(cfg.model.seq_len),
+        accum_(cfg.grad_accum), tokens_per_step_(static_cast<double>(B_) * T_ * accum_ * W_) {}
+
+  TrainSummary run() {
+    setup_comm_and_threads();
+    setup_profiler();
+    setup_run_dir();
+    setup_data();
+    setup_model();
+    setup_start();
+    setup_checkpointer();
+    setup_metrics();
+    summary_.unigram_entropy = train_data_->unigram_entropy();
+    t_start_ = Clock::now();
+    for (int s = start_; s < cfg_.train_steps; ++s) {
+      const bool last = s + 1 == cfg_.train_steps;
+      StepMetrics m = step(s);
+      finish_step(s, m, last);
+      after_step(s, last);
+    }
+    progress_->finish();
+    finish_checkpoints();
+    summary_.tokens_per_s = timed_s_ > 0 ? timed_tokens_ / timed_s_ : 0;
+    export_weights();
+    return summary_;
+  }
+
+ private:
+  // ---- Set-up ------------------------------------------------------------------------------
+
+  void setup_comm_and_threads() {
+    if (cfg_.comm_timeout_s > 0) world_.set_timeout(cfg_.comm_timeout_s);
+    if (cfg_.comm_debug) world_.set_debug(true);
+    set_num_threads(cfg_.threads);
+  }
+
+  void setup_run_dir() {
+    if (lead_) {
+      prepare_dir("run_dir", cfg_.run_dir);
+      write_text((run_dir_ / "config.json").string(), cfg_.resolved_json);
+    }
+  }
+
+  void setup_data() {
+    const int V = cfg_.model.vocab_size;
+    train_data_ = std::make_unique<TokenFile>(cfg_.train_data, V, int64_t{T_} + 1);
+    if (!cfg_.val_data.empty())
+      val_data_ = std::make_unique<TokenFile>(cfg_.val_data, V, int64_t{T_} + 1);
+  }
+
+  void setup_model() {
+    MemTracker::global().reset_peaks();  // peak_mem_bytes is this run's peak
+    model_ = build_model(cfg_.model);
+    wrap_blocks(model_, cfg_.blocks_per_unit);
+    ShardingPolicy policy = cfg_.sharding;
+    if (policy.strategy == ShardingStrategy::HybridShard && policy.shard_group_size == 0) {
+      const int local = launch_env().local_size;  // FSDP's default: shard within a node
+      policy.shard_group_size = local > 0 && W_ % local == 0 ? local : W_;
+    }
+    sm_ = std::make_unique<ShardedModel>(model_, ops_for(Device::cpu()), cfg_.seed, world_ptr_,
+                                         policy);
+    scaler_ = LossScaler(cfg_.loss_scaler);
+  }
+
+  // Where the run starts: a checkpoint (resume), exported weights (init_from), or the init.
+  void setup_start() {
+    resume_dir_ = resolve_resume(ck_.resume, ck_.dir);
+    if (!resume_dir_.empty()) {
+      const TrainState st = load_checkpoint(*sm_, resume_dir_);
+      if (st.seed != cfg_.seed)
+        fail("resume", resume_dir_ + ": saved by a run with seed " + std::to_string(st.seed) +
+                           ", this config has seed " + std::to_string(cfg_.seed) +
+                           " (the data order depends on it; set seed to match)");
+      if (st.step > cfg_.train_steps)
+        fail("resume", resume_dir_ + ": is at step " + std::to_string(st.step) +
+                           ", beyond train_steps (" + std::to_string(cfg_.train_steps) + ")");
+      if (cfg_.fp16 && st.loss_scale > 0) {  // the loss scaler continues where it was
+        scaler_.scale = st.loss_scale;
+        scaler_.good_steps = st.scaler_good_steps;
+        scaler_.hysteresis_left = st.scaler_hysteresis_left;
+      }
+      start_ = static_cast<int>(st.step);
+      applied_ = static_cast<int>(st.optimizer_steps);
+      summary_.resumed_from = resume_dir_;
+      if (lead_)
+        std::fprintf(stderr, "shardwise: resumed from %s at step %d\n", resume_dir_.c_str(),
+                     start_);
+    } else if (ck_.resume == "auto" && lead_) {
+      std::fprintf(stderr, "shardwise: no checkpoint in %s yet; starting at step 0\n",
+                   ck_.dir.c_str());
+    }
+    if (!ck_.init_from.empty()) {
+      import_safetensors(*sm_, ck_.init_from);
+      if (lead_) std::fprintf(stderr, "shardwise: initialised from %s\n", ck_.init_from.c_str());
+    }
+    summary_.start_step = start_;
+  }
+
+  void setup_checkpointer() {
+    if (ck_.every_steps > 0)
+      ckpt_ = std::make_unique<Checkpointer>(ck_.dir, ck_.keep_last, ck_.async, world_);
+  }
+
+  void setup_metrics() {
+    if (lead_)
+      metrics_ = std::make_unique<MetricsLog>((run_dir_ / "metrics.jsonl").string(),
+                                              resume_dir_.empty() ? -1 : start_);
+    progress_ = std::make_unique<Progress>(cfg_.train_steps, cfg_.log_every_steps,
+                                           opts_.progress && lead_, stderr, -1, start_);
+    inputs_.resize(static_cast<size_t>(B_) * T_);
+    targets_.resize(static_cast<size_t>(B_) * T_);
+    batch_ = Batch{inputs_.data(), targets_.data(), B_, T_};
+    adam_.lr = cfg_.optimizer.lr;
+    adam_.beta1 = cfg_.optimizer.beta1;
+    adam_.beta2 = cfg_.optimizer.beta2;
+    adam_.eps = cfg_.optimizer.eps;
+    adam_.weight_decay = cfg_.optimizer.weight_decay;
+  }
+
+  // profile.out must be writable on every rank before any step; one collective decides, so
+  // the error is printed once.
+  void setup_profiler() {
+    if (!cfg_.profile.enabled) return;
+    summary_.profile.dir = cfg_.profile.out;
+    std::string err;
+    try {
+      prepare_dir("profile.out", cfg_.profile.out);
+    } catch (const Error& e) {
+      err = e.what();
+    }
+    const double failed = sum_over_ranks(world_, err.empty() ? 0.0 : 1.0);
+    if (failed > 0) {
+      if (!err.empty() && !lead_) std::fprintf(stderr, "shardwise: error: rank %d: %s\n", rank_,
+                                               err.c_str());
+      throw CollectiveError(!err.empty() ? err
+                                         : "profile: profile.out '" + cfg_.profile.out +
+                                               "': not writable on " +
+                                               std::to_string(static_cast<int>(failed)) +
+                                               " rank(s) (see their messages)");
+    }
+    recorder_ = std::make_unique<ProfileRecorder>(rank_, W_);
+  }
+
+  // ---- One optimizer step ------------------------------------------------------------------
+
+  bool profiled(int step1) const {
+    return recorder_ && step1 >= cfg_.profile.start_step &&
+           step1 < cfg_.profile.start_step + cfg_.profile.num_steps;
+  }
+
+  // Checkpoint work reported on the next metrics line (and summed into the summary).
+  void note_ckpt(const CkptEvents& ev) {
+    ckpt_activity_ = true;
+    ckpt_since_line_.add(ev);
+    summary_.ckpt_stall_s += ev.stall_s;
+    if (ev.committed >= 0) ++summary_.checkpoints_saved, summary_.last_checkpoint = ev.committed;
+    if (ev.failed >= 0) {
+      ++summary_.checkpoints_failed;
+      if (!ev.error.empty()) {
+        std::string who = W_ > 1 ? "rank " + std::to_string(rank_) + ": " : "";
+        std::fprintf(stderr,
+                     "shardwise: warning: %scheckpoint %s not saved: %s; the previous "
+                     "checkpoints and 'latest' are unchanged\n",
+                     who.c_str(), Checkpointer::step_name(ev.failed).c_str(), ev.error.c_str());
+      }
+    }
+  }
+
+  void write_metrics(const StepMetrics& m) {
+    if (metrics_) metrics_->write(m);
+  }
+
+  // Step s (0-based): the micro-steps, the loss over ranks, the gradient norm (overflow,
+  // clipping) and the optimizer update. Returns the step's metrics so far (no validation).
+  StepMetrics step(int s) {
+    if (ckpt_ && ckpt_->pending()) note_ckpt(ckpt_->poll());
+    const bool rec = profiled(s + 1);
+    if (rec) {
+      if (!recorder_->started())  // every rank is here: one origin for all ranks' traces
+        recorder_->data().t_origin =
+            sum_over_ranks(world_, lead_ ? ProfileRecorder::secs(Clock::now()) : 0.0);
+      recorder_->begin_step();
+      if (hook() && hook()->begin_step) hook()->begin_step(s + 1);
+    }
+    const auto t0 = Clock::now();
+    const CommStats c0 = sm_->comm_stats();
+    sm_->zero_grads();
+    double loss = 0;
+    int bad_micro = -1;  // first micro-step with a non-finite loss on this rank
+    const double loss_scale = cfg_.fp16 ? scaler_.scale : 1.0;
+    for (int k = 0; k < accum_; ++k) {
+      if (rec) recorder_->enter(k);
+      const auto tk = Clock::now();
+      train_batch(*train_data_, cfg_.seed, s, (int64_t{k} * W_ + rank_) * B_, B_, T_,
+                  inputs_.data(), targets_.data());
+      const double l = sm_->forward_backward(
+          batch_, static_cast<float>(loss_scale / static_cast<double>(accum_)), k + 1 == accum_);
+      if (!std::isfinite(l) && bad_micro < 0) bad_micro = k;
+      loss += l;
+      if (rec) recorder_->action(s + 1, k, k, "forward_backward", tk);
+    }
+    loss = sum_over_ranks(world_, loss) / (static_cast<double>(accum_) * W_);
+    const float lr = lr_at(cfg_.optimizer, cfg_.scheduler, cfg_.train_steps, applied_);
+    if (!std::isfinite(loss)) {
+      StepMetrics m;
+      m.step = s + 1, m.loss = loss, m.lr = lr;
+      m.grad_norm = NAN, m.peak_mem_bytes = MemTracker::global().total_peak();
+      write_metrics(m);
+      progress_->finish();
+      std::string detail;
+      if (bad_micro >= 0 && accum_ > 1)
+        detail += " (micro-step " + std::to_string(bad_micro) + ")";
+      non_finite("loss", loss, s + 1, detail);
+    }
+    if (rec) recorder_->enter(accum_);
+    const auto tn = Clock::now();
+    const double norm = sm_->grad_norm() / loss_scale;  // of the unscaled gradients
+    if (rec) recorder_->action(s + 1, 0, accum_, "grad_norm", tn);
+    const bool overflow = cfg_.fp16 && !std::isfinite(norm);
+    if (cfg_.fp16) {
+      try {
+        scaler_.update(overflow);
+      } catch (const Error& e) {  // decided on the reduced norm: every rank is here
+        throw CollectiveError(std::string(e.what()) + " (step " + std::to_string(s + 1) + ")");
+      }
+    }
+    if (!overflow && !std::isfinite(norm)) {
+      StepMetrics m;
+      m.step = s + 1, m.loss = loss, m.lr = lr, m.grad_norm = norm;
+      m.peak_mem_bytes = MemTracker::global().total_peak();
+      write_metrics(m);
+      progress_->finish();
+      non_finite("gradient norm", norm, s + 1, "");
+    }
+    if (rec) recorder_->enter(accum_ + 1);
+    const auto to = Clock::now();
+    if (overflow) {
+      sm_->zero_grads();  // the step is skipped: weights and AdamW state stay as they are
+    } else {
+      const double clip =
+          cfg_.grad_clip > 0 ? std::min(1.0, cfg_.grad_clip / (norm + 1e-6)) : 1.0;
+      sm_->optimizer_step(adam_, lr, static_cast<float>(clip / loss_scale), applied_ + 1);
+      ++applied_;
+    }
+    if (rec) recorder_->action(s + 1, 0, accum_ + 1, overflow ? "skip_step" : "optimizer", to);
+    const double dt = seconds_since(t0);
+    const CommStats c1 = sm_->comm_stats();
+
+    StepMetrics m;
+    m.step = s + 1;
+    m.loss = loss;
+    m.lr = lr;
+    m.grad_norm = norm;
+    m.step_time_s = dt;
+    m.tokens_per_s = dt > 0 ? tokens_per_step_ / dt : 0;
+    m.comm_s = c1.comm_s - c0.comm_s;
+    m.exposed_comm_s = c1.exposed_s - c0.exposed_s;
+    m.overflow = overflow;
+    m.skipped_steps = s + 1 - applied_;
+    if (cfg_.fp16) m.loss_scale = loss_scale;
+    if (rec) {
+      step_t0_ = t0;
+      step_comm_bytes_ = static_cast<int64_t>(c1.bytes - c0.bytes);
+    }
+    return m;
+  }
+
+  // Validation on eval_batches * W batches of B rows (the same windows one rank with
+  // micro-batch W*B evaluates in eval_batches batches); rank r takes batches r, r+W, ...
+  double evaluate(int step) {
+    const int n = cfg_.eval_batches * W_;
+    double sum = 0;
+    int first_bad = -1;
+    for (int i = rank_; i < n; i += W_) {
+      eval_batch(*val_data_, i, n, B_, T_, inputs_.data(), targets_.data());
+      const double l = sm_->eval_loss(batch_);
+      if (!std::isfinite(l) && first_bad < 0) first_bad = i;
+      sum += l;
+    }
+    const double total = sum_over_ranks(world_, sum);
+    if (!std::isfinite(total))
+      non_finite("validation loss", total, step,
+                 first_bad >= 0 ? " (eval batch " + std::to_string(first_bad) + ")" : "");
+    return total / n;
+  }
+
+  // After step s: validation when due, the metrics line, the progress line, the summary, and
+  // the profile of a recorded step.
+  void finish_step(int s, StepMetrics& m, bool last) {
+    const bool rec = profiled(s + 1);
+    if (val_data_ &&
+        (last || (cfg_.eval_every_steps > 0 && (s + 1) % cfg_.eval_every_steps == 0))) {
+      if (rec) recorder_->enter(accum_ + 2);
+      const auto te = Clock::now();
+      m.val_loss = evaluate(s + 1);
+      m.has_val = true;
+      summary_.last_val_loss = m.val_loss;
+      if (rec) recorder_->action(s + 1, 0, accum_ + 2, "evaluate", te);
+    }
+    m.peak_mem_bytes = MemTracker::global().total_peak();
+    if (ckpt_activity_) {
+      m.ckpt_stall_s = ckpt_since_line_.stall_s;
+      m.ckpt_saved = ckpt_since_line_.committed;
+      m.ckpt_failed = ckpt_since_line_.failed;
+      ckpt_since_line_ = CkptEvents{};
+      ckpt_activity_ = false;
+    }
+    write_metrics(m);
+    progress_->update(m, seconds_since(t_start_));
+
+    const double dt = m.step_time_s;
+    if (s > start_) timed_s_ += dt, timed_tokens_ += tokens_per_step_;
+    if (cfg_.train_steps - start_ == 1) timed_s_ = dt, timed_tokens_ = tokens_per_step_;
+    summary_.steps = s + 1;
+    summary_.last_loss = m.loss;
+    summary_.skipped_steps = m.skipped_steps;
+    summary_.loss_scale = cfg_.fp16 ? scaler_.scale : 0;
+
+    if (rec) {
+      record_step(m);
+      const int last_rec = std::min(cfg_.train_steps,
+                                    cfg_.profile.start_step + cfg_.profile.num_steps - 1);
+      if (s + 1 == last_rec) write_profile();
+    }
+  }
+
+  // The enclosing "step" action of a recorded step (its children are already recorded).
+  void record_step(const StepMetrics& m) {
+    const size_t i = recorder_->action(m.step, 0, -1, "step", step_t0_);
+    TraceAction& a = recorder_->data().actions[i];
+    a.bytes = step_comm_bytes_;
+    a.args = {{"loss", m.loss},           {"grad_norm", m.grad_norm},
+              {"lr", m.lr},               {"tokens_per_s", m.tokens_per_s},
+              {"comm_s", m.comm_s},       {"exposed_comm_s", m.exposed_comm_s},
+              {"step_time_s", m.step_time_s}};
+    if (m.has_val) a.args.push_back({"val_loss", m.val_loss});
+    ++summary_.profile.steps_recorded;
+    if (hook() && hook()->end_step) hook()->end_step(m.step);
+  }
+
+  // Each rank writes its three files into profile.out.
+  void write_profile() {
+    recorder_->stop();
+    ProfileData& d = recorder_->data();
+    std::vector<MemSample> predicted;
+    if (hook() && hook()->finish) hook()->finish(d, predicted);
+    ProfileResult& r = summary_.profile;
+    const fs::path dir(cfg_.profile.out);
+    const std::string tag = "_rank" + std::to_string(rank_);
+    r.trace_path = (dir / ("trace" + tag + ".json")).string();
+    r.svg_path = (dir / ("memory" + tag + ".svg")).string();
+    r.peaks_path = (dir / ("peaks" + tag + ".json")).string();
+    r.peaks = compute_peaks(d);
+    r.tracker_peak_bytes = static_cast<int64_t>(MemTracker::global().total_peak());
+    write_chrome_trace(d, r.trace_path);
+    write_memory_svg(d, r.svg_path, predicted.empty() ? nullptr : &predicted);
+    write_peaks_json(r.peaks, r.peaks_path);
+  }
+
+  const ProfileHook* hook() const { return opts_.profile_hook; }
+
+  // ---- Checkpoints -------------------------------------------------------------------------
+
+  TrainState train_state(int step) const {
+    TrainState st;
+    st.step = step;
+    st.seed = cfg_.seed;
+    st.optimizer_steps = applied_;
+    if (cfg_.fp16) {
+      st.loss_scale = scaler_.scale;
+      st.scaler_good_steps = scaler_.good_steps;
+      st.scaler_hysteresis_left = scaler_.hysteresis_left;
+    }
+    st.config_json = cfg_.resolved_json;
+    return st;
+  }
+
+  // Periodic save (the final one is finish_checkpoints').
+  void after_step(int s, bool last) {
+    if (ckpt_ && !last && (s + 1) % ck_.every_steps == 0)
+      note_ckpt(ckpt_->save(*sm_, train_state(s + 1)));
+  }
+
+  void finish_checkpoints() {
+    if (!ckpt_) return;
+    note_ckpt(ckpt_->finish());  // a pending async save
+    const bool periodic_last = cfg_.train_steps % ck_.every_steps == 0;
+    const bool ran = start_ < cfg_.train_steps;
+    if (!(ran && (ck_.save_final || periodic_last))) return;
+    CkptEvents ev = ckpt_->save(*sm_, train_state(cfg_.train_steps));
+    ev.add(ckpt_->finish());
+    const bool failed = ev.failed >= 0;
+    const std::string err = ev.error;
+    ev.error.clear();  // reported below, as an error rather than a warning
+    note_ckpt(ev);
+    if (failed) {
+      if (rank_ != 0 && !err.empty())  // rank 0 prints the collective error
+        std::fprintf(stderr, "shardwise: error: rank %d: final checkpoint not saved: %s\n", rank_,
+                     err.c_str());
+      throw CollectiveError("train: the final checkpoint " +
+                            Checkpointer::step_name(cfg_.train_steps) + " was not saved" +
+                            (err.empty() ? " (see the ranks' messages)" : ": " + err) +
+                            "; the previous checkpoints and 'latest' are unchanged");
+    }
+  }
+
+  // ---- Export ------------------------------------------------------------------------------
+
+  void export_weights() {
+    if (!opts_.export_weights) return;
+    summary_.weights_path = (run_dir_ / "model.safetensors").string();
+    sm_->gather_full_params(/*rank0_only=*/true);  // collective; then rank 0 writes alone
+    if (lead_) export_hf_safetensors(*sm_, summary_.weights_path);
+    sm_->release_full_params();
+  }
+
+  // ---- State -------------------------------------------------------------------------------
+
+  const TrainConfig& cfg_;
+  const TrainOptions& opts_;
+  Group& world_;
+  GroupPtr world_ptr_;
+  const int W_, rank_;
+  const bool lead_;  // writes run_dir, prints
+  const CheckpointConfig& ck_;
+  const fs::path run_dir_;
+  const int B_, T_, accum_;
+  const double tokens_per_step_;
+
+  std::unique_ptr<TokenFile> train_data_, val_data_;
+  Model model_;
+  std::unique_ptr<ShardedModel> sm_;
+  LossScaler scaler_;  // used with fp16 only
+  int start_ = 0;    // steps done before this run (resume)
+  int applied_ = 0;  // optimizer steps applied; the others (s + 1 - applied) were skipped
+  std::string resume_dir_;
+
+  std::unique_ptr<Checkpointer> ckpt_;
+  CkptEvents ckpt_since_line_;  // checkpoint work not yet reported in metrics.jsonl
+  bool ckpt_activity_ = false;
+
+  std::unique_ptr<MetricsLog> metrics_;
+  std::unique_ptr<Progress> progress_;
+  std::vector<int32_t> inputs_, targets_;
+  Batch batch_{};
+  AdamWParams adam_;
+
+  std::unique_ptr<ProfileRecorder> recorder_;  // profile block enabled
+  Clock::time_point step_t0_{};
+  int64_t step_comm_bytes_ = 0;
+
+  TrainSummary summary_;
+  Clock::time_point t_start_{};
+  double timed_s_ = 0, timed_tokens_ = 0;  // steps after the first
+};
 
 }  // namespace
 
@@ -140,12 +689,12 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainOptions& opts) {
   const GroupPtr world = world_group();
   if (world->size() == 1) {
     for (const std::string& n : cfg_in.notes) std::fprintf(stderr, "%s\n", n.c_str());
-    return train_ranks(cfg, opts, *world, world);
+    return Trainer(cfg, opts, *world, world).run();
   }
   try {
     if (world->rank() == 0)
       for (const std::string& n : cfg_in.notes) std::fprintf(stderr, "%s\n", n.c_str());
-    return train_ranks(cfg, opts, *world, world);
+    return Trainer(cfg, opts, *world, world).run();
   } catch (const CollectiveError& e) {
     if (world->rank() == 0) std::fprintf(stderr, "shardwise: error: %s\n", e.what());
     std::fflush(stderr);
@@ -157,283 +706,5 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainOptions& opts) {
     comm_abort(1);
   }
 }
-
-namespace {
-
-TrainSummary train_ranks(const TrainConfig& cfg, const TrainOptions& opts, Group& world,
-                         GroupPtr world_ptr) {
-  const int W = world.size(), rank = world.rank();
-  const bool lead = rank == 0;  // writes run_dir, prints
-  if (cfg.comm_timeout_s > 0) world.set_timeout(cfg.comm_timeout_s);
-  if (cfg.comm_debug) world.set_debug(true);
-
-  set_num_threads(cfg.threads);
-  const fs::path run_dir(cfg.run_dir);
-  if (lead) {
-    prepare_run_dir(cfg.run_dir);
-    write_text((run_dir / "config.json").string(), cfg.resolved_json);
-  }
-
-  const int B = cfg.micro_batch, T = cfg.model.seq_len, accum = cfg.grad_accum;
-  const int V = cfg.model.vocab_size;
-  const TokenFile train_data(cfg.train_data, V, int64_t{T} + 1);
-  std::unique_ptr<TokenFile> val_data;
-  if (!cfg.val_data.empty())
-    val_data = std::make_unique<TokenFile>(cfg.val_data, V, int64_t{T} + 1);
-
-  TrainSummary summary;
-  MemTracker::global().reset_peaks();  // peak_mem_bytes is this run's peak
-  Model model = build_model(cfg.model);
-  wrap_blocks(model, cfg.blocks_per_unit);
-  ShardingPolicy policy = cfg.sharding;
-  if (policy.strategy == ShardingStrategy::HybridShard && policy.shard_group_size == 0) {
-    const int local = local_ranks();  // FSDP's default: shard within a node
-    policy.shard_group_size = local > 0 && W % local == 0 ? local : W;
-  }
-  ShardedModel sm(model, ops_for(Device::cpu()), cfg.seed, world_ptr, policy);
-
-  LossScaler scaler(cfg.loss_scaler);  // used with fp16 only
-  // Optimizer steps applied; the others (s + 1 - applied after step s) were skipped on overflow.
-  int applied = 0;
-
-  // Where the run starts: a checkpoint (resume), exported weights (init_from), or the init.
-  const CheckpointConfig& ck = cfg.checkpoint;
-  int start = 0;
-  const std::string resume_dir = resolve_resume(ck.resume, ck.dir);
-  if (!resume_dir.empty()) {
-    const TrainState st = load_checkpoint(sm, resume_dir);
-    if (st.seed != cfg.seed)
-      fail("resume", resume_dir + ": saved by a run with seed " + std::to_string(st.seed) +
-                         ", this config has seed " + std::to_string(cfg.seed) +
-                         " (the data order depends on it; set seed to match)");
-    if (st.step > cfg.train_steps)
-      fail("resume", resume_dir + ": is at step " + std::to_string(st.step) +
-                         ", beyond train_steps (" + std::to_string(cfg.train_steps) + ")");
-    if (cfg.fp16 && st.loss_scale > 0) {  // the loss scaler continues where it was
-      scaler.scale = st.loss_scale;
-      scaler.good_steps = st.scaler_good_steps;
-      scaler.hysteresis_left = st.scaler_hysteresis_left;
-    }
-    start = static_cast<int>(st.step);
-    applied = static_cast<int>(st.optimizer_steps);
-    summary.resumed_from = resume_dir;
-    if (lead)
-      std::fprintf(stderr, "shardwise: resumed from %s at step %d\n", resume_dir.c_str(), start);
-  } else if (ck.resume == "auto" && lead) {
-    std::fprintf(stderr, "shardwise: no checkpoint in %s yet; starting at step 0\n",
-                 ck.dir.c_str());
-  }
-  if (!ck.init_from.empty()) {
-    import_safetensors(sm, ck.init_from);
-    if (lead) std::fprintf(stderr, "shardwise: initialised from %s\n", ck.init_from.c_str());
-  }
-  summary.start_step = start;
-  std::unique_ptr<Checkpointer> ckpt;
-  if (ck.every_steps > 0)
-    ckpt = std::make_unique<Checkpointer>(ck.dir, ck.keep_last, ck.async, world);
-  auto train_state = [&](int step) {
-    TrainState st;
-    st.step = step;
-    st.seed = cfg.seed;
-    st.optimizer_steps = applied;
-    if (cfg.fp16) {
-      st.loss_scale = scaler.scale;
-      st.scaler_good_steps = scaler.good_steps;
-      st.scaler_hysteresis_left = scaler.hysteresis_left;
-    }
-    st.config_json = cfg.resolved_json;
-    return st;
-  };
-  CkptEvents ckpt_since_line;  // checkpoint work not yet reported in metrics.jsonl
-  bool ckpt_activity = false;
-  auto note_ckpt = [&](const CkptEvents& ev) {
-    ckpt_activity = true;
-    ckpt_since_line.add(ev);
-    summary.ckpt_stall_s += ev.stall_s;
-    if (ev.committed >= 0) ++summary.checkpoints_saved, summary.last_checkpoint = ev.committed;
-    if (ev.failed >= 0) {
-      ++summary.checkpoints_failed;
-      if (!ev.error.empty()) {
-        std::string who = W > 1 ? "rank " + std::to_string(rank) + ": " : "";
-        std::fprintf(stderr,
-                     "shardwise: warning: %scheckpoint %s not saved: %s; the previous "
-                     "checkpoints and 'latest' are unchanged\n",
-                     who.c_str(), Checkpointer::step_name(ev.failed).c_str(), ev.error.c_str());
-      }
-    }
-  };
-
-  std::unique_ptr<MetricsLog> metrics;
-  if (lead)
-    metrics = std::make_unique<MetricsLog>((run_dir / "metrics.jsonl").string(),
-                                           resume_dir.empty() ? -1 : start);
-  auto write_metrics = [&](const StepMetrics& m) {
-    if (metrics) metrics->write(m);
-  };
-  Progress progress(cfg.train_steps, cfg.log_every_steps, opts.progress && lead, stderr, -1,
-                    start);
-
-  std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(static_cast<size_t>(B) * T);
-  const Batch batch{inputs.data(), targets.data(), B, T};
-  AdamWParams adam;
-  adam.lr = cfg.optimizer.lr;
-  adam.beta1 = cfg.optimizer.beta1;
-  adam.beta2 = cfg.optimizer.beta2;
-  adam.eps = cfg.optimizer.eps;
-  adam.weight_decay = cfg.optimizer.weight_decay;
-  const double tokens_per_step = static_cast<double>(B) * T * accum * W;
-
-  // Validation on eval_batches * W batches of B rows (the same windows one rank with
-  // micro-batch W*B evaluates in eval_batches batches); rank r takes batches r, r+W, ...
-  auto evaluate = [&](int step) {
-    const int n = cfg.eval_batches * W;
-    double sum = 0;
-    int first_bad = -1;
-    for (int i = rank; i < n; i += W) {
-      eval_batch(*val_data, i, n, B, T, inputs.data(), targets.data());
-      const double l = sm.eval_loss(batch);
-      if (!std::isfinite(l) && first_bad < 0) first_bad = i;
-      sum += l;
-    }
-    const double total = sum_over_ranks(world, sum);
-    if (!std::isfinite(total))
-      non_finite("validation loss", total, step,
-                 first_bad >= 0 ? " (eval batch " + std::to_string(first_bad) + ")" : "");
-    return total / n;
-  };
-
-  summary.unigram_entropy = train_data.unigram_entropy();
-  double timed_s = 0, timed_tokens = 0;  // steps after the first
-  const auto t_start = Clock::now();
-  for (int s = start; s < cfg.train_steps; ++s) {
-    if (ckpt && ckpt->pending()) note_ckpt(ckpt->poll());
-    const auto t0 = Clock::now();
-    const CommStats c0 = sm.comm_stats();
-    sm.zero_grads();
-    double loss = 0;
-    int bad_micro = -1;  // first micro-step with a non-finite loss on this rank
-    const double loss_scale = cfg.fp16 ? scaler.scale : 1.0;
-    for (int k = 0; k < accum; ++k) {
-      train_batch(train_data, cfg.seed, s, (int64_t{k} * W + rank) * B, B, T, inputs.data(),
-                  targets.data());
-      const double l = sm.forward_backward(
-          batch, static_cast<float>(loss_scale / static_cast<double>(accum)), k + 1 == accum);
-      if (!std::isfinite(l) && bad_micro < 0) bad_micro = k;
-      loss += l;
-    }
-    loss = sum_over_ranks(world, loss) / (static_cast<double>(accum) * W);
-    const float lr = lr_at(cfg.optimizer, cfg.scheduler, cfg.train_steps, applied);
-    if (!std::isfinite(loss)) {
-      StepMetrics m;
-      m.step = s + 1, m.loss = loss, m.lr = lr;
-      m.grad_norm = NAN, m.peak_mem_bytes = MemTracker::global().total_peak();
-      write_metrics(m);
-      progress.finish();
-      std::string detail;
-      if (bad_micro >= 0 && accum > 1) detail += " (micro-step " + std::to_string(bad_micro) + ")";
-      non_finite("loss", loss, s + 1, detail);
-    }
-    const double norm = sm.grad_norm() / loss_scale;  // of the unscaled gradients
-    const bool overflow = cfg.fp16 && !std::isfinite(norm);
-    if (cfg.fp16) {
-      try {
-        scaler.update(overflow);
-      } catch (const Error& e) {  // decided on the reduced norm: every rank is here
-        throw CollectiveError(std::string(e.what()) + " (step " + std::to_string(s + 1) + ")");
-      }
-    }
-    if (!overflow && !std::isfinite(norm)) {
-      StepMetrics m;
-      m.step = s + 1, m.loss = loss, m.lr = lr, m.grad_norm = norm;
-      m.peak_mem_bytes = MemTracker::global().total_peak();
-      write_metrics(m);
-      progress.finish();
-      non_finite("gradient norm", norm, s + 1, "");
-    }
-    if (overflow) {
-      sm.zero_grads();  // the step is skipped: weights and AdamW state stay as they are
-    } else {
-      const double clip = cfg.grad_clip > 0 ? std::min(1.0, cfg.grad_clip / (norm + 1e-6)) : 1.0;
-      sm.optimizer_step(adam, lr, static_cast<float>(clip / loss_scale), applied + 1);
-      ++applied;
-    }
-    const double dt = seconds_since(t0);
-    const CommStats c1 = sm.comm_stats();
-
-    StepMetrics m;
-    m.step = s + 1;
-    m.loss = loss;
-    m.lr = lr;
-    m.grad_norm = norm;
-    m.step_time_s = dt;
-    m.tokens_per_s = dt > 0 ? tokens_per_step / dt : 0;
-    m.comm_s = c1.comm_s - c0.comm_s;
-    m.exposed_comm_s = c1.exposed_s - c0.exposed_s;
-    m.overflow = overflow;
-    m.skipped_steps = s + 1 - applied;
-    if (cfg.fp16) m.loss_scale = loss_scale;
-    const bool last = s + 1 == cfg.train_steps;
-    if (val_data && (last || (cfg.eval_every_steps > 0 && (s + 1) % cfg.eval_every_steps == 0))) {
-      m.val_loss = evaluate(s + 1);
-      m.has_val = true;
-      summary.last_val_loss = m.val_loss;
-    }
-    m.peak_mem_bytes = MemTracker::global().total_peak();
-    if (ckpt_activity) {
-      m.ckpt_stall_s = ckpt_since_line.stall_s;
-      m.ckpt_saved = ckpt_since_line.committed;
-      m.ckpt_failed = ckpt_since_line.failed;
-      ckpt_since_line = CkptEvents{};
-      ckpt_activity = false;
-    }
-    write_metrics(m);
-    progress.update(m, seconds_since(t_start));
-
-    if (s > start) timed_s += dt, timed_tokens += tokens_per_step;
-    if (cfg.train_steps - start == 1) timed_s = dt, timed_tokens = tokens_per_step;
-    summary.steps = s + 1;
-    summary.last_loss = loss;
-    summary.skipped_steps = m.skipped_steps;
-    summary.loss_scale = cfg.fp16 ? scaler.scale : 0;
-
-    // Periodic save (the final one is below, after the loop).
-    if (ckpt && !last && (s + 1) % ck.every_steps == 0)
-      note_ckpt(ckpt->save(sm, train_state(s + 1)));
-  }
-  progress.finish();
-  if (ckpt) {
-    note_ckpt(ckpt->finish());  // a pending async save
-    const bool periodic_last = cfg.train_steps % ck.every_steps == 0;
-    const bool ran = start < cfg.train_steps;
-    if (ran && (ck.save_final || periodic_last)) {
-      CkptEvents ev = ckpt->save(sm, train_state(cfg.train_steps));
-      ev.add(ckpt->finish());
-      const bool failed = ev.failed >= 0;
-      const std::string err = ev.error;
-      ev.error.clear();  // reported below, as an error rather than a warning
-      note_ckpt(ev);
-      if (failed) {
-        if (rank != 0 && !err.empty())  // rank 0 prints the collective error
-          std::fprintf(stderr, "shardwise: error: rank %d: final checkpoint not saved: %s\n", rank,
-                       err.c_str());
-        throw CollectiveError("train: the final checkpoint " +
-                              Checkpointer::step_name(cfg.train_steps) + " was not saved" +
-                              (err.empty() ? " (see the ranks' messages)" : ": " + err) +
-                              "; the previous checkpoints and 'latest' are unchanged");
-      }
-    }
-  }
-  summary.tokens_per_s = timed_s > 0 ? timed_tokens / timed_s : 0;
-
-  if (opts.export_weights) {
-    summary.weights_path = (run_dir / "model.safetensors").string();
-    sm.gather_full_params(/*rank0_only=*/true);  // collective; then rank 0 writes alone
-    if (lead) export_hf_safetensors(sm, summary.weights_path);
-    sm.release_full_params();
-  }
-  return summary;
-}
-
-}  // namespace
 
 }  // namespace sw

@@ -1,17 +1,56 @@
 // The training loop: data, micro-batches with gradient accumulation, clipping, AdamW with the
 // LR schedule, periodic validation, metrics.jsonl, a live progress line, and the final
 // weights exported to <run_dir>/model.safetensors with Hugging Face names.
+//
+// With the config's profile block enabled, the steps it names are recorded (ProfileHook below)
+// and each rank writes its trace, memory chart and peaks into profile.out (engine/profiler.h).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "engine/config.h"
+#include "engine/profiler.h"
 
 namespace sw {
+
+// Where the trainer hands the profiled steps to whoever records more than it knows. Every
+// callback is optional and runs on every rank.
+//
+// The trainer itself fills ProfileData with what it sees: per recorded step one "step" action
+// on the compute queue (loss, grad_norm, lr, tokens_per_s in its args) enclosing its coarse
+// actions (one "forward_backward" per micro-step, "grad_norm", "optimizer", "evaluate"),
+// and MemTracker's bytes per category when recording starts, then as a sampling thread sees
+// them change (polled every ~100 µs, so short-lived buffers can be missed) and at the end of
+// each of those actions.
+// TODO(issue 9, the lead's glue): connect begin_step/end_step to the executor's per-action
+// records (queue, kind, unit, call, bytes, times) and to the allocators' event log, and in
+// finish() replace the trainer's coarse actions and samples with them (and hand the planner's
+// predicted timeline for the chart).
+struct ProfileHook {
+  std::function<void(int step)> begin_step;  // before a recorded step's first micro-step
+  std::function<void(int step)> end_step;    // after its optimizer update (and evaluation)
+  // After the last recorded step, before the files are written: may add to or replace what
+  // the trainer recorded, and fill `predicted` (drawn dashed on the memory chart).
+  std::function<void(ProfileData& data, std::vector<MemSample>& predicted)> finish;
+};
 
 struct TrainOptions {
   bool progress = true;  // live progress line on stderr (step/total, loss, tokens/s, ETA)
   bool export_weights = true;
+  ProfileHook* profile_hook = nullptr;  // not owned; used when the profile block is enabled
+};
+
+// What a profiled run wrote (this rank's files).
+struct ProfileResult {
+  std::string dir;                                 // profile.out
+  std::string trace_path, svg_path, peaks_path;    // "" when no step was recorded
+  int steps_recorded = 0;
+  Peaks peaks;
+  // MemTracker's peak of the total since the run began, read after the last recorded step. It
+  // sees inside actions, which the trainer's own samples (taken between actions) do not.
+  int64_t tracker_peak_bytes = 0;
 };
 
 struct TrainSummary {
@@ -30,6 +69,7 @@ struct TrainSummary {
   int checkpoints_failed = 0;
   int64_t last_checkpoint = -1;  // step of the last committed checkpoint
   double ckpt_stall_s = 0;     // total time the training thread spent checkpointing (rank 0)
+  ProfileResult profile;       // profile block enabled: this rank's files and peaks
 };
 
 TrainSummary train(const TrainConfig& cfg, const TrainOptions& opts = {});

@@ -1,4 +1,4 @@
-// The `shardwise` command line: train, data prepare, sample.
+// The `shardwise` command line: train, profile, data prepare, sample, ckpt.
 //
 // Exit codes: 0 success; 1 an error in what was asked (sw::Error: a bad config, a missing
 // file, ...), printed as one line "shardwise: error: <message>"; 2 a usage mistake (unknown
@@ -24,6 +24,7 @@
 
 #include "checkpoint/export.h"
 #include "core/error.h"
+#include "core/launch.h"
 #include "engine/config.h"
 #include "engine/data.h"
 #include "engine/sampler.h"
@@ -65,6 +66,8 @@ const char* kMainHelp =
     "        [--resume DIR|auto] [--init-from FILE]  (continue from a checkpoint / weights)\n"
     "  data prepare TEXT... --out FILE.bin      byte-level tokenize text into a .bin token file\n"
     "  sample --config CFG --prompt TEXT ...    generate text from trained weights\n"
+    "  profile CONFIG [--steps N] [--out DIR]   run N steps, write per-rank trace, memory chart\n"
+    "                                           and peaks (no checkpoints, no weights)\n"
     "  ckpt export|inspect|verify DIR ...       consolidate, list or check a sharded checkpoint\n"
     "  plan-dump CONFIG [--world-size N]        print the step plan a run executes\n"
     "\n"
@@ -100,6 +103,31 @@ const char* kTrainHelp =
     "Checkpoints: set checkpoint.every_steps (e.g. --set checkpoint.every_steps=500) to save\n"
     "<run_dir>/checkpoints/step_N every N steps (and after the last step); checkpoint.keep_last\n"
     "(default 3), checkpoint.async (write in the background), checkpoint.dir.\n";
+
+const char* kProfileHelp =
+    "Usage: shardwise profile CONFIG.json [--steps N] [--out DIR] [--set KEY=VALUE]...\n"
+    "       mpirun -np R shardwise profile CONFIG.json ...\n"
+    "\n"
+    "Runs N optimizer steps of the run CONFIG.json describes, from its start (no resume), with\n"
+    "the profile block enabled: step 1 is a warm-up (first allocations, page faults, thread\n"
+    "pools) and is not recorded; steps 2..N are. The LR schedule is the full run's (its length\n"
+    "stays train_steps). No checkpoint is saved and no weights are exported; config.json and\n"
+    "metrics.jsonl of the profiled steps go to DIR, so the run's own run_dir is not touched.\n"
+    "Every rank r writes into DIR:\n"
+    "  trace_rank<r>.json   Chrome trace events: open in https://ui.perfetto.dev or\n"
+    "                       chrome://tracing (one process per rank, one track per queue)\n"
+    "  memory_rank<r>.svg   memory in use per category over the recorded steps (stacked)\n"
+    "  peaks_rank<r>.json   peak_bytes, peak_action, at_peak {category: bytes},\n"
+    "                       peak_per_category\n"
+    "Rank 0 then prints its peak table and the paths.\n"
+    "\n"
+    "Options:\n"
+    "  --steps N         steps to run, >= 2 (default 3: one warm-up, two recorded)\n"
+    "  --out DIR         output directory (default: the config's profile.out, which defaults\n"
+    "                    to <run_dir>/profile); created if missing, must be writable\n"
+    "  --set KEY=VALUE   config override, as for train; repeatable\n"
+    "  --quiet           no live progress line on stderr\n"
+    "  -h, --help        show this help\n";
 
 const char* kDataHelp =
     "Usage: shardwise data prepare TEXT... --out FILE.bin [--val FILE.bin] [--val-fraction F]\n"
@@ -210,12 +238,7 @@ double parse_double(const std::string& s, const std::string& opt, const std::str
 
 // The process's rank under mpirun/srun, from the launcher's environment (0 when not launched
 // by one): only rank 0 prints the summary.
-int launcher_rank() {
-  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"}) {
-    if (const char* v = std::getenv(var)) return std::atoi(v);
-  }
-  return 0;
-}
+int launcher_rank() { return sw::launch_env().rank; }
 
 // ---- train ---------------------------------------------------------------------------------
 
@@ -295,8 +318,87 @@ int cmd_train(const std::vector<std::string>& args) {
     std::printf("  checkpoints        %d saved, %d failed, last step_%lld in %s (stall %.2f s)\n",
                 s.checkpoints_saved, s.checkpoints_failed, (long long)s.last_checkpoint,
                 cfg.checkpoint.dir.c_str(), s.ckpt_stall_s);
+  if (s.profile.steps_recorded > 0)
+    std::printf("  profile            %d steps recorded in %s\n", s.profile.steps_recorded,
+                s.profile.dir.c_str());
   std::printf("  weights            %s\n", s.weights_path.empty() ? "(not exported)"
                                                                  : s.weights_path.c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
+// ---- profile -------------------------------------------------------------------------------
+
+int cmd_profile(const std::vector<std::string>& args) {
+  const std::string cmd = "profile";
+  std::optional<std::string> config, out;
+  std::vector<std::string> overrides;
+  int steps = 3;
+  sw::TrainOptions opts;
+  opts.export_weights = false;
+  for (size_t i = 0; i < args.size(); i++) {
+    const std::string& a = args[i];
+    std::string v;
+    if (is_help(a)) {
+      std::cout << kProfileHelp;
+      return 0;
+    } else if (take_value(args, i, "--steps", cmd, v)) {
+      steps = static_cast<int>(parse_int(v, "--steps", cmd, 2, 1000000));
+    } else if (take_value(args, i, "--out", cmd, v)) {
+      if (v.empty()) usage_fail(cmd, "--out expects a directory");
+      out = v;
+    } else if (take_value(args, i, "--set", cmd, v)) {
+      if (v.find('=') == std::string::npos || v.front() == '=')
+        usage_fail(cmd, "--set expects KEY=VALUE, got '" + v + "'");
+      overrides.push_back(v);
+    } else if (a == "--quiet") {
+      opts.progress = false;
+    } else if (a.size() > 1 && a[0] == '-') {
+      unknown_option(cmd, a);
+    } else if (!config) {
+      config = a;
+    } else {
+      usage_fail(cmd, "unexpected argument '" + a + "' (one CONFIG file expected)");
+    }
+  }
+  if (!config) usage_fail(cmd, "missing CONFIG file");
+
+  // The run as configured, then cut to `steps` steps with the same LR schedule, from scratch,
+  // without checkpoints, writing its run files into the profile directory.
+  const sw::TrainConfig full = sw::load_config(*config, overrides);
+  const std::string dir = out ? *out : full.profile.out;
+  if (full.scheduler.total_num_steps == 0)
+    overrides.push_back("scheduler.params.total_num_steps=" + std::to_string(full.train_steps));
+  overrides.push_back("train_steps=" + std::to_string(steps));
+  overrides.push_back("checkpoint.every_steps=0");
+  overrides.push_back("checkpoint.resume=\"\"");
+  overrides.push_back("run_dir=" + json_string(dir));
+  overrides.push_back("profile.enabled=true");
+  overrides.push_back("profile.start_step=2");
+  overrides.push_back("profile.num_steps=" + std::to_string(steps - 1));
+  overrides.push_back("profile.out=" + json_string(dir));
+  const sw::TrainConfig cfg = sw::load_config(*config, overrides);
+  const sw::TrainSummary s = sw::train(cfg, opts);
+  if (launcher_rank() != 0) return 0;
+
+  const sw::ProfileResult& p = s.profile;
+  const int world = sw::launch_env().world_size;
+  std::printf("shardwise: profiled steps 2-%d of %d (step 1 is warm-up), %d rank%s\n", steps,
+              steps, world, world == 1 ? "" : "s");
+  std::printf("%s", sw::format_peaks_table(p.peaks).c_str());
+  // Until the step-plan executor and the allocators' event log feed the profile, memory is
+  // sampled between the trainer's actions; MemTracker's peak also sees inside them.
+  std::printf("  tracker peak       %s (MemTracker, whole run incl. warm-up; the table is from "
+              "~100 us samples)\n",
+              sw::format_bytes(p.tracker_peak_bytes).c_str());
+  std::printf("  trace (Perfetto)   %s\n", p.trace_path.c_str());
+  std::printf("  memory chart       %s\n", p.svg_path.c_str());
+  std::printf("  peaks              %s\n", p.peaks_path.c_str());
+  if (world > 1)
+    std::printf("  (rank%s %s wrote trace_rank<r>.json, memory_rank<r>.svg, peaks_rank<r>.json "
+                "in %s)\n",
+                world > 2 ? "s" : "",
+                world > 2 ? ("1-" + std::to_string(world - 1)).c_str() : "1", p.dir.c_str());
   std::fflush(stdout);
   return 0;
 }
@@ -473,6 +575,7 @@ int run(const std::vector<std::string>& args) {
   if (c == "train") return cmd_train(rest);
   if (c == "data") return cmd_data(rest);
   if (c == "sample") return cmd_sample(rest);
+  if (c == "profile") return cmd_profile(rest);
   if (c == "ckpt") return sw::cmd_ckpt(rest);
   if (c == "plan-dump") return sw::cmd_plan_dump(rest);
   if (c == "help") {
@@ -483,7 +586,7 @@ int run(const std::vector<std::string>& args) {
     return run({rest[0], "--help"});
   }
   if (c.size() > 1 && c[0] == '-') usage_fail("", "unknown option '" + c + "'");
-  usage_fail("", "unknown command '" + c + "' (expected train, data, sample, ckpt or plan-dump)");
+  usage_fail("", "unknown command '" + c + "' (expected train, profile, plan-dump, data, sample or ckpt)");
 }
 
 // One line, no embedded newlines (a multi-line message would break the one-line contract).

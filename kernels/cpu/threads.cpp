@@ -2,9 +2,10 @@
 
 #include <omp.h>
 
-#include <cstdlib>
 #include <string>
 #include <thread>
+
+#include "core/launch.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -13,14 +14,10 @@ namespace sw {
 namespace {
 int g_threads = 0;
 
+// Ranks sharing this node, as the launcher says (core/launch.h); 1 when it does not say.
 int local_ranks() {
-  // OpenMPI and Slurm both say how many ranks share this node.
-  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE", "MPI_LOCALNRANKS"})
-    if (const char* s = std::getenv(v)) {
-      const int n = std::atoi(s);
-      if (n > 0) return n;
-    }
-  return 1;
+  const int n = launch_env().local_size;
+  return n > 0 ? n : 1;
 }
 }  // namespace
 

@@ -7,8 +7,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <vector>
 
 #include "core/error.h"
+#include "core/launch.h"
 #include "sharding/comm/mpi_backend.h"
 #include "sharding/comm/work.h"
 
@@ -255,18 +257,13 @@ class LocalGroup final : public Group {
   uint64_t seq_ = 0;
 };
 
-int env_int(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : 0;
-}
-
 }  // namespace
 
 GroupPtr make_local_group() { return std::make_shared<LocalGroup>(); }
 
+
 bool launched_multi_rank() {
-  return env_int("OMPI_COMM_WORLD_SIZE") > 1 || env_int("PMI_SIZE") > 1 ||
-         env_int("SLURM_STEP_NUM_TASKS") > 1;
+  return launch_env().world_size > 1;
 }
 
 namespace {

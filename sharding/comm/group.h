@@ -185,7 +185,7 @@ double sum_over_ranks(Group& g, double x);
 // A single-rank group; needs no MPI.
 GroupPtr make_local_group();
 // The process's world: an MpiGroup when launched by mpirun/srun with more than one rank
-// (OMPI_COMM_WORLD_SIZE, PMI_SIZE or SLURM_STEP_NUM_TASKS > 1), a LocalGroup otherwise.
+// (core/launch.h: launch_env().world_size > 1), a LocalGroup otherwise.
 // Initialises MPI on first use (MPI_THREAD_MULTIPLE), sets sw::set_error_rank, and finalises
 // MPI at exit. Returns the same group on every call.
 GroupPtr world_group();

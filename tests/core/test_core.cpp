@@ -1,11 +1,16 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "core/alloc.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/launch.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 
@@ -88,4 +93,48 @@ TEST_CASE("Tensor allocates shape x dtype bytes") {
   CHECK(t.bytes() == 30);
   CHECK(shape_str(t.shape()) == "(3, 5)");
   CHECK(t.dim(-1) == 5);
+}
+
+TEST_CASE("launch: one precedence for the launcher's variables") {
+  const char* vars[] = {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                        "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_SIZE", "PMI_RANK", "PMIX_RANK",
+                        "MPI_LOCALNRANKS", "MPI_LOCALRANKID", "SLURM_STEP_NUM_TASKS",
+                        "SLURM_PROCID", "SLURM_NTASKS_PER_NODE", "SLURM_LOCALID"};
+  std::vector<std::pair<std::string, std::string>> saved;
+  for (const char* v : vars)
+    if (const char* x = std::getenv(v)) saved.emplace_back(v, x);
+  for (const char* v : vars) unsetenv(v);
+
+  sw::LaunchEnv e = sw::launch_env();
+  CHECK(e.world_size == 1);
+  CHECK(e.rank == 0);
+  CHECK(e.local_size == 0);  // unknown
+  CHECK(e.local_rank == 0);
+
+  // Slurm alone.
+  setenv("SLURM_STEP_NUM_TASKS", "8", 1);
+  setenv("SLURM_PROCID", "5", 1);
+  setenv("SLURM_NTASKS_PER_NODE", "4", 1);
+  setenv("SLURM_LOCALID", "1", 1);
+  e = sw::launch_env();
+  CHECK(e.world_size == 8);
+  CHECK(e.rank == 5);
+  CHECK(e.local_size == 4);
+  CHECK(e.local_rank == 1);
+  // mpirun (OpenMPI) inside the allocation wins; an unusable value falls through.
+  setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "0", 1);  // not >= 1: MPI_LOCALNRANKS, then Slurm
+  setenv("MPI_LOCALNRANKS", "3", 1);
+  e = sw::launch_env();
+  CHECK(e.world_size == 2);
+  CHECK(e.rank == 1);
+  CHECK(e.local_size == 3);
+  // MPICH's PMI comes before Slurm, after OpenMPI.
+  unsetenv("OMPI_COMM_WORLD_SIZE");
+  setenv("PMI_SIZE", "6", 1);
+  CHECK(sw::launch_env().world_size == 6);
+
+  for (const char* v : vars) unsetenv(v);
+  for (const auto& [k, v] : saved) setenv(k.c_str(), v.c_str(), 1);
 }

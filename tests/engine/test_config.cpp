@@ -430,3 +430,50 @@ TEST_CASE("config: sharding mistakes name the key") {
   CHECK_THAT(error_of(R"({"sharding_stratgy": "NO_SHARD"})"),
              Contains("did you mean 'sharding_strategy'?"));
 }
+
+TEST_CASE("config: the profile block with its range checks and its round trip") {
+  const TrainConfig d = parse("{}");
+  CHECK(!d.profile.enabled);
+  CHECK(d.profile.start_step == 1);
+  CHECK(d.profile.num_steps == 1);
+  CHECK(d.profile.out == "runs/default/profile");  // <run_dir>/profile
+  CHECK(parse(R"({"run_dir": "r/x"})").profile.out == "r/x/profile");
+
+  const TrainConfig p = parse(R"({"train_steps": 10, "profile": {"enabled": true,
+      "start_step": 3, "num_steps": 8, "out": "/tmp/prof"}})");
+  CHECK(p.profile.enabled);
+  CHECK(p.profile.start_step == 3);
+  CHECK(p.profile.num_steps == 8);
+  CHECK(p.profile.out == "/tmp/prof");
+  const TrainConfig r = parse_config(p.resolved_json, "r");
+  CHECK(r.profile.enabled);
+  CHECK(r.profile.start_step == 3);
+  CHECK(r.profile.num_steps == 8);
+  CHECK(r.profile.out == "/tmp/prof");
+  CHECK(config_json(r) == config_json(p));
+  TrainConfig c;  // set in code, out left empty: the default after the round trip
+  c.profile.enabled = true, c.profile.start_step = 2, c.profile.num_steps = 4;
+  const TrainConfig cr = parse_config(config_json(c), "x");
+  CHECK(cr.profile.start_step == 2);
+  CHECK(cr.profile.num_steps == 4);
+  CHECK(cr.profile.out == "runs/default/profile");
+
+  CHECK(error_of(R"({"profile": {"start_step": 0}})") ==
+        "config: cfg.json: profile.start_step: must be >= 1 (got 0)");
+  CHECK_THAT(error_of(R"({"profile": {"num_steps": 0}})"),
+             Contains("profile.num_steps: must be >= 1 (got 0)"));
+  CHECK_THAT(error_of(R"({"profile": {"enabled": 1}})"), Contains("profile.enabled: expected"));
+  CHECK_THAT(error_of(R"({"profile": {"out": ""}})"), Contains("profile.out: must not be empty"));
+  CHECK_THAT(error_of(R"({"profile": {"stat_step": 2}})"),
+             Contains("unknown key 'profile.stat_step' (did you mean 'profile.start_step'?)"));
+  CHECK(error_of(R"({"train_steps": 10, "profile": {"enabled": true, "start_step": 11}})") ==
+        "config: cfg.json: profile.start_step: must be <= train_steps (10), got 11");
+  CHECK(error_of(R"({"train_steps": 10, "profile": {"enabled": true, "start_step": 5,
+                    "num_steps": 7}})") ==
+        "config: cfg.json: profile.num_steps: 7 steps from profile.start_step 5 end at step 11, "
+        "beyond train_steps (10)");
+  // A disabled block is not held against a shorter run; --set reaches the keys.
+  CHECK(error_of(R"({"train_steps": 10, "profile": {"start_step": 50}})") == "(no error)");
+  CHECK_THAT(error_of(R"({"train_steps": 10})", {"profile.enabled=true", "profile.start_step=12"}),
+             Contains("profile.start_step: must be <= train_steps (10), got 12"));
+}

@@ -340,3 +340,49 @@ TEST_CASE("cli: tiny train end to end, then deterministic greedy sampling") {
   CHECK(e.rc == 0);
   CHECK(e.out.size() == 5 + 1);
 }
+
+TEST_CASE("cli: profile writes trace and memory chart and peaks and names a bad --steps or --out") {
+  const fs::path d = scratch("profile");
+  spit(d / "text.txt", make_text(20000));
+  REQUIRE(sw_run(d, {"data", "prepare", "text.txt", "--out", "train.bin", "--val", "val.bin"})
+              .rc == 0);
+  spit(d / "cfg.json", tiny_config(d));
+
+  CHECK(has(sw_run(d, {"profile", "--help"}).out, "trace_rank<r>.json"));
+  check_usage_error(sw_run(d, {"profile"}), "missing CONFIG");
+  check_usage_error(sw_run(d, {"profile", "cfg.json", "--steps", "many"}),
+                    "--steps expects an integer, got 'many'");
+  check_usage_error(sw_run(d, {"profile", "cfg.json", "--steps", "1"}),
+                    "--steps must be between 2 and 1000000, got 1");
+  check_usage_error(sw_run(d, {"profile", "cfg.json", "--steps"}), "--steps needs a value");
+  check_usage_error(sw_run(d, {"profile", "cfg.json", "--out", ""}), "--out expects a directory");
+  check_usage_error(sw_run(d, {"profile", "cfg.json", "--frob"}), "unknown option '--frob'");
+  // An --out that cannot be a directory: one error line naming it, before any step.
+  spit(d / "afile", "x");
+  const Result bad = sw_run(d, {"profile", "cfg.json", "--quiet", "--out", "afile/sub"});
+  check_error(bad, {"profile.out", "afile/sub"});
+  CHECK(bad.out.empty());
+  // A profile block whose steps are outside the run: the config error names the key.
+  check_error(sw_run(d, {"train", "cfg.json", "--set", "profile.enabled=true", "--set",
+                         "profile.start_step=7"}),
+              {"profile.start_step", "train_steps (6)"});
+
+  const Result r = sw_run(d, {"profile", "cfg.json", "--quiet", "--steps", "4", "--out", "prof"});
+  INFO("stdout: " << r.out << "\nstderr: " << r.err);
+  REQUIRE(r.rc == 0);
+  CHECK(has(r.out, "profiled steps 2-4 of 4"));
+  CHECK(has(r.out, "rank 0: peak memory"));
+  CHECK(has(r.out, "activations"));
+  for (const char* f : {"trace_rank0.json", "memory_rank0.svg", "peaks_rank0.json"}) {
+    CHECK(fs::file_size(d / "prof" / f) > 100);
+    CHECK(has(r.out, (fs::path("prof") / f).string()));
+  }
+  CHECK(slurp(d / "prof" / "memory_rank0.svg").rfind("<svg", 0) == 0);
+  CHECK(has(slurp(d / "prof" / "trace_rank0.json"), "\"thread_name\""));
+  // The profiled steps' metrics go to the profile directory; no checkpoint, no weights, and
+  // the configured run_dir is untouched.
+  CHECK(lines(slurp(d / "prof" / "metrics.jsonl")).size() >= 4);
+  CHECK(!fs::exists(d / "prof" / "model.safetensors"));
+  CHECK(!fs::exists(d / "prof" / "checkpoints"));
+  CHECK(!fs::exists(d / "run"));
+}

@@ -1,0 +1,463 @@
+#include "engine/profiler.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace sw {
+
+using json = nlohmann::json;
+
+namespace {
+
+// ---- The memory timeline -------------------------------------------------------------------
+
+struct State {
+  double t = 0;
+  int action = -1;
+  std::vector<int64_t> bytes;  // per category, in Timeline::categories order
+  int64_t total() const {
+    int64_t s = 0;
+    for (int64_t b : bytes) s += b;
+    return s;
+  }
+};
+
+struct Timeline {
+  std::vector<std::string> categories;
+  std::vector<State> states;  // states[0]: mem_start at the origin; then one per sample
+};
+
+int index_of(std::vector<std::string>& cats, const std::string& c) {
+  for (size_t i = 0; i < cats.size(); ++i)
+    if (cats[i] == c) return static_cast<int>(i);
+  cats.push_back(c);
+  return static_cast<int>(cats.size()) - 1;
+}
+
+// Earliest time in the data (the origin of the trace's and the chart's time axes).
+double origin_of(const ProfileData& d) {
+  if (std::isfinite(d.t_origin)) return d.t_origin;
+  double t = std::numeric_limits<double>::infinity();
+  for (const TraceAction& a : d.actions) t = std::min(t, a.t_begin);
+  for (const MemSample& m : d.mem) t = std::min(t, m.t);
+  return std::isfinite(t) ? t : 0.0;
+}
+
+std::vector<MemSample> time_sorted(const std::vector<MemSample>& mem) {
+  std::vector<MemSample> s = mem;
+  std::stable_sort(s.begin(), s.end(),
+                   [](const MemSample& a, const MemSample& b) { return a.t < b.t; });
+  return s;
+}
+
+Timeline timeline(const ProfileData& d, const std::vector<MemSample>& mem) {
+  Timeline tl;
+  tl.categories = d.categories;
+  for (const auto& [c, b] : d.mem_start) index_of(tl.categories, c);
+  for (const MemSample& m : mem) index_of(tl.categories, m.category);
+  State s;
+  s.t = origin_of(d);
+  s.bytes.assign(tl.categories.size(), 0);
+  for (const auto& [c, b] : d.mem_start) s.bytes[index_of(tl.categories, c)] = b;
+  tl.states.push_back(s);
+  for (const MemSample& m : time_sorted(mem)) {
+    s.t = m.t;
+    s.action = m.action;
+    s.bytes[index_of(tl.categories, m.category)] += m.delta;
+    tl.states.push_back(s);
+  }
+  return tl;
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) fail("profile", path + ": cannot write (" + std::strerror(errno) + ")");
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  const int err = errno;
+  if (std::fclose(f) != 0 || !ok) {
+    std::remove(tmp.c_str());
+    fail("profile", path + ": write failed (" + std::strerror(ok ? errno : err) + ")");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    fail("profile", path + ": cannot rename into place (" + std::strerror(errno) + ")");
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+// Text for XML character data and attribute values.
+std::string xml_escape(const std::string& s) {
+  std::string o;
+  for (const char c : s) {
+    switch (c) {
+      case '&': o += "&amp;"; break;
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '"': o += "&quot;"; break;
+      default: o += static_cast<unsigned char>(c) < 0x20 ? ' ' : c;
+    }
+  }
+  return o;
+}
+
+// The known queues get fixed tids in this order; others follow in order of appearance.
+const char* const kQueues[] = {"compute", "gather", "reduce", "io"};
+
+}  // namespace
+
+// ---- Peaks ---------------------------------------------------------------------------------
+
+Peaks compute_peaks(const ProfileData& d) {
+  const Timeline tl = timeline(d, d.mem);
+  Peaks p;
+  p.rank = d.rank;
+  p.categories = tl.categories;
+  const State* best = &tl.states[0];
+  std::vector<int64_t> per(tl.categories.size(), std::numeric_limits<int64_t>::min());
+  for (const State& s : tl.states) {
+    if (s.total() > best->total()) best = &s;
+    for (size_t i = 0; i < per.size(); ++i) per[i] = std::max(per[i], s.bytes[i]);
+  }
+  p.peak_bytes = best->total();
+  p.peak_time = best->t;
+  p.peak_action = best->action;
+  double best_span = std::numeric_limits<double>::infinity();  // the innermost such action
+  for (const TraceAction& a : d.actions)
+    if (best != &tl.states[0] && a.action == p.peak_action && a.t_begin <= p.peak_time && p.peak_time <= a.t_end &&
+        a.t_end - a.t_begin < best_span) {
+      best_span = a.t_end - a.t_begin;
+      p.peak_step = a.step;
+      p.peak_kind = a.kind;
+    }
+  for (size_t i = 0; i < tl.categories.size(); ++i) {
+    p.at_peak[tl.categories[i]] = best->bytes[i];
+    p.peak_per_category[tl.categories[i]] = per[i];
+  }
+  return p;
+}
+
+std::string format_bytes(int64_t b) {
+  const double a = std::fabs(static_cast<double>(b));
+  if (a < 1024) return std::to_string(b) + " B";
+  if (a < 1024.0 * 1024) return fmt("%.1f KiB", b / 1024.0);
+  if (a < 1024.0 * 1024 * 1024) return fmt("%.2f MiB", b / (1024.0 * 1024));
+  return fmt("%.2f GiB", b / (1024.0 * 1024 * 1024));
+}
+
+std::string peaks_json(const Peaks& p) {
+  json j = json::object();
+  j["rank"] = p.rank;
+  j["peak_bytes"] = p.peak_bytes;
+  j["peak_action"] = p.peak_action;
+  j["peak_time_s"] = p.peak_time;
+  j["peak_step"] = p.peak_step;
+  j["peak_kind"] = p.peak_kind;
+  j["categories"] = p.categories;
+  json at = json::object(), per = json::object();
+  for (const std::string& c : p.categories) {
+    at[c] = p.at_peak.count(c) ? p.at_peak.at(c) : 0;
+    per[c] = p.peak_per_category.count(c) ? p.peak_per_category.at(c) : 0;
+  }
+  j["at_peak"] = at;
+  j["peak_per_category"] = per;
+  return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+}
+
+void write_peaks_json(const Peaks& p, const std::string& path) { write_file(path, peaks_json(p)); }
+
+std::string format_peaks_table(const Peaks& p) {
+  std::string out = "rank " + std::to_string(p.rank) + ": peak memory " +
+                    format_bytes(p.peak_bytes) +
+                    (p.peak_action >= 0 ? " at action " + std::to_string(p.peak_action)
+                                        : std::string(" at the start")) +
+                    (p.peak_step > 0 ? " (step " + std::to_string(p.peak_step) + ", " +
+                                           p.peak_kind + ")"
+                                     : std::string()) +
+                    "\n";
+  char line[160];
+  std::snprintf(line, sizeof line, "  %-16s %14s %14s\n", "category", "at peak", "own peak");
+  out += line;
+  int64_t sum_at = 0;
+  for (const std::string& c : p.categories) {
+    const int64_t at = p.at_peak.count(c) ? p.at_peak.at(c) : 0;
+    const int64_t own = p.peak_per_category.count(c) ? p.peak_per_category.at(c) : 0;
+    sum_at += at;
+    std::snprintf(line, sizeof line, "  %-16s %14s %14s\n", c.c_str(), format_bytes(at).c_str(),
+                  format_bytes(own).c_str());
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "  %-16s %14s %14s\n", "total", format_bytes(sum_at).c_str(),
+                "");
+  out += line;
+  return out;
+}
+
+// ---- Chrome trace --------------------------------------------------------------------------
+
+std::string chrome_trace_json(const ProfileData& d) {
+  const double t0 = origin_of(d);
+  auto us = [&](double t) { return std::round((t - t0) * 1e9) / 1e3; };  // µs, ns resolution
+  const int pid = d.rank;
+
+  std::vector<std::string> queues(std::begin(kQueues), std::end(kQueues));
+  std::vector<bool> used(queues.size(), false);
+  for (const TraceAction& a : d.actions) {
+    const size_t q = static_cast<size_t>(index_of(queues, a.queue.empty() ? "compute" : a.queue));
+    if (q >= used.size()) used.resize(q + 1, false);
+    used[q] = true;
+  }
+
+  json ev = json::array();
+  ev.push_back({{"ph", "M"}, {"pid", pid}, {"name", "process_name"},
+                {"args", {{"name", "rank " + std::to_string(d.rank)}}}});
+  ev.push_back({{"ph", "M"}, {"pid", pid}, {"name", "process_sort_index"},
+                {"args", {{"sort_index", d.rank}}}});
+  for (size_t q = 0; q < queues.size(); ++q) {
+    if (!used[q]) continue;
+    const int tid = static_cast<int>(q) + 1;
+    ev.push_back({{"ph", "M"}, {"pid", pid}, {"tid", tid}, {"name", "thread_name"},
+                  {"args", {{"name", queues[q]}}}});
+    ev.push_back({{"ph", "M"}, {"pid", pid}, {"tid", tid}, {"name", "thread_sort_index"},
+                  {"args", {{"sort_index", tid}}}});
+  }
+  for (const TraceAction& a : d.actions) {
+    std::string name = a.kind.empty() ? "action" : a.kind;
+    if (!a.unit_name.empty())
+      name += " " + a.unit_name;
+    else if (a.unit >= 0)
+      name += " u" + std::to_string(a.unit);
+    json args = {{"step", a.step}, {"micro", a.micro}, {"action", a.action},
+                 {"unit", a.unit}, {"call", a.call}, {"bytes", a.bytes}};
+    for (const auto& [k, v] : a.args) args[k] = v;  // NaN/inf are written as null
+    const double b = us(a.t_begin), e = us(std::max(a.t_end, a.t_begin));
+    ev.push_back({{"ph", "X"},
+                  {"pid", pid},
+                  {"tid", index_of(queues, a.queue.empty() ? "compute" : a.queue) + 1},
+                  {"name", name},
+                  {"cat", a.queue.empty() ? "compute" : a.queue},
+                  {"ts", b},
+                  {"dur", e - b},
+                  {"args", args}});
+  }
+  // Memory: one counter track per rank with a series per category (Perfetto stacks them).
+  if (!d.mem.empty() || !d.mem_start.empty()) {
+    const Timeline tl = timeline(d, d.mem);
+    for (const State& s : tl.states) {
+      json args = json::object();
+      for (size_t i = 0; i < tl.categories.size(); ++i) args[tl.categories[i]] = s.bytes[i];
+      ev.push_back({{"ph", "C"}, {"pid", pid}, {"name", "memory bytes"}, {"ts", us(s.t)},
+                    {"args", args}});
+    }
+  }
+  json doc = {{"traceEvents", ev},
+              {"displayTimeUnit", "ms"},
+              {"otherData",
+               {{"rank", d.rank}, {"world", d.world}, {"clock_origin_s", t0},
+                {"producer", "shardwise profile"}}}};
+  return doc.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+}
+
+void write_chrome_trace(const ProfileData& d, const std::string& path) {
+  write_file(path, chrome_trace_json(d));
+}
+
+// ---- Memory chart (SVG) --------------------------------------------------------------------
+
+namespace {
+
+// A "nice" tick step (1, 2 or 5 × 10^k) giving about `n` ticks over `span`.
+double nice_step(double span, int n) {
+  if (!(span > 0)) return 1;
+  const double raw = span / n, p = std::pow(10.0, std::floor(std::log10(raw)));
+  const double f = raw / p;
+  return (f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10) * p;
+}
+
+// Colours that stay apart for the six built-in categories, then repeat.
+const char* const kColors[] = {"#4e79a7", "#f28e2b", "#59a14f", "#e15759",
+                               "#76b7b2", "#edc948", "#b07aa1", "#9c755f"};
+
+}  // namespace
+
+std::string memory_svg(const ProfileData& d, const std::vector<MemSample>* predicted) {
+  const Timeline tl = timeline(d, d.mem);
+  const Peaks pk = compute_peaks(d);
+  const size_t C = tl.categories.size();
+  const double t0 = tl.states[0].t;
+  double t1 = tl.states.back().t;
+  for (const TraceAction& a : d.actions) t1 = std::max(t1, a.t_end);
+  Timeline pred;
+  if (predicted) {
+    pred = timeline(d, *predicted);
+    t1 = std::max(t1, pred.states.back().t);
+  }
+  if (!(t1 > t0)) t1 = t0 + 1e-3;
+  int64_t ymax_b = pk.peak_bytes;
+  for (const State& s : pred.states) ymax_b = std::max(ymax_b, s.total());
+  if (ymax_b <= 0) ymax_b = 1;
+
+  const double W = 960, H = 520, L = 84, R = 220, T = 48, B = 56;
+  const double pw = W - L - R, ph = H - T - B;
+  const double span_ms = (t1 - t0) * 1e3;
+  const double xstep = nice_step(span_ms, 8);
+  const double gib = 1024.0 * 1024 * 1024, mib = 1024.0 * 1024;
+  const bool in_gib = ymax_b >= 2 * gib;
+  const double unit = in_gib ? gib : ymax_b >= 2 * mib ? mib : 1024.0;
+  const char* unit_name = in_gib ? "GiB" : ymax_b >= 2 * mib ? "MiB" : "KiB";
+  const double ystep = nice_step(ymax_b / unit * 1.05, 6);
+  const double ytop = std::ceil(ymax_b / unit * 1.05 / ystep) * ystep;
+  auto X = [&](double t) { return L + (t - t0) * 1e3 / span_ms * pw; };
+  auto Y = [&](double bytes) { return T + ph - bytes / unit / ytop * ph; };
+  auto P = [](double v) { return fmt("%.2f", v); };
+
+  // States to draw: all of them, or, when there are many more than pixels, per pixel column
+  // the state where the total is highest (so peaks stay visible), in time order.
+  std::vector<const State*> pts;
+  const size_t cols = static_cast<size_t>(pw);
+  if (tl.states.size() <= 4 * cols) {
+    for (const State& s : tl.states) pts.push_back(&s);
+  } else {
+    std::vector<const State*> best(cols + 1, nullptr);
+    for (const State& s : tl.states) {
+      const size_t c = std::min(cols, static_cast<size_t>((X(s.t) - L)));
+      if (!best[c] || s.total() > best[c]->total()) best[c] = &s;
+    }
+    pts.push_back(&tl.states[0]);
+    for (const State* s : best)
+      if (s && s != &tl.states[0]) pts.push_back(s);
+    pts.push_back(&tl.states.back());
+  }
+
+  std::string o;
+  o += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + P(W) + "\" height=\"" + P(H) +
+       "\" viewBox=\"0 0 " + P(W) + " " + P(H) + "\" font-family=\"sans-serif\" font-size=\"12\">\n";
+  o += "<rect x=\"0\" y=\"0\" width=\"" + P(W) + "\" height=\"" + P(H) + "\" fill=\"white\"/>\n";
+  o += "<text x=\"" + P(L) + "\" y=\"24\" font-size=\"15\" font-weight=\"bold\">" +
+       xml_escape("Memory in use, rank " + std::to_string(d.rank) + " of " +
+                  std::to_string(d.world) + " (peak " + format_bytes(pk.peak_bytes) +
+                  (pk.peak_action >= 0 ? ", action " + std::to_string(pk.peak_action) : "") +
+                  ")") +
+       "</text>\n";
+
+  // Grid and axes.
+  for (double v = 0; v <= ytop + ystep * 1e-6; v += ystep) {
+    const double y = T + ph - v / ytop * ph;
+    o += "<line x1=\"" + P(L) + "\" y1=\"" + P(y) + "\" x2=\"" + P(L + pw) + "\" y2=\"" + P(y) +
+         "\" stroke=\"#e0e0e0\"/>\n";
+    o += "<text x=\"" + P(L - 6) + "\" y=\"" + P(y + 4) + "\" text-anchor=\"end\">" +
+         fmt(ystep < 1 ? "%.1f" : "%.0f", v) + "</text>\n";
+  }
+  for (double v = 0; v <= span_ms + xstep * 1e-6; v += xstep) {
+    const double x = L + v / span_ms * pw;
+    o += "<line x1=\"" + P(x) + "\" y1=\"" + P(T + ph) + "\" x2=\"" + P(x) + "\" y2=\"" +
+         P(T + ph + 5) + "\" stroke=\"#333\"/>\n";
+    o += "<text x=\"" + P(x) + "\" y=\"" + P(T + ph + 19) + "\" text-anchor=\"middle\">" +
+         fmt(xstep < 1 ? "%.2f" : "%.0f", v) + "</text>\n";
+  }
+  o += "<text x=\"" + P(L + pw / 2) + "\" y=\"" + P(H - 12) +
+       "\" text-anchor=\"middle\">time since recording began (ms)</text>\n";
+  o += "<text transform=\"translate(20," + P(T + ph / 2) +
+       ") rotate(-90)\" text-anchor=\"middle\">memory in use (" + unit_name + ")</text>\n";
+
+  // Step boundaries (the first action of each step), dashed and labelled.
+  std::map<int, double> step_begin;
+  for (const TraceAction& a : d.actions)
+    if (!step_begin.count(a.step) || a.t_begin < step_begin[a.step]) step_begin[a.step] = a.t_begin;
+  for (const auto& [s, tb] : step_begin) {
+    const double x = X(tb);
+    o += "<line x1=\"" + P(x) + "\" y1=\"" + P(T) + "\" x2=\"" + P(x) + "\" y2=\"" + P(T + ph) +
+         "\" stroke=\"#999\" stroke-dasharray=\"2,3\"/>\n";
+    o += "<text x=\"" + P(x + 3) + "\" y=\"" + P(T + 12) + "\" fill=\"#666\" font-size=\"10\">step " +
+         std::to_string(s) + "</text>\n";
+  }
+
+  // Stacked step areas, bottom category first: layer i spans cumulative[i-1] .. cumulative[i].
+  const double tend = t1;
+  for (size_t i = 0; i < C; ++i) {
+    auto cum = [&](const State* s, size_t upto) {
+      int64_t v = 0;
+      for (size_t k = 0; k <= upto && k < C; ++k) v += s->bytes[k];
+      return v;
+    };
+    std::string upper, lower;
+    for (size_t j = 0; j < pts.size(); ++j) {
+      const double xa = X(pts[j]->t), xb = X(j + 1 < pts.size() ? pts[j + 1]->t : tend);
+      const double yu = Y(static_cast<double>(cum(pts[j], i)));
+      upper += P(xa) + "," + P(yu) + " " + P(xb) + "," + P(yu) + " ";
+    }
+    for (size_t j = pts.size(); j-- > 0;) {
+      const double xa = X(pts[j]->t), xb = X(j + 1 < pts.size() ? pts[j + 1]->t : tend);
+      const double yl = i == 0 ? Y(0) : Y(static_cast<double>(cum(pts[j], i - 1)));
+      lower += P(xb) + "," + P(yl) + " " + P(xa) + "," + P(yl) + " ";
+    }
+    o += "<polygon fill=\"" + std::string(kColors[i % 8]) +
+         "\" fill-opacity=\"0.85\" stroke=\"none\" points=\"" + upper + lower + "\"><title>" +
+         xml_escape(tl.categories[i]) + "</title></polygon>\n";
+  }
+
+  // Predicted total, dashed.
+  if (predicted) {
+    std::string pl;
+    for (size_t j = 0; j < pred.states.size(); ++j) {
+      const double xa = X(pred.states[j].t);
+      const double xb = X(j + 1 < pred.states.size() ? pred.states[j + 1].t : tend);
+      const double y = Y(static_cast<double>(pred.states[j].total()));
+      pl += P(xa) + "," + P(y) + " " + P(xb) + "," + P(y) + " ";
+    }
+    o += "<polyline fill=\"none\" stroke=\"#000\" stroke-width=\"1.5\" stroke-dasharray=\"6,4\" "
+         "points=\"" + pl + "\"/>\n";
+  }
+
+  // The total's peak.
+  {
+    const double x = X(pk.peak_time), y = Y(static_cast<double>(pk.peak_bytes));
+    o += "<circle cx=\"" + P(x) + "\" cy=\"" + P(y) + "\" r=\"3.5\" fill=\"#c00\"/>\n";
+    o += "<text x=\"" + P(std::min(x + 6, L + pw - 120)) + "\" y=\"" + P(y - 6) +
+         "\" fill=\"#c00\">peak " + xml_escape(format_bytes(pk.peak_bytes)) + "</text>\n";
+  }
+  o += "<rect x=\"" + P(L) + "\" y=\"" + P(T) + "\" width=\"" + P(pw) + "\" height=\"" + P(ph) +
+       "\" fill=\"none\" stroke=\"#333\"/>\n";
+
+  // Legend: top category first (as stacked), with its own peak and its bytes at the total's.
+  const double lx = L + pw + 16;
+  double ly = T + 4;
+  o += "<text x=\"" + P(lx) + "\" y=\"" + P(ly + 8) +
+       "\" font-weight=\"bold\">category: at peak / own peak</text>\n";
+  ly += 20;
+  for (size_t i = C; i-- > 0;) {
+    const std::string& c = tl.categories[i];
+    o += "<rect x=\"" + P(lx) + "\" y=\"" + P(ly) + "\" width=\"12\" height=\"12\" fill=\"" +
+         kColors[i % 8] + "\"/>\n";
+    o += "<text x=\"" + P(lx + 18) + "\" y=\"" + P(ly + 10) + "\">" + xml_escape(c) + "</text>\n";
+    o += "<text x=\"" + P(lx + 18) + "\" y=\"" + P(ly + 24) + "\" fill=\"#555\" font-size=\"10\">" +
+         xml_escape(format_bytes(pk.at_peak.at(c)) + " / " +
+                    format_bytes(pk.peak_per_category.at(c))) +
+         "</text>\n";
+    ly += 34;
+  }
+  if (predicted) {
+    o += "<line x1=\"" + P(lx) + "\" y1=\"" + P(ly + 6) + "\" x2=\"" + P(lx + 12) + "\" y2=\"" +
+         P(ly + 6) + "\" stroke=\"#000\" stroke-width=\"1.5\" stroke-dasharray=\"4,2\"/>\n";
+    o += "<text x=\"" + P(lx + 18) + "\" y=\"" + P(ly + 10) + "\">predicted total</text>\n";
+  }
+  o += "</svg>\n";
+  return o;
+}
+
+void write_memory_svg(const ProfileData& d, const std::string& path,
+                      const std::vector<MemSample>* predicted) {
+  write_file(path, memory_svg(d, predicted));
+}
+
+}  // namespace sw
