@@ -172,6 +172,23 @@ class ProfileRecorder {
     data_.actions.push_back(a);
     return data_.actions.size() - 1;
   }
+  // The executor's records appended to `er` since the last call (the actions of the step
+  // plan, sharding/step_plan.h) become trace actions of micro-step `micro` on their queues.
+  void take_exec(const ShardedModel& sm, sw::StepRecorder& er, int step, int micro) {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const ActionRecord& r : er.records) {
+      TraceAction a;
+      a.step = step, a.micro = micro, a.action = r.action;
+      a.queue = queue_name(r.queue);
+      a.kind = action_kind_name(r.kind);
+      a.unit = r.unit, a.call = r.call, a.bytes = r.bytes;
+      if (r.unit >= 0) a.unit_name = sm.unit_name(r.unit);
+      if (r.bucket >= 0) a.unit_name = "bucket " + std::to_string(r.bucket);
+      a.t_begin = r.t_begin, a.t_end = std::max(r.t_begin, r.t_end);
+      data_.actions.push_back(std::move(a));
+    }
+    er.records.clear();
+  }
   bool started() const { return started_; }
   // Stops the sampling thread; data() is complete after this.
   void stop() {
@@ -400,6 +417,7 @@ class Trainer {
         recorder_->data().t_origin =
             sum_over_ranks(world_, lead_ ? ProfileRecorder::secs(Clock::now()) : 0.0);
       recorder_->begin_step();
+      sm_->set_recorder(&exec_rec_);  // the executor records every action of the step plan
       if (hook() && hook()->begin_step) hook()->begin_step(s + 1);
     }
     const auto t0 = Clock::now();
@@ -417,7 +435,10 @@ class Trainer {
           batch_, static_cast<float>(loss_scale / static_cast<double>(accum_)), k + 1 == accum_);
       if (!std::isfinite(l) && bad_micro < 0) bad_micro = k;
       loss += l;
-      if (rec) recorder_->action(s + 1, k, k, "forward_backward", tk);
+      if (rec) {
+        recorder_->take_exec(*sm_, exec_rec_, s + 1, k);
+        recorder_->action(s + 1, k, k, "forward_backward", tk);
+      }
     }
     loss = sum_over_ranks(world_, loss) / (static_cast<double>(accum_) * W_);
     const float lr = lr_at(cfg_.optimizer, cfg_.scheduler, cfg_.train_steps, applied_);
@@ -462,7 +483,11 @@ class Trainer {
       sm_->optimizer_step(adam_, lr, static_cast<float>(clip / loss_scale), applied_ + 1);
       ++applied_;
     }
-    if (rec) recorder_->action(s + 1, 0, accum_ + 1, overflow ? "skip_step" : "optimizer", to);
+    if (rec) {
+      recorder_->take_exec(*sm_, exec_rec_, s + 1, accum_ - 1);
+      sm_->set_recorder(nullptr);
+      recorder_->action(s + 1, 0, accum_ + 1, overflow ? "skip_step" : "optimizer", to);
+    }
     const double dt = seconds_since(t0);
     const CommStats c1 = sm_->comm_stats();
 
@@ -666,6 +691,7 @@ class Trainer {
   AdamWParams adam_;
 
   std::unique_ptr<ProfileRecorder> recorder_;  // profile block enabled
+  sw::StepRecorder exec_rec_;                  // the executor's records of a profiled step
   Clock::time_point step_t0_{};
   int64_t step_comm_bytes_ = 0;
 
