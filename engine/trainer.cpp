@@ -192,6 +192,11 @@ TrainSummary train_ranks(const TrainConfig& cfg, const TrainOptions& opts, Group
     val_data = std::make_unique<TokenFile>(cfg.val_data, V, int64_t{T} + 1);
 
   TrainSummary summary;
+  // memory_budget: checked from the first parameter allocation on, lifted when the run ends.
+  struct BudgetScope {
+    explicit BudgetScope(size_t b) { MemTracker::global().set_budget(b); }
+    ~BudgetScope() { MemTracker::global().set_budget(0); }
+  } budget_scope(cfg.memory_budget);
   MemTracker::global().reset_peaks();  // peak_mem_bytes is this run's peak
   Model model = build_model(cfg.model);
   wrap_blocks(model, cfg.blocks_per_unit);
@@ -318,6 +323,7 @@ TrainSummary train_ranks(const TrainConfig& cfg, const TrainOptions& opts, Group
   for (int s = start; s < cfg.train_steps; ++s) {
     if (ckpt && ckpt->pending()) note_ckpt(ckpt->poll());
     const auto t0 = Clock::now();
+    const CpuUsage u0 = cpu_usage();
     const CommStats c0 = sm.comm_stats();
     sm.zero_grads();
     double loss = 0;
@@ -368,6 +374,7 @@ TrainSummary train_ranks(const TrainConfig& cfg, const TrainOptions& opts, Group
       ++applied;
     }
     const double dt = seconds_since(t0);
+    const CpuUsage u1 = cpu_usage();
     const CommStats c1 = sm.comm_stats();
 
     StepMetrics m;
@@ -381,6 +388,7 @@ TrainSummary train_ranks(const TrainConfig& cfg, const TrainOptions& opts, Group
     m.exposed_comm_s = c1.exposed_s - c0.exposed_s;
     m.overflow = overflow;
     m.skipped_steps = s + 1 - applied;
+    set_cpu_usage(m, u0, u1);
     if (cfg.fp16) m.loss_scale = loss_scale;
     const bool last = s + 1 == cfg.train_steps;
     if (val_data && (last || (cfg.eval_every_steps > 0 && (s + 1) % cfg.eval_every_steps == 0))) {
