@@ -55,7 +55,7 @@ JSON
 one_run() {  # dir bin cfg steps
   rm -rf "$1"
   /usr/bin/time -f "%R %S %U" -o "$1.time" "$2" train "$3" --set "run_dir=\"$1\"" \
-    --set "train_steps=$4" --set "threads=$threads" --set "eval_every_steps=0" \
+    --set "train_steps=$4" --set "threads=$threads" --set "eval_every_steps=0" "${extra[@]}" \
     >"$1.log" 2>&1 || { cat "$1.log" >&2; exit 1; }
 }
 measure() {
@@ -83,11 +83,11 @@ if "minor_faults" in timed[0]:
 PY
 }
 
-report() {  # label, then lines "round who tok faults su loss src"
-  "$py" - "$1" <<'PY'
+report() {  # label, lines "round who tok faults su loss src"
+  "$py" - "$1" "$2" <<'PY'
 import sys
 label = sys.argv[1]
-rows = [l.split() for l in sys.stdin.read().strip().splitlines()]
+rows = [l.split() for l in sys.argv[2].strip().splitlines()]
 print(f"== {label}")
 print("  round who        tokens/s  faults/step  sys/user  final loss            (from)")
 for rnd, who, tok, f, su, loss, src in rows:
@@ -105,11 +105,23 @@ PY
 
 for which in small big; do
   case ",$only," in *",$which,"*) ;; *) continue ;; esac
-  if [ $which = small ]; then cfg=configs/default.json steps=$steps_small; else cfg=$work/big.json steps=$steps_big; fi
+  # The small config's LR schedule is pinned to STEPS_SMALL so that the warm-up run (WARMUP
+  # steps) is a prefix of the full one.
+  if [ $which = small ]; then
+    cfg=configs/default.json steps=$steps_small
+    extra=(--set "scheduler.params.total_num_steps=$steps_small"
+           --set "scheduler.params.warmup_num_steps=$((steps_small < 200 ? steps_small : 200))")
+  else
+    cfg=$work/big.json steps=$steps_big extra=()
+  fi
   rows=""
   for ((r = 1; r <= rounds; r++)); do
-    rows+="$(measure ours "$sw" "$cfg" "$steps" | sed "s/^/$r /")"$'\n'
-    [ -n "$base" ] && rows+="$(measure baseline "$base" "$cfg" "$steps" | sed "s/^/$r /")"$'\n'
+    out=$(measure ours "$sw" "$cfg" "$steps") || exit 1
+    rows+="$(echo "$out" | sed "s/^/$r /")"$'\n'
+    if [ -n "$base" ]; then
+      out=$(measure baseline "$base" "$cfg" "$steps") || exit 1
+      rows+="$(echo "$out" | sed "s/^/$r /")"$'\n'
+    fi
   done
-  printf '%s' "$rows" | report "$which: $cfg, $steps steps, 1 rank x $threads threads, first $warmup steps skipped"
+  report "$which: $cfg, $steps steps, 1 rank x $threads threads, first $warmup steps skipped" "$rows"
 done
