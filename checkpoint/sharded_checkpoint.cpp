@@ -166,7 +166,7 @@ SnapshotPtr snapshot_checkpoint(const ShardedModel& sm, const TrainState& state,
   if (reuse && reuse->data.bytes() == bytes && reuse->data.device().is_cpu())
     s->data = std::move(reuse->data);  // already faulted in: no page faults in the copy below
   else
-    s->data = Buffer(bytes, Mem::Workspace);
+    s->data = Buffer(bytes, Mem::Checkpoint);
   reuse.reset();
   for (SnapTensor& t : s->tensors) {
     const uint64_t nb = num_blocks(t);

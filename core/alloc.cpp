@@ -1,47 +1,297 @@
 #include "core/alloc.h"
 
+#include <sys/mman.h>
+
+#include <bit>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <new>
+#include <string>
 
+#include "core/bytes.h"
+#include "core/clock.h"
 #include "core/error.h"
 
 namespace sw {
 
 const char* mem_name(Mem m) {
-  static const char* names[] = {"params",        "grads",    "optimizer", "activations",
-                                "communication", "workspace"};
+  static const char* names[] = {"params",        "grads",     "optimizer", "activations",
+                                "communication", "workspace", "checkpoint"};
+  static_assert(sizeof names / sizeof names[0] == static_cast<size_t>(Mem::Count));
   return m < Mem::Count ? names[static_cast<size_t>(m)] : "?";
 }
 
-MemTracker& MemTracker::global() {
-  static MemTracker t;
-  return t;
+const char* tier_name(Tier t) {
+  static const char* names[] = {"device", "host", "nvme"};
+  static_assert(sizeof names / sizeof names[0] == static_cast<size_t>(Tier::Count));
+  return t < Tier::Count ? names[static_cast<size_t>(t)] : "?";
 }
 
-static void raise_peak(std::atomic<size_t>& peak, size_t v) {
+// ---------------------------------------------------------------------------------------------
+// MemTracker
+
+struct MemTracker::Log {
+  std::mutex mu;
+  std::vector<MemEvent> ring;  // sized once by enable_log
+  size_t head = 0, size = 0, dropped = 0;
+};
+
+namespace {
+std::atomic<int32_t> g_action{-1};
+
+void raise_peak(std::atomic<size_t>& peak, size_t v) {
   size_t p = peak.load(std::memory_order_relaxed);
   while (v > p && !peak.compare_exchange_weak(p, v, std::memory_order_relaxed)) {
   }
 }
+}  // namespace
+
+MemTracker::MemTracker() : log_(new Log) {}
+MemTracker::~MemTracker() { delete log_; }
+
+MemTracker& MemTracker::of(Tier t) {
+  // Never destroyed: buffers owned by statics and thread_locals are freed at exit after
+  // ordinary statics are gone.
+  static MemTracker* trackers = new MemTracker[static_cast<size_t>(Tier::Count)];
+  SW_CHECK(t < Tier::Count, "bad memory tier");
+  return trackers[static_cast<size_t>(t)];
+}
+
+MemTracker& MemTracker::global() { return of(Tier::Device); }
+
+double MemTracker::now() { return trace_now(); }
+void MemTracker::set_action(int32_t a) { g_action.store(a, std::memory_order_relaxed); }
+int32_t MemTracker::action() { return g_action.load(std::memory_order_relaxed); }
 
 void MemTracker::add(Mem m, size_t bytes) {
+  const size_t budget = budget_.load(std::memory_order_relaxed);
+  const size_t total = total_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  if (budget != 0 && total > budget) {
+    total_.fetch_sub(bytes, std::memory_order_relaxed);
+    over_budget(m, bytes, budget);
+  }
+  raise_peak(total_peak_, total);
   raise_peak(peak_[idx(m)], cur_[idx(m)].fetch_add(bytes, std::memory_order_relaxed) + bytes);
-  raise_peak(total_peak_, total_.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+  if (log_on_.load(std::memory_order_relaxed)) record(m, static_cast<int64_t>(bytes));
 }
 
 void MemTracker::sub(Mem m, size_t bytes) {
   cur_[idx(m)].fetch_sub(bytes, std::memory_order_relaxed);
   total_.fetch_sub(bytes, std::memory_order_relaxed);
+  if (log_on_.load(std::memory_order_relaxed)) record(m, -static_cast<int64_t>(bytes));
+}
+
+void MemTracker::over_budget(Mem m, size_t bytes, size_t budget) const {
+  std::string use;
+  for (size_t i = 0; i < N; ++i) {
+    if (i) use += ", ";
+    use += std::string(mem_name(static_cast<Mem>(i))) + " " + format_bytes(current(static_cast<Mem>(i)));
+  }
+  const std::string tier = this == &of(Tier::Device) ? ""
+                           : this == &of(Tier::Host) ? "host "
+                           : this == &of(Tier::Nvme) ? "nvme "
+                                                     : "";
+  fail("memory", tier + "budget of " + format_bytes(budget) + " exceeded: requesting " +
+                     format_bytes(bytes) + " for " + mem_name(m) + "; in use: " + use);
 }
 
 void MemTracker::reset_peaks() {
   for (size_t i = 0; i < N; ++i) peak_[i].store(cur_[i].load());
   total_peak_.store(total_.load());
+  reserved_peak_.store(reserved_.load());
 }
 
+void MemTracker::note_reserved(int64_t delta) {
+  if (delta >= 0)
+    raise_peak(reserved_peak_,
+               reserved_.fetch_add(static_cast<size_t>(delta), std::memory_order_relaxed) +
+                   static_cast<size_t>(delta));
+  else
+    reserved_.fetch_sub(static_cast<size_t>(-delta), std::memory_order_relaxed);
+}
+
+void MemTracker::set_budget(size_t bytes) { budget_.store(bytes, std::memory_order_relaxed); }
+
+void MemTracker::enable_log(bool on, size_t capacity) {
+  std::lock_guard<std::mutex> lock(log_->mu);
+  if (on) {
+    SW_CHECK(capacity > 0, "enable_log: capacity must be positive");
+    if (log_->ring.size() != capacity) {
+      log_->ring.assign(capacity, MemEvent{0, -1, Mem::Workspace, 0});
+      log_->head = log_->size = 0;
+    }
+  }
+  log_on_.store(on, std::memory_order_relaxed);
+}
+
+void MemTracker::record(Mem m, int64_t delta) {
+  const MemEvent e{trace_now(), g_action.load(std::memory_order_relaxed), m, delta};
+  std::lock_guard<std::mutex> lock(log_->mu);
+  const size_t cap = log_->ring.size();
+  if (cap == 0) return;
+  log_->ring[log_->head] = e;
+  log_->head = (log_->head + 1) % cap;
+  if (log_->size < cap)
+    ++log_->size;
+  else
+    ++log_->dropped;
+}
+
+std::vector<MemEvent> MemTracker::take_log() {
+  std::lock_guard<std::mutex> lock(log_->mu);
+  std::vector<MemEvent> out;
+  out.reserve(log_->size);
+  const size_t cap = log_->ring.size();
+  for (size_t i = 0; i < log_->size; ++i)
+    out.push_back(log_->ring[(log_->head + cap - log_->size + i) % cap]);
+  log_->size = 0;
+  log_->dropped = 0;
+  return out;
+}
+
+size_t MemTracker::log_dropped() const {
+  std::lock_guard<std::mutex> lock(log_->mu);
+  return log_->dropped;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The caching host allocator
+
 namespace {
+
+constexpr size_t kSmallMax = size_t{1} << 20;  // up to here: size classes, malloc'd blocks
+enum Origin : uint8_t { kNone = 0, kPlain = 1, kPooled = 2 };
+
+// The block size serving a request: 4 classes per power of two (multiples of 64 B) up to
+// 1 MiB; above, multiples of 128 KiB below 32 MiB and of 2 MiB from there.
+size_t round_size(size_t s) {
+  if (s <= 64) return 64;
+  if (s <= kSmallMax) {
+    const size_t step = std::max<size_t>(std::bit_floor(s - 1) / 4, 64);
+    return (s + step - 1) / step * step;
+  }
+  const size_t g = s < (size_t{32} << 20) ? (size_t{128} << 10) : (size_t{2} << 20);
+  return (s + g - 1) / g * g;
+}
+
+void* os_alloc(size_t block) {
+  if (block <= kSmallMax) return std::aligned_alloc(64, block);
+  void* p = mmap(nullptr, block, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+void os_free(void* p, size_t block) {
+  if (block <= kSmallMax)
+    std::free(p);
+  else
+    munmap(p, block);
+}
+
+struct Pool {
+  std::mutex mu;
+  // block size -> free blocks of that size. Entries (and the vectors' capacity) are kept once
+  // created, so the steady state allocates nothing here either.
+  std::map<size_t, std::vector<void*>> free;
+  size_t cached = 0;
+};
+
+Pool* pools() {
+  static Pool* p = new Pool[static_cast<size_t>(Tier::Count)];  // never destroyed (see of())
+  return p;
+}
+
+bool caching_from_env() {
+  const char* v = std::getenv("SHARDWISE_CACHING_ALLOCATOR");
+  return !(v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "off") == 0 ||
+                 std::strcmp(v, "false") == 0));
+}
+
+std::atomic<bool>& caching_flag() {
+  static std::atomic<bool> on{caching_from_env()};
+  return on;
+}
+
+void release_pool(Tier t) {
+  Pool& pool = pools()[static_cast<size_t>(t)];
+  std::lock_guard<std::mutex> lock(pool.mu);
+  size_t freed = 0;
+  for (auto& [size, blocks] : pool.free) {
+    for (void* p : blocks) os_free(p, size), freed += size;
+    blocks.clear();
+  }
+  pool.cached = 0;
+  if (freed) MemTracker::of(t).note_reserved(-static_cast<int64_t>(freed));
+}
+
+void* host_alloc(size_t bytes, Tier tier, size_t* block, uint8_t* origin) {
+  MemTracker& tr = MemTracker::of(tier);
+  if (!caching()) {
+    const size_t b = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, b);
+    if (p) *block = b, *origin = kPlain, tr.note_reserved(static_cast<int64_t>(b));
+    return p;
+  }
+  const size_t r = round_size(bytes);
+  Pool& pool = pools()[static_cast<size_t>(tier)];
+  {
+    std::lock_guard<std::mutex> lock(pool.mu);
+    // Small: exact class. Large: the smallest free block of at least r, within +25%.
+    auto it = pool.free.lower_bound(r);
+    const size_t limit = r <= kSmallMax ? r : r + r / 4;
+    for (; it != pool.free.end() && it->first <= limit; ++it)
+      if (!it->second.empty()) {
+        void* p = it->second.back();
+        it->second.pop_back();
+        pool.cached -= it->first;
+        *block = it->first, *origin = kPooled;
+        return p;
+      }
+  }
+  void* p = os_alloc(r);
+  if (!p) {  // give the cache back to the OS and try once more
+    for (size_t t = 0; t < static_cast<size_t>(Tier::Count); ++t) release_pool(static_cast<Tier>(t));
+    p = os_alloc(r);
+  }
+  if (p) *block = r, *origin = kPooled, tr.note_reserved(static_cast<int64_t>(r));
+  return p;
+}
+
+void host_free(void* p, size_t block, uint8_t origin, Tier tier) {
+  if (origin == kPooled && caching()) {
+    Pool& pool = pools()[static_cast<size_t>(tier)];
+    std::lock_guard<std::mutex> lock(pool.mu);
+    pool.free[block].push_back(p);
+    pool.cached += block;
+    return;
+  }
+  if (origin == kPooled)
+    os_free(p, block);
+  else
+    std::free(p);
+  MemTracker::of(tier).note_reserved(-static_cast<int64_t>(block));
+}
+
 DeviceAllocator g_cuda{nullptr, nullptr};
+
+}  // namespace
+
+void set_caching(bool on) { caching_flag().store(on); }
+bool caching() { return caching_flag().load(std::memory_order_relaxed); }
+
+void release_cached() {
+  for (size_t t = 0; t < static_cast<size_t>(Tier::Count); ++t) release_pool(static_cast<Tier>(t));
+}
+
+size_t cached_bytes() {
+  size_t n = 0;
+  for (size_t t = 0; t < static_cast<size_t>(Tier::Count); ++t) {
+    Pool& pool = pools()[t];
+    std::lock_guard<std::mutex> lock(pool.mu);
+    n += pool.cached;
+  }
+  return n;
 }
 
 void register_device_allocator(DeviceKind kind, DeviceAllocator a) {
@@ -49,19 +299,31 @@ void register_device_allocator(DeviceKind kind, DeviceAllocator a) {
   g_cuda = a;
 }
 
-Buffer::Buffer(size_t bytes, Mem category, Device device) : bytes_(bytes), cat_(category), dev_(device) {
+// ---------------------------------------------------------------------------------------------
+// Buffer
+
+Buffer::Buffer(size_t bytes, Mem category, Device device, Tier tier)
+    : bytes_(bytes), cat_(category), tier_(tier), dev_(device) {
   if (bytes == 0) return;
+  MemTracker& tr = MemTracker::of(tier);
+  tr.add(cat_, bytes_);  // throws past the budget, before anything is allocated
   if (device.is_cpu()) {
-    const size_t rounded = (bytes + 63) / 64 * 64;
-    ptr_ = std::aligned_alloc(64, rounded);
-    if (!ptr_)
-      fail("memory", "out of host memory allocating " + std::to_string(bytes) + " bytes for " +
+    ptr_ = host_alloc(bytes, tier, &block_, &origin_);
+    if (!ptr_) {
+      tr.sub(cat_, bytes_);
+      bytes_ = 0;
+      fail("memory", "out of host memory allocating " + format_bytes(bytes) + " for " +
                          mem_name(category));
+    }
   } else {
-    if (!g_cuda.alloc) fail("memory", "no allocator for device " + device.str() + " in this build");
-    ptr_ = g_cuda.alloc(bytes, device.index);
+    if (!g_cuda.alloc || !(ptr_ = g_cuda.alloc(bytes, device.index))) {
+      tr.sub(cat_, bytes_);
+      bytes_ = 0;
+      if (!g_cuda.alloc) fail("memory", "no allocator for device " + device.str() + " in this build");
+      fail("memory", "out of memory on " + device.str() + " allocating " + format_bytes(bytes) +
+                         " for " + mem_name(category));
+    }
   }
-  MemTracker::global().add(cat_, bytes_);
 }
 
 Buffer& Buffer::operator=(Buffer&& o) noexcept {
@@ -69,7 +331,10 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
     release();
     ptr_ = std::exchange(o.ptr_, nullptr);
     bytes_ = std::exchange(o.bytes_, 0);
+    block_ = std::exchange(o.block_, 0);
+    origin_ = std::exchange(o.origin_, kNone);
     cat_ = o.cat_;
+    tier_ = o.tier_;
     dev_ = o.dev_;
   }
   return *this;
@@ -83,12 +348,14 @@ void Buffer::zero() {
 void Buffer::release() {
   if (!ptr_) return;
   if (dev_.is_cpu())
-    std::free(ptr_);
+    host_free(ptr_, block_, origin_, tier_);
   else
     g_cuda.free(ptr_, dev_.index);
-  MemTracker::global().sub(cat_, bytes_);
+  MemTracker::of(tier_).sub(cat_, bytes_);
   ptr_ = nullptr;
   bytes_ = 0;
+  block_ = 0;
+  origin_ = kNone;
 }
 
 }  // namespace sw

@@ -1,36 +1,117 @@
 // Tracked memory. Every byte Shardwise allocates for tensors goes through Buffer, which
-// counts current and peak bytes per category and in total (the peak of the sum, not the sum
-// of peaks). The profiler and the memory planner read these counters.
+// counts logical bytes in use per category, per tier (MemTracker::of), current and peak (the
+// peak of the sum, not the sum of peaks). The profiler and the memory planner read these.
+//
+// Host memory comes from a caching allocator (one pool per tier, modelled on PyTorch's CUDA
+// caching allocator): freed blocks go to size-bucketed free lists and are reused; they are
+// never returned to the OS while the run lives (release_cached() does it on request). Sizes
+// are rounded so that the same sequence of requests each step reuses the same blocks:
+//   <= 1 MiB: 4 classes per power of two (64 B minimum), exact class match, malloc'd;
+//   >  1 MiB: multiples of 128 KiB (< 32 MiB) or 2 MiB, best fit within +25%, mmap'd.
+// So the steady state of a training step allocates nothing from the OS and takes no page
+// faults. MemTracker::reserved() is the pool's bytes (in use + cached) for that tier.
+// SHARDWISE_CACHING_ALLOCATOR=0 or set_caching(false) turns caching off (plain
+// aligned_alloc/free per buffer, for debugging with ASan/valgrind).
+//
+// Budget: set_budget(bytes) on a tracker makes an allocation that would take its current
+// total past it throw sw::Error("memory: budget of ... exceeded: requesting ... for <cat>;
+// in use: params ..., ...") before anything is allocated.
+//
+// Event log (cheap enough to stay on): enable_log(true, capacity) preallocates a ring of
+// MemEvents; each add/sub appends one (time on trace_now()'s clock, the current action tag,
+// category, signed bytes) without allocating; when full the oldest are overwritten and
+// counted in log_dropped(). The action tag is process-wide (set_action): the step executor
+// sets it before each action, so allocations on any thread during that action (communication,
+// OpenMP workers) are attributed to it.
 #pragma once
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "core/device.h"
 
 namespace sw {
 
-enum class Mem : uint8_t { Params, Grads, Optimizer, Activations, Communication, Workspace, Count };
-const char* mem_name(Mem m);  // "params", "grads", ...
+enum class Mem : uint8_t {
+  Params,
+  Grads,
+  Optimizer,
+  Activations,
+  Communication,
+  Workspace,
+  Checkpoint,  // the async checkpoint snapshot (host copy of this rank's share)
+  Count
+};
+const char* mem_name(Mem m);  // "params", "grads", ..., "checkpoint"
+
+// Where memory lives. On the CPU backend Device and Host are the same RAM; the Host tier keeps
+// state outside the device's budget (offload). Nvme counts bytes staged for / held in files.
+enum class Tier : uint8_t { Device, Host, Nvme, Count };
+const char* tier_name(Tier t);  // "device", "host", "nvme"
+
+struct MemEvent {
+  double t_s;      // trace_now() when it happened (core/clock.h)
+  int32_t action;  // MemTracker::action() at the time; -1: none
+  Mem cat;
+  int64_t delta;  // bytes, + allocated, - freed
+};
 
 class MemTracker {
  public:
-  static MemTracker& global();
+  MemTracker();
+  ~MemTracker();
+  MemTracker(const MemTracker&) = delete;
+  MemTracker& operator=(const MemTracker&) = delete;
+
+  static MemTracker& global();  // = of(Tier::Device)
+  static MemTracker& of(Tier t);
+  static double now();  // = trace_now(): the clock of MemEvent::t_s
+  // The cause tag recorded in events (process-wide; -1 = none).
+  static void set_action(int32_t a);
+  static int32_t action();
+
+  // Adds bytes in use; throws sw::Error (and counts nothing) past the budget.
   void add(Mem m, size_t bytes);
   void sub(Mem m, size_t bytes);
   size_t current(Mem m) const { return cur_[idx(m)].load(std::memory_order_relaxed); }
   size_t peak(Mem m) const { return peak_[idx(m)].load(std::memory_order_relaxed); }
   size_t total_current() const { return total_.load(std::memory_order_relaxed); }
   size_t total_peak() const { return total_peak_.load(std::memory_order_relaxed); }
-  void reset_peaks();  // peaks := current values
+  void reset_peaks();  // peaks := current values (reserved's too)
+
+  // Bytes the allocator holds for this tier (blocks in use, rounded, plus cached free ones).
+  size_t reserved() const { return reserved_.load(std::memory_order_relaxed); }
+  size_t reserved_peak() const { return reserved_peak_.load(std::memory_order_relaxed); }
+  void note_reserved(int64_t delta);  // called by the allocator
+
+  void set_budget(size_t bytes);  // 0 = none
+  size_t budget() const { return budget_.load(std::memory_order_relaxed); }
+
+  void enable_log(bool on, size_t capacity = size_t{1} << 16);
+  std::vector<MemEvent> take_log();  // events in order; clears the log
+  size_t log_dropped() const;        // events overwritten since the last take_log
 
  private:
   static size_t idx(Mem m) { return static_cast<size_t>(m); }
   static constexpr size_t N = static_cast<size_t>(Mem::Count);
+  void record(Mem m, int64_t delta);
+  [[noreturn]] void over_budget(Mem m, size_t bytes, size_t budget) const;
   std::atomic<size_t> cur_[N]{}, peak_[N]{};
   std::atomic<size_t> total_{0}, total_peak_{0};
+  std::atomic<size_t> reserved_{0}, reserved_peak_{0};
+  std::atomic<size_t> budget_{0};
+  std::atomic<bool> log_on_{false};
+  struct Log;
+  Log* log_;
 };
+
+// The caching host allocator (see the top of this file).
+void set_caching(bool on);  // off: later buffers use aligned_alloc/free; cached blocks stay
+bool caching();
+void release_cached();  // returns every cached free block of every tier to the OS
+size_t cached_bytes();  // free bytes held by the pools (all tiers)
 
 // Device allocators register here (the CPU one is built in); core never includes CUDA.
 struct DeviceAllocator {
@@ -40,11 +121,11 @@ struct DeviceAllocator {
 void register_device_allocator(DeviceKind kind, DeviceAllocator a);
 
 // An owning, 64-byte-aligned, tracked allocation. Move-only. Contents are uninitialised
-// unless zero() is called.
+// unless zero() is called (a reused block holds whatever its last user left).
 class Buffer {
  public:
   Buffer() = default;
-  Buffer(size_t bytes, Mem category, Device device = Device::cpu());
+  Buffer(size_t bytes, Mem category, Device device = Device::cpu(), Tier tier = Tier::Device);
   ~Buffer() { release(); }
   Buffer(Buffer&& o) noexcept { *this = std::move(o); }
   Buffer& operator=(Buffer&& o) noexcept;
@@ -58,14 +139,18 @@ class Buffer {
   size_t bytes() const { return bytes_; }
   Mem category() const { return cat_; }
   Device device() const { return dev_; }
+  Tier tier() const { return tier_; }
   bool empty() const { return ptr_ == nullptr; }
   void zero();     // CPU buffers only
-  void release();  // frees now; the Buffer becomes empty
+  void release();  // gives the memory back (to the pool) now; the Buffer becomes empty
 
  private:
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+  size_t block_ = 0;  // the allocator's block size (host; 0 for device memory)
   Mem cat_ = Mem::Workspace;
+  Tier tier_ = Tier::Device;
+  uint8_t origin_ = 0;  // host: how the block was obtained (see alloc.cpp)
   Device dev_{};
 };
 

@@ -1,12 +1,4 @@
-// Wall-clock timing for the engine's metrics (step time, checkpoint stalls).
+// Wall-clock timing for the engine's metrics (step time, checkpoint stalls): the clock lives in
+// core/clock.h (shared with the memory event log's timeline).
 #pragma once
-#include <chrono>
-
-namespace sw {
-
-using Clock = std::chrono::steady_clock;
-inline double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-}  // namespace sw
+#include "core/clock.h"

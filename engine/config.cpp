@@ -49,6 +49,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/bytes.h"
 #include "core/error.h"
 #include "core/launch.h"
 
@@ -216,6 +217,7 @@ const Node& schema() {
                 leaf("gradient_accumulation_mode", Kind::Str),
                 leaf("comm_timeout_s", Kind::Num),
                 leaf("comm_debug", Kind::Bool),
+                leaf("memory_budget", Kind::Any),
                 obj("checkpoint",
                     {leaf("dir", Kind::Str), leaf("every_steps", Kind::Int),
                      leaf("keep_last", Kind::Int), leaf("async", Kind::Bool),
@@ -745,6 +747,7 @@ void write_resolved(json& r, const TrainConfig& cfg) {
   }
   set_path(r, "comm_timeout_s", cfg.comm_timeout_s);
   set_path(r, "comm_debug", cfg.comm_debug);
+  set_path(r, "memory_budget", static_cast<uint64_t>(cfg.memory_budget));
   const CheckpointConfig& k = cfg.checkpoint;
   set_path(r, "checkpoint.dir", k.dir.empty() ? default_checkpoint_dir(cfg.run_dir) : k.dir);
   set_path(r, "checkpoint.every_steps", k.every_steps);
@@ -764,6 +767,31 @@ void write_resolved(json& r, const TrainConfig& cfg) {
   set_path(r, "profile.start_step", pf.start_step);
   set_path(r, "profile.num_steps", pf.num_steps);
   set_path(r, "profile.out", pf.out.empty() ? default_profile_dir(cfg.run_dir) : pf.out);
+}
+
+// memory_budget: a byte count (a whole number >= 0) or a string with a unit ("12GiB").
+size_t get_bytes(const json& root, const std::string& path, size_t def, const Ctx& c) {
+  if (!has(root, path)) return def;
+  const json& v = *at(root, path);
+  if (v.is_number_unsigned()) return v.get<uint64_t>();
+  if (v.is_number_integer())
+    c.bad(path, "must be >= 0 (got " + v.dump() + ")");
+  if (v.is_number_float()) {
+    const double x = v.get<double>();
+    if (!(x >= 0 && x < 18446744073709551616.0 && x == std::floor(x)))
+      c.bad(path, "expected a whole number of bytes >= 0 or a size such as \"12GiB\" (got " +
+                      v.dump() + ")");
+    return static_cast<size_t>(x);
+  }
+  if (!v.is_string())
+    c.bad(path, "expected a number of bytes or a size such as \"12GiB\", got " + describe(v));
+  try {
+    return parse_bytes(v.get<std::string>());
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    if (msg.rfind("bytes: ", 0) == 0) msg = msg.substr(7);
+    c.bad(path, msg);
+  }
 }
 
 // forward_prefetch / backward_prefetch: a unit count >= 0, or true (1) / false (0).
@@ -1026,6 +1054,7 @@ TrainConfig read_config(json j, const std::string& source,
   cfg.comm_timeout_s =
       get_num(j, "comm_timeout_s", cfg.comm_timeout_s, {0, kInf, false, false}, c);
   cfg.comm_debug = get_bool(j, "comm_debug", cfg.comm_debug);
+  cfg.memory_budget = get_bytes(j, "memory_budget", cfg.memory_budget, c);
 
   // Model.
   ModelConfig& m = cfg.model;

@@ -103,6 +103,10 @@ struct TrainConfig {
   int blocks_per_unit = 1;     // blocks_per_unit: consecutive transformer blocks per FSDP unit
   double comm_timeout_s = 0;   // comm_timeout_s: watchdog limit (0 = SHARDWISE_COMM_TIMEOUT_S or 300)
   bool comm_debug = false;     // comm_debug: check that all ranks issue the same collectives
+  // memory_budget: bytes per rank (device tier) that tracked allocations may hold, a number
+  // or a string such as "12GiB" / "1.5GB" (core/bytes.h); 0 = no budget. Past it an
+  // allocation fails with one line naming the category, the bytes and the use by category.
+  size_t memory_budget = 0;
   CheckpointConfig checkpoint;  // checkpoint.{dir, every_steps, keep_last, async, save_final,
                                 // resume, init_from}
   ProfileConfig profile;        // profile.{enabled, start_step, num_steps, out}

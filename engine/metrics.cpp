@@ -1,5 +1,7 @@
 #include "engine/metrics.h"
 
+#include <sys/resource.h>
+
 #include <unistd.h>
 
 #include <cerrno>
@@ -41,7 +43,26 @@ std::string metrics_json_line(const StepMetrics& m) {
   if (m.ckpt_stall_s >= 0) j["ckpt_stall_s"] = num(m.ckpt_stall_s);
   if (m.ckpt_saved >= 0) j["ckpt_saved"] = m.ckpt_saved;
   if (m.ckpt_failed >= 0) j["ckpt_failed"] = m.ckpt_failed;
+  if (m.minor_faults >= 0) j["minor_faults"] = m.minor_faults;
+  if (m.user_s >= 0) j["user_s"] = num(m.user_s);
+  if (m.sys_s >= 0) j["sys_s"] = num(m.sys_s);
   return j.dump();
+}
+
+CpuUsage cpu_usage() {
+  rusage r{};
+  getrusage(RUSAGE_SELF, &r);
+  CpuUsage u;
+  u.user_s = static_cast<double>(r.ru_utime.tv_sec) + 1e-6 * static_cast<double>(r.ru_utime.tv_usec);
+  u.sys_s = static_cast<double>(r.ru_stime.tv_sec) + 1e-6 * static_cast<double>(r.ru_stime.tv_usec);
+  u.minor_faults = r.ru_minflt;
+  return u;
+}
+
+void set_cpu_usage(StepMetrics& m, const CpuUsage& a, const CpuUsage& b) {
+  m.minor_faults = b.minor_faults - a.minor_faults;
+  m.user_s = b.user_s - a.user_s;
+  m.sys_s = b.sys_s - a.sys_s;
 }
 
 MetricsLog::MetricsLog(const std::string& path, int64_t keep_through_step) : path_(path) {

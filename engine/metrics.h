@@ -8,7 +8,10 @@
 // collectives during the step), exposed_comm_s (time compute waited for communication: what
 // overlap did not hide), overflow (true when fp16 gradients overflowed and the optimizer step
 // was skipped), skipped_steps (such steps so far), loss_scale (fp16 only: the scale this step's
-// backward used), and val_loss on evaluation steps only. Non-finite numbers are written
+// backward used), minor_faults, user_s, sys_s (this process's minor page faults and user /
+// system CPU seconds during the step, all threads, from getrusage: a steady state that
+// allocates nothing from the OS shows ~0 faults and sys_s << user_s), and val_loss on
+// evaluation steps only. Non-finite numbers are written
 // as null. With several ranks, rank 0 writes the file: loss and grad_norm are global, the
 // memory and communication figures are rank 0's.
 #pragma once
@@ -41,7 +44,19 @@ struct StepMetrics {
   // that failed in that interval (-1: none).
   double ckpt_stall_s = -1;
   int64_t ckpt_saved = -1, ckpt_failed = -1;
+  // Process CPU use during the step (keys omitted when negative: not measured).
+  int64_t minor_faults = -1;
+  double user_s = -1, sys_s = -1;
 };
+
+// getrusage(RUSAGE_SELF) now: CPU seconds and minor page faults of the whole process.
+struct CpuUsage {
+  double user_s = 0, sys_s = 0;
+  int64_t minor_faults = 0;
+};
+CpuUsage cpu_usage();
+// Sets m.minor_faults, m.user_s, m.sys_s to what was used from a to b.
+void set_cpu_usage(StepMetrics& m, const CpuUsage& a, const CpuUsage& b);
 
 // The JSON line for one step (no trailing newline).
 std::string metrics_json_line(const StepMetrics& m);

@@ -122,11 +122,9 @@ struct CollectiveError : Error {
 }
 
 // What the trainer records of the profiled steps (see ProfileHook in trainer.h): its coarse
-// actions with their times, and MemTracker's bytes per category, polled by a sampling thread
-// every ~100 µs while recording (a change becomes one MemSample per category, attributed to
-// the coarse action in progress) and read again at each action's end. Polling reads relaxed
-// atomics only, so it cannot change what training computes; allocations shorter than the
-// polling interval can be missed (the allocators' event log, issue 9, will not miss them).
+// actions, the executor's action records (every action of the step plan, on its queue), and
+// every allocation and free from the device tracker's event log (core/alloc.h), which is on
+// while recording; each event carries the plan action that was running when it happened.
 class ProfileRecorder {
  public:
   ProfileRecorder(int rank, int world) {
@@ -138,44 +136,34 @@ class ProfileRecorder {
   ProfileRecorder(const ProfileRecorder&) = delete;
   ProfileRecorder& operator=(const ProfileRecorder&) = delete;
 
-  // The first call fixes mem_start and starts the sampling thread.
+  // The first call fixes mem_start and switches the event log on.
   void begin_step() {
     if (started_) return;
     started_ = true;
-    snapshot(last_);
-    for (size_t i = 0; i < last_.size(); ++i) data_.mem_start[data_.categories[i]] = last_[i];
-    sampler_ = std::thread([this] {
-      std::vector<int64_t> now;
-      while (!stop_.load(std::memory_order_relaxed)) {
-        snapshot(now);
-        {
-          std::lock_guard<std::mutex> l(mu_);
-          record_changes(now, secs(Clock::now()), current_.load(std::memory_order_relaxed));
-        }
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
-      }
-    });
+    MemTracker& mt = MemTracker::global();
+    for (size_t i = 0; i < data_.categories.size(); ++i)
+      data_.mem_start[data_.categories[i]] = static_cast<int64_t>(mt.current(static_cast<Mem>(i)));
+    mt.take_log();
+    mt.enable_log(true, size_t{1} << 20);
+    logging_ = true;
   }
-  // The coarse action `index` starts now (its memory changes are attributed to it).
-  void enter(int index) { current_.store(index, std::memory_order_relaxed); }
+  // The coarse action `index` starts now (kept for the trainer's call sites; attribution comes
+  // from the executor's action tags).
+  void enter(int) {}
   // Records one action that ran from t0 to now; returns its index in data().actions.
   size_t action(int step, int micro, int index, const char* kind, Clock::time_point t0) {
+    drain();
     TraceAction a;
     a.step = step, a.micro = micro, a.action = index, a.queue = "compute", a.kind = kind;
     a.t_begin = secs(t0);
-    std::vector<int64_t> now;
-    snapshot(now);
     a.t_end = secs(Clock::now());
-    std::lock_guard<std::mutex> l(mu_);
-    record_changes(now, a.t_end, index);
-    current_.store(-1, std::memory_order_relaxed);
     data_.actions.push_back(a);
     return data_.actions.size() - 1;
   }
   // The executor's records appended to `er` since the last call (the actions of the step
   // plan, sharding/step_plan.h) become trace actions of micro-step `micro` on their queues.
   void take_exec(const ShardedModel& sm, sw::StepRecorder& er, int step, int micro) {
-    std::lock_guard<std::mutex> l(mu_);
+    drain();
     for (const ActionRecord& r : er.records) {
       TraceAction a;
       a.step = step, a.micro = micro, a.action = r.action;
@@ -190,10 +178,12 @@ class ProfileRecorder {
     er.records.clear();
   }
   bool started() const { return started_; }
-  // Stops the sampling thread; data() is complete after this.
+  // Switches the log off; data() is complete after this.
   void stop() {
-    stop_.store(true);
-    if (sampler_.joinable()) sampler_.join();
+    if (!logging_) return;
+    drain();
+    MemTracker::global().enable_log(false);
+    logging_ = false;
   }
   ProfileData& data() { return data_; }
   static double secs(Clock::time_point t) {
@@ -201,25 +191,17 @@ class ProfileRecorder {
   }
 
  private:
-  static void snapshot(std::vector<int64_t>& v) {
-    v.resize(static_cast<size_t>(Mem::Count));
-    for (size_t m = 0; m < v.size(); ++m)
-      v[m] = static_cast<int64_t>(MemTracker::global().current(static_cast<Mem>(m)));
-  }
-  // Under mu_: one sample per category that changed since the last snapshot.
-  void record_changes(const std::vector<int64_t>& now, double t, int action) {
-    for (size_t i = 0; i < now.size(); ++i)
-      if (now[i] != last_[i])
-        data_.mem.push_back(MemSample{t, action, data_.categories[i], now[i] - last_[i]});
-    last_ = now;
+  void drain() {
+    if (!logging_) return;
+    MemTracker& mt = MemTracker::global();
+    if (mt.log_dropped() > 0)
+      std::fprintf(stderr, "shardwise: warning: profile: %zu memory events dropped\n",
+                   mt.log_dropped());
+    for (const MemEvent& e : mt.take_log())
+      data_.mem.push_back(MemSample{e.t_s, e.action, mem_name(e.cat), e.delta});
   }
   ProfileData data_;
-  std::vector<int64_t> last_;
-  bool started_ = false;
-  std::mutex mu_;
-  std::thread sampler_;
-  std::atomic<bool> stop_{false};
-  std::atomic<int> current_{-1};
+  bool started_ = false, logging_ = false;
 };
 
 // One training run on this rank. The phases, in the order run() calls them:
@@ -230,6 +212,12 @@ class ProfileRecorder {
 //   evaluate(s) validation loss on eval steps and the last step
 //   checkpoints periodic save after a step (after_step), final save (finish_checkpoints)
 //   export      the final weights (export_weights)
+// A per-rank memory budget for the device tier while it lives (0 = none).
+struct BudgetScope {
+  void set(size_t bytes) { MemTracker::global().set_budget(bytes); }
+  ~BudgetScope() { MemTracker::global().set_budget(0); }
+};
+
 class Trainer {
  public:
   Trainer(const TrainConfig& cfg, const TrainOptions& opts, Group& world, GroupPtr world_ptr)
@@ -286,6 +274,8 @@ class Trainer {
   }
 
   void setup_model() {
+    // memory_budget: checked from the first parameter allocation on, lifted when the run ends.
+    budget_.set(cfg_.memory_budget);
     MemTracker::global().reset_peaks();  // peak_mem_bytes is this run's peak
     model_ = build_model(cfg_.model);
     wrap_blocks(model_, cfg_.blocks_per_unit);
@@ -421,6 +411,7 @@ class Trainer {
       if (hook() && hook()->begin_step) hook()->begin_step(s + 1);
     }
     const auto t0 = Clock::now();
+    const CpuUsage u0 = cpu_usage();
     const CommStats c0 = sm_->comm_stats();
     sm_->zero_grads();
     double loss = 0;
@@ -489,6 +480,7 @@ class Trainer {
       recorder_->action(s + 1, 0, accum_ + 1, overflow ? "skip_step" : "optimizer", to);
     }
     const double dt = seconds_since(t0);
+    const CpuUsage u1 = cpu_usage();
     const CommStats c1 = sm_->comm_stats();
 
     StepMetrics m;
@@ -502,6 +494,7 @@ class Trainer {
     m.exposed_comm_s = c1.exposed_s - c0.exposed_s;
     m.overflow = overflow;
     m.skipped_steps = s + 1 - applied_;
+    set_cpu_usage(m, u0, u1);
     if (cfg_.fp16) m.loss_scale = loss_scale;
     if (rec) {
       step_t0_ = t0;
@@ -661,6 +654,7 @@ class Trainer {
 
   // ---- State -------------------------------------------------------------------------------
 
+  BudgetScope budget_;  // first member: lifted after everything else is destroyed
   const TrainConfig& cfg_;
   const TrainOptions& opts_;
   Group& world_;

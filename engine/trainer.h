@@ -18,16 +18,13 @@ namespace sw {
 // Where the trainer hands the profiled steps to whoever records more than it knows. Every
 // callback is optional and runs on every rank.
 //
-// The trainer itself fills ProfileData with what it sees: per recorded step one "step" action
-// on the compute queue (loss, grad_norm, lr, tokens_per_s in its args) enclosing its coarse
-// actions (one "forward_backward" per micro-step, "grad_norm", "optimizer", "evaluate"),
-// and MemTracker's bytes per category when recording starts, then as a sampling thread sees
-// them change (polled every ~100 µs, so short-lived buffers can be missed) and at the end of
-// each of those actions.
-// TODO(issue 9, the lead's glue): connect begin_step/end_step to the executor's per-action
-// records (queue, kind, unit, call, bytes, times) and to the allocators' event log, and in
-// finish() replace the trainer's coarse actions and samples with them (and hand the planner's
-// predicted timeline for the chart).
+// The trainer fills ProfileData with: per recorded step one "step" action on the compute
+// queue (loss, grad_norm, lr, tokens_per_s in its args) enclosing its coarse actions (one
+// "forward_backward" per micro-step, "grad_norm", "optimizer", "evaluate"); every action the
+// step-plan executor ran (sharding/step_plan.h: gathers, waits, forward/backward/recompute
+// calls, frees, reductions, optimizer updates) on its queue with unit, call and bytes; and
+// every allocation and free from the device tracker's event log, tagged with the plan action
+// that caused it. finish() may add to it and hand a predicted timeline for the chart.
 struct ProfileHook {
   std::function<void(int step)> begin_step;  // before a recorded step's first micro-step
   std::function<void(int step)> end_step;    // after its optimizer update (and evaluation)

@@ -72,8 +72,10 @@ void ShardedModel::Impl::run(Model& model, const StepPlan& plan, ExecState& st) 
       std::this_thread::sleep_for(std::chrono::microseconds(
           static_cast<int64_t>((delay_state >> 33) % static_cast<uint64_t>(exec_delay_us + 1))));
     }
+    MemTracker::set_action(i);  // the allocators' event log attributes memory to it
     run_action(model, plan, i, st);
   }
+  MemTracker::set_action(-1);
 }
 
 void ShardedModel::Impl::record(const StepPlan& plan, int i, double t0, double t1) {

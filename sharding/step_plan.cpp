@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "sharding/flat_param.h"
 
@@ -27,10 +28,7 @@ const char* action_kind_name(ActionKind k) {
   return k < ActionKind::Count ? n[static_cast<size_t>(k)] : "?";
 }
 
-double trace_clock() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
+double trace_clock() { return trace_now(); }
 
 PlanInput make_plan_input(const Model& model, const ShardingPolicy& policy, int world) {
   PlanInput in;

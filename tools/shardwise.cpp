@@ -386,10 +386,7 @@ int cmd_profile(const std::vector<std::string>& args) {
   std::printf("shardwise: profiled steps 2-%d of %d (step 1 is warm-up), %d rank%s\n", steps,
               steps, world, world == 1 ? "" : "s");
   std::printf("%s", sw::format_peaks_table(p.peaks).c_str());
-  // Until the step-plan executor and the allocators' event log feed the profile, memory is
-  // sampled between the trainer's actions; MemTracker's peak also sees inside them.
-  std::printf("  tracker peak       %s (MemTracker, whole run incl. warm-up; the table is from "
-              "~100 us samples)\n",
+  std::printf("  tracker peak       %s (MemTracker over the whole run, warm-up included)\n",
               sw::format_bytes(p.tracker_peak_bytes).c_str());
   std::printf("  trace (Perfetto)   %s\n", p.trace_path.c_str());
   std::printf("  memory chart       %s\n", p.svg_path.c_str());

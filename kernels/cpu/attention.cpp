@@ -33,6 +33,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <vector>
 
@@ -226,6 +227,31 @@ const float* rounded_qkv(DType t, const float* qkv, size_t n) {
   return r;
 }
 
+// Per-thread tile scratch of the parallel regions below: a tracked Mem::Workspace buffer per
+// OpenMP thread, grown once and kept between calls (no allocation in the steady state).
+// Zeroed on every call, as the std::vectors it replaced were, so nothing read from padding
+// changes. carve() hands out 64-byte-aligned slices of it.
+struct TileScratch {
+  float* base;
+  size_t at = 0;
+  float* carve(size_t floats) {
+    float* p = base + at;
+    at += (floats + 15) / 16 * 16;
+    return p;
+  }
+};
+float* tile_workspace(size_t floats) {
+  thread_local Buffer buf;
+  float* p = detail::grow_workspace(buf, floats);
+  std::memset(p, 0, floats * sizeof(float));
+  return p;
+}
+size_t tile_floats(std::initializer_list<size_t> sizes) {
+  size_t n = 0;
+  for (size_t s : sizes) n += (s + 15) / 16 * 16;
+  return n;
+}
+
 void check_shapes(int B, int T, int H, int KVH, int hd) {
   SW_CHECK(B >= 0 && T >= 0 && H > 0 && KVH > 0 && hd > 0, "attention: bad shape");
   SW_CHECK(H % KVH == 0, "attention: KVH must divide H");
@@ -247,7 +273,10 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 
 #pragma omp parallel
   {
-    std::vector<float> S((size_t)kFwdBQ * kFwdBK), KT((size_t)hd * kFwdBK);
+    const size_t nS = (size_t)kFwdBQ * kFwdBK, nKT = (size_t)hd * kFwdBK;
+    TileScratch ws{tile_workspace(tile_floats({nS, nKT}))};
+    float* S = ws.carve(nS);
+    float* KT = ws.carve(nKT);
     float m[kFwdBQ], l[kFwdBQ];
     // Heaviest tiles (last query rows, most keys) first: better balance under dynamic
     // scheduling. Each task's result does not depend on which thread runs it.
@@ -264,11 +293,11 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 
       for (int j0 = 0; j0 < i1; j0 += kFwdBK) {
         const int j1 = std::min(i1, j0 + kFwdBK), nk = j1 - j0, ldp = round16(nk);
-        pack_transposed(KT.data(), ldp, K + (size_t)j0 * R, R, nk, hd);
+        pack_transposed(KT, ldp, K + (size_t)j0 * R, R, nk, hd);
         // S = Q K^T (unscaled), only the columns each row block can see.
-        mm(nq, ldp, hd, Q, R, 1, KT.data(), ldp, S.data(), ldp, false, Causal::kColsUpTo, i0 - j0);
+        mm(nq, ldp, hd, Q, R, 1, KT, ldp, S, ldp, false, Causal::kColsUpTo, i0 - j0);
         for (int r = 0; r < nq; ++r) {
-          float* row = S.data() + (size_t)r * ldp;
+          float* row = S + (size_t)r * ldp;
           const int nv = std::clamp(i0 + r - j0 + 1, 0, nk);  // keys j <= i are visible
           const int nv16 = round16(nv);
           for (int c = nv16; c < ldp; c += 16) vstore(row + c, V16{});
@@ -297,7 +326,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
           if (lowp) round_to(compute, row, row, nv16);  // P's operand copy for P V
         }
         // O (+)= P V_j; the first key tile overwrites (out is an output, not accumulated).
-        mm(nq, hd, nk, S.data(), ldp, 1, V + (size_t)j0 * R, R, O, CO, j0 > 0, Causal::kKUpTo,
+        mm(nq, hd, nk, S, ldp, 1, V + (size_t)j0 * R, R, O, CO, j0 > 0, Causal::kKUpTo,
            i0 - j0);
       }
       float* L = lse + ((size_t)b * H + h) * T + i0;
@@ -333,11 +362,20 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   {
     // Per thread: Q, dO and the dQ accumulator of one head (T rows each), the current key
     // tile transposed (K^T, V^T) and as rows (K), its dK/dV accumulators, two score tiles.
-    std::vector<float> Qp((size_t)T * ldh), dOp((size_t)T * ldh), dQp((size_t)T * ldh);
-    std::vector<float> KT((size_t)hd * ldk), VT((size_t)hd * ldk);
-    std::vector<float> Kp((size_t)kBwdBK * ldh), dKp((size_t)kBwdBK * ldh),
-        dVp((size_t)kBwdBK * ldh);
-    std::vector<float> P((size_t)kBwdBQ * ldk), dS((size_t)kBwdBQ * ldk), D(T);
+    const size_t nT = (size_t)T * ldh, nK = (size_t)hd * ldk, nB = (size_t)kBwdBK * ldh,
+                 nP = (size_t)kBwdBQ * ldk;
+    TileScratch ws{tile_workspace(tile_floats({nT, nT, nT, nK, nK, nB, nB, nB, nP, nP, (size_t)T}))};
+    float* Qp = ws.carve(nT);
+    float* dOp = ws.carve(nT);
+    float* dQp = ws.carve(nT);
+    float* KT = ws.carve(nK);
+    float* VT = ws.carve(nK);
+    float* Kp = ws.carve(nB);
+    float* dKp = ws.carve(nB);
+    float* dVp = ws.carve(nB);
+    float* P = ws.carve(nP);
+    float* dS = ws.carve(nP);
+    float* D = ws.carve(T);
 #pragma omp for schedule(dynamic, 1)
     for (int bh = 0; bh < B * H; ++bh) {
       const int b = bh / H, h = bh % H, g = h / rep;
@@ -347,36 +385,36 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
       const float* O = out + (size_t)b * T * CO + (size_t)h * hd;
       const float* dO = dout + (size_t)b * T * CO + (size_t)h * hd;
       const float* L = lse + (size_t)bh * T;
-      pack_rows(Qp.data(), ldh, qkv + base + (size_t)h * hd, R, T, hd);
-      pack_rows(dOp.data(), ldh, dO, CO, T, hd);
-      std::fill(dQp.begin(), dQp.end(), 0.f);
+      pack_rows(Qp, ldh, qkv + base + (size_t)h * hd, R, T, hd);
+      pack_rows(dOp, ldh, dO, CO, T, hd);
+      std::fill(dQp, dQp + nT, 0.f);
       for (int i = 0; i < T; ++i) {
         const float* o = O + (size_t)i * CO;
-        const float* d = dOp.data() + (size_t)i * ldh;
+        const float* d = dOp + (size_t)i * ldh;
         float s = 0.f;
 #pragma omp simd reduction(+ : s)
         for (int c = 0; c < hd; ++c) s += o[c] * d[c];
         D[i] = s;
       }
-      if (lowp) round_to(compute, dOp.data(), dOp.data(), (size_t)T * ldh);  // after D (fp32)
+      if (lowp) round_to(compute, dOp, dOp, (size_t)T * ldh);  // after D (fp32)
 
       for (int j0 = 0; j0 < T; j0 += kBwdBK) {
         const int j1 = std::min(T, j0 + kBwdBK), nk = j1 - j0, nk16 = round16(nk);
-        pack_transposed(KT.data(), ldk, K + (size_t)j0 * R, R, nk, hd);
-        pack_transposed(VT.data(), ldk, V + (size_t)j0 * R, R, nk, hd);
-        pack_rows(Kp.data(), ldh, K + (size_t)j0 * R, R, nk, hd);
+        pack_transposed(KT, ldk, K + (size_t)j0 * R, R, nk, hd);
+        pack_transposed(VT, ldk, V + (size_t)j0 * R, R, nk, hd);
+        pack_rows(Kp, ldh, K + (size_t)j0 * R, R, nk, hd);
         bool first = true;
         for (int i0 = (j0 / kBwdBQ) * kBwdBQ; i0 < T; i0 += kBwdBQ) {
           const int i1 = std::min(T, i0 + kBwdBQ), nq = i1 - i0, d = i0 - j0;
           if (i1 <= j0) continue;  // every row of this query tile is above the key tile
-          const float* Qi = Qp.data() + (size_t)i0 * ldh;
-          const float* dOi = dOp.data() + (size_t)i0 * ldh;
-          mm(nq, nk16, hd, Qi, ldh, 1, KT.data(), ldk, P.data(), ldk, false, Causal::kColsUpTo, d);
-          mm(nq, nk16, hd, dOi, ldh, 1, VT.data(), ldk, dS.data(), ldk, false, Causal::kColsUpTo,
+          const float* Qi = Qp + (size_t)i0 * ldh;
+          const float* dOi = dOp + (size_t)i0 * ldh;
+          mm(nq, nk16, hd, Qi, ldh, 1, KT, ldk, P, ldk, false, Causal::kColsUpTo, d);
+          mm(nq, nk16, hd, dOi, ldh, 1, VT, ldk, dS, ldk, false, Causal::kColsUpTo,
              d);
           for (int r = 0; r < nq; ++r) {
-            float* p = P.data() + (size_t)r * ldk;
-            float* ds = dS.data() + (size_t)r * ldk;
+            float* p = P + (size_t)r * ldk;
+            float* ds = dS + (size_t)r * ldk;
             const int nv = std::clamp(i0 + r - j0 + 1, 0, nk), nv16 = round16(nv);
             const float li = L[i0 + r], di = D[i0 + r];
             // As in the forward: -inf up to the vector boundary gives P = 0 and dS = 0 there
@@ -395,11 +433,11 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
           }
           // dV_j (nk, hd) (+)= P^T dO_i ; dK_j (+)= dS^T Q_i : A(j, r) = P[r*ldk + j]. The
           // first query tile initialises the accumulators (rows it cannot see get zeros).
-          mm(nk, hd16, nq, P.data(), 1, ldk, dOi, ldh, dVp.data(), ldh, !first, Causal::kKFrom, d);
-          mm(nk, hd16, nq, dS.data(), 1, ldk, Qi, ldh, dKp.data(), ldh, !first, Causal::kKFrom, d);
+          mm(nk, hd16, nq, P, 1, ldk, dOi, ldh, dVp, ldh, !first, Causal::kKFrom, d);
+          mm(nk, hd16, nq, dS, 1, ldk, Qi, ldh, dKp, ldh, !first, Causal::kKFrom, d);
           first = false;
           // dQ_i (nq, hd) += dS K_j
-          mm(nq, hd16, nk, dS.data(), ldk, 1, Kp.data(), ldh, dQp.data() + (size_t)i0 * ldh, ldh,
+          mm(nq, hd16, nk, dS, ldk, 1, Kp, ldh, dQp + (size_t)i0 * ldh, ldh,
              true, Causal::kKUpTo, d);
         }
         // Key tile done: dK/dV += (MHA) or scratch = (GQA) its accumulators.
@@ -409,8 +447,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
             gqa ? dK + (size_t)T * hd : dqkv + base + (size_t)j0 * R + (size_t)(H + KVH + g) * hd;
         const ptrdiff_t ld = gqa ? hd : R;
         for (int j = 0; j < nk; ++j) {
-          const float* sk = dKp.data() + (size_t)j * ldh;
-          const float* sv = dVp.data() + (size_t)j * ldh;
+          const float* sk = dKp + (size_t)j * ldh;
+          const float* sv = dVp + (size_t)j * ldh;
           float* tk = dK + j * ld;
           float* tv = dV + j * ld;
           if (gqa) {
@@ -424,7 +462,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
       }
       float* dQ = dqkv + base + (size_t)h * hd;
       for (int i = 0; i < T; ++i) {
-        const float* s = dQp.data() + (size_t)i * ldh;
+        const float* s = dQp + (size_t)i * ldh;
         float* t = dQ + (size_t)i * R;
 #pragma omp simd
         for (int c = 0; c < hd; ++c) t[c] += s[c];

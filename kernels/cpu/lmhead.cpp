@@ -81,7 +81,8 @@ double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const floa
   };
 
   double total = 0.0;
-  std::vector<float> rl(chunk);
+  thread_local Buffer rlbuf;  // per-row losses of a chunk
+  float* rl = detail::grow_workspace(rlbuf, (size_t)chunk);
 
   for (int n0 = 0; n0 < N; n0 += chunk) {
     const int nc = std::min(chunk, N - n0);

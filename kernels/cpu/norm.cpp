@@ -13,6 +13,8 @@
 #include <cstring>
 #include <vector>
 
+#include "core/alloc.h"
+#include "kernels/cpu/cpu_internal.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 namespace sw::cpu {
@@ -38,12 +40,10 @@ RowBlocks row_blocks(int N) {
 size_t padded(int C) { return (static_cast<size_t>(C) + 15) / 16 * 16; }
 
 // Scratch for the per-block partial sums, 64-byte aligned; grows only, owned by the calling
-// thread.
+// thread (a tracked Mem::Workspace buffer kept between calls).
 float* partials(size_t floats) {
-  thread_local std::vector<float> buf;
-  if (buf.size() < floats + 16) buf.resize(floats + 16);
-  const uintptr_t p = reinterpret_cast<uintptr_t>(buf.data());
-  return buf.data() + ((64 - p % 64) % 64) / sizeof(float);
+  thread_local Buffer buf;
+  return detail::grow_workspace(buf, floats);
 }
 
 // out[c] += sum over blocks b (in order) of part[b * stride + c], for c in [0, C), when out is

@@ -7,7 +7,9 @@
 #include <cmath>
 #include <vector>
 
+#include "core/alloc.h"
 #include "core/error.h"
+#include "kernels/cpu/cpu_internal.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 namespace sw::cpu {
@@ -24,7 +26,9 @@ constexpr size_t kParallelMin = size_t{1} << 14;  // elements
 struct RopeTable {
   int T = 0, hd = 0;
   float theta = 0;
-  std::vector<float> cos, sin;
+  Buffer mem;  // cos (T, hd/2) then sin (T, hd/2), tracked as Mem::Workspace
+  const float* cos() const { return mem.f32(); }
+  const float* sin() const { return mem.f32() + static_cast<size_t>(T) * (hd / 2); }
 };
 
 const RopeTable& rope_table(int T, int hd, float theta) {
@@ -34,8 +38,8 @@ const RopeTable& rope_table(int T, int hd, float theta) {
   tab.T = T;
   tab.hd = hd;
   tab.theta = theta;
-  tab.cos.resize(static_cast<size_t>(T) * half);
-  tab.sin.resize(static_cast<size_t>(T) * half);
+  float* cos_tab = detail::grow_workspace(tab.mem, 2 * static_cast<size_t>(T) * half);
+  float* sin_tab = cos_tab + static_cast<size_t>(T) * half;
   std::vector<float> inv_freq(half);
   for (int i = 0; i < half; ++i) {
     const float expo = static_cast<float>(2 * i) / static_cast<float>(hd);
@@ -44,8 +48,8 @@ const RopeTable& rope_table(int T, int hd, float theta) {
   for (int t = 0; t < T; ++t)
     for (int i = 0; i < half; ++i) {
       const float angle = static_cast<float>(t) * inv_freq[i];
-      tab.cos[static_cast<size_t>(t) * half + i] = static_cast<float>(std::cos(double{angle}));
-      tab.sin[static_cast<size_t>(t) * half + i] = static_cast<float>(std::sin(double{angle}));
+      cos_tab[static_cast<size_t>(t) * half + i] = static_cast<float>(std::cos(double{angle}));
+      sin_tab[static_cast<size_t>(t) * half + i] = static_cast<float>(std::sin(double{angle}));
     }
   return tab;
 }
@@ -58,8 +62,8 @@ void rope_apply(float* qkv, int B, int T, int H, int KVH, int hd, float theta, f
   const int rot_heads = H + KVH;  // q heads then k heads; v heads follow and stay untouched
   const size_t row = static_cast<size_t>(H + 2 * KVH) * hd;
   const int BT = B * T;
-  const float* cos_tab = tab.cos.data();
-  const float* sin_tab = tab.sin.data();
+  const float* cos_tab = tab.cos();
+  const float* sin_tab = tab.sin();
 #pragma omp parallel for schedule(static) \
     if (parallel : static_cast<size_t>(BT) * rot_heads * hd >= kParallelMin)
   for (int n = 0; n < BT; ++n) {

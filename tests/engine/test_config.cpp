@@ -406,6 +406,30 @@ TEST_CASE("config: sharding keys select the strategy and its options") {
   CHECK(parse_config(config_json(c2), "x").zero_stage == 0);
 }
 
+TEST_CASE("config: memory_budget takes bytes or a size string and round-trips") {
+  CHECK(parse("{}").memory_budget == 0);
+  CHECK(parse(R"({"memory_budget": 123456})").memory_budget == 123456);
+  CHECK(parse(R"({"memory_budget": "12GiB"})").memory_budget == (size_t{12} << 30));
+  CHECK(parse(R"({"memory_budget": "1.5 GB"})").memory_budget == 1500000000);
+  CHECK(parse(R"({"memory_budget": "800kib"})").memory_budget == 800 * 1024);
+  const TrainConfig c = parse(R"({"memory_budget": "512MiB"})");
+  const TrainConfig r = parse_config(c.resolved_json, "resolved.json");
+  CHECK(r.memory_budget == (size_t{512} << 20));
+  CHECK(r.resolved_json == c.resolved_json);
+  TrainConfig code;
+  code.memory_budget = 777;
+  CHECK(parse_config(config_json(code), "x").memory_budget == 777);
+  CHECK_THAT(error_of(R"({"memory_budget": "12 gigs"})"),
+             Contains("cfg.json: memory_budget: '12 gigs': unknown unit 'gigs'"));
+  CHECK_THAT(error_of(R"({"memory_budget": -1})"), Contains("cfg.json: memory_budget: must be >= 0"));
+  CHECK_THAT(error_of(R"({"memory_budget": "-1GiB"})"),
+             Contains("cfg.json: memory_budget: '-1GiB': a size cannot be negative"));
+  CHECK_THAT(error_of(R"({"memory_budget": ""})"), Contains("memory_budget: '': empty size"));
+  CHECK_THAT(error_of(R"({"memory_budget": "99999999999TiB"})"), Contains("memory_budget: '99999999999TiB': too large"));
+  CHECK_THAT(error_of(R"({"memory_budget": 1.5})"), Contains("memory_budget: expected a whole number"));
+  CHECK_THAT(error_of(R"({"memory_budget": true})"), Contains("memory_budget: expected a number of bytes"));
+}
+
 TEST_CASE("config: sharding mistakes name the key") {
   CHECK_THAT(error_of(R"({"zero_optimization": {"stage": 2}, "sharding_strategy": "FULL_SHARD"})"),
              Contains("cfg.json: sharding_strategy: 'FULL_SHARD' is ZeRO stage 3 but "

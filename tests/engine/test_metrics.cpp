@@ -1,9 +1,11 @@
 // metrics.jsonl lines and the progress line.
 #include <catch2/catch.hpp>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "core/error.h"
 #include "engine/metrics.h"
@@ -31,9 +33,15 @@ TEST_CASE("metrics: one flushed JSON object per line with the required keys") {
     CHECK(j["comm_s"].get<double>() == 0.125);
     CHECK(j["exposed_comm_s"].get<double>() == 0.0625);
     CHECK(!j.contains("val_loss"));
+    CHECK(!j.contains("minor_faults"));  // not measured
+    CHECK(!j.contains("sys_s"));
     CHECK(j["loss"].get<double>() == 2.5);
     CHECK(j["peak_mem_bytes"].get<size_t>() == 4096);
     m.step = 2, m.has_val = true, m.val_loss = 3.0, m.loss = NAN;
+    const CpuUsage u0 = cpu_usage();
+    std::vector<char> touch(size_t{8} << 20, 1);  // faults some pages in
+    asm volatile("" : : "r"(touch.data()) : "memory");
+    set_cpu_usage(m, u0, cpu_usage());
     log.write(m);
   }
   std::ifstream f(p);
@@ -43,6 +51,9 @@ TEST_CASE("metrics: one flushed JSON object per line with the required keys") {
   const auto j = nlohmann::json::parse(b);
   CHECK(j["val_loss"].get<double>() == 3.0);
   CHECK(j["loss"].is_null());  // non-finite -> null (valid JSON)
+  CHECK(j["minor_faults"].get<int64_t>() > 0);
+  CHECK(j["user_s"].get<double>() >= 0);
+  CHECK(j["sys_s"].get<double>() >= 0);
   std::filesystem::remove(p);
   CHECK_THROWS_WITH(MetricsLog("/nonexistent-dir/m.jsonl"),
                     Contains("metrics: /nonexistent-dir/m.jsonl: cannot create"));

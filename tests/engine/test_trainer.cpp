@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/alloc.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "engine/config.h"
@@ -198,4 +199,30 @@ TEST_CASE("train: a diverging run stops with a clear error and exports nothing")
   const auto m = read_metrics(c.run_dir);
   REQUIRE(!m.empty());
   CHECK(m.size() < 20);
+}
+
+TEST_CASE("train: memory_budget too small fails naming a category, a large enough one trains") {
+  const std::string data = random_tokens("budget.bin", 4000, 32, 1);
+  try {
+    train(tiny_config(data, "budget_small", {"memory_budget=\"64KiB\""}), quiet());
+    FAIL("no error");
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    CHECK_THAT(msg, Catch::Matchers::Matches(
+                        "memory: budget of 64\\.0 KiB exceeded: requesting [0-9.]+ [KMG]?i?B for "
+                        "(params|grads|optimizer|activations|communication|workspace|checkpoint); "
+                        "in use: params .*, checkpoint [0-9.]+ [KMG]?i?B"));
+    CHECK(msg.find('\n') == std::string::npos);
+  }
+  CHECK(MemTracker::global().budget() == 0);  // lifted when the run ended
+  const TrainSummary s = train(tiny_config(data, "budget_ok", {"memory_budget=1GiB"}), quiet());
+  CHECK(s.steps == 6);
+  CHECK(MemTracker::global().budget() == 0);
+  // The same run without a budget computes the same losses.
+  const TrainSummary s2 = train(tiny_config(data, "budget_none"), quiet());
+  CHECK(s.last_loss == s2.last_loss);
+  const auto m = read_metrics((test_dir() / "budget_ok").string());
+  REQUIRE(m.size() == 6);
+  CHECK(m[5].contains("minor_faults"));
+  CHECK(m[5]["sys_s"].get<double>() >= 0);
 }
