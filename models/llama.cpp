@@ -28,13 +28,6 @@ size_t sz(int64_t a, int64_t b = 1) { return static_cast<size_t>(a * b); }
 size_t f32b(size_t n) { return n * sizeof(float); }
 size_t scrb(size_t n) { return Scratch::bytes_for(n); }
 
-int64_t count_targets(const Batch& b) {
-  int64_t n = 0;
-  const int64_t N = int64_t{b.B} * b.T;
-  for (int64_t i = 0; i < N; ++i) n += b.targets[i] >= 0;
-  return n;
-}
-
 ParamSpec spec(std::string name, Shape shape, Init init, float std, std::string hf) {
   ParamSpec p;
   p.name = std::move(name);

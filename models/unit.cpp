@@ -7,6 +7,13 @@
 
 namespace sw {
 
+int64_t count_targets(const Batch& b) {
+  int64_t n = 0;
+  const int64_t N = int64_t{b.B} * b.T;
+  for (int64_t i = 0; i < N; ++i) n += b.targets[i] >= 0;
+  return n;
+}
+
 // ---- Saved ---------------------------------------------------------------------------------
 
 void* Saved::slot(std::string_view key, size_t bytes, Keep keep) {

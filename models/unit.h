@@ -125,6 +125,9 @@ struct Batch {
   int B = 0, T = 0;
 };
 
+// The targets a loss counts: those >= 0 (a negative target is ignored).
+int64_t count_targets(const Batch& b);
+
 struct UnitCtx {
   const Ops* ops = nullptr;
   const Batch* batch = nullptr;

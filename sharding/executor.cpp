@@ -21,13 +21,6 @@
 
 namespace sw {
 
-int64_t count_targets(const Batch& b) {
-  int64_t n = 0;
-  const int64_t N = static_cast<int64_t>(b.B) * b.T;
-  for (int64_t i = 0; i < N; ++i) n += b.targets[i] >= 0;
-  return n;
-}
-
 void ShardedModel::Impl::ensure_pingpong(size_t n) {
   for (Buffer& b : dbuf)
     if (b.bytes() < n * sizeof(float)) b = Buffer(n * sizeof(float), Mem::Workspace, ops->device());

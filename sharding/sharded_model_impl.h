@@ -143,7 +143,4 @@ struct ShardedModel::Impl {
   void update_unit(FlatUnit& fu, const ExecState& st);  // AdamW on this rank's slice
 };
 
-// Element count of a batch's counted targets (< 0 = ignored).
-int64_t count_targets(const Batch& b);
-
 }  // namespace sw
