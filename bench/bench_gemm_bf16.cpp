@@ -91,9 +91,10 @@ int main(int argc, char** argv) {
   const sw::cpu::LowpPath ap = sw::cpu::lowp_auto_path(sw::DType::BF16);
   std::printf("threads %d, reps %d, AVX512-BF16 %s, Auto path: %s\n", threads, reps,
               hw ? "yes" : "no",
-              ap == sw::cpu::LowpPath::Native  ? "native"
-              : ap == sw::cpu::LowpPath::Fused ? "fused"
-                                               : "emulated");
+              ap == sw::cpu::LowpPath::Native   ? "native"
+              : ap == sw::cpu::LowpPath::Fused  ? "fused"
+              : ap == sw::cpu::LowpPath::OneDnn ? "onednn"
+                                                : "emulated");
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   dnnl::stream strm(eng);
   const bool dnnl_on = hwf;  // the onednn path converts with AVX-512

@@ -83,6 +83,7 @@ int main(int argc, char** argv) {
   mc.vocab_size = 50257;
   mc.seq_len = 256;
   int B = 4, steps = 5, warmup = 2, threads = 2, blocks_per_unit = 1;
+  bool sgemm_only = false;
   DType compute = DType::F32;
   const GroupPtr world = world_group();
   const int W = world->size(), rank = world->rank();
@@ -126,6 +127,8 @@ int main(int argc, char** argv) {
       compute = dtype_from_name(argv[++i]);
     else if (arg("--blocks-per-unit"))
       blocks_per_unit = std::atoi(argv[++i]);
+    else if (std::strcmp(argv[i], "--sgemm-only") == 0)
+      sgemm_only = true;
     else {
       std::fprintf(stderr, "bench_step: unknown or incomplete option '%s'\n", argv[i]);
       return 2;
@@ -146,6 +149,14 @@ int main(int argc, char** argv) {
   for (double r : sum_all(sgemm_gflops(ops_for(Device::cpu()), N, mc.d_model, mc.vocab_size)))
     gemm_rate += r;
 
+  if (sgemm_only) {  // the roofline alone, for benchmarks that time `shardwise train`
+    Model m = build_model(mc);
+    const double P = static_cast<double>(m.num_params());
+    if (rank == 0)
+      std::printf("{\"sgemm_gflops\": %.3f, \"params\": %.0f, \"flops_per_token\": %.0f}\n",
+                  gemm_rate, P, 6.0 * P + 12.0 * mc.n_layer * mc.d_model * T);
+    return 0;
+  }
   MemTracker& mt = MemTracker::global();
   Model model = build_model(mc);
   wrap_blocks(model, blocks_per_unit);

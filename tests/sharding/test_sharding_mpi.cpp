@@ -30,6 +30,7 @@
 #include "sharding/sharded_model.h"
 #include "sharding/wrap.h"
 #include "tests/common/mpi_test_util.h"
+#include "tests/common/plan_util.h"
 
 using namespace sw;
 
@@ -348,22 +349,10 @@ TEST_CASE("N ranks execute exactly the step plan; memory peaks as planned", "[pl
       step();
       sm.set_recorder(nullptr);
       INFO(type << " " << name << " rank " << g->rank());
-      std::vector<ActionRecord> recs = rec.records;
-      std::stable_sort(recs.begin(), recs.end(), [](const ActionRecord& x, const ActionRecord& y) {
-        return x.segment != y.segment ? x.segment < y.segment : x.action < y.action;
-      });
-      std::vector<std::string> ran, planned;
-      for (const ActionRecord& r : recs)
-        ran.push_back(std::string(action_kind_name(r.kind)) + " " + std::to_string(r.unit));
-      for (const Action& a : plan.actions)
-        planned.push_back(std::string(action_kind_name(a.kind)) + " " + std::to_string(a.unit));
-      CHECK(ran == planned);
-      MemDeltas cur = plan.initial, peak = plan.initial;
-      for (const Action& a : plan.actions)
-        for (size_t c = 0; c < cur.size(); ++c) {
-          cur[c] += a.mem[c];
-          peak[c] = std::max(peak[c], cur[c] + a.transient[c]);
-        }
+      CHECK(swtest::executed_actions(rec) == swtest::planned_actions(plan));
+      const swtest::Replay rp = swtest::replay(plan);
+      const MemDeltas& peak = rp.peak;
+      const MemDeltas& cur = rp.end;
       const size_t C = size_t(Mem::Communication), A = size_t(Mem::Activations);
       CHECK(cur[C] == plan.initial[C]);
       CHECK(int64_t(mt.peak(Mem::Communication) - c0) + plan.initial[C] == peak[C]);

@@ -14,6 +14,7 @@
 #include "sharding/sharded_model.h"
 #include "sharding/step_plan.h"
 #include "sharding/wrap.h"
+#include "tests/common/plan_util.h"
 
 using namespace sw;
 
@@ -84,23 +85,17 @@ void check_invariants(const StepPlan& p) {
   }
 }
 
-// Replays the plan's memory deltas from what it starts with: the running total per category
-// never goes below zero and returns to the start (for a full steady-state step). Returns the peak per category.
+// Replays the plan's memory deltas: no category below zero, and (for a whole steady-state
+// step) back to what it started with. Returns the peak per category.
 MemDeltas replay(const StepPlan& p, bool expect_zero_end) {
-  MemDeltas cur = p.initial, peak = p.initial;
-  for (const Action& a : p.actions)
-    for (size_t c = 0; c < cur.size(); ++c) {
-      cur[c] += a.mem[c];
-      INFO("category " << mem_name(static_cast<Mem>(c)));
-      CHECK(cur[c] >= 0);
-      peak[c] = std::max(peak[c], cur[c] + a.transient[c]);
-    }
+  const swtest::Replay r = swtest::replay(p);
+  CHECK(!r.negative);
   if (expect_zero_end)
-    for (size_t c = 0; c < cur.size(); ++c) {
-      INFO("category " << mem_name(static_cast<Mem>(c)) << " ends at " << cur[c]);
-      CHECK(cur[c] == p.initial[c]);
+    for (size_t c = 0; c < r.end.size(); ++c) {
+      INFO("category " << mem_name(static_cast<Mem>(c)) << " ends at " << r.end[c]);
+      CHECK(r.end[c] == p.initial[c]);
     }
-  return peak;
+  return r.peak;
 }
 
 }  // namespace
@@ -295,18 +290,9 @@ TEST_CASE("The executor runs exactly the plan (one rank, a recorder attached)", 
       sm.optimizer_step(AdamWParams{}, 1e-3f, 1.f, 1);
       sm.set_recorder(nullptr);
       INFO("checkpointing " << checkpoint_mode_name(mode) << ", blocks_per_unit " << bpu);
-      // Same actions in the same order. Records are numbered within the segment that ran them
-      // (the micro-step, then the optimizer); a reduction is recorded when it completes.
-      std::vector<ActionRecord> recs = rec.records;
-      std::stable_sort(recs.begin(), recs.end(), [](const ActionRecord& x, const ActionRecord& y) {
-        return x.segment != y.segment ? x.segment < y.segment : x.action < y.action;
-      });
-      std::vector<std::string> ran, planned;
-      for (const ActionRecord& r : recs)
-        ran.push_back(std::string(action_kind_name(r.kind)) + " " + std::to_string(r.unit));
-      for (const Action& a : plan.actions)
-        planned.push_back(std::string(action_kind_name(a.kind)) + " " + std::to_string(a.unit));
-      CHECK(ran == planned);
+      // Same actions in the same order (records are numbered within the segment that ran them:
+      // the micro-step, then the optimizer).
+      CHECK(swtest::executed_actions(rec) == swtest::planned_actions(plan));
       for (const ActionRecord& r : rec.records) CHECK(r.t_end >= r.t_begin);
       // The plan's activation peak is the measured one.
       const size_t Ai = static_cast<size_t>(Mem::Activations);

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Issue 9's step targets, timed the way users run: `shardwise train` (the trainer loop, data,
+# metrics), GPT-2 124M shape (12 layers, d 768, 12 heads, vocab 50304, T 256, micro-batch 4),
+# side by side in one run, alternating, ROUNDS rounds, each figure beside the limit measured
+# in the same run:
+#   fp32   1 rank x 2 threads            vs sgemm at the model's GEMM shapes (bench_step
+#                                          --sgemm-only): the roofline fraction (target >= 0.88)
+#   shard  FULL_SHARD 2 ranks x 1 thread vs fp32 1 x 2 (target >= 1)
+#   bf16   1 rank x 2 threads, bf16     vs fp32 (target >= 2 on CPUs with fast bf16 dot
+#                                          products, >= 0.95 elsewhere) and vs the best bf16
+#                                          GEMM rate over the model's shapes (bench_gemm_bf16's
+#                                          total, the fastest path; target >= 0.9)
+#   trace  configs/default.json, TRACE_STEPS steps, the profile block recording every step vs
+#          off (target: tracing costs <= 2%)
+# tokens/s of a run = median over its steps after WARMUP (metrics.jsonl). Training FLOPs per
+# token = 6 * params + 12 * layers * d_model * T (bench_step's convention).
+#
+#   bench/train_ratios.sh [BUILD_DIR]      env: ROUNDS (2), STEPS (8), WARMUP (3), TRACE_STEPS (300)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+sw=$build/tools/shardwise
+rounds=${ROUNDS:-2} steps=${STEPS:-8} warmup=${WARMUP:-3} trace_steps=${TRACE_STEPS:-300}
+py=/usr/bin/python3
+work=$(mktemp -d /tmp/sw_train_ratios.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+mpirun=(mpirun --allow-run-as-root --oversubscribe -x OMP_WAIT_POLICY -x OMPI_MCA_mpi_yield_when_idle=1)
+
+mkdir -p data
+if [ ! -s data/fortunes_train.bin ]; then
+  mapfile -t texts < <(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.*' | sort)
+  "$sw" data prepare "${texts[@]}" --out data/fortunes_train.bin --val data/fortunes_val.bin \
+    --val-fraction 0.05 >&2
+fi
+cat > "$work/big.json" <<JSON
+{
+  "model": {"type": "gpt2", "vocab_size": 50304, "n_layer": 12, "n_head": 12, "d_model": 768,
+            "seq_len": 256},
+  "data": {"train": "data/fortunes_train.bin"},
+  "train_micro_batch_size_per_gpu": 4, "train_steps": $steps, "seed": 1337,
+  "optimizer": {"type": "AdamW", "params": {"lr": 6e-4}}, "gradient_clipping": 1.0,
+  "zero_optimization": {"stage": 3}
+}
+JSON
+
+# median tokens/s of the steps after WARMUP of run dir $1
+tps() {
+  $py - "$1/metrics.jsonl" "$warmup" <<'PY'
+import json, sys, statistics
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print("%.3f" % statistics.median(r["tokens_per_s"] for r in rows[int(sys.argv[2]):]))
+PY
+}
+run() {  # name, command...
+  local name=$1
+  shift
+  rm -rf "$work/$name"
+  "$@" --quiet --no-export --set run_dir="$work/$name" >"$work/$name.log" 2>&1 ||
+    { cat "$work/$name.log" >&2; echo "train_ratios: $name failed" >&2; exit 1; }
+  tps "$work/$name"
+}
+
+declare -A sum
+results=()
+for r in $(seq 1 "$rounds"); do
+  roof=$($build/bench/bench_step --sgemm-only --layers 12 --d 768 --heads 12 --vocab 50304 \
+         --T 256 --B 4 --threads 2)
+  bf16_limit=$($build/bench/bench_gemm_bf16 --threads 2 --reps 3 --rows 1024 |
+               $py -c '
+import sys
+lines = sys.stdin.read().splitlines()
+hdr = next(l for l in lines if l.startswith("GFLOP/s")).split()
+tot = next(l for l in lines if l.startswith("total")).split()
+vals = dict(zip(hdr[-16:], tot[-15:]))
+best = max(float(vals[k]) for k in ("fused", "native", "onednn", "auto"))
+print("%.3f %.3f" % (best, float(vals["sgemm"])))')
+  fp32=$(run fp32 "$sw" train "$work/big.json" --set threads=2)
+  shard=$(run shard "${mpirun[@]}" -np 2 "$sw" train "$work/big.json" --set threads=1)
+  bf16=$(run bf16 "$sw" train "$work/big.json" --set threads=2 --set bf16.enabled=true)
+  trace_off=$(run trace_off "$sw" train configs/default.json --set train_steps="$trace_steps" \
+              --set eval_every_steps=0 --set data.val= --set scheduler.params.warmup_num_steps=10)
+  trace_on=$(run trace_on "$sw" train configs/default.json --set train_steps="$trace_steps" \
+             --set eval_every_steps=0 --set data.val= --set scheduler.params.warmup_num_steps=10 \
+             --set profile.enabled=true \
+             --set profile.start_step=1 --set profile.num_steps="$trace_steps" \
+             --set profile.out="$work/prof")
+  results+=("$($py - "$roof" "$bf16_limit" "$fp32" "$shard" "$bf16" "$trace_off" "$trace_on" "$r" <<'PY'
+import json, sys
+roof = json.loads(sys.argv[1]); best_bf16, sgemm2 = map(float, sys.argv[2].split())
+fp32, shard, bf16, off, on = map(float, sys.argv[3:8])
+fpt = roof["flops_per_token"]
+print(("round %s: fp32 %.1f tok/s = %.2f of sgemm (%.1f GFLOP/s) | FULL_SHARD 2x1 %.1f tok/s = "
+       "%.2fx 1x2 | bf16 %.1f tok/s = %.2fx fp32, %.2f of the best bf16 GEMM rate (%.1f GFLOP/s) | "
+       "tracing on/off %.3f (%.0f vs %.0f tok/s)") % (
+    sys.argv[8], fp32, fp32 * fpt / 1e9 / roof["sgemm_gflops"], roof["sgemm_gflops"], shard,
+    shard / fp32, bf16, bf16 / fp32, bf16 * fpt / 1e9 / best_bf16, best_bf16, on / off, on, off))
+PY
+)")
+  echo "${results[-1]}"
+done
