@@ -267,12 +267,7 @@ void ShardedModel::Impl::issue_follow_ups() {
 
 void ShardedModel::Impl::complete_reductions(int through) {
   while (!pending.empty() && (through < 0 || pending.front().action <= through)) {
-    issue_follow_ups();
-    PendingReduction& r = pending.front();
-    if (!r.issued) {  // its reduce-scatter is the entry before, already completed
-      pending.front().work.wait();
-      issue_follow_ups();
-    }
+    issue_follow_ups();  // a front entry not issued yet follows a completed reduce-scatter
     PendingReduction done = std::move(pending.front());
     pending.pop_front();
     done.work.wait();
