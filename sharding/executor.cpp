@@ -45,6 +45,8 @@ const StepPlan& ShardedModel::Impl::plan_for(const Model& model, const Batch& ba
   }
   auto it = plans.find(key);
   if (it != plans.end()) return it->second;
+  // Sampling asks for a new sequence length every token: keep the cache bounded.
+  if (plans.size() >= 64) plans.clear();
   PlanInput in = plan_in;
   in.B = batch.B, in.T = batch.T;
   declare_calls(in, model);
