@@ -849,7 +849,7 @@ void read_activation_checkpointing(const json& j, TrainConfig& cfg, const Ctx& c
 }
 
 TrainConfig read_config(json j, const std::string& source,
-                        const std::vector<std::string>& overrides) {
+                        const std::vector<std::string>& overrides, int world_size) {
   Ctx c;
   c.source = source;
   for (const std::string& ov : overrides) apply_override(j, ov, source, c.origins);
@@ -901,7 +901,8 @@ TrainConfig read_config(json j, const std::string& source,
       get_num(j, "fp16.min_loss_scale", ls.min_loss_scale, {0, kInf, true, false}, c);
 
   // Batch sizes: any two of the three determine the third.
-  const int world = launch_env().world_size;  // without initialising MPI
+  // The launcher's world size (without initialising MPI), unless the caller plans for another.
+  const int world = world_size > 0 ? world_size : launch_env().world_size;
   const bool has_tbs = has(j, "train_batch_size"),
              has_mb = has(j, "train_micro_batch_size_per_gpu"),
              has_ga = has(j, "gradient_accumulation_steps");
@@ -1155,11 +1156,12 @@ std::string config_json(const TrainConfig& cfg) {
 }
 
 TrainConfig parse_config(const std::string& json_text, const std::string& source,
-                         const std::vector<std::string>& overrides) {
-  return read_config(parse_text(json_text, source), source, overrides);
+                         const std::vector<std::string>& overrides, int world_size) {
+  return read_config(parse_text(json_text, source), source, overrides, world_size);
 }
 
-TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides,
+                        int world_size) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
     fail("config", path + ": is a directory, not a config file");
@@ -1168,7 +1170,7 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
   std::stringstream ss;
   ss << f.rdbuf();
   if (f.bad()) fail("config", path + ": cannot read (" + std::string(std::strerror(errno)) + ")");
-  return parse_config(ss.str(), path, overrides);
+  return parse_config(ss.str(), path, overrides, world_size);
 }
 
 }  // namespace sw

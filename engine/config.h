@@ -117,11 +117,13 @@ struct TrainConfig {
 };
 
 // Reads `path`, applies `overrides` ("a.b.c=value", value parsed as JSON, else as a string),
-// validates. Throws sw::Error("config: <path>: <key path>: <problem>").
-TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// validates. Throws sw::Error("config: <path>: <key path>: <problem>"). world_size: the ranks
+// the run has (train_batch_size and shard_group_size depend on it); 0 = what the launcher says.
+TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {},
+                        int world_size = 0);
 // Same from a JSON text (source names it in messages).
 TrainConfig parse_config(const std::string& json_text, const std::string& source,
-                         const std::vector<std::string>& overrides = {});
+                         const std::vector<std::string>& overrides = {}, int world_size = 0);
 
 // `cfg` as JSON (every effective key, defaults included) that parse_config reads back to the
 // same values; for a parsed config, resolved_json also keeps the compatibility-only keys.

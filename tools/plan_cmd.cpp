@@ -76,10 +76,13 @@ int cmd_plan_dump(const std::vector<std::string>& args) {
     }
   }
   if (config.empty()) return usage("missing CONFIG.json");
-  const TrainConfig cfg = load_config(config, overrides);
+  const TrainConfig cfg = load_config(config, overrides, world);
   Model model = build_model(cfg.model);
   wrap_blocks(model, cfg.blocks_per_unit);
-  PlanInput in = make_plan_input(model, cfg.sharding, world);
+  ShardingPolicy policy = cfg.sharding;
+  if (policy.strategy == ShardingStrategy::HybridShard && policy.shard_group_size == 0)
+    policy.shard_group_size = world;  // the trainer shards within a node; here: over all N
+  PlanInput in = make_plan_input(model, policy, world);
   in.B = cfg.micro_batch;
   in.T = cfg.model.seq_len;
   in.accum = cfg.grad_accum;

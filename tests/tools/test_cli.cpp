@@ -386,3 +386,30 @@ TEST_CASE("cli: profile writes trace and memory chart and peaks and names a bad 
   CHECK(!fs::exists(d / "prof" / "checkpoints"));
   CHECK(!fs::exists(d / "run"));
 }
+
+TEST_CASE("cli: plan-dump prints the step plan N ranks execute, without the launcher") {
+  const fs::path d = scratch("plan_dump");
+  spit(d / "cfg.json", tiny_config(d));  // data files need not exist: nothing is read
+  CHECK(has(sw_run(d, {"plan-dump", "--help"}).out, "--world-size"));
+  check_usage_error(sw_run(d, {"plan-dump"}), "missing CONFIG");
+  check_usage_error(sw_run(d, {"plan-dump", "cfg.json", "--world-size", "0"}), "--world-size");
+  check_usage_error(sw_run(d, {"plan-dump", "cfg.json", "--world-size", "x"}), "--world-size");
+  // HYBRID over 4 ranks in groups of 2: reduce-scatter within the group, then all-reduce
+  // across the replicas, as one process that was not launched by mpirun plans it.
+  const Result h = sw_run(d, {"plan-dump", "cfg.json", "--world-size", "4", "--set",
+                              "sharding_strategy=HYBRID_SHARD", "--set", "shard_group_size=2"});
+  INFO(h.err);
+  REQUIRE(h.rc == 0);
+  CHECK(has(h.out, "world 4 (shard group 2 x 2 replicas)"));
+  CHECK(has(h.out, "reduce   reduce_scatter"));
+  CHECK(has(h.out, "reduce   all_reduce"));
+  CHECK(has(h.out, "-- optimizer"));
+  // A group size that does not divide the planned world is the config's error.
+  check_error(sw_run(d, {"plan-dump", "cfg.json", "--world-size", "3", "--set",
+                         "sharding_strategy=HYBRID_SHARD", "--set", "shard_group_size=2"}),
+              {"shard_group_size", "world size (3)"});
+  const Result e = sw_run(d, {"plan-dump", "cfg.json", "--eval"});
+  REQUIRE(e.rc == 0);
+  CHECK(has(e.out, "-- eval"));
+  CHECK(!has(e.out, "backward"));
+}
