@@ -12,11 +12,12 @@
 # steps are skipped. With BASELINE_BIN=path/to/another/shardwise the two binaries alternate
 # (A B A B, ROUNDS rounds) and the ratios ours/baseline are printed.
 # Targets (issue 9): minor faults per step ~0 after warm-up; sys/user < 5%.
-# Measured (2-core VM shared with other builds, so tokens/s is noisy; baseline = f59945c, the
-# parent of the caching allocator): default config, 2 rounds: tokens/s ratio 1.17x and 1.13x,
-# minor faults/step 0.0 vs 4320, sys/user 1.3-1.8% vs 10.4-12.3%; GPT-2 124M shape, 1 round:
-# 0.98x tokens/s (within noise), faults/step 0.0 vs 151557, sys/user 1.1% vs 2.2%. Final losses
-# bit-identical in every pair.
+# Measured on the AMD EPYC (Zen 5) 2-core VM, quiet, 2 rounds, baseline = f59945c (the parent
+# of the caching allocator): default config, minor faults/step 0.0-1.6 vs ~4500, sys/user
+# 1.4-2.6% vs 9.5-10.1%; GPT-2 124M shape 0 vs ~157k faults/step, sys/user 0.7-1.4% vs
+# 1.7-2.3%, tokens/s 1.02x and 0.99x (the faults are cheap on this VM). Final losses
+# bit-identical in every pair. (The small config's tokens/s varied 0.85-1.12x between rounds;
+# 5 alternating whole-process runs gave 0.995x wall time.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
