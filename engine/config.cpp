@@ -109,11 +109,12 @@ const Node& schema() {
   static const Node root = [] {
     Node offload_common =
         obj("", {cstr("device"), cstr("nvme_path"), cnum("buffer_count"), cbool("pin_memory")});
-    Node offload_opt = offload_common;
-    offload_opt.name = "offload_optimizer";
+    // offload_optimizer: device (none | cpu) and ratio take effect; the rest is accepted.
+    Node offload_opt = obj("offload_optimizer", {leaf("device", Kind::Str), leaf("ratio", Kind::Num),
+                                                 cstr("nvme_path"), cnum("buffer_count"),
+                                                 cbool("pin_memory")});
     for (const char* k : {"pipeline_read", "pipeline_write", "fast_init"})
       offload_opt.kids.push_back(cbool(k));
-    offload_opt.kids.push_back(cnum("ratio"));
     Node offload_par = offload_common;
     offload_par.name = "offload_param";
     offload_par.kids.push_back(cnum("buffer_size"));
@@ -133,7 +134,7 @@ const Node& schema() {
           "stage3_max_live_parameters", "stage3_max_reuse_distance", "stage3_prefetch_bucket_size",
           "stage3_param_persistence_threshold", "zero_hpz_partition_size", "mics_shard_size"})
       zero.kids.push_back(cnum(k));
-    zero.kids.push_back(compat(offload_opt));
+    zero.kids.push_back(offload_opt);
     zero.kids.push_back(compat(offload_par));
 
     Node fp16 =
@@ -710,6 +711,9 @@ void write_resolved(json& r, const TrainConfig& cfg) {
   set_path(r, "backward_prefetch", sp.backward_prefetch);
   set_path(r, "max_live_units", sp.max_live_units);
   set_path(r, "gradient_accumulation_mode", accum_mode_name(sp.accum));
+  set_path(r, "zero_optimization.offload_optimizer.device",
+           offload_device_name(sp.offload_optimizer.device));
+  set_path(r, "zero_optimization.offload_optimizer.ratio", sp.offload_optimizer.ratio);
   set_path(r, "bf16.enabled", cfg.bf16);
   set_path(r, "fp16.enabled", cfg.fp16);
   if (cfg.fp16) {
@@ -1051,6 +1055,16 @@ TrainConfig read_config(json j, const std::string& source,
     sp.accum = accum_mode_from_name(get_str(j, "gradient_accumulation_mode", "",
                                             {"reduce_each_micro_step", "reduce_once"}, c));
   sp.mixed_precision = mp;
+  {
+    const std::string key = "zero_optimization.offload_optimizer.device";
+    const std::string dev = get_str(j, key, "none", {"none", "cpu", "nvme"}, c);
+    if (dev == "nvme")
+      c.bad(key, "'nvme' is not supported yet; 'cpu' keeps the optimizer state in host memory "
+                 "outside the device's memory_budget");
+    sp.offload_optimizer.device = dev == "cpu" ? OffloadDevice::Cpu : OffloadDevice::None;
+    sp.offload_optimizer.ratio = get_num(j, "zero_optimization.offload_optimizer.ratio", 1.0,
+                                         {0, 1, false, false}, c);
+  }
   cfg.blocks_per_unit = (int)get_int(j, "blocks_per_unit", cfg.blocks_per_unit, 1, IMAX, c);
   cfg.comm_timeout_s =
       get_num(j, "comm_timeout_s", cfg.comm_timeout_s, {0, kInf, false, false}, c);

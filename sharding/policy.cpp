@@ -1,6 +1,7 @@
 #include "sharding/policy.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 
@@ -129,6 +130,24 @@ CheckpointMode ActivationCheckpointing::mode_for(int index) const {
     return std::find(units.begin(), units.end(), index) != units.end() ? mode
                                                                          : CheckpointMode::Off;
   return every > 0 && index % every == 0 ? mode : CheckpointMode::Off;
+}
+
+const char* offload_device_name(OffloadDevice d) {
+  switch (d) {
+    case OffloadDevice::None:
+      return "none";
+    case OffloadDevice::Cpu:
+      return "cpu";
+    case OffloadDevice::Nvme:
+      return "nvme";
+  }
+  return "?";
+}
+
+bool OptimizerOffload::offloaded(int index, int units) const {
+  if (device == OffloadDevice::None) return false;
+  const int n = static_cast<int>(std::ceil(ratio * units - 1e-9));
+  return index < n;
 }
 
 }  // namespace sw

@@ -82,6 +82,20 @@ struct ActivationCheckpointing {
   CheckpointMode mode_for(int index) const;
 };
 
+// zero_optimization.offload_optimizer (DeepSpeed's key): where the AdamW moments of the
+// offloaded units live. Cpu: the host tier (core/alloc.h Tier::Host): outside the device's
+// memory_budget; on the CPU backend the update reads them in place, on a GPU the host runs the
+// CPU AdamW on them. `ratio`: the fraction of units offloaded, the first ceil(ratio * units)
+// in unit order. (NVMe files come with the offload issue's I/O engine.)
+enum class OffloadDevice : uint8_t { None, Cpu, Nvme };
+const char* offload_device_name(OffloadDevice d);  // "none", "cpu", "nvme"
+struct OptimizerOffload {
+  OffloadDevice device = OffloadDevice::None;
+  double ratio = 1.0;
+  // Whether unit `index` of `units` has its optimizer state offloaded.
+  bool offloaded(int index, int units) const;
+};
+
 struct ShardingPolicy {
   ShardingStrategy strategy = ShardingStrategy::FullShard;
   // HYBRID_SHARD: ranks per shard group (consecutive world ranks); must divide the world size.
@@ -107,6 +121,7 @@ struct ShardingPolicy {
   int64_t bucket_bytes = int64_t{25} << 20;
   MixedPrecisionPolicy mixed_precision;
   ActivationCheckpointing activation_checkpointing;
+  OptimizerOffload offload_optimizer;
 
   // The defaults of a strategy (reshard_after_forward and accum follow it).
   static ShardingPolicy for_strategy(ShardingStrategy s);

@@ -36,6 +36,11 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
   if (model.schedule.empty()) fail("sharded_model", "the model's schedule is empty");
   if (policy.forward_prefetch < 0 || policy.backward_prefetch < 0 || policy.max_live_units < 0)
     fail("sharding", "prefetch depths and max_live_units must be >= 0");
+  const OptimizerOffload& oo = policy.offload_optimizer;
+  if (!(oo.ratio >= 0 && oo.ratio <= 1))
+    fail("sharding", "offload_optimizer.ratio must be in [0, 1]");
+  if (oo.device == OffloadDevice::Nvme)
+    fail("sharding", "offload_optimizer.device 'nvme' is not supported yet (use 'cpu')");
   const ActivationCheckpointing& ac = policy.activation_checkpointing;
   if (ac.every < 1)
     fail("sharding", "activation_checkpointing.every must be >= 1, got " + std::to_string(ac.every));
@@ -85,8 +90,11 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
   I.units.reserve(U);
   for (size_t u = 0; u < U; ++u) {
     float* bucket_grads = region[u] >= 0 ? I.bucket_buf.f32() + region[u] : nullptr;
+    const Tier opt_tier = policy.offload_optimizer.offloaded(static_cast<int>(u), static_cast<int>(U))
+                              ? Tier::Host
+                              : Tier::Device;
     I.units.push_back(std::make_unique<FlatUnit>(model.units[u].get(), static_cast<int>(u), kind,
-                                                 I.shard.get(), ops, bucket_grads, mp));
+                                                 I.shard.get(), ops, bucket_grads, mp, opt_tier));
     FlatUnit& fu = *I.units.back();
     fu.first_pos = I.plan_in.units[u].first_pos;
     fu.last_pos = I.plan_in.units[u].last_pos;

@@ -60,6 +60,8 @@ PlanInput make_plan_input(const Model& model, const ShardingPolicy& policy, int 
     pu.name = model.units[u]->name();
     pu.padded = FlatLayout::build(model.units[u]->params(), in.S).padded;
     pu.selective = model.units[u]->selective_recompute();
+    pu.optimizer_offloaded =
+        policy.offload_optimizer.offloaded(static_cast<int>(u), static_cast<int>(U));
   }
   for (size_t p = 0; p < model.schedule.size(); ++p) {
     const Call& c = model.schedule[p];
@@ -421,7 +423,10 @@ class Builder {
           add_p(Mem::Grads, full);  // its own buffer or its region of the bucket buffer
           break;
       }
-      add_p(Mem::Optimizer, 2 * shard);
+      if (u.optimizer_offloaded)
+        plan_.persistent_host[static_cast<size_t>(Mem::Optimizer)] += 2 * shard;
+      else
+        add_p(Mem::Optimizer, 2 * shard);
     }
     plan_.scratch = max_scratch;
     plan_.reserved[static_cast<size_t>(Mem::Workspace)] = max_scratch + 2 * act_bytes();
@@ -507,6 +512,14 @@ std::string StepPlan::str() const {
   s += "  persistent:";
   for (size_t c = 0; c < persistent.size(); ++c)
     if (persistent[c]) s += std::string(" ") + mem_name(static_cast<Mem>(c)) + " " + mib(persistent[c]).substr(1);
+  bool host = false;
+  for (int64_t b : persistent_host) host |= b != 0;
+  if (host) {
+    s += "; on the host tier:";
+    for (size_t c = 0; c < persistent_host.size(); ++c)
+      if (persistent_host[c])
+        s += std::string(" ") + mem_name(static_cast<Mem>(c)) + " " + mib(persistent_host[c]).substr(1);
+  }
   s += "; reserved:";
   for (size_t c = 0; c < reserved.size(); ++c)
     if (reserved[c]) s += std::string(" ") + mem_name(static_cast<Mem>(c)) + " " + mib(reserved[c]).substr(1);

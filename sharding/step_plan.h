@@ -68,6 +68,7 @@ struct PlanUnit {
   int first_pos = -1, last_pos = -1;  // its first and last schedule positions (-1: not run)
   int bucket = -1;                    // NO_SHARD with replicas: its gradient bucket
   bool selective = false;  // Unit::selective_recompute(): Selective is not turned into Full
+  bool optimizer_offloaded = false;  // its AdamW moments live on the host tier
 };
 
 // NO_SHARD with replicas: a contiguous range of the bucket buffer holding whole units'
@@ -141,6 +142,7 @@ struct StepPlan {
   // bucket buffer) and the step's workspace reserved once (the largest Scratch, the backward
   // ping-pong buffers): what the step's deltas start from.
   MemDeltas persistent{};
+  MemDeltas persistent_host{};  // on the host tier (offloaded optimizer state)
   MemDeltas reserved{};
   int64_t scratch = 0;  // of reserved: the largest Scratch any call asks for (reserved once)
   // Transient bytes already allocated when the plan starts (gathers carried from the previous

@@ -99,7 +99,7 @@ void add_widened(DType dt, const void* src, float* dst, int64_t n) {
 }
 
 FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const Ops& ops,
-                   float* bucket_grads, const MixedPrecisionPolicy& mp)
+                   float* bucket_grads, const MixedPrecisionPolicy& mp, Tier opt_tier)
     : unit_(unit), index_(index), kind_(kind), shard_(shard_group), ops_(&ops),
       pdt_(mp.param_dtype), rdt_(mp.reduce_dtype) {
   split_ = kind != Kind::Sharded && pdt_ != DType::F32;
@@ -109,8 +109,8 @@ FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const O
   layout_ = FlatLayout::build(unit->params(), S);
   const int64_t P = layout_.padded, Sh = layout_.shard_size();
   const Device dev = ops.device();
-  auto zeroed = [&](Buffer& b, int64_t n, Mem cat) {
-    b = Buffer(fbytes(n), cat, dev);
+  auto zeroed = [&](Buffer& b, int64_t n, Mem cat, Tier tier = Tier::Device) {
+    b = Buffer(fbytes(n), cat, tier == Tier::Device ? dev : Device::cpu(), tier);
     ops.fill(b.f32(), 0.f, static_cast<size_t>(n));
     return b.f32();
   };
@@ -134,8 +134,8 @@ FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const O
       sstate_ = ShardedState::Unsharded;
       break;
   }
-  zeroed(m_, Sh, Mem::Optimizer);
-  zeroed(v_, Sh, Mem::Optimizer);
+  zeroed(m_, Sh, Mem::Optimizer, opt_tier);
+  zeroed(v_, Sh, Mem::Optimizer, opt_tier);
   point_params();
   point_grads();
 }

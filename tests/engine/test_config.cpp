@@ -430,6 +430,24 @@ TEST_CASE("config: memory_budget takes bytes or a size string and round-trips") 
   CHECK_THAT(error_of(R"({"memory_budget": true})"), Contains("memory_budget: expected a number of bytes"));
 }
 
+TEST_CASE("config: zero_optimization.offload_optimizer device and ratio") {
+  CHECK(parse("{}").sharding.offload_optimizer.device == OffloadDevice::None);
+  const TrainConfig c = parse(
+      R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5,
+          "pin_memory": true}}})");
+  CHECK(c.sharding.offload_optimizer.device == OffloadDevice::Cpu);
+  CHECK(c.sharding.offload_optimizer.ratio == 0.5);
+  const TrainConfig r = parse_config(c.resolved_json, "resolved.json");
+  CHECK(r.sharding.offload_optimizer.device == OffloadDevice::Cpu);
+  CHECK(r.sharding.offload_optimizer.ratio == 0.5);
+  CHECK_THAT(error_of(R"({"zero_optimization": {"offload_optimizer": {"device": "gpu"}}})"),
+             Contains("zero_optimization.offload_optimizer.device: 'gpu' is not one of none, cpu, nvme"));
+  CHECK_THAT(error_of(R"({"zero_optimization": {"offload_optimizer": {"device": "nvme"}}})"),
+             Contains("zero_optimization.offload_optimizer.device: 'nvme' is not supported yet"));
+  CHECK_THAT(error_of(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "ratio": 1.5}}})"),
+             Contains("zero_optimization.offload_optimizer.ratio: must be [0, 1]"));
+}
+
 TEST_CASE("config: sharding mistakes name the key") {
   CHECK_THAT(error_of(R"({"zero_optimization": {"stage": 2}, "sharding_strategy": "FULL_SHARD"})"),
              Contains("cfg.json: sharding_strategy: 'FULL_SHARD' is ZeRO stage 3 but "

@@ -226,3 +226,24 @@ TEST_CASE("train: memory_budget too small fails naming a category, a large enoug
   CHECK(m[5].contains("minor_faults"));
   CHECK(m[5]["sys_s"].get<double>() >= 0);
 }
+
+TEST_CASE("train: offload_optimizer cpu fits a memory_budget that the same run without it exceeds") {
+  const std::string data = random_tokens("offload.bin", 4000, 32, 2);
+  const TrainSummary plain = train(tiny_config(data, "off_none"), quiet());
+  const TrainSummary off = train(
+      tiny_config(data, "off_cpu", {"zero_optimization.offload_optimizer.device=cpu"}), quiet());
+  CHECK(off.last_loss == plain.last_loss);  // bit-identical: the moments only moved tier
+  const auto peak = [](const char* run) {
+    return read_metrics((test_dir() / run).string()).back()["peak_mem_bytes"].get<int64_t>();
+  };
+  const int64_t p_plain = peak("off_none"), p_off = peak("off_cpu");
+  REQUIRE(p_off < p_plain);  // the device tier no longer holds AdamW's moments
+  const std::string budget = "memory_budget=" + std::to_string((p_plain + p_off) / 2);
+  CHECK_THROWS_WITH(train(tiny_config(data, "off_budget_none", {budget}), quiet()),
+                    Contains("memory: budget of"));
+  const TrainSummary fits = train(
+      tiny_config(data, "off_budget_cpu",
+                  {budget, "zero_optimization.offload_optimizer.device=cpu"}),
+      quiet());
+  CHECK(fits.last_loss == plain.last_loss);
+}

@@ -361,6 +361,44 @@ TEST_CASE("N ranks execute exactly the step plan; memory peaks as planned", "[pl
     }
 }
 
+// Optimizer state on the host tier (offload_optimizer.device = cpu), all of it or half the
+// units: bit-identical training, and the device tier holds only the units not offloaded.
+TEST_CASE("offload_optimizer cpu: bit-identical, moments on the host tier", "[offload]") {
+  const GroupPtr g = world();
+  for (ShardingStrategy st : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
+                              ShardingStrategy::NoShard})
+    for (const std::string type : {"gpt2", "llama"}) {
+      const ShardingPolicy base = ShardingPolicy::for_strategy(st);
+      const RunResult ref = train(g, base, tiny(type), 2, 2, 6);
+      for (double ratio : {0.5, 1.0}) {
+        ShardingPolicy p = base;
+        p.offload_optimizer.device = OffloadDevice::Cpu;
+        p.offload_optimizer.ratio = ratio;
+        INFO(strategy_name(st) << " " << type << " ratio " << ratio);
+        CHECK(bit_identical(train(g, p, tiny(type), 2, 2, 6), ref));
+        // Where the moments are: per unit, offloaded ones on the host tracker only.
+        MemTracker& dev = MemTracker::global();
+        MemTracker& host = MemTracker::of(Tier::Host);
+        const size_t d0 = dev.current(Mem::Optimizer), h0 = host.current(Mem::Optimizer);
+        Model m = build_model(tiny(type));
+        const int U = static_cast<int>(m.units.size());
+        ShardedModel sm(m, cpu(), 1, g, p);
+        size_t off = 0, kept = 0;
+        for (int u = 0; u < U; ++u) {
+          const size_t bytes = 2 * sizeof(float) * static_cast<size_t>(
+                                   sm.unit_layout(u).padded / (st == ShardingStrategy::NoShard ? 1 : g->size()));
+          (p.offload_optimizer.offloaded(u, U) ? off : kept) += bytes;
+        }
+        CHECK(off > 0);
+        CHECK(dev.current(Mem::Optimizer) - d0 == kept);
+        CHECK(host.current(Mem::Optimizer) - h0 == off);
+        const StepPlan plan = sm.step_plan(2, tiny(type).seq_len, 1);
+        CHECK(static_cast<size_t>(plan.persistent[size_t(Mem::Optimizer)]) == kept);
+        CHECK(static_cast<size_t>(plan.persistent_host[size_t(Mem::Optimizer)]) == off);
+      }
+    }
+}
+
 TEST_CASE("a rank killed mid-training", "[.kill]") {
   const GroupPtr g = world();
   Model m = build_model(tiny("gpt2"));
