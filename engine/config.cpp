@@ -107,18 +107,16 @@ Node cstr(const char* name) {
 
 const Node& schema() {
   static const Node root = [] {
-    Node offload_common =
-        obj("", {cstr("device"), cstr("nvme_path"), cnum("buffer_count"), cbool("pin_memory")});
     // offload_optimizer: device (none | cpu) and ratio take effect; the rest is accepted.
     Node offload_opt = obj("offload_optimizer", {leaf("device", Kind::Str), leaf("ratio", Kind::Num),
                                                  cstr("nvme_path"), cnum("buffer_count"),
                                                  cbool("pin_memory")});
     for (const char* k : {"pipeline_read", "pipeline_write", "fast_init"})
       offload_opt.kids.push_back(cbool(k));
-    Node offload_par = offload_common;
-    offload_par.name = "offload_param";
-    offload_par.kids.push_back(cnum("buffer_size"));
-    offload_par.kids.push_back(cnum("max_in_cpu"));
+    // offload_param: device (none | cpu) takes effect; the rest is accepted.
+    Node offload_par = obj("offload_param", {leaf("device", Kind::Str), cstr("nvme_path"),
+                                             cnum("buffer_count"), cbool("pin_memory"),
+                                             cnum("buffer_size"), cnum("max_in_cpu")});
 
     Node zero = obj("zero_optimization", {leaf("stage", Kind::Int)});
     for (const char* k :
@@ -135,7 +133,7 @@ const Node& schema() {
           "stage3_param_persistence_threshold", "zero_hpz_partition_size", "mics_shard_size"})
       zero.kids.push_back(cnum(k));
     zero.kids.push_back(offload_opt);
-    zero.kids.push_back(compat(offload_par));
+    zero.kids.push_back(offload_par);
 
     Node fp16 =
         obj("fp16", {leaf("enabled", Kind::Bool), cbool("auto_cast"), leaf("loss_scale", Kind::Num),
@@ -714,6 +712,8 @@ void write_resolved(json& r, const TrainConfig& cfg) {
   set_path(r, "zero_optimization.offload_optimizer.device",
            offload_device_name(sp.offload_optimizer.device));
   set_path(r, "zero_optimization.offload_optimizer.ratio", sp.offload_optimizer.ratio);
+  set_path(r, "zero_optimization.offload_param.device",
+           offload_device_name(sp.offload_param.device));
   set_path(r, "bf16.enabled", cfg.bf16);
   set_path(r, "fp16.enabled", cfg.fp16);
   if (cfg.fp16) {
@@ -1064,6 +1064,12 @@ TrainConfig read_config(json j, const std::string& source,
     sp.offload_optimizer.device = dev == "cpu" ? OffloadDevice::Cpu : OffloadDevice::None;
     sp.offload_optimizer.ratio = get_num(j, "zero_optimization.offload_optimizer.ratio", 1.0,
                                          {0, 1, false, false}, c);
+    const std::string pkey = "zero_optimization.offload_param.device";
+    const std::string pdev = get_str(j, pkey, "none", {"none", "cpu", "nvme"}, c);
+    if (pdev == "nvme")
+      c.bad(pkey, "'nvme' is not supported yet; 'cpu' keeps the fp32 master and gradient shards "
+                  "in host memory outside the device's memory_budget");
+    sp.offload_param.device = pdev == "cpu" ? OffloadDevice::Cpu : OffloadDevice::None;
   }
   cfg.blocks_per_unit = (int)get_int(j, "blocks_per_unit", cfg.blocks_per_unit, 1, IMAX, c);
   cfg.comm_timeout_s =

@@ -96,6 +96,14 @@ struct OptimizerOffload {
   bool offloaded(int index, int units) const;
 };
 
+// zero_optimization.offload_param (DeepSpeed's key; stage 3 only): device cpu keeps every
+// unit's fp32 master shard and its reduced gradient shard (gradients follow their parameters)
+// on the host tier, outside the device's memory_budget; the device then holds only gathered
+// parameters, unsharded gradients in flight and activations.
+struct ParamOffload {
+  OffloadDevice device = OffloadDevice::None;
+};
+
 struct ShardingPolicy {
   ShardingStrategy strategy = ShardingStrategy::FullShard;
   // HYBRID_SHARD: ranks per shard group (consecutive world ranks); must divide the world size.
@@ -122,6 +130,7 @@ struct ShardingPolicy {
   MixedPrecisionPolicy mixed_precision;
   ActivationCheckpointing activation_checkpointing;
   OptimizerOffload offload_optimizer;
+  ParamOffload offload_param;
 
   // The defaults of a strategy (reshard_after_forward and accum follow it).
   static ShardingPolicy for_strategy(ShardingStrategy s);

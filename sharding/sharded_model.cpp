@@ -41,6 +41,8 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
     fail("sharding", "offload_optimizer.ratio must be in [0, 1]");
   if (oo.device == OffloadDevice::Nvme)
     fail("sharding", "offload_optimizer.device 'nvme' is not supported yet (use 'cpu')");
+  if (policy.offload_param.device == OffloadDevice::Nvme)
+    fail("sharding", "offload_param.device 'nvme' is not supported yet (use 'cpu')");
   const ActivationCheckpointing& ac = policy.activation_checkpointing;
   if (ac.every < 1)
     fail("sharding", "activation_checkpointing.every must be >= 1, got " + std::to_string(ac.every));
@@ -93,8 +95,11 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
     const Tier opt_tier = policy.offload_optimizer.offloaded(static_cast<int>(u), static_cast<int>(U))
                               ? Tier::Host
                               : Tier::Device;
+    const Tier param_tier =
+        policy.offload_param.device == OffloadDevice::Cpu ? Tier::Host : Tier::Device;
     I.units.push_back(std::make_unique<FlatUnit>(model.units[u].get(), static_cast<int>(u), kind,
-                                                 I.shard.get(), ops, bucket_grads, mp, opt_tier));
+                                                 I.shard.get(), ops, bucket_grads, mp, opt_tier,
+                                                 param_tier));
     FlatUnit& fu = *I.units.back();
     fu.first_pos = I.plan_in.units[u].first_pos;
     fu.last_pos = I.plan_in.units[u].last_pos;

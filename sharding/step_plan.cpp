@@ -62,6 +62,7 @@ PlanInput make_plan_input(const Model& model, const ShardingPolicy& policy, int 
     pu.selective = model.units[u]->selective_recompute();
     pu.optimizer_offloaded =
         policy.offload_optimizer.offloaded(static_cast<int>(u), static_cast<int>(U));
+    pu.params_offloaded = policy.offload_param.device != OffloadDevice::None;
   }
   for (size_t p = 0; p < model.schedule.size(); ++p) {
     const Call& c = model.schedule[p];
@@ -409,17 +410,28 @@ class Builder {
     for (const CallMemory& c : in_.calls) max_scratch = std::max(max_scratch, c.scratch);
     for (const PlanUnit& u : in_.units) {
       const int64_t full = u.padded * 4, shard = full / in_.S;
+      // Offloaded parameters: the master (and reduced gradient) shard on the host tier.
+      auto add_m = [&](Mem m, int64_t bytes) {
+        if (u.params_offloaded)
+          plan_.persistent_host[static_cast<size_t>(m)] += bytes;
+        else
+          add_p(m, bytes);
+      };
+      const bool split = mp || u.params_offloaded;
       switch (in_.kind) {
         case UnitKind::Sharded:
-          add_p(Mem::Params, shard);
-          add_p(Mem::Grads, shard);
+          add_m(Mem::Params, shard);
+          add_m(Mem::Grads, shard);
           break;
         case UnitKind::FullReplicated:
-          add_p(Mem::Params, full + (mp ? shard : 0));
-          add_p(Mem::Grads, full + shard);
+          add_p(Mem::Params, full);
+          if (split) add_m(Mem::Params, shard);
+          add_p(Mem::Grads, full);
+          add_m(Mem::Grads, shard);
           break;
         case UnitKind::Whole:
-          add_p(Mem::Params, full + (mp ? full : 0));
+          add_p(Mem::Params, full);
+          if (split) add_m(Mem::Params, full);
           add_p(Mem::Grads, full);  // its own buffer or its region of the bucket buffer
           break;
       }

@@ -69,6 +69,7 @@ struct PlanUnit {
   int bucket = -1;                    // NO_SHARD with replicas: its gradient bucket
   bool selective = false;  // Unit::selective_recompute(): Selective is not turned into Full
   bool optimizer_offloaded = false;  // its AdamW moments live on the host tier
+  bool params_offloaded = false;     // its master (and reduced gradient) shard too
 };
 
 // NO_SHARD with replicas: a contiguous range of the bucket buffer holding whole units'

@@ -99,10 +99,13 @@ void add_widened(DType dt, const void* src, float* dst, int64_t n) {
 }
 
 FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const Ops& ops,
-                   float* bucket_grads, const MixedPrecisionPolicy& mp, Tier opt_tier)
+                   float* bucket_grads, const MixedPrecisionPolicy& mp, Tier opt_tier,
+                   Tier param_tier)
     : unit_(unit), index_(index), kind_(kind), shard_(shard_group), ops_(&ops),
       pdt_(mp.param_dtype), rdt_(mp.reduce_dtype) {
-  split_ = kind != Kind::Sharded && pdt_ != DType::F32;
+  // Kinds B/C keep a persistent full buffer the unit computes with; its master needs a buffer
+  // of its own when the full one holds rounded values or when the master lives on another tier.
+  split_ = kind != Kind::Sharded && (pdt_ != DType::F32 || param_tier != Tier::Device);
   const int S = shard_->size();
   SW_CHECK((kind == Kind::Whole) == (S == 1), "a unit is Whole exactly when its shard group is 1");
   rank_ = shard_->rank();
@@ -116,19 +119,19 @@ FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const O
   };
   switch (kind) {
     case Kind::Sharded:
-      master_ = zeroed(master_buf_, Sh, Mem::Params);
-      grad_shard_ = zeroed(grad_shard_buf_, Sh, Mem::Grads);
+      master_ = zeroed(master_buf_, Sh, Mem::Params, param_tier);
+      grad_shard_ = zeroed(grad_shard_buf_, Sh, Mem::Grads, param_tier);
       break;
     case Kind::FullReplicated:
       full_ = zeroed(full_buf_, P, Mem::Params);
-      master_ = split_ ? zeroed(master_buf_, Sh, Mem::Params) : full_ + shard_range().lo;
+      master_ = split_ ? zeroed(master_buf_, Sh, Mem::Params, param_tier) : full_ + shard_range().lo;
       grad_full_ = zeroed(grad_buf_, P, Mem::Grads);
-      grad_shard_ = zeroed(grad_shard_buf_, Sh, Mem::Grads);
+      grad_shard_ = zeroed(grad_shard_buf_, Sh, Mem::Grads, param_tier);
       sstate_ = ShardedState::Unsharded;
       break;
     case Kind::Whole:
       full_ = zeroed(full_buf_, P, Mem::Params);
-      master_ = split_ ? zeroed(master_buf_, P, Mem::Params) : full_;
+      master_ = split_ ? zeroed(master_buf_, P, Mem::Params, param_tier) : full_;
       grad_full_ = bucket_grads ? bucket_grads : zeroed(grad_buf_, P, Mem::Grads);
       grad_shard_ = grad_full_;
       sstate_ = ShardedState::Unsharded;
@@ -175,6 +178,11 @@ void FlatUnit::round_compute(int64_t off, int64_t n) {
 
 void FlatUnit::issue_narrow_gather() {
   const int64_t Sh = layout_.shard_size();
+  if (pdt_ == DType::F32) {  // a split master on another tier: its slot, then in place
+    ops_->copy(full_ + rank_ * Sh, master_, static_cast<size_t>(Sh));
+    gather_ = shard_->issue_all_gather(full_ + rank_ * Sh, full_, Sh);
+    return;
+  }
   uint16_t* front = reinterpret_cast<uint16_t*>(full_);  // (padded) param_dtype values
   narrow_to(pdt_, master_, front + rank_ * Sh, Sh);
   gather_ = shard_->issue_all_gather(front + rank_ * Sh, front, Sh, pdt_);

@@ -85,9 +85,11 @@ class FlatUnit {
   // Allocates the persistent buffers (zeroed). `bucket_grads`: for Kind::Whole, the unit's
   // region of the model's bucket buffer (padded floats), or null to allocate its own.
   // `opt_tier`: where the AdamW moments live (Tier::Host: offloaded, outside the device's
-  // budget; sharding/policy.h OptimizerOffload).
+  // budget; sharding/policy.h OptimizerOffload). `param_tier`: where a Kind::Sharded unit's
+  // master shard and reduced gradient shard live (ParamOffload).
   FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const Ops& ops,
-           float* bucket_grads, const MixedPrecisionPolicy& mp = {}, Tier opt_tier = Tier::Device);
+           float* bucket_grads, const MixedPrecisionPolicy& mp = {}, Tier opt_tier = Tier::Device,
+           Tier param_tier = Tier::Device);
   FlatUnit(const FlatUnit&) = delete;
   FlatUnit& operator=(const FlatUnit&) = delete;
   ~FlatUnit();

@@ -446,6 +446,12 @@ TEST_CASE("config: zero_optimization.offload_optimizer device and ratio") {
              Contains("zero_optimization.offload_optimizer.device: 'nvme' is not supported yet"));
   CHECK_THAT(error_of(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "ratio": 1.5}}})"),
              Contains("zero_optimization.offload_optimizer.ratio: must be [0, 1]"));
+  const TrainConfig p = parse(R"({"zero_optimization": {"offload_param": {"device": "cpu",
+                                  "buffer_size": 1e8, "max_in_cpu": 1e9}}})");
+  CHECK(p.sharding.offload_param.device == OffloadDevice::Cpu);
+  CHECK(parse_config(p.resolved_json, "r.json").sharding.offload_param.device == OffloadDevice::Cpu);
+  CHECK_THAT(error_of(R"({"zero_optimization": {"offload_param": {"device": "nvme"}}})"),
+             Contains("zero_optimization.offload_param.device: 'nvme' is not supported yet"));
 }
 
 TEST_CASE("config: sharding mistakes name the key") {

@@ -247,3 +247,18 @@ TEST_CASE("train: offload_optimizer cpu fits a memory_budget that the same run w
       quiet());
   CHECK(fits.last_loss == plain.last_loss);
 }
+
+TEST_CASE("train: offload_param cpu computes the same losses and takes the shards off the device") {
+  const std::string data = random_tokens("offload_p.bin", 4000, 32, 4);
+  const TrainSummary plain = train(tiny_config(data, "offp_none"), quiet());
+  const TrainSummary off = train(
+      tiny_config(data, "offp_cpu",
+                  {"zero_optimization.offload_param.device=cpu",
+                   "zero_optimization.offload_optimizer.device=cpu"}),
+      quiet());
+  CHECK(off.last_loss == plain.last_loss);
+  const auto peak = [](const char* run) {
+    return read_metrics((test_dir() / run).string()).back()["peak_mem_bytes"].get<int64_t>();
+  };
+  CHECK(peak("offp_cpu") < peak("offp_none"));
+}

@@ -399,6 +399,42 @@ TEST_CASE("offload_optimizer cpu: bit-identical, moments on the host tier", "[of
     }
 }
 
+// Parameters on the host tier (offload_param.device = cpu): every strategy (stages 0/1 keep
+// their full compute copy on the device and the fp32 master on the host), alone and with the
+// optimizer state offloaded too: bit-identical, and the model state off the device tier.
+TEST_CASE("offload_param cpu: bit-identical, master and gradient shards on the host tier",
+          "[offload]") {
+  const GroupPtr g = world();
+  for (ShardingStrategy st : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
+                              ShardingStrategy::ShardOptimizer, ShardingStrategy::NoShard})
+    for (const std::string type : {"gpt2", "llama"}) {
+      const ShardingPolicy base = ShardingPolicy::for_strategy(st);
+      const RunResult ref = train(g, base, tiny(type), 2, 2, 6);
+      for (bool opt : {false, true}) {
+        ShardingPolicy p = base;
+        p.offload_param.device = OffloadDevice::Cpu;
+        if (opt) p.offload_optimizer.device = OffloadDevice::Cpu;
+        INFO(strategy_name(st) << " " << type << (opt ? " + optimizer" : ""));
+        CHECK(bit_identical(train(g, p, tiny(type), 2, 2, 6), ref));
+        MemTracker& dev = MemTracker::global();
+        MemTracker& host = MemTracker::of(Tier::Host);
+        const size_t dp = dev.current(Mem::Params), hp = host.current(Mem::Params);
+        const size_t dg = dev.current(Mem::Grads), hg = host.current(Mem::Grads);
+        Model m = build_model(tiny(type));
+        ShardedModel sm(m, cpu(), 1, g, p);
+        const StepPlan plan = sm.step_plan(2, tiny(type).seq_len, 1);
+        const size_t P = size_t(Mem::Params), G = size_t(Mem::Grads);
+        CHECK(host.current(Mem::Params) - hp == size_t(plan.persistent_host[P]));
+        CHECK(dev.current(Mem::Params) - dp == size_t(plan.persistent[P]));
+        CHECK(host.current(Mem::Grads) - hg == size_t(plan.persistent_host[G]));
+        CHECK(dev.current(Mem::Grads) - dg == size_t(plan.persistent[G]));
+        CHECK(plan.persistent_host[P] > 0);
+        if (st == ShardingStrategy::FullShard || st == ShardingStrategy::ShardGradOp)
+          CHECK(plan.persistent[P] == 0);  // the device holds no parameters between uses
+      }
+    }
+}
+
 TEST_CASE("a rank killed mid-training", "[.kill]") {
   const GroupPtr g = world();
   Model m = build_model(tiny("gpt2"));
