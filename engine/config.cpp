@@ -108,9 +108,10 @@ Node cstr(const char* name) {
 const Node& schema() {
   static const Node root = [] {
     // offload_optimizer: device (none | cpu) and ratio take effect; the rest is accepted.
-    Node offload_opt = obj("offload_optimizer", {leaf("device", Kind::Str), leaf("ratio", Kind::Num),
-                                                 cstr("nvme_path"), cnum("buffer_count"),
-                                                 cbool("pin_memory")});
+    Node offload_opt = obj("offload_optimizer",
+                           {leaf("device", Kind::Str), leaf("ratio", Kind::Num),
+                            leaf("nvme_path", Kind::Str), leaf("buffer_count", Kind::Int),
+                            cbool("pin_memory")});
     for (const char* k : {"pipeline_read", "pipeline_write", "fast_init"})
       offload_opt.kids.push_back(cbool(k));
     // offload_param: device (none | cpu) takes effect; the rest is accepted.
@@ -712,6 +713,11 @@ void write_resolved(json& r, const TrainConfig& cfg) {
   set_path(r, "zero_optimization.offload_optimizer.device",
            offload_device_name(sp.offload_optimizer.device));
   set_path(r, "zero_optimization.offload_optimizer.ratio", sp.offload_optimizer.ratio);
+  if (sp.offload_optimizer.device == OffloadDevice::Nvme) {
+    set_path(r, "zero_optimization.offload_optimizer.nvme_path", sp.offload_optimizer.nvme_path);
+    set_path(r, "zero_optimization.offload_optimizer.buffer_count",
+             sp.offload_optimizer.buffer_count);
+  }
   set_path(r, "zero_optimization.offload_param.device",
            offload_device_name(sp.offload_param.device));
   set_path(r, "bf16.enabled", cfg.bf16);
@@ -1058,10 +1064,15 @@ TrainConfig read_config(json j, const std::string& source,
   {
     const std::string key = "zero_optimization.offload_optimizer.device";
     const std::string dev = get_str(j, key, "none", {"none", "cpu", "nvme"}, c);
-    if (dev == "nvme")
-      c.bad(key, "'nvme' is not supported yet; 'cpu' keeps the optimizer state in host memory "
-                 "outside the device's memory_budget");
-    sp.offload_optimizer.device = dev == "cpu" ? OffloadDevice::Cpu : OffloadDevice::None;
+    sp.offload_optimizer.device = dev == "cpu"    ? OffloadDevice::Cpu
+                                  : dev == "nvme" ? OffloadDevice::Nvme
+                                                  : OffloadDevice::None;
+    const std::string pkey_path = "zero_optimization.offload_optimizer.nvme_path";
+    sp.offload_optimizer.nvme_path = get_str(j, pkey_path, "", {}, c);
+    if (dev == "nvme" && sp.offload_optimizer.nvme_path.empty())
+      c.bad(pkey_path, "required with device 'nvme' (a directory on a local disk)");
+    sp.offload_optimizer.buffer_count = (int)get_int(
+        j, "zero_optimization.offload_optimizer.buffer_count", 4, 2, 1 << 20, c);
     sp.offload_optimizer.ratio = get_num(j, "zero_optimization.offload_optimizer.ratio", 1.0,
                                          {0, 1, false, false}, c);
     const std::string pkey = "zero_optimization.offload_param.device";

@@ -61,6 +61,7 @@ const StepPlan& ShardedModel::Impl::plan_for(const Model& model, const Batch& ba
 
 void ShardedModel::Impl::run(Model& model, const StepPlan& plan, ExecState& st) {
   if (recorder) ++recorder->segments;
+  if (nvme) nvme->ev.assign(plan.actions.size(), nullptr);
   for (int i = 0; i < static_cast<int>(plan.actions.size()); ++i) {
     if (exec_delay_us > 0) {  // tests: expose a missing wait by perturbing every queue's timing
       delay_state = delay_state * 6364136223846793005ULL + 1442695040888963407ULL;
@@ -222,7 +223,30 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
       update_unit(*fu, st);
       break;
     case ActionKind::Fetch:
-    case ActionKind::Evict:
+    case ActionKind::Evict: {  // NVMe moments: recorded when a WaitIo sees them complete
+      SW_CHECK(nvme && nvme->offset[size_t(a.unit)] >= 0, "io action on a unit not on NVMe");
+      float* slot = nvme->slots[size_t(a.slot)].f32();
+      const size_t bytes = 2 * static_cast<size_t>(fu->shard_size()) * sizeof(float);
+      const int64_t off = nvme->offset[size_t(a.unit)];
+      if (a.kind == ActionKind::Fetch) {
+        nvme->ev[size_t(i)] = nvme->io.read(nvme->fd, nvme->path, slot, bytes, off);
+        fu->stage_moments(slot, slot + fu->shard_size());  // valid once the WaitIo passed
+      } else {
+        nvme->ev[size_t(i)] = nvme->io.write(nvme->fd, nvme->path, slot, bytes, off);
+        fu->stage_moments(nullptr, nullptr);
+      }
+      return;
+    }
+    case ActionKind::WaitIo:
+      for (int w : a.waits) {
+        IoEvent& ev = *nvme->ev[size_t(w)];
+        ops->stream().wait_event(ev);
+        if (recorder) {
+          record(plan, w, ev.started_at(), ev.done_at());
+          recorder->records.back().queue = Queue::IO;
+        }
+      }
+      break;
     case ActionKind::Count:
       SW_CHECK(false, std::string("the executor cannot run ") + action_kind_name(a.kind) +
                           " in this segment");

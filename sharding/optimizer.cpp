@@ -1,8 +1,16 @@
 // The optimizer side of a step: the global gradient norm, zeroing, and the optimizer segment of
 // the step plan (AdamW per unit on the fp32 master shard; stage 1 regathers the updated slices;
 // sharded strategies prefetch the next forward's first units while later updates run).
-#include <cmath>
+#include <fcntl.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "core/bytes.h"
 #include "core/error.h"
 #include "sharding/sharded_model_impl.h"
 
@@ -62,6 +70,63 @@ void ShardedModel::Impl::update_unit(FlatUnit& fu, const ExecState& st) {
   // A split fp32 master with one rank re-rounds the compute copy (no communication); stage 1's
   // all-gather of the updated slices is the plan's Regather action.
   if (fu.kind() == FlatUnit::Kind::Whole) fu.issue_regather();
+}
+
+}  // namespace sw
+
+// ---- NVMe optimizer offload ------------------------------------------------------------------
+
+namespace sw {
+
+NvmeMoments::~NvmeMoments() {
+  if (fd >= 0) {
+    ::close(fd);
+    ::unlink(path.c_str());
+    ::rmdir(dir.c_str());  // only if empty
+  }
+}
+
+void ShardedModel::Impl::setup_nvme(int rank) {
+  const OptimizerOffload& oo = policy.offload_optimizer;
+  int64_t total = 0, largest = 0;
+  int n = 0;
+  std::vector<int64_t> offset(units.size(), -1);
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (!units[u]->moments_on_nvme()) continue;
+    const int64_t bytes = 2 * units[u]->shard_size() * static_cast<int64_t>(sizeof(float));
+    offset[u] = total;
+    total += bytes;
+    largest = std::max(largest, bytes);
+    ++n;
+  }
+  if (n == 0) return;
+  auto nv = std::make_unique<NvmeMoments>();
+  const std::string key = "zero_optimization.offload_optimizer.nvme_path";
+  nv->dir = oo.nvme_path + "/rank_" + std::to_string(rank);
+  std::error_code ec;
+  std::filesystem::create_directories(nv->dir, ec);
+  if (ec) fail("offload", key + " '" + oo.nvme_path + "': cannot create " + nv->dir + " (" + ec.message() + ")");
+  struct statvfs vfs {};
+  if (::statvfs(nv->dir.c_str(), &vfs) == 0) {
+    const uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    if (free_bytes < static_cast<uint64_t>(total))
+      fail("offload", key + " '" + oo.nvme_path + "': rank " + std::to_string(rank) + " needs " +
+                          format_bytes(static_cast<size_t>(total)) + " for the optimizer state, " +
+                          format_bytes(free_bytes) + " free");
+  }
+  nv->path = nv->dir + "/optimizer.bin";  // a stale one from a killed run is truncated
+  nv->fd = ::open(nv->path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (nv->fd < 0)
+    fail("offload", key + " '" + oo.nvme_path + "': cannot create " + nv->path + " (" +
+                        std::strerror(errno) + ")");
+  if (::ftruncate(nv->fd, total) != 0)  // reads back zeros: AdamW's initial moments
+    fail("offload", nv->path + ": cannot size it to " + std::to_string(total) + " bytes (" +
+                        std::strerror(errno) + ")");
+  nv->offset = std::move(offset);
+  const int slots = std::min(std::max(2, oo.buffer_count), n);
+  for (int i = 0; i < slots; ++i)
+    nv->slots.emplace_back(static_cast<size_t>(largest), Mem::Optimizer, ops->device());
+  nvme = std::move(nv);
 }
 
 }  // namespace sw

@@ -86,12 +86,16 @@ struct ActivationCheckpointing {
 // offloaded units live. Cpu: the host tier (core/alloc.h Tier::Host): outside the device's
 // memory_budget; on the CPU backend the update reads them in place, on a GPU the host runs the
 // CPU AdamW on them. `ratio`: the fraction of units offloaded, the first ceil(ratio * units)
-// in unit order. (NVMe files come with the offload issue's I/O engine.)
+// in unit order. Nvme: a file per rank, read ahead and written behind the update.
 enum class OffloadDevice : uint8_t { None, Cpu, Nvme };
 const char* offload_device_name(OffloadDevice d);  // "none", "cpu", "nvme"
 struct OptimizerOffload {
   OffloadDevice device = OffloadDevice::None;
   double ratio = 1.0;
+  // Nvme: the moments live in <nvme_path>/rank_<r>/optimizer.bin (created at start, removed at
+  // a clean exit) and stream through `buffer_count` staging buffers during the update.
+  std::string nvme_path;
+  int buffer_count = 4;
   // Whether unit `index` of `units` has its optimizer state offloaded.
   bool offloaded(int index, int units) const;
 };

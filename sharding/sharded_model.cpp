@@ -39,8 +39,8 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
   const OptimizerOffload& oo = policy.offload_optimizer;
   if (!(oo.ratio >= 0 && oo.ratio <= 1))
     fail("sharding", "offload_optimizer.ratio must be in [0, 1]");
-  if (oo.device == OffloadDevice::Nvme)
-    fail("sharding", "offload_optimizer.device 'nvme' is not supported yet (use 'cpu')");
+  if (oo.device == OffloadDevice::Nvme && oo.nvme_path.empty())
+    fail("offload", "zero_optimization.offload_optimizer.nvme_path: required with device 'nvme'");
   if (policy.offload_param.device == OffloadDevice::Nvme)
     fail("sharding", "offload_param.device 'nvme' is not supported yet (use 'cpu')");
   const ActivationCheckpointing& ac = policy.activation_checkpointing;
@@ -92,9 +92,11 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
   I.units.reserve(U);
   for (size_t u = 0; u < U; ++u) {
     float* bucket_grads = region[u] >= 0 ? I.bucket_buf.f32() + region[u] : nullptr;
-    const Tier opt_tier = policy.offload_optimizer.offloaded(static_cast<int>(u), static_cast<int>(U))
-                              ? Tier::Host
-                              : Tier::Device;
+    const Tier opt_tier =
+        !policy.offload_optimizer.offloaded(static_cast<int>(u), static_cast<int>(U))
+            ? Tier::Device
+        : policy.offload_optimizer.device == OffloadDevice::Nvme ? Tier::Nvme
+                                                                 : Tier::Host;
     const Tier param_tier =
         policy.offload_param.device == OffloadDevice::Cpu ? Tier::Host : Tier::Device;
     I.units.push_back(std::make_unique<FlatUnit>(model.units[u].get(), static_cast<int>(u), kind,
@@ -113,6 +115,7 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
   I.acts.resize(model.schedule.size());
   I.saved.resize(model.schedule.size());
   I.recompute.assign(model.schedule.size(), CheckpointMode::Off);
+  I.setup_nvme(rank);
   I.opt_plan = plan_optimizer(I.plan_in);
   I.opt_prefetched = optimizer_prefetched(I.plan_in);
   if (const char* v = std::getenv("SHARDWISE_EXEC_DELAY_US")) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "sharding/sharded_model.h"
+#include "sharding/io_stream.h"
 #include "sharding/step_plan.h"
 #include "sharding/unit_state.h"
 
@@ -53,6 +54,20 @@ struct ExecState {
   const AdamWParams* adam = nullptr;
   float lr = 0.f, grad_mult = 1.f;
   int step = 0;
+};
+
+// NVMe optimizer offload (sharding/policy.h OptimizerOffload): the AdamW moments of the
+// offloaded units in one file per rank, m then v of each unit's shard at offset[u] (bytes),
+// staged through `slots` by the optimizer segment's Fetch / Evict actions on `io`.
+struct NvmeMoments {
+  std::string dir, path;
+  int fd = -1;
+  std::vector<int64_t> offset;   // per unit; -1: not in the file
+  std::vector<Buffer> slots;     // staging, Mem::Optimizer
+  Buffer view;                   // checkpoint reads (state_view)
+  std::vector<IoEventPtr> ev;    // per action of the segment being run
+  IoStream io;
+  ~NvmeMoments();                // closes and removes the file (a clean exit)
 };
 
 struct ShardedModel::Impl {
@@ -91,6 +106,8 @@ struct ShardedModel::Impl {
   // rank0_only).
   std::vector<Buffer> summoned;
   bool summon_held = false, summon_rank0_only = false;
+
+  std::unique_ptr<NvmeMoments> nvme;  // null unless some unit's moments live on NVMe
 
   int peak_live = 0;  // peak_gathered_units()
   StepRecorder* recorder = nullptr;
@@ -141,6 +158,9 @@ struct ShardedModel::Impl {
 
   // ---- optimizer.cpp -----------------------------------------------------------------------
   void update_unit(FlatUnit& fu, const ExecState& st);  // AdamW on this rank's slice
+  // Creates the NVMe moments file (zeros) after checking the room it needs (sw::Error naming
+  // nvme_path otherwise) and the staging buffers.
+  void setup_nvme(int rank);
 };
 
 }  // namespace sw

@@ -65,12 +65,32 @@ float* state_base(FlatUnit& fu, ShardedModel::StateKind k) {
 
 }  // namespace
 
+namespace {
+// Byte offset in the NVMe moments file of float `lo` (inside the shard) of kind k.
+int64_t nvme_offset(const NvmeMoments& nv, const FlatUnit& fu, ShardedModel::StateKind k,
+                    int64_t lo) {
+  const int64_t sh = fu.shard_range().lo;
+  return nv.offset[size_t(fu.index())] +
+         ((k == ShardedModel::StateKind::ExpAvgSq ? fu.shard_size() : 0) + lo - sh) *
+             static_cast<int64_t>(sizeof(float));
+}
+}  // namespace
+
 const float* ShardedModel::state_view(int u, StateKind k, FlatRange r) const {
   Impl& I = *impl_;
   SW_CHECK(I.ops->device().is_cpu(), "checkpoint state access reads host memory");
   FlatUnit& fu = *I.units[static_cast<size_t>(u)];
   const FlatRange h = held_range(u, k);
   SW_CHECK(r.lo >= h.lo && r.hi <= h.hi, "state_view outside the held range");
+  if (fu.moments_on_nvme() && k != StateKind::Master) {
+    // Read from the tier into one reused buffer: valid until the next state_view.
+    NvmeMoments& nv = *I.nvme;
+    const size_t bytes = static_cast<size_t>(r.size()) * sizeof(float);
+    if (nv.view.bytes() < bytes) nv.view = Buffer(bytes, Mem::Checkpoint, I.ops->device());
+    if (bytes) nv.io.read(nv.fd, nv.path, nv.view.data(), bytes, nvme_offset(nv, fu, k, r.lo))
+                   ->synchronize();
+    return nv.view.f32();
+  }
   // Stage 1: the slices of other ranks arrive with the regather issued after the update.
   if (!r.empty() && fu.kind() == FlatUnit::Kind::FullReplicated && k == StateKind::Master)
     fu.wait_unshard();
@@ -101,6 +121,13 @@ void ShardedModel::write_state(int u, StateKind k, FlatRange r, const float* src
       fu.wait_unshard();
       fu.reshard();
     }
+  }
+  if (fu.moments_on_nvme() && k != StateKind::Master) {
+    NvmeMoments& nv = *I.nvme;
+    nv.io.write(nv.fd, nv.path, src, static_cast<size_t>(r.size()) * sizeof(float),
+                nvme_offset(nv, fu, k, r.lo))
+        ->synchronize();
+    return;
   }
   if (k == StateKind::Master && fu.split_master()) {
     // Mixed precision with a persistent full buffer: the fp32 master takes the part inside

@@ -24,7 +24,7 @@ const char* action_kind_name(ActionKind k) {
   static const char* n[] = {"gather",      "wait_gather", "forward",        "drop_saved",
                             "recompute",   "backward",    "free",           "reduce_scatter",
                             "all_reduce",  "round_grads", "wait_reduce",    "optimizer_update",
-                            "regather",    "fetch",       "evict"};
+                            "regather",    "fetch",       "evict",          "wait_io"};
   return k < ActionKind::Count ? n[static_cast<size_t>(k)] : "?";
 }
 
@@ -63,6 +63,8 @@ PlanInput make_plan_input(const Model& model, const ShardingPolicy& policy, int 
     pu.optimizer_offloaded =
         policy.offload_optimizer.offloaded(static_cast<int>(u), static_cast<int>(U));
     pu.params_offloaded = policy.offload_param.device != OffloadDevice::None;
+    pu.optimizer_nvme =
+        pu.optimizer_offloaded && policy.offload_optimizer.device == OffloadDevice::Nvme;
   }
   for (size_t p = 0; p < model.schedule.size(); ++p) {
     const Call& c = model.schedule[p];
@@ -178,6 +180,27 @@ class Builder {
   void optimizer() {
     micro_ = in_.accum - 1;
     const int b = static_cast<int>(plan_.actions.size());
+    // NVMe moments stream through `bc` staging buffers: the first bc - 1 units are read
+    // ahead; after unit k's update it is written back and unit k + bc - 1 read into the buffer
+    // unit k - 1 left (its write was queued before, and the io queue runs in order).
+    std::vector<int> nv, fetch_at(in_.units.size(), -1), evict_at;
+    for (size_t u = 0; u < in_.units.size(); ++u)
+      if (in_.units[u].optimizer_nvme) nv.push_back(static_cast<int>(u));
+    const int bc = std::max(2, in_.policy.offload_optimizer.buffer_count);
+    auto fetch = [&](int k) {
+      const int u = nv[size_t(k)];
+      Action& a = add(ActionKind::Fetch, Queue::IO, u);
+      a.slot = k % bc;
+      a.bytes = 2 * fbytes(u) / in_.S;
+      if (k >= bc) a.waits.push_back(evict_at[size_t(k - bc)]);
+      fetch_at[size_t(u)] = static_cast<int>(plan_.actions.size()) - 1;
+    };
+    if (!nv.empty()) {
+      plan_.staging_slots = std::min<int>(bc, static_cast<int>(nv.size()));
+      for (int u : nv) plan_.staging_bytes = std::max(plan_.staging_bytes, 2 * fbytes(u) / in_.S);
+    }
+    for (int k = 0; k < std::min<int>(bc - 1, static_cast<int>(nv.size())); ++k) fetch(k);
+    int next_nv = 0;
     for (size_t u = 0; u < in_.units.size(); ++u) {
       const int ui = static_cast<int>(u);
       if (in_.kind == UnitKind::FullReplicated) wait(ui);  // a previous regather
@@ -185,7 +208,16 @@ class Builder {
         wait(ui);
         free(ui);
       }
+      if (fetch_at[u] >= 0) add(ActionKind::WaitIo, Queue::Compute, ui).waits.push_back(fetch_at[u]);
       add(ActionKind::OptimizerUpdate, Queue::Compute, ui);
+      if (in_.units[u].optimizer_nvme) {
+        const int k = next_nv++;
+        Action& e = add(ActionKind::Evict, Queue::IO, ui);
+        e.slot = k % bc;
+        e.bytes = 2 * fbytes(ui) / in_.S;
+        evict_at.push_back(static_cast<int>(plan_.actions.size()) - 1);
+        if (k + bc - 1 < static_cast<int>(nv.size())) fetch(k + bc - 1);
+      }
       if (in_.kind == UnitKind::FullReplicated) {
         Action& a = add(ActionKind::Regather, Queue::Gather, ui);
         a.bytes = in_.units[u].padded * static_cast<int64_t>(dtype_size(pdt()));
@@ -199,6 +231,10 @@ class Builder {
           pu.first_pos < in_.policy.forward_prefetch &&
           (in_.policy.max_live_units == 0 || live() < in_.policy.max_live_units))
         issue(ui);
+    }
+    if (!evict_at.empty()) {  // written back before anything reads the file (checkpoints)
+      Action& w = add(ActionKind::WaitIo, Queue::Compute);
+      w.waits = evict_at;
     }
     plan_.segments.push_back({SegmentKind::Optimizer, micro_, false, b,
                               static_cast<int>(plan_.actions.size())});
@@ -435,10 +471,20 @@ class Builder {
           add_p(Mem::Grads, full);  // its own buffer or its region of the bucket buffer
           break;
       }
-      if (u.optimizer_offloaded)
+      if (u.optimizer_nvme)
+        ;  // in the file; staged through the buffers counted below
+      else if (u.optimizer_offloaded)
         plan_.persistent_host[static_cast<size_t>(Mem::Optimizer)] += 2 * shard;
       else
         add_p(Mem::Optimizer, 2 * shard);
+    }
+    {  // NVMe staging buffers (persistent, Optimizer): min(buffer_count, offloaded units)
+      int n = 0;
+      int64_t largest = 0;
+      for (const PlanUnit& u : in_.units)
+        if (u.optimizer_nvme) ++n, largest = std::max(largest, 2 * u.padded * 4 / in_.S);
+      const int bc = std::max(2, in_.policy.offload_optimizer.buffer_count);
+      plan_.persistent[static_cast<size_t>(Mem::Optimizer)] += std::min(n, bc) * largest;
     }
     plan_.scratch = max_scratch;
     plan_.reserved[static_cast<size_t>(Mem::Workspace)] = max_scratch + 2 * act_bytes();

@@ -45,8 +45,9 @@ enum class ActionKind : uint8_t {
                    // transient gradients; the end of backward waits for all)
   OptimizerUpdate, // compute: AdamW on unit u's shard
   Regather,        // gather: stage 1, all-gather the updated slices of unit u in place
-  Fetch,           // io: bring unit u's state from its tier (offload; not emitted yet)
-  Evict,           // io: write unit u's state to its tier (offload; not emitted yet)
+  Fetch,           // io: read unit u's AdamW moments from the NVMe file into staging `slot`
+  Evict,           // io: write them back after the update (parameters/activations: later)
+  WaitIo,          // compute waits for the io actions it lists
   Count
 };
 const char* action_kind_name(ActionKind k);  // "gather", "wait_gather", "forward", ...
@@ -70,6 +71,7 @@ struct PlanUnit {
   bool selective = false;  // Unit::selective_recompute(): Selective is not turned into Full
   bool optimizer_offloaded = false;  // its AdamW moments live on the host tier
   bool params_offloaded = false;     // its master (and reduced gradient) shard too
+  bool optimizer_nvme = false;       // its AdamW moments live in the NVMe file
 };
 
 // NO_SHARD with replicas: a contiguous range of the bucket buffer holding whole units'
@@ -115,6 +117,7 @@ struct Action {
   int pos = -1;     // schedule position (Forward, DropSaved, Recompute, Backward)
   int call = -1;    // that position's call of the unit
   int bucket = -1;  // AllReduce of a NO_SHARD bucket
+  int slot = -1;    // Fetch / Evict: the staging buffer
   int micro = 0;    // micro-step of the optimizer step (the optimizer's actions: accum - 1)
   CheckpointMode mode = CheckpointMode::Off;  // DropSaved / Recompute
   int64_t bytes = 0;  // bytes a collective moves (its whole buffer in the wire dtype)
@@ -146,6 +149,8 @@ struct StepPlan {
   MemDeltas persistent_host{};  // on the host tier (offloaded optimizer state)
   MemDeltas reserved{};
   int64_t scratch = 0;  // of reserved: the largest Scratch any call asks for (reserved once)
+  int staging_slots = 0;       // NVMe optimizer offload: staging buffers (each staging_bytes)
+  int64_t staging_bytes = 0;   // m and v of the largest offloaded shard
   // Transient bytes already allocated when the plan starts (gathers carried from the previous
   // step's optimizer). A whole step's deltas bring every category back to this.
   MemDeltas initial{};

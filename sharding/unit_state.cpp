@@ -137,8 +137,11 @@ FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const O
       sstate_ = ShardedState::Unsharded;
       break;
   }
-  zeroed(m_, Sh, Mem::Optimizer, opt_tier);
-  zeroed(v_, Sh, Mem::Optimizer, opt_tier);
+  nvme_ = opt_tier == Tier::Nvme;
+  if (!nvme_) {
+    m_ptr_ = zeroed(m_, Sh, Mem::Optimizer, opt_tier);
+    v_ptr_ = zeroed(v_, Sh, Mem::Optimizer, opt_tier);
+  }
   point_params();
   point_grads();
 }

@@ -174,8 +174,12 @@ class FlatUnit {
   float* full() const { return full_; }              // (padded) valid when Unsharded
   float* grad_shard() const { return grad_shard_; }  // (shard) reduced gradients
   float* grad_full() const { return grad_full_; }    // (padded) unsharded gradients
-  float* adam_m() const { return m_.f32(); }
-  float* adam_v() const { return v_.f32(); }
+  // AdamW moments (shard). Tier::Nvme units have none in memory except while the executor has
+  // staged them (stage_moments), for their update or a checkpoint read.
+  float* adam_m() const { return m_ptr_; }
+  float* adam_v() const { return v_ptr_; }
+  bool moments_on_nvme() const { return nvme_; }
+  void stage_moments(float* m, float* v) { m_ptr_ = m, v_ptr_ = v; }
   const std::vector<float*>& params() const { return params_; }  // per spec, into full
   const std::vector<float*>& grads() const { return grads_; }    // per spec, into grad_full
   // Gathers this unit's master shards into `out` (padded floats) without touching the state:
@@ -208,7 +212,10 @@ class FlatUnit {
   bool split_ = false;
   Buffer master_buf_;      // Kind::Sharded, or a split master: (shard) Params
   Buffer full_buf_;        // (padded): transient Communication, or persistent Params
-  Buffer m_, v_;           // (shard) Optimizer
+  Buffer m_, v_;           // (shard) Optimizer; empty on Tier::Nvme
+  float* m_ptr_ = nullptr;
+  float* v_ptr_ = nullptr;
+  bool nvme_ = false;
   Buffer grad_buf_;        // (padded) unsharded grads (empty when a bucket view)
   Buffer grad_shard_buf_;  // (shard) reduced grads, Kinds Sharded/FullReplicated
   float* master_ = nullptr;

@@ -443,7 +443,15 @@ TEST_CASE("config: zero_optimization.offload_optimizer device and ratio") {
   CHECK_THAT(error_of(R"({"zero_optimization": {"offload_optimizer": {"device": "gpu"}}})"),
              Contains("zero_optimization.offload_optimizer.device: 'gpu' is not one of none, cpu, nvme"));
   CHECK_THAT(error_of(R"({"zero_optimization": {"offload_optimizer": {"device": "nvme"}}})"),
-             Contains("zero_optimization.offload_optimizer.device: 'nvme' is not supported yet"));
+             Contains("zero_optimization.offload_optimizer.nvme_path: required with device 'nvme'"));
+  const TrainConfig nv = parse(R"({"zero_optimization": {"offload_optimizer": {"device": "nvme",
+                                   "nvme_path": "/tmp/x", "buffer_count": 3}}})");
+  CHECK(nv.sharding.offload_optimizer.device == OffloadDevice::Nvme);
+  CHECK(nv.sharding.offload_optimizer.buffer_count == 3);
+  CHECK(parse_config(nv.resolved_json, "r.json").sharding.offload_optimizer.nvme_path == "/tmp/x");
+  CHECK_THAT(error_of(R"({"zero_optimization": {"offload_optimizer": {"device": "nvme",
+                         "nvme_path": "/tmp/x", "buffer_count": 1}}})"),
+             Contains("zero_optimization.offload_optimizer.buffer_count: must be"));
   CHECK_THAT(error_of(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "ratio": 1.5}}})"),
              Contains("zero_optimization.offload_optimizer.ratio: must be [0, 1]"));
   const TrainConfig p = parse(R"({"zero_optimization": {"offload_param": {"device": "cpu",

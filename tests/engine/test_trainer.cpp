@@ -262,3 +262,24 @@ TEST_CASE("train: offload_param cpu computes the same losses and takes the shard
   };
   CHECK(peak("offp_cpu") < peak("offp_none"));
 }
+
+TEST_CASE("train: offload_optimizer nvme trains bit-identically, leaves no file, names a bad path") {
+  const std::string data = random_tokens("offload_n.bin", 4000, 32, 5);
+  const fs::path nvme = test_dir() / "nvme";
+  fs::remove_all(nvme);
+  const TrainSummary plain = train(tiny_config(data, "offn_none"), quiet());
+  const TrainSummary off = train(
+      tiny_config(data, "offn_nvme",
+                  {"zero_optimization.offload_optimizer.device=nvme",
+                   "zero_optimization.offload_optimizer.nvme_path=" + nvme.string(),
+                   "zero_optimization.offload_optimizer.buffer_count=2"}),
+      quiet());
+  CHECK(off.last_loss == plain.last_loss);
+  CHECK(fs::is_empty(nvme));  // the rank's file and directory are removed at a clean exit
+  CHECK_THROWS_WITH(
+      train(tiny_config(data, "offn_bad",
+                        {"zero_optimization.offload_optimizer.device=nvme",
+                         "zero_optimization.offload_optimizer.nvme_path=/proc/no_such_dir"}),
+            quiet()),
+      Contains("zero_optimization.offload_optimizer.nvme_path '/proc/no_such_dir': cannot create"));
+}

@@ -17,6 +17,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -397,6 +398,64 @@ TEST_CASE("offload_optimizer cpu: bit-identical, moments on the host tier", "[of
         CHECK(static_cast<size_t>(plan.persistent_host[size_t(Mem::Optimizer)]) == off);
       }
     }
+}
+
+// A directory for this job's NVMe files: made by rank 0, its name broadcast (jobs of other
+// world sizes may run at the same time).
+std::string job_tmp_dir(const GroupPtr& g) {
+  char name[256] = {};
+  if (g->rank() == 0) {
+    std::string t = (std::filesystem::temp_directory_path() / "sw_offload_XXXXXX").string();
+    REQUIRE(mkdtemp(t.data()) != nullptr);
+    std::snprintf(name, sizeof name, "%s", t.c_str());
+  }
+  g->broadcast(name, sizeof name / 4, 0);
+  return name;
+}
+
+// Optimizer state in an NVMe file per rank, streamed through staging buffers by the plan's
+// fetch / evict actions: bit-identical to no offload; the file exists while the model lives and
+// is removed with it; the plan's memory has only the staging buffers.
+TEST_CASE("offload_optimizer nvme: bit-identical, moments in a file per rank", "[offload]") {
+  const GroupPtr g = world();
+  const std::string dir = job_tmp_dir(g);
+  for (ShardingStrategy st : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
+                              ShardingStrategy::NoShard})
+    for (const std::string type : {"gpt2", "llama"}) {
+      const ShardingPolicy base = ShardingPolicy::for_strategy(st);
+      const RunResult ref = train(g, base, tiny(type), 2, 2, 6);
+      for (double ratio : {0.5, 1.0})
+        for (int buffers : {2, 4}) {
+          ShardingPolicy p = base;
+          p.offload_optimizer.device = OffloadDevice::Nvme;
+          p.offload_optimizer.nvme_path = dir;
+          p.offload_optimizer.ratio = ratio;
+          p.offload_optimizer.buffer_count = buffers;
+          INFO(strategy_name(st) << " " << type << " ratio " << ratio << " buffers " << buffers);
+          CHECK(bit_identical(train(g, p, tiny(type), 2, 2, 6), ref));
+          const std::string file = dir + "/rank_" + std::to_string(g->rank()) + "/optimizer.bin";
+          CHECK(!std::filesystem::exists(file));  // removed with the model
+          Model m = build_model(tiny(type));
+          ShardedModel sm(m, cpu(), 1, g, p);
+          CHECK(std::filesystem::exists(file));
+          const StepPlan plan = sm.step_plan(2, tiny(type).seq_len, 1);
+          int fetch = 0, evict = 0;
+          for (const Action& a : plan.actions) {
+            fetch += a.kind == ActionKind::Fetch;
+            evict += a.kind == ActionKind::Evict;
+            if (a.kind == ActionKind::Fetch || a.kind == ActionKind::Evict)
+              CHECK((a.queue == Queue::IO && a.slot >= 0 && a.slot < buffers));
+          }
+          const int U = static_cast<int>(m.units.size());
+          int off = 0;
+          for (int u = 0; u < U; ++u) off += p.offload_optimizer.offloaded(u, U);
+          CHECK(fetch == off);
+          CHECK(evict == off);
+          CHECK(plan.actions.back().kind == ActionKind::WaitIo);
+        }
+    }
+  g->barrier();  // every rank is done with its files
+  if (g->rank() == 0) std::filesystem::remove_all(dir);
 }
 
 // Parameters on the host tier (offload_param.device = cpu): every strategy (stages 0/1 keep
