@@ -220,17 +220,18 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
       }
       break;
     case ActionKind::OptimizerUpdate:
-      update_unit(*fu, st);
+      update_unit(*fu, st, a.lo, a.hi < 0 ? fu->shard_size() : a.hi);
       break;
     case ActionKind::Fetch:
     case ActionKind::Evict: {  // NVMe moments: recorded when a WaitIo sees them complete
       SW_CHECK(nvme && nvme->offset[size_t(a.unit)] >= 0, "io action on a unit not on NVMe");
+      // Piece [lo, hi) of the shard: m then v, at 2 * lo floats into the unit's region.
       float* slot = nvme->slots[size_t(a.slot)].f32();
-      const size_t bytes = 2 * static_cast<size_t>(fu->shard_size()) * sizeof(float);
-      const int64_t off = nvme->offset[size_t(a.unit)];
+      const int64_t len = a.hi - a.lo;
+      const size_t bytes = 2 * static_cast<size_t>(len) * sizeof(float);
+      const int64_t off = nvme->offset[size_t(a.unit)] + 2 * a.lo * int64_t(sizeof(float));
       if (a.kind == ActionKind::Fetch) {
         nvme->ev[size_t(i)] = nvme->io.read(nvme->fd, nvme->path, slot, bytes, off);
-        fu->stage_moments(slot, slot + fu->shard_size());  // valid once the WaitIo passed
       } else {
         nvme->ev[size_t(i)] = nvme->io.write(nvme->fd, nvme->path, slot, bytes, off);
         fu->stage_moments(nullptr, nullptr);
@@ -241,6 +242,13 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
       for (int w : a.waits) {
         IoEvent& ev = *nvme->ev[size_t(w)];
         ops->stream().wait_event(ev);
+        const Action& io = plan.actions[size_t(w)];
+        if (io.kind == ActionKind::Fetch) {  // the piece the next update works on
+          float* slot = nvme->slots[size_t(io.slot)].f32();
+          // Indexed like the whole shard (update_unit adds the offset in the shard); valid
+          // for [lo, hi) only, until the piece's Evict.
+          units[size_t(io.unit)]->stage_moments(slot - io.lo, slot + (io.hi - io.lo) - io.lo);
+        }
         if (recorder) {
           record(plan, w, ev.started_at(), ev.done_at());
           recorder->records.back().queue = Queue::IO;

@@ -47,7 +47,7 @@ void ShardedModel::optimizer_step(const AdamWParams& p, float lr, float grad_mul
   I.run(model_, I.opt_plan, st);
 }
 
-void ShardedModel::Impl::update_unit(FlatUnit& fu, const ExecState& st) {
+void ShardedModel::Impl::update_unit(FlatUnit& fu, const ExecState& st, int64_t lo, int64_t hi) {
   // Stage 1: a previous regather must be complete (it reads this rank's slice). Sharded: a
   // gather prefetched after a previous update reads the master and is stale after this one.
   if (fu.kind() == FlatUnit::Kind::FullReplicated) fu.wait_unshard();
@@ -57,9 +57,10 @@ void ShardedModel::Impl::update_unit(FlatUnit& fu, const ExecState& st) {
   }
   const AdamWParams& p = *st.adam;
   const Range shard = fu.shard_range();
+  const Range part{shard.lo + lo, shard.lo + hi};
   for (size_t s = 0; s < fu.layout().specs.size(); ++s) {
     const FlatEntry& e = fu.layout().entries[s];
-    const Range r = intersect(shard, {e.offset, e.offset + e.numel});
+    const Range r = intersect(part, {e.offset, e.offset + e.numel});
     if (r.empty()) continue;
     const size_t off = static_cast<size_t>(r.lo - shard.lo);
     const float wd = fu.layout().specs[s].weight_decay ? p.weight_decay : 0.f;
@@ -69,7 +70,7 @@ void ShardedModel::Impl::update_unit(FlatUnit& fu, const ExecState& st) {
   }
   // A split fp32 master with one rank re-rounds the compute copy (no communication); stage 1's
   // all-gather of the updated slices is the plan's Regather action.
-  if (fu.kind() == FlatUnit::Kind::Whole) fu.issue_regather();
+  if (fu.kind() == FlatUnit::Kind::Whole && hi == fu.shard_size()) fu.issue_regather();
 }
 
 }  // namespace sw
@@ -88,7 +89,7 @@ NvmeMoments::~NvmeMoments() {
 
 void ShardedModel::Impl::setup_nvme(int rank) {
   const OptimizerOffload& oo = policy.offload_optimizer;
-  int64_t total = 0, largest = 0;
+  int64_t total = 0;
   int n = 0;
   std::vector<int64_t> offset(units.size(), -1);
   for (size_t u = 0; u < units.size(); ++u) {
@@ -96,7 +97,6 @@ void ShardedModel::Impl::setup_nvme(int rank) {
     const int64_t bytes = 2 * units[u]->shard_size() * static_cast<int64_t>(sizeof(float));
     offset[u] = total;
     total += bytes;
-    largest = std::max(largest, bytes);
     ++n;
   }
   if (n == 0) return;
@@ -123,9 +123,9 @@ void ShardedModel::Impl::setup_nvme(int rank) {
     fail("offload", nv->path + ": cannot size it to " + std::to_string(total) + " bytes (" +
                         std::strerror(errno) + ")");
   nv->offset = std::move(offset);
-  const int slots = std::min(std::max(2, oo.buffer_count), n);
-  for (int i = 0; i < slots; ++i)
-    nv->slots.emplace_back(static_cast<size_t>(largest), Mem::Optimizer, ops->device());
+  for (int i = 0; i < opt_plan.staging_slots; ++i)
+    nv->slots.emplace_back(static_cast<size_t>(opt_plan.staging_bytes), Mem::Optimizer,
+                           ops->device());
   nvme = std::move(nv);
 }
 

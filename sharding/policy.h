@@ -96,6 +96,10 @@ struct OptimizerOffload {
   // a clean exit) and stream through `buffer_count` staging buffers during the update.
   std::string nvme_path;
   int buffer_count = 4;
+  // Floats of a unit's shard per staged piece (m and v: 32 MiB of staging at the default), so
+  // staging does not grow with the largest unit. Not a config key; tests make it small.
+  int64_t piece_floats = int64_t{1} << 22;
+  int64_t piece() const { return piece_floats < 16 ? 16 : piece_floats; }  // what is used
   // Whether unit `index` of `units` has its optimizer state offloaded.
   bool offloaded(int index, int units) const;
 };

@@ -115,8 +115,8 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
   I.acts.resize(model.schedule.size());
   I.saved.resize(model.schedule.size());
   I.recompute.assign(model.schedule.size(), CheckpointMode::Off);
-  I.setup_nvme(rank);
   I.opt_plan = plan_optimizer(I.plan_in);
+  I.setup_nvme(rank);  // its staging buffers are the optimizer plan's
   I.opt_prefetched = optimizer_prefetched(I.plan_in);
   if (const char* v = std::getenv("SHARDWISE_EXEC_DELAY_US")) {
     I.exec_delay_us = std::max(0, std::atoi(v));

@@ -57,8 +57,9 @@ struct ExecState {
 };
 
 // NVMe optimizer offload (sharding/policy.h OptimizerOffload): the AdamW moments of the
-// offloaded units in one file per rank, m then v of each unit's shard at offset[u] (bytes),
-// staged through `slots` by the optimizer segment's Fetch / Evict actions on `io`.
+// offloaded units in one file per rank; unit u's region starts at offset[u] (bytes) and holds
+// its shard in pieces of OptimizerOffload::piece_floats, each piece m then v. The
+// optimizer segment's Fetch / Evict actions stage pieces through `slots` on `io`.
 struct NvmeMoments {
   std::string dir, path;
   int fd = -1;
@@ -157,7 +158,9 @@ struct ShardedModel::Impl {
   void record(const StepPlan& plan, int i, double t0, double t1);
 
   // ---- optimizer.cpp -----------------------------------------------------------------------
-  void update_unit(FlatUnit& fu, const ExecState& st);  // AdamW on this rank's slice
+  // AdamW on floats [lo, hi) of this rank's slice (the whole slice unless NVMe streams it in
+  // pieces); the unit's once-per-update work comes with the piece that ends the slice.
+  void update_unit(FlatUnit& fu, const ExecState& st, int64_t lo, int64_t hi);
   // Creates the NVMe moments file (zeros) after checking the room it needs (sw::Error naming
   // nvme_path otherwise) and the staging buffers.
   void setup_nvme(int rank);

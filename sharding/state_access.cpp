@@ -2,6 +2,7 @@
 // which ranges a rank owns and holds, and copies in and out of them.
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
 #include "sharding/sharded_model_impl.h"
@@ -66,13 +67,24 @@ float* state_base(FlatUnit& fu, ShardedModel::StateKind k) {
 }  // namespace
 
 namespace {
-// Byte offset in the NVMe moments file of float `lo` (inside the shard) of kind k.
-int64_t nvme_offset(const NvmeMoments& nv, const FlatUnit& fu, ShardedModel::StateKind k,
-                    int64_t lo) {
-  const int64_t sh = fu.shard_range().lo;
-  return nv.offset[size_t(fu.index())] +
-         ((k == ShardedModel::StateKind::ExpAvgSq ? fu.shard_size() : 0) + lo - sh) *
-             static_cast<int64_t>(sizeof(float));
+// Moves floats [r.lo, r.hi) (flat coordinates, inside the shard) of kind k between `buf` and
+// the NVMe moments file, piece by piece (NvmeMoments' layout; pieces of C floats), synchronously.
+void nvme_transfer(NvmeMoments& nv, const FlatUnit& fu, ShardedModel::StateKind k, FlatRange r,
+                   float* buf, bool write, int64_t C) {
+  const int64_t sh = fu.shard_range().lo, n = fu.shard_size();
+  std::vector<IoEventPtr> evs;
+  for (int64_t x = r.lo; x < r.hi;) {
+    const int64_t i = x - sh, plo = i / C * C, phi = std::min(n, plo + C);
+    const int64_t end = std::min(r.hi, sh + phi);
+    const int64_t off = nv.offset[size_t(fu.index())] +
+                        (2 * plo + (k == ShardedModel::StateKind::ExpAvgSq ? phi - plo : 0) +
+                         (i - plo)) * int64_t(sizeof(float));
+    const size_t bytes = static_cast<size_t>(end - x) * sizeof(float);
+    evs.push_back(write ? nv.io.write(nv.fd, nv.path, buf + (x - r.lo), bytes, off)
+                        : nv.io.read(nv.fd, nv.path, buf + (x - r.lo), bytes, off));
+    x = end;
+  }
+  for (IoEventPtr& e : evs) e->synchronize();  // each: an error names its file and offset
 }
 }  // namespace
 
@@ -87,8 +99,7 @@ const float* ShardedModel::state_view(int u, StateKind k, FlatRange r) const {
     NvmeMoments& nv = *I.nvme;
     const size_t bytes = static_cast<size_t>(r.size()) * sizeof(float);
     if (nv.view.bytes() < bytes) nv.view = Buffer(bytes, Mem::Checkpoint, I.ops->device());
-    if (bytes) nv.io.read(nv.fd, nv.path, nv.view.data(), bytes, nvme_offset(nv, fu, k, r.lo))
-                   ->synchronize();
+    nvme_transfer(nv, fu, k, r, nv.view.f32(), false, I.plan_in.policy.offload_optimizer.piece());
     return nv.view.f32();
   }
   // Stage 1: the slices of other ranks arrive with the regather issued after the update.
@@ -123,10 +134,8 @@ void ShardedModel::write_state(int u, StateKind k, FlatRange r, const float* src
     }
   }
   if (fu.moments_on_nvme() && k != StateKind::Master) {
-    NvmeMoments& nv = *I.nvme;
-    nv.io.write(nv.fd, nv.path, src, static_cast<size_t>(r.size()) * sizeof(float),
-                nvme_offset(nv, fu, k, r.lo))
-        ->synchronize();
+    nvme_transfer(*I.nvme, fu, k, r, const_cast<float*>(src), true,
+                  I.plan_in.policy.offload_optimizer.piece());
     return;
   }
   if (k == StateKind::Master && fu.split_master()) {

@@ -180,27 +180,34 @@ class Builder {
   void optimizer() {
     micro_ = in_.accum - 1;
     const int b = static_cast<int>(plan_.actions.size());
-    // NVMe moments stream through `bc` staging buffers: the first bc - 1 units are read
-    // ahead; after unit k's update it is written back and unit k + bc - 1 read into the buffer
-    // unit k - 1 left (its write was queued before, and the io queue runs in order).
-    std::vector<int> nv, fetch_at(in_.units.size(), -1), evict_at;
-    for (size_t u = 0; u < in_.units.size(); ++u)
-      if (in_.units[u].optimizer_nvme) nv.push_back(static_cast<int>(u));
-    const int bc = std::max(2, in_.policy.offload_optimizer.buffer_count);
-    auto fetch = [&](int k) {
-      const int u = nv[size_t(k)];
-      Action& a = add(ActionKind::Fetch, Queue::IO, u);
-      a.slot = k % bc;
-      a.bytes = 2 * fbytes(u) / in_.S;
-      if (k >= bc) a.waits.push_back(evict_at[size_t(k - bc)]);
-      fetch_at[size_t(u)] = static_cast<int>(plan_.actions.size()) - 1;
+    // NVMe moments stream in pieces of at most piece_floats of a unit's shard (m then v)
+    // through `bc` staging buffers: the first bc - 1 pieces are read ahead; after piece k's
+    // update it is written back and piece k + bc - 1 read into the buffer piece k - 1 left (its
+    // write was queued before it, and the io queue runs in order).
+    struct Piece {
+      int unit;
+      int64_t lo, hi;  // floats of the unit's shard
     };
-    if (!nv.empty()) {
-      plan_.staging_slots = std::min<int>(bc, static_cast<int>(nv.size()));
-      for (int u : nv) plan_.staging_bytes = std::max(plan_.staging_bytes, 2 * fbytes(u) / in_.S);
-    }
-    for (int k = 0; k < std::min<int>(bc - 1, static_cast<int>(nv.size())); ++k) fetch(k);
-    int next_nv = 0;
+    std::vector<Piece> pieces;
+    const int64_t C = in_.policy.offload_optimizer.piece();
+    for (size_t u = 0; u < in_.units.size(); ++u)
+      if (in_.units[u].optimizer_nvme)
+        for (int64_t lo = 0, sh = in_.units[u].padded / in_.S; lo < sh; lo += C)
+          pieces.push_back({static_cast<int>(u), lo, std::min(sh, lo + C)});
+    const int np = static_cast<int>(pieces.size());
+    const int bc = std::max(2, in_.policy.offload_optimizer.buffer_count);
+    std::vector<int> fetch_at(pieces.size(), -1), evict_at;
+    auto fetch = [&](int k) {
+      const Piece& pc = pieces[size_t(k)];
+      Action& a = add(ActionKind::Fetch, Queue::IO, pc.unit);
+      a.slot = k % bc;
+      a.lo = pc.lo, a.hi = pc.hi;
+      a.bytes = 2 * (pc.hi - pc.lo) * 4;
+      if (k >= bc) a.waits.push_back(evict_at[size_t(k - bc)]);
+      fetch_at[size_t(k)] = static_cast<int>(plan_.actions.size()) - 1;
+    };
+    for (int k = 0; k < std::min(bc - 1, np); ++k) fetch(k);
+    int next = 0;  // the next piece to update
     for (size_t u = 0; u < in_.units.size(); ++u) {
       const int ui = static_cast<int>(u);
       if (in_.kind == UnitKind::FullReplicated) wait(ui);  // a previous regather
@@ -208,15 +215,19 @@ class Builder {
         wait(ui);
         free(ui);
       }
-      if (fetch_at[u] >= 0) add(ActionKind::WaitIo, Queue::Compute, ui).waits.push_back(fetch_at[u]);
-      add(ActionKind::OptimizerUpdate, Queue::Compute, ui);
-      if (in_.units[u].optimizer_nvme) {
-        const int k = next_nv++;
+      if (!in_.units[u].optimizer_nvme) add(ActionKind::OptimizerUpdate, Queue::Compute, ui);
+      for (; next < np && pieces[size_t(next)].unit == ui; ++next) {
+        const int k = next;
+        const Piece& pc = pieces[size_t(k)];
+        add(ActionKind::WaitIo, Queue::Compute, ui).waits.push_back(fetch_at[size_t(k)]);
+        Action& up = add(ActionKind::OptimizerUpdate, Queue::Compute, ui);
+        up.lo = pc.lo, up.hi = pc.hi;
         Action& e = add(ActionKind::Evict, Queue::IO, ui);
         e.slot = k % bc;
-        e.bytes = 2 * fbytes(ui) / in_.S;
+        e.lo = pc.lo, e.hi = pc.hi;
+        e.bytes = 2 * (pc.hi - pc.lo) * 4;
         evict_at.push_back(static_cast<int>(plan_.actions.size()) - 1);
-        if (k + bc - 1 < static_cast<int>(nv.size())) fetch(k + bc - 1);
+        if (k + bc - 1 < np) fetch(k + bc - 1);
       }
       if (in_.kind == UnitKind::FullReplicated) {
         Action& a = add(ActionKind::Regather, Queue::Gather, ui);
@@ -478,13 +489,20 @@ class Builder {
       else
         add_p(Mem::Optimizer, 2 * shard);
     }
-    {  // NVMe staging buffers (persistent, Optimizer): min(buffer_count, offloaded units)
-      int n = 0;
-      int64_t largest = 0;
+    {  // NVMe staging buffers (persistent, Optimizer): min(buffer_count, pieces) of the largest
+      int64_t n = 0, largest = 0;
+      const int64_t C = in_.policy.offload_optimizer.piece();
       for (const PlanUnit& u : in_.units)
-        if (u.optimizer_nvme) ++n, largest = std::max(largest, 2 * u.padded * 4 / in_.S);
-      const int bc = std::max(2, in_.policy.offload_optimizer.buffer_count);
-      plan_.persistent[static_cast<size_t>(Mem::Optimizer)] += std::min(n, bc) * largest;
+        if (u.optimizer_nvme) {
+          const int64_t sh = u.padded / in_.S;
+          n += (sh + C - 1) / C;
+          largest = std::max(largest, std::min(sh, C));
+        }
+      const int64_t bc = std::max(2, in_.policy.offload_optimizer.buffer_count);
+      plan_.staging_slots = static_cast<int>(std::min(n, bc));
+      plan_.staging_bytes = 2 * largest * 4;
+      plan_.persistent[static_cast<size_t>(Mem::Optimizer)] +=
+          plan_.staging_slots * plan_.staging_bytes;
     }
     plan_.scratch = max_scratch;
     plan_.reserved[static_cast<size_t>(Mem::Workspace)] = max_scratch + 2 * act_bytes();

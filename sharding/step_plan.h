@@ -110,6 +110,7 @@ void declare_calls(PlanInput& in, const Model& model);
 
 using MemDeltas = std::array<int64_t, static_cast<size_t>(Mem::Count)>;
 
+
 struct Action {
   ActionKind kind = ActionKind::Forward;
   Queue queue = Queue::Compute;
@@ -118,6 +119,8 @@ struct Action {
   int call = -1;    // that position's call of the unit
   int bucket = -1;  // AllReduce of a NO_SHARD bucket
   int slot = -1;    // Fetch / Evict: the staging buffer
+  int64_t lo = 0, hi = -1;  // Fetch / Evict / OptimizerUpdate: floats of the unit's shard
+                            // (hi < 0: all of it)
   int micro = 0;    // micro-step of the optimizer step (the optimizer's actions: accum - 1)
   CheckpointMode mode = CheckpointMode::Off;  // DropSaved / Recompute
   int64_t bytes = 0;  // bytes a collective moves (its whole buffer in the wire dtype)
