@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/clock.h"
@@ -21,7 +22,10 @@ void IoEvent::synchronize() {
   if (!error_.empty()) throw Error(error_);
 }
 
-IoStream::IoStream() : thread_([this] { loop(); }) {}
+IoStream::IoStream() {
+  if (const char* v = std::getenv("SHARDWISE_IO_FAIL_AFTER")) fail_after_ = std::atoll(v);
+  thread_ = std::thread([this] { loop(); });
+}
 
 IoStream::~IoStream() {
   {
@@ -67,8 +71,10 @@ void IoStream::loop() {
     std::string err;
     auto* p = static_cast<char*>(op.buf);
     size_t done = 0;
+    const bool inject = fail_after_ >= 0 && ops_++ >= fail_after_;
     while (done < op.bytes) {
-      const ssize_t n =
+      if (inject) errno = EIO;
+      const ssize_t n = inject ? -1 :
           op.write ? ::pwrite(op.fd, p + done, op.bytes - done, op.offset + int64_t(done))
                    : ::pread(op.fd, p + done, op.bytes - done, op.offset + int64_t(done));
       if (n < 0 && errno == EINTR) continue;

@@ -3,6 +3,7 @@
 // completion as an Event (core/stream.h). Because the queue is in order, a read enqueued after a
 // write of the same memory sees it done. Offload's staging and NVMe files use it; the
 // asynchronous I/O engine (io_uring, issue 10) replaces the loop body, not the interface.
+// SHARDWISE_IO_FAIL_AFTER=N (tests) fails every operation after the first N with EIO.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -60,6 +61,8 @@ class IoStream {
   std::condition_variable cv_;
   std::deque<Op> q_;
   bool stop_ = false;
+  // Tests: SHARDWISE_IO_FAIL_AFTER=N makes every operation after the first N fail with EIO.
+  int64_t fail_after_ = -1, ops_ = 0;
   std::thread thread_;
 };
 

@@ -119,9 +119,13 @@ void ShardedModel::Impl::setup_nvme(int rank) {
   if (nv->fd < 0)
     fail("offload", key + " '" + oo.nvme_path + "': cannot create " + nv->path + " (" +
                         std::strerror(errno) + ")");
-  if (::ftruncate(nv->fd, total) != 0)  // reads back zeros: AdamW's initial moments
-    fail("offload", nv->path + ": cannot size it to " + std::to_string(total) + " bytes (" +
-                        std::strerror(errno) + ")");
+  // Zeros (AdamW's initial moments), with the blocks reserved now so that a disk filling up
+  // later cannot fail a write in the middle of a step (where the filesystem allows it).
+  int err = ::posix_fallocate(nv->fd, 0, total);
+  if (err == EOPNOTSUPP || err == EINVAL) err = ::ftruncate(nv->fd, total) == 0 ? 0 : errno;
+  if (err != 0)
+    fail("offload", nv->path + ": cannot reserve " + std::to_string(total) + " bytes (" +
+                        std::strerror(err) + ")");
   nv->offset = std::move(offset);
   for (int i = 0; i < opt_plan.staging_slots; ++i)
     nv->slots.emplace_back(static_cast<size_t>(opt_plan.staging_bytes), Mem::Optimizer,

@@ -177,6 +177,42 @@ TEST_CASE("ckpt kill: SIGKILL during training, then --resume auto gives the same
   check_resumes_exactly("killtrain", "step_20");
 }
 
+TEST_CASE("ckpt kill: SIGKILL with the optimizer state on NVMe, then resume: the same weights") {
+  reference_weights();  // without offload: offload changes no number
+  const std::vector<std::string> nvme = {
+      "--set", "zero_optimization.offload_optimizer.device=nvme", "--set",
+      "zero_optimization.offload_optimizer.nvme_path=" + (work() / "nvme").string()};
+  Child c = start("killnvme", nvme, {"SHARDWISE_CKPT_TEST_DELAY_MS=200"});
+  REQUIRE(wait_until(c, [] { return latest_of("killnvme") == "step_20"; }));
+  kill(c.pid, SIGKILL);
+  CHECK(wait_for(c) == 128 + SIGKILL);
+  CHECK(fs::exists(work() / "nvme" / "rank_0" / "optimizer.bin"));  // left by the kill
+  std::vector<std::string> args = nvme;
+  args.insert(args.end(), {"--resume", "auto"});
+  const int rc = run("killnvme", args);
+  INFO(read_bytes(work() / "killnvme.log"));
+  REQUIRE(rc == 0);
+  CHECK(read_bytes(work() / "killnvme" / "model.safetensors") == reference_weights());
+  CHECK(losses("killnvme") == losses("ref"));
+  CHECK(!fs::exists(work() / "nvme" / "rank_0"));  // removed at the clean exit
+}
+
+TEST_CASE("ckpt kill: an I/O error on the NVMe optimizer file: one line naming file, offset, errno") {
+  const std::string nv = (work() / "nvme_err").string();
+  const int rc = run("ioerr",
+                     {"--set", "zero_optimization.offload_optimizer.device=nvme", "--set",
+                      "zero_optimization.offload_optimizer.nvme_path=" + nv},
+                     {"SHARDWISE_IO_FAIL_AFTER=70"});  // 6 per step + 6 per save: step 11
+  const std::string log = read_bytes(work() / "ioerr.log");
+  INFO(log);
+  CHECK(rc == 1);
+  CHECK_THAT(log, Contains("shardwise: error: io: " + nv + "/rank_0/optimizer.bin: "));
+  CHECK_THAT(log, Contains("bytes at offset "));
+  CHECK_THAT(log, Contains("Input/output error"));
+  CHECK(latest_of("ioerr") == "step_10");  // the checkpoint saved before it is intact
+  CHECK_NOTHROW(sw::verify_checkpoint((work() / "ioerr" / "checkpoints" / "step_10").string()));
+}
+
 TEST_CASE("ckpt kill: SIGKILL in the middle of a save keeps the previous checkpoint") {
   reference_weights();
   for (const bool async : {false, true}) {
