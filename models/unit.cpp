@@ -2,6 +2,7 @@
 #include "models/unit.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "core/error.h"
 
@@ -74,6 +75,21 @@ void Saved::clear() {
   bufs_.clear();
   for (auto& p : parts_)
     if (p) p->clear();
+}
+
+size_t Saved::move_to(Tier t) {
+  size_t moved = 0;
+  for (auto& kv : bufs_) {
+    Buffer& b = kv.second.buf;
+    if (b.empty() || b.tier() == t) continue;
+    Buffer nb(b.bytes(), Mem::Activations, Device::cpu(), t);
+    std::memcpy(nb.data(), b.data(), b.bytes());
+    moved += b.bytes();
+    b = std::move(nb);
+  }
+  for (auto& p : parts_)
+    if (p) moved += p->move_to(t);
+  return moved;
 }
 
 size_t Saved::drop_cheap() {

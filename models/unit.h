@@ -57,6 +57,9 @@ class Saved {
   size_t cheap_bytes() const;  // bytes of the Keep::Cheap buffers
   void clear();                // frees everything
   size_t drop_cheap();         // frees the Keep::Cheap buffers; returns the bytes freed
+  // Moves every buffer (parts included) to memory of tier `t` (core/alloc.h), same contents:
+  // activation offload. Returns the bytes moved.
+  size_t move_to(Tier t);
  private:
   struct Slot {
     Buffer buf;

@@ -13,6 +13,7 @@
 // prefetch from a previous optimizer) stays correct.
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include "core/error.h"
@@ -223,23 +224,35 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
       update_unit(*fu, st, a.lo, a.hi < 0 ? fu->shard_size() : a.hi);
       break;
     case ActionKind::Fetch:
-    case ActionKind::Evict: {  // NVMe moments: recorded when a WaitIo sees them complete
-      SW_CHECK(nvme && nvme->offset[size_t(a.unit)] >= 0, "io action on a unit not on NVMe");
-      // Piece [lo, hi) of the shard: m then v, at 2 * lo floats into the unit's region.
-      float* slot = nvme->slots[size_t(a.slot)].f32();
-      const int64_t len = a.hi - a.lo;
-      const size_t bytes = 2 * static_cast<size_t>(len) * sizeof(float);
-      const int64_t off = nvme->offset[size_t(a.unit)] + 2 * a.lo * int64_t(sizeof(float));
-      if (a.kind == ActionKind::Fetch) {
-        nvme->ev[size_t(i)] = nvme->io.read(nvme->fd, nvme->path, slot, bytes, off);
-      } else {
-        nvme->ev[size_t(i)] = nvme->io.write(nvme->fd, nvme->path, slot, bytes, off);
-        fu->stage_moments(nullptr, nullptr);
+    case ActionKind::Evict:
+      if (a.pos >= 0) {  // activation offload: a copy between tiers, done here on the CPU
+        const Tier t = a.kind == ActionKind::Evict ? Tier::Host : Tier::Device;
+        saved[p].move_to(t);
+        Buffer& x = acts[p];
+        if (!x.empty() && x.tier() != t) {
+          Buffer nb(x.bytes(), Mem::Activations, Device::cpu(), t);
+          std::memcpy(nb.data(), x.data(), x.bytes());
+          x = std::move(nb);
+        }
+        break;
       }
-      return;
-    }
+      {  // NVMe moments, piece [lo, hi) of the shard: m then v, at 2 * lo floats into the
+         // unit's region; recorded when a WaitIo sees them complete
+        SW_CHECK(nvme && nvme->offset[size_t(a.unit)] >= 0, "io action on a unit not on NVMe");
+        float* slot = nvme->slots[size_t(a.slot)].f32();
+        const size_t bytes = 2 * static_cast<size_t>(a.hi - a.lo) * sizeof(float);
+        const int64_t off = nvme->offset[size_t(a.unit)] + 2 * a.lo * int64_t(sizeof(float));
+        if (a.kind == ActionKind::Fetch) {
+          nvme->ev[size_t(i)] = nvme->io.read(nvme->fd, nvme->path, slot, bytes, off);
+        } else {
+          nvme->ev[size_t(i)] = nvme->io.write(nvme->fd, nvme->path, slot, bytes, off);
+          fu->stage_moments(nullptr, nullptr);
+        }
+        return;
+      }
     case ActionKind::WaitIo:
       for (int w : a.waits) {
+        if (plan.actions[size_t(w)].pos >= 0) continue;  // activation copies ran at issue
         IoEvent& ev = *nvme->ev[size_t(w)];
         ops->stream().wait_event(ev);
         const Action& io = plan.actions[size_t(w)];

@@ -78,6 +78,11 @@ struct ActivationCheckpointing {
   CheckpointMode mode = CheckpointMode::Off;
   int every = 1;
   std::vector<int> units;
+  // activation_checkpointing.offload: "cpu" moves what a call keeps for its backward (its input
+  // and its Saved, after any checkpointing drop) to the host tier after the call's forward and
+  // back right before its backward: the alternative to recomputation. Every call but the
+  // first, the loss and the one right before it (backward needs it at once).
+  bool offload_cpu = false;
   // The mode that applies to unit `index` (Off when the unit is not selected).
   CheckpointMode mode_for(int index) const;
 };

@@ -326,6 +326,24 @@ class Builder {
     has_grads_[size_t(u)] = true;
   }
 
+  // Activation offload: every call but the first, the loss and the one before it.
+  bool offloads_activations(int p) const {
+    const int P = static_cast<int>(in_.schedule.size());
+    return in_.policy.activation_checkpointing.offload_cpu && p >= 1 && p + 2 < P;
+  }
+  // What position p keeps for its backward after its forward: its input and what checkpointing
+  // left of its Saved.
+  int64_t kept_bytes(int p) const {
+    int64_t b = p > 0 ? act_bytes() : 0;
+    if (const CallMemory* cm = call_mem(p)) {
+      const CheckpointMode m = recompute_[size_t(p)];
+      b += m == CheckpointMode::Full        ? 0
+           : m == CheckpointMode::Selective ? cm->saved - cm->saved_cheap
+                                            : cm->saved;
+    }
+    return b;
+  }
+
   CheckpointMode checkpoint_mode(int p) const {
     const int P = static_cast<int>(in_.schedule.size());
     if (p + 1 == P) return CheckpointMode::Off;  // the loss call
@@ -362,6 +380,11 @@ class Builder {
           if (cm) d.mem[kAct] = -(m == CheckpointMode::Full ? cm->saved : cm->saved_cheap);
           recompute_[size_t(p)] = m;
         }
+        if (offloads_activations(p)) {  // what backward needs, to the host tier
+          Action& e = add(ActionKind::Evict, Queue::IO, u, p);
+          e.bytes = kept_bytes(p);
+          e.mem[kAct] = -e.bytes;
+        }
       }
       if (p == pu.last_pos && (!training || (in_.policy.reshard_after_forward && pu.last_pos + 1 != P)))
         free(u);
@@ -377,6 +400,13 @@ class Builder {
       issue(u);
       prefetch(q, in_.policy.backward_prefetch, -1);
       wait(u);
+      if (offloads_activations(q)) {  // back from the host tier (the CPU copies at issue)
+        Action& f = add(ActionKind::Fetch, Queue::IO, u, q);
+        f.bytes = kept_bytes(q);
+        f.mem[kAct] = f.bytes;
+        const int fi = static_cast<int>(plan_.actions.size()) - 1;
+        add(ActionKind::WaitIo, Queue::Compute, u, q).waits.push_back(fi);
+      }
       if (recompute_[size_t(q)] != CheckpointMode::Off) {
         Action& r = add(ActionKind::Recompute, Queue::Compute, u, q);
         r.mode = recompute_[size_t(q)];

@@ -45,8 +45,11 @@ enum class ActionKind : uint8_t {
                    // transient gradients; the end of backward waits for all)
   OptimizerUpdate, // compute: AdamW on unit u's shard
   Regather,        // gather: stage 1, all-gather the updated slices of unit u in place
-  Fetch,           // io: read unit u's AdamW moments from the NVMe file into staging `slot`
-  Evict,           // io: write them back after the update (parameters/activations: later)
+  Fetch,           // io: NVMe optimizer offload: read unit u's AdamW moments (piece [lo, hi))
+                   // into staging `slot`; activation offload (pos >= 0): bring position
+                   // pos's input and Saved back from the host tier before its backward
+  Evict,           // io: write the moments back after the update; activation offload: move
+                   // pos's input and Saved to the host tier after its forward
   WaitIo,          // compute waits for the io actions it lists
   Count
 };

@@ -430,6 +430,21 @@ TEST_CASE("config: memory_budget takes bytes or a size string and round-trips") 
   CHECK_THAT(error_of(R"({"memory_budget": true})"), Contains("memory_budget: expected a number of bytes"));
 }
 
+TEST_CASE("config: activation_checkpointing.offload") {
+  const TrainConfig a = parse(R"({"activation_checkpointing": {"offload": "cpu"}})");
+  CHECK(a.sharding.activation_checkpointing.offload_cpu);
+  CHECK(a.sharding.activation_checkpointing.mode == CheckpointMode::Off);
+  const TrainConfig b = parse(R"({"activation_checkpointing": {"mode": "selective", "offload": "cpu"}})");
+  CHECK(b.sharding.activation_checkpointing.offload_cpu);
+  CHECK(b.sharding.activation_checkpointing.mode == CheckpointMode::Selective);
+  CHECK(parse_config(b.resolved_json, "r.json").sharding.activation_checkpointing.offload_cpu);
+  CHECK(!parse(R"({"activation_checkpointing": "full"})").sharding.activation_checkpointing.offload_cpu);
+  CHECK_THAT(error_of(R"({"activation_checkpointing": {"offload": "gpu"}})"),
+             Contains("activation_checkpointing.offload: 'gpu' is not one of none, cpu, nvme"));
+  CHECK_THAT(error_of(R"({"activation_checkpointing": {"offload": "nvme"}})"),
+             Contains("activation_checkpointing.offload: 'nvme' is not supported yet"));
+}
+
 TEST_CASE("config: zero_optimization.offload_optimizer device and ratio") {
   CHECK(parse("{}").sharding.offload_optimizer.device == OffloadDevice::None);
   const TrainConfig c = parse(

@@ -401,6 +401,51 @@ TEST_CASE("offload_optimizer cpu: bit-identical, moments on the host tier", "[of
     }
 }
 
+// Activation offload to the host tier (activation_checkpointing.offload = cpu), with each
+// checkpointing mode and with the optimizer offloaded too: bit-identical; the executor runs the
+// plan and the device's activation peak is the plan's, and lower than without offload.
+TEST_CASE("activation offload cpu: bit-identical, the device's activations as planned",
+          "[offload]") {
+  const GroupPtr g = world();
+  for (const std::string type : {"gpt2", "llama"}) {
+    ModelConfig mc = tiny(type);
+    mc.n_layer = 4;
+    for (CheckpointMode mode : {CheckpointMode::Off, CheckpointMode::Selective, CheckpointMode::Full}) {
+      ShardingPolicy base = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+      base.activation_checkpointing.mode = mode;
+      ShardingPolicy p = base;
+      p.activation_checkpointing.offload_cpu = true;
+      INFO(type << " checkpointing " << checkpoint_mode_name(mode));
+      CHECK(bit_identical(train(g, p, mc, 2, 2, 4), train(g, base, mc, 2, 2, 4)));
+      int64_t peak[2];
+      for (int off = 0; off < 2; ++off) {
+        Model m = build_model(mc);
+        ShardedModel sm(m, cpu(), 3, g, off ? p : base);
+        const int B = 2, T = mc.seq_len;
+        std::vector<int32_t> tok(size_t(B) * T, 7);
+        const Batch batch{tok.data(), tok.data(), B, T};
+        sm.forward_backward(batch);  // warm-up, ending like a step (the optimizer prefetches)
+        sm.optimizer_step(AdamWParams{}, 1e-3f, 1.f, 1);
+        sm.zero_grads();
+        const StepPlan plan = sm.step_plan(B, T, 1);
+        StepRecorder rec;
+        MemTracker& mt = MemTracker::global();
+        const size_t a0 = mt.current(Mem::Activations);
+        mt.reset_peaks();
+        sm.set_recorder(&rec);
+        sm.forward_backward(batch);
+        sm.set_recorder(nullptr);
+        std::vector<std::string> planned = swtest::planned_actions(plan);
+        planned.resize(swtest::executed_actions(rec).size());  // the micro-step only
+        CHECK(swtest::executed_actions(rec) == planned);
+        peak[off] = int64_t(mt.peak(Mem::Activations) - a0);
+        CHECK(peak[off] == swtest::replay(plan).peak[size_t(Mem::Activations)]);
+      }
+      CHECK(peak[1] < peak[0]);
+    }
+  }
+}
+
 // A directory for this job's NVMe files: made by rank 0, its name broadcast (jobs of other
 // world sizes may run at the same time).
 std::string job_tmp_dir(const GroupPtr& g) {

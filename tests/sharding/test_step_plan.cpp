@@ -271,11 +271,13 @@ TEST_CASE("Activation checkpointing: drops after forward, recomputes before back
 
 TEST_CASE("The executor runs exactly the plan (one rank, a recorder attached)", "[plan]") {
   for (CheckpointMode mode : {CheckpointMode::Off, CheckpointMode::Full, CheckpointMode::Selective})
-    for (int bpu : {1, 2}) {
+    for (int bpu : {1, 2})
+    for (bool offload : {false, true}) {
       Model m = build_model(tiny("llama", 4));
       wrap_blocks(m, bpu);
       ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
       pol.activation_checkpointing.mode = mode;
+      pol.activation_checkpointing.offload_cpu = offload;
       ShardedModel sm(m, ops_for(Device::cpu()), 7, make_local_group(), pol);
       const int B = 2, T = 16;
       std::vector<int32_t> tok(static_cast<size_t>(B) * T, 5);
@@ -289,7 +291,11 @@ TEST_CASE("The executor runs exactly the plan (one rank, a recorder attached)", 
       sm.forward_backward(batch);
       sm.optimizer_step(AdamWParams{}, 1e-3f, 1.f, 1);
       sm.set_recorder(nullptr);
-      INFO("checkpointing " << checkpoint_mode_name(mode) << ", blocks_per_unit " << bpu);
+      INFO("checkpointing " << checkpoint_mode_name(mode) << ", blocks_per_unit " << bpu
+                            << (offload ? ", activations offloaded" : ""));
+      int evicts = 0;
+      for (const Action& a : plan.actions) evicts += a.kind == ActionKind::Evict && a.pos >= 0;
+      CHECK(evicts == (offload ? static_cast<int>(m.schedule.size()) - 3 : 0));
       // Same actions in the same order (records are numbered within the segment that ran them:
       // the micro-step, then the optimizer).
       CHECK(swtest::executed_actions(rec) == swtest::planned_actions(plan));
