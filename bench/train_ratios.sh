@@ -27,12 +27,8 @@ trap 'rm -rf "$work"' EXIT
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 mpirun=(mpirun --allow-run-as-root --oversubscribe -x OMP_WAIT_POLICY -x OMPI_MCA_mpi_yield_when_idle=1)
 
-mkdir -p data
-if [ ! -s data/fortunes_train.bin ]; then
-  mapfile -t texts < <(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.*' | sort)
-  "$sw" data prepare "${texts[@]}" --out data/fortunes_train.bin --val data/fortunes_val.bin \
-    --val-fraction 0.05 >&2
-fi
+source scripts/fortunes.sh
+prepare_fortunes "$sw"
 cat > "$work/big.json" <<JSON
 {
   "model": {"type": "gpt2", "vocab_size": 50304, "n_layer": 12, "n_head": 12, "d_model": 768,

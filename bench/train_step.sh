@@ -31,12 +31,8 @@ work=$(mktemp -d /tmp/sw_train_step.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 
-mkdir -p data
-if [ ! -s data/fortunes_train.bin ] || [ ! -s data/fortunes_val.bin ]; then
-  mapfile -t texts < <(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.*' | sort)
-  "$sw" data prepare "${texts[@]}" --out data/fortunes_train.bin --val data/fortunes_val.bin \
-    --val-fraction 0.05 >&2
-fi
+source scripts/fortunes.sh
+prepare_fortunes "$sw"
 
 cat > "$work/big.json" <<JSON
 {

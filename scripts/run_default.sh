@@ -6,13 +6,8 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh
 sw=build/tools/shardwise
-mkdir -p data
-if [ ! -s data/fortunes_train.bin ] || [ ! -s data/fortunes_val.bin ]; then
-  # The fortune text files are the ones without an extension (.dat/.u8 are indexes).
-  mapfile -t texts < <(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.*' | sort)
-  "$sw" data prepare "${texts[@]}" --out data/fortunes_train.bin --val data/fortunes_val.bin \
-    --val-fraction 0.05
-fi
+source scripts/fortunes.sh
+prepare_fortunes "$sw"
 "$sw" train configs/default.json "$@"
 echo
 echo "---- sample (greedy would repeat itself; temperature 0.8, top-k 40) ----"
