@@ -1,5 +1,6 @@
 #include "sharding/io_stream.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -24,6 +25,7 @@ void IoEvent::synchronize() {
 
 IoStream::IoStream() {
   if (const char* v = std::getenv("SHARDWISE_IO_FAIL_AFTER")) fail_after_ = std::atoll(v);
+  if (const char* v = std::getenv("SHARDWISE_IO_UNCACHED")) uncached_ = std::atoi(v) != 0;
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -86,6 +88,12 @@ void IoStream::loop() {
         break;
       }
       done += static_cast<size_t>(n);
+    }
+    if (uncached_ && op.write && err.empty()) {
+      ::sync_file_range(op.fd, op.offset, static_cast<off_t>(op.bytes),
+                        SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                            SYNC_FILE_RANGE_WAIT_AFTER);
+      ::posix_fadvise(op.fd, op.offset, static_cast<off_t>(op.bytes), POSIX_FADV_DONTNEED);
     }
     {
       std::lock_guard<std::mutex> l(op.ev->mu_);

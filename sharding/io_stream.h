@@ -3,7 +3,8 @@
 // completion as an Event (core/stream.h). Because the queue is in order, a read enqueued after a
 // write of the same memory sees it done. Offload's staging and NVMe files use it; the
 // asynchronous I/O engine (io_uring, issue 10) replaces the loop body, not the interface.
-// SHARDWISE_IO_FAIL_AFTER=N (tests) fails every operation after the first N with EIO.
+// SHARDWISE_IO_FAIL_AFTER=N (tests) fails every operation after the first N with EIO;
+// SHARDWISE_IO_UNCACHED=1 (benchmarks) drops written pages from the page cache.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -63,6 +64,9 @@ class IoStream {
   bool stop_ = false;
   // Tests: SHARDWISE_IO_FAIL_AFTER=N makes every operation after the first N fail with EIO.
   int64_t fail_after_ = -1, ops_ = 0;
+  // Benchmarks: SHARDWISE_IO_UNCACHED=1 writes back and drops the pages of every write, so the
+  // next read comes from the disk, as when the offloaded state is larger than the page cache.
+  bool uncached_ = false;
   std::thread thread_;
 };
 
