@@ -19,24 +19,17 @@ trap 'rm -rf "$work"' EXIT
 mkdir -p "$dir"
 source scripts/fortunes.sh
 prepare_fortunes "$sw"
-cat > "$work/big.json" <<JSON
-{
-  "model": {"type": "gpt2", "vocab_size": 50304, "n_layer": 12, "n_head": 12, "d_model": 768,
-            "seq_len": 256},
-  "data": {"train": "data/fortunes_train.bin"},
-  "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": $accum,
-  "train_steps": $steps, "seed": 1337, "threads": 2,
-  "optimizer": {"type": "AdamW", "params": {"lr": 6e-4}}, "gradient_clipping": 1.0
-}
-JSON
+# The 124M shape (configs/gpt2_124m.json): STEPS steps of ACCUM micro-steps, 2 threads.
+big=(configs/gpt2_124m.json --set train_steps="$steps" --set gradient_accumulation_steps="$accum"
+     --set threads=2 --set data.val=)
 # AdamW's moments in bytes: the plan's persistent optimizer memory without offload.
-moments=$("$sw" plan-dump "$work/big.json" | sed -n 's/.*persistent:.* optimizer \([0-9.]*\) MiB.*/\1/p')
+moments=$("$sw" plan-dump "${big[@]}" | sed -n 's/.*persistent:.* optimizer \([0-9.]*\) MiB.*/\1/p')
 for r in $(seq 1 "$rounds"); do
   dd if=/dev/zero of="$dir/dd.bin" bs=8M count=128 oflag=direct 2>"$work/w.txt"
   dd if="$dir/dd.bin" of=/dev/null bs=8M iflag=direct 2>"$work/r.txt"
   rm -f "$dir/dd.bin"
-  "$sw" train "$work/big.json" --quiet --no-export --set run_dir="$work/mem" >/dev/null
-  SHARDWISE_IO_UNCACHED=1 "$sw" train "$work/big.json" --quiet --no-export \
+  "$sw" train "${big[@]}" --quiet --no-export --set run_dir="$work/mem" >/dev/null
+  SHARDWISE_IO_UNCACHED=1 "$sw" train "${big[@]}" --quiet --no-export \
     --set run_dir="$work/nvme" --set zero_optimization.offload_optimizer.device=nvme \
     --set zero_optimization.offload_optimizer.nvme_path="$dir" >/dev/null
   /usr/bin/python3 - "$work" "$r" "$moments" <<'PY'

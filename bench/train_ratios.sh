@@ -29,16 +29,8 @@ mpirun=(mpirun --allow-run-as-root --oversubscribe -x OMP_WAIT_POLICY -x OMPI_MC
 
 source scripts/fortunes.sh
 prepare_fortunes "$sw"
-cat > "$work/big.json" <<JSON
-{
-  "model": {"type": "gpt2", "vocab_size": 50304, "n_layer": 12, "n_head": 12, "d_model": 768,
-            "seq_len": 256},
-  "data": {"train": "data/fortunes_train.bin"},
-  "train_micro_batch_size_per_gpu": 4, "train_steps": $steps, "seed": 1337,
-  "optimizer": {"type": "AdamW", "params": {"lr": 6e-4}}, "gradient_clipping": 1.0,
-  "zero_optimization": {"stage": 3}
-}
-JSON
+# The 124M shape (configs/gpt2_124m.json), STEPS steps, no validation.
+big=(configs/gpt2_124m.json --set train_steps="$steps" --set data.val=)
 
 # median tokens/s of the steps after WARMUP of run dir $1
 tps() {
@@ -71,9 +63,9 @@ tot = next(l for l in lines if l.startswith("total")).split()
 vals = dict(zip(hdr[-16:], tot[-15:]))
 best = max(float(vals[k]) for k in ("fused", "native", "onednn", "auto"))
 print("%.3f %.3f" % (best, float(vals["sgemm"])))')
-  fp32=$(run fp32 "$sw" train "$work/big.json" --set threads=2)
-  shard=$(run shard "${mpirun[@]}" -np 2 "$sw" train "$work/big.json" --set threads=1)
-  bf16=$(run bf16 "$sw" train "$work/big.json" --set threads=2 --set bf16.enabled=true)
+  fp32=$(run fp32 "$sw" train "${big[@]}" --set threads=2)
+  shard=$(run shard "${mpirun[@]}" -np 2 "$sw" train "${big[@]}" --set threads=1)
+  bf16=$(run bf16 "$sw" train "${big[@]}" --set threads=2 --set bf16.enabled=true)
   trace_off=$(run trace_off "$sw" train configs/default.json --set train_steps="$trace_steps" \
               --set eval_every_steps=0 --set data.val= --set scheduler.params.warmup_num_steps=10)
   trace_on=$(run trace_on "$sw" train configs/default.json --set train_steps="$trace_steps" \

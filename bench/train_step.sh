@@ -34,18 +34,6 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 source scripts/fortunes.sh
 prepare_fortunes "$sw"
 
-cat > "$work/big.json" <<JSON
-{
-  "model": {"type": "gpt2", "vocab_size": 50304, "n_layer": 12, "n_head": 12, "d_model": 768,
-            "seq_len": 256},
-  "data": {"train": "data/fortunes_train.bin"},
-  "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
-  "train_steps": $steps_big, "seed": 1337,
-  "optimizer": {"type": "AdamW", "params": {"lr": 6e-4, "betas": [0.9, 0.95], "eps": 1e-8,
-                "weight_decay": 0.1}},
-  "gradient_clipping": 1.0, "zero_optimization": {"stage": 3}
-}
-JSON
 
 # measure NAME BIN CONFIG STEPS -> "tok_s faults_per_step sys_over_user final_loss method"
 # Measured from outside the process (/usr/bin/time: minor faults, system and user CPU), so any
@@ -115,7 +103,7 @@ for which in small big; do
     extra=(--set "scheduler.params.total_num_steps=$steps_small"
            --set "scheduler.params.warmup_num_steps=$((steps_small < 200 ? steps_small : 200))")
   else
-    cfg=$work/big.json steps=$steps_big extra=()
+    cfg=configs/gpt2_124m.json steps=$steps_big extra=(--set data.val=)
   fi
   rows=""
   for ((r = 1; r <= rounds; r++)); do
