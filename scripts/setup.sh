@@ -6,6 +6,7 @@ pkgs=(build-essential cmake ninja-build ccache pkg-config
       libopenmpi-dev openmpi-bin libopenblas-dev libopenblas0-openmp
       nlohmann-json3-dev catch2 libdnnl-dev
       python3 python3-numpy python3-torch
+      liburing-dev fio
       fortunes fortunes-min)
 missing=()
 for p in "${pkgs[@]}"; do
