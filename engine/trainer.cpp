@@ -147,9 +147,6 @@ class ProfileRecorder {
     mt.enable_log(true, size_t{1} << 20);
     logging_ = true;
   }
-  // The coarse action `index` starts now (kept for the trainer's call sites; attribution comes
-  // from the executor's action tags).
-  void enter(int) {}
   // Records one action that ran from t0 to now; returns its index in data().actions.
   size_t action(int step, int micro, int index, const char* kind, Clock::time_point t0) {
     drain();
@@ -418,7 +415,6 @@ class Trainer {
     int bad_micro = -1;  // first micro-step with a non-finite loss on this rank
     const double loss_scale = cfg_.fp16 ? scaler_.scale : 1.0;
     for (int k = 0; k < accum_; ++k) {
-      if (rec) recorder_->enter(k);
       const auto tk = Clock::now();
       train_batch(*train_data_, cfg_.seed, s, (int64_t{k} * W_ + rank_) * B_, B_, T_,
                   inputs_.data(), targets_.data());
@@ -444,7 +440,6 @@ class Trainer {
         detail += " (micro-step " + std::to_string(bad_micro) + ")";
       non_finite("loss", loss, s + 1, detail);
     }
-    if (rec) recorder_->enter(accum_);
     const auto tn = Clock::now();
     const double norm = sm_->grad_norm() / loss_scale;  // of the unscaled gradients
     if (rec) recorder_->action(s + 1, 0, accum_, "grad_norm", tn);
@@ -464,7 +459,6 @@ class Trainer {
       progress_->finish();
       non_finite("gradient norm", norm, s + 1, "");
     }
-    if (rec) recorder_->enter(accum_ + 1);
     const auto to = Clock::now();
     if (overflow) {
       sm_->zero_grads();  // the step is skipped: weights and AdamW state stay as they are
@@ -528,7 +522,6 @@ class Trainer {
     const bool rec = profiled(s + 1);
     if (val_data_ &&
         (last || (cfg_.eval_every_steps > 0 && (s + 1) % cfg_.eval_every_steps == 0))) {
-      if (rec) recorder_->enter(accum_ + 2);
       const auto te = Clock::now();
       m.val_loss = evaluate(s + 1);
       m.has_val = true;

@@ -85,7 +85,6 @@ struct ShardedModel::Impl {
   PlanInput plan_in;
   std::map<std::string, StepPlan> plans;  // by (segment, batch shape, carried units)
   StepPlan opt_plan;                       // the optimizer segment (shape-independent)
-  std::vector<bool> opt_prefetched;        // what opt_plan leaves in flight
 
   // S == 1 and R > 1: every unit's gradients in one buffer (plan_in.buckets' ranges).
   Buffer bucket_buf;

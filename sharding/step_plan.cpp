@@ -155,7 +155,7 @@ class Builder {
   }
 
   StepPlan take() { return std::move(plan_); }
-  const std::vector<bool> in_flight() const {
+  std::vector<bool> in_flight() const {
     std::vector<bool> f(st_.size());
     for (size_t u = 0; u < st_.size(); ++u) f[u] = st_[u] == St::InFlight;
     return f;
@@ -184,16 +184,7 @@ class Builder {
     // through `bc` staging buffers: the first bc - 1 pieces are read ahead; after piece k's
     // update it is written back and piece k + bc - 1 read into the buffer piece k - 1 left (its
     // write was queued before it, and the io queue runs in order).
-    struct Piece {
-      int unit;
-      int64_t lo, hi;  // floats of the unit's shard
-    };
-    std::vector<Piece> pieces;
-    const int64_t C = in_.policy.offload_optimizer.piece();
-    for (size_t u = 0; u < in_.units.size(); ++u)
-      if (in_.units[u].optimizer_nvme)
-        for (int64_t lo = 0, sh = in_.units[u].padded / in_.S; lo < sh; lo += C)
-          pieces.push_back({static_cast<int>(u), lo, std::min(sh, lo + C)});
+    const std::vector<Piece> pieces = nvme_pieces();
     const int np = static_cast<int>(pieces.size());
     const int bc = std::max(2, in_.policy.offload_optimizer.buffer_count);
     std::vector<int> fetch_at(pieces.size(), -1), evict_at;
@@ -253,6 +244,22 @@ class Builder {
 
  private:
   enum class St : uint8_t { Sharded, InFlight, Unsharded };
+
+  // NVMe optimizer offload: the pieces of at most piece_floats of each offloaded unit's shard,
+  // in unit order, that the optimizer segment streams.
+  struct Piece {
+    int unit;
+    int64_t lo, hi;  // floats of the unit's shard
+  };
+  std::vector<Piece> nvme_pieces() const {
+    std::vector<Piece> pieces;
+    const int64_t C = in_.policy.offload_optimizer.piece();
+    for (size_t u = 0; u < in_.units.size(); ++u)
+      if (in_.units[u].optimizer_nvme)
+        for (int64_t lo = 0, sh = in_.units[u].padded / in_.S; lo < sh; lo += C)
+          pieces.push_back({static_cast<int>(u), lo, std::min(sh, lo + C)});
+    return pieces;
+  }
 
   DType pdt() const { return in_.policy.mixed_precision.param_dtype; }
   DType rdt() const { return in_.policy.mixed_precision.reduce_dtype; }
@@ -520,16 +527,11 @@ class Builder {
         add_p(Mem::Optimizer, 2 * shard);
     }
     {  // NVMe staging buffers (persistent, Optimizer): min(buffer_count, pieces) of the largest
-      int64_t n = 0, largest = 0;
-      const int64_t C = in_.policy.offload_optimizer.piece();
-      for (const PlanUnit& u : in_.units)
-        if (u.optimizer_nvme) {
-          const int64_t sh = u.padded / in_.S;
-          n += (sh + C - 1) / C;
-          largest = std::max(largest, std::min(sh, C));
-        }
+      const std::vector<Piece> pieces = nvme_pieces();
+      int64_t largest = 0;
+      for (const Piece& pc : pieces) largest = std::max(largest, pc.hi - pc.lo);
       const int64_t bc = std::max(2, in_.policy.offload_optimizer.buffer_count);
-      plan_.staging_slots = static_cast<int>(std::min(n, bc));
+      plan_.staging_slots = static_cast<int>(std::min<int64_t>(int64_t(pieces.size()), bc));
       plan_.staging_bytes = 2 * largest * 4;
       plan_.persistent[static_cast<size_t>(Mem::Optimizer)] +=
           plan_.staging_slots * plan_.staging_bytes;

@@ -14,23 +14,14 @@
 #include "sharding/sharded_model.h"
 #include "sharding/step_plan.h"
 #include "sharding/wrap.h"
+#include "tests/common/mpi_test_util.h"
 #include "tests/common/plan_util.h"
 
 using namespace sw;
 
 namespace {
 
-ModelConfig tiny(const std::string& type, int layers) {
-  ModelConfig c;
-  c.type = type;
-  c.vocab_size = 64;
-  c.n_layer = layers;
-  c.d_model = 32;
-  c.seq_len = 16;
-  c.n_head = type == "gpt2" ? 2 : 4;
-  if (type == "llama") c.n_kv_head = 2, c.d_ff = 64;
-  return c;
-}
+ModelConfig tiny(const std::string& type, int layers) { return swtest::tiny_config(type, layers); }
 
 PlanInput input(const Model& m, ShardingPolicy p, int world, int accum = 1, int B = 2) {
   PlanInput in = make_plan_input(m, p, world);
