@@ -115,8 +115,8 @@ const Node& schema() {
     for (const char* k : {"pipeline_read", "pipeline_write", "fast_init"})
       offload_opt.kids.push_back(cbool(k));
     // offload_param: device (none | cpu) takes effect; the rest is accepted.
-    Node offload_par = obj("offload_param", {leaf("device", Kind::Str), cstr("nvme_path"),
-                                             cnum("buffer_count"), cbool("pin_memory"),
+    Node offload_par = obj("offload_param", {leaf("device", Kind::Str), leaf("nvme_path", Kind::Str),
+                                             leaf("buffer_count", Kind::Int), cbool("pin_memory"),
                                              cnum("buffer_size"), cnum("max_in_cpu")});
 
     Node zero = obj("zero_optimization", {leaf("stage", Kind::Int)});
@@ -721,6 +721,10 @@ void write_resolved(json& r, const TrainConfig& cfg) {
   }
   set_path(r, "zero_optimization.offload_param.device",
            offload_device_name(sp.offload_param.device));
+  if (sp.offload_param.device == OffloadDevice::Nvme) {
+    set_path(r, "zero_optimization.offload_param.nvme_path", sp.offload_param.nvme_path);
+    set_path(r, "zero_optimization.offload_param.buffer_count", sp.offload_param.buffer_count);
+  }
   set_path(r, "bf16.enabled", cfg.bf16);
   set_path(r, "fp16.enabled", cfg.fp16);
   if (cfg.fp16) {
@@ -1087,10 +1091,21 @@ TrainConfig read_config(json j, const std::string& source,
                                          {0, 1, false, false}, c);
     const std::string pkey = "zero_optimization.offload_param.device";
     const std::string pdev = get_str(j, pkey, "none", {"none", "cpu", "nvme"}, c);
-    if (pdev == "nvme")
-      c.bad(pkey, "'nvme' is not supported yet; 'cpu' keeps the fp32 master and gradient shards "
-                  "in host memory outside the device's memory_budget");
-    sp.offload_param.device = pdev == "cpu" ? OffloadDevice::Cpu : OffloadDevice::None;
+    sp.offload_param.device = pdev == "cpu"    ? OffloadDevice::Cpu
+                              : pdev == "nvme" ? OffloadDevice::Nvme
+                                               : OffloadDevice::None;
+    const std::string ppath = "zero_optimization.offload_param.nvme_path";
+    sp.offload_param.nvme_path = get_str(j, ppath, "", {}, c);
+    if (pdev == "nvme" && sp.offload_param.nvme_path.empty())
+      c.bad(ppath, "required with device 'nvme' (a directory on a local disk)");
+    sp.offload_param.buffer_count =
+        (int)get_int(j, "zero_optimization.offload_param.buffer_count", 5, 2, 1 << 20, c);
+    if (pdev == "nvme" && sp.strategy != ShardingStrategy::FullShard &&
+        sp.strategy != ShardingStrategy::ShardGradOp &&
+        sp.strategy != ShardingStrategy::HybridShard)
+      c.bad(pkey, std::string("'nvme' needs a strategy that shards parameters (FULL_SHARD, "
+                              "SHARD_GRAD_OP or HYBRID_SHARD), not ") +
+                      strategy_name(sp.strategy));
   }
   cfg.blocks_per_unit = (int)get_int(j, "blocks_per_unit", cfg.blocks_per_unit, 1, IMAX, c);
   cfg.comm_timeout_s =

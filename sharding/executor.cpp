@@ -63,6 +63,10 @@ const StepPlan& ShardedModel::Impl::plan_for(const Model& model, const Batch& ba
 void ShardedModel::Impl::run(Model& model, const StepPlan& plan, ExecState& st) {
   if (recorder) ++recorder->segments;
   if (nvme) nvme->ev.assign(plan.actions.size(), nullptr);
+  if (pnvme) {
+    pnvme->ev.clear();
+    pnvme->ev.resize(plan.actions.size());
+  }
   for (int i = 0; i < static_cast<int>(plan.actions.size()); ++i) {
     if (exec_delay_us > 0) {  // tests: expose a missing wait by perturbing every queue's timing
       delay_state = delay_state * 6364136223846793005ULL + 1442695040888963407ULL;
@@ -101,7 +105,17 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
   switch (a.kind) {
     case ActionKind::Gather: {
       const bool was = fu->gather_in_flight() || fu->sharded_state() == ShardedState::Unsharded;
+      if (fu->params_on_nvme() && !was) {  // its master shard, read by the Fetch it waits for
+        int f = -1;
+        for (int w : a.waits)
+          if (plan.actions[size_t(w)].kind == ActionKind::Fetch) f = w;
+        SW_CHECK(f >= 0, "plan: the gather of unit '" + fu->unit()->name() +
+                             "' (parameters on NVMe) has no fetch");
+        wait_io(plan, f);
+        fu->stage_master(pnvme->pslots[size_t(plan.actions[size_t(f)].slot)].f32());
+      }
       issue(*fu);
+      if (fu->params_on_nvme()) fu->stage_master(nullptr);  // the gather copied it out
       if (recorder && !was) {  // the collective's execution interval is filled in at its wait
         record(plan, i, t0, t0);
         recorder->records.back().t_end = -1;
@@ -189,6 +203,12 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
       fu->reshard();
       break;
     case ActionKind::ReduceScatter: {
+      if (fu->params_on_nvme()) {  // the staging buffer its completion accumulates into
+        IoEventPtr& busy = pnvme->gbusy[size_t(a.slot)];
+        if (busy) busy->synchronize();  // the previous unit's gradients left it
+        busy = nullptr;
+        fu->stage_grad(pnvme->gslots[size_t(a.slot)].f32());
+      }
       PendingReduction r;
       r.action = i, r.kind = a.kind, r.unit = a.unit, r.issued = true, r.t_issue = t0;
       r.finishes = R == 1;
@@ -212,7 +232,7 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
       fu->reduced_in_place();
       break;
     case ActionKind::WaitReduce:
-      if (i + 1 == static_cast<int>(plan.actions.size())) {
+      if (ends_backward(plan, i)) {
         sync_grads();  // the end of backward: everything, units outside the schedule included
       } else {
         int through = -1;
@@ -236,35 +256,31 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
         }
         break;
       }
-      {  // NVMe moments, piece [lo, hi) of the shard: m then v, at 2 * lo floats into the
-         // unit's region; recorded when a WaitIo sees them complete
-        SW_CHECK(nvme && nvme->offset[size_t(a.unit)] >= 0, "io action on a unit not on NVMe");
-        float* slot = nvme->slots[size_t(a.slot)].f32();
-        const size_t bytes = 2 * static_cast<size_t>(a.hi - a.lo) * sizeof(float);
-        const int64_t off = nvme->offset[size_t(a.unit)] + 2 * a.lo * int64_t(sizeof(float));
-        if (a.kind == ActionKind::Fetch) {
-          nvme->ev[size_t(i)] = nvme->io.read(nvme->fd, nvme->path, slot, bytes, off);
-        } else {
-          nvme->ev[size_t(i)] = nvme->io.write(nvme->fd, nvme->path, slot, bytes, off);
-          fu->stage_moments(nullptr, nullptr);
-        }
-        return;
-      }
+      // NVMe state; recorded when a consumer (WaitIo, Gather, a reduction) sees it complete.
+      // A staging buffer is reused only after the io that last used it (the plan's waits).
+      for (int w : a.waits)
+        if (plan.actions[size_t(w)].queue == Queue::IO) wait_io(plan, w, false);
+      run_io(plan, i, *fu);
+      return;
     case ActionKind::WaitIo:
       for (int w : a.waits) {
         if (plan.actions[size_t(w)].pos >= 0) continue;  // activation copies ran at issue
-        IoEvent& ev = *nvme->ev[size_t(w)];
-        ops->stream().wait_event(ev);
         const Action& io = plan.actions[size_t(w)];
-        if (io.kind == ActionKind::Fetch) {  // the piece the next update works on
-          float* slot = nvme->slots[size_t(io.slot)].f32();
-          // Indexed like the whole shard (update_unit adds the offset in the shard); valid
-          // for [lo, hi) only, until the piece's Evict.
-          units[size_t(io.unit)]->stage_moments(slot - io.lo, slot + (io.hi - io.lo) - io.lo);
-        }
-        if (recorder) {
-          record(plan, w, ev.started_at(), ev.done_at());
-          recorder->records.back().queue = Queue::IO;
+        wait_io(plan, w);
+        if (io.kind == ActionKind::Fetch && io.lo < io.hi) {  // an optimizer piece: staged for
+          // its update, indexed like the whole shard (update_unit adds the offset in the
+          // shard); valid for [lo, hi) only, until the piece's Evict.
+          FlatUnit& f = *units[size_t(io.unit)];
+          float* q = opt_slot(io.slot);
+          const int64_t n = io.hi - io.lo;
+          if (io.io & kIoMoments) {
+            f.stage_moments(q - io.lo, q + n - io.lo);
+            q += 2 * n;
+          }
+          if (io.io & kIoMaster) {
+            f.stage_master(q - io.lo);
+            f.stage_grad(q + n - io.lo);
+          }
         }
       }
       break;
@@ -273,6 +289,101 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
                           " in this segment");
   }
   if (recorder) record(plan, i, t0, trace_clock());
+}
+
+// ---- NVMe io ---------------------------------------------------------------------------------
+
+bool ShardedModel::Impl::ends_backward(const StepPlan& plan, int i) {
+  // The last WaitReduce of a micro-step: only the gradients' write-back may follow it.
+  for (size_t j = static_cast<size_t>(i) + 1; j < plan.actions.size(); ++j) {
+    const ActionKind k = plan.actions[j].kind;
+    if (k != ActionKind::Evict && k != ActionKind::WaitIo) return false;
+  }
+  return true;
+}
+
+void ShardedModel::Impl::wait_io(const StepPlan& plan, int w, bool rec) {
+  double t0 = 1e300, t1 = 0;
+  auto one = [&](IoEventPtr& e) {
+    if (!e) return;
+    ops->stream().wait_event(*e);
+    t0 = std::min(t0, e->started_at());
+    t1 = std::max(t1, e->done_at());
+    if (rec) e = nullptr;  // observed (and recorded) once
+  };
+  bool any = false;
+  if (nvme && size_t(w) < nvme->ev.size()) {
+    any |= nvme->ev[size_t(w)] != nullptr;
+    one(nvme->ev[size_t(w)]);
+  }
+  if (pnvme && size_t(w) < pnvme->ev.size()) {
+    any |= !pnvme->ev[size_t(w)].empty();
+    for (IoEventPtr& e : pnvme->ev[size_t(w)]) one(e);
+    if (rec) pnvme->ev[size_t(w)].clear();
+  }
+  if (rec && any && recorder) {
+    record(plan, w, t0, t1);
+    recorder->records.back().queue = Queue::IO;
+  }
+}
+
+void ShardedModel::Impl::run_io(const StepPlan& plan, int i, FlatUnit& fu) {
+  const Action& a = plan.actions[size_t(i)];
+  const bool fetch = a.kind == ActionKind::Fetch;
+  const size_t u = static_cast<size_t>(a.unit);
+  const int64_t Sh = fu.shard_size();
+  auto xfer = [&](IoStream& io, int fd, const std::string& path, float* buf, int64_t n,
+                  int64_t off) {
+    const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+    return fetch ? io.read(fd, path, buf, bytes, off) : io.write(fd, path, buf, bytes, off);
+  };
+  if (a.lo >= a.hi) {  // a whole shard: a gather's master, or a reduction's gradients
+    SW_CHECK(pnvme && pnvme->moff[u] >= 0, "io action on a unit whose parameters are not on NVMe");
+    NvmeParams& pv = *pnvme;
+    if (a.io == kIoMaster) {
+      pv.ev[size_t(i)].push_back(
+          xfer(*pv.io, pv.fd, pv.path, pv.pslots[size_t(a.slot)].f32(), Sh, pv.moff[u]));
+    } else if (fetch) {  // only what was accumulated before is read; zeros are not
+      if (!fu.grads_zero()) {
+        pv.gfetch[u] = xfer(*pv.io, pv.fd, pv.path, pv.gslots[size_t(a.slot)].f32(), Sh, pv.goff[u]);
+        pv.ev[size_t(i)].push_back(pv.gfetch[u]);
+      }
+    } else {
+      IoEventPtr e = xfer(*pv.io, pv.fd, pv.path, pv.gslots[size_t(a.slot)].f32(), Sh, pv.goff[u]);
+      pv.gbusy[size_t(a.slot)] = e;
+      pv.ev[size_t(i)].push_back(e);
+      fu.stage_grad(nullptr);
+    }
+    return;
+  }
+  // An optimizer piece [lo, hi): m then v (the moments file holds them so), master, gradients.
+  float* q = opt_slot(a.slot);
+  const int64_t n = a.hi - a.lo;
+  if (a.io & kIoMoments) {
+    SW_CHECK(nvme && nvme->offset[u] >= 0, "io action on a unit whose moments are not on NVMe");
+    const int64_t off = nvme->offset[u] + 2 * a.lo * int64_t(sizeof(float));
+    nvme->ev[size_t(i)] = xfer(nvme->io, nvme->fd, nvme->path, q, 2 * n, off);
+    if (!fetch) fu.stage_moments(nullptr, nullptr);
+    q += 2 * n;
+  }
+  if (a.io & kIoMaster) {
+    NvmeParams& pv = *pnvme;
+    const int64_t lo = a.lo * int64_t(sizeof(float));
+    pv.ev[size_t(i)].push_back(xfer(*pv.io, pv.fd, pv.path, q, n, pv.moff[u] + lo));
+    if (fetch) {
+      if (!fu.grads_zero())
+        pv.ev[size_t(i)].push_back(xfer(*pv.io, pv.fd, pv.path, q + n, n, pv.goff[u] + lo));
+      else
+        ops->fill(q + n, 0.f, static_cast<size_t>(n));
+    } else {
+      fu.stage_master(nullptr);
+      fu.stage_grad(nullptr);
+    }
+  }
+}
+
+float* ShardedModel::Impl::opt_slot(int slot) {
+  return nvme ? nvme->slots[size_t(slot)].f32() : pnvme->opt_slots[size_t(slot)].f32();
 }
 
 // ---- Reductions ------------------------------------------------------------------------------
@@ -323,7 +434,19 @@ void ShardedModel::Impl::complete_reductions(int through) {
       widen_in_place(policy.mixed_precision.reduce_dtype, bucket_buf.f32() + b.lo, b.hi - b.lo);
       for (int u : b.members) units[static_cast<size_t>(u)]->reduced_in_place();
     } else if (done.finishes) {
-      units[static_cast<size_t>(done.unit)]->accumulate_reduced();
+      FlatUnit& f = *units[static_cast<size_t>(done.unit)];
+      if (!f.params_on_nvme()) {
+        f.accumulate_reduced();
+      } else if (!f.grad_shard()) {  // outside the plan
+        accumulate_nvme(f);
+      } else {  // into the staging buffer the plan gave it; its Evict writes it back
+        IoEventPtr& rd = pnvme->gfetch[static_cast<size_t>(done.unit)];
+        if (rd) rd->synchronize();
+        rd = nullptr;
+        f.accumulate_reduced();
+        pnvme->sumsq[static_cast<size_t>(done.unit)] =
+            ops->sum_squares(f.grad_shard(), static_cast<size_t>(f.shard_size()));
+      }
     }
     if (recorder && done.action >= 0) {
       ActionRecord rec;

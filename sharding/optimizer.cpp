@@ -23,7 +23,10 @@ double ShardedModel::grad_norm() const {
   // written, so they stay zero), summed over the shard group; replicas hold equal shards.
   double ss = 0;
   for (const auto& fu : I.units)
-    ss += I.ops->sum_squares(fu->grad_shard(), static_cast<size_t>(fu->shard_size()));
+    if (fu->params_on_nvme())  // summed when its last reduction was accumulated
+      ss += fu->grads_zero() ? 0.0 : I.pnvme->sumsq[static_cast<size_t>(fu->index())];
+    else
+      ss += I.ops->sum_squares(fu->grad_shard(), static_cast<size_t>(fu->shard_size()));
   return std::sqrt(sum_over_ranks(*I.shard, ss));
 }
 
@@ -131,6 +134,134 @@ void ShardedModel::Impl::setup_nvme(int rank) {
     nv->slots.emplace_back(static_cast<size_t>(opt_plan.staging_bytes), Mem::Optimizer,
                            ops->device());
   nvme = std::move(nv);
+}
+
+}  // namespace sw
+
+// ---- NVMe parameters -------------------------------------------------------------------------
+
+namespace sw {
+
+namespace {
+constexpr int64_t kFileAlign = 4096;  // region offsets in the offload files
+int64_t align_up(int64_t x) { return (x + kFileAlign - 1) / kFileAlign * kFileAlign; }
+}  // namespace
+
+NvmeParams::~NvmeParams() {
+  own_io.reset();  // finishes what is queued before the file goes
+  if (fd >= 0) {
+    ::close(fd);
+    ::unlink(path.c_str());
+    ::rmdir(dir.c_str());  // only if empty
+  }
+}
+
+void NvmeParams::transfer(float* buf, int64_t n, int64_t off, bool write) {
+  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+  IoEventPtr e = write ? io->write(fd, path, buf, bytes, off) : io->read(fd, path, buf, bytes, off);
+  e->synchronize();
+}
+
+void ShardedModel::Impl::setup_nvme_params(int rank) {
+  int64_t total = 0, largest = 0;
+  std::vector<int64_t> moff(units.size(), -1), goff(units.size(), -1);
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (!units[u]->params_on_nvme()) continue;
+    const int64_t bytes = units[u]->shard_size() * static_cast<int64_t>(sizeof(float));
+    moff[u] = total;
+    goff[u] = align_up(total + bytes);
+    total = align_up(goff[u] + bytes);
+    largest = std::max(largest, units[u]->shard_size());
+  }
+  if (total == 0) return;
+  auto pv = std::make_unique<NvmeParams>();
+  const std::string key = "zero_optimization.offload_param.nvme_path";
+  const std::string& root = policy.offload_param.nvme_path;
+  pv->dir = root + "/rank_" + std::to_string(rank);
+  std::error_code ec;
+  std::filesystem::create_directories(pv->dir, ec);
+  if (ec) fail("offload", key + " '" + root + "': cannot create " + pv->dir + " (" + ec.message() + ")");
+  struct statvfs vfs {};
+  if (::statvfs(pv->dir.c_str(), &vfs) == 0) {
+    const uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    if (free_bytes < static_cast<uint64_t>(total))
+      fail("offload", key + " '" + root + "': rank " + std::to_string(rank) + " needs " +
+                          format_bytes(static_cast<size_t>(total)) +
+                          " for the parameter and gradient shards, " + format_bytes(free_bytes) +
+                          " free");
+  }
+  pv->path = pv->dir + "/params.bin";  // a stale one from a killed run is truncated
+  pv->fd = ::open(pv->path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (pv->fd < 0)
+    fail("offload", key + " '" + root + "': cannot create " + pv->path + " (" +
+                        std::strerror(errno) + ")");
+  int err = ::posix_fallocate(pv->fd, 0, total);
+  if (err == EOPNOTSUPP || err == EINVAL) err = ::ftruncate(pv->fd, total) == 0 ? 0 : errno;
+  if (err != 0)
+    fail("offload", pv->path + ": cannot reserve " + std::to_string(total) + " bytes (" +
+                        std::strerror(err) + ")");
+  pv->moff = std::move(moff);
+  pv->goff = std::move(goff);
+  if (nvme) {
+    pv->io = &nvme->io;
+  } else {
+    pv->own_io = std::make_unique<IoStream>();
+    pv->io = pv->own_io.get();
+  }
+  const Device dev = ops->device();
+  const size_t sb = static_cast<size_t>(largest) * sizeof(float);
+  // The plan's figures (step_plan.cpp fill_persistent) size what is allocated here.
+  SW_CHECK(opt_plan.shard_bytes == static_cast<int64_t>(sb), "NVMe parameter staging size");
+  for (int k = 0; k < opt_plan.param_slots; ++k) pv->pslots.emplace_back(sb, Mem::Params, dev);
+  for (int k = 0; k < opt_plan.grad_slots; ++k) pv->gslots.emplace_back(sb, Mem::Grads, dev);
+  pv->gbusy.resize(pv->gslots.size());
+  if (!nvme)
+    for (int k = 0; k < opt_plan.staging_slots; ++k)
+      pv->opt_slots.emplace_back(static_cast<size_t>(opt_plan.staging_bytes), Mem::Optimizer, dev);
+  pv->gfetch.resize(units.size());
+  pv->sumsq.assign(units.size(), 0.0);
+  pnvme = std::move(pv);
+}
+
+void ShardedModel::Impl::stage_whole(FlatUnit& fu, bool grads) {
+  NvmeParams& pv = *pnvme;
+  const int64_t Sh = fu.shard_size();
+  const size_t u = static_cast<size_t>(fu.index());
+  if (pv.tmp.bytes() < static_cast<size_t>(2 * Sh) * sizeof(float))
+    pv.tmp = Buffer(static_cast<size_t>(2 * Sh) * sizeof(float), Mem::Checkpoint, ops->device());
+  float* m = pv.tmp.f32();
+  pv.transfer(m, Sh, pv.moff[u], false);
+  fu.stage_master(m);
+  if (grads) {
+    if (fu.grads_zero())
+      ops->fill(m + Sh, 0.f, static_cast<size_t>(Sh));
+    else
+      pv.transfer(m + Sh, Sh, pv.goff[u], false);
+    fu.stage_grad(m + Sh);
+  }
+}
+
+void ShardedModel::Impl::unstage_whole(FlatUnit& fu, bool write_master) {
+  NvmeParams& pv = *pnvme;
+  if (write_master)
+    pv.transfer(fu.master(), fu.shard_size(), pv.moff[static_cast<size_t>(fu.index())], true);
+  fu.stage_master(nullptr);
+  fu.stage_grad(nullptr);
+}
+
+void ShardedModel::Impl::accumulate_nvme(FlatUnit& fu) {
+  NvmeParams& pv = *pnvme;
+  const int64_t Sh = fu.shard_size();
+  const size_t u = static_cast<size_t>(fu.index());
+  if (pv.tmp.bytes() < static_cast<size_t>(2 * Sh) * sizeof(float))
+    pv.tmp = Buffer(static_cast<size_t>(2 * Sh) * sizeof(float), Mem::Checkpoint, ops->device());
+  float* g = pv.tmp.f32() + Sh;
+  if (!fu.grads_zero()) pv.transfer(g, Sh, pv.goff[u], false);
+  fu.stage_grad(g);
+  fu.accumulate_reduced();
+  pv.sumsq[u] = ops->sum_squares(g, static_cast<size_t>(Sh));
+  pv.transfer(g, Sh, pv.goff[u], true);
+  fu.stage_grad(nullptr);
 }
 
 }  // namespace sw

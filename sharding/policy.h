@@ -109,12 +109,19 @@ struct OptimizerOffload {
   bool offloaded(int index, int units) const;
 };
 
-// zero_optimization.offload_param (DeepSpeed's key; stage 3 only): device cpu keeps every
-// unit's fp32 master shard and its reduced gradient shard (gradients follow their parameters)
-// on the host tier, outside the device's memory_budget; the device then holds only gathered
-// parameters, unsharded gradients in flight and activations.
+// zero_optimization.offload_param (DeepSpeed's key; stage 3 only): where every unit's fp32
+// master shard and its reduced gradient shard live (gradients follow their parameters). Cpu:
+// the host tier, outside the device's memory_budget; the device then holds only gathered
+// parameters, unsharded gradients in flight and activations. Nvme (sharded strategies:
+// FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD; even at one rank): both shards
+// live in <nvme_path>/rank_<r>/params.bin; a unit's master shard is read into one of
+// `buffer_count` staging buffers ahead of each all-gather (as far ahead as the buffers allow),
+// its reduced gradients are accumulated in a staging buffer and written back after each
+// reduction, and the optimizer streams master and gradient (and moments on NVMe) in pieces.
 struct ParamOffload {
   OffloadDevice device = OffloadDevice::None;
+  std::string nvme_path;
+  int buffer_count = 5;  // Nvme: staging buffers for gathers (each one unit's shard), >= 2
 };
 
 struct ShardingPolicy {

@@ -41,8 +41,16 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
     fail("sharding", "offload_optimizer.ratio must be in [0, 1]");
   if (oo.device == OffloadDevice::Nvme && oo.nvme_path.empty())
     fail("offload", "zero_optimization.offload_optimizer.nvme_path: required with device 'nvme'");
-  if (policy.offload_param.device == OffloadDevice::Nvme)
-    fail("sharding", "offload_param.device 'nvme' is not supported yet (use 'cpu')");
+  if (policy.offload_param.device == OffloadDevice::Nvme) {
+    if (policy.offload_param.nvme_path.empty())
+      fail("offload", "zero_optimization.offload_param.nvme_path: required with device 'nvme'");
+    if (policy.strategy != ShardingStrategy::FullShard &&
+        policy.strategy != ShardingStrategy::ShardGradOp &&
+        policy.strategy != ShardingStrategy::HybridShard)
+      fail("offload", std::string("zero_optimization.offload_param.device 'nvme' needs "
+                                  "FULL_SHARD, SHARD_GRAD_OP or HYBRID_SHARD, not ") +
+                          strategy_name(policy.strategy));
+  }
   const ActivationCheckpointing& ac = policy.activation_checkpointing;
   if (ac.every < 1)
     fail("sharding", "activation_checkpointing.every must be >= 1, got " + std::to_string(ac.every));
@@ -97,8 +105,9 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
             ? Tier::Device
         : policy.offload_optimizer.device == OffloadDevice::Nvme ? Tier::Nvme
                                                                  : Tier::Host;
-    const Tier param_tier =
-        policy.offload_param.device == OffloadDevice::Cpu ? Tier::Host : Tier::Device;
+    const Tier param_tier = I.plan_in.units[u].params_nvme ? Tier::Nvme
+                            : policy.offload_param.device == OffloadDevice::Cpu ? Tier::Host
+                                                                                : Tier::Device;
     I.units.push_back(std::make_unique<FlatUnit>(model.units[u].get(), static_cast<int>(u), kind,
                                                  I.shard.get(), ops, bucket_grads, mp, opt_tier,
                                                  param_tier));
@@ -117,6 +126,7 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
   I.recompute.assign(model.schedule.size(), CheckpointMode::Off);
   I.opt_plan = plan_optimizer(I.plan_in);
   I.setup_nvme(rank);  // its staging buffers are the optimizer plan's
+  I.setup_nvme_params(rank);
   if (const char* v = std::getenv("SHARDWISE_EXEC_DELAY_US")) {
     I.exec_delay_us = std::max(0, std::atoi(v));
     I.delay_state = 0x9E3779B97F4A7C15ULL ^ static_cast<uint64_t>(rank);
@@ -129,6 +139,7 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
   for (auto& up : I.units) {
     FlatUnit& fu = *up;
     const bool whole = fu.persistent();
+    if (fu.params_on_nvme()) I.stage_whole(fu, false);
     const Range dst_range = whole ? Range{0, fu.layout().padded} : fu.shard_range();
     float* dst = (whole ? fu.full() : fu.master()) - dst_range.lo;  // indexed by flat offset
     for (size_t s = 0; s < fu.layout().specs.size(); ++s) {
@@ -153,6 +164,7 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
       }
     }
     fu.finish_init();  // a split master takes its slice; the compute copy is rounded
+    if (fu.params_on_nvme()) I.unstage_whole(fu, true);
   }
 }
 
@@ -295,7 +307,9 @@ void ShardedModel::for_each_param(
     } else {
       tmp = Buffer(static_cast<size_t>(fu.layout().padded) * sizeof(float), Mem::Communication,
                    I.ops->device());
+      if (fu.params_on_nvme()) I.stage_whole(fu, false);
       fu.gather_params_into(tmp.f32());
+      if (fu.params_on_nvme()) I.unstage_whole(fu, false);
       base = tmp.f32();
     }
     for (size_t s = 0; s < fu.layout().specs.size(); ++s)
@@ -314,7 +328,9 @@ void ShardedModel::for_each_grad(
     if (fu.kind() != FlatUnit::Kind::Whole) {
       tmp = Buffer(static_cast<size_t>(fu.layout().padded) * sizeof(float), Mem::Communication,
                    I.ops->device());
+      if (fu.params_on_nvme()) I.stage_whole(fu, true);
       fu.gather_grads_into(tmp.f32());
+      if (fu.params_on_nvme()) I.unstage_whole(fu, false);
       base = tmp.f32();
     }
     for (size_t s = 0; s < fu.layout().specs.size(); ++s)
@@ -330,7 +346,9 @@ void ShardedModel::gather_full_params(bool rank0_only) {
     FlatUnit& fu = *I.units[u];
     Buffer b(static_cast<size_t>(fu.layout().padded) * sizeof(float), Mem::Communication,
              I.ops->device());
+    if (fu.params_on_nvme()) I.stage_whole(fu, false);
     fu.gather_params_into(b.f32());
+    if (fu.params_on_nvme()) I.unstage_whole(fu, false);
     if (!rank0_only || rank() == 0) I.summoned[u] = std::move(b);
   }
   I.summon_held = true;
@@ -367,9 +385,12 @@ void ShardedModel::set_param(const std::string& name, const float* data, int64_t
   if (fu.kind() == FlatUnit::Kind::Sharded || fu.split_master()) {
     const Range shard = fu.shard_range();
     const Range r = intersect(shard, {e.offset, e.offset + e.numel});
-    if (!r.empty())
+    if (!r.empty()) {
+      if (fu.params_on_nvme()) I.stage_whole(fu, false);
       I.ops->copy(fu.master() + (r.lo - shard.lo), data + (r.lo - e.offset),
                   static_cast<size_t>(r.hi - r.lo));
+      if (fu.params_on_nvme()) I.unstage_whole(fu, true);
+    }
   }
 }
 

@@ -71,6 +71,30 @@ struct NvmeMoments {
   ~NvmeMoments();                // closes and removes the file (a clean exit)
 };
 
+// NVMe parameters (sharding/policy.h ParamOffload): every unit's master shard and reduced
+// gradient shard in one file per rank (unit u: master at moff[u], gradients at goff[u], both
+// 4096-aligned). Gathers read the master into `pslots` ahead of time (the plan's Fetch before
+// each Gather); reductions accumulate into `gslots` and write them back; the optimizer streams
+// pieces through NvmeMoments-style staging (`opt_slots` when the moments are not on NVMe).
+struct NvmeParams {
+  std::string dir, path;
+  int fd = -1;
+  std::vector<int64_t> moff, goff;  // per unit; -1: not in the file
+  std::vector<Buffer> pslots, gslots;
+  std::vector<Buffer> opt_slots;    // the optimizer's staging when NvmeMoments has none
+  std::vector<IoEventPtr> gbusy;    // per gradient slot: its last write (reused after it)
+  std::vector<IoEventPtr> gfetch;   // per unit: the read its next accumulation waits for
+  std::vector<double> sumsq;        // per unit: sum of squares of the accumulated gradients
+  Buffer tmp;                       // synchronous accesses (init, export, checkpoints)
+  std::vector<std::vector<IoEventPtr>> ev;  // per action of the segment being run
+  // One io queue per rank: NvmeMoments' when it exists, so that staging reuse is ordered.
+  std::unique_ptr<IoStream> own_io;
+  IoStream* io = nullptr;
+  ~NvmeParams();                    // closes and removes the file (a clean exit)
+  // Synchronous transfer of n floats at byte offset `off` (throws the io error line).
+  void transfer(float* buf, int64_t n, int64_t off, bool write);
+};
+
 struct ShardedModel::Impl {
   const Ops* ops = nullptr;          // utilities and the optimizer (fp32)
   const Ops* compute_ops = nullptr;  // what units run with: ops_for(device, param_dtype)
@@ -108,6 +132,7 @@ struct ShardedModel::Impl {
   bool summon_held = false, summon_rank0_only = false;
 
   std::unique_ptr<NvmeMoments> nvme;  // null unless some unit's moments live on NVMe
+  std::unique_ptr<NvmeParams> pnvme;  // null unless the parameters live on NVMe
 
   int peak_live = 0;  // peak_gathered_units()
   StepRecorder* recorder = nullptr;
@@ -155,6 +180,12 @@ struct ShardedModel::Impl {
   void rebuild(Model& model, const Batch& batch, size_t q, float scale);
   UnitCtx ctx_for(FlatUnit& fu, const Batch& batch, int pos, bool training);
   void record(const StepPlan& plan, int i, double t0, double t1);
+  // NVMe io: issues io action i (Fetch / Evict of moments, master, gradients); waits for the
+  // events of io action w (recording it as an io-queue action when `rec`).
+  void run_io(const StepPlan& plan, int i, FlatUnit& fu);
+  void wait_io(const StepPlan& plan, int w, bool rec = true);
+  // Whether WaitReduce i ends the micro-step's backward (only io write-back follows it).
+  static bool ends_backward(const StepPlan& plan, int i);
 
   // ---- optimizer.cpp -----------------------------------------------------------------------
   // AdamW on floats [lo, hi) of this rank's slice (the whole slice unless NVMe streams it in
@@ -163,6 +194,17 @@ struct ShardedModel::Impl {
   // Creates the NVMe moments file (zeros) after checking the room it needs (sw::Error naming
   // nvme_path otherwise) and the staging buffers.
   void setup_nvme(int rank);
+  // NVMe parameters: creates params.bin (after the free-space check) and the staging buffers.
+  void setup_nvme_params(int rank);
+  // The staging of the optimizer's piece in slot `slot` (NvmeMoments' or NvmeParams').
+  float* opt_slot(int slot);
+  // Stages unit u's master (and gradient) shard from the file into pnvme->tmp for an access
+  // outside the plan; unstage() writes the master back when `dirty`.
+  void stage_whole(FlatUnit& fu, bool grads);
+  void unstage_whole(FlatUnit& fu, bool write_master);
+  // A reduction of an NVMe-parameter unit completing outside the plan (sync_grads): reads,
+  // accumulates and writes its gradients synchronously.
+  void accumulate_nvme(FlatUnit& fu);
 };
 
 }  // namespace sw

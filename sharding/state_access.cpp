@@ -102,6 +102,16 @@ const float* ShardedModel::state_view(int u, StateKind k, FlatRange r) const {
     nvme_transfer(nv, fu, k, r, nv.view.f32(), false, I.plan_in.policy.offload_optimizer.piece());
     return nv.view.f32();
   }
+  if (fu.params_on_nvme() && k == StateKind::Master) {  // from the file, as for the moments
+    NvmeParams& pv = *I.pnvme;
+    const size_t bytes = static_cast<size_t>(r.size()) * sizeof(float);
+    if (pv.tmp.bytes() < bytes) pv.tmp = Buffer(bytes, Mem::Checkpoint, I.ops->device());
+    if (!r.empty())
+      pv.transfer(pv.tmp.f32(), r.size(),
+                  pv.moff[size_t(u)] + (r.lo - fu.shard_range().lo) * int64_t(sizeof(float)),
+                  false);
+    return pv.tmp.f32();
+  }
   // Stage 1: the slices of other ranks arrive with the regather issued after the update.
   if (!r.empty() && fu.kind() == FlatUnit::Kind::FullReplicated && k == StateKind::Master)
     fu.wait_unshard();
@@ -132,6 +142,13 @@ void ShardedModel::write_state(int u, StateKind k, FlatRange r, const float* src
       fu.wait_unshard();
       fu.reshard();
     }
+  }
+  if (fu.params_on_nvme() && k == StateKind::Master) {
+    I.pnvme->transfer(const_cast<float*>(src), r.size(),
+                      I.pnvme->moff[size_t(u)] +
+                          (r.lo - fu.shard_range().lo) * int64_t(sizeof(float)),
+                      true);
+    return;
   }
   if (fu.moments_on_nvme() && k != StateKind::Master) {
     nvme_transfer(*I.nvme, fu, k, r, const_cast<float*>(src), true,

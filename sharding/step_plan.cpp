@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <map>
 
 #include "core/clock.h"
 #include "core/error.h"
@@ -48,7 +49,11 @@ PlanInput make_plan_input(const Model& model, const ShardingPolicy& policy, int 
       in.S = world;
   }
   in.R = world / in.S;
-  in.kind = in.S == 1                                              ? UnitKind::Whole
+  // NVMe parameters need the sharded path (a gather from staging) even with one rank.
+  const bool nvme_params = policy.offload_param.device == OffloadDevice::Nvme &&
+                           policy.strategy != ShardingStrategy::NoShard &&
+                           policy.strategy != ShardingStrategy::ShardOptimizer && in.R == 1;
+  in.kind = in.S == 1 && !nvme_params                              ? UnitKind::Whole
             : policy.strategy == ShardingStrategy::ShardOptimizer ? UnitKind::FullReplicated
                                                                   : UnitKind::Sharded;
   in.schedule = model.schedule;
@@ -65,6 +70,8 @@ PlanInput make_plan_input(const Model& model, const ShardingPolicy& policy, int 
     pu.params_offloaded = policy.offload_param.device != OffloadDevice::None;
     pu.optimizer_nvme =
         pu.optimizer_offloaded && policy.offload_optimizer.device == OffloadDevice::Nvme;
+    pu.params_nvme = policy.offload_param.device == OffloadDevice::Nvme &&
+                     in.kind == UnitKind::Sharded;
   }
   for (size_t p = 0; p < model.schedule.size(); ++p) {
     const Call& c = model.schedule[p];
@@ -154,7 +161,10 @@ class Builder {
     fill_persistent();
   }
 
-  StepPlan take() { return std::move(plan_); }
+  StepPlan take() {
+    add_param_fetches();
+    return std::move(plan_);
+  }
   std::vector<bool> in_flight() const {
     std::vector<bool> f(st_.size());
     for (size_t u = 0; u < st_.size(); ++u) f[u] = st_[u] == St::InFlight;
@@ -193,7 +203,8 @@ class Builder {
       Action& a = add(ActionKind::Fetch, Queue::IO, pc.unit);
       a.slot = k % bc;
       a.lo = pc.lo, a.hi = pc.hi;
-      a.bytes = 2 * (pc.hi - pc.lo) * 4;
+      a.io = piece_io(pc.unit, true);
+      a.bytes = io_floats(a.io) * (pc.hi - pc.lo) * 4;
       if (k >= bc) a.waits.push_back(evict_at[size_t(k - bc)]);
       fetch_at[size_t(k)] = static_cast<int>(plan_.actions.size()) - 1;
     };
@@ -206,7 +217,7 @@ class Builder {
         wait(ui);
         free(ui);
       }
-      if (!in_.units[u].optimizer_nvme) add(ActionKind::OptimizerUpdate, Queue::Compute, ui);
+      if (!streamed(ui)) add(ActionKind::OptimizerUpdate, Queue::Compute, ui);
       for (; next < np && pieces[size_t(next)].unit == ui; ++next) {
         const int k = next;
         const Piece& pc = pieces[size_t(k)];
@@ -216,7 +227,8 @@ class Builder {
         Action& e = add(ActionKind::Evict, Queue::IO, ui);
         e.slot = k % bc;
         e.lo = pc.lo, e.hi = pc.hi;
-        e.bytes = 2 * (pc.hi - pc.lo) * 4;
+        e.io = piece_io(ui, false);
+        e.bytes = io_floats(e.io) * (pc.hi - pc.lo) * 4;
         evict_at.push_back(static_cast<int>(plan_.actions.size()) - 1);
         if (k + bc - 1 < np) fetch(k + bc - 1);
       }
@@ -227,9 +239,10 @@ class Builder {
         gather_at_[u] = static_cast<int>(plan_.actions.size()) - 1;
       }
       // The units the next forward starts with are gathered while later updates run, within
-      // max_live_units (the next forward counts them as live).
+      // max_live_units (the next forward counts them as live). Not NVMe parameters: the
+      // micro-step fetches them ahead of its own gathers.
       const PlanUnit& pu = in_.units[u];
-      if (in_.kind == UnitKind::Sharded && pu.first_pos >= 0 &&
+      if (in_.kind == UnitKind::Sharded && pu.first_pos >= 0 && !pu.params_nvme &&
           pu.first_pos < in_.policy.forward_prefetch &&
           (in_.policy.max_live_units == 0 || live() < in_.policy.max_live_units))
         issue(ui);
@@ -245,6 +258,62 @@ class Builder {
  private:
   enum class St : uint8_t { Sharded, InFlight, Unsharded };
 
+  // NVMe parameters: each segment's gathers of such units read their master shard into one of
+  // param_slots staging buffers first. The gather copies the shard out at issue, so a buffer is
+  // free again right after its Gather: gather g of the segment uses buffer g % param_slots and
+  // its Fetch is inserted right after gather g - param_slots (at the segment's start for the
+  // first param_slots), as far ahead as the buffers allow.
+  void add_param_fetches() {
+    if (plan_.param_slots == 0) return;
+    const int n = plan_.param_slots;
+    std::vector<Action> out;
+    std::vector<int> remap(plan_.actions.size(), -1);
+    std::vector<int> fetch_of;  // per gather of the segment: the new index of its Fetch
+    std::vector<int> gather_pos;  // old indices of the segment's gathers
+    auto fetch = [&](int g) {
+      const Action& ga = plan_.actions[size_t(gather_pos[size_t(g)])];
+      Action f;
+      f.kind = ActionKind::Fetch;
+      f.queue = Queue::IO;
+      f.unit = ga.unit;
+      f.micro = ga.micro;
+      f.slot = g % n;
+      f.io = kIoMaster;
+      f.bytes = in_.units[size_t(ga.unit)].padded / in_.S * 4;
+      if (g >= n) f.waits.push_back(remap[size_t(gather_pos[size_t(g - n)])]);
+      fetch_of[size_t(g)] = static_cast<int>(out.size());
+      out.push_back(std::move(f));
+    };
+    for (Segment& sg : plan_.segments) {
+      gather_pos.clear();
+      for (int i = sg.begin; i < sg.end; ++i) {
+        const Action& a = plan_.actions[size_t(i)];
+        if (a.kind == ActionKind::Gather && in_.units[size_t(a.unit)].params_nvme)
+          gather_pos.push_back(i);
+      }
+      fetch_of.assign(gather_pos.size(), -1);
+      const int begin = static_cast<int>(out.size());
+      const int G = static_cast<int>(gather_pos.size());
+      for (int g = 0; g < std::min(n, G); ++g) fetch(g);
+      int g = 0;
+      for (int i = sg.begin; i < sg.end; ++i) {
+        Action a = plan_.actions[size_t(i)];
+        for (int& w : a.waits) w = remap[size_t(w)];
+        const bool is_gather = g < G && gather_pos[size_t(g)] == i;
+        if (is_gather) a.waits.push_back(fetch_of[size_t(g)]);
+        remap[size_t(i)] = static_cast<int>(out.size());
+        out.push_back(std::move(a));
+        if (is_gather) {
+          if (g + n < G) fetch(g + n);
+          ++g;
+        }
+      }
+      sg.begin = begin;
+      sg.end = static_cast<int>(out.size());
+    }
+    plan_.actions = std::move(out);
+  }
+
   // NVMe optimizer offload: the pieces of at most piece_floats of each offloaded unit's shard,
   // in unit order, that the optimizer segment streams.
   struct Piece {
@@ -255,10 +324,24 @@ class Builder {
     std::vector<Piece> pieces;
     const int64_t C = in_.policy.offload_optimizer.piece();
     for (size_t u = 0; u < in_.units.size(); ++u)
-      if (in_.units[u].optimizer_nvme)
+      if (streamed(static_cast<int>(u)))
         for (int64_t lo = 0, sh = in_.units[u].padded / in_.S; lo < sh; lo += C)
           pieces.push_back({static_cast<int>(u), lo, std::min(sh, lo + C)});
     return pieces;
+  }
+
+  // Units whose update streams through the optimizer's staging (moments or master on NVMe).
+  bool streamed(int u) const {
+    return in_.units[size_t(u)].optimizer_nvme || in_.units[size_t(u)].params_nvme;
+  }
+  // What an optimizer piece of unit u reads (fetch) or writes back (evict).
+  uint8_t piece_io(int u, bool fetch) const {
+    const PlanUnit& pu = in_.units[size_t(u)];
+    return static_cast<uint8_t>((pu.optimizer_nvme ? kIoMoments : 0) |
+                                (pu.params_nvme ? kIoMaster | (fetch ? kIoGrads : 0) : 0));
+  }
+  static int64_t io_floats(uint8_t io) {  // floats per element of a piece
+    return ((io & kIoMoments) ? 2 : 0) + ((io & kIoMaster) ? 1 : 0) + ((io & kIoGrads) ? 1 : 0);
   }
 
   DType pdt() const { return in_.policy.mixed_precision.param_dtype; }
@@ -433,17 +516,40 @@ class Builder {
       }
     }
     if (reduce) wait_reductions(inflight_.size());
+    if (!grad_evicts_.empty()) {  // the gradients are in the file when the micro-step ends
+      Action& w = add(ActionKind::WaitIo, Queue::Compute);
+      w.waits = grad_evicts_;
+      grad_evicts_.clear();
+      gslot_evict_.clear();
+    }
   }
 
   // WaitReduce for the oldest n reductions in flight: their completion (observed here) frees
   // the transient gradients they reduced.
   void wait_reductions(size_t n) {
     Action& w = add(ActionKind::WaitReduce, Queue::Compute);
+    std::vector<int> done;
     for (size_t k = 0; k < n; ++k) {
       w.waits.push_back(inflight_[k].first);
       w.mem[kComm] -= inflight_[k].second;
+      done.push_back(inflight_[k].first);
     }
     inflight_.erase(inflight_.begin(), inflight_.begin() + static_cast<std::ptrdiff_t>(n));
+    const int wi = static_cast<int>(plan_.actions.size()) - 1;
+    for (int last : done) {  // NVMe parameters: the accumulated gradients go back to the file
+      const int u = plan_.actions[size_t(last)].unit;
+      if (u < 0 || !in_.units[size_t(u)].params_nvme) continue;
+      int rs = last;
+      while (plan_.actions[size_t(rs)].kind != ActionKind::ReduceScatter) --rs;
+      Action& e = add(ActionKind::Evict, Queue::IO, u);
+      e.slot = plan_.actions[size_t(rs)].slot;
+      e.io = kIoGrads;
+      e.bytes = in_.units[size_t(u)].padded / in_.S * 4;
+      e.waits.push_back(wi);
+      const int ei = static_cast<int>(plan_.actions.size()) - 1;
+      gslot_evict_[e.slot] = ei;
+      grad_evicts_.push_back(ei);
+    }
   }
 
   void reduce_unit(int u) {
@@ -455,6 +561,15 @@ class Builder {
         Action& rs = add(ActionKind::ReduceScatter, Queue::Reduce, u);
         rs.bytes = pu.padded * rb;
         int last = static_cast<int>(plan_.actions.size()) - 1;
+        if (pu.params_nvme) {  // accumulates into a staging buffer, read first unless zero
+          const int slot = next_gslot_++ % std::max(1, plan_.grad_slots);
+          rs.slot = slot;  // (add() below may move the actions)
+          Action& f = add(ActionKind::Fetch, Queue::IO, u);
+          f.slot = slot;
+          f.io = kIoGrads;
+          f.bytes = pu.padded / in_.S * 4;
+          if (gslot_evict_.count(f.slot)) f.waits.push_back(gslot_evict_[f.slot]);
+        }
         if (in_.R > 1) {
           Action& ar = add(ActionKind::AllReduce, Queue::Reduce, u);
           ar.bytes = pu.padded / in_.S * rb;
@@ -504,6 +619,10 @@ class Builder {
       const bool split = mp || u.params_offloaded;
       switch (in_.kind) {
         case UnitKind::Sharded:
+          if (u.params_nvme) {  // in the file; staged through the buffers counted below
+            plan_.shard_bytes = std::max(plan_.shard_bytes, shard);
+            break;
+          }
           add_m(Mem::Params, shard);
           add_m(Mem::Grads, shard);
           break;
@@ -531,10 +650,19 @@ class Builder {
       int64_t largest = 0;
       for (const Piece& pc : pieces) largest = std::max(largest, pc.hi - pc.lo);
       const int64_t bc = std::max(2, in_.policy.offload_optimizer.buffer_count);
+      int64_t per = 0;  // floats per element: the most any unit's piece moves
+      for (size_t u = 0; u < in_.units.size(); ++u)
+        if (streamed(static_cast<int>(u))) per = std::max(per, io_floats(piece_io(int(u), true)));
       plan_.staging_slots = static_cast<int>(std::min<int64_t>(int64_t(pieces.size()), bc));
-      plan_.staging_bytes = 2 * largest * 4;
+      plan_.staging_bytes = per * largest * 4;
       plan_.persistent[static_cast<size_t>(Mem::Optimizer)] +=
           plan_.staging_slots * plan_.staging_bytes;
+    }
+    if (plan_.shard_bytes > 0) {  // NVMe parameters: gather and gradient staging
+      plan_.param_slots = std::max(2, in_.policy.offload_param.buffer_count);
+      plan_.grad_slots = 3;  // one reduction completing, one in flight, one unit in backward
+      plan_.persistent[static_cast<size_t>(Mem::Params)] += plan_.param_slots * plan_.shard_bytes;
+      plan_.persistent[static_cast<size_t>(Mem::Grads)] += plan_.grad_slots * plan_.shard_bytes;
     }
     plan_.scratch = max_scratch;
     plan_.reserved[static_cast<size_t>(Mem::Workspace)] = max_scratch + 2 * act_bytes();
@@ -549,6 +677,11 @@ class Builder {
   std::vector<int> ready_;
   std::vector<std::pair<int, int64_t>> inflight_;  // reductions: (last action, bytes freed)
   int micro_ = 0;
+  // NVMe parameters: the gradient staging buffers' round robin, the Evict that last used
+  // each, and the evicts the micro-step's end waits for.
+  int next_gslot_ = 0;
+  std::map<int, int> gslot_evict_;
+  std::vector<int> grad_evicts_;
 };
 
 }  // namespace
@@ -651,6 +784,13 @@ std::string StepPlan::str() const {
     if (a.pos >= 0) s += " pos " + std::to_string(a.pos) + " call " + std::to_string(a.call);
     if (a.mode != CheckpointMode::Off)
       s += a.mode == CheckpointMode::Full ? " (full)" : " (selective)";
+    if (a.io) {
+      std::string parts;
+      if (a.io & kIoMoments) parts += "moments";
+      if (a.io & kIoMaster) parts += std::string(parts.empty() ? "" : "+") + "master";
+      if (a.io & kIoGrads) parts += std::string(parts.empty() ? "" : "+") + "grads";
+      s += " [" + parts + (a.slot >= 0 ? " slot " + std::to_string(a.slot) : "") + "]";
+    }
     if (a.bytes) s += " moves " + mib(a.bytes).substr(1);
     for (size_t c = 0; c < a.mem.size(); ++c)
       if (a.mem[c]) s += std::string(" ") + mem_name(static_cast<Mem>(c)) + " " + mib(a.mem[c]);

@@ -45,15 +45,26 @@ enum class ActionKind : uint8_t {
                    // transient gradients; the end of backward waits for all)
   OptimizerUpdate, // compute: AdamW on unit u's shard
   Regather,        // gather: stage 1, all-gather the updated slices of unit u in place
-  Fetch,           // io: NVMe optimizer offload: read unit u's AdamW moments (piece [lo, hi))
-                   // into staging `slot`; activation offload (pos >= 0): bring position
-                   // pos's input and Saved back from the host tier before its backward
-  Evict,           // io: write the moments back after the update; activation offload: move
-                   // pos's input and Saved to the host tier after its forward
+  Fetch,           // io: read what `io` names of unit u from its NVMe file into staging
+                   // `slot`: the optimizer's piece [lo, hi) (moments, and master + gradient
+                   // with NVMe parameters); a master shard ahead of its Gather; the reduced
+                   // gradients a reduction accumulates into (skipped while they are zero).
+                   // Activation offload (pos >= 0): bring position pos's input and Saved back
+                   // from the host tier before its backward
+  Evict,           // io: write back what `io` names (the optimizer's piece after its update;
+                   // a unit's reduced gradients after its reduction); activation offload:
+                   // move pos's input and Saved to the host tier after its forward
   WaitIo,          // compute waits for the io actions it lists
   Count
 };
 const char* action_kind_name(ActionKind k);  // "gather", "wait_gather", "forward", ...
+
+// What a Fetch / Evict moves (bits of Action::io).
+enum IoPart : uint8_t {
+  kIoMoments = 1,  // AdamW m and v (optimizer.bin)
+  kIoMaster = 2,   // the fp32 master shard (params.bin)
+  kIoGrads = 4,    // the reduced gradient shard (params.bin)
+};
 
 // What the planner knows of the memory of one schedule position's call (bytes).
 struct CallMemory {
@@ -75,6 +86,7 @@ struct PlanUnit {
   bool optimizer_offloaded = false;  // its AdamW moments live on the host tier
   bool params_offloaded = false;     // its master (and reduced gradient) shard too
   bool optimizer_nvme = false;       // its AdamW moments live in the NVMe file
+  bool params_nvme = false;  // its master and reduced gradient shards live in the NVMe file
 };
 
 // NO_SHARD with replicas: a contiguous range of the bucket buffer holding whole units'
@@ -121,7 +133,9 @@ struct Action {
   int pos = -1;     // schedule position (Forward, DropSaved, Recompute, Backward)
   int call = -1;    // that position's call of the unit
   int bucket = -1;  // AllReduce of a NO_SHARD bucket
-  int slot = -1;    // Fetch / Evict: the staging buffer
+  int slot = -1;    // Fetch / Evict: the staging buffer (ReduceScatter with NVMe parameters:
+                    // the gradient staging buffer it accumulates into)
+  uint8_t io = 0;   // Fetch / Evict: IoPart bits (0 for activation offload)
   int64_t lo = 0, hi = -1;  // Fetch / Evict / OptimizerUpdate: floats of the unit's shard
                             // (hi < 0: all of it)
   int micro = 0;    // micro-step of the optimizer step (the optimizer's actions: accum - 1)
@@ -156,7 +170,10 @@ struct StepPlan {
   MemDeltas reserved{};
   int64_t scratch = 0;  // of reserved: the largest Scratch any call asks for (reserved once)
   int staging_slots = 0;       // NVMe optimizer offload: staging buffers (each staging_bytes)
-  int64_t staging_bytes = 0;   // m and v of the largest offloaded shard
+  int64_t staging_bytes = 0;   // m and v (and master and gradient) of the largest piece
+  int param_slots = 0;         // NVMe parameters: master staging for gathers (shard_bytes each)
+  int grad_slots = 0;          // NVMe parameters: reduced-gradient staging (shard_bytes each)
+  int64_t shard_bytes = 0;     // the largest NVMe-parameter unit's shard
   // Transient bytes already allocated when the plan starts (gathers carried from the previous
   // step's optimizer). A whole step's deltas bring every category back to this.
   MemDeltas initial{};

@@ -107,7 +107,10 @@ FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const O
   // of its own when the full one holds rounded values or when the master lives on another tier.
   split_ = kind != Kind::Sharded && (pdt_ != DType::F32 || param_tier != Tier::Device);
   const int S = shard_->size();
-  SW_CHECK((kind == Kind::Whole) == (S == 1), "a unit is Whole exactly when its shard group is 1");
+  pnvme_ = param_tier == Tier::Nvme;
+  SW_CHECK(!pnvme_ || kind == Kind::Sharded, "NVMe parameters need a sharded unit");
+  SW_CHECK(kind != Kind::Whole || S == 1, "a Whole unit has a shard group of 1");
+  SW_CHECK(kind == Kind::Whole || S > 1 || pnvme_, "a unit with a shard group of 1 is Whole");
   rank_ = shard_->rank();
   layout_ = FlatLayout::build(unit->params(), S);
   const int64_t P = layout_.padded, Sh = layout_.shard_size();
@@ -119,6 +122,7 @@ FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const O
   };
   switch (kind) {
     case Kind::Sharded:
+      if (pnvme_) break;  // staged by the executor (ShardedModel::Impl, NvmeParams)
       master_ = zeroed(master_buf_, Sh, Mem::Params, param_tier);
       grad_shard_ = zeroed(grad_shard_buf_, Sh, Mem::Grads, param_tier);
       break;
@@ -201,7 +205,9 @@ void FlatUnit::issue_unshard() {
         full_ = full_buf_.f32();
         point_params();
       }
-      if (pdt_ != DType::F32)
+      SW_CHECK(master_, "unit '" + unit_->name() +
+                            "': its master shard on NVMe was not staged for the gather");
+      if (pdt_ != DType::F32 || pnvme_)  // NVMe: the staging buffer is free once issued
         issue_narrow_gather();
       else
         gather_ = shard_->issue_all_gather(master_, full_, Sh);
@@ -314,6 +320,9 @@ Work FlatUnit::issue_reduce_scatter(int replicas) {
 void FlatUnit::accumulate_reduced() {
   SW_CHECK(kind_ != Kind::Whole && grad_full_, "nothing to accumulate");
   const size_t Sh = static_cast<size_t>(layout_.shard_size());
+  SW_CHECK(grad_shard_, "unit '" + unit_->name() + "': its gradients on NVMe were not staged");
+  if (pnvme_ && grads_zero_) ops_->fill(grad_shard_, 0.f, Sh);  // the file's copy is stale
+  grads_zero_ = false;
   if (rdt_ == DType::F32)
     ops_->add_inplace(grad_shard_, static_cast<const float*>(reduced_block()), Sh);
   else
@@ -335,7 +344,7 @@ void FlatUnit::zero_grads() {
       grad_buf_.release();
       grad_full_ = nullptr;
       point_grads();
-      ops_->fill(grad_shard_, 0.f, Sh);
+      if (!pnvme_) ops_->fill(grad_shard_, 0.f, Sh);
       break;
     case Kind::FullReplicated:
       ops_->fill(grad_full_, 0.f, P);
@@ -345,6 +354,7 @@ void FlatUnit::zero_grads() {
       ops_->fill(grad_full_, 0.f, P);
       break;
   }
+  grads_zero_ = true;
   dirty_ = false;
 }
 

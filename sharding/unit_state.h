@@ -180,6 +180,15 @@ class FlatUnit {
   float* adam_v() const { return v_ptr_; }
   bool moments_on_nvme() const { return nvme_; }
   void stage_moments(float* m, float* v) { m_ptr_ = m, v_ptr_ = v; }
+  // param_tier Tier::Nvme (Kind::Sharded only): the master and reduced gradient shards live
+  // in the NVMe file; master() / grad_shard() are null except while the executor has staged
+  // them (a gather's source, a reduction's accumulator, an optimizer piece, a checkpoint or
+  // export access). grads_zero(): the reduced gradients are all zero (nothing accumulated
+  // since zero_grads), so the file's copy need not be read.
+  bool params_on_nvme() const { return pnvme_; }
+  void stage_master(float* p) { master_ = p; }
+  void stage_grad(float* g) { grad_shard_ = g; }
+  bool grads_zero() const { return grads_zero_; }
   const std::vector<float*>& params() const { return params_; }  // per spec, into full
   const std::vector<float*>& grads() const { return grads_; }    // per spec, into grad_full
   // Gathers this unit's master shards into `out` (padded floats) without touching the state:
@@ -216,6 +225,8 @@ class FlatUnit {
   float* m_ptr_ = nullptr;
   float* v_ptr_ = nullptr;
   bool nvme_ = false;
+  bool pnvme_ = false;
+  bool grads_zero_ = true;
   Buffer grad_buf_;        // (padded) unsharded grads (empty when a bucket view)
   Buffer grad_shard_buf_;  // (shard) reduced grads, Kinds Sharded/FullReplicated
   float* master_ = nullptr;

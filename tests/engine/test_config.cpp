@@ -474,7 +474,18 @@ TEST_CASE("config: zero_optimization.offload_optimizer device and ratio") {
   CHECK(p.sharding.offload_param.device == OffloadDevice::Cpu);
   CHECK(parse_config(p.resolved_json, "r.json").sharding.offload_param.device == OffloadDevice::Cpu);
   CHECK_THAT(error_of(R"({"zero_optimization": {"offload_param": {"device": "nvme"}}})"),
-             Contains("zero_optimization.offload_param.device: 'nvme' is not supported yet"));
+             Contains("zero_optimization.offload_param.nvme_path: required with device 'nvme'"));
+  const TrainConfig pn = parse(R"({"zero_optimization": {"offload_param": {"device": "nvme",
+                                   "nvme_path": "/tmp/p", "buffer_count": 3}}})");
+  CHECK(pn.sharding.offload_param.device == OffloadDevice::Nvme);
+  CHECK(pn.sharding.offload_param.buffer_count == 3);
+  const TrainConfig pr = parse_config(pn.resolved_json, "r.json");
+  CHECK(pr.sharding.offload_param.nvme_path == "/tmp/p");
+  CHECK(pr.sharding.offload_param.buffer_count == 3);
+  CHECK_THAT(error_of(R"({"zero_optimization": {"stage": 1, "offload_param": {"device": "nvme",
+                         "nvme_path": "/tmp/p"}}})"),
+             Contains("zero_optimization.offload_param.device: 'nvme' needs a strategy that "
+                      "shards parameters"));
 }
 
 TEST_CASE("config: sharding mistakes name the key") {
