@@ -148,7 +148,7 @@ const Node& schema() {
     // value is validated against the kids, the rest is checked when read.
     Node act = obj("activation_checkpointing",
                    {leaf("mode", Kind::Str), leaf("every", Kind::Int), leaf("units", Kind::Any),
-                    leaf("offload", Kind::Str),
+                    leaf("offload", Kind::Str), leaf("nvme_path", Kind::Str),
                     cbool("partition_activations"), cbool("cpu_checkpointing"),
                     cbool("contiguous_memory_optimization"), cnum("number_checkpoints"),
                     cbool("synchronize_checkpoint_boundary"), cbool("profile")});
@@ -747,12 +747,14 @@ void write_resolved(json& r, const TrainConfig& cfg) {
   // (an object given in the input stays one, keeping its DeepSpeed keys).
   const ActivationCheckpointing& ac = sp.activation_checkpointing;
   const json* acj = at(r, "activation_checkpointing");
-  if (!(acj && acj->is_object()) && ac.every == 1 && ac.units.empty() && !ac.offload_cpu) {
+  if (!(acj && acj->is_object()) && ac.every == 1 && ac.units.empty() && !ac.offloads()) {
     set_path(r, "activation_checkpointing", checkpoint_mode_name(ac.mode));
   } else {
     if (!(acj && acj->is_object())) set_path(r, "activation_checkpointing", json::object());
     set_path(r, "activation_checkpointing.mode", checkpoint_mode_name(ac.mode));
-    set_path(r, "activation_checkpointing.offload", ac.offload_cpu ? "cpu" : "none");
+    set_path(r, "activation_checkpointing.offload",
+             ac.offload_cpu ? "cpu" : ac.offload_nvme ? "nvme" : "none");
+    if (ac.offload_nvme) set_path(r, "activation_checkpointing.nvme_path", ac.nvme_path);
     if (ac.units.empty()) {
       set_path(r, "activation_checkpointing.every", ac.every);
       erase_path(r, "activation_checkpointing.units");
@@ -838,14 +840,21 @@ void read_activation_checkpointing(const json& j, TrainConfig& cfg, const Ctx& c
                "\"units\"}, got " + describe(v));
   if (has(j, key + ".offload")) {
     const std::string o = get_str(j, key + ".offload", "none", {"none", "cpu", "nvme"}, c);
-    if (o == "nvme")
-      c.bad(key + ".offload", "'nvme' is not supported yet; 'cpu' moves what each call keeps "
-                              "for backward to host memory outside the device's memory_budget");
     ac.offload_cpu = o == "cpu";
+    ac.offload_nvme = o == "nvme";
+    // The file's directory: its own key, else the parameters' or the optimizer's nvme_path.
+    const ShardingPolicy& sp = cfg.sharding;
+    ac.nvme_path = get_str(j, key + ".nvme_path",
+                           !sp.offload_param.nvme_path.empty() ? sp.offload_param.nvme_path
+                                                               : sp.offload_optimizer.nvme_path,
+                           {}, c);
+    if (ac.offload_nvme && ac.nvme_path.empty())
+      c.bad(key + ".nvme_path", "required with offload 'nvme' (a directory on a local disk; "
+                                "zero_optimization's offload nvme_path is used when set)");
   }
   const bool every = has(j, key + ".every"), units = has(j, key + ".units");
   if (!has(j, key + ".mode")) {
-    if (ac.offload_cpu && !every && !units) return;  // offload without checkpointing
+    if (ac.offloads() && !every && !units) return;  // offload without checkpointing
     if (every || units) c.bad(key + ".mode", "is required when every or units is given");
     return;  // DeepSpeed's keys only: no effect (noted)
   }

@@ -1,5 +1,6 @@
 #include "engine/metrics.h"
 
+#include <dirent.h>
 #include <sys/resource.h>
 
 #include <unistd.h>
@@ -46,6 +47,9 @@ std::string metrics_json_line(const StepMetrics& m) {
   if (m.minor_faults >= 0) j["minor_faults"] = m.minor_faults;
   if (m.user_s >= 0) j["user_s"] = num(m.user_s);
   if (m.sys_s >= 0) j["sys_s"] = num(m.sys_s);
+  if (m.rss_bytes >= 0) j["rss_bytes"] = m.rss_bytes;
+  if (m.max_rss_bytes >= 0) j["max_rss_bytes"] = m.max_rss_bytes;
+  if (m.open_fds >= 0) j["open_fds"] = m.open_fds;
   return j.dump();
 }
 
@@ -56,6 +60,19 @@ CpuUsage cpu_usage() {
   u.user_s = static_cast<double>(r.ru_utime.tv_sec) + 1e-6 * static_cast<double>(r.ru_utime.tv_usec);
   u.sys_s = static_cast<double>(r.ru_stime.tv_sec) + 1e-6 * static_cast<double>(r.ru_stime.tv_usec);
   u.minor_faults = r.ru_minflt;
+  u.max_rss_bytes = static_cast<int64_t>(r.ru_maxrss) * 1024;  // Linux: KiB
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    long size = 0, resident = 0;
+    if (std::fscanf(f, "%ld %ld", &size, &resident) == 2)
+      u.rss_bytes = static_cast<int64_t>(resident) * ::sysconf(_SC_PAGESIZE);
+    std::fclose(f);
+  }
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    int64_t n = 0;
+    while (const dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+    ::closedir(d);
+    u.open_fds = n - 1;  // the directory's own descriptor
+  }
   return u;
 }
 
@@ -63,6 +80,9 @@ void set_cpu_usage(StepMetrics& m, const CpuUsage& a, const CpuUsage& b) {
   m.minor_faults = b.minor_faults - a.minor_faults;
   m.user_s = b.user_s - a.user_s;
   m.sys_s = b.sys_s - a.sys_s;
+  m.rss_bytes = b.rss_bytes;
+  m.max_rss_bytes = b.max_rss_bytes;
+  m.open_fds = b.open_fds;
 }
 
 MetricsLog::MetricsLog(const std::string& path, int64_t keep_through_step) : path_(path) {

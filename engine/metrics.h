@@ -10,7 +10,9 @@
 // was skipped), skipped_steps (such steps so far), loss_scale (fp16 only: the scale this step's
 // backward used), minor_faults, user_s, sys_s (this process's minor page faults and user /
 // system CPU seconds during the step, all threads, from getrusage: a steady state that
-// allocates nothing from the OS shows ~0 faults and sys_s << user_s), and val_loss on
+// allocates nothing from the OS shows ~0 faults and sys_s << user_s), rss_bytes and
+// max_rss_bytes (resident set at the end of the step and its peak so far, /proc/self/statm and
+// getrusage: what a long run watches for growth), open_fds (descriptors open), and val_loss on
 // evaluation steps only. Non-finite numbers are written
 // as null. With several ranks, rank 0 writes the file: loss and grad_norm are global, the
 // memory and communication figures are rank 0's.
@@ -47,15 +49,18 @@ struct StepMetrics {
   // Process CPU use during the step (keys omitted when negative: not measured).
   int64_t minor_faults = -1;
   double user_s = -1, sys_s = -1;
+  int64_t rss_bytes = -1, max_rss_bytes = -1, open_fds = -1;
 };
 
 // getrusage(RUSAGE_SELF) now: CPU seconds and minor page faults of the whole process.
 struct CpuUsage {
   double user_s = 0, sys_s = 0;
   int64_t minor_faults = 0;
+  int64_t rss_bytes = -1, max_rss_bytes = -1, open_fds = -1;  // at the time of the call
 };
 CpuUsage cpu_usage();
-// Sets m.minor_faults, m.user_s, m.sys_s to what was used from a to b.
+// Sets m.minor_faults, m.user_s, m.sys_s to what was used from a to b, and the resident set
+// and descriptor figures to b's.
 void set_cpu_usage(StepMetrics& m, const CpuUsage& a, const CpuUsage& b);
 
 // The JSON line for one step (no trailing newline).

@@ -92,6 +92,36 @@ size_t Saved::move_to(Tier t) {
   return moved;
 }
 
+std::vector<Buffer> Saved::detach() {
+  std::vector<Buffer> out;
+  for (auto& kv : bufs_) {
+    Slot& sl = kv.second;
+    if (sl.buf.empty()) continue;
+    sl.detached = sl.buf.bytes();
+    out.push_back(std::move(sl.buf));
+    sl.buf = Buffer();
+  }
+  for (auto& p : parts_)
+    if (p)
+      for (Buffer& b : p->detach()) out.push_back(std::move(b));
+  return out;
+}
+
+std::vector<Buffer*> Saved::reattach() {
+  std::vector<Buffer*> out;
+  for (auto& kv : bufs_) {
+    Slot& sl = kv.second;
+    if (sl.detached == 0) continue;
+    sl.buf = Buffer(sl.detached, Mem::Activations);
+    sl.detached = 0;
+    out.push_back(&sl.buf);
+  }
+  for (auto& p : parts_)
+    if (p)
+      for (Buffer* b : p->reattach()) out.push_back(b);
+  return out;
+}
+
 size_t Saved::drop_cheap() {
   size_t b = 0;
   for (auto it = bufs_.begin(); it != bufs_.end();) {

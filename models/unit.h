@@ -60,10 +60,17 @@ class Saved {
   // Moves every buffer (parts included) to memory of tier `t` (core/alloc.h), same contents:
   // activation offload. Returns the bytes moved.
   size_t move_to(Tier t);
+  // Activation offload to a file: detach() moves every buffer out (parts included, in a fixed
+  // order) for the caller to write and keep until the write is done, leaving each slot empty
+  // with its size remembered; reattach() allocates them again (device tier, same order) and
+  // returns them to be read into. Between the two, get() of a detached buffer is an error.
+  std::vector<Buffer> detach();
+  std::vector<Buffer*> reattach();
  private:
   struct Slot {
     Buffer buf;
     Keep keep = Keep::Always;
+    size_t detached = 0;  // bytes of a buffer moved out by detach()
   };
   void* slot(std::string_view key, size_t bytes, Keep keep);
   std::map<std::string, Slot, std::less<>> bufs_;

@@ -67,6 +67,12 @@ void ShardedModel::Impl::run(Model& model, const StepPlan& plan, ExecState& st) 
     pnvme->ev.clear();
     pnvme->ev.resize(plan.actions.size());
   }
+  if (policy.activation_checkpointing.offload_nvme) {
+    if (!anvme) reserve_acts(0);
+    anvme->ev.clear();
+    anvme->ev.resize(plan.actions.size());
+    anvme->next = 0;
+  }
   for (int i = 0; i < static_cast<int>(plan.actions.size()); ++i) {
     if (exec_delay_us > 0) {  // tests: expose a missing wait by perturbing every queue's timing
       delay_state = delay_state * 6364136223846793005ULL + 1442695040888963407ULL;
@@ -245,6 +251,10 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
       break;
     case ActionKind::Fetch:
     case ActionKind::Evict:
+      if (a.pos >= 0 && anvme) {  // activation offload to the file
+        run_act_io(plan, i);
+        return;
+      }
       if (a.pos >= 0) {  // activation offload: a copy between tiers, done here on the CPU
         const Tier t = a.kind == ActionKind::Evict ? Tier::Host : Tier::Device;
         saved[p].move_to(t);
@@ -264,8 +274,23 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
       return;
     case ActionKind::WaitIo:
       for (int w : a.waits) {
-        if (plan.actions[size_t(w)].pos >= 0) continue;  // activation copies ran at issue
         const Action& io = plan.actions[size_t(w)];
+        if (io.pos >= 0 && anvme) {  // activation offload to the file
+          double t0 = 1e300, t1 = 0;
+          for (IoEventPtr& e : anvme->ev[size_t(w)]) {
+            ops->stream().wait_event(*e);
+            t0 = std::min(t0, e->started_at());
+            t1 = std::max(t1, e->done_at());
+          }
+          if (io.kind == ActionKind::Evict) anvme->writing[size_t(io.pos)].clear();  // freed
+          if (recorder && !anvme->ev[size_t(w)].empty()) {
+            record(plan, w, t0, t1);
+            recorder->records.back().queue = Queue::IO;
+          }
+          anvme->ev[size_t(w)].clear();
+          continue;
+        }
+        if (io.pos >= 0) continue;  // activation copies ran at issue
         wait_io(plan, w);
         if (io.kind == ActionKind::Fetch && io.lo < io.hi) {  // an optimizer piece: staged for
           // its update, indexed like the whole shard (update_unit adds the offset in the
@@ -379,6 +404,48 @@ void ShardedModel::Impl::run_io(const StepPlan& plan, int i, FlatUnit& fu) {
       fu.stage_master(nullptr);
       fu.stage_grad(nullptr);
     }
+  }
+}
+
+void ShardedModel::Impl::run_act_io(const StepPlan& plan, int i) {
+  const Action& a = plan.actions[size_t(i)];
+  NvmeActs& A = *anvme;
+  const size_t p = static_cast<size_t>(a.pos);
+  if (A.off.size() < acts.size()) {
+    A.off.resize(acts.size(), 0);
+    A.act_bytes.resize(acts.size(), 0);
+    A.writing.resize(acts.size());
+  }
+  std::vector<IoEventPtr>& evs = A.ev[size_t(i)];
+  if (a.kind == ActionKind::Evict) {
+    std::vector<Buffer> bufs;
+    A.act_bytes[p] = acts[p].bytes();
+    if (!acts[p].empty()) bufs.push_back(std::move(acts[p]));
+    acts[p] = Buffer();
+    for (Buffer& b : saved[p].detach()) bufs.push_back(std::move(b));
+    int64_t total = 0;
+    for (const Buffer& b : bufs) total += static_cast<int64_t>(b.bytes());
+    A.off[p] = A.next;
+    A.next = (A.next + total + 4095) / 4096 * 4096;
+    reserve_acts(A.next);
+    int64_t off = A.off[p];
+    for (Buffer& b : bufs) {
+      evs.push_back(A.io.write(A.fd, A.path, b.data(), b.bytes(), off));
+      off += static_cast<int64_t>(b.bytes());
+    }
+    A.writing[p] = std::move(bufs);
+    return;
+  }
+  std::vector<Buffer*> bufs;
+  if (A.act_bytes[p] > 0) {
+    acts[p] = Buffer(A.act_bytes[p], Mem::Activations, ops->device());
+    bufs.push_back(&acts[p]);
+  }
+  for (Buffer* b : saved[p].reattach()) bufs.push_back(b);
+  int64_t off = A.off[p];
+  for (Buffer* b : bufs) {
+    evs.push_back(A.io.read(A.fd, A.path, b->data(), b->bytes(), off));
+    off += static_cast<int64_t>(b->bytes());
   }
 }
 

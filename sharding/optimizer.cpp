@@ -265,3 +265,60 @@ void ShardedModel::Impl::accumulate_nvme(FlatUnit& fu) {
 }
 
 }  // namespace sw
+
+// ---- Activation offload to NVMe --------------------------------------------------------------
+
+namespace sw {
+
+NvmeActs::~NvmeActs() {
+  writing.clear();
+  if (fd >= 0) {
+    ::close(fd);
+    ::unlink(path.c_str());
+    ::rmdir(dir.c_str());  // only if empty
+  }
+}
+
+void ShardedModel::Impl::reserve_acts(int64_t end) {
+  const std::string key = "activation_checkpointing.nvme_path";
+  const std::string& root = policy.activation_checkpointing.nvme_path;
+  if (!anvme) {
+    auto A = std::make_unique<NvmeActs>();
+    A->dir = root + "/rank_" + std::to_string(rank);
+    std::error_code ec;
+    std::filesystem::create_directories(A->dir, ec);
+    if (ec) fail("offload", key + " '" + root + "': cannot create " + A->dir + " (" + ec.message() + ")");
+    A->path = A->dir + "/activations.bin";  // a stale one from a killed run is truncated
+    A->fd = ::open(A->path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (A->fd < 0)
+      fail("offload", key + " '" + root + "': cannot create " + A->path + " (" +
+                          std::strerror(errno) + ")");
+    anvme = std::move(A);
+  }
+  NvmeActs& A = *anvme;
+  if (end <= A.reserved) return;
+  const int64_t want = std::max(end, A.reserved * 2);  // grows rarely (the first micro-step)
+  struct statvfs vfs {};
+  if (::statvfs(A.dir.c_str(), &vfs) == 0) {
+    const uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    if (free_bytes < static_cast<uint64_t>(end - A.reserved))
+      fail("offload", key + " '" + root + "': rank " + std::to_string(rank) + " needs " +
+                          format_bytes(static_cast<size_t>(end)) + " for offloaded activations, " +
+                          format_bytes(free_bytes) + " free");
+  }
+  int err = ::posix_fallocate(A.fd, 0, want);
+  if (err == EOPNOTSUPP || err == EINVAL) err = ::ftruncate(A.fd, want) == 0 ? 0 : errno;
+  if (err == ENOSPC && want > end) {  // the doubling asked too much: exactly what is needed
+    err = ::posix_fallocate(A.fd, 0, end);
+    if (err == 0) {
+      A.reserved = end;
+      return;
+    }
+  }
+  if (err != 0)
+    fail("offload", A.path + ": cannot reserve " + std::to_string(want) + " bytes (" +
+                        std::strerror(err) + ")");
+  A.reserved = want;
+}
+
+}  // namespace sw

@@ -83,6 +83,12 @@ struct ActivationCheckpointing {
   // back right before its backward: the alternative to recomputation. Every call but the
   // first, the loss and the one right before it (backward needs it at once).
   bool offload_cpu = false;
+  // "nvme": the same, to a file per rank (<nvme_path>/rank_<r>/activations.bin): each call's
+  // kept input and Saved are written after its forward (freed once written) and read back one
+  // call ahead of its backward, overlapping the backward of the call after it.
+  bool offload_nvme = false;
+  std::string nvme_path;
+  bool offloads() const { return offload_cpu || offload_nvme; }
   // The mode that applies to unit `index` (Off when the unit is not selected).
   CheckpointMode mode_for(int index) const;
 };

@@ -127,6 +127,9 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
   I.opt_plan = plan_optimizer(I.plan_in);
   I.setup_nvme(rank);  // its staging buffers are the optimizer plan's
   I.setup_nvme_params(rank);
+  I.rank = rank;
+  if (ac.offload_nvme && ac.nvme_path.empty())
+    fail("offload", "activation_checkpointing.nvme_path: required with offload 'nvme'");
   if (const char* v = std::getenv("SHARDWISE_EXEC_DELAY_US")) {
     I.exec_delay_us = std::max(0, std::atoi(v));
     I.delay_state = 0x9E3779B97F4A7C15ULL ^ static_cast<uint64_t>(rank);

@@ -95,6 +95,23 @@ struct NvmeParams {
   void transfer(float* buf, int64_t n, int64_t off, bool write);
 };
 
+// Activation offload to NVMe (activation_checkpointing.offload = nvme): one file per rank; an
+// evicted position's buffers (its input, then its Saved in Saved::detach order) are written
+// contiguously from `off[pos]` and kept in `writing` until the plan's WaitIo sees the write
+// done; a fetch allocates them again and reads them back.
+struct NvmeActs {
+  std::string dir, path;
+  int fd = -1;
+  int64_t reserved = 0;  // bytes of the file reserved so far
+  int64_t next = 0;      // where the next evicted position goes (from 0 each micro-step)
+  std::vector<int64_t> off;               // per position
+  std::vector<size_t> act_bytes;          // per position: its input's bytes (0: none)
+  std::vector<std::vector<Buffer>> writing;  // per position: buffers being written
+  std::vector<std::vector<IoEventPtr>> ev;   // per action of the segment being run
+  IoStream io;
+  ~NvmeActs();  // closes and removes the file
+};
+
 struct ShardedModel::Impl {
   const Ops* ops = nullptr;          // utilities and the optimizer (fp32)
   const Ops* compute_ops = nullptr;  // what units run with: ops_for(device, param_dtype)
@@ -133,6 +150,8 @@ struct ShardedModel::Impl {
 
   std::unique_ptr<NvmeMoments> nvme;  // null unless some unit's moments live on NVMe
   std::unique_ptr<NvmeParams> pnvme;  // null unless the parameters live on NVMe
+  std::unique_ptr<NvmeActs> anvme;    // activation offload to NVMe (made at the first evict)
+  int rank = 0;
 
   int peak_live = 0;  // peak_gathered_units()
   StepRecorder* recorder = nullptr;
@@ -183,6 +202,11 @@ struct ShardedModel::Impl {
   // NVMe io: issues io action i (Fetch / Evict of moments, master, gradients); waits for the
   // events of io action w (recording it as an io-queue action when `rec`).
   void run_io(const StepPlan& plan, int i, FlatUnit& fu);
+  // Activation offload to NVMe: the write (Evict) or read (Fetch) of position a.pos.
+  void run_act_io(const StepPlan& plan, int i);
+  // Creates the file on first use and makes sure `bytes` from `off` are reserved in it (the
+  // free-space check and posix_fallocate; sw::Error naming the path otherwise).
+  void reserve_acts(int64_t end);
   void wait_io(const StepPlan& plan, int w, bool rec = true);
   // Whether WaitReduce i ends the micro-step's backward (only io write-back follows it).
   static bool ends_backward(const StepPlan& plan, int i);

@@ -416,10 +416,18 @@ class Builder {
     has_grads_[size_t(u)] = true;
   }
 
+  bool nvme_acts() const { return in_.policy.activation_checkpointing.offload_nvme; }
+  void fetch_acts(int q) {
+    Action& f = add(ActionKind::Fetch, Queue::IO, in_.schedule[size_t(q)].unit, q);
+    f.bytes = kept_bytes(q);
+    f.mem[kAct] = f.bytes;
+    act_fetch_at_[q] = static_cast<int>(plan_.actions.size()) - 1;
+  }
+
   // Activation offload: every call but the first, the loss and the one before it.
   bool offloads_activations(int p) const {
     const int P = static_cast<int>(in_.schedule.size());
-    return in_.policy.activation_checkpointing.offload_cpu && p >= 1 && p + 2 < P;
+    return in_.policy.activation_checkpointing.offloads() && p >= 1 && p + 2 < P;
   }
   // What position p keeps for its backward after its forward: its input and what checkpointing
   // left of its Saved.
@@ -457,6 +465,7 @@ class Builder {
       prefetch(p, in_.policy.forward_prefetch, +1);
       wait(u);
       Action& a = add(ActionKind::Forward, Queue::Compute, u, p);
+      const int fwd_at = static_cast<int>(plan_.actions.size()) - 1;
       const CallMemory* cm = call_mem(p);
       if (!training && cm) a.transient[kAct] = cm->saved_eval;
       if (training) {
@@ -470,15 +479,31 @@ class Builder {
           if (cm) d.mem[kAct] = -(m == CheckpointMode::Full ? cm->saved : cm->saved_cheap);
           recompute_[size_t(p)] = m;
         }
-        if (offloads_activations(p)) {  // what backward needs, to the host tier
+        if (offloads_activations(p)) {  // what backward needs, to the host tier or a file
           Action& e = add(ActionKind::Evict, Queue::IO, u, p);
           e.bytes = kept_bytes(p);
-          e.mem[kAct] = -e.bytes;
+          if (nvme_acts())  // freed once written: observed after the next call's forward
+            act_evicts_.emplace_back(static_cast<int>(plan_.actions.size()) - 1, e.bytes);
+          else
+            e.mem[kAct] = -e.bytes;
         }
+      }
+      // NVMe: the writes issued before this call's forward are complete by now.
+      while (nvme_acts() && !act_evicts_.empty() && act_evicts_.front().first < fwd_at) {
+        Action& w = add(ActionKind::WaitIo, Queue::Compute, u, p);
+        w.waits.push_back(act_evicts_.front().first);
+        w.mem[kAct] = -act_evicts_.front().second;
+        act_evicts_.erase(act_evicts_.begin());
       }
       if (p == pu.last_pos && (!training || (in_.policy.reshard_after_forward && pu.last_pos + 1 != P)))
         free(u);
     }
+    for (const auto& [ei, bytes] : act_evicts_) {  // (none left with two calls after the last)
+      Action& w = add(ActionKind::WaitIo, Queue::Compute);
+      w.waits.push_back(ei);
+      w.mem[kAct] = -bytes;
+    }
+    act_evicts_.clear();
   }
 
   void backward(bool reduce) {
@@ -490,13 +515,12 @@ class Builder {
       issue(u);
       prefetch(q, in_.policy.backward_prefetch, -1);
       wait(u);
-      if (offloads_activations(q)) {  // back from the host tier (the CPU copies at issue)
-        Action& f = add(ActionKind::Fetch, Queue::IO, u, q);
-        f.bytes = kept_bytes(q);
-        f.mem[kAct] = f.bytes;
-        const int fi = static_cast<int>(plan_.actions.size()) - 1;
-        add(ActionKind::WaitIo, Queue::Compute, u, q).waits.push_back(fi);
-      }
+      // Back from the host tier (the CPU copies at issue) or the file: the file's reads are
+      // issued one call ahead, so that they overlap the backward of the call after.
+      if (offloads_activations(q) && act_fetch_at_.count(q) == 0) fetch_acts(q);
+      if (nvme_acts() && q >= 1 && offloads_activations(q - 1)) fetch_acts(q - 1);
+      if (offloads_activations(q))
+        add(ActionKind::WaitIo, Queue::Compute, u, q).waits.push_back(act_fetch_at_[q]);
       if (recompute_[size_t(q)] != CheckpointMode::Off) {
         Action& r = add(ActionKind::Recompute, Queue::Compute, u, q);
         r.mode = recompute_[size_t(q)];
@@ -680,6 +704,10 @@ class Builder {
   // NVMe parameters: the gradient staging buffers' round robin, the Evict that last used
   // each, and the evicts the micro-step's end waits for.
   int next_gslot_ = 0;
+  // Activation offload to NVMe: evicts whose completion (freeing) is not observed yet, and
+  // the fetch of each position.
+  std::vector<std::pair<int, int64_t>> act_evicts_;
+  std::map<int, int> act_fetch_at_;
   std::map<int, int> gslot_evict_;
   std::vector<int> grad_evicts_;
 };

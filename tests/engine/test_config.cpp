@@ -442,7 +442,14 @@ TEST_CASE("config: activation_checkpointing.offload") {
   CHECK_THAT(error_of(R"({"activation_checkpointing": {"offload": "gpu"}})"),
              Contains("activation_checkpointing.offload: 'gpu' is not one of none, cpu, nvme"));
   CHECK_THAT(error_of(R"({"activation_checkpointing": {"offload": "nvme"}})"),
-             Contains("activation_checkpointing.offload: 'nvme' is not supported yet"));
+             Contains("activation_checkpointing.nvme_path: required with offload 'nvme'"));
+  const TrainConfig an = parse(R"({"activation_checkpointing": {"offload": "nvme", "nvme_path": "/tmp/a"}})");
+  CHECK(an.sharding.activation_checkpointing.offload_nvme);
+  CHECK(parse_config(an.resolved_json, "r.json").sharding.activation_checkpointing.nvme_path == "/tmp/a");
+  // Without its own key it takes the parameters' (or the optimizer's) directory.
+  CHECK(parse(R"({"activation_checkpointing": {"offload": "nvme"}, "zero_optimization":
+                  {"offload_optimizer": {"device": "nvme", "nvme_path": "/tmp/o"}}})")
+            .sharding.activation_checkpointing.nvme_path == "/tmp/o");
 }
 
 TEST_CASE("config: zero_optimization.offload_optimizer device and ratio") {

@@ -404,9 +404,14 @@ TEST_CASE("offload_optimizer cpu: bit-identical, moments on the host tier", "[of
 // Activation offload to the host tier (activation_checkpointing.offload = cpu), with each
 // checkpointing mode and with the optimizer offloaded too: bit-identical; the executor runs the
 // plan and the device's activation peak is the plan's, and lower than without offload.
-TEST_CASE("activation offload cpu: bit-identical, the device's activations as planned",
+// The same to NVMe (offload = nvme): a file per rank, written after each forward, read back
+// one call ahead of each backward.
+std::string job_tmp_dir(const GroupPtr& g);
+TEST_CASE("activation offload cpu and nvme: bit-identical, the device's activations as planned",
           "[offload]") {
   const GroupPtr g = world();
+  const std::string dir = job_tmp_dir(g);
+  for (int nvme = 0; nvme < 2; ++nvme)
   for (const std::string type : {"gpt2", "llama"}) {
     ModelConfig mc = tiny(type);
     mc.n_layer = 4;
@@ -414,8 +419,10 @@ TEST_CASE("activation offload cpu: bit-identical, the device's activations as pl
       ShardingPolicy base = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
       base.activation_checkpointing.mode = mode;
       ShardingPolicy p = base;
-      p.activation_checkpointing.offload_cpu = true;
-      INFO(type << " checkpointing " << checkpoint_mode_name(mode));
+      p.activation_checkpointing.offload_cpu = !nvme;
+      p.activation_checkpointing.offload_nvme = nvme;
+      p.activation_checkpointing.nvme_path = dir;
+      INFO(type << " checkpointing " << checkpoint_mode_name(mode) << (nvme ? " nvme" : " cpu"));
       CHECK(bit_identical(train(g, p, mc, 2, 2, 4), train(g, base, mc, 2, 2, 4)));
       int64_t peak[2];
       for (int off = 0; off < 2; ++off) {
@@ -444,6 +451,8 @@ TEST_CASE("activation offload cpu: bit-identical, the device's activations as pl
       CHECK(peak[1] < peak[0]);
     }
   }
+  g->barrier();
+  if (g->rank() == 0) std::filesystem::remove_all(dir);
 }
 
 // A directory for this job's NVMe files: made by rank 0, its name broadcast (jobs of other
