@@ -197,6 +197,33 @@ TEST_CASE("ckpt kill: SIGKILL with the optimizer state on NVMe, then resume: the
   CHECK(!fs::exists(work() / "nvme" / "rank_0"));  // removed at the clean exit
 }
 
+// Everything on NVMe: parameters and gradients, optimizer state and activations (one rank:
+// the sharded path with a group of one, bit-identical to the whole-unit run at one micro-step).
+TEST_CASE("ckpt kill: SIGKILL with parameters, optimizer and activations on NVMe, then resume") {
+  reference_weights();
+  const std::string dir = (work() / "nvme_all").string();
+  const std::vector<std::string> nvme = {
+      "--set", "zero_optimization.offload_param.device=nvme",
+      "--set", "zero_optimization.offload_param.nvme_path=" + dir,
+      "--set", "zero_optimization.offload_optimizer.device=nvme",
+      "--set", "zero_optimization.offload_optimizer.nvme_path=" + dir,
+      "--set", "activation_checkpointing.offload=nvme"};
+  Child c = start("killnvme_all", nvme, {"SHARDWISE_CKPT_TEST_DELAY_MS=200"});
+  REQUIRE(wait_until(c, [] { return latest_of("killnvme_all") == "step_20"; }));
+  kill(c.pid, SIGKILL);
+  CHECK(wait_for(c) == 128 + SIGKILL);
+  for (const char* f : {"params.bin", "optimizer.bin", "activations.bin"})
+    CHECK(fs::exists(fs::path(dir) / "rank_0" / f));  // left by the kill
+  std::vector<std::string> args = nvme;
+  args.insert(args.end(), {"--resume", "auto"});
+  const int rc = run("killnvme_all", args);
+  INFO(read_bytes(work() / "killnvme_all.log"));
+  REQUIRE(rc == 0);
+  CHECK(read_bytes(work() / "killnvme_all" / "model.safetensors") == reference_weights());
+  CHECK(losses("killnvme_all") == losses("ref"));
+  CHECK(!fs::exists(fs::path(dir) / "rank_0"));  // removed at the clean exit
+}
+
 TEST_CASE("ckpt kill: an I/O error on the NVMe optimizer file: one line naming file, offset, errno") {
   const std::string nv = (work() / "nvme_err").string();
   const int rc = run("ioerr",
