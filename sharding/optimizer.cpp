@@ -247,6 +247,7 @@ void ShardedModel::Impl::unstage_whole(FlatUnit& fu, bool write_master) {
     pv.transfer(fu.master(), fu.shard_size(), pv.moff[static_cast<size_t>(fu.index())], true);
   fu.stage_master(nullptr);
   fu.stage_grad(nullptr);
+  pv.tmp.release();  // initialisation and exports: not held between steps
 }
 
 void ShardedModel::Impl::accumulate_nvme(FlatUnit& fu) {
@@ -262,6 +263,7 @@ void ShardedModel::Impl::accumulate_nvme(FlatUnit& fu) {
   pv.sumsq[u] = ops->sum_squares(g, static_cast<size_t>(Sh));
   pv.transfer(g, Sh, pv.goff[u], true);
   fu.stage_grad(nullptr);
+  pv.tmp.release();
 }
 
 }  // namespace sw

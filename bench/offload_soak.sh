@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Issue 10's "bounded memory" and issue 13's soak: a long `shardwise train` run with everything
+# offloaded to NVMe under DIR (parameters and gradients, AdamW's moments, activations) and an
+# asynchronous checkpoint every CKPT_EVERY steps, 2 ranks x 1 thread, reporting each rank's
+# resident set (sampled by ps every second), rank 0's open descriptors and tracked peak (from
+# metrics.jsonl) over time: after warm-up (the first WARM steps) nothing may grow by more than
+# 1% (RSS) or at all (descriptors).
+#
+#   bench/offload_soak.sh DIR [BUILD_DIR]    env: STEPS (500), CKPT_EVERY (50), WARM (50)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir=${1:?usage: bench/offload_soak.sh DIR [BUILD_DIR]}
+build=${2:-build}
+sw=$(realpath "$build/tools/shardwise")
+steps=${STEPS:-500} every=${CKPT_EVERY:-50} warm=${WARM:-50}
+work=$(mktemp -d /tmp/sw_soak.XXXXXX)
+trap 'rm -rf "$work"; [ -n "${sampler:-}" ] && kill $sampler 2>/dev/null || true' EXIT
+mkdir -p "$dir"
+source scripts/fortunes.sh
+prepare_fortunes "$sw"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+args=(configs/llama_tiny.json --quiet --no-export --set train_steps="$steps" --set threads=1
+      --set eval_every_steps=0 --set run_dir="$work/run"
+      --set checkpoint.every_steps="$every" --set checkpoint.async=true --set checkpoint.keep_last=2
+      --set zero_optimization.offload_param.device=nvme
+      --set zero_optimization.offload_param.nvme_path="$dir"
+      --set zero_optimization.offload_optimizer.device=nvme
+      --set zero_optimization.offload_optimizer.nvme_path="$dir"
+      --set activation_checkpointing.mode=selective --set activation_checkpointing.offload=nvme)
+( while sleep 1; do ps -C shardwise -o pid=,rss= | sed "s/^/$(date +%s.%N) /"; done ) > "$work/rss.txt" &
+sampler=$!
+t0=$(date +%s)
+mpirun --oversubscribe -np 2 -x OMP_NUM_THREADS=1 "$sw" train "${args[@]}"
+t1=$(date +%s)
+kill $sampler; sampler=
+echo "offload_soak: $steps steps in $((t1 - t0)) s, checkpoint every $every steps (async), warm-up $warm steps"
+/usr/bin/python3 - "$work" "$warm" "$steps" <<'PY'
+import json, sys, collections
+work, warm, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+m = [json.loads(l) for l in open(f"{work}/run/metrics.jsonl")]
+t_warm = None
+by = collections.defaultdict(list)
+for line in open(f"{work}/rss.txt"):
+    t, pid, rss = line.split()
+    by[pid].append((float(t), int(rss) * 1024))
+def pct(a, b): return 100.0 * (b - a) / a
+after = [x for x in m if x["step"] > warm]
+ok = True
+print(f"  rank 0 (metrics.jsonl)   after warm-up: step {after[0]['step']} .. {after[-1]['step']}")
+for key in ("rss_bytes", "max_rss_bytes", "peak_mem_bytes", "open_fds"):
+    v = [x[key] for x in after]
+    g = pct(v[0], max(v))
+    print(f"  {key:16s} first {v[0]:>12,}  max {max(v):>12,}  last {v[-1]:>12,}  growth {g:+.2f}%")
+    ok &= (g <= 1.0) if key != "open_fds" else max(v) <= v[0]
+for pid, s in sorted(by.items()):
+    # Drop the first fifth of the samples (start-up and warm-up) and the last (teardown).
+    n = len(s)
+    body = [r for _, r in s[n // 5 : n - 2]] if n > 10 else [r for _, r in s]
+    g = pct(body[0], max(body))
+    print(f"  pid {pid} RSS (ps, {len(body)} samples after warm-up): first {body[0] / 2**20:.1f} MiB, "
+          f"max {max(body) / 2**20:.1f} MiB, last {body[-1] / 2**20:.1f} MiB, growth {g:+.2f}%")
+    ok &= g <= 1.0
+print("  verdict:", "flat (no growth beyond 1% after warm-up)" if ok else "GROWS")
+PY
