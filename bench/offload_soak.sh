@@ -6,13 +6,14 @@
 # metrics.jsonl) over time: after warm-up (the first WARM steps) nothing may grow by more than
 # 1% (RSS) or at all (descriptors).
 #
-#   bench/offload_soak.sh DIR [BUILD_DIR]    env: STEPS (500), CKPT_EVERY (50), WARM (50)
+#   bench/offload_soak.sh DIR [BUILD_DIR]    env: STEPS (500), CKPT_EVERY (50),
+#                                            WARM (CKPT_EVERY + 10: after the first save)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:?usage: bench/offload_soak.sh DIR [BUILD_DIR]}
 build=${2:-build}
 sw=$(realpath "$build/tools/shardwise")
-steps=${STEPS:-500} every=${CKPT_EVERY:-50} warm=${WARM:-50}
+steps=${STEPS:-500} every=${CKPT_EVERY:-50} warm=${WARM:-$(( ${CKPT_EVERY:-50} + 10 ))}
 work=$(mktemp -d /tmp/sw_soak.XXXXXX)
 trap 'rm -rf "$work"; [ -n "${sampler:-}" ] && kill $sampler 2>/dev/null || true' EXIT
 mkdir -p "$dir"
@@ -27,7 +28,14 @@ args=(configs/llama_tiny.json --quiet --no-export --set train_steps="$steps" --s
       --set zero_optimization.offload_optimizer.device=nvme
       --set zero_optimization.offload_optimizer.nvme_path="$dir"
       --set activation_checkpointing.mode=selective --set activation_checkpointing.offload=nvme)
-( while sleep 1; do ps -C shardwise -o pid=,rss= | sed "s/^/$(date +%s.%N) /"; done ) > "$work/rss.txt" &
+# Each second: the step reached (lines of metrics.jsonl) and the RSS of this run's ranks.
+( while sleep 1; do
+    n=$(cat "$work/run/metrics.jsonl" 2>/dev/null | wc -l)
+    for pid in $(pgrep -f "run_dir=$work/run"); do
+      [ "$(cat /proc/$pid/comm 2>/dev/null)" = shardwise ] || continue
+      echo "$n $pid $(awk '/VmRSS/{print $2}' /proc/$pid/status 2>/dev/null)"
+    done
+  done ) > "$work/rss.txt" &
 sampler=$!
 t0=$(date +%s)
 mpirun --oversubscribe -np 2 -x OMP_NUM_THREADS=1 "$sw" train "${args[@]}"
@@ -38,11 +46,11 @@ echo "offload_soak: $steps steps in $((t1 - t0)) s, checkpoint every $every step
 import json, sys, collections
 work, warm, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 m = [json.loads(l) for l in open(f"{work}/run/metrics.jsonl")]
-t_warm = None
 by = collections.defaultdict(list)
 for line in open(f"{work}/rss.txt"):
-    t, pid, rss = line.split()
-    by[pid].append((float(t), int(rss) * 1024))
+    f = line.split()
+    if len(f) == 3 and f[2].isdigit():
+        by[f[1]].append((int(f[0]), int(f[2]) * 1024))
 def pct(a, b): return 100.0 * (b - a) / a
 after = [x for x in m if x["step"] > warm]
 ok = True
@@ -52,13 +60,14 @@ for key in ("rss_bytes", "max_rss_bytes", "peak_mem_bytes", "open_fds"):
     g = pct(v[0], max(v))
     print(f"  {key:16s} first {v[0]:>12,}  max {max(v):>12,}  last {v[-1]:>12,}  growth {g:+.2f}%")
     ok &= (g <= 1.0) if key != "open_fds" else max(v) <= v[0]
-for pid, s in sorted(by.items()):
-    # Drop the first fifth of the samples (start-up and warm-up) and the last (teardown).
-    n = len(s)
-    body = [r for _, r in s[n // 5 : n - 2]] if n > 10 else [r for _, r in s]
+for r, (pid, s) in enumerate(sorted(by.items())):
+    body = [rss for step, rss in s if warm < step < steps]  # after warm-up, before teardown
+    if not body:
+        continue
     g = pct(body[0], max(body))
-    print(f"  pid {pid} RSS (ps, {len(body)} samples after warm-up): first {body[0] / 2**20:.1f} MiB, "
-          f"max {max(body) / 2**20:.1f} MiB, last {body[-1] / 2**20:.1f} MiB, growth {g:+.2f}%")
+    print(f"  rank pid {pid} VmRSS ({len(body)} samples, steps {warm + 1}..{steps - 1}): first "
+          f"{body[0] / 2**20:.1f} MiB, max {max(body) / 2**20:.1f} MiB, last {body[-1] / 2**20:.1f} MiB, "
+          f"growth {g:+.2f}%")
     ok &= g <= 1.0
 print("  verdict:", "flat (no growth beyond 1% after warm-up)" if ok else "GROWS")
 PY
