@@ -173,6 +173,8 @@ class Builder {
 
   void micro_step(int micro, bool reduce) {
     micro_ = micro;
+    plan_.nvme_bytes -= act_file_;  // micro-steps reuse the activation file from its start
+    act_file_ = 0;
     const int b = static_cast<int>(plan_.actions.size());
     forward(true);
     backward(reduce);
@@ -482,8 +484,11 @@ class Builder {
         if (offloads_activations(p)) {  // what backward needs, to the host tier or a file
           Action& e = add(ActionKind::Evict, Queue::IO, u, p);
           e.bytes = kept_bytes(p);
-          if (nvme_acts())  // freed once written: observed after the next call's forward
+          if (nvme_acts()) {  // freed once written: observed after the next call's forward
             act_evicts_.emplace_back(static_cast<int>(plan_.actions.size()) - 1, e.bytes);
+            act_file_ += e.bytes;
+            plan_.nvme_bytes += e.bytes;  // (one micro-step's: each starts at the file's start)
+          }
           else
             e.mem[kAct] = -e.bytes;
         }
@@ -662,8 +667,9 @@ class Builder {
           add_p(Mem::Grads, full);  // its own buffer or its region of the bucket buffer
           break;
       }
+      if (u.params_nvme) plan_.nvme_bytes += 2 * shard;
       if (u.optimizer_nvme)
-        ;  // in the file; staged through the buffers counted below
+        plan_.nvme_bytes += 2 * shard;  // in the file; staged through the buffers below
       else if (u.optimizer_offloaded)
         plan_.persistent_host[static_cast<size_t>(Mem::Optimizer)] += 2 * shard;
       else
@@ -708,6 +714,7 @@ class Builder {
   // the fetch of each position.
   std::vector<std::pair<int, int64_t>> act_evicts_;
   std::map<int, int> act_fetch_at_;
+  int64_t act_file_ = 0;  // activation bytes the current micro-step wrote to the file
   std::map<int, int> gslot_evict_;
   std::vector<int> grad_evicts_;
 };
@@ -750,6 +757,41 @@ StepPlan plan_step(const PlanInput& in) {
   for (int k = 0; k < in.accum; ++k) b.micro_step(k, each || k + 1 == in.accum);
   b.optimizer();
   return b.take();
+}
+
+PlanPeak replay_peak(const StepPlan& plan) {
+  PlanPeak r;
+  MemDeltas cur = plan.initial;
+  auto total_with = [&](const MemDeltas& d, const MemDeltas* extra) {
+    int64_t t = 0;
+    for (size_t c = 0; c < d.size(); ++c)
+      t += d[c] + plan.persistent[c] + plan.reserved[c] + (extra ? (*extra)[c] : 0);
+    return t;
+  };
+  auto note = [&](int i, const MemDeltas* transient) {
+    const int64_t t = total_with(cur, transient);
+    for (size_t c = 0; c < cur.size(); ++c)
+      r.category_peak[c] = std::max(r.category_peak[c], cur[c] + plan.persistent[c] +
+                                                            plan.reserved[c] +
+                                                            (transient ? (*transient)[c] : 0));
+    if (t > r.total || r.action == -1) {
+      r.total = t;
+      r.action = i;
+      for (size_t c = 0; c < cur.size(); ++c)
+        r.at_peak[c] = cur[c] + plan.persistent[c] + plan.reserved[c] +
+                       (transient ? (*transient)[c] : 0);
+    }
+  };
+  note(-1, nullptr);
+  for (size_t i = 0; i < plan.actions.size(); ++i) {
+    const Action& a = plan.actions[i];
+    for (size_t c = 0; c < cur.size(); ++c) {
+      cur[c] += a.mem[c];
+      r.negative |= cur[c] < 0;
+    }
+    note(static_cast<int>(i), &a.transient);
+  }
+  return r;
 }
 
 int StepPlan::peak_gathered_units() const {

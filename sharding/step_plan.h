@@ -183,11 +183,28 @@ struct StepPlan {
   bool activations_known = true;  // every call declared its activation memory
   std::vector<std::string> unit_names;
 
+  // Bytes the run keeps in its NVMe files per rank: moments, master + gradient shards, and
+  // the most activations one micro-step writes (4096-byte alignment of regions not counted).
+  int64_t nvme_bytes = 0;
+
   // A readable listing: one line per action (index, queue, kind, unit, bytes, waits, memory).
   std::string str() const;
   // Most units whose transient parameters are allocated at once (what max_live_units caps).
   int peak_gathered_units() const;
 };
+
+// The plan replayed without running the model: the device's memory (persistent + reserved +
+// what the actions allocate and free) at every action, and where its total peaks. Kernel
+// workspaces that units do not declare (core/alloc.h Mem::Workspace outside Scratch) are not
+// in the plan, so the measured total can exceed it by those.
+struct PlanPeak {
+  int64_t total = 0;        // the largest device total
+  int action = -1;          // the action after which it is reached (-1: before any)
+  MemDeltas at_peak{};      // bytes per category at that moment
+  MemDeltas category_peak{};  // each category's own peak (not simultaneous)
+  bool negative = false;    // a category went below zero: the plan is inconsistent
+};
+PlanPeak replay_peak(const StepPlan& plan);
 
 // Training: the accum micro-steps, then the optimizer, of a step in the steady state (units the
 // previous step's optimizer prefetched are in flight when it starts). Eval: one forward.

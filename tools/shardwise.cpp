@@ -69,6 +69,7 @@ const char* kMainHelp =
     "  profile CONFIG [--steps N] [--out DIR]   run N steps, write per-rank trace, memory chart\n"
     "                                           and peaks (no checkpoints, no weights)\n"
     "  ckpt export|inspect|verify DIR ...       consolidate, list or check a sharded checkpoint\n"
+    "  plan CONFIG [--world-size N] [--json]    predict each rank's memory peak per tier\n"
     "  plan-dump CONFIG [--world-size N]        print the step plan a run executes\n"
     "\n"
     "Options:\n"
@@ -575,6 +576,7 @@ int run(const std::vector<std::string>& args) {
   if (c == "profile") return cmd_profile(rest);
   if (c == "ckpt") return sw::cmd_ckpt(rest);
   if (c == "plan-dump") return sw::cmd_plan_dump(rest);
+  if (c == "plan") return sw::cmd_plan(rest);
   if (c == "help") {
     if (rest.empty()) {
       std::cout << kMainHelp;
@@ -583,7 +585,7 @@ int run(const std::vector<std::string>& args) {
     return run({rest[0], "--help"});
   }
   if (c.size() > 1 && c[0] == '-') usage_fail("", "unknown option '" + c + "'");
-  usage_fail("", "unknown command '" + c + "' (expected train, profile, plan-dump, data, sample or ckpt)");
+  usage_fail("", "unknown command '" + c + "' (expected train, profile, plan, plan-dump, data, sample or ckpt)");
 }
 
 // One line, no embedded newlines (a multi-line message would break the one-line contract).

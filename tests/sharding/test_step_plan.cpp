@@ -81,6 +81,20 @@ void check_invariants(const StepPlan& p) {
 MemDeltas replay(const StepPlan& p, bool expect_zero_end) {
   const swtest::Replay r = swtest::replay(p);
   CHECK(!r.negative);
+  // The library's replay (`shardwise plan`): each category's own peak is the test replay's on
+  // top of what is persistent and reserved; the total peak is the sum of the categories at
+  // that moment, at least every category's own peak there and at most the sum of own peaks.
+  const PlanPeak pk = replay_peak(p);
+  CHECK(!pk.negative);
+  int64_t sum = 0, own = 0;
+  for (size_t c = 0; c < r.peak.size(); ++c) {
+    CHECK(pk.category_peak[c] == r.peak[c] + p.persistent[c] + p.reserved[c]);
+    CHECK(pk.at_peak[c] <= pk.category_peak[c]);
+    sum += pk.at_peak[c];
+    own += pk.category_peak[c];
+  }
+  CHECK(sum == pk.total);
+  CHECK(pk.total <= own);
   if (expect_zero_end)
     for (size_t c = 0; c < r.end.size(); ++c) {
       INFO("category " << mem_name(static_cast<Mem>(c)) << " ends at " << r.end[c]);

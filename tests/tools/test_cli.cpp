@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -385,6 +387,49 @@ TEST_CASE("cli: profile writes trace and memory chart and peaks and names a bad 
   CHECK(!fs::exists(d / "prof" / "model.safetensors"));
   CHECK(!fs::exists(d / "prof" / "checkpoints"));
   CHECK(!fs::exists(d / "run"));
+}
+
+// `plan`: the replayed peak per tier and category, as text and JSON, with offload to NVMe:
+// the files' bytes are 16 per parameter / N (master, gradients, m, v) plus padding; DeepSpeed's
+// ZeRO-3 figure is its formula over the model's own parameter count.
+TEST_CASE("cli: plan predicts each rank's peak per tier and category") {
+  const fs::path d = scratch("plan");
+  spit(d / "cfg.json", tiny_config(d));
+  CHECK(has(sw_run(d, {"plan", "--help"}).out, "--json"));
+  check_usage_error(sw_run(d, {"plan"}), "missing CONFIG");
+  check_usage_error(sw_run(d, {"plan", "cfg.json", "--eval"}), "unknown option '--eval'");
+  const Result t = sw_run(d, {"plan", "cfg.json", "--world-size", "2"});
+  INFO(t.err);
+  REQUIRE(t.rc == 0);
+  CHECK(has(t.out, "device peak"));
+  CHECK(has(t.out, "DeepSpeed's model-states estimate"));
+  const Result j = sw_run(d, {"plan", "cfg.json", "--world-size", "2", "--json", "--set",
+                              "zero_optimization.offload_param.device=nvme", "--set",
+                              "zero_optimization.offload_param.nvme_path=/nonexistent", "--set",
+                              "zero_optimization.offload_optimizer.device=nvme", "--set",
+                              "zero_optimization.offload_optimizer.nvme_path=/nonexistent"});
+  INFO(j.err);
+  REQUIRE(j.rc == 0);
+  const auto doc = nlohmann::json::parse(j.out);
+  REQUIRE(doc["ranks"].size() == 2);
+  const double params = doc["params"].get<double>();
+  for (const auto& r : doc["ranks"]) {
+    const auto& dev = r["tiers"]["device"];
+    int64_t sum = 0;
+    for (const auto& [k, v] : dev["categories"].items()) sum += v.get<int64_t>();
+    CHECK(sum == dev["peak_bytes"].get<int64_t>());
+    const double nvme = r["tiers"]["nvme"]["peak_bytes"].get<double>();
+    CHECK(nvme >= 16 * params / 2);
+    CHECK(nvme <= 16 * params / 2 * 1.1);
+  }
+  const Result z = sw_run(d, {"plan", "cfg.json", "--world-size", "2", "--json"});
+  REQUIRE(z.rc == 0);
+  const auto zd = nlohmann::json::parse(z.out);
+  CHECK(zd["ranks"][0]["tiers"]["nvme"]["peak_bytes"] == 0);
+  const int64_t P = zd["params"].get<int64_t>();
+  const int64_t ds = zd["deepspeed_estimate"]["bytes"].get<int64_t>();
+  CHECK(ds > 18 * P / 2);          // 18 bytes per parameter / N ...
+  CHECK(ds <= 18 * P / 2 + 4 * P);  // ... plus 4 x the largest unit
 }
 
 TEST_CASE("cli: plan-dump prints the step plan N ranks execute, without the launcher") {
