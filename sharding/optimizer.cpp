@@ -80,8 +80,10 @@ void ShardedModel::Impl::update_unit(FlatUnit& fu, const ExecState& st, int64_t 
 namespace sw {
 
 NvmeMoments::~NvmeMoments() {
-  if (fd >= 0) {
-    ::close(fd);
+  io.drain();  // nothing may still use the file
+  if (file.is_open()) {
+    io.detach(fd);
+    file.close();
     ::unlink(path.c_str());
     ::rmdir(dir.c_str());  // only if empty
   }
@@ -95,12 +97,14 @@ void ShardedModel::Impl::setup_nvme(int rank) {
   for (size_t u = 0; u < units.size(); ++u) {
     if (!units[u]->moments_on_nvme()) continue;
     const int64_t bytes = 2 * units[u]->shard_size() * static_cast<int64_t>(sizeof(float));
-    offset[u] = total;
-    total += bytes;
+    // Each region starts on a 4096-byte boundary, so the pieces of OptimizerOffload::piece()
+    // floats (32 MiB) are all O_DIRECT-aligned.
+    offset[u] = (total + int64_t(kAioAlign) - 1) / int64_t(kAioAlign) * int64_t(kAioAlign);
+    total = offset[u] + bytes;
     ++n;
   }
   if (n == 0) return;
-  auto nv = std::make_unique<NvmeMoments>();
+  auto nv = std::make_unique<NvmeMoments>(policy.aio);  // throws if a forced io_uring is refused
   const std::string key = "zero_optimization.offload_optimizer.nvme_path";
   nv->dir = oo.nvme_path + "/rank_" + std::to_string(rank);
   std::error_code ec;
@@ -115,10 +119,12 @@ void ShardedModel::Impl::setup_nvme(int rank) {
                           format_bytes(free_bytes) + " free");
   }
   nv->path = nv->dir + "/optimizer.bin";  // a stale one from a killed run is truncated
-  nv->fd = ::open(nv->path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (nv->fd < 0)
-    fail("offload", key + " '" + oo.nvme_path + "': cannot create " + nv->path + " (" +
-                        std::strerror(errno) + ")");
+  try {
+    nv->file = AioFile::create(nv->path, 0, policy.aio.o_direct);
+  } catch (const Error& e) {  // "aio: <path>: cannot create: <strerror> (errno <e>)"
+    fail("offload", key + " '" + oo.nvme_path + "': " + std::string(e.what()).substr(5));
+  }
+  nv->fd = nv->file.fd();
   // Zeros (AdamW's initial moments), with the blocks reserved now so that a disk filling up
   // later cannot fail a write in the middle of a step (where the filesystem allows it).
   int err = ::posix_fallocate(nv->fd, 0, total);
@@ -128,8 +134,9 @@ void ShardedModel::Impl::setup_nvme(int rank) {
                         std::strerror(err) + ")");
   nv->offset = std::move(offset);
   for (int i = 0; i < opt_plan.staging_slots; ++i)
-    nv->slots.emplace_back(static_cast<size_t>(opt_plan.staging_bytes), Mem::Optimizer,
-                           ops->device());
+    nv->slots.push_back(aligned_staging(static_cast<size_t>(opt_plan.staging_bytes),
+                                        Mem::Optimizer, Tier::Device, false));
+  nv->io.attach(nv->file);
   nvme = std::move(nv);
 }
 

@@ -57,18 +57,22 @@ struct ExecState {
 };
 
 // NVMe optimizer offload (sharding/policy.h OptimizerOffload): the AdamW moments of the
-// offloaded units in one file per rank; unit u's region starts at offset[u] (bytes) and holds
-// its shard in pieces of OptimizerOffload::piece_floats, each piece m then v. The
-// optimizer segment's Fetch / Evict actions stage pieces through `slots` on `io`.
+// offloaded units in one file per rank; unit u's region starts at offset[u] (bytes, a multiple
+// of 4096) and holds its shard in pieces of OptimizerOffload::piece_floats, each piece m then
+// v. The optimizer segment's Fetch / Evict actions stage pieces through `slots` on `io`, whose
+// engine (policy.aio) sends the aligned part of each piece through the file's O_DIRECT
+// descriptor (`file` is attached to `io`) and the rest, like checkpoint access, through `fd`.
 struct NvmeMoments {
+  explicit NvmeMoments(const AioConfig& cfg) : io(cfg) {}
   std::string dir, path;
-  int fd = -1;
-  std::vector<int64_t> offset;   // per unit; -1: not in the file
-  std::vector<Buffer> slots;     // staging, Mem::Optimizer
-  Buffer view;                   // checkpoint reads (state_view)
-  std::vector<IoEventPtr> ev;    // per action of the segment being run
+  AioFile file;                       // O_DIRECT where the filesystem accepts it
+  int fd = -1;                        // file.fd(): the buffered descriptor
+  std::vector<int64_t> offset;        // per unit; -1: not in the file
+  std::vector<StagingBuffer> slots;   // staging, 4096-aligned, Mem::Optimizer
+  Buffer view;                        // checkpoint reads (state_view)
+  std::vector<IoEventPtr> ev;         // per action of the segment being run
   IoStream io;
-  ~NvmeMoments();                // closes and removes the file (a clean exit)
+  ~NvmeMoments();                     // closes and removes the file (a clean exit)
 };
 
 struct ShardedModel::Impl {
