@@ -32,10 +32,15 @@ for r in $(seq 1 "$rounds"); do
   dd if=/dev/zero of="$dir/dd.bin" bs=8M count=128 oflag=direct 2>"$work/w.txt"
   dd if="$dir/dd.bin" of=/dev/null bs=8M iflag=direct 2>"$work/r.txt"
   rm -f "$dir/dd.bin"
-  "$sw" train "${big[@]}" --quiet --no-export --set run_dir="$work/mem" >/dev/null
-  SHARDWISE_IO_UNCACHED=1 "$sw" train "${big[@]}" --quiet --no-export \
-    --set run_dir="$work/nvme" --set zero_optimization.offload_optimizer.device=nvme \
-    --set zero_optimization.offload_optimizer.nvme_path="$dir" >/dev/null
+  mem_run() { "$sw" train "${big[@]}" --quiet --no-export --set run_dir="$work/mem" >/dev/null; }
+  nvme_run() {
+    SHARDWISE_IO_UNCACHED=1 "$sw" train "${big[@]}" --quiet --no-export \
+      --set run_dir="$work/nvme" --set zero_optimization.offload_optimizer.device=nvme \
+      --set zero_optimization.offload_optimizer.nvme_path="$dir" >/dev/null
+  }
+  # Alternate which goes first (a shared machine's load drifts).
+  rm -rf "$work/mem" "$work/nvme"
+  if [ $((r % 2)) -eq 1 ]; then mem_run; nvme_run; else nvme_run; mem_run; fi
   /usr/bin/python3 - "$work" "$r" "$moments" "$accum" <<'PY'
 import json, re, statistics, sys
 work, r, accum = sys.argv[1], sys.argv[2], sys.argv[4]
