@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The async I/O engine (offload/aio.h) against fio on DIR's disk: sequential write and read,
-# same block size, queue depth and engine kind, alternating, AIO_REPS repetitions (3).
+# same block size, queue depth, engine kind and O_DIRECT, alternating order, AIO_REPS
+# repetitions (7); prints each, the medians and their ratios (target: engine >= 0.90 x fio).
+# Run it when the machine is quiet (uptime): the figures are only as steady as the disk.
 #   bench/aio_vs_fio.sh DIR
 # Environment (see bench/bench_aio.cpp): AIO_BENCH_BYTES (2GiB), AIO_BLOCK (1MiB), AIO_QD (8),
 # AIO_BACKEND (auto|io_uring|threads), AIO_THREADS (1), AIO_DIRECT (1), AIO_CHUNK (64MiB).

@@ -227,6 +227,13 @@ const Node& schema() {
                 obj("profile",
                     {leaf("enabled", Kind::Bool), leaf("start_step", Kind::Int),
                      leaf("num_steps", Kind::Int), leaf("out", Kind::Str)}),
+                // DeepSpeed's aio block plus backend and o_direct; values are checked by
+                // AioConfig::from_json (block_size: bytes or a size string).
+                obj("aio", {leaf("block_size", Kind::Any), leaf("queue_depth", Kind::Int),
+                            leaf("intra_op_parallelism", Kind::Int),
+                            leaf("thread_count", Kind::Int), leaf("single_submit", Kind::Bool),
+                            leaf("overlap_events", Kind::Bool), leaf("backend", Kind::Str),
+                            leaf("o_direct", Kind::Bool)}),
             });
   }();
   return root;
@@ -725,6 +732,15 @@ void write_resolved(json& r, const TrainConfig& cfg) {
     set_path(r, "zero_optimization.offload_param.nvme_path", sp.offload_param.nvme_path);
     set_path(r, "zero_optimization.offload_param.buffer_count", sp.offload_param.buffer_count);
   }
+  const AioConfig& aio = sp.aio;
+  set_path(r, "aio.block_size", aio.block_size);
+  set_path(r, "aio.queue_depth", aio.queue_depth);
+  set_path(r, "aio.intra_op_parallelism", aio.intra_op_parallelism);
+  erase_path(r, "aio.thread_count");  // an alias, now resolved
+  set_path(r, "aio.single_submit", aio.single_submit);
+  set_path(r, "aio.overlap_events", aio.overlap_events);
+  set_path(r, "aio.backend", aio_backend_name(aio.backend));
+  set_path(r, "aio.o_direct", aio.o_direct);
   set_path(r, "bf16.enabled", cfg.bf16);
   set_path(r, "fp16.enabled", cfg.fp16);
   if (cfg.fp16) {
@@ -1115,6 +1131,16 @@ TrainConfig read_config(json j, const std::string& source,
       c.bad(pkey, std::string("'nvme' needs a strategy that shards parameters (FULL_SHARD, "
                               "SHARD_GRAD_OP or HYBRID_SHARD), not ") +
                       strategy_name(sp.strategy));
+  }
+  if (const json* a = at(j, "aio")) {
+    try {
+      sp.aio = AioConfig::from_json(*a, "aio");
+    } catch (const Error& e) {  // "aio: aio.<key>: <problem>": the config's one line
+      const std::string m = std::string(e.what()).substr(5);
+      const size_t colon = m.find(": ");
+      if (colon == std::string::npos) c.bad("aio", m);
+      c.bad(m.substr(0, colon), m.substr(colon + 2));
+    }
   }
   cfg.blocks_per_unit = (int)get_int(j, "blocks_per_unit", cfg.blocks_per_unit, 1, IMAX, c);
   cfg.comm_timeout_s =

@@ -135,14 +135,29 @@ struct AioOp {
   std::atomic<bool> failed{false};
   std::mutex mu;
   std::string error;  // the first failure, one line
+  int err = 0;        // its errno (0 with eof)
+  bool eof = false;
+  uint64_t err_offset = 0;
+  AioDone done;  // called once, when the last piece completes
 
-  void fail(std::string msg) {
+  void fail(std::string msg, int e, uint64_t at, bool at_eof = false) {
     std::lock_guard<std::mutex> lk(mu);
-    if (error.empty()) error = std::move(msg);
+    if (error.empty()) error = std::move(msg), err = e, err_offset = at, eof = at_eof;
     failed.store(true, std::memory_order_release);
   }
   void piece_done() {
-    if (remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) remaining.notify_all();
+    if (remaining.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    remaining.notify_all();
+    if (done) finished();
+  }
+  void finished() {
+    AioStatus s;
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      s.err = err, s.eof = eof, s.offset = err_offset, s.message = error;
+    }
+    AioDone d = std::move(done);
+    d(s);
   }
 };
 }  // namespace detail
@@ -218,8 +233,9 @@ struct AioHandle::Impl {
 
   void fail_piece(const Piece& p, int err, uint64_t at, const char* note = "") {
     p.op->fail("aio: " + p.op->label + ": " + note + (p.op->write ? "write" : "read") + " of " +
-               std::to_string(p.len) + " bytes at offset " + std::to_string(at) +
-               " failed: " + errstr(err));
+                   std::to_string(p.len) + " bytes at offset " + std::to_string(at) +
+                   " failed: " + errstr(err),
+               err, at);
   }
 
   // A piece's result: bytes done (>= 0) or -errno. Returns true when the piece is complete
@@ -234,7 +250,8 @@ struct AioHandle::Impl {
         fail_piece(p, EIO, uint64_t(p.off), "(no progress) ");
       } else {
         p.op->fail("aio: " + p.op->label + ": read at offset " + std::to_string(p.off) +
-                   " hit the end of the file (" + std::to_string(p.len) + " bytes short)");
+                       " hit the end of the file (" + std::to_string(p.len) + " bytes short)",
+                   0, uint64_t(p.off), true);
       }
       return true;
     }
@@ -341,13 +358,14 @@ struct AioHandle::Impl {
   }
 
   AioRequest enqueue(int fd, int direct_fd, char* buf, size_t bytes, off_t offset, bool write,
-                     std::string label) {
+                     std::string label, AioDone done) {
     if (offset < 0) fail("aio", label + ": negative offset " + std::to_string(offset));
     if (bytes > 0 && !buf) fail("aio", label + ": null buffer");
     auto op = std::make_shared<AioOp>();
     op->label = std::move(label);
     op->write = write;
     op->bytes = bytes;
+    op->done = std::move(done);
     std::vector<Piece> ps;
     ps.reserve(bytes / cfg.block_size + 2);
     auto add = [&](int f, char* b, size_t n, off_t o) { ps.push_back({op.get(), op, f, fd, b, n, o}); };
@@ -365,6 +383,10 @@ struct AioHandle::Impl {
       }
     }
     op->remaining.store(int64_t(ps.size()), std::memory_order_release);
+    if (ps.empty()) {  // nothing to transfer: complete now
+      if (op->done) op->finished();
+      return AioRequest(std::move(op));
+    }
     {
       std::lock_guard<std::mutex> lk(mu);
       outstanding += ps.size();
@@ -413,23 +435,26 @@ static std::string fd_label(int fd, const std::string& label) {
   return label.empty() ? "fd " + std::to_string(fd) : label;
 }
 
-AioRequest AioHandle::read(int fd, void* buf, size_t bytes, off_t offset, const std::string& label) {
-  return impl_->enqueue(fd, -1, static_cast<char*>(buf), bytes, offset, false, fd_label(fd, label));
+AioRequest AioHandle::read(int fd, void* buf, size_t bytes, off_t offset, const std::string& label,
+                           AioDone done) {
+  return impl_->enqueue(fd, -1, static_cast<char*>(buf), bytes, offset, false, fd_label(fd, label),
+                        std::move(done));
 }
 AioRequest AioHandle::write(int fd, const void* buf, size_t bytes, off_t offset,
-                            const std::string& label) {
+                            const std::string& label, AioDone done) {
   return impl_->enqueue(fd, -1, static_cast<char*>(const_cast<void*>(buf)), bytes, offset, true,
-                        fd_label(fd, label));
+                        fd_label(fd, label), std::move(done));
 }
-AioRequest AioHandle::read(const AioFile& f, void* buf, size_t bytes, off_t offset) {
+AioRequest AioHandle::read(const AioFile& f, void* buf, size_t bytes, off_t offset, AioDone done) {
   if (!f.is_open()) fail("aio", "read from a closed AioFile");
   return impl_->enqueue(f.fd(), f.direct_fd(), static_cast<char*>(buf), bytes, offset, false,
-                        f.path());
+                        f.path(), std::move(done));
 }
-AioRequest AioHandle::write(const AioFile& f, const void* buf, size_t bytes, off_t offset) {
+AioRequest AioHandle::write(const AioFile& f, const void* buf, size_t bytes, off_t offset,
+                            AioDone done) {
   if (!f.is_open()) fail("aio", "write to a closed AioFile");
   return impl_->enqueue(f.fd(), f.direct_fd(), static_cast<char*>(const_cast<void*>(buf)), bytes,
-                        offset, true, f.path());
+                        offset, true, f.path(), std::move(done));
 }
 
 void AioHandle::wait_all() {
@@ -504,14 +529,14 @@ AioFile AioFile::create(const std::string& path, uint64_t size, bool o_direct, b
   return f;
 }
 
-StagingBuffer aligned_staging(size_t bytes) {
+StagingBuffer aligned_staging(size_t bytes, Mem cat, Tier tier, bool round_up) {
   StagingBuffer s;
   s.bytes_ = bytes;
-  s.cap_ = (bytes + kAioAlign - 1) / kAioAlign * kAioAlign;
+  s.cap_ = round_up ? (bytes + kAioAlign - 1) / kAioAlign * kAioAlign : bytes;
   if (s.cap_ == 0) return s;
-  s.buf_ = Buffer(s.cap_, Mem::Communication, Device::cpu(), Tier::Host);
+  s.buf_ = Buffer(s.cap_, cat, Device::cpu(), tier);
   if (!aligned(s.buf_.data())) {  // small blocks come 64-byte aligned: take a page more
-    s.buf_ = Buffer(s.cap_ + kAioAlign, Mem::Communication, Device::cpu(), Tier::Host);
+    s.buf_ = Buffer(s.cap_ + kAioAlign, cat, Device::cpu(), tier);
     s.off_ = kAioAlign - reinterpret_cast<uintptr_t>(s.buf_.data()) % kAioAlign;
   }
   return s;

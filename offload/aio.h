@@ -26,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -63,6 +64,21 @@ struct AioConfig {
 namespace detail {
 struct AioOp;
 }
+
+// How a request ended, for a completion callback: err is 0, or the errno of the first failed
+// piece (at `offset`); eof: a read reached the end of the file at `offset`. message: the
+// error line synchronize() throws ("" when ok).
+struct AioStatus {
+  int err = 0;
+  bool eof = false;
+  uint64_t offset = 0;
+  std::string message;
+  bool ok() const { return err == 0 && !eof; }
+};
+// Called once per request when its last piece completes (or fails), on an engine thread and
+// possibly with the handle's lock held: it must not call into the handle, and should only
+// record the status and wake someone (sharding/io_stream.cpp's dispatcher does the rest).
+using AioDone = std::function<void(const AioStatus&)>;
 
 // Completion of one read() or write(): an Event. Cheap to copy (shared state).
 class AioRequest final : public Event {
@@ -111,24 +127,30 @@ class AioFile {
   std::string path_, mode_;
 };
 
-// A 4096-aligned host buffer, tracked as Mem::Communication on Tier::Host; its capacity is
-// the requested size rounded up to 4096.
+// A 4096-aligned host buffer (see aligned_staging).
 class StagingBuffer {
  public:
   StagingBuffer() = default;
   void* data() const { return static_cast<char*>(buf_.data()) + off_; }
   template <class T>
   T* as() const { return static_cast<T*>(data()); }
+  float* f32() const { return as<float>(); }
   size_t bytes() const { return bytes_; }     // as requested
   size_t capacity() const { return cap_; }    // rounded up to kAioAlign
   bool empty() const { return buf_.empty(); }
 
  private:
-  friend StagingBuffer aligned_staging(size_t bytes);
+  friend StagingBuffer aligned_staging(size_t, Mem, Tier, bool);
   Buffer buf_;
   size_t off_ = 0, bytes_ = 0, cap_ = 0;
 };
-StagingBuffer aligned_staging(size_t bytes);
+// A 4096-aligned buffer of `bytes` tracked as `cat` on `tier` (default: Mem::Communication,
+// Tier::Host). round_up: its capacity is `bytes` rounded up to 4096 (so a caller may transfer
+// whole blocks); otherwise exactly `bytes` (the engine sends an unaligned tail buffered), and
+// the tracked size is `bytes` whenever the allocator's block is already page-aligned (blocks
+// above 1 MiB are mmap'd), a page more only for small ones.
+StagingBuffer aligned_staging(size_t bytes, Mem cat = Mem::Communication, Tier tier = Tier::Host,
+                              bool round_up = true);
 
 class AioHandle {
  public:
@@ -139,13 +161,16 @@ class AioHandle {
   AioHandle(const AioHandle&) = delete;
   AioHandle& operator=(const AioHandle&) = delete;
 
-  // `label` names the file in error messages (the path when empty: "fd <n>").
-  AioRequest read(int fd, void* buf, size_t bytes, off_t offset, const std::string& label = {});
+  // `label` names the file in error messages (the path when empty: "fd <n>"). `done`, when
+  // given, is called once when the request completes (see AioDone).
+  AioRequest read(int fd, void* buf, size_t bytes, off_t offset, const std::string& label = {},
+                  AioDone done = {});
   AioRequest write(int fd, const void* buf, size_t bytes, off_t offset,
-                   const std::string& label = {});
+                   const std::string& label = {}, AioDone done = {});
   // Aligned pieces on the file's O_DIRECT descriptor, the rest on its buffered one.
-  AioRequest read(const AioFile& f, void* buf, size_t bytes, off_t offset);
-  AioRequest write(const AioFile& f, const void* buf, size_t bytes, off_t offset);
+  AioRequest read(const AioFile& f, void* buf, size_t bytes, off_t offset, AioDone done = {});
+  AioRequest write(const AioFile& f, const void* buf, size_t bytes, off_t offset,
+                   AioDone done = {});
 
   void wait_all();  // waits until nothing is in flight (does not throw)
   const char* backend_name() const;  // "io_uring" or "threads"

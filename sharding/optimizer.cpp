@@ -83,8 +83,10 @@ void ShardedModel::Impl::update_unit(FlatUnit& fu, const ExecState& st, int64_t 
 namespace sw {
 
 NvmeMoments::~NvmeMoments() {
-  if (fd >= 0) {
-    ::close(fd);
+  io.drain();  // nothing may still use the file
+  if (file.is_open()) {
+    io.detach(fd);
+    file.close();
     ::unlink(path.c_str());
     ::rmdir(dir.c_str());  // only if empty
   }
@@ -98,12 +100,14 @@ void ShardedModel::Impl::setup_nvme(int rank) {
   for (size_t u = 0; u < units.size(); ++u) {
     if (!units[u]->moments_on_nvme()) continue;
     const int64_t bytes = 2 * units[u]->shard_size() * static_cast<int64_t>(sizeof(float));
-    offset[u] = total;
-    total += bytes;
+    // Each region starts on a 4096-byte boundary, so the pieces of OptimizerOffload::piece()
+    // floats (32 MiB) are all O_DIRECT-aligned.
+    offset[u] = (total + int64_t(kAioAlign) - 1) / int64_t(kAioAlign) * int64_t(kAioAlign);
+    total = offset[u] + bytes;
     ++n;
   }
   if (n == 0) return;
-  auto nv = std::make_unique<NvmeMoments>();
+  auto nv = std::make_unique<NvmeMoments>(policy.aio);  // throws if a forced io_uring is refused
   const std::string key = "zero_optimization.offload_optimizer.nvme_path";
   nv->dir = oo.nvme_path + "/rank_" + std::to_string(rank);
   std::error_code ec;
@@ -118,10 +122,12 @@ void ShardedModel::Impl::setup_nvme(int rank) {
                           format_bytes(free_bytes) + " free");
   }
   nv->path = nv->dir + "/optimizer.bin";  // a stale one from a killed run is truncated
-  nv->fd = ::open(nv->path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (nv->fd < 0)
-    fail("offload", key + " '" + oo.nvme_path + "': cannot create " + nv->path + " (" +
-                        std::strerror(errno) + ")");
+  try {
+    nv->file = AioFile::create(nv->path, 0, policy.aio.o_direct);
+  } catch (const Error& e) {  // "aio: <path>: cannot create: <strerror> (errno <e>)"
+    fail("offload", key + " '" + oo.nvme_path + "': " + std::string(e.what()).substr(5));
+  }
+  nv->fd = nv->file.fd();
   // Zeros (AdamW's initial moments), with the blocks reserved now so that a disk filling up
   // later cannot fail a write in the middle of a step (where the filesystem allows it).
   int err = ::posix_fallocate(nv->fd, 0, total);
@@ -131,8 +137,9 @@ void ShardedModel::Impl::setup_nvme(int rank) {
                         std::strerror(err) + ")");
   nv->offset = std::move(offset);
   for (int i = 0; i < opt_plan.staging_slots; ++i)
-    nv->slots.emplace_back(static_cast<size_t>(opt_plan.staging_bytes), Mem::Optimizer,
-                           ops->device());
+    nv->slots.push_back(aligned_staging(static_cast<size_t>(opt_plan.staging_bytes),
+                                        Mem::Optimizer, Tier::Device, false));
+  nv->io.attach(nv->file);
   nvme = std::move(nv);
 }
 
@@ -148,9 +155,10 @@ int64_t align_up(int64_t x) { return (x + kFileAlign - 1) / kFileAlign * kFileAl
 }  // namespace
 
 NvmeParams::~NvmeParams() {
-  own_io.reset();  // finishes what is queued before the file goes
-  if (fd >= 0) {
-    ::close(fd);
+  if (io && !own_io) io->drain();  // the moments' stream outlives this: nothing left queued
+  own_io.reset();                  // finishes what is queued before the file goes
+  if (file.is_open()) {
+    file.close();
     ::unlink(path.c_str());
     ::rmdir(dir.c_str());  // only if empty
   }
@@ -191,10 +199,12 @@ void ShardedModel::Impl::setup_nvme_params(int rank) {
                           " free");
   }
   pv->path = pv->dir + "/params.bin";  // a stale one from a killed run is truncated
-  pv->fd = ::open(pv->path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (pv->fd < 0)
-    fail("offload", key + " '" + root + "': cannot create " + pv->path + " (" +
-                        std::strerror(errno) + ")");
+  try {
+    pv->file = AioFile::create(pv->path, 0, policy.aio.o_direct);
+  } catch (const Error& e) {  // "aio: <path>: cannot create: <strerror> (errno <e>)"
+    fail("offload", key + " '" + root + "': " + std::string(e.what()).substr(5));
+  }
+  pv->fd = pv->file.fd();
   int err = ::posix_fallocate(pv->fd, 0, total);
   if (err == EOPNOTSUPP || err == EINVAL) err = ::ftruncate(pv->fd, total) == 0 ? 0 : errno;
   if (err != 0)
@@ -205,9 +215,10 @@ void ShardedModel::Impl::setup_nvme_params(int rank) {
   if (nvme) {
     pv->io = &nvme->io;
   } else {
-    pv->own_io = std::make_unique<IoStream>();
+    pv->own_io = std::make_unique<IoStream>(policy.aio);
     pv->io = pv->own_io.get();
   }
+  pv->io->attach(pv->file);
   const Device dev = ops->device();
   const size_t sb = static_cast<size_t>(largest) * sizeof(float);
   // The plan's figures (step_plan.cpp fill_persistent) size what is allocated here.
@@ -273,9 +284,10 @@ void ShardedModel::Impl::accumulate_nvme(FlatUnit& fu) {
 namespace sw {
 
 NvmeActs::~NvmeActs() {
+  io.drain();
   writing.clear();
-  if (fd >= 0) {
-    ::close(fd);
+  if (file.is_open()) {
+    file.close();
     ::unlink(path.c_str());
     ::rmdir(dir.c_str());  // only if empty
   }
@@ -285,16 +297,19 @@ void ShardedModel::Impl::reserve_acts(int64_t end) {
   const std::string key = "activation_checkpointing.nvme_path";
   const std::string& root = policy.activation_checkpointing.nvme_path;
   if (!anvme) {
-    auto A = std::make_unique<NvmeActs>();
+    auto A = std::make_unique<NvmeActs>(policy.aio);
     A->dir = root + "/rank_" + std::to_string(rank);
     std::error_code ec;
     std::filesystem::create_directories(A->dir, ec);
     if (ec) fail("offload", key + " '" + root + "': cannot create " + A->dir + " (" + ec.message() + ")");
     A->path = A->dir + "/activations.bin";  // a stale one from a killed run is truncated
-    A->fd = ::open(A->path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (A->fd < 0)
-      fail("offload", key + " '" + root + "': cannot create " + A->path + " (" +
-                          std::strerror(errno) + ")");
+    try {
+      A->file = AioFile::create(A->path, 0, policy.aio.o_direct);
+    } catch (const Error& e) {
+      fail("offload", key + " '" + root + "': " + std::string(e.what()).substr(5));
+    }
+    A->fd = A->file.fd();
+    A->io.attach(A->file);
     anvme = std::move(A);
   }
   NvmeActs& A = *anvme;

@@ -29,6 +29,7 @@
 
 #include "core/dtype.h"
 #include "models/recompute.h"
+#include "offload/aio.h"
 
 namespace sw {
 
@@ -157,6 +158,8 @@ struct ShardingPolicy {
   ActivationCheckpointing activation_checkpointing;
   OptimizerOffload offload_optimizer;
   ParamOffload offload_param;
+  // The asynchronous I/O engine of the io queue (DeepSpeed's "aio" block, offload/aio.h).
+  AioConfig aio;
 
   // The defaults of a strategy (reshard_after_forward and accum follow it).
   static ShardingPolicy for_strategy(ShardingStrategy s);

@@ -57,18 +57,22 @@ struct ExecState {
 };
 
 // NVMe optimizer offload (sharding/policy.h OptimizerOffload): the AdamW moments of the
-// offloaded units in one file per rank; unit u's region starts at offset[u] (bytes) and holds
-// its shard in pieces of OptimizerOffload::piece_floats, each piece m then v. The
-// optimizer segment's Fetch / Evict actions stage pieces through `slots` on `io`.
+// offloaded units in one file per rank; unit u's region starts at offset[u] (bytes, a multiple
+// of 4096) and holds its shard in pieces of OptimizerOffload::piece_floats, each piece m then
+// v. The optimizer segment's Fetch / Evict actions stage pieces through `slots` on `io`, whose
+// engine (policy.aio) sends the aligned part of each piece through the file's O_DIRECT
+// descriptor (`file` is attached to `io`) and the rest, like checkpoint access, through `fd`.
 struct NvmeMoments {
+  explicit NvmeMoments(const AioConfig& cfg) : io(cfg) {}
   std::string dir, path;
-  int fd = -1;
-  std::vector<int64_t> offset;   // per unit; -1: not in the file
-  std::vector<Buffer> slots;     // staging, Mem::Optimizer
-  Buffer view;                   // checkpoint reads (state_view)
-  std::vector<IoEventPtr> ev;    // per action of the segment being run
+  AioFile file;                       // O_DIRECT where the filesystem accepts it
+  int fd = -1;                        // file.fd(): the buffered descriptor
+  std::vector<int64_t> offset;        // per unit; -1: not in the file
+  std::vector<StagingBuffer> slots;   // staging, 4096-aligned, Mem::Optimizer
+  Buffer view;                        // checkpoint reads (state_view)
+  std::vector<IoEventPtr> ev;         // per action of the segment being run
   IoStream io;
-  ~NvmeMoments();                // closes and removes the file (a clean exit)
+  ~NvmeMoments();                     // closes and removes the file (a clean exit)
 };
 
 // NVMe parameters (sharding/policy.h ParamOffload): every unit's master shard and reduced
@@ -78,7 +82,8 @@ struct NvmeMoments {
 // pieces through NvmeMoments-style staging (`opt_slots` when the moments are not on NVMe).
 struct NvmeParams {
   std::string dir, path;
-  int fd = -1;
+  AioFile file;  // attached to `io`: O_DIRECT for aligned pieces (large staging is page-aligned)
+  int fd = -1;   // file.fd(): the buffered descriptor
   std::vector<int64_t> moff, goff;  // per unit; -1: not in the file
   std::vector<Buffer> pslots, gslots;
   std::vector<Buffer> opt_slots;    // the optimizer's staging when NvmeMoments has none
@@ -100,7 +105,9 @@ struct NvmeParams {
 // contiguously from `off[pos]` and kept in `writing` until the plan's WaitIo sees the write
 // done; a fetch allocates them again and reads them back.
 struct NvmeActs {
+  explicit NvmeActs(const AioConfig& cfg) : io(cfg) {}
   std::string dir, path;
+  AioFile file;
   int fd = -1;
   int64_t reserved = 0;  // bytes of the file reserved so far
   int64_t next = 0;      // where the next evicted position goes (from 0 each micro-step)

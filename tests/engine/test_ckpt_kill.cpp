@@ -76,13 +76,17 @@ struct Child {
   std::string log;  // stdout + stderr
 };
 
-// Starts `shardwise train CONFIG --quiet --set run_dir=<run> args...` with extra environment.
+// Starts `shardwise train CONFIG --quiet --set run_dir=<run> args...` with extra environment,
+// through `mpirun -np ranks` when ranks > 1.
 Child start(const std::string& run, std::vector<std::string> args,
-            std::vector<std::string> env = {}, bool ignore_sigxfsz = false) {
+            std::vector<std::string> env = {}, bool ignore_sigxfsz = false, int ranks = 1) {
   Child c;
   c.log = (work() / (run + ".log")).string();
   std::vector<std::string> argv = {kShardwise, "train", config(),
                                    "--quiet",  "--set", "run_dir=" + (work() / run).string()};
+  if (ranks > 1)
+    argv.insert(argv.begin(), {SW_MPIEXEC, "--allow-run-as-root", "--oversubscribe", "-np",
+                               std::to_string(ranks)});
   argv.insert(argv.end(), args.begin(), args.end());
   c.pid = fork();
   REQUIRE(c.pid >= 0);
@@ -224,20 +228,68 @@ TEST_CASE("ckpt kill: SIGKILL with parameters, optimizer and activations on NVMe
   CHECK(!fs::exists(fs::path(dir) / "rank_0"));  // removed at the clean exit
 }
 
+// An I/O error in the middle of step 11 (SHARDWISE_IO_FAIL_AFTER=70[:errno]: 6 io operations
+// per step + 6 per save, per rank) with the optimizer state on NVMe, on `ranks` ranks: every
+// rank stops with one line naming its file, the offset and the errno text, the run ends
+// non-zero without hanging, and the checkpoint saved before (step_10) verifies.
+void check_io_error(const std::string& name, int ranks, const std::string& fail_after,
+                    const std::string& errno_text, const std::string& backend) {
+  const std::string nv = (work() / (name + "_nvme")).string();
+  const auto t0 = std::chrono::steady_clock::now();
+  Child c = start(name,
+                  {"--set", "zero_optimization.offload_optimizer.device=nvme", "--set",
+                   "zero_optimization.offload_optimizer.nvme_path=" + nv, "--set",
+                   "aio.backend=" + backend},
+                  {"SHARDWISE_IO_FAIL_AFTER=" + fail_after, "OMPI_MCA_mpi_yield_when_idle=1",
+                   "SHARDWISE_COMM_TIMEOUT_S=20"},
+                  false, ranks);
+  // A hang is a failure, not a ctest timeout: give it 90 s (it takes about a second).
+  int st = 0;
+  while (waitpid(c.pid, &st, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(90)) {
+      kill(c.pid, SIGKILL);
+      waitpid(c.pid, &st, 0);
+      FAIL("the run hung after the I/O error:\n" << read_bytes(c.log));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string log = read_bytes(c.log);
+  INFO(log << "(ended after " << secs << " s)");
+  CHECK(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) != 0);
+  if (ranks == 1) CHECK(WEXITSTATUS(st) == 1);
+  // Every rank fails at the same operation and prints its line; the first to finish printing
+  // calls MPI_Abort (the CLI's multi-rank error path), which may kill another rank before its
+  // own line is out: at least one line, each well-formed and printed once.
+  int lines = 0;
+  for (int r = 0; r < ranks; ++r) {
+    const std::string file = nv + "/rank_" + std::to_string(r) + "/optimizer.bin";
+    const std::string who = ranks > 1 ? "rank " + std::to_string(r) + ": " : "";
+    const std::string prefix = "shardwise: error: " + who + "io: " + file + ": ";
+    const size_t at = log.find(prefix);
+    if (at == std::string::npos) continue;
+    ++lines;
+    const std::string line = log.substr(at, log.find('\n', at) - at);
+    CHECK_THAT(line, Contains(" bytes at offset "));
+    CHECK_THAT(line, Contains(": " + errno_text));
+    CHECK(log.find(prefix, at + 1) == std::string::npos);  // one line per rank
+  }
+  CHECK(lines >= 1);
+  if (ranks == 1) CHECK(lines == 1);
+  CHECK(latest_of(name) == "step_10");  // the checkpoint saved before it is intact
+  CHECK_NOTHROW(sw::verify_checkpoint((work() / name / "checkpoints" / "step_10").string()));
+}
+
 TEST_CASE("ckpt kill: an I/O error on the NVMe optimizer file: one line naming file, offset, errno") {
-  const std::string nv = (work() / "nvme_err").string();
-  const int rc = run("ioerr",
-                     {"--set", "zero_optimization.offload_optimizer.device=nvme", "--set",
-                      "zero_optimization.offload_optimizer.nvme_path=" + nv},
-                     {"SHARDWISE_IO_FAIL_AFTER=70"});  // 6 per step + 6 per save: step 11
-  const std::string log = read_bytes(work() / "ioerr.log");
-  INFO(log);
-  CHECK(rc == 1);
-  CHECK_THAT(log, Contains("shardwise: error: io: " + nv + "/rank_0/optimizer.bin: "));
-  CHECK_THAT(log, Contains("bytes at offset "));
-  CHECK_THAT(log, Contains("Input/output error"));
-  CHECK(latest_of("ioerr") == "step_10");  // the checkpoint saved before it is intact
-  CHECK_NOTHROW(sw::verify_checkpoint((work() / "ioerr" / "checkpoints" / "step_10").string()));
+  check_io_error("ioerr", 1, "70", "Input/output error", "auto");
+  check_io_error("ioerr_threads", 1, "70:28", "No space left on device", "threads");
+}
+
+// Label mpi (ctest's engine_mpi_io_enospc runs this hidden case): ENOSPC mid-step at 2 ranks.
+TEST_CASE("ckpt kill: ENOSPC on the NVMe optimizer file at 2 ranks: every rank stops, no hang",
+          "[.mpi]") {
+  check_io_error("enospc2", 2, "70:28", "No space left on device", "auto");
 }
 
 TEST_CASE("ckpt kill: SIGKILL in the middle of a save keeps the previous checkpoint") {

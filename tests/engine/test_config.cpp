@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "engine/config.h"
@@ -493,6 +494,47 @@ TEST_CASE("config: zero_optimization.offload_optimizer device and ratio") {
                          "nvme_path": "/tmp/p"}}})"),
              Contains("zero_optimization.offload_param.device: 'nvme' needs a strategy that "
                       "shards parameters"));
+}
+
+TEST_CASE("config: the aio block (DeepSpeed's keys, backend, o_direct)") {
+  const TrainConfig d = parse("{}");
+  CHECK(d.sharding.aio.block_size == (size_t{1} << 20));
+  CHECK(d.sharding.aio.backend == AioBackend::Auto);
+  const TrainConfig c = parse(R"({"aio": {"block_size": "2MiB", "queue_depth": 16,
+      "thread_count": 3, "single_submit": true, "overlap_events": false, "backend": "threads",
+      "o_direct": false}})");
+  const AioConfig& a = c.sharding.aio;
+  CHECK(a.block_size == (size_t{2} << 20));
+  CHECK(a.queue_depth == 16);
+  CHECK(a.intra_op_parallelism == 3);
+  CHECK(a.single_submit);
+  CHECK(!a.overlap_events);
+  CHECK(a.backend == AioBackend::Threads);
+  CHECK(!a.o_direct);
+  // The resolved config holds every key (thread_count as intra_op_parallelism) and reloads.
+  const nlohmann::json rj = nlohmann::json::parse(c.resolved_json);
+  CHECK(rj.at("aio").at("block_size") == (size_t{2} << 20));
+  CHECK(rj.at("aio").at("intra_op_parallelism") == 3);
+  CHECK(rj.at("aio").at("backend") == "threads");
+  CHECK(!rj.at("aio").contains("thread_count"));
+  const AioConfig& b = parse_config(c.resolved_json, "r.json").sharding.aio;
+  CHECK((b.block_size == a.block_size && b.queue_depth == a.queue_depth &&
+         b.intra_op_parallelism == 3 && b.single_submit && !b.overlap_events &&
+         b.backend == AioBackend::Threads && !b.o_direct));
+  // Bad values: one config line naming the key.
+  CHECK(error_of(R"({"aio": {"block_size": 1000}})") ==
+        "config: cfg.json: aio.block_size: expected a positive multiple of 4096 bytes (an "
+        "integer or \"1MiB\") up to 1GiB, got 1000");
+  CHECK(error_of(R"({"aio": {"queue_depth": 0}})") ==
+        "config: cfg.json: aio.queue_depth: expected an integer in [1, 4096], got 0");
+  CHECK(error_of(R"({"aio": {"backend": "libaio"}})") ==
+        "config: cfg.json: aio.backend: expected \"auto\", \"io_uring\" or \"threads\", got \"libaio\"");
+  CHECK_THAT(error_of(R"({"aio": {"thread_count": 2, "intra_op_parallelism": 3}})"),
+             Contains("config: cfg.json: aio.thread_count: 2 contradicts aio.intra_op_parallelism = 3"));
+  CHECK_THAT(error_of(R"({"aio": {"o_direct": "yes"}})"),
+             Contains("config: cfg.json: aio.o_direct: expected true or false"));
+  CHECK_THAT(error_of(R"({"aio": {"queue_deph": 4}})"),
+             Contains("unknown key 'aio.queue_deph' (did you mean 'aio.queue_depth'?)"));
 }
 
 TEST_CASE("config: sharding mistakes name the key") {

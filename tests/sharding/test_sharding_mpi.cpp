@@ -23,7 +23,10 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "core/alloc.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "kernels/ops.h"
 #include "kernels/threads.h"
@@ -471,11 +474,34 @@ std::string job_tmp_dir(const GroupPtr& g) {
 // Optimizer state in an NVMe file per rank, streamed through staging buffers by the plan's
 // fetch / evict actions: bit-identical to no offload; the file exists while the model lives and
 // is removed with it; the plan's memory has only the staging buffers.
-TEST_CASE("offload_optimizer nvme: bit-identical, moments in a file per rank", "[offload]") {
+// SW_TEST_AIO_BACKEND=io_uring|threads (ctest's sharding_np{1,2}_offload_nvme_<backend>, tag
+// [offload_nvme]) forces the io queue's engine (threads: 2 of them) and runs the two sharded
+// strategies; otherwise aio's defaults (auto) and NO_SHARD too. A forced io_uring that the
+// kernel refuses prints "SKIPPED: io_uring unavailable" (ctest reports the test skipped).
+TEST_CASE("offload_optimizer nvme: bit-identical, moments in a file per rank",
+          "[offload][offload_nvme]") {
   const GroupPtr g = world();
+  AioConfig aio;
+  std::vector<ShardingStrategy> strategies = {
+      ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard};
+  if (const char* b = std::getenv("SW_TEST_AIO_BACKEND"); b && *b) {
+    aio = AioConfig::from_json(nlohmann::json{{"backend", b}, {"intra_op_parallelism", 2}}, "aio");
+    strategies.pop_back();
+    if (aio.backend == AioBackend::IoUring) {
+      std::string why;
+      try {
+        AioHandle probe(aio);
+      } catch (const Error& e) {
+        why = e.what();
+      }
+      if (!why.empty()) {
+        if (g->rank() == 0) std::printf("SKIPPED: io_uring unavailable: %s\n", why.c_str());
+        return;
+      }
+    }
+  }
   const std::string dir = job_tmp_dir(g);
-  for (ShardingStrategy st : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
-                              ShardingStrategy::NoShard})
+  for (ShardingStrategy st : strategies)
     for (const std::string type : {"gpt2", "llama"}) {
       const ShardingPolicy base = ShardingPolicy::for_strategy(st);
       const RunResult ref = train(g, base, tiny(type), 2, 2, 6);
@@ -486,9 +512,11 @@ TEST_CASE("offload_optimizer nvme: bit-identical, moments in a file per rank", "
           p.offload_optimizer.nvme_path = dir;
           p.offload_optimizer.ratio = ratio;
           p.offload_optimizer.buffer_count = buffers;
+          p.aio = aio;
           // With 4 buffers, pieces of 1000 floats: several per unit, odd sizes.
           if (buffers == 4) p.offload_optimizer.piece_floats = 1000;
-          INFO(strategy_name(st) << " " << type << " ratio " << ratio << " buffers " << buffers);
+          INFO(strategy_name(st) << " " << type << " ratio " << ratio << " buffers " << buffers
+                                 << " aio.backend " << aio_backend_name(aio.backend));
           CHECK(bit_identical(train(g, p, tiny(type), 2, 2, 6), ref));
           const std::string file = dir + "/rank_" + std::to_string(g->rank()) + "/optimizer.bin";
           CHECK(!std::filesystem::exists(file));  // removed with the model
