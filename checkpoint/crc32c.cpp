@@ -87,6 +87,7 @@ bool have_sse42() {
 // Three independent streams hide the instruction's 3-cycle latency; the partial CRCs are
 // merged with crc32c_combine-style shifts (multiplication by x^(8*len)). kCopy: also stores
 // every word read to `dst` (one pass over the source for the copy and the checksum).
+// (Non-temporal stores were tried for the copy: 0.4-0.7x as fast on this EPYC VM.)
 template <bool kCopy>
 __attribute__((target("sse4.2"))) uint32_t crc_hw(unsigned char* dst, const unsigned char* p,
                                                   size_t n, uint32_t c) {

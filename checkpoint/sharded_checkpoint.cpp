@@ -13,11 +13,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -276,6 +279,13 @@ constexpr size_t kStageChunk = size_t{8} << 20;
 constexpr int kRing = 4;
 static_assert(kStageChunk % kAioAlign == 0, "staging chunks keep file offsets aligned");
 
+// SHARDWISE_CKPT_O_DIRECT=0: buffered shard reads and writes (the same bytes through the page
+// cache), for file systems whose O_DIRECT misbehaves and for tests comparing the two.
+bool want_o_direct() {
+  const char* v = std::getenv("SHARDWISE_CKPT_O_DIRECT");
+  return !(v && std::strcmp(v, "0") == 0);
+}
+
 AioConfig io_config() {
   AioConfig c;
   c.block_size = kIoPiece;
@@ -290,7 +300,7 @@ class ShardFile {
   ShardFile(std::string path, uint64_t bytes) : path_(std::move(path)) {
     tmp_ = path_ + ".tmp." + std::to_string(::getpid());
     try {
-      f_ = AioFile::create(tmp_, bytes, /*o_direct=*/true);
+      f_ = AioFile::create(tmp_, bytes, want_o_direct());
     } catch (const Error& e) {
       fail("checkpoint", path_ + ": cannot create (" + std::string(e.what()) + ")");
     }
@@ -345,11 +355,20 @@ void write_shard(const CheckpointSnapshot& s, const std::string& tmp_dir) {
     } else {
       streamed_blocks.resize(s.tensors.size());
       for (int i = 0; i < kRing; ++i) ring.push_back(aligned_staging(kStageChunk));
-      // The file is produced in order: the header, then each tensor's blocks.
+      // The file is produced in order: the header, then each tensor's blocks. A chunk is a
+      // list of runs (one tensor's bytes inside the chunk), each cut into segments at block
+      // boundaries; a run's segments are copied and checksummed on two threads (the view of
+      // one tensor at a time: an NVMe-offloaded moment's view lasts until the next view),
+      // and a block split by a chunk boundary gets its CRC combined from its two parts.
+      struct Seg {
+        uint64_t dst, src, len;  // offset in the chunk, offset in the tensor, bytes
+        uint32_t crc;
+      };
+      std::vector<Seg> segs;
       size_t ti = 0;              // tensor being copied
       const unsigned char* src = nullptr;
       uint64_t tpos = 0;          // bytes of tensor ti done
-      uint32_t bcrc = 0;          // running CRC of the current block
+      uint32_t bcrc = 0;          // CRC of the current block's bytes in earlier chunks
       auto open_tensor = [&] {
         while (ti < s.tensors.size() && s.tensors[ti].hi == s.tensors[ti].lo) ++ti;
         if (ti == s.tensors.size()) return;
@@ -370,18 +389,31 @@ void write_shard(const CheckpointSnapshot& s, const std::string& tmp_dir) {
           fill = std::min(n, hbytes - pos);
           std::memcpy(dst, s.header.data() + pos, fill);
         }
-        while (fill < n) {
+        while (fill < n) {  // one run: tensor ti's bytes in this chunk
           const SnapTensor& t = s.tensors[ti];
           const uint64_t bytes = static_cast<uint64_t>(t.hi - t.lo) * 4;
-          const uint64_t block_end = std::min(bytes, (tpos / kBlockBytes + 1) * kBlockBytes);
-          const uint64_t m = std::min(block_end - tpos, n - fill);
-          bcrc = crc32c_copy(dst + fill, src + tpos, m, bcrc);
-          fill += m, tpos += m;
-          if (tpos == block_end) {
-            streamed_blocks[ti][(tpos - 1) / kBlockBytes] = bcrc;
-            bcrc = 0;
-            if (tpos == bytes) ++ti, open_tensor();
+          const uint64_t run = std::min(bytes - tpos, n - fill);
+          segs.clear();
+          for (uint64_t at = tpos; at < tpos + run;) {
+            const uint64_t block_end = std::min(bytes, (at / kBlockBytes + 1) * kBlockBytes);
+            const uint64_t m = std::min(block_end, tpos + run) - at;
+            segs.push_back({fill + (at - tpos), at, m, 0});
+            at += m;
           }
+          split_two(segs.size(), 4, [&](uint64_t s0, uint64_t s1) {
+            for (uint64_t i = s0; i < s1; ++i) {
+              Seg& g = segs[i];
+              g.crc = crc32c_copy(dst + g.dst, src + g.src, g.len);
+            }
+          });
+          for (const Seg& g : segs) {  // in order: the blocks' CRCs
+            const bool starts = g.src % kBlockBytes == 0;
+            bcrc = starts ? g.crc : crc32c_combine(bcrc, g.crc, g.len);
+            const uint64_t end = g.src + g.len;
+            if (end % kBlockBytes == 0 || end == bytes) streamed_blocks[ti][g.src / kBlockBytes] = bcrc;
+          }
+          fill += run, tpos += run;
+          if (tpos == bytes) ++ti, open_tensor();
         }
         busy[k] = io.write(file.file(), dst, static_cast<size_t>(n), static_cast<off_t>(pos));
       }
@@ -857,12 +889,13 @@ void read_range(const SafeTensorsReader& r, const FileTensor& t, uint64_t block_
 // load_checkpoint's reads of one file: the whole blocks overlapping each needed range, in
 // pieces of about kLoadChunk bytes read through the aio engine (O_DIRECT where the file system
 // takes it, so the data goes from the disk to the staging memory without a page-cache copy)
-// into a ring of kRing aligned staging chunks, kRing - 1 reads in flight while the caller
-// checks the blocks of the piece in hand and hands them to fn(tensor, lo, hi, floats), which
-// copies them into the model. A piece's file range is widened to 4096-byte boundaries (what
-// O_DIRECT reads), clipped to the file's end; `st` counts the whole blocks, as a buffered
-// reader would read them.
+// into a ring of kLoadRing aligned staging chunks: up to kLoadRing reads are in flight while
+// the blocks of earlier pieces are checked (on a helper thread) and handed to
+// fn(tensor, lo, hi, floats), which copies them into the model (on the caller's). A piece's
+// file range is widened to 4096-byte boundaries (what O_DIRECT reads), clipped to the file's
+// end; `st` counts the whole blocks, as before.
 constexpr uint64_t kLoadChunk = uint64_t{4} << 20;
+constexpr int kLoadRing = 8;
 
 template <class Fn>
 void load_file(const SafeTensorsReader& r, uint64_t block_bytes,
@@ -901,33 +934,91 @@ void load_file(const SafeTensorsReader& r, uint64_t block_bytes,
       pieces.push_back(p);
     }
   }
-  if (ring.size() < static_cast<size_t>(kRing) || ring[0].capacity() < cap) {
+  if (ring.size() < static_cast<size_t>(kLoadRing) || ring[0].capacity() < cap) {
     ring.clear();
-    for (int i = 0; i < kRing; ++i) ring.push_back(aligned_staging(static_cast<size_t>(cap)));
+    for (int i = 0; i < kLoadRing; ++i) ring.push_back(aligned_staging(static_cast<size_t>(cap)));
   }
-  const AioFile f = AioFile::open(r.path(), /*writable=*/false, /*o_direct=*/true);
-  std::vector<AioRequest> reqs(pieces.size());
-  auto issue = [&](size_t i) {
+  const AioFile f = AioFile::open(r.path(), /*writable=*/false, want_o_direct());
+  const size_t N = pieces.size();
+  std::vector<AioRequest> reqs(N);
+  // Two stages on two threads: a helper waits for each read and checks its blocks' CRCs; the
+  // caller issues the reads (kLoadRing pieces ahead of the copying) and copies verified pieces
+  // into the model. State under `mu`: pieces issued, pieces verified, the first bad one.
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t issued = 0, verified = 0, bad_at = SIZE_MAX;
+  std::exception_ptr bad;
+  bool stop = false;
+  auto verify = [&](size_t i) {
+    reqs[i].synchronize();
     const Piece& p = pieces[i];
-    reqs[i] = io.read(f, ring[i % kRing].data(), static_cast<size_t>(p.ahi - p.alo),
-                      static_cast<off_t>(p.alo));
+    const uint64_t flo = p.t->offset + p.b0 * block_bytes;
+    check_blocks(r.path(), *p.t, block_bytes, p.b0, p.b1,
+                 ring[i % kLoadRing].as<unsigned char>() + (flo - p.alo));
+  };
+  auto helper_body = [&] {
+    for (size_t i = 0; i < N; ++i) {
+      {
+        std::unique_lock<std::mutex> lk(mu);
+        cv.wait(lk, [&] { return stop || issued > i; });
+        if (stop) return;
+      }
+      std::exception_ptr e;
+      try {
+        verify(i);
+      } catch (...) {
+        e = std::current_exception();
+      }
+      std::lock_guard<std::mutex> lk(mu);
+      if (e) {
+        bad = e, bad_at = i;
+        cv.notify_all();
+        return;
+      }
+      verified = i + 1;
+      cv.notify_all();
+    }
+  };
+  const bool two = N >= 2 && std::thread::hardware_concurrency() > 1;
+  std::thread helper;
+  auto issue_upto = [&](size_t lim) {
+    for (lim = std::min(lim, N); issued < lim;) {
+      const Piece& p = pieces[issued];
+      reqs[issued] = io.read(f, ring[issued % kLoadRing].data(), static_cast<size_t>(p.ahi - p.alo),
+                             static_cast<off_t>(p.alo));
+      std::lock_guard<std::mutex> lk(mu);
+      ++issued;
+      cv.notify_all();
+    }
   };
   try {
-    for (size_t i = 0; i < pieces.size() && i + 1 < static_cast<size_t>(kRing); ++i) issue(i);
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      if (i + kRing - 1 < pieces.size()) issue(i + kRing - 1);  // into the buffer freed last
-      reqs[i].synchronize();
+    issue_upto(kLoadRing);
+    if (two) helper = std::thread(helper_body);
+    for (size_t i = 0; i < N; ++i) {
+      if (two) {
+        std::unique_lock<std::mutex> lk(mu);
+        cv.wait(lk, [&] { return verified > i || bad_at <= i; });
+        if (bad_at <= i) std::rethrow_exception(bad);
+      } else {
+        verify(i);
+      }
       const Piece& p = pieces[i];
-      const auto* base = ring[i % kRing].as<unsigned char>();
-      const uint64_t flo = p.t->offset + p.b0 * block_bytes;
-      check_blocks(r.path(), *p.t, block_bytes, p.b0, p.b1, base + (flo - p.alo));
+      const auto* base = ring[i % kLoadRing].as<unsigned char>();
       const uint64_t at = p.t->offset + static_cast<uint64_t>(p.lo - p.t->lo) * 4 - p.alo;
       fn(*p.t, p.lo, p.hi, reinterpret_cast<const float*>(base + at));
+      issue_upto(i + 1 + kLoadRing);  // into the buffer just copied out
     }
   } catch (...) {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    if (helper.joinable()) helper.join();
     io.wait_all();  // nothing may still be reading into the ring
     throw;
   }
+  if (helper.joinable()) helper.join();
 }
 
 std::string shape_list(const Shape& s) { return shape_str(s); }
