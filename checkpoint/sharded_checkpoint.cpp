@@ -195,11 +195,18 @@ void alloc_image(CheckpointSnapshot& s) {
 #endif
 }
 
+// SHARDWISE_CKPT_THREADS=1: copy, checksum and load on the calling thread alone (default 2:
+// one helper thread while a save or load runs; training waits then, so its cores are idle).
+int ckpt_threads() {
+  const char* v = std::getenv("SHARDWISE_CKPT_THREADS");
+  return v && std::strcmp(v, "1") == 0 ? 1 : 2;
+}
+
 // Runs fn(0, n/2) on a helper thread and fn(n/2, n) on the caller (fn(0, n) alone when n is
-// small): the snapshot copy runs while training waits, so the cores are idle.
+// small or SHARDWISE_CKPT_THREADS=1).
 template <class Fn>
 void split_two(uint64_t n, uint64_t min_each, Fn&& fn) {
-  if (n < 2 * min_each) {
+  if (n < 2 * min_each || ckpt_threads() == 1) {
     fn(uint64_t{0}, n);
     return;
   }
@@ -979,7 +986,7 @@ void load_file(const SafeTensorsReader& r, uint64_t block_bytes,
       cv.notify_all();
     }
   };
-  const bool two = N >= 2 && std::thread::hardware_concurrency() > 1;
+  const bool two = N >= 2 && ckpt_threads() == 2 && std::thread::hardware_concurrency() > 1;
   std::thread helper;
   auto issue_upto = [&](size_t lim) {
     for (lim = std::min(lim, N); issued < lim;) {
