@@ -171,9 +171,14 @@ uint64_t num_blocks(const SnapTensor& t) {
 }
 
 // Host memory for a snapshot's file image: `bytes` from a 4096-aligned start (what O_DIRECT
-// asks of buffers), advised to use transparent huge pages (512x fewer page faults the first
-// time it is written, fewer TLB misses in every copy).
-void alloc_image(CheckpointSnapshot& s) {
+// asks of buffers). `huge`: advise transparent huge pages (512x fewer page faults when it is
+// first touched, fewer TLB misses in every copy) — only for memory faulted in off the training
+// thread (reserve_snapshot): where the kernel compacts memory to find huge pages
+// (defrag=madvise, the default), a fault can stall for a long time: a 124M model's first
+// snapshot into fresh huge-page-advised memory took 9.4 and 11.8 s in two bench_ckpt_stall
+// runs on this shared VM, against 3.8-4.4 s with 4 KiB pages in other runs (noisy, but the
+// tail is the risk).
+void alloc_image(CheckpointSnapshot& s, bool huge) {
   const size_t bytes = static_cast<size_t>(s.file_bytes());
   const size_t need = (bytes + kAioAlign - 1) / kAioAlign * kAioAlign;
   auto fits = [&] {  // the buffer holds `need` bytes from its first 4096-aligned address
@@ -188,6 +193,7 @@ void alloc_image(CheckpointSnapshot& s) {
   auto* p = static_cast<unsigned char*>(s.data.data());
   s.image = p + (kAioAlign - reinterpret_cast<uintptr_t>(p) % kAioAlign) % kAioAlign;
 #if defined(MADV_HUGEPAGE)
+  if (!huge) return;
   constexpr uintptr_t kHuge = uintptr_t{2} << 20;
   const uintptr_t lo = (reinterpret_cast<uintptr_t>(s.image) + kHuge - 1) / kHuge * kHuge;
   const uintptr_t hi = (reinterpret_cast<uintptr_t>(s.image) + need) / kHuge * kHuge;
@@ -233,7 +239,7 @@ void split_two(uint64_t n, uint64_t min_each, Fn&& fn) {
 
 SnapshotPtr reserve_snapshot(const ShardedModel& sm) {
   SnapshotPtr s = describe_snapshot(sm, TrainState{});
-  alloc_image(*s);
+  alloc_image(*s, /*huge=*/true);
   return s;
 }
 
@@ -249,7 +255,7 @@ SnapshotPtr snapshot_checkpoint(const ShardedModel& sm, const TrainState& state,
   SnapshotPtr s = describe_snapshot(sm, state);
   if (reuse && reuse->data.device().is_cpu()) s->data = std::move(reuse->data);  // kept if it fits
   reuse.reset();
-  alloc_image(*s);
+  alloc_image(*s, /*huge=*/false);
   std::memcpy(s->image, s->header.data(), s->header.size());
   unsigned char* base = s->image + s->header.size();
   for (SnapTensor& t : s->tensors) {
