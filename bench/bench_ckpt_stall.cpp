@@ -4,8 +4,10 @@
 //   bench_ckpt_stall [--d 768] [--layers 12] [--heads 12] [--vocab 50257] [--T 64] [--B 1]
 //                    [--saves 3] [--every 2] [--threads 2] [--dir DIR]
 //
-// For each mode: train `every` steps, save, repeat `saves` times, then `every` more steps (after
-// one warm-up step).
+// For each mode (sync; async; async with Checkpointer::reserve() called when the checkpointer
+// is made): train `every` steps, save, repeat `saves` times, then `every` more steps (after
+// one warm-up step). Cached host memory is returned to the OS before each mode, so the first
+// async snapshot copies into fresh memory as in a new run.
 // Columns:
 //   stall/save   time the training thread spent in Checkpointer calls per save (sync: write
 //                straight from the model's memory + fsync + commit; async: snapshot copy + the
@@ -16,8 +18,12 @@
 //                writer competes with the training threads for cores and memory bandwidth)
 //   cost/save    stall/save + (steps overlapped) * (step+bg - baseline step): the wall time a
 //                save costs the run in total
+//   first, later the stall of save() for the first save and the median of the later ones (the
+//                first async snapshot pays the page faults of its fresh memory unless reserve()
+//                faulted it in beforehand)
 // The snapshot bytes and the write bandwidth of the sync save are printed too. Run on an
 // otherwise idle machine; figures taken while other jobs run are noise.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -26,6 +32,7 @@
 #include <vector>
 
 #include "checkpoint/sharded_checkpoint.h"
+#include "core/alloc.h"
 #include "core/rng.h"
 #include "engine/checkpointer.h"
 #include "engine/clock.h"
@@ -42,6 +49,7 @@ struct Result {
   double stall_per_save = 0, step_s = 0, step_bg_s = 0, cost_per_save = 0;
   double in_save = 0, in_commit = 0;  // stall split: save() calls vs poll()/finish() calls
   int bg_steps = 0;
+  std::vector<double> save_stalls;  // each save() call's stall, in order
 };
 
 int main(int argc, char** argv) {
@@ -101,21 +109,28 @@ int main(int argc, char** argv) {
       "bench_ckpt_stall: gpt2 d=%d layers=%d vocab=%d T=%d B=%d (%.1fM params), "
       "%d saves every %d steps, threads=%d, dir %s\n",
       d, layers, vocab, T, B, sm.num_params() / 1e6, saves, every, threads, dir.c_str());
-  double snapshot_s = 0;  // one in-memory snapshot on its own (async saving's floor)
-  {
+  {  // one in-memory snapshot on its own (async saving's floor): fresh memory, then reused
     TrainState st;
-    const auto t0 = Clock::now();
+    release_cached();
+    auto t0 = Clock::now();
     SnapshotPtr snap = snapshot_checkpoint(sm, st);
-    snapshot_s = seconds_since(t0);
-    std::printf("snapshot %.1f MB in %.3f s (%.2f GB/s)\n", snapshot_bytes(*snap) / 1e6, snapshot_s,
-                snapshot_bytes(*snap) / 1e9 / snapshot_s);
+    const double fresh = seconds_since(t0);
+    t0 = Clock::now();
+    snap = snapshot_checkpoint(sm, st, std::move(snap));
+    const double reused = seconds_since(t0);
+    std::printf("snapshot %.1f MB: %.3f s into fresh memory (%.2f GB/s), %.3f s reused (%.2f GB/s)\n",
+                snapshot_bytes(*snap) / 1e6, fresh, snapshot_bytes(*snap) / 1e9 / fresh, reused,
+                snapshot_bytes(*snap) / 1e9 / reused);
   }
   double snap_bytes = 0, sync_write_s = 0;
-  Result res[2];
-  for (int mode = 0; mode < 2; ++mode) {
-    const bool async = mode == 1;
+  Result res[3];
+  const char* names[3] = {"sync", "async", "async+reserve"};
+  for (int mode = 0; mode < 3; ++mode) {
+    const bool async = mode >= 1;
     fs::remove_all(dir);
+    release_cached();  // fresh memory for this mode's first snapshot, as in a new run
     Checkpointer ck(dir, 2, async, *g);
+    if (mode == 2) ck.reserve(sm);
     Result& r = res[mode];
     double stall = 0, plain = 0, bg = 0;
     int last_saved = 0;
@@ -139,6 +154,7 @@ int main(int argc, char** argv) {
       const CkptEvents ev = ck.save(sm, st);
       stall += ev.stall_s;
       r.in_save += ev.stall_s;
+      r.save_stalls.push_back(ev.stall_s);
       if (!async) sync_write_s += seconds_since(t0);
       if (ev.failed >= 0) {
         std::fprintf(stderr, "bench_ckpt_stall: save failed: %s\n", ev.error.c_str());
@@ -162,19 +178,24 @@ int main(int argc, char** argv) {
   }
   // Baseline step time: async mode's steps with no writer in flight, else sync mode's.
   const double base = res[1].step_s > 0 ? res[1].step_s : res[0].step_s;
-  if (res[1].bg_steps > 0)
-    res[1].cost_per_save += (res[1].step_bg_s - base) * res[1].bg_steps / saves;
+  for (int mode = 1; mode < 3; ++mode)
+    if (res[mode].bg_steps > 0)
+      res[mode].cost_per_save += (res[mode].step_bg_s - base) * res[mode].bg_steps / saves;
   std::printf(
       "checkpoint bytes %.1f MB; sync save %.2f s each (%.0f MB/s incl. fsync and "
       "commit)\n",
       snap_bytes / 1e6, sync_write_s / saves, snap_bytes / 1e6 / (sync_write_s / saves));
-  std::printf("%-6s %12s %10s %10s %12s\n", "mode", "stall/save", "step", "step+bg", "cost/save");
-  for (int mode = 0; mode < 2; ++mode) {
+  std::printf("%-14s %12s %10s %10s %12s %10s %10s\n", "mode", "stall/save", "step", "step+bg",
+              "cost/save", "first", "later");
+  for (int mode = 0; mode < 3; ++mode) {
     const Result& r = res[mode];
     char bgs[32] = "-";
-    if (mode == 1 && r.bg_steps > 0) std::snprintf(bgs, sizeof bgs, "%.3f s", r.step_bg_s);
-    std::printf("%-6s %10.3f s %8.3f s %10s %10.3f s\n", mode ? "async" : "sync", r.stall_per_save,
-                r.step_s, bgs, r.cost_per_save);
+    if (mode >= 1 && r.bg_steps > 0) std::snprintf(bgs, sizeof bgs, "%.3f s", r.step_bg_s);
+    std::vector<double> later(r.save_stalls.begin() + (r.save_stalls.empty() ? 0 : 1), r.save_stalls.end());
+    std::sort(later.begin(), later.end());
+    std::printf("%-14s %10.3f s %8.3f s %10s %10.3f s %8.3f s %8.3f s\n", names[mode],
+                r.stall_per_save, r.step_s, bgs, r.cost_per_save,
+                r.save_stalls.empty() ? 0.0 : r.save_stalls[0], later.empty() ? 0.0 : later[later.size() / 2]);
   }
   std::printf(
       "async stall split per save: %.3f s in save() (snapshot, and any wait for the previous "

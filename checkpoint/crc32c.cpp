@@ -85,8 +85,12 @@ bool have_sse42() {
 }
 
 // Three independent streams hide the instruction's 3-cycle latency; the partial CRCs are
-// merged with crc32c_combine-style shifts (multiplication by x^(8*len)).
-__attribute__((target("sse4.2"))) uint32_t crc_hw(const unsigned char* p, size_t n, uint32_t c) {
+// merged with crc32c_combine-style shifts (multiplication by x^(8*len)). kCopy: also stores
+// every word read to `dst` (one pass over the source for the copy and the checksum).
+// (Non-temporal stores were tried for the copy: 0.4-0.7x as fast on this EPYC VM.)
+template <bool kCopy>
+__attribute__((target("sse4.2"))) uint32_t crc_hw(unsigned char* dst, const unsigned char* p,
+                                                  size_t n, uint32_t c) {
   constexpr size_t kLane = 4096;  // bytes per stream per round
   if (n >= 3 * kLane) {
     static const uint32_t shift = xpow8n(kLane);  // multiply a lane CRC past kLane bytes
@@ -100,14 +104,21 @@ __attribute__((target("sse4.2"))) uint32_t crc_hw(const unsigned char* p, size_t
         c0 = _mm_crc32_u64(c0, w0);
         c1 = _mm_crc32_u64(c1, w1);
         c2 = _mm_crc32_u64(c2, w2);
+        if constexpr (kCopy) {
+          std::memcpy(dst + i, &w0, 8);
+          std::memcpy(dst + kLane + i, &w1, 8);
+          std::memcpy(dst + 2 * kLane + i, &w2, 8);
+        }
       }
       // Raw registers: state(A+B) = state_A * x^(8|B|) xor state_B (with zero start).
       c = mulmod(shift, mulmod(shift, static_cast<uint32_t>(c0)) ^ static_cast<uint32_t>(c1)) ^
           static_cast<uint32_t>(c2);
       p += 3 * kLane;
+      if constexpr (kCopy) dst += 3 * kLane;
       n -= 3 * kLane;
     }
   }
+  if constexpr (kCopy) std::memcpy(dst, p, n);
   uint64_t c64 = c;
   while (n >= 8) {
     uint64_t w;
@@ -128,9 +139,20 @@ uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
   const auto* p = static_cast<const unsigned char*>(data);
   uint32_t c = ~crc;
 #if defined(__x86_64__)
-  if (have_sse42()) return ~crc_hw(p, n, c);
+  if (have_sse42()) return ~crc_hw<false>(nullptr, p, n, c);
 #endif
   return ~crc_sw(p, n, c);
+}
+
+uint32_t crc32c_copy(void* dst, const void* src, size_t n, uint32_t crc) {
+  const auto* p = static_cast<const unsigned char*>(src);
+  auto* d = static_cast<unsigned char*>(dst);
+  uint32_t c = ~crc;
+#if defined(__x86_64__)
+  if (have_sse42()) return ~crc_hw<true>(d, p, n, c);
+#endif
+  std::memcpy(d, p, n);
+  return ~crc_sw(d, n, c);
 }
 
 uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {

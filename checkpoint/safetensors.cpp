@@ -348,9 +348,10 @@ void SafeTensorsWriter::fail_file(const std::string& msg) {
   fail("safetensors", path_ + ": " + one_line(msg));
 }
 
-SafeTensorsWriter::SafeTensorsWriter(const std::string& path, std::vector<StTensorDesc> tensors,
-                                     const std::map<std::string, std::string>& metadata)
-    : path_(path), tensors_(std::move(tensors)) {
+std::string safetensors_header(const std::string& path, const std::vector<StTensorDesc>& tensors,
+                               const std::map<std::string, std::string>& metadata,
+                               std::vector<uint64_t>* ends) {
+  auto bad = [&](const std::string& msg) { fail("safetensors", path + ": " + one_line(msg)); };
   nlohmann::ordered_json h = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
     nlohmann::ordered_json m = nlohmann::ordered_json::object();
@@ -359,13 +360,12 @@ SafeTensorsWriter::SafeTensorsWriter(const std::string& path, std::vector<StTens
   }
   std::set<std::string> names;
   uint64_t off = 0;
-  for (const StTensorDesc& t : tensors_) {
-    if (t.name.empty() || t.name == "__metadata__")
-      fail_file("invalid tensor name '" + t.name + "'");
-    if (!names.insert(t.name).second) fail_file("tensor '" + t.name + "' is declared twice");
+  for (const StTensorDesc& t : tensors) {
+    if (t.name.empty() || t.name == "__metadata__") bad("invalid tensor name '" + t.name + "'");
+    if (!names.insert(t.name).second) bad("tensor '" + t.name + "' is declared twice");
     nlohmann::ordered_json shape = nlohmann::ordered_json::array();
     for (int64_t d : t.shape) {
-      if (d < 0) fail_file("tensor '" + t.name + "': negative dimension in " + shape_str(t.shape));
+      if (d < 0) bad("tensor '" + t.name + "': negative dimension in " + shape_str(t.shape));
       shape.push_back(d);
     }
     const uint64_t bytes = static_cast<uint64_t>(numel(t.shape)) * st_dtype_size(t.dtype);
@@ -373,24 +373,30 @@ SafeTensorsWriter::SafeTensorsWriter(const std::string& path, std::vector<StTens
                  {"shape", std::move(shape)},
                  {"data_offsets", {off, off + bytes}}};
     off += bytes;
-    ends_.push_back(off);
+    if (ends) ends->push_back(off);
   }
   std::string header = h.dump();
   header.append((8 - header.size() % 8) % 8, ' ');  // data section starts 8-byte aligned
+  std::string out(8, '\0');
+  const uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>(n >> (8 * i));
+  return out + header;
+}
 
+SafeTensorsWriter::SafeTensorsWriter(const std::string& path, std::vector<StTensorDesc> tensors,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(path), tensors_(std::move(tensors)) {
+  const std::string header = safetensors_header(path_, tensors_, metadata, &ends_);
   tmp_ = path_ + ".tmp." + std::to_string(::getpid());
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) {
     fd_ = -1;
     fail_file("cannot create temporary file " + tmp_ + " (" + errno_str() + ")");
   }
-  unsigned char len8[8];
-  uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i) len8[i] = static_cast<unsigned char>(n >> (8 * i));
-  if (!write_all(fd_, len8, 8) || !write_all(fd_, header.data(), header.size()))
+  if (!write_all(fd_, header.data(), header.size()))
     fail_file("cannot write the header (" + errno_str() + ")");
-  data_start_ = 8 + header.size();
-  header_crc_ = crc32c(header.data(), header.size(), crc32c(len8, 8));
+  data_start_ = header.size();
+  header_crc_ = crc32c(header.data(), header.size());
   while (cur_ < ends_.size() && ends_[cur_] == 0) ++cur_;  // leading empty tensors
 }
 

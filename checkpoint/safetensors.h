@@ -101,6 +101,15 @@ struct StTensorDesc {
   Shape shape;
 };
 
+// The first bytes of a file holding `tensors` (declared in this order) with `metadata`: the
+// 8-byte length and the padded JSON header, exactly what SafeTensorsWriter writes before the
+// data section (which therefore starts at the returned size). For writers that lay out the
+// whole file themselves (checkpoint/sharded_checkpoint.cpp). `ends` (optional) receives each
+// tensor's cumulative end offset in the data section. Throws like the writer, naming `path`.
+std::string safetensors_header(const std::string& path, const std::vector<StTensorDesc>& tensors,
+                               const std::map<std::string, std::string>& metadata = {},
+                               std::vector<uint64_t>* ends = nullptr);
+
 // Streams a file tensor by tensor: all tensors are declared up front (the header holds every
 // offset), then their bytes are appended in declaration order in chunks of any size. finish()
 // checks that every byte arrived, fsyncs and renames the temporary into place; destroying an

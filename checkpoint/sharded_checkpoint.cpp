@@ -7,19 +7,24 @@
 #include "checkpoint/sharded_checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "checkpoint/crc32c.h"
 #include "checkpoint/file_io.h"
@@ -27,6 +32,7 @@
 #include "checkpoint/safetensors.h"
 #include "core/alloc.h"
 #include "core/error.h"
+#include "offload/aio.h"
 #include "sharding/sharded_model.h"
 
 namespace sw {
@@ -64,7 +70,7 @@ std::string tensor_name(int unit, int kind, int64_t lo, int64_t hi) {
 struct SnapTensor {
   int unit = 0, kind = 0;
   int64_t lo = 0, hi = 0;        // floats of the unit's flat buffer
-  int64_t at = 0;                // floats into CheckpointSnapshot::data
+  int64_t at = 0;                // floats into the snapshot's data section
   std::vector<uint32_t> blocks;  // CRC-32C per kBlockBytes block (filled with the data)
 };
 
@@ -76,12 +82,19 @@ struct CheckpointSnapshot {
   ojson units;  // the model's layout as metadata.json records it
   std::vector<SnapTensor> tensors;
   int64_t floats = 0;  // sum of the tensors' sizes
-  // Either the copied data, with every block's CRC already in `tensors`, or (save_checkpoint's
-  // synchronous path) the model itself, read and checksummed while writing.
+  // The shard file's first bytes (safetensors length + header; the data section follows).
+  std::string header;
+  // Either a copy of the whole file (header, then the data, with every block's CRC already in
+  // `tensors`) starting at the 4096-aligned `image`, so write_snapshot hands it to the disk as
+  // it is (O_DIRECT, no copy), or (synchronous saves) the model itself, read and checksummed
+  // while writing.
   Buffer data;
+  unsigned char* image = nullptr;
   const ShardedModel* source = nullptr;
   // Set by write_snapshot (the file's entry in metadata.json), read by commit_checkpoint.
   mutable std::string file_entry;
+
+  uint64_t file_bytes() const { return header.size() + static_cast<uint64_t>(floats) * 4; }
 };
 
 void SnapshotDeleter::operator()(CheckpointSnapshot* s) const { delete s; }
@@ -123,7 +136,9 @@ ojson state_json(const TrainState& s) {
           {"config_json", s.config_json}};
 }
 
-// Everything but the data: identity, layout, and the tensors this rank writes.
+std::string shard_file_name(int rank) { return "rank_" + std::to_string(rank) + ".safetensors"; }
+
+// Everything but the data: identity, layout, the tensors this rank writes and the file header.
 SnapshotPtr describe_snapshot(const ShardedModel& sm, const TrainState& state) {
   SnapshotPtr s(new CheckpointSnapshot);
   s->rank = sm.rank();
@@ -141,38 +156,122 @@ SnapshotPtr describe_snapshot(const ShardedModel& sm, const TrainState& state) {
       s->floats += r.size();
     }
   }
+  std::vector<StTensorDesc> descs;
+  for (const SnapTensor& t : s->tensors)
+    descs.push_back({tensor_name(t.unit, t.kind, t.lo, t.hi), StDType::F32, {t.hi - t.lo}});
+  s->header = safetensors_header(shard_file_name(s->rank), descs,
+                                 {{"format", kFormatName},
+                                  {"rank", std::to_string(s->rank)},
+                                  {"world_size", std::to_string(s->world)}});
   return s;
-}
-
-// Copies block b of tensor t out of the model into dst and returns its CRC, computed while
-// the block is still in cache (one pass over the model's memory for both).
-uint32_t copy_block(const ShardedModel& sm, const SnapTensor& t, uint64_t b, float* dst) {
-  constexpr int64_t kBlockFloats = static_cast<int64_t>(kBlockBytes / 4);
-  const int64_t lo = t.lo + static_cast<int64_t>(b) * kBlockFloats;
-  const int64_t hi = std::min(t.hi, lo + kBlockFloats);
-  sm.read_state(t.unit, static_cast<StateKind>(t.kind), {lo, hi}, dst);
-  return crc32c(dst, static_cast<size_t>(hi - lo) * 4);
 }
 
 uint64_t num_blocks(const SnapTensor& t) {
   return (static_cast<uint64_t>(t.hi - t.lo) * 4 + kBlockBytes - 1) / kBlockBytes;
 }
 
+// Host memory for a snapshot's file image: `bytes` from a 4096-aligned start (what O_DIRECT
+// asks of buffers). `huge`: advise transparent huge pages (512x fewer page faults when it is
+// first touched, fewer TLB misses in every copy) — only for memory faulted in off the training
+// thread (reserve_snapshot): where the kernel compacts memory to find huge pages
+// (defrag=madvise, the default), a fault can stall for a long time: a 124M model's first
+// snapshot into fresh huge-page-advised memory took 9.4 and 11.8 s in two bench_ckpt_stall
+// runs on this shared VM, against 3.8-4.4 s with 4 KiB pages in other runs (noisy, but the
+// tail is the risk).
+void alloc_image(CheckpointSnapshot& s, bool huge) {
+  const size_t bytes = static_cast<size_t>(s.file_bytes());
+  const size_t need = (bytes + kAioAlign - 1) / kAioAlign * kAioAlign;
+  auto fits = [&] {  // the buffer holds `need` bytes from its first 4096-aligned address
+    if (s.data.empty() || !s.data.device().is_cpu() || s.data.bytes() > need + kAioAlign) return false;
+    const size_t skip = (kAioAlign - reinterpret_cast<uintptr_t>(s.data.data()) % kAioAlign) % kAioAlign;
+    return s.data.bytes() >= need + skip;
+  };
+  if (!fits()) {
+    s.data = Buffer(need, Mem::Checkpoint);
+    if (!fits()) s.data = Buffer(need + kAioAlign, Mem::Checkpoint);
+  }
+  auto* p = static_cast<unsigned char*>(s.data.data());
+  s.image = p + (kAioAlign - reinterpret_cast<uintptr_t>(p) % kAioAlign) % kAioAlign;
+#if defined(MADV_HUGEPAGE)
+  if (!huge) return;
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  const uintptr_t lo = (reinterpret_cast<uintptr_t>(s.image) + kHuge - 1) / kHuge * kHuge;
+  const uintptr_t hi = (reinterpret_cast<uintptr_t>(s.image) + need) / kHuge * kHuge;
+  if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);  // a hint
+#endif
+}
+
+// SHARDWISE_CKPT_THREADS=1: copy, checksum and load on the calling thread alone (default 2:
+// one helper thread while a save or load runs; training waits then, so its cores are idle).
+int ckpt_threads() {
+  const char* v = std::getenv("SHARDWISE_CKPT_THREADS");
+  return v && std::strcmp(v, "1") == 0 ? 1 : 2;
+}
+
+// Runs fn(0, n/2) on a helper thread and fn(n/2, n) on the caller (fn(0, n) alone when n is
+// small or SHARDWISE_CKPT_THREADS=1).
+template <class Fn>
+void split_two(uint64_t n, uint64_t min_each, Fn&& fn) {
+  if (n < 2 * min_each || ckpt_threads() == 1) {
+    fn(uint64_t{0}, n);
+    return;
+  }
+  const uint64_t mid = n / 2;
+  std::exception_ptr err;
+  std::thread helper([&] {
+    try {
+      fn(uint64_t{0}, mid);
+    } catch (...) {
+      err = std::current_exception();
+    }
+  });
+  try {
+    fn(mid, n);
+  } catch (...) {
+    helper.join();
+    throw;
+  }
+  helper.join();
+  if (err) std::rethrow_exception(err);
+}
+
 }  // namespace
+
+SnapshotPtr reserve_snapshot(const ShardedModel& sm) {
+  SnapshotPtr s = describe_snapshot(sm, TrainState{});
+  alloc_image(*s, /*huge=*/true);
+  return s;
+}
+
+void prefault_snapshot(CheckpointSnapshot& s) {
+  if (!s.image) return;
+  // One write per 4 KiB page (the kernel zeroes the page, or the huge page, it faults in).
+  volatile unsigned char* p = s.image;
+  const uint64_t n = s.file_bytes();
+  for (uint64_t i = 0; i < n; i += 4096) p[i] = 0;
+}
 
 SnapshotPtr snapshot_checkpoint(const ShardedModel& sm, const TrainState& state, SnapshotPtr reuse) {
   SnapshotPtr s = describe_snapshot(sm, state);
-  const size_t bytes = static_cast<size_t>(std::max<int64_t>(s->floats, 1)) * sizeof(float);
-  if (reuse && reuse->data.bytes() == bytes && reuse->data.device().is_cpu())
-    s->data = std::move(reuse->data);  // already faulted in: no page faults in the copy below
-  else
-    s->data = Buffer(bytes, Mem::Checkpoint);
+  if (reuse && reuse->data.device().is_cpu()) s->data = std::move(reuse->data);  // kept if it fits
   reuse.reset();
+  alloc_image(*s, /*huge=*/false);
+  std::memcpy(s->image, s->header.data(), s->header.size());
+  unsigned char* base = s->image + s->header.size();
   for (SnapTensor& t : s->tensors) {
-    const uint64_t nb = num_blocks(t);
+    // One view per tensor (an NVMe-offloaded moment is read into a buffer valid until the next
+    // view), copied and checksummed block by block: one pass over the model's memory.
+    const auto* src = reinterpret_cast<const unsigned char*>(
+        sm.state_view(t.unit, static_cast<StateKind>(t.kind), {t.lo, t.hi}));
+    unsigned char* dst = base + t.at * 4;
+    const uint64_t nb = num_blocks(t), bytes = static_cast<uint64_t>(t.hi - t.lo) * 4;
     t.blocks.resize(nb);
-    for (uint64_t b = 0; b < nb; ++b)
-      t.blocks[b] = copy_block(sm, t, b, s->data.f32() + t.at + static_cast<int64_t>(b * kBlockBytes / 4));
+    split_two(nb, 8, [&](uint64_t b0, uint64_t b1) {
+      for (uint64_t b = b0; b < b1; ++b) {
+        const uint64_t off = b * kBlockBytes, n = std::min(kBlockBytes, bytes - off);
+        t.blocks[b] = crc32c_copy(dst + off, src + off, n);
+      }
+    });
   }
   return s;
 }
@@ -181,58 +280,167 @@ SnapshotPtr snapshot_checkpoint(const ShardedModel& sm, const TrainState& state,
 
 namespace {
 
-constexpr uint64_t kWriteChunk = uint64_t{8} << 20;  // bytes per write() call
-static_assert(kWriteChunk % kBlockBytes == 0, "writes cover whole checksum blocks");
+// The shard file is written through the aio engine (offload/aio.h) from 4096-aligned memory:
+// O_DIRECT where the file system takes it (no page-cache copy; the disk reads the memory
+// itself), kIoDepth pieces of kIoPiece bytes in flight.
+constexpr size_t kIoPiece = size_t{1} << 20;
+constexpr int kIoDepth = 8;
+// Synchronous saves: the model's memory is not aligned like the file, so it is copied (and
+// checksummed in the same pass) into a ring of kRing staging chunks of kStageChunk bytes;
+// the disk writes kRing - 1 chunks while the next is filled.
+constexpr size_t kStageChunk = size_t{8} << 20;
+constexpr int kRing = 4;
+static_assert(kStageChunk % kAioAlign == 0, "staging chunks keep file offsets aligned");
 
-// Writes the snapshot's file. From a copied snapshot this is pure I/O (the CRCs are known);
-// from the model (s.source) the data is written in place, each chunk checksummed just before
-// it is written: no copy besides the kernel's.
+// SHARDWISE_CKPT_O_DIRECT=0: buffered shard reads and writes (the same bytes through the page
+// cache), for file systems whose O_DIRECT misbehaves and for tests comparing the two.
+bool want_o_direct() {
+  const char* v = std::getenv("SHARDWISE_CKPT_O_DIRECT");
+  return !(v && std::strcmp(v, "0") == 0);
+}
+
+AioConfig io_config() {
+  AioConfig c;
+  c.block_size = kIoPiece;
+  c.queue_depth = kIoDepth;
+  c.intra_op_parallelism = 4;  // thread backend: blocked in the kernel, not computing
+  return c;
+}
+
+// A shard file written in place under a temporary name, then fsynced and renamed.
+class ShardFile {
+ public:
+  ShardFile(std::string path, uint64_t bytes) : path_(std::move(path)) {
+    tmp_ = path_ + ".tmp." + std::to_string(::getpid());
+    try {
+      f_ = AioFile::create(tmp_, bytes, want_o_direct());
+    } catch (const Error& e) {
+      fail("checkpoint", path_ + ": cannot create (" + std::string(e.what()) + ")");
+    }
+  }
+  ~ShardFile() {
+    if (f_.is_open()) {
+      f_.close();
+      ::unlink(tmp_.c_str());
+    }
+  }
+  const AioFile& file() const { return f_; }
+  // Turns an I/O error into one line naming the file.
+  [[noreturn]] void failed(const std::string& what) {
+    fail("checkpoint", path_ + ": write failed (" + what + ")");
+  }
+  void finish(const std::string& dir) {
+    if (::fsync(f_.fd()) != 0) failed("fsync: " + errno_str());
+    f_.close();
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+      const std::string err = errno_str();
+      ::unlink(tmp_.c_str());
+      fail("checkpoint", path_ + ": cannot rename " + tmp_ + " into place (" + err + ")");
+    }
+    fsync_dir(dir);
+  }
+
+ private:
+  std::string path_, tmp_;
+  AioFile f_;
+};
+
+// Writes the snapshot's file: from a copied snapshot, one request for the whole image (pure
+// I/O: the CRCs are known); from the model (s.source), chunk by chunk through the staging ring,
+// each chunk copied and checksummed in one pass, then written while the next is filled.
 void write_shard(const CheckpointSnapshot& s, const std::string& tmp_dir) {
   std::error_code ec;
   fs::create_directories(tmp_dir, ec);
   if (ec) fail("checkpoint", tmp_dir + ": cannot create the directory (" + ec.message() + ")");
-  const std::string fname = "rank_" + std::to_string(s.rank) + ".safetensors";
+  const std::string fname = shard_file_name(s.rank);
   const std::string path = tmp_dir + "/" + fname;
-
-  std::vector<StTensorDesc> descs;
-  for (const SnapTensor& t : s.tensors)
-    descs.push_back({tensor_name(t.unit, t.kind, t.lo, t.hi), StDType::F32, {t.hi - t.lo}});
-  SafeTensorsWriter w(path, descs,
-                      {{"format", kFormatName},
-                       {"rank", std::to_string(s.rank)},
-                       {"world_size", std::to_string(s.world)}});
+  const uint64_t total = s.file_bytes(), hbytes = s.header.size();
+  ShardFile file(path, total);
+  std::vector<StagingBuffer> ring;   // (declared before `io`, whose destructor waits for
+  std::vector<AioRequest> busy(kRing);  //  the writes reading them)
+  AioHandle io(io_config());
 
   // Streamed from the model: block CRCs are computed here, per tensor.
   std::vector<std::vector<uint32_t>> streamed_blocks;
-  if (s.source) {
-    streamed_blocks.resize(s.tensors.size());
-    for (size_t i = 0; i < s.tensors.size(); ++i) {
-      const SnapTensor& t = s.tensors[i];
-      const auto* p = reinterpret_cast<const unsigned char*>(
-          s.source->state_view(t.unit, static_cast<StateKind>(t.kind), {t.lo, t.hi}));
-      const uint64_t nb = num_blocks(t), bytes = static_cast<uint64_t>(t.hi - t.lo) * 4;
-      streamed_blocks[i].resize(nb);
-      // Each chunk is checksummed, then written while still in cache.
-      for (uint64_t off = 0; off < bytes; off += kWriteChunk) {
-        const uint64_t n = std::min(kWriteChunk, bytes - off);
-        for (uint64_t b = off; b < off + n; b += kBlockBytes)
-          streamed_blocks[i][b / kBlockBytes] = crc32c(p + b, std::min(kBlockBytes, bytes - b));
-        w.append(p + off, n);
-        if (n == kWriteChunk) w.start_writeback();  // a small tail is left to the fsync
+  try {
+    if (!s.source) {
+      io.write(file.file(), s.image, static_cast<size_t>(total), 0).synchronize();
+    } else {
+      streamed_blocks.resize(s.tensors.size());
+      for (int i = 0; i < kRing; ++i) ring.push_back(aligned_staging(kStageChunk));
+      // The file is produced in order: the header, then each tensor's blocks. A chunk is a
+      // list of runs (one tensor's bytes inside the chunk), each cut into segments at block
+      // boundaries; a run's segments are copied and checksummed on two threads (the view of
+      // one tensor at a time: an NVMe-offloaded moment's view lasts until the next view),
+      // and a block split by a chunk boundary gets its CRC combined from its two parts.
+      struct Seg {
+        uint64_t dst, src, len;  // offset in the chunk, offset in the tensor, bytes
+        uint32_t crc;
+      };
+      std::vector<Seg> segs;
+      size_t ti = 0;              // tensor being copied
+      const unsigned char* src = nullptr;
+      uint64_t tpos = 0;          // bytes of tensor ti done
+      uint32_t bcrc = 0;          // CRC of the current block's bytes in earlier chunks
+      auto open_tensor = [&] {
+        while (ti < s.tensors.size() && s.tensors[ti].hi == s.tensors[ti].lo) ++ti;
+        if (ti == s.tensors.size()) return;
+        const SnapTensor& t = s.tensors[ti];
+        src = reinterpret_cast<const unsigned char*>(
+            s.source->state_view(t.unit, static_cast<StateKind>(t.kind), {t.lo, t.hi}));
+        streamed_blocks[ti].assign(num_blocks(t), 0);
+        tpos = 0, bcrc = 0;
+      };
+      open_tensor();
+      for (uint64_t pos = 0, chunk = 0; pos < total; pos += kStageChunk, ++chunk) {
+        const int k = static_cast<int>(chunk % kRing);
+        if (busy[k].valid()) busy[k].synchronize();  // the disk has this buffer's last chunk
+        auto* dst = ring[k].as<unsigned char>();
+        const uint64_t n = std::min<uint64_t>(kStageChunk, total - pos);
+        uint64_t fill = 0;
+        if (pos < hbytes) {
+          fill = std::min(n, hbytes - pos);
+          std::memcpy(dst, s.header.data() + pos, fill);
+        }
+        while (fill < n) {  // one run: tensor ti's bytes in this chunk
+          const SnapTensor& t = s.tensors[ti];
+          const uint64_t bytes = static_cast<uint64_t>(t.hi - t.lo) * 4;
+          const uint64_t run = std::min(bytes - tpos, n - fill);
+          segs.clear();
+          for (uint64_t at = tpos; at < tpos + run;) {
+            const uint64_t block_end = std::min(bytes, (at / kBlockBytes + 1) * kBlockBytes);
+            const uint64_t m = std::min(block_end, tpos + run) - at;
+            segs.push_back({fill + (at - tpos), at, m, 0});
+            at += m;
+          }
+          split_two(segs.size(), 4, [&](uint64_t s0, uint64_t s1) {
+            for (uint64_t i = s0; i < s1; ++i) {
+              Seg& g = segs[i];
+              g.crc = crc32c_copy(dst + g.dst, src + g.src, g.len);
+            }
+          });
+          for (const Seg& g : segs) {  // in order: the blocks' CRCs
+            const bool starts = g.src % kBlockBytes == 0;
+            bcrc = starts ? g.crc : crc32c_combine(bcrc, g.crc, g.len);
+            const uint64_t end = g.src + g.len;
+            if (end % kBlockBytes == 0 || end == bytes) streamed_blocks[ti][g.src / kBlockBytes] = bcrc;
+          }
+          fill += run, tpos += run;
+          if (tpos == bytes) ++ti, open_tensor();
+        }
+        busy[k] = io.write(file.file(), dst, static_cast<size_t>(n), static_cast<off_t>(pos));
       }
+      for (AioRequest& r : busy)
+        if (r.valid()) r.synchronize();
     }
-  } else {
-    const auto* p = reinterpret_cast<const unsigned char*>(s.data.data());
-    const uint64_t total = static_cast<uint64_t>(s.floats) * 4;
-    for (uint64_t off = 0; off < total; off += kWriteChunk) {
-      const uint64_t n = std::min(kWriteChunk, total - off);
-      w.append(p + off, n);
-      if (n == kWriteChunk) w.start_writeback();
-    }
+  } catch (const Error& e) {
+    io.wait_all();
+    file.failed(e.what());
   }
+  file.finish(tmp_dir);  // fsyncs the file, renames it into place and fsyncs tmp_dir
 
-  uint32_t file_crc = w.header_crc32c();
-  uint64_t pos = w.data_start();
+  uint32_t file_crc = crc32c(s.header.data(), s.header.size());
+  uint64_t pos = hbytes;
   ojson tensors = ojson::array();
   for (size_t i = 0; i < s.tensors.size(); ++i) {
     const SnapTensor& t = s.tensors[i];
@@ -243,7 +451,7 @@ void write_shard(const CheckpointSnapshot& s, const std::string& tmp_dir) {
       tcrc = b == 0 ? blocks[b]
                     : crc32c_combine(tcrc, blocks[b], std::min(kBlockBytes, bytes - b * kBlockBytes));
     file_crc = crc32c_combine(file_crc, tcrc, bytes);
-    tensors.push_back({{"name", descs[i].name},
+    tensors.push_back({{"name", tensor_name(t.unit, t.kind, t.lo, t.hi)},
                        {"unit", t.unit},
                        {"kind", kKindNames[t.kind]},
                        {"lo", t.lo},
@@ -254,7 +462,6 @@ void write_shard(const CheckpointSnapshot& s, const std::string& tmp_dir) {
                        {"block_crc32c", blocks}});
     pos += bytes;
   }
-  w.finish();  // fsyncs the file, renames it into place and fsyncs tmp_dir
   ojson entry = {{"file", fname},
                  {"rank", s.rank},
                  {"bytes", pos},
@@ -627,19 +834,26 @@ SafeTensorsReader open_shard(const Meta& m, const FileEntry& fe) {
   return r;
 }
 
+// Checks the CRC of whole blocks [b0, b1) of tensor t, found at `data` (block b0's first
+// byte), naming the file, tensor and byte range of a bad one.
+void check_blocks(const std::string& path, const FileTensor& t, uint64_t block_bytes, size_t b0,
+                  size_t b1, const unsigned char* data) {
+  for (size_t b = b0; b < b1; ++b) {
+    const uint64_t s = b * block_bytes, n = std::min(block_bytes, t.bytes - s);
+    const uint32_t c = crc32c(data + (s - b0 * block_bytes), n);
+    if (c != t.blocks[b])
+      fail("checkpoint", path + ": tensor '" + t.name + "': checksum mismatch in bytes [" +
+                             std::to_string(s) + ", " + std::to_string(s + n) + ") (stored " +
+                             hex32(t.blocks[b]) + ", computed " + hex32(c) + "): corrupt file");
+  }
+}
+
 // Reads whole checksum blocks [b0, b1) of tensor t into dst and checks each one.
 void read_blocks(const SafeTensorsReader& r, const FileTensor& t, uint64_t block_bytes, size_t b0,
                  size_t b1, unsigned char* dst) {
   const uint64_t lo = b0 * block_bytes, hi = std::min<uint64_t>(b1 * block_bytes, t.bytes);
   r.read_bytes(t.name, dst, lo, hi - lo);
-  for (size_t b = b0; b < b1; ++b) {
-    const uint64_t s = b * block_bytes, n = std::min(block_bytes, t.bytes - s);
-    const uint32_t c = crc32c(dst + (s - lo), n);
-    if (c != t.blocks[b])
-      fail("checkpoint", r.path() + ": tensor '" + t.name + "': checksum mismatch in bytes [" +
-                             std::to_string(s) + ", " + std::to_string(s + n) + ") (stored " +
-                             hex32(t.blocks[b]) + ", computed " + hex32(c) + "): corrupt file");
-  }
+  check_blocks(r.path(), t, block_bytes, b0, b1, dst);
 }
 
 // Reads floats [a, b) of tensor t (inside [t.lo, t.hi)) in pieces of kChunkBlocks whole
@@ -683,6 +897,141 @@ void read_range(const SafeTensorsReader& r, const FileTensor& t, uint64_t block_
     fn(lo, hi, reinterpret_cast<const float*>(buf.data()) + (lo - plo));
     blk += nb;
   }
+}
+
+// load_checkpoint's reads of one file: the whole blocks overlapping each needed range, in
+// pieces of about kLoadChunk bytes read through the aio engine (O_DIRECT where the file system
+// takes it, so the data goes from the disk to the staging memory without a page-cache copy)
+// into a ring of kLoadRing aligned staging chunks: up to kLoadRing reads are in flight while
+// the blocks of earlier pieces are checked (on a helper thread) and handed to
+// fn(tensor, lo, hi, floats), which copies them into the model (on the caller's). A piece's
+// file range is widened to 4096-byte boundaries (what O_DIRECT reads), clipped to the file's
+// end; `st` counts the whole blocks, as before.
+constexpr uint64_t kLoadChunk = uint64_t{4} << 20;
+constexpr int kLoadRing = 8;
+
+template <class Fn>
+void load_file(const SafeTensorsReader& r, uint64_t block_bytes,
+               const std::vector<std::pair<const FileTensor*, FlatRange>>& need, AioHandle& io,
+               std::vector<StagingBuffer>& ring, LoadStats& st, const std::string& file, Fn&& fn) {
+  struct Piece {
+    const FileTensor* t;
+    size_t b0, b1;       // blocks
+    int64_t lo, hi;      // floats handed to fn
+    uint64_t alo, ahi;   // aligned file range read
+  };
+  const uint64_t bf = block_bytes / 4;
+  const size_t chunk_blocks = static_cast<size_t>(std::max<uint64_t>(1, kLoadChunk / block_bytes));
+  std::vector<Piece> pieces;
+  uint64_t cap = 0;
+  for (const auto& [t, o] : need) {
+    size_t blk = static_cast<size_t>(static_cast<uint64_t>(o.lo - t->lo) / bf);
+    const size_t end_blk = static_cast<size_t>((static_cast<uint64_t>(o.hi - t->lo) + bf - 1) / bf);
+    if (blk < end_blk) {
+      const uint64_t begin = t->offset + blk * block_bytes;
+      const uint64_t end = t->offset + std::min<uint64_t>(end_blk * block_bytes, t->bytes);
+      st.payload_bytes += static_cast<int64_t>(end - begin);
+      st.blocks_read += static_cast<int64_t>(end_blk - blk);
+      st.spans.push_back({file, begin, end});
+    }
+    for (; blk < end_blk; blk += chunk_blocks) {
+      Piece p{t, blk, std::min(end_blk, blk + chunk_blocks), 0, 0, 0, 0};
+      const int64_t plo = t->lo + static_cast<int64_t>(p.b0 * bf);
+      p.lo = std::max(o.lo, plo);
+      p.hi = std::min<int64_t>(o.hi, t->lo + static_cast<int64_t>(p.b1 * bf));
+      const uint64_t flo = t->offset + p.b0 * block_bytes;
+      const uint64_t fhi = t->offset + std::min<uint64_t>(p.b1 * block_bytes, t->bytes);
+      p.alo = flo / kAioAlign * kAioAlign;
+      p.ahi = std::min<uint64_t>((fhi + kAioAlign - 1) / kAioAlign * kAioAlign, r.file_size());
+      cap = std::max(cap, p.ahi - p.alo);
+      pieces.push_back(p);
+    }
+  }
+  if (ring.size() < static_cast<size_t>(kLoadRing) || ring[0].capacity() < cap) {
+    ring.clear();
+    for (int i = 0; i < kLoadRing; ++i) ring.push_back(aligned_staging(static_cast<size_t>(cap)));
+  }
+  const AioFile f = AioFile::open(r.path(), /*writable=*/false, want_o_direct());
+  const size_t N = pieces.size();
+  std::vector<AioRequest> reqs(N);
+  // Two stages on two threads: a helper waits for each read and checks its blocks' CRCs; the
+  // caller issues the reads (kLoadRing pieces ahead of the copying) and copies verified pieces
+  // into the model. State under `mu`: pieces issued, pieces verified, the first bad one.
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t issued = 0, verified = 0, bad_at = SIZE_MAX;
+  std::exception_ptr bad;
+  bool stop = false;
+  auto verify = [&](size_t i) {
+    reqs[i].synchronize();
+    const Piece& p = pieces[i];
+    const uint64_t flo = p.t->offset + p.b0 * block_bytes;
+    check_blocks(r.path(), *p.t, block_bytes, p.b0, p.b1,
+                 ring[i % kLoadRing].as<unsigned char>() + (flo - p.alo));
+  };
+  auto helper_body = [&] {
+    for (size_t i = 0; i < N; ++i) {
+      {
+        std::unique_lock<std::mutex> lk(mu);
+        cv.wait(lk, [&] { return stop || issued > i; });
+        if (stop) return;
+      }
+      std::exception_ptr e;
+      try {
+        verify(i);
+      } catch (...) {
+        e = std::current_exception();
+      }
+      std::lock_guard<std::mutex> lk(mu);
+      if (e) {
+        bad = e, bad_at = i;
+        cv.notify_all();
+        return;
+      }
+      verified = i + 1;
+      cv.notify_all();
+    }
+  };
+  const bool two = N >= 2 && ckpt_threads() == 2 && std::thread::hardware_concurrency() > 1;
+  std::thread helper;
+  auto issue_upto = [&](size_t lim) {
+    for (lim = std::min(lim, N); issued < lim;) {
+      const Piece& p = pieces[issued];
+      reqs[issued] = io.read(f, ring[issued % kLoadRing].data(), static_cast<size_t>(p.ahi - p.alo),
+                             static_cast<off_t>(p.alo));
+      std::lock_guard<std::mutex> lk(mu);
+      ++issued;
+      cv.notify_all();
+    }
+  };
+  try {
+    issue_upto(kLoadRing);
+    if (two) helper = std::thread(helper_body);
+    for (size_t i = 0; i < N; ++i) {
+      if (two) {
+        std::unique_lock<std::mutex> lk(mu);
+        cv.wait(lk, [&] { return verified > i || bad_at <= i; });
+        if (bad_at <= i) std::rethrow_exception(bad);
+      } else {
+        verify(i);
+      }
+      const Piece& p = pieces[i];
+      const auto* base = ring[i % kLoadRing].as<unsigned char>();
+      const uint64_t at = p.t->offset + static_cast<uint64_t>(p.lo - p.t->lo) * 4 - p.alo;
+      fn(*p.t, p.lo, p.hi, reinterpret_cast<const float*>(base + at));
+      issue_upto(i + 1 + kLoadRing);  // into the buffer just copied out
+    }
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    if (helper.joinable()) helper.join();
+    io.wait_all();  // nothing may still be reading into the ring
+    throw;
+  }
+  if (helper.joinable()) helper.join();
 }
 
 std::string shape_list(const Shape& s) { return shape_str(s); }
@@ -752,7 +1101,8 @@ TrainState load_checkpoint(ShardedModel& sm, const std::string& step_dir, LoadSt
   check_coverage(m);
 
   // Each rank reads the blocks overlapping what it holds, file by file.
-  std::vector<unsigned char> buf;
+  std::vector<StagingBuffer> ring;
+  AioHandle io(io_config());  // (after `ring`: destroyed first, waiting for reads into it)
   for (const FileEntry& fe : m.files) {
     std::vector<std::pair<const FileTensor*, FlatRange>> need;
     for (const FileTensor& t : fe.tensors) {
@@ -764,13 +1114,10 @@ TrainState load_checkpoint(ShardedModel& sm, const std::string& step_dir, LoadSt
     const SafeTensorsReader r = open_shard(m, fe);
     ++st.files_opened;
     st.header_bytes += static_cast<int64_t>(r.data_start());
-    for (auto& [t, o] : need)
-      read_range(
-          r, *t, m.block_bytes, o.lo, o.hi, buf,
-          [&, t = t](int64_t lo, int64_t hi, const float* data) {
-            sm.write_state(t->unit, static_cast<StateKind>(t->kind), {lo, hi}, data);
-          },
-          &st, fe.file);
+    load_file(r, m.block_bytes, need, io, ring, st, fe.file,
+              [&](const FileTensor& t, int64_t lo, int64_t hi, const float* data) {
+                sm.write_state(t.unit, static_cast<StateKind>(t.kind), {lo, hi}, data);
+              });
   }
   if (stats) *stats = std::move(st);
   return m.state;

@@ -58,6 +58,13 @@ using SnapshotPtr = std::unique_ptr<CheckpointSnapshot, SnapshotDeleter>;
 SnapshotPtr snapshot_checkpoint(const ShardedModel& sm, const TrainState& state,
                                 SnapshotPtr reuse = nullptr);
 int64_t snapshot_bytes(const CheckpointSnapshot& s);
+// Local. A snapshot holding only host memory of the size snapshot_checkpoint(sm, ...) needs
+// (allocated, transparent huge pages advised, not yet touched), to pass as its `reuse`.
+// prefault_snapshot (any thread; the engine runs it in the background when async saving is
+// set up) touches every page, so even the first snapshot copies at memory speed instead of
+// stalling training in page faults.
+SnapshotPtr reserve_snapshot(const ShardedModel& sm);
+void prefault_snapshot(CheckpointSnapshot& s);
 // Local. A snapshot that refers to the model's own memory instead of a copy (no allocation, no
 // copy): valid only while the model does not change, so for synchronous saves that write it
 // before training goes on.

@@ -188,6 +188,13 @@ Checkpointer::Checkpointer(std::string dir, int keep_last, bool async, Group& gr
 
 Checkpointer::~Checkpointer() {
   if (writer_.joinable()) writer_.join();
+  if (prefault_.joinable()) prefault_.join();
+}
+
+void Checkpointer::reserve(const ShardedModel& sm) {
+  if (!async_ || snap_ || prefault_.joinable()) return;
+  snap_ = reserve_snapshot(sm);
+  prefault_ = std::thread([s = snap_.get()] { prefault_snapshot(*s); });
 }
 
 void Checkpointer::write(const std::string& tmp) {
@@ -209,6 +216,7 @@ void Checkpointer::write(const std::string& tmp) {
 CkptEvents Checkpointer::save(const ShardedModel& sm, const TrainState& state) {
   const auto t0 = Clock::now();
   CkptEvents ev = finish();  // at most one save in flight
+  if (prefault_.joinable()) prefault_.join();  // reserve()'s memory, normally long faulted in
   pending_step_ = state.step;
   // Async: an in-memory copy (reusing the previous snapshot's memory), written in the
   // background; sync: written straight from the model's memory before training goes on.

@@ -58,6 +58,12 @@ class Checkpointer {
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
+  // Local; async saving only (a no-op otherwise or when a snapshot exists). Allocates the
+  // host memory the async snapshots copy into and faults it in on a background thread, so
+  // the first save's stall is the copy alone, as later ones are (without it, the first
+  // snapshot takes the page faults of a fresh checkpoint-sized buffer). Call once the model
+  // exists; training may run meanwhile (the thread touches only that memory).
+  void reserve(const ShardedModel& sm);
   CkptEvents save(const ShardedModel& sm, const TrainState& state);  // collective
   CkptEvents poll();                                                 // collective
   CkptEvents finish();                                               // collective
@@ -78,6 +84,7 @@ class Checkpointer {
   int64_t pending_step_ = -1;
   SnapshotPtr snap_;
   std::thread writer_;
+  std::thread prefault_;              // reserve()'s page toucher; joined before the first save
   std::atomic<bool> written_{false};  // set by the writer when it is done (success or not)
   std::string error_;                 // the writer's error ("" = success); read after join
 };
