@@ -321,8 +321,12 @@ class Trainer {
   }
 
   void setup_checkpointer() {
-    if (ck_.every_steps > 0)
+    if (ck_.every_steps > 0) {
       ckpt_ = std::make_unique<Checkpointer>(ck_.dir, ck_.keep_last, ck_.async, world_);
+      // Async saves: the snapshot memory is allocated now and faulted in on a background
+      // thread, so the first save stalls for the copy only, as later ones do.
+      ckpt_->reserve(*sm_);
+    }
   }
 
   void setup_metrics() {
