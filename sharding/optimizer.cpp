@@ -84,6 +84,7 @@ namespace sw {
 
 NvmeMoments::~NvmeMoments() {
   io.drain();  // nothing may still use the file
+  MemTracker::of(Tier::Nvme).sub(Mem::Optimizer, static_cast<size_t>(tracked));
   if (file.is_open()) {
     io.detach(fd);
     file.close();
@@ -140,6 +141,8 @@ void ShardedModel::Impl::setup_nvme(int rank) {
     nv->slots.push_back(aligned_staging(static_cast<size_t>(opt_plan.staging_bytes),
                                         Mem::Optimizer, Tier::Device, false));
   nv->io.attach(nv->file);
+  nv->tracked = total;  // the file's bytes, on the NVMe tier (Tier::Nvme counts files)
+  MemTracker::of(Tier::Nvme).add(Mem::Optimizer, static_cast<size_t>(total));
   nvme = std::move(nv);
 }
 
@@ -155,6 +158,8 @@ int64_t align_up(int64_t x) { return (x + kFileAlign - 1) / kFileAlign * kFileAl
 }  // namespace
 
 NvmeParams::~NvmeParams() {
+  MemTracker::of(Tier::Nvme).sub(Mem::Params, static_cast<size_t>(tracked_master));
+  MemTracker::of(Tier::Nvme).sub(Mem::Grads, static_cast<size_t>(tracked_grads));
   if (io && !own_io) io->drain();  // the moments' stream outlives this: nothing left queued
   own_io.reset();                  // finishes what is queued before the file goes
   if (file.is_open()) {
@@ -229,6 +234,14 @@ void ShardedModel::Impl::setup_nvme_params(int rank) {
   if (!nvme)
     for (int k = 0; k < opt_plan.staging_slots; ++k)
       pv->opt_slots.emplace_back(static_cast<size_t>(opt_plan.staging_bytes), Mem::Optimizer, dev);
+  for (size_t u = 0; u < units.size(); ++u)
+    if (units[u]->params_on_nvme()) {  // the file's bytes by role, on the NVMe tier
+      const int64_t b = units[u]->shard_size() * static_cast<int64_t>(sizeof(float));
+      pv->tracked_master += b;
+      pv->tracked_grads += b;
+    }
+  MemTracker::of(Tier::Nvme).add(Mem::Params, static_cast<size_t>(pv->tracked_master));
+  MemTracker::of(Tier::Nvme).add(Mem::Grads, static_cast<size_t>(pv->tracked_grads));
   pv->gfetch.resize(units.size());
   pv->sumsq.assign(units.size(), 0.0);
   pnvme = std::move(pv);
@@ -285,6 +298,7 @@ namespace sw {
 
 NvmeActs::~NvmeActs() {
   io.drain();
+  MemTracker::of(Tier::Nvme).sub(Mem::Activations, static_cast<size_t>(reserved));
   writing.clear();
   if (file.is_open()) {
     file.close();
@@ -328,6 +342,7 @@ void ShardedModel::Impl::reserve_acts(int64_t end) {
   if (err == ENOSPC && want > end) {  // the doubling asked too much: exactly what is needed
     err = ::posix_fallocate(A.fd, 0, end);
     if (err == 0) {
+      MemTracker::of(Tier::Nvme).add(Mem::Activations, static_cast<size_t>(end - A.reserved));
       A.reserved = end;
       return;
     }
@@ -335,6 +350,7 @@ void ShardedModel::Impl::reserve_acts(int64_t end) {
   if (err != 0)
     fail("offload", A.path + ": cannot reserve " + std::to_string(want) + " bytes (" +
                         std::strerror(err) + ")");
+  MemTracker::of(Tier::Nvme).add(Mem::Activations, static_cast<size_t>(want - A.reserved));
   A.reserved = want;
 }
 

@@ -71,6 +71,7 @@ struct NvmeMoments {
   std::vector<StagingBuffer> slots;   // staging, 4096-aligned, Mem::Optimizer
   Buffer view;                        // checkpoint reads (state_view)
   std::vector<IoEventPtr> ev;         // per action of the segment being run
+  int64_t tracked = 0;                // bytes reported to the NVMe tier's tracker (Optimizer)
   IoStream io;
   ~NvmeMoments();                     // closes and removes the file (a clean exit)
 };
@@ -91,6 +92,7 @@ struct NvmeParams {
   std::vector<IoEventPtr> gfetch;   // per unit: the read its next accumulation waits for
   std::vector<double> sumsq;        // per unit: sum of squares of the accumulated gradients
   Buffer tmp;                       // synchronous accesses (init, export, checkpoints)
+  int64_t tracked_master = 0, tracked_grads = 0;  // reported to the NVMe tier's tracker
   std::vector<std::vector<IoEventPtr>> ev;  // per action of the segment being run
   // One io queue per rank: NvmeMoments' when it exists, so that staging reuse is ordered.
   std::unique_ptr<IoStream> own_io;
@@ -109,7 +111,7 @@ struct NvmeActs {
   std::string dir, path;
   AioFile file;
   int fd = -1;
-  int64_t reserved = 0;  // bytes of the file reserved so far
+  int64_t reserved = 0;  // bytes of the file reserved so far (the NVMe tracker's Activations)
   int64_t next = 0;      // where the next evicted position goes (from 0 each micro-step)
   std::vector<int64_t> off;               // per position
   std::vector<size_t> act_bytes;          // per position: its input's bytes (0: none)

@@ -604,8 +604,15 @@ TEST_CASE("offload_param nvme: bit-identical, master and gradient shards in a fi
         CHECK(!std::filesystem::exists(file));  // removed with the model
         Model m = build_model(tiny(type));
         const size_t params0 = MemTracker::global().current(Mem::Params);
+        MemTracker& nt = MemTracker::of(Tier::Nvme);
+        const size_t nvme0 = nt.current(Mem::Params) + nt.current(Mem::Grads);
         ShardedModel sm(m, cpu(), 1, g, p);
         CHECK(std::filesystem::exists(file));
+        // The NVMe tier's tracker holds the shards (the file adds only 4096-byte alignment).
+        const size_t on_nvme = nt.current(Mem::Params) + nt.current(Mem::Grads) - nvme0;
+        CHECK(on_nvme > 0);
+        CHECK(on_nvme <= std::filesystem::file_size(file));
+        CHECK(std::filesystem::file_size(file) - on_nvme < 2 * 4096 * m.units.size());
         const StepPlan plan = sm.step_plan(2, tiny(type).seq_len, 1);
         // Device model state: the staging buffers only, as the plan says.
         CHECK(int64_t(MemTracker::global().current(Mem::Params) - params0) ==
