@@ -283,6 +283,7 @@ class Trainer {
     }
     sm_ = std::make_unique<ShardedModel>(model_, ops_for(Device::cpu()), cfg_.seed, world_ptr_,
                                          policy);
+    sm_->prepare_offload(B_, T_);  // offload files sized for this batch shape, before training
     scaler_ = LossScaler(cfg_.loss_scaler);
   }
 

@@ -281,6 +281,18 @@ StepPlan ShardedModel::step_plan(int B, int T, int accum) const {
   return plan_step(in);
 }
 
+void ShardedModel::prepare_offload(int B, int T) {
+  Impl& I = *impl_;
+  if (!I.policy.activation_checkpointing.offload_nvme) return;
+  PlanInput in = I.plan_in;
+  in.B = B, in.T = T;
+  declare_calls(in, model_);
+  int64_t end = 0;  // as the executor lays positions out: each from a 4096-byte boundary
+  for (const Action& a : plan_micro_step(in, 0, true).actions)
+    if (a.kind == ActionKind::Evict && a.pos >= 0) end = (end + a.bytes + 4095) / 4096 * 4096;
+  I.reserve_acts(end);
+}
+
 StepPlan ShardedModel::eval_plan(int B, int T) const {
   PlanInput in = impl_->plan_in;
   in.B = B, in.T = T;

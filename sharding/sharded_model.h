@@ -118,6 +118,10 @@ class ShardedModel {
   // The plan of one whole training step (accum micro-steps of B rows of T tokens, then the
   // optimizer) in the steady state, exactly as the executor runs it; and of an eval forward.
   StepPlan step_plan(int B, int T, int accum) const;
+  // Activation offload to NVMe: creates the file and reserves what a micro-step of B x T
+  // writes to it (the free-space check: sw::Error naming activation_checkpointing.nvme_path),
+  // so a disk without room is an error before training. A no-op otherwise.
+  void prepare_offload(int B, int T);
   StepPlan eval_plan(int B, int T) const;
   // While set (not null), the executor appends a record of every action it runs (begin and end
   // times; a collective's are when it started and finished executing) to *recorder.

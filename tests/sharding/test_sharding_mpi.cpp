@@ -432,6 +432,15 @@ TEST_CASE("activation offload cpu and nvme: bit-identical, the device's activati
         Model m = build_model(mc);
         ShardedModel sm(m, cpu(), 3, g, off ? p : base);
         const int B = 2, T = mc.seq_len;
+        if (off && nvme) {  // the file exists and is reserved before the first step
+          const size_t a0 = MemTracker::of(Tier::Nvme).current(Mem::Activations);
+          sm.prepare_offload(B, T);
+          const std::string f = dir + "/rank_" + std::to_string(g->rank()) + "/activations.bin";
+          REQUIRE(std::filesystem::exists(f));
+          CHECK(std::filesystem::file_size(f) > 0);
+          CHECK(MemTracker::of(Tier::Nvme).current(Mem::Activations) - a0 ==
+                std::filesystem::file_size(f));
+        }
         std::vector<int32_t> tok(size_t(B) * T, 7);
         const Batch batch{tok.data(), tok.data(), B, T};
         sm.forward_backward(batch);  // warm-up, ending like a step (the optimizer prefetches)
