@@ -82,6 +82,56 @@ void ShardedModel::Impl::update_unit(FlatUnit& fu, const ExecState& st, int64_t 
 
 namespace sw {
 
+namespace {
+
+// The three offload files (moments, parameters, activations) share their set-up: a directory
+// per rank under the key's path, a free-space check, and blocks reserved with fallocate.
+int64_t align_up(int64_t x) {
+  const int64_t a = static_cast<int64_t>(kAioAlign);
+  return (x + a - 1) / a * a;
+}
+
+// Creates <root>/rank_<rank>; sw::Error naming `key` otherwise.
+std::string offload_dir(const std::string& key, const std::string& root, int rank) {
+  const std::string dir = root + "/rank_" + std::to_string(rank);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) fail("offload", key + " '" + root + "': cannot create " + dir + " (" + ec.message() + ")");
+  return dir;
+}
+
+// sw::Error naming `key` when `dir`'s filesystem has less than `bytes` free.
+void check_room(const std::string& key, const std::string& root, const std::string& dir,
+                int rank, int64_t bytes, const char* what) {
+  struct statvfs vfs {};
+  if (::statvfs(dir.c_str(), &vfs) != 0) return;
+  const uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  if (free_bytes < static_cast<uint64_t>(bytes))
+    fail("offload", key + " '" + root + "': rank " + std::to_string(rank) + " needs " +
+                        format_bytes(static_cast<size_t>(bytes)) + " for " + what + ", " +
+                        format_bytes(free_bytes) + " free");
+}
+
+// Reserves [0, bytes) of fd's file (zeros where new), so that a disk filling up later cannot
+// fail a write in the middle of a step (where the filesystem allows it). Returns 0 or errno.
+int reserve_blocks(int fd, int64_t bytes) {
+  int err = ::posix_fallocate(fd, 0, bytes);
+  if (err == EOPNOTSUPP || err == EINVAL) err = ::ftruncate(fd, bytes) == 0 ? 0 : errno;
+  return err;
+}
+
+// Creates (truncates: a killed run's stale file goes) `path` through the aio engine.
+AioFile create_file(const std::string& key, const std::string& root, const std::string& path,
+                    bool o_direct) {
+  try {
+    return AioFile::create(path, 0, o_direct);
+  } catch (const Error& e) {  // "aio: <path>: cannot create: <strerror> (errno <e>)"
+    fail("offload", key + " '" + root + "': " + std::string(e.what()).substr(5));
+  }
+}
+
+}  // namespace
+
 NvmeMoments::~NvmeMoments() {
   io.drain();  // nothing may still use the file
   MemTracker::of(Tier::Nvme).sub(Mem::Optimizer, static_cast<size_t>(tracked));
@@ -103,36 +153,19 @@ void ShardedModel::Impl::setup_nvme(int rank) {
     const int64_t bytes = 2 * units[u]->shard_size() * static_cast<int64_t>(sizeof(float));
     // Each region starts on a 4096-byte boundary, so the pieces of OptimizerOffload::piece()
     // floats (32 MiB) are all O_DIRECT-aligned.
-    offset[u] = (total + int64_t(kAioAlign) - 1) / int64_t(kAioAlign) * int64_t(kAioAlign);
+    offset[u] = align_up(total);
     total = offset[u] + bytes;
     ++n;
   }
   if (n == 0) return;
   auto nv = std::make_unique<NvmeMoments>(policy.aio);  // throws if a forced io_uring is refused
   const std::string key = "zero_optimization.offload_optimizer.nvme_path";
-  nv->dir = oo.nvme_path + "/rank_" + std::to_string(rank);
-  std::error_code ec;
-  std::filesystem::create_directories(nv->dir, ec);
-  if (ec) fail("offload", key + " '" + oo.nvme_path + "': cannot create " + nv->dir + " (" + ec.message() + ")");
-  struct statvfs vfs {};
-  if (::statvfs(nv->dir.c_str(), &vfs) == 0) {
-    const uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
-    if (free_bytes < static_cast<uint64_t>(total))
-      fail("offload", key + " '" + oo.nvme_path + "': rank " + std::to_string(rank) + " needs " +
-                          format_bytes(static_cast<size_t>(total)) + " for the optimizer state, " +
-                          format_bytes(free_bytes) + " free");
-  }
-  nv->path = nv->dir + "/optimizer.bin";  // a stale one from a killed run is truncated
-  try {
-    nv->file = AioFile::create(nv->path, 0, policy.aio.o_direct);
-  } catch (const Error& e) {  // "aio: <path>: cannot create: <strerror> (errno <e>)"
-    fail("offload", key + " '" + oo.nvme_path + "': " + std::string(e.what()).substr(5));
-  }
+  nv->dir = offload_dir(key, oo.nvme_path, rank);
+  check_room(key, oo.nvme_path, nv->dir, rank, total, "the optimizer state");
+  nv->path = nv->dir + "/optimizer.bin";
+  nv->file = create_file(key, oo.nvme_path, nv->path, policy.aio.o_direct);
   nv->fd = nv->file.fd();
-  // Zeros (AdamW's initial moments), with the blocks reserved now so that a disk filling up
-  // later cannot fail a write in the middle of a step (where the filesystem allows it).
-  int err = ::posix_fallocate(nv->fd, 0, total);
-  if (err == EOPNOTSUPP || err == EINVAL) err = ::ftruncate(nv->fd, total) == 0 ? 0 : errno;
+  const int err = reserve_blocks(nv->fd, total);  // zeros: AdamW's initial moments
   if (err != 0)
     fail("offload", nv->path + ": cannot reserve " + std::to_string(total) + " bytes (" +
                         std::strerror(err) + ")");
@@ -152,11 +185,6 @@ void ShardedModel::Impl::setup_nvme(int rank) {
 
 namespace sw {
 
-namespace {
-constexpr int64_t kFileAlign = 4096;  // region offsets in the offload files
-int64_t align_up(int64_t x) { return (x + kFileAlign - 1) / kFileAlign * kFileAlign; }
-}  // namespace
-
 NvmeParams::~NvmeParams() {
   MemTracker::of(Tier::Nvme).sub(Mem::Params, static_cast<size_t>(tracked_master));
   MemTracker::of(Tier::Nvme).sub(Mem::Grads, static_cast<size_t>(tracked_grads));
@@ -167,6 +195,12 @@ NvmeParams::~NvmeParams() {
     ::unlink(path.c_str());
     ::rmdir(dir.c_str());  // only if empty
   }
+}
+
+float* NvmeParams::scratch(int64_t floats, const Device& dev) {
+  const size_t bytes = static_cast<size_t>(floats) * sizeof(float);
+  if (tmp.bytes() < bytes) tmp = Buffer(bytes, Mem::Checkpoint, dev);
+  return tmp.f32();
 }
 
 void NvmeParams::transfer(float* buf, int64_t n, int64_t off, bool write) {
@@ -190,28 +224,12 @@ void ShardedModel::Impl::setup_nvme_params(int rank) {
   auto pv = std::make_unique<NvmeParams>();
   const std::string key = "zero_optimization.offload_param.nvme_path";
   const std::string& root = policy.offload_param.nvme_path;
-  pv->dir = root + "/rank_" + std::to_string(rank);
-  std::error_code ec;
-  std::filesystem::create_directories(pv->dir, ec);
-  if (ec) fail("offload", key + " '" + root + "': cannot create " + pv->dir + " (" + ec.message() + ")");
-  struct statvfs vfs {};
-  if (::statvfs(pv->dir.c_str(), &vfs) == 0) {
-    const uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
-    if (free_bytes < static_cast<uint64_t>(total))
-      fail("offload", key + " '" + root + "': rank " + std::to_string(rank) + " needs " +
-                          format_bytes(static_cast<size_t>(total)) +
-                          " for the parameter and gradient shards, " + format_bytes(free_bytes) +
-                          " free");
-  }
-  pv->path = pv->dir + "/params.bin";  // a stale one from a killed run is truncated
-  try {
-    pv->file = AioFile::create(pv->path, 0, policy.aio.o_direct);
-  } catch (const Error& e) {  // "aio: <path>: cannot create: <strerror> (errno <e>)"
-    fail("offload", key + " '" + root + "': " + std::string(e.what()).substr(5));
-  }
+  pv->dir = offload_dir(key, root, rank);
+  check_room(key, root, pv->dir, rank, total, "the parameter and gradient shards");
+  pv->path = pv->dir + "/params.bin";
+  pv->file = create_file(key, root, pv->path, policy.aio.o_direct);
   pv->fd = pv->file.fd();
-  int err = ::posix_fallocate(pv->fd, 0, total);
-  if (err == EOPNOTSUPP || err == EINVAL) err = ::ftruncate(pv->fd, total) == 0 ? 0 : errno;
+  const int err = reserve_blocks(pv->fd, total);
   if (err != 0)
     fail("offload", pv->path + ": cannot reserve " + std::to_string(total) + " bytes (" +
                         std::strerror(err) + ")");
@@ -251,9 +269,7 @@ void ShardedModel::Impl::stage_whole(FlatUnit& fu, bool grads) {
   NvmeParams& pv = *pnvme;
   const int64_t Sh = fu.shard_size();
   const size_t u = static_cast<size_t>(fu.index());
-  if (pv.tmp.bytes() < static_cast<size_t>(2 * Sh) * sizeof(float))
-    pv.tmp = Buffer(static_cast<size_t>(2 * Sh) * sizeof(float), Mem::Checkpoint, ops->device());
-  float* m = pv.tmp.f32();
+  float* m = pv.scratch(2 * Sh, ops->device());
   pv.transfer(m, Sh, pv.moff[u], false);
   fu.stage_master(m);
   if (grads) {
@@ -278,9 +294,7 @@ void ShardedModel::Impl::accumulate_nvme(FlatUnit& fu) {
   NvmeParams& pv = *pnvme;
   const int64_t Sh = fu.shard_size();
   const size_t u = static_cast<size_t>(fu.index());
-  if (pv.tmp.bytes() < static_cast<size_t>(2 * Sh) * sizeof(float))
-    pv.tmp = Buffer(static_cast<size_t>(2 * Sh) * sizeof(float), Mem::Checkpoint, ops->device());
-  float* g = pv.tmp.f32() + Sh;
+  float* g = pv.scratch(2 * Sh, ops->device()) + Sh;
   if (!fu.grads_zero()) pv.transfer(g, Sh, pv.goff[u], false);
   fu.stage_grad(g);
   fu.accumulate_reduced();
@@ -312,16 +326,9 @@ void ShardedModel::Impl::reserve_acts(int64_t end) {
   const std::string& root = policy.activation_checkpointing.nvme_path;
   if (!anvme) {
     auto A = std::make_unique<NvmeActs>(policy.aio);
-    A->dir = root + "/rank_" + std::to_string(rank);
-    std::error_code ec;
-    std::filesystem::create_directories(A->dir, ec);
-    if (ec) fail("offload", key + " '" + root + "': cannot create " + A->dir + " (" + ec.message() + ")");
-    A->path = A->dir + "/activations.bin";  // a stale one from a killed run is truncated
-    try {
-      A->file = AioFile::create(A->path, 0, policy.aio.o_direct);
-    } catch (const Error& e) {
-      fail("offload", key + " '" + root + "': " + std::string(e.what()).substr(5));
-    }
+    A->dir = offload_dir(key, root, rank);
+    A->path = A->dir + "/activations.bin";
+    A->file = create_file(key, root, A->path, policy.aio.o_direct);
     A->fd = A->file.fd();
     A->io.attach(A->file);
     anvme = std::move(A);
@@ -329,18 +336,10 @@ void ShardedModel::Impl::reserve_acts(int64_t end) {
   NvmeActs& A = *anvme;
   if (end <= A.reserved) return;
   const int64_t want = std::max(end, A.reserved * 2);  // grows rarely (the first micro-step)
-  struct statvfs vfs {};
-  if (::statvfs(A.dir.c_str(), &vfs) == 0) {
-    const uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
-    if (free_bytes < static_cast<uint64_t>(end - A.reserved))
-      fail("offload", key + " '" + root + "': rank " + std::to_string(rank) + " needs " +
-                          format_bytes(static_cast<size_t>(end)) + " for offloaded activations, " +
-                          format_bytes(free_bytes) + " free");
-  }
-  int err = ::posix_fallocate(A.fd, 0, want);
-  if (err == EOPNOTSUPP || err == EINVAL) err = ::ftruncate(A.fd, want) == 0 ? 0 : errno;
+  check_room(key, root, A.dir, rank, end - A.reserved, "offloaded activations");
+  int err = reserve_blocks(A.fd, want);
   if (err == ENOSPC && want > end) {  // the doubling asked too much: exactly what is needed
-    err = ::posix_fallocate(A.fd, 0, end);
+    err = reserve_blocks(A.fd, end);
     if (err == 0) {
       MemTracker::of(Tier::Nvme).add(Mem::Activations, static_cast<size_t>(end - A.reserved));
       A.reserved = end;

@@ -98,6 +98,8 @@ struct NvmeParams {
   std::unique_ptr<IoStream> own_io;
   IoStream* io = nullptr;
   ~NvmeParams();                    // closes and removes the file (a clean exit)
+  // `tmp` holding at least `floats` (grown, never shrunk until released).
+  float* scratch(int64_t floats, const Device& dev);
   // Synchronous transfer of n floats at byte offset `off` (throws the io error line).
   void transfer(float* buf, int64_t n, int64_t off, bool write);
 };

@@ -104,13 +104,12 @@ const float* ShardedModel::state_view(int u, StateKind k, FlatRange r) const {
   }
   if (fu.params_on_nvme() && k == StateKind::Master) {  // from the file, as for the moments
     NvmeParams& pv = *I.pnvme;
-    const size_t bytes = static_cast<size_t>(r.size()) * sizeof(float);
-    if (pv.tmp.bytes() < bytes) pv.tmp = Buffer(bytes, Mem::Checkpoint, I.ops->device());
+    float* buf = pv.scratch(r.size(), I.ops->device());
     if (!r.empty())
-      pv.transfer(pv.tmp.f32(), r.size(),
+      pv.transfer(buf, r.size(),
                   pv.moff[size_t(u)] + (r.lo - fu.shard_range().lo) * int64_t(sizeof(float)),
                   false);
-    return pv.tmp.f32();
+    return buf;
   }
   // Stage 1: the slices of other ranks arrive with the regather issued after the update.
   if (!r.empty() && fu.kind() == FlatUnit::Kind::FullReplicated && k == StateKind::Master)

@@ -17,23 +17,14 @@
 
 #include "core/error.h"
 #include "offload/aio.h"
+#include "tests/common/temp_dir.h"
 
 using namespace sw;
 namespace fs = std::filesystem;
 
 namespace {
 
-// A directory on the build tree's disk (O_DIRECT-capable), removed at the end.
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name) {
-    path = fs::path(SW_BINARY_DIR) / "test_tmp" / (name + "." + std::to_string(getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& n) const { return (path / n).string(); }
-};
+using swtest::TempDir;
 
 void fill_random(void* p, size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);

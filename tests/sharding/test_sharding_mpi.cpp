@@ -467,6 +467,24 @@ TEST_CASE("activation offload cpu and nvme: bit-identical, the device's activati
   if (g->rank() == 0) std::filesystem::remove_all(dir);
 }
 
+// Checkpoint access to state kind k of unit u (wherever it lives): writes the held range (values
+// i % 977 * scale + bias), reads back the whole of it and an odd sub-range.
+void check_state_round_trip(ShardedModel& sm, int u, ShardedModel::StateKind k, float scale,
+                            float bias) {
+  const FlatRange h = sm.held_range(u, k);
+  std::vector<float> w(size_t(h.size())), r(w.size());
+  for (size_t i = 0; i < w.size(); ++i) w[i] = float(i % 977) * scale + bias;
+  sm.write_state(u, k, h, w.data());
+  sm.read_state(u, k, h, r.data());
+  CHECK(r == w);
+  const FlatRange sub{h.lo + h.size() / 3, h.lo + 2 * h.size() / 3 + 1};
+  if (sub.hi <= h.hi && !sub.empty()) {
+    std::vector<float> part(size_t(sub.size()));
+    sm.read_state(u, k, sub, part.data());
+    CHECK(std::equal(part.begin(), part.end(), w.begin() + (sub.lo - h.lo)));
+  }
+}
+
 // A directory for this job's NVMe files: made by rank 0, its name broadcast (jobs of other
 // world sizes may run at the same time).
 std::string job_tmp_dir(const GroupPtr& g) {
@@ -553,20 +571,8 @@ TEST_CASE("offload_optimizer nvme: bit-identical, moments in a file per rank",
           // Checkpoint access reads and writes the file, across piece boundaries: write the
           // held range, read back the whole of it and odd sub-ranges.
           for (int u = 0; u < U; ++u)
-            for (auto k : {ShardedModel::StateKind::ExpAvg, ShardedModel::StateKind::ExpAvgSq}) {
-              const FlatRange h = sm.held_range(u, k);
-              std::vector<float> w(size_t(h.size())), r(w.size());
-              for (size_t i = 0; i < w.size(); ++i) w[i] = float(i % 977) * 0.5f + float(k);
-              sm.write_state(u, k, h, w.data());
-              sm.read_state(u, k, h, r.data());
-              CHECK(r == w);
-              const FlatRange sub{h.lo + h.size() / 3, h.lo + 2 * h.size() / 3 + 1};
-              if (sub.hi <= h.hi && !sub.empty()) {
-                std::vector<float> part(size_t(sub.size()));
-                sm.read_state(u, k, sub, part.data());
-                CHECK(std::equal(part.begin(), part.end(), w.begin() + (sub.lo - h.lo)));
-              }
-            }
+            for (auto k : {ShardedModel::StateKind::ExpAvg, ShardedModel::StateKind::ExpAvgSq})
+              check_state_round_trip(sm, u, k, 0.5f, float(k));
         }
     }
   g->barrier();  // every rank is done with its files
@@ -641,21 +647,8 @@ TEST_CASE("offload_param nvme: bit-identical, master and gradient shards in a fi
         CHECK(fetched == gathers);
         // Checkpoint access: the master in the file, odd sub-ranges included.
         const int U = static_cast<int>(m.units.size());
-        for (int u = 0; u < U; ++u) {
-          const auto k = ShardedModel::StateKind::Master;
-          const FlatRange h = sm.held_range(u, k);
-          std::vector<float> w(size_t(h.size())), r(w.size());
-          for (size_t i = 0; i < w.size(); ++i) w[i] = float(i % 977) * 0.25f;
-          sm.write_state(u, k, h, w.data());
-          sm.read_state(u, k, h, r.data());
-          CHECK(r == w);
-          const FlatRange sub{h.lo + h.size() / 3, h.lo + 2 * h.size() / 3 + 1};
-          if (sub.hi <= h.hi && !sub.empty()) {
-            std::vector<float> part(size_t(sub.size()));
-            sm.read_state(u, k, sub, part.data());
-            CHECK(std::equal(part.begin(), part.end(), w.begin() + (sub.lo - h.lo)));
-          }
-        }
+        for (int u = 0; u < U; ++u)
+          check_state_round_trip(sm, u, ShardedModel::StateKind::Master, 0.25f, 0.f);
       }
   g->barrier();
   if (g->rank() == 0) std::filesystem::remove_all(dir);
