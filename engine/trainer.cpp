@@ -323,7 +323,14 @@ class Trainer {
 
   void setup_checkpointer() {
     if (ck_.every_steps > 0) {
-      ckpt_ = std::make_unique<Checkpointer>(ck_.dir, ck_.keep_last, ck_.async, world_);
+      // State on NVMe: saves stream it from the files (bounded staging); an async snapshot
+      // would be a second full copy of it in host memory, which the offload exists to avoid.
+      const bool async = ck_.async && !sm_->state_on_nvme();
+      if (ck_.async && !async && lead_)
+        std::fprintf(stderr,
+                     "shardwise: checkpoint.async: the optimizer or parameter state lives on "
+                     "NVMe; saves are synchronous, streamed from its files\n");
+      ckpt_ = std::make_unique<Checkpointer>(ck_.dir, ck_.keep_last, async, world_);
       // Async saves: the snapshot memory is allocated now and faulted in on a background
       // thread, so the first save stalls for the copy only, as later ones do.
       ckpt_->reserve(*sm_);

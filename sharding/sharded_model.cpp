@@ -182,6 +182,7 @@ int64_t ShardedModel::num_params() const {
 
 int ShardedModel::rank() const { return impl_->world->rank(); }
 int ShardedModel::world() const { return impl_->W; }
+bool ShardedModel::state_on_nvme() const { return impl_->nvme || impl_->pnvme; }
 const ShardingPolicy& ShardedModel::policy() const { return impl_->policy; }
 int ShardedModel::peak_gathered_units() const { return impl_->peak_live; }
 Group& ShardedModel::group() const { return *impl_->world; }

@@ -122,6 +122,11 @@ class ShardedModel {
   // writes to it (the free-space check: sw::Error naming activation_checkpointing.nvme_path),
   // so a disk without room is an error before training. A no-op otherwise.
   void prepare_offload(int B, int T);
+  // Whether some checkpointed state (master weights, AdamW moments) lives in NVMe files
+  // (offload_param / offload_optimizer device nvme): a checkpoint then streams it from the
+  // files through bounded staging, and an asynchronous snapshot (a full copy in host memory)
+  // would defeat the offload.
+  bool state_on_nvme() const;
   StepPlan eval_plan(int B, int T) const;
   // While set (not null), the executor appends a record of every action it runs (begin and end
   // times; a collective's are when it started and finished executing) to *recorder.

@@ -218,11 +218,15 @@ TEST_CASE("ckpt kill: SIGKILL with parameters, optimizer and activations on NVMe
   CHECK(wait_for(c) == 128 + SIGKILL);
   for (const char* f : {"params.bin", "optimizer.bin", "activations.bin"})
     CHECK(fs::exists(fs::path(dir) / "rank_0" / f));  // left by the kill
+  // Resumed with async saves asked for: the state is on NVMe, so they are synchronous,
+  // streamed from the files (no snapshot copy of it in memory), and said so.
   std::vector<std::string> args = nvme;
-  args.insert(args.end(), {"--resume", "auto"});
+  args.insert(args.end(), {"--resume", "auto", "--set", "checkpoint.async=true"});
   const int rc = run("killnvme_all", args);
   INFO(read_bytes(work() / "killnvme_all.log"));
   REQUIRE(rc == 0);
+  CHECK_THAT(read_bytes(work() / "killnvme_all.log"),
+             Contains("saves are synchronous, streamed from its files"));
   CHECK(read_bytes(work() / "killnvme_all" / "model.safetensors") == reference_weights());
   CHECK(losses("killnvme_all") == losses("ref"));
   CHECK(!fs::exists(fs::path(dir) / "rank_0"));  // removed at the clean exit

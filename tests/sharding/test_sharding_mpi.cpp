@@ -505,28 +505,36 @@ std::string job_tmp_dir(const GroupPtr& g) {
 // [offload_nvme]) forces the io queue's engine (threads: 2 of them) and runs the two sharded
 // strategies; otherwise aio's defaults (auto) and NO_SHARD too. A forced io_uring that the
 // kernel refuses prints "SKIPPED: io_uring unavailable" (ctest reports the test skipped).
+// The io queue's engine that SW_TEST_AIO_BACKEND forces (2 threads for the pool), in `aio`;
+// `forced` says whether one was. False (after printing the skip line) when a forced io_uring
+// is refused by the kernel.
+bool test_aio_backend(const GroupPtr& g, AioConfig& aio, bool& forced) {
+  forced = false;
+  const char* b = std::getenv("SW_TEST_AIO_BACKEND");
+  if (!b || !*b) return true;
+  forced = true;
+  aio = AioConfig::from_json(nlohmann::json{{"backend", b}, {"intra_op_parallelism", 2}}, "aio");
+  if (aio.backend != AioBackend::IoUring) return true;
+  std::string why;
+  try {
+    AioHandle probe(aio);
+  } catch (const Error& e) {
+    why = e.what();
+  }
+  if (why.empty()) return true;
+  if (g->rank() == 0) std::printf("SKIPPED: io_uring unavailable: %s\n", why.c_str());
+  return false;
+}
+
 TEST_CASE("offload_optimizer nvme: bit-identical, moments in a file per rank",
           "[offload][offload_nvme]") {
   const GroupPtr g = world();
   AioConfig aio;
   std::vector<ShardingStrategy> strategies = {
       ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard};
-  if (const char* b = std::getenv("SW_TEST_AIO_BACKEND"); b && *b) {
-    aio = AioConfig::from_json(nlohmann::json{{"backend", b}, {"intra_op_parallelism", 2}}, "aio");
-    strategies.pop_back();
-    if (aio.backend == AioBackend::IoUring) {
-      std::string why;
-      try {
-        AioHandle probe(aio);
-      } catch (const Error& e) {
-        why = e.what();
-      }
-      if (!why.empty()) {
-        if (g->rank() == 0) std::printf("SKIPPED: io_uring unavailable: %s\n", why.c_str());
-        return;
-      }
-    }
-  }
+  bool forced = false;
+  if (!test_aio_backend(g, aio, forced)) return;
+  if (forced) strategies.pop_back();
   const std::string dir = job_tmp_dir(g);
   for (ShardingStrategy st : strategies)
     for (const std::string type : {"gpt2", "llama"}) {
@@ -649,6 +657,42 @@ TEST_CASE("offload_param nvme: bit-identical, master and gradient shards in a fi
         const int U = static_cast<int>(m.units.size());
         for (int u = 0; u < U; ++u)
           check_state_round_trip(sm, u, ShardedModel::StateKind::Master, 0.25f, 0.f);
+      }
+  g->barrier();
+  if (g->rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// Everything on NVMe at once (parameters and gradients, the optimizer state, the kept
+// activations: three files per rank on one io queue), on the engine SW_TEST_AIO_BACKEND forces
+// (ctest's sharding_np{1,2}_offload_nvme_<backend>): bit-identical to no offload, and the files
+// are removed with the model.
+TEST_CASE("offload everything to nvme: bit-identical on each io engine", "[offload_nvme]") {
+  const GroupPtr g = world();
+  AioConfig aio;
+  bool forced = false;
+  if (!test_aio_backend(g, aio, forced)) return;
+  const std::string dir = job_tmp_dir(g);
+  for (ShardingStrategy st : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp})
+    for (const std::string type : {"gpt2", "llama"})
+      for (CheckpointMode mode : {CheckpointMode::Off, CheckpointMode::Full}) {
+        ShardingPolicy base = ShardingPolicy::for_strategy(st);
+        base.activation_checkpointing.mode = mode;
+        const int accum = g->size() == 1 ? 1 : 2;  // one rank: see offload_param nvme above
+        const RunResult ref = train(g, base, tiny(type), 2, accum, 4);
+        ShardingPolicy p = base;
+        p.aio = aio;
+        p.offload_param.device = p.offload_optimizer.device = OffloadDevice::Nvme;
+        p.offload_param.nvme_path = p.offload_optimizer.nvme_path = dir;
+        p.offload_param.buffer_count = 2;
+        p.offload_optimizer.piece_floats = 1000;
+        p.activation_checkpointing.offload_nvme = true;
+        p.activation_checkpointing.nvme_path = dir;
+        INFO(strategy_name(st) << " " << type << " checkpointing " << checkpoint_mode_name(mode)
+                               << " aio.backend " << aio_backend_name(aio.backend));
+        CHECK(bit_identical(train(g, p, tiny(type), 2, accum, 4), ref));
+        const std::string rdir = dir + "/rank_" + std::to_string(g->rank());
+        for (const char* f : {"params.bin", "optimizer.bin", "activations.bin"})
+          CHECK(!std::filesystem::exists(rdir + "/" + f));
       }
   g->barrier();
   if (g->rank() == 0) std::filesystem::remove_all(dir);
