@@ -16,7 +16,9 @@ B*T targets (-1 = ignored); the mean cross-entropy is compared with Shardwise's.
 
 As a check that the comparison can fail, the loss is also computed with three plausible
 wrong conventions (interleaved RoPE pairs, kv head h % n_kv_head, no RoPE); each must miss
-Shardwise's loss by more than 100x the tolerance. Exit 0 when all holds, 1 otherwise.
+Shardwise's loss by more than 10x the tolerance (the kv mapping moves this model's loss by only
+about 6e-5 relative after training, so 100x failed on one CPU's rounding, while the right
+conventions agree to about 1e-8). Exit 0 when all holds, 1 otherwise.
 """
 import json
 import math
@@ -130,7 +132,7 @@ def main():
     for rope, kv_map in (("interleaved", "hf"), ("half", "mod"), ("none", "hf")):
         wrong = llama_loss(w, cfg, tokens, targets, rope, kv_map)
         wrel = abs(wrong - expected) / abs(wrong)
-        sensitive = wrel > 100 * TOL
+        sensitive = wrel > 10 * TOL
         print(f"  wrong convention rope={rope} kv={kv_map}: loss {wrong:.10f} rel diff {wrel:.2e}"
               f"{'' if sensitive else '  <- NOT distinguishable: the test would not catch this'}")
         ok = ok and sensitive
