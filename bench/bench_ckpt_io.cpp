@@ -2,7 +2,7 @@
 // same run (the disk is often shared: each figure is the median of kReps runs, and each
 // checkpoint run sits next to the disk run it is compared with).
 //
-//   bench_ckpt_io [DIR] [--small] [--reps N]
+//   bench_ckpt_io [DIR] [--small] [--reps N] [--loads-only]
 //
 // Per repetition, on a 124M-parameter GPT-2 (fp32 master + AdamW m, v: ~1.5 GB):
 //   disk write   one file of the checkpoint's exact byte count in 8 MiB write() calls, then
@@ -24,6 +24,9 @@
 // and first the CPU rates that bound them: CRC-32C alone, CRC-32C fused with a copy, and
 // memcpy, on one core, over 256 MiB (out of cache, as checkpoint data is).
 // --small: a 4-layer d=256 model (quick check of the program itself).
+// --loads-only: one save, then per repetition the O_DIRECT disk read of its file and
+// load_checkpoint, alternately (for profiling the load: `perf record bench_ckpt_io
+// --loads-only --reps 10`).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -194,12 +197,14 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   std::string dir = "bench_ckpt_io.tmp";
-  bool small = false;
+  bool small = false, loads_only = false;
   int reps = 3;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--small")
       small = true;
+    else if (a == "--loads-only")
+      loads_only = true;
     else if (a == "--reps" && i + 1 < argc)
       reps = std::max(1, std::atoi(argv[++i]));
     else
@@ -228,6 +233,30 @@ int main(int argc, char** argv) {
     std::printf("model: GPT-2 %lld parameters, checkpoint %.3f GB (fp32 master + m + v), dir %s, "
                 "median of %d\n",
                 static_cast<long long>(sm.num_params()), bytes / 1e9, dir.c_str(), reps);
+
+    if (loads_only) {
+      const std::string step = dir + "/step_load";
+      save_checkpoint(sm, st, step);
+      const std::string f = step + "/rank_0.safetensors";
+      const uint64_t fb = fs::file_size(f);
+      std::vector<double> rd, ld, ratio;
+      for (int rep = 0; rep < reps; ++rep) {
+        evict_dir(step);
+        rd.push_back(fb / disk_read_direct(f, fb) / 1e9);
+        evict_dir(step);
+        const double t = now();
+        load_checkpoint(sm, step);
+        ld.push_back(bytes / (now() - t) / 1e9);
+        ratio.push_back(ld.back() / rd.back());
+        std::printf("  rep %d: disk read (O_DIRECT) %.3f  load %.3f (%.2f) GB/s\n", rep, rd.back(),
+                    ld.back(), ratio.back());
+      }
+      std::printf("load %.3f GB/s, disk read %.3f GB/s (medians): ratio %.2f (median of per-rep "
+                  "ratios %.2f; target 0.90)\n", median(ld), median(rd), median(ld) / median(rd),
+                  median(ratio));
+      fs::remove_all(dir);
+      return 0;
+    }
 
     double crc_rate = 0, crc_copy_rate = 0, copy_rate = 0;
     cpu_rates(&crc_rate, &crc_copy_rate, &copy_rate);

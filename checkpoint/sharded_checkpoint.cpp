@@ -902,13 +902,17 @@ void read_range(const SafeTensorsReader& r, const FileTensor& t, uint64_t block_
 // load_checkpoint's reads of one file: the whole blocks overlapping each needed range, in
 // pieces of about kLoadChunk bytes read through the aio engine (O_DIRECT where the file system
 // takes it, so the data goes from the disk to the staging memory without a page-cache copy)
-// into a ring of kLoadRing aligned staging chunks: up to kLoadRing reads are in flight while
-// the blocks of earlier pieces are checked (on a helper thread) and handed to
-// fn(tensor, lo, hi, floats), which copies them into the model (on the caller's). A piece's
-// file range is widened to 4096-byte boundaries (what O_DIRECT reads), clipped to the file's
-// end; `st` counts the whole blocks, as before.
+// into a ring of up to kLoadRing aligned staging chunks (fewer for a small file): the reads of
+// the whole ring are in flight (kLoadDepth 1 MiB requests at the disk) while the blocks of
+// earlier pieces are checked (on a helper thread) and handed to fn(tensor, lo, hi, floats),
+// which copies them into the model (on the caller's). The ring is deep (128 MiB) because the
+// disk must never wait for a thread that the scheduler has put aside: with 8 chunks and 8
+// requests, a loaded 2-core machine read at 0.64 of the disk, with 32 and 32 at 0.85, in the
+// same run. A piece's file range is widened to 4096-byte boundaries (what O_DIRECT reads),
+// clipped to the file's end; `st` counts the whole blocks, as before.
 constexpr uint64_t kLoadChunk = uint64_t{4} << 20;
-constexpr int kLoadRing = 8;
+constexpr size_t kLoadRing = 32;
+constexpr int kLoadDepth = 32;
 
 template <class Fn>
 void load_file(const SafeTensorsReader& r, uint64_t block_bytes,
@@ -947,10 +951,12 @@ void load_file(const SafeTensorsReader& r, uint64_t block_bytes,
       pieces.push_back(p);
     }
   }
-  if (ring.size() < static_cast<size_t>(kLoadRing) || ring[0].capacity() < cap) {
+  const size_t want = std::min(kLoadRing, pieces.size());
+  if (ring.size() < want || (!ring.empty() && ring[0].capacity() < cap)) {
     ring.clear();
-    for (int i = 0; i < kLoadRing; ++i) ring.push_back(aligned_staging(static_cast<size_t>(cap)));
+    for (size_t i = 0; i < want; ++i) ring.push_back(aligned_staging(static_cast<size_t>(cap)));
   }
+  const size_t R = ring.size();
   const AioFile f = AioFile::open(r.path(), /*writable=*/false, want_o_direct());
   const size_t N = pieces.size();
   std::vector<AioRequest> reqs(N);
@@ -967,7 +973,7 @@ void load_file(const SafeTensorsReader& r, uint64_t block_bytes,
     const Piece& p = pieces[i];
     const uint64_t flo = p.t->offset + p.b0 * block_bytes;
     check_blocks(r.path(), *p.t, block_bytes, p.b0, p.b1,
-                 ring[i % kLoadRing].as<unsigned char>() + (flo - p.alo));
+                 ring[i % R].as<unsigned char>() + (flo - p.alo));
   };
   auto helper_body = [&] {
     for (size_t i = 0; i < N; ++i) {
@@ -997,7 +1003,7 @@ void load_file(const SafeTensorsReader& r, uint64_t block_bytes,
   auto issue_upto = [&](size_t lim) {
     for (lim = std::min(lim, N); issued < lim;) {
       const Piece& p = pieces[issued];
-      reqs[issued] = io.read(f, ring[issued % kLoadRing].data(), static_cast<size_t>(p.ahi - p.alo),
+      reqs[issued] = io.read(f, ring[issued % R].data(), static_cast<size_t>(p.ahi - p.alo),
                              static_cast<off_t>(p.alo));
       std::lock_guard<std::mutex> lk(mu);
       ++issued;
@@ -1005,7 +1011,7 @@ void load_file(const SafeTensorsReader& r, uint64_t block_bytes,
     }
   };
   try {
-    issue_upto(kLoadRing);
+    issue_upto(R);
     if (two) helper = std::thread(helper_body);
     for (size_t i = 0; i < N; ++i) {
       if (two) {
@@ -1016,10 +1022,10 @@ void load_file(const SafeTensorsReader& r, uint64_t block_bytes,
         verify(i);
       }
       const Piece& p = pieces[i];
-      const auto* base = ring[i % kLoadRing].as<unsigned char>();
+      const auto* base = ring[i % R].as<unsigned char>();
       const uint64_t at = p.t->offset + static_cast<uint64_t>(p.lo - p.t->lo) * 4 - p.alo;
       fn(*p.t, p.lo, p.hi, reinterpret_cast<const float*>(base + at));
-      issue_upto(i + 1 + kLoadRing);  // into the buffer just copied out
+      issue_upto(i + 1 + R);  // into the buffer just copied out
     }
   } catch (...) {
     {
@@ -1102,7 +1108,9 @@ TrainState load_checkpoint(ShardedModel& sm, const std::string& step_dir, LoadSt
 
   // Each rank reads the blocks overlapping what it holds, file by file.
   std::vector<StagingBuffer> ring;
-  AioHandle io(io_config());  // (after `ring`: destroyed first, waiting for reads into it)
+  AioConfig lc = io_config();
+  lc.queue_depth = kLoadDepth;
+  AioHandle io(lc);  // (after `ring`: destroyed first, waiting for reads into it)
   for (const FileEntry& fe : m.files) {
     std::vector<std::pair<const FileTensor*, FlatRange>> need;
     for (const FileTensor& t : fe.tensors) {
