@@ -36,8 +36,9 @@ void ShardedModel::Impl::free_activations() {
 // ---- Plans -----------------------------------------------------------------------------------
 
 const StepPlan& ShardedModel::Impl::plan_for(const Model& model, const Batch& batch,
-                                             SegmentKind kind, bool reduce) {
-  std::string key = std::to_string(static_cast<int>(kind)) + (reduce ? "r" : "n") + ":" +
+                                             SegmentKind kind, bool reduce, bool last) {
+  std::string key = std::to_string(static_cast<int>(kind)) + (reduce ? "r" : "n") +
+                    (last ? "l" : "") + ":" +
                     std::to_string(batch.B) + "x" + std::to_string(batch.T) + ":";
   std::vector<bool> carried(units.size());
   for (size_t u = 0; u < units.size(); ++u) {
@@ -52,7 +53,7 @@ const StepPlan& ShardedModel::Impl::plan_for(const Model& model, const Batch& ba
   in.B = batch.B, in.T = batch.T;
   declare_calls(in, model);
   in.carried = std::move(carried);
-  StepPlan p = kind == SegmentKind::Eval ? plan_eval(in) : plan_micro_step(in, 0, reduce);
+  StepPlan p = kind == SegmentKind::Eval ? plan_eval(in) : plan_micro_step(in, 0, reduce, last);
   // The step's temporaries come from memory reserved once, as large as the plan says.
   if (p.activations_known) scratch.reserve(static_cast<size_t>(p.scratch));
   return plans.emplace(std::move(key), std::move(p)).first->second;
@@ -270,6 +271,11 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
       // A staging buffer is reused only after the io that last used it (the plan's waits).
       for (int w : a.waits)
         if (plan.actions[size_t(w)].queue == Queue::IO) wait_io(plan, w, false);
+      if (a.carry) {
+        const int c = run_carried(plan, i);
+        if (c == 1) break;  // a micro-step's: recorded at issue (nothing here waits for it)
+        if (c == 2) return;  // adopted by the optimizer: recorded when its WaitIo sees it
+      }
       run_io(plan, i, *fu);
       return;
     case ActionKind::WaitIo:
@@ -350,6 +356,41 @@ void ShardedModel::Impl::wait_io(const StepPlan& plan, int w, bool rec) {
     record(plan, w, t0, t1);
     recorder->records.back().queue = Queue::IO;
   }
+}
+
+// A carried optimizer read (Action::carry): in a micro-step, issued into its slot and kept
+// past the segment (nothing to do when the slot already holds that read); in the optimizer,
+// adopted as this fetch's read. Returns 1 (micro-step: issued or already pending), 2 (adopted)
+// or 0 (the optimizer has no such read: the caller reads now).
+int ShardedModel::Impl::run_carried(const StepPlan& plan, int i) {
+  const Action& a = plan.actions[size_t(i)];
+  SW_CHECK(nvme && a.io == kIoMoments, "plan: a carried fetch that is not of NVMe moments");
+  if (nvme->carried.size() < nvme->slots.size()) nvme->carried.resize(nvme->slots.size());
+  NvmeMoments::Carried& c = nvme->carried[size_t(a.slot)];
+  const bool same = c.ev && c.unit == a.unit && c.lo == a.lo && c.hi == a.hi;
+  const bool optimizer = !plan.segments.empty() && plan.segments[0].kind == SegmentKind::Optimizer;
+  if (optimizer) {
+    if (!same) {
+      if (c.ev) ops->stream().wait_event(*c.ev);
+      c = {};
+      return 0;
+    }
+    nvme->ev[size_t(i)] = std::move(c.ev);  // observed (and recorded) by its WaitIo
+    c = {};
+    return 2;
+  }
+  if (!same) {
+    if (c.ev) ops->stream().wait_event(*c.ev);  // the slot's previous read
+    run_io(plan, i, *units[size_t(a.unit)]);
+    c = {a.unit, a.lo, a.hi, std::move(nvme->ev[size_t(i)])};
+  }
+  return 1;
+}
+
+void NvmeMoments::drop_carried() {
+  for (Carried& c : carried)
+    if (c.ev) c.ev->synchronize();
+  carried.assign(carried.size(), Carried{});
 }
 
 void ShardedModel::Impl::run_io(const StepPlan& plan, int i, FlatUnit& fu) {

@@ -231,7 +231,7 @@ double ShardedModel::forward_backward(const Batch& batch, float grad_scale, bool
     I.complete_reductions(-1);  // nothing should be in flight; a no-op normally
     I.peak_live = I.live_units();
     I.ensure_pingpong(static_cast<size_t>(batch.B) * batch.T * model_.d_model());
-    I.run(model_, I.plan_for(model_, batch, SegmentKind::MicroStep, reduce), st);
+    I.run(model_, I.plan_for(model_, batch, SegmentKind::MicroStep, reduce, last_micro_step), st);
   } catch (...) {
     I.abandon_step();
     throw;
@@ -252,7 +252,7 @@ ExecState run_forward(ShardedModel::Impl& I, Model& model, const Batch& batch, f
   st.logits = logits;
   try {
     I.ensure_pingpong(static_cast<size_t>(batch.B) * batch.T * model.d_model());
-    I.run(model, I.plan_for(model, batch, SegmentKind::Eval, false), st);
+    I.run(model, I.plan_for(model, batch, SegmentKind::Eval, false, false), st);
   } catch (...) {
     I.abandon_step();
     throw;
@@ -289,7 +289,7 @@ void ShardedModel::prepare_offload(int B, int T) {
   in.B = B, in.T = T;
   declare_calls(in, model_);
   int64_t end = 0;  // as the executor lays positions out: each from a 4096-byte boundary
-  for (const Action& a : plan_micro_step(in, 0, true).actions)
+  for (const Action& a : plan_micro_step(in, 0, true, false).actions)
     if (a.kind == ActionKind::Evict && a.pos >= 0) end = (end + a.bytes + 4095) / 4096 * 4096;
   I.reserve_acts(end);
 }

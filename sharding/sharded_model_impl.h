@@ -71,6 +71,17 @@ struct NvmeMoments {
   std::vector<StagingBuffer> slots;   // staging, 4096-aligned, Mem::Optimizer
   Buffer view;                        // checkpoint reads (state_view)
   std::vector<IoEventPtr> ev;         // per action of the segment being run
+  // Per staging slot: a read the last micro-step issued for the optimizer (Action::carry),
+  // what it reads and its event; empty when none is pending.
+  struct Carried {
+    int unit = -1;
+    int64_t lo = 0, hi = 0;
+    IoEventPtr ev;
+  };
+  std::vector<Carried> carried;
+  // Waits for the carried reads and forgets them (their staging data would be stale after a
+  // write of the moments outside the plan).
+  void drop_carried();
   int64_t tracked = 0;                // bytes reported to the NVMe tier's tracker (Optimizer)
   IoStream io;
   ~NvmeMoments();                     // closes and removes the file (a clean exit)
@@ -189,7 +200,8 @@ struct ShardedModel::Impl {
   // ---- executor.cpp ------------------------------------------------------------------------
   // The plan of a micro-step (training) or an eval forward for this batch shape, starting from
   // the units in flight now.
-  const StepPlan& plan_for(const Model& model, const Batch& batch, SegmentKind kind, bool reduce);
+  const StepPlan& plan_for(const Model& model, const Batch& batch, SegmentKind kind, bool reduce,
+                           bool last);
   // Runs every action of `plan` in order.
   void run(Model& model, const StepPlan& plan, ExecState& st);
   void run_action(Model& model, const StepPlan& plan, int i, ExecState& st);
@@ -213,6 +225,7 @@ struct ShardedModel::Impl {
   // NVMe io: issues io action i (Fetch / Evict of moments, master, gradients); waits for the
   // events of io action w (recording it as an io-queue action when `rec`).
   void run_io(const StepPlan& plan, int i, FlatUnit& fu);
+  int run_carried(const StepPlan& plan, int i);  // a Fetch with Action::carry (executor.cpp)
   // Activation offload to NVMe: the write (Evict) or read (Fetch) of position a.pos.
   void run_act_io(const StepPlan& plan, int i);
   // Creates the file on first use and makes sure `bytes` from `off` are reserved in it (the

@@ -150,6 +150,7 @@ void ShardedModel::write_state(int u, StateKind k, FlatRange r, const float* src
     return;
   }
   if (fu.moments_on_nvme() && k != StateKind::Master) {
+    I.nvme->drop_carried();  // reads the last micro-step issued for the optimizer are stale
     nvme_transfer(*I.nvme, fu, k, r, const_cast<float*>(src), true,
                   I.plan_in.policy.offload_optimizer.piece());
     return;

@@ -171,11 +171,21 @@ class Builder {
     return f;
   }
 
-  void micro_step(int micro, bool reduce) {
+  void micro_step(int micro, bool reduce, bool last) {
     micro_ = micro;
     plan_.nvme_bytes -= act_file_;  // micro-steps reuse the activation file from its start
     act_file_ = 0;
     const int b = static_cast<int>(plan_.actions.size());
+    // The step's last micro-step reads the optimizer's first pieces (moments only: nothing
+    // this segment writes) into their staging buffers, idle until the optimizer, so that the
+    // reads overlap the forward and backward instead of starting the optimizer's wait.
+    if (last) {
+      const std::vector<Piece> pieces = nvme_pieces();
+      for (int k = 0; k < carried_pieces(pieces); ++k) {
+        Action& a = add_piece_fetch(pieces, k);
+        a.carry = true;
+      }
+    }
     forward(true);
     backward(reduce);
     plan_.segments.push_back({SegmentKind::MicroStep, micro, reduce, b,
@@ -196,17 +206,15 @@ class Builder {
     // through `bc` staging buffers: the first bc - 1 pieces are read ahead; after piece k's
     // update it is written back and piece k + bc - 1 read into the buffer piece k - 1 left (its
     // write was queued before it, and the io queue runs in order).
+    // The first carried_pieces() were read by the last micro-step (Action::carry).
     const std::vector<Piece> pieces = nvme_pieces();
     const int np = static_cast<int>(pieces.size());
-    const int bc = std::max(2, in_.policy.offload_optimizer.buffer_count);
+    const int bc = opt_buffers();
+    const int carried = carried_pieces(pieces);
     std::vector<int> fetch_at(pieces.size(), -1), evict_at;
     auto fetch = [&](int k) {
-      const Piece& pc = pieces[size_t(k)];
-      Action& a = add(ActionKind::Fetch, Queue::IO, pc.unit);
-      a.slot = k % bc;
-      a.lo = pc.lo, a.hi = pc.hi;
-      a.io = piece_io(pc.unit, true);
-      a.bytes = io_floats(a.io) * (pc.hi - pc.lo) * 4;
+      Action& a = add_piece_fetch(pieces, k);
+      if (k < carried) a.carry = true, a.bytes = 0;
       if (k >= bc) a.waits.push_back(evict_at[size_t(k - bc)]);
       fetch_at[size_t(k)] = static_cast<int>(plan_.actions.size()) - 1;
     };
@@ -330,6 +338,28 @@ class Builder {
         for (int64_t lo = 0, sh = in_.units[u].padded / in_.S; lo < sh; lo += C)
           pieces.push_back({static_cast<int>(u), lo, std::min(sh, lo + C)});
     return pieces;
+  }
+
+  int opt_buffers() const { return std::max(2, in_.policy.offload_optimizer.buffer_count); }
+  // The Fetch of optimizer piece k into staging buffer k % opt_buffers().
+  Action& add_piece_fetch(const std::vector<Piece>& pieces, int k) {
+    const Piece& pc = pieces[size_t(k)];
+    Action& a = add(ActionKind::Fetch, Queue::IO, pc.unit);
+    a.slot = k % opt_buffers();
+    a.lo = pc.lo, a.hi = pc.hi;
+    a.io = piece_io(pc.unit, true);
+    a.bytes = io_floats(a.io) * (pc.hi - pc.lo) * 4;
+    return a;
+  }
+  // The optimizer's leading pieces that the last micro-step reads ahead: those read before
+  // its first update (opt_buffers() - 1 at most), while they are moments only. A piece with
+  // NVMe parameters also reads the gradients that backward is still writing.
+  int carried_pieces(const std::vector<Piece>& pieces) const {
+    int n = 0;
+    while (n < std::min<int>(opt_buffers() - 1, static_cast<int>(pieces.size())) &&
+           piece_io(pieces[size_t(n)].unit, true) == kIoMoments)
+      ++n;
+    return n;
   }
 
   // Units whose update streams through the optimizer's staging (moments or master on NVMe).
@@ -729,9 +759,9 @@ std::vector<bool> optimizer_prefetched(const PlanInput& in) {
   return b.in_flight();
 }
 
-StepPlan plan_micro_step(const PlanInput& in, int micro, bool reduce) {
+StepPlan plan_micro_step(const PlanInput& in, int micro, bool reduce, bool last) {
   Builder b(in);
-  b.micro_step(micro, reduce);
+  b.micro_step(micro, reduce, last);
   return b.take();
 }
 
@@ -754,7 +784,7 @@ StepPlan plan_step(const PlanInput& in) {
   if (steady.carried.empty()) steady.carried = optimizer_prefetched(in);
   Builder b(steady);
   const bool each = in.policy.accum == GradAccumMode::ReduceEachMicroStep;
-  for (int k = 0; k < in.accum; ++k) b.micro_step(k, each || k + 1 == in.accum);
+  for (int k = 0; k < in.accum; ++k) b.micro_step(k, each || k + 1 == in.accum, k + 1 == in.accum);
   b.optimizer();
   return b.take();
 }
@@ -859,7 +889,8 @@ std::string StepPlan::str() const {
       if (a.io & kIoMoments) parts += "moments";
       if (a.io & kIoMaster) parts += std::string(parts.empty() ? "" : "+") + "master";
       if (a.io & kIoGrads) parts += std::string(parts.empty() ? "" : "+") + "grads";
-      s += " [" + parts + (a.slot >= 0 ? " slot " + std::to_string(a.slot) : "") + "]";
+      s += " [" + parts + (a.slot >= 0 ? " slot " + std::to_string(a.slot) : "") +
+           (a.carry ? ", carried" : "") + "]";
     }
     if (a.bytes) s += " moves " + mib(a.bytes).substr(1);
     for (size_t c = 0; c < a.mem.size(); ++c)

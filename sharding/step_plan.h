@@ -136,6 +136,11 @@ struct Action {
   int slot = -1;    // Fetch / Evict: the staging buffer (ReduceScatter with NVMe parameters:
                     // the gradient staging buffer it accumulates into)
   uint8_t io = 0;   // Fetch / Evict: IoPart bits (0 for activation offload)
+  // Fetch of an optimizer piece read across segments: in the last micro-step, the read is
+  // issued and left in flight when the segment ends (it overlaps the forward and backward);
+  // in the optimizer, the fetch adopts that read (its bytes are 0: counted where issued) or,
+  // when there is none (no last micro-step ran since, or the state was written), reads.
+  bool carry = false;
   int64_t lo = 0, hi = -1;  // Fetch / Evict / OptimizerUpdate: floats of the unit's shard
                             // (hi < 0: all of it)
   int micro = 0;    // micro-step of the optimizer step (the optimizer's actions: accum - 1)
@@ -211,9 +216,10 @@ PlanPeak replay_peak(const StepPlan& plan);
 StepPlan plan_step(const PlanInput& in);
 StepPlan plan_eval(const PlanInput& in);
 // The parts the executor runs, one per ShardedModel call: one micro-step's forward and
-// backward (`reduce`: its backward reduces the gradients), starting with in.carried in flight
-// (empty: none); the optimizer update. plan_step concatenates them.
-StepPlan plan_micro_step(const PlanInput& in, int micro, bool reduce);
+// backward (`reduce`: its backward reduces the gradients; `last`: the step's last, which also
+// starts the reads of the optimizer's first pieces, see Action::carry), starting with
+// in.carried in flight (empty: none); the optimizer update. plan_step concatenates them.
+StepPlan plan_micro_step(const PlanInput& in, int micro, bool reduce, bool last);
 StepPlan plan_optimizer(const PlanInput& in);
 // The units the optimizer leaves in flight for the next step (its prefetches).
 std::vector<bool> optimizer_prefetched(const PlanInput& in);

@@ -559,12 +559,29 @@ TEST_CASE("offload_optimizer nvme: bit-identical, moments in a file per rank",
           ShardedModel sm(m, cpu(), 1, g, p);
           CHECK(std::filesystem::exists(file));
           const StepPlan plan = sm.step_plan(2, tiny(type).seq_len, 1);
-          int fetch = 0, evict = 0;
-          for (const Action& a : plan.actions) {
-            fetch += a.kind == ActionKind::Fetch;
+          // Every piece is read once: the first buffers - 1 by the micro-step (carried, at its
+          // start, waited for by nothing in it), the rest by the optimizer, whose fetches of
+          // the carried pieces adopt those reads (0 bytes).
+          int reads = 0, evict = 0, carried_out = 0, carried_in = 0;
+          const Segment& opt = plan.segments.back();
+          REQUIRE(opt.kind == SegmentKind::Optimizer);
+          for (int i = 0; i < int(plan.actions.size()); ++i) {
+            const Action& a = plan.actions[size_t(i)];
+            reads += a.kind == ActionKind::Fetch && a.bytes > 0;
             evict += a.kind == ActionKind::Evict;
             if (a.kind == ActionKind::Fetch || a.kind == ActionKind::Evict)
               CHECK((a.queue == Queue::IO && a.slot >= 0 && a.slot < buffers));
+            if (a.carry && i < opt.begin) {
+              CHECK(i == carried_out);  // the micro-step's first actions
+              CHECK(a.bytes > 0);
+              ++carried_out;
+            }
+            if (a.carry && i >= opt.begin) {
+              CHECK(a.bytes == 0);
+              ++carried_in;
+            }
+            for (int w : a.waits)
+              if (i < opt.begin) CHECK(!plan.actions[size_t(w)].carry);
           }
           const int U = static_cast<int>(m.units.size());
           int64_t pieces = 0;
@@ -573,9 +590,25 @@ TEST_CASE("offload_optimizer nvme: bit-identical, moments in a file per rank",
             if (p.offload_optimizer.offloaded(u, U))
               pieces += (sm.unit_layout(u).padded / S + p.offload_optimizer.piece() - 1) /
                         p.offload_optimizer.piece();
-          CHECK(fetch == pieces);
+          CHECK(reads == pieces);
           CHECK(evict == pieces);
+          CHECK(carried_out == std::min<int64_t>(buffers - 1, pieces));
+          CHECK(carried_in == carried_out);
           CHECK(plan.actions.back().kind == ActionKind::WaitIo);
+          {  // The executor runs exactly these actions (the carried reads included).
+            std::vector<int32_t> tok(size_t(2) * tiny(type).seq_len, 3);
+            const Batch batch{tok.data(), tok.data(), 2, tiny(type).seq_len};
+            sm.forward_backward(batch);  // warm-up: the steady state's prefetches
+            sm.optimizer_step(AdamWParams{}, 1e-3f, 1.f, 1);
+            sm.zero_grads();
+            StepRecorder rec;
+            sm.set_recorder(&rec);
+            sm.forward_backward(batch);
+            sm.optimizer_step(AdamWParams{}, 1e-3f, 1.f, 2);
+            sm.set_recorder(nullptr);
+            sm.zero_grads();
+            CHECK(swtest::executed_actions(rec) == swtest::planned_actions(plan));
+          }
           // Checkpoint access reads and writes the file, across piece boundaries: write the
           // held range, read back the whole of it and odd sub-ranges.
           for (int u = 0; u < U; ++u)
