@@ -114,7 +114,7 @@ const Node& schema() {
                             cbool("pin_memory")});
     for (const char* k : {"pipeline_read", "pipeline_write", "fast_init"})
       offload_opt.kids.push_back(cbool(k));
-    // offload_param: device (none | cpu) takes effect; the rest is accepted.
+    // offload_param: device, nvme_path, buffer_count, max_in_cpu take effect; the rest is accepted.
     Node offload_par = obj("offload_param", {leaf("device", Kind::Str), leaf("nvme_path", Kind::Str),
                                              leaf("buffer_count", Kind::Int), cbool("pin_memory"),
                                              cnum("buffer_size"), cnum("max_in_cpu")});
@@ -731,6 +731,7 @@ void write_resolved(json& r, const TrainConfig& cfg) {
   if (sp.offload_param.device == OffloadDevice::Nvme) {
     set_path(r, "zero_optimization.offload_param.nvme_path", sp.offload_param.nvme_path);
     set_path(r, "zero_optimization.offload_param.buffer_count", sp.offload_param.buffer_count);
+    set_path(r, "zero_optimization.offload_param.max_in_cpu", sp.offload_param.max_in_cpu);
   }
   const AioConfig& aio = sp.aio;
   set_path(r, "aio.block_size", aio.block_size);
@@ -1125,6 +1126,9 @@ TrainConfig read_config(json j, const std::string& source,
       c.bad(ppath, "required with device 'nvme' (a directory on a local disk)");
     sp.offload_param.buffer_count =
         (int)get_int(j, "zero_optimization.offload_param.buffer_count", 5, 2, 1 << 20, c);
+    // DeepSpeed's default is 1e9; here absent means 0: every unit in the file.
+    sp.offload_param.max_in_cpu = static_cast<int64_t>(
+        get_num(j, "zero_optimization.offload_param.max_in_cpu", 0, {0, 1e15, false, false}, c));
     if (pdev == "nvme" && sp.strategy != ShardingStrategy::FullShard &&
         sp.strategy != ShardingStrategy::ShardGradOp &&
         sp.strategy != ShardingStrategy::HybridShard)

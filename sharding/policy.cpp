@@ -150,4 +150,14 @@ bool OptimizerOffload::offloaded(int index, int units) const {
   return index < n;
 }
 
+bool ParamOffload::on_nvme(int u, const std::vector<int64_t>& shard_floats) const {
+  if (device != OffloadDevice::Nvme) return false;
+  int64_t kept = 0;
+  for (int k = 0; k <= u; ++k) {
+    kept += shard_floats[size_t(k)];
+    if (kept > max_in_cpu) return true;  // unit k and every later one go to the file
+  }
+  return false;
+}
+
 }  // namespace sw

@@ -129,6 +129,11 @@ struct ParamOffload {
   OffloadDevice device = OffloadDevice::None;
   std::string nvme_path;
   int buffer_count = 5;  // Nvme: staging buffers for gathers (each one unit's shard), >= 2
+  // Nvme: parameter elements (per rank: master shard elements) kept in host memory instead:
+  // the first units, in order, while their shards fit together (partial offload). 0: all.
+  int64_t max_in_cpu = 0;
+  // Whether unit u (shard of shard_floats[u] elements, units in order) is in the file.
+  bool on_nvme(int u, const std::vector<int64_t>& shard_floats) const;
 };
 
 struct ShardingPolicy {

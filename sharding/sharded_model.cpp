@@ -105,9 +105,10 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
             ? Tier::Device
         : policy.offload_optimizer.device == OffloadDevice::Nvme ? Tier::Nvme
                                                                  : Tier::Host;
+    // (NVMe parameters: units kept out of the file by max_in_cpu are on the host tier.)
     const Tier param_tier = I.plan_in.units[u].params_nvme ? Tier::Nvme
-                            : policy.offload_param.device == OffloadDevice::Cpu ? Tier::Host
-                                                                                : Tier::Device;
+                            : I.plan_in.units[u].params_offloaded ? Tier::Host
+                                                                  : Tier::Device;
     I.units.push_back(std::make_unique<FlatUnit>(model.units[u].get(), static_cast<int>(u), kind,
                                                  I.shard.get(), ops, bucket_grads, mp, opt_tier,
                                                  param_tier));

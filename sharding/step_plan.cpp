@@ -70,9 +70,14 @@ PlanInput make_plan_input(const Model& model, const ShardingPolicy& policy, int 
     pu.params_offloaded = policy.offload_param.device != OffloadDevice::None;
     pu.optimizer_nvme =
         pu.optimizer_offloaded && policy.offload_optimizer.device == OffloadDevice::Nvme;
-    pu.params_nvme = policy.offload_param.device == OffloadDevice::Nvme &&
-                     in.kind == UnitKind::Sharded;
   }
+  // NVMe parameters: all units' shards, but the first ones that fit in max_in_cpu elements
+  // (those stay on the host tier).
+  std::vector<int64_t> shard_floats(U);
+  for (size_t u = 0; u < U; ++u) shard_floats[u] = in.units[u].padded / in.S;
+  for (size_t u = 0; u < U; ++u)
+    in.units[u].params_nvme = in.kind == UnitKind::Sharded &&
+                              policy.offload_param.on_nvme(static_cast<int>(u), shard_floats);
   for (size_t p = 0; p < model.schedule.size(); ++p) {
     const Call& c = model.schedule[p];
     if (c.unit < 0 || c.unit >= static_cast<int>(U))

@@ -110,7 +110,10 @@ FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const O
   pnvme_ = param_tier == Tier::Nvme;
   SW_CHECK(!pnvme_ || kind == Kind::Sharded, "NVMe parameters need a sharded unit");
   SW_CHECK(kind != Kind::Whole || S == 1, "a Whole unit has a shard group of 1");
-  SW_CHECK(kind == Kind::Whole || S > 1 || pnvme_, "a unit with a shard group of 1 is Whole");
+  // (One rank with NVMe parameters: every unit takes the sharded path, those that
+  // offload_param.max_in_cpu keeps out of the file with their shard on the host tier.)
+  SW_CHECK(kind == Kind::Whole || S > 1 || param_tier != Tier::Device,
+           "a unit with a shard group of 1 is Whole");
   rank_ = shard_->rank();
   layout_ = FlatLayout::build(unit->params(), S);
   const int64_t P = layout_.padded, Sh = layout_.shard_size();

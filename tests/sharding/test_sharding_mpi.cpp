@@ -634,7 +634,7 @@ TEST_CASE("offload_param nvme: bit-identical, master and gradient shards in a fi
   for (ShardingStrategy st : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
                               ShardingStrategy::HybridShard})
     for (const std::string type : {"gpt2", "llama"})
-      for (int variant = 0; variant < 4; ++variant) {
+      for (int variant = 0; variant < 5; ++variant) {
         ShardingPolicy base = ShardingPolicy::for_strategy(st);
         if (st == ShardingStrategy::HybridShard) base.shard_group_size = g->size() >= 4 ? 2 : 0;
         if (variant == 3) base.mixed_precision.param_dtype = DType::BF16;
@@ -654,6 +654,12 @@ TEST_CASE("offload_param nvme: bit-identical, master and gradient shards in a fi
           p.offload_optimizer.piece_floats = 1000;
         }
         if (variant == 2) p.offload_optimizer.device = OffloadDevice::Cpu;
+        int kept = 0;  // variant 4: max_in_cpu keeps the first two units on the host tier
+        if (variant == 4) {
+          const PlanInput pin = make_plan_input(build_model(tiny(type)), p, g->size());
+          p.offload_param.max_in_cpu = (pin.units[0].padded + pin.units[1].padded) / pin.S;
+          kept = 2;
+        }
         INFO(strategy_name(st) << " " << type << " variant " << variant);
         CHECK(bit_identical(train(g, p, tiny(type), 2, accum, 5), ref));
         const std::string file = dir + "/rank_" + std::to_string(g->rank()) + "/params.bin";
@@ -673,11 +679,20 @@ TEST_CASE("offload_param nvme: bit-identical, master and gradient shards in a fi
         // Device model state: the staging buffers only, as the plan says.
         CHECK(int64_t(MemTracker::global().current(Mem::Params) - params0) ==
               plan.persistent[size_t(Mem::Params)]);
+        {  // max_in_cpu: exactly the units it keeps are outside the file, on the host tier
+          const PlanInput pin = make_plan_input(m, p, g->size());
+          int64_t host = 0;
+          for (int u = 0; u < int(pin.units.size()); ++u) {
+            CHECK(pin.units[size_t(u)].params_nvme == (u >= kept));
+            if (u < kept) host += 2 * pin.units[size_t(u)].padded / pin.S * 4;  // master + grads
+          }
+          CHECK(plan.persistent_host[size_t(Mem::Params)] + plan.persistent_host[size_t(Mem::Grads)] == host);
+        }
         CHECK(plan.persistent[size_t(Mem::Params)] == plan.param_slots * plan.shard_bytes);
         int gathers = 0, fetched = 0;
         for (size_t i = 0; i < plan.actions.size(); ++i) {
           const Action& a = plan.actions[i];
-          if (a.kind != ActionKind::Gather) continue;
+          if (a.kind != ActionKind::Gather || a.unit < kept) continue;  // (host-tier units)
           ++gathers;
           for (int w : a.waits)
             fetched += plan.actions[size_t(w)].kind == ActionKind::Fetch &&
