@@ -19,6 +19,7 @@
 #include "checkpoint/crc32c.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/sharded_checkpoint.h"
+#include "tests/checkpoint/ckpt_state_util.h"
 #include "core/alloc.h"
 #include "core/error.h"
 #include "engine/checkpointer.h"
@@ -49,39 +50,8 @@ ModelConfig wide() {
   return c;
 }
 
-void train(ShardedModel& sm, int steps) {
-  const int B = 2, T = 8;
-  std::vector<int32_t> in(B * T), tg(B * T);
-  for (int s = 1; s <= steps; ++s) {
-    for (int i = 0; i < B * T; ++i) in[size_t(i)] = (i * 7 + s) % 8195, tg[size_t(i)] = (i * 5 + s) % 8195;
-    Batch b;
-    b.B = B, b.T = T, b.tokens = in.data(), b.targets = tg.data();
-    sm.zero_grads();
-    sm.forward_backward(b);
-    sm.optimizer_step(AdamWParams{}, 1e-2f, 1.f, s);
-  }
-}
-
-std::vector<std::vector<float>> state(const ShardedModel& sm, SK k) {
-  std::vector<std::vector<float>> r;
-  for (int u = 0; u < sm.num_units(); ++u) {
-    const FlatRange h = sm.held_range(u, k);
-    r.emplace_back(static_cast<size_t>(h.size()));
-    sm.read_state(u, k, h, r.back().data());
-  }
-  return r;
-}
-
-bool same_state(const ShardedModel& a, const ShardedModel& b) {
-  for (SK k : {SK::Master, SK::ExpAvg, SK::ExpAvgSq}) {
-    const auto x = state(a, k), y = state(b, k);
-    if (x.size() != y.size()) return false;
-    for (size_t i = 0; i < x.size(); ++i)
-      if (x[i].size() != y[i].size() || std::memcmp(x[i].data(), y[i].data(), x[i].size() * 4))
-        return false;
-  }
-  return true;
-}
+void train(ShardedModel& sm, int steps) { ckpttest::train(sm, steps, 8195); }
+using ckpttest::same_state;
 
 std::vector<char> slurp(const std::string& p) {
   std::ifstream f(p, std::ios::binary);

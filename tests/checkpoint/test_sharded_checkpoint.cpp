@@ -20,6 +20,7 @@
 #include "checkpoint/export.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/sharded_checkpoint.h"
+#include "tests/checkpoint/ckpt_state_util.h"
 #include "core/alloc.h"
 #include "core/error.h"
 #include "kernels/ops.h"
@@ -47,39 +48,9 @@ ModelConfig tiny(const std::string& type = "gpt2") {
   return c;
 }
 
-// A few AdamW steps so that master, m and v all hold distinct, non-trivial values.
-void train(ShardedModel& sm, int steps) {
-  const int B = 2, T = 8;
-  std::vector<int32_t> in(B * T), tg(B * T);
-  for (int s = 1; s <= steps; ++s) {
-    for (int i = 0; i < B * T; ++i) in[size_t(i)] = (i * 7 + s) % 48, tg[size_t(i)] = (i * 5 + s) % 48;
-    Batch b;
-    b.B = B, b.T = T, b.tokens = in.data(), b.targets = tg.data();
-    sm.zero_grads();
-    sm.forward_backward(b);
-    sm.optimizer_step(AdamWParams{}, 1e-2f, 1.f, s);
-  }
-}
-
-// Every unit's full state of kind k ([0, used)); world size 1 holds everything.
-std::vector<std::vector<float>> state(const ShardedModel& sm, SK k) {
-  std::vector<std::vector<float>> r;
-  for (int u = 0; u < sm.num_units(); ++u) {
-    const FlatRange h = sm.held_range(u, k);
-    r.emplace_back(static_cast<size_t>(h.size()));
-    sm.read_state(u, k, h, r.back().data());
-  }
-  return r;
-}
-
-bool bit_equal(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (a[i].size() != b[i].size() ||
-        std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)) != 0)
-      return false;
-  return true;
-}
+void train(ShardedModel& sm, int steps) { ckpttest::train(sm, steps, 48); }
+using ckpttest::bit_equal;
+using ckpttest::state;
 
 std::string error_of(const std::function<void()>& f) {
   try {
