@@ -8,7 +8,7 @@
 //   disk write   one file of the checkpoint's exact byte count in 8 MiB write() calls, then
 //                fsync (what `dd bs=8M conv=fsync` measures); the same with writeback
 //                started on every chunk (sync_file_range); and O_DIRECT through the aio
-//                engine from aligned memory (1 MiB pieces, queue depth 8, as the checkpoint
+//                engine from aligned memory (1 MiB pieces, queue depth 32, as the checkpoint
 //                writer uses it) + fsync. The reference is the fastest of the three in that
 //                repetition (the disk's own rate, however it is best driven);
 //   save         save_checkpoint, all of it: CRC-32C, write, fsync, metadata.json, renames;
@@ -18,7 +18,7 @@
 //   disk read    the probe file after evicting its pages (posix_fadvise DONTNEED: dropping
 //                caches globally is impossible in a container, but one file's clean pages
 //                can be dropped), in 8 MiB read() calls; and with O_DIRECT through the aio
-//                engine (1 MiB pieces, queue depth 8); the reference is the faster;
+//                engine (1 MiB pieces, queue depth 32); the reference is the faster;
 //   load         load_checkpoint of the evicted checkpoint (reads, CRC check, copy in).
 // Prints medians (and bests) and the ratios save/disk-write and load/disk-read (target >= 0.9),
 // and first the CPU rates that bound them: CRC-32C alone, CRC-32C fused with a copy, and
@@ -107,13 +107,14 @@ double disk_read(const std::string& path) {
 AioConfig direct_config() {
   AioConfig c;
   c.block_size = size_t{1} << 20;
-  c.queue_depth = 8;
+  c.queue_depth = 32;
   c.intra_op_parallelism = 4;
   return c;
 }
 
 // The disk driven the way the checkpoint code drives it: O_DIRECT from 4096-aligned memory,
-// 1 MiB pieces, 8 in flight (io_uring, or 4 pread/pwrite threads where io_uring is refused).
+// 1 MiB pieces, 32 in flight (io_uring, or 4 pread/pwrite threads where io_uring is refused),
+// from 4 buffers of 8 MiB in turn (a buffer is refilled once its write is done).
 double disk_write_direct(const std::string& path, uint64_t bytes, std::string* mode) {
   StagingBuffer buf = aligned_staging(kChunk * 4);
   for (size_t i = 0; i < buf.bytes(); ++i) buf.as<char>()[i] = static_cast<char>(i * 131 + 7);
