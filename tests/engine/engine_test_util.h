@@ -1,7 +1,11 @@
 // Shared by the engine tests: config parsing and its error messages, quiet train() options,
 // metrics.jsonl and whole-file reading, and token files of random tokens.
 #pragma once
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -33,8 +37,19 @@ inline std::string error_of(const std::string& text, const std::vector<std::stri
 }
 
 // The directory `name` under the system's temporary directory, created if missing.
+// <tmp>/<name>_<pid>: one per test process, so that tests run in parallel (ctest -j, or two
+// checkouts testing at once) never write into each other's run directories (a shared
+// metrics.jsonl got interleaved lines); removed when the process exits.
 inline std::filesystem::path make_test_dir(const std::string& name) {
-  const std::filesystem::path d = std::filesystem::temp_directory_path() / name;
+  const std::filesystem::path d =
+      std::filesystem::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
+  static std::vector<std::filesystem::path> made;
+  if (made.empty())
+    std::atexit([] {
+      std::error_code ec;
+      for (const auto& p : made) std::filesystem::remove_all(p, ec);
+    });
+  if (std::find(made.begin(), made.end(), d) == made.end()) made.push_back(d);
   std::filesystem::create_directories(d);
   return d;
 }
