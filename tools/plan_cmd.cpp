@@ -7,11 +7,22 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <memory>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "core/bytes.h"
+#include "core/error.h"
+#include "kernels/threads.h"
+#include "planner/calibrate.h"
+#include "planner/hardware.h"
+#include "planner/search.h"
+#include "planner/time_model.h"
+#include "sharding/comm/group.h"
 
 #include "engine/config.h"
 #include "models/model.h"
@@ -40,22 +51,42 @@ const char* kPlanDumpHelp =
 
 const char* kPlanHelp =
     "Usage: shardwise plan CONFIG.json [--world-size N] [--json] [--set key.path=value]...\n"
+    "                      [--hardware FILE]\n"
+    "       shardwise plan CONFIG.json --memory-budget BYTES [--host-budget BYTES]\n"
+    "                      [--nvme-budget BYTES] [--nvme-path DIR] [--out BEST.json] ...\n"
+    "       [mpirun -np N] shardwise plan [CONFIG.json] --calibrate [--out-hardware FILE]\n"
     "\n"
     "Predicts, without running the model or allocating its parameters, each rank's memory\n"
-    "for one training step of the config on N ranks: the step plan the executor runs (the\n"
-    "same one `plan-dump` prints) replayed with the units' declared activation sizes. Per\n"
-    "tier: the device's peak, the action at which it is reached and the bytes per category\n"
+    "and step time for one training step of the config on N ranks: the step plan the executor\n"
+    "runs (the same one `plan-dump` prints) replayed with the units' declared activation sizes.\n"
+    "Per tier: the device's peak, the action at which it is reached and the bytes per category\n"
     "then (parameters, gradients, optimizer state, gathered units and gradients in flight\n"
     "(communication), saved activations, workspace); the host tier (offloaded state); the\n"
-    "NVMe files. Beside it, what DeepSpeed's model-states estimate would say.\n"
-    "Not counted yet: kernel workspaces that units do not declare (LM head chunks, bf16\n"
-    "packing), the allocator's rounding, the process itself.\n"
+    "NVMe files. Beside it, what DeepSpeed's model-states estimate would say. The step time\n"
+    "(compute, exposed communication, exposed I/O) comes from a hardware profile.\n"
+    "Not counted in the device peak: kernel workspaces that units do not declare (LM head\n"
+    "chunks, bf16 packing; estimated on their own line), the allocator's rounding, the process.\n"
     "\n"
     "Options:\n"
-    "  --world-size N   ranks of the run (default 1)\n"
-    "  --json           the same as JSON (bytes), in the units of profile's peaks_rank<r>.json\n"
-    "  --set K=V        override a config key, as for `train`\n"
-    "  -h, --help       show this help\n";
+    "  --world-size N       ranks of the run (default 1)\n"
+    "  --json               the same as JSON (bytes, seconds), in the units of profile's\n"
+    "                       peaks_rank<r>.json\n"
+    "  --set K=V            override a config key, as for `train`\n"
+    "  --hardware FILE      the hardware profile (default: $SHARDWISE_HARDWARE, else\n"
+    "                       ~/.cache/shardwise/hardware.json when it exists)\n"
+    "  --calibrate          measure this machine at this world size (run under mpirun for\n"
+    "                       collectives) with the config's shapes, and write the profile\n"
+    "  --out-hardware FILE  where --calibrate writes (default: the default profile path)\n"
+    "  --memory-budget B    search the plans that fit B bytes per rank (8GiB, 512MiB, 8e9):\n"
+    "                       blocks_per_unit, ZeRO stage, prefetch, checkpointing, offload,\n"
+    "                       micro-batch x accumulation at the config's per-rank batch\n"
+    "  --host-budget B      with --memory-budget: host-tier bytes per rank (default: no limit)\n"
+    "  --nvme-budget B      with --memory-budget: NVMe bytes per rank (default: no limit)\n"
+    "  --nvme-path DIR      consider NVMe offload to DIR (default: the config's nvme_path;\n"
+    "                       --calibrate: the directory whose disk is measured, default /tmp)\n"
+    "  --out FILE           with --memory-budget: write the fastest plan that fits as a\n"
+    "                       ready-to-run config (memory_budget set)\n"
+    "  -h, --help           show this help\n";
 
 int usage(const std::string& cmd, const std::string& msg) {
   std::fflush(stdout);
@@ -68,6 +99,9 @@ struct PlanArgs {
   std::vector<std::string> overrides;
   int world = 1;
   bool eval = false, json = false;
+  bool calibrate = false;
+  std::string hardware, out_hardware, out, nvme_path;
+  std::string budget, host_budget, nvme_budget;
 };
 
 // Parses the options of `plan-dump` and `plan`; returns -1 to go on, else an exit code.
@@ -94,6 +128,20 @@ int parse_plan_args(const std::string& cmd, const std::vector<std::string>& args
           return usage(cmd, "--world-size expects a whole number from 1 to 65536, got '" + v + "'");
         world = static_cast<int>(n);
       }
+    } else if (cmd == "plan" && (a == "--hardware" || a == "--out-hardware" || a == "--out" ||
+                                 a == "--nvme-path" || a == "--memory-budget" ||
+                                 a == "--host-budget" || a == "--nvme-budget")) {
+      if (i + 1 >= args.size() || args[i + 1].empty()) return usage(cmd, a + " expects a value");
+      const std::string& v = args[++i];
+      (a == "--hardware"        ? pa.hardware
+       : a == "--out-hardware"  ? pa.out_hardware
+       : a == "--out"           ? pa.out
+       : a == "--nvme-path"     ? pa.nvme_path
+       : a == "--memory-budget" ? pa.budget
+       : a == "--host-budget"   ? pa.host_budget
+                                : pa.nvme_budget) = v;
+    } else if (a == "--calibrate" && cmd == "plan") {
+      pa.calibrate = true;
     } else if (a == "--eval" && cmd == "plan-dump") {
       pa.eval = true;
     } else if (a == "--json" && cmd == "plan") {
@@ -106,7 +154,11 @@ int parse_plan_args(const std::string& cmd, const std::vector<std::string>& args
       return usage(cmd, "unexpected argument '" + a + "'");
     }
   }
-  if (config.empty()) return usage(cmd, "missing CONFIG.json");
+  if (config.empty() && !pa.calibrate) return usage(cmd, "missing CONFIG.json");
+  if (pa.budget.empty() && (!pa.host_budget.empty() || !pa.nvme_budget.empty() || !pa.out.empty()))
+    return usage(cmd, "--host-budget, --nvme-budget and --out go with --memory-budget");
+  if (pa.calibrate && (!pa.budget.empty() || pa.json))
+    return usage(cmd, "--calibrate measures only (no --memory-budget or --json)");
   return -1;
 }
 
@@ -158,15 +210,197 @@ int cmd_plan_dump(const std::vector<std::string>& args) {
   return 0;
 }
 
+namespace {
+
+PlanSetup setup_from(const TrainConfig& cfg, int world) {
+  PlanSetup s;
+  s.model = cfg.model;
+  s.policy = cfg.sharding;
+  if (s.policy.strategy == ShardingStrategy::HybridShard && s.policy.shard_group_size == 0)
+    s.policy.shard_group_size = world;  // the trainer shards within a node; here: over all N
+  s.world = world;
+  s.blocks_per_unit = cfg.blocks_per_unit;
+  s.micro_batch = cfg.micro_batch;
+  s.accum = cfg.grad_accum;
+  return s;
+}
+
+// --hardware FILE, else the default profile when it exists; nullopt when there is none.
+std::optional<HardwareProfile> resolve_hardware(const PlanArgs& pa) {
+  if (!pa.hardware.empty()) return load_hardware(pa.hardware);
+  const std::string d = default_hardware_path();
+  std::error_code ec;
+  if (std::filesystem::exists(d, ec)) return load_hardware(d);
+  return std::nullopt;
+}
+
+std::string secs(double s) {
+  char buf[32];
+  if (s >= 1)
+    std::snprintf(buf, sizeof buf, "%.3f s", s);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f ms", s * 1e3);
+  return buf;
+}
+
+nlohmann::json time_json(const StepTime& t) {
+  return {{"step_time_s", t.step_s},     {"compute_s", t.compute_s},
+          {"exposed_comm_s", t.exposed_comm_s}, {"exposed_io_s", t.exposed_io_s},
+          {"comm_busy_s", t.comm_s},     {"io_busy_s", t.io_s},
+          {"model_flops", t.flops}};
+}
+
+int cmd_calibrate(const PlanArgs& pa) {
+  CalibrateOptions opt;
+  std::unique_ptr<Model> model;
+  PlanInput in;
+  GroupPtr world = world_group();
+  const bool r0 = world->rank() == 0;
+  int threads = 0;
+  if (!pa.config.empty()) {
+    const TrainConfig cfg = load_config(pa.config, pa.overrides, world->size());
+    threads = cfg.threads;
+    model = std::make_unique<Model>(build_model(cfg.model));
+    in = make_plan_input(*model, ShardingPolicy{}, 1);
+    in.B = cfg.micro_batch;
+    in.T = cfg.model.seq_len;
+    declare_calls(in, *model);
+    opt.shapes = calibration_shapes(model.get(), &in);
+    opt.bf16 = true;
+    const ShardingPolicy& sp = cfg.sharding;
+    for (const std::string* p : {&sp.offload_optimizer.nvme_path, &sp.offload_param.nvme_path,
+                                 &sp.activation_checkpointing.nvme_path})
+      if (!p->empty()) opt.disk_path = *p;
+  } else {
+    opt.shapes = calibration_shapes(nullptr, nullptr);
+  }
+  if (!pa.nvme_path.empty()) opt.disk_path = pa.nvme_path;
+  set_num_threads(threads);
+  if (r0) opt.log = [](const std::string& l) { std::printf("%s\n", l.c_str()); std::fflush(stdout); };
+  if (r0)
+    std::printf("shardwise plan --calibrate: %d rank%s, shapes of %s\n", world->size(),
+                world->size() == 1 ? "" : "s",
+                pa.config.empty() ? "GPT-2 124M (B=4, T=256)" : pa.config.c_str());
+  const HardwareProfile hw = calibrate(opt, world.get());
+  if (!r0) return 0;
+  const std::string out = pa.out_hardware.empty() ? default_hardware_path() : pa.out_hardware;
+  save_hardware(hw, out);
+  std::printf("hardware profile written to %s\n", out.c_str());
+  return 0;
+}
+
+void print_table_row(const Evaluated& e, bool mark) {
+  std::printf("  %s %9s %9s %9s  %9s %9s %9s %9s  %s\n", mark ? "*" : " ",
+              format_bytes(size_t(e.device)).c_str(), format_bytes(size_t(e.host)).c_str(),
+              format_bytes(size_t(e.nvme)).c_str(), secs(e.time.step_s).c_str(),
+              secs(e.time.compute_s).c_str(), secs(e.time.exposed_comm_s).c_str(),
+              secs(e.time.exposed_io_s).c_str(), e.c.describe().c_str());
+}
+
+int cmd_search(const PlanArgs& pa, TrainConfig cfg, const HardwareProfile& hw) {
+  SearchOptions so;
+  so.budget = parse_budget(pa.budget, "--memory-budget");
+  if (so.budget <= 0) fail("plan", "--memory-budget: the budget must be more than 0 bytes");
+  if (!pa.host_budget.empty()) so.host_budget = parse_budget(pa.host_budget, "--host-budget");
+  if (!pa.nvme_budget.empty()) so.nvme_budget = parse_budget(pa.nvme_budget, "--nvme-budget");
+  so.nvme_path = pa.nvme_path;
+  const PlanSetup base = setup_from(cfg, pa.world);
+  const SearchResult r = search_plans(base, so, hw);
+  if (r.best < 0) {
+    const double need = double(r.smallest.device) / (1.0 - so.margin);
+    fail("plan", "no plan fits a memory budget of " + format_bytes(size_t(so.budget)) +
+                     " per rank; the smallest feasible budget is " + format_bytes(size_t(need)) +
+                     " (" + r.smallest.c.describe() + "), dominated by " +
+                     dominant_category(r.smallest));
+  }
+  const Evaluated& best = r.frontier[size_t(r.best)];
+  if (!pa.out.empty()) {
+    const PlanSetup s = apply_candidate(base, best.c);
+    cfg.sharding = s.policy;
+    cfg.zero_stage = stage_of(s.policy.strategy);
+    cfg.blocks_per_unit = s.blocks_per_unit;
+    cfg.micro_batch = s.micro_batch;
+    cfg.grad_accum = s.accum;
+    cfg.memory_budget = size_t(so.budget);
+    std::ofstream f(pa.out);
+    f << config_json(cfg) << "\n";
+    if (!f) fail("plan", pa.out + ": cannot write the config");
+  }
+  if (pa.json) {
+    auto ev = [](const Evaluated& e) {
+      return nlohmann::json{{"plan", e.c.describe()},   {"device_peak_bytes", e.device},
+                            {"host_bytes", e.host},     {"nvme_bytes", e.nvme},
+                            {"kernel_workspace_bytes", e.workspace}, {"fits", e.fits},
+                            {"step_time", time_json(e.time)}};
+    };
+    nlohmann::json j;
+    j["config"] = pa.config;
+    j["world_size"] = pa.world;
+    j["memory_budget"] = so.budget;
+    j["hardware"] = hw.name;
+    j["evaluated"] = r.evaluated;
+    j["search_s"] = r.seconds;
+    j["best"] = ev(best);
+    j["frontier"] = nlohmann::json::array();
+    for (const Evaluated& e : r.frontier) j["frontier"].push_back(ev(e));
+    if (!pa.out.empty()) j["out"] = pa.out;
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("shardwise plan: %s on %d rank%s, budget %s per rank, hardware '%s'\n",
+              pa.config.c_str(), pa.world, pa.world == 1 ? "" : "s",
+              format_bytes(size_t(so.budget)).c_str(), hw.name.c_str());
+  std::printf("searched %d plans in %.2f s (per-rank batch %d x %d tokens)\n", r.evaluated,
+              r.seconds, cfg.micro_batch * cfg.grad_accum, cfg.model.seq_len);
+  std::printf("fastest plan that fits: %s\n", best.c.describe().c_str());
+  std::printf("  device %s (plan %s + kernel workspace %s), host %s, nvme %s\n",
+              format_bytes(size_t(best.device)).c_str(),
+              format_bytes(size_t(best.device - best.workspace)).c_str(),
+              format_bytes(size_t(best.workspace)).c_str(), format_bytes(size_t(best.host)).c_str(),
+              format_bytes(size_t(best.nvme)).c_str());
+  std::printf("  step %s = compute %s + exposed communication %s + exposed I/O %s\n",
+              secs(best.time.step_s).c_str(), secs(best.time.compute_s).c_str(),
+              secs(best.time.exposed_comm_s).c_str(), secs(best.time.exposed_io_s).c_str());
+  std::printf("memory-vs-time frontier (* fits the budget):\n");
+  std::printf("    %9s %9s %9s  %9s %9s %9s %9s  %s\n", "device", "host", "nvme", "step",
+              "compute", "exp.comm", "exp.io", "plan");
+  for (const Evaluated& e : r.frontier) print_table_row(e, e.fits);
+  if (!pa.out.empty()) std::printf("config written to %s\n", pa.out.c_str());
+  return 0;
+}
+
+}  // namespace
+
 int cmd_plan(const std::vector<std::string>& args) {
   PlanArgs pa;
   if (const int rc = parse_plan_args("plan", args, pa); rc >= 0) return rc;
-  TrainConfig cfg;
+  if (pa.calibrate) return cmd_calibrate(pa);
+  // Budgets are checked before anything is built, so a typo costs nothing.
+  if (!pa.budget.empty()) parse_budget(pa.budget, "--memory-budget");
+  if (!pa.host_budget.empty()) parse_budget(pa.host_budget, "--host-budget");
+  if (!pa.nvme_budget.empty()) parse_budget(pa.nvme_budget, "--nvme-budget");
+  TrainConfig cfg = load_config(pa.config, pa.overrides, pa.world);
+  const std::optional<HardwareProfile> hw = resolve_hardware(pa);
+  if (!pa.budget.empty()) {
+    if (!hw)
+      fail("plan", "--memory-budget needs a hardware profile: run `shardwise plan --calibrate` or "
+                   "give --hardware FILE (e.g. configs/hardware/h100_nccl.json)");
+    return cmd_search(pa, cfg, *hw);
+  }
   int64_t params = 0, largest = 0;
-  const StepPlan plan = build_plan(pa, cfg, params, largest);
-  const PlanPeak pk = replay_peak(plan);
-  int64_t host = 0;
-  for (int64_t b : plan.persistent_host) host += b;
+  {
+    Model model = build_model(cfg.model);
+    params = model.num_params();
+    for (const auto& u : model.units) {
+      int64_t n = 0;
+      for (const ParamSpec& s : u->params()) n += numel(s.shape);
+      largest = std::max(largest, n);
+    }
+  }
+  const PlanPrediction pred = predict_plan(setup_from(cfg, pa.world), hw ? &*hw : nullptr);
+  const StepPlan& plan = pred.plan;
+  const PlanPeak& pk = pred.peak;
+  const int64_t host = pred.host;
   // DeepSpeed's estimate_zero{3,2}_model_states_mem_needs without offload (per GPU): ZeRO-3
   // 4 x largest layer + 18 x params / N; ZeRO-2: 4 x params + 16 x params / N; stage 1 and 0:
   // as stage 2 (its estimator covers those).
@@ -206,8 +440,12 @@ int cmd_plan(const std::vector<std::string>& args) {
                          {"categories", categories(pk.at_peak)},
                          {"category_peaks", categories(pk.category_peak)}}},
              {"host", {{"peak_bytes", host}, {"categories", categories(plan.persistent_host)}}},
-             {"nvme", {{"peak_bytes", plan.nvme_bytes}}}}}});
+             {"nvme", {{"peak_bytes", plan.nvme_bytes}}}}},
+           {"kernel_workspace_bytes", pred.workspace},
+           {"step_time", pred.timed ? time_json(pred.time) : nlohmann::json(nullptr)}});
     j["deepspeed_estimate"] = {{"formula", ds_formula}, {"bytes", ds}};
+    j["hardware"] = hw ? nlohmann::json(hw->name) : nlohmann::json(nullptr);
+    j["step_time"] = pred.timed ? time_json(pred.time) : nlohmann::json(nullptr);
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -221,6 +459,8 @@ int cmd_plan(const std::vector<std::string>& args) {
     if (pk.at_peak[c])
       line += std::string(" ") + mem_name(static_cast<Mem>(c)) + " " + gib(pk.at_peak[c]);
   std::printf("%s\n", line.c_str());
+  std::printf("  + kernel workspaces outside the plan (estimated): %s -> %s\n",
+              gib(pred.workspace).c_str(), gib(pred.device).c_str());
   std::printf("  host        %s%s\n", gib(host).c_str(), host ? " (offloaded state)" : "");
   std::printf("  nvme        %s%s\n", gib(plan.nvme_bytes).c_str(),
               plan.nvme_bytes ? " (offload files)" : "");
@@ -228,7 +468,20 @@ int cmd_plan(const std::vector<std::string>& args) {
     std::printf("  (some unit does not declare its activation sizes: activations not counted)\n");
   std::printf("DeepSpeed's model-states estimate: %s per rank (%s)\n", gib(ds).c_str(),
               ds_formula.c_str());
-  std::printf("not counted: undeclared kernel workspaces, allocator rounding, the process itself\n");
+  if (pred.timed) {
+    const StepTime& t = pred.time;
+    std::printf("step time (hardware '%s'): %s = compute %s + exposed communication %s + "
+                "exposed I/O %s\n",
+                hw->name.c_str(), secs(t.step_s).c_str(), secs(t.compute_s).c_str(),
+                secs(t.exposed_comm_s).c_str(), secs(t.exposed_io_s).c_str());
+    std::printf("  communication busy %s, I/O busy %s, %.2f TFLOP/s of model flops\n",
+                secs(t.comm_s).c_str(), secs(t.io_s).c_str(),
+                t.step_s > 0 ? t.flops / t.step_s / 1e12 : 0.0);
+  } else {
+    std::printf("step time: no hardware profile (run `shardwise plan --calibrate`, or give "
+                "--hardware FILE)\n");
+  }
+  std::printf("not counted: allocator rounding, the process itself\n");
   return 0;
 }
 

@@ -1,0 +1,279 @@
+#include "planner/calibrate.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <set>
+#include <tuple>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/error.h"
+#include "kernels/ops.h"
+#include "kernels/threads.h"
+#include "offload/aio.h"
+#include "sharding/wrap.h"
+
+namespace sw {
+
+namespace {
+
+// Seconds per call of f: one warm-up call, then repetitions until min_s has passed (at least
+// 2); the fastest repetition (the least disturbed by other work on the machine).
+template <class F>
+double time_it(F&& f, double min_s) {
+  f();
+  double best = 1e300, total = 0;
+  int reps = 0;
+  while (reps < 2 || total < min_s) {
+    const double t0 = trace_now();
+    f();
+    const double dt = trace_now() - t0;
+    best = std::min(best, dt);
+    total += dt;
+    if (++reps >= 200) break;
+  }
+  return best;
+}
+
+std::vector<float> filled(size_t n, uint32_t seed) {
+  std::vector<float> v(n);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-1.f, 1.f);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+void say(const CalibrateOptions& o, const std::string& s) {
+  if (o.log) o.log(s);
+}
+
+std::string fmt(const char* f, double a, double b = 0) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, f, a, b);
+  return buf;
+}
+
+void measure_compute(const CalibrateOptions& opt, HardwareProfile& hw) {
+  const CalibrationShapes& sh = opt.shapes;
+  std::vector<DType> dts = {DType::F32};
+  if (opt.bf16) dts.push_back(DType::BF16);
+  for (DType dt : dts) {
+    const Ops& ops = ops_for(Device::cpu(), dt);
+    double flops = 0, secs = 0;
+    for (const CostOp& g : sh.gemms) {
+      const int M = int(g.m), N = int(g.n), K = int(g.k);
+      const std::vector<float> A = filled(size_t(M) * K, 1), B = filled(size_t(K) * N, 2);
+      std::vector<float> C(size_t(M) * N, 0.f);
+      const int lda = g.ta ? M : K, ldb = g.tb ? K : N;
+      const double t = time_it([&] {
+        ops.gemm(g.ta, g.tb, M, N, K, 1.f, A.data(), lda, B.data(), ldb, 0.f, C.data(), N);
+      }, opt.min_seconds);
+      const double f = 2.0 * M * N * K;
+      hw.gemm_shapes.push_back({g.m, g.n, g.k, dt, f / t});
+      flops += f, secs += t;
+      say(opt, std::string("  gemm ") + dtype_name(dt) + " " + std::to_string(M) + "x" +
+                   std::to_string(N) + "x" + std::to_string(K) + (g.ta ? " (A^T)" : "") +
+                   (g.tb ? " (B^T)" : "") + fmt(": %.1f GFLOP/s", f / t / 1e9));
+    }
+    const double rate = secs > 0 ? flops / secs : 0;
+    (dt == DType::F32 ? hw.gemm_f32 : hw.gemm_bf16) = rate;
+    // Attention forward + backward at the model's shape (the time model's flop count).
+    {
+      const int B = sh.B, T = sh.T, H = sh.H, KVH = sh.KVH, hd = sh.hd;
+      const size_t qkv_n = size_t(B) * T * (H + 2 * KVH) * hd, out_n = size_t(B) * T * H * hd;
+      const std::vector<float> qkv = filled(qkv_n, 3), dout = filled(out_n, 4);
+      std::vector<float> out(out_n), lse(size_t(B) * H * T), dqkv(qkv_n);
+      const double tf = time_it([&] { ops.attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, KVH, hd); },
+                                opt.min_seconds);
+      const double tb = time_it([&] {
+        ops.attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, H, KVH, hd);
+      }, opt.min_seconds);
+      const double att = 2.0 * B * H * double(T) * T * hd;
+      const double r = 3.5 * att / (tf + tb);
+      (dt == DType::F32 ? hw.attention_f32 : hw.attention_bf16) = r;
+      say(opt, std::string("  attention ") + dtype_name(dt) + fmt(": %.1f GFLOP/s", r / 1e9));
+    }
+    // The fused LM head with its gradients (6 N V C flops).
+    {
+      const int N = int(sh.lm_N), C = int(sh.lm_C), V = int(sh.lm_V);
+      const std::vector<float> x = filled(static_cast<size_t>(N) * C, 5), w = filled(static_cast<size_t>(V) * C, 6);
+      std::vector<float> loss(static_cast<size_t>(N)), dx(static_cast<size_t>(N) * C), dw(static_cast<size_t>(V) * C);
+      std::vector<int32_t> tg(static_cast<size_t>(N));
+      for (int i = 0; i < N; ++i) tg[size_t(i)] = int32_t((i * 7919) % V);
+      const double t = time_it([&] {
+        ops.lmhead_xent(loss.data(), dx.data(), dw.data(), x.data(), w.data(), tg.data(), N, C, V, 1.f);
+      }, opt.min_seconds);
+      const double r = 6.0 * N * double(V) * C / t;
+      (dt == DType::F32 ? hw.lmhead_f32 : hw.lmhead_bf16) = r;
+      say(opt, std::string("  lm head ") + dtype_name(dt) + fmt(": %.1f GFLOP/s", r / 1e9));
+    }
+  }
+  const Ops& ops = ops_for(Device::cpu());
+  {  // element-wise: a LayerNorm over (N, C) and a GELU over (N, 4C), bytes read + written
+    const int N = int(sh.N), C = int(sh.C);
+    const std::vector<float> x = filled(static_cast<size_t>(N) * C * 4, 7), w = filled(size_t(C), 8);
+    std::vector<float> y(static_cast<size_t>(N) * C * 4), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
+    const double t = time_it([&] {
+      ops.layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), w.data(), N, C);
+      ops.gelu_forward(y.data(), x.data(), static_cast<size_t>(N) * C * 4);
+    }, opt.min_seconds);
+    hw.elementwise_bps = (2.0 * N * C + 8.0 * N * C) * 4 / t;
+    say(opt, fmt("  element-wise: %.1f GB/s", hw.elementwise_bps / 1e9));
+  }
+  {  // AdamW
+    const size_t n = size_t{4} << 20;
+    std::vector<float> p = filled(n, 9), g = filled(n, 10), m(n, 0.f), v(n, 0.f);
+    const double t = time_it([&] { ops.adamw(p.data(), g.data(), m.data(), v.data(), n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.f); },
+                             opt.min_seconds);
+    hw.optimizer_fps = double(n) / t;
+    say(opt, fmt("  AdamW: %.2f G floats/s", hw.optimizer_fps / 1e9));
+  }
+  {  // copies (activation offload to the host tier, local gathers)
+    const size_t n = size_t{16} << 20;
+    const std::vector<float> a = filled(n, 11);
+    std::vector<float> b(n);
+    const double t = time_it([&] { ops.copy(b.data(), a.data(), n); }, opt.min_seconds);
+    hw.memcpy_bps = 8.0 * double(n) / t;
+    say(opt, fmt("  copy: %.1f GB/s", hw.memcpy_bps / 1e9));
+  }
+}
+
+// One collective kind at several sizes: the fastest of a few timed repetitions each (a
+// barrier before each, so every rank starts together).
+CollectiveFit measure_collective(Group& g, CollKind kind, const CalibrateOptions& opt) {
+  CollectiveFit f;
+  const int n = g.size();
+  const std::vector<int64_t> sizes = {int64_t{64} << 10, int64_t{1} << 20, int64_t{8} << 20,
+                                      int64_t{32} << 20};
+  std::vector<float> send(size_t(sizes.back() / 4)), recv(size_t(sizes.back() / 4));
+  for (int64_t bytes : sizes) {
+    const int64_t total = bytes / 4 / n * n;  // floats of the whole buffer
+    double best = 1e300;
+    for (int r = 0; r < 5; ++r) {
+      g.barrier();
+      const double t0 = trace_now();
+      switch (kind) {
+        case CollKind::AllGather:
+          g.all_gather(send.data(), recv.data(), total / n);
+          break;
+        case CollKind::ReduceScatter:
+          g.reduce_scatter(send.data(), recv.data(), total / n, ReduceOp::Avg);
+          break;
+        default:
+          g.all_reduce(send.data(), recv.data(), total, ReduceOp::Avg);
+      }
+      const double dt = trace_now() - t0;
+      if (r > 0) best = std::min(best, dt);
+    }
+    f.points.push_back({total * 4, best});
+  }
+  // latency: the smallest message's time less its bytes at the largest's bandwidth
+  const bool ar = kind == CollKind::AllReduce;
+  auto bus = [&](int64_t b) { return double(b) * (n - 1) / n * (ar ? 2.0 : 1.0); };
+  const CollectivePoint& lo = f.points.front();
+  const CollectivePoint& hi = f.points.back();
+  f.busbw = (bus(hi.bytes) - bus(lo.bytes)) / std::max(1e-9, hi.time_s - lo.time_s);
+  if (!(f.busbw > 0)) f.busbw = bus(hi.bytes) / hi.time_s;
+  f.latency_s = std::max(0.0, lo.time_s - bus(lo.bytes) / f.busbw);
+  say(opt, std::string("  ") + coll_name(kind) + fmt(": latency %.1f us, busbw %.2f GB/s",
+                                                      f.latency_s * 1e6, f.busbw / 1e9));
+  return f;
+}
+
+void measure_disk(const CalibrateOptions& opt, int rank, HardwareProfile& hw) {
+  hw.disk_path = opt.disk_path;
+  const std::string path = opt.disk_path + "/.shardwise_calibrate_" + std::to_string(getpid()) +
+                           "_" + std::to_string(rank);
+  const size_t piece = size_t{8} << 20;
+  const int64_t total = std::max<int64_t>(int64_t(piece), opt.disk_bytes / int64_t(piece) * int64_t(piece));
+  AioFile f = AioFile::create(path, uint64_t(total), true, /*temp=*/true);
+  AioHandle h;
+  StagingBuffer buf = aligned_staging(piece, Mem::Workspace, Tier::Host);
+  std::fill(buf.as<char>(), buf.as<char>() + piece, 'x');
+  auto pass = [&](bool write) {
+    std::vector<AioRequest> rs;
+    const double t0 = trace_now();
+    for (int64_t off = 0; off < total; off += int64_t(piece))
+      rs.push_back(write ? h.write(f, buf.data(), piece, off) : h.read(f, buf.data(), piece, off));
+    for (AioRequest& r : rs) r.synchronize();
+    if (write) ::fdatasync(f.fd());
+    return trace_now() - t0;
+  };
+  pass(true);  // first touch of the reserved blocks
+  const double tw = std::min(pass(true), pass(true));
+  const double tr = std::min(pass(false), pass(false));
+  hw.disk_write_bps = double(total) / tw;
+  hw.disk_read_bps = double(total) / tr;
+  double lat = 1e300;
+  for (int i = 0; i < 20; ++i) {
+    const double t0 = trace_now();
+    h.read(f, buf.data(), kAioAlign, off_t(kAioAlign) * ((i * 7919) % (total / int64_t(kAioAlign)))).synchronize();
+    lat = std::min(lat, trace_now() - t0);
+  }
+  hw.disk_latency_s = lat;
+  say(opt, std::string("  disk ") + opt.disk_path + " (" + h.backend_name() + ", " + f.io_mode() +
+               fmt("): read %.2f GB/s, write %.2f GB/s", hw.disk_read_bps / 1e9, hw.disk_write_bps / 1e9) +
+               fmt(", 4 KiB read %.0f us", lat * 1e6));
+}
+
+}  // namespace
+
+CalibrationShapes calibration_shapes(const Model* model, const PlanInput* in) {
+  CalibrationShapes s;
+  if (!model || !in) {
+    ModelConfig mc;
+    mc.vocab_size = 50304, mc.n_layer = 1, mc.n_head = 12, mc.d_model = 768, mc.seq_len = 256;
+    Model m = build_model(mc);
+    ShardingPolicy p;
+    PlanInput pi = make_plan_input(m, p, 1);
+    pi.B = 4, pi.T = 256;
+    return calibration_shapes(&m, &pi);
+  }
+  const TimeInputs ti = time_inputs(*model, *in);
+  std::set<std::tuple<int64_t, int64_t, int64_t, bool, bool>> seen;
+  for (const CallCost& c : ti.calls)
+    for (const auto* v : {&c.fwd, &c.bwd})
+      for (const CostOp& o : *v)
+        if (o.kind == CostOp::Gemm && seen.insert({o.m, o.n, o.k, o.ta, o.tb}).second)
+          s.gemms.push_back(o);
+  const ModelConfig& mc = model->config;
+  s.B = in->B, s.T = in->T, s.H = mc.n_head;
+  s.KVH = mc.type == "llama" && mc.n_kv_head > 0 ? mc.n_kv_head : mc.n_head;
+  s.hd = mc.d_model / mc.n_head;
+  s.lm_N = int64_t(in->B) * in->T, s.lm_C = mc.d_model, s.lm_V = mc.vocab_size;
+  s.N = s.lm_N, s.C = mc.d_model;
+  return s;
+}
+
+HardwareProfile calibrate(const CalibrateOptions& opt, Group* world) {
+  HardwareProfile hw;
+  const int n = world ? world->size() : 1;
+  const int rank = world ? world->rank() : 0;
+  hw.world_size = n;
+  hw.threads = num_threads();
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  hw.name = std::string(host) + ", " + std::to_string(n) + " rank" + (n == 1 ? "" : "s") + " x " +
+            std::to_string(hw.threads) + " thread" + (hw.threads == 1 ? "" : "s");
+  hw.source = "shardwise plan --calibrate (measured)";
+  say(opt, "compute (every rank at once, " + std::to_string(hw.threads) + " threads each):");
+  measure_compute(opt, hw);
+  if (world && n > 1) {
+    say(opt, "collectives over " + std::to_string(n) + " ranks (the engine's MPI group):");
+    hw.has_collectives = true;
+    hw.separate_streams = false;  // one communication thread per group on the CPU backend
+    hw.all_gather = measure_collective(*world, CollKind::AllGather, opt);
+    hw.reduce_scatter = measure_collective(*world, CollKind::ReduceScatter, opt);
+    hw.all_reduce = measure_collective(*world, CollKind::AllReduce, opt);
+  }
+  say(opt, "disk (every rank at once, " + std::to_string(opt.disk_bytes >> 20) + " MiB each):");
+  measure_disk(opt, rank, hw);
+  if (world && n > 1) world->barrier();
+  return hw;
+}
+
+}  // namespace sw

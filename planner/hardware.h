@@ -1,0 +1,87 @@
+// The hardware profile the planner's time model reads (docs/ARCHITECTURE.md, "The planner"):
+// compute rates by kind and shape, collective latency and bandwidth per message size, disk
+// bandwidth. Made by `shardwise plan --calibrate` (planner/calibrate.h) on this machine and
+// world size, or written by hand from published figures (configs/hardware/*.json), so a user
+// can plan for hardware they do not have. Stored as JSON:
+//
+//   {"name": "...", "source": "...", "world_size": 2, "threads": 1,
+//    "compute": {"gemm_flops": {"f32": 1e11, "bf16": 2e11},
+//                "gemm_shapes": [{"m": 1024, "n": 2304, "k": 768, "dtype": "f32",
+//                                 "flops": 9.1e10}, ...],          (optional)
+//                "attention_flops": {"f32": .., "bf16": ..},        (optional: gemm's)
+//                "lmhead_flops": {"f32": .., "bf16": ..},           (optional: gemm's)
+//                "elementwise_bytes_per_s": 2e10,
+//                "optimizer_floats_per_s": 1e9,
+//                "memcpy_bytes_per_s": 1e10},                       (optional: elementwise)
+//    "collectives": null | {"separate_streams": false,
+//                "all_gather": {"latency_s": 2e-5, "busbw_bytes_per_s": 5e9,
+//                               "points": [{"bytes": 65536, "time_s": ..}, ...]},
+//                "reduce_scatter": {...}, "all_reduce": {...}},
+//    "disk": {"path": "/tmp", "read_bytes_per_s": 2e9, "write_bytes_per_s": 1e9,
+//             "latency_s": 1e-4}}
+//
+// Rates are per rank. bf16 figures also serve fp16. Collectives: time(bytes) = latency +
+// bus_bytes / busbw (nccl-tests' busbw: all-gather and reduce-scatter move bytes*(n-1)/n,
+// all-reduce 2*bytes*(n-1)/n, `bytes` the whole buffer); `collectives` is null when it was
+// calibrated at one rank. "separate_streams": gathers and reductions run concurrently (NCCL
+// streams); false: one communication thread runs both in issue order (the CPU backend).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace sw {
+
+struct GemmPoint {
+  int64_t m = 0, n = 0, k = 0;
+  DType dtype = DType::F32;
+  double flops = 0;  // flop/s measured for that shape
+};
+
+struct CollectivePoint {
+  int64_t bytes = 0;  // the whole buffer
+  double time_s = 0;
+};
+
+struct CollectiveFit {
+  double latency_s = 0;
+  double busbw = 0;  // bytes/s
+  std::vector<CollectivePoint> points;
+};
+
+struct HardwareProfile {
+  std::string name, source;
+  int world_size = 1, threads = 0;
+  double gemm_f32 = 0, gemm_bf16 = 0;
+  std::vector<GemmPoint> gemm_shapes;
+  double attention_f32 = 0, attention_bf16 = 0;
+  double lmhead_f32 = 0, lmhead_bf16 = 0;
+  double elementwise_bps = 0;
+  double optimizer_fps = 0;  // AdamW floats per second
+  double memcpy_bps = 0;
+  bool has_collectives = false;
+  bool separate_streams = false;
+  CollectiveFit all_gather, reduce_scatter, all_reduce;
+  std::string disk_path;
+  double disk_read_bps = 0, disk_write_bps = 0, disk_latency_s = 0;
+
+  // Rates used by the time model (bf16 serves f16; missing optional figures fall back).
+  double gemm_rate(int64_t m, int64_t n, int64_t k, DType dt) const;
+  double attention_rate(DType dt) const;
+  double lmhead_rate(DType dt) const;
+  double copy_bps() const { return memcpy_bps > 0 ? memcpy_bps : elementwise_bps; }
+};
+
+// Parses a profile; `where` names it in messages. A malformed or incomplete profile throws one
+// sw::Error line: "hardware: <where>: missing key 'compute.gemm_flops.f32'", "... 'disk.
+// read_bytes_per_s' must be a positive number", "... not valid JSON: ...".
+HardwareProfile hardware_from_json_text(const std::string& text, const std::string& where);
+HardwareProfile load_hardware(const std::string& path);
+std::string hardware_to_json(const HardwareProfile& hw);  // pretty-printed; parses back
+void save_hardware(const HardwareProfile& hw, const std::string& path);  // creates parents
+// $SHARDWISE_HARDWARE, else $XDG_CACHE_HOME/shardwise/hardware.json, else
+// ~/.cache/shardwise/hardware.json.
+std::string default_hardware_path();
+
+}  // namespace sw

@@ -1,0 +1,295 @@
+#include "planner/search.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+
+#include "core/bytes.h"
+#include "core/error.h"
+#include "sharding/wrap.h"
+
+namespace sw {
+
+int64_t parse_budget(const std::string& text, const std::string& what) {
+  try {
+    const size_t b = parse_bytes(text);
+    if (b <= size_t(INT64_MAX)) return static_cast<int64_t>(b);
+  } catch (const Error&) {
+  }
+  // A plain number in exponent or decimal form: 8e9, 8.5e9 (whole bytes after rounding).
+  const char* s = text.c_str();
+  char* end = nullptr;
+  const double v = std::strtod(s, &end);
+  if (!text.empty() && end && *end == '\0' && std::isfinite(v) && v >= 0 && v < 9.2e18 &&
+      std::isdigit(static_cast<unsigned char>(text[0])))
+    return static_cast<int64_t>(std::llround(v));
+  fail("plan", what + ": cannot parse '" + text + "' as bytes (e.g. 8GiB, 512MiB, 8e9)");
+}
+
+int64_t kernel_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute, int world) {
+  const int64_t V = mc.vocab_size, C = mc.d_model, N = int64_t(B) * T;
+  // kernels/cpu/lmhead.cpp: chunk rows of logits, at most 512 and 128 MiB.
+  const int64_t by_bytes = std::min<int64_t>(512, (int64_t{128} << 20) / (4 * V));
+  const int64_t chunk = std::min<int64_t>(N, std::max<int64_t>(64, by_bytes / 16 * 16));
+  int64_t b = chunk * V * 4 + chunk * 4;
+  const int64_t H = std::max(1, mc.n_head);
+  const int64_t KVH = mc.type == "llama" && mc.n_kv_head > 0 ? mc.n_kv_head : H;
+  if (KVH < H) b += int64_t(B) * H * 2 * T * (C / H) * 4;  // attention.cpp: GQA's expanded K, V
+  if (compute != DType::F32) {
+    // bf16 operand copies kept per thread (gemm_bf16.cpp / gemm_onednn.cpp): the LM head's
+    // weight and a logits chunk, the largest activation operand.
+    const int64_t F = mc.d_ff > 0 ? mc.d_ff : 4 * C;
+    b += (V * C + chunk * V + N * std::max(F, 3 * C)) * 2;
+  }
+  if (world > 1) b += int64_t{16} << 20;  // comm/: the ring's chunk buffer (32 x 512 KiB)
+  return b;
+}
+
+namespace {
+
+void resolve_group(ShardingPolicy& p, int world) {
+  if (p.strategy == ShardingStrategy::HybridShard && p.shard_group_size == 0)
+    p.shard_group_size = world;
+}
+
+// The cached parts of evaluating many candidates of one wrap policy.
+struct Wrapped {
+  Model model;
+  std::map<int, std::vector<CallMemory>> calls;  // per micro-batch
+  std::map<int, TimeInputs> times;               // per micro-batch (before policy fields)
+};
+
+Evaluated evaluate(Wrapped& w, const PlanSetup& s, const Candidate& c, const HardwareProfile& hw) {
+  PlanInput in = make_plan_input(w.model, s.policy, s.world);
+  in.B = s.micro_batch;
+  in.T = s.model.seq_len;
+  in.accum = s.accum;
+  auto it = w.calls.find(in.B);
+  if (it == w.calls.end()) {
+    declare_calls(in, w.model);
+    it = w.calls.emplace(in.B, in.calls).first;
+  }
+  in.calls = it->second;
+  auto tt = w.times.find(in.B);
+  if (tt == w.times.end()) tt = w.times.emplace(in.B, time_inputs(w.model, in)).first;
+  TimeInputs ti = tt->second;
+  ti.compute = in.policy.mixed_precision.param_dtype;
+  ti.act_offload_nvme = in.policy.activation_checkpointing.offload_nvme;
+  ti.grad_shard_floats = 0;
+  for (const PlanUnit& u : in.units) ti.grad_shard_floats += u.padded / in.S;
+  const StepPlan plan = plan_step(in);
+  const PlanPeak pk = replay_peak(plan);
+  Evaluated e;
+  e.c = c;
+  e.workspace = kernel_workspace_bytes(s.model, in.B, in.T, ti.compute, s.world);
+  e.device = pk.total + e.workspace;
+  e.at_peak = pk.at_peak;
+  for (int64_t b : plan.persistent_host) e.host += b;
+  e.nvme = plan.nvme_bytes;
+  e.time = predict_step_time(plan, in, ti, hw);
+  return e;
+}
+
+}  // namespace
+
+PlanPrediction predict_plan(const PlanSetup& s, const HardwareProfile* hw) {
+  PlanPrediction r;
+  Model model = build_model(s.model);
+  wrap_blocks(model, s.blocks_per_unit);
+  ShardingPolicy policy = s.policy;
+  resolve_group(policy, s.world);
+  r.input = make_plan_input(model, policy, s.world);
+  r.input.B = s.micro_batch;
+  r.input.T = s.model.seq_len;
+  r.input.accum = s.accum;
+  declare_calls(r.input, model);
+  r.plan = plan_step(r.input);
+  r.peak = replay_peak(r.plan);
+  r.workspace = kernel_workspace_bytes(s.model, s.micro_batch, s.model.seq_len,
+                                       policy.mixed_precision.param_dtype, s.world);
+  r.device = r.peak.total + r.workspace;
+  for (int64_t b : r.plan.persistent_host) r.host += b;
+  r.nvme = r.plan.nvme_bytes;
+  if (hw) {
+    const TimeInputs ti = time_inputs(model, r.input);
+    r.time = predict_step_time(r.plan, r.input, ti, *hw);
+    r.timed = true;
+  }
+  return r;
+}
+
+std::string Candidate::describe() const {
+  std::string d = strategy_name(strategy);
+  d += " bpu=" + std::to_string(blocks_per_unit);
+  if (strategy == ShardingStrategy::FullShard || strategy == ShardingStrategy::ShardGradOp ||
+      strategy == ShardingStrategy::HybridShard) {
+    d += " pf=" + std::to_string(prefetch);
+    if (max_live_units) d += " live=" + std::to_string(max_live_units);
+  }
+  d += std::string(" ckpt=") + checkpoint_mode_name(checkpoint);
+  if (optimizer != OffloadDevice::None) {
+    char r[16];
+    std::snprintf(r, sizeof r, "%g", optimizer_ratio);
+    d += std::string(" opt=") + offload_device_name(optimizer) + (optimizer == OffloadDevice::Cpu ? std::string(":") + r : "");
+  }
+  if (params != OffloadDevice::None) d += std::string(" param=") + offload_device_name(params);
+  if (activations != OffloadDevice::None) d += std::string(" act=") + offload_device_name(activations);
+  d += " mb=" + std::to_string(micro_batch) + "x" + std::to_string(accum);
+  return d;
+}
+
+PlanSetup apply_candidate(const PlanSetup& base, const Candidate& c) {
+  PlanSetup s = base;
+  s.blocks_per_unit = c.blocks_per_unit;
+  s.micro_batch = c.micro_batch;
+  s.accum = c.accum;
+  ShardingPolicy p = ShardingPolicy::for_strategy(c.strategy);
+  p.shard_group_size = base.policy.strategy == ShardingStrategy::HybridShard ? base.policy.shard_group_size : 0;
+  p.bucket_bytes = base.policy.bucket_bytes;
+  p.mixed_precision = base.policy.mixed_precision;
+  p.aio = base.policy.aio;
+  p.forward_prefetch = p.backward_prefetch = c.prefetch;
+  p.max_live_units = c.max_live_units;
+  p.activation_checkpointing = ActivationCheckpointing{};
+  p.activation_checkpointing.mode = c.checkpoint;
+  const std::string nvme = !base.policy.offload_optimizer.nvme_path.empty() ? base.policy.offload_optimizer.nvme_path
+                           : !base.policy.offload_param.nvme_path.empty()   ? base.policy.offload_param.nvme_path
+                                                                            : base.policy.activation_checkpointing.nvme_path;
+  p.activation_checkpointing.offload_cpu = c.activations == OffloadDevice::Cpu;
+  p.activation_checkpointing.offload_nvme = c.activations == OffloadDevice::Nvme;
+  if (c.activations == OffloadDevice::Nvme) p.activation_checkpointing.nvme_path = nvme;
+  p.offload_optimizer.device = c.optimizer;
+  p.offload_optimizer.ratio = c.optimizer == OffloadDevice::None ? 1.0 : c.optimizer_ratio;
+  p.offload_optimizer.buffer_count = base.policy.offload_optimizer.buffer_count;
+  if (c.optimizer == OffloadDevice::Nvme) p.offload_optimizer.nvme_path = nvme;
+  p.offload_param.device = c.params;
+  p.offload_param.buffer_count = base.policy.offload_param.buffer_count;
+  if (c.params == OffloadDevice::Nvme) p.offload_param.nvme_path = nvme;
+  resolve_group(p, base.world);
+  s.policy = p;
+  return s;
+}
+
+std::string dominant_category(const Evaluated& e) {
+  int64_t best = e.workspace;
+  std::string name = "kernel workspace";
+  for (size_t c = 0; c < e.at_peak.size(); ++c)
+    if (e.at_peak[c] > best) best = e.at_peak[c], name = mem_name(static_cast<Mem>(c));
+  return name + " " + format_bytes(size_t(best));
+}
+
+SearchResult search_plans(const PlanSetup& base_in, const SearchOptions& opt,
+                          const HardwareProfile& hw) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (opt.budget <= 0) fail("plan", "the memory budget must be positive");
+  PlanSetup base = base_in;
+  // The nvme_path offload would use: the search's, else the base's.
+  if (!opt.nvme_path.empty()) {
+    base.policy.offload_optimizer.nvme_path = opt.nvme_path;
+    base.policy.offload_param.nvme_path = opt.nvme_path;
+    base.policy.activation_checkpointing.nvme_path = opt.nvme_path;
+  }
+  const bool nvme = !opt.nvme_path.empty() || !base.policy.offload_optimizer.nvme_path.empty() ||
+                    !base.policy.offload_param.nvme_path.empty() ||
+                    !base.policy.activation_checkpointing.nvme_path.empty();
+  const int W = base.world;
+  const int G = base.micro_batch * base.accum;  // the per-rank batch, fixed
+  const int L = base.model.n_layer;
+
+  std::vector<int> bpus;
+  for (int b : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48})
+    if (b <= L && (b == 1 || L % b == 0)) bpus.push_back(b);
+  std::vector<int> mbs;
+  for (int m = 1; m <= G; ++m)
+    if (G % m == 0) mbs.push_back(m);
+  std::vector<ShardingStrategy> strategies;
+  if (base.policy.strategy == ShardingStrategy::HybridShard)
+    strategies = {ShardingStrategy::HybridShard};
+  else if (W == 1)
+    strategies = {ShardingStrategy::FullShard};  // one rank: every strategy keeps whole units
+  else
+    strategies = {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
+                  ShardingStrategy::ShardOptimizer, ShardingStrategy::NoShard};
+  struct Opt { OffloadDevice d; double r; };
+  std::vector<Opt> opts = {{OffloadDevice::None, 1.0}, {OffloadDevice::Cpu, 0.5}, {OffloadDevice::Cpu, 1.0}};
+  if (nvme) opts.push_back({OffloadDevice::Nvme, 1.0});
+  std::vector<OffloadDevice> acts = {OffloadDevice::None, OffloadDevice::Cpu};
+  if (nvme) acts.push_back(OffloadDevice::Nvme);
+  const CheckpointMode ckpts[] = {CheckpointMode::Off, CheckpointMode::Selective, CheckpointMode::Full};
+
+  SearchResult res;
+  std::vector<Evaluated> all;
+  bool have_smallest = false;
+  for (int bpu : bpus) {
+    Wrapped w{build_model(base.model), {}, {}};
+    wrap_blocks(w.model, bpu);
+    for (ShardingStrategy st : strategies) {
+      const bool sharded = st == ShardingStrategy::FullShard || st == ShardingStrategy::ShardGradOp ||
+                           st == ShardingStrategy::HybridShard;
+      std::vector<OffloadDevice> params = {OffloadDevice::None};
+      if (sharded || W == 1) params.push_back(OffloadDevice::Cpu);
+      if (nvme && (sharded || W == 1)) params.push_back(OffloadDevice::Nvme);
+      std::vector<std::pair<int, int>> pfs = {{1, 0}};
+      if (sharded && W > 1) pfs = {{1, 0}, {2, 0}, {0, 0}};
+      for (OffloadDevice pd : params)
+        for (const Opt& o : opts)
+          for (OffloadDevice ad : acts)
+            for (CheckpointMode ck : ckpts)
+              for (auto [pf, live] : pfs)
+                for (int mb : mbs) {
+                  Candidate c;
+                  c.blocks_per_unit = bpu;
+                  c.strategy = st;
+                  c.prefetch = pf;
+                  c.max_live_units = live;
+                  c.checkpoint = ck;
+                  c.optimizer = o.d;
+                  c.optimizer_ratio = o.r;
+                  c.params = pd;
+                  c.activations = ad;
+                  c.micro_batch = mb;
+                  c.accum = G / mb;
+                  // NVMe parameters at one rank take the sharded path (a group of one).
+                  const PlanSetup s = apply_candidate(base, c);
+                  Evaluated e = evaluate(w, s, c, hw);
+                  ++res.evaluated;
+                  const bool host_ok = opt.host_budget <= 0 || e.host <= opt.host_budget;
+                  const bool nvme_ok = opt.nvme_budget <= 0 || e.nvme <= opt.nvme_budget;
+                  if (host_ok && nvme_ok && (!have_smallest || e.device < res.smallest.device ||
+                                             (e.device == res.smallest.device &&
+                                              e.time.step_s < res.smallest.time.step_s))) {
+                    res.smallest = e;
+                    have_smallest = true;
+                  }
+                  e.fits = host_ok && nvme_ok &&
+                           double(e.device) <= double(opt.budget) * (1.0 - opt.margin);
+                  all.push_back(std::move(e));
+                }
+    }
+  }
+  // Pareto frontier over (device memory, step time) among plans within the host/NVMe budgets.
+  std::vector<const Evaluated*> ok;
+  for (const Evaluated& e : all)
+    if ((opt.host_budget <= 0 || e.host <= opt.host_budget) && (opt.nvme_budget <= 0 || e.nvme <= opt.nvme_budget))
+      ok.push_back(&e);
+  std::sort(ok.begin(), ok.end(), [](const Evaluated* a, const Evaluated* b) {
+    return a->device != b->device ? a->device < b->device : a->time.step_s < b->time.step_s;
+  });
+  double best_t = 1e300;
+  for (const Evaluated* e : ok)
+    if (e->time.step_s < best_t * (1 - 1e-9)) {
+      res.frontier.push_back(*e);
+      best_t = e->time.step_s;
+    }
+  // The fastest that fits: the last frontier point within the budget.
+  for (size_t i = 0; i < res.frontier.size(); ++i)
+    if (res.frontier[i].fits) res.best = static_cast<int>(i);
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return res;
+}
+
+}  // namespace sw

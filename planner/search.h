@@ -1,0 +1,101 @@
+// The planner's search under a memory budget (docs/ARCHITECTURE.md, "The planner"): for each
+// candidate (wrap policy, ZeRO stage, prefetch / max_live_units, checkpointing, what is
+// offloaded where, micro-batch x accumulation at the fixed per-rank batch) it builds the
+// StepPlan the engine would run (plan_step, the same code), replays its peak (replay_peak)
+// and its time (predict_step_time), and keeps the fastest that fits and the memory-vs-time
+// Pareto frontier.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "models/model.h"
+#include "planner/hardware.h"
+#include "planner/time_model.h"
+#include "sharding/step_plan.h"
+
+namespace sw {
+
+// A budget as users write it: "8GiB", "512MiB", "1.5GB" (core/bytes.h parse_bytes) or a
+// plain number of bytes, also in exponent form ("8e9"). Throws one sw::Error line
+// "plan: <what>: cannot parse '<text>' as bytes (e.g. 8GiB, 512MiB, 8e9)".
+int64_t parse_budget(const std::string& text, const std::string& what);
+
+// Kernel workspaces the plan does not hold (core/alloc.h Mem::Workspace outside Scratch) and
+// the communication group's scratch: the fused LM head's logits chunk, GQA attention's
+// expanded K/V, bf16 operand copies, the MPI ring's chunk buffer (world > 1). An estimate;
+// the search adds it to the plan's peak.
+int64_t kernel_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute, int world);
+
+// What a run of the model on `world` ranks is planned from: everything plan_step needs.
+struct PlanSetup {
+  ModelConfig model;
+  ShardingPolicy policy;  // HYBRID_SHARD: shard_group_size resolved
+  int world = 1;
+  int blocks_per_unit = 1;
+  int micro_batch = 1, accum = 1;
+};
+
+// One predicted plan.
+struct PlanPrediction {
+  StepPlan plan;
+  PlanInput input;
+  PlanPeak peak;
+  int64_t workspace = 0;  // kernel_workspace_bytes
+  int64_t device = 0;     // peak.total + workspace
+  int64_t host = 0;       // the host tier's persistent bytes
+  int64_t nvme = 0;       // the NVMe files
+  bool timed = false;
+  StepTime time;
+};
+// Builds the model, wraps it, plans one training step and replays it; with hw, its time too.
+PlanPrediction predict_plan(const PlanSetup& s, const HardwareProfile* hw);
+
+struct Candidate {
+  int blocks_per_unit = 1;
+  ShardingStrategy strategy = ShardingStrategy::FullShard;
+  int prefetch = 1;        // forward and backward prefetch depth
+  int max_live_units = 0;  // 0: no cap
+  CheckpointMode checkpoint = CheckpointMode::Off;
+  OffloadDevice optimizer = OffloadDevice::None;
+  double optimizer_ratio = 1.0;
+  OffloadDevice params = OffloadDevice::None;
+  OffloadDevice activations = OffloadDevice::None;  // None, Cpu, Nvme
+  int micro_batch = 1, accum = 1;
+  std::string describe() const;  // "FULL_SHARD bpu=2 pf=1 ckpt=selective opt=cpu:0.5 mb=2x2"
+};
+// The setup a candidate runs with: base's model and precision, nvme_path and aio settings.
+PlanSetup apply_candidate(const PlanSetup& base, const Candidate& c);
+
+struct SearchOptions {
+  int64_t budget = 0;       // device bytes per rank (required > 0)
+  int64_t host_budget = 0;  // 0: no limit
+  int64_t nvme_budget = 0;  // 0: no limit
+  std::string nvme_path;    // "": NVMe offload is not considered
+  double margin = 0.02;     // a plan fits when device <= budget * (1 - margin)
+};
+
+struct Evaluated {
+  Candidate c;
+  int64_t device = 0, host = 0, nvme = 0;
+  MemDeltas at_peak{};  // plan categories at the peak
+  int64_t workspace = 0;
+  StepTime time;
+  bool fits = false;
+};
+
+struct SearchResult {
+  std::vector<Evaluated> frontier;  // memory ascending, each faster than every one before
+  int best = -1;                    // index into frontier of the fastest that fits (-1: none)
+  Evaluated smallest;               // the least device memory of any candidate (no plan fits)
+  int evaluated = 0;
+  double seconds = 0;
+};
+
+// Throws sw::Error("plan: ...") for a bad base (e.g. no collectives in hw at world > 1).
+SearchResult search_plans(const PlanSetup& base, const SearchOptions& opt,
+                          const HardwareProfile& hw);
+
+// "params 1.2 GiB" style: the category that dominates a candidate's peak (workspace included).
+std::string dominant_category(const Evaluated& e);
+
+}  // namespace sw

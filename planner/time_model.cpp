@@ -1,0 +1,245 @@
+#include "planner/time_model.h"
+
+#include <algorithm>
+#include <array>
+
+#include "core/error.h"
+
+namespace sw {
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& t) {
+  return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
+}
+
+CostOp gemm(int64_t m, int64_t n, int64_t k, bool ta, bool tb) {
+  CostOp o;
+  o.ta = ta, o.tb = tb;
+  o.kind = CostOp::Gemm;
+  o.m = m, o.n = n, o.k = k;
+  o.flops = 2.0 * double(m) * double(n) * double(k);
+  return o;
+}
+CostOp elementwise(double bytes) {
+  CostOp o;
+  o.kind = CostOp::Elementwise;
+  o.bytes = bytes;
+  return o;
+}
+CostOp flops_op(CostOp::Kind k, double flops) {
+  CostOp o;
+  o.kind = k;
+  o.flops = flops;
+  return o;
+}
+
+double op_seconds(const CostOp& o, DType dt, const HardwareProfile& hw) {
+  switch (o.kind) {
+    case CostOp::Gemm: return o.flops / hw.gemm_rate(o.m, o.n, o.k, dt);
+    case CostOp::Attention: return o.flops / hw.attention_rate(dt);
+    case CostOp::LmHead: return o.flops / hw.lmhead_rate(dt);
+    case CostOp::Elementwise: return o.bytes / hw.elementwise_bps;
+  }
+  return 0;
+}
+
+double ops_seconds(const std::vector<CostOp>& ops, DType dt, const HardwareProfile& hw) {
+  double s = 0;
+  for (const CostOp& o : ops) s += op_seconds(o, dt, hw);
+  return s;
+}
+
+double ops_flops(const std::vector<CostOp>& ops) {
+  double f = 0;
+  for (const CostOp& o : ops) f += o.flops;
+  return f;
+}
+
+// Ring collective over n ranks: latency + bus bytes / busbw.
+double coll_seconds(const CollectiveFit& f, double bytes, int n, bool all_reduce) {
+  if (n <= 1) return 0;
+  const double bus = bytes * (n - 1) / n * (all_reduce ? 2.0 : 1.0);
+  return f.latency_s + bus / f.busbw;
+}
+
+}  // namespace
+
+TimeInputs time_inputs(const Model& model, const PlanInput& in) {
+  TimeInputs ti;
+  ti.compute = in.policy.mixed_precision.param_dtype;
+  ti.act_offload_nvme = in.policy.activation_checkpointing.offload_nvme;
+  for (const PlanUnit& u : in.units) ti.grad_shard_floats += u.padded / in.S;
+  const ModelConfig& mc = model.config;
+  const int64_t B = in.B, T = in.T, C = model.d_model(), N = B * T;
+  const double act = 4.0 * double(N) * double(C);
+  const int64_t H = std::max(1, mc.n_head);
+  const int64_t hd = C / H;
+  const int P = static_cast<int>(model.schedule.size());
+  ti.calls.resize(size_t(P));
+  for (int p = 0; p < P; ++p) {
+    CallCost& cc = ti.calls[size_t(p)];
+    const Unit& unit = *model.units[size_t(model.schedule[size_t(p)].unit)];
+    const CallMemory* cm =
+        p < static_cast<int>(in.calls.size()) && in.calls[size_t(p)].known ? &in.calls[size_t(p)] : nullptr;
+    if (p == 0) {  // embedding: a row copy in, a scatter-add back
+      cc.fwd = {elementwise(2 * act)};
+      cc.bwd = {elementwise(2 * act)};
+      cc.recompute = cc.fwd;
+      continue;
+    }
+    if (p + 1 == P) {  // the loss: norm + fused LM head with its gradients (3 products)
+      const double V = mc.vocab_size;
+      cc.fwd = {elementwise(3 * act), flops_op(CostOp::LmHead, 6.0 * double(N) * V * double(C))};
+      cc.bwd = {elementwise(4 * act)};
+      cc.recompute = cc.fwd;
+      continue;
+    }
+    int blocks = 0;
+    for (const ParamSpec& s : unit.params()) {
+      if (ends_with(s.name, "attn.c_attn.weight") || ends_with(s.name, "self_attn.q_proj.weight"))
+        ++blocks;
+      if (s.shape.size() != 2) continue;
+      const int64_t OC = s.shape[0], IC = s.shape[1];
+      cc.fwd.push_back(gemm(N, OC, IC, false, true));       // y = x W^T
+      cc.bwd.push_back(gemm(N, IC, OC, false, false));       // dx = dy W
+      cc.bwd.push_back(gemm(OC, IC, N, true, false));       // dW = dy^T x
+    }
+    // Causal attention: Q K^T and P V over half the (T, T) scores: 2 * B * H * T^2 * hd flops;
+    // backward recomputes the scores and forms dV, dP, dQ, dK: 2.5 times that.
+    const double att = 2.0 * double(B) * double(H) * double(T) * double(T) * double(hd);
+    for (int b = 0; b < blocks; ++b) {
+      cc.fwd.push_back(flops_op(CostOp::Attention, att));
+      cc.bwd.push_back(flops_op(CostOp::Attention, 2.5 * att));
+    }
+    cc.recompute = cc.fwd;
+    const double saved = cm ? double(cm->saved) : 8.0 * act * std::max(1, blocks);
+    const double cheap = cm ? double(cm->saved_cheap) : 3.0 * act * std::max(1, blocks);
+    cc.fwd.push_back(elementwise(saved + 2 * act));
+    cc.recompute.push_back(elementwise(saved + 2 * act));
+    cc.bwd.push_back(elementwise(2 * saved + 3 * act));
+    cc.cheap_bytes = 2 * cheap + act;
+  }
+  return ti;
+}
+
+double action_seconds(const Action& a, const StepPlan& plan, const PlanInput& in,
+                      const TimeInputs& ti, const HardwareProfile& hw) {
+  const DType dt = ti.compute;
+  auto call = [&](int pos) -> const CallCost* {
+    return pos >= 0 && pos < static_cast<int>(ti.calls.size()) ? &ti.calls[size_t(pos)] : nullptr;
+  };
+  switch (a.kind) {
+    case ActionKind::Forward:
+      if (const CallCost* c = call(a.pos)) return ops_seconds(c->fwd, dt, hw);
+      return 0;
+    case ActionKind::Backward:
+      if (const CallCost* c = call(a.pos)) return ops_seconds(c->bwd, dt, hw);
+      return 0;
+    case ActionKind::Recompute:
+      if (const CallCost* c = call(a.pos))
+        return a.mode == CheckpointMode::Full ? ops_seconds(c->recompute, dt, hw)
+                                              : c->cheap_bytes / hw.elementwise_bps;
+      return 0;
+    case ActionKind::OptimizerUpdate: {
+      int64_t floats = a.hi >= 0 ? a.hi - a.lo : in.units[size_t(a.unit)].padded / in.S;
+      return double(floats) / hw.optimizer_fps;
+    }
+    case ActionKind::RoundGrads:
+      return 2.0 * 4.0 * double(in.units[size_t(a.unit)].padded) / hw.elementwise_bps;
+    case ActionKind::Gather:
+    case ActionKind::Regather:
+      if (plan.S <= 1) return double(a.bytes) / hw.copy_bps();
+      return coll_seconds(hw.all_gather, double(a.bytes), plan.S, false);
+    case ActionKind::ReduceScatter:
+      if (plan.S <= 1) return 0;
+      return coll_seconds(hw.reduce_scatter, double(a.bytes), plan.S, false);
+    case ActionKind::AllReduce:
+      return coll_seconds(hw.all_reduce, double(a.bytes),
+                          plan.kind == UnitKind::Whole ? plan.W : plan.R, true);
+    case ActionKind::Fetch:
+    case ActionKind::Evict: {
+      const bool disk = a.io != 0 || ti.act_offload_nvme;
+      if (!disk) return double(a.bytes) / hw.copy_bps();
+      return hw.disk_latency_s +
+             double(a.bytes) / (a.kind == ActionKind::Fetch ? hw.disk_read_bps : hw.disk_write_bps);
+    }
+    default:
+      return 0;
+  }
+}
+
+StepTime predict_step_time(const StepPlan& plan, const PlanInput& in, const TimeInputs& ti,
+                           const HardwareProfile& hw) {
+  const bool comm = plan.W > 1;
+  if (comm && !hw.has_collectives)
+    fail("hardware", "the profile '" + (hw.name.empty() ? std::string("?") : hw.name) +
+                         "' has no collectives (calibrated at one rank): calibrate under mpirun "
+                         "with several ranks, or give --hardware with a 'collectives' block");
+  const size_t n = plan.actions.size();
+  std::vector<double> dur(n);
+  for (size_t i = 0; i < n; ++i) dur[i] = action_seconds(plan.actions[i], plan, in, ti, hw);
+  constexpr int kC = static_cast<int>(Queue::Compute), kG = static_cast<int>(Queue::Gather),
+                kR = static_cast<int>(Queue::Reduce), kI = static_cast<int>(Queue::IO);
+  auto queue_of = [&](const Action& a) {
+    int q = static_cast<int>(a.queue);
+    // Activation offload to the host tier copies on the compute thread (CPU backend).
+    if (q == kI && a.io == 0 && a.pos >= 0 && !ti.act_offload_nvme) q = kC;
+    if (q == kR && !hw.separate_streams) q = kG;  // one communication thread per group
+    return q;
+  };
+  StepTime st;
+  double carry_done = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    std::vector<double> fin(n, 0);
+    std::array<double, 4> qfree{0, 0, 0, 0}, busy{0, 0, 0, 0};
+    double host = 0, idle_comm = 0, idle_io = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const Action& a = plan.actions[i];
+      double ready = 0;
+      int cause = -1;  // the queue whose action finished last
+      for (int w : a.waits)
+        if (fin[size_t(w)] >= ready) ready = fin[size_t(w)], cause = queue_of(plan.actions[size_t(w)]);
+      if (a.kind == ActionKind::WaitGather && a.waits.empty() && carry_done > ready)
+        ready = carry_done, cause = kG;
+      const int q = queue_of(a);
+      if (q == kC) {
+        const double start = std::max(host, ready);
+        if (start > host) (cause == kI ? idle_io : idle_comm) += start - host;
+        host = start + dur[i];
+        fin[i] = host;
+      } else {
+        const double start = std::max({host, qfree[size_t(q)], ready});
+        fin[i] = start + dur[i];
+        qfree[size_t(q)] = fin[i];
+      }
+      busy[size_t(q)] += dur[i];
+    }
+    // Gathers still in flight when the step ends (the optimizer's prefetch of the next step's
+    // first units, stage 1's regathers) finish this much into the next step.
+    carry_done = std::max(0.0, qfree[size_t(kG)] - host);
+    if (pass == 1 || carry_done == 0) {
+      st.compute_s = busy[size_t(kC)];
+      st.comm_s = busy[size_t(kG)] + busy[size_t(kR)];
+      st.io_s = busy[size_t(kI)];
+      st.exposed_comm_s = idle_comm;
+      st.exposed_io_s = idle_io;
+      break;
+    }
+  }
+  // The trainer's step around the plan: the gradient norm (a pass over the gradient shards, an
+  // all-gather of one double) and the loss summed over ranks.
+  st.compute_s += 4.0 * double(ti.grad_shard_floats) / hw.elementwise_bps;
+  if (comm) st.exposed_comm_s += 2 * hw.all_gather.latency_s;
+  st.step_s = st.compute_s + st.exposed_comm_s + st.exposed_io_s;
+  for (const Action& a : plan.actions) {
+    const CallCost* c = a.pos >= 0 && a.pos < static_cast<int>(ti.calls.size()) ? &ti.calls[size_t(a.pos)] : nullptr;
+    if (!c) continue;
+    if (a.kind == ActionKind::Forward) st.flops += ops_flops(c->fwd);
+    if (a.kind == ActionKind::Backward) st.flops += ops_flops(c->bwd);
+    if (a.kind == ActionKind::Recompute && a.mode == CheckpointMode::Full) st.flops += ops_flops(c->recompute);
+  }
+  return st;
+}
+
+}  // namespace sw
