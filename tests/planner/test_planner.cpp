@@ -1,0 +1,327 @@
+// The planner (planner/): the time model against a hand-computed plan, hardware profiles
+// (round trip, the missing key named), budget strings, and the search through the built
+// `shardwise plan` binary (the plan it writes parses as a config and its replayed peak fits
+// the budget; a budget too small is one line naming the smallest feasible one).
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "../common/temp_dir.h"
+#include "core/error.h"
+#include "engine/config.h"
+#include "planner/hardware.h"
+#include "planner/search.h"
+#include "planner/time_model.h"
+
+using namespace sw;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Round figures, so that durations can be computed by hand.
+HardwareProfile round_profile() {
+  HardwareProfile hw;
+  hw.name = "round";
+  hw.gemm_f32 = 1e9;                 // flop/s
+  hw.elementwise_bps = 1e9;
+  hw.optimizer_fps = 1e8;            // floats/s
+  hw.has_collectives = true;
+  hw.separate_streams = false;       // one communication thread (CPU backend)
+  hw.all_gather = {1e-3, 1e9, {}};   // latency 1 ms, busbw 1 GB/s
+  hw.reduce_scatter = {1e-3, 1e9, {}};
+  hw.all_reduce = {1e-3, 1e9, {}};
+  hw.disk_read_bps = 1e8;
+  hw.disk_write_bps = 1e8;
+  return hw;
+}
+
+Action act(ActionKind k, Queue q, std::vector<int> waits = {}) {
+  Action a;
+  a.kind = k;
+  a.queue = q;
+  a.waits = std::move(waits);
+  return a;
+}
+
+const char* kHardwareJson = R"({
+  "name": "t", "world_size": 2,
+  "compute": {"gemm_flops": {"f32": 1e11, "bf16": 2e11},
+              "gemm_shapes": [{"m": 64, "n": 64, "k": 64, "dtype": "f32", "flops": 5e10}],
+              "elementwise_bytes_per_s": 1e10, "optimizer_floats_per_s": 1e9},
+  "collectives": {"all_gather": {"latency_s": 1e-5, "busbw_bytes_per_s": 1e10},
+                  "reduce_scatter": {"latency_s": 1e-5, "busbw_bytes_per_s": 1e10},
+                  "all_reduce": {"latency_s": 1e-5, "busbw_bytes_per_s": 1e10}},
+  "disk": {"read_bytes_per_s": 1e9, "write_bytes_per_s": 1e9}
+})";
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+struct Run {
+  int rc = -1;
+  std::string out, err;
+};
+
+Run shardwise(const std::vector<std::string>& args, const fs::path& dir) {
+  std::string cmd = "cd '" + dir.string() + "' && '" SHARDWISE_BIN "'";
+  for (const std::string& a : args) cmd += " '" + a + "'";
+  cmd += " >out.txt 2>err.txt";
+  Run r;
+  const int st = std::system(cmd.c_str());
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.out = slurp(dir / "out.txt");
+  r.err = slurp(dir / "err.txt");
+  return r;
+}
+
+// The tiny GPT-2 of the tests (configs/tiny.json's shape) at a per-rank batch of 8.
+void write_config(const fs::path& p) {
+  std::ofstream f(p);
+  f << R"({"model": {"type": "gpt2", "vocab_size": 256, "n_layer": 4, "n_head": 2,
+                     "d_model": 64, "seq_len": 64},
+          "data": {"train": "data/fortunes_train.bin"},
+          "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1,
+          "train_steps": 2, "zero_optimization": {"stage": 3}, "run_dir": "runs/t"})";
+}
+
+}  // namespace
+
+TEST_CASE("time model: a hand-computed plan", "[planner]") {
+  const HardwareProfile hw = round_profile();
+  StepPlan plan;
+  plan.W = 2, plan.S = 2, plan.R = 1;
+  PlanInput in;
+  in.W = 2, in.S = 2;
+  TimeInputs ti;  // two calls: 1e7 and 2e6 flops of GEMM
+  ti.calls.resize(2);
+  CostOp g;
+  g.kind = CostOp::Gemm, g.m = g.n = g.k = 100, g.flops = 1e7;
+  ti.calls[0].fwd = {g};
+  g.flops = 2e6;
+  ti.calls[1].fwd = {g};
+  auto& A = plan.actions;
+  A.push_back(act(ActionKind::Gather, Queue::Gather));           // 0: 1 ms + 1e6 B / 1 GB/s = 2 ms
+  A.back().bytes = 2000000;
+  A.push_back(act(ActionKind::Gather, Queue::Gather));           // 1: 2 ms, queued: 2-4 ms
+  A.back().bytes = 2000000;
+  A.push_back(act(ActionKind::WaitGather, Queue::Compute, {0}));  // 2: idle 2 ms (comm)
+  A.push_back(act(ActionKind::Forward, Queue::Compute));          // 3: 10 ms -> 12 ms
+  A.back().pos = 0;
+  A.push_back(act(ActionKind::WaitGather, Queue::Compute, {1}));  // 4: done at 4 ms
+  A.push_back(act(ActionKind::Forward, Queue::Compute));          // 5: 2 ms -> 14 ms
+  A.back().pos = 1;
+  A.push_back(act(ActionKind::ReduceScatter, Queue::Reduce));     // 6: 1 + 20 ms: 14-35 ms
+  A.back().bytes = 40000000;
+  A.push_back(act(ActionKind::Fetch, Queue::IO));                 // 7: 1 MB / 100 MB/s: 14-24 ms
+  A.back().bytes = 1000000;
+  A.back().io = kIoMoments;
+  A.push_back(act(ActionKind::WaitReduce, Queue::Compute, {6}));  // 8: idle 21 ms (comm)
+  A.push_back(act(ActionKind::WaitIo, Queue::Compute, {7}));      // 9: done at 24 ms
+  A.push_back(act(ActionKind::OptimizerUpdate, Queue::Compute));  // 10: 1e6 floats: 10 ms
+  A.back().lo = 0, A.back().hi = 1000000;
+
+  StepTime t = predict_step_time(plan, in, ti, hw);
+  // + the trainer's two small collectives (loss, gradient norm): 2 x 1 ms latency.
+  CHECK(t.compute_s == Approx(0.022));
+  CHECK(t.exposed_comm_s == Approx(0.002 + 0.021 + 0.002));
+  CHECK(t.exposed_io_s == Approx(0.0).margin(1e-12));
+  CHECK(t.step_s == Approx(0.047));
+  CHECK(t.comm_s == Approx(0.025));
+  CHECK(t.io_s == Approx(0.010));
+
+  // A slower read (30 ms: 14-44 ms) is exposed after the reduction (35 ms): 9 ms of I/O.
+  A[7].bytes = 3000000;
+  t = predict_step_time(plan, in, ti, hw);
+  CHECK(t.exposed_io_s == Approx(0.009));
+  CHECK(t.step_s == Approx(0.056));
+
+  // Separate streams (NCCL): the reduction no longer queues behind the gathers; here it was
+  // not behind them anyway, so only a reduction issued while a gather runs changes. Issue the
+  // reduce-scatter first: on one thread it delays the gathers, on two it does not.
+  HardwareProfile two = hw;
+  two.separate_streams = true;
+  StepPlan p2;
+  p2.W = 2, p2.S = 2;
+  p2.actions.push_back(act(ActionKind::ReduceScatter, Queue::Reduce));  // 21 ms
+  p2.actions.back().bytes = 40000000;
+  p2.actions.push_back(act(ActionKind::Gather, Queue::Gather));         // 2 ms
+  p2.actions.back().bytes = 2000000;
+  p2.actions.push_back(act(ActionKind::WaitGather, Queue::Compute, {1}));
+  p2.actions.push_back(act(ActionKind::WaitReduce, Queue::Compute, {0}));
+  TimeInputs none;
+  CHECK(predict_step_time(p2, in, none, hw).exposed_comm_s == Approx(0.021 + 0.002 + 0.002));
+  const StepTime sep = predict_step_time(p2, in, none, two);
+  CHECK(sep.exposed_comm_s == Approx(0.021 + 0.002));
+
+  // No collectives in the profile: an error when the plan communicates.
+  HardwareProfile one = hw;
+  one.has_collectives = false;
+  CHECK_THROWS_WITH(predict_step_time(plan, in, ti, one), Catch::Contains("no collectives"));
+}
+
+TEST_CASE("time model: a real plan's compute equals the sum of its calls", "[planner]") {
+  PlanSetup s;
+  s.model.vocab_size = 256, s.model.n_layer = 2, s.model.n_head = 2, s.model.d_model = 64;
+  s.model.seq_len = 32;
+  s.world = 1, s.micro_batch = 4, s.accum = 2;
+  HardwareProfile hw = round_profile();
+  hw.has_collectives = false;
+  const PlanPrediction p = predict_plan(s, &hw);
+  REQUIRE(p.timed);
+  // One rank: nothing communicates; every second is compute.
+  CHECK(p.time.exposed_comm_s == 0);
+  CHECK(p.time.step_s == Approx(p.time.compute_s));
+  // Model flops: 2 micro-steps x (forward + backward): blocks 2 x (2 x N x 12 d^2) forward,
+  // backward twice that, attention 2 B H T^2 hd forward, 2.5x backward, the LM head 6 N V d.
+  const double N = 4 * 32, d = 64, V = 256, H = 2, hd = 32, B = 4, T = 32;
+  const double block_fwd = 2 * N * 12 * d * d + 2 * B * H * T * T * hd;
+  const double block_bwd = 2 * (2 * N * 12 * d * d) + 2.5 * 2 * B * H * T * T * hd;
+  const double expect = 2 * (2 * (block_fwd + block_bwd) + 6 * N * V * d);
+  CHECK(p.time.flops == Approx(expect));
+  // Full checkpointing recomputes every block once more.
+  s.policy.activation_checkpointing.mode = CheckpointMode::Full;
+  const PlanPrediction f = predict_plan(s, &hw);
+  CHECK(f.time.flops == Approx(expect + 2 * 2 * block_fwd));
+  CHECK(f.time.compute_s > p.time.compute_s);
+}
+
+TEST_CASE("hardware profile: round trip and the missing key named", "[planner]") {
+  const HardwareProfile hw = hardware_from_json_text(kHardwareJson, "t.json");
+  CHECK(hw.gemm_f32 == 1e11);
+  CHECK(hw.gemm_rate(64, 64, 64, DType::F32) == 5e10);    // the calibrated shape
+  CHECK(hw.gemm_rate(4096, 4096, 4096, DType::F32) == 1e11);  // far from it: the default
+  CHECK(hw.gemm_rate(64, 64, 64, DType::BF16) == 2e11);   // no bf16 shape: the bf16 default
+  CHECK(hw.has_collectives);
+  const HardwareProfile back = hardware_from_json_text(hardware_to_json(hw), "back");
+  CHECK(back.gemm_shapes.size() == 1);
+  CHECK(back.all_reduce.busbw == 1e10);
+  CHECK(back.disk_read_bps == 1e9);
+
+  auto without = [](const std::string& path) {
+    nlohmann::json j = nlohmann::json::parse(kHardwareJson);
+    nlohmann::json* cur = &j;
+    std::string p = path;
+    for (size_t d; (d = p.find('.')) != std::string::npos; p = p.substr(d + 1)) cur = &(*cur)[p.substr(0, d)];
+    cur->erase(p);
+    return j.dump();
+  };
+  for (const std::string key :
+       {"compute.gemm_flops.f32", "compute.elementwise_bytes_per_s", "compute.optimizer_floats_per_s",
+        "disk.read_bytes_per_s", "disk.write_bytes_per_s", "collectives.all_gather.latency_s",
+        "collectives.reduce_scatter.busbw_bytes_per_s", "disk", "collectives"}) {
+    INFO(key);
+    CHECK_THROWS_WITH(hardware_from_json_text(without(key), "h.json"),
+                      Catch::StartsWith("hardware: h.json: missing key '" + key + "'"));
+  }
+  CHECK_THROWS_WITH(hardware_from_json_text("{\"compute\": ", "h.json"),
+                    Catch::StartsWith("hardware: h.json: not valid JSON"));
+  std::string neg = kHardwareJson;
+  neg.replace(neg.find("1e10, \"optimizer"), 4, "-1e1");
+  CHECK_THROWS_WITH(hardware_from_json_text(neg, "h.json"),
+                    Catch::Contains("'compute.elementwise_bytes_per_s' must be a positive number"));
+  // The shipped published-figures profile parses.
+  const HardwareProfile h100 = load_hardware(SW_SOURCE_DIR "/configs/hardware/h100_nccl.json");
+  CHECK(h100.gemm_bf16 == Approx(989e12));
+  CHECK(h100.separate_streams);
+}
+
+TEST_CASE("budget strings", "[planner]") {
+  CHECK(parse_budget("8GiB", "b") == (int64_t{8} << 30));
+  CHECK(parse_budget("512MiB", "b") == (int64_t{512} << 20));
+  CHECK(parse_budget("8e9", "b") == 8000000000);
+  CHECK(parse_budget("1.5GB", "b") == 1500000000);
+  CHECK(parse_budget("123", "b") == 123);
+  for (const char* bad : {"", "8XB", "-1", "eight", "8e9x", "1e400", "GiB"}) {
+    INFO(bad);
+    CHECK_THROWS_WITH(parse_budget(bad, "--memory-budget"),
+                      Catch::StartsWith("plan: --memory-budget: cannot parse '" + std::string(bad) + "'"));
+  }
+}
+
+TEST_CASE("search: the plan written for a budget fits it and parses as a config", "[planner]") {
+  swtest::TempDir dir("planner_search");
+  write_config(dir.path / "cfg.json");
+  {
+    std::ofstream f(dir.path / "hw.json");
+    f << kHardwareJson;
+  }
+  // The config as given needs more than the budget; a plan that fits exists.
+  const TrainConfig cfg = load_config((dir.path / "cfg.json").string(), {}, 2);
+  PlanSetup base;
+  base.model = cfg.model, base.policy = cfg.sharding, base.world = 2;
+  base.micro_batch = cfg.micro_batch, base.accum = cfg.grad_accum;
+  const int64_t as_given = predict_plan(base, nullptr).device;
+  const int64_t budget = as_given * 3 / 4;
+  const Run r = shardwise({"plan", "cfg.json", "--world-size", "2", "--hardware", "hw.json",
+                           "--memory-budget", std::to_string(budget), "--out", "best.json"},
+                          dir.path);
+  INFO(r.out << r.err);
+  REQUIRE(r.rc == 0);
+  CHECK(r.out.find("fastest plan that fits") != std::string::npos);
+  CHECK(r.out.find("frontier") != std::string::npos);
+  const TrainConfig best = load_config((dir.path / "best.json").string(), {}, 2);
+  CHECK(best.memory_budget == size_t(budget));
+  CHECK(best.micro_batch * best.grad_accum == 8);  // the per-rank batch is kept
+  PlanSetup s;
+  s.model = best.model, s.policy = best.sharding, s.world = 2;
+  s.blocks_per_unit = best.blocks_per_unit, s.micro_batch = best.micro_batch, s.accum = best.grad_accum;
+  const PlanPrediction p = predict_plan(s, nullptr);
+  CHECK(p.device <= budget);
+  CHECK(p.peak.total < p.device);  // kernel workspaces counted on top of the plan
+
+  // --json: the same best plan, with its step time split.
+  const Run j = shardwise({"plan", "cfg.json", "--world-size", "2", "--hardware", "hw.json",
+                           "--memory-budget", std::to_string(budget), "--json"}, dir.path);
+  REQUIRE(j.rc == 0);
+  const nlohmann::json js = nlohmann::json::parse(j.out);
+  CHECK(js["best"]["device_peak_bytes"].get<int64_t>() == p.device);
+  CHECK(js["best"]["step_time"]["step_time_s"].get<double>() > 0);
+  CHECK(js["best"]["fits"].get<bool>());
+  CHECK(js["frontier"].size() >= 1);
+}
+
+TEST_CASE("search: a budget too small for any plan names the smallest feasible one", "[planner]") {
+  swtest::TempDir dir("planner_small");
+  write_config(dir.path / "cfg.json");
+  {
+    std::ofstream f(dir.path / "hw.json");
+    f << kHardwareJson;
+  }
+  const Run r = shardwise({"plan", "cfg.json", "--world-size", "2", "--hardware", "hw.json",
+                           "--memory-budget", "1MiB"}, dir.path);
+  CHECK(r.rc != 0);
+  CHECK(r.out.empty());
+  INFO(r.err);
+  CHECK(r.err.find("no plan fits a memory budget of 1.0 MiB") != std::string::npos);
+  CHECK(r.err.find("smallest feasible budget is") != std::string::npos);
+  CHECK(r.err.find("dominated by") != std::string::npos);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+
+  // A budget string that does not parse, and a malformed profile: one line each, non-zero.
+  const Run b = shardwise({"plan", "cfg.json", "--hardware", "hw.json", "--memory-budget", "8 gigs"},
+                          dir.path);
+  CHECK(b.rc != 0);
+  CHECK(b.err.find("cannot parse '8 gigs' as bytes") != std::string::npos);
+  CHECK(std::count(b.err.begin(), b.err.end(), '\n') == 1);
+  {
+    std::ofstream f(dir.path / "bad.json");
+    f << R"({"compute": {"elementwise_bytes_per_s": 1e9, "optimizer_floats_per_s": 1e9},
+             "collectives": null, "disk": {"read_bytes_per_s": 1, "write_bytes_per_s": 1}})";
+  }
+  const Run h = shardwise({"plan", "cfg.json", "--hardware", "bad.json"}, dir.path);
+  CHECK(h.rc != 0);
+  CHECK(h.err.find("missing key 'compute.gemm_flops.f32'") != std::string::npos);
+  CHECK(std::count(h.err.begin(), h.err.end(), '\n') == 1);
+}
