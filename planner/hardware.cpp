@@ -178,6 +178,11 @@ HardwareProfile hardware_from_json_text(const std::string& text, const std::stri
   hw.disk_read_bps = positive(j, "disk.read_bytes_per_s", where);
   hw.disk_write_bps = positive(j, "disk.write_bytes_per_s", where);
   if (find(j, "disk.latency_s")) hw.disk_latency_s = non_negative(j, "disk.latency_s", where);
+  if (find(j, "host")) {
+    hw.has_host = true;
+    hw.host_link_bps = positive(j, "host.link_bytes_per_s", where);
+    hw.host_optimizer_fps = positive(j, "host.optimizer_floats_per_s", where);
+  }
   return hw;
 }
 
@@ -219,6 +224,9 @@ std::string hardware_to_json(const HardwareProfile& hw) {
     j["collectives"] = nullptr;
   j["disk"] = {{"path", hw.disk_path}, {"read_bytes_per_s", hw.disk_read_bps},
                {"write_bytes_per_s", hw.disk_write_bps}, {"latency_s", hw.disk_latency_s}};
+  if (hw.has_host)
+    j["host"] = {{"link_bytes_per_s", hw.host_link_bps},
+                 {"optimizer_floats_per_s", hw.host_optimizer_fps}};
   return j.dump(2) + "\n";
 }
 

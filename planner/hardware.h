@@ -18,13 +18,17 @@
 //                               "points": [{"bytes": 65536, "time_s": ..}, ...]},
 //                "reduce_scatter": {...}, "all_reduce": {...}},
 //    "disk": {"path": "/tmp", "read_bytes_per_s": 2e9, "write_bytes_per_s": 1e9,
-//             "latency_s": 1e-4}}
+//             "latency_s": 1e-4},
+//    "host": {"link_bytes_per_s": 55e9, "optimizer_floats_per_s": 2e9}}  (optional)
 //
 // Rates are per rank. bf16 figures also serve fp16. Collectives: time(bytes) = latency +
 // bus_bytes / busbw (nccl-tests' busbw: all-gather and reduce-scatter move bytes*(n-1)/n,
 // all-reduce 2*bytes*(n-1)/n, `bytes` the whole buffer); `collectives` is null when it was
 // calibrated at one rank. "separate_streams": gathers and reductions run concurrently (NCCL
 // streams); false: one communication thread runs both in issue order (the CPU backend).
+// "host" (a GPU machine): the host tier is across a link (PCIe) and offloaded optimizer state
+// is updated by the host's CPU; without it the host tier is the device's own memory (the CPU
+// backend), so host offload costs no time.
 #pragma once
 #include <string>
 #include <vector>
@@ -65,6 +69,8 @@ struct HardwareProfile {
   CollectiveFit all_gather, reduce_scatter, all_reduce;
   std::string disk_path;
   double disk_read_bps = 0, disk_write_bps = 0, disk_latency_s = 0;
+  bool has_host = false;
+  double host_link_bps = 0, host_optimizer_fps = 0;
 
   // Rates used by the time model (bf16 serves f16; missing optional figures fall back).
   double gemm_rate(int64_t m, int64_t n, int64_t k, DType dt) const;

@@ -30,7 +30,15 @@ int64_t parse_budget(const std::string& text, const std::string& what) {
   fail("plan", what + ": cannot parse '" + text + "' as bytes (e.g. 8GiB, 512MiB, 8e9)");
 }
 
-int64_t kernel_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute, int world) {
+int64_t largest_collective(const StepPlan& plan) {
+  int64_t m = 0;
+  for (const Action& a : plan.actions)
+    if (a.queue == Queue::Gather || a.queue == Queue::Reduce) m = std::max(m, a.bytes);
+  return m;
+}
+
+int64_t kernel_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute, int world,
+                               int64_t largest) {
   const int64_t V = mc.vocab_size, C = mc.d_model, N = int64_t(B) * T;
   // kernels/cpu/lmhead.cpp: chunk rows of logits, at most 512 and 128 MiB.
   const int64_t by_bytes = std::min<int64_t>(512, (int64_t{128} << 20) / (4 * V));
@@ -45,7 +53,8 @@ int64_t kernel_workspace_bytes(const ModelConfig& mc, int B, int T, DType comput
     const int64_t F = mc.d_ff > 0 ? mc.d_ff : 4 * C;
     b += (V * C + chunk * V + N * std::max(F, 3 * C)) * 2;
   }
-  if (world > 1) b += int64_t{16} << 20;  // comm/: the ring's chunk buffer (32 x 512 KiB)
+  // comm/mpi_group.cpp: the group's scratch, grown to the largest need (bounded by its slices)
+  if (world > 1) b += std::min<int64_t>(int64_t{16} << 20, 2 * largest);
   return b;
 }
 
@@ -85,7 +94,8 @@ Evaluated evaluate(Wrapped& w, const PlanSetup& s, const Candidate& c, const Har
   const PlanPeak pk = replay_peak(plan);
   Evaluated e;
   e.c = c;
-  e.workspace = kernel_workspace_bytes(s.model, in.B, in.T, ti.compute, s.world);
+  e.workspace = kernel_workspace_bytes(s.model, in.B, in.T, ti.compute, s.world,
+                                       largest_collective(plan));
   e.device = pk.total + e.workspace;
   e.at_peak = pk.at_peak;
   for (int64_t b : plan.persistent_host) e.host += b;
@@ -110,7 +120,8 @@ PlanPrediction predict_plan(const PlanSetup& s, const HardwareProfile* hw) {
   r.plan = plan_step(r.input);
   r.peak = replay_peak(r.plan);
   r.workspace = kernel_workspace_bytes(s.model, s.micro_batch, s.model.seq_len,
-                                       policy.mixed_precision.param_dtype, s.world);
+                                       policy.mixed_precision.param_dtype, s.world,
+                                       largest_collective(r.plan));
   r.device = r.peak.total + r.workspace;
   for (int64_t b : r.plan.persistent_host) r.host += b;
   r.nvme = r.plan.nvme_bytes;

@@ -22,9 +22,13 @@ int64_t parse_budget(const std::string& text, const std::string& what);
 
 // Kernel workspaces the plan does not hold (core/alloc.h Mem::Workspace outside Scratch) and
 // the communication group's scratch: the fused LM head's logits chunk, GQA attention's
-// expanded K/V, bf16 operand copies, the MPI ring's chunk buffer (world > 1). An estimate;
-// the search adds it to the plan's peak.
-int64_t kernel_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute, int world);
+// expanded K/V, bf16 operand copies, the MPI group's scratch (world > 1: twice the largest
+// collective's bytes, at most 16 MiB; `largest_collective` from the plan). An estimate; the
+// search adds it to the plan's peak.
+int64_t kernel_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute, int world,
+                               int64_t largest_collective);
+// The most bytes one collective of the plan moves.
+int64_t largest_collective(const StepPlan& plan);
 
 // What a run of the model on `world` ranks is planned from: everything plan_step needs.
 struct PlanSetup {

@@ -63,6 +63,16 @@ double coll_seconds(const CollectiveFit& f, double bytes, int n, bool all_reduce
   return f.latency_s + bus / f.busbw;
 }
 
+// A unit's shard over the host link (its parameters offloaded to the host tier, on a machine
+// whose profile has one).
+double host_link_seconds(const Action& a, const StepPlan& plan, const PlanInput& in,
+                         const HardwareProfile& hw, size_t elem) {
+  if (!hw.has_host || a.unit < 0) return 0;
+  const PlanUnit& u = in.units[size_t(a.unit)];
+  if (!u.params_offloaded || u.params_nvme) return 0;
+  return double(u.padded / std::max(1, plan.S)) * double(elem) / hw.host_link_bps;
+}
+
 }  // namespace
 
 TimeInputs time_inputs(const Model& model, const PlanInput& in) {
@@ -142,25 +152,38 @@ double action_seconds(const Action& a, const StepPlan& plan, const PlanInput& in
                                               : c->cheap_bytes / hw.elementwise_bps;
       return 0;
     case ActionKind::OptimizerUpdate: {
-      int64_t floats = a.hi >= 0 ? a.hi - a.lo : in.units[size_t(a.unit)].padded / in.S;
+      const PlanUnit& u = in.units[size_t(a.unit)];
+      const int64_t floats = a.hi >= 0 ? a.hi - a.lo : u.padded / in.S;
+      if (hw.has_host && ((u.optimizer_offloaded && !u.optimizer_nvme) ||
+                          (u.params_offloaded && !u.params_nvme))) {
+        // The host's AdamW; with only the moments on the host, the gradient shard goes down
+        // and the updated master comes back over the link.
+        const double link = u.params_offloaded ? 0.0 : 8.0 * double(floats) / hw.host_link_bps;
+        return double(floats) / hw.host_optimizer_fps + link;
+      }
       return double(floats) / hw.optimizer_fps;
     }
     case ActionKind::RoundGrads:
       return 2.0 * 4.0 * double(in.units[size_t(a.unit)].padded) / hw.elementwise_bps;
     case ActionKind::Gather:
-    case ActionKind::Regather:
-      if (plan.S <= 1) return double(a.bytes) / hw.copy_bps();
-      return coll_seconds(hw.all_gather, double(a.bytes), plan.S, false);
-    case ActionKind::ReduceScatter:
-      if (plan.S <= 1) return 0;
-      return coll_seconds(hw.reduce_scatter, double(a.bytes), plan.S, false);
+    case ActionKind::Regather: {
+      // Parameters on the host tier of a GPU machine: the shard crosses the link first.
+      const double up = host_link_seconds(a, plan, in, hw, dtype_size(in.policy.mixed_precision.param_dtype));
+      if (plan.S <= 1) return up + double(a.bytes) / hw.copy_bps();
+      return up + coll_seconds(hw.all_gather, double(a.bytes), plan.S, false);
+    }
+    case ActionKind::ReduceScatter: {
+      const double down = host_link_seconds(a, plan, in, hw, 4);
+      if (plan.S <= 1) return down;
+      return down + coll_seconds(hw.reduce_scatter, double(a.bytes), plan.S, false);
+    }
     case ActionKind::AllReduce:
       return coll_seconds(hw.all_reduce, double(a.bytes),
                           plan.kind == UnitKind::Whole ? plan.W : plan.R, true);
     case ActionKind::Fetch:
     case ActionKind::Evict: {
       const bool disk = a.io != 0 || ti.act_offload_nvme;
-      if (!disk) return double(a.bytes) / hw.copy_bps();
+      if (!disk) return double(a.bytes) / (hw.has_host ? hw.host_link_bps : hw.copy_bps());
       return hw.disk_latency_s +
              double(a.bytes) / (a.kind == ActionKind::Fetch ? hw.disk_read_bps : hw.disk_write_bps);
     }
@@ -184,7 +207,8 @@ StepTime predict_step_time(const StepPlan& plan, const PlanInput& in, const Time
   auto queue_of = [&](const Action& a) {
     int q = static_cast<int>(a.queue);
     // Activation offload to the host tier copies on the compute thread (CPU backend).
-    if (q == kI && a.io == 0 && a.pos >= 0 && !ti.act_offload_nvme) q = kC;
+    // (A GPU machine's profile has a host link: a copy stream, the io queue.)
+    if (q == kI && a.io == 0 && a.pos >= 0 && !ti.act_offload_nvme && !hw.has_host) q = kC;
     if (q == kR && !hw.separate_streams) q = kG;  // one communication thread per group
     return q;
   };
@@ -215,6 +239,9 @@ StepTime predict_step_time(const StepPlan& plan, const PlanInput& in, const Time
       }
       busy[size_t(q)] += dur[i];
     }
+    st.begin.resize(n);
+    st.end = fin;
+    for (size_t i = 0; i < n; ++i) st.begin[i] = fin[i] - dur[i];
     // Gathers still in flight when the step ends (the optimizer's prefetch of the next step's
     // first units, stage 1's regathers) finish this much into the next step.
     carry_done = std::max(0.0, qfree[size_t(kG)] - host);

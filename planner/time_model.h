@@ -12,7 +12,8 @@
 //                                    all-reduce twice that)
 //   fetch / evict                    bytes / disk bandwidth (NVMe); activation offload to the
 //                                    host tier: bytes / memcpy bandwidth, on the compute queue
-//                                    (the CPU backend copies at issue)
+//                                    (the CPU backend copies at issue); with a host link in
+//                                    the profile (a GPU machine) over the link, on the io queue
 //   waits, drop_saved, free          0
 // The simulation walks the actions in plan order, which is the order the host issues them:
 // a compute action starts when the previous compute action ended and every action it waits
@@ -76,6 +77,7 @@ struct StepTime {
   double comm_s = 0;         // busy time of the communication queues
   double io_s = 0;           // busy time of the io queue
   double flops = 0;          // model flops of the step (forward+backward+recompute)
+  std::vector<double> begin, end;  // per action of the plan: when it ran (seconds from the start)
 };
 
 // Fails (sw::Error "hardware: ...") when the plan communicates and hw has no collectives.

@@ -86,6 +86,7 @@ const char* kPlanHelp =
     "                       --calibrate: the directory whose disk is measured, default /tmp)\n"
     "  --out FILE           with --memory-budget: write the fastest plan that fits as a\n"
     "                       ready-to-run config (memory_budget set)\n"
+    "  --timeline           also print every action's predicted start and duration\n"
     "  -h, --help           show this help\n";
 
 int usage(const std::string& cmd, const std::string& msg) {
@@ -99,7 +100,7 @@ struct PlanArgs {
   std::vector<std::string> overrides;
   int world = 1;
   bool eval = false, json = false;
-  bool calibrate = false;
+  bool calibrate = false, timeline = false;
   std::string hardware, out_hardware, out, nvme_path;
   std::string budget, host_budget, nvme_budget;
 };
@@ -142,6 +143,8 @@ int parse_plan_args(const std::string& cmd, const std::vector<std::string>& args
                                 : pa.nvme_budget) = v;
     } else if (a == "--calibrate" && cmd == "plan") {
       pa.calibrate = true;
+    } else if (a == "--timeline" && cmd == "plan") {
+      pa.timeline = true;
     } else if (a == "--eval" && cmd == "plan-dump") {
       pa.eval = true;
     } else if (a == "--json" && cmd == "plan") {
@@ -477,6 +480,16 @@ int cmd_plan(const std::vector<std::string>& args) {
     std::printf("  communication busy %s, I/O busy %s, %.2f TFLOP/s of model flops\n",
                 secs(t.comm_s).c_str(), secs(t.io_s).c_str(),
                 t.step_s > 0 ? t.flops / t.step_s / 1e12 : 0.0);
+    if (pa.timeline) {
+      std::printf("predicted timeline (ms from the step's start):\n");
+      for (size_t i = 0; i < plan.actions.size(); ++i) {
+        const Action& a = plan.actions[i];
+        std::printf("  %5zu %-8s %-16s %-12s %10.3f %10.3f\n", i, queue_name(a.queue),
+                    action_kind_name(a.kind),
+                    a.unit >= 0 ? plan.unit_names[size_t(a.unit)].c_str() : "",
+                    t.begin[i] * 1e3, (t.end[i] - t.begin[i]) * 1e3);
+      }
+    }
   } else {
     std::printf("step time: no hardware profile (run `shardwise plan --calibrate`, or give "
                 "--hardware FILE)\n");
