@@ -124,8 +124,8 @@ void measure_compute(const CalibrateOptions& opt, HardwareProfile& hw) {
     hw.elementwise_bps = (2.0 * N * C + 8.0 * N * C) * 4 / t;
     say(opt, fmt("  element-wise: %.1f GB/s", hw.elementwise_bps / 1e9));
   }
-  {  // AdamW
-    const size_t n = size_t{4} << 20;
+  {  // AdamW over a unit-sized shard (16M floats: 256 MiB of parameter, gradient and moments)
+    const size_t n = size_t{16} << 20;
     std::vector<float> p = filled(n, 9), g = filled(n, 10), m(n, 0.f), v(n, 0.f);
     const double t = time_it([&] { ops.adamw(p.data(), g.data(), m.data(), v.data(), n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.f); },
                              opt.min_seconds);

@@ -163,7 +163,8 @@ double action_seconds(const Action& a, const StepPlan& plan, const PlanInput& in
       }
       return double(floats) / hw.optimizer_fps;
     }
-    case ActionKind::RoundGrads:
+    case ActionKind::RoundGrads:  // a no-op unless gradients are reduced in bf16 / fp16
+      if (in.policy.mixed_precision.reduce_dtype == DType::F32) return 0;
       return 2.0 * 4.0 * double(in.units[size_t(a.unit)].padded) / hw.elementwise_bps;
     case ActionKind::Gather:
     case ActionKind::Regather: {
