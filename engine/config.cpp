@@ -214,7 +214,7 @@ const Node& schema() {
                 leaf("forward_prefetch", Kind::Any),
                 leaf("backward_prefetch", Kind::Any),
                 leaf("max_live_units", Kind::Int),
-                leaf("blocks_per_unit", Kind::Int),
+                leaf("blocks_per_unit", Kind::Any),  // a whole number >= 1 or "auto"
                 leaf("gradient_accumulation_mode", Kind::Str),
                 leaf("comm_timeout_s", Kind::Num),
                 leaf("comm_debug", Kind::Bool),
@@ -529,6 +529,12 @@ const json* at(const json& root, const std::string& path) {
   }
   return cur;
 }
+// The value at path is "auto" (train() resolves TrainConfig::autoplan keys with the planner).
+bool auto_at(const json& root, const std::string& path) {
+  const json* v = at(root, path);
+  return v && is_auto(*v);
+}
+
 bool has(const json& root, const std::string& path) {
   const json* v = at(root, path);
   return v && !v->is_null() && !is_auto(*v);
@@ -719,7 +725,7 @@ void write_resolved(json& r, const TrainConfig& cfg) {
   set_path(r, "max_live_units", sp.max_live_units);
   set_path(r, "gradient_accumulation_mode", accum_mode_name(sp.accum));
   set_path(r, "zero_optimization.offload_optimizer.device",
-           offload_device_name(sp.offload_optimizer.device));
+           cfg.autoplan.offload_optimizer ? "auto" : offload_device_name(sp.offload_optimizer.device));
   set_path(r, "zero_optimization.offload_optimizer.ratio", sp.offload_optimizer.ratio);
   if (sp.offload_optimizer.device == OffloadDevice::Nvme) {
     set_path(r, "zero_optimization.offload_optimizer.nvme_path", sp.offload_optimizer.nvme_path);
@@ -727,7 +733,7 @@ void write_resolved(json& r, const TrainConfig& cfg) {
              sp.offload_optimizer.buffer_count);
   }
   set_path(r, "zero_optimization.offload_param.device",
-           offload_device_name(sp.offload_param.device));
+           cfg.autoplan.offload_param ? "auto" : offload_device_name(sp.offload_param.device));
   if (sp.offload_param.device == OffloadDevice::Nvme) {
     set_path(r, "zero_optimization.offload_param.nvme_path", sp.offload_param.nvme_path);
     set_path(r, "zero_optimization.offload_param.buffer_count", sp.offload_param.buffer_count);
@@ -759,12 +765,17 @@ void write_resolved(json& r, const TrainConfig& cfg) {
     mp.param_dtype = mp.reduce_dtype = cfg.bf16 ? DType::BF16 : DType::F16;
   set_path(r, "mixed_precision.param_dtype", precision_name(mp.param_dtype));
   set_path(r, "mixed_precision.reduce_dtype", precision_name(mp.reduce_dtype));
-  set_path(r, "blocks_per_unit", cfg.blocks_per_unit);
+  if (cfg.autoplan.blocks)
+    set_path(r, "blocks_per_unit", "auto");
+  else
+    set_path(r, "blocks_per_unit", cfg.blocks_per_unit);
   // activation_checkpointing: a plain mode name when that says everything, else the object
   // (an object given in the input stays one, keeping its DeepSpeed keys).
   const ActivationCheckpointing& ac = sp.activation_checkpointing;
   const json* acj = at(r, "activation_checkpointing");
-  if (!(acj && acj->is_object()) && ac.every == 1 && ac.units.empty() && !ac.offloads()) {
+  if (cfg.autoplan.checkpointing) {
+    set_path(r, "activation_checkpointing", "auto");
+  } else if (!(acj && acj->is_object()) && ac.every == 1 && ac.units.empty() && !ac.offloads()) {
     set_path(r, "activation_checkpointing", checkpoint_mode_name(ac.mode));
   } else {
     if (!(acj && acj->is_object())) set_path(r, "activation_checkpointing", json::object());
@@ -844,6 +855,7 @@ int get_prefetch(const json& root, const std::string& path, int def, const Ctx& 
 // blocks_per_unit; checked against the unit count the model will have).
 void read_activation_checkpointing(const json& j, TrainConfig& cfg, const Ctx& c) {
   const std::string key = "activation_checkpointing";
+  cfg.autoplan.checkpointing = auto_at(j, key);  // "auto": chosen by the planner
   if (!has(j, key)) return;
   ActivationCheckpointing& ac = cfg.sharding.activation_checkpointing;
   const std::vector<std::string> modes = {"off", "full", "selective"};
@@ -1104,6 +1116,7 @@ TrainConfig read_config(json j, const std::string& source,
   {
     const std::string key = "zero_optimization.offload_optimizer.device";
     const std::string dev = get_str(j, key, "none", {"none", "cpu", "nvme"}, c);
+    cfg.autoplan.offload_optimizer = auto_at(j, key);
     sp.offload_optimizer.device = dev == "cpu"    ? OffloadDevice::Cpu
                                   : dev == "nvme" ? OffloadDevice::Nvme
                                                   : OffloadDevice::None;
@@ -1117,6 +1130,7 @@ TrainConfig read_config(json j, const std::string& source,
                                          {0, 1, false, false}, c);
     const std::string pkey = "zero_optimization.offload_param.device";
     const std::string pdev = get_str(j, pkey, "none", {"none", "cpu", "nvme"}, c);
+    cfg.autoplan.offload_param = auto_at(j, pkey);
     sp.offload_param.device = pdev == "cpu"    ? OffloadDevice::Cpu
                               : pdev == "nvme" ? OffloadDevice::Nvme
                                                : OffloadDevice::None;
@@ -1146,6 +1160,8 @@ TrainConfig read_config(json j, const std::string& source,
       c.bad(m.substr(0, colon), m.substr(colon + 2));
     }
   }
+  // "auto" (has() reads it as absent, DeepSpeed's meaning): the planner chooses.
+  cfg.autoplan.blocks = auto_at(j, "blocks_per_unit");
   cfg.blocks_per_unit = (int)get_int(j, "blocks_per_unit", cfg.blocks_per_unit, 1, IMAX, c);
   cfg.comm_timeout_s =
       get_num(j, "comm_timeout_s", cfg.comm_timeout_s, {0, kInf, false, false}, c);
@@ -1179,6 +1195,14 @@ TrainConfig read_config(json j, const std::string& source,
     c.bad("model.tie_embeddings", "is supported for gpt2 only");
 
   read_activation_checkpointing(j, cfg, c);
+  if (cfg.autoplan.any() && cfg.memory_budget == 0)
+    c.bad("memory_budget", std::string("required by \"auto\" in ") +
+                               (cfg.autoplan.blocks          ? "blocks_per_unit"
+                                : cfg.autoplan.checkpointing ? "activation_checkpointing"
+                                : cfg.autoplan.offload_optimizer
+                                    ? "zero_optimization.offload_optimizer.device"
+                                    : "zero_optimization.offload_param.device") +
+                               " (the planner chooses within it)");
 
   // Data and run.
   cfg.train_data = get_str(j, "data.train", cfg.train_data, {}, c);

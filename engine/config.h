@@ -107,6 +107,13 @@ struct TrainConfig {
   // or a string such as "12GiB" / "1.5GB" (core/bytes.h); 0 = no budget. Past it an
   // allocation fails with one line naming the category, the bytes and the use by category.
   size_t memory_budget = 0;
+  // "auto" (blocks_per_unit, activation_checkpointing, zero_optimization.offload_optimizer.
+  // device, zero_optimization.offload_param.device): train() chooses them with the planner's
+  // search within memory_budget (required) before the model is built, and logs the plan.
+  struct AutoPlan {
+    bool blocks = false, checkpointing = false, offload_optimizer = false, offload_param = false;
+    bool any() const { return blocks || checkpointing || offload_optimizer || offload_param; }
+  } autoplan;
   CheckpointConfig checkpoint;  // checkpoint.{dir, every_steps, keep_last, async, save_final,
                                 // resume, init_from}
   ProfileConfig profile;        // profile.{enabled, start_step, num_steps, out}

@@ -59,6 +59,7 @@
 #include "checkpoint/export.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "core/alloc.h"
+#include "core/bytes.h"
 #include "core/error.h"
 #include "core/launch.h"
 #include "engine/checkpointer.h"
@@ -71,6 +72,8 @@
 #include "kernels/ops.h"
 #include "kernels/threads.h"
 #include "models/model.h"
+#include "planner/hardware.h"
+#include "planner/search.h"
 #include "sharding/comm/group.h"
 #include "sharding/sharded_model.h"
 #include "sharding/wrap.h"
@@ -699,6 +702,62 @@ class Trainer {
   double timed_s_ = 0, timed_tokens_ = 0;  // steps after the first
 };
 
+// "auto" keys (TrainConfig::autoplan): the planner's search (planner/search.h) varies only
+// what is "auto", within memory_budget, on the calibrated hardware profile when there is one
+// (default_hardware_path), else round nominal figures; every rank computes the same choice.
+void resolve_auto_plan(TrainConfig& cfg, int world, bool lead) {
+  PlanSetup base;
+  base.model = cfg.model;
+  base.policy = cfg.sharding;
+  if (base.policy.strategy == ShardingStrategy::HybridShard && base.policy.shard_group_size == 0) {
+    const int local = launch_env().local_size;  // as setup_model resolves it
+    base.policy.shard_group_size = local > 0 && world % local == 0 ? local : world;
+  }
+  base.world = world;
+  base.blocks_per_unit = cfg.blocks_per_unit;
+  base.micro_batch = cfg.micro_batch;
+  base.accum = cfg.grad_accum;
+  SearchOptions so;
+  so.budget = static_cast<int64_t>(cfg.memory_budget);
+  so.free = SearchFree{cfg.autoplan.blocks, false, false, cfg.autoplan.checkpointing,
+                       cfg.autoplan.offload_optimizer, cfg.autoplan.offload_param, false, false};
+  HardwareProfile hw = nominal_hardware(world);
+  const std::string path = default_hardware_path();
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec)) {
+    hw = load_hardware(path);
+    if (world > 1 && !hw.has_collectives) {  // calibrated at one rank
+      const HardwareProfile nom = nominal_hardware(world);
+      hw.has_collectives = true;
+      hw.all_gather = nom.all_gather, hw.reduce_scatter = nom.reduce_scatter;
+      hw.all_reduce = nom.all_reduce;
+    }
+  }
+  const SearchResult r = search_plans(base, so, hw);
+  if (r.best < 0)
+    throw CollectiveError(
+        "auto: no plan fits memory_budget " + format_bytes(cfg.memory_budget) +
+        " per rank; the smallest feasible budget is " +
+        format_bytes(size_t(double(r.smallest.device) / (1.0 - so.margin))) + " (" +
+        r.smallest.c.describe() + "), dominated by " + dominant_category(r.smallest));
+  const Evaluated& best = r.frontier[size_t(r.best)];
+  const PlanSetup s = apply_candidate(base, best.c, &so.free);
+  const int group = cfg.sharding.shard_group_size;
+  cfg.sharding = s.policy;
+  cfg.sharding.shard_group_size = group;
+  cfg.blocks_per_unit = s.blocks_per_unit;
+  cfg.autoplan = {};
+  cfg.resolved_json = config_json(cfg);
+  if (lead)
+    std::fprintf(stderr,
+                 "auto: memory_budget %s per rank: %s (predicted device peak %s, host %s, nvme %s; "
+                 "step %.3f s on hardware '%s'; %d plans searched)\n",
+                 format_bytes(cfg.memory_budget).c_str(), best.c.describe().c_str(),
+                 format_bytes(size_t(best.device)).c_str(), format_bytes(size_t(best.host)).c_str(),
+                 format_bytes(size_t(best.nvme)).c_str(), best.time.step_s, hw.name.c_str(),
+                 r.evaluated);
+}
+
 }  // namespace
 
 TrainSummary train(const TrainConfig& cfg_in, const TrainOptions& opts) {
@@ -714,11 +773,13 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainOptions& opts) {
   const GroupPtr world = world_group();
   if (world->size() == 1) {
     for (const std::string& n : cfg_in.notes) std::fprintf(stderr, "%s\n", n.c_str());
+    if (cfg.autoplan.any()) resolve_auto_plan(cfg, 1, true);
     return Trainer(cfg, opts, *world, world).run();
   }
   try {
     if (world->rank() == 0)
       for (const std::string& n : cfg_in.notes) std::fprintf(stderr, "%s\n", n.c_str());
+    if (cfg.autoplan.any()) resolve_auto_plan(cfg, world->size(), world->rank() == 0);
     return Trainer(cfg, opts, *world, world).run();
   } catch (const CollectiveError& e) {
     if (world->rank() == 0) std::fprintf(stderr, "shardwise: error: %s\n", e.what());

@@ -241,6 +241,21 @@ void save_hardware(const HardwareProfile& hw, const std::string& path) {
   if (!f) fail("hardware", path + ": cannot write the hardware profile");
 }
 
+HardwareProfile nominal_hardware(int world) {
+  HardwareProfile hw;
+  hw.name = "nominal (no calibrated profile)";
+  hw.source = "built in: round figures of a 2-core CPU machine";
+  hw.world_size = world;
+  hw.gemm_f32 = 1e11, hw.gemm_bf16 = 2e11;
+  hw.attention_f32 = 5e10, hw.attention_bf16 = 5e10;
+  hw.lmhead_f32 = 1e11, hw.lmhead_bf16 = 2e11;
+  hw.elementwise_bps = 2e10, hw.optimizer_fps = 1e9, hw.memcpy_bps = 2e10;
+  hw.has_collectives = true;
+  hw.all_gather = hw.reduce_scatter = hw.all_reduce = {3e-5, 2e9, {}};
+  hw.disk_read_bps = 1e9, hw.disk_write_bps = 1e9, hw.disk_latency_s = 1e-4;
+  return hw;
+}
+
 std::string default_hardware_path() {
   if (const char* e = std::getenv("SHARDWISE_HARDWARE"); e && *e) return e;
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x)

@@ -86,6 +86,9 @@ HardwareProfile hardware_from_json_text(const std::string& text, const std::stri
 HardwareProfile load_hardware(const std::string& path);
 std::string hardware_to_json(const HardwareProfile& hw);  // pretty-printed; parses back
 void save_hardware(const HardwareProfile& hw, const std::string& path);  // creates parents
+// Round figures of a small CPU machine (2 cores), for choosing among plans when no profile was
+// calibrated: the ordering of plans, not their absolute times, is what it is good for.
+HardwareProfile nominal_hardware(int world);
 // $SHARDWISE_HARDWARE, else $XDG_CACHE_HOME/shardwise/hardware.json, else
 // ~/.cache/shardwise/hardware.json.
 std::string default_hardware_path();

@@ -153,7 +153,7 @@ std::string Candidate::describe() const {
   return d;
 }
 
-PlanSetup apply_candidate(const PlanSetup& base, const Candidate& c) {
+PlanSetup apply_candidate(const PlanSetup& base, const Candidate& c, const SearchFree* free) {
   PlanSetup s = base;
   s.blocks_per_unit = c.blocks_per_unit;
   s.micro_batch = c.micro_batch;
@@ -180,6 +180,21 @@ PlanSetup apply_candidate(const PlanSetup& base, const Candidate& c) {
   p.offload_param.device = c.params;
   p.offload_param.buffer_count = base.policy.offload_param.buffer_count;
   if (c.params == OffloadDevice::Nvme) p.offload_param.nvme_path = nvme;
+  if (free) {
+    const ShardingPolicy& b = base.policy;
+    if (!free->strategy) {
+      p.strategy = b.strategy, p.reshard_after_forward = b.reshard_after_forward, p.accum = b.accum;
+      p.shard_group_size = b.shard_group_size;
+    }
+    if (!free->prefetch) {
+      p.forward_prefetch = b.forward_prefetch, p.backward_prefetch = b.backward_prefetch;
+      p.max_live_units = b.max_live_units;
+    }
+    if (!free->checkpointing && !free->offload_activations)
+      p.activation_checkpointing = b.activation_checkpointing;
+    if (!free->offload_optimizer) p.offload_optimizer = b.offload_optimizer;
+    if (!free->offload_param) p.offload_param = b.offload_param;
+  }
   resolve_group(p, base.world);
   s.policy = p;
   return s;
@@ -211,14 +226,20 @@ SearchResult search_plans(const PlanSetup& base_in, const SearchOptions& opt,
   const int G = base.micro_batch * base.accum;  // the per-rank batch, fixed
   const int L = base.model.n_layer;
 
+  const SearchFree& fr = opt.free;
+  const ShardingPolicy& bp = base.policy;
   std::vector<int> bpus;
   for (int b : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48})
     if (b <= L && (b == 1 || L % b == 0)) bpus.push_back(b);
+  if (!fr.blocks) bpus = {std::max(1, base.blocks_per_unit)};
   std::vector<int> mbs;
   for (int m = 1; m <= G; ++m)
     if (G % m == 0) mbs.push_back(m);
+  if (!fr.micro_batch) mbs = {base.micro_batch};
   std::vector<ShardingStrategy> strategies;
-  if (base.policy.strategy == ShardingStrategy::HybridShard)
+  if (!fr.strategy)
+    strategies = {bp.strategy};
+  else if (base.policy.strategy == ShardingStrategy::HybridShard)
     strategies = {ShardingStrategy::HybridShard};
   else if (W == 1)
     strategies = {ShardingStrategy::FullShard};  // one rank: every strategy keeps whole units
@@ -228,9 +249,16 @@ SearchResult search_plans(const PlanSetup& base_in, const SearchOptions& opt,
   struct Opt { OffloadDevice d; double r; };
   std::vector<Opt> opts = {{OffloadDevice::None, 1.0}, {OffloadDevice::Cpu, 0.5}, {OffloadDevice::Cpu, 1.0}};
   if (nvme) opts.push_back({OffloadDevice::Nvme, 1.0});
+  if (!fr.offload_optimizer) opts = {{bp.offload_optimizer.device, bp.offload_optimizer.ratio}};
   std::vector<OffloadDevice> acts = {OffloadDevice::None, OffloadDevice::Cpu};
   if (nvme) acts.push_back(OffloadDevice::Nvme);
-  const CheckpointMode ckpts[] = {CheckpointMode::Off, CheckpointMode::Selective, CheckpointMode::Full};
+  if (!fr.offload_activations)
+    acts = {bp.activation_checkpointing.offload_nvme  ? OffloadDevice::Nvme
+            : bp.activation_checkpointing.offload_cpu ? OffloadDevice::Cpu
+                                                      : OffloadDevice::None};
+  std::vector<CheckpointMode> ckpts = {CheckpointMode::Off, CheckpointMode::Selective,
+                                       CheckpointMode::Full};
+  if (!fr.checkpointing) ckpts = {bp.activation_checkpointing.mode};
 
   SearchResult res;
   std::vector<Evaluated> all;
@@ -244,8 +272,10 @@ SearchResult search_plans(const PlanSetup& base_in, const SearchOptions& opt,
       std::vector<OffloadDevice> params = {OffloadDevice::None};
       if (sharded || W == 1) params.push_back(OffloadDevice::Cpu);
       if (nvme && (sharded || W == 1)) params.push_back(OffloadDevice::Nvme);
+      if (!fr.offload_param) params = {bp.offload_param.device};
       std::vector<std::pair<int, int>> pfs = {{1, 0}};
       if (sharded && W > 1) pfs = {{1, 0}, {2, 0}, {0, 0}};
+      if (!fr.prefetch) pfs = {{bp.forward_prefetch, bp.max_live_units}};
       for (OffloadDevice pd : params)
         for (const Opt& o : opts)
           for (OffloadDevice ad : acts)
@@ -265,7 +295,7 @@ SearchResult search_plans(const PlanSetup& base_in, const SearchOptions& opt,
                   c.micro_batch = mb;
                   c.accum = G / mb;
                   // NVMe parameters at one rank take the sharded path (a group of one).
-                  const PlanSetup s = apply_candidate(base, c);
+                  const PlanSetup s = apply_candidate(base, c, &fr);
                   Evaluated e = evaluate(w, s, c, hw);
                   ++res.evaluated;
                   const bool host_ok = opt.host_budget <= 0 || e.host <= opt.host_budget;

@@ -54,6 +54,14 @@ struct PlanPrediction {
 // Builds the model, wraps it, plans one training step and replays it; with hw, its time too.
 PlanPrediction predict_plan(const PlanSetup& s, const HardwareProfile* hw);
 
+// Which dimensions the search varies (the others keep the base's values, e.g. a train config's
+// "auto" keys vary only what is "auto").
+struct SearchFree {
+  bool blocks = true, strategy = true, prefetch = true, checkpointing = true;
+  bool offload_optimizer = true, offload_param = true, offload_activations = true;
+  bool micro_batch = true;
+};
+
 struct Candidate {
   int blocks_per_unit = 1;
   ShardingStrategy strategy = ShardingStrategy::FullShard;
@@ -68,9 +76,12 @@ struct Candidate {
   std::string describe() const;  // "FULL_SHARD bpu=2 pf=1 ckpt=selective opt=cpu:0.5 mb=2x2"
 };
 // The setup a candidate runs with: base's model and precision, nvme_path and aio settings.
-PlanSetup apply_candidate(const PlanSetup& base, const Candidate& c);
+// With `free`: what is not free keeps base's policy as it is (checkpointing's unit list,
+// offload ratio and paths, prefetch and max_live_units, reshard_after_forward).
+PlanSetup apply_candidate(const PlanSetup& base, const Candidate& c, const SearchFree* free = nullptr);
 
 struct SearchOptions {
+  SearchFree free;
   int64_t budget = 0;       // device bytes per rank (required > 0)
   int64_t host_budget = 0;  // 0: no limit
   int64_t nvme_budget = 0;  // 0: no limit

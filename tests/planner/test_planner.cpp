@@ -325,3 +325,58 @@ TEST_CASE("search: a budget too small for any plan names the smallest feasible o
   CHECK(h.err.find("missing key 'compute.gemm_flops.f32'") != std::string::npos);
   CHECK(std::count(h.err.begin(), h.err.end(), '\n') == 1);
 }
+
+TEST_CASE("auto keys: the search chooses within memory_budget at start", "[planner]") {
+  swtest::TempDir dir("planner_auto");
+  {
+    std::ofstream t(dir.path / "text.txt");
+    for (int i = 0; i < 2000; ++i) t << "line " << i << ": the quick brown fox jumps over " << i % 13 << " lazy dogs\n";
+  }
+  REQUIRE(shardwise({"data", "prepare", "text.txt", "--out", "train.bin"}, dir.path).rc == 0);
+  const std::string base = R"({"model": {"type": "gpt2", "vocab_size": 256, "n_layer": 4, "n_head": 2,
+      "d_model": 64, "seq_len": 64}, "data": {"train": "train.bin"},
+      "train_micro_batch_size_per_gpu": 8, "train_steps": 2, "threads": 1, "run_dir": "run",
+      "blocks_per_unit": "auto", "activation_checkpointing": "auto")";
+  // "auto" needs a budget.
+  {
+    std::ofstream f(dir.path / "nobudget.json");
+    f << base << "}";
+  }
+  const Run nb = shardwise({"train", "nobudget.json"}, dir.path);
+  CHECK(nb.rc != 0);
+  CHECK(nb.err.find("memory_budget: required by \"auto\" in blocks_per_unit") != std::string::npos);
+  // The config with checkpointing off needs more than this budget; "auto" picks a plan that
+  // trains within it (enforced), and run/config.json records the choice.
+  PlanSetup s;
+  s.model.vocab_size = 256, s.model.n_layer = 4, s.model.n_head = 2, s.model.d_model = 64;
+  s.model.seq_len = 64;
+  s.micro_batch = 8;
+  const int64_t off = predict_plan(s, nullptr).device;
+  const int64_t budget = off * 3 / 4;
+  {
+    std::ofstream f(dir.path / "auto.json");
+    f << base << ", \"memory_budget\": " << budget << "}";
+  }
+  const Run given = shardwise({"train", "auto.json", "--set", "activation_checkpointing=\"off\"",
+                               "--set", "blocks_per_unit=1"}, dir.path);
+  CHECK(given.rc != 0);  // the budget binds
+  CHECK(given.err.find("budget of") != std::string::npos);
+  const Run r = shardwise({"train", "auto.json"}, dir.path);
+  INFO(r.out << r.err);
+  REQUIRE(r.rc == 0);
+  CHECK(r.err.find("auto: memory_budget") != std::string::npos);
+  const TrainConfig chosen = load_config((dir.path / "run" / "config.json").string());
+  CHECK_FALSE(chosen.autoplan.any());
+  CHECK(chosen.sharding.activation_checkpointing.mode != CheckpointMode::Off);
+  // No plan fits: one line naming the smallest feasible budget.
+  const Run small = shardwise({"train", "auto.json", "--set", "memory_budget=1MiB"}, dir.path);
+  CHECK(small.rc != 0);
+  CHECK(small.err.find("auto: no plan fits memory_budget 1.0 MiB per rank; the smallest feasible "
+                       "budget is") != std::string::npos);
+  CHECK(std::count(small.err.begin(), small.err.end(), '\n') == 1);
+  // config_json keeps "auto" (a config read back resolves the same way).
+  const TrainConfig a = load_config((dir.path / "auto.json").string());
+  CHECK(a.autoplan.blocks);
+  CHECK(a.autoplan.checkpointing);
+  CHECK(parse_config(config_json(a), "rt").autoplan.checkpointing);
+}
