@@ -73,7 +73,7 @@ void measure_compute(const CalibrateOptions& opt, HardwareProfile& hw) {
         ops.gemm(g.ta, g.tb, M, N, K, 1.f, A.data(), lda, B.data(), ldb, 0.f, C.data(), N);
       }, opt.min_seconds);
       const double f = 2.0 * M * N * K;
-      hw.gemm_shapes.push_back({g.m, g.n, g.k, dt, f / t});
+      hw.gemm_shapes.push_back({g.m, g.n, g.k, g.ta, g.tb, dt, f / t});
       flops += f, secs += t;
       say(opt, std::string("  gemm ") + dtype_name(dt) + " " + std::to_string(M) + "x" +
                    std::to_string(N) + "x" + std::to_string(K) + (g.ta ? " (A^T)" : "") +

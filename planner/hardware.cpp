@@ -94,7 +94,7 @@ json fit_json(const CollectiveFit& f) {
 
 }  // namespace
 
-double HardwareProfile::gemm_rate(int64_t m, int64_t n, int64_t k, DType dt) const {
+double HardwareProfile::gemm_rate(int64_t m, int64_t n, int64_t k, DType dt, bool ta, bool tb) const {
   const double dflt = lowp(dt) && gemm_bf16 > 0 ? gemm_bf16 : gemm_f32;
   // The nearest calibrated shape of the same precision (log distance over m, n, k), if it is
   // within a factor of 8 overall; else the default rate.
@@ -103,7 +103,8 @@ double HardwareProfile::gemm_rate(int64_t m, int64_t n, int64_t k, DType dt) con
     if (lowp(p.dtype) != lowp(dt) || p.flops <= 0) continue;
     const double d = std::fabs(std::log(double(m) / double(p.m))) +
                      std::fabs(std::log(double(n) / double(p.n))) +
-                     std::fabs(std::log(double(k) / double(p.k)));
+                     std::fabs(std::log(double(k) / double(p.k))) +
+                     (p.ta != ta || p.tb != tb ? 1e-3 : 0.0);  // same shape: same transposes first
     if (d < best) best = d, rate = p.flops;
   }
   return best <= std::log(8.0) ? rate : dflt;
@@ -147,6 +148,11 @@ HardwareProfile hardware_from_json_text(const std::string& text, const std::stri
       g.n = static_cast<int64_t>(positive(wrap, "x.n", w));
       g.k = static_cast<int64_t>(positive(wrap, "x.k", w));
       g.flops = positive(wrap, "x.flops", w);
+      for (const char* t : {"ta", "tb"})
+        if (const json* b = find(wrap, std::string("x.") + t)) {
+          if (!b->is_boolean()) bad(where, "'" + p + "." + t + "' must be true or false");
+          (t[1] == 'a' ? g.ta : g.tb) = b->get<bool>();
+        }
       const json* d = find(wrap, "x.dtype");
       if (!d) bad(where, "missing key '" + p + ".dtype'");
       if (!d->is_string()) bad(where, "'" + p + ".dtype' must be a string");
@@ -205,7 +211,7 @@ std::string hardware_to_json(const HardwareProfile& hw) {
   if (hw.gemm_bf16 > 0) c["gemm_flops"]["bf16"] = hw.gemm_bf16;
   c["gemm_shapes"] = json::array();
   for (const GemmPoint& g : hw.gemm_shapes)
-    c["gemm_shapes"].push_back({{"m", g.m}, {"n", g.n}, {"k", g.k},
+    c["gemm_shapes"].push_back({{"m", g.m}, {"n", g.n}, {"k", g.k}, {"ta", g.ta}, {"tb", g.tb},
                                 {"dtype", dtype_name(g.dtype)}, {"flops", g.flops}});
   if (hw.attention_f32 > 0) c["attention_flops"]["f32"] = hw.attention_f32;
   if (hw.attention_bf16 > 0) c["attention_flops"]["bf16"] = hw.attention_bf16;

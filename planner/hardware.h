@@ -39,6 +39,7 @@ namespace sw {
 
 struct GemmPoint {
   int64_t m = 0, n = 0, k = 0;
+  bool ta = false, tb = false;  // Ops::gemm's transposes (optional in JSON: "ta", "tb")
   DType dtype = DType::F32;
   double flops = 0;  // flop/s measured for that shape
 };
@@ -73,7 +74,8 @@ struct HardwareProfile {
   double host_link_bps = 0, host_optimizer_fps = 0;
 
   // Rates used by the time model (bf16 serves f16; missing optional figures fall back).
-  double gemm_rate(int64_t m, int64_t n, int64_t k, DType dt) const;
+  // The nearest calibrated shape of that precision (an exact transpose match preferred).
+  double gemm_rate(int64_t m, int64_t n, int64_t k, DType dt, bool ta = false, bool tb = false) const;
   double attention_rate(DType dt) const;
   double lmhead_rate(DType dt) const;
   double copy_bps() const { return memcpy_bps > 0 ? memcpy_bps : elementwise_bps; }

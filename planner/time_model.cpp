@@ -36,7 +36,7 @@ CostOp flops_op(CostOp::Kind k, double flops) {
 
 double op_seconds(const CostOp& o, DType dt, const HardwareProfile& hw) {
   switch (o.kind) {
-    case CostOp::Gemm: return o.flops / hw.gemm_rate(o.m, o.n, o.k, dt);
+    case CostOp::Gemm: return o.flops / hw.gemm_rate(o.m, o.n, o.k, dt, o.ta, o.tb);
     case CostOp::Attention: return o.flops / hw.attention_rate(dt);
     case CostOp::LmHead: return o.flops / hw.lmhead_rate(dt);
     case CostOp::Elementwise: return o.bytes / hw.elementwise_bps;
