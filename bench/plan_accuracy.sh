@@ -5,6 +5,8 @@
 # STEPS steps (metrics.jsonl, the first step dropped), min and median, and their ratio
 # predicted / measured (< 1: the plan under-estimates). Calibration and measurement of a row run
 # back to back, and the load average is printed with each row: on a shared machine both drift.
+# Beside it the device memory: the plan's peak plus the kernel-workspace estimate (`plan
+# --json`) against the run's tracked peak (peak_mem_bytes), and their ratio.
 #
 #   bench/plan_accuracy.sh [BUILD_DIR] [ROWS...]
 #   env: STEPS (5), NVME_DIR (a directory for the NVMe rows; default: skipped)
@@ -61,7 +63,8 @@ if [ -n "${NVME_DIR:-}" ]; then
 fi
 want=("$@")
 
-printf "%-20s %5s %10s %10s %10s %7s %7s %6s\n" row ranks predicted meas_min meas_med p/min p/med load
+printf "%-20s %5s %10s %10s %10s %7s %7s %6s %9s %9s %6s\n" row ranks predicted meas_min meas_med \
+  p/min p/med load mem_MiB meas_MiB p/m
 for row in "${rows[@]}"; do
   IFS='|' read -r name cfg np ov <<<"$row"
   if [ ${#want[@]} -gt 0 ] && [[ ! " ${want[*]} " == *" $name "* ]]; then continue; fi
@@ -73,22 +76,25 @@ for row in "${rows[@]}"; do
   hw="$work/hw_${name}.json"
   "${launch[@]}" "$sw" plan "$work/$cfg.json" "${sets[@]}" --calibrate --out-hardware "$hw" \
     >"$work/cal_$name.log" 2>&1 || { cat "$work/cal_$name.log"; exit 1; }
-  pred=$("$sw" plan "$work/$cfg.json" "${sets[@]}" --world-size "$np" --hardware "$hw" --json |
-         python3 -c 'import json,sys; print(json.load(sys.stdin)["step_time"]["step_time_s"])')
+  read -r pred pmem <<<"$("$sw" plan "$work/$cfg.json" "${sets[@]}" --world-size "$np" --hardware "$hw" --json |
+         python3 -c 'import json,sys; j = json.load(sys.stdin); r = j["ranks"][0]
+print(j["step_time"]["step_time_s"], r["tiers"]["device"]["peak_bytes"] + r["kernel_workspace_bytes"])')"
   rm -rf "$work/run_$name"
   "${launch[@]}" "$sw" train "$work/$cfg.json" "${sets[@]}" --set train_steps="$steps" \
     --set run_dir="\"$work/run_$name\"" --set eval_every_steps=0 >"$work/train_$name.log" 2>&1 ||
     { cat "$work/train_$name.log"; exit 1; }
-  read -r mmin mmed <<<"$(python3 - "$work/run_$name/metrics.jsonl" <<'PY'
+  read -r mmin mmed mmem <<<"$(python3 - "$work/run_$name/metrics.jsonl" <<'PY'
 import json, sys, statistics
-t = [json.loads(l)["step_time_s"] for l in open(sys.argv[1]) if '"step_time_s"' in l][1:]
-print(min(t), statistics.median(t))
+m = [json.loads(l) for l in open(sys.argv[1]) if '"step_time_s"' in l]
+t = [x["step_time_s"] for x in m][1:]
+print(min(t), statistics.median(t), max(x["peak_mem_bytes"] for x in m))
 PY
 )"
   load=$(cut -d' ' -f1 /proc/loadavg)
-  python3 - "$name" "$np" "$pred" "$mmin" "$mmed" "$load" <<'PY'
+  python3 - "$name" "$np" "$pred" "$mmin" "$mmed" "$load" "$pmem" "$mmem" <<'PY'
 import sys
-n, np_, p, a, m, l = sys.argv[1], sys.argv[2], *map(float, sys.argv[3:])
-print("%-20s %5s %9.3fs %9.3fs %9.3fs %7.2f %7.2f %6.2f" % (n, np_, p, a, m, p / a, p / m, l))
+n, np_, p, a, m, l, pm, mm = sys.argv[1], sys.argv[2], *map(float, sys.argv[3:])
+print("%-20s %5s %9.3fs %9.3fs %9.3fs %7.2f %7.2f %6.2f %9.1f %9.1f %6.3f" %
+      (n, np_, p, a, m, p / a, p / m, l, pm / 2**20, mm / 2**20, pm / mm))
 PY
 done

@@ -22,21 +22,22 @@ namespace sw {
 namespace {
 
 // Seconds per call of f: one warm-up call, then repetitions until min_s has passed (at least
-// 2); the fastest repetition (the least disturbed by other work on the machine).
+// 3); the median repetition: on a quiet machine it is the fastest one, on a shared machine it
+// is the rate a training step sees, which the fastest (a moment the others were idle) is not.
 template <class F>
 double time_it(F&& f, double min_s) {
   f();
-  double best = 1e300, total = 0;
-  int reps = 0;
-  while (reps < 2 || total < min_s) {
+  std::vector<double> ts;
+  double total = 0;
+  while (ts.size() < 3 || total < min_s) {
     const double t0 = trace_now();
     f();
-    const double dt = trace_now() - t0;
-    best = std::min(best, dt);
-    total += dt;
-    if (++reps >= 200) break;
+    ts.push_back(trace_now() - t0);
+    total += ts.back();
+    if (ts.size() >= 200) break;
   }
-  return best;
+  std::sort(ts.begin(), ts.end());
+  return ts[ts.size() / 2];
 }
 
 std::vector<float> filled(size_t n, uint32_t seed) {
