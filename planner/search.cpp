@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cctype>
+#include <cstdint>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -311,6 +312,16 @@ SearchResult search_plans(const PlanSetup& base_in, const SearchOptions& opt,
                   all.push_back(std::move(e));
                 }
     }
+  }
+  if (!have_smallest) {  // every plan needs more host or NVMe memory than allowed
+    int64_t host = INT64_MAX, nv = INT64_MAX;
+    for (const Evaluated& e : all) host = std::min(host, e.host), nv = std::min(nv, e.nvme);
+    fail("plan", "no plan keeps within the host budget (" +
+                     (opt.host_budget > 0 ? format_bytes(size_t(opt.host_budget)) : std::string("none")) +
+                     ") and the NVMe budget (" +
+                     (opt.nvme_budget > 0 ? format_bytes(size_t(opt.nvme_budget)) : std::string("none")) +
+                     "); the least any plan needs is " + format_bytes(size_t(host)) + " host, " +
+                     format_bytes(size_t(nv)) + " NVMe");
   }
   // Pareto frontier over (device memory, step time) among plans within the host/NVMe budgets.
   std::vector<const Evaluated*> ok;
