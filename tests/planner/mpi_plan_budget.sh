@@ -3,7 +3,8 @@
 # mpi): the config as given needs more than the budget (its 2-rank run fails with the budget
 # error), the search's --out config trains 2 steps at 2 ranks with memory_budget set, and its
 # tracked peak stays within the budget, at most 3% above the planner's prediction and at most
-# 20% below it.
+# 20% below it. Then `mpirun -np 2 shardwise plan --calibrate` writes a profile with collectives
+# that `plan` reads.
 # Usage: mpi_plan_budget.sh SHARDWISE HARDWARE_JSON MPIEXEC [mpirun flags...]
 set -u
 hw=$2
@@ -53,4 +54,19 @@ assert peak <= 1.03 * predicted, ("under-estimated", peak, predicted)
 assert peak >= 0.8 * predicted, ("over-estimated by more than 20%", peak, predicted)
 print("mpi_plan_budget: budget %d, predicted %d, measured peak %d" % (budget, predicted, peak))
 PY
+# Calibration at 2 ranks: collectives measured, a profile the search reads.
+timeout 120 "${mpirun[@]}" -np 2 "$sw" plan "$work/cfg.json" --calibrate --nvme-path "$work" \
+  --out-hardware "$work/hw2.json" >"$work/cal.log" 2>&1 || { cat "$work/cal.log"; fail "calibrate exit status"; }
+/usr/bin/python3 - "$work/hw2.json" <<'PY' || fail "calibrated profile"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["world_size"] == 2, j["world_size"]
+for k in ("all_gather", "reduce_scatter", "all_reduce"):
+    c = j["collectives"][k]
+    assert c["busbw_bytes_per_s"] > 0 and c["latency_s"] >= 0 and len(c["points"]) == 4, c
+assert j["disk"]["read_bytes_per_s"] > 0
+PY
+"$sw" plan "$work/cfg.json" --world-size 2 --hardware "$work/hw2.json" >"$work/pred.log" 2>&1 ||
+  { cat "$work/pred.log"; fail "plan with the calibrated profile"; }
+grep -q "step time (hardware" "$work/pred.log" || { cat "$work/pred.log"; fail "no step time"; }
 echo "mpi_plan_budget: OK"

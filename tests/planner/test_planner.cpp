@@ -19,6 +19,7 @@
 #include "../common/temp_dir.h"
 #include "core/error.h"
 #include "engine/config.h"
+#include "planner/calibrate.h"
 #include "planner/hardware.h"
 #include "planner/search.h"
 #include "planner/time_model.h"
@@ -379,4 +380,39 @@ TEST_CASE("auto keys: the search chooses within memory_budget at start", "[plann
   CHECK(a.autoplan.blocks);
   CHECK(a.autoplan.checkpointing);
   CHECK(parse_config(config_json(a), "rt").autoplan.checkpointing);
+}
+
+TEST_CASE("calibration at one rank writes a profile that parses, without collectives", "[planner]") {
+  swtest::TempDir dir("planner_calibrate");
+  CalibrateOptions opt;
+  opt.shapes.gemms = {};
+  CostOp g;
+  g.kind = CostOp::Gemm, g.m = 64, g.n = 96, g.k = 32, g.tb = true;
+  opt.shapes.gemms.push_back(g);
+  opt.shapes.B = 2, opt.shapes.T = 32, opt.shapes.H = 2, opt.shapes.KVH = 2, opt.shapes.hd = 16;
+  opt.shapes.lm_N = 64, opt.shapes.lm_C = 32, opt.shapes.lm_V = 128;
+  opt.shapes.N = 64, opt.shapes.C = 32;
+  opt.disk_path = dir.path.string();
+  opt.disk_bytes = int64_t{16} << 20;
+  opt.min_seconds = 0.01;
+  const HardwareProfile hw = calibrate(opt, nullptr);
+  CHECK_FALSE(hw.has_collectives);
+  REQUIRE(hw.gemm_shapes.size() == 2);  // f32 and bf16
+  CHECK(hw.gemm_shapes[0].tb);
+  CHECK(hw.gemm_f32 > 0);
+  CHECK(hw.gemm_bf16 > 0);
+  CHECK(hw.attention_f32 > 0);
+  CHECK(hw.lmhead_f32 > 0);
+  CHECK(hw.elementwise_bps > 0);
+  CHECK(hw.optimizer_fps > 0);
+  CHECK(hw.disk_read_bps > 0);
+  CHECK(hw.disk_write_bps > 0);
+  save_hardware(hw, (dir.path / "sub" / "hw.json").string());
+  const HardwareProfile back = load_hardware((dir.path / "sub" / "hw.json").string());
+  CHECK(back.gemm_rate(64, 96, 32, DType::F32, false, true) == Approx(hw.gemm_shapes[0].flops));
+  CHECK_FALSE(back.has_collectives);
+  // Its temporary file is gone.
+  size_t left = 0;
+  for (const auto& e : fs::directory_iterator(dir.path)) left += e.path().filename() != "sub";
+  CHECK(left == 0);
 }
