@@ -400,7 +400,11 @@ int cmd_plan(const std::vector<std::string>& args) {
       largest = std::max(largest, n);
     }
   }
-  const PlanPrediction pred = predict_plan(setup_from(cfg, pa.world), hw ? &*hw : nullptr);
+  // The default profile calibrated at one rank cannot time a multi-rank plan: say so and
+  // predict memory only (an explicit --hardware without collectives is an error).
+  const bool no_coll = hw && pa.world > 1 && !hw->has_collectives && pa.hardware.empty();
+  const PlanPrediction pred =
+      predict_plan(setup_from(cfg, pa.world), hw && !no_coll ? &*hw : nullptr);
   const StepPlan& plan = pred.plan;
   const PlanPeak& pk = pred.peak;
   const int64_t host = pred.host;
@@ -490,6 +494,10 @@ int cmd_plan(const std::vector<std::string>& args) {
                     t.begin[i] * 1e3, (t.end[i] - t.begin[i]) * 1e3);
       }
     }
+  } else if (no_coll) {
+    std::printf("step time: the profile %s has no collectives (calibrated at one rank): run "
+                "`mpirun -np %d shardwise plan --calibrate`, or give --hardware FILE\n",
+                default_hardware_path().c_str(), pa.world);
   } else {
     std::printf("step time: no hardware profile (run `shardwise plan --calibrate`, or give "
                 "--hardware FILE)\n");
