@@ -59,6 +59,33 @@ int64_t kernel_workspace_bytes(const ModelConfig& mc, int B, int T, DType comput
   return b;
 }
 
+PlanPeak replay_peak_alloc_first(const StepPlan& plan) {
+  PlanPeak r;
+  MemDeltas cur = plan.initial;
+  auto note = [&](int i, const MemDeltas& extra) {
+    int64_t t = 0;
+    MemDeltas at{};
+    for (size_t c = 0; c < cur.size(); ++c) {
+      at[c] = cur[c] + plan.persistent[c] + plan.reserved[c] + extra[c];
+      t += at[c];
+      r.category_peak[c] = std::max(r.category_peak[c], at[c]);
+    }
+    if (t > r.total || r.action == -1) r.total = t, r.action = i, r.at_peak = at;
+  };
+  note(-1, MemDeltas{});
+  for (size_t i = 0; i < plan.actions.size(); ++i) {
+    const Action& a = plan.actions[i];
+    MemDeltas up{};  // allocations first, with the action's transient bytes
+    for (size_t c = 0; c < cur.size(); ++c) up[c] = std::max<int64_t>(a.mem[c], 0) + a.transient[c];
+    note(static_cast<int>(i), up);
+    for (size_t c = 0; c < cur.size(); ++c) {
+      cur[c] += a.mem[c];
+      r.negative |= cur[c] < 0;
+    }
+  }
+  return r;
+}
+
 namespace {
 
 void resolve_group(ShardingPolicy& p, int world) {
@@ -92,7 +119,7 @@ Evaluated evaluate(Wrapped& w, const PlanSetup& s, const Candidate& c, const Har
   ti.grad_shard_floats = 0;
   for (const PlanUnit& u : in.units) ti.grad_shard_floats += u.padded / in.S;
   const StepPlan plan = plan_step(in);
-  const PlanPeak pk = replay_peak(plan);
+  const PlanPeak pk = replay_peak_alloc_first(plan);
   Evaluated e;
   e.c = c;
   e.workspace = kernel_workspace_bytes(s.model, in.B, in.T, ti.compute, s.world,
@@ -119,7 +146,7 @@ PlanPrediction predict_plan(const PlanSetup& s, const HardwareProfile* hw) {
   r.input.accum = s.accum;
   declare_calls(r.input, model);
   r.plan = plan_step(r.input);
-  r.peak = replay_peak(r.plan);
+  r.peak = replay_peak_alloc_first(r.plan);
   r.workspace = kernel_workspace_bytes(s.model, s.micro_batch, s.model.seq_len,
                                        policy.mixed_precision.param_dtype, s.world,
                                        largest_collective(r.plan));

@@ -416,3 +416,25 @@ TEST_CASE("calibration at one rank writes a profile that parses, without collect
   for (const auto& e : fs::directory_iterator(dir.path)) left += e.path().filename() != "sub";
   CHECK(left == 0);
 }
+
+TEST_CASE("replay with allocations before frees: the backward's transient gradients", "[planner]") {
+  StepPlan plan;
+  plan.persistent[static_cast<size_t>(Mem::Params)] = 1000;
+  plan.initial[static_cast<size_t>(Mem::Activations)] = 500;
+  Action fwd = act(ActionKind::Forward, Queue::Compute);
+  fwd.mem[static_cast<size_t>(Mem::Activations)] = 300;             // 1800
+  Action bwd = act(ActionKind::Backward, Queue::Compute);
+  bwd.mem[static_cast<size_t>(Mem::Communication)] = 400;           // gradients allocated...
+  bwd.mem[static_cast<size_t>(Mem::Activations)] = -350;            // ... then Saved freed
+  Action wr = act(ActionKind::WaitReduce, Queue::Compute);
+  wr.mem[static_cast<size_t>(Mem::Communication)] = -400;
+  plan.actions = {fwd, bwd, wr};
+  const PlanPeak net = replay_peak(plan);
+  const PlanPeak first = replay_peak_alloc_first(plan);
+  CHECK(net.total == 1850);   // after the backward, net: 1000 + 450 + 400
+  CHECK(first.total == 2200);  // during it: 1000 + 800 + 400
+  CHECK(first.action == 1);
+  CHECK(first.at_peak[static_cast<size_t>(Mem::Activations)] == 800);
+  CHECK(first.at_peak[static_cast<size_t>(Mem::Communication)] == 400);
+  CHECK_FALSE(first.negative);
+}
