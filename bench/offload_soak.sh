@@ -69,5 +69,8 @@ for r, (pid, s) in enumerate(sorted(by.items())):
           f"{body[0] / 2**20:.1f} MiB, max {max(body) / 2**20:.1f} MiB, last {body[-1] / 2**20:.1f} MiB, "
           f"growth {g:+.2f}%")
     ok &= g <= 1.0
+# The curve: rank 0's RSS (metrics.jsonl) at ten points after warm-up, and at each checkpoint.
+pts = [after[min(len(after) - 1, i * (len(after) - 1) // 10)] for i in range(11)]
+print("  rank 0 RSS curve (MiB):", " ".join(f"{x['step']}:{x['rss_bytes'] / 2**20:.1f}" for x in pts))
 print("  verdict:", "flat (no growth beyond 1% after warm-up)" if ok else "GROWS")
 PY

@@ -76,7 +76,7 @@ Timeline timeline(const ProfileData& d, const std::vector<MemSample>& mem) {
   return tl;
 }
 
-void write_file(const std::string& path, const std::string& text) {
+void write_file_impl(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) fail("profile", path + ": cannot write (" + std::strerror(errno) + ")");
@@ -174,7 +174,7 @@ std::string peaks_json(const Peaks& p) {
   return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 }
 
-void write_peaks_json(const Peaks& p, const std::string& path) { write_file(path, peaks_json(p)); }
+void write_peaks_json(const Peaks& p, const std::string& path) { write_file_impl(path, peaks_json(p)); }
 
 std::string format_peaks_table(const Peaks& p) {
   std::string out = "rank " + std::to_string(p.rank) + ": peak memory " +
@@ -269,7 +269,7 @@ std::string chrome_trace_json(const ProfileData& d) {
 }
 
 void write_chrome_trace(const ProfileData& d, const std::string& path) {
-  write_file(path, chrome_trace_json(d));
+  write_file_impl(path, chrome_trace_json(d));
 }
 
 // ---- Memory chart (SVG) --------------------------------------------------------------------
@@ -457,7 +457,11 @@ std::string memory_svg(const ProfileData& d, const std::vector<MemSample>* predi
 
 void write_memory_svg(const ProfileData& d, const std::string& path,
                       const std::vector<MemSample>* predicted) {
-  write_file(path, memory_svg(d, predicted));
+  write_file_impl(path, memory_svg(d, predicted));
+}
+
+void write_profile_file(const std::string& path, const std::string& text) {
+  write_file_impl(path, text);
 }
 
 }  // namespace sw

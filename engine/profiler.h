@@ -26,6 +26,8 @@ namespace sw {
 struct TraceAction {
   int step = 0, micro = 0;  // optimizer step (1-based), micro-step
   int action = -1;          // index in the plan (-1: not a plan action, e.g. the trainer's own)
+  int plan_index = -1;      // index in the whole step's plan (all micro-steps, then the
+                            // optimizer), where the recorder knows it
   std::string queue;        // "compute" | "gather" | "reduce" | "io"
   std::string kind;         // "forward", "backward", "gather", "reduce_scatter", "step", ...
   int unit = -1, call = -1;  // -1 when not applicable
@@ -78,6 +80,8 @@ void write_chrome_trace(const ProfileData& d, const std::string& path);
 void write_memory_svg(const ProfileData& d, const std::string& path,
                       const std::vector<MemSample>* predicted = nullptr);
 void write_peaks_json(const Peaks& p, const std::string& path);
+// Any other file of the profile directory, the same way (path.tmp, then renamed).
+void write_profile_file(const std::string& path, const std::string& text);
 
 // The text forms, for tests and for writing elsewhere.
 std::string chrome_trace_json(const ProfileData& d);

@@ -56,6 +56,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "checkpoint/export.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "core/alloc.h"
@@ -162,11 +164,14 @@ class ProfileRecorder {
   }
   // The executor's records appended to `er` since the last call (the actions of the step
   // plan, sharding/step_plan.h) become trace actions of micro-step `micro` on their queues.
-  void take_exec(const ShardedModel& sm, sw::StepRecorder& er, int step, int micro) {
+  // `seg_begin`: where that segment starts in the whole step's plan (-1: unknown).
+  void take_exec(const ShardedModel& sm, sw::StepRecorder& er, int step, int micro,
+                 int seg_begin = -1) {
     drain();
     for (const ActionRecord& r : er.records) {
       TraceAction a;
       a.step = step, a.micro = micro, a.action = r.action;
+      if (seg_begin >= 0 && r.action >= 0) a.plan_index = seg_begin + r.action;
       a.queue = queue_name(r.queue);
       a.kind = action_kind_name(r.kind);
       a.unit = r.unit, a.call = r.call, a.bytes = r.bytes;
@@ -419,6 +424,7 @@ class Trainer {
         recorder_->data().t_origin =
             sum_over_ranks(world_, lead_ ? ProfileRecorder::secs(Clock::now()) : 0.0);
       recorder_->begin_step();
+      if (step_plan_.actions.empty()) step_plan_ = sm_->step_plan(B_, T_, accum_);
       sm_->set_recorder(&exec_rec_);  // the executor records every action of the step plan
       if (hook() && hook()->begin_step) hook()->begin_step(s + 1);
     }
@@ -438,7 +444,7 @@ class Trainer {
       if (!std::isfinite(l) && bad_micro < 0) bad_micro = k;
       loss += l;
       if (rec) {
-        recorder_->take_exec(*sm_, exec_rec_, s + 1, k);
+        recorder_->take_exec(*sm_, exec_rec_, s + 1, k, segment_begin(k));
         recorder_->action(s + 1, k, k, "forward_backward", tk);
       }
     }
@@ -484,7 +490,7 @@ class Trainer {
       ++applied_;
     }
     if (rec) {
-      recorder_->take_exec(*sm_, exec_rec_, s + 1, accum_ - 1);
+      recorder_->take_exec(*sm_, exec_rec_, s + 1, accum_ - 1, segment_begin(accum_));
       sm_->set_recorder(nullptr);
       recorder_->action(s + 1, 0, accum_ + 1, overflow ? "skip_step" : "optimizer", to);
     }
@@ -584,12 +590,57 @@ class Trainer {
     if (hook() && hook()->end_step) hook()->end_step(m.step);
   }
 
-  // Each rank writes its three files into profile.out.
+  // Where segment `seg` (micro-step k = seg, the optimizer = accum) starts in step_plan_.
+  int segment_begin(int seg) const {
+    return static_cast<size_t>(seg) < step_plan_.segments.size()
+               ? step_plan_.segments[static_cast<size_t>(seg)].begin
+               : -1;
+  }
+
+  // The plan's memory over the recorded steps: each recorded plan action's planned
+  // allocations and frees at the time it ended (applied from the measured start, as the
+  // measured samples are): the dashed line over the measured chart.
+  std::vector<MemSample> planned_samples(const ProfileData& d) const {
+    std::vector<MemSample> out;
+    for (const TraceAction& a : d.actions) {
+      if (a.plan_index < 0 || static_cast<size_t>(a.plan_index) >= step_plan_.actions.size())
+        continue;
+      const Action& pa = step_plan_.actions[static_cast<size_t>(a.plan_index)];
+      for (size_t c = 0; c < pa.mem.size(); ++c)
+        if (pa.mem[c]) out.push_back({a.t_end, a.action, mem_name(static_cast<Mem>(c)), pa.mem[c]});
+    }
+    return out;
+  }
+
+  // plan_rank<r>.json: what `shardwise plan` predicts for this rank's step (the plan replayed
+  // with allocations before frees, the kernel-workspace estimate beside it), for `shardwise
+  // profile --plan` to print beside the measured peaks.
+  void write_plan_prediction(const std::string& path) const {
+    const PlanPeak pk = replay_peak_alloc_first(step_plan_);
+    const int64_t ws = kernel_workspace_bytes(cfg_.model, B_, T_,
+                                              cfg_.sharding.mixed_precision.param_dtype, W_,
+                                              largest_collective(step_plan_));
+    nlohmann::json j;
+    j["rank"] = rank_;
+    j["peak_bytes"] = pk.total;
+    j["workspace_estimate_bytes"] = ws;
+    j["peak_action"] = pk.action;
+    j["peak_kind"] = pk.action >= 0
+                         ? action_kind_name(step_plan_.actions[static_cast<size_t>(pk.action)].kind)
+                         : "";
+    nlohmann::json at = nlohmann::json::object();
+    for (size_t c = 0; c < pk.at_peak.size(); ++c) at[mem_name(static_cast<Mem>(c))] = pk.at_peak[c];
+    j["at_peak"] = at;
+    write_profile_file(path, j.dump(1) + "\n");
+  }
+
+  // Each rank writes its files into profile.out.
   void write_profile() {
     recorder_->stop();
     ProfileData& d = recorder_->data();
     std::vector<MemSample> predicted;
     if (hook() && hook()->finish) hook()->finish(d, predicted);
+    if (predicted.empty() && !step_plan_.actions.empty()) predicted = planned_samples(d);
     ProfileResult& r = summary_.profile;
     const fs::path dir(cfg_.profile.out);
     const std::string tag = "_rank" + std::to_string(rank_);
@@ -601,6 +652,10 @@ class Trainer {
     write_chrome_trace(d, r.trace_path);
     write_memory_svg(d, r.svg_path, predicted.empty() ? nullptr : &predicted);
     write_peaks_json(r.peaks, r.peaks_path);
+    if (!step_plan_.actions.empty()) {
+      r.plan_path = (dir / ("plan" + tag + ".json")).string();
+      write_plan_prediction(r.plan_path);
+    }
   }
 
   const ProfileHook* hook() const { return opts_.profile_hook; }
@@ -694,6 +749,7 @@ class Trainer {
 
   std::unique_ptr<ProfileRecorder> recorder_;  // profile block enabled
   sw::StepRecorder exec_rec_;                  // the executor's records of a profiled step
+  StepPlan step_plan_;  // the whole step's plan (profiled runs): the recorded actions' indices
   Clock::time_point step_t0_{};
   int64_t step_comm_bytes_ = 0;
 

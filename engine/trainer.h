@@ -43,6 +43,7 @@ struct TrainOptions {
 struct ProfileResult {
   std::string dir;                                 // profile.out
   std::string trace_path, svg_path, peaks_path;    // "" when no step was recorded
+  std::string plan_path;  // plan_rank<r>.json: the planner's prediction for this rank
   int steps_recorded = 0;
   Peaks peaks;
   // MemTracker's peak of the total since the run began, read after the last recorded step. It

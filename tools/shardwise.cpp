@@ -15,6 +15,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <iostream>
 #include <iterator>
 #include <new>
@@ -120,6 +121,10 @@ const char* kProfileHelp =
     "  memory_rank<r>.svg   memory in use per category over the recorded steps (stacked)\n"
     "  peaks_rank<r>.json   peak_bytes, peak_action, at_peak {category: bytes},\n"
     "                       peak_per_category\n"
+    "  plan_rank<r>.json    what `shardwise plan` predicts for the rank: peak_bytes (the\n"
+    "                       step plan replayed), at_peak {category: bytes},\n"
+    "                       workspace_estimate_bytes; the chart draws the plan's total dashed\n"
+    "                       over the measured one, action by action\n"
     "Rank 0 then prints its peak table and the paths.\n"
     "\n"
     "Options:\n"
@@ -128,6 +133,8 @@ const char* kProfileHelp =
     "                    to <run_dir>/profile); created if missing, must be writable\n"
     "  --set KEY=VALUE   config override, as for train; repeatable\n"
     "  --quiet           no live progress line on stderr\n"
+    "  --plan            print the plan's prediction beside the measurement: per rank the\n"
+    "                    device peak, per category at rank 0's peak\n"
     "  -h, --help        show this help\n";
 
 const char* kDataHelp =
@@ -330,11 +337,51 @@ int cmd_train(const std::vector<std::string>& args) {
 
 // ---- profile -------------------------------------------------------------------------------
 
+// `profile --plan`: each rank's plan_rank<r>.json beside its peaks_rank<r>.json (the device's
+// peak of the recorded steps), then rank 0's categories at the two peaks.
+void print_plan_vs_measured(const std::string& dir, int world) {
+  auto load = [&](const std::string& name) -> nlohmann::json {
+    std::ifstream f(fs::path(dir) / name);
+    if (!f) return nullptr;
+    try {
+      return nlohmann::json::parse(f);
+    } catch (const std::exception&) {
+      return nullptr;
+    }
+  };
+  auto mib = [](double b) { return b / (1024.0 * 1024.0); };
+  std::printf("plan vs measured (device memory, MiB; measured = the recorded steps' peak):\n");
+  std::printf("  %-5s %12s %12s %12s %9s %9s\n", "rank", "plan", "+workspace", "measured",
+              "meas/plan", "meas/+ws");
+  nlohmann::json plan0, meas0;
+  for (int r = 0; r < world; ++r) {
+    const std::string tag = "_rank" + std::to_string(r) + ".json";
+    const nlohmann::json pl = load("plan" + tag), me = load("peaks" + tag);
+    if (pl.is_null() || me.is_null()) {
+      std::printf("  %-5d (plan%s or peaks%s missing)\n", r, tag.c_str(), tag.c_str());
+      continue;
+    }
+    if (r == 0) plan0 = pl, meas0 = me;
+    const double p = pl.value("peak_bytes", 0.0), w = p + pl.value("workspace_estimate_bytes", 0.0);
+    const double m = me.value("peak_bytes", 0.0);
+    std::printf("  %-5d %12.1f %12.1f %12.1f %9.3f %9.3f\n", r, mib(p), mib(w), mib(m),
+                p > 0 ? m / p : 0.0, w > 0 ? m / w : 0.0);
+  }
+  if (plan0.is_null()) return;
+  std::printf("  rank 0 at each peak:\n  %-14s %12s %12s\n", "category", "plan", "measured");
+  for (auto it = plan0["at_peak"].begin(); it != plan0["at_peak"].end(); ++it) {
+    const double m = meas0["at_peak"].value(it.key(), 0.0);
+    if (it.value().get<double>() == 0 && m == 0) continue;
+    std::printf("  %-14s %12.1f %12.1f\n", it.key().c_str(), mib(it.value().get<double>()), mib(m));
+  }
+}
+
 int cmd_profile(const std::vector<std::string>& args) {
   const std::string cmd = "profile";
   std::optional<std::string> config, out;
   std::vector<std::string> overrides;
   int steps = 3;
+  bool with_plan = false;
   sw::TrainOptions opts;
   opts.export_weights = false;
   for (size_t i = 0; i < args.size(); i++) {
@@ -354,6 +401,8 @@ int cmd_profile(const std::vector<std::string>& args) {
       overrides.push_back(v);
     } else if (a == "--quiet") {
       opts.progress = false;
+    } else if (a == "--plan") {
+      with_plan = true;
     } else if (a.size() > 1 && a[0] == '-') {
       unknown_option(cmd, a);
     } else if (!config) {
@@ -392,6 +441,8 @@ int cmd_profile(const std::vector<std::string>& args) {
   std::printf("  trace (Perfetto)   %s\n", p.trace_path.c_str());
   std::printf("  memory chart       %s\n", p.svg_path.c_str());
   std::printf("  peaks              %s\n", p.peaks_path.c_str());
+  if (!p.plan_path.empty()) std::printf("  plan prediction    %s\n", p.plan_path.c_str());
+  if (with_plan) print_plan_vs_measured(p.dir, world);
   if (world > 1)
     std::printf("  (rank%s %s wrote trace_rank<r>.json, memory_rank<r>.svg, peaks_rank<r>.json "
                 "in %s)\n",
