@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Two "hosts" on one machine: two network namespaces joined by a veth pair (root only).
 #
-#   netns_hosts.sh up PREFIX [NETEM...]   create PREFIX-a (10.231.0.1) and PREFIX-b (10.231.0.2),
+#   netns_hosts.sh up PREFIX [QDISC...]   create PREFIX-a (10.231.0.1) and PREFIX-b (10.231.0.2),
 #                                         joined by the veth PREFIX-v (same name on both sides);
-#                                         NETEM, if given, is a `tc netem` spec applied to both
-#                                         ends, e.g. `delay 20ms loss 1%`
+#                                         QDISC, if given, is a root qdisc for both ends, e.g.
+#                                         `netem delay 20ms loss 1%` (needs sch_netem in the
+#                                         kernel) or `tbf rate 4mbit burst 4kb latency 20ms`
 #   netns_hosts.sh cut PREFIX             take the link down on host a's side (a partition)
 #   netns_hosts.sh down PREFIX            kill every process left in either namespace (by pid),
 #                                         delete both namespaces (which deletes the veth pair)
@@ -35,7 +36,7 @@ netns_check() {
   return 0
 }
 
-netns_up() {  # PREFIX [NETEM...]
+netns_up() {  # PREFIX [QDISC...]
   local p=$1
   shift
   local a="$p-a" b="$p-b" v="$p-v"
@@ -48,8 +49,8 @@ netns_up() {  # PREFIX [NETEM...]
     ip -n "$a" link set lo up && ip -n "$b" link set lo up &&
     ip -n "$a" link set "$v" up && ip -n "$b" link set "$v" up || return 1
   if [ $# -gt 0 ]; then
-    ip netns exec "$a" tc qdisc add dev "$v" root netem "$@" &&
-      ip netns exec "$b" tc qdisc add dev "$v" root netem "$@" || return 1
+    ip netns exec "$a" tc qdisc add dev "$v" root "$@" &&
+      ip netns exec "$b" tc qdisc add dev "$v" root "$@" || return 1
   fi
   # The link is up once both ends have a carrier (veth's comes up asynchronously).
   local i
