@@ -7,8 +7,8 @@
 #              shard_group_size 2: shard inside a host, replicate across) equal one rank
 #   lossy      both runs again over a slow, lossy link: `netem delay 20ms loss 1%` on both ends,
 #              or, where the kernel has no netem, `tbf rate 4mbit burst 4kb latency 20ms` (drops)
-#   partition  the link taken down mid-run (HYBRID_SHARD, 4 ranks, comm_timeout_s 5): every
-#              rank prints its watchdog line naming unreachable ranks within
+#   partition  the link taken down mid-run (FULL_SHARD over 2 ranks, then HYBRID_SHARD over 4;
+#              comm_timeout_s 5): every rank prints its watchdog line naming unreachable ranks within
 #              comm_timeout_s + 10 s (read from its own output file, written on its own host),
 #              exits non-zero, mpirun returns (scripts/mpirun_guard.sh) and no orted, rank or
 #              launcher is left in either namespace
@@ -108,6 +108,74 @@ PY
 
 "$sw" train "$work/cfg.json" --quiet >"$work/r1.log" 2>&1 || { cat "$work/r1.log"; fail "one-rank run"; }
 
+# partition_run TAG HOSTS NP OVERRIDES...: a fresh pair of hosts, a long run, the link cut after
+# 3 steps; checks and prints the figures.
+partition_run() {
+  local tag=$1 hosts=$2 np=$3
+  shift 3
+  netns_up "$prefix" || fail "netns_hosts up"
+  timeout_s=5
+  # ssh-like keepalives for the agent (10 s: after the ranks' own detection, which ends
+  # at about timeout_s + 2 x grace = 7.5 s); the guard ends mpirun 5 s after the abort.
+  export NETNS_RSH_ALIVE="2 5"
+  mkdir -p "$work/out_$tag"
+  timeout 120 "$scripts/mpirun_guard.sh" -g 5 "${across[@]}" --host "$hosts" -np "$np" \
+    --output-filename "$work/out_$tag" \
+    "$sw" train "$work/cfg.json" --quiet --set run_dir="$work/cut_$tag" "$@" \
+    --set train_steps=1000000 --set eval_every_steps=0 --set log_every_steps=1 \
+    --set comm_timeout_s=$timeout_s >"$work/cut_$tag.log" 2>&1 &
+  job=$!
+  # Cut once a few steps have run.
+  while [ "$(cat "$work/cut_$tag/metrics.jsonl" 2>/dev/null | wc -l)" -lt 3 ]; do
+    kill -0 "$job" 2>/dev/null || { cat "$work/cut_$tag.log"; fail "the run ended before the cut"; }
+    sleep 0.05
+  done
+  tcut=$(date +%s.%N)
+  netns_cut "$prefix"
+  # Each rank's detection time: when its own output file (written on its own host) first
+  # holds its watchdog line.
+  local -A seen=()
+  while kill -0 "$job" 2>/dev/null; do
+    for r in $(seq 0 $((np - 1))); do
+      [ -n "${seen[$r]:-}" ] && continue
+      if grep -qs "did not complete within" "$work"/out_$tag/*/rank.$r/stderr; then
+        seen[$r]=$(echo "$(date +%s.%N) - $tcut" | bc)
+      fi
+    done
+    sleep 0.05
+  done
+  wait "$job"
+  rc=$?
+  tret=$(echo "$(date +%s.%N) - $tcut" | bc)
+  [ "$rc" -ne 124 ] || { cat "$work/cut_$tag.log"; fail "mpirun did not return within 120 s"; }
+  [ "$rc" -ne 0 ] || { cat "$work/cut_$tag.log"; fail "mpirun exited 0 after the partition"; }
+  # Nothing of the job may stay behind on either host (the far side's orted is ended by the
+  # agent's keepalive, as sshd's ClientAliveInterval would).
+  left=
+  for k in $(seq 1 100); do
+    left=$(for ns in "$A" "$B"; do ip netns pids "$ns"; done | xargs -r ps -o comm= -p |
+           grep -E "orted|shardwise|mpirun" | sort | uniq -c | tr -s ' \n' ' ')
+    [ -z "$left" ] && break
+    sleep 0.2
+  done
+  tclean=$(echo "$(date +%s.%N) - $tcut" | bc)
+  [ -z "$left" ] || { cat "$work/cut_$tag.log"; fail "left running 20 s after mpirun returned: $left"; }
+  report=
+  for r in $(seq 0 $((np - 1))); do
+    line=$(grep -hs "did not complete within" "$work"/out_$tag/*/rank.$r/stderr | head -1)
+    [ -n "$line" ] || { cat "$work/cut_$tag.log"; fail "rank $r printed no watchdog line"; }
+    echo "$line" | grep -q "ranks not reached: \[[0-9]" ||
+      fail "rank $r names no unreachable rank: $line"
+    d=${seen[$r]:-}
+    [ -n "$d" ] && [ "$(echo "$d <= $timeout_s + 10" | bc)" = 1 ] ||
+      fail "rank $r reported ${d:-after mpirun returned} s after the cut (limit $((timeout_s + 10)) s)"
+    report+=" rank $r $(printf %.1f "$d") s ($(echo "$line" | sed 's/.*\(ranks not reached: \[[^]]*\]\).*/\1/'));"
+  done
+  echo "$name: $tag: detection after the cut:$report mpirun returned (status $rc) after $(printf %.1f "$tret") s," \
+    "nothing left after $(printf %.1f "$tclean") s"
+  netns_down "$prefix"
+}
+
 case $mode in
   parity)
     netns_up "$prefix" || fail "netns_hosts up"
@@ -149,67 +217,8 @@ case $mode in
       "host a retransmitted ${retrans:-?} TCP segments)"
     ;;
   partition)
-    netns_up "$prefix" || fail "netns_hosts up"
-    timeout_s=5
-    # ssh-like keepalives for the agent (10 s: after the ranks' own detection, which ends
-    # at about timeout_s + 2 x grace = 7.5 s); the guard ends mpirun 5 s after the abort.
-    export NETNS_RSH_ALIVE="2 5"
-    mkdir -p "$work/out"
-    t0=$(date +%s.%N)
-    timeout 120 "$scripts/mpirun_guard.sh" -g 5 "${across[@]}" --host "$hosts4" -np 4 \
-      --output-filename "$work/out" \
-      "$sw" train "$work/cfg.json" --quiet --set run_dir="$work/cut" "${hybrid[@]}" \
-      --set train_steps=1000000 --set eval_every_steps=0 --set log_every_steps=1 \
-      --set comm_timeout_s=$timeout_s >"$work/cut.log" 2>&1 &
-    job=$!
-    # Cut once a few steps have run.
-    while [ "$(cat "$work/cut/metrics.jsonl" 2>/dev/null | wc -l)" -lt 3 ]; do
-      kill -0 "$job" 2>/dev/null || { cat "$work/cut.log"; fail "the run ended before the cut"; }
-      sleep 0.05
-    done
-    tcut=$(date +%s.%N)
-    netns_cut "$prefix"
-    # Each rank's detection time: when its own output file (written on its own host) first
-    # holds its watchdog line.
-    declare -A seen
-    while kill -0 "$job" 2>/dev/null; do
-      for r in 0 1 2 3; do
-        [ -n "${seen[$r]:-}" ] && continue
-        if grep -qs "did not complete within" "$work"/out/*/rank.$r/stderr; then
-          seen[$r]=$(echo "$(date +%s.%N) - $tcut" | bc)
-        fi
-      done
-      sleep 0.05
-    done
-    wait "$job"
-    rc=$?
-    tret=$(echo "$(date +%s.%N) - $tcut" | bc)
-    [ "$rc" -ne 124 ] || { cat "$work/cut.log"; fail "mpirun did not return within 120 s"; }
-    [ "$rc" -ne 0 ] || { cat "$work/cut.log"; fail "mpirun exited 0 after the partition"; }
-    # Nothing of the job may stay behind on either host (the far side's orted is ended by the
-    # agent's keepalive, as sshd's ClientAliveInterval would).
-    left=
-    for k in $(seq 1 100); do
-      left=$(for ns in "$A" "$B"; do ip netns pids "$ns"; done | xargs -r ps -o comm= -p |
-             grep -E "orted|shardwise|mpirun" | sort | uniq -c | tr -s ' \n' ' ')
-      [ -z "$left" ] && break
-      sleep 0.2
-    done
-    tclean=$(echo "$(date +%s.%N) - $tcut" | bc)
-    [ -z "$left" ] || { cat "$work/cut.log"; fail "left running 20 s after mpirun returned: $left"; }
-    report=
-    for r in 0 1 2 3; do
-      line=$(grep -hs "did not complete within" "$work"/out/*/rank.$r/stderr | head -1)
-      [ -n "$line" ] || { cat "$work/cut.log"; fail "rank $r printed no watchdog line"; }
-      echo "$line" | grep -q "ranks not reached: \[[0-9]" ||
-        fail "rank $r names no unreachable rank: $line"
-      d=${seen[$r]:-}
-      [ -n "$d" ] && [ "$(echo "$d <= $timeout_s + 10" | bc)" = 1 ] ||
-        fail "rank $r reported ${d:-after mpirun returned} s after the cut (limit $((timeout_s + 10)) s)"
-      report+=" rank $r $(printf %.1f "$d") s ($(echo "$line" | sed 's/.*\(ranks not reached: \[[^]]*\]\).*/\1/'));"
-    done
-    echo "$name: detection after the cut:$report mpirun returned (status $rc) after $(printf %.1f "$tret") s," \
-      "nothing left after $(printf %.1f "$tclean") s"
+    partition_run FULL_SHARD "$hosts2" 2 "${full[@]}"
+    partition_run HYBRID_SHARD "$hosts4" 4 "${hybrid[@]}"
     ;;
   *) fail "unknown mode $mode" ;;
 esac
