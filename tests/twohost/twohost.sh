@@ -33,7 +33,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 
-i=
 for i in $(seq 1 4000); do echo "line $i: the quick brown fox jumps over $((i * 7 % 13)) lazy dogs"; done >"$work/text.txt"
 "$sw" data prepare "$work/text.txt" --out "$work/train.bin" --val "$work/val.bin" >/dev/null ||
   fail "data prepare"
@@ -62,8 +61,9 @@ train_across() {  # name hosts np overrides...
   local name=$1 hosts=$2 np=$3
   shift 3
   timeout 300 "${across[@]}" --host "$hosts" -np "$np" \
-    "$sw" train "$work/cfg.json" --quiet --set run_dir="$work/$name" "$@" >"$work/$name.log" 2>&1 ||
-    { cat "$work/$name.log"; fail "$name: exit status $?"; }
+    "$sw" train "$work/cfg.json" --quiet --set run_dir="$work/$name" "$@" >"$work/$name.log" 2>&1
+  local rc=$?
+  [ "$rc" -eq 0 ] || { cat "$work/$name.log"; fail "$name: exit status $rc"; }
 }
 veth_bytes() { ip netns exec "$B" cat "/sys/class/net/$V/statistics/rx_bytes"; }
 
