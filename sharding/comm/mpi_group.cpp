@@ -560,7 +560,8 @@ void MpiGroup::run_all_reduce(const Collective& c, const P2P& p, CommAlgo a, int
 // Every tick it answers peers' status queries on the side channel and checks the running
 // collective's age. On timeout it asks every peer what it is doing (grace period of up to 2 s
 // for answers), prints one line naming the collective, its sequence number and the ranks that
-// never reached it, and calls MPI_Abort so every rank exits non-zero.
+// never reached it, waits one more grace period (so that the ranks whose deadlines fall within
+// it print theirs) and calls MPI_Abort so every rank exits non-zero.
 
 PeerStatus MpiGroup::my_status() {
   PeerStatus s{};
@@ -688,6 +689,15 @@ void MpiGroup::on_timeout(MPI_Request* qreq, int* qbuf) {
                world_rank_str(rank_).c_str(), static_cast<unsigned long long>(seq),
                describe(c).c_str(), fmt_seconds(timeout).c_str(), missing.c_str(), detail.c_str());
   std::fflush(stderr);
+  // Linger one grace period (still answering queries) before the abort: MPI_Abort makes the
+  // launcher kill every rank, and a rank whose own deadline fell within a grace period of
+  // ours is still waiting for its answers; after a partition that is every rank on this side
+  // of it, and each should get to print its own line.
+  const auto t1 = Clock::now();
+  while (secs_since(t1) < grace) {
+    serve_queries(qreq, qbuf);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   MPI_Abort(MPI_COMM_WORLD, kAbortCode);
   std::_Exit(kAbortCode);
 }

@@ -1,0 +1,224 @@
+#!/bin/bash
+# Two hosts on one machine (label mpi): two network namespaces joined by a veth pair
+# (scripts/netns_hosts.sh), mpirun inside the first, orted started in the second through
+# scripts/netns_rsh, every byte between the hosts over TCP on the veth (btl tcp,self).
+# Usage: twohost.sh MODE SHARDWISE MPIEXEC [mpirun flags...]; MODE is one of
+#   parity     FULL_SHARD over 2 ranks (one per host) and HYBRID_SHARD over 4 (2 per host,
+#              shard_group_size 2: shard inside a host, replicate across) equal one rank
+#   lossy      both runs again over a slow, lossy link: `netem delay 20ms loss 1%` on both ends,
+#              or, where the kernel has no netem, `tbf rate 4mbit burst 4kb latency 20ms` (drops)
+#   partition  the link taken down mid-run (FULL_SHARD over 2 ranks, then HYBRID_SHARD over 4;
+#              comm_timeout_s 5): every rank prints its watchdog line naming unreachable ranks within
+#              comm_timeout_s + 10 s (read from its own output file, written on its own host),
+#              exits non-zero, mpirun returns (scripts/mpirun_guard.sh) and no orted, rank or
+#              launcher is left in either namespace
+# Exits 77 (skipped) where namespaces cannot be made (not root, no CAP_SYS_ADMIN).
+set -u
+mode=$1 sw=$2 mpiexec=$3
+shift 3
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+scripts=$(cd "$here/../../scripts" && pwd)
+source "$scripts/netns_hosts.sh"
+name="twohost_$mode"
+fail() { echo "$name: FAIL: $*"; exit 1; }
+
+why=$(netns_check) || { echo "$name: SKIP: $why"; exit 77; }
+prefix="sw$$"
+A="$prefix-a" B="$prefix-b" V="$prefix-v"
+work=$(mktemp -d)
+cleanup() {
+  netns_down "$prefix"
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+
+for i in $(seq 1 4000); do echo "line $i: the quick brown fox jumps over $((i * 7 % 13)) lazy dogs"; done >"$work/text.txt"
+"$sw" data prepare "$work/text.txt" --out "$work/train.bin" --val "$work/val.bin" >/dev/null ||
+  fail "data prepare"
+cat >"$work/cfg.json" <<JSON
+{
+  "model": {"type": "gpt2", "vocab_size": 256, "n_layer": 2, "n_head": 2, "d_model": 32,
+            "seq_len": 16},
+  "data": {"train": "$work/train.bin", "val": "$work/val.bin"},
+  "train_micro_batch_size_per_gpu": 4, "train_steps": 8, "eval_every_steps": 4,
+  "eval_batches": 3, "log_every_steps": 4, "threads": 1,
+  "optimizer": {"params": {"lr": 0.003}}, "gradient_clipping": 1.0,
+  "run_dir": "$work/r1"
+}
+JSON
+export OMP_NUM_THREADS=1
+
+# mpirun inside host a, ranks placed by --host; all MPI and ORTE traffic on the veth's subnet.
+across=(ip netns exec "$A" "$mpiexec" "$@" --mca plm_rsh_agent "$scripts/netns_rsh"
+        --mca btl tcp,self --mca btl_tcp_if_include "$NETNS_SUBNET"
+        --mca oob_tcp_if_include "$NETNS_SUBNET" -x OMP_NUM_THREADS)
+hosts2="$NETNS_IP_A:1,$NETNS_IP_B:1" hosts4="$NETNS_IP_A:2,$NETNS_IP_B:2"
+full=(--set train_micro_batch_size_per_gpu=2 --set sharding_strategy=FULL_SHARD)
+hybrid=(--set train_micro_batch_size_per_gpu=1 --set sharding_strategy=HYBRID_SHARD
+        --set shard_group_size=2)
+train_across() {  # name hosts np overrides...
+  local name=$1 hosts=$2 np=$3
+  shift 3
+  timeout 300 "${across[@]}" --host "$hosts" -np "$np" \
+    "$sw" train "$work/cfg.json" --quiet --set run_dir="$work/$name" "$@" >"$work/$name.log" 2>&1
+  local rc=$?
+  [ "$rc" -eq 0 ] || { cat "$work/$name.log"; fail "$name: exit status $rc"; }
+}
+veth_bytes() { ip netns exec "$B" cat "/sys/class/net/$V/statistics/rx_bytes"; }
+
+compare() {  # runs... : losses, grad norms, val losses and exported weights against r1
+  /usr/bin/python3 - "$work" "$@" <<'PY' || exit 1
+import json, struct, sys
+import numpy as np
+work, names = sys.argv[1], sys.argv[2:]
+def metrics(run):
+    return [json.loads(l) for l in open(f"{work}/{run}/metrics.jsonl")]
+def weights(run):
+    b = open(f"{work}/{run}/model.safetensors", "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    return {k: np.frombuffer(b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]],
+                             dtype=np.float32) for k, v in h.items() if k != "__metadata__"}
+ref, wref = metrics("r1"), weights("r1")
+bad = []
+for run in names:
+    m, w = metrics(run), weights(run)
+    if len(m) != len(ref):
+        bad.append(f"{run}: {len(m)} metrics lines, expected {len(ref)}")
+        continue
+    for a, b in zip(m, ref):
+        for key, tol in (("loss", 1e-5), ("grad_norm", 1e-4), ("val_loss", 1e-5)):
+            if key in b and abs(a[key] - b[key]) > tol * abs(b[key]):
+                bad.append(f"{run} step {b['step']}: {key} {a[key]} vs one rank {b[key]}")
+    if sorted(w) != sorted(wref):
+        bad.append(f"{run}: exported tensors differ in names")
+        continue
+    worst = max(float(np.max(np.abs(w[k] - wref[k]))) for k in w)
+    if worst > 1e-4:
+        bad.append(f"{run}: exported weights differ by up to {worst}")
+    rel = max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(m, ref))
+    print(f"twohost: {run}: final loss {m[-1]['loss']:.6f} (one rank {ref[-1]['loss']:.6f}), "
+          f"max relative loss difference {rel:.1e}, weights within {worst:.1e}")
+if bad:
+    print("twohost: FAIL:\n  " + "\n  ".join(bad))
+    sys.exit(1)
+PY
+}
+
+"$sw" train "$work/cfg.json" --quiet >"$work/r1.log" 2>&1 || { cat "$work/r1.log"; fail "one-rank run"; }
+
+# partition_run TAG HOSTS NP OVERRIDES...: a fresh pair of hosts, a long run, the link cut after
+# 3 steps; checks and prints the figures.
+partition_run() {
+  local tag=$1 hosts=$2 np=$3
+  shift 3
+  netns_up "$prefix" || fail "netns_hosts up"
+  timeout_s=5
+  # ssh-like keepalives for the agent (10 s: after the ranks' own detection, which ends
+  # at about timeout_s + 2 x grace = 7.5 s); the guard ends mpirun 5 s after the abort.
+  export NETNS_RSH_ALIVE="2 5"
+  mkdir -p "$work/out_$tag"
+  timeout 120 "$scripts/mpirun_guard.sh" -g 5 "${across[@]}" --host "$hosts" -np "$np" \
+    --output-filename "$work/out_$tag" \
+    "$sw" train "$work/cfg.json" --quiet --set run_dir="$work/cut_$tag" "$@" \
+    --set train_steps=1000000 --set eval_every_steps=0 --set log_every_steps=1 \
+    --set comm_timeout_s=$timeout_s >"$work/cut_$tag.log" 2>&1 &
+  job=$!
+  # Cut once a few steps have run.
+  while [ "$(cat "$work/cut_$tag/metrics.jsonl" 2>/dev/null | wc -l)" -lt 3 ]; do
+    kill -0 "$job" 2>/dev/null || { cat "$work/cut_$tag.log"; fail "the run ended before the cut"; }
+    sleep 0.05
+  done
+  tcut=$(date +%s.%N)
+  netns_cut "$prefix"
+  # Each rank's detection time: when its own output file (written on its own host) first
+  # holds its watchdog line.
+  local -A seen=()
+  while kill -0 "$job" 2>/dev/null; do
+    for r in $(seq 0 $((np - 1))); do
+      [ -n "${seen[$r]:-}" ] && continue
+      if grep -qs "did not complete within" "$work"/out_$tag/*/rank.$r/stderr; then
+        seen[$r]=$(echo "$(date +%s.%N) - $tcut" | bc)
+      fi
+    done
+    sleep 0.05
+  done
+  wait "$job"
+  rc=$?
+  tret=$(echo "$(date +%s.%N) - $tcut" | bc)
+  [ "$rc" -ne 124 ] || { cat "$work/cut_$tag.log"; fail "mpirun did not return within 120 s"; }
+  [ "$rc" -ne 0 ] || { cat "$work/cut_$tag.log"; fail "mpirun exited 0 after the partition"; }
+  # Nothing of the job may stay behind on either host (the far side's orted is ended by the
+  # agent's keepalive, as sshd's ClientAliveInterval would).
+  left=
+  for k in $(seq 1 100); do
+    left=$(for ns in "$A" "$B"; do ip netns pids "$ns"; done | xargs -r ps -o comm= -p |
+           grep -E "orted|shardwise|mpirun" | sort | uniq -c | tr -s ' \n' ' ')
+    [ -z "$left" ] && break
+    sleep 0.2
+  done
+  tclean=$(echo "$(date +%s.%N) - $tcut" | bc)
+  [ -z "$left" ] || { cat "$work/cut_$tag.log"; fail "left running 20 s after mpirun returned: $left"; }
+  report=
+  for r in $(seq 0 $((np - 1))); do
+    line=$(grep -hs "did not complete within" "$work"/out_$tag/*/rank.$r/stderr | head -1)
+    [ -n "$line" ] || { cat "$work/cut_$tag.log"; fail "rank $r printed no watchdog line"; }
+    echo "$line" | grep -q "ranks not reached: \[[0-9]" ||
+      fail "rank $r names no unreachable rank: $line"
+    d=${seen[$r]:-}
+    [ -n "$d" ] && [ "$(echo "$d <= $timeout_s + 10" | bc)" = 1 ] ||
+      fail "rank $r reported ${d:-after mpirun returned} s after the cut (limit $((timeout_s + 10)) s)"
+    report+=" rank $r $(printf %.1f "$d") s ($(echo "$line" | sed 's/.*\(ranks not reached: \[[^]]*\]\).*/\1/'));"
+  done
+  echo "$name: $tag: detection after the cut:$report mpirun returned (status $rc) after $(printf %.1f "$tret") s," \
+    "nothing left after $(printf %.1f "$tclean") s"
+  netns_down "$prefix"
+}
+
+case $mode in
+  parity)
+    netns_up "$prefix" || fail "netns_hosts up"
+    b0=$(veth_bytes)
+    t0=$SECONDS
+    train_across full "$hosts2" 2 "${full[@]}"
+    t1=$SECONDS
+    train_across hybrid "$hosts4" 4 "${hybrid[@]}"
+    b1=$(veth_bytes)
+    compare full hybrid
+    # Every all-gather and reduce-scatter of the FULL_SHARD run crosses the link.
+    [ "$((b1 - b0))" -gt 100000 ] || fail "only $((b1 - b0)) bytes crossed the veth"
+    echo "$name: ok (FULL_SHARD 2 ranks $((t1 - t0)) s, HYBRID_SHARD 4 ranks $((SECONDS - t1)) s," \
+      "$(((b1 - b0) / 1024)) KiB received by host b)"
+    ;;
+  lossy)
+    # A slow, lossy link: netem's delay and loss where the kernel has sch_netem; otherwise (this
+    # VM's kernel has no netem) a token bucket at 4 Mbit/s whose 20 ms queue overflows: queueing
+    # delay and tail drops, i.e. retransmissions, at every collective.
+    link="netem delay 20ms loss 1%"
+    if ! netns_up "$prefix" $link 2>"$work/tc.err"; then
+      grep -q "qdisc kind is unknown" "$work/tc.err" || { cat "$work/tc.err"; fail "netns_hosts up with netem"; }
+      echo "$name: this kernel has no netem qdisc; using tbf instead"
+      netns_down "$prefix"
+      link="tbf rate 4mbit burst 4kb latency 20ms"
+      netns_up "$prefix" $link || fail "netns_hosts up with $link"
+    fi
+    t0=$SECONDS
+    train_across link_full "$hosts2" 2 "${full[@]}"
+    t1=$SECONDS
+    train_across link_hybrid "$hosts4" 4 "${hybrid[@]}"
+    compare link_full link_hybrid
+    drops=$(ip netns exec "$A" tc -s qdisc show dev "$V" | sed -n 's/.*dropped \([0-9]*\).*/\1/p' | head -1)
+    drops_b=$(ip netns exec "$B" tc -s qdisc show dev "$V" | sed -n 's/.*dropped \([0-9]*\).*/\1/p' | head -1)
+    retrans=$(ip netns exec "$A" cat /proc/net/snmp | awk '/^Tcp:/ {n++; if (n == 1) for (i = 1; i <= NF; i++) h[i] = $i; else for (i = 1; i <= NF; i++) if (h[i] == "RetransSegs") print $i}')
+    [ "${drops:-0}" -gt 0 ] || [ "${drops_b:-0}" -gt 0 ] || fail "the link dropped no packet ($link)"
+    echo "$name: ok over '$link' (FULL_SHARD 2 ranks $((t1 - t0)) s, HYBRID_SHARD 4 ranks" \
+      "$((SECONDS - t1)) s; dropped ${drops:-?} packets on host a, ${drops_b:-?} on host b;" \
+      "host a retransmitted ${retrans:-?} TCP segments)"
+    ;;
+  partition)
+    partition_run FULL_SHARD "$hosts2" 2 "${full[@]}"
+    partition_run HYBRID_SHARD "$hosts4" 4 "${hybrid[@]}"
+    ;;
+  *) fail "unknown mode $mode" ;;
+esac
