@@ -63,6 +63,10 @@ const StepPlan& ShardedModel::Impl::plan_for(const Model& model, const Batch& ba
 
 void ShardedModel::Impl::run(Model& model, const StepPlan& plan, ExecState& st) {
   if (recorder) ++recorder->segments;
+  // The previous optimizer's write-backs are done (long since, normally) before this one
+  // reads the moments again; an io error of theirs stops the run here.
+  if (nvme && !plan.segments.empty() && plan.segments[0].kind == SegmentKind::Optimizer)
+    nvme->settle_writes();
   if (nvme) nvme->ev.assign(plan.actions.size(), nullptr);
   if (pnvme) {
     pnvme->ev.clear();
@@ -271,12 +275,16 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
       // A staging buffer is reused only after the io that last used it (the plan's waits).
       for (int w : a.waits)
         if (plan.actions[size_t(w)].queue == Queue::IO) wait_io(plan, w, false);
-      if (a.carry) {
+      if (a.carry && a.kind == ActionKind::Fetch) {
         const int c = run_carried(plan, i);
         if (c == 1) break;  // a micro-step's: recorded at issue (nothing here waits for it)
         if (c == 2) return;  // adopted by the optimizer: recorded when its WaitIo sees it
       }
       run_io(plan, i, *fu);
+      if (a.carry && a.kind == ActionKind::Evict) {  // left in flight past the segment
+        nvme->pending_writes.push_back(nvme->ev[size_t(i)]);
+        break;  // recorded at issue: no WaitIo of this segment sees it
+      }
       return;
     case ActionKind::WaitIo:
       for (int w : a.waits) {
@@ -385,6 +393,12 @@ int ShardedModel::Impl::run_carried(const StepPlan& plan, int i) {
     c = {a.unit, a.lo, a.hi, std::move(nvme->ev[size_t(i)])};
   }
   return 1;
+}
+
+void NvmeMoments::settle_writes() {
+  std::vector<IoEventPtr> w;
+  w.swap(pending_writes);
+  for (IoEventPtr& e : w) e->synchronize();
 }
 
 void NvmeMoments::drop_carried() {

@@ -82,6 +82,12 @@ struct NvmeMoments {
   // Waits for the carried reads and forgets them (their staging data would be stale after a
   // write of the moments outside the plan).
   void drop_carried();
+  // The optimizer's write-backs left in flight past its segment (an Evict with Action::carry):
+  // they overlap the next step's forward and backward. settle_writes() waits for them and
+  // throws the first one's io error line; it runs before the next optimizer segment and
+  // before any access to the moments outside the plan (checkpoints).
+  std::vector<IoEventPtr> pending_writes;
+  void settle_writes();
   int64_t tracked = 0;                // bytes reported to the NVMe tier's tracker (Optimizer)
   IoStream io;
   ~NvmeMoments();                     // closes and removes the file (a clean exit)

@@ -71,6 +71,7 @@ namespace {
 // the NVMe moments file, piece by piece (NvmeMoments' layout; pieces of C floats), synchronously.
 void nvme_transfer(NvmeMoments& nv, const FlatUnit& fu, ShardedModel::StateKind k, FlatRange r,
                    float* buf, bool write, int64_t C) {
+  nv.settle_writes();  // the optimizer's last write-backs first (and their errors)
   const int64_t sh = fu.shard_range().lo, n = fu.shard_size();
   std::vector<IoEventPtr> evs;
   for (int64_t x = r.lo; x < r.hi;) {

@@ -216,7 +216,7 @@ class Builder {
     const int np = static_cast<int>(pieces.size());
     const int bc = opt_buffers();
     const int carried = carried_pieces(pieces);
-    std::vector<int> fetch_at(pieces.size(), -1), evict_at;
+    std::vector<int> fetch_at(pieces.size(), -1), evict_at, evict_wait;
     auto fetch = [&](int k) {
       Action& a = add_piece_fetch(pieces, k);
       if (k < carried) a.carry = true, a.bytes = 0;
@@ -244,7 +244,12 @@ class Builder {
         e.lo = pc.lo, e.hi = pc.hi;
         e.io = piece_io(ui, false);
         e.bytes = io_floats(e.io) * (pc.hi - pc.lo) * 4;
+        // Moments only: the write may finish during the next step (Action::carry); nothing
+        // before the next optimizer reads them, and the io queue orders any read of the same
+        // range or buffer after it. A master written back is read by the next gathers: waited.
+        e.carry = e.io == kIoMoments;
         evict_at.push_back(static_cast<int>(plan_.actions.size()) - 1);
+        if (!e.carry) evict_wait.push_back(evict_at.back());
         if (k + bc - 1 < np) fetch(k + bc - 1);
       }
       if (in_.kind == UnitKind::FullReplicated) {
@@ -262,9 +267,9 @@ class Builder {
           (in_.policy.max_live_units == 0 || live() < in_.policy.max_live_units))
         issue(ui);
     }
-    if (!evict_at.empty()) {  // written back before anything reads the file (checkpoints)
+    if (!evict_wait.empty()) {  // masters written back before the next gathers read them
       Action& w = add(ActionKind::WaitIo, Queue::Compute);
-      w.waits = evict_at;
+      w.waits = evict_wait;
     }
     plan_.segments.push_back({SegmentKind::Optimizer, micro_, false, b,
                               static_cast<int>(plan_.actions.size())});

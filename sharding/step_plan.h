@@ -140,6 +140,9 @@ struct Action {
   // issued and left in flight when the segment ends (it overlaps the forward and backward);
   // in the optimizer, the fetch adopts that read (its bytes are 0: counted where issued) or,
   // when there is none (no last micro-step ran since, or the state was written), reads.
+  // Evict of an optimizer piece of moments only: its write is left in flight when the
+  // optimizer ends (it overlaps the next step); the next optimizer, or any access to the
+  // moments outside the plan, waits for it first.
   bool carry = false;
   int64_t lo = 0, hi = -1;  // Fetch / Evict / OptimizerUpdate: floats of the unit's shard
                             // (hi < 0: all of it)
