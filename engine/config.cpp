@@ -320,7 +320,7 @@ const char* kind_name(Kind k) {
 }
 
 std::string describe(const json& v) {
-  std::string s = v.dump();
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
   if (s.size() > 40) s = s.substr(0, 37) + "...";
   switch (v.type()) {
     case json::value_t::string:
@@ -451,6 +451,13 @@ void apply_override(json& root, const std::string& ov, const std::string& source
   if (eq == std::string::npos || eq == 0)
     fail("config",
          source + ": --set '" + ov + "': expected KEY=VALUE, e.g. optimizer.params.lr=1e-3");
+  try {  // keys and string values end up in the resolved config, which must dump as JSON
+    (void)json(ov).dump();
+  } catch (const json::type_error&) {
+    fail("config", source + ": --set " +
+                       json(ov).dump(-1, ' ', false, json::error_handler_t::replace) +
+                       ": not valid UTF-8");
+  }
   const std::string path = ov.substr(0, eq), text = ov.substr(eq + 1);
   std::vector<std::string> parts;
   {
