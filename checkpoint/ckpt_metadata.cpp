@@ -56,12 +56,12 @@ struct MetaReader {
   }
   std::string str(const nlohmann::json& j, const char* key, const std::string& where) const {
     const nlohmann::json& v = at(j, key, where);
-    if (!v.is_string()) bad(where + "." + key, "must be a string (got " + kind(v) + ")");
+    if (!v.is_string()) bad(join(where, key), "must be a string (got " + kind(v) + ")");
     return v.get<std::string>();
   }
   bool boolean(const nlohmann::json& j, const char* key, const std::string& where) const {
     const nlohmann::json& v = at(j, key, where);
-    if (!v.is_boolean()) bad(where + "." + key, "must be true or false (got " + kind(v) + ")");
+    if (!v.is_boolean()) bad(join(where, key), "must be true or false (got " + kind(v) + ")");
     return v.get<bool>();
   }
   // An integer in [lo, hi].
@@ -81,7 +81,11 @@ struct MetaReader {
   }
   int64_t integer(const nlohmann::json& j, const char* key, const std::string& where, int64_t lo,
                   int64_t hi) const {
-    return integer(at(j, key, where), where + "." + key, lo, hi);
+    return integer(at(j, key, where), join(where, key), lo, hi);
+  }
+  // "units[2].numel"; a top-level key alone ("world_size").
+  static std::string join(const std::string& where, const char* key) {
+    return where == "the document" ? std::string(key) : where + "." + key;
   }
   uint32_t crc(const nlohmann::json& v, const std::string& where) const {
     return static_cast<uint32_t>(integer(v, where, 0, UINT32_MAX));
@@ -89,7 +93,7 @@ struct MetaReader {
   const nlohmann::json& array(const nlohmann::json& j, const char* key,
                               const std::string& where) const {
     const nlohmann::json& v = at(j, key, where);
-    if (!v.is_array()) bad(where + "." + key, "is not an array");
+    if (!v.is_array()) bad(join(where, key), "is not an array");
     return v;
   }
   static std::string kind(const nlohmann::json& v) {
