@@ -437,6 +437,10 @@ json parse_text(const std::string& text, const std::string& source) {
       why = why.substr(why.find(']') + 2);
     fail("config", source + ":" + std::to_string(line) + ":" + std::to_string(col) +
                        ": invalid JSON: " + why);
+  } catch (const json::exception& e) {  // out_of_range: a number beyond double (1e400)
+    std::string why = e.what();
+    if (why.find(']') != std::string::npos) why = why.substr(why.find(']') + 2);
+    fail("config", source + ": invalid JSON: " + why);
   }
   if (!dup.empty()) fail("config", source + ": duplicate key '" + dup + "'");
   if (!j.is_object())
@@ -497,6 +501,9 @@ void apply_override(json& root, const std::string& ov, const std::string& source
         v = json::parse(text);
       } catch (const json::parse_error&) {
         v = text;
+      } catch (const json::exception&) {  // out_of_range: a number beyond double (1e400)
+        fail("config", source + ": --set '" + sofar + "': the number " + text +
+                           " is out of range");
       }
       (*cur)[k] = v;
       origins[sofar] = origin;
@@ -915,7 +922,7 @@ void read_activation_checkpointing(const json& j, TrainConfig& cfg, const Ctx& c
     c.bad(key + ".units", "expected a non-empty array of unit indices, got " + describe(u));
   const ModelConfig& m = cfg.model;
   const int bpu = std::max(1, cfg.blocks_per_unit);
-  const int n_units = (m.type == "llama" ? 2 : 1) + (m.n_layer + bpu - 1) / bpu;
+  const int64_t n_units = (m.type == "llama" ? 2 : 1) + (int64_t{m.n_layer} + bpu - 1) / bpu;
   for (size_t i = 0; i < u.size(); ++i) {
     const std::string p = key + ".units[" + std::to_string(i) + "]";
     if (!kind_matches(Kind::Int, u[i])) c.bad(p, "expected a unit index, got " + describe(u[i]));

@@ -331,6 +331,11 @@ TEST_CASE("bad input: config numbers are checked against their type", "[hardenin
   w.expect_refused({"train", "cfg.json", "--set", "optimizer.params.lr=1e300"},
                    {"cfg.json", "optimizer.params.lr", "as a 32-bit float"});
   w.expect_refused({"train", "cfg.json", "--set", "seed=-5.0"}, {"cfg.json", "seed", ">= 0"});
+  // Beyond double: nlohmann throws out_of_range, which must become the config's one line.
+  w.expect_refused({"train", "cfg.json", "--set", "optimizer.params.lr=1e400"},
+                   {"cfg.json", "--set 'optimizer.params.lr'", "out of range"});
+  spit(w.dir / "huge_number.json", R"({"optimizer": {"params": {"lr": 1e400}}})");
+  w.expect_refused({"train", "huge_number.json"}, {"huge_number.json", "number overflow"});
   w.expect_refused({"train", "cfg.json", "--set", "train_micro_batch_size_per_gpu=2000000000",
                     "--set", "gradient_accumulation_steps=2000000000"},
                    {"cfg.json", "rows per step"});
