@@ -46,6 +46,8 @@ case "$sanitize" in
     build=build-tsan
     flags="-fsanitize=thread"
     export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp}
+    # libgomp is not built with TSan: OpenMP regions run on one thread (tsan.supp says why).
+    export OMP_THREAD_LIMIT=1
     ((${#args[@]})) || args=(-R "$(grep -v -e '^#' -e '^$' "$supp/tsan_tests.txt" | paste -sd'|')")
     ;;
   *)
