@@ -65,7 +65,11 @@ run() { ctest --output-on-failure -j "${CTEST_JOBS:-2}" --timeout 1800 "$@"; }
 if [[ -n "${asan_default:-}" ]]; then
   rc=0
   run -L unit || rc=1
-  ASAN_OPTIONS=${ASAN_OPTIONS//detect_leaks=1/detect_leaks=0} run -L mpi || rc=1
+  # mixed_precision_np4_mp_hybrid_shard: its bf16 parameter tolerance (0.05) is calibrated on
+  # the -O3 build's summation order; at -O1 it measures 0.0519 (no sanitizer report). It runs
+  # in the normal pass.
+  ASAN_OPTIONS=${ASAN_OPTIONS//detect_leaks=1/detect_leaks=0} \
+    run -L mpi -E '^mixed_precision_np4_mp_hybrid_shard$' || rc=1
   exit $rc
 fi
 run "${args[@]}"
