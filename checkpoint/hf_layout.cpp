@@ -1,6 +1,7 @@
 #include "checkpoint/hf_layout.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 
@@ -40,25 +41,55 @@ nlohmann::ordered_json model_config_to_json(const ModelConfig& c) {
 
 ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& where) {
   ModelConfig c;
-  auto get = [&](const char* k, auto& v) {
-    if (!j.is_object() || !j.contains(k)) fail("checkpoint", where + ": model_config has no '" + k + "'");
-    try {
-      j.at(k).get_to(v);
-    } catch (const std::exception&) {
-      fail("checkpoint", where + ": model_config." + k + " has the wrong type");
-    }
+  auto bad = [&](const std::string& k, const std::string& what) {
+    fail("checkpoint", where + ": model_config." + k + " " + what);
   };
-  get("type", c.type);
-  get("vocab_size", c.vocab_size);
-  get("n_layer", c.n_layer);
-  get("n_head", c.n_head);
-  get("n_kv_head", c.n_kv_head);
-  get("d_model", c.d_model);
-  get("d_ff", c.d_ff);
-  get("seq_len", c.seq_len);
-  get("rope_theta", c.rope_theta);
-  get("norm_eps", c.norm_eps);
-  get("tie_embeddings", c.tie_embeddings);
+  auto get = [&](const char* k) -> const nlohmann::json& {
+    if (!j.is_object() || !j.contains(k)) fail("checkpoint", where + ": model_config has no '" + k + "'");
+    return j.at(k);
+  };
+  // Integers are taken only when they fit the field and mean something: 2^40 is not 0.
+  auto integer = [&](const char* k, int lo, int hi) {
+    const nlohmann::json& v = get(k);
+    const bool in = (v.is_number_unsigned() && v.get<uint64_t>() <= static_cast<uint64_t>(hi)) ||
+                    (v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() >= lo &&
+                     v.get<int64_t>() <= hi);
+    if (!in || (v.is_number_unsigned() && static_cast<int64_t>(v.get<uint64_t>()) < lo))
+      bad(k, "must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "] (got " +
+                 v.dump() + ")");
+    return static_cast<int>(v.get<int64_t>());
+  };
+  // Positive finite numbers that survive the conversion to float.
+  auto positive = [&](const char* k) {
+    const nlohmann::json& v = get(k);
+    const double d = v.is_number() ? v.get<double>() : -1;
+    const float f = static_cast<float>(d);
+    if (!(d > 0) || !std::isfinite(f) || f == 0)
+      bad(k, "must be a positive number within float's range (got " + v.dump() + ")");
+    return f;
+  };
+  const nlohmann::json& type = get("type");
+  if (!type.is_string() || (type != "gpt2" && type != "llama"))
+    bad("type", "must be \"gpt2\" or \"llama\" (got " + type.dump() + ")");
+  c.type = type.get<std::string>();
+  c.vocab_size = integer("vocab_size", 1, 65536);  // tokens are uint16
+  c.n_layer = integer("n_layer", 1, INT32_MAX);
+  c.n_head = integer("n_head", 1, INT32_MAX);
+  c.n_kv_head = integer("n_kv_head", 0, INT32_MAX);
+  c.d_model = integer("d_model", 1, INT32_MAX);
+  c.d_ff = integer("d_ff", 0, INT32_MAX);
+  c.seq_len = integer("seq_len", 1, INT32_MAX);
+  c.rope_theta = positive("rope_theta");
+  c.norm_eps = positive("norm_eps");
+  const nlohmann::json& tie = get("tie_embeddings");
+  if (!tie.is_boolean()) bad("tie_embeddings", "must be true or false (got " + tie.dump() + ")");
+  c.tie_embeddings = tie.get<bool>();
+  if (c.d_model % c.n_head)
+    bad("d_model", "(" + std::to_string(c.d_model) + ") is not a multiple of n_head (" +
+                       std::to_string(c.n_head) + ")");
+  if (c.n_kv_head > 0 && c.n_head % c.n_kv_head)
+    bad("n_kv_head", "(" + std::to_string(c.n_kv_head) + ") does not divide n_head (" +
+                         std::to_string(c.n_head) + ")");
   return c;
 }
 

@@ -13,6 +13,7 @@
 
 #include "checkpoint/crc32c.h"
 #include "core/error.h"
+#include "core/json_depth.h"
 
 static_assert(std::endian::native == std::endian::little,
               "safetensors data is little-endian; this build assumes a little-endian host");
@@ -181,13 +182,28 @@ SafeTensorsReader::SafeTensorsReader(const std::string& path) : path_(path) {
       fail_file("cannot read the " + std::to_string(hlen) + "-byte header");
     if (header[0] != '{') fail_file("header does not start with '{' (not a safetensors file?)");
 
+    // A header nests 3 levels; one nested thousands deep would overflow the stack in
+    // nlohmann's recursive dump/destruction (core/json_depth.h).
+    if (const size_t at = json_depth_exceeded(header); at != std::string::npos)
+      fail_file("header nests deeper than " + std::to_string(kJsonMaxDepth) + " levels (at byte " +
+                std::to_string(8 + at) + ")");
+    // Duplicate tensor names would silently keep the last entry: refuse them (top level only).
+    std::string dup;
+    std::set<std::string> names;
+    auto on_event = [&](int depth, nlohmann::json::parse_event_t ev, nlohmann::json& v) {
+      if (ev == nlohmann::json::parse_event_t::key && depth == 1 && dup.empty() &&
+          !names.insert(v.get_ref<const std::string&>()).second)
+        dup = v.get<std::string>();
+      return true;
+    };
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(header);
+      j = nlohmann::json::parse(header, on_event);
     } catch (const nlohmann::json::exception& e) {
       fail_file(std::string("header is not valid JSON: ") + e.what());
     }
     if (!j.is_object()) fail_file("header JSON is not an object");
+    if (!dup.empty()) fail_file("tensor '" + dup + "' is declared twice");
 
     for (auto it = j.begin(); it != j.end(); ++it) {
       const std::string& name = it.key();

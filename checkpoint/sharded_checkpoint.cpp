@@ -26,6 +26,7 @@
 #include <sstream>
 #include <thread>
 
+#include "checkpoint/ckpt_metadata.h"
 #include "checkpoint/crc32c.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/hf_layout.h"
@@ -43,25 +44,7 @@ using StateKind = ShardedModel::StateKind;
 
 namespace {
 
-// Checksum block: the unit of verification and of partial reads (a rank reads whole blocks, so
-// smaller blocks waste less when a rank's share of a tensor is small; 256 KiB keeps the
-// metadata at ~4 CRCs per MiB).
-constexpr uint64_t kBlockBytes = uint64_t{256} << 10;
-constexpr const char* kFormatName = "shardwise-checkpoint";
-constexpr const char* kKindNames[3] = {"master", "exp_avg", "exp_avg_sq"};
-
 std::string errno_str() { return std::strerror(errno); }
-
-std::string hex32(uint32_t v) {
-  char b[16];
-  std::snprintf(b, sizeof b, "%08x", v);
-  return b;
-}
-
-std::string tensor_name(int unit, int kind, int64_t lo, int64_t hi) {
-  return "u" + std::to_string(unit) + "." + kKindNames[kind] + "[" + std::to_string(lo) + ":" +
-         std::to_string(hi) + "]";
-}
 
 }  // namespace
 
@@ -604,220 +587,9 @@ void save_checkpoint(const ShardedModel& sm, const TrainState& state, const std:
   }
 }
 
-// ---- Reading metadata ------------------------------------------------------------------------
+// ---- Reading shard files (metadata.json: checkpoint/ckpt_metadata.cpp) -------------------------
 
 namespace {
-
-struct FileTensor {
-  std::string name;
-  int unit = 0, kind = 0;
-  int64_t lo = 0, hi = 0;
-  uint64_t offset = 0, bytes = 0;  // offset: absolute in the file
-  uint32_t crc = 0;
-  std::vector<uint32_t> blocks;
-};
-struct FileEntry {
-  std::string file;  // name inside the step directory
-  uint64_t bytes = 0;
-  uint32_t crc = 0;
-  std::vector<FileTensor> tensors;
-};
-struct ParamMeta {
-  std::string name, hf_name;
-  Shape shape;
-  int64_t offset = 0, numel = 0;
-  bool hf_transpose = false;
-};
-struct UnitMeta {
-  std::string name;
-  int64_t numel = 0, padded = 0;
-  std::vector<ParamMeta> params;
-};
-struct Meta {
-  std::string dir, path;  // step directory, metadata.json
-  int version = 0, world = 0, shard_group = 0;
-  std::string strategy;
-  nlohmann::json config_json;
-  ModelConfig config;
-  uint64_t block_bytes = kBlockBytes;
-  TrainState state;
-  std::vector<UnitMeta> units;
-  std::vector<FileEntry> files;
-};
-
-// Typed access with one-line errors naming metadata.json and the key path.
-struct MetaReader {
-  std::string path;
-  [[noreturn]] void bad(const std::string& where, const std::string& what) const {
-    fail("checkpoint", path + ": " + where + " " + what);
-  }
-  const nlohmann::json& at(const nlohmann::json& j, const char* key, const std::string& where) const {
-    if (!j.is_object() || !j.contains(key)) bad(where, std::string("has no '") + key + "'");
-    return j.at(key);
-  }
-  template <class T>
-  T get(const nlohmann::json& j, const char* key, const std::string& where) const {
-    const nlohmann::json& v = at(j, key, where);
-    try {
-      return v.get<T>();
-    } catch (const std::exception&) {
-      bad(where + "." + key, "has the wrong type");
-    }
-  }
-  int64_t get_nonneg(const nlohmann::json& j, const char* key, const std::string& where) const {
-    const nlohmann::json& v = at(j, key, where);
-    if (!v.is_number_integer() || v.get<int64_t>() < 0)
-      bad(where + "." + key, "must be a non-negative integer");
-    return v.get<int64_t>();
-  }
-  const nlohmann::json& array(const nlohmann::json& j, const char* key,
-                              const std::string& where) const {
-    const nlohmann::json& v = at(j, key, where);
-    if (!v.is_array()) bad(where + "." + key, "is not an array");
-    return v;
-  }
-};
-
-Meta read_meta(const std::string& step_dir) {
-  Meta m;
-  m.dir = step_dir;
-  m.path = step_dir + "/metadata.json";
-  std::ifstream in(m.path, std::ios::binary);
-  if (!in) fail("checkpoint", m.path + ": cannot open (" + errno_str() + ")");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  nlohmann::ordered_json oj;
-  try {
-    oj = nlohmann::ordered_json::parse(ss.str());
-  } catch (const std::exception& e) {
-    std::string w = e.what();
-    fail("checkpoint", m.path + ": not valid JSON (" + w.substr(0, w.find('\n')) + ")");
-  }
-  MetaReader R{m.path};
-  if (!oj.is_object()) R.bad("the document", "is not a JSON object");
-  if (!oj.contains("format") || oj["format"] != kFormatName)
-    R.bad("the document", std::string("is not a Shardwise checkpoint (no \"format\": \"") +
-                              kFormatName + "\")");
-  if (!oj.contains("metadata_crc32c") || !oj["metadata_crc32c"].is_number_unsigned())
-    R.bad("the document", "has no 'metadata_crc32c'");
-  const uint32_t stored = oj["metadata_crc32c"].get<uint32_t>();
-  oj.erase("metadata_crc32c");
-  const std::string body = oj.dump();
-  const uint32_t got = crc32c(body.data(), body.size());
-  if (got != stored)
-    fail("checkpoint", m.path + ": checksum mismatch (stored " + hex32(stored) + ", computed " +
-                           hex32(got) + "): the metadata is corrupt");
-  const nlohmann::json j = nlohmann::json::parse(body);
-
-  m.version = static_cast<int>(R.get_nonneg(j, "format_version", "the document"));
-  if (m.version != kCheckpointFormatVersion)
-    R.bad("format_version", std::to_string(m.version) + " is not supported (this build reads " +
-                                std::to_string(kCheckpointFormatVersion) + ")");
-  m.world = static_cast<int>(R.get_nonneg(j, "world_size", "the document"));
-  m.shard_group = static_cast<int>(R.get_nonneg(j, "shard_group_size", "the document"));
-  m.strategy = R.get<std::string>(j, "strategy", "the document");
-  m.config_json = R.at(j, "model_config", "the document");
-  m.config = model_config_from_json(m.config_json, m.path);
-  m.block_bytes = static_cast<uint64_t>(R.get_nonneg(j, "block_bytes", "the document"));
-  if (m.block_bytes == 0 || m.block_bytes % 4) R.bad("block_bytes", "must be a positive multiple of 4");
-  const nlohmann::json& ts = R.at(j, "train_state", "the document");
-  m.state.step = R.get<int64_t>(ts, "step", "train_state");
-  m.state.seed = R.get<uint64_t>(ts, "seed", "train_state");
-  m.state.optimizer_steps = R.get<int64_t>(ts, "optimizer_steps", "train_state");
-  m.state.loss_scale = R.get<double>(ts, "loss_scale", "train_state");
-  m.state.scaler_good_steps = R.get<int64_t>(ts, "scaler_good_steps", "train_state");
-  m.state.scaler_hysteresis_left = R.get<int>(ts, "scaler_hysteresis_left", "train_state");
-  m.state.config_json = R.get<std::string>(ts, "config_json", "train_state");
-
-  const nlohmann::json& units = R.array(j, "units", "the document");
-  for (size_t u = 0; u < units.size(); ++u) {
-    const std::string w = "units[" + std::to_string(u) + "]";
-    UnitMeta um;
-    um.name = R.get<std::string>(units[u], "name", w);
-    um.numel = R.get_nonneg(units[u], "numel", w);
-    um.padded = R.get_nonneg(units[u], "padded", w);
-    const nlohmann::json& ps = R.array(units[u], "params", w);
-    for (size_t p = 0; p < ps.size(); ++p) {
-      const std::string pw = w + ".params[" + std::to_string(p) + "]";
-      ParamMeta pm;
-      pm.name = R.get<std::string>(ps[p], "name", pw);
-      pm.hf_name = R.get<std::string>(ps[p], "hf_name", pw);
-      pm.hf_transpose = R.get<bool>(ps[p], "hf_transpose", pw);
-      pm.offset = R.get_nonneg(ps[p], "offset", pw);
-      pm.numel = R.get_nonneg(ps[p], "numel", pw);
-      for (const auto& d : R.array(ps[p], "shape", pw)) {
-        if (!d.is_number_integer() || d.get<int64_t>() < 0) R.bad(pw + ".shape", "has a bad dimension");
-        pm.shape.push_back(d.get<int64_t>());
-      }
-      if (numel(pm.shape) != pm.numel || pm.offset + pm.numel > um.numel)
-        R.bad(pw, "is inconsistent (shape, numel, offset and the unit's numel disagree)");
-      if (pm.hf_transpose && pm.shape.size() != 2) R.bad(pw, "has hf_transpose but is not a matrix");
-      um.params.push_back(std::move(pm));
-    }
-    m.units.push_back(std::move(um));
-  }
-
-  const nlohmann::json& files = R.array(j, "files", "the document");
-  std::set<std::string> fnames;
-  for (size_t f = 0; f < files.size(); ++f) {
-    const std::string w = "files[" + std::to_string(f) + "]";
-    FileEntry fe;
-    fe.file = R.get<std::string>(files[f], "file", w);
-    if (fe.file.empty() || fe.file.find('/') != std::string::npos || fe.file[0] == '.' ||
-        !fnames.insert(fe.file).second)
-      R.bad(w + ".file", "'" + fe.file + "' is not a plain, unique file name");
-    fe.bytes = static_cast<uint64_t>(R.get_nonneg(files[f], "bytes", w));
-    fe.crc = R.get<uint32_t>(files[f], "crc32c", w);
-    const nlohmann::json& ts2 = R.array(files[f], "tensors", w);
-    for (size_t t = 0; t < ts2.size(); ++t) {
-      const std::string tw = w + ".tensors[" + std::to_string(t) + "]";
-      FileTensor ft;
-      ft.name = R.get<std::string>(ts2[t], "name", tw);
-      ft.unit = static_cast<int>(R.get_nonneg(ts2[t], "unit", tw));
-      const std::string kind = R.get<std::string>(ts2[t], "kind", tw);
-      ft.kind = -1;
-      for (int k = 0; k < 3; ++k)
-        if (kind == kKindNames[k]) ft.kind = k;
-      if (ft.kind < 0) R.bad(tw + ".kind", "'" + kind + "' is not master, exp_avg or exp_avg_sq");
-      ft.lo = R.get_nonneg(ts2[t], "lo", tw);
-      ft.hi = R.get_nonneg(ts2[t], "hi", tw);
-      ft.offset = static_cast<uint64_t>(R.get_nonneg(ts2[t], "offset", tw));
-      ft.bytes = static_cast<uint64_t>(R.get_nonneg(ts2[t], "bytes", tw));
-      ft.crc = R.get<uint32_t>(ts2[t], "crc32c", tw);
-      ft.blocks = R.get<std::vector<uint32_t>>(ts2[t], "block_crc32c", tw);
-      if (ft.unit >= static_cast<int>(m.units.size()) || ft.hi < ft.lo ||
-          ft.hi > m.units[static_cast<size_t>(ft.unit)].numel ||
-          ft.bytes != static_cast<uint64_t>(ft.hi - ft.lo) * 4 || ft.offset > fe.bytes ||
-          ft.bytes > fe.bytes - ft.offset ||
-          ft.blocks.size() != (ft.bytes + m.block_bytes - 1) / m.block_bytes)
-        R.bad(tw, "('" + ft.name + "') is inconsistent (unit, range, offset, bytes or blocks)");
-      fe.tensors.push_back(std::move(ft));
-    }
-    m.files.push_back(std::move(fe));
-  }
-  return m;
-}
-
-// Every (unit, kind) must be tiled exactly by the files' tensors.
-void check_coverage(const Meta& m) {
-  for (size_t u = 0; u < m.units.size(); ++u)
-    for (int k = 0; k < 3; ++k) {
-      std::vector<std::pair<int64_t, int64_t>> rs;
-      for (const FileEntry& f : m.files)
-        for (const FileTensor& t : f.tensors)
-          if (t.unit == static_cast<int>(u) && t.kind == k && t.hi > t.lo) rs.push_back({t.lo, t.hi});
-      std::sort(rs.begin(), rs.end());
-      int64_t at = 0;
-      for (auto [lo, hi] : rs) {
-        if (lo != at)
-          fail("checkpoint", m.path + ": " + tensor_name(int(u), k, std::min(lo, at), std::max(lo, at)) +
-                                 (lo > at ? " is in no file" : " is in two files"));
-        at = hi;
-      }
-      if (at != m.units[u].numel)
-        fail("checkpoint", m.path + ": " + tensor_name(int(u), k, at, m.units[u].numel) + " is in no file");
-    }
-}
 
 // Opens a shard file and checks that its safetensors header (validated by the reader) says
 // what metadata.json says about every tensor, so later reads are bounded by both.

@@ -118,6 +118,13 @@ std::string inspect_checkpoint(const std::string& step_dir);   // human-readable
 // streamed tensor by tensor so memory stays within about twice the largest tensor.
 void export_checkpoint(const std::string& step_dir, const std::string& out_path);
 
+// Parses and validates the text of a step directory's metadata.json (`path` names it in
+// messages) as load, verify, inspect and export do before opening a shard file: the checksum,
+// every field's type and range (nothing is truncated), the layout's consistency and the files'
+// tiling of every unit. Throws sw::Error("checkpoint: <path>: ..."). Reads nothing from disk
+// (fuzz/ drives it).
+void check_checkpoint_metadata(const std::string& path, const std::string& text);
+
 // Resolves a user's --resume argument: a step directory, or a checkpoint directory whose
 // `latest` file names one. Throws sw::Error when neither.
 std::string resolve_checkpoint_dir(const std::string& path);

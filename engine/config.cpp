@@ -51,6 +51,7 @@
 
 #include "core/bytes.h"
 #include "core/error.h"
+#include "core/json_depth.h"
 #include "core/launch.h"
 
 namespace sw {
@@ -319,7 +320,7 @@ const char* kind_name(Kind k) {
 }
 
 std::string describe(const json& v) {
-  std::string s = v.dump();
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
   if (s.size() > 40) s = s.substr(0, 37) + "...";
   switch (v.type()) {
     case json::value_t::string:
@@ -371,6 +372,14 @@ bool kind_matches(Kind k, const json& v) {
 // Syntax errors with line:column; duplicate keys rejected (JSON allows them, nlohmann keeps the
 // last one silently, which hides mistakes).
 json parse_text(const std::string& text, const std::string& source) {
+  // nlohmann builds any depth, but copying, comparing or dumping the value recurses once per
+  // level: a config nested 10,000 deep must be refused before it is parsed.
+  if (const size_t at = json_depth_exceeded(text); at != std::string::npos) {
+    const std::string pos = json_position(text, at);  // "line L, column C"
+    fail("config", source + ":" + pos.substr(5, pos.find(',') - 5) + ":" +
+                       pos.substr(pos.rfind(' ') + 1) + ": nested deeper than " +
+                       std::to_string(kJsonMaxDepth) + " levels");
+  }
   std::vector<std::set<std::string>> seen;  // keys of each open object
   std::vector<std::string> keys;            // key path of the open objects
   std::string last_key, dup;
@@ -428,6 +437,10 @@ json parse_text(const std::string& text, const std::string& source) {
       why = why.substr(why.find(']') + 2);
     fail("config", source + ":" + std::to_string(line) + ":" + std::to_string(col) +
                        ": invalid JSON: " + why);
+  } catch (const json::exception& e) {  // out_of_range: a number beyond double (1e400)
+    std::string why = e.what();
+    if (why.find(']') != std::string::npos) why = why.substr(why.find(']') + 2);
+    fail("config", source + ": invalid JSON: " + why);
   }
   if (!dup.empty()) fail("config", source + ": duplicate key '" + dup + "'");
   if (!j.is_object())
@@ -442,6 +455,13 @@ void apply_override(json& root, const std::string& ov, const std::string& source
   if (eq == std::string::npos || eq == 0)
     fail("config",
          source + ": --set '" + ov + "': expected KEY=VALUE, e.g. optimizer.params.lr=1e-3");
+  try {  // keys and string values end up in the resolved config, which must dump as JSON
+    (void)json(ov).dump();
+  } catch (const json::type_error&) {
+    fail("config", source + ": --set " +
+                       json(ov).dump(-1, ' ', false, json::error_handler_t::replace) +
+                       ": not valid UTF-8");
+  }
   const std::string path = ov.substr(0, eq), text = ov.substr(eq + 1);
   std::vector<std::string> parts;
   {
@@ -473,11 +493,17 @@ void apply_override(json& root, const std::string& ov, const std::string& source
       cur = &next;
       if (n) level = n;
     } else {
+      if (json_depth_exceeded(text) != std::string::npos)
+        fail("config", source + ": --set '" + sofar + "': the value is nested deeper than " +
+                           std::to_string(kJsonMaxDepth) + " levels");
       json v;
       try {
         v = json::parse(text);
       } catch (const json::parse_error&) {
         v = text;
+      } catch (const json::exception&) {  // out_of_range: a number beyond double (1e400)
+        fail("config", source + ": --set '" + sofar + "': the number " + text +
+                           " is out of range");
       }
       (*cur)[k] = v;
       origins[sofar] = origin;
@@ -591,6 +617,19 @@ double check_num(double x, const std::string& path, Range r, const Ctx& c) {
 double get_num(const json& root, const std::string& path, double def, Range r, const Ctx& c) {
   if (!has(root, path)) return def;
   return check_num(at(root, path)->get<double>(), path, r, c);
+}
+// A float field: the range must still hold after rounding to float (1e300 would become inf,
+// 1e-50 zero, a beta of 0.9999999999 exactly 1).
+float to_float(double x, const std::string& path, Range r, const Ctx& c) {
+  const float f = static_cast<float>(x);
+  if (!r.ok(static_cast<double>(f)))
+    c.bad(path, "must be " + r.str() + " as a 32-bit float (got " + num_str(x) + ", which is " +
+                    num_str(f) + " as a float)");
+  return f;
+}
+float get_float(const json& root, const std::string& path, float def, Range r, const Ctx& c) {
+  if (!has(root, path)) return def;
+  return to_float(get_num(root, path, def, r, c), path, r, c);
 }
 std::string get_str(const json& root, const std::string& path, const std::string& def,
                     const std::vector<std::string>& choices, const Ctx& c) {
@@ -896,7 +935,7 @@ void read_activation_checkpointing(const json& j, TrainConfig& cfg, const Ctx& c
     c.bad(key + ".units", "expected a non-empty array of unit indices, got " + describe(u));
   const ModelConfig& m = cfg.model;
   const int bpu = std::max(1, cfg.blocks_per_unit);
-  const int n_units = (m.type == "llama" ? 2 : 1) + (m.n_layer + bpu - 1) / bpu;
+  const int64_t n_units = (m.type == "llama" ? 2 : 1) + (int64_t{m.n_layer} + bpu - 1) / bpu;
   for (size_t i = 0; i < u.size(); ++i) {
     const std::string p = key + ".units[" + std::to_string(i) + "]";
     if (!kind_matches(Kind::Int, u[i])) c.bad(p, "expected a unit index, got " + describe(u[i]));
@@ -971,6 +1010,13 @@ TrainConfig read_config(json j, const std::string& source,
   long long tbs = get_int(j, "train_batch_size", 0, 1, IMAX, c);
   long long mb = get_int(j, "train_micro_batch_size_per_gpu", cfg.micro_batch, 1, IMAX, c);
   long long ga = get_int(j, "gradient_accumulation_steps", cfg.grad_accum, 1, IMAX, c);
+  // The global batch (rows per optimizer step) is counted in int64 and must stay far from
+  // overflow: at most 2^31 - 1 rows.
+  if (static_cast<__int128>(mb) * ga * world > IMAX)
+    c.bad(has_mb ? "train_micro_batch_size_per_gpu" : "gradient_accumulation_steps",
+          "train_micro_batch_size_per_gpu (" + std::to_string(mb) +
+              ") * gradient_accumulation_steps (" + std::to_string(ga) + ") * world size (" +
+              std::to_string(world) + ") rows per step is more than " + std::to_string(IMAX));
   if (has_tbs) {
     if (has_mb && !has_ga) {
       if (tbs % (mb * world))
@@ -1004,16 +1050,18 @@ TrainConfig read_config(json j, const std::string& source,
   if (has(j, "optimizer.params.adam_w_mode") && !get_bool(j, "optimizer.params.adam_w_mode", true))
     c.bad("optimizer.params.adam_w_mode",
           "only decoupled weight decay (AdamW, adam_w_mode true) is implemented");
-  o.lr = (float)get_num(j, "optimizer.params.lr", o.lr, {0, kInf, true, false}, c);
+  o.lr = get_float(j, "optimizer.params.lr", o.lr, {0, kInf, true, false}, c);
   if (has(j, "optimizer.params.betas")) {
     const json& b = *at(j, "optimizer.params.betas");
     o.beta1 =
-        (float)check_num(b[0].get<double>(), "optimizer.params.betas[0]", {0, 1, false, true}, c);
+        to_float(check_num(b[0].get<double>(), "optimizer.params.betas[0]", {0, 1, false, true}, c),
+                 "optimizer.params.betas[0]", {0, 1, false, true}, c);
     o.beta2 =
-        (float)check_num(b[1].get<double>(), "optimizer.params.betas[1]", {0, 1, false, true}, c);
+        to_float(check_num(b[1].get<double>(), "optimizer.params.betas[1]", {0, 1, false, true}, c),
+                 "optimizer.params.betas[1]", {0, 1, false, true}, c);
   }
-  o.eps = (float)get_num(j, "optimizer.params.eps", o.eps, {0, kInf, true, false}, c);
-  o.weight_decay = (float)get_num(j, "optimizer.params.weight_decay", o.weight_decay,
+  o.eps = get_float(j, "optimizer.params.eps", o.eps, {0, kInf, true, false}, c);
+  o.weight_decay = get_float(j, "optimizer.params.weight_decay", o.weight_decay,
                                   {0, kInf, false, false}, c);
 
   // Training length first: the scheduler's total defaults to it.
@@ -1040,10 +1088,10 @@ TrainConfig read_config(json j, const std::string& source,
       (int)get_int(j, "scheduler.params.warmup_num_steps", s.warmup_num_steps, 0, IMAX, c);
   s.total_num_steps =
       (int)get_int(j, "scheduler.params.total_num_steps", s.total_num_steps, 0, IMAX, c);
-  s.warmup_min_ratio = (float)get_num(j, "scheduler.params.warmup_min_ratio", s.warmup_min_ratio,
+  s.warmup_min_ratio = get_float(j, "scheduler.params.warmup_min_ratio", s.warmup_min_ratio,
                                       {0, 1, false, false}, c);
   s.cos_min_ratio =
-      (float)get_num(j, "scheduler.params.cos_min_ratio", s.cos_min_ratio, {0, 1, false, false}, c);
+      get_float(j, "scheduler.params.cos_min_ratio", s.cos_min_ratio, {0, 1, false, false}, c);
   s.warmup_type = get_str(j, "scheduler.params.warmup_type", s.warmup_type, {"linear", "log"}, c);
   if (has(j, "scheduler.params.warmup_max_lr")) {
     const double mx = get_num(j, "scheduler.params.warmup_max_lr", 0, {0, kInf, true, false}, c);
@@ -1051,7 +1099,7 @@ TrainConfig read_config(json j, const std::string& source,
       c.bad("scheduler.params.warmup_max_lr",
             "is the peak learning rate and conflicts with optimizer.params.lr (" + num_str(mx) +
                 " vs " + num_str(o.lr) + "); give only one");
-    o.lr = (float)mx;
+    o.lr = to_float(mx, "scheduler.params.warmup_max_lr", {0, kInf, true, false}, c);
   }
   if (has(j, "scheduler.params.warmup_min_lr")) {
     const double mn = get_num(j, "scheduler.params.warmup_min_lr", 0, {0, o.lr, false, false}, c);
@@ -1067,7 +1115,7 @@ TrainConfig read_config(json j, const std::string& source,
               (s.total_num_steps > 0 ? "" : ", from train_steps") + "), got " +
               std::to_string(s.warmup_num_steps));
 
-  cfg.grad_clip = (float)get_num(j, "gradient_clipping", cfg.grad_clip, {0, kInf, false, false}, c);
+  cfg.grad_clip = get_float(j, "gradient_clipping", cfg.grad_clip, {0, kInf, false, false}, c);
   cfg.zero_stage = (int)get_int(j, "zero_optimization.stage", cfg.zero_stage, 0, 3, c);
 
   // Sharding strategy and its options.
@@ -1179,8 +1227,8 @@ TrainConfig read_config(json j, const std::string& source,
   m.d_model = (int)get_int(j, "model.d_model", m.d_model, 1, IMAX, c);
   m.d_ff = (int)get_int(j, "model.d_ff", m.d_ff, 0, IMAX, c);
   m.seq_len = (int)get_int(j, "model.seq_len", m.seq_len, 1, IMAX, c);
-  m.rope_theta = (float)get_num(j, "model.rope_theta", m.rope_theta, {0, kInf, true, false}, c);
-  m.norm_eps = (float)get_num(j, "model.norm_eps", m.norm_eps, {0, kInf, true, false}, c);
+  m.rope_theta = get_float(j, "model.rope_theta", m.rope_theta, {0, kInf, true, false}, c);
+  m.norm_eps = get_float(j, "model.norm_eps", m.norm_eps, {0, kInf, true, false}, c);
   m.tie_embeddings = get_bool(j, "model.tie_embeddings", m.tie_embeddings);
   if (m.d_model % m.n_head)
     c.bad("model.d_model", "must be a multiple of model.n_head (" + std::to_string(m.n_head) +
@@ -1209,7 +1257,8 @@ TrainConfig read_config(json j, const std::string& source,
   cfg.val_data = get_str(j, "data.val", cfg.val_data, {}, c);
   if (has(j, "seed")) {
     const json& v = *at(j, "seed");
-    if (v.is_number_integer() && !v.is_number_unsigned() && v.get<long long>() < 0)
+    if ((v.is_number_integer() && !v.is_number_unsigned() && v.get<long long>() < 0) ||
+        (v.is_number_float() && !(v.get<double>() >= 0)))
       c.bad("seed", "must be >= 0 (got " + v.dump() + ")");
     cfg.seed = v.is_number_float() ? (uint64_t)v.get<double>() : v.get<uint64_t>();
   }

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -66,47 +67,64 @@ TokenFile::TokenFile(const std::string& path, int vocab_size, int64_t min_tokens
   map_ = m;
   map_bytes_ = bytes;
   try {
-    int32_t h[kTokenHeaderInts];
-    std::memcpy(h, m, kHeaderBytes);
-    if (h[0] != kTokenMagic) {
-      std::string hint = h[0] == 20240801 ? " (llm.c's uint32-token format is not supported)"
-                                          : " (not an llm.c/nanoGPT token file)";
-      fail("data", path + ": bad magic " + std::to_string(h[0]) + ", expected " +
-                       std::to_string(kTokenMagic) + hint);
-    }
-    if (h[1] != kTokenVersion)
-      fail("data", path + ": unsupported version " + std::to_string(h[1]) + " (expected " +
-                       std::to_string(kTokenVersion) + ")");
-    const int64_t n = h[2];
-    const int64_t fits = static_cast<int64_t>((bytes - kHeaderBytes) / sizeof(uint16_t));
-    if (n < 0 || n > fits)
-      fail("data", path + ": header says " + std::to_string(n) + " tokens but the file holds " +
-                       std::to_string(fits) + " (truncated?)");
-    if (n < min_tokens)
-      fail("data", path + ": " + std::to_string(n) + " tokens, need at least " +
-                       std::to_string(min_tokens) + " for one (seq_len + 1) window");
+    n_ = check_token_shard(path, m, bytes, vocab_size, min_tokens, &entropy_);
     tokens_ = reinterpret_cast<const uint16_t*>(static_cast<const char*>(m) + kHeaderBytes);
-    n_ = n;
-    // One pass: vocabulary check and token counts.
-    std::vector<int64_t> counts(65536, 0);
-    for (int64_t i = 0; i < n; ++i) {
-      const uint16_t t = tokens_[i];
-      if (t >= vocab_size)
-        fail("data", path + ": token " + std::to_string(t) + " at position " + std::to_string(i) +
-                         " is >= model.vocab_size " + std::to_string(vocab_size));
-      ++counts[t];
-    }
+  } catch (...) {
+    unmap();
+    throw;
+  }
+}
+
+int64_t check_token_shard(const std::string& path, const void* data, size_t bytes, int vocab_size,
+                          int64_t min_tokens, double* entropy) {
+  if (bytes < kHeaderBytes)
+    fail("data", path + ": truncated header (" + std::to_string(bytes) +
+                     " bytes, a token file starts with " + std::to_string(kHeaderBytes) + ")");
+  int32_t h[kTokenHeaderInts];
+  std::memcpy(h, data, kHeaderBytes);
+  if (h[0] != kTokenMagic) {
+    std::string hint = h[0] == 20240801 ? " (llm.c's uint32-token format is not supported)"
+                                        : " (not an llm.c/nanoGPT token file)";
+    fail("data", path + ": bad magic " + std::to_string(h[0]) + ", expected " +
+                     std::to_string(kTokenMagic) + hint);
+  }
+  if (h[1] != kTokenVersion)
+    fail("data", path + ": unsupported version " + std::to_string(h[1]) + " (expected " +
+                     std::to_string(kTokenVersion) + ")");
+  // The count must account for the file exactly (as llm.c's loader requires): a count that is
+  // too large would read past the end, one that is too small hides a truncated or
+  // concatenated shard.
+  const int64_t n = h[2];
+  const size_t body = bytes - kHeaderBytes;
+  const int64_t held = static_cast<int64_t>(body / sizeof(uint16_t));
+  if (n < 0 || n != held || body % sizeof(uint16_t) != 0)
+    fail("data", path + ": header says " + std::to_string(n) + " tokens but the file holds " +
+                     std::to_string(held) + (body % 2 ? " and a stray byte" : "") +
+                     (n > held ? " (truncated?)" : ""));
+  if (n < min_tokens)
+    fail("data", path + ": " + std::to_string(n) + " tokens, need at least " +
+                     std::to_string(min_tokens) + " for one (seq_len + 1) window");
+  const unsigned char* toks = static_cast<const unsigned char*>(data) + kHeaderBytes;
+  // One pass: vocabulary check and token counts.
+  std::vector<int64_t> counts(65536, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t t;
+    std::memcpy(&t, toks + 2 * i, 2);
+    if (t >= vocab_size)
+      fail("data", path + ": token " + std::to_string(t) + " at position " + std::to_string(i) +
+                       " is >= model.vocab_size " + std::to_string(vocab_size));
+    ++counts[t];
+  }
+  if (entropy) {
     double h_nats = 0;
     for (int64_t c : counts)
       if (c > 0) {
         const double p = static_cast<double>(c) / static_cast<double>(n);
         h_nats -= p * std::log(p);
       }
-    entropy_ = h_nats;
-  } catch (...) {
-    unmap();
-    throw;
+    *entropy = h_nats;
   }
+  return n;
 }
 
 void TokenFile::unmap() {

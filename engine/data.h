@@ -1,7 +1,8 @@
 // Token data in llm.c / nanoGPT's shard format, so prepared datasets load as they are:
 //   header: 256 int32 (little-endian) — [0] = 20240520 (magic), [1] = 1 (version),
 //           [2] = number of tokens; the rest zero;
-//   then that many uint16 token ids. Trailing bytes after them are ignored.
+//   then exactly that many uint16 token ids (as llm.c's loader requires: a count that
+//   disagrees with the file's size is an error).
 //
 // Batches are a pure function of (seed, step, row): resuming at step s draws exactly
 // the batches an uninterrupted run would, without replaying earlier steps.
@@ -19,11 +20,18 @@ constexpr int kTokenHeaderInts = 256;
 // Writes `tokens` with the header above (to path.tmp, then renamed). Throws sw::Error("data: ...").
 void write_token_file(const std::string& path, const std::vector<uint16_t>& tokens);
 
+// Checks a token shard held in memory (`bytes` bytes at `data`; `path` names it in messages):
+// header, magic, version, a count that matches the size exactly, at least `min_tokens` tokens,
+// every id < vocab_size. Returns the token count, and the unigram entropy (see TokenFile) when
+// `entropy` is given. Throws one line naming the file. TokenFile runs it on the mapped file.
+int64_t check_token_shard(const std::string& path, const void* data, size_t bytes, int vocab_size,
+                          int64_t min_tokens, double* entropy = nullptr);
+
 // A validated, memory-mapped token file (read-only).
 class TokenFile {
  public:
-  // Maps and checks `path`: readable, complete header, magic and version, the header's token
-  // count fits the file, at least `min_tokens` tokens, every id < vocab_size. Each failure
+  // Maps and checks `path` (check_token_shard): readable, complete header, magic and
+  // version, the header's token count matches the file, at least `min_tokens` tokens, every id < vocab_size. Each failure
   // throws one line naming the file (a bad token: its position and value).
   TokenFile(const std::string& path, int vocab_size, int64_t min_tokens);
   ~TokenFile();

@@ -238,6 +238,7 @@ class Trainer {
     setup_data();
     setup_model();
     setup_start();
+    write_run_config();  // only now: a run refused above leaves an existing run dir as it was
     setup_checkpointer();
     setup_metrics();
     summary_.unigram_entropy = train_data_->unigram_entropy();
@@ -264,11 +265,13 @@ class Trainer {
     set_num_threads(cfg_.threads);
   }
 
+  // The run dir is checked (created, writable) first, so a bad one fails fast, but written
+  // (config.json) only once the data, model and start point are accepted.
   void setup_run_dir() {
-    if (lead_) {
-      prepare_dir("run_dir", cfg_.run_dir);
-      write_text((run_dir_ / "config.json").string(), cfg_.resolved_json);
-    }
+    if (lead_) prepare_dir("run_dir", cfg_.run_dir);
+  }
+  void write_run_config() {
+    if (lead_) write_text((run_dir_ / "config.json").string(), cfg_.resolved_json);
   }
 
   void setup_data() {

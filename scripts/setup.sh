@@ -7,6 +7,7 @@ pkgs=(build-essential cmake ninja-build ccache pkg-config
       nlohmann-json3-dev catch2 libdnnl-dev
       python3 python3-numpy python3-torch
       liburing-dev fio
+      clang libclang-rt-14-dev libomp-dev  # scripts/fuzz.sh: libFuzzer, clang's OpenMP
       fortunes fortunes-min)
 missing=()
 for p in "${pkgs[@]}"; do

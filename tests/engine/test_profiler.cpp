@@ -189,7 +189,9 @@ TEST_CASE("profiler: chrome trace is valid JSON with one pid per rank and one ti
   // A given origin (another rank's start) shifts every time by the same amount.
   ProfileData o = d;
   o.t_origin = 99.5;
-  for (const json& e : json::parse(chrome_trace_json(o))["traceEvents"])
+  const json shifted = json::parse(chrome_trace_json(o));  // (a range-for over a member of the
+                                                          // temporary would read freed memory)
+  for (const json& e : shifted["traceEvents"])
     if (e["ph"] == "X" && e["name"] == "forward h.0" && e["args"]["step"] == 2)
       CHECK(e["ts"].get<double>() == Approx(511000.0));
 }

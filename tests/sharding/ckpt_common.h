@@ -63,9 +63,12 @@ struct Snapshot {
   std::vector<double> losses;
   std::vector<float> grads;
   bool same_bits(const Snapshot& o) const {
+    // (memcmp may not be given the null data() of an empty vector, even for 0 bytes)
     return losses.size() == o.losses.size() && grads.size() == o.grads.size() &&
-           std::memcmp(losses.data(), o.losses.data(), losses.size() * sizeof(double)) == 0 &&
-           std::memcmp(grads.data(), o.grads.data(), grads.size() * sizeof(float)) == 0;
+           (losses.empty() ||
+            std::memcmp(losses.data(), o.losses.data(), losses.size() * sizeof(double)) == 0) &&
+           (grads.empty() ||
+            std::memcmp(grads.data(), o.grads.data(), grads.size() * sizeof(float)) == 0);
   }
 };
 
