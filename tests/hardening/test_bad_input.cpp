@@ -15,6 +15,8 @@
 #include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
+
+#include "tests/common/cli_run.h"
 #include <sstream>
 #include <string>
 #include <vector>
@@ -25,44 +27,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int rc = -1;
-  std::string out, err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
-
-void spit(const fs::path& p, const std::string& s) {
-  std::ofstream f(p, std::ios::binary);
-  f << s;
-}
-
-std::string q(const std::string& s) {
-  std::string r = "'";
-  for (char c : s) r += (c == '\'') ? std::string("'\\''") : std::string(1, c);
-  return r + "'";
-}
-
+using clitest::lines;
+using clitest::q;
+using clitest::Result;
+using clitest::slurp;
+using clitest::spit;
 Result sw_run(const fs::path& dir, const std::vector<std::string>& args) {
-  std::string cmd = "cd " + q(dir.string()) + " && OMP_NUM_THREADS=1 " + q(SHARDWISE_BIN);
-  for (const auto& a : args) cmd += " " + q(a);
-  cmd += " >" + q((dir / "stdout.txt").string()) + " 2>" + q((dir / "stderr.txt").string());
-  const int st = std::system(cmd.c_str());
-  Result r;
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
-  r.out = slurp(dir / "stdout.txt");
-  r.err = slurp(dir / "stderr.txt");
-  return r;
-}
-
-std::vector<std::string> lines(const std::string& s) {
-  std::vector<std::string> v;
-  std::istringstream is(s);
-  for (std::string l; std::getline(is, l);) v.push_back(l);
-  return v;
+  return clitest::sw_run(dir, args, 1);
 }
 
 // Every file and directory under `root`: size, modification time and content.
