@@ -353,7 +353,11 @@ void write_shard(const CheckpointSnapshot& s, const std::string& tmp_dir) {
       io.write(file.file(), s.image, static_cast<size_t>(total), 0).synchronize();
     } else {
       streamed_blocks.resize(s.tensors.size());
-      for (int i = 0; i < kRing; ++i) ring.push_back(aligned_staging(kStageChunk));
+      // (No more chunks than the file needs: a small checkpoint takes one, not 128 MiB.)
+      const uint64_t chunks = (total + kStageChunk - 1) / kStageChunk;
+      for (uint64_t i = 0; i < std::min<uint64_t>(kRing, chunks); ++i)
+        ring.push_back(aligned_staging(kStageChunk));
+      const int R = static_cast<int>(ring.size());
       // The file is produced in order: the header, then each tensor's blocks. A chunk is a
       // list of runs (one tensor's bytes inside the chunk), each cut into segments at block
       // boundaries; a run's segments are copied and checksummed on two threads (the view of
@@ -379,7 +383,7 @@ void write_shard(const CheckpointSnapshot& s, const std::string& tmp_dir) {
       };
       open_tensor();
       for (uint64_t pos = 0, chunk = 0; pos < total; pos += kStageChunk, ++chunk) {
-        const int k = static_cast<int>(chunk % kRing);
+        const int k = static_cast<int>(chunk % static_cast<uint64_t>(R));
         if (busy[k].valid()) busy[k].synchronize();  // the disk has this buffer's last chunk
         auto* dst = ring[k].as<unsigned char>();
         const uint64_t n = std::min<uint64_t>(kStageChunk, total - pos);
