@@ -152,6 +152,9 @@ double action_seconds(const Action& a, const StepPlan& plan, const PlanInput& in
                                               : c->cheap_bytes / hw.elementwise_bps;
       return 0;
     case ActionKind::OptimizerUpdate: {
+      // (A plan made by hand may name no unit: then only its [lo, hi) counts, on the device.)
+      if (a.unit < 0 || a.unit >= static_cast<int>(in.units.size()))
+        return a.hi >= 0 ? double(a.hi - a.lo) / hw.optimizer_fps : 0.0;
       const PlanUnit& u = in.units[size_t(a.unit)];
       const int64_t floats = a.hi >= 0 ? a.hi - a.lo : u.padded / in.S;
       if (hw.has_host && ((u.optimizer_offloaded && !u.optimizer_nvme) ||
