@@ -10,9 +10,4 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "$sw_test_name: FAIL: $*"; exit 1; }
 
-prepare_text() {
-  local i
-  for i in $(seq 1 "$1"); do echo "line $i: the quick brown fox jumps over $((i * 7 % 13)) lazy dogs"; done >"$work/text.txt"
-  "$sw" data prepare "$work/text.txt" --out "$work/train.bin" --val "$work/val.bin" >/dev/null ||
-    fail "data prepare"
-}
+source "$(dirname "${BASH_SOURCE[0]}")/../common/text_run.sh"  # prepare_text, tiny_gpt_config

@@ -14,17 +14,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/mpi_common.sh" mpi_train "$@"
 py=/usr/bin/python3
 
 prepare_text 4000
-cat >"$work/cfg.json" <<EOF
-{
-  "model": {"type": "gpt2", "vocab_size": 256, "n_layer": 2, "n_head": 2, "d_model": 32,
-            "seq_len": 16},
-  "data": {"train": "$work/train.bin", "val": "$work/val.bin"},
-  "train_micro_batch_size_per_gpu": 4, "train_steps": 8, "eval_every_steps": 4,
-  "eval_batches": 3, "log_every_steps": 4, "threads": 1,
-  "optimizer": {"params": {"lr": 0.003}}, "gradient_clipping": 1.0,
-  "run_dir": "$work/r1"
-}
-EOF
+tiny_gpt_config "$work/cfg.json"
 
 export OMP_NUM_THREADS=1
 "$sw" train "$work/cfg.json" --quiet >"$work/r1.log" 2>&1 || { cat "$work/r1.log"; fail "one-rank run"; }

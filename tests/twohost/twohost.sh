@@ -33,20 +33,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 
-for i in $(seq 1 4000); do echo "line $i: the quick brown fox jumps over $((i * 7 % 13)) lazy dogs"; done >"$work/text.txt"
-"$sw" data prepare "$work/text.txt" --out "$work/train.bin" --val "$work/val.bin" >/dev/null ||
-  fail "data prepare"
-cat >"$work/cfg.json" <<JSON
-{
-  "model": {"type": "gpt2", "vocab_size": 256, "n_layer": 2, "n_head": 2, "d_model": 32,
-            "seq_len": 16},
-  "data": {"train": "$work/train.bin", "val": "$work/val.bin"},
-  "train_micro_batch_size_per_gpu": 4, "train_steps": 8, "eval_every_steps": 4,
-  "eval_batches": 3, "log_every_steps": 4, "threads": 1,
-  "optimizer": {"params": {"lr": 0.003}}, "gradient_clipping": 1.0,
-  "run_dir": "$work/r1"
-}
-JSON
+source "$here/../common/text_run.sh"
+prepare_text 4000
+tiny_gpt_config "$work/cfg.json"
 export OMP_NUM_THREADS=1
 
 # mpirun inside host a, ranks placed by --host; all MPI and ORTE traffic on the veth's subnet.
