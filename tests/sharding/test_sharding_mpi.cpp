@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -559,32 +560,44 @@ TEST_CASE("offload_optimizer nvme: bit-identical, moments in a file per rank",
           ShardedModel sm(m, cpu(), 1, g, p);
           CHECK(std::filesystem::exists(file));
           const StepPlan plan = sm.step_plan(2, tiny(type).seq_len, 1);
-          // Every piece is read once: the first buffers - 1 by the micro-step (carried, at its
-          // start, waited for by nothing in it), the rest by the optimizer, whose fetches of
-          // the carried pieces adopt those reads (0 bytes).
+          // Deferred updates (the default, OptimizerOffload::defer_update): every piece is
+          // read once and written once, inside the micro-step's forward, each unit's update
+          // before its first forward call; the first buffers - 1 reads adopt those the
+          // previous step's last micro-step left in flight (0 bytes, at the segment's start),
+          // and the step issues the same number again for the next step, waited for by
+          // nothing in it. The optimizer segment updates none of these units.
           int reads = 0, evict = 0, carried_out = 0, carried_in = 0;
           const Segment& opt = plan.segments.back();
           REQUIRE(opt.kind == SegmentKind::Optimizer);
+          const int U = static_cast<int>(m.units.size());
+          std::vector<int> first_forward(size_t(U), -1), last_update(size_t(U), -1);
+          std::set<int> carried_reads;
           for (int i = 0; i < int(plan.actions.size()); ++i) {
             const Action& a = plan.actions[size_t(i)];
             reads += a.kind == ActionKind::Fetch && a.bytes > 0;
             evict += a.kind == ActionKind::Evict;
             if (a.kind == ActionKind::Fetch || a.kind == ActionKind::Evict)
-              CHECK((a.queue == Queue::IO && a.slot >= 0 && a.slot < buffers));
-            const bool carried_fetch = a.carry && a.kind == ActionKind::Fetch;
-            if (carried_fetch && i < opt.begin) {
-              CHECK(i == carried_out);  // the micro-step's first actions
-              CHECK(a.bytes > 0);
-              ++carried_out;
-            }
-            if (carried_fetch && i >= opt.begin) {
+              CHECK((a.queue == Queue::IO && a.slot >= 0 && a.slot < buffers && i < opt.begin));
+            if (a.kind == ActionKind::Fetch && a.adopt) {
+              CHECK(i == carried_in);  // the micro-step's first actions
               CHECK(a.bytes == 0);
               ++carried_in;
+            } else if (a.kind == ActionKind::Fetch && a.carry) {
+              CHECK(a.bytes > 0);
+              carried_reads.insert(i);
+              ++carried_out;
             }
-            for (int w : a.waits)
-              if (i < opt.begin) CHECK(!plan.actions[size_t(w)].carry);  // (reads, writes)
+            for (int w : a.waits) CHECK(carried_reads.count(w) == 0);
+            if (a.kind == ActionKind::Forward && first_forward[size_t(a.unit)] < 0)
+              first_forward[size_t(a.unit)] = i;
+            if (a.kind == ActionKind::OptimizerUpdate && p.offload_optimizer.offloaded(a.unit, U))
+              last_update[size_t(a.unit)] = i;
           }
-          const int U = static_cast<int>(m.units.size());
+          for (int u = 0; u < U; ++u)
+            if (p.offload_optimizer.offloaded(u, U)) {
+              CHECK(last_update[size_t(u)] >= 0);
+              CHECK(last_update[size_t(u)] < first_forward[size_t(u)]);
+            }
           int64_t pieces = 0;
           const int64_t S = st == ShardingStrategy::NoShard ? 1 : g->size();
           for (int u = 0; u < U; ++u)
@@ -595,6 +608,34 @@ TEST_CASE("offload_optimizer nvme: bit-identical, moments in a file per rank",
           CHECK(evict == pieces);
           CHECK(carried_out == std::min<int64_t>(buffers - 1, pieces));
           CHECK(carried_in == carried_out);
+          {  // Without deferral: the optimizer segment streams the pieces at the step's end,
+             // adopting the reads the micro-step issued at its start.
+            ShardingPolicy q = p;
+            q.offload_optimizer.defer_update = false;
+            ShardedModel sq(m, cpu(), 1, g, q);
+            const StepPlan pq = sq.step_plan(2, tiny(type).seq_len, 1);
+            const Segment& oq = pq.segments.back();
+            int qreads = 0, out = 0, in = 0;
+            for (int i = 0; i < int(pq.actions.size()); ++i) {
+              const Action& a = pq.actions[size_t(i)];
+              qreads += a.kind == ActionKind::Fetch && a.bytes > 0;
+              if (a.kind == ActionKind::Fetch && a.carry && i < oq.begin) {
+                CHECK(i == out);
+                CHECK((a.bytes > 0 && !a.adopt));
+                ++out;
+              }
+              if (a.kind == ActionKind::Fetch && a.carry && i >= oq.begin) {
+                CHECK((a.bytes == 0 && a.adopt));
+                ++in;
+              }
+              if (a.kind == ActionKind::OptimizerUpdate) CHECK(i >= oq.begin);
+              for (int w : a.waits)
+                if (i < oq.begin) CHECK(!pq.actions[size_t(w)].carry);  // (reads, writes)
+            }
+            CHECK(qreads == pieces);
+            CHECK(out == std::min<int64_t>(buffers - 1, pieces));
+            CHECK(in == out);
+          }
           // The write-backs of moments are left in flight past the optimizer (carried): no
           // action of the step waits for them; the next optimizer settles them first.
           int carried_evicts = 0;
