@@ -483,7 +483,8 @@ const Node& schema() {
                    Node n = any("block_size", 1 << 20,
                                 "bytes (a multiple of 4096 up to 1GiB) or a size such as "
                                 "`\"1MiB\"`",
-                                "bytes per request piece");
+                                "DeepSpeed's `aio` block, for the io queue NVMe offload runs "
+                                "on: bytes per request piece");
                    n.lo = 4096, n.hi = 1 << 30;
                    return n;
                  }(),
