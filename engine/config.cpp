@@ -1,13 +1,17 @@
-// JSON config: a schema of every accepted key, validation with suggestions, --set overrides,
-// defaults, and the resolved (re-loadable) config.
+// JSON config: one declaration of every accepted key (schema(): type, range or allowed
+// strings, default, description), validation with suggestions, --set overrides, defaults, the
+// resolved (re-loadable) config, and README.md's key table (config_keys_markdown).
 //
 // Passes, in order:
 //   1. parse the text (line:column on syntax errors; duplicate keys are errors);
 //   2. apply --set overrides (the key path must exist in the schema);
 //   3. walk the JSON against the schema: unknown keys (with the nearest valid key suggested)
-//      and wrong types throw; keys accepted only for DeepSpeed compatibility become notes;
-//   4. read values into TrainConfig with range checks (messages name key path and range);
-//   5. write the resolved config: the input with every effective key set to its final value.
+//      and wrong types throw; null is "not set"; keys accepted only for DeepSpeed
+//      compatibility become notes;
+//   4. read values into TrainConfig with the declared defaults and range checks (messages name
+//      key path and range); the rules between keys (conflicts, derived defaults) are code;
+//   5. write the resolved config: the input with every declared key set to its effective value
+//      (null where it does not apply to the run; aliases resolved into their keys).
 //
 // DeepSpeed compatibility decisions (see docs/ARCHITECTURE.md):
 //   * optimizer.type "Adam" is DeepSpeed's Adam, whose default adam_w_mode=true makes it AdamW
