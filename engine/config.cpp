@@ -52,6 +52,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 
 #include "core/bytes.h"
 #include "core/error.h"
