@@ -216,6 +216,12 @@ const Node& schema() {
          number("ratio", 1.0, kUnit, "the fraction of the units offloaded, the first ones"),
          string("nvme_path", "", {}, "`nvme`: the directory (required with it)"),
          integer("buffer_count", 4, 2, 1 << 20, "`nvme`: staging buffers of the update"),
+         boolean("defer_update", true,
+                 "`nvme`: each offloaded unit's update runs at the start of the next step's "
+                 "first forward, just before the unit is first used, so its moments' reads and "
+                 "write-backs overlap forward compute (evaluation, checkpoints and export apply "
+                 "it first; bit-identical either way). Not with `offload_param` `nvme` or "
+                 "SHARD_OPTIMIZER, which update at the step's end"),
          cbool("pin_memory")});
     for (const char* k : {"pipeline_read", "pipeline_write", "fast_init"})
       offload_opt.kids.push_back(cbool(k));
@@ -1071,6 +1077,8 @@ void write_resolved(json& r, const TrainConfig& cfg) {
   set_path(r, "zero_optimization.offload_optimizer.nvme_path", sp.offload_optimizer.nvme_path);
   set_path(r, "zero_optimization.offload_optimizer.buffer_count",
            sp.offload_optimizer.buffer_count);
+  set_path(r, "zero_optimization.offload_optimizer.defer_update",
+           sp.offload_optimizer.defer_update);
   set_path(r, "zero_optimization.offload_param.device",
            cfg.autoplan.offload_param ? "auto" : offload_device_name(sp.offload_param.device));
   set_path(r, "zero_optimization.offload_param.nvme_path", sp.offload_param.nvme_path);
@@ -1452,6 +1460,8 @@ TrainConfig read_config(json j, const std::string& source,
       c.bad(pkey_path, "required with device 'nvme' (a directory on a local disk)");
     sp.offload_optimizer.buffer_count = (int)get_int(j, "zero_optimization.offload_optimizer.buffer_count", c);
     sp.offload_optimizer.ratio = get_num(j, "zero_optimization.offload_optimizer.ratio", c);
+    sp.offload_optimizer.defer_update =
+        get_bool(j, "zero_optimization.offload_optimizer.defer_update");
     const std::string pkey = "zero_optimization.offload_param.device";
     const std::string pdev = get_str(j, pkey, c);
     cfg.autoplan.offload_param = auto_at(j, pkey);
