@@ -42,42 +42,42 @@ int cmd_verify(const CkptArgs& a) {
 
 }  // namespace
 
-void add_ckpt_command(CLI::App& top, cli::Runs& runs) {
-  CLI::App* ckpt = cli::add_command(
-      top, "ckpt",
+void add_ckpt_command(cli::Command& top) {
+  cli::Command ckpt = top.sub(
+      "ckpt",
       "export, inspect or verify a sharded checkpoint\n"
       "\n"
       "DIR is a checkpoint step directory (<checkpoint.dir>/step_<N>, holding metadata.json and\n"
       "rank_<r>.safetensors) or a checkpoint directory whose `latest` file names one.");
   auto a = std::make_shared<CkptArgs>();  // one of the subcommands is given
-  CLI::App* ex = cli::add_command(
-      *ckpt, "export",
+  cli::Command ex = ckpt.sub(
+      "export",
       "write the consolidated fp32 weights with Hugging Face names\n"
       "\n"
       "Names and layouts as Hugging Face's (GPT-2: h.0.attn.c_attn.weight ... as (in, out);\n"
       "Llama: model.layers.0...), fp32, written one tensor at a time (memory about twice the\n"
       "largest tensor); the file loads with `train --init-from` and `sample --weights`.");
-  ex->add_option("DIR", a->dir, kDirHelp)->required()->type_name("");
-  cli::add_text(ex, "--out", a->out, "MODEL.safetensors", "the output file")->required();
-  runs[ex] = [a] { return cmd_export(*a); };
+  ex.positional("DIR", a->dir, kDirHelp);
+  ex.text("--out", a->out, "MODEL.safetensors", "the output file").required();
+  ex.on_run([a] { return cmd_export(*a); });
 
-  CLI::App* in = cli::add_command(
-      *ckpt, "inspect",
+  cli::Command in = ckpt.sub(
+      "inspect",
       "print a checkpoint's step, world size, strategy, model, parameters\n"
       "\n"
       "Prints the step, world size, strategy, model config, every parameter (shape, dtype,\n"
       "bytes) and every shard file.");
-  in->add_option("DIR", a->dir, kDirHelp)->required()->type_name("");
-  runs[in] = [a] { return cmd_inspect(*a); };
+  in.positional("DIR", a->dir, kDirHelp);
+  in.on_run([a] { return cmd_inspect(*a); });
 
-  CLI::App* ve = cli::add_command(
-      *ckpt, "verify",
+  cli::Command ve = ckpt.sub(
+      "verify",
       "check every checksum of a checkpoint\n"
       "\n"
       "Checks the metadata, every block of every tensor and every file; prints 'ok ...' and\n"
       "exits 0, or one error line naming file and tensor and exits 1.");
-  ve->add_option("DIR", a->dir, kDirHelp)->required()->type_name("");
-  runs[ve] = [a] { return cmd_verify(*a); };
+  ve.positional("DIR", a->dir, kDirHelp);
+  ve.on_run([a] { return cmd_verify(*a); });
 }
 
 }  // namespace sw

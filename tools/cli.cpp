@@ -1,6 +1,9 @@
-// The command line's shared parts (tools/cli.h): help layout, typed options with one message
-// style, and the parse -> help | usage mistake | run decision.
+// The command line's shared parts (tools/cli.h), the one file that includes CLI11: the help
+// layout, option kinds with one message style, and the parse -> help | usage mistake | run
+// decision.
 #include "tools/cli.h"
+
+#include <CLI/CLI.hpp>
 
 #include <cerrno>
 #include <charconv>
@@ -8,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <map>
 #include <sstream>
 
 #include "core/launch.h"
@@ -44,6 +48,17 @@ class HelpFormatter : public CLI::Formatter {
 };
 
 std::string quote(const std::string& s) { return "'" + s + "'"; }
+
+// "shardwise", "shardwise data prepare": the names from the top app down to `app`.
+std::string command_path(const CLI::App* app) {
+  std::string path;
+  for (; app; app = app->get_parent()) path = app->get_name() + (path.empty() ? "" : " ") + path;
+  return path;
+}
+
+[[noreturn]] void usage_fail(const CLI::App* app, const std::string& message) {
+  throw UsageError{message, command_path(app)};
+}
 
 // Strict decimal integer (no sign for unsigned, no base prefixes, nothing after the digits).
 template <class T>
@@ -109,37 +124,64 @@ void check_leftovers(const CLI::App* app) {
 
 }  // namespace
 
-std::string command_path(const CLI::App* app) {
-  std::string path;
-  for (; app; app = app->get_parent()) path = app->get_name() + (path.empty() ? "" : " ") + path;
-  return path;
-}
-
-void usage_fail(const CLI::App* app, const std::string& message) {
-  throw UsageError{message, command_path(app)};
-}
+struct Registry {
+  CLI::App app;
+  std::map<const CLI::App*, std::function<int()>> runs;
+  CLI::App* help = nullptr;
+  std::vector<std::string> help_of;  // help's COMMAND...
+  bool show_version = false;
+  std::string version;
+};
 
 bool prints_usage() { return launch_env().rank == 0; }
 
-CLI::App* add_command(CLI::App& parent, const std::string& name, const std::string& description) {
-  CLI::App* app = parent.add_subcommand(name, description);
+// ---- Opt -----------------------------------------------------------------------------------
+
+Opt& Opt::required() {
+  o_->required();
+  return *this;
+}
+
+Opt& Opt::needs(const Opt& other) {
+  o_->needs(other.o_);
+  return *this;
+}
+
+Opt& Opt::excludes(const Opt& other) {
+  o_->excludes(other.o_);
+  return *this;
+}
+
+// ---- Command -------------------------------------------------------------------------------
+
+Command Command::sub(const std::string& name, const std::string& description) {
+  CLI::App* app = app_->add_subcommand(name, description);
   app->allow_extras();  // leftovers are reported by check_leftovers, naming the command
   app->require_subcommand(0, 1);
   app->footer("");      // CLI11 copies the parent's
   app->set_help_flag("-h,--help", "show this help");
   app->group("Commands");
-  return app;
+  return Command(app, reg_);
 }
 
-CLI::Option* add_config(CLI::App* app, std::string& path, bool required) {
-  CLI::Option* o =
-      app->add_option("CONFIG.json", path, "the run's JSON config (DeepSpeed-style keys; see configs/)");
-  o->type_name("");
-  if (required) o->required();
+Opt Command::config(std::string& path, bool required) {
+  Opt o(app_->add_option("CONFIG.json", path,
+                         "the run's JSON config (DeepSpeed-style keys; see configs/)")
+            ->type_name(""));
+  if (required) o.required();
   return o;
 }
 
-CLI::Option* add_overrides(CLI::App* app, std::vector<std::string>& overrides) {
+Opt Command::positional(const std::string& name, std::string& dest, const std::string& help) {
+  return Opt(app_->add_option(name, dest, help)->type_name("")->required());
+}
+
+Opt Command::positionals(const std::string& name, std::vector<std::string>& dest,
+                         const std::string& help) {
+  return Opt(app_->add_option(name, dest, help)->type_name("")->required());
+}
+
+Opt Command::overrides(std::vector<std::string>& dest) {
   CLI::Validator kv(
       [](std::string& v) -> std::string {
         if (v.find('=') == std::string::npos || v.front() == '=')
@@ -147,96 +189,136 @@ CLI::Option* add_overrides(CLI::App* app, std::vector<std::string>& overrides) {
         return {};
       },
       "");
-  return app
-      ->add_option("--set", overrides,
-                   "override a config key by its dotted path, e.g. --set train_steps=50\n"
-                   "--set optimizer.params.lr=1e-3 (VALUE is parsed as JSON, otherwise\n"
-                   "taken as a string); repeatable")
-      ->type_name("KEY=VALUE")
-      ->expected(1)
-      ->allow_extra_args(false)
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
-      ->check(kv);
+  return Opt(app_->add_option("--set", dest,
+                              "override a config key by its dotted path, e.g. --set train_steps=50\n"
+                              "--set optimizer.params.lr=1e-3 (VALUE is parsed as JSON, otherwise\n"
+                              "taken as a string); repeatable, applied in order")
+                 ->type_name("KEY=VALUE")
+                 ->expected(1)
+                 ->allow_extra_args(false)  // one value per --set; the next word is not its
+                 ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+                 ->check(kv));
 }
 
-CLI::Option* add_text(CLI::App* app, const std::string& name, std::string& dest,
-                      const std::string& type, const std::string& help) {
+Opt Command::flag(const std::string& name, bool& dest, const std::string& help) {
+  return Opt(app_->add_flag(name, dest, help));
+}
+
+Opt Command::text(const std::string& name, std::string& dest, const std::string& type,
+                  const std::string& help) {
   CLI::Validator non_empty(
       [](std::string& v) -> std::string { return v.empty() ? "expects a value, got ''" : ""; }, "");
-  return app->add_option(name, dest, help)->type_name(type)->check(non_empty);
+  return Opt(app_->add_option(name, dest, help)->type_name(type)->check(non_empty));
 }
 
-CLI::Option* add_integer(CLI::App* app, const std::string& name, int& dest, int lo, int hi,
-                         const std::string& type, const std::string& help) {
-  return app
-      ->add_option_function<std::string>(
-          name,
-          [name, &dest, lo, hi](const std::string& s) {
-            long long v = 0;
-            if (!parse_decimal(s, v))
-              throw CLI::ValidationError(name, "expects an integer, got " + quote(s));
-            if (v < lo || v > hi)
-              throw CLI::ValidationError(name, "must be between " + std::to_string(lo) + " and " +
-                                                   std::to_string(hi) + ", got " + s);
-            dest = static_cast<int>(v);
-          },
-          help)
-      ->type_name(type);
+Opt Command::any_text(const std::string& name, std::string& dest, const std::string& type,
+                      const std::string& help) {
+  return Opt(app_->add_option(name, dest, help)->type_name(type));
 }
 
-CLI::Option* add_unsigned(CLI::App* app, const std::string& name, uint64_t& dest,
-                          const std::string& type, const std::string& help) {
-  return app
-      ->add_option_function<std::string>(
-          name,
-          [name, &dest](const std::string& s) {
-            if (!parse_decimal(s, dest))
-              throw CLI::ValidationError(name, "expects a non-negative integer, got " + quote(s));
-          },
-          help)
-      ->type_name(type);
+Opt Command::checked(const std::string& name, std::string& dest, const std::string& type,
+                     const std::string& help, std::function<std::string(const std::string&)> check) {
+  CLI::Validator v([check](std::string& s) { return check(s); }, "");
+  return Opt(app_->add_option(name, dest, help)->type_name(type)->check(v));
 }
 
-CLI::Option* add_number(CLI::App* app, const std::string& name, double& dest, double lo,
-                        double hi, bool open, const std::string& type, const std::string& help) {
-  return app
-      ->add_option_function<std::string>(
-          name,
-          [=, &dest](const std::string& s) {
-            errno = 0;
-            char* end = nullptr;
-            const double v = std::strtod(s.c_str(), &end);
-            if (s.empty() || end != s.c_str() + s.size() || errno == ERANGE || !std::isfinite(v))
-              throw CLI::ValidationError(name, "expects a number, got " + quote(s));
-            if (open ? !(v > lo && v < hi) : !(v >= lo && v <= hi)) {
-              char range[96];
-              if (std::isinf(hi))
-                std::snprintf(range, sizeof range, open ? "must be > %g" : "must be >= %g", lo);
-              else
-                std::snprintf(range, sizeof range,
-                              open ? "must be between %g and %g (exclusive)"
-                                   : "must be between %g and %g",
-                              lo, hi);
-              throw CLI::ValidationError(name, std::string(range) + ", got " + s);
-            }
-            dest = v;
-          },
-          help)
-      ->type_name(type);
+Opt Command::integer(const std::string& name, int& dest, int lo, int hi, const std::string& type,
+                     const std::string& help) {
+  return Opt(app_->add_option_function<std::string>(
+                     name,
+                     [name, &dest, lo, hi](const std::string& s) {
+                       long long v = 0;
+                       if (!parse_decimal(s, v))
+                         throw CLI::ValidationError(name, "expects an integer, got " + quote(s));
+                       if (v < lo || v > hi)
+                         throw CLI::ValidationError(name, "must be between " + std::to_string(lo) +
+                                                              " and " + std::to_string(hi) +
+                                                              ", got " + s);
+                       dest = static_cast<int>(v);
+                     },
+                     help)
+                 ->type_name(type));
 }
 
-void configure_top(CLI::App& app, const std::string& description) {
+Opt Command::unsigned_integer(const std::string& name, uint64_t& dest, const std::string& type,
+                              const std::string& help) {
+  return Opt(app_->add_option_function<std::string>(
+                     name,
+                     [name, &dest](const std::string& s) {
+                       if (!parse_decimal(s, dest))
+                         throw CLI::ValidationError(
+                             name, "expects a non-negative integer, got " + quote(s));
+                     },
+                     help)
+                 ->type_name(type));
+}
+
+Opt Command::number(const std::string& name, double& dest, double lo, double hi, bool open,
+                    const std::string& type, const std::string& help) {
+  return Opt(
+      app_->add_option_function<std::string>(
+              name,
+              [=, &dest](const std::string& s) {
+                errno = 0;
+                char* end = nullptr;
+                const double v = std::strtod(s.c_str(), &end);
+                if (s.empty() || end != s.c_str() + s.size() || errno == ERANGE ||
+                    !std::isfinite(v))
+                  throw CLI::ValidationError(name, "expects a number, got " + quote(s));
+                if (open ? !(v > lo && v < hi) : !(v >= lo && v <= hi)) {
+                  char range[96];
+                  if (std::isinf(hi))
+                    std::snprintf(range, sizeof range, open ? "must be > %g" : "must be >= %g", lo);
+                  else
+                    std::snprintf(range, sizeof range,
+                                  open ? "must be between %g and %g (exclusive)"
+                                       : "must be between %g and %g",
+                                  lo, hi);
+                  throw CLI::ValidationError(name, std::string(range) + ", got " + s);
+                }
+                dest = v;
+              },
+              help)
+          ->type_name(type));
+}
+
+void Command::footer(const std::string& text) { app_->footer(text); }
+
+void Command::on_run(std::function<int()> run) { reg_->runs[app_] = std::move(run); }
+
+void Command::usage_fail(const std::string& message) const { cli::usage_fail(app_, message); }
+
+// ---- Program -------------------------------------------------------------------------------
+
+Program::Program(const std::string& name, const std::string& description,
+                 const std::string& version)
+    : reg_(std::make_unique<Registry>()) {
+  CLI::App& app = reg_->app;
+  app.name(name);
   app.description(description);
   app.formatter(std::make_shared<HelpFormatter>());
   app.allow_extras();
   app.require_subcommand(0, 1);
+  // A repeated option keeps its last value (the hand-written parser did); --set keeps all.
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  app.set_help_flag("-h,--help", "show this help (also `shardwise <command> --help`)");
+  app.set_help_flag("-h,--help", "show this help (also `" + name + " <command> --help`)");
+  app.add_flag("--version", reg_->show_version, "print the version");
+  reg_->version = version;
 }
 
-int parse_and_run(CLI::App& app, const std::vector<std::string>& args, const Runs& runs,
-                  const CLI::App* help_cmd, const std::vector<std::string>& help_of,
-                  const CLI::Option* version, const std::string& version_text) {
+Program::~Program() = default;
+
+Command Program::top() { return Command(&reg_->app, reg_.get()); }
+
+void Program::add_help_command() {
+  top().sub("help", "show a command's help: help [COMMAND [SUBCOMMAND]]");
+  reg_->help = reg_->app.get_subcommand("help");
+  reg_->help->add_option("COMMAND", reg_->help_of, "the command (and subcommand) to describe")
+      ->type_name("");
+}
+
+int Program::run(const std::vector<std::string>& args) {
+  CLI::App& app = reg_->app;
   std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 pops from the back
   try {
     app.parse(reversed);
@@ -247,8 +329,8 @@ int parse_and_run(CLI::App& app, const std::vector<std::string>& args, const Run
     const CLI::App* where = selected_leaf(&app);
     throw UsageError{describe(e, where), command_path(where)};
   }
-  if (version->count() > 0) {
-    if (prints_usage()) std::cout << version_text << "\n" << std::flush;
+  if (reg_->show_version) {
+    if (prints_usage()) std::cout << reg_->version << "\n" << std::flush;
     return 0;
   }
   // Leftovers from the top down, so `shardwise --frob train` names --frob.
@@ -258,13 +340,13 @@ int parse_and_run(CLI::App& app, const std::vector<std::string>& args, const Run
     leaf = leaf->get_subcommands().front();
     check_leftovers(leaf);
   }
-  if (leaf == help_cmd) {
-    std::vector<std::string> again = help_of;
+  if (leaf == reg_->help) {
+    std::vector<std::string> again = reg_->help_of;
     again.push_back("--help");
-    return parse_and_run(app, again, runs, help_cmd, help_of, version, version_text);
+    return run(again);
   }
-  const auto it = runs.find(leaf);
-  if (it == runs.end()) {  // a command that groups subcommands, given none
+  const auto it = reg_->runs.find(leaf);
+  if (it == reg_->runs.end()) {  // a command that groups subcommands, given none
     const bool top = leaf->get_parent() == nullptr;
     usage_fail(leaf, std::string("missing ") + (top ? "command" : leaf->get_name() + " subcommand") +
                          " (expected " + offered(leaf) + ")");

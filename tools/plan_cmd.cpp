@@ -77,19 +77,16 @@ struct PlanArgs {
 
 // --NAME BYTES for the search: a budget parse_budget reads ("8GiB", "512MiB", "8e9"); a value
 // it cannot read is a usage mistake, caught before anything is built.
-CLI::Option* add_budget(CLI::App* app, const std::string& name, std::string& dest,
-                        const std::string& help) {
-  CLI::Validator bytes(
-      [name](std::string& v) -> std::string {
-        try {
-          if (parse_budget(v, name) > 0 || name != "--memory-budget") return {};
-          return "the budget must be more than 0 bytes, got '" + v + "'";
-        } catch (const Error&) {
-          return "cannot parse '" + v + "' as bytes (e.g. 8GiB, 512MiB, 8e9)";
-        }
-      },
-      "");
-  return app->add_option(name, dest, help)->type_name("BYTES")->check(bytes);
+cli::Opt add_budget(cli::Command& c, const std::string& name, std::string& dest,
+                    const std::string& help) {
+  return c.checked(name, dest, "BYTES", help, [name](const std::string& v) -> std::string {
+    try {
+      if (parse_budget(v, name) > 0 || name != "--memory-budget") return {};
+      return "the budget must be more than 0 bytes, got '" + v + "'";
+    } catch (const Error&) {
+      return "cannot parse '" + v + "' as bytes (e.g. 8GiB, 512MiB, 8e9)";
+    }
+  });
 }
 
 // The plan a run of the config executes on pa.world ranks (training step, or eval).
@@ -422,61 +419,58 @@ int cmd_plan(const PlanArgs& pa) {
 
 }  // namespace
 
-void add_plan_commands(CLI::App& top, cli::Runs& runs) {
+void add_plan_commands(cli::Command& top) {
   auto pa = std::make_shared<PlanArgs>();
-  CLI::App* plan = cli::add_command(top, "plan", kPlanAbout);
-  cli::add_config(plan, pa->config, /*required=*/false);
-  cli::add_integer(plan, "--world-size", pa->world, 1, 65536, "N", "ranks of the run (default 1)");
-  CLI::Option* json = plan->add_flag("--json", pa->json,
-                                     "the same as JSON (bytes, seconds), in the units of\n"
-                                     "profile's peaks_rank<r>.json");
-  cli::add_overrides(plan, pa->overrides);
-  cli::add_text(plan, "--hardware", pa->hardware, "FILE",
-                "the hardware profile (default: $SHARDWISE_HARDWARE, else\n"
-                "~/.cache/shardwise/hardware.json when it exists)");
-  CLI::Option* calibrate =
-      plan->add_flag("--calibrate", pa->calibrate,
-                     "measure this machine at this world size (run under mpirun for\n"
-                     "collectives) with the config's shapes, and write the profile");
-  cli::add_text(plan, "--out-hardware", pa->out_hardware, "FILE",
-                "where --calibrate writes (default: the default profile path)");
-  CLI::Option* budget =
+  cli::Command plan = top.sub("plan", kPlanAbout);
+  plan.config(pa->config, /*required=*/false);
+  plan.integer("--world-size", pa->world, 1, 65536, "N", "ranks of the run (default 1)");
+  const cli::Opt json = plan.flag("--json", pa->json,
+                                  "the same as JSON (bytes, seconds), in the units of\n"
+                                  "profile's peaks_rank<r>.json");
+  plan.overrides(pa->overrides);
+  plan.text("--hardware", pa->hardware, "FILE",
+            "the hardware profile (default: $SHARDWISE_HARDWARE, else\n"
+            "~/.cache/shardwise/hardware.json when it exists)");
+  cli::Opt calibrate = plan.flag("--calibrate", pa->calibrate,
+                                 "measure this machine at this world size (run under mpirun for\n"
+                                 "collectives) with the config's shapes, and write the profile");
+  plan.text("--out-hardware", pa->out_hardware, "FILE",
+            "where --calibrate writes (default: the default profile path)");
+  const cli::Opt budget =
       add_budget(plan, "--memory-budget", pa->budget,
                  "search the plans that fit BYTES per rank (8GiB, 512MiB, 8e9):\n"
                  "blocks_per_unit, ZeRO stage, prefetch, checkpointing, offload,\n"
                  "micro-batch x accumulation at the config's per-rank batch");
   add_budget(plan, "--host-budget", pa->host_budget,
              "with --memory-budget: host-tier bytes per rank (default: no limit)")
-      ->needs(budget);
+      .needs(budget);
   add_budget(plan, "--nvme-budget", pa->nvme_budget,
              "with --memory-budget: NVMe bytes per rank (default: no limit)")
-      ->needs(budget);
-  cli::add_text(plan, "--nvme-path", pa->nvme_path, "DIR",
-                "consider NVMe offload to DIR (default: the config's nvme_path;\n"
-                "--calibrate: the directory whose disk is measured, default /tmp)");
-  cli::add_text(plan, "--out", pa->out, "FILE",
-                "with --memory-budget: write the fastest plan that fits as a\n"
-                "ready-to-run config (memory_budget set)")
-      ->needs(budget);
-  plan->add_flag("--timeline", pa->timeline,
-                 "also print every action's predicted start and duration");
-  calibrate->excludes(budget);  // --calibrate measures only
-  calibrate->excludes(json);
-  runs[plan] = [pa, plan] {
-    if (pa->config.empty() && !pa->calibrate) cli::usage_fail(plan, "missing CONFIG.json");
+      .needs(budget);
+  plan.text("--nvme-path", pa->nvme_path, "DIR",
+            "consider NVMe offload to DIR (default: the config's nvme_path;\n"
+            "--calibrate: the directory whose disk is measured, default /tmp)");
+  plan.text("--out", pa->out, "FILE",
+            "with --memory-budget: write the fastest plan that fits as a\n"
+            "ready-to-run config (memory_budget set)")
+      .needs(budget);
+  plan.flag("--timeline", pa->timeline, "also print every action's predicted start and duration");
+  calibrate.excludes(budget).excludes(json);  // --calibrate measures only
+  plan.on_run([pa, plan] {
+    if (pa->config.empty() && !pa->calibrate) plan.usage_fail("missing CONFIG.json");
     return cmd_plan(*pa);
-  };
+  });
 
   auto pd = std::make_shared<PlanArgs>();
-  CLI::App* dump = cli::add_command(top, "plan-dump", kPlanDumpAbout);
-  cli::add_config(dump, pd->config);
-  cli::add_integer(dump, "--world-size", pd->world, 1, 65536, "N",
-                   "ranks of the run (default 1); HYBRID_SHARD without\n"
-                   "shard_group_size shards over all N (a run under mpirun shards\n"
-                   "within a node)");
-  dump->add_flag("--eval", pd->eval, "the evaluation forward instead of a training step");
-  cli::add_overrides(dump, pd->overrides);
-  runs[dump] = [pd] { return cmd_plan_dump(*pd); };
+  cli::Command dump = top.sub("plan-dump", kPlanDumpAbout);
+  dump.config(pd->config);
+  dump.integer("--world-size", pd->world, 1, 65536, "N",
+               "ranks of the run (default 1); HYBRID_SHARD without\n"
+               "shard_group_size shards over all N (a run under mpirun shards\n"
+               "within a node)");
+  dump.flag("--eval", pd->eval, "the evaluation forward instead of a training step");
+  dump.overrides(pd->overrides);
+  dump.on_run([pd] { return cmd_plan_dump(*pd); });
 }
 
 }  // namespace sw

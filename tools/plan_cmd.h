@@ -6,8 +6,8 @@
 
 namespace sw {
 
-// Declares `plan` and `plan-dump` (their options, with help) under `top`; `runs` gets what
-// each runs once parsed. Usage mistakes exit 2 (tools/cli.h); config errors are sw::Error.
-void add_plan_commands(CLI::App& top, cli::Runs& runs);
+// Declares `plan` and `plan-dump` (their options, with help, and what each runs once parsed)
+// under `top`. Usage mistakes exit 2 (tools/cli.h); config errors are sw::Error.
+void add_plan_commands(cli::Command& top);
 
 }  // namespace sw

@@ -1,10 +1,10 @@
 // The `shardwise` command line: train, profile, plan, plan-dump, data prepare, sample, ckpt.
 //
-// Options are declared on CLI11 apps with their help text (tools/cli.h: the shared option
-// kinds, help layout, and the exit codes: 0 success or help, 1 an error in what was asked
+// Each command declares its options with help text (tools/cli.h, on CLI11: the option kinds,
+// the help layout, and the exit codes: 0 success or help, 1 an error in what was asked
 // (sw::Error, printed as one line "shardwise: error: <message>"), 2 a usage mistake (printed
-// as "shardwise <cmd>: <problem>" plus a hint naming the right --help)). Each command parses
-// into a plain struct; its function runs on that struct.
+// as "shardwise <cmd>: <problem>" plus a hint naming the right --help)), parsed into a plain
+// struct; its function runs on that struct.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -116,10 +116,10 @@ int cmd_train(const TrainArgs& a) {
   return 0;
 }
 
-void add_train(CLI::App& top, cli::Runs& runs) {
+void add_train(cli::Command& top) {
   auto a = std::make_shared<TrainArgs>();
-  CLI::App* c = cli::add_command(
-      top, "train",
+  cli::Command c = top.sub(
+      "train",
       "train a model described by a JSON config (mpirun -np N for N ranks)\n"
       "\n"
       "Trains the model described by CONFIG.json (DeepSpeed-style keys; see configs/). Writes\n"
@@ -128,26 +128,26 @@ void add_train(CLI::App& top, cli::Runs& runs) {
       "prints a summary: steps, final training and validation loss, the training data's\n"
       "byte-unigram entropy (the loss of a model that ignores context), tokens/s, weights path.\n"
       "Under `mpirun -np N shardwise train CONFIG.json` every rank runs it; rank 0 prints.");
-  cli::add_config(c, a->config);
-  cli::add_overrides(c, a->overrides);
-  c->add_flag("--quiet", a->quiet, "no live progress line on stderr");
-  c->add_flag("--no-export", a->no_export, "do not write model.safetensors");
-  cli::add_text(c, "--resume", a->resume, "DIR|auto",
+  c.config(a->config);
+  c.overrides(a->overrides);
+  c.flag("--quiet", a->quiet, "no live progress line on stderr");
+  c.flag("--no-export", a->no_export, "do not write model.safetensors");
+  c.text("--resume", a->resume, "DIR|auto",
                 "continue a run from a checkpoint: a step directory (<dir>/step_N)\n"
                 "or a checkpoint directory (its 'latest' file names the step);\n"
                 "'auto' = <checkpoint.dir>/latest when it exists, else start\n"
                 "fresh. The run continues exactly as if never stopped (same\n"
                 "losses, same weights); metrics.jsonl is appended to (sets\n"
                 "checkpoint.resume; wins over --set checkpoint.resume)");
-  cli::add_text(c, "--init-from", a->init_from, "FILE",
+  c.text("--init-from", a->init_from, "FILE",
                 "start from the weights in a safetensors file (model.safetensors,\n"
                 "or `shardwise ckpt export` output) with fresh optimizer state,\n"
                 "step 0 (sets checkpoint.init_from)");
-  c->footer(
+  c.footer(
       "Checkpoints: set checkpoint.every_steps (e.g. --set checkpoint.every_steps=500) to save\n"
       "<run_dir>/checkpoints/step_N every N steps (and after the last step); checkpoint.keep_last\n"
       "(default 3), checkpoint.async (write in the background), checkpoint.dir.");
-  runs[c] = [a] { return cmd_train(*a); };
+  c.on_run([a] { return cmd_train(*a); });
 }
 
 // ---- profile -------------------------------------------------------------------------------
@@ -242,10 +242,10 @@ int cmd_profile(const ProfileArgs& a) {
   return 0;
 }
 
-void add_profile(CLI::App& top, cli::Runs& runs) {
+void add_profile(cli::Command& top) {
   auto a = std::make_shared<ProfileArgs>();
-  CLI::App* c = cli::add_command(
-      top, "profile",
+  cli::Command c = top.sub(
+      "profile",
       "run N steps; write each rank's trace, memory chart and peaks\n"
       "\n"
       "Also: mpirun -np R shardwise profile CONFIG.json ...\n"
@@ -266,19 +266,19 @@ void add_profile(CLI::App& top, cli::Runs& runs) {
       "                       workspace_estimate_bytes; the chart draws the plan's total dashed\n"
       "                       over the measured one, action by action\n"
       "Rank 0 then prints its peak table and the paths.");
-  cli::add_config(c, a->config);
-  cli::add_integer(c, "--steps", a->steps, 2, 1000000, "N",
-                   "steps to run, >= 2 (default 3: one warm-up, two recorded)");
-  cli::add_text(c, "--out", a->out, "DIR",
+  c.config(a->config);
+  c.integer("--steps", a->steps, 2, 1000000, "N",
+            "steps to run, >= 2 (default 3: one warm-up, two recorded)");
+  c.text("--out", a->out, "DIR",
                 "output directory (default: the config's profile.out, which\n"
                 "defaults to <run_dir>/profile); created if missing, must be\n"
                 "writable");
-  cli::add_overrides(c, a->overrides);
-  c->add_flag("--quiet", a->quiet, "no live progress line on stderr");
-  c->add_flag("--plan", a->plan,
+  c.overrides(a->overrides);
+  c.flag("--quiet", a->quiet, "no live progress line on stderr");
+  c.flag("--plan", a->plan,
               "print the plan's prediction beside the measurement: per rank\n"
               "the device peak, per category at rank 0's peak");
-  runs[c] = [a] { return cmd_profile(*a); };
+  c.on_run([a] { return cmd_profile(*a); });
 }
 
 // ---- data prepare --------------------------------------------------------------------------
@@ -346,13 +346,13 @@ int cmd_data_prepare(const PrepareArgs& a) {
   return 0;
 }
 
-void add_data(CLI::App& top, cli::Runs& runs) {
-  CLI::App* data = cli::add_command(
-      top, "data",
+void add_data(cli::Command& top) {
+  cli::Command data = top.sub(
+      "data",
       "prepare token files (data prepare TEXT... --out FILE.bin)");
   auto a = std::make_shared<PrepareArgs>();
-  CLI::App* c = cli::add_command(
-      *data, "prepare",
+  cli::Command c = data.sub(
+      "prepare",
       "byte-level tokenize text files into llm.c .bin token files\n"
       "\n"
       "Tokenizes the TEXT files byte by byte (token = byte value, vocabulary 256) and writes\n"
@@ -363,23 +363,21 @@ void add_data(CLI::App& top, cli::Runs& runs) {
       "file: the concatenated bytes are cut into blocks of min(4096, max(1, N/100)) bytes (N =\n"
       "total bytes) and block i goes to validation when floor((i+1)*F) > floor(i*F), i.e. every\n"
       "(1/F)-th block; the other blocks, in order, form the training file.");
-  c->add_option("TEXT", a->inputs, "text files to tokenize, concatenated in this order")
-      ->required()
-      ->type_name("");
-  cli::add_text(c, "--out", a->out, "FILE.bin", "training token file to write")->required();
-  CLI::Option* val = cli::add_text(c, "--val", a->val, "FILE.bin", "validation token file to write");
-  cli::add_number(c, "--val-fraction", a->val_fraction, 0.0, 1.0, true, "F",
-                  "fraction of blocks for validation, 0 < F < 1 (default 0.1;\n"
-                  "needs --val)")
-      ->needs(val);
-  c->footer(
+  c.positionals("TEXT", a->inputs, "text files to tokenize, concatenated in this order");
+  c.text("--out", a->out, "FILE.bin", "training token file to write").required();
+  const cli::Opt val = c.text("--val", a->val, "FILE.bin", "validation token file to write");
+  c.number("--val-fraction", a->val_fraction, 0.0, 1.0, true, "F",
+           "fraction of blocks for validation, 0 < F < 1 (default 0.1;\n"
+           "needs --val)")
+      .needs(val);
+  c.footer(
       "Example (Debian's fortune-mod text files, not the .dat/.u8 index files):\n"
       "  shardwise data prepare $(ls /usr/share/games/fortunes/* | grep -v '\\.') \\\n"
       "      --out data/fortunes_train.bin --val data/fortunes_val.bin");
-  runs[c] = [a, c] {
-    if (!a->val.empty() && a->val == a->out) cli::usage_fail(c, "--out and --val name the same file");
+  c.on_run([a, c] {
+    if (!a->val.empty() && a->val == a->out) c.usage_fail("--out and --val name the same file");
     return cmd_data_prepare(*a);
-  };
+  });
 }
 
 // ---- sample --------------------------------------------------------------------------------
@@ -413,63 +411,56 @@ int cmd_sample(const SampleArgs& a) {
   return 0;
 }
 
-void add_sample(CLI::App& top, cli::Runs& runs) {
+void add_sample(cli::Command& top) {
   auto a = std::make_shared<SampleArgs>();
-  CLI::App* c = cli::add_command(
-      top, "sample",
+  cli::Command c = top.sub(
+      "sample",
       "generate text from trained weights\n"
       "\n"
       "Builds the model from the config's `model` block, loads weights from a safetensors file\n"
       "(as written by `shardwise train`), and prints the prompt followed by the generated\n"
       "continuation and a newline. Tokens are bytes; bytes are printed as they are.");
-  cli::add_text(c, "--config", a->config, "CFG.json",
-                "the training config (its model block is used)")
-      ->required();
-  cli::add_text(c, "--weights", a->weights, "FILE",
-                "safetensors weights (default: <run_dir>/model.safetensors)");
-  c->add_option("--prompt", a->so.prompt,
-                "text to continue (default: empty, starts from a newline)")
-      ->type_name("TEXT");
-  cli::add_integer(c, "--tokens", a->so.tokens, 0, 1 << 24, "N",
-                   "tokens to generate (default 200)");
-  cli::add_number(c, "--temperature", a->temperature, 0.0,
-                  std::numeric_limits<double>::infinity(), false, "T",
-                  "softmax temperature, 0 = greedy (default 1.0)");
-  cli::add_integer(c, "--top-k", a->so.top_k, 0, 1 << 30, "K",
-                   "sample only among the K most likely tokens, 0 = all (default 0)");
-  cli::add_unsigned(c, "--seed", a->so.seed, "S",
-                    "random seed (default 0); the same seed gives the same text");
-  cli::add_overrides(c, a->overrides);
-  runs[c] = [a] { return cmd_sample(*a); };
+  c.text("--config", a->config, "CFG.json", "the training config (its model block is used)")
+      .required();
+  c.text("--weights", a->weights, "FILE",
+         "safetensors weights (default: <run_dir>/model.safetensors)");
+  c.any_text("--prompt", a->so.prompt, "TEXT",
+             "text to continue (default: empty, starts from a newline)");
+  c.integer("--tokens", a->so.tokens, 0, 1 << 24, "N", "tokens to generate (default 200)");
+  c.number("--temperature", a->temperature, 0.0, std::numeric_limits<double>::infinity(), false,
+           "T", "softmax temperature, 0 = greedy (default 1.0)");
+  c.integer("--top-k", a->so.top_k, 0, 1 << 30, "K",
+            "sample only among the K most likely tokens, 0 = all (default 0)");
+  c.unsigned_integer("--seed", a->so.seed, "S",
+                     "random seed (default 0); the same seed gives the same text");
+  c.overrides(a->overrides);
+  c.on_run([a] { return cmd_sample(*a); });
 }
 
 // ---- the program ---------------------------------------------------------------------------
 
 int run(const std::vector<std::string>& args) {
-  CLI::App app{"", "shardwise"};
-  cli::configure_top(app,
-                     "shardwise " SW_VERSION " - sharded (FSDP/ZeRO) training of transformers\n"
-                     "N ranks: mpirun -np N shardwise train CONFIG.json (1 rank needs no mpirun)\n"
-                     "`shardwise <command> --help` (or `shardwise help <command>`) shows a\n"
-                     "command's options.");
-  bool show_version = false;
-  CLI::Option* version = app.add_flag("--version", show_version, "print the version");
-  cli::Runs runs;
-  add_train(app, runs);
-  add_profile(app, runs);
-  sw::add_plan_commands(app, runs);
-  add_data(app, runs);
-  add_sample(app, runs);
-  sw::add_ckpt_command(app, runs);
-  std::vector<std::string> help_of;
-  CLI::App* help = cli::add_command(app, "help", "show a command's help: help [COMMAND [SUBCOMMAND]]");
-  help->add_option("COMMAND", help_of, "the command (and subcommand) to describe")->type_name("");
-  app.footer(
+  cli::Program program(
+      "shardwise",
+      "shardwise " SW_VERSION " - sharded (FSDP/ZeRO) training of transformers\n"
+      "N ranks: mpirun -np N shardwise train CONFIG.json (1 rank needs no mpirun)\n"
+      "`shardwise <command> --help` (or `shardwise help <command>`) shows a\n"
+      "command's options.",
+      "shardwise " SW_VERSION);
+  cli::Command top = program.top();
+  add_train(top);
+  add_profile(top);
+  sw::add_plan_commands(top);
+  add_data(top);
+  add_sample(top);
+  sw::add_ckpt_command(top);
+  program.add_help_command();
+  top.footer(
       "Exit codes: 0 success (and --help, --version); 1 an error in what was asked (a bad\n"
       "config, a missing file, ...: one line 'shardwise: error: ...'); 2 a usage mistake\n"
       "(unknown option, missing or malformed argument: 'shardwise <command>: ...' and a hint).\n"
       "Under mpirun every rank exits with the same code; rank 0 prints help and usage mistakes.");
-  return cli::parse_and_run(app, args, runs, help, help_of, version, "shardwise " SW_VERSION);
+  return program.run(args);
 }
 
 // One line, no embedded newlines (a multi-line message would break the one-line contract).
