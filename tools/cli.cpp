@@ -95,7 +95,8 @@ std::string describe(const CLI::ParseError& e, const CLI::App* where) {
   if (dynamic_cast<const CLI::RequiredError*>(&e)) {
     for (const CLI::Option* o : where->get_options())
       if (o->get_required() && o->count() == 0)
-        return "missing " + (o->get_positional() ? o->get_name(true) : o->get_name() + " " + o->get_type_name());
+        return "missing " +
+               (o->get_positional() ? o->get_name(true) : o->get_name() + " " + o->get_type_name());
   }
   if (dynamic_cast<const CLI::ArgumentMismatch*>(&e)) {
     // "--set: 1 required KEY=VALUE missing": the option was last on the line, without value.
@@ -158,7 +159,7 @@ Command Command::sub(const std::string& name, const std::string& description) {
   CLI::App* app = app_->add_subcommand(name, description);
   app->allow_extras();  // leftovers are reported by check_leftovers, naming the command
   app->require_subcommand(0, 1);
-  app->footer("");      // CLI11 copies the parent's
+  app->footer("");  // CLI11 copies the parent's
   app->set_help_flag("-h,--help", "show this help");
   app->group("Commands");
   return Command(app, reg_);
@@ -189,15 +190,16 @@ Opt Command::overrides(std::vector<std::string>& dest) {
         return {};
       },
       "");
-  return Opt(app_->add_option("--set", dest,
-                              "override a config key by its dotted path, e.g. --set train_steps=50\n"
-                              "--set optimizer.params.lr=1e-3 (VALUE is parsed as JSON, otherwise\n"
-                              "taken as a string); repeatable, applied in order")
-                 ->type_name("KEY=VALUE")
-                 ->expected(1)
-                 ->allow_extra_args(false)  // one value per --set; the next word is not its
-                 ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
-                 ->check(kv));
+  return Opt(
+      app_->add_option("--set", dest,
+                       "override a config key by its dotted path, e.g. --set train_steps=50\n"
+                       "--set optimizer.params.lr=1e-3 (VALUE is parsed as JSON, otherwise\n"
+                       "taken as a string); repeatable, applied in order")
+          ->type_name("KEY=VALUE")
+          ->expected(1)
+          ->allow_extra_args(false)  // one value per --set; the next word is not its
+          ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+          ->check(kv));
 }
 
 Opt Command::flag(const std::string& name, bool& dest, const std::string& help) {
@@ -217,7 +219,8 @@ Opt Command::any_text(const std::string& name, std::string& dest, const std::str
 }
 
 Opt Command::checked(const std::string& name, std::string& dest, const std::string& type,
-                     const std::string& help, std::function<std::string(const std::string&)> check) {
+                     const std::string& help,
+                     std::function<std::string(const std::string&)> check) {
   CLI::Validator v([check](std::string& s) { return check(s); }, "");
   return Opt(app_->add_option(name, dest, help)->type_name(type)->check(v));
 }
@@ -255,31 +258,31 @@ Opt Command::unsigned_integer(const std::string& name, uint64_t& dest, const std
 
 Opt Command::number(const std::string& name, double& dest, double lo, double hi, bool open,
                     const std::string& type, const std::string& help) {
-  return Opt(
-      app_->add_option_function<std::string>(
-              name,
-              [=, &dest](const std::string& s) {
-                errno = 0;
-                char* end = nullptr;
-                const double v = std::strtod(s.c_str(), &end);
-                if (s.empty() || end != s.c_str() + s.size() || errno == ERANGE ||
-                    !std::isfinite(v))
-                  throw CLI::ValidationError(name, "expects a number, got " + quote(s));
-                if (open ? !(v > lo && v < hi) : !(v >= lo && v <= hi)) {
-                  char range[96];
-                  if (std::isinf(hi))
-                    std::snprintf(range, sizeof range, open ? "must be > %g" : "must be >= %g", lo);
-                  else
-                    std::snprintf(range, sizeof range,
-                                  open ? "must be between %g and %g (exclusive)"
-                                       : "must be between %g and %g",
-                                  lo, hi);
-                  throw CLI::ValidationError(name, std::string(range) + ", got " + s);
-                }
-                dest = v;
-              },
-              help)
-          ->type_name(type));
+  return Opt(app_->add_option_function<std::string>(
+                     name,
+                     [=, &dest](const std::string& s) {
+                       errno = 0;
+                       char* end = nullptr;
+                       const double v = std::strtod(s.c_str(), &end);
+                       if (s.empty() || end != s.c_str() + s.size() || errno == ERANGE ||
+                           !std::isfinite(v))
+                         throw CLI::ValidationError(name, "expects a number, got " + quote(s));
+                       if (open ? !(v > lo && v < hi) : !(v >= lo && v <= hi)) {
+                         char range[96];
+                         if (std::isinf(hi))
+                           std::snprintf(range, sizeof range,
+                                         open ? "must be > %g" : "must be >= %g", lo);
+                         else
+                           std::snprintf(range, sizeof range,
+                                         open ? "must be between %g and %g (exclusive)"
+                                              : "must be between %g and %g",
+                                         lo, hi);
+                         throw CLI::ValidationError(name, std::string(range) + ", got " + s);
+                       }
+                       dest = v;
+                     },
+                     help)
+                 ->type_name(type));
 }
 
 void Command::footer(const std::string& text) { app_->footer(text); }
@@ -348,8 +351,9 @@ int Program::run(const std::vector<std::string>& args) {
   const auto it = reg_->runs.find(leaf);
   if (it == reg_->runs.end()) {  // a command that groups subcommands, given none
     const bool top = leaf->get_parent() == nullptr;
-    usage_fail(leaf, std::string("missing ") + (top ? "command" : leaf->get_name() + " subcommand") +
-                         " (expected " + offered(leaf) + ")");
+    usage_fail(leaf, std::string("missing ") +
+                         (top ? "command" : leaf->get_name() + " subcommand") + " (expected " +
+                         offered(leaf) + ")");
   }
   return it->second();
 }

@@ -59,10 +59,9 @@ class Command {
 
   // The positional CONFIG.json (the run's JSON config).
   Opt config(std::string& path, bool required = true);
-  // A required positional; `many`: one or more.
+  // A required positional, and one taking one or more values.
   Opt positional(const std::string& name, std::string& dest, const std::string& help);
-  Opt positionals(const std::string& name, std::vector<std::string>& dest,
-                  const std::string& help);
+  Opt positionals(const std::string& name, std::vector<std::string>& dest, const std::string& help);
   // --set KEY=VALUE, repeatable, kept in order: a config override by dotted key path.
   Opt overrides(std::vector<std::string>& dest);
   Opt flag(const std::string& name, bool& dest, const std::string& help);

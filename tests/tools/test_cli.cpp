@@ -260,7 +260,11 @@ TEST_CASE("cli: every subcommand has --help, names an unknown option and a missi
        {},
        {},
        "missing ckpt subcommand (expected export, inspect or verify)"},
-      {{"ckpt", "export"}, {"DIR", "--out"}, {"d", "--out", "m.safetensors"}, {"d"}, "missing --out"},
+      {{"ckpt", "export"},
+       {"DIR", "--out"},
+       {"d", "--out", "m.safetensors"},
+       {"d"},
+       "missing --out MODEL.safetensors"},
       {{"ckpt", "inspect"}, {"DIR"}, {"d"}, {}, "missing DIR"},
       {{"ckpt", "verify"}, {"DIR"}, {"d"}, {}, "missing DIR"},
   };
