@@ -343,7 +343,16 @@ int Program::run(const std::vector<std::string>& args) {
     leaf = leaf->get_subcommands().front();
     check_leftovers(leaf);
   }
-  if (leaf == reg_->help) {
+  if (leaf == reg_->help) {  // `help data prepare` = `data prepare --help`
+    const CLI::App* at = &app;
+    for (const std::string& name : reg_->help_of) {
+      const std::vector<const CLI::App*> subs =
+          at->get_subcommands([&](const CLI::App* s) { return s->get_name() == name; });
+      if (subs.empty())
+        usage_fail(reg_->help, "no " + (at == &app ? "command" : at->get_name() + " subcommand") +
+                                   " " + quote(name) + " (expected " + offered(at) + ")");
+      at = subs.front();
+    }
     std::vector<std::string> again = reg_->help_of;
     again.push_back("--help");
     return run(again);

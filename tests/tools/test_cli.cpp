@@ -172,6 +172,10 @@ TEST_CASE("cli: usage mistakes exit 2 with one line naming the problem") {
   spit(d / "cfg.json", "{}");
   check_usage(d, {}, "missing command");
   check_usage(d, {"frobnicate"}, "unknown command 'frobnicate'");
+  check_usage_error(sw_run(d, {"help", "frobnicate"}), "shardwise help",
+                    "no command 'frobnicate' (expected train, profile");
+  check_usage_error(sw_run(d, {"help", "data", "shuffle"}), "shardwise help",
+                    "no data subcommand 'shuffle' (expected prepare)");
   check_usage(d, {"--frob"}, "unknown option '--frob'");
   check_usage(d, {"train"}, "missing CONFIG");
   check_usage(d, {"train", "cfg.json", "--bogus"}, "unknown option '--bogus'");
