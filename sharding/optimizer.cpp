@@ -18,6 +18,7 @@ namespace sw {
 
 double ShardedModel::grad_norm() const {
   Impl& I = *impl_;
+  I.flush_deferred(model_);  // (zero_grads left those units' gradients for their update)
   I.sync_grads();
   // Sum of squares of this rank's reduced gradient shard (alignment gaps and padding are never
   // written, so they stay zero), summed over the shard group; replicas hold equal shards.

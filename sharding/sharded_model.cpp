@@ -242,6 +242,9 @@ double ShardedModel::forward_backward(const Batch& batch, float grad_scale, bool
                              pending), st);
     I.deferred.reset();
   } catch (...) {
+    // Some deferred updates may have run: applying them again later would be wrong, and the
+    // step is lost anyway (the caller stops or restores a checkpoint).
+    I.deferred.reset();
     I.abandon_step();
     throw;
   }
