@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <numeric>
 #include <set>
 #include <string>
 #include <vector>
@@ -793,6 +794,75 @@ TEST_CASE("offload everything to nvme: bit-identical on each io engine", "[offlo
         for (const char* f : {"params.bin", "optimizer.bin", "activations.bin"})
           CHECK(!std::filesystem::exists(rdir + "/" + f));
       }
+  g->barrier();
+  if (g->rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// Deferred updates (offload_optimizer.defer_update): the same numbers as updating at the
+// step's end when the state is read between steps (evaluation, the gradient norm, moments
+// through checkpoint access, a second optimizer step without a micro-step), with accumulation,
+// and with activation checkpointing; the steady-state plan updates the offloaded units inside
+// the first micro-step, before each one's first forward call.
+TEST_CASE("offload_optimizer nvme: deferred updates equal the step-end ones around state access",
+          "[offload_nvme]") {
+  const GroupPtr g = world();
+  AioConfig aio;
+  bool forced = false;
+  if (!test_aio_backend(g, aio, forced)) return;
+  const std::string dir = job_tmp_dir(g);
+  for (const std::string type : {"gpt2", "llama"})
+    for (ShardingStrategy st : {ShardingStrategy::FullShard, ShardingStrategy::NoShard}) {
+      const ModelConfig mc = tiny(type);
+      auto run = [&](bool defer, int accum) {
+        ShardingPolicy p = ShardingPolicy::for_strategy(st);
+        p.offload_optimizer.device = OffloadDevice::Nvme;
+        p.offload_optimizer.nvme_path = dir;
+        p.offload_optimizer.piece_floats = 1000;
+        p.offload_optimizer.ratio = 0.5;
+        p.offload_optimizer.defer_update = defer;
+        p.activation_checkpointing.mode = CheckpointMode::Full;
+        p.aio = aio;
+        Model m = build_model(mc);
+        ShardedModel sm(m, cpu(), 4242, g, p);
+        const int B = 2, T = mc.seq_len, W = g->size(), r = g->rank();
+        const StepPlan plan = sm.step_plan(B, T, accum);
+        int in_micro = 0;  // offloaded units' updates inside the first micro-step
+        for (int i = plan.segments[0].begin; i < plan.segments[0].end; ++i)
+          in_micro += plan.actions[size_t(i)].kind == ActionKind::OptimizerUpdate;
+        CHECK((in_micro > 0) == defer);
+        Corpus corpus(mc.vocab_size);
+        std::vector<int32_t> in(size_t(B) * T), tg(size_t(B) * T);
+        const Batch batch{in.data(), tg.data(), B, T};
+        AdamWParams ap;
+        std::vector<double> out;
+        for (int s = 0; s < 6; ++s) {
+          sm.zero_grads();
+          for (int k = 0; k < accum; ++k) {
+            corpus.fill(s, (int64_t{k} * W + r) * B, B, T, in.data(), tg.data());
+            out.push_back(sm.forward_backward(batch, 1.f / float(accum), k + 1 == accum));
+          }
+          const double norm = sm.grad_norm();
+          out.push_back(norm);
+          sm.optimizer_step(ap, 3e-3f, static_cast<float>(std::min(1.0, 1.0 / norm)), s + 1);
+          if (s == 1) out.push_back(sm.eval_loss(batch));
+          if (s == 2) {  // the moments of the first (offloaded) unit, through the tier
+            const FlatRange h = sm.held_range(0, ShardedModel::StateKind::ExpAvgSq);
+            const float* v = sm.state_view(0, ShardedModel::StateKind::ExpAvgSq, h);
+            out.push_back(std::accumulate(v, v + h.size(), 0.0));
+          }
+          if (s == 3) sm.optimizer_step(ap, 1e-3f, 0.5f, s + 1);  // two updates in a row
+        }
+        sm.for_each_param([&](const ParamSpec& ps, const float* x) {
+          out.push_back(std::accumulate(x, x + numel(ps.shape), 0.0));
+          out.push_back(x[0]);
+        });
+        return out;
+      };
+      for (int accum : {1, 2}) {
+        INFO(type << " " << strategy_name(st) << " accum " << accum);
+        CHECK(run(true, accum) == run(false, accum));
+      }
+    }
   g->barrier();
   if (g->rank() == 0) std::filesystem::remove_all(dir);
 }
