@@ -7,7 +7,12 @@
 # 1% (RSS) or at all (descriptors).
 #
 #   bench/offload_soak.sh DIR [BUILD_DIR]    env: STEPS (500), CKPT_EVERY (50),
-#                                            WARM (CKPT_EVERY + 10: after the first save)
+#                                            WARM (CKPT_EVERY + 10: after the first save),
+#                                            OFFLOAD (all; optimizer: AdamW's moments alone,
+#                                            their updates deferred into the next forward;
+#                                            none: no offload, so the checkpoints really are
+#                                            asynchronous: with state on NVMe they are streamed
+#                                            synchronously from its files)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:?usage: bench/offload_soak.sh DIR [BUILD_DIR]}
@@ -23,11 +28,18 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 args=(configs/llama_tiny.json --quiet --no-export --set train_steps="$steps" --set threads=1
       --set eval_every_steps=0 --set run_dir="$work/run"
       --set checkpoint.every_steps="$every" --set checkpoint.async=true --set checkpoint.keep_last=2
-      --set zero_optimization.offload_param.device=nvme
-      --set zero_optimization.offload_param.nvme_path="$dir"
-      --set zero_optimization.offload_optimizer.device=nvme
-      --set zero_optimization.offload_optimizer.nvme_path="$dir"
-      --set activation_checkpointing.mode=selective --set activation_checkpointing.offload=nvme)
+      --set activation_checkpointing.mode=selective)
+case ${OFFLOAD:-all} in
+  all) args+=(--set zero_optimization.offload_param.device=nvme
+              --set zero_optimization.offload_param.nvme_path="$dir"
+              --set zero_optimization.offload_optimizer.device=nvme
+              --set zero_optimization.offload_optimizer.nvme_path="$dir"
+              --set activation_checkpointing.offload=nvme) ;;
+  optimizer) args+=(--set zero_optimization.offload_optimizer.device=nvme
+                    --set zero_optimization.offload_optimizer.nvme_path="$dir") ;;
+  none) ;;
+  *) echo "offload_soak: OFFLOAD=$OFFLOAD: expected all, optimizer or none" >&2; exit 2 ;;
+esac
 # Each second: the step reached (lines of metrics.jsonl) and the RSS of this run's ranks.
 ( while sleep 1; do
     n=$(cat "$work/run/metrics.jsonl" 2>/dev/null | wc -l)
@@ -41,7 +53,7 @@ t0=$(date +%s)
 mpirun --oversubscribe -np 2 -x OMP_NUM_THREADS=1 "$sw" train "${args[@]}"
 t1=$(date +%s)
 kill $sampler; sampler=
-echo "offload_soak: $steps steps in $((t1 - t0)) s, checkpoint every $every steps (async), warm-up $warm steps"
+echo "offload_soak: OFFLOAD=${OFFLOAD:-all}, $steps steps in $((t1 - t0)) s, checkpoint every $every steps (async), warm-up $warm steps"
 /usr/bin/python3 - "$work" "$warm" "$steps" <<'PY'
 import json, sys, collections
 work, warm, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
