@@ -31,13 +31,13 @@ namespace sw::comm {
 // atomics, which TSan does not see (the library is not instrumented); TSan then reports the
 // poster's reads of its buffer as racing with the copy, and the copying thread's stack is
 // usually lost by the time the read comes. Every MPI call that can progress requests goes
-// through SW_MPI (or SW_MPI_CHECK), and under TSan a thread's memory accesses are ignored while it is inside one:
-// the only accesses TSan sees there are those of the interceptors MPI's code calls (and of the
-// bf16/f16 MPI_Op callbacks, on MPI's buffers). This is what scripts/sanitizers/tsan.supp's
-// called_from_lib lines do for libmpi and libopen-pal; the components cannot be named there
-// (MPI_Finalize dlcloses them, and TSan kills a process when a called_from_lib library is
-// unloaded). Synchronisation inside MPI calls is still tracked. Outside TSan builds MpiCall is
-// empty and SW_MPI(expr) is expr.
+// through SW_MPI (or SW_MPI_CHECK), and under TSan a thread's memory accesses are ignored
+// while it is inside one: the only accesses TSan sees there are those of the interceptors
+// MPI's code calls (and of the bf16/f16 MPI_Op callbacks, on MPI's buffers). This is what
+// scripts/sanitizers/tsan.supp's called_from_lib lines do for libmpi and libopen-pal; the
+// components cannot be named there (MPI_Finalize dlcloses them, and TSan kills a process when
+// a called_from_lib library is unloaded). Synchronisation inside MPI calls is still tracked.
+// Outside TSan builds MpiCall is empty and SW_MPI(expr) is expr.
 #if defined(__SANITIZE_THREAD__)
 #define SW_TSAN 1
 #elif defined(__has_feature)
