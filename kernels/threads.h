@@ -3,6 +3,7 @@
 #pragma once
 
 namespace sw {
-void set_num_threads(int n);  // n <= 0: all cores divided by the ranks on this node
+// n <= 0: all cores divided by the ranks on this node; never above OMP_THREAD_LIMIT.
+void set_num_threads(int n);
 int num_threads();
 }  // namespace sw

@@ -21,10 +21,57 @@
 
 namespace sw::comm {
 
+// ---- Calls into MPI, and ThreadSanitizer ---------------------------------------------------
+//
+// OpenMPI progresses every pending request in whichever thread is inside an MPI call. So the
+// data of a receive that one thread posted may be copied into its buffer (process_vm_readv or
+// memcpy, inside the dlopen'ed btl/pml components) by another thread's call: the watchdog's
+// MPI_Test, or the communication thread of another group over the same ranks. What orders that
+// copy before the MPI_Test of the poster that reports the receive complete are OpenMPI's own
+// atomics, which TSan does not see (the library is not instrumented); TSan then reports the
+// poster's reads of its buffer as racing with the copy, and the copying thread's stack is
+// usually lost by the time the read comes. Every MPI call that can progress requests goes
+// through SW_MPI (or SW_MPI_CHECK), and under TSan a thread's memory accesses are ignored
+// while it is inside one: the only accesses TSan sees there are those of the interceptors
+// MPI's code calls (and of the bf16/f16 MPI_Op callbacks, on MPI's buffers). This is what
+// scripts/sanitizers/tsan.supp's called_from_lib lines do for libmpi and libopen-pal; the
+// components cannot be named there (MPI_Finalize dlcloses them, and TSan kills a process when
+// a called_from_lib library is unloaded). Synchronisation inside MPI calls is still tracked.
+// Outside TSan builds MpiCall is empty and SW_MPI(expr) is expr.
+#if defined(__SANITIZE_THREAD__)
+#define SW_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define SW_TSAN 1
+#endif
+#endif
+#ifdef SW_TSAN
+extern "C" void __tsan_ignore_thread_begin();
+extern "C" void __tsan_ignore_thread_end();
+#endif
+
+struct MpiCall {
+#ifdef SW_TSAN
+  MpiCall() { __tsan_ignore_thread_begin(); }
+  ~MpiCall() { __tsan_ignore_thread_end(); }
+#else
+  MpiCall() = default;
+#endif
+  MpiCall(const MpiCall&) = delete;
+  MpiCall& operator=(const MpiCall&) = delete;
+};
+
+template <class F>
+decltype(auto) mpi_call(F&& f) {
+  [[maybe_unused]] MpiCall scope;
+  return f();
+}
+#define SW_MPI(expr) (::sw::comm::mpi_call([&]() { return (expr); }))
+
 [[noreturn]] void mpi_error(const char* expr, int rc, const char* file, int line);
 #define SW_MPI_CHECK(expr)                                               \
   do {                                                                   \
-    const int sw_mpi_rc_ = (expr);                                       \
+    const int sw_mpi_rc_ = SW_MPI(expr);                                 \
     if (sw_mpi_rc_ != MPI_SUCCESS)                                       \
       ::sw::comm::mpi_error(#expr, sw_mpi_rc_, __FILE__, __LINE__);      \
   } while (0)

@@ -282,7 +282,7 @@ void MpiGroup::shutdown() {
   MPI_Finalized(&fin);
   if (!fin)
     for (MPI_Comm* c : {&comm_, &hb_comm_, &dbg_comm_})
-      if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+      if (*c != MPI_COMM_NULL) SW_MPI(MPI_Comm_free(c));
 }
 
 std::shared_ptr<Op> MpiGroup::enqueue(const Collective& c) {
@@ -585,20 +585,20 @@ void MpiGroup::serve_queries(MPI_Request* qreq, int* qbuf) {
   for (;;) {
     int flag = 0;
     MPI_Status st;
-    if (MPI_Test(qreq, &flag, &st) != MPI_SUCCESS || !flag) return;
+    if (SW_MPI(MPI_Test(qreq, &flag, &st)) != MPI_SUCCESS || !flag) return;
     reply_bufs_.push_back(my_status());
     MPI_Request r;
-    if (MPI_Isend(&reply_bufs_.back(), sizeof(PeerStatus), MPI_BYTE, st.MPI_SOURCE, kTagReply,
-                  hb_comm_, &r) == MPI_SUCCESS)
-      MPI_Request_free(&r);
-    MPI_Irecv(qbuf, 1, MPI_INT, MPI_ANY_SOURCE, kTagQuery, hb_comm_, qreq);
+    if (SW_MPI(MPI_Isend(&reply_bufs_.back(), sizeof(PeerStatus), MPI_BYTE, st.MPI_SOURCE,
+                         kTagReply, hb_comm_, &r)) == MPI_SUCCESS)
+      SW_MPI(MPI_Request_free(&r));
+    SW_MPI(MPI_Irecv(qbuf, 1, MPI_INT, MPI_ANY_SOURCE, kTagQuery, hb_comm_, qreq));
   }
 }
 
 void MpiGroup::watchdog_loop() {
   int qbuf = 0;
   MPI_Request qreq = MPI_REQUEST_NULL;
-  MPI_Irecv(&qbuf, 1, MPI_INT, MPI_ANY_SOURCE, kTagQuery, hb_comm_, &qreq);
+  SW_MPI(MPI_Irecv(&qbuf, 1, MPI_INT, MPI_ANY_SOURCE, kTagQuery, hb_comm_, &qreq));
   for (;;) {
     const double timeout = options().timeout_s;
     const double tick = std::clamp(timeout / 20, 0.005, 0.1);
@@ -616,8 +616,8 @@ void MpiGroup::watchdog_loop() {
     if (late) on_timeout(&qreq, &qbuf);
   }
   if (qreq != MPI_REQUEST_NULL) {
-    MPI_Cancel(&qreq);
-    MPI_Wait(&qreq, MPI_STATUS_IGNORE);
+    SW_MPI(MPI_Cancel(&qreq));
+    SW_MPI(MPI_Wait(&qreq, MPI_STATUS_IGNORE));
   }
 }
 
@@ -637,9 +637,9 @@ void MpiGroup::on_timeout(MPI_Request* qreq, int* qbuf) {
   int one = 1;
   for (int q = 0; q < size_; q++) {
     if (q == rank_) continue;
-    MPI_Irecv(&got[static_cast<size_t>(q)], sizeof(PeerStatus), MPI_BYTE, q, kTagReply, hb_comm_,
-              &rr[static_cast<size_t>(q)]);
-    MPI_Isend(&one, 1, MPI_INT, q, kTagQuery, hb_comm_, &sr[static_cast<size_t>(q)]);
+    SW_MPI(MPI_Irecv(&got[static_cast<size_t>(q)], sizeof(PeerStatus), MPI_BYTE, q, kTagReply,
+                     hb_comm_, &rr[static_cast<size_t>(q)]));
+    SW_MPI(MPI_Isend(&one, 1, MPI_INT, q, kTagQuery, hb_comm_, &sr[static_cast<size_t>(q)]));
   }
   const double grace = std::clamp(timeout / 4, 0.5, 2.0);
   const auto t0 = Clock::now();
@@ -650,7 +650,7 @@ void MpiGroup::on_timeout(MPI_Request* qreq, int* qbuf) {
       const auto i = static_cast<size_t>(q);
       if (q == rank_ || answered[i]) continue;
       int flag = 0;
-      if (MPI_Test(&rr[i], &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag) answered[i] = 1;
+      if (SW_MPI(MPI_Test(&rr[i], &flag, MPI_STATUS_IGNORE)) == MPI_SUCCESS && flag) answered[i] = 1;
       else all = false;
     }
     if (all || secs_since(t0) > grace) break;
@@ -715,7 +715,7 @@ void finalize_at_exit() {
   MPI_Finalized(&fin);
   if (!fin && R.we_initialized) {
     free_mpi_ops();
-    MPI_Finalize();
+    SW_MPI(MPI_Finalize());
   }
   R.finalized = true;
 }

@@ -229,7 +229,7 @@ TEST_CASE("io_stream: a buffer handed to a write is refilled by a later read onl
   }
 }
 
-TEST_CASE("io_stream: failures complete every event with one line; dependents still run",
+TEST_CASE("io_stream: failures complete every event with one line, and dependents still run",
           "[io]") {
   TempDir dir("io_err");
   for (const Backend& b : backends()) {
