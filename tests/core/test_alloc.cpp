@@ -129,7 +129,7 @@ TEST_CASE("A budget refuses an allocation past it with one line naming category 
                                       "2.0 KiB for optimizer"));
 }
 
-TEST_CASE("The event log records action tag, category and delta; take_log clears it") {
+TEST_CASE("The event log records action tag, category and delta: take_log clears it") {
   MemTracker& t = MemTracker::global();
   t.enable_log(true, 4);
   const double t0 = MemTracker::now();

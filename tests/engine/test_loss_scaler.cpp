@@ -101,7 +101,7 @@ TEST_CASE("loss scaler: min_loss_scale is a floor, and overflowing at it is an e
   CHECK_THROWS(h.update(true));
 }
 
-TEST_CASE("loss scaler: a static scale never changes; overflow still skips") {
+TEST_CASE("loss scaler: a static scale never changes: overflow still skips") {
   LossScalerConfig c;
   c.loss_scale = 128;
   LossScaler s(c);

@@ -71,7 +71,7 @@ TEST_CASE("mixed precision: forced fp16 overflow skips steps, lowers the scale, 
   CHECK(read_bytes(sk.weights_path) == read_bytes(init_path));
 }
 
-TEST_CASE("mixed precision: a static fp16 loss scale stays fixed; overflow at it only skips") {
+TEST_CASE("mixed precision: a static fp16 loss scale stays fixed: overflow at it only skips") {
   const TrainConfig c = small("static", {"fp16.enabled=true", "fp16.loss_scale=1024",
                                          "train_steps=20"});
   const TrainSummary s = train(c, quiet());

@@ -231,7 +231,7 @@ TEST_CASE("fp16 overflow gives inf, bf16 keeps the value") {
   CHECK(std::isinf(out[0]));
 }
 
-TEST_CASE("native, fused and emulated bf16 agree; reruns are bit-identical") {
+TEST_CASE("native, fused and emulated bf16 agree: reruns are bit-identical") {
   for (int tr = 0; tr < 4; ++tr) {
     const bool ta = tr & 1, tb = tr & 2;
     const int M = 131, N = 275, K = 401;

@@ -214,7 +214,7 @@ TEST_CASE("mixed precision FULL_SHARD matches one rank", "[mp_full_shard]") {
   CHECK((a.losses == c.losses && a.norms == c.norms && a.params == c.params));
 }
 
-TEST_CASE("mixed precision keeps the fp32 model state; a split master costs what it says",
+TEST_CASE("mixed precision keeps the fp32 model state: a split master costs what it says",
           "[mp_memory]") {
   const GroupPtr g = world();
   const int W = g->size();

@@ -190,7 +190,7 @@ ShardingPolicy hybrid_policy() {
 
 }  // namespace
 
-TEST_CASE("FULL_SHARD matches one rank; deterministic under any prefetch", "[full_shard]") {
+TEST_CASE("FULL_SHARD matches one rank: deterministic under any prefetch", "[full_shard]") {
   const ShardingPolicy p = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
   parity(p);
   determinism(p);
@@ -316,7 +316,7 @@ TEST_CASE("FULL_SHARD keeps at most max_live_units gathered", "[memory]") {
 // The executor runs exactly the plan of each strategy (records sorted by plan index per
 // segment: reductions are recorded when completed), and the measured transient memory peaks
 // (Communication above the start, Activations) equal the plan's, to the byte.
-TEST_CASE("N ranks execute exactly the step plan; memory peaks as planned", "[plan]") {
+TEST_CASE("N ranks execute exactly the step plan: memory peaks as planned", "[plan]") {
   const GroupPtr g = world();
   std::vector<std::pair<std::string, ShardingPolicy>> pols = {
       {"FULL_SHARD", ShardingPolicy::for_strategy(ShardingStrategy::FullShard)},

@@ -138,7 +138,7 @@ TEST_CASE("SHARD_GRAD_OP plan keeps forward's parameters until backward", "[plan
   replay(p, true);
 }
 
-TEST_CASE("max_live_units caps prefetching; prefetch depth bounds the rest", "[plan]") {
+TEST_CASE("max_live_units caps prefetching: prefetch depth bounds the rest", "[plan]") {
   for (const std::string type : {"gpt2", "llama"}) {
     Model m = build_model(tiny(type, 4));
     for (int cap : {0, 1, 2, 3})
@@ -223,7 +223,7 @@ TEST_CASE("NO_SHARD buckets and HYBRID's two-level reduction", "[plan]") {
   }
 }
 
-TEST_CASE("Stage 1 regathers after the update; the next step waits for it", "[plan]") {
+TEST_CASE("Stage 1 regathers after the update: the next step waits for it", "[plan]") {
   Model m = build_model(tiny("gpt2", 2));
   const StepPlan p = plan_step(input(m, ShardingPolicy::for_strategy(ShardingStrategy::ShardOptimizer), 2));
   check_invariants(p);
