@@ -20,6 +20,7 @@
 //       dk += scale p (dO.v - D) q. Each warp owns its dk/dv rows, so GQA needs no scratch and
 //       the sum over the group's heads has a fixed order.
 #include <cmath>
+#include <string>
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_common.cuh"
@@ -267,7 +268,9 @@ __global__ void attn_bwd_dkv_k(float* dqkv, const float* dout, const float* qkv,
 
 Geo make_geo(int B, int T, int H, int KVH, int hd) {
   SW_CHECK(KVH > 0 && H % KVH == 0, "attention: KVH must divide H");
-  SW_CHECK(hd > 0 && hd <= kMaxHeadDim, "attention (cuda): head dim must be in [1, 256]");
+  if (hd <= 0 || hd > kMaxHeadDim)
+    fail("kernels", "CUDA attention supports head dims 1.." + std::to_string(kMaxHeadDim) +
+                        ", got " + std::to_string(hd));
   return {B, T, H, KVH, hd, static_cast<size_t>(H + 2 * KVH) * hd};
 }
 

@@ -718,6 +718,45 @@ inline std::vector<std::string> determinism(const Backend& be, const std::vector
   return bad;
 }
 
+// kernels/ops.h promises that the fused residual + norm forwards are bit-identical to
+// residual_forward followed by the norm, on every backend. Returns the shapes where they differ.
+inline std::vector<std::string> fused_norms_bitwise(const Backend& be) {
+  std::vector<std::string> bad;
+  struct S { int N, C; };
+  for (const S s : {S{13, 77}, S{1, 1000}, S{300, 33}}) {
+    const size_t NC = size_t(s.N) * s.C;
+    Rng r(uint64_t(s.N) * 131 + s.C);
+    const Vec x = r.normal(NC), y = r.normal(NC, 2.f), w = r.normal(s.C, 0.5f, 1.f),
+              b = r.normal(s.C, 0.3f);
+    for (int ln = 0; ln < 2; ++ln) {
+      Arena a(be);
+      const sw::Ops& ops = a.ops();
+      float *px = a.up(x), *py = a.up(y), *pw = a.up(w), *pb = a.up(b);
+      float *res1 = a.up(Vec(NC)), *out1 = a.up(Vec(NC)), *m1 = a.up(Vec(s.N)), *r1 = a.up(Vec(s.N));
+      float *res2 = a.up(Vec(NC)), *out2 = a.up(Vec(NC)), *m2 = a.up(Vec(s.N)), *r2 = a.up(Vec(s.N));
+      if (ln) {
+        ops.residual_layernorm_forward(res1, out1, m1, r1, px, py, pw, pb, s.N, s.C);
+        ops.residual_forward(res2, px, py, NC);
+        ops.layernorm_forward(out2, m2, r2, res2, pw, pb, s.N, s.C);
+      } else {
+        ops.residual_rmsnorm_forward(res1, out1, r1, px, py, pw, s.N, s.C, 1e-5f);
+        ops.residual_forward(res2, px, py, NC);
+        ops.rmsnorm_forward(out2, r2, res2, pw, s.N, s.C, 1e-5f);
+      }
+      const auto eq = [&a](const float* p, const float* q, size_t n) {
+        const Vec u = a.down(p, n), v = a.down(q, n);
+        return std::memcmp(u.data(), v.data(), n * sizeof(float)) == 0;
+      };
+      const bool same = eq(res1, res2, NC) && eq(out1, out2, NC) && eq(r1, r2, s.N) &&
+                        (!ln || eq(m1, m2, s.N));
+      if (!same)
+        bad.push_back(std::string(ln ? "layernorm" : "rmsnorm") + " " +
+                      shape({{"N", s.N}, {"C", s.C}}));
+    }
+  }
+  return bad;
+}
+
 // The ops the cases never exercise (empty when every op of sw::Ops is covered).
 inline std::vector<std::string> uncovered(const std::vector<OpCase>& cases) {
   std::set<std::string> seen;

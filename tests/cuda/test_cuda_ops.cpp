@@ -40,6 +40,12 @@ TEST_CASE("cuda ops: the same inputs twice give bitwise-equal outputs") {
   CHECK(bad.empty());
 }
 
+TEST_CASE("cuda ops: fused residual norms equal the unfused pair bit for bit") {
+  const auto bad = fused_norms_bitwise(cuda_backend());
+  for (const auto& b : bad) INFO("fused != unfused: " + b);
+  CHECK(bad.empty());
+}
+
 int main(int argc, char** argv) {
   if (sw::cuda_device_count() == 0) {
     std::printf("no CUDA device: skipping the CUDA op tests\n");

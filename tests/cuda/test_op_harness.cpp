@@ -150,6 +150,12 @@ TEST_CASE("op harness: CPU fp32 Ops are bitwise deterministic") {
   CHECK(bad.empty());
 }
 
+TEST_CASE("op harness: CPU fused residual norms equal the unfused pair bit for bit") {
+  const auto bad = fused_norms_bitwise(cpu_backend(sw::ops_for(Device::cpu()), "cpu-f32"));
+  for (const auto& b : bad) INFO("fused != unfused: " + b);
+  CHECK(bad.empty());
+}
+
 TEST_CASE("op harness: a wrong op is caught, and only that op") {
   const Backend ref = cpu_backend(sw::ops_for(Device::cpu()), "cpu-f32");
   const BrokenGelu broken(sw::ops_for(Device::cpu()));
