@@ -19,6 +19,10 @@ void register_ops(DeviceKind kind, const Ops* ops) {
 const Ops& ops_for(Device device) {
   if (device.is_cpu()) return cpu_ops(DType::F32);
   if (!g_cuda_ops) fail("kernels", "no backend for device " + device.str() + " in this build");
+  // The CUDA backend serves one device per process so far (kernels/cuda/cuda_ops.cu).
+  if (g_cuda_ops->device() != device)
+    fail("kernels", "no Ops for device " + device.str() + ": the CUDA backend serves " +
+                        g_cuda_ops->device().str() + " only");
   return *g_cuda_ops;
 }
 

@@ -1,0 +1,321 @@
+// Causal grouped-query attention, flash style, fp32. Correctness first: simple warp-per-row
+// kernels with tiles in shared memory; no (T, T) matrix ever reaches global memory.
+//
+// Layout as kernels/ops.h: qkv (B, T, R), R = (H + 2 KVH) hd, rows [q heads | k heads | v heads];
+// query head h reads kv head g = h / (H / KVH); out (B, T, H hd); lse (B, H, T), natural log of
+// the sum of exp(scale * q.k) over the visible keys; scale = 1 / sqrt(hd).
+//
+// Lane j of a warp owns dims j, j + 32, ... (at most kMaxDpl = hd / 32 rounded up); dot products
+// are warp_sum butterflies (every lane gets identical bits).
+//
+// Forward: block = kWarps query rows of one (b, h); key/value tiles of kBk rows are staged in
+// shared memory; each warp scores the tile against its row, then folds it into the online
+// softmax (running max m, sum l, rescaled accumulator).
+// Backward, in three kernels, none with atomics:
+//   D[b, h, t] = dout . out (one warp per row);
+//   dQ: block = kWarps query rows, K/V tiles in shared memory; per key p = exp(scale s - lse),
+//       ds = p (dO.v - D), dq += scale ds k; each warp owns its dq row;
+//   dK/dV: block = kWarps key rows of one (b, kv head g); for each query head of the group in
+//       order, query tiles (Q, dO, lse, D) are staged in shared memory; dv += p dO,
+//       dk += scale p (dO.v - D) q. Each warp owns its dk/dv rows, so GQA needs no scratch and
+//       the sum over the group's heads has a fixed order.
+#include <cmath>
+#include <string>
+
+#include "core/error.h"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_kernels.cuh"
+
+namespace sw::cuda {
+
+namespace {
+
+constexpr int kWarps = 8;   // rows per block
+constexpr int kBk = 32;     // rows per staged tile
+constexpr int kMaxDpl = kMaxHeadDim / kWarp;
+
+struct Geo {
+  int B, T, H, KVH, hd;
+  size_t R;  // qkv row stride (floats)
+  __device__ size_t q(int b, int t, int h) const { return (size_t(b) * T + t) * R + size_t(h) * hd; }
+  __device__ size_t k(int b, int t, int g) const { return (size_t(b) * T + t) * R + size_t(H + g) * hd; }
+  __device__ size_t v(int b, int t, int g) const {
+    return (size_t(b) * T + t) * R + size_t(H + KVH + g) * hd;
+  }
+  __device__ size_t o(int b, int t, int h) const { return (size_t(b) * T + t) * size_t(H) * hd + size_t(h) * hd; }
+  __device__ size_t l(int b, int h, int t) const { return (size_t(b) * H + h) * T + t; }
+};
+
+// Loads dims lane, lane + 32, ... of a row into registers (zeros past hd).
+__device__ __forceinline__ void load_row(float (&r)[kMaxDpl], const float* p, int hd, int lane) {
+#pragma unroll
+  for (int j = 0; j < kMaxDpl; ++j) {
+    const int d = lane + j * kWarp;
+    r[j] = d < hd ? p[d] : 0.f;
+  }
+}
+
+__device__ __forceinline__ float dot_row(const float (&r)[kMaxDpl], const float* p, int hd,
+                                         int lane) {
+  float s = 0.f;
+#pragma unroll
+  for (int j = 0; j < kMaxDpl; ++j) {
+    const int d = lane + j * kWarp;
+    if (d < hd) s += r[j] * p[d];
+  }
+  return warp_sum(s);
+}
+
+// Stages rows [r0, r0 + kBk) of a (b, head) slice into shared memory (zeros past T).
+__device__ __forceinline__ void stage(float* dst, const float* qkv, size_t base_row0, size_t R,
+                                      int r0, int T, int hd) {
+  for (int idx = threadIdx.x; idx < kBk * hd; idx += blockDim.x) {
+    const int r = idx / hd, d = idx % hd;
+    const int t = r0 + r;
+    dst[idx] = t < T ? qkv[base_row0 + size_t(t) * R + d] : 0.f;
+  }
+}
+
+__global__ void attn_fwd_k(float* out, float* lse, const float* qkv, Geo g, float scale) {
+  extern __shared__ float sm[];
+  float* Ks = sm;                       // (kBk, hd)
+  float* Vs = Ks + kBk * g.hd;          // (kBk, hd)
+  float* Ps = Vs + kBk * g.hd;          // (kWarps, kBk) scaled scores
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int t0 = blockIdx.x * kWarps, h = blockIdx.y, b = blockIdx.z;
+  const int kv = h / (g.H / g.KVH);
+  const int t = t0 + warp;
+  const bool active = t < g.T;
+  float q[kMaxDpl], acc[kMaxDpl];
+  if (active) load_row(q, qkv + g.q(b, t, h), g.hd, lane);
+#pragma unroll
+  for (int j = 0; j < kMaxDpl; ++j) acc[j] = 0.f;
+  float m = -INFINITY, l = 0.f;
+  const int last = min(g.T - 1, t0 + kWarps - 1);
+  const size_t kbase = g.k(b, 0, kv), vbase = g.v(b, 0, kv);
+  for (int k0 = 0; k0 <= last; k0 += kBk) {
+    __syncthreads();
+    stage(Ks, qkv, kbase, g.R, k0, g.T, g.hd);
+    stage(Vs, qkv, vbase, g.R, k0, g.T, g.hd);
+    __syncthreads();
+    const int nk = active ? min(kBk, t - k0 + 1) : 0;
+    if (nk <= 0) continue;
+    float* P = Ps + warp * kBk;
+    float tmax = -INFINITY;
+    for (int r = 0; r < nk; ++r) {
+      const float sc = dot_row(q, Ks + r * g.hd, g.hd, lane) * scale;
+      if (lane == 0) P[r] = sc;
+      tmax = fmaxf(tmax, sc);
+    }
+    __syncwarp();
+    const float mnew = fmaxf(m, tmax);
+    const float corr = expf(m - mnew);  // 0 on the first tile (m = -inf)
+    l *= corr;
+#pragma unroll
+    for (int j = 0; j < kMaxDpl; ++j) acc[j] *= corr;
+    for (int r = 0; r < nk; ++r) {
+      const float p = expf(P[r] - mnew);
+      l += p;
+      const float* vr = Vs + r * g.hd;
+#pragma unroll
+      for (int j = 0; j < kMaxDpl; ++j) {
+        const int d = lane + j * kWarp;
+        if (d < g.hd) acc[j] += p * vr[d];
+      }
+    }
+    m = mnew;
+    __syncwarp();
+  }
+  if (!active) return;
+  const float inv = 1.f / l;
+  float* o = out + g.o(b, t, h);
+#pragma unroll
+  for (int j = 0; j < kMaxDpl; ++j) {
+    const int d = lane + j * kWarp;
+    if (d < g.hd) o[d] = acc[j] * inv;
+  }
+  if (lane == 0) lse[g.l(b, h, t)] = m + logf(l);
+}
+
+// D[b, h, t] = dout . out; one warp per (b, t, h) row.
+__global__ void attn_bwd_d_k(float* D, const float* dout, const float* out, Geo g) {
+  const size_t row = (size_t(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= size_t(g.B) * g.T * g.H) return;
+  const int h = int(row % g.H);
+  const size_t bt = row / g.H;
+  const int t = int(bt % g.T), b = int(bt / g.T);
+  const float* a = dout + g.o(b, t, h);
+  const float* c = out + g.o(b, t, h);
+  float s = 0.f;
+  for (int d = lane; d < g.hd; d += kWarp) s += a[d] * c[d];
+  s = warp_sum(s);
+  if (lane == 0) D[g.l(b, h, t)] = s;
+}
+
+__global__ void attn_bwd_dq_k(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                              const float* D, Geo g, float scale) {
+  extern __shared__ float sm[];
+  float* Ks = sm;
+  float* Vs = Ks + kBk * g.hd;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int t0 = blockIdx.x * kWarps, h = blockIdx.y, b = blockIdx.z;
+  const int kv = h / (g.H / g.KVH);
+  const int t = t0 + warp;
+  const bool active = t < g.T;
+  float q[kMaxDpl], dO[kMaxDpl], dq[kMaxDpl];
+  float L = 0.f, Dt = 0.f;
+  if (active) {
+    load_row(q, qkv + g.q(b, t, h), g.hd, lane);
+    load_row(dO, dout + g.o(b, t, h), g.hd, lane);
+    L = lse[g.l(b, h, t)];
+    Dt = D[g.l(b, h, t)];
+  }
+#pragma unroll
+  for (int j = 0; j < kMaxDpl; ++j) dq[j] = 0.f;
+  const int last = min(g.T - 1, t0 + kWarps - 1);
+  const size_t kbase = g.k(b, 0, kv), vbase = g.v(b, 0, kv);
+  for (int k0 = 0; k0 <= last; k0 += kBk) {
+    __syncthreads();
+    stage(Ks, qkv, kbase, g.R, k0, g.T, g.hd);
+    stage(Vs, qkv, vbase, g.R, k0, g.T, g.hd);
+    __syncthreads();
+    const int nk = active ? min(kBk, t - k0 + 1) : 0;
+    for (int r = 0; r < nk; ++r) {
+      const float* kr = Ks + r * g.hd;
+      const float p = expf(dot_row(q, kr, g.hd, lane) * scale - L);
+      const float ds = p * (dot_row(dO, Vs + r * g.hd, g.hd, lane) - Dt);
+#pragma unroll
+      for (int j = 0; j < kMaxDpl; ++j) {
+        const int d = lane + j * kWarp;
+        if (d < g.hd) dq[j] += scale * ds * kr[d];
+      }
+    }
+  }
+  if (!active) return;
+  float* o = dqkv + g.q(b, t, h);
+#pragma unroll
+  for (int j = 0; j < kMaxDpl; ++j) {
+    const int d = lane + j * kWarp;
+    if (d < g.hd) o[d] += dq[j];
+  }
+}
+
+__global__ void attn_bwd_dkv_k(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                               const float* D, Geo g, float scale) {
+  extern __shared__ float sm[];
+  float* Qs = sm;                   // (kBk, hd)
+  float* Os = Qs + kBk * g.hd;      // (kBk, hd) dO rows
+  float* Ls = Os + kBk * g.hd;      // (kBk) lse
+  float* Dsm = Ls + kBk;            // (kBk) D
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int j0 = blockIdx.x * kWarps, kv = blockIdx.y, b = blockIdx.z;
+  const int rep = g.H / g.KVH;
+  const int j = j0 + warp;  // this warp's key row
+  const bool active = j < g.T;
+  float k[kMaxDpl], v[kMaxDpl], dk[kMaxDpl], dv[kMaxDpl];
+  if (active) {
+    load_row(k, qkv + g.k(b, j, kv), g.hd, lane);
+    load_row(v, qkv + g.v(b, j, kv), g.hd, lane);
+  }
+#pragma unroll
+  for (int i = 0; i < kMaxDpl; ++i) dk[i] = dv[i] = 0.f;
+  const size_t orow = size_t(g.H) * g.hd;  // dout row stride
+  for (int hi = 0; hi < rep; ++hi) {
+    const int h = kv * rep + hi;
+    const size_t qbase = g.q(b, 0, h), obase = g.o(b, 0, h);
+    for (int q0 = j0; q0 < g.T; q0 += kBk) {
+      __syncthreads();
+      stage(Qs, qkv, qbase, g.R, q0, g.T, g.hd);
+      stage(Os, dout, obase, orow, q0, g.T, g.hd);
+      for (int r = threadIdx.x; r < kBk; r += blockDim.x) {
+        const int t = q0 + r;
+        Ls[r] = t < g.T ? lse[g.l(b, h, t)] : 0.f;
+        Dsm[r] = t < g.T ? D[g.l(b, h, t)] : 0.f;
+      }
+      __syncthreads();
+      if (!active) continue;
+      const int r0 = max(0, j - q0);  // queries t >= j see key j
+      const int r1 = min(kBk, g.T - q0);
+      for (int r = r0; r < r1; ++r) {
+        const float* qr = Qs + r * g.hd;
+        const float* orr = Os + r * g.hd;
+        const float p = expf(dot_row(k, qr, g.hd, lane) * scale - Ls[r]);
+        const float ds = p * (dot_row(v, orr, g.hd, lane) - Dsm[r]);
+#pragma unroll
+        for (int i = 0; i < kMaxDpl; ++i) {
+          const int d = lane + i * kWarp;
+          if (d < g.hd) {
+            dv[i] += p * orr[d];
+            dk[i] += scale * ds * qr[d];
+          }
+        }
+      }
+    }
+  }
+  if (!active) return;
+  float* pk = dqkv + g.k(b, j, kv);
+  float* pv = dqkv + g.v(b, j, kv);
+#pragma unroll
+  for (int i = 0; i < kMaxDpl; ++i) {
+    const int d = lane + i * kWarp;
+    if (d < g.hd) {
+      pk[d] += dk[i];
+      pv[d] += dv[i];
+    }
+  }
+}
+
+Geo make_geo(int B, int T, int H, int KVH, int hd) {
+  SW_CHECK(KVH > 0 && H % KVH == 0, "attention: KVH must divide H");
+  if (hd <= 0 || hd > kMaxHeadDim)
+    fail("kernels", "CUDA attention supports head dims 1.." + std::to_string(kMaxHeadDim) +
+                        ", got " + std::to_string(hd));
+  return {B, T, H, KVH, hd, static_cast<size_t>(H + 2 * KVH) * hd};
+}
+
+// Dynamic shared memory above 48 KiB must be opted into per kernel.
+template <class K>
+void allow_smem(K kernel, size_t bytes) {
+  if (bytes > 48 * 1024)
+    SW_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(bytes)));
+}
+
+}  // namespace
+
+void attention_forward(cudaStream_t s, float* out, float* lse, const float* qkv, int B, int T,
+                       int H, int KVH, int hd) {
+  const Geo g = make_geo(B, T, H, KVH, hd);
+  if (B == 0 || T == 0 || H == 0) return;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const size_t smem = (2 * size_t(kBk) * hd + kWarps * kBk) * sizeof(float);
+  allow_smem(attn_fwd_k, smem);
+  const dim3 grid((T + kWarps - 1) / kWarps, H, B);
+  attn_fwd_k<<<grid, kWarps * kWarp, smem, s>>>(out, lse, qkv, g, scale);
+  SW_CUDA_LAUNCHED();
+}
+
+void attention_backward(cudaStream_t s, float* dqkv, const float* dout, const float* qkv,
+                        const float* out, const float* lse, int B, int T, int H, int KVH, int hd,
+                        float* ws) {
+  const Geo g = make_geo(B, T, H, KVH, hd);
+  if (B == 0 || T == 0 || H == 0) return;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  float* D = ws;
+  const size_t rows = size_t(B) * T * H;
+  attn_bwd_d_k<<<grid_for(rows * kWarp, 256, 0x7fffffffu), 256, 0, s>>>(D, dout, out, g);
+  SW_CUDA_LAUNCHED();
+  const size_t smem_q = 2 * size_t(kBk) * hd * sizeof(float);
+  allow_smem(attn_bwd_dq_k, smem_q);
+  attn_bwd_dq_k<<<dim3((T + kWarps - 1) / kWarps, H, B), kWarps * kWarp, smem_q, s>>>(
+      dqkv, dout, qkv, lse, D, g, scale);
+  SW_CUDA_LAUNCHED();
+  const size_t smem_kv = (2 * size_t(kBk) * hd + 2 * kBk) * sizeof(float);
+  allow_smem(attn_bwd_dkv_k, smem_kv);
+  attn_bwd_dkv_k<<<dim3((T + kWarps - 1) / kWarps, KVH, B), kWarps * kWarp, smem_kv, s>>>(
+      dqkv, dout, qkv, lse, D, g, scale);
+  SW_CUDA_LAUNCHED();
+}
+
+}  // namespace sw::cuda

@@ -1,0 +1,69 @@
+// The launchers behind the CUDA Ops (kernels/cuda/cuda_ops.cu), one per kernel family, with the
+// same argument order and the same += conventions as kernels/ops.h. Every launcher enqueues on
+// `s` and returns without synchronising. Scratch memory ("ws", device floats) is supplied by the
+// caller; each launcher says how much it needs.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace sw::cuda {
+
+// ---- elementwise.cu
+void embedding_forward(cudaStream_t s, float* out, const int32_t* tokens, const float* wte,
+                       const float* wpe, int B, int T, int C);
+void embedding_backward(cudaStream_t s, float* dwte, float* dwpe, const float* dout,
+                        const int32_t* tokens, int B, int T, int C);
+void gelu_forward(cudaStream_t s, float* out, const float* inp, size_t n);
+void gelu_backward(cudaStream_t s, float* dinp, const float* inp, const float* dout, size_t n);
+void swiglu_forward(cudaStream_t s, float* out, const float* gu, int N, int F);
+void swiglu_backward(cudaStream_t s, float* dgu, const float* dout, const float* gu, int N, int F);
+void residual_forward(cudaStream_t s, float* out, const float* a, const float* b, size_t n);
+void rope_apply(cudaStream_t s, float* qkv, int B, int T, int H, int KVH, int hd, float theta,
+                float sign);
+void adamw(cudaStream_t s, float* param, const float* grad, float* m, float* v, size_t n,
+           float lr, float beta1, float beta2, float eps, float wd, int step, float grad_mult);
+void scale(cudaStream_t s, float* x, float a, size_t n);
+void fill(cudaStream_t s, float* x, float v, size_t n);
+void add_inplace(cudaStream_t s, float* y, const float* x, size_t n);
+void add_bias_rows(cudaStream_t s, float* out, const float* b, int N, int OC);  // out[n] = b
+// Fixed-order sum of squares in double: *result (device) = sum x^2. ws: sum_squares_ws(n).
+size_t sum_squares_ws(size_t n);  // doubles
+void sum_squares(cudaStream_t s, double* result, const float* x, size_t n, double* ws);
+// *result (device) = sum_{i<n} x[i] in double, in a fixed order (one block).
+void sum_rows(cudaStream_t s, double* result, const float* x, int n);
+
+// ---- norm.cu (all dw/db sums: per-row-block partials, then a fixed-order reduction)
+// Column sums db(C) += sum_n dout[n] (linear's bias gradient). ws: colsum_ws(N, C) floats.
+size_t colsum_ws(int N, int C);
+void colsum_accumulate(cudaStream_t s, float* db, const float* dout, int N, int C, float* ws);
+// res may be null (plain norm) or a + b (fused residual; res may alias a or b).
+void layernorm_forward(cudaStream_t s, float* res, float* out, float* mean, float* rstd,
+                       const float* inp, const float* b_res, const float* w, const float* bias,
+                       int N, int C);
+void rmsnorm_forward(cudaStream_t s, float* res, float* out, float* rstd, const float* inp,
+                     const float* b_res, const float* w, int N, int C, float eps);
+void layernorm_backward(cudaStream_t s, float* dinp, float* dw, float* db, const float* dout,
+                        const float* inp, const float* w, const float* mean, const float* rstd,
+                        int N, int C, float* ws);
+void rmsnorm_backward(cudaStream_t s, float* dinp, float* dw, const float* dout,
+                      const float* inp, const float* w, const float* rstd, int N, int C,
+                      float* ws);
+
+// ---- attention.cu (flash-style; hd <= kMaxHeadDim)
+constexpr int kMaxHeadDim = 256;
+void attention_forward(cudaStream_t s, float* out, float* lse, const float* qkv, int B, int T,
+                       int H, int KVH, int hd);
+// ws: B*H*T floats (D = rowsum(dout * out)).
+void attention_backward(cudaStream_t s, float* dqkv, const float* dout, const float* qkv,
+                        const float* out, const float* lse, int B, int T, int H, int KVH, int hd,
+                        float* ws);
+
+// ---- lmhead.cu: one chunk of rows. logits (nc, V) holds x_c @ w^T on entry; per row: loss
+// (lse - logit[target], 0 for target < 0) into rl[r]; with grad, the row becomes
+// grad_scale * (softmax - onehot(target)) (zero for ignored rows).
+void xent_rows(cudaStream_t s, float* logits, float* rl, const int32_t* targets, int nc, int V,
+               bool grad, float grad_scale);
+
+}  // namespace sw::cuda

@@ -1,0 +1,308 @@
+// The CUDA Ops (kernels/ops.h), fp32: GEMMs through cuBLAS (fp32 compute, no TF32), everything
+// else through the kernels of elementwise.cu, norm.cu and attention.cu. Registered with
+// kernels/registry.cpp at program start, like the device allocator in cuda_runtime.cu.
+//
+// One CudaOps serves device 0 (the registry holds one CUDA Ops; several devices per process are
+// the executor issue's). Its CUDA state (a compute stream, a cuBLAS handle bound to it) is
+// created on first use, so a build with this backend starts and runs its CPU paths on a machine
+// without a GPU. Every op enqueues on that stream and returns without synchronising, except
+// sum_squares and lmhead_xent, whose results the host reads. The stream is created blocking
+// (not cudaStreamNonBlocking), so plain cudaMemcpy calls (cuda_copy_to_host) on the legacy
+// default stream are ordered after the ops.
+//
+// Scratch memory (norm partials, the LM head's logits chunk, reduction partials, attention's D)
+// comes from grow-only device buffers kept between calls, tracked as Mem::Workspace. Use one
+// CudaOps from one host thread at a time.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <mutex>
+#include <string>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_kernels.cuh"
+#include "kernels/ops.h"
+
+namespace sw {
+
+namespace cuda {
+
+void check(cudaError_t e, const char* what, const char* file, int line) {
+  if (e != cudaSuccess)
+    fail("cuda", std::string(what) + " failed at " + file + ":" + std::to_string(line) + ": " +
+                     cudaGetErrorString(e));
+}
+
+void check(cublasStatus_t s, const char* what, const char* file, int line) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    fail("cuda", std::string(what) + " failed at " + file + ":" + std::to_string(line) +
+                     ": cuBLAS status " + std::to_string(static_cast<int>(s)));
+}
+
+}  // namespace cuda
+
+namespace {
+
+using cuda::check;
+
+// The compute stream as core/stream.h sees it. core has no CUDA Event type yet, so waiting for
+// an event blocks the host (correct, not overlapped); the executor issue replaces this with
+// cudaStreamWaitEvent.
+class CudaStream final : public Stream {
+ public:
+  const char* name() const override { return "cuda:0 compute"; }
+  void wait_event(Event& e) override { e.synchronize(); }
+  void synchronize() override {
+    if (stream) SW_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+  cudaStream_t stream = nullptr;
+};
+
+// Grow-only device scratch, one buffer per use so that one op's pieces never overlap.
+enum class Slot { Norm, Logits, Rows, Reduce, Attn, Count };
+
+class CudaOps final : public Ops {
+ public:
+  explicit CudaOps(int device) : dev_(device) {}
+
+  Device device() const override { return Device::cuda(dev_); }
+  Stream& stream() const override {
+    begin();
+    return stream_;
+  }
+
+  // ---- GEMM (row-major through column-major cuBLAS): C(M,N) = op(A) op(B) is, read column-
+  // major, C^T(N,M) = op(B)^T op(A)^T, and a row-major (r, c) matrix with leading dimension ld
+  // is the column-major (c, r) matrix with the same ld. So B goes first, flags unchanged.
+  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+            const float* B, int ldb, float beta, float* C, int ldc) const override {
+    begin();
+    gemm_raw(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
+
+  void linear_forward(float* out, const float* inp, const float* w, const float* b, int N, int C,
+                      int OC) const override {
+    const cudaStream_t s = begin();
+    if (b) cuda::add_bias_rows(s, out, b, N, OC);
+    gemm_raw(false, true, N, OC, C, 1.f, inp, C, w, C, b ? 1.f : 0.f, out, OC);
+  }
+
+  void linear_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                       const float* w, int N, int C, int OC) const override {
+    const cudaStream_t s = begin();
+    if (dinp) gemm_raw(false, false, N, C, OC, 1.f, dout, OC, w, C, 1.f, dinp, C);
+    if (dw) gemm_raw(true, false, OC, C, N, 1.f, dout, OC, inp, C, 1.f, dw, C);
+    if (db && N > 0 && OC > 0)
+      cuda::colsum_accumulate(s, db, dout, N, OC, wsf(Slot::Norm, cuda::colsum_ws(N, OC)));
+  }
+
+  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                         int B, int T, int C) const override {
+    cuda::embedding_forward(begin(), out, tokens, wte, wpe, B, T, C);
+  }
+  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                          int B, int T, int C) const override {
+    cuda::embedding_backward(begin(), dwte, dwpe, dout, tokens, B, T, C);
+  }
+
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                         const float* b, int N, int C) const override {
+    cuda::layernorm_forward(begin(), nullptr, out, mean, rstd, inp, nullptr, w, b, N, C);
+  }
+  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                          const float* w, const float* mean, const float* rstd, int N,
+                          int C) const override {
+    const cudaStream_t s = begin();
+    cuda::layernorm_backward(s, dinp, dw, db, dout, inp, w, mean, rstd, N, C,
+                             wsf(Slot::Norm, cuda::colsum_ws(N, C)));
+  }
+  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C,
+                       float eps) const override {
+    cuda::rmsnorm_forward(begin(), nullptr, out, rstd, inp, nullptr, w, N, C, eps);
+  }
+  void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp,
+                        const float* w, const float* rstd, int N, int C) const override {
+    const cudaStream_t s = begin();
+    cuda::rmsnorm_backward(s, dinp, dw, dout, inp, w, rstd, N, C,
+                           wsf(Slot::Norm, cuda::colsum_ws(N, C)));
+  }
+  void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a,
+                                  const float* b, const float* w, const float* bias, int N,
+                                  int C) const override {
+    cuda::layernorm_forward(begin(), res, out, mean, rstd, a, b, w, bias, N, C);
+  }
+  void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a,
+                                const float* b, const float* w, int N, int C,
+                                float eps) const override {
+    cuda::rmsnorm_forward(begin(), res, out, rstd, a, b, w, N, C, eps);
+  }
+
+  void gelu_forward(float* out, const float* inp, size_t n) const override {
+    cuda::gelu_forward(begin(), out, inp, n);
+  }
+  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const override {
+    cuda::gelu_backward(begin(), dinp, inp, dout, n);
+  }
+  void swiglu_forward(float* out, const float* gu, int N, int F) const override {
+    cuda::swiglu_forward(begin(), out, gu, N, F);
+  }
+  void swiglu_backward(float* dgu, const float* dout, const float* gu, int N,
+                       int F) const override {
+    cuda::swiglu_backward(begin(), dgu, dout, gu, N, F);
+  }
+  void residual_forward(float* out, const float* a, const float* b, size_t n) const override {
+    cuda::residual_forward(begin(), out, a, b, n);
+  }
+
+  void rope_forward(float* qkv, int B, int T, int H, int KVH, int hd,
+                    float theta) const override {
+    SW_CHECK(hd % 2 == 0, "rope: head dim must be even");
+    cuda::rope_apply(begin(), qkv, B, T, H, KVH, hd, theta, 1.f);
+  }
+  void rope_backward(float* dqkv, int B, int T, int H, int KVH, int hd,
+                     float theta) const override {
+    SW_CHECK(hd % 2 == 0, "rope: head dim must be even");
+    cuda::rope_apply(begin(), dqkv, B, T, H, KVH, hd, theta, -1.f);
+  }
+
+  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KVH,
+                         int hd) const override {
+    cuda::attention_forward(begin(), out, lse, qkv, B, T, H, KVH, hd);
+  }
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                          const float* lse, int B, int T, int H, int KVH,
+                          int hd) const override {
+    const cudaStream_t s = begin();
+    const size_t rows = static_cast<size_t>(B) * T * H;
+    cuda::attention_backward(s, dqkv, dout, qkv, out, lse, B, T, H, KVH, hd,
+                             wsf(Slot::Attn, std::max<size_t>(rows, 1)));
+  }
+
+  // Rows in chunks of at most kChunkRows (fewer when a chunk of logits would pass
+  // kChunkBytes): logits = x_c w^T (cuBLAS) into the workspace; one block per row turns it
+  // into the loss and grad_scale * (softmax - onehot); dx_c += dlogits w and dw += dlogits^T
+  // x_c (cuBLAS, beta = 1). The loss total is summed on the device in a fixed order.
+  double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w,
+                     const int32_t* targets, int N, int C, int V,
+                     float grad_scale) const override {
+    SW_CHECK(N >= 0 && C > 0 && V > 0, "lmhead_xent: bad shape");
+    if (N == 0) return 0.0;
+    const cudaStream_t s = begin();
+    const bool grad = dx != nullptr || dw != nullptr;
+    const size_t by_bytes = kChunkBytes / (sizeof(float) * static_cast<size_t>(V));
+    const int chunk =
+        std::min(N, static_cast<int>(std::max<size_t>(1, std::min<size_t>(kChunkRows, by_bytes))));
+    float* logits = wsf(Slot::Logits, static_cast<size_t>(chunk) * V);
+    // Per-row losses (the caller's array when given) and, after them, the double total.
+    float* rows = wsf(Slot::Rows, static_cast<size_t>(N) + 4);
+    float* rl = loss ? loss : rows;
+    double* total = reinterpret_cast<double*>(rows + ((static_cast<size_t>(N) + 1) / 2) * 2);
+    for (int n0 = 0; n0 < N; n0 += chunk) {
+      const int nc = std::min(chunk, N - n0);
+      const float* xc = x + static_cast<size_t>(n0) * C;
+      gemm_raw(false, true, nc, V, C, 1.f, xc, C, w, C, 0.f, logits, V);
+      cuda::xent_rows(s, logits, rl + n0, targets + n0, nc, V, grad, grad_scale);
+      if (dx) gemm_raw(false, false, nc, C, V, 1.f, logits, V, w, C, 1.f,
+                       dx + static_cast<size_t>(n0) * C, C);
+      if (dw) gemm_raw(true, false, V, C, nc, 1.f, logits, V, xc, C, 1.f, dw, C);
+    }
+    cuda::sum_rows(s, total, rl, N);
+    return read_double(s, total);
+  }
+
+  void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
+             float beta2, float eps, float wd, int step, float grad_mult) const override {
+    cuda::adamw(begin(), param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult);
+  }
+
+  double sum_squares(const float* x, size_t n) const override {
+    const cudaStream_t s = begin();
+    const size_t parts = cuda::sum_squares_ws(n);
+    double* ws = reinterpret_cast<double*>(wsf(Slot::Reduce, 2 * (parts + 1)));
+    cuda::sum_squares(s, ws, x, n, ws + 1);
+    return read_double(s, ws);
+  }
+  void scale(float* x, float a, size_t n) const override { cuda::scale(begin(), x, a, n); }
+  void fill(float* x, float v, size_t n) const override { cuda::fill(begin(), x, v, n); }
+  void add_inplace(float* y, const float* x, size_t n) const override {
+    cuda::add_inplace(begin(), y, x, n);
+  }
+  void copy(float* dst, const float* src, size_t n) const override {
+    const cudaStream_t s = begin();
+    if (dst == src || n == 0) return;
+    SW_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, s));
+  }
+
+ private:
+  static constexpr int kChunkRows = 1024;
+  static constexpr size_t kChunkBytes = size_t{256} << 20;
+
+  // Creates the stream and the cuBLAS handle on first use; makes dev_ current; returns the
+  // stream.
+  cudaStream_t begin() const {
+    std::call_once(once_, [this] {
+      SW_CUDA_CHECK(cudaSetDevice(dev_));
+      cudaStream_t st = nullptr;
+      SW_CUDA_CHECK(cudaStreamCreate(&st));
+      SW_CUDA_CHECK(cublasCreate(&blas_));
+      SW_CUDA_CHECK(cublasSetStream(blas_, st));
+      // fp32 products in fp32 (no TF32 tensor-op rounding).
+      SW_CUDA_CHECK(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH));
+      stream_.stream = st;
+    });
+    SW_CUDA_CHECK(cudaSetDevice(dev_));
+    return stream_.stream;
+  }
+
+  void gemm_raw(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+                const float* B, int ldb, float beta, float* C, int ldc) const {
+    if (M <= 0 || N <= 0) return;
+    SW_CUDA_CHECK(cublasGemmEx(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                               N, M, K, &alpha, B, CUDA_R_32F, ldb, A, CUDA_R_32F, lda, &beta, C,
+                               CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+
+  // The one host synchronisation of an op that returns a value.
+  double read_double(cudaStream_t s, const double* dev) const {
+    double h = 0;
+    SW_CUDA_CHECK(cudaMemcpyAsync(&h, dev, sizeof(double), cudaMemcpyDeviceToHost, s));
+    SW_CUDA_CHECK(cudaStreamSynchronize(s));
+    return h;
+  }
+
+  // At least `floats` floats of the slot's scratch (contents undefined). Growing frees the old
+  // buffer (cudaFree waits for the device, so no enqueued kernel still uses it).
+  float* wsf(Slot slot, size_t floats) const {
+    Buffer& b = ws_[static_cast<int>(slot)];
+    const size_t bytes = std::max<size_t>(floats, 1) * sizeof(float);
+    if (b.bytes() < bytes) {
+      b.release();
+      b = Buffer(bytes + bytes / 4, Mem::Workspace, Device::cuda(dev_));
+    }
+    return b.f32();
+  }
+
+  int dev_;
+  mutable std::once_flag once_;
+  mutable CudaStream stream_;
+  mutable cublasHandle_t blas_ = nullptr;
+  mutable Buffer ws_[static_cast<int>(Slot::Count)];
+};
+
+// Never destroyed: the stream and handle are released with the process (tearing them down in a
+// static destructor races the CUDA runtime's own shutdown).
+const CudaOps& cuda_ops() {
+  static const CudaOps* ops = new CudaOps(0);
+  return *ops;
+}
+
+struct Registrar {
+  Registrar() { register_ops(DeviceKind::CUDA, &cuda_ops()); }
+} registrar;
+
+}  // namespace
+
+}  // namespace sw

@@ -1,0 +1,402 @@
+// Element-wise and gather/scatter kernels of the CUDA backend: embedding, GELU, SwiGLU,
+// residual, RoPE, AdamW, the vector utilities, the fixed-order sums (sum_squares, the loss
+// total) and the per-row softmax / cross-entropy pass of the fused LM head.
+// The formulas are those of the CPU twin (kernels/cpu/elementwise.cpp, rope.cpp, adamw.cpp,
+// embedding.cpp, lmhead.cpp), with expf in place of the CPU's polynomial exp.
+#include <cmath>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_kernels.cuh"
+
+namespace sw::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr float kSqrt2OverPi = 0.79788456080286535588f;
+constexpr float kGeluA = 0.044715f;
+
+__device__ __forceinline__ float clampf(float x, float lo, float hi) {
+  return x < lo ? lo : (x > hi ? hi : x);  // NaN passes through, as on the CPU
+}
+
+// ---- Embedding ------------------------------------------------------------------------------
+
+__global__ void embedding_forward_k(float* out, const int32_t* tokens, const float* wte,
+                                    const float* wpe, int T, int C, size_t total) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const size_t n = i / C;
+    const int c = static_cast<int>(i % C);
+    const float e = wte[static_cast<size_t>(tokens[n]) * C + c];
+    out[i] = wpe ? e + wpe[static_cast<size_t>(n % T) * C + c] : e;
+  }
+}
+
+// dwte: thread (c, bucket) walks all B*T rows in order and adds the rows whose token falls in
+// its bucket (token % kBuckets) at column c. Every float of dwte has one owner, which adds its
+// contributions in row order: the CPU's order exactly, no atomics.
+constexpr int kBuckets = 32;
+__global__ void embedding_backward_wte_k(float* dwte, const float* dout, const int32_t* tokens,
+                                         int BT, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  const unsigned bucket = blockIdx.y;
+  __shared__ int32_t tok[kThreads];
+  for (int n0 = 0; n0 < BT; n0 += kThreads) {
+    const int cnt = min(kThreads, BT - n0);
+    __syncthreads();
+    if (threadIdx.x < cnt) tok[threadIdx.x] = tokens[n0 + threadIdx.x];
+    __syncthreads();
+    if (c < C) {
+      for (int r = 0; r < cnt; ++r) {
+        const int32_t t = tok[r];
+        if (static_cast<unsigned>(t) % kBuckets != bucket) continue;
+        dwte[static_cast<size_t>(t) * C + c] += dout[static_cast<size_t>(n0 + r) * C + c];
+      }
+    }
+  }
+}
+
+// dwpe[t, c] += sum over b (in order) of dout[b, t, c].
+__global__ void embedding_backward_wpe_k(float* dwpe, const float* dout, int B, int T, int C) {
+  const size_t total = static_cast<size_t>(T) * C;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
+       i += size_t(gridDim.x) * blockDim.x) {
+    float p = dwpe[i];
+    for (int b = 0; b < B; ++b) p += dout[static_cast<size_t>(b) * total + i];
+    dwpe[i] = p;
+  }
+}
+
+// ---- GELU / SwiGLU / residual -----------------------------------------------------------------
+
+__global__ void gelu_forward_k(float* out, const float* inp, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const float x = inp[i];
+    const float xc = clampf(x, -10.f, 10.f);
+    const float u = kSqrt2OverPi * xc * (1.f + kGeluA * xc * xc);
+    out[i] = x / (1.f + expf(-2.f * u));
+  }
+}
+
+__global__ void gelu_backward_k(float* dinp, const float* inp, const float* dout, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const float x = clampf(inp[i], -10.f, 10.f);
+    const float x2 = x * x;
+    const float u = kSqrt2OverPi * x * (1.f + kGeluA * x2);
+    const float du = kSqrt2OverPi * (1.f + 3.f * kGeluA * x2);
+    const float e = expf(-2.f * u);
+    const float sg = 1.f / (1.f + e);
+    dinp[i] += dout[i] * (sg + 2.f * x * du * (e * sg) * sg);
+  }
+}
+
+__global__ void swiglu_forward_k(float* out, const float* gu, int F, size_t total) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const size_t n = i / F, f = i % F;
+    const float g = gu[n * 2 * F + f], up = gu[n * 2 * F + F + f];
+    out[i] = g / (1.f + expf(-g)) * up;
+  }
+}
+
+__global__ void swiglu_backward_k(float* dgu, const float* dout, const float* gu, int F,
+                                  size_t total) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const size_t n = i / F, f = i % F;
+    const size_t ig = n * 2 * F + f, iu = ig + F;
+    const float g = gu[ig], up = gu[iu], d = dout[i];
+    const float e = expf(-g);
+    const float sg = 1.f / (1.f + e);
+    dgu[iu] += d * g * sg;
+    dgu[ig] += d * up * sg * (1.f + g * (e * sg));
+  }
+}
+
+__global__ void residual_k(float* out, const float* a, const float* b, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x)
+    out[i] = a[i] + b[i];
+}
+
+// ---- RoPE -------------------------------------------------------------------------------------
+
+// One thread per (row n, rotated head h, pair i). Angles as the CPU table computes them:
+// inv_freq = 1 / theta^(float(2i)/hd) (pow in double, rounded to float), angle = float(t) *
+// inv_freq in float, cos/sin in double rounded once.
+__global__ void rope_k(float* qkv, int T, int rot_heads, int hd, size_t row, float theta,
+                       float sign, size_t total) {
+  const int half = hd / 2;
+  for (size_t idx = blockIdx.x * size_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += size_t(gridDim.x) * blockDim.x) {
+    const int i = static_cast<int>(idx % half);
+    const size_t nh = idx / half;
+    const int h = static_cast<int>(nh % rot_heads);
+    const size_t n = nh / rot_heads;
+    const int t = static_cast<int>(n % T);
+    const float expo = static_cast<float>(2 * i) / static_cast<float>(hd);
+    const float inv_freq = 1.f / static_cast<float>(pow(static_cast<double>(theta), double(expo)));
+    const float angle = static_cast<float>(t) * inv_freq;
+    const float c = static_cast<float>(cos(double(angle)));
+    const float sn = sign * static_cast<float>(sin(double(angle)));
+    float* x1 = qkv + n * row + static_cast<size_t>(h) * hd;
+    float* x2 = x1 + half;
+    const float a = x1[i], b = x2[i];
+    x1[i] = a * c - b * sn;
+    x2[i] = b * c + a * sn;
+  }
+}
+
+// ---- AdamW and utilities ------------------------------------------------------------------------
+
+__global__ void adamw_k(float* param, const float* grad, float* m, float* v, size_t n,
+                        float step_size, float inv_bc2_sqrt, float decay, float b1, float b2,
+                        float omb1, float omb2, float eps, float grad_mult) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const float g = grad[i] * grad_mult;
+    const float mi = b1 * m[i] + omb1 * g;
+    const float vi = b2 * v[i] + omb2 * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = sqrtf(vi) * inv_bc2_sqrt + eps;
+    param[i] = param[i] * decay - step_size * (mi / denom);
+  }
+}
+
+__global__ void scale_k(float* x, float a, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x)
+    x[i] *= a;
+}
+
+__global__ void fill_k(float* x, float v, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x)
+    x[i] = v;
+}
+
+__global__ void add_inplace_k(float* y, const float* x, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x)
+    y[i] += x[i];
+}
+
+__global__ void bias_rows_k(float* out, const float* b, int OC, size_t total) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
+       i += size_t(gridDim.x) * blockDim.x)
+    out[i] = b[i % OC];
+}
+
+// ---- Fixed-order sums ---------------------------------------------------------------------------
+
+constexpr size_t kSsChunk = size_t{1} << 16;  // elements per block of sum_squares
+
+// Block c sums x^2 over its chunk in double: thread j takes elements j, j + 256, ... (in order),
+// then block_sum's fixed tree.
+__global__ void sum_squares_chunks_k(double* part, const float* x, size_t n) {
+  __shared__ double scratch[32];
+  const size_t i0 = blockIdx.x * kSsChunk;
+  const size_t i1 = min(n, i0 + kSsChunk);
+  double s = 0;
+  for (size_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
+    const double v = x[i];
+    s += v * v;
+  }
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+
+// One block: *result = sum of the n doubles in a fixed order.
+__global__ void sum_doubles_k(double* result, const double* part, size_t n) {
+  __shared__ double scratch[32];
+  double s = 0;
+  for (size_t i = threadIdx.x; i < n; i += blockDim.x) s += part[i];
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) *result = s;
+}
+
+__global__ void sum_floats_k(double* result, const float* x, int n) {
+  __shared__ double scratch[32];
+  double s = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) s += x[i];
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) *result = s;
+}
+
+// ---- LM head rows: one block per row of logits ---------------------------------------------------
+
+__global__ void xent_rows_k(float* logits, float* rl, const int32_t* targets, int V, bool grad,
+                            float grad_scale) {
+  __shared__ float fscratch[32];
+  const int r = blockIdx.x;
+  float* row = logits + static_cast<size_t>(r) * V;
+  const int t = targets[r];
+  if (t < 0) {  // ignored row: loss 0, no gradient (uniform branch: t is the same for the block)
+    if (threadIdx.x == 0) rl[r] = 0.f;
+    if (grad)
+      for (int v = threadIdx.x; v < V; v += blockDim.x) row[v] = 0.f;
+    return;
+  }
+  float mx = -INFINITY;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, row[v]);
+  mx = block_max(mx, fscratch);
+  float sum = 0.f;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) sum += expf(row[v] - mx);
+  sum = block_sum(sum, fscratch);  // ends with __syncthreads
+  const float lt = row[t];
+  if (threadIdx.x == 0) rl[r] = mx + logf(sum) - lt;
+  if (!grad) return;
+  __syncthreads();  // everyone has read row[t] before it is overwritten
+  const float k = grad_scale / sum;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) {
+    const float p = expf(row[v] - mx) * k;
+    row[v] = v == t ? p - grad_scale : p;
+  }
+}
+
+}  // namespace
+
+// ---- Launchers ----------------------------------------------------------------------------------
+
+void embedding_forward(cudaStream_t s, float* out, const int32_t* tokens, const float* wte,
+                       const float* wpe, int B, int T, int C) {
+  const size_t total = static_cast<size_t>(B) * T * C;
+  if (total == 0) return;
+  embedding_forward_k<<<grid_for(total, kThreads), kThreads, 0, s>>>(out, tokens, wte, wpe, T, C,
+                                                                     total);
+  SW_CUDA_LAUNCHED();
+}
+
+void embedding_backward(cudaStream_t s, float* dwte, float* dwpe, const float* dout,
+                        const int32_t* tokens, int B, int T, int C) {
+  const int BT = B * T;
+  if (BT == 0 || C == 0) return;
+  if (dwte) {
+    const dim3 grid((C + kThreads - 1) / kThreads, kBuckets);
+    embedding_backward_wte_k<<<grid, kThreads, 0, s>>>(dwte, dout, tokens, BT, C);
+    SW_CUDA_LAUNCHED();
+  }
+  if (dwpe) {
+    const size_t total = static_cast<size_t>(T) * C;
+    embedding_backward_wpe_k<<<grid_for(total, kThreads), kThreads, 0, s>>>(dwpe, dout, B, T, C);
+    SW_CUDA_LAUNCHED();
+  }
+}
+
+void gelu_forward(cudaStream_t s, float* out, const float* inp, size_t n) {
+  if (n == 0) return;
+  gelu_forward_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(out, inp, n);
+  SW_CUDA_LAUNCHED();
+}
+
+void gelu_backward(cudaStream_t s, float* dinp, const float* inp, const float* dout, size_t n) {
+  if (n == 0) return;
+  gelu_backward_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(dinp, inp, dout, n);
+  SW_CUDA_LAUNCHED();
+}
+
+void swiglu_forward(cudaStream_t s, float* out, const float* gu, int N, int F) {
+  const size_t total = static_cast<size_t>(N) * F;
+  if (total == 0) return;
+  swiglu_forward_k<<<grid_for(total, kThreads), kThreads, 0, s>>>(out, gu, F, total);
+  SW_CUDA_LAUNCHED();
+}
+
+void swiglu_backward(cudaStream_t s, float* dgu, const float* dout, const float* gu, int N,
+                     int F) {
+  const size_t total = static_cast<size_t>(N) * F;
+  if (total == 0) return;
+  swiglu_backward_k<<<grid_for(total, kThreads), kThreads, 0, s>>>(dgu, dout, gu, F, total);
+  SW_CUDA_LAUNCHED();
+}
+
+void residual_forward(cudaStream_t s, float* out, const float* a, const float* b, size_t n) {
+  if (n == 0) return;
+  residual_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(out, a, b, n);
+  SW_CUDA_LAUNCHED();
+}
+
+void rope_apply(cudaStream_t s, float* qkv, int B, int T, int H, int KVH, int hd, float theta,
+                float sign) {
+  const int rot_heads = H + KVH;
+  const size_t total = static_cast<size_t>(B) * T * rot_heads * (hd / 2);
+  if (total == 0) return;
+  const size_t row = static_cast<size_t>(H + 2 * KVH) * hd;
+  rope_k<<<grid_for(total, kThreads), kThreads, 0, s>>>(qkv, T, rot_heads, hd, row, theta, sign,
+                                                        total);
+  SW_CUDA_LAUNCHED();
+}
+
+void adamw(cudaStream_t s, float* param, const float* grad, float* m, float* v, size_t n,
+           float lr, float beta1, float beta2, float eps, float wd, int step, float grad_mult) {
+  if (n == 0) return;
+  // Scalar coefficients in double, rounded once (as kernels/cpu/adamw.cpp).
+  const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), step);
+  const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), step);
+  const float step_size = static_cast<float>(static_cast<double>(lr) / bc1);
+  const float inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
+  const float decay = static_cast<float>(1.0 - static_cast<double>(lr) * wd);
+  const float omb1 = static_cast<float>(1.0 - beta1), omb2 = static_cast<float>(1.0 - beta2);
+  adamw_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(param, grad, m, v, n, step_size,
+                                                     inv_bc2_sqrt, decay, beta1, beta2, omb1,
+                                                     omb2, eps, grad_mult);
+  SW_CUDA_LAUNCHED();
+}
+
+void scale(cudaStream_t s, float* x, float a, size_t n) {
+  if (n == 0) return;
+  scale_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(x, a, n);
+  SW_CUDA_LAUNCHED();
+}
+
+void fill(cudaStream_t s, float* x, float v, size_t n) {
+  if (n == 0) return;
+  fill_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(x, v, n);
+  SW_CUDA_LAUNCHED();
+}
+
+void add_inplace(cudaStream_t s, float* y, const float* x, size_t n) {
+  if (n == 0) return;
+  add_inplace_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(y, x, n);
+  SW_CUDA_LAUNCHED();
+}
+
+void add_bias_rows(cudaStream_t s, float* out, const float* b, int N, int OC) {
+  const size_t total = static_cast<size_t>(N) * OC;
+  if (total == 0) return;
+  bias_rows_k<<<grid_for(total, kThreads), kThreads, 0, s>>>(out, b, OC, total);
+  SW_CUDA_LAUNCHED();
+}
+
+size_t sum_squares_ws(size_t n) { return (n + kSsChunk - 1) / kSsChunk; }
+
+void sum_squares(cudaStream_t s, double* result, const float* x, size_t n, double* ws) {
+  const size_t nchunks = sum_squares_ws(n);
+  if (nchunks == 0) {
+    SW_CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(double), s));
+    return;
+  }
+  SW_CUDA_CHECK(nchunks <= 0x7fffffffu ? cudaSuccess : cudaErrorInvalidValue);
+  sum_squares_chunks_k<<<static_cast<unsigned>(nchunks), kThreads, 0, s>>>(ws, x, n);
+  SW_CUDA_LAUNCHED();
+  sum_doubles_k<<<1, 1024, 0, s>>>(result, ws, nchunks);
+  SW_CUDA_LAUNCHED();
+}
+
+void sum_rows(cudaStream_t s, double* result, const float* x, int n) {
+  sum_floats_k<<<1, 1024, 0, s>>>(result, x, n);
+  SW_CUDA_LAUNCHED();
+}
+
+void xent_rows(cudaStream_t s, float* logits, float* rl, const int32_t* targets, int nc, int V,
+               bool grad, float grad_scale) {
+  if (nc == 0) return;
+  xent_rows_k<<<nc, 512, 0, s>>>(logits, rl, targets, V, grad, grad_scale);
+  SW_CUDA_LAUNCHED();
+}
+
+}  // namespace sw::cuda

@@ -1,0 +1,770 @@
+// Every op of kernels/ops.h, run on two backends with the same inputs and compared (ggml's
+// test-backend-ops style). A Backend is any Ops plus the two copies that move bytes between the
+// host and that Ops' device (memcpy for the CPU, cuda_copy_to_device / _to_host for CUDA), so
+// the same cases check CPU bf16 against CPU fp32 (tests/cuda/test_op_harness.cpp, runs
+// everywhere) and CUDA fp32 against CPU fp32 (tests/cuda/test_cuda_ops.cpp, needs a GPU).
+//
+// A case builds its inputs on the host from a fixed seed, uploads them into fresh device
+// buffers, runs forward and/or backward (backward with non-zero initial gradients, so the +=
+// convention is checked too), and downloads every buffer the op writes. Inputs that come from
+// a forward (LayerNorm's mean/rstd, attention's out/lse) are computed on the host in double,
+// so both backends' backward passes see identical inputs.
+//
+// Metric: NMSE = sum (cand - ref)^2 / sum ref^2 per output buffer (the plain sum of squares
+// when the reference is all zeros), against a per-case tolerance: `tol` when both backends
+// compute in fp32, `tol_lowp` when the candidate's matrix products round to bf16 (element-wise
+// ops and norms stay fp32 on every backend, so theirs stay tight). A non-finite value fails.
+// determinism() runs every case twice on one backend and demands bitwise-equal outputs.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/alloc.h"
+#include "kernels/ops.h"
+
+namespace swtest::harness {
+
+struct Backend {
+  std::string name;
+  const sw::Ops* ops;
+  void (*to_device)(void* dst, const void* src, size_t bytes);
+  void (*to_host)(void* dst, const void* src, size_t bytes);
+};
+
+inline void host_copy(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+inline Backend cpu_backend(const sw::Ops& ops, std::string name) {
+  return {std::move(name), &ops, host_copy, host_copy};
+}
+
+using Vec = std::vector<float>;
+using IVec = std::vector<int32_t>;
+
+// The device buffers of one run of one case on one backend (freed with the arena).
+class Arena {
+ public:
+  explicit Arena(const Backend& be) : be_(be) {}
+  const sw::Ops& ops() const { return *be_.ops; }
+  float* up(const Vec& h) {
+    float* p = static_cast<float*>(alloc(h.size() * sizeof(float)));
+    be_.to_device(p, h.data(), h.size() * sizeof(float));
+    return p;
+  }
+  int32_t* up(const IVec& h) {
+    int32_t* p = static_cast<int32_t*>(alloc(h.size() * sizeof(int32_t)));
+    be_.to_device(p, h.data(), h.size() * sizeof(int32_t));
+    return p;
+  }
+  // Waits for the backend's stream, then copies n floats back.
+  Vec down(const float* p, size_t n) const {
+    be_.ops->stream().synchronize();
+    Vec h(n);
+    be_.to_host(h.data(), p, n * sizeof(float));
+    return h;
+  }
+
+ private:
+  void* alloc(size_t bytes) {
+    bufs_.push_back(std::make_unique<sw::Buffer>(std::max<size_t>(bytes, 64), sw::Mem::Workspace,
+                                                 be_.ops->device()));
+    return bufs_.back()->data();
+  }
+  const Backend& be_;
+  std::vector<std::unique_ptr<sw::Buffer>> bufs_;
+};
+
+struct Output {
+  std::string name;
+  std::vector<double> v;
+};
+using Outputs = std::vector<Output>;
+
+inline void put(Outputs& o, std::string name, const Vec& v) {
+  o.push_back({std::move(name), std::vector<double>(v.begin(), v.end())});
+}
+
+struct OpCase {
+  std::string op;    // the Ops method under test (coverage is checked against kAllOps)
+  std::string name;  // op and its parameters
+  double tol;        // NMSE tolerance, fp32 against fp32
+  double tol_lowp;   // NMSE tolerance when the candidate's matrix products are bf16
+  std::function<Outputs(Arena&)> run;
+};
+
+// Every data-carrying virtual of sw::Ops.
+inline const std::vector<std::string>& all_ops() {
+  static const std::vector<std::string> ops = {
+      "gemm", "linear_forward", "linear_backward", "embedding_forward", "embedding_backward",
+      "layernorm_forward", "layernorm_backward", "rmsnorm_forward", "rmsnorm_backward",
+      "residual_layernorm_forward", "residual_rmsnorm_forward", "gelu_forward", "gelu_backward",
+      "swiglu_forward", "swiglu_backward", "residual_forward", "rope_forward", "rope_backward",
+      "attention_forward", "attention_backward", "lmhead_xent", "adamw", "sum_squares", "scale",
+      "fill", "add_inplace", "copy"};
+  return ops;
+}
+
+// ---- Inputs ----------------------------------------------------------------------------------
+
+// splitmix64 + Box-Muller: the same numbers on every platform and standard library.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : s_(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  uint64_t next() {
+    uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return (next() >> 11) * (1.0 / 9007199254740992.0); }  // [0, 1)
+  Vec normal(size_t n, float stddev = 1.f, float mean = 0.f) {
+    Vec v(n);
+    for (size_t i = 0; i < n; ++i) {
+      const double u1 = uniform() + 1e-300, u2 = uniform();
+      v[i] = mean + stddev * static_cast<float>(std::sqrt(-2.0 * std::log(u1)) *
+                                                std::cos(6.283185307179586 * u2));
+    }
+    return v;
+  }
+  Vec uniform(size_t n, float lo, float hi) {
+    Vec v(n);
+    for (auto& x : v) x = lo + (hi - lo) * static_cast<float>(uniform());
+    return v;
+  }
+  IVec ints(size_t n, int lo, int hi) {  // [lo, hi)
+    IVec v(n);
+    for (auto& x : v) x = lo + static_cast<int32_t>(next() % static_cast<uint64_t>(hi - lo));
+    return v;
+  }
+
+ private:
+  uint64_t s_;
+};
+
+// mean / rstd of LayerNorm (mean == null: RMSNorm's rstd) in double, rounded to float.
+inline void norm_stats(const Vec& x, int N, int C, float eps, Vec* mean, Vec& rstd) {
+  rstd.resize(N);
+  if (mean) mean->resize(N);
+  for (int n = 0; n < N; ++n) {
+    const float* r = x.data() + static_cast<size_t>(n) * C;
+    double m = 0, v = 0;
+    if (mean) {
+      for (int i = 0; i < C; ++i) m += r[i];
+      m /= C;
+    }
+    for (int i = 0; i < C; ++i) v += (r[i] - m) * (r[i] - m);
+    if (mean) (*mean)[n] = static_cast<float>(m);
+    rstd[n] = static_cast<float>(1.0 / std::sqrt(v / C + eps));
+  }
+}
+
+// Causal GQA attention in double (out (B,T,H*hd), lse (B,H,T)), the inputs of the backward case.
+inline void attention_host(const Vec& qkv, int B, int T, int H, int KVH, int hd, Vec& out,
+                           Vec& lse) {
+  const size_t R = static_cast<size_t>(H + 2 * KVH) * hd;
+  out.assign(static_cast<size_t>(B) * T * H * hd, 0.f);
+  lse.assign(static_cast<size_t>(B) * H * T, 0.f);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  std::vector<double> s(T), acc(hd);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h) {
+      const int g = h / (H / KVH);
+      for (int t = 0; t < T; ++t) {
+        const float* q = qkv.data() + (static_cast<size_t>(b) * T + t) * R + h * hd;
+        double mx = -1e300;
+        for (int j = 0; j <= t; ++j) {
+          const float* k = qkv.data() + (static_cast<size_t>(b) * T + j) * R + (H + g) * hd;
+          double d = 0;
+          for (int i = 0; i < hd; ++i) d += double(q[i]) * k[i];
+          s[j] = d * scale;
+          mx = std::max(mx, s[j]);
+        }
+        double sum = 0;
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int j = 0; j <= t; ++j) {
+          const double p = std::exp(s[j] - mx);
+          sum += p;
+          const float* v = qkv.data() + (static_cast<size_t>(b) * T + j) * R + (H + KVH + g) * hd;
+          for (int i = 0; i < hd; ++i) acc[i] += p * v[i];
+        }
+        float* o = out.data() + (static_cast<size_t>(b) * T + t) * H * hd + h * hd;
+        for (int i = 0; i < hd; ++i) o[i] = static_cast<float>(acc[i] / sum);
+        lse[(static_cast<size_t>(b) * H + h) * T + t] = static_cast<float>(mx + std::log(sum));
+      }
+    }
+}
+
+inline std::string shape(std::initializer_list<std::pair<const char*, long>> kv) {
+  std::string s;
+  for (const auto& [k, v] : kv) s += std::string(s.empty() ? "" : " ") + k + "=" + std::to_string(v);
+  return s;
+}
+
+// ---- The cases -------------------------------------------------------------------------------
+
+// Tolerances (NMSE). fp32 vs fp32: different summation orders and exp implementations give
+// ~1e-14..1e-12; the limits below leave two orders of magnitude. bf16 operands carry a relative
+// error of 2^-9 each, so products land near 1e-6..1e-5.
+constexpr double kTolElem = 1e-11;      // element-wise, both fp32 everywhere
+constexpr double kTolNorm = 1e-10;      // norms (row reductions in different orders)
+constexpr double kTolMat = 1e-9;        // products, fp32
+constexpr double kTolMatLowp = 1e-4;    // products, bf16 operands (measured <= 1.1e-5)
+constexpr double kTolAttn = 1e-8;       // attention, fp32 (exp + two products per score)
+constexpr double kTolAttnLowp = 5e-4;   // attention, bf16 operands (measured <= 5.3e-5)
+
+inline std::vector<OpCase> op_cases() {
+  std::vector<OpCase> cs;
+  uint64_t seed = 1;
+
+  // gemm: all four transpositions, padded leading dimensions, beta 0 and non-zero.
+  struct G { int M, N, K; float alpha, beta; };
+  for (const G g : {G{37, 29, 53, 0.7f, 0.3f}, G{1, 67, 19, 1.f, 0.f}, G{33, 1, 1, -1.f, 1.f}})
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb) {
+        const uint64_t sd = seed++;
+        cs.push_back({"gemm",
+                      "gemm " + shape({{"ta", ta}, {"tb", tb}, {"M", g.M}, {"N", g.N}, {"K", g.K}}) +
+                          " beta=" + std::to_string(g.beta),
+                      kTolMat, kTolMatLowp, [g, ta, tb, sd](Arena& a) {
+                        Rng r(sd);
+                        const int lda = (ta ? g.M : g.K) + 3, ldb = (tb ? g.K : g.N) + 2,
+                                  ldc = g.N + 5;
+                        const Vec A = r.normal(size_t(ta ? g.K : g.M) * lda);
+                        const Vec B = r.normal(size_t(tb ? g.N : g.K) * ldb);
+                        const Vec C0 = r.normal(size_t(g.M) * ldc);
+                        float* c = a.up(C0);
+                        a.ops().gemm(ta, tb, g.M, g.N, g.K, g.alpha, a.up(A), lda, a.up(B), ldb,
+                                     g.beta, c, ldc);
+                        Outputs o;
+                        put(o, "C", a.down(c, C0.size()));
+                        return o;
+                      }});
+      }
+
+  // linear forward / backward (accumulating; dinp and db may be null).
+  struct L { int N, C, OC; bool bias; };
+  for (const L l : {L{37, 45, 29, true}, L{1, 64, 3, false}, L{65, 7, 33, true}}) {
+    const uint64_t sd = seed++;
+    cs.push_back({"linear_forward",
+                  "linear_forward " + shape({{"N", l.N}, {"C", l.C}, {"OC", l.OC}, {"bias", l.bias}}),
+                  kTolMat, kTolMatLowp, [l, sd](Arena& a) {
+                    Rng r(sd);
+                    const Vec x = r.normal(size_t(l.N) * l.C), w = r.normal(size_t(l.OC) * l.C, 0.2f),
+                              b = r.normal(l.OC);
+                    const Vec junk = r.normal(size_t(l.N) * l.OC);
+                    float* out = a.up(junk);  // overwritten
+                    a.ops().linear_forward(out, a.up(x), a.up(w), l.bias ? a.up(b) : nullptr, l.N,
+                                           l.C, l.OC);
+                    Outputs o;
+                    put(o, "out", a.down(out, junk.size()));
+                    return o;
+                  }});
+    for (int full = 0; full < 2; ++full)
+      cs.push_back({"linear_backward",
+                    "linear_backward " + shape({{"N", l.N}, {"C", l.C}, {"OC", l.OC}, {"dinp,db", full}}),
+                    kTolMat, kTolMatLowp, [l, sd, full](Arena& a) {
+                      Rng r(sd + 1000);
+                      const Vec x = r.normal(size_t(l.N) * l.C), w = r.normal(size_t(l.OC) * l.C, 0.2f),
+                                dy = r.normal(size_t(l.N) * l.OC);
+                      const Vec dx0 = r.normal(x.size()), dw0 = r.normal(w.size()),
+                                db0 = r.normal(l.OC);
+                      float* dx = a.up(dx0);
+                      float* dw = a.up(dw0);
+                      float* db = a.up(db0);
+                      a.ops().linear_backward(full ? dx : nullptr, dw, full ? db : nullptr,
+                                              a.up(dy), a.up(x), a.up(w), l.N, l.C, l.OC);
+                      Outputs o;
+                      put(o, "dinp", a.down(dx, dx0.size()));
+                      put(o, "dw", a.down(dw, dw0.size()));
+                      put(o, "db", a.down(db, db0.size()));
+                      return o;
+                    }});
+  }
+
+  // embedding: repeated tokens (V small), with and without positions.
+  struct E { int B, T, C, V; bool wpe; };
+  for (const E e : {E{3, 7, 45, 5, true}, E{2, 1, 64, 3, false}, E{4, 33, 300, 41, true}}) {
+    const uint64_t sd = seed++;
+    const std::string sh =
+        shape({{"B", e.B}, {"T", e.T}, {"C", e.C}, {"V", e.V}, {"wpe", e.wpe}});
+    cs.push_back({"embedding_forward", "embedding_forward " + sh, kTolElem, kTolElem,
+                  [e, sd](Arena& a) {
+                    Rng r(sd);
+                    const IVec tok = r.ints(size_t(e.B) * e.T, 0, e.V);
+                    const Vec wte = r.normal(size_t(e.V) * e.C), wpe = r.normal(size_t(e.T) * e.C);
+                    float* out = a.up(r.normal(size_t(e.B) * e.T * e.C));
+                    a.ops().embedding_forward(out, a.up(tok), a.up(wte), e.wpe ? a.up(wpe) : nullptr,
+                                              e.B, e.T, e.C);
+                    Outputs o;
+                    put(o, "out", a.down(out, size_t(e.B) * e.T * e.C));
+                    return o;
+                  }});
+    cs.push_back({"embedding_backward", "embedding_backward " + sh, kTolElem, kTolElem,
+                  [e, sd](Arena& a) {
+                    Rng r(sd + 1000);
+                    const IVec tok = r.ints(size_t(e.B) * e.T, 0, e.V);
+                    const Vec dy = r.normal(size_t(e.B) * e.T * e.C);
+                    const Vec dwte0 = r.normal(size_t(e.V) * e.C), dwpe0 = r.normal(size_t(e.T) * e.C);
+                    float* dwte = a.up(dwte0);
+                    float* dwpe = a.up(dwpe0);
+                    a.ops().embedding_backward(dwte, e.wpe ? dwpe : nullptr, a.up(dy), a.up(tok),
+                                               e.B, e.T, e.C);
+                    Outputs o;
+                    put(o, "dwte", a.down(dwte, dwte0.size()));
+                    put(o, "dwpe", a.down(dwpe, dwpe0.size()));
+                    return o;
+                  }});
+  }
+
+  // Norms: forward, fused residual forward (also with res aliasing a), backward.
+  struct Nm { int N, C; bool bias; };
+  for (const Nm s : {Nm{13, 77, true}, Nm{1, 1000, false}, Nm{300, 33, true}, Nm{1000, 96, true}}) {
+    const uint64_t sd = seed++;
+    const std::string sh = shape({{"N", s.N}, {"C", s.C}, {"bias", s.bias}});
+    const size_t NC = size_t(s.N) * s.C;
+    cs.push_back({"layernorm_forward", "layernorm_forward " + sh, kTolNorm, kTolNorm,
+                  [s, sd, NC](Arena& a) {
+                    Rng r(sd);
+                    const Vec x = r.normal(NC, 2.f, 0.5f), w = r.normal(s.C, 0.5f, 1.f),
+                              b = r.normal(s.C, 0.3f);
+                    float* out = a.up(Vec(NC));
+                    float* mean = a.up(Vec(s.N));
+                    float* rstd = a.up(Vec(s.N));
+                    a.ops().layernorm_forward(out, mean, rstd, a.up(x), a.up(w),
+                                              s.bias ? a.up(b) : nullptr, s.N, s.C);
+                    Outputs o;
+                    put(o, "out", a.down(out, NC));
+                    put(o, "mean", a.down(mean, s.N));
+                    put(o, "rstd", a.down(rstd, s.N));
+                    return o;
+                  }});
+    cs.push_back({"rmsnorm_forward", "rmsnorm_forward " + sh, kTolNorm, kTolNorm,
+                  [s, sd, NC](Arena& a) {
+                    Rng r(sd + 1);
+                    const Vec x = r.normal(NC, 2.f, 0.5f), w = r.normal(s.C, 0.5f, 1.f);
+                    float* out = a.up(Vec(NC));
+                    float* rstd = a.up(Vec(s.N));
+                    a.ops().rmsnorm_forward(out, rstd, a.up(x), a.up(w), s.N, s.C, 1e-6f);
+                    Outputs o;
+                    put(o, "out", a.down(out, NC));
+                    put(o, "rstd", a.down(rstd, s.N));
+                    return o;
+                  }});
+    for (int alias = 0; alias < 2; ++alias) {
+      cs.push_back({"residual_layernorm_forward",
+                    "residual_layernorm_forward " + sh + " res=a:" + std::to_string(alias),
+                    kTolNorm, kTolNorm, [s, sd, NC, alias](Arena& a) {
+                      Rng r(sd + 2);
+                      const Vec x = r.normal(NC), y = r.normal(NC, 2.f),
+                                w = r.normal(s.C, 0.5f, 1.f), b = r.normal(s.C, 0.3f);
+                      float* pa = a.up(x);
+                      float* res = alias ? pa : a.up(Vec(NC));
+                      float* out = a.up(Vec(NC));
+                      float* mean = a.up(Vec(s.N));
+                      float* rstd = a.up(Vec(s.N));
+                      a.ops().residual_layernorm_forward(res, out, mean, rstd, pa, a.up(y), a.up(w),
+                                                         s.bias ? a.up(b) : nullptr, s.N, s.C);
+                      Outputs o;
+                      put(o, "res", a.down(res, NC));
+                      put(o, "out", a.down(out, NC));
+                      put(o, "mean", a.down(mean, s.N));
+                      put(o, "rstd", a.down(rstd, s.N));
+                      return o;
+                    }});
+      cs.push_back({"residual_rmsnorm_forward",
+                    "residual_rmsnorm_forward " + sh + " res=a:" + std::to_string(alias),
+                    kTolNorm, kTolNorm, [s, sd, NC, alias](Arena& a) {
+                      Rng r(sd + 3);
+                      const Vec x = r.normal(NC), y = r.normal(NC, 2.f), w = r.normal(s.C, 0.5f, 1.f);
+                      float* pa = a.up(x);
+                      float* res = alias ? pa : a.up(Vec(NC));
+                      float* out = a.up(Vec(NC));
+                      float* rstd = a.up(Vec(s.N));
+                      a.ops().residual_rmsnorm_forward(res, out, rstd, pa, a.up(y), a.up(w), s.N,
+                                                       s.C, 1e-5f);
+                      Outputs o;
+                      put(o, "res", a.down(res, NC));
+                      put(o, "out", a.down(out, NC));
+                      put(o, "rstd", a.down(rstd, s.N));
+                      return o;
+                    }});
+    }
+    cs.push_back({"layernorm_backward", "layernorm_backward " + sh, kTolNorm, kTolNorm,
+                  [s, sd, NC](Arena& a) {
+                    Rng r(sd + 4);
+                    const Vec x = r.normal(NC, 2.f, 0.5f), w = r.normal(s.C, 0.5f, 1.f),
+                              dy = r.normal(NC);
+                    Vec mean, rstd;
+                    norm_stats(x, s.N, s.C, 1e-5f, &mean, rstd);
+                    const Vec dx0 = r.normal(NC), dw0 = r.normal(s.C), db0 = r.normal(s.C);
+                    float* dx = a.up(dx0);
+                    float* dw = a.up(dw0);
+                    float* db = a.up(db0);
+                    a.ops().layernorm_backward(dx, dw, s.bias ? db : nullptr, a.up(dy), a.up(x),
+                                               a.up(w), a.up(mean), a.up(rstd), s.N, s.C);
+                    Outputs o;
+                    put(o, "dinp", a.down(dx, NC));
+                    put(o, "dw", a.down(dw, s.C));
+                    put(o, "db", a.down(db, s.C));
+                    return o;
+                  }});
+    cs.push_back({"rmsnorm_backward", "rmsnorm_backward " + sh, kTolNorm, kTolNorm,
+                  [s, sd, NC](Arena& a) {
+                    Rng r(sd + 5);
+                    const Vec x = r.normal(NC, 2.f, 0.5f), w = r.normal(s.C, 0.5f, 1.f),
+                              dy = r.normal(NC);
+                    Vec rstd;
+                    norm_stats(x, s.N, s.C, 1e-6f, nullptr, rstd);
+                    const Vec dx0 = r.normal(NC), dw0 = r.normal(s.C);
+                    float* dx = a.up(dx0);
+                    float* dw = a.up(dw0);
+                    a.ops().rmsnorm_backward(dx, dw, a.up(dy), a.up(x), a.up(w), a.up(rstd), s.N,
+                                             s.C);
+                    Outputs o;
+                    put(o, "dinp", a.down(dx, NC));
+                    put(o, "dw", a.down(dw, s.C));
+                    return o;
+                  }});
+  }
+
+  // Element-wise: GELU (inputs past the clamp at +-10 included), SwiGLU, residual.
+  for (const size_t n : {size_t{1}, size_t{1001}, size_t{70000}}) {
+    const uint64_t sd = seed++;
+    const std::string sh = shape({{"n", long(n)}});
+    cs.push_back({"gelu_forward", "gelu_forward " + sh, kTolElem, kTolElem, [n, sd](Arena& a) {
+                    Rng r(sd);
+                    const Vec x = r.normal(n, 4.f);
+                    float* out = a.up(Vec(n));
+                    a.ops().gelu_forward(out, a.up(x), n);
+                    Outputs o;
+                    put(o, "out", a.down(out, n));
+                    return o;
+                  }});
+    cs.push_back({"gelu_backward", "gelu_backward " + sh, kTolElem, kTolElem, [n, sd](Arena& a) {
+                    Rng r(sd + 1);
+                    const Vec x = r.normal(n, 4.f), dy = r.normal(n), dx0 = r.normal(n);
+                    float* dx = a.up(dx0);
+                    a.ops().gelu_backward(dx, a.up(x), a.up(dy), n);
+                    Outputs o;
+                    put(o, "dinp", a.down(dx, n));
+                    return o;
+                  }});
+    cs.push_back({"residual_forward", "residual_forward " + sh, kTolElem, kTolElem,
+                  [n, sd](Arena& a) {
+                    Rng r(sd + 2);
+                    float* x = a.up(r.normal(n));
+                    float* out = a.up(Vec(n));
+                    float* y = a.up(r.normal(n));
+                    a.ops().residual_forward(out, x, y, n);
+                    a.ops().residual_forward(x, x, y, n);  // out aliasing a
+                    Outputs o;
+                    put(o, "out", a.down(out, n));
+                    put(o, "aliased", a.down(x, n));
+                    return o;
+                  }});
+    // Utilities.
+    cs.push_back({"scale", "scale " + sh, kTolElem, kTolElem, [n, sd](Arena& a) {
+                    Rng r(sd + 3);
+                    float* x = a.up(r.normal(n));
+                    a.ops().scale(x, -0.37f, n);
+                    Outputs o;
+                    put(o, "x", a.down(x, n));
+                    return o;
+                  }});
+    cs.push_back({"fill", "fill " + sh, kTolElem, kTolElem, [n, sd](Arena& a) {
+                    Rng r(sd + 4);
+                    float* x = a.up(r.normal(n + 1));
+                    a.ops().fill(x, 2.5f, n);  // the last element stays
+                    Outputs o;
+                    put(o, "x", a.down(x, n + 1));
+                    return o;
+                  }});
+    cs.push_back({"add_inplace", "add_inplace " + sh, kTolElem, kTolElem, [n, sd](Arena& a) {
+                    Rng r(sd + 5);
+                    float* y = a.up(r.normal(n));
+                    a.ops().add_inplace(y, a.up(r.normal(n)), n);
+                    Outputs o;
+                    put(o, "y", a.down(y, n));
+                    return o;
+                  }});
+    cs.push_back({"copy", "copy " + sh, kTolElem, kTolElem, [n, sd](Arena& a) {
+                    Rng r(sd + 6);
+                    float* d = a.up(r.normal(n + 1));
+                    a.ops().copy(d, a.up(r.normal(n)), n);
+                    Outputs o;
+                    put(o, "dst", a.down(d, n + 1));
+                    return o;
+                  }});
+    cs.push_back({"sum_squares", "sum_squares " + sh, kTolElem, kTolElem, [n, sd](Arena& a) {
+                    Rng r(sd + 7);
+                    const double s = a.ops().sum_squares(a.up(r.normal(n, 3.f)), n);
+                    return Outputs{{"sum", {s}}};
+                  }});
+    cs.push_back({"adamw", "adamw " + sh, kTolElem, kTolElem, [n, sd](Arena& a) {
+                    Rng r(sd + 8);
+                    float* p = a.up(r.normal(n));
+                    float* m = a.up(r.normal(n, 0.1f));
+                    float* v = a.up(r.uniform(n, 0.f, 0.01f));
+                    const Vec g = r.normal(n);
+                    a.ops().adamw(p, a.up(g), m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f);
+                    a.ops().adamw(p, a.up(g), m, v, n, 3e-4f, 0.9f, 0.999f, 1e-8f, 0.f, 1, 1.f);
+                    Outputs o;
+                    put(o, "param", a.down(p, n));
+                    put(o, "m", a.down(m, n));
+                    put(o, "v", a.down(v, n));
+                    return o;
+                  }});
+  }
+  {  // sum_squares over several of the backends' chunks
+    const size_t n = 300007;
+    cs.push_back({"sum_squares", "sum_squares n=300007", kTolElem, kTolElem, [n](Arena& a) {
+                    Rng r(77);
+                    const double s = a.ops().sum_squares(a.up(r.normal(n)), n);
+                    return Outputs{{"sum", {s}}};
+                  }});
+  }
+  for (const auto& [N, F] : {std::pair{7, 45}, std::pair{1, 1}, std::pair{33, 130}}) {
+    const uint64_t sd = seed++;
+    const std::string sh = shape({{"N", N}, {"F", F}});
+    const size_t NF = size_t(N) * F;
+    cs.push_back({"swiglu_forward", "swiglu_forward " + sh, kTolElem, kTolElem,
+                  [N = N, sd, NF](Arena& a) {
+                    Rng r(sd);
+                    const Vec gu = r.normal(2 * NF, 3.f);
+                    float* out = a.up(Vec(NF));
+                    a.ops().swiglu_forward(out, a.up(gu), N, int(NF / N));
+                    Outputs o;
+                    put(o, "out", a.down(out, NF));
+                    return o;
+                  }});
+    cs.push_back({"swiglu_backward", "swiglu_backward " + sh, kTolElem, kTolElem,
+                  [N = N, sd, NF](Arena& a) {
+                    Rng r(sd + 1);
+                    const Vec gu = r.normal(2 * NF, 3.f), dy = r.normal(NF), dgu0 = r.normal(2 * NF);
+                    float* dgu = a.up(dgu0);
+                    a.ops().swiglu_backward(dgu, a.up(dy), a.up(gu), N, int(NF / N));
+                    Outputs o;
+                    put(o, "dgu", a.down(dgu, 2 * NF));
+                    return o;
+                  }});
+  }
+
+  // RoPE and attention share their shapes: grouped heads, T = 1, T = 7, tiles crossed, odd hd.
+  struct At { int B, T, H, KVH, hd; };
+  for (const At s : {At{2, 7, 4, 2, 16}, At{1, 1, 2, 1, 8}, At{1, 70, 3, 1, 24},
+                     At{2, 33, 4, 4, 64}, At{1, 40, 6, 2, 80}, At{1, 9, 2, 2, 128}}) {
+    const uint64_t sd = seed++;
+    const std::string sh =
+        shape({{"B", s.B}, {"T", s.T}, {"H", s.H}, {"KVH", s.KVH}, {"hd", s.hd}});
+    const size_t nqkv = size_t(s.B) * s.T * (s.H + 2 * s.KVH) * s.hd;
+    const size_t nout = size_t(s.B) * s.T * s.H * s.hd, nlse = size_t(s.B) * s.H * s.T;
+    for (int bwd = 0; bwd < 2; ++bwd)
+      cs.push_back({bwd ? "rope_backward" : "rope_forward",
+                    std::string(bwd ? "rope_backward " : "rope_forward ") + sh, kTolElem, kTolElem,
+                    [s, sd, nqkv, bwd](Arena& a) {
+                      Rng r(sd + 10 * bwd);
+                      float* x = a.up(r.normal(nqkv));
+                      if (bwd)
+                        a.ops().rope_backward(x, s.B, s.T, s.H, s.KVH, s.hd, 10000.f);
+                      else
+                        a.ops().rope_forward(x, s.B, s.T, s.H, s.KVH, s.hd, 500000.f);
+                      Outputs o;
+                      put(o, "qkv", a.down(x, nqkv));
+                      return o;
+                    }});
+    cs.push_back({"attention_forward", "attention_forward " + sh, kTolAttn, kTolAttnLowp,
+                  [s, sd, nqkv, nout, nlse](Arena& a) {
+                    Rng r(sd + 20);
+                    const Vec qkv = r.normal(nqkv, 1.5f);
+                    float* out = a.up(Vec(nout));
+                    float* lse = a.up(Vec(nlse));
+                    a.ops().attention_forward(out, lse, a.up(qkv), s.B, s.T, s.H, s.KVH, s.hd);
+                    Outputs o;
+                    put(o, "out", a.down(out, nout));
+                    put(o, "lse", a.down(lse, nlse));
+                    return o;
+                  }});
+    cs.push_back({"attention_backward", "attention_backward " + sh, kTolAttn, kTolAttnLowp,
+                  [s, sd, nqkv, nout](Arena& a) {
+                    Rng r(sd + 30);
+                    const Vec qkv = r.normal(nqkv, 1.5f), dy = r.normal(nout),
+                              dqkv0 = r.normal(nqkv);
+                    Vec out, lse;
+                    attention_host(qkv, s.B, s.T, s.H, s.KVH, s.hd, out, lse);
+                    float* dqkv = a.up(dqkv0);
+                    a.ops().attention_backward(dqkv, a.up(dy), a.up(qkv), a.up(out), a.up(lse),
+                                               s.B, s.T, s.H, s.KVH, s.hd);
+                    Outputs o;
+                    put(o, "dqkv", a.down(dqkv, nqkv));
+                    return o;
+                  }});
+  }
+
+  // Fused LM head: ignored rows, loss only and with gradients, several row chunks.
+  struct X { int N, C, V; bool grad; };
+  for (const X x : {X{13, 24, 67, true}, X{13, 24, 67, false}, X{1, 7, 3, true},
+                    X{1100, 16, 37, true}}) {
+    const uint64_t sd = seed++;
+    cs.push_back({"lmhead_xent",
+                  "lmhead_xent " + shape({{"N", x.N}, {"C", x.C}, {"V", x.V}, {"grad", x.grad}}),
+                  kTolMat, kTolMatLowp, [x, sd](Arena& a) {
+                    Rng r(sd);
+                    const Vec xs = r.normal(size_t(x.N) * x.C), w = r.normal(size_t(x.V) * x.C, 0.5f);
+                    IVec t = r.ints(x.N, 0, x.V);
+                    for (size_t i = 3; i < t.size(); i += 5) t[i] = -1;  // ignored rows
+                    const Vec dx0 = r.normal(xs.size()), dw0 = r.normal(w.size());
+                    float* loss = a.up(Vec(x.N));
+                    float* dx = a.up(dx0);
+                    float* dw = a.up(dw0);
+                    const double total =
+                        a.ops().lmhead_xent(loss, x.grad ? dx : nullptr, x.grad ? dw : nullptr,
+                                            a.up(xs), a.up(w), a.up(t), x.N, x.C, x.V,
+                                            1.f / x.N);
+                    Outputs o;
+                    o.push_back({"total", {total}});
+                    put(o, "loss", a.down(loss, x.N));
+                    put(o, "dx", a.down(dx, dx0.size()));
+                    put(o, "dw", a.down(dw, dw0.size()));
+                    return o;
+                  }});
+  }
+  return cs;
+}
+
+// ---- Comparison ------------------------------------------------------------------------------
+
+struct Result {
+  std::string case_name, output;
+  double nmse = 0, tol = 0;
+  bool ok = false;
+  std::string str() const {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "nmse=%.3e tol=%.1e", nmse, tol);
+    return case_name + " [" + output + "]: " + buf + (ok ? " ok" : " FAIL");
+  }
+};
+
+// sum (a - b)^2 / sum b^2 (b the reference); the plain sum of squares when b is all zero;
+// infinity when sizes differ or a is not finite.
+inline double nmse(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return den > 0 ? num / den : num;
+}
+
+// Runs every case on both backends; one Result per output buffer. lowp: the candidate's
+// matrix products are bf16 (use tol_lowp).
+inline std::vector<Result> compare(const Backend& ref, const Backend& cand, bool lowp,
+                                   const std::vector<OpCase>& cases) {
+  std::vector<Result> out;
+  for (const OpCase& c : cases) {
+    Outputs r, k;
+    {
+      Arena ar(ref);
+      r = c.run(ar);
+    }
+    {
+      Arena ac(cand);
+      k = c.run(ac);
+    }
+    const double tol = lowp ? c.tol_lowp : c.tol;
+    for (size_t i = 0; i < r.size(); ++i) {
+      Result res;
+      res.case_name = c.name;
+      res.output = r[i].name;
+      res.tol = tol;
+      res.nmse = i < k.size() && k[i].name == r[i].name ? nmse(k[i].v, r[i].v) : INFINITY;
+      res.ok = res.nmse <= tol;
+      out.push_back(res);
+    }
+  }
+  return out;
+}
+
+// Runs every case twice on one backend; returns "case [output]" for each output whose bits
+// differ between the runs.
+inline std::vector<std::string> determinism(const Backend& be, const std::vector<OpCase>& cases) {
+  std::vector<std::string> bad;
+  for (const OpCase& c : cases) {
+    Outputs o1, o2;
+    {
+      Arena a(be);
+      o1 = c.run(a);
+    }
+    {
+      Arena a(be);
+      o2 = c.run(a);
+    }
+    for (size_t i = 0; i < o1.size(); ++i) {
+      const bool same = i < o2.size() && o1[i].v.size() == o2[i].v.size() &&
+                        std::memcmp(o1[i].v.data(), o2[i].v.data(),
+                                    o1[i].v.size() * sizeof(double)) == 0;
+      if (!same) bad.push_back(c.name + " [" + o1[i].name + "]");
+    }
+  }
+  return bad;
+}
+
+// kernels/ops.h promises that the fused residual + norm forwards are bit-identical to
+// residual_forward followed by the norm, on every backend. Returns the shapes where they differ.
+inline std::vector<std::string> fused_norms_bitwise(const Backend& be) {
+  std::vector<std::string> bad;
+  struct S { int N, C; };
+  for (const S s : {S{13, 77}, S{1, 1000}, S{300, 33}}) {
+    const size_t NC = size_t(s.N) * s.C;
+    Rng r(uint64_t(s.N) * 131 + s.C);
+    const Vec x = r.normal(NC), y = r.normal(NC, 2.f), w = r.normal(s.C, 0.5f, 1.f),
+              b = r.normal(s.C, 0.3f);
+    for (int ln = 0; ln < 2; ++ln) {
+      Arena a(be);
+      const sw::Ops& ops = a.ops();
+      float *px = a.up(x), *py = a.up(y), *pw = a.up(w), *pb = a.up(b);
+      float *res1 = a.up(Vec(NC)), *out1 = a.up(Vec(NC)), *m1 = a.up(Vec(s.N)), *r1 = a.up(Vec(s.N));
+      float *res2 = a.up(Vec(NC)), *out2 = a.up(Vec(NC)), *m2 = a.up(Vec(s.N)), *r2 = a.up(Vec(s.N));
+      if (ln) {
+        ops.residual_layernorm_forward(res1, out1, m1, r1, px, py, pw, pb, s.N, s.C);
+        ops.residual_forward(res2, px, py, NC);
+        ops.layernorm_forward(out2, m2, r2, res2, pw, pb, s.N, s.C);
+      } else {
+        ops.residual_rmsnorm_forward(res1, out1, r1, px, py, pw, s.N, s.C, 1e-5f);
+        ops.residual_forward(res2, px, py, NC);
+        ops.rmsnorm_forward(out2, r2, res2, pw, s.N, s.C, 1e-5f);
+      }
+      const auto eq = [&a](const float* p, const float* q, size_t n) {
+        const Vec u = a.down(p, n), v = a.down(q, n);
+        return std::memcmp(u.data(), v.data(), n * sizeof(float)) == 0;
+      };
+      const bool same = eq(res1, res2, NC) && eq(out1, out2, NC) && eq(r1, r2, s.N) &&
+                        (!ln || eq(m1, m2, s.N));
+      if (!same)
+        bad.push_back(std::string(ln ? "layernorm" : "rmsnorm") + " " +
+                      shape({{"N", s.N}, {"C", s.C}}));
+    }
+  }
+  return bad;
+}
+
+// The ops the cases never exercise (empty when every op of sw::Ops is covered).
+inline std::vector<std::string> uncovered(const std::vector<OpCase>& cases) {
+  std::set<std::string> seen;
+  for (const auto& c : cases) seen.insert(c.op);
+  std::vector<std::string> missing;
+  for (const auto& op : all_ops())
+    if (!seen.count(op)) missing.push_back(op);
+  return missing;
+}
+
+}  // namespace swtest::harness
