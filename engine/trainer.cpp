@@ -284,7 +284,9 @@ class Trainer {
   void setup_model() {
     // memory_budget: checked from the first parameter allocation on, lifted when the run ends.
     budget_.set(cfg_.memory_budget);
-    MemTracker::global().reset_peaks();  // peak_mem_bytes is this run's peak
+    // peak_mem_bytes (and the host tier's, the reservations') are this run's peaks
+    for (size_t t = 0; t < static_cast<size_t>(Tier::Count); ++t)
+      MemTracker::of(static_cast<Tier>(t)).reset_peaks();
     model_ = build_model(cfg_.model);
     wrap_blocks(model_, cfg_.blocks_per_unit);
     ShardingPolicy policy = cfg_.sharding;
@@ -553,6 +555,10 @@ class Trainer {
       if (rec) recorder_->action(s + 1, 0, accum_ + 2, "evaluate", te);
     }
     m.peak_mem_bytes = MemTracker::global().total_peak();
+    m.host_peak_mem_bytes = static_cast<int64_t>(MemTracker::of(Tier::Host).total_peak());
+    m.reserved_peak_bytes = 0;
+    for (size_t t = 0; t < static_cast<size_t>(Tier::Count); ++t)
+      m.reserved_peak_bytes += static_cast<int64_t>(MemTracker::of(static_cast<Tier>(t)).reserved_peak());
     if (ckpt_activity_) {
       m.ckpt_stall_s = ckpt_since_line_.stall_s;
       m.ckpt_saved = ckpt_since_line_.committed;

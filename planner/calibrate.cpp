@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/alloc.h"
 #include "core/clock.h"
 #include "core/error.h"
 #include "kernels/ops.h"
@@ -250,6 +251,17 @@ CalibrationShapes calibration_shapes(const Model* model, const PlanInput* in) {
   return s;
 }
 
+int64_t resident_bytes() {
+  int64_t r = -1;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    long size = 0, resident = 0;
+    if (std::fscanf(f, "%ld %ld", &size, &resident) == 2)
+      r = static_cast<int64_t>(resident) * ::sysconf(_SC_PAGESIZE);
+    std::fclose(f);
+  }
+  return r;
+}
+
 HardwareProfile calibrate(const CalibrateOptions& opt, Group* world) {
   HardwareProfile hw;
   const int n = world ? world->size() : 1;
@@ -274,6 +286,22 @@ HardwareProfile calibrate(const CalibrateOptions& opt, Group* world) {
   say(opt, "disk (every rank at once, " + std::to_string(opt.disk_bytes >> 20) + " MiB each):");
   measure_disk(opt, rank, hw);
   if (world && n > 1) world->barrier();
+  // The process without tensors, for the RSS prediction: the resident set once every cached
+  // block went back to the OS, less what the allocator still holds (thread-local kernel
+  // workspaces). What remains is the binary and libraries, OpenBLAS's and OpenMP's per-thread
+  // buffers and stacks as the calibration's GEMMs (the config's shapes) touched them, MPI's
+  // shared-memory segments after its collectives, glibc's heap.
+  release_cached();
+  int64_t held = 0;
+  for (size_t t = 0; t < static_cast<size_t>(Tier::Count); ++t)
+    held += static_cast<int64_t>(MemTracker::of(static_cast<Tier>(t)).reserved());
+  if (const int64_t rss = resident_bytes(); rss > held) {
+    hw.baseline_rss_bytes = static_cast<double>(rss - held);
+    char line[96];
+    std::snprintf(line, sizeof line, "  process baseline (RSS without tensors): %.1f MiB",
+                  hw.baseline_rss_bytes / (1024.0 * 1024.0));
+    say(opt, line);
+  }
   return hw;
 }
 

@@ -19,7 +19,8 @@
 //                "reduce_scatter": {...}, "all_reduce": {...}},
 //    "disk": {"path": "/tmp", "read_bytes_per_s": 2e9, "write_bytes_per_s": 1e9,
 //             "latency_s": 1e-4},
-//    "host": {"link_bytes_per_s": 55e9, "optimizer_floats_per_s": 2e9}}  (optional)
+//    "host": {"link_bytes_per_s": 55e9, "optimizer_floats_per_s": 2e9},  (optional)
+//    "process": {"baseline_rss_bytes": 2.6e7}}                          (optional)
 //
 // Rates are per rank. bf16 figures also serve fp16. Collectives: time(bytes) = latency +
 // bus_bytes / busbw (nccl-tests' busbw: all-gather and reduce-scatter move bytes*(n-1)/n,
@@ -29,6 +30,10 @@
 // "host" (a GPU machine): the host tier is across a link (PCIe) and offloaded optimizer state
 // is updated by the host's CPU; without it the host tier is the device's own memory (the CPU
 // backend), so host offload costs no time.
+// "process": the resident set of a shardwise rank that holds no tensors (binary, libraries,
+// OpenBLAS and OpenMP thread buffers and stacks, MPI), measured by `plan --calibrate` at its
+// end (RSS after the calibration's buffers went back to the OS, less what the allocator still
+// holds); the RSS prediction adds it. Missing: default_baseline_rss() (search.h).
 #pragma once
 #include <string>
 #include <vector>
@@ -72,6 +77,7 @@ struct HardwareProfile {
   double disk_read_bps = 0, disk_write_bps = 0, disk_latency_s = 0;
   bool has_host = false;
   double host_link_bps = 0, host_optimizer_fps = 0;
+  double baseline_rss_bytes = 0;  // "process.baseline_rss_bytes"; 0: not measured
 
   // Rates used by the time model (bf16 serves f16; missing optional figures fall back).
   // The nearest calibrated shape of that precision (an exact transpose match preferred).

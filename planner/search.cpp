@@ -9,8 +9,11 @@
 #include <cstdlib>
 #include <map>
 
+#include "core/alloc.h"
 #include "core/bytes.h"
 #include "core/error.h"
+#include "kernels/ops.h"
+#include "models/activation_check.h"
 #include "sharding/wrap.h"
 
 namespace sw {
@@ -134,9 +137,157 @@ Evaluated evaluate(Wrapped& w, const PlanSetup& s, const Candidate& c, const Har
 
 }  // namespace
 
+int64_t default_baseline_rss(int world) {
+  return (world > 1 ? int64_t{26} : int64_t{16}) << 20;
+}
+
+RssPrediction predict_rss(const StepPlan& plan, const PlanInput& in, int64_t device,
+                          int64_t host, const HardwareProfile* hw) {
+  RssPrediction r;
+  r.tracked = device + host;
+  auto round_up = [](int64_t b) { return static_cast<int64_t>(alloc_block_size(size_t(b))) - b; };
+  const bool mp = in.policy.mixed_precision.param_dtype != DType::F32;
+  int64_t full_bytes = 0, full_rounding = 0;
+  for (const PlanUnit& u : in.units) {
+    const int64_t full = u.padded * 4, shard = full / std::max(1, in.S);
+    const bool split = mp || u.params_offloaded;
+    switch (in.kind) {  // the persistent buffers fill_persistent (step_plan.cpp) counts
+      case UnitKind::Sharded:
+        if (!u.params_nvme) r.rounding += 2 * round_up(shard);
+        full_bytes += full, full_rounding += round_up(full);
+        break;
+      case UnitKind::FullReplicated:
+        r.rounding += 2 * round_up(full) + round_up(shard) + (split ? round_up(shard) : 0);
+        break;
+      case UnitKind::Whole:
+        r.rounding += 2 * round_up(full) + (split ? round_up(full) : 0);
+        break;
+    }
+    if (!u.optimizer_nvme) r.rounding += 2 * round_up(shard);  // AdamW m, v
+  }
+  // Gathered parameters and gradients in flight: as many full buffers as the peak holds, each
+  // rounded as the units' full buffers are on average.
+  const PlanPeak pk = replay_peak_alloc_first(plan);
+  if (full_bytes > 0)
+    r.rounding += static_cast<int64_t>(double(pk.at_peak[size_t(Mem::Communication)]) *
+                                       double(full_rounding) / double(full_bytes));
+  r.baseline_measured = hw && hw->baseline_rss_bytes > 0;
+  r.baseline = r.baseline_measured ? static_cast<int64_t>(hw->baseline_rss_bytes)
+                                   : default_baseline_rss(in.W);
+  r.total = r.tracked + r.rounding + r.baseline;
+  return r;
+}
+
+std::vector<UndeclaredCall> undeclared_calls(const Model& model, int B, int T) {
+  std::vector<UndeclaredCall> out;
+  for (size_t u = 0; u < model.units.size(); ++u)
+    for (int c = 0; c < model.units[u]->num_calls(); ++c)
+      if (!model.units[u]->declare_activations(c, BatchShape{B, T}).known)
+        out.push_back({static_cast<int>(u), c, model.units[u]->name()});
+  return out;
+}
+
+std::string undeclared_message(const std::vector<UndeclaredCall>& u) {
+  if (u.empty()) return "";
+  std::string m = "unit '" + u[0].name + "' (call " + std::to_string(u[0].call) + ")";
+  if (u.size() > 1) m += " and " + std::to_string(u.size() - 1) + " more call" + (u.size() > 2 ? "s" : "");
+  return m + " do" + (u.size() > 1 ? "" : "es") +
+         " not declare activation sizes (Unit::declare_activations), so the step's memory "
+         "cannot be predicted; declare them (examples/custom_model.cpp), or measure one run of "
+         "each such call (--measure-unknown)";
+}
+
+namespace {
+
+// A unit whose declarations were measured at one batch shape; everything else is the
+// wrapped unit's.
+class MeasuredDecl final : public Unit {
+ public:
+  MeasuredDecl(std::unique_ptr<Unit> u, BatchShape shape, std::vector<ActivationDecl> d)
+      : u_(std::move(u)), shape_(shape), decl_(std::move(d)) {}
+  std::string name() const override { return u_->name(); }
+  std::vector<ParamSpec> params() const override { return u_->params(); }
+  int num_calls() const override { return u_->num_calls(); }
+  void forward(UnitCtx& ctx, int call, const float* x, float* y) override { u_->forward(ctx, call, x, y); }
+  void backward(UnitCtx& ctx, int call, const float* x, const float* dy, float* dx) override {
+    u_->backward(ctx, call, x, dy, dx);
+  }
+  void recompute_cheap(UnitCtx& ctx, int call, const float* x) override { u_->recompute_cheap(ctx, call, x); }
+  bool selective_recompute() const override { return u_->selective_recompute(); }
+  ActivationDecl declare_activations(int call, BatchShape s) const override {
+    const ActivationDecl d = u_->declare_activations(call, s);
+    if (d.known || s.B != shape_.B || s.T != shape_.T || call < 0 || size_t(call) >= decl_.size()) return d;
+    return decl_[size_t(call)];
+  }
+
+ private:
+  std::unique_ptr<Unit> u_;
+  BatchShape shape_;
+  std::vector<ActivationDecl> decl_;
+};
+
+}  // namespace
+
+std::vector<UndeclaredCall> measure_undeclared(Model& model, int B, int T) {
+  const std::vector<UndeclaredCall> todo = undeclared_calls(model, B, T);
+  if (todo.empty()) return todo;
+  const int C = model.d_model(), V = std::max(1, model.config.vocab_size);
+  std::vector<int32_t> tok(size_t(B) * T), tgt(size_t(B) * T);
+  for (size_t i = 0; i < tok.size(); ++i) tok[i] = int32_t(i * 7 % size_t(V)), tgt[i] = int32_t((i * 7 + 3) % size_t(V));
+  const Batch batch{tok.data(), tgt.data(), B, T};
+  std::vector<float> x(size_t(B) * T * size_t(C));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 0.01f * float(i % 97) - 0.4f;
+  Scratch scratch;
+  std::vector<std::vector<ActivationDecl>> decls(model.units.size());
+  for (const UndeclaredCall& u : todo) {
+    Unit& unit = *model.units[size_t(u.unit)];
+    auto& d = decls[size_t(u.unit)];
+    if (d.empty())
+      for (int c = 0; c < unit.num_calls(); ++c) d.push_back(unit.declare_activations(c, {B, T}));
+    // Where the call runs in the schedule: the first position is the embedding (no input),
+    // the last the loss.
+    size_t pos = 0;
+    for (size_t p = 0; p < model.schedule.size(); ++p)
+      if (model.schedule[p].unit == u.unit && model.schedule[p].call == u.call) pos = p;
+    size_t n = 0;
+    for (const ParamSpec& sp : unit.params()) n += size_t(numel(sp.shape));
+    std::vector<float> pm(n, 0.02f), gm(n, 0.f);
+    std::vector<float*> ps, gs;
+    n = 0;
+    for (const ParamSpec& sp : unit.params()) {
+      ps.push_back(pm.data() + n), gs.push_back(gm.data() + n);
+      n += size_t(numel(sp.shape));
+    }
+    ActivationProbe pr;
+    pr.ops = &ops_for(Device::cpu());
+    pr.batch = &batch;
+    pr.params = &ps;
+    pr.grads = &gs;
+    pr.x = pos > 0 ? x.data() : nullptr;
+    pr.d_model = C;
+    pr.loss_call = pos + 1 == model.schedule.size();
+    pr.vocab = V;
+    d[size_t(u.call)] = measure_activations(unit, u.call, pr, scratch);
+    d[size_t(u.call)].known = true;
+  }
+  for (size_t u = 0; u < model.units.size(); ++u)
+    if (!decls[u].empty())
+      model.units[u] = std::make_unique<MeasuredDecl>(std::move(model.units[u]), BatchShape{B, T},
+                                                      std::move(decls[u]));
+  return todo;
+}
+
 PlanPrediction predict_plan(const PlanSetup& s, const HardwareProfile* hw) {
+  return predict_plan(build_model(s.model), s, hw);
+}
+
+PlanPrediction predict_plan(Model model, const PlanSetup& s, const HardwareProfile* hw,
+                            bool measure_unknown) {
   PlanPrediction r;
-  Model model = build_model(s.model);
+  if (measure_unknown)
+    r.measured = measure_undeclared(model, s.micro_batch, s.model.seq_len);
+  else if (const auto u = undeclared_calls(model, s.micro_batch, s.model.seq_len); !u.empty())
+    fail("plan", undeclared_message(u));
   wrap_blocks(model, s.blocks_per_unit);
   ShardingPolicy policy = s.policy;
   resolve_group(policy, s.world);
@@ -153,6 +304,7 @@ PlanPrediction predict_plan(const PlanSetup& s, const HardwareProfile* hw) {
   r.device = r.peak.total + r.workspace;
   for (int64_t b : r.plan.persistent_host) r.host += b;
   r.nvme = r.plan.nvme_bytes;
+  r.rss = predict_rss(r.plan, r.input, r.device, r.host, hw);
   if (hw) {
     const TimeInputs ti = time_inputs(model, r.input);
     r.time = predict_step_time(r.plan, r.input, ti, *hw);

@@ -45,6 +45,46 @@ struct PlanSetup {
 // blocks per unit: 14.8 MB more than replay_peak, matching the profile's peak to 0.1%).
 PlanPeak replay_peak_alloc_first(const StepPlan& plan);
 
+// The process's resident set a rank reaches (its peak RSS, what metrics.jsonl reports as
+// max_rss_bytes) on the CPU backend, where the device and host tiers are the same RAM:
+//   tracked   the device peak (plan + kernel workspace) + the host tier's bytes
+//   rounding  the caching allocator's block rounding (core/alloc.h alloc_block_size) of the
+//             buffers the plan knows one by one: each unit's persistent shard buffers
+//             (parameters, gradients, AdamW m and v) and its gathered full parameters and
+//             gradients; activations' named buffers are not known one by one (not counted)
+//   baseline  the process without tensors (hardware profile process.baseline_rss_bytes from
+//             `plan --calibrate`, else default_baseline_rss)
+// Not modelled: cached free blocks the allocator keeps beside the peak's (a block freed at one
+// size and not reusable at another), pages of the token file touched by the data loader (at
+// most the file's size over a long run), the async checkpoint snapshot.
+struct RssPrediction {
+  int64_t tracked = 0, rounding = 0, baseline = 0, total = 0;
+  bool baseline_measured = false;  // from the profile, not the default
+};
+// Measured once on the development machine (a 2-core EPYC VM, OpenBLAS, OpenMPI 4, 2 OpenMP
+// threads per rank): RSS less the allocator's reservations of a `shardwise train` rank of the
+// tiny GPT-2 config (metrics.jsonl at its last step): 16 MiB at one rank without mpirun,
+// 26 MiB per rank under mpirun (MPI's shared-memory segments and progress threads). Larger
+// GEMMs touch more of OpenBLAS's buffers (56 MiB for GPT-2 d=384, V=50304): calibrate.
+int64_t default_baseline_rss(int world);
+RssPrediction predict_rss(const StepPlan& plan, const PlanInput& in, int64_t device,
+                          int64_t host, const HardwareProfile* hw);
+
+// A call of a unit that does not declare its activation sizes (Unit::declare_activations
+// returns known = false) at a batch shape.
+struct UndeclaredCall {
+  int unit = -1, call = -1;
+  std::string name;  // the unit's name()
+};
+std::vector<UndeclaredCall> undeclared_calls(const Model& model, int B, int T);
+// "plan: unit 'blocks.0' (call 0) does not declare its activation sizes ..." (one line).
+std::string undeclared_message(const std::vector<UndeclaredCall>& u);
+// The fallback: each unit with an undeclared call is replaced by one that forwards everything
+// to it and declares, at B x T, what one run of each of its calls allocated
+// (models/activation_check.h measure_activations: the unit's parameters are allocated and the
+// calls run once on synthetic tokens). Returns the calls it measured.
+std::vector<UndeclaredCall> measure_undeclared(Model& model, int B, int T);
+
 // One predicted plan.
 struct PlanPrediction {
   StepPlan plan;
@@ -56,9 +96,17 @@ struct PlanPrediction {
   int64_t nvme = 0;       // the NVMe files
   bool timed = false;
   StepTime time;
+  RssPrediction rss;
+  std::vector<UndeclaredCall> measured;  // calls whose sizes were measured (measure_unknown)
 };
 // Builds the model, wraps it, plans one training step and replays it; with hw, its time too.
 PlanPrediction predict_plan(const PlanSetup& s, const HardwareProfile* hw);
+// The same for a model built by the caller (a custom model: s.model describes its shapes for
+// the kernel-workspace estimate). A unit that does not declare its activation sizes is an
+// error before anything is planned (sw::Error, undeclared_message), unless measure_unknown:
+// then measure_undeclared runs those calls once and the plan uses what they allocated.
+PlanPrediction predict_plan(Model model, const PlanSetup& s, const HardwareProfile* hw,
+                            bool measure_unknown = false);
 
 // Which dimensions the search varies (the others keep the base's values, e.g. a train config's
 // "auto" keys vary only what is "auto").

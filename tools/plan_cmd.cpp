@@ -20,6 +20,7 @@
 #include "kernels/threads.h"
 #include "planner/calibrate.h"
 #include "planner/hardware.h"
+#include "planner/plan_svg.h"
 #include "planner/search.h"
 #include "planner/time_model.h"
 #include "sharding/comm/group.h"
@@ -87,6 +88,8 @@ const char* kPlanHelp =
     "  --out FILE           with --memory-budget: write the fastest plan that fits as a\n"
     "                       ready-to-run config (memory_budget set)\n"
     "  --timeline           also print every action's predicted start and duration\n"
+    "  --svg FILE           draw the predicted peak per rank and tier, stacked by category,\n"
+    "                       and the predicted RSS, as an SVG\n"
     "  -h, --help           show this help\n";
 
 int usage(const std::string& cmd, const std::string& msg) {
@@ -101,7 +104,7 @@ struct PlanArgs {
   int world = 1;
   bool eval = false, json = false;
   bool calibrate = false, timeline = false;
-  std::string hardware, out_hardware, out, nvme_path;
+  std::string hardware, out_hardware, out, nvme_path, svg;
   std::string budget, host_budget, nvme_budget;
 };
 
@@ -131,7 +134,7 @@ int parse_plan_args(const std::string& cmd, const std::vector<std::string>& args
       }
     } else if (cmd == "plan" && (a == "--hardware" || a == "--out-hardware" || a == "--out" ||
                                  a == "--nvme-path" || a == "--memory-budget" ||
-                                 a == "--host-budget" || a == "--nvme-budget")) {
+                                 a == "--host-budget" || a == "--nvme-budget" || a == "--svg")) {
       if (i + 1 >= args.size() || args[i + 1].empty()) return usage(cmd, a + " expects a value");
       const std::string& v = args[++i];
       (a == "--hardware"        ? pa.hardware
@@ -140,6 +143,7 @@ int parse_plan_args(const std::string& cmd, const std::vector<std::string>& args
        : a == "--nvme-path"     ? pa.nvme_path
        : a == "--memory-budget" ? pa.budget
        : a == "--host-budget"   ? pa.host_budget
+       : a == "--svg"           ? pa.svg
                                 : pa.nvme_budget) = v;
     } else if (a == "--calibrate" && cmd == "plan") {
       pa.calibrate = true;
@@ -430,6 +434,11 @@ int cmd_plan(const std::vector<std::string>& args) {
               {"unit", a.unit >= 0 ? nlohmann::json(plan.unit_names[size_t(a.unit)]) : nlohmann::json(nullptr)},
               {"micro", a.micro}};
   }
+  if (!pa.svg.empty())
+    write_plan_svg(plan_svg_of(pred, N, "shardwise plan: " + pa.config + ", " + std::to_string(N) +
+                                            " rank" + (N == 1 ? "" : "s") + ", " +
+                                            strategy_name(cfg.sharding.strategy)),
+                   pa.svg);
   if (pa.json) {
     nlohmann::json j;
     j["config"] = pa.config;
@@ -449,6 +458,10 @@ int cmd_plan(const std::vector<std::string>& args) {
              {"host", {{"peak_bytes", host}, {"categories", categories(plan.persistent_host)}}},
              {"nvme", {{"peak_bytes", plan.nvme_bytes}}}}},
            {"kernel_workspace_bytes", pred.workspace},
+           {"rss_bytes", pred.rss.total},
+           {"rss", {{"tracked_bytes", pred.rss.tracked}, {"rounding_bytes", pred.rss.rounding},
+                    {"baseline_bytes", pred.rss.baseline},
+                    {"baseline_measured", pred.rss.baseline_measured}}},
            {"step_time", pred.timed ? time_json(pred.time) : nlohmann::json(nullptr)}});
     j["deepspeed_estimate"] = {{"formula", ds_formula}, {"bytes", ds}};
     j["hardware"] = hw ? nlohmann::json(hw->name) : nlohmann::json(nullptr);
@@ -471,8 +484,11 @@ int cmd_plan(const std::vector<std::string>& args) {
   std::printf("  host        %s%s\n", gib(host).c_str(), host ? " (offloaded state)" : "");
   std::printf("  nvme        %s%s\n", gib(plan.nvme_bytes).c_str(),
               plan.nvme_bytes ? " (offload files)" : "");
-  if (!plan.activations_known)
-    std::printf("  (some unit does not declare its activation sizes: activations not counted)\n");
+  std::printf("  process RSS %s = device + host + allocator rounding %s + process baseline %s "
+              "(%s)\n",
+              gib(pred.rss.total).c_str(), gib(pred.rss.rounding).c_str(),
+              gib(pred.rss.baseline).c_str(),
+              pred.rss.baseline_measured ? "calibrated" : "default: run `plan --calibrate`");
   std::printf("DeepSpeed's model-states estimate: %s per rank (%s)\n", gib(ds).c_str(),
               ds_formula.c_str());
   if (pred.timed) {
@@ -502,7 +518,7 @@ int cmd_plan(const std::vector<std::string>& args) {
     std::printf("step time: no hardware profile (run `shardwise plan --calibrate`, or give "
                 "--hardware FILE)\n");
   }
-  std::printf("not counted: allocator rounding, the process itself\n");
+  if (!pa.svg.empty()) std::printf("drawing written to %s\n", pa.svg.c_str());
   return 0;
 }
 
