@@ -52,6 +52,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -633,6 +634,20 @@ class Trainer {
     j["rank"] = rank_;
     j["peak_bytes"] = pk.total;
     j["workspace_estimate_bytes"] = ws;
+    {  // the process's resident set, as `plan` predicts it (the default profile's baseline)
+      std::optional<HardwareProfile> hw;
+      try {
+        std::error_code ec;
+        if (fs::exists(default_hardware_path(), ec)) hw = load_hardware(default_hardware_path());
+      } catch (const Error&) {
+      }
+      int64_t host = 0;
+      for (int64_t b : step_plan_.persistent_host) host += b;
+      const RssPrediction rss = predict_rss(step_plan_, make_plan_input(model_, sm_->policy(), W_),
+                                            pk.total + ws, host, hw ? &*hw : nullptr);
+      j["rss_bytes"] = rss.total;
+      j["rss_baseline_bytes"] = rss.baseline;
+    }
     j["peak_action"] = pk.action;
     j["peak_kind"] = pk.action >= 0
                          ? action_kind_name(step_plan_.actions[static_cast<size_t>(pk.action)].kind)
@@ -657,6 +672,10 @@ class Trainer {
     r.svg_path = (dir / ("memory" + tag + ".svg")).string();
     r.peaks_path = (dir / ("peaks" + tag + ".json")).string();
     r.peaks = compute_peaks(d);
+    {
+      const CpuUsage u = cpu_usage();
+      r.peaks.max_rss_bytes = std::max(u.max_rss_bytes, u.rss_bytes);
+    }
     r.tracker_peak_bytes = static_cast<int64_t>(MemTracker::global().total_peak());
     write_chrome_trace(d, r.trace_path);
     write_memory_svg(d, r.svg_path, predicted.empty() ? nullptr : &predicted);

@@ -172,8 +172,10 @@ RssPrediction predict_rss(const StepPlan& plan, const PlanInput& in, int64_t dev
     r.rounding += static_cast<int64_t>(double(pk.at_peak[size_t(Mem::Communication)]) *
                                        double(full_rounding) / double(full_bytes));
   r.baseline_measured = hw && hw->baseline_rss_bytes > 0;
-  r.baseline = r.baseline_measured ? static_cast<int64_t>(hw->baseline_rss_bytes)
-                                   : default_baseline_rss(in.W);
+  const double measured = mp && hw && hw->baseline_rss_bf16_bytes > 0 ? hw->baseline_rss_bf16_bytes
+                          : hw                                        ? hw->baseline_rss_bytes
+                                                                      : 0.0;
+  r.baseline = r.baseline_measured ? static_cast<int64_t>(measured) : default_baseline_rss(in.W);
   r.total = r.tracked + r.rounding + r.baseline;
   return r;
 }
