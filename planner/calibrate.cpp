@@ -120,6 +120,9 @@ void measure_compute(const CalibrateOptions& opt, HardwareProfile& hw,
     }
     after(dt);
   }
+  // The profile lists fp32 shapes first, as before bf16 was measured first.
+  std::stable_partition(hw.gemm_shapes.begin(), hw.gemm_shapes.end(),
+                        [](const GemmPoint& g) { return g.dtype == DType::F32; });
   const Ops& ops = ops_for(Device::cpu());
   {  // element-wise: a LayerNorm over (N, C) and a GELU over (N, 4C), bytes read + written
     const int N = int(sh.N), C = int(sh.C);

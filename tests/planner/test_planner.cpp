@@ -410,8 +410,13 @@ TEST_CASE("calibration at one rank writes a profile that parses, without collect
   CHECK(hw.optimizer_fps > 0);
   CHECK(hw.disk_read_bps > 0);
   CHECK(hw.disk_write_bps > 0);
+  CHECK(hw.baseline_rss_bytes > 0);  // the process without tensors, per precision
+  CHECK(hw.baseline_rss_bf16_bytes > 0);
+  CHECK(hw.baseline_rss_bf16_bytes <= hw.baseline_rss_bytes);
   save_hardware(hw, (dir.path / "sub" / "hw.json").string());
   const HardwareProfile back = load_hardware((dir.path / "sub" / "hw.json").string());
+  CHECK(back.baseline_rss_bytes == hw.baseline_rss_bytes);
+  CHECK(back.baseline_rss_bf16_bytes == hw.baseline_rss_bf16_bytes);
   CHECK(back.gemm_rate(64, 96, 32, DType::F32, false, true) == Approx(hw.gemm_shapes[0].flops));
   CHECK_FALSE(back.has_collectives);
   // Its temporary file is gone.
