@@ -644,7 +644,10 @@ class Trainer {
       int64_t host = 0;
       for (int64_t b : step_plan_.persistent_host) host += b;
       const RssPrediction rss = predict_rss(step_plan_, make_plan_input(model_, sm_->policy(), W_),
-                                            pk.total + ws, host, hw ? &*hw : nullptr);
+                                            pk.total + ws, host,
+                                            int64_t(train_data_ ? train_data_->map_bytes() : 0) +
+                                                int64_t(val_data_ ? val_data_->map_bytes() : 0),
+                                            hw ? &*hw : nullptr);
       j["rss_bytes"] = rss.total;
       j["rss_baseline_bytes"] = rss.baseline;
     }

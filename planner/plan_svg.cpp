@@ -220,6 +220,7 @@ PlanSvg plan_svg_of(const PlanPrediction& p, int world, const std::string& title
                       equal_rank_bars(world, {{"device tier", p.device},
                                               {"host tier", p.host},
                                               {"allocator rounding", p.rss.rounding},
+                                              {"token files", p.rss.data},
                                               {"process baseline", p.rss.baseline}})});
   return s;
 }

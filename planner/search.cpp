@@ -138,13 +138,14 @@ Evaluated evaluate(Wrapped& w, const PlanSetup& s, const Candidate& c, const Har
 }  // namespace
 
 int64_t default_baseline_rss(int world) {
-  return (world > 1 ? int64_t{26} : int64_t{16}) << 20;
+  return (world > 1 ? int64_t{21} : int64_t{11}) << 20;
 }
 
 RssPrediction predict_rss(const StepPlan& plan, const PlanInput& in, int64_t device,
-                          int64_t host, const HardwareProfile* hw) {
+                          int64_t host, int64_t data_bytes, const HardwareProfile* hw) {
   RssPrediction r;
   r.tracked = device + host;
+  r.data = data_bytes;
   auto round_up = [](int64_t b) { return static_cast<int64_t>(alloc_block_size(size_t(b))) - b; };
   const bool mp = in.policy.mixed_precision.param_dtype != DType::F32;
   int64_t full_bytes = 0, full_rounding = 0;
@@ -176,7 +177,7 @@ RssPrediction predict_rss(const StepPlan& plan, const PlanInput& in, int64_t dev
                           : hw                                        ? hw->baseline_rss_bytes
                                                                       : 0.0;
   r.baseline = r.baseline_measured ? static_cast<int64_t>(measured) : default_baseline_rss(in.W);
-  r.total = r.tracked + r.rounding + r.baseline;
+  r.total = r.tracked + r.rounding + r.data + r.baseline;
   return r;
 }
 
@@ -306,7 +307,7 @@ PlanPrediction predict_plan(Model model, const PlanSetup& s, const HardwareProfi
   r.device = r.peak.total + r.workspace;
   for (int64_t b : r.plan.persistent_host) r.host += b;
   r.nvme = r.plan.nvme_bytes;
-  r.rss = predict_rss(r.plan, r.input, r.device, r.host, hw);
+  r.rss = predict_rss(r.plan, r.input, r.device, r.host, s.data_bytes, hw);
   if (hw) {
     const TimeInputs ti = time_inputs(model, r.input);
     r.time = predict_step_time(r.plan, r.input, ti, *hw);

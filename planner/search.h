@@ -37,6 +37,7 @@ struct PlanSetup {
   int world = 1;
   int blocks_per_unit = 1;
   int micro_batch = 1, accum = 1;
+  int64_t data_bytes = 0;  // the token files (data.train, data.val): mapped and read whole
 };
 
 // replay_peak (sharding/step_plan.h) with each action's allocations made before its frees:
@@ -52,23 +53,25 @@ PlanPeak replay_peak_alloc_first(const StepPlan& plan);
 //             buffers the plan knows one by one: each unit's persistent shard buffers
 //             (parameters, gradients, AdamW m and v) and its gathered full parameters and
 //             gradients; activations' named buffers are not known one by one (not counted)
+//   data      the token files: the loader maps them and checks every token at start, so all
+//             their pages are resident (file-backed) for the whole run
 //   baseline  the process without tensors (hardware profile process.baseline_rss_bytes from
-//             `plan --calibrate`, else default_baseline_rss)
+//             `plan --calibrate`, of the run's precision, else default_baseline_rss)
 // Not modelled: cached free blocks the allocator keeps beside the peak's (a block freed at one
-// size and not reusable at another), pages of the token file touched by the data loader (at
-// most the file's size over a long run), the async checkpoint snapshot.
+// size and not reusable at another), the async checkpoint snapshot, the profiler's recording.
 struct RssPrediction {
-  int64_t tracked = 0, rounding = 0, baseline = 0, total = 0;
+  int64_t tracked = 0, rounding = 0, data = 0, baseline = 0, total = 0;
   bool baseline_measured = false;  // from the profile, not the default
 };
 // Measured once on the development machine (a 2-core EPYC VM, OpenBLAS, OpenMPI 4, 2 OpenMP
-// threads per rank): RSS less the allocator's reservations of a `shardwise train` rank of the
-// tiny GPT-2 config (metrics.jsonl at its last step): 16 MiB at one rank without mpirun,
-// 26 MiB per rank under mpirun (MPI's shared-memory segments and progress threads). Larger
-// GEMMs touch more of OpenBLAS's buffers (56 MiB for GPT-2 d=384, V=50304): calibrate.
+// threads per rank): RSS less the allocator's reservations (reserved_peak_bytes) less the
+// 4.7 MiB token file of a `shardwise train` rank of the tiny GPT-2 config (metrics.jsonl at
+// its last step): 11 MiB at one rank without mpirun, 21 MiB per rank under mpirun (MPI's
+// shared-memory segments and progress threads). Larger fp32 GEMMs touch more of OpenBLAS's
+// buffers (GPT-2 d=384, V=50304: 54 MiB; its bf16 run 10 MiB): calibrate.
 int64_t default_baseline_rss(int world);
 RssPrediction predict_rss(const StepPlan& plan, const PlanInput& in, int64_t device,
-                          int64_t host, const HardwareProfile* hw);
+                          int64_t host, int64_t data_bytes, const HardwareProfile* hw);
 
 // A call of a unit that does not declare its activation sizes (Unit::declare_activations
 // returns known = false) at a batch shape.

@@ -229,6 +229,10 @@ PlanSetup setup_from(const TrainConfig& cfg, int world) {
   s.blocks_per_unit = cfg.blocks_per_unit;
   s.micro_batch = cfg.micro_batch;
   s.accum = cfg.grad_accum;
+  for (const std::string& f : {cfg.train_data, cfg.val_data}) {  // resident: RSS
+    std::error_code ec;
+    if (const auto n = f.empty() ? 0 : std::filesystem::file_size(f, ec); !ec) s.data_bytes += int64_t(n);
+  }
   return s;
 }
 
@@ -460,6 +464,7 @@ int cmd_plan(const std::vector<std::string>& args) {
            {"kernel_workspace_bytes", pred.workspace},
            {"rss_bytes", pred.rss.total},
            {"rss", {{"tracked_bytes", pred.rss.tracked}, {"rounding_bytes", pred.rss.rounding},
+                    {"data_bytes", pred.rss.data},
                     {"baseline_bytes", pred.rss.baseline},
                     {"baseline_measured", pred.rss.baseline_measured}}},
            {"step_time", pred.timed ? time_json(pred.time) : nlohmann::json(nullptr)}});
@@ -484,9 +489,9 @@ int cmd_plan(const std::vector<std::string>& args) {
   std::printf("  host        %s%s\n", gib(host).c_str(), host ? " (offloaded state)" : "");
   std::printf("  nvme        %s%s\n", gib(plan.nvme_bytes).c_str(),
               plan.nvme_bytes ? " (offload files)" : "");
-  std::printf("  process RSS %s = device + host + allocator rounding %s + process baseline %s "
-              "(%s)\n",
-              gib(pred.rss.total).c_str(), gib(pred.rss.rounding).c_str(),
+  std::printf("  process RSS %s = device + host + allocator rounding %s + token files %s + "
+              "process baseline %s (%s)\n",
+              gib(pred.rss.total).c_str(), gib(pred.rss.rounding).c_str(), gib(pred.rss.data).c_str(),
               gib(pred.rss.baseline).c_str(),
               pred.rss.baseline_measured ? "calibrated" : "default: run `plan --calibrate`");
   std::printf("DeepSpeed's model-states estimate: %s per rank (%s)\n", gib(ds).c_str(),

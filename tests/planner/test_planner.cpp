@@ -539,6 +539,7 @@ TEST_CASE("plan --svg: one bar segment per nonzero category, the numbers of --js
       want["rss/device tier"] = dev;
       want["rss/host tier"] = rj["tiers"]["host"]["peak_bytes"].get<int64_t>();
       want["rss/allocator rounding"] = rj["rss"]["rounding_bytes"].get<int64_t>();
+      want["rss/token files"] = rj["rss"]["data_bytes"].get<int64_t>();
       want["rss/process baseline"] = rj["rss"]["baseline_bytes"].get<int64_t>();
       for (auto it = want.begin(); it != want.end();)  // zero: not drawn
         it = it->second == 0 ? want.erase(it) : std::next(it);
@@ -568,9 +569,11 @@ TEST_CASE("plan --svg: one bar segment per nonzero category, the numbers of --js
   CHECK(bad.err.find("plan: no/such/dir/p.svg: cannot write the SVG") != std::string::npos);
 }
 
-TEST_CASE("plan: predicted RSS is tracked + rounding + the profile's process baseline", "[planner]") {
+TEST_CASE("plan: predicted RSS is tracked + rounding + token files + the process baseline", "[planner]") {
   swtest::TempDir dir("planner_rss");
   write_config(dir.path / "cfg.json");
+  fs::create_directories(dir.path / "data");  // the loader maps and reads it whole: resident
+  std::ofstream(dir.path / "data" / "fortunes_train.bin") << std::string(123457, 'x');
   const Run d = shardwise({"plan", "cfg.json", "--world-size", "2", "--json"}, dir.path);
   REQUIRE(d.rc == 0);
   const nlohmann::json r0 = nlohmann::json::parse(d.out)["ranks"][0];
@@ -581,8 +584,9 @@ TEST_CASE("plan: predicted RSS is tracked + rounding + the profile's process bas
   CHECK(r0["rss"]["rounding_bytes"].get<int64_t>() >= 0);
   CHECK_FALSE(r0["rss"]["baseline_measured"].get<bool>());
   CHECK(r0["rss"]["baseline_bytes"].get<int64_t>() == default_baseline_rss(2));
+  CHECK(r0["rss"]["data_bytes"].get<int64_t>() == 123457);
   CHECK(r0["rss_bytes"].get<int64_t>() == tracked + r0["rss"]["rounding_bytes"].get<int64_t>() +
-                                              default_baseline_rss(2));
+                                              123457 + default_baseline_rss(2));
   // A profile with process.baseline_rss_bytes: that baseline; the key round-trips.
   HardwareProfile hw = hardware_from_json_text(kHardwareJson, "t");
   CHECK(hw.baseline_rss_bytes == 0);
@@ -595,7 +599,7 @@ TEST_CASE("plan: predicted RSS is tracked + rounding + the profile's process bas
   const nlohmann::json r1 = nlohmann::json::parse(m.out)["ranks"][0];
   CHECK(r1["rss"]["baseline_measured"].get<bool>());
   CHECK(r1["rss_bytes"].get<int64_t>() ==
-        tracked + r1["rss"]["rounding_bytes"].get<int64_t>() + 12345678);
+        tracked + r1["rss"]["rounding_bytes"].get<int64_t>() + 123457 + 12345678);
   const Run t = shardwise({"plan", "cfg.json", "--world-size", "2", "--hardware", "hw.json"}, dir.path);
   CHECK(t.out.find("process RSS") != std::string::npos);
   CHECK(t.out.find("(calibrated)") != std::string::npos);
