@@ -629,7 +629,7 @@ class Trainer {
     const PlanPeak pk = replay_peak_alloc_first(step_plan_);
     const int64_t ws = kernel_workspace_bytes(cfg_.model, B_, T_,
                                               cfg_.sharding.mixed_precision.param_dtype, W_,
-                                              largest_collective(step_plan_));
+                                              comm_scratch_bytes(step_plan_));
     nlohmann::json j;
     j["rank"] = rank_;
     j["peak_bytes"] = pk.total;

@@ -34,15 +34,24 @@ int64_t parse_budget(const std::string& text, const std::string& what) {
   fail("plan", what + ": cannot parse '" + text + "' as bytes (e.g. 8GiB, 512MiB, 8e9)");
 }
 
-int64_t largest_collective(const StepPlan& plan) {
-  int64_t m = 0;
-  for (const Action& a : plan.actions)
-    if (a.queue == Queue::Gather || a.queue == Queue::Reduce) m = std::max(m, a.bytes);
-  return m;
+int64_t comm_scratch_bytes(const StepPlan& plan) {
+  constexpr int64_t kChunk = 512 << 10, kSlice = 16 * kChunk;  // CommOptions' defaults
+  int64_t rs = 0, ar = 0;
+  for (const Action& a : plan.actions) {
+    if (a.kind == ActionKind::ReduceScatter && plan.S > 1) {
+      const int64_t n = plan.S;
+      rs = std::max(rs, a.bytes <= 16 * 1024 ? 2 * n * kChunk : 2 * std::min(kSlice, a.bytes / n));
+    } else if (a.kind == ActionKind::AllReduce && plan.R > 1) {
+      const int64_t n = plan.R;
+      ar = std::max(ar, a.bytes * n <= 512 * 1024 ? a.bytes * n
+                                                  : 2 * std::min(kSlice, (a.bytes + n - 1) / n));
+    }
+  }
+  return plan.S > 1 && plan.R > 1 ? rs + ar : std::max(rs, ar);
 }
 
 int64_t kernel_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute, int world,
-                               int64_t largest) {
+                               int64_t comm_scratch) {
   const int64_t V = mc.vocab_size, C = mc.d_model, N = int64_t(B) * T;
   // kernels/cpu/lmhead.cpp: chunk rows of logits, at most 512 and 128 MiB.
   const int64_t by_bytes = std::min<int64_t>(512, (int64_t{128} << 20) / (4 * V));
@@ -57,8 +66,7 @@ int64_t kernel_workspace_bytes(const ModelConfig& mc, int B, int T, DType comput
     const int64_t F = mc.d_ff > 0 ? mc.d_ff : 4 * C;
     b += (V * C + chunk * V + N * std::max(F, 3 * C)) * 2;
   }
-  // comm/mpi_group.cpp: the group's scratch, grown to the largest need (bounded by its slices)
-  if (world > 1) b += std::min<int64_t>(int64_t{16} << 20, 2 * largest);
+  if (world > 1) b += comm_scratch;  // comm_scratch_bytes
   return b;
 }
 
@@ -126,7 +134,7 @@ Evaluated evaluate(Wrapped& w, const PlanSetup& s, const Candidate& c, const Har
   Evaluated e;
   e.c = c;
   e.workspace = kernel_workspace_bytes(s.model, in.B, in.T, ti.compute, s.world,
-                                       largest_collective(plan));
+                                       comm_scratch_bytes(plan));
   e.device = pk.total + e.workspace;
   e.at_peak = pk.at_peak;
   for (int64_t b : plan.persistent_host) e.host += b;
@@ -303,7 +311,7 @@ PlanPrediction predict_plan(Model model, const PlanSetup& s, const HardwareProfi
   r.peak = replay_peak_alloc_first(r.plan);
   r.workspace = kernel_workspace_bytes(s.model, s.micro_batch, s.model.seq_len,
                                        policy.mixed_precision.param_dtype, s.world,
-                                       largest_collective(r.plan));
+                                       comm_scratch_bytes(r.plan));
   r.device = r.peak.total + r.workspace;
   for (int64_t b : r.plan.persistent_host) r.host += b;
   r.nvme = r.plan.nvme_bytes;

@@ -21,14 +21,19 @@ namespace sw {
 int64_t parse_budget(const std::string& text, const std::string& what);
 
 // Kernel workspaces the plan does not hold (core/alloc.h Mem::Workspace outside Scratch) and
-// the communication group's scratch: the fused LM head's logits chunk, GQA attention's
-// expanded K/V, bf16 operand copies, the MPI group's scratch (world > 1: twice the largest
-// collective's bytes, at most 16 MiB; `largest_collective` from the plan). An estimate; the
-// search adds it to the plan's peak.
+// the communication groups' scratch: the fused LM head's logits chunk, GQA attention's
+// expanded K/V, bf16 operand copies, plus `comm_scratch` (comm_scratch_bytes of the plan,
+// counted when world > 1). An estimate; the search adds it to the plan's peak.
 int64_t kernel_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute, int world,
-                               int64_t largest_collective);
-// The most bytes one collective of the plan moves.
-int64_t largest_collective(const StepPlan& plan);
+                               int64_t comm_scratch);
+// What the MPI groups' scratch buffers (sharding/comm/mpi_group.cpp, grown to the largest need
+// and kept) reach over the plan's collectives, with the algorithms MpiGroup picks by size and
+// the default 512 KiB chunks (16-chunk slices): a ring reduce-scatter (or ring all-reduce)
+// takes twice min(slice, per-rank block); a small reduce-scatter (whole buffer <= 16 KiB,
+// direct) twice n chunks; a small all-reduce (buffer x n <= 512 KiB, one-shot) buffer x n;
+// all-gathers none. The shard group (reduce-scatters) and the replica group (all-reduces) are
+// separate groups with their own scratch under HYBRID_SHARD, one group otherwise.
+int64_t comm_scratch_bytes(const StepPlan& plan);
 
 // What a run of the model on `world` ranks is planned from: everything plan_step needs.
 struct PlanSetup {
