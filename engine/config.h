@@ -132,8 +132,20 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
 TrainConfig parse_config(const std::string& json_text, const std::string& source,
                          const std::vector<std::string>& overrides = {}, int world_size = 0);
 
-// `cfg` as JSON (every effective key, defaults included) that parse_config reads back to the
-// same values; for a parsed config, resolved_json also keeps the compatibility-only keys.
+// `cfg` as JSON (every declared key with its effective value, defaults included; null for a
+// key that does not apply to the run) that parse_config reads back to the same values; for a
+// parsed config, resolved_json also keeps the compatibility-only keys.
 std::string config_json(const TrainConfig& cfg);
+
+// Every key is declared once in engine/config.cpp (type, range or allowed strings, default,
+// one line of description); validation, defaults, the resolved config and README.md's key
+// table come from that declaration.
+// The Markdown key table that README.md holds between its config-keys markers
+// (tools/config_table prints it; scripts/gen_config_table.sh rewrites README.md).
+std::string config_keys_markdown();
+// The declaration as a JSON array, one object per key: key, kind, default (null when derived),
+// derived (the default in words), compat, alias, auto_ok, doc, and min/max, range or choices
+// where declared. For tests and tools.
+std::string config_declaration_json();
 
 }  // namespace sw

@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build ccache pkg-config
       libopenmpi-dev openmpi-bin libopenblas-dev libopenblas0-openmp
-      nlohmann-json3-dev catch2 libdnnl-dev
+      nlohmann-json3-dev catch2 libdnnl-dev libcli11-dev
       python3 python3-numpy python3-torch
       liburing-dev fio
       clang libclang-rt-14-dev libomp-dev  # scripts/fuzz.sh: libFuzzer, clang's OpenMP

@@ -36,9 +36,10 @@ void ShardedModel::Impl::free_activations() {
 // ---- Plans -----------------------------------------------------------------------------------
 
 const StepPlan& ShardedModel::Impl::plan_for(const Model& model, const Batch& batch,
-                                             SegmentKind kind, bool reduce, bool last) {
+                                             SegmentKind kind, bool reduce, bool last,
+                                             bool pending) {
   std::string key = std::to_string(static_cast<int>(kind)) + (reduce ? "r" : "n") +
-                    (last ? "l" : "") + ":" +
+                    (last ? "l" : "") + (pending ? "p" : "") + ":" +
                     std::to_string(batch.B) + "x" + std::to_string(batch.T) + ":";
   std::vector<bool> carried(units.size());
   for (size_t u = 0; u < units.size(); ++u) {
@@ -53,6 +54,7 @@ const StepPlan& ShardedModel::Impl::plan_for(const Model& model, const Batch& ba
   in.B = batch.B, in.T = batch.T;
   declare_calls(in, model);
   in.carried = std::move(carried);
+  in.pending = pending;
   StepPlan p = kind == SegmentKind::Eval ? plan_eval(in) : plan_micro_step(in, 0, reduce, last);
   // The step's temporaries come from memory reserved once, as large as the plan says.
   if (p.activations_known) scratch.reserve(static_cast<size_t>(p.scratch));
@@ -251,9 +253,17 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
         complete_reductions(through);
       }
       break;
-    case ActionKind::OptimizerUpdate:
-      update_unit(*fu, st, a.lo, a.hi < 0 ? fu->shard_size() : a.hi);
+    case ActionKind::OptimizerUpdate: {
+      const int64_t hi = a.hi < 0 ? fu->shard_size() : a.hi;
+      update_unit(*fu, st, a.lo, hi);
+      // A deferred update's gradients, kept past zero_grads for it: zeroed after its last piece.
+      if (hi == fu->shard_size() && size_t(a.unit) < zero_after_update.size() &&
+          zero_after_update[size_t(a.unit)]) {
+        fu->zero_grads();
+        zero_after_update[size_t(a.unit)] = false;
+      }
       break;
+    }
     case ActionKind::Fetch:
     case ActionKind::Evict:
       if (a.pos >= 0 && anvme) {  // activation offload to the file
@@ -277,8 +287,8 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
         if (plan.actions[size_t(w)].queue == Queue::IO) wait_io(plan, w, false);
       if (a.carry && a.kind == ActionKind::Fetch) {
         const int c = run_carried(plan, i);
-        if (c == 1) break;  // a micro-step's: recorded at issue (nothing here waits for it)
-        if (c == 2) return;  // adopted by the optimizer: recorded when its WaitIo sees it
+        if (c == 1) break;  // left in flight: recorded at issue (nothing here waits for it)
+        if (c == 2) return;  // adopted: recorded when its WaitIo sees it
       }
       run_io(plan, i, *fu);
       if (a.carry && a.kind == ActionKind::Evict) {  // left in flight past the segment
@@ -366,18 +376,17 @@ void ShardedModel::Impl::wait_io(const StepPlan& plan, int w, bool rec) {
   }
 }
 
-// A carried optimizer read (Action::carry): in a micro-step, issued into its slot and kept
-// past the segment (nothing to do when the slot already holds that read); in the optimizer,
-// adopted as this fetch's read. Returns 1 (micro-step: issued or already pending), 2 (adopted)
-// or 0 (the optimizer has no such read: the caller reads now).
+// A carried optimizer read (Action::carry): issued into its slot and kept past the segment
+// (nothing to do when the slot already holds that read); or, with Action::adopt, adopted as
+// this fetch's read. Returns 1 (issued or already pending), 2 (adopted) or 0 (to adopt, but
+// no such read is pending: the caller reads now).
 int ShardedModel::Impl::run_carried(const StepPlan& plan, int i) {
   const Action& a = plan.actions[size_t(i)];
   SW_CHECK(nvme && a.io == kIoMoments, "plan: a carried fetch that is not of NVMe moments");
   if (nvme->carried.size() < nvme->slots.size()) nvme->carried.resize(nvme->slots.size());
   NvmeMoments::Carried& c = nvme->carried[size_t(a.slot)];
   const bool same = c.ev && c.unit == a.unit && c.lo == a.lo && c.hi == a.hi;
-  const bool optimizer = !plan.segments.empty() && plan.segments[0].kind == SegmentKind::Optimizer;
-  if (optimizer) {
+  if (a.adopt) {
     if (!same) {
       if (c.ev) ops->stream().wait_event(*c.ev);
       c = {};

@@ -18,6 +18,7 @@ namespace sw {
 
 double ShardedModel::grad_norm() const {
   Impl& I = *impl_;
+  I.flush_deferred(model_);  // (zero_grads left those units' gradients for their update)
   I.sync_grads();
   // Sum of squares of this rank's reduced gradient shard (alignment gaps and padding are never
   // written, so they stay zero), summed over the shard group; replicas hold equal shards.
@@ -33,12 +34,18 @@ double ShardedModel::grad_norm() const {
 void ShardedModel::zero_grads() {
   Impl& I = *impl_;
   I.complete_reductions(-1);
-  for (auto& fu : I.units) fu->zero_grads();
+  // A deferred update still needs its unit's gradients: they are zeroed right after it.
+  for (auto& fu : I.units)
+    if (I.deferred && unit_defers(I.plan_in, fu->index()))
+      I.zero_after_update[size_t(fu->index())] = true;
+    else
+      fu->zero_grads();
 }
 
 void ShardedModel::optimizer_step(const AdamWParams& p, float lr, float grad_mult, int step) {
   SW_CHECK(step >= 1, "AdamW steps count from 1");
   Impl& I = *impl_;
+  I.flush_deferred(model_);  // two steps without a micro-step between them
   I.sync_grads();
   ExecState st;
   Batch none;
@@ -48,6 +55,25 @@ void ShardedModel::optimizer_step(const AdamWParams& p, float lr, float grad_mul
   st.grad_mult = grad_mult;
   st.step = step;
   I.run(model_, I.opt_plan, st);
+  // The deferred units' updates wait for the next micro-step's forward (or a flush).
+  if (defers_update(I.plan_in)) I.deferred = Impl::DeferredStep{p, lr, grad_mult, step};
+}
+
+void ShardedModel::Impl::set_deferred(ExecState& st) const {
+  st.adam = &deferred->adam;
+  st.lr = deferred->lr;
+  st.grad_mult = deferred->grad_mult;
+  st.step = deferred->step;
+}
+
+void ShardedModel::Impl::flush_deferred(Model& model) {
+  if (!deferred) return;
+  ExecState st;
+  Batch none;
+  st.batch = &none;
+  set_deferred(st);
+  run(model, flush_plan, st);  // zeroes the gradients left for after each update
+  deferred.reset();
 }
 
 void ShardedModel::Impl::update_unit(FlatUnit& fu, const ExecState& st, int64_t lo, int64_t hi) {

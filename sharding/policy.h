@@ -112,6 +112,13 @@ struct OptimizerOffload {
   // staging does not grow with the largest unit. Not a config key; tests make it small.
   int64_t piece_floats = int64_t{1} << 22;
   int64_t piece() const { return piece_floats < 16 ? 16 : piece_floats; }  // what is used
+  // Nvme (zero_optimization.offload_optimizer.defer_update, default true): a unit whose
+  // moments alone are on NVMe (its master in memory, strategies other than SHARD_OPTIMIZER) is
+  // updated at the start of the next step's first forward, just before the unit's first use,
+  // so that its moments' reads and write-backs overlap that forward's compute instead of
+  // waiting at the end of the step; any access to the state in between (evaluation,
+  // checkpoints, export) applies the update first. Bit-identical either way.
+  bool defer_update = true;
   // Whether unit `index` of `units` has its optimizer state offloaded.
   bool offloaded(int index, int units) const;
 };

@@ -126,6 +126,8 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
   I.saved.resize(model.schedule.size());
   I.recompute.assign(model.schedule.size(), CheckpointMode::Off);
   I.opt_plan = plan_optimizer(I.plan_in);
+  I.flush_plan = plan_flush(I.plan_in);
+  I.zero_after_update.assign(I.units.size(), false);
   I.setup_nvme(rank);  // its staging buffers are the optimizer plan's
   I.setup_nvme_params(rank);
   I.rank = rank;
@@ -228,12 +230,21 @@ double ShardedModel::forward_backward(const Batch& batch, float grad_scale, bool
   // d(mean loss) = d(sum of token losses) / counted.
   st.scale = counted > 0 ? grad_scale / static_cast<float>(counted) : 0.f;
   const bool reduce = last_micro_step || I.policy.accum == GradAccumMode::ReduceEachMicroStep;
+  // The last optimizer step's deferred updates run in this forward, each before its unit's
+  // first use (OptimizerOffload::defer_update).
+  const bool pending = I.deferred.has_value();
+  if (pending) I.set_deferred(st);
   try {
     I.complete_reductions(-1);  // nothing should be in flight; a no-op normally
     I.peak_live = I.live_units();
     I.ensure_pingpong(static_cast<size_t>(batch.B) * batch.T * model_.d_model());
-    I.run(model_, I.plan_for(model_, batch, SegmentKind::MicroStep, reduce, last_micro_step), st);
+    I.run(model_, I.plan_for(model_, batch, SegmentKind::MicroStep, reduce, last_micro_step,
+                             pending), st);
+    I.deferred.reset();
   } catch (...) {
+    // Some deferred updates may have run: applying them again later would be wrong, and the
+    // step is lost anyway (the caller stops or restores a checkpoint).
+    I.deferred.reset();
     I.abandon_step();
     throw;
   }
@@ -247,6 +258,7 @@ double ShardedModel::forward_backward(const Batch& batch, float grad_scale, bool
 namespace {
 // Forward only (eval_loss, logits_last).
 ExecState run_forward(ShardedModel::Impl& I, Model& model, const Batch& batch, float* logits) {
+  I.flush_deferred(model);
   ExecState st;
   st.batch = &batch;
   st.training = false;
@@ -309,6 +321,7 @@ void ShardedModel::set_recorder(StepRecorder* recorder) { impl_->recorder = reco
 void ShardedModel::for_each_param(
     const std::function<void(const ParamSpec&, const float* data)>& fn) const {
   Impl& I = *impl_;
+  I.flush_deferred(model_);
   if (I.summon_held && I.summon_rank0_only && rank() != 0)
     fail("sharded_model", "for_each_param on rank " + std::to_string(rank()) +
                               " while gather_full_params(rank0_only) holds the copy on rank 0");
@@ -337,6 +350,7 @@ void ShardedModel::for_each_param(
 void ShardedModel::for_each_grad(
     const std::function<void(const ParamSpec&, const float* grad)>& fn) const {
   Impl& I = *impl_;
+  I.flush_deferred(model_);
   I.sync_grads();
   for (auto& up : I.units) {
     FlatUnit& fu = *up;
@@ -357,6 +371,7 @@ void ShardedModel::for_each_grad(
 
 void ShardedModel::gather_full_params(bool rank0_only) {
   Impl& I = *impl_;
+  I.flush_deferred(model_);
   release_full_params();
   I.summoned.resize(I.units.size());
   for (size_t u = 0; u < I.units.size(); ++u) {
@@ -379,6 +394,7 @@ void ShardedModel::release_full_params() {
 
 void ShardedModel::set_param(const std::string& name, const float* data, int64_t n) {
   Impl& I = *impl_;
+  I.flush_deferred(model_);
   auto it = I.by_name.find(name);
   if (it == I.by_name.end()) fail("sharded_model", "no parameter named '" + name + "'");
   FlatUnit& fu = *I.units[static_cast<size_t>(it->second.first)];

@@ -15,6 +15,7 @@
 #pragma once
 #include <deque>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -154,6 +155,17 @@ struct ShardedModel::Impl {
   PlanInput plan_in;
   std::map<std::string, StepPlan> plans;  // by (segment, batch shape, carried units)
   StepPlan opt_plan;                       // the optimizer segment (shape-independent)
+  // OptimizerOffload::defer_update: the segment applying the deferred updates on their own
+  // (flush_deferred), the last optimizer_step's arguments while its deferred updates wait
+  // for the next micro-step, and the units whose gradients zero_grads left for after it.
+  StepPlan flush_plan;
+  struct DeferredStep {
+    AdamWParams adam;
+    float lr = 0.f, grad_mult = 1.f;
+    int step = 0;
+  };
+  std::optional<DeferredStep> deferred;
+  std::vector<bool> zero_after_update;
 
   // S == 1 and R > 1: every unit's gradients in one buffer (plan_in.buckets' ranges).
   Buffer bucket_buf;
@@ -207,7 +219,7 @@ struct ShardedModel::Impl {
   // The plan of a micro-step (training) or an eval forward for this batch shape, starting from
   // the units in flight now.
   const StepPlan& plan_for(const Model& model, const Batch& batch, SegmentKind kind, bool reduce,
-                           bool last);
+                           bool last, bool pending = false);
   // Runs every action of `plan` in order.
   void run(Model& model, const StepPlan& plan, ExecState& st);
   void run_action(Model& model, const StepPlan& plan, int i, ExecState& st);
@@ -238,6 +250,11 @@ struct ShardedModel::Impl {
   // free-space check and posix_fallocate; sw::Error naming the path otherwise).
   void reserve_acts(int64_t end);
   void wait_io(const StepPlan& plan, int w, bool rec = true);
+  // Applies the deferred updates now (flush_plan) and zeroes the gradients zero_grads left
+  // for after them: before anything reads or writes parameters or optimizer state outside
+  // a micro-step. A no-op when none is pending.
+  void flush_deferred(Model& model);
+  void set_deferred(ExecState& st) const;  // st's optimizer arguments from `deferred`
   // Whether WaitReduce i ends the micro-step's backward (only io write-back follows it).
   static bool ends_backward(const StepPlan& plan, int i);
 

@@ -91,6 +91,7 @@ void nvme_transfer(NvmeMoments& nv, const FlatUnit& fu, ShardedModel::StateKind 
 
 const float* ShardedModel::state_view(int u, StateKind k, FlatRange r) const {
   Impl& I = *impl_;
+  I.flush_deferred(model_);
   SW_CHECK(I.ops->device().is_cpu(), "checkpoint state access reads host memory");
   FlatUnit& fu = *I.units[static_cast<size_t>(u)];
   const FlatRange h = held_range(u, k);
@@ -130,6 +131,7 @@ void ShardedModel::read_state(int u, StateKind k, FlatRange r, float* dst) const
 
 void ShardedModel::write_state(int u, StateKind k, FlatRange r, const float* src) {
   Impl& I = *impl_;
+  I.flush_deferred(model_);
   SW_CHECK(I.ops->device().is_cpu(), "checkpoint state access writes host memory");
   FlatUnit& fu = *I.units[static_cast<size_t>(u)];
   const FlatRange h = held_range(u, k);

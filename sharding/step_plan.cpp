@@ -135,6 +135,20 @@ void declare_calls(PlanInput& in, const Model& model) {
   }
 }
 
+// OptimizerOffload::defer_update: unit u's update runs in the next step's first forward
+// (moments alone on NVMe: its master stays in memory for the gather to read right after).
+bool unit_defers(const PlanInput& in, int u) {
+  const PlanUnit& pu = in.units[size_t(u)];
+  if (!in.policy.offload_optimizer.defer_update || in.kind == UnitKind::FullReplicated ||
+      !pu.optimizer_nvme)
+    return false;
+  // Not beside NVMe parameters: their updates stream through the same staging buffers at the
+  // step's end, where the deferred units' carried reads wait.
+  for (const PlanUnit& v : in.units)
+    if (v.params_nvme) return false;
+  return true;
+}
+
 namespace {
 
 constexpr size_t kComm = static_cast<size_t>(Mem::Communication);
@@ -181,17 +195,18 @@ class Builder {
     plan_.nvme_bytes -= act_file_;  // micro-steps reuse the activation file from its start
     act_file_ = 0;
     const int b = static_cast<int>(plan_.actions.size());
-    // The step's last micro-step reads the optimizer's first pieces (moments only: nothing
-    // this segment writes) into their staging buffers, idle until the optimizer, so that the
-    // reads overlap the forward and backward instead of starting the optimizer's wait.
-    if (last) {
-      const std::vector<Piece> pieces = nvme_pieces();
-      for (int k = 0; k < carried_pieces(pieces); ++k) {
-        Action& a = add_piece_fetch(pieces, k);
-        a.carry = true;
-      }
-    }
+    last_ = last;
+    // The step's last micro-step reads the next updates' first pieces (moments only: nothing
+    // this segment writes) into their staging buffers, idle until then, so that the reads
+    // overlap the forward and backward instead of starting the optimizer's wait. With
+    // deferred updates pending, the first micro-step runs them in its forward (and the
+    // last one issues those reads once the staging buffers are free again).
+    if (in_.pending && micro == 0 && any_deferred())
+      begin_deferred();
+    else if (last)
+      issue_carried_reads({});
     forward(true);
+    update_through(static_cast<int>(in_.units.size()));  // units the schedule never uses
     backward(reduce);
     plan_.segments.push_back({SegmentKind::MicroStep, micro, reduce, b,
                               static_cast<int>(plan_.actions.size())});
@@ -204,22 +219,26 @@ class Builder {
         {SegmentKind::Eval, 0, false, b, static_cast<int>(plan_.actions.size())});
   }
 
-  void optimizer() {
+  // flush: only the deferred units' updates (plan_flush); otherwise every update that is not
+  // deferred.
+  void optimizer(bool flush = false) {
     micro_ = in_.accum - 1;
     const int b = static_cast<int>(plan_.actions.size());
+    const bool defer = any_deferred();
     // NVMe moments stream in pieces of at most piece_floats of a unit's shard (m then v)
     // through `bc` staging buffers: the first bc - 1 pieces are read ahead; after piece k's
     // update it is written back and piece k + bc - 1 read into the buffer piece k - 1 left (its
     // write was queued before it, and the io queue runs in order).
     // The first carried_pieces() were read by the last micro-step (Action::carry).
-    const std::vector<Piece> pieces = nvme_pieces();
+    const std::vector<Piece> pieces =
+        nvme_pieces(flush ? Which::Deferred : defer ? Which::Kept : Which::All);
     const int np = static_cast<int>(pieces.size());
     const int bc = opt_buffers();
-    const int carried = carried_pieces(pieces);
+    const int carried = !defer || flush ? carried_pieces(pieces) : 0;
     std::vector<int> fetch_at(pieces.size(), -1), evict_at, evict_wait;
     auto fetch = [&](int k) {
       Action& a = add_piece_fetch(pieces, k);
-      if (k < carried) a.carry = true, a.bytes = 0;
+      if (k < carried) a.carry = a.adopt = true, a.bytes = 0;
       if (k >= bc) a.waits.push_back(evict_at[size_t(k - bc)]);
       fetch_at[size_t(k)] = static_cast<int>(plan_.actions.size()) - 1;
     };
@@ -227,6 +246,8 @@ class Builder {
     int next = 0;  // the next piece to update
     for (size_t u = 0; u < in_.units.size(); ++u) {
       const int ui = static_cast<int>(u);
+      // Deferred: updated by the next forward (or a flush), gathered after that.
+      if (deferred(ui) != flush) continue;
       if (in_.kind == UnitKind::FullReplicated) wait(ui);  // a previous regather
       if (in_.kind == UnitKind::Sharded && st_[u] != St::Sharded) {  // a stale prefetch
         wait(ui);
@@ -262,7 +283,7 @@ class Builder {
       // max_live_units (the next forward counts them as live). Not NVMe parameters: the
       // micro-step fetches them ahead of its own gathers.
       const PlanUnit& pu = in_.units[u];
-      if (in_.kind == UnitKind::Sharded && pu.first_pos >= 0 && !pu.params_nvme &&
+      if (!flush && in_.kind == UnitKind::Sharded && pu.first_pos >= 0 && !pu.params_nvme &&
           pu.first_pos < in_.policy.forward_prefetch &&
           (in_.policy.max_live_units == 0 || live() < in_.policy.max_live_units))
         issue(ui);
@@ -340,11 +361,13 @@ class Builder {
     int unit;
     int64_t lo, hi;  // floats of the unit's shard
   };
-  std::vector<Piece> nvme_pieces() const {
+  enum class Which : uint8_t { All, Kept, Deferred };  // Kept: updates not deferred
+  std::vector<Piece> nvme_pieces(Which w = Which::All) const {
     std::vector<Piece> pieces;
     const int64_t C = in_.policy.offload_optimizer.piece();
     for (size_t u = 0; u < in_.units.size(); ++u)
-      if (streamed(static_cast<int>(u)))
+      if (streamed(static_cast<int>(u)) &&
+          (w == Which::All || (w == Which::Deferred) == deferred(static_cast<int>(u))))
         for (int64_t lo = 0, sh = in_.units[u].padded / in_.S; lo < sh; lo += C)
           pieces.push_back({static_cast<int>(u), lo, std::min(sh, lo + C)});
     return pieces;
@@ -370,6 +393,80 @@ class Builder {
            piece_io(pieces[size_t(n)].unit, true) == kIoMoments)
       ++n;
     return n;
+  }
+
+  bool deferred(int u) const { return unit_defers(in_, u); }
+  bool any_deferred() const {
+    for (size_t u = 0; u < in_.units.size(); ++u)
+      if (deferred(static_cast<int>(u))) return true;
+    return false;
+  }
+
+  // The reads the last micro-step leaves in flight (Action::carry) for the next segment that
+  // updates: the first pieces of the deferred units when any defer, else of all streamed
+  // ones. `evicts`: the Evict that last used each staging buffer in this segment, by piece.
+  void issue_carried_reads(const std::vector<int>& evicts) {
+    const std::vector<Piece> pieces = nvme_pieces(any_deferred() ? Which::Deferred : Which::All);
+    const int bc = opt_buffers();
+    for (int k = 0; k < carried_pieces(pieces); ++k) {
+      Action& a = add_piece_fetch(pieces, k);
+      a.carry = true;
+      for (int j = static_cast<int>(evicts.size()) - 1; j >= 0; --j)
+        if (j % bc == k % bc) {
+          a.waits.push_back(evicts[size_t(j)]);
+          break;
+        }
+    }
+  }
+
+  // Deferred updates in the first micro-step: the pieces stream through the staging buffers
+  // as in the optimizer (read bc - 1 ahead, adopt the carried reads), each unit's pieces
+  // updated by update_through just before its first gather or forward.
+  void begin_deferred() {
+    dpieces_ = nvme_pieces(Which::Deferred);
+    dnext_ = 0;
+    devict_at_.clear();
+    dfetch_at_.assign(dpieces_.size(), -1);
+    dactive_ = true;
+    const int carried = carried_pieces(dpieces_);
+    for (int k = 0; k < std::min<int>(opt_buffers() - 1, static_cast<int>(dpieces_.size())); ++k)
+      deferred_fetch(k, k < carried);
+  }
+  void deferred_fetch(int k, bool adopt) {
+    Action& a = add_piece_fetch(dpieces_, k);
+    if (adopt) a.carry = a.adopt = true, a.bytes = 0;
+    if (k >= opt_buffers()) a.waits.push_back(devict_at_[size_t(k - opt_buffers())]);
+    dfetch_at_[size_t(k)] = static_cast<int>(plan_.actions.size()) - 1;
+  }
+  // Runs the pending updates of units 0 .. u (pieces are in unit order); after the last one,
+  // the last micro-step issues its carried reads into the freed staging buffers.
+  void update_through(int u) {
+    if (!dactive_) return;
+    const int np = static_cast<int>(dpieces_.size()), bc = opt_buffers();
+    while (dnext_ < np && dpieces_[size_t(dnext_)].unit <= u) {
+      const int k = dnext_++;
+      const Piece pc = dpieces_[size_t(k)];
+      // A gather carried from an earlier segment read the master before this update: stale.
+      if (pc.lo == 0 && in_.kind == UnitKind::Sharded && st_[size_t(pc.unit)] != St::Sharded) {
+        wait(pc.unit);
+        free(pc.unit);
+      }
+      add(ActionKind::WaitIo, Queue::Compute, pc.unit).waits.push_back(dfetch_at_[size_t(k)]);
+      Action& up = add(ActionKind::OptimizerUpdate, Queue::Compute, pc.unit);
+      up.lo = pc.lo, up.hi = pc.hi;
+      Action& e = add(ActionKind::Evict, Queue::IO, pc.unit);
+      e.slot = k % bc;
+      e.lo = pc.lo, e.hi = pc.hi;
+      e.io = kIoMoments;
+      e.bytes = io_floats(e.io) * (pc.hi - pc.lo) * 4;
+      e.carry = true;  // as the optimizer's: settled before the next update reads them
+      devict_at_.push_back(static_cast<int>(plan_.actions.size()) - 1);
+      if (k + bc - 1 < np) deferred_fetch(k + bc - 1, false);
+    }
+    if (dnext_ == np) {
+      dactive_ = false;
+      if (last_) issue_carried_reads(devict_at_);
+    }
   }
 
   // Units whose update streams through the optimizer's staging (moments or master on NVMe).
@@ -431,6 +528,7 @@ class Builder {
       const int u = in_.schedule[size_t(p)].unit;
       if (st_[size_t(u)] != St::Sharded) continue;
       if (in_.policy.max_live_units > 0 && live() >= in_.policy.max_live_units) break;
+      update_through(u);  // a deferred update before the gather reads the master
       issue(u);
     }
   }
@@ -503,6 +601,7 @@ class Builder {
     for (int p = 0; p < P; ++p) {
       const int u = in_.schedule[size_t(p)].unit;
       const PlanUnit& pu = in_.units[size_t(u)];
+      update_through(u);  // a deferred update before the unit's first gather or use
       issue(u);
       prefetch(p, in_.policy.forward_prefetch, +1);
       wait(u);
@@ -755,6 +854,13 @@ class Builder {
   std::vector<std::pair<int, int64_t>> act_evicts_;
   std::map<int, int> act_fetch_at_;
   int64_t act_file_ = 0;  // activation bytes the current micro-step wrote to the file
+  // Deferred updates being planned into a micro-step's forward (begin_deferred): the
+  // pieces, the next to update, each piece's Fetch and Evict; last_: the step's last
+  // micro-step (it issues the carried reads).
+  bool last_ = false, dactive_ = false;
+  std::vector<Piece> dpieces_;
+  int dnext_ = 0;
+  std::vector<int> dfetch_at_, devict_at_;
   std::map<int, int> gslot_evict_;
   std::vector<int> grad_evicts_;
 };
@@ -783,6 +889,20 @@ StepPlan plan_optimizer(const PlanInput& in) {
   return b.take();
 }
 
+bool defers_update(const PlanInput& in) {
+  for (size_t u = 0; u < in.units.size(); ++u)
+    if (unit_defers(in, static_cast<int>(u))) return true;
+  return false;
+}
+
+StepPlan plan_flush(const PlanInput& in) {
+  PlanInput none = in;
+  none.carried.clear();
+  Builder b(none);
+  b.optimizer(true);
+  return b.take();
+}
+
 StepPlan plan_eval(const PlanInput& in) {
   Builder b(in);
   b.eval();
@@ -792,6 +912,7 @@ StepPlan plan_eval(const PlanInput& in) {
 StepPlan plan_step(const PlanInput& in) {
   PlanInput steady = in;
   if (steady.carried.empty()) steady.carried = optimizer_prefetched(in);
+  steady.pending = defers_update(in);  // the previous step's deferred updates
   Builder b(steady);
   const bool each = in.policy.accum == GradAccumMode::ReduceEachMicroStep;
   for (int k = 0; k < in.accum; ++k) b.micro_step(k, each || k + 1 == in.accum, k + 1 == in.accum);
@@ -900,7 +1021,7 @@ std::string StepPlan::str() const {
       if (a.io & kIoMaster) parts += std::string(parts.empty() ? "" : "+") + "master";
       if (a.io & kIoGrads) parts += std::string(parts.empty() ? "" : "+") + "grads";
       s += " [" + parts + (a.slot >= 0 ? " slot " + std::to_string(a.slot) : "") +
-           (a.carry ? ", carried" : "") + "]";
+           (a.adopt ? ", adopted" : a.carry ? ", carried" : "") + "]";
     }
     if (a.bytes) s += " moves " + mib(a.bytes).substr(1);
     for (size_t c = 0; c < a.mem.size(); ++c)

@@ -114,6 +114,10 @@ struct PlanInput {
   // Units whose gather is in flight when the plan starts. Empty: the steady state of a
   // training step (the previous step's optimizer prefetched the first forward_prefetch units).
   std::vector<bool> carried;
+  // The previous optimizer step left its deferred updates (OptimizerOffload::defer_update;
+  // see defers_update) to this micro-step: micro-step 0 runs them in its forward, each
+  // unit's just before its first use. plan_step sets it for the steady state.
+  bool pending = false;
 };
 
 // The flat sizes, groups and buckets of `model` sharded over `world` ranks with `policy` (whose
@@ -144,6 +148,9 @@ struct Action {
   // optimizer ends (it overlaps the next step); the next optimizer, or any access to the
   // moments outside the plan, waits for it first.
   bool carry = false;
+  // Fetch with carry: this fetch adopts a read an earlier segment issued (its bytes are 0);
+  // without adopt, a carried fetch is the one issued and left in flight.
+  bool adopt = false;
   int64_t lo = 0, hi = -1;  // Fetch / Evict / OptimizerUpdate: floats of the unit's shard
                             // (hi < 0: all of it)
   int micro = 0;    // micro-step of the optimizer step (the optimizer's actions: accum - 1)
@@ -224,6 +231,12 @@ StepPlan plan_eval(const PlanInput& in);
 // in.carried in flight (empty: none); the optimizer update. plan_step concatenates them.
 StepPlan plan_micro_step(const PlanInput& in, int micro, bool reduce, bool last);
 StepPlan plan_optimizer(const PlanInput& in);
+// With deferred updates (defers_update(in)): the optimizer segment updates only the units
+// whose update is not deferred, and plan_flush is the segment that applies the deferred ones
+// outside a micro-step (before evaluation, checkpoints, export). Empty when nothing defers.
+bool defers_update(const PlanInput& in);
+bool unit_defers(const PlanInput& in, int u);  // unit u's update is deferred
+StepPlan plan_flush(const PlanInput& in);
 // The units the optimizer leaves in flight for the next step (its prefetches).
 std::vector<bool> optimizer_prefetched(const PlanInput& in);
 

@@ -1,7 +1,9 @@
 // `shardwise plan-dump CONFIG [--world-size N] [--eval] [--set k=v]...`: builds the model the
 // config describes (no parameters are allocated) and prints the StepPlan that a run of N ranks
 // executes each step (sharding/step_plan.h): every action with its queue, unit, bytes moved,
-// memory allocated or freed per category and the actions it waits for.
+// memory allocated or freed per category and the actions it waits for. `shardwise plan`:
+// that plan replayed (peaks per tier, step time), the search under a budget, --calibrate.
+// Each command runs on a parsed PlanArgs; add_plan_commands (at the end) declares the options.
 #include "tools/plan_cmd.h"
 
 #include <algorithm>
@@ -34,28 +36,22 @@ namespace sw {
 
 namespace {
 
-const char* kPlanDumpHelp =
-    "Usage: shardwise plan-dump CONFIG.json [--world-size N] [--eval] [--set key.path=value]...\n"
+// The --help texts: the first line is the summary `shardwise --help` lists.
+const char* kPlanDumpAbout =
+    "print the step plan a run executes, action by action\n"
     "\n"
     "Prints the plan of one training step (every micro-step, then the optimizer) as the\n"
     "executor runs it on each of N ranks: gathers, waits, forward/backward/recompute calls,\n"
     "frees, reduce-scatters and all-reduces, optimizer updates; for each its queue (compute,\n"
     "gather, reduce, io), unit, bytes moved, memory allocated (+) or freed (-) per category,\n"
-    "and the actions it waits for. Nothing is allocated and nothing communicates.\n"
-    "\n"
-    "Options:\n"
-    "  --world-size N   ranks of the run (default 1); HYBRID_SHARD without shard_group_size\n"
-    "                   shards over all N (a run under mpirun shards within a node)\n"
-    "  --eval           the evaluation forward instead of a training step\n"
-    "  --set K=V        override a config key, as for `train`\n"
-    "  -h, --help       show this help\n";
+    "and the actions it waits for. Nothing is allocated and nothing communicates.";
 
-const char* kPlanHelp =
-    "Usage: shardwise plan CONFIG.json [--world-size N] [--json] [--set key.path=value]...\n"
-    "                      [--hardware FILE]\n"
-    "       shardwise plan CONFIG.json --memory-budget BYTES [--host-budget BYTES]\n"
+const char* kPlanAbout =
+    "predict each rank's memory and step time; search a budget; calibrate\n"
+    "\n"
+    "Also: shardwise plan CONFIG.json --memory-budget BYTES [--host-budget BYTES]\n"
     "                      [--nvme-budget BYTES] [--nvme-path DIR] [--out BEST.json] ...\n"
-    "       [mpirun -np N] shardwise plan [CONFIG.json] --calibrate [--out-hardware FILE]\n"
+    "      [mpirun -np N] shardwise plan [CONFIG.json] --calibrate [--out-hardware FILE]\n"
     "\n"
     "Predicts, without running the model or allocating its parameters, each rank's memory\n"
     "and step time for one training step of the config on N ranks: the step plan the executor\n"
@@ -67,36 +63,8 @@ const char* kPlanHelp =
     "(compute, exposed communication, exposed I/O) comes from a hardware profile.\n"
     "Not counted in the device peak: kernel workspaces that units do not declare (LM head\n"
     "chunks, bf16 packing; estimated on their own line), the allocator's rounding, the process.\n"
-    "\n"
-    "Options:\n"
-    "  --world-size N       ranks of the run (default 1)\n"
-    "  --json               the same as JSON (bytes, seconds), in the units of profile's\n"
-    "                       peaks_rank<r>.json\n"
-    "  --set K=V            override a config key, as for `train`\n"
-    "  --hardware FILE      the hardware profile (default: $SHARDWISE_HARDWARE, else\n"
-    "                       ~/.cache/shardwise/hardware.json when it exists)\n"
-    "  --calibrate          measure this machine at this world size (run under mpirun for\n"
-    "                       collectives) with the config's shapes, and write the profile\n"
-    "  --out-hardware FILE  where --calibrate writes (default: the default profile path)\n"
-    "  --memory-budget B    search the plans that fit B bytes per rank (8GiB, 512MiB, 8e9):\n"
-    "                       blocks_per_unit, ZeRO stage, prefetch, checkpointing, offload,\n"
-    "                       micro-batch x accumulation at the config's per-rank batch\n"
-    "  --host-budget B      with --memory-budget: host-tier bytes per rank (default: no limit)\n"
-    "  --nvme-budget B      with --memory-budget: NVMe bytes per rank (default: no limit)\n"
-    "  --nvme-path DIR      consider NVMe offload to DIR (default: the config's nvme_path;\n"
-    "                       --calibrate: the directory whose disk is measured, default /tmp)\n"
-    "  --out FILE           with --memory-budget: write the fastest plan that fits as a\n"
-    "                       ready-to-run config (memory_budget set)\n"
-    "  --timeline           also print every action's predicted start and duration\n"
-    "  --svg FILE           draw the predicted peak per rank and tier, stacked by category,\n"
-    "                       and the predicted RSS, as an SVG\n"
-    "  -h, --help           show this help\n";
-
-int usage(const std::string& cmd, const std::string& msg) {
-  std::fflush(stdout);
-  std::fprintf(stderr, "shardwise: %s\nTry 'shardwise %s --help'.\n", msg.c_str(), cmd.c_str());
-  return 2;
-}
+    "CONFIG.json is required except with --calibrate (then the config's shapes are measured,\n"
+    "else GPT-2 124M's).";
 
 struct PlanArgs {
   std::string config;
@@ -105,68 +73,21 @@ struct PlanArgs {
   bool eval = false, json = false;
   bool calibrate = false, timeline = false;
   std::string hardware, out_hardware, out, nvme_path, svg;
-  std::string budget, host_budget, nvme_budget;
+  std::string budget, host_budget, nvme_budget;  // as written; checked by add_budget
 };
 
-// Parses the options of `plan-dump` and `plan`; returns -1 to go on, else an exit code.
-int parse_plan_args(const std::string& cmd, const std::vector<std::string>& args, PlanArgs& pa) {
-  std::string& config = pa.config;
-  std::vector<std::string>& overrides = pa.overrides;
-  int& world = pa.world;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "-h" || a == "--help") {
-      std::cout << (cmd == "plan" ? kPlanHelp : kPlanDumpHelp);
-      return 0;
-    } else if (a == "--world-size" || a == "--set") {
-      if (i + 1 >= args.size()) return usage(cmd, a + " expects a value");
-      const std::string& v = args[++i];
-      if (a == "--set") {
-        if (v.find('=') == std::string::npos || v.front() == '=')
-          return usage(cmd, "--set expects KEY=VALUE, got '" + v + "'");
-        overrides.push_back(v);
-      } else {
-        char* end = nullptr;
-        const long n = std::strtol(v.c_str(), &end, 10);
-        if (v.empty() || *end || n < 1 || n > 65536)
-          return usage(cmd, "--world-size expects a whole number from 1 to 65536, got '" + v + "'");
-        world = static_cast<int>(n);
-      }
-    } else if (cmd == "plan" && (a == "--hardware" || a == "--out-hardware" || a == "--out" ||
-                                 a == "--nvme-path" || a == "--memory-budget" ||
-                                 a == "--host-budget" || a == "--nvme-budget" || a == "--svg")) {
-      if (i + 1 >= args.size() || args[i + 1].empty()) return usage(cmd, a + " expects a value");
-      const std::string& v = args[++i];
-      (a == "--hardware"        ? pa.hardware
-       : a == "--out-hardware"  ? pa.out_hardware
-       : a == "--out"           ? pa.out
-       : a == "--nvme-path"     ? pa.nvme_path
-       : a == "--memory-budget" ? pa.budget
-       : a == "--host-budget"   ? pa.host_budget
-       : a == "--svg"           ? pa.svg
-                                : pa.nvme_budget) = v;
-    } else if (a == "--calibrate" && cmd == "plan") {
-      pa.calibrate = true;
-    } else if (a == "--timeline" && cmd == "plan") {
-      pa.timeline = true;
-    } else if (a == "--eval" && cmd == "plan-dump") {
-      pa.eval = true;
-    } else if (a == "--json" && cmd == "plan") {
-      pa.json = true;
-    } else if (!a.empty() && a[0] == '-') {
-      return usage(cmd, "unknown option '" + a + "' for '" + cmd + "'");
-    } else if (config.empty()) {
-      config = a;
-    } else {
-      return usage(cmd, "unexpected argument '" + a + "'");
+// --NAME BYTES for the search: a budget parse_budget reads ("8GiB", "512MiB", "8e9"); a value
+// it cannot read is a usage mistake, caught before anything is built.
+cli::Opt add_budget(cli::Command& c, const std::string& name, std::string& dest,
+                    const std::string& help) {
+  return c.checked(name, dest, "BYTES", help, [name](const std::string& v) -> std::string {
+    try {
+      if (parse_budget(v, name) > 0 || name != "--memory-budget") return {};
+      return "the budget must be more than 0 bytes, got '" + v + "'";
+    } catch (const Error&) {
+      return "cannot parse '" + v + "' as bytes (e.g. 8GiB, 512MiB, 8e9)";
     }
-  }
-  if (config.empty() && !pa.calibrate) return usage(cmd, "missing CONFIG.json");
-  if (pa.budget.empty() && (!pa.host_budget.empty() || !pa.nvme_budget.empty() || !pa.out.empty()))
-    return usage(cmd, "--host-budget, --nvme-budget and --out go with --memory-budget");
-  if (pa.calibrate && (!pa.budget.empty() || pa.json))
-    return usage(cmd, "--calibrate measures only (no --memory-budget or --json)");
-  return -1;
+  });
 }
 
 // The plan a run of the config executes on pa.world ranks (training step, or eval).
@@ -206,18 +127,12 @@ std::string gib(int64_t b) {
   return buf;
 }
 
-}  // namespace
-
-int cmd_plan_dump(const std::vector<std::string>& args) {
-  PlanArgs pa;
-  if (const int rc = parse_plan_args("plan-dump", args, pa); rc >= 0) return rc;
+int cmd_plan_dump(const PlanArgs& pa) {
   TrainConfig cfg;
   int64_t params = 0, largest = 0;
   std::cout << build_plan(pa, cfg, params, largest).str();
   return 0;
 }
-
-namespace {
 
 PlanSetup setup_from(const TrainConfig& cfg, int world) {
   PlanSetup s;
@@ -380,16 +295,9 @@ int cmd_search(const PlanArgs& pa, TrainConfig cfg, const HardwareProfile& hw) {
   return 0;
 }
 
-}  // namespace
-
-int cmd_plan(const std::vector<std::string>& args) {
-  PlanArgs pa;
-  if (const int rc = parse_plan_args("plan", args, pa); rc >= 0) return rc;
+int cmd_plan(const PlanArgs& pa) {
   if (pa.calibrate) return cmd_calibrate(pa);
-  // Budgets are checked before anything is built, so a typo costs nothing.
-  if (!pa.budget.empty()) parse_budget(pa.budget, "--memory-budget");
-  if (!pa.host_budget.empty()) parse_budget(pa.host_budget, "--host-budget");
-  if (!pa.nvme_budget.empty()) parse_budget(pa.nvme_budget, "--nvme-budget");
+  // The budgets were checked while parsing (add_budget), so a typo costs nothing.
   TrainConfig cfg = load_config(pa.config, pa.overrides, pa.world);
   const std::optional<HardwareProfile> hw = resolve_hardware(pa);
   if (!pa.budget.empty()) {
@@ -525,6 +433,65 @@ int cmd_plan(const std::vector<std::string>& args) {
   }
   if (!pa.svg.empty()) std::printf("drawing written to %s\n", pa.svg.c_str());
   return 0;
+}
+
+}  // namespace
+
+void add_plan_commands(cli::Command& top) {
+  auto pa = std::make_shared<PlanArgs>();
+  cli::Command plan = top.sub("plan", kPlanAbout);
+  plan.config(pa->config, /*required=*/false);
+  plan.integer("--world-size", pa->world, 1, 65536, "N", "ranks of the run (default 1)");
+  const cli::Opt json = plan.flag("--json", pa->json,
+                                  "the same as JSON (bytes, seconds), in the units of\n"
+                                  "profile's peaks_rank<r>.json");
+  plan.overrides(pa->overrides);
+  plan.text("--hardware", pa->hardware, "FILE",
+            "the hardware profile (default: $SHARDWISE_HARDWARE, else\n"
+            "~/.cache/shardwise/hardware.json when it exists)");
+  cli::Opt calibrate = plan.flag("--calibrate", pa->calibrate,
+                                 "measure this machine at this world size (run under mpirun for\n"
+                                 "collectives) with the config's shapes, and write the profile");
+  plan.text("--out-hardware", pa->out_hardware, "FILE",
+            "where --calibrate writes (default: the default profile path)");
+  const cli::Opt budget =
+      add_budget(plan, "--memory-budget", pa->budget,
+                 "search the plans that fit BYTES per rank (8GiB, 512MiB, 8e9):\n"
+                 "blocks_per_unit, ZeRO stage, prefetch, checkpointing, offload,\n"
+                 "micro-batch x accumulation at the config's per-rank batch");
+  add_budget(plan, "--host-budget", pa->host_budget,
+             "with --memory-budget: host-tier bytes per rank (default: no limit)")
+      .needs(budget);
+  add_budget(plan, "--nvme-budget", pa->nvme_budget,
+             "with --memory-budget: NVMe bytes per rank (default: no limit)")
+      .needs(budget);
+  plan.text("--nvme-path", pa->nvme_path, "DIR",
+            "consider NVMe offload to DIR (default: the config's nvme_path;\n"
+            "--calibrate: the directory whose disk is measured, default /tmp)");
+  plan.text("--out", pa->out, "FILE",
+            "with --memory-budget: write the fastest plan that fits as a\n"
+            "ready-to-run config (memory_budget set)")
+      .needs(budget);
+  plan.flag("--timeline", pa->timeline, "also print every action's predicted start and duration");
+  plan.text("--svg", pa->svg, "FILE",
+            "draw the predicted peak per rank and tier, stacked by category, and the\n"
+            "predicted RSS, as an SVG");
+  calibrate.excludes(budget).excludes(json);  // --calibrate measures only
+  plan.on_run([pa, plan] {
+    if (pa->config.empty() && !pa->calibrate) plan.usage_fail("missing CONFIG.json");
+    return cmd_plan(*pa);
+  });
+
+  auto pd = std::make_shared<PlanArgs>();
+  cli::Command dump = top.sub("plan-dump", kPlanDumpAbout);
+  dump.config(pd->config);
+  dump.integer("--world-size", pd->world, 1, 65536, "N",
+               "ranks of the run (default 1); HYBRID_SHARD without\n"
+               "shard_group_size shards over all N (a run under mpirun shards\n"
+               "within a node)");
+  dump.flag("--eval", pd->eval, "the evaluation forward instead of a training step");
+  dump.overrides(pd->overrides);
+  dump.on_run([pd] { return cmd_plan_dump(*pd); });
 }
 
 }  // namespace sw

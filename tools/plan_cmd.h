@@ -1,14 +1,13 @@
-// `shardwise plan-dump` (tools/plan_cmd.cpp): prints the step plan a run would execute.
+// `shardwise plan` and `shardwise plan-dump` (tools/plan_cmd.cpp): the predicted per-rank peak
+// per tier and category and the step time (plan replay), the search under a memory budget,
+// --calibrate; and the step plan a run executes, printed.
 #pragma once
-#include <string>
-#include <vector>
+#include "tools/cli.h"
 
 namespace sw {
 
-// args: what follows `plan-dump`. Returns the exit code (0 done, 2 a usage mistake printed as
-// "shardwise: <problem>" plus a --help hint); config errors are thrown as sw::Error.
-int cmd_plan_dump(const std::vector<std::string>& args);
-// `shardwise plan`: the predicted per-rank peak per tier and category (plan replay).
-int cmd_plan(const std::vector<std::string>& args);
+// Declares `plan` and `plan-dump` (their options, with help, and what each runs once parsed)
+// under `top`. Usage mistakes exit 2 (tools/cli.h); config errors are sw::Error.
+void add_plan_commands(cli::Command& top);
 
 }  // namespace sw

@@ -1,25 +1,24 @@
-// The `shardwise` command line: train, profile, data prepare, sample, ckpt.
+// The `shardwise` command line: train, profile, plan, plan-dump, data prepare, sample, ckpt.
 //
-// Exit codes: 0 success; 1 an error in what was asked (sw::Error: a bad config, a missing
-// file, ...), printed as one line "shardwise: error: <message>"; 2 a usage mistake (unknown
-// subcommand or option, missing or malformed argument), printed as one line
-// "shardwise: <problem>" followed by a hint naming the right --help.
+// Each command declares its options with help text (tools/cli.h, on CLI11: the option kinds,
+// the help layout, and the exit codes: 0 success or help, 1 an error in what was asked
+// (sw::Error, printed as one line "shardwise: error: <message>"), 2 a usage mistake (printed
+// as "shardwise <cmd>: <problem>" plus a hint naming the right --help)), parsed into a plain
+// struct; its function runs on that struct.
 #include <algorithm>
-#include <cerrno>
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <iostream>
 #include <iterator>
+#include <limits>
+#include <memory>
 #include <new>
-#include <optional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -34,6 +33,7 @@
 #include "models/model.h"
 #include "sharding/sharded_model.h"
 #include "tools/ckpt_cmd.h"
+#include "tools/cli.h"
 #include "tools/plan_cmd.h"
 
 #ifndef SW_VERSION
@@ -41,214 +41,13 @@
 #endif
 
 namespace fs = std::filesystem;
+namespace cli = sw::cli;
 
 namespace {
-
-// A usage mistake: `cmd` names the subcommand whose --help the hint points to ("" = top).
-struct UsageError {
-  std::string message;
-  std::string cmd;
-};
-
-[[noreturn]] void usage_fail(const std::string& cmd, const std::string& message) {
-  throw UsageError{message, cmd};
-}
-
-// ---- Help texts --------------------------------------------------------------------------
-
-const char* kMainHelp =
-    "shardwise " SW_VERSION " - sharded (FSDP/ZeRO) training of transformers\n"
-    "\n"
-    "Usage: shardwise <command> [options]\n"
-    "       mpirun -np N shardwise train CONFIG.json   (N ranks; 1 rank needs no mpirun)\n"
-    "\n"
-    "Commands:\n"
-    "  train CONFIG [--set key.path=value]...   train a model described by a JSON config\n"
-    "        [--resume DIR|auto] [--init-from FILE]  (continue from a checkpoint / weights)\n"
-    "  data prepare TEXT... --out FILE.bin      byte-level tokenize text into a .bin token file\n"
-    "  sample --config CFG --prompt TEXT ...    generate text from trained weights\n"
-    "  profile CONFIG [--steps N] [--out DIR]   run N steps, write per-rank trace, memory chart\n"
-    "                                           and peaks (no checkpoints, no weights)\n"
-    "  ckpt export|inspect|verify DIR ...       consolidate, list or check a sharded checkpoint\n"
-    "  plan CONFIG [--world-size N] [--json]    predict each rank's memory peak per tier\n"
-    "  plan-dump CONFIG [--world-size N]        print the step plan a run executes\n"
-    "\n"
-    "Options:\n"
-    "  -h, --help      show this help (also `shardwise <command> --help`)\n"
-    "  --version       print the version\n";
-
-const char* kTrainHelp =
-    "Usage: shardwise train CONFIG.json [options]\n"
-    "\n"
-    "Trains the model described by CONFIG.json (DeepSpeed-style keys; see configs/). Writes\n"
-    "<run_dir>/metrics.jsonl (one JSON object per step, validation lines too), the resolved\n"
-    "config, and <run_dir>/model.safetensors (Hugging Face tensor names) at the end, then\n"
-    "prints a summary: steps, final training and validation loss, the training data's\n"
-    "byte-unigram entropy (the loss of a model that ignores context), tokens/s, weights path.\n"
-    "\n"
-    "Options:\n"
-    "  --set KEY=VALUE   override a config key by its dotted path, e.g.\n"
-    "                    --set train_steps=50 --set optimizer.params.lr=1e-3\n"
-    "                    (VALUE is parsed as JSON, otherwise taken as a string); repeatable\n"
-    "  --quiet           no live progress line on stderr\n"
-    "  --no-export       do not write model.safetensors\n"
-    "  --resume DIR      continue a run from a checkpoint: a step directory (<dir>/step_N) or a\n"
-    "                    checkpoint directory (its 'latest' file names the step); 'auto' =\n"
-    "                    <checkpoint.dir>/latest when it exists, else start fresh. The run\n"
-    "                    continues exactly as if never stopped (same losses, same weights);\n"
-    "                    metrics.jsonl is appended to (sets checkpoint.resume)\n"
-    "  --init-from FILE  start from the weights in a safetensors file (model.safetensors, or\n"
-    "                    `shardwise ckpt export` output) with fresh optimizer state, step 0\n"
-    "                    (sets checkpoint.init_from)\n"
-    "  -h, --help        show this help\n"
-    "\n"
-    "Checkpoints: set checkpoint.every_steps (e.g. --set checkpoint.every_steps=500) to save\n"
-    "<run_dir>/checkpoints/step_N every N steps (and after the last step); checkpoint.keep_last\n"
-    "(default 3), checkpoint.async (write in the background), checkpoint.dir.\n";
-
-const char* kProfileHelp =
-    "Usage: shardwise profile CONFIG.json [--steps N] [--out DIR] [--set KEY=VALUE]...\n"
-    "       mpirun -np R shardwise profile CONFIG.json ...\n"
-    "\n"
-    "Runs N optimizer steps of the run CONFIG.json describes, from its start (no resume), with\n"
-    "the profile block enabled: step 1 is a warm-up (first allocations, page faults, thread\n"
-    "pools) and is not recorded; steps 2..N are. The LR schedule is the full run's (its length\n"
-    "stays train_steps). No checkpoint is saved and no weights are exported; config.json and\n"
-    "metrics.jsonl of the profiled steps go to DIR, so the run's own run_dir is not touched.\n"
-    "Every rank r writes into DIR:\n"
-    "  trace_rank<r>.json   Chrome trace events: open in https://ui.perfetto.dev or\n"
-    "                       chrome://tracing (one process per rank, one track per queue)\n"
-    "  memory_rank<r>.svg   memory in use per category over the recorded steps (stacked)\n"
-    "  peaks_rank<r>.json   peak_bytes, peak_action, at_peak {category: bytes},\n"
-    "                       peak_per_category\n"
-    "  plan_rank<r>.json    what `shardwise plan` predicts for the rank: peak_bytes (the\n"
-    "                       step plan replayed), at_peak {category: bytes},\n"
-    "                       workspace_estimate_bytes; the chart draws the plan's total dashed\n"
-    "                       over the measured one, action by action\n"
-    "Rank 0 then prints its peak table and the paths.\n"
-    "\n"
-    "Options:\n"
-    "  --steps N         steps to run, >= 2 (default 3: one warm-up, two recorded)\n"
-    "  --out DIR         output directory (default: the config's profile.out, which defaults\n"
-    "                    to <run_dir>/profile); created if missing, must be writable\n"
-    "  --set KEY=VALUE   config override, as for train; repeatable\n"
-    "  --quiet           no live progress line on stderr\n"
-    "  --plan            print the plan's prediction beside the measurement: per rank the\n"
-    "                    device peak, per category at rank 0's peak\n"
-    "  -h, --help        show this help\n";
-
-const char* kDataHelp =
-    "Usage: shardwise data prepare TEXT... --out FILE.bin [--val FILE.bin] [--val-fraction F]\n"
-    "\n"
-    "Subcommands:\n"
-    "  prepare   byte-level tokenize text files into llm.c .bin token files\n"
-    "\n"
-    "Run `shardwise data prepare --help` for details.\n";
-
-const char* kPrepareHelp =
-    "Usage: shardwise data prepare TEXT... --out FILE.bin [--val FILE.bin] [--val-fraction F]\n"
-    "\n"
-    "Tokenizes the TEXT files byte by byte (token = byte value, vocabulary 256) and writes\n"
-    "llm.c/nanoGPT .bin token files (256 x int32 header: magic 20240520, version 1, token\n"
-    "count; then uint16 tokens). The files are concatenated in the order given, as they are.\n"
-    "\n"
-    "With --val, a deterministic, evenly spread fraction F of the text goes to the validation\n"
-    "file: the concatenated bytes are cut into blocks of min(4096, max(1, N/100)) bytes (N =\n"
-    "total bytes) and block i goes to validation when floor((i+1)*F) > floor(i*F), i.e. every\n"
-    "(1/F)-th block; the other blocks, in order, form the training file.\n"
-    "\n"
-    "Options:\n"
-    "  --out FILE.bin       training token file to write (required)\n"
-    "  --val FILE.bin       validation token file to write\n"
-    "  --val-fraction F     fraction of blocks for validation, 0 < F < 1 (default 0.1;\n"
-    "                       needs --val)\n"
-    "  -h, --help           show this help\n"
-    "\n"
-    "Example (Debian's fortune-mod text files, not the .dat/.u8 index files):\n"
-    "  shardwise data prepare $(ls /usr/share/games/fortunes/* | grep -v '\\.') \\\n"
-    "      --out data/fortunes_train.bin --val data/fortunes_val.bin\n";
-
-const char* kSampleHelp =
-    "Usage: shardwise sample --config CFG.json [--weights FILE] [options]\n"
-    "\n"
-    "Builds the model from the config's `model` block, loads weights from a safetensors file\n"
-    "(as written by `shardwise train`), and prints the prompt followed by the generated\n"
-    "continuation and a newline. Tokens are bytes; bytes are printed as they are.\n"
-    "\n"
-    "Options:\n"
-    "  --config CFG.json   the training config (required; its model block is used)\n"
-    "  --weights FILE      safetensors weights (default: <run_dir>/model.safetensors)\n"
-    "  --prompt TEXT       text to continue (default: empty, starts from a newline)\n"
-    "  --tokens N          tokens to generate (default 200)\n"
-    "  --temperature T     softmax temperature, 0 = greedy (default 1.0)\n"
-    "  --top-k K           sample only among the K most likely tokens, 0 = all (default 0)\n"
-    "  --seed S            random seed (default 0); the same seed gives the same text\n"
-    "  --set KEY=VALUE     config override, as for train; repeatable\n"
-    "  -h, --help          show this help\n";
-
-// ---- Argument helpers ----------------------------------------------------------------------
-
-bool is_help(const std::string& a) { return a == "-h" || a == "--help"; }
-
-// Reads options of the form "--name value" or "--name=value" from args[i]. Returns true and
-// the value (advancing i) when args[i] is that option.
-bool take_value(const std::vector<std::string>& args, size_t& i, const std::string& name,
-                const std::string& cmd, std::string& value) {
-  const std::string& a = args[i];
-  if (a == name) {
-    if (i + 1 >= args.size()) usage_fail(cmd, "option " + name + " needs a value");
-    value = args[++i];
-    return true;
-  }
-  if (a.size() > name.size() && a.compare(0, name.size(), name) == 0 && a[name.size()] == '=') {
-    value = a.substr(name.size() + 1);
-    return true;
-  }
-  return false;
-}
-
-int64_t parse_int(const std::string& s, const std::string& opt, const std::string& cmd,
-                  int64_t lo, int64_t hi) {
-  int64_t v = 0;
-  const char* b = s.data();
-  const char* e = b + s.size();
-  auto r = std::from_chars(b, e, v);
-  if (s.empty() || r.ec != std::errc() || r.ptr != e)
-    usage_fail(cmd, opt + " expects an integer, got '" + s + "'");
-  if (v < lo || v > hi)
-    usage_fail(cmd, opt + " must be between " + std::to_string(lo) + " and " + std::to_string(hi) +
-                        ", got " + s);
-  return v;
-}
-
-uint64_t parse_u64(const std::string& s, const std::string& opt, const std::string& cmd) {
-  uint64_t v = 0;
-  const char* b = s.data();
-  const char* e = b + s.size();
-  auto r = std::from_chars(b, e, v);
-  if (s.empty() || r.ec != std::errc() || r.ptr != e)
-    usage_fail(cmd, opt + " expects a non-negative integer, got '" + s + "'");
-  return v;
-}
-
-double parse_double(const std::string& s, const std::string& opt, const std::string& cmd) {
-  errno = 0;
-  char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || end != s.c_str() + s.size() || errno == ERANGE || !std::isfinite(v))
-    usage_fail(cmd, opt + " expects a number, got '" + s + "'");
-  return v;
-}
-
-[[noreturn]] void unknown_option(const std::string& cmd, const std::string& a) {
-  usage_fail(cmd, "unknown option '" + a + "' for '" + cmd + "'");
-}
 
 // The process's rank under mpirun/srun, from the launcher's environment (0 when not launched
 // by one): only rank 0 prints the summary.
 int launcher_rank() { return sw::launch_env().rank; }
-
-// ---- train ---------------------------------------------------------------------------------
 
 // `s` as a JSON string literal (for --set values that must stay strings).
 std::string json_string(const std::string& s) {
@@ -266,42 +65,24 @@ std::string json_string(const std::string& s) {
   return out + "\"";
 }
 
-int cmd_train(const std::vector<std::string>& args) {
-  const std::string cmd = "train";
-  std::optional<std::string> config;
-  std::vector<std::string> overrides;
-  sw::TrainOptions opts;
-  for (size_t i = 0; i < args.size(); i++) {
-    const std::string& a = args[i];
-    std::string v;
-    if (is_help(a)) {
-      std::cout << kTrainHelp;
-      return 0;
-    } else if (take_value(args, i, "--set", cmd, v)) {
-      if (v.find('=') == std::string::npos || v.front() == '=')
-        usage_fail(cmd, "--set expects KEY=VALUE, got '" + v + "'");
-      overrides.push_back(v);
-    } else if (a == "--quiet") {
-      opts.progress = false;
-    } else if (a == "--no-export") {
-      opts.export_weights = false;
-    } else if (take_value(args, i, "--resume", cmd, v)) {
-      if (v.empty()) usage_fail(cmd, "--resume expects a checkpoint directory or 'auto'");
-      overrides.push_back("checkpoint.resume=" + json_string(v));
-    } else if (take_value(args, i, "--init-from", cmd, v)) {
-      if (v.empty()) usage_fail(cmd, "--init-from expects a safetensors file");
-      overrides.push_back("checkpoint.init_from=" + json_string(v));
-    } else if (a.size() > 1 && a[0] == '-') {
-      unknown_option(cmd, a);
-    } else if (!config) {
-      config = a;
-    } else {
-      usage_fail(cmd, "unexpected argument '" + a + "' (one CONFIG file expected)");
-    }
-  }
-  if (!config) usage_fail(cmd, "missing CONFIG file");
+// ---- train ---------------------------------------------------------------------------------
 
-  const sw::TrainConfig cfg = sw::load_config(*config, overrides);
+struct TrainArgs {
+  std::string config;
+  std::vector<std::string> overrides;  // --set, in order
+  std::string resume, init_from;       // "" = not given
+  bool quiet = false, no_export = false;
+};
+
+int cmd_train(const TrainArgs& a) {
+  std::vector<std::string> overrides = a.overrides;
+  if (!a.resume.empty()) overrides.push_back("checkpoint.resume=" + json_string(a.resume));
+  if (!a.init_from.empty())
+    overrides.push_back("checkpoint.init_from=" + json_string(a.init_from));
+  sw::TrainOptions opts;
+  opts.progress = !a.quiet;
+  opts.export_weights = !a.no_export;
+  const sw::TrainConfig cfg = sw::load_config(a.config, overrides);
   const auto t0 = std::chrono::steady_clock::now();
   const sw::TrainSummary s = sw::train(cfg, opts);
   const double secs =
@@ -333,6 +114,40 @@ int cmd_train(const std::vector<std::string>& args) {
                                                                  : s.weights_path.c_str());
   std::fflush(stdout);
   return 0;
+}
+
+void add_train(cli::Command& top) {
+  auto a = std::make_shared<TrainArgs>();
+  cli::Command c = top.sub(
+      "train",
+      "train a model described by a JSON config (mpirun -np N for N ranks)\n"
+      "\n"
+      "Trains the model described by CONFIG.json (DeepSpeed-style keys; see configs/). Writes\n"
+      "<run_dir>/metrics.jsonl (one JSON object per step, validation lines too), the resolved\n"
+      "config, and <run_dir>/model.safetensors (Hugging Face tensor names) at the end, then\n"
+      "prints a summary: steps, final training and validation loss, the training data's\n"
+      "byte-unigram entropy (the loss of a model that ignores context), tokens/s, weights path.\n"
+      "Under `mpirun -np N shardwise train CONFIG.json` every rank runs it; rank 0 prints.");
+  c.config(a->config);
+  c.overrides(a->overrides);
+  c.flag("--quiet", a->quiet, "no live progress line on stderr");
+  c.flag("--no-export", a->no_export, "do not write model.safetensors");
+  c.text("--resume", a->resume, "DIR|auto",
+                "continue a run from a checkpoint: a step directory (<dir>/step_N)\n"
+                "or a checkpoint directory (its 'latest' file names the step);\n"
+                "'auto' = <checkpoint.dir>/latest when it exists, else start\n"
+                "fresh. The run continues exactly as if never stopped (same\n"
+                "losses, same weights); metrics.jsonl is appended to (sets\n"
+                "checkpoint.resume; wins over --set checkpoint.resume)");
+  c.text("--init-from", a->init_from, "FILE",
+                "start from the weights in a safetensors file (model.safetensors,\n"
+                "or `shardwise ckpt export` output) with fresh optimizer state,\n"
+                "step 0 (sets checkpoint.init_from)");
+  c.footer(
+      "Checkpoints: set checkpoint.every_steps (e.g. --set checkpoint.every_steps=500) to save\n"
+      "<run_dir>/checkpoints/step_N every N steps (and after the last step); checkpoint.keep_last\n"
+      "(default 3), checkpoint.async (write in the background), checkpoint.dir.");
+  c.on_run([a] { return cmd_train(*a); });
 }
 
 // ---- profile -------------------------------------------------------------------------------
@@ -385,65 +200,40 @@ void print_plan_vs_measured(const std::string& dir, int world) {
   }
 }
 
-int cmd_profile(const std::vector<std::string>& args) {
-  const std::string cmd = "profile";
-  std::optional<std::string> config, out;
+struct ProfileArgs {
+  std::string config, out;  // out "" = the config's profile.out
   std::vector<std::string> overrides;
   int steps = 3;
-  bool with_plan = false;
+  bool quiet = false, plan = false;
+};
+
+int cmd_profile(const ProfileArgs& a) {
+  std::vector<std::string> overrides = a.overrides;
   sw::TrainOptions opts;
   opts.export_weights = false;
-  for (size_t i = 0; i < args.size(); i++) {
-    const std::string& a = args[i];
-    std::string v;
-    if (is_help(a)) {
-      std::cout << kProfileHelp;
-      return 0;
-    } else if (take_value(args, i, "--steps", cmd, v)) {
-      steps = static_cast<int>(parse_int(v, "--steps", cmd, 2, 1000000));
-    } else if (take_value(args, i, "--out", cmd, v)) {
-      if (v.empty()) usage_fail(cmd, "--out expects a directory");
-      out = v;
-    } else if (take_value(args, i, "--set", cmd, v)) {
-      if (v.find('=') == std::string::npos || v.front() == '=')
-        usage_fail(cmd, "--set expects KEY=VALUE, got '" + v + "'");
-      overrides.push_back(v);
-    } else if (a == "--quiet") {
-      opts.progress = false;
-    } else if (a == "--plan") {
-      with_plan = true;
-    } else if (a.size() > 1 && a[0] == '-') {
-      unknown_option(cmd, a);
-    } else if (!config) {
-      config = a;
-    } else {
-      usage_fail(cmd, "unexpected argument '" + a + "' (one CONFIG file expected)");
-    }
-  }
-  if (!config) usage_fail(cmd, "missing CONFIG file");
-
+  opts.progress = !a.quiet;
   // The run as configured, then cut to `steps` steps with the same LR schedule, from scratch,
   // without checkpoints, writing its run files into the profile directory.
-  const sw::TrainConfig full = sw::load_config(*config, overrides);
-  const std::string dir = out ? *out : full.profile.out;
+  const sw::TrainConfig full = sw::load_config(a.config, overrides);
+  const std::string dir = a.out.empty() ? full.profile.out : a.out;
   if (full.scheduler.total_num_steps == 0)
     overrides.push_back("scheduler.params.total_num_steps=" + std::to_string(full.train_steps));
-  overrides.push_back("train_steps=" + std::to_string(steps));
+  overrides.push_back("train_steps=" + std::to_string(a.steps));
   overrides.push_back("checkpoint.every_steps=0");
   overrides.push_back("checkpoint.resume=\"\"");
   overrides.push_back("run_dir=" + json_string(dir));
   overrides.push_back("profile.enabled=true");
   overrides.push_back("profile.start_step=2");
-  overrides.push_back("profile.num_steps=" + std::to_string(steps - 1));
+  overrides.push_back("profile.num_steps=" + std::to_string(a.steps - 1));
   overrides.push_back("profile.out=" + json_string(dir));
-  const sw::TrainConfig cfg = sw::load_config(*config, overrides);
+  const sw::TrainConfig cfg = sw::load_config(a.config, overrides);
   const sw::TrainSummary s = sw::train(cfg, opts);
   if (launcher_rank() != 0) return 0;
 
   const sw::ProfileResult& p = s.profile;
   const int world = sw::launch_env().world_size;
-  std::printf("shardwise: profiled steps 2-%d of %d (step 1 is warm-up), %d rank%s\n", steps,
-              steps, world, world == 1 ? "" : "s");
+  std::printf("shardwise: profiled steps 2-%d of %d (step 1 is warm-up), %d rank%s\n", a.steps,
+              a.steps, world, world == 1 ? "" : "s");
   std::printf("%s", sw::format_peaks_table(p.peaks).c_str());
   std::printf("  tracker peak       %s (MemTracker over the whole run, warm-up included)\n",
               sw::format_bytes(p.tracker_peak_bytes).c_str());
@@ -451,7 +241,7 @@ int cmd_profile(const std::vector<std::string>& args) {
   std::printf("  memory chart       %s\n", p.svg_path.c_str());
   std::printf("  peaks              %s\n", p.peaks_path.c_str());
   if (!p.plan_path.empty()) std::printf("  plan prediction    %s\n", p.plan_path.c_str());
-  if (with_plan) print_plan_vs_measured(p.dir, world);
+  if (a.plan) print_plan_vs_measured(p.dir, world);
   if (world > 1)
     std::printf("  (rank%s %s wrote trace_rank<r>.json, memory_rank<r>.svg, peaks_rank<r>.json "
                 "in %s)\n",
@@ -459,6 +249,45 @@ int cmd_profile(const std::vector<std::string>& args) {
                 world > 2 ? ("1-" + std::to_string(world - 1)).c_str() : "1", p.dir.c_str());
   std::fflush(stdout);
   return 0;
+}
+
+void add_profile(cli::Command& top) {
+  auto a = std::make_shared<ProfileArgs>();
+  cli::Command c = top.sub(
+      "profile",
+      "run N steps; write each rank's trace, memory chart and peaks\n"
+      "\n"
+      "Also: mpirun -np R shardwise profile CONFIG.json ...\n"
+      "\n"
+      "Runs N optimizer steps of the run CONFIG.json describes, from its start (no resume), with\n"
+      "the profile block enabled: step 1 is a warm-up (first allocations, page faults, thread\n"
+      "pools) and is not recorded; steps 2..N are. The LR schedule is the full run's (its length\n"
+      "stays train_steps). No checkpoint is saved and no weights are exported; config.json and\n"
+      "metrics.jsonl of the profiled steps go to DIR, so the run's own run_dir is not touched.\n"
+      "Every rank r writes into DIR:\n"
+      "  trace_rank<r>.json   Chrome trace events: open in https://ui.perfetto.dev or\n"
+      "                       chrome://tracing (one process per rank, one track per queue)\n"
+      "  memory_rank<r>.svg   memory in use per category over the recorded steps (stacked)\n"
+      "  peaks_rank<r>.json   peak_bytes, peak_action, at_peak {category: bytes},\n"
+      "                       peak_per_category\n"
+      "  plan_rank<r>.json    what `shardwise plan` predicts for the rank: peak_bytes (the\n"
+      "                       step plan replayed), at_peak {category: bytes},\n"
+      "                       workspace_estimate_bytes; the chart draws the plan's total dashed\n"
+      "                       over the measured one, action by action\n"
+      "Rank 0 then prints its peak table and the paths.");
+  c.config(a->config);
+  c.integer("--steps", a->steps, 2, 1000000, "N",
+            "steps to run, >= 2 (default 3: one warm-up, two recorded)");
+  c.text("--out", a->out, "DIR",
+                "output directory (default: the config's profile.out, which\n"
+                "defaults to <run_dir>/profile); created if missing, must be\n"
+                "writable");
+  c.overrides(a->overrides);
+  c.flag("--quiet", a->quiet, "no live progress line on stderr");
+  c.flag("--plan", a->plan,
+              "print the plan's prediction beside the measurement: per rank\n"
+              "the device peak, per category at rank 0's peak");
+  c.on_run([a] { return cmd_profile(*a); });
 }
 
 // ---- data prepare --------------------------------------------------------------------------
@@ -482,46 +311,23 @@ void ensure_parent_dir(const std::string& path) {
   if (ec) sw::fail("data", "cannot create directory '" + parent.string() + "': " + ec.message());
 }
 
-int cmd_data_prepare(const std::vector<std::string>& args) {
-  const std::string cmd = "data prepare";
+struct PrepareArgs {
   std::vector<std::string> inputs;
-  std::optional<std::string> out, val;
-  std::optional<double> frac;
-  for (size_t i = 0; i < args.size(); i++) {
-    const std::string& a = args[i];
-    std::string v;
-    if (is_help(a)) {
-      std::cout << kPrepareHelp;
-      return 0;
-    } else if (take_value(args, i, "--out", cmd, v)) {
-      out = v;
-    } else if (take_value(args, i, "--val", cmd, v)) {
-      val = v;
-    } else if (take_value(args, i, "--val-fraction", cmd, v)) {
-      frac = parse_double(v, "--val-fraction", cmd);
-      if (!(*frac > 0.0 && *frac < 1.0))
-        usage_fail(cmd, "--val-fraction must be between 0 and 1 (exclusive), got '" + v + "'");
-    } else if (a.size() > 1 && a[0] == '-') {
-      unknown_option(cmd, a);
-    } else {
-      inputs.push_back(a);
-    }
-  }
-  if (inputs.empty()) usage_fail(cmd, "no input TEXT files given");
-  if (!out) usage_fail(cmd, "missing --out FILE.bin");
-  if (frac && !val) usage_fail(cmd, "--val-fraction needs --val FILE.bin");
-  if (val && *val == *out) usage_fail(cmd, "--out and --val name the same file");
+  std::string out, val;  // val "" = no validation file
+  double val_fraction = 0.1;
+};
 
+int cmd_data_prepare(const PrepareArgs& a) {
   std::string text;
-  for (const std::string& p : inputs) text += read_file_bytes(p);
+  for (const std::string& p : a.inputs) text += read_file_bytes(p);
   if (text.empty()) sw::fail("data", "the input files are empty");
 
   std::vector<uint16_t> train, valid;
-  if (!val) {
+  if (a.val.empty()) {
     train.assign(reinterpret_cast<const unsigned char*>(text.data()),
                  reinterpret_cast<const unsigned char*>(text.data()) + text.size());
   } else {
-    const double F = frac.value_or(0.1);
+    const double F = a.val_fraction;
     const size_t N = text.size();
     const size_t block = std::min<size_t>(4096, std::max<size_t>(1, N / 100));
     for (size_t i = 0, start = 0; start < N; i++, start += block) {
@@ -537,75 +343,71 @@ int cmd_data_prepare(const std::vector<std::string>& args) {
                            ")");
     if (train.empty()) sw::fail("data", "the input is too small to split: no training blocks");
   }
-  ensure_parent_dir(*out);
-  sw::write_token_file(*out, train);
-  std::printf("wrote %s: %zu tokens\n", out->c_str(), train.size());
-  if (val) {
-    ensure_parent_dir(*val);
-    sw::write_token_file(*val, valid);
-    std::printf("wrote %s: %zu tokens\n", val->c_str(), valid.size());
+  ensure_parent_dir(a.out);
+  sw::write_token_file(a.out, train);
+  std::printf("wrote %s: %zu tokens\n", a.out.c_str(), train.size());
+  if (!a.val.empty()) {
+    ensure_parent_dir(a.val);
+    sw::write_token_file(a.val, valid);
+    std::printf("wrote %s: %zu tokens\n", a.val.c_str(), valid.size());
   }
-  std::printf("%zu input files, %zu bytes, vocabulary 256 (bytes)\n", inputs.size(), text.size());
+  std::printf("%zu input files, %zu bytes, vocabulary 256 (bytes)\n", a.inputs.size(), text.size());
   return 0;
 }
 
-int cmd_data(const std::vector<std::string>& args) {
-  if (args.empty()) usage_fail("data", "missing data subcommand (expected 'prepare')");
-  if (is_help(args[0])) {
-    std::cout << kDataHelp;
-    return 0;
-  }
-  if (args[0] == "prepare") return cmd_data_prepare({args.begin() + 1, args.end()});
-  usage_fail("data", "unknown data subcommand '" + args[0] + "' (expected 'prepare')");
+void add_data(cli::Command& top) {
+  cli::Command data = top.sub(
+      "data",
+      "prepare token files (data prepare TEXT... --out FILE.bin)");
+  auto a = std::make_shared<PrepareArgs>();
+  cli::Command c = data.sub(
+      "prepare",
+      "byte-level tokenize text files into llm.c .bin token files\n"
+      "\n"
+      "Tokenizes the TEXT files byte by byte (token = byte value, vocabulary 256) and writes\n"
+      "llm.c/nanoGPT .bin token files (256 x int32 header: magic 20240520, version 1, token\n"
+      "count; then uint16 tokens). The files are concatenated in the order given, as they are.\n"
+      "\n"
+      "With --val, a deterministic, evenly spread fraction F of the text goes to the validation\n"
+      "file: the concatenated bytes are cut into blocks of min(4096, max(1, N/100)) bytes (N =\n"
+      "total bytes) and block i goes to validation when floor((i+1)*F) > floor(i*F), i.e. every\n"
+      "(1/F)-th block; the other blocks, in order, form the training file.");
+  c.positionals("TEXT", a->inputs, "text files to tokenize, concatenated in this order");
+  c.text("--out", a->out, "FILE.bin", "training token file to write").required();
+  const cli::Opt val = c.text("--val", a->val, "FILE.bin", "validation token file to write");
+  c.number("--val-fraction", a->val_fraction, 0.0, 1.0, true, "F",
+           "fraction of blocks for validation, 0 < F < 1 (default 0.1;\n"
+           "needs --val)")
+      .needs(val);
+  c.footer(
+      "Example (Debian's fortune-mod text files, not the .dat/.u8 index files):\n"
+      "  shardwise data prepare $(ls /usr/share/games/fortunes/* | grep -v '\\.') \\\n"
+      "      --out data/fortunes_train.bin --val data/fortunes_val.bin");
+  c.on_run([a, c] {
+    if (!a->val.empty() && a->val == a->out) c.usage_fail("--out and --val name the same file");
+    return cmd_data_prepare(*a);
+  });
 }
 
 // ---- sample --------------------------------------------------------------------------------
 
-int cmd_sample(const std::vector<std::string>& args) {
-  const std::string cmd = "sample";
-  std::optional<std::string> config, weights;
+struct SampleArgs {
+  std::string config, weights;  // weights "" = <run_dir>/model.safetensors
   std::vector<std::string> overrides;
   sw::SampleOptions so;
-  for (size_t i = 0; i < args.size(); i++) {
-    const std::string& a = args[i];
-    std::string v;
-    if (is_help(a)) {
-      std::cout << kSampleHelp;
-      return 0;
-    } else if (take_value(args, i, "--config", cmd, v)) {
-      config = v;
-    } else if (take_value(args, i, "--weights", cmd, v)) {
-      weights = v;
-    } else if (take_value(args, i, "--prompt", cmd, v)) {
-      so.prompt = v;
-    } else if (take_value(args, i, "--tokens", cmd, v)) {
-      so.tokens = static_cast<int>(parse_int(v, "--tokens", cmd, 0, 1 << 24));
-    } else if (take_value(args, i, "--temperature", cmd, v)) {
-      const double t = parse_double(v, "--temperature", cmd);
-      if (t < 0) usage_fail(cmd, "--temperature must be >= 0, got '" + v + "'");
-      so.temperature = static_cast<float>(t);
-    } else if (take_value(args, i, "--top-k", cmd, v)) {
-      so.top_k = static_cast<int>(parse_int(v, "--top-k", cmd, 0, 1 << 30));
-    } else if (take_value(args, i, "--seed", cmd, v)) {
-      so.seed = parse_u64(v, "--seed", cmd);
-    } else if (take_value(args, i, "--set", cmd, v)) {
-      if (v.find('=') == std::string::npos || v.front() == '=')
-        usage_fail(cmd, "--set expects KEY=VALUE, got '" + v + "'");
-      overrides.push_back(v);
-    } else if (a.size() > 1 && a[0] == '-') {
-      unknown_option(cmd, a);
-    } else {
-      usage_fail(cmd, "unexpected argument '" + a + "'");
-    }
-  }
-  if (!config) usage_fail(cmd, "missing --config CFG.json");
+  double temperature = 1.0;
+};
 
-  const sw::TrainConfig cfg = sw::load_config(*config, overrides);
-  const std::string wpath = weights ? *weights : (fs::path(cfg.run_dir) / "model.safetensors").string();
+int cmd_sample(const SampleArgs& a) {
+  sw::SampleOptions so = a.so;
+  so.temperature = static_cast<float>(a.temperature);
+  const sw::TrainConfig cfg = sw::load_config(a.config, a.overrides);
+  const std::string wpath =
+      a.weights.empty() ? (fs::path(cfg.run_dir) / "model.safetensors").string() : a.weights;
   std::error_code ec;
   if (!fs::is_regular_file(wpath, ec))
     sw::fail("sample", "weights file '" + wpath + "' not found" +
-                           (weights ? "" : " (train first, or pass --weights)"));
+                           (a.weights.empty() ? " (train first, or pass --weights)" : ""));
 
   sw::Model model = sw::build_model(cfg.model);
   sw::ShardedModel sm(model, sw::ops_for(sw::Device::cpu()), cfg.seed);
@@ -618,34 +420,56 @@ int cmd_sample(const std::vector<std::string>& args) {
   return 0;
 }
 
+void add_sample(cli::Command& top) {
+  auto a = std::make_shared<SampleArgs>();
+  cli::Command c = top.sub(
+      "sample",
+      "generate text from trained weights\n"
+      "\n"
+      "Builds the model from the config's `model` block, loads weights from a safetensors file\n"
+      "(as written by `shardwise train`), and prints the prompt followed by the generated\n"
+      "continuation and a newline. Tokens are bytes; bytes are printed as they are.");
+  c.text("--config", a->config, "CFG.json", "the training config (its model block is used)")
+      .required();
+  c.text("--weights", a->weights, "FILE",
+         "safetensors weights (default: <run_dir>/model.safetensors)");
+  c.any_text("--prompt", a->so.prompt, "TEXT",
+             "text to continue (default: empty, starts from a newline)");
+  c.integer("--tokens", a->so.tokens, 0, 1 << 24, "N", "tokens to generate (default 200)");
+  c.number("--temperature", a->temperature, 0.0, std::numeric_limits<double>::infinity(), false,
+           "T", "softmax temperature, 0 = greedy (default 1.0)");
+  c.integer("--top-k", a->so.top_k, 0, 1 << 30, "K",
+            "sample only among the K most likely tokens, 0 = all (default 0)");
+  c.unsigned_integer("--seed", a->so.seed, "S",
+                     "random seed (default 0); the same seed gives the same text");
+  c.overrides(a->overrides);
+  c.on_run([a] { return cmd_sample(*a); });
+}
+
+// ---- the program ---------------------------------------------------------------------------
+
 int run(const std::vector<std::string>& args) {
-  if (args.empty()) usage_fail("", "missing command");
-  const std::string& c = args[0];
-  const std::vector<std::string> rest(args.begin() + 1, args.end());
-  if (is_help(c)) {
-    std::cout << kMainHelp;
-    return 0;
-  }
-  if (c == "--version") {
-    std::cout << "shardwise " << SW_VERSION << "\n";
-    return 0;
-  }
-  if (c == "train") return cmd_train(rest);
-  if (c == "data") return cmd_data(rest);
-  if (c == "sample") return cmd_sample(rest);
-  if (c == "profile") return cmd_profile(rest);
-  if (c == "ckpt") return sw::cmd_ckpt(rest);
-  if (c == "plan-dump") return sw::cmd_plan_dump(rest);
-  if (c == "plan") return sw::cmd_plan(rest);
-  if (c == "help") {
-    if (rest.empty()) {
-      std::cout << kMainHelp;
-      return 0;
-    }
-    return run({rest[0], "--help"});
-  }
-  if (c.size() > 1 && c[0] == '-') usage_fail("", "unknown option '" + c + "'");
-  usage_fail("", "unknown command '" + c + "' (expected train, profile, plan, plan-dump, data, sample or ckpt)");
+  cli::Program program(
+      "shardwise",
+      "shardwise " SW_VERSION " - sharded (FSDP/ZeRO) training of transformers\n"
+      "N ranks: mpirun -np N shardwise train CONFIG.json (1 rank needs no mpirun)\n"
+      "`shardwise <command> --help` (or `shardwise help <command>`) shows a\n"
+      "command's options.",
+      "shardwise " SW_VERSION);
+  cli::Command top = program.top();
+  add_train(top);
+  add_profile(top);
+  sw::add_plan_commands(top);
+  add_data(top);
+  add_sample(top);
+  sw::add_ckpt_command(top);
+  program.add_help_command();
+  top.footer(
+      "Exit codes: 0 success (and --help, --version); 1 an error in what was asked (a bad\n"
+      "config, a missing file, ...: one line 'shardwise: error: ...'); 2 a usage mistake\n"
+      "(unknown option, missing or malformed argument: 'shardwise <command>: ...' and a hint).\n"
+      "Under mpirun every rank exits with the same code; rank 0 prints help and usage mistakes.");
+  return program.run(args);
 }
 
 // One line, no embedded newlines (a multi-line message would break the one-line contract).
@@ -662,10 +486,12 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   try {
     return run(args);
-  } catch (const UsageError& e) {
+  } catch (const cli::UsageError& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "shardwise: %s\n", one_line(e.message).c_str());
-    std::fprintf(stderr, "Try 'shardwise %s%s--help'.\n", e.cmd.c_str(), e.cmd.empty() ? "" : " ");
+    if (cli::prints_usage()) {
+      std::fprintf(stderr, "%s: %s\n", e.cmd.c_str(), one_line(e.message).c_str());
+      std::fprintf(stderr, "Try '%s --help'.\n", e.cmd.c_str());
+    }
     return 2;
   } catch (const sw::Error& e) {
     std::fflush(stdout);

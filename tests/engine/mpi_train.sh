@@ -101,4 +101,10 @@ rc=$?
 [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || { cat "$work/nan.log"; fail "a diverging run: status $rc"; }
 n=$(grep -c "train: non-finite" "$work/nan.log")
 [ "$n" -eq 1 ] || { cat "$work/nan.log"; fail "non-finite error printed $n times (want 1)"; }
+# A usage mistake: every rank parses the same line and exits 2; rank 0 alone prints it.
+timeout 60 "${mpirun[@]}" -np 2 "$sw" train "$work/cfg.json" --quiet --bogus >"$work/usage.log" 2>&1
+rc=$?
+[ "$rc" -eq 2 ] || { cat "$work/usage.log"; fail "a usage mistake under mpirun: status $rc (want 2)"; }
+n=$(grep -c "^shardwise train: unknown option '--bogus'" "$work/usage.log")
+[ "$n" -eq 1 ] || { cat "$work/usage.log"; fail "usage mistake printed $n times (want 1)"; }
 echo "mpi_train: ok ($(($(date +%s) - start)) s for the error runs)"

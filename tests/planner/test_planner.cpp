@@ -313,12 +313,13 @@ TEST_CASE("search: a budget too small for any plan names the smallest feasible o
   CHECK(r.err.find("dominated by") != std::string::npos);
   CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
 
-  // A budget string that does not parse, and a malformed profile: one line each, non-zero.
+  // A budget string that does not parse is a usage mistake (exit 2: one line naming the
+  // option, then the --help hint); a malformed profile an error (one line, non-zero).
   const Run b = shardwise({"plan", "cfg.json", "--hardware", "hw.json", "--memory-budget", "8 gigs"},
                           dir.path);
-  CHECK(b.rc != 0);
-  CHECK(b.err.find("cannot parse '8 gigs' as bytes") != std::string::npos);
-  CHECK(std::count(b.err.begin(), b.err.end(), '\n') == 1);
+  CHECK(b.rc == 2);
+  CHECK(b.err.find("shardwise plan: --memory-budget: cannot parse '8 gigs' as bytes") == 0);
+  CHECK(std::count(b.err.begin(), b.err.end(), '\n') == 2);
   {
     std::ofstream f(dir.path / "bad.json");
     f << R"({"compute": {"elementwise_bytes_per_s": 1e9, "optimizer_floats_per_s": 1e9},

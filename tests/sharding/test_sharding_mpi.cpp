@@ -20,6 +20,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <numeric>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -559,32 +561,44 @@ TEST_CASE("offload_optimizer nvme: bit-identical, moments in a file per rank",
           ShardedModel sm(m, cpu(), 1, g, p);
           CHECK(std::filesystem::exists(file));
           const StepPlan plan = sm.step_plan(2, tiny(type).seq_len, 1);
-          // Every piece is read once: the first buffers - 1 by the micro-step (carried, at its
-          // start, waited for by nothing in it), the rest by the optimizer, whose fetches of
-          // the carried pieces adopt those reads (0 bytes).
+          // Deferred updates (the default, OptimizerOffload::defer_update): every piece is
+          // read once and written once, inside the micro-step's forward, each unit's update
+          // before its first forward call; the first buffers - 1 reads adopt those the
+          // previous step's last micro-step left in flight (0 bytes, at the segment's start),
+          // and the step issues the same number again for the next step, waited for by
+          // nothing in it. The optimizer segment updates none of these units.
           int reads = 0, evict = 0, carried_out = 0, carried_in = 0;
           const Segment& opt = plan.segments.back();
           REQUIRE(opt.kind == SegmentKind::Optimizer);
+          const int U = static_cast<int>(m.units.size());
+          std::vector<int> first_forward(size_t(U), -1), last_update(size_t(U), -1);
+          std::set<int> carried_reads;
           for (int i = 0; i < int(plan.actions.size()); ++i) {
             const Action& a = plan.actions[size_t(i)];
             reads += a.kind == ActionKind::Fetch && a.bytes > 0;
             evict += a.kind == ActionKind::Evict;
             if (a.kind == ActionKind::Fetch || a.kind == ActionKind::Evict)
-              CHECK((a.queue == Queue::IO && a.slot >= 0 && a.slot < buffers));
-            const bool carried_fetch = a.carry && a.kind == ActionKind::Fetch;
-            if (carried_fetch && i < opt.begin) {
-              CHECK(i == carried_out);  // the micro-step's first actions
-              CHECK(a.bytes > 0);
-              ++carried_out;
-            }
-            if (carried_fetch && i >= opt.begin) {
+              CHECK((a.queue == Queue::IO && a.slot >= 0 && a.slot < buffers && i < opt.begin));
+            if (a.kind == ActionKind::Fetch && a.adopt) {
+              CHECK(i == carried_in);  // the micro-step's first actions
               CHECK(a.bytes == 0);
               ++carried_in;
+            } else if (a.kind == ActionKind::Fetch && a.carry) {
+              CHECK(a.bytes > 0);
+              carried_reads.insert(i);
+              ++carried_out;
             }
-            for (int w : a.waits)
-              if (i < opt.begin) CHECK(!plan.actions[size_t(w)].carry);  // (reads, writes)
+            for (int w : a.waits) CHECK(carried_reads.count(w) == 0);
+            if (a.kind == ActionKind::Forward && first_forward[size_t(a.unit)] < 0)
+              first_forward[size_t(a.unit)] = i;
+            if (a.kind == ActionKind::OptimizerUpdate && p.offload_optimizer.offloaded(a.unit, U))
+              last_update[size_t(a.unit)] = i;
           }
-          const int U = static_cast<int>(m.units.size());
+          for (int u = 0; u < U; ++u)
+            if (p.offload_optimizer.offloaded(u, U)) {
+              CHECK(last_update[size_t(u)] >= 0);
+              CHECK(last_update[size_t(u)] < first_forward[size_t(u)]);
+            }
           int64_t pieces = 0;
           const int64_t S = st == ShardingStrategy::NoShard ? 1 : g->size();
           for (int u = 0; u < U; ++u)
@@ -595,6 +609,34 @@ TEST_CASE("offload_optimizer nvme: bit-identical, moments in a file per rank",
           CHECK(evict == pieces);
           CHECK(carried_out == std::min<int64_t>(buffers - 1, pieces));
           CHECK(carried_in == carried_out);
+          {  // Without deferral: the optimizer segment streams the pieces at the step's end,
+             // adopting the reads the micro-step issued at its start.
+            ShardingPolicy q = p;
+            q.offload_optimizer.defer_update = false;
+            ShardedModel sq(m, cpu(), 1, g, q);
+            const StepPlan pq = sq.step_plan(2, tiny(type).seq_len, 1);
+            const Segment& oq = pq.segments.back();
+            int qreads = 0, out = 0, in = 0;
+            for (int i = 0; i < int(pq.actions.size()); ++i) {
+              const Action& a = pq.actions[size_t(i)];
+              qreads += a.kind == ActionKind::Fetch && a.bytes > 0;
+              if (a.kind == ActionKind::Fetch && a.carry && i < oq.begin) {
+                CHECK(i == out);
+                CHECK((a.bytes > 0 && !a.adopt));
+                ++out;
+              }
+              if (a.kind == ActionKind::Fetch && a.carry && i >= oq.begin) {
+                CHECK((a.bytes == 0 && a.adopt));
+                ++in;
+              }
+              if (a.kind == ActionKind::OptimizerUpdate) CHECK(i >= oq.begin);
+              for (int w : a.waits)
+                if (i < oq.begin) CHECK(!pq.actions[size_t(w)].carry);  // (reads, writes)
+            }
+            CHECK(qreads == pieces);
+            CHECK(out == std::min<int64_t>(buffers - 1, pieces));
+            CHECK(in == out);
+          }
           // The write-backs of moments are left in flight past the optimizer (carried): no
           // action of the step waits for them; the next optimizer settles them first.
           int carried_evicts = 0;
@@ -752,6 +794,75 @@ TEST_CASE("offload everything to nvme: bit-identical on each io engine", "[offlo
         for (const char* f : {"params.bin", "optimizer.bin", "activations.bin"})
           CHECK(!std::filesystem::exists(rdir + "/" + f));
       }
+  g->barrier();
+  if (g->rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// Deferred updates (offload_optimizer.defer_update): the same numbers as updating at the
+// step's end when the state is read between steps (evaluation, the gradient norm, moments
+// through checkpoint access, a second optimizer step without a micro-step), with accumulation,
+// and with activation checkpointing; the steady-state plan updates the offloaded units inside
+// the first micro-step, before each one's first forward call.
+TEST_CASE("offload_optimizer nvme: deferred updates equal the step-end ones around state access",
+          "[offload_nvme]") {
+  const GroupPtr g = world();
+  AioConfig aio;
+  bool forced = false;
+  if (!test_aio_backend(g, aio, forced)) return;
+  const std::string dir = job_tmp_dir(g);
+  for (const std::string type : {"gpt2", "llama"})
+    for (ShardingStrategy st : {ShardingStrategy::FullShard, ShardingStrategy::NoShard}) {
+      const ModelConfig mc = tiny(type);
+      auto run = [&](bool defer, int accum) {
+        ShardingPolicy p = ShardingPolicy::for_strategy(st);
+        p.offload_optimizer.device = OffloadDevice::Nvme;
+        p.offload_optimizer.nvme_path = dir;
+        p.offload_optimizer.piece_floats = 1000;
+        p.offload_optimizer.ratio = 0.5;
+        p.offload_optimizer.defer_update = defer;
+        p.activation_checkpointing.mode = CheckpointMode::Full;
+        p.aio = aio;
+        Model m = build_model(mc);
+        ShardedModel sm(m, cpu(), 4242, g, p);
+        const int B = 2, T = mc.seq_len, W = g->size(), r = g->rank();
+        const StepPlan plan = sm.step_plan(B, T, accum);
+        int in_micro = 0;  // offloaded units' updates inside the first micro-step
+        for (int i = plan.segments[0].begin; i < plan.segments[0].end; ++i)
+          in_micro += plan.actions[size_t(i)].kind == ActionKind::OptimizerUpdate;
+        CHECK((in_micro > 0) == defer);
+        Corpus corpus(mc.vocab_size);
+        std::vector<int32_t> in(size_t(B) * T), tg(size_t(B) * T);
+        const Batch batch{in.data(), tg.data(), B, T};
+        AdamWParams ap;
+        std::vector<double> out;
+        for (int s = 0; s < 6; ++s) {
+          sm.zero_grads();
+          for (int k = 0; k < accum; ++k) {
+            corpus.fill(s, (int64_t{k} * W + r) * B, B, T, in.data(), tg.data());
+            out.push_back(sm.forward_backward(batch, 1.f / float(accum), k + 1 == accum));
+          }
+          const double norm = sm.grad_norm();
+          out.push_back(norm);
+          sm.optimizer_step(ap, 3e-3f, static_cast<float>(std::min(1.0, 1.0 / norm)), s + 1);
+          if (s == 1) out.push_back(sm.eval_loss(batch));
+          if (s == 2) {  // the moments of the first (offloaded) unit, through the tier
+            const FlatRange h = sm.held_range(0, ShardedModel::StateKind::ExpAvgSq);
+            const float* v = sm.state_view(0, ShardedModel::StateKind::ExpAvgSq, h);
+            out.push_back(std::accumulate(v, v + h.size(), 0.0));
+          }
+          if (s == 3) sm.optimizer_step(ap, 1e-3f, 0.5f, s + 1);  // two updates in a row
+        }
+        sm.for_each_param([&](const ParamSpec& ps, const float* x) {
+          out.push_back(std::accumulate(x, x + numel(ps.shape), 0.0));
+          out.push_back(x[0]);
+        });
+        return out;
+      };
+      for (int accum : {1, 2}) {
+        INFO(type << " " << strategy_name(st) << " accum " << accum);
+        CHECK(run(true, accum) == run(false, accum));
+      }
+    }
   g->barrier();
   if (g->rank() == 0) std::filesystem::remove_all(dir);
 }

@@ -47,15 +47,39 @@ bool has(const std::string& hay, const std::string& needle) {
   return hay.find(needle) != std::string::npos;
 }
 
-// A usage mistake: exit 2, "shardwise: <problem>" then a "Try ... --help" hint, nothing else.
-void check_usage_error(const Result& r, const std::string& needle) {
+// The command path a usage mistake names: "shardwise", then the (sub)command in args.
+std::string command_of(const std::vector<std::string>& args) {
+  static const std::vector<std::string> top = {"train", "profile", "plan", "plan-dump",
+                                               "data",  "sample",  "ckpt"};
+  std::string path = "shardwise";
+  if (args.empty() || std::find(top.begin(), top.end(), args[0]) == top.end()) return path;
+  path += " " + args[0];
+  if (args.size() > 1 && ((args[0] == "data" && args[1] == "prepare") ||
+                          (args[0] == "ckpt" && (args[1] == "export" || args[1] == "inspect" ||
+                                                 args[1] == "verify"))))
+    path += " " + args[1];
+  return path;
+}
+
+// A usage mistake: exit 2, "shardwise <cmd>: <problem>" then "Try 'shardwise <cmd> --help'.",
+// nothing else, nothing on stdout.
+void check_usage_error(const Result& r, const std::string& cmd, const std::string& needle) {
   INFO("stderr: " << r.err);
   CHECK(r.rc == 2);
+  CHECK(r.out.empty());
   const auto ls = lines(r.err);
   REQUIRE(ls.size() == 2);
-  CHECK(ls[0].rfind("shardwise: ", 0) == 0);
+  CHECK(ls[0].rfind(cmd + ": ", 0) == 0);
   CHECK(has(ls[0], needle));
-  CHECK(has(ls[1], "--help"));
+  CHECK(ls[1] == "Try '" + cmd + " --help'.");
+}
+
+void check_usage(const fs::path& d, const std::vector<std::string>& args,
+                 const std::string& needle) {
+  std::ostringstream shown;
+  for (const auto& x : args) shown << ' ' << q(x);
+  INFO("args:" << shown.str());
+  check_usage_error(sw_run(d, args), command_of(args), needle);
 }
 
 // A user error: exit 1 and exactly one line "shardwise: error: ..." naming the problem.
@@ -146,35 +170,163 @@ TEST_CASE("cli: --help and --version work for the program and every subcommand")
 TEST_CASE("cli: usage mistakes exit 2 with one line naming the problem") {
   const fs::path d = scratch("usage");
   spit(d / "cfg.json", "{}");
-  check_usage_error(sw_run(d, {}), "missing command");
-  check_usage_error(sw_run(d, {"frobnicate"}), "unknown command 'frobnicate'");
-  check_usage_error(sw_run(d, {"--frob"}), "unknown option '--frob'");
-  check_usage_error(sw_run(d, {"train"}), "missing CONFIG");
-  check_usage_error(sw_run(d, {"train", "cfg.json", "--bogus"}), "unknown option '--bogus'");
-  check_usage_error(sw_run(d, {"train", "cfg.json", "--set"}), "--set needs a value");
-  check_usage_error(sw_run(d, {"train", "cfg.json", "--set", "novalue"}), "KEY=VALUE");
-  check_usage_error(sw_run(d, {"train", "a.json", "b.json"}), "unexpected argument 'b.json'");
-  check_usage_error(sw_run(d, {"data"}), "missing data subcommand");
-  check_usage_error(sw_run(d, {"data", "shuffle"}), "unknown data subcommand 'shuffle'");
-  check_usage_error(sw_run(d, {"data", "prepare", "x.txt"}), "missing --out");
-  check_usage_error(sw_run(d, {"data", "prepare", "--out", "x.bin"}), "no input TEXT");
-  check_usage_error(sw_run(d, {"data", "prepare", "x.txt", "--out", "a.bin", "--val-fraction",
-                               "1.5", "--val", "b.bin"}),
+  check_usage(d, {}, "missing command");
+  check_usage(d, {"frobnicate"}, "unknown command 'frobnicate'");
+  check_usage_error(sw_run(d, {"help", "frobnicate"}), "shardwise help",
+                    "no command 'frobnicate' (expected train, profile");
+  check_usage_error(sw_run(d, {"help", "data", "shuffle"}), "shardwise help",
+                    "no data subcommand 'shuffle' (expected prepare)");
+  check_usage(d, {"--frob"}, "unknown option '--frob'");
+  check_usage(d, {"train"}, "missing CONFIG");
+  check_usage(d, {"train", "cfg.json", "--bogus"}, "unknown option '--bogus'");
+  check_usage(d, {"train", "cfg.json", "--set"}, "--set needs a value");
+  check_usage(d, {"train", "cfg.json", "--set", "novalue"}, "KEY=VALUE");
+  check_usage(d, {"train", "a.json", "b.json"}, "unexpected argument 'b.json'");
+  check_usage(d, {"data"}, "missing data subcommand");
+  check_usage(d, {"data", "shuffle"}, "unknown data subcommand 'shuffle'");
+  check_usage(d, {"data", "prepare", "x.txt"}, "missing --out");
+  check_usage(d, {"data", "prepare", "--out", "x.bin"}, "missing TEXT");
+  check_usage(d, {"data", "prepare", "x.txt", "--out", "a.bin", "--val-fraction",
+                               "1.5", "--val", "b.bin"},
                     "--val-fraction");
-  check_usage_error(sw_run(d, {"data", "prepare", "x.txt", "--out", "a.bin", "--val-fraction",
-                               "0.1"}),
-                    "needs --val");
-  check_usage_error(sw_run(d, {"sample", "--weights", "w.safetensors"}), "missing --config");
-  check_usage_error(sw_run(d, {"sample", "--config", "cfg.json", "--tokens", "abc"}),
-                    "--tokens expects an integer, got 'abc'");
-  check_usage_error(sw_run(d, {"sample", "--config", "cfg.json", "--tokens", "12x"}),
-                    "--tokens expects an integer");
-  check_usage_error(sw_run(d, {"sample", "--config", "cfg.json", "--temperature", "hot"}),
-                    "--temperature expects a number");
-  check_usage_error(sw_run(d, {"sample", "--config", "cfg.json", "--temperature", "-1"}),
-                    "--temperature must be >= 0");
-  check_usage_error(sw_run(d, {"sample", "--config", "cfg.json", "--seed", "-3"}), "--seed");
-  check_usage_error(sw_run(d, {"sample", "--config"}), "--config needs a value");
+  check_usage(d, {"data", "prepare", "x.txt", "--out", "a.bin", "--val-fraction",
+                               "0.1"},
+                    "--val-fraction requires --val");
+  check_usage(d, {"sample", "--weights", "w.safetensors"}, "missing --config");
+  check_usage(d, {"sample", "--config", "cfg.json", "--tokens", "abc"},
+                    "--tokens: expects an integer, got 'abc'");
+  check_usage(d, {"sample", "--config", "cfg.json", "--tokens", "12x"},
+                    "--tokens: expects an integer, got '12x'");
+  check_usage(d, {"sample", "--config", "cfg.json", "--temperature", "hot"},
+                    "--temperature: expects a number");
+  check_usage(d, {"sample", "--config", "cfg.json", "--temperature", "-1"},
+                    "--temperature: must be >= 0");
+  check_usage(d, {"sample", "--config", "cfg.json", "--seed", "-3"}, "--seed");
+  check_usage(d, {"sample", "--config"}, "--config needs a value");
+}
+
+// Every command and subcommand, the same way: --help (and -h, and `help <cmd>`) prints its
+// usage line and every option and exits 0; an unknown option, and a missing required argument,
+// exit 2 with one line naming it and the subcommand, then the --help hint.
+TEST_CASE("cli: every subcommand has --help, names an unknown option and a missing argument") {
+  const fs::path d = scratch("subcommands");
+  struct Cmd {
+    std::vector<std::string> path;     // {"data", "prepare"}; {} = the program
+    std::vector<std::string> mention;  // what its --help lists
+    std::vector<std::string> given;    // arguments that satisfy every required one
+    std::vector<std::string> lacking;  // arguments that leave one out ...
+    std::string missing;               // ... and how the error names it
+  };
+  const std::vector<Cmd> cmds = {
+      {{},
+       {"--help", "--version", "train", "profile", "plan", "plan-dump", "data", "sample", "ckpt",
+        "help", "Exit codes"},
+       {},
+       {},
+       "missing command"},
+      {{"train"},
+       {"CONFIG.json", "--set", "--quiet", "--no-export", "--resume", "--init-from", "KEY=VALUE",
+        "DIR|auto"},
+       {"cfg.json"},
+       {"--quiet"},
+       "missing CONFIG.json"},
+      {{"profile"},
+       {"CONFIG.json", "--steps", "--out", "--set", "--quiet", "--plan", "trace_rank<r>.json"},
+       {"cfg.json"},
+       {"--steps", "4"},
+       "missing CONFIG.json"},
+      {{"plan"},
+       {"CONFIG.json", "--world-size", "--json", "--set", "--hardware", "--calibrate",
+        "--out-hardware", "--memory-budget", "--host-budget", "--nvme-budget", "--nvme-path",
+        "--out", "--timeline"},
+       {"cfg.json"},
+       {"--json"},
+       "missing CONFIG.json"},
+      {{"plan-dump"},
+       {"CONFIG.json", "--world-size", "--eval", "--set"},
+       {"cfg.json"},
+       {"--eval"},
+       "missing CONFIG.json"},
+      {{"data"}, {"prepare"}, {}, {}, "missing data subcommand (expected prepare)"},
+      {{"data", "prepare"},
+       {"TEXT", "--out", "--val", "--val-fraction"},
+       {"x.txt", "--out", "x.bin"},
+       {"x.txt"},
+       "missing --out FILE.bin"},
+      {{"sample"},
+       {"--config", "--weights", "--prompt", "--tokens", "--temperature", "--top-k", "--seed",
+        "--set"},
+       {"--config", "cfg.json"},
+       {"--tokens", "5"},
+       "missing --config"},
+      {{"ckpt"},
+       {"export", "inspect", "verify"},
+       {},
+       {},
+       "missing ckpt subcommand (expected export, inspect or verify)"},
+      {{"ckpt", "export"},
+       {"DIR", "--out"},
+       {"d", "--out", "m.safetensors"},
+       {"d"},
+       "missing --out MODEL.safetensors"},
+      {{"ckpt", "inspect"}, {"DIR"}, {"d"}, {}, "missing DIR"},
+      {{"ckpt", "verify"}, {"DIR"}, {"d"}, {}, "missing DIR"},
+  };
+  for (const Cmd& c : cmds) {
+    std::string name = "shardwise";
+    for (const auto& p : c.path) name += " " + p;
+    INFO("command: " << name);
+    auto with = [&](std::vector<std::string> extra) {
+      std::vector<std::string> a = c.path;
+      a.insert(a.end(), extra.begin(), extra.end());
+      return a;
+    };
+    const Result h = sw_run(d, with({"--help"}));
+    CHECK(h.rc == 0);
+    CHECK(h.err.empty());
+    CHECK(h.out.rfind("Usage: " + name + " ", 0) == 0);
+    for (const auto& m : c.mention) {
+      INFO("--help mentions " << m);
+      CHECK(has(h.out, m));
+    }
+    CHECK(sw_run(d, with({"-h"})).out == h.out);
+    std::vector<std::string> help_cmd = {"help"};
+    help_cmd.insert(help_cmd.end(), c.path.begin(), c.path.end());
+    CHECK(sw_run(d, help_cmd).out == h.out);
+    // --help wins over whatever else is on the line (nothing runs).
+    CHECK(sw_run(d, with({"--no-such-option", "--help"})).rc == 0);
+
+    std::vector<std::string> unknown = c.given;
+    unknown.push_back("--no-such-option");
+    check_usage_error(sw_run(d, with(unknown)), name, "unknown option '--no-such-option'");
+    check_usage_error(sw_run(d, with(c.lacking)), name, c.missing);
+  }
+}
+
+// Under mpirun every rank parses the same line: rank 0 alone prints help and usage mistakes,
+// every rank exits with the same code (the launcher's rank comes from the environment).
+TEST_CASE("cli: a rank other than 0 prints no help or usage mistake, with the same exit code") {
+  const fs::path d = scratch("rank1");
+  setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+  setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  const Result h = sw_run(d, {"train", "--help"});
+  const Result u = sw_run(d, {"train", "cfg.json", "--bogus"});
+  const Result p = sw_run(d, {"plan", "--calibrate", "--world-size", "many"});
+  const Result v = sw_run(d, {"--version"});
+  unsetenv("OMPI_COMM_WORLD_RANK");
+  unsetenv("OMPI_COMM_WORLD_SIZE");
+  CHECK(h.rc == 0);
+  CHECK(h.out.empty());
+  CHECK(u.rc == 2);
+  CHECK(u.err.empty());
+  CHECK(p.rc == 2);
+  CHECK(p.err.empty());
+  CHECK(v.rc == 0);
+  CHECK(v.out.empty());
+  // Rank 0 of the same launch prints them.
+  CHECK(has(sw_run(d, {"train", "--help"}).out, "Usage: shardwise train"));
+  check_usage_error(sw_run(d, {"train", "cfg.json", "--bogus"}), "shardwise train",
+                    "unknown option '--bogus'");
 }
 
 TEST_CASE("cli: data prepare writes llm.c .bin files byte for byte") {
@@ -320,14 +472,14 @@ TEST_CASE("cli: profile writes trace and memory chart and peaks and names a bad 
   spit(d / "cfg.json", tiny_config(d));
 
   CHECK(has(sw_run(d, {"profile", "--help"}).out, "trace_rank<r>.json"));
-  check_usage_error(sw_run(d, {"profile"}), "missing CONFIG");
-  check_usage_error(sw_run(d, {"profile", "cfg.json", "--steps", "many"}),
-                    "--steps expects an integer, got 'many'");
-  check_usage_error(sw_run(d, {"profile", "cfg.json", "--steps", "1"}),
-                    "--steps must be between 2 and 1000000, got 1");
-  check_usage_error(sw_run(d, {"profile", "cfg.json", "--steps"}), "--steps needs a value");
-  check_usage_error(sw_run(d, {"profile", "cfg.json", "--out", ""}), "--out expects a directory");
-  check_usage_error(sw_run(d, {"profile", "cfg.json", "--frob"}), "unknown option '--frob'");
+  check_usage(d, {"profile"}, "missing CONFIG");
+  check_usage(d, {"profile", "cfg.json", "--steps", "many"},
+                    "--steps: expects an integer, got 'many'");
+  check_usage(d, {"profile", "cfg.json", "--steps", "1"},
+                    "--steps: must be between 2 and 1000000, got 1");
+  check_usage(d, {"profile", "cfg.json", "--steps"}, "--steps needs a value");
+  check_usage(d, {"profile", "cfg.json", "--out", ""}, "--out: expects a value, got ''");
+  check_usage(d, {"profile", "cfg.json", "--frob"}, "unknown option '--frob'");
   // An --out that cannot be a directory: one error line naming it, before any step.
   spit(d / "afile", "x");
   const Result bad = sw_run(d, {"profile", "cfg.json", "--quiet", "--out", "afile/sub"});
@@ -365,8 +517,17 @@ TEST_CASE("cli: plan predicts each rank's peak per tier and category") {
   const fs::path d = scratch("plan");
   spit(d / "cfg.json", tiny_config(d));
   CHECK(has(sw_run(d, {"plan", "--help"}).out, "--json"));
-  check_usage_error(sw_run(d, {"plan"}), "missing CONFIG");
-  check_usage_error(sw_run(d, {"plan", "cfg.json", "--eval"}), "unknown option '--eval'");
+  check_usage(d, {"plan"}, "missing CONFIG");
+  check_usage(d, {"plan", "cfg.json", "--eval"}, "unknown option '--eval'");
+  check_usage(d, {"plan", "cfg.json", "--world-size", "2x"}, "--world-size: expects an integer");
+  check_usage(d, {"plan", "cfg.json", "--memory-budget", "lots"},
+              "--memory-budget: cannot parse 'lots' as bytes");
+  check_usage(d, {"plan", "cfg.json", "--memory-budget", "0"}, "more than 0 bytes");
+  check_usage(d, {"plan", "cfg.json", "--out", "best.json"}, "--out requires --memory-budget");
+  check_usage(d, {"plan", "cfg.json", "--host-budget", "1GiB"},
+              "--host-budget requires --memory-budget");
+  check_usage(d, {"plan", "--calibrate", "--memory-budget", "1GiB"}, "excludes");
+  check_usage(d, {"plan", "cfg.json", "--hardware", ""}, "--hardware: expects a value");
   const Result t = sw_run(d, {"plan", "cfg.json", "--world-size", "2"});
   INFO(t.err);
   REQUIRE(t.rc == 0);
@@ -405,9 +566,9 @@ TEST_CASE("cli: plan-dump prints the step plan N ranks execute, without the laun
   const fs::path d = scratch("plan_dump");
   spit(d / "cfg.json", tiny_config(d));  // data files need not exist: nothing is read
   CHECK(has(sw_run(d, {"plan-dump", "--help"}).out, "--world-size"));
-  check_usage_error(sw_run(d, {"plan-dump"}), "missing CONFIG");
-  check_usage_error(sw_run(d, {"plan-dump", "cfg.json", "--world-size", "0"}), "--world-size");
-  check_usage_error(sw_run(d, {"plan-dump", "cfg.json", "--world-size", "x"}), "--world-size");
+  check_usage(d, {"plan-dump"}, "missing CONFIG");
+  check_usage(d, {"plan-dump", "cfg.json", "--world-size", "0"}, "--world-size");
+  check_usage(d, {"plan-dump", "cfg.json", "--world-size", "x"}, "--world-size");
   // HYBRID over 4 ranks in groups of 2: reduce-scatter within the group, then all-reduce
   // across the replicas, as one process that was not launched by mpirun plans it.
   const Result h = sw_run(d, {"plan-dump", "cfg.json", "--world-size", "4", "--set",
