@@ -284,6 +284,8 @@ void release_cached() {
   for (size_t t = 0; t < static_cast<size_t>(Tier::Count); ++t) release_pool(static_cast<Tier>(t));
 }
 
+size_t alloc_block_size(size_t bytes) { return bytes == 0 ? 0 : round_size(bytes); }
+
 size_t cached_bytes() {
   size_t n = 0;
   for (size_t t = 0; t < static_cast<size_t>(Tier::Count); ++t) {

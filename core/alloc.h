@@ -112,6 +112,9 @@ void set_caching(bool on);  // off: later buffers use aligned_alloc/free; cached
 bool caching();
 void release_cached();  // returns every cached free block of every tier to the OS
 size_t cached_bytes();  // free bytes held by the pools (all tiers)
+// The block size the caching allocator serves a request of `bytes` with (the rounding in the
+// comment at the top); the planner's RSS prediction adds it up over the plan's buffers.
+size_t alloc_block_size(size_t bytes);
 
 // Device allocators register here (the CPU one is built in); core never includes CUDA.
 struct DeviceAllocator {

@@ -43,6 +43,7 @@ class TokenFile {
   const uint16_t* tokens() const { return tokens_; }
   int64_t size() const { return n_; }
   const std::string& path() const { return path_; }
+  size_t map_bytes() const { return map_bytes_; }  // the whole file, mapped (resident once checked)
   // Entropy (nats) of the file's token-frequency (unigram) distribution: the loss a model that
   // only learned token frequencies would reach. For byte-level data, the byte-unigram entropy.
   double unigram_entropy() const { return entropy_; }

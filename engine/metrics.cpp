@@ -34,6 +34,8 @@ std::string metrics_json_line(const StepMetrics& m) {
   j["grad_norm"] = num(m.grad_norm);
   j["tokens_per_s"] = num(m.tokens_per_s);
   j["peak_mem_bytes"] = m.peak_mem_bytes;
+  if (m.host_peak_mem_bytes >= 0) j["host_peak_mem_bytes"] = m.host_peak_mem_bytes;
+  if (m.reserved_peak_bytes >= 0) j["reserved_peak_bytes"] = m.reserved_peak_bytes;
   j["step_time_s"] = num(m.step_time_s);
   j["comm_s"] = num(m.comm_s);
   j["exposed_comm_s"] = num(m.exposed_comm_s);

@@ -12,7 +12,11 @@
 // system CPU seconds during the step, all threads, from getrusage: a steady state that
 // allocates nothing from the OS shows ~0 faults and sys_s << user_s), rss_bytes and
 // max_rss_bytes (resident set at the end of the step and its peak so far, /proc/self/statm and
-// getrusage: what a long run watches for growth), open_fds (descriptors open), and val_loss on
+// getrusage: what a long run watches for growth; max_rss_bytes is the figure `plan` predicts
+// as rss_bytes), host_peak_mem_bytes (the host tier's tracked peak: offloaded state, the same
+// RAM on the CPU backend), reserved_peak_bytes (what the caching allocator holds at most, in
+// use + cached, all tiers together: the tracked bytes plus rounding and blocks kept free),
+// open_fds (descriptors open), and val_loss on
 // evaluation steps only. Non-finite numbers are written
 // as null. With several ranks, rank 0 writes the file: loss and grad_norm are global, the
 // memory and communication figures are rank 0's.
@@ -32,6 +36,8 @@ struct StepMetrics {
   double grad_norm = 0;
   double tokens_per_s = 0;
   size_t peak_mem_bytes = 0;
+  int64_t host_peak_mem_bytes = -1;  // host tier's tracked peak (-1: not measured)
+  int64_t reserved_peak_bytes = -1;  // caching allocator's peak reservation, all tiers
   double step_time_s = 0;
   double comm_s = 0;          // communication time during the step (this rank)
   double exposed_comm_s = 0;  // time blocked waiting for communication (this rank)

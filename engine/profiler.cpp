@@ -171,6 +171,7 @@ std::string peaks_json(const Peaks& p) {
   }
   j["at_peak"] = at;
   j["peak_per_category"] = per;
+  if (p.max_rss_bytes >= 0) j["max_rss_bytes"] = p.max_rss_bytes;
   return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 }
 

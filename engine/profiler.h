@@ -68,6 +68,9 @@ struct Peaks {
   std::string peak_kind;    // time span holds peak_time (0 / "": none does, or the start state)
   std::map<std::string, int64_t> at_peak;            // bytes per category at the total's peak
   std::map<std::string, int64_t> peak_per_category;  // each category's own peak
+  // The process's peak resident set when the peaks were written (getrusage's ru_maxrss; set by
+  // the caller, -1: not measured): what `plan` predicts as rss_bytes.
+  int64_t max_rss_bytes = -1;
 };
 
 Peaks compute_peaks(const ProfileData& d);

@@ -52,6 +52,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -284,7 +285,9 @@ class Trainer {
   void setup_model() {
     // memory_budget: checked from the first parameter allocation on, lifted when the run ends.
     budget_.set(cfg_.memory_budget);
-    MemTracker::global().reset_peaks();  // peak_mem_bytes is this run's peak
+    // peak_mem_bytes (and the host tier's, the reservations') are this run's peaks
+    for (size_t t = 0; t < static_cast<size_t>(Tier::Count); ++t)
+      MemTracker::of(static_cast<Tier>(t)).reset_peaks();
     model_ = build_model(cfg_.model);
     wrap_blocks(model_, cfg_.blocks_per_unit);
     ShardingPolicy policy = cfg_.sharding;
@@ -553,6 +556,10 @@ class Trainer {
       if (rec) recorder_->action(s + 1, 0, accum_ + 2, "evaluate", te);
     }
     m.peak_mem_bytes = MemTracker::global().total_peak();
+    m.host_peak_mem_bytes = static_cast<int64_t>(MemTracker::of(Tier::Host).total_peak());
+    m.reserved_peak_bytes = 0;
+    for (size_t t = 0; t < static_cast<size_t>(Tier::Count); ++t)
+      m.reserved_peak_bytes += static_cast<int64_t>(MemTracker::of(static_cast<Tier>(t)).reserved_peak());
     if (ckpt_activity_) {
       m.ckpt_stall_s = ckpt_since_line_.stall_s;
       m.ckpt_saved = ckpt_since_line_.committed;
@@ -622,11 +629,28 @@ class Trainer {
     const PlanPeak pk = replay_peak_alloc_first(step_plan_);
     const int64_t ws = kernel_workspace_bytes(cfg_.model, B_, T_,
                                               cfg_.sharding.mixed_precision.param_dtype, W_,
-                                              largest_collective(step_plan_));
+                                              comm_scratch_bytes(step_plan_));
     nlohmann::json j;
     j["rank"] = rank_;
     j["peak_bytes"] = pk.total;
     j["workspace_estimate_bytes"] = ws;
+    {  // the process's resident set, as `plan` predicts it (the default profile's baseline)
+      std::optional<HardwareProfile> hw;
+      try {
+        std::error_code ec;
+        if (fs::exists(default_hardware_path(), ec)) hw = load_hardware(default_hardware_path());
+      } catch (const Error&) {
+      }
+      int64_t host = 0;
+      for (int64_t b : step_plan_.persistent_host) host += b;
+      const RssPrediction rss = predict_rss(step_plan_, make_plan_input(model_, sm_->policy(), W_),
+                                            pk.total + ws, host,
+                                            int64_t(train_data_ ? train_data_->map_bytes() : 0) +
+                                                int64_t(val_data_ ? val_data_->map_bytes() : 0),
+                                            hw ? &*hw : nullptr);
+      j["rss_bytes"] = rss.total;
+      j["rss_baseline_bytes"] = rss.baseline;
+    }
     j["peak_action"] = pk.action;
     j["peak_kind"] = pk.action >= 0
                          ? action_kind_name(step_plan_.actions[static_cast<size_t>(pk.action)].kind)
@@ -651,6 +675,10 @@ class Trainer {
     r.svg_path = (dir / ("memory" + tag + ".svg")).string();
     r.peaks_path = (dir / ("peaks" + tag + ".json")).string();
     r.peaks = compute_peaks(d);
+    {
+      const CpuUsage u = cpu_usage();
+      r.peaks.max_rss_bytes = std::max(u.max_rss_bytes, u.rss_bytes);
+    }
     r.tracker_peak_bytes = static_cast<int64_t>(MemTracker::global().total_peak());
     write_chrome_trace(d, r.trace_path);
     write_memory_svg(d, r.svg_path, predicted.empty() ? nullptr : &predicted);

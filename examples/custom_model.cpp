@@ -12,9 +12,14 @@
 // optimizer state, and shards them across ranks when run under mpirun).
 //
 //   custom_model [--steps N] [--gradcheck] [--check-activations]
+//   custom_model --plan [--world-size N] [--undeclared] [--measure-unknown]
 // --gradcheck compares every parameter gradient with central finite differences and exits
 // non-zero on a mismatch; --check-activations runs every unit call and compares the memory it
-// allocates with its declare_activations() (the test suite runs both).
+// allocates with its declare_activations() (the test suite runs both). --plan predicts, with
+// the memory planner and without running the model, each rank's peak memory and process RSS
+// for a training step on N ranks (FULL_SHARD, B=8, T=32). --undeclared makes the blocks behave
+// as a unit written without declare_activations: the planner then refuses, naming the unit,
+// unless --measure-unknown asks it to run each such call once and use what it allocated.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -22,10 +27,12 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/rng.h"
 #include "kernels/ops.h"
 #include "models/activation_check.h"
 #include "models/model.h"
+#include "planner/search.h"
 #include "sharding/sharded_model.h"
 
 using namespace sw;
@@ -33,6 +40,7 @@ using namespace sw;
 namespace {
 
 constexpr int kVocab = 64, kDim = 64, kHidden = 128, kLayers = 2;
+bool g_undeclared = false;  // --undeclared: the blocks do not declare (see the header)
 
 // Token embedding in; call 1 is the loss head (tied weights: the same unit runs twice).
 class EmbedHead final : public Unit {
@@ -123,7 +131,8 @@ class ShiftMlpBlock final : public Unit {
     c.ops->gemm(false, true, N, kDim, kHidden, 1.f, g, kHidden, c.param(3), kHidden, 1.f, y, kDim);
   }
   // Saved: h, rstd, m, g (forward saves them in inference too); backward's scratch: dg, dm, dh.
-  ActivationDecl declare_activations(int, BatchShape s) const override {
+  ActivationDecl declare_activations(int call, BatchShape s) const override {
+    if (g_undeclared) return Unit::declare_activations(call, s);  // known = false
     const size_t N = size_t(s.B) * size_t(s.T);
     ActivationDecl d;
     d.saved = (N * kDim + N + 2 * N * kHidden) * sizeof(float);
@@ -286,18 +295,48 @@ int check_activations(Model& m, const Batch& batch) {
 
 }  // namespace
 
+// The planner on this model (planner/search.h predict_plan): one line per figure, or one
+// error line naming the first unit that does not declare its activation sizes.
+int plan(int world, bool measure_unknown) {
+  PlanSetup s;
+  s.model = make_model().config;
+  s.model.seq_len = 32;
+  s.world = world;
+  s.micro_batch = 8;
+  try {
+    const PlanPrediction p = predict_plan(make_model(), s, nullptr, measure_unknown);
+    for (const UndeclaredCall& u : p.measured)
+      std::printf("measured %s call %d (it does not declare its activation sizes)\n",
+                  u.name.c_str(), u.call);
+    std::printf("plan: %d rank%s, device peak %lld bytes (activations %lld), kernel workspace "
+                "%lld, rss %lld\n",
+                world, world == 1 ? "" : "s", static_cast<long long>(p.peak.total),
+                static_cast<long long>(p.peak.at_peak[size_t(Mem::Activations)]),
+                static_cast<long long>(p.workspace), static_cast<long long>(p.rss.total));
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+}
+
 int main(int argc, char** argv) {
-  int steps = 300;
-  bool check = false, check_act = false;
+  int steps = 300, world = 1;
+  bool check = false, check_act = false, plan_only = false, measure_unknown = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--world-size") && i + 1 < argc) world = std::max(1, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--gradcheck")) check = true;
     else if (!std::strcmp(argv[i], "--check-activations")) check_act = true;
+    else if (!std::strcmp(argv[i], "--plan")) plan_only = true;
+    else if (!std::strcmp(argv[i], "--undeclared")) g_undeclared = true;
+    else if (!std::strcmp(argv[i], "--measure-unknown")) measure_unknown = true;
     else {
       std::fprintf(stderr, "custom_model: unknown option '%s'\n", argv[i]);
       return 2;
     }
   }
+  if (plan_only) return plan(world, measure_unknown);
   Model model = make_model();
   if (check_act) {  // odd batch shapes on purpose: declarations must hold for any (B, T)
     std::vector<int32_t> tok, tgt;

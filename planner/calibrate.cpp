@@ -1,5 +1,6 @@
 #include "planner/calibrate.h"
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/alloc.h"
 #include "core/clock.h"
 #include "core/error.h"
 #include "kernels/ops.h"
@@ -58,10 +60,14 @@ std::string fmt(const char* f, double a, double b = 0) {
   return buf;
 }
 
-void measure_compute(const CalibrateOptions& opt, HardwareProfile& hw) {
+// after(dt): called once each precision's products were measured (bf16 first: its kernels
+// leave OpenBLAS's buffers untouched, so the process's resident set can be read for each).
+void measure_compute(const CalibrateOptions& opt, HardwareProfile& hw,
+                     const std::function<void(DType)>& after) {
   const CalibrationShapes& sh = opt.shapes;
-  std::vector<DType> dts = {DType::F32};
+  std::vector<DType> dts;
   if (opt.bf16) dts.push_back(DType::BF16);
+  dts.push_back(DType::F32);
   for (DType dt : dts) {
     const Ops& ops = ops_for(Device::cpu(), dt);
     double flops = 0, secs = 0;
@@ -112,7 +118,11 @@ void measure_compute(const CalibrateOptions& opt, HardwareProfile& hw) {
       (dt == DType::F32 ? hw.lmhead_f32 : hw.lmhead_bf16) = r;
       say(opt, std::string("  lm head ") + dtype_name(dt) + fmt(": %.1f GFLOP/s", r / 1e9));
     }
+    after(dt);
   }
+  // The profile lists fp32 shapes first, as before bf16 was measured first.
+  std::stable_partition(hw.gemm_shapes.begin(), hw.gemm_shapes.end(),
+                        [](const GemmPoint& g) { return g.dtype == DType::F32; });
   const Ops& ops = ops_for(Device::cpu());
   {  // element-wise: a LayerNorm over (N, C) and a GELU over (N, 4C), bytes read + written
     const int N = int(sh.N), C = int(sh.C);
@@ -250,6 +260,31 @@ CalibrationShapes calibration_shapes(const Model* model, const PlanInput* in) {
   return s;
 }
 
+int64_t resident_bytes() {
+  int64_t r = -1;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    long size = 0, resident = 0;
+    if (std::fscanf(f, "%ld %ld", &size, &resident) == 2)
+      r = static_cast<int64_t>(resident) * ::sysconf(_SC_PAGESIZE);
+    std::fclose(f);
+  }
+  return r;
+}
+
+// The resident set once every cached block and glibc's free heap went back to the OS, less
+// what the allocator still holds (thread-local kernel workspaces): the binary and libraries,
+// OpenBLAS's and OpenMP's per-thread buffers and stacks as the GEMMs so far touched them,
+// MPI's shared-memory segments, glibc's heap in use.
+int64_t untracked_rss() {
+  release_cached();
+  ::malloc_trim(0);  // the calibration's operands are std::vectors
+  int64_t held = 0;
+  for (size_t t = 0; t < static_cast<size_t>(Tier::Count); ++t)
+    held += static_cast<int64_t>(MemTracker::of(static_cast<Tier>(t)).reserved());
+  const int64_t rss = resident_bytes();
+  return rss > held ? rss - held : -1;
+}
+
 HardwareProfile calibrate(const CalibrateOptions& opt, Group* world) {
   HardwareProfile hw;
   const int n = world ? world->size() : 1;
@@ -262,7 +297,10 @@ HardwareProfile calibrate(const CalibrateOptions& opt, Group* world) {
             std::to_string(hw.threads) + " thread" + (hw.threads == 1 ? "" : "s");
   hw.source = "shardwise plan --calibrate (measured)";
   say(opt, "compute (every rank at once, " + std::to_string(hw.threads) + " threads each):");
-  measure_compute(opt, hw);
+  // The process without tensors, for the RSS prediction (hardware.h "process"): read after
+  // each precision's products (bf16 first), and after the collectives (MPI's shared memory).
+  int64_t rss_bf16 = -1, rss_f32 = -1;
+  measure_compute(opt, hw, [&](DType dt) { (dt == DType::F32 ? rss_f32 : rss_bf16) = untracked_rss(); });
   if (world && n > 1) {
     say(opt, "collectives over " + std::to_string(n) + " ranks (the engine's MPI group):");
     hw.has_collectives = true;
@@ -274,6 +312,16 @@ HardwareProfile calibrate(const CalibrateOptions& opt, Group* world) {
   say(opt, "disk (every rank at once, " + std::to_string(opt.disk_bytes >> 20) + " MiB each):");
   measure_disk(opt, rank, hw);
   if (world && n > 1) world->barrier();
+  const int64_t rss_all = untracked_rss();
+  if (rss_all > 0 && rss_f32 > 0) {
+    hw.baseline_rss_bytes = static_cast<double>(rss_all);
+    if (rss_bf16 > 0) hw.baseline_rss_bf16_bytes = static_cast<double>(rss_bf16 + rss_all - rss_f32);
+    char line[128];
+    std::snprintf(line, sizeof line,
+                  "  process baseline (RSS without tensors): %.1f MiB (bf16 compute: %.1f MiB)",
+                  hw.baseline_rss_bytes / (1024.0 * 1024.0), hw.baseline_rss_bf16_bytes / (1024.0 * 1024.0));
+    say(opt, line);
+  }
   return hw;
 }
 

@@ -33,7 +33,11 @@ struct CalibrateOptions {
   std::function<void(const std::string&)> log;  // progress lines (rank 0), may be empty
 };
 
-// Measures; `world` null or of size 1: no collectives ("collectives": null).
+// Measures; `world` null or of size 1: no collectives ("collectives": null). At its end, the
+// process's RSS without tensors (process.baseline_rss_bytes; hardware.h).
 HardwareProfile calibrate(const CalibrateOptions& opt, Group* world);
+
+// This process's resident set now (/proc/self/statm), bytes; -1 when it cannot be read.
+int64_t resident_bytes();
 
 }  // namespace sw

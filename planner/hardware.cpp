@@ -189,6 +189,11 @@ HardwareProfile hardware_from_json_text(const std::string& text, const std::stri
     hw.host_link_bps = positive(j, "host.link_bytes_per_s", where);
     hw.host_optimizer_fps = positive(j, "host.optimizer_floats_per_s", where);
   }
+  if (find(j, "process")) {
+    hw.baseline_rss_bytes = positive(j, "process.baseline_rss_bytes", where);
+    if (find(j, "process.baseline_rss_bytes_bf16"))
+      hw.baseline_rss_bf16_bytes = positive(j, "process.baseline_rss_bytes_bf16", where);
+  }
   return hw;
 }
 
@@ -233,6 +238,9 @@ std::string hardware_to_json(const HardwareProfile& hw) {
   if (hw.has_host)
     j["host"] = {{"link_bytes_per_s", hw.host_link_bps},
                  {"optimizer_floats_per_s", hw.host_optimizer_fps}};
+  if (hw.baseline_rss_bytes > 0) j["process"] = {{"baseline_rss_bytes", hw.baseline_rss_bytes}};
+  if (hw.baseline_rss_bytes > 0 && hw.baseline_rss_bf16_bytes > 0)
+    j["process"]["baseline_rss_bytes_bf16"] = hw.baseline_rss_bf16_bytes;
   return j.dump(2) + "\n";
 }
 

@@ -19,7 +19,9 @@
 //                "reduce_scatter": {...}, "all_reduce": {...}},
 //    "disk": {"path": "/tmp", "read_bytes_per_s": 2e9, "write_bytes_per_s": 1e9,
 //             "latency_s": 1e-4},
-//    "host": {"link_bytes_per_s": 55e9, "optimizer_floats_per_s": 2e9}}  (optional)
+//    "host": {"link_bytes_per_s": 55e9, "optimizer_floats_per_s": 2e9},  (optional)
+//    "process": {"baseline_rss_bytes": 2.6e7,                          (optional)
+//                "baseline_rss_bytes_bf16": 1.1e7}}                    (optional)
 //
 // Rates are per rank. bf16 figures also serve fp16. Collectives: time(bytes) = latency +
 // bus_bytes / busbw (nccl-tests' busbw: all-gather and reduce-scatter move bytes*(n-1)/n,
@@ -29,6 +31,13 @@
 // "host" (a GPU machine): the host tier is across a link (PCIe) and offloaded optimizer state
 // is updated by the host's CPU; without it the host tier is the device's own memory (the CPU
 // backend), so host offload costs no time.
+// "process": the resident set of a shardwise rank that holds no tensors (binary, libraries,
+// OpenBLAS and OpenMP thread buffers and stacks, MPI), measured by `plan --calibrate` (RSS
+// once the calibration's buffers went back to the OS, less what the allocator still holds):
+// after the fp32 products and the collectives; "_bf16" after the bf16 products (measured
+// first: bf16 GEMMs leave most of OpenBLAS's buffers untouched, 10 vs 54 MiB for GPT-2 d=384)
+// plus what the later steps added. The RSS prediction adds the one of the run's precision.
+// Missing: default_baseline_rss() (search.h).
 #pragma once
 #include <string>
 #include <vector>
@@ -72,6 +81,8 @@ struct HardwareProfile {
   double disk_read_bps = 0, disk_write_bps = 0, disk_latency_s = 0;
   bool has_host = false;
   double host_link_bps = 0, host_optimizer_fps = 0;
+  double baseline_rss_bytes = 0;       // "process.baseline_rss_bytes"; 0: not measured
+  double baseline_rss_bf16_bytes = 0;  // "process.baseline_rss_bytes_bf16"; 0: not measured
 
   // Rates used by the time model (bf16 serves f16; missing optional figures fall back).
   // The nearest calibrated shape of that precision (an exact transpose match preferred).

@@ -9,8 +9,11 @@
 #include <cstdlib>
 #include <map>
 
+#include "core/alloc.h"
 #include "core/bytes.h"
 #include "core/error.h"
+#include "kernels/ops.h"
+#include "models/activation_check.h"
 #include "sharding/wrap.h"
 
 namespace sw {
@@ -31,15 +34,24 @@ int64_t parse_budget(const std::string& text, const std::string& what) {
   fail("plan", what + ": cannot parse '" + text + "' as bytes (e.g. 8GiB, 512MiB, 8e9)");
 }
 
-int64_t largest_collective(const StepPlan& plan) {
-  int64_t m = 0;
-  for (const Action& a : plan.actions)
-    if (a.queue == Queue::Gather || a.queue == Queue::Reduce) m = std::max(m, a.bytes);
-  return m;
+int64_t comm_scratch_bytes(const StepPlan& plan) {
+  constexpr int64_t kChunk = 512 << 10, kSlice = 16 * kChunk;  // CommOptions' defaults
+  int64_t rs = 0, ar = 0;
+  for (const Action& a : plan.actions) {
+    if (a.kind == ActionKind::ReduceScatter && plan.S > 1) {
+      const int64_t n = plan.S;
+      rs = std::max(rs, a.bytes <= 16 * 1024 ? 2 * n * kChunk : 2 * std::min(kSlice, a.bytes / n));
+    } else if (a.kind == ActionKind::AllReduce && plan.R > 1) {
+      const int64_t n = plan.R;
+      ar = std::max(ar, a.bytes * n <= 512 * 1024 ? a.bytes * n
+                                                  : 2 * std::min(kSlice, (a.bytes + n - 1) / n));
+    }
+  }
+  return plan.S > 1 && plan.R > 1 ? rs + ar : std::max(rs, ar);
 }
 
 int64_t kernel_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute, int world,
-                               int64_t largest) {
+                               int64_t comm_scratch) {
   const int64_t V = mc.vocab_size, C = mc.d_model, N = int64_t(B) * T;
   // kernels/cpu/lmhead.cpp: chunk rows of logits, at most 512 and 128 MiB.
   const int64_t by_bytes = std::min<int64_t>(512, (int64_t{128} << 20) / (4 * V));
@@ -54,8 +66,7 @@ int64_t kernel_workspace_bytes(const ModelConfig& mc, int B, int T, DType comput
     const int64_t F = mc.d_ff > 0 ? mc.d_ff : 4 * C;
     b += (V * C + chunk * V + N * std::max(F, 3 * C)) * 2;
   }
-  // comm/mpi_group.cpp: the group's scratch, grown to the largest need (bounded by its slices)
-  if (world > 1) b += std::min<int64_t>(int64_t{16} << 20, 2 * largest);
+  if (world > 1) b += comm_scratch;  // comm_scratch_bytes
   return b;
 }
 
@@ -123,7 +134,7 @@ Evaluated evaluate(Wrapped& w, const PlanSetup& s, const Candidate& c, const Har
   Evaluated e;
   e.c = c;
   e.workspace = kernel_workspace_bytes(s.model, in.B, in.T, ti.compute, s.world,
-                                       largest_collective(plan));
+                                       comm_scratch_bytes(plan));
   e.device = pk.total + e.workspace;
   e.at_peak = pk.at_peak;
   for (int64_t b : plan.persistent_host) e.host += b;
@@ -134,9 +145,160 @@ Evaluated evaluate(Wrapped& w, const PlanSetup& s, const Candidate& c, const Har
 
 }  // namespace
 
+int64_t default_baseline_rss(int world) {
+  return (world > 1 ? int64_t{21} : int64_t{11}) << 20;
+}
+
+RssPrediction predict_rss(const StepPlan& plan, const PlanInput& in, int64_t device,
+                          int64_t host, int64_t data_bytes, const HardwareProfile* hw) {
+  RssPrediction r;
+  r.tracked = device + host;
+  r.data = data_bytes;
+  auto round_up = [](int64_t b) { return static_cast<int64_t>(alloc_block_size(size_t(b))) - b; };
+  const bool mp = in.policy.mixed_precision.param_dtype != DType::F32;
+  int64_t full_bytes = 0, full_rounding = 0;
+  for (const PlanUnit& u : in.units) {
+    const int64_t full = u.padded * 4, shard = full / std::max(1, in.S);
+    const bool split = mp || u.params_offloaded;
+    switch (in.kind) {  // the persistent buffers fill_persistent (step_plan.cpp) counts
+      case UnitKind::Sharded:
+        if (!u.params_nvme) r.rounding += 2 * round_up(shard);
+        full_bytes += full, full_rounding += round_up(full);
+        break;
+      case UnitKind::FullReplicated:
+        r.rounding += 2 * round_up(full) + round_up(shard) + (split ? round_up(shard) : 0);
+        break;
+      case UnitKind::Whole:
+        r.rounding += 2 * round_up(full) + (split ? round_up(full) : 0);
+        break;
+    }
+    if (!u.optimizer_nvme) r.rounding += 2 * round_up(shard);  // AdamW m, v
+  }
+  // Gathered parameters and gradients in flight: as many full buffers as the peak holds, each
+  // rounded as the units' full buffers are on average.
+  const PlanPeak pk = replay_peak_alloc_first(plan);
+  if (full_bytes > 0)
+    r.rounding += static_cast<int64_t>(double(pk.at_peak[size_t(Mem::Communication)]) *
+                                       double(full_rounding) / double(full_bytes));
+  r.baseline_measured = hw && hw->baseline_rss_bytes > 0;
+  const double measured = mp && hw && hw->baseline_rss_bf16_bytes > 0 ? hw->baseline_rss_bf16_bytes
+                          : hw                                        ? hw->baseline_rss_bytes
+                                                                      : 0.0;
+  r.baseline = r.baseline_measured ? static_cast<int64_t>(measured) : default_baseline_rss(in.W);
+  r.total = r.tracked + r.rounding + r.data + r.baseline;
+  return r;
+}
+
+std::vector<UndeclaredCall> undeclared_calls(const Model& model, int B, int T) {
+  std::vector<UndeclaredCall> out;
+  for (size_t u = 0; u < model.units.size(); ++u)
+    for (int c = 0; c < model.units[u]->num_calls(); ++c)
+      if (!model.units[u]->declare_activations(c, BatchShape{B, T}).known)
+        out.push_back({static_cast<int>(u), c, model.units[u]->name()});
+  return out;
+}
+
+std::string undeclared_message(const std::vector<UndeclaredCall>& u) {
+  if (u.empty()) return "";
+  std::string m = "unit '" + u[0].name + "' (call " + std::to_string(u[0].call) + ")";
+  if (u.size() > 1) m += " and " + std::to_string(u.size() - 1) + " more call" + (u.size() > 2 ? "s" : "");
+  return m + " do" + (u.size() > 1 ? "" : "es") +
+         " not declare activation sizes (Unit::declare_activations), so the step's memory "
+         "cannot be predicted; declare them (examples/custom_model.cpp), or measure one run of "
+         "each such call (--measure-unknown)";
+}
+
+namespace {
+
+// A unit whose declarations were measured at one batch shape; everything else is the
+// wrapped unit's.
+class MeasuredDecl final : public Unit {
+ public:
+  MeasuredDecl(std::unique_ptr<Unit> u, BatchShape shape, std::vector<ActivationDecl> d)
+      : u_(std::move(u)), shape_(shape), decl_(std::move(d)) {}
+  std::string name() const override { return u_->name(); }
+  std::vector<ParamSpec> params() const override { return u_->params(); }
+  int num_calls() const override { return u_->num_calls(); }
+  void forward(UnitCtx& ctx, int call, const float* x, float* y) override { u_->forward(ctx, call, x, y); }
+  void backward(UnitCtx& ctx, int call, const float* x, const float* dy, float* dx) override {
+    u_->backward(ctx, call, x, dy, dx);
+  }
+  void recompute_cheap(UnitCtx& ctx, int call, const float* x) override { u_->recompute_cheap(ctx, call, x); }
+  bool selective_recompute() const override { return u_->selective_recompute(); }
+  ActivationDecl declare_activations(int call, BatchShape s) const override {
+    const ActivationDecl d = u_->declare_activations(call, s);
+    if (d.known || s.B != shape_.B || s.T != shape_.T || call < 0 || size_t(call) >= decl_.size()) return d;
+    return decl_[size_t(call)];
+  }
+
+ private:
+  std::unique_ptr<Unit> u_;
+  BatchShape shape_;
+  std::vector<ActivationDecl> decl_;
+};
+
+}  // namespace
+
+std::vector<UndeclaredCall> measure_undeclared(Model& model, int B, int T) {
+  const std::vector<UndeclaredCall> todo = undeclared_calls(model, B, T);
+  if (todo.empty()) return todo;
+  const int C = model.d_model(), V = std::max(1, model.config.vocab_size);
+  std::vector<int32_t> tok(size_t(B) * T), tgt(size_t(B) * T);
+  for (size_t i = 0; i < tok.size(); ++i) tok[i] = int32_t(i * 7 % size_t(V)), tgt[i] = int32_t((i * 7 + 3) % size_t(V));
+  const Batch batch{tok.data(), tgt.data(), B, T};
+  std::vector<float> x(size_t(B) * T * size_t(C));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 0.01f * float(i % 97) - 0.4f;
+  Scratch scratch;
+  std::vector<std::vector<ActivationDecl>> decls(model.units.size());
+  for (const UndeclaredCall& u : todo) {
+    Unit& unit = *model.units[size_t(u.unit)];
+    auto& d = decls[size_t(u.unit)];
+    if (d.empty())
+      for (int c = 0; c < unit.num_calls(); ++c) d.push_back(unit.declare_activations(c, {B, T}));
+    // Where the call runs in the schedule: the first position is the embedding (no input),
+    // the last the loss.
+    size_t pos = 0;
+    for (size_t p = 0; p < model.schedule.size(); ++p)
+      if (model.schedule[p].unit == u.unit && model.schedule[p].call == u.call) pos = p;
+    size_t n = 0;
+    for (const ParamSpec& sp : unit.params()) n += size_t(numel(sp.shape));
+    std::vector<float> pm(n, 0.02f), gm(n, 0.f);
+    std::vector<float*> ps, gs;
+    n = 0;
+    for (const ParamSpec& sp : unit.params()) {
+      ps.push_back(pm.data() + n), gs.push_back(gm.data() + n);
+      n += size_t(numel(sp.shape));
+    }
+    ActivationProbe pr;
+    pr.ops = &ops_for(Device::cpu());
+    pr.batch = &batch;
+    pr.params = &ps;
+    pr.grads = &gs;
+    pr.x = pos > 0 ? x.data() : nullptr;
+    pr.d_model = C;
+    pr.loss_call = pos + 1 == model.schedule.size();
+    pr.vocab = V;
+    d[size_t(u.call)] = measure_activations(unit, u.call, pr, scratch);
+    d[size_t(u.call)].known = true;
+  }
+  for (size_t u = 0; u < model.units.size(); ++u)
+    if (!decls[u].empty())
+      model.units[u] = std::make_unique<MeasuredDecl>(std::move(model.units[u]), BatchShape{B, T},
+                                                      std::move(decls[u]));
+  return todo;
+}
+
 PlanPrediction predict_plan(const PlanSetup& s, const HardwareProfile* hw) {
+  return predict_plan(build_model(s.model), s, hw);
+}
+
+PlanPrediction predict_plan(Model model, const PlanSetup& s, const HardwareProfile* hw,
+                            bool measure_unknown) {
   PlanPrediction r;
-  Model model = build_model(s.model);
+  if (measure_unknown)
+    r.measured = measure_undeclared(model, s.micro_batch, s.model.seq_len);
+  else if (const auto u = undeclared_calls(model, s.micro_batch, s.model.seq_len); !u.empty())
+    fail("plan", undeclared_message(u));
   wrap_blocks(model, s.blocks_per_unit);
   ShardingPolicy policy = s.policy;
   resolve_group(policy, s.world);
@@ -149,10 +311,11 @@ PlanPrediction predict_plan(const PlanSetup& s, const HardwareProfile* hw) {
   r.peak = replay_peak_alloc_first(r.plan);
   r.workspace = kernel_workspace_bytes(s.model, s.micro_batch, s.model.seq_len,
                                        policy.mixed_precision.param_dtype, s.world,
-                                       largest_collective(r.plan));
+                                       comm_scratch_bytes(r.plan));
   r.device = r.peak.total + r.workspace;
   for (int64_t b : r.plan.persistent_host) r.host += b;
   r.nvme = r.plan.nvme_bytes;
+  r.rss = predict_rss(r.plan, r.input, r.device, r.host, s.data_bytes, hw);
   if (hw) {
     const TimeInputs ti = time_inputs(model, r.input);
     r.time = predict_step_time(r.plan, r.input, ti, *hw);

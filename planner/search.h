@@ -21,14 +21,19 @@ namespace sw {
 int64_t parse_budget(const std::string& text, const std::string& what);
 
 // Kernel workspaces the plan does not hold (core/alloc.h Mem::Workspace outside Scratch) and
-// the communication group's scratch: the fused LM head's logits chunk, GQA attention's
-// expanded K/V, bf16 operand copies, the MPI group's scratch (world > 1: twice the largest
-// collective's bytes, at most 16 MiB; `largest_collective` from the plan). An estimate; the
-// search adds it to the plan's peak.
+// the communication groups' scratch: the fused LM head's logits chunk, GQA attention's
+// expanded K/V, bf16 operand copies, plus `comm_scratch` (comm_scratch_bytes of the plan,
+// counted when world > 1). An estimate; the search adds it to the plan's peak.
 int64_t kernel_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute, int world,
-                               int64_t largest_collective);
-// The most bytes one collective of the plan moves.
-int64_t largest_collective(const StepPlan& plan);
+                               int64_t comm_scratch);
+// What the MPI groups' scratch buffers (sharding/comm/mpi_group.cpp, grown to the largest need
+// and kept) reach over the plan's collectives, with the algorithms MpiGroup picks by size and
+// the default 512 KiB chunks (16-chunk slices): a ring reduce-scatter (or ring all-reduce)
+// takes twice min(slice, per-rank block); a small reduce-scatter (whole buffer <= 16 KiB,
+// direct) twice n chunks; a small all-reduce (buffer x n <= 512 KiB, one-shot) buffer x n;
+// all-gathers none. The shard group (reduce-scatters) and the replica group (all-reduces) are
+// separate groups with their own scratch under HYBRID_SHARD, one group otherwise.
+int64_t comm_scratch_bytes(const StepPlan& plan);
 
 // What a run of the model on `world` ranks is planned from: everything plan_step needs.
 struct PlanSetup {
@@ -37,6 +42,7 @@ struct PlanSetup {
   int world = 1;
   int blocks_per_unit = 1;
   int micro_batch = 1, accum = 1;
+  int64_t data_bytes = 0;  // the token files (data.train, data.val): mapped and read whole
 };
 
 // replay_peak (sharding/step_plan.h) with each action's allocations made before its frees:
@@ -44,6 +50,48 @@ struct PlanSetup {
 // Saved are still held, which the net delta of the action hides (GPT-2 d=384 at 2 ranks, 2
 // blocks per unit: 14.8 MB more than replay_peak, matching the profile's peak to 0.1%).
 PlanPeak replay_peak_alloc_first(const StepPlan& plan);
+
+// The process's resident set a rank reaches (its peak RSS, what metrics.jsonl reports as
+// max_rss_bytes) on the CPU backend, where the device and host tiers are the same RAM:
+//   tracked   the device peak (plan + kernel workspace) + the host tier's bytes
+//   rounding  the caching allocator's block rounding (core/alloc.h alloc_block_size) of the
+//             buffers the plan knows one by one: each unit's persistent shard buffers
+//             (parameters, gradients, AdamW m and v) and its gathered full parameters and
+//             gradients; activations' named buffers are not known one by one (not counted)
+//   data      the token files: the loader maps them and checks every token at start, so all
+//             their pages are resident (file-backed) for the whole run
+//   baseline  the process without tensors (hardware profile process.baseline_rss_bytes from
+//             `plan --calibrate`, of the run's precision, else default_baseline_rss)
+// Not modelled: cached free blocks the allocator keeps beside the peak's (a block freed at one
+// size and not reusable at another), the async checkpoint snapshot, the profiler's recording.
+struct RssPrediction {
+  int64_t tracked = 0, rounding = 0, data = 0, baseline = 0, total = 0;
+  bool baseline_measured = false;  // from the profile, not the default
+};
+// Measured once on the development machine (a 2-core EPYC VM, OpenBLAS, OpenMPI 4, 2 OpenMP
+// threads per rank): RSS less the allocator's reservations (reserved_peak_bytes) less the
+// 4.7 MiB token file of a `shardwise train` rank of the tiny GPT-2 config (metrics.jsonl at
+// its last step): 11 MiB at one rank without mpirun, 21 MiB per rank under mpirun (MPI's
+// shared-memory segments and progress threads). Larger fp32 GEMMs touch more of OpenBLAS's
+// buffers (GPT-2 d=384, V=50304: 54 MiB; its bf16 run 10 MiB): calibrate.
+int64_t default_baseline_rss(int world);
+RssPrediction predict_rss(const StepPlan& plan, const PlanInput& in, int64_t device,
+                          int64_t host, int64_t data_bytes, const HardwareProfile* hw);
+
+// A call of a unit that does not declare its activation sizes (Unit::declare_activations
+// returns known = false) at a batch shape.
+struct UndeclaredCall {
+  int unit = -1, call = -1;
+  std::string name;  // the unit's name()
+};
+std::vector<UndeclaredCall> undeclared_calls(const Model& model, int B, int T);
+// "plan: unit 'blocks.0' (call 0) does not declare its activation sizes ..." (one line).
+std::string undeclared_message(const std::vector<UndeclaredCall>& u);
+// The fallback: each unit with an undeclared call is replaced by one that forwards everything
+// to it and declares, at B x T, what one run of each of its calls allocated
+// (models/activation_check.h measure_activations: the unit's parameters are allocated and the
+// calls run once on synthetic tokens). Returns the calls it measured.
+std::vector<UndeclaredCall> measure_undeclared(Model& model, int B, int T);
 
 // One predicted plan.
 struct PlanPrediction {
@@ -56,9 +104,17 @@ struct PlanPrediction {
   int64_t nvme = 0;       // the NVMe files
   bool timed = false;
   StepTime time;
+  RssPrediction rss;
+  std::vector<UndeclaredCall> measured;  // calls whose sizes were measured (measure_unknown)
 };
 // Builds the model, wraps it, plans one training step and replays it; with hw, its time too.
 PlanPrediction predict_plan(const PlanSetup& s, const HardwareProfile* hw);
+// The same for a model built by the caller (a custom model: s.model describes its shapes for
+// the kernel-workspace estimate). A unit that does not declare its activation sizes is an
+// error before anything is planned (sw::Error, undeclared_message), unless measure_unknown:
+// then measure_undeclared runs those calls once and the plan uses what they allocated.
+PlanPrediction predict_plan(Model model, const PlanSetup& s, const HardwareProfile* hw,
+                            bool measure_unknown = false);
 
 // Which dimensions the search varies (the others keep the base's values, e.g. a train config's
 // "auto" keys vary only what is "auto").

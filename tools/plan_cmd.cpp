@@ -22,6 +22,7 @@
 #include "kernels/threads.h"
 #include "planner/calibrate.h"
 #include "planner/hardware.h"
+#include "planner/plan_svg.h"
 #include "planner/search.h"
 #include "planner/time_model.h"
 #include "sharding/comm/group.h"
@@ -71,7 +72,7 @@ struct PlanArgs {
   int world = 1;
   bool eval = false, json = false;
   bool calibrate = false, timeline = false;
-  std::string hardware, out_hardware, out, nvme_path;
+  std::string hardware, out_hardware, out, nvme_path, svg;
   std::string budget, host_budget, nvme_budget;  // as written; checked by add_budget
 };
 
@@ -143,6 +144,10 @@ PlanSetup setup_from(const TrainConfig& cfg, int world) {
   s.blocks_per_unit = cfg.blocks_per_unit;
   s.micro_batch = cfg.micro_batch;
   s.accum = cfg.grad_accum;
+  for (const std::string& f : {cfg.train_data, cfg.val_data}) {  // resident: RSS
+    std::error_code ec;
+    if (const auto n = f.empty() ? 0 : std::filesystem::file_size(f, ec); !ec) s.data_bytes += int64_t(n);
+  }
   return s;
 }
 
@@ -341,6 +346,11 @@ int cmd_plan(const PlanArgs& pa) {
               {"unit", a.unit >= 0 ? nlohmann::json(plan.unit_names[size_t(a.unit)]) : nlohmann::json(nullptr)},
               {"micro", a.micro}};
   }
+  if (!pa.svg.empty())
+    write_plan_svg(plan_svg_of(pred, N, "shardwise plan: " + pa.config + ", " + std::to_string(N) +
+                                            " rank" + (N == 1 ? "" : "s") + ", " +
+                                            strategy_name(cfg.sharding.strategy)),
+                   pa.svg);
   if (pa.json) {
     nlohmann::json j;
     j["config"] = pa.config;
@@ -360,6 +370,11 @@ int cmd_plan(const PlanArgs& pa) {
              {"host", {{"peak_bytes", host}, {"categories", categories(plan.persistent_host)}}},
              {"nvme", {{"peak_bytes", plan.nvme_bytes}}}}},
            {"kernel_workspace_bytes", pred.workspace},
+           {"rss_bytes", pred.rss.total},
+           {"rss", {{"tracked_bytes", pred.rss.tracked}, {"rounding_bytes", pred.rss.rounding},
+                    {"data_bytes", pred.rss.data},
+                    {"baseline_bytes", pred.rss.baseline},
+                    {"baseline_measured", pred.rss.baseline_measured}}},
            {"step_time", pred.timed ? time_json(pred.time) : nlohmann::json(nullptr)}});
     j["deepspeed_estimate"] = {{"formula", ds_formula}, {"bytes", ds}};
     j["hardware"] = hw ? nlohmann::json(hw->name) : nlohmann::json(nullptr);
@@ -382,8 +397,11 @@ int cmd_plan(const PlanArgs& pa) {
   std::printf("  host        %s%s\n", gib(host).c_str(), host ? " (offloaded state)" : "");
   std::printf("  nvme        %s%s\n", gib(plan.nvme_bytes).c_str(),
               plan.nvme_bytes ? " (offload files)" : "");
-  if (!plan.activations_known)
-    std::printf("  (some unit does not declare its activation sizes: activations not counted)\n");
+  std::printf("  process RSS %s = device + host + allocator rounding %s + token files %s + "
+              "process baseline %s (%s)\n",
+              gib(pred.rss.total).c_str(), gib(pred.rss.rounding).c_str(), gib(pred.rss.data).c_str(),
+              gib(pred.rss.baseline).c_str(),
+              pred.rss.baseline_measured ? "calibrated" : "default: run `plan --calibrate`");
   std::printf("DeepSpeed's model-states estimate: %s per rank (%s)\n", gib(ds).c_str(),
               ds_formula.c_str());
   if (pred.timed) {
@@ -413,7 +431,7 @@ int cmd_plan(const PlanArgs& pa) {
     std::printf("step time: no hardware profile (run `shardwise plan --calibrate`, or give "
                 "--hardware FILE)\n");
   }
-  std::printf("not counted: allocator rounding, the process itself\n");
+  if (!pa.svg.empty()) std::printf("drawing written to %s\n", pa.svg.c_str());
   return 0;
 }
 
@@ -455,6 +473,9 @@ void add_plan_commands(cli::Command& top) {
             "ready-to-run config (memory_budget set)")
       .needs(budget);
   plan.flag("--timeline", pa->timeline, "also print every action's predicted start and duration");
+  plan.text("--svg", pa->svg, "FILE",
+            "draw the predicted peak per rank and tier, stacked by category, and the\n"
+            "predicted RSS, as an SVG");
   calibrate.excludes(budget).excludes(json);  // --calibrate measures only
   plan.on_run([pa, plan] {
     if (pa->config.empty() && !pa->calibrate) plan.usage_fail("missing CONFIG.json");

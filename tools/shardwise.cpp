@@ -182,6 +182,15 @@ void print_plan_vs_measured(const std::string& dir, int world) {
     std::printf("  %-5d %12.1f %12.1f %12.1f %9.3f %9.3f\n", r, mib(p), mib(w), mib(m),
                 p > 0 ? m / p : 0.0, w > 0 ? m / w : 0.0);
   }
+  std::printf("process RSS (MiB; plan = rss_bytes as `plan` predicts it, measured = peak RSS):\n");
+  for (int r = 0; r < world; ++r) {
+    const std::string tag = "_rank" + std::to_string(r) + ".json";
+    const nlohmann::json pl = load("plan" + tag), me = load("peaks" + tag);
+    if (pl.is_null() || me.is_null() || !pl.contains("rss_bytes") || !me.contains("max_rss_bytes"))
+      continue;
+    const double p = pl["rss_bytes"].get<double>(), m = me["max_rss_bytes"].get<double>();
+    std::printf("  %-5d %12.1f %12s %12.1f %9.3f\n", r, mib(p), "", mib(m), p > 0 ? m / p : 0.0);
+  }
   if (plan0.is_null()) return;
   std::printf("  rank 0 at each peak:\n  %-14s %12s %12s\n", "category", "plan", "measured");
   for (auto it = plan0["at_peak"].begin(); it != plan0["at_peak"].end(); ++it) {

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -20,7 +21,9 @@
 #include "core/error.h"
 #include "engine/config.h"
 #include "planner/calibrate.h"
+#include "models/model.h"
 #include "planner/hardware.h"
+#include "planner/plan_svg.h"
 #include "planner/search.h"
 #include "planner/time_model.h"
 
@@ -408,8 +411,13 @@ TEST_CASE("calibration at one rank writes a profile that parses, without collect
   CHECK(hw.optimizer_fps > 0);
   CHECK(hw.disk_read_bps > 0);
   CHECK(hw.disk_write_bps > 0);
+  CHECK(hw.baseline_rss_bytes > 0);  // the process without tensors, per precision
+  CHECK(hw.baseline_rss_bf16_bytes > 0);
+  CHECK(hw.baseline_rss_bf16_bytes <= hw.baseline_rss_bytes);
   save_hardware(hw, (dir.path / "sub" / "hw.json").string());
   const HardwareProfile back = load_hardware((dir.path / "sub" / "hw.json").string());
+  CHECK(back.baseline_rss_bytes == hw.baseline_rss_bytes);
+  CHECK(back.baseline_rss_bf16_bytes == hw.baseline_rss_bf16_bytes);
   CHECK(back.gemm_rate(64, 96, 32, DType::F32, false, true) == Approx(hw.gemm_shapes[0].flops));
   CHECK_FALSE(back.has_collectives);
   // Its temporary file is gone.
@@ -438,4 +446,223 @@ TEST_CASE("replay with allocations before frees: the backward's transient gradie
   CHECK(first.at_peak[static_cast<size_t>(Mem::Activations)] == 800);
   CHECK(first.at_peak[static_cast<size_t>(Mem::Communication)] == 400);
   CHECK_FALSE(first.negative);
+}
+
+namespace {
+
+// The tags of an XML document nest and close (a minimal well-formedness check: no DTD,
+// comments or CDATA in what plan_svg writes). Returns the root element's name, "" if broken.
+std::string xml_root(const std::string& s) {
+  std::vector<std::string> stack;
+  std::string root;
+  size_t i = 0;
+  while ((i = s.find('<', i)) != std::string::npos) {
+    const size_t e = s.find('>', i);
+    if (e == std::string::npos) return "";
+    const std::string tag = s.substr(i + 1, e - i - 1);
+    i = e + 1;
+    if (tag.empty()) return "";
+    if (tag[0] == '?') continue;
+    if (tag[0] == '/') {
+      if (stack.empty() || stack.back() != tag.substr(1)) return "";
+      stack.pop_back();
+      continue;
+    }
+    const std::string name = tag.substr(0, tag.find_first_of(" \n/"));
+    if (stack.empty()) {
+      if (!root.empty()) return "";  // a second root
+      root = name;
+    }
+    if (tag.back() != '/') stack.push_back(name);
+  }
+  return stack.empty() ? root : "";
+}
+
+// Every <rect class="seg" ...>: tier, rank, category, bytes.
+struct Seg {
+  std::string tier, category;
+  int rank = 0;
+  int64_t bytes = 0;
+};
+std::vector<Seg> svg_segments(const std::string& s) {
+  std::vector<Seg> out;
+  auto attr = [](const std::string& t, const std::string& k) {
+    const size_t a = t.find(" " + k + "=\"");
+    if (a == std::string::npos) return std::string();
+    const size_t b = a + k.size() + 3;
+    return t.substr(b, t.find('"', b) - b);
+  };
+  for (size_t i = 0; (i = s.find("<rect class=\"seg\"", i)) != std::string::npos;) {
+    const size_t e = s.find('>', i);
+    const std::string t = s.substr(i, e - i);
+    out.push_back({attr(t, "data-tier"), attr(t, "data-category"), std::stoi(attr(t, "data-rank")),
+                   std::stoll(attr(t, "data-bytes"))});
+    i = e;
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("plan --svg: one bar segment per nonzero category, the numbers of --json", "[planner]") {
+  swtest::TempDir dir("planner_svg");
+  write_config(dir.path / "cfg.json");
+  for (const int world : {1, 3}) {
+    // Optimizer state on the host tier, so the host panel has a segment too.
+    const std::vector<std::string> common = {
+        "plan", "cfg.json", "--world-size", std::to_string(world), "--set",
+        "zero_optimization.offload_optimizer.device=\"cpu\""};
+    std::vector<std::string> a = common;
+    a.insert(a.end(), {"--svg", "plan.svg"});
+    const Run r = shardwise(a, dir.path);
+    INFO(r.out << r.err);
+    REQUIRE(r.rc == 0);
+    CHECK(r.out.find("drawing written to plan.svg") != std::string::npos);
+    std::vector<std::string> b = common;
+    b.push_back("--json");
+    const Run j = shardwise(b, dir.path);
+    REQUIRE(j.rc == 0);
+    const nlohmann::json js = nlohmann::json::parse(j.out);
+    const std::string svg = slurp(dir.path / "plan.svg");
+    CHECK(xml_root(svg) == "svg");
+    CHECK(svg.find("xmlns=\"http://www.w3.org/2000/svg\"") != std::string::npos);
+    const std::vector<Seg> segs = svg_segments(svg);
+    for (int rank = 0; rank < world; ++rank) {
+      const nlohmann::json& rj = js["ranks"][size_t(rank)];
+      std::map<std::string, int64_t> want;  // "tier/category" -> bytes
+      for (auto& [c, v] : rj["tiers"]["device"]["categories"].items())
+        want["device/" + c] = v.get<int64_t>();
+      want["device/kernel workspace (est.)"] = rj["kernel_workspace_bytes"].get<int64_t>();
+      for (auto& [c, v] : rj["tiers"]["host"]["categories"].items())
+        want["host/" + c] = v.get<int64_t>();
+      const int64_t dev = rj["tiers"]["device"]["peak_bytes"].get<int64_t>() +
+                          rj["kernel_workspace_bytes"].get<int64_t>();
+      want["rss/device tier"] = dev;
+      want["rss/host tier"] = rj["tiers"]["host"]["peak_bytes"].get<int64_t>();
+      want["rss/allocator rounding"] = rj["rss"]["rounding_bytes"].get<int64_t>();
+      want["rss/token files"] = rj["rss"]["data_bytes"].get<int64_t>();
+      want["rss/process baseline"] = rj["rss"]["baseline_bytes"].get<int64_t>();
+      for (auto it = want.begin(); it != want.end();)  // zero: not drawn
+        it = it->second == 0 ? want.erase(it) : std::next(it);
+      CHECK(want.count("host/optimizer"));
+      std::map<std::string, int64_t> got;
+      for (const Seg& s : segs)
+        if (s.rank == rank) {
+          CHECK(s.bytes > 0);
+          CHECK(got.emplace(s.tier + "/" + s.category, s.bytes).second);  // one rect each
+        }
+      CHECK(got == want);
+      int64_t rss = 0;
+      for (auto& [k, v] : got)
+        if (k.rfind("rss/", 0) == 0) rss += v;
+      CHECK(rss == rj["rss_bytes"].get<int64_t>());
+    }
+  }
+  // Many ranks: one bar for all of them.
+  const Run r = shardwise({"plan", "cfg.json", "--world-size", "64", "--svg", "many.svg"}, dir.path);
+  REQUIRE(r.rc == 0);
+  const std::string many = slurp(dir.path / "many.svg");
+  CHECK(xml_root(many) == "svg");
+  CHECK(many.find("ranks 0-63") != std::string::npos);
+  // An unwritable path is one line.
+  const Run bad = shardwise({"plan", "cfg.json", "--svg", "no/such/dir/p.svg"}, dir.path);
+  CHECK(bad.rc != 0);
+  CHECK(bad.err.find("plan: no/such/dir/p.svg: cannot write the SVG") != std::string::npos);
+}
+
+TEST_CASE("plan: predicted RSS is tracked + rounding + token files + the process baseline", "[planner]") {
+  swtest::TempDir dir("planner_rss");
+  write_config(dir.path / "cfg.json");
+  fs::create_directories(dir.path / "data");  // the loader maps and reads it whole: resident
+  std::ofstream(dir.path / "data" / "fortunes_train.bin") << std::string(123457, 'x');
+  const Run d = shardwise({"plan", "cfg.json", "--world-size", "2", "--json"}, dir.path);
+  REQUIRE(d.rc == 0);
+  const nlohmann::json r0 = nlohmann::json::parse(d.out)["ranks"][0];
+  const int64_t tracked = r0["tiers"]["device"]["peak_bytes"].get<int64_t>() +
+                          r0["kernel_workspace_bytes"].get<int64_t>() +
+                          r0["tiers"]["host"]["peak_bytes"].get<int64_t>();
+  CHECK(r0["rss"]["tracked_bytes"].get<int64_t>() == tracked);
+  CHECK(r0["rss"]["rounding_bytes"].get<int64_t>() >= 0);
+  CHECK_FALSE(r0["rss"]["baseline_measured"].get<bool>());
+  CHECK(r0["rss"]["baseline_bytes"].get<int64_t>() == default_baseline_rss(2));
+  CHECK(r0["rss"]["data_bytes"].get<int64_t>() == 123457);
+  CHECK(r0["rss_bytes"].get<int64_t>() == tracked + r0["rss"]["rounding_bytes"].get<int64_t>() +
+                                              123457 + default_baseline_rss(2));
+  // A profile with process.baseline_rss_bytes: that baseline; the key round-trips.
+  HardwareProfile hw = hardware_from_json_text(kHardwareJson, "t");
+  CHECK(hw.baseline_rss_bytes == 0);
+  hw.baseline_rss_bytes = 12345678;
+  CHECK(hardware_from_json_text(hardware_to_json(hw), "t").baseline_rss_bytes == 12345678);
+  save_hardware(hw, (dir.path / "hw.json").string());
+  const Run m = shardwise({"plan", "cfg.json", "--world-size", "2", "--json", "--hardware", "hw.json"},
+                          dir.path);
+  REQUIRE(m.rc == 0);
+  const nlohmann::json r1 = nlohmann::json::parse(m.out)["ranks"][0];
+  CHECK(r1["rss"]["baseline_measured"].get<bool>());
+  CHECK(r1["rss_bytes"].get<int64_t>() ==
+        tracked + r1["rss"]["rounding_bytes"].get<int64_t>() + 123457 + 12345678);
+  const Run t = shardwise({"plan", "cfg.json", "--world-size", "2", "--hardware", "hw.json"}, dir.path);
+  CHECK(t.out.find("process RSS") != std::string::npos);
+  CHECK(t.out.find("(calibrated)") != std::string::npos);
+  // A malformed baseline names the key.
+  nlohmann::json bad = nlohmann::json::parse(kHardwareJson);
+  bad["process"] = {{"baseline_rss_bytes", -1}};
+  CHECK_THROWS_WITH(hardware_from_json_text(bad.dump(), "h.json"),
+                    Catch::Contains("process.baseline_rss_bytes"));
+}
+
+namespace {
+
+// A unit that hides its declarations, as one written without declare_activations.
+class Undeclared final : public Unit {
+ public:
+  explicit Undeclared(std::unique_ptr<Unit> u) : u_(std::move(u)) {}
+  std::string name() const override { return u_->name(); }
+  std::vector<ParamSpec> params() const override { return u_->params(); }
+  int num_calls() const override { return u_->num_calls(); }
+  void forward(UnitCtx& c, int call, const float* x, float* y) override { u_->forward(c, call, x, y); }
+  void backward(UnitCtx& c, int call, const float* x, const float* dy, float* dx) override {
+    u_->backward(c, call, x, dy, dx);
+  }
+  void recompute_cheap(UnitCtx& c, int call, const float* x) override { u_->recompute_cheap(c, call, x); }
+  bool selective_recompute() const override { return u_->selective_recompute(); }
+
+ private:
+  std::unique_ptr<Unit> u_;
+};
+
+}  // namespace
+
+TEST_CASE("plan: a unit that does not declare is named; measured, it plans as declared", "[planner]") {
+  ModelConfig mc;
+  mc.vocab_size = 256, mc.n_layer = 3, mc.n_head = 2, mc.d_model = 64, mc.seq_len = 32;
+  PlanSetup s;
+  s.model = mc, s.world = 2, s.micro_batch = 3;  // an odd batch on purpose
+  s.policy.activation_checkpointing.mode = CheckpointMode::Selective;
+  const PlanPrediction want = predict_plan(s, nullptr);
+  auto hidden = [&](std::vector<int> units) {
+    Model m = build_model(mc);
+    for (const int u : units) m.units[size_t(u)] = std::make_unique<Undeclared>(std::move(m.units[size_t(u)]));
+    return m;
+  };
+  {
+    const std::vector<UndeclaredCall> u = undeclared_calls(hidden({2}), 3, 32);
+    REQUIRE(u.size() == 1);
+    CHECK(u[0].unit == 2);
+    CHECK(u[0].name == build_model(mc).units[2]->name());
+  }
+  try {
+    predict_plan(hidden({2, 0}), s, nullptr);
+    FAIL("no error");
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    CHECK(m.find('\n') == std::string::npos);
+    CHECK(m.rfind("plan: unit '" + build_model(mc).units[0]->name() + "' (call 0) and 2 more calls", 0) == 0);
+  }
+  // Measured (the embedding/head unit's two calls, a block's), the same plan to the byte.
+  const PlanPrediction got = predict_plan(hidden({0, 2}), s, nullptr, /*measure_unknown=*/true);
+  CHECK(got.measured.size() == 3);
+  CHECK(got.peak.total == want.peak.total);
+  CHECK(got.peak.at_peak == want.peak.at_peak);
+  CHECK(got.rss.total == want.rss.total);
 }
