@@ -633,7 +633,7 @@ class Undeclared final : public Unit {
 
 }  // namespace
 
-TEST_CASE("plan: a unit that does not declare is named; measured, it plans as declared", "[planner]") {
+TEST_CASE("plan: a unit that does not declare is named: measured, it plans as declared", "[planner]") {
   ModelConfig mc;
   mc.vocab_size = 256, mc.n_layer = 3, mc.n_head = 2, mc.d_model = 64, mc.seq_len = 32;
   PlanSetup s;
