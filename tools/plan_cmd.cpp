@@ -121,9 +121,13 @@ nlohmann::json categories(const MemDeltas& d) {
   return j;
 }
 
-std::string gib(int64_t b) {
+std::string gib(int64_t b) {  // GiB from 1 GiB up, else MiB (a small model reads 0.00 GiB)
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(b) / double(int64_t{1} << 30));
+  const double v = static_cast<double>(b);
+  if (b >= int64_t{1} << 30 || b <= -(int64_t{1} << 30))
+    std::snprintf(buf, sizeof buf, "%.2f GiB", v / double(int64_t{1} << 30));
+  else
+    std::snprintf(buf, sizeof buf, "%.1f MiB", v / double(int64_t{1} << 20));
   return buf;
 }
 
@@ -382,9 +386,11 @@ int cmd_plan(const PlanArgs& pa) {
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::printf("shardwise plan: %s on %d rank%s (shard group %d x %d replicas), %s, %.3fB parameters\n",
+  const double np = static_cast<double>(params);
+  std::printf("shardwise plan: %s on %d rank%s (shard group %d x %d replicas), %s, %.3f%s parameters\n",
               pa.config.c_str(), N, N == 1 ? "" : "s", plan.S, plan.R,
-              strategy_name(cfg.sharding.strategy), static_cast<double>(params) / 1e9);
+              strategy_name(cfg.sharding.strategy), np >= 1e9 ? np / 1e9 : np / 1e6,
+              np >= 1e9 ? "B" : "M");
   std::printf("every rank (equal shards):\n");
   std::printf("  device peak %s at %s\n", gib(pk.total).c_str(), at.c_str());
   std::string line = "   ";
