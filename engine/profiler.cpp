@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/xml.h"
 
 namespace sw {
 
@@ -96,20 +97,6 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-// Text for XML character data and attribute values.
-std::string xml_escape(const std::string& s) {
-  std::string o;
-  for (const char c : s) {
-    switch (c) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      default: o += static_cast<unsigned char>(c) < 0x20 ? ' ' : c;
-    }
-  }
-  return o;
-}
 
 // The known queues get fixed tids in this order; others follow in order of appearance.
 const char* const kQueues[] = {"compute", "gather", "reduce", "io"};

@@ -9,6 +9,7 @@
 #include <map>
 
 #include "core/bytes.h"
+#include "core/xml.h"
 #include "core/alloc.h"
 #include "core/error.h"
 #include "planner/search.h"
@@ -17,19 +18,6 @@ namespace sw {
 
 namespace {
 
-std::string esc(const std::string& s) {
-  std::string o;
-  for (const char c : s) {
-    switch (c) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      default: o += c;
-    }
-  }
-  return o;
-}
 
 std::string num(double v) {
   char b[32];
@@ -112,7 +100,7 @@ std::string plan_svg(const PlanSvg& s) {
   o += "<rect x=\"0\" y=\"0\" width=\"" + num(width) + "\" height=\"" + num(height) +
        "\" fill=\"#fff\"/>\n";
   o += "<text x=\"" + num(pad) + "\" y=\"22\" font-size=\"14\" font-weight=\"bold\">" +
-       esc(s.title) + "</text>\n";
+       xml_escape(s.title) + "</text>\n";
 
   double x0 = pad;
   for (size_t pi = 0; pi < s.panels.size(); ++pi) {
@@ -122,16 +110,16 @@ std::string plan_svg(const PlanSvg& s) {
     const double step = axis_step(double(std::max<int64_t>(ymax, 1)), 4);
     const double top_v = std::max(step, std::ceil(double(ymax) / step) * step);
     auto Y = [&](double v) { return top + plot_h - v / top_v * plot_h; };
-    o += "<g class=\"panel\" data-tier=\"" + esc(p.tier) + "\">\n";
+    o += "<g class=\"panel\" data-tier=\"" + xml_escape(p.tier) + "\">\n";
     o += "<text x=\"" + num(x0) + "\" y=\"" + num(top - 26) + "\" font-size=\"12\" font-weight=\"bold\">" +
-         esc(p.title) + "</text>\n";
+         xml_escape(p.title) + "</text>\n";
     // Axis and grid.
     const double ax = x0 + axis_w - 8;
     for (double v = 0; v <= top_v * 1.0001; v += step) {
       o += "<line x1=\"" + num(ax) + "\" x2=\"" + num(x0 + panel_w[pi]) + "\" y1=\"" + num(Y(v)) +
            "\" y2=\"" + num(Y(v)) + "\" stroke=\"#ddd\"/>\n";
       o += "<text x=\"" + num(ax - 4) + "\" y=\"" + num(Y(v) + 4) + "\" text-anchor=\"end\">" +
-           esc(fmt(int64_t(v))) + "</text>\n";
+           xml_escape(fmt(int64_t(v))) + "</text>\n";
     }
     o += "<line x1=\"" + num(ax) + "\" x2=\"" + num(ax) + "\" y1=\"" + num(top) + "\" y2=\"" +
          num(top + plot_h) + "\" stroke=\"#444\"/>\n";
@@ -145,23 +133,23 @@ std::string plan_svg(const PlanSvg& s) {
         if (part.second <= 0) continue;
         const double y1 = Y(acc), y2 = Y(acc + double(part.second));
         acc += double(part.second);
-        o += "<rect class=\"seg\" data-tier=\"" + esc(p.tier) + "\" data-rank=\"" +
-             std::to_string(b.rank) + "\" data-category=\"" + esc(part.first) +
+        o += "<rect class=\"seg\" data-tier=\"" + xml_escape(p.tier) + "\" data-rank=\"" +
+             std::to_string(b.rank) + "\" data-category=\"" + xml_escape(part.first) +
              "\" data-bytes=\"" + std::to_string(part.second) + "\" x=\"" + num(bx) + "\" y=\"" +
              num(y2) + "\" width=\"" + num(bar_w) + "\" height=\"" + num(std::max(y1 - y2, 0.5)) +
              "\" fill=\"" + color[part.first] + "\" stroke=\"#fff\" stroke-width=\"0.5\"><title>" +
-             esc(b.label + ": " + part.first + " " + fmt(part.second)) + "</title></rect>\n";
+             xml_escape(b.label + ": " + part.first + " " + fmt(part.second)) + "</title></rect>\n";
         if (y1 - y2 >= 13)
           o += "<text x=\"" + num(bx + bar_w / 2) + "\" y=\"" + num((y1 + y2) / 2 + 4) +
-               "\" text-anchor=\"middle\" font-size=\"9\" fill=\"#fff\">" + esc(fmt(part.second)) +
+               "\" text-anchor=\"middle\" font-size=\"9\" fill=\"#fff\">" + xml_escape(fmt(part.second)) +
                "</text>\n";
       }
       const int64_t tot = bar_total(b);
       o += "<text class=\"total\" data-bytes=\"" + std::to_string(tot) + "\" x=\"" +
            num(bx + bar_w / 2) + "\" y=\"" + num(Y(double(tot)) - 4) +
-           "\" text-anchor=\"middle\" font-weight=\"bold\">" + esc(fmt(tot)) + "</text>\n";
+           "\" text-anchor=\"middle\" font-weight=\"bold\">" + xml_escape(fmt(tot)) + "</text>\n";
       o += "<text x=\"" + num(bx + bar_w / 2) + "\" y=\"" + num(top + plot_h + 16) +
-           "\" text-anchor=\"middle\">" + esc(b.label) + "</text>\n";
+           "\" text-anchor=\"middle\">" + xml_escape(b.label) + "</text>\n";
     }
     o += "</g>\n";
     x0 += panel_w[pi] + pad;
@@ -174,7 +162,7 @@ std::string plan_svg(const PlanSvg& s) {
     const double y = legend_y + 20 * double(i);
     o += "<rect class=\"swatch\" x=\"" + num(pad) + "\" y=\"" + num(y - 10) +
          "\" width=\"12\" height=\"12\" fill=\"" + color[legend[i]] + "\"/>\n";
-    o += "<text x=\"" + num(pad + 18) + "\" y=\"" + num(y) + "\">" + esc(legend[i]) + "</text>\n";
+    o += "<text x=\"" + num(pad + 18) + "\" y=\"" + num(y) + "\">" + xml_escape(legend[i]) + "</text>\n";
   }
   o += "</g>\n</svg>\n";
   return o;

@@ -36,7 +36,7 @@ void ShardedModel::zero_grads() {
   I.complete_reductions(-1);
   // A deferred update still needs its unit's gradients: they are zeroed right after it.
   for (auto& fu : I.units)
-    if (I.deferred && unit_defers(I.plan_in, fu->index()))
+    if (I.deferred && I.defers[size_t(fu->index())])
       I.zero_after_update[size_t(fu->index())] = true;
     else
       fu->zero_grads();
@@ -56,7 +56,7 @@ void ShardedModel::optimizer_step(const AdamWParams& p, float lr, float grad_mul
   st.step = step;
   I.run(model_, I.opt_plan, st);
   // The deferred units' updates wait for the next micro-step's forward (or a flush).
-  if (defers_update(I.plan_in)) I.deferred = Impl::DeferredStep{p, lr, grad_mult, step};
+  if (!I.flush_plan.actions.empty()) I.deferred = Impl::DeferredStep{p, lr, grad_mult, step};
 }
 
 void ShardedModel::Impl::set_deferred(ExecState& st) const {

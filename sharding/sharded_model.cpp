@@ -128,6 +128,8 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
   I.opt_plan = plan_optimizer(I.plan_in);
   I.flush_plan = plan_flush(I.plan_in);
   I.zero_after_update.assign(I.units.size(), false);
+  for (size_t u = 0; u < I.units.size(); ++u)
+    I.defers.push_back(unit_defers(I.plan_in, static_cast<int>(u)));
   I.setup_nvme(rank);  // its staging buffers are the optimizer plan's
   I.setup_nvme_params(rank);
   I.rank = rank;

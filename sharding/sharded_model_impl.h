@@ -165,6 +165,7 @@ struct ShardedModel::Impl {
     int step = 0;
   };
   std::optional<DeferredStep> deferred;
+  std::vector<bool> defers;  // per unit: unit_defers(plan_in, u), fixed at construction
   std::vector<bool> zero_after_update;
 
   // S == 1 and R > 1: every unit's gradients in one buffer (plan_in.buckets' ranges).
