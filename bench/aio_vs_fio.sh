@@ -5,7 +5,7 @@
 # Run it when the machine is quiet (uptime): the figures are only as steady as the disk.
 #   bench/aio_vs_fio.sh DIR
 # Environment (see bench/bench_aio.cpp): AIO_BENCH_BYTES (2GiB), AIO_BLOCK (1MiB), AIO_QD (8),
-# AIO_BACKEND (auto|io_uring|threads), AIO_THREADS (1), AIO_DIRECT (1), AIO_CHUNK (64MiB).
+# AIO_BACKEND (auto|io_uring|threads), AIO_THREADS (1), AIO_DIRECT (1), AIO_CHUNK (64MiB), AIO_INFLIGHT (2).
 # BUILD_DIR (build) holds bench/bench_aio. Needs fio (scripts/setup.sh installs it).
 set -euo pipefail
 dir=${1:?usage: bench/aio_vs_fio.sh DIR}
