@@ -162,7 +162,7 @@ size_t MemTracker::log_dropped() const {
 namespace {
 
 constexpr size_t kSmallMax = size_t{1} << 20;  // up to here: size classes, malloc'd blocks
-enum Origin : uint8_t { kNone = 0, kPlain = 1, kPooled = 2 };
+enum Origin : uint8_t { kNone = 0, kPlain = 1, kPooled = 2, kFresh = 3 };  // kFresh: Buffer::fresh
 
 // The block size serving a request: 4 classes per power of two (multiples of 64 B) up to
 // 1 MiB; above, multiples of 128 KiB below 32 MiB and of 2 MiB from there.
@@ -259,6 +259,11 @@ void* host_alloc(size_t bytes, Tier tier, size_t* block, uint8_t* origin) {
 }
 
 void host_free(void* p, size_t block, uint8_t origin, Tier tier) {
+  if (origin == kFresh) {
+    munmap(p, block);
+    MemTracker::of(tier).note_reserved(-static_cast<int64_t>(block));
+    return;
+  }
   if (origin == kPooled && caching()) {
     Pool& pool = pools()[static_cast<size_t>(tier)];
     std::lock_guard<std::mutex> lock(pool.mu);
@@ -345,6 +350,24 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
 void Buffer::zero() {
   SW_CHECK(dev_.is_cpu() || !ptr_, "Buffer::zero on a device buffer");
   if (ptr_) std::memset(ptr_, 0, bytes_);
+}
+
+Buffer Buffer::fresh(size_t bytes, Mem category, Device device, Tier tier) {
+  if (!device.is_cpu() || bytes == 0) return Buffer(bytes, category, device, tier);
+  Buffer b;
+  MemTracker& tr = MemTracker::of(tier);
+  tr.add(category, bytes);  // throws past the budget, before anything is allocated
+  const size_t page = 4096, block = (bytes + page - 1) / page * page;
+  void* p = mmap(nullptr, block, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    tr.sub(category, bytes);
+    fail("memory", "out of host memory allocating " + format_bytes(bytes) + " for " +
+                       mem_name(category));
+  }
+  tr.note_reserved(static_cast<int64_t>(block));
+  b.ptr_ = p, b.bytes_ = bytes, b.block_ = block, b.cat_ = category, b.tier_ = tier;
+  b.origin_ = kFresh, b.dev_ = device;
+  return b;
 }
 
 void Buffer::release() {

@@ -129,6 +129,12 @@ class Buffer {
  public:
   Buffer() = default;
   Buffer(size_t bytes, Mem category, Device device = Device::cpu(), Tier tier = Tier::Device);
+  // Host memory of its own (page-aligned, mapped for this buffer and unmapped when released),
+  // never a block the cache held: pages nobody writes stay out of the resident set. For
+  // buffers that live as long as a model and may be partly used (offload staging sized for
+  // the largest unit). Device memory: as the constructor.
+  static Buffer fresh(size_t bytes, Mem category, Device device = Device::cpu(),
+                      Tier tier = Tier::Device);
   ~Buffer() { release(); }
   Buffer(Buffer&& o) noexcept { *this = std::move(o); }
   Buffer& operator=(Buffer&& o) noexcept;

@@ -529,12 +529,12 @@ AioFile AioFile::create(const std::string& path, uint64_t size, bool o_direct, b
   return f;
 }
 
-StagingBuffer aligned_staging(size_t bytes, Mem cat, Tier tier, bool round_up) {
+StagingBuffer aligned_staging(size_t bytes, Mem cat, Tier tier, bool round_up, bool fresh) {
   StagingBuffer s;
   s.bytes_ = bytes;
   s.cap_ = round_up ? (bytes + kAioAlign - 1) / kAioAlign * kAioAlign : bytes;
   if (s.cap_ == 0) return s;
-  s.buf_ = Buffer(s.cap_, cat, Device::cpu(), tier);
+  s.buf_ = fresh ? Buffer::fresh(s.cap_, cat, Device::cpu(), tier) : Buffer(s.cap_, cat, Device::cpu(), tier);
   if (!aligned(s.buf_.data())) {  // small blocks come 64-byte aligned: take a page more
     s.buf_ = Buffer(s.cap_ + kAioAlign, cat, Device::cpu(), tier);
     s.off_ = kAioAlign - reinterpret_cast<uintptr_t>(s.buf_.data()) % kAioAlign;

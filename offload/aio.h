@@ -140,7 +140,7 @@ class StagingBuffer {
   bool empty() const { return buf_.empty(); }
 
  private:
-  friend StagingBuffer aligned_staging(size_t, Mem, Tier, bool);
+  friend StagingBuffer aligned_staging(size_t, Mem, Tier, bool, bool);
   Buffer buf_;
   size_t off_ = 0, bytes_ = 0, cap_ = 0;
 };
@@ -148,9 +148,10 @@ class StagingBuffer {
 // Tier::Host). round_up: its capacity is `bytes` rounded up to 4096 (so a caller may transfer
 // whole blocks); otherwise exactly `bytes` (the engine sends an unaligned tail buffered), and
 // the tracked size is `bytes` whenever the allocator's block is already page-aligned (blocks
-// above 1 MiB are mmap'd), a page more only for small ones.
+// above 1 MiB are mmap'd), a page more only for small ones. fresh: memory of its own
+// (Buffer::fresh), not a cached block: for staging that lives as long as a model.
 StagingBuffer aligned_staging(size_t bytes, Mem cat = Mem::Communication, Tier tier = Tier::Host,
-                              bool round_up = true);
+                              bool round_up = true, bool fresh = false);
 
 class AioHandle {
  public:

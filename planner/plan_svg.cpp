@@ -205,7 +205,9 @@ PlanSvg plan_svg_of(const PlanPrediction& p, int world, const std::string& title
   s.panels.push_back({"nvme", "NVMe files", equal_rank_bars(world, {{"offload files", p.nvme}})});
   s.panels.push_back({"rss", std::string("process RSS (baseline ") +
                                  (p.rss.baseline_measured ? "calibrated" : "default") + ")",
-                      equal_rank_bars(world, {{"device tier", p.device},
+                      equal_rank_bars(world, {{p.rss.untouched ? "device tier less staging pages never written"
+                                                                : "device tier",
+                                               p.device - p.rss.untouched},
                                               {"host tier", p.host},
                                               {"allocator rounding", p.rss.rounding},
                                               {"token files", p.rss.data},

@@ -145,6 +145,33 @@ Evaluated evaluate(Wrapped& w, const PlanSetup& s, const Candidate& c, const Har
 
 }  // namespace
 
+// NVMe staging buffers are sized for the largest unit's shard (parameters: gather g of a
+// segment reads its unit's master into buffer g % param_slots; gradients: the buffer each
+// reduction's Fetch names) or the largest optimizer piece (piece k in buffer k % slots, its
+// floats from the buffer's start). A step repeats the same plan, so a buffer's resident part is
+// the largest transfer the plan puts in it, in 4 KiB pages (the buffers are page-aligned).
+int64_t untouched_staging_bytes(const StepPlan& plan) {
+  std::vector<int64_t> params(size_t(plan.param_slots), 0), grads(size_t(plan.grad_slots), 0),
+      pieces(size_t(plan.staging_slots), 0);
+  for (const Action& a : plan.actions) {
+    if ((a.kind != ActionKind::Fetch && a.kind != ActionKind::Evict) || a.slot < 0 || a.io == 0)
+      continue;  // (io 0: activation offload, which has no staging buffers)
+    std::vector<int64_t>* used = a.hi >= 0            ? &pieces  // an optimizer piece
+                                 : a.io == kIoMaster ? &params
+                                 : a.io == kIoGrads  ? &grads
+                                                     : nullptr;
+    if (used && size_t(a.slot) < used->size())
+      (*used)[size_t(a.slot)] = std::max((*used)[size_t(a.slot)], a.bytes);
+  }
+  const int64_t page = 4096;
+  auto pages = [&](int64_t b) { return (b + page - 1) / page * page; };
+  int64_t untouched = 0;
+  for (int64_t b : params) untouched += std::max<int64_t>(0, pages(plan.shard_bytes) - pages(b));
+  for (int64_t b : grads) untouched += std::max<int64_t>(0, pages(plan.shard_bytes) - pages(b));
+  for (int64_t b : pieces) untouched += std::max<int64_t>(0, pages(plan.staging_bytes) - pages(b));
+  return untouched;
+}
+
 int64_t default_baseline_rss(int world) {
   return (world > 1 ? int64_t{21} : int64_t{11}) << 20;
 }
@@ -180,12 +207,13 @@ RssPrediction predict_rss(const StepPlan& plan, const PlanInput& in, int64_t dev
   if (full_bytes > 0)
     r.rounding += static_cast<int64_t>(double(pk.at_peak[size_t(Mem::Communication)]) *
                                        double(full_rounding) / double(full_bytes));
+  r.untouched = untouched_staging_bytes(plan);
   r.baseline_measured = hw && hw->baseline_rss_bytes > 0;
   const double measured = mp && hw && hw->baseline_rss_bf16_bytes > 0 ? hw->baseline_rss_bf16_bytes
                           : hw                                        ? hw->baseline_rss_bytes
                                                                       : 0.0;
   r.baseline = r.baseline_measured ? static_cast<int64_t>(measured) : default_baseline_rss(in.W);
-  r.total = r.tracked + r.rounding + r.data + r.baseline;
+  r.total = r.tracked + r.rounding + r.data + r.baseline - r.untouched;
   return r;
 }
 

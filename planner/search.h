@@ -65,7 +65,11 @@ PlanPeak replay_peak_alloc_first(const StepPlan& plan);
 // Not modelled: cached free blocks the allocator keeps beside the peak's (a block freed at one
 // size and not reusable at another), the async checkpoint snapshot, the profiler's recording.
 struct RssPrediction {
-  int64_t tracked = 0, rounding = 0, data = 0, baseline = 0, total = 0;
+  // total = tracked + rounding + data + baseline - untouched. untouched: pages of the NVMe
+  // staging buffers that no transfer of the plan writes (each buffer is sized for the largest
+  // unit's shard or optimizer piece; buffers are not zeroed, so pages nobody writes are never
+  // resident).
+  int64_t tracked = 0, rounding = 0, data = 0, baseline = 0, untouched = 0, total = 0;
   bool baseline_measured = false;  // from the profile, not the default
 };
 // Measured once on the development machine (a 2-core EPYC VM, OpenBLAS, OpenMPI 4, 2 OpenMP
@@ -75,6 +79,8 @@ struct RssPrediction {
 // shared-memory segments and progress threads). Larger fp32 GEMMs touch more of OpenBLAS's
 // buffers (GPT-2 d=384, V=50304: 54 MiB; its bf16 run 10 MiB): calibrate.
 int64_t default_baseline_rss(int world);
+// The bytes of the plan's NVMe staging buffers that none of its transfers writes (whole pages).
+int64_t untouched_staging_bytes(const StepPlan& plan);
 RssPrediction predict_rss(const StepPlan& plan, const PlanInput& in, int64_t device,
                           int64_t host, int64_t data_bytes, const HardwareProfile* hw);
 

@@ -3,10 +3,14 @@
 // live in their own files (sharding/sharded_model_impl.h lists them).
 #include "sharding/sharded_model.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -188,6 +192,29 @@ int64_t ShardedModel::num_params() const {
 int ShardedModel::rank() const { return impl_->world->rank(); }
 int ShardedModel::world() const { return impl_->W; }
 bool ShardedModel::state_on_nvme() const { return impl_->nvme || impl_->pnvme; }
+
+ShardedModel::StagingResidency ShardedModel::staging_residency() const {
+  StagingResidency r;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> vec;
+  auto add = [&](const void* data, size_t bytes) {
+    if (!data || bytes == 0) return;
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(data) / page * page;
+    const uintptr_t hi = (reinterpret_cast<uintptr_t>(data) + bytes + page - 1) / page * page;
+    r.bytes += static_cast<int64_t>(hi - lo);
+    vec.assign((hi - lo) / page, 0);
+    SW_CHECK(::mincore(reinterpret_cast<void*>(lo), hi - lo, vec.data()) == 0, "mincore failed");
+    for (unsigned char v : vec) r.resident += (v & 1) ? static_cast<int64_t>(page) : 0;
+  };
+  if (impl_->nvme)
+    for (const StagingBuffer& b : impl_->nvme->slots) add(b.data(), b.bytes());
+  if (impl_->pnvme) {
+    for (const Buffer& b : impl_->pnvme->pslots) add(b.data(), b.bytes());
+    for (const Buffer& b : impl_->pnvme->gslots) add(b.data(), b.bytes());
+    for (const Buffer& b : impl_->pnvme->opt_slots) add(b.data(), b.bytes());
+  }
+  return r;
+}
 const ShardingPolicy& ShardedModel::policy() const { return impl_->policy; }
 int ShardedModel::peak_gathered_units() const { return impl_->peak_live; }
 Group& ShardedModel::group() const { return *impl_->world; }

@@ -127,6 +127,13 @@ class ShardedModel {
   // files through bounded staging, and an asynchronous snapshot (a full copy in host memory)
   // would defeat the offload.
   bool state_on_nvme() const;
+  // The NVMe staging buffers (parameters, gradients, optimizer pieces): the pages they span and
+  // how many of those are resident now (mincore), in bytes. Pages no transfer wrote are not resident
+  // (buffers are not zeroed); the planner's RSS model counts them out (planner/search.h).
+  struct StagingResidency {
+    int64_t bytes = 0, resident = 0;
+  };
+  StagingResidency staging_residency() const;
   StepPlan eval_plan(int B, int T) const;
   // While set (not null), the executor appends a record of every action it runs (begin and end
   // times; a collective's are when it started and finished executing) to *recorder.

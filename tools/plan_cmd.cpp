@@ -377,6 +377,7 @@ int cmd_plan(const PlanArgs& pa) {
            {"rss_bytes", pred.rss.total},
            {"rss", {{"tracked_bytes", pred.rss.tracked}, {"rounding_bytes", pred.rss.rounding},
                     {"data_bytes", pred.rss.data},
+                    {"untouched_staging_bytes", pred.rss.untouched},
                     {"baseline_bytes", pred.rss.baseline},
                     {"baseline_measured", pred.rss.baseline_measured}}},
            {"step_time", pred.timed ? time_json(pred.time) : nlohmann::json(nullptr)}});
@@ -404,10 +405,11 @@ int cmd_plan(const PlanArgs& pa) {
   std::printf("  nvme        %s%s\n", gib(plan.nvme_bytes).c_str(),
               plan.nvme_bytes ? " (offload files)" : "");
   std::printf("  process RSS %s = device + host + allocator rounding %s + token files %s + "
-              "process baseline %s (%s)\n",
+              "process baseline %s (%s)%s\n",
               gib(pred.rss.total).c_str(), gib(pred.rss.rounding).c_str(), gib(pred.rss.data).c_str(),
               gib(pred.rss.baseline).c_str(),
-              pred.rss.baseline_measured ? "calibrated" : "default: run `plan --calibrate`");
+              pred.rss.baseline_measured ? "calibrated" : "default: run `plan --calibrate`",
+              pred.rss.untouched ? (" - staging pages no transfer writes " + gib(pred.rss.untouched)).c_str() : "");
   std::printf("DeepSpeed's model-states estimate: %s per rank (%s)\n", gib(ds).c_str(),
               ds_formula.c_str());
   if (pred.timed) {

@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../common/mpi_test_util.h"
 #include "../common/temp_dir.h"
 #include "core/error.h"
 #include "engine/config.h"
@@ -26,6 +27,7 @@
 #include "planner/plan_svg.h"
 #include "planner/search.h"
 #include "planner/time_model.h"
+#include "sharding/sharded_model.h"
 
 using namespace sw;
 namespace fs = std::filesystem;
@@ -609,6 +611,46 @@ TEST_CASE("plan: predicted RSS is tracked + rounding + token files + the process
   bad["process"] = {{"baseline_rss_bytes", -1}};
   CHECK_THROWS_WITH(hardware_from_json_text(bad.dump(), "h.json"),
                     Catch::Contains("process.baseline_rss_bytes"));
+}
+
+// The RSS model's staging term against the kernel's own count: with parameters and the
+// optimizer on NVMe, staging buffers are sized for the largest shard or piece (here the
+// embedding's, 16x a block's); after two steps exactly the pages the plan's transfers write are
+// resident (mincore), so untouched_staging_bytes is the rest, to the page. Both optimizer
+// layouts: moments on NVMe (NvmeMoments' slots) and on the host (the parameters' opt_slots).
+TEST_CASE("plan: the NVMe staging pages no transfer writes are the ones not resident", "[planner]") {
+  swtest::TempDir dir("planner_staging");
+  for (const bool moments_nvme : {true, false}) {
+    ModelConfig mc = swtest::tiny_config("gpt2", 3);
+    mc.vocab_size = 16384, mc.d_model = 64, mc.n_head = 2;  // embedding 1M floats, blocks 50k
+    Model m = build_model(mc);
+    ShardingPolicy p = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+    p.offload_param.device = OffloadDevice::Nvme;
+    p.offload_param.nvme_path = dir.path.string();
+    p.offload_param.buffer_count = 3;
+    p.offload_optimizer.device = moments_nvme ? OffloadDevice::Nvme : OffloadDevice::Cpu;
+    p.offload_optimizer.nvme_path = dir.path.string();
+    p.offload_optimizer.buffer_count = 3;
+    ShardedModel sm(m, swtest::cpu(), 7, make_local_group(), p);
+    const int B = 2, T = mc.seq_len;
+    const StepPlan plan = sm.step_plan(B, T, 1);
+    const int64_t untouched = untouched_staging_bytes(plan);
+    INFO("moments on " << (moments_nvme ? "nvme" : "the host") << ": staging "
+                       << sm.staging_residency().bytes << " bytes, untouched " << untouched);
+    CHECK(untouched > 0);
+    CHECK(untouched < sm.staging_residency().bytes);
+    swtest::Corpus corpus(mc.vocab_size);
+    std::vector<int32_t> in(size_t(B) * T), tg(size_t(B) * T);
+    const Batch batch{in.data(), tg.data(), B, T};
+    for (int s = 0; s < 2; ++s) {
+      sm.zero_grads();
+      corpus.fill(s, 0, B, T, in.data(), tg.data());
+      sm.forward_backward(batch);
+      sm.optimizer_step(AdamWParams{}, 1e-3f, 1.f, s + 1);
+    }
+    const ShardedModel::StagingResidency r = sm.staging_residency();
+    CHECK(r.bytes - r.resident == untouched);
+  }
 }
 
 namespace {
