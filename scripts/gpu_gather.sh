@@ -95,6 +95,7 @@ for p in "${!role[@]}"; do
   if [ -f "$out/debs/$f" ] && [ "$(sha256sum "$out/debs/$f" | cut -d' ' -f1)" = "$sum" ]; then
     continue
   fi
+  rm -f "$out/debs/$f"  # a partial or stale download
   want+=("$p=$v")
 done
 for f in "$out"/debs/*.deb; do
