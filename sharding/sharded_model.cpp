@@ -209,9 +209,9 @@ ShardedModel::StagingResidency ShardedModel::staging_residency() const {
   if (impl_->nvme)
     for (const StagingBuffer& b : impl_->nvme->slots) add(b.data(), b.bytes());
   if (impl_->pnvme) {
-    for (const Buffer& b : impl_->pnvme->pslots) add(b.data(), b.bytes());
-    for (const Buffer& b : impl_->pnvme->gslots) add(b.data(), b.bytes());
-    for (const Buffer& b : impl_->pnvme->opt_slots) add(b.data(), b.bytes());
+    for (const auto* v : {&impl_->pnvme->pslots, &impl_->pnvme->gslots, &impl_->pnvme->opt_slots})
+      for (const Buffer& b : *v)
+        if (b.device().is_cpu()) add(b.data(), b.bytes());
   }
   return r;
 }

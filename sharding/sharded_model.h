@@ -127,9 +127,10 @@ class ShardedModel {
   // files through bounded staging, and an asynchronous snapshot (a full copy in host memory)
   // would defeat the offload.
   bool state_on_nvme() const;
-  // The NVMe staging buffers (parameters, gradients, optimizer pieces): the pages they span and
-  // how many of those are resident now (mincore), in bytes. Pages no transfer wrote are not resident
-  // (buffers are not zeroed); the planner's RSS model counts them out (planner/search.h).
+  // The NVMe staging buffers in host memory (parameters, gradients, optimizer pieces): the
+  // pages they span and how many of those are resident now (mincore), in bytes. Pages no
+  // transfer wrote are not resident (buffers are not zeroed); the planner's RSS model counts
+  // them out (planner/search.h).
   struct StagingResidency {
     int64_t bytes = 0, resident = 0;
   };
