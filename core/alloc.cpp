@@ -278,7 +278,7 @@ void host_free(void* p, size_t block, uint8_t origin, Tier tier) {
   MemTracker::of(tier).note_reserved(-static_cast<int64_t>(block));
 }
 
-DeviceAllocator g_cuda{nullptr, nullptr};
+DeviceAllocator g_cuda{nullptr, nullptr, nullptr};
 
 }  // namespace
 
@@ -287,6 +287,7 @@ bool caching() { return caching_flag().load(std::memory_order_relaxed); }
 
 void release_cached() {
   for (size_t t = 0; t < static_cast<size_t>(Tier::Count); ++t) release_pool(static_cast<Tier>(t));
+  if (g_cuda.release_cached) g_cuda.release_cached();
 }
 
 size_t alloc_block_size(size_t bytes) { return bytes == 0 ? 0 : round_size(bytes); }
