@@ -324,7 +324,14 @@ Buffer::Buffer(size_t bytes, Mem category, Device device, Tier tier)
                          mem_name(category));
     }
   } else {
-    if (!g_cuda.alloc || !(ptr_ = g_cuda.alloc(bytes, device.index))) {
+    try {
+      if (g_cuda.alloc) ptr_ = g_cuda.alloc(bytes, device.index);
+    } catch (...) {  // a device error other than out of memory: count nothing
+      tr.sub(cat_, bytes_);
+      bytes_ = 0;
+      throw;
+    }
+    if (!ptr_) {
       tr.sub(cat_, bytes_);
       bytes_ = 0;
       if (!g_cuda.alloc) fail("memory", "no allocator for device " + device.str() + " in this build");

@@ -123,7 +123,7 @@ size_t alloc_block_size(size_t bytes);
 struct DeviceAllocator {
   void* (*alloc)(size_t bytes, int device_index);  // nullptr when out of memory
   void (*free)(void* p, int device_index);
-  void (*release_cached)() = nullptr;  // gives cached device memory back; called by release_cached()
+  void (*release_cached)() = nullptr;  // cached device memory back; called by release_cached()
 };
 void register_device_allocator(DeviceKind kind, DeviceAllocator a);
 

@@ -142,9 +142,9 @@ void* DeviceCache::allocate(size_t bytes, void* stream) {
       p = raw_alloc(size);
     }
     if (!p) return nullptr;
-    Block& b = blocks_[p];
-    b.size = size;
-    b.stream = stream;
+    Block& fresh = blocks_[p];
+    fresh.size = size;
+    fresh.stream = stream;
   }
   Block& b = blocks_.at(p);
   b.state = State::InUse;

@@ -111,7 +111,8 @@ DeviceCache& cache_for(int device) {
   std::lock_guard<std::mutex> lock(g_caches_mu);
   c = g_caches[device].load(std::memory_order_relaxed);
   if (!c) {
-    c = new DeviceCache(kCudaApi, device, device_caching_from_env(), &MemTracker::of(Tier::Device));
+    c = new DeviceCache(kCudaApi, device, device_caching_from_env(),
+                        &MemTracker::of(Tier::Device));
     g_caches[device].store(c, std::memory_order_release);
   }
   return *c;
@@ -120,7 +121,9 @@ DeviceCache& cache_for(int device) {
 // The allocation stream of every Buffer (see the top of this file).
 void* const kBufferStream = nullptr;
 
-void* device_alloc(size_t bytes, int device) { return cache_for(device).allocate(bytes, kBufferStream); }
+void* device_alloc(size_t bytes, int device) {
+  return cache_for(device).allocate(bytes, kBufferStream);
+}
 
 void device_free(void* p, int device) { cache_for(device).free(p); }
 
@@ -131,7 +134,8 @@ void device_release_cached() {
 
 struct Registrar {
   Registrar() {
-    register_device_allocator(DeviceKind::CUDA, {device_alloc, device_free, device_release_cached});
+    register_device_allocator(DeviceKind::CUDA,
+                              {device_alloc, device_free, device_release_cached});
   }
 } registrar;
 
