@@ -278,7 +278,7 @@ void host_free(void* p, size_t block, uint8_t origin, Tier tier) {
   MemTracker::of(tier).note_reserved(-static_cast<int64_t>(block));
 }
 
-DeviceAllocator g_cuda{nullptr, nullptr};
+DeviceAllocator g_cuda{nullptr, nullptr, nullptr};
 
 }  // namespace
 
@@ -287,6 +287,7 @@ bool caching() { return caching_flag().load(std::memory_order_relaxed); }
 
 void release_cached() {
   for (size_t t = 0; t < static_cast<size_t>(Tier::Count); ++t) release_pool(static_cast<Tier>(t));
+  if (g_cuda.release_cached) g_cuda.release_cached();
 }
 
 size_t alloc_block_size(size_t bytes) { return bytes == 0 ? 0 : round_size(bytes); }
@@ -323,7 +324,14 @@ Buffer::Buffer(size_t bytes, Mem category, Device device, Tier tier)
                          mem_name(category));
     }
   } else {
-    if (!g_cuda.alloc || !(ptr_ = g_cuda.alloc(bytes, device.index))) {
+    try {
+      if (g_cuda.alloc) ptr_ = g_cuda.alloc(bytes, device.index);
+    } catch (...) {  // a device error other than out of memory: count nothing
+      tr.sub(cat_, bytes_);
+      bytes_ = 0;
+      throw;
+    }
+    if (!ptr_) {
       tr.sub(cat_, bytes_);
       bytes_ = 0;
       if (!g_cuda.alloc) fail("memory", "no allocator for device " + device.str() + " in this build");

@@ -110,16 +110,20 @@ class MemTracker {
 // The caching host allocator (see the top of this file).
 void set_caching(bool on);  // off: later buffers use aligned_alloc/free; cached blocks stay
 bool caching();
-void release_cached();  // returns every cached free block of every tier to the OS
-size_t cached_bytes();  // free bytes held by the pools (all tiers)
+// Returns every cached free block of every tier to the OS, and empties the registered device
+// allocator's cache (DeviceAllocator::release_cached) too.
+void release_cached();
+size_t cached_bytes();  // free bytes held by the host pools (all tiers; device caches not included)
 // The block size the caching allocator serves a request of `bytes` with (the rounding in the
 // comment at the top); the planner's RSS prediction adds it up over the plan's buffers.
 size_t alloc_block_size(size_t bytes);
 
-// Device allocators register here (the CPU one is built in); core never includes CUDA.
+// Device allocators register here (the CPU one is built in); core never includes CUDA. The
+// CUDA backend registers a DeviceCache (core/device_cache.h) per device.
 struct DeviceAllocator {
-  void* (*alloc)(size_t bytes, int device_index);
+  void* (*alloc)(size_t bytes, int device_index);  // nullptr when out of memory
   void (*free)(void* p, int device_index);
+  void (*release_cached)() = nullptr;  // cached device memory back; called by release_cached()
 };
 void register_device_allocator(DeviceKind kind, DeviceAllocator a);
 

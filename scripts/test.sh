@@ -9,8 +9,8 @@
 #   --sanitize=thread             build-tsan: TSan; runs the tests with threads of their own
 #                                 (scripts/sanitizers/tsan_tests.txt: communication thread and
 #                                 watchdog, async checkpointer, I/O engine and io queue,
-#                                 checkpoint I/O helpers, NVMe offload) unless ctest arguments
-#                                 are given; the mpirun tests one at a time.
+#                                 checkpoint I/O helpers, NVMe offload, device cache) unless
+#                                 ctest arguments are given; the mpirun tests one at a time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sanitize=""

@@ -274,7 +274,8 @@ class CudaOps final : public Ops {
   }
 
   // At least `floats` floats of the slot's scratch (contents undefined). Growing frees the old
-  // buffer (cudaFree waits for the device, so no enqueued kernel still uses it).
+  // buffer to the caching device allocator: kernels already enqueued on this (blocking)
+  // stream that use it run before any later work that reuses the block (stream order).
   float* wsf(Slot slot, size_t floats) const {
     Buffer& b = ws_[static_cast<int>(slot)];
     const size_t bytes = std::max<size_t>(floats, 1) * sizeof(float);
