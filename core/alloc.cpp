@@ -202,14 +202,8 @@ Pool* pools() {
   return p;
 }
 
-bool caching_from_env() {
-  const char* v = std::getenv("SHARDWISE_CACHING_ALLOCATOR");
-  return !(v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "off") == 0 ||
-                 std::strcmp(v, "false") == 0));
-}
-
 std::atomic<bool>& caching_flag() {
-  static std::atomic<bool> on{caching_from_env()};
+  static std::atomic<bool> on{!env_switched_off("SHARDWISE_CACHING_ALLOCATOR")};
   return on;
 }
 
@@ -280,7 +274,18 @@ void host_free(void* p, size_t block, uint8_t origin, Tier tier) {
 
 DeviceAllocator g_cuda{nullptr, nullptr, nullptr};
 
+[[noreturn]] void out_of_host_memory(size_t bytes, Mem category) {
+  fail("memory", "out of host memory allocating " + format_bytes(bytes) + " for " +
+                     mem_name(category));
+}
+
 }  // namespace
+
+bool env_switched_off(const char* name) {
+  const char* v = std::getenv(name);
+  return v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "off") == 0 ||
+               std::strcmp(v, "false") == 0);
+}
 
 void set_caching(bool on) { caching_flag().store(on); }
 bool caching() { return caching_flag().load(std::memory_order_relaxed); }
@@ -320,8 +325,7 @@ Buffer::Buffer(size_t bytes, Mem category, Device device, Tier tier)
     if (!ptr_) {
       tr.sub(cat_, bytes_);
       bytes_ = 0;
-      fail("memory", "out of host memory allocating " + format_bytes(bytes) + " for " +
-                         mem_name(category));
+      out_of_host_memory(bytes, category);
     }
   } else {
     try {
@@ -369,8 +373,7 @@ Buffer Buffer::fresh(size_t bytes, Mem category, Device device, Tier tier) {
   void* p = mmap(nullptr, block, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
     tr.sub(category, bytes);
-    fail("memory", "out of host memory allocating " + format_bytes(bytes) + " for " +
-                       mem_name(category));
+    out_of_host_memory(bytes, category);
   }
   tr.note_reserved(static_cast<int64_t>(block));
   b.ptr_ = p, b.bytes_ = bytes, b.block_ = block, b.cat_ = category, b.tier_ = tier;

@@ -109,7 +109,10 @@ class MemTracker {
 
 // The caching host allocator (see the top of this file).
 void set_caching(bool on);  // off: later buffers use aligned_alloc/free; cached blocks stay
-bool caching();
+bool caching();  // initially: unless SHARDWISE_CACHING_ALLOCATOR is switched off
+// True when the environment variable `name` is "0", "off" or "false" (the caching allocators'
+// switches: SHARDWISE_CACHING_ALLOCATOR here, SHARDWISE_CUDA_CACHING in core/device_cache.h).
+bool env_switched_off(const char* name);
 // Returns every cached free block of every tier to the OS, and empties the registered device
 // allocator's cache (DeviceAllocator::release_cached) too.
 void release_cached();

@@ -1,8 +1,6 @@
 #include "core/device_cache.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include "core/error.h"
 
@@ -20,11 +18,7 @@ size_t device_block_size(size_t bytes) {
   return (bytes + g - 1) / g * g;
 }
 
-bool device_caching_from_env() {
-  const char* v = std::getenv("SHARDWISE_CUDA_CACHING");
-  return !(v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "off") == 0 ||
-                 std::strcmp(v, "false") == 0));
-}
+bool device_caching_from_env() { return !env_switched_off("SHARDWISE_CUDA_CACHING"); }
 
 DeviceCache::DeviceCache(DeviceApi api, int device, bool caching, MemTracker* tracker)
     : api_(api), device_(device), caching_(caching), tracker_(tracker) {

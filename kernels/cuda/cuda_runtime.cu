@@ -161,6 +161,4 @@ void cuda_record_stream(const void* ptr, void* stream, int device) {
 
 DeviceCacheStats cuda_cache_stats(int device) { return cache_for(device).stats(); }
 
-void cuda_empty_cache() { device_release_cached(); }
-
 }  // namespace sw

@@ -13,5 +13,4 @@ void cuda_copy_to_host(void* dst, const void* src, size_t bytes);
 // buffer then makes its reuse wait for that work. Needed for any stream but the compute stream.
 void cuda_record_stream(const void* ptr, void* stream, int device = 0);
 DeviceCacheStats cuda_cache_stats(int device = 0);
-void cuda_empty_cache();  // every device's cached blocks back to cudaFree (= release_cached()'s)
 }  // namespace sw
