@@ -272,7 +272,9 @@ void host_free(void* p, size_t block, uint8_t origin, Tier tier) {
   MemTracker::of(tier).note_reserved(-static_cast<int64_t>(block));
 }
 
-DeviceAllocator g_cuda{nullptr, nullptr, nullptr};
+// One registered allocator per device kind (the CPU's slot stays empty: it is built in).
+DeviceAllocator g_dev[static_cast<size_t>(DeviceKind::Count)];
+DeviceAllocator& dev_alloc(DeviceKind k) { return g_dev[static_cast<size_t>(k)]; }
 
 [[noreturn]] void out_of_host_memory(size_t bytes, Mem category) {
   fail("memory", "out of host memory allocating " + format_bytes(bytes) + " for " +
@@ -292,7 +294,8 @@ bool caching() { return caching_flag().load(std::memory_order_relaxed); }
 
 void release_cached() {
   for (size_t t = 0; t < static_cast<size_t>(Tier::Count); ++t) release_pool(static_cast<Tier>(t));
-  if (g_cuda.release_cached) g_cuda.release_cached();
+  for (DeviceAllocator& a : g_dev)
+    if (a.release_cached) a.release_cached();
 }
 
 size_t alloc_block_size(size_t bytes) { return bytes == 0 ? 0 : round_size(bytes); }
@@ -308,8 +311,25 @@ size_t cached_bytes() {
 }
 
 void register_device_allocator(DeviceKind kind, DeviceAllocator a) {
-  SW_CHECK(kind != DeviceKind::CPU, "the CPU allocator is built in");
-  g_cuda = a;
+  SW_CHECK(kind != DeviceKind::CPU && kind != DeviceKind::Count, "the CPU allocator is built in");
+  dev_alloc(kind) = a;
+}
+
+void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes) {
+  if (bytes == 0) return;
+  if (dst_dev.is_cpu() && src_dev.is_cpu()) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  SW_CHECK(dst_dev.is_cpu() || src_dev.is_cpu() || dst_dev == src_dev,
+           "copy_bytes between two devices");
+  const Device dev = dst_dev.is_cpu() ? src_dev : dst_dev;
+  const DeviceAllocator& a = dev_alloc(dev.kind);
+  if (!a.copy) fail("memory", "no copy for device " + dev.str() + " in this build");
+  const CopyDir dir = src_dev.is_cpu()   ? CopyDir::HostToDevice
+                      : dst_dev.is_cpu() ? CopyDir::DeviceToHost
+                                         : CopyDir::DeviceToDevice;
+  a.copy(dst, src, bytes, dir, dev.index);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -328,8 +348,9 @@ Buffer::Buffer(size_t bytes, Mem category, Device device, Tier tier)
       out_of_host_memory(bytes, category);
     }
   } else {
+    const DeviceAllocator& a = dev_alloc(device.kind);
     try {
-      if (g_cuda.alloc) ptr_ = g_cuda.alloc(bytes, device.index);
+      if (a.alloc) ptr_ = a.alloc(bytes, device.index);
     } catch (...) {  // a device error other than out of memory: count nothing
       tr.sub(cat_, bytes_);
       bytes_ = 0;
@@ -338,7 +359,7 @@ Buffer::Buffer(size_t bytes, Mem category, Device device, Tier tier)
     if (!ptr_) {
       tr.sub(cat_, bytes_);
       bytes_ = 0;
-      if (!g_cuda.alloc) fail("memory", "no allocator for device " + device.str() + " in this build");
+      if (!a.alloc) fail("memory", "no allocator for device " + device.str() + " in this build");
       fail("memory", "out of memory on " + device.str() + " allocating " + format_bytes(bytes) +
                          " for " + mem_name(category));
     }
@@ -386,7 +407,7 @@ void Buffer::release() {
   if (dev_.is_cpu())
     host_free(ptr_, block_, origin_, tier_);
   else
-    g_cuda.free(ptr_, dev_.index);
+    dev_alloc(dev_.kind).free(ptr_, dev_.index);
   MemTracker::of(tier_).sub(cat_, bytes_);
   ptr_ = nullptr;
   bytes_ = 0;

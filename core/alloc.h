@@ -123,12 +123,20 @@ size_t alloc_block_size(size_t bytes);
 
 // Device allocators register here (the CPU one is built in); core never includes CUDA. The
 // CUDA backend registers a DeviceCache (core/device_cache.h) per device.
+enum class CopyDir : unsigned char { HostToDevice, DeviceToHost, DeviceToDevice };
 struct DeviceAllocator {
   void* (*alloc)(size_t bytes, int device_index);  // nullptr when out of memory
   void (*free)(void* p, int device_index);
   void (*release_cached)() = nullptr;  // cached device memory back; called by release_cached()
+  // Copies bytes, ordered after the work enqueued on the device's compute stream so far, and
+  // returns once it is complete (the host may read dst / reuse src). Needed by copy_bytes.
+  void (*copy)(void* dst, const void* src, size_t bytes, CopyDir dir, int device_index) = nullptr;
 };
 void register_device_allocator(DeviceKind kind, DeviceAllocator a);
+// The one way host code moves bytes in or out of device memory (Buffers of a non-CPU device):
+// a memcpy when both sides are on the CPU, the device's registered copy otherwise (see
+// DeviceAllocator::copy for the ordering). Copies between two different devices are refused.
+void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
 
 // An owning, 64-byte-aligned, tracked allocation. Move-only. Contents are uninitialised
 // unless zero() is called (a reused block holds whatever its last user left).

@@ -23,6 +23,10 @@ class Event {
   virtual bool query() = 0;
   // The host waits until it has; throws the failure of the work it marks, if any.
   virtual void synchronize() = 0;
+  // The device backend's own event behind this one (a cudaEvent_t on CUDA), or null when the
+  // work it marks runs on the host (a CPU communication thread). A device stream waits for a
+  // native event without blocking the host, and for any other event by blocking it.
+  virtual void* native_handle() const { return nullptr; }
 };
 
 class Stream {

@@ -137,7 +137,9 @@ const Ops& ops_for(Device device);
 // time) and an exact-rounding fallback otherwise.
 const Ops& ops_for(Device device, DType compute);
 
-// Backends register themselves (kernels/cuda does so when built).
-void register_ops(DeviceKind kind, const Ops* ops);
+// Backends register themselves (kernels/cuda does so when built), once per compute precision
+// they implement; ops_for(device, compute) refuses a precision nobody registered.
+void register_ops(DeviceKind kind, const Ops* ops);  // fp32
+void register_ops(DeviceKind kind, DType compute, const Ops* ops);
 
 }  // namespace sw

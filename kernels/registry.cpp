@@ -8,30 +8,35 @@ namespace sw {
 const Ops& cpu_ops(DType compute);  // kernels/cpu/cpu_ops.cpp
 
 namespace {
-const Ops* g_cuda_ops = nullptr;
+// [device kind][compute dtype]: one backend instance per precision; it serves one device index.
+const Ops* g_ops[static_cast<size_t>(DeviceKind::Count)][4] = {};
+const Ops*& slot(DeviceKind k, DType dt) {
+  return g_ops[static_cast<size_t>(k)][static_cast<size_t>(dt) & 3];
+}
+}  // namespace
+
+void register_ops(DeviceKind kind, const Ops* ops) { register_ops(kind, DType::F32, ops); }
+
+void register_ops(DeviceKind kind, DType compute, const Ops* ops) {
+  SW_CHECK(kind != DeviceKind::CPU && kind != DeviceKind::Count, "the CPU backend is built in");
+  slot(kind, compute) = ops;
 }
 
-void register_ops(DeviceKind kind, const Ops* ops) {
-  SW_CHECK(kind == DeviceKind::CUDA, "the CPU backend is built in");
-  g_cuda_ops = ops;
-}
-
-const Ops& ops_for(Device device) {
-  if (device.is_cpu()) return cpu_ops(DType::F32);
-  if (!g_cuda_ops) fail("kernels", "no backend for device " + device.str() + " in this build");
-  // The CUDA backend serves one device per process so far (kernels/cuda/cuda_ops.cu).
-  if (g_cuda_ops->device() != device)
-    fail("kernels", "no Ops for device " + device.str() + ": the CUDA backend serves " +
-                        g_cuda_ops->device().str() + " only");
-  return *g_cuda_ops;
-}
+const Ops& ops_for(Device device) { return ops_for(device, DType::F32); }
 
 const Ops& ops_for(Device device, DType compute) {
   if (device.is_cpu()) return cpu_ops(compute);
-  if (compute != DType::F32)
+  const Ops* f32 = slot(device.kind, DType::F32);
+  if (!f32) fail("kernels", "no backend for device " + device.str() + " in this build");
+  // A device backend serves one device per process so far (kernels/cuda/cuda_ops.cu).
+  if (f32->device() != device)
+    fail("kernels", "no Ops for device " + device.str() + ": this process's backend serves " +
+                        f32->device().str() + " only");
+  const Ops* o = slot(device.kind, compute);
+  if (!o)
     fail("kernels", "no " + std::string(dtype_name(compute)) + " compute for device " +
                         device.str() + " in this build");
-  return ops_for(device);
+  return *o;
 }
 
 }  // namespace sw

@@ -87,6 +87,15 @@ double collective_bytes(const Collective& c, int world) {
 
 void Work::wait() {
   if (!s_) return;
+  if (s_->native) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool was_done = s_->native->query();
+    s_->native->synchronize();
+    if (!was_done && s_->stats)
+      s_->stats->add_exposed(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return;
+  }
   if (!s_->done.load(std::memory_order_acquire)) {
     const auto t0 = std::chrono::steady_clock::now();
     std::unique_lock<std::mutex> l(s_->mu);
@@ -98,7 +107,12 @@ void Work::wait() {
   if (!s_->error.empty()) throw Error(s_->error);
 }
 
-bool Work::test() { return !s_ || s_->done.load(std::memory_order_acquire); }
+bool Work::test() {
+  if (s_ && s_->native) return s_->native->query();
+  return !s_ || s_->done.load(std::memory_order_acquire);
+}
+
+void* Work::native_handle() const { return s_ && s_->native ? s_->native->native_handle() : nullptr; }
 
 uint64_t Work::seq() const { return s_ ? s_->seq : 0; }
 double sum_over_ranks(Group& g, double x) {

@@ -37,6 +37,7 @@
 #include <memory>
 #include <string>
 
+#include "core/device.h"
 #include "core/dtype.h"
 #include "core/stream.h"
 
@@ -86,6 +87,7 @@ class Work final : public Event {
   bool test();  // true once complete (never blocks; errors surface in wait())
   bool query() override { return test(); }
   void synchronize() override { wait(); }
+  void* native_handle() const override;  // the device event of a device-stream collective
   uint64_t seq() const;  // the group's sequence number of this collective (0 for a no-op)
   // Once complete: when the backend started and finished executing it (steady clock seconds,
   // sw::trace_clock's; 0 for a default Work).
@@ -195,6 +197,27 @@ GroupPtr mpi_world_group();
 bool launched_multi_rank();
 // The rank of this process in MPI_COMM_WORLD (0 without MPI).
 int world_rank();
+// ---- Collectives on device memory (docs/ARCHITECTURE.md, "Collectives on devices").
+// A backend that runs collectives on a device's memory itself (NCCL for CUDA,
+// sharding/comm/nccl/) registers a factory. It is called collectively on every rank of `host`
+// and returns a group with the same ranks whose buffers are on `dev`, or nullptr on every rank
+// when it cannot serve them all (two ranks on one GPU); a collective call on `host`.
+using DeviceGroupFactory = GroupPtr (*)(Group& host, Device dev);
+void register_device_group_factory(DeviceKind kind, DeviceGroupFactory f);
+// How device_group reaches the peers: Native = the registered backend (an error without one),
+// Staged = `host` through host staging buffers, Auto = Native where it serves, else Staged.
+enum class DeviceComm : uint8_t { Auto, Native, Staged };
+const char* device_comm_name(DeviceComm m);             // "auto", "native", "staged"
+DeviceComm device_comm_from_name(const std::string& s);  // throws sw::Error naming the value
+// The group the engine gives device buffers to. `host` itself for a CPU device. Collective.
+GroupPtr device_group(const GroupPtr& host, Device dev, DeviceComm mode = DeviceComm::Auto);
+// `host`'s collectives on buffers of `dev`: each collective's input is copied to a host
+// staging buffer (copy_bytes), `host` runs it there, and the result is copied back, on a
+// thread of the group's own, in issue order; the Work completes after the copy back. The
+// staging buffers (Tier::Host, Mem::Communication; pinned where the backend pins host memory)
+// live while their collective does. Works with any number of ranks per device.
+GroupPtr make_staged_group(GroupPtr host, Device dev);
+
 // Ends every rank of the job with `code` (MPI_Abort under MPI, _Exit otherwise). For main()'s
 // error path: a rank that returns normally after an error would block in MPI_Finalize while
 // its peers wait for it in a collective (until their watchdogs fire).

@@ -45,6 +45,11 @@ struct WorkState {
   std::shared_ptr<StatsBlock> stats;
   // When the backend started and finished executing it (steady clock, seconds; 0 = unknown).
   double t_start = 0, t_done = 0;
+  // A backend that runs collectives on a device stream (NCCL) leaves `done` false and sets
+  // this: the device event recorded after the collective. Work::test queries it, Work::wait
+  // synchronises on it (the host blocks), and Work::native_handle hands it to a device stream
+  // (which waits without blocking the host). Errors surface through its synchronize().
+  std::shared_ptr<Event> native;
 
   void complete(std::string err) {
     {
