@@ -124,6 +124,16 @@ class Ops {
   virtual void fill(float* x, float v, size_t n) const = 0;
   virtual void add_inplace(float* y, const float* x, size_t n) const = 0;  // y += x
   virtual void copy(float* dst, const float* src, size_t n) const = 0;
+
+  // ---- Precision conversions of the gather and reduce paths (mixed precision), on n values.
+  // dt is F32, BF16 or F16; 16-bit values are raw uint16_t (round to nearest even, NaN stays
+  // NaN, fp16 overflow becomes +-inf); F32 is a copy. The buffers must not overlap, except
+  // dst == src exactly: then the n narrow values end up at the front of the buffer (narrow)
+  // or the n narrow values at its front become n floats (widen).
+  virtual void narrow(DType dt, const float* src, void* dst, size_t n) const = 0;
+  virtual void widen(DType dt, const void* src, float* dst, size_t n) const = 0;
+  virtual void add_widened(DType dt, const void* src, float* dst, size_t n) const = 0;  // dst +=
+  virtual void round_to(DType dt, float* x, size_t n) const = 0;  // x = widen(narrow(x))
 };
 
 // The Ops of a device; throws sw::Error if this build has no backend for it.

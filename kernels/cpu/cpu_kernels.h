@@ -80,6 +80,10 @@ void scale(float* x, float a, size_t n);
 void fill(float* x, float v, size_t n);
 void add_inplace(float* y, const float* x, size_t n);
 void copy(float* dst, const float* src, size_t n);
+void narrow(DType dt, const float* src, void* dst, size_t n);
+void widen(DType dt, const void* src, float* dst, size_t n);
+void add_widened(DType dt, const void* src, float* dst, size_t n);
+void round_to(DType dt, float* x, size_t n);
 
 // rope.cpp
 void rope_forward(float* qkv, int B, int T, int H, int KVH, int hd, float theta);

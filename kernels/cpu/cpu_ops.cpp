@@ -109,6 +109,16 @@ class CpuOps final : public Ops {
     cpu::add_inplace(y, x, n);
   }
   void copy(float* dst, const float* src, size_t n) const override { cpu::copy(dst, src, n); }
+  void narrow(DType dt, const float* src, void* dst, size_t n) const override {
+    cpu::narrow(dt, src, dst, n);
+  }
+  void widen(DType dt, const void* src, float* dst, size_t n) const override {
+    cpu::widen(dt, src, dst, n);
+  }
+  void add_widened(DType dt, const void* src, float* dst, size_t n) const override {
+    cpu::add_widened(dt, src, dst, n);
+  }
+  void round_to(DType dt, float* x, size_t n) const override { cpu::round_to(dt, x, n); }
 
  private:
   DType compute_;

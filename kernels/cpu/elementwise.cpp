@@ -200,3 +200,77 @@ void copy(float* dst, const float* src, size_t n) {
 }
 
 }  // namespace sw::cpu
+
+namespace sw::cpu {
+
+// ---- Precision conversions (Ops::narrow, widen, add_widened, round_to) ----------------------
+namespace {
+inline uint16_t to_half(DType dt, float f) {
+  return dt == DType::BF16 ? f32_to_bf16(f) : f32_to_f16(f);
+}
+inline float from_half(DType dt, uint16_t h) {
+  return dt == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+}  // namespace
+
+// Out of place: every element is independent, so the thread split does not change a bit. In
+// place the values move through bytes (a buffer holds floats and 16-bit values at once):
+// narrowing walks forward (value i lands at byte 2i, at or before byte 4i it was read from),
+// widening backward (value i is read at byte 2i before float i, bytes 4i..4i+3, is written).
+void narrow(DType dt, const float* src, void* dst, size_t n) {
+  if (dt == DType::F32) {
+    if (dst != src && n) std::memcpy(dst, src, n * sizeof(float));
+    return;
+  }
+  if (static_cast<const void*>(src) == dst) {
+    unsigned char* b = static_cast<unsigned char*>(dst);
+    for (size_t i = 0; i < n; ++i) {
+      float f;
+      std::memcpy(&f, b + 4 * i, 4);
+      const uint16_t h = to_half(dt, f);
+      std::memcpy(b + 2 * i, &h, 2);
+    }
+    return;
+  }
+  uint16_t* d = static_cast<uint16_t*>(dst);
+#pragma omp parallel for schedule(static) if (parallel : n >= kParallelMin)
+  for (size_t i = 0; i < n; ++i) d[i] = to_half(dt, src[i]);
+}
+
+void widen(DType dt, const void* src, float* dst, size_t n) {
+  if (dt == DType::F32) {
+    if (dst != src && n) std::memcpy(dst, src, n * sizeof(float));
+    return;
+  }
+  if (src == static_cast<const void*>(dst)) {
+    unsigned char* b = reinterpret_cast<unsigned char*>(dst);
+    for (size_t i = n; i-- > 0;) {
+      uint16_t h;
+      std::memcpy(&h, b + 2 * i, 2);
+      const float f = from_half(dt, h);
+      std::memcpy(b + 4 * i, &f, 4);
+    }
+    return;
+  }
+  const uint16_t* s = static_cast<const uint16_t*>(src);
+#pragma omp parallel for schedule(static) if (parallel : n >= kParallelMin)
+  for (size_t i = 0; i < n; ++i) dst[i] = from_half(dt, s[i]);
+}
+
+void add_widened(DType dt, const void* src, float* dst, size_t n) {
+  if (dt == DType::F32) {
+    add_inplace(dst, static_cast<const float*>(src), n);
+    return;
+  }
+  const uint16_t* s = static_cast<const uint16_t*>(src);
+#pragma omp parallel for schedule(static) if (parallel : n >= kParallelMin)
+  for (size_t i = 0; i < n; ++i) dst[i] += from_half(dt, s[i]);
+}
+
+void round_to(DType dt, float* x, size_t n) {
+  if (dt == DType::F32) return;
+#pragma omp parallel for schedule(static) if (parallel : n >= kParallelMin)
+  for (size_t i = 0; i < n; ++i) x[i] = from_half(dt, to_half(dt, x[i]));
+}
+
+}  // namespace sw::cpu

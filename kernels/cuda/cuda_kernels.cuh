@@ -27,6 +27,12 @@ void adamw(cudaStream_t s, float* param, const float* grad, float* m, float* v, 
 void scale(cudaStream_t s, float* x, float a, size_t n);
 void fill(cudaStream_t s, float* x, float v, size_t n);
 void add_inplace(cudaStream_t s, float* y, const float* x, size_t n);
+// Precision conversions (Ops::narrow / widen / add_widened / round_to); dt: 1 = bf16, 2 = f16
+// (core/dtype.h's DType values), out of place only (the Ops stage in-place calls).
+void narrow(cudaStream_t s, int dt, const float* src, uint16_t* dst, size_t n);
+void widen(cudaStream_t s, int dt, const uint16_t* src, float* dst, size_t n);
+void add_widened(cudaStream_t s, int dt, const uint16_t* src, float* dst, size_t n);
+void round_to(cudaStream_t s, int dt, float* x, size_t n);
 void add_bias_rows(cudaStream_t s, float* out, const float* b, int N, int OC);  // out[n] = b
 // Fixed-order sum of squares in double: *result (device) = sum x^2. ws: sum_squares_ws(n).
 size_t sum_squares_ws(size_t n);  // doubles

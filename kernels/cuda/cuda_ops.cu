@@ -62,7 +62,7 @@ class CudaStream final : public Stream {
 };
 
 // Grow-only device scratch, one buffer per use so that one op's pieces never overlap.
-enum class Slot { Norm, Logits, Rows, Reduce, Attn, Count };
+enum class Slot { Norm, Logits, Rows, Reduce, Attn, Convert, Count };
 
 class CudaOps final : public Ops {
  public:
@@ -234,6 +234,54 @@ class CudaOps final : public Ops {
     const cudaStream_t s = begin();
     if (dst == src || n == 0) return;
     SW_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, s));
+  }
+
+  // In place (dst == src) the conversion goes through the Convert scratch: the kernels'
+  // threads would otherwise read floats that other threads' 16-bit results overwrite.
+  void narrow(DType dt, const float* src, void* dst, size_t n) const override {
+    const cudaStream_t s = begin();
+    if (n == 0) return;
+    if (dt == DType::F32) {
+      if (dst != src)
+        SW_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyDeviceToDevice, s));
+      return;
+    }
+    const int d = static_cast<int>(dt);
+    if (dst != static_cast<const void*>(src)) {
+      cuda::narrow(s, d, src, static_cast<uint16_t*>(dst), n);
+      return;
+    }
+    uint16_t* tmp = reinterpret_cast<uint16_t*>(wsf(Slot::Convert, (n + 1) / 2));
+    cuda::narrow(s, d, src, tmp, n);
+    SW_CUDA_CHECK(cudaMemcpyAsync(dst, tmp, n * 2, cudaMemcpyDeviceToDevice, s));
+  }
+  void widen(DType dt, const void* src, float* dst, size_t n) const override {
+    const cudaStream_t s = begin();
+    if (n == 0) return;
+    if (dt == DType::F32) {
+      if (dst != src)
+        SW_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyDeviceToDevice, s));
+      return;
+    }
+    const int d = static_cast<int>(dt);
+    if (src != static_cast<const void*>(dst)) {
+      cuda::widen(s, d, static_cast<const uint16_t*>(src), dst, n);
+      return;
+    }
+    float* tmp = wsf(Slot::Convert, n);
+    cuda::widen(s, d, static_cast<const uint16_t*>(src), tmp, n);
+    SW_CUDA_CHECK(cudaMemcpyAsync(dst, tmp, n * 4, cudaMemcpyDeviceToDevice, s));
+  }
+  void add_widened(DType dt, const void* src, float* dst, size_t n) const override {
+    const cudaStream_t s = begin();
+    if (dt == DType::F32)
+      cuda::add_inplace(s, dst, static_cast<const float*>(src), n);
+    else
+      cuda::add_widened(s, static_cast<int>(dt), static_cast<const uint16_t*>(src), dst, n);
+  }
+  void round_to(DType dt, float* x, size_t n) const override {
+    const cudaStream_t s = begin();
+    if (dt != DType::F32) cuda::round_to(s, static_cast<int>(dt), x, n);
   }
 
  private:

@@ -3,6 +3,8 @@
 // total) and the per-row softmax / cross-entropy pass of the fused LM head.
 // The formulas are those of the CPU twin (kernels/cpu/elementwise.cpp, rope.cpp, adamw.cpp,
 // embedding.cpp, lmhead.cpp), with expf in place of the CPU's polynomial exp.
+#include <cuda_fp16.h>
+
 #include <cmath>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -185,6 +187,46 @@ __global__ void add_inplace_k(float* y, const float* x, size_t n) {
     y[i] += x[i];
 }
 
+// ---- Precision conversions: the host's bit formulas (core/dtype.h f32_to_bf16: round to
+// nearest even, NaN made quiet; fp16 through the IEEE round-to-nearest-even intrinsic, as
+// core/dtype.cpp rounds), so device and host agree bit for bit.
+__device__ __forceinline__ uint16_t f32_to_bf16_d(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+__device__ __forceinline__ float bf16_to_f32_d(uint16_t h) {
+  return __uint_as_float(static_cast<uint32_t>(h) << 16);
+}
+__device__ __forceinline__ uint16_t to_half_d(int dt, float f) {
+  return dt == 1 ? f32_to_bf16_d(f) : __half_as_ushort(__float2half_rn(f));
+}
+__device__ __forceinline__ float from_half_d(int dt, uint16_t h) {
+  return dt == 1 ? bf16_to_f32_d(h) : __half2float(__ushort_as_half(h));
+}
+
+__global__ void narrow_k(int dt, const float* src, uint16_t* dst, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x)
+    dst[i] = to_half_d(dt, src[i]);
+}
+__global__ void widen_k(int dt, const uint16_t* src, float* dst, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x)
+    dst[i] = from_half_d(dt, src[i]);
+}
+__global__ void add_widened_k(int dt, const uint16_t* src, float* dst, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x)
+    dst[i] += from_half_d(dt, src[i]);
+}
+__global__ void round_to_k(int dt, float* x, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x)
+    x[i] = from_half_d(dt, to_half_d(dt, x[i]));
+}
+
 __global__ void bias_rows_k(float* out, const float* b, int OC, size_t total) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
        i += size_t(gridDim.x) * blockDim.x)
@@ -362,6 +404,27 @@ void fill(cudaStream_t s, float* x, float v, size_t n) {
 void add_inplace(cudaStream_t s, float* y, const float* x, size_t n) {
   if (n == 0) return;
   add_inplace_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(y, x, n);
+  SW_CUDA_LAUNCHED();
+}
+
+void narrow(cudaStream_t s, int dt, const float* src, uint16_t* dst, size_t n) {
+  if (n == 0) return;
+  narrow_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(dt, src, dst, n);
+  SW_CUDA_LAUNCHED();
+}
+void widen(cudaStream_t s, int dt, const uint16_t* src, float* dst, size_t n) {
+  if (n == 0) return;
+  widen_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(dt, src, dst, n);
+  SW_CUDA_LAUNCHED();
+}
+void add_widened(cudaStream_t s, int dt, const uint16_t* src, float* dst, size_t n) {
+  if (n == 0) return;
+  add_widened_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(dt, src, dst, n);
+  SW_CUDA_LAUNCHED();
+}
+void round_to(cudaStream_t s, int dt, float* x, size_t n) {
+  if (n == 0) return;
+  round_to_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(dt, x, n);
   SW_CUDA_LAUNCHED();
 }
 

@@ -108,7 +108,7 @@ inline const std::vector<std::string>& all_ops() {
       "residual_layernorm_forward", "residual_rmsnorm_forward", "gelu_forward", "gelu_backward",
       "swiglu_forward", "swiglu_backward", "residual_forward", "rope_forward", "rope_backward",
       "attention_forward", "attention_backward", "lmhead_xent", "adamw", "sum_squares", "scale",
-      "fill", "add_inplace", "copy"};
+      "fill", "add_inplace", "copy", "narrow", "widen", "add_widened", "round_to"};
   return ops;
 }
 
@@ -503,6 +503,71 @@ inline std::vector<OpCase> op_cases() {
                     put(o, "dst", a.down(d, n + 1));
                     return o;
                   }});
+    // Precision conversions (raw 16-bit results are compared as the values they hold).
+    for (sw::DType dt : {sw::DType::BF16, sw::DType::F16}) {
+      const std::string dn = std::string(sw::dtype_name(dt)) + " " + sh;
+      auto halves = [dt](const Vec& raw, size_t n) {
+        Vec v(n);
+        for (size_t i = 0; i < n; ++i) {
+          uint16_t h;
+          std::memcpy(&h, reinterpret_cast<const char*>(raw.data()) + 2 * i, 2);
+          v[i] = dt == sw::DType::BF16 ? sw::bf16_to_f32(h) : sw::f16_to_f32(h);
+        }
+        return v;
+      };
+      auto narrow_raw = [dt](const Vec& x) {  // the host's rounding, packed two per float
+        Vec raw((x.size() + 1) / 2 + 1, 0.f);
+        for (size_t i = 0; i < x.size(); ++i) {
+          const uint16_t h = dt == sw::DType::BF16 ? sw::f32_to_bf16(x[i]) : sw::f32_to_f16(x[i]);
+          std::memcpy(reinterpret_cast<char*>(raw.data()) + 2 * i, &h, 2);
+        }
+        return raw;
+      };
+      cs.push_back({"narrow", "narrow " + dn, kTolElem, kTolElem, [=](Arena& a) {
+                      Rng r(sd + 30);
+                      const Vec x = r.normal(n, 3.f);
+                      float* src = a.up(x);
+                      float* dst = a.up(Vec((n + 1) / 2 + 1, 0.f));
+                      a.ops().narrow(dt, src, dst, n);
+                      float* inplace = a.up(x);
+                      a.ops().narrow(dt, inplace, inplace, n);
+                      Outputs o;
+                      put(o, "out", halves(a.down(dst, (n + 1) / 2 + 1), n));
+                      put(o, "in_place", halves(a.down(inplace, n), n));
+                      return o;
+                    }});
+      cs.push_back({"widen", "widen " + dn, kTolElem, kTolElem, [=](Arena& a) {
+                      Rng r(sd + 31);
+                      const Vec raw = narrow_raw(r.normal(n, 3.f));
+                      float* dst = a.up(Vec(n, 0.f));
+                      a.ops().widen(dt, a.up(raw), dst, n);
+                      Vec buf(n, 0.f);
+                      std::memcpy(buf.data(), raw.data(), std::min(raw.size(), buf.size()) * 4);
+                      float* inplace = a.up(buf);
+                      a.ops().widen(dt, inplace, inplace, n);
+                      Outputs o;
+                      put(o, "out", a.down(dst, n));
+                      put(o, "in_place", a.down(inplace, n));
+                      return o;
+                    }});
+      cs.push_back({"add_widened", "add_widened " + dn, kTolElem, kTolElem, [=](Arena& a) {
+                      Rng r(sd + 32);
+                      const Vec raw = narrow_raw(r.normal(n, 3.f));
+                      float* y = a.up(r.normal(n));
+                      a.ops().add_widened(dt, a.up(raw), y, n);
+                      Outputs o;
+                      put(o, "y", a.down(y, n));
+                      return o;
+                    }});
+      cs.push_back({"round_to", "round_to " + dn, kTolElem, kTolElem, [=](Arena& a) {
+                      Rng r(sd + 33);
+                      float* x = a.up(r.normal(n, 3.f));
+                      a.ops().round_to(dt, x, n);
+                      Outputs o;
+                      put(o, "x", a.down(x, n));
+                      return o;
+                    }});
+    }
     cs.push_back({"sum_squares", "sum_squares " + sh, kTolElem, kTolElem, [n, sd](Arena& a) {
                     Rng r(sd + 7);
                     const double s = a.ops().sum_squares(a.up(r.normal(n, 3.f)), n);

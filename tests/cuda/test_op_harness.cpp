@@ -122,6 +122,16 @@ class BrokenGelu final : public sw::Ops {
   void fill(float* x, float v, size_t n) const override { b_.fill(x, v, n); }
   void add_inplace(float* y, const float* x, size_t n) const override { b_.add_inplace(y, x, n); }
   void copy(float* d, const float* s, size_t n) const override { b_.copy(d, s, n); }
+  void narrow(sw::DType dt, const float* s, void* d, size_t n) const override {
+    b_.narrow(dt, s, d, n);
+  }
+  void widen(sw::DType dt, const void* s, float* d, size_t n) const override {
+    b_.widen(dt, s, d, n);
+  }
+  void add_widened(sw::DType dt, const void* s, float* d, size_t n) const override {
+    b_.add_widened(dt, s, d, n);
+  }
+  void round_to(sw::DType dt, float* x, size_t n) const override { b_.round_to(dt, x, n); }
 
  private:
   const sw::Ops& b_;
