@@ -273,7 +273,7 @@ void host_free(void* p, size_t block, uint8_t origin, Tier tier) {
 }
 
 // One registered allocator per device kind (the CPU's slot stays empty: it is built in).
-DeviceAllocator g_dev[static_cast<size_t>(DeviceKind::Count)];
+constinit DeviceAllocator g_dev[static_cast<size_t>(DeviceKind::Count)];
 DeviceAllocator& dev_alloc(DeviceKind k) { return g_dev[static_cast<size_t>(k)]; }
 
 [[noreturn]] void out_of_host_memory(size_t bytes, Mem category) {

@@ -125,8 +125,10 @@ size_t alloc_block_size(size_t bytes);
 // CUDA backend registers a DeviceCache (core/device_cache.h) per device.
 enum class CopyDir : unsigned char { HostToDevice, DeviceToHost, DeviceToDevice };
 struct DeviceAllocator {
-  void* (*alloc)(size_t bytes, int device_index);  // nullptr when out of memory
-  void (*free)(void* p, int device_index);
+  // Every member has an initializer, so the registry (a static array) is constant-initialized
+  // and a backend registering from another static initialiser is never overwritten.
+  void* (*alloc)(size_t bytes, int device_index) = nullptr;  // nullptr when out of memory
+  void (*free)(void* p, int device_index) = nullptr;
   void (*release_cached)() = nullptr;  // cached device memory back; called by release_cached()
   // Copies bytes, ordered after the work enqueued on the device's compute stream so far, and
   // returns once it is complete (the host may read dst / reuse src). Needed by copy_bytes.

@@ -9,6 +9,8 @@
 namespace sw {
 
 int64_t count_targets(const Batch& b) {
+  if (b.counted >= 0) return b.counted;
+  if (!b.targets) return 0;
   int64_t n = 0;
   const int64_t N = int64_t{b.B} * b.T;
   for (int64_t i = 0; i < N; ++i) n += b.targets[i] >= 0;
@@ -77,18 +79,18 @@ void Saved::clear() {
     if (p) p->clear();
 }
 
-size_t Saved::move_to(Tier t) {
+size_t Saved::move_to(Tier t, Device device) {
   size_t moved = 0;
   for (auto& kv : bufs_) {
     Buffer& b = kv.second.buf;
     if (b.empty() || b.tier() == t) continue;
-    Buffer nb(b.bytes(), Mem::Activations, Device::cpu(), t);
-    std::memcpy(nb.data(), b.data(), b.bytes());
+    Buffer nb(b.bytes(), Mem::Activations, t == Tier::Device ? device : Device::cpu(), t);
+    copy_bytes(nb.data(), nb.device(), b.data(), b.device(), b.bytes());
     moved += b.bytes();
     b = std::move(nb);
   }
   for (auto& p : parts_)
-    if (p) moved += p->move_to(t);
+    if (p) moved += p->move_to(t, device);
   return moved;
 }
 

@@ -59,7 +59,9 @@ class Saved {
   size_t drop_cheap();         // frees the Keep::Cheap buffers; returns the bytes freed
   // Moves every buffer (parts included) to memory of tier `t` (core/alloc.h), same contents:
   // activation offload. Returns the bytes moved.
-  size_t move_to(Tier t);
+  // Moves every buffer to tier t: Tier::Device buffers live on `device`, the others on the
+  // CPU (copy_bytes). Returns the bytes moved.
+  size_t move_to(Tier t, Device device);
   // Activation offload to a file: detach() moves every buffer out (parts included, in a fixed
   // order) for the caller to write and keep until the write is done, leaving each slot empty
   // with its size remembered; reattach() allocates them again (device tier, same order) and
@@ -133,6 +135,9 @@ struct Batch {
   const int32_t* tokens = nullptr;   // (B, T)
   const int32_t* targets = nullptr;  // (B, T); < 0 = ignore
   int B = 0, T = 0;
+  // The targets counted, when known; -1: count_targets reads them. A batch on a device sets
+  // it, since the host cannot read its targets.
+  int64_t counted = -1;
 };
 
 // The targets a loss counts: those >= 0 (a negative target is ignored).

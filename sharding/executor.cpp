@@ -272,11 +272,12 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
       }
       if (a.pos >= 0) {  // activation offload: a copy between tiers, done here on the CPU
         const Tier t = a.kind == ActionKind::Evict ? Tier::Host : Tier::Device;
-        saved[p].move_to(t);
+        const Device dev = t == Tier::Device ? ops->device() : Device::cpu();
+        saved[p].move_to(t, ops->device());
         Buffer& x = acts[p];
         if (!x.empty() && x.tier() != t) {
-          Buffer nb(x.bytes(), Mem::Activations, Device::cpu(), t);
-          std::memcpy(nb.data(), x.data(), x.bytes());
+          Buffer nb(x.bytes(), Mem::Activations, dev, t);
+          copy_bytes(nb.data(), dev, x.data(), x.device(), x.bytes());
           x = std::move(nb);
         }
         break;
@@ -526,7 +527,7 @@ void ShardedModel::Impl::issue_bucket(int bi, int action) {
   ReduceOp op = ReduceOp::Avg;
   if (rdt != DType::F32) {  // divide, then sum in 16 bits (FlatUnit::issue_reduce_scatter)
     ops->scale(p, 1.f / static_cast<float>(R), static_cast<size_t>(b.hi - b.lo));
-    narrow_in_place(rdt, p, b.hi - b.lo);  // reduce_dtype values at the front of the range
+    ops->narrow(rdt, p, p, static_cast<size_t>(b.hi - b.lo));  // at the front of the range
     op = ReduceOp::Sum;
   }
   PendingReduction r;
@@ -562,7 +563,8 @@ void ShardedModel::Impl::complete_reductions(int through) {
     done.work.wait();
     if (done.bucket >= 0) {
       const PlanBucket& b = plan_in.buckets[static_cast<size_t>(done.bucket)];
-      widen_in_place(policy.mixed_precision.reduce_dtype, bucket_buf.f32() + b.lo, b.hi - b.lo);
+      float* p = bucket_buf.f32() + b.lo;
+      ops->widen(policy.mixed_precision.reduce_dtype, p, p, static_cast<size_t>(b.hi - b.lo));
       for (int u : b.members) units[static_cast<size_t>(u)]->reduced_in_place();
     } else if (done.finishes) {
       FlatUnit& f = *units[static_cast<size_t>(done.unit)];

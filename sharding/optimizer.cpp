@@ -28,7 +28,7 @@ double ShardedModel::grad_norm() const {
       ss += fu->grads_zero() ? 0.0 : I.pnvme->sumsq[static_cast<size_t>(fu->index())];
     else
       ss += I.ops->sum_squares(fu->grad_shard(), static_cast<size_t>(fu->shard_size()));
-  return std::sqrt(sum_over_ranks(*I.shard, ss));
+  return std::sqrt(sum_over_ranks(*I.shard_host, ss));
 }
 
 void ShardedModel::zero_grads() {

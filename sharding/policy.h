@@ -30,6 +30,7 @@
 #include "core/dtype.h"
 #include "models/recompute.h"
 #include "offload/aio.h"
+#include "sharding/comm/group.h"
 
 namespace sw {
 
@@ -170,6 +171,9 @@ struct ShardingPolicy {
   ActivationCheckpointing activation_checkpointing;
   OptimizerOffload offload_optimizer;
   ParamOffload offload_param;
+  // How unit buffers on a non-CPU device reach the peers (sharding/comm/group.h DeviceComm):
+  // the device's own collectives (NCCL), the host group through staging buffers, or auto.
+  DeviceComm device_comm = DeviceComm::Auto;
   // The asynchronous I/O engine of the io queue (DeepSpeed's "aio" block, offload/aio.h).
   AioConfig aio;
 

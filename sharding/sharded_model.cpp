@@ -80,6 +80,23 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
     I.shard = group->split(rank / I.S, rank);
   }
   if (I.R > 1) I.rep = I.S == 1 ? group : group->split(rank % I.S, rank);
+  I.shard_host = I.shard;
+  const Device dev = ops.device();
+  if (!dev.is_cpu()) {
+    // Offload moves state between the device and the host tiers with the host's Ops; the
+    // device path of that is not built yet (docs/ARCHITECTURE.md, "The engine on a device").
+    if (policy.offload_optimizer.device != OffloadDevice::None ||
+        policy.offload_param.device != OffloadDevice::None)
+      fail("offload", "offload_optimizer / offload_param with device " + dev.str() +
+                          ": not supported yet (activation offload to cpu is)");
+    if (policy.activation_checkpointing.offload_nvme)
+      fail("offload", "activation_checkpointing.offload 'nvme' with device " + dev.str() +
+                          ": not supported yet (use 'cpu')");
+    // Unit buffers' collectives go to device groups (NCCL, or the host group through staging
+    // buffers); host scalars keep the host groups.
+    I.shard = device_group(I.shard, dev, policy.device_comm);
+    if (I.rep) I.rep = device_group(I.rep, dev, policy.device_comm);
+  }
 
   const size_t U = model.units.size();
   const FlatUnit::Kind kind = I.plan_in.kind == UnitKind::Whole ? FlatUnit::Kind::Whole
@@ -167,10 +184,20 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
           ops.fill(dst + r.lo, 1.f, static_cast<size_t>(r.hi - r.lo));
           break;
         case Init::Normal: {
-          SW_CHECK(ops.device().is_cpu(), "initialisation writes host memory");
+          // Drawn on the host and copied where the buffer is (the device's Tier::Device
+          // buffers; a CPU run writes in place).
           const uint64_t stream = rng_stream(spec.name.c_str());
+          float* out = dst + r.lo;
+          std::vector<float> host;
+          if (!ops.device().is_cpu()) {
+            host.resize(static_cast<size_t>(r.hi - r.lo));
+            out = host.data();
+          }
           for (int64_t j = r.lo; j < r.hi; ++j)
-            dst[j] = rng_normal(seed, stream, static_cast<uint64_t>(j - e.offset)) * spec.std;
+            out[j - r.lo] = rng_normal(seed, stream, static_cast<uint64_t>(j - e.offset)) * spec.std;
+          if (!ops.device().is_cpu())
+            copy_bytes(dst + r.lo, ops.device(), host.data(), Device::cpu(),
+                       host.size() * sizeof(float));
           break;
         }
       }
@@ -238,6 +265,22 @@ void ShardedModel::reset_comm_stats() {
 
 // ---- Execution -------------------------------------------------------------------------------
 
+const Batch& ShardedModel::Impl::on_device(const Batch& b) {
+  if (ops->device().is_cpu()) return b;
+  const size_t n = static_cast<size_t>(b.B) * static_cast<size_t>(b.T) * sizeof(int32_t);
+  auto upload = [&](Buffer& buf, const int32_t* src) -> const int32_t* {
+    if (!src) return nullptr;
+    if (buf.bytes() < n) buf = Buffer(n, Mem::Activations, ops->device());
+    copy_bytes(buf.data(), buf.device(), src, Device::cpu(), n);
+    return buf.as<int32_t>();
+  };
+  dev_batch = b;
+  dev_batch.counted = count_targets(b);
+  dev_batch.tokens = upload(batch_tokens, b.tokens);
+  dev_batch.targets = upload(batch_targets, b.targets);
+  return dev_batch;
+}
+
 namespace {
 
 void check_batch(const Batch& b, bool need_targets) {
@@ -255,7 +298,7 @@ double ShardedModel::forward_backward(const Batch& batch, float grad_scale, bool
   check_batch(batch, true);
   const int64_t counted = count_targets(batch);
   ExecState st;
-  st.batch = &batch;
+  st.batch = &I.on_device(batch);
   // d(mean loss) = d(sum of token losses) / counted.
   st.scale = counted > 0 ? grad_scale / static_cast<float>(counted) : 0.f;
   const bool reduce = last_micro_step || I.policy.accum == GradAccumMode::ReduceEachMicroStep;
@@ -289,9 +332,15 @@ namespace {
 ExecState run_forward(ShardedModel::Impl& I, Model& model, const Batch& batch, float* logits) {
   I.flush_deferred(model);
   ExecState st;
-  st.batch = &batch;
+  st.batch = &I.on_device(batch);
   st.training = false;
   st.logits = logits;
+  Buffer dev_logits;  // (B, V) on a non-CPU device, copied out at the end
+  const size_t nlogits = static_cast<size_t>(batch.B) * static_cast<size_t>(model.config.vocab_size);
+  if (logits && !I.ops->device().is_cpu()) {
+    dev_logits = Buffer(nlogits * sizeof(float), Mem::Activations, I.ops->device());
+    st.logits = dev_logits.f32();
+  }
   try {
     I.ensure_pingpong(static_cast<size_t>(batch.B) * batch.T * model.d_model());
     I.run(model, I.plan_for(model, batch, SegmentKind::Eval, false, false), st);
@@ -299,6 +348,8 @@ ExecState run_forward(ShardedModel::Impl& I, Model& model, const Batch& batch, f
     I.abandon_step();
     throw;
   }
+  if (!dev_logits.empty())
+    copy_bytes(logits, Device::cpu(), dev_logits.data(), dev_logits.device(), dev_logits.bytes());
   return st;
 }
 }  // namespace
@@ -347,6 +398,17 @@ void ShardedModel::set_recorder(StepRecorder* recorder) { impl_->recorder = reco
 
 // ---- Parameter access ------------------------------------------------------------------------
 
+namespace {
+// n floats of a unit buffer where the host can read them: `p` itself on the CPU, else a copy in
+// `host` (after the compute stream's work on it).
+const float* on_host(const Ops& ops, const float* p, int64_t n, std::vector<float>& host) {
+  if (ops.device().is_cpu()) return p;
+  host.resize(static_cast<size_t>(n));
+  copy_bytes(host.data(), Device::cpu(), p, ops.device(), host.size() * sizeof(float));
+  return host.data();
+}
+}  // namespace
+
 void ShardedModel::for_each_param(
     const std::function<void(const ParamSpec&, const float* data)>& fn) const {
   Impl& I = *impl_;
@@ -371,6 +433,8 @@ void ShardedModel::for_each_param(
       if (fu.params_on_nvme()) I.unstage_whole(fu, false);
       base = tmp.f32();
     }
+    std::vector<float> host;
+    base = on_host(*I.ops, base, fu.layout().padded, host);
     for (size_t s = 0; s < fu.layout().specs.size(); ++s)
       fn(fu.layout().specs[s], base + fu.layout().entries[s].offset);
   }
@@ -393,6 +457,8 @@ void ShardedModel::for_each_grad(
       if (fu.params_on_nvme()) I.unstage_whole(fu, false);
       base = tmp.f32();
     }
+    std::vector<float> host;
+    base = on_host(*I.ops, base, fu.layout().padded, host);
     for (size_t s = 0; s < fu.layout().specs.size(); ++s)
       fn(fu.layout().specs[s], base + fu.layout().entries[s].offset);
   }
@@ -433,6 +499,12 @@ void ShardedModel::set_param(const std::string& name, const float* data, int64_t
     fail("sharded_model", "parameter '" + name + "' has " + std::to_string(e.numel) + " elements " +
                               shape_str(fu.layout().specs[s].shape) + ", got " + std::to_string(n));
   release_full_params();
+  Buffer up;  // the values on the device, for a non-CPU one
+  if (!I.ops->device().is_cpu()) {
+    up = Buffer(static_cast<size_t>(n) * sizeof(float), Mem::Workspace, I.ops->device());
+    copy_bytes(up.data(), up.device(), data, Device::cpu(), up.bytes());
+    data = up.f32();
+  }
   if (fu.persistent()) fu.wait_unshard();
   if (fu.kind() == FlatUnit::Kind::Sharded && fu.holds_gathered()) {  // a prefetch goes stale
     fu.wait_unshard();

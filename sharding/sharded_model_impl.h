@@ -145,7 +145,15 @@ struct ShardedModel::Impl {
   const Ops* ops = nullptr;          // utilities and the optimizer (fp32)
   const Ops* compute_ops = nullptr;  // what units run with: ops_for(device, param_dtype)
   ShardingPolicy policy;
-  GroupPtr world, shard, rep;  // rep: null when R == 1
+  // world: the group given at construction; shard, rep: the groups of the unit buffers'
+  // collectives (on a device, device_group()s of shard_host and the replicate group);
+  // shard_host: the shard group over the host, for host scalars (grad_norm). rep: null when
+  // R == 1.
+  GroupPtr world, shard, rep, shard_host;
+  // A batch on the device (its tokens and targets copied there), for a non-CPU device.
+  Buffer batch_tokens, batch_targets;
+  Batch dev_batch;
+  const Batch& on_device(const Batch& b);
   int W = 1, S = 1, R = 1;
   std::vector<std::unique_ptr<FlatUnit>> units;
   // Global parameter name -> (unit, spec index).

@@ -26,77 +26,7 @@ const char* training_state_name(TrainingState s) {
 
 namespace {
 size_t fbytes(int64_t n) { return static_cast<size_t>(n) * sizeof(float); }
-
-inline uint16_t to_half(DType dt, float f) {
-  return dt == DType::BF16 ? f32_to_bf16(f) : f32_to_f16(f);
-}
-inline float from_half(DType dt, uint16_t h) {
-  return dt == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
-}
-// Element-wise over [0, n), split over the OpenMP threads when large: every element is
-// independent, so the result does not depend on the split. These conversions run over whole
-// parameter and gradient buffers every step.
-template <class F>
-void for_each_index(int64_t n, F&& f) {
-#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 16))
-  for (int64_t i = 0; i < n; ++i) f(i);
-}
-
 }  // namespace
-
-// ---- Precision conversions ---------------------------------------------------------------------
-// The in-place forms go through bytes (memcpy) because a buffer holds floats and 16-bit values
-// at once. Narrowing walks forward (value i is written at byte 2i, at or before the byte 4i it
-// was read from); widening walks backward (value i is read at byte 2i before float i, bytes
-// 4i..4i+3, overwrites it or later values, which were already read).
-
-void round_to_dtype(DType dt, float* x, int64_t n) {
-  if (dt == DType::BF16)
-    for_each_index(n, [&](int64_t i) { x[i] = bf16_to_f32(f32_to_bf16(x[i])); });
-  else if (dt == DType::F16)
-    for_each_index(n, [&](int64_t i) { x[i] = f16_to_f32(f32_to_f16(x[i])); });
-}
-
-void narrow_to(DType dt, const float* src, void* dst, int64_t n) {
-  if (dt == DType::F32) {
-    if (n > 0) std::memcpy(dst, src, fbytes(n));
-    return;
-  }
-  uint16_t* d = static_cast<uint16_t*>(dst);
-  for_each_index(n, [&](int64_t i) { d[i] = to_half(dt, src[i]); });
-}
-
-void narrow_in_place(DType dt, float* buf, int64_t n) {
-  if (dt == DType::F32) return;
-  unsigned char* b = reinterpret_cast<unsigned char*>(buf);
-  for (int64_t i = 0; i < n; ++i) {
-    float f;
-    std::memcpy(&f, b + 4 * i, 4);
-    const uint16_t h = to_half(dt, f);
-    std::memcpy(b + 2 * i, &h, 2);
-  }
-}
-
-void widen_in_place(DType dt, float* buf, int64_t n) {
-  if (dt == DType::F32) return;
-  unsigned char* b = reinterpret_cast<unsigned char*>(buf);
-  for (int64_t i = n; i-- > 0;) {
-    uint16_t h;
-    std::memcpy(&h, b + 2 * i, 2);
-    const float f = from_half(dt, h);
-    std::memcpy(b + 4 * i, &f, 4);
-  }
-}
-
-void add_widened(DType dt, const void* src, float* dst, int64_t n) {
-  if (dt == DType::F32) {
-    const float* s = static_cast<const float*>(src);
-    for_each_index(n, [&](int64_t i) { dst[i] += s[i]; });
-    return;
-  }
-  const uint16_t* s = static_cast<const uint16_t*>(src);
-  for_each_index(n, [&](int64_t i) { dst[i] += from_half(dt, s[i]); });
-}
 
 FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const Ops& ops,
                    float* bucket_grads, const MixedPrecisionPolicy& mp, Tier opt_tier,
@@ -176,12 +106,12 @@ void FlatUnit::finish_init() {
   if (!split_) return;
   const Range r = shard_range();
   ops_->copy(master_, full_ + r.lo, static_cast<size_t>(r.hi - r.lo));
-  round_to_dtype(pdt_, full_, layout_.padded);
+  ops_->round_to(pdt_, full_, static_cast<size_t>(layout_.padded));
 }
 
 void FlatUnit::round_compute(int64_t off, int64_t n) {
   SW_CHECK(full_ && off >= 0 && off + n <= layout_.padded, "round_compute out of range");
-  round_to_dtype(pdt_, full_ + off, n);
+  ops_->round_to(pdt_, full_ + off, static_cast<size_t>(n));
 }
 
 // ---- Parameters ------------------------------------------------------------------------------
@@ -194,7 +124,7 @@ void FlatUnit::issue_narrow_gather() {
     return;
   }
   uint16_t* front = reinterpret_cast<uint16_t*>(full_);  // (padded) param_dtype values
-  narrow_to(pdt_, master_, front + rank_ * Sh, Sh);
+  ops_->narrow(pdt_, master_, front + rank_ * Sh, static_cast<size_t>(Sh));
   gather_ = shard_->issue_all_gather(front + rank_ * Sh, front, Sh, pdt_);
 }
 
@@ -233,7 +163,7 @@ void FlatUnit::finish_gather() {
   ops_->stream().wait_event(gather_);
   gather_in_flight_ = false;
   sstate_ = ShardedState::Unsharded;
-  if (pdt_ != DType::F32) widen_in_place(pdt_, full_, layout_.padded);
+  if (pdt_ != DType::F32) ops_->widen(pdt_, full_, full_, static_cast<size_t>(layout_.padded));
 }
 
 void FlatUnit::wait_unshard() {
@@ -254,7 +184,7 @@ void FlatUnit::reshard() {
 void FlatUnit::issue_regather() {
   if (kind_ == Kind::Whole && split_) {
     ops_->copy(full_, master_, static_cast<size_t>(layout_.padded));
-    round_to_dtype(pdt_, full_, layout_.padded);
+    ops_->round_to(pdt_, full_, static_cast<size_t>(layout_.padded));
     return;
   }
   if (kind_ != Kind::FullReplicated) return;
@@ -304,7 +234,7 @@ void* FlatUnit::reduced_block() const {
 
 void FlatUnit::round_grads() {
   SW_CHECK(kind_ == Kind::Whole, "round_grads is for whole units");
-  round_to_dtype(rdt_, grad_full_, layout_.padded);
+  ops_->round_to(rdt_, grad_full_, static_cast<size_t>(layout_.padded));
 }
 
 Work FlatUnit::issue_reduce_scatter(int replicas) {
@@ -315,7 +245,7 @@ Work FlatUnit::issue_reduce_scatter(int replicas) {
   // 16 bits: divide first, then sum, so partial sums stay within the average's range.
   ops_->scale(grad_full_, 1.f / static_cast<float>(shard_->size() * replicas),
               static_cast<size_t>(layout_.padded));
-  narrow_in_place(rdt_, grad_full_, layout_.padded);
+  ops_->narrow(rdt_, grad_full_, grad_full_, static_cast<size_t>(layout_.padded));
   return shard_->issue_reduce_scatter(grad_full_, reduced_block(), layout_.shard_size(),
                                       ReduceOp::Sum, rdt_);
 }
@@ -329,7 +259,7 @@ void FlatUnit::accumulate_reduced() {
   if (rdt_ == DType::F32)
     ops_->add_inplace(grad_shard_, static_cast<const float*>(reduced_block()), Sh);
   else
-    add_widened(rdt_, reduced_block(), grad_shard_, layout_.shard_size());
+    ops_->add_widened(rdt_, reduced_block(), grad_shard_, Sh);
   if (kind_ == Kind::Sharded) {
     grad_buf_.release();
     grad_full_ = nullptr;

@@ -65,14 +65,8 @@ struct Range {
 };
 inline Range intersect(Range a, Range b) { return {std::max(a.lo, b.lo), std::min(a.hi, b.hi)}; }
 
-// Precision conversions of the mixed-precision paths, on n values; dt == F32 makes each a
-// no-op (or a copy / add). Rounding is to nearest even (core/dtype.h); values beyond fp16's
-// range become +-inf.
-void round_to_dtype(DType dt, float* x, int64_t n);                 // in place
-void narrow_to(DType dt, const float* src, void* dst, int64_t n);   // no overlap
-void narrow_in_place(DType dt, float* buf, int64_t n);    // n floats -> n dt values at the front
-void widen_in_place(DType dt, float* buf, int64_t n);     // n dt values at the front -> n floats
-void add_widened(DType dt, const void* src, float* dst, int64_t n);  // dst += src
+// Precision conversions of the mixed-precision paths are Ops (kernels/ops.h narrow, widen,
+// add_widened, round_to), so they run where the buffers are.
 
 class FlatUnit {
  public:

@@ -210,7 +210,10 @@ DeviceComm device_comm_from_name(const std::string& s) {
 
 GroupPtr make_staged_group(GroupPtr host, Device dev) {
   SW_CHECK(host != nullptr, "make_staged_group: no host group");
-  return std::make_shared<StagedGroup>(std::move(host), dev);
+  // A communicator of its own: the staging thread issues on it while the caller's thread may
+  // issue host collectives on `host` (issue order across threads would differ between ranks).
+  GroupPtr own = host->split(0, host->rank());
+  return std::make_shared<StagedGroup>(std::move(own), dev);
 }
 
 GroupPtr device_group(const GroupPtr& host, Device dev, DeviceComm mode) {

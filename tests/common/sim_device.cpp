@@ -1,0 +1,337 @@
+// The simulated accelerator (tests/common/sim_device.h).
+#include "tests/common/sim_device.h"
+
+#include <execinfo.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "kernels/ops.h"
+
+namespace swtest {
+namespace {
+
+constexpr size_t kArena = size_t{16} << 30;  // reserved, not committed
+constexpr size_t kAlign = 256;
+constexpr size_t kPage = 4096;
+
+void arm();  // (re)installs the fault handler (below)
+
+struct Arena {
+  char* base = nullptr;
+  std::mutex mu;
+  std::map<size_t, size_t> free_;   // offset -> size, coalesced
+  std::map<size_t, size_t> used_;   // offset -> size
+  size_t in_use = 0, high = 0;      // high: page-rounded end of the highest block ever handed out
+  int open = 0;
+  uint64_t opens = 0;
+
+  Arena() {
+    void* p = mmap(nullptr, kArena, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      std::perror("sim device: mmap");
+      std::abort();
+    }
+    base = static_cast<char*>(p);
+    free_[0] = kArena;
+  }
+  void protect(size_t lo, size_t hi, int prot) {
+    if (hi > lo && mprotect(base + lo, hi - lo, prot) != 0) {
+      std::perror("sim device: mprotect");
+      std::abort();
+    }
+  }
+  void* alloc(size_t bytes) {
+    arm();
+    const size_t n = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+    std::lock_guard<std::mutex> l(mu);
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->second < n) continue;
+      const size_t off = it->first, left = it->second - n;
+      free_.erase(it);
+      if (left) free_[off + n] = left;
+      used_[off] = n;
+      in_use += n;
+      const size_t end = (off + n + kPage - 1) / kPage * kPage;
+      if (end > high) {
+        // Newly reached pages take the arena's current state (open: readable and writable).
+        protect(high, end, open > 0 ? PROT_READ | PROT_WRITE : PROT_NONE);
+        high = end;
+      }
+      return base + off;
+    }
+    return nullptr;
+  }
+  void release(void* p) {
+    std::lock_guard<std::mutex> l(mu);
+    const size_t off = static_cast<size_t>(static_cast<char*>(p) - base);
+    auto it = used_.find(off);
+    if (it == used_.end()) {
+      std::fprintf(stderr, "sim device: free of %p, which is not a live block\n", p);
+      std::abort();
+    }
+    size_t lo = off, n = it->second;
+    used_.erase(it);
+    in_use -= n;
+    auto next = free_.lower_bound(lo);
+    if (next != free_.end() && next->first == lo + n) {
+      n += next->second;
+      next = free_.erase(next);
+    }
+    if (next != free_.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == lo) {
+        lo = prev->first;
+        n += prev->second;
+        free_.erase(prev);
+      }
+    }
+    free_[lo] = n;
+  }
+  void open_up() {
+    std::lock_guard<std::mutex> l(mu);
+    ++opens;
+    if (open++ == 0) protect(0, high, PROT_READ | PROT_WRITE);
+  }
+  void close_down() {
+    std::lock_guard<std::mutex> l(mu);
+    if (--open == 0) protect(0, high, PROT_NONE);
+  }
+};
+
+Arena& arena() {
+  static Arena* a = new Arena;  // never destroyed: buffers may be freed at static destruction
+  return *a;
+}
+
+struct Open {
+  Open() { arena().open_up(); }
+  ~Open() { arena().close_down(); }
+  Open(const Open&) = delete;
+  Open& operator=(const Open&) = delete;
+};
+
+struct sigaction g_old_segv;
+
+void on_segv(int sig, siginfo_t* info, void* ctx) {
+  Arena& a = arena();
+  const char* addr = static_cast<const char*>(info->si_addr);
+  if (addr >= a.base && addr < a.base + kArena) {
+    char msg[160];
+    const int n = std::snprintf(msg, sizeof msg,
+                                "sim device: host code touched device memory at %p (arena "
+                                "offset %zu) outside the device's ops and copies\n",
+                                info->si_addr, static_cast<size_t>(addr - a.base));
+    if (n > 0) (void)!write(2, msg, static_cast<size_t>(n));
+    void* frames[64];
+    const int k = backtrace(frames, 64);
+    backtrace_symbols_fd(frames, k, 2);
+    _exit(86);
+  }
+  // Not ours: the previous handler, or the default action.
+  if (g_old_segv.sa_flags & SA_SIGINFO) {
+    if (g_old_segv.sa_sigaction) return g_old_segv.sa_sigaction(sig, info, ctx);
+  } else if (g_old_segv.sa_handler != SIG_DFL && g_old_segv.sa_handler != SIG_IGN) {
+    return g_old_segv.sa_handler(sig);
+  }
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+class SimOps final : public sw::Ops {
+ public:
+  explicit SimOps(sw::DType compute) : base_(&sw::ops_for(sw::Device::cpu(), compute)) {}
+  sw::Device device() const override { return sw::Device::sim(0); }
+  // Every op of sw::Ops, forwarded to the CPU's inside an Open.
+  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) const override {
+    Open g;
+    base_->gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
+  void linear_forward(float* out, const float* inp, const float* w, const float* b, int N, int C, int OC) const override {
+    Open g;
+    base_->linear_forward(out, inp, w, b, N, C, OC);
+  }
+  void linear_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w, int N, int C, int OC) const override {
+    Open g;
+    base_->linear_backward(dinp, dw, db, dout, inp, w, N, C, OC);
+  }
+  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) const override {
+    Open g;
+    base_->embedding_forward(out, tokens, wte, wpe, B, T, C);
+  }
+  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) const override {
+    Open g;
+    base_->embedding_backward(dwte, dwpe, dout, tokens, B, T, C);
+  }
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int N, int C) const override {
+    Open g;
+    base_->layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+  }
+  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w, const float* mean, const float* rstd, int N, int C) const override {
+    Open g;
+    base_->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+  }
+  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C, float eps) const override {
+    Open g;
+    base_->rmsnorm_forward(out, rstd, inp, w, N, C, eps);
+  }
+  void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, const float* rstd, int N, int C) const override {
+    Open g;
+    base_->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
+  }
+  void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a, const float* b, const float* w, const float* bias, int N, int C) const override {
+    Open g;
+    base_->residual_layernorm_forward(res, out, mean, rstd, a, b, w, bias, N, C);
+  }
+  void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a, const float* b, const float* w, int N, int C, float eps) const override {
+    Open g;
+    base_->residual_rmsnorm_forward(res, out, rstd, a, b, w, N, C, eps);
+  }
+  void gelu_forward(float* out, const float* inp, size_t n) const override {
+    Open g;
+    base_->gelu_forward(out, inp, n);
+  }
+  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const override {
+    Open g;
+    base_->gelu_backward(dinp, inp, dout, n);
+  }
+  void swiglu_forward(float* out, const float* gu, int N, int F) const override {
+    Open g;
+    base_->swiglu_forward(out, gu, N, F);
+  }
+  void swiglu_backward(float* dgu, const float* dout, const float* gu, int N, int F) const override {
+    Open g;
+    base_->swiglu_backward(dgu, dout, gu, N, F);
+  }
+  void residual_forward(float* out, const float* a, const float* b, size_t n) const override {
+    Open g;
+    base_->residual_forward(out, a, b, n);
+  }
+  void rope_forward(float* qkv, int B, int T, int H, int KVH, int hd, float theta) const override {
+    Open g;
+    base_->rope_forward(qkv, B, T, H, KVH, hd, theta);
+  }
+  void rope_backward(float* dqkv, int B, int T, int H, int KVH, int hd, float theta) const override {
+    Open g;
+    base_->rope_backward(dqkv, B, T, H, KVH, hd, theta);
+  }
+  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KVH, int hd) const override {
+    Open g;
+    base_->attention_forward(out, lse, qkv, B, T, H, KVH, hd);
+  }
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B, int T, int H, int KVH, int hd) const override {
+    Open g;
+    base_->attention_backward(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd);
+  }
+  double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w, const int32_t* targets, int N, int C, int V, float grad_scale) const override {
+    Open g;
+    return base_->lmhead_xent(loss, dx, dw, x, w, targets, N, C, V, grad_scale);
+  }
+  void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2, float eps, float wd, int step, float grad_mult) const override {
+    Open g;
+    base_->adamw(param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult);
+  }
+  double sum_squares(const float* x, size_t n) const override {
+    Open g;
+    return base_->sum_squares(x, n);
+  }
+  void scale(float* x, float a, size_t n) const override {
+    Open g;
+    base_->scale(x, a, n);
+  }
+  void fill(float* x, float v, size_t n) const override {
+    Open g;
+    base_->fill(x, v, n);
+  }
+  void add_inplace(float* y, const float* x, size_t n) const override {
+    Open g;
+    base_->add_inplace(y, x, n);
+  }
+  void copy(float* dst, const float* src, size_t n) const override {
+    Open g;
+    base_->copy(dst, src, n);
+  }
+  void narrow(sw::DType dt, const float* src, void* dst, size_t n) const override {
+    Open g;
+    base_->narrow(dt, src, dst, n);
+  }
+  void widen(sw::DType dt, const void* src, float* dst, size_t n) const override {
+    Open g;
+    base_->widen(dt, src, dst, n);
+  }
+  void add_widened(sw::DType dt, const void* src, float* dst, size_t n) const override {
+    Open g;
+    base_->add_widened(dt, src, dst, n);
+  }
+  void round_to(sw::DType dt, float* x, size_t n) const override {
+    Open g;
+    base_->round_to(dt, x, n);
+  }
+
+ private:
+  const sw::Ops* base_;
+};
+
+void* sim_alloc(size_t bytes, int) { return arena().alloc(bytes); }
+void sim_free(void* p, int) { arena().release(p); }
+void sim_copy(void* dst, const void* src, size_t bytes, sw::CopyDir, int) {
+  Open g;
+  std::memcpy(dst, src, bytes);
+}
+
+// Test frameworks install their own SIGSEGV handler per test (Catch2 does); ours goes back on
+// top at every allocation and passes faults outside the arena on to the one it displaced.
+void arm() {
+  struct sigaction cur {};
+  sigaction(SIGSEGV, nullptr, &cur);
+  if ((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_segv) return;
+  struct sigaction sa {};
+  sa.sa_sigaction = on_segv;
+  sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGSEGV, &sa, &g_old_segv);
+}
+
+struct Registrar {
+  Registrar() {
+    static const SimOps f32(sw::DType::F32), bf16(sw::DType::BF16), f16(sw::DType::F16);
+    sw::register_ops(sw::DeviceKind::Sim, sw::DType::F32, &f32);
+    sw::register_ops(sw::DeviceKind::Sim, sw::DType::BF16, &bf16);
+    sw::register_ops(sw::DeviceKind::Sim, sw::DType::F16, &f16);
+    sw::DeviceAllocator a;
+    a.alloc = sim_alloc;
+    a.free = sim_free;
+    a.copy = sim_copy;
+    sw::register_device_allocator(sw::DeviceKind::Sim, a);
+    arm();
+  }
+} registrar;
+
+}  // namespace
+
+size_t sim_device_bytes_in_use() {
+  std::lock_guard<std::mutex> l(arena().mu);
+  return arena().in_use;
+}
+uint64_t sim_device_opens() {
+  std::lock_guard<std::mutex> l(arena().mu);
+  return arena().opens;
+}
+bool sim_device_open() {
+  std::lock_guard<std::mutex> l(arena().mu);
+  return arena().open > 0;
+}
+bool sim_device_owns(const void* p) {
+  const char* c = static_cast<const char*>(p);
+  return c >= arena().base && c < arena().base + kArena;
+}
+
+}  // namespace swtest

@@ -1,0 +1,24 @@
+// The simulated accelerator (DeviceKind::Sim, core/device.h) for tests: device memory is host
+// memory in one reserved arena that is mapped PROT_NONE except while one of the device's own
+// ops or copies runs, so host code that reads or writes device memory directly (instead of
+// through Ops or copy_bytes) faults at once. The handler names the address and prints a
+// backtrace. The ops are the CPU's (bitwise the CPU results) wrapped in that opening and
+// closing; the stream is the host stream. Registered at program start by linking the
+// sw_sim_device library whole; serves Device::sim(0) with fp32, bf16 and fp16 compute.
+//
+// Opening is counted, so concurrent ops and copies (a staged group's thread) nest; while any
+// is open every thread may touch the arena: the check catches stray accesses made while the
+// device is idle, which is where a host-side access in the engine happens.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace swtest {
+// Bytes of the arena in use (allocated blocks) and the number of times it was opened.
+size_t sim_device_bytes_in_use();
+uint64_t sim_device_opens();
+// True while the arena is open (an op or copy is running).
+bool sim_device_open();
+// Whether p lies in the arena.
+bool sim_device_owns(const void* p);
+}  // namespace swtest

@@ -1,0 +1,106 @@
+// Sharded training on a device at several ranks, on the simulated accelerator
+// (tests/common/sim_device.h): every strategy's run on sim:0 (unit buffers on the device, their
+// collectives through device groups — the MPI group over host staging buffers, since the sim
+// has no native collectives) must equal the same run on the CPU bit for bit. Several ranks on
+// one simulated device is what two ranks sharing one GPU do. Launched by mpirun (label mpi);
+// every rank runs every TEST_CASE in the same order and uses CHECK only.
+#include <catch2/catch.hpp>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/sim_device.h"
+#include "core/alloc.h"
+#include "kernels/ops.h"
+#include "models/model.h"
+#include "sharding/comm/group.h"
+#include "sharding/sharded_model.h"
+#include "tests/common/mpi_test_util.h"
+
+using namespace sw;
+
+namespace {
+
+struct Result {
+  std::vector<double> losses, norms;
+  std::map<std::string, std::vector<float>> params;
+  bool operator==(const Result& o) const {
+    return losses == o.losses && norms == o.norms && params == o.params;
+  }
+};
+
+Result train(const Ops& ops, const ShardingPolicy& pol, const std::string& type, int steps = 8) {
+  const GroupPtr g = swtest::world();
+  const int W = g->size(), r = g->rank(), B = 2, accum = 2;
+  const ModelConfig mc = swtest::tiny_config(type);
+  const int T = mc.seq_len;
+  Model m = build_model(mc);
+  ShardedModel sm(m, ops, 4242, g, pol);
+  swtest::Corpus corpus(mc.vocab_size);
+  std::vector<int32_t> in(size_t(B) * T), tg(size_t(B) * T);
+  const Batch batch{in.data(), tg.data(), B, T};
+  AdamWParams ap;
+  ap.weight_decay = 0.1f;
+  Result res;
+  for (int s = 0; s < steps; ++s) {
+    sm.zero_grads();
+    double loss = 0;
+    for (int k = 0; k < accum; ++k) {
+      corpus.fill(s, (int64_t{k} * W + r) * B, B, T, in.data(), tg.data());
+      loss += sm.forward_backward(batch, 1.f / float(accum), k + 1 == accum);
+    }
+    res.losses.push_back(swtest::sum_doubles(*g, loss) / (W * accum));
+    const double norm = sm.grad_norm();
+    res.norms.push_back(norm);
+    sm.optimizer_step(ap, 3e-3f, static_cast<float>(std::min(1.0, 1.0 / (norm + 1e-6))), s + 1);
+  }
+  sm.for_each_param([&](const ParamSpec& s, const float* p) {
+    res.params[s.name].assign(p, p + numel(s.shape));
+  });
+  return res;
+}
+
+void same_on_device(ShardingPolicy pol) {
+  for (const std::string type : {"gpt2", "llama"})
+    for (DType pdt : {DType::F32, DType::BF16}) {
+      for (bool act_offload : {false, true}) {
+        ShardingPolicy p = pol;
+        p.mixed_precision.param_dtype = pdt;
+        p.mixed_precision.reduce_dtype = pdt;
+        p.activation_checkpointing.offload_cpu = act_offload;
+        INFO(type << " " << strategy_name(p.strategy) << " " << dtype_name(pdt)
+                  << (act_offload ? " activation offload cpu" : "") << " rank "
+                  << swtest::world()->rank());
+        const Result cpu = train(ops_for(Device::cpu()), p, type);
+        const Result dev = train(ops_for(Device::sim(0)), p, type);
+        CHECK(cpu.losses == dev.losses);
+        CHECK(cpu.norms == dev.norms);
+        CHECK(cpu.params == dev.params);
+        CHECK(swtest::sim_device_bytes_in_use() == 0);
+      }
+    }
+}
+
+}  // namespace
+
+TEST_CASE("sim device, several ranks: FULL_SHARD equals the CPU", "[full_shard]") {
+  same_on_device(ShardingPolicy::for_strategy(ShardingStrategy::FullShard));
+}
+TEST_CASE("sim device, several ranks: SHARD_GRAD_OP equals the CPU", "[shard_grad_op]") {
+  same_on_device(ShardingPolicy::for_strategy(ShardingStrategy::ShardGradOp));
+}
+TEST_CASE("sim device, several ranks: SHARD_OPTIMIZER equals the CPU", "[shard_optimizer]") {
+  same_on_device(ShardingPolicy::for_strategy(ShardingStrategy::ShardOptimizer));
+}
+TEST_CASE("sim device, several ranks: NO_SHARD equals the CPU", "[no_shard]") {
+  same_on_device(ShardingPolicy::for_strategy(ShardingStrategy::NoShard));
+}
+TEST_CASE("sim device, several ranks: HYBRID_SHARD equals the CPU", "[hybrid_shard]") {
+  ShardingPolicy p = ShardingPolicy::for_strategy(ShardingStrategy::HybridShard);
+  p.shard_group_size = swtest::world()->size() % 2 == 0 ? 2 : 1;
+  same_on_device(p);
+}
+TEST_CASE("sim device: a device group refuses native collectives it does not have", "[errors]") {
+  CHECK_THROWS_WITH(device_group(swtest::world(), Device::sim(0), DeviceComm::Native),
+                    Catch::Contains("no native collectives for device sim:0"));
+}
