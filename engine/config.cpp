@@ -379,6 +379,14 @@ const Node& schema() {
             integer("log_every_steps", 1, 1, IMAX,
                     "a console line every N steps (metrics.jsonl gets every step)"),
             integer("threads", 0, 0, 4096, "threads per rank (0 = cores / local ranks)"),
+            string("device", "cpu", {},
+                   "where the model lives and computes: `cpu`, `cuda` (this rank's GPU: local "
+                   "rank modulo the GPUs, or `SHARDWISE_CUDA_DEVICE`) or `cuda:N`; a build "
+                   "without the CUDA backend refuses `cuda`"),
+            string("device_comm", "auto", {"auto", "native", "staged"},
+                   "how a device's unit buffers reach the peers: `native` (NCCL), `staged` (MPI "
+                   "through host staging buffers: several ranks per GPU), `auto` (native where "
+                   "every rank has a GPU of its own)"),
             obj("optimizer",
                 {string("type", "AdamW", {"AdamW", "Adam"},
                         "`Adam` is DeepSpeed's Adam with `adam_w_mode` true: AdamW"),
@@ -1050,6 +1058,8 @@ void write_resolved(json& r, const TrainConfig& cfg) {
   set_path(r, "eval_batches", cfg.eval_batches);
   set_path(r, "log_every_steps", cfg.log_every_steps);
   set_path(r, "threads", cfg.threads);
+  set_path(r, "device", cfg.device);
+  set_path(r, "device_comm", device_comm_name(cfg.sharding.device_comm));
   // A TrainConfig built in code may set either zero_stage or sharding.strategy: a strategy
   // other than the default wins; otherwise zero_stage picks it (with that strategy's defaults).
   ShardingPolicy sp = cfg.sharding;
@@ -1558,6 +1568,12 @@ TrainConfig read_config(json j, const std::string& source,
   cfg.eval_batches = (int)get_int(j, "eval_batches", c);
   cfg.log_every_steps = (int)get_int(j, "log_every_steps", c);
   cfg.threads = (int)get_int(j, "threads", c);
+  cfg.device = get_str(j, "device", c);
+  if (cfg.device != "cpu" && cfg.device != "cuda" && cfg.device != "sim" &&
+      !(cfg.device.rfind("cuda:", 0) == 0 && cfg.device.size() > 5 &&
+        cfg.device.find_first_not_of("0123456789", 5) == std::string::npos))
+    c.bad("device", "'" + cfg.device + "' is not cpu, cuda or cuda:N");
+  cfg.sharding.device_comm = device_comm_from_name(get_str(j, "device_comm", c));
 
   // Checkpoints.
   CheckpointConfig& k = cfg.checkpoint;

@@ -82,6 +82,9 @@ struct TrainConfig {
   int eval_batches = 8;        // eval_batches
   int log_every_steps = 1;     // log_every_steps (metrics.jsonl gets every step)
   int threads = 0;             // threads per rank (0 = cores / local ranks)
+  // device: "cpu", "cuda" (this rank's GPU), "cuda:N", or "sim" (the tests' simulated
+  // accelerator, tests/common/sim_device.h); sharding.device_comm is the `device_comm` key.
+  std::string device = "cpu";
   // Sharding. zero_optimization.stage and sharding_strategy (FSDP's names, see
   // sharding/policy.h) say the same thing; when both are given they must agree. zero_stage is
   // the stage of the resolved strategy (HYBRID_SHARD: 3). A TrainConfig built in code may set

@@ -295,8 +295,8 @@ class Trainer {
       const int local = launch_env().local_size;  // FSDP's default: shard within a node
       policy.shard_group_size = local > 0 && W_ % local == 0 ? local : W_;
     }
-    sm_ = std::make_unique<ShardedModel>(model_, ops_for(Device::cpu()), cfg_.seed, world_ptr_,
-                                         policy);
+    sm_ = std::make_unique<ShardedModel>(model_, ops_for(device_from_name(cfg_.device)),
+                                         cfg_.seed, world_ptr_, policy);
     sm_->prepare_offload(B_, T_);  // offload files sized for this batch shape, before training
     scaler_ = LossScaler(cfg_.loss_scaler);
   }

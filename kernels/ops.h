@@ -13,6 +13,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "core/device.h"
 #include "core/dtype.h"
@@ -146,6 +147,11 @@ const Ops& ops_for(Device device);
 // fp32. On the CPU, BF16 uses AVX512-BF16 instructions when the CPU has them (detected at run
 // time) and an exact-rounding fallback otherwise.
 const Ops& ops_for(Device device, DType compute);
+
+// The device a name means: "cpu"; "cuda" or "sim": the device this process's registered
+// backend of that kind serves; "cuda:N". Throws sw::Error naming the value when this build has
+// no such backend.
+Device device_from_name(const std::string& name);
 
 // Backends register themselves (kernels/cuda does so when built), once per compute precision
 // they implement; ops_for(device, compute) refuses a precision nobody registered.

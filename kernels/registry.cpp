@@ -24,6 +24,18 @@ void register_ops(DeviceKind kind, DType compute, const Ops* ops) {
 
 const Ops& ops_for(Device device) { return ops_for(device, DType::F32); }
 
+Device device_from_name(const std::string& name) {
+  if (name == "cpu") return Device::cpu();
+  const DeviceKind kind = name.rfind("cuda", 0) == 0 ? DeviceKind::CUDA
+                          : name == "sim"            ? DeviceKind::Sim
+                                                     : DeviceKind::Count;
+  if (kind == DeviceKind::Count) fail("kernels", "device '" + name + "' is not cpu, cuda or cuda:N");
+  const Ops* f32 = slot(kind, DType::F32);
+  if (!f32) fail("kernels", "device '" + name + "': no backend for it in this build");
+  if (name.size() > 5 && name.rfind("cuda:", 0) == 0) return Device::cuda(std::stoi(name.substr(5)));
+  return f32->device();
+}
+
 const Ops& ops_for(Device device, DType compute) {
   if (device.is_cpu()) return cpu_ops(compute);
   const Ops* f32 = slot(device.kind, DType::F32);
