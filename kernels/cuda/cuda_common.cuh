@@ -6,6 +6,7 @@
 // problem size, never on timing. No kernel here uses floating-point atomics.
 #pragma once
 #include <cublas_v2.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -23,6 +24,34 @@ void check(cublasStatus_t s, const char* what, const char* file, int line);
 #define SW_CUDA_LAUNCHED() ::sw::cuda::check(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
 
 constexpr int kWarp = 32;
+
+// ---- Precision conversions: the host's bit formulas (core/dtype.h f32_to_bf16: round to
+// nearest even, NaN made quiet; fp16 through the IEEE round-to-nearest-even intrinsic, as
+// core/dtype.cpp rounds: overflow gives +-inf, subnormals kept), so device and host agree bit
+// for bit. dt / DT: 1 = bf16, 2 = f16 (core/dtype.h's DType values); 0 = fp32 (no rounding).
+__device__ __forceinline__ uint16_t f32_to_bf16_d(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+__device__ __forceinline__ float bf16_to_f32_d(uint16_t h) {
+  return __uint_as_float(static_cast<uint32_t>(h) << 16);
+}
+__device__ __forceinline__ uint16_t to_half_d(int dt, float f) {
+  return dt == 1 ? f32_to_bf16_d(f) : __half_as_ushort(__float2half_rn(f));
+}
+__device__ __forceinline__ float from_half_d(int dt, uint16_t h) {
+  return dt == 1 ? bf16_to_f32_d(h) : __half2float(__ushort_as_half(h));
+}
+// x rounded to the compute precision DT and widened back (the CPU's round_to, one value);
+// DT = 0 returns x untouched, so an fp32 instantiation computes exactly what it did without it.
+template <int DT>
+__device__ __forceinline__ float round_d(float x) {
+  if constexpr (DT == 1) return bf16_to_f32_d(f32_to_bf16_d(x));
+  else if constexpr (DT == 2) return __half2float(__float2half_rn(x));
+  else return x;
+}
 
 // Blocks of `threads` covering n items, capped for grid-stride loops.
 inline unsigned grid_for(size_t n, int threads, size_t cap = 65535u * 8) {

@@ -30,6 +30,10 @@ void add_inplace(cudaStream_t s, float* y, const float* x, size_t n);
 // Precision conversions (Ops::narrow / widen / add_widened / round_to); dt: 1 = bf16, 2 = f16
 // (core/dtype.h's DType values), out of place only (the Ops stage in-place calls).
 void narrow(cudaStream_t s, int dt, const float* src, uint16_t* dst, size_t n);
+// dst(rows, cols), dense = narrow(src(rows, cols; row stride ld)): the operand copies of the
+// bf16 / fp16 matrix products (cuda::narrow itself when ld == cols).
+void narrow_rows(cudaStream_t s, int dt, const float* src, size_t ld, size_t rows, size_t cols,
+                 uint16_t* dst);
 void widen(cudaStream_t s, int dt, const uint16_t* src, float* dst, size_t n);
 void add_widened(cudaStream_t s, int dt, const uint16_t* src, float* dst, size_t n);
 void round_to(cudaStream_t s, int dt, float* x, size_t n);
@@ -57,14 +61,16 @@ void rmsnorm_backward(cudaStream_t s, float* dinp, float* dw, const float* dout,
                       const float* inp, const float* w, const float* rstd, int N, int C,
                       float* ws);
 
-// ---- attention.cu (flash-style; hd <= kMaxHeadDim)
+// ---- attention.cu (flash-style; hd <= kMaxHeadDim). dt: 0 = fp32; 1 = bf16, 2 = f16 compute
+// (the products' operands rounded where kernels/cpu/attention.cpp rounds them, fp32
+// accumulation; see attention.cu).
 constexpr int kMaxHeadDim = 256;
 void attention_forward(cudaStream_t s, float* out, float* lse, const float* qkv, int B, int T,
-                       int H, int KVH, int hd);
+                       int H, int KVH, int hd, int dt = 0);
 // ws: B*H*T floats (D = rowsum(dout * out)).
 void attention_backward(cudaStream_t s, float* dqkv, const float* dout, const float* qkv,
                         const float* out, const float* lse, int B, int T, int H, int KVH, int hd,
-                        float* ws);
+                        float* ws, int dt = 0);
 
 // ---- lmhead.cu: one chunk of rows. logits (nc, V) holds x_c @ w^T on entry; per row: loss
 // (lse - logit[target], 0 for target < 0) into rl[r]; with grad, the row becomes

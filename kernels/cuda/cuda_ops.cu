@@ -1,18 +1,38 @@
-// The CUDA Ops (kernels/ops.h), fp32: GEMMs through cuBLAS (fp32 compute, no TF32), everything
-// else through the kernels of elementwise.cu, norm.cu and attention.cu. Registered with
-// kernels/registry.cpp at program start, like the device allocator in cuda_runtime.cu.
+// The CUDA Ops (kernels/ops.h): GEMMs through cuBLAS, everything else through the kernels of
+// elementwise.cu, norm.cu and attention.cu. Registered with kernels/registry.cpp at program
+// start, like the device allocator in cuda_runtime.cu, once per compute precision (F32, BF16,
+// F16: ops_for(device, compute)).
 //
-// One CudaOps serves device 0 (the registry holds one CUDA Ops; several devices per process are
-// the executor issue's). Its CUDA state (a compute stream, a cuBLAS handle bound to it) is
-// created on first use, so a build with this backend starts and runs its CPU paths on a machine
-// without a GPU. Every op enqueues on that stream and returns without synchronising, except
-// sum_squares and lmhead_xent, whose results the host reads. The stream is created blocking
-// (not cudaStreamNonBlocking), so plain cudaMemcpy calls (cuda_copy_to_host) on the legacy
-// default stream are ordered after the ops.
+// Precision, as the CPU backend defines it (kernels/ops.h): every pointer is fp32 in memory.
+// F32 computes everything in fp32 (cuBLAS with fp32 compute and the default math mode: no
+// TF32). BF16 / F16 round the operands of the matrix products (gemm, linear_*, attention_*,
+// lmhead_xent) to bf16 / fp16 with the host's bit formulas (cuda::narrow: round to nearest
+// even, fp16 overflow to +-inf) and accumulate in fp32: cuBLAS products take 16-bit copies of
+// their operands in device scratch (cublasGemmEx, CUDA_R_16BF / CUDA_R_16F A and B, fp32 C,
+// CUBLAS_COMPUTE_32F), attention rounds inside its kernels (attention.cu). Every other op is the
+// fp32 op, bit for bit (the same code). Products of rounded operands are exact in fp32, so
+// CUDA and CPU low precision differ by fp32 summation order, plus the rare 16-bit rounding flip
+// of a value the two compute in fp32 before rounding it (attention's P and dS, the LM head's
+// dlogits).
 //
-// Scratch memory (norm partials, the LM head's logits chunk, reduction partials, attention's D)
-// comes from grow-only device buffers kept between calls, tracked as Mem::Workspace. Use one
-// CudaOps from one host thread at a time.
+// Weights are converted on every call (they change every step; nothing is cached), which
+// costs a read of 4 and a write of 2 bytes per operand element before each product: for
+// GPT-2 124M about three passes over the weights per step (~2 GB of traffic, around a
+// millisecond on an H100-class GPU; estimated, not measured). Keeping bf16 weights from the
+// all-gather (param_dtype) would remove it; that is the sharding layer's to hand over.
+//
+// The three CudaOps share one CudaDevice: one compute stream, one cuBLAS handle bound to it
+// (cuBLAS is bit-reproducible only with one active stream per handle), one set of scratch
+// buffers. It serves device 0 (the registry holds one CUDA Ops per precision; several devices
+// per process are the executor issue's) and is created on first use, so a build with this
+// backend starts and runs its CPU paths on a machine without a GPU. Every op enqueues on that
+// stream and returns without synchronising, except sum_squares and lmhead_xent, whose results
+// the host reads. The stream is created blocking (not cudaStreamNonBlocking), so plain
+// cudaMemcpy calls (cuda_copy_to_host) on the legacy default stream are ordered after the ops.
+//
+// Scratch memory (norm partials, the LM head's logits chunk, reduction partials, attention's D,
+// the 16-bit operand copies) comes from grow-only device buffers kept between calls, tracked as
+// Mem::Workspace. Use the CUDA Ops from one host thread at a time.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -62,39 +82,123 @@ class CudaStream final : public Stream {
 };
 
 // Grow-only device scratch, one buffer per use so that one op's pieces never overlap.
-enum class Slot { Norm, Logits, Rows, Reduce, Attn, Convert, Count };
+// Lowp0..2: the 16-bit operand copies of one low-precision product call.
+enum class Slot { Norm, Logits, Rows, Reduce, Attn, Convert, Lowp0, Lowp1, Lowp2, Count };
 
+// The device state the CudaOps of every precision share: stream, cuBLAS handle, scratch.
+class CudaDevice {
+ public:
+  explicit CudaDevice(int device) : dev_(device) {}
+  int index() const { return dev_; }
+
+  // Creates the stream and the cuBLAS handle on first use; makes dev_ current; returns the
+  // stream.
+  cudaStream_t begin() const {
+    std::call_once(once_, [this] {
+      SW_CUDA_CHECK(cudaSetDevice(dev_));
+      cudaStream_t st = nullptr;
+      SW_CUDA_CHECK(cudaStreamCreate(&st));
+      SW_CUDA_CHECK(cublasCreate(&blas_));
+      SW_CUDA_CHECK(cublasSetStream(blas_, st));
+      // fp32 products in fp32 (no TF32 tensor-op rounding).
+      SW_CUDA_CHECK(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH));
+      stream_.stream = st;
+    });
+    SW_CUDA_CHECK(cudaSetDevice(dev_));
+    return stream_.stream;
+  }
+
+  CudaStream& stream() const { return stream_; }
+  cublasHandle_t blas() const { return blas_; }
+
+  // At least `floats` floats of the slot's scratch (contents undefined). Growing frees the old
+  // buffer to the caching device allocator: kernels already enqueued on this (blocking)
+  // stream that use it run before any later work that reuses the block (stream order).
+  float* wsf(Slot slot, size_t floats) const {
+    Buffer& b = ws_[static_cast<int>(slot)];
+    const size_t bytes = std::max<size_t>(floats, 1) * sizeof(float);
+    if (b.bytes() < bytes) {
+      b.release();
+      b = Buffer(bytes + bytes / 4, Mem::Workspace, Device::cuda(dev_));
+    }
+    return b.f32();
+  }
+  // At least n 16-bit values of the slot's scratch.
+  uint16_t* wsh(Slot slot, size_t n) const {
+    return reinterpret_cast<uint16_t*>(wsf(slot, (n + 1) / 2));
+  }
+
+ private:
+  int dev_;
+  mutable std::once_flag once_;
+  mutable CudaStream stream_;
+  mutable cublasHandle_t blas_ = nullptr;
+  mutable Buffer ws_[static_cast<int>(Slot::Count)];
+};
+
+// compute_ is the precision of the matrix products (gemm, linear, attention, LM head); every
+// other op is the fp32 op whatever it is (as kernels/cpu/cpu_ops.cpp).
 class CudaOps final : public Ops {
  public:
-  explicit CudaOps(int device) : dev_(device) {}
+  CudaOps(const CudaDevice& dev, DType compute) : d_(dev), compute_(compute) {}
 
-  Device device() const override { return Device::cuda(dev_); }
+  Device device() const override { return Device::cuda(d_.index()); }
   Stream& stream() const override {
-    begin();
-    return stream_;
+    d_.begin();
+    return d_.stream();
   }
 
   // ---- GEMM (row-major through column-major cuBLAS): C(M,N) = op(A) op(B) is, read column-
   // major, C^T(N,M) = op(B)^T op(A)^T, and a row-major (r, c) matrix with leading dimension ld
   // is the column-major (c, r) matrix with the same ld. So B goes first, flags unchanged.
+  // Low precision: both operands narrowed into dense 16-bit copies (Lowp0, Lowp1), then one
+  // cublasGemmEx with fp32 accumulation; alpha and beta apply in fp32, as on the CPU.
   void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
             const float* B, int ldb, float beta, float* C, int ldc) const override {
-    begin();
-    gemm_raw(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    const cudaStream_t s = begin();
+    if (!lowp() || M <= 0 || N <= 0 || K <= 0) {  // K = 0: C = beta C, as the fp32 op
+      gemm_raw(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+      return;
+    }
+    const int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+    const uint16_t* a16 = narrowed(s, Slot::Lowp0, A, lda, ar, ac);
+    const uint16_t* b16 = narrowed(s, Slot::Lowp1, B, ldb, br, bc);
+    gemm16(ta, tb, M, N, K, alpha, a16, ac, b16, bc, beta, C, ldc);
   }
 
   void linear_forward(float* out, const float* inp, const float* w, const float* b, int N, int C,
                       int OC) const override {
     const cudaStream_t s = begin();
     if (b) cuda::add_bias_rows(s, out, b, N, OC);
-    gemm_raw(false, true, N, OC, C, 1.f, inp, C, w, C, b ? 1.f : 0.f, out, OC);
+    if (!lowp() || N <= 0 || OC <= 0 || C <= 0) {
+      gemm_raw(false, true, N, OC, C, 1.f, inp, C, w, C, b ? 1.f : 0.f, out, OC);
+      return;
+    }
+    // out = b, then out += x w^T with beta = 1 (the CPU's order: bias first, then the product).
+    const uint16_t* x16 = narrowed(s, Slot::Lowp0, inp, C, N, C);
+    const uint16_t* w16 = narrowed(s, Slot::Lowp1, w, C, OC, C);
+    gemm16(false, true, N, OC, C, 1.f, x16, C, w16, C, b ? 1.f : 0.f, out, OC);
   }
 
+  // Low precision: dout is narrowed once for both products; db stays an fp32 column sum of the
+  // unrounded dout (the CPU's: a sum, not a product).
   void linear_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                        const float* w, int N, int C, int OC) const override {
     const cudaStream_t s = begin();
-    if (dinp) gemm_raw(false, false, N, C, OC, 1.f, dout, OC, w, C, 1.f, dinp, C);
-    if (dw) gemm_raw(true, false, OC, C, N, 1.f, dout, OC, inp, C, 1.f, dw, C);
+    if (!lowp() || N <= 0 || OC <= 0 || C <= 0) {
+      if (dinp) gemm_raw(false, false, N, C, OC, 1.f, dout, OC, w, C, 1.f, dinp, C);
+      if (dw) gemm_raw(true, false, OC, C, N, 1.f, dout, OC, inp, C, 1.f, dw, C);
+    } else if (dinp || dw) {
+      const uint16_t* d16 = narrowed(s, Slot::Lowp0, dout, OC, N, OC);
+      if (dinp) {
+        const uint16_t* w16 = narrowed(s, Slot::Lowp1, w, C, OC, C);
+        gemm16(false, false, N, C, OC, 1.f, d16, OC, w16, C, 1.f, dinp, C);
+      }
+      if (dw) {
+        const uint16_t* x16 = narrowed(s, Slot::Lowp2, inp, C, N, C);
+        gemm16(true, false, OC, C, N, 1.f, d16, OC, x16, C, 1.f, dw, C);
+      }
+    }
     if (db && N > 0 && OC > 0)
       cuda::colsum_accumulate(s, db, dout, N, OC, wsf(Slot::Norm, cuda::colsum_ws(N, OC)));
   }
@@ -170,7 +274,7 @@ class CudaOps final : public Ops {
 
   void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KVH,
                          int hd) const override {
-    cuda::attention_forward(begin(), out, lse, qkv, B, T, H, KVH, hd);
+    cuda::attention_forward(begin(), out, lse, qkv, B, T, H, KVH, hd, dt());
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                           const float* lse, int B, int T, int H, int KVH,
@@ -178,13 +282,16 @@ class CudaOps final : public Ops {
     const cudaStream_t s = begin();
     const size_t rows = static_cast<size_t>(B) * T * H;
     cuda::attention_backward(s, dqkv, dout, qkv, out, lse, B, T, H, KVH, hd,
-                             wsf(Slot::Attn, std::max<size_t>(rows, 1)));
+                             wsf(Slot::Attn, std::max<size_t>(rows, 1)), dt());
   }
 
   // Rows in chunks of at most kChunkRows (fewer when a chunk of logits would pass
   // kChunkBytes): logits = x_c w^T (cuBLAS) into the workspace; one block per row turns it
   // into the loss and grad_scale * (softmax - onehot); dx_c += dlogits w and dw += dlogits^T
   // x_c (cuBLAS, beta = 1). The loss total is summed on the device in a fixed order.
+  // Low precision (kernels/cpu/lmhead.cpp's rounding): x and w narrowed once per call (Lowp0,
+  // Lowp1); the logits are fp32 products of those, the softmax and loss fp32; with gradients,
+  // each chunk's fp32 dlogits are narrowed (Lowp2) and feed both backward products.
   double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w,
                      const int32_t* targets, int N, int C, int V,
                      float grad_scale) const override {
@@ -196,6 +303,10 @@ class CudaOps final : public Ops {
     const int chunk =
         std::min(N, static_cast<int>(std::max<size_t>(1, std::min<size_t>(kChunkRows, by_bytes))));
     float* logits = wsf(Slot::Logits, static_cast<size_t>(chunk) * V);
+    const bool lp = lowp();
+    const uint16_t* x16 = lp ? narrowed(s, Slot::Lowp0, x, C, N, C) : nullptr;
+    const uint16_t* w16 = lp ? narrowed(s, Slot::Lowp1, w, C, V, C) : nullptr;
+    uint16_t* d16 = lp && grad ? wsh(Slot::Lowp2, static_cast<size_t>(chunk) * V) : nullptr;
     // Per-row losses (the caller's array when given) and, after them, the double total.
     float* rows = wsf(Slot::Rows, static_cast<size_t>(N) + 4);
     float* rl = loss ? loss : rows;
@@ -203,11 +314,22 @@ class CudaOps final : public Ops {
     for (int n0 = 0; n0 < N; n0 += chunk) {
       const int nc = std::min(chunk, N - n0);
       const float* xc = x + static_cast<size_t>(n0) * C;
-      gemm_raw(false, true, nc, V, C, 1.f, xc, C, w, C, 0.f, logits, V);
+      if (!lp) {
+        gemm_raw(false, true, nc, V, C, 1.f, xc, C, w, C, 0.f, logits, V);
+        cuda::xent_rows(s, logits, rl + n0, targets + n0, nc, V, grad, grad_scale);
+        if (dx) gemm_raw(false, false, nc, C, V, 1.f, logits, V, w, C, 1.f,
+                         dx + static_cast<size_t>(n0) * C, C);
+        if (dw) gemm_raw(true, false, V, C, nc, 1.f, logits, V, xc, C, 1.f, dw, C);
+        continue;
+      }
+      const uint16_t* x16c = x16 + static_cast<size_t>(n0) * C;
+      gemm16(false, true, nc, V, C, 1.f, x16c, C, w16, C, 0.f, logits, V);
       cuda::xent_rows(s, logits, rl + n0, targets + n0, nc, V, grad, grad_scale);
-      if (dx) gemm_raw(false, false, nc, C, V, 1.f, logits, V, w, C, 1.f,
-                       dx + static_cast<size_t>(n0) * C, C);
-      if (dw) gemm_raw(true, false, V, C, nc, 1.f, logits, V, xc, C, 1.f, dw, C);
+      if (!grad) continue;
+      cuda::narrow(s, dt(), logits, d16, static_cast<size_t>(nc) * V);
+      if (dx) gemm16(false, false, nc, C, V, 1.f, d16, V, w16, C, 1.f,
+                     dx + static_cast<size_t>(n0) * C, C);
+      if (dw) gemm16(true, false, V, C, nc, 1.f, d16, V, x16c, C, 1.f, dw, C);
     }
     cuda::sum_rows(s, total, rl, N);
     return read_double(s, total);
@@ -288,29 +410,44 @@ class CudaOps final : public Ops {
   static constexpr int kChunkRows = 1024;
   static constexpr size_t kChunkBytes = size_t{256} << 20;
 
-  // Creates the stream and the cuBLAS handle on first use; makes dev_ current; returns the
-  // stream.
-  cudaStream_t begin() const {
-    std::call_once(once_, [this] {
-      SW_CUDA_CHECK(cudaSetDevice(dev_));
-      cudaStream_t st = nullptr;
-      SW_CUDA_CHECK(cudaStreamCreate(&st));
-      SW_CUDA_CHECK(cublasCreate(&blas_));
-      SW_CUDA_CHECK(cublasSetStream(blas_, st));
-      // fp32 products in fp32 (no TF32 tensor-op rounding).
-      SW_CUDA_CHECK(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH));
-      stream_.stream = st;
-    });
-    SW_CUDA_CHECK(cudaSetDevice(dev_));
-    return stream_.stream;
-  }
+  cudaStream_t begin() const { return d_.begin(); }
+  float* wsf(Slot slot, size_t floats) const { return d_.wsf(slot, floats); }
+  uint16_t* wsh(Slot slot, size_t n) const { return d_.wsh(slot, n); }
+  bool lowp() const { return compute_ != DType::F32; }
+  int dt() const { return static_cast<int>(compute_); }  // cuda::narrow's and attention's dt
 
   void gemm_raw(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
                 const float* B, int ldb, float beta, float* C, int ldc) const {
     if (M <= 0 || N <= 0) return;
-    SW_CUDA_CHECK(cublasGemmEx(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                               N, M, K, &alpha, B, CUDA_R_32F, ldb, A, CUDA_R_32F, lda, &beta, C,
-                               CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    SW_CUDA_CHECK(cublasGemmEx(d_.blas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                               ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, CUDA_R_32F,
+                               ldb, A, CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc,
+                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+
+  // src(rows, cols; row stride ld) narrowed to compute_ into a dense (rows, cols) copy in the
+  // slot's scratch.
+  const uint16_t* narrowed(cudaStream_t s, Slot slot, const float* src, int ld, int rows,
+                           int cols) const {
+    uint16_t* dst = wsh(slot, static_cast<size_t>(rows) * cols);
+    cuda::narrow_rows(s, dt(), src, static_cast<size_t>(ld), static_cast<size_t>(rows),
+                      static_cast<size_t>(cols), dst);
+    return dst;
+  }
+
+  // gemm_raw on 16-bit operands (compute_'s type) with fp32 C, fp32 alpha/beta and fp32
+  // accumulation (CUBLAS_COMPUTE_32F; products of bf16 / fp16 values are exact in fp32). The
+  // algorithm is cuBLAS's heuristic choice for the shape, a fixed function of (shape, types,
+  // device) with the handle's fixed workspace, so a rerun takes the same path and gives the
+  // same bits (one stream per handle, as for fp32).
+  void gemm16(bool ta, bool tb, int M, int N, int K, float alpha, const uint16_t* A, int lda,
+              const uint16_t* B, int ldb, float beta, float* C, int ldc) const {
+    if (M <= 0 || N <= 0) return;
+    const cudaDataType_t t = compute_ == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    SW_CUDA_CHECK(cublasGemmEx(d_.blas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                               ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, t, ldb, A, t,
+                               lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                               CUBLAS_GEMM_DEFAULT));
   }
 
   // The one host synchronisation of an op that returns a value.
@@ -321,35 +458,25 @@ class CudaOps final : public Ops {
     return h;
   }
 
-  // At least `floats` floats of the slot's scratch (contents undefined). Growing frees the old
-  // buffer to the caching device allocator: kernels already enqueued on this (blocking)
-  // stream that use it run before any later work that reuses the block (stream order).
-  float* wsf(Slot slot, size_t floats) const {
-    Buffer& b = ws_[static_cast<int>(slot)];
-    const size_t bytes = std::max<size_t>(floats, 1) * sizeof(float);
-    if (b.bytes() < bytes) {
-      b.release();
-      b = Buffer(bytes + bytes / 4, Mem::Workspace, Device::cuda(dev_));
-    }
-    return b.f32();
-  }
-
-  int dev_;
-  mutable std::once_flag once_;
-  mutable CudaStream stream_;
-  mutable cublasHandle_t blas_ = nullptr;
-  mutable Buffer ws_[static_cast<int>(Slot::Count)];
+  const CudaDevice& d_;
+  DType compute_;
 };
 
 // Never destroyed: the stream and handle are released with the process (tearing them down in a
 // static destructor races the CUDA runtime's own shutdown).
-const CudaOps& cuda_ops() {
-  static const CudaOps* ops = new CudaOps(0);
-  return *ops;
+const CudaOps& cuda_ops(DType compute) {
+  static const CudaDevice* dev = new CudaDevice(0);
+  static const CudaOps* f32 = new CudaOps(*dev, DType::F32);
+  static const CudaOps* bf16 = new CudaOps(*dev, DType::BF16);
+  static const CudaOps* f16 = new CudaOps(*dev, DType::F16);
+  return compute == DType::BF16 ? *bf16 : compute == DType::F16 ? *f16 : *f32;
 }
 
 struct Registrar {
-  Registrar() { register_ops(DeviceKind::CUDA, &cuda_ops()); }
+  Registrar() {
+    for (DType t : {DType::F32, DType::BF16, DType::F16})
+      register_ops(DeviceKind::CUDA, t, &cuda_ops(t));
+  }
 } registrar;
 
 }  // namespace

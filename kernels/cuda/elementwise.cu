@@ -187,29 +187,18 @@ __global__ void add_inplace_k(float* y, const float* x, size_t n) {
     y[i] += x[i];
 }
 
-// ---- Precision conversions: the host's bit formulas (core/dtype.h f32_to_bf16: round to
-// nearest even, NaN made quiet; fp16 through the IEEE round-to-nearest-even intrinsic, as
-// core/dtype.cpp rounds), so device and host agree bit for bit.
-__device__ __forceinline__ uint16_t f32_to_bf16_d(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-__device__ __forceinline__ float bf16_to_f32_d(uint16_t h) {
-  return __uint_as_float(static_cast<uint32_t>(h) << 16);
-}
-__device__ __forceinline__ uint16_t to_half_d(int dt, float f) {
-  return dt == 1 ? f32_to_bf16_d(f) : __half_as_ushort(__float2half_rn(f));
-}
-__device__ __forceinline__ float from_half_d(int dt, uint16_t h) {
-  return dt == 1 ? bf16_to_f32_d(h) : __half2float(__ushort_as_half(h));
-}
-
+// ---- Precision conversions (the bit formulas are cuda_common.cuh's f32_to_bf16_d / to_half_d).
 __global__ void narrow_k(int dt, const float* src, uint16_t* dst, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x)
     dst[i] = to_half_d(dt, src[i]);
+}
+// dst(rows, cols) dense = narrow(src(rows, cols; row stride ld)).
+__global__ void narrow_rows_k(int dt, const float* src, size_t ld, uint16_t* dst, size_t cols,
+                              size_t total) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
+       i += size_t(gridDim.x) * blockDim.x)
+    dst[i] = to_half_d(dt, src[(i / cols) * ld + i % cols]);
 }
 __global__ void widen_k(int dt, const uint16_t* src, float* dst, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
@@ -410,6 +399,14 @@ void add_inplace(cudaStream_t s, float* y, const float* x, size_t n) {
 void narrow(cudaStream_t s, int dt, const float* src, uint16_t* dst, size_t n) {
   if (n == 0) return;
   narrow_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(dt, src, dst, n);
+  SW_CUDA_LAUNCHED();
+}
+void narrow_rows(cudaStream_t s, int dt, const float* src, size_t ld, size_t rows, size_t cols,
+                 uint16_t* dst) {
+  if (ld == cols) return narrow(s, dt, src, dst, rows * cols);
+  const size_t total = rows * cols;
+  if (total == 0) return;
+  narrow_rows_k<<<grid_for(total, kThreads), kThreads, 0, s>>>(dt, src, ld, dst, cols, total);
   SW_CUDA_LAUNCHED();
 }
 void widen(cudaStream_t s, int dt, const uint16_t* src, float* dst, size_t n) {
