@@ -2,8 +2,10 @@
 // else through the kernels of elementwise.cu, norm.cu and attention.cu. Registered with
 // kernels/registry.cpp at program start, like the device allocator in cuda_runtime.cu.
 //
-// One CudaOps serves device 0 (the registry holds one CUDA Ops; several devices per process are
-// the executor issue's). Its CUDA state (a compute stream, a cuBLAS handle bound to it) is
+// One CudaOps serves this process's device, cuda_current_device() (cuda_runtime.h: local rank
+// modulo the GPUs visible, or SHARDWISE_CUDA_DEVICE), chosen on first use: device() asks for it
+// (its only driver call, cudaGetDeviceCount, answers 0 GPUs, so cuda:0, on a machine without one)
+// and nothing runs at registration. Its CUDA state (a compute stream, a cuBLAS handle bound to it) is
 // created on first use, so a build with this backend starts and runs its CPU paths on a machine
 // without a GPU. Every op enqueues on that stream and returns without synchronising, except
 // sum_squares and lmhead_xent, whose results the host reads. The stream is created blocking
@@ -24,6 +26,7 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
+#include "kernels/cuda/cuda_runtime.h"
 #include "kernels/ops.h"
 
 namespace sw {
@@ -48,16 +51,23 @@ namespace {
 
 using cuda::check;
 
-// The compute stream as core/stream.h sees it. core has no CUDA Event type yet, so waiting for
-// an event blocks the host (correct, not overlapped); the executor issue replaces this with
-// cudaStreamWaitEvent.
+// The compute stream as core/stream.h sees it. wait_event: an event with a native handle (a
+// cudaEvent_t: a CudaEvent, a NCCL group's Work) becomes cudaStreamWaitEvent, so later work on
+// this stream waits on the device and the host does not block; any other event (a CPU
+// communication thread's Work, an io_stream completion) is waited for on the host.
 class CudaStream final : public Stream {
  public:
-  const char* name() const override { return "cuda:0 compute"; }
-  void wait_event(Event& e) override { e.synchronize(); }
+  const char* name() const override { return "cuda compute"; }
+  void wait_event(Event& e) override {
+    if (void* h = e.native_handle())
+      SW_CUDA_CHECK(cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(h), 0));
+    else
+      e.synchronize();
+  }
   void synchronize() override {
     if (stream) SW_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
+  void* native_handle() const override { return stream; }
   cudaStream_t stream = nullptr;
 };
 
@@ -66,9 +76,9 @@ enum class Slot { Norm, Logits, Rows, Reduce, Attn, Count };
 
 class CudaOps final : public Ops {
  public:
-  explicit CudaOps(int device) : dev_(device) {}
+  CudaOps() = default;
 
-  Device device() const override { return Device::cuda(dev_); }
+  Device device() const override { return Device::cuda(cuda_current_device()); }
   Stream& stream() const override {
     begin();
     return stream_;
@@ -244,6 +254,7 @@ class CudaOps final : public Ops {
   // stream.
   cudaStream_t begin() const {
     std::call_once(once_, [this] {
+      dev_ = cuda_current_device();
       SW_CUDA_CHECK(cudaSetDevice(dev_));
       cudaStream_t st = nullptr;
       SW_CUDA_CHECK(cudaStreamCreate(&st));
@@ -286,7 +297,7 @@ class CudaOps final : public Ops {
     return b.f32();
   }
 
-  int dev_;
+  mutable int dev_ = 0;  // cuda_current_device(), set by the first begin()
   mutable std::once_flag once_;
   mutable CudaStream stream_;
   mutable cublasHandle_t blas_ = nullptr;
@@ -296,7 +307,7 @@ class CudaOps final : public Ops {
 // Never destroyed: the stream and handle are released with the process (tearing them down in a
 // static destructor races the CUDA runtime's own shutdown).
 const CudaOps& cuda_ops() {
-  static const CudaOps* ops = new CudaOps(0);
+  static const CudaOps* ops = new CudaOps();
   return *ops;
 }
 
