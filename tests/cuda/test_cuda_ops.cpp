@@ -18,7 +18,7 @@ using sw::Device;
 namespace {
 
 Backend cuda_backend() {
-  return {"cuda-f32", &sw::ops_for(Device::cuda(0)), sw::cuda_copy_to_device,
+  return {"cuda-f32", &sw::ops_for(Device::cuda(sw::cuda_current_device())), sw::cuda_copy_to_device,
           sw::cuda_copy_to_host};
 }
 
