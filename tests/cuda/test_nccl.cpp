@@ -80,6 +80,7 @@ TEST_CASE("the compute stream waits for a NCCL Work on the device, not on the ho
   std::memcpy(bytes.data(), x.data(), bytes.size());
   Buffer d = upload(bytes);
   Buffer out(n * 4, Mem::Communication, gpu());
+  nccl->barrier();  // NCCL's first-use set-up happens before the compute stream is held
   {
     StreamGate gate(ops.stream().native_handle());
     Work w = nccl->issue_all_reduce(d.data(), out.data(), static_cast<int64_t>(n), ReduceOp::Sum);

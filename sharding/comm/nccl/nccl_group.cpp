@@ -255,8 +255,11 @@ class NcclGroup final : public Group {
     cuda_ok(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, hi),
             "cudaStreamCreateWithPriority");
     cuda_ok(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
+    // Zeroed on the legacy stream (a reused block's earlier users there and on the compute
+    // stream are ordered before it); the group's stream touches it only after an event of
+    // the compute stream, which is ordered after the legacy stream.
     scratch_ = Buffer(sizeof(float), Mem::Communication, dev_);
-    cuda_ok(cudaMemsetAsync(scratch_.data(), 0, sizeof(float), stream_), "cudaMemsetAsync");
+    cuda_ok(cudaMemset(scratch_.data(), 0, sizeof(float)), "cudaMemset");
   }
 
   ~NcclGroup() override {
@@ -268,6 +271,9 @@ class NcclGroup final : public Group {
       std::fprintf(stderr, "shardwise: %s\n", e.what());
     }
     if (!comm_->aborted.load()) cudaStreamSynchronize(stream_);
+    last_.reset();
+    scratch_.release();
+    comm_.reset();  // finalized here unless a Work still holds it
     cudaEventDestroy(ready_);
     cudaStreamDestroy(stream_);
   }
