@@ -9,6 +9,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <unordered_set>
 
 #include "core/bytes.h"
 #include "core/clock.h"
@@ -176,6 +177,32 @@ size_t round_size(size_t s) {
   return (s + g - 1) / g * g;
 }
 
+// Host pinning (core/alloc.h HostPinning). The functions are read under g_pin_mu, so a
+// registration never races a pin; the set holds the pinned blocks (few: > 1 MiB each), so
+// host_pinned and the unpin before an OS free need no other bookkeeping.
+std::mutex g_pin_mu;
+HostPinning g_pinning;
+std::unordered_set<const void*>* g_pinned = new std::unordered_set<const void*>;  // never freed
+size_t g_pinned_bytes = 0;
+
+// A block just obtained from the OS for `tier`.
+void maybe_pin(void* p, size_t block, Tier tier) {
+  if (tier != Tier::Host || block <= kSmallMax) return;
+  std::lock_guard<std::mutex> lock(g_pin_mu);
+  if (!g_pinning.pin || !g_pinning.pin(p, block)) return;
+  g_pinned->insert(p);
+  g_pinned_bytes += block;
+}
+
+// Before a block goes back to the OS.
+void maybe_unpin(void* p, size_t block) {
+  if (block <= kSmallMax) return;
+  std::lock_guard<std::mutex> lock(g_pin_mu);
+  if (g_pinned->erase(p) == 0) return;
+  g_pinned_bytes -= block;
+  if (g_pinning.unpin) g_pinning.unpin(p, block);
+}
+
 void* os_alloc(size_t block) {
   if (block <= kSmallMax) return std::aligned_alloc(64, block);
   void* p = mmap(nullptr, block, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -183,6 +210,7 @@ void* os_alloc(size_t block) {
 }
 
 void os_free(void* p, size_t block) {
+  maybe_unpin(p, block);
   if (block <= kSmallMax)
     std::free(p);
   else
@@ -248,7 +276,10 @@ void* host_alloc(size_t bytes, Tier tier, size_t* block, uint8_t* origin) {
     for (size_t t = 0; t < static_cast<size_t>(Tier::Count); ++t) release_pool(static_cast<Tier>(t));
     p = os_alloc(r);
   }
-  if (p) *block = r, *origin = kPooled, tr.note_reserved(static_cast<int64_t>(r));
+  if (p) {
+    maybe_pin(p, r, tier);
+    *block = r, *origin = kPooled, tr.note_reserved(static_cast<int64_t>(r));
+  }
   return p;
 }
 
@@ -308,6 +339,21 @@ size_t cached_bytes() {
     n += pool.cached;
   }
   return n;
+}
+
+void register_host_pinning(HostPinning h) {
+  std::lock_guard<std::mutex> lock(g_pin_mu);
+  g_pinning = h;
+}
+
+bool host_pinned(const void* p) {
+  std::lock_guard<std::mutex> lock(g_pin_mu);
+  return p && g_pinned->count(p) != 0;
+}
+
+size_t host_pinned_bytes() {
+  std::lock_guard<std::mutex> lock(g_pin_mu);
+  return g_pinned_bytes;
 }
 
 void register_device_allocator(DeviceKind kind, DeviceAllocator a) {

@@ -39,6 +39,7 @@ DeviceCache::~DeviceCache() {
     for (void* e : b.events) api_.event_destroy(device_, e);
     api_.raw_free(device_, it->first);
     if (tracker_) tracker_->note_reserved(-static_cast<int64_t>(b.size));
+    by_addr_.erase(reinterpret_cast<uintptr_t>(it->first));
     it = blocks_.erase(it);
   }
   for (void* e : events_) api_.event_destroy(device_, e);
@@ -55,6 +56,7 @@ void* DeviceCache::raw_alloc(size_t size) {
 }
 
 void DeviceCache::raw_free(void* p, size_t size) {
+  by_addr_.erase(reinterpret_cast<uintptr_t>(p));
   api_.raw_free(device_, p);
   ++st_.raw_frees;
   st_.reserved -= size;
@@ -137,6 +139,7 @@ void* DeviceCache::allocate(size_t bytes, void* stream) {
     }
     if (!p) return nullptr;
     Block& fresh = blocks_[p];
+    by_addr_[reinterpret_cast<uintptr_t>(p)] = size;
     fresh.size = size;
     fresh.stream = stream;
   }
@@ -185,8 +188,14 @@ void DeviceCache::free(void* p) {
 void DeviceCache::record_stream(void* p, void* stream) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = blocks_.find(p);
+  if (it == blocks_.end()) {  // inside a block: the block starting at or below p
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    auto b = by_addr_.upper_bound(a);
+    if (b != by_addr_.begin() && a < (--b)->first + b->second)
+      it = blocks_.find(reinterpret_cast<void*>(b->first));
+  }
   SW_CHECK(it != blocks_.end() && it->second.state == State::InUse,
-           "DeviceCache::record_stream: a pointer that is not an allocated block");
+           "DeviceCache::record_stream: a pointer that is not inside an allocated block");
   Block& b = it->second;
   if (!caching_ || stream == b.stream) return;
   if (std::find(b.streams.begin(), b.streams.end(), stream) == b.streams.end())

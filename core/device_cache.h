@@ -14,7 +14,7 @@
 // Streams (opaque `void*`, for CUDA a cudaStream_t; nullptr is a stream like any other): a
 // block belongs to the stream it was allocated on. Freed, it is at once reusable by later
 // allocations on that stream: work that reuses it is enqueued after the work that used it.
-// If record_stream(p, s) named other streams, free() records an event on each of them and
+// If record_stream(p, s) (p anywhere inside the block) named other streams, free() records an event on each of them and
 // the block waits in a pending list; it becomes reusable (on its own stream) once all those
 // events have completed. Pending events are polled on each allocate() and empty_cache(); the
 // host never waits for the device here.
@@ -94,8 +94,9 @@ class DeviceCache {
   // Gives back a block from allocate (nullptr: nothing). A pointer this cache does not hold in
   // use (a double free) is an internal error: SW_CHECK aborts.
   void free(void* p);
-  // Work on `stream` (other than the block's own) uses p, an allocated block: free() makes
-  // reuse wait for that work.
+  // Work on `stream` (other than the block's own) uses memory at p, anywhere inside an
+  // allocated block (a shard of a flat buffer, say): free() of that block makes its reuse wait
+  // for that work.
   void record_stream(void* p, void* stream);
   // raw_free every cached block (pending ones whose events completed included).
   void empty_cache();
@@ -129,6 +130,7 @@ class DeviceCache {
   MemTracker* const tracker_;
   mutable std::mutex mu_;
   std::unordered_map<void*, Block> blocks_;  // every block raw_alloc'd and not raw_free'd
+  std::map<uintptr_t, size_t> by_addr_;      // the same blocks by address: start -> size
   // (stream, size) -> cached blocks. Entries and vectors keep their capacity once created.
   std::map<Key, std::vector<void*>> free_;
   std::vector<void*> pending_;  // blocks waiting for events, in the order they were freed

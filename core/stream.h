@@ -8,10 +8,11 @@
 //
 // CPU backend: the compute stream is the calling thread (work runs when enqueued), so waiting
 // for an event blocks that thread; a Group's communication thread is its stream.
-// CUDA backend: Stream wraps a cudaStream_t, Event a cudaEvent_t recorded on it;
-// Stream::wait_event is cudaStreamWaitEvent (the host does not block), Event::synchronize is
-// cudaEventSynchronize, and a NCCL Group enqueues on its own stream and records an event
-// after each collective.
+// CUDA backend (kernels/cuda/cuda_runtime.h; compiled, never run on a GPU): Stream wraps a
+// cudaStream_t, Event a cudaEvent_t recorded on it (CudaEvent); Stream::wait_event is
+// cudaStreamWaitEvent for an event with a native handle (the host does not block) and
+// Event::synchronize for any other; Event::synchronize is cudaEventSynchronize; a NCCL Group
+// (sharding/comm/nccl/) enqueues on its own stream and records an event after each collective.
 #pragma once
 
 namespace sw {
@@ -37,6 +38,8 @@ class Stream {
   virtual void wait_event(Event& e) = 0;
   // The host waits for everything enqueued on this stream so far.
   virtual void synchronize() = 0;
+  // The device backend's own stream (a cudaStream_t on CUDA), or null for the host stream.
+  virtual void* native_handle() const { return nullptr; }
 };
 
 // The CPU's compute stream: the calling thread. Work runs as it is enqueued, so wait_event

@@ -15,6 +15,16 @@
 // of a value the two compute in fp32 before rounding it (attention's P and dS, the LM head's
 // dlogits).
 //
+// The CUDA Ops serve this process's device, cuda_current_device() (cuda_runtime.h: local rank
+// modulo the GPUs visible, or SHARDWISE_CUDA_DEVICE), chosen on first use: device() asks for it
+// (its only driver call, cudaGetDeviceCount, answers 0 GPUs, so cuda:0, on a machine without one)
+// and nothing runs at registration. Its CUDA state (a compute stream, a cuBLAS handle bound to it) is
+// created on first use, so a build with this backend starts and runs its CPU paths on a machine
+// without a GPU. Every op enqueues on that stream and returns without synchronising, except
+// sum_squares and lmhead_xent, whose results the host reads. The stream is created blocking
+// (not cudaStreamNonBlocking), so plain cudaMemcpy calls (cuda_copy_to_host) on the legacy
+// default stream are ordered after the ops.
+//
 // Weights are converted on every call (they change every step; nothing is cached), which
 // costs a read of 4 and a write of 2 bytes per operand element before each product: for
 // GPT-2 124M about three passes over the weights per step (~2 GB of traffic, around a
@@ -23,12 +33,7 @@
 //
 // The three CudaOps share one CudaDevice: one compute stream, one cuBLAS handle bound to it
 // (cuBLAS is bit-reproducible only with one active stream per handle), one set of scratch
-// buffers. It serves device 0 (the registry holds one CUDA Ops per precision; several devices
-// per process are the executor issue's) and is created on first use, so a build with this
-// backend starts and runs its CPU paths on a machine without a GPU. Every op enqueues on that
-// stream and returns without synchronising, except sum_squares and lmhead_xent, whose results
-// the host reads. The stream is created blocking (not cudaStreamNonBlocking), so plain
-// cudaMemcpy calls (cuda_copy_to_host) on the legacy default stream are ordered after the ops.
+// buffers, for the one device of the process (above).
 //
 // Scratch memory (norm partials, the LM head's logits chunk, reduction partials, attention's D,
 // the 16-bit operand copies) comes from grow-only device buffers kept between calls, tracked as
@@ -44,6 +49,7 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
+#include "kernels/cuda/cuda_runtime.h"
 #include "kernels/ops.h"
 
 namespace sw {
@@ -68,16 +74,23 @@ namespace {
 
 using cuda::check;
 
-// The compute stream as core/stream.h sees it. core has no CUDA Event type yet, so waiting for
-// an event blocks the host (correct, not overlapped); the executor issue replaces this with
-// cudaStreamWaitEvent.
+// The compute stream as core/stream.h sees it. wait_event: an event with a native handle (a
+// cudaEvent_t: a CudaEvent, a NCCL group's Work) becomes cudaStreamWaitEvent, so later work on
+// this stream waits on the device and the host does not block; any other event (a CPU
+// communication thread's Work, an io_stream completion) is waited for on the host.
 class CudaStream final : public Stream {
  public:
-  const char* name() const override { return "cuda:0 compute"; }
-  void wait_event(Event& e) override { e.synchronize(); }
+  const char* name() const override { return "cuda compute"; }
+  void wait_event(Event& e) override {
+    if (void* h = e.native_handle())
+      SW_CUDA_CHECK(cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(h), 0));
+    else
+      e.synchronize();
+  }
   void synchronize() override {
     if (stream) SW_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
+  void* native_handle() const override { return stream; }
   cudaStream_t stream = nullptr;
 };
 
@@ -88,13 +101,13 @@ enum class Slot { Norm, Logits, Rows, Reduce, Attn, Convert, Lowp0, Lowp1, Lowp2
 // The device state the CudaOps of every precision share: stream, cuBLAS handle, scratch.
 class CudaDevice {
  public:
-  explicit CudaDevice(int device) : dev_(device) {}
-  int index() const { return dev_; }
+  CudaDevice() = default;
 
   // Creates the stream and the cuBLAS handle on first use; makes dev_ current; returns the
   // stream.
   cudaStream_t begin() const {
     std::call_once(once_, [this] {
+      dev_ = cuda_current_device();
       SW_CUDA_CHECK(cudaSetDevice(dev_));
       cudaStream_t st = nullptr;
       SW_CUDA_CHECK(cudaStreamCreate(&st));
@@ -129,7 +142,7 @@ class CudaDevice {
   }
 
  private:
-  int dev_;
+  mutable int dev_ = 0;  // cuda_current_device(), set by the first begin()
   mutable std::once_flag once_;
   mutable CudaStream stream_;
   mutable cublasHandle_t blas_ = nullptr;
@@ -142,7 +155,7 @@ class CudaOps final : public Ops {
  public:
   CudaOps(const CudaDevice& dev, DType compute) : d_(dev), compute_(compute) {}
 
-  Device device() const override { return Device::cuda(d_.index()); }
+  Device device() const override { return Device::cuda(cuda_current_device()); }
   Stream& stream() const override {
     d_.begin();
     return d_.stream();
@@ -465,7 +478,7 @@ class CudaOps final : public Ops {
 // Never destroyed: the stream and handle are released with the process (tearing them down in a
 // static destructor races the CUDA runtime's own shutdown).
 const CudaOps& cuda_ops(DType compute) {
-  static const CudaDevice* dev = new CudaDevice(0);
+  static const CudaDevice* dev = new CudaDevice();
   static const CudaOps* f32 = new CudaOps(*dev, DType::F32);
   static const CudaOps* bf16 = new CudaOps(*dev, DType::BF16);
   static const CudaOps* f16 = new CudaOps(*dev, DType::F16);

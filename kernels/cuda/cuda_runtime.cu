@@ -1,5 +1,12 @@
-// CUDA runtime pieces of the backend: device memory for core's Buffer (registered at load
-// time), device discovery, host<->device copies.
+// CUDA runtime pieces of the backend: device selection, device memory for core's Buffer and
+// its copies (registered at load time), host pinning for the Tier::Host pool, CUDA events.
+// Compiled, never run on a GPU.
+//
+// Device: one per process, cuda_current_device() (launch_env().local_rank % GPUs visible, or
+// SHARDWISE_CUDA_DEVICE), chosen on first use; nothing here calls the driver at static-init
+// time. Every entry point makes its device current with cuda_use_device and never switches
+// back: a thread's default device is 0, and switching "back" to it would create a CUDA
+// context on GPU 0 in every rank's process.
 //
 // Device memory: one DeviceCache (core/device_cache.h) per device, created on first use and
 // never destroyed (buffers owned by statics are freed after ordinary statics are gone), given
@@ -7,20 +14,33 @@
 // the legacy default stream (nullptr): the compute stream of cuda_ops.cu is created blocking,
 // so its work and the legacy stream's (plain cudaMemcpy) are ordered with each other in issue
 // order, and a block freed after use on either is safe to reuse on either. Any other stream
-// that touches a buffer (the executor's gather, reduce and copy streams, when they exist)
+// that touches a buffer (a NCCL group's stream, the executor's copy streams when they exist)
 // must call cuda_record_stream(ptr, stream) before the buffer is freed.
 // SHARDWISE_CUDA_CACHING=0: plain cudaMalloc/cudaFree per buffer (for compute-sanitizer).
+//
+// Copies (DeviceAllocator::copy, behind copy_bytes): cudaMemcpy on the legacy default stream
+// (so after the compute stream's work so far), then a synchronisation of that stream, because
+// cudaMemcpy may return before a device-to-device copy, or the DMA of a pageable host-to-device
+// copy, has finished; the copy is complete when it returns.
+//
+// Host pinning (core/alloc.h HostPinning): cudaHostRegister(Portable) / cudaHostUnregister,
+// registered by the first cuda_current_device() that finds a GPU. A failed registration is
+// cleared (cudaGetLastError) and the block stays pageable.
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 
 #include "core/alloc.h"
 #include "core/device_cache.h"
 #include "core/error.h"
+#include "core/launch.h"
 #include "kernels/cuda/cuda_runtime.h"
+#include "kernels/ops.h"
 
 namespace sw {
 
@@ -31,29 +51,16 @@ void cuda_check(cudaError_t e, const char* what) {
     fail("cuda", std::string(what) + " failed: " + cudaGetErrorString(e));
 }
 
-// Makes `device` current for the scope and restores the previous current device after.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    int cur = -1;
-    cuda_check(cudaGetDevice(&cur), "cudaGetDevice");
-    if (cur == device) return;
-    cuda_check(cudaSetDevice(device), "cudaSetDevice");
-    prev_ = cur;
-  }
-  ~DeviceScope() {
-    if (prev_ >= 0) cudaSetDevice(prev_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int prev_ = -1;
-};
+// cuda_use_device without throwing (paths that ignore errors).
+bool try_use_device(int device) {
+  int cur = -1;
+  if (cudaGetDevice(&cur) != cudaSuccess) return false;
+  return cur == device || cudaSetDevice(device) == cudaSuccess;
+}
 
 // ---- The raw device API of the caches.
 void* raw_alloc(int device, size_t bytes) {
-  DeviceScope scope(device);
+  cuda_use_device(device);
   void* p = nullptr;
   const cudaError_t e = cudaMalloc(&p, bytes);
   if (e == cudaErrorMemoryAllocation) {
@@ -66,22 +73,18 @@ void* raw_alloc(int device, size_t bytes) {
 
 // Errors ignored: at exit the runtime may already be unloading.
 void raw_free(int device, void* p) {
-  int cur = -1;
-  if (cudaGetDevice(&cur) != cudaSuccess) return;
-  if (cur != device && cudaSetDevice(device) != cudaSuccess) return;
-  cudaFree(p);
-  if (cur != device) cudaSetDevice(cur);
+  if (try_use_device(device)) cudaFree(p);
 }
 
 void* event_create(int device) {
-  DeviceScope scope(device);
+  cuda_use_device(device);
   cudaEvent_t e = nullptr;
   cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
   return e;
 }
 
 void event_record(int device, void* event, void* stream) {
-  DeviceScope scope(device);
+  cuda_use_device(device);
   const cudaError_t e =
       cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream));
   if (e != cudaErrorCudartUnloading) cuda_check(e, "cudaEventRecord");  // freed at exit: no-op
@@ -122,6 +125,7 @@ DeviceCache& cache_for(int device) {
 void* const kBufferStream = nullptr;
 
 void* device_alloc(size_t bytes, int device) {
+  (void)cuda_current_device();  // the process uses CUDA: host pinning from now on
   return cache_for(device).allocate(bytes, kBufferStream);
 }
 
@@ -132,14 +136,111 @@ void device_release_cached() {
     if (DeviceCache* d = c.load(std::memory_order_acquire)) d->empty_cache();
 }
 
+void device_copy(void* dst, const void* src, size_t bytes, CopyDir dir, int device) {
+  if (bytes == 0) return;
+  cuda_use_device(device);
+  const cudaMemcpyKind kind = dir == CopyDir::HostToDevice   ? cudaMemcpyHostToDevice
+                              : dir == CopyDir::DeviceToHost ? cudaMemcpyDeviceToHost
+                                                             : cudaMemcpyDeviceToDevice;
+  cuda_check(cudaMemcpy(dst, src, bytes, kind), "cudaMemcpy");
+  cuda_check(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize (copy)");
+}
+
+// ---- Host pinning (registered by cuda_current_device once a GPU is found).
+std::atomic<int> g_device{-1};  // this process's device, once chosen
+
+bool host_pin(void* p, size_t bytes) {
+  const int dev = g_device.load(std::memory_order_acquire);
+  if (dev < 0 || !try_use_device(dev)) return false;
+  if (cudaHostRegister(p, bytes, cudaHostRegisterPortable) != cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it so the next launch check does not report it
+    return false;
+  }
+  return true;
+}
+
+void host_unpin(void* p, size_t) {
+  if (cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
+}
+
 struct Registrar {
   Registrar() {
-    register_device_allocator(DeviceKind::CUDA,
-                              {device_alloc, device_free, device_release_cached});
+    register_device_allocator(DeviceKind::CUDA, {device_alloc, device_free,
+                                                 device_release_cached, device_copy});
   }
 } registrar;
 
 }  // namespace
+
+void cuda_use_device(int device) {
+  int cur = -1;
+  cuda_check(cudaGetDevice(&cur), "cudaGetDevice");
+  if (cur != device) cuda_check(cudaSetDevice(device), "cudaSetDevice");
+}
+
+int cuda_pick_device(int local_rank, int count, const char* override_env) {
+  if (count <= 0) return 0;
+  if (override_env && *override_env) {
+    char* end = nullptr;
+    errno = 0;
+    const long v = std::strtol(override_env, &end, 10);
+    if (errno != 0 || *end != '\0' || v < 0 || v >= count)
+      fail("cuda", std::string("SHARDWISE_CUDA_DEVICE=") + override_env +
+                       " is not a device index below " + std::to_string(count) +
+                       " (the GPUs this process sees)");
+    return static_cast<int>(v);
+  }
+  return (local_rank < 0 ? 0 : local_rank) % count;
+}
+
+int cuda_current_device() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const int count = cuda_device_count();
+    const int dev = cuda_pick_device(launch_env().local_rank, count,
+                                     std::getenv("SHARDWISE_CUDA_DEVICE"));
+    g_device.store(dev, std::memory_order_release);
+    if (count > 0) register_host_pinning({host_pin, host_unpin});
+  });
+  return g_device.load(std::memory_order_acquire);
+}
+
+void* cuda_compute_stream(int device) {
+  return ops_for(Device::cuda(device)).stream().native_handle();
+}
+
+CudaEvent::CudaEvent(int device) : device_(device) {
+  cuda_use_device(device);
+  cudaEvent_t e = nullptr;
+  cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+  event_ = e;
+}
+
+// Errors ignored: at exit the runtime may already be unloading; a pending event is released
+// by the runtime once its work completes.
+CudaEvent::~CudaEvent() {
+  if (event_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+}
+
+void CudaEvent::record(void* stream) {
+  cuda_use_device(device_);
+  cuda_check(cudaEventRecord(static_cast<cudaEvent_t>(event_), static_cast<cudaStream_t>(stream)),
+             "cudaEventRecord");
+}
+
+bool CudaEvent::query() {
+  return cudaEventQuery(static_cast<cudaEvent_t>(event_)) != cudaErrorNotReady;
+}
+
+void CudaEvent::synchronize() {
+  cuda_check(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)), "cudaEventSynchronize");
+}
+
+std::shared_ptr<CudaEvent> cuda_record_event(void* stream, int device) {
+  auto e = std::make_shared<CudaEvent>(device);
+  e->record(stream);
+  return e;
+}
 
 int cuda_device_count() {
   int n = 0;

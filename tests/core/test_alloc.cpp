@@ -187,6 +187,61 @@ TEST_CASE("Several threads allocating and freeing keep the counters and the pool
   CHECK(t.reserved() == 0);
 }
 
+namespace {
+std::vector<std::pair<void*, size_t>> g_pins, g_unpins;
+bool g_pin_ok = true;
+bool fake_pin(void* p, size_t n) {
+  g_pins.emplace_back(p, n);
+  return g_pin_ok;
+}
+void fake_unpin(void* p, size_t n) { g_unpins.emplace_back(p, n); }
+}  // namespace
+
+// core/alloc.h HostPinning: large Tier::Host blocks are pinned once when obtained from the OS,
+// stay pinned while cached and reused, and are unpinned before they go back to the OS; other
+// tiers, small classes and a failed pin stay unpinned.
+TEST_CASE("Host pinning: large Tier::Host blocks pinned once, unpinned before the OS gets them") {
+  REQUIRE(caching());
+  CHECK_FALSE(host_pinned(nullptr));
+  register_host_pinning({fake_pin, fake_unpin});
+  void* first = nullptr;
+  for (int i = 0; i < 3; ++i) {  // the cached block is reused: pinned once
+    Buffer b(size_t{3} << 20, Mem::Optimizer, Device::cpu(), Tier::Host);
+    CHECK(host_pinned(b.data()));
+    if (i == 0) first = b.data();
+    CHECK(b.data() == first);
+  }
+  REQUIRE(g_pins.size() == 1);
+  CHECK(g_pins[0].first == first);
+  CHECK(g_pins[0].second == alloc_block_size(size_t{3} << 20));
+  CHECK(host_pinned_bytes() == g_pins[0].second);
+  {
+    Buffer small(1000, Mem::Optimizer, Device::cpu(), Tier::Host);
+    Buffer dev(size_t{3} << 20, Mem::Optimizer, Device::cpu(), Tier::Device);
+    Buffer fresh = Buffer::fresh(size_t{3} << 20, Mem::Optimizer, Device::cpu(), Tier::Host);
+    CHECK_FALSE(host_pinned(small.data()));
+    CHECK_FALSE(host_pinned(dev.data()));
+    CHECK_FALSE(host_pinned(fresh.data()));
+  }
+  CHECK(g_pins.size() == 1);
+  CHECK(g_unpins.empty());
+  release_cached();
+  REQUIRE(g_unpins.size() == 1);
+  CHECK(g_unpins[0] == g_pins[0]);
+  CHECK(host_pinned_bytes() == 0);
+  CHECK_FALSE(host_pinned(first));
+
+  g_pin_ok = false;  // the backend could not pin: the block is used unpinned
+  {
+    Buffer b(size_t{5} << 20, Mem::Optimizer, Device::cpu(), Tier::Host);
+    CHECK_FALSE(host_pinned(b.data()));
+    std::memset(b.data(), 1, b.bytes());
+  }
+  release_cached();
+  CHECK(g_unpins.size() == 1);  // never pinned: never unpinned
+  register_host_pinning({});
+}
+
 TEST_CASE("parse_bytes accepts bytes and binary/decimal units and rejects the rest") {
   CHECK(parse_bytes("123") == 123);
   CHECK(parse_bytes("0") == 0);

@@ -258,6 +258,25 @@ TEST_CASE("device cache: a block recorded on another stream waits for that strea
   CHECK(fake().used == 0);
 }
 
+// A collective works on a shard of a flat buffer: record_stream takes any address inside an
+// allocated block (one outside every block is an internal error: SW_CHECK).
+TEST_CASE("device cache: record_stream with a pointer inside a block waits for that block") {
+  DeviceCache c(kFakeApi, 0, true, nullptr);
+  void* p = c.allocate(3 * MiB, stream(0));
+  void* other = c.allocate(1000, stream(0));
+  c.record_stream(static_cast<char*>(p) + 2 * MiB, stream(1));
+  c.record_stream(static_cast<char*>(p) + 3 * MiB - 1, stream(1));  // the last byte requested
+  c.free(p);
+  CHECK(c.stats().pending == 4 * MiB);
+  void* q = c.allocate(3 * MiB, stream(0));
+  CHECK(q != p);  // not reused before stream 1 finished
+  fake().finish(stream(1));
+  c.empty_cache();
+  CHECK(c.stats().pending == 0);
+  c.free(q);
+  c.free(other);
+}
+
 TEST_CASE("device cache: different size classes never share a block") {
   DeviceCache c(kFakeApi, 0, true, nullptr);
   void* small = c.allocate(512, stream(0));

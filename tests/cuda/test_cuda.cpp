@@ -9,15 +9,18 @@
 
 #include "core/alloc.h"
 #include "kernels/cuda/cuda_runtime.h"
+#include "kernels/ops.h"
+#include "tests/cuda/cuda_test_util.h"
 
 using namespace sw;
+using namespace sw::test;
 
 TEST_CASE("device buffers round-trip through the registered CUDA allocator") {
   const size_t before = MemTracker::global().current(Mem::Params);
   std::vector<float> host(1000), back(1000, 0.f);
   for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>(i) * 0.5f;
   {
-    Buffer dev(host.size() * 4, Mem::Params, Device::cuda(0));
+    Buffer dev(host.size() * 4, Mem::Params, gpu());
     CHECK(MemTracker::global().current(Mem::Params) == before + 4000);
     cuda_copy_to_device(dev.data(), host.data(), 4000);
     cuda_copy_to_host(back.data(), dev.data(), 4000);
@@ -30,7 +33,7 @@ TEST_CASE("device buffers round-trip through the registered CUDA allocator") {
 // buffers, repeating the step takes every block from the cache (no cudaMalloc), the tracker's
 // reserved bytes are the cache's, and release_cached() gives them back with cudaFree.
 TEST_CASE("device buffers reuse cached blocks: no cudaMalloc after warm-up") {
-  if (!cuda_cache_stats(0).caching) {
+  if (!cuda_cache_stats(cuda_current_device()).caching) {
     WARN("SHARDWISE_CUDA_CACHING=0: nothing to check");
     return;
   }
@@ -38,23 +41,96 @@ TEST_CASE("device buffers reuse cached blocks: no cudaMalloc after warm-up") {
   const std::vector<size_t> sizes = {4, 1000, 4096, 300000, size_t{3} << 20, size_t{40} << 20};
   auto step = [&] {
     std::vector<Buffer> bufs;
-    for (size_t s : sizes) bufs.emplace_back(s, Mem::Activations, Device::cuda(0));
+    for (size_t s : sizes) bufs.emplace_back(s, Mem::Activations, gpu());
     // Use one, so the reuse is exercised with real work on the legacy stream.
     cuda_copy_to_device(bufs[4].data(), host.data(), host.size() * 4);
     cuda_copy_to_host(back.data(), bufs[4].data(), host.size() * 4);
   };
   step();
-  const DeviceCacheStats w = cuda_cache_stats(0);
+  const DeviceCacheStats w = cuda_cache_stats(cuda_current_device());
   CHECK(MemTracker::global().reserved() >= w.reserved);  // the host pool adds its own (if any)
   for (int i = 0; i < 100; ++i) step();
-  const DeviceCacheStats s = cuda_cache_stats(0);
+  const DeviceCacheStats s = cuda_cache_stats(cuda_current_device());
   CHECK(s.raw_allocs == w.raw_allocs);
   CHECK(s.raw_frees == w.raw_frees);
   CHECK(s.reserved == w.reserved);
   CHECK(s.hits >= w.hits + 100 * sizes.size());
   CHECK(back == host);
   release_cached();
-  CHECK(cuda_cache_stats(0).cached == 0);
+  CHECK(cuda_cache_stats(cuda_current_device()).cached == 0);
+}
+
+TEST_CASE("ops_for names this process's device and refuses the others") {
+  CHECK(ops_for(gpu()).device() == gpu());
+  CHECK_THROWS(ops_for(Device::cuda(cuda_current_device() + 1)));
+  CHECK(cuda_compute_stream(cuda_current_device()) == ops_for(gpu()).stream().native_handle());
+  CHECK(cuda_compute_stream(cuda_current_device()) != nullptr);
+}
+
+TEST_CASE("copy_bytes: host to device, device to device, device to host, complete on return") {
+  const size_t n = size_t{5} << 20;
+  std::vector<uint8_t> h = payload(n / 4, DType::F32, 3);
+  Buffer a(n, Mem::Workspace, gpu()), b(n, Mem::Workspace, gpu());
+  copy_bytes(a.data(), gpu(), h.data(), Device::cpu(), n);
+  copy_bytes(b.data(), gpu(), a.data(), gpu(), n);
+  std::vector<uint8_t> back(n, 0);
+  copy_bytes(back.data(), Device::cpu(), b.data(), gpu(), n);
+  CHECK(back == h);
+}
+
+// A CudaEvent recorded on a held stream is not complete; the compute stream waits for it on the
+// device (wait_event returns at once); work enqueued after it runs after the held work.
+TEST_CASE("CudaEvent: ordering across streams without blocking the host") {
+  const int dev = cuda_current_device();
+  const Ops& ops = ops_for(gpu());
+  cudaStream_t side = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) == cudaSuccess);
+  const size_t n = 4096;
+  Buffer x(n * 4, Mem::Workspace, gpu()), three(n * 4, Mem::Workspace, gpu());
+  ops.fill(x.f32(), 1.f, n);
+  ops.fill(three.f32(), 3.f, n);
+  ops.stream().synchronize();
+  {
+    StreamGate gate(side);
+    // On the side stream, after the gate: x := 3 (a device-to-device copy: a copy from
+    // pageable host memory could make the host wait for the held stream).
+    REQUIRE(cudaMemcpyAsync(x.data(), three.data(), n * 4, cudaMemcpyDeviceToDevice, side) ==
+            cudaSuccess);
+    std::shared_ptr<CudaEvent> e = cuda_record_event(side, dev);
+    cuda_record_stream(x.data(), side, dev);
+    CHECK(e->native_handle() != nullptr);
+    CHECK_FALSE(e->query());
+    const auto t0 = std::chrono::steady_clock::now();
+    ops.stream().wait_event(*e);
+    CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 1.0);
+    ops.scale(x.f32(), 2.f, n);  // must see 3, not 1
+    CHECK_FALSE(e->query());
+    gate.open();
+    e->synchronize();
+    CHECK(e->query());
+    ops.stream().synchronize();
+  }
+  std::vector<float> got(n);
+  copy_bytes(got.data(), Device::cpu(), x.data(), gpu(), n * 4);
+  CHECK(got == std::vector<float>(n, 6.f));
+  cudaStreamDestroy(side);
+}
+
+TEST_CASE("Tier::Host pool blocks are pinned once the process uses its GPU") {
+  (void)cuda_current_device();  // registers host pinning
+  const size_t n = (size_t{9} << 20) + 12345;  // a size no earlier case left in the pool
+  Buffer h(n, Mem::Optimizer, Device::cpu(), Tier::Host);
+  CHECK(host_pinned(h.data()));
+  cudaPointerAttributes attr{};
+  REQUIRE(cudaPointerGetAttributes(&attr, h.data()) == cudaSuccess);
+  CHECK(attr.type == cudaMemoryTypeHost);
+  Buffer d(n, Mem::Optimizer, Device::cpu(), Tier::Device);  // the Device tier: not pinned
+  CHECK_FALSE(host_pinned(d.data()));
+  std::vector<uint8_t> src = payload(n / 4, DType::F32, 9);
+  std::memcpy(h.data(), src.data(), src.size());
+  Buffer g(n, Mem::Workspace, gpu());
+  copy_bytes(g.data(), gpu(), h.data(), Device::cpu(), src.size());
+  CHECK(download(g.data(), src.size()) == src);
 }
 
 int main(int argc, char** argv) {

@@ -38,7 +38,7 @@ using sw::DType;
 namespace {
 
 Backend cuda_backend(DType compute = DType::F32) {
-  return {std::string("cuda-") + sw::dtype_name(compute), &sw::ops_for(Device::cuda(0), compute),
+  return {std::string("cuda-") + sw::dtype_name(compute), &sw::ops_for(Device::cuda(sw::cuda_current_device()), compute),
           sw::cuda_copy_to_device, sw::cuda_copy_to_host};
 }
 
@@ -63,9 +63,9 @@ int registration_errors() {
   const sw::Ops* seen[3] = {};
   int i = 0;
   for (DType t : {DType::F32, DType::BF16, DType::F16}) {
-    const sw::Ops& o = sw::ops_for(Device::cuda(0), t);
-    if (o.device() != Device::cuda(0)) {
-      std::printf("FAIL: ops_for(cuda:0, %s) serves %s\n", sw::dtype_name(t),
+    const sw::Ops& o = sw::ops_for(Device::cuda(sw::cuda_current_device()), t);
+    if (o.device() != Device::cuda(sw::cuda_current_device())) {
+      std::printf("FAIL: ops_for(this process's GPU, %s) serves %s\n", sw::dtype_name(t),
                   o.device().str().c_str());
       ++bad;
     }
@@ -122,9 +122,9 @@ TEST_CASE("cuda ops: bf16 / fp16 Ops give bitwise-equal outputs twice") {
 }
 
 TEST_CASE("cuda ops: the three precisions share one compute stream") {
-  const sw::Ops& f32 = sw::ops_for(Device::cuda(0));
-  CHECK(&sw::ops_for(Device::cuda(0), DType::BF16).stream() == &f32.stream());
-  CHECK(&sw::ops_for(Device::cuda(0), DType::F16).stream() == &f32.stream());
+  const sw::Ops& f32 = sw::ops_for(Device::cuda(sw::cuda_current_device()));
+  CHECK(&sw::ops_for(Device::cuda(sw::cuda_current_device()), DType::BF16).stream() == &f32.stream());
+  CHECK(&sw::ops_for(Device::cuda(sw::cuda_current_device()), DType::F16).stream() == &f32.stream());
 }
 
 int main(int argc, char** argv) {
