@@ -107,7 +107,7 @@ class EmbedHead final : public Unit {
       dh = ctx.saved->f32("dlnf", sz(N, C));  // (N,C)
       ops.fill(dh, 0.f, sz(N, C));
     }
-    if (ctx.training) ctx.saved->f32("fused", 1)[0] = fused ? 1.f : 0.f;
+    if (ctx.training) ctx.saved->set_scalar("fused", fused ? 1.f : 0.f);
     const double s = ops.lmhead_xent(losses, dh, fused ? ctx.grad(lm) : nullptr, h, w,
                                      bt.targets, N, C, V, ctx.grad_scale);
     ctx.loss_sum += s;
@@ -115,13 +115,13 @@ class EmbedHead final : public Unit {
   }
 
   // Call 0 (embedding) allocates nothing. Call 1 (loss), training: lnf, its statistics, the
-  // fused head's dlnf and the fused flag saved, the per-row losses in scratch; backward uses
+  // fused head's dlnf saved (the fused flag is a host scalar), the per-row losses in scratch; backward uses
   // no scratch (the head's gradients came with forward). Inference: everything in scratch.
   ActivationDecl declare_activations(int call, BatchShape shape) const override {
     ActivationDecl d;
     if (call == 0) return d;
     const size_t B = size_t(shape.B), N = B * size_t(shape.T), C = size_t(c_.d_model);
-    d.saved = f32b(N * C) + 2 * f32b(N) + f32b(N * C) + f32b(1);  // lnf, mean, rstd, dlnf, fused
+    d.saved = f32b(N * C) + 2 * f32b(N) + f32b(N * C);  // lnf, mean, rstd, dlnf
     d.scratch_fwd = scrb(N);                                      // losses
     d.scratch_eval = scrb(N * C) + 2 * scrb(N) + scrb(N);         // lnf, mean, rstd, losses
     d.scratch_logits = 2 * scrb(B * C) + 2 * scrb(B);             // xl, hl, mean, rstd
@@ -144,7 +144,7 @@ class EmbedHead final : public Unit {
     const float* mean = ctx.saved->get("lnf_mean");
     const float* rstd = ctx.saved->get("lnf_rstd");
     const float* dh;
-    if (ctx.saved->get("fused")[0] != 0.f) {
+    if (ctx.saved->scalar("fused") != 0.f) {
       dh = ctx.saved->get("dlnf");
     } else {
       float* d = ctx.scratch->f32(sz(N, C));

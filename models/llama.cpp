@@ -311,19 +311,19 @@ class Head final : public Unit {
       dh = ctx.saved->f32("dhnorm", sz(N, C));  // (N,C)
       ops.fill(dh, 0.f, sz(N, C));
     }
-    if (ctx.training) ctx.saved->f32("fused", 1)[0] = fused ? 1.f : 0.f;
+    if (ctx.training) ctx.saved->set_scalar("fused", fused ? 1.f : 0.f);
     const double s = ops.lmhead_xent(losses, dh, fused ? ctx.grad(1) : nullptr, h, w,
                                      bt.targets, N, C, V, ctx.grad_scale);
     ctx.loss_sum += s;
     ctx.loss_count += count_targets(bt);
   }
 
-  // Training: hnorm, rstd, the fused head's dhnorm and the fused flag saved, the per-row
+  // Training: hnorm, rstd, the fused head's dhnorm saved (the fused flag: a host scalar), the per-row
   // losses in scratch; backward uses no scratch. Inference: everything in scratch.
   ActivationDecl declare_activations(int /*call*/, BatchShape shape) const override {
     const size_t B = size_t(shape.B), N = B * size_t(shape.T), C = size_t(c_.d_model);
     ActivationDecl d;
-    d.saved = f32b(N * C) + f32b(N) + f32b(N * C) + f32b(1);  // hnorm, rstd, dhnorm, fused
+    d.saved = f32b(N * C) + f32b(N) + f32b(N * C);  // hnorm, rstd, dhnorm
     d.scratch_fwd = scrb(N);                                  // losses
     d.scratch_eval = scrb(N * C) + scrb(N) + scrb(N);         // hnorm, rstd, losses
     d.scratch_logits = 2 * scrb(B * C) + scrb(B);             // xl, hl, rstd
@@ -337,7 +337,7 @@ class Head final : public Unit {
     ScratchScope guard{ctx.scratch};
     const float* h = ctx.saved->get("hnorm");
     const float* dh;
-    if (ctx.saved->get("fused")[0] != 0.f) {
+    if (ctx.saved->scalar("fused") != 0.f) {
       dh = ctx.saved->get("dhnorm");
     } else {
       float* d = ctx.scratch->f32(sz(N, C));

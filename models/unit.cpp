@@ -24,10 +24,10 @@ void* Saved::slot(std::string_view key, size_t bytes, Keep keep) {
   if (it != bufs_.end()) {
     it->second.keep = keep;
     if (it->second.buf.bytes() != bytes)  // size changed (another batch shape)
-      it->second.buf = Buffer(bytes, Mem::Activations);
+      it->second.buf = Buffer(bytes, Mem::Activations, device_);
     return it->second.buf.data();
   }
-  auto [pos, inserted] = bufs_.emplace(std::string(key), Slot{Buffer(bytes, Mem::Activations), keep});
+  auto [pos, inserted] = bufs_.emplace(std::string(key), Slot{Buffer(bytes, Mem::Activations, device_), keep});
   (void)inserted;
   return pos->second.buf.data();
 }
@@ -50,9 +50,18 @@ float* Saved::get(std::string_view key) const {
 
 bool Saved::has(std::string_view key) const { return bufs_.find(key) != bufs_.end(); }
 
+float Saved::scalar(std::string_view key) const {
+  auto it = scalars_.find(key);
+  SW_CHECK(it != scalars_.end(), "no saved scalar '" + std::string(key) + "'");
+  return it->second;
+}
+
 Saved& Saved::part(size_t j) {
   if (parts_.size() <= j) parts_.resize(j + 1);
-  if (!parts_[j]) parts_[j] = std::make_unique<Saved>();
+  if (!parts_[j]) {
+    parts_[j] = std::make_unique<Saved>();
+    parts_[j]->set_device(device_);
+  }
   return *parts_[j];
 }
 
@@ -75,6 +84,7 @@ size_t Saved::cheap_bytes() const {
 
 void Saved::clear() {
   bufs_.clear();
+  scalars_.clear();
   for (auto& p : parts_)
     if (p) p->clear();
 }
@@ -114,7 +124,7 @@ std::vector<Buffer*> Saved::reattach() {
   for (auto& kv : bufs_) {
     Slot& sl = kv.second;
     if (sl.detached == 0) continue;
-    sl.buf = Buffer(sl.detached, Mem::Activations);
+    sl.buf = Buffer(sl.detached, Mem::Activations, device_);
     sl.detached = 0;
     out.push_back(&sl.buf);
   }
@@ -169,7 +179,7 @@ float* Scratch::f32(size_t n) {
     size_t total = 0;
     for (const Buffer& b : blocks_) total += block_floats(b);
     blocks_.clear();
-    blocks_.emplace_back(total * sizeof(float), Mem::Workspace);
+    blocks_.emplace_back(total * sizeof(float), Mem::Workspace, device_);
     cur_ = off_ = 0;
   }
   if (blocks_.empty() || off_ + n > block_floats(blocks_[cur_])) {
@@ -177,7 +187,7 @@ float* Scratch::f32(size_t n) {
     while (next < blocks_.size() && block_floats(blocks_[next]) < n) ++next;
     if (next >= blocks_.size()) {
       const size_t cap = blocks_.empty() ? 0 : block_floats(blocks_.back());
-      blocks_.emplace_back(std::max(n, 2 * cap) * sizeof(float), Mem::Workspace);
+      blocks_.emplace_back(std::max(n, 2 * cap) * sizeof(float), Mem::Workspace, device_);
       next = blocks_.size() - 1;
     }
     cur_ = next;
@@ -201,7 +211,7 @@ void Scratch::reserve(size_t bytes) {
   const size_t floats = bytes_for(bytes / sizeof(float) + (bytes % sizeof(float) != 0)) / sizeof(float);
   if (blocks_.size() == 1 && block_floats(blocks_[0]) >= floats) return;
   blocks_.clear();
-  blocks_.emplace_back(floats * sizeof(float), Mem::Workspace);
+  blocks_.emplace_back(floats * sizeof(float), Mem::Workspace, device_);
   cur_ = off_ = 0;
 }
 

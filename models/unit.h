@@ -50,6 +50,10 @@ class Saved {
   int32_t* i32(std::string_view key, size_t n, Keep keep = Keep::Always);
   float* get(std::string_view key) const;  // throws if absent
   bool has(std::string_view key) const;
+  // A scalar kept on the host (a flag forward leaves for backward): no device memory, so the
+  // host reads it without a copy. scalar() throws if absent.
+  void set_scalar(std::string_view key, float v) { scalars_[std::string(key)] = v; }
+  float scalar(std::string_view key) const;
   // The nested Saved of part j of a composite unit (sharding/wrap.cpp), owned by this one.
   // bytes(), cheap_bytes(), clear() and drop_cheap() include the parts.
   Saved& part(size_t j);
@@ -68,6 +72,10 @@ class Saved {
   // returns them to be read into. Between the two, get() of a detached buffer is an error.
   std::vector<Buffer> detach();
   std::vector<Buffer*> reattach();
+  // Where new buffers (and parts' buffers) are allocated: the device the unit computes on
+  // (the CPU unless the engine says otherwise).
+  void set_device(Device d) { device_ = d; }
+  Device device() const { return device_; }
  private:
   struct Slot {
     Buffer buf;
@@ -77,6 +85,8 @@ class Saved {
   void* slot(std::string_view key, size_t bytes, Keep keep);
   std::map<std::string, Slot, std::less<>> bufs_;
   std::vector<std::unique_ptr<Saved>> parts_;
+  std::map<std::string, float, std::less<>> scalars_;
+  Device device_;
 };
 
 // Temporary memory for one call, released (for reuse) when the call returns. Tracked as
@@ -98,6 +108,9 @@ class Scratch {
   size_t live_bytes() const { return live_ * sizeof(float); }
   size_t high_water() const { return high_ * sizeof(float); }
   void reset_high_water() { high_ = live_; }
+  // Where the blocks are allocated (the CPU unless the engine says otherwise); only before
+  // the first block.
+  void set_device(Device d) { device_ = d; }
   static constexpr size_t bytes_for(size_t n) {
     return (n == 0 ? kAlign : (n + kAlign - 1) / kAlign * kAlign) * sizeof(float);
   }
@@ -129,6 +142,7 @@ class Scratch {
   size_t live_ = 0;  // floats handed out (all blocks) since the last reset to zero
   size_t high_ = 0;  // most of live_ since reset_high_water()
   Hold::Pos floor_;  // where reset() returns to
+  Device device_;
 };
 
 struct Batch {

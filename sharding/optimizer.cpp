@@ -87,16 +87,36 @@ void ShardedModel::Impl::update_unit(FlatUnit& fu, const ExecState& st, int64_t 
   const AdamWParams& p = *st.adam;
   const Range shard = fu.shard_range();
   const Range part{shard.lo + lo, shard.lo + hi};
+  // Moments in host memory with the rest on a device (offload_optimizer cpu on a GPU): the
+  // update runs on the CPU with the CPU's AdamW (ZeRO-Offload), on host copies of this part of
+  // the master and gradient shard; the updated master goes back. Same arithmetic as on the
+  // device's AdamW where that equals the CPU's (the simulated accelerator: bit for bit).
+  const bool on_host = fu.moments_on_host();
+  const Ops& o = on_host ? ops_for(Device::cpu()) : *ops;
+  float* master = fu.master() + lo;
+  const float* grad = fu.grad_shard() + lo;
+  const size_t n = static_cast<size_t>(hi - lo);
+  if (on_host) {
+    if (opt_host.bytes() < 2 * n * sizeof(float))
+      opt_host = Buffer(2 * n * sizeof(float), Mem::Optimizer, Device::cpu(), Tier::Host);
+    copy_bytes(opt_host.f32(), Device::cpu(), master, ops->device(), n * sizeof(float));
+    copy_bytes(opt_host.f32() + n, Device::cpu(), grad, ops->device(), n * sizeof(float));
+    master = opt_host.f32();
+    grad = opt_host.f32() + n;
+  }
   for (size_t s = 0; s < fu.layout().specs.size(); ++s) {
     const FlatEntry& e = fu.layout().entries[s];
     const Range r = intersect(part, {e.offset, e.offset + e.numel});
     if (r.empty()) continue;
-    const size_t off = static_cast<size_t>(r.lo - shard.lo);
+    const size_t off = static_cast<size_t>(r.lo - shard.lo);  // into the shard
+    const size_t poff = static_cast<size_t>(r.lo - part.lo);  // into this part
     const float wd = fu.layout().specs[s].weight_decay ? p.weight_decay : 0.f;
-    ops->adamw(fu.master() + off, fu.grad_shard() + off, fu.adam_m() + off, fu.adam_v() + off,
-               static_cast<size_t>(r.hi - r.lo), st.lr, p.beta1, p.beta2, p.eps, wd, st.step,
-               st.grad_mult);
+    o.adamw(master + poff, grad + poff, fu.adam_m() + off, fu.adam_v() + off,
+            static_cast<size_t>(r.hi - r.lo), st.lr, p.beta1, p.beta2, p.eps, wd, st.step,
+            st.grad_mult);
   }
+  if (on_host)
+    copy_bytes(fu.master() + lo, ops->device(), opt_host.f32(), Device::cpu(), n * sizeof(float));
   // A split fp32 master with one rank re-rounds the compute copy (no communication); stage 1's
   // all-gather of the updated slices is the plan's Regather action.
   if (fu.kind() == FlatUnit::Kind::Whole && hi == fu.shard_size()) fu.issue_regather();

@@ -83,12 +83,14 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
   I.shard_host = I.shard;
   const Device dev = ops.device();
   if (!dev.is_cpu()) {
-    // Offload moves state between the device and the host tiers with the host's Ops; the
-    // device path of that is not built yet (docs/ARCHITECTURE.md, "The engine on a device").
-    if (policy.offload_optimizer.device != OffloadDevice::None ||
+    // Offload of parameters, and to NVMe, moves state between the device and the host with the
+    // host's Ops; that device path is not built yet (docs/ARCHITECTURE.md, "The engine on a
+    // device"). The optimizer's moments on the host are (the update runs on the CPU).
+    if (policy.offload_optimizer.device == OffloadDevice::Nvme ||
         policy.offload_param.device != OffloadDevice::None)
-      fail("offload", "offload_optimizer / offload_param with device " + dev.str() +
-                          ": not supported yet (activation offload to cpu is)");
+      fail("offload", "offload_optimizer 'nvme' / offload_param with device " + dev.str() +
+                          ": not supported yet (offload_optimizer 'cpu' and activation offload "
+                          "'cpu' are)");
     if (policy.activation_checkpointing.offload_nvme)
       fail("offload", "activation_checkpointing.offload 'nvme' with device " + dev.str() +
                           ": not supported yet (use 'cpu')");
@@ -145,6 +147,8 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
   }
   I.acts.resize(model.schedule.size());
   I.saved.resize(model.schedule.size());
+  for (Saved& sv : I.saved) sv.set_device(ops.device());
+  I.scratch.set_device(ops.device());
   I.recompute.assign(model.schedule.size(), CheckpointMode::Off);
   I.opt_plan = plan_optimizer(I.plan_in);
   I.flush_plan = plan_flush(I.plan_in);

@@ -152,6 +152,9 @@ struct ShardedModel::Impl {
   GroupPtr world, shard, rep, shard_host;
   // A batch on the device (its tokens and targets copied there), for a non-CPU device.
   Buffer batch_tokens, batch_targets;
+  // Host copies of a part of a master and gradient shard for an update on the CPU
+  // (FlatUnit::moments_on_host), grown to the largest part, kept.
+  Buffer opt_host;
   Batch dev_batch;
   const Batch& on_device(const Batch& b);
   int W = 1, S = 1, R = 1;

@@ -48,9 +48,10 @@ FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const O
   layout_ = FlatLayout::build(unit->params(), S);
   const int64_t P = layout_.padded, Sh = layout_.shard_size();
   const Device dev = ops.device();
+  // Tier::Device buffers live on the Ops' device, the offload tiers on the CPU (zeroed there).
   auto zeroed = [&](Buffer& b, int64_t n, Mem cat, Tier tier = Tier::Device) {
     b = Buffer(fbytes(n), cat, tier == Tier::Device ? dev : Device::cpu(), tier);
-    ops.fill(b.f32(), 0.f, static_cast<size_t>(n));
+    (tier == Tier::Device ? ops : ops_for(Device::cpu())).fill(b.f32(), 0.f, static_cast<size_t>(n));
     return b.f32();
   };
   switch (kind) {

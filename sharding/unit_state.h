@@ -173,6 +173,9 @@ class FlatUnit {
   float* adam_m() const { return m_ptr_; }
   float* adam_v() const { return v_ptr_; }
   bool moments_on_nvme() const { return nvme_; }
+  // The AdamW moments in host memory while the unit's state is on a device (offload_optimizer
+  // cpu on a GPU): its update runs on the CPU (ShardedModel::Impl::update_unit).
+  bool moments_on_host() const { return !nvme_ && !m_.empty() && m_.device().is_cpu() && !ops_->device().is_cpu(); }
   void stage_moments(float* m, float* v) { m_ptr_ = m, v_ptr_ = v; }
   // param_tier Tier::Nvme (Kind::Sharded only): the master and reduced gradient shards live
   // in the NVMe file; master() / grad_shard() are null except while the executor has staged

@@ -111,6 +111,10 @@ Arena& arena() {
   static Arena* a = new Arena;  // never destroyed: buffers may be freed at static destruction
   return *a;
 }
+bool arena_owns(const void* p) {
+  const char* c = static_cast<const char*>(p);
+  return c >= arena().base && c < arena().base + kArena;
+}
 
 struct Open {
   Open() { arena().open_up(); }
@@ -146,6 +150,16 @@ void on_segv(int sig, siginfo_t* info, void* ctx) {
   raise(sig);
 }
 
+// A device op given host memory (a GPU kernel would fault or read garbage): a test failure
+// with the op and argument named. Null pointers are allowed (optional arguments).
+void on_device(const char* op, const char* arg, const void* p) {
+  if (!p || arena_owns(p)) return;
+  std::fprintf(stderr, "sim device: %s's argument %s (%p) is not device memory\n", op, arg, p);
+  void* frames[64];
+  backtrace_symbols_fd(frames, backtrace(frames, 64), 2);
+  _exit(87);
+}
+
 class SimOps final : public sw::Ops {
  public:
   explicit SimOps(sw::DType compute) : base_(&sw::ops_for(sw::Device::cpu(), compute)) {}
@@ -153,126 +167,232 @@ class SimOps final : public sw::Ops {
   // Every op of sw::Ops, forwarded to the CPU's inside an Open.
   void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) const override {
     Open g;
+    on_device(__func__, "A", A);
+    on_device(__func__, "B", B);
+    on_device(__func__, "C", C);
     base_->gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
   void linear_forward(float* out, const float* inp, const float* w, const float* b, int N, int C, int OC) const override {
     Open g;
+    on_device(__func__, "out", out);
+    on_device(__func__, "inp", inp);
+    on_device(__func__, "w", w);
+    on_device(__func__, "b", b);
     base_->linear_forward(out, inp, w, b, N, C, OC);
   }
   void linear_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w, int N, int C, int OC) const override {
     Open g;
+    on_device(__func__, "dinp", dinp);
+    on_device(__func__, "dw", dw);
+    on_device(__func__, "db", db);
+    on_device(__func__, "dout", dout);
+    on_device(__func__, "inp", inp);
+    on_device(__func__, "w", w);
     base_->linear_backward(dinp, dw, db, dout, inp, w, N, C, OC);
   }
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) const override {
     Open g;
+    on_device(__func__, "out", out);
+    on_device(__func__, "tokens", tokens);
+    on_device(__func__, "wte", wte);
+    on_device(__func__, "wpe", wpe);
     base_->embedding_forward(out, tokens, wte, wpe, B, T, C);
   }
   void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) const override {
     Open g;
+    on_device(__func__, "dwte", dwte);
+    on_device(__func__, "dwpe", dwpe);
+    on_device(__func__, "dout", dout);
+    on_device(__func__, "tokens", tokens);
     base_->embedding_backward(dwte, dwpe, dout, tokens, B, T, C);
   }
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int N, int C) const override {
     Open g;
+    on_device(__func__, "out", out);
+    on_device(__func__, "mean", mean);
+    on_device(__func__, "rstd", rstd);
+    on_device(__func__, "inp", inp);
+    on_device(__func__, "w", w);
+    on_device(__func__, "b", b);
     base_->layernorm_forward(out, mean, rstd, inp, w, b, N, C);
   }
   void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w, const float* mean, const float* rstd, int N, int C) const override {
     Open g;
+    on_device(__func__, "dinp", dinp);
+    on_device(__func__, "dw", dw);
+    on_device(__func__, "db", db);
+    on_device(__func__, "dout", dout);
+    on_device(__func__, "inp", inp);
+    on_device(__func__, "w", w);
+    on_device(__func__, "mean", mean);
+    on_device(__func__, "rstd", rstd);
     base_->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
   }
   void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C, float eps) const override {
     Open g;
+    on_device(__func__, "out", out);
+    on_device(__func__, "rstd", rstd);
+    on_device(__func__, "inp", inp);
+    on_device(__func__, "w", w);
     base_->rmsnorm_forward(out, rstd, inp, w, N, C, eps);
   }
   void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, const float* rstd, int N, int C) const override {
     Open g;
+    on_device(__func__, "dinp", dinp);
+    on_device(__func__, "dw", dw);
+    on_device(__func__, "dout", dout);
+    on_device(__func__, "inp", inp);
+    on_device(__func__, "w", w);
+    on_device(__func__, "rstd", rstd);
     base_->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
   }
   void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a, const float* b, const float* w, const float* bias, int N, int C) const override {
     Open g;
+    on_device(__func__, "res", res);
+    on_device(__func__, "out", out);
+    on_device(__func__, "mean", mean);
+    on_device(__func__, "rstd", rstd);
+    on_device(__func__, "a", a);
+    on_device(__func__, "b", b);
+    on_device(__func__, "w", w);
+    on_device(__func__, "bias", bias);
     base_->residual_layernorm_forward(res, out, mean, rstd, a, b, w, bias, N, C);
   }
   void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a, const float* b, const float* w, int N, int C, float eps) const override {
     Open g;
+    on_device(__func__, "res", res);
+    on_device(__func__, "out", out);
+    on_device(__func__, "rstd", rstd);
+    on_device(__func__, "a", a);
+    on_device(__func__, "b", b);
+    on_device(__func__, "w", w);
     base_->residual_rmsnorm_forward(res, out, rstd, a, b, w, N, C, eps);
   }
   void gelu_forward(float* out, const float* inp, size_t n) const override {
     Open g;
+    on_device(__func__, "out", out);
+    on_device(__func__, "inp", inp);
     base_->gelu_forward(out, inp, n);
   }
   void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const override {
     Open g;
+    on_device(__func__, "dinp", dinp);
+    on_device(__func__, "inp", inp);
+    on_device(__func__, "dout", dout);
     base_->gelu_backward(dinp, inp, dout, n);
   }
   void swiglu_forward(float* out, const float* gu, int N, int F) const override {
     Open g;
+    on_device(__func__, "out", out);
+    on_device(__func__, "gu", gu);
     base_->swiglu_forward(out, gu, N, F);
   }
   void swiglu_backward(float* dgu, const float* dout, const float* gu, int N, int F) const override {
     Open g;
+    on_device(__func__, "dgu", dgu);
+    on_device(__func__, "dout", dout);
+    on_device(__func__, "gu", gu);
     base_->swiglu_backward(dgu, dout, gu, N, F);
   }
   void residual_forward(float* out, const float* a, const float* b, size_t n) const override {
     Open g;
+    on_device(__func__, "out", out);
+    on_device(__func__, "a", a);
+    on_device(__func__, "b", b);
     base_->residual_forward(out, a, b, n);
   }
   void rope_forward(float* qkv, int B, int T, int H, int KVH, int hd, float theta) const override {
     Open g;
+    on_device(__func__, "qkv", qkv);
     base_->rope_forward(qkv, B, T, H, KVH, hd, theta);
   }
   void rope_backward(float* dqkv, int B, int T, int H, int KVH, int hd, float theta) const override {
     Open g;
+    on_device(__func__, "dqkv", dqkv);
     base_->rope_backward(dqkv, B, T, H, KVH, hd, theta);
   }
   void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KVH, int hd) const override {
     Open g;
+    on_device(__func__, "out", out);
+    on_device(__func__, "lse", lse);
+    on_device(__func__, "qkv", qkv);
     base_->attention_forward(out, lse, qkv, B, T, H, KVH, hd);
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B, int T, int H, int KVH, int hd) const override {
     Open g;
+    on_device(__func__, "dqkv", dqkv);
+    on_device(__func__, "dout", dout);
+    on_device(__func__, "qkv", qkv);
+    on_device(__func__, "out", out);
+    on_device(__func__, "lse", lse);
     base_->attention_backward(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd);
   }
   double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w, const int32_t* targets, int N, int C, int V, float grad_scale) const override {
     Open g;
+    on_device(__func__, "loss", loss);
+    on_device(__func__, "dx", dx);
+    on_device(__func__, "dw", dw);
+    on_device(__func__, "x", x);
+    on_device(__func__, "w", w);
+    on_device(__func__, "targets", targets);
     return base_->lmhead_xent(loss, dx, dw, x, w, targets, N, C, V, grad_scale);
   }
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2, float eps, float wd, int step, float grad_mult) const override {
     Open g;
+    on_device(__func__, "param", param);
+    on_device(__func__, "grad", grad);
+    on_device(__func__, "m", m);
+    on_device(__func__, "v", v);
     base_->adamw(param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult);
   }
   double sum_squares(const float* x, size_t n) const override {
     Open g;
+    on_device(__func__, "x", x);
     return base_->sum_squares(x, n);
   }
   void scale(float* x, float a, size_t n) const override {
     Open g;
+    on_device(__func__, "x", x);
     base_->scale(x, a, n);
   }
   void fill(float* x, float v, size_t n) const override {
     Open g;
+    on_device(__func__, "x", x);
     base_->fill(x, v, n);
   }
   void add_inplace(float* y, const float* x, size_t n) const override {
     Open g;
+    on_device(__func__, "y", y);
+    on_device(__func__, "x", x);
     base_->add_inplace(y, x, n);
   }
   void copy(float* dst, const float* src, size_t n) const override {
     Open g;
+    on_device(__func__, "dst", dst);
+    on_device(__func__, "src", src);
     base_->copy(dst, src, n);
   }
   void narrow(sw::DType dt, const float* src, void* dst, size_t n) const override {
     Open g;
+    on_device(__func__, "src", src);
+    on_device(__func__, "dst", dst);
     base_->narrow(dt, src, dst, n);
   }
   void widen(sw::DType dt, const void* src, float* dst, size_t n) const override {
     Open g;
+    on_device(__func__, "src", src);
+    on_device(__func__, "dst", dst);
     base_->widen(dt, src, dst, n);
   }
   void add_widened(sw::DType dt, const void* src, float* dst, size_t n) const override {
     Open g;
+    on_device(__func__, "src", src);
+    on_device(__func__, "dst", dst);
     base_->add_widened(dt, src, dst, n);
   }
   void round_to(sw::DType dt, float* x, size_t n) const override {
     Open g;
+    on_device(__func__, "x", x);
     base_->round_to(dt, x, n);
   }
 
@@ -329,9 +449,6 @@ bool sim_device_open() {
   std::lock_guard<std::mutex> l(arena().mu);
   return arena().open > 0;
 }
-bool sim_device_owns(const void* p) {
-  const char* c = static_cast<const char*>(p);
-  return c >= arena().base && c < arena().base + kArena;
-}
+bool sim_device_owns(const void* p) { return arena_owns(p); }
 
 }  // namespace swtest

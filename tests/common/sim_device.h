@@ -2,7 +2,8 @@
 // memory in one reserved arena that is mapped PROT_NONE except while one of the device's own
 // ops or copies runs, so host code that reads or writes device memory directly (instead of
 // through Ops or copy_bytes) faults at once. The handler names the address and prints a
-// backtrace. The ops are the CPU's (bitwise the CPU results) wrapped in that opening and
+// backtrace; and an op given host memory for any pointer argument exits with 87, naming the op
+// and the argument (a GPU kernel cannot read pageable host memory). The ops are the CPU's (bitwise the CPU results) wrapped in that opening and
 // closing; the stream is the host stream. Registered at program start by linking the
 // sw_sim_device library whole; serves Device::sim(0) with fp32, bf16 and fp16 compute.
 //

@@ -122,13 +122,21 @@ TEST_CASE("sim device: copies round-trip and a host access faults", "[device]") 
 
 TEST_CASE("sim device: ShardedModel trains bit-identically to the CPU", "[device]") {
   for (const char* type : {"gpt2", "llama"}) {
-    for (DType pdt : {DType::F32, DType::BF16}) {
-      INFO(type << " param_dtype " << dtype_name(pdt));
+    for (DType pdt : {DType::F32, DType::BF16})
+    for (int offload = 0; offload < 3; ++offload) {
+      // 0: none; 1: the AdamW moments of half the units on the host (updated on the CPU);
+      // 2: activations kept for backward moved to the host between forward and backward.
+      INFO(type << " param_dtype " << dtype_name(pdt) << " offload case " << offload);
       const ModelConfig cfg = tiny(type);
       ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
       pol.mixed_precision.param_dtype = pdt;
       pol.activation_checkpointing.mode = CheckpointMode::Full;  // recompute too
       pol.activation_checkpointing.every = 2;
+      if (offload == 1) {
+        pol.offload_optimizer.device = OffloadDevice::Cpu;
+        pol.offload_optimizer.ratio = 0.5;
+      }
+      if (offload == 2) pol.activation_checkpointing.offload_cpu = true;
       const Run cpu = train(cfg, ops_for(Device::cpu()), pol, make_local_group());
       const Run dev =
           train(cfg, ops_for(Device::sim(0)), pol, device_group(make_local_group(), Device::sim(0)));
