@@ -6,21 +6,25 @@
 # installed; CMake finds them there through CMAKE_PREFIX_PATH and the programs through the
 # prefix's env.sh (PATH, LD_LIBRARY_PATH, OpenMPI's OPAL_PREFIX).
 #
-#   bash scripts/gpu_build.sh [--facts-only | --build | --test | --unit]... [options]
+#   bash scripts/gpu_build.sh [--facts-only | --build | --test | --bench | --unit]... [options]
 #     --facts-only  print what this script relies on about the machine and check it; nothing else
 #     --unpack      that, then unpack the packages into the prefix and check that they load (ldd)
 #     --build       unpack the packages, configure (-DSW_CUDA=ON, Release) and build the CUDA
 #                   tests and benchmarks
 #     --test        that, then run them: ctest -L cuda, the other cuda_* tests, bench*cuda* if any
+#     --bench       unpack, configure, build the shardwise tool, then run bench/gpu_vs_torch.sh:
+#                   Shardwise against PyTorch eager and torch.compile on GPT-2 124M and a 1.3B
+#                   Llama (~4-6 minutes; BENCH_ARGS adds its options, e.g. BENCH_ARGS=--quick
+#                   for GPT-2 only); its table, JSON and run logs go with the other logs
 #     --unit        build everything, then ctest -L unit and one 2-rank MPI test (comm_mpi_np2)
-#     (nothing)     all of it: --test --unit
+#     (nothing)     --test --unit (not --bench)
 #   options: --prefix=DIR (or SW_PREFIX; default /tmp/swprefix), --arch=LIST (or CUDA_ARCHS;
 #   default 90), --build-dir=DIR (or BUILD_DIR; default build-gpu), -jN (or JOBS; default nproc)
 #
 # Every phase first does what it needs and the machine lacks (the prefix carries a stamp, ninja
 # builds only what changed), so one lease can be spent in pieces on a warm machine: --build,
-# then --test, then --unit. The facts are printed first on every run, so any run's output tells
-# the next session what the machine has. Logs go to $OUT/gpu_build/ when OUT is set (the device
+# then --test, then --bench, then --unit. The facts are printed first on every run, so any run's
+# output tells the next session what the machine has. Logs go to $OUT/gpu_build/ when OUT is set (the device
 # tool returns what is under $OUT), else to <build-dir>/logs/; a summary table is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -31,7 +35,7 @@ prefix=${SW_PREFIX:-/tmp/swprefix}
 archs=${CUDA_ARCHS:-90}
 build=${BUILD_DIR:-build-gpu}
 jobs=${JOBS:-$(nproc)}
-facts_only="" do_unpack="" do_build="" do_test="" do_unit=""
+facts_only="" do_unpack="" do_build="" do_test="" do_unit="" do_bench=""
 for a in "$@"; do
   case "$a" in
     --facts-only) facts_only=1 ;;
@@ -39,6 +43,7 @@ for a in "$@"; do
     --build) do_build=1 ;;
     --test) do_build=1 do_test=1 ;;
     --unit) do_unit=1 ;;
+    --bench) do_bench=1 ;;
     --prefix=*) prefix=${a#*=} ;;
     --arch=*) archs=${a#*=} ;;
     --build-dir=*) build=${a#*=} ;;
@@ -47,7 +52,7 @@ for a in "$@"; do
     *) echo "gpu_build: unknown argument '$a' (--help lists them)" >&2; exit 2 ;;
   esac
 done
-[ -n "$facts_only$do_unpack$do_build$do_unit" ] || do_build=1 do_test=1 do_unit=1
+[ -n "$facts_only$do_unpack$do_build$do_unit$do_bench" ] || do_build=1 do_test=1 do_unit=1
 case $prefix in /*) ;; *) prefix=$repo/$prefix ;; esac
 case $build in /*) ;; *) build=$repo/$build ;; esac
 gpu=$repo/.gpu
@@ -325,7 +330,7 @@ unpack 2>&1 | tee "$logs/unpack.log"
 [ "${PIPESTATUS[0]}" = 0 ] || fail unpack "see $logs/unpack.log"
 note unpack "$(($(wc -w <"$prefix/.sw_stamp") - 1)) packages in $prefix"
 . "$prefix/env.sh"
-[ -n "$do_build$do_unit" ] || finish 0
+[ -n "$do_build$do_unit$do_bench" ] || finish 0
 
 # ---- configure and build ----------------------------------------------------------------------
 if ! cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSW_CUDA=ON \
@@ -396,6 +401,25 @@ if [ -n "$do_test" ]; then
     tail -20 "$logs/$b.log"
   done
   [ -n "$benches" ] || note bench "no CUDA benchmarks in bench/ yet"
+fi
+
+# ---- the comparison with PyTorch (bench/gpu_vs_torch.sh) ---------------------------------------
+if [ -n "$do_bench" ]; then
+  echo "== Shardwise vs PyTorch (bench/gpu_vs_torch.sh ${BENCH_ARGS:-})"
+  if ! cmake --build "$build" -j "$jobs" --target shardwise >"$logs/build_shardwise.log" 2>&1; then
+    grep -E 'error|FAILED' "$logs/build_shardwise.log" | head -20
+    fail build_tool "see $logs/build_shardwise.log"
+  fi
+  note build_tool "tools/shardwise"
+  # shellcheck disable=SC2086
+  bash "$repo/bench/gpu_vs_torch.sh" --build "$build" --out "$logs" ${BENCH_ARGS:-} 2>&1 |
+    tee "$logs/bench.log"
+  if [ "${PIPESTATUS[0]}" = 0 ]; then
+    note bench "ok (gpu_vs_torch.txt, gpu_vs_torch.json)"
+  else
+    note bench "FAILED or incomplete (gpu_vs_torch.txt, bench.log)"
+    status=1
+  fi
 fi
 
 if [ -n "$do_unit" ]; then
