@@ -355,9 +355,9 @@ done < <(grep -E "^($(echo MPI_C_COMPILER MPIEXEC_EXECUTABLE MPI_mpi_LIBRARY SW_
   CMAKE_CUDA_COMPILER CMAKE_CXX_COMPILER | tr ' ' '|')):" "$build/CMakeCache.txt")
 note configure "CUDA archs $archs; $outside dependencies outside the prefix"
 
-# The CUDA test and benchmark executables: test_cuda*, and bench* with cuda in the name.
+# The CUDA test and benchmark executables: test_cuda*, test_nccl*, and bench* with cuda in the name.
 cuda_targets=$(ninja -C "$build" -t targets all 2>/dev/null |
-  sed -n 's/^\(test_cuda[a-z0-9_]*\|bench[a-z0-9_]*cuda[a-z0-9_]*\): phony$/\1/p' | sort -u)
+  sed -n 's/^\(test_cuda[a-z0-9_]*\|test_nccl[a-z0-9_]*\|bench[a-z0-9_]*cuda[a-z0-9_]*\): phony$/\1/p' | sort -u)
 if [ -n "$do_build" ]; then
   [ -n "$cuda_targets" ] || fail build "no test_cuda* targets: the CUDA backend is not configured"
   # shellcheck disable=SC2086
