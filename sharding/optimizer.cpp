@@ -27,7 +27,7 @@ double ShardedModel::grad_norm() const {
     if (fu->params_on_nvme())  // summed when its last reduction was accumulated
       ss += fu->grads_zero() ? 0.0 : I.pnvme->sumsq[static_cast<size_t>(fu->index())];
     else
-      ss += I.ops->sum_squares(fu->grad_shard(), static_cast<size_t>(fu->shard_size()));
+      ss += fu->ops_on(fu->grad_device()).sum_squares(fu->grad_shard(), static_cast<size_t>(fu->shard_size()));
   return std::sqrt(sum_over_ranks(*I.shard_host, ss));
 }
 
@@ -87,22 +87,30 @@ void ShardedModel::Impl::update_unit(FlatUnit& fu, const ExecState& st, int64_t 
   const AdamWParams& p = *st.adam;
   const Range shard = fu.shard_range();
   const Range part{shard.lo + lo, shard.lo + hi};
-  // Moments in host memory with the rest on a device (offload_optimizer cpu on a GPU): the
-  // update runs on the CPU with the CPU's AdamW (ZeRO-Offload), on host copies of this part of
-  // the master and gradient shard; the updated master goes back. Same arithmetic as on the
-  // device's AdamW where that equals the CPU's (the simulated accelerator: bit for bit).
+  // On a device with the moments in host memory (offload_optimizer cpu; offload_param cpu puts
+  // the master and gradient shards there too): the update runs on the CPU with the CPU's AdamW
+  // (ZeRO-Offload), over host copies of whichever of this part's master and gradient are on the
+  // device; an updated device master is copied back. Same arithmetic as the device's AdamW
+  // where that equals the CPU's (the simulated accelerator: bit for bit).
+  const Device dev = ops->device();
   const bool on_host = fu.moments_on_host();
+  const bool copy_master = on_host && !fu.master_device().is_cpu();
+  const bool copy_grad = on_host && !fu.grad_device().is_cpu();
   const Ops& o = on_host ? ops_for(Device::cpu()) : *ops;
   float* master = fu.master() + lo;
   const float* grad = fu.grad_shard() + lo;
   const size_t n = static_cast<size_t>(hi - lo);
-  if (on_host) {
+  if (copy_master || copy_grad) {
     if (opt_host.bytes() < 2 * n * sizeof(float))
       opt_host = Buffer(2 * n * sizeof(float), Mem::Optimizer, Device::cpu(), Tier::Host);
-    copy_bytes(opt_host.f32(), Device::cpu(), master, ops->device(), n * sizeof(float));
-    copy_bytes(opt_host.f32() + n, Device::cpu(), grad, ops->device(), n * sizeof(float));
-    master = opt_host.f32();
-    grad = opt_host.f32() + n;
+    if (copy_master) {
+      copy_bytes(opt_host.f32(), Device::cpu(), master, dev, n * sizeof(float));
+      master = opt_host.f32();
+    }
+    if (copy_grad) {
+      copy_bytes(opt_host.f32() + n, Device::cpu(), grad, dev, n * sizeof(float));
+      grad = opt_host.f32() + n;
+    }
   }
   for (size_t s = 0; s < fu.layout().specs.size(); ++s) {
     const FlatEntry& e = fu.layout().entries[s];
@@ -115,8 +123,8 @@ void ShardedModel::Impl::update_unit(FlatUnit& fu, const ExecState& st, int64_t 
             static_cast<size_t>(r.hi - r.lo), st.lr, p.beta1, p.beta2, p.eps, wd, st.step,
             st.grad_mult);
   }
-  if (on_host)
-    copy_bytes(fu.master() + lo, ops->device(), opt_host.f32(), Device::cpu(), n * sizeof(float));
+  if (copy_master)
+    copy_bytes(fu.master() + lo, dev, opt_host.f32(), Device::cpu(), n * sizeof(float));
   // A split fp32 master with one rank re-rounds the compute copy (no communication); stage 1's
   // all-gather of the updated slices is the plan's Regather action.
   if (fu.kind() == FlatUnit::Kind::Whole && hi == fu.shard_size()) fu.issue_regather();

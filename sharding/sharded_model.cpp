@@ -83,14 +83,19 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
   I.shard_host = I.shard;
   const Device dev = ops.device();
   if (!dev.is_cpu()) {
-    // Offload of parameters, and to NVMe, moves state between the device and the host with the
-    // host's Ops; that device path is not built yet (docs/ARCHITECTURE.md, "The engine on a
-    // device"). The optimizer's moments on the host are (the update runs on the CPU).
+    // Offload to NVMe with a device is not built yet (docs/ARCHITECTURE.md, "The engine on a
+    // device"); offload to the host is: shards and moments there, the update on the CPU.
     if (policy.offload_optimizer.device == OffloadDevice::Nvme ||
-        policy.offload_param.device != OffloadDevice::None)
-      fail("offload", "offload_optimizer 'nvme' / offload_param with device " + dev.str() +
-                          ": not supported yet (offload_optimizer 'cpu' and activation offload "
-                          "'cpu' are)");
+        policy.offload_param.device == OffloadDevice::Nvme)
+      fail("offload", "zero_optimization offload to 'nvme' with device " + dev.str() +
+                          ": not supported yet ('cpu' is)");
+    if (policy.offload_param.device == OffloadDevice::Cpu) {
+      // The shards live on the host and their update runs there, next to the moments.
+      if (policy.offload_optimizer.device != OffloadDevice::Cpu || policy.offload_optimizer.ratio < 1)
+        fail("offload", "zero_optimization.offload_param 'cpu' with device " + dev.str() +
+                            " needs offload_optimizer 'cpu' with ratio 1 (the update of a shard "
+                            "on the host runs on the CPU)");
+    }
     if (policy.activation_checkpointing.offload_nvme)
       fail("offload", "activation_checkpointing.offload 'nvme' with device " + dev.str() +
                           ": not supported yet (use 'cpu')");
@@ -175,6 +180,9 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
     if (fu.params_on_nvme()) I.stage_whole(fu, false);
     const Range dst_range = whole ? Range{0, fu.layout().padded} : fu.shard_range();
     float* dst = (whole ? fu.full() : fu.master()) - dst_range.lo;  // indexed by flat offset
+    // Where dst is: the device, or the host for offloaded shards (and the CPU's Ops there).
+    const Device dst_dev = whole ? ops.device() : fu.master_device();
+    const Ops& dops = fu.ops_on(dst_dev);
     for (size_t s = 0; s < fu.layout().specs.size(); ++s) {
       const ParamSpec& spec = fu.layout().specs[s];
       const FlatEntry& e = fu.layout().entries[s];
@@ -182,10 +190,10 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
       if (r.empty()) continue;
       switch (spec.init) {
         case Init::Zeros:
-          ops.fill(dst + r.lo, 0.f, static_cast<size_t>(r.hi - r.lo));
+          dops.fill(dst + r.lo, 0.f, static_cast<size_t>(r.hi - r.lo));
           break;
         case Init::Ones:
-          ops.fill(dst + r.lo, 1.f, static_cast<size_t>(r.hi - r.lo));
+          dops.fill(dst + r.lo, 1.f, static_cast<size_t>(r.hi - r.lo));
           break;
         case Init::Normal: {
           // Drawn on the host and copied where the buffer is (the device's Tier::Device
@@ -193,15 +201,14 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
           const uint64_t stream = rng_stream(spec.name.c_str());
           float* out = dst + r.lo;
           std::vector<float> host;
-          if (!ops.device().is_cpu()) {
+          if (!dst_dev.is_cpu()) {
             host.resize(static_cast<size_t>(r.hi - r.lo));
             out = host.data();
           }
           for (int64_t j = r.lo; j < r.hi; ++j)
             out[j - r.lo] = rng_normal(seed, stream, static_cast<uint64_t>(j - e.offset)) * spec.std;
-          if (!ops.device().is_cpu())
-            copy_bytes(dst + r.lo, ops.device(), host.data(), Device::cpu(),
-                       host.size() * sizeof(float));
+          if (!dst_dev.is_cpu())
+            copy_bytes(dst + r.lo, dst_dev, host.data(), Device::cpu(), host.size() * sizeof(float));
           break;
         }
       }
@@ -504,6 +511,7 @@ void ShardedModel::set_param(const std::string& name, const float* data, int64_t
                               shape_str(fu.layout().specs[s].shape) + ", got " + std::to_string(n));
   release_full_params();
   Buffer up;  // the values on the device, for a non-CPU one
+  const float* host_data = data;
   if (!I.ops->device().is_cpu()) {
     up = Buffer(static_cast<size_t>(n) * sizeof(float), Mem::Workspace, I.ops->device());
     copy_bytes(up.data(), up.device(), data, Device::cpu(), up.bytes());
@@ -525,8 +533,12 @@ void ShardedModel::set_param(const std::string& name, const float* data, int64_t
     const Range r = intersect(shard, {e.offset, e.offset + e.numel});
     if (!r.empty()) {
       if (fu.params_on_nvme()) I.stage_whole(fu, false);
-      I.ops->copy(fu.master() + (r.lo - shard.lo), data + (r.lo - e.offset),
-                  static_cast<size_t>(r.hi - r.lo));
+      if (fu.master_device() == I.ops->device())
+        I.ops->copy(fu.master() + (r.lo - shard.lo), data + (r.lo - e.offset),
+                    static_cast<size_t>(r.hi - r.lo));
+      else  // offloaded shards on the host: from the caller's host data
+        std::memcpy(fu.master() + (r.lo - shard.lo), host_data + (r.lo - e.offset),
+                    static_cast<size_t>(r.hi - r.lo) * sizeof(float));
       if (fu.params_on_nvme()) I.unstage_whole(fu, true);
     }
   }

@@ -38,6 +38,7 @@ FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const O
   split_ = kind != Kind::Sharded && (pdt_ != DType::F32 || param_tier != Tier::Device);
   const int S = shard_->size();
   pnvme_ = param_tier == Tier::Nvme;
+  hm_ = param_tier == Tier::Host && !ops.device().is_cpu();
   SW_CHECK(!pnvme_ || kind == Kind::Sharded, "NVMe parameters need a sharded unit");
   SW_CHECK(kind != Kind::Whole || S == 1, "a Whole unit has a shard group of 1");
   // (One rank with NVMe parameters: every unit takes the sharded path, those that
@@ -106,7 +107,10 @@ void FlatUnit::point_grads() {
 void FlatUnit::finish_init() {
   if (!split_) return;
   const Range r = shard_range();
-  ops_->copy(master_, full_ + r.lo, static_cast<size_t>(r.hi - r.lo));
+  if (hm_)
+    copy_bytes(master_, Device::cpu(), full_ + r.lo, ops_->device(), fbytes(r.hi - r.lo));
+  else
+    ops_->copy(master_, full_ + r.lo, static_cast<size_t>(r.hi - r.lo));
   ops_->round_to(pdt_, full_, static_cast<size_t>(layout_.padded));
 }
 
@@ -120,12 +124,21 @@ void FlatUnit::round_compute(int64_t off, int64_t n) {
 void FlatUnit::issue_narrow_gather() {
   const int64_t Sh = layout_.shard_size();
   if (pdt_ == DType::F32) {  // a split master on another tier: its slot, then in place
-    ops_->copy(full_ + rank_ * Sh, master_, static_cast<size_t>(Sh));
+    if (hm_)
+      copy_bytes(full_ + rank_ * Sh, ops_->device(), master_, Device::cpu(), fbytes(Sh));
+    else
+      ops_->copy(full_ + rank_ * Sh, master_, static_cast<size_t>(Sh));
     gather_ = shard_->issue_all_gather(full_ + rank_ * Sh, full_, Sh);
     return;
   }
   uint16_t* front = reinterpret_cast<uint16_t*>(full_);  // (padded) param_dtype values
-  ops_->narrow(pdt_, master_, front + rank_ * Sh, static_cast<size_t>(Sh));
+  if (hm_) {  // narrowed on the host (the same bits), then its slot
+    void* h = host_stage(static_cast<size_t>(Sh) * 2);
+    ops_on(Device::cpu()).narrow(pdt_, master_, h, static_cast<size_t>(Sh));
+    copy_bytes(front + rank_ * Sh, ops_->device(), h, Device::cpu(), static_cast<size_t>(Sh) * 2);
+  } else {
+    ops_->narrow(pdt_, master_, front + rank_ * Sh, static_cast<size_t>(Sh));
+  }
   gather_ = shard_->issue_all_gather(front + rank_ * Sh, front, Sh, pdt_);
 }
 
@@ -141,7 +154,8 @@ void FlatUnit::issue_unshard() {
       }
       SW_CHECK(master_, "unit '" + unit_->name() +
                             "': its master shard on NVMe was not staged for the gather");
-      if (pdt_ != DType::F32 || pnvme_)  // NVMe: the staging buffer is free once issued
+      // NVMe: the staging buffer is free once issued; host shards: copied to the device first
+      if (pdt_ != DType::F32 || pnvme_ || hm_)
         issue_narrow_gather();
       else
         gather_ = shard_->issue_all_gather(master_, full_, Sh);
@@ -184,7 +198,10 @@ void FlatUnit::reshard() {
 
 void FlatUnit::issue_regather() {
   if (kind_ == Kind::Whole && split_) {
-    ops_->copy(full_, master_, static_cast<size_t>(layout_.padded));
+    if (hm_)
+      copy_bytes(full_, ops_->device(), master_, Device::cpu(), fbytes(layout_.padded));
+    else
+      ops_->copy(full_, master_, static_cast<size_t>(layout_.padded));
     ops_->round_to(pdt_, full_, static_cast<size_t>(layout_.padded));
     return;
   }
@@ -257,10 +274,18 @@ void FlatUnit::accumulate_reduced() {
   SW_CHECK(grad_shard_, "unit '" + unit_->name() + "': its gradients on NVMe were not staged");
   if (pnvme_ && grads_zero_) ops_->fill(grad_shard_, 0.f, Sh);  // the file's copy is stale
   grads_zero_ = false;
+  const void* red = reduced_block();
+  if (grad_device().is_cpu() && !ops_->device().is_cpu()) {  // to the host, added there
+    const size_t bytes = Sh * dtype_size(rdt_);
+    void* h = host_stage(bytes);
+    copy_bytes(h, Device::cpu(), red, ops_->device(), bytes);
+    red = h;
+  }
+  const Ops& so = ops_on(grad_device());
   if (rdt_ == DType::F32)
-    ops_->add_inplace(grad_shard_, static_cast<const float*>(reduced_block()), Sh);
+    so.add_inplace(grad_shard_, static_cast<const float*>(red), Sh);
   else
-    ops_->add_widened(rdt_, reduced_block(), grad_shard_, Sh);
+    so.add_widened(rdt_, red, grad_shard_, Sh);
   if (kind_ == Kind::Sharded) {
     grad_buf_.release();
     grad_full_ = nullptr;
@@ -278,11 +303,11 @@ void FlatUnit::zero_grads() {
       grad_buf_.release();
       grad_full_ = nullptr;
       point_grads();
-      if (!pnvme_) ops_->fill(grad_shard_, 0.f, Sh);
+      if (!pnvme_) ops_on(grad_device()).fill(grad_shard_, 0.f, Sh);
       break;
     case Kind::FullReplicated:
       ops_->fill(grad_full_, 0.f, P);
-      ops_->fill(grad_shard_, 0.f, Sh);
+      ops_on(grad_device()).fill(grad_shard_, 0.f, Sh);
       break;
     case Kind::Whole:
       ops_->fill(grad_full_, 0.f, P);
@@ -295,19 +320,36 @@ void FlatUnit::zero_grads() {
 // ---- Export helpers --------------------------------------------------------------------------
 
 void FlatUnit::gather_params_into(float* out) const {
-  if (kind_ == Kind::Whole) {
-    ops_->copy(out, master_, static_cast<size_t>(layout_.padded));
-    return;
-  }
-  shard_->all_gather(master_, out, layout_.shard_size());
+  gather_shard_into(master_, master_device(), out);
+}
+void FlatUnit::gather_grads_into(float* out) const {
+  gather_shard_into(grad_shard_, grad_device(), out);
 }
 
-void FlatUnit::gather_grads_into(float* out) const {
+// `out` is on the Ops' device; a shard on the host goes to its slot of it first (then in place).
+void FlatUnit::gather_shard_into(const float* shard, Device where, float* out) const {
+  const int64_t Sh = layout_.shard_size();
+  const bool host = where != ops_->device();
   if (kind_ == Kind::Whole) {
-    ops_->copy(out, grad_shard_, static_cast<size_t>(layout_.padded));
+    if (host)
+      copy_bytes(out, ops_->device(), shard, where, fbytes(layout_.padded));
+    else
+      ops_->copy(out, shard, static_cast<size_t>(layout_.padded));
     return;
   }
-  shard_->all_gather(grad_shard_, out, layout_.shard_size());
+  if (!host) {
+    shard_->all_gather(shard, out, Sh);
+    return;
+  }
+  copy_bytes(out + rank_ * Sh, ops_->device(), shard, where, fbytes(Sh));
+  shard_->all_gather(out + rank_ * Sh, out, Sh);
+}
+
+const Ops& FlatUnit::ops_on(Device d) const { return d.is_cpu() ? ops_for(Device::cpu()) : *ops_; }
+
+void* FlatUnit::host_stage(size_t bytes) {
+  if (stage_.bytes() < bytes) stage_ = Buffer(bytes, Mem::Communication, Device::cpu(), Tier::Host);
+  return stage_.data();
 }
 
 void FlatUnit::quiesce() noexcept {

@@ -173,9 +173,20 @@ class FlatUnit {
   float* adam_m() const { return m_ptr_; }
   float* adam_v() const { return v_ptr_; }
   bool moments_on_nvme() const { return nvme_; }
+  // Where the master shard and the gradient shard live: the Ops' device, or the CPU when they
+  // are offloaded (param tier Host) while the unit computes on a device (offload_param cpu on a
+  // GPU; a Whole unit's gradients stay on the device, they are its full gradient buffer).
+  // ops_on(d): the Ops for buffers on d (the CPU's fp32 Ops, or the unit's).
+  Device master_device() const { return hm_ ? Device::cpu() : ops_->device(); }
+  Device grad_device() const {
+    return hm_ && kind_ != Kind::Whole ? Device::cpu() : ops_->device();
+  }
+  const Ops& ops_on(Device d) const;
   // The AdamW moments in host memory while the unit's state is on a device (offload_optimizer
   // cpu on a GPU): its update runs on the CPU (ShardedModel::Impl::update_unit).
-  bool moments_on_host() const { return !nvme_ && !m_.empty() && m_.device().is_cpu() && !ops_->device().is_cpu(); }
+  bool moments_on_host() const {
+    return !nvme_ && !m_.empty() && m_.device().is_cpu() && !ops_->device().is_cpu();
+  }
   void stage_moments(float* m, float* v) { m_ptr_ = m, v_ptr_ = v; }
   // param_tier Tier::Nvme (Kind::Sharded only): the master and reduced gradient shards live
   // in the NVMe file; master() / grad_shard() are null except while the executor has staged
@@ -193,6 +204,7 @@ class FlatUnit {
   void gather_params_into(float* out) const;
   // Same for the reduced gradient shards.
   void gather_grads_into(float* out) const;
+  void gather_shard_into(const float* shard, Device where, float* out) const;
 
   // Schedule positions of the unit's first and last calls (set by ShardedModel).
   int first_pos = -1, last_pos = -1;
@@ -223,6 +235,10 @@ class FlatUnit {
   float* v_ptr_ = nullptr;
   bool nvme_ = false;
   bool pnvme_ = false;
+  bool hm_ = false;    // master and gradient shards on the host, the unit on a device
+  Buffer stage_;       // hm_: host staging of a narrowed shard / a reduced block (kept)
+  // hm_: the n floats at host `src` (shard state) to device `dst`, and back.
+  void* host_stage(size_t bytes);
   bool grads_zero_ = true;
   Buffer grad_buf_;        // (padded) unsharded grads (empty when a bucket view)
   Buffer grad_shard_buf_;  // (shard) reduced grads, Kinds Sharded/FullReplicated

@@ -402,7 +402,18 @@ class SimOps final : public sw::Ops {
 
 void* sim_alloc(size_t bytes, int) { return arena().alloc(bytes); }
 void sim_free(void* p, int) { arena().release(p); }
-void sim_copy(void* dst, const void* src, size_t bytes, sw::CopyDir, int) {
+// A copy whose pointers are not on the sides its direction says (a host pointer passed as
+// device memory: cudaMemcpy would fail or copy garbage) exits with 88.
+void sim_copy(void* dst, const void* src, size_t bytes, sw::CopyDir dir, int) {
+  const bool src_dev = dir != sw::CopyDir::HostToDevice, dst_dev = dir != sw::CopyDir::DeviceToHost;
+  if (arena_owns(src) != src_dev || arena_owns(dst) != dst_dev) {
+    std::fprintf(stderr, "sim device: a copy of %zu bytes from %p (%s) to %p (%s) has a pointer "
+                 "on the wrong side\n", bytes, src, src_dev ? "device" : "host", dst,
+                 dst_dev ? "device" : "host");
+    void* frames[64];
+    backtrace_symbols_fd(frames, backtrace(frames, 64), 2);
+    _exit(88);
+  }
   Open g;
   std::memcpy(dst, src, bytes);
 }

@@ -106,6 +106,17 @@ TEST_CASE("sim device: copies round-trip and a host access faults", "[device]") 
   copy_bytes(back.data(), Device::cpu(), d.data(), d.device(), h.size() * 4);
   for (size_t i = 0; i < h.size(); ++i) REQUIRE(back[i] == h[i] * 2.f);
   CHECK_FALSE(swtest::sim_device_open());
+  // A copy given a host pointer for its device side must fail (exit 88).
+  const pid_t pid2 = fork();
+  REQUIRE(pid2 >= 0);
+  if (pid2 == 0) {
+    copy_bytes(back.data(), Device::sim(0), h.data(), Device::cpu(), 16);
+    _exit(0);
+  }
+  int status2 = 0;
+  waitpid(pid2, &status2, 0);
+  CHECK(WIFEXITED(status2));
+  CHECK(WEXITSTATUS(status2) == 88);
   // A direct read from the host must fault (the child dies with the handler's code, 86).
   const pid_t pid = fork();
   REQUIRE(pid >= 0);
@@ -123,9 +134,10 @@ TEST_CASE("sim device: copies round-trip and a host access faults", "[device]") 
 TEST_CASE("sim device: ShardedModel trains bit-identically to the CPU", "[device]") {
   for (const char* type : {"gpt2", "llama"}) {
     for (DType pdt : {DType::F32, DType::BF16})
-    for (int offload = 0; offload < 3; ++offload) {
+    for (int offload = 0; offload < 4; ++offload) {
       // 0: none; 1: the AdamW moments of half the units on the host (updated on the CPU);
-      // 2: activations kept for backward moved to the host between forward and backward.
+      // 2: activations kept for backward moved to the host between forward and backward;
+      // 3: parameter and gradient shards and moments on the host (ZeRO-Offload).
       INFO(type << " param_dtype " << dtype_name(pdt) << " offload case " << offload);
       const ModelConfig cfg = tiny(type);
       ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
@@ -137,6 +149,10 @@ TEST_CASE("sim device: ShardedModel trains bit-identically to the CPU", "[device
         pol.offload_optimizer.ratio = 0.5;
       }
       if (offload == 2) pol.activation_checkpointing.offload_cpu = true;
+      if (offload == 3) {
+        pol.offload_param.device = OffloadDevice::Cpu;
+        pol.offload_optimizer.device = OffloadDevice::Cpu;
+      }
       const Run cpu = train(cfg, ops_for(Device::cpu()), pol, make_local_group());
       const Run dev =
           train(cfg, ops_for(Device::sim(0)), pol, device_group(make_local_group(), Device::sim(0)));

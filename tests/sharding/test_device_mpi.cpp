@@ -63,14 +63,16 @@ Result train(const Ops& ops, const ShardingPolicy& pol, const std::string& type,
 void same_on_device(ShardingPolicy pol) {
   for (const std::string type : {"gpt2", "llama"})
     for (DType pdt : {DType::F32, DType::BF16}) {
-      for (int offload = 0; offload < 3; ++offload) {
+      for (int offload = 0; offload < 4; ++offload) {
         // 0: none; 1: activations to the host between forward and backward; 2: the AdamW
-        // moments of every unit on the host (updated on the CPU).
+        // moments of every unit on the host (updated on the CPU); 3: the parameter and
+        // gradient shards too.
         ShardingPolicy p = pol;
         p.mixed_precision.param_dtype = pdt;
         p.mixed_precision.reduce_dtype = pdt;
         p.activation_checkpointing.offload_cpu = offload == 1;
-        if (offload == 2) p.offload_optimizer.device = OffloadDevice::Cpu;
+        if (offload >= 2) p.offload_optimizer.device = OffloadDevice::Cpu;
+        if (offload == 3) p.offload_param.device = OffloadDevice::Cpu;
         INFO(type << " " << strategy_name(p.strategy) << " " << dtype_name(pdt) << " offload case "
                   << offload << " rank " << swtest::world()->rank());
         const Result cpu = train(ops_for(Device::cpu()), p, type);
