@@ -241,14 +241,28 @@ SnapshotPtr snapshot_checkpoint(const ShardedModel& sm, const TrainState& state,
   alloc_image(*s, /*huge=*/false);
   std::memcpy(s->image, s->header.data(), s->header.size());
   unsigned char* base = s->image + s->header.size();
+  const bool on_device = sm.state_on_device();
   for (SnapTensor& t : s->tensors) {
+    unsigned char* dst = base + t.at * 4;
+    const uint64_t nb = num_blocks(t), bytes = static_cast<uint64_t>(t.hi - t.lo) * 4;
+    t.blocks.resize(nb);
+    if (on_device) {
+      // Device memory: one device -> host copy of the tensor straight into the image, then
+      // its blocks are checksummed there (the host never reads the device's memory).
+      sm.read_state(t.unit, static_cast<StateKind>(t.kind), {t.lo, t.hi},
+                    reinterpret_cast<float*>(dst));
+      split_two(nb, 8, [&](uint64_t b0, uint64_t b1) {
+        for (uint64_t b = b0; b < b1; ++b) {
+          const uint64_t off = b * kBlockBytes;
+          t.blocks[b] = crc32c(dst + off, std::min(kBlockBytes, bytes - off));
+        }
+      });
+      continue;
+    }
     // One view per tensor (an NVMe-offloaded moment is read into a buffer valid until the next
     // view), copied and checksummed block by block: one pass over the model's memory.
     const auto* src = reinterpret_cast<const unsigned char*>(
         sm.state_view(t.unit, static_cast<StateKind>(t.kind), {t.lo, t.hi}));
-    unsigned char* dst = base + t.at * 4;
-    const uint64_t nb = num_blocks(t), bytes = static_cast<uint64_t>(t.hi - t.lo) * 4;
-    t.blocks.resize(nb);
     split_two(nb, 8, [&](uint64_t b0, uint64_t b1) {
       for (uint64_t b = b0; b < b1; ++b) {
         const uint64_t off = b * kBlockBytes, n = std::min(kBlockBytes, bytes - off);
@@ -367,6 +381,9 @@ void write_shard(const CheckpointSnapshot& s, const std::string& tmp_dir) {
         uint64_t dst, src, len;  // offset in the chunk, offset in the tensor, bytes
         uint32_t crc;
       };
+      // State on a device: each run is copied device -> host into the chunk with read_state
+      // (copy_bytes) and its segments are checksummed in place; `src` stays null.
+      const bool on_device = s.source->state_on_device();
       std::vector<Seg> segs;
       size_t ti = 0;              // tensor being copied
       const unsigned char* src = nullptr;
@@ -376,8 +393,9 @@ void write_shard(const CheckpointSnapshot& s, const std::string& tmp_dir) {
         while (ti < s.tensors.size() && s.tensors[ti].hi == s.tensors[ti].lo) ++ti;
         if (ti == s.tensors.size()) return;
         const SnapTensor& t = s.tensors[ti];
-        src = reinterpret_cast<const unsigned char*>(
-            s.source->state_view(t.unit, static_cast<StateKind>(t.kind), {t.lo, t.hi}));
+        if (!on_device)
+          src = reinterpret_cast<const unsigned char*>(
+              s.source->state_view(t.unit, static_cast<StateKind>(t.kind), {t.lo, t.hi}));
         streamed_blocks[ti].assign(num_blocks(t), 0);
         tpos = 0, bcrc = 0;
       };
@@ -403,10 +421,16 @@ void write_shard(const CheckpointSnapshot& s, const std::string& tmp_dir) {
             segs.push_back({fill + (at - tpos), at, m, 0});
             at += m;
           }
+          if (on_device)  // (tensor bytes, chunk and header sizes are multiples of 4)
+            s.source->read_state(t.unit, static_cast<StateKind>(t.kind),
+                                 {t.lo + static_cast<int64_t>(tpos / 4),
+                                  t.lo + static_cast<int64_t>((tpos + run) / 4)},
+                                 reinterpret_cast<float*>(dst + fill));
           split_two(segs.size(), 4, [&](uint64_t s0, uint64_t s1) {
             for (uint64_t i = s0; i < s1; ++i) {
               Seg& g = segs[i];
-              g.crc = crc32c_copy(dst + g.dst, src + g.src, g.len);
+              g.crc = on_device ? crc32c(dst + g.dst, g.len)
+                                : crc32c_copy(dst + g.dst, src + g.src, g.len);
             }
           });
           for (const Seg& g : segs) {  // in order: the blocks' CRCs

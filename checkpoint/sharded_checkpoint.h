@@ -55,6 +55,8 @@ using SnapshotPtr = std::unique_ptr<CheckpointSnapshot, SnapshotDeleter>;
 // pure I/O); snapshot_bytes() says how much. The model may train on right after. `reuse`: a
 // previous snapshot, whose host memory is taken over when it has the right size (already
 // faulted in, so the copy runs at memory speed; the engine passes its last snapshot back).
+// State in device memory (ShardedModel::state_on_device) is copied device -> host into the
+// snapshot with read_state, then checksummed there.
 SnapshotPtr snapshot_checkpoint(const ShardedModel& sm, const TrainState& state,
                                 SnapshotPtr reuse = nullptr);
 int64_t snapshot_bytes(const CheckpointSnapshot& s);
@@ -67,7 +69,8 @@ SnapshotPtr reserve_snapshot(const ShardedModel& sm);
 void prefault_snapshot(CheckpointSnapshot& s);
 // Local. A snapshot that refers to the model's own memory instead of a copy (no allocation, no
 // copy): valid only while the model does not change, so for synchronous saves that write it
-// before training goes on.
+// before training goes on. (State in device memory is copied out range by range into the
+// write's staging chunks.)
 SnapshotPtr view_checkpoint(const ShardedModel& sm, const TrainState& state);
 
 // Local, callable from a background thread. Writes this rank's files into `tmp_dir` (which it

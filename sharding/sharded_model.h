@@ -168,16 +168,28 @@ class ShardedModel {
   // any gathered copy of the unit (it is stale) and any gather_full_params copy. write_state
   // of a stage-1 master range must cover what other ranks would otherwise regather: callers
   // load held_range entirely (load_checkpoint does).
+  // State on a device (state_on_device()): `dst` / `src` are host memory all the same; the
+  // range is copied device -> host / host -> device with copy_bytes (complete on return,
+  // ordered after the device's queued work). On the CPU, plain copies.
   void read_state(int u, StateKind k, FlatRange r, float* dst) const;
   // Local. r (inside held_range(u, k)) in place, after the same wait as read_state: for a
   // reader that would only copy it elsewhere (a synchronous checkpoint writes it to disk).
-  // Valid until the state next changes (optimizer step, write_state, regather).
+  // Valid until the state next changes (optimizer step, write_state, regather). Host memory
+  // only: throws sw::Error when state_on_device() (the host must not dereference device
+  // memory; such readers copy ranges out with read_state into memory of their own).
   const float* state_view(int u, StateKind k, FlatRange r) const;
   void write_state(int u, StateKind k, FlatRange r, const float* src);
+  // Whether the state above lives in device memory (a model built with the Ops of a device
+  // other than the CPU): then only read_state / write_state reach it.
+  bool state_on_device() const;
 
   struct Impl;  // sharding/sharded_model_impl.h (internal)
 
  private:
+  // r of kind k after the waits a reader needs: a host pointer on the CPU (in place, or an
+  // NVMe tier's read buffer), a device pointer when state_on_device() (state_access.cpp).
+  const float* state_source(int u, StateKind k, FlatRange r) const;
+
   Model& model_;
   std::unique_ptr<Impl> impl_;
 };

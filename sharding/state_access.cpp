@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/alloc.h"
 #include "core/error.h"
 #include "sharding/sharded_model_impl.h"
 
@@ -89,10 +90,14 @@ void nvme_transfer(NvmeMoments& nv, const FlatUnit& fu, ShardedModel::StateKind 
 }
 }  // namespace
 
-const float* ShardedModel::state_view(int u, StateKind k, FlatRange r) const {
+bool ShardedModel::state_on_device() const { return !impl_->ops->device().is_cpu(); }
+
+// Where floats r of kind k are, after the waits a reader needs: host memory on the CPU (in
+// place, or an NVMe tier's read buffer), device memory otherwise (not to be dereferenced by
+// the host: read_state copies it out with copy_bytes).
+const float* ShardedModel::state_source(int u, StateKind k, FlatRange r) const {
   Impl& I = *impl_;
   I.flush_deferred(model_);
-  SW_CHECK(I.ops->device().is_cpu(), "checkpoint state access reads host memory");
   FlatUnit& fu = *I.units[static_cast<size_t>(u)];
   const FlatRange h = held_range(u, k);
   SW_CHECK(r.lo >= h.lo && r.hi <= h.hi, "state_view outside the held range");
@@ -124,15 +129,26 @@ const float* ShardedModel::state_view(int u, StateKind k, FlatRange r) const {
   return state_base(fu, k) + r.lo;
 }
 
+const float* ShardedModel::state_view(int u, StateKind k, FlatRange r) const {
+  if (state_on_device())
+    fail("sharded_model", "state_view: the state is in " + impl_->ops->device().str() +
+                              " memory, which the host cannot read in place; copy it out with "
+                              "read_state");
+  return state_source(u, k, r);
+}
+
 void ShardedModel::read_state(int u, StateKind k, FlatRange r, float* dst) const {
   if (r.empty()) return;
-  std::memcpy(dst, state_view(u, k, r), static_cast<size_t>(r.size()) * sizeof(float));
+  const float* src = state_source(u, k, r);
+  // On the CPU a memcpy; from a device, one copy ordered after the device's queued work (the
+  // optimizer's last update of this state).
+  copy_bytes(dst, Device::cpu(), src, state_on_device() ? impl_->ops->device() : Device::cpu(),
+             static_cast<size_t>(r.size()) * sizeof(float));
 }
 
 void ShardedModel::write_state(int u, StateKind k, FlatRange r, const float* src) {
   Impl& I = *impl_;
   I.flush_deferred(model_);
-  SW_CHECK(I.ops->device().is_cpu(), "checkpoint state access writes host memory");
   FlatUnit& fu = *I.units[static_cast<size_t>(u)];
   const FlatRange h = held_range(u, k);
   SW_CHECK(r.lo >= h.lo && r.hi <= h.hi, "write_state outside the held range");
@@ -158,19 +174,23 @@ void ShardedModel::write_state(int u, StateKind k, FlatRange r, const float* src
                   I.plan_in.policy.offload_optimizer.piece());
     return;
   }
+  // Host floats into the state: a memcpy on the CPU, an upload (copy_bytes, complete on return,
+  // ordered after the device's queued work) into device memory.
+  const Device dev = I.ops->device();
+  auto put = [&](float* dst, const float* from, int64_t n) {
+    copy_bytes(dst, dev, from, Device::cpu(), static_cast<size_t>(n) * sizeof(float));
+  };
   if (k == StateKind::Master && fu.split_master()) {
     // Mixed precision with a persistent full buffer: the fp32 master takes the part inside
-    // this rank's shard, the compute copy the rounding of all of it.
+    // this rank's shard, the compute copy the rounding of all of it (an Op: where it lives).
     const Range sh = fu.shard_range();
     const Range in = intersect({r.lo, r.hi}, sh);
-    if (!in.empty())
-      std::memcpy(fu.master() + (in.lo - sh.lo), src + (in.lo - r.lo),
-                  static_cast<size_t>(in.hi - in.lo) * sizeof(float));
-    std::memcpy(fu.full() + r.lo, src, static_cast<size_t>(r.size()) * sizeof(float));
+    if (!in.empty()) put(fu.master() + (in.lo - sh.lo), src + (in.lo - r.lo), in.hi - in.lo);
+    put(fu.full() + r.lo, src, r.size());
     fu.round_compute(r.lo, r.size());
     return;
   }
-  std::memcpy(state_base(fu, k) + r.lo, src, static_cast<size_t>(r.size()) * sizeof(float));
+  put(state_base(fu, k) + r.lo, src, r.size());
 }
 
 }  // namespace sw

@@ -176,6 +176,180 @@ TEST_CASE("checkpoint: save on N ranks, load on M ranks, any strategies", "[ckpt
   w->barrier();
 }
 
+TEST_CASE("checkpoint: state on a device (2 sim ranks), any strategy, to and from the CPU",
+          "[ckpt_mpi][device]") {
+  // The simulated accelerator (tests/common/sim_device.h): its memory faults on a host access,
+  // so saves must copy the state out and loads copy it in. Saved on 2 sim ranks with every
+  // strategy (fp32 and bf16 mixed precision: split fp32 masters), loaded on 1-4 CPU ranks and
+  // on 2 sim ranks; a 4-rank CPU checkpoint loaded on 2 sim ranks; and a resumed 2-rank sim run
+  // equals the uninterrupted one.
+  GroupPtr w = world();
+  const int rank = w->rank();
+  const std::string base = base_dir() + "/device";
+  if (rank == 0) {
+    std::filesystem::remove_all(base);
+    std::filesystem::create_directories(base);
+  }
+  w->barrier();
+  Model model = build_model(tiny());
+  const Ops& sim = ops_for(Device::sim(0));
+  auto pol = [](const Strat& st, int n, DType pdt) {
+    ShardingPolicy p = policy(st, n);
+    p.mixed_precision.param_dtype = pdt;
+    return p;
+  };
+  auto set_state = [](ShardedModel& sm) {
+    for (int u = 0; u < sm.num_units(); ++u)
+      for (int k = 0; k < 3; ++k) {
+        const FlatRange h = sm.held_range(u, static_cast<SK>(k));
+        std::vector<float> v(static_cast<size_t>(h.size()));
+        for (int64_t i = h.lo; i < h.hi; ++i) v[size_t(i - h.lo)] = value(u, k, i);
+        sm.write_state(u, static_cast<SK>(k), h, v.data());
+      }
+  };
+  auto scribble = [](ShardedModel& sm) {  // so that a load missing a range is caught
+    for (int u = 0; u < sm.num_units(); ++u)
+      for (int k = 0; k < 3; ++k) {
+        const FlatRange h = sm.held_range(u, static_cast<SK>(k));
+        std::vector<float> junk(static_cast<size_t>(h.size()), NAN);
+        sm.write_state(u, static_cast<SK>(k), h, junk.data());
+      }
+  };
+  // Values that differ from value(): the count. A split fp32 master is read where it exists
+  // (this rank's shard: owned_range), everything else over held_range.
+  auto bad_values = [](const ShardedModel& sm, bool split) {
+    int bad = 0;
+    for (int u = 0; u < sm.num_units(); ++u)
+      for (int k = 0; k < 3; ++k) {
+        const FlatRange h = split && k == 0 && sm.world() > 1
+                                ? sm.owned_range(u)
+                                : sm.held_range(u, static_cast<SK>(k));
+        std::vector<float> v(static_cast<size_t>(h.size()));
+        sm.read_state(u, static_cast<SK>(k), h, v.data());
+        for (int64_t i = h.lo; i < h.hi; ++i) {
+          const float want = value(u, k, i);
+          bad += std::memcmp(&v[size_t(i - h.lo)], &want, 4) != 0;
+        }
+      }
+    return bad;
+  };
+  const DType kDtypes[] = {DType::F32, DType::BF16};
+  auto dir_of = [&](const Strat& st, DType pdt) {
+    return base + "/sim2_" + st.name + "_" + dtype_name(pdt);
+  };
+  {  // Save on 2 sim ranks; a CPU checkpoint on 4 ranks.
+    GroupPtr g = w->split(rank < 2 ? 0 : 1, rank);
+    if (rank < 2)
+      for (const Strat& st : kStrats)
+        for (DType pdt : kDtypes) {
+          ShardedModel sm(model, sim, 123, g, pol(st, 2, pdt));
+          REQUIRE(sm.state_on_device());
+          set_state(sm);
+          TrainState ts;
+          ts.step = static_cast<int>(&st - kStrats);
+          try {
+            save_checkpoint(sm, ts, dir_of(st, pdt));
+          } catch (const std::exception& e) {
+            FAIL_CHECK("save " << dir_of(st, pdt) << ": " << e.what());
+          }
+        }
+    ShardedModel sm(model, cpu(), 123, w, pol(kStrats[4], w->size(), DType::F32));
+    set_state(sm);
+    save_checkpoint(sm, TrainState{}, base + "/cpu_all");
+  }
+  w->barrier();
+  // Load the sim checkpoints on 1..4 CPU ranks (FULL_SHARD) and on 2 sim ranks (every
+  // strategy); the CPU one on 2 sim ranks.
+  int mismatches = 0, loads = 0;
+  for (int m = 1; m <= w->size(); ++m) {
+    GroupPtr g = w->split(rank < m ? 0 : 1, rank);
+    if (rank >= m) continue;
+    ShardedModel on_cpu(model, cpu(), 456, g, pol(kStrats[0], m, DType::F32));
+    for (const Strat& st : kStrats)
+      for (DType pdt : kDtypes) {
+        scribble(on_cpu);
+        const TrainState ts = load_checkpoint(on_cpu, dir_of(st, pdt));
+        CHECK(ts.step == static_cast<int>(&st - kStrats));
+        ++loads;
+        if (bad_values(on_cpu, false)) {
+          ++mismatches;
+          FAIL_CHECK(dir_of(st, pdt) << " on " << m << " CPU ranks (rank " << rank << ")");
+        }
+      }
+    if (m != 2) continue;
+    for (const Strat& sb : kStrats)
+      for (DType pdt : kDtypes) {
+        ShardedModel on_sim(model, sim, 456, g, pol(sb, 2, pdt));
+        for (const Strat& sa : kStrats) {
+          scribble(on_sim);
+          load_checkpoint(on_sim, dir_of(sa, pdt));
+          ++loads;
+          if (bad_values(on_sim, pdt != DType::F32)) {
+            ++mismatches;
+            FAIL_CHECK(dir_of(sa, pdt) << " on 2 sim ranks as " << sb.name << " (rank " << rank << ")");
+          }
+        }
+        scribble(on_sim);
+        load_checkpoint(on_sim, base + "/cpu_all");
+        ++loads;
+        if (bad_values(on_sim, pdt != DType::F32)) {
+          ++mismatches;
+          FAIL_CHECK("cpu_all on 2 sim ranks as " << sb.name << " (rank " << rank << ")");
+        }
+      }
+  }
+  CHECK(mismatches == 0);
+  if (rank == 0) CHECK(loads == 4 * 10 + 10 * 6);
+  w->barrier();
+
+  {  // Resume on 2 sim ranks (FULL_SHARD, bf16): equals the uninterrupted run bit for bit.
+    GroupPtr g = w->split(rank < 2 ? 0 : 1, rank);
+    if (rank < 2) {
+      const ShardingPolicy p = pol(kStrats[0], 2, DType::BF16);
+      std::vector<int32_t> in(16), tg(16);
+      auto steps = [&](ShardedModel& sm, int first, int last) {
+        for (int s = first + 1; s <= last; ++s) {
+          for (int i = 0; i < 16; ++i)
+            in[size_t(i)] = (i * 7 + s + rank) % 40, tg[size_t(i)] = (i * 3 + s) % 40;
+          Batch b;
+          b.B = 2, b.T = 8, b.tokens = in.data(), b.targets = tg.data();
+          sm.zero_grads();
+          sm.forward_backward(b);
+          sm.optimizer_step(AdamWParams{}, 1e-2f, 1.f, s);
+        }
+      };
+      auto all_params = [](const ShardedModel& sm) {
+        std::vector<float> all;
+        sm.for_each_param([&](const ParamSpec& s, const float* x) {
+          all.insert(all.end(), x, x + numel(s.shape));
+        });
+        return all;
+      };
+      ShardedModel a(model, sim, 7, g, p);
+      steps(a, 0, 2);
+      TrainState ts;
+      ts.step = 2;
+      save_checkpoint(a, ts, base + "/resume");
+      steps(a, 2, 4);
+      ShardedModel b(model, sim, 8, g, p);
+      CHECK(load_checkpoint(b, base + "/resume").step == 2);
+      steps(b, 2, 4);
+      const std::vector<float> pa = all_params(a), pb = all_params(b);
+      REQUIRE(pa.size() == pb.size());
+      CHECK(std::memcmp(pa.data(), pb.data(), pa.size() * 4) == 0);
+      for (int u = 0; u < a.num_units(); ++u)
+        for (int k = 0; k < 3; ++k) {
+          const FlatRange r = a.owned_range(u);
+          std::vector<float> va(size_t(r.size())), vb(size_t(r.size()));
+          a.read_state(u, static_cast<SK>(k), r, va.data());
+          b.read_state(u, static_cast<SK>(k), r, vb.data());
+          CHECK(std::memcmp(va.data(), vb.data(), va.size() * 4) == 0);
+        }
+    }
+  }
+  w->barrier();
+}
+
 namespace {
 
 // One tensor of a shard file as metadata.json describes it (parsed here, not by the loader).

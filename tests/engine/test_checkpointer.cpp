@@ -125,6 +125,77 @@ TEST_CASE("checkpointer: train 8 vs train 4 + resume to 8 are bit-identical (syn
   }
 }
 
+TEST_CASE("checkpointer: on a device (sim), resume is bit-identical, from and to the CPU too") {
+  // device=sim: the simulated accelerator (tests/common/sim_device.h), whose memory faults on a
+  // host access and whose arithmetic is the CPU's: saves (sync, async snapshot) copy the state
+  // out of device memory, loads copy it in.
+  const std::string data = random_tokens("dev_resume.bin", 6000, 32, 21);
+  for (const char* mp : {"fp32", "bf16"}) {
+    INFO(mp);
+    const std::string m = mp;
+    const std::vector<std::string> base = {"checkpoint.every_steps=2",
+                                           "mixed_precision.param_dtype=" + m};
+    auto with = [&](std::vector<std::string> v, std::initializer_list<std::string> more) {
+      v.insert(v.end(), more);
+      return v;
+    };
+    const std::vector<std::string> sim = with(base, {"device=sim"});
+    fresh("dev_full_" + m);
+    const TrainConfig full = tiny(data, "dev_full_" + m, sim);
+    REQUIRE(full.device == "sim");
+    const TrainSummary sf = train(full, quiet());
+    CHECK(sf.checkpoints_saved == 4);
+    const auto mf = read_metrics(full.run_dir);
+    // The uninterrupted run on the CPU: the same numbers.
+    fresh("dev_cpu_full_" + m);
+    const TrainSummary sc = train(tiny(data, "dev_cpu_full_" + m, base), quiet());
+    CHECK(read_bytes(sc.weights_path) == read_bytes(sf.weights_path));
+    // (first half's device, resumed half's device, async)
+    struct Leg {
+      bool sim_first, sim_then, async;
+    };
+    for (const Leg& g : {Leg{true, true, false}, Leg{true, true, true}, Leg{false, true, false},
+                         Leg{true, false, true}}) {
+      const std::string name = std::string("dev_") + (g.sim_first ? "sim" : "cpu") + "_" +
+                               (g.sim_then ? "sim" : "cpu") + (g.async ? "_async_" : "_sync_") + m;
+      INFO(name);
+      fresh(name);
+      const std::string as = std::string("checkpoint.async=") + (g.async ? "true" : "false");
+      const TrainConfig half =
+          tiny(data, name, with(g.sim_first ? sim : base, {as, "train_steps=4"}));
+      CHECK(train(half, quiet(false)).last_checkpoint == 4);
+      const TrainConfig resumed =
+          tiny(data, name, with(g.sim_then ? sim : base, {as, "checkpoint.resume=auto"}));
+      const TrainSummary sr = train(resumed, quiet());
+      CHECK(sr.start_step == 4);
+      CHECK(sr.last_loss == sf.last_loss);
+      check_same_training(mf, read_metrics(resumed.run_dir), 4);
+      CHECK(read_bytes(sf.weights_path) == read_bytes(sr.weights_path));
+      // The resumed run's last checkpoint is the uninterrupted run's, byte for byte.
+      for (const char* f : {"rank_0.safetensors"})
+        CHECK(read_bytes((fs::path(resumed.checkpoint.dir) / "step_8" / f).string()) ==
+              read_bytes((fs::path(full.checkpoint.dir) / "step_8" / f).string()));
+    }
+    // --init-from on the device: set_param uploads the exported weights.
+    fresh("dev_init_" + m);
+    const TrainSummary di = train(
+        tiny(data, "dev_init_" + m,
+             with(sim, {"train_steps=1", "checkpoint.every_steps=0",
+                        "checkpoint.init_from=" + sf.weights_path, "optimizer.params.lr=1e-30",
+                        "scheduler.type=Constant", "scheduler.params={}"})),
+        quiet());
+    if (m == "fp32") CHECK(read_bytes(di.weights_path) == read_bytes(sf.weights_path));
+    fresh("dev_init_cpu_" + m);
+    const TrainSummary ci = train(
+        tiny(data, "dev_init_cpu_" + m,
+             with(base, {"train_steps=1", "checkpoint.every_steps=0",
+                         "checkpoint.init_from=" + sf.weights_path, "optimizer.params.lr=1e-30",
+                         "scheduler.type=Constant", "scheduler.params={}"})),
+        quiet());
+    CHECK(read_bytes(di.weights_path) == read_bytes(ci.weights_path));
+  }
+}
+
 TEST_CASE("checkpointer: metrics.jsonl records checkpoint saves and their stall") {
   const std::string data = random_tokens("metrics.bin", 4000, 32, 13);
   fresh("metrics");
