@@ -65,6 +65,19 @@ float* state_base(FlatUnit& fu, ShardedModel::StateKind k) {
   return nullptr;
 }
 
+// Where kind k's storage of the unit is (state_base's buffer): the device, or the host for what
+// offload keeps there while the model is on a device (moments; master shards).
+Device state_device(const FlatUnit& fu, ShardedModel::StateKind k, Device dev) {
+  switch (k) {
+    case ShardedModel::StateKind::Master:
+      return fu.kind() == FlatUnit::Kind::Sharded || fu.split_master() ? fu.master_device() : dev;
+    case ShardedModel::StateKind::ExpAvg:
+    case ShardedModel::StateKind::ExpAvgSq:
+      return fu.moments_on_host() ? Device::cpu() : dev;
+  }
+  return dev;
+}
+
 }  // namespace
 
 namespace {
@@ -142,8 +155,11 @@ void ShardedModel::read_state(int u, StateKind k, FlatRange r, float* dst) const
   const float* src = state_source(u, k, r);
   // On the CPU a memcpy; from a device, one copy ordered after the device's queued work (the
   // optimizer's last update of this state).
-  copy_bytes(dst, Device::cpu(), src, state_on_device() ? impl_->ops->device() : Device::cpu(),
-             static_cast<size_t>(r.size()) * sizeof(float));
+  const FlatUnit& fu = *impl_->units[static_cast<size_t>(u)];
+  const Device where = fu.params_on_nvme() || fu.moments_on_nvme()
+                           ? Device::cpu()  // staged through host memory (the CPU engine only)
+                           : state_device(fu, k, impl_->ops->device());
+  copy_bytes(dst, Device::cpu(), src, where, static_cast<size_t>(r.size()) * sizeof(float));
 }
 
 void ShardedModel::write_state(int u, StateKind k, FlatRange r, const float* src) {
@@ -177,20 +193,23 @@ void ShardedModel::write_state(int u, StateKind k, FlatRange r, const float* src
   // Host floats into the state: a memcpy on the CPU, an upload (copy_bytes, complete on return,
   // ordered after the device's queued work) into device memory.
   const Device dev = I.ops->device();
-  auto put = [&](float* dst, const float* from, int64_t n) {
-    copy_bytes(dst, dev, from, Device::cpu(), static_cast<size_t>(n) * sizeof(float));
+  auto put_on = [&](Device d, float* dst, const float* from, int64_t n) {
+    copy_bytes(dst, d, from, Device::cpu(), static_cast<size_t>(n) * sizeof(float));
   };
+  auto put = [&](float* dst, const float* from, int64_t n) { put_on(dev, dst, from, n); };
   if (k == StateKind::Master && fu.split_master()) {
     // Mixed precision with a persistent full buffer: the fp32 master takes the part inside
     // this rank's shard, the compute copy the rounding of all of it (an Op: where it lives).
     const Range sh = fu.shard_range();
     const Range in = intersect({r.lo, r.hi}, sh);
-    if (!in.empty()) put(fu.master() + (in.lo - sh.lo), src + (in.lo - r.lo), in.hi - in.lo);
+    if (!in.empty())
+      put_on(fu.master_device(), fu.master() + (in.lo - sh.lo), src + (in.lo - r.lo),
+             in.hi - in.lo);
     put(fu.full() + r.lo, src, r.size());
     fu.round_compute(r.lo, r.size());
     return;
   }
-  put(state_base(fu, k) + r.lo, src, r.size());
+  put_on(state_device(fu, k, dev), state_base(fu, k) + r.lo, src, r.size());
 }
 
 }  // namespace sw

@@ -48,9 +48,15 @@ ModelConfig tiny() {
   return c;
 }
 
-ShardingPolicy policy(DType pdt) {
+// offload: the master and gradient shards and the AdamW moments on the host (offload_param
+// and offload_optimizer cpu), which the sim model keeps in host memory beside its device state.
+ShardingPolicy policy(DType pdt, bool offload = false) {
   ShardingPolicy p = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
   p.mixed_precision.param_dtype = pdt;
+  if (offload) {
+    p.offload_param.device = OffloadDevice::Cpu;
+    p.offload_optimizer.device = OffloadDevice::Cpu;
+  }
   return p;
 }
 
@@ -129,12 +135,13 @@ TEST_CASE("device checkpoint: a sim model saves the CPU's bytes, loads on both, 
           "[checkpoint][device]") {
   const ModelConfig cfg = tiny();
   const int K = 3, N = 6;  // save after K steps, train on to N
-  for (DType pdt : {DType::F32, DType::BF16}) {
-    INFO("param_dtype " << dtype_name(pdt));
-    const std::string tag = dtype_name(pdt);
+  for (DType pdt : {DType::F32, DType::BF16})
+  for (bool offload : {false, true}) {
+    INFO("param_dtype " << dtype_name(pdt) << (offload ? ", state offloaded to the host" : ""));
+    const std::string tag = std::string(dtype_name(pdt)) + (offload ? "_offload" : "");
     const std::string d = base_dir() + "/" + tag;
     fs::remove_all(d);
-    const ShardingPolicy pol = policy(pdt);
+    const ShardingPolicy pol = policy(pdt, offload);
     Model m_cpu = build_model(cfg), m_sim = build_model(cfg);
     {
       ShardedModel mc(m_cpu, cpu(), 1234, make_local_group(), pol);
