@@ -174,7 +174,13 @@ struct Registrar {
 
 void cuda_use_device(int device) {
   int cur = -1;
-  cuda_check(cudaGetDevice(&cur), "cudaGetDevice");
+  const cudaError_t e = cudaGetDevice(&cur);
+  if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) {
+    cudaGetLastError();
+    fail("cuda", std::string("no CUDA device is usable by this process (") + cudaGetErrorString(e) +
+                     "): device 'cuda' needs a GPU and its driver; use device 'cpu' here");
+  }
+  cuda_check(e, "cudaGetDevice");
   if (cur != device) cuda_check(cudaSetDevice(device), "cudaSetDevice");
 }
 
