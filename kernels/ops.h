@@ -121,6 +121,13 @@ class Ops {
 
   // ---- Utilities.
   virtual double sum_squares(const float* x, size_t n) const = 0;  // fixed-order, deterministic
+  // out[i] = sum_squares(xs[i], ns[i]) for i < k (out: host memory), each bit for bit as
+  // sum_squares gives it; a device backend reads all k results back at once (one host
+  // synchronisation instead of k). The default calls sum_squares k times.
+  virtual void sum_squares_each(const float* const* xs, const size_t* ns, int k,
+                                double* out) const {
+    for (int i = 0; i < k; ++i) out[i] = sum_squares(xs[i], ns[i]);
+  }
   virtual void scale(float* x, float a, size_t n) const = 0;
   virtual void fill(float* x, float v, size_t n) const = 0;
   virtual void add_inplace(float* y, const float* x, size_t n) const = 0;  // y += x

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <vector>
 
 #include "core/bytes.h"
 #include "core/error.h"
@@ -22,12 +23,30 @@ double ShardedModel::grad_norm() const {
   I.sync_grads();
   // Sum of squares of this rank's reduced gradient shard (alignment gaps and padding are never
   // written, so they stay zero), summed over the shard group; replicas hold equal shards.
+  // Per unit, then added in unit order: the device's shards in one call (one host
+  // synchronisation on a GPU), shards on the host with the CPU's Ops.
+  const size_t U = I.units.size();
+  std::vector<double> per(U, 0.0);
+  std::vector<const float*> xs;
+  std::vector<size_t> ns, at;
+  for (size_t u = 0; u < U; ++u) {
+    const FlatUnit& fu = *I.units[u];
+    if (fu.params_on_nvme()) {  // summed when its last reduction was accumulated
+      per[u] = fu.grads_zero() ? 0.0 : I.pnvme->sumsq[static_cast<size_t>(fu.index())];
+    } else if (fu.grad_device() != I.ops->device()) {
+      per[u] = fu.ops_on(fu.grad_device()).sum_squares(fu.grad_shard(),
+                                                       static_cast<size_t>(fu.shard_size()));
+    } else {
+      xs.push_back(fu.grad_shard());
+      ns.push_back(static_cast<size_t>(fu.shard_size()));
+      at.push_back(u);
+    }
+  }
+  std::vector<double> got(xs.size());
+  I.ops->sum_squares_each(xs.data(), ns.data(), static_cast<int>(xs.size()), got.data());
+  for (size_t i = 0; i < at.size(); ++i) per[at[i]] = got[i];
   double ss = 0;
-  for (const auto& fu : I.units)
-    if (fu->params_on_nvme())  // summed when its last reduction was accumulated
-      ss += fu->grads_zero() ? 0.0 : I.pnvme->sumsq[static_cast<size_t>(fu->index())];
-    else
-      ss += fu->ops_on(fu->grad_device()).sum_squares(fu->grad_shard(), static_cast<size_t>(fu->shard_size()));
+  for (double v : per) ss += v;
   return std::sqrt(sum_over_ranks(*I.shard_host, ss));
 }
 

@@ -360,6 +360,21 @@ class CudaOps final : public Ops {
     cuda::sum_squares(s, ws, x, n, ws + 1);
     return read_double(s, ws);
   }
+  // Each buffer's sum as sum_squares computes it, into a device array; one read of all k.
+  void sum_squares_each(const float* const* xs, const size_t* ns, int k,
+                        double* out) const override {
+    if (k <= 0) return;
+    const cudaStream_t s = begin();
+    size_t parts = 0;
+    for (int i = 0; i < k; ++i) parts = std::max(parts, cuda::sum_squares_ws(ns[i]));
+    // [k results | one workspace per buffer, so no call waits for another's scratch]
+    const size_t per = parts + 1;
+    double* res = reinterpret_cast<double*>(wsf(Slot::Reduce, 2 * (size_t(k) + size_t(k) * per)));
+    for (int i = 0; i < k; ++i)
+      cuda::sum_squares(s, res + i, xs[i], ns[i], res + k + size_t(i) * per);
+    SW_CUDA_CHECK(cudaMemcpyAsync(out, res, sizeof(double) * size_t(k), cudaMemcpyDeviceToHost, s));
+    SW_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
   void scale(float* x, float a, size_t n) const override { cuda::scale(begin(), x, a, n); }
   void fill(float* x, float v, size_t n) const override { cuda::fill(begin(), x, v, n); }
   void add_inplace(float* y, const float* x, size_t n) const override {

@@ -108,7 +108,8 @@ inline const std::vector<std::string>& all_ops() {
       "residual_layernorm_forward", "residual_rmsnorm_forward", "gelu_forward", "gelu_backward",
       "swiglu_forward", "swiglu_backward", "residual_forward", "rope_forward", "rope_backward",
       "attention_forward", "attention_backward", "lmhead_xent", "adamw", "sum_squares", "scale",
-      "fill", "add_inplace", "copy", "narrow", "widen", "add_widened", "round_to"};
+      "fill", "add_inplace", "copy", "narrow", "widen", "add_widened", "round_to",
+      "sum_squares_each"};
   return ops;
 }
 
@@ -568,6 +569,16 @@ inline std::vector<OpCase> op_cases() {
                       return o;
                     }});
     }
+    cs.push_back({"sum_squares_each", "sum_squares_each " + sh, kTolElem, kTolElem,
+                  [n, sd](Arena& a) {
+                    Rng r(sd + 8);
+                    const float* xs[3] = {a.up(r.normal(n, 2.f)), a.up(r.normal(n / 2 + 1)),
+                                          a.up(r.normal(1, 5.f))};
+                    const size_t ns[3] = {n, n / 2 + 1, 1};
+                    double out[3] = {-1, -1, -1};
+                    a.ops().sum_squares_each(xs, ns, 3, out);
+                    return Outputs{{"sums", {out[0], out[1], out[2]}}};
+                  }});
     cs.push_back({"sum_squares", "sum_squares " + sh, kTolElem, kTolElem, [n, sd](Arena& a) {
                     Rng r(sd + 7);
                     const double s = a.ops().sum_squares(a.up(r.normal(n, 3.f)), n);
