@@ -391,11 +391,7 @@ class CudaOps final : public Ops {
   void narrow(DType dt, const float* src, void* dst, size_t n) const override {
     const cudaStream_t s = begin();
     if (n == 0) return;
-    if (dt == DType::F32) {
-      if (dst != src)
-        SW_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyDeviceToDevice, s));
-      return;
-    }
+    if (dt == DType::F32) return copy(static_cast<float*>(dst), src, n);
     const int d = static_cast<int>(dt);
     if (dst != static_cast<const void*>(src)) {
       cuda::narrow(s, d, src, static_cast<uint16_t*>(dst), n);
@@ -408,11 +404,7 @@ class CudaOps final : public Ops {
   void widen(DType dt, const void* src, float* dst, size_t n) const override {
     const cudaStream_t s = begin();
     if (n == 0) return;
-    if (dt == DType::F32) {
-      if (dst != src)
-        SW_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyDeviceToDevice, s));
-      return;
-    }
+    if (dt == DType::F32) return copy(dst, static_cast<const float*>(src), n);
     const int d = static_cast<int>(dt);
     if (src != static_cast<const void*>(dst)) {
       cuda::widen(s, d, static_cast<const uint16_t*>(src), dst, n);
