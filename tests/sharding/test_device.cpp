@@ -161,3 +161,23 @@ TEST_CASE("sim device: ShardedModel trains bit-identically to the CPU", "[device
     }
   }
 }
+
+TEST_CASE("sim device: offload a device cannot do yet is refused with the key named", "[device]") {
+  Model m = build_model(tiny("gpt2"));
+  const Ops& sim = ops_for(Device::sim(0));
+  ShardingPolicy p = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+  p.offload_optimizer.device = OffloadDevice::Nvme;
+  p.offload_optimizer.nvme_path = "/tmp";
+  CHECK_THROWS_WITH(ShardedModel(m, sim, 1, make_local_group(), p),
+                    Catch::Contains("offload to 'nvme' with device sim:0"));
+  p = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+  p.offload_param.device = OffloadDevice::Cpu;
+  CHECK_THROWS_WITH(ShardedModel(m, sim, 1, make_local_group(), p),
+                    Catch::Contains("offload_param 'cpu' with device sim:0 needs offload_optimizer"));
+  p.activation_checkpointing.offload_nvme = true;
+  p.offload_param.device = OffloadDevice::None;
+  p.activation_checkpointing.nvme_path = "/tmp";
+  CHECK_THROWS_WITH(ShardedModel(m, sim, 1, make_local_group(), p),
+                    Catch::Contains("activation_checkpointing.offload 'nvme' with device sim:0"));
+  CHECK(swtest::sim_device_bytes_in_use() == 0);
+}
