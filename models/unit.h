@@ -62,9 +62,8 @@ class Saved {
   void clear();                // frees everything
   size_t drop_cheap();         // frees the Keep::Cheap buffers; returns the bytes freed
   // Moves every buffer (parts included) to memory of tier `t` (core/alloc.h), same contents:
-  // activation offload. Returns the bytes moved.
-  // Moves every buffer to tier t: Tier::Device buffers live on `device`, the others on the
-  // CPU (copy_bytes). Returns the bytes moved.
+  // activation offload. Tier::Device buffers live on `device`, the others on the CPU
+  // (copy_bytes). Returns the bytes moved.
   size_t move_to(Tier t, Device device);
   // Activation offload to a file: detach() moves every buffer out (parts included, in a fixed
   // order) for the caller to write and keep until the write is done, leaving each slot empty

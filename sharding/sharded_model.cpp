@@ -307,9 +307,9 @@ void check_batch(const Batch& b, bool need_targets) {
 double ShardedModel::forward_backward(const Batch& batch, float grad_scale, bool last_micro_step) {
   Impl& I = *impl_;
   check_batch(batch, true);
-  const int64_t counted = count_targets(batch);
   ExecState st;
   st.batch = &I.on_device(batch);
+  const int64_t counted = count_targets(*st.batch);  // counted once (a device batch keeps it)
   // d(mean loss) = d(sum of token losses) / counted.
   st.scale = counted > 0 ? grad_scale / static_cast<float>(counted) : 0.f;
   const bool reduce = last_micro_step || I.policy.accum == GradAccumMode::ReduceEachMicroStep;

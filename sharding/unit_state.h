@@ -204,7 +204,6 @@ class FlatUnit {
   void gather_params_into(float* out) const;
   // Same for the reduced gradient shards.
   void gather_grads_into(float* out) const;
-  void gather_shard_into(const float* shard, Device where, float* out) const;
 
   // Schedule positions of the unit's first and last calls (set by ShardedModel).
   int first_pos = -1, last_pos = -1;
@@ -237,8 +236,10 @@ class FlatUnit {
   bool pnvme_ = false;
   bool hm_ = false;    // master and gradient shards on the host, the unit on a device
   Buffer stage_;       // hm_: host staging of a narrowed shard / a reduced block (kept)
-  // hm_: the n floats at host `src` (shard state) to device `dst`, and back.
+  // hm_: at least `bytes` of stage_ (a narrowed shard or a reduced block on its way).
   void* host_stage(size_t bytes);
+  // A shard (master or gradients, on `where`) gathered into `out` on the Ops' device.
+  void gather_shard_into(const float* shard, Device where, float* out) const;
   bool grads_zero_ = true;
   Buffer grad_buf_;        // (padded) unsharded grads (empty when a bucket view)
   Buffer grad_shard_buf_;  // (shard) reduced grads, Kinds Sharded/FullReplicated

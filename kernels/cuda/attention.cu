@@ -103,6 +103,20 @@ __device__ __forceinline__ void stage(float* dst, const float* qkv, size_t base_
   }
 }
 
+// A query row's result, by its warp: out = acc / l, and lse = m + log l (lane 0).
+__device__ __forceinline__ void store_row(float* out, float* lse, const Geo& g, int b, int t,
+                                          int h, int lane, const float (&acc)[kMaxDpl], float m,
+                                          float l) {
+  const float inv = 1.f / l;
+  float* o = out + g.o(b, t, h);
+#pragma unroll
+  for (int j = 0; j < kMaxDpl; ++j) {
+    const int d = lane + j * kWarp;
+    if (d < g.hd) o[d] = acc[j] * inv;
+  }
+  if (lane == 0) lse[g.l(b, h, t)] = m + logf(l);
+}
+
 __global__ void attn_fwd_k(float* out, float* lse, const float* qkv, Geo g, float scale) {
   extern __shared__ float sm[];
   float* Ks = sm;                       // (kBk, hd)
@@ -154,14 +168,7 @@ __global__ void attn_fwd_k(float* out, float* lse, const float* qkv, Geo g, floa
     __syncwarp();
   }
   if (!active) return;
-  const float inv = 1.f / l;
-  float* o = out + g.o(b, t, h);
-#pragma unroll
-  for (int j = 0; j < kMaxDpl; ++j) {
-    const int d = lane + j * kWarp;
-    if (d < g.hd) o[d] = acc[j] * inv;
-  }
-  if (lane == 0) lse[g.l(b, h, t)] = m + logf(l);
+  store_row(out, lse, g, b, t, h, lane, acc, m, l);
 }
 
 // The low-precision forward (DT = 1, 2). As attn_fwd_k, but per key tile of kCpuFwdBK keys
@@ -236,14 +243,7 @@ __global__ void attn_fwd_lowp_k(float* out, float* lse, const float* qkv, Geo g,
     }
   }
   if (!active) return;
-  const float inv = 1.f / l;
-  float* o = out + g.o(b, t, h);
-#pragma unroll
-  for (int j = 0; j < kMaxDpl; ++j) {
-    const int d = lane + j * kWarp;
-    if (d < g.hd) o[d] = acc[j] * inv;
-  }
-  if (lane == 0) lse[g.l(b, h, t)] = m + logf(l);
+  store_row(out, lse, g, b, t, h, lane, acc, m, l);
 }
 
 // D[b, h, t] = dout . out; one warp per (b, t, h) row.

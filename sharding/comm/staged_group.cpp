@@ -2,7 +2,6 @@
 // the staged group that runs a host group's collectives through host staging buffers
 // (group.h, "Collectives on device memory").
 #include <atomic>
-#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -10,6 +9,7 @@
 #include <thread>
 
 #include "core/alloc.h"
+#include "core/clock.h"
 #include "core/error.h"
 #include "sharding/comm/group.h"
 #include "sharding/comm/work.h"
@@ -19,11 +19,6 @@ namespace sw {
 namespace {
 
 DeviceGroupFactory g_factories[static_cast<size_t>(DeviceKind::Count)] = {};
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // One staged collective: what the worker copies in, runs on the host group and copies out.
 struct Job {
@@ -101,13 +96,13 @@ class StagedGroup final : public Group {
         busy_ = true;
       }
       std::string err;
-      job.state->t_start = now_s();
+      job.state->t_start = trace_now();
       try {
         execute(job.c);
       } catch (const std::exception& e) {
         err = e.what();
       }
-      const double dt = now_s() - job.state->t_start;
+      const double dt = trace_now() - job.state->t_start;
       stats_->add_op(detail::collective_bytes(job.c, size()), dt);
       job.state->complete(std::move(err));
       {
@@ -118,16 +113,14 @@ class StagedGroup final : public Group {
     }
   }
 
-  void in(void* host, const void* dev, size_t bytes) {
-    const double t0 = now_s();
-    copy_bytes(host, Device::cpu(), dev, dev_, bytes);
-    copy_s_.store(copy_s_.load() + (now_s() - t0));
+  // The staging copies (device -> host before the collective, back after it), timed.
+  void copy(void* dst, Device dd, const void* src, Device sd, size_t bytes) {
+    const double t0 = trace_now();
+    copy_bytes(dst, dd, src, sd, bytes);
+    copy_s_.store(copy_s_.load() + (trace_now() - t0));
   }
-  void out(void* dev, const void* host, size_t bytes) {
-    const double t0 = now_s();
-    copy_bytes(dev, dev_, host, Device::cpu(), bytes);
-    copy_s_.store(copy_s_.load() + (now_s() - t0));
-  }
+  void in(void* host, const void* dev, size_t bytes) { copy(host, Device::cpu(), dev, dev_, bytes); }
+  void out(void* dev, const void* host, size_t bytes) { copy(dev, dev_, host, Device::cpu(), bytes); }
 
   void execute(const Collective& c) {
     const size_t es = dtype_size(c.dtype), n = static_cast<size_t>(c.count) * es;

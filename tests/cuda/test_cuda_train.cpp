@@ -11,7 +11,9 @@
 //    AdamW): equal to the device's AdamW within 1e-6 relative per step (the two compute the
 //    same formula; sqrt and division are correctly rounded on both, the CPU's pow of the bias
 //    correction may differ in the last bit);
-//  * NCCL at one rank (device_comm native) equals staging through the host group bit for bit.
+//  * device_comm native builds an NCCL group at one rank and the run equals the staged one bit
+//    for bit. One rank's units are Whole, so no collective runs here: this checks creation
+//    and that the group does not disturb the step; NCCL's collectives are test_nccl's.
 //
 // The tolerances are estimates until the first GPU run; SW_TEST_VERBOSE=1 prints the worst
 // differences so they can be set from measurements.
@@ -163,6 +165,7 @@ TEST_CASE("cuda train: the optimizer on the host (offload_optimizer cpu) equals 
   }
 }
 
+// (Builds the groups only: one rank's units never communicate; see the header.)
 TEST_CASE("cuda train: NCCL at one rank equals staging through the host") {
   const ModelConfig cfg = tiny("gpt2");
   ShardingPolicy pol = policy(DType::BF16);
