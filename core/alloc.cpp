@@ -14,6 +14,7 @@
 #include "core/bytes.h"
 #include "core/clock.h"
 #include "core/error.h"
+#include "core/stream.h"
 
 namespace sw {
 
@@ -376,6 +377,26 @@ void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size
                       : dst_dev.is_cpu() ? CopyDir::DeviceToHost
                                          : CopyDir::DeviceToDevice;
   a.copy(dst, src, bytes, dir, dev.index);
+}
+
+std::shared_ptr<Event> copy_bytes_async(void* dst, Device dst_dev, const void* src, Device src_dev,
+                                        size_t bytes, Event* after) {
+  const bool host = dst_dev.is_cpu() && src_dev.is_cpu();
+  if (!host) {
+    SW_CHECK(dst_dev.is_cpu() || src_dev.is_cpu() || dst_dev == src_dev,
+             "copy_bytes_async between two devices");
+    const Device dev = dst_dev.is_cpu() ? src_dev : dst_dev;
+    const DeviceAllocator& a = dev_alloc(dev.kind);
+    if (a.copy_async && bytes > 0) {
+      const CopyDir dir = src_dev.is_cpu()   ? CopyDir::HostToDevice
+                          : dst_dev.is_cpu() ? CopyDir::DeviceToHost
+                                             : CopyDir::DeviceToDevice;
+      return a.copy_async(dst, src, bytes, dir, dev.index, after);
+    }
+  }
+  if (after) after->synchronize();
+  copy_bytes(dst, dst_dev, src, src_dev, bytes);  // ordered after the compute stream's work
+  return completed_event();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -27,12 +27,15 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include "core/device.h"
 
 namespace sw {
+
+class Event;  // core/stream.h
 
 enum class Mem : uint8_t {
   Params,
@@ -150,12 +153,27 @@ struct DeviceAllocator {
   // Copies bytes, ordered after the work enqueued on the device's compute stream so far, and
   // returns once it is complete (the host may read dst / reuse src). Needed by copy_bytes.
   void (*copy)(void* dst, const void* src, size_t bytes, CopyDir dir, int device_index) = nullptr;
+  // Enqueues the copy on the device's copy stream for its direction and returns its
+  // completion at once (copy_bytes_async). It starts after `after` has completed, or, when
+  // `after` is null, after the work enqueued on the compute stream so far. Optional: without
+  // it copy_bytes_async waits for `after` and calls `copy`.
+  std::shared_ptr<Event> (*copy_async)(void* dst, const void* src, size_t bytes, CopyDir dir,
+                                       int device_index, Event* after) = nullptr;
 };
 void register_device_allocator(DeviceKind kind, DeviceAllocator a);
 // The one way host code moves bytes in or out of device memory (Buffers of a non-CPU device):
 // a memcpy when both sides are on the CPU, the device's registered copy otherwise (see
 // DeviceAllocator::copy for the ordering). Copies between two different devices are refused.
 void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
+// The asynchronous copy (docs/ARCHITECTURE.md, "Copy streams"): returns the copy's completion
+// at once. The copy starts after `after` has completed; with `after` null, after the work
+// enqueued on the device's compute stream so far (what produced src, what last read dst).
+// Until the event has completed, nothing may read or write dst, write src, or free either
+// (device memory: once the compute stream has waited for the event, work enqueued on it
+// after the wait may). Between two host buffers: a memcpy once `after` completed, and a
+// completed event. Copies run in issue order per direction and device.
+std::shared_ptr<Event> copy_bytes_async(void* dst, Device dst_dev, const void* src, Device src_dev,
+                                        size_t bytes, Event* after = nullptr);
 
 // An owning, 64-byte-aligned, tracked allocation. Move-only. Contents are uninitialised
 // unless zero() is called (a reused block holds whatever its last user left).

@@ -1,10 +1,41 @@
 #include "core/stream.h"
 
+#include "core/error.h"
+
 namespace sw {
 
 HostStream& host_stream() {
   static HostStream s;
   return s;
+}
+
+bool HostEvent::query() {
+  std::lock_guard<std::mutex> l(mu_);
+  return done_;
+}
+
+void HostEvent::synchronize() {
+  std::unique_lock<std::mutex> l(mu_);
+  cv_.wait(l, [&] { return done_; });
+  if (!error_.empty()) throw Error(error_);
+}
+
+void HostEvent::complete(std::string error) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    done_ = true;
+    error_ = std::move(error);
+  }
+  cv_.notify_all();
+}
+
+std::shared_ptr<Event> completed_event() {
+  static const std::shared_ptr<Event> e = [] {
+    auto h = std::make_shared<HostEvent>();
+    h->complete();
+    return std::shared_ptr<Event>(h);
+  }();
+  return e;
 }
 
 }  // namespace sw

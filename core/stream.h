@@ -14,6 +14,10 @@
 // Event::synchronize for any other; Event::synchronize is cudaEventSynchronize; a NCCL Group
 // (sharding/comm/nccl/) enqueues on its own stream and records an event after each collective.
 #pragma once
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
 
 namespace sw {
 
@@ -51,5 +55,24 @@ class HostStream final : public Stream {
   void synchronize() override {}
 };
 HostStream& host_stream();
+
+// An event a host thread completes (a job of a worker thread: the host optimizer's update of
+// one unit). complete() once; synchronize() then throws sw::Error(error) when one was given.
+class HostEvent final : public Event {
+ public:
+  bool query() override;
+  void synchronize() override;
+  void complete(std::string error = {});
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::string error_;
+};
+
+// An event that has already completed (what an asynchronous copy between host buffers
+// returns: it ran at once).
+std::shared_ptr<Event> completed_event();
 
 }  // namespace sw

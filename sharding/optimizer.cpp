@@ -6,13 +6,17 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 #include <vector>
 
 #include "core/bytes.h"
 #include "core/error.h"
+#include "core/stream.h"
+#include "kernels/threads.h"
 #include "sharding/sharded_model_impl.h"
 
 namespace sw {
@@ -78,6 +82,19 @@ void ShardedModel::optimizer_step(const AdamWParams& p, float lr, float grad_mul
   if (!I.flush_plan.actions.empty()) I.deferred = Impl::DeferredStep{p, lr, grad_mult, step};
 }
 
+int ShardedModel::host_updates_in_flight() const {
+  int n = 0;
+  for (const auto& fu : impl_->units) n += fu->update_pending() ? 1 : 0;
+  return n;
+}
+
+void ShardedModel::hold_host_updates(bool on) {
+  Impl& I = *impl_;
+  if (!I.host_updater)
+    I.host_updater = std::make_unique<HostWorker>([t = num_threads()] { set_num_threads(t); });
+  I.host_updater->hold(on);
+}
+
 void ShardedModel::Impl::set_deferred(ExecState& st) const {
   st.adam = &deferred->adam;
   st.lr = deferred->lr;
@@ -103,34 +120,15 @@ void ShardedModel::Impl::update_unit(FlatUnit& fu, const ExecState& st, int64_t 
     fu.wait_unshard();
     fu.reshard();
   }
+  if (fu.moments_on_host()) {
+    update_on_host(fu, st, lo, hi);
+    return;
+  }
   const AdamWParams& p = *st.adam;
   const Range shard = fu.shard_range();
   const Range part{shard.lo + lo, shard.lo + hi};
-  // On a device with the moments in host memory (offload_optimizer cpu; offload_param cpu puts
-  // the master and gradient shards there too): the update runs on the CPU with the CPU's AdamW
-  // (ZeRO-Offload), over host copies of whichever of this part's master and gradient are on the
-  // device; an updated device master is copied back. Same arithmetic as the device's AdamW
-  // where that equals the CPU's (the simulated accelerator: bit for bit).
-  const Device dev = ops->device();
-  const bool on_host = fu.moments_on_host();
-  const bool copy_master = on_host && !fu.master_device().is_cpu();
-  const bool copy_grad = on_host && !fu.grad_device().is_cpu();
-  const Ops& o = on_host ? ops_for(Device::cpu()) : *ops;
   float* master = fu.master() + lo;
   const float* grad = fu.grad_shard() + lo;
-  const size_t n = static_cast<size_t>(hi - lo);
-  if (copy_master || copy_grad) {
-    if (opt_host.bytes() < 2 * n * sizeof(float))
-      opt_host = Buffer(2 * n * sizeof(float), Mem::Optimizer, Device::cpu(), Tier::Host);
-    if (copy_master) {
-      copy_bytes(opt_host.f32(), Device::cpu(), master, dev, n * sizeof(float));
-      master = opt_host.f32();
-    }
-    if (copy_grad) {
-      copy_bytes(opt_host.f32() + n, Device::cpu(), grad, dev, n * sizeof(float));
-      grad = opt_host.f32() + n;
-    }
-  }
   for (size_t s = 0; s < fu.layout().specs.size(); ++s) {
     const FlatEntry& e = fu.layout().entries[s];
     const Range r = intersect(part, {e.offset, e.offset + e.numel});
@@ -138,15 +136,89 @@ void ShardedModel::Impl::update_unit(FlatUnit& fu, const ExecState& st, int64_t 
     const size_t off = static_cast<size_t>(r.lo - shard.lo);  // into the shard
     const size_t poff = static_cast<size_t>(r.lo - part.lo);  // into this part
     const float wd = fu.layout().specs[s].weight_decay ? p.weight_decay : 0.f;
-    o.adamw(master + poff, grad + poff, fu.adam_m() + off, fu.adam_v() + off,
-            static_cast<size_t>(r.hi - r.lo), st.lr, p.beta1, p.beta2, p.eps, wd, st.step,
-            st.grad_mult);
+    ops->adamw(master + poff, grad + poff, fu.adam_m() + off, fu.adam_v() + off,
+               static_cast<size_t>(r.hi - r.lo), st.lr, p.beta1, p.beta2, p.eps, wd, st.step,
+               st.grad_mult);
   }
-  if (copy_master)
-    copy_bytes(fu.master() + lo, dev, opt_host.f32(), Device::cpu(), n * sizeof(float));
   // A split fp32 master with one rank re-rounds the compute copy (no communication); stage 1's
   // all-gather of the updated slices is the plan's Regather action.
   if (fu.kind() == FlatUnit::Kind::Whole && hi == fu.shard_size()) fu.issue_regather();
+}
+
+// On a device with the moments in host memory (offload_optimizer cpu; offload_param cpu puts
+// the master and gradient shards there too): the update runs on the CPU with the CPU's AdamW
+// (ZeRO-Offload), on the host updater thread, over host copies of whichever of this part's
+// master and gradient are on the device. The copies down are issued here, ordered after the
+// device's work so far (copy_bytes_async); the job waits for them, updates, and copies an
+// updated device master back. The unit is the update's until it settles (FlatUnit::
+// set_pending_update): the device meanwhile runs whatever does not touch it, the next step's
+// forward of the units updated before it included. Same arithmetic as the device's AdamW where
+// that equals the CPU's (the simulated accelerator: bit for bit).
+void ShardedModel::Impl::update_on_host(FlatUnit& fu, const ExecState& st, int64_t lo,
+                                        int64_t hi) {
+  struct Piece {
+    size_t off, poff, n;  // into the shard, into this part, floats
+    float wd;
+  };
+  const AdamWParams p = *st.adam;
+  const Range shard = fu.shard_range();
+  const Range part{shard.lo + lo, shard.lo + hi};
+  std::vector<Piece> pieces;
+  for (size_t s = 0; s < fu.layout().specs.size(); ++s) {
+    const FlatEntry& e = fu.layout().entries[s];
+    const Range r = intersect(part, {e.offset, e.offset + e.numel});
+    if (r.empty()) continue;
+    pieces.push_back({static_cast<size_t>(r.lo - shard.lo), static_cast<size_t>(r.lo - part.lo),
+                      static_cast<size_t>(r.hi - r.lo),
+                      fu.layout().specs[s].weight_decay ? p.weight_decay : 0.f});
+  }
+  const Device dev = ops->device(), cpu = Device::cpu();
+  const bool copy_master = !fu.master_device().is_cpu();
+  const bool copy_grad = !fu.grad_device().is_cpu();
+  const size_t n = static_cast<size_t>(hi - lo), nb = n * sizeof(float);
+  float* master = fu.master() + lo;  // on master_device()
+  const float* grad = fu.grad_shard() + lo;
+  float* m = fu.adam_m();
+  float* v = fu.adam_v();
+  // Host staging: transient, from the Tier::Host pool (pinned once a GPU registered pinning).
+  auto stage = std::make_shared<Buffer>();
+  std::shared_ptr<Event> got_master, got_grad;
+  float* hmaster = master;
+  const float* hgrad = grad;
+  if (copy_master || copy_grad) {
+    *stage = Buffer((copy_master + copy_grad) * nb, Mem::Optimizer, cpu, Tier::Host);
+    float* q = stage->f32();
+    if (copy_master) {
+      got_master = copy_bytes_async(q, cpu, master, dev, nb);
+      hmaster = q;
+      q += n;
+    }
+    if (copy_grad) {
+      got_grad = copy_bytes_async(q, cpu, grad, dev, nb);
+      hgrad = q;
+    }
+  }
+  const float lr = st.lr, grad_mult = st.grad_mult;
+  const int step = st.step;
+  const Ops& cpu_ops = ops_for(cpu);
+  const int delay_us = host_update_delay_us;
+  auto job = [=, &cpu_ops]() {
+    if (delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+    if (got_master) got_master->synchronize();
+    if (got_grad) got_grad->synchronize();
+    for (const Piece& pc : pieces)
+      cpu_ops.adamw(hmaster + pc.poff, hgrad + pc.poff, m + pc.off, v + pc.off, pc.n, lr, p.beta1,
+                    p.beta2, p.eps, pc.wd, step, grad_mult);
+    // Nothing on the device touches the master until the unit settles: no wait for its work.
+    if (copy_master)
+      copy_bytes_async(master, dev, hmaster, cpu, nb, completed_event().get())->synchronize();
+    (void)stage;  // released with the job, on the worker
+  };
+  if (!host_updater)
+    host_updater = std::make_unique<HostWorker>([t = num_threads()] { set_num_threads(t); });
+  fu.set_pending_update(host_updater->post(std::move(job)),
+                        fu.kind() == FlatUnit::Kind::Whole && hi == fu.shard_size());
+  if (host_update_sync) fu.settle();
 }
 
 }  // namespace sw

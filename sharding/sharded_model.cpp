@@ -165,6 +165,8 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
   I.rank = rank;
   if (ac.offload_nvme && ac.nvme_path.empty())
     fail("offload", "activation_checkpointing.nvme_path: required with offload 'nvme'");
+  if (const char* v = std::getenv("SHARDWISE_HOST_UPDATE_DELAY_US"))
+    I.host_update_delay_us = std::max(0, std::atoi(v));
   if (const char* v = std::getenv("SHARDWISE_EXEC_DELAY_US")) {
     I.exec_delay_us = std::max(0, std::atoi(v));
     I.delay_state = 0x9E3779B97F4A7C15ULL ^ static_cast<uint64_t>(rank);

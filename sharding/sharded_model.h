@@ -88,8 +88,14 @@ class ShardedModel {
   double grad_norm() const;
   void zero_grads();
   // Collective. AdamW on this rank's slice of every parameter; grads multiplied by grad_mult
-  // first (clipping). step from 1.
+  // first (clipping). step from 1. On a device with offload_optimizer cpu, the offloaded
+  // units' updates may still run on the host updater thread when this returns: each unit
+  // waits for its own where it is next touched (the next forward's gather, say).
   void optimizer_step(const AdamWParams& p, float lr, float grad_mult, int step);
+  // Units whose update runs on the host updater thread now. Tests: hold_host_updates(true)
+  // keeps that thread from starting another update until hold_host_updates(false).
+  int host_updates_in_flight() const;
+  void hold_host_updates(bool on);
 
   // Collective (unless gather_full_params holds a copy). Full parameters, one call per
   // ParamSpec in unit order, gathered one unit at a time.

@@ -21,6 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/worker.h"
 #include "sharding/sharded_model.h"
 #include "sharding/io_stream.h"
 #include "sharding/step_plan.h"
@@ -152,13 +153,19 @@ struct ShardedModel::Impl {
   GroupPtr world, shard, rep, shard_host;
   // A batch on the device (its tokens and targets copied there), for a non-CPU device.
   Buffer batch_tokens, batch_targets;
-  // Host copies of a part of a master and gradient shard for an update on the CPU
-  // (FlatUnit::moments_on_host), grown to the largest part, kept.
-  Buffer opt_host;
   Batch dev_batch;
   const Batch& on_device(const Batch& b);
   int W = 1, S = 1, R = 1;
   std::vector<std::unique_ptr<FlatUnit>> units;
+  // offload_optimizer cpu on a device: the host thread the CPU's AdamW runs on while the
+  // device goes on (update_on_host), made on first use. Declared after `units`, so it is
+  // joined (its jobs run out) before the units' buffers go. SHARDWISE_HOST_UPDATE_ASYNC=0 waits
+  // for each update where it is issued (the synchronous split, for comparison).
+  std::unique_ptr<HostWorker> host_updater;
+  const bool host_update_sync = env_switched_off("SHARDWISE_HOST_UPDATE_ASYNC");
+  // Tests: SHARDWISE_HOST_UPDATE_DELAY_US=N sleeps N us before each host update, so a unit
+  // touched before its update settled reads stale values and the comparison fails.
+  int host_update_delay_us = 0;
   // Global parameter name -> (unit, spec index).
   std::unordered_map<std::string, std::pair<int, int>> by_name;
 
@@ -274,6 +281,8 @@ struct ShardedModel::Impl {
   // AdamW on floats [lo, hi) of this rank's slice (the whole slice unless NVMe streams it in
   // pieces); the unit's once-per-update work comes with the piece that ends the slice.
   void update_unit(FlatUnit& fu, const ExecState& st, int64_t lo, int64_t hi);
+  // update_unit for a unit whose moments are in host memory while it lives on a device.
+  void update_on_host(FlatUnit& fu, const ExecState& st, int64_t lo, int64_t hi);
   // Creates the NVMe moments file (zeros) after checking the room it needs (sw::Error naming
   // nvme_path otherwise) and the staging buffers.
   void setup_nvme(int rank);

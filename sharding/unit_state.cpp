@@ -105,6 +105,7 @@ void FlatUnit::point_grads() {
 }
 
 void FlatUnit::finish_init() {
+  settle();
   if (!split_) return;
   const Range r = shard_range();
   if (hm_)
@@ -115,6 +116,7 @@ void FlatUnit::finish_init() {
 }
 
 void FlatUnit::round_compute(int64_t off, int64_t n) {
+  settle();
   SW_CHECK(full_ && off >= 0 && off + n <= layout_.padded, "round_compute out of range");
   ops_->round_to(pdt_, full_ + off, static_cast<size_t>(n));
 }
@@ -143,6 +145,7 @@ void FlatUnit::issue_narrow_gather() {
 }
 
 void FlatUnit::issue_unshard() {
+  settle();
   if (sstate_ == ShardedState::Unsharded || gather_in_flight_) return;
   const int64_t Sh = layout_.shard_size();
   switch (kind_) {
@@ -182,12 +185,14 @@ void FlatUnit::finish_gather() {
 }
 
 void FlatUnit::wait_unshard() {
+  settle();
   if (sstate_ == ShardedState::Unsharded) return;
   issue_unshard();
   finish_gather();
 }
 
 void FlatUnit::reshard() {
+  settle();
   SW_CHECK(!gather_in_flight_, "reshard of unit '" + unit_->name() + "' with a gather in flight");
   if (kind_ != Kind::Sharded || sstate_ == ShardedState::Sharded) return;
   full_buf_.release();
@@ -197,6 +202,7 @@ void FlatUnit::reshard() {
 }
 
 void FlatUnit::issue_regather() {
+  settle();
   if (kind_ == Kind::Whole && split_) {
     if (hm_)
       copy_bytes(full_, ops_->device(), master_, Device::cpu(), fbytes(layout_.padded));
@@ -214,12 +220,14 @@ void FlatUnit::issue_regather() {
 // ---- Training state --------------------------------------------------------------------------
 
 void FlatUnit::to_forward() {
+  settle();
   SW_CHECK(tstate_ == TrainingState::Idle || tstate_ == TrainingState::Forward,
            "unit '" + unit_->name() + "': forward in state " + training_state_name(tstate_));
   tstate_ = TrainingState::Forward;
 }
 
 void FlatUnit::to_pre_backward() {
+  settle();
   SW_CHECK(tstate_ == TrainingState::Forward || tstate_ == TrainingState::PreBackward,
            "unit '" + unit_->name() + "': backward in state " + training_state_name(tstate_));
   SW_CHECK(sstate_ == ShardedState::Unsharded,
@@ -236,6 +244,7 @@ void FlatUnit::to_post_backward() {
 // ---- Gradients -------------------------------------------------------------------------------
 
 void FlatUnit::ensure_grads() {
+  settle();
   if (grad_full_) return;
   SW_CHECK(kind_ == Kind::Sharded, "persistent gradients are always allocated");
   grad_buf_ = Buffer(fbytes(layout_.padded), Mem::Communication, ops_->device());
@@ -245,17 +254,20 @@ void FlatUnit::ensure_grads() {
 }
 
 void* FlatUnit::reduced_block() const {
+  settle();
   const int64_t lo = shard_range().lo;
   if (rdt_ == DType::F32) return grad_full_ + lo;
   return reinterpret_cast<uint16_t*>(grad_full_) + lo;
 }
 
 void FlatUnit::round_grads() {
+  settle();
   SW_CHECK(kind_ == Kind::Whole, "round_grads is for whole units");
   ops_->round_to(rdt_, grad_full_, static_cast<size_t>(layout_.padded));
 }
 
 Work FlatUnit::issue_reduce_scatter(int replicas) {
+  settle();
   SW_CHECK(kind_ != Kind::Whole && grad_full_, "reduce-scatter needs unsharded gradients");
   if (rdt_ == DType::F32)
     return shard_->issue_reduce_scatter(grad_full_, reduced_block(), layout_.shard_size(),
@@ -269,6 +281,7 @@ Work FlatUnit::issue_reduce_scatter(int replicas) {
 }
 
 void FlatUnit::accumulate_reduced() {
+  settle();
   SW_CHECK(kind_ != Kind::Whole && grad_full_, "nothing to accumulate");
   const size_t Sh = static_cast<size_t>(layout_.shard_size());
   SW_CHECK(grad_shard_, "unit '" + unit_->name() + "': its gradients on NVMe were not staged");
@@ -296,7 +309,28 @@ void FlatUnit::accumulate_reduced() {
   dirty_ = false;
 }
 
+void FlatUnit::set_pending_update(std::shared_ptr<Event> done, bool regather) {
+  settle();
+  pending_ = std::move(done);
+  regather_after_ = regather;
+  zero_after_ = false;
+}
+
+void FlatUnit::finish_update() {
+  std::shared_ptr<Event> e = std::move(pending_);
+  pending_ = nullptr;
+  const bool regather = regather_after_, zero = zero_after_;
+  regather_after_ = zero_after_ = false;
+  e->synchronize();  // its failure propagates; the unit then counts as settled
+  if (regather) issue_regather();
+  if (zero) zero_grads();
+}
+
 void FlatUnit::zero_grads() {
+  if (pending_) {  // the update still reads the gradients: zeroed once it is done
+    zero_after_ = true;
+    return;
+  }
   const size_t P = static_cast<size_t>(layout_.padded), Sh = static_cast<size_t>(shard_size());
   switch (kind_) {
     case Kind::Sharded:
@@ -320,9 +354,11 @@ void FlatUnit::zero_grads() {
 // ---- Export helpers --------------------------------------------------------------------------
 
 void FlatUnit::gather_params_into(float* out) const {
+  settle();
   gather_shard_into(master_, master_device(), out);
 }
 void FlatUnit::gather_grads_into(float* out) const {
+  settle();
   gather_shard_into(grad_shard_, grad_device(), out);
 }
 
@@ -353,6 +389,14 @@ void* FlatUnit::host_stage(size_t bytes) {
 }
 
 void FlatUnit::quiesce() noexcept {
+  if (pending_) {
+    try {
+      pending_->synchronize();
+    } catch (...) {
+    }
+    pending_ = nullptr;
+    regather_after_ = zero_after_ = false;
+  }
   if (!gather_in_flight_) return;
   try {
     finish_gather();

@@ -38,6 +38,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "core/alloc.h"
@@ -163,15 +164,29 @@ class FlatUnit {
   // Zeroes the reduced gradients and drops (or zeroes) the unsharded ones.
   void zero_grads();
 
+  // ---- An update running elsewhere ---------------------------------------------------------
+  // offload_optimizer cpu on a device: the unit's AdamW runs on a host thread (ShardedModel's
+  // host updater) while the device goes on. Until `done` completes, the update owns the
+  // master, the gradient shard and the moments (a Whole unit's master is its full buffer).
+  // settle() waits for it, rethrows its failure, then does what was left for after it:
+  // `regather` (issue_regather: a Whole unit's compute copy) and a zero_grads() asked for
+  // meanwhile (which does not wait). Every view below and every transition above and below
+  // settles first, so nothing outside the update sees a half-updated unit.
+  void set_pending_update(std::shared_ptr<Event> done, bool regather);
+  bool update_pending() const { return pending_ != nullptr; }
+  void settle() const {
+    if (pending_) const_cast<FlatUnit*>(this)->finish_update();
+  }
+
   // ---- Views -------------------------------------------------------------------------------
-  float* master() const { return master_; }          // (shard) fp32 master
-  float* full() const { return full_; }              // (padded) valid when Unsharded
-  float* grad_shard() const { return grad_shard_; }  // (shard) reduced gradients
-  float* grad_full() const { return grad_full_; }    // (padded) unsharded gradients
+  float* master() const { return settle(), master_; }          // (shard) fp32 master
+  float* full() const { return settle(), full_; }              // (padded) valid when Unsharded
+  float* grad_shard() const { return settle(), grad_shard_; }  // (shard) reduced gradients
+  float* grad_full() const { return settle(), grad_full_; }    // (padded) unsharded gradients
   // AdamW moments (shard). Tier::Nvme units have none in memory except while the executor has
   // staged them (stage_moments), for their update or a checkpoint read.
-  float* adam_m() const { return m_ptr_; }
-  float* adam_v() const { return v_ptr_; }
+  float* adam_m() const { return settle(), m_ptr_; }
+  float* adam_v() const { return settle(), v_ptr_; }
   bool moments_on_nvme() const { return nvme_; }
   // Where the master shard and the gradient shard live: the Ops' device, or the CPU when they
   // are offloaded (param tier Host) while the unit computes on a device (offload_param cpu on a
@@ -187,18 +202,18 @@ class FlatUnit {
   bool moments_on_host() const {
     return !nvme_ && !m_.empty() && m_.device().is_cpu() && !ops_->device().is_cpu();
   }
-  void stage_moments(float* m, float* v) { m_ptr_ = m, v_ptr_ = v; }
+  void stage_moments(float* m, float* v) { settle(), m_ptr_ = m, v_ptr_ = v; }
   // param_tier Tier::Nvme (Kind::Sharded only): the master and reduced gradient shards live
   // in the NVMe file; master() / grad_shard() are null except while the executor has staged
   // them (a gather's source, a reduction's accumulator, an optimizer piece, a checkpoint or
   // export access). grads_zero(): the reduced gradients are all zero (nothing accumulated
   // since zero_grads), so the file's copy need not be read.
   bool params_on_nvme() const { return pnvme_; }
-  void stage_master(float* p) { master_ = p; }
-  void stage_grad(float* g) { grad_shard_ = g; }
+  void stage_master(float* p) { settle(), master_ = p; }
+  void stage_grad(float* g) { settle(), grad_shard_ = g; }
   bool grads_zero() const { return grads_zero_; }
-  const std::vector<float*>& params() const { return params_; }  // per spec, into full
-  const std::vector<float*>& grads() const { return grads_; }    // per spec, into grad_full
+  const std::vector<float*>& params() const { return settle(), params_; }  // per spec, into full
+  const std::vector<float*>& grads() const { return settle(), grads_; }    // into grad_full
   // Gathers this unit's master shards into `out` (padded floats) without touching the state:
   // a collective, for parameter export between steps.
   void gather_params_into(float* out) const;
@@ -208,7 +223,8 @@ class FlatUnit {
   // Schedule positions of the unit's first and last calls (set by ShardedModel).
   int first_pos = -1, last_pos = -1;
 
-  // Waits for any collective of this unit still in flight (errors swallowed): for teardown.
+  // Waits for any collective and any update of this unit still in flight (errors swallowed):
+  // for teardown.
   void quiesce() noexcept;
 
  private:
@@ -254,6 +270,10 @@ class FlatUnit {
   Work gather_;
   bool gather_in_flight_ = false;
   bool dirty_ = false;
+  // An update running elsewhere (set_pending_update) and what waits for it.
+  void finish_update();
+  std::shared_ptr<Event> pending_;
+  bool regather_after_ = false, zero_after_ = false;
 };
 
 }  // namespace sw

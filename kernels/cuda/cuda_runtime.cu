@@ -15,7 +15,8 @@
 // so its work and the legacy stream's (plain cudaMemcpy) are ordered with each other in issue
 // order, and a block freed after use on either is safe to reuse on either. Any other stream
 // that touches a buffer (a NCCL group's stream, the executor's copy streams when they exist)
-// must call cuda_record_stream(ptr, stream) before the buffer is freed.
+// must call cuda_record_stream(ptr, stream) before the buffer is freed (the copy streams below
+// do it for every copy).
 // SHARDWISE_CUDA_CACHING=0: plain cudaMalloc/cudaFree per buffer (for compute-sanitizer).
 //
 // Copies (DeviceAllocator::copy, behind copy_bytes): cudaMemcpy on the legacy default stream
@@ -39,6 +40,7 @@
 #include "core/device_cache.h"
 #include "core/error.h"
 #include "core/launch.h"
+#include "core/stream.h"
 #include "kernels/cuda/cuda_runtime.h"
 #include "kernels/ops.h"
 
@@ -146,6 +148,53 @@ void device_copy(void* dst, const void* src, size_t bytes, CopyDir dir, int devi
   cuda_check(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize (copy)");
 }
 
+// ---- Copy streams (DeviceAllocator::copy_async, behind copy_bytes_async): one non-blocking
+// stream per direction and device, created on first use and never destroyed, so an upload and
+// a download run at once (two copy engines) and neither waits for the compute stream except
+// where asked: by default (after == null) the copy stream waits for an event recorded on the
+// compute stream now; for a given `after` it waits natively when it has a native handle, else
+// the issuing thread waits for it. The device side of the copy is recorded on the copy stream
+// (cuda_record_stream), so its block is reused only after the copy even if it is freed first.
+// Host memory is pinned where it comes from the Tier::Host pool; a pageable one still copies,
+// but cudaMemcpyAsync then stages it through the driver and overlaps nothing.
+std::atomic<cudaStream_t> g_copy_streams[kMaxDevices][3];
+std::mutex g_copy_streams_mu;
+
+cudaStream_t copy_stream(int device, CopyDir dir) {
+  SW_CHECK(device >= 0 && device < kMaxDevices, "cuda: device index out of range");
+  std::atomic<cudaStream_t>& slot = g_copy_streams[device][static_cast<int>(dir)];
+  if (cudaStream_t s = slot.load(std::memory_order_acquire)) return s;
+  std::lock_guard<std::mutex> l(g_copy_streams_mu);
+  if (cudaStream_t s = slot.load(std::memory_order_acquire)) return s;
+  cudaStream_t s = nullptr;
+  cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate (copy)");
+  slot.store(s, std::memory_order_release);
+  return s;
+}
+
+std::shared_ptr<Event> device_copy_async(void* dst, const void* src, size_t bytes, CopyDir dir,
+                                         int device, Event* after) {
+  cuda_use_device(device);
+  cudaStream_t s = copy_stream(device, dir);
+  if (!after) {
+    auto mark = cuda_record_event(cuda_compute_stream(device), device);
+    cuda_check(cudaStreamWaitEvent(s, static_cast<cudaEvent_t>(mark->native_handle()), 0),
+               "cudaStreamWaitEvent (copy)");
+  } else if (after->native_handle()) {
+    cuda_check(cudaStreamWaitEvent(s, static_cast<cudaEvent_t>(after->native_handle()), 0),
+               "cudaStreamWaitEvent (copy)");
+  } else {
+    after->synchronize();
+  }
+  const cudaMemcpyKind kind = dir == CopyDir::HostToDevice   ? cudaMemcpyHostToDevice
+                              : dir == CopyDir::DeviceToHost ? cudaMemcpyDeviceToHost
+                                                             : cudaMemcpyDeviceToDevice;
+  cuda_check(cudaMemcpyAsync(dst, src, bytes, kind, s), "cudaMemcpyAsync");
+  if (dir != CopyDir::HostToDevice) cuda_record_stream(src, s, device);
+  if (dir != CopyDir::DeviceToHost) cuda_record_stream(dst, s, device);
+  return cuda_record_event(s, device);
+}
+
 // ---- Host pinning (registered by cuda_current_device once a GPU is found).
 std::atomic<int> g_device{-1};  // this process's device, once chosen
 
@@ -165,8 +214,8 @@ void host_unpin(void* p, size_t) {
 
 struct Registrar {
   Registrar() {
-    register_device_allocator(DeviceKind::CUDA, {device_alloc, device_free,
-                                                 device_release_cached, device_copy});
+    register_device_allocator(DeviceKind::CUDA, {device_alloc, device_free, device_release_cached,
+                                                 device_copy, device_copy_async});
   }
 } registrar;
 

@@ -9,11 +9,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/stream.h"
 #include "kernels/ops.h"
 
 namespace swtest {
@@ -404,7 +406,7 @@ void* sim_alloc(size_t bytes, int) { return arena().alloc(bytes); }
 void sim_free(void* p, int) { arena().release(p); }
 // A copy whose pointers are not on the sides its direction says (a host pointer passed as
 // device memory: cudaMemcpy would fail or copy garbage) exits with 88.
-void sim_copy(void* dst, const void* src, size_t bytes, sw::CopyDir dir, int) {
+void check_sides(void* dst, const void* src, size_t bytes, sw::CopyDir dir) {
   const bool src_dev = dir != sw::CopyDir::HostToDevice, dst_dev = dir != sw::CopyDir::DeviceToHost;
   if (arena_owns(src) != src_dev || arena_owns(dst) != dst_dev) {
     std::fprintf(stderr, "sim device: a copy of %zu bytes from %p (%s) to %p (%s) has a pointer "
@@ -414,8 +416,65 @@ void sim_copy(void* dst, const void* src, size_t bytes, sw::CopyDir dir, int) {
     backtrace_symbols_fd(frames, backtrace(frames, 64), 2);
     _exit(88);
   }
+}
+void sim_copy(void* dst, const void* src, size_t bytes, sw::CopyDir dir, int) {
+  check_sides(dst, src, bytes, dir);
   Open g;
   std::memcpy(dst, src, bytes);
+}
+
+// Asynchronous copies (copy_async): one lane per direction, whose copies run only when somebody
+// waits for or queries one of them, and then in issue order up to it: the latest a copy stream
+// could run them. So a consumer that reads dst without waiting, or code that writes src or
+// reuses dst (or frees either) before the wait, sees other bytes than the CPU run and the
+// comparison with it fails. `after` is waited for at issue (the arithmetic runs on the calling
+// thread, so the compute stream's work is always done).
+struct Lane {
+  struct Job {
+    void* dst;
+    const void* src;
+    size_t bytes;
+  };
+  std::mutex mu;
+  std::deque<Job> jobs;
+  uint64_t issued = 0, done = 0;
+  void run_through(uint64_t seq) {
+    std::lock_guard<std::mutex> l(mu);
+    while (done < seq) {
+      const Job j = jobs.front();
+      jobs.pop_front();
+      {
+        Open g;
+        std::memcpy(j.dst, j.src, j.bytes);
+      }
+      ++done;
+    }
+  }
+};
+Lane g_lanes[3];  // indexed by CopyDir
+
+class SimCopyEvent final : public sw::Event {
+ public:
+  SimCopyEvent(Lane* lane, uint64_t seq) : lane_(lane), seq_(seq) {}
+  bool query() override {
+    lane_->run_through(seq_);
+    return true;
+  }
+  void synchronize() override { lane_->run_through(seq_); }
+
+ private:
+  Lane* lane_;
+  uint64_t seq_;
+};
+
+std::shared_ptr<sw::Event> sim_copy_async(void* dst, const void* src, size_t bytes,
+                                          sw::CopyDir dir, int, sw::Event* after) {
+  check_sides(dst, src, bytes, dir);
+  if (after) after->synchronize();
+  Lane& lane = g_lanes[static_cast<int>(dir)];
+  std::lock_guard<std::mutex> l(lane.mu);
+  lane.jobs.push_back({dst, src, bytes});
+  return std::make_shared<SimCopyEvent>(&lane, ++lane.issued);
 }
 
 // Test frameworks install their own SIGSEGV handler per test (Catch2 does); ours goes back on
@@ -441,6 +500,7 @@ struct Registrar {
     a.alloc = sim_alloc;
     a.free = sim_free;
     a.copy = sim_copy;
+    a.copy_async = sim_copy_async;
     sw::register_device_allocator(sw::DeviceKind::Sim, a);
     arm();
   }
@@ -461,5 +521,21 @@ bool sim_device_open() {
   return arena().open > 0;
 }
 bool sim_device_owns(const void* p) { return arena_owns(p); }
+uint64_t sim_copies_issued() {
+  uint64_t n = 0;
+  for (Lane& l : g_lanes) {
+    std::lock_guard<std::mutex> g(l.mu);
+    n += l.issued;
+  }
+  return n;
+}
+uint64_t sim_copies_done() {
+  uint64_t n = 0;
+  for (Lane& l : g_lanes) {
+    std::lock_guard<std::mutex> g(l.mu);
+    n += l.done;
+  }
+  return n;
+}
 
 }  // namespace swtest

@@ -10,6 +10,11 @@
 // Opening is counted, so concurrent ops and copies (a staged group's thread) nest; while any
 // is open every thread may touch the arena: the check catches stray accesses made while the
 // device is idle, which is where a host-side access in the engine happens.
+//
+// Asynchronous copies (copy_bytes_async) are lazy: a copy runs only when its event (or a later
+// one of the same direction) is waited for or queried. Code that uses a copy's destination
+// before waiting, or touches its source or destination meanwhile, sees other bytes than the
+// CPU run, so the bit-for-bit comparisons catch a missing wait.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -22,4 +27,7 @@ uint64_t sim_device_opens();
 bool sim_device_open();
 // Whether p lies in the arena.
 bool sim_device_owns(const void* p);
+// Asynchronous copies issued so far and those that have run (all directions).
+uint64_t sim_copies_issued();
+uint64_t sim_copies_done();
 }  // namespace swtest

@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -13,6 +14,7 @@
 #include "core/launch.h"
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "core/worker.h"
 
 using namespace sw;
 
@@ -137,4 +139,29 @@ TEST_CASE("launch: one precedence for the launcher's variables") {
 
   for (const char* v : vars) unsetenv(v);
   for (const auto& [k, v] : saved) setenv(k.c_str(), v.c_str(), 1);
+}
+
+TEST_CASE("HostWorker runs jobs in order, carries failures to their events, holds and drains") {
+  std::vector<int> order;
+  std::shared_ptr<sw::Event> last, bad;
+  std::atomic<int> ran{0};
+  {
+    sw::HostWorker w;
+    w.hold(true);
+    for (int i = 0; i < 5; ++i) last = w.post([&order, i] { order.push_back(i); });
+    bad = w.post([] { throw sw::Error("host job: out of luck"); });
+    CHECK(w.pending() == 6);
+    CHECK_FALSE(last->query());  // held: nothing ran
+    CHECK(order.empty());
+    w.hold(false);
+    last->synchronize();
+    CHECK(order == std::vector<int>{0, 1, 2, 3, 4});
+    CHECK_THROWS_WITH(bad->synchronize(), "host job: out of luck");
+    w.drain();
+    CHECK(w.pending() == 0);
+    w.hold(true);
+    for (int i = 0; i < 3; ++i) w.post([&ran] { ++ran; });
+  }  // the destructor releases and runs what was posted before joining
+  CHECK(ran == 3);
+  CHECK(sw::completed_event()->query());
 }

@@ -8,6 +8,7 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
@@ -132,6 +133,8 @@ TEST_CASE("sim device: copies round-trip and a host access faults", "[device]") 
 }
 
 TEST_CASE("sim device: ShardedModel trains bit-identically to the CPU", "[device]") {
+  // Host updates start late, so a unit touched before its update settled reads stale values.
+  setenv("SHARDWISE_HOST_UPDATE_DELAY_US", "2000", 1);
   for (const char* type : {"gpt2", "llama"}) {
     for (DType pdt : {DType::F32, DType::BF16})
     for (int offload = 0; offload < 4; ++offload) {
@@ -159,6 +162,80 @@ TEST_CASE("sim device: ShardedModel trains bit-identically to the CPU", "[device
       check_same(cpu, dev);
       CHECK(swtest::sim_device_bytes_in_use() == 0);
     }
+  }
+  unsetenv("SHARDWISE_HOST_UPDATE_DELAY_US");
+}
+
+TEST_CASE("sim device: asynchronous copies run in order, only once waited for", "[device]") {
+  std::vector<float> h(256), back(256, -1.f), back2(256, -1.f);
+  for (size_t i = 0; i < h.size(); ++i) h[i] = float(i) + 0.25f;
+  Buffer d(h.size() * 4, Mem::Params, Device::sim(0));
+  const uint64_t issued = swtest::sim_copies_issued(), done = swtest::sim_copies_done();
+  auto up = copy_bytes_async(d.data(), d.device(), h.data(), Device::cpu(), h.size() * 4);
+  auto down = copy_bytes_async(back.data(), Device::cpu(), d.data(), d.device(), h.size() * 4, up.get());
+  // Waiting for the upload at issue of the download ran it; the download is still queued.
+  CHECK(swtest::sim_copies_issued() == issued + 2);
+  CHECK(swtest::sim_copies_done() == done + 1);
+  CHECK(back[0] == -1.f);
+  // A later download of the same lane runs the earlier one first.
+  auto down2 = copy_bytes_async(back2.data(), Device::cpu(), d.data(), d.device(), 64);
+  down2->synchronize();
+  CHECK(down->query());
+  CHECK(back == h);
+  CHECK(back2[15] == h[15]);
+  CHECK(back2[16] == -1.f);
+  // Between host buffers: a memcpy, complete on return.
+  std::vector<float> h2(4, 0.f);
+  CHECK(copy_bytes_async(h2.data(), Device::cpu(), h.data(), Device::cpu(), 16)->query());
+  CHECK(h2[3] == h[3]);
+  CHECK_FALSE(swtest::sim_device_open());
+}
+
+TEST_CASE("sim device: the host optimizer runs on its thread while the device goes on",
+          "[device]") {
+  // offload_optimizer cpu: optimizer_step leaves the offloaded updates to the host updater and
+  // returns; zero_grads does not wait for them; each unit waits for its own update where it is
+  // next touched. Held updates prove that the step returned before any ran; the run must
+  // still equal the CPU's bit for bit.
+  for (DType pdt : {DType::F32, DType::BF16}) {
+    INFO("param_dtype " << dtype_name(pdt));
+    const ModelConfig cfg = tiny("llama");
+    ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+    pol.mixed_precision.param_dtype = pdt;
+    pol.forward_prefetch = 0;  // the optimizer segment then touches no unit after its update
+    pol.offload_optimizer.device = OffloadDevice::Cpu;
+    auto run = [&](const Ops& ops, GroupPtr g, bool hold) {
+      Model m = build_model(cfg);
+      ShardedModel sm(m, ops, 99, g, pol);
+      Data a(2, cfg.seq_len, 3, cfg.vocab_size);
+      AdamWParams ap;
+      std::vector<double> losses;
+      int held = -1;
+      for (int step = 1; step <= 6; ++step) {
+        sm.zero_grads();
+        losses.push_back(sm.forward_backward(a.batch, 1.f, true));
+        if (hold && step == 3) sm.hold_host_updates(true);
+        sm.optimizer_step(ap, 1e-2f, 1.f, step);
+        if (hold && step == 3) {
+          held = sm.host_updates_in_flight();
+          sm.zero_grads();  // deferred, not waited for
+          CHECK(sm.host_updates_in_flight() == held);
+          sm.hold_host_updates(false);
+        }
+      }
+      losses.push_back(sm.eval_loss(a.batch));
+      CHECK(sm.host_updates_in_flight() == 0);  // eval touched every unit
+      return std::make_pair(losses, held);
+    };
+    setenv("SHARDWISE_HOST_UPDATE_DELAY_US", "2000", 1);
+    const auto cpu = run(ops_for(Device::cpu()), make_local_group(), false);
+    const auto dev = run(ops_for(Device::sim(0)), device_group(make_local_group(), Device::sim(0)),
+                         true);
+    unsetenv("SHARDWISE_HOST_UPDATE_DELAY_US");
+    Model m = build_model(cfg);
+    CHECK(dev.second == static_cast<int>(m.units.size()));
+    CHECK(cpu.first == dev.first);
+    CHECK(swtest::sim_device_bytes_in_use() == 0);
   }
 }
 
