@@ -11,6 +11,9 @@
 // is open every thread may touch the arena: the check catches stray accesses made while the
 // device is idle, which is where a host-side access in the engine happens.
 //
+// SHARDWISE_SIM_GUARD=0 (benchmarks) leaves the arena readable and writable: no mprotect per
+// op, and no fault either.
+//
 // Asynchronous copies (copy_bytes_async) are lazy: a copy runs only when its event (or a later
 // one of the same direction) is waited for or queried. Code that uses a copy's destination
 // before waiting, or touches its source or destination meanwhile, sees other bytes than the
