@@ -28,6 +28,7 @@ void ShardedModel::Impl::ensure_pingpong(size_t n) {
 }
 
 void ShardedModel::Impl::free_activations() {
+  settle_act_copies();
   for (Buffer& a : acts) a.release();
   for (Saved& s : saved) s.clear();
   std::fill(recompute.begin(), recompute.end(), CheckpointMode::Off);
@@ -90,6 +91,43 @@ void ShardedModel::Impl::run(Model& model, const StepPlan& plan, ExecState& st) 
     run_action(model, plan, i, st);
   }
   MemTracker::set_action(-1);
+  // Every activation copy's WaitIo is in the segment that issued it; the host buffers the
+  // last fetches read go once those copies are complete.
+  SW_CHECK(act_copies.empty(), "plan: an activation copy without its wait");
+  release_copied(true);
+}
+
+void ShardedModel::Impl::release_copied(bool wait) {
+  size_t k = 0;
+  for (size_t j = 0; j < copied_host.size(); ++j) {
+    auto& [ev, buf] = copied_host[j];
+    if (wait) ev->synchronize();
+    if (wait || ev->query()) {
+      buf.release();
+    } else {
+      if (k != j) copied_host[k] = std::move(copied_host[j]);
+      ++k;
+    }
+  }
+  copied_host.resize(k);
+}
+
+void ShardedModel::Impl::settle_act_copies() noexcept {
+  for (auto& [i, c] : act_copies)
+    for (auto& e : c.ev) {
+      try {
+        e->synchronize();
+      } catch (...) {
+      }
+    }
+  act_copies.clear();
+  for (auto& [ev, buf] : copied_host) {
+    try {
+      ev->synchronize();
+    } catch (...) {
+    }
+  }
+  copied_host.clear();
 }
 
 void ShardedModel::Impl::record(const StepPlan& plan, int i, double t0, double t1) {
@@ -270,6 +308,20 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
         run_act_io(plan, i);
         return;
       }
+      if (a.pos >= 0 && plan_in.async_copies) {  // activation offload on a device's copy streams
+        const Tier t = a.kind == ActionKind::Evict ? Tier::Host : Tier::Device;
+        const Device dev = t == Tier::Device ? ops->device() : Device::cpu();
+        CopiesInFlight& c = act_copies[i];
+        saved[p].move_to(t, ops->device(), &c.ev, &c.from);
+        Buffer& x = acts[p];
+        if (!x.empty() && x.tier() != t) {
+          Buffer nb(x.bytes(), Mem::Activations, dev, t);
+          c.ev.push_back(copy_bytes_async(nb.data(), dev, x.data(), x.device(), x.bytes()));
+          c.from.push_back(std::move(x));
+          x = std::move(nb);
+        }
+        break;  // recorded at issue; its WaitIo waits for the copies
+      }
       if (a.pos >= 0) {  // activation offload: a copy between tiers, done here on the CPU
         const Tier t = a.kind == ActionKind::Evict ? Tier::Host : Tier::Device;
         const Device dev = t == Tier::Device ? ops->device() : Device::cpu();
@@ -313,6 +365,21 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
             recorder->records.back().queue = Queue::IO;
           }
           anvme->ev[size_t(w)].clear();
+          continue;
+        }
+        if (io.pos >= 0 && plan_in.async_copies) {  // copy streams: the copies of action w
+          auto it = act_copies.find(w);
+          if (it == act_copies.end()) continue;
+          CopiesInFlight& c = it->second;
+          for (size_t k = 0; k < c.ev.size(); ++k) {
+            ops->stream().wait_event(*c.ev[k]);  // device: no host wait on a GPU
+            if (!c.from[k].device().is_cpu() || c.ev[k]->query())
+              c.from[k].release();  // device memory: reused after the wait, in stream order
+            else
+              copied_host.emplace_back(c.ev[k], std::move(c.from[k]));
+          }
+          act_copies.erase(it);
+          release_copied(false);
           continue;
         }
         if (io.pos >= 0) continue;  // activation copies ran at issue
@@ -651,6 +718,7 @@ void ShardedModel::Impl::quiesce() noexcept {
     }
   }
   pending.clear();
+  settle_act_copies();
   for (auto& u : units) u->quiesce();
 }
 

@@ -210,6 +210,21 @@ struct ShardedModel::Impl {
   std::unique_ptr<NvmeMoments> nvme;  // null unless some unit's moments live on NVMe
   std::unique_ptr<NvmeParams> pnvme;  // null unless the parameters live on NVMe
   std::unique_ptr<NvmeActs> anvme;    // activation offload to NVMe (made at the first evict)
+  // Activation offload to the host tier on a device (plan_in.async_copies): per plan action
+  // (an Evict or Fetch of this segment) its copies in flight and, index for index, the
+  // buffers they copy from, kept until the WaitIo that sees them done. A device buffer goes
+  // once the compute stream has waited for its copy; a host buffer once the host sees its
+  // copy complete (copied_host holds it until then).
+  struct CopiesInFlight {
+    std::vector<std::shared_ptr<Event>> ev;
+    std::vector<Buffer> from;
+  };
+  std::unordered_map<int, CopiesInFlight> act_copies;
+  std::vector<std::pair<std::shared_ptr<Event>, Buffer>> copied_host;
+  // copied_host: releases the buffers whose copy is complete (wait: all, waiting for them).
+  void release_copied(bool wait);
+  // Waits for every activation copy in flight and releases what they copied from.
+  void settle_act_copies() noexcept;
   int rank = 0;
 
   int peak_live = 0;  // peak_gathered_units()

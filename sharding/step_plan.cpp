@@ -557,6 +557,10 @@ class Builder {
   }
 
   bool nvme_acts() const { return in_.policy.activation_checkpointing.offload_nvme; }
+  // Activation offload whose copies complete later than their action: to the file, or to the
+  // host tier on a device (copy streams). Evicted bytes are freed once the copy is observed
+  // done, after the next call's forward; reads are issued one call ahead of their backward.
+  bool async_acts() const { return nvme_acts() || in_.async_copies; }
   void fetch_acts(int q) {
     Action& f = add(ActionKind::Fetch, Queue::IO, in_.schedule[size_t(q)].unit, q);
     f.bytes = kept_bytes(q);
@@ -623,17 +627,19 @@ class Builder {
         if (offloads_activations(p)) {  // what backward needs, to the host tier or a file
           Action& e = add(ActionKind::Evict, Queue::IO, u, p);
           e.bytes = kept_bytes(p);
-          if (nvme_acts()) {  // freed once written: observed after the next call's forward
+          if (async_acts()) {  // freed once copied: observed after the next call's forward
             act_evicts_.emplace_back(static_cast<int>(plan_.actions.size()) - 1, e.bytes);
-            act_file_ += e.bytes;
-            plan_.nvme_bytes += e.bytes;  // (one micro-step's: each starts at the file's start)
-          }
-          else
+            if (nvme_acts()) {
+              act_file_ += e.bytes;
+              plan_.nvme_bytes += e.bytes;  // (one micro-step's: each starts at the file's start)
+            }
+          } else {
             e.mem[kAct] = -e.bytes;
+          }
         }
       }
       // NVMe: the writes issued before this call's forward are complete by now.
-      while (nvme_acts() && !act_evicts_.empty() && act_evicts_.front().first < fwd_at) {
+      while (async_acts() && !act_evicts_.empty() && act_evicts_.front().first < fwd_at) {
         Action& w = add(ActionKind::WaitIo, Queue::Compute, u, p);
         w.waits.push_back(act_evicts_.front().first);
         w.mem[kAct] = -act_evicts_.front().second;
@@ -659,10 +665,10 @@ class Builder {
       issue(u);
       prefetch(q, in_.policy.backward_prefetch, -1);
       wait(u);
-      // Back from the host tier (the CPU copies at issue) or the file: the file's reads are
-      // issued one call ahead, so that they overlap the backward of the call after.
+      // Back from the host tier (the CPU copies at issue) or the file / a device's copy stream:
+      // those are issued one call ahead, so that they overlap the backward of the call after.
       if (offloads_activations(q) && act_fetch_at_.count(q) == 0) fetch_acts(q);
-      if (nvme_acts() && q >= 1 && offloads_activations(q - 1)) fetch_acts(q - 1);
+      if (async_acts() && q >= 1 && offloads_activations(q - 1)) fetch_acts(q - 1);
       if (offloads_activations(q))
         add(ActionKind::WaitIo, Queue::Compute, u, q).waits.push_back(act_fetch_at_[q]);
       if (recompute_[size_t(q)] != CheckpointMode::Off) {
