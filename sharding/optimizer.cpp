@@ -124,6 +124,13 @@ void ShardedModel::Impl::update_unit(FlatUnit& fu, const ExecState& st, int64_t 
     update_on_host(fu, st, lo, hi);
     return;
   }
+  if (fu.moments_on_nvme() && !ops->device().is_cpu()) {
+    // Moments on NVMe with a device: the piece staged on the host is updated there like
+    // offload_optimizer cpu, and waited for here, since its Evict writes the staging next.
+    update_on_host(fu, st, lo, hi);
+    fu.settle();
+    return;
+  }
   const AdamWParams& p = *st.adam;
   const Range shard = fu.shard_range();
   const Range part{shard.lo + lo, shard.lo + hi};

@@ -118,7 +118,7 @@ const float* ShardedModel::state_source(int u, StateKind k, FlatRange r) const {
     // Read from the tier into one reused buffer: valid until the next state_view.
     NvmeMoments& nv = *I.nvme;
     const size_t bytes = static_cast<size_t>(r.size()) * sizeof(float);
-    if (nv.view.bytes() < bytes) nv.view = Buffer(bytes, Mem::Checkpoint, I.ops->device());
+    if (nv.view.bytes() < bytes) nv.view = Buffer(bytes, Mem::Checkpoint, Device::cpu());
     nvme_transfer(nv, fu, k, r, nv.view.f32(), false, I.plan_in.policy.offload_optimizer.piece());
     return nv.view.f32();
   }
@@ -156,8 +156,9 @@ void ShardedModel::read_state(int u, StateKind k, FlatRange r, float* dst) const
   // On the CPU a memcpy; from a device, one copy ordered after the device's queued work (the
   // optimizer's last update of this state).
   const FlatUnit& fu = *impl_->units[static_cast<size_t>(u)];
-  const Device where = fu.params_on_nvme() || fu.moments_on_nvme()
-                           ? Device::cpu()  // staged through host memory (the CPU engine only)
+  const bool master = k == StateKind::Master;
+  const Device where = (master && fu.params_on_nvme()) || (!master && fu.moments_on_nvme())
+                           ? Device::cpu()  // staged from the file through host memory
                            : state_device(fu, k, impl_->ops->device());
   copy_bytes(dst, Device::cpu(), src, where, static_cast<size_t>(r.size()) * sizeof(float));
 }

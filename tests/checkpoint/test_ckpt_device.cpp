@@ -217,6 +217,45 @@ TEST_CASE("device checkpoint: a sim model saves the CPU's bytes, loads on both, 
   }
 }
 
+TEST_CASE("device checkpoint: moments in an NVMe file: the sim saves the CPU's bytes and resumes",
+          "[checkpoint][device]") {
+  // offload_optimizer nvme on a device: the moments are read from the file for each update on
+  // the CPU (in pieces) and for the checkpoint; the master and gradients stay on the device.
+  const ModelConfig cfg = tiny();
+  const int K = 3, N = 5;
+  const std::string d = base_dir() + "/nvme";
+  fs::remove_all(d);
+  auto pol = [&](const std::string& who) {
+    ShardingPolicy p = policy(DType::BF16);
+    p.offload_optimizer.device = OffloadDevice::Nvme;
+    p.offload_optimizer.nvme_path = d + "/files_" + who;  // one file per model
+    p.offload_optimizer.ratio = 0.5;
+    p.offload_optimizer.piece_floats = 300;
+    return p;
+  };
+  Model m_cpu = build_model(cfg), m_sim = build_model(cfg), m_res = build_model(cfg);
+  {
+    ShardedModel mc(m_cpu, cpu(), 1234, make_local_group(), pol("cpu"));
+    ShardedModel md(m_sim, sim(), 1234, make_local_group(), pol("sim"));
+    REQUIRE(md.state_on_nvme());
+    CHECK(train_steps(mc, 0, K) == train_steps(md, 0, K));
+    CHECK(ckpttest::same_state(mc, md));
+    save_checkpoint(mc, state_at(K), d + "/cpu");
+    save_checkpoint(md, state_at(K), d + "/sim");
+    CHECK_NOTHROW(verify_checkpoint(d + "/sim"));
+    CHECK(same_files(d + "/cpu", d + "/sim"));
+    const auto lc = train_steps(mc, K, N);
+    CHECK(lc == train_steps(md, K, N));
+    ShardedModel r(m_res, sim(), 99, make_local_group(), pol("resumed"));
+    CHECK(load_checkpoint(r, d + "/sim").step == K);
+    CHECK(train_steps(r, K, N) == lc);
+    CHECK(ckpttest::same_state(mc, r));
+    CHECK(same_params(mc, r));
+  }
+  CHECK(swtest::sim_device_bytes_in_use() == 0);
+  fs::remove_all(d);
+}
+
 TEST_CASE("device checkpoint: safetensors export and import of a sim model equal the CPU's",
           "[checkpoint][device][export]") {
   const ModelConfig cfg = tiny();

@@ -16,6 +16,7 @@
 
 #include "common/plan_util.h"
 #include "common/sim_device.h"
+#include "common/temp_dir.h"
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -138,10 +139,11 @@ TEST_CASE("sim device: ShardedModel trains bit-identically to the CPU", "[device
   setenv("SHARDWISE_HOST_UPDATE_DELAY_US", "2000", 1);
   for (const char* type : {"gpt2", "llama"}) {
     for (DType pdt : {DType::F32, DType::BF16})
-    for (int offload = 0; offload < 4; ++offload) {
+    for (int offload = 0; offload < 5; ++offload) {
       // 0: none; 1: the AdamW moments of half the units on the host (updated on the CPU);
       // 2: activations kept for backward moved to the host between forward and backward;
-      // 3: parameter and gradient shards and moments on the host (ZeRO-Offload).
+      // 3: parameter and gradient shards and moments on the host (ZeRO-Offload);
+      // 4: the moments of half the units in an NVMe file, in pieces (updated on the CPU).
       INFO(type << " param_dtype " << dtype_name(pdt) << " offload case " << offload);
       const ModelConfig cfg = tiny(type);
       ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
@@ -156,6 +158,13 @@ TEST_CASE("sim device: ShardedModel trains bit-identically to the CPU", "[device
       if (offload == 3) {
         pol.offload_param.device = OffloadDevice::Cpu;
         pol.offload_optimizer.device = OffloadDevice::Cpu;
+      }
+      swtest::TempDir dir("device_nvme");
+      if (offload == 4) {
+        pol.offload_optimizer.device = OffloadDevice::Nvme;
+        pol.offload_optimizer.nvme_path = dir.path.string();
+        pol.offload_optimizer.ratio = 0.5;
+        pol.offload_optimizer.piece_floats = 1000;
       }
       const Run cpu = train(cfg, ops_for(Device::cpu()), pol, make_local_group());
       const Run dev =
@@ -291,10 +300,10 @@ TEST_CASE("sim device: offload a device cannot do yet is refused with the key na
   Model m = build_model(tiny("gpt2"));
   const Ops& sim = ops_for(Device::sim(0));
   ShardingPolicy p = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
-  p.offload_optimizer.device = OffloadDevice::Nvme;
-  p.offload_optimizer.nvme_path = "/tmp";
+  p.offload_param.device = OffloadDevice::Nvme;
+  p.offload_param.nvme_path = "/tmp";
   CHECK_THROWS_WITH(ShardedModel(m, sim, 1, make_local_group(), p),
-                    Catch::Contains("offload to 'nvme' with device sim:0"));
+                    Catch::Contains("offload_param 'nvme' with device sim:0"));
   p = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
   p.offload_param.device = OffloadDevice::Cpu;
   CHECK_THROWS_WITH(ShardedModel(m, sim, 1, make_local_group(), p),

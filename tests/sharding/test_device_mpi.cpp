@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/sim_device.h"
+#include "common/temp_dir.h"
 #include "core/alloc.h"
 #include "kernels/ops.h"
 #include "models/model.h"
@@ -64,16 +65,22 @@ Result train(const Ops& ops, const ShardingPolicy& pol, const std::string& type,
 void same_on_device(ShardingPolicy pol) {
   for (const std::string type : {"gpt2", "llama"})
     for (DType pdt : {DType::F32, DType::BF16}) {
-      for (int offload = 0; offload < 4; ++offload) {
+      for (int offload = 0; offload < 5; ++offload) {
         // 0: none; 1: activations to the host between forward and backward; 2: the AdamW
         // moments of every unit on the host (updated on the CPU); 3: the parameter and
-        // gradient shards too.
+        // gradient shards too; 4: the moments in an NVMe file, in pieces.
         ShardingPolicy p = pol;
         p.mixed_precision.param_dtype = pdt;
         p.mixed_precision.reduce_dtype = pdt;
         p.activation_checkpointing.offload_cpu = offload == 1;
         if (offload >= 2) p.offload_optimizer.device = OffloadDevice::Cpu;
         if (offload == 3) p.offload_param.device = OffloadDevice::Cpu;
+        swtest::TempDir dir("device_mpi_nvme");  // one per process
+        if (offload == 4) {
+          p.offload_optimizer.device = OffloadDevice::Nvme;
+          p.offload_optimizer.nvme_path = dir.path.string();
+          p.offload_optimizer.piece_floats = 1000;
+        }
         INFO(type << " " << strategy_name(p.strategy) << " " << dtype_name(pdt) << " offload case "
                   << offload << " rank " << swtest::world()->rank());
         const Result cpu = train(ops_for(Device::cpu()), p, type);
