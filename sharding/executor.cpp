@@ -78,6 +78,7 @@ void ShardedModel::Impl::run(Model& model, const StepPlan& plan, ExecState& st) 
   if (policy.activation_checkpointing.offload_nvme) {
     if (!anvme) reserve_acts(0);
     anvme->ev.clear();
+    anvme->reading.clear();
     anvme->ev.resize(plan.actions.size());
     anvme->next = 0;
   }
@@ -360,6 +361,15 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
             t1 = std::max(t1, e->done_at());
           }
           if (io.kind == ActionKind::Evict) anvme->writing[size_t(io.pos)].clear();  // freed
+          if (auto rd = anvme->reading.find(w); rd != anvme->reading.end()) {
+            for (auto& [h, d] : rd->second) {  // read into host memory: up to the device
+              auto ev = copy_bytes_async(d->data(), d->device(), h.data(), Device::cpu(), h.bytes());
+              ops->stream().wait_event(*ev);
+              copied_host.emplace_back(std::move(ev), std::move(h));
+            }
+            anvme->reading.erase(rd);
+            release_copied(false);
+          }
           if (recorder && !anvme->ev[size_t(w)].empty()) {
             record(plan, w, t0, t1);
             recorder->records.back().queue = Queue::IO;
@@ -561,9 +571,19 @@ void ShardedModel::Impl::run_act_io(const StepPlan& plan, int i) {
     A.next = (A.next + total + 4095) / 4096 * 4096;
     reserve_acts(A.next);
     int64_t off = A.off[p];
-    for (Buffer& b : bufs) {
-      evs.push_back(A.io.write(A.fd, A.path, b.data(), b.bytes(), off));
-      off += static_cast<int64_t>(b.bytes());
+    const size_t n = bufs.size();
+    for (size_t k = 0; k < n; ++k) {
+      const Buffer* from = &bufs[k];
+      if (!from->device().is_cpu()) {
+        // A device buffer is written from a host copy (kept with it until the write is done,
+        // as the plan frees the device bytes there).
+        Buffer h(from->bytes(), Mem::Activations, Device::cpu(), Tier::Host);
+        copy_bytes(h.data(), Device::cpu(), from->data(), from->device(), from->bytes());
+        bufs.push_back(std::move(h));
+        from = &bufs.back();
+      }
+      evs.push_back(A.io.write(A.fd, A.path, from->data(), from->bytes(), off));
+      off += static_cast<int64_t>(from->bytes());
     }
     A.writing[p] = std::move(bufs);
     return;
@@ -576,7 +596,12 @@ void ShardedModel::Impl::run_act_io(const StepPlan& plan, int i) {
   for (Buffer* b : saved[p].reattach()) bufs.push_back(b);
   int64_t off = A.off[p];
   for (Buffer* b : bufs) {
-    evs.push_back(A.io.read(A.fd, A.path, b->data(), b->bytes(), off));
+    void* into = b->data();
+    if (!b->device().is_cpu()) {  // read into host memory, uploaded at the WaitIo
+      A.reading[i].emplace_back(Buffer(b->bytes(), Mem::Activations, Device::cpu(), Tier::Host), b);
+      into = A.reading[i].back().first.data();
+    }
+    evs.push_back(A.io.read(A.fd, A.path, into, b->bytes(), off));
     off += static_cast<int64_t>(b->bytes());
   }
 }

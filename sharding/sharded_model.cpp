@@ -97,9 +97,6 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
                             " needs offload_optimizer 'cpu' with ratio 1 (the update of a shard "
                             "on the host runs on the CPU)");
     }
-    if (policy.activation_checkpointing.offload_nvme)
-      fail("offload", "activation_checkpointing.offload 'nvme' with device " + dev.str() +
-                          ": not supported yet (use 'cpu')");
     // Unit buffers' collectives go to device groups (NCCL, or the host group through staging
     // buffers); host scalars keep the host groups.
     I.shard = device_group(I.shard, dev, policy.device_comm);

@@ -137,6 +137,9 @@ struct NvmeActs {
   std::vector<int64_t> off;               // per position
   std::vector<size_t> act_bytes;          // per position: its input's bytes (0: none)
   std::vector<std::vector<Buffer>> writing;  // per position: buffers being written
+  // On a device the file is read and written through host copies: per Fetch action of the
+  // segment, the host buffers read into and the device buffers they go to at its WaitIo.
+  std::unordered_map<int, std::vector<std::pair<Buffer, Buffer*>>> reading;
   std::vector<std::vector<IoEventPtr>> ev;   // per action of the segment being run
   IoStream io;
   ~NvmeActs();  // closes and removes the file

@@ -68,7 +68,7 @@ void same_on_device(ShardingPolicy pol) {
       for (int offload = 0; offload < 5; ++offload) {
         // 0: none; 1: activations to the host between forward and backward; 2: the AdamW
         // moments of every unit on the host (updated on the CPU); 3: the parameter and
-        // gradient shards too; 4: the moments in an NVMe file, in pieces.
+        // gradient shards too; 4: the moments and the activations in NVMe files.
         ShardingPolicy p = pol;
         p.mixed_precision.param_dtype = pdt;
         p.mixed_precision.reduce_dtype = pdt;
@@ -80,6 +80,8 @@ void same_on_device(ShardingPolicy pol) {
           p.offload_optimizer.device = OffloadDevice::Nvme;
           p.offload_optimizer.nvme_path = dir.path.string();
           p.offload_optimizer.piece_floats = 1000;
+          p.activation_checkpointing.offload_nvme = true;
+          p.activation_checkpointing.nvme_path = dir.path.string();
         }
         INFO(type << " " << strategy_name(p.strategy) << " " << dtype_name(pdt) << " offload case "
                   << offload << " rank " << swtest::world()->rank());
