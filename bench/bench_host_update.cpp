@@ -81,9 +81,9 @@ int main(int argc, char** argv) {
 
   Model m_async = build_model(mc), m_sync = build_model(mc);
   unsetenv("SHARDWISE_HOST_UPDATE_ASYNC");
-  ShardedModel a(m_async, sim, 1, device_group(make_local_group(), Device::sim(0)), pol);
+  ShardedModel a(m_async, sim, 1, make_local_group(), pol);
   setenv("SHARDWISE_HOST_UPDATE_ASYNC", "0", 1);
-  ShardedModel s(m_sync, sim, 1, device_group(make_local_group(), Device::sim(0)), pol);
+  ShardedModel s(m_sync, sim, 1, make_local_group(), pol);
   unsetenv("SHARDWISE_HOST_UPDATE_ASYNC");
   AdamWParams ap;
   int step_a = 0, step_s = 0;

@@ -541,7 +541,7 @@ void ShardedModel::Impl::run_io(const StepPlan& plan, int i, FlatUnit& fu) {
       if (!fu.grads_zero())
         pv.ev[size_t(i)].push_back(xfer(*pv.io, pv.fd, pv.path, q + n, n, pv.goff[u] + lo));
       else
-        ops->fill(q + n, 0.f, static_cast<size_t>(n));
+        ops_for(Device::cpu()).fill(q + n, 0.f, static_cast<size_t>(n));  // host staging
     } else {
       fu.stage_master(nullptr);
       fu.stage_grad(nullptr);
@@ -670,7 +670,7 @@ void ShardedModel::Impl::complete_reductions(int through) {
         rd = nullptr;
         f.accumulate_reduced();
         pnvme->sumsq[static_cast<size_t>(done.unit)] =
-            ops->sum_squares(f.grad_shard(), static_cast<size_t>(f.shard_size()));
+            ops_for(Device::cpu()).sum_squares(f.grad_shard(), static_cast<size_t>(f.shard_size()));
       }
     }
     if (recorder && done.action >= 0) {

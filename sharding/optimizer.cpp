@@ -394,7 +394,7 @@ void ShardedModel::Impl::setup_nvme_params(int rank) {
     pv->io = pv->own_io.get();
   }
   pv->io->attach(pv->file);
-  const Device dev = ops->device();
+  const Device dev = Device::cpu();  // read and written by the file: host memory on a device too
   const size_t sb = static_cast<size_t>(largest) * sizeof(float);
   // The plan's figures (step_plan.cpp fill_persistent) size what is allocated here.
   SW_CHECK(opt_plan.shard_bytes == static_cast<int64_t>(sb), "NVMe parameter staging size");
@@ -423,12 +423,12 @@ void ShardedModel::Impl::stage_whole(FlatUnit& fu, bool grads) {
   NvmeParams& pv = *pnvme;
   const int64_t Sh = fu.shard_size();
   const size_t u = static_cast<size_t>(fu.index());
-  float* m = pv.scratch(2 * Sh, ops->device());
+  float* m = pv.scratch(2 * Sh, Device::cpu());
   pv.transfer(m, Sh, pv.moff[u], false);
   fu.stage_master(m);
   if (grads) {
     if (fu.grads_zero())
-      ops->fill(m + Sh, 0.f, static_cast<size_t>(Sh));
+      ops_for(Device::cpu()).fill(m + Sh, 0.f, static_cast<size_t>(Sh));
     else
       pv.transfer(m + Sh, Sh, pv.goff[u], false);
     fu.stage_grad(m + Sh);
@@ -448,11 +448,11 @@ void ShardedModel::Impl::accumulate_nvme(FlatUnit& fu) {
   NvmeParams& pv = *pnvme;
   const int64_t Sh = fu.shard_size();
   const size_t u = static_cast<size_t>(fu.index());
-  float* g = pv.scratch(2 * Sh, ops->device()) + Sh;
+  float* g = pv.scratch(2 * Sh, Device::cpu()) + Sh;
   if (!fu.grads_zero()) pv.transfer(g, Sh, pv.goff[u], false);
   fu.stage_grad(g);
   fu.accumulate_reduced();
-  pv.sumsq[u] = ops->sum_squares(g, static_cast<size_t>(Sh));
+  pv.sumsq[u] = ops_for(Device::cpu()).sum_squares(g, static_cast<size_t>(Sh));
   pv.transfer(g, Sh, pv.goff[u], true);
   fu.stage_grad(nullptr);
   pv.tmp.release();

@@ -64,6 +64,11 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
                            "; the model has units 0.." + std::to_string(model.units.size() - 1));
 
   // Groups, flat sizes, buckets: the plan's view of the model is the one construction uses.
+  // The host group: the device groups of the unit buffers are made from it below.
+  const std::string gb = group->backend();
+  if (gb != "local" && gb != "mpi")
+    fail("sharding", "ShardedModel needs the host group (local or mpi), got a '" + gb +
+                         "' group: it makes the device groups for " + ops.device().str() + " itself");
   I.world = group;
   I.W = group->size();
   const int rank = group->rank();
@@ -84,19 +89,15 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
   I.shard_host = I.shard;
   const Device dev = ops.device();
   if (!dev.is_cpu()) {
-    // Parameters on NVMe with a device are not built yet (docs/ARCHITECTURE.md, "The engine on
-    // a device"); moments on NVMe are (staged on the host, updated on the CPU), and so is
-    // offload to the host: shards and moments there, the update on the CPU.
-    if (policy.offload_param.device == OffloadDevice::Nvme)
-      fail("offload", "zero_optimization.offload_param 'nvme' with device " + dev.str() +
-                          ": not supported yet ('cpu' is)");
-    if (policy.offload_param.device == OffloadDevice::Cpu) {
-      // The shards live on the host and their update runs there, next to the moments.
-      if (policy.offload_optimizer.device != OffloadDevice::Cpu || policy.offload_optimizer.ratio < 1)
-        fail("offload", "zero_optimization.offload_param 'cpu' with device " + dev.str() +
-                            " needs offload_optimizer 'cpu' with ratio 1 (the update of a shard "
-                            "on the host runs on the CPU)");
-    }
+    // Offload with a device: moments on the host or in an NVMe file (staged on the host) are
+    // updated on the CPU; so are master and gradient shards on the host or in a file, which
+    // therefore need every unit's moments there too.
+    if (policy.offload_param.device != OffloadDevice::None &&
+        (policy.offload_optimizer.device == OffloadDevice::None || policy.offload_optimizer.ratio < 1))
+      fail("offload", std::string("zero_optimization.offload_param '") +
+                          offload_device_name(policy.offload_param.device) + "' with device " +
+                          dev.str() + " needs offload_optimizer 'cpu' or 'nvme' with ratio 1 (the "
+                          "update of a shard on the host runs on the CPU)");
     // Unit buffers' collectives go to device groups (NCCL, or the host group through staging
     // buffers); host scalars keep the host groups.
     I.shard = device_group(I.shard, dev, policy.device_comm);

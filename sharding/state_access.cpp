@@ -124,7 +124,7 @@ const float* ShardedModel::state_source(int u, StateKind k, FlatRange r) const {
   }
   if (fu.params_on_nvme() && k == StateKind::Master) {  // from the file, as for the moments
     NvmeParams& pv = *I.pnvme;
-    float* buf = pv.scratch(r.size(), I.ops->device());
+    float* buf = pv.scratch(r.size(), Device::cpu());
     if (!r.empty())
       pv.transfer(buf, r.size(),
                   pv.moff[size_t(u)] + (r.lo - fu.shard_range().lo) * int64_t(sizeof(float)),

@@ -38,7 +38,8 @@ FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const O
   split_ = kind != Kind::Sharded && (pdt_ != DType::F32 || param_tier != Tier::Device);
   const int S = shard_->size();
   pnvme_ = param_tier == Tier::Nvme;
-  hm_ = param_tier == Tier::Host && !ops.device().is_cpu();
+  // On a device, shards on the host tier or staged from NVMe are host memory.
+  hm_ = param_tier != Tier::Device && !ops.device().is_cpu();
   SW_CHECK(!pnvme_ || kind == Kind::Sharded, "NVMe parameters need a sharded unit");
   SW_CHECK(kind != Kind::Whole || S == 1, "a Whole unit has a shard group of 1");
   // (One rank with NVMe parameters: every unit takes the sharded path, those that
@@ -285,7 +286,7 @@ void FlatUnit::accumulate_reduced() {
   SW_CHECK(kind_ != Kind::Whole && grad_full_, "nothing to accumulate");
   const size_t Sh = static_cast<size_t>(layout_.shard_size());
   SW_CHECK(grad_shard_, "unit '" + unit_->name() + "': its gradients on NVMe were not staged");
-  if (pnvme_ && grads_zero_) ops_->fill(grad_shard_, 0.f, Sh);  // the file's copy is stale
+  if (pnvme_ && grads_zero_) ops_on(grad_device()).fill(grad_shard_, 0.f, Sh);  // file's: stale
   grads_zero_ = false;
   const void* red = reduced_block();
   if (grad_device().is_cpu() && !ops_->device().is_cpu()) {  // to the host, added there

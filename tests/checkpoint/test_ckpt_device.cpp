@@ -217,10 +217,11 @@ TEST_CASE("device checkpoint: a sim model saves the CPU's bytes, loads on both, 
   }
 }
 
-TEST_CASE("device checkpoint: moments in an NVMe file: the sim saves the CPU's bytes and resumes",
+TEST_CASE("device checkpoint: state in NVMe files: the sim saves the CPU's bytes and resumes",
           "[checkpoint][device]") {
-  // offload_optimizer nvme on a device: the moments are read from the file for each update on
-  // the CPU (in pieces) and for the checkpoint; the master and gradients stay on the device.
+  // offload_optimizer and offload_param nvme on a device: moments, master and gradient shards
+  // are read from the files for each update on the CPU (in pieces), for each gather (then
+  // copied up) and for the checkpoint.
   const ModelConfig cfg = tiny();
   const int K = 3, N = 5;
   const std::string d = base_dir() + "/nvme";
@@ -229,8 +230,9 @@ TEST_CASE("device checkpoint: moments in an NVMe file: the sim saves the CPU's b
     ShardingPolicy p = policy(DType::BF16);
     p.offload_optimizer.device = OffloadDevice::Nvme;
     p.offload_optimizer.nvme_path = d + "/files_" + who;  // one file per model
-    p.offload_optimizer.ratio = 0.5;
     p.offload_optimizer.piece_floats = 300;
+    p.offload_param.device = OffloadDevice::Nvme;  // the master and gradient shards too
+    p.offload_param.nvme_path = d + "/files_" + who;
     return p;
   };
   Model m_cpu = build_model(cfg), m_sim = build_model(cfg), m_res = build_model(cfg);

@@ -129,8 +129,8 @@ TEST_CASE("cuda train: twenty steps on the GPU match the CPU, and repeat bit for
       const ModelConfig cfg = tiny(type);
       const ShardingPolicy pol = policy(dt);
       const Run cpu = train(cfg, ops_for(Device::cpu()), pol, make_local_group());
-      const Run a = train(cfg, ops_for(gpu()), pol, device_group(make_local_group(), gpu()));
-      const Run b = train(cfg, ops_for(gpu()), pol, device_group(make_local_group(), gpu()));
+      const Run a = train(cfg, ops_for(gpu()), pol, make_local_group());
+      const Run b = train(cfg, ops_for(gpu()), pol, make_local_group());
       if (dt == DType::F32)
         check_close(a, cpu, 1e-4, 1e-3, what);
       else

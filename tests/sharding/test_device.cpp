@@ -139,12 +139,13 @@ TEST_CASE("sim device: ShardedModel trains bit-identically to the CPU", "[device
   setenv("SHARDWISE_HOST_UPDATE_DELAY_US", "2000", 1);
   for (const char* type : {"gpt2", "llama"}) {
     for (DType pdt : {DType::F32, DType::BF16})
-    for (int offload = 0; offload < 6; ++offload) {
+    for (int offload = 0; offload < 7; ++offload) {
       // 0: none; 1: the AdamW moments of half the units on the host (updated on the CPU);
       // 2: activations kept for backward moved to the host between forward and backward;
       // 3: parameter and gradient shards and moments on the host (ZeRO-Offload);
       // 4: the moments of half the units in an NVMe file, in pieces (updated on the CPU);
-      // 5: activations kept for backward written to an NVMe file and read back.
+      // 5: activations kept for backward written to an NVMe file and read back;
+      // 6: master and gradient shards and moments in NVMe files (ZeRO-Infinity).
       INFO(type << " param_dtype " << dtype_name(pdt) << " offload case " << offload);
       const ModelConfig cfg = tiny(type);
       ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
@@ -167,13 +168,20 @@ TEST_CASE("sim device: ShardedModel trains bit-identically to the CPU", "[device
         pol.offload_optimizer.ratio = 0.5;
         pol.offload_optimizer.piece_floats = 1000;
       }
+      if (offload == 6) {
+        pol.offload_param.device = OffloadDevice::Nvme;
+        pol.offload_param.nvme_path = dir.path.string();
+        pol.offload_optimizer.device = OffloadDevice::Nvme;
+        pol.offload_optimizer.nvme_path = dir.path.string();
+        pol.offload_optimizer.piece_floats = 1000;
+      }
       if (offload == 5) {
         pol.activation_checkpointing.offload_nvme = true;
         pol.activation_checkpointing.nvme_path = dir.path.string();
       }
       const Run cpu = train(cfg, ops_for(Device::cpu()), pol, make_local_group());
       const Run dev =
-          train(cfg, ops_for(Device::sim(0)), pol, device_group(make_local_group(), Device::sim(0)));
+          train(cfg, ops_for(Device::sim(0)), pol, make_local_group());
       check_same(cpu, dev);
       CHECK(swtest::sim_device_bytes_in_use() == 0);
     }
@@ -244,7 +252,7 @@ TEST_CASE("sim device: the host optimizer runs on its thread while the device go
     };
     setenv("SHARDWISE_HOST_UPDATE_DELAY_US", "2000", 1);
     const auto cpu = run(ops_for(Device::cpu()), make_local_group(), false);
-    const auto dev = run(ops_for(Device::sim(0)), device_group(make_local_group(), Device::sim(0)),
+    const auto dev = run(ops_for(Device::sim(0)), make_local_group(),
                          true);
     unsetenv("SHARDWISE_HOST_UPDATE_DELAY_US");
     Model m = build_model(cfg);
@@ -273,7 +281,7 @@ TEST_CASE("sim device: activation offload on copy streams runs its plan, to the 
       off.activation_checkpointing.offload_nvme = k == 2;
       off.activation_checkpointing.nvme_path = dir.path.string();
       Model m = build_model(cfg);
-      ShardedModel sm(m, ops_for(Device::sim(0)), 3, device_group(make_local_group(), Device::sim(0)),
+      ShardedModel sm(m, ops_for(Device::sim(0)), 3, make_local_group(),
                       off);
       Data a(2, cfg.seq_len, 11, cfg.vocab_size);
       sm.forward_backward(a.batch);  // warm-up, ending like a step
@@ -307,14 +315,23 @@ TEST_CASE("sim device: activation offload on copy streams runs its plan, to the 
   CHECK(swtest::sim_device_bytes_in_use() == 0);
 }
 
-TEST_CASE("sim device: offload a device cannot do yet is refused with the key named", "[device]") {
+TEST_CASE("sim device: offload a device cannot do is refused with the key named", "[device]") {
   Model m = build_model(tiny("gpt2"));
   const Ops& sim = ops_for(Device::sim(0));
   ShardingPolicy p = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
   p.offload_param.device = OffloadDevice::Nvme;
   p.offload_param.nvme_path = "/tmp";
+  p.offload_optimizer.device = OffloadDevice::Nvme;
+  p.offload_optimizer.nvme_path = "/tmp";
+  p.offload_optimizer.ratio = 0.5;  // some units' moments on the device, their shards not
   CHECK_THROWS_WITH(ShardedModel(m, sim, 1, make_local_group(), p),
-                    Catch::Contains("offload_param 'nvme' with device sim:0"));
+                    Catch::Contains("offload_param 'nvme' with device sim:0 needs offload_optimizer "
+                                    "'cpu' or 'nvme' with ratio 1"));
+  // A device group given as the model's group: its host scalars and staging would go through
+  // device memory twice. ShardedModel makes its device groups from the host group itself.
+  CHECK_THROWS_WITH(ShardedModel(m, sim, 1, device_group(make_local_group(), Device::sim(0)),
+                                 ShardingPolicy::for_strategy(ShardingStrategy::FullShard)),
+                    Catch::Contains("needs the host group (local or mpi), got a 'staged' group"));
   p = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
   p.offload_param.device = OffloadDevice::Cpu;
   CHECK_THROWS_WITH(ShardedModel(m, sim, 1, make_local_group(), p),

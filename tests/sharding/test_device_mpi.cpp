@@ -68,7 +68,8 @@ void same_on_device(ShardingPolicy pol) {
       for (int offload = 0; offload < 5; ++offload) {
         // 0: none; 1: activations to the host between forward and backward; 2: the AdamW
         // moments of every unit on the host (updated on the CPU); 3: the parameter and
-        // gradient shards too; 4: the moments and the activations in NVMe files.
+        // gradient shards too; 4: the moments and the activations in NVMe files (fp32 with a
+        // sharded strategy: the master and gradient shards too).
         ShardingPolicy p = pol;
         p.mixed_precision.param_dtype = pdt;
         p.mixed_precision.reduce_dtype = pdt;
@@ -82,6 +83,14 @@ void same_on_device(ShardingPolicy pol) {
           p.offload_optimizer.piece_floats = 1000;
           p.activation_checkpointing.offload_nvme = true;
           p.activation_checkpointing.nvme_path = dir.path.string();
+          const ShardingStrategy st = p.strategy;
+          if (pdt == DType::F32 && (st == ShardingStrategy::FullShard ||
+                                    st == ShardingStrategy::ShardGradOp ||
+                                    st == ShardingStrategy::HybridShard)) {
+            // and the master and gradient shards (ZeRO-Infinity; sharded strategies only)
+            p.offload_param.device = OffloadDevice::Nvme;
+            p.offload_param.nvme_path = dir.path.string();
+          }
         }
         INFO(type << " " << strategy_name(p.strategy) << " " << dtype_name(pdt) << " offload case "
                   << offload << " rank " << swtest::world()->rank());
