@@ -744,6 +744,13 @@ void ShardedModel::Impl::quiesce() noexcept {
   }
   pending.clear();
   settle_act_copies();
+  for (auto& e : batch_up) {
+    try {
+      if (e) e->synchronize();
+    } catch (...) {
+    }
+    e = nullptr;
+  }
   for (auto& u : units) u->quiesce();
 }
 

@@ -280,16 +280,26 @@ void ShardedModel::reset_comm_stats() {
 const Batch& ShardedModel::Impl::on_device(const Batch& b) {
   if (ops->device().is_cpu()) return b;
   const size_t n = static_cast<size_t>(b.B) * static_cast<size_t>(b.T) * sizeof(int32_t);
-  auto upload = [&](Buffer& buf, const int32_t* src) -> const int32_t* {
+  // Through a host copy of its own (above the pool's small classes, so pinned once a GPU
+  // registered pinning), on the copy stream, which the compute stream waits for: the caller's
+  // arrays are free at return and the device's queue is not drained. The kept device buffers
+  // are overwritten only after the compute stream's work so far (which read them last).
+  constexpr size_t kPinnable = (size_t{1} << 20) + 1;
+  auto upload = [&](int k, Buffer& buf, const int32_t* src) -> const int32_t* {
     if (!src) return nullptr;
+    if (batch_up[k]) batch_up[k]->synchronize();  // the last upload read batch_host[k]
+    if (batch_host[k].bytes() < n)
+      batch_host[k] = Buffer(std::max(n, kPinnable), Mem::Activations, Device::cpu(), Tier::Host);
+    std::memcpy(batch_host[k].data(), src, n);
     if (buf.bytes() < n) buf = Buffer(n, Mem::Activations, ops->device());
-    copy_bytes(buf.data(), buf.device(), src, Device::cpu(), n);
+    batch_up[k] = copy_bytes_async(buf.data(), buf.device(), batch_host[k].data(), Device::cpu(), n);
+    ops->stream().wait_event(*batch_up[k]);
     return buf.as<int32_t>();
   };
   dev_batch = b;
   dev_batch.counted = count_targets(b);
-  dev_batch.tokens = upload(batch_tokens, b.tokens);
-  dev_batch.targets = upload(batch_targets, b.targets);
+  dev_batch.tokens = upload(0, batch_tokens, b.tokens);
+  dev_batch.targets = upload(1, batch_targets, b.targets);
   return dev_batch;
 }
 

@@ -156,6 +156,8 @@ struct ShardedModel::Impl {
   GroupPtr world, shard, rep, shard_host;
   // A batch on the device (its tokens and targets copied there), for a non-CPU device.
   Buffer batch_tokens, batch_targets;
+  Buffer batch_host[2];                   // their host copies (on_device), and the uploads
+  std::shared_ptr<Event> batch_up[2];     // from them in flight
   Batch dev_batch;
   const Batch& on_device(const Batch& b);
   int W = 1, S = 1, R = 1;

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/stream.h"
 
 namespace sw {
 
@@ -128,7 +129,7 @@ void FlatUnit::issue_narrow_gather() {
   const int64_t Sh = layout_.shard_size();
   if (pdt_ == DType::F32) {  // a split master on another tier: its slot, then in place
     if (hm_)
-      copy_bytes(full_ + rank_ * Sh, ops_->device(), master_, Device::cpu(), fbytes(Sh));
+      upload(full_ + rank_ * Sh, master_, fbytes(Sh));
     else
       ops_->copy(full_ + rank_ * Sh, master_, static_cast<size_t>(Sh));
     gather_ = shard_->issue_all_gather(full_ + rank_ * Sh, full_, Sh);
@@ -138,7 +139,7 @@ void FlatUnit::issue_narrow_gather() {
   if (hm_) {  // narrowed on the host (the same bits), then its slot
     void* h = host_stage(static_cast<size_t>(Sh) * 2);
     ops_on(Device::cpu()).narrow(pdt_, master_, h, static_cast<size_t>(Sh));
-    copy_bytes(front + rank_ * Sh, ops_->device(), h, Device::cpu(), static_cast<size_t>(Sh) * 2);
+    upload(front + rank_ * Sh, h, static_cast<size_t>(Sh) * 2);
   } else {
     ops_->narrow(pdt_, master_, front + rank_ * Sh, static_cast<size_t>(Sh));
   }
@@ -384,12 +385,37 @@ void FlatUnit::gather_shard_into(const float* shard, Device where, float* out) c
 
 const Ops& FlatUnit::ops_on(Device d) const { return d.is_cpu() ? ops_for(Device::cpu()) : *ops_; }
 
+// Host shard -> the gather's slot. NVMe staging is refilled right after its Gather (the plan's
+// assumption): copied synchronously. Host shards: on the copy stream, which the compute stream
+// (and so the collective after it) waits for natively.
+void FlatUnit::upload(void* dst, const void* src, size_t bytes) {
+  if (pnvme_) {
+    copy_bytes(dst, ops_->device(), src, Device::cpu(), bytes);
+    return;
+  }
+  wait_upload();
+  up_ = copy_bytes_async(dst, ops_->device(), src, Device::cpu(), bytes);
+  ops_->stream().wait_event(*up_);
+}
+
+void FlatUnit::wait_upload() const {
+  if (!up_) return;
+  std::shared_ptr<Event> e = std::move(up_);
+  up_ = nullptr;
+  e->synchronize();
+}
+
 void* FlatUnit::host_stage(size_t bytes) {
+  wait_upload();  // the narrowed shard in it may still be on its way up
   if (stage_.bytes() < bytes) stage_ = Buffer(bytes, Mem::Communication, Device::cpu(), Tier::Host);
   return stage_.data();
 }
 
 void FlatUnit::quiesce() noexcept {
+  try {
+    wait_upload();
+  } catch (...) {
+  }
   if (pending_) {
     try {
       pending_->synchronize();

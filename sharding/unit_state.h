@@ -179,7 +179,9 @@ class FlatUnit {
   }
 
   // ---- Views -------------------------------------------------------------------------------
-  float* master() const { return settle(), master_; }          // (shard) fp32 master
+  // (shard) fp32 master; on the host (offload_param cpu on a device) after any upload of it
+  // in flight has completed, so the caller may write it.
+  float* master() const { return settle(), wait_upload(), master_; }
   float* full() const { return settle(), full_; }              // (padded) valid when Unsharded
   float* grad_shard() const { return settle(), grad_shard_; }  // (shard) reduced gradients
   float* grad_full() const { return settle(), grad_full_; }    // (padded) unsharded gradients
@@ -270,6 +272,12 @@ class FlatUnit {
   Work gather_;
   bool gather_in_flight_ = false;
   bool dirty_ = false;
+  // offload_param cpu on a device: the last upload of the host shard (or of its narrowed copy
+  // in stage_) into the gather's slot, on the copy stream; the compute stream waits for it
+  // natively, the host only before it writes the master or the stage again.
+  mutable std::shared_ptr<Event> up_;
+  void wait_upload() const;
+  void upload(void* dst, const void* src, size_t bytes);
   // An update running elsewhere (set_pending_update) and what waits for it.
   void finish_update();
   std::shared_ptr<Event> pending_;
