@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/alloc.h"
+#include "core/stream.h"
 #include "kernels/cuda/cuda_runtime.h"
 #include "kernels/ops.h"
 #include "tests/cuda/cuda_test_util.h"
@@ -113,6 +114,55 @@ TEST_CASE("CudaEvent: ordering across streams without blocking the host") {
   std::vector<float> got(n);
   copy_bytes(got.data(), Device::cpu(), x.data(), gpu(), n * 4);
   CHECK(got == std::vector<float>(n, 6.f));
+  cudaStreamDestroy(side);
+}
+
+// The copy streams (copy_bytes_async): by default a copy starts after the compute stream's work
+// so far; with an event, after that event only; the compute stream waits for a copy natively.
+// Pinned host buffers (Tier::Host, > 1 MiB), so no copy makes the host wait for a held stream.
+TEST_CASE("copy_bytes_async: ordered after the compute stream or an event, waited natively") {
+  const int dev = cuda_current_device();
+  const Ops& ops = ops_for(gpu());
+  const size_t n = size_t{1} << 19;  // 2 MiB of floats
+  Buffer x(n * 4, Mem::Workspace, gpu()), y(n * 4, Mem::Workspace, gpu());
+  Buffer h(n * 4, Mem::Workspace, Device::cpu(), Tier::Host), h2(n * 4, Mem::Workspace,
+                                                                  Device::cpu(), Tier::Host);
+  REQUIRE(host_pinned(h.data()));
+  ops.fill(x.f32(), 1.f, n);
+  ops.stream().synchronize();
+  std::shared_ptr<Event> down;
+  {
+    StreamGate gate(ops.stream().native_handle());  // the compute stream is held
+    ops.fill(x.f32(), 5.f, n);                       // queued behind the gate
+    down = copy_bytes_async(h.data(), Device::cpu(), x.data(), gpu(), n * 4);
+    CHECK_FALSE(down->query());  // waits for the held compute work
+    gate.open();
+    down->synchronize();
+  }
+  CHECK(h.f32()[0] == 5.f);
+  CHECK(h.f32()[n - 1] == 5.f);
+  // Up, then the compute stream waits for it natively and scales: y = 2 * 3.
+  for (size_t i = 0; i < n; ++i) h2.f32()[i] = 2.f;
+  auto up = copy_bytes_async(y.data(), gpu(), h2.data(), Device::cpu(), n * 4);
+  ops.stream().wait_event(*up);
+  ops.scale(y.f32(), 3.f, n);
+  std::vector<float> got(n);
+  copy_bytes(got.data(), Device::cpu(), y.data(), gpu(), n * 4);
+  CHECK(got == std::vector<float>(n, 6.f));
+  // After a given event only: a held side stream's event holds the copy, not the compute work.
+  cudaStream_t side = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) == cudaSuccess);
+  {
+    StreamGate gate(side);
+    std::shared_ptr<CudaEvent> e = cuda_record_event(side, dev);
+    auto c = copy_bytes_async(h.data(), Device::cpu(), y.data(), gpu(), n * 4, e.get());
+    ops.fill(x.f32(), 7.f, n);
+    ops.stream().synchronize();  // the compute stream does not wait for the held copy
+    CHECK_FALSE(c->query());
+    gate.open();
+    c->synchronize();
+  }
+  CHECK(h.f32()[0] == 6.f);
   cudaStreamDestroy(side);
 }
 
