@@ -524,21 +524,17 @@ bool sim_device_open() {
   return arena().open > 0;
 }
 bool sim_device_owns(const void* p) { return arena_owns(p); }
-uint64_t sim_copies_issued() {
+namespace {
+uint64_t lanes_sum(uint64_t Lane::*count) {
   uint64_t n = 0;
   for (Lane& l : g_lanes) {
     std::lock_guard<std::mutex> g(l.mu);
-    n += l.issued;
+    n += l.*count;
   }
   return n;
 }
-uint64_t sim_copies_done() {
-  uint64_t n = 0;
-  for (Lane& l : g_lanes) {
-    std::lock_guard<std::mutex> g(l.mu);
-    n += l.done;
-  }
-  return n;
-}
+}  // namespace
+uint64_t sim_copies_issued() { return lanes_sum(&Lane::issued); }
+uint64_t sim_copies_done() { return lanes_sum(&Lane::done); }
 
 }  // namespace swtest
