@@ -309,7 +309,7 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
         run_act_io(plan, i);
         return;
       }
-      if (a.pos >= 0 && plan_in.async_copies) {  // activation offload on a device's copy streams
+      if (a.pos >= 0 && plan_in.on_device) {  // activation offload on a device's copy streams
         const Tier t = a.kind == ActionKind::Evict ? Tier::Host : Tier::Device;
         const Device dev = t == Tier::Device ? ops->device() : Device::cpu();
         CopiesInFlight& c = act_copies[i];
@@ -377,7 +377,7 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
           anvme->ev[size_t(w)].clear();
           continue;
         }
-        if (io.pos >= 0 && plan_in.async_copies) {  // copy streams: the copies of action w
+        if (io.pos >= 0 && plan_in.on_device) {  // copy streams: the copies of action w
           auto it = act_copies.find(w);
           if (it == act_copies.end()) continue;
           CopiesInFlight& c = it->second;

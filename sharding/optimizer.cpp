@@ -323,8 +323,8 @@ void ShardedModel::Impl::setup_nvme(int rank) {
                         std::strerror(err) + ")");
   nv->offset = std::move(offset);
   for (int i = 0; i < opt_plan.staging_slots; ++i)
-    nv->slots.push_back(aligned_staging(static_cast<size_t>(opt_plan.staging_bytes),
-                                        Mem::Optimizer, Tier::Device, false, true));
+    nv->slots.push_back(aligned_staging(static_cast<size_t>(opt_plan.staging_bytes), Mem::Optimizer,
+                                        plan_in.on_device ? Tier::Host : Tier::Device, false, true));
   nv->io.attach(nv->file);
   nv->tracked = total;  // the file's bytes, on the NVMe tier (Tier::Nvme counts files)
   MemTracker::of(Tier::Nvme).add(Mem::Optimizer, static_cast<size_t>(total));
@@ -400,12 +400,16 @@ void ShardedModel::Impl::setup_nvme_params(int rank) {
   SW_CHECK(opt_plan.shard_bytes == static_cast<int64_t>(sb), "NVMe parameter staging size");
   // Memory of their own (Buffer::fresh): sized for the largest shard, most units use part of
   // them, and the planner's RSS model counts the pages no transfer writes out.
-  for (int k = 0; k < opt_plan.param_slots; ++k) pv->pslots.push_back(Buffer::fresh(sb, Mem::Params, dev));
-  for (int k = 0; k < opt_plan.grad_slots; ++k) pv->gslots.push_back(Buffer::fresh(sb, Mem::Grads, dev));
+  const Tier tier = plan_in.on_device ? Tier::Host : Tier::Device;  // the plan's tier for them
+  for (int k = 0; k < opt_plan.param_slots; ++k)
+    pv->pslots.push_back(Buffer::fresh(sb, Mem::Params, dev, tier));
+  for (int k = 0; k < opt_plan.grad_slots; ++k)
+    pv->gslots.push_back(Buffer::fresh(sb, Mem::Grads, dev, tier));
   pv->gbusy.resize(pv->gslots.size());
   if (!nvme)
     for (int k = 0; k < opt_plan.staging_slots; ++k)
-      pv->opt_slots.push_back(Buffer::fresh(static_cast<size_t>(opt_plan.staging_bytes), Mem::Optimizer, dev));
+      pv->opt_slots.push_back(
+          Buffer::fresh(static_cast<size_t>(opt_plan.staging_bytes), Mem::Optimizer, dev, tier));
   for (size_t u = 0; u < units.size(); ++u)
     if (units[u]->params_on_nvme()) {  // the file's bytes by role, on the NVMe tier
       const int64_t b = units[u]->shard_size() * static_cast<int64_t>(sizeof(float));

@@ -215,7 +215,7 @@ struct ShardedModel::Impl {
   std::unique_ptr<NvmeMoments> nvme;  // null unless some unit's moments live on NVMe
   std::unique_ptr<NvmeParams> pnvme;  // null unless the parameters live on NVMe
   std::unique_ptr<NvmeActs> anvme;    // activation offload to NVMe (made at the first evict)
-  // Activation offload to the host tier on a device (plan_in.async_copies): per plan action
+  // Activation offload to the host tier on a device (plan_in.on_device): per plan action
   // (an Evict or Fetch of this segment) its copies in flight and, index for index, the
   // buffers they copy from, kept until the WaitIo that sees them done. A device buffer goes
   // once the compute stream has waited for its copy; a host buffer once the host sees its

@@ -560,7 +560,7 @@ class Builder {
   // Activation offload whose copies complete later than their action: to the file, or to the
   // host tier on a device (copy streams). Evicted bytes are freed once the copy is observed
   // done, after the next call's forward; reads are issued one call ahead of their backward.
-  bool async_acts() const { return nvme_acts() || in_.async_copies; }
+  bool async_acts() const { return nvme_acts() || in_.on_device; }
   void fetch_acts(int q) {
     Action& f = add(ActionKind::Fetch, Queue::IO, in_.schedule[size_t(q)].unit, q);
     f.bytes = kept_bytes(q);
@@ -830,14 +830,15 @@ class Builder {
         if (streamed(static_cast<int>(u))) per = std::max(per, io_floats(piece_io(int(u), true)));
       plan_.staging_slots = static_cast<int>(std::min<int64_t>(int64_t(pieces.size()), bc));
       plan_.staging_bytes = per * largest * 4;
-      plan_.persistent[static_cast<size_t>(Mem::Optimizer)] +=
+      (in_.on_device ? plan_.persistent_host : plan_.persistent)[static_cast<size_t>(Mem::Optimizer)] +=
           plan_.staging_slots * plan_.staging_bytes;
     }
     if (plan_.shard_bytes > 0) {  // NVMe parameters: gather and gradient staging
       plan_.param_slots = std::max(2, in_.policy.offload_param.buffer_count);
       plan_.grad_slots = 3;  // one reduction completing, one in flight, one unit in backward
-      plan_.persistent[static_cast<size_t>(Mem::Params)] += plan_.param_slots * plan_.shard_bytes;
-      plan_.persistent[static_cast<size_t>(Mem::Grads)] += plan_.grad_slots * plan_.shard_bytes;
+      MemDeltas& tier = in_.on_device ? plan_.persistent_host : plan_.persistent;  // (host memory)
+      tier[static_cast<size_t>(Mem::Params)] += plan_.param_slots * plan_.shard_bytes;
+      tier[static_cast<size_t>(Mem::Grads)] += plan_.grad_slots * plan_.shard_bytes;
     }
     plan_.scratch = max_scratch;
     plan_.reserved[static_cast<size_t>(Mem::Workspace)] = max_scratch + 2 * act_bytes();

@@ -118,10 +118,11 @@ struct PlanInput {
   // see defers_update) to this micro-step: micro-step 0 runs them in its forward, each
   // unit's just before its first use. plan_step sets it for the steady state.
   bool pending = false;
-  // The engine runs on a device whose copies are asynchronous (copy streams): activation
-  // offload to the host tier then frees an evicted call's device bytes once its copy is seen
-  // done (after the next call's forward) and reads one call ahead, as offload to a file does.
-  bool async_copies = false;
+  // The engine runs on a device (not the CPU). Its copies are asynchronous (copy streams):
+  // activation offload to the host tier then frees an evicted call's device bytes once its
+  // copy is seen done (after the next call's forward) and reads one call ahead, as offload to
+  // a file does. The NVMe staging buffers are host memory (persistent_host).
+  bool on_device = false;
 };
 
 // The flat sizes, groups and buckets of `model` sharded over `world` ranks with `policy` (whose

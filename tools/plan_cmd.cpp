@@ -107,7 +107,7 @@ StepPlan build_plan(const PlanArgs& pa, TrainConfig& cfg, int64_t& params, int64
   if (policy.strategy == ShardingStrategy::HybridShard && policy.shard_group_size == 0)
     policy.shard_group_size = world;  // the trainer shards within a node; here: over all N
   PlanInput in = make_plan_input(model, policy, world);
-  in.async_copies = cfg.device != "cpu";  // a device's copy streams (activation offload)
+  in.on_device = cfg.device != "cpu";  // a device's copy streams (activation offload)
   in.B = cfg.micro_batch;
   in.T = cfg.model.seq_len;
   in.accum = cfg.grad_accum;

@@ -315,6 +315,31 @@ TEST_CASE("sim device: activation offload on copy streams runs its plan, to the 
   CHECK(swtest::sim_device_bytes_in_use() == 0);
 }
 
+TEST_CASE("sim device: NVMe staging is host memory, as the plan counts it", "[device]") {
+  swtest::TempDir dir("device_staging");
+  ShardingPolicy p = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+  p.offload_param.device = OffloadDevice::Nvme;
+  p.offload_param.nvme_path = dir.path.string();
+  p.offload_optimizer.device = OffloadDevice::Nvme;
+  p.offload_optimizer.nvme_path = dir.path.string();
+  p.offload_optimizer.piece_floats = 1000;
+  const ModelConfig cfg = tiny("llama");
+  Model m = build_model(cfg);
+  MemTracker& host = MemTracker::of(Tier::Host);
+  MemTracker& dev = MemTracker::global();
+  const Mem cats[] = {Mem::Params, Mem::Grads, Mem::Optimizer};
+  size_t h0[3], d0[3];
+  for (int c = 0; c < 3; ++c) h0[c] = host.current(cats[c]), d0[c] = dev.current(cats[c]);
+  ShardedModel sm(m, ops_for(Device::sim(0)), 5, make_local_group(), p);
+  const StepPlan plan = sm.step_plan(2, cfg.seq_len, 1);
+  for (int c = 0; c < 3; ++c) {
+    INFO(mem_name(cats[c]));
+    CHECK(plan.persistent_host[size_t(cats[c])] > 0);
+    CHECK(int64_t(host.current(cats[c]) - h0[c]) == plan.persistent_host[size_t(cats[c])]);
+    CHECK(int64_t(dev.current(cats[c]) - d0[c]) == plan.persistent[size_t(cats[c])]);
+  }
+}
+
 TEST_CASE("sim device: offload a device cannot do is refused with the key named", "[device]") {
   Model m = build_model(tiny("gpt2"));
   const Ops& sim = ops_for(Device::sim(0));
