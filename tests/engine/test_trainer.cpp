@@ -105,6 +105,38 @@ TEST_CASE("train: a run on a device (the simulated accelerator) equals the CPU r
     }
     CHECK(read_bytes(sa.weights_path) == read_bytes(sb.weights_path));
   }
+  // Offload from the config on the device: the host updater (moments and shards on the host),
+  // NVMe files for moments, shards and activations; checkpoints saved asynchronously meanwhile.
+  for (const char* off : {"cpu", "nvme"}) {
+    INFO("offload " << off);
+    const std::string o = off, dir = "dev_off_" + o;
+    const std::string nv = (fs::path(SW_BINARY_DIR) / "test_tmp" / (dir + "_files")).string();
+    fs::remove_all(nv);
+    std::vector<std::string> common = {"zero_optimization.offload_optimizer.device=" + o,
+                                       "zero_optimization.offload_param.device=" + o,
+                                       "activation_checkpointing.offload=" + o,
+                                       "checkpoint.every_steps=2", "checkpoint.async=true"};
+    if (o == "nvme")
+      for (const char* k : {"zero_optimization.offload_optimizer.nvme_path=",
+                            "zero_optimization.offload_param.nvme_path=",
+                            "activation_checkpointing.nvme_path="})
+        common.push_back(k + nv);
+    std::vector<std::string> on_dev = common;
+    on_dev.push_back("device=sim");
+    const TrainConfig a = tiny_config(data, dir + "_cpu", common);
+    const TrainConfig b = tiny_config(data, dir + "_sim", on_dev);
+    const TrainSummary sa = train(a, quiet(true));
+    const TrainSummary sb = train(b, quiet(true));
+    const auto ma = read_metrics(a.run_dir), mb = read_metrics(b.run_dir);
+    REQUIRE(ma.size() == mb.size());
+    for (size_t i = 0; i < ma.size(); ++i) {
+      CHECK(ma[i]["loss"].get<double>() == mb[i]["loss"].get<double>());
+      CHECK(ma[i]["grad_norm"].get<double>() == mb[i]["grad_norm"].get<double>());
+    }
+    CHECK(read_bytes(sa.weights_path) == read_bytes(sb.weights_path));
+    CHECK(sb.checkpoints_saved > 0);
+    fs::remove_all(nv);
+  }
   CHECK_THROWS_WITH(train(tiny_config(data, "dev_bad", {"device=cuda:x"}), quiet()),
                     Catch::Contains("device"));
 }
