@@ -14,7 +14,8 @@
 // forward needs each unit's update and the updates need the whole backward (clipping reads the
 // global norm), so a step takes at least backward + max(forward, optimizer) + the rest (norm,
 // zeroing); the synchronous split takes backward + forward + optimizer + the rest. Prints
-// medians and the share of the possible gain the host updater reached.
+// medians, the share of the possible gain the host updater reached, and the updates' own time
+// on the updater thread alone and beside the device's work (ShardedModel::host_update_seconds).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -126,6 +127,9 @@ int main(int argc, char** argv) {
     }
   }
   const double ta = median(t_async), ts = median(t_sync), fb = median(t_fb), op = median(t_opt);
+  // The updates' own time on the updater thread, per step: alone (the synchronous model's,
+  // where nothing else runs meanwhile) and beside the device's work.
+  const double job_s = s.host_update_seconds() / step_s, job_a = a.host_update_seconds() / step_a;
   const double fwd = std::min(median(t_fwd), fb), bwd = fb - fwd, rest = std::max(0.0, ts - fb - op);
   // The next forward needs each unit's update, the update needs the whole backward (clipping
   // uses the global norm): a step takes at least backward + max(forward, optimizer) + the rest.
@@ -139,6 +143,9 @@ int main(int argc, char** argv) {
               "(backward + max(forward, optimizer) + rest)\n", ts * 1e3, ta * 1e3, limit * 1e3);
   std::printf("  async/sync %.3f, limit/sync %.3f, share of the possible gain reached %.0f%%\n",
               ta / ts, limit / ts, ts > limit ? 100.0 * (ts - ta) / (ts - limit) : 0.0);
+  std::printf("  the updates' own time per step: %.2f ms alone, %.2f ms beside the device's work "
+              "(x%.2f: the two cores share memory bandwidth)\n", job_s * 1e3, job_a * 1e3,
+              job_a / job_s);
   std::printf("  losses equal: %s (%.6f, %.6f)\n", loss_a == loss_s ? "yes" : "NO", loss_a, loss_s);
   return loss_a == loss_s ? 0 : 1;
 }

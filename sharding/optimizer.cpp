@@ -88,6 +88,9 @@ int ShardedModel::host_updates_in_flight() const {
   return n;
 }
 
+double ShardedModel::host_update_seconds() const { return double(*impl_->host_update_ns) * 1e-9; }
+int64_t ShardedModel::host_updates_run() const { return *impl_->host_update_count; }
+
 void ShardedModel::hold_host_updates(bool on) {
   Impl& I = *impl_;
   if (!I.host_updater)
@@ -209,8 +212,10 @@ void ShardedModel::Impl::update_on_host(FlatUnit& fu, const ExecState& st, int64
   const int step = st.step;
   const Ops& cpu_ops = ops_for(cpu);
   const int delay_us = host_update_delay_us;
+  auto busy_ns = host_update_ns, runs = host_update_count;
   auto job = [=, &cpu_ops]() {
     if (delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+    const auto t0 = std::chrono::steady_clock::now();
     if (got_master) got_master->synchronize();
     if (got_grad) got_grad->synchronize();
     for (const Piece& pc : pieces)
@@ -220,6 +225,9 @@ void ShardedModel::Impl::update_on_host(FlatUnit& fu, const ExecState& st, int64
     if (copy_master)
       copy_bytes_async(master, dev, hmaster, cpu, nb, completed_event().get())->synchronize();
     (void)stage;  // released with the job, on the worker
+    *busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                    std::chrono::steady_clock::now() - t0).count();
+    ++*runs;
   };
   if (!host_updater)
     host_updater = std::make_unique<HostWorker>([t = num_threads()] { set_num_threads(t); });

@@ -13,6 +13,7 @@
 // it, then all-reduced (averaged) over the replicate group. With S = 1 there is nothing to
 // scatter: gradients are all-reduced in place, in buckets (DDP).
 #pragma once
+#include <atomic>
 #include <deque>
 #include <map>
 #include <optional>
@@ -171,6 +172,9 @@ struct ShardedModel::Impl {
   // Tests: SHARDWISE_HOST_UPDATE_DELAY_US=N sleeps N us before each host update, so a unit
   // touched before its update settled reads stale values and the comparison fails.
   int host_update_delay_us = 0;
+  // host_update_seconds / host_updates_run: added to by the updater's jobs.
+  std::shared_ptr<std::atomic<int64_t>> host_update_ns = std::make_shared<std::atomic<int64_t>>(0);
+  std::shared_ptr<std::atomic<int64_t>> host_update_count = std::make_shared<std::atomic<int64_t>>(0);
   // Global parameter name -> (unit, spec index).
   std::unordered_map<std::string, std::pair<int, int>> by_name;
 
