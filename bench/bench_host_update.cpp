@@ -144,7 +144,7 @@ int main(int argc, char** argv) {
   std::printf("  async/sync %.3f, limit/sync %.3f, share of the possible gain reached %.0f%%\n",
               ta / ts, limit / ts, ts > limit ? 100.0 * (ts - ta) / (ts - limit) : 0.0);
   std::printf("  the updates' own time per step: %.2f ms alone, %.2f ms beside the device's work "
-              "(x%.2f: the two cores share memory bandwidth)\n", job_s * 1e3, job_a * 1e3,
+              "(x%.2f)\n", job_s * 1e3, job_a * 1e3,
               job_a / job_s);
   std::printf("  losses equal: %s (%.6f, %.6f)\n", loss_a == loss_s ? "yes" : "NO", loss_a, loss_s);
   return loss_a == loss_s ? 0 : 1;
