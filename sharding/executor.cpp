@@ -660,7 +660,9 @@ void ShardedModel::Impl::complete_reductions(int through) {
       for (int u : b.members) units[static_cast<size_t>(u)]->reduced_in_place();
     } else if (done.finishes) {
       FlatUnit& f = *units[static_cast<size_t>(done.unit)];
-      if (!f.params_on_nvme()) {
+      if (!f.params_on_nvme() && f.grad_device() != ops->device()) {
+        accumulate_on_host(f);
+      } else if (!f.params_on_nvme()) {
         f.accumulate_reduced();
       } else if (!f.grad_shard()) {  // outside the plan
         accumulate_nvme(f);

@@ -91,11 +91,34 @@ int ShardedModel::host_updates_in_flight() const {
 double ShardedModel::host_update_seconds() const { return double(*impl_->host_update_ns) * 1e-9; }
 int64_t ShardedModel::host_updates_run() const { return *impl_->host_update_count; }
 
-void ShardedModel::hold_host_updates(bool on) {
-  Impl& I = *impl_;
-  if (!I.host_updater)
-    I.host_updater = std::make_unique<HostWorker>([t = num_threads()] { set_num_threads(t); });
-  I.host_updater->hold(on);
+void ShardedModel::hold_host_updates(bool on) { impl_->updater().hold(on); }
+
+HostWorker& ShardedModel::Impl::updater() {
+  if (!host_updater)
+    host_updater = std::make_unique<HostWorker>([t = num_threads()] { set_num_threads(t); });
+  return *host_updater;
+}
+
+void ShardedModel::Impl::accumulate_on_host(FlatUnit& fu) {
+  const size_t Sh = static_cast<size_t>(fu.shard_size());
+  const DType rdt = fu.reduce_dtype();
+  const size_t bytes = Sh * dtype_size(rdt);
+  float* shard = fu.grad_shard();  // host; waits for this unit's earlier host work
+  auto block = std::make_shared<Buffer>(bytes, Mem::Communication, Device::cpu(), Tier::Host);
+  // The reduction is complete (its Work was waited for): no need to wait for the compute
+  // stream. The compute stream waits for the copy before the unsharded gradients are freed
+  // or zeroed (release_reduced, in stream order).
+  auto down = copy_bytes_async(block->data(), Device::cpu(), fu.reduced_block(), ops->device(),
+                               bytes, completed_event().get());
+  ops->stream().wait_event(*down);
+  fu.release_reduced();
+  const Ops& cpu_ops = ops_for(Device::cpu());
+  fu.set_pending_update(updater().post([=, &cpu_ops] {
+                          down->synchronize();
+                          FlatUnit::add_block(cpu_ops, shard, block->data(), rdt, Sh);
+                        }),
+                        false);
+  if (host_update_sync) fu.settle();
 }
 
 void ShardedModel::Impl::set_deferred(ExecState& st) const {
@@ -229,9 +252,7 @@ void ShardedModel::Impl::update_on_host(FlatUnit& fu, const ExecState& st, int64
                     std::chrono::steady_clock::now() - t0).count();
     ++*runs;
   };
-  if (!host_updater)
-    host_updater = std::make_unique<HostWorker>([t = num_threads()] { set_num_threads(t); });
-  fu.set_pending_update(host_updater->post(std::move(job)),
+  fu.set_pending_update(updater().post(std::move(job)),
                         fu.kind() == FlatUnit::Kind::Whole && hi == fu.shard_size());
   if (host_update_sync) fu.settle();
 }

@@ -307,6 +307,12 @@ struct ShardedModel::Impl {
   void update_unit(FlatUnit& fu, const ExecState& st, int64_t lo, int64_t hi);
   // update_unit for a unit whose moments are in host memory while it lives on a device.
   void update_on_host(FlatUnit& fu, const ExecState& st, int64_t lo, int64_t hi);
+  // FlatUnit::accumulate_reduced for a gradient shard on the host while the unit lives on a
+  // device (offload_param cpu): the reduced block goes down on the copy stream and the host
+  // updater adds it, so neither the host nor the device waits for the other here.
+  void accumulate_on_host(FlatUnit& fu);
+  // The host updater, made on first use.
+  HostWorker& updater();
   // Creates the NVMe moments file (zeros) after checking the room it needs (sw::Error naming
   // nvme_path otherwise) and the staging buffers.
   void setup_nvme(int rank);

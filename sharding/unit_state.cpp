@@ -296,11 +296,19 @@ void FlatUnit::accumulate_reduced() {
     copy_bytes(h, Device::cpu(), red, ops_->device(), bytes);
     red = h;
   }
-  const Ops& so = ops_on(grad_device());
-  if (rdt_ == DType::F32)
-    so.add_inplace(grad_shard_, static_cast<const float*>(red), Sh);
+  add_block(ops_on(grad_device()), grad_shard_, red, rdt_, Sh);
+  release_reduced();
+}
+
+void FlatUnit::add_block(const Ops& o, float* shard, const void* block, DType rdt, size_t n) {
+  if (rdt == DType::F32)
+    o.add_inplace(shard, static_cast<const float*>(block), n);
   else
-    so.add_widened(rdt_, red, grad_shard_, Sh);
+    o.add_widened(rdt, block, shard, n);
+}
+
+void FlatUnit::release_reduced() {
+  settle();
   if (kind_ == Kind::Sharded) {
     grad_buf_.release();
     grad_full_ = nullptr;
@@ -308,6 +316,7 @@ void FlatUnit::accumulate_reduced() {
   } else {
     ops_->fill(grad_full_, 0.f, static_cast<size_t>(layout_.padded));
   }
+  grads_zero_ = false;
   dirty_ = false;
 }
 

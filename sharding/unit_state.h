@@ -156,6 +156,12 @@ class FlatUnit {
   // Sharded kinds, once the reduction completed: reduced shard += block; then the unsharded
   // buffer is freed (transient) or zeroed (persistent). Clears dirty.
   void accumulate_reduced();
+  // accumulate_reduced in two parts, for a caller that adds the block elsewhere (the host
+  // updater, for gradient shards on the host): shard += block (n values of rdt) with `o`;
+  // then, once the block has been read, free (transient) or zero (persistent) the unsharded
+  // gradients, clear dirty and mark the shard non-zero.
+  static void add_block(const Ops& o, float* shard, const void* block, DType rdt, size_t n);
+  void release_reduced();
   // Kind::Whole: the reduction happened in place; clears dirty.
   void reduced_in_place() { dirty_ = false; }
   // Kind::Whole without replicas: rounds the gradients to reduce_dtype (where a multi-rank
