@@ -89,20 +89,16 @@ void Saved::clear() {
     if (p) p->clear();
 }
 
-size_t Saved::move_to(Tier t, Device device, std::vector<std::shared_ptr<Event>>* done,
-                      std::vector<Buffer>* from) {
+size_t Saved::move_to(Tier t, Device device, std::vector<std::shared_ptr<Event>>& done,
+                      std::vector<Buffer>& from) {
   size_t moved = 0;
   for (auto& kv : bufs_) {
     Buffer& b = kv.second.buf;
     if (b.empty() || b.tier() == t) continue;
     Buffer nb(b.bytes(), Mem::Activations, t == Tier::Device ? device : Device::cpu(), t);
     moved += b.bytes();
-    if (done) {
-      done->push_back(copy_bytes_async(nb.data(), nb.device(), b.data(), b.device(), b.bytes()));
-      from->push_back(std::move(b));
-    } else {
-      copy_bytes(nb.data(), nb.device(), b.data(), b.device(), b.bytes());
-    }
+    done.push_back(copy_bytes_async(nb.data(), nb.device(), b.data(), b.device(), b.bytes()));
+    from.push_back(std::move(b));
     b = std::move(nb);
   }
   for (auto& p : parts_)

@@ -62,14 +62,13 @@ class Saved {
   void clear();                // frees everything
   size_t drop_cheap();         // frees the Keep::Cheap buffers; returns the bytes freed
   // Moves every buffer (parts included) to memory of tier `t` (core/alloc.h), same contents:
-  // activation offload. Tier::Device buffers live on `device`, the others on the CPU
-  // (copy_bytes). Returns the bytes moved.
-  // With `done` and `from`: asynchronous (copy_bytes_async, after the compute stream's work):
-  // each copy's event is appended to `done` and the buffer it copies from to `from`, index
-  // for index; the caller keeps those until the events complete. The new buffers are in
-  // place at once and hold the contents once the copies are done.
-  size_t move_to(Tier t, Device device, std::vector<std::shared_ptr<Event>>* done = nullptr,
-                 std::vector<Buffer>* from = nullptr);
+  // activation offload. Tier::Device buffers live on `device`, the others on the CPU. The
+  // copies are asynchronous (copy_bytes_async, after the compute stream's work): each copy's
+  // event is appended to `done` and the buffer it copies from to `from`, index for index; the
+  // caller keeps those until the events complete. The new buffers are in place at once and
+  // hold the contents once the copies are done. Returns the bytes moved.
+  size_t move_to(Tier t, Device device, std::vector<std::shared_ptr<Event>>& done,
+                 std::vector<Buffer>& from);
   // Activation offload to a file: detach() moves every buffer out (parts included, in a fixed
   // order) for the caller to write and keep until the write is done, leaving each slot empty
   // with its size remembered; reattach() allocates them again (device tier, same order) and

@@ -309,11 +309,11 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
         run_act_io(plan, i);
         return;
       }
-      if (a.pos >= 0 && plan_in.on_device) {  // activation offload on a device's copy streams
+      if (a.pos >= 0) {  // activation offload: copies between tiers (a device's copy streams)
         const Tier t = a.kind == ActionKind::Evict ? Tier::Host : Tier::Device;
         const Device dev = t == Tier::Device ? ops->device() : Device::cpu();
         CopiesInFlight& c = act_copies[i];
-        saved[p].move_to(t, ops->device(), &c.ev, &c.from);
+        saved[p].move_to(t, ops->device(), c.ev, c.from);
         Buffer& x = acts[p];
         if (!x.empty() && x.tier() != t) {
           Buffer nb(x.bytes(), Mem::Activations, dev, t);
@@ -321,18 +321,9 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
           c.from.push_back(std::move(x));
           x = std::move(nb);
         }
-        break;  // recorded at issue; its WaitIo waits for the copies
-      }
-      if (a.pos >= 0) {  // activation offload: a copy between tiers, done here on the CPU
-        const Tier t = a.kind == ActionKind::Evict ? Tier::Host : Tier::Device;
-        const Device dev = t == Tier::Device ? ops->device() : Device::cpu();
-        saved[p].move_to(t, ops->device());
-        Buffer& x = acts[p];
-        if (!x.empty() && x.tier() != t) {
-          Buffer nb(x.bytes(), Mem::Activations, dev, t);
-          copy_bytes(nb.data(), dev, x.data(), x.device(), x.bytes());
-          x = std::move(nb);
-        }
+        // The CPU's copies are memcpys, done now, and its plan frees what they read here; a
+        // device's WaitIo waits for them.
+        if (!plan_in.on_device) act_copies.erase(i);
         break;
       }
       // NVMe state; recorded when a consumer (WaitIo, Gather, a reduction) sees it complete.
