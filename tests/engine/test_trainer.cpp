@@ -83,27 +83,36 @@ TEST_CASE("train: two runs give bit-identical losses and grad norms and weights"
   CHECK(sc.last_loss != sa.last_loss);
 }
 
+namespace {
+// Trains `common` on the CPU and with device=sim; every step's loss and grad norm and the
+// exported weights must be equal. Returns the sim run's summary.
+TrainSummary same_on_sim(const std::string& data, const std::string& name,
+                         const std::vector<std::string>& common) {
+  std::vector<std::string> on_dev = common;
+  on_dev.push_back("device=sim");
+  const TrainConfig a = tiny_config(data, name + "_cpu", common);
+  const TrainConfig b = tiny_config(data, name + "_sim", on_dev);
+  CHECK(b.device == "sim");
+  const TrainSummary sa = train(a, quiet(true));
+  const TrainSummary sb = train(b, quiet(true));
+  const auto ma = read_metrics(a.run_dir), mb = read_metrics(b.run_dir);
+  REQUIRE(ma.size() == mb.size());
+  for (size_t i = 0; i < ma.size(); ++i) {
+    CHECK(ma[i]["loss"].get<double>() == mb[i]["loss"].get<double>());
+    CHECK(ma[i]["grad_norm"].get<double>() == mb[i]["grad_norm"].get<double>());
+  }
+  CHECK(read_bytes(sa.weights_path) == read_bytes(sb.weights_path));
+  return sb;
+}
+}  // namespace
+
 TEST_CASE("train: a run on a device (the simulated accelerator) equals the CPU run bit for bit") {
   // tests/common/sim_device.h: device memory the host cannot touch; the CPU's arithmetic.
   const std::string data = random_tokens("dev.bin", 4000, 32, 1);
   for (const char* mp : {"fp32", "bf16"}) {
     INFO(mp);
-    const std::vector<std::string> common = {"mixed_precision.param_dtype=" + std::string(mp),
-                                             "activation_checkpointing=full"};
-    std::vector<std::string> on_dev = common;
-    on_dev.push_back("device=sim");
-    const TrainConfig a = tiny_config(data, std::string("dev_cpu_") + mp, common);
-    const TrainConfig b = tiny_config(data, std::string("dev_sim_") + mp, on_dev);
-    CHECK(b.device == "sim");
-    const TrainSummary sa = train(a, quiet(true));
-    const TrainSummary sb = train(b, quiet(true));
-    const auto ma = read_metrics(a.run_dir), mb = read_metrics(b.run_dir);
-    REQUIRE(ma.size() == mb.size());
-    for (size_t i = 0; i < ma.size(); ++i) {
-      CHECK(ma[i]["loss"].get<double>() == mb[i]["loss"].get<double>());
-      CHECK(ma[i]["grad_norm"].get<double>() == mb[i]["grad_norm"].get<double>());
-    }
-    CHECK(read_bytes(sa.weights_path) == read_bytes(sb.weights_path));
+    same_on_sim(data, std::string("dev_") + mp,
+                {"mixed_precision.param_dtype=" + std::string(mp), "activation_checkpointing=full"});
   }
   // Offload from the config on the device: the host updater (moments and shards on the host),
   // NVMe files for moments, shards and activations; checkpoints saved asynchronously meanwhile.
@@ -121,20 +130,7 @@ TEST_CASE("train: a run on a device (the simulated accelerator) equals the CPU r
                             "zero_optimization.offload_param.nvme_path=",
                             "activation_checkpointing.nvme_path="})
         common.push_back(k + nv);
-    std::vector<std::string> on_dev = common;
-    on_dev.push_back("device=sim");
-    const TrainConfig a = tiny_config(data, dir + "_cpu", common);
-    const TrainConfig b = tiny_config(data, dir + "_sim", on_dev);
-    const TrainSummary sa = train(a, quiet(true));
-    const TrainSummary sb = train(b, quiet(true));
-    const auto ma = read_metrics(a.run_dir), mb = read_metrics(b.run_dir);
-    REQUIRE(ma.size() == mb.size());
-    for (size_t i = 0; i < ma.size(); ++i) {
-      CHECK(ma[i]["loss"].get<double>() == mb[i]["loss"].get<double>());
-      CHECK(ma[i]["grad_norm"].get<double>() == mb[i]["grad_norm"].get<double>());
-    }
-    CHECK(read_bytes(sa.weights_path) == read_bytes(sb.weights_path));
-    CHECK(sb.checkpoints_saved > 0);
+    CHECK(same_on_sim(data, dir, common).checkpoints_saved > 0);
     fs::remove_all(nv);
   }
   CHECK_THROWS_WITH(train(tiny_config(data, "dev_bad", {"device=cuda:x"}), quiet()),
