@@ -11,6 +11,9 @@
 //    AdamW): equal to the device's AdamW within 1e-6 relative per step (the two compute the
 //    same formula; sqrt and division are correctly rounded on both, the CPU's pow of the bias
 //    correction may differ in the last bit);
+//  * the host updater over shards on the host and moments in an NVMe file: bit-identical to the
+//    host optimizer alone (copies only); shards, moments and activations in NVMe files: within
+//    1e-6 relative per step (the gradient norm is then summed on the CPU);
 //  * device_comm native builds an NCCL group at one rank and the run equals the staged one bit
 //    for bit. One rank's units are Whole, so no collective runs here: this checks creation
 //    and that the group does not disturb the step; NCCL's collectives are test_nccl's.
@@ -27,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "common/temp_dir.h"
 #include "core/rng.h"
 #include "kernels/cuda/cuda_runtime.h"
 #include "kernels/ops.h"
@@ -162,6 +166,43 @@ TEST_CASE("cuda train: the optimizer on the host (offload_optimizer cpu) equals 
     if (verbose()) std::printf("%-40s loss %.2e\n", (std::string(type) + " host optimizer").c_str(), w);
     INFO(type << ": worst relative loss difference " << w);
     CHECK(w < 1e-6);
+  }
+}
+
+// The host updater (copies on the copy streams, the CPU's AdamW on its thread while the GPU
+// goes on) over every place the state can live: the same bits as the host optimizer alone.
+TEST_CASE("cuda train: shards, moments and activations on the host or NVMe equal the host optimizer") {
+  swtest::TempDir dir("cuda_offload");
+  for (const char* type : {"gpt2", "llama"}) {
+    ShardingPolicy pol = policy(DType::BF16);
+    pol.offload_optimizer.device = OffloadDevice::Cpu;
+    const Run base = train(tiny(type), ops_for(gpu()), pol, make_local_group(), 8);
+    for (int v = 0; v < 3; ++v) {
+      ShardingPolicy p = pol;
+      if (v == 0) p.offload_param.device = OffloadDevice::Cpu;  // shards on the host too
+      if (v >= 1) {  // moments in an NVMe file, in pieces
+        p.offload_optimizer.device = OffloadDevice::Nvme;
+        p.offload_optimizer.nvme_path = dir.path.string();
+        p.offload_optimizer.piece_floats = 1000;
+      }
+      if (v == 2) {  // and the shards and the activations
+        p.offload_param.device = OffloadDevice::Nvme;
+        p.offload_param.nvme_path = dir.path.string();
+        p.activation_checkpointing.offload_nvme = true;
+        p.activation_checkpointing.nvme_path = dir.path.string();
+      }
+      INFO(type << " variant " << v);
+      const Run got = train(tiny(type), ops_for(gpu()), p, make_local_group(), 8);
+      if (v < 2) {
+        CHECK(same(base, got));
+      } else {  // gradient shards on the host: their norm is the CPU's sum, not cuBLAS-order's
+        double w = 0;
+        for (size_t i = 0; i < base.losses.size(); ++i)
+          w = std::max(w, std::fabs(got.losses[i] - base.losses[i]) / std::fabs(base.losses[i]));
+        if (verbose()) std::printf("%-40s loss %.2e\n", (std::string(type) + " all on NVMe").c_str(), w);
+        CHECK(w < 1e-6);
+      }
+    }
   }
 }
 
