@@ -88,8 +88,7 @@ int ShardedModel::host_updates_in_flight() const {
   return n;
 }
 
-double ShardedModel::host_update_seconds() const { return double(*impl_->host_update_ns) * 1e-9; }
-int64_t ShardedModel::host_updates_run() const { return *impl_->host_update_count; }
+double ShardedModel::host_update_seconds() const { return double(impl_->host_update_ns) * 1e-9; }
 
 void ShardedModel::hold_host_updates(bool on) { impl_->updater().hold(on); }
 
@@ -235,7 +234,7 @@ void ShardedModel::Impl::update_on_host(FlatUnit& fu, const ExecState& st, int64
   const int step = st.step;
   const Ops& cpu_ops = ops_for(cpu);
   const int delay_us = host_update_delay_us;
-  auto busy_ns = host_update_ns, runs = host_update_count;
+  std::atomic<int64_t>* busy_ns = &host_update_ns;
   auto job = [=, &cpu_ops]() {
     if (delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
     const auto t0 = std::chrono::steady_clock::now();
@@ -250,7 +249,6 @@ void ShardedModel::Impl::update_on_host(FlatUnit& fu, const ExecState& st, int64
     (void)stage;  // released with the job, on the worker
     *busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
                     std::chrono::steady_clock::now() - t0).count();
-    ++*runs;
   };
   fu.set_pending_update(updater().post(std::move(job)),
                         fu.kind() == FlatUnit::Kind::Whole && hi == fu.shard_size());

@@ -97,9 +97,8 @@ class ShardedModel {
   int host_updates_in_flight() const;
   void hold_host_updates(bool on);
   // Seconds the host updater thread has spent running updates (copies waited for, AdamW, the
-  // copy back), and how many, since construction: a profile of the host side of the step.
+  // copy back) since construction: a profile of the host side of the step.
   double host_update_seconds() const;
-  int64_t host_updates_run() const;
 
   // Collective (unless gather_full_params holds a copy). Full parameters, one call per
   // ParamSpec in unit order, gathered one unit at a time.

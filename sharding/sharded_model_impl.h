@@ -167,14 +167,14 @@ struct ShardedModel::Impl {
   // device goes on (update_on_host), made on first use. Declared after `units`, so it is
   // joined (its jobs run out) before the units' buffers go. SHARDWISE_HOST_UPDATE_ASYNC=0 waits
   // for each update where it is issued (the synchronous split, for comparison).
+  // host_update_seconds: added to by the updater's jobs (declared before host_updater, which
+  // runs what is left of them when it goes).
+  std::atomic<int64_t> host_update_ns{0};
   std::unique_ptr<HostWorker> host_updater;
   const bool host_update_sync = env_switched_off("SHARDWISE_HOST_UPDATE_ASYNC");
   // Tests: SHARDWISE_HOST_UPDATE_DELAY_US=N sleeps N us before each host update, so a unit
   // touched before its update settled reads stale values and the comparison fails.
   int host_update_delay_us = 0;
-  // host_update_seconds / host_updates_run: added to by the updater's jobs.
-  std::shared_ptr<std::atomic<int64_t>> host_update_ns = std::make_shared<std::atomic<int64_t>>(0);
-  std::shared_ptr<std::atomic<int64_t>> host_update_count = std::make_shared<std::atomic<int64_t>>(0);
   // Global parameter name -> (unit, spec index).
   std::unordered_map<std::string, std::pair<int, int>> by_name;
 

@@ -177,21 +177,18 @@ TEST_CASE("checkpointer: on a device (sim), resume is bit-identical, from and to
               read_bytes((fs::path(full.checkpoint.dir) / "step_8" / f).string()));
     }
     // --init-from on the device: set_param uploads the exported weights.
-    fresh("dev_init_" + m);
-    const TrainSummary di = train(
-        tiny(data, "dev_init_" + m,
-             with(sim, {"train_steps=1", "checkpoint.every_steps=0",
-                        "checkpoint.init_from=" + sf.weights_path, "optimizer.params.lr=1e-30",
-                        "scheduler.type=Constant", "scheduler.params={}"})),
-        quiet());
+    auto init_from = [&](const std::string& name, const std::vector<std::string>& on) {
+      fresh(name);
+      return train(tiny(data, name,
+                        with(on, {"train_steps=1", "checkpoint.every_steps=0",
+                                  "checkpoint.init_from=" + sf.weights_path,
+                                  "optimizer.params.lr=1e-30", "scheduler.type=Constant",
+                                  "scheduler.params={}"})),
+                   quiet());
+    };
+    const TrainSummary di = init_from("dev_init_" + m, sim);
     if (m == "fp32") CHECK(read_bytes(di.weights_path) == read_bytes(sf.weights_path));
-    fresh("dev_init_cpu_" + m);
-    const TrainSummary ci = train(
-        tiny(data, "dev_init_cpu_" + m,
-             with(base, {"train_steps=1", "checkpoint.every_steps=0",
-                         "checkpoint.init_from=" + sf.weights_path, "optimizer.params.lr=1e-30",
-                         "scheduler.type=Constant", "scheduler.params={}"})),
-        quiet());
+    const TrainSummary ci = init_from("dev_init_cpu_" + m, base);
     CHECK(read_bytes(di.weights_path) == read_bytes(ci.weights_path));
   }
 }
