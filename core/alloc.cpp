@@ -179,30 +179,15 @@ size_t round_size(size_t s) {
 }
 
 // Host pinning (core/alloc.h HostPinning). The functions are read under g_pin_mu, so a
-// registration never races a pin; the set holds the pinned blocks (few: > 1 MiB each), so
+// registration never races a pin; the set holds the pinned blocks (each mmap'd on its own), so
 // host_pinned and the unpin before an OS free need no other bookkeeping.
 std::mutex g_pin_mu;
 HostPinning g_pinning;
 std::unordered_set<const void*>* g_pinned = new std::unordered_set<const void*>;  // never freed
 size_t g_pinned_bytes = 0;
 
-// A block just obtained from the OS for `tier`.
-void maybe_pin(void* p, size_t block, Tier tier) {
-  if (tier != Tier::Host || block <= kSmallMax) return;
-  std::lock_guard<std::mutex> lock(g_pin_mu);
-  if (!g_pinning.pin || !g_pinning.pin(p, block)) return;
-  g_pinned->insert(p);
-  g_pinned_bytes += block;
-}
-
-// Before a block goes back to the OS.
-void maybe_unpin(void* p, size_t block) {
-  if (block <= kSmallMax) return;
-  std::lock_guard<std::mutex> lock(g_pin_mu);
-  if (g_pinned->erase(p) == 0) return;
-  g_pinned_bytes -= block;
-  if (g_pinning.unpin) g_pinning.unpin(p, block);
-}
+constexpr size_t kPage = 4096;
+size_t page_span(size_t block) { return (block + kPage - 1) / kPage * kPage; }
 
 void* os_alloc(size_t block) {
   if (block <= kSmallMax) return std::aligned_alloc(64, block);
@@ -210,8 +195,40 @@ void* os_alloc(size_t block) {
   return p == MAP_FAILED ? nullptr : p;
 }
 
+// A block from the OS for `tier`. While a backend pins, a Tier::Host block of any size is
+// mapped on its own (whole pages: a small class takes at least one) and pinned; where the pin
+// fails it is made as any other block, unpinned.
+void* os_alloc_for(size_t block, Tier tier) {
+  if (tier == Tier::Host) {
+    std::lock_guard<std::mutex> lock(g_pin_mu);
+    if (g_pinning.pin) {
+      const size_t span = page_span(block);
+      void* p = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p != MAP_FAILED) {
+        if (g_pinning.pin(p, span)) {
+          g_pinned->insert(p);
+          g_pinned_bytes += span;
+          return p;
+        }
+        munmap(p, span);
+      }
+    }
+  }
+  return os_alloc(block);
+}
+
+// A pinned block is unpinned and unmapped; any other goes back as os_alloc made it.
 void os_free(void* p, size_t block) {
-  maybe_unpin(p, block);
+  {
+    std::lock_guard<std::mutex> lock(g_pin_mu);
+    if (g_pinned->erase(p) != 0) {
+      const size_t span = page_span(block);
+      g_pinned_bytes -= span;
+      if (g_pinning.unpin) g_pinning.unpin(p, span);
+      munmap(p, span);
+      return;
+    }
+  }
   if (block <= kSmallMax)
     std::free(p);
   else
@@ -272,15 +289,12 @@ void* host_alloc(size_t bytes, Tier tier, size_t* block, uint8_t* origin) {
         return p;
       }
   }
-  void* p = os_alloc(r);
+  void* p = os_alloc_for(r, tier);
   if (!p) {  // give the cache back to the OS and try once more
     for (size_t t = 0; t < static_cast<size_t>(Tier::Count); ++t) release_pool(static_cast<Tier>(t));
-    p = os_alloc(r);
+    p = os_alloc_for(r, tier);
   }
-  if (p) {
-    maybe_pin(p, r, tier);
-    *block = r, *origin = kPooled, tr.note_reserved(static_cast<int64_t>(r));
-  }
+  if (p) *block = r, *origin = kPooled, tr.note_reserved(static_cast<int64_t>(r));
   return p;
 }
 

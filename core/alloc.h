@@ -124,15 +124,17 @@ size_t cached_bytes();  // free bytes held by the host pools (all tiers; device 
 // comment at the top); the planner's RSS prediction adds it up over the plan's buffers.
 size_t alloc_block_size(size_t bytes);
 
-// Pinned (page-locked) host memory for the offload tiers. A device backend registers how it
-// pins (the CUDA backend: cudaHostRegister / cudaHostUnregister, registered once the process
-// uses its GPU). From then on every block the host pool obtains from the OS for Tier::Host
-// above the small classes (> 1 MiB: mmap'd, page-aligned, so no page is shared with another
-// block) is pinned once, stays pinned while the pool keeps it, and is unpinned before it goes
-// back to the OS. Not pinned: small-class blocks (malloc'd, they share pages), Buffer::fresh
-// (its point is that untouched pages stay out of the resident set; pinning faults them all
-// in), buffers made while caching is off, and blocks obtained before the registration. pin
-// returns false when it could not pin; the block is then used unpinned.
+// Pinned (page-locked) host memory for the offload tiers and every host side of an
+// asynchronous copy. A device backend registers how it pins (the CUDA backend:
+// cudaHostRegister / cudaHostUnregister, registered once the process uses its GPU). From then
+// on every block the host pool obtains from the OS for Tier::Host, of any size, is mapped on
+// its own (page-aligned; a small class takes whole pages, at least 4 KiB, where malloc would
+// share them) and pinned once; it stays pinned while the pool keeps it and is unpinned before
+// it goes back to the OS. Not pinned: other tiers, Buffer::fresh (its point is that untouched
+// pages stay out of the resident set; pinning faults them all in), buffers made while caching
+// is off, and blocks obtained before the registration. pin returns false when it could not
+// pin; the block is then used unpinned. A copy from or into pageable memory is synchronous on
+// CUDA (cudaMemcpyAsync waits for the stream), so the engine stages such copies in Tier::Host.
 struct HostPinning {
   bool (*pin)(void* p, size_t bytes) = nullptr;
   void (*unpin)(void* p, size_t bytes) = nullptr;

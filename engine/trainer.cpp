@@ -4,10 +4,11 @@
 //
 // Per optimizer step s (0-based), on every rank r of W:
 //   zero grads; for k in 0..accum-1: rows (k*W + r)*B .. +B of step s (engine/data.h)
-//   -> forward_backward(batch, 1/accum, last = k == accum-1)
+//   -> micro_step(batch, 1/accum, last = k == accum-1)
 //   (each rank's gradient is that of its mean loss; ShardedModel averages over ranks, so the
 //   result is the gradient of the mean loss over the global batch: N ranks train exactly
-//   what one rank with micro-batch N*B would);
+//   what one rank with micro-batch N*B would); then the gradient norm, whose read brings the
+//   micro-steps' losses with it (on a GPU the step's one host synchronisation);
 //   loss = sum over ranks / (W * accum); clip factor min(1, clip / (norm + 1e-6)) with the
 //   global norm; lr = lr_at(a), AdamW step a + 1 with a = optimizer steps applied so far (= s
 //   unless fp16 skipped overflowing steps, see below); validation on eval steps over
@@ -17,7 +18,7 @@
 //
 // Mixed precision: the sharding policy's mixed_precision (from bf16/fp16) makes ShardedModel
 // gather and compute in bf16/fp16 and reduce gradients in reduce_dtype; masters and AdamW stay
-// fp32. fp16 adds loss scaling (engine/loss_scaler.h): forward_backward gets grad_scale =
+// fp32. fp16 adds loss scaling (engine/loss_scaler.h): micro_step gets grad_scale =
 // scale / accum; the global gradient norm (reduced identically on every rank) decides
 // overflow: non-finite -> the step is skipped (gradients dropped, weights and AdamW state
 // untouched) and the scaler lowers the scale; otherwise the gradients are unscaled through
@@ -438,21 +439,29 @@ class Trainer {
     const CpuUsage u0 = cpu_usage();
     const CommStats c0 = sm_->comm_stats();
     sm_->zero_grads();
-    double loss = 0;
-    int bad_micro = -1;  // first micro-step with a non-finite loss on this rank
     const double loss_scale = cfg_.fp16 ? scaler_.scale : 1.0;
     for (int k = 0; k < accum_; ++k) {
       const auto tk = Clock::now();
       train_batch(*train_data_, cfg_.seed, s, (int64_t{k} * W_ + rank_) * B_, B_, T_,
                   inputs_.data(), targets_.data());
-      const double l = sm_->forward_backward(
-          batch_, static_cast<float>(loss_scale / static_cast<double>(accum_)), k + 1 == accum_);
-      if (!std::isfinite(l) && bad_micro < 0) bad_micro = k;
-      loss += l;
+      // The loss stays on the device: read with the gradient norm, the step's one
+      // synchronisation with a GPU.
+      sm_->micro_step(batch_, static_cast<float>(loss_scale / static_cast<double>(accum_)),
+                      k + 1 == accum_);
       if (rec) {
         recorder_->take_exec(*sm_, exec_rec_, s + 1, k, segment_begin(k));
         recorder_->action(s + 1, k, k, "forward_backward", tk);
       }
+    }
+    const auto tn = Clock::now();
+    const double norm = sm_->grad_norm() / loss_scale;  // of the unscaled gradients
+    if (rec) recorder_->action(s + 1, 0, accum_, "grad_norm", tn);
+    double loss = 0;
+    int bad_micro = -1;  // first micro-step with a non-finite loss on this rank
+    const std::vector<double> losses = sm_->step_losses();
+    for (size_t k = 0; k < losses.size(); ++k) {
+      if (!std::isfinite(losses[k]) && bad_micro < 0) bad_micro = static_cast<int>(k);
+      loss += losses[k];
     }
     loss = sum_over_ranks(world_, loss) / (static_cast<double>(accum_) * W_);
     const float lr = lr_at(cfg_.optimizer, cfg_.scheduler, cfg_.train_steps, applied_);
@@ -467,9 +476,6 @@ class Trainer {
         detail += " (micro-step " + std::to_string(bad_micro) + ")";
       non_finite("loss", loss, s + 1, detail);
     }
-    const auto tn = Clock::now();
-    const double norm = sm_->grad_norm() / loss_scale;  // of the unscaled gradients
-    if (rec) recorder_->action(s + 1, 0, accum_, "grad_norm", tn);
     const bool overflow = cfg_.fp16 && !std::isfinite(norm);
     if (cfg_.fp16) {
       try {

@@ -69,9 +69,9 @@ class EmbedHead final : public Unit {
     }
     float* dh = c.training ? c.saved->f32("dh", size_t(N) * kDim) : nullptr;
     if (dh) c.ops->fill(dh, 0.f, size_t(N) * kDim);
-    c.loss_sum += c.ops->lmhead_xent(c.scratch->f32(N), dh, dh ? c.grad(0) : nullptr, h,
-                                     c.param(0), b.targets, N, kDim, kVocab, c.grad_scale);
-    for (int i = 0; i < N; ++i) c.loss_count += b.targets[i] >= 0;
+    // The sum of token losses and the targets counted, reported into c (on a GPU the sum
+    // stays on the device until the engine reads the step's losses).
+    add_loss(c, c.scratch->f32(N), dh, dh ? c.grad(0) : nullptr, h, c.param(0), kDim, kVocab);
   }
   // Declaring activation memory: what forward/backward will ask of c.saved and c.scratch, in
   // bytes, before they run (the memory planner sizes a step from this; a unit that does not

@@ -111,6 +111,15 @@ class Ops {
   virtual double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w,
                              const int32_t* targets, int N, int C, int V,
                              float grad_scale) const = 0;
+  // The same, but sum_n loss[n] is ADDED to *total, one double in this backend's memory, on
+  // the stream: the host reads nothing (the engine reads a step's losses once, with the
+  // gradient norm). The default adds lmhead_xent's result, so it suits backends whose memory
+  // the host can touch; device backends override it.
+  virtual void lmhead_xent_into(double* total, float* loss, float* dx, float* dw, const float* x,
+                                const float* w, const int32_t* targets, int N, int C, int V,
+                                float grad_scale) const {
+    *total += lmhead_xent(loss, dx, dw, x, w, targets, N, C, V, grad_scale);
+  }
 
   // ---- AdamW (decoupled weight decay, bias-corrected; step counts from 1), on n elements.
   // param -= lr * (mhat / (sqrt(vhat) + eps) + wd * param), with grad multiplied by grad_mult
@@ -127,6 +136,13 @@ class Ops {
   virtual void sum_squares_each(const float* const* xs, const size_t* ns, int k,
                                 double* out) const {
     for (int i = 0; i < k; ++i) out[i] = sum_squares(xs[i], ns[i]);
+  }
+  // The same k sums written to `out`: k doubles in this backend's memory, on the stream, with
+  // nothing read on the host (the engine reads them with the step's losses). The default
+  // suits backends whose memory the host can touch; device backends override it.
+  virtual void sum_squares_into(const float* const* xs, const size_t* ns, int k,
+                                double* out) const {
+    sum_squares_each(xs, ns, k, out);
   }
   virtual void scale(float* x, float a, size_t n) const = 0;
   virtual void fill(float* x, float v, size_t n) const = 0;

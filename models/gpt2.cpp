@@ -108,10 +108,7 @@ class EmbedHead final : public Unit {
       ops.fill(dh, 0.f, sz(N, C));
     }
     if (ctx.training) ctx.saved->set_scalar("fused", fused ? 1.f : 0.f);
-    const double s = ops.lmhead_xent(losses, dh, fused ? ctx.grad(lm) : nullptr, h, w,
-                                     bt.targets, N, C, V, ctx.grad_scale);
-    ctx.loss_sum += s;
-    ctx.loss_count += count_targets(bt);
+    add_loss(ctx, losses, dh, fused ? ctx.grad(lm) : nullptr, h, w, C, V);
   }
 
   // Call 0 (embedding) allocates nothing. Call 1 (loss), training: lnf, its statistics, the

@@ -312,10 +312,7 @@ class Head final : public Unit {
       ops.fill(dh, 0.f, sz(N, C));
     }
     if (ctx.training) ctx.saved->set_scalar("fused", fused ? 1.f : 0.f);
-    const double s = ops.lmhead_xent(losses, dh, fused ? ctx.grad(1) : nullptr, h, w,
-                                     bt.targets, N, C, V, ctx.grad_scale);
-    ctx.loss_sum += s;
-    ctx.loss_count += count_targets(bt);
+    add_loss(ctx, losses, dh, fused ? ctx.grad(1) : nullptr, h, w, C, V);
   }
 
   // Training: hnorm, rstd, the fused head's dhnorm saved (the fused flag: a host scalar), the per-row

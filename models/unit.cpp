@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "kernels/ops.h"
 
 namespace sw {
 
@@ -15,6 +16,18 @@ int64_t count_targets(const Batch& b) {
   const int64_t N = int64_t{b.B} * b.T;
   for (int64_t i = 0; i < N; ++i) n += b.targets[i] >= 0;
   return n;
+}
+
+void add_loss(UnitCtx& ctx, float* losses, float* dx, float* dw, const float* x, const float* w,
+              int C, int V) {
+  const Batch& b = *ctx.batch;
+  const int N = b.B * b.T;
+  if (ctx.loss_total)
+    ctx.ops->lmhead_xent_into(ctx.loss_total, losses, dx, dw, x, w, b.targets, N, C, V,
+                              ctx.grad_scale);
+  else
+    ctx.loss_sum += ctx.ops->lmhead_xent(losses, dx, dw, x, w, b.targets, N, C, V, ctx.grad_scale);
+  ctx.loss_count += count_targets(b);
 }
 
 // ---- Saved ---------------------------------------------------------------------------------

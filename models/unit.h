@@ -169,8 +169,12 @@ struct UnitCtx {
   Scratch* scratch = nullptr;
   bool training = true;    // false: inference/eval; no gradients will be asked for
   float grad_scale = 1.f;  // loss units: multiply d(sum of token losses) by this
-  double loss_sum = 0.0;   // loss units add the sum of token losses here
-  int64_t loss_count = 0;  // and the number of counted tokens here
+  // Loss units report the sum of token losses and the number of counted tokens (add_loss
+  // below does both): the sum goes into *loss_total when the engine gives one (one double of
+  // ops' device, summed there; the host reads it once per step), else into loss_sum.
+  double* loss_total = nullptr;
+  double loss_sum = 0.0;
+  int64_t loss_count = 0;
   // Inference only (training == false): when non-null, a loss call writes the (B, V) logits of
   // the last position of each sequence here instead of computing a loss.
   float* logits = nullptr;
@@ -178,6 +182,12 @@ struct UnitCtx {
   float* param(size_t i) const { return (*params)[i]; }
   float* grad(size_t i) const { return (*grads)[i]; }
 };
+
+// A loss call's fused LM head and cross-entropy (Ops::lmhead_xent; dx, dw may be null), reported
+// into ctx: the sum of token losses into ctx.loss_total (Ops::lmhead_xent_into, no host
+// synchronisation) or ctx.loss_sum, and the counted targets into ctx.loss_count.
+void add_loss(UnitCtx& ctx, float* losses, float* dx, float* dw, const float* x, const float* w,
+              int C, int V);
 
 // The batch shape a unit's activation sizes depend on.
 struct BatchShape {
@@ -217,7 +227,7 @@ class Unit {
   // model's schedule says which call runs when.
   virtual int num_calls() const { return 1; }
   // x, y: (B, T, d_model) residual stream; the first call of an embedding ignores x, a loss
-  // call writes no y (y may be null) and reports into ctx.loss_sum.
+  // call writes no y (y may be null) and reports its loss into ctx (add_loss).
   virtual void forward(UnitCtx& ctx, int call, const float* x, float* y) = 0;
   // Given dy (null for a loss call), writes (=, not +=) dx (null for an embedding call) and
   // accumulates parameter gradients into ctx.grads. x is the same input forward saw.

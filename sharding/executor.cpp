@@ -217,6 +217,7 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
       UnitCtx ctx = ctx_for(*fu, batch, pos, st.training);
       ctx.grad_scale = st.scale;
       ctx.logits = st.logits;
+      ctx.loss_total = st.loss_total;
       scratch.reset();
       fu->unit()->forward(ctx, model.schedule[p].call, st.x, y);
       st.loss_sum += ctx.loss_sum;
@@ -737,13 +738,14 @@ void ShardedModel::Impl::quiesce() noexcept {
   }
   pending.clear();
   settle_act_copies();
-  for (auto& e : batch_up) {
-    try {
-      if (e) e->synchronize();
-    } catch (...) {
+  for (auto& ring : batch_ring)
+    for (Upload& up : ring) {
+      try {
+        if (up.done) up.done->synchronize();
+      } catch (...) {
+      }
+      up.done = nullptr;
     }
-    e = nullptr;
-  }
   for (auto& u : units) u->quiesce();
 }
 

@@ -27,8 +27,9 @@ double ShardedModel::grad_norm() const {
   I.sync_grads();
   // Sum of squares of this rank's reduced gradient shard (alignment gaps and padding are never
   // written, so they stay zero), summed over the shard group; replicas hold equal shards.
-  // Per unit, then added in unit order: the device's shards in one call (one host
-  // synchronisation on a GPU), shards on the host with the CPU's Ops.
+  // Per unit, then added in unit order: the device's shards in one call whose sums stay on
+  // the device and come back with the unread micro-steps' losses (read_sums: the step's one
+  // host synchronisation on a GPU), shards on the host with the CPU's Ops.
   const size_t U = I.units.size();
   std::vector<double> per(U, 0.0);
   std::vector<const float*> xs;
@@ -46,8 +47,9 @@ double ShardedModel::grad_norm() const {
       at.push_back(u);
     }
   }
-  std::vector<double> got(xs.size());
-  I.ops->sum_squares_each(xs.data(), ns.data(), static_cast<int>(xs.size()), got.data());
+  const int k = static_cast<int>(xs.size());
+  I.ops->sum_squares_into(xs.data(), ns.data(), k, I.sum_at(Impl::kLossSlots + 1));
+  const std::vector<double> got = I.read_sums(k);
   for (size_t i = 0; i < at.size(); ++i) per[at[i]] = got[i];
   double ss = 0;
   for (double v : per) ss += v;

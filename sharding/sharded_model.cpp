@@ -280,20 +280,23 @@ void ShardedModel::reset_comm_stats() {
 const Batch& ShardedModel::Impl::on_device(const Batch& b) {
   if (ops->device().is_cpu()) return b;
   const size_t n = static_cast<size_t>(b.B) * static_cast<size_t>(b.T) * sizeof(int32_t);
-  // Through a host copy of its own (above the pool's small classes, so pinned once a GPU
-  // registered pinning), on the copy stream, which the compute stream waits for: the caller's
-  // arrays are free at return and the device's queue is not drained. The kept device buffers
-  // are overwritten only after the compute stream's work so far (which read them last).
-  constexpr size_t kPinnable = (size_t{1} << 20) + 1;
+  // Through host copies of its own (Tier::Host: pinned once a GPU registered pinning), on the
+  // copy stream, which the compute stream waits for: the caller's arrays are free at return
+  // and the device's queue is not drained. A host copy is written again kBatchRing batches
+  // later, once its upload is done (only then may the host wait). The kept device buffers are
+  // overwritten only after the compute stream's work so far (which read them last).
+  const int r = batch_next;
+  batch_next = (batch_next + 1) % kBatchRing;
   auto upload = [&](int k, Buffer& buf, const int32_t* src) -> const int32_t* {
     if (!src) return nullptr;
-    if (batch_up[k]) batch_up[k]->synchronize();  // the last upload read batch_host[k]
-    if (batch_host[k].bytes() < n)
-      batch_host[k] = Buffer(std::max(n, kPinnable), Mem::Activations, Device::cpu(), Tier::Host);
-    std::memcpy(batch_host[k].data(), src, n);
+    Upload& up = batch_ring[k][r];
+    if (up.done && !up.done->query()) up.done->synchronize();
+    if (up.host.bytes() < n)
+      up.host = Buffer(n, Mem::Activations, Device::cpu(), Tier::Host);
+    std::memcpy(up.host.data(), src, n);
     if (buf.bytes() < n) buf = Buffer(n, Mem::Activations, ops->device());
-    batch_up[k] = copy_bytes_async(buf.data(), buf.device(), batch_host[k].data(), Device::cpu(), n);
-    ops->stream().wait_event(*batch_up[k]);
+    up.done = copy_bytes_async(buf.data(), buf.device(), up.host.data(), Device::cpu(), n);
+    ops->stream().wait_event(*up.done);
     return buf.as<int32_t>();
   };
   dev_batch = b;
@@ -301,6 +304,21 @@ const Batch& ShardedModel::Impl::on_device(const Batch& b) {
   dev_batch.tokens = upload(0, batch_tokens, b.tokens);
   dev_batch.targets = upload(1, batch_targets, b.targets);
   return dev_batch;
+}
+
+double* ShardedModel::Impl::sum_at(int i) {
+  if (sums.empty())
+    sums = Buffer(sizeof(double) * (kLossSlots + 1 + units.size()), Mem::Workspace, ops->device());
+  return sums.as<double>() + i;
+}
+
+std::vector<double> ShardedModel::Impl::read_sums(int k) {
+  std::vector<double> h(static_cast<size_t>(kLossSlots + 1 + k));
+  copy_bytes(h.data(), Device::cpu(), sum_at(0), ops->device(), h.size() * sizeof(double));
+  const size_t first = losses.size() - static_cast<size_t>(unread);
+  for (int i = 0; i < unread; ++i) losses[first + static_cast<size_t>(i)].sum += h[size_t(i)];
+  unread = 0;
+  return std::vector<double>(h.begin() + kLossSlots + 1, h.end());
 }
 
 namespace {
@@ -315,14 +333,18 @@ void check_batch(const Batch& b, bool need_targets) {
 
 }  // namespace
 
-double ShardedModel::forward_backward(const Batch& batch, float grad_scale, bool last_micro_step) {
+void ShardedModel::micro_step(const Batch& batch, float grad_scale, bool last_micro_step) {
   Impl& I = *impl_;
   check_batch(batch, true);
+  // A full set of unread losses is read now (one synchronisation per kLossSlots micro-steps).
+  if (I.unread == Impl::kLossSlots) I.read_sums(0);
   ExecState st;
   st.batch = &I.on_device(batch);
   const int64_t counted = count_targets(*st.batch);  // counted once (a device batch keeps it)
   // d(mean loss) = d(sum of token losses) / counted.
   st.scale = counted > 0 ? grad_scale / static_cast<float>(counted) : 0.f;
+  st.loss_total = I.sum_at(I.unread);
+  I.ops->fill(reinterpret_cast<float*>(st.loss_total), 0.f, 2);  // a double's zero bits
   const bool reduce = last_micro_step || I.policy.accum == GradAccumMode::ReduceEachMicroStep;
   // The last optimizer step's deferred updates run in this forward, each before its unit's
   // first use (OptimizerOffload::defer_update).
@@ -346,7 +368,24 @@ double ShardedModel::forward_backward(const Batch& batch, float grad_scale, bool
   for (auto& u : I.units) u->to_idle();
   if (counted > 0 && st.loss_count == 0)
     fail("sharded_model", "no call of the model's schedule reported a loss");
-  return st.loss_count > 0 ? st.loss_sum / static_cast<double>(st.loss_count) : 0.0;
+  I.losses.push_back({st.loss_sum, st.loss_count});
+  ++I.unread;
+}
+
+std::vector<double> ShardedModel::step_losses() {
+  Impl& I = *impl_;
+  if (I.unread > 0) I.read_sums(0);
+  std::vector<double> out;
+  out.reserve(I.losses.size());
+  for (const Impl::StepLoss& l : I.losses)
+    out.push_back(l.count > 0 ? l.sum / static_cast<double>(l.count) : 0.0);
+  I.losses.clear();
+  return out;
+}
+
+double ShardedModel::forward_backward(const Batch& batch, float grad_scale, bool last_micro_step) {
+  micro_step(batch, grad_scale, last_micro_step);
+  return step_losses().back();
 }
 
 namespace {
@@ -357,6 +396,10 @@ ExecState run_forward(ShardedModel::Impl& I, Model& model, const Batch& batch, f
   st.batch = &I.on_device(batch);
   st.training = false;
   st.logits = logits;
+  if (!logits) {  // the loss: in the eval slot, read at the end
+    st.loss_total = I.sum_at(ShardedModel::Impl::kLossSlots);
+    I.ops->fill(reinterpret_cast<float*>(st.loss_total), 0.f, 2);
+  }
   Buffer dev_logits;  // (B, V) on a non-CPU device, copied out at the end
   const size_t nlogits = static_cast<size_t>(batch.B) * static_cast<size_t>(model.config.vocab_size);
   if (logits && !I.ops->device().is_cpu()) {
@@ -372,6 +415,11 @@ ExecState run_forward(ShardedModel::Impl& I, Model& model, const Batch& batch, f
   }
   if (!dev_logits.empty())
     copy_bytes(logits, Device::cpu(), dev_logits.data(), dev_logits.device(), dev_logits.bytes());
+  if (st.loss_total) {
+    double dev_sum = 0;
+    copy_bytes(&dev_sum, Device::cpu(), st.loss_total, I.ops->device(), sizeof dev_sum);
+    st.loss_sum += dev_sum;
+  }
   return st;
 }
 }  // namespace

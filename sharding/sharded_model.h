@@ -77,14 +77,25 @@ class ShardedModel {
   // optimizer step but the last, so GradAccumMode::ReduceOnce can postpone the reduction
   // (ReduceEachMicroStep ignores it). Gradients not yet reduced are reduced by grad_norm,
   // optimizer_step and for_each_grad.
+  // Reads the loss (and those of micro_step calls not yet read) from the device at once.
   double forward_backward(const Batch& batch, float grad_scale = 1.f, bool last_micro_step = true);
+  // Collective. forward_backward without reading the loss: on a device the host does not wait
+  // for the device's work (the loss stays there until step_losses or grad_norm reads it).
+  void micro_step(const Batch& batch, float grad_scale = 1.f, bool last_micro_step = true);
+  // Local. The mean loss over this rank's tokens of each micro_step (and forward_backward)
+  // since the last call, in order; then forgets them. The losses grad_norm has already read
+  // come without a synchronisation; the rest are read now, in one copy.
+  std::vector<double> step_losses();
   // Collective. Forward only; returns the mean loss over this rank's tokens.
   double eval_loss(const Batch& batch);
   // Collective. Forward only; writes (B, V) logits of each sequence's last position.
   void logits_last(const Batch& batch, float* logits);
 
   // Collective. Global L2 norm of the accumulated (reduced) gradients: this rank's sum of
-  // squares, summed over the shard group in double precision, identical on every rank.
+  // squares, summed over the shard group in double precision, identical on every rank. On a
+  // device, the one read of the device's sums also brings the unread micro-steps' losses
+  // (so a step of micro_steps, grad_norm, step_losses and optimizer_step synchronises the host
+  // with the device once).
   double grad_norm() const;
   void zero_grads();
   // Collective. AdamW on this rank's slice of every parameter; grads multiplied by grad_mult

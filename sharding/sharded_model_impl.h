@@ -48,6 +48,7 @@ struct ExecState {
   bool training = true;
   float scale = 0.f;  // ctx.grad_scale
   float* logits = nullptr;
+  double* loss_total = nullptr;  // ctx.loss_total: a zeroed double of the device
   double loss_sum = 0;
   int64_t loss_count = 0;
   const float* x = nullptr;   // forward: the input of the next call
@@ -157,10 +158,36 @@ struct ShardedModel::Impl {
   GroupPtr world, shard, rep, shard_host;
   // A batch on the device (its tokens and targets copied there), for a non-CPU device.
   Buffer batch_tokens, batch_targets;
-  Buffer batch_host[2];                   // their host copies (on_device), and the uploads
-  std::shared_ptr<Event> batch_up[2];     // from them in flight
+  // Their host copies (on_device): per input a ring of kBatchRing, each with the upload from
+  // it in flight, so the host waits only for the upload kBatchRing micro-steps back.
+  static constexpr int kBatchRing = 3;
+  struct Upload {
+    Buffer host;
+    std::shared_ptr<Event> done;
+  };
+  Upload batch_ring[2][kBatchRing];
+  int batch_next = 0;  // the ring entry the next batch uses
   Batch dev_batch;
   const Batch& on_device(const Batch& b);
+  // Losses (micro_step, step_losses): each micro-step adds its sum of token losses into a
+  // double of `sums` (ops' device; ctx.loss_total), zeroed when the micro-step starts, so the
+  // host reads nothing then. Layout: [kLossSlots micro-steps | the eval slot | the gradient
+  // norm's per-unit sums]. The unread micro-steps are slots [0, unread); one copy brings them
+  // to the host, with the norm's sums when grad_norm reads (read_sums). `losses` holds each
+  // micro-step since the last step_losses: what units reported on the host (ctx.loss_sum),
+  // the targets counted, and, once read, the device's sum added.
+  static constexpr int kLossSlots = 64;
+  struct StepLoss {
+    double sum = 0;
+    int64_t count = 0;
+  };
+  Buffer sums;
+  std::vector<StepLoss> losses;
+  int unread = 0;
+  double* sum_at(int i);  // sums' double i (allocated on first use)
+  // Copies sums [0, kLossSlots + 1 + k) to the host (one synchronisation), adds the unread
+  // slots into `losses` and returns the k norm sums.
+  std::vector<double> read_sums(int k);
   int W = 1, S = 1, R = 1;
   std::vector<std::unique_ptr<FlatUnit>> units;
   // offload_optimizer cpu on a device: the host thread the CPU's AdamW runs on while the

@@ -207,7 +207,7 @@ void FlatUnit::issue_regather() {
   settle();
   if (kind_ == Kind::Whole && split_) {
     if (hm_)
-      copy_bytes(full_, ops_->device(), master_, Device::cpu(), fbytes(layout_.padded));
+      upload(full_, master_, fbytes(layout_.padded));  // the compute stream waits for it
     else
       ops_->copy(full_, master_, static_cast<size_t>(layout_.padded));
     ops_->round_to(pdt_, full_, static_cast<size_t>(layout_.padded));
@@ -394,9 +394,10 @@ void FlatUnit::gather_shard_into(const float* shard, Device where, float* out) c
 
 const Ops& FlatUnit::ops_on(Device d) const { return d.is_cpu() ? ops_for(Device::cpu()) : *ops_; }
 
-// Host shard -> the gather's slot. NVMe staging is refilled right after its Gather (the plan's
-// assumption): copied synchronously. Host shards: on the copy stream, which the compute stream
-// (and so the collective after it) waits for natively.
+// Host shard -> the gather's slot (or a whole unit's host master -> its parameters). NVMe
+// staging is refilled right after its Gather (the plan's assumption): copied synchronously.
+// Host shards: on the copy stream, which the compute stream (and so the collective after it)
+// waits for natively; the host source is written again only after wait_upload.
 void FlatUnit::upload(void* dst, const void* src, size_t bytes) {
   if (pnvme_) {
     copy_bytes(dst, ops_->device(), src, Device::cpu(), bytes);
@@ -411,7 +412,7 @@ void FlatUnit::wait_upload() const {
   if (!up_) return;
   std::shared_ptr<Event> e = std::move(up_);
   up_ = nullptr;
-  e->synchronize();
+  if (!e->query()) e->synchronize();  // the host blocks only for an upload not yet done
 }
 
 void* FlatUnit::host_stage(size_t bytes) {

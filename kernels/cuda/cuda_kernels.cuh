@@ -41,8 +41,9 @@ void add_bias_rows(cudaStream_t s, float* out, const float* b, int N, int OC);  
 // Fixed-order sum of squares in double: *result (device) = sum x^2. ws: sum_squares_ws(n).
 size_t sum_squares_ws(size_t n);  // doubles
 void sum_squares(cudaStream_t s, double* result, const float* x, size_t n, double* ws);
-// *result (device) = sum_{i<n} x[i] in double, in a fixed order (one block).
-void sum_rows(cudaStream_t s, double* result, const float* x, int n);
+// *result (device) = sum_{i<n} x[i] in double, in a fixed order (one block); with
+// `accumulate`, *result += that sum.
+void sum_rows(cudaStream_t s, double* result, const float* x, int n, bool accumulate);
 
 // ---- norm.cu (all dw/db sums: per-row-block partials, then a fixed-order reduction)
 // Column sums db(C) += sum_n dout[n] (linear's bias gradient). ws: colsum_ws(N, C) floats.

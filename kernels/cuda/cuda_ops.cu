@@ -96,7 +96,7 @@ class CudaStream final : public Stream {
 
 // Grow-only device scratch, one buffer per use so that one op's pieces never overlap.
 // Lowp0..2: the 16-bit operand copies of one low-precision product call.
-enum class Slot { Norm, Logits, Rows, Reduce, Attn, Convert, Lowp0, Lowp1, Lowp2, Count };
+enum class Slot { Norm, Logits, Rows, Reduce, Reduce2, Attn, Convert, Lowp0, Lowp1, Lowp2, Count };
 
 // The device state the CudaOps of every precision share: stream, cuBLAS handle, scratch.
 class CudaDevice {
@@ -310,6 +310,58 @@ class CudaOps final : public Ops {
                      float grad_scale) const override {
     SW_CHECK(N >= 0 && C > 0 && V > 0, "lmhead_xent: bad shape");
     if (N == 0) return 0.0;
+    float* rows = wsf(Slot::Rows, static_cast<size_t>(N) + 4);
+    double* total = reinterpret_cast<double*>(rows + ((static_cast<size_t>(N) + 1) / 2) * 2);
+    xent(total, false, loss ? loss : rows, dx, dw, x, w, targets, N, C, V, grad_scale);
+    return read_double(begin(), total);
+  }
+  void lmhead_xent_into(double* total, float* loss, float* dx, float* dw, const float* x,
+                        const float* w, const int32_t* targets, int N, int C, int V,
+                        float grad_scale) const override {
+    SW_CHECK(N >= 0 && C > 0 && V > 0, "lmhead_xent: bad shape");
+    if (N == 0) return;
+    float* rl = loss ? loss : wsf(Slot::Rows, static_cast<size_t>(N));
+    xent(total, true, rl, dx, dw, x, w, targets, N, C, V, grad_scale);
+  }
+
+  void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
+             float beta2, float eps, float wd, int step, float grad_mult) const override {
+    cuda::adamw(begin(), param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult);
+  }
+
+  double sum_squares(const float* x, size_t n) const override {
+    const cudaStream_t s = begin();
+    const size_t parts = cuda::sum_squares_ws(n);
+    double* ws = reinterpret_cast<double*>(wsf(Slot::Reduce, 2 * (parts + 1)));
+    cuda::sum_squares(s, ws, x, n, ws + 1);
+    return read_double(s, ws);
+  }
+  // Each buffer's sum as sum_squares computes it, into a device array; one read of all k.
+  void sum_squares_each(const float* const* xs, const size_t* ns, int k,
+                        double* out) const override {
+    if (k <= 0) return;
+    double* res = reinterpret_cast<double*>(wsf(Slot::Reduce, 2 * size_t(k)));
+    sum_squares_into(xs, ns, k, res);  // (its workspaces: Slot::Reduce2)
+    const cudaStream_t s = begin();
+    SW_CUDA_CHECK(cudaMemcpyAsync(out, res, sizeof(double) * size_t(k), cudaMemcpyDeviceToHost, s));
+    SW_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
+  // Each sum into out (device); one workspace per buffer, so no sum waits for another's.
+  void sum_squares_into(const float* const* xs, const size_t* ns, int k,
+                        double* out) const override {
+    if (k <= 0) return;
+    const cudaStream_t s = begin();
+    size_t parts = 0;
+    for (int i = 0; i < k; ++i) parts = std::max(parts, cuda::sum_squares_ws(ns[i]));
+    double* ws = reinterpret_cast<double*>(wsf(Slot::Reduce2, 2 * std::max<size_t>(1, size_t(k) * parts)));
+    for (int i = 0; i < k; ++i) cuda::sum_squares(s, out + i, xs[i], ns[i], ws + size_t(i) * parts);
+  }
+
+ private:
+  // The LM head over row chunks (below); the loss total is written to, or with `accumulate`
+  // added to, *total (device).
+  void xent(double* total, bool accumulate, float* rl, float* dx, float* dw, const float* x,
+            const float* w, const int32_t* targets, int N, int C, int V, float grad_scale) const {
     const cudaStream_t s = begin();
     const bool grad = dx != nullptr || dw != nullptr;
     const size_t by_bytes = kChunkBytes / (sizeof(float) * static_cast<size_t>(V));
@@ -320,10 +372,6 @@ class CudaOps final : public Ops {
     const uint16_t* x16 = lp ? narrowed(s, Slot::Lowp0, x, C, N, C) : nullptr;
     const uint16_t* w16 = lp ? narrowed(s, Slot::Lowp1, w, C, V, C) : nullptr;
     uint16_t* d16 = lp && grad ? wsh(Slot::Lowp2, static_cast<size_t>(chunk) * V) : nullptr;
-    // Per-row losses (the caller's array when given) and, after them, the double total.
-    float* rows = wsf(Slot::Rows, static_cast<size_t>(N) + 4);
-    float* rl = loss ? loss : rows;
-    double* total = reinterpret_cast<double*>(rows + ((static_cast<size_t>(N) + 1) / 2) * 2);
     for (int n0 = 0; n0 < N; n0 += chunk) {
       const int nc = std::min(chunk, N - n0);
       const float* xc = x + static_cast<size_t>(n0) * C;
@@ -344,37 +392,10 @@ class CudaOps final : public Ops {
                      dx + static_cast<size_t>(n0) * C, C);
       if (dw) gemm16(true, false, V, C, nc, 1.f, d16, V, x16c, C, 1.f, dw, C);
     }
-    cuda::sum_rows(s, total, rl, N);
-    return read_double(s, total);
+    cuda::sum_rows(s, total, rl, N, accumulate);
   }
 
-  void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
-             float beta2, float eps, float wd, int step, float grad_mult) const override {
-    cuda::adamw(begin(), param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult);
-  }
-
-  double sum_squares(const float* x, size_t n) const override {
-    const cudaStream_t s = begin();
-    const size_t parts = cuda::sum_squares_ws(n);
-    double* ws = reinterpret_cast<double*>(wsf(Slot::Reduce, 2 * (parts + 1)));
-    cuda::sum_squares(s, ws, x, n, ws + 1);
-    return read_double(s, ws);
-  }
-  // Each buffer's sum as sum_squares computes it, into a device array; one read of all k.
-  void sum_squares_each(const float* const* xs, const size_t* ns, int k,
-                        double* out) const override {
-    if (k <= 0) return;
-    const cudaStream_t s = begin();
-    size_t parts = 0;
-    for (int i = 0; i < k; ++i) parts = std::max(parts, cuda::sum_squares_ws(ns[i]));
-    // [k results | one workspace per buffer, so no call waits for another's scratch]
-    const size_t per = parts + 1;
-    double* res = reinterpret_cast<double*>(wsf(Slot::Reduce, 2 * (size_t(k) + size_t(k) * per)));
-    for (int i = 0; i < k; ++i)
-      cuda::sum_squares(s, res + i, xs[i], ns[i], res + k + size_t(i) * per);
-    SW_CUDA_CHECK(cudaMemcpyAsync(out, res, sizeof(double) * size_t(k), cudaMemcpyDeviceToHost, s));
-    SW_CUDA_CHECK(cudaStreamSynchronize(s));
-  }
+ public:
   void scale(float* x, float a, size_t n) const override { cuda::scale(begin(), x, a, n); }
   void fill(float* x, float v, size_t n) const override { cuda::fill(begin(), x, v, n); }
   void add_inplace(float* y, const float* x, size_t n) const override {

@@ -250,12 +250,12 @@ __global__ void sum_doubles_k(double* result, const double* part, size_t n) {
   if (threadIdx.x == 0) *result = s;
 }
 
-__global__ void sum_floats_k(double* result, const float* x, int n) {
+__global__ void sum_floats_k(double* result, const float* x, int n, bool accumulate) {
   __shared__ double scratch[32];
   double s = 0;
   for (int i = threadIdx.x; i < n; i += blockDim.x) s += x[i];
   s = block_sum(s, scratch);
-  if (threadIdx.x == 0) *result = s;
+  if (threadIdx.x == 0) *result = accumulate ? *result + s : s;
 }
 
 // ---- LM head rows: one block per row of logits ---------------------------------------------------
@@ -447,8 +447,8 @@ void sum_squares(cudaStream_t s, double* result, const float* x, size_t n, doubl
   SW_CUDA_LAUNCHED();
 }
 
-void sum_rows(cudaStream_t s, double* result, const float* x, int n) {
-  sum_floats_k<<<1, 1024, 0, s>>>(result, x, n);
+void sum_rows(cudaStream_t s, double* result, const float* x, int n, bool accumulate) {
+  sum_floats_k<<<1, 1024, 0, s>>>(result, x, n, accumulate);
   SW_CUDA_LAUNCHED();
 }
 

@@ -1,5 +1,7 @@
 // An Ops that forwards every op to another (tests): derive and override the ops a test
-// changes (a deliberately broken op, an emulation of another backend's arithmetic).
+// changes (a deliberately broken op, an emulation of another backend's arithmetic). The ops
+// with defaults in terms of others (sum_squares_each, sum_squares_into, lmhead_xent_into) keep
+// them, so they reach an override of the op they are made of; they need host memory.
 #pragma once
 #include "kernels/ops.h"
 

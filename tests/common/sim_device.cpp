@@ -165,10 +165,41 @@ void on_device(const char* op, const char* arg, const void* p) {
   _exit(87);
 }
 
+// Host synchronisations with the device, per thread (sim_host_syncs): a synchronous copy, an op
+// whose result the host reads, the host waiting for an asynchronous copy or for the stream. A
+// wait the compute stream makes (SimStream::wait_event) is not one: on a GPU the host goes on;
+// nor is a query of a copy's event.
+thread_local uint64_t t_syncs = 0, t_unpinned = 0;
+thread_local bool t_stream_wait = false;
+void count_sync() {
+  if (!t_stream_wait) ++t_syncs;
+}
+
+// The compute stream: the calling thread, as the CPU's, with its waits told apart from the
+// host's own.
+class SimStream final : public sw::Stream {
+ public:
+  const char* name() const override { return "sim"; }
+  void wait_event(sw::Event& e) override {
+    const bool was = t_stream_wait;
+    t_stream_wait = true;
+    try {
+      e.synchronize();
+    } catch (...) {
+      t_stream_wait = was;
+      throw;
+    }
+    t_stream_wait = was;
+  }
+  void synchronize() override { count_sync(); }
+};
+SimStream g_stream;
+
 class SimOps final : public sw::Ops {
  public:
   explicit SimOps(sw::DType compute) : base_(&sw::ops_for(sw::Device::cpu(), compute)) {}
   sw::Device device() const override { return sw::Device::sim(0); }
+  sw::Stream& stream() const override { return g_stream; }
   // Every op of sw::Ops, forwarded to the CPU's inside an Open.
   void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) const override {
     Open g;
@@ -340,7 +371,19 @@ class SimOps final : public sw::Ops {
     on_device(__func__, "x", x);
     on_device(__func__, "w", w);
     on_device(__func__, "targets", targets);
+    count_sync();  // the total is read on the host
     return base_->lmhead_xent(loss, dx, dw, x, w, targets, N, C, V, grad_scale);
+  }
+  void lmhead_xent_into(double* total, float* loss, float* dx, float* dw, const float* x, const float* w, const int32_t* targets, int N, int C, int V, float grad_scale) const override {
+    Open g;
+    on_device(__func__, "total", total);
+    on_device(__func__, "loss", loss);
+    on_device(__func__, "dx", dx);
+    on_device(__func__, "dw", dw);
+    on_device(__func__, "x", x);
+    on_device(__func__, "w", w);
+    on_device(__func__, "targets", targets);
+    base_->lmhead_xent_into(total, loss, dx, dw, x, w, targets, N, C, V, grad_scale);
   }
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2, float eps, float wd, int step, float grad_mult) const override {
     Open g;
@@ -353,7 +396,20 @@ class SimOps final : public sw::Ops {
   double sum_squares(const float* x, size_t n) const override {
     Open g;
     on_device(__func__, "x", x);
+    count_sync();
     return base_->sum_squares(x, n);
+  }
+  void sum_squares_each(const float* const* xs, const size_t* ns, int k, double* out) const override {
+    Open g;
+    for (int i = 0; i < k; ++i) on_device(__func__, "xs[i]", xs[i]);
+    count_sync();  // all k results in one read
+    base_->sum_squares_each(xs, ns, k, out);
+  }
+  void sum_squares_into(const float* const* xs, const size_t* ns, int k, double* out) const override {
+    Open g;
+    for (int i = 0; i < k; ++i) on_device(__func__, "xs[i]", xs[i]);
+    on_device(__func__, "out", out);
+    base_->sum_squares_into(xs, ns, k, out);
   }
   void scale(float* x, float a, size_t n) const override {
     Open g;
@@ -422,6 +478,7 @@ void check_sides(void* dst, const void* src, size_t bytes, sw::CopyDir dir) {
 }
 void sim_copy(void* dst, const void* src, size_t bytes, sw::CopyDir dir, int) {
   check_sides(dst, src, bytes, dir);
+  count_sync();  // it waits for the stream's work and for itself
   Open g;
   std::memcpy(dst, src, bytes);
 }
@@ -460,24 +517,62 @@ class SimCopyEvent final : public sw::Event {
  public:
   SimCopyEvent(Lane* lane, uint64_t seq) : lane_(lane), seq_(seq) {}
   bool query() override {
+    // The copy is made to run (the latest a copy stream could have run it); a GPU's query
+    // never blocks, so it is no synchronisation.
     lane_->run_through(seq_);
     return true;
   }
-  void synchronize() override { lane_->run_through(seq_); }
+  void synchronize() override {
+    count_sync();
+    lane_->run_through(seq_);
+  }
 
  private:
   Lane* lane_;
   uint64_t seq_;
 };
 
+// Host pinning (core/alloc.h HostPinning), as a GPU backend registers it: nothing is locked,
+// the spans are recorded, so that a copy can tell pinned host memory from pageable.
+std::mutex g_pin_mu;
+std::map<const char*, size_t> g_pinned;  // start -> bytes
+bool sim_pin(void* p, size_t n) {
+  std::lock_guard<std::mutex> l(g_pin_mu);
+  g_pinned[static_cast<const char*>(p)] = n;
+  return true;
+}
+void sim_unpin(void* p, size_t) {
+  std::lock_guard<std::mutex> l(g_pin_mu);
+  g_pinned.erase(static_cast<const char*>(p));
+}
+bool pinned_span(const void* p, size_t n) {
+  const char* c = static_cast<const char*>(p);
+  std::lock_guard<std::mutex> l(g_pin_mu);
+  auto it = g_pinned.upper_bound(c);
+  if (it == g_pinned.begin()) return false;
+  --it;
+  return c + n <= it->first + it->second;
+}
+
 std::shared_ptr<sw::Event> sim_copy_async(void* dst, const void* src, size_t bytes,
                                           sw::CopyDir dir, int, sw::Event* after) {
   check_sides(dst, src, bytes, dir);
   if (after) after->synchronize();
   Lane& lane = g_lanes[static_cast<int>(dir)];
-  std::lock_guard<std::mutex> l(lane.mu);
-  lane.jobs.push_back({dst, src, bytes});
-  return std::make_shared<SimCopyEvent>(&lane, ++lane.issued);
+  std::shared_ptr<sw::Event> e;
+  {
+    std::lock_guard<std::mutex> l(lane.mu);
+    lane.jobs.push_back({dst, src, bytes});
+    e = std::make_shared<SimCopyEvent>(&lane, ++lane.issued);
+  }
+  // Pageable host memory: cudaMemcpyAsync waits for the stream and returns once the copy is
+  // done (staged), so it is a synchronisation, and the copy runs now.
+  const void* host = dir == sw::CopyDir::HostToDevice ? src : dst;
+  if (dir != sw::CopyDir::DeviceToDevice && !pinned_span(host, bytes)) {
+    ++t_unpinned;
+    e->synchronize();
+  }
+  return e;
 }
 
 // Test frameworks install their own SIGSEGV handler per test (Catch2 does); ours goes back on
@@ -505,6 +600,7 @@ struct Registrar {
     a.copy = sim_copy;
     a.copy_async = sim_copy_async;
     sw::register_device_allocator(sw::DeviceKind::Sim, a);
+    sw::register_host_pinning({sim_pin, sim_unpin});
     arm();
   }
 } registrar;
@@ -534,6 +630,8 @@ uint64_t lanes_sum(uint64_t Lane::*count) {
   return n;
 }
 }  // namespace
+uint64_t sim_host_syncs() { return t_syncs; }
+uint64_t sim_unpinned_copies() { return t_unpinned; }
 uint64_t sim_copies_issued() { return lanes_sum(&Lane::issued); }
 uint64_t sim_copies_done() { return lanes_sum(&Lane::done); }
 

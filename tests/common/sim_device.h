@@ -15,7 +15,9 @@
 // op, and no fault either.
 //
 // Asynchronous copies (copy_bytes_async) are lazy: a copy runs only when its event (or a later
-// one of the same direction) is waited for or queried. Code that uses a copy's destination
+// one of the same direction) is waited for or queried. Host pinning is registered (spans
+// recorded, nothing locked), and a copy whose host side is pageable runs at once and counts as
+// a host synchronisation, as cudaMemcpyAsync with pageable memory is one. Code that uses a copy's destination
 // before waiting, or touches its source or destination meanwhile, sees other bytes than the
 // CPU run, so the bit-for-bit comparisons catch a missing wait.
 #pragma once
@@ -33,4 +35,13 @@ bool sim_device_owns(const void* p);
 // Asynchronous copies issued so far and those that have run (all directions).
 uint64_t sim_copies_issued();
 uint64_t sim_copies_done();
+// Host synchronisations with the device the calling thread has made: synchronous copies, ops
+// whose result the host reads (the loss, sums of squares), and host waits for an asynchronous
+// copy or for the compute stream (a wait the compute stream makes for an event, or a query of
+// an event, is not one).
+uint64_t sim_host_syncs();
+// Asynchronous copies the calling thread issued with a pageable host side (not in a span the
+// sim's host pinning recorded): on CUDA they wait for the stream, so each is one of the
+// synchronisations above, and it runs at once.
+uint64_t sim_unpinned_copies();
 }  // namespace swtest

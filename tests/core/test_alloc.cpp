@@ -2,6 +2,8 @@
 // Each TEST_CASE runs in its own process (catch_discover_tests), so global state is fresh.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include <set>
@@ -197,10 +199,11 @@ bool fake_pin(void* p, size_t n) {
 void fake_unpin(void* p, size_t n) { g_unpins.emplace_back(p, n); }
 }  // namespace
 
-// core/alloc.h HostPinning: large Tier::Host blocks are pinned once when obtained from the OS,
-// stay pinned while cached and reused, and are unpinned before they go back to the OS; other
-// tiers, small classes and a failed pin stay unpinned.
-TEST_CASE("Host pinning: large Tier::Host blocks pinned once, unpinned before the OS gets them") {
+// core/alloc.h HostPinning: Tier::Host blocks are pinned once when obtained from the OS (a
+// small class on whole pages of its own), stay pinned while cached and reused, and are
+// unpinned before they go back to the OS; other tiers, fresh buffers and a failed pin stay
+// unpinned.
+TEST_CASE("Host pinning: Tier::Host blocks pinned once, unpinned before the OS gets them") {
   REQUIRE(caching());
   CHECK_FALSE(host_pinned(nullptr));
   register_host_pinning({fake_pin, fake_unpin});
@@ -215,19 +218,29 @@ TEST_CASE("Host pinning: large Tier::Host blocks pinned once, unpinned before th
   CHECK(g_pins[0].first == first);
   CHECK(g_pins[0].second == alloc_block_size(size_t{3} << 20));
   CHECK(host_pinned_bytes() == g_pins[0].second);
-  {
+  void* small_at = nullptr;
+  for (int i = 0; i < 2; ++i) {  // small: its own page, pinned once, reused from the cache
     Buffer small(1000, Mem::Optimizer, Device::cpu(), Tier::Host);
     Buffer dev(size_t{3} << 20, Mem::Optimizer, Device::cpu(), Tier::Device);
+    Buffer tiny(100, Mem::Optimizer, Device::cpu(), Tier::Device);
     Buffer fresh = Buffer::fresh(size_t{3} << 20, Mem::Optimizer, Device::cpu(), Tier::Host);
-    CHECK_FALSE(host_pinned(small.data()));
+    CHECK(host_pinned(small.data()));
+    CHECK(reinterpret_cast<uintptr_t>(small.data()) % 4096 == 0);
+    std::memset(small.data(), 2, small.bytes());
+    if (i == 0) small_at = small.data();
+    CHECK(small.data() == small_at);
     CHECK_FALSE(host_pinned(dev.data()));
+    CHECK_FALSE(host_pinned(tiny.data()));
     CHECK_FALSE(host_pinned(fresh.data()));
   }
-  CHECK(g_pins.size() == 1);
+  REQUIRE(g_pins.size() == 2);
+  CHECK(g_pins[1] == std::make_pair(small_at, size_t{4096}));
+  CHECK(host_pinned_bytes() == g_pins[0].second + 4096);
   CHECK(g_unpins.empty());
   release_cached();
-  REQUIRE(g_unpins.size() == 1);
-  CHECK(g_unpins[0] == g_pins[0]);
+  REQUIRE(g_unpins.size() == 2);
+  CHECK(std::count(g_unpins.begin(), g_unpins.end(), g_pins[0]) == 1);
+  CHECK(std::count(g_unpins.begin(), g_unpins.end(), g_pins[1]) == 1);
   CHECK(host_pinned_bytes() == 0);
   CHECK_FALSE(host_pinned(first));
 
@@ -238,7 +251,7 @@ TEST_CASE("Host pinning: large Tier::Host blocks pinned once, unpinned before th
     std::memset(b.data(), 1, b.bytes());
   }
   release_cached();
-  CHECK(g_unpins.size() == 1);  // never pinned: never unpinned
+  CHECK(g_unpins.size() == 2);  // never pinned: never unpinned
   register_host_pinning({});
 }
 

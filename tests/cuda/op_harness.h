@@ -64,11 +64,22 @@ class Arena {
     be_.to_device(p, h.data(), h.size() * sizeof(int32_t));
     return p;
   }
+  double* up(const std::vector<double>& h) {
+    double* p = static_cast<double*>(alloc(h.size() * sizeof(double)));
+    be_.to_device(p, h.data(), h.size() * sizeof(double));
+    return p;
+  }
   // Waits for the backend's stream, then copies n floats back.
   Vec down(const float* p, size_t n) const {
     be_.ops->stream().synchronize();
     Vec h(n);
     be_.to_host(h.data(), p, n * sizeof(float));
+    return h;
+  }
+  std::vector<double> down(const double* p, size_t n) const {
+    be_.ops->stream().synchronize();
+    std::vector<double> h(n);
+    be_.to_host(h.data(), p, n * sizeof(double));
     return h;
   }
 
@@ -109,7 +120,7 @@ inline const std::vector<std::string>& all_ops() {
       "swiglu_forward", "swiglu_backward", "residual_forward", "rope_forward", "rope_backward",
       "attention_forward", "attention_backward", "lmhead_xent", "adamw", "sum_squares", "scale",
       "fill", "add_inplace", "copy", "narrow", "widen", "add_widened", "round_to",
-      "sum_squares_each"};
+      "sum_squares_each", "sum_squares_into", "lmhead_xent_into"};
   return ops;
 }
 
@@ -579,6 +590,16 @@ inline std::vector<OpCase> op_cases() {
                     a.ops().sum_squares_each(xs, ns, 3, out);
                     return Outputs{{"sums", {out[0], out[1], out[2]}}};
                   }});
+    cs.push_back({"sum_squares_into", "sum_squares_into " + sh, kTolElem, kTolElem,
+                  [n, sd](Arena& a) {
+                    Rng r(sd + 9);
+                    const float* xs[3] = {a.up(r.normal(n, 2.f)), a.up(r.normal(1, 5.f)),
+                                          a.up(r.normal(n / 3 + 1))};
+                    const size_t ns[3] = {n, 1, n / 3 + 1};
+                    double* out = a.up(std::vector<double>{-1, -1, -1, 7});
+                    a.ops().sum_squares_into(xs, ns, 3, out);
+                    return Outputs{{"sums", a.down(out, 4)}};  // the 4th stays 7
+                  }});
     cs.push_back({"sum_squares", "sum_squares " + sh, kTolElem, kTolElem, [n, sd](Arena& a) {
                     Rng r(sd + 7);
                     const double s = a.ops().sum_squares(a.up(r.normal(n, 3.f)), n);
@@ -707,6 +728,32 @@ inline std::vector<OpCase> op_cases() {
                     Outputs o;
                     o.push_back({"total", {total}});
                     put(o, "loss", a.down(loss, x.N));
+                    put(o, "dx", a.down(dx, dx0.size()));
+                    put(o, "dw", a.down(dw, dw0.size()));
+                    return o;
+                  }});
+    // The total added to a device double (the engine's per-micro-step loss), twice; the
+    // per-row losses not asked for.
+    cs.push_back({"lmhead_xent_into",
+                  "lmhead_xent_into " + shape({{"N", x.N}, {"C", x.C}, {"V", x.V}, {"grad", x.grad}}),
+                  kTolMat, kTolMatLowp, [x, sd](Arena& a) {
+                    Rng r(sd + 100);
+                    const Vec xs = r.normal(size_t(x.N) * x.C), w = r.normal(size_t(x.V) * x.C, 0.5f);
+                    IVec t = r.ints(x.N, 0, x.V);
+                    for (size_t i = 2; i < t.size(); i += 4) t[i] = -1;
+                    const Vec dx0 = r.normal(xs.size()), dw0 = r.normal(w.size());
+                    float* dx = a.up(dx0);
+                    float* dw = a.up(dw0);
+                    double* total = a.up(std::vector<double>{2.5});
+                    float* xd = a.up(xs);
+                    float* wd = a.up(w);
+                    int32_t* td = a.up(t);
+                    for (int k = 0; k < 2; ++k)
+                      a.ops().lmhead_xent_into(total, nullptr, x.grad ? dx : nullptr,
+                                               x.grad ? dw : nullptr, xd, wd, td, x.N, x.C, x.V,
+                                               0.5f / x.N);
+                    Outputs o;
+                    o.push_back({"total", a.down(total, 1)});
                     put(o, "dx", a.down(dx, dx0.size()));
                     put(o, "dw", a.down(dw, dw0.size()));
                     return o;

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstdio>
 
+#include "core/alloc.h"
 #include "kernels/ops.h"
 #include "tests/common/forwarding_ops.h"
 #include "tests/cuda/op_harness.h"
@@ -50,6 +51,28 @@ TEST_CASE("op harness: CPU bf16 Ops match CPU fp32 Ops on every op") {
   const auto results = compare(ref, cand, /*lowp=*/true, op_cases());
   CHECK(results.size() > 150);
   report(results);
+}
+
+TEST_CASE("op harness: the simulated device equals the CPU bit for bit on every op") {
+  // Its ops are the CPU's behind device memory the host cannot touch, so every case (the
+  // device-memory results of sum_squares_into and lmhead_xent_into included) must give the
+  // CPU's bits: NMSE exactly 0.
+  const auto up = [](void* d, const void* h, size_t n) {
+    sw::copy_bytes(d, Device::sim(0), h, Device::cpu(), n);
+  };
+  const auto down = [](void* h, const void* d, size_t n) {
+    sw::copy_bytes(h, Device::cpu(), d, Device::sim(0), n);
+  };
+  for (DType t : {DType::F32, DType::BF16}) {
+    const Backend ref = cpu_backend(sw::ops_for(Device::cpu(), t), "cpu");
+    const Backend sim{"sim", &sw::ops_for(Device::sim(0), t), up, down};
+    const auto results = compare(ref, sim, /*lowp=*/false, op_cases());
+    CHECK(results.size() > 150);
+    for (const Result& r : results) {
+      INFO(sw::dtype_name(t) << " " << r.str());
+      CHECK(r.nmse == 0.0);
+    }
+  }
 }
 
 TEST_CASE("op harness: CPU fp32 Ops are bitwise deterministic") {

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -59,7 +60,9 @@ struct Run {
   std::vector<float> logits;
 };
 
-// Twenty optimizer steps (two micro-steps each, clipping), then eval and logits.
+// Twenty optimizer steps (two micro-steps each, clipping), then eval and logits. On the CPU
+// each micro-step's loss is read as it ends (forward_backward); on a device the step's losses
+// come with the gradient norm (micro_step, step_losses).
 Run train(const ModelConfig& cfg, const Ops& ops, const ShardingPolicy& pol, GroupPtr g) {
   Model m = build_model(cfg);
   ShardedModel sm(m, ops, 1234, g, pol);
@@ -68,9 +71,17 @@ Run train(const ModelConfig& cfg, const Ops& ops, const ShardingPolicy& pol, Gro
   Run r;
   for (int step = 1; step <= 20; ++step) {
     sm.zero_grads();
-    r.losses.push_back(sm.forward_backward(a.batch, 0.5f, false));
-    r.losses.push_back(sm.forward_backward(b.batch, 0.5f, true));
-    const double norm = sm.grad_norm();
+    double norm = 0;
+    if (ops.device().is_cpu()) {  // the CPU reads each loss, the device each step's at once
+      r.losses.push_back(sm.forward_backward(a.batch, 0.5f, false));
+      r.losses.push_back(sm.forward_backward(b.batch, 0.5f, true));
+      norm = sm.grad_norm();
+    } else {
+      sm.micro_step(a.batch, 0.5f, false);
+      sm.micro_step(b.batch, 0.5f, true);
+      norm = sm.grad_norm();
+      for (double l : sm.step_losses()) r.losses.push_back(l);
+    }
     r.norms.push_back(norm);
     sm.optimizer_step(ap, 1e-2f, norm > 1.0 ? float(1.0 / norm) : 1.f, step);
   }
@@ -190,26 +201,43 @@ TEST_CASE("sim device: ShardedModel trains bit-identically to the CPU", "[device
 }
 
 TEST_CASE("sim device: asynchronous copies run in order, only once waited for", "[device]") {
-  std::vector<float> h(256), back(256, -1.f), back2(256, -1.f);
-  for (size_t i = 0; i < h.size(); ++i) h[i] = float(i) + 0.25f;
-  Buffer d(h.size() * 4, Mem::Params, Device::sim(0));
+  // Host sides in Tier::Host (pinned: the sim records the pinning a GPU backend would do).
+  const size_t n = 256;
+  Buffer hb(n * 4, Mem::Params, Device::cpu(), Tier::Host);
+  Buffer backb(n * 4, Mem::Params, Device::cpu(), Tier::Host);
+  Buffer back2b(n * 4, Mem::Params, Device::cpu(), Tier::Host);
+  float* h = hb.f32();
+  float* back = backb.f32();
+  float* back2 = back2b.f32();
+  for (size_t i = 0; i < n; ++i) h[i] = float(i) + 0.25f, back[i] = back2[i] = -1.f;
+  Buffer d(n * 4, Mem::Params, Device::sim(0));
   const uint64_t issued = swtest::sim_copies_issued(), done = swtest::sim_copies_done();
-  auto up = copy_bytes_async(d.data(), d.device(), h.data(), Device::cpu(), h.size() * 4);
-  auto down = copy_bytes_async(back.data(), Device::cpu(), d.data(), d.device(), h.size() * 4, up.get());
+  const uint64_t syncs = swtest::sim_host_syncs();
+  auto up = copy_bytes_async(d.data(), d.device(), h, Device::cpu(), n * 4);
+  auto down = copy_bytes_async(back, Device::cpu(), d.data(), d.device(), n * 4, up.get());
   // Waiting for the upload at issue of the download ran it; the download is still queued.
   CHECK(swtest::sim_copies_issued() == issued + 2);
   CHECK(swtest::sim_copies_done() == done + 1);
   CHECK(back[0] == -1.f);
   // A later download of the same lane runs the earlier one first.
-  auto down2 = copy_bytes_async(back2.data(), Device::cpu(), d.data(), d.device(), 64);
+  auto down2 = copy_bytes_async(back2, Device::cpu(), d.data(), d.device(), 64);
   down2->synchronize();
   CHECK(down->query());
-  CHECK(back == h);
+  CHECK(std::equal(back, back + n, h));
   CHECK(back2[15] == h[15]);
   CHECK(back2[16] == -1.f);
+  CHECK(swtest::sim_unpinned_copies() == 0);
+  CHECK(swtest::sim_host_syncs() == syncs + 2);  // the wait at issue and down2's
+  // Pageable host memory (a std::vector): the copy runs at once, as cudaMemcpyAsync's does,
+  // and counts as a synchronisation.
+  std::vector<float> pageable(n, -1.f);
+  auto down3 = copy_bytes_async(pageable.data(), Device::cpu(), d.data(), d.device(), n * 4);
+  CHECK(pageable[n - 1] == h[n - 1]);
+  CHECK(swtest::sim_unpinned_copies() == 1);
+  CHECK(swtest::sim_host_syncs() == syncs + 3);
   // Between host buffers: a memcpy, complete on return.
   std::vector<float> h2(4, 0.f);
-  CHECK(copy_bytes_async(h2.data(), Device::cpu(), h.data(), Device::cpu(), 16)->query());
+  CHECK(copy_bytes_async(h2.data(), Device::cpu(), h, Device::cpu(), 16)->query());
   CHECK(h2[3] == h[3]);
   CHECK_FALSE(swtest::sim_device_open());
 }
@@ -362,4 +390,52 @@ TEST_CASE("sim device: offload a device cannot do is refused with the key named"
   CHECK_THROWS_WITH(ShardedModel(m, sim, 1, make_local_group(), p),
                     Catch::Contains("offload_param 'cpu' with device sim:0 needs offload_optimizer"));
   CHECK(swtest::sim_device_bytes_in_use() == 0);
+}
+
+TEST_CASE("sim device: a training step synchronises the host with the device once", "[device]") {
+  // Micro-steps leave their losses on the device; grad_norm's one read brings them back with
+  // the norm's sums; the optimizer (on the device, or on the host updater thread) and the next
+  // step's uploads wait only on the device's streams. Every offload tier that works through
+  // copy streams keeps that (NVMe staging still copies synchronously).
+  for (const char* type : {"gpt2", "llama"})
+    for (int offload = 0; offload < 4; ++offload) {
+      // 0: none; 1: moments on the host; 2: activations to the host; 3: shards on the host.
+      INFO(type << " offload case " << offload);
+      const ModelConfig cfg = tiny(type);
+      ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+      pol.mixed_precision.param_dtype = DType::BF16;
+      pol.activation_checkpointing.mode = CheckpointMode::Full;
+      pol.activation_checkpointing.every = 2;
+      if (offload == 1) pol.offload_optimizer.device = OffloadDevice::Cpu;
+      if (offload == 2) pol.activation_checkpointing.offload_cpu = true;
+      if (offload == 3) {
+        pol.offload_param.device = OffloadDevice::Cpu;
+        pol.offload_optimizer.device = OffloadDevice::Cpu;
+      }
+      Model m = build_model(cfg);
+      ShardedModel sm(m, ops_for(Device::sim(0)), 1234, make_local_group(), pol);
+      Data a(2, cfg.seq_len, 7, cfg.vocab_size), b(2, cfg.seq_len, 8, cfg.vocab_size);
+      for (int step = 1; step <= 3; ++step) {
+        const uint64_t s0 = swtest::sim_host_syncs();
+        sm.zero_grads();
+        sm.micro_step(a.batch, 0.5f, false);
+        sm.micro_step(b.batch, 0.5f, true);
+        CHECK(swtest::sim_host_syncs() == s0);  // nothing read yet
+        const double norm = sm.grad_norm();
+        const std::vector<double> losses = sm.step_losses();
+        sm.optimizer_step(AdamWParams{}, 1e-2f, norm > 1.0 ? float(1.0 / norm) : 1.f, step);
+        CHECK(swtest::sim_host_syncs() == s0 + 1);
+        CHECK(swtest::sim_unpinned_copies() == 0);  // (each would be a synchronisation)
+        REQUIRE(losses.size() == 2);
+        CHECK(std::isfinite(losses[0]));
+        CHECK(losses[0] != losses[1]);
+      }
+      // Without grad_norm, step_losses reads them (once).
+      const uint64_t s0 = swtest::sim_host_syncs();
+      sm.micro_step(a.batch, 0.5f, true);
+      CHECK(sm.step_losses().size() == 1);
+      CHECK(swtest::sim_host_syncs() == s0 + 1);
+      CHECK(sm.step_losses().empty());
+      CHECK(swtest::sim_host_syncs() == s0 + 1);
+    }
 }
