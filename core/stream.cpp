@@ -38,4 +38,6 @@ std::shared_ptr<Event> completed_event() {
   return e;
 }
 
+std::shared_ptr<Event> Stream::record() { return completed_event(); }
+
 }  // namespace sw

@@ -42,6 +42,10 @@ class Stream {
   virtual void wait_event(Event& e) = 0;
   // The host waits for everything enqueued on this stream so far.
   virtual void synchronize() = 0;
+  // An event that completes once everything enqueued on this stream so far has; another
+  // thread or stream can wait for it later (the host updater's copies, say). The default is a
+  // completed event: a host stream's work runs as it is enqueued.
+  virtual std::shared_ptr<Event> record();
   // The device backend's own stream (a cudaStream_t on CUDA), or null for the host stream.
   virtual void* native_handle() const { return nullptr; }
 };

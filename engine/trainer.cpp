@@ -647,8 +647,7 @@ class Trainer {
         if (fs::exists(default_hardware_path(), ec)) hw = load_hardware(default_hardware_path());
       } catch (const Error&) {
       }
-      int64_t host = 0;
-      for (int64_t b : step_plan_.persistent_host) host += b;
+      const int64_t host = host_bytes(step_plan_);
       const RssPrediction rss = predict_rss(step_plan_, make_plan_input(model_, sm_->policy(), W_),
                                             pk.total + ws, host,
                                             int64_t(train_data_ ? train_data_->map_bytes() : 0) +

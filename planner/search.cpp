@@ -137,7 +137,7 @@ Evaluated evaluate(Wrapped& w, const PlanSetup& s, const Candidate& c, const Har
                                        comm_scratch_bytes(plan));
   e.device = pk.total + e.workspace;
   e.at_peak = pk.at_peak;
-  for (int64_t b : plan.persistent_host) e.host += b;
+  e.host = host_bytes(plan);
   e.nvme = plan.nvme_bytes;
   e.time = predict_step_time(plan, in, ti, hw);
   return e;
@@ -341,7 +341,7 @@ PlanPrediction predict_plan(Model model, const PlanSetup& s, const HardwareProfi
                                        policy.mixed_precision.param_dtype, s.world,
                                        comm_scratch_bytes(r.plan));
   r.device = r.peak.total + r.workspace;
-  for (int64_t b : r.plan.persistent_host) r.host += b;
+  r.host = host_bytes(r.plan);
   r.nvme = r.plan.nvme_bytes;
   r.rss = predict_rss(r.plan, r.input, r.device, r.host, s.data_bytes, hw);
   if (hw) {

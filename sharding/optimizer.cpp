@@ -9,7 +9,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <filesystem>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -179,11 +181,59 @@ void ShardedModel::Impl::update_unit(FlatUnit& fu, const ExecState& st, int64_t 
   if (fu.kind() == FlatUnit::Kind::Whole && hi == fu.shard_size()) fu.issue_regather();
 }
 
+// One update's master and gradient copies down to the host (update_on_host). `mark`: the
+// compute stream's work when the update was issued (what produced the gradients); the copies
+// start after it, into host staging from the Tier::Host pool (pinned once a GPU registered
+// pinning). Issued by the updater thread: by the update's own job, or by the job before it,
+// so that they run while that one computes.
+struct HostCopyDown {
+  std::mutex mu;
+  bool issued = false;
+  std::shared_ptr<Event> mark;
+  Device dev;
+  const float* master = nullptr;  // on the device when copy_master, else on the host
+  const float* grad = nullptr;
+  bool copy_master = false, copy_grad = false;
+  size_t n = 0;
+  Buffer stage;
+  std::shared_ptr<Event> got_master, got_grad;
+  float* hmaster = nullptr;  // the host master updated in place: staging or the master itself
+  const float* hgrad = nullptr;
+  void issue() {
+    std::lock_guard<std::mutex> l(mu);
+    if (issued) return;
+    issued = true;
+    const Device cpu = Device::cpu();
+    const size_t nb = n * sizeof(float);
+    hmaster = const_cast<float*>(master);
+    hgrad = grad;
+    if (!copy_master && !copy_grad) return;
+    stage = Buffer((copy_master + copy_grad) * nb, Mem::Optimizer, cpu, Tier::Host);
+    float* q = stage.f32();
+    if (copy_master) {
+      got_master = copy_bytes_async(q, cpu, master, dev, nb, mark.get());
+      hmaster = q;
+      q += n;
+    }
+    if (copy_grad) {
+      got_grad = copy_bytes_async(q, cpu, grad, dev, nb, mark.get());
+      hgrad = q;
+    }
+  }
+};
+
+// The updates posted to the host updater whose jobs have not started, in posting order.
+struct HostCopyQueue {
+  std::mutex mu;
+  std::deque<std::shared_ptr<HostCopyDown>> q;
+};
+
 // On a device with the moments in host memory (offload_optimizer cpu; offload_param cpu puts
 // the master and gradient shards there too): the update runs on the CPU with the CPU's AdamW
 // (ZeRO-Offload), on the host updater thread, over host copies of whichever of this part's
-// master and gradient are on the device. The copies down are issued here, ordered after the
-// device's work so far (copy_bytes_async); the job waits for them, updates, and copies an
+// master and gradient are on the device. Here the job is posted with the compute stream's
+// mark; the job issues its copies down and the next job's (at most two updates' staging
+// exist at once: StepPlan::host_update_staging), waits for its own, updates, and copies an
 // updated device master back. The unit is the update's until it settles (FlatUnit::
 // set_pending_update): the device meanwhile runs whatever does not touch it, the next step's
 // forward of the units updated before it included. Same arithmetic as the device's AdamW where
@@ -207,48 +257,49 @@ void ShardedModel::Impl::update_on_host(FlatUnit& fu, const ExecState& st, int64
                       fu.layout().specs[s].weight_decay ? p.weight_decay : 0.f});
   }
   const Device dev = ops->device(), cpu = Device::cpu();
-  const bool copy_master = !fu.master_device().is_cpu();
-  const bool copy_grad = !fu.grad_device().is_cpu();
-  const size_t n = static_cast<size_t>(hi - lo), nb = n * sizeof(float);
+  auto down = std::make_shared<HostCopyDown>();
+  down->dev = dev;
+  down->copy_master = !fu.master_device().is_cpu();
+  down->copy_grad = !fu.grad_device().is_cpu();
+  down->n = static_cast<size_t>(hi - lo);
   float* master = fu.master() + lo;  // on master_device()
-  const float* grad = fu.grad_shard() + lo;
+  down->master = master;
+  down->grad = fu.grad_shard() + lo;
+  down->mark = ops->stream().record();
   float* m = fu.adam_m();
   float* v = fu.adam_v();
-  // Host staging: transient, from the Tier::Host pool (pinned once a GPU registered pinning).
-  auto stage = std::make_shared<Buffer>();
-  std::shared_ptr<Event> got_master, got_grad;
-  float* hmaster = master;
-  const float* hgrad = grad;
-  if (copy_master || copy_grad) {
-    *stage = Buffer((copy_master + copy_grad) * nb, Mem::Optimizer, cpu, Tier::Host);
-    float* q = stage->f32();
-    if (copy_master) {
-      got_master = copy_bytes_async(q, cpu, master, dev, nb);
-      hmaster = q;
-      q += n;
-    }
-    if (copy_grad) {
-      got_grad = copy_bytes_async(q, cpu, grad, dev, nb);
-      hgrad = q;
-    }
-  }
+  const size_t nb = down->n * sizeof(float);
   const float lr = st.lr, grad_mult = st.grad_mult;
   const int step = st.step;
   const Ops& cpu_ops = ops_for(cpu);
   const int delay_us = host_update_delay_us;
   std::atomic<int64_t>* busy_ns = &host_update_ns;
+  if (!host_copies) host_copies = std::make_shared<HostCopyQueue>();
+  std::shared_ptr<HostCopyQueue> queue = host_copies;
+  {
+    std::lock_guard<std::mutex> l(queue->mu);
+    queue->q.push_back(down);
+  }
   auto job = [=, &cpu_ops]() {
+    std::shared_ptr<HostCopyDown> next;
+    {
+      std::lock_guard<std::mutex> l(queue->mu);
+      if (!queue->q.empty() && queue->q.front() == down) queue->q.pop_front();
+      if (!queue->q.empty()) next = queue->q.front();
+    }
     if (delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
     const auto t0 = std::chrono::steady_clock::now();
-    if (got_master) got_master->synchronize();
-    if (got_grad) got_grad->synchronize();
+    down->issue();
+    if (next) next->issue();  // its copies run while this update computes
+    if (down->got_master) down->got_master->synchronize();
+    if (down->got_grad) down->got_grad->synchronize();
     for (const Piece& pc : pieces)
-      cpu_ops.adamw(hmaster + pc.poff, hgrad + pc.poff, m + pc.off, v + pc.off, pc.n, lr, p.beta1,
-                    p.beta2, p.eps, pc.wd, step, grad_mult);
+      cpu_ops.adamw(down->hmaster + pc.poff, down->hgrad + pc.poff, m + pc.off, v + pc.off, pc.n,
+                    lr, p.beta1, p.beta2, p.eps, pc.wd, step, grad_mult);
     // Nothing on the device touches the master until the unit settles: no wait for its work.
-    if (copy_master)
-      copy_bytes_async(master, dev, hmaster, cpu, nb, completed_event().get())->synchronize();
-    (void)stage;  // released with the job, on the worker
+    if (down->copy_master)
+      copy_bytes_async(master, dev, down->hmaster, cpu, nb, completed_event().get())->synchronize();
+    down->stage = Buffer();  // back to the pool, on the worker
     *busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
                     std::chrono::steady_clock::now() - t0).count();
   };

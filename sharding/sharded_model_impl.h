@@ -147,6 +147,8 @@ struct NvmeActs {
   ~NvmeActs();  // closes and removes the file
 };
 
+struct HostCopyQueue;  // sharding/optimizer.cpp
+
 struct ShardedModel::Impl {
   const Ops* ops = nullptr;          // utilities and the optimizer (fp32)
   const Ops* compute_ops = nullptr;  // what units run with: ops_for(device, param_dtype)
@@ -197,6 +199,8 @@ struct ShardedModel::Impl {
   // host_update_seconds: added to by the updater's jobs (declared before host_updater, which
   // runs what is left of them when it goes).
   std::atomic<int64_t> host_update_ns{0};
+  // The posted updates whose copies down are not issued yet (optimizer.cpp).
+  std::shared_ptr<HostCopyQueue> host_copies;
   std::unique_ptr<HostWorker> host_updater;
   const bool host_update_sync = env_switched_off("SHARDWISE_HOST_UPDATE_ASYNC");
   // Tests: SHARDWISE_HOST_UPDATE_DELAY_US=N sleeps N us before each host update, so a unit

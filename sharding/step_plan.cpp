@@ -149,6 +149,22 @@ bool unit_defers(const PlanInput& in, int u) {
   return true;
 }
 
+// On a device, the host updater's staging (update_on_host): two offloaded updates' master and
+// gradient copies at most.
+StepPlan with_updater_staging(StepPlan plan, const PlanInput& in) {
+  if (!in.on_device) return plan;
+  int64_t most = 0;
+  for (const Action& a : plan.actions) {
+    if (a.kind != ActionKind::OptimizerUpdate || a.unit < 0) continue;
+    const PlanUnit& u = in.units[static_cast<size_t>(a.unit)];
+    if (!(u.optimizer_offloaded || u.optimizer_nvme) || u.params_offloaded || u.params_nvme)
+      continue;  // (moments on the device, or the master and gradients already on the host)
+    most = std::max(most, a.hi >= 0 ? a.hi - a.lo : u.padded / in.S);
+  }
+  plan.host_update_staging = 2 * 2 * int64_t{sizeof(float)} * most;
+  return plan;
+}
+
 namespace {
 
 constexpr size_t kComm = static_cast<size_t>(Mem::Communication);
@@ -893,7 +909,7 @@ StepPlan plan_optimizer(const PlanInput& in) {
   none.carried.clear();
   Builder b(none);
   b.optimizer();
-  return b.take();
+  return with_updater_staging(b.take(), in);
 }
 
 bool defers_update(const PlanInput& in) {
@@ -924,7 +940,13 @@ StepPlan plan_step(const PlanInput& in) {
   const bool each = in.policy.accum == GradAccumMode::ReduceEachMicroStep;
   for (int k = 0; k < in.accum; ++k) b.micro_step(k, each || k + 1 == in.accum, k + 1 == in.accum);
   b.optimizer();
-  return b.take();
+  return with_updater_staging(b.take(), in);
+}
+
+int64_t host_bytes(const StepPlan& plan) {
+  int64_t h = plan.host_update_staging;
+  for (int64_t b : plan.persistent_host) h += b;
+  return h;
 }
 
 PlanPeak replay_peak(const StepPlan& plan) {
@@ -999,6 +1021,7 @@ std::string StepPlan::str() const {
       if (persistent_host[c])
         s += std::string(" ") + mem_name(static_cast<Mem>(c)) + " " + mib(persistent_host[c]).substr(1);
   }
+  if (host_update_staging) s += "; host updater staging " + mib(host_update_staging).substr(1);
   s += "; reserved:";
   for (size_t c = 0; c < reserved.size(); ++c)
     if (reserved[c]) s += std::string(" ") + mem_name(static_cast<Mem>(c)) + " " + mib(reserved[c]).substr(1);

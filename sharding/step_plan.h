@@ -187,6 +187,10 @@ struct StepPlan {
   // ping-pong buffers): what the step's deltas start from.
   MemDeltas persistent{};
   MemDeltas persistent_host{};  // on the host tier (offloaded optimizer state)
+  // On a device, the host updater's staging (Tier::Host, optimizer): the master and gradient
+  // copies of at most two offloaded updates at once, held while they run, then cached by the
+  // host pool. Part of the host figures (host_bytes).
+  int64_t host_update_staging = 0;
   MemDeltas reserved{};
   int64_t scratch = 0;  // of reserved: the largest Scratch any call asks for (reserved once)
   int staging_slots = 0;       // NVMe optimizer offload: staging buffers (each staging_bytes)
@@ -225,6 +229,8 @@ struct PlanPeak {
   bool negative = false;    // a category went below zero: the plan is inconsistent
 };
 PlanPeak replay_peak(const StepPlan& plan);
+// The host-tier bytes a step holds at most: persistent_host plus the host updater's staging.
+int64_t host_bytes(const StepPlan& plan);
 
 // Training: the accum micro-steps, then the optimizer, of a step in the steady state (units the
 // previous step's optimizer prefetched are in flight when it starts). Eval: one forward.

@@ -91,7 +91,13 @@ class CudaStream final : public Stream {
     if (stream) SW_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
   void* native_handle() const override { return stream; }
+  // A CudaEvent recorded on the stream (nothing enqueued yet: a completed event).
+  std::shared_ptr<Event> record() override {
+    if (!stream) return completed_event();
+    return cuda_record_event(stream, device);
+  }
   cudaStream_t stream = nullptr;
+  int device = 0;
 };
 
 // Grow-only device scratch, one buffer per use so that one op's pieces never overlap.
@@ -115,6 +121,7 @@ class CudaDevice {
       SW_CUDA_CHECK(cublasSetStream(blas_, st));
       // fp32 products in fp32 (no TF32 tensor-op rounding).
       SW_CUDA_CHECK(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH));
+      stream_.device = dev_;
       stream_.stream = st;
     });
     SW_CUDA_CHECK(cudaSetDevice(dev_));

@@ -368,6 +368,51 @@ TEST_CASE("sim device: NVMe staging is host memory, as the plan counts it", "[de
   }
 }
 
+TEST_CASE("sim device: the host updater stages two updates at most, as the plan counts",
+          "[device]") {
+  // offload_optimizer cpu: each update's master and gradients are copied down into host
+  // staging by the updater thread (its own and the next one's), not all at issue. Updates held
+  // until the whole optimizer segment is issued must still never stage more than the plan's
+  // host_update_staging, which is well below staging every unit at once.
+  for (const char* type : {"gpt2", "llama"}) {
+    INFO(type);
+    ModelConfig cfg = tiny(type);
+    cfg.n_layer = 4;
+    ShardingPolicy p = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+    p.offload_optimizer.device = OffloadDevice::Cpu;
+    Model m = build_model(cfg);
+    MemTracker& host = MemTracker::of(Tier::Host);
+    const size_t o0 = host.current(Mem::Optimizer);
+    ShardedModel sm(m, ops_for(Device::sim(0)), 5, make_local_group(), p);
+    const StepPlan plan = sm.step_plan(2, cfg.seq_len, 1);
+    const int64_t moments = plan.persistent_host[size_t(Mem::Optimizer)];
+    CHECK(int64_t(host.current(Mem::Optimizer) - o0) == moments);
+    REQUIRE(plan.host_update_staging > 0);
+    CHECK(host_bytes(plan) == moments + plan.host_update_staging);
+    CHECK(plan.host_update_staging < moments);  // staging every unit at once: 8 B per parameter
+    Data a(2, cfg.seq_len, 7, cfg.vocab_size);
+    for (int step = 1; step <= 3; ++step) {
+      sm.zero_grads();
+      sm.micro_step(a.batch);
+      const double norm = sm.grad_norm();
+      host.reset_peaks();
+      sm.hold_host_updates(true);
+      sm.optimizer_step(AdamWParams{}, 1e-2f, norm > 1.0 ? float(1.0 / norm) : 1.f, step);
+      CHECK(sm.host_updates_in_flight() == sm.num_units());
+      sm.hold_host_updates(false);
+      sm.step_losses();
+      sm.zero_grads();
+      sm.micro_step(a.batch);  // waits for each unit's update where it is touched
+      CHECK(sm.host_updates_in_flight() == 0);
+      const int64_t staged = int64_t(host.peak(Mem::Optimizer) - o0) - moments;
+      CHECK(staged > 0);
+      CHECK(staged <= plan.host_update_staging);
+      sm.step_losses();
+    }
+  }
+  CHECK(swtest::sim_device_bytes_in_use() == 0);
+}
+
 TEST_CASE("sim device: offload a device cannot do is refused with the key named", "[device]") {
   Model m = build_model(tiny("gpt2"));
   const Ops& sim = ops_for(Device::sim(0));
