@@ -64,8 +64,19 @@ const StepPlan& ShardedModel::Impl::plan_for(const Model& model, const Batch& ba
 
 // ---- Running ---------------------------------------------------------------------------------
 
+void ShardedModel::Impl::take_host_spans() {
+  std::lock_guard<std::mutex> l(host_spans->mu);
+  if (recorder)
+    for (ActionRecord& r : host_spans->done) {
+      r.segment = recorder->segments - 1;
+      recorder->records.push_back(r);
+    }
+  host_spans->done.clear();
+}
+
 void ShardedModel::Impl::run(Model& model, const StepPlan& plan, ExecState& st) {
   if (recorder) ++recorder->segments;
+  take_host_spans();
   // The previous optimizer's write-backs are done (long since, normally) before this one
   // reads the moments again; an io error of theirs stops the run here.
   if (nvme && !plan.segments.empty() && plan.segments[0].kind == SegmentKind::Optimizer)
@@ -96,6 +107,7 @@ void ShardedModel::Impl::run(Model& model, const StepPlan& plan, ExecState& st) 
   // last fetches read go once those copies are complete.
   SW_CHECK(act_copies.empty(), "plan: an activation copy without its wait");
   release_copied(true);
+  take_host_spans();
 }
 
 void ShardedModel::Impl::release_copied(bool wait) {

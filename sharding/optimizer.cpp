@@ -276,11 +276,18 @@ void ShardedModel::Impl::update_on_host(FlatUnit& fu, const ExecState& st, int64
   std::atomic<int64_t>* busy_ns = &host_update_ns;
   if (!host_copies) host_copies = std::make_shared<HostCopyQueue>();
   std::shared_ptr<HostCopyQueue> queue = host_copies;
+  // The job's own record (Queue::Host), when a recorder is set now.
+  std::shared_ptr<HostSpans> spans = recorder ? host_spans : nullptr;
+  ActionRecord span;
+  span.kind = ActionKind::OptimizerUpdate;
+  span.queue = Queue::Host;
+  span.unit = fu.index();
+  span.bytes = static_cast<int64_t>(nb);
   {
     std::lock_guard<std::mutex> l(queue->mu);
     queue->q.push_back(down);
   }
-  auto job = [=, &cpu_ops]() {
+  auto job = [=, &cpu_ops]() mutable {
     std::shared_ptr<HostCopyDown> next;
     {
       std::lock_guard<std::mutex> l(queue->mu);
@@ -289,6 +296,7 @@ void ShardedModel::Impl::update_on_host(FlatUnit& fu, const ExecState& st, int64
     }
     if (delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
     const auto t0 = std::chrono::steady_clock::now();
+    if (spans) span.t_begin = trace_clock();
     down->issue();
     if (next) next->issue();  // its copies run while this update computes
     if (down->got_master) down->got_master->synchronize();
@@ -302,6 +310,11 @@ void ShardedModel::Impl::update_on_host(FlatUnit& fu, const ExecState& st, int64
     down->stage = Buffer();  // back to the pool, on the worker
     *busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
                     std::chrono::steady_clock::now() - t0).count();
+    if (spans) {
+      span.t_end = trace_clock();
+      std::lock_guard<std::mutex> l(spans->mu);
+      spans->done.push_back(span);
+    }
   };
   fu.set_pending_update(updater().post(std::move(job)),
                         fu.kind() == FlatUnit::Kind::Whole && hi == fu.shard_size());

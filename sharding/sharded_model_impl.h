@@ -201,6 +201,15 @@ struct ShardedModel::Impl {
   std::atomic<int64_t> host_update_ns{0};
   // The posted updates whose copies down are not issued yet (optimizer.cpp).
   std::shared_ptr<HostCopyQueue> host_copies;
+  // Host updater jobs issued while a recorder was set, as they ran (the job fills one in when
+  // it ends); run() moves the finished ones into the recorder as Queue::Host records, at the
+  // start and end of every segment, so a step's updates appear in the segments they overlap.
+  struct HostSpans {
+    std::mutex mu;
+    std::vector<ActionRecord> done;
+  };
+  std::shared_ptr<HostSpans> host_spans = std::make_shared<HostSpans>();
+  void take_host_spans();
   std::unique_ptr<HostWorker> host_updater;
   const bool host_update_sync = env_switched_off("SHARDWISE_HOST_UPDATE_ASYNC");
   // Tests: SHARDWISE_HOST_UPDATE_DELAY_US=N sleeps N us before each host update, so a unit

@@ -17,7 +17,7 @@
 namespace sw {
 
 const char* queue_name(Queue q) {
-  static const char* n[] = {"compute", "gather", "reduce", "io"};
+  static const char* n[] = {"compute", "gather", "reduce", "io", "host"};
   return q < Queue::Count ? n[static_cast<size_t>(q)] : "?";
 }
 

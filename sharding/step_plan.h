@@ -26,8 +26,10 @@
 
 namespace sw {
 
-enum class Queue : uint8_t { Compute, Gather, Reduce, IO, Count };
-const char* queue_name(Queue q);  // "compute", "gather", "reduce", "io"
+// Host: in records only (no plan action is on it): the host updater thread's jobs, each an
+// offloaded unit's update as it ran there (ShardedModel's optimizer on a device).
+enum class Queue : uint8_t { Compute, Gather, Reduce, IO, Host, Count };
+const char* queue_name(Queue q);  // "compute", "gather", "reduce", "io", "host"
 
 enum class ActionKind : uint8_t {
   Gather,          // gather: all-gather unit u's parameters (allocates its transient buffer)
@@ -254,7 +256,7 @@ std::vector<bool> optimizer_prefetched(const PlanInput& in);
 // The executor's record of one action (the profiler's timeline). Times are seconds on
 // trace_clock(); an asynchronous action (a collective) ends when its completion is observed.
 struct ActionRecord {
-  int action = -1;  // index in the plan
+  int action = -1;  // index in the plan (-1: a host updater job, queue Host)
   int segment = -1;
   ActionKind kind = ActionKind::Forward;
   Queue queue = Queue::Compute;

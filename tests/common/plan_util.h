@@ -18,7 +18,9 @@ inline std::vector<std::string> planned_actions(const sw::StepPlan& p) {
   return out;
 }
 inline std::vector<std::string> executed_actions(const sw::StepRecorder& rec) {
-  std::vector<sw::ActionRecord> recs = rec.records;
+  std::vector<sw::ActionRecord> recs;
+  for (const sw::ActionRecord& r : rec.records)  // (host updater jobs are no plan action)
+    if (r.queue != sw::Queue::Host) recs.push_back(r);
   std::stable_sort(recs.begin(), recs.end(), [](const sw::ActionRecord& x, const sw::ActionRecord& y) {
     return x.segment != y.segment ? x.segment < y.segment : x.action < y.action;
   });

@@ -413,6 +413,49 @@ TEST_CASE("sim device: the host updater stages two updates at most, as the plan 
   CHECK(swtest::sim_device_bytes_in_use() == 0);
 }
 
+TEST_CASE("sim device: the recorder shows each host update as it ran on the updater thread",
+          "[device]") {
+  // offload_optimizer cpu, updates held while the optimizer segment is issued: each offloaded
+  // unit gets one Queue::Host record, which starts after its issue (the compute queue's
+  // optimizer_update record) and is moved into the recorder by the segment it overlapped.
+  ShardingPolicy p = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+  p.offload_optimizer.device = OffloadDevice::Cpu;
+  const ModelConfig cfg = tiny("gpt2");
+  Model m = build_model(cfg);
+  ShardedModel sm(m, ops_for(Device::sim(0)), 5, make_local_group(), p);
+  Data a(2, cfg.seq_len, 7, cfg.vocab_size);
+  StepRecorder rec;
+  sm.set_recorder(&rec);
+  sm.micro_step(a.batch);
+  sm.hold_host_updates(true);
+  sm.optimizer_step(AdamWParams{}, 1e-2f, 1.f, 1);
+  const double released = trace_clock();
+  sm.hold_host_updates(false);
+  sm.zero_grads();
+  sm.micro_step(a.batch);  // waits for each update where its unit is touched
+  sm.set_recorder(nullptr);
+  std::map<int, double> issued;  // unit -> the issue's end
+  std::map<int, int> host;       // unit -> host records
+  for (const ActionRecord& r : rec.records) {
+    if (r.kind != ActionKind::OptimizerUpdate) continue;
+    if (r.queue == Queue::Compute) issued[r.unit] = r.t_end;
+    if (r.queue != Queue::Host) continue;
+    ++host[r.unit];
+    CHECK(r.action == -1);
+    CHECK(r.segment == 2);  // the micro-step after the optimizer
+    CHECK(r.t_begin >= released);
+    CHECK(r.t_end >= r.t_begin);
+    CHECK(r.bytes > 0);
+  }
+  CHECK(int(issued.size()) == sm.num_units());
+  CHECK(int(host.size()) == sm.num_units());
+  for (const auto& [u, n] : host) {
+    CHECK(n == 1);
+    CHECK(issued.count(u) == 1);
+  }
+  CHECK(std::string(queue_name(Queue::Host)) == "host");
+}
+
 TEST_CASE("sim device: offload a device cannot do is refused with the key named", "[device]") {
   Model m = build_model(tiny("gpt2"));
   const Ops& sim = ops_for(Device::sim(0));
