@@ -5,7 +5,9 @@
 # users run it (`shardwise train`: trainer loop, data loader, metrics), 1 rank (sharding is
 # trivial), no offload, no activation checkpointing; tokens/s is the median over the steps after
 # the warm-up from its metrics.jsonl. PyTorch (bench/torch_gpu_step.py) runs eager and
-# torch.compile. Prints a table (model, engine, tokens/s, MFU, ratio to PyTorch compiled) and
+# torch.compile. On a GPU, Shardwise runs twice per model: with its default attention kernels
+# and with the cuBLAS attention path (SHARDWISE_CUDA_ATTENTION=cublas: "shardwise cublas-attn").
+# Prints a table (model, engine, tokens/s, MFU, ratio to PyTorch compiled) and
 # writes gpu_vs_torch.json (every run, and the machine) and the runs' logs to --out.
 #
 #   bash bench/gpu_vs_torch.sh [--quick] [options]          (on the GPU machine; ~4-6 minutes)
@@ -110,6 +112,9 @@ models="gpt2 llama"
 [ -n "$quick" ] && models=gpt2
 engines="shardwise compile eager"
 [ -n "$no_compile" ] && engines="shardwise eager"
+# On a GPU, Shardwise also with its cuBLAS attention path (SHARDWISE_CUDA_ATTENTION=cublas), last
+# so that the peers are measured first when the budget runs short.
+[[ $device == cuda* ]] && engines="$engines shardwise_cublas"
 tiny_flag=${tiny:+--tiny}
 threads_cpu=$(($(nproc) < 4 ? $(nproc) : 4))
 
@@ -148,16 +153,17 @@ os.replace(sys.argv[2] + ".tmp", sys.argv[2])
 PY
 done
 
-# run_shardwise MODEL ROUND -> one JSON line on stdout (the run's log and metrics in $runs)
+# run_shardwise MODEL ROUND [ATTENTION] -> one JSON line on stdout (the run's log and metrics in
+# $runs); ATTENTION: "" (the default kernels) or cublas (SHARDWISE_CUDA_ATTENTION).
 run_shardwise() {
-  local m=$1 r=$2 dir=$runs/shardwise_${1}_r$2 cap t rc
+  local m=$1 r=$2 attn=${3:-} dir=$runs/shardwise${3:+_$3}_${1}_r$2 cap t rc
   cap=${cap_sw[$m]}
   t=$(left)
   ((t - 5 < cap)) && cap=$((t - 5))
   rm -rf "$dir"
   mkdir -p "$dir"
   if ((cap < 15)); then
-    echo '{"engine": "shardwise", "model": "'$m'", "round": '$r', "status": "skipped", "error": "budget"}'
+    echo '{"engine": "shardwise", "attention": "'${attn:-flash}'", "model": "'$m'", "round": '$r', "status": "skipped", "error": "budget"}'
     return
   fi
   "$py" - "${shape_json[$m]}" "$work/$m.bin" "$dir" "$device" "$((${warmup_of[$m]} + ${steps_of[$m]}))" \
@@ -184,14 +190,16 @@ if sys.argv[4] == "cpu":
 print(json.dumps(cfg, indent=1))
 PY
   local t0=$SECONDS
-  timeout -k 10 "$cap" "$sw" train "$dir/config_in.json" --quiet --no-export >"$dir/log.txt" 2>&1
+  SHARDWISE_CUDA_ATTENTION=${attn:-flash} timeout -k 10 "$cap" "$sw" train "$dir/config_in.json" \
+    --quiet --no-export >"$dir/log.txt" 2>&1
   rc=$?
-  "$py" - "$m" "$r" "$rc" "$cap" "$((SECONDS - t0))" "${warmup_of[$m]}" "${shape_json[$m]}" "$dir" "$peak" <<'PY'
+  "$py" - "$m" "$r" "$rc" "$cap" "$((SECONDS - t0))" "${warmup_of[$m]}" "${shape_json[$m]}" "$dir" "$peak" "${attn:-flash}" <<'PY'
 import json, statistics, sys
 m, r, rc, cap, wall, warm = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), \
     int(sys.argv[5]), int(sys.argv[6])
 s, d, peak = json.loads(sys.argv[7]), sys.argv[8], float(sys.argv[9])
-rec = {"engine": "shardwise", "mode": "train", "model": m, "round": r, "batch": s["batch"],
+rec = {"engine": "shardwise", "mode": "train", "attention": sys.argv[10], "model": m, "round": r,
+       "batch": s["batch"],
        "T": s["T"], "params": s["params"], "flops_per_token": s["flops_per_token"],
        "peak_flops": peak, "exit": rc, "wall_s": wall, "run_dir": d}
 lines = []
@@ -266,7 +274,8 @@ progress() {  # one line per run as it ends
   "$py" - "$1" <<'PY'
 import json, sys
 j = json.loads(sys.argv[1])
-who = j.get("mode") if j["engine"] == "pytorch" else "shardwise"
+who = j.get("mode") if j["engine"] == "pytorch" else (
+    "shardwise" if j.get("attention", "flash") == "flash" else "sw-" + j["attention"])
 fig = (f"{j['tokens_per_s']:.0f} tok/s, MFU {100 * j['mfu']:.1f}%" if "tokens_per_s" in j
        else j.get("error", ""))
 print(f"  {j['model']:5s} {who:9s} round {j['round']}: {j['status']:8s} {fig}", flush=True)
@@ -279,7 +288,11 @@ results=$runs/results.jsonl
 for ((r = 1; r <= rounds; r++)); do
   for m in $models; do
     for e in $engines; do
-      if [ "$e" = shardwise ]; then line=$(run_shardwise "$m" "$r"); else line=$(run_torch "$m" "$e" "$r"); fi
+      case $e in
+        shardwise) line=$(run_shardwise "$m" "$r") ;;
+        shardwise_cublas) line=$(run_shardwise "$m" "$r" cublas) ;;
+        *) line=$(run_torch "$m" "$e" "$r") ;;
+      esac
       echo "$line" >>"$results"
       progress "$line"
     done
@@ -293,7 +306,10 @@ out, device, budget, elapsed, sw, repo = sys.argv[2], sys.argv[3], int(sys.argv[
     int(sys.argv[5]), sys.argv[6], sys.argv[7]
 
 def name(j):
-    return "shardwise" if j["engine"] == "shardwise" else "pytorch " + j.get("mode", "?")
+    if j["engine"] == "shardwise":
+        a = j.get("attention", "flash")
+        return "shardwise" if a == "flash" else "shardwise " + a + "-attn"
+    return "pytorch " + j.get("mode", "?")
 
 def sh(cmd):
     try:
@@ -307,17 +323,17 @@ for j in res:
     if k not in best or j.get("tokens_per_s", -1) > best[k].get("tokens_per_s", -1):
         best[k] = j
 models = list(dict.fromkeys(j["model"] for j in res))
-lines = ["model  engine            batch  T      tokens/s    MFU  step s  max mem GiB  vs compiled  status"]
+lines = ["model  engine                 batch  T      tokens/s    MFU  step s  max mem GiB  vs compiled  status"]
 for m in models:
     ref = best.get((m, "pytorch compile"), {}).get("tokens_per_s")
-    for e in ("shardwise", "pytorch eager", "pytorch compile"):
+    for e in ("shardwise", "shardwise cublas-attn", "pytorch eager", "pytorch compile"):
         j = best.get((m, e))
         if j is None:
             continue
         tok = j.get("tokens_per_s")
         mem = j.get("max_mem_allocated_bytes")
         lines.append(
-            f"{m:6s} {e:16s} {j.get('batch', '-')!s:>6} {j.get('T', '-')!s:>5} "
+            f"{m:6s} {e:21s} {j.get('batch', '-')!s:>6} {j.get('T', '-')!s:>5} "
             + (f"{tok:11.0f} {100 * j['mfu']:5.1f}% {j['step_s']:7.3f}" if tok else f"{'-':>11} {'-':>6} {'-':>7}")
             + (f" {mem / 2**30:12.2f}" if mem else f" {'-':>12}")
             + (f" {tok / ref:11.2f}x" if tok and ref else f" {'-':>12}")

@@ -73,6 +73,31 @@ void attention_backward(cudaStream_t s, float* dqkv, const float* dout, const fl
                         const float* out, const float* lse, int B, int T, int H, int KVH, int hd,
                         float* ws, int dt = 0);
 
+// ---- attention_mm.cu: the row kernels of the tensor-core attention path (bf16 / fp16; the
+// products are cuBLAS calls in cuda_ops.cu; layouts at the top of attention_mm.cu).
+// dst(B*nh, T, hd) 16-bit = src rows (B*T, row stride ld), columns col0 + h*hd + d, rounded.
+void attn_pack(cudaStream_t s, int dt, const float* src, int B, int T, int ld, int col0, int nh,
+               int hd, uint16_t* dst);
+// rows = B*H*nq: per row, the 256-key softmax tiles of kernels/cpu/attention.cpp's forward; P
+// 16-bit (zeros past the visible keys), alpha (rows, tiles), ml (rows, 2) = m, l.
+void attn_softmax_fwd(cudaStream_t s, int dt, const float* S, uint16_t* P, float* alpha,
+                      float* ml, size_t rows, int nq, int ldS, int kend, int q0, int tiles,
+                      float scale);
+// out rows q0.. (B, T, H*hd) and lse from the tiles' products Ot (tiles, rows, hd).
+void attn_combine(cudaStream_t s, const float* Ot, const float* alpha, const float* ml,
+                  float* out, float* lse, size_t rows, int nq, int hd, int tiles, int T, int H,
+                  int q0);
+// D (B*H, T) = rowsum(dout * out), fp32.
+void attn_rowdot(cudaStream_t s, const float* dout, const float* out, float* D, int B, int T,
+                 int H, int hd);
+// P = exp(scale S - lse), dS = scale P (dP - D) on the visible keys, both rounded to 16 bits.
+void attn_softmax_bwd(cudaStream_t s, int dt, const float* S, const float* dP, uint16_t* P,
+                      uint16_t* dS, const float* lse, const float* D, size_t rows, int nq,
+                      int ldS, int kend, int q0, int T, float scale);
+// dqkv (B, T, R) += the per-head dQn (B*H, T, hd), dKn and dVn (B*KVH, T, hd).
+void attn_unpack_grads(cudaStream_t s, const float* dQn, const float* dKn, const float* dVn,
+                       float* dqkv, int B, int T, int H, int KVH, int hd);
+
 // ---- lmhead.cu: one chunk of rows. logits (nc, V) holds x_c @ w^T on entry; per row: loss
 // (lse - logit[target], 0 for target < 0) into rl[r]; with grad, the row becomes
 // grad_scale * (softmax - onehot(target)) (zero for ignored rows).

@@ -42,11 +42,14 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "kernels/cuda/attention_mm.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/cuda_runtime.h"
@@ -102,7 +105,12 @@ class CudaStream final : public Stream {
 
 // Grow-only device scratch, one buffer per use so that one op's pieces never overlap.
 // Lowp0..2: the 16-bit operand copies of one low-precision product call.
-enum class Slot { Norm, Logits, Rows, Reduce, Reduce2, Attn, Convert, Lowp0, Lowp1, Lowp2, Count };
+// AttnPack..AttnAcc: the cuBLAS attention path (packed 16-bit heads, a chunk's scores, its
+// 16-bit probabilities, the accumulators).
+enum class Slot {
+  Norm, Logits, Rows, Reduce, Reduce2, Attn, Convert, Lowp0, Lowp1, Lowp2,
+  AttnPack, AttnS, AttnP, AttnAcc, Count
+};
 
 // The device state the CudaOps of every precision share: stream, cuBLAS handle, scratch.
 class CudaDevice {
@@ -294,11 +302,14 @@ class CudaOps final : public Ops {
 
   void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KVH,
                          int hd) const override {
+    if (cublas_attention()) return attention_mm_forward(out, lse, qkv, B, T, H, KVH, hd);
     cuda::attention_forward(begin(), out, lse, qkv, B, T, H, KVH, hd, dt());
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                           const float* lse, int B, int T, int H, int KVH,
                           int hd) const override {
+    if (cublas_attention())
+      return attention_mm_backward(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd);
     const cudaStream_t s = begin();
     const size_t rows = static_cast<size_t>(B) * T * H;
     cuda::attention_backward(s, dqkv, dout, qkv, out, lse, B, T, H, KVH, hd,
@@ -496,6 +507,92 @@ class CudaOps final : public Ops {
                                ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, t, ldb, A, t,
                                lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
                                CUBLAS_GEMM_DEFAULT));
+  }
+
+  // gemm16 over `batch` equally strided (in elements) operand and result matrices.
+  void gemm16_sb(bool ta, bool tb, int M, int N, int K, float alpha, const uint16_t* A, int lda,
+                 size_t sa, const uint16_t* B, int ldb, size_t sb, float beta, float* C, int ldc,
+                 size_t sc, size_t batch) const {
+    if (M <= 0 || N <= 0 || batch == 0) return;
+    const cudaDataType_t t = compute_ == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    SW_CUDA_CHECK(cublasGemmStridedBatchedEx(
+        d_.blas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha,
+        B, t, ldb, static_cast<long long>(sb), A, t, lda, static_cast<long long>(sa), &beta, C,
+        CUDA_R_32F, ldc, static_cast<long long>(sc), static_cast<int>(batch), CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT));
+  }
+
+  // ---- Attention through cuBLAS (bf16 / fp16 compute, SHARDWISE_CUDA_ATTENTION=cublas; the
+  // default is the flash-style kernels of attention.cu): kernels/cuda/attention_mm.h's
+  // orchestration over this backend. Scratch: the packed heads, and per chunk the scores
+  // (fp32) and probabilities (16-bit) within kAttnChunkBytes (at least 64 query rows).
+  // SHARDWISE_CUDA_ATTENTION_CHUNK=N (tests) forces N query rows per chunk. Not run on a GPU
+  // yet.
+  static constexpr size_t kAttnChunkBytes = size_t{256} << 20;
+  bool cublas_attention() const {
+    if (!lowp()) return false;
+    const char* v = std::getenv("SHARDWISE_CUDA_ATTENTION");
+    return v && std::string(v) == "cublas";
+  }
+  struct AttnBackend {
+    const CudaOps& o;
+    cudaStream_t s;
+    static Slot slot(int k) {
+      return k == attn_mm::kPack ? Slot::AttnPack
+             : k == attn_mm::kS  ? Slot::AttnS
+             : k == attn_mm::kP  ? Slot::AttnP
+                                 : Slot::AttnAcc;
+    }
+    uint16_t* ws16(int k, size_t n) const { return o.wsh(slot(k), std::max<size_t>(n, 1)); }
+    float* ws32(int k, size_t n) const { return o.wsf(slot(k), std::max<size_t>(n, 1)); }
+    size_t chunk_budget() const { return kAttnChunkBytes; }
+    int forced_chunk() const {
+      const char* v = std::getenv("SHARDWISE_CUDA_ATTENTION_CHUNK");
+      return v ? std::max(1, std::atoi(v)) : 0;
+    }
+    void pack(const float* src, int B, int T, int ld, int col0, int nh, int hd,
+              uint16_t* dst) const {
+      cuda::attn_pack(s, o.dt(), src, B, T, ld, col0, nh, hd, dst);
+    }
+    void gemm(bool ta, bool tb, int M, int N, int K, const uint16_t* A, int lda, size_t sa,
+              const uint16_t* B, int ldb, size_t sb, float beta, float* C, int ldc, size_t sc,
+              size_t batch) const {
+      o.gemm16_sb(ta, tb, M, N, K, 1.f, A, lda, sa, B, ldb, sb, beta, C, ldc, sc, batch);
+    }
+    void softmax_fwd(const float* S, uint16_t* P, float* alpha, float* ml, size_t rows, int nq,
+                     int ldS, int kend, int q0, int tiles, float scale) const {
+      cuda::attn_softmax_fwd(s, o.dt(), S, P, alpha, ml, rows, nq, ldS, kend, q0, tiles, scale);
+    }
+    void combine(const float* Ot, const float* alpha, const float* ml, float* out, float* lse,
+                 size_t rows, int nq, int hd, int tiles, int T, int H, int q0) const {
+      cuda::attn_combine(s, Ot, alpha, ml, out, lse, rows, nq, hd, tiles, T, H, q0);
+    }
+    void rowdot(const float* dout, const float* out, float* D, int B, int T, int H,
+                int hd) const {
+      cuda::attn_rowdot(s, dout, out, D, B, T, H, hd);
+    }
+    void softmax_bwd(const float* S, const float* dP, uint16_t* P, uint16_t* dS,
+                     const float* lse, const float* D, size_t rows, int nq, int ldS, int kend,
+                     int q0, int T, float scale) const {
+      cuda::attn_softmax_bwd(s, o.dt(), S, dP, P, dS, lse, D, rows, nq, ldS, kend, q0, T, scale);
+    }
+    void unpack(const float* dQn, const float* dKn, const float* dVn, float* dqkv, int B, int T,
+                int H, int KVH, int hd) const {
+      cuda::attn_unpack_grads(s, dQn, dKn, dVn, dqkv, B, T, H, KVH, hd);
+    }
+    void zero(float* p, size_t n) const {
+      SW_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), s));
+    }
+  };
+  void attention_mm_forward(float* out, float* lse, const float* qkv, int B, int T, int H,
+                            int KVH, int hd) const {
+    SW_CHECK(KVH > 0 && H % KVH == 0, "attention: KVH must divide H");
+    attn_mm::forward(AttnBackend{*this, begin()}, out, lse, qkv, B, T, H, KVH, hd);
+  }
+  void attention_mm_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                             const float* lse, int B, int T, int H, int KVH, int hd) const {
+    SW_CHECK(KVH > 0 && H % KVH == 0, "attention: KVH must divide H");
+    attn_mm::backward(AttnBackend{*this, begin()}, dqkv, dout, qkv, out, lse, B, T, H, KVH, hd);
   }
 
   // The one host synchronisation of an op that returns a value.

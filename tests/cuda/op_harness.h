@@ -654,10 +654,12 @@ inline std::vector<OpCase> op_cases() {
                   }});
   }
 
-  // RoPE and attention share their shapes: grouped heads, T = 1, T = 7, tiles crossed, odd hd.
+  // RoPE and attention share their shapes: grouped heads, T = 1, T = 7, tiles crossed, odd hd;
+  // T = 300 and 530 cross the 256-key softmax tiles of the forward.
   struct At { int B, T, H, KVH, hd; };
   for (const At s : {At{2, 7, 4, 2, 16}, At{1, 1, 2, 1, 8}, At{1, 70, 3, 1, 24},
-                     At{2, 33, 4, 4, 64}, At{1, 40, 6, 2, 80}, At{1, 9, 2, 2, 128}}) {
+                     At{2, 33, 4, 4, 64}, At{1, 40, 6, 2, 80}, At{1, 9, 2, 2, 128},
+                     At{1, 300, 2, 1, 16}, At{1, 530, 4, 2, 8}}) {
     const uint64_t sd = seed++;
     const std::string sh =
         shape({{"B", s.B}, {"T", s.T}, {"H", s.H}, {"KVH", s.KVH}, {"hd", s.hd}});

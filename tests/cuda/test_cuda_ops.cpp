@@ -121,6 +121,31 @@ TEST_CASE("cuda ops: bf16 / fp16 Ops give bitwise-equal outputs twice") {
   }
 }
 
+TEST_CASE("cuda ops: the cuBLAS attention path matches the CPU's bf16 / fp16 twin") {
+  // SHARDWISE_CUDA_ATTENTION=cublas (kernels/cuda/attention_mm.h): the same rounding points as
+  // the CPU, so the fp32 tolerances; whole sequences, then query chunks of 64 and 7 rows; and
+  // bitwise equal twice. (Its orchestration is checked without a GPU by test_attention_mm.)
+  std::vector<OpCase> cs;
+  for (auto& c : op_cases())
+    if (c.op.rfind("attention", 0) == 0) cs.push_back(c);
+  setenv("SHARDWISE_CUDA_ATTENTION", "cublas", 1);
+  for (const char* chunk : {"", "64", "7"}) {
+    if (*chunk)
+      setenv("SHARDWISE_CUDA_ATTENTION_CHUNK", chunk, 1);
+    else
+      unsetenv("SHARDWISE_CUDA_ATTENTION_CHUNK");
+    for (DType t : {DType::BF16, DType::F16}) {
+      INFO(sw::dtype_name(t) << " chunk '" << chunk << "'");
+      report(compare(cpu(t), cuda_backend(t), /*lowp=*/false, cs));
+      const auto bad = determinism(cuda_backend(t), cs);
+      for (const auto& b : bad) INFO("differs between runs: " + b);
+      CHECK(bad.empty());
+    }
+  }
+  unsetenv("SHARDWISE_CUDA_ATTENTION_CHUNK");
+  unsetenv("SHARDWISE_CUDA_ATTENTION");
+}
+
 TEST_CASE("cuda ops: the three precisions share one compute stream") {
   const sw::Ops& f32 = sw::ops_for(Device::cuda(sw::cuda_current_device()));
   CHECK(&sw::ops_for(Device::cuda(sw::cuda_current_device()), DType::BF16).stream() == &f32.stream());

@@ -143,6 +143,21 @@ TEST_CASE("cuda train: twenty steps on the GPU match the CPU, and repeat bit for
     }
 }
 
+TEST_CASE("cuda train: bf16 with the cuBLAS attention path matches the CPU, and repeats") {
+  setenv("SHARDWISE_CUDA_ATTENTION", "cublas", 1);
+  for (const char* type : {"gpt2", "llama"}) {
+    const std::string what = std::string(type) + " bf16 cublas attention";
+    const ModelConfig cfg = tiny(type);
+    const ShardingPolicy pol = policy(DType::BF16);
+    const Run cpu = train(cfg, ops_for(Device::cpu()), pol, make_local_group());
+    const Run a = train(cfg, ops_for(gpu()), pol, make_local_group());
+    const Run b = train(cfg, ops_for(gpu()), pol, make_local_group());
+    check_close(a, cpu, 2e-2, 2e-2, what);
+    CHECK(same(a, b));
+  }
+  unsetenv("SHARDWISE_CUDA_ATTENTION");
+}
+
 TEST_CASE("cuda train: activation offload to pinned host equals no offload bit for bit") {
   for (const char* type : {"gpt2", "llama"}) {
     ShardingPolicy pol = policy(DType::BF16);
