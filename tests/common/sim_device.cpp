@@ -365,25 +365,24 @@ class SimOps final : public sw::Ops {
   }
   double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w, const int32_t* targets, int N, int C, int V, float grad_scale) const override {
     Open g;
-    on_device(__func__, "loss", loss);
-    on_device(__func__, "dx", dx);
-    on_device(__func__, "dw", dw);
-    on_device(__func__, "x", x);
-    on_device(__func__, "w", w);
-    on_device(__func__, "targets", targets);
+    xent_args(__func__, loss, dx, dw, x, w, targets);
     count_sync();  // the total is read on the host
     return base_->lmhead_xent(loss, dx, dw, x, w, targets, N, C, V, grad_scale);
   }
   void lmhead_xent_into(double* total, float* loss, float* dx, float* dw, const float* x, const float* w, const int32_t* targets, int N, int C, int V, float grad_scale) const override {
     Open g;
     on_device(__func__, "total", total);
-    on_device(__func__, "loss", loss);
-    on_device(__func__, "dx", dx);
-    on_device(__func__, "dw", dw);
-    on_device(__func__, "x", x);
-    on_device(__func__, "w", w);
-    on_device(__func__, "targets", targets);
+    xent_args(__func__, loss, dx, dw, x, w, targets);
     base_->lmhead_xent_into(total, loss, dx, dw, x, w, targets, N, C, V, grad_scale);
+  }
+  static void xent_args(const char* op, const float* loss, const float* dx, const float* dw,
+                        const float* x, const float* w, const int32_t* targets) {
+    on_device(op, "loss", loss);
+    on_device(op, "dx", dx);
+    on_device(op, "dw", dw);
+    on_device(op, "x", x);
+    on_device(op, "w", w);
+    on_device(op, "targets", targets);
   }
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2, float eps, float wd, int step, float grad_mult) const override {
     Open g;
