@@ -809,6 +809,7 @@ void resolve_auto_plan(TrainConfig& cfg, int world, bool lead) {
   base.blocks_per_unit = cfg.blocks_per_unit;
   base.micro_batch = cfg.micro_batch;
   base.accum = cfg.grad_accum;
+  base.on_device = cfg.device != "cpu";
   SearchOptions so;
   so.budget = static_cast<int64_t>(cfg.memory_budget);
   so.free = SearchFree{cfg.autoplan.blocks, false, false, cfg.autoplan.checkpointing,

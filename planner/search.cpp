@@ -113,6 +113,7 @@ struct Wrapped {
 
 Evaluated evaluate(Wrapped& w, const PlanSetup& s, const Candidate& c, const HardwareProfile& hw) {
   PlanInput in = make_plan_input(w.model, s.policy, s.world);
+  in.on_device = s.on_device;
   in.B = s.micro_batch;
   in.T = s.model.seq_len;
   in.accum = s.accum;
@@ -331,6 +332,7 @@ PlanPrediction predict_plan(Model model, const PlanSetup& s, const HardwareProfi
   ShardingPolicy policy = s.policy;
   resolve_group(policy, s.world);
   r.input = make_plan_input(model, policy, s.world);
+  r.input.on_device = s.on_device;
   r.input.B = s.micro_batch;
   r.input.T = s.model.seq_len;
   r.input.accum = s.accum;

@@ -43,6 +43,7 @@ struct PlanSetup {
   int blocks_per_unit = 1;
   int micro_batch = 1, accum = 1;
   int64_t data_bytes = 0;  // the token files (data.train, data.val): mapped and read whole
+  bool on_device = false;  // the config's device is not the CPU (PlanInput::on_device)
 };
 
 // replay_peak (sharding/step_plan.h) with each action's allocations made before its frees:

@@ -149,6 +149,7 @@ PlanSetup setup_from(const TrainConfig& cfg, int world) {
   s.blocks_per_unit = cfg.blocks_per_unit;
   s.micro_batch = cfg.micro_batch;
   s.accum = cfg.grad_accum;
+  s.on_device = cfg.device != "cpu";
   for (const std::string& f : {cfg.train_data, cfg.val_data}) {  // resident: RSS
     std::error_code ec;
     if (const auto n = f.empty() ? 0 : std::filesystem::file_size(f, ec); !ec) s.data_bytes += int64_t(n);
@@ -403,7 +404,11 @@ int cmd_plan(const PlanArgs& pa) {
   std::printf("%s\n", line.c_str());
   std::printf("  + kernel workspaces outside the plan (estimated): %s -> %s\n",
               gib(pred.workspace).c_str(), gib(pred.device).c_str());
-  std::printf("  host        %s%s\n", gib(host).c_str(), host ? " (offloaded state)" : "");
+  std::printf("  host        %s%s%s%s\n", gib(host).c_str(), host ? " (offloaded state" : "",
+              plan.host_update_staging ? (", of which the host updater's staging " +
+                                          gib(plan.host_update_staging)).c_str()
+                                       : "",
+              host ? ")" : "");
   std::printf("  nvme        %s%s\n", gib(plan.nvme_bytes).c_str(),
               plan.nvme_bytes ? " (offload files)" : "");
   std::printf("  process RSS %s = device + host + allocator rounding %s + token files %s + "

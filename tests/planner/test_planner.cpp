@@ -572,6 +572,26 @@ TEST_CASE("plan --svg: one bar segment per nonzero category, the numbers of --js
   CHECK(bad.err.find("plan: no/such/dir/p.svg: cannot write the SVG") != std::string::npos);
 }
 
+TEST_CASE("plan: on a device the host figure counts the host updater's staging", "[planner]") {
+  // offload_optimizer cpu with a device: two updates' master and gradient copies in host
+  // staging (StepPlan::host_update_staging), on top of the moments; none on the CPU backend.
+  swtest::TempDir dir("planner_staging");
+  write_config(dir.path / "cfg.json");
+  const TrainConfig cfg = load_config((dir.path / "cfg.json").string(), {}, 2);
+  PlanSetup s;
+  s.model = cfg.model, s.policy = cfg.sharding, s.world = 2;
+  s.micro_batch = cfg.micro_batch, s.accum = cfg.grad_accum;
+  s.policy.offload_optimizer.device = OffloadDevice::Cpu;
+  const PlanPrediction cpu = predict_plan(s, nullptr);
+  s.on_device = true;
+  const PlanPrediction dev = predict_plan(s, nullptr);
+  CHECK(cpu.plan.host_update_staging == 0);
+  REQUIRE(dev.plan.host_update_staging > 0);
+  CHECK(dev.host == cpu.host + dev.plan.host_update_staging);
+  CHECK(dev.plan.host_update_staging < cpu.host);  // two units' copies, below all the moments
+  CHECK(dev.plan.str().find("host updater staging") != std::string::npos);
+}
+
 TEST_CASE("plan: predicted RSS is tracked + rounding + token files + the process baseline", "[planner]") {
   swtest::TempDir dir("planner_rss");
   write_config(dir.path / "cfg.json");
