@@ -191,7 +191,7 @@ struct HostCopyDown {
   bool issued = false;
   std::shared_ptr<Event> mark;
   Device dev;
-  const float* master = nullptr;  // on the device when copy_master, else on the host
+  float* master = nullptr;  // on the device when copy_master, else on the host
   const float* grad = nullptr;
   bool copy_master = false, copy_grad = false;
   size_t n = 0;
@@ -205,7 +205,7 @@ struct HostCopyDown {
     issued = true;
     const Device cpu = Device::cpu();
     const size_t nb = n * sizeof(float);
-    hmaster = const_cast<float*>(master);
+    hmaster = master;
     hgrad = grad;
     if (!copy_master && !copy_grad) return;
     stage = Buffer((copy_master + copy_grad) * nb, Mem::Optimizer, cpu, Tier::Host);

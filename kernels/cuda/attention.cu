@@ -431,15 +431,19 @@ void attention_forward_t(cudaStream_t s, float* out, float* lse, const float* qk
   SW_CUDA_LAUNCHED();
 }
 
+void launch_rowdot(cudaStream_t s, float* D, const float* dout, const float* out, const Geo& g) {
+  const size_t rows = size_t(g.B) * g.T * g.H;
+  attn_bwd_d_k<<<grid_for(rows * kWarp, 256, 0x7fffffffu), 256, 0, s>>>(D, dout, out, g);
+  SW_CUDA_LAUNCHED();
+}
+
 template <int DT>
 void attention_backward_t(cudaStream_t s, float* dqkv, const float* dout, const float* qkv,
                           const float* out, const float* lse, const Geo& g, float* ws) {
   const int B = g.B, T = g.T, H = g.H, KVH = g.KVH, hd = g.hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   float* D = ws;
-  const size_t rows = size_t(B) * T * H;
-  attn_bwd_d_k<<<grid_for(rows * kWarp, 256, 0x7fffffffu), 256, 0, s>>>(D, dout, out, g);
-  SW_CUDA_LAUNCHED();
+  launch_rowdot(s, D, dout, out, g);
   const size_t smem_q = 2 * size_t(kBk) * hd * sizeof(float);
   allow_smem(attn_bwd_dq_k<DT>, smem_q);
   attn_bwd_dq_k<DT><<<dim3((T + kWarps - 1) / kWarps, H, B), kWarps * kWarp, smem_q, s>>>(
@@ -457,6 +461,13 @@ void check_dt(int dt) {
 }
 
 }  // namespace
+
+void attention_rowdot(cudaStream_t s, float* D, const float* dout, const float* out, int B, int T,
+                      int H, int hd) {
+  if (B == 0 || T == 0 || H == 0) return;
+  // (any hd: the D kernel strides over it; the kv heads and row stride play no part)
+  launch_rowdot(s, D, dout, out, Geo{B, T, H, H, hd, static_cast<size_t>(3 * H) * hd});
+}
 
 void attention_forward(cudaStream_t s, float* out, float* lse, const float* qkv, int B, int T,
                        int H, int KVH, int hd, int dt) {

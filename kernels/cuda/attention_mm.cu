@@ -1,21 +1,12 @@
-// The row kernels of the tensor-core attention path (CudaOps' attention through cuBLAS, bf16 /
-// fp16 compute; cuda_ops.cu has the products and the order of the calls). Layouts:
-//   packed  Qn (B*H, T, hd), Kn / Vn (B*KVH, T, hd), dOn (B*H, T, hd): 16-bit, rounded with the
-//           host's bit formulas, one dense matrix per head (so that cuBLAS's strided batches
-//           reach every head);
-//   chunk   S, dP: (B*H, nq, ldS) fp32 scores of queries q0..q0+nq-1 against keys 0..kend-1;
-//           P, dS: the same, 16-bit;
-//   forward Ot (tiles, B*H, nq, hd) fp32: P_t V_t per 256-key tile t; alpha (B*H, nq, tiles)
-//           the rescale factor of each tile, m and l (B*H, nq).
-// The forward follows kernels/cpu/attention.cpp's rounding points exactly: key tiles of 256
-// (its kFwdBK), the running max m after each tile, P = exp(scale s - m) in fp32, its sum taken
-// unrounded, P rounded for P V, and the accumulated output and l rescaled by alpha =
-// exp(m_old - m_new) when a later tile raises m; the combine replays that recurrence over the
-// tiles' products. Only fp32 summation orders (inside cuBLAS, the block reductions) and expf
-// against the CPU's polynomial exp differ.
+// The row kernels of the tensor-core attention path (bf16 / fp16 compute): the orchestration,
+// layouts and rounding points are kernels/cuda/attention_mm.h's, which the host twin in
+// tests/cuda/test_attention_mm.cpp follows formula for formula; the products are cuBLAS calls
+// (CudaOps' backend in cuda_ops.cu). Only fp32 summation orders (inside cuBLAS, the block
+// reductions) and expf against the CPU's polynomial exp differ from the CPU's attention.
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cuda/attention_mm.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 
@@ -23,21 +14,7 @@ namespace sw::cuda {
 
 namespace {
 
-constexpr int kTile = 256;  // keys per softmax tile (kernels/cpu/attention.cpp kFwdBK)
-
-__device__ float block_reduce(float v, bool is_max, float* scratch) {
-  for (int o = 16; o > 0; o >>= 1) {
-    const float w = __shfl_xor_sync(0xffffffffu, v, o);
-    v = is_max ? fmaxf(v, w) : v + w;
-  }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-  __syncthreads();  // scratch is reused by consecutive calls
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float r = is_max ? -INFINITY : 0.f;
-  for (int w = 0; w < nw; ++w) r = is_max ? fmaxf(r, scratch[w]) : r + scratch[w];
-  return r;
-}
+using attn_mm::kTile;
 
 // dst[(b*nh + h)*T + t][d] = round(src[(b*T + t)*ld + col0 + h*hd + d])
 __global__ void pack_k(int dt, const float* src, int T, int ld, int col0, int nh, int hd,
@@ -71,7 +48,7 @@ __global__ void softmax_fwd_k(int dt, const float* S, uint16_t* P, float* alpha,
     if (nv > 0) {
       float mx = -INFINITY;
       for (int j = threadIdx.x; j < nv; j += blockDim.x) mx = fmaxf(mx, s[j0 + j]);
-      mx = block_reduce(mx, true, scratch);
+      mx = block_max(mx, scratch);
       const float mnew = fmaxf(m, mx * scale);
       float sum = 0.f;
       for (int j = threadIdx.x; j < j1 - j0; j += blockDim.x) {
@@ -82,7 +59,7 @@ __global__ void softmax_fwd_k(int dt, const float* S, uint16_t* P, float* alpha,
         }
         p[j0 + j] = to_half_d(dt, v);
       }
-      sum = block_reduce(sum, false, scratch);
+      sum = block_sum(sum, scratch);
       if (t > 0 && mnew > m) {
         alpha_t = expf(m - mnew);
         l *= alpha_t;
@@ -118,22 +95,6 @@ __global__ void combine_k(const float* Ot, const float* alpha, const float* ml, 
     o[d] = acc * inv;
   }
   if (threadIdx.x == 0) lse[z * T + q0 + i] = m + logf(l);
-}
-
-// D[z*T + t] = sum_d dout[(b,t), h*hd + d] * out[(b,t), h*hd + d] (fp32, unrounded).
-__global__ void rowdot_k(const float* dout, const float* out, float* D, int T, int H, int hd,
-                         size_t rows) {
-  const size_t r = blockIdx.x * size_t(blockDim.y) + threadIdx.y;  // z*T + t
-  if (r >= rows) return;
-  const int t = static_cast<int>(r % T);
-  const size_t z = r / T;
-  const int h = static_cast<int>(z % H);
-  const size_t b = z / H;
-  const size_t off = (b * T + t) * size_t(H) * hd + size_t(h) * hd;
-  float s = 0.f;
-  for (int d = threadIdx.x; d < hd; d += 32) s += dout[off + d] * out[off + d];
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-  if (threadIdx.x == 0) D[r] = s;
 }
 
 // One block per (head z, row i): P = exp(scale s - lse) on the visible keys, dS = scale P
@@ -180,17 +141,13 @@ __global__ void unpack_grads_k(const float* dQn, const float* dKn, const float* 
   }
 }
 
-unsigned attn_grid(size_t n) {
-  return static_cast<unsigned>(std::min<size_t>((n + 255) / 256, 65535));
-}
-
 }  // namespace
 
 void attn_pack(cudaStream_t s, int dt, const float* src, int B, int T, int ld, int col0, int nh,
                int hd, uint16_t* dst) {
   const size_t n = size_t(B) * nh * T * hd;
   if (n == 0) return;
-  pack_k<<<attn_grid(n), 256, 0, s>>>(dt, src, T, ld, col0, nh, hd, dst, n);
+  pack_k<<<grid_for(n, 256), 256, 0, s>>>(dt, src, T, ld, col0, nh, hd, dst, n);
   SW_CUDA_LAUNCHED();
 }
 
@@ -212,15 +169,6 @@ void attn_combine(cudaStream_t s, const float* Ot, const float* alpha, const flo
   SW_CUDA_LAUNCHED();
 }
 
-void attn_rowdot(cudaStream_t s, const float* dout, const float* out, float* D, int B, int T,
-                 int H, int hd) {
-  const size_t rows = size_t(B) * H * T;
-  if (rows == 0) return;
-  const dim3 block(32, 8);
-  rowdot_k<<<static_cast<unsigned>((rows + 7) / 8), block, 0, s>>>(dout, out, D, T, H, hd, rows);
-  SW_CUDA_LAUNCHED();
-}
-
 void attn_softmax_bwd(cudaStream_t s, int dt, const float* S, const float* dP, uint16_t* P,
                       uint16_t* dS, const float* lse, const float* D, size_t rows, int nq,
                       int ldS, int kend, int q0, int T, float scale) {
@@ -234,7 +182,7 @@ void attn_unpack_grads(cudaStream_t s, const float* dQn, const float* dKn, const
                        float* dqkv, int B, int T, int H, int KVH, int hd) {
   const size_t n = size_t(B) * T * (H + 2 * KVH) * hd;
   if (n == 0) return;
-  unpack_grads_k<<<attn_grid(n), 256, 0, s>>>(dQn, dKn, dVn, dqkv, T, H, KVH, hd, n);
+  unpack_grads_k<<<grid_for(n, 256), 256, 0, s>>>(dQn, dKn, dVn, dqkv, T, H, KVH, hd, n);
   SW_CUDA_LAUNCHED();
 }
 

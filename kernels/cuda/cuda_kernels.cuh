@@ -68,6 +68,10 @@ void rmsnorm_backward(cudaStream_t s, float* dinp, float* dw, const float* dout,
 constexpr int kMaxHeadDim = 256;
 void attention_forward(cudaStream_t s, float* out, float* lse, const float* qkv, int B, int T,
                        int H, int KVH, int hd, int dt = 0);
+// D (B, H, T) = rowsum(dout * out) over each head's hd values, fp32 (one warp per row); the
+// backward's first kernel, also used by the cuBLAS path (attention_mm.cu).
+void attention_rowdot(cudaStream_t s, float* D, const float* dout, const float* out, int B, int T,
+                      int H, int hd);
 // ws: B*H*T floats (D = rowsum(dout * out)).
 void attention_backward(cudaStream_t s, float* dqkv, const float* dout, const float* qkv,
                         const float* out, const float* lse, int B, int T, int H, int KVH, int hd,
@@ -87,9 +91,6 @@ void attn_softmax_fwd(cudaStream_t s, int dt, const float* S, uint16_t* P, float
 void attn_combine(cudaStream_t s, const float* Ot, const float* alpha, const float* ml,
                   float* out, float* lse, size_t rows, int nq, int hd, int tiles, int T, int H,
                   int q0);
-// D (B*H, T) = rowsum(dout * out), fp32.
-void attn_rowdot(cudaStream_t s, const float* dout, const float* out, float* D, int B, int T,
-                 int H, int hd);
 // P = exp(scale S - lse), dS = scale P (dP - D) on the visible keys, both rounded to 16 bits.
 void attn_softmax_bwd(cudaStream_t s, int dt, const float* S, const float* dP, uint16_t* P,
                       uint16_t* dS, const float* lse, const float* D, size_t rows, int nq,

@@ -44,6 +44,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string>
 
@@ -111,6 +112,10 @@ enum class Slot {
   Norm, Logits, Rows, Reduce, Reduce2, Attn, Convert, Lowp0, Lowp1, Lowp2,
   AttnPack, AttnS, AttnP, AttnAcc, Count
 };
+static_assert(static_cast<int>(Slot::AttnS) - static_cast<int>(Slot::AttnPack) == attn_mm::kS &&
+                  static_cast<int>(Slot::AttnP) - static_cast<int>(Slot::AttnPack) == attn_mm::kP &&
+                  static_cast<int>(Slot::AttnAcc) - static_cast<int>(Slot::AttnPack) == attn_mm::kAcc,
+              "attn_mm's slots map onto AttnPack..AttnAcc in order");
 
 // The device state the CudaOps of every precision share: stream, cuBLAS handle, scratch.
 class CudaDevice {
@@ -529,20 +534,17 @@ class CudaOps final : public Ops {
   // SHARDWISE_CUDA_ATTENTION_CHUNK=N (tests) forces N query rows per chunk. Not run on a GPU
   // yet.
   static constexpr size_t kAttnChunkBytes = size_t{256} << 20;
+  // Read at each call (a getenv, no allocation), so tests can switch paths between cases.
   bool cublas_attention() const {
     if (!lowp()) return false;
     const char* v = std::getenv("SHARDWISE_CUDA_ATTENTION");
-    return v && std::string(v) == "cublas";
+    return v && std::strcmp(v, "cublas") == 0;
   }
   struct AttnBackend {
     const CudaOps& o;
     cudaStream_t s;
-    static Slot slot(int k) {
-      return k == attn_mm::kPack ? Slot::AttnPack
-             : k == attn_mm::kS  ? Slot::AttnS
-             : k == attn_mm::kP  ? Slot::AttnP
-                                 : Slot::AttnAcc;
-    }
+    // attn_mm's slots, in order, are AttnPack..AttnAcc.
+    static Slot slot(int k) { return static_cast<Slot>(static_cast<int>(Slot::AttnPack) + k); }
     uint16_t* ws16(int k, size_t n) const { return o.wsh(slot(k), std::max<size_t>(n, 1)); }
     float* ws32(int k, size_t n) const { return o.wsf(slot(k), std::max<size_t>(n, 1)); }
     size_t chunk_budget() const { return kAttnChunkBytes; }
@@ -569,7 +571,7 @@ class CudaOps final : public Ops {
     }
     void rowdot(const float* dout, const float* out, float* D, int B, int T, int H,
                 int hd) const {
-      cuda::attn_rowdot(s, dout, out, D, B, T, H, hd);
+      cuda::attention_rowdot(s, D, dout, out, B, T, H, hd);
     }
     void softmax_bwd(const float* S, const float* dP, uint16_t* P, uint16_t* dS,
                      const float* lse, const float* D, size_t rows, int nq, int ldS, int kend,
