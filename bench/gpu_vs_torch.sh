@@ -28,6 +28,10 @@
 #                      what is left (and at its own cap), a run that does not fit is skipped
 #     --peak-flops F   for MFU (default 989e12: H100/H200 SXM dense bf16)
 #     --no-compile     skip torch.compile (e.g. a PyTorch without a working Triton)
+#     --order LIST     the runs in this order, MODEL:ENGINE comma-separated (models gpt2, llama;
+#                      engines shardwise, shardwise_cublas, compile, eager), e.g. to measure
+#                      what matters most first when the budget is short; default: per model,
+#                      shardwise, compile, eager, shardwise_cublas (the last on a GPU only)
 # Memory (shardwise plan, H100 figures): Shardwise GPT-2 B 16 12.3 GiB, Llama B 4 51.4 GiB.
 # The token files are uniform random ids over each model's vocabulary, written in llm.c's format
 # here (`shardwise data prepare` tokenises bytes: 256 ids only). MFU = tokens/s x (6 N + 12 L d T)
@@ -40,7 +44,7 @@ repo=$PWD
 export LC_ALL=C
 
 quick="" device=cuda tiny="" build="" out=${OUT:-} py=${PYTHON:-} steps="" warmup="" rounds=1
-gpt2_batch="" llama_batch="" kv_heads="" budget=330 peak=989e12 no_compile=""
+gpt2_batch="" llama_batch="" kv_heads="" budget=330 peak=989e12 no_compile="" order=""
 while (($#)); do
   a=$1
   case $a in
@@ -58,6 +62,7 @@ while (($#)); do
     --steps) need "$@"; steps=$2; shift ;;
     --warmup) need "$@"; warmup=$2; shift ;;
     --rounds) need "$@"; rounds=$2; shift ;;
+    --order) need "$@"; order=$2; shift ;;
     --gpt2-batch) need "$@"; gpt2_batch=$2; shift ;;
     --llama-batch) need "$@"; llama_batch=$2; shift ;;
     --llama-kv-heads) need "$@"; kv_heads=$2; shift ;;
@@ -115,6 +120,22 @@ engines="shardwise compile eager"
 # On a GPU, Shardwise also with its cuBLAS attention path (SHARDWISE_CUDA_ATTENTION=cublas), last
 # so that the peers are measured first when the budget runs short.
 [[ $device == cuda* ]] && engines="$engines shardwise_cublas"
+plan=()  # MODEL:ENGINE, one round
+if [ -n "$order" ]; then
+  models=""
+  for p in ${order//,/ }; do
+    m=${p%%:*} e=${p#*:}
+    [[ $p == *:* && ($m == gpt2 || $m == llama) ]] ||
+      { echo "gpu_vs_torch: --order: '$p' is not MODEL:ENGINE with MODEL gpt2 or llama" >&2; exit 2; }
+    case $e in shardwise | shardwise_cublas | compile | eager) ;;
+      *) echo "gpu_vs_torch: --order: engine '$e' is not shardwise, shardwise_cublas, compile or eager" >&2; exit 2 ;;
+    esac
+    plan+=("$p")
+    [[ " $models " == *" $m "* ]] || models="$models${models:+ }$m"
+  done
+else
+  for m in $models; do for e in $engines; do plan+=("$m:$e"); done; done
+fi
 tiny_flag=${tiny:+--tiny}
 threads_cpu=$(($(nproc) < 4 ? $(nproc) : 4))
 
@@ -286,16 +307,15 @@ PY
 results=$runs/results.jsonl
 : >"$results"
 for ((r = 1; r <= rounds; r++)); do
-  for m in $models; do
-    for e in $engines; do
-      case $e in
-        shardwise) line=$(run_shardwise "$m" "$r") ;;
-        shardwise_cublas) line=$(run_shardwise "$m" "$r" cublas) ;;
-        *) line=$(run_torch "$m" "$e" "$r") ;;
-      esac
-      echo "$line" >>"$results"
-      progress "$line"
-    done
+  for p in "${plan[@]}"; do
+    m=${p%%:*} e=${p#*:}
+    case $e in
+      shardwise) line=$(run_shardwise "$m" "$r") ;;
+      shardwise_cublas) line=$(run_shardwise "$m" "$r" cublas) ;;
+      *) line=$(run_torch "$m" "$e" "$r") ;;
+    esac
+    echo "$line" >>"$results"
+    progress "$line"
   done
 done
 

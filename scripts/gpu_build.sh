@@ -19,7 +19,8 @@
 #     --unit        build everything, then ctest -L unit and one 2-rank MPI test (comm_mpi_np2)
 #     (nothing)     --test --unit (not --bench)
 #   options: --prefix=DIR (or SW_PREFIX; default /tmp/swprefix), --arch=LIST (or CUDA_ARCHS;
-#   default 90), --build-dir=DIR (or BUILD_DIR; default build-gpu), -jN (or JOBS; default nproc)
+#   default 90), --build-dir=DIR (or BUILD_DIR; default build-gpu), -jN (or JOBS; default nproc);
+#   CTEST_TIMEOUT: seconds per test (default 600)
 #
 # Every phase first does what it needs and the machine lacks (the prefix carries a stamp, ninja
 # builds only what changed), so one lease can be spent in pieces on a warm machine: --build,
@@ -373,7 +374,7 @@ fi
 ctest_run() {
   local name=$1 res
   shift
-  (cd "$build" && ctest --output-on-failure --timeout 600 "$@") >"$logs/$name.log" 2>&1
+  (cd "$build" && ctest --output-on-failure --timeout "${CTEST_TIMEOUT:-600}" "$@") >"$logs/$name.log" 2>&1
   local rc=$?
   res=$(grep -E 'tests passed|No tests were found' "$logs/$name.log" | tail -1)
   local skipped
