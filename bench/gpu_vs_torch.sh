@@ -5,8 +5,9 @@
 # users run it (`shardwise train`: trainer loop, data loader, metrics), 1 rank (sharding is
 # trivial), no offload, no activation checkpointing; tokens/s is the median over the steps after
 # the warm-up from its metrics.jsonl. PyTorch (bench/torch_gpu_step.py) runs eager and
-# torch.compile. On a GPU, Shardwise runs twice per model: with its default attention kernels
-# and with the cuBLAS attention path (SHARDWISE_CUDA_ATTENTION=cublas: "shardwise cublas-attn").
+# torch.compile. On a GPU, Shardwise runs twice per model: with its default attention (in bf16
+# the cuBLAS path) and with the flash-style kernels (SHARDWISE_CUDA_ATTENTION=flash: "shardwise
+# flash-attn").
 # Prints a table (model, engine, tokens/s, MFU, ratio to PyTorch compiled) and
 # writes gpu_vs_torch.json (every run, and the machine) and the runs' logs to --out.
 #
@@ -29,9 +30,9 @@
 #     --peak-flops F   for MFU (default 989e12: H100/H200 SXM dense bf16)
 #     --no-compile     skip torch.compile (e.g. a PyTorch without a working Triton)
 #     --order LIST     the runs in this order, MODEL:ENGINE comma-separated (models gpt2, llama;
-#                      engines shardwise, shardwise_cublas, compile, eager), e.g. to measure
+#                      engines shardwise, shardwise_flash, compile, eager), e.g. to measure
 #                      what matters most first when the budget is short; default: per model,
-#                      shardwise, compile, eager, shardwise_cublas (the last on a GPU only)
+#                      shardwise, compile, eager, shardwise_flash (the last on a GPU only)
 # Memory (shardwise plan, H100 figures): Shardwise GPT-2 B 16 12.3 GiB, Llama B 4 51.4 GiB.
 # The token files are uniform random ids over each model's vocabulary, written in llm.c's format
 # here (`shardwise data prepare` tokenises bytes: 256 ids only). MFU = tokens/s x (6 N + 12 L d T)
@@ -117,9 +118,9 @@ models="gpt2 llama"
 [ -n "$quick" ] && models=gpt2
 engines="shardwise compile eager"
 [ -n "$no_compile" ] && engines="shardwise eager"
-# On a GPU, Shardwise also with its cuBLAS attention path (SHARDWISE_CUDA_ATTENTION=cublas), last
-# so that the peers are measured first when the budget runs short.
-[[ $device == cuda* ]] && engines="$engines shardwise_cublas"
+# On a GPU, Shardwise also with its flash-style attention kernels (SHARDWISE_CUDA_ATTENTION=flash),
+# last so that the peers are measured first when the budget runs short.
+[[ $device == cuda* ]] && engines="$engines shardwise_flash"
 plan=()  # MODEL:ENGINE, one round
 if [ -n "$order" ]; then
   models=""
@@ -127,8 +128,8 @@ if [ -n "$order" ]; then
     m=${p%%:*} e=${p#*:}
     [[ $p == *:* && ($m == gpt2 || $m == llama) ]] ||
       { echo "gpu_vs_torch: --order: '$p' is not MODEL:ENGINE with MODEL gpt2 or llama" >&2; exit 2; }
-    case $e in shardwise | shardwise_cublas | compile | eager) ;;
-      *) echo "gpu_vs_torch: --order: engine '$e' is not shardwise, shardwise_cublas, compile or eager" >&2; exit 2 ;;
+    case $e in shardwise | shardwise_flash | compile | eager) ;;
+      *) echo "gpu_vs_torch: --order: engine '$e' is not shardwise, shardwise_flash, compile or eager" >&2; exit 2 ;;
     esac
     plan+=("$p")
     [[ " $models " == *" $m "* ]] || models="$models${models:+ }$m"
@@ -175,7 +176,7 @@ PY
 done
 
 # run_shardwise MODEL ROUND [ATTENTION] -> one JSON line on stdout (the run's log and metrics in
-# $runs); ATTENTION: "" (the default kernels) or cublas (SHARDWISE_CUDA_ATTENTION).
+# $runs); ATTENTION: "" (the default path) or flash (SHARDWISE_CUDA_ATTENTION).
 run_shardwise() {
   local m=$1 r=$2 attn=${3:-} dir=$runs/shardwise${3:+_$3}_${1}_r$2 cap t rc
   cap=${cap_sw[$m]}
@@ -184,7 +185,7 @@ run_shardwise() {
   rm -rf "$dir"
   mkdir -p "$dir"
   if ((cap < 15)); then
-    echo '{"engine": "shardwise", "attention": "'${attn:-flash}'", "model": "'$m'", "round": '$r', "status": "skipped", "error": "budget"}'
+    echo '{"engine": "shardwise", "attention": "'${attn:-default}'", "model": "'$m'", "round": '$r', "status": "skipped", "error": "budget"}'
     return
   fi
   "$py" - "${shape_json[$m]}" "$work/$m.bin" "$dir" "$device" "$((${warmup_of[$m]} + ${steps_of[$m]}))" \
@@ -211,10 +212,10 @@ if sys.argv[4] == "cpu":
 print(json.dumps(cfg, indent=1))
 PY
   local t0=$SECONDS
-  SHARDWISE_CUDA_ATTENTION=${attn:-flash} timeout -k 10 "$cap" "$sw" train "$dir/config_in.json" \
-    --quiet --no-export >"$dir/log.txt" 2>&1
+  (if [ -n "$attn" ]; then export SHARDWISE_CUDA_ATTENTION=$attn; else unset SHARDWISE_CUDA_ATTENTION; fi
+   exec timeout -k 10 "$cap" "$sw" train "$dir/config_in.json" --quiet --no-export) >"$dir/log.txt" 2>&1
   rc=$?
-  "$py" - "$m" "$r" "$rc" "$cap" "$((SECONDS - t0))" "${warmup_of[$m]}" "${shape_json[$m]}" "$dir" "$peak" "${attn:-flash}" <<'PY'
+  "$py" - "$m" "$r" "$rc" "$cap" "$((SECONDS - t0))" "${warmup_of[$m]}" "${shape_json[$m]}" "$dir" "$peak" "${attn:-default}" <<'PY'
 import json, statistics, sys
 m, r, rc, cap, wall, warm = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), \
     int(sys.argv[5]), int(sys.argv[6])
@@ -296,7 +297,7 @@ progress() {  # one line per run as it ends
 import json, sys
 j = json.loads(sys.argv[1])
 who = j.get("mode") if j["engine"] == "pytorch" else (
-    "shardwise" if j.get("attention", "flash") == "flash" else "sw-" + j["attention"])
+    "shardwise" if j.get("attention", "default") == "default" else "sw-" + j["attention"])
 fig = (f"{j['tokens_per_s']:.0f} tok/s, MFU {100 * j['mfu']:.1f}%" if "tokens_per_s" in j
        else j.get("error", ""))
 print(f"  {j['model']:5s} {who:9s} round {j['round']}: {j['status']:8s} {fig}", flush=True)
@@ -311,7 +312,7 @@ for ((r = 1; r <= rounds; r++)); do
     m=${p%%:*} e=${p#*:}
     case $e in
       shardwise) line=$(run_shardwise "$m" "$r") ;;
-      shardwise_cublas) line=$(run_shardwise "$m" "$r" cublas) ;;
+      shardwise_flash) line=$(run_shardwise "$m" "$r" flash) ;;
       *) line=$(run_torch "$m" "$e" "$r") ;;
     esac
     echo "$line" >>"$results"
@@ -327,8 +328,8 @@ out, device, budget, elapsed, sw, repo = sys.argv[2], sys.argv[3], int(sys.argv[
 
 def name(j):
     if j["engine"] == "shardwise":
-        a = j.get("attention", "flash")
-        return "shardwise" if a == "flash" else "shardwise " + a + "-attn"
+        a = j.get("attention", "default")
+        return "shardwise" if a == "default" else "shardwise " + a + "-attn"
     return "pytorch " + j.get("mode", "?")
 
 def sh(cmd):
@@ -346,7 +347,7 @@ models = list(dict.fromkeys(j["model"] for j in res))
 lines = ["model  engine                 batch  T      tokens/s    MFU  step s  max mem GiB  vs compiled  status"]
 for m in models:
     ref = best.get((m, "pytorch compile"), {}).get("tokens_per_s")
-    for e in ("shardwise", "shardwise cublas-attn", "pytorch eager", "pytorch compile"):
+    for e in ("shardwise", "shardwise flash-attn", "pytorch eager", "pytorch compile"):
         j = best.get((m, e))
         if j is None:
             continue

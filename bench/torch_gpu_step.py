@@ -243,6 +243,8 @@ def main():
               "flops_per_token": flops_per_token(n, s)})
         return 0
     dev = torch.device(a.device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", 0)  # torch.cuda.set_device needs an index (torch 2.11)
     rec = {"engine": "pytorch", "torch": torch.__version__, "model": a.model, "tiny": a.tiny,
            "mode": a.mode, "device": str(dev), "dtype": a.dtype, "batch": B, "T": T,
            "layers": s["layers"], "d_model": s["d"], "heads": s["heads"],

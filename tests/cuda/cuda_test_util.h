@@ -6,9 +6,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,28 +39,72 @@ inline std::vector<uint8_t> download(const void* dev, size_t bytes) {
   return h;
 }
 
-// Holds `stream` (cudaLaunchHostFunc: a host function that waits for open()) so that work
-// enqueued after it stays pending while the test looks. The destructor opens it and waits for
-// the stream, so a failed check never leaves the stream held.
+cudaError_t launch_stream_gate(cudaStream_t s, const int* device_flag);  // stream_gate.cu
+
+// Holds `stream` (a one-thread kernel that spins on a flag in mapped pinned memory) so that
+// work enqueued after it stays pending while the test looks. The destructor opens it and waits
+// for the stream, so a failed check never leaves the stream held. The host must not synchronise
+// with the device while the gate is closed (that would wait for ever: Watchdog reports it).
 class StreamGate {
  public:
   explicit StreamGate(void* stream) : stream_(static_cast<cudaStream_t>(stream)) {
-    if (cudaLaunchHostFunc(stream_, &StreamGate::hold, &open_) != cudaSuccess)
-      throw std::runtime_error("cudaLaunchHostFunc failed");
+    void* p = nullptr;
+    if (cudaHostAlloc(&p, sizeof(int), cudaHostAllocMapped) != cudaSuccess)
+      throw std::runtime_error("StreamGate: cudaHostAlloc failed");
+    flag_ = static_cast<int*>(p);
+    *flag_ = 0;
+    void* d = nullptr;
+    if (cudaHostGetDevicePointer(&d, flag_, 0) != cudaSuccess ||
+        launch_stream_gate(stream_, static_cast<const int*>(d)) != cudaSuccess) {
+      cudaFreeHost(flag_);
+      throw std::runtime_error("StreamGate: could not hold the stream");
+    }
   }
   ~StreamGate() {
     open();
     cudaStreamSynchronize(stream_);
+    cudaFreeHost(flag_);
   }
-  void open() { open_.store(true); }
+  StreamGate(const StreamGate&) = delete;
+  StreamGate& operator=(const StreamGate&) = delete;
+  void open() { __atomic_store_n(flag_, 1, __ATOMIC_SEQ_CST); }
 
  private:
-  static void CUDART_CB hold(void* p) {
-    auto* f = static_cast<std::atomic<bool>*>(p);
-    while (!f->load()) std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
   cudaStream_t stream_;
-  std::atomic<bool> open_{false};
+  int* flag_ = nullptr;
+};
+
+// Ends the process with a message if a test has not finished a stage within `seconds`: a GPU
+// test that waits for ever reports where, instead of running into ctest's timeout silently.
+class Watchdog {
+ public:
+  Watchdog(const char* what, double seconds)
+      : what_(what), thread_([this, seconds] {
+          std::unique_lock<std::mutex> lk(mu_);
+          if (!cv_.wait_for(lk, std::chrono::duration<double>(seconds), [this] { return done_; })) {
+            std::fprintf(stderr, "%s: not done after %.0f s, at '%s': a hang; exiting\n", what_,
+                         seconds, stage_.load());
+            std::fflush(stderr);
+            std::_Exit(3);
+          }
+        }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void at(const char* stage) { stage_.store(stage); }
+
+ private:
+  const char* what_;
+  std::atomic<const char*> stage_{"start"};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
 };
 
 // Seeded payload: f32 in [-1, 1), or bf16 (rounded from such f32) as raw bytes.

@@ -92,6 +92,7 @@ TEST_CASE("CudaEvent: ordering across streams without blocking the host") {
   ops.fill(three.f32(), 3.f, n);
   ops.stream().synchronize();
   {
+    Watchdog dog("CudaEvent gate test", 60);
     StreamGate gate(side);
     // On the side stream, after the gate: x := 3 (a device-to-device copy: a copy from
     // pageable host memory could make the host wait for the held stream).
@@ -132,6 +133,7 @@ TEST_CASE("copy_bytes_async: ordered after the compute stream or an event, waite
   ops.stream().synchronize();
   std::shared_ptr<Event> down;
   {
+    Watchdog dog("copy_bytes_async gate test (compute stream held)", 60);
     StreamGate gate(ops.stream().native_handle());  // the compute stream is held
     ops.fill(x.f32(), 5.f, n);                       // queued behind the gate
     down = copy_bytes_async(h.data(), Device::cpu(), x.data(), gpu(), n * 4);
@@ -153,6 +155,7 @@ TEST_CASE("copy_bytes_async: ordered after the compute stream or an event, waite
   cudaStream_t side = nullptr;
   REQUIRE(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) == cudaSuccess);
   {
+    Watchdog dog("copy_bytes_async gate test (side stream held)", 60);
     StreamGate gate(side);
     std::shared_ptr<CudaEvent> e = cuda_record_event(side, dev);
     auto c = copy_bytes_async(h.data(), Device::cpu(), y.data(), gpu(), n * 4, e.get());

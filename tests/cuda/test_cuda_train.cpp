@@ -1,10 +1,11 @@
 // Training on the GPU against the CPU (label cuda; exit 77, skipped, without a GPU).
 //
 //  * twenty optimizer steps of tiny GPT-2 and Llama on cuda against the same run on the CPU:
-//    per-step losses and grad norms within a stated relative tolerance (fp32: 1e-4; bf16
-//    compute: 2e-2 — the products round their operands the same way on both, but cuBLAS and
-//    OpenBLAS add in different orders and Adam amplifies the difference over 20 steps), final
-//    parameters within 1e-3 absolute + relative;
+//    per-step losses and grad norms within a stated relative tolerance (fp32: loss 1e-4,
+//    parameters 1e-3; bf16 compute: kBf16Step, kBf16Param below, set from the first H100 run —
+//    the products round their operands the same way on both, but cuBLAS and OpenBLAS add in
+//    different orders and Adam amplifies the difference over 20 steps); in bf16 with both
+//    attention paths (cuBLAS, the default; the flash-style kernels);
 //  * the GPU run twice: bit-identical (fixed summation orders, no atomics, one cuBLAS stream);
 //  * activation offload to pinned host memory: bit-identical to no offload (copies only);
 //  * the optimizer's moments on the host (offload_optimizer cpu: the update runs on the CPU's
@@ -90,6 +91,15 @@ Run train(const ModelConfig& cfg, const Ops& ops, const ShardingPolicy& pol, Gro
 Device gpu() { return Device::cuda(cuda_current_device()); }
 bool verbose() { return std::getenv("SW_TEST_VERBOSE") != nullptr; }
 
+// bf16 against the CPU after 20 steps (losses and norms relative; a parameter's difference over
+// 1 + |value|, the worst of all), from the first H100 run (SW_TEST_VERBOSE=1), worst of GPT-2
+// and Llama, either attention path: loss 4.2e-4, norm 6.6e-3, parameter 3.7e-2 (GPT-2; Llama
+// 5.8e-3). The tolerances are about 3x those. fp32: loss 7.8e-8, norm 1.8e-6, parameter 3.4e-5.
+// A parameter can move ~20 x lr = 0.06 in 20 AdamW steps, and AdamW turns a small gradient's
+// rounding difference into a full step of either sign, so the worst element differs most.
+constexpr double kBf16Step = 2e-3;   // loss; the norm gets 10x
+constexpr double kBf16Param = 1e-1;
+
 void check_close(const Run& a, const Run& ref, double tol_step, double tol_param,
                  const std::string& what) {
   double wl = 0, wn = 0, wp = 0;
@@ -138,21 +148,21 @@ TEST_CASE("cuda train: twenty steps on the GPU match the CPU, and repeat bit for
       if (dt == DType::F32)
         check_close(a, cpu, 1e-4, 1e-3, what);
       else
-        check_close(a, cpu, 2e-2, 2e-2, what);
+        check_close(a, cpu, kBf16Step, kBf16Param, what);
       CHECK(same(a, b));
     }
 }
 
-TEST_CASE("cuda train: bf16 with the cuBLAS attention path matches the CPU, and repeats") {
-  setenv("SHARDWISE_CUDA_ATTENTION", "cublas", 1);
+TEST_CASE("cuda train: bf16 with the flash attention kernels matches the CPU, and repeats") {
+  setenv("SHARDWISE_CUDA_ATTENTION", "flash", 1);  // (the default above: the cuBLAS path)
   for (const char* type : {"gpt2", "llama"}) {
-    const std::string what = std::string(type) + " bf16 cublas attention";
+    const std::string what = std::string(type) + " bf16 flash attention";
     const ModelConfig cfg = tiny(type);
     const ShardingPolicy pol = policy(DType::BF16);
     const Run cpu = train(cfg, ops_for(Device::cpu()), pol, make_local_group());
     const Run a = train(cfg, ops_for(gpu()), pol, make_local_group());
     const Run b = train(cfg, ops_for(gpu()), pol, make_local_group());
-    check_close(a, cpu, 2e-2, 2e-2, what);
+    check_close(a, cpu, kBf16Step, kBf16Param, what);
     CHECK(same(a, b));
   }
   unsetenv("SHARDWISE_CUDA_ATTENTION");

@@ -2,7 +2,8 @@
 // collective gives LocalGroup's result (f32 and bf16, in place and not; one rank makes them
 // copies, bitwise), Works carry a native CUDA event, and the compute stream waits for a
 // collective on the device while the host goes on. Where there is no GPU, main() exits 77
-// (ctest: skipped). Never run yet: no machine with a GPU has run this file.
+// (ctest: skipped). First H100 run: the first three cases passed; the fourth hung, with the
+// gate then a blocking host function (now a kernel; a Watchdog names the stage if it hangs).
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
@@ -82,17 +83,24 @@ TEST_CASE("the compute stream waits for a NCCL Work on the device, not on the ho
   Buffer out(n * 4, Mem::Communication, gpu());
   nccl->barrier();  // NCCL's first-use set-up happens before the compute stream is held
   {
+    Watchdog dog("nccl gate test", 60);
     StreamGate gate(ops.stream().native_handle());
+    dog.at("issue_all_reduce");
     Work w = nccl->issue_all_reduce(d.data(), out.data(), static_cast<int64_t>(n), ReduceOp::Sum);
     REQUIRE(w.native_handle() != nullptr);
     const auto t0 = std::chrono::steady_clock::now();
+    dog.at("wait_event");
     ops.stream().wait_event(w);  // must not block: the gate holds what it waits for
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     CHECK(dt < 1.0);
+    dog.at("scale");
     ops.scale(out.f32(), 2.f, n);  // after the collective, on the compute stream
+    dog.at("Work::test");
     CHECK_FALSE(w.test());
     gate.open();
+    dog.at("Work::wait after open");
     w.wait();
+    dog.at("stream synchronize");
     ops.stream().synchronize();
   }
   const auto got = download(out.data(), n * 4);
