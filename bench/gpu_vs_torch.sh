@@ -5,9 +5,9 @@
 # users run it (`shardwise train`: trainer loop, data loader, metrics), 1 rank (sharding is
 # trivial), no offload, no activation checkpointing; tokens/s is the median over the steps after
 # the warm-up from its metrics.jsonl. PyTorch (bench/torch_gpu_step.py) runs eager and
-# torch.compile. On a GPU, Shardwise runs twice per model: with its default attention (in bf16
-# the cuBLAS path) and with the flash-style kernels (SHARDWISE_CUDA_ATTENTION=flash: "shardwise
-# flash-attn").
+# torch.compile. On a GPU, Shardwise runs twice per model: as users run it, then with each CUDA
+# op timed ("shardwise op-times": op_times_MODEL.tsv, each op's share of the step); --order can
+# add its flash-style attention kernels ("shardwise flash-attn", SHARDWISE_CUDA_ATTENTION=flash).
 # Prints a table (model, engine, tokens/s, MFU, ratio to PyTorch compiled) and
 # writes gpu_vs_torch.json (every run, and the machine) and the runs' logs to --out.
 #
@@ -30,9 +30,10 @@
 #     --peak-flops F   for MFU (default 989e12: H100/H200 SXM dense bf16)
 #     --no-compile     skip torch.compile (e.g. a PyTorch without a working Triton)
 #     --order LIST     the runs in this order, MODEL:ENGINE comma-separated (models gpt2, llama;
-#                      engines shardwise, shardwise_flash, compile, eager), e.g. to measure
+#                      engines shardwise, shardwise_flash, shardwise_optimes, compile, eager;
+#                      shardwise_optimes: each CUDA op's time, op_times_MODEL.tsv), e.g. to measure
 #                      what matters most first when the budget is short; default: per model,
-#                      shardwise, compile, eager, shardwise_flash (the last on a GPU only)
+#                      shardwise, compile, eager, shardwise_optimes (the last on a GPU only)
 # Memory (shardwise plan, H100 figures): Shardwise GPT-2 B 16 12.3 GiB, Llama B 4 51.4 GiB.
 # The token files are uniform random ids over each model's vocabulary, written in llm.c's format
 # here (`shardwise data prepare` tokenises bytes: 256 ids only). MFU = tokens/s x (6 N + 12 L d T)
@@ -118,9 +119,11 @@ models="gpt2 llama"
 [ -n "$quick" ] && models=gpt2
 engines="shardwise compile eager"
 [ -n "$no_compile" ] && engines="shardwise eager"
-# On a GPU, Shardwise also with its flash-style attention kernels (SHARDWISE_CUDA_ATTENTION=flash),
-# last so that the peers are measured first when the budget runs short.
-[[ $device == cuda* ]] && engines="$engines shardwise_flash"
+# On a GPU, Shardwise again with each CUDA op timed (SHARDWISE_CUDA_OP_TIMES: where the step's
+# time goes), last so that the peers are measured first when the budget runs short. The
+# flash-style attention kernels (shardwise_flash; 6x slower at their first H100 run) only by
+# --order.
+[[ $device == cuda* ]] && engines="$engines shardwise_optimes"
 plan=()  # MODEL:ENGINE, one round
 if [ -n "$order" ]; then
   models=""
@@ -128,8 +131,8 @@ if [ -n "$order" ]; then
     m=${p%%:*} e=${p#*:}
     [[ $p == *:* && ($m == gpt2 || $m == llama) ]] ||
       { echo "gpu_vs_torch: --order: '$p' is not MODEL:ENGINE with MODEL gpt2 or llama" >&2; exit 2; }
-    case $e in shardwise | shardwise_flash | compile | eager) ;;
-      *) echo "gpu_vs_torch: --order: engine '$e' is not shardwise, shardwise_flash, compile or eager" >&2; exit 2 ;;
+    case $e in shardwise | shardwise_flash | shardwise_optimes | compile | eager) ;;
+      *) echo "gpu_vs_torch: --order: engine '$e' is not shardwise, shardwise_flash, shardwise_optimes, compile or eager" >&2; exit 2 ;;
     esac
     plan+=("$p")
     [[ " $models " == *" $m "* ]] || models="$models${models:+ }$m"
@@ -175,10 +178,17 @@ os.replace(sys.argv[2] + ".tmp", sys.argv[2])
 PY
 done
 
-# run_shardwise MODEL ROUND [ATTENTION] -> one JSON line on stdout (the run's log and metrics in
-# $runs); ATTENTION: "" (the default path) or flash (SHARDWISE_CUDA_ATTENTION).
+# run_shardwise MODEL ROUND [VARIANT] -> one JSON line on stdout (the run's log and metrics in
+# $runs); VARIANT: "" (the default attention path), flash (SHARDWISE_CUDA_ATTENTION=flash) or
+# optimes (the default path with SHARDWISE_CUDA_OP_TIMES: each CUDA op's total time, written to
+# op_times_MODEL.tsv beside the table and its head to stderr; its tokens/s carry the timing's
+# cost, so it is its own row).
 run_shardwise() {
-  local m=$1 r=$2 attn=${3:-} dir=$runs/shardwise${3:+_$3}_${1}_r$2 cap t rc
+  local m=$1 r=$2 variant=${3:-} dir=$runs/shardwise${3:+_$3}_${1}_r$2 cap t rc attn="" optimes=""
+  case $variant in
+    flash) attn=flash ;;
+    optimes) optimes=${out:-$runs}/op_times_$m.tsv ;;
+  esac
   cap=${cap_sw[$m]}
   t=$(left)
   ((t - 5 < cap)) && cap=$((t - 5))
@@ -213,9 +223,14 @@ print(json.dumps(cfg, indent=1))
 PY
   local t0=$SECONDS
   (if [ -n "$attn" ]; then export SHARDWISE_CUDA_ATTENTION=$attn; else unset SHARDWISE_CUDA_ATTENTION; fi
+   if [ -n "$optimes" ]; then export SHARDWISE_CUDA_OP_TIMES=$optimes; else unset SHARDWISE_CUDA_OP_TIMES; fi
    exec timeout -k 10 "$cap" "$sw" train "$dir/config_in.json" --quiet --no-export) >"$dir/log.txt" 2>&1
   rc=$?
-  "$py" - "$m" "$r" "$rc" "$cap" "$((SECONDS - t0))" "${warmup_of[$m]}" "${shape_json[$m]}" "$dir" "$peak" "${attn:-default}" <<'PY'
+  if [ -n "$optimes" ]; then
+    if [ -s "$optimes" ]; then head -22 "$optimes" | sed "s/^/  $m op times: /" >&2
+    else echo "  $m op times: none written (not a CUDA build, or the run did not end normally)" >&2; fi
+  fi
+  "$py" - "$m" "$r" "$rc" "$cap" "$((SECONDS - t0))" "${warmup_of[$m]}" "${shape_json[$m]}" "$dir" "$peak" "${attn:-default}" "$variant" <<'PY'
 import json, statistics, sys
 m, r, rc, cap, wall, warm = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), \
     int(sys.argv[5]), int(sys.argv[6])
@@ -224,6 +239,8 @@ rec = {"engine": "shardwise", "mode": "train", "attention": sys.argv[10], "model
        "batch": s["batch"],
        "T": s["T"], "params": s["params"], "flops_per_token": s["flops_per_token"],
        "peak_flops": peak, "exit": rc, "wall_s": wall, "run_dir": d}
+if sys.argv[11] == "optimes":
+    rec["variant"] = "op-times"
 lines = []
 try:
     for l in open(d + "/run/metrics.jsonl"):
@@ -297,6 +314,7 @@ progress() {  # one line per run as it ends
 import json, sys
 j = json.loads(sys.argv[1])
 who = j.get("mode") if j["engine"] == "pytorch" else (
+    "sw-" + j["variant"] if j.get("variant") else
     "shardwise" if j.get("attention", "default") == "default" else "sw-" + j["attention"])
 fig = (f"{j['tokens_per_s']:.0f} tok/s, MFU {100 * j['mfu']:.1f}%" if "tokens_per_s" in j
        else j.get("error", ""))
@@ -313,6 +331,7 @@ for ((r = 1; r <= rounds; r++)); do
     case $e in
       shardwise) line=$(run_shardwise "$m" "$r") ;;
       shardwise_flash) line=$(run_shardwise "$m" "$r" flash) ;;
+      shardwise_optimes) line=$(run_shardwise "$m" "$r" optimes) ;;
       *) line=$(run_torch "$m" "$e" "$r") ;;
     esac
     echo "$line" >>"$results"
@@ -328,6 +347,8 @@ out, device, budget, elapsed, sw, repo = sys.argv[2], sys.argv[3], int(sys.argv[
 
 def name(j):
     if j["engine"] == "shardwise":
+        if j.get("variant"):
+            return "shardwise " + j["variant"]
         a = j.get("attention", "default")
         return "shardwise" if a == "default" else "shardwise " + a + "-attn"
     return "pytorch " + j.get("mode", "?")
@@ -347,7 +368,8 @@ models = list(dict.fromkeys(j["model"] for j in res))
 lines = ["model  engine                 batch  T      tokens/s    MFU  step s  max mem GiB  vs compiled  status"]
 for m in models:
     ref = best.get((m, "pytorch compile"), {}).get("tokens_per_s")
-    for e in ("shardwise", "shardwise flash-attn", "pytorch eager", "pytorch compile"):
+    for e in ("shardwise", "shardwise flash-attn", "shardwise op-times", "pytorch eager",
+              "pytorch compile"):
         j = best.get((m, e))
         if j is None:
             continue

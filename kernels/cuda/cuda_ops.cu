@@ -43,10 +43,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/alloc.h"
 #include "core/error.h"
@@ -169,6 +173,170 @@ class CudaDevice {
   mutable Buffer ws_[static_cast<int>(Slot::Count)];
 };
 
+// ---- Op times (SHARDWISE_CUDA_OP_TIMES=1, or =PATH to write the table there as well): a
+// diagnosis, not a profiler's timeline. Each op (and inside it the 16-bit conversions, the
+// cuBLAS products and the attention path's pieces) is bracketed by two CUDA events on the
+// compute stream; at exit the elapsed times are summed per op and printed to stderr, with the
+// ops' total against the span from the first op to the last (the rest is the compute stream
+// idle: the host late, a copy or collective waited for). Costs two event records per op and a
+// host wait per 8192 ops (draining the oldest half); off, one branch per op.
+class OpTimes {
+ public:
+  // The process's table; null when SHARDWISE_CUDA_OP_TIMES is unset, empty or 0 (read once).
+  static OpTimes* get() {
+    static OpTimes* t = []() -> OpTimes* {
+      const char* v = std::getenv("SHARDWISE_CUDA_OP_TIMES");
+      if (!v || !*v || std::strcmp(v, "0") == 0) return nullptr;
+      auto* p = new OpTimes(std::strcmp(v, "1") == 0 ? "" : v);
+      std::atexit([] { OpTimes::get()->report(); });  // before the runtime's own teardown
+      return p;
+    }();
+    return t;
+  }
+  void add(std::string key, bool top, cudaEvent_t a, cudaEvent_t b) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!first_) first_ = a;
+    pending_.push_back({std::move(key), top, a, b});
+    if (pending_.size() >= kMaxPending) drain(pending_.size() / 2);
+  }
+
+ private:
+  struct Rec {
+    std::string key;
+    bool top;
+    cudaEvent_t a, b;
+  };
+  struct Sum {
+    long long calls = 0;
+    double ms = 0;
+  };
+  static constexpr size_t kMaxPending = 8192;
+  explicit OpTimes(std::string path) : path_(std::move(path)) {}
+
+  void drain(size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      Rec& r = pending_[i];
+      float ms = 0;
+      if (cudaEventSynchronize(r.b) == cudaSuccess &&
+          cudaEventElapsedTime(&ms, r.a, r.b) == cudaSuccess) {
+        Sum& sm = sums_[r.key];
+        ++sm.calls;
+        sm.ms += ms;
+        if (r.top) top_ms_ += ms;
+      }
+      if (r.a != first_) cudaEventDestroy(r.a);
+      cudaEventDestroy(r.b);
+    }
+    pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(n));
+  }
+
+  void report() {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (pending_.empty()) return;
+    float span = 0;
+    const cudaEvent_t last = pending_.back().b;
+    if (cudaEventSynchronize(last) != cudaSuccess ||
+        cudaEventElapsedTime(&span, first_, last) != cudaSuccess)
+      span = 0;
+    drain(pending_.size());
+    // Top-level ops by total time, each followed by its parts ("op/part") by total time.
+    std::vector<std::pair<std::string, Sum>> rows(sums_.begin(), sums_.end());
+    auto total = [&](const std::string& k) {
+      const size_t c = k.find('/');
+      return sums_[c == std::string::npos ? k : k.substr(0, c)].ms;
+    };
+    std::sort(rows.begin(), rows.end(), [&](const auto& x, const auto& y) {
+      const double tx = total(x.first), ty = total(y.first);
+      if (tx != ty) return tx > ty;
+      const bool px = x.first.find('/') != std::string::npos;
+      const bool py = y.first.find('/') != std::string::npos;
+      if (px != py) return !px;  // the op before its parts
+      return x.second.ms > y.second.ms;
+    });
+    std::string out;
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "# shardwise CUDA op times: ops %.1f ms of a %.1f ms span from the first op to "
+                  "the last (%.1f%%)\n",
+                  top_ms_, span, span > 0 ? 100.0 * top_ms_ / span : 0.0);
+    out += line;
+    out += "op\tcalls\ttotal_ms\tmean_us\tshare_of_ops\n";
+    for (const auto& [k, sm] : rows) {
+      std::snprintf(line, sizeof line, "%s%s\t%lld\t%.3f\t%.1f\t%.1f%%\n",
+                    k.find('/') != std::string::npos ? "  " : "", k.c_str(), sm.calls, sm.ms,
+                    1000.0 * sm.ms / static_cast<double>(std::max(1LL, sm.calls)),
+                    top_ms_ > 0 ? 100.0 * sm.ms / top_ms_ : 0.0);
+      out += line;
+    }
+    std::fputs(out.c_str(), stderr);
+    if (!path_.empty()) {
+      if (std::FILE* f = std::fopen(path_.c_str(), "w")) {
+        std::fputs(out.c_str(), f);
+        std::fclose(f);
+      } else {
+        std::fprintf(stderr, "SHARDWISE_CUDA_OP_TIMES: cannot write %s\n", path_.c_str());
+      }
+    }
+  }
+
+  std::string path_;
+  std::mutex mu_;
+  std::vector<Rec> pending_;
+  std::map<std::string, Sum> sums_;
+  cudaEvent_t first_ = nullptr;
+  double top_ms_ = 0;
+};
+
+// Brackets one op (the outermost on this thread: "name") or a part of one ("op/name").
+class OpScope {
+ public:
+  OpScope(const CudaDevice& d, const char* name) {
+    if (OpTimes* t = OpTimes::get()) start(t, d.begin(), name);
+  }
+  OpScope(cudaStream_t s, const char* name) {
+    if (OpTimes* t = OpTimes::get()) start(t, s, name);
+  }
+  ~OpScope() {
+    if (!t_) return;
+    --depth_;
+    if (a_ && cudaEventRecord(b_, s_) == cudaSuccess) {
+      t_->add(std::move(key_), top_, a_, b_);
+    } else {
+      if (a_) cudaEventDestroy(a_);
+      if (b_) cudaEventDestroy(b_);
+    }
+  }
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
+
+ private:
+  void start(OpTimes* t, cudaStream_t s, const char* name) {
+    t_ = t;
+    s_ = s;
+    top_ = depth_ == 0;
+    if (top_) top_name_ = name;
+    key_ = top_ ? std::string(name) : std::string(top_name_) + "/" + name;
+    ++depth_;
+    if (cudaEventCreate(&a_) != cudaSuccess || cudaEventCreate(&b_) != cudaSuccess ||
+        cudaEventRecord(a_, s_) != cudaSuccess) {
+      if (a_) cudaEventDestroy(a_);
+      if (b_) cudaEventDestroy(b_);
+      a_ = b_ = nullptr;
+    }
+  }
+  static thread_local int depth_;
+  static thread_local const char* top_name_;
+  OpTimes* t_ = nullptr;
+  cudaStream_t s_ = nullptr;
+  cudaEvent_t a_ = nullptr, b_ = nullptr;
+  bool top_ = false;
+  std::string key_;
+};
+thread_local int OpScope::depth_ = 0;
+thread_local const char* OpScope::top_name_ = "";
+
+#define SW_OP_TIME() const OpScope sw_op_scope_(d_, __func__)
+
 // compute_ is the precision of the matrix products (gemm, linear, attention, LM head); every
 // other op is the fp32 op whatever it is (as kernels/cpu/cpu_ops.cpp).
 class CudaOps final : public Ops {
@@ -188,6 +356,7 @@ class CudaOps final : public Ops {
   // cublasGemmEx with fp32 accumulation; alpha and beta apply in fp32, as on the CPU.
   void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
             const float* B, int ldb, float beta, float* C, int ldc) const override {
+    SW_OP_TIME();
     const cudaStream_t s = begin();
     if (!lowp() || M <= 0 || N <= 0 || K <= 0) {  // K = 0: C = beta C, as the fp32 op
       gemm_raw(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -201,6 +370,7 @@ class CudaOps final : public Ops {
 
   void linear_forward(float* out, const float* inp, const float* w, const float* b, int N, int C,
                       int OC) const override {
+    SW_OP_TIME();
     const cudaStream_t s = begin();
     if (b) cuda::add_bias_rows(s, out, b, N, OC);
     if (!lowp() || N <= 0 || OC <= 0 || C <= 0) {
@@ -217,6 +387,7 @@ class CudaOps final : public Ops {
   // unrounded dout (the CPU's: a sum, not a product).
   void linear_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                        const float* w, int N, int C, int OC) const override {
+    SW_OP_TIME();
     const cudaStream_t s = begin();
     if (!lowp() || N <= 0 || OC <= 0 || C <= 0) {
       if (dinp) gemm_raw(false, false, N, C, OC, 1.f, dout, OC, w, C, 1.f, dinp, C);
@@ -238,30 +409,36 @@ class CudaOps final : public Ops {
 
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                          int B, int T, int C) const override {
+    SW_OP_TIME();
     cuda::embedding_forward(begin(), out, tokens, wte, wpe, B, T, C);
   }
   void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
                           int B, int T, int C) const override {
+    SW_OP_TIME();
     cuda::embedding_backward(begin(), dwte, dwpe, dout, tokens, B, T, C);
   }
 
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
                          const float* b, int N, int C) const override {
+    SW_OP_TIME();
     cuda::layernorm_forward(begin(), nullptr, out, mean, rstd, inp, nullptr, w, b, N, C);
   }
   void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                           const float* w, const float* mean, const float* rstd, int N,
                           int C) const override {
+    SW_OP_TIME();
     const cudaStream_t s = begin();
     cuda::layernorm_backward(s, dinp, dw, db, dout, inp, w, mean, rstd, N, C,
                              wsf(Slot::Norm, cuda::colsum_ws(N, C)));
   }
   void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C,
                        float eps) const override {
+    SW_OP_TIME();
     cuda::rmsnorm_forward(begin(), nullptr, out, rstd, inp, nullptr, w, N, C, eps);
   }
   void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp,
                         const float* w, const float* rstd, int N, int C) const override {
+    SW_OP_TIME();
     const cudaStream_t s = begin();
     cuda::rmsnorm_backward(s, dinp, dw, dout, inp, w, rstd, N, C,
                            wsf(Slot::Norm, cuda::colsum_ws(N, C)));
@@ -269,50 +446,61 @@ class CudaOps final : public Ops {
   void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a,
                                   const float* b, const float* w, const float* bias, int N,
                                   int C) const override {
+    SW_OP_TIME();
     cuda::layernorm_forward(begin(), res, out, mean, rstd, a, b, w, bias, N, C);
   }
   void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a,
                                 const float* b, const float* w, int N, int C,
                                 float eps) const override {
+    SW_OP_TIME();
     cuda::rmsnorm_forward(begin(), res, out, rstd, a, b, w, N, C, eps);
   }
 
   void gelu_forward(float* out, const float* inp, size_t n) const override {
+    SW_OP_TIME();
     cuda::gelu_forward(begin(), out, inp, n);
   }
   void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const override {
+    SW_OP_TIME();
     cuda::gelu_backward(begin(), dinp, inp, dout, n);
   }
   void swiglu_forward(float* out, const float* gu, int N, int F) const override {
+    SW_OP_TIME();
     cuda::swiglu_forward(begin(), out, gu, N, F);
   }
   void swiglu_backward(float* dgu, const float* dout, const float* gu, int N,
                        int F) const override {
+    SW_OP_TIME();
     cuda::swiglu_backward(begin(), dgu, dout, gu, N, F);
   }
   void residual_forward(float* out, const float* a, const float* b, size_t n) const override {
+    SW_OP_TIME();
     cuda::residual_forward(begin(), out, a, b, n);
   }
 
   void rope_forward(float* qkv, int B, int T, int H, int KVH, int hd,
                     float theta) const override {
+    SW_OP_TIME();
     SW_CHECK(hd % 2 == 0, "rope: head dim must be even");
     cuda::rope_apply(begin(), qkv, B, T, H, KVH, hd, theta, 1.f);
   }
   void rope_backward(float* dqkv, int B, int T, int H, int KVH, int hd,
                      float theta) const override {
+    SW_OP_TIME();
     SW_CHECK(hd % 2 == 0, "rope: head dim must be even");
     cuda::rope_apply(begin(), dqkv, B, T, H, KVH, hd, theta, -1.f);
   }
 
   void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KVH,
                          int hd) const override {
+    SW_OP_TIME();
     if (cublas_attention()) return attention_mm_forward(out, lse, qkv, B, T, H, KVH, hd);
     cuda::attention_forward(begin(), out, lse, qkv, B, T, H, KVH, hd, dt());
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                           const float* lse, int B, int T, int H, int KVH,
                           int hd) const override {
+    SW_OP_TIME();
     if (cublas_attention())
       return attention_mm_backward(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd);
     const cudaStream_t s = begin();
@@ -331,6 +519,7 @@ class CudaOps final : public Ops {
   double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w,
                      const int32_t* targets, int N, int C, int V,
                      float grad_scale) const override {
+    SW_OP_TIME();
     SW_CHECK(N >= 0 && C > 0 && V > 0, "lmhead_xent: bad shape");
     if (N == 0) return 0.0;
     float* rows = wsf(Slot::Rows, static_cast<size_t>(N) + 4);
@@ -341,6 +530,7 @@ class CudaOps final : public Ops {
   void lmhead_xent_into(double* total, float* loss, float* dx, float* dw, const float* x,
                         const float* w, const int32_t* targets, int N, int C, int V,
                         float grad_scale) const override {
+    SW_OP_TIME();
     SW_CHECK(N >= 0 && C > 0 && V > 0, "lmhead_xent: bad shape");
     if (N == 0) return;
     float* rl = loss ? loss : wsf(Slot::Rows, static_cast<size_t>(N));
@@ -349,10 +539,12 @@ class CudaOps final : public Ops {
 
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
              float beta2, float eps, float wd, int step, float grad_mult) const override {
+    SW_OP_TIME();
     cuda::adamw(begin(), param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult);
   }
 
   double sum_squares(const float* x, size_t n) const override {
+    SW_OP_TIME();
     const cudaStream_t s = begin();
     const size_t parts = cuda::sum_squares_ws(n);
     double* ws = reinterpret_cast<double*>(wsf(Slot::Reduce, 2 * (parts + 1)));
@@ -362,6 +554,7 @@ class CudaOps final : public Ops {
   // Each buffer's sum as sum_squares computes it, into a device array; one read of all k.
   void sum_squares_each(const float* const* xs, const size_t* ns, int k,
                         double* out) const override {
+    SW_OP_TIME();
     if (k <= 0) return;
     double* res = reinterpret_cast<double*>(wsf(Slot::Reduce, 2 * size_t(k)));
     sum_squares_into(xs, ns, k, res);  // (its workspaces: Slot::Reduce2)
@@ -372,6 +565,7 @@ class CudaOps final : public Ops {
   // Each sum into out (device); one workspace per buffer, so no sum waits for another's.
   void sum_squares_into(const float* const* xs, const size_t* ns, int k,
                         double* out) const override {
+    SW_OP_TIME();
     if (k <= 0) return;
     const cudaStream_t s = begin();
     size_t parts = 0;
@@ -400,7 +594,10 @@ class CudaOps final : public Ops {
       const float* xc = x + static_cast<size_t>(n0) * C;
       if (!lp) {
         gemm_raw(false, true, nc, V, C, 1.f, xc, C, w, C, 0.f, logits, V);
-        cuda::xent_rows(s, logits, rl + n0, targets + n0, nc, V, grad, grad_scale);
+        {
+          const OpScope scope(s, "xent_rows");
+          cuda::xent_rows(s, logits, rl + n0, targets + n0, nc, V, grad, grad_scale);
+        }
         if (dx) gemm_raw(false, false, nc, C, V, 1.f, logits, V, w, C, 1.f,
                          dx + static_cast<size_t>(n0) * C, C);
         if (dw) gemm_raw(true, false, V, C, nc, 1.f, logits, V, xc, C, 1.f, dw, C);
@@ -408,7 +605,10 @@ class CudaOps final : public Ops {
       }
       const uint16_t* x16c = x16 + static_cast<size_t>(n0) * C;
       gemm16(false, true, nc, V, C, 1.f, x16c, C, w16, C, 0.f, logits, V);
-      cuda::xent_rows(s, logits, rl + n0, targets + n0, nc, V, grad, grad_scale);
+      {
+        const OpScope scope(s, "xent_rows");
+        cuda::xent_rows(s, logits, rl + n0, targets + n0, nc, V, grad, grad_scale);
+      }
       if (!grad) continue;
       cuda::narrow(s, dt(), logits, d16, static_cast<size_t>(nc) * V);
       if (dx) gemm16(false, false, nc, C, V, 1.f, d16, V, w16, C, 1.f,
@@ -419,12 +619,20 @@ class CudaOps final : public Ops {
   }
 
  public:
-  void scale(float* x, float a, size_t n) const override { cuda::scale(begin(), x, a, n); }
-  void fill(float* x, float v, size_t n) const override { cuda::fill(begin(), x, v, n); }
+  void scale(float* x, float a, size_t n) const override {
+    SW_OP_TIME();
+    cuda::scale(begin(), x, a, n);
+  }
+  void fill(float* x, float v, size_t n) const override {
+    SW_OP_TIME();
+    cuda::fill(begin(), x, v, n);
+  }
   void add_inplace(float* y, const float* x, size_t n) const override {
+    SW_OP_TIME();
     cuda::add_inplace(begin(), y, x, n);
   }
   void copy(float* dst, const float* src, size_t n) const override {
+    SW_OP_TIME();
     const cudaStream_t s = begin();
     if (dst == src || n == 0) return;
     SW_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, s));
@@ -433,6 +641,7 @@ class CudaOps final : public Ops {
   // In place (dst == src) the conversion goes through the Convert scratch: the kernels'
   // threads would otherwise read floats that other threads' 16-bit results overwrite.
   void narrow(DType dt, const float* src, void* dst, size_t n) const override {
+    SW_OP_TIME();
     const cudaStream_t s = begin();
     if (n == 0) return;
     if (dt == DType::F32) return copy(static_cast<float*>(dst), src, n);
@@ -446,6 +655,7 @@ class CudaOps final : public Ops {
     SW_CUDA_CHECK(cudaMemcpyAsync(dst, tmp, n * 2, cudaMemcpyDeviceToDevice, s));
   }
   void widen(DType dt, const void* src, float* dst, size_t n) const override {
+    SW_OP_TIME();
     const cudaStream_t s = begin();
     if (n == 0) return;
     if (dt == DType::F32) return copy(dst, static_cast<const float*>(src), n);
@@ -459,6 +669,7 @@ class CudaOps final : public Ops {
     SW_CUDA_CHECK(cudaMemcpyAsync(dst, tmp, n * 4, cudaMemcpyDeviceToDevice, s));
   }
   void add_widened(DType dt, const void* src, float* dst, size_t n) const override {
+    SW_OP_TIME();
     const cudaStream_t s = begin();
     if (dt == DType::F32)
       cuda::add_inplace(s, dst, static_cast<const float*>(src), n);
@@ -466,6 +677,7 @@ class CudaOps final : public Ops {
       cuda::add_widened(s, static_cast<int>(dt), static_cast<const uint16_t*>(src), dst, n);
   }
   void round_to(DType dt, float* x, size_t n) const override {
+    SW_OP_TIME();
     const cudaStream_t s = begin();
     if (dt != DType::F32) cuda::round_to(s, static_cast<int>(dt), x, n);
   }
@@ -483,6 +695,7 @@ class CudaOps final : public Ops {
   void gemm_raw(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
                 const float* B, int ldb, float beta, float* C, int ldc) const {
     if (M <= 0 || N <= 0) return;
+    const OpScope scope(d_, "gemm_f32");
     SW_CUDA_CHECK(cublasGemmEx(d_.blas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N,
                                ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, CUDA_R_32F,
                                ldb, A, CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc,
@@ -493,6 +706,7 @@ class CudaOps final : public Ops {
   // slot's scratch.
   const uint16_t* narrowed(cudaStream_t s, Slot slot, const float* src, int ld, int rows,
                            int cols) const {
+    const OpScope scope(s, "narrow_rows");
     uint16_t* dst = wsh(slot, static_cast<size_t>(rows) * cols);
     cuda::narrow_rows(s, dt(), src, static_cast<size_t>(ld), static_cast<size_t>(rows),
                       static_cast<size_t>(cols), dst);
@@ -507,6 +721,7 @@ class CudaOps final : public Ops {
   void gemm16(bool ta, bool tb, int M, int N, int K, float alpha, const uint16_t* A, int lda,
               const uint16_t* B, int ldb, float beta, float* C, int ldc) const {
     if (M <= 0 || N <= 0) return;
+    const OpScope scope(d_, "gemm16");
     const cudaDataType_t t = compute_ == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
     SW_CUDA_CHECK(cublasGemmEx(d_.blas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N,
                                ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, t, ldb, A, t,
@@ -519,6 +734,7 @@ class CudaOps final : public Ops {
                  size_t sa, const uint16_t* B, int ldb, size_t sb, float beta, float* C, int ldc,
                  size_t sc, size_t batch) const {
     if (M <= 0 || N <= 0 || batch == 0) return;
+    const OpScope scope(d_, "gemm16_batched");
     const cudaDataType_t t = compute_ == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
     SW_CUDA_CHECK(cublasGemmStridedBatchedEx(
         d_.blas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha,
@@ -555,6 +771,7 @@ class CudaOps final : public Ops {
     }
     void pack(const float* src, int B, int T, int ld, int col0, int nh, int hd,
               uint16_t* dst) const {
+      const OpScope scope(s, "attn_pack");
       cuda::attn_pack(s, o.dt(), src, B, T, ld, col0, nh, hd, dst);
     }
     void gemm(bool ta, bool tb, int M, int N, int K, const uint16_t* A, int lda, size_t sa,
@@ -564,26 +781,32 @@ class CudaOps final : public Ops {
     }
     void softmax_fwd(const float* S, uint16_t* P, float* alpha, float* ml, size_t rows, int nq,
                      int ldS, int kend, int q0, int tiles, float scale) const {
+      const OpScope scope(s, "attn_softmax_fwd");
       cuda::attn_softmax_fwd(s, o.dt(), S, P, alpha, ml, rows, nq, ldS, kend, q0, tiles, scale);
     }
     void combine(const float* Ot, const float* alpha, const float* ml, float* out, float* lse,
                  size_t rows, int nq, int hd, int tiles, int T, int H, int q0) const {
+      const OpScope scope(s, "attn_combine");
       cuda::attn_combine(s, Ot, alpha, ml, out, lse, rows, nq, hd, tiles, T, H, q0);
     }
     void rowdot(const float* dout, const float* out, float* D, int B, int T, int H,
                 int hd) const {
+      const OpScope scope(s, "attn_rowdot");
       cuda::attention_rowdot(s, D, dout, out, B, T, H, hd);
     }
     void softmax_bwd(const float* S, const float* dP, uint16_t* P, uint16_t* dS,
                      const float* lse, const float* D, size_t rows, int nq, int ldS, int kend,
                      int q0, int T, float scale) const {
+      const OpScope scope(s, "attn_softmax_bwd");
       cuda::attn_softmax_bwd(s, o.dt(), S, dP, P, dS, lse, D, rows, nq, ldS, kend, q0, T, scale);
     }
     void unpack(const float* dQn, const float* dKn, const float* dVn, float* dqkv, int B, int T,
                 int H, int KVH, int hd) const {
+      const OpScope scope(s, "attn_unpack");
       cuda::attn_unpack_grads(s, dQn, dKn, dVn, dqkv, B, T, H, KVH, hd);
     }
     void zero(float* p, size_t n) const {
+      const OpScope scope(s, "attn_zero");
       SW_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), s));
     }
   };
