@@ -31,7 +31,10 @@
 #     --no-compile     skip torch.compile (e.g. a PyTorch without a working Triton)
 #     --order LIST     the runs in this order, MODEL:ENGINE comma-separated (models gpt2, llama;
 #                      engines shardwise, shardwise_flash, shardwise_optimes, compile, eager;
-#                      shardwise_optimes: each CUDA op's time, op_times_MODEL.tsv), e.g. to measure
+#                      shardwise_optimes: each CUDA op's time, op_times_MODEL.tsv;
+#                      shardwise_chunkN: the cuBLAS attention path with N query rows per
+#                      chunk, SHARDWISE_CUDA_ATTENTION_CHUNK=N, e.g. 32 keeps a 1.3B Llama's
+#                      scores in L2, by default up to 256 MiB of them), e.g. to measure
 #                      what matters most first when the budget is short; default: per model,
 #                      shardwise, compile, eager, shardwise_optimes (the last on a GPU only)
 # Memory (shardwise plan, H100 figures): Shardwise GPT-2 B 16 12.3 GiB, Llama B 4 51.4 GiB.
@@ -131,8 +134,8 @@ if [ -n "$order" ]; then
     m=${p%%:*} e=${p#*:}
     [[ $p == *:* && ($m == gpt2 || $m == llama) ]] ||
       { echo "gpu_vs_torch: --order: '$p' is not MODEL:ENGINE with MODEL gpt2 or llama" >&2; exit 2; }
-    case $e in shardwise | shardwise_flash | shardwise_optimes | compile | eager) ;;
-      *) echo "gpu_vs_torch: --order: engine '$e' is not shardwise, shardwise_flash, shardwise_optimes, compile or eager" >&2; exit 2 ;;
+    case $e in shardwise | shardwise_flash | shardwise_optimes | shardwise_chunk[1-9]* | compile | eager) ;;
+      *) echo "gpu_vs_torch: --order: engine '$e' is not shardwise, shardwise_flash, shardwise_optimes, shardwise_chunkN, compile or eager" >&2; exit 2 ;;
     esac
     plan+=("$p")
     [[ " $models " == *" $m "* ]] || models="$models${models:+ }$m"
@@ -185,8 +188,10 @@ done
 # cost, so it is its own row).
 run_shardwise() {
   local m=$1 r=$2 variant=${3:-} dir=$runs/shardwise${3:+_$3}_${1}_r$2 cap t rc attn="" optimes=""
+  local chunk=""
   case $variant in
     flash) attn=flash ;;
+    chunk*) chunk=${variant#chunk} ;;
     optimes) optimes=${out:-$runs}/op_times_$m.tsv ;;
   esac
   cap=${cap_sw[$m]}
@@ -224,6 +229,7 @@ PY
   local t0=$SECONDS
   (if [ -n "$attn" ]; then export SHARDWISE_CUDA_ATTENTION=$attn; else unset SHARDWISE_CUDA_ATTENTION; fi
    if [ -n "$optimes" ]; then export SHARDWISE_CUDA_OP_TIMES=$optimes; else unset SHARDWISE_CUDA_OP_TIMES; fi
+   if [ -n "$chunk" ]; then export SHARDWISE_CUDA_ATTENTION_CHUNK=$chunk; else unset SHARDWISE_CUDA_ATTENTION_CHUNK; fi
    exec timeout -k 10 "$cap" "$sw" train "$dir/config_in.json" --quiet --no-export) >"$dir/log.txt" 2>&1
   rc=$?
   if [ -n "$optimes" ]; then
@@ -241,6 +247,8 @@ rec = {"engine": "shardwise", "mode": "train", "attention": sys.argv[10], "model
        "peak_flops": peak, "exit": rc, "wall_s": wall, "run_dir": d}
 if sys.argv[11] == "optimes":
     rec["variant"] = "op-times"
+elif sys.argv[11].startswith("chunk"):
+    rec["variant"] = sys.argv[11]
 lines = []
 try:
     for l in open(d + "/run/metrics.jsonl"):
@@ -332,6 +340,7 @@ for ((r = 1; r <= rounds; r++)); do
       shardwise) line=$(run_shardwise "$m" "$r") ;;
       shardwise_flash) line=$(run_shardwise "$m" "$r" flash) ;;
       shardwise_optimes) line=$(run_shardwise "$m" "$r" optimes) ;;
+      shardwise_chunk*) line=$(run_shardwise "$m" "$r" "${e#shardwise_}") ;;
       *) line=$(run_torch "$m" "$e" "$r") ;;
     esac
     echo "$line" >>"$results"
@@ -368,8 +377,10 @@ models = list(dict.fromkeys(j["model"] for j in res))
 lines = ["model  engine                 batch  T      tokens/s    MFU  step s  max mem GiB  vs compiled  status"]
 for m in models:
     ref = best.get((m, "pytorch compile"), {}).get("tokens_per_s")
-    for e in ("shardwise", "shardwise flash-attn", "shardwise op-times", "pytorch eager",
-              "pytorch compile"):
+    chunks = sorted({e for (mm, e) in best if mm == m and e.startswith("shardwise chunk")},
+                    key=lambda e: int(e[len("shardwise chunk"):]))
+    for e in ["shardwise", "shardwise flash-attn", "shardwise op-times", *chunks,
+              "pytorch eager", "pytorch compile"]:
         j = best.get((m, e))
         if j is None:
             continue

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# gpu_lease.sh: everything a short lease of a GPU machine should run, in one command that ends
+# by itself: scripts/gpu_build.sh --test (facts, unpack, configure, build, the CUDA tests with
+# their verbose error figures), then bench/gpu_vs_torch.sh in the order of what matters most
+# (Shardwise's per-op times and tokens/s, the PyTorch peers, attention chunk sizes, eager last)
+# with the time that is left. Logs, the table and op_times_*.tsv go to $OUT/gpu_build/.
+#
+#   bash scripts/gpu_lease.sh [SECONDS]     (default 540: the device tool's 600 s per command,
+#                                            less a margin; carry [".gpu"])
+#   GPU_LEASE_ORDER=... overrides the benchmark's --order (MODEL:ENGINE,...).
+# First H100 lease (2026-11-26): the build took 37-60 s, the CUDA tests about a minute, the
+# 1.3B Llama's torch.compile 52 s before its first step, Shardwise's 1.3B run 63 s (most of it
+# the parameters' initialisation, since run on all cores).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+total=${1:-540}
+deadline=$((SECONDS + total))
+export CTEST_TIMEOUT=${CTEST_TIMEOUT:-120}
+# The tests get at most half the time; a hang (each gated test has a 60 s watchdog, each test a
+# ctest timeout) cannot take the benchmark's share.
+timeout -k 5 $((total / 2)) bash scripts/gpu_build.sh --test
+echo "gpu_lease: tests exit $?"
+left=$((deadline - SECONDS - 15))
+order=${GPU_LEASE_ORDER:-llama:shardwise_optimes,gpt2:shardwise_optimes,llama:shardwise,gpt2:shardwise,llama:compile,gpt2:compile,llama:shardwise_chunk32,llama:shardwise_chunk128,gpt2:eager,llama:eager}
+if ((left < 60)); then
+  echo "gpu_lease: ${left}s left, no time for the benchmark"
+  exit 1
+fi
+BENCH_ARGS="--budget $((left - 25)) --order $order" timeout -k 5 "$left" bash scripts/gpu_build.sh --bench
