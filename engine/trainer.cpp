@@ -635,7 +635,7 @@ class Trainer {
     const PlanPeak pk = replay_peak_alloc_first(step_plan_);
     const int64_t ws = kernel_workspace_bytes(cfg_.model, B_, T_,
                                               cfg_.sharding.mixed_precision.param_dtype, W_,
-                                              comm_scratch_bytes(step_plan_));
+                                              comm_scratch_bytes(step_plan_), cfg_.device != "cpu");
     nlohmann::json j;
     j["rank"] = rank_;
     j["peak_bytes"] = pk.total;
@@ -648,8 +648,9 @@ class Trainer {
       } catch (const Error&) {
       }
       const int64_t host = host_bytes(step_plan_);
-      const RssPrediction rss = predict_rss(step_plan_, make_plan_input(model_, sm_->policy(), W_),
-                                            pk.total + ws, host,
+      PlanInput pin = make_plan_input(model_, sm_->policy(), W_);
+      pin.on_device = cfg_.device != "cpu";
+      const RssPrediction rss = predict_rss(step_plan_, pin, pk.total + ws, host,
                                             int64_t(train_data_ ? train_data_->map_bytes() : 0) +
                                                 int64_t(val_data_ ? val_data_->map_bytes() : 0),
                                             hw ? &*hw : nullptr);

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <vector>
 
 #include "core/alloc.h"
 #include "core/bytes.h"
@@ -50,8 +51,50 @@ int64_t comm_scratch_bytes(const StepPlan& plan) {
   return plan.S > 1 && plan.R > 1 ? rs + ar : std::max(rs, ar);
 }
 
+int64_t cuda_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute) {
+  const int64_t V = mc.vocab_size, C = mc.d_model, N = int64_t(B) * T;
+  const int64_t H = std::max(1, mc.n_head), hd = C / H;
+  const int64_t KVH = mc.type == "llama" && mc.n_kv_head > 0 ? mc.n_kv_head : H;
+  const bool llama = mc.type == "llama";
+  const int64_t F = mc.d_ff > 0 ? mc.d_ff : 4 * C;
+  const int64_t qkv = (H + 2 * KVH) * hd;
+  // The linears' widest input and output (llama: qkv, o, gate+up (2F), down; gpt2: qkv, proj,
+  // fc (F), fc proj) and their largest weight.
+  const int64_t widest_in = F, widest_out = llama ? std::max(qkv, 2 * F) : std::max(qkv, F);
+  const int64_t weight = llama ? 2 * F * C : std::max(qkv, F) * C;
+  // The LM head: logits chunks of at most 1024 rows and 256 MiB.
+  const int64_t chunk = std::min<int64_t>(
+      N, std::max<int64_t>(1, std::min<int64_t>(1024, (int64_t{256} << 20) / (4 * V))));
+  std::vector<int64_t> slot{chunk * V * 4};  // Logits
+  if (compute != DType::F32) {
+    slot.push_back(2 * N * std::max(widest_in, widest_out));  // Lowp0: x, or dout in backward
+    slot.push_back(2 * std::max(V * C, weight));              // Lowp1: a weight
+    slot.push_back(2 * std::max(N * widest_in, chunk * V));   // Lowp2: x in backward, dlogits
+    // attention_mm.h: Z query heads, ZK kv heads; chunks within 256 MiB of scores.
+    const int64_t Z = int64_t(B) * H, ZK = int64_t(B) * KVH, Th = int64_t(T) * hd;
+    const int64_t ld = (T + 7) / 8 * 8, tiles = (T + 255) / 256;
+    auto rows = [&](int64_t per_score, int64_t per_row) {
+      const int64_t row = Z * (per_score * ld + per_row);
+      int64_t nq = (int64_t{256} << 20) / std::max<int64_t>(row, 1);
+      nq = nq >= 64 ? nq / 64 * 64 : 64;
+      return std::min<int64_t>(nq, T);
+    };
+    const int64_t nqf = rows(6, tiles * (4 * hd + 4) + 8), nqb = rows(12, 0);
+    slot.push_back(2 * (2 * Z + 2 * ZK) * Th);                                // AttnPack
+    slot.push_back(4 * std::max(Z * nqf * ld, 2 * Z * nqb * ld));             // AttnS
+    slot.push_back(2 * std::max(Z * nqf * ld, 2 * Z * nqb * ld));             // AttnP
+    slot.push_back(4 * std::max(Z * nqf * (tiles * (hd + 1) + 2),             // AttnAcc
+                                Z * T + (Z + 2 * ZK) * Th));
+  }
+  int64_t b = 0;
+  for (int64_t x : slot) b += x + x / 4;
+  return b;
+}
+
 int64_t kernel_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute, int world,
-                               int64_t comm_scratch) {
+                               int64_t comm_scratch, bool on_device) {
+  if (on_device)
+    return cuda_workspace_bytes(mc, B, T, compute) + (world > 1 ? comm_scratch : 0);
   const int64_t V = mc.vocab_size, C = mc.d_model, N = int64_t(B) * T;
   // kernels/cpu/lmhead.cpp: chunk rows of logits, at most 512 and 128 MiB.
   const int64_t by_bytes = std::min<int64_t>(512, (int64_t{128} << 20) / (4 * V));
@@ -135,7 +178,7 @@ Evaluated evaluate(Wrapped& w, const PlanSetup& s, const Candidate& c, const Har
   Evaluated e;
   e.c = c;
   e.workspace = kernel_workspace_bytes(s.model, in.B, in.T, ti.compute, s.world,
-                                       comm_scratch_bytes(plan));
+                                       comm_scratch_bytes(plan), s.on_device);
   e.device = pk.total + e.workspace;
   e.at_peak = pk.at_peak;
   e.host = host_bytes(plan);
@@ -180,8 +223,17 @@ int64_t default_baseline_rss(int world) {
 RssPrediction predict_rss(const StepPlan& plan, const PlanInput& in, int64_t device,
                           int64_t host, int64_t data_bytes, const HardwareProfile* hw) {
   RssPrediction r;
-  r.tracked = device + host;
   r.data = data_bytes;
+  if (in.on_device) {  // device memory is not the process's RSS: the host tier, data, baseline
+    r.tracked = host;
+    r.baseline_measured = hw && hw->baseline_rss_bytes > 0;
+    r.baseline = r.baseline_measured ? static_cast<int64_t>(hw->baseline_rss_bytes)
+                                     : default_baseline_rss(in.W);
+    r.untouched = untouched_staging_bytes(plan);
+    r.total = r.tracked + r.data + r.baseline - r.untouched;
+    return r;
+  }
+  r.tracked = device + host;
   auto round_up = [](int64_t b) { return static_cast<int64_t>(alloc_block_size(size_t(b))) - b; };
   const bool mp = in.policy.mixed_precision.param_dtype != DType::F32;
   int64_t full_bytes = 0, full_rounding = 0;
@@ -341,7 +393,7 @@ PlanPrediction predict_plan(Model model, const PlanSetup& s, const HardwareProfi
   r.peak = replay_peak_alloc_first(r.plan);
   r.workspace = kernel_workspace_bytes(s.model, s.micro_batch, s.model.seq_len,
                                        policy.mixed_precision.param_dtype, s.world,
-                                       comm_scratch_bytes(r.plan));
+                                       comm_scratch_bytes(r.plan), s.on_device);
   r.device = r.peak.total + r.workspace;
   r.host = host_bytes(r.plan);
   r.nvme = r.plan.nvme_bytes;

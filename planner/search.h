@@ -23,9 +23,18 @@ int64_t parse_budget(const std::string& text, const std::string& what);
 // Kernel workspaces the plan does not hold (core/alloc.h Mem::Workspace outside Scratch) and
 // the communication groups' scratch: the fused LM head's logits chunk, GQA attention's
 // expanded K/V, bf16 operand copies, plus `comm_scratch` (comm_scratch_bytes of the plan,
-// counted when world > 1). An estimate; the search adds it to the plan's peak.
+// counted when world > 1). An estimate; the search adds it to the plan's peak. on_device: the
+// CUDA backend's scratch instead of the CPU kernels' (cuda_workspace_bytes).
 int64_t kernel_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute, int world,
-                               int64_t comm_scratch);
+                               int64_t comm_scratch, bool on_device);
+
+// The CUDA Ops' grow-only device scratch (kernels/cuda/cuda_ops.cu's slots) after a step of
+// this model at B x T: per slot its largest request, plus the quarter a slot adds when it
+// grows. The slots: the LM head's logits chunk, the 16-bit operand copies of a product
+// (Lowp0..2), and in 16-bit compute the cuBLAS attention path's packed heads, scores,
+// probabilities and accumulators (kernels/cuda/attention_mm.h). Small slots (norm partials,
+// row sums) are left out.
+int64_t cuda_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute);
 // What the MPI groups' scratch buffers (sharding/comm/mpi_group.cpp, grown to the largest need
 // and kept) reach over the plan's collectives, with the algorithms MpiGroup picks by size and
 // the default 512 KiB chunks (16-chunk slices): a ring reduce-scatter (or ring all-reduce)
@@ -65,6 +74,8 @@ PlanPeak replay_peak_alloc_first(const StepPlan& plan);
 //             `plan --calibrate`, of the run's precision, else default_baseline_rss)
 // Not modelled: cached free blocks the allocator keeps beside the peak's (a block freed at one
 // size and not reusable at another), the async checkpoint snapshot, the profiler's recording.
+// On a device (PlanInput::on_device) the device tier is not resident memory: tracked is the
+// host tier alone, no rounding is counted, and the CUDA runtime's own memory is not modelled.
 struct RssPrediction {
   // total = tracked + rounding + data + baseline - untouched. untouched: pages of the NVMe
   // staging buffers that no transfer of the plan writes (each buffer is sized for the largest

@@ -411,9 +411,12 @@ int cmd_plan(const PlanArgs& pa) {
               host ? ")" : "");
   std::printf("  nvme        %s%s\n", gib(plan.nvme_bytes).c_str(),
               plan.nvme_bytes ? " (offload files)" : "");
-  std::printf("  process RSS %s = device + host + allocator rounding %s + token files %s + "
+  std::printf("  process RSS %s = %s + allocator rounding %s + token files %s + "
               "process baseline %s (%s)%s\n",
-              gib(pred.rss.total).c_str(), gib(pred.rss.rounding).c_str(), gib(pred.rss.data).c_str(),
+              gib(pred.rss.total).c_str(),
+              pred.input.on_device ? "host (the device's memory is not resident here)"
+                                   : "device + host",
+              gib(pred.rss.rounding).c_str(), gib(pred.rss.data).c_str(),
               gib(pred.rss.baseline).c_str(),
               pred.rss.baseline_measured ? "calibrated" : "default: run `plan --calibrate`",
               pred.rss.untouched ? (" - staging pages no transfer writes " + gib(pred.rss.untouched)).c_str() : "");
