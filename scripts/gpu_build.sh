@@ -401,7 +401,7 @@ if [ -n "$do_test" ]; then
     if "$exe" >"$logs/$b.log" 2>&1; then note "$b" "ok (log $b.log)"; else note "$b" "FAILED"; status=1; fi
     tail -20 "$logs/$b.log"
   done
-  [ -n "$benches" ] || note bench "no CUDA benchmarks in bench/ yet"
+  [ -n "$benches" ] || note bench "no bench*cuda* executables (the comparison with PyTorch: --bench)"
 fi
 
 # ---- the comparison with PyTorch (bench/gpu_vs_torch.sh) ---------------------------------------
