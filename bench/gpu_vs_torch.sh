@@ -37,7 +37,8 @@
 #                      scores in L2, by default up to 256 MiB of them), e.g. to measure
 #                      what matters most first when the budget is short; default: per model,
 #                      shardwise, compile, eager, shardwise_optimes (the last on a GPU only)
-# Memory (shardwise plan, H100 figures): Shardwise GPT-2 B 16 12.3 GiB, Llama B 4 51.4 GiB.
+# Memory (shardwise plan on a device): Shardwise GPT-2 B 16 13.4 GiB, Llama B 4 52.3 GiB (the
+# H100 measured 13.40 and 52.32 GiB).
 # The token files are uniform random ids over each model's vocabulary, written in llm.c's format
 # here (`shardwise data prepare` tokenises bytes: 256 ids only). MFU = tokens/s x (6 N + 12 L d T)
 # / peak, N from the shape (torch_gpu_step.py --shape-only; PyTorch's model has the same count).
