@@ -50,7 +50,7 @@ double ShardedModel::grad_norm() const {
     }
   }
   const int k = static_cast<int>(xs.size());
-  I.ops->sum_squares_into(xs.data(), ns.data(), k, I.sum_at(Impl::kLossSlots + 1));
+  I.ops->sum_squares_into(xs.data(), ns.data(), k, I.sum_at(Impl::kLossSlots));
   const std::vector<double> got = I.read_sums(k);
   for (size_t i = 0; i < at.size(); ++i) per[at[i]] = got[i];
   double ss = 0;

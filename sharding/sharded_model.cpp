@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -313,17 +314,34 @@ const Batch& ShardedModel::Impl::on_device(const Batch& b) {
 
 double* ShardedModel::Impl::sum_at(int i) {
   if (sums.empty())
-    sums = Buffer(sizeof(double) * (kLossSlots + 1 + units.size()), Mem::Workspace, ops->device());
+    sums = Buffer(sizeof(double) * (kLossSlots + units.size()), Mem::Workspace, ops->device());
   return sums.as<double>() + i;
 }
 
 std::vector<double> ShardedModel::Impl::read_sums(int k) {
-  std::vector<double> h(static_cast<size_t>(kLossSlots + 1 + k));
+  std::vector<double> h(static_cast<size_t>(kLossSlots + k));
   copy_bytes(h.data(), Device::cpu(), sum_at(0), ops->device(), h.size() * sizeof(double));
   const size_t first = losses.size() - static_cast<size_t>(unread);
   for (int i = 0; i < unread; ++i) losses[first + static_cast<size_t>(i)].sum += h[size_t(i)];
   unread = 0;
-  return std::vector<double>(h.begin() + kLossSlots + 1, h.end());
+  return std::vector<double>(h.begin() + kLossSlots, h.end());
+}
+
+double* ShardedModel::Impl::eval_at(int i) {
+  if (eval_sums.empty())
+    eval_sums = Buffer(sizeof(double) * kLossSlots, Mem::Workspace, ops->device());
+  return eval_sums.as<double>() + i;
+}
+
+void ShardedModel::Impl::read_evals() {
+  if (eval_pending.empty()) return;
+  std::vector<double> h(eval_pending.size());
+  copy_bytes(h.data(), Device::cpu(), eval_at(0), ops->device(), h.size() * sizeof(double));
+  for (size_t i = 0; i < h.size(); ++i) {
+    const StepLoss& p = eval_pending[i];
+    eval_done.push_back(p.count > 0 ? (p.sum + h[i]) / static_cast<double>(p.count) : 0.0);
+  }
+  eval_pending.clear();
 }
 
 namespace {
@@ -395,14 +413,17 @@ double ShardedModel::forward_backward(const Batch& batch, float grad_scale, bool
 
 namespace {
 // Forward only (eval_loss, logits_last).
-ExecState run_forward(ShardedModel::Impl& I, Model& model, const Batch& batch, float* logits) {
+// Forward only: with `logits`, the last positions' logits copied out; else the loss summed
+// into *loss_slot (a double of ops' device, zeroed here, not read).
+ExecState run_forward(ShardedModel::Impl& I, Model& model, const Batch& batch, float* logits,
+                      double* loss_slot) {
   I.flush_deferred(model);
   ExecState st;
   st.batch = &I.on_device(batch);
   st.training = false;
   st.logits = logits;
-  if (!logits) {  // the loss: in the eval slot, read at the end
-    st.loss_total = I.sum_at(ShardedModel::Impl::kLossSlots);
+  if (!logits) {
+    st.loss_total = loss_slot;
     I.ops->fill(reinterpret_cast<float*>(st.loss_total), 0.f, 2);
   }
   Buffer dev_logits;  // (B, V) on a non-CPU device, copied out at the end
@@ -420,27 +441,36 @@ ExecState run_forward(ShardedModel::Impl& I, Model& model, const Batch& batch, f
   }
   if (!dev_logits.empty())
     copy_bytes(logits, Device::cpu(), dev_logits.data(), dev_logits.device(), dev_logits.bytes());
-  if (st.loss_total) {
-    double dev_sum = 0;
-    copy_bytes(&dev_sum, Device::cpu(), st.loss_total, I.ops->device(), sizeof dev_sum);
-    st.loss_sum += dev_sum;
-  }
   return st;
 }
 }  // namespace
 
-double ShardedModel::eval_loss(const Batch& batch) {
+void ShardedModel::eval_step(const Batch& batch) {
   check_batch(batch, true);
-  const ExecState st = run_forward(*impl_, model_, batch, nullptr);
+  Impl& I = *impl_;
+  // A full set of unread losses is read now (one synchronisation per kLossSlots batches).
+  if (I.eval_pending.size() == size_t(Impl::kLossSlots)) I.read_evals();
+  const ExecState st =
+      run_forward(I, model_, batch, nullptr, I.eval_at(static_cast<int>(I.eval_pending.size())));
   if (count_targets(batch) > 0 && st.loss_count == 0)
     fail("sharded_model", "no call of the model's schedule reported a loss");
-  return st.loss_count > 0 ? st.loss_sum / static_cast<double>(st.loss_count) : 0.0;
+  I.eval_pending.push_back({st.loss_sum, st.loss_count});
+}
+
+std::vector<double> ShardedModel::eval_losses() {
+  impl_->read_evals();
+  return std::exchange(impl_->eval_done, {});
+}
+
+double ShardedModel::eval_loss(const Batch& batch) {
+  eval_step(batch);
+  return eval_losses().back();
 }
 
 void ShardedModel::logits_last(const Batch& batch, float* logits) {
   check_batch(batch, false);
   SW_CHECK(logits != nullptr, "logits_last needs an output buffer");
-  run_forward(*impl_, model_, batch, logits);
+  run_forward(*impl_, model_, batch, logits, nullptr);
 }
 
 StepPlan ShardedModel::step_plan(int B, int T, int accum) const {

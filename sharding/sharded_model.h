@@ -86,8 +86,15 @@ class ShardedModel {
   // since the last call, in order; then forgets them. The losses grad_norm has already read
   // come without a synchronisation; the rest are read now, in one copy.
   std::vector<double> step_losses();
-  // Collective. Forward only; returns the mean loss over this rank's tokens.
+  // Collective. Forward only; returns the mean loss over this rank's tokens. On a device it
+  // reads that loss at once (and forgets the eval_steps not yet read by eval_losses).
   double eval_loss(const Batch& batch);
+  // Collective. eval_loss without reading the loss: on a device it stays there until
+  // eval_losses (an evaluation of n batches synchronises the host once, or once per 64).
+  void eval_step(const Batch& batch);
+  // Local. The mean loss over this rank's tokens of each eval_step since the last call, in
+  // order; then forgets them. One read of those not read yet.
+  std::vector<double> eval_losses();
   // Collective. Forward only; writes (B, V) logits of each sequence's last position.
   void logits_last(const Batch& batch, float* logits);
 

@@ -528,3 +528,39 @@ TEST_CASE("sim device: a training step synchronises the host with the device onc
       CHECK(swtest::sim_host_syncs() == s0 + 1);
     }
 }
+
+TEST_CASE("sim device: an evaluation synchronises the host with the device once", "[device]") {
+  // eval_step leaves each batch's loss on the device; eval_losses reads them in one copy (and
+  // every 64 batches, when the slots are full). The values equal eval_loss's, batch by batch,
+  // and the CPU's bit for bit (the sim computes as the CPU does).
+  for (const char* type : {"gpt2", "llama"}) {
+    INFO(type);
+    const ModelConfig cfg = tiny(type);
+    const ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+    Model m = build_model(cfg), mc = build_model(cfg);
+    ShardedModel sm(m, ops_for(Device::sim(0)), 77, make_local_group(), pol);
+    ShardedModel cpu(mc, ops_for(Device::cpu()), 77, make_local_group(), pol);
+    std::vector<Data> data;
+    for (int i = 0; i < 5; ++i) data.emplace_back(2, cfg.seq_len, 100 + i, cfg.vocab_size);
+    const uint64_t s0 = swtest::sim_host_syncs();
+    for (const Data& d : data) sm.eval_step(d.batch);
+    CHECK(swtest::sim_host_syncs() == s0);  // nothing read yet
+    const std::vector<double> got = sm.eval_losses();
+    CHECK(swtest::sim_host_syncs() == s0 + 1);
+    CHECK(sm.eval_losses().empty());
+    CHECK(swtest::sim_host_syncs() == s0 + 1);
+    REQUIRE(got.size() == data.size());
+    for (size_t i = 0; i < data.size(); ++i) {
+      CHECK(got[i] == cpu.eval_loss(data[i].batch));
+      CHECK(got[i] == sm.eval_loss(data[i].batch));
+    }
+    CHECK(got[0] != got[1]);
+    // More batches than slots: one read per 64, the results in order.
+    const uint64_t s1 = swtest::sim_host_syncs();
+    for (int i = 0; i < 70; ++i) sm.eval_step(data[size_t(i) % data.size()].batch);
+    const std::vector<double> many = sm.eval_losses();
+    CHECK(swtest::sim_host_syncs() == s1 + 2);
+    REQUIRE(many.size() == 70);
+    for (size_t i = 0; i < many.size(); ++i) CHECK(many[i] == got[i % data.size()]);
+  }
+}
