@@ -182,13 +182,23 @@ class CudaDevice {
 // host wait per 8192 ops (draining the oldest half); off, one branch per op.
 class OpTimes {
  public:
-  // The process's table; null when SHARDWISE_CUDA_OP_TIMES is unset, empty or 0 (read once).
+  // Whether SHARDWISE_CUDA_OP_TIMES asks for the table (read once).
+  static bool enabled() {
+    static const bool on = [] {
+      const char* v = std::getenv("SHARDWISE_CUDA_OP_TIMES");
+      return v && *v && std::strcmp(v, "0") != 0;
+    }();
+    return on;
+  }
+  // The process's table (null when not enabled). First called after the CUDA runtime is in
+  // use (OpScope makes the device current first), so the report registered here runs before
+  // the runtime's own teardown at exit.
   static OpTimes* get() {
     static OpTimes* t = []() -> OpTimes* {
+      if (!enabled()) return nullptr;
       const char* v = std::getenv("SHARDWISE_CUDA_OP_TIMES");
-      if (!v || !*v || std::strcmp(v, "0") == 0) return nullptr;
       auto* p = new OpTimes(std::strcmp(v, "1") == 0 ? "" : v);
-      std::atexit([] { OpTimes::get()->report(); });  // before the runtime's own teardown
+      std::atexit([] { OpTimes::get()->report(); });
       return p;
     }();
     return t;
@@ -291,7 +301,9 @@ class OpTimes {
 class OpScope {
  public:
   OpScope(const CudaDevice& d, const char* name) {
-    if (OpTimes* t = OpTimes::get()) start(t, d.begin(), name);
+    if (!OpTimes::enabled()) return;
+    const cudaStream_t s = d.begin();
+    start(OpTimes::get(), s, name);
   }
   OpScope(cudaStream_t s, const char* name) {
     if (OpTimes* t = OpTimes::get()) start(t, s, name);
