@@ -536,15 +536,13 @@ class Trainer {
     const int n = cfg_.eval_batches * W_;
     double sum = 0;
     int first_bad = -1;
-    std::vector<int> idx;
     for (int i = rank_; i < n; i += W_) {
       eval_batch(*val_data_, i, n, B_, T_, inputs_.data(), targets_.data());
       sm_->eval_step(batch_);  // on a device: no read until eval_losses
-      idx.push_back(i);
     }
     const std::vector<double> losses = sm_->eval_losses();
-    for (size_t k = 0; k < losses.size(); ++k) {
-      if (!std::isfinite(losses[k]) && first_bad < 0) first_bad = idx[k];
+    for (size_t k = 0; k < losses.size(); ++k) {  // batch rank_ + k W_
+      if (!std::isfinite(losses[k]) && first_bad < 0) first_bad = rank_ + int(k) * W_;
       sum += losses[k];
     }
     const double total = sum_over_ranks(world_, sum);

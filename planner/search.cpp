@@ -13,6 +13,7 @@
 #include "core/alloc.h"
 #include "core/bytes.h"
 #include "core/error.h"
+#include "kernels/cuda/attention_mm.h"
 #include "kernels/ops.h"
 #include "models/activation_check.h"
 #include "sharding/wrap.h"
@@ -70,16 +71,14 @@ int64_t cuda_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute)
     slot.push_back(2 * N * std::max(widest_in, widest_out));  // Lowp0: x, or dout in backward
     slot.push_back(2 * std::max(V * C, weight));              // Lowp1: a weight
     slot.push_back(2 * std::max(N * widest_in, chunk * V));   // Lowp2: x in backward, dlogits
-    // attention_mm.h: Z query heads, ZK kv heads; chunks within 256 MiB of scores.
+    // attention_mm.h's own chunking: Z query heads, ZK kv heads; chunks within 256 MiB of
+    // scores (cuda_ops.cu kAttnChunkBytes).
     const int64_t Z = int64_t(B) * H, ZK = int64_t(B) * KVH, Th = int64_t(T) * hd;
-    const int64_t ld = (T + 7) / 8 * 8, tiles = (T + 255) / 256;
-    auto rows = [&](int64_t per_score, int64_t per_row) {
-      const int64_t row = Z * (per_score * ld + per_row);
-      int64_t nq = (int64_t{256} << 20) / std::max<int64_t>(row, 1);
-      nq = nq >= 64 ? nq / 64 * 64 : 64;
-      return std::min<int64_t>(nq, T);
-    };
-    const int64_t nqf = rows(6, tiles * (4 * hd + 4) + 8), nqb = rows(12, 0);
+    const int64_t ld = attn_mm::ld_scores(T), tiles = (T + attn_mm::kTile - 1) / attn_mm::kTile;
+    const size_t budget = size_t{256} << 20;
+    const int64_t nqf = attn_mm::chunk_rows(size_t(Z), T, 6, size_t(tiles * (4 * hd + 4) + 8),
+                                            budget, 0);
+    const int64_t nqb = attn_mm::chunk_rows(size_t(Z), T, 12, 0, budget, 0);
     slot.push_back(2 * (2 * Z + 2 * ZK) * Th);                                // AttnPack
     slot.push_back(4 * std::max(Z * nqf * ld, 2 * Z * nqb * ld));             // AttnS
     slot.push_back(2 * std::max(Z * nqf * ld, 2 * Z * nqb * ld));             // AttnP

@@ -314,7 +314,7 @@ const Batch& ShardedModel::Impl::on_device(const Batch& b) {
 
 double* ShardedModel::Impl::sum_at(int i) {
   if (sums.empty())
-    sums = Buffer(sizeof(double) * (kLossSlots + units.size()), Mem::Workspace, ops->device());
+    sums = Buffer(sizeof(double) * (2 * kLossSlots + units.size()), Mem::Workspace, ops->device());
   return sums.as<double>() + i;
 }
 
@@ -325,12 +325,6 @@ std::vector<double> ShardedModel::Impl::read_sums(int k) {
   for (int i = 0; i < unread; ++i) losses[first + static_cast<size_t>(i)].sum += h[size_t(i)];
   unread = 0;
   return std::vector<double>(h.begin() + kLossSlots, h.end());
-}
-
-double* ShardedModel::Impl::eval_at(int i) {
-  if (eval_sums.empty())
-    eval_sums = Buffer(sizeof(double) * kLossSlots, Mem::Workspace, ops->device());
-  return eval_sums.as<double>() + i;
 }
 
 void ShardedModel::Impl::read_evals() {

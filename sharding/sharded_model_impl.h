@@ -174,7 +174,8 @@ struct ShardedModel::Impl {
   // Losses (micro_step, step_losses): each micro-step adds its sum of token losses into a
   // double of `sums` (ops' device; ctx.loss_total), zeroed when the micro-step starts, so the
   // host reads nothing then. Layout: [kLossSlots micro-steps | the gradient norm's per-unit
-  // sums]. The unread micro-steps are slots [0, unread); one copy brings them
+  // sums | kLossSlots eval batches]. The unread micro-steps are slots [0, unread); one copy
+  // brings them
   // to the host, with the norm's sums when grad_norm reads (read_sums). `losses` holds each
   // micro-step since the last step_losses: what units reported on the host (ctx.loss_sum),
   // the targets counted, and, once read, the device's sum added.
@@ -190,14 +191,13 @@ struct ShardedModel::Impl {
   // Copies sums [0, kLossSlots + k) to the host (one synchronisation), adds the unread
   // slots into `losses` and returns the k norm sums.
   std::vector<double> read_sums(int k);
-  // Evaluation (eval_step, eval_losses) the same way: each batch's sum of token losses into a
-  // double of `eval_sums` (up to kLossSlots unread: then they are read, one copy), with what
+  // Evaluation (eval_step, eval_losses) the same way: each batch's sum of token losses into
+  // an eval slot of `sums` (up to kLossSlots unread: then they are read, one copy), with what
   // units reported on the host and the targets counted in `eval_pending`; read_evals turns
   // them into mean losses in `eval_done`.
-  Buffer eval_sums;
   std::vector<StepLoss> eval_pending;
   std::vector<double> eval_done;
-  double* eval_at(int i);  // eval_sums' double i (allocated on first use)
+  double* eval_at(int i) { return sum_at(kLossSlots + static_cast<int>(units.size()) + i); }
   void read_evals();
   int W = 1, S = 1, R = 1;
   std::vector<std::unique_ptr<FlatUnit>> units;

@@ -306,7 +306,7 @@ class OpScope {
     start(OpTimes::get(), s, name);
   }
   OpScope(cudaStream_t s, const char* name) {
-    if (OpTimes* t = OpTimes::get()) start(t, s, name);
+    if (OpTimes::enabled()) start(OpTimes::get(), s, name);
   }
   ~OpScope() {
     if (!t_) return;
