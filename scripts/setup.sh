@@ -21,3 +21,5 @@ if ((${#missing[@]})); then
 else
   echo "setup: all packages present"
 fi
+# cuDNN's frontend headers for the CUDA backend's cuDNN attention, where CUDA is built.
+if command -v nvcc >/dev/null; then bash scripts/cudnn_frontend.sh; fi

@@ -54,7 +54,9 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/attention_mm.h"
+#include "kernels/cuda/attention_path.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/cuda_runtime.h"
@@ -506,14 +508,23 @@ class CudaOps final : public Ops {
   void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KVH,
                          int hd) const override {
     SW_OP_TIME();
-    if (cublas_attention()) return attention_mm_forward(out, lse, qkv, B, T, H, KVH, hd);
+    const cuda::AttentionPath path = cuda::attention_path_from_env(lowp());
+    if (path == cuda::AttentionPath::Cudnn &&
+        cudnn_attention_forward(out, lse, qkv, B, T, H, KVH, hd))
+      return;
+    if (path != cuda::AttentionPath::Flash)
+      return attention_mm_forward(out, lse, qkv, B, T, H, KVH, hd);
     cuda::attention_forward(begin(), out, lse, qkv, B, T, H, KVH, hd, dt());
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                           const float* lse, int B, int T, int H, int KVH,
                           int hd) const override {
     SW_OP_TIME();
-    if (cublas_attention())
+    const cuda::AttentionPath path = cuda::attention_path_from_env(lowp());
+    if (path == cuda::AttentionPath::Cudnn &&
+        cudnn_attention_backward(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd))
+      return;
+    if (path != cuda::AttentionPath::Flash)
       return attention_mm_backward(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd);
     const cudaStream_t s = begin();
     const size_t rows = static_cast<size_t>(B) * T * H;
@@ -757,18 +768,11 @@ class CudaOps final : public Ops {
 
   // ---- Attention through cuBLAS (bf16 / fp16 compute; the default there since its first GPU
   // run: 5.7x the flash-style kernels' tokens/s for GPT-2 124M, 6.5x for a 1.3B Llama on an
-  // H100; SHARDWISE_CUDA_ATTENTION=flash chooses attention.cu's kernels, which fp32 compute
-  // always uses): kernels/cuda/attention_mm.h's orchestration over this backend. Scratch: the
-  // packed heads, and per chunk the scores (fp32) and probabilities (16-bit) within
-  // kAttnChunkBytes (at least 64 query rows). SHARDWISE_CUDA_ATTENTION_CHUNK=N (tests) forces
-  // N query rows per chunk.
+  // H100; attention_path.h chooses): kernels/cuda/attention_mm.h's orchestration over this
+  // backend. Scratch: the packed heads, and per chunk the scores (fp32) and probabilities
+  // (16-bit) within kAttnChunkBytes (at least 64 query rows). SHARDWISE_CUDA_ATTENTION_CHUNK=N
+  // (tests) forces N query rows per chunk.
   static constexpr size_t kAttnChunkBytes = size_t{256} << 20;
-  // Read at each call (a getenv, no allocation), so tests can switch paths between cases.
-  bool cublas_attention() const {
-    if (!lowp()) return false;
-    const char* v = std::getenv("SHARDWISE_CUDA_ATTENTION");
-    return !(v && std::strcmp(v, "flash") == 0);
-  }
   struct AttnBackend {
     const CudaOps& o;
     cudaStream_t s;
@@ -831,6 +835,83 @@ class CudaOps final : public Ops {
                              const float* lse, int B, int T, int H, int KVH, int hd) const {
     SW_CHECK(KVH > 0 && H % KVH == 0, "attention: KVH must divide H");
     attn_mm::backward(AttnBackend{*this, begin()}, dqkv, dout, qkv, out, lse, B, T, H, KVH, hd);
+  }
+
+  // ---- cuDNN's fused attention (SHARDWISE_CUDA_ATTENTION=cudnn; attention_cudnn.h): qkv
+  // narrowed whole into AttnPack (the packed layout is cuDNN's strided Q, K, V), O comes back
+  // 16-bit and is widened into out; the backward narrows qkv, out (giving the forward's O bit
+  // for bit) and dout, and adds cuDNN's 16-bit dQ, dK, dV (AttnS) into dqkv. cuDNN's workspace
+  // is AttnP. A shape cuDNN refuses returns false (the caller takes the cuBLAS path), with one
+  // line on stderr per shape and direction saying why.
+  bool cudnn_usable(const cuda::AttnShape& sh, bool backward, int64_t* ws) const {
+    std::string why;
+    *ws = cuda::cudnn_attention_prepare(sh, backward, &why);
+    if (*ws >= 0) return true;
+    static std::mutex mu;
+    static std::map<std::string, bool>* told = new std::map<std::string, bool>();
+    const std::string key = std::to_string(sh.B) + "x" + std::to_string(sh.T) + " H " +
+                            std::to_string(sh.H) + " KVH " + std::to_string(sh.KVH) + " hd " +
+                            std::to_string(sh.hd) + (backward ? " backward" : " forward");
+    std::lock_guard<std::mutex> lk(mu);
+    if (!(*told)[key]) {
+      (*told)[key] = true;
+      std::fprintf(stderr, "shardwise: cuda: cuDNN attention refused %s (%s); using the cuBLAS "
+                           "path\n", key.c_str(), why.c_str());
+    }
+    return false;
+  }
+  bool cudnn_attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H,
+                               int KVH, int hd) const {
+    SW_CHECK(KVH > 0 && H % KVH == 0, "attention: KVH must divide H");
+    if (B <= 0 || T <= 0) return true;
+    const cudaStream_t s = begin();
+    const cuda::AttnShape sh{compute_, B, T, H, KVH, hd};
+    int64_t ws = 0;
+    if (!cudnn_usable(sh, false, &ws)) return false;
+    const size_t n = size_t(B) * T * (H + 2 * KVH) * hd, no = size_t(B) * T * H * hd;
+    uint16_t* q16 = wsh(Slot::AttnPack, n + no);
+    uint16_t* o16 = q16 + n;  // n is a multiple of 8 (hd is): 16-byte aligned
+    void* w = ws > 0 ? static_cast<void*>(wsh(Slot::AttnP, size_t(ws) / 2 + 1)) : nullptr;
+    {
+      const OpScope scope(s, "attn_narrow");
+      cuda::narrow(s, dt(), qkv, q16, n);
+    }
+    {
+      const OpScope scope(s, "cudnn_sdpa_fwd");
+      cuda::cudnn_attention_forward(s, sh, q16, o16, lse, w);
+    }
+    const OpScope scope(s, "attn_widen");
+    cuda::widen(s, dt(), o16, out, no);
+    return true;
+  }
+  bool cudnn_attention_backward(float* dqkv, const float* dout, const float* qkv,
+                                const float* out, const float* lse, int B, int T, int H, int KVH,
+                                int hd) const {
+    SW_CHECK(KVH > 0 && H % KVH == 0, "attention: KVH must divide H");
+    if (B <= 0 || T <= 0) return true;
+    const cudaStream_t s = begin();
+    const cuda::AttnShape sh{compute_, B, T, H, KVH, hd};
+    int64_t ws = 0;
+    if (!cudnn_usable(sh, true, &ws)) return false;
+    const size_t n = size_t(B) * T * (H + 2 * KVH) * hd, no = size_t(B) * T * H * hd;
+    uint16_t* q16 = wsh(Slot::AttnPack, n + 2 * no);
+    uint16_t* o16 = q16 + n;
+    uint16_t* do16 = o16 + no;
+    uint16_t* dq16 = wsh(Slot::AttnS, n);
+    void* w = ws > 0 ? static_cast<void*>(wsh(Slot::AttnP, size_t(ws) / 2 + 1)) : nullptr;
+    {
+      const OpScope scope(s, "attn_narrow");
+      cuda::narrow(s, dt(), qkv, q16, n);
+      cuda::narrow(s, dt(), out, o16, no);
+      cuda::narrow(s, dt(), dout, do16, no);
+    }
+    {
+      const OpScope scope(s, "cudnn_sdpa_bwd");
+      cuda::cudnn_attention_backward(s, sh, q16, o16, do16, lse, dq16, w);
+    }
+    const OpScope scope(s, "attn_add_widened");
+    cuda::add_widened(s, dt(), dq16, dqkv, n);
+    return true;
   }
 
   // The one host synchronisation of an op that returns a value.

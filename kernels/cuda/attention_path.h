@@ -1,0 +1,29 @@
+// Which attention the CUDA Ops run in bf16 / fp16 compute (fp32 compute always runs the
+// flash-style kernels of attention.cu): SHARDWISE_CUDA_ATTENTION = cublas (the default:
+// attention_mm.h over cuBLAS), cudnn (cuDNN's fused attention, attention_cudnn.h, where the
+// build has it and cuDNN takes the shape; else the cuBLAS path) or flash (attention.cu).
+// Plain C++: cuda_ops.cu chooses with it and the planner (planner/search.cpp) counts the
+// chosen path's scratch.
+#pragma once
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "core/error.h"
+
+namespace sw::cuda {
+
+enum class AttentionPath { Cublas, Cudnn, Flash };
+
+// Read at each call (tests switch paths between cases); an unknown value is an error naming it.
+inline AttentionPath attention_path_from_env(bool lowp) {
+  if (!lowp) return AttentionPath::Flash;
+  const char* v = std::getenv("SHARDWISE_CUDA_ATTENTION");
+  if (!v || !*v || std::strcmp(v, "cublas") == 0) return AttentionPath::Cublas;
+  if (std::strcmp(v, "cudnn") == 0) return AttentionPath::Cudnn;
+  if (std::strcmp(v, "flash") == 0) return AttentionPath::Flash;
+  fail("cuda", std::string("SHARDWISE_CUDA_ATTENTION: '") + v +
+                   "' is not one of cublas, cudnn, flash");
+}
+
+}  // namespace sw::cuda
