@@ -7,7 +7,8 @@
 # the warm-up from its metrics.jsonl. PyTorch (bench/torch_gpu_step.py) runs eager and
 # torch.compile. On a GPU, Shardwise runs twice per model: as users run it, then with each CUDA
 # op timed ("shardwise op-times": op_times_MODEL.tsv, each op's share of the step); --order can
-# add its flash-style attention kernels ("shardwise flash-attn", SHARDWISE_CUDA_ATTENTION=flash).
+# add its flash-style attention kernels ("shardwise flash-attn", SHARDWISE_CUDA_ATTENTION=flash)
+# and cuDNN's fused attention ("shardwise cudnn-attn", SHARDWISE_CUDA_ATTENTION=cudnn).
 # Prints a table (model, engine, tokens/s, MFU, ratio to PyTorch compiled) and
 # writes gpu_vs_torch.json (every run, and the machine) and the runs' logs to --out.
 #
@@ -30,13 +31,16 @@
 #     --peak-flops F   for MFU (default 989e12: H100/H200 SXM dense bf16)
 #     --no-compile     skip torch.compile (e.g. a PyTorch without a working Triton)
 #     --order LIST     the runs in this order, MODEL:ENGINE comma-separated (models gpt2, llama;
-#                      engines shardwise, shardwise_flash, shardwise_optimes, compile, eager;
+#                      engines shardwise, shardwise_flash, shardwise_cudnn, shardwise_optimes,
+#                      shardwise_cudnn_optimes, compile, eager; shardwise_cudnn: cuDNN's
+#                      fused attention (SHARDWISE_CUDA_ATTENTION=cudnn);
 #                      shardwise_optimes: each CUDA op's time, op_times_MODEL.tsv;
 #                      shardwise_chunkN: the cuBLAS attention path with N query rows per
 #                      chunk, SHARDWISE_CUDA_ATTENTION_CHUNK=N, e.g. 32 keeps a 1.3B Llama's
 #                      scores in L2, by default up to 256 MiB of them), e.g. to measure
 #                      what matters most first when the budget is short; default: per model,
-#                      shardwise, compile, eager, shardwise_optimes (the last on a GPU only)
+#                      shardwise, compile, eager, then on a GPU shardwise_cudnn and
+#                      shardwise_optimes
 # Memory (shardwise plan on a device): Shardwise GPT-2 B 16 13.4 GiB, Llama B 4 52.3 GiB (the
 # H100 measured 13.40 and 52.32 GiB).
 # The token files are uniform random ids over each model's vocabulary, written in llm.c's format
@@ -123,11 +127,11 @@ models="gpt2 llama"
 [ -n "$quick" ] && models=gpt2
 engines="shardwise compile eager"
 [ -n "$no_compile" ] && engines="shardwise eager"
-# On a GPU, Shardwise again with each CUDA op timed (SHARDWISE_CUDA_OP_TIMES: where the step's
-# time goes), last so that the peers are measured first when the budget runs short. The
-# flash-style attention kernels (shardwise_flash; 6x slower at their first H100 run) only by
-# --order.
-[[ $device == cuda* ]] && engines="$engines shardwise_optimes"
+# On a GPU, Shardwise with cuDNN's fused attention, then again with each CUDA op timed
+# (SHARDWISE_CUDA_OP_TIMES: where the step's time goes), after the peers so that they are
+# measured first when the budget runs short. The flash-style attention kernels
+# (shardwise_flash; 6x slower at their first H100 run) only by --order.
+[[ $device == cuda* ]] && engines="$engines shardwise_cudnn shardwise_optimes"
 plan=()  # MODEL:ENGINE, one round
 if [ -n "$order" ]; then
   models=""
@@ -135,8 +139,8 @@ if [ -n "$order" ]; then
     m=${p%%:*} e=${p#*:}
     [[ $p == *:* && ($m == gpt2 || $m == llama) ]] ||
       { echo "gpu_vs_torch: --order: '$p' is not MODEL:ENGINE with MODEL gpt2 or llama" >&2; exit 2; }
-    case $e in shardwise | shardwise_flash | shardwise_optimes | shardwise_chunk[1-9]* | compile | eager) ;;
-      *) echo "gpu_vs_torch: --order: engine '$e' is not shardwise, shardwise_flash, shardwise_optimes, shardwise_chunkN, compile or eager" >&2; exit 2 ;;
+    case $e in shardwise | shardwise_flash | shardwise_cudnn | shardwise_optimes | shardwise_cudnn_optimes | shardwise_chunk[1-9]* | compile | eager) ;;
+      *) echo "gpu_vs_torch: --order: engine '$e' is not shardwise, shardwise_flash, shardwise_cudnn, shardwise_optimes, shardwise_cudnn_optimes, shardwise_chunkN, compile or eager" >&2; exit 2 ;;
     esac
     plan+=("$p")
     [[ " $models " == *" $m "* ]] || models="$models${models:+ }$m"
@@ -183,17 +187,19 @@ PY
 done
 
 # run_shardwise MODEL ROUND [VARIANT] -> one JSON line on stdout (the run's log and metrics in
-# $runs); VARIANT: "" (the default attention path), flash (SHARDWISE_CUDA_ATTENTION=flash) or
+# $runs); VARIANT: "" (the default attention path), flash or cudnn (SHARDWISE_CUDA_ATTENTION),
 # optimes (the default path with SHARDWISE_CUDA_OP_TIMES: each CUDA op's total time, written to
 # op_times_MODEL.tsv beside the table and its head to stderr; its tokens/s carry the timing's
-# cost, so it is its own row).
+# cost, so it is its own row) or cudnn_optimes (the same with cuDNN's attention:
+# op_times_MODEL_cudnn.tsv).
 run_shardwise() {
   local m=$1 r=$2 variant=${3:-} dir=$runs/shardwise${3:+_$3}_${1}_r$2 cap t rc attn="" optimes=""
   local chunk=""
   case $variant in
-    flash) attn=flash ;;
+    flash | cudnn) attn=$variant ;;
     chunk*) chunk=${variant#chunk} ;;
     optimes) optimes=${out:-$runs}/op_times_$m.tsv ;;
+    cudnn_optimes) attn=cudnn optimes=${out:-$runs}/op_times_${m}_cudnn.tsv ;;
   esac
   cap=${cap_sw[$m]}
   t=$(left)
@@ -248,6 +254,8 @@ rec = {"engine": "shardwise", "mode": "train", "attention": sys.argv[10], "model
        "peak_flops": peak, "exit": rc, "wall_s": wall, "run_dir": d}
 if sys.argv[11] == "optimes":
     rec["variant"] = "op-times"
+elif sys.argv[11] == "cudnn_optimes":
+    rec["variant"] = "cudnn-attn op-times"
 elif sys.argv[11].startswith("chunk"):
     rec["variant"] = sys.argv[11]
 lines = []
@@ -282,6 +290,10 @@ elif rc in (124, 137):
 else:
     rec["status"] = "failed" if rc else "no_steps"
     rec["error"] = err[:300]
+# A shape cuDNN refused (the run then took the cuBLAS path): say so beside the figures.
+refused = next((l for l in log if "cuDNN attention refused" in l), None)
+if refused:
+    rec["attention_note"] = refused[:300]
 print(json.dumps(rec))
 PY
 }
@@ -340,7 +352,9 @@ for ((r = 1; r <= rounds; r++)); do
     case $e in
       shardwise) line=$(run_shardwise "$m" "$r") ;;
       shardwise_flash) line=$(run_shardwise "$m" "$r" flash) ;;
+      shardwise_cudnn) line=$(run_shardwise "$m" "$r" cudnn) ;;
       shardwise_optimes) line=$(run_shardwise "$m" "$r" optimes) ;;
+      shardwise_cudnn_optimes) line=$(run_shardwise "$m" "$r" cudnn_optimes) ;;
       shardwise_chunk*) line=$(run_shardwise "$m" "$r" "${e#shardwise_}") ;;
       *) line=$(run_torch "$m" "$e" "$r") ;;
     esac
@@ -380,7 +394,8 @@ for m in models:
     ref = best.get((m, "pytorch compile"), {}).get("tokens_per_s")
     chunks = sorted({e for (mm, e) in best if mm == m and e.startswith("shardwise chunk")},
                     key=lambda e: int(e[len("shardwise chunk"):]))
-    for e in ["shardwise", "shardwise flash-attn", "shardwise op-times", *chunks,
+    for e in ["shardwise", "shardwise cudnn-attn", "shardwise flash-attn", "shardwise op-times",
+              "shardwise cudnn-attn op-times", *chunks,
               "pytorch eager", "pytorch compile"]:
         j = best.get((m, e))
         if j is None:

@@ -14,6 +14,7 @@
 #include "core/bytes.h"
 #include "core/error.h"
 #include "kernels/cuda/attention_mm.h"
+#include "kernels/cuda/attention_path.h"
 #include "kernels/ops.h"
 #include "models/activation_check.h"
 #include "sharding/wrap.h"
@@ -71,19 +72,40 @@ int64_t cuda_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute)
     slot.push_back(2 * N * std::max(widest_in, widest_out));  // Lowp0: x, or dout in backward
     slot.push_back(2 * std::max(V * C, weight));              // Lowp1: a weight
     slot.push_back(2 * std::max(N * widest_in, chunk * V));   // Lowp2: x in backward, dlogits
-    // attention_mm.h's own chunking: Z query heads, ZK kv heads; chunks within 256 MiB of
-    // scores (cuda_ops.cu kAttnChunkBytes).
     const int64_t Z = int64_t(B) * H, ZK = int64_t(B) * KVH, Th = int64_t(T) * hd;
-    const int64_t ld = attn_mm::ld_scores(T), tiles = (T + attn_mm::kTile - 1) / attn_mm::kTile;
-    const size_t budget = size_t{256} << 20;
-    const int64_t nqf = attn_mm::chunk_rows(size_t(Z), T, 6, size_t(tiles * (4 * hd + 4) + 8),
-                                            budget, 0);
-    const int64_t nqb = attn_mm::chunk_rows(size_t(Z), T, 12, 0, budget, 0);
-    slot.push_back(2 * (2 * Z + 2 * ZK) * Th);                                // AttnPack
-    slot.push_back(4 * std::max(Z * nqf * ld, 2 * Z * nqb * ld));             // AttnS
-    slot.push_back(2 * std::max(Z * nqf * ld, 2 * Z * nqb * ld));             // AttnP
-    slot.push_back(4 * std::max(Z * nqf * (tiles * (hd + 1) + 2),             // AttnAcc
-                                Z * T + (Z + 2 * ZK) * Th));
+    switch (cuda::attention_path_from_env(true)) {
+      case cuda::AttentionPath::Cudnn:
+        if (hd % 8 == 0) {  // else cuDNN refuses the shape and the cuBLAS path runs
+          // attention_cudnn.h: 16-bit qkv, O and dO (AttnPack), 16-bit dqkv (AttnS), and
+          // cuDNN's workspace (AttnP), estimated as its deterministic backward's fp32 dQ
+          // accumulator (cuDNN says the exact figure only on a GPU).
+          slot.push_back(2 * (int64_t(B) * T * qkv + 2 * Z * Th));
+          slot.push_back(2 * int64_t(B) * T * qkv);
+          slot.push_back(4 * Z * Th);
+          break;
+        }
+        [[fallthrough]];
+      case cuda::AttentionPath::Cublas: {
+        // attention_mm.h's own chunking: Z query heads, ZK kv heads; chunks within 256 MiB of
+        // scores (cuda_ops.cu kAttnChunkBytes).
+        const int64_t ld = attn_mm::ld_scores(T), tiles = (T + attn_mm::kTile - 1) / attn_mm::kTile;
+        const size_t budget = size_t{256} << 20;
+        const int64_t nqf = attn_mm::chunk_rows(size_t(Z), T, 6, size_t(tiles * (4 * hd + 4) + 8),
+                                                budget, 0);
+        const int64_t nqb = attn_mm::chunk_rows(size_t(Z), T, 12, 0, budget, 0);
+        slot.push_back(2 * (2 * Z + 2 * ZK) * Th);                                // AttnPack
+        slot.push_back(4 * std::max(Z * nqf * ld, 2 * Z * nqb * ld));             // AttnS
+        slot.push_back(2 * std::max(Z * nqf * ld, 2 * Z * nqb * ld));             // AttnP
+        slot.push_back(4 * std::max(Z * nqf * (tiles * (hd + 1) + 2),             // AttnAcc
+                                    Z * T + (Z + 2 * ZK) * Th));
+        break;
+      }
+      case cuda::AttentionPath::Flash:
+        slot.push_back(4 * Z * T);  // attention.cu's backward's D (Attn)
+        break;
+    }
+  } else {
+    slot.push_back(4 * int64_t(B) * H * T);  // fp32: attention.cu's backward's D (Attn)
   }
   int64_t b = 0;
   for (int64_t x : slot) b += x + x / 4;

@@ -102,6 +102,19 @@ pip_dir() {  # pip_dir NAME: site-packages/nvidia/NAME of python3's wheels, if a
   python3 -c "import nvidia.$1 as m; print(list(m.__path__)[0])" 2>/dev/null
 }
 
+# cudnn_header: the machine's cudnn.h (python3's nvidia.cudnn wheel or the CUDA toolkit) with
+# its version; fails when neither has one.
+cudnn_header() {
+  local d f
+  d=$(pip_dir cudnn)
+  for f in ${d:+"$d/include/cudnn.h"} "$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")/include/cudnn.h"; do
+    [ -f "$f" ] || continue
+    echo "$f $(sed -n 's/^#define CUDNN_\(MAJOR\|MINOR\|PATCHLEVEL\) \([0-9]*\).*/\2/p' "$(dirname "$f")/cudnn_version.h" 2>/dev/null | paste -sd.)"
+    return 0
+  done
+  return 1
+}
+
 facts() {
   local bad=() t v glibc need so
   fact() { printf '%-18s %s\n' "$1" "${2:-(none)}"; }
@@ -132,6 +145,7 @@ print(t.__version__, "cuda", t.version.cuda, "gpu", t.cuda.is_available())' 2>/d
     v=$(pip_dir $t)
     fact "nvidia.$t" "${v:-(none)}${v:+: $(ls "$v/lib" 2>/dev/null | tr '\n' ' ')}"
   done
+  fact "cudnn.h" "$(cudnn_header || echo '(none: .gpu/cudnn_headers is used)')"
   v=$(command -v nvcc) && v=$(dirname "$(dirname "$(readlink -f "$v")")")
   fact "cuda toolkit" \
     "${v:-(none)}: $(ls "$v"/lib64/libcublas.so* "$v"/targets/*/lib/libcublas.so* 2>/dev/null | tr '\n' ' ')"
@@ -334,8 +348,17 @@ note unpack "$(($(wc -w <"$prefix/.sw_stamp") - 1)) packages in $prefix"
 [ -n "$do_build$do_unit$do_bench" ] || finish 0
 
 # ---- configure and build ----------------------------------------------------------------------
+# cuDNN's frontend headers travel in .gpu (gpu_gather.sh); so do cuDNN's own headers, used only
+# where the machine has no cudnn.h (its wheel may ship the libraries alone).
+cudnn_args=()
+[ -f "$repo/.gpu/cudnn_frontend/include/cudnn_frontend.h" ] &&
+  cudnn_args+=("-DSW_CUDNN_FRONTEND_ROOT=$repo/.gpu/cudnn_frontend")
+if ! cudnn_header >/dev/null && [ -f "$repo/.gpu/cudnn_headers/include/cudnn.h" ]; then
+  cudnn_args+=("-DSW_CUDNN_INCLUDE=$repo/.gpu/cudnn_headers/include")
+fi
 if ! cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSW_CUDA=ON \
-     "-DCMAKE_CUDA_ARCHITECTURES=$archs" "-DCMAKE_PREFIX_PATH=$prefix/usr" >"$logs/configure.log" 2>&1; then
+     "-DCMAKE_CUDA_ARCHITECTURES=$archs" "-DCMAKE_PREFIX_PATH=$prefix/usr" "${cudnn_args[@]}" \
+     >"$logs/configure.log" 2>&1; then
   tail -30 "$logs/configure.log"
   fail configure "see $logs/configure.log"
 fi
@@ -353,8 +376,9 @@ while IFS='=' read -r var val; do
 done < <(grep -E "^($(echo MPI_C_COMPILER MPIEXEC_EXECUTABLE MPI_mpi_LIBRARY SW_OPENBLAS \
   SW_CBLAS_INCLUDE SW_DNNL_LIB SW_DNNL_INCLUDE SW_URING_LIB SW_URING_INCLUDE Catch2_DIR \
   nlohmann_json_DIR CLI11_DIR SW_NCCL SW_NCCL_INCLUDE SW_CUDNN SW_CUDNN_INCLUDE \
+  SW_CUDNN_FRONTEND_INCLUDE \
   CMAKE_CUDA_COMPILER CMAKE_CXX_COMPILER | tr ' ' '|')):" "$build/CMakeCache.txt")
-note configure "CUDA archs $archs; $outside dependencies outside the prefix"
+note configure "CUDA archs $archs; $outside dependencies outside the prefix; $(grep -o 'cuDNN attention [a-z ]*' "$logs/configure.log" | head -1)"
 
 # The CUDA test and benchmark executables: test_cuda*, test_nccl*, and bench* with cuda in the name.
 cuda_targets=$(ninja -C "$build" -t targets all 2>/dev/null |

@@ -167,3 +167,18 @@ echo "gpu_gather: the GPU machine must have GLIBC_$(maxv GLIBC), GLIBCXX_$(maxv 
   "$(grep -v '^#' "$out/assumed.txt" | paste -sd' ')"
 awk -F'\t' '!/^#/ && $5 != "-" {print $5, $1}' "$out/manifest.tsv" | sort -V | tail -1 |
   (read -r v p; echo "gpu_gather: the newest glibc is needed by $p ($v)")
+
+# cuDNN's frontend headers (scripts/cudnn_frontend.sh) and this machine's cuDNN headers (used
+# there only where the GPU machine has no cudnn.h): the CUDA backend's cuDNN attention.
+bash scripts/cudnn_frontend.sh >/dev/null
+rm -rf "$out/cudnn_frontend" "$out/cudnn_headers"
+cp -r .deps/cudnn_frontend "$out/cudnn_frontend"
+h=$(for d in /usr/local/cuda/include /usr/local/include /usr/include /usr/include/x86_64-linux-gnu; do
+  [ -f "$d/cudnn.h" ] && { echo "$d"; break; }; done)
+if [ -n "$h" ]; then
+  mkdir -p "$out/cudnn_headers/include"
+  cp -L "$h"/cudnn*.h "$out/cudnn_headers/include/"
+  echo "gpu_gather: cuDNN's frontend and cuDNN $(sed -n 's/^#define CUDNN_\(MAJOR\|MINOR\|PATCHLEVEL\) \([0-9]*\).*/\2/p' "$h/cudnn_version.h" | paste -sd.)'s headers (from $h) in $out"
+else
+  echo "gpu_gather: cuDNN's frontend in $out; no cudnn.h here to take along"
+fi

@@ -2,7 +2,8 @@
 # gpu_lease.sh: everything a short lease of a GPU machine should run, in one command that ends
 # by itself: scripts/gpu_build.sh --test (facts, unpack, configure, build, the CUDA tests with
 # their verbose error figures), then bench/gpu_vs_torch.sh in the order of what matters most
-# (Shardwise's per-op times and tokens/s, the PyTorch peers, attention chunk sizes, eager last)
+# (Shardwise's per-op times, its tokens/s with cuDNN's attention and the cuBLAS path, the
+# PyTorch peers, attention chunk sizes, eager last)
 # with the time that is left. Logs, the table and op_times_*.tsv go to $OUT/gpu_build/.
 #
 #   bash scripts/gpu_lease.sh [SECONDS]     (default 540: the device tool's 600 s per command,
@@ -21,7 +22,9 @@ export CTEST_TIMEOUT=${CTEST_TIMEOUT:-120}
 timeout -k 5 $((total / 2)) bash scripts/gpu_build.sh --test
 echo "gpu_lease: tests exit $?"
 left=$((deadline - SECONDS - 15))
-order=${GPU_LEASE_ORDER:-llama:shardwise_optimes,gpt2:shardwise_optimes,llama:shardwise,gpt2:shardwise,llama:compile,gpt2:compile,llama:shardwise_chunk32,llama:shardwise_chunk128,gpt2:eager,llama:eager}
+# Where the Llama's step goes, cuDNN's attention against compile on the same machine, then the
+# rest.
+order=${GPU_LEASE_ORDER:-llama:shardwise_optimes,llama:shardwise_cudnn,llama:compile,gpt2:shardwise_cudnn,gpt2:shardwise,gpt2:compile,llama:shardwise,llama:shardwise_cudnn_optimes,gpt2:shardwise_optimes,llama:shardwise_chunk32,gpt2:eager,llama:eager}
 if ((left < 60)); then
   echo "gpu_lease: ${left}s left, no time for the benchmark"
   exit 1

@@ -28,6 +28,7 @@
 #include <exception>
 #include <string>
 
+#include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/cuda_runtime.h"
 #include "kernels/ops.h"
 #include "tests/cuda/op_harness.h"
@@ -149,6 +150,42 @@ TEST_CASE("cuda ops: both bf16 / fp16 attention paths match the CPU's twin") {
     }
   }
   unsetenv("SHARDWISE_CUDA_ATTENTION_CHUNK");
+  unsetenv("SHARDWISE_CUDA_ATTENTION");
+}
+
+TEST_CASE("cuda ops: cuDNN's fused attention matches CPU fp32 at the low-precision tolerances") {
+  // SHARDWISE_CUDA_ATTENTION=cudnn (kernels/cuda/attention_cudnn.h): cuDNN's own kernels, so
+  // not the CPU's rounding points (O and dQ, dK, dV come back 16-bit, P is rounded against
+  // cuDNN's tiles): only the low-precision tolerances against CPU fp32, and bitwise equal
+  // twice (its deterministic backward). Shapes cuDNN refuses take the cuBLAS path (one line on
+  // stderr each); the real models' head dims, 64 and 128, must run on cuDNN.
+  if (!sw::cuda::cudnn_attention_built()) {
+    WARN("this build has no cuDNN attention (no cuDNN frontend at configure time)");
+    return;
+  }
+  std::vector<OpCase> cs;
+  for (auto& c : op_cases())
+    if (c.op.rfind("attention", 0) == 0) cs.push_back(c);
+  setenv("SHARDWISE_CUDA_ATTENTION", "cudnn", 1);
+  const long long runs0 = sw::cuda::cudnn_attention_runs();
+  for (DType t : {DType::BF16, DType::F16}) {
+    INFO("cudnn " << sw::dtype_name(t));
+    report(compare(cpu(DType::F32), cuda_backend(t), /*lowp=*/true, cs));
+    const auto bad = determinism(cuda_backend(t), cs);
+    for (const auto& b : bad) INFO("differs between runs: " + b);
+    CHECK(bad.empty());
+    for (const int hd : {64, 128})
+      for (const bool backward : {false, true}) {
+        std::string why;
+        const int64_t ws =
+            sw::cuda::cudnn_attention_prepare({t, 2, 33, 4, 4, hd}, backward, &why);
+        INFO("hd " << hd << (backward ? " backward" : " forward") << ": " << why);
+        CHECK(ws >= 0);
+      }
+  }
+  const long long ran = sw::cuda::cudnn_attention_runs() - runs0;
+  if (std::getenv("SW_TEST_VERBOSE")) std::printf("cuDNN attention executions: %lld\n", ran);
+  CHECK(ran > 0);
   unsetenv("SHARDWISE_CUDA_ATTENTION");
 }
 

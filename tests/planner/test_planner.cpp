@@ -628,6 +628,41 @@ TEST_CASE("plan: on a GPU, the device figures of the H100 benchmark's runs", "[p
   }
 }
 
+TEST_CASE("plan: the CUDA scratch follows SHARDWISE_CUDA_ATTENTION", "[planner]") {
+  // The three attention paths keep different scratch (attention_path.h): the cuBLAS path's
+  // 256 MiB score chunks, cuDNN's 16-bit copies and workspace, the flash kernels' row sums.
+  ModelConfig mc;
+  mc.type = "llama", mc.vocab_size = 32000, mc.n_layer = 24, mc.n_head = 16, mc.n_kv_head = 16;
+  mc.d_model = 2048, mc.d_ff = 5632, mc.seq_len = 2048;
+  auto with = [&](const char* path) {
+    if (path)
+      setenv("SHARDWISE_CUDA_ATTENTION", path, 1);
+    else
+      unsetenv("SHARDWISE_CUDA_ATTENTION");
+    const int64_t b = cuda_workspace_bytes(mc, 4, 2048, DType::BF16);
+    unsetenv("SHARDWISE_CUDA_ATTENTION");
+    return b;
+  };
+  const int64_t dflt = with(nullptr), cublas = with("cublas"), cudnn = with("cudnn"),
+                flash = with("flash");
+  CHECK(dflt == cublas);
+  CHECK(flash < cudnn);
+  CHECK(cudnn < cublas);
+  // fp32 compute always runs the flash kernels, whatever the variable says.
+  setenv("SHARDWISE_CUDA_ATTENTION", "cudnn", 1);
+  const int64_t f32 = cuda_workspace_bytes(mc, 4, 2048, DType::F32);
+  unsetenv("SHARDWISE_CUDA_ATTENTION");
+  CHECK(f32 == cuda_workspace_bytes(mc, 4, 2048, DType::F32));
+  setenv("SHARDWISE_CUDA_ATTENTION", "cudnn9", 1);
+  try {
+    cuda_workspace_bytes(mc, 4, 2048, DType::BF16);
+    FAIL("an unknown attention path was accepted");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("SHARDWISE_CUDA_ATTENTION: 'cudnn9'") != std::string::npos);
+  }
+  unsetenv("SHARDWISE_CUDA_ATTENTION");
+}
+
 TEST_CASE("plan: predicted RSS is tracked + rounding + token files + the process baseline", "[planner]") {
   swtest::TempDir dir("planner_rss");
   write_config(dir.path / "cfg.json");
