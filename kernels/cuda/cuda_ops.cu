@@ -42,6 +42,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -180,7 +181,9 @@ class CudaDevice {
 // cuBLAS products and the attention path's pieces) is bracketed by two CUDA events on the
 // compute stream; at exit the elapsed times are summed per op and printed to stderr, with the
 // ops' total against the span from the first op to the last (the rest is the compute stream
-// idle: the host late, a copy or collective waited for). Costs two event records per op and a
+// idle: the host late, a copy or collective waited for). Each op's host time (its call to its
+// return: the launches) is summed too, against the host's span, so a step bound by the host's
+// launches shows as host time close to the GPU's span. Costs two event records per op and a
 // host wait per 8192 ops (draining the oldest half); off, one branch per op.
 class OpTimes {
  public:
@@ -205,10 +208,14 @@ class OpTimes {
     }();
     return t;
   }
-  void add(std::string key, bool top, cudaEvent_t a, cudaEvent_t b) {
+  // host_t0 / host_t1: when the op's call began and returned on the host (steady clock, s).
+  void add(std::string key, bool top, cudaEvent_t a, cudaEvent_t b, double host_t0,
+           double host_t1) {
     std::lock_guard<std::mutex> lk(mu_);
     if (!first_) first_ = a;
-    pending_.push_back({std::move(key), top, a, b});
+    if (host_first_ < 0 || host_t0 < host_first_) host_first_ = host_t0;
+    host_last_ = std::max(host_last_, host_t1);
+    pending_.push_back({std::move(key), top, a, b, 1e3 * (host_t1 - host_t0)});
     if (pending_.size() >= kMaxPending) drain(pending_.size() / 2);
   }
 
@@ -217,10 +224,11 @@ class OpTimes {
     std::string key;
     bool top;
     cudaEvent_t a, b;
+    double host_ms;
   };
   struct Sum {
     long long calls = 0;
-    double ms = 0;
+    double ms = 0, host_ms = 0;
   };
   static constexpr size_t kMaxPending = 8192;
   explicit OpTimes(std::string path) : path_(std::move(path)) {}
@@ -234,7 +242,8 @@ class OpTimes {
         Sum& sm = sums_[r.key];
         ++sm.calls;
         sm.ms += ms;
-        if (r.top) top_ms_ += ms;
+        sm.host_ms += r.host_ms;
+        if (r.top) top_ms_ += ms, top_host_ms_ += r.host_ms;
       }
       if (r.a != first_) cudaEventDestroy(r.a);
       cudaEventDestroy(r.b);
@@ -272,12 +281,19 @@ class OpTimes {
                   "the last (%.1f%%)\n",
                   top_ms_, span, span > 0 ? 100.0 * top_ms_ / span : 0.0);
     out += line;
-    out += "op\tcalls\ttotal_ms\tmean_us\tshare_of_ops\n";
+    const double host_span = 1e3 * (host_last_ - host_first_);
+    std::snprintf(line, sizeof line,
+                  "# host: %.1f ms inside the ops' calls (launches, and the timing's own event "
+                  "records) of a %.1f ms span from the first call to the last return (%.1f%%); "
+                  "the rest is the engine between ops and its waits\n",
+                  top_host_ms_, host_span, host_span > 0 ? 100.0 * top_host_ms_ / host_span : 0.0);
+    out += line;
+    out += "op\tcalls\ttotal_ms\tmean_us\tshare_of_ops\thost_ms\n";
     for (const auto& [k, sm] : rows) {
-      std::snprintf(line, sizeof line, "%s%s\t%lld\t%.3f\t%.1f\t%.1f%%\n",
+      std::snprintf(line, sizeof line, "%s%s\t%lld\t%.3f\t%.1f\t%.1f%%\t%.3f\n",
                     k.find('/') != std::string::npos ? "  " : "", k.c_str(), sm.calls, sm.ms,
                     1000.0 * sm.ms / static_cast<double>(std::max(1LL, sm.calls)),
-                    top_ms_ > 0 ? 100.0 * sm.ms / top_ms_ : 0.0);
+                    top_ms_ > 0 ? 100.0 * sm.ms / top_ms_ : 0.0, sm.host_ms);
       out += line;
     }
     std::fputs(out.c_str(), stderr);
@@ -296,7 +312,8 @@ class OpTimes {
   std::vector<Rec> pending_;
   std::map<std::string, Sum> sums_;
   cudaEvent_t first_ = nullptr;
-  double top_ms_ = 0;
+  double top_ms_ = 0, top_host_ms_ = 0;
+  double host_first_ = -1, host_last_ = 0;
 };
 
 // Brackets one op (the outermost on this thread: "name") or a part of one ("op/name").
@@ -314,7 +331,7 @@ class OpScope {
     if (!t_) return;
     --depth_;
     if (a_ && cudaEventRecord(b_, s_) == cudaSuccess) {
-      t_->add(std::move(key_), top_, a_, b_);
+      t_->add(std::move(key_), top_, a_, b_, host_t0_, now());
     } else {
       if (a_) cudaEventDestroy(a_);
       if (b_) cudaEventDestroy(b_);
@@ -324,7 +341,12 @@ class OpScope {
   OpScope& operator=(const OpScope&) = delete;
 
  private:
+  static double now() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
   void start(OpTimes* t, cudaStream_t s, const char* name) {
+    host_t0_ = now();
     t_ = t;
     s_ = s;
     top_ = depth_ == 0;
@@ -344,6 +366,7 @@ class OpScope {
   cudaStream_t s_ = nullptr;
   cudaEvent_t a_ = nullptr, b_ = nullptr;
   bool top_ = false;
+  double host_t0_ = 0;
   std::string key_;
 };
 thread_local int OpScope::depth_ = 0;
