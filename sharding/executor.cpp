@@ -179,7 +179,15 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
         fu->stage_master(pnvme->pslots[size_t(plan.actions[size_t(f)].slot)].f32());
       }
       issue(*fu);
-      if (fu->params_on_nvme()) fu->stage_master(nullptr);  // the gather copied it out
+      if (fu->params_on_nvme() && !was) {  // the gather copied it out (an upload on a device)
+        fu->stage_master(nullptr);
+        int f = -1;
+        for (int w : a.waits)
+          if (plan.actions[size_t(w)].kind == ActionKind::Fetch) f = w;
+        pnvme->pbusy[size_t(plan.actions[size_t(f)].slot)] = fu->upload_event();
+      } else if (fu->params_on_nvme()) {
+        fu->stage_master(nullptr);
+      }
       if (recorder && !was) {  // the collective's execution interval is filled in at its wait
         record(plan, i, t0, t0);
         recorder->records.back().t_end = -1;
@@ -504,16 +512,17 @@ void ShardedModel::Impl::run_io(const StepPlan& plan, int i, FlatUnit& fu) {
   const size_t u = static_cast<size_t>(a.unit);
   const int64_t Sh = fu.shard_size();
   auto xfer = [&](IoStream& io, int fd, const std::string& path, float* buf, int64_t n,
-                  int64_t off) {
+                  int64_t off, std::shared_ptr<Event> after = nullptr) {
     const size_t bytes = static_cast<size_t>(n) * sizeof(float);
-    return fetch ? io.read(fd, path, buf, bytes, off) : io.write(fd, path, buf, bytes, off);
+    return fetch ? io.read(fd, path, buf, bytes, off, std::move(after))
+                 : io.write(fd, path, buf, bytes, off, std::move(after));
   };
   if (a.lo >= a.hi) {  // a whole shard: a gather's master, or a reduction's gradients
     SW_CHECK(pnvme && pnvme->moff[u] >= 0, "io action on a unit whose parameters are not on NVMe");
     NvmeParams& pv = *pnvme;
-    if (a.io == kIoMaster) {
-      pv.ev[size_t(i)].push_back(
-          xfer(*pv.io, pv.fd, pv.path, pv.pslots[size_t(a.slot)].f32(), Sh, pv.moff[u]));
+    if (a.io == kIoMaster) {  // into a slot a gather may still be uploading from
+      pv.ev[size_t(i)].push_back(xfer(*pv.io, pv.fd, pv.path, pv.pslots[size_t(a.slot)].f32(), Sh,
+                                      pv.moff[u], std::move(pv.pbusy[size_t(a.slot)])));
     } else if (fetch) {  // only what was accumulated before is read; zeros are not
       if (!fu.grads_zero()) {
         pv.gfetch[u] = xfer(*pv.io, pv.fd, pv.path, pv.gslots[size_t(a.slot)].f32(), Sh, pv.goff[u]);
@@ -578,15 +587,19 @@ void ShardedModel::Impl::run_act_io(const StepPlan& plan, int i) {
     const size_t n = bufs.size();
     for (size_t k = 0; k < n; ++k) {
       const Buffer* from = &bufs[k];
+      std::shared_ptr<Event> filled;
       if (!from->device().is_cpu()) {
-        // A device buffer is written from a host copy (kept with it until the write is done,
-        // as the plan frees the device bytes there).
+        // A device buffer is written from a pinned host copy made on the download copy stream
+        // (after the compute stream's work so far); the io stream starts the write once that
+        // copy is done, so the host never waits for the device here. Both buffers are kept
+        // until the write is done (the WaitIo below), where the plan frees the device bytes.
         Buffer h(from->bytes(), Mem::Activations, Device::cpu(), Tier::Host);
-        copy_bytes(h.data(), Device::cpu(), from->data(), from->device(), from->bytes());
+        filled = copy_bytes_async(h.data(), Device::cpu(), from->data(), from->device(),
+                                  from->bytes());
         bufs.push_back(std::move(h));
         from = &bufs.back();
       }
-      evs.push_back(A.io.write(A.fd, A.path, from->data(), from->bytes(), off));
+      evs.push_back(A.io.write(A.fd, A.path, from->data(), from->bytes(), off, std::move(filled)));
       off += static_cast<int64_t>(from->bytes());
     }
     A.writing[p] = std::move(bufs);

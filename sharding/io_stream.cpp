@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
@@ -56,14 +57,26 @@ IoStream::~IoStream() {
 }
 
 IoEventPtr IoStream::read(int fd, const std::string& path, void* buf, size_t bytes,
-                          int64_t offset) {
-  return enqueue(false, fd, path, buf, bytes, offset);
+                          int64_t offset, std::shared_ptr<Event> after) {
+  return enqueue(false, fd, path, buf, bytes, offset, std::move(after));
 }
 
 IoEventPtr IoStream::write(int fd, const std::string& path, const void* buf, size_t bytes,
-                           int64_t offset) {
-  return enqueue(true, fd, path, const_cast<void*>(buf), bytes, offset);
+                           int64_t offset, std::shared_ptr<Event> after) {
+  return enqueue(true, fd, path, const_cast<void*>(buf), bytes, offset, std::move(after));
 }
+
+namespace {
+// An `after` event that reports done, or fails, lets its operation go (a failed copy's error
+// surfaces where that copy is waited for, or in what the write then wrote).
+bool event_done(Event& e) {
+  try {
+    return e.query();
+  } catch (...) {
+    return true;
+  }
+}
+}  // namespace
 
 void IoStream::attach(const AioFile& f) {
   std::lock_guard<std::mutex> l(mu_);
@@ -105,8 +118,9 @@ bool IoStream::conflicts(const Op& a, const Op& b) {
 }
 
 IoEventPtr IoStream::enqueue(bool write, int fd, const std::string& path, void* buf, size_t bytes,
-                             int64_t offset) {
+                             int64_t offset, std::shared_ptr<Event> after) {
   Op o;
+  if (after && !event_done(*after)) o.after = std::move(after);
   o.write = write;
   o.fd = fd;
   o.path = path;
@@ -136,6 +150,11 @@ IoEventPtr IoStream::enqueue(bool write, int fd, const std::string& path, void* 
         it->dependents.push_back(op);
         ++op->deps;
       }
+    if (op->after) {
+      ++op->deps;
+      gated_.push_back(op);
+      cv_.notify_all();  // the dispatcher starts polling
+    }
     if (op->deps == 0) {
       if (hold_) {
         ready_.push_back(op);
@@ -188,10 +207,32 @@ void IoStream::completed(Op* op, const AioStatus& s) {
   cv_.notify_all();
 }
 
+void IoStream::poll_gated(std::unique_lock<std::mutex>& l) {
+  if (gated_.empty()) return;
+  std::vector<Op*> g = gated_;  // only the dispatcher removes from gated_ or finishes ops
+  l.unlock();
+  std::vector<Op*> go;
+  for (Op* o : g)
+    if (event_done(*o->after)) go.push_back(o);
+  l.lock();
+  for (Op* o : go) {
+    gated_.erase(std::find(gated_.begin(), gated_.end(), o));
+    o->after.reset();
+    if (--o->deps == 0) ready_.push_back(o);
+  }
+}
+
 void IoStream::dispatch() {
   std::unique_lock<std::mutex> l(mu_);
   for (;;) {
-    cv_.wait(l, [&] { return !done_.empty() || (!hold_ && !ready_.empty()) || (stop_ && ops_.empty()); });
+    auto woken = [&] {
+      return !done_.empty() || (!hold_ && !ready_.empty()) || (stop_ && ops_.empty());
+    };
+    if (gated_.empty())  // (an enqueued gated operation wakes it to start polling)
+      cv_.wait(l, [&] { return woken() || !gated_.empty(); });
+    else
+      cv_.wait_for(l, std::chrono::microseconds(50), woken);
+    poll_gated(l);
     if (done_.empty() && ready_.empty() && stop_ && ops_.empty()) return;
     std::vector<Op*> finished;
     finished.swap(done_);

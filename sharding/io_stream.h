@@ -61,8 +61,14 @@ class IoStream {
   IoStream& operator=(const IoStream&) = delete;
 
   // `path` names the file in errors. buf must stay valid until the event completes.
-  IoEventPtr read(int fd, const std::string& path, void* buf, size_t bytes, int64_t offset);
-  IoEventPtr write(int fd, const std::string& path, const void* buf, size_t bytes, int64_t offset);
+  // `after` (may be null): the operation is handed to the engine only once after->query() is
+  // true, as well as its hazards being clear; the dispatcher polls it (every ~50 us while any
+  // operation waits so), so the caller never waits for it. E.g. a device-to-host copy that
+  // fills a write's buffer: the write follows the copy without the host synchronising.
+  IoEventPtr read(int fd, const std::string& path, void* buf, size_t bytes, int64_t offset,
+                  std::shared_ptr<Event> after = nullptr);
+  IoEventPtr write(int fd, const std::string& path, const void* buf, size_t bytes, int64_t offset,
+                   std::shared_ptr<Event> after = nullptr);
 
   // Operations on f.fd() (its buffered descriptor) go through f from now on: pieces whose
   // buffer, offset and length are 4096-aligned use its O_DIRECT descriptor, the rest the
@@ -96,7 +102,8 @@ class IoStream {
     int64_t offset = 0;
     uint64_t dev = 0, ino = 0;  // the file's identity (fstat; fd itself when that fails)
     bool injected = false;      // SHARDWISE_IO_FAIL_AFTER
-    int deps = 0;               // earlier conflicting operations not completed
+    int deps = 0;               // earlier conflicting operations not completed, and `after`
+    std::shared_ptr<Event> after;  // while not done: in gated_
     std::vector<Op*> dependents;
     AioStatus status;  // set on completion
     IoEventPtr ev;
@@ -104,7 +111,8 @@ class IoStream {
   };
   static bool conflicts(const Op& a, const Op& b);
   IoEventPtr enqueue(bool write, int fd, const std::string& path, void* buf, size_t bytes,
-                     int64_t offset);
+                     int64_t offset, std::shared_ptr<Event> after);
+  void poll_gated(std::unique_lock<std::mutex>& l);  // releases the ops whose `after` is done
   void start_locked(Op* op);  // counts op as handed to the engine
   void submit(Op* op);        // hands op to the engine (mu_ not held)
   void completed(Op* op, const AioStatus& s);  // from the engine's threads
@@ -117,6 +125,7 @@ class IoStream {
   std::list<Op> ops_;                // not completed, in enqueue order
   std::vector<Op*> ready_;           // hazards clear, not handed over yet (hold, or released)
   std::vector<Op*> done_;            // completed by the engine, not yet finished here
+  std::vector<Op*> gated_;           // waiting for their `after` event
   std::unordered_map<int, const AioFile*> files_;
   int64_t seq_ = 0, in_flight_ = 0, peak_ = 0;
   bool hold_ = false, stop_ = false;

@@ -499,6 +499,7 @@ void ShardedModel::Impl::setup_nvme_params(int rank) {
   for (int k = 0; k < opt_plan.grad_slots; ++k)
     pv->gslots.push_back(Buffer::fresh(sb, Mem::Grads, dev, tier));
   pv->gbusy.resize(pv->gslots.size());
+  pv->pbusy.resize(pv->pslots.size());
   if (!nvme)
     for (int k = 0; k < opt_plan.staging_slots; ++k)
       pv->opt_slots.push_back(

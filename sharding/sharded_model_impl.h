@@ -110,6 +110,9 @@ struct NvmeParams {
   std::vector<Buffer> pslots, gslots;
   std::vector<Buffer> opt_slots;    // the optimizer's staging when NvmeMoments has none
   std::vector<IoEventPtr> gbusy;    // per gradient slot: its last write (reused after it)
+  // Per parameter slot: the upload its gather made from it; the next read into the slot waits
+  // for it in the io queue (on a device the upload is asynchronous).
+  std::vector<std::shared_ptr<Event>> pbusy;
   std::vector<IoEventPtr> gfetch;   // per unit: the read its next accumulation waits for
   std::vector<double> sumsq;        // per unit: sum of squares of the accumulated gradients
   Buffer tmp;                       // synchronous accesses (init, export, checkpoints)

@@ -394,15 +394,12 @@ void FlatUnit::gather_shard_into(const float* shard, Device where, float* out) c
 
 const Ops& FlatUnit::ops_on(Device d) const { return d.is_cpu() ? ops_for(Device::cpu()) : *ops_; }
 
-// Host shard -> the gather's slot (or a whole unit's host master -> its parameters). NVMe
-// staging is refilled right after its Gather (the plan's assumption): copied synchronously.
-// Host shards: on the copy stream, which the compute stream (and so the collective after it)
-// waits for natively; the host source is written again only after wait_upload.
+// Host shard or NVMe staging -> the gather's slot (or a whole unit's host master -> its
+// parameters): on the copy stream, which the compute stream (and so the collective after it)
+// waits for natively; the host source is written again only after wait_upload, or, for an
+// NVMe staging slot, by a read the io queue holds until this upload is done (upload_event();
+// the executor's Gather hands it to the slot).
 void FlatUnit::upload(void* dst, const void* src, size_t bytes) {
-  if (pnvme_) {
-    copy_bytes(dst, ops_->device(), src, Device::cpu(), bytes);
-    return;
-  }
   wait_upload();
   up_ = copy_bytes_async(dst, ops_->device(), src, Device::cpu(), bytes);
   ops_->stream().wait_event(*up_);

@@ -188,6 +188,9 @@ class FlatUnit {
   // (shard) fp32 master; on the host (offload_param cpu on a device) after any upload of it
   // in flight has completed, so the caller may write it.
   float* master() const { return settle(), wait_upload(), master_; }
+  // The last upload from the host (null when done and waited for, or none): what an NVMe
+  // staging slot it read must not be refilled before.
+  std::shared_ptr<Event> upload_event() const { return up_; }
   float* full() const { return settle(), full_; }              // (padded) valid when Unsharded
   float* grad_shard() const { return settle(), grad_shard_; }  // (shard) reduced gradients
   float* grad_full() const { return settle(), grad_full_; }    // (padded) unsharded gradients
@@ -278,9 +281,10 @@ class FlatUnit {
   Work gather_;
   bool gather_in_flight_ = false;
   bool dirty_ = false;
-  // offload_param cpu on a device: the last upload of the host shard (or of its narrowed copy
-  // in stage_) into the gather's slot, on the copy stream; the compute stream waits for it
-  // natively, the host only before it writes the master or the stage again.
+  // offload_param cpu or nvme on a device: the last upload of the host shard (or of its
+  // narrowed copy in stage_, or of an NVMe staging slot) into the gather's slot, on the copy
+  // stream; the compute stream waits for it natively, the host only before it writes the
+  // master or the stage again (the io queue before it refills an NVMe slot: upload_event).
   mutable std::shared_ptr<Event> up_;
   void wait_upload() const;
   void upload(void* dst, const void* src, size_t bytes);
