@@ -233,6 +233,10 @@ if sys.argv[4] == "cpu":
     cfg["threads"] = int(sys.argv[6])
 print(json.dumps(cfg, indent=1))
 PY
+  # What `shardwise plan` predicts for the run's device peak (the same attention path), beside
+  # the measured peak in the record: the planner checked on every run.
+  (if [ -n "$attn" ]; then export SHARDWISE_CUDA_ATTENTION=$attn; else unset SHARDWISE_CUDA_ATTENTION; fi
+   exec timeout 30 "$sw" plan "$dir/config_in.json" --json) >"$dir/plan.json" 2>"$dir/plan.err"
   local t0=$SECONDS
   (if [ -n "$attn" ]; then export SHARDWISE_CUDA_ATTENTION=$attn; else unset SHARDWISE_CUDA_ATTENTION; fi
    if [ -n "$optimes" ]; then export SHARDWISE_CUDA_OP_TIMES=$optimes; else unset SHARDWISE_CUDA_OP_TIMES; fi
@@ -290,6 +294,11 @@ elif rc in (124, 137):
 else:
     rec["status"] = "failed" if rc else "no_steps"
     rec["error"] = err[:300]
+try:
+    r0 = json.load(open(d + "/plan.json"))["ranks"][0]
+    rec["planned_device_bytes"] = r0["tiers"]["device"]["peak_bytes"] + r0["kernel_workspace_bytes"]
+except (OSError, ValueError, KeyError, IndexError):
+    pass
 # A shape cuDNN refused (the run then took the cuBLAS path): say so beside the figures.
 refused = next((l for l in log if "cuDNN attention refused" in l), None)
 if refused:
@@ -389,7 +398,7 @@ for j in res:
     if k not in best or j.get("tokens_per_s", -1) > best[k].get("tokens_per_s", -1):
         best[k] = j
 models = list(dict.fromkeys(j["model"] for j in res))
-lines = ["model  engine                 batch  T      tokens/s    MFU  step s  max mem GiB  vs compiled  status"]
+lines = ["model  engine                 batch  T      tokens/s    MFU  step s  max mem GiB  plan GiB  vs compiled  status"]
 for m in models:
     ref = best.get((m, "pytorch compile"), {}).get("tokens_per_s")
     chunks = sorted({e for (mm, e) in best if mm == m and e.startswith("shardwise chunk")},
@@ -406,9 +415,11 @@ for m in models:
             f"{m:6s} {e:21s} {j.get('batch', '-')!s:>6} {j.get('T', '-')!s:>5} "
             + (f"{tok:11.0f} {100 * j['mfu']:5.1f}% {j['step_s']:7.3f}" if tok else f"{'-':>11} {'-':>6} {'-':>7}")
             + (f" {mem / 2**30:12.2f}" if mem else f" {'-':>12}")
+            + (f" {j['planned_device_bytes'] / 2**30:9.2f}" if j.get("planned_device_bytes") else f" {'-':>9}")
             + (f" {tok / ref:11.2f}x" if tok and ref else f" {'-':>12}")
             + f"  {j['status']}" + (f": {j['error']}" if j.get("error") and j["status"] != "ok" else ""))
-targets = ("max mem: PyTorch max_memory_allocated, Shardwise's tracked peak (peak_mem_bytes)\n"
+targets = ("max mem: PyTorch max_memory_allocated, Shardwise's tracked peak (peak_mem_bytes); "
+           "plan: what `shardwise plan` predicted for it\n"
            "targets: shardwise >= pytorch compile tokens/s; >= 45% MFU at the 1.3B Llama")
 peak = next((j.get("peak_flops") for j in res if j.get("peak_flops")), 989e12)
 note = (f"MFU = tokens/s x (6N + 12 L d T) / {peak:.4g} FLOP/s; tokens/s: median step after the "

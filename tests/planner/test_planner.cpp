@@ -596,20 +596,24 @@ TEST_CASE("plan: on a GPU, the device figures of the H100 benchmark's runs", "[p
   // bench/gpu_vs_torch.sh's configurations (bf16, ZeRO-3 at one rank, no checkpointing) and
   // the tracked peaks (peak_mem_bytes) their `shardwise train` reached on an H100 on
   // 2026-11-26: GPT-2 124M at B 16, T 1024: 14,389,083,176 B; a 1.3B Llama at B 4, T 2048:
-  // 56,183,167,872 B. The plan with the CUDA backend's scratch (cuda_workspace_bytes) within
-  // 1%; the CPU kernels' estimate it replaced was 6% short for GPT-2 (12.58 GiB).
+  // 56,183,167,872 B; with the flash-style kernels (SHARDWISE_CUDA_ATTENTION=flash) 13,791,394,856
+  // and 55,512,079,232 B. The plan with the CUDA backend's scratch (cuda_workspace_bytes, for
+  // the attention path the variable chooses) within 1%; the CPU kernels' estimate it replaced
+  // was 6% short for GPT-2 (12.58 GiB).
   swtest::TempDir dir("planner_h100");
   struct Case {
     const char* model;
     int B;
     double measured;
+    const char* attention;
   };
-  for (const Case& c :
-       {Case{R"({"type": "gpt2", "vocab_size": 50304, "n_layer": 12, "n_head": 12, "d_model": 768,
-                 "d_ff": 3072, "seq_len": 1024, "tie_embeddings": true})", 16, 14389083176.0},
-        Case{R"({"type": "llama", "vocab_size": 32000, "n_layer": 24, "n_head": 16,
-                 "n_kv_head": 16, "d_model": 2048, "d_ff": 5632, "seq_len": 2048})", 4,
-             56183167872.0}}) {
+  const char* gpt2 = R"({"type": "gpt2", "vocab_size": 50304, "n_layer": 12, "n_head": 12,
+                         "d_model": 768, "d_ff": 3072, "seq_len": 1024, "tie_embeddings": true})";
+  const char* llama = R"({"type": "llama", "vocab_size": 32000, "n_layer": 24, "n_head": 16,
+                          "n_kv_head": 16, "d_model": 2048, "d_ff": 5632, "seq_len": 2048})";
+  for (const Case& c : {Case{gpt2, 16, 14389083176.0, "cublas"}, Case{llama, 4, 56183167872.0, "cublas"},
+                        Case{gpt2, 16, 13791394856.0, "flash"}, Case{llama, 4, 55512079232.0, "flash"}}) {
+    setenv("SHARDWISE_CUDA_ATTENTION", c.attention, 1);
     std::ofstream(dir.path / "cfg.json")
         << R"({"model": )" << c.model << R"(, "data": {"train": "x.bin"}, "device": "cuda",
             "bf16": {"enabled": true}, "train_micro_batch_size_per_gpu": )" << c.B << R"(,
@@ -621,10 +625,12 @@ TEST_CASE("plan: on a GPU, the device figures of the H100 benchmark's runs", "[p
     s.micro_batch = cfg.micro_batch, s.accum = cfg.grad_accum;
     s.on_device = true;
     const PlanPrediction p = predict_plan(s, nullptr);
-    INFO(cfg.model.type << ": planned " << p.device << " B, measured " << c.measured);
+    INFO(cfg.model.type << " " << c.attention << ": planned " << p.device << " B, measured "
+                        << c.measured);
     CHECK(std::abs(double(p.device) - c.measured) < 0.01 * c.measured);
     CHECK(p.workspace == cuda_workspace_bytes(cfg.model, c.B, cfg.model.seq_len, DType::BF16));
     CHECK(p.rss.total < p.device / 10);  // device memory is not the process's RSS
+    unsetenv("SHARDWISE_CUDA_ATTENTION");
   }
 }
 
