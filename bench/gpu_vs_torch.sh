@@ -398,7 +398,7 @@ for j in res:
     if k not in best or j.get("tokens_per_s", -1) > best[k].get("tokens_per_s", -1):
         best[k] = j
 models = list(dict.fromkeys(j["model"] for j in res))
-lines = ["model  engine                 batch  T      tokens/s    MFU  step s  max mem GiB  plan GiB  vs compiled  status"]
+lines = ["model  engine                         batch  T      tokens/s    MFU  step s  max mem GiB  plan GiB  vs compiled  status"]
 for m in models:
     ref = best.get((m, "pytorch compile"), {}).get("tokens_per_s")
     chunks = sorted({e for (mm, e) in best if mm == m and e.startswith("shardwise chunk")},
@@ -412,7 +412,7 @@ for m in models:
         tok = j.get("tokens_per_s")
         mem = j.get("max_mem_allocated_bytes")
         lines.append(
-            f"{m:6s} {e:21s} {j.get('batch', '-')!s:>6} {j.get('T', '-')!s:>5} "
+            f"{m:6s} {e:29s} {j.get('batch', '-')!s:>6} {j.get('T', '-')!s:>5} "
             + (f"{tok:11.0f} {100 * j['mfu']:5.1f}% {j['step_s']:7.3f}" if tok else f"{'-':>11} {'-':>6} {'-':>7}")
             + (f" {mem / 2**30:12.2f}" if mem else f" {'-':>12}")
             + (f" {j['planned_device_bytes'] / 2**30:9.2f}" if j.get("planned_device_bytes") else f" {'-':>9}")
