@@ -156,40 +156,38 @@ TEST_CASE("cuda train: twenty steps on the GPU match the CPU, and repeat bit for
     }
 }
 
+namespace {
+
+// Tiny GPT-2 and Llama in bf16 with SHARDWISE_CUDA_ATTENTION=path: against the CPU, and twice.
+void bf16_with_attention(const char* path) {
+  setenv("SHARDWISE_CUDA_ATTENTION", path, 1);
+  for (const char* type : {"gpt2", "llama"}) {
+    const std::string what = std::string(type) + " bf16 " + path + " attention";
+    const ModelConfig cfg = tiny(type);
+    const ShardingPolicy pol = policy(DType::BF16);
+    const Run cpu = train(cfg, ops_for(Device::cpu()), pol, make_local_group());
+    const Run a = train(cfg, ops_for(gpu()), pol, make_local_group());
+    const Run b = train(cfg, ops_for(gpu()), pol, make_local_group());
+    check_close(a, cpu, kBf16Step, kBf16Param, what);
+    CHECK(same(a, b));
+  }
+  unsetenv("SHARDWISE_CUDA_ATTENTION");
+}
+
+}  // namespace
+
 TEST_CASE("cuda train: bf16 with cuDNN's fused attention matches the CPU, and repeats") {
   if (!sw::cuda::cudnn_attention_built()) {
     WARN("this build has no cuDNN attention");
     return;
   }
-  setenv("SHARDWISE_CUDA_ATTENTION", "cudnn", 1);
   const long long runs0 = sw::cuda::cudnn_attention_runs();
-  for (const char* type : {"gpt2", "llama"}) {
-    const std::string what = std::string(type) + " bf16 cuDNN attention";
-    const ModelConfig cfg = tiny(type);
-    const ShardingPolicy pol = policy(DType::BF16);
-    const Run cpu = train(cfg, ops_for(Device::cpu()), pol, make_local_group());
-    const Run a = train(cfg, ops_for(gpu()), pol, make_local_group());
-    const Run b = train(cfg, ops_for(gpu()), pol, make_local_group());
-    check_close(a, cpu, kBf16Step, kBf16Param, what);
-    CHECK(same(a, b));
-  }
+  bf16_with_attention("cudnn");
   CHECK(sw::cuda::cudnn_attention_runs() > runs0);  // it ran on cuDNN, not the fallback
-  unsetenv("SHARDWISE_CUDA_ATTENTION");
 }
 
 TEST_CASE("cuda train: bf16 with the flash attention kernels matches the CPU, and repeats") {
-  setenv("SHARDWISE_CUDA_ATTENTION", "flash", 1);  // (the default above: the cuBLAS path)
-  for (const char* type : {"gpt2", "llama"}) {
-    const std::string what = std::string(type) + " bf16 flash attention";
-    const ModelConfig cfg = tiny(type);
-    const ShardingPolicy pol = policy(DType::BF16);
-    const Run cpu = train(cfg, ops_for(Device::cpu()), pol, make_local_group());
-    const Run a = train(cfg, ops_for(gpu()), pol, make_local_group());
-    const Run b = train(cfg, ops_for(gpu()), pol, make_local_group());
-    check_close(a, cpu, kBf16Step, kBf16Param, what);
-    CHECK(same(a, b));
-  }
-  unsetenv("SHARDWISE_CUDA_ATTENTION");
+  bf16_with_attention("flash");  // (the default above: the cuBLAS path)
 }
 
 TEST_CASE("cuda train: activation offload to pinned host equals no offload bit for bit") {
