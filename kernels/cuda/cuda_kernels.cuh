@@ -101,8 +101,9 @@ void attn_unpack_grads(cudaStream_t s, const float* dQn, const float* dKn, const
 
 // ---- lmhead.cu: one chunk of rows. logits (nc, V) holds x_c @ w^T on entry; per row: loss
 // (lse - logit[target], 0 for target < 0) into rl[r]; with grad, the row becomes
-// grad_scale * (softmax - onehot(target)) (zero for ignored rows).
+// grad_scale * (softmax - onehot(target)) (zero for ignored rows); with d16 (nc, V) the
+// gradient goes there instead, narrowed to dt as narrow() does, and logits keep the products.
 void xent_rows(cudaStream_t s, float* logits, float* rl, const int32_t* targets, int nc, int V,
-               bool grad, float grad_scale);
+               bool grad, float grad_scale, uint16_t* d16 = nullptr, int dt = 0);
 
 }  // namespace sw::cuda

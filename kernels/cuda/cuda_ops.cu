@@ -561,7 +561,8 @@ class CudaOps final : public Ops {
   // x_c (cuBLAS, beta = 1). The loss total is summed on the device in a fixed order.
   // Low precision (kernels/cpu/lmhead.cpp's rounding): x and w narrowed once per call (Lowp0,
   // Lowp1); the logits are fp32 products of those, the softmax and loss fp32; with gradients,
-  // each chunk's fp32 dlogits are narrowed (Lowp2) and feed both backward products.
+  // the row kernel writes each chunk's dlogits narrowed (Lowp2; the fp32 values are never
+  // stored), and they feed both backward products.
   double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w,
                      const int32_t* targets, int N, int C, int V,
                      float grad_scale) const override {
@@ -651,12 +652,11 @@ class CudaOps final : public Ops {
       }
       const uint16_t* x16c = x16 + static_cast<size_t>(n0) * C;
       gemm16(false, true, nc, V, C, 1.f, x16c, C, w16, C, 0.f, logits, V);
-      {
+      {  // with gradients, the 16-bit dlogits straight from the row kernel
         const OpScope scope(s, "xent_rows");
-        cuda::xent_rows(s, logits, rl + n0, targets + n0, nc, V, grad, grad_scale);
+        cuda::xent_rows(s, logits, rl + n0, targets + n0, nc, V, grad, grad_scale, d16, dt());
       }
       if (!grad) continue;
-      cuda::narrow(s, dt(), logits, d16, static_cast<size_t>(nc) * V);
       if (dx) gemm16(false, false, nc, C, V, 1.f, d16, V, w16, C, 1.f,
                      dx + static_cast<size_t>(n0) * C, C);
       if (dw) gemm16(true, false, V, C, nc, 1.f, d16, V, x16c, C, 1.f, dw, C);

@@ -260,16 +260,24 @@ __global__ void sum_floats_k(double* result, const float* x, int n, bool accumul
 
 // ---- LM head rows: one block per row of logits ---------------------------------------------------
 
+// With d16 (low-precision compute): the gradient row goes to d16 as cuda::narrow would round
+// it, and the fp32 row is left as it was (one pass less over the logits).
 __global__ void xent_rows_k(float* logits, float* rl, const int32_t* targets, int V, bool grad,
-                            float grad_scale) {
+                            float grad_scale, uint16_t* d16, int dt) {
   __shared__ float fscratch[32];
   const int r = blockIdx.x;
   float* row = logits + static_cast<size_t>(r) * V;
+  uint16_t* row16 = d16 ? d16 + static_cast<size_t>(r) * V : nullptr;
   const int t = targets[r];
   if (t < 0) {  // ignored row: loss 0, no gradient (uniform branch: t is the same for the block)
     if (threadIdx.x == 0) rl[r] = 0.f;
     if (grad)
-      for (int v = threadIdx.x; v < V; v += blockDim.x) row[v] = 0.f;
+      for (int v = threadIdx.x; v < V; v += blockDim.x) {
+        if (row16)
+          row16[v] = to_half_d(dt, 0.f);
+        else
+          row[v] = 0.f;
+      }
     return;
   }
   float mx = -INFINITY;
@@ -285,7 +293,11 @@ __global__ void xent_rows_k(float* logits, float* rl, const int32_t* targets, in
   const float k = grad_scale / sum;
   for (int v = threadIdx.x; v < V; v += blockDim.x) {
     const float p = expf(row[v] - mx) * k;
-    row[v] = v == t ? p - grad_scale : p;
+    const float g = v == t ? p - grad_scale : p;
+    if (row16)
+      row16[v] = to_half_d(dt, g);
+    else
+      row[v] = g;
   }
 }
 
@@ -453,9 +465,9 @@ void sum_rows(cudaStream_t s, double* result, const float* x, int n, bool accumu
 }
 
 void xent_rows(cudaStream_t s, float* logits, float* rl, const int32_t* targets, int nc, int V,
-               bool grad, float grad_scale) {
+               bool grad, float grad_scale, uint16_t* d16, int dt) {
   if (nc == 0) return;
-  xent_rows_k<<<nc, 512, 0, s>>>(logits, rl, targets, V, grad, grad_scale);
+  xent_rows_k<<<nc, 512, 0, s>>>(logits, rl, targets, V, grad, grad_scale, d16, dt);
   SW_CUDA_LAUNCHED();
 }
 
