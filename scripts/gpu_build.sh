@@ -417,7 +417,11 @@ status=0
 if [ -n "$do_test" ]; then
   echo "== CUDA tests"
   # -V: the log keeps each op's error against the CPU (SW_TEST_VERBOSE), passed or not.
-  SW_TEST_VERBOSE=1 ctest_run cuda -L cuda -V || status=1
+  # cuDNN's description of this GPU (test_cuda_ops writes it), for tests/data/cudnn_devices/:
+  # test_cudnn_offline then checks the attention graphs for it on machines without a GPU.
+  SW_CUDNN_DEVICE_OUT="$logs/cudnn_device_$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null |
+    sed -n 1p | tr -c 'A-Za-z0-9\n' '_' | sed 's/_*$//').json" \
+    SW_TEST_VERBOSE=1 ctest_run cuda -L cuda -V || status=1
   SW_TEST_VERBOSE=1 ctest_run cuda_unit -R '^cuda_' -LE cuda -V || status=1
   benches=$(grep '^bench' <<<"$cuda_targets")
   for b in $benches; do

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
 
 #include "core/error.h"
 
@@ -64,16 +65,17 @@ cudnnHandle_t handle() {
   return h;
 }
 
-Built build(const AttnShape& s, bool backward) {
-  Built out;
-  if (s.dt != DType::BF16 && s.dt != DType::F16) {
-    out.why = "cuDNN attention takes bf16 or fp16 compute only";
-    return out;
-  }
-  if (s.hd % 8 != 0) {  // 16-byte rows and aligned K / V views
-    out.why = "head dim " + std::to_string(s.hd) + " is not a multiple of 8";
-    return out;
-  }
+// Why the shape cannot be a graph at all ("" when it can).
+std::string shape_refusal(const AttnShape& s) {
+  if (s.dt != DType::BF16 && s.dt != DType::F16)
+    return "cuDNN attention takes bf16 or fp16 compute only";
+  if (s.hd % 8 != 0)  // 16-byte rows and aligned K / V views
+    return "head dim " + std::to_string(s.hd) + " is not a multiple of 8";
+  return "";
+}
+
+// The forward or backward graph of the shape, defined (not built).
+std::shared_ptr<fe::graph::Graph> define(const AttnShape& s, bool backward) {
   const int64_t B = s.B, T = s.T, H = s.H, KVH = s.KVH, hd = s.hd, R = (H + 2 * KVH) * hd;
   auto g = std::make_shared<fe::graph::Graph>();
   g->set_io_data_type(s.dt == DType::BF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
@@ -122,25 +124,38 @@ Built build(const AttnShape& s, bool backward) {
     dK->set_output(true).set_uid(kdK).set_dim({B, KVH, T, hd}).set_stride({T * R, hd, R, 1});
     dV->set_output(true).set_uid(kdV).set_dim({B, KVH, T, hd}).set_stride({T * R, hd, R, 1});
   }
-  auto refused = [&](const char* step, fe::error_t e) {
-    out.why = std::string(step) + ": " + e.get_message();
-    return out;
+  return g;
+}
+
+// Validates the graph, picks cuDNN's heuristic plan and builds it: for this process's GPU
+// (handle), or, without one, for the device g's properties describe (handle null: cuDNN's
+// ahead-of-time path). Returns "" or the step that failed with cuDNN's reason.
+std::string finish(fe::graph::Graph& g, cudnnHandle_t h, int64_t* workspace) {
+  auto refused = [](const char* step, fe::error_t e) {
+    return std::string(step) + ": " + e.get_message();
   };
-  fe::error_t e = g->validate();
+  fe::error_t e = g.validate();
   if (!e.is_good()) return refused("validate", e);
-  e = g->build_operation_graph(handle());
+  e = h ? g.build_operation_graph(h) : g.build_operation_graph();
   if (!e.is_good()) return refused("build_operation_graph", e);
-  e = g->create_execution_plans({fe::HeurMode_t::A});
+  e = g.create_execution_plans({fe::HeurMode_t::A});
   if (!e.is_good()) return refused("create_execution_plans", e);
-  e = g->check_support();
+  e = g.check_support();
   if (!e.is_good()) return refused("check_support", e);
-  e = g->build_plans();
+  e = g.build_plans();
   if (!e.is_good()) return refused("build_plans", e);
-  int64_t ws = 0;
-  e = g->get_workspace_size(ws);
+  e = g.get_workspace_size(*workspace);
   if (!e.is_good()) return refused("get_workspace_size", e);
-  out.graph = std::move(g);
-  out.workspace = ws;
+  return "";
+}
+
+Built build(const AttnShape& s, bool backward) {
+  Built out;
+  out.why = shape_refusal(s);
+  if (!out.why.empty()) return out;
+  auto g = define(s, backward);
+  out.why = finish(*g, handle(), &out.workspace);
+  if (out.why.empty()) out.graph = std::move(g);
   return out;
 }
 
@@ -216,6 +231,43 @@ void cudnn_attention_backward(void* stream, const AttnShape& s, const uint16_t* 
   run(stream, s, true, pack, ws);
 }
 
+std::string cudnn_device_properties() {
+  std::lock_guard<std::mutex> lk(g_mu);
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) fail("cuda", "cudaGetDevice failed");
+  fe::DeviceProperties dp;
+  dp.set_handle(handle()).set_device_id(dev);
+  fe::error_t e = dp.build();
+  if (!e.is_good()) fail("cuda", "cuDNN device properties: " + e.get_message());
+  std::vector<uint8_t> buf;
+  e = dp.serialize(buf);
+  if (!e.is_good()) fail("cuda", "cuDNN device properties: " + e.get_message());
+  std::string text(buf.begin(), buf.end());
+  while (!text.empty() && text.back() == '\0') text.pop_back();
+  return text;
+}
+
+std::string cudnn_attention_check_offline(const std::string& props, const AttnShape& s,
+                                          bool backward, int64_t* workspace) {
+  std::string why = shape_refusal(s);
+  if (!why.empty()) return why;
+  try {
+    auto dp = std::make_shared<fe::DeviceProperties>();
+    std::vector<uint8_t> buf(props.begin(), props.end());
+    buf.push_back(0);  // as cuDNN serialises it: with its terminating NUL
+    fe::error_t e = dp->deserialize(buf);
+    if (!e.is_good()) return "device properties: " + e.get_message();
+    auto g = define(s, backward);
+    g->set_device_properties(dp);
+    int64_t ws = 0;
+    why = finish(*g, nullptr, &ws);
+    if (why.empty() && workspace) *workspace = ws;
+    return why;
+  } catch (const std::exception& ex) {
+    return ex.what();
+  }
+}
+
 #else  // no cuDNN frontend in this build
 
 bool cudnn_attention_built() { return false; }
@@ -233,6 +285,12 @@ void cudnn_attention_forward(void*, const AttnShape&, const uint16_t*, uint16_t*
 void cudnn_attention_backward(void*, const AttnShape&, const uint16_t*, const uint16_t*,
                               const uint16_t*, const float*, uint16_t*, void*) {
   fail("cuda", "cuDNN attention: not in this build");
+}
+
+std::string cudnn_device_properties() { fail("cuda", "cuDNN attention: not in this build"); }
+
+std::string cudnn_attention_check_offline(const std::string&, const AttnShape&, bool, int64_t*) {
+  return "this build has no cuDNN frontend";
 }
 
 #endif

@@ -44,4 +44,14 @@ void cudnn_attention_backward(void* stream, const AttnShape& s, const uint16_t* 
 // Executions so far (forward and backward), for tests that must know the path ran.
 long long cudnn_attention_runs();
 
+// Checking the graphs where there is no GPU. cudnn_device_properties: this process's GPU as
+// cuDNN describes it (its JSON; cuDNN >= 9.8), to be kept in tests/data/cudnn_devices/;
+// throws naming the reason. cudnn_attention_check_offline: whether cuDNN would build the
+// shape's graph for the device `props` describes, with no GPU (cuDNN's ahead-of-time path:
+// validate, heuristic plan, support, build); "" when it would (then *workspace, if given, is
+// its workspace bytes), else the step that failed and cuDNN's reason.
+std::string cudnn_device_properties();
+std::string cudnn_attention_check_offline(const std::string& props, const AttnShape& s,
+                                          bool backward, int64_t* workspace = nullptr);
+
 }  // namespace sw::cuda

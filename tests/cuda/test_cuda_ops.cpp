@@ -189,6 +189,43 @@ TEST_CASE("cuda ops: cuDNN's fused attention matches CPU fp32 at the low-precisi
   unsetenv("SHARDWISE_CUDA_ATTENTION");
 }
 
+TEST_CASE("cuda ops: cuDNN's description of this GPU checks the graphs offline, as online") {
+  // cudnn_device_properties, written where SW_CUDNN_DEVICE_OUT says (gpu_build.sh: into its
+  // logs, to be kept in tests/data/cudnn_devices/ for test_cudnn_offline); the offline check
+  // with it must agree with building the graph here: supported, the same workspace.
+  if (!sw::cuda::cudnn_attention_built()) {
+    WARN("this build has no cuDNN attention");
+    return;
+  }
+  std::string props;
+  try {
+    props = sw::cuda::cudnn_device_properties();
+  } catch (const std::exception& e) {
+    WARN("no cuDNN device description (cuDNN >= 9.8 serialises it): " << e.what());
+    return;
+  }
+  CHECK_FALSE(props.empty());
+  if (const char* out = std::getenv("SW_CUDNN_DEVICE_OUT")) {
+    std::FILE* f = std::fopen(out, "w");
+    REQUIRE(f);
+    std::fputs(props.c_str(), f);
+    std::fclose(f);
+  }
+  for (const int hd : {64, 128})
+    for (const bool backward : {false, true}) {
+      const sw::cuda::AttnShape s{DType::BF16, 4, 256, 4, 2, hd};
+      std::string why;
+      const int64_t online = sw::cuda::cudnn_attention_prepare(s, backward, &why);
+      int64_t offline = -1;
+      const std::string off = sw::cuda::cudnn_attention_check_offline(props, s, backward, &offline);
+      INFO("hd " << hd << (backward ? " backward" : " forward") << ": online '" << why
+                 << "', offline '" << off << "'");
+      CHECK(online >= 0);
+      CHECK(off.empty());
+      CHECK(offline == online);
+    }
+}
+
 TEST_CASE("cuda ops: the three precisions share one compute stream") {
   const sw::Ops& f32 = sw::ops_for(Device::cuda(sw::cuda_current_device()));
   CHECK(&sw::ops_for(Device::cuda(sw::cuda_current_device()), DType::BF16).stream() == &f32.stream());
