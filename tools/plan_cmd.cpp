@@ -19,6 +19,7 @@
 
 #include "core/bytes.h"
 #include "core/error.h"
+#include "kernels/cuda/attention_path.h"
 #include "kernels/threads.h"
 #include "planner/calibrate.h"
 #include "planner/hardware.h"
@@ -402,7 +403,18 @@ int cmd_plan(const PlanArgs& pa) {
     if (pk.at_peak[c])
       line += std::string(" ") + mem_name(static_cast<Mem>(c)) + " " + gib(pk.at_peak[c]);
   std::printf("%s\n", line.c_str());
-  std::printf("  + kernel workspaces outside the plan (estimated): %s -> %s\n",
+  // On a device, the CUDA Ops' scratch, which depends on the attention path they will take.
+  std::string which;
+  if (pred.input.on_device) {
+    const cuda::AttentionPath ap = cuda::attention_path_from_env(
+        cfg.sharding.mixed_precision.param_dtype != DType::F32);
+    which = std::string("; the CUDA Ops' scratch with ") +
+            (ap == cuda::AttentionPath::Cudnn    ? "cuDNN"
+             : ap == cuda::AttentionPath::Cublas ? "cuBLAS"
+                                                 : "flash-kernel") +
+            " attention, SHARDWISE_CUDA_ATTENTION";
+  }
+  std::printf("  + kernel workspaces outside the plan (estimated%s): %s -> %s\n", which.c_str(),
               gib(pred.workspace).c_str(), gib(pred.device).c_str());
   std::printf("  host        %s%s%s%s\n", gib(host).c_str(), host ? " (offloaded state" : "",
               plan.host_update_staging ? (", of which the host updater's staging " +
