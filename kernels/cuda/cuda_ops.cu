@@ -288,6 +288,21 @@ class OpTimes {
                   "the rest is the engine between ops and its waits\n",
                   top_host_ms_, host_span, host_span > 0 ? 100.0 * top_host_ms_ / host_span : 0.0);
     out += line;
+    // cudaMalloc / cudaFree in the steady state would show here (a cudaFree waits for the
+    // device): raw calls should stop growing after the first steps.
+    int dev = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess) {
+      const DeviceCacheStats cs = cuda_cache_stats(dev);
+      std::snprintf(line, sizeof line,
+                    "# device cache: %llu allocations, %llu served from the cache; %llu cudaMalloc, "
+                    "%llu cudaFree; peak reserved %.2f GiB\n",
+                    static_cast<unsigned long long>(cs.allocs),
+                    static_cast<unsigned long long>(cs.hits),
+                    static_cast<unsigned long long>(cs.raw_allocs),
+                    static_cast<unsigned long long>(cs.raw_frees),
+                    static_cast<double>(cs.peak_reserved) / (1u << 30));
+      out += line;
+    }
     out += "op\tcalls\ttotal_ms\tmean_us\tshare_of_ops\thost_ms\n";
     for (const auto& [k, sm] : rows) {
       std::snprintf(line, sizeof line, "%s%s\t%lld\t%.3f\t%.1f\t%.1f%%\t%.3f\n",
