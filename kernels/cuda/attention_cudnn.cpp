@@ -74,10 +74,13 @@ std::string shape_refusal(const AttnShape& s) {
   return "";
 }
 
-// The forward or backward graph of the shape, defined (not built).
-std::shared_ptr<fe::graph::Graph> define(const AttnShape& s, bool backward) {
+// The forward or backward graph of the shape, defined (not built); sm > 0: for that SM
+// version, which the nodes then take instead of asking the CUDA runtime (set before they are
+// made: each copies the graph's context).
+std::shared_ptr<fe::graph::Graph> define(const AttnShape& s, bool backward, int sm = 0) {
   const int64_t B = s.B, T = s.T, H = s.H, KVH = s.KVH, hd = s.hd, R = (H + 2 * KVH) * hd;
   auto g = std::make_shared<fe::graph::Graph>();
+  if (sm > 0) g->set_sm_version(sm);
   g->set_io_data_type(s.dt == DType::BF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
@@ -257,7 +260,13 @@ std::string cudnn_attention_check_offline(const std::string& props, const AttnSh
     buf.push_back(0);  // as cuDNN serialises it: with its terminating NUL
     fe::error_t e = dp->deserialize(buf);
     if (!e.is_good()) return "device properties: " + e.get_message();
-    auto g = define(s, backward);
+    // The frontend asks the CUDA runtime for the SM version unless told: the description's
+    // deviceVer (major * 100 + minor * 10, e.g. 900 for sm_90).
+    const auto j = nlohmann::json::parse(props, nullptr, false);
+    if (j.is_discarded() || !j.contains("deviceVer") || !j["deviceVer"].is_number_integer())
+      return "device properties: no integer deviceVer in the description";
+    const int ver = j["deviceVer"].get<int>();
+    auto g = define(s, backward, ver >= 100 ? ver / 10 : ver);
     g->set_device_properties(dp);
     int64_t ws = 0;
     why = finish(*g, nullptr, &ws);
@@ -266,6 +275,12 @@ std::string cudnn_attention_check_offline(const std::string& props, const AttnSh
   } catch (const std::exception& ex) {
     return ex.what();
   }
+}
+
+bool cudnn_only_driver_missing(const std::string& why) {
+  return why.rfind("create_execution_plans:", 0) == 0 &&
+         why.find("\"engineId\"") != std::string::npos &&
+         why.find("RUNTIME_PREREQUISITE_MISSING") != std::string::npos;
 }
 
 #else  // no cuDNN frontend in this build
@@ -292,6 +307,8 @@ std::string cudnn_device_properties() { fail("cuda", "cuDNN attention: not in th
 std::string cudnn_attention_check_offline(const std::string&, const AttnShape&, bool, int64_t*) {
   return "this build has no cuDNN frontend";
 }
+
+bool cudnn_only_driver_missing(const std::string&) { return false; }
 
 #endif
 

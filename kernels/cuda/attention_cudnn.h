@@ -50,8 +50,13 @@ long long cudnn_attention_runs();
 // shape's graph for the device `props` describes, with no GPU (cuDNN's ahead-of-time path:
 // validate, heuristic plan, support, build); "" when it would (then *workspace, if given, is
 // its workspace bytes), else the step that failed and cuDNN's reason.
+// Without a CUDA driver cuDNN can validate and lower a graph and its heuristics can offer
+// engines for it, but it cannot finalise an engine it compiles at run time (NVRTC, then the
+// driver loads it): cudnn_only_driver_missing(why) tells that case (the reason names offered
+// engine configs that failed only for want of the driver) from a real refusal.
 std::string cudnn_device_properties();
 std::string cudnn_attention_check_offline(const std::string& props, const AttnShape& s,
                                           bool backward, int64_t* workspace = nullptr);
+bool cudnn_only_driver_missing(const std::string& why);
 
 }  // namespace sw::cuda
