@@ -169,6 +169,7 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
   switch (a.kind) {
     case ActionKind::Gather: {
       const bool was = fu->gather_in_flight() || fu->sharded_state() == ShardedState::Unsharded;
+      int slot = -1;  // the NVMe staging slot its master shard was read into
       if (fu->params_on_nvme() && !was) {  // its master shard, read by the Fetch it waits for
         int f = -1;
         for (int w : a.waits)
@@ -176,18 +177,13 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
         SW_CHECK(f >= 0, "plan: the gather of unit '" + fu->unit()->name() +
                              "' (parameters on NVMe) has no fetch");
         wait_io(plan, f);
-        fu->stage_master(pnvme->pslots[size_t(plan.actions[size_t(f)].slot)].f32());
+        slot = plan.actions[size_t(f)].slot;
+        fu->stage_master(pnvme->pslots[size_t(slot)].f32());
       }
       issue(*fu);
-      if (fu->params_on_nvme() && !was) {  // the gather copied it out (an upload on a device)
-        fu->stage_master(nullptr);
-        int f = -1;
-        for (int w : a.waits)
-          if (plan.actions[size_t(w)].kind == ActionKind::Fetch) f = w;
-        pnvme->pbusy[size_t(plan.actions[size_t(f)].slot)] = fu->upload_event();
-      } else if (fu->params_on_nvme()) {
-        fu->stage_master(nullptr);
-      }
+      if (fu->params_on_nvme()) fu->stage_master(nullptr);  // the gather copied it out
+      // On a device that copy is an upload; the slot's next read waits for it.
+      if (slot >= 0) pnvme->pbusy[size_t(slot)] = fu->upload_event();
       if (recorder && !was) {  // the collective's execution interval is filled in at its wait
         record(plan, i, t0, t0);
         recorder->records.back().t_end = -1;

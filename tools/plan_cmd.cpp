@@ -406,12 +406,9 @@ int cmd_plan(const PlanArgs& pa) {
   // On a device, the CUDA Ops' scratch, which depends on the attention path they will take.
   std::string which;
   if (pred.input.on_device) {
-    const cuda::AttentionPath ap = cuda::attention_path_from_env(
-        cfg.sharding.mixed_precision.param_dtype != DType::F32);
     which = std::string("; the CUDA Ops' scratch with ") +
-            (ap == cuda::AttentionPath::Cudnn    ? "cuDNN"
-             : ap == cuda::AttentionPath::Cublas ? "cuBLAS"
-                                                 : "flash-kernel") +
+            cuda::attention_path_name(cuda::attention_path_from_env(
+                cfg.sharding.mixed_precision.param_dtype != DType::F32)) +
             " attention, SHARDWISE_CUDA_ATTENTION";
   }
   std::printf("  + kernel workspaces outside the plan (estimated%s): %s -> %s\n", which.c_str(),

@@ -162,10 +162,12 @@ Built build(const AttnShape& s, bool backward) {
   return out;
 }
 
-const Built& built(const AttnShape& s, bool backward) {
+// first (may be null): set to whether this call built the entry.
+const Built& built(const AttnShape& s, bool backward, bool* first = nullptr) {
   static std::map<Key, Built>* cache = new std::map<Key, Built>();
   const Key k{static_cast<int>(s.dt), s.B, s.T, s.H, s.KVH, s.hd, backward};
   auto it = cache->find(k);
+  if (first) *first = it == cache->end();
   if (it == cache->end()) {
     Built b;
     try {
@@ -202,9 +204,10 @@ void* mut(const void* p) { return const_cast<void*>(p); }
 
 bool cudnn_attention_built() { return true; }
 
-int64_t cudnn_attention_prepare(const AttnShape& s, bool backward, std::string* why) {
+int64_t cudnn_attention_prepare(const AttnShape& s, bool backward, std::string* why,
+                                bool* first) {
   std::lock_guard<std::mutex> lk(g_mu);
-  const Built& b = built(s, backward);
+  const Built& b = built(s, backward, first);
   if (!b.graph) {
     if (why) *why = b.why;
     return -1;
@@ -261,7 +264,8 @@ std::string cudnn_attention_check_offline(const std::string& props, const AttnSh
     fe::error_t e = dp->deserialize(buf);
     if (!e.is_good()) return "device properties: " + e.get_message();
     // The frontend asks the CUDA runtime for the SM version unless told: the description's
-    // deviceVer (major * 100 + minor * 10, e.g. 900 for sm_90).
+    // deviceVer, a key cuDNN requires. Its scale is assumed (not yet seen from a GPU): major *
+    // 100 + minor * 10 (900 for sm_90) when 100 or more, else major * 10 + minor.
     const auto j = nlohmann::json::parse(props, nullptr, false);
     if (j.is_discarded() || !j.contains("deviceVer") || !j["deviceVer"].is_number_integer())
       return "device properties: no integer deviceVer in the description";
@@ -287,7 +291,9 @@ bool cudnn_only_driver_missing(const std::string& why) {
 
 bool cudnn_attention_built() { return false; }
 
-int64_t cudnn_attention_prepare(const AttnShape&, bool, std::string* why) {
+int64_t cudnn_attention_prepare(const AttnShape&, bool, std::string* why, bool* first) {
+  static std::atomic<bool> said{false};  // the same reason for every shape: once
+  if (first) *first = !said.exchange(true);
   if (why)
     *why = "this build has no cuDNN frontend (scripts/cudnn_frontend.sh; SW_CUDNN_FRONTEND_ROOT)";
   return -1;

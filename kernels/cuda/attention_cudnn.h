@@ -30,8 +30,10 @@ bool cudnn_attention_built();
 // Builds (once per shape and direction, then cached) the forward or backward graph on the
 // current device. Returns the workspace bytes its execution needs, or -1 when cuDNN does not
 // take the shape (head dim not a multiple of 8, no engine for it, no cuDNN in this build...);
-// `why` then holds cuDNN's reason. Never throws for a refused shape.
-int64_t cudnn_attention_prepare(const AttnShape& s, bool backward, std::string* why);
+// `why` then holds cuDNN's reason. *first (may be null): whether this call built the entry
+// (so a caller can say a refusal once). Never throws for a refused shape.
+int64_t cudnn_attention_prepare(const AttnShape& s, bool backward, std::string* why,
+                                bool* first = nullptr);
 
 // Enqueued on `stream` (no host synchronisation); prepare must have returned >= 0 for the
 // shape and direction; `ws` holds at least that many bytes (null when 0).

@@ -15,6 +15,10 @@ namespace sw::cuda {
 
 enum class AttentionPath { Cublas, Cudnn, Flash };
 
+inline const char* attention_path_name(AttentionPath p) {
+  return p == AttentionPath::Cudnn ? "cuDNN" : p == AttentionPath::Cublas ? "cuBLAS" : "flash-kernel";
+}
+
 // Read at each call (tests switch paths between cases); an unknown value is an error naming it.
 inline AttentionPath attention_path_from_env(bool lowp) {
   if (!lowp) return AttentionPath::Flash;

@@ -880,23 +880,22 @@ class CudaOps final : public Ops {
   // 16-bit and is widened into out; the backward narrows qkv, out (giving the forward's O bit
   // for bit) and dout, and adds cuDNN's 16-bit dQ, dK, dV (AttnS) into dqkv. cuDNN's workspace
   // is AttnP. A shape cuDNN refuses returns false (the caller takes the cuBLAS path), with one
-  // line on stderr per shape and direction saying why.
-  bool cudnn_usable(const cuda::AttnShape& sh, bool backward, int64_t* ws) const {
+  // line on stderr, when its graph is first tried, saying why.
+  // The graph's workspace (AttnP; null when it needs none), or false when cuDNN refuses the
+  // shape.
+  bool cudnn_usable(const cuda::AttnShape& sh, bool backward, void** workspace) const {
     std::string why;
-    *ws = cuda::cudnn_attention_prepare(sh, backward, &why);
-    if (*ws >= 0) return true;
-    static std::mutex mu;
-    static std::map<std::string, bool>* told = new std::map<std::string, bool>();
-    const std::string key = std::to_string(sh.B) + "x" + std::to_string(sh.T) + " H " +
-                            std::to_string(sh.H) + " KVH " + std::to_string(sh.KVH) + " hd " +
-                            std::to_string(sh.hd) + (backward ? " backward" : " forward");
-    std::lock_guard<std::mutex> lk(mu);
-    if (!(*told)[key]) {
-      (*told)[key] = true;
-      std::fprintf(stderr, "shardwise: cuda: cuDNN attention refused %s (%s); using the cuBLAS "
-                           "path\n", key.c_str(), why.c_str());
+    bool first = false;
+    const int64_t ws = cuda::cudnn_attention_prepare(sh, backward, &why, &first);
+    if (ws < 0) {
+      if (first)
+        std::fprintf(stderr, "shardwise: cuda: cuDNN attention refused %s %dx%d H %d KVH %d hd %d "
+                             "%s (%s); using the cuBLAS path\n", dtype_name(sh.dt), sh.B, sh.T,
+                     sh.H, sh.KVH, sh.hd, backward ? "backward" : "forward", why.c_str());
+      return false;
     }
-    return false;
+    *workspace = ws > 0 ? static_cast<void*>(wsh(Slot::AttnP, size_t(ws) / 2 + 1)) : nullptr;
+    return true;
   }
   bool cudnn_attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H,
                                int KVH, int hd) const {
@@ -904,12 +903,11 @@ class CudaOps final : public Ops {
     if (B <= 0 || T <= 0) return true;
     const cudaStream_t s = begin();
     const cuda::AttnShape sh{compute_, B, T, H, KVH, hd};
-    int64_t ws = 0;
-    if (!cudnn_usable(sh, false, &ws)) return false;
+    void* w = nullptr;
+    if (!cudnn_usable(sh, false, &w)) return false;
     const size_t n = size_t(B) * T * (H + 2 * KVH) * hd, no = size_t(B) * T * H * hd;
     uint16_t* q16 = wsh(Slot::AttnPack, n + no);
     uint16_t* o16 = q16 + n;  // n is a multiple of 8 (hd is): 16-byte aligned
-    void* w = ws > 0 ? static_cast<void*>(wsh(Slot::AttnP, size_t(ws) / 2 + 1)) : nullptr;
     {
       const OpScope scope(s, "attn_narrow");
       cuda::narrow(s, dt(), qkv, q16, n);
@@ -929,14 +927,13 @@ class CudaOps final : public Ops {
     if (B <= 0 || T <= 0) return true;
     const cudaStream_t s = begin();
     const cuda::AttnShape sh{compute_, B, T, H, KVH, hd};
-    int64_t ws = 0;
-    if (!cudnn_usable(sh, true, &ws)) return false;
+    void* w = nullptr;
+    if (!cudnn_usable(sh, true, &w)) return false;
     const size_t n = size_t(B) * T * (H + 2 * KVH) * hd, no = size_t(B) * T * H * hd;
     uint16_t* q16 = wsh(Slot::AttnPack, n + 2 * no);
     uint16_t* o16 = q16 + n;
     uint16_t* do16 = o16 + no;
     uint16_t* dq16 = wsh(Slot::AttnS, n);
-    void* w = ws > 0 ? static_cast<void*>(wsh(Slot::AttnP, size_t(ws) / 2 + 1)) : nullptr;
     {
       const OpScope scope(s, "attn_narrow");
       cuda::narrow(s, dt(), qkv, q16, n);
