@@ -8,7 +8,8 @@
 # torch.compile. On a GPU, Shardwise runs twice per model: as users run it, then with each CUDA
 # op timed ("shardwise op-times": op_times_MODEL.tsv, each op's share of the step); --order can
 # add its flash-style attention kernels ("shardwise flash-attn", SHARDWISE_CUDA_ATTENTION=flash)
-# and cuDNN's fused attention ("shardwise cudnn-attn", SHARDWISE_CUDA_ATTENTION=cudnn).
+# and cuDNN's fused attention ("shardwise cudnn-attn", SHARDWISE_CUDA_ATTENTION=cudnn; the
+# default path since 2026-11-27) or the cuBLAS path it replaced ("shardwise cublas-attn").
 # Prints a table (model, engine, tokens/s, MFU, ratio to PyTorch compiled) and
 # writes gpu_vs_torch.json (every run, and the machine) and the runs' logs to --out.
 #
@@ -31,15 +32,15 @@
 #     --peak-flops F   for MFU (default 989e12: H100/H200 SXM dense bf16)
 #     --no-compile     skip torch.compile (e.g. a PyTorch without a working Triton)
 #     --order LIST     the runs in this order, MODEL:ENGINE comma-separated (models gpt2, llama;
-#                      engines shardwise, shardwise_flash, shardwise_cudnn, shardwise_optimes,
-#                      shardwise_cudnn_optimes, compile, eager; shardwise_cudnn: cuDNN's
-#                      fused attention (SHARDWISE_CUDA_ATTENTION=cudnn);
+#                      engines shardwise, shardwise_flash, shardwise_cudnn, shardwise_cublas,
+#                      shardwise_optimes, shardwise_cudnn_optimes, compile, eager;
+#                      shardwise_cudnn / _cublas: SHARDWISE_CUDA_ATTENTION=cudnn / cublas;
 #                      shardwise_optimes: each CUDA op's time, op_times_MODEL.tsv;
 #                      shardwise_chunkN: the cuBLAS attention path with N query rows per
 #                      chunk, SHARDWISE_CUDA_ATTENTION_CHUNK=N, e.g. 32 keeps a 1.3B Llama's
 #                      scores in L2, by default up to 256 MiB of them), e.g. to measure
 #                      what matters most first when the budget is short; default: per model,
-#                      shardwise, compile, eager, then on a GPU shardwise_cudnn and
+#                      shardwise, compile, eager, then on a GPU shardwise_cublas and
 #                      shardwise_optimes
 # Memory (shardwise plan on a device): Shardwise GPT-2 B 16 13.4 GiB, Llama B 4 52.3 GiB (the
 # H100 measured 13.40 and 52.32 GiB).
@@ -131,7 +132,7 @@ engines="shardwise compile eager"
 # (SHARDWISE_CUDA_OP_TIMES: where the step's time goes), after the peers so that they are
 # measured first when the budget runs short. The flash-style attention kernels
 # (shardwise_flash; 6x slower at their first H100 run) only by --order.
-[[ $device == cuda* ]] && engines="$engines shardwise_cudnn shardwise_optimes"
+[[ $device == cuda* ]] && engines="$engines shardwise_cublas shardwise_optimes"
 plan=()  # MODEL:ENGINE, one round
 if [ -n "$order" ]; then
   models=""
@@ -139,8 +140,8 @@ if [ -n "$order" ]; then
     m=${p%%:*} e=${p#*:}
     [[ $p == *:* && ($m == gpt2 || $m == llama) ]] ||
       { echo "gpu_vs_torch: --order: '$p' is not MODEL:ENGINE with MODEL gpt2 or llama" >&2; exit 2; }
-    case $e in shardwise | shardwise_flash | shardwise_cudnn | shardwise_optimes | shardwise_cudnn_optimes | shardwise_chunk[1-9]* | compile | eager) ;;
-      *) echo "gpu_vs_torch: --order: engine '$e' is not shardwise, shardwise_flash, shardwise_cudnn, shardwise_optimes, shardwise_cudnn_optimes, shardwise_chunkN, compile or eager" >&2; exit 2 ;;
+    case $e in shardwise | shardwise_flash | shardwise_cudnn | shardwise_cublas | shardwise_optimes | shardwise_cudnn_optimes | shardwise_chunk[1-9]* | compile | eager) ;;
+      *) echo "gpu_vs_torch: --order: engine '$e' is not shardwise, shardwise_flash, shardwise_cudnn, shardwise_cublas, shardwise_optimes, shardwise_cudnn_optimes, shardwise_chunkN, compile or eager" >&2; exit 2 ;;
     esac
     plan+=("$p")
     [[ " $models " == *" $m "* ]] || models="$models${models:+ }$m"
@@ -196,7 +197,7 @@ run_shardwise() {
   local m=$1 r=$2 variant=${3:-} dir=$runs/shardwise${3:+_$3}_${1}_r$2 cap t rc attn="" optimes=""
   local chunk=""
   case $variant in
-    flash | cudnn) attn=$variant ;;
+    flash | cudnn | cublas) attn=$variant ;;
     chunk*) chunk=${variant#chunk} ;;
     optimes) optimes=${out:-$runs}/op_times_$m.tsv ;;
     cudnn_optimes) attn=cudnn optimes=${out:-$runs}/op_times_${m}_cudnn.tsv ;;
@@ -286,6 +287,9 @@ if timed:
                steps_done=lines[-1]["step"], first_step_s=lines[0]["step_time_s"],
                max_mem_allocated_bytes=max(j.get("peak_mem_bytes", 0) for j in lines),
                loss=lines[-1].get("loss"))
+    reads = [j["norm_read_s"] for j in timed if "norm_read_s" in j]
+    if reads:  # the host's wait for the GPU at the step's one read (near 0: host-bound)
+        rec["norm_read_s"] = statistics.median(reads)
 if rc == 0 and timed and not partial:
     rec["status"] = "ok"
 elif rc in (124, 137):
@@ -362,6 +366,7 @@ for ((r = 1; r <= rounds; r++)); do
       shardwise) line=$(run_shardwise "$m" "$r") ;;
       shardwise_flash) line=$(run_shardwise "$m" "$r" flash) ;;
       shardwise_cudnn) line=$(run_shardwise "$m" "$r" cudnn) ;;
+      shardwise_cublas) line=$(run_shardwise "$m" "$r" cublas) ;;
       shardwise_optimes) line=$(run_shardwise "$m" "$r" optimes) ;;
       shardwise_cudnn_optimes) line=$(run_shardwise "$m" "$r" cudnn_optimes) ;;
       shardwise_chunk*) line=$(run_shardwise "$m" "$r" "${e#shardwise_}") ;;
@@ -398,12 +403,13 @@ for j in res:
     if k not in best or j.get("tokens_per_s", -1) > best[k].get("tokens_per_s", -1):
         best[k] = j
 models = list(dict.fromkeys(j["model"] for j in res))
-lines = ["model  engine                         batch  T      tokens/s    MFU  step s  max mem GiB  plan GiB  vs compiled  status"]
+lines = ["model  engine                         batch  T      tokens/s    MFU  step s  read s  max mem GiB  plan GiB  vs compiled  status"]
 for m in models:
     ref = best.get((m, "pytorch compile"), {}).get("tokens_per_s")
     chunks = sorted({e for (mm, e) in best if mm == m and e.startswith("shardwise chunk")},
                     key=lambda e: int(e[len("shardwise chunk"):]))
-    for e in ["shardwise", "shardwise cudnn-attn", "shardwise flash-attn", "shardwise op-times",
+    for e in ["shardwise", "shardwise cudnn-attn", "shardwise cublas-attn", "shardwise flash-attn",
+              "shardwise op-times",
               "shardwise cudnn-attn op-times", *chunks,
               "pytorch eager", "pytorch compile"]:
         j = best.get((m, e))
@@ -414,12 +420,14 @@ for m in models:
         lines.append(
             f"{m:6s} {e:29s} {j.get('batch', '-')!s:>6} {j.get('T', '-')!s:>5} "
             + (f"{tok:11.0f} {100 * j['mfu']:5.1f}% {j['step_s']:7.3f}" if tok else f"{'-':>11} {'-':>6} {'-':>7}")
+            + (f" {j['norm_read_s']:7.3f}" if j.get("norm_read_s") is not None else f" {'-':>7}")
             + (f" {mem / 2**30:12.2f}" if mem else f" {'-':>12}")
             + (f" {j['planned_device_bytes'] / 2**30:9.2f}" if j.get("planned_device_bytes") else f" {'-':>9}")
             + (f" {tok / ref:11.2f}x" if tok and ref else f" {'-':>12}")
             + f"  {j['status']}" + (f": {j['error']}" if j.get("error") and j["status"] != "ok" else ""))
 targets = ("max mem: PyTorch max_memory_allocated, Shardwise's tracked peak (peak_mem_bytes); "
-           "plan: what `shardwise plan` predicted for it\n"
+           "plan: what `shardwise plan` predicted for it; read s: Shardwise's median wait for the "
+           "device at the step's one read (norm_read_s; near 0: the host's issuing sets the pace)\n"
            "targets: shardwise >= pytorch compile tokens/s; >= 45% MFU at the 1.3B Llama")
 peak = next((j.get("peak_flops") for j in res if j.get("peak_flops")), 989e12)
 note = (f"MFU = tokens/s x (6N + 12 L d T) / {peak:.4g} FLOP/s; tokens/s: median step after the "

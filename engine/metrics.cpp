@@ -37,6 +37,7 @@ std::string metrics_json_line(const StepMetrics& m) {
   if (m.host_peak_mem_bytes >= 0) j["host_peak_mem_bytes"] = m.host_peak_mem_bytes;
   if (m.reserved_peak_bytes >= 0) j["reserved_peak_bytes"] = m.reserved_peak_bytes;
   j["step_time_s"] = num(m.step_time_s);
+  if (m.norm_read_s >= 0) j["norm_read_s"] = num(m.norm_read_s);
   j["comm_s"] = num(m.comm_s);
   j["exposed_comm_s"] = num(m.exposed_comm_s);
   j["overflow"] = m.overflow;

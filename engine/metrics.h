@@ -16,7 +16,10 @@
 // as rss_bytes), host_peak_mem_bytes (the host tier's tracked peak: offloaded state, the same
 // RAM on the CPU backend), reserved_peak_bytes (what the caching allocator holds at most, in
 // use + cached, all tiers together: the tracked bytes plus rounding and blocks kept free),
-// open_fds (descriptors open), and val_loss on
+// open_fds (descriptors open), norm_read_s (time the host spent reading the gradient norm and
+// the losses, the step's one read of a GPU: there, the wait for the work it had issued, so a
+// figure near 0 means the host's issuing, not the GPU, sets the pace; on the CPU backend, the
+// norm's own reduction), and val_loss on
 // evaluation steps only. Non-finite numbers are written
 // as null. With several ranks, rank 0 writes the file: loss and grad_norm are global, the
 // memory and communication figures are rank 0's.
@@ -39,6 +42,7 @@ struct StepMetrics {
   int64_t host_peak_mem_bytes = -1;  // host tier's tracked peak (-1: not measured)
   int64_t reserved_peak_bytes = -1;  // caching allocator's peak reservation, all tiers
   double step_time_s = 0;
+  double norm_read_s = -1;    // reading the norm and losses (key omitted when negative)
   double comm_s = 0;          // communication time during the step (this rank)
   double exposed_comm_s = 0;  // time blocked waiting for communication (this rank)
   bool overflow = false;    // fp16 overflow: the optimizer step was skipped

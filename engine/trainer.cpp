@@ -459,6 +459,7 @@ class Trainer {
     double loss = 0;
     int bad_micro = -1;  // first micro-step with a non-finite loss on this rank
     const std::vector<double> losses = sm_->step_losses();
+    const double norm_read_s = seconds_since(tn);
     for (size_t k = 0; k < losses.size(); ++k) {
       if (!std::isfinite(losses[k]) && bad_micro < 0) bad_micro = static_cast<int>(k);
       loss += losses[k];
@@ -516,6 +517,7 @@ class Trainer {
     m.lr = lr;
     m.grad_norm = norm;
     m.step_time_s = dt;
+    m.norm_read_s = norm_read_s;
     m.tokens_per_s = dt > 0 ? tokens_per_step_ / dt : 0;
     m.comm_s = c1.comm_s - c0.comm_s;
     m.exposed_comm_s = c1.exposed_s - c0.exposed_s;

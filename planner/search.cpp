@@ -107,6 +107,7 @@ int64_t cuda_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute)
   } else {
     slot.push_back(4 * int64_t(B) * H * T);  // fp32: attention.cu's backward's D (Attn)
   }
+  if (llama) slot.push_back(4 * int64_t(T) * hd);  // RoPE's (cos, sin) table (Rope)
   int64_t b = 0;
   for (int64_t x : slot) b += x + x / 4;
   return b;

@@ -241,13 +241,27 @@ std::string cudnn_device_properties() {
   std::lock_guard<std::mutex> lk(g_mu);
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) fail("cuda", "cudaGetDevice failed");
-  fe::DeviceProperties dp;
-  dp.set_handle(handle()).set_device_id(dev);
-  fe::error_t e = dp.build();
-  if (!e.is_good()) fail("cuda", "cuDNN device properties: " + e.get_message());
+  // The handle names the device. cuDNN 9.19 refuses a device id set after a handle (the
+  // H200 run of 2026-11-27: BAD_PARAM, "fromSerialization || initialized"), so the id is the
+  // second try, alone.
   std::vector<uint8_t> buf;
-  e = dp.serialize(buf);
-  if (!e.is_good()) fail("cuda", "cuDNN device properties: " + e.get_message());
+  auto describe = [&](bool by_handle) {
+    fe::DeviceProperties dp;
+    if (by_handle)
+      dp.set_handle(handle());
+    else
+      dp.set_device_id(dev);
+    fe::error_t e = dp.build();
+    return e.is_good() ? dp.serialize(buf) : e;
+  };
+  fe::error_t e = describe(true);
+  if (!e.is_good()) {
+    const std::string first = e.get_message();
+    e = describe(false);
+    if (!e.is_good())
+      fail("cuda", "cuDNN device properties: by handle: " + first + "; by device id: " +
+                       e.get_message());
+  }
   std::string text(buf.begin(), buf.end());
   while (!text.empty() && text.back() == '\0') text.pop_back();
   return text;

@@ -20,8 +20,11 @@ void gelu_backward(cudaStream_t s, float* dinp, const float* inp, const float* d
 void swiglu_forward(cudaStream_t s, float* out, const float* gu, int N, int F);
 void swiglu_backward(cudaStream_t s, float* dgu, const float* dout, const float* gu, int N, int F);
 void residual_forward(cudaStream_t s, float* out, const float* a, const float* b, size_t n);
-void rope_apply(cudaStream_t s, float* qkv, int B, int T, int H, int KVH, int hd, float theta,
-                float sign);
+// RoPE: the (cos, sin) table of (T, hd / 2) angle pairs (2 T hd/2 floats, 16-byte aligned for
+// the two-pair kernel), then the rotation of q and k by it (sign -1: the inverse rotation).
+void rope_table(cudaStream_t s, float* tab, int T, int hd, float theta);
+void rope_apply(cudaStream_t s, float* qkv, const float* tab, int B, int T, int H, int KVH,
+                int hd, float sign);
 void adamw(cudaStream_t s, float* param, const float* grad, float* m, float* v, size_t n,
            float lr, float beta1, float beta2, float eps, float wd, int step, float grad_mult);
 void scale(cudaStream_t s, float* x, float a, size_t n);

@@ -117,7 +117,7 @@ class CudaStream final : public Stream {
 // 16-bit probabilities, the accumulators).
 enum class Slot {
   Norm, Logits, Rows, Reduce, Reduce2, Attn, Convert, Lowp0, Lowp1, Lowp2,
-  AttnPack, AttnS, AttnP, AttnAcc, Count
+  AttnPack, AttnS, AttnP, AttnAcc, Rope, Count
 };
 static_assert(static_cast<int>(Slot::AttnS) - static_cast<int>(Slot::AttnPack) == attn_mm::kS &&
                   static_cast<int>(Slot::AttnP) - static_cast<int>(Slot::AttnPack) == attn_mm::kP &&
@@ -167,6 +167,16 @@ class CudaDevice {
   uint16_t* wsh(Slot slot, size_t n) const {
     return reinterpret_cast<uint16_t*>(wsf(slot, (n + 1) / 2));
   }
+  // RoPE's angle table for (T, hd, theta) in the Rope slot, built on the stream when the key or
+  // the slot's buffer changed (one model: built once).
+  const float* rope_table(cudaStream_t s, int T, int hd, float theta) const {
+    float* tab = wsf(Slot::Rope, static_cast<size_t>(T) * hd);
+    if (tab != rope_.tab || T != rope_.T || hd != rope_.hd || theta != rope_.theta) {
+      cuda::rope_table(s, tab, T, hd, theta);
+      rope_ = RopeKey{tab, T, hd, theta};
+    }
+    return tab;
+  }
 
  private:
   mutable int dev_ = 0;  // cuda_current_device(), set by the first begin()
@@ -174,6 +184,12 @@ class CudaDevice {
   mutable CudaStream stream_;
   mutable cublasHandle_t blas_ = nullptr;
   mutable Buffer ws_[static_cast<int>(Slot::Count)];
+  struct RopeKey {
+    const float* tab = nullptr;
+    int T = 0, hd = 0;
+    float theta = 0;
+  };
+  mutable RopeKey rope_;
 };
 
 // ---- Op times (SHARDWISE_CUDA_OP_TIMES=1, or =PATH to write the table there as well): a
@@ -534,13 +550,15 @@ class CudaOps final : public Ops {
                     float theta) const override {
     SW_OP_TIME();
     SW_CHECK(hd % 2 == 0, "rope: head dim must be even");
-    cuda::rope_apply(begin(), qkv, B, T, H, KVH, hd, theta, 1.f);
+    const cudaStream_t s = begin();
+    cuda::rope_apply(s, qkv, d_.rope_table(s, T, hd, theta), B, T, H, KVH, hd, 1.f);
   }
   void rope_backward(float* dqkv, int B, int T, int H, int KVH, int hd,
                      float theta) const override {
     SW_OP_TIME();
     SW_CHECK(hd % 2 == 0, "rope: head dim must be even");
-    cuda::rope_apply(begin(), dqkv, B, T, H, KVH, hd, theta, -1.f);
+    const cudaStream_t s = begin();
+    cuda::rope_apply(s, dqkv, d_.rope_table(s, T, hd, theta), B, T, H, KVH, hd, -1.f);
   }
 
   void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KVH,

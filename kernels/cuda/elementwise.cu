@@ -22,6 +22,60 @@ __device__ __forceinline__ float clampf(float x, float lo, float hi) {
   return x < lo ? lo : (x > hi ? hi : x);  // NaN passes through, as on the CPU
 }
 
+// ---- Four elements per access -----------------------------------------------------------------
+// With one float per thread a streaming kernel keeps too few bytes in flight to fill the
+// memory's bandwidth (about a third of an H200's; fill measured ~1 TB/s on the first H200 run,
+// 2026-11-27). Where every pointer is aligned to a 16-byte vector of floats (8 bytes for four
+// 16-bit values), each thread moves four elements per load and store (each4); a count that is
+// not a multiple of four leaves a tail to the scalar kernel. Each element goes through the same
+// formula as in the scalar kernel (the shared __device__ functions below), so the bits are the
+// same.
+template <class F>
+__global__ void each4_k(size_t n4, F f) {
+  for (size_t g = blockIdx.x * size_t(blockDim.x) + threadIdx.x; g < n4;
+       g += size_t(gridDim.x) * blockDim.x)
+    f(g * 4);
+}
+template <class F>
+void each4(cudaStream_t s, size_t n4, F f) {
+  if (n4 == 0) return;
+  each4_k<<<grid_for(n4, kThreads), kThreads, 0, s>>>(n4, f);
+  SW_CUDA_LAUNCHED();
+}
+inline bool al16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+inline bool al8(const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; }
+
+__device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ void st4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
+__device__ __forceinline__ ushort4 ldh4(const uint16_t* p) {
+  return *reinterpret_cast<const ushort4*>(p);
+}
+__device__ __forceinline__ void sth4(uint16_t* p, ushort4 v) { *reinterpret_cast<ushort4*>(p) = v; }
+
+__device__ __forceinline__ float gelu_f(float x) {
+  const float xc = clampf(x, -10.f, 10.f);
+  const float u = kSqrt2OverPi * xc * (1.f + kGeluA * xc * xc);
+  return x / (1.f + expf(-2.f * u));
+}
+// d(gelu)/dx at x, times dout (the CPU twin's order).
+__device__ __forceinline__ float gelu_grad_f(float xin, float dout) {
+  const float x = clampf(xin, -10.f, 10.f);
+  const float x2 = x * x;
+  const float u = kSqrt2OverPi * x * (1.f + kGeluA * x2);
+  const float du = kSqrt2OverPi * (1.f + 3.f * kGeluA * x2);
+  const float e = expf(-2.f * u);
+  const float sg = 1.f / (1.f + e);
+  return dout * (sg + 2.f * x * du * (e * sg) * sg);
+}
+__device__ __forceinline__ float swiglu_f(float g, float up) { return g / (1.f + expf(-g)) * up; }
+// dgate and dup of one element: dgu[gate] += *dg, dgu[up] += *du.
+__device__ __forceinline__ void swiglu_grad_f(float g, float up, float d, float* dg, float* du) {
+  const float e = expf(-g);
+  const float sg = 1.f / (1.f + e);
+  *du = d * g * sg;
+  *dg = d * up * sg * (1.f + g * (e * sg));
+}
+
 // ---- Embedding ------------------------------------------------------------------------------
 
 __global__ void embedding_forward_k(float* out, const int32_t* tokens, const float* wte,
@@ -75,23 +129,14 @@ __global__ void embedding_backward_wpe_k(float* dwpe, const float* dout, int B, 
 __global__ void gelu_forward_k(float* out, const float* inp, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x) {
-    const float x = inp[i];
-    const float xc = clampf(x, -10.f, 10.f);
-    const float u = kSqrt2OverPi * xc * (1.f + kGeluA * xc * xc);
-    out[i] = x / (1.f + expf(-2.f * u));
+    out[i] = gelu_f(inp[i]);
   }
 }
 
 __global__ void gelu_backward_k(float* dinp, const float* inp, const float* dout, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x) {
-    const float x = clampf(inp[i], -10.f, 10.f);
-    const float x2 = x * x;
-    const float u = kSqrt2OverPi * x * (1.f + kGeluA * x2);
-    const float du = kSqrt2OverPi * (1.f + 3.f * kGeluA * x2);
-    const float e = expf(-2.f * u);
-    const float sg = 1.f / (1.f + e);
-    dinp[i] += dout[i] * (sg + 2.f * x * du * (e * sg) * sg);
+    dinp[i] += gelu_grad_f(inp[i], dout[i]);
   }
 }
 
@@ -99,8 +144,7 @@ __global__ void swiglu_forward_k(float* out, const float* gu, int F, size_t tota
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
        i += size_t(gridDim.x) * blockDim.x) {
     const size_t n = i / F, f = i % F;
-    const float g = gu[n * 2 * F + f], up = gu[n * 2 * F + F + f];
-    out[i] = g / (1.f + expf(-g)) * up;
+    out[i] = swiglu_f(gu[n * 2 * F + f], gu[n * 2 * F + F + f]);
   }
 }
 
@@ -110,11 +154,10 @@ __global__ void swiglu_backward_k(float* dgu, const float* dout, const float* gu
        i += size_t(gridDim.x) * blockDim.x) {
     const size_t n = i / F, f = i % F;
     const size_t ig = n * 2 * F + f, iu = ig + F;
-    const float g = gu[ig], up = gu[iu], d = dout[i];
-    const float e = expf(-g);
-    const float sg = 1.f / (1.f + e);
-    dgu[iu] += d * g * sg;
-    dgu[ig] += d * up * sg * (1.f + g * (e * sg));
+    float dg, du;
+    swiglu_grad_f(gu[ig], gu[iu], dout[i], &dg, &du);
+    dgu[iu] += du;
+    dgu[ig] += dg;
   }
 }
 
@@ -126,47 +169,78 @@ __global__ void residual_k(float* out, const float* a, const float* b, size_t n)
 
 // ---- RoPE -------------------------------------------------------------------------------------
 
-// One thread per (row n, rotated head h, pair i). Angles as the CPU table computes them:
-// inv_freq = 1 / theta^(float(2i)/hd) (pow in double, rounded to float), angle = float(t) *
-// inv_freq in float, cos/sin in double rounded once.
-__global__ void rope_k(float* qkv, int T, int rot_heads, int hd, size_t row, float theta,
-                       float sign, size_t total) {
+// The angles' table, (T, hd / 2) pairs (cos, sin), as the CPU's table computes them: inv_freq =
+// 1 / theta^(float(2i)/hd) (pow in double, rounded to float), angle = float(t) * inv_freq in
+// float, cos/sin in double rounded once. Built once per (T, hd, theta) (CudaOps keeps it in a
+// scratch slot): computing it per element made RoPE cost 7 ms per direction and step on the
+// 1.3B Llama (the first H200 run's op times), several times the bytes it moves.
+__global__ void rope_table_k(float2* tab, int T, int hd, float theta) {
   const int half = hd / 2;
+  const size_t total = static_cast<size_t>(T) * half;
   for (size_t idx = blockIdx.x * size_t(blockDim.x) + threadIdx.x; idx < total;
        idx += size_t(gridDim.x) * blockDim.x) {
     const int i = static_cast<int>(idx % half);
-    const size_t nh = idx / half;
-    const int h = static_cast<int>(nh % rot_heads);
-    const size_t n = nh / rot_heads;
-    const int t = static_cast<int>(n % T);
+    const int t = static_cast<int>(idx / half);
     const float expo = static_cast<float>(2 * i) / static_cast<float>(hd);
     const float inv_freq = 1.f / static_cast<float>(pow(static_cast<double>(theta), double(expo)));
     const float angle = static_cast<float>(t) * inv_freq;
-    const float c = static_cast<float>(cos(double(angle)));
-    const float sn = sign * static_cast<float>(sin(double(angle)));
-    float* x1 = qkv + n * row + static_cast<size_t>(h) * hd;
+    tab[idx] = make_float2(static_cast<float>(cos(double(angle))),
+                           static_cast<float>(sin(double(angle))));
+  }
+}
+
+// One thread per (row n, rotated head h, P consecutive pairs i); sign -1 rotates back.
+template <int P>
+__global__ void rope_k(float* qkv, const float2* tab, int T, int rot_heads, int hd, size_t row,
+                       float sign, size_t total) {
+  const int half = hd / 2, groups = half / P;
+  for (size_t idx = blockIdx.x * size_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += size_t(gridDim.x) * blockDim.x) {
+    const int i = static_cast<int>(idx % groups) * P;
+    const size_t nh = idx / groups;
+    const int h = static_cast<int>(nh % rot_heads);
+    const size_t n = nh / rot_heads;
+    const int t = static_cast<int>(n % T);
+    const float2* cs = tab + static_cast<size_t>(t) * half + i;
+    float* x1 = qkv + n * row + static_cast<size_t>(h) * hd + i;
     float* x2 = x1 + half;
-    const float a = x1[i], b = x2[i];
-    x1[i] = a * c - b * sn;
-    x2[i] = b * c + a * sn;
+    if constexpr (P == 2) {
+      const float4 c = *reinterpret_cast<const float4*>(cs);  // (cos, sin) of i and i + 1
+      const float2 a = *reinterpret_cast<const float2*>(x1), b = *reinterpret_cast<const float2*>(x2);
+      const float s0 = sign * c.y, s1 = sign * c.w;
+      *reinterpret_cast<float2*>(x1) = make_float2(a.x * c.x - b.x * s0, a.y * c.z - b.y * s1);
+      *reinterpret_cast<float2*>(x2) = make_float2(b.x * c.x + a.x * s0, b.y * c.z + a.y * s1);
+    } else {
+      const float c = cs->x, sn = sign * cs->y;
+      const float a = *x1, b = *x2;
+      *x1 = a * c - b * sn;
+      *x2 = b * c + a * sn;
+    }
   }
 }
 
 // ---- AdamW and utilities ------------------------------------------------------------------------
 
+struct AdamC {
+  float step_size, inv_bc2_sqrt, decay, b1, b2, omb1, omb2, eps, grad_mult;
+};
+__device__ __forceinline__ void adamw_f(const AdamC& c, float* p, float grad, float* m, float* v) {
+  const float g = grad * c.grad_mult;
+  const float mi = c.b1 * *m + c.omb1 * g;
+  const float vi = c.b2 * *v + c.omb2 * g * g;
+  *m = mi;
+  *v = vi;
+  const float denom = sqrtf(vi) * c.inv_bc2_sqrt + c.eps;
+  *p = *p * c.decay - c.step_size * (mi / denom);
+}
+
 __global__ void adamw_k(float* param, const float* grad, float* m, float* v, size_t n,
                         float step_size, float inv_bc2_sqrt, float decay, float b1, float b2,
                         float omb1, float omb2, float eps, float grad_mult) {
+  const AdamC c{step_size, inv_bc2_sqrt, decay, b1, b2, omb1, omb2, eps, grad_mult};
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    const float g = grad[i] * grad_mult;
-    const float mi = b1 * m[i] + omb1 * g;
-    const float vi = b2 * v[i] + omb2 * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    const float denom = sqrtf(vi) * inv_bc2_sqrt + eps;
-    param[i] = param[i] * decay - step_size * (mi / denom);
-  }
+       i += size_t(gridDim.x) * blockDim.x)
+    adamw_f(c, &param[i], grad[i], &m[i], &v[i]);
 }
 
 __global__ void scale_k(float* x, float a, size_t n) {
@@ -301,6 +375,177 @@ __global__ void xent_rows_k(float* logits, float* rl, const int32_t* targets, in
   }
 }
 
+// ---- The four-wide functors (each4): element i..i+3 of the scalar kernel of the same name.
+#define SW_EACH4(expr) \
+  do {                 \
+    expr(x);           \
+    expr(y);           \
+    expr(z);           \
+    expr(w);           \
+  } while (0)
+struct Fill4 {
+  float* x;
+  float v;
+  __device__ void operator()(size_t i) const { st4(x + i, make_float4(v, v, v, v)); }
+};
+struct Scale4 {
+  float* x;
+  float a;
+  __device__ void operator()(size_t i) const {
+    float4 t = ld4(x + i);
+#define SW_E(c) t.c *= a
+    SW_EACH4(SW_E);
+#undef SW_E
+    st4(x + i, t);
+  }
+};
+struct AddInplace4 {
+  float* y;
+  const float* x;
+  __device__ void operator()(size_t i) const {
+    float4 t = ld4(y + i);
+    const float4 u = ld4(x + i);
+#define SW_E(c) t.c += u.c
+    SW_EACH4(SW_E);
+#undef SW_E
+    st4(y + i, t);
+  }
+};
+struct Residual4 {
+  float* out;
+  const float *a, *b;
+  __device__ void operator()(size_t i) const {
+    const float4 p = ld4(a + i), q = ld4(b + i);
+    float4 t;
+#define SW_E(c) t.c = p.c + q.c
+    SW_EACH4(SW_E);
+#undef SW_E
+    st4(out + i, t);
+  }
+};
+struct Narrow4 {
+  int dt;
+  const float* src;
+  uint16_t* dst;
+  __device__ void operator()(size_t i) const {
+    const float4 f = ld4(src + i);
+    ushort4 h;
+#define SW_E(c) h.c = to_half_d(dt, f.c)
+    SW_EACH4(SW_E);
+#undef SW_E
+    sth4(dst + i, h);
+  }
+};
+// dst(rows, cols) dense from src(rows, cols; row stride ld), cols and ld multiples of 4.
+struct NarrowRows4 {
+  int dt;
+  const float* src;
+  size_t ld, cols;
+  uint16_t* dst;
+  __device__ void operator()(size_t i) const {
+    const float4 f = ld4(src + (i / cols) * ld + i % cols);
+    ushort4 h;
+    h.x = to_half_d(dt, f.x), h.y = to_half_d(dt, f.y), h.z = to_half_d(dt, f.z);
+    h.w = to_half_d(dt, f.w);
+    sth4(dst + i, h);
+  }
+};
+struct Widen4 {
+  int dt;
+  const uint16_t* src;
+  float* dst;
+  bool add;
+  __device__ void operator()(size_t i) const {
+    const ushort4 h = ldh4(src + i);
+    float4 t = add ? ld4(dst + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+#define SW_E(c) t.c = add ? t.c + from_half_d(dt, h.c) : from_half_d(dt, h.c)
+    SW_EACH4(SW_E);
+#undef SW_E
+    st4(dst + i, t);
+  }
+};
+struct RoundTo4 {
+  int dt;
+  float* x;
+  __device__ void operator()(size_t i) const {
+    float4 t = ld4(x + i);
+#define SW_E(c) t.c = from_half_d(dt, to_half_d(dt, t.c))
+    SW_EACH4(SW_E);
+#undef SW_E
+    st4(x + i, t);
+  }
+};
+struct Gelu4 {
+  float* out;
+  const float* inp;
+  __device__ void operator()(size_t i) const {
+    float4 t = ld4(inp + i);
+#define SW_E(c) t.c = gelu_f(t.c)
+    SW_EACH4(SW_E);
+#undef SW_E
+    st4(out + i, t);
+  }
+};
+struct GeluBack4 {
+  float* dinp;
+  const float *inp, *dout;
+  __device__ void operator()(size_t i) const {
+    const float4 x = ld4(inp + i), d = ld4(dout + i);
+    float4 t = ld4(dinp + i);
+#define SW_E(c) t.c += gelu_grad_f(x.c, d.c)
+    SW_EACH4(SW_E);
+#undef SW_E
+    st4(dinp + i, t);
+  }
+};
+// Row n of gu is (gate F, up F); F a multiple of 4, so four columns stay in one row.
+struct Swiglu4 {
+  float* out;
+  const float* gu;
+  size_t F;
+  __device__ void operator()(size_t i) const {
+    const size_t n = i / F, f = i % F;
+    const float4 g = ld4(gu + n * 2 * F + f), u = ld4(gu + n * 2 * F + F + f);
+    float4 t;
+#define SW_E(c) t.c = swiglu_f(g.c, u.c)
+    SW_EACH4(SW_E);
+#undef SW_E
+    st4(out + i, t);
+  }
+};
+struct SwigluBack4 {
+  float* dgu;
+  const float *dout, *gu;
+  size_t F;
+  __device__ void operator()(size_t i) const {
+    const size_t n = i / F, f = i % F, ig = n * 2 * F + f, iu = ig + F;
+    const float4 g = ld4(gu + ig), u = ld4(gu + iu), d = ld4(dout + i);
+    float4 tg = ld4(dgu + ig), tu = ld4(dgu + iu);
+    float dg, du;
+#define SW_E(c) (swiglu_grad_f(g.c, u.c, d.c, &dg, &du), tu.c += du, tg.c += dg)
+    SW_EACH4(SW_E);
+#undef SW_E
+    st4(dgu + iu, tu);
+    st4(dgu + ig, tg);
+  }
+};
+struct Adamw4 {
+  AdamC c;
+  float *param, *m, *v;
+  const float* grad;
+  __device__ void operator()(size_t i) const {
+    float4 p = ld4(param + i), mm = ld4(m + i), vv = ld4(v + i);
+    const float4 g = ld4(grad + i);
+#define SW_E(k) adamw_f(c, &p.k, g.k, &mm.k, &vv.k)
+    SW_EACH4(SW_E);
+#undef SW_E
+    st4(param + i, p);
+    st4(m + i, mm);
+    st4(v + i, vv);
+  }
+};
+#undef SW_EACH4
+
 }  // namespace
 
 // ---- Launchers ----------------------------------------------------------------------------------
@@ -331,12 +576,18 @@ void embedding_backward(cudaStream_t s, float* dwte, float* dwpe, const float* d
 }
 
 void gelu_forward(cudaStream_t s, float* out, const float* inp, size_t n) {
+  const size_t v = al16(out) && al16(inp) ? n / 4 * 4 : 0;
+  each4(s, v / 4, Gelu4{out, inp});
+  out += v, inp += v, n -= v;
   if (n == 0) return;
   gelu_forward_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(out, inp, n);
   SW_CUDA_LAUNCHED();
 }
 
 void gelu_backward(cudaStream_t s, float* dinp, const float* inp, const float* dout, size_t n) {
+  const size_t v = al16(dinp) && al16(inp) && al16(dout) ? n / 4 * 4 : 0;
+  each4(s, v / 4, GeluBack4{dinp, inp, dout});
+  dinp += v, inp += v, dout += v, n -= v;
   if (n == 0) return;
   gelu_backward_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(dinp, inp, dout, n);
   SW_CUDA_LAUNCHED();
@@ -345,6 +596,7 @@ void gelu_backward(cudaStream_t s, float* dinp, const float* inp, const float* d
 void swiglu_forward(cudaStream_t s, float* out, const float* gu, int N, int F) {
   const size_t total = static_cast<size_t>(N) * F;
   if (total == 0) return;
+  if (F % 4 == 0 && al16(out) && al16(gu)) return each4(s, total / 4, Swiglu4{out, gu, size_t(F)});
   swiglu_forward_k<<<grid_for(total, kThreads), kThreads, 0, s>>>(out, gu, F, total);
   SW_CUDA_LAUNCHED();
 }
@@ -353,24 +605,44 @@ void swiglu_backward(cudaStream_t s, float* dgu, const float* dout, const float*
                      int F) {
   const size_t total = static_cast<size_t>(N) * F;
   if (total == 0) return;
+  if (F % 4 == 0 && al16(dgu) && al16(dout) && al16(gu))
+    return each4(s, total / 4, SwigluBack4{dgu, dout, gu, size_t(F)});
   swiglu_backward_k<<<grid_for(total, kThreads), kThreads, 0, s>>>(dgu, dout, gu, F, total);
   SW_CUDA_LAUNCHED();
 }
 
 void residual_forward(cudaStream_t s, float* out, const float* a, const float* b, size_t n) {
+  const size_t v = al16(out) && al16(a) && al16(b) ? n / 4 * 4 : 0;
+  each4(s, v / 4, Residual4{out, a, b});
+  out += v, a += v, b += v, n -= v;
   if (n == 0) return;
   residual_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(out, a, b, n);
   SW_CUDA_LAUNCHED();
 }
 
-void rope_apply(cudaStream_t s, float* qkv, int B, int T, int H, int KVH, int hd, float theta,
-                float sign) {
-  const int rot_heads = H + KVH;
-  const size_t total = static_cast<size_t>(B) * T * rot_heads * (hd / 2);
+void rope_table(cudaStream_t s, float* tab, int T, int hd, float theta) {
+  const size_t total = static_cast<size_t>(T) * (hd / 2);
   if (total == 0) return;
+  rope_table_k<<<grid_for(total, kThreads), kThreads, 0, s>>>(reinterpret_cast<float2*>(tab), T,
+                                                              hd, theta);
+  SW_CUDA_LAUNCHED();
+}
+
+void rope_apply(cudaStream_t s, float* qkv, const float* tab, int B, int T, int H, int KVH,
+                int hd, float sign) {
+  const int rot_heads = H + KVH, half = hd / 2;
+  const size_t pairs = static_cast<size_t>(B) * T * rot_heads * half;
+  if (pairs == 0) return;
   const size_t row = static_cast<size_t>(H + 2 * KVH) * hd;
-  rope_k<<<grid_for(total, kThreads), kThreads, 0, s>>>(qkv, T, rot_heads, hd, row, theta, sign,
-                                                        total);
+  const float2* t2 = reinterpret_cast<const float2*>(tab);
+  // Two pairs per thread where their floats are 8-byte aligned (half even: every offset is).
+  if (half % 2 == 0 && al8(qkv) && al16(tab)) {
+    rope_k<2><<<grid_for(pairs / 2, kThreads), kThreads, 0, s>>>(qkv, t2, T, rot_heads, hd, row,
+                                                                 sign, pairs / 2);
+  } else {
+    rope_k<1><<<grid_for(pairs, kThreads), kThreads, 0, s>>>(qkv, t2, T, rot_heads, hd, row,
+                                                             sign, pairs);
+  }
   SW_CUDA_LAUNCHED();
 }
 
@@ -384,6 +656,12 @@ void adamw(cudaStream_t s, float* param, const float* grad, float* m, float* v, 
   const float inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
   const float decay = static_cast<float>(1.0 - static_cast<double>(lr) * wd);
   const float omb1 = static_cast<float>(1.0 - beta1), omb2 = static_cast<float>(1.0 - beta2);
+  const size_t vn = al16(param) && al16(grad) && al16(m) && al16(v) ? n / 4 * 4 : 0;
+  each4(s, vn / 4,
+        Adamw4{AdamC{step_size, inv_bc2_sqrt, decay, beta1, beta2, omb1, omb2, eps, grad_mult},
+               param, m, v, grad});
+  param += vn, grad += vn, m += vn, v += vn, n -= vn;
+  if (n == 0) return;
   adamw_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(param, grad, m, v, n, step_size,
                                                      inv_bc2_sqrt, decay, beta1, beta2, omb1,
                                                      omb2, eps, grad_mult);
@@ -391,24 +669,36 @@ void adamw(cudaStream_t s, float* param, const float* grad, float* m, float* v, 
 }
 
 void scale(cudaStream_t s, float* x, float a, size_t n) {
+  const size_t v = al16(x) ? n / 4 * 4 : 0;
+  each4(s, v / 4, Scale4{x, a});
+  x += v, n -= v;
   if (n == 0) return;
   scale_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(x, a, n);
   SW_CUDA_LAUNCHED();
 }
 
 void fill(cudaStream_t s, float* x, float v, size_t n) {
+  const size_t k = al16(x) ? n / 4 * 4 : 0;
+  each4(s, k / 4, Fill4{x, v});
+  x += k, n -= k;
   if (n == 0) return;
   fill_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(x, v, n);
   SW_CUDA_LAUNCHED();
 }
 
 void add_inplace(cudaStream_t s, float* y, const float* x, size_t n) {
+  const size_t v = al16(y) && al16(x) ? n / 4 * 4 : 0;
+  each4(s, v / 4, AddInplace4{y, x});
+  y += v, x += v, n -= v;
   if (n == 0) return;
   add_inplace_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(y, x, n);
   SW_CUDA_LAUNCHED();
 }
 
 void narrow(cudaStream_t s, int dt, const float* src, uint16_t* dst, size_t n) {
+  const size_t v = al16(src) && al8(dst) ? n / 4 * 4 : 0;
+  each4(s, v / 4, Narrow4{dt, src, dst});
+  src += v, dst += v, n -= v;
   if (n == 0) return;
   narrow_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(dt, src, dst, n);
   SW_CUDA_LAUNCHED();
@@ -418,20 +708,31 @@ void narrow_rows(cudaStream_t s, int dt, const float* src, size_t ld, size_t row
   if (ld == cols) return narrow(s, dt, src, dst, rows * cols);
   const size_t total = rows * cols;
   if (total == 0) return;
+  if (cols % 4 == 0 && ld % 4 == 0 && al16(src) && al8(dst))
+    return each4(s, total / 4, NarrowRows4{dt, src, ld, cols, dst});
   narrow_rows_k<<<grid_for(total, kThreads), kThreads, 0, s>>>(dt, src, ld, dst, cols, total);
   SW_CUDA_LAUNCHED();
 }
 void widen(cudaStream_t s, int dt, const uint16_t* src, float* dst, size_t n) {
+  const size_t v = al8(src) && al16(dst) ? n / 4 * 4 : 0;
+  each4(s, v / 4, Widen4{dt, src, dst, false});
+  src += v, dst += v, n -= v;
   if (n == 0) return;
   widen_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(dt, src, dst, n);
   SW_CUDA_LAUNCHED();
 }
 void add_widened(cudaStream_t s, int dt, const uint16_t* src, float* dst, size_t n) {
+  const size_t v = al8(src) && al16(dst) ? n / 4 * 4 : 0;
+  each4(s, v / 4, Widen4{dt, src, dst, true});
+  src += v, dst += v, n -= v;
   if (n == 0) return;
   add_widened_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(dt, src, dst, n);
   SW_CUDA_LAUNCHED();
 }
 void round_to(cudaStream_t s, int dt, float* x, size_t n) {
+  const size_t v = al16(x) ? n / 4 * 4 : 0;
+  each4(s, v / 4, RoundTo4{dt, x});
+  x += v, n -= v;
   if (n == 0) return;
   round_to_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(dt, x, n);
   SW_CUDA_LAUNCHED();

@@ -226,6 +226,29 @@ TEST_CASE("cuda ops: cuDNN's description of this GPU checks the graphs offline, 
     }
 }
 
+// cuDNN's workspace for the benchmark's shapes (bench/gpu_vs_torch.sh: the 1.3B Llama at B 4,
+// T 2048, GPT-2 124M at B 16, T 1024), which the planner estimates (planner/search.cpp): printed
+// with SW_TEST_VERBOSE for gpu_build.sh's log. cuDNN must take both shapes.
+TEST_CASE("cuda ops: cuDNN takes the benchmark's attention shapes") {
+  if (!sw::cuda::cudnn_attention_built()) {
+    WARN("this build has no cuDNN attention");
+    return;
+  }
+  for (const sw::cuda::AttnShape& s : {sw::cuda::AttnShape{DType::BF16, 4, 2048, 16, 16, 128},
+                                       sw::cuda::AttnShape{DType::BF16, 16, 1024, 12, 12, 64}})
+    for (const bool backward : {false, true}) {
+      std::string why;
+      const int64_t ws = sw::cuda::cudnn_attention_prepare(s, backward, &why);
+      INFO("B " << s.B << " T " << s.T << " H " << s.H << " hd " << s.hd << ": " << why);
+      CHECK(ws >= 0);
+      if (std::getenv("SW_TEST_VERBOSE"))
+        std::printf("cuDNN workspace B %d T %d H %d KVH %d hd %d %s: %lld bytes (%.2f per "
+                    "element of Q)\n", s.B, s.T, s.H, s.KVH, s.hd,
+                    backward ? "backward" : "forward", static_cast<long long>(ws),
+                    double(ws) / (double(s.B) * s.T * s.H * s.hd));
+    }
+}
+
 TEST_CASE("cuda ops: the three precisions share one compute stream") {
   const sw::Ops& f32 = sw::ops_for(Device::cuda(sw::cuda_current_device()));
   CHECK(&sw::ops_for(Device::cuda(sw::cuda_current_device()), DType::BF16).stream() == &f32.stream());

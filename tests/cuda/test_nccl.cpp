@@ -82,6 +82,11 @@ TEST_CASE("the compute stream waits for a NCCL Work on the device, not on the ho
   Buffer d = upload(bytes);
   Buffer out(n * 4, Mem::Communication, gpu());
   nccl->barrier();  // NCCL's first-use set-up happens before the compute stream is held
+  // The scale kernel runs once before the gate too: CUDA loads a module lazily at its first
+  // launch, which can wait for the device, that is for the spinning gate (the H200 run of
+  // 2026-11-27 hung at 'scale').
+  ops.scale(d.f32(), 1.f, n);
+  ops.stream().synchronize();
   {
     Watchdog dog("nccl gate test", 60);
     StreamGate gate(ops.stream().native_handle());

@@ -178,6 +178,10 @@ TEST_CASE(
     CHECK(line["peak_mem_bytes"].get<size_t>() >=
           16 * static_cast<size_t>(build_model(c.model).num_params()));
     CHECK(line["grad_norm"].get<double>() > 0);
+    // The read of the norm and losses is part of the step.
+    REQUIRE(line.contains("norm_read_s"));
+    CHECK(line["norm_read_s"].get<double>() >= 0);
+    CHECK(line["norm_read_s"].get<double>() <= line["step_time_s"].get<double>());
   }
   CHECK(!m[0].contains("val_loss"));
   CHECK(m[2].contains("val_loss"));  // evaluated at the end
