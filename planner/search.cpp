@@ -77,11 +77,13 @@ int64_t cuda_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute)
       case cuda::AttentionPath::Cudnn:
         if (hd % 8 == 0) {  // else cuDNN refuses the shape and the cuBLAS path runs
           // attention_cudnn.h: 16-bit qkv, O and dO (AttnPack), 16-bit dqkv (AttnS), and
-          // cuDNN's workspace (AttnP), estimated as its deterministic backward's fp32 dQ
-          // accumulator (cuDNN says the exact figure only on a GPU).
+          // cuDNN's workspace (AttnP). cuDNN says the workspace only on a GPU: 30.5 bytes per
+          // element of Q (its deterministic backward's), fitted to the tracked peaks of the
+          // two benchmark runs on an H200 (2026-11-27: 1.3B Llama, GPT-2 124M; the first guess,
+          // an fp32 dQ accumulator of 4 bytes, was 0.55 and 0.42 GB short).
           slot.push_back(2 * (int64_t(B) * T * qkv + 2 * Z * Th));
           slot.push_back(2 * int64_t(B) * T * qkv);
-          slot.push_back(4 * Z * Th);
+          slot.push_back(61 * Z * Th / 2);
           break;
         }
         [[fallthrough]];

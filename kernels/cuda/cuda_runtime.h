@@ -28,7 +28,7 @@ void cuda_copy_to_host(void* dst, const void* src, size_t bytes);
 // The caching device allocator behind Buffer (cuda_runtime.cu; core/device_cache.h).
 // Work on `stream` (a cudaStream_t) uses the device memory at ptr (anywhere inside a Buffer):
 // freeing that buffer then makes its reuse wait for that work. Needed for any stream but the
-// compute stream.
+// compute stream. The stream must outlive the buffer: the free records an event on it.
 void cuda_record_stream(const void* ptr, void* stream, int device = 0);
 DeviceCacheStats cuda_cache_stats(int device = 0);
 

@@ -118,6 +118,10 @@ TEST_CASE("CudaEvent: ordering across streams without blocking the host") {
   std::vector<float> got(n);
   copy_bytes(got.data(), Device::cpu(), x.data(), gpu(), n * 4);
   CHECK(got == std::vector<float>(n, 6.f));
+  // x was used on `side` (cuda_record_stream): freed while the stream lives, since the cache
+  // records an event on it at the free (destroying the stream first crashed the H200 run of
+  // 2026-11-27 inside cudaEventRecord).
+  x.release();
   cudaStreamDestroy(side);
 }
 

@@ -186,8 +186,12 @@ TEST_CASE("cuda train: bf16 with cuDNN's fused attention matches the CPU, and re
   CHECK(sw::cuda::cudnn_attention_runs() > runs0);  // it ran on cuDNN, not the fallback
 }
 
+TEST_CASE("cuda train: bf16 with the cuBLAS attention path matches the CPU, and repeats") {
+  bf16_with_attention("cublas");  // (the default above: cuDNN's, where the build has it)
+}
+
 TEST_CASE("cuda train: bf16 with the flash attention kernels matches the CPU, and repeats") {
-  bf16_with_attention("flash");  // (the default above: the cuBLAS path)
+  bf16_with_attention("flash");
 }
 
 TEST_CASE("cuda train: activation offload to pinned host equals no offload bit for bit") {
