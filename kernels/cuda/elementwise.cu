@@ -375,14 +375,38 @@ __global__ void xent_rows_k(float* logits, float* rl, const int32_t* targets, in
   }
 }
 
-// ---- The four-wide functors (each4): element i..i+3 of the scalar kernel of the same name.
-#define SW_EACH4(expr) \
-  do {                 \
-    expr(x);           \
-    expr(y);           \
-    expr(z);           \
-    expr(w);           \
-  } while (0)
+// ---- The four-wide functors (each4): elements i..i+3 of the scalar kernel of the same name,
+// each through the scalar kernel's formula (map4 / zip4 apply it per component).
+template <class F>
+__device__ __forceinline__ float4 map4(float4 a, F f) {
+  return make_float4(f(a.x), f(a.y), f(a.z), f(a.w));
+}
+template <class F>
+__device__ __forceinline__ float4 zip4(float4 a, float4 b, F f) {
+  return make_float4(f(a.x, b.x), f(a.y, b.y), f(a.z, b.z), f(a.w, b.w));
+}
+// The formulas as function objects (inlined where a function pointer might not be).
+struct AddF {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct GeluF {
+  __device__ float operator()(float x) const { return gelu_f(x); }
+};
+struct GeluGradF {
+  __device__ float operator()(float x, float d) const { return gelu_grad_f(x, d); }
+};
+struct SwigluF {
+  __device__ float operator()(float g, float up) const { return swiglu_f(g, up); }
+};
+__device__ __forceinline__ ushort4 narrow4(int dt, float4 f) {
+  return make_ushort4(to_half_d(dt, f.x), to_half_d(dt, f.y), to_half_d(dt, f.z),
+                      to_half_d(dt, f.w));
+}
+__device__ __forceinline__ float4 widen4(int dt, ushort4 h) {
+  return make_float4(from_half_d(dt, h.x), from_half_d(dt, h.y), from_half_d(dt, h.z),
+                     from_half_d(dt, h.w));
+}
+
 struct Fill4 {
   float* x;
   float v;
@@ -392,110 +416,52 @@ struct Scale4 {
   float* x;
   float a;
   __device__ void operator()(size_t i) const {
-    float4 t = ld4(x + i);
-#define SW_E(c) t.c *= a
-    SW_EACH4(SW_E);
-#undef SW_E
-    st4(x + i, t);
+    const float s = a;
+    st4(x + i, map4(ld4(x + i), [s](float t) { return t * s; }));
   }
 };
-struct AddInplace4 {
-  float* y;
-  const float* x;
-  __device__ void operator()(size_t i) const {
-    float4 t = ld4(y + i);
-    const float4 u = ld4(x + i);
-#define SW_E(c) t.c += u.c
-    SW_EACH4(SW_E);
-#undef SW_E
-    st4(y + i, t);
-  }
-};
-struct Residual4 {
+struct Add4 {  // out = a + b (add_inplace: out = a = y; residual)
   float* out;
   const float *a, *b;
-  __device__ void operator()(size_t i) const {
-    const float4 p = ld4(a + i), q = ld4(b + i);
-    float4 t;
-#define SW_E(c) t.c = p.c + q.c
-    SW_EACH4(SW_E);
-#undef SW_E
-    st4(out + i, t);
-  }
+  __device__ void operator()(size_t i) const { st4(out + i, zip4(ld4(a + i), ld4(b + i), AddF{})); }
 };
-struct Narrow4 {
-  int dt;
-  const float* src;
-  uint16_t* dst;
-  __device__ void operator()(size_t i) const {
-    const float4 f = ld4(src + i);
-    ushort4 h;
-#define SW_E(c) h.c = to_half_d(dt, f.c)
-    SW_EACH4(SW_E);
-#undef SW_E
-    sth4(dst + i, h);
-  }
-};
-// dst(rows, cols) dense from src(rows, cols; row stride ld), cols and ld multiples of 4.
-struct NarrowRows4 {
+struct Narrow4 {  // dst(rows, cols) dense from src(rows, cols; row stride ld); ld == cols: flat
   int dt;
   const float* src;
   size_t ld, cols;
   uint16_t* dst;
   __device__ void operator()(size_t i) const {
-    const float4 f = ld4(src + (i / cols) * ld + i % cols);
-    ushort4 h;
-    h.x = to_half_d(dt, f.x), h.y = to_half_d(dt, f.y), h.z = to_half_d(dt, f.z);
-    h.w = to_half_d(dt, f.w);
-    sth4(dst + i, h);
+    sth4(dst + i, narrow4(dt, ld4(src + (ld == cols ? i : (i / cols) * ld + i % cols))));
   }
 };
-struct Widen4 {
+struct Widen4 {  // dst = widen(src), or dst += widen(src)
   int dt;
   const uint16_t* src;
   float* dst;
   bool add;
   __device__ void operator()(size_t i) const {
-    const ushort4 h = ldh4(src + i);
-    float4 t = add ? ld4(dst + i) : make_float4(0.f, 0.f, 0.f, 0.f);
-#define SW_E(c) t.c = add ? t.c + from_half_d(dt, h.c) : from_half_d(dt, h.c)
-    SW_EACH4(SW_E);
-#undef SW_E
-    st4(dst + i, t);
+    const float4 w = widen4(dt, ldh4(src + i));
+    st4(dst + i, add ? zip4(ld4(dst + i), w, AddF{}) : w);
   }
 };
 struct RoundTo4 {
   int dt;
   float* x;
   __device__ void operator()(size_t i) const {
-    float4 t = ld4(x + i);
-#define SW_E(c) t.c = from_half_d(dt, to_half_d(dt, t.c))
-    SW_EACH4(SW_E);
-#undef SW_E
-    st4(x + i, t);
+    const int d = dt;
+    st4(x + i, map4(ld4(x + i), [d](float t) { return from_half_d(d, to_half_d(d, t)); }));
   }
 };
 struct Gelu4 {
   float* out;
   const float* inp;
-  __device__ void operator()(size_t i) const {
-    float4 t = ld4(inp + i);
-#define SW_E(c) t.c = gelu_f(t.c)
-    SW_EACH4(SW_E);
-#undef SW_E
-    st4(out + i, t);
-  }
+  __device__ void operator()(size_t i) const { st4(out + i, map4(ld4(inp + i), GeluF{})); }
 };
-struct GeluBack4 {
+struct GeluBack4 {  // dinp += gelu'(inp) dout
   float* dinp;
   const float *inp, *dout;
   __device__ void operator()(size_t i) const {
-    const float4 x = ld4(inp + i), d = ld4(dout + i);
-    float4 t = ld4(dinp + i);
-#define SW_E(c) t.c += gelu_grad_f(x.c, d.c)
-    SW_EACH4(SW_E);
-#undef SW_E
-    st4(dinp + i, t);
+    st4(dinp + i, zip4(ld4(dinp + i), zip4(ld4(inp + i), ld4(dout + i), GeluGradF{}), AddF{}));
   }
 };
 // Row n of gu is (gate F, up F); F a multiple of 4, so four columns stay in one row.
@@ -505,12 +471,7 @@ struct Swiglu4 {
   size_t F;
   __device__ void operator()(size_t i) const {
     const size_t n = i / F, f = i % F;
-    const float4 g = ld4(gu + n * 2 * F + f), u = ld4(gu + n * 2 * F + F + f);
-    float4 t;
-#define SW_E(c) t.c = swiglu_f(g.c, u.c)
-    SW_EACH4(SW_E);
-#undef SW_E
-    st4(out + i, t);
+    st4(out + i, zip4(ld4(gu + n * 2 * F + f), ld4(gu + n * 2 * F + F + f), SwigluF{}));
   }
 };
 struct SwigluBack4 {
@@ -520,13 +481,13 @@ struct SwigluBack4 {
   __device__ void operator()(size_t i) const {
     const size_t n = i / F, f = i % F, ig = n * 2 * F + f, iu = ig + F;
     const float4 g = ld4(gu + ig), u = ld4(gu + iu), d = ld4(dout + i);
-    float4 tg = ld4(dgu + ig), tu = ld4(dgu + iu);
-    float dg, du;
-#define SW_E(c) (swiglu_grad_f(g.c, u.c, d.c, &dg, &du), tu.c += du, tg.c += dg)
-    SW_EACH4(SW_E);
-#undef SW_E
-    st4(dgu + iu, tu);
-    st4(dgu + ig, tg);
+    float4 dg, du;
+    swiglu_grad_f(g.x, u.x, d.x, &dg.x, &du.x);
+    swiglu_grad_f(g.y, u.y, d.y, &dg.y, &du.y);
+    swiglu_grad_f(g.z, u.z, d.z, &dg.z, &du.z);
+    swiglu_grad_f(g.w, u.w, d.w, &dg.w, &du.w);
+    st4(dgu + iu, zip4(ld4(dgu + iu), du, AddF{}));
+    st4(dgu + ig, zip4(ld4(dgu + ig), dg, AddF{}));
   }
 };
 struct Adamw4 {
@@ -536,15 +497,16 @@ struct Adamw4 {
   __device__ void operator()(size_t i) const {
     float4 p = ld4(param + i), mm = ld4(m + i), vv = ld4(v + i);
     const float4 g = ld4(grad + i);
-#define SW_E(k) adamw_f(c, &p.k, g.k, &mm.k, &vv.k)
-    SW_EACH4(SW_E);
-#undef SW_E
+    adamw_f(c, &p.x, g.x, &mm.x, &vv.x);
+    adamw_f(c, &p.y, g.y, &mm.y, &vv.y);
+    adamw_f(c, &p.z, g.z, &mm.z, &vv.z);
+    adamw_f(c, &p.w, g.w, &mm.w, &vv.w);
     st4(param + i, p);
     st4(m + i, mm);
     st4(v + i, vv);
   }
 };
-#undef SW_EACH4
+
 
 }  // namespace
 
@@ -613,7 +575,7 @@ void swiglu_backward(cudaStream_t s, float* dgu, const float* dout, const float*
 
 void residual_forward(cudaStream_t s, float* out, const float* a, const float* b, size_t n) {
   const size_t v = al16(out) && al16(a) && al16(b) ? n / 4 * 4 : 0;
-  each4(s, v / 4, Residual4{out, a, b});
+  each4(s, v / 4, Add4{out, a, b});
   out += v, a += v, b += v, n -= v;
   if (n == 0) return;
   residual_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(out, a, b, n);
@@ -688,7 +650,7 @@ void fill(cudaStream_t s, float* x, float v, size_t n) {
 
 void add_inplace(cudaStream_t s, float* y, const float* x, size_t n) {
   const size_t v = al16(y) && al16(x) ? n / 4 * 4 : 0;
-  each4(s, v / 4, AddInplace4{y, x});
+  each4(s, v / 4, Add4{y, y, x});
   y += v, x += v, n -= v;
   if (n == 0) return;
   add_inplace_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(y, x, n);
@@ -697,7 +659,7 @@ void add_inplace(cudaStream_t s, float* y, const float* x, size_t n) {
 
 void narrow(cudaStream_t s, int dt, const float* src, uint16_t* dst, size_t n) {
   const size_t v = al16(src) && al8(dst) ? n / 4 * 4 : 0;
-  each4(s, v / 4, Narrow4{dt, src, dst});
+  each4(s, v / 4, Narrow4{dt, src, 1, 1, dst});  // ld == cols: flat
   src += v, dst += v, n -= v;
   if (n == 0) return;
   narrow_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(dt, src, dst, n);
@@ -709,7 +671,7 @@ void narrow_rows(cudaStream_t s, int dt, const float* src, size_t ld, size_t row
   const size_t total = rows * cols;
   if (total == 0) return;
   if (cols % 4 == 0 && ld % 4 == 0 && al16(src) && al8(dst))
-    return each4(s, total / 4, NarrowRows4{dt, src, ld, cols, dst});
+    return each4(s, total / 4, Narrow4{dt, src, ld, cols, dst});
   narrow_rows_k<<<grid_for(total, kThreads), kThreads, 0, s>>>(dt, src, ld, dst, cols, total);
   SW_CUDA_LAUNCHED();
 }
