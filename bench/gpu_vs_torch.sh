@@ -42,8 +42,8 @@
 #                      what matters most first when the budget is short; default: per model,
 #                      shardwise, compile, eager, then on a GPU shardwise_cublas and
 #                      shardwise_optimes
-# Memory (shardwise plan on a device): Shardwise GPT-2 B 16 13.4 GiB, Llama B 4 52.3 GiB (the
-# H100 measured 13.40 and 52.32 GiB).
+# Memory (shardwise plan on a device, cuDNN's attention): Shardwise GPT-2 B 16 13.5 GiB, Llama
+# B 4 52.6 GiB (an H200 measured 13.52 and 52.60 GiB; the cuBLAS path 13.40 and 52.33).
 # The token files are uniform random ids over each model's vocabulary, written in llm.c's format
 # here (`shardwise data prepare` tokenises bytes: 256 ids only). MFU = tokens/s x (6 N + 12 L d T)
 # / peak, N from the shape (torch_gpu_step.py --shape-only; PyTorch's model has the same count).
