@@ -2,9 +2,10 @@
 # gpu_lease.sh: everything a short lease of a GPU machine should run, in one command that ends
 # by itself: scripts/gpu_build.sh --test (facts, unpack, configure, build, the CUDA tests with
 # their verbose error figures), then bench/gpu_vs_torch.sh in the order of what matters most
-# (Shardwise's per-op times, its tokens/s with cuDNN's attention and the cuBLAS path, the
-# PyTorch peers, attention chunk sizes, eager last)
-# with the time that is left. Logs, the table and op_times_*.tsv go to $OUT/gpu_build/.
+# (Shardwise beside torch.compile per model, then its per-op times, eager, the cuBLAS attention
+# path)
+# with the time that is left. Logs, the table and op_times_*.tsv go to gpu_build/ inside
+# $OUT/gpu_lease.tgz (with gpu_vs_torch.txt and tests.txt beside it).
 #
 #   bash scripts/gpu_lease.sh [SECONDS]     (default 540: the device tool's 600 s per command,
 #                                            less a margin; carry [".gpu"])
@@ -16,6 +17,21 @@
 # graphs); the 1.3B Llama's Shardwise run 12 s, its torch.compile 53 s, GPT-2's 4 s and 25 s.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
+# The device tool returns at most 8 files from $OUT: the logs are written to a folder of their
+# own and packed into $OUT/gpu_lease.tgz at exit (a timeout's TERM included), with the table
+# and the test logs' summary beside it to read at once.
+if [ -n "${OUT:-}" ]; then
+  lease_out=$OUT
+  OUT=$(mktemp -d /tmp/gpu_lease.XXXXXX)
+  export OUT
+  pack() {
+    tar czf "$lease_out/gpu_lease.tgz" -C "$OUT" . 2>/dev/null
+    cp "$OUT/gpu_build/gpu_vs_torch.txt" "$lease_out/" 2>/dev/null
+    grep -hE 'tests passed|Test +#|\*\*\*' "$OUT"/gpu_build/cuda*.log >"$lease_out/tests.txt" 2>/dev/null
+  }
+  trap pack EXIT
+  trap 'exit 143' TERM INT
+fi
 total=${1:-540}
 deadline=$((SECONDS + total))
 export CTEST_TIMEOUT=${CTEST_TIMEOUT:-120}
@@ -27,9 +43,10 @@ test_cap=$((total / 2 > 200 ? total / 2 : 200))
 timeout -k 5 "$test_cap" bash scripts/gpu_build.sh --test
 echo "gpu_lease: tests exit $?"
 left=$((deadline - SECONDS - 15))
-# Where the Llama's step goes, cuDNN's attention against compile on the same machine, then the
-# rest.
-order=${GPU_LEASE_ORDER:-llama:shardwise_optimes,llama:shardwise_cudnn,llama:compile,gpt2:shardwise_cudnn,gpt2:shardwise,gpt2:compile,llama:shardwise,llama:shardwise_cudnn_optimes,gpt2:shardwise_optimes,llama:shardwise_chunk32,gpt2:eager,llama:eager}
+# Shardwise (cuDNN's attention, the default) against compile on the same machine first (the
+# 2026-11-27 lease had to divide by another call's compile figure), then where the steps go,
+# then the rest.
+order=${GPU_LEASE_ORDER:-llama:shardwise,llama:compile,gpt2:shardwise,gpt2:compile,llama:shardwise_optimes,gpt2:shardwise_optimes,llama:eager,gpt2:eager,llama:shardwise_cublas,gpt2:shardwise_cublas}
 if ((left < 60)); then
   echo "gpu_lease: ${left}s left, no time for the benchmark"
   exit 1
