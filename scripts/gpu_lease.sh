@@ -28,6 +28,7 @@ if [ -n "${OUT:-}" ]; then
     tar czf "$lease_out/gpu_lease.tgz" -C "$OUT" . 2>/dev/null
     cp "$OUT/gpu_build/gpu_vs_torch.txt" "$lease_out/" 2>/dev/null
     grep -hE 'tests passed|Test +#|\*\*\*' "$OUT"/gpu_build/cuda*.log >"$lease_out/tests.txt" 2>/dev/null
+    rm -rf "$OUT"
   }
   trap pack EXIT
   trap 'exit 143' TERM INT
