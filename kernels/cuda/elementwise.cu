@@ -51,6 +51,14 @@ __device__ __forceinline__ ushort4 ldh4(const uint16_t* p) {
   return *reinterpret_cast<const ushort4*>(p);
 }
 __device__ __forceinline__ void sth4(uint16_t* p, ushort4 v) { *reinterpret_cast<ushort4*>(p) = v; }
+__device__ __forceinline__ ushort4 narrow4(int dt, float4 f) {
+  return make_ushort4(to_half_d(dt, f.x), to_half_d(dt, f.y), to_half_d(dt, f.z),
+                      to_half_d(dt, f.w));
+}
+__device__ __forceinline__ float4 widen4(int dt, ushort4 h) {
+  return make_float4(from_half_d(dt, h.x), from_half_d(dt, h.y), from_half_d(dt, h.z),
+                     from_half_d(dt, h.w));
+}
 
 __device__ __forceinline__ float gelu_f(float x) {
   const float xc = clampf(x, -10.f, 10.f);
@@ -301,7 +309,9 @@ __global__ void bias_rows_k(float* out, const float* b, int OC, size_t total) {
 constexpr size_t kSsChunk = size_t{1} << 16;  // elements per block of sum_squares
 
 // Block c sums x^2 over its chunk in double: thread j takes elements j, j + 256, ... (in order),
-// then block_sum's fixed tree.
+// then block_sum's fixed tree. Kept one float per thread: a four-wide order would depend on the
+// vector's alignment, and the same gradients at two alignments (a whole unit, a shard at an
+// offset) must give the same norm bit for bit.
 __global__ void sum_squares_chunks_k(double* part, const float* x, size_t n) {
   __shared__ double scratch[32];
   const size_t i0 = blockIdx.x * kSsChunk;
@@ -335,7 +345,35 @@ __global__ void sum_floats_k(double* result, const float* x, int n, bool accumul
 // ---- LM head rows: one block per row of logits ---------------------------------------------------
 
 // With d16 (low-precision compute): the gradient row goes to d16 as cuda::narrow would round
-// it, and the fp32 row is left as it was (one pass less over the logits).
+// it, and the fp32 row is left as it was (one pass less over the logits). W = 4: each thread
+// takes four consecutive logits per access (V a multiple of 4, rows 16-byte aligned; the H200's
+// GPT-2 op times showed these passes at ~2.4 TB/s with one float per thread), so each thread
+// sums its exponentials in another order than with W = 1; both orders are fixed.
+template <int W>
+__device__ __forceinline__ void load_w(const float* p, float (&x)[W]) {
+  if constexpr (W == 4) {
+    const float4 q = ld4(p);
+    x[0] = q.x, x[1] = q.y, x[2] = q.z, x[3] = q.w;
+  } else {
+    x[0] = *p;
+  }
+}
+template <int W>
+__device__ __forceinline__ void store_w(float* row, uint16_t* row16, int v, const float (&g)[W],
+                                        int dt) {
+  if constexpr (W == 4) {
+    if (row16)
+      sth4(row16 + v, narrow4(dt, make_float4(g[0], g[1], g[2], g[3])));
+    else
+      st4(row + v, make_float4(g[0], g[1], g[2], g[3]));
+  } else {
+    if (row16)
+      row16[v] = to_half_d(dt, g[0]);
+    else
+      row[v] = g[0];
+  }
+}
+template <int W>
 __global__ void xent_rows_k(float* logits, float* rl, const int32_t* targets, int V, bool grad,
                             float grad_scale, uint16_t* d16, int dt) {
   __shared__ float fscratch[32];
@@ -343,35 +381,41 @@ __global__ void xent_rows_k(float* logits, float* rl, const int32_t* targets, in
   float* row = logits + static_cast<size_t>(r) * V;
   uint16_t* row16 = d16 ? d16 + static_cast<size_t>(r) * V : nullptr;
   const int t = targets[r];
+  const int v0 = W * threadIdx.x, step = W * blockDim.x;
+  float x[W];
   if (t < 0) {  // ignored row: loss 0, no gradient (uniform branch: t is the same for the block)
     if (threadIdx.x == 0) rl[r] = 0.f;
-    if (grad)
-      for (int v = threadIdx.x; v < V; v += blockDim.x) {
-        if (row16)
-          row16[v] = to_half_d(dt, 0.f);
-        else
-          row[v] = 0.f;
-      }
+    if (grad) {
+      const float zero[W] = {};
+      for (int v = v0; v < V; v += step) store_w<W>(row, row16, v, zero, dt);
+    }
     return;
   }
   float mx = -INFINITY;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, row[v]);
+  for (int v = v0; v < V; v += step) {
+    load_w<W>(row + v, x);
+    for (int k = 0; k < W; ++k) mx = fmaxf(mx, x[k]);
+  }
   mx = block_max(mx, fscratch);
   float sum = 0.f;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) sum += expf(row[v] - mx);
+  for (int v = v0; v < V; v += step) {
+    load_w<W>(row + v, x);
+    for (int k = 0; k < W; ++k) sum += expf(x[k] - mx);
+  }
   sum = block_sum(sum, fscratch);  // ends with __syncthreads
   const float lt = row[t];
   if (threadIdx.x == 0) rl[r] = mx + logf(sum) - lt;
   if (!grad) return;
   __syncthreads();  // everyone has read row[t] before it is overwritten
-  const float k = grad_scale / sum;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) {
-    const float p = expf(row[v] - mx) * k;
-    const float g = v == t ? p - grad_scale : p;
-    if (row16)
-      row16[v] = to_half_d(dt, g);
-    else
-      row[v] = g;
+  const float kk = grad_scale / sum;
+  for (int v = v0; v < V; v += step) {
+    load_w<W>(row + v, x);
+    float g[W];
+    for (int k = 0; k < W; ++k) {
+      const float p = expf(x[k] - mx) * kk;
+      g[k] = v + k == t ? p - grad_scale : p;
+    }
+    store_w<W>(row, row16, v, g, dt);
   }
 }
 
@@ -398,14 +442,6 @@ struct GeluGradF {
 struct SwigluF {
   __device__ float operator()(float g, float up) const { return swiglu_f(g, up); }
 };
-__device__ __forceinline__ ushort4 narrow4(int dt, float4 f) {
-  return make_ushort4(to_half_d(dt, f.x), to_half_d(dt, f.y), to_half_d(dt, f.z),
-                      to_half_d(dt, f.w));
-}
-__device__ __forceinline__ float4 widen4(int dt, ushort4 h) {
-  return make_float4(from_half_d(dt, h.x), from_half_d(dt, h.y), from_half_d(dt, h.z),
-                     from_half_d(dt, h.w));
-}
 
 struct Fill4 {
   float* x;
@@ -730,7 +766,10 @@ void sum_rows(cudaStream_t s, double* result, const float* x, int n, bool accumu
 void xent_rows(cudaStream_t s, float* logits, float* rl, const int32_t* targets, int nc, int V,
                bool grad, float grad_scale, uint16_t* d16, int dt) {
   if (nc == 0) return;
-  xent_rows_k<<<nc, 512, 0, s>>>(logits, rl, targets, V, grad, grad_scale, d16, dt);
+  if (V % 4 == 0 && al16(logits) && (!d16 || al8(d16)))
+    xent_rows_k<4><<<nc, 512, 0, s>>>(logits, rl, targets, V, grad, grad_scale, d16, dt);
+  else
+    xent_rows_k<1><<<nc, 512, 0, s>>>(logits, rl, targets, V, grad, grad_scale, d16, dt);
   SW_CUDA_LAUNCHED();
 }
 
