@@ -26,8 +26,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <functional>
+#include <cmath>
+#include <vector>
 #include <string>
 
+#include "core/alloc.h"
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/cuda_runtime.h"
 #include "kernels/ops.h"
@@ -229,6 +233,69 @@ TEST_CASE("cuda ops: cuDNN's description of this GPU checks the graphs offline, 
       CHECK(off.empty());
       CHECK(offline == online);
     }
+}
+
+// The element-wise kernels move four elements per access where every pointer is 16-byte aligned
+// (elementwise.cu's each4) and one per thread otherwise; the same data at both alignments must
+// give the same bits, since a unit's gradients and a shard at an offset hold the same values.
+TEST_CASE("cuda ops: element-wise ops give the same bits four-wide (aligned) and one by one") {
+  const sw::Ops& ops = sw::ops_for(Device::cuda(sw::cuda_current_device()));
+  const Device gpu = Device::cuda(sw::cuda_current_device());
+  const int N = 37, F = 28;  // F a multiple of 4; N * F = 1036 and n = 1031 leave tails
+  const size_t n = 1031, big = size_t(N) * 2 * F + 8;
+  std::vector<float> h(4 * big);
+  uint32_t st = 12345;
+  for (float& x : h) {
+    st = st * 1664525u + 1013904223u;
+    x = (static_cast<float>(st >> 8) / 16777216.f - 0.5f) * 6.f;
+  }
+  for (size_t i = 0; i < big; ++i) h[3 * big + i] = std::fabs(h[3 * big + i]);  // v >= 0
+  // Runs `op` on four arrays of `big` floats holding h, each starting `off` floats into its
+  // buffer; returns the four arrays after it.
+  auto run = [&](size_t off, auto op) {
+    std::vector<sw::Buffer> b;
+    std::vector<float*> p;
+    for (int k = 0; k < 4; ++k) {
+      b.emplace_back((big + 4) * sizeof(float), sw::Mem::Workspace, gpu);
+      p.push_back(b.back().f32() + off);
+      sw::cuda_copy_to_device(p.back(), h.data() + size_t(k) * big, big * sizeof(float));
+    }
+    op(p);
+    ops.stream().synchronize();
+    std::vector<float> out(4 * big);
+    for (int k = 0; k < 4; ++k)
+      sw::cuda_copy_to_host(out.data() + size_t(k) * big, p[size_t(k)], big * sizeof(float));
+    return out;
+  };
+  using P = std::vector<float*>;
+  const std::vector<std::pair<const char*, std::function<void(const P&)>>> cases = {
+      {"fill", [&](const P& p) { ops.fill(p[0], 0.375f, n); }},
+      {"scale", [&](const P& p) { ops.scale(p[0], -1.7f, n); }},
+      {"add_inplace", [&](const P& p) { ops.add_inplace(p[0], p[1], n); }},
+      {"residual_forward", [&](const P& p) { ops.residual_forward(p[0], p[1], p[2], n); }},
+      {"gelu_forward", [&](const P& p) { ops.gelu_forward(p[0], p[1], n); }},
+      {"gelu_backward", [&](const P& p) { ops.gelu_backward(p[0], p[1], p[2], n); }},
+      {"swiglu_forward", [&](const P& p) { ops.swiglu_forward(p[0], p[1], N, F); }},
+      {"swiglu_backward", [&](const P& p) { ops.swiglu_backward(p[0], p[1], p[2], N, F); }},
+      {"adamw", [&](const P& p) {
+         ops.adamw(p[0], p[1], p[2], p[3], n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 0.5f);
+       }},
+      {"round_to bf16", [&](const P& p) { ops.round_to(DType::BF16, p[0], n); }},
+      {"narrow then widen f16", [&](const P& p) {
+         ops.narrow(DType::F16, p[0], p[1], n);
+         ops.widen(DType::F16, p[1], p[2], n);
+       }},
+      {"narrow then add_widened bf16", [&](const P& p) {
+         ops.narrow(DType::BF16, p[0], p[1], n);
+         ops.add_widened(DType::BF16, p[1], p[2], n);
+       }},
+  };
+  for (const auto& [name, op] : cases) {
+    INFO(name);
+    const std::vector<float> aligned = run(0, op), scalar = run(1, op);
+    CHECK(std::memcmp(aligned.data(), scalar.data(), aligned.size() * sizeof(float)) == 0);
+    CHECK(aligned != h);  // the op did something
+  }
 }
 
 // cuDNN's workspace for the benchmark's shapes (bench/gpu_vs_torch.sh: the 1.3B Llama at B 4,
