@@ -298,6 +298,46 @@ TEST_CASE("cuda ops: element-wise ops give the same bits four-wide (aligned) and
   }
 }
 
+// Ops::widen and narrow in place (a gather's 16-bit values at the front of its fp32 buffer; a
+// 16-bit reduction's gradients) go in ranges (the top half first for widen, doubling ranges
+// after a prefix for narrow) with a prefix through scratch (cuda_ops.cu); the harness's cases
+// (1 and 1001 values) only reach the prefix. Here 3,000,001 values, six halvings or doublings:
+// the same bits as converting out of place.
+TEST_CASE("cuda ops: widen and narrow in place of millions of values equal out of place") {
+  const sw::Ops& ops = sw::ops_for(Device::cuda(sw::cuda_current_device()));
+  const Device gpu = Device::cuda(sw::cuda_current_device());
+  const size_t n = 3000001;
+  std::vector<uint16_t> h(n);
+  uint32_t st = 777;
+  for (uint16_t& x : h) {
+    st = st * 1664525u + 1013904223u;
+    x = static_cast<uint16_t>(st >> 16);
+  }
+  for (DType dt : {DType::BF16, DType::F16}) {
+    INFO(sw::dtype_name(dt));
+    sw::Buffer a(n * 4, sw::Mem::Workspace, gpu), src(n * 2, sw::Mem::Workspace, gpu),
+        b(n * 4, sw::Mem::Workspace, gpu);
+    sw::cuda_copy_to_device(a.data(), h.data(), n * 2);
+    sw::cuda_copy_to_device(src.data(), h.data(), n * 2);
+    ops.widen(dt, a.data(), a.f32(), n);
+    ops.widen(dt, src.data(), b.f32(), n);
+    ops.stream().synchronize();
+    std::vector<float> in_place(n), out(n);
+    sw::cuda_copy_to_host(in_place.data(), a.data(), n * 4);
+    sw::cuda_copy_to_host(out.data(), b.data(), n * 4);
+    CHECK(std::memcmp(in_place.data(), out.data(), n * 4) == 0);
+    // Narrow those floats back, in place and out of place: the 16-bit values came from h.
+    sw::Buffer c(n * 2, sw::Mem::Workspace, gpu);
+    ops.narrow(dt, b.f32(), c.data(), n);
+    ops.narrow(dt, a.f32(), a.data(), n);
+    ops.stream().synchronize();
+    std::vector<uint16_t> n_in_place(n), n_out(n);
+    sw::cuda_copy_to_host(n_in_place.data(), a.data(), n * 2);
+    sw::cuda_copy_to_host(n_out.data(), c.data(), n * 2);
+    CHECK(n_in_place == n_out);
+  }
+}
+
 // cuDNN's workspace for the benchmark's shapes (bench/gpu_vs_torch.sh: the 1.3B Llama at B 4,
 // T 2048, GPT-2 124M at B 16, T 1024), which the planner estimates (planner/search.cpp): printed
 // with SW_TEST_VERBOSE for gpu_build.sh's log. cuDNN must take both shapes.
