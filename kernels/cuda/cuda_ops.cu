@@ -732,7 +732,7 @@ class CudaOps final : public Ops {
   // In place (dst == src) the kernels' threads would read values that other threads' results
   // overwrite, so the conversions go in ranges whose reads and writes are disjoint and which
   // overwrite only values already read, with a prefix (kConvertPrefix values) through the Convert
-  // scratch: 6 bytes moved per value instead of 10 to 12 through a whole-buffer copy (a
+  // scratch: 6 bytes moved per value instead of 10 to 14 through a whole-buffer copy (a
   // gather's widen and a 16-bit reduction's narrow cover a whole unit).
   static constexpr size_t kConvertPrefix = size_t{1} << 16;
   void narrow(DType dt, const float* src, void* dst, size_t n) const override {
