@@ -422,6 +422,20 @@ if [ -n "$do_test" ]; then
   SW_CUDNN_DEVICE_OUT="$logs/cudnn_device_$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null |
     sed -n 1p | tr -c 'A-Za-z0-9\n' '_' | sed 's/_*$//').json" \
     SW_TEST_VERBOSE=1 ctest_run cuda -L cuda -V || status=1
+  # A CUDA test that crashed: its stack from cuda-gdb (at most 30 s each) in gdb_<test>.log, so
+  # the session after the lease knows where (the H200 lease of 2026-11-27 needed a second call
+  # for it). Tests run through mpiexec are left out.
+  if command -v cuda-gdb >/dev/null; then
+    for num in $(grep -E '^ *[0-9]+/[0-9]+ Test +#[0-9]+: .*(SegFault|Subprocess aborted|Exception)' \
+      "$logs/cuda.log" | grep -oE '#[0-9]+' | tr -d '#'); do
+      cmd=$(grep -m1 "^$num: Test command:" "$logs/cuda.log" | sed 's/^[0-9]*: Test command: //')
+      [ -z "$cmd" ] || [[ $cmd == *mpiexec* ]] && continue
+      # shellcheck disable=SC2086
+      (cd "$build" && timeout -k 5 30 cuda-gdb -batch -ex run -ex bt --args $cmd) \
+        >"$logs/gdb_$num.log" 2>&1
+      note "gdb_$num" "stack of crashed test #$num: $(grep -m1 '^#0' "$logs/gdb_$num.log" | cut -c1-60)"
+    done
+  fi
   SW_TEST_VERBOSE=1 ctest_run cuda_unit -R '^cuda_' -LE cuda -V || status=1
   benches=$(grep '^bench' <<<"$cuda_targets")
   for b in $benches; do
