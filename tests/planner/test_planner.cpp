@@ -659,10 +659,13 @@ TEST_CASE("plan: the CUDA scratch follows SHARDWISE_CUDA_ATTENTION", "[planner]"
   CHECK(flash < cublas);
   CHECK(cublas < cudnn);
   // fp32 compute always runs the flash kernels, whatever the variable says.
+  // (cuDNN against cuBLAS: with cuDNN now the default, against the unset variable it could not
+  // fail.)
   setenv("SHARDWISE_CUDA_ATTENTION", "cudnn", 1);
   const int64_t f32 = cuda_workspace_bytes(mc, 4, 2048, DType::F32);
-  unsetenv("SHARDWISE_CUDA_ATTENTION");
+  setenv("SHARDWISE_CUDA_ATTENTION", "cublas", 1);
   CHECK(f32 == cuda_workspace_bytes(mc, 4, 2048, DType::F32));
+  unsetenv("SHARDWISE_CUDA_ATTENTION");
   setenv("SHARDWISE_CUDA_ATTENTION", "cudnn9", 1);
   try {
     cuda_workspace_bytes(mc, 4, 2048, DType::BF16);
