@@ -6,7 +6,8 @@
 //  * row-major; activations are (N, C) with N = B*T rows unless stated;
 //  * Linear weights use PyTorch's nn.Linear layout (OC, C): y = x W^T + b;
 //  * every backward ACCUMULATES (+=) into every gradient it writes, parameter and input
-//    gradients alike; callers zero buffers that must start at zero;
+//    gradients alike; callers zero buffers that must start at zero (or use the *_set forms,
+//    which write the input gradient instead);
 //  * nullable pointers are marked "may be null";
 //  * results are deterministic for a fixed thread count (static partitioning, fixed-order
 //    reductions): two identical runs give bit-identical numbers.
@@ -119,6 +120,37 @@ class Ops {
                                 const float* w, const int32_t* targets, int N, int C, int V,
                                 float grad_scale) const {
     *total += lmhead_xent(loss, dx, dw, x, w, targets, N, C, V, grad_scale);
+  }
+
+  // ---- First-writer forms of the backward ops whose input gradient a block writes into a
+  // fresh buffer (an MLP's dh and dgu, attention's dqkv): dinp / dgu / dqkv are WRITTEN (=),
+  // not accumulated, and their old contents are never read (they may be garbage, NaN
+  // included); parameter gradients (dw, db) still accumulate. Each gives the values of zeroing
+  // that buffer and calling the accumulating op (a zero may carry the other sign), which is
+  // what these defaults do; backends override them to save the zeroing pass and the read of
+  // the old values.
+  virtual void linear_backward_set(float* dinp, float* dw, float* db, const float* dout,
+                                   const float* inp, const float* w, int N, int C,
+                                   int OC) const {
+    if (dinp) fill(dinp, 0.f, static_cast<size_t>(N) * static_cast<size_t>(C));
+    linear_backward(dinp, dw, db, dout, inp, w, N, C, OC);
+  }
+  virtual void gelu_backward_set(float* dinp, const float* inp, const float* dout,
+                                 size_t n) const {
+    fill(dinp, 0.f, n);
+    gelu_backward(dinp, inp, dout, n);
+  }
+  virtual void swiglu_backward_set(float* dgu, const float* dout, const float* gu, int N,
+                                   int F) const {
+    fill(dgu, 0.f, 2 * static_cast<size_t>(N) * static_cast<size_t>(F));
+    swiglu_backward(dgu, dout, gu, N, F);
+  }
+  virtual void attention_backward_set(float* dqkv, const float* dout, const float* qkv,
+                                      const float* out, const float* lse, int B, int T, int H,
+                                      int KVH, int hd) const {
+    fill(dqkv, 0.f, static_cast<size_t>(B) * static_cast<size_t>(T) *
+                        static_cast<size_t>(H + 2 * KVH) * static_cast<size_t>(hd));
+    attention_backward(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd);
   }
 
   // ---- AdamW (decoupled weight decay, bias-corrected; step counts from 1), on n elements.

@@ -221,7 +221,7 @@ class Block final : public Unit {
 
   // Forward keeps (in this order) ln1, ln1_mean, ln1_rstd, qkv, atty, lse, x2, ln2, ln2_mean,
   // ln2_rstd, fch, fch_gelu: in Saved when training, in scratch in inference.
-  // recompute_cheap: two (N) statistics in scratch; backward: the six zeroed gradients.
+  // recompute_cheap: two (N) statistics in scratch; backward: the six input gradients (written, not zeroed first).
   ActivationDecl declare_activations(int /*call*/, BatchShape shape) const override {
     const size_t B = size_t(shape.B), N = B * size_t(shape.T), C = size_t(c_.d_model),
                  H = size_t(c_.n_head), F = size_t(c_.d_ff);
@@ -262,32 +262,29 @@ class Block final : public Unit {
     auto P = [&](size_t i) { return ctx.param(i); };
     auto G = [&](size_t i) { return ctx.grad(i); };
     const Saved& s = *ctx.saved;
-    auto zeros = [&](size_t n) {
-      float* p = ctx.scratch->f32(n);
-      ops.fill(p, 0.f, n);
-      return p;
-    };
+    // Each input gradient below lands in a fresh scratch region, written by a *_set op.
+    auto fresh = [&](size_t n) { return ctx.scratch->f32(n); };
 
     // dx starts as dy (the residual path) and collects dL/dx2, then dL/dx.
     if (dx != dy) ops.copy(dx, dy, sz(N, C));
     // MLP: y = x2 + fcproj(gelu(fc(ln2(x2))))
-    float* dfch_gelu = zeros(sz(N, F));
-    ops.linear_backward(dfch_gelu, G(FCPROJW), G(FCPROJB), dy, s.get("fch_gelu"), P(FCPROJW), N, F, C);
-    float* dfch = zeros(sz(N, F));
-    ops.gelu_backward(dfch, s.get("fch"), dfch_gelu, sz(N, F));
-    float* dln2 = zeros(sz(N, C));
-    ops.linear_backward(dln2, G(FCW), G(FCB), dfch, s.get("ln2"), P(FCW), N, C, F);
+    float* dfch_gelu = fresh(sz(N, F));
+    ops.linear_backward_set(dfch_gelu, G(FCPROJW), G(FCPROJB), dy, s.get("fch_gelu"), P(FCPROJW), N, F, C);
+    float* dfch = fresh(sz(N, F));
+    ops.gelu_backward_set(dfch, s.get("fch"), dfch_gelu, sz(N, F));
+    float* dln2 = fresh(sz(N, C));
+    ops.linear_backward_set(dln2, G(FCW), G(FCB), dfch, s.get("ln2"), P(FCW), N, C, F);
     ops.layernorm_backward(dx, G(LN2W), G(LN2B), dln2, s.get("x2"), P(LN2W), s.get("ln2_mean"),
                            s.get("ln2_rstd"), N, C);
     // Attention: x2 = x + proj(attn(qkv(ln1(x)))); dx now holds dL/dx2.
     const float* qkv = s.get("qkv");
     const float* atty = s.get("atty");
-    float* datty = zeros(sz(N, C));
-    ops.linear_backward(datty, G(PROJW), G(PROJB), dx, atty, P(PROJW), N, C, C);
-    float* dqkv = zeros(sz(N, 3 * C));
-    ops.attention_backward(dqkv, datty, qkv, atty, s.get("lse"), B, T, H, H, hd);
-    float* dln1 = zeros(sz(N, C));
-    ops.linear_backward(dln1, G(QKVW), G(QKVB), dqkv, s.get("ln1"), P(QKVW), N, C, 3 * C);
+    float* datty = fresh(sz(N, C));
+    ops.linear_backward_set(datty, G(PROJW), G(PROJB), dx, atty, P(PROJW), N, C, C);
+    float* dqkv = fresh(sz(N, 3 * C));
+    ops.attention_backward_set(dqkv, datty, qkv, atty, s.get("lse"), B, T, H, H, hd);
+    float* dln1 = fresh(sz(N, C));
+    ops.linear_backward_set(dln1, G(QKVW), G(QKVB), dqkv, s.get("ln1"), P(QKVW), N, C, 3 * C);
     ops.layernorm_backward(dx, G(LN1W), G(LN1B), dln1, x, P(LN1W), s.get("ln1_mean"),
                            s.get("ln1_rstd"), N, C);
   }

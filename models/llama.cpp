@@ -71,16 +71,16 @@ void packed_forward(const Ops& ops, float* out, const float* x, const Packed& pk
     ops.gemm(false, true, N, pk.oc[i], C, 1.f, x, C, pk.w[i], C, 0.f, out + off, OC);
 }
 
-// dx(N,C) += dout @ [W_0; W_1; ...];  dW_i += dout[:, block i]^T @ x.
-void packed_backward(const Ops& ops, float* dx, const float* dout, const float* x,
-                     const Packed& pk, int N, int C) {
+// dx(N,C) = dout @ [W_0; W_1; ...] (dx's old contents never read);  dW_i += dout[:, block i]^T @ x.
+void packed_backward_set(const Ops& ops, float* dx, const float* dout, const float* x,
+                         const Packed& pk, int N, int C) {
   const int OC = pk.total();
   if (pk.contiguous(pk.w, C) && pk.contiguous(pk.dw, C)) {
-    ops.linear_backward(dx, pk.dw[0], nullptr, dout, x, pk.w[0], N, C, OC);
+    ops.linear_backward_set(dx, pk.dw[0], nullptr, dout, x, pk.w[0], N, C, OC);
     return;
   }
   for (int i = 0, off = 0; i < pk.n; off += pk.oc[i], ++i) {
-    ops.gemm(false, false, N, C, pk.oc[i], 1.f, dout + off, OC, pk.w[i], C, 1.f, dx, C);
+    ops.gemm(false, false, N, C, pk.oc[i], 1.f, dout + off, OC, pk.w[i], C, i ? 1.f : 0.f, dx, C);
     ops.gemm(true, false, pk.oc[i], C, N, 1.f, dout + off, OC, x, C, 1.f, pk.dw[i], C);
   }
 }
@@ -170,7 +170,7 @@ class Block final : public Unit {
 
   // Forward keeps (in this order) xn, rstd1, qkv, atty, lse, x2, xn2, rstd2, gu, hmlp: in
   // Saved when training, in scratch in inference. recompute_cheap: one (N) statistic in
-  // scratch; backward: the six zeroed gradients.
+  // scratch; backward: the six input gradients (written, not zeroed first).
   ActivationDecl declare_activations(int /*call*/, BatchShape shape) const override {
     const size_t B = size_t(shape.B), T = size_t(shape.T), N = B * T, C = size_t(c_.d_model),
                  H = size_t(c_.n_head), KVH = size_t(c_.n_kv_head), hd = C / H,
@@ -212,31 +212,28 @@ class Block final : public Unit {
     auto P = [&](size_t i) { return ctx.param(i); };
     auto G = [&](size_t i) { return ctx.grad(i); };
     const Saved& s = *ctx.saved;
-    auto zeros = [&](size_t n) {
-      float* p = ctx.scratch->f32(n);
-      ops.fill(p, 0.f, n);
-      return p;
-    };
+    // Each input gradient below lands in a fresh scratch region, written by a *_set op.
+    auto fresh = [&](size_t n) { return ctx.scratch->f32(n); };
 
     // dx starts as dy (the residual path) and collects dL/dx2, then dL/dx.
     if (dx != dy) ops.copy(dx, dy, sz(N, C));
     // MLP: y = x2 + down(swiglu(gate|up(norm2(x2))))
-    float* dh = zeros(sz(N, F));
-    ops.linear_backward(dh, G(DOWNW), nullptr, dy, s.get("hmlp"), P(DOWNW), N, F, C);
-    float* dgu = zeros(sz(N, 2 * F));
-    ops.swiglu_backward(dgu, dh, s.get("gu"), N, F);
-    float* dxn2 = zeros(sz(N, C));
-    packed_backward(ops, dxn2, dgu, s.get("xn2"), gu_pack(ctx), N, C);
+    float* dh = fresh(sz(N, F));
+    ops.linear_backward_set(dh, G(DOWNW), nullptr, dy, s.get("hmlp"), P(DOWNW), N, F, C);
+    float* dgu = fresh(sz(N, 2 * F));
+    ops.swiglu_backward_set(dgu, dh, s.get("gu"), N, F);
+    float* dxn2 = fresh(sz(N, C));
+    packed_backward_set(ops, dxn2, dgu, s.get("xn2"), gu_pack(ctx), N, C);
     ops.rmsnorm_backward(dx, G(POST_NORM), dxn2, s.get("x2"), P(POST_NORM), s.get("rstd2"), N, C);
     // Attention: x2 = x + o(attn(rope(qkv(norm1(x))))); dx now holds dL/dx2.
     const float* atty = s.get("atty");
-    float* datty = zeros(sz(N, int64_t{H} * hd));
-    ops.linear_backward(datty, G(OW), nullptr, dx, atty, P(OW), N, H * hd, C);
-    float* dqkv = zeros(sz(N, QKV));
-    ops.attention_backward(dqkv, datty, s.get("qkv"), atty, s.get("lse"), B, T, H, KVH, hd);
+    float* datty = fresh(sz(N, int64_t{H} * hd));
+    ops.linear_backward_set(datty, G(OW), nullptr, dx, atty, P(OW), N, H * hd, C);
+    float* dqkv = fresh(sz(N, QKV));
+    ops.attention_backward_set(dqkv, datty, s.get("qkv"), atty, s.get("lse"), B, T, H, KVH, hd);
     ops.rope_backward(dqkv, B, T, H, KVH, hd, c_.rope_theta);
-    float* dxn = zeros(sz(N, C));
-    packed_backward(ops, dxn, dqkv, s.get("xn"), qkv_pack(ctx), N, C);
+    float* dxn = fresh(sz(N, C));
+    packed_backward_set(ops, dxn, dqkv, s.get("xn"), qkv_pack(ctx), N, C);
     ops.rmsnorm_backward(dx, G(IN_NORM), dxn, x, P(IN_NORM), s.get("rstd1"), N, C);
   }
 

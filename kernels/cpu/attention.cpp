@@ -342,7 +342,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int B, int T, int H, int KVH, int hd,
-                        DType compute) {
+                        DType compute, bool set) {
   check_shapes(B, T, H, KVH, hd);
   if (B == 0 || T == 0) return;
   const int R = (H + 2 * KVH) * hd, CO = H * hd, rep = H / KVH;
@@ -454,6 +454,9 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
           if (gqa) {
             std::memcpy(tk, sk, sizeof(float) * hd);
             std::memcpy(tv, sv, sizeof(float) * hd);
+          } else if (set) {  // 0 + x: the bits += gives on zeros
+#pragma omp simd
+            for (int c = 0; c < hd; ++c) tk[c] = 0.f + sk[c], tv[c] = 0.f + sv[c];
           } else {
 #pragma omp simd
             for (int c = 0; c < hd; ++c) tk[c] += sk[c], tv[c] += sv[c];
@@ -464,8 +467,13 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
       for (int i = 0; i < T; ++i) {
         const float* s = dQp + (size_t)i * ldh;
         float* t = dQ + (size_t)i * R;
+        if (set) {
 #pragma omp simd
-        for (int c = 0; c < hd; ++c) t[c] += s[c];
+          for (int c = 0; c < hd; ++c) t[c] = 0.f + s[c];
+        } else {
+#pragma omp simd
+          for (int c = 0; c < hd; ++c) t[c] += s[c];
+        }
       }
     }
 
@@ -478,6 +486,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
         for (int g = 0; g < KVH; ++g) {
           float* dk = row + (size_t)(H + g) * hd;
           float* dv = row + (size_t)(H + KVH + g) * hd;
+          if (set) std::fill(dk, dk + hd, 0.f), std::fill(dv, dv + hd, 0.f);
           for (int hh = g * rep; hh < (g + 1) * rep; ++hh) {
             const float* pk = part + ((size_t)(b * H + hh) * 2 * T + t) * hd;
             const float* pv = pk + (size_t)T * hd;

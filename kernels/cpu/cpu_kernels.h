@@ -15,8 +15,10 @@ void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, in
           const float* B, int ldb, float beta, float* C, int ldc);
 void linear_forward(float* out, const float* inp, const float* w, const float* b, int N, int C,
                     int OC);
+// dinp_beta: dinp = dinp_beta * dinp + dout @ w (1: the Ops' +=; 0: Ops::linear_backward_set's =,
+// dinp never read).
 void linear_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                     const float* w, int N, int C, int OC);
+                     const float* w, int N, int C, int OC, float dinp_beta = 1.f);
 
 // gemm_bf16.cpp: reduced-precision products. Operands are rounded to bf16 / fp16 (round to
 // nearest even, as core/dtype.h f32_to_bf16 / f32_to_f16: fp16 overflow gives +-inf) and the
@@ -45,7 +47,8 @@ void gemm_lowp(DType t, bool ta, bool tb, int M, int N, int K, float alpha, cons
 void linear_forward_lowp(DType t, float* out, const float* inp, const float* w, const float* b,
                          int N, int C, int OC);
 void linear_backward_lowp(DType t, float* dinp, float* dw, float* db, const float* dout,
-                          const float* inp, const float* w, int N, int C, int OC);
+                          const float* inp, const float* w, int N, int C, int OC,
+                          float dinp_beta = 1.f);
 // dst[i] = src[i] rounded to t and back to fp32 (dst may equal src; F32 copies).
 void round_to(DType t, float* dst, const float* src, size_t n);
 
@@ -71,9 +74,11 @@ void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* 
 
 // elementwise.cpp
 void gelu_forward(float* out, const float* inp, size_t n);
-void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
+// set: the input gradient is written (Ops' *_set forms: 0 + g, as += on zeros), not accumulated.
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, bool set = false);
 void swiglu_forward(float* out, const float* gu, int N, int F);
-void swiglu_backward(float* dgu, const float* dout, const float* gu, int N, int F);
+void swiglu_backward(float* dgu, const float* dout, const float* gu, int N, int F,
+                     bool set = false);
 void residual_forward(float* out, const float* a, const float* b, size_t n);
 double sum_squares(const float* x, size_t n);
 void scale(float* x, float a, size_t n);
@@ -97,7 +102,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
                        int hd, DType compute = DType::F32);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int B, int T, int H, int KVH, int hd,
-                        DType compute = DType::F32);
+                        DType compute = DType::F32, bool set = false);
 
 // lmhead.cpp
 // compute = BF16 / F16: the three products (logits, dx, dw) use gemm_lowp; the softmax and

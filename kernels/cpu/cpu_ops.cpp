@@ -25,6 +25,11 @@ class CpuOps final : public Ops {
                        const float* w, int N, int C, int OC) const override {
     cpu::linear_backward_lowp(compute_, dinp, dw, db, dout, inp, w, N, C, OC);
   }
+  void linear_backward_set(float* dinp, float* dw, float* db, const float* dout,
+                           const float* inp, const float* w, int N, int C,
+                           int OC) const override {
+    cpu::linear_backward_lowp(compute_, dinp, dw, db, dout, inp, w, N, C, OC, 0.f);
+  }
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                          int B, int T, int C) const override {
     cpu::embedding_forward(out, tokens, wte, wpe, B, T, C);
@@ -66,12 +71,20 @@ class CpuOps final : public Ops {
   void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const override {
     cpu::gelu_backward(dinp, inp, dout, n);
   }
+  void gelu_backward_set(float* dinp, const float* inp, const float* dout,
+                         size_t n) const override {
+    cpu::gelu_backward(dinp, inp, dout, n, true);
+  }
   void swiglu_forward(float* out, const float* gu, int N, int F) const override {
     cpu::swiglu_forward(out, gu, N, F);
   }
   void swiglu_backward(float* dgu, const float* dout, const float* gu, int N,
                        int F) const override {
     cpu::swiglu_backward(dgu, dout, gu, N, F);
+  }
+  void swiglu_backward_set(float* dgu, const float* dout, const float* gu, int N,
+                           int F) const override {
+    cpu::swiglu_backward(dgu, dout, gu, N, F, true);
   }
   void residual_forward(float* out, const float* a, const float* b, size_t n) const override {
     cpu::residual_forward(out, a, b, n);
@@ -92,6 +105,11 @@ class CpuOps final : public Ops {
                           const float* lse, int B, int T, int H, int KVH,
                           int hd) const override {
     cpu::attention_backward(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd, compute_);
+  }
+  void attention_backward_set(float* dqkv, const float* dout, const float* qkv, const float* out,
+                              const float* lse, int B, int T, int H, int KVH,
+                              int hd) const override {
+    cpu::attention_backward(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd, compute_, true);
   }
   double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w,
                      const int32_t* targets, int N, int C, int V,

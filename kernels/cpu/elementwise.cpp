@@ -83,7 +83,9 @@ void gelu_forward(float* out, const float* inp, size_t n) {
 // dy/dx = s + x * 2u' * s (1 - s), with s = sigmoid(2u), 1 - s = e s (e = e^{-2u}) and
 // u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2).  dinp += dout * dy/dx. Outside [-10, 10] the
 // second term is below 1e-30, so x is clamped there (no overflow to inf * 0).
-void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
+// Set: dinp = 0 + g (the value += gives on zeros, -0 included), dinp never read.
+template <bool Set>
+void gelu_backward_t(float* dinp, const float* inp, const float* dout, size_t n) {
 #pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMin)
   for (size_t i = 0; i < n; ++i) {
     const float x = clampf(inp[i], -10.f, 10.f);
@@ -93,8 +95,16 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
     const float e = exp_clamped(-2.f * u);
     const float s = 1.f / (1.f + e);
     const float one_minus_s = e * s;
-    dinp[i] += dout[i] * (s + 2.f * x * du * one_minus_s * s);
+    const float g = dout[i] * (s + 2.f * x * du * one_minus_s * s);
+    dinp[i] = (Set ? 0.f : dinp[i]) + g;
   }
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, bool set) {
+  if (set)
+    gelu_backward_t<true>(dinp, inp, dout, n);
+  else
+    gelu_backward_t<false>(dinp, inp, dout, n);
 }
 
 // out(N,F) = silu(gate) * up, gu rows [gate (F) | up (F)]; silu(g) = g / (1 + e^{-g}).
@@ -111,7 +121,8 @@ void swiglu_forward(float* out, const float* gu, int N, int F) {
 }
 
 // d up += dout * silu(g);  d gate += dout * up * silu'(g), silu'(g) = s (1 + g (1 - s)).
-void swiglu_backward(float* dgu, const float* dout, const float* gu, int N, int F) {
+template <bool Set>
+void swiglu_backward_t(float* dgu, const float* dout, const float* gu, int N, int F) {
   const size_t F2 = 2 * static_cast<size_t>(F);
 #pragma omp parallel for schedule(static) if (parallel : static_cast<size_t>(N) * F >= kParallelMin)
   for (int n = 0; n < N; ++n) {
@@ -125,10 +136,19 @@ void swiglu_backward(float* dgu, const float* dout, const float* gu, int N, int 
       const float e = exp_clamped(-g[i]);
       const float s = 1.f / (1.f + e);
       const float one_minus_s = e * s;
-      dup[i] += d[i] * g[i] * s;
-      dg[i] += d[i] * up[i] * s * (1.f + g[i] * one_minus_s);
+      const float gup = d[i] * g[i] * s;
+      const float ggate = d[i] * up[i] * s * (1.f + g[i] * one_minus_s);
+      dup[i] = (Set ? 0.f : dup[i]) + gup;
+      dg[i] = (Set ? 0.f : dg[i]) + ggate;
     }
   }
+}
+
+void swiglu_backward(float* dgu, const float* dout, const float* gu, int N, int F, bool set) {
+  if (set)
+    swiglu_backward_t<true>(dgu, dout, gu, N, F);
+  else
+    swiglu_backward_t<false>(dgu, dout, gu, N, F);
 }
 
 // out = a + b; out may alias a or b (same index only: no loop-carried dependence, so `simd`

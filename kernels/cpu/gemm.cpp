@@ -104,10 +104,15 @@ void linear_forward(float* out, const float* inp, const float* w, const float* b
 
 // dinp(N,C) += dout(N,OC) @ w(OC,C); dw(OC,C) += dout^T @ inp; db(OC) += colsum(dout).
 void linear_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                     const float* w, int N, int C, int OC) {
-  if (N <= 0 || OC <= 0) return;
+                     const float* w, int N, int C, int OC, float dinp_beta) {
+  if (N <= 0) return;
+  if (OC <= 0) {  // an empty product: dinp = dinp_beta * dinp
+    if (dinp && dinp_beta == 0.f && C > 0) fill(dinp, 0.f, static_cast<size_t>(N) * C);
+    return;
+  }
   detail::blas_select_core();
-  if (dinp && C > 0) detail::sgemm(false, false, N, C, OC, 1.f, dout, OC, w, C, 1.f, dinp, C);
+  if (dinp && C > 0)
+    detail::sgemm(false, false, N, C, OC, 1.f, dout, OC, w, C, dinp_beta, dinp, C);
   if (dw && C > 0) detail::sgemm(true, false, OC, C, N, 1.f, dout, OC, inp, C, 1.f, dw, C);
   if (db) {
     // Column sums: each column is summed over rows 0..N-1 in order by exactly one thread (blocks

@@ -342,12 +342,14 @@ void linear_forward_lowp(DType t, float* out, const float* inp, const float* w, 
 }
 
 void linear_backward_lowp(DType t, float* dinp, float* dw, float* db, const float* dout,
-                          const float* inp, const float* w, int N, int C, int OC) {
-  if (t == DType::F32) return linear_backward(dinp, dw, db, dout, inp, w, N, C, OC);
-  if (N <= 0 || OC <= 0) return;
+                          const float* inp, const float* w, int N, int C, int OC,
+                          float dinp_beta) {
+  if (t == DType::F32) return linear_backward(dinp, dw, db, dout, inp, w, N, C, OC, dinp_beta);
+  if (N <= 0 || OC <= 0) return linear_backward(dinp, nullptr, nullptr, dout, inp, w, N, C, OC,
+                                                dinp_beta);  // dinp = dinp_beta * dinp
   if ((dinp || dw) && C > 0) {
     if (lowp_auto_path(t) != LowpPath::Emulated) {  // these round while packing
-      if (dinp) gemm_lowp(t, false, false, N, C, OC, 1.f, dout, OC, w, C, 1.f, dinp, C);
+      if (dinp) gemm_lowp(t, false, false, N, C, OC, 1.f, dout, OC, w, C, dinp_beta, dinp, C);
       if (dw) gemm_lowp(t, true, false, OC, C, N, 1.f, dout, OC, inp, C, 1.f, dw, C);
     } else {
       // dout feeds both products: rounded once; all three operands in one pass.
@@ -358,7 +360,8 @@ void linear_backward_lowp(DType t, float* dinp, float* dw, float* db, const floa
       if (dw) jobs[nj++] = jobs[2];
       round_jobs(t, jobs, nj);
       const float* rd = jobs[0].out;
-      if (dinp) detail::sgemm(false, false, N, C, OC, 1.f, rd, OC, jobs[1].out, C, 1.f, dinp, C);
+      if (dinp)
+        detail::sgemm(false, false, N, C, OC, 1.f, rd, OC, jobs[1].out, C, dinp_beta, dinp, C);
       if (dw)
         detail::sgemm(true, false, OC, C, N, 1.f, rd, OC, jobs[nj - 1].out, C, 1.f, dw, C);
     }

@@ -16,9 +16,13 @@ void embedding_forward(cudaStream_t s, float* out, const int32_t* tokens, const 
 void embedding_backward(cudaStream_t s, float* dwte, float* dwpe, const float* dout,
                         const int32_t* tokens, int B, int T, int C);
 void gelu_forward(cudaStream_t s, float* out, const float* inp, size_t n);
-void gelu_backward(cudaStream_t s, float* dinp, const float* inp, const float* dout, size_t n);
+// set: the input gradient is written (0 + g: the bits += gives on zeros), its old contents never
+// read (Ops' *_set forms); else accumulated.
+void gelu_backward(cudaStream_t s, float* dinp, const float* inp, const float* dout, size_t n,
+                   bool set = false);
 void swiglu_forward(cudaStream_t s, float* out, const float* gu, int N, int F);
-void swiglu_backward(cudaStream_t s, float* dgu, const float* dout, const float* gu, int N, int F);
+void swiglu_backward(cudaStream_t s, float* dgu, const float* dout, const float* gu, int N, int F,
+                     bool set = false);
 void residual_forward(cudaStream_t s, float* out, const float* a, const float* b, size_t n);
 // RoPE: the (cos, sin) table of (T, hd / 2) angle pairs (2 T hd/2 floats, 16-byte aligned for
 // the two-pair kernel), then the rotation of q and k by it (sign -1: the inverse rotation).

@@ -468,15 +468,28 @@ class CudaOps final : public Ops {
   void linear_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                        const float* w, int N, int C, int OC) const override {
     SW_OP_TIME();
+    linear_backward_beta(dinp, dw, db, dout, inp, w, N, C, OC, 1.f);
+  }
+  // dinp with beta = 0: cuBLAS does not read C then.
+  void linear_backward_set(float* dinp, float* dw, float* db, const float* dout,
+                           const float* inp, const float* w, int N, int C,
+                           int OC) const override {
+    SW_OP_TIME();
+    linear_backward_beta(dinp, dw, db, dout, inp, w, N, C, OC, 0.f);
+  }
+  void linear_backward_beta(float* dinp, float* dw, float* db, const float* dout,
+                            const float* inp, const float* w, int N, int C, int OC,
+                            float dinp_beta) const {
     const cudaStream_t s = begin();
     if (!lowp() || N <= 0 || OC <= 0 || C <= 0) {
-      if (dinp) gemm_raw(false, false, N, C, OC, 1.f, dout, OC, w, C, 1.f, dinp, C);
+      // OC = 0 is an empty product: dinp = dinp_beta * dinp (gemm_raw's K = 0 case).
+      if (dinp) gemm_raw(false, false, N, C, OC, 1.f, dout, OC, w, C, dinp_beta, dinp, C);
       if (dw) gemm_raw(true, false, OC, C, N, 1.f, dout, OC, inp, C, 1.f, dw, C);
     } else if (dinp || dw) {
       const uint16_t* d16 = narrowed(s, Slot::Lowp0, dout, OC, N, OC);
       if (dinp) {
         const uint16_t* w16 = narrowed(s, Slot::Lowp1, w, C, OC, C);
-        gemm16(false, false, N, C, OC, 1.f, d16, OC, w16, C, 1.f, dinp, C);
+        gemm16(false, false, N, C, OC, 1.f, d16, OC, w16, C, dinp_beta, dinp, C);
       }
       if (dw) {
         const uint16_t* x16 = narrowed(s, Slot::Lowp2, inp, C, N, C);
@@ -544,6 +557,11 @@ class CudaOps final : public Ops {
     SW_OP_TIME();
     cuda::gelu_backward(begin(), dinp, inp, dout, n);
   }
+  void gelu_backward_set(float* dinp, const float* inp, const float* dout,
+                         size_t n) const override {
+    SW_OP_TIME();
+    cuda::gelu_backward(begin(), dinp, inp, dout, n, true);
+  }
   void swiglu_forward(float* out, const float* gu, int N, int F) const override {
     SW_OP_TIME();
     cuda::swiglu_forward(begin(), out, gu, N, F);
@@ -552,6 +570,11 @@ class CudaOps final : public Ops {
                        int F) const override {
     SW_OP_TIME();
     cuda::swiglu_backward(begin(), dgu, dout, gu, N, F);
+  }
+  void swiglu_backward_set(float* dgu, const float* dout, const float* gu, int N,
+                           int F) const override {
+    SW_OP_TIME();
+    cuda::swiglu_backward(begin(), dgu, dout, gu, N, F, true);
   }
   void residual_forward(float* out, const float* a, const float* b, size_t n) const override {
     SW_OP_TIME();
@@ -588,10 +611,28 @@ class CudaOps final : public Ops {
                           const float* lse, int B, int T, int H, int KVH,
                           int hd) const override {
     SW_OP_TIME();
+    attention_backward_any(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd, false);
+  }
+  // cuDNN writes its widened gradients (no zeroing, no read of dqkv); the other paths
+  // accumulate into zeros.
+  void attention_backward_set(float* dqkv, const float* dout, const float* qkv, const float* out,
+                              const float* lse, int B, int T, int H, int KVH,
+                              int hd) const override {
+    SW_OP_TIME();
+    attention_backward_any(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd, true);
+  }
+  void attention_backward_any(float* dqkv, const float* dout, const float* qkv, const float* out,
+                              const float* lse, int B, int T, int H, int KVH, int hd,
+                              bool set) const {
     const cuda::AttentionPath path = cuda::attention_path_from_env(lowp());
     if (path == cuda::AttentionPath::Cudnn &&
-        cudnn_attention_backward(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd))
+        cudnn_attention_backward(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd, set))
       return;
+    if (set && B > 0 && T > 0) {
+      const OpScope scope(begin(), "attn_zero");
+      SW_CUDA_CHECK(cudaMemsetAsync(dqkv, 0,
+                                    size_t(B) * T * (H + 2 * KVH) * hd * sizeof(float), begin()));
+    }
     if (path != cuda::AttentionPath::Flash)
       return attention_mm_backward(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd);
     const cudaStream_t s = begin();
@@ -975,7 +1016,7 @@ class CudaOps final : public Ops {
   }
   bool cudnn_attention_backward(float* dqkv, const float* dout, const float* qkv,
                                 const float* out, const float* lse, int B, int T, int H, int KVH,
-                                int hd) const {
+                                int hd, bool set) const {
     SW_CHECK(KVH > 0 && H % KVH == 0, "attention: KVH must divide H");
     if (B <= 0 || T <= 0) return true;
     const cudaStream_t s = begin();
@@ -997,8 +1038,13 @@ class CudaOps final : public Ops {
       const OpScope scope(s, "cudnn_sdpa_bwd");
       cuda::cudnn_attention_backward(s, sh, q16, o16, do16, lse, dq16, w);
     }
-    const OpScope scope(s, "attn_add_widened");
-    cuda::add_widened(s, dt(), dq16, dqkv, n);
+    if (set) {
+      const OpScope scope(s, "attn_widen");
+      cuda::widen(s, dt(), dq16, dqkv, n);
+    } else {
+      const OpScope scope(s, "attn_add_widened");
+      cuda::add_widened(s, dt(), dq16, dqkv, n);
+    }
     return true;
   }
 

@@ -141,10 +141,11 @@ __global__ void gelu_forward_k(float* out, const float* inp, size_t n) {
   }
 }
 
+template <bool Set>
 __global__ void gelu_backward_k(float* dinp, const float* inp, const float* dout, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x) {
-    dinp[i] += gelu_grad_f(inp[i], dout[i]);
+    dinp[i] = (Set ? 0.f : dinp[i]) + gelu_grad_f(inp[i], dout[i]);
   }
 }
 
@@ -156,6 +157,7 @@ __global__ void swiglu_forward_k(float* out, const float* gu, int F, size_t tota
   }
 }
 
+template <bool Set>
 __global__ void swiglu_backward_k(float* dgu, const float* dout, const float* gu, int F,
                                   size_t total) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
@@ -164,8 +166,8 @@ __global__ void swiglu_backward_k(float* dgu, const float* dout, const float* gu
     const size_t ig = n * 2 * F + f, iu = ig + F;
     float dg, du;
     swiglu_grad_f(gu[ig], gu[iu], dout[i], &dg, &du);
-    dgu[iu] += du;
-    dgu[ig] += dg;
+    dgu[iu] = (Set ? 0.f : dgu[iu]) + du;
+    dgu[ig] = (Set ? 0.f : dgu[ig]) + dg;
   }
 }
 
@@ -493,11 +495,18 @@ struct Gelu4 {
   const float* inp;
   __device__ void operator()(size_t i) const { st4(out + i, map4(ld4(inp + i), GeluF{})); }
 };
-struct GeluBack4 {  // dinp += gelu'(inp) dout
+// The old values a backward adds its gradient to: dst's (accumulate), or zeros (Set: the
+// *_set forms, dst never read).
+template <bool Set>
+__device__ float4 base4(const float* dst) {
+  return Set ? make_float4(0.f, 0.f, 0.f, 0.f) : ld4(dst);
+}
+template <bool Set>
+struct GeluBack4 {  // dinp (+)= gelu'(inp) dout
   float* dinp;
   const float *inp, *dout;
   __device__ void operator()(size_t i) const {
-    st4(dinp + i, zip4(ld4(dinp + i), zip4(ld4(inp + i), ld4(dout + i), GeluGradF{}), AddF{}));
+    st4(dinp + i, zip4(base4<Set>(dinp + i), zip4(ld4(inp + i), ld4(dout + i), GeluGradF{}), AddF{}));
   }
 };
 // Row n of gu is (gate F, up F); F a multiple of 4, so four columns stay in one row.
@@ -510,6 +519,7 @@ struct Swiglu4 {
     st4(out + i, zip4(ld4(gu + n * 2 * F + f), ld4(gu + n * 2 * F + F + f), SwigluF{}));
   }
 };
+template <bool Set>
 struct SwigluBack4 {
   float* dgu;
   const float *dout, *gu;
@@ -522,8 +532,8 @@ struct SwigluBack4 {
     swiglu_grad_f(g.y, u.y, d.y, &dg.y, &du.y);
     swiglu_grad_f(g.z, u.z, d.z, &dg.z, &du.z);
     swiglu_grad_f(g.w, u.w, d.w, &dg.w, &du.w);
-    st4(dgu + iu, zip4(ld4(dgu + iu), du, AddF{}));
-    st4(dgu + ig, zip4(ld4(dgu + ig), dg, AddF{}));
+    st4(dgu + iu, zip4(base4<Set>(dgu + iu), du, AddF{}));
+    st4(dgu + ig, zip4(base4<Set>(dgu + ig), dg, AddF{}));
   }
 };
 struct Adamw4 {
@@ -582,13 +592,22 @@ void gelu_forward(cudaStream_t s, float* out, const float* inp, size_t n) {
   SW_CUDA_LAUNCHED();
 }
 
-void gelu_backward(cudaStream_t s, float* dinp, const float* inp, const float* dout, size_t n) {
+template <bool Set>
+void gelu_backward_t(cudaStream_t s, float* dinp, const float* inp, const float* dout, size_t n) {
   const size_t v = al16(dinp) && al16(inp) && al16(dout) ? n / 4 * 4 : 0;
-  each4(s, v / 4, GeluBack4{dinp, inp, dout});
+  each4(s, v / 4, GeluBack4<Set>{dinp, inp, dout});
   dinp += v, inp += v, dout += v, n -= v;
   if (n == 0) return;
-  gelu_backward_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(dinp, inp, dout, n);
+  gelu_backward_k<Set><<<grid_for(n, kThreads), kThreads, 0, s>>>(dinp, inp, dout, n);
   SW_CUDA_LAUNCHED();
+}
+
+void gelu_backward(cudaStream_t s, float* dinp, const float* inp, const float* dout, size_t n,
+                   bool set) {
+  if (set)
+    gelu_backward_t<true>(s, dinp, inp, dout, n);
+  else
+    gelu_backward_t<false>(s, dinp, inp, dout, n);
 }
 
 void swiglu_forward(cudaStream_t s, float* out, const float* gu, int N, int F) {
@@ -599,14 +618,23 @@ void swiglu_forward(cudaStream_t s, float* out, const float* gu, int N, int F) {
   SW_CUDA_LAUNCHED();
 }
 
-void swiglu_backward(cudaStream_t s, float* dgu, const float* dout, const float* gu, int N,
-                     int F) {
+template <bool Set>
+void swiglu_backward_t(cudaStream_t s, float* dgu, const float* dout, const float* gu, int N,
+                       int F) {
   const size_t total = static_cast<size_t>(N) * F;
   if (total == 0) return;
   if (F % 4 == 0 && al16(dgu) && al16(dout) && al16(gu))
-    return each4(s, total / 4, SwigluBack4{dgu, dout, gu, size_t(F)});
-  swiglu_backward_k<<<grid_for(total, kThreads), kThreads, 0, s>>>(dgu, dout, gu, F, total);
+    return each4(s, total / 4, SwigluBack4<Set>{dgu, dout, gu, size_t(F)});
+  swiglu_backward_k<Set><<<grid_for(total, kThreads), kThreads, 0, s>>>(dgu, dout, gu, F, total);
   SW_CUDA_LAUNCHED();
+}
+
+void swiglu_backward(cudaStream_t s, float* dgu, const float* dout, const float* gu, int N,
+                     int F, bool set) {
+  if (set)
+    swiglu_backward_t<true>(s, dgu, dout, gu, N, F);
+  else
+    swiglu_backward_t<false>(s, dgu, dout, gu, N, F);
 }
 
 void residual_forward(cudaStream_t s, float* out, const float* a, const float* b, size_t n) {

@@ -1,7 +1,8 @@
 // An Ops that forwards every op to another (tests): derive and override the ops a test
 // changes (a deliberately broken op, an emulation of another backend's arithmetic). The ops
-// with defaults in terms of others (sum_squares_each, sum_squares_into, lmhead_xent_into) keep
-// them, so they reach an override of the op they are made of; they need host memory.
+// with defaults in terms of others (sum_squares_each, sum_squares_into, lmhead_xent_into, the
+// backward *_set forms) keep them, so they reach an override of the op they are made of;
+// sum_squares_* and lmhead_xent_into need host memory.
 #pragma once
 #include "kernels/ops.h"
 

@@ -120,7 +120,8 @@ inline const std::vector<std::string>& all_ops() {
       "swiglu_forward", "swiglu_backward", "residual_forward", "rope_forward", "rope_backward",
       "attention_forward", "attention_backward", "lmhead_xent", "adamw", "sum_squares", "scale",
       "fill", "add_inplace", "copy", "narrow", "widen", "add_widened", "round_to",
-      "sum_squares_each", "sum_squares_into", "lmhead_xent_into"};
+      "sum_squares_each", "sum_squares_into", "lmhead_xent_into", "linear_backward_set",
+      "gelu_backward_set", "swiglu_backward_set", "attention_backward_set"};
   return ops;
 }
 
@@ -299,6 +300,34 @@ inline std::vector<OpCase> op_cases() {
                       put(o, "db", a.down(db, db0.size()));
                       return o;
                     }});
+    // The first-writer form: dinp starts as NaN (never read) and equals the accumulating op
+    // on zeros ("set" and "acc0": set_forms_exact holds them equal); dw, db accumulate.
+    cs.push_back({"linear_backward_set",
+                  "linear_backward_set " + shape({{"N", l.N}, {"C", l.C}, {"OC", l.OC}}), kTolMat,
+                  kTolMatLowp, [l, sd](Arena& a) {
+                    Rng r(sd + 2000);
+                    const Vec x = r.normal(size_t(l.N) * l.C), w = r.normal(size_t(l.OC) * l.C, 0.2f),
+                              dy = r.normal(size_t(l.N) * l.OC);
+                    const Vec dw0 = r.normal(w.size()), db0 = r.normal(l.OC);
+                    const size_t nx = x.size();
+                    float* dx = a.up(Vec(nx, NAN));
+                    float* dx0 = a.up(Vec(nx, 0.f));
+                    float* dw = a.up(dw0);
+                    float* db = a.up(db0);
+                    float* dwa = a.up(dw0);
+                    float* dba = a.up(db0);
+                    const float *pdy = a.up(dy), *px = a.up(x), *pw = a.up(w);
+                    a.ops().linear_backward_set(dx, dw, db, pdy, px, pw, l.N, l.C, l.OC);
+                    a.ops().linear_backward(dx0, dwa, dba, pdy, px, pw, l.N, l.C, l.OC);
+                    Outputs o;
+                    put(o, "set", a.down(dx, nx));
+                    put(o, "acc0", a.down(dx0, nx));
+                    put(o, "dw", a.down(dw, dw0.size()));
+                    put(o, "dw_acc", a.down(dwa, dw0.size()));
+                    put(o, "db", a.down(db, db0.size()));
+                    put(o, "db_acc", a.down(dba, db0.size()));
+                    return o;
+                  }});
   }
 
   // embedding: repeated tokens (V small), with and without positions.
@@ -467,6 +496,20 @@ inline std::vector<OpCase> op_cases() {
                     a.ops().gelu_backward(dx, a.up(x), a.up(dy), n);
                     Outputs o;
                     put(o, "dinp", a.down(dx, n));
+                    return o;
+                  }});
+    cs.push_back({"gelu_backward_set", "gelu_backward_set " + sh, kTolElem, kTolElem,
+                  [n, sd](Arena& a) {
+                    Rng r(sd + 3);
+                    const Vec x = r.normal(n, 4.f), dy = r.normal(n);
+                    float* dx = a.up(Vec(n, NAN));
+                    float* dx0 = a.up(Vec(n, 0.f));
+                    const float *px = a.up(x), *pdy = a.up(dy);
+                    a.ops().gelu_backward_set(dx, px, pdy, n);
+                    a.ops().gelu_backward(dx0, px, pdy, n);
+                    Outputs o;
+                    put(o, "set", a.down(dx, n));
+                    put(o, "acc0", a.down(dx0, n));
                     return o;
                   }});
     cs.push_back({"residual_forward", "residual_forward " + sh, kTolElem, kTolElem,
@@ -652,6 +695,20 @@ inline std::vector<OpCase> op_cases() {
                     put(o, "dgu", a.down(dgu, 2 * NF));
                     return o;
                   }});
+    cs.push_back({"swiglu_backward_set", "swiglu_backward_set " + sh, kTolElem, kTolElem,
+                  [N = N, sd, NF](Arena& a) {
+                    Rng r(sd + 2);
+                    const Vec gu = r.normal(2 * NF, 3.f), dy = r.normal(NF);
+                    float* dgu = a.up(Vec(2 * NF, NAN));
+                    float* dgu0 = a.up(Vec(2 * NF, 0.f));
+                    const float *pdy = a.up(dy), *pgu = a.up(gu);
+                    a.ops().swiglu_backward_set(dgu, pdy, pgu, N, int(NF / N));
+                    a.ops().swiglu_backward(dgu0, pdy, pgu, N, int(NF / N));
+                    Outputs o;
+                    put(o, "set", a.down(dgu, 2 * NF));
+                    put(o, "acc0", a.down(dgu0, 2 * NF));
+                    return o;
+                  }});
   }
 
   // RoPE and attention share their shapes: grouped heads, T = 1, T = 7, tiles crossed, odd hd;
@@ -703,6 +760,22 @@ inline std::vector<OpCase> op_cases() {
                                                s.B, s.T, s.H, s.KVH, s.hd);
                     Outputs o;
                     put(o, "dqkv", a.down(dqkv, nqkv));
+                    return o;
+                  }});
+    cs.push_back({"attention_backward_set", "attention_backward_set " + sh, kTolAttn,
+                  kTolAttnLowp, [s, sd, nqkv, nout](Arena& a) {
+                    Rng r(sd + 40);
+                    const Vec qkv = r.normal(nqkv, 1.5f), dy = r.normal(nout);
+                    Vec out, lse;
+                    attention_host(qkv, s.B, s.T, s.H, s.KVH, s.hd, out, lse);
+                    float* dqkv = a.up(Vec(nqkv, NAN));
+                    float* dqkv0 = a.up(Vec(nqkv, 0.f));
+                    const float *pdy = a.up(dy), *pq = a.up(qkv), *po = a.up(out), *pl = a.up(lse);
+                    a.ops().attention_backward_set(dqkv, pdy, pq, po, pl, s.B, s.T, s.H, s.KVH, s.hd);
+                    a.ops().attention_backward(dqkv0, pdy, pq, po, pl, s.B, s.T, s.H, s.KVH, s.hd);
+                    Outputs o;
+                    put(o, "set", a.down(dqkv, nqkv));
+                    put(o, "acc0", a.down(dqkv0, nqkv));
                     return o;
                   }});
   }
@@ -877,6 +950,28 @@ inline std::vector<std::string> fused_norms_bitwise(const Backend& be) {
       if (!same)
         bad.push_back(std::string(ln ? "layernorm" : "rmsnorm") + " " +
                       shape({{"N", s.N}, {"C", s.C}}));
+    }
+  }
+  return bad;
+}
+
+// kernels/ops.h promises that each *_set form gives the values of its accumulating op on
+// zeros (a zero may carry the other sign, which == ignores). The *_set cases return "set" and
+// "acc0" (and dw / dw_acc, db / db_acc: parameter gradients accumulated by each); returns
+// "case [output]" for each pair that differs on this backend.
+inline std::vector<std::string> set_forms_exact(const Backend& be, const std::vector<OpCase>& cases) {
+  std::vector<std::string> bad;
+  for (const OpCase& c : cases) {
+    if (c.op.size() < 4 || c.op.compare(c.op.size() - 4, 4, "_set") != 0) continue;
+    Outputs o;
+    {
+      Arena a(be);
+      o = c.run(a);
+    }
+    for (size_t i = 0; i + 1 < o.size(); i += 2) {
+      bool same = o[i].v.size() == o[i + 1].v.size();
+      for (size_t j = 0; same && j < o[i].v.size(); ++j) same = o[i].v[j] == o[i + 1].v[j];
+      if (!same) bad.push_back(c.name + " [" + o[i].name + "]");
     }
   }
   return bad;
