@@ -190,6 +190,13 @@ class Ops {
   virtual void widen(DType dt, const void* src, float* dst, size_t n) const = 0;
   virtual void add_widened(DType dt, const void* src, float* dst, size_t n) const = 0;  // dst +=
   virtual void round_to(DType dt, float* x, size_t n) const = 0;  // x = widen(narrow(x))
+  // dst = widen(narrow(src)) in one pass (a mixed-precision unit's parameters from its master
+  // copy: 8 bytes a value where copy + round_to move 16); dst == src is round_to, any other
+  // overlap is not allowed. The default is copy + round_to (the same bits).
+  virtual void round_copy(DType dt, float* dst, const float* src, size_t n) const {
+    if (dst != src) copy(dst, src, n);
+    round_to(dt, dst, n);
+  }
 };
 
 // The Ops of a device; throws sw::Error if this build has no backend for it.

@@ -206,11 +206,12 @@ void FlatUnit::reshard() {
 void FlatUnit::issue_regather() {
   settle();
   if (kind_ == Kind::Whole && split_) {
-    if (hm_)
+    if (hm_) {
       upload(full_, master_, fbytes(layout_.padded));  // the compute stream waits for it
-    else
-      ops_->copy(full_, master_, static_cast<size_t>(layout_.padded));
-    ops_->round_to(pdt_, full_, static_cast<size_t>(layout_.padded));
+      ops_->round_to(pdt_, full_, static_cast<size_t>(layout_.padded));
+    } else {  // one pass: 8 bytes a parameter, where copy + round_to moved 16
+      ops_->round_copy(pdt_, full_, master_, static_cast<size_t>(layout_.padded));
+    }
     return;
   }
   if (kind_ != Kind::FullReplicated) return;

@@ -89,6 +89,7 @@ void narrow(DType dt, const float* src, void* dst, size_t n);
 void widen(DType dt, const void* src, float* dst, size_t n);
 void add_widened(DType dt, const void* src, float* dst, size_t n);
 void round_to(DType dt, float* x, size_t n);
+void round_copy(DType dt, float* dst, const float* src, size_t n);  // dst = round_to(src)
 
 // rope.cpp
 void rope_forward(float* qkv, int B, int T, int H, int KVH, int hd, float theta);

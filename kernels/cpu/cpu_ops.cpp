@@ -137,6 +137,9 @@ class CpuOps final : public Ops {
     cpu::add_widened(dt, src, dst, n);
   }
   void round_to(DType dt, float* x, size_t n) const override { cpu::round_to(dt, x, n); }
+  void round_copy(DType dt, float* dst, const float* src, size_t n) const override {
+    cpu::round_copy(dt, dst, src, n);
+  }
 
  private:
   DType compute_;

@@ -287,10 +287,15 @@ void add_widened(DType dt, const void* src, float* dst, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] += from_half(dt, s[i]);
 }
 
-void round_to(DType dt, float* x, size_t n) {
-  if (dt == DType::F32) return;
+void round_to(DType dt, float* x, size_t n) { round_copy(dt, x, x, n); }
+
+void round_copy(DType dt, float* dst, const float* src, size_t n) {
+  if (dt == DType::F32) {
+    if (dst != src && n) std::memcpy(dst, src, n * sizeof(float));
+    return;
+  }
 #pragma omp parallel for schedule(static) if (parallel : n >= kParallelMin)
-  for (size_t i = 0; i < n; ++i) x[i] = from_half(dt, to_half(dt, x[i]));
+  for (size_t i = 0; i < n; ++i) dst[i] = from_half(dt, to_half(dt, src[i]));
 }
 
 }  // namespace sw::cpu

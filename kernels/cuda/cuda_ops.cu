@@ -836,6 +836,14 @@ class CudaOps final : public Ops {
     const cudaStream_t s = begin();
     if (dt != DType::F32) cuda::round_to(s, static_cast<int>(dt), x, n);
   }
+  void round_copy(DType dt, float* dst, const float* src, size_t n) const override {
+    SW_OP_TIME();
+    const cudaStream_t s = begin();
+    if (dt != DType::F32)
+      cuda::round_copy(s, static_cast<int>(dt), dst, src, n);
+    else if (dst != src && n)
+      SW_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, s));
+  }
 
  private:
   static constexpr int kChunkRows = 1024;

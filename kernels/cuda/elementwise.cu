@@ -294,10 +294,10 @@ __global__ void add_widened_k(int dt, const uint16_t* src, float* dst, size_t n)
        i += size_t(gridDim.x) * blockDim.x)
     dst[i] += from_half_d(dt, src[i]);
 }
-__global__ void round_to_k(int dt, float* x, size_t n) {
+__global__ void round_to_k(int dt, float* dst, const float* src, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x)
-    x[i] = from_half_d(dt, to_half_d(dt, x[i]));
+    dst[i] = from_half_d(dt, to_half_d(dt, src[i]));
 }
 
 __global__ void bias_rows_k(float* out, const float* b, int OC, size_t total) {
@@ -482,12 +482,13 @@ struct Widen4 {  // dst = widen(src), or dst += widen(src)
     st4(dst + i, add ? zip4(ld4(dst + i), w, AddF{}) : w);
   }
 };
-struct RoundTo4 {
+struct RoundTo4 {  // dst = round(src); dst == src is in place (each index read, then written)
   int dt;
-  float* x;
+  float* dst;
+  const float* src;
   __device__ void operator()(size_t i) const {
     const int d = dt;
-    st4(x + i, map4(ld4(x + i), [d](float t) { return from_half_d(d, to_half_d(d, t)); }));
+    st4(dst + i, map4(ld4(src + i), [d](float t) { return from_half_d(d, to_half_d(d, t)); }));
   }
 };
 struct Gelu4 {
@@ -755,14 +756,15 @@ void add_widened(cudaStream_t s, int dt, const uint16_t* src, float* dst, size_t
   add_widened_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(dt, src, dst, n);
   SW_CUDA_LAUNCHED();
 }
-void round_to(cudaStream_t s, int dt, float* x, size_t n) {
-  const size_t v = al16(x) ? n / 4 * 4 : 0;
-  each4(s, v / 4, RoundTo4{dt, x});
-  x += v, n -= v;
+void round_copy(cudaStream_t s, int dt, float* dst, const float* src, size_t n) {
+  const size_t v = al16(dst) && al16(src) ? n / 4 * 4 : 0;
+  each4(s, v / 4, RoundTo4{dt, dst, src});
+  dst += v, src += v, n -= v;
   if (n == 0) return;
-  round_to_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(dt, x, n);
+  round_to_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(dt, dst, src, n);
   SW_CUDA_LAUNCHED();
 }
+void round_to(cudaStream_t s, int dt, float* x, size_t n) { round_copy(s, dt, x, x, n); }
 
 void add_bias_rows(cudaStream_t s, float* out, const float* b, int N, int OC) {
   const size_t total = static_cast<size_t>(N) * OC;

@@ -119,7 +119,7 @@ inline const std::vector<std::string>& all_ops() {
       "residual_layernorm_forward", "residual_rmsnorm_forward", "gelu_forward", "gelu_backward",
       "swiglu_forward", "swiglu_backward", "residual_forward", "rope_forward", "rope_backward",
       "attention_forward", "attention_backward", "lmhead_xent", "adamw", "sum_squares", "scale",
-      "fill", "add_inplace", "copy", "narrow", "widen", "add_widened", "round_to",
+      "fill", "add_inplace", "copy", "narrow", "widen", "add_widened", "round_to", "round_copy",
       "sum_squares_each", "sum_squares_into", "lmhead_xent_into", "linear_backward_set",
       "gelu_backward_set", "swiglu_backward_set", "attention_backward_set"};
   return ops;
@@ -622,6 +622,26 @@ inline std::vector<OpCase> op_cases() {
                       put(o, "x", a.down(x, n));
                       return o;
                     }});
+      // One pass out of place, and in place, each beside copy + round_to ("ref"; pairs that
+      // paired_forms_exact holds equal).
+      cs.push_back({"round_copy", "round_copy " + dn, kTolElem, kTolElem, [=](Arena& a) {
+                      Rng r(sd + 34);
+                      const Vec x = r.normal(n, 3.f);
+                      const float* src = a.up(x);
+                      float* dst = a.up(Vec(n, NAN));
+                      a.ops().round_copy(dt, dst, src, n);
+                      float* in_place = a.up(x);
+                      a.ops().round_copy(dt, in_place, in_place, n);
+                      float* ref = a.up(Vec(n, NAN));
+                      a.ops().copy(ref, src, n);
+                      a.ops().round_to(dt, ref, n);
+                      Outputs o;
+                      put(o, "out", a.down(dst, n));
+                      put(o, "ref", a.down(ref, n));
+                      put(o, "in_place", a.down(in_place, n));
+                      put(o, "ref_again", a.down(ref, n));
+                      return o;
+                    }});
     }
     cs.push_back({"sum_squares_each", "sum_squares_each " + sh, kTolElem, kTolElem,
                   [n, sd](Arena& a) {
@@ -956,13 +976,16 @@ inline std::vector<std::string> fused_norms_bitwise(const Backend& be) {
 }
 
 // kernels/ops.h promises that each *_set form gives the values of its accumulating op on
-// zeros (a zero may carry the other sign, which == ignores). The *_set cases return "set" and
-// "acc0" (and dw / dw_acc, db / db_acc: parameter gradients accumulated by each); returns
-// "case [output]" for each pair that differs on this backend.
-inline std::vector<std::string> set_forms_exact(const Backend& be, const std::vector<OpCase>& cases) {
+// zeros (a zero may carry the other sign, which == ignores), and round_copy those of copy +
+// round_to. Their cases return outputs in pairs: "set" and "acc0" (and dw / dw_acc, db /
+// db_acc: parameter gradients accumulated by each), round_copy's result and copy + round_to's.
+// Returns "case [output]" for each pair that differs on this backend.
+inline std::vector<std::string> paired_forms_exact(const Backend& be,
+                                                   const std::vector<OpCase>& cases) {
   std::vector<std::string> bad;
   for (const OpCase& c : cases) {
-    if (c.op.size() < 4 || c.op.compare(c.op.size() - 4, 4, "_set") != 0) continue;
+    const bool set_form = c.op.size() > 4 && c.op.compare(c.op.size() - 4, 4, "_set") == 0;
+    if (!set_form && c.op != "round_copy") continue;
     Outputs o;
     {
       Arena a(be);

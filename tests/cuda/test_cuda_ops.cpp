@@ -96,14 +96,14 @@ TEST_CASE("cuda ops: the same inputs twice give bitwise-equal outputs") {
   CHECK(bad.empty());
 }
 
-TEST_CASE("cuda ops: the *_set forms equal their accumulating ops on zeros") {
+TEST_CASE("cuda ops: the *_set forms equal their accumulating ops on zeros, round_copy copy + round_to") {
   // Every precision; bf16 / fp16 attention on both paths (cuDNN writes its widened gradients,
   // the cuBLAS path accumulates into zeros). The destinations start as NaN: a form that read
   // them fails here and against the CPU.
   for (DType t : {DType::F32, DType::BF16, DType::F16})
     for (const char* path : {"cudnn", "cublas"}) {
       setenv("SHARDWISE_CUDA_ATTENTION", path, 1);
-      const auto bad = set_forms_exact(cuda_backend(t), op_cases());
+      const auto bad = paired_forms_exact(cuda_backend(t), op_cases());
       for (const auto& b : bad)
         INFO(std::string(sw::dtype_name(t)) + " " + path + ": set != acc on zeros: " + b);
       CHECK(bad.empty());

@@ -75,14 +75,14 @@ TEST_CASE("op harness: the simulated device equals the CPU bit for bit on every 
   }
 }
 
-TEST_CASE("op harness: the *_set forms equal their accumulating ops on zeros, never reading dinp") {
+TEST_CASE("op harness: the *_set forms equal their accumulating ops on zeros (never reading dinp), round_copy copy + round_to") {
   // The CPU's own *_set kernels in every precision, and Ops' defaults (zero, then accumulate)
   // through a ForwardingOps, which keeps them. The destination starts as NaN.
   for (DType t : {DType::F32, DType::BF16, DType::F16}) {
     const sw::Ops& ops = sw::ops_for(Device::cpu(), t);
     const swtest::ForwardingOps fwd(ops);
     for (const Backend& be : {cpu_backend(ops, "cpu"), cpu_backend(fwd, "defaults")}) {
-      const auto bad = set_forms_exact(be, op_cases());
+      const auto bad = paired_forms_exact(be, op_cases());
       for (const auto& b : bad) INFO(be.name + " " + sw::dtype_name(t) + ": set != acc on zeros: " + b);
       CHECK(bad.empty());
     }
