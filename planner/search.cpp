@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "kernels/cuda/attention_mm.h"
 #include "kernels/cuda/attention_path.h"
+#include "kernels/cuda/workspace.h"
 #include "kernels/ops.h"
 #include "models/activation_check.h"
 #include "sharding/wrap.h"
@@ -112,7 +113,7 @@ int64_t cuda_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute)
   if (llama) slot.push_back(4 * int64_t(T) * hd);  // RoPE's (cos, sin) table (Rope)
   int64_t b = 0;
   for (int64_t x : slot) b += x + x / 4;
-  return b;
+  return b + static_cast<int64_t>(cuda::kCublasWorkspace);  // cuBLAS's, set on the handle
 }
 
 int64_t kernel_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute, int world,

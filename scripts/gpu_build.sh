@@ -444,6 +444,13 @@ if [ -n "$do_test" ]; then
     tail -20 "$logs/$b.log"
   done
   [ -n "$benches" ] || note bench "no bench*cuda* executables (the comparison with PyTorch: --bench)"
+  # bench_cuda_gemm's peer: PyTorch's bf16 products for the same shapes.
+  if timeout -k 5 120 python3 "$repo/bench/torch_gemm.py" >"$logs/torch_gemm.log" 2>&1; then
+    note torch_gemm "ok (log torch_gemm.log)"
+  else
+    note torch_gemm "FAILED (log torch_gemm.log)"
+  fi
+  tail -32 "$logs/torch_gemm.log"
 fi
 
 # ---- the comparison with PyTorch (bench/gpu_vs_torch.sh) ---------------------------------------

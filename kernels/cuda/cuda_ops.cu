@@ -62,6 +62,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/cuda_runtime.h"
+#include "kernels/cuda/workspace.h"
 #include "kernels/ops.h"
 
 namespace sw {
@@ -142,6 +143,11 @@ class CudaDevice {
       SW_CUDA_CHECK(cublasSetStream(blas_, st));
       // fp32 products in fp32 (no TF32 tensor-op rounding).
       SW_CUDA_CHECK(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH));
+      // cuBLAS's workspace, from the tracked allocator: kCublasWorkspace, what NVIDIA's cuBLAS
+      // guide recommends for Hopper and PyTorch sets there (without one, cuBLAS keeps a
+      // smaller default of its own, outside the tracker). bench_cuda_gemm times both.
+      blas_ws_ = Buffer(cuda::kCublasWorkspace, Mem::Workspace, Device::cuda(dev_));
+      SW_CUDA_CHECK(cublasSetWorkspace(blas_, blas_ws_.data(), cuda::kCublasWorkspace));
       stream_.device = dev_;
       stream_.stream = st;
     });
@@ -184,6 +190,7 @@ class CudaDevice {
   mutable std::once_flag once_;
   mutable CudaStream stream_;
   mutable cublasHandle_t blas_ = nullptr;
+  mutable Buffer blas_ws_;
   mutable Buffer ws_[static_cast<int>(Slot::Count)];
   struct RopeKey {
     const float* tab = nullptr;
