@@ -203,6 +203,10 @@ class Block final : public Unit {
     ops.swiglu_forward(s.f32("hmlp", sz(N, F), Keep::Cheap), s.get("gu"), N, F);
   }
 
+  // dy is read by the first product only, before dx is first written (the norm's backward
+  // adds into it), so dx may be dy.
+  bool backward_in_place() const override { return true; }
+
   void backward(UnitCtx& ctx, int call, const float* x, const float* dy, float* dx) override {
     const Ops& ops = *ctx.ops;
     const int B = ctx.batch->B, T = ctx.batch->T, C = c_.d_model, H = c_.n_head,

@@ -232,6 +232,9 @@ class Unit {
   // Given dy (null for a loss call), writes (=, not +=) dx (null for an embedding call) and
   // accumulates parameter gradients into ctx.grads. x is the same input forward saw.
   virtual void backward(UnitCtx& ctx, int call, const float* x, const float* dy, float* dx) = 0;
+  // True when backward may be given dx == dy (it reads dy only before it first writes dx): the
+  // engine then passes one buffer and the unit skips copying dy into dx (its residual path).
+  virtual bool backward_in_place() const { return false; }
 
   // Selective activation checkpointing (the engine calls it right before backward, for a call
   // whose Keep::Cheap buffers it dropped after forward; only when selective_recompute() is

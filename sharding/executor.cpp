@@ -255,7 +255,11 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
       issue_follow_ups();  // HYBRID: a reduce-scatter that completed gets its all-reduce now
       fu->to_pre_backward();
       fu->ensure_grads();
-      float* dx = p > 0 ? dbuf[st.cur].f32() : nullptr;
+      // A unit whose backward takes dx == dy (Unit::backward_in_place) writes its dx over its
+      // dy, the other ping-pong buffer (dbuf[cur ^ 1] holds every dy but the loss call's none).
+      const bool in_place = p > 0 && st.dy != nullptr && fu->unit()->backward_in_place();
+      float* dx = p > 0 ? dbuf[in_place ? st.cur ^ 1 : st.cur].f32() : nullptr;
+      SW_CHECK(!in_place || dx == st.dy, "backward in place: dy is not the other ping-pong buffer");
       UnitCtx ctx = ctx_for(*fu, batch, a.pos, true);
       ctx.grad_scale = st.scale;
       scratch.reset();
@@ -265,7 +269,7 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
       saved[p].clear();
       if (a.pos == fu->first_pos) fu->to_post_backward();  // the unit's last backward call
       st.dy = dx;
-      st.cur ^= 1;
+      if (!in_place) st.cur ^= 1;
       break;
     }
     case ActionKind::Free:

@@ -253,7 +253,7 @@ TEST_CASE("cuda ops: cuDNN's description of this GPU checks the graphs offline, 
 // The element-wise kernels move four elements per access where every pointer is 16-byte aligned
 // (elementwise.cu's each4) and one per thread otherwise; the same data at both alignments must
 // give the same bits, since a unit's gradients and a shard at an offset hold the same values.
-TEST_CASE("cuda ops: element-wise ops give the same bits four-wide (aligned) and one by one") {
+TEST_CASE("cuda ops: element-wise ops and norms give the same bits four-wide (aligned) and one by one") {
   const sw::Ops& ops = sw::ops_for(Device::cuda(sw::cuda_current_device()));
   const Device gpu = Device::cuda(sw::cuda_current_device());
   const int N = 37, F = 28;  // F a multiple of 4; N * F = 1036 and n = 1031 leave tails
@@ -303,6 +303,30 @@ TEST_CASE("cuda ops: element-wise ops give the same bits four-wide (aligned) and
       {"narrow then add_widened bf16", [&](const P& p) {
          ops.narrow(DType::BF16, p[0], p[1], n);
          ops.add_widened(DType::BF16, p[1], p[2], n);
+       }},
+      // The norms (norm.cu): chunks of four columns (C = F = 28), one float4 access each
+      // when aligned, four float accesses in the same order when not; their column sums
+      // (dw, db) four columns a thread or one, each in row order. Rows N, columns F; the
+      // statistics and weights sit in p[3] at 0 (dw), 32 (db), 64 (w), 128 and 192.
+      {"rmsnorm_forward", [&](const P& p) {
+         ops.rmsnorm_forward(p[0], p[3], p[1], p[2], N, F, 1e-5f);
+       }},
+      {"layernorm_forward", [&](const P& p) {
+         ops.layernorm_forward(p[0], p[3], p[3] + 64, p[1], p[2], p[2] + F, N, F);
+       }},
+      {"residual_rmsnorm_forward", [&](const P& p) {
+         ops.residual_rmsnorm_forward(p[0], p[1], p[3], p[0], p[2], p[3] + 64, N, F, 1e-5f);
+       }},
+      {"residual_layernorm_forward", [&](const P& p) {
+         ops.residual_layernorm_forward(p[0], p[1], p[3] + 128, p[3] + 192, p[0], p[2], p[3] + 64,
+                                        p[3] + 32, N, F);
+       }},
+      {"rmsnorm_backward", [&](const P& p) {
+         ops.rmsnorm_backward(p[0], p[3], p[1], p[2], p[3] + 64, p[3] + 128, N, F);
+       }},
+      {"layernorm_backward", [&](const P& p) {
+         ops.layernorm_backward(p[0], p[3], p[3] + 32, p[1], p[2], p[3] + 64, p[3] + 128,
+                                p[3] + 192, N, F);
        }},
   };
   for (const auto& [name, op] : cases) {

@@ -30,6 +30,7 @@ struct Harness {
   std::vector<sw::Buffer> dbufs;   // dx of each schedule position
   sw::Scratch scratch;
   bool fused_loss = true;          // false: the loss forward sees no grads (as a recompute would)
+  bool in_place = false;           // give dx == dy to units that allow it (as the engine does)
 
   // gapped: leave 16 floats between tensors, so no two are contiguous (packed-GEMM fallback).
   explicit Harness(const sw::ModelConfig& cfg, bool gapped = false)
@@ -155,6 +156,9 @@ struct Harness {
     for (size_t q = P; q-- > 0;) {
       if (q > 0 && dbufs[q].bytes() != n * 4) dbufs[q] = sw::Buffer(n * 4, sw::Mem::Activations);
       float* dx = q > 0 ? dbufs[q].f32() : nullptr;
+      const sw::Call& call = model.schedule[q];
+      if (in_place && q > 0 && dy && model.units[static_cast<size_t>(call.unit)]->backward_in_place())
+        dx = const_cast<float*>(dy);  // one of dbufs (dy is the previous dx)
       sw::UnitCtx ctx = ctx_for(q, b, true, true);
       ctx.grad_scale = static_cast<float>(grad_scale);
       scratch.reset();

@@ -449,6 +449,15 @@ void check_determinism(const ModelConfig& c) {
     CHECK(same_bits(l1, l2));
     CHECK(same_grads());
   }
+  SECTION("backward in place (dx == dy) where a unit allows it gives the same bits") {
+    size_t n_in_place = 0;
+    for (auto& u : H.model.units) n_in_place += u->backward_in_place() ? 1 : 0;
+    CHECK(n_in_place == static_cast<size_t>(c.n_layer));  // the blocks
+    H.in_place = true;
+    const double l2 = H.forward_backward(tb.batch);
+    CHECK(same_bits(l1, l2));
+    CHECK(same_grads());
+  }
   SECTION("accumulation: a second backward adds the same gradients") {
     H.forward(tb.batch, true);
     H.backward(tb.batch);
