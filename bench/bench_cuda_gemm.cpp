@@ -5,7 +5,7 @@
 // Shapes: each linear layer of the 1.3B Llama (d 2048, d_ff 5632, 8192 tokens a step) and of
 // GPT-2 124M (d 768, d_ff 3072, 16384 tokens), forward (out = x W^T), backward dinp (dout W)
 // and dW (dout^T x), as CudaOps calls them (row-major, kernels/cuda/cuda_ops.cu's gemm16), plus
-// the LM head's 1024-row chunks. Ways:
+// the LM head's 1024-row chunks (CudaOps' kChunkRows) and 2048- and 4096-row ones. Ways:
 //   ex_f32     cublasGemmEx, bf16 operands, fp32 output, CUBLAS_GEMM_DEFAULT: what CudaOps runs
 //   ex_f32_ws  the same with a 32 MiB workspace set on the handle (cublasSetWorkspace)
 //   ex_bf16    bf16 output (what PyTorch's bf16 linear writes)
@@ -57,6 +57,8 @@ std::vector<Shape> shapes() {
   linear("llama", "gate_up", NL, d, 2 * f);
   linear("llama", "down", NL, f, d);
   linear("llama", "lm_head chunk", 1024, d, 32000);
+  linear("llama", "lm_head 2048 rows", 2048, d, 32000);  // larger chunks: worth their memory?
+  linear("llama", "lm_head 4096 rows", 4096, d, 32000);
   const int NG = 16384, g = 768, gf = 3072;
   linear("gpt2", "qkv", NG, g, 3 * g);
   linear("gpt2", "proj", NG, g, g);

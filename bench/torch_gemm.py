@@ -28,6 +28,8 @@ def shapes():
     linear("llama", "gate_up", nl, d, 2 * f)
     linear("llama", "down", nl, f, d)
     linear("llama", "lm_head chunk", 1024, d, 32000)
+    linear("llama", "lm_head 2048 rows", 2048, d, 32000)
+    linear("llama", "lm_head 4096 rows", 4096, d, 32000)
     ng, g, gf = 16384, 768, 3072
     linear("gpt2", "qkv", ng, g, 3 * g)
     linear("gpt2", "proj", ng, g, g)

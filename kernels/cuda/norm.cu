@@ -18,9 +18,10 @@
 // each chunk's values in column order. A chunk is one float4 access when every pointer is
 // 16-byte aligned, else four float accesses in the same order, so the bits depend on C, never
 // on alignment. The column partials take four columns per thread the same way; each column is
-// still summed in row order, so their bits are those of the one-column kernel. The one-float
-// kernels (lane j: columns j, j + 32, ...) serve C % 4 != 0. With one float per access a warp
-// kept too few bytes in flight: the H200 op times showed the norms at ~2-2.5 TB/s.
+// still summed in row order, so their bits are those of the one-column kernel. The row kernels
+// take the chunk width W as a template argument: W = 1 (lane j: columns j, j + 32, ..., one
+// float each) serves C % 4 != 0. With one float per access a warp kept too few bytes in
+// flight: the H200 op times showed the norms at ~2-2.5 TB/s.
 #include <algorithm>
 #include <cstdint>
 
@@ -44,190 +45,81 @@ RowBlocks row_blocks(int N) {
   return {rows, (N + rows - 1) / rows};
 }
 
-// Chunk k of four floats at p (VEC: one aligned float4 access; else four in order).
-template <bool VEC>
-__device__ __forceinline__ float4 ld_chunk(const float* p) {
-  if (VEC) return *reinterpret_cast<const float4*>(p);
-  return make_float4(p[0], p[1], p[2], p[3]);
-}
-template <bool VEC>
-__device__ __forceinline__ void st_chunk(float* p, float4 v) {
-  if (VEC) {
-    *reinterpret_cast<float4*>(p) = v;
+// Chunk j of a row: W consecutive floats at p + W j (VEC: one aligned float4 access when W is
+// 4; else W float accesses in order).
+template <int W, bool VEC>
+__device__ __forceinline__ void ld_chunk(const float* p, float (&v)[W]) {
+  if constexpr (W == 4 && VEC) {
+    const float4 q = *reinterpret_cast<const float4*>(p);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
   } else {
-    p[0] = v.x, p[1] = v.y, p[2] = v.z, p[3] = v.w;
+#pragma unroll
+    for (int k = 0; k < W; ++k) v[k] = p[k];
+  }
+}
+template <int W, bool VEC>
+__device__ __forceinline__ void st_chunk(float* p, const float (&v)[W]) {
+  if constexpr (W == 4 && VEC) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < W; ++k) p[k] = v[k];
   }
 }
 bool al16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// norm_forward_k over chunks of four columns (C % 4 == 0; the file's header).
-template <bool LN, bool RES, bool VEC>
-__global__ void norm_forward4_k(float* res, float* out, float* mean, float* rstd, const float* a,
-                                const float* b, const float* w, const float* bias, int N, int C,
-                                float eps) {
-  const int row = (blockIdx.x * blockDim.x + threadIdx.x) / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  if (row >= N) return;
-  const int C4 = C / 4;
-  const size_t off = static_cast<size_t>(row) * C;
-  const float* x;
-  float s = 0.f;
-  if (RES) {
-    for (int j = lane; j < C4; j += kWarp) {
-      const float4 va = ld_chunk<VEC>(a + off + 4 * j), vb = ld_chunk<VEC>(b + off + 4 * j);
-      const float4 v = make_float4(va.x + vb.x, va.y + vb.y, va.z + vb.z, va.w + vb.w);
-      st_chunk<VEC>(res + off + 4 * j, v);
-      if (LN) {
-        s += v.x, s += v.y, s += v.z, s += v.w;
-      } else {
-        s += v.x * v.x, s += v.y * v.y, s += v.z * v.z, s += v.w * v.w;
-      }
-    }
-    x = res + off;
-  } else {
-    x = a + off;
-    for (int j = lane; j < C4; j += kWarp) {
-      const float4 v = ld_chunk<VEC>(x + 4 * j);
-      if (LN) {
-        s += v.x, s += v.y, s += v.z, s += v.w;
-      } else {
-        s += v.x * v.x, s += v.y * v.y, s += v.z * v.z, s += v.w * v.w;
-      }
-    }
-  }
-  s = warp_sum(s);
-  float* o = out + off;
-  if (LN) {
-    const float m = s / C;
-    float v = 0.f;
-    for (int j = lane; j < C4; j += kWarp) {
-      const float4 t = ld_chunk<VEC>(x + 4 * j);
-      v += (t.x - m) * (t.x - m), v += (t.y - m) * (t.y - m);
-      v += (t.z - m) * (t.z - m), v += (t.w - m) * (t.w - m);
-    }
-    v = warp_sum(v);
-    const float r = 1.f / sqrtf(v / C + kLayerNormEps);
-    for (int j = lane; j < C4; j += kWarp) {
-      const float4 t = ld_chunk<VEC>(x + 4 * j), ww = ld_chunk<VEC>(w + 4 * j);
-      float4 y = make_float4((t.x - m) * r * ww.x, (t.y - m) * r * ww.y, (t.z - m) * r * ww.z,
-                             (t.w - m) * r * ww.w);
-      if (bias) {
-        const float4 bb = ld_chunk<VEC>(bias + 4 * j);
-        y = make_float4(y.x + bb.x, y.y + bb.y, y.z + bb.z, y.w + bb.w);
-      }
-      st_chunk<VEC>(o + 4 * j, y);
-    }
-    if (lane == 0) {
-      if (mean) mean[row] = m;
-      if (rstd) rstd[row] = r;
-    }
-  } else {
-    const float r = 1.f / sqrtf(s / C + eps);
-    for (int j = lane; j < C4; j += kWarp) {
-      const float4 t = ld_chunk<VEC>(x + 4 * j), ww = ld_chunk<VEC>(w + 4 * j);
-      st_chunk<VEC>(o + 4 * j, make_float4(t.x * r * ww.x, t.y * r * ww.y, t.z * r * ww.z,
-                                           t.w * r * ww.w));
-    }
-    if (lane == 0 && rstd) rstd[row] = r;
-  }
-}
-
-// norm_backward_rows_k over chunks of four columns (C % 4 == 0).
-template <bool LN, bool VEC>
-__global__ void norm_backward_rows4_k(float* dinp, const float* dout, const float* inp,
-                                      const float* w, const float* mean, const float* rstd, int N,
-                                      int C) {
-  const int row = (blockIdx.x * blockDim.x + threadIdx.x) / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  if (row >= N) return;
-  const int C4 = C / 4;
-  const size_t off = static_cast<size_t>(row) * C;
-  const float* x = inp + off;
-  const float* g = dout + off;
-  float* dx = dinp + off;
-  const float r = rstd[row];
-  if (LN) {
-    const float m = mean[row];
-    float swg = 0.f, swgx = 0.f;
-    for (int j = lane; j < C4; j += kWarp) {
-      const float4 t = ld_chunk<VEC>(x + 4 * j), gg = ld_chunk<VEC>(g + 4 * j),
-                   ww = ld_chunk<VEC>(w + 4 * j);
-      const float xs[4] = {t.x, t.y, t.z, t.w}, gs[4] = {gg.x, gg.y, gg.z, gg.w},
-                  ws[4] = {ww.x, ww.y, ww.z, ww.w};
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float xh = (xs[k] - m) * r;
-        const float wg = ws[k] * gs[k];
-        swg += wg;
-        swgx += wg * xh;
-      }
-    }
-    const float mean_wg = warp_sum(swg) / C, mean_wgx = warp_sum(swgx) / C;
-    for (int j = lane; j < C4; j += kWarp) {
-      const float4 t = ld_chunk<VEC>(x + 4 * j), gg = ld_chunk<VEC>(g + 4 * j),
-                   ww = ld_chunk<VEC>(w + 4 * j);
-      float4 d = ld_chunk<VEC>(dx + 4 * j);
-      d.x += r * (ww.x * gg.x - mean_wg - ((t.x - m) * r) * mean_wgx);
-      d.y += r * (ww.y * gg.y - mean_wg - ((t.y - m) * r) * mean_wgx);
-      d.z += r * (ww.z * gg.z - mean_wg - ((t.z - m) * r) * mean_wgx);
-      d.w += r * (ww.w * gg.w - mean_wg - ((t.w - m) * r) * mean_wgx);
-      st_chunk<VEC>(dx + 4 * j, d);
-    }
-  } else {
-    float acc = 0.f;
-    for (int j = lane; j < C4; j += kWarp) {
-      const float4 t = ld_chunk<VEC>(x + 4 * j), gg = ld_chunk<VEC>(g + 4 * j),
-                   ww = ld_chunk<VEC>(w + 4 * j);
-      acc += ww.x * gg.x * t.x, acc += ww.y * gg.y * t.y;
-      acc += ww.z * gg.z * t.z, acc += ww.w * gg.w * t.w;
-    }
-    const float k = r * r * warp_sum(acc) / C;
-    for (int j = lane; j < C4; j += kWarp) {
-      const float4 t = ld_chunk<VEC>(x + 4 * j), gg = ld_chunk<VEC>(g + 4 * j),
-                   ww = ld_chunk<VEC>(w + 4 * j);
-      float4 d = ld_chunk<VEC>(dx + 4 * j);
-      d.x += r * (ww.x * gg.x - t.x * k);
-      d.y += r * (ww.y * gg.y - t.y * k);
-      d.z += r * (ww.z * gg.z - t.z * k);
-      d.w += r * (ww.w * gg.w - t.w * k);
-      st_chunk<VEC>(dx + 4 * j, d);
-    }
-  }
-}
-
 // LN: layernorm (bias may be null), else rmsnorm. RES: x = a + b is written to res first.
-template <bool LN, bool RES>
+// W: columns per chunk (the file's header); lane j takes chunks j, j + 32, ...
+template <bool LN, bool RES, int W, bool VEC>
 __global__ void norm_forward_k(float* res, float* out, float* mean, float* rstd, const float* a,
                                const float* b, const float* w, const float* bias, int N, int C,
                                float eps) {
   const int row = (blockIdx.x * blockDim.x + threadIdx.x) / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (row >= N) return;
+  const int CW = C / W;
   const size_t off = static_cast<size_t>(row) * C;
-  const float* x;
+  const float* x = RES ? res + off : a + off;
   float s = 0.f;
-  if (RES) {
-    for (int i = lane; i < C; i += kWarp) {
-      const float v = a[off + i] + b[off + i];
-      res[off + i] = v;
-      s += LN ? v : v * v;
+  for (int j = lane; j < CW; j += kWarp) {
+    float v[W];
+    if (RES) {
+      float vb[W];
+      ld_chunk<W, VEC>(a + off + W * j, v);
+      ld_chunk<W, VEC>(b + off + W * j, vb);
+#pragma unroll
+      for (int k = 0; k < W; ++k) v[k] += vb[k];
+      st_chunk<W, VEC>(res + off + W * j, v);
+    } else {
+      ld_chunk<W, VEC>(x + W * j, v);
     }
-    x = res + off;
-  } else {
-    x = a + off;
-    for (int i = lane; i < C; i += kWarp) s += LN ? x[i] : x[i] * x[i];
+#pragma unroll
+    for (int k = 0; k < W; ++k) s += LN ? v[k] : v[k] * v[k];
   }
   s = warp_sum(s);
   float* o = out + off;
   if (LN) {
     const float m = s / C;
-    float v = 0.f;
-    for (int i = lane; i < C; i += kWarp) v += (x[i] - m) * (x[i] - m);
-    v = warp_sum(v);
-    const float r = 1.f / sqrtf(v / C + kLayerNormEps);
-    for (int i = lane; i < C; i += kWarp) {
-      const float y = (x[i] - m) * r * w[i];
-      o[i] = bias ? y + bias[i] : y;
+    float var = 0.f;
+    for (int j = lane; j < CW; j += kWarp) {
+      float t[W];
+      ld_chunk<W, VEC>(x + W * j, t);
+#pragma unroll
+      for (int k = 0; k < W; ++k) var += (t[k] - m) * (t[k] - m);
+    }
+    var = warp_sum(var);
+    const float r = 1.f / sqrtf(var / C + kLayerNormEps);
+    for (int j = lane; j < CW; j += kWarp) {
+      float t[W], ww[W], bb[W];
+      ld_chunk<W, VEC>(x + W * j, t);
+      ld_chunk<W, VEC>(w + W * j, ww);
+      if (bias) ld_chunk<W, VEC>(bias + W * j, bb);
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        const float y = (t[k] - m) * r * ww[k];
+        t[k] = bias ? y + bb[k] : y;
+      }
+      st_chunk<W, VEC>(o + W * j, t);
     }
     if (lane == 0) {
       if (mean) mean[row] = m;
@@ -235,44 +127,71 @@ __global__ void norm_forward_k(float* res, float* out, float* mean, float* rstd,
     }
   } else {
     const float r = 1.f / sqrtf(s / C + eps);
-    for (int i = lane; i < C; i += kWarp) o[i] = x[i] * r * w[i];
+    for (int j = lane; j < CW; j += kWarp) {
+      float t[W], ww[W];
+      ld_chunk<W, VEC>(x + W * j, t);
+      ld_chunk<W, VEC>(w + W * j, ww);
+#pragma unroll
+      for (int k = 0; k < W; ++k) t[k] = t[k] * r * ww[k];
+      st_chunk<W, VEC>(o + W * j, t);
+    }
     if (lane == 0 && rstd) rstd[row] = r;
   }
 }
 
 // dinp rows. LayerNorm: dinp += r (w g - mean(w g) - xhat mean(w g xhat)).
-// RMSNorm (mean == null): dinp += r (w g - x r^2 mean(w g x)).
-template <bool LN>
+// RMSNorm (mean == null): dinp += r (w g - x r^2 mean(w g x)). Chunks as norm_forward_k.
+template <bool LN, int W, bool VEC>
 __global__ void norm_backward_rows_k(float* dinp, const float* dout, const float* inp,
                                      const float* w, const float* mean, const float* rstd, int N,
                                      int C) {
   const int row = (blockIdx.x * blockDim.x + threadIdx.x) / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (row >= N) return;
+  const int CW = C / W;
   const size_t off = static_cast<size_t>(row) * C;
   const float* x = inp + off;
   const float* g = dout + off;
   float* dx = dinp + off;
   const float r = rstd[row];
-  if (LN) {
-    const float m = mean[row];
-    float swg = 0.f, swgx = 0.f;
-    for (int i = lane; i < C; i += kWarp) {
-      const float xh = (x[i] - m) * r;
-      const float wg = w[i] * g[i];
-      swg += wg;
-      swgx += wg * xh;
+  const float m = LN ? mean[row] : 0.f;
+  float s1 = 0.f, s2 = 0.f;  // LN: sum w g, sum w g xhat; RMS: sum w g x
+  for (int j = lane; j < CW; j += kWarp) {
+    float t[W], gg[W], ww[W];
+    ld_chunk<W, VEC>(x + W * j, t);
+    ld_chunk<W, VEC>(g + W * j, gg);
+    ld_chunk<W, VEC>(w + W * j, ww);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      if (LN) {
+        const float xh = (t[k] - m) * r;
+        const float wg = ww[k] * gg[k];
+        s1 += wg;
+        s2 += wg * xh;
+      } else {
+        s1 += ww[k] * gg[k] * t[k];
+      }
     }
-    const float mean_wg = warp_sum(swg) / C, mean_wgx = warp_sum(swgx) / C;
-    for (int i = lane; i < C; i += kWarp) {
-      const float xh = (x[i] - m) * r;
-      dx[i] += r * (w[i] * g[i] - mean_wg - xh * mean_wgx);
+  }
+  // LN: mean(w g), mean(w g xhat); RMSNorm: k = r^2 mean(w g x) in a2.
+  const float a1 = LN ? warp_sum(s1) / C : 0.f;
+  const float a2 = LN ? warp_sum(s2) / C : r * r * warp_sum(s1) / C;
+  for (int j = lane; j < CW; j += kWarp) {
+    float t[W], gg[W], ww[W], d[W];
+    ld_chunk<W, VEC>(x + W * j, t);
+    ld_chunk<W, VEC>(g + W * j, gg);
+    ld_chunk<W, VEC>(w + W * j, ww);
+    ld_chunk<W, VEC>(dx + W * j, d);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      if (LN) {
+        const float xh = (t[k] - m) * r;
+        d[k] += r * (ww[k] * gg[k] - a1 - xh * a2);
+      } else {
+        d[k] += r * (ww[k] * gg[k] - t[k] * a2);
+      }
     }
-  } else {
-    float acc = 0.f;
-    for (int i = lane; i < C; i += kWarp) acc += w[i] * g[i] * x[i];
-    const float k = r * r * warp_sum(acc) / C;
-    for (int i = lane; i < C; i += kWarp) dx[i] += r * (w[i] * g[i] - x[i] * k);
+    st_chunk<W, VEC>(dx + W * j, d);
   }
 }
 
@@ -372,6 +291,40 @@ void column_sums(cudaStream_t s, float* out0, float* out1, const float* dout, co
   }
 }
 
+// W = 4 where C % 4 == 0 (VEC when every pointer is 16-byte aligned), else W = 1.
+template <bool LN, bool RES>
+void norm_forward(cudaStream_t s, float* res, float* out, float* mean, float* rstd,
+                  const float* a, const float* b, const float* w, const float* bias, int N, int C,
+                  float eps) {
+  if (N <= 0 || C <= 0) return;
+  const unsigned g = row_grid(N);
+  if (C % 4 != 0)
+    norm_forward_k<LN, RES, 1, false><<<g, kRowThreads, 0, s>>>(res, out, mean, rstd, a, b, w,
+                                                                bias, N, C, eps);
+  else if (al16(res) && al16(out) && al16(a) && al16(b) && al16(w) && al16(bias))
+    norm_forward_k<LN, RES, 4, true><<<g, kRowThreads, 0, s>>>(res, out, mean, rstd, a, b, w,
+                                                               bias, N, C, eps);
+  else
+    norm_forward_k<LN, RES, 4, false><<<g, kRowThreads, 0, s>>>(res, out, mean, rstd, a, b, w,
+                                                                bias, N, C, eps);
+  SW_CUDA_LAUNCHED();
+}
+template <bool LN>
+void norm_backward_rows(cudaStream_t s, float* dinp, const float* dout, const float* inp,
+                        const float* w, const float* mean, const float* rstd, int N, int C) {
+  const unsigned g = row_grid(N);
+  if (C % 4 != 0)
+    norm_backward_rows_k<LN, 1, false><<<g, kRowThreads, 0, s>>>(dinp, dout, inp, w, mean, rstd,
+                                                                 N, C);
+  else if (al16(dinp) && al16(dout) && al16(inp) && al16(w))
+    norm_backward_rows_k<LN, 4, true><<<g, kRowThreads, 0, s>>>(dinp, dout, inp, w, mean, rstd,
+                                                                N, C);
+  else
+    norm_backward_rows_k<LN, 4, false><<<g, kRowThreads, 0, s>>>(dinp, dout, inp, w, mean, rstd,
+                                                                 N, C);
+  SW_CUDA_LAUNCHED();
+}
+
 }  // namespace
 
 size_t colsum_ws(int N, int C) {
@@ -383,84 +336,29 @@ void colsum_accumulate(cudaStream_t s, float* db, const float* dout, int N, int 
   column_sums<0>(s, db, nullptr, dout, nullptr, nullptr, nullptr, N, C, ws);
 }
 
-// The four-column kernels where C % 4 == 0 (VEC when every pointer is 16-byte aligned).
-template <bool LN, bool RES>
-void norm_forward4(cudaStream_t s, float* res, float* out, float* mean, float* rstd,
-                   const float* a, const float* b, const float* w, const float* bias, int N, int C,
-                   float eps) {
-  const bool vec = al16(res) && al16(out) && al16(a) && al16(b) && al16(w) && al16(bias);
-  if (vec)
-    norm_forward4_k<LN, RES, true><<<row_grid(N), kRowThreads, 0, s>>>(res, out, mean, rstd, a, b,
-                                                                      w, bias, N, C, eps);
-  else
-    norm_forward4_k<LN, RES, false><<<row_grid(N), kRowThreads, 0, s>>>(res, out, mean, rstd, a,
-                                                                       b, w, bias, N, C, eps);
-  SW_CUDA_LAUNCHED();
-}
-template <bool LN>
-void norm_backward_rows4(cudaStream_t s, float* dinp, const float* dout, const float* inp,
-                         const float* w, const float* mean, const float* rstd, int N, int C) {
-  const bool vec = al16(dinp) && al16(dout) && al16(inp) && al16(w);
-  if (vec)
-    norm_backward_rows4_k<LN, true><<<row_grid(N), kRowThreads, 0, s>>>(dinp, dout, inp, w, mean,
-                                                                       rstd, N, C);
-  else
-    norm_backward_rows4_k<LN, false><<<row_grid(N), kRowThreads, 0, s>>>(dinp, dout, inp, w, mean,
-                                                                        rstd, N, C);
-  SW_CUDA_LAUNCHED();
-}
-
 void layernorm_forward(cudaStream_t s, float* res, float* out, float* mean, float* rstd,
                        const float* inp, const float* b_res, const float* w, const float* bias,
                        int N, int C) {
-  if (N <= 0 || C <= 0) return;
-  if (C % 4 == 0) {
-    if (res)
-      norm_forward4<true, true>(s, res, out, mean, rstd, inp, b_res, w, bias, N, C, 0.f);
-    else
-      norm_forward4<true, false>(s, nullptr, out, mean, rstd, inp, nullptr, w, bias, N, C, 0.f);
-    return;
-  }
   if (res)
-    norm_forward_k<true, true><<<row_grid(N), kRowThreads, 0, s>>>(res, out, mean, rstd, inp,
-                                                                   b_res, w, bias, N, C, 0.f);
+    norm_forward<true, true>(s, res, out, mean, rstd, inp, b_res, w, bias, N, C, 0.f);
   else
-    norm_forward_k<true, false><<<row_grid(N), kRowThreads, 0, s>>>(nullptr, out, mean, rstd, inp,
-                                                                    nullptr, w, bias, N, C, 0.f);
-  SW_CUDA_LAUNCHED();
+    norm_forward<true, false>(s, nullptr, out, mean, rstd, inp, nullptr, w, bias, N, C, 0.f);
 }
 
 void rmsnorm_forward(cudaStream_t s, float* res, float* out, float* rstd, const float* inp,
                      const float* b_res, const float* w, int N, int C, float eps) {
-  if (N <= 0 || C <= 0) return;
-  if (C % 4 == 0) {
-    if (res)
-      norm_forward4<false, true>(s, res, out, nullptr, rstd, inp, b_res, w, nullptr, N, C, eps);
-    else
-      norm_forward4<false, false>(s, nullptr, out, nullptr, rstd, inp, nullptr, w, nullptr, N, C,
-                                  eps);
-    return;
-  }
   if (res)
-    norm_forward_k<false, true><<<row_grid(N), kRowThreads, 0, s>>>(
-        res, out, nullptr, rstd, inp, b_res, w, nullptr, N, C, eps);
+    norm_forward<false, true>(s, res, out, nullptr, rstd, inp, b_res, w, nullptr, N, C, eps);
   else
-    norm_forward_k<false, false><<<row_grid(N), kRowThreads, 0, s>>>(
-        nullptr, out, nullptr, rstd, inp, nullptr, w, nullptr, N, C, eps);
-  SW_CUDA_LAUNCHED();
+    norm_forward<false, false>(s, nullptr, out, nullptr, rstd, inp, nullptr, w, nullptr, N, C,
+                               eps);
 }
 
 void layernorm_backward(cudaStream_t s, float* dinp, float* dw, float* db, const float* dout,
                         const float* inp, const float* w, const float* mean, const float* rstd,
                         int N, int C, float* ws) {
   if (N <= 0 || C <= 0) return;
-  if (dinp && C % 4 == 0) {
-    norm_backward_rows4<true>(s, dinp, dout, inp, w, mean, rstd, N, C);
-  } else if (dinp) {
-    norm_backward_rows_k<true><<<row_grid(N), kRowThreads, 0, s>>>(dinp, dout, inp, w, mean, rstd,
-                                                                   N, C);
-    SW_CUDA_LAUNCHED();
-  }
+  if (dinp) norm_backward_rows<true>(s, dinp, dout, inp, w, mean, rstd, N, C);
   if (dw || db) column_sums<1>(s, dw, db, dout, inp, mean, rstd, N, C, ws);
 }
 
@@ -468,13 +366,7 @@ void rmsnorm_backward(cudaStream_t s, float* dinp, float* dw, const float* dout,
                       const float* inp, const float* w, const float* rstd, int N, int C,
                       float* ws) {
   if (N <= 0 || C <= 0) return;
-  if (dinp && C % 4 == 0) {
-    norm_backward_rows4<false>(s, dinp, dout, inp, w, nullptr, rstd, N, C);
-  } else if (dinp) {
-    norm_backward_rows_k<false><<<row_grid(N), kRowThreads, 0, s>>>(dinp, dout, inp, w, nullptr,
-                                                                    rstd, N, C);
-    SW_CUDA_LAUNCHED();
-  }
+  if (dinp) norm_backward_rows<false>(s, dinp, dout, inp, w, nullptr, rstd, N, C);
   if (dw) column_sums<2>(s, dw, nullptr, dout, inp, nullptr, rstd, N, C, ws);
 }
 

@@ -335,6 +335,20 @@ TEST_CASE("cuda ops: element-wise ops and norms give the same bits four-wide (al
     CHECK(std::memcmp(aligned.data(), scalar.data(), aligned.size() * sizeof(float)) == 0);
     CHECK(aligned != h);  // the op did something
   }
+  // The gradient norm's sum of squares: groups of four elements per thread (elementwise.cu),
+  // one float4 load aligned and four float loads not, in the same order; 200,003 values cross
+  // three 65,536-value chunks and end in a partial group.
+  const size_t m = 200003;
+  std::vector<float> hm(m);
+  for (size_t i = 0; i < m; ++i) hm[i] = h[i % h.size()] * (1.f + float(i % 7));
+  double ss[2] = {0, 0};
+  for (int off = 0; off < 2; ++off) {
+    sw::Buffer b((m + 4) * sizeof(float), sw::Mem::Workspace, gpu);
+    sw::cuda_copy_to_device(b.f32() + off, hm.data(), m * sizeof(float));
+    ss[off] = ops.sum_squares(b.f32() + off, m);
+  }
+  CHECK(ss[0] > 0);
+  CHECK(std::memcmp(&ss[0], &ss[1], sizeof(double)) == 0);
 }
 
 // Ops::widen and narrow in place (a gather's 16-bit values at the front of its fp32 buffer; a
