@@ -29,6 +29,8 @@ class Ops {
   // The stream these ops run on (core/stream.h): the calling thread on the CPU; a CUDA
   // backend returns its compute stream, which the step executor makes wait for gathers.
   virtual Stream& stream() const { return host_stream(); }
+  // The precision of the matrix products (ops_for(device, compute)); F32 for fp32 Ops.
+  virtual DType compute() const { return DType::F32; }
 
   // ---- GEMM: C = alpha * op(A) @ op(B) + beta * C, row-major, op = transpose if flag set.
   // A is (M,K) (or (K,M) when ta), B is (K,N) (or (N,K) when tb), C is (M,N).
@@ -152,6 +154,24 @@ class Ops {
                         static_cast<size_t>(H + 2 * KVH) * static_cast<size_t>(hd));
     attention_backward(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd);
   }
+
+  // ---- A matrix product's input kept in the compute precision (BF16 / F16 Ops only; F32 Ops
+  // refuse these). `*16` buffers hold compute()'s 16-bit values as `narrow` writes them. The
+  // producers write narrow(op) in one pass; the linears take the 16-bit input instead of
+  // narrowing an fp32 one on each call. Since the BF16 / F16 products round their inputs to
+  // exactly these values, the results are those of the fp32-input ops bit for bit:
+  //   swiglu_forward_lp(o16, ...)   == narrow(swiglu_forward(...));  gelu_forward_lp likewise;
+  //   linear_forward_lp(out, narrow(x), ...) == linear_forward(out, x, ...);
+  //   linear_backward_lp_set(..., narrow(x), ...) == linear_backward_set(..., x, ...).
+  // The defaults go through an fp32 copy in device scratch (a Buffer per call); backends
+  // override them.
+  virtual void swiglu_forward_lp(uint16_t* out16, const float* gu, int N, int F) const;
+  virtual void gelu_forward_lp(uint16_t* out16, const float* inp, size_t n) const;
+  virtual void linear_forward_lp(float* out, const uint16_t* inp16, const float* w,
+                                 const float* b, int N, int C, int OC) const;
+  virtual void linear_backward_lp_set(float* dinp, float* dw, float* db, const float* dout,
+                                      const uint16_t* inp16, const float* w, int N, int C,
+                                      int OC) const;
 
   // ---- AdamW (decoupled weight decay, bias-corrected; step counts from 1), on n elements.
   // param -= lr * (mhat / (sqrt(vhat) + eps) + wd * param), with grad multiplied by grad_mult

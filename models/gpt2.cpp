@@ -206,7 +206,9 @@ class Block final : public Unit {
     float* ln2_mean = keep(ctx, "ln2_mean", sz(N));    // (N)
     float* ln2_rstd = keep(ctx, "ln2_rstd", sz(N));    // (N)
     float* fch = keep(ctx, "fch", sz(N, F));           // (N,F) before GELU
-    float* fch_gelu = keep(ctx, "fch_gelu", sz(N, F), Keep::Cheap);  // (N,F)
+    // (N,F); with 16-bit products, the compute precision's values in its front half (written
+    // by gelu_forward_lp, read by the projection: see mlp_input16).
+    float* fch_gelu = keep(ctx, "fch_gelu", sz(N, F), Keep::Cheap);
 
     ops.layernorm_forward(ln1, ln1_mean, ln1_rstd, x, P(LN1W), P(LN1B), N, C);
     ops.linear_forward(qkv, ln1, P(QKVW), P(QKVB), N, C, 3 * C);
@@ -214,8 +216,13 @@ class Block final : public Unit {
     ops.linear_forward(x2, atty, P(PROJW), P(PROJB), N, C, C);
     ops.residual_layernorm_forward(x2, ln2, ln2_mean, ln2_rstd, x2, x, P(LN2W), P(LN2B), N, C);
     ops.linear_forward(fch, ln2, P(FCW), P(FCB), N, C, F);
-    ops.gelu_forward(fch_gelu, fch, sz(N, F));
-    ops.linear_forward(y, fch_gelu, P(FCPROJW), P(FCPROJB), N, F, C);
+    if (uint16_t* h16 = mlp_input16(ops, fch_gelu)) {
+      ops.gelu_forward_lp(h16, fch, sz(N, F));
+      ops.linear_forward_lp(y, h16, P(FCPROJW), P(FCPROJB), N, F, C);
+    } else {
+      ops.gelu_forward(fch_gelu, fch, sz(N, F));
+      ops.linear_forward(y, fch_gelu, P(FCPROJW), P(FCPROJB), N, F, C);
+    }
     ops.residual_forward(y, y, x2, sz(N, C));
   }
 
@@ -251,7 +258,11 @@ class Block final : public Unit {
                           ctx.param(LN1B), N, C);
     ops.layernorm_forward(s.f32("ln2", sz(N, C), Keep::Cheap), mean, rstd, s.get("x2"),
                           ctx.param(LN2W), ctx.param(LN2B), N, C);
-    ops.gelu_forward(s.f32("fch_gelu", sz(N, F), Keep::Cheap), s.get("fch"), sz(N, F));
+    float* fch_gelu = s.f32("fch_gelu", sz(N, F), Keep::Cheap);
+    if (uint16_t* h16 = mlp_input16(ops, fch_gelu))
+      ops.gelu_forward_lp(h16, s.get("fch"), sz(N, F));
+    else
+      ops.gelu_forward(fch_gelu, s.get("fch"), sz(N, F));
   }
 
   // dy is read by the first product only, before dx is first written (the norm's backward
@@ -273,7 +284,12 @@ class Block final : public Unit {
     if (dx != dy) ops.copy(dx, dy, sz(N, C));
     // MLP: y = x2 + fcproj(gelu(fc(ln2(x2))))
     float* dfch_gelu = fresh(sz(N, F));
-    ops.linear_backward_set(dfch_gelu, G(FCPROJW), G(FCPROJB), dy, s.get("fch_gelu"), P(FCPROJW), N, F, C);
+    const float* fch_gelu = s.get("fch_gelu");
+    if (const uint16_t* h16 = mlp_input16(ops, const_cast<float*>(fch_gelu)))
+      ops.linear_backward_lp_set(dfch_gelu, G(FCPROJW), G(FCPROJB), dy, h16, P(FCPROJW), N, F, C);
+    else
+      ops.linear_backward_set(dfch_gelu, G(FCPROJW), G(FCPROJB), dy, fch_gelu, P(FCPROJW), N, F,
+                              C);
     float* dfch = fresh(sz(N, F));
     ops.gelu_backward_set(dfch, s.get("fch"), dfch_gelu, sz(N, F));
     float* dln2 = fresh(sz(N, C));

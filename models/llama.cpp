@@ -154,7 +154,9 @@ class Block final : public Unit {
     float* xn2 = keep(ctx, "xn2", sz(N, C), Keep::Cheap);  // (N,C) post_attention_layernorm(x2)
     float* rstd2 = keep(ctx, "rstd2", sz(N));        // (N)
     float* gu = keep(ctx, "gu", sz(N, 2 * F));       // (N,2F) [gate | up]
-    float* hmlp = keep(ctx, "hmlp", sz(N, F), Keep::Cheap);  // (N,F) silu(gate) * up
+    // (N,F) silu(gate) * up; with 16-bit products, the compute precision's values in its front
+    // half (written by swiglu_forward_lp, read by the down projection: see mlp_input16).
+    float* hmlp = keep(ctx, "hmlp", sz(N, F), Keep::Cheap);
 
     ops.rmsnorm_forward(xn, rstd1, x, P(IN_NORM), N, C, eps);
     packed_forward(ops, qkv, xn, qkv_pack(ctx), N, C);
@@ -163,8 +165,13 @@ class Block final : public Unit {
     ops.linear_forward(x2, atty, P(OW), nullptr, N, H * hd, C);
     ops.residual_rmsnorm_forward(x2, xn2, rstd2, x2, x, P(POST_NORM), N, C, eps);
     packed_forward(ops, gu, xn2, gu_pack(ctx), N, C);
-    ops.swiglu_forward(hmlp, gu, N, F);
-    ops.linear_forward(y, hmlp, P(DOWNW), nullptr, N, F, C);
+    if (uint16_t* h16 = mlp_input16(ops, hmlp)) {
+      ops.swiglu_forward_lp(h16, gu, N, F);
+      ops.linear_forward_lp(y, h16, P(DOWNW), nullptr, N, F, C);
+    } else {
+      ops.swiglu_forward(hmlp, gu, N, F);
+      ops.linear_forward(y, hmlp, P(DOWNW), nullptr, N, F, C);
+    }
     ops.residual_forward(y, y, x2, sz(N, C));
   }
 
@@ -200,7 +207,11 @@ class Block final : public Unit {
     ops.rmsnorm_forward(s.f32("xn", sz(N, C), Keep::Cheap), rstd, x, ctx.param(IN_NORM), N, C, eps);
     ops.rmsnorm_forward(s.f32("xn2", sz(N, C), Keep::Cheap), rstd, s.get("x2"),
                         ctx.param(POST_NORM), N, C, eps);
-    ops.swiglu_forward(s.f32("hmlp", sz(N, F), Keep::Cheap), s.get("gu"), N, F);
+    float* hmlp = s.f32("hmlp", sz(N, F), Keep::Cheap);
+    if (uint16_t* h16 = mlp_input16(ops, hmlp))
+      ops.swiglu_forward_lp(h16, s.get("gu"), N, F);
+    else
+      ops.swiglu_forward(hmlp, s.get("gu"), N, F);
   }
 
   // dy is read by the first product only, before dx is first written (the norm's backward
@@ -223,7 +234,11 @@ class Block final : public Unit {
     if (dx != dy) ops.copy(dx, dy, sz(N, C));
     // MLP: y = x2 + down(swiglu(gate|up(norm2(x2))))
     float* dh = fresh(sz(N, F));
-    ops.linear_backward_set(dh, G(DOWNW), nullptr, dy, s.get("hmlp"), P(DOWNW), N, F, C);
+    const float* hmlp = s.get("hmlp");
+    if (const uint16_t* h16 = mlp_input16(ops, const_cast<float*>(hmlp)))
+      ops.linear_backward_lp_set(dh, G(DOWNW), nullptr, dy, h16, P(DOWNW), N, F, C);
+    else
+      ops.linear_backward_set(dh, G(DOWNW), nullptr, dy, hmlp, P(DOWNW), N, F, C);
     float* dgu = fresh(sz(N, 2 * F));
     ops.swiglu_backward_set(dgu, dh, s.get("gu"), N, F);
     float* dxn2 = fresh(sz(N, C));

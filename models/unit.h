@@ -160,6 +160,16 @@ struct Batch {
 // The targets a loss counts: those >= 0 (a negative target is ignored).
 int64_t count_targets(const Batch& b);
 
+// A matrix product's input kept in the compute precision (kernels/ops.h's *_lp forms) where the
+// Ops compute products in 16 bits: its 16-bit values in the front half of `buf`, a buffer sized
+// for the fp32 input (so the buffer and the declared activation bytes stay those of the fp32
+// input: BatchShape does not carry the compute precision yet); null for fp32 Ops. The blocks'
+// MLP inputs use it (Llama's hmlp, GPT-2's fch_gelu): the same bits as the fp32 input, which
+// the products would round to these values, without narrowing it on every product.
+inline uint16_t* mlp_input16(const Ops& ops, float* buf) {
+  return ops.compute() == DType::F32 ? nullptr : reinterpret_cast<uint16_t*>(buf);
+}
+
 struct UnitCtx {
   const Ops* ops = nullptr;
   const Batch* batch = nullptr;

@@ -133,6 +133,7 @@ int64_t kernel_workspace_bytes(const ModelConfig& mc, int B, int T, DType comput
     // weight and a logits chunk, the largest activation operand.
     const int64_t F = mc.d_ff > 0 ? mc.d_ff : 4 * C;
     b += (V * C + chunk * V + N * std::max(F, 3 * C)) * 2;
+    b += N * F * 4;  // a 16-bit product input widened (cpu_ops.cpp: the MLP's second linear)
   }
   if (world > 1) b += comm_scratch;  // comm_scratch_bytes
   return b;

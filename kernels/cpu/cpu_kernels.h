@@ -77,6 +77,9 @@ void gelu_forward(float* out, const float* inp, size_t n);
 // set: the input gradient is written (Ops' *_set forms: 0 + g, as += on zeros), not accumulated.
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, bool set = false);
 void swiglu_forward(float* out, const float* gu, int N, int F);
+// narrow(dt, swiglu_forward / gelu_forward) in one pass (Ops' *_forward_lp).
+void swiglu_forward_lp(DType dt, uint16_t* out, const float* gu, int N, int F);
+void gelu_forward_lp(DType dt, uint16_t* out, const float* inp, size_t n);
 void swiglu_backward(float* dgu, const float* dout, const float* gu, int N, int F,
                      bool set = false);
 void residual_forward(float* out, const float* a, const float* b, size_t n);

@@ -1,4 +1,8 @@
 // The CPU backend: forwards every Ops method to its sw::cpu function.
+#include <string>
+
+#include "core/alloc.h"
+#include "core/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/ops.h"
 #include "kernels/threads.h"
@@ -7,12 +11,23 @@ namespace sw {
 
 namespace {
 
+// A 16-bit product input widened to fp32 for the CPU's products (which round it back to the
+// same values): n floats of this thread's grow-only scratch, kept between calls (no
+// allocation in the steady state; counted by the planner's CPU kernel workspace).
+const float* widened_input(DType t, const uint16_t* in16, size_t n) {
+  thread_local Buffer scratch;
+  if (scratch.bytes() < n * sizeof(float)) scratch = Buffer(n * sizeof(float), Mem::Workspace);
+  cpu::widen(t, in16, scratch.f32(), n);
+  return scratch.f32();
+}
+
 // compute_ is the precision of the matrix products (gemm, linear, attention, LM head); every
 // other op is fp32 whatever it is.
 class CpuOps final : public Ops {
  public:
   explicit CpuOps(DType compute) : compute_(compute) {}
   Device device() const override { return Device::cpu(); }
+  DType compute() const override { return compute_; }
   void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
             const float* B, int ldb, float beta, float* C, int ldc) const override {
     cpu::gemm_lowp(compute_, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -111,6 +126,27 @@ class CpuOps final : public Ops {
                               int hd) const override {
     cpu::attention_backward(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd, compute_, true);
   }
+  void swiglu_forward_lp(uint16_t* out16, const float* gu, int N, int F) const override {
+    lowp_only("swiglu_forward_lp");
+    cpu::swiglu_forward_lp(compute_, out16, gu, N, F);
+  }
+  void gelu_forward_lp(uint16_t* out16, const float* inp, size_t n) const override {
+    lowp_only("gelu_forward_lp");
+    cpu::gelu_forward_lp(compute_, out16, inp, n);
+  }
+  void linear_forward_lp(float* out, const uint16_t* inp16, const float* w, const float* b, int N,
+                         int C, int OC) const override {
+    lowp_only("linear_forward_lp");
+    const float* x = widened_input(compute_, inp16, size_t(N > 0 ? N : 0) * size_t(C > 0 ? C : 0));
+    cpu::linear_forward_lowp(compute_, out, x, w, b, N, C, OC);
+  }
+  void linear_backward_lp_set(float* dinp, float* dw, float* db, const float* dout,
+                              const uint16_t* inp16, const float* w, int N, int C,
+                              int OC) const override {
+    lowp_only("linear_backward_lp_set");
+    const float* x = widened_input(compute_, inp16, size_t(N > 0 ? N : 0) * size_t(C > 0 ? C : 0));
+    cpu::linear_backward_lowp(compute_, dinp, dw, db, dout, x, w, N, C, OC, 0.f);
+  }
   double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w,
                      const int32_t* targets, int N, int C, int V,
                      float grad_scale) const override {
@@ -142,6 +178,10 @@ class CpuOps final : public Ops {
   }
 
  private:
+  void lowp_only(const char* op) const {
+    SW_CHECK(compute_ != DType::F32,
+             std::string(op) + ": a 16-bit input needs BF16 / F16 Ops, not F32 ones");
+  }
   DType compute_;
 };
 

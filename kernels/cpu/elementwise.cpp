@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.h"
@@ -63,6 +64,25 @@ inline float exp_clamped(float x) {
 constexpr float kSqrt2OverPi = 0.79788456080286535588f;
 constexpr float kGeluA = 0.044715f;
 
+inline uint16_t to_half(DType dt, float f) {
+  return dt == DType::BF16 ? f32_to_bf16(f) : f32_to_f16(f);
+}
+inline float from_half(DType dt, uint16_t h) {
+  return dt == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+
+// An op's output element: the float itself, or (T = uint16_t: the *_forward_lp forms) the
+// float narrowed to dt, as narrow() would write it.
+template <class T>
+inline T out_value(float v, DType dt) {
+  if constexpr (std::is_same_v<T, float>) {
+    (void)dt;
+    return v;
+  } else {
+    return to_half(dt, v);
+  }
+}
+
 }  // namespace
 
 // GELU, tanh approximation: y = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
@@ -70,14 +90,21 @@ constexpr float kGeluA = 0.044715f;
 // the same function, without tanh's cancellation near 1 + tanh(u) = 0 (large negative x).
 // u is formed from x clamped to [-10, 10]: beyond that e^{-2u} is saturated by exp_clamped
 // anyway, and x^3 cannot overflow.
-void gelu_forward(float* out, const float* inp, size_t n) {
+template <class T>
+void gelu_forward_t(T* out, const float* inp, size_t n, DType dt) {
 #pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMin)
   for (size_t i = 0; i < n; ++i) {
     const float x = inp[i];
     const float xc = clampf(x, -10.f, 10.f);
     const float u = kSqrt2OverPi * xc * (1.f + kGeluA * xc * xc);
-    out[i] = x / (1.f + exp_clamped(-2.f * u));
+    out[i] = out_value<T>(x / (1.f + exp_clamped(-2.f * u)), dt);
   }
+}
+void gelu_forward(float* out, const float* inp, size_t n) {
+  gelu_forward_t(out, inp, n, DType::F32);
+}
+void gelu_forward_lp(DType dt, uint16_t* out, const float* inp, size_t n) {
+  gelu_forward_t(out, inp, n, dt);
 }
 
 // dy/dx = s + x * 2u' * s (1 - s), with s = sigmoid(2u), 1 - s = e s (e = e^{-2u}) and
@@ -108,16 +135,23 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, b
 }
 
 // out(N,F) = silu(gate) * up, gu rows [gate (F) | up (F)]; silu(g) = g / (1 + e^{-g}).
-void swiglu_forward(float* out, const float* gu, int N, int F) {
+template <class T>
+void swiglu_forward_t(T* out, const float* gu, int N, int F, DType dt) {
   const size_t F2 = 2 * static_cast<size_t>(F);
 #pragma omp parallel for schedule(static) if (parallel : static_cast<size_t>(N) * F >= kParallelMin)
   for (int n = 0; n < N; ++n) {
     const float* g = gu + n * F2;
     const float* up = g + F;
-    float* o = out + static_cast<size_t>(n) * F;
+    T* o = out + static_cast<size_t>(n) * F;
 #pragma omp simd
-    for (int i = 0; i < F; ++i) o[i] = g[i] / (1.f + exp_clamped(-g[i])) * up[i];
+    for (int i = 0; i < F; ++i) o[i] = out_value<T>(g[i] / (1.f + exp_clamped(-g[i])) * up[i], dt);
   }
+}
+void swiglu_forward(float* out, const float* gu, int N, int F) {
+  swiglu_forward_t(out, gu, N, F, DType::F32);
+}
+void swiglu_forward_lp(DType dt, uint16_t* out, const float* gu, int N, int F) {
+  swiglu_forward_t(out, gu, N, F, dt);
 }
 
 // d up += dout * silu(g);  d gate += dout * up * silu'(g), silu'(g) = s (1 + g (1 - s)).
@@ -224,14 +258,6 @@ void copy(float* dst, const float* src, size_t n) {
 namespace sw::cpu {
 
 // ---- Precision conversions (Ops::narrow, widen, add_widened, round_to) ----------------------
-namespace {
-inline uint16_t to_half(DType dt, float f) {
-  return dt == DType::BF16 ? f32_to_bf16(f) : f32_to_f16(f);
-}
-inline float from_half(DType dt, uint16_t h) {
-  return dt == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
-}
-}  // namespace
 
 // Out of place: every element is independent, so the thread split does not change a bit. In
 // place the values move through bytes (a buffer holds floats and 16-bit values at once):

@@ -21,6 +21,9 @@ void gelu_forward(cudaStream_t s, float* out, const float* inp, size_t n);
 void gelu_backward(cudaStream_t s, float* dinp, const float* inp, const float* dout, size_t n,
                    bool set = false);
 void swiglu_forward(cudaStream_t s, float* out, const float* gu, int N, int F);
+// narrow(dt, swiglu_forward / gelu_forward) in one pass (Ops' *_forward_lp; dt 1 bf16, 2 f16).
+void swiglu_forward_lp(cudaStream_t s, int dt, uint16_t* out16, const float* gu, int N, int F);
+void gelu_forward_lp(cudaStream_t s, int dt, uint16_t* out16, const float* inp, size_t n);
 void swiglu_backward(cudaStream_t s, float* dgu, const float* dout, const float* gu, int N, int F,
                      bool set = false);
 void residual_forward(cudaStream_t s, float* out, const float* a, const float* b, size_t n);

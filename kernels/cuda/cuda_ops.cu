@@ -431,6 +431,7 @@ class CudaOps final : public Ops {
   CudaOps(const CudaDevice& dev, DType compute) : d_(dev), compute_(compute) {}
 
   Device device() const override { return Device::cuda(cuda_current_device()); }
+  DType compute() const override { return compute_; }
   Stream& stream() const override {
     d_.begin();
     return d_.stream();
@@ -458,14 +459,29 @@ class CudaOps final : public Ops {
   void linear_forward(float* out, const float* inp, const float* w, const float* b, int N, int C,
                       int OC) const override {
     SW_OP_TIME();
+    linear_forward_any(out, inp, nullptr, w, b, N, C, OC);
+  }
+  // The input already 16-bit (kernels/ops.h): no narrowing of x.
+  void linear_forward_lp(float* out, const uint16_t* inp16, const float* w, const float* b, int N,
+                         int C, int OC) const override {
+    SW_OP_TIME();
+    SW_CHECK(lowp(), "linear_forward_lp: a 16-bit input needs BF16 / F16 Ops, not F32 ones");
+    linear_forward_any(out, nullptr, inp16, w, b, N, C, OC);
+  }
+  // inp (fp32) or inp16 (compute_'s 16-bit values; lowp only).
+  void linear_forward_any(float* out, const float* inp, const uint16_t* inp16, const float* w,
+                          const float* b, int N, int C, int OC) const {
     const cudaStream_t s = begin();
     if (b) cuda::add_bias_rows(s, out, b, N, OC);
     if (!lowp() || N <= 0 || OC <= 0 || C <= 0) {
-      gemm_raw(false, true, N, OC, C, 1.f, inp, C, w, C, b ? 1.f : 0.f, out, OC);
+      if (!lowp() || N <= 0 || OC <= 0)
+        gemm_raw(false, true, N, OC, C, 1.f, inp, C, w, C, b ? 1.f : 0.f, out, OC);
+      else  // C = 0: out = b (or 0), as the fp32 op's empty product
+        gemm_raw(false, true, N, OC, 0, 1.f, nullptr, 1, nullptr, 1, b ? 1.f : 0.f, out, OC);
       return;
     }
     // out = b, then out += x w^T with beta = 1 (the CPU's order: bias first, then the product).
-    const uint16_t* x16 = narrowed(s, Slot::Lowp0, inp, C, N, C);
+    const uint16_t* x16 = inp16 ? inp16 : narrowed(s, Slot::Lowp0, inp, C, N, C);
     const uint16_t* w16 = narrowed(s, Slot::Lowp1, w, C, OC, C);
     gemm16(false, true, N, OC, C, 1.f, x16, C, w16, C, b ? 1.f : 0.f, out, OC);
   }
@@ -484,14 +500,24 @@ class CudaOps final : public Ops {
     SW_OP_TIME();
     linear_backward_beta(dinp, dw, db, dout, inp, w, N, C, OC, 0.f);
   }
+  void linear_backward_lp_set(float* dinp, float* dw, float* db, const float* dout,
+                              const uint16_t* inp16, const float* w, int N, int C,
+                              int OC) const override {
+    SW_OP_TIME();
+    SW_CHECK(lowp(), "linear_backward_lp_set: a 16-bit input needs BF16 / F16 Ops, not F32 ones");
+    linear_backward_beta(dinp, dw, db, dout, nullptr, w, N, C, OC, 0.f, inp16);
+  }
+  // inp (fp32) or inp16 (compute_'s 16-bit values; lowp only, and then N, C, OC > 0 or dw
+  // has nothing to add).
   void linear_backward_beta(float* dinp, float* dw, float* db, const float* dout,
                             const float* inp, const float* w, int N, int C, int OC,
-                            float dinp_beta) const {
+                            float dinp_beta, const uint16_t* inp16 = nullptr) const {
     const cudaStream_t s = begin();
     if (!lowp() || N <= 0 || OC <= 0 || C <= 0) {
       // OC = 0 is an empty product: dinp = dinp_beta * dinp (gemm_raw's K = 0 case).
       if (dinp) gemm_raw(false, false, N, C, OC, 1.f, dout, OC, w, C, dinp_beta, dinp, C);
-      if (dw) gemm_raw(true, false, OC, C, N, 1.f, dout, OC, inp, C, 1.f, dw, C);
+      // dw += dout^T x: nothing to add when N, OC or C is 0 (and inp16 only comes with lowp).
+      if (dw && !inp16) gemm_raw(true, false, OC, C, N, 1.f, dout, OC, inp, C, 1.f, dw, C);
     } else if (dinp || dw) {
       const uint16_t* d16 = narrowed(s, Slot::Lowp0, dout, OC, N, OC);
       if (dinp) {
@@ -499,7 +525,7 @@ class CudaOps final : public Ops {
         gemm16(false, false, N, C, OC, 1.f, d16, OC, w16, C, dinp_beta, dinp, C);
       }
       if (dw) {
-        const uint16_t* x16 = narrowed(s, Slot::Lowp2, inp, C, N, C);
+        const uint16_t* x16 = inp16 ? inp16 : narrowed(s, Slot::Lowp2, inp, C, N, C);
         gemm16(true, false, OC, C, N, 1.f, d16, OC, x16, C, 1.f, dw, C);
       }
     }
@@ -582,6 +608,16 @@ class CudaOps final : public Ops {
                            int F) const override {
     SW_OP_TIME();
     cuda::swiglu_backward(begin(), dgu, dout, gu, N, F, true);
+  }
+  void swiglu_forward_lp(uint16_t* out16, const float* gu, int N, int F) const override {
+    SW_OP_TIME();
+    SW_CHECK(lowp(), "swiglu_forward_lp: a 16-bit output needs BF16 / F16 Ops, not F32 ones");
+    cuda::swiglu_forward_lp(begin(), dt(), out16, gu, N, F);
+  }
+  void gelu_forward_lp(uint16_t* out16, const float* inp, size_t n) const override {
+    SW_OP_TIME();
+    SW_CHECK(lowp(), "gelu_forward_lp: a 16-bit output needs BF16 / F16 Ops, not F32 ones");
+    cuda::gelu_forward_lp(begin(), dt(), out16, inp, n);
   }
   void residual_forward(float* out, const float* a, const float* b, size_t n) const override {
     SW_OP_TIME();

@@ -141,6 +141,12 @@ __global__ void gelu_forward_k(float* out, const float* inp, size_t n) {
   }
 }
 
+__global__ void gelu_forward_lp_k(int dt, uint16_t* out, const float* inp, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x)
+    out[i] = to_half_d(dt, gelu_f(inp[i]));
+}
+
 template <bool Set>
 __global__ void gelu_backward_k(float* dinp, const float* inp, const float* dout, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
@@ -154,6 +160,14 @@ __global__ void swiglu_forward_k(float* out, const float* gu, int F, size_t tota
        i += size_t(gridDim.x) * blockDim.x) {
     const size_t n = i / F, f = i % F;
     out[i] = swiglu_f(gu[n * 2 * F + f], gu[n * 2 * F + F + f]);
+  }
+}
+
+__global__ void swiglu_forward_lp_k(int dt, uint16_t* out, const float* gu, int F, size_t total) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const size_t n = i / F, f = i % F;
+    out[i] = to_half_d(dt, swiglu_f(gu[n * 2 * F + f], gu[n * 2 * F + F + f]));
   }
 }
 
@@ -530,6 +544,12 @@ struct GeluBack4 {  // dinp (+)= gelu'(inp) dout
     st4(dinp + i, zip4(base4<Set>(dinp + i), zip4(ld4(inp + i), ld4(dout + i), GeluGradF{}), AddF{}));
   }
 };
+struct GeluLp4 {  // out16 = narrow(gelu(inp))
+  int dt;
+  uint16_t* out;
+  const float* inp;
+  __device__ void operator()(size_t i) const { sth4(out + i, narrow4(dt, map4(ld4(inp + i), GeluF{}))); }
+};
 // Row n of gu is (gate F, up F); F a multiple of 4, so four columns stay in one row.
 struct Swiglu4 {
   float* out;
@@ -538,6 +558,16 @@ struct Swiglu4 {
   __device__ void operator()(size_t i) const {
     const size_t n = i / F, f = i % F;
     st4(out + i, zip4(ld4(gu + n * 2 * F + f), ld4(gu + n * 2 * F + F + f), SwigluF{}));
+  }
+};
+struct SwigluLp4 {  // out16 = narrow(swiglu(gu))
+  int dt;
+  uint16_t* out;
+  const float* gu;
+  size_t F;
+  __device__ void operator()(size_t i) const {
+    const size_t n = i / F, f = i % F;
+    sth4(out + i, narrow4(dt, zip4(ld4(gu + n * 2 * F + f), ld4(gu + n * 2 * F + F + f), SwigluF{})));
   }
 };
 template <bool Set>
@@ -613,6 +643,15 @@ void gelu_forward(cudaStream_t s, float* out, const float* inp, size_t n) {
   SW_CUDA_LAUNCHED();
 }
 
+void gelu_forward_lp(cudaStream_t s, int dt, uint16_t* out16, const float* inp, size_t n) {
+  const size_t v = al8(out16) && al16(inp) ? n / 4 * 4 : 0;
+  each4(s, v / 4, GeluLp4{dt, out16, inp});
+  out16 += v, inp += v, n -= v;
+  if (n == 0) return;
+  gelu_forward_lp_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(dt, out16, inp, n);
+  SW_CUDA_LAUNCHED();
+}
+
 template <bool Set>
 void gelu_backward_t(cudaStream_t s, float* dinp, const float* inp, const float* dout, size_t n) {
   const size_t v = al16(dinp) && al16(inp) && al16(dout) ? n / 4 * 4 : 0;
@@ -636,6 +675,15 @@ void swiglu_forward(cudaStream_t s, float* out, const float* gu, int N, int F) {
   if (total == 0) return;
   if (F % 4 == 0 && al16(out) && al16(gu)) return each4(s, total / 4, Swiglu4{out, gu, size_t(F)});
   swiglu_forward_k<<<grid_for(total, kThreads), kThreads, 0, s>>>(out, gu, F, total);
+  SW_CUDA_LAUNCHED();
+}
+
+void swiglu_forward_lp(cudaStream_t s, int dt, uint16_t* out16, const float* gu, int N, int F) {
+  const size_t total = static_cast<size_t>(N) * F;
+  if (total == 0) return;
+  if (F % 4 == 0 && al8(out16) && al16(gu))
+    return each4(s, total / 4, SwigluLp4{dt, out16, gu, size_t(F)});
+  swiglu_forward_lp_k<<<grid_for(total, kThreads), kThreads, 0, s>>>(dt, out16, gu, F, total);
   SW_CUDA_LAUNCHED();
 }
 

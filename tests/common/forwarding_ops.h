@@ -1,7 +1,7 @@
 // An Ops that forwards every op to another (tests): derive and override the ops a test
 // changes (a deliberately broken op, an emulation of another backend's arithmetic). The ops
 // with defaults in terms of others (sum_squares_each, sum_squares_into, lmhead_xent_into, the
-// backward *_set forms) keep them, so they reach an override of the op they are made of;
+// backward *_set forms, the *_lp forms) keep them, so they reach an override of the op they are made of;
 // sum_squares_* and lmhead_xent_into need host memory.
 #pragma once
 #include "kernels/ops.h"
@@ -13,6 +13,7 @@ class ForwardingOps : public sw::Ops {
   explicit ForwardingOps(const sw::Ops& base) : base_(base) {}
   sw::Device device() const override { return base_.device(); }
   sw::Stream& stream() const override { return base_.stream(); }
+  sw::DType compute() const override { return base_.compute(); }
   void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) const override {
     base_.gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }

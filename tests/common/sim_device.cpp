@@ -200,7 +200,38 @@ class SimOps final : public sw::Ops {
   explicit SimOps(sw::DType compute) : base_(&sw::ops_for(sw::Device::cpu(), compute)) {}
   sw::Device device() const override { return sw::Device::sim(0); }
   sw::Stream& stream() const override { return g_stream; }
+  sw::DType compute() const override { return base_->compute(); }
   // Every op of sw::Ops, forwarded to the CPU's inside an Open.
+  void swiglu_forward_lp(uint16_t* out16, const float* gu, int N, int F) const override {
+    Open g;
+    on_device(__func__, "out16", out16);
+    on_device(__func__, "gu", gu);
+    base_->swiglu_forward_lp(out16, gu, N, F);
+  }
+  void gelu_forward_lp(uint16_t* out16, const float* inp, size_t n) const override {
+    Open g;
+    on_device(__func__, "out16", out16);
+    on_device(__func__, "inp", inp);
+    base_->gelu_forward_lp(out16, inp, n);
+  }
+  void linear_forward_lp(float* out, const uint16_t* inp16, const float* w, const float* b, int N, int C, int OC) const override {
+    Open g;
+    on_device(__func__, "out", out);
+    on_device(__func__, "inp16", inp16);
+    on_device(__func__, "w", w);
+    on_device(__func__, "b", b);
+    base_->linear_forward_lp(out, inp16, w, b, N, C, OC);
+  }
+  void linear_backward_lp_set(float* dinp, float* dw, float* db, const float* dout, const uint16_t* inp16, const float* w, int N, int C, int OC) const override {
+    Open g;
+    on_device(__func__, "dinp", dinp);
+    on_device(__func__, "dw", dw);
+    on_device(__func__, "db", db);
+    on_device(__func__, "dout", dout);
+    on_device(__func__, "inp16", inp16);
+    on_device(__func__, "w", w);
+    base_->linear_backward_lp_set(dinp, dw, db, dout, inp16, w, N, C, OC);
+  }
   void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) const override {
     Open g;
     on_device(__func__, "A", A);

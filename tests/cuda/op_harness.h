@@ -121,7 +121,8 @@ inline const std::vector<std::string>& all_ops() {
       "attention_forward", "attention_backward", "lmhead_xent", "adamw", "sum_squares", "scale",
       "fill", "add_inplace", "copy", "narrow", "widen", "add_widened", "round_to", "round_copy",
       "sum_squares_each", "sum_squares_into", "lmhead_xent_into", "linear_backward_set",
-      "gelu_backward_set", "swiglu_backward_set", "attention_backward_set"};
+      "gelu_backward_set", "swiglu_backward_set", "attention_backward_set", "swiglu_forward_lp",
+      "gelu_forward_lp", "linear_forward_lp", "linear_backward_lp_set"};
   return ops;
 }
 
@@ -213,6 +214,25 @@ inline void attention_host(const Vec& qkv, int B, int T, int H, int KVH, int hd,
         lse[(static_cast<size_t>(b) * H + h) * T + t] = static_cast<float>(mx + std::log(sum));
       }
     }
+}
+
+// n 16-bit values of dtype dt packed two per float (as a backend's narrow writes them), widened
+// on the host.
+inline Vec widen_packed(const Vec& raw, size_t n, sw::DType dt) {
+  Vec v(n);
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, reinterpret_cast<const char*>(raw.data()) + 2 * i, 2);
+    v[i] = dt == sw::DType::BF16 ? sw::bf16_to_f32(h) : sw::f16_to_f32(h);
+  }
+  return v;
+}
+// A 16-bit buffer of n values on the backend (floats, two values each), filled with NaN bits.
+inline uint16_t* up16(Arena& a, size_t n) {
+  return reinterpret_cast<uint16_t*>(a.up(Vec((n + 1) / 2 + 1, NAN)));
+}
+inline Vec down16(Arena& a, const uint16_t* p, size_t n, sw::DType dt) {
+  return widen_packed(a.down(reinterpret_cast<const float*>(p), (n + 1) / 2), n, dt);
 }
 
 inline std::string shape(std::initializer_list<std::pair<const char*, long>> kv) {
@@ -326,6 +346,59 @@ inline std::vector<OpCase> op_cases() {
                     put(o, "dw_acc", a.down(dwa, dw0.size()));
                     put(o, "db", a.down(db, db0.size()));
                     put(o, "db_acc", a.down(dba, db0.size()));
+                    return o;
+                  }});
+    // The 16-bit-input forms (BF16 / F16 Ops; F32 Ops give no outputs): the input narrowed on
+    // the backend, against the fp32-input ops ("lp" / "ref" pairs for paired_forms_exact).
+    cs.push_back({"linear_forward_lp",
+                  "linear_forward_lp " + shape({{"N", l.N}, {"C", l.C}, {"OC", l.OC}}), kTolMat,
+                  kTolMatLowp, [l, sd](Arena& a) {
+                    Outputs o;
+                    const sw::DType dt = a.ops().compute();
+                    if (dt == sw::DType::F32) return o;
+                    Rng r(sd + 3000);
+                    const Vec x = r.normal(size_t(l.N) * l.C), w = r.normal(size_t(l.OC) * l.C, 0.2f),
+                              b = r.normal(l.OC);
+                    const size_t nx = x.size(), no = size_t(l.N) * l.OC;
+                    const float* px = a.up(x);
+                    uint16_t* x16 = up16(a, nx);
+                    a.ops().narrow(dt, px, x16, nx);
+                    float* out = a.up(Vec(no, NAN));
+                    float* ref = a.up(Vec(no, NAN));
+                    const float *pw = a.up(w), *pb = l.bias ? a.up(b) : nullptr;
+                    a.ops().linear_forward_lp(out, x16, pw, pb, l.N, l.C, l.OC);
+                    a.ops().linear_forward(ref, px, pw, pb, l.N, l.C, l.OC);
+                    put(o, "lp", a.down(out, no));
+                    put(o, "ref", a.down(ref, no));
+                    return o;
+                  }});
+    cs.push_back({"linear_backward_lp_set",
+                  "linear_backward_lp_set " + shape({{"N", l.N}, {"C", l.C}, {"OC", l.OC}}),
+                  kTolMat, kTolMatLowp, [l, sd](Arena& a) {
+                    Outputs o;
+                    const sw::DType dt = a.ops().compute();
+                    if (dt == sw::DType::F32) return o;
+                    Rng r(sd + 4000);
+                    const Vec x = r.normal(size_t(l.N) * l.C), w = r.normal(size_t(l.OC) * l.C, 0.2f),
+                              dy = r.normal(size_t(l.N) * l.OC);
+                    const Vec dw0 = r.normal(w.size()), db0 = r.normal(l.OC);
+                    const size_t nx = x.size();
+                    const float* px = a.up(x);
+                    uint16_t* x16 = up16(a, nx);
+                    a.ops().narrow(dt, px, x16, nx);
+                    float *dx = a.up(Vec(nx, NAN)), *dxr = a.up(Vec(nx, NAN));
+                    float *dw = a.up(dw0), *dwr = a.up(dw0), *db = a.up(db0), *dbr = a.up(db0);
+                    const float *pdy = a.up(dy), *pw = a.up(w);
+                    a.ops().linear_backward_lp_set(dx, dw, l.bias ? db : nullptr, pdy, x16, pw, l.N,
+                                                   l.C, l.OC);
+                    a.ops().linear_backward_set(dxr, dwr, l.bias ? dbr : nullptr, pdy, px, pw, l.N,
+                                                l.C, l.OC);
+                    put(o, "lp", a.down(dx, nx));
+                    put(o, "ref", a.down(dxr, nx));
+                    put(o, "dw", a.down(dw, dw0.size()));
+                    put(o, "dw_ref", a.down(dwr, dw0.size()));
+                    put(o, "db", a.down(db, db0.size()));
+                    put(o, "db_ref", a.down(dbr, db0.size()));
                     return o;
                   }});
   }
@@ -496,6 +569,23 @@ inline std::vector<OpCase> op_cases() {
                     a.ops().gelu_backward(dx, a.up(x), a.up(dy), n);
                     Outputs o;
                     put(o, "dinp", a.down(dx, n));
+                    return o;
+                  }});
+    cs.push_back({"gelu_forward_lp", "gelu_forward_lp " + sh, kTolElem, kTolElem,
+                  [n, sd](Arena& a) {
+                    Outputs o;
+                    const sw::DType dt = a.ops().compute();
+                    if (dt == sw::DType::F32) return o;
+                    Rng r(sd + 4);
+                    const float* x = a.up(r.normal(n, 4.f));
+                    uint16_t* lp = up16(a, n);
+                    uint16_t* ref = up16(a, n);
+                    float* f = a.up(Vec(n, NAN));
+                    a.ops().gelu_forward_lp(lp, x, n);
+                    a.ops().gelu_forward(f, x, n);
+                    a.ops().narrow(dt, f, ref, n);
+                    put(o, "lp", down16(a, lp, n, dt));
+                    put(o, "ref", down16(a, ref, n, dt));
                     return o;
                   }});
     cs.push_back({"gelu_backward_set", "gelu_backward_set " + sh, kTolElem, kTolElem,
@@ -713,6 +803,23 @@ inline std::vector<OpCase> op_cases() {
                     a.ops().swiglu_backward(dgu, a.up(dy), a.up(gu), N, int(NF / N));
                     Outputs o;
                     put(o, "dgu", a.down(dgu, 2 * NF));
+                    return o;
+                  }});
+    cs.push_back({"swiglu_forward_lp", "swiglu_forward_lp " + sh, kTolElem, kTolElem,
+                  [N = N, sd, NF](Arena& a) {
+                    Outputs o;
+                    const sw::DType dt = a.ops().compute();
+                    if (dt == sw::DType::F32) return o;
+                    Rng r(sd + 3);
+                    const float* gu = a.up(r.normal(2 * NF, 3.f));
+                    uint16_t* lp = up16(a, NF);
+                    uint16_t* ref = up16(a, NF);
+                    float* f = a.up(Vec(NF, NAN));
+                    a.ops().swiglu_forward_lp(lp, gu, N, int(NF / N));
+                    a.ops().swiglu_forward(f, gu, N, int(NF / N));
+                    a.ops().narrow(dt, f, ref, NF);
+                    put(o, "lp", down16(a, lp, NF, dt));
+                    put(o, "ref", down16(a, ref, NF, dt));
                     return o;
                   }});
     cs.push_back({"swiglu_backward_set", "swiglu_backward_set " + sh, kTolElem, kTolElem,
@@ -976,16 +1083,20 @@ inline std::vector<std::string> fused_norms_bitwise(const Backend& be) {
 }
 
 // kernels/ops.h promises that each *_set form gives the values of its accumulating op on
-// zeros (a zero may carry the other sign, which == ignores), and round_copy those of copy +
-// round_to. Their cases return outputs in pairs: "set" and "acc0" (and dw / dw_acc, db /
-// db_acc: parameter gradients accumulated by each), round_copy's result and copy + round_to's.
+// zeros (a zero may carry the other sign, which == ignores), round_copy those of copy +
+// round_to, and each 16-bit-input form (*_lp, *_lp_set) those of its fp32-input op. Their
+// cases return outputs in pairs: "set" and "acc0" (and dw / dw_acc, db / db_acc: parameter
+// gradients accumulated by each), round_copy's result and copy + round_to's, "lp" and "ref".
 // Returns "case [output]" for each pair that differs on this backend.
 inline std::vector<std::string> paired_forms_exact(const Backend& be,
                                                    const std::vector<OpCase>& cases) {
   std::vector<std::string> bad;
   for (const OpCase& c : cases) {
-    const bool set_form = c.op.size() > 4 && c.op.compare(c.op.size() - 4, 4, "_set") == 0;
-    if (!set_form && c.op != "round_copy") continue;
+    const auto ends = [&](const char* t) {
+      const size_t k = std::strlen(t);
+      return c.op.size() > k && c.op.compare(c.op.size() - k, k, t) == 0;
+    };
+    if (!ends("_set") && !ends("_lp") && c.op != "round_copy") continue;
     Outputs o;
     {
       Arena a(be);

@@ -96,7 +96,7 @@ TEST_CASE("cuda ops: the same inputs twice give bitwise-equal outputs") {
   CHECK(bad.empty());
 }
 
-TEST_CASE("cuda ops: the *_set forms equal their accumulating ops on zeros, round_copy copy + round_to") {
+TEST_CASE("cuda ops: paired forms equal their references bit for bit: *_set, round_copy, *_lp") {
   // Every precision; bf16 / fp16 attention on both paths (cuDNN writes its widened gradients,
   // the cuBLAS path accumulates into zeros). The destinations start as NaN: a form that read
   // them fails here and against the CPU.

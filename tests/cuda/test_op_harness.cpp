@@ -75,7 +75,7 @@ TEST_CASE("op harness: the simulated device equals the CPU bit for bit on every 
   }
 }
 
-TEST_CASE("op harness: the *_set forms equal their accumulating ops on zeros (never reading dinp), round_copy copy + round_to") {
+TEST_CASE("op harness: paired forms equal their references: *_set (never reading dinp), round_copy, *_lp") {
   // The CPU's own *_set kernels in every precision, and Ops' defaults (zero, then accumulate)
   // through a ForwardingOps, which keeps them. The destination starts as NaN.
   for (DType t : {DType::F32, DType::BF16, DType::F16}) {

@@ -12,6 +12,7 @@
 #include <cstdlib>
 
 #include "core/error.h"
+#include "tests/common/forwarding_ops.h"
 #include "tests/common/gradcheck.h"
 #include "tests/models/harness.h"
 
@@ -480,4 +481,49 @@ TEST_CASE("Sequences longer than seq_len are refused", "[models][config]") {
     TokenBatch tb(1, c.seq_len + 1, c.vocab_size, 1);
     CHECK_THAT(what_of([&] { H.eval_loss(tb.batch); }), Catch::Contains("model.seq_len"));
   }
+}
+
+// ---- The MLP's input kept 16-bit (models/unit.h's mlp_input16) ----------------------------------
+
+namespace {
+
+// The same Ops reporting fp32 compute, so the blocks take their fp32-input path.
+class HideCompute final : public swtest::ForwardingOps {
+ public:
+  using ForwardingOps::ForwardingOps;
+  DType compute() const override { return DType::F32; }
+};
+
+}  // namespace
+
+TEST_CASE("16-bit MLP inputs give the bits of the fp32 input (BF16 and F16 Ops)",
+          "[models][lowp]") {
+  for (const ModelConfig& c : {tiny_gpt2(), tiny_llama()})
+    for (DType dt : {DType::BF16, DType::F16}) {
+      INFO(c.type << " " << dtype_name(dt));
+      const Ops& ops = ops_for(Device::cpu(), dt);
+      const HideCompute hide(ops);
+      Harness lp(c), f32in(c);
+      lp.ops = &ops;
+      f32in.ops = &hide;
+      lp.init_random(5);
+      f32in.init_random(5);
+      TokenBatch tb(2, 8, c.vocab_size, 6);
+      const double l1 = lp.forward_backward(tb.batch);
+      const double l2 = f32in.forward_backward(tb.batch);
+      CHECK(same_bits(l1, l2));
+      auto a = lp.all_params(), b = f32in.all_params();
+      REQUIRE(a.size() == b.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        INFO(a[i].spec->name);
+        CHECK(std::memcmp(a[i].g, b[i].g, a[i].n * sizeof(float)) == 0);
+      }
+      // A second forward before backward (as a full recompute runs it) changes nothing.
+      lp.zero_grads();
+      lp.fused_loss = false;
+      lp.forward(tb.batch, true);
+      const double l3 = lp.forward(tb.batch, true);
+      lp.backward(tb.batch);
+      CHECK(same_bits(l1, l3));
+    }
 }
