@@ -321,7 +321,7 @@ inline std::vector<OpCase> op_cases() {
                       return o;
                     }});
     // The first-writer form: dinp starts as NaN (never read) and equals the accumulating op
-    // on zeros ("set" and "acc0": set_forms_exact holds them equal); dw, db accumulate.
+    // on zeros ("set" and "acc0": paired_forms_exact holds them equal); dw, db accumulate.
     cs.push_back({"linear_backward_set",
                   "linear_backward_set " + shape({{"N", l.N}, {"C", l.C}, {"OC", l.OC}}), kTolMat,
                   kTolMatLowp, [l, sd](Arena& a) {
