@@ -222,13 +222,13 @@ int main() {
     if (s.model != model) summary(), model = s.model;
     const double flop = 2.0 * s.M * s.N * s.K;
     double ms[W];
-    int algos = 0;
+    int algos = 0, unused = 0;  // algos: how many the best-of-8 way tried
     ms[0] = run_ex(c, c.blas, s, A, B, C, false);
     ms[1] = run_ex(c, c.blas_ws, s, A, B, C, false);
     ms[2] = run_ex(c, c.blas, s, A, B, C, true);
-    ms[3] = run_lt(c, s, A, B, C, false, false, &algos);
+    ms[3] = run_lt(c, s, A, B, C, false, false, &unused);
     ms[4] = run_lt(c, s, A, B, C, false, true, &algos);
-    ms[5] = run_lt(c, s, A, B, C, true, false, &algos);
+    ms[5] = run_lt(c, s, A, B, C, true, false, &unused);
     std::printf("%-8s %-22s %6d %6d %6d", s.model.c_str(), s.name.c_str(), s.M, s.N, s.K);
     for (int w = 0; w < W; ++w) {
       std::printf(" %11.1f", ms[w] > 0 ? flop / (ms[w] * 1e-3) / 1e12 : 0.0);

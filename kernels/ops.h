@@ -217,6 +217,10 @@ class Ops {
     if (dst != src) copy(dst, src, n);
     round_to(dt, dst, n);
   }
+
+ protected:
+  // The *_lp forms' guard: throws sw::Error naming `op` where compute() is F32.
+  void require_lowp(const char* op) const;
 };
 
 // The Ops of a device; throws sw::Error if this build has no backend for it.

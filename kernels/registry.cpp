@@ -55,15 +55,13 @@ const Ops& ops_for(Device device, DType compute) {
 
 // ---- Ops' defaults for 16-bit matrix-product inputs (kernels/ops.h): through fp32 copies.
 
-namespace {
-void require_lowp(const Ops& o, const char* op) {
-  SW_CHECK(o.compute() != DType::F32,
-           std::string(op) + ": a 16-bit input needs BF16 / F16 Ops, not F32 ones");
+void Ops::require_lowp(const char* op) const {
+  SW_CHECK(compute() != DType::F32,
+           std::string(op) + ": 16-bit product inputs need BF16 / F16 Ops, not F32 ones");
 }
-}  // namespace
 
 void Ops::swiglu_forward_lp(uint16_t* out16, const float* gu, int N, int F) const {
-  require_lowp(*this, "swiglu_forward_lp");
+  require_lowp("swiglu_forward_lp");
   const size_t n = static_cast<size_t>(N) * static_cast<size_t>(F);
   Buffer t(std::max<size_t>(n, 1) * sizeof(float), Mem::Workspace, device());
   swiglu_forward(t.f32(), gu, N, F);
@@ -71,7 +69,7 @@ void Ops::swiglu_forward_lp(uint16_t* out16, const float* gu, int N, int F) cons
 }
 
 void Ops::gelu_forward_lp(uint16_t* out16, const float* inp, size_t n) const {
-  require_lowp(*this, "gelu_forward_lp");
+  require_lowp("gelu_forward_lp");
   Buffer t(std::max<size_t>(n, 1) * sizeof(float), Mem::Workspace, device());
   gelu_forward(t.f32(), inp, n);
   narrow(compute(), t.f32(), out16, n);
@@ -79,7 +77,7 @@ void Ops::gelu_forward_lp(uint16_t* out16, const float* inp, size_t n) const {
 
 void Ops::linear_forward_lp(float* out, const uint16_t* inp16, const float* w, const float* b,
                             int N, int C, int OC) const {
-  require_lowp(*this, "linear_forward_lp");
+  require_lowp("linear_forward_lp");
   const size_t n = static_cast<size_t>(N) * static_cast<size_t>(C);
   Buffer t(std::max<size_t>(n, 1) * sizeof(float), Mem::Workspace, device());
   widen(compute(), inp16, t.f32(), n);
@@ -89,7 +87,7 @@ void Ops::linear_forward_lp(float* out, const uint16_t* inp16, const float* w, c
 void Ops::linear_backward_lp_set(float* dinp, float* dw, float* db, const float* dout,
                                  const uint16_t* inp16, const float* w, int N, int C,
                                  int OC) const {
-  require_lowp(*this, "linear_backward_lp_set");
+  require_lowp("linear_backward_lp_set");
   const size_t n = static_cast<size_t>(N) * static_cast<size_t>(C);
   Buffer t(std::max<size_t>(n, 1) * sizeof(float), Mem::Workspace, device());
   widen(compute(), inp16, t.f32(), n);

@@ -285,7 +285,7 @@ class Block final : public Unit {
     // MLP: y = x2 + fcproj(gelu(fc(ln2(x2))))
     float* dfch_gelu = fresh(sz(N, F));
     const float* fch_gelu = s.get("fch_gelu");
-    if (const uint16_t* h16 = mlp_input16(ops, const_cast<float*>(fch_gelu)))
+    if (const uint16_t* h16 = mlp_input16(ops, fch_gelu))
       ops.linear_backward_lp_set(dfch_gelu, G(FCPROJW), G(FCPROJB), dy, h16, P(FCPROJW), N, F, C);
     else
       ops.linear_backward_set(dfch_gelu, G(FCPROJW), G(FCPROJB), dy, fch_gelu, P(FCPROJW), N, F,

@@ -235,7 +235,7 @@ class Block final : public Unit {
     // MLP: y = x2 + down(swiglu(gate|up(norm2(x2))))
     float* dh = fresh(sz(N, F));
     const float* hmlp = s.get("hmlp");
-    if (const uint16_t* h16 = mlp_input16(ops, const_cast<float*>(hmlp)))
+    if (const uint16_t* h16 = mlp_input16(ops, hmlp))
       ops.linear_backward_lp_set(dh, G(DOWNW), nullptr, dy, h16, P(DOWNW), N, F, C);
     else
       ops.linear_backward_set(dh, G(DOWNW), nullptr, dy, hmlp, P(DOWNW), N, F, C);

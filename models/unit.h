@@ -169,6 +169,9 @@ int64_t count_targets(const Batch& b);
 inline uint16_t* mlp_input16(const Ops& ops, float* buf) {
   return ops.compute() == DType::F32 ? nullptr : reinterpret_cast<uint16_t*>(buf);
 }
+inline const uint16_t* mlp_input16(const Ops& ops, const float* buf) {
+  return ops.compute() == DType::F32 ? nullptr : reinterpret_cast<const uint16_t*>(buf);
+}
 
 struct UnitCtx {
   const Ops* ops = nullptr;

@@ -1,8 +1,5 @@
 // The CPU backend: forwards every Ops method to its sw::cpu function.
-#include <string>
-
 #include "core/alloc.h"
-#include "core/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/ops.h"
 #include "kernels/threads.h"
@@ -127,23 +124,23 @@ class CpuOps final : public Ops {
     cpu::attention_backward(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd, compute_, true);
   }
   void swiglu_forward_lp(uint16_t* out16, const float* gu, int N, int F) const override {
-    lowp_only("swiglu_forward_lp");
+    require_lowp("swiglu_forward_lp");
     cpu::swiglu_forward_lp(compute_, out16, gu, N, F);
   }
   void gelu_forward_lp(uint16_t* out16, const float* inp, size_t n) const override {
-    lowp_only("gelu_forward_lp");
+    require_lowp("gelu_forward_lp");
     cpu::gelu_forward_lp(compute_, out16, inp, n);
   }
   void linear_forward_lp(float* out, const uint16_t* inp16, const float* w, const float* b, int N,
                          int C, int OC) const override {
-    lowp_only("linear_forward_lp");
+    require_lowp("linear_forward_lp");
     const float* x = widened_input(compute_, inp16, size_t(N > 0 ? N : 0) * size_t(C > 0 ? C : 0));
     cpu::linear_forward_lowp(compute_, out, x, w, b, N, C, OC);
   }
   void linear_backward_lp_set(float* dinp, float* dw, float* db, const float* dout,
                               const uint16_t* inp16, const float* w, int N, int C,
                               int OC) const override {
-    lowp_only("linear_backward_lp_set");
+    require_lowp("linear_backward_lp_set");
     const float* x = widened_input(compute_, inp16, size_t(N > 0 ? N : 0) * size_t(C > 0 ? C : 0));
     cpu::linear_backward_lowp(compute_, dinp, dw, db, dout, x, w, N, C, OC, 0.f);
   }
@@ -178,10 +175,6 @@ class CpuOps final : public Ops {
   }
 
  private:
-  void lowp_only(const char* op) const {
-    SW_CHECK(compute_ != DType::F32,
-             std::string(op) + ": a 16-bit input needs BF16 / F16 Ops, not F32 ones");
-  }
   DType compute_;
 };
 

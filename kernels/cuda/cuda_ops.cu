@@ -465,7 +465,7 @@ class CudaOps final : public Ops {
   void linear_forward_lp(float* out, const uint16_t* inp16, const float* w, const float* b, int N,
                          int C, int OC) const override {
     SW_OP_TIME();
-    SW_CHECK(lowp(), "linear_forward_lp: a 16-bit input needs BF16 / F16 Ops, not F32 ones");
+    require_lowp("linear_forward_lp");
     linear_forward_any(out, nullptr, inp16, w, b, N, C, OC);
   }
   // inp (fp32) or inp16 (compute_'s 16-bit values; lowp only).
@@ -473,11 +473,8 @@ class CudaOps final : public Ops {
                           const float* b, int N, int C, int OC) const {
     const cudaStream_t s = begin();
     if (b) cuda::add_bias_rows(s, out, b, N, OC);
-    if (!lowp() || N <= 0 || OC <= 0 || C <= 0) {
-      if (!lowp() || N <= 0 || OC <= 0)
-        gemm_raw(false, true, N, OC, C, 1.f, inp, C, w, C, b ? 1.f : 0.f, out, OC);
-      else  // C = 0: out = b (or 0), as the fp32 op's empty product
-        gemm_raw(false, true, N, OC, 0, 1.f, nullptr, 1, nullptr, 1, b ? 1.f : 0.f, out, OC);
+    if (!lowp() || N <= 0 || OC <= 0 || C <= 0) {  // (inp16 only with lowp: C = 0, no reads)
+      gemm_raw(false, true, N, OC, C, 1.f, inp, C, w, C, b ? 1.f : 0.f, out, OC);
       return;
     }
     // out = b, then out += x w^T with beta = 1 (the CPU's order: bias first, then the product).
@@ -504,7 +501,7 @@ class CudaOps final : public Ops {
                               const uint16_t* inp16, const float* w, int N, int C,
                               int OC) const override {
     SW_OP_TIME();
-    SW_CHECK(lowp(), "linear_backward_lp_set: a 16-bit input needs BF16 / F16 Ops, not F32 ones");
+    require_lowp("linear_backward_lp_set");
     linear_backward_beta(dinp, dw, db, dout, nullptr, w, N, C, OC, 0.f, inp16);
   }
   // inp (fp32) or inp16 (compute_'s 16-bit values; lowp only, and then N, C, OC > 0 or dw
@@ -611,12 +608,12 @@ class CudaOps final : public Ops {
   }
   void swiglu_forward_lp(uint16_t* out16, const float* gu, int N, int F) const override {
     SW_OP_TIME();
-    SW_CHECK(lowp(), "swiglu_forward_lp: a 16-bit output needs BF16 / F16 Ops, not F32 ones");
+    require_lowp("swiglu_forward_lp");
     cuda::swiglu_forward_lp(begin(), dt(), out16, gu, N, F);
   }
   void gelu_forward_lp(uint16_t* out16, const float* inp, size_t n) const override {
     SW_OP_TIME();
-    SW_CHECK(lowp(), "gelu_forward_lp: a 16-bit output needs BF16 / F16 Ops, not F32 ones");
+    require_lowp("gelu_forward_lp");
     cuda::gelu_forward_lp(begin(), dt(), out16, inp, n);
   }
   void residual_forward(float* out, const float* a, const float* b, size_t n) const override {
