@@ -22,6 +22,22 @@
 
 namespace sw {
 
+class Buffer;  // core/alloc.h
+
+// A matrix product's operand (the *_lp forms below): fp32 values, or the Ops' compute()
+// precision's 16-bit values as `narrow` writes them. Made implicitly from either pointer; one
+// of the two is set (both null: no operand, where the form allows one to be absent).
+struct Operand {
+  const float* f32 = nullptr;
+  const uint16_t* lp = nullptr;
+  Operand(std::nullptr_t) {}
+  Operand(const float* p) : f32(p) {}
+  Operand(const uint16_t* p) : lp(p) {}
+  bool empty() const { return !f32 && !lp; }
+  // The operand k values further on (a column block of a packed matrix).
+  Operand at(size_t k) const { return lp ? Operand(lp + k) : Operand(f32 ? f32 + k : nullptr); }
+};
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -155,23 +171,59 @@ class Ops {
     attention_backward(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd);
   }
 
-  // ---- A matrix product's input kept in the compute precision (BF16 / F16 Ops only; F32 Ops
+  // ---- Matrix-product operands kept in the compute precision (BF16 / F16 Ops only; F32 Ops
   // refuse these). `*16` buffers hold compute()'s 16-bit values as `narrow` writes them. The
-  // producers write narrow(op) in one pass; the linears take the 16-bit input instead of
-  // narrowing an fp32 one on each call. Since the BF16 / F16 products round their inputs to
-  // exactly these values, the results are those of the fp32-input ops bit for bit:
+  // producers write narrow(op) in one pass; the products take an Operand, fp32 or 16-bit,
+  // instead of narrowing an fp32 one on each call. Since the BF16 / F16 products round their
+  // operands to exactly these values, the results are those of the fp32 ops bit for bit:
   //   swiglu_forward_lp(o16, ...)   == narrow(swiglu_forward(...));  gelu_forward_lp likewise;
+  //   rmsnorm_forward_lp(o16, ...)  == narrow of rmsnorm_forward's out (rstd the same); the
+  //     residual and LayerNorm forms likewise;
+  //   swiglu_backward_lp_set(d16, ...) == narrow(swiglu_backward_set(...));
+  //   rope_backward_lp(d16, dqkv, ...) == narrow(rope_backward(dqkv, ...)) (dqkv unchanged);
   //   linear_forward_lp(out, narrow(x), ...) == linear_forward(out, x, ...);
-  //   linear_backward_lp_set(..., narrow(x), ...) == linear_backward_set(..., x, ...).
-  // The defaults go through an fp32 copy in device scratch (a Buffer per call); backends
+  //   linear_backward_lp_set(..., narrow(dy), narrow(x), ...) == linear_backward_set(..., dy, x, ...)
+  //     (db, a sum and not a product, needs the fp32 dout);
+  //   gemm_lp(..., narrow(A), ..., narrow(B), ...) == gemm(..., A, ..., B, ...);
+  //   rope_forward_lp(q16, qkv, ...) == narrow(rope_forward(qkv, ...)) (qkv unchanged);
+  //   attention_forward_lp(o16, lse, q16, ...) == narrow of attention_forward(o, lse, widen(q16), ...)'s o;
+  //   attention_backward_lp_set(dqkv, dout, q16, o16, lse, ...)
+  //     == attention_backward_set(dqkv, dout, widen(q16), widen(o16), lse, ...): the output as
+  //     the products see it (its row dot products with dout use these values).
+  // The defaults go through fp32 copies in device scratch (a Buffer per call); backends
   // override them.
   virtual void swiglu_forward_lp(uint16_t* out16, const float* gu, int N, int F) const;
   virtual void gelu_forward_lp(uint16_t* out16, const float* inp, size_t n) const;
-  virtual void linear_forward_lp(float* out, const uint16_t* inp16, const float* w,
-                                 const float* b, int N, int C, int OC) const;
-  virtual void linear_backward_lp_set(float* dinp, float* dw, float* db, const float* dout,
-                                      const uint16_t* inp16, const float* w, int N, int C,
-                                      int OC) const;
+  virtual void rmsnorm_forward_lp(uint16_t* out16, float* rstd, const float* inp, const float* w,
+                                  int N, int C, float eps) const;
+  virtual void residual_rmsnorm_forward_lp(float* res, uint16_t* out16, float* rstd,
+                                           const float* a, const float* b, const float* w, int N,
+                                           int C, float eps) const;
+  virtual void layernorm_forward_lp(uint16_t* out16, float* mean, float* rstd, const float* inp,
+                                    const float* w, const float* b, int N, int C) const;
+  virtual void residual_layernorm_forward_lp(float* res, uint16_t* out16, float* mean,
+                                             float* rstd, const float* a, const float* b,
+                                             const float* w, const float* bias, int N,
+                                             int C) const;
+  virtual void swiglu_backward_lp_set(uint16_t* dgu16, const float* dout, const float* gu, int N,
+                                      int F) const;
+  // dqkv16 (B, T, (H + 2*KVH) * hd) = narrow of the inverse rotation of dqkv (q and k heads;
+  // v heads narrowed as they are); dqkv is only read. Must not overlap.
+  virtual void rope_backward_lp(uint16_t* dqkv16, const float* dqkv, int B, int T, int H, int KVH,
+                                int hd, float theta) const;
+  virtual void linear_forward_lp(float* out, Operand inp, const float* w, const float* b, int N,
+                                 int C, int OC) const;
+  virtual void linear_backward_lp_set(float* dinp, float* dw, float* db, Operand dout,
+                                      Operand inp, const float* w, int N, int C, int OC) const;
+  virtual void gemm_lp(bool ta, bool tb, int M, int N, int K, float alpha, Operand A, int lda,
+                       Operand B, int ldb, float beta, float* C, int ldc) const;
+  virtual void rope_forward_lp(uint16_t* qkv16, const float* qkv, int B, int T, int H, int KVH,
+                               int hd, float theta) const;
+  virtual void attention_forward_lp(uint16_t* out16, float* lse, const uint16_t* qkv16, int B,
+                                    int T, int H, int KVH, int hd) const;
+  virtual void attention_backward_lp_set(float* dqkv, const float* dout, const uint16_t* qkv16,
+                                         const uint16_t* out16, const float* lse, int B, int T,
+                                         int H, int KVH, int hd) const;
 
   // ---- AdamW (decoupled weight decay, bias-corrected; step counts from 1), on n elements.
   // param -= lr * (mhat / (sqrt(vhat) + eps) + wd * param), with grad multiplied by grad_mult
@@ -221,6 +273,9 @@ class Ops {
  protected:
   // The *_lp forms' guard: throws sw::Error naming `op` where compute() is F32.
   void require_lowp(const char* op) const;
+  // An Operand of r rows with leading dimension ld and c columns (r > 0, c > 0) as fp32: its
+  // own pointer, or its 16-bit values widened into `tmp` (made here, device scratch).
+  const float* operand_f32(Operand x, size_t r, size_t ld, size_t c, Buffer& tmp) const;
 };
 
 // The Ops of a device; throws sw::Error if this build has no backend for it.

@@ -75,23 +75,132 @@ void Ops::gelu_forward_lp(uint16_t* out16, const float* inp, size_t n) const {
   narrow(compute(), t.f32(), out16, n);
 }
 
-void Ops::linear_forward_lp(float* out, const uint16_t* inp16, const float* w, const float* b,
-                            int N, int C, int OC) const {
-  require_lowp("linear_forward_lp");
-  const size_t n = static_cast<size_t>(N) * static_cast<size_t>(C);
-  Buffer t(std::max<size_t>(n, 1) * sizeof(float), Mem::Workspace, device());
-  widen(compute(), inp16, t.f32(), n);
-  linear_forward(out, t.f32(), w, b, N, C, OC);
+namespace {
+size_t mul(int a, int b) { return static_cast<size_t>(a) * static_cast<size_t>(b); }
+Buffer scratch_f32(size_t n, Device d) {
+  return Buffer(std::max<size_t>(n, 1) * sizeof(float), Mem::Workspace, d);
+}
+}  // namespace
+
+const float* Ops::operand_f32(Operand x, size_t r, size_t ld, size_t c, Buffer& tmp) const {
+  if (!x.lp) return x.f32;
+  require_lowp("a 16-bit operand");
+  const size_t n = r == 0 || c == 0 ? 0 : (r - 1) * ld + c;  // the extent the product reads
+  tmp = scratch_f32(n, device());
+  if (n) widen(compute(), x.lp, tmp.f32(), n);
+  return tmp.f32();
 }
 
-void Ops::linear_backward_lp_set(float* dinp, float* dw, float* db, const float* dout,
-                                 const uint16_t* inp16, const float* w, int N, int C,
-                                 int OC) const {
+void Ops::rmsnorm_forward_lp(uint16_t* out16, float* rstd, const float* inp, const float* w, int N,
+                             int C, float eps) const {
+  require_lowp("rmsnorm_forward_lp");
+  Buffer t = scratch_f32(mul(N, C), device());
+  rmsnorm_forward(t.f32(), rstd, inp, w, N, C, eps);
+  narrow(compute(), t.f32(), out16, mul(N, C));
+}
+
+void Ops::residual_rmsnorm_forward_lp(float* res, uint16_t* out16, float* rstd, const float* a,
+                                      const float* b, const float* w, int N, int C,
+                                      float eps) const {
+  require_lowp("residual_rmsnorm_forward_lp");
+  Buffer t = scratch_f32(mul(N, C), device());
+  residual_rmsnorm_forward(res, t.f32(), rstd, a, b, w, N, C, eps);
+  narrow(compute(), t.f32(), out16, mul(N, C));
+}
+
+void Ops::layernorm_forward_lp(uint16_t* out16, float* mean, float* rstd, const float* inp,
+                               const float* w, const float* b, int N, int C) const {
+  require_lowp("layernorm_forward_lp");
+  Buffer t = scratch_f32(mul(N, C), device());
+  layernorm_forward(t.f32(), mean, rstd, inp, w, b, N, C);
+  narrow(compute(), t.f32(), out16, mul(N, C));
+}
+
+void Ops::residual_layernorm_forward_lp(float* res, uint16_t* out16, float* mean, float* rstd,
+                                        const float* a, const float* b, const float* w,
+                                        const float* bias, int N, int C) const {
+  require_lowp("residual_layernorm_forward_lp");
+  Buffer t = scratch_f32(mul(N, C), device());
+  residual_layernorm_forward(res, t.f32(), mean, rstd, a, b, w, bias, N, C);
+  narrow(compute(), t.f32(), out16, mul(N, C));
+}
+
+void Ops::swiglu_backward_lp_set(uint16_t* dgu16, const float* dout, const float* gu, int N,
+                                 int F) const {
+  require_lowp("swiglu_backward_lp_set");
+  const size_t n = 2 * mul(N, F);
+  Buffer t = scratch_f32(n, device());
+  swiglu_backward_set(t.f32(), dout, gu, N, F);
+  narrow(compute(), t.f32(), dgu16, n);
+}
+
+void Ops::rope_backward_lp(uint16_t* dqkv16, const float* dqkv, int B, int T, int H, int KVH,
+                           int hd, float theta) const {
+  require_lowp("rope_backward_lp");
+  const size_t n = mul(B, T) * static_cast<size_t>(H + 2 * KVH) * static_cast<size_t>(hd);
+  Buffer t = scratch_f32(n, device());
+  if (n) copy(t.f32(), dqkv, n);
+  rope_backward(t.f32(), B, T, H, KVH, hd, theta);
+  narrow(compute(), t.f32(), dqkv16, n);
+}
+
+void Ops::rope_forward_lp(uint16_t* qkv16, const float* qkv, int B, int T, int H, int KVH, int hd,
+                          float theta) const {
+  require_lowp("rope_forward_lp");
+  const size_t n = mul(B, T) * static_cast<size_t>(H + 2 * KVH) * static_cast<size_t>(hd);
+  Buffer t = scratch_f32(n, device());
+  if (n) copy(t.f32(), qkv, n);
+  rope_forward(t.f32(), B, T, H, KVH, hd, theta);
+  narrow(compute(), t.f32(), qkv16, n);
+}
+
+void Ops::attention_forward_lp(uint16_t* out16, float* lse, const uint16_t* qkv16, int B, int T,
+                               int H, int KVH, int hd) const {
+  require_lowp("attention_forward_lp");
+  const size_t nq = mul(B, T) * static_cast<size_t>(H + 2 * KVH) * static_cast<size_t>(hd);
+  const size_t no = mul(B, T) * static_cast<size_t>(H) * static_cast<size_t>(hd);
+  Buffer q = scratch_f32(nq, device()), o = scratch_f32(no, device());
+  if (nq) widen(compute(), qkv16, q.f32(), nq);
+  attention_forward(o.f32(), lse, q.f32(), B, T, H, KVH, hd);
+  narrow(compute(), o.f32(), out16, no);
+}
+
+void Ops::attention_backward_lp_set(float* dqkv, const float* dout, const uint16_t* qkv16,
+                                    const uint16_t* out16, const float* lse, int B, int T, int H,
+                                    int KVH, int hd) const {
+  require_lowp("attention_backward_lp_set");
+  const size_t nq = mul(B, T) * static_cast<size_t>(H + 2 * KVH) * static_cast<size_t>(hd);
+  const size_t no = mul(B, T) * static_cast<size_t>(H) * static_cast<size_t>(hd);
+  Buffer q = scratch_f32(nq, device()), o = scratch_f32(no, device());
+  if (nq) widen(compute(), qkv16, q.f32(), nq);
+  if (no) widen(compute(), out16, o.f32(), no);
+  attention_backward_set(dqkv, dout, q.f32(), o.f32(), lse, B, T, H, KVH, hd);
+}
+
+void Ops::linear_forward_lp(float* out, Operand inp, const float* w, const float* b, int N, int C,
+                            int OC) const {
+  require_lowp("linear_forward_lp");
+  Buffer t;
+  linear_forward(out, operand_f32(inp, size_t(N), size_t(C), size_t(C), t), w, b, N, C, OC);
+}
+
+void Ops::linear_backward_lp_set(float* dinp, float* dw, float* db, Operand dout, Operand inp,
+                                 const float* w, int N, int C, int OC) const {
   require_lowp("linear_backward_lp_set");
-  const size_t n = static_cast<size_t>(N) * static_cast<size_t>(C);
-  Buffer t(std::max<size_t>(n, 1) * sizeof(float), Mem::Workspace, device());
-  widen(compute(), inp16, t.f32(), n);
-  linear_backward_set(dinp, dw, db, dout, t.f32(), w, N, C, OC);
+  SW_CHECK(!db || dout.f32, "linear_backward_lp_set: db needs the fp32 dout (a 16-bit one is given)");
+  Buffer td, ti;
+  linear_backward_set(dinp, dw, db, operand_f32(dout, size_t(N), size_t(OC), size_t(OC), td),
+                      operand_f32(inp, size_t(N), size_t(C), size_t(C), ti), w, N, C, OC);
+}
+
+void Ops::gemm_lp(bool ta, bool tb, int M, int N, int K, float alpha, Operand A, int lda,
+                  Operand B, int ldb, float beta, float* C, int ldc) const {
+  require_lowp("gemm_lp");
+  Buffer ta_, tb_;
+  const size_t ar = size_t(ta ? K : M), ac = size_t(ta ? M : K);
+  const size_t br = size_t(tb ? N : K), bc = size_t(tb ? K : N);
+  gemm(ta, tb, M, N, K, alpha, operand_f32(A, ar, size_t(lda), ac, ta_), lda,
+       operand_f32(B, br, size_t(ldb), bc, tb_), ldb, beta, C, ldc);
 }
 
 }  // namespace sw

@@ -195,48 +195,56 @@ class Block final : public Unit {
     ScratchScope guard{ctx.scratch};
     auto P = [&](size_t i) { return ctx.param(i); };
 
-    float* ln1 = keep(ctx, "ln1", sz(N, C), Keep::Cheap);  // (N,C)
+    // ln1, ln2 and fch_gelu are the products' inputs: 16-bit with 16-bit products (ProductIn).
+    const ProductIn ln1 = keep_input(ctx, "ln1", sz(N, C), Keep::Cheap);  // (N,C)
     float* ln1_mean = keep(ctx, "ln1_mean", sz(N));    // (N)
     float* ln1_rstd = keep(ctx, "ln1_rstd", sz(N));    // (N)
-    float* qkv = keep(ctx, "qkv", sz(N, 3 * C));       // (N,3C) [q | k | v]
-    float* atty = keep(ctx, "atty", sz(N, C));         // (N,C)
+    // (N,3C) [q | k | v] and (N,C) attention's output: attention's and the products' operands,
+    // 16-bit with 16-bit products.
+    const ProductIn qkv = keep_input(ctx, "qkv", sz(N, 3 * C), Keep::Always);
+    const ProductIn atty = keep_input(ctx, "atty", sz(N, C), Keep::Always);
     float* lse = keep(ctx, "lse", sz(B, int64_t{H} * T));  // (B,H,T)
     float* x2 = keep(ctx, "x2", sz(N, C));             // (N,C) residual after attention
-    float* ln2 = keep(ctx, "ln2", sz(N, C), Keep::Cheap);  // (N,C)
+    const ProductIn ln2 = keep_input(ctx, "ln2", sz(N, C), Keep::Cheap);  // (N,C)
     float* ln2_mean = keep(ctx, "ln2_mean", sz(N));    // (N)
     float* ln2_rstd = keep(ctx, "ln2_rstd", sz(N));    // (N)
     float* fch = keep(ctx, "fch", sz(N, F));           // (N,F) before GELU
-    // (N,F); with 16-bit products, the compute precision's values in its front half (written
-    // by gelu_forward_lp, read by the projection: see mlp_input16).
-    float* fch_gelu = keep(ctx, "fch_gelu", sz(N, F), Keep::Cheap);
+    const ProductIn fch_gelu = keep_input(ctx, "fch_gelu", sz(N, F), Keep::Cheap);  // (N,F)
 
-    ops.layernorm_forward(ln1, ln1_mean, ln1_rstd, x, P(LN1W), P(LN1B), N, C);
-    ops.linear_forward(qkv, ln1, P(QKVW), P(QKVB), N, C, 3 * C);
-    ops.attention_forward(atty, lse, qkv, B, T, H, H, hd);
-    ops.linear_forward(x2, atty, P(PROJW), P(PROJB), N, C, C);
-    ops.residual_layernorm_forward(x2, ln2, ln2_mean, ln2_rstd, x2, x, P(LN2W), P(LN2B), N, C);
-    ops.linear_forward(fch, ln2, P(FCW), P(FCB), N, C, F);
-    if (uint16_t* h16 = mlp_input16(ops, fch_gelu)) {
-      ops.gelu_forward_lp(h16, fch, sz(N, F));
-      ops.linear_forward_lp(y, h16, P(FCPROJW), P(FCPROJB), N, F, C);
+    layernorm_forward_to(ops, ln1, ln1_mean, ln1_rstd, x, P(LN1W), P(LN1B), N, C);
+    if (qkv.lp) {  // the product in fp32 (scratch), narrowed into the kept 16-bit qkv
+      float* q32 = ctx.scratch->f32(sz(N, 3 * C));
+      linear_forward_from(ops, q32, ln1.operand(), P(QKVW), P(QKVB), N, C, 3 * C);
+      ops.narrow(ops.compute(), q32, qkv.lp, sz(N, 3 * C));
+      ops.attention_forward_lp(atty.lp, lse, qkv.lp, B, T, H, H, hd);
     } else {
-      ops.gelu_forward(fch_gelu, fch, sz(N, F));
-      ops.linear_forward(y, fch_gelu, P(FCPROJW), P(FCPROJB), N, F, C);
+      linear_forward_from(ops, qkv.f32, ln1.operand(), P(QKVW), P(QKVB), N, C, 3 * C);
+      ops.attention_forward(atty.f32, lse, qkv.f32, B, T, H, H, hd);
     }
+    linear_forward_from(ops, x2, atty.operand(), P(PROJW), P(PROJB), N, C, C);
+    residual_layernorm_forward_to(ops, x2, ln2, ln2_mean, ln2_rstd, x2, x, P(LN2W), P(LN2B), N, C);
+    linear_forward_from(ops, fch, ln2.operand(), P(FCW), P(FCB), N, C, F);
+    gelu_forward_to(ops, fch_gelu, fch, sz(N, F));
+    linear_forward_from(ops, y, fch_gelu.operand(), P(FCPROJW), P(FCPROJB), N, F, C);
     ops.residual_forward(y, y, x2, sz(N, C));
   }
 
   // Forward keeps (in this order) ln1, ln1_mean, ln1_rstd, qkv, atty, lse, x2, ln2, ln2_mean,
-  // ln2_rstd, fch, fch_gelu: in Saved when training, in scratch in inference.
-  // recompute_cheap: two (N) statistics in scratch; backward: the six input gradients (written, not zeroed first).
+  // ln2_rstd, fch, fch_gelu (ln1, qkv, atty, ln2 and fch_gelu 2 bytes a value with 16-bit
+  // products, qkv's fp32 product then in scratch): in Saved when training, in scratch in
+  // inference. recompute_cheap: two (N) statistics in
+  // scratch; backward: the six input gradients (written, not zeroed first).
   ActivationDecl declare_activations(int /*call*/, BatchShape shape) const override {
     const size_t B = size_t(shape.B), N = B * size_t(shape.T), C = size_t(c_.d_model),
                  H = size_t(c_.n_head), F = size_t(c_.d_ff);
-    const size_t kept[] = {N * C, N, N, N * 3 * C, N * C, B * H * size_t(shape.T),
-                           N * C, N * C, N, N, N * F, N * F};
+    const size_t kept[] = {N, N, B * H * size_t(shape.T), N * C, N, N, N * F};
+    // ln1, qkv, atty, ln2, fch_gelu
+    const size_t inputs[] = {N * C, N * 3 * C, N * C, N * C, N * F};
     ActivationDecl d;
     for (size_t n : kept) d.saved += f32b(n), d.scratch_eval += scrb(n);
-    d.saved_cheap = f32b(N * C) + f32b(N * C) + f32b(N * F);  // ln1, ln2, fch_gelu
+    for (size_t n : inputs) d.saved += shape.input_bytes(n), d.scratch_eval += shape.input_scratch(n);
+    d.saved_cheap = shape.input_bytes(N * C) * 2 + shape.input_bytes(N * F);  // ln1, ln2, fch_gelu
+    if (shape.lowp()) d.scratch_fwd = scrb(N * 3 * C), d.scratch_eval += scrb(N * 3 * C);  // fp32 qkv
     d.scratch_logits = d.scratch_eval;
     d.scratch_recompute = 2 * scrb(N);
     d.scratch_bwd = 2 * scrb(N * F) + 2 * scrb(N * C) + scrb(N * 3 * C) + scrb(N * C);
@@ -254,15 +262,12 @@ class Block final : public Unit {
     Saved& s = *ctx.saved;
     float* mean = ctx.scratch->f32(sz(N));
     float* rstd = ctx.scratch->f32(sz(N));
-    ops.layernorm_forward(s.f32("ln1", sz(N, C), Keep::Cheap), mean, rstd, x, ctx.param(LN1W),
-                          ctx.param(LN1B), N, C);
-    ops.layernorm_forward(s.f32("ln2", sz(N, C), Keep::Cheap), mean, rstd, s.get("x2"),
-                          ctx.param(LN2W), ctx.param(LN2B), N, C);
-    float* fch_gelu = s.f32("fch_gelu", sz(N, F), Keep::Cheap);
-    if (uint16_t* h16 = mlp_input16(ops, fch_gelu))
-      ops.gelu_forward_lp(h16, s.get("fch"), sz(N, F));
-    else
-      ops.gelu_forward(fch_gelu, s.get("fch"), sz(N, F));
+    layernorm_forward_to(ops, saved_input(s, "ln1", sz(N, C), Keep::Cheap, ops), mean, rstd, x,
+                         ctx.param(LN1W), ctx.param(LN1B), N, C);
+    layernorm_forward_to(ops, saved_input(s, "ln2", sz(N, C), Keep::Cheap, ops), mean, rstd,
+                         s.get("x2"), ctx.param(LN2W), ctx.param(LN2B), N, C);
+    gelu_forward_to(ops, saved_input(s, "fch_gelu", sz(N, F), Keep::Cheap, ops), s.get("fch"),
+                    sz(N, F));
   }
 
   // dy is read by the first product only, before dx is first written (the norm's backward
@@ -284,27 +289,27 @@ class Block final : public Unit {
     if (dx != dy) ops.copy(dx, dy, sz(N, C));
     // MLP: y = x2 + fcproj(gelu(fc(ln2(x2))))
     float* dfch_gelu = fresh(sz(N, F));
-    const float* fch_gelu = s.get("fch_gelu");
-    if (const uint16_t* h16 = mlp_input16(ops, fch_gelu))
-      ops.linear_backward_lp_set(dfch_gelu, G(FCPROJW), G(FCPROJB), dy, h16, P(FCPROJW), N, F, C);
-    else
-      ops.linear_backward_set(dfch_gelu, G(FCPROJW), G(FCPROJB), dy, fch_gelu, P(FCPROJW), N, F,
-                              C);
+    linear_backward_set_from(ops, dfch_gelu, G(FCPROJW), G(FCPROJB), dy,
+                             saved_input(s, "fch_gelu", ops).operand(), P(FCPROJW), N, F, C);
     float* dfch = fresh(sz(N, F));
     ops.gelu_backward_set(dfch, s.get("fch"), dfch_gelu, sz(N, F));
     float* dln2 = fresh(sz(N, C));
-    ops.linear_backward_set(dln2, G(FCW), G(FCB), dfch, s.get("ln2"), P(FCW), N, C, F);
+    linear_backward_set_from(ops, dln2, G(FCW), G(FCB), dfch, saved_input(s, "ln2", ops).operand(),
+                             P(FCW), N, C, F);
     ops.layernorm_backward(dx, G(LN2W), G(LN2B), dln2, s.get("x2"), P(LN2W), s.get("ln2_mean"),
                            s.get("ln2_rstd"), N, C);
     // Attention: x2 = x + proj(attn(qkv(ln1(x)))); dx now holds dL/dx2.
-    const float* qkv = s.get("qkv");
-    const float* atty = s.get("atty");
+    const ProductIn qkv = saved_input(s, "qkv", ops), atty = saved_input(s, "atty", ops);
     float* datty = fresh(sz(N, C));
-    ops.linear_backward_set(datty, G(PROJW), G(PROJB), dx, atty, P(PROJW), N, C, C);
+    linear_backward_set_from(ops, datty, G(PROJW), G(PROJB), dx, atty.operand(), P(PROJW), N, C, C);
     float* dqkv = fresh(sz(N, 3 * C));
-    ops.attention_backward_set(dqkv, datty, qkv, atty, s.get("lse"), B, T, H, H, hd);
+    if (qkv.lp)
+      ops.attention_backward_lp_set(dqkv, datty, qkv.lp, atty.lp, s.get("lse"), B, T, H, H, hd);
+    else
+      ops.attention_backward_set(dqkv, datty, qkv.f32, atty.f32, s.get("lse"), B, T, H, H, hd);
     float* dln1 = fresh(sz(N, C));
-    ops.linear_backward_set(dln1, G(QKVW), G(QKVB), dqkv, s.get("ln1"), P(QKVW), N, C, 3 * C);
+    linear_backward_set_from(ops, dln1, G(QKVW), G(QKVB), dqkv, saved_input(s, "ln1", ops).operand(),
+                             P(QKVW), N, C, 3 * C);
     ops.layernorm_backward(dx, G(LN1W), G(LN1B), dln1, x, P(LN1W), s.get("ln1_mean"),
                            s.get("ln1_rstd"), N, C);
   }

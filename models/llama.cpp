@@ -61,27 +61,30 @@ struct Packed {
   }
 };
 
-void packed_forward(const Ops& ops, float* out, const float* x, const Packed& pk, int N, int C) {
+// out(N,OC) = x @ [W_0; W_1; ...]^T; x fp32 or 16-bit (a ProductIn's operand).
+void packed_forward(const Ops& ops, float* out, Operand x, const Packed& pk, int N, int C) {
   const int OC = pk.total();
   if (pk.contiguous(pk.w, C)) {
-    ops.linear_forward(out, x, pk.w[0], nullptr, N, C, OC);
+    linear_forward_from(ops, out, x, pk.w[0], nullptr, N, C, OC);
     return;
   }
   for (int i = 0, off = 0; i < pk.n; off += pk.oc[i], ++i)
-    ops.gemm(false, true, N, pk.oc[i], C, 1.f, x, C, pk.w[i], C, 0.f, out + off, OC);
+    gemm_from(ops, false, true, N, pk.oc[i], C, 1.f, x, C, pk.w[i], C, 0.f, out + off, OC);
 }
 
 // dx(N,C) = dout @ [W_0; W_1; ...] (dx's old contents never read);  dW_i += dout[:, block i]^T @ x.
-void packed_backward_set(const Ops& ops, float* dx, const float* dout, const float* x,
-                         const Packed& pk, int N, int C) {
+// dout and x fp32 or 16-bit.
+void packed_backward_set(const Ops& ops, float* dx, Operand dout, Operand x, const Packed& pk,
+                         int N, int C) {
   const int OC = pk.total();
   if (pk.contiguous(pk.w, C) && pk.contiguous(pk.dw, C)) {
-    ops.linear_backward_set(dx, pk.dw[0], nullptr, dout, x, pk.w[0], N, C, OC);
+    linear_backward_set_from(ops, dx, pk.dw[0], nullptr, dout, x, pk.w[0], N, C, OC);
     return;
   }
   for (int i = 0, off = 0; i < pk.n; off += pk.oc[i], ++i) {
-    ops.gemm(false, false, N, C, pk.oc[i], 1.f, dout + off, OC, pk.w[i], C, i ? 1.f : 0.f, dx, C);
-    ops.gemm(true, false, pk.oc[i], C, N, 1.f, dout + off, OC, x, C, 1.f, pk.dw[i], C);
+    const Operand d = dout.at(size_t(off));
+    gemm_from(ops, false, false, N, C, pk.oc[i], 1.f, d, OC, pk.w[i], C, i ? 1.f : 0.f, dx, C);
+    gemm_from(ops, true, false, pk.oc[i], C, N, 1.f, d, OC, x, C, 1.f, pk.dw[i], C);
   }
 }
 
@@ -145,51 +148,60 @@ class Block final : public Unit {
     ScratchScope guard{ctx.scratch};
     auto P = [&](size_t i) { return ctx.param(i); };
 
-    float* xn = keep(ctx, "xn", sz(N, C), Keep::Cheap);    // (N,C) input_layernorm(x)
+    // xn, xn2 and hmlp are the products' inputs: 16-bit with 16-bit products (ProductIn).
+    const ProductIn xn = keep_input(ctx, "xn", sz(N, C), Keep::Cheap);  // (N,C) input_layernorm(x)
     float* rstd1 = keep(ctx, "rstd1", sz(N));        // (N)
-    float* qkv = keep(ctx, "qkv", sz(N, QKV));       // (N,QKV) [q | k | v], q and k rotated
-    float* atty = keep(ctx, "atty", sz(N, int64_t{H} * hd));  // (N,H*hd)
+    // (N,QKV) [q | k | v], q and k rotated; (N,H*hd) attention's output: the products' and
+    // attention's operands, 16-bit with 16-bit products.
+    const ProductIn qkv = keep_input(ctx, "qkv", sz(N, QKV), Keep::Always);
+    const ProductIn atty = keep_input(ctx, "atty", sz(N, int64_t{H} * hd), Keep::Always);
     float* lse = keep(ctx, "lse", sz(B, int64_t{H} * T));     // (B,H,T)
     float* x2 = keep(ctx, "x2", sz(N, C));           // (N,C) residual after attention
-    float* xn2 = keep(ctx, "xn2", sz(N, C), Keep::Cheap);  // (N,C) post_attention_layernorm(x2)
+    const ProductIn xn2 = keep_input(ctx, "xn2", sz(N, C), Keep::Cheap);  // (N,C) post_attention_layernorm(x2)
     float* rstd2 = keep(ctx, "rstd2", sz(N));        // (N)
     float* gu = keep(ctx, "gu", sz(N, 2 * F));       // (N,2F) [gate | up]
-    // (N,F) silu(gate) * up; with 16-bit products, the compute precision's values in its front
-    // half (written by swiglu_forward_lp, read by the down projection: see mlp_input16).
-    float* hmlp = keep(ctx, "hmlp", sz(N, F), Keep::Cheap);
+    const ProductIn hmlp = keep_input(ctx, "hmlp", sz(N, F), Keep::Cheap);  // (N,F) silu(gate) * up
 
-    ops.rmsnorm_forward(xn, rstd1, x, P(IN_NORM), N, C, eps);
-    packed_forward(ops, qkv, xn, qkv_pack(ctx), N, C);
-    ops.rope_forward(qkv, B, T, H, KVH, hd, c_.rope_theta);
-    ops.attention_forward(atty, lse, qkv, B, T, H, KVH, hd);
-    ops.linear_forward(x2, atty, P(OW), nullptr, N, H * hd, C);
-    ops.residual_rmsnorm_forward(x2, xn2, rstd2, x2, x, P(POST_NORM), N, C, eps);
-    packed_forward(ops, gu, xn2, gu_pack(ctx), N, C);
-    if (uint16_t* h16 = mlp_input16(ops, hmlp)) {
-      ops.swiglu_forward_lp(h16, gu, N, F);
-      ops.linear_forward_lp(y, h16, P(DOWNW), nullptr, N, F, C);
+    rmsnorm_forward_to(ops, xn, rstd1, x, P(IN_NORM), N, C, eps);
+    if (qkv.lp) {  // the product in fp32 (scratch), rotated into the kept 16-bit qkv
+      float* q32 = ctx.scratch->f32(sz(N, QKV));
+      packed_forward(ops, q32, xn.operand(), qkv_pack(ctx), N, C);
+      ops.rope_forward_lp(qkv.lp, q32, B, T, H, KVH, hd, c_.rope_theta);
+      ops.attention_forward_lp(atty.lp, lse, qkv.lp, B, T, H, KVH, hd);
     } else {
-      ops.swiglu_forward(hmlp, gu, N, F);
-      ops.linear_forward(y, hmlp, P(DOWNW), nullptr, N, F, C);
+      packed_forward(ops, qkv.f32, xn.operand(), qkv_pack(ctx), N, C);
+      ops.rope_forward(qkv.f32, B, T, H, KVH, hd, c_.rope_theta);
+      ops.attention_forward(atty.f32, lse, qkv.f32, B, T, H, KVH, hd);
     }
+    linear_forward_from(ops, x2, atty.operand(), P(OW), nullptr, N, H * hd, C);
+    residual_rmsnorm_forward_to(ops, x2, xn2, rstd2, x2, x, P(POST_NORM), N, C, eps);
+    packed_forward(ops, gu, xn2.operand(), gu_pack(ctx), N, C);
+    swiglu_forward_to(ops, hmlp, gu, N, F);
+    linear_forward_from(ops, y, hmlp.operand(), P(DOWNW), nullptr, N, F, C);
     ops.residual_forward(y, y, x2, sz(N, C));
   }
 
-  // Forward keeps (in this order) xn, rstd1, qkv, atty, lse, x2, xn2, rstd2, gu, hmlp: in
-  // Saved when training, in scratch in inference. recompute_cheap: one (N) statistic in
-  // scratch; backward: the six input gradients (written, not zeroed first).
+  // Forward keeps (in this order) xn, rstd1, qkv, atty, lse, x2, xn2, rstd2, gu, hmlp (xn, qkv,
+  // atty, xn2 and hmlp 2 bytes a value with 16-bit products, qkv's fp32 product then in
+  // scratch): in Saved when training, in scratch in inference. recompute_cheap: one (N) statistic in scratch; backward: the six input gradients
+  // (written, not zeroed first), dgu and, with 16-bit products, a 16-bit copy of dqkv as
+  // products' operands.
   ActivationDecl declare_activations(int /*call*/, BatchShape shape) const override {
     const size_t B = size_t(shape.B), T = size_t(shape.T), N = B * T, C = size_t(c_.d_model),
                  H = size_t(c_.n_head), KVH = size_t(c_.n_kv_head), hd = C / H,
                  QKV = (H + 2 * KVH) * hd, F = size_t(c_.d_ff);
-    const size_t kept[] = {N * C, N, N * QKV, N * H * hd, B * H * T, N * C, N * C, N, N * 2 * F, N * F};
+    const size_t kept[] = {N, B * H * T, N * C, N, N * 2 * F};
+    const size_t inputs[] = {N * C, N * QKV, N * H * hd, N * C, N * F};  // xn, qkv, atty, xn2, hmlp
     ActivationDecl d;
     for (size_t n : kept) d.saved += f32b(n), d.scratch_eval += scrb(n);
-    d.saved_cheap = f32b(N * C) + f32b(N * C) + f32b(N * F);  // xn, xn2, hmlp
+    for (size_t n : inputs) d.saved += shape.input_bytes(n), d.scratch_eval += shape.input_scratch(n);
+    d.saved_cheap = shape.input_bytes(N * C) * 2 + shape.input_bytes(N * F);  // xn, xn2, hmlp
+    if (shape.lowp()) d.scratch_fwd = scrb(N * QKV), d.scratch_eval += scrb(N * QKV);  // fp32 qkv
     d.scratch_logits = d.scratch_eval;
     d.scratch_recompute = scrb(N);
-    d.scratch_bwd = scrb(N * F) + scrb(N * 2 * F) + scrb(N * C) + scrb(N * H * hd) +
-                    scrb(N * QKV) + scrb(N * C);
+    d.scratch_bwd = scrb(N * F) + shape.input_scratch(N * 2 * F) + scrb(N * C) +
+                    scrb(N * H * hd) + scrb(N * QKV) + scrb(N * C);
+    if (shape.lowp()) d.scratch_bwd += shape.input_scratch(N * QKV);
     return d;
   }
 
@@ -204,14 +216,11 @@ class Block final : public Unit {
     ScratchScope guard{ctx.scratch};
     Saved& s = *ctx.saved;
     float* rstd = ctx.scratch->f32(sz(N));
-    ops.rmsnorm_forward(s.f32("xn", sz(N, C), Keep::Cheap), rstd, x, ctx.param(IN_NORM), N, C, eps);
-    ops.rmsnorm_forward(s.f32("xn2", sz(N, C), Keep::Cheap), rstd, s.get("x2"),
-                        ctx.param(POST_NORM), N, C, eps);
-    float* hmlp = s.f32("hmlp", sz(N, F), Keep::Cheap);
-    if (uint16_t* h16 = mlp_input16(ops, hmlp))
-      ops.swiglu_forward_lp(h16, s.get("gu"), N, F);
-    else
-      ops.swiglu_forward(hmlp, s.get("gu"), N, F);
+    rmsnorm_forward_to(ops, saved_input(s, "xn", sz(N, C), Keep::Cheap, ops), rstd, x,
+                       ctx.param(IN_NORM), N, C, eps);
+    rmsnorm_forward_to(ops, saved_input(s, "xn2", sz(N, C), Keep::Cheap, ops), rstd, s.get("x2"),
+                       ctx.param(POST_NORM), N, C, eps);
+    swiglu_forward_to(ops, saved_input(s, "hmlp", sz(N, F), Keep::Cheap, ops), s.get("gu"), N, F);
   }
 
   // dy is read by the first product only, before dx is first written (the norm's backward
@@ -234,25 +243,39 @@ class Block final : public Unit {
     if (dx != dy) ops.copy(dx, dy, sz(N, C));
     // MLP: y = x2 + down(swiglu(gate|up(norm2(x2))))
     float* dh = fresh(sz(N, F));
-    const float* hmlp = s.get("hmlp");
-    if (const uint16_t* h16 = mlp_input16(ops, hmlp))
-      ops.linear_backward_lp_set(dh, G(DOWNW), nullptr, dy, h16, P(DOWNW), N, F, C);
+    linear_backward_set_from(ops, dh, G(DOWNW), nullptr, dy, saved_input(s, "hmlp", ops).operand(),
+                             P(DOWNW), N, F, C);
+    // dgu feeds products only: 16-bit with 16-bit products.
+    const ProductIn dgu = scratch_input(*ctx.scratch, sz(N, 2 * F), ops);
+    if (dgu.lp)
+      ops.swiglu_backward_lp_set(dgu.lp, dh, s.get("gu"), N, F);
     else
-      ops.linear_backward_set(dh, G(DOWNW), nullptr, dy, hmlp, P(DOWNW), N, F, C);
-    float* dgu = fresh(sz(N, 2 * F));
-    ops.swiglu_backward_set(dgu, dh, s.get("gu"), N, F);
+      ops.swiglu_backward_set(dgu.f32, dh, s.get("gu"), N, F);
     float* dxn2 = fresh(sz(N, C));
-    packed_backward_set(ops, dxn2, dgu, s.get("xn2"), gu_pack(ctx), N, C);
+    packed_backward_set(ops, dxn2, dgu.operand(), saved_input(s, "xn2", ops).operand(),
+                        gu_pack(ctx), N, C);
     ops.rmsnorm_backward(dx, G(POST_NORM), dxn2, s.get("x2"), P(POST_NORM), s.get("rstd2"), N, C);
     // Attention: x2 = x + o(attn(rope(qkv(norm1(x))))); dx now holds dL/dx2.
-    const float* atty = s.get("atty");
+    const ProductIn atty = saved_input(s, "atty", ops), qkv = saved_input(s, "qkv", ops);
     float* datty = fresh(sz(N, int64_t{H} * hd));
-    ops.linear_backward_set(datty, G(OW), nullptr, dx, atty, P(OW), N, H * hd, C);
+    linear_backward_set_from(ops, datty, G(OW), nullptr, dx, atty.operand(), P(OW), N, H * hd, C);
     float* dqkv = fresh(sz(N, QKV));
-    ops.attention_backward_set(dqkv, datty, s.get("qkv"), atty, s.get("lse"), B, T, H, KVH, hd);
-    ops.rope_backward(dqkv, B, T, H, KVH, hd, c_.rope_theta);
+    if (qkv.lp)
+      ops.attention_backward_lp_set(dqkv, datty, qkv.lp, atty.lp, s.get("lse"), B, T, H, KVH, hd);
+    else
+      ops.attention_backward_set(dqkv, datty, qkv.f32, atty.f32, s.get("lse"), B, T, H, KVH, hd);
+    // The inverse rotation, written 16-bit with 16-bit products (the qkv products' operand).
+    Operand dqkv_in = dqkv;
+    if (lowp(ops)) {
+      uint16_t* d16 = ctx.scratch->lp(sz(N, QKV));
+      ops.rope_backward_lp(d16, dqkv, B, T, H, KVH, hd, c_.rope_theta);
+      dqkv_in = d16;
+    } else {
+      ops.rope_backward(dqkv, B, T, H, KVH, hd, c_.rope_theta);
+    }
     float* dxn = fresh(sz(N, C));
-    packed_backward_set(ops, dxn, dqkv, s.get("xn"), qkv_pack(ctx), N, C);
+    packed_backward_set(ops, dxn, dqkv_in, saved_input(s, "xn", ops).operand(), qkv_pack(ctx), N,
+                        C);
     ops.rmsnorm_backward(dx, G(IN_NORM), dxn, x, P(IN_NORM), s.get("rstd1"), N, C);
   }
 

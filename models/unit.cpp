@@ -30,6 +30,100 @@ void add_loss(UnitCtx& ctx, float* losses, float* dx, float* dw, const float* x,
   ctx.loss_count += count_targets(b);
 }
 
+// ---- ProductIn -----------------------------------------------------------------------------
+
+ProductIn keep_input(UnitCtx& ctx, std::string_view key, size_t n, Keep keep) {
+  if (ctx.training) return saved_input(*ctx.saved, key, n, keep, *ctx.ops);
+  return scratch_input(*ctx.scratch, n, *ctx.ops);
+}
+
+ProductIn saved_input(Saved& s, std::string_view key, size_t n, Keep keep, const Ops& ops) {
+  if (lowp(ops)) return {nullptr, s.lp(key, n, keep)};
+  return {s.f32(key, n, keep), nullptr};
+}
+
+ProductIn saved_input(const Saved& s, std::string_view key, const Ops& ops) {
+  if (lowp(ops)) return {nullptr, s.get_lp(key)};
+  return {s.get(key), nullptr};
+}
+
+ProductIn scratch_input(Scratch& s, size_t n, const Ops& ops) {
+  if (lowp(ops)) return {nullptr, s.lp(n)};
+  return {s.f32(n), nullptr};
+}
+
+void rmsnorm_forward_to(const Ops& ops, ProductIn out, float* rstd, const float* inp,
+                        const float* w, int N, int C, float eps) {
+  if (out.lp)
+    ops.rmsnorm_forward_lp(out.lp, rstd, inp, w, N, C, eps);
+  else
+    ops.rmsnorm_forward(out.f32, rstd, inp, w, N, C, eps);
+}
+
+void residual_rmsnorm_forward_to(const Ops& ops, float* res, ProductIn out, float* rstd,
+                                 const float* a, const float* b, const float* w, int N, int C,
+                                 float eps) {
+  if (out.lp)
+    ops.residual_rmsnorm_forward_lp(res, out.lp, rstd, a, b, w, N, C, eps);
+  else
+    ops.residual_rmsnorm_forward(res, out.f32, rstd, a, b, w, N, C, eps);
+}
+
+void layernorm_forward_to(const Ops& ops, ProductIn out, float* mean, float* rstd,
+                          const float* inp, const float* w, const float* b, int N, int C) {
+  if (out.lp)
+    ops.layernorm_forward_lp(out.lp, mean, rstd, inp, w, b, N, C);
+  else
+    ops.layernorm_forward(out.f32, mean, rstd, inp, w, b, N, C);
+}
+
+void residual_layernorm_forward_to(const Ops& ops, float* res, ProductIn out, float* mean,
+                                   float* rstd, const float* a, const float* b, const float* w,
+                                   const float* bias, int N, int C) {
+  if (out.lp)
+    ops.residual_layernorm_forward_lp(res, out.lp, mean, rstd, a, b, w, bias, N, C);
+  else
+    ops.residual_layernorm_forward(res, out.f32, mean, rstd, a, b, w, bias, N, C);
+}
+
+void swiglu_forward_to(const Ops& ops, ProductIn out, const float* gu, int N, int F) {
+  if (out.lp)
+    ops.swiglu_forward_lp(out.lp, gu, N, F);
+  else
+    ops.swiglu_forward(out.f32, gu, N, F);
+}
+
+void gelu_forward_to(const Ops& ops, ProductIn out, const float* inp, size_t n) {
+  if (out.lp)
+    ops.gelu_forward_lp(out.lp, inp, n);
+  else
+    ops.gelu_forward(out.f32, inp, n);
+}
+
+void linear_forward_from(const Ops& ops, float* out, Operand inp, const float* w, const float* b,
+                         int N, int C, int OC) {
+  if (inp.lp)
+    ops.linear_forward_lp(out, inp, w, b, N, C, OC);
+  else
+    ops.linear_forward(out, inp.f32, w, b, N, C, OC);
+}
+
+void linear_backward_set_from(const Ops& ops, float* dinp, float* dw, float* db, Operand dout,
+                              Operand inp, const float* w, int N, int C, int OC) {
+  if (dout.lp || inp.lp)
+    ops.linear_backward_lp_set(dinp, dw, db, dout, inp, w, N, C, OC);
+  else
+    ops.linear_backward_set(dinp, dw, db, dout.f32, inp.f32, w, N, C, OC);
+}
+
+void gemm_from(const Ops& ops, bool ta, bool tb, int M, int N, int K, float alpha, Operand A,
+               int lda, Operand B, int ldb, float beta, float* C, int ldc) {
+  if (A.lp || B.lp)
+    ops.gemm_lp(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  else
+    ops.gemm(ta, tb, M, N, K, alpha, A.f32, lda, B.f32, ldb, beta, C, ldc);
+}
+
 // ---- Saved ---------------------------------------------------------------------------------
 
 void* Saved::slot(std::string_view key, size_t bytes, Keep keep) {
@@ -51,6 +145,10 @@ float* Saved::f32(std::string_view key, size_t n, Keep keep) {
 
 int32_t* Saved::i32(std::string_view key, size_t n, Keep keep) {
   return static_cast<int32_t*>(slot(key, n * sizeof(int32_t), keep));
+}
+
+uint16_t* Saved::lp(std::string_view key, size_t n, Keep keep) {
+  return static_cast<uint16_t*>(slot(key, n * sizeof(uint16_t), keep));
 }
 
 float* Saved::get(std::string_view key) const {

@@ -48,7 +48,10 @@ class Saved {
   // exists).
   float* f32(std::string_view key, size_t n, Keep keep = Keep::Always);
   int32_t* i32(std::string_view key, size_t n, Keep keep = Keep::Always);
+  // n 16-bit values (2 bytes each): a matrix-product input in the compute precision.
+  uint16_t* lp(std::string_view key, size_t n, Keep keep = Keep::Always);
   float* get(std::string_view key) const;  // throws if absent
+  uint16_t* get_lp(std::string_view key) const { return reinterpret_cast<uint16_t*>(get(key)); }
   bool has(std::string_view key) const;
   // A scalar kept on the host (a flag forward leaves for backward): no device memory, so the
   // host reads it without a copy. scalar() throws if absent.
@@ -101,6 +104,8 @@ class Saved {
 class Scratch {
  public:
   float* f32(size_t n);  // a fresh region each call until reset()
+  // n 16-bit values: the region of f32((n + 1) / 2).
+  uint16_t* lp(size_t n) { return reinterpret_cast<uint16_t*>(f32((n + 1) / 2)); }
   // Releases every region handed out since the innermost live Hold (or all of them).
   void reset();
   // Replaces the blocks by one of at least `bytes` (nothing allocated when one block that large
@@ -160,18 +165,18 @@ struct Batch {
 // The targets a loss counts: those >= 0 (a negative target is ignored).
 int64_t count_targets(const Batch& b);
 
-// A matrix product's input kept in the compute precision (kernels/ops.h's *_lp forms) where the
-// Ops compute products in 16 bits: its 16-bit values in the front half of `buf`, a buffer sized
-// for the fp32 input (so the buffer and the declared activation bytes stay those of the fp32
-// input: BatchShape does not carry the compute precision yet); null for fp32 Ops. The blocks'
-// MLP inputs use it (Llama's hmlp, GPT-2's fch_gelu): the same bits as the fp32 input, which
-// the products would round to these values, without narrowing it on every product.
-inline uint16_t* mlp_input16(const Ops& ops, float* buf) {
-  return ops.compute() == DType::F32 ? nullptr : reinterpret_cast<uint16_t*>(buf);
-}
-inline const uint16_t* mlp_input16(const Ops& ops, const float* buf) {
-  return ops.compute() == DType::F32 ? nullptr : reinterpret_cast<const uint16_t*>(buf);
-}
+// A matrix product's input that a unit writes for its products and keeps for backward (a norm's
+// output, an MLP's activation): where the Ops compute products in 16 bits (Ops::compute() BF16
+// / F16) it holds their 16-bit values (lp, 2 bytes a value), written by the *_lp producers and
+// read by the *_lp products of kernels/ops.h: the same bits as the fp32 input, which the
+// products would round to these values, without narrowing it on every product; f32 otherwise.
+struct ProductIn {
+  float* f32 = nullptr;
+  uint16_t* lp = nullptr;
+  Operand operand() const { return lp ? Operand(lp) : Operand(f32); }
+};
+// True where `ops` computes products in 16 bits (a unit's ProductIns are then 16-bit).
+inline bool lowp(const Ops& ops) { return ops.compute() != DType::F32; }
 
 struct UnitCtx {
   const Ops* ops = nullptr;
@@ -202,9 +207,48 @@ struct UnitCtx {
 void add_loss(UnitCtx& ctx, float* losses, float* dx, float* dw, const float* x, const float* w,
               int C, int V);
 
-// The batch shape a unit's activation sizes depend on.
+// ---- ProductIn's storage and its producers / products: each picks the 16-bit form where
+// lowp(ops) and the fp32 one otherwise.
+// A product input of n values kept for backward: in ctx.saved under `key` when training, in
+// ctx.scratch otherwise.
+ProductIn keep_input(UnitCtx& ctx, std::string_view key, size_t n, Keep keep);
+// The same buffer in a Saved (recompute_cheap writes it again; backward reads it).
+ProductIn saved_input(Saved& s, std::string_view key, size_t n, Keep keep, const Ops& ops);
+ProductIn saved_input(const Saved& s, std::string_view key, const Ops& ops);
+// A fresh product operand of n values in scratch (a gradient fed to products).
+ProductIn scratch_input(Scratch& s, size_t n, const Ops& ops);
+void rmsnorm_forward_to(const Ops& ops, ProductIn out, float* rstd, const float* inp,
+                        const float* w, int N, int C, float eps);
+void residual_rmsnorm_forward_to(const Ops& ops, float* res, ProductIn out, float* rstd,
+                                 const float* a, const float* b, const float* w, int N, int C,
+                                 float eps);
+void layernorm_forward_to(const Ops& ops, ProductIn out, float* mean, float* rstd,
+                          const float* inp, const float* w, const float* b, int N, int C);
+void residual_layernorm_forward_to(const Ops& ops, float* res, ProductIn out, float* mean,
+                                   float* rstd, const float* a, const float* b, const float* w,
+                                   const float* bias, int N, int C);
+void swiglu_forward_to(const Ops& ops, ProductIn out, const float* gu, int N, int F);
+void gelu_forward_to(const Ops& ops, ProductIn out, const float* inp, size_t n);
+// Products of an Operand (fp32 or 16-bit): Ops::linear_forward / linear_backward_set for fp32
+// operands, the *_lp forms otherwise.
+void linear_forward_from(const Ops& ops, float* out, Operand inp, const float* w, const float* b,
+                         int N, int C, int OC);
+void linear_backward_set_from(const Ops& ops, float* dinp, float* dw, float* db, Operand dout,
+                              Operand inp, const float* w, int N, int C, int OC);
+void gemm_from(const Ops& ops, bool ta, bool tb, int M, int N, int K, float alpha, Operand A,
+               int lda, Operand B, int ldb, float beta, float* C, int ldc);
+
+// The batch shape a unit's activation sizes depend on, and the precision of the Ops it computes
+// with (Ops::compute(): a ProductIn is 2 bytes a value in BF16 / F16, 4 in F32).
 struct BatchShape {
   int B = 0, T = 0;
+  DType compute = DType::F32;
+  bool lowp() const { return compute != DType::F32; }
+  // Bytes of n values of a ProductIn: in a Saved, and as a Scratch request.
+  size_t input_bytes(size_t n) const { return n * (lowp() ? 2 : 4); }
+  size_t input_scratch(size_t n) const {
+    return Scratch::bytes_for(lowp() ? (n + 1) / 2 : n);
+  }
 };
 
 // What one call of a unit allocates, declared before it runs (Unit::declare_activations), so a

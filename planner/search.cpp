@@ -61,28 +61,30 @@ int64_t cuda_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute)
   const bool llama = mc.type == "llama";
   const int64_t F = mc.d_ff > 0 ? mc.d_ff : 4 * C;
   const int64_t qkv = (H + 2 * KVH) * hd;
-  // The linears' widest input and output (llama: qkv, o, gate+up (2F), down; gpt2: qkv, proj,
-  // fc (F), fc proj) and their largest weight.
-  const int64_t widest_in = F, widest_out = llama ? std::max(qkv, 2 * F) : std::max(qkv, F);
+  // The linears' largest weight (llama: gate+up, 2F x C; gpt2: qkv or fc).
   const int64_t weight = llama ? 2 * F * C : std::max(qkv, F) * C;
   // The LM head: logits chunks of at most 1024 rows and 256 MiB.
   const int64_t chunk = std::min<int64_t>(
       N, std::max<int64_t>(1, std::min<int64_t>(1024, (int64_t{256} << 20) / (4 * V))));
   std::vector<int64_t> slot{chunk * V * 4};  // Logits
   if (compute != DType::F32) {
-    slot.push_back(2 * N * std::max(widest_in, widest_out));  // Lowp0: x, or dout in backward
-    slot.push_back(2 * std::max(V * C, weight));              // Lowp1: a weight
-    slot.push_back(2 * std::max(N * widest_in, chunk * V));   // Lowp2: x in backward, dlogits
+    // The blocks hand their products 16-bit inputs (models/unit.h's ProductIn) and Llama its
+    // gradients too (dgu, dqkv): what is still narrowed per call is the LM head's x, the
+    // residual-stream gradients (N x C) and GPT-2's biased products' gradients (dfch, dqkv).
+    slot.push_back(2 * N * (llama ? C : std::max({C, F, qkv})));  // Lowp0: x or an fp32 dout
+    slot.push_back(2 * std::max(V * C, weight));                   // Lowp1: a weight
+    slot.push_back(2 * chunk * V);                                 // Lowp2: the LM head's dlogits
     const int64_t Z = int64_t(B) * H, ZK = int64_t(B) * KVH, Th = int64_t(T) * hd;
     switch (cuda::attention_path_from_env(true)) {
       case cuda::AttentionPath::Cudnn:
         if (hd % 8 == 0) {  // else cuDNN refuses the shape and the cuBLAS path runs
-          // attention_cudnn.h: 16-bit qkv, O and dO (AttnPack), 16-bit dqkv (AttnS), and
+          // attention_cudnn.h: 16-bit dO (AttnPack: the models' qkv and O are 16-bit already,
+          // attention_*_lp; the fp32-operand ops would pack those too), 16-bit dqkv (AttnS), and
           // cuDNN's workspace (AttnP). cuDNN says the workspace only on a GPU: 30.5 bytes per
           // element of Q (its deterministic backward's), fitted to the tracked peaks of the
           // two benchmark runs on an H200 (2026-11-27: 1.3B Llama, GPT-2 124M; the first guess,
           // an fp32 dQ accumulator of 4 bytes, was 0.55 and 0.42 GB short).
-          slot.push_back(2 * (int64_t(B) * T * qkv + 2 * Z * Th));
+          slot.push_back(2 * Z * Th);
           slot.push_back(2 * int64_t(B) * T * qkv);
           slot.push_back(61 * Z * Th / 2);
           break;
@@ -133,7 +135,12 @@ int64_t kernel_workspace_bytes(const ModelConfig& mc, int B, int T, DType comput
     // weight and a logits chunk, the largest activation operand.
     const int64_t F = mc.d_ff > 0 ? mc.d_ff : 4 * C;
     b += (V * C + chunk * V + N * std::max(F, 3 * C)) * 2;
-    b += N * F * 4;  // a 16-bit product input widened (cpu_ops.cpp: the MLP's second linear)
+    // 16-bit operands widened (cpu_ops.cpp's per-thread slots): an input (the widest: the
+    // MLP's activation, N x F), a gradient (Llama's dgu, N x 2F, or dqkv), attention's qkv and
+    // its output (N x C; in forward the fp32 output before it is narrowed).
+    const int64_t QKV = C + 2 * KVH * (C / H);
+    b += N * std::max(F, C) * 4 + (mc.type == "llama" ? N * std::max(2 * F, QKV) * 4 : 0);
+    b += N * QKV * 4 + N * C * 4;
   }
   if (world > 1) b += comm_scratch;  // comm_scratch_bytes
   return b;

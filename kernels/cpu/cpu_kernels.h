@@ -71,6 +71,16 @@ void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd
                                 const float* b, const float* w, const float* bias, int N, int C);
 void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a, const float* b,
                               const float* w, int N, int C, float eps);
+// The four forwards with out narrowed to dt in the same pass (Ops' *_forward_lp).
+void layernorm_forward_lp(DType dt, uint16_t* out, float* mean, float* rstd, const float* inp,
+                          const float* w, const float* b, int N, int C);
+void residual_layernorm_forward_lp(DType dt, float* res, uint16_t* out, float* mean, float* rstd,
+                                   const float* a, const float* b, const float* w,
+                                   const float* bias, int N, int C);
+void rmsnorm_forward_lp(DType dt, uint16_t* out, float* rstd, const float* inp, const float* w,
+                        int N, int C, float eps);
+void residual_rmsnorm_forward_lp(DType dt, float* res, uint16_t* out, float* rstd, const float* a,
+                                 const float* b, const float* w, int N, int C, float eps);
 
 // elementwise.cpp
 void gelu_forward(float* out, const float* inp, size_t n);
@@ -82,6 +92,9 @@ void swiglu_forward_lp(DType dt, uint16_t* out, const float* gu, int N, int F);
 void gelu_forward_lp(DType dt, uint16_t* out, const float* inp, size_t n);
 void swiglu_backward(float* dgu, const float* dout, const float* gu, int N, int F,
                      bool set = false);
+// narrow(dt, swiglu_backward(set = true)) in one pass (Ops::swiglu_backward_lp_set).
+void swiglu_backward_lp_set(DType dt, uint16_t* dgu, const float* dout, const float* gu, int N,
+                            int F);
 void residual_forward(float* out, const float* a, const float* b, size_t n);
 double sum_squares(const float* x, size_t n);
 void scale(float* x, float a, size_t n);
@@ -97,6 +110,12 @@ void round_copy(DType dt, float* dst, const float* src, size_t n);  // dst = rou
 // rope.cpp
 void rope_forward(float* qkv, int B, int T, int H, int KVH, int hd, float theta);
 void rope_backward(float* dqkv, int B, int T, int H, int KVH, int hd, float theta);
+// narrow(dt, rope_forward / rope_backward of a copy of the input) into the 16-bit output
+// (Ops::rope_forward_lp, rope_backward_lp).
+void rope_forward_lp(DType dt, uint16_t* qkv16, const float* qkv, int B, int T, int H, int KVH,
+                     int hd, float theta);
+void rope_backward_lp(DType dt, uint16_t* dqkv16, const float* dqkv, int B, int T, int H, int KVH,
+                      int hd, float theta);
 
 // attention.cpp
 // compute = BF16 / F16: the tile products (Q K^T, P V, and in the backward dO V^T, P^T dO,

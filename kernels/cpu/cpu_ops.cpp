@@ -1,5 +1,6 @@
 // The CPU backend: forwards every Ops method to its sw::cpu function.
 #include "core/alloc.h"
+#include "core/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/ops.h"
 #include "kernels/threads.h"
@@ -8,15 +9,24 @@ namespace sw {
 
 namespace {
 
-// A 16-bit product input widened to fp32 for the CPU's products (which round it back to the
-// same values): n floats of this thread's grow-only scratch, kept between calls (no
-// allocation in the steady state; counted by the planner's CPU kernel workspace).
-const float* widened_input(DType t, const uint16_t* in16, size_t n) {
-  thread_local Buffer scratch;
-  if (scratch.bytes() < n * sizeof(float)) scratch = Buffer(n * sizeof(float), Mem::Workspace);
-  cpu::widen(t, in16, scratch.f32(), n);
-  return scratch.f32();
+// This thread's grow-only fp32 scratch `slot`, at least n floats, kept between calls (no
+// allocation in the steady state; counted by the planner's CPU kernel workspace). Slots: 0 a
+// gradient operand, 1 an input, 2 attention's qkv, 3 attention's output.
+float* slot_f32(int slot, size_t n) {
+  thread_local Buffer scratch[4];
+  Buffer& b = scratch[slot];
+  if (b.bytes() < n * sizeof(float)) b = Buffer(n * sizeof(float), Mem::Workspace);
+  return b.f32();
 }
+// A 16-bit product operand widened to fp32 for the CPU's products (which round it back to the
+// same values) in scratch `slot`; an fp32 operand is its own pointer.
+const float* widened(DType t, Operand x, size_t n, int slot) {
+  if (!x.lp) return x.f32;
+  float* w = slot_f32(slot, n);
+  cpu::widen(t, x.lp, w, n);
+  return w;
+}
+size_t extent(int r, int c) { return size_t(r > 0 ? r : 0) * size_t(c > 0 ? c : 0); }
 
 // compute_ is the precision of the matrix products (gemm, linear, attention, LM head); every
 // other op is fp32 whatever it is.
@@ -131,18 +141,72 @@ class CpuOps final : public Ops {
     require_lowp("gelu_forward_lp");
     cpu::gelu_forward_lp(compute_, out16, inp, n);
   }
-  void linear_forward_lp(float* out, const uint16_t* inp16, const float* w, const float* b, int N,
-                         int C, int OC) const override {
-    require_lowp("linear_forward_lp");
-    const float* x = widened_input(compute_, inp16, size_t(N > 0 ? N : 0) * size_t(C > 0 ? C : 0));
-    cpu::linear_forward_lowp(compute_, out, x, w, b, N, C, OC);
+  void rmsnorm_forward_lp(uint16_t* out16, float* rstd, const float* inp, const float* w, int N,
+                          int C, float eps) const override {
+    require_lowp("rmsnorm_forward_lp");
+    cpu::rmsnorm_forward_lp(compute_, out16, rstd, inp, w, N, C, eps);
   }
-  void linear_backward_lp_set(float* dinp, float* dw, float* db, const float* dout,
-                              const uint16_t* inp16, const float* w, int N, int C,
-                              int OC) const override {
+  void residual_rmsnorm_forward_lp(float* res, uint16_t* out16, float* rstd, const float* a,
+                                   const float* b, const float* w, int N, int C,
+                                   float eps) const override {
+    require_lowp("residual_rmsnorm_forward_lp");
+    cpu::residual_rmsnorm_forward_lp(compute_, res, out16, rstd, a, b, w, N, C, eps);
+  }
+  void layernorm_forward_lp(uint16_t* out16, float* mean, float* rstd, const float* inp,
+                            const float* w, const float* b, int N, int C) const override {
+    require_lowp("layernorm_forward_lp");
+    cpu::layernorm_forward_lp(compute_, out16, mean, rstd, inp, w, b, N, C);
+  }
+  void residual_layernorm_forward_lp(float* res, uint16_t* out16, float* mean, float* rstd,
+                                     const float* a, const float* b, const float* w,
+                                     const float* bias, int N, int C) const override {
+    require_lowp("residual_layernorm_forward_lp");
+    cpu::residual_layernorm_forward_lp(compute_, res, out16, mean, rstd, a, b, w, bias, N, C);
+  }
+  void swiglu_backward_lp_set(uint16_t* dgu16, const float* dout, const float* gu, int N,
+                              int F) const override {
+    require_lowp("swiglu_backward_lp_set");
+    cpu::swiglu_backward_lp_set(compute_, dgu16, dout, gu, N, F);
+  }
+  void rope_backward_lp(uint16_t* dqkv16, const float* dqkv, int B, int T, int H, int KVH, int hd,
+                        float theta) const override {
+    require_lowp("rope_backward_lp");
+    cpu::rope_backward_lp(compute_, dqkv16, dqkv, B, T, H, KVH, hd, theta);
+  }
+  void rope_forward_lp(uint16_t* qkv16, const float* qkv, int B, int T, int H, int KVH, int hd,
+                       float theta) const override {
+    require_lowp("rope_forward_lp");
+    cpu::rope_forward_lp(compute_, qkv16, qkv, B, T, H, KVH, hd, theta);
+  }
+  void attention_forward_lp(uint16_t* out16, float* lse, const uint16_t* qkv16, int B, int T,
+                            int H, int KVH, int hd) const override {
+    require_lowp("attention_forward_lp");
+    const size_t nq = extent(B * T, (H + 2 * KVH) * hd), no = extent(B * T, H * hd);
+    float* o = slot_f32(3, no);
+    cpu::attention_forward(o, lse, widened(compute_, qkv16, nq, 2), B, T, H, KVH, hd, compute_);
+    cpu::narrow(compute_, o, out16, no);
+  }
+  void attention_backward_lp_set(float* dqkv, const float* dout, const uint16_t* qkv16,
+                                 const uint16_t* out16, const float* lse, int B, int T, int H,
+                                 int KVH, int hd) const override {
+    require_lowp("attention_backward_lp_set");
+    const size_t nq = extent(B * T, (H + 2 * KVH) * hd), no = extent(B * T, H * hd);
+    cpu::attention_backward(dqkv, dout, widened(compute_, qkv16, nq, 2),
+                            widened(compute_, out16, no, 3), lse, B, T, H, KVH, hd, compute_, true);
+  }
+  void linear_forward_lp(float* out, Operand inp, const float* w, const float* b, int N, int C,
+                         int OC) const override {
+    require_lowp("linear_forward_lp");
+    cpu::linear_forward_lowp(compute_, out, widened(compute_, inp, extent(N, C), 1), w, b, N, C,
+                             OC);
+  }
+  void linear_backward_lp_set(float* dinp, float* dw, float* db, Operand dout, Operand inp,
+                              const float* w, int N, int C, int OC) const override {
     require_lowp("linear_backward_lp_set");
-    const float* x = widened_input(compute_, inp16, size_t(N > 0 ? N : 0) * size_t(C > 0 ? C : 0));
-    cpu::linear_backward_lowp(compute_, dinp, dw, db, dout, x, w, N, C, OC, 0.f);
+    SW_CHECK(!db || dout.f32,
+             "linear_backward_lp_set: db needs the fp32 dout (a 16-bit one is given)");
+    cpu::linear_backward_lowp(compute_, dinp, dw, db, widened(compute_, dout, extent(N, OC), 0),
+                              widened(compute_, inp, extent(N, C), 1), w, N, C, OC, 0.f);
   }
   double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w,
                      const int32_t* targets, int N, int C, int V,

@@ -155,15 +155,16 @@ void swiglu_forward_lp(DType dt, uint16_t* out, const float* gu, int N, int F) {
 }
 
 // d up += dout * silu(g);  d gate += dout * up * silu'(g), silu'(g) = s (1 + g (1 - s)).
-template <bool Set>
-void swiglu_backward_t(float* dgu, const float* dout, const float* gu, int N, int F) {
+// Set: written as 0 + g, the old values never read; T = uint16_t (with Set): narrowed to dt.
+template <bool Set, class T>
+void swiglu_backward_t(T* dgu, const float* dout, const float* gu, int N, int F, DType dt) {
   const size_t F2 = 2 * static_cast<size_t>(F);
 #pragma omp parallel for schedule(static) if (parallel : static_cast<size_t>(N) * F >= kParallelMin)
   for (int n = 0; n < N; ++n) {
     const float* g = gu + n * F2;
     const float* up = g + F;
-    float* dg = dgu + n * F2;
-    float* dup = dg + F;
+    T* dg = dgu + n * F2;
+    T* dup = dg + F;
     const float* d = dout + static_cast<size_t>(n) * F;
 #pragma omp simd
     for (int i = 0; i < F; ++i) {
@@ -172,17 +173,27 @@ void swiglu_backward_t(float* dgu, const float* dout, const float* gu, int N, in
       const float one_minus_s = e * s;
       const float gup = d[i] * g[i] * s;
       const float ggate = d[i] * up[i] * s * (1.f + g[i] * one_minus_s);
-      dup[i] = (Set ? 0.f : dup[i]) + gup;
-      dg[i] = (Set ? 0.f : dg[i]) + ggate;
+      if constexpr (std::is_same_v<T, float>) {
+        dup[i] = (Set ? 0.f : dup[i]) + gup;
+        dg[i] = (Set ? 0.f : dg[i]) + ggate;
+      } else {
+        static_assert(Set, "the 16-bit form writes, it cannot accumulate");
+        dup[i] = to_half(dt, 0.f + gup);
+        dg[i] = to_half(dt, 0.f + ggate);
+      }
     }
   }
 }
 
 void swiglu_backward(float* dgu, const float* dout, const float* gu, int N, int F, bool set) {
   if (set)
-    swiglu_backward_t<true>(dgu, dout, gu, N, F);
+    swiglu_backward_t<true>(dgu, dout, gu, N, F, DType::F32);
   else
-    swiglu_backward_t<false>(dgu, dout, gu, N, F);
+    swiglu_backward_t<false>(dgu, dout, gu, N, F, DType::F32);
+}
+void swiglu_backward_lp_set(DType dt, uint16_t* dgu, const float* dout, const float* gu, int N,
+                            int F) {
+  swiglu_backward_t<true>(dgu, dout, gu, N, F, dt);
 }
 
 // out = a + b; out may alias a or b (same index only: no loop-carried dependence, so `simd`

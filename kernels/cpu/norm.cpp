@@ -99,28 +99,37 @@ inline float row_sum(int C, const F& f) {
 // One LayerNorm row given sum(x) (computed by the caller with row_sum, so that the fused
 // residual variant below produces the same bits): o = (x - mean) * rstd * w + b [b may be null].
 // Two passes for the variance (the row is in L1), so no E[x^2] - E[x]^2 cancellation.
-inline void layernorm_row(float* o, float* mean, float* rstd, const float* x, float sum,
-                          const float* w, const float* b, int C) {
+// An output element: the float, or (uint16_t: the *_forward_lp forms) narrowed to dt as
+// narrow() writes it.
+inline void store(float* o, float v, DType) { *o = v; }
+inline void store(uint16_t* o, float v, DType dt) {
+  *o = dt == DType::BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+}
+
+template <class T>
+inline void layernorm_row(T* o, float* mean, float* rstd, const float* x, float sum,
+                          const float* w, const float* b, int C, DType dt) {
   const float m = sum / C;
   const float v = row_sum(C, [x, m](int i) { return (x[i] - m) * (x[i] - m); });
   const float r = 1.f / std::sqrt(v / C + kLayerNormEps);
   if (b) {
 #pragma omp simd
-    for (int i = 0; i < C; ++i) o[i] = (x[i] - m) * r * w[i] + b[i];
+    for (int i = 0; i < C; ++i) store(o + i, (x[i] - m) * r * w[i] + b[i], dt);
   } else {
 #pragma omp simd
-    for (int i = 0; i < C; ++i) o[i] = (x[i] - m) * r * w[i];
+    for (int i = 0; i < C; ++i) store(o + i, (x[i] - m) * r * w[i], dt);
   }
   if (mean) *mean = m;
   if (rstd) *rstd = r;
 }
 
 // One RMSNorm row given sum(x^2): o = x * rstd * w.
-inline void rmsnorm_row(float* o, float* rstd, const float* x, float ss, const float* w, int C,
-                        float eps) {
+template <class T>
+inline void rmsnorm_row(T* o, float* rstd, const float* x, float ss, const float* w, int C,
+                        float eps, DType dt) {
   const float r = 1.f / std::sqrt(ss / C + eps);
 #pragma omp simd
-  for (int i = 0; i < C; ++i) o[i] = x[i] * r * w[i];
+  for (int i = 0; i < C; ++i) store(o + i, x[i] * r * w[i], dt);
   if (rstd) *rstd = r;
 }
 
@@ -145,31 +154,102 @@ inline float residual_row_sumsq(float* res, const float* a, const float* b, int 
 
 }  // namespace
 
-// out = (inp - mean) * rstd * w + b  [b may be null]; mean, rstd (N) saved for backward (either
-// may be null when no backward follows).
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
-                       const float* b, int N, int C) {
+namespace {
+
+template <class T>
+void layernorm_forward_t(T* out, float* mean, float* rstd, const float* inp, const float* w,
+                         const float* b, int N, int C, DType dt) {
 #pragma omp parallel for schedule(static) if (parallel : static_cast<size_t>(N) * C >= kParallelMin)
   for (int n = 0; n < N; ++n) {
     const size_t off = static_cast<size_t>(n) * C;
     const float* x = inp + off;
     layernorm_row(out + off, mean ? mean + n : nullptr, rstd ? rstd + n : nullptr, x,
-                  row_sum(C, [x](int i) { return x[i]; }), w, b, C);
+                  row_sum(C, [x](int i) { return x[i]; }), w, b, C, dt);
   }
 }
 
-// res = a + b (res may alias a or b); out = LayerNorm(res). Row by row: the residual row is
-// summed while it is written, then normalised while it is still in L1.
-void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a,
-                                const float* b, const float* w, const float* bias, int N, int C) {
+// Row by row: the residual row is summed while it is written, then normalised while it is
+// still in L1.
+template <class T>
+void residual_layernorm_forward_t(float* res, T* out, float* mean, float* rstd, const float* a,
+                                  const float* b, const float* w, const float* bias, int N, int C,
+                                  DType dt) {
 #pragma omp parallel for schedule(static) if (parallel : static_cast<size_t>(N) * C >= kParallelMin)
   for (int n = 0; n < N; ++n) {
     const size_t off = static_cast<size_t>(n) * C;
     float* r = res + off;
     const float sum = residual_row_sum(r, a + off, b + off, C);
     layernorm_row(out + off, mean ? mean + n : nullptr, rstd ? rstd + n : nullptr, r, sum, w,
-                  bias, C);
+                  bias, C, dt);
   }
+}
+
+template <class T>
+void rmsnorm_forward_t(T* out, float* rstd, const float* inp, const float* w, int N, int C,
+                       float eps, DType dt) {
+#pragma omp parallel for schedule(static) if (parallel : static_cast<size_t>(N) * C >= kParallelMin)
+  for (int n = 0; n < N; ++n) {
+    const size_t off = static_cast<size_t>(n) * C;
+    const float* x = inp + off;
+    rmsnorm_row(out + off, rstd ? rstd + n : nullptr, x,
+                row_sum(C, [x](int i) { return x[i] * x[i]; }), w, C, eps, dt);
+  }
+}
+
+template <class T>
+void residual_rmsnorm_forward_t(float* res, T* out, float* rstd, const float* a, const float* b,
+                                const float* w, int N, int C, float eps, DType dt) {
+#pragma omp parallel for schedule(static) if (parallel : static_cast<size_t>(N) * C >= kParallelMin)
+  for (int n = 0; n < N; ++n) {
+    const size_t off = static_cast<size_t>(n) * C;
+    float* r = res + off;
+    const float ss = residual_row_sumsq(r, a + off, b + off, C);
+    rmsnorm_row(out + off, rstd ? rstd + n : nullptr, r, ss, w, C, eps, dt);
+  }
+}
+
+}  // namespace
+
+// out = (inp - mean) * rstd * w + b  [b may be null]; mean, rstd (N) saved for backward (either
+// may be null when no backward follows). The *_lp forms write out narrowed to dt.
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                       const float* b, int N, int C) {
+  layernorm_forward_t(out, mean, rstd, inp, w, b, N, C, DType::F32);
+}
+void layernorm_forward_lp(DType dt, uint16_t* out, float* mean, float* rstd, const float* inp,
+                          const float* w, const float* b, int N, int C) {
+  layernorm_forward_t(out, mean, rstd, inp, w, b, N, C, dt);
+}
+
+// res = a + b (res may alias a or b); out = LayerNorm(res).
+void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a,
+                                const float* b, const float* w, const float* bias, int N, int C) {
+  residual_layernorm_forward_t(res, out, mean, rstd, a, b, w, bias, N, C, DType::F32);
+}
+void residual_layernorm_forward_lp(DType dt, float* res, uint16_t* out, float* mean, float* rstd,
+                                   const float* a, const float* b, const float* w,
+                                   const float* bias, int N, int C) {
+  residual_layernorm_forward_t(res, out, mean, rstd, a, b, w, bias, N, C, dt);
+}
+
+// out = inp * rstd * w, rstd = 1 / sqrt(mean(inp^2) + eps); rstd (N) may be null.
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C,
+                     float eps) {
+  rmsnorm_forward_t(out, rstd, inp, w, N, C, eps, DType::F32);
+}
+void rmsnorm_forward_lp(DType dt, uint16_t* out, float* rstd, const float* inp, const float* w,
+                        int N, int C, float eps) {
+  rmsnorm_forward_t(out, rstd, inp, w, N, C, eps, dt);
+}
+
+// res = a + b (res may alias a or b); out = RMSNorm(res), as residual_layernorm_forward.
+void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a, const float* b,
+                              const float* w, int N, int C, float eps) {
+  residual_rmsnorm_forward_t(res, out, rstd, a, b, w, N, C, eps, DType::F32);
+}
+void residual_rmsnorm_forward_lp(DType dt, float* res, uint16_t* out, float* rstd, const float* a,
+                                 const float* b, const float* w, int N, int C, float eps) {
+  residual_rmsnorm_forward_t(res, out, rstd, a, b, w, N, C, eps, dt);
 }
 
 // With xhat = (x - mean) * rstd and g = dout:
@@ -223,30 +303,6 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
     // (implicit barrier: all partials are written)
     reduce_blocks(dw, part, stride, rb.count, C);
     reduce_blocks(db, part + Cp, stride, rb.count, C);
-  }
-}
-
-// out = inp * rstd * w, rstd = 1 / sqrt(mean(inp^2) + eps); rstd (N) may be null.
-void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C,
-                     float eps) {
-#pragma omp parallel for schedule(static) if (parallel : static_cast<size_t>(N) * C >= kParallelMin)
-  for (int n = 0; n < N; ++n) {
-    const size_t off = static_cast<size_t>(n) * C;
-    const float* x = inp + off;
-    rmsnorm_row(out + off, rstd ? rstd + n : nullptr, x,
-                row_sum(C, [x](int i) { return x[i] * x[i]; }), w, C, eps);
-  }
-}
-
-// res = a + b (res may alias a or b); out = RMSNorm(res), as residual_layernorm_forward.
-void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a, const float* b,
-                              const float* w, int N, int C, float eps) {
-#pragma omp parallel for schedule(static) if (parallel : static_cast<size_t>(N) * C >= kParallelMin)
-  for (int n = 0; n < N; ++n) {
-    const size_t off = static_cast<size_t>(n) * C;
-    float* r = res + off;
-    const float ss = residual_row_sumsq(r, a + off, b + off, C);
-    rmsnorm_row(out + off, rstd ? rstd + n : nullptr, r, ss, w, C, eps);
   }
 }
 

@@ -5,6 +5,7 @@
 //   y[i + hd/2] = x[i+hd/2] cos + x[i] sin
 // Backward applies the transpose (= inverse) rotation to the gradient, in place.
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "core/alloc.h"
@@ -54,32 +55,55 @@ const RopeTable& rope_table(int T, int hd, float theta) {
   return tab;
 }
 
-// Rotates the q and k heads of every (b, t) row by +angle (sign = 1) or -angle (sign = -1).
-void rope_apply(float* qkv, int B, int T, int H, int KVH, int hd, float theta, float sign) {
+inline float out_of(float v, DType) { return v; }
+inline uint16_t out_of16(float v, DType dt) {
+  return dt == DType::BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+}
+
+// Rotates the q and k heads of every (b, t) row of `in` by +angle (sign = 1) or -angle
+// (sign = -1) into `out` (T = float: out == in, in place; T = uint16_t: out of place, narrowed
+// to dt, the v heads narrowed as they are).
+template <class T>
+void rope_apply(T* out, const float* in, int B, int Tn, int H, int KVH, int hd, float theta,
+                float sign, DType dt) {
   SW_CHECK(hd % 2 == 0, "rope: head dim must be even");
-  const RopeTable& tab = rope_table(T, hd, theta);
+  const RopeTable& tab = rope_table(Tn, hd, theta);
   const int half = hd / 2;
-  const int rot_heads = H + KVH;  // q heads then k heads; v heads follow and stay untouched
+  const int rot_heads = H + KVH;  // q heads then k heads; v heads follow
   const size_t row = static_cast<size_t>(H + 2 * KVH) * hd;
-  const int BT = B * T;
+  const int BT = B * Tn;
   const float* cos_tab = tab.cos();
   const float* sin_tab = tab.sin();
+  auto put = [dt](float v) {
+    if constexpr (std::is_same_v<T, float>)
+      return out_of(v, dt);
+    else
+      return out_of16(v, dt);
+  };
 #pragma omp parallel for schedule(static) \
     if (parallel : static_cast<size_t>(BT) * rot_heads * hd >= kParallelMin)
   for (int n = 0; n < BT; ++n) {
-    const int t = n % T;
+    const int t = n % Tn;
     const float* c = cos_tab + static_cast<size_t>(t) * half;
     const float* s = sin_tab + static_cast<size_t>(t) * half;
-    float* base = qkv + n * row;
+    const float* base = in + n * row;
+    T* obase = out + n * row;
     for (int h = 0; h < rot_heads; ++h) {
-      float* x1 = base + static_cast<size_t>(h) * hd;
-      float* x2 = x1 + half;
+      const float* x1 = base + static_cast<size_t>(h) * hd;
+      const float* x2 = x1 + half;
+      T* y1 = obase + static_cast<size_t>(h) * hd;
+      T* y2 = y1 + half;
 #pragma omp simd
       for (int i = 0; i < half; ++i) {
         const float a = x1[i], b = x2[i], sn = sign * s[i];
-        x1[i] = a * c[i] - b * sn;
-        x2[i] = b * c[i] + a * sn;
+        y1[i] = put(a * c[i] - b * sn);
+        y2[i] = put(b * c[i] + a * sn);
       }
+    }
+    if constexpr (!std::is_same_v<T, float>) {
+      const size_t v0 = static_cast<size_t>(rot_heads) * hd;
+#pragma omp simd
+      for (size_t i = v0; i < row; ++i) obase[i] = put(base[i]);
     }
   }
 }
@@ -87,11 +111,21 @@ void rope_apply(float* qkv, int B, int T, int H, int KVH, int hd, float theta, f
 }  // namespace
 
 void rope_forward(float* qkv, int B, int T, int H, int KVH, int hd, float theta) {
-  rope_apply(qkv, B, T, H, KVH, hd, theta, 1.f);
+  rope_apply(qkv, qkv, B, T, H, KVH, hd, theta, 1.f, DType::F32);
 }
 
 void rope_backward(float* dqkv, int B, int T, int H, int KVH, int hd, float theta) {
-  rope_apply(dqkv, B, T, H, KVH, hd, theta, -1.f);
+  rope_apply(dqkv, dqkv, B, T, H, KVH, hd, theta, -1.f, DType::F32);
+}
+
+void rope_forward_lp(DType dt, uint16_t* qkv16, const float* qkv, int B, int T, int H, int KVH,
+                     int hd, float theta) {
+  rope_apply(qkv16, qkv, B, T, H, KVH, hd, theta, 1.f, dt);
+}
+
+void rope_backward_lp(DType dt, uint16_t* dqkv16, const float* dqkv, int B, int T, int H, int KVH,
+                      int hd, float theta) {
+  rope_apply(dqkv16, dqkv, B, T, H, KVH, hd, theta, -1.f, dt);
 }
 
 }  // namespace sw::cpu

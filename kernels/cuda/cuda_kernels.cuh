@@ -26,12 +26,20 @@ void swiglu_forward_lp(cudaStream_t s, int dt, uint16_t* out16, const float* gu,
 void gelu_forward_lp(cudaStream_t s, int dt, uint16_t* out16, const float* inp, size_t n);
 void swiglu_backward(cudaStream_t s, float* dgu, const float* dout, const float* gu, int N, int F,
                      bool set = false);
+// narrow(dt, swiglu_backward with set) in one pass (Ops::swiglu_backward_lp_set).
+void swiglu_backward_lp_set(cudaStream_t s, int dt, uint16_t* dgu16, const float* dout,
+                            const float* gu, int N, int F);
 void residual_forward(cudaStream_t s, float* out, const float* a, const float* b, size_t n);
 // RoPE: the (cos, sin) table of (T, hd / 2) angle pairs (2 T hd/2 floats, 16-byte aligned for
 // the two-pair kernel), then the rotation of q and k by it (sign -1: the inverse rotation).
 void rope_table(cudaStream_t s, float* tab, int T, int hd, float theta);
 void rope_apply(cudaStream_t s, float* qkv, const float* tab, int B, int T, int H, int KVH,
                 int hd, float sign);
+// Out of place, narrowed: dst16 = narrow(dt, rope_apply of a copy of src), the v heads narrowed as
+// they are; src is only read (Ops::rope_forward_lp, sign 1; rope_backward_lp, sign -1). dst16
+// and src must not overlap.
+void rope_apply_lp(cudaStream_t s, int dt, uint16_t* dst16, const float* src, const float* tab,
+                   int B, int T, int H, int KVH, int hd, float sign);
 void adamw(cudaStream_t s, float* param, const float* grad, float* m, float* v, size_t n,
            float lr, float beta1, float beta2, float eps, float wd, int step, float grad_mult);
 void scale(cudaStream_t s, float* x, float a, size_t n);
@@ -60,12 +68,15 @@ void sum_rows(cudaStream_t s, double* result, const float* x, int n, bool accumu
 // Column sums db(C) += sum_n dout[n] (linear's bias gradient). ws: colsum_ws(N, C) floats.
 size_t colsum_ws(int N, int C);
 void colsum_accumulate(cudaStream_t s, float* db, const float* dout, int N, int C, float* ws);
-// res may be null (plain norm) or a + b (fused residual; res may alias a or b).
+// res may be null (plain norm) or a + b (fused residual; res may alias a or b). With out16 (out
+// then unused): the output narrowed to dt (1 bf16, 2 f16) as cuda::narrow rounds it, in the
+// same pass, bit for bit narrow(out) (Ops' *norm_forward_lp); mean, rstd and res unchanged.
 void layernorm_forward(cudaStream_t s, float* res, float* out, float* mean, float* rstd,
                        const float* inp, const float* b_res, const float* w, const float* bias,
-                       int N, int C);
+                       int N, int C, uint16_t* out16 = nullptr, int dt = 0);
 void rmsnorm_forward(cudaStream_t s, float* res, float* out, float* rstd, const float* inp,
-                     const float* b_res, const float* w, int N, int C, float eps);
+                     const float* b_res, const float* w, int N, int C, float eps,
+                     uint16_t* out16 = nullptr, int dt = 0);
 void layernorm_backward(cudaStream_t s, float* dinp, float* dw, float* db, const float* dout,
                         const float* inp, const float* w, const float* mean, const float* rstd,
                         int N, int C, float* ws);

@@ -3,7 +3,9 @@
 // start, like the device allocator in cuda_runtime.cu, once per compute precision (F32, BF16,
 // F16: ops_for(device, compute)).
 //
-// Precision, as the CPU backend defines it (kernels/ops.h): every pointer is fp32 in memory.
+// Precision, as the CPU backend defines it (kernels/ops.h): every pointer is fp32 in memory,
+// except the 16-bit operands and outputs of the *_lp forms (compute()'s values, as narrow
+// writes them).
 // F32 computes everything in fp32 (cuBLAS with fp32 compute and the default math mode: no
 // TF32). BF16 / F16 round the operands of the matrix products (gemm, linear_*, attention_*,
 // lmhead_xent) to bf16 / fp16 with the host's bit formulas (cuda::narrow: round to nearest
@@ -44,6 +46,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -455,30 +458,45 @@ class CudaOps final : public Ops {
     const uint16_t* b16 = narrowed(s, Slot::Lowp1, B, ldb, br, bc);
     gemm16(ta, tb, M, N, K, alpha, a16, ac, b16, bc, beta, C, ldc);
   }
+  // gemm's low-precision branch with each operand either 16-bit already (handed to cuBLAS as it
+  // is, with its own leading dimension) or fp32 (narrowed into a dense copy, as gemm does).
+  // An empty K (C = beta C) goes through Ops' default, through gemm.
+  void gemm_lp(bool ta, bool tb, int M, int N, int K, float alpha, Operand A, int lda, Operand B,
+               int ldb, float beta, float* C, int ldc) const override {
+    SW_OP_TIME();
+    require_lowp("gemm_lp");
+    if (M <= 0 || N <= 0) return;  // nothing to write (gemm_raw's early return)
+    if (K <= 0) return Ops::gemm_lp(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    const cudaStream_t s = begin();
+    const int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+    const uint16_t* a16 = A.lp ? A.lp : narrowed(s, Slot::Lowp0, A.f32, lda, ar, ac);
+    const uint16_t* b16 = B.lp ? B.lp : narrowed(s, Slot::Lowp1, B.f32, ldb, br, bc);
+    gemm16(ta, tb, M, N, K, alpha, a16, A.lp ? lda : ac, b16, B.lp ? ldb : bc, beta, C, ldc);
+  }
 
   void linear_forward(float* out, const float* inp, const float* w, const float* b, int N, int C,
                       int OC) const override {
     SW_OP_TIME();
-    linear_forward_any(out, inp, nullptr, w, b, N, C, OC);
+    linear_forward_any(out, inp, w, b, N, C, OC);
   }
-  // The input already 16-bit (kernels/ops.h): no narrowing of x.
-  void linear_forward_lp(float* out, const uint16_t* inp16, const float* w, const float* b, int N,
-                         int C, int OC) const override {
+  // The input may be 16-bit already (kernels/ops.h): then no narrowing of x.
+  void linear_forward_lp(float* out, Operand inp, const float* w, const float* b, int N, int C,
+                         int OC) const override {
     SW_OP_TIME();
     require_lowp("linear_forward_lp");
-    linear_forward_any(out, nullptr, inp16, w, b, N, C, OC);
+    linear_forward_any(out, inp, w, b, N, C, OC);
   }
-  // inp (fp32) or inp16 (compute_'s 16-bit values; lowp only).
-  void linear_forward_any(float* out, const float* inp, const uint16_t* inp16, const float* w,
-                          const float* b, int N, int C, int OC) const {
+  // inp fp32, or 16-bit (compute_'s values; lowp only).
+  void linear_forward_any(float* out, Operand inp, const float* w, const float* b, int N, int C,
+                          int OC) const {
     const cudaStream_t s = begin();
     if (b) cuda::add_bias_rows(s, out, b, N, OC);
-    if (!lowp() || N <= 0 || OC <= 0 || C <= 0) {  // (inp16 only with lowp: C = 0, no reads)
-      gemm_raw(false, true, N, OC, C, 1.f, inp, C, w, C, b ? 1.f : 0.f, out, OC);
+    if (!lowp() || N <= 0 || OC <= 0 || C <= 0) {  // (inp.lp only with lowp: C = 0, no reads)
+      gemm_raw(false, true, N, OC, C, 1.f, inp.f32, C, w, C, b ? 1.f : 0.f, out, OC);
       return;
     }
     // out = b, then out += x w^T with beta = 1 (the CPU's order: bias first, then the product).
-    const uint16_t* x16 = inp16 ? inp16 : narrowed(s, Slot::Lowp0, inp, C, N, C);
+    const uint16_t* x16 = inp.lp ? inp.lp : narrowed(s, Slot::Lowp0, inp.f32, C, N, C);
     const uint16_t* w16 = narrowed(s, Slot::Lowp1, w, C, OC, C);
     gemm16(false, true, N, OC, C, 1.f, x16, C, w16, C, b ? 1.f : 0.f, out, OC);
   }
@@ -497,37 +515,41 @@ class CudaOps final : public Ops {
     SW_OP_TIME();
     linear_backward_beta(dinp, dw, db, dout, inp, w, N, C, OC, 0.f);
   }
-  void linear_backward_lp_set(float* dinp, float* dw, float* db, const float* dout,
-                              const uint16_t* inp16, const float* w, int N, int C,
-                              int OC) const override {
+  // dout and inp each fp32 or 16-bit; db, a column sum, needs the fp32 dout.
+  void linear_backward_lp_set(float* dinp, float* dw, float* db, Operand dout, Operand inp,
+                              const float* w, int N, int C, int OC) const override {
     SW_OP_TIME();
     require_lowp("linear_backward_lp_set");
-    linear_backward_beta(dinp, dw, db, dout, nullptr, w, N, C, OC, 0.f, inp16);
+    SW_CHECK(!db || dout.f32,
+             "linear_backward_lp_set: db needs the fp32 dout (a 16-bit one is given)");
+    linear_backward_beta(dinp, dw, db, dout, inp, w, N, C, OC, 0.f);
   }
-  // inp (fp32) or inp16 (compute_'s 16-bit values; lowp only, and then N, C, OC > 0 or dw
-  // has nothing to add).
-  void linear_backward_beta(float* dinp, float* dw, float* db, const float* dout,
-                            const float* inp, const float* w, int N, int C, int OC,
-                            float dinp_beta, const uint16_t* inp16 = nullptr) const {
+  // dout and inp fp32, or 16-bit (compute_'s values; lowp only, and then db null where dout is
+  // 16-bit; with N, C or OC = 0, dw has nothing to add).
+  void linear_backward_beta(float* dinp, float* dw, float* db, Operand dout, Operand inp,
+                            const float* w, int N, int C, int OC, float dinp_beta) const {
     const cudaStream_t s = begin();
     if (!lowp() || N <= 0 || OC <= 0 || C <= 0) {
-      // OC = 0 is an empty product: dinp = dinp_beta * dinp (gemm_raw's K = 0 case).
-      if (dinp) gemm_raw(false, false, N, C, OC, 1.f, dout, OC, w, C, dinp_beta, dinp, C);
-      // dw += dout^T x: nothing to add when N, OC or C is 0 (and inp16 only comes with lowp).
-      if (dw && !inp16) gemm_raw(true, false, OC, C, N, 1.f, dout, OC, inp, C, 1.f, dw, C);
+      // OC = 0 is an empty product: dinp = dinp_beta * dinp (gemm_raw's K = 0 case; a 16-bit
+      // dout comes only with lowp, and is then not read).
+      if (dinp) gemm_raw(false, false, N, C, OC, 1.f, dout.f32, OC, w, C, dinp_beta, dinp, C);
+      // dw += dout^T x: nothing to add when N, OC or C is 0 (and 16-bit operands only come
+      // with lowp).
+      if (dw && !dout.lp && !inp.lp)
+        gemm_raw(true, false, OC, C, N, 1.f, dout.f32, OC, inp.f32, C, 1.f, dw, C);
     } else if (dinp || dw) {
-      const uint16_t* d16 = narrowed(s, Slot::Lowp0, dout, OC, N, OC);
+      const uint16_t* d16 = dout.lp ? dout.lp : narrowed(s, Slot::Lowp0, dout.f32, OC, N, OC);
       if (dinp) {
         const uint16_t* w16 = narrowed(s, Slot::Lowp1, w, C, OC, C);
         gemm16(false, false, N, C, OC, 1.f, d16, OC, w16, C, dinp_beta, dinp, C);
       }
       if (dw) {
-        const uint16_t* x16 = inp16 ? inp16 : narrowed(s, Slot::Lowp2, inp, C, N, C);
+        const uint16_t* x16 = inp.lp ? inp.lp : narrowed(s, Slot::Lowp2, inp.f32, C, N, C);
         gemm16(true, false, OC, C, N, 1.f, d16, OC, x16, C, 1.f, dw, C);
       }
     }
     if (db && N > 0 && OC > 0)
-      cuda::colsum_accumulate(s, db, dout, N, OC, wsf(Slot::Norm, cuda::colsum_ws(N, OC)));
+      cuda::colsum_accumulate(s, db, dout.f32, N, OC, wsf(Slot::Norm, cuda::colsum_ws(N, OC)));
   }
 
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
@@ -578,6 +600,35 @@ class CudaOps final : public Ops {
     SW_OP_TIME();
     cuda::rmsnorm_forward(begin(), res, out, rstd, a, b, w, N, C, eps);
   }
+  // The norms' 16-bit outputs: the fp32 kernels with only the store narrowed (norm.cu).
+  void rmsnorm_forward_lp(uint16_t* out16, float* rstd, const float* inp, const float* w, int N,
+                          int C, float eps) const override {
+    SW_OP_TIME();
+    require_lowp("rmsnorm_forward_lp");
+    cuda::rmsnorm_forward(begin(), nullptr, nullptr, rstd, inp, nullptr, w, N, C, eps, out16,
+                          dt());
+  }
+  void residual_rmsnorm_forward_lp(float* res, uint16_t* out16, float* rstd, const float* a,
+                                   const float* b, const float* w, int N, int C,
+                                   float eps) const override {
+    SW_OP_TIME();
+    require_lowp("residual_rmsnorm_forward_lp");
+    cuda::rmsnorm_forward(begin(), res, nullptr, rstd, a, b, w, N, C, eps, out16, dt());
+  }
+  void layernorm_forward_lp(uint16_t* out16, float* mean, float* rstd, const float* inp,
+                            const float* w, const float* b, int N, int C) const override {
+    SW_OP_TIME();
+    require_lowp("layernorm_forward_lp");
+    cuda::layernorm_forward(begin(), nullptr, nullptr, mean, rstd, inp, nullptr, w, b, N, C,
+                            out16, dt());
+  }
+  void residual_layernorm_forward_lp(float* res, uint16_t* out16, float* mean, float* rstd,
+                                     const float* a, const float* b, const float* w,
+                                     const float* bias, int N, int C) const override {
+    SW_OP_TIME();
+    require_lowp("residual_layernorm_forward_lp");
+    cuda::layernorm_forward(begin(), res, nullptr, mean, rstd, a, b, w, bias, N, C, out16, dt());
+  }
 
   void gelu_forward(float* out, const float* inp, size_t n) const override {
     SW_OP_TIME();
@@ -616,6 +667,12 @@ class CudaOps final : public Ops {
     require_lowp("gelu_forward_lp");
     cuda::gelu_forward_lp(begin(), dt(), out16, inp, n);
   }
+  void swiglu_backward_lp_set(uint16_t* dgu16, const float* dout, const float* gu, int N,
+                              int F) const override {
+    SW_OP_TIME();
+    require_lowp("swiglu_backward_lp_set");
+    cuda::swiglu_backward_lp_set(begin(), dt(), dgu16, dout, gu, N, F);
+  }
   void residual_forward(float* out, const float* a, const float* b, size_t n) const override {
     SW_OP_TIME();
     cuda::residual_forward(begin(), out, a, b, n);
@@ -634,6 +691,28 @@ class CudaOps final : public Ops {
     SW_CHECK(hd % 2 == 0, "rope: head dim must be even");
     const cudaStream_t s = begin();
     cuda::rope_apply(s, dqkv, d_.rope_table(s, T, hd, theta), B, T, H, KVH, hd, -1.f);
+  }
+  // rope_backward's inverse rotation (the same table, the same arithmetic) out of place into
+  // 16 bits, v heads narrowed as they are; dqkv is only read.
+  void rope_backward_lp(uint16_t* dqkv16, const float* dqkv, int B, int T, int H, int KVH, int hd,
+                        float theta) const override {
+    SW_OP_TIME();
+    require_lowp("rope_backward_lp");
+    SW_CHECK(hd % 2 == 0, "rope: head dim must be even");
+    const cudaStream_t s = begin();
+    cuda::rope_apply_lp(s, dt(), dqkv16, dqkv, d_.rope_table(s, T, hd, theta), B, T, H, KVH, hd,
+                        -1.f);
+  }
+  // rope_forward's rotation (its table, its arithmetic, sign +1) out of place into 16 bits, v
+  // heads narrowed as they are: narrow(rope_forward(copy of qkv)); qkv is only read.
+  void rope_forward_lp(uint16_t* qkv16, const float* qkv, int B, int T, int H, int KVH, int hd,
+                       float theta) const override {
+    SW_OP_TIME();
+    require_lowp("rope_forward_lp");
+    SW_CHECK(hd % 2 == 0, "rope: head dim must be even");
+    const cudaStream_t s = begin();
+    cuda::rope_apply_lp(s, dt(), qkv16, qkv, d_.rope_table(s, T, hd, theta), B, T, H, KVH, hd,
+                        1.f);
   }
 
   void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KVH,
@@ -660,6 +739,33 @@ class CudaOps final : public Ops {
                               int hd) const override {
     SW_OP_TIME();
     attention_backward_any(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd, true);
+  }
+  // 16-bit qkv and output (kernels/ops.h). On the cuDNN path cuDNN reads qkv16 as it is and
+  // writes O straight into out16 (the narrowing of qkv and the widening of O gone): the fp32
+  // op on widen(qkv16) narrows it back to the same qkv16 values, and its out is widen(O16), so
+  // narrow(out) == O16 and the bits are the same. The cuBLAS and flash paths, and a shape
+  // cuDNN refuses (or a pointer off the 16-byte alignment cuDNN's graphs assume), take Ops'
+  // default: the fp32 op on widened copies (Buffers per call), narrowed.
+  void attention_forward_lp(uint16_t* out16, float* lse, const uint16_t* qkv16, int B, int T,
+                            int H, int KVH, int hd) const override {
+    SW_OP_TIME();
+    require_lowp("attention_forward_lp");
+    if (cuda::attention_path_from_env(true) == cuda::AttentionPath::Cudnn &&
+        cudnn_attention_forward_lp(out16, lse, qkv16, B, T, H, KVH, hd))
+      return;
+    Ops::attention_forward_lp(out16, lse, qkv16, B, T, H, KVH, hd);
+  }
+  // On the cuDNN path: qkv16 and out16 to cuDNN as they are, dout narrowed, dq/dk/dv widened
+  // into dqkv (written, as attention_backward_set there). Elsewhere Ops' default, as above.
+  void attention_backward_lp_set(float* dqkv, const float* dout, const uint16_t* qkv16,
+                                 const uint16_t* out16, const float* lse, int B, int T, int H,
+                                 int KVH, int hd) const override {
+    SW_OP_TIME();
+    require_lowp("attention_backward_lp_set");
+    if (cuda::attention_path_from_env(true) == cuda::AttentionPath::Cudnn &&
+        cudnn_attention_backward_lp_set(dqkv, dout, qkv16, out16, lse, B, T, H, KVH, hd))
+      return;
+    Ops::attention_backward_lp_set(dqkv, dout, qkv16, out16, lse, B, T, H, KVH, hd);
   }
   void attention_backward_any(float* dqkv, const float* dout, const float* qkv, const float* out,
                               const float* lse, int B, int T, int H, int KVH, int hd,
@@ -1022,7 +1128,8 @@ class CudaOps final : public Ops {
   // 16-bit and is widened into out; the backward narrows qkv, out (giving the forward's O bit
   // for bit) and dout, and adds cuDNN's 16-bit dQ, dK, dV (AttnS) into dqkv. cuDNN's workspace
   // is AttnP. A shape cuDNN refuses returns false (the caller takes the cuBLAS path), with one
-  // line on stderr, when its graph is first tried, saying why.
+  // line on stderr, when its graph is first tried, saying why. The *_lp forms (below) take the
+  // 16-bit qkv and O from the caller: no narrowing of them, no widening of O.
   // The graph's workspace (AttnP; null when it needs none), or false when cuDNN refuses the
   // shape.
   bool cudnn_usable(const cuda::AttnShape& sh, bool backward, void** workspace) const {
@@ -1093,6 +1200,53 @@ class CudaOps final : public Ops {
       const OpScope scope(s, "attn_add_widened");
       cuda::add_widened(s, dt(), dq16, dqkv, n);
     }
+    return true;
+  }
+
+  // The 16-bit-operand forms of the two above (attention_forward_lp,
+  // attention_backward_lp_set): the caller's qkv16 and out16 go to cuDNN as they are, so
+  // AttnPack holds only the backward's dO. False, as above, when cuDNN refuses the shape, and
+  // also when qkv16 or out16 is not 16-byte aligned (the alignment cuDNN's frontend assumes
+  // for every tensor; the packed scratch of the fp32 forms always has it).
+  static bool cudnn_aligned(const void* p) {
+    return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+  }
+  bool cudnn_attention_forward_lp(uint16_t* out16, float* lse, const uint16_t* qkv16, int B,
+                                  int T, int H, int KVH, int hd) const {
+    SW_CHECK(KVH > 0 && H % KVH == 0, "attention: KVH must divide H");
+    if (B <= 0 || T <= 0) return true;
+    if (!cudnn_aligned(qkv16) || !cudnn_aligned(out16)) return false;
+    const cudaStream_t s = begin();
+    const cuda::AttnShape sh{compute_, B, T, H, KVH, hd};
+    void* w = nullptr;
+    if (!cudnn_usable(sh, false, &w)) return false;
+    const OpScope scope(s, "cudnn_sdpa_fwd");
+    cuda::cudnn_attention_forward(s, sh, qkv16, out16, lse, w);
+    return true;
+  }
+  bool cudnn_attention_backward_lp_set(float* dqkv, const float* dout, const uint16_t* qkv16,
+                                       const uint16_t* out16, const float* lse, int B, int T,
+                                       int H, int KVH, int hd) const {
+    SW_CHECK(KVH > 0 && H % KVH == 0, "attention: KVH must divide H");
+    if (B <= 0 || T <= 0) return true;
+    if (!cudnn_aligned(qkv16) || !cudnn_aligned(out16)) return false;
+    const cudaStream_t s = begin();
+    const cuda::AttnShape sh{compute_, B, T, H, KVH, hd};
+    void* w = nullptr;
+    if (!cudnn_usable(sh, true, &w)) return false;
+    const size_t n = size_t(B) * T * (H + 2 * KVH) * hd, no = size_t(B) * T * H * hd;
+    uint16_t* do16 = wsh(Slot::AttnPack, no);
+    uint16_t* dq16 = wsh(Slot::AttnS, n);
+    {
+      const OpScope scope(s, "attn_narrow");
+      cuda::narrow(s, dt(), dout, do16, no);
+    }
+    {
+      const OpScope scope(s, "cudnn_sdpa_bwd");
+      cuda::cudnn_attention_backward(s, sh, qkv16, out16, do16, lse, dq16, w);
+    }
+    const OpScope scope(s, "attn_widen");
+    cuda::widen(s, dt(), dq16, dqkv, n);
     return true;
   }
 

@@ -44,6 +44,7 @@ void each4(cudaStream_t s, size_t n4, F f) {
 }
 inline bool al16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 inline bool al8(const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; }
+inline bool al4(const void* p) { return reinterpret_cast<uintptr_t>(p) % 4 == 0; }
 
 __device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 __device__ __forceinline__ void st4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
@@ -185,6 +186,21 @@ __global__ void swiglu_backward_k(float* dgu, const float* dout, const float* gu
   }
 }
 
+// narrow(swiglu_backward_k<true>): each value 0 + g, as the set form stores it (0 + -0 is +0),
+// then rounded to dt.
+__global__ void swiglu_backward_lp_k(int dt, uint16_t* dgu, const float* dout, const float* gu,
+                                     int F, size_t total) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const size_t n = i / F, f = i % F;
+    const size_t ig = n * 2 * F + f, iu = ig + F;
+    float dg, du;
+    swiglu_grad_f(gu[ig], gu[iu], dout[i], &dg, &du);
+    dgu[iu] = to_half_d(dt, 0.f + du);
+    dgu[ig] = to_half_d(dt, 0.f + dg);
+  }
+}
+
 __global__ void residual_k(float* out, const float* a, const float* b, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x)
@@ -213,32 +229,59 @@ __global__ void rope_table_k(float2* tab, int T, int hd, float theta) {
   }
 }
 
-// One thread per (row n, rotated head h, P consecutive pairs i); sign -1 rotates back.
-template <int P>
-__global__ void rope_k(float* qkv, const float2* tab, int T, int rot_heads, int hd, size_t row,
-                       float sign, size_t total) {
+// One thread per (row n, head h, P consecutive pairs i); sign -1 rotates back. In place (LP
+// false; heads == rot_heads): the q and k heads of qkv. LP: out of place, src read and dst16
+// written rounded to dt (cuda::narrow's to_half_d), over all `heads` heads: the first rot_heads
+// rotated with the in-place form's arithmetic, the rest (v) only rounded.
+template <int P, bool LP>
+__global__ void rope_k(float* qkv, const float* src, uint16_t* dst16, int dt, const float2* tab,
+                       int T, int heads, int rot_heads, int hd, size_t row, float sign,
+                       size_t total) {
   const int half = hd / 2, groups = half / P;
   for (size_t idx = blockIdx.x * size_t(blockDim.x) + threadIdx.x; idx < total;
        idx += size_t(gridDim.x) * blockDim.x) {
     const int i = static_cast<int>(idx % groups) * P;
     const size_t nh = idx / groups;
-    const int h = static_cast<int>(nh % rot_heads);
-    const size_t n = nh / rot_heads;
+    const int h = static_cast<int>(nh % heads);
+    const size_t n = nh / heads;
     const int t = static_cast<int>(n % T);
     const float2* cs = tab + static_cast<size_t>(t) * half + i;
-    float* x1 = qkv + n * row + static_cast<size_t>(h) * hd + i;
-    float* x2 = x1 + half;
+    const size_t o1 = n * row + static_cast<size_t>(h) * hd + i, o2 = o1 + half;
+    const float* x1 = (LP ? src : qkv) + o1;
+    const float* x2 = (LP ? src : qkv) + o2;
     if constexpr (P == 2) {
-      const float4 c = *reinterpret_cast<const float4*>(cs);  // (cos, sin) of i and i + 1
       const float2 a = *reinterpret_cast<const float2*>(x1), b = *reinterpret_cast<const float2*>(x2);
-      const float s0 = sign * c.y, s1 = sign * c.w;
-      *reinterpret_cast<float2*>(x1) = make_float2(a.x * c.x - b.x * s0, a.y * c.z - b.y * s1);
-      *reinterpret_cast<float2*>(x2) = make_float2(b.x * c.x + a.x * s0, b.y * c.z + a.y * s1);
+      float2 y1 = a, y2 = b;
+      if (!LP || h < rot_heads) {
+        const float4 c = *reinterpret_cast<const float4*>(cs);  // (cos, sin) of i and i + 1
+        const float s0 = sign * c.y, s1 = sign * c.w;
+        y1 = make_float2(a.x * c.x - b.x * s0, a.y * c.z - b.y * s1);
+        y2 = make_float2(b.x * c.x + a.x * s0, b.y * c.z + a.y * s1);
+      }
+      if constexpr (LP) {
+        *reinterpret_cast<ushort2*>(dst16 + o1) =
+            make_ushort2(to_half_d(dt, y1.x), to_half_d(dt, y1.y));
+        *reinterpret_cast<ushort2*>(dst16 + o2) =
+            make_ushort2(to_half_d(dt, y2.x), to_half_d(dt, y2.y));
+      } else {
+        *reinterpret_cast<float2*>(qkv + o1) = y1;
+        *reinterpret_cast<float2*>(qkv + o2) = y2;
+      }
     } else {
-      const float c = cs->x, sn = sign * cs->y;
       const float a = *x1, b = *x2;
-      *x1 = a * c - b * sn;
-      *x2 = b * c + a * sn;
+      float y1 = a, y2 = b;
+      if (!LP || h < rot_heads) {
+        const float c = cs->x, sn = sign * cs->y;
+        y1 = a * c - b * sn;
+        y2 = b * c + a * sn;
+      }
+      if constexpr (LP) {
+        dst16[o1] = to_half_d(dt, y1);
+        dst16[o2] = to_half_d(dt, y2);
+      } else {
+        qkv[o1] = y1;
+        qkv[o2] = y2;
+      }
     }
   }
 }
@@ -587,6 +630,23 @@ struct SwigluBack4 {
     st4(dgu + ig, zip4(base4<Set>(dgu + ig), dg, AddF{}));
   }
 };
+struct SwigluBackLp4 {  // dgu16 = narrow(SwigluBack4<true>'s values)
+  int dt;
+  uint16_t* dgu;
+  const float *dout, *gu;
+  size_t F;
+  __device__ void operator()(size_t i) const {
+    const size_t n = i / F, f = i % F, ig = n * 2 * F + f, iu = ig + F;
+    const float4 g = ld4(gu + ig), u = ld4(gu + iu), d = ld4(dout + i);
+    float4 dg, du;
+    swiglu_grad_f(g.x, u.x, d.x, &dg.x, &du.x);
+    swiglu_grad_f(g.y, u.y, d.y, &dg.y, &du.y);
+    swiglu_grad_f(g.z, u.z, d.z, &dg.z, &du.z);
+    swiglu_grad_f(g.w, u.w, d.w, &dg.w, &du.w);
+    sth4(dgu + iu, narrow4(dt, zip4(base4<true>(nullptr), du, AddF{})));
+    sth4(dgu + ig, narrow4(dt, zip4(base4<true>(nullptr), dg, AddF{})));
+  }
+};
 struct Adamw4 {
   AdamC c;
   float *param, *m, *v;
@@ -706,6 +766,17 @@ void swiglu_backward(cudaStream_t s, float* dgu, const float* dout, const float*
     swiglu_backward_t<false>(s, dgu, dout, gu, N, F);
 }
 
+void swiglu_backward_lp_set(cudaStream_t s, int dt, uint16_t* dgu16, const float* dout,
+                            const float* gu, int N, int F) {
+  const size_t total = static_cast<size_t>(N) * F;
+  if (total == 0) return;
+  if (F % 4 == 0 && al8(dgu16) && al16(dout) && al16(gu))
+    return each4(s, total / 4, SwigluBackLp4{dt, dgu16, dout, gu, size_t(F)});
+  swiglu_backward_lp_k<<<grid_for(total, kThreads), kThreads, 0, s>>>(dt, dgu16, dout, gu, F,
+                                                                      total);
+  SW_CUDA_LAUNCHED();
+}
+
 void residual_forward(cudaStream_t s, float* out, const float* a, const float* b, size_t n) {
   const size_t v = al16(out) && al16(a) && al16(b) ? n / 4 * 4 : 0;
   each4(s, v / 4, Add4{out, a, b});
@@ -732,11 +803,29 @@ void rope_apply(cudaStream_t s, float* qkv, const float* tab, int B, int T, int 
   const float2* t2 = reinterpret_cast<const float2*>(tab);
   // Two pairs per thread where their floats are 8-byte aligned (half even: every offset is).
   if (half % 2 == 0 && al8(qkv) && al16(tab)) {
-    rope_k<2><<<grid_for(pairs / 2, kThreads), kThreads, 0, s>>>(qkv, t2, T, rot_heads, hd, row,
-                                                                 sign, pairs / 2);
+    rope_k<2, false><<<grid_for(pairs / 2, kThreads), kThreads, 0, s>>>(
+        qkv, nullptr, nullptr, 0, t2, T, rot_heads, rot_heads, hd, row, sign, pairs / 2);
   } else {
-    rope_k<1><<<grid_for(pairs, kThreads), kThreads, 0, s>>>(qkv, t2, T, rot_heads, hd, row,
-                                                             sign, pairs);
+    rope_k<1, false><<<grid_for(pairs, kThreads), kThreads, 0, s>>>(
+        qkv, nullptr, nullptr, 0, t2, T, rot_heads, rot_heads, hd, row, sign, pairs);
+  }
+  SW_CUDA_LAUNCHED();
+}
+
+void rope_apply_lp(cudaStream_t s, int dt, uint16_t* dst16, const float* src, const float* tab,
+                   int B, int T, int H, int KVH, int hd, float sign) {
+  const int heads = H + 2 * KVH, half = hd / 2;
+  const size_t pairs = static_cast<size_t>(B) * T * heads * half;
+  if (pairs == 0) return;
+  const size_t row = static_cast<size_t>(heads) * hd;
+  const float2* t2 = reinterpret_cast<const float2*>(tab);
+  // Two pairs per thread where src's floats are 8-byte and dst16's values 4-byte aligned.
+  if (half % 2 == 0 && al8(src) && al16(tab) && al4(dst16)) {
+    rope_k<2, true><<<grid_for(pairs / 2, kThreads), kThreads, 0, s>>>(
+        nullptr, src, dst16, dt, t2, T, heads, H + KVH, hd, row, sign, pairs / 2);
+  } else {
+    rope_k<1, true><<<grid_for(pairs, kThreads), kThreads, 0, s>>>(
+        nullptr, src, dst16, dt, t2, T, heads, H + KVH, hd, row, sign, pairs);
   }
   SW_CUDA_LAUNCHED();
 }

@@ -22,6 +22,11 @@
 // take the chunk width W as a template argument: W = 1 (lane j: columns j, j + 32, ..., one
 // float each) serves C % 4 != 0. With one float per access a warp kept too few bytes in
 // flight: the H200 op times showed the norms at ~2-2.5 TB/s.
+//
+// 16-bit outputs (Ops' *norm_forward_lp): the same kernel instantiated with LP, which runs the
+// fp32 kernel's arithmetic unchanged and only rounds each output value to dt (cuda::narrow's
+// to_half_d) as it stores it, so out16 == narrow(out) bit for bit; mean, rstd and res are the
+// fp32 kernel's.
 #include <algorithm>
 #include <cstdint>
 
@@ -66,14 +71,30 @@ __device__ __forceinline__ void st_chunk(float* p, const float (&v)[W]) {
     for (int k = 0; k < W; ++k) p[k] = v[k];
   }
 }
+// Chunk j's W outputs: fp32 at p (st_chunk), or (LP) rounded to dt as cuda::narrow rounds them
+// at p16, four 16-bit values in one 8-byte store when VEC.
+template <int W, bool VEC, bool LP>
+__device__ __forceinline__ void st_out(float* p, uint16_t* p16, int dt, const float (&v)[W]) {
+  if constexpr (!LP) {
+    st_chunk<W, VEC>(p, v);
+  } else if constexpr (W == 4 && VEC) {
+    *reinterpret_cast<ushort4*>(p16) = make_ushort4(to_half_d(dt, v[0]), to_half_d(dt, v[1]),
+                                                    to_half_d(dt, v[2]), to_half_d(dt, v[3]));
+  } else {
+#pragma unroll
+    for (int k = 0; k < W; ++k) p16[k] = to_half_d(dt, v[k]);
+  }
+}
 bool al16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+bool al8(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 8 == 0; }
 
 // LN: layernorm (bias may be null), else rmsnorm. RES: x = a + b is written to res first.
 // W: columns per chunk (the file's header); lane j takes chunks j, j + 32, ...
-template <bool LN, bool RES, int W, bool VEC>
-__global__ void norm_forward_k(float* res, float* out, float* mean, float* rstd, const float* a,
-                               const float* b, const float* w, const float* bias, int N, int C,
-                               float eps) {
+// LP: the output goes to out16 rounded to dt (out unused), else to out; nothing else differs.
+template <bool LN, bool RES, bool LP, int W, bool VEC>
+__global__ void norm_forward_k(float* res, float* out, uint16_t* out16, int dt, float* mean,
+                               float* rstd, const float* a, const float* b, const float* w,
+                               const float* bias, int N, int C, float eps) {
   const int row = (blockIdx.x * blockDim.x + threadIdx.x) / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (row >= N) return;
@@ -97,7 +118,8 @@ __global__ void norm_forward_k(float* res, float* out, float* mean, float* rstd,
     for (int k = 0; k < W; ++k) s += LN ? v[k] : v[k] * v[k];
   }
   s = warp_sum(s);
-  float* o = out + off;
+  float* o = LP ? nullptr : out + off;
+  uint16_t* o16 = LP ? out16 + off : nullptr;
   if (LN) {
     const float m = s / C;
     float var = 0.f;
@@ -119,7 +141,7 @@ __global__ void norm_forward_k(float* res, float* out, float* mean, float* rstd,
         const float y = (t[k] - m) * r * ww[k];
         t[k] = bias ? y + bb[k] : y;
       }
-      st_chunk<W, VEC>(o + W * j, t);
+      st_out<W, VEC, LP>(LP ? nullptr : o + W * j, LP ? o16 + W * j : nullptr, dt, t);
     }
     if (lane == 0) {
       if (mean) mean[row] = m;
@@ -133,7 +155,7 @@ __global__ void norm_forward_k(float* res, float* out, float* mean, float* rstd,
       ld_chunk<W, VEC>(w + W * j, ww);
 #pragma unroll
       for (int k = 0; k < W; ++k) t[k] = t[k] * r * ww[k];
-      st_chunk<W, VEC>(o + W * j, t);
+      st_out<W, VEC, LP>(LP ? nullptr : o + W * j, LP ? o16 + W * j : nullptr, dt, t);
     }
     if (lane == 0 && rstd) rstd[row] = r;
   }
@@ -291,23 +313,35 @@ void column_sums(cudaStream_t s, float* out0, float* out1, const float* dout, co
   }
 }
 
-// W = 4 where C % 4 == 0 (VEC when every pointer is 16-byte aligned), else W = 1.
-template <bool LN, bool RES>
-void norm_forward(cudaStream_t s, float* res, float* out, float* mean, float* rstd,
-                  const float* a, const float* b, const float* w, const float* bias, int N, int C,
-                  float eps) {
-  if (N <= 0 || C <= 0) return;
+// W = 4 where C % 4 == 0 (VEC when every pointer is 16-byte aligned, out16 8-byte aligned),
+// else W = 1.
+template <bool LN, bool RES, bool LP>
+void norm_forward_t(cudaStream_t s, float* res, float* out, uint16_t* out16, int dt, float* mean,
+                    float* rstd, const float* a, const float* b, const float* w,
+                    const float* bias, int N, int C, float eps) {
   const unsigned g = row_grid(N);
   if (C % 4 != 0)
-    norm_forward_k<LN, RES, 1, false><<<g, kRowThreads, 0, s>>>(res, out, mean, rstd, a, b, w,
-                                                                bias, N, C, eps);
-  else if (al16(res) && al16(out) && al16(a) && al16(b) && al16(w) && al16(bias))
-    norm_forward_k<LN, RES, 4, true><<<g, kRowThreads, 0, s>>>(res, out, mean, rstd, a, b, w,
-                                                               bias, N, C, eps);
+    norm_forward_k<LN, RES, LP, 1, false><<<g, kRowThreads, 0, s>>>(
+        res, out, out16, dt, mean, rstd, a, b, w, bias, N, C, eps);
+  else if (al16(res) && al16(out) && al8(out16) && al16(a) && al16(b) && al16(w) && al16(bias))
+    norm_forward_k<LN, RES, LP, 4, true><<<g, kRowThreads, 0, s>>>(
+        res, out, out16, dt, mean, rstd, a, b, w, bias, N, C, eps);
   else
-    norm_forward_k<LN, RES, 4, false><<<g, kRowThreads, 0, s>>>(res, out, mean, rstd, a, b, w,
-                                                                bias, N, C, eps);
+    norm_forward_k<LN, RES, LP, 4, false><<<g, kRowThreads, 0, s>>>(
+        res, out, out16, dt, mean, rstd, a, b, w, bias, N, C, eps);
   SW_CUDA_LAUNCHED();
+}
+// out16 set: the 16-bit form (out unused), else out.
+template <bool LN, bool RES>
+void norm_forward(cudaStream_t s, float* res, float* out, uint16_t* out16, int dt, float* mean,
+                  float* rstd, const float* a, const float* b, const float* w, const float* bias,
+                  int N, int C, float eps) {
+  if (N <= 0 || C <= 0) return;
+  if (out16)
+    norm_forward_t<LN, RES, true>(s, res, nullptr, out16, dt, mean, rstd, a, b, w, bias, N, C,
+                                  eps);
+  else
+    norm_forward_t<LN, RES, false>(s, res, out, nullptr, 0, mean, rstd, a, b, w, bias, N, C, eps);
 }
 template <bool LN>
 void norm_backward_rows(cudaStream_t s, float* dinp, const float* dout, const float* inp,
@@ -338,20 +372,23 @@ void colsum_accumulate(cudaStream_t s, float* db, const float* dout, int N, int 
 
 void layernorm_forward(cudaStream_t s, float* res, float* out, float* mean, float* rstd,
                        const float* inp, const float* b_res, const float* w, const float* bias,
-                       int N, int C) {
+                       int N, int C, uint16_t* out16, int dt) {
   if (res)
-    norm_forward<true, true>(s, res, out, mean, rstd, inp, b_res, w, bias, N, C, 0.f);
+    norm_forward<true, true>(s, res, out, out16, dt, mean, rstd, inp, b_res, w, bias, N, C, 0.f);
   else
-    norm_forward<true, false>(s, nullptr, out, mean, rstd, inp, nullptr, w, bias, N, C, 0.f);
+    norm_forward<true, false>(s, nullptr, out, out16, dt, mean, rstd, inp, nullptr, w, bias, N,
+                              C, 0.f);
 }
 
 void rmsnorm_forward(cudaStream_t s, float* res, float* out, float* rstd, const float* inp,
-                     const float* b_res, const float* w, int N, int C, float eps) {
+                     const float* b_res, const float* w, int N, int C, float eps,
+                     uint16_t* out16, int dt) {
   if (res)
-    norm_forward<false, true>(s, res, out, nullptr, rstd, inp, b_res, w, nullptr, N, C, eps);
+    norm_forward<false, true>(s, res, out, out16, dt, nullptr, rstd, inp, b_res, w, nullptr, N,
+                              C, eps);
   else
-    norm_forward<false, false>(s, nullptr, out, nullptr, rstd, inp, nullptr, w, nullptr, N, C,
-                               eps);
+    norm_forward<false, false>(s, nullptr, out, out16, dt, nullptr, rstd, inp, nullptr, w,
+                               nullptr, N, C, eps);
 }
 
 void layernorm_backward(cudaStream_t s, float* dinp, float* dw, float* db, const float* dout,

@@ -164,6 +164,9 @@ void on_device(const char* op, const char* arg, const void* p) {
   backtrace_symbols_fd(frames, backtrace(frames, 64), 2);
   _exit(87);
 }
+void on_operand(const char* op, const char* arg, sw::Operand x) {
+  on_device(op, arg, x.lp ? static_cast<const void*>(x.lp) : static_cast<const void*>(x.f32));
+}
 
 // Host synchronisations with the device, per thread (sim_host_syncs): a synchronous copy, an op
 // whose result the host reads, the host waiting for an asynchronous copy or for the stream. A
@@ -214,23 +217,105 @@ class SimOps final : public sw::Ops {
     on_device(__func__, "inp", inp);
     base_->gelu_forward_lp(out16, inp, n);
   }
-  void linear_forward_lp(float* out, const uint16_t* inp16, const float* w, const float* b, int N, int C, int OC) const override {
+  void rmsnorm_forward_lp(uint16_t* out16, float* rstd, const float* inp, const float* w, int N, int C, float eps) const override {
     Open g;
-    on_device(__func__, "out", out);
-    on_device(__func__, "inp16", inp16);
+    on_device(__func__, "out16", out16);
+    on_device(__func__, "rstd", rstd);
+    on_device(__func__, "inp", inp);
+    on_device(__func__, "w", w);
+    base_->rmsnorm_forward_lp(out16, rstd, inp, w, N, C, eps);
+  }
+  void residual_rmsnorm_forward_lp(float* res, uint16_t* out16, float* rstd, const float* a, const float* b, const float* w, int N, int C, float eps) const override {
+    Open g;
+    on_device(__func__, "res", res);
+    on_device(__func__, "out16", out16);
+    on_device(__func__, "rstd", rstd);
+    on_device(__func__, "a", a);
+    on_device(__func__, "b", b);
+    on_device(__func__, "w", w);
+    base_->residual_rmsnorm_forward_lp(res, out16, rstd, a, b, w, N, C, eps);
+  }
+  void layernorm_forward_lp(uint16_t* out16, float* mean, float* rstd, const float* inp, const float* w, const float* b, int N, int C) const override {
+    Open g;
+    on_device(__func__, "out16", out16);
+    on_device(__func__, "mean", mean);
+    on_device(__func__, "rstd", rstd);
+    on_device(__func__, "inp", inp);
     on_device(__func__, "w", w);
     on_device(__func__, "b", b);
-    base_->linear_forward_lp(out, inp16, w, b, N, C, OC);
+    base_->layernorm_forward_lp(out16, mean, rstd, inp, w, b, N, C);
   }
-  void linear_backward_lp_set(float* dinp, float* dw, float* db, const float* dout, const uint16_t* inp16, const float* w, int N, int C, int OC) const override {
+  void residual_layernorm_forward_lp(float* res, uint16_t* out16, float* mean, float* rstd, const float* a, const float* b, const float* w, const float* bias, int N, int C) const override {
+    Open g;
+    on_device(__func__, "res", res);
+    on_device(__func__, "out16", out16);
+    on_device(__func__, "mean", mean);
+    on_device(__func__, "rstd", rstd);
+    on_device(__func__, "a", a);
+    on_device(__func__, "b", b);
+    on_device(__func__, "w", w);
+    on_device(__func__, "bias", bias);
+    base_->residual_layernorm_forward_lp(res, out16, mean, rstd, a, b, w, bias, N, C);
+  }
+  void swiglu_backward_lp_set(uint16_t* dgu16, const float* dout, const float* gu, int N, int F) const override {
+    Open g;
+    on_device(__func__, "dgu16", dgu16);
+    on_device(__func__, "dout", dout);
+    on_device(__func__, "gu", gu);
+    base_->swiglu_backward_lp_set(dgu16, dout, gu, N, F);
+  }
+  void rope_backward_lp(uint16_t* dqkv16, const float* dqkv, int B, int T, int H, int KVH, int hd, float theta) const override {
+    Open g;
+    on_device(__func__, "dqkv16", dqkv16);
+    on_device(__func__, "dqkv", dqkv);
+    base_->rope_backward_lp(dqkv16, dqkv, B, T, H, KVH, hd, theta);
+  }
+  void rope_forward_lp(uint16_t* qkv16, const float* qkv, int B, int T, int H, int KVH, int hd, float theta) const override {
+    Open g;
+    on_device(__func__, "qkv16", qkv16);
+    on_device(__func__, "qkv", qkv);
+    base_->rope_forward_lp(qkv16, qkv, B, T, H, KVH, hd, theta);
+  }
+  void attention_forward_lp(uint16_t* out16, float* lse, const uint16_t* qkv16, int B, int T, int H, int KVH, int hd) const override {
+    Open g;
+    on_device(__func__, "out16", out16);
+    on_device(__func__, "lse", lse);
+    on_device(__func__, "qkv16", qkv16);
+    base_->attention_forward_lp(out16, lse, qkv16, B, T, H, KVH, hd);
+  }
+  void attention_backward_lp_set(float* dqkv, const float* dout, const uint16_t* qkv16, const uint16_t* out16, const float* lse, int B, int T, int H, int KVH, int hd) const override {
+    Open g;
+    on_device(__func__, "dqkv", dqkv);
+    on_device(__func__, "dout", dout);
+    on_device(__func__, "qkv16", qkv16);
+    on_device(__func__, "out16", out16);
+    on_device(__func__, "lse", lse);
+    base_->attention_backward_lp_set(dqkv, dout, qkv16, out16, lse, B, T, H, KVH, hd);
+  }
+  void linear_forward_lp(float* out, sw::Operand inp, const float* w, const float* b, int N, int C, int OC) const override {
+    Open g;
+    on_device(__func__, "out", out);
+    on_operand(__func__, "inp", inp);
+    on_device(__func__, "w", w);
+    on_device(__func__, "b", b);
+    base_->linear_forward_lp(out, inp, w, b, N, C, OC);
+  }
+  void linear_backward_lp_set(float* dinp, float* dw, float* db, sw::Operand dout, sw::Operand inp, const float* w, int N, int C, int OC) const override {
     Open g;
     on_device(__func__, "dinp", dinp);
     on_device(__func__, "dw", dw);
     on_device(__func__, "db", db);
-    on_device(__func__, "dout", dout);
-    on_device(__func__, "inp16", inp16);
+    on_operand(__func__, "dout", dout);
+    on_operand(__func__, "inp", inp);
     on_device(__func__, "w", w);
-    base_->linear_backward_lp_set(dinp, dw, db, dout, inp16, w, N, C, OC);
+    base_->linear_backward_lp_set(dinp, dw, db, dout, inp, w, N, C, OC);
+  }
+  void gemm_lp(bool ta, bool tb, int M, int N, int K, float alpha, sw::Operand A, int lda, sw::Operand B, int ldb, float beta, float* C, int ldc) const override {
+    Open g;
+    on_operand(__func__, "A", A);
+    on_operand(__func__, "B", B);
+    on_device(__func__, "C", C);
+    base_->gemm_lp(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
   void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) const override {
     Open g;

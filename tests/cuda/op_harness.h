@@ -122,7 +122,10 @@ inline const std::vector<std::string>& all_ops() {
       "fill", "add_inplace", "copy", "narrow", "widen", "add_widened", "round_to", "round_copy",
       "sum_squares_each", "sum_squares_into", "lmhead_xent_into", "linear_backward_set",
       "gelu_backward_set", "swiglu_backward_set", "attention_backward_set", "swiglu_forward_lp",
-      "gelu_forward_lp", "linear_forward_lp", "linear_backward_lp_set"};
+      "gelu_forward_lp", "linear_forward_lp", "linear_backward_lp_set", "rmsnorm_forward_lp",
+      "residual_rmsnorm_forward_lp", "layernorm_forward_lp", "residual_layernorm_forward_lp",
+      "swiglu_backward_lp_set", "rope_backward_lp", "gemm_lp", "rope_forward_lp",
+      "attention_forward_lp", "attention_backward_lp_set"};
   return ops;
 }
 
@@ -252,6 +255,11 @@ constexpr double kTolMat = 1e-9;        // products, fp32
 constexpr double kTolMatLowp = 1e-4;    // products, bf16 operands (measured <= 1.1e-5)
 constexpr double kTolAttn = 1e-8;       // attention, fp32 (exp + two products per score)
 constexpr double kTolAttnLowp = 5e-4;   // attention, bf16 operands (measured <= 5.3e-5)
+// Outputs written 16-bit (the *_lp producers): two backends' fp32 values an ulp apart round to
+// different 16-bit values now and then (~3e-5 of bf16 values, each then off by 2^-8), so
+// across backends only this; each backend's lp output is held bitwise to narrow() of its own
+// fp32 op by paired_forms_exact.
+constexpr double kTolRound16 = 1e-6;
 
 inline std::vector<OpCase> op_cases() {
   std::vector<OpCase> cs;
@@ -281,6 +289,51 @@ inline std::vector<OpCase> op_cases() {
                         return o;
                       }});
       }
+
+  // gemm_lp: A, B or both 16-bit, against gemm on the fp32 values: with dense operands (the
+  // layout gemm's own narrowed copies have) bit for bit ("lp" / "ref"); with padded leading
+  // dimensions the same products, which cuBLAS may order differently by alignment, so only
+  // against the other backend ("C").
+  for (int which = 1; which < 4; ++which)
+    for (int ta = 0; ta < 2; ++ta)
+      for (int pad = 0; pad < 2; ++pad) {
+      const uint64_t sd = seed++;
+      const G g{37, 29, 53, 0.7f, 0.3f};
+      cs.push_back({"gemm_lp",
+                    "gemm_lp " + shape({{"ta", ta}, {"lpA", which & 1}, {"lpB", which >> 1},
+                                        {"padded", pad}}),
+                    kTolMat, kTolMatLowp, [g, ta, which, pad, sd](Arena& a) {
+                      Outputs o;
+                      const sw::DType dt = a.ops().compute();
+                      if (dt == sw::DType::F32) return o;
+                      const int tb = 1 - ta;
+                      Rng r(sd);
+                      const int lda = (ta ? g.M : g.K) + 3 * pad, ldb = (tb ? g.K : g.N) + 2 * pad,
+                                ldc = g.N + 5;
+                      const size_t na = size_t(ta ? g.K : g.M) * lda,
+                                   nb = size_t(tb ? g.N : g.K) * ldb;
+                      const Vec C0 = r.normal(size_t(g.M) * ldc);
+                      const float* A = a.up(r.normal(na));
+                      const float* B = a.up(r.normal(nb));
+                      uint16_t* A16 = up16(a, na);
+                      uint16_t* B16 = up16(a, nb);
+                      a.ops().narrow(dt, A, A16, na);
+                      a.ops().narrow(dt, B, B16, nb);
+                      float *c = a.up(C0), *cr = a.up(C0);
+                      const sw::Operand oa = which & 1 ? sw::Operand(A16) : sw::Operand(A);
+                      const sw::Operand ob = which & 2 ? sw::Operand(B16) : sw::Operand(B);
+                      a.ops().gemm_lp(ta, tb, g.M, g.N, g.K, g.alpha, oa, lda, ob, ldb, g.beta, c,
+                                      ldc);
+                      if (pad) {
+                        put(o, "C", a.down(c, C0.size()));
+                        return o;
+                      }
+                      a.ops().gemm(ta, tb, g.M, g.N, g.K, g.alpha, A, lda, B, ldb, g.beta, cr, ldc);
+                      put(o, "lp", a.down(c, C0.size()));
+                      put(o, "ref", a.down(cr, C0.size()));
+                      return o;
+                    }});
+    }
 
   // linear forward / backward (accumulating; dinp and db may be null).
   struct L { int N, C, OC; bool bias; };
@@ -401,6 +454,38 @@ inline std::vector<OpCase> op_cases() {
                     put(o, "db_ref", a.down(dbr, db0.size()));
                     return o;
                   }});
+    // dout 16-bit too (no db: a sum of the fp32 dout), x fp32 or 16-bit.
+    for (int xlp = 0; xlp < 2; ++xlp)
+      cs.push_back({"linear_backward_lp_set",
+                    "linear_backward_lp_set dout16 x16=" + std::to_string(xlp) + " " +
+                        shape({{"N", l.N}, {"C", l.C}, {"OC", l.OC}}),
+                    kTolMat, kTolMatLowp, [l, sd, xlp](Arena& a) {
+                      Outputs o;
+                      const sw::DType dt = a.ops().compute();
+                      if (dt == sw::DType::F32) return o;
+                      Rng r(sd + 5000);
+                      const Vec x = r.normal(size_t(l.N) * l.C),
+                                w = r.normal(size_t(l.OC) * l.C, 0.2f),
+                                dy = r.normal(size_t(l.N) * l.OC);
+                      const Vec dw0 = r.normal(w.size());
+                      const size_t nx = x.size(), ny = dy.size();
+                      const float *px = a.up(x), *pdy = a.up(dy), *pw = a.up(w);
+                      uint16_t* x16 = up16(a, nx);
+                      uint16_t* dy16 = up16(a, ny);
+                      a.ops().narrow(dt, px, x16, nx);
+                      a.ops().narrow(dt, pdy, dy16, ny);
+                      float *dx = a.up(Vec(nx, NAN)), *dxr = a.up(Vec(nx, NAN));
+                      float *dw = a.up(dw0), *dwr = a.up(dw0);
+                      a.ops().linear_backward_lp_set(dx, dw, nullptr, dy16,
+                                                     xlp ? sw::Operand(x16) : sw::Operand(px), pw,
+                                                     l.N, l.C, l.OC);
+                      a.ops().linear_backward_set(dxr, dwr, nullptr, pdy, px, pw, l.N, l.C, l.OC);
+                      put(o, "lp", a.down(dx, nx));
+                      put(o, "ref", a.down(dxr, nx));
+                      put(o, "dw", a.down(dw, dw0.size()));
+                      put(o, "dw_ref", a.down(dwr, dw0.size()));
+                      return o;
+                    }});
   }
 
   // embedding: repeated tokens (V small), with and without positions.
@@ -511,6 +596,57 @@ inline std::vector<OpCase> op_cases() {
                       return o;
                     }});
     }
+    // The 16-bit-output forms against narrow of the fp32 ones (statistics and res equal too).
+    for (int ln = 0; ln < 2; ++ln)
+      for (int fused = 0; fused < 2; ++fused) {
+        const char* op = ln ? (fused ? "residual_layernorm_forward_lp" : "layernorm_forward_lp")
+                            : (fused ? "residual_rmsnorm_forward_lp" : "rmsnorm_forward_lp");
+        cs.push_back({op, std::string(op) + " " + sh, kTolRound16, kTolRound16,
+                      [s, sd, NC, ln, fused](Arena& a) {
+                        Outputs o;
+                        const sw::DType dt = a.ops().compute();
+                        if (dt == sw::DType::F32) return o;
+                        Rng r(sd + 7);
+                        const Vec x = r.normal(NC, 2.f, 0.5f), y = r.normal(NC),
+                                  w = r.normal(s.C, 0.5f, 1.f), b = r.normal(s.C, 0.3f);
+                        const float *px = a.up(x), *py = a.up(y), *pw = a.up(w);
+                        const float* pb = s.bias ? a.up(b) : nullptr;
+                        uint16_t* lp = up16(a, NC);
+                        uint16_t* ref = up16(a, NC);
+                        float* f = a.up(Vec(NC, NAN));
+                        float *res = a.up(Vec(NC, NAN)), *resr = a.up(Vec(NC, NAN));
+                        float *m = a.up(Vec(s.N, NAN)), *mr = a.up(Vec(s.N, NAN));
+                        float *rs = a.up(Vec(s.N, NAN)), *rsr = a.up(Vec(s.N, NAN));
+                        const sw::Ops& op = a.ops();
+                        if (ln && fused) {
+                          op.residual_layernorm_forward_lp(res, lp, m, rs, px, py, pw, pb, s.N, s.C);
+                          op.residual_layernorm_forward(resr, f, mr, rsr, px, py, pw, pb, s.N, s.C);
+                        } else if (ln) {
+                          op.layernorm_forward_lp(lp, m, rs, px, pw, pb, s.N, s.C);
+                          op.layernorm_forward(f, mr, rsr, px, pw, pb, s.N, s.C);
+                        } else if (fused) {
+                          op.residual_rmsnorm_forward_lp(res, lp, rs, px, py, pw, s.N, s.C, 1e-5f);
+                          op.residual_rmsnorm_forward(resr, f, rsr, px, py, pw, s.N, s.C, 1e-5f);
+                        } else {
+                          op.rmsnorm_forward_lp(lp, rs, px, pw, s.N, s.C, 1e-6f);
+                          op.rmsnorm_forward(f, rsr, px, pw, s.N, s.C, 1e-6f);
+                        }
+                        op.narrow(dt, f, ref, NC);
+                        put(o, "lp", down16(a, lp, NC, dt));
+                        put(o, "ref", down16(a, ref, NC, dt));
+                        put(o, "rstd", a.down(rs, s.N));
+                        put(o, "rstd_ref", a.down(rsr, s.N));
+                        if (ln) {
+                          put(o, "mean", a.down(m, s.N));
+                          put(o, "mean_ref", a.down(mr, s.N));
+                        }
+                        if (fused) {
+                          put(o, "res", a.down(res, NC));
+                          put(o, "res_ref", a.down(resr, NC));
+                        }
+                        return o;
+                      }});
+      }
     cs.push_back({"layernorm_backward", "layernorm_backward " + sh, kTolNorm, kTolNorm,
                   [s, sd, NC](Arena& a) {
                     Rng r(sd + 4);
@@ -571,7 +707,7 @@ inline std::vector<OpCase> op_cases() {
                     put(o, "dinp", a.down(dx, n));
                     return o;
                   }});
-    cs.push_back({"gelu_forward_lp", "gelu_forward_lp " + sh, kTolElem, kTolElem,
+    cs.push_back({"gelu_forward_lp", "gelu_forward_lp " + sh, kTolRound16, kTolRound16,
                   [n, sd](Arena& a) {
                     Outputs o;
                     const sw::DType dt = a.ops().compute();
@@ -805,7 +941,7 @@ inline std::vector<OpCase> op_cases() {
                     put(o, "dgu", a.down(dgu, 2 * NF));
                     return o;
                   }});
-    cs.push_back({"swiglu_forward_lp", "swiglu_forward_lp " + sh, kTolElem, kTolElem,
+    cs.push_back({"swiglu_forward_lp", "swiglu_forward_lp " + sh, kTolRound16, kTolRound16,
                   [N = N, sd, NF](Arena& a) {
                     Outputs o;
                     const sw::DType dt = a.ops().compute();
@@ -836,6 +972,24 @@ inline std::vector<OpCase> op_cases() {
                     put(o, "acc0", a.down(dgu0, 2 * NF));
                     return o;
                   }});
+    cs.push_back({"swiglu_backward_lp_set", "swiglu_backward_lp_set " + sh, kTolRound16, kTolRound16,
+                  [N = N, sd, NF](Arena& a) {
+                    Outputs o;
+                    const sw::DType dt = a.ops().compute();
+                    if (dt == sw::DType::F32) return o;
+                    Rng r(sd + 5);
+                    const Vec gu = r.normal(2 * NF, 3.f), dy = r.normal(NF);
+                    const float *pdy = a.up(dy), *pgu = a.up(gu);
+                    uint16_t* lp = up16(a, 2 * NF);
+                    uint16_t* ref = up16(a, 2 * NF);
+                    float* f = a.up(Vec(2 * NF, NAN));
+                    a.ops().swiglu_backward_lp_set(lp, pdy, pgu, N, int(NF / N));
+                    a.ops().swiglu_backward_set(f, pdy, pgu, N, int(NF / N));
+                    a.ops().narrow(dt, f, ref, 2 * NF);
+                    put(o, "lp", down16(a, lp, 2 * NF, dt));
+                    put(o, "ref", down16(a, ref, 2 * NF, dt));
+                    return o;
+                  }});
   }
 
   // RoPE and attention share their shapes: grouped heads, T = 1, T = 7, tiles crossed, odd hd;
@@ -863,6 +1017,26 @@ inline std::vector<OpCase> op_cases() {
                       put(o, "qkv", a.down(x, nqkv));
                       return o;
                     }});
+    cs.push_back({"rope_backward_lp", "rope_backward_lp " + sh, kTolRound16, kTolRound16,
+                  [s, sd, nqkv](Arena& a) {
+                    Outputs o;
+                    const sw::DType dt = a.ops().compute();
+                    if (dt == sw::DType::F32) return o;
+                    Rng r(sd + 40);
+                    const Vec d = r.normal(nqkv);
+                    const float* pd = a.up(d);
+                    float* f = a.up(d);
+                    uint16_t* lp = up16(a, nqkv);
+                    uint16_t* ref = up16(a, nqkv);
+                    a.ops().rope_backward_lp(lp, pd, s.B, s.T, s.H, s.KVH, s.hd, 10000.f);
+                    a.ops().rope_backward(f, s.B, s.T, s.H, s.KVH, s.hd, 10000.f);
+                    a.ops().narrow(dt, f, ref, nqkv);
+                    put(o, "lp", down16(a, lp, nqkv, dt));
+                    put(o, "ref", down16(a, ref, nqkv, dt));
+                    put(o, "src", a.down(pd, nqkv));  // only read
+                    put(o, "src0", d);
+                    return o;
+                  }});
     cs.push_back({"attention_forward", "attention_forward " + sh, kTolAttn, kTolAttnLowp,
                   [s, sd, nqkv, nout, nlse](Arena& a) {
                     Rng r(sd + 20);
@@ -903,6 +1077,78 @@ inline std::vector<OpCase> op_cases() {
                     Outputs o;
                     put(o, "set", a.down(dqkv, nqkv));
                     put(o, "acc0", a.down(dqkv0, nqkv));
+                    return o;
+                  }});
+    // 16-bit qkv and output (BF16 / F16 Ops): against the fp32 ops on the widened values.
+    cs.push_back({"rope_forward_lp", "rope_forward_lp " + sh, kTolRound16, kTolRound16,
+                  [s, sd, nqkv](Arena& a) {
+                    Outputs o;
+                    const sw::DType dt = a.ops().compute();
+                    if (dt == sw::DType::F32) return o;
+                    Rng r(sd + 50);
+                    const Vec q = r.normal(nqkv);
+                    const float* pq = a.up(q);
+                    float* f = a.up(q);
+                    uint16_t* lp = up16(a, nqkv);
+                    uint16_t* ref = up16(a, nqkv);
+                    a.ops().rope_forward_lp(lp, pq, s.B, s.T, s.H, s.KVH, s.hd, 500000.f);
+                    a.ops().rope_forward(f, s.B, s.T, s.H, s.KVH, s.hd, 500000.f);
+                    a.ops().narrow(dt, f, ref, nqkv);
+                    put(o, "lp", down16(a, lp, nqkv, dt));
+                    put(o, "ref", down16(a, ref, nqkv, dt));
+                    put(o, "src", a.down(pq, nqkv));  // only read
+                    put(o, "src0", q);
+                    return o;
+                  }});
+    cs.push_back({"attention_forward_lp", "attention_forward_lp " + sh, kTolRound16,
+                  kTolAttnLowp, [s, sd, nqkv, nout, nlse](Arena& a) {
+                    Outputs o;
+                    const sw::DType dt = a.ops().compute();
+                    if (dt == sw::DType::F32) return o;
+                    Rng r(sd + 60);
+                    const float* pq = a.up(r.normal(nqkv, 1.5f));
+                    uint16_t* q16 = up16(a, nqkv);
+                    a.ops().narrow(dt, pq, q16, nqkv);
+                    float* qw = a.up(Vec(nqkv, NAN));
+                    a.ops().widen(dt, q16, qw, nqkv);
+                    uint16_t* lp = up16(a, nout);
+                    uint16_t* ref = up16(a, nout);
+                    float* f = a.up(Vec(nout, NAN));
+                    float *lse = a.up(Vec(nlse, NAN)), *lser = a.up(Vec(nlse, NAN));
+                    a.ops().attention_forward_lp(lp, lse, q16, s.B, s.T, s.H, s.KVH, s.hd);
+                    a.ops().attention_forward(f, lser, qw, s.B, s.T, s.H, s.KVH, s.hd);
+                    a.ops().narrow(dt, f, ref, nout);
+                    put(o, "lp", down16(a, lp, nout, dt));
+                    put(o, "ref", down16(a, ref, nout, dt));
+                    put(o, "lse", a.down(lse, nlse));
+                    put(o, "lse_ref", a.down(lser, nlse));
+                    return o;
+                  }});
+    cs.push_back({"attention_backward_lp_set", "attention_backward_lp_set " + sh, kTolAttn,
+                  kTolAttnLowp, [s, sd, nqkv, nout](Arena& a) {
+                    Outputs o;
+                    const sw::DType dt = a.ops().compute();
+                    if (dt == sw::DType::F32) return o;
+                    Rng r(sd + 70);
+                    const Vec qkv = r.normal(nqkv, 1.5f), dy = r.normal(nout);
+                    Vec out, lse;
+                    attention_host(qkv, s.B, s.T, s.H, s.KVH, s.hd, out, lse);
+                    const float *pq = a.up(qkv), *po = a.up(out), *pl = a.up(lse), *pdy = a.up(dy);
+                    uint16_t* q16 = up16(a, nqkv);
+                    uint16_t* o16 = up16(a, nout);
+                    a.ops().narrow(dt, pq, q16, nqkv);
+                    a.ops().narrow(dt, po, o16, nout);
+                    float* qw = a.up(Vec(nqkv, NAN));
+                    float* ow = a.up(Vec(nout, NAN));
+                    a.ops().widen(dt, q16, qw, nqkv);
+                    a.ops().widen(dt, o16, ow, nout);
+                    float* d = a.up(Vec(nqkv, NAN));
+                    float* dr = a.up(Vec(nqkv, NAN));
+                    a.ops().attention_backward_lp_set(d, pdy, q16, o16, pl, s.B, s.T, s.H, s.KVH,
+                                                      s.hd);
+                    a.ops().attention_backward_set(dr, pdy, qw, ow, pl, s.B, s.T, s.H, s.KVH, s.hd);
+                    put(o, "lp", a.down(d, nqkv));
+                    put(o, "ref", a.down(dr, nqkv));
                     return o;
                   }});
   }

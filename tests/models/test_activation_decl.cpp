@@ -112,13 +112,16 @@ void check_equal(const ActivationDecl& decl, const ActivationDecl& got) {
 }
 
 // Every schedule position of `cfg` wrapped by `bpu`, run directly at every shape.
-void check_units(const ModelConfig& cfg, int bpu) {
+// compute: the Ops' precision (BF16 / F16: the blocks keep their products' inputs 16-bit).
+void check_units(const ModelConfig& cfg, int bpu, DType compute = DType::F32) {
+  const Ops& ops = ops_for(Device::cpu(), compute);
   Model m = build_model(cfg);
   wrap_blocks(m, bpu);
   std::vector<std::unique_ptr<UnitMem>> mem;
   for (size_t u = 0; u < m.units.size(); ++u) mem.push_back(std::make_unique<UnitMem>(*m.units[u], 11 + u));
   const size_t P = m.schedule.size();
-  for (const BatchShape& s : kShapes) {
+  for (BatchShape s : kShapes) {
+    s.compute = compute;
     const size_t n = size_t(s.B) * size_t(s.T) * size_t(m.d_model());
     Tokens tk(s, cfg.vocab_size, uint64_t(s.B * 100 + s.T));
     // Reserve once from the declarations: the most any call or full recompute asks for.
@@ -138,11 +141,12 @@ void check_units(const ModelConfig& cfg, int bpu) {
       const Call& c = m.schedule[p];
       Unit& unit = *m.units[size_t(c.unit)];
       UnitMem& um = *mem[size_t(c.unit)];
-      INFO(cfg.type << " blocks_per_unit " << bpu << " B " << s.B << " T " << s.T << " position "
-                    << p << " " << unit.name() << " call " << c.call);
+      INFO(cfg.type << " blocks_per_unit " << bpu << " B " << s.B << " T " << s.T << " compute "
+                    << dtype_name(compute) << " position " << p << " " << unit.name()
+                    << " call " << c.call);
       for (float& v : x) v = static_cast<float>(r.uniform() * 2 - 1);
       ActivationProbe pr;
-      pr.ops = &cpu();
+      pr.ops = &ops;
       pr.batch = &tk.batch;
       pr.params = &um.p;
       pr.grads = &um.g;
@@ -156,7 +160,7 @@ void check_units(const ModelConfig& cfg, int bpu) {
       // Full recompute as the engine runs it (sharding/sharded_model.cpp, rebuild).
       Saved saved;
       UnitCtx ctx;
-      ctx.ops = &cpu();
+      ctx.ops = &ops;
       ctx.batch = &tk.batch;
       ctx.params = &um.p;
       ctx.saved = &saved;
@@ -234,10 +238,14 @@ class Undeclared final : public Unit {
 
 TEST_CASE("activation declarations: GPT-2 units and calls are exact", "[models][activations]") {
   for (int bpu : {1, 2, 3}) check_units(gpt2_cfg(), bpu);
+  // 16-bit products: ln1, ln2 and fch_gelu at 2 bytes a value.
+  for (DType dt : {DType::BF16, DType::F16}) check_units(gpt2_cfg(), 2, dt);
 }
 
 TEST_CASE("activation declarations: Llama (GQA) units are exact", "[models][activations]") {
   for (int bpu : {1, 2, 3}) check_units(llama_cfg(), bpu);
+  // 16-bit products: xn, xn2 and hmlp at 2 bytes a value, dgu and a copy of dqkv 16-bit.
+  for (DType dt : {DType::BF16, DType::F16}) check_units(llama_cfg(), 1, dt);
 }
 
 TEST_CASE("activation declarations: ShardedModel's activation peak is what they predict",
@@ -246,15 +254,19 @@ TEST_CASE("activation declarations: ShardedModel's activation peak is what they 
   for (const ModelConfig& cfg : {gpt2_cfg(), llama_cfg()})
     for (int bpu : {1, 2, 3})
       for (CheckpointMode mode :
-           {CheckpointMode::Off, CheckpointMode::Selective, CheckpointMode::Full}) {
+           {CheckpointMode::Off, CheckpointMode::Selective, CheckpointMode::Full})
+      for (DType dt : {DType::F32, DType::BF16}) {  // BF16: 16-bit products' inputs
+        if (dt != DType::F32 && bpu == 3) continue;
         Model m = build_model(cfg);
         wrap_blocks(m, bpu);
         ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
         pol.activation_checkpointing = ac_of(mode);
+        pol.mixed_precision.param_dtype = dt;
         ShardedModel sm(m, cpu(), 3, make_local_group(), pol);
-        for (const BatchShape& s : {BatchShape{3, 5}, BatchShape{2, 13}}) {
+        for (BatchShape s : {BatchShape{3, 5}, BatchShape{2, 13}}) {
+          s.compute = dt;
           INFO(cfg.type << " blocks_per_unit " << bpu << " " << checkpoint_mode_name(mode)
-                        << " B " << s.B << " T " << s.T);
+                        << " " << dtype_name(dt) << " B " << s.B << " T " << s.T);
           Tokens tk(s, cfg.vocab_size, 9);
           const size_t base = mt.current(Mem::Activations);
           mt.reset_peaks();

@@ -483,20 +483,47 @@ TEST_CASE("Sequences longer than seq_len are refused", "[models][config]") {
   }
 }
 
-// ---- The MLP's input kept 16-bit (models/unit.h's mlp_input16) ----------------------------------
+// ---- Products' inputs and gradients kept 16-bit (models/unit.h's ProductIn) -------------------
 
 namespace {
 
-// The same Ops reporting fp32 compute, so the blocks take their fp32-input path.
+// The same Ops reporting fp32 compute, so the blocks take their fp32-operand path. Its
+// attention backward reads the output rounded to the compute precision, as the 16-bit path's
+// attention_backward_lp_set does (the one place where the two paths' values differ: the
+// backward's row dot products of dout with the output, fp32 sums, not products).
 class HideCompute final : public swtest::ForwardingOps {
  public:
-  using ForwardingOps::ForwardingOps;
+  explicit HideCompute(const Ops& base) : ForwardingOps(base), base_(base) {}
   DType compute() const override { return DType::F32; }
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                          const float* lse, int B, int T, int H, int KVH,
+                          int hd) const override {
+    const std::vector<float> o = rounded(out, size_t(B) * T * H * hd);
+    base_.attention_backward(dqkv, dout, qkv, o.data(), lse, B, T, H, KVH, hd);
+  }
+  void attention_backward_set(float* dqkv, const float* dout, const float* qkv, const float* out,
+                              const float* lse, int B, int T, int H, int KVH,
+                              int hd) const override {
+    const std::vector<float> o = rounded(out, size_t(B) * T * H * hd);
+    base_.attention_backward_set(dqkv, dout, qkv, o.data(), lse, B, T, H, KVH, hd);
+  }
+
+ private:
+  std::vector<float> rounded(const float* x, size_t n) const {
+    std::vector<float> r(x, x + n);
+    base_.round_to(base_.compute(), r.data(), n);
+    return r;
+  }
+  const Ops& base_;
 };
 
 }  // namespace
 
-TEST_CASE("16-bit MLP inputs give the bits of the fp32 input (BF16 and F16 Ops)",
+// With 16-bit products the blocks keep their products' inputs 16-bit (norm outputs, qkv,
+// attention's output, the MLP's activation) and hand Llama's dgu and dqkv to the products
+// 16-bit: the same bits as the fp32 path, whose products round those values the same way
+// (HideCompute: its attention backward reads the rounded output, as the 16-bit path's does).
+TEST_CASE("16-bit products' inputs give the bits of the fp32 path (BF16 and F16 Ops)",
           "[models][lowp]") {
   for (const ModelConfig& c : {tiny_gpt2(), tiny_llama()})
     for (DType dt : {DType::BF16, DType::F16}) {
