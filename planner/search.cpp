@@ -135,12 +135,14 @@ int64_t kernel_workspace_bytes(const ModelConfig& mc, int B, int T, DType comput
     // weight and a logits chunk, the largest activation operand.
     const int64_t F = mc.d_ff > 0 ? mc.d_ff : 4 * C;
     b += (V * C + chunk * V + N * std::max(F, 3 * C)) * 2;
-    // 16-bit operands widened (cpu_ops.cpp's per-thread slots): an input (the widest: the
-    // MLP's activation, N x F), a gradient (Llama's dgu, N x 2F, or dqkv), attention's qkv and
-    // its output (N x C; in forward the fp32 output before it is narrowed).
+    // 16-bit operands widened into per-thread scratch where the products pack from fp32
+    // (gemm_bf16.cpp's widened16, not on the emulated path, which widens them in its rounding
+    // pass): an input (the widest: the MLP's activation, N x F) and a gradient (Llama's dgu,
+    // N x 2F, or dqkv); attention's output in fp32 (forward, before it is narrowed: cpu_ops.cpp)
+    // and widened (backward: attention.cpp), N x C each.
     const int64_t QKV = C + 2 * KVH * (C / H);
     b += N * std::max(F, C) * 4 + (mc.type == "llama" ? N * std::max(2 * F, QKV) * 4 : 0);
-    b += N * QKV * 4 + N * C * 4;
+    b += 2 * N * C * 4;
   }
   if (world > 1) b += comm_scratch;  // comm_scratch_bytes
   return b;

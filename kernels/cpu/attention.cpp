@@ -220,10 +220,21 @@ inline int padded_ld(int n) {
 // Reduced-precision compute: qkv rounded to bf16 / fp16 once per call (Q, K and V are operands
 // of every tile product) into a per-thread workspace kept between calls (a fresh buffer of this
 // size would be page-faulted on every call); P, dS and dO are rounded where they are formed.
-const float* rounded_qkv(DType t, const float* qkv, size_t n) {
+// qkv rounded to t, or (qkv16) t's 16-bit values widened: the same floats either way.
+const float* rounded_qkv(DType t, const float* qkv, size_t n, const uint16_t* qkv16 = nullptr) {
   thread_local Buffer buf;
   float* r = detail::grow_workspace(buf, n);
-  round_to(t, r, qkv, n);
+  if (qkv16)
+    widen(t, qkv16, r, n);
+  else
+    round_to(t, r, qkv, n);
+  return r;
+}
+// The output widened from 16 bits (attention_backward's out16).
+const float* widened_out(DType t, const uint16_t* out16, size_t n) {
+  thread_local Buffer buf;
+  float* r = detail::grow_workspace(buf, n);
+  widen(t, out16, r, n);
   return r;
 }
 
@@ -260,12 +271,13 @@ void check_shapes(int B, int T, int H, int KVH, int hd) {
 }  // namespace
 
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KVH,
-                       int hd, DType compute) {
+                       int hd, DType compute, const uint16_t* qkv16) {
   check_shapes(B, T, H, KVH, hd);
   if (B == 0 || T == 0) return;
   const int R = (H + 2 * KVH) * hd, CO = H * hd, rep = H / KVH;
   const bool lowp = compute != DType::F32;
-  if (lowp) qkv = rounded_qkv(compute, qkv, (size_t)B * T * R);
+  SW_CHECK(lowp || !qkv16, "attention: 16-bit qkv needs BF16 / F16 compute");
+  if (lowp) qkv = rounded_qkv(compute, qkv, (size_t)B * T * R, qkv16);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int nqt = (T + kFwdBQ - 1) / kFwdBQ;
   const int ntasks = B * H * nqt;
@@ -342,12 +354,14 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int B, int T, int H, int KVH, int hd,
-                        DType compute, bool set) {
+                        DType compute, bool set, const uint16_t* qkv16, const uint16_t* out16) {
   check_shapes(B, T, H, KVH, hd);
   if (B == 0 || T == 0) return;
   const int R = (H + 2 * KVH) * hd, CO = H * hd, rep = H / KVH;
   const bool lowp = compute != DType::F32;
-  if (lowp) qkv = rounded_qkv(compute, qkv, (size_t)B * T * R);
+  SW_CHECK(lowp || (!qkv16 && !out16), "attention: 16-bit qkv / out need BF16 / F16 compute");
+  if (lowp) qkv = rounded_qkv(compute, qkv, (size_t)B * T * R, qkv16);
+  if (out16) out = widened_out(compute, out16, (size_t)B * T * CO);
   const int hd16 = round16(hd), ldh = padded_ld(hd);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const float ninf = -std::numeric_limits<float>::infinity();

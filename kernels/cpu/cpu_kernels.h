@@ -49,6 +49,14 @@ void linear_forward_lowp(DType t, float* out, const float* inp, const float* w, 
 void linear_backward_lowp(DType t, float* dinp, float* dw, float* db, const float* dout,
                           const float* inp, const float* w, int N, int C, int OC,
                           float dinp_beta = 1.f);
+// The same with an operand that may be 16-bit already (t's values; Ops' *_lp forms): inp16 /
+// dout16, where non-null, replace inp / dout (db needs the fp32 dout). The emulated path widens
+// them in its one rounding pass; the others widen them into per-thread scratch first.
+void linear_forward_lowp16(DType t, float* out, const float* inp, const uint16_t* inp16,
+                           const float* w, const float* b, int N, int C, int OC);
+void linear_backward_lowp16(DType t, float* dinp, float* dw, float* db, const float* dout,
+                            const uint16_t* dout16, const float* inp, const uint16_t* inp16,
+                            const float* w, int N, int C, int OC, float dinp_beta);
 // dst[i] = src[i] rounded to t and back to fp32 (dst may equal src; F32 copies).
 void round_to(DType t, float* dst, const float* src, size_t n);
 
@@ -121,11 +129,14 @@ void rope_backward_lp(DType dt, uint16_t* dqkv16, const float* dqkv, int B, int 
 // compute = BF16 / F16: the tile products (Q K^T, P V, and in the backward dO V^T, P^T dO,
 // dS^T Q, dS K) take operands rounded to bf16 / fp16 and accumulate in fp32; softmax, lse and
 // the running statistics stay fp32.
+// qkv16 / out16 (compute's 16-bit values; BF16 / F16 only), where non-null, replace qkv / out:
+// widened where the fp32 ones would be rounded (Ops' attention_*_lp forms).
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KVH,
-                       int hd, DType compute = DType::F32);
+                       int hd, DType compute = DType::F32, const uint16_t* qkv16 = nullptr);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int B, int T, int H, int KVH, int hd,
-                        DType compute = DType::F32, bool set = false);
+                        DType compute = DType::F32, bool set = false,
+                        const uint16_t* qkv16 = nullptr, const uint16_t* out16 = nullptr);
 
 // lmhead.cpp
 // compute = BF16 / F16: the three products (logits, dx, dw) use gemm_lowp; the softmax and

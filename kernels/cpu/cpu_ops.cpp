@@ -9,22 +9,13 @@ namespace sw {
 
 namespace {
 
-// This thread's grow-only fp32 scratch `slot`, at least n floats, kept between calls (no
-// allocation in the steady state; counted by the planner's CPU kernel workspace). Slots: 0 a
-// gradient operand, 1 an input, 2 attention's qkv, 3 attention's output.
-float* slot_f32(int slot, size_t n) {
-  thread_local Buffer scratch[4];
-  Buffer& b = scratch[slot];
-  if (b.bytes() < n * sizeof(float)) b = Buffer(n * sizeof(float), Mem::Workspace);
-  return b.f32();
-}
-// A 16-bit product operand widened to fp32 for the CPU's products (which round it back to the
-// same values) in scratch `slot`; an fp32 operand is its own pointer.
-const float* widened(DType t, Operand x, size_t n, int slot) {
-  if (!x.lp) return x.f32;
-  float* w = slot_f32(slot, n);
-  cpu::widen(t, x.lp, w, n);
-  return w;
+// This thread's grow-only fp32 scratch (attention's fp32 output before it is narrowed), at
+// least n floats, kept between calls (no allocation in the steady state; counted by the
+// planner's CPU kernel workspace).
+float* out_scratch(size_t n) {
+  thread_local Buffer scratch;
+  if (scratch.bytes() < n * sizeof(float)) scratch = Buffer(n * sizeof(float), Mem::Workspace);
+  return scratch.f32();
 }
 size_t extent(int r, int c) { return size_t(r > 0 ? r : 0) * size_t(c > 0 ? c : 0); }
 
@@ -181,32 +172,30 @@ class CpuOps final : public Ops {
   void attention_forward_lp(uint16_t* out16, float* lse, const uint16_t* qkv16, int B, int T,
                             int H, int KVH, int hd) const override {
     require_lowp("attention_forward_lp");
-    const size_t nq = extent(B * T, (H + 2 * KVH) * hd), no = extent(B * T, H * hd);
-    float* o = slot_f32(3, no);
-    cpu::attention_forward(o, lse, widened(compute_, qkv16, nq, 2), B, T, H, KVH, hd, compute_);
+    const size_t no = extent(B * T, H * hd);
+    float* o = out_scratch(no);
+    cpu::attention_forward(o, lse, nullptr, B, T, H, KVH, hd, compute_, qkv16);
     cpu::narrow(compute_, o, out16, no);
   }
   void attention_backward_lp_set(float* dqkv, const float* dout, const uint16_t* qkv16,
                                  const uint16_t* out16, const float* lse, int B, int T, int H,
                                  int KVH, int hd) const override {
     require_lowp("attention_backward_lp_set");
-    const size_t nq = extent(B * T, (H + 2 * KVH) * hd), no = extent(B * T, H * hd);
-    cpu::attention_backward(dqkv, dout, widened(compute_, qkv16, nq, 2),
-                            widened(compute_, out16, no, 3), lse, B, T, H, KVH, hd, compute_, true);
+    cpu::attention_backward(dqkv, dout, nullptr, nullptr, lse, B, T, H, KVH, hd, compute_, true,
+                            qkv16, out16);
   }
   void linear_forward_lp(float* out, Operand inp, const float* w, const float* b, int N, int C,
                          int OC) const override {
     require_lowp("linear_forward_lp");
-    cpu::linear_forward_lowp(compute_, out, widened(compute_, inp, extent(N, C), 1), w, b, N, C,
-                             OC);
+    cpu::linear_forward_lowp16(compute_, out, inp.f32, inp.lp, w, b, N, C, OC);
   }
   void linear_backward_lp_set(float* dinp, float* dw, float* db, Operand dout, Operand inp,
                               const float* w, int N, int C, int OC) const override {
     require_lowp("linear_backward_lp_set");
     SW_CHECK(!db || dout.f32,
              "linear_backward_lp_set: db needs the fp32 dout (a 16-bit one is given)");
-    cpu::linear_backward_lowp(compute_, dinp, dw, db, widened(compute_, dout, extent(N, OC), 0),
-                              widened(compute_, inp, extent(N, C), 1), w, N, C, OC, 0.f);
+    cpu::linear_backward_lowp16(compute_, dinp, dw, db, dout.f32, dout.lp, inp.f32, inp.lp, w, N,
+                                C, OC, 0.f);
   }
   double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w,
                      const int32_t* targets, int N, int C, int V,

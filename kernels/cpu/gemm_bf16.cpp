@@ -27,6 +27,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <cstdlib>
 #include <cstdio>
@@ -129,12 +130,23 @@ float* workspace(int slot, size_t floats) {
   return detail::grow_workspace(buf[slot], floats);
 }
 
-// A matrix to round: src(rows, cols; stride ld) -> a dense copy in workspace `slot`.
+// A matrix to round: src(rows, cols; stride ld) -> a dense copy in workspace `slot`. With
+// src16 (t's 16-bit values, stride ld) instead of src, the copy is those values widened: they
+// are rounded already.
 struct RoundJob {
   const float* src;
   int rows, cols, ld;
   const float* out = nullptr;
+  const uint16_t* src16 = nullptr;
 };
+
+void widen_row(DType t, float* d, const uint16_t* s, int n) {
+  if (t == DType::BF16) {
+    for (int c = 0; c < n; ++c) d[c] = std::bit_cast<float>(uint32_t{s[c]} << 16);
+  } else {
+    for (int c = 0; c < n; ++c) d[c] = f16_to_f32(s[c]);
+  }
+}
 
 // Rounds up to three matrices in ONE parallel region (static split of all their rows): every
 // fork/join is a point where both threads must be running, which costs far more than the
@@ -156,8 +168,12 @@ void round_jobs(DType t, RoundJob* jobs, int njobs) {
     int j = 0;
     while (r >= first[j + 1]) ++j;
     const long i = r - first[j];
-    round_row(t, dst[j] + (size_t)i * jobs[j].cols, jobs[j].src + (size_t)i * jobs[j].ld,
-              jobs[j].cols);
+    if (jobs[j].src16)
+      widen_row(t, dst[j] + (size_t)i * jobs[j].cols, jobs[j].src16 + (size_t)i * jobs[j].ld,
+                jobs[j].cols);
+    else
+      round_row(t, dst[j] + (size_t)i * jobs[j].cols, jobs[j].src + (size_t)i * jobs[j].ld,
+                jobs[j].cols);
   }
 }
 
@@ -367,6 +383,54 @@ void linear_backward_lowp(DType t, float* dinp, float* dw, float* db, const floa
     }
   }
   // The bias gradient is a sum, not a product: fp32 (the fp32 op's code).
+  if (db) linear_backward(nullptr, nullptr, db, dout, inp, w, N, C, OC);
+}
+
+namespace {
+// A 16-bit operand as fp32 for the paths that pack from fp32 (native, fused, oneDNN): widened
+// into this thread's grow-only scratch `slot` (0: a gradient, 1: an input).
+const float* widened16(DType t, const uint16_t* x16, size_t n, int slot) {
+  thread_local Buffer buf[2];
+  float* d = detail::grow_workspace(buf[slot], n);
+  widen(t, x16, d, n);
+  return d;
+}
+bool emulated(DType t) { return resolve(t, LowpPath::Auto) == LowpPath::Emulated; }
+}  // namespace
+
+void linear_forward_lowp16(DType t, float* out, const float* inp, const uint16_t* inp16,
+                           const float* w, const float* b, int N, int C, int OC) {
+  if (!inp16) return linear_forward_lowp(t, out, inp, w, b, N, C, OC);
+  if (N <= 0 || OC <= 0 || C <= 0 || !emulated(t))
+    return linear_forward_lowp(t, out, widened16(t, inp16, size_t(N > 0 ? N : 0) * size_t(C > 0 ? C : 0), 1),
+                               w, b, N, C, OC);
+  if (b) detail::broadcast_rows(out, b, N, OC);
+  detail::blas_select_core();
+  RoundJob jobs[2] = {{nullptr, N, C, C, nullptr, inp16}, {w, OC, C, C}};
+  round_jobs(t, jobs, 2);
+  detail::sgemm(false, true, N, OC, C, 1.f, jobs[0].out, C, jobs[1].out, C, b ? 1.f : 0.f, out, OC);
+}
+
+void linear_backward_lowp16(DType t, float* dinp, float* dw, float* db, const float* dout,
+                            const uint16_t* dout16, const float* inp, const uint16_t* inp16,
+                            const float* w, int N, int C, int OC, float dinp_beta) {
+  SW_CHECK(!db || !dout16, "linear backward: db needs the fp32 dout");
+  if (!dout16 && !inp16) return linear_backward_lowp(t, dinp, dw, db, dout, inp, w, N, C, OC, dinp_beta);
+  const size_t nd = size_t(N > 0 ? N : 0) * size_t(OC > 0 ? OC : 0);
+  const size_t ni = size_t(N > 0 ? N : 0) * size_t(C > 0 ? C : 0);
+  if (N <= 0 || OC <= 0 || C <= 0 || !emulated(t) || !(dinp || dw))
+    return linear_backward_lowp(t, dinp, dw, db, dout16 ? widened16(t, dout16, nd, 0) : dout,
+                                inp16 ? widened16(t, inp16, ni, 1) : inp, w, N, C, OC, dinp_beta);
+  // The emulated path's one pass over all three operands, the 16-bit ones widened in it.
+  detail::blas_select_core();
+  RoundJob jobs[3] = {{dout, N, OC, OC, nullptr, dout16}, {w, OC, C, C}, {inp, N, C, C, nullptr, inp16}};
+  int nj = 1;
+  if (dinp) jobs[nj++] = jobs[1];
+  if (dw) jobs[nj++] = jobs[2];
+  round_jobs(t, jobs, nj);
+  const float* rd = jobs[0].out;
+  if (dinp) detail::sgemm(false, false, N, C, OC, 1.f, rd, OC, jobs[1].out, C, dinp_beta, dinp, C);
+  if (dw) detail::sgemm(true, false, OC, C, N, 1.f, rd, OC, jobs[nj - 1].out, C, 1.f, dw, C);
   if (db) linear_backward(nullptr, nullptr, db, dout, inp, w, N, C, OC);
 }
 
