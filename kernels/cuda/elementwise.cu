@@ -613,19 +613,28 @@ struct SwigluLp4 {  // out16 = narrow(swiglu(gu))
     sth4(out + i, narrow4(dt, zip4(ld4(gu + n * 2 * F + f), ld4(gu + n * 2 * F + F + f), SwigluF{})));
   }
 };
+// SwiGLU's gradients of four consecutive (row, column) values from i on: the gate's (dg, at
+// dgu + ig) and the up's (du, at dgu + iu), the arithmetic both four-wide forms share.
+__device__ __forceinline__ void swiglu_grad4(const float* dout, const float* gu, size_t i,
+                                             size_t F, size_t& ig, size_t& iu, float4& dg,
+                                             float4& du) {
+  const size_t n = i / F, f = i % F;
+  ig = n * 2 * F + f, iu = ig + F;
+  const float4 g = ld4(gu + ig), u = ld4(gu + iu), d = ld4(dout + i);
+  swiglu_grad_f(g.x, u.x, d.x, &dg.x, &du.x);
+  swiglu_grad_f(g.y, u.y, d.y, &dg.y, &du.y);
+  swiglu_grad_f(g.z, u.z, d.z, &dg.z, &du.z);
+  swiglu_grad_f(g.w, u.w, d.w, &dg.w, &du.w);
+}
 template <bool Set>
 struct SwigluBack4 {
   float* dgu;
   const float *dout, *gu;
   size_t F;
   __device__ void operator()(size_t i) const {
-    const size_t n = i / F, f = i % F, ig = n * 2 * F + f, iu = ig + F;
-    const float4 g = ld4(gu + ig), u = ld4(gu + iu), d = ld4(dout + i);
+    size_t ig, iu;
     float4 dg, du;
-    swiglu_grad_f(g.x, u.x, d.x, &dg.x, &du.x);
-    swiglu_grad_f(g.y, u.y, d.y, &dg.y, &du.y);
-    swiglu_grad_f(g.z, u.z, d.z, &dg.z, &du.z);
-    swiglu_grad_f(g.w, u.w, d.w, &dg.w, &du.w);
+    swiglu_grad4(dout, gu, i, F, ig, iu, dg, du);
     st4(dgu + iu, zip4(base4<Set>(dgu + iu), du, AddF{}));
     st4(dgu + ig, zip4(base4<Set>(dgu + ig), dg, AddF{}));
   }
@@ -636,13 +645,9 @@ struct SwigluBackLp4 {  // dgu16 = narrow(SwigluBack4<true>'s values)
   const float *dout, *gu;
   size_t F;
   __device__ void operator()(size_t i) const {
-    const size_t n = i / F, f = i % F, ig = n * 2 * F + f, iu = ig + F;
-    const float4 g = ld4(gu + ig), u = ld4(gu + iu), d = ld4(dout + i);
+    size_t ig, iu;
     float4 dg, du;
-    swiglu_grad_f(g.x, u.x, d.x, &dg.x, &du.x);
-    swiglu_grad_f(g.y, u.y, d.y, &dg.y, &du.y);
-    swiglu_grad_f(g.z, u.z, d.z, &dg.z, &du.z);
-    swiglu_grad_f(g.w, u.w, d.w, &dg.w, &du.w);
+    swiglu_grad4(dout, gu, i, F, ig, iu, dg, du);
     sth4(dgu + iu, narrow4(dt, zip4(base4<true>(nullptr), du, AddF{})));
     sth4(dgu + ig, narrow4(dt, zip4(base4<true>(nullptr), dg, AddF{})));
   }
