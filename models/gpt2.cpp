@@ -242,9 +242,15 @@ class Block final : public Unit {
     const size_t inputs[] = {N * C, N * 3 * C, N * C, N * C, N * F};
     ActivationDecl d;
     for (size_t n : kept) d.saved += f32b(n), d.scratch_eval += scrb(n);
-    for (size_t n : inputs) d.saved += shape.input_bytes(n), d.scratch_eval += shape.input_scratch(n);
+    for (size_t n : inputs) {
+      d.saved += shape.input_bytes(n);
+      d.scratch_eval += shape.input_scratch(n);
+    }
     d.saved_cheap = shape.input_bytes(N * C) * 2 + shape.input_bytes(N * F);  // ln1, ln2, fch_gelu
-    if (shape.lowp()) d.scratch_fwd = scrb(N * 3 * C), d.scratch_eval += scrb(N * 3 * C);  // fp32 qkv
+    if (shape.lowp()) {  // qkv's fp32 product
+      d.scratch_fwd = scrb(N * 3 * C);
+      d.scratch_eval += scrb(N * 3 * C);
+    }
     d.scratch_logits = d.scratch_eval;
     d.scratch_recompute = 2 * scrb(N);
     d.scratch_bwd = 2 * scrb(N * F) + 2 * scrb(N * C) + scrb(N * 3 * C) + scrb(N * C);
@@ -308,8 +314,8 @@ class Block final : public Unit {
     else
       ops.attention_backward_set(dqkv, datty, qkv.f32, atty.f32, s.get("lse"), B, T, H, H, hd);
     float* dln1 = fresh(sz(N, C));
-    linear_backward_set_from(ops, dln1, G(QKVW), G(QKVB), dqkv, saved_input(s, "ln1", ops).operand(),
-                             P(QKVW), N, C, 3 * C);
+    linear_backward_set_from(ops, dln1, G(QKVW), G(QKVB), dqkv,
+                             saved_input(s, "ln1", ops).operand(), P(QKVW), N, C, 3 * C);
     ops.layernorm_backward(dx, G(LN1W), G(LN1B), dln1, x, P(LN1W), s.get("ln1_mean"),
                            s.get("ln1_rstd"), N, C);
   }

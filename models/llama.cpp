@@ -157,7 +157,8 @@ class Block final : public Unit {
     const ProductIn atty = keep_input(ctx, "atty", sz(N, int64_t{H} * hd), Keep::Always);
     float* lse = keep(ctx, "lse", sz(B, int64_t{H} * T));     // (B,H,T)
     float* x2 = keep(ctx, "x2", sz(N, C));           // (N,C) residual after attention
-    const ProductIn xn2 = keep_input(ctx, "xn2", sz(N, C), Keep::Cheap);  // (N,C) post_attention_layernorm(x2)
+    // (N,C) post_attention_layernorm(x2)
+    const ProductIn xn2 = keep_input(ctx, "xn2", sz(N, C), Keep::Cheap);
     float* rstd2 = keep(ctx, "rstd2", sz(N));        // (N)
     float* gu = keep(ctx, "gu", sz(N, 2 * F));       // (N,2F) [gate | up]
     const ProductIn hmlp = keep_input(ctx, "hmlp", sz(N, F), Keep::Cheap);  // (N,F) silu(gate) * up
@@ -183,9 +184,9 @@ class Block final : public Unit {
 
   // Forward keeps (in this order) xn, rstd1, qkv, atty, lse, x2, xn2, rstd2, gu, hmlp (xn, qkv,
   // atty, xn2 and hmlp 2 bytes a value with 16-bit products, qkv's fp32 product then in
-  // scratch): in Saved when training, in scratch in inference. recompute_cheap: one (N) statistic in scratch; backward: the six input gradients
-  // (written, not zeroed first), dgu and, with 16-bit products, a 16-bit copy of dqkv as
-  // products' operands.
+  // scratch): in Saved when training, in scratch in inference. recompute_cheap: one (N)
+  // statistic in scratch; backward: the six input gradients (written, not zeroed first), dgu
+  // 16-bit with 16-bit products, and then also a 16-bit copy of dqkv (the products' operand).
   ActivationDecl declare_activations(int /*call*/, BatchShape shape) const override {
     const size_t B = size_t(shape.B), T = size_t(shape.T), N = B * T, C = size_t(c_.d_model),
                  H = size_t(c_.n_head), KVH = size_t(c_.n_kv_head), hd = C / H,
@@ -194,9 +195,15 @@ class Block final : public Unit {
     const size_t inputs[] = {N * C, N * QKV, N * H * hd, N * C, N * F};  // xn, qkv, atty, xn2, hmlp
     ActivationDecl d;
     for (size_t n : kept) d.saved += f32b(n), d.scratch_eval += scrb(n);
-    for (size_t n : inputs) d.saved += shape.input_bytes(n), d.scratch_eval += shape.input_scratch(n);
+    for (size_t n : inputs) {
+      d.saved += shape.input_bytes(n);
+      d.scratch_eval += shape.input_scratch(n);
+    }
     d.saved_cheap = shape.input_bytes(N * C) * 2 + shape.input_bytes(N * F);  // xn, xn2, hmlp
-    if (shape.lowp()) d.scratch_fwd = scrb(N * QKV), d.scratch_eval += scrb(N * QKV);  // fp32 qkv
+    if (shape.lowp()) {  // qkv's fp32 product
+      d.scratch_fwd = scrb(N * QKV);
+      d.scratch_eval += scrb(N * QKV);
+    }
     d.scratch_logits = d.scratch_eval;
     d.scratch_recompute = scrb(N);
     d.scratch_bwd = scrb(N * F) + shape.input_scratch(N * 2 * F) + scrb(N * C) +
