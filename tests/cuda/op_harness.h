@@ -1124,7 +1124,11 @@ inline std::vector<OpCase> op_cases() {
                     put(o, "lse_ref", a.down(lser, nlse));
                     return o;
                   }});
-    cs.push_back({"attention_backward_lp_set", "attention_backward_lp_set " + sh, kTolAttn,
+    // Inputs on the 16-bit grid (O rounded, so D too) put a bf16 dS near a rounding tie now and
+    // then: one flip between two backends' fp32 orders costs ~1e-8 (test_lowp_twin's model in
+    // the sanitizer build: 1.3e-8 at T = 70, H = 3, hd = 24), hence 1e-7 across backends;
+    // paired_forms_exact still holds lp == ref bit for bit on each.
+    cs.push_back({"attention_backward_lp_set", "attention_backward_lp_set " + sh, 1e-7,
                   kTolAttnLowp, [s, sd, nqkv, nout](Arena& a) {
                     Outputs o;
                     const sw::DType dt = a.ops().compute();
