@@ -26,14 +26,13 @@ class Buffer;  // core/alloc.h
 
 // A matrix product's operand (the *_lp forms below): fp32 values, or the Ops' compute()
 // precision's 16-bit values as `narrow` writes them. Made implicitly from either pointer; one
-// of the two is set (both null: no operand, where the form allows one to be absent).
+// of the two is set.
 struct Operand {
   const float* f32 = nullptr;
   const uint16_t* lp = nullptr;
   Operand(std::nullptr_t) {}
   Operand(const float* p) : f32(p) {}
   Operand(const uint16_t* p) : lp(p) {}
-  bool empty() const { return !f32 && !lp; }
   // The operand k values further on (a column block of a packed matrix).
   Operand at(size_t k) const { return lp ? Operand(lp + k) : Operand(f32 ? f32 + k : nullptr); }
 };

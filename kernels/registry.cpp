@@ -60,27 +60,33 @@ void Ops::require_lowp(const char* op) const {
            std::string(op) + ": 16-bit product inputs need BF16 / F16 Ops, not F32 ones");
 }
 
-void Ops::swiglu_forward_lp(uint16_t* out16, const float* gu, int N, int F) const {
-  require_lowp("swiglu_forward_lp");
-  const size_t n = static_cast<size_t>(N) * static_cast<size_t>(F);
-  Buffer t(std::max<size_t>(n, 1) * sizeof(float), Mem::Workspace, device());
-  swiglu_forward(t.f32(), gu, N, F);
-  narrow(compute(), t.f32(), out16, n);
-}
-
-void Ops::gelu_forward_lp(uint16_t* out16, const float* inp, size_t n) const {
-  require_lowp("gelu_forward_lp");
-  Buffer t(std::max<size_t>(n, 1) * sizeof(float), Mem::Workspace, device());
-  gelu_forward(t.f32(), inp, n);
-  narrow(compute(), t.f32(), out16, n);
-}
-
 namespace {
 size_t mul(int a, int b) { return static_cast<size_t>(a) * static_cast<size_t>(b); }
 Buffer scratch_f32(size_t n, Device d) {
   return Buffer(std::max<size_t>(n, 1) * sizeof(float), Mem::Workspace, d);
 }
+// A 16-bit producer's default: `write` fills n fp32 values in device scratch, which are then
+// narrowed into out16.
+template <class F>
+void narrowed_from(const Ops& o, uint16_t* out16, size_t n, F&& write) {
+  Buffer t = scratch_f32(n, o.device());
+  write(t.f32());
+  o.narrow(o.compute(), t.f32(), out16, n);
+}
+size_t qkv_size(int B, int T, int H, int KVH, int hd) {
+  return mul(B, T) * static_cast<size_t>(H + 2 * KVH) * static_cast<size_t>(hd);
+}
 }  // namespace
+
+void Ops::swiglu_forward_lp(uint16_t* out16, const float* gu, int N, int F) const {
+  require_lowp("swiglu_forward_lp");
+  narrowed_from(*this, out16, mul(N, F), [&](float* t) { swiglu_forward(t, gu, N, F); });
+}
+
+void Ops::gelu_forward_lp(uint16_t* out16, const float* inp, size_t n) const {
+  require_lowp("gelu_forward_lp");
+  narrowed_from(*this, out16, n, [&](float* t) { gelu_forward(t, inp, n); });
+}
 
 const float* Ops::operand_f32(Operand x, size_t r, size_t ld, size_t c, Buffer& tmp) const {
   if (!x.lp) return x.f32;
@@ -94,87 +100,78 @@ const float* Ops::operand_f32(Operand x, size_t r, size_t ld, size_t c, Buffer& 
 void Ops::rmsnorm_forward_lp(uint16_t* out16, float* rstd, const float* inp, const float* w, int N,
                              int C, float eps) const {
   require_lowp("rmsnorm_forward_lp");
-  Buffer t = scratch_f32(mul(N, C), device());
-  rmsnorm_forward(t.f32(), rstd, inp, w, N, C, eps);
-  narrow(compute(), t.f32(), out16, mul(N, C));
+  narrowed_from(*this, out16, mul(N, C),
+                [&](float* t) { rmsnorm_forward(t, rstd, inp, w, N, C, eps); });
 }
 
 void Ops::residual_rmsnorm_forward_lp(float* res, uint16_t* out16, float* rstd, const float* a,
                                       const float* b, const float* w, int N, int C,
                                       float eps) const {
   require_lowp("residual_rmsnorm_forward_lp");
-  Buffer t = scratch_f32(mul(N, C), device());
-  residual_rmsnorm_forward(res, t.f32(), rstd, a, b, w, N, C, eps);
-  narrow(compute(), t.f32(), out16, mul(N, C));
+  narrowed_from(*this, out16, mul(N, C),
+                [&](float* t) { residual_rmsnorm_forward(res, t, rstd, a, b, w, N, C, eps); });
 }
 
 void Ops::layernorm_forward_lp(uint16_t* out16, float* mean, float* rstd, const float* inp,
                                const float* w, const float* b, int N, int C) const {
   require_lowp("layernorm_forward_lp");
-  Buffer t = scratch_f32(mul(N, C), device());
-  layernorm_forward(t.f32(), mean, rstd, inp, w, b, N, C);
-  narrow(compute(), t.f32(), out16, mul(N, C));
+  narrowed_from(*this, out16, mul(N, C),
+                [&](float* t) { layernorm_forward(t, mean, rstd, inp, w, b, N, C); });
 }
 
 void Ops::residual_layernorm_forward_lp(float* res, uint16_t* out16, float* mean, float* rstd,
                                         const float* a, const float* b, const float* w,
                                         const float* bias, int N, int C) const {
   require_lowp("residual_layernorm_forward_lp");
-  Buffer t = scratch_f32(mul(N, C), device());
-  residual_layernorm_forward(res, t.f32(), mean, rstd, a, b, w, bias, N, C);
-  narrow(compute(), t.f32(), out16, mul(N, C));
+  narrowed_from(*this, out16, mul(N, C), [&](float* t) {
+    residual_layernorm_forward(res, t, mean, rstd, a, b, w, bias, N, C);
+  });
 }
 
 void Ops::swiglu_backward_lp_set(uint16_t* dgu16, const float* dout, const float* gu, int N,
                                  int F) const {
   require_lowp("swiglu_backward_lp_set");
-  const size_t n = 2 * mul(N, F);
-  Buffer t = scratch_f32(n, device());
-  swiglu_backward_set(t.f32(), dout, gu, N, F);
-  narrow(compute(), t.f32(), dgu16, n);
+  narrowed_from(*this, dgu16, 2 * mul(N, F),
+                [&](float* t) { swiglu_backward_set(t, dout, gu, N, F); });
 }
 
 void Ops::rope_backward_lp(uint16_t* dqkv16, const float* dqkv, int B, int T, int H, int KVH,
                            int hd, float theta) const {
   require_lowp("rope_backward_lp");
-  const size_t n = mul(B, T) * static_cast<size_t>(H + 2 * KVH) * static_cast<size_t>(hd);
-  Buffer t = scratch_f32(n, device());
-  if (n) copy(t.f32(), dqkv, n);
-  rope_backward(t.f32(), B, T, H, KVH, hd, theta);
-  narrow(compute(), t.f32(), dqkv16, n);
+  const size_t n = qkv_size(B, T, H, KVH, hd);
+  narrowed_from(*this, dqkv16, n, [&](float* t) {
+    if (n) copy(t, dqkv, n);
+    rope_backward(t, B, T, H, KVH, hd, theta);
+  });
 }
 
 void Ops::rope_forward_lp(uint16_t* qkv16, const float* qkv, int B, int T, int H, int KVH, int hd,
                           float theta) const {
   require_lowp("rope_forward_lp");
-  const size_t n = mul(B, T) * static_cast<size_t>(H + 2 * KVH) * static_cast<size_t>(hd);
-  Buffer t = scratch_f32(n, device());
-  if (n) copy(t.f32(), qkv, n);
-  rope_forward(t.f32(), B, T, H, KVH, hd, theta);
-  narrow(compute(), t.f32(), qkv16, n);
+  const size_t n = qkv_size(B, T, H, KVH, hd);
+  narrowed_from(*this, qkv16, n, [&](float* t) {
+    if (n) copy(t, qkv, n);
+    rope_forward(t, B, T, H, KVH, hd, theta);
+  });
 }
 
 void Ops::attention_forward_lp(uint16_t* out16, float* lse, const uint16_t* qkv16, int B, int T,
                                int H, int KVH, int hd) const {
   require_lowp("attention_forward_lp");
-  const size_t nq = mul(B, T) * static_cast<size_t>(H + 2 * KVH) * static_cast<size_t>(hd);
-  const size_t no = mul(B, T) * static_cast<size_t>(H) * static_cast<size_t>(hd);
-  Buffer q = scratch_f32(nq, device()), o = scratch_f32(no, device());
-  if (nq) widen(compute(), qkv16, q.f32(), nq);
-  attention_forward(o.f32(), lse, q.f32(), B, T, H, KVH, hd);
-  narrow(compute(), o.f32(), out16, no);
+  Buffer q;
+  const float* qw = operand_f32(qkv16, 1, 0, qkv_size(B, T, H, KVH, hd), q);
+  narrowed_from(*this, out16, mul(B, T) * static_cast<size_t>(H) * static_cast<size_t>(hd),
+                [&](float* t) { attention_forward(t, lse, qw, B, T, H, KVH, hd); });
 }
 
 void Ops::attention_backward_lp_set(float* dqkv, const float* dout, const uint16_t* qkv16,
                                     const uint16_t* out16, const float* lse, int B, int T, int H,
                                     int KVH, int hd) const {
   require_lowp("attention_backward_lp_set");
-  const size_t nq = mul(B, T) * static_cast<size_t>(H + 2 * KVH) * static_cast<size_t>(hd);
+  Buffer q, o;
   const size_t no = mul(B, T) * static_cast<size_t>(H) * static_cast<size_t>(hd);
-  Buffer q = scratch_f32(nq, device()), o = scratch_f32(no, device());
-  if (nq) widen(compute(), qkv16, q.f32(), nq);
-  if (no) widen(compute(), out16, o.f32(), no);
-  attention_backward_set(dqkv, dout, q.f32(), o.f32(), lse, B, T, H, KVH, hd);
+  attention_backward_set(dqkv, dout, operand_f32(qkv16, 1, 0, qkv_size(B, T, H, KVH, hd), q),
+                         operand_f32(out16, 1, 0, no, o), lse, B, T, H, KVH, hd);
 }
 
 void Ops::linear_forward_lp(float* out, Operand inp, const float* w, const float* b, int N, int C,

@@ -345,8 +345,25 @@ void gemm_lowp(DType t, bool ta, bool tb, int M, int N, int K, float alpha, cons
   detail::sgemm(ta, tb, M, N, K, alpha, jobs[0].out, ac, jobs[1].out, bc, beta, C, ldc);
 }
 
+namespace {
+// A 16-bit operand as fp32 for the paths that pack from fp32 (native, fused, oneDNN): widened
+// into this thread's grow-only scratch `slot` (0: a gradient, 1: an input).
+const float* widened16(DType t, const uint16_t* x16, size_t n, int slot) {
+  thread_local Buffer buf[2];
+  float* d = detail::grow_workspace(buf[slot], n);
+  widen(t, x16, d, n);
+  return d;
+}
+size_t extent(int r, int c) { return size_t(r > 0 ? r : 0) * size_t(c > 0 ? c : 0); }
+}  // namespace
+
 void linear_forward_lowp(DType t, float* out, const float* inp, const float* w, const float* b,
                          int N, int C, int OC) {
+  linear_forward_lowp16(t, out, inp, nullptr, w, b, N, C, OC);
+}
+
+void linear_forward_lowp16(DType t, float* out, const float* inp, const uint16_t* inp16,
+                           const float* w, const float* b, int N, int C, int OC) {
   if (t == DType::F32) return linear_forward(out, inp, w, b, N, C, OC);
   if (N <= 0 || OC <= 0) return;
   if (b) detail::broadcast_rows(out, b, N, OC);
@@ -354,23 +371,47 @@ void linear_forward_lowp(DType t, float* out, const float* inp, const float* w, 
     if (!b) std::memset(out, 0, sizeof(float) * (size_t)N * OC);
     return;
   }
+  if (inp16 && lowp_auto_path(t) == LowpPath::Emulated) {  // widened in the rounding pass
+    detail::blas_select_core();
+    RoundJob jobs[2] = {{nullptr, N, C, C, nullptr, inp16}, {w, OC, C, C}};
+    round_jobs(t, jobs, 2);
+    detail::sgemm(false, true, N, OC, C, 1.f, jobs[0].out, C, jobs[1].out, C, b ? 1.f : 0.f, out,
+                  OC);
+    return;
+  }
+  if (inp16) inp = widened16(t, inp16, extent(N, C), 1);
   gemm_lowp(t, false, true, N, OC, C, 1.f, inp, C, w, C, b ? 1.f : 0.f, out, OC);
 }
 
 void linear_backward_lowp(DType t, float* dinp, float* dw, float* db, const float* dout,
                           const float* inp, const float* w, int N, int C, int OC,
                           float dinp_beta) {
+  linear_backward_lowp16(t, dinp, dw, db, dout, nullptr, inp, nullptr, w, N, C, OC, dinp_beta);
+}
+
+void linear_backward_lowp16(DType t, float* dinp, float* dw, float* db, const float* dout,
+                            const uint16_t* dout16, const float* inp, const uint16_t* inp16,
+                            const float* w, int N, int C, int OC, float dinp_beta) {
   if (t == DType::F32) return linear_backward(dinp, dw, db, dout, inp, w, N, C, OC, dinp_beta);
+  SW_CHECK(!db || !dout16, "linear backward: db needs the fp32 dout");
+  const bool emulated = lowp_auto_path(t) == LowpPath::Emulated;
+  // The paths that round while packing read fp32: 16-bit operands widened first.
+  if (!emulated || N <= 0 || OC <= 0 || C <= 0) {
+    if (dout16) dout = widened16(t, dout16, extent(N, OC), 0), dout16 = nullptr;
+    if (inp16) inp = widened16(t, inp16, extent(N, C), 1), inp16 = nullptr;
+  }
   if (N <= 0 || OC <= 0) return linear_backward(dinp, nullptr, nullptr, dout, inp, w, N, C, OC,
                                                 dinp_beta);  // dinp = dinp_beta * dinp
   if ((dinp || dw) && C > 0) {
-    if (lowp_auto_path(t) != LowpPath::Emulated) {  // these round while packing
+    if (!emulated) {  // these round while packing
       if (dinp) gemm_lowp(t, false, false, N, C, OC, 1.f, dout, OC, w, C, dinp_beta, dinp, C);
       if (dw) gemm_lowp(t, true, false, OC, C, N, 1.f, dout, OC, inp, C, 1.f, dw, C);
     } else {
-      // dout feeds both products: rounded once; all three operands in one pass.
+      // dout feeds both products: rounded once; all three operands in one pass (16-bit ones
+      // widened in it).
       detail::blas_select_core();
-      RoundJob jobs[3] = {{dout, N, OC, OC}, {w, OC, C, C}, {inp, N, C, C}};
+      RoundJob jobs[3] = {{dout, N, OC, OC, nullptr, dout16}, {w, OC, C, C},
+                          {inp, N, C, C, nullptr, inp16}};
       int nj = 1;
       if (dinp) jobs[nj++] = jobs[1];
       if (dw) jobs[nj++] = jobs[2];
@@ -383,54 +424,6 @@ void linear_backward_lowp(DType t, float* dinp, float* dw, float* db, const floa
     }
   }
   // The bias gradient is a sum, not a product: fp32 (the fp32 op's code).
-  if (db) linear_backward(nullptr, nullptr, db, dout, inp, w, N, C, OC);
-}
-
-namespace {
-// A 16-bit operand as fp32 for the paths that pack from fp32 (native, fused, oneDNN): widened
-// into this thread's grow-only scratch `slot` (0: a gradient, 1: an input).
-const float* widened16(DType t, const uint16_t* x16, size_t n, int slot) {
-  thread_local Buffer buf[2];
-  float* d = detail::grow_workspace(buf[slot], n);
-  widen(t, x16, d, n);
-  return d;
-}
-bool emulated(DType t) { return resolve(t, LowpPath::Auto) == LowpPath::Emulated; }
-}  // namespace
-
-void linear_forward_lowp16(DType t, float* out, const float* inp, const uint16_t* inp16,
-                           const float* w, const float* b, int N, int C, int OC) {
-  if (!inp16) return linear_forward_lowp(t, out, inp, w, b, N, C, OC);
-  if (N <= 0 || OC <= 0 || C <= 0 || !emulated(t))
-    return linear_forward_lowp(t, out, widened16(t, inp16, size_t(N > 0 ? N : 0) * size_t(C > 0 ? C : 0), 1),
-                               w, b, N, C, OC);
-  if (b) detail::broadcast_rows(out, b, N, OC);
-  detail::blas_select_core();
-  RoundJob jobs[2] = {{nullptr, N, C, C, nullptr, inp16}, {w, OC, C, C}};
-  round_jobs(t, jobs, 2);
-  detail::sgemm(false, true, N, OC, C, 1.f, jobs[0].out, C, jobs[1].out, C, b ? 1.f : 0.f, out, OC);
-}
-
-void linear_backward_lowp16(DType t, float* dinp, float* dw, float* db, const float* dout,
-                            const uint16_t* dout16, const float* inp, const uint16_t* inp16,
-                            const float* w, int N, int C, int OC, float dinp_beta) {
-  SW_CHECK(!db || !dout16, "linear backward: db needs the fp32 dout");
-  if (!dout16 && !inp16) return linear_backward_lowp(t, dinp, dw, db, dout, inp, w, N, C, OC, dinp_beta);
-  const size_t nd = size_t(N > 0 ? N : 0) * size_t(OC > 0 ? OC : 0);
-  const size_t ni = size_t(N > 0 ? N : 0) * size_t(C > 0 ? C : 0);
-  if (N <= 0 || OC <= 0 || C <= 0 || !emulated(t) || !(dinp || dw))
-    return linear_backward_lowp(t, dinp, dw, db, dout16 ? widened16(t, dout16, nd, 0) : dout,
-                                inp16 ? widened16(t, inp16, ni, 1) : inp, w, N, C, OC, dinp_beta);
-  // The emulated path's one pass over all three operands, the 16-bit ones widened in it.
-  detail::blas_select_core();
-  RoundJob jobs[3] = {{dout, N, OC, OC, nullptr, dout16}, {w, OC, C, C}, {inp, N, C, C, nullptr, inp16}};
-  int nj = 1;
-  if (dinp) jobs[nj++] = jobs[1];
-  if (dw) jobs[nj++] = jobs[2];
-  round_jobs(t, jobs, nj);
-  const float* rd = jobs[0].out;
-  if (dinp) detail::sgemm(false, false, N, C, OC, 1.f, rd, OC, jobs[1].out, C, dinp_beta, dinp, C);
-  if (dw) detail::sgemm(true, false, OC, C, N, 1.f, rd, OC, jobs[nj - 1].out, C, 1.f, dw, C);
   if (db) linear_backward(nullptr, nullptr, db, dout, inp, w, N, C, OC);
 }
 
