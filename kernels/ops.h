@@ -25,16 +25,20 @@ namespace sw {
 class Buffer;  // core/alloc.h
 
 // A matrix product's operand (the *_lp forms below): fp32 values, or the Ops' compute()
-// precision's 16-bit values as `narrow` writes them. Made implicitly from either pointer; one
-// of the two is set.
+// precision's 16-bit values as `narrow` writes them, or both. Made implicitly from either
+// pointer. Both set (a mixed-precision unit's weights: its rounded fp32 compute copy and the
+// 16-bit copy beside it, sharding/unit_state.h) means the same values twice: f32 holds
+// exactly widen(lp), and a backend reads whichever form it reads faster (CUDA the 16-bit one,
+// which cuBLAS takes as it is; the CPU the fp32 one, which its kernels pack from).
 struct Operand {
   const float* f32 = nullptr;
   const uint16_t* lp = nullptr;
   Operand(std::nullptr_t) {}
   Operand(const float* p) : f32(p) {}
   Operand(const uint16_t* p) : lp(p) {}
+  Operand(const float* p, const uint16_t* p16) : f32(p), lp(p16) {}
   // The operand k values further on (a column block of a packed matrix).
-  Operand at(size_t k) const { return lp ? Operand(lp + k) : Operand(f32 ? f32 + k : nullptr); }
+  Operand at(size_t k) const { return {f32 ? f32 + k : nullptr, lp ? lp + k : nullptr}; }
 };
 
 class Ops {
@@ -180,9 +184,10 @@ class Ops {
   //     residual and LayerNorm forms likewise;
   //   swiglu_backward_lp_set(d16, ...) == narrow(swiglu_backward_set(...));
   //   rope_backward_lp(d16, dqkv, ...) == narrow(rope_backward(dqkv, ...)) (dqkv unchanged);
-  //   linear_forward_lp(out, narrow(x), ...) == linear_forward(out, x, ...);
-  //   linear_backward_lp_set(..., narrow(dy), narrow(x), ...) == linear_backward_set(..., dy, x, ...)
-  //     (db, a sum and not a product, needs the fp32 dout);
+  //   linear_forward_lp(out, narrow(x), narrow(w), ...) == linear_forward(out, x, w, ...);
+  //   linear_backward_lp_set(..., narrow(dy), narrow(x), narrow(w), ...)
+  //     == linear_backward_set(..., dy, x, w, ...) (db, a sum and not a product, needs the
+  //     fp32 dout); any of x, w, dy may also stay fp32 (the products round it as they read it);
   //   gemm_lp(..., narrow(A), ..., narrow(B), ...) == gemm(..., A, ..., B, ...);
   //   rope_forward_lp(q16, qkv, ...) == narrow(rope_forward(qkv, ...)) (qkv unchanged);
   //   attention_forward_lp(o16, lse, q16, ...) == narrow of attention_forward(o, lse, widen(q16), ...)'s o;
@@ -210,10 +215,10 @@ class Ops {
   // v heads narrowed as they are); dqkv is only read. Must not overlap.
   virtual void rope_backward_lp(uint16_t* dqkv16, const float* dqkv, int B, int T, int H, int KVH,
                                 int hd, float theta) const;
-  virtual void linear_forward_lp(float* out, Operand inp, const float* w, const float* b, int N,
-                                 int C, int OC) const;
+  virtual void linear_forward_lp(float* out, Operand inp, Operand w, const float* b, int N, int C,
+                                 int OC) const;
   virtual void linear_backward_lp_set(float* dinp, float* dw, float* db, Operand dout,
-                                      Operand inp, const float* w, int N, int C, int OC) const;
+                                      Operand inp, Operand w, int N, int C, int OC) const;
   virtual void gemm_lp(bool ta, bool tb, int M, int N, int K, float alpha, Operand A, int lda,
                        Operand B, int ldb, float beta, float* C, int ldc) const;
   virtual void rope_forward_lp(uint16_t* qkv16, const float* qkv, int B, int T, int H, int KVH,
@@ -268,12 +273,18 @@ class Ops {
     if (dst != src) copy(dst, src, n);
     round_to(dt, dst, n);
   }
+  // round_copy that also writes dst16 = narrow(src) (dt BF16 / F16): a mixed-precision unit's
+  // compute copy and its 16-bit copy from the master, which is read once. dst16 overlaps
+  // neither. The default is round_copy + narrow (the same bits).
+  virtual void round_copy_lp(DType dt, float* dst, uint16_t* dst16, const float* src,
+                             size_t n) const;
 
  protected:
   // The *_lp forms' guard: throws sw::Error naming `op` where compute() is F32.
   void require_lowp(const char* op) const;
   // An Operand of r rows with leading dimension ld and c columns (r > 0, c > 0) as fp32: its
-  // own pointer, or its 16-bit values widened into `tmp` (made here, device scratch).
+  // own fp32 pointer where it has one, else its 16-bit values widened into `tmp` (made here,
+  // device scratch).
   const float* operand_f32(Operand x, size_t r, size_t ld, size_t c, Buffer& tmp) const;
 };
 

@@ -89,7 +89,7 @@ void Ops::gelu_forward_lp(uint16_t* out16, const float* inp, size_t n) const {
 }
 
 const float* Ops::operand_f32(Operand x, size_t r, size_t ld, size_t c, Buffer& tmp) const {
-  if (!x.lp) return x.f32;
+  if (x.f32 || !x.lp) return x.f32;
   require_lowp("a 16-bit operand");
   const size_t n = r == 0 || c == 0 ? 0 : (r - 1) * ld + c;  // the extent the product reads
   tmp = scratch_f32(n, device());
@@ -174,20 +174,30 @@ void Ops::attention_backward_lp_set(float* dqkv, const float* dout, const uint16
                          operand_f32(out16, 1, 0, no, o), lse, B, T, H, KVH, hd);
 }
 
-void Ops::linear_forward_lp(float* out, Operand inp, const float* w, const float* b, int N, int C,
+void Ops::round_copy_lp(DType dt, float* dst, uint16_t* dst16, const float* src,
+                        size_t n) const {
+  SW_CHECK(dt != DType::F32, "round_copy_lp: needs a 16-bit dtype");
+  round_copy(dt, dst, src, n);
+  narrow(dt, dst, dst16, n);
+}
+
+void Ops::linear_forward_lp(float* out, Operand inp, Operand w, const float* b, int N, int C,
                             int OC) const {
   require_lowp("linear_forward_lp");
-  Buffer t;
-  linear_forward(out, operand_f32(inp, size_t(N), size_t(C), size_t(C), t), w, b, N, C, OC);
+  Buffer t, tw;
+  linear_forward(out, operand_f32(inp, size_t(N), size_t(C), size_t(C), t),
+                 operand_f32(w, size_t(OC), size_t(C), size_t(C), tw), b, N, C, OC);
 }
 
 void Ops::linear_backward_lp_set(float* dinp, float* dw, float* db, Operand dout, Operand inp,
-                                 const float* w, int N, int C, int OC) const {
+                                 Operand w, int N, int C, int OC) const {
   require_lowp("linear_backward_lp_set");
   SW_CHECK(!db || dout.f32, "linear_backward_lp_set: db needs the fp32 dout (a 16-bit one is given)");
-  Buffer td, ti;
+  Buffer td, ti, tw;
   linear_backward_set(dinp, dw, db, operand_f32(dout, size_t(N), size_t(OC), size_t(OC), td),
-                      operand_f32(inp, size_t(N), size_t(C), size_t(C), ti), w, N, C, OC);
+                      operand_f32(inp, size_t(N), size_t(C), size_t(C), ti),
+                      dinp ? operand_f32(w, size_t(OC), size_t(C), size_t(C), tw) : w.f32, N, C,
+                      OC);
 }
 
 void Ops::gemm_lp(bool ta, bool tb, int M, int N, int K, float alpha, Operand A, int lda,

@@ -194,6 +194,7 @@ class Block final : public Unit {
     const int N = B * T, hd = C / H;
     ScratchScope guard{ctx.scratch};
     auto P = [&](size_t i) { return ctx.param(i); };
+    auto W = [&](size_t i) { return ctx.weight(i); };  // a product's weight (Operand)
 
     // ln1, ln2 and fch_gelu are the products' inputs: 16-bit with 16-bit products (ProductIn).
     const ProductIn ln1 = keep_input(ctx, "ln1", sz(N, C), Keep::Cheap);  // (N,C)
@@ -214,18 +215,18 @@ class Block final : public Unit {
     layernorm_forward_to(ops, ln1, ln1_mean, ln1_rstd, x, P(LN1W), P(LN1B), N, C);
     if (qkv.lp) {  // the product in fp32 (scratch), narrowed into the kept 16-bit qkv
       float* q32 = ctx.scratch->f32(sz(N, 3 * C));
-      linear_forward_from(ops, q32, ln1.operand(), P(QKVW), P(QKVB), N, C, 3 * C);
+      linear_forward_from(ops, q32, ln1.operand(), W(QKVW), P(QKVB), N, C, 3 * C);
       ops.narrow(ops.compute(), q32, qkv.lp, sz(N, 3 * C));
       ops.attention_forward_lp(atty.lp, lse, qkv.lp, B, T, H, H, hd);
     } else {
-      linear_forward_from(ops, qkv.f32, ln1.operand(), P(QKVW), P(QKVB), N, C, 3 * C);
+      linear_forward_from(ops, qkv.f32, ln1.operand(), W(QKVW), P(QKVB), N, C, 3 * C);
       ops.attention_forward(atty.f32, lse, qkv.f32, B, T, H, H, hd);
     }
-    linear_forward_from(ops, x2, atty.operand(), P(PROJW), P(PROJB), N, C, C);
+    linear_forward_from(ops, x2, atty.operand(), W(PROJW), P(PROJB), N, C, C);
     residual_layernorm_forward_to(ops, x2, ln2, ln2_mean, ln2_rstd, x2, x, P(LN2W), P(LN2B), N, C);
-    linear_forward_from(ops, fch, ln2.operand(), P(FCW), P(FCB), N, C, F);
+    linear_forward_from(ops, fch, ln2.operand(), W(FCW), P(FCB), N, C, F);
     gelu_forward_to(ops, fch_gelu, fch, sz(N, F));
-    linear_forward_from(ops, y, fch_gelu.operand(), P(FCPROJW), P(FCPROJB), N, F, C);
+    linear_forward_from(ops, y, fch_gelu.operand(), W(FCPROJW), P(FCPROJB), N, F, C);
     ops.residual_forward(y, y, x2, sz(N, C));
   }
 
@@ -286,6 +287,7 @@ class Block final : public Unit {
     const int N = B * T, hd = C / H;
     ScratchScope guard{ctx.scratch};
     auto P = [&](size_t i) { return ctx.param(i); };
+    auto W = [&](size_t i) { return ctx.weight(i); };  // a product's weight (Operand)
     auto G = [&](size_t i) { return ctx.grad(i); };
     const Saved& s = *ctx.saved;
     // Each input gradient below lands in a fresh scratch region, written by a *_set op.
@@ -296,18 +298,19 @@ class Block final : public Unit {
     // MLP: y = x2 + fcproj(gelu(fc(ln2(x2))))
     float* dfch_gelu = fresh(sz(N, F));
     linear_backward_set_from(ops, dfch_gelu, G(FCPROJW), G(FCPROJB), dy,
-                             saved_input(s, "fch_gelu", ops).operand(), P(FCPROJW), N, F, C);
+                             saved_input(s, "fch_gelu", ops).operand(), W(FCPROJW), N, F, C);
     float* dfch = fresh(sz(N, F));
     ops.gelu_backward_set(dfch, s.get("fch"), dfch_gelu, sz(N, F));
     float* dln2 = fresh(sz(N, C));
     linear_backward_set_from(ops, dln2, G(FCW), G(FCB), dfch, saved_input(s, "ln2", ops).operand(),
-                             P(FCW), N, C, F);
+                             W(FCW), N, C, F);
     ops.layernorm_backward(dx, G(LN2W), G(LN2B), dln2, s.get("x2"), P(LN2W), s.get("ln2_mean"),
                            s.get("ln2_rstd"), N, C);
     // Attention: x2 = x + proj(attn(qkv(ln1(x)))); dx now holds dL/dx2.
     const ProductIn qkv = saved_input(s, "qkv", ops), atty = saved_input(s, "atty", ops);
     float* datty = fresh(sz(N, C));
-    linear_backward_set_from(ops, datty, G(PROJW), G(PROJB), dx, atty.operand(), P(PROJW), N, C, C);
+    linear_backward_set_from(ops, datty, G(PROJW), G(PROJB), dx, atty.operand(), W(PROJW), N, C,
+                             C);
     float* dqkv = fresh(sz(N, 3 * C));
     if (qkv.lp)
       ops.attention_backward_lp_set(dqkv, datty, qkv.lp, atty.lp, s.get("lse"), B, T, H, H, hd);
@@ -315,7 +318,7 @@ class Block final : public Unit {
       ops.attention_backward_set(dqkv, datty, qkv.f32, atty.f32, s.get("lse"), B, T, H, H, hd);
     float* dln1 = fresh(sz(N, C));
     linear_backward_set_from(ops, dln1, G(QKVW), G(QKVB), dqkv,
-                             saved_input(s, "ln1", ops).operand(), P(QKVW), N, C, 3 * C);
+                             saved_input(s, "ln1", ops).operand(), W(QKVW), N, C, 3 * C);
     ops.layernorm_backward(dx, G(LN1W), G(LN1B), dln1, x, P(LN1W), s.get("ln1_mean"),
                            s.get("ln1_rstd"), N, C);
   }

@@ -44,7 +44,7 @@ ParamSpec spec(std::string name, Shape shape, Init init, float std, std::string 
 // by side into rows of width OC = sum oc_i: out(N,OC) = [x W_0^T | x W_1^T | ...]. When the
 // matrices (and, for backward, their gradients) are contiguous in memory this is one GEMM.
 struct Packed {
-  const float* w[3];
+  Operand w[3] = {nullptr, nullptr, nullptr};  // fp32, with a 16-bit copy where the unit has one
   float* dw[3];
   int oc[3];
   int n = 0;
@@ -59,12 +59,19 @@ struct Packed {
       if (p[i] != p[i - 1] + static_cast<int64_t>(oc[i - 1]) * C) return false;
     return true;
   }
+  // The weights one after another, in each form they have.
+  bool weights_contiguous(int C) const {
+    const float* f[3] = {};
+    const uint16_t* h[3] = {};
+    for (int i = 0; i < n; ++i) f[i] = w[i].f32, h[i] = w[i].lp;
+    return contiguous(f, C) && (!h[0] || contiguous(h, C));
+  }
 };
 
 // out(N,OC) = x @ [W_0; W_1; ...]^T; x fp32 or 16-bit (a ProductIn's operand).
 void packed_forward(const Ops& ops, float* out, Operand x, const Packed& pk, int N, int C) {
   const int OC = pk.total();
-  if (pk.contiguous(pk.w, C)) {
+  if (pk.weights_contiguous(C)) {
     linear_forward_from(ops, out, x, pk.w[0], nullptr, N, C, OC);
     return;
   }
@@ -77,7 +84,7 @@ void packed_forward(const Ops& ops, float* out, Operand x, const Packed& pk, int
 void packed_backward_set(const Ops& ops, float* dx, Operand dout, Operand x, const Packed& pk,
                          int N, int C) {
   const int OC = pk.total();
-  if (pk.contiguous(pk.w, C) && pk.contiguous(pk.dw, C)) {
+  if (pk.weights_contiguous(C) && pk.contiguous(pk.dw, C)) {
     linear_backward_set_from(ops, dx, pk.dw[0], nullptr, dout, x, pk.w[0], N, C, OC);
     return;
   }
@@ -174,11 +181,11 @@ class Block final : public Unit {
       ops.rope_forward(qkv.f32, B, T, H, KVH, hd, c_.rope_theta);
       ops.attention_forward(atty.f32, lse, qkv.f32, B, T, H, KVH, hd);
     }
-    linear_forward_from(ops, x2, atty.operand(), P(OW), nullptr, N, H * hd, C);
+    linear_forward_from(ops, x2, atty.operand(), ctx.weight(OW), nullptr, N, H * hd, C);
     residual_rmsnorm_forward_to(ops, x2, xn2, rstd2, x2, x, P(POST_NORM), N, C, eps);
     packed_forward(ops, gu, xn2.operand(), gu_pack(ctx), N, C);
     swiglu_forward_to(ops, hmlp, gu, N, F);
-    linear_forward_from(ops, y, hmlp.operand(), P(DOWNW), nullptr, N, F, C);
+    linear_forward_from(ops, y, hmlp.operand(), ctx.weight(DOWNW), nullptr, N, F, C);
     ops.residual_forward(y, y, x2, sz(N, C));
   }
 
@@ -251,7 +258,7 @@ class Block final : public Unit {
     // MLP: y = x2 + down(swiglu(gate|up(norm2(x2))))
     float* dh = fresh(sz(N, F));
     linear_backward_set_from(ops, dh, G(DOWNW), nullptr, dy, saved_input(s, "hmlp", ops).operand(),
-                             P(DOWNW), N, F, C);
+                             ctx.weight(DOWNW), N, F, C);
     // dgu feeds products only: 16-bit with 16-bit products.
     const ProductIn dgu = scratch_input(*ctx.scratch, sz(N, 2 * F), ops);
     if (dgu.lp)
@@ -265,7 +272,8 @@ class Block final : public Unit {
     // Attention: x2 = x + o(attn(rope(qkv(norm1(x))))); dx now holds dL/dx2.
     const ProductIn atty = saved_input(s, "atty", ops), qkv = saved_input(s, "qkv", ops);
     float* datty = fresh(sz(N, int64_t{H} * hd));
-    linear_backward_set_from(ops, datty, G(OW), nullptr, dx, atty.operand(), P(OW), N, H * hd, C);
+    linear_backward_set_from(ops, datty, G(OW), nullptr, dx, atty.operand(), ctx.weight(OW), N,
+                             H * hd, C);
     float* dqkv = fresh(sz(N, QKV));
     if (qkv.lp)
       ops.attention_backward_lp_set(dqkv, datty, qkv.lp, atty.lp, s.get("lse"), B, T, H, KVH, hd);
@@ -294,7 +302,7 @@ class Block final : public Unit {
     const size_t idx[3] = {QW, KW, VW};
     const int oc[3] = {c_.n_head * hd, c_.n_kv_head * hd, c_.n_kv_head * hd};
     for (int i = 0; i < 3; ++i) {
-      p.w[i] = ctx.param(idx[i]);
+      p.w[i] = ctx.weight(idx[i]);
       p.dw[i] = ctx.grads ? ctx.grad(idx[i]) : nullptr;
       p.oc[i] = oc[i];
     }
@@ -305,7 +313,7 @@ class Block final : public Unit {
     p.n = 2;
     const size_t idx[2] = {GATEW, UPW};
     for (int i = 0; i < 2; ++i) {
-      p.w[i] = ctx.param(idx[i]);
+      p.w[i] = ctx.weight(idx[i]);
       p.dw[i] = ctx.grads ? ctx.grad(idx[i]) : nullptr;
       p.oc[i] = c_.d_ff;
     }

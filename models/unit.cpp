@@ -100,20 +100,20 @@ void gelu_forward_to(const Ops& ops, ProductIn out, const float* inp, size_t n) 
     ops.gelu_forward(out.f32, inp, n);
 }
 
-void linear_forward_from(const Ops& ops, float* out, Operand inp, const float* w, const float* b,
+void linear_forward_from(const Ops& ops, float* out, Operand inp, Operand w, const float* b,
                          int N, int C, int OC) {
-  if (inp.lp)
+  if (inp.lp || w.lp)
     ops.linear_forward_lp(out, inp, w, b, N, C, OC);
   else
-    ops.linear_forward(out, inp.f32, w, b, N, C, OC);
+    ops.linear_forward(out, inp.f32, w.f32, b, N, C, OC);
 }
 
 void linear_backward_set_from(const Ops& ops, float* dinp, float* dw, float* db, Operand dout,
-                              Operand inp, const float* w, int N, int C, int OC) {
-  if (dout.lp || inp.lp)
+                              Operand inp, Operand w, int N, int C, int OC) {
+  if (dout.lp || inp.lp || w.lp)
     ops.linear_backward_lp_set(dinp, dw, db, dout, inp, w, N, C, OC);
   else
-    ops.linear_backward_set(dinp, dw, db, dout.f32, inp.f32, w, N, C, OC);
+    ops.linear_backward_set(dinp, dw, db, dout.f32, inp.f32, w.f32, N, C, OC);
 }
 
 void gemm_from(const Ops& ops, bool ta, bool tb, int M, int N, int K, float alpha, Operand A,

@@ -197,8 +197,18 @@ struct UnitCtx {
   // the last position of each sequence here instead of computing a loss.
   float* logits = nullptr;
 
+  // A mixed-precision unit on a device (sharding/unit_state.h): each parameter's 16-bit copy,
+  // in ParamSpec order, holding exactly narrow(param(i)); null where there is none (fp32
+  // compute, the CPU, a unit run outside the engine).
+  const std::vector<const uint16_t*>* params16 = nullptr;
+
   float* param(size_t i) const { return (*params)[i]; }
   float* grad(size_t i) const { return (*grads)[i]; }
+  // Parameter i as a matrix product's operand: its fp32 values and, where the unit has one,
+  // its 16-bit copy beside them (an Operand with both forms; the backend picks).
+  Operand weight(size_t i) const {
+    return {(*params)[i], params16 ? (*params16)[i] : nullptr};
+  }
 };
 
 // A loss call's fused LM head and cross-entropy (Ops::lmhead_xent; dx, dw may be null), reported
@@ -229,12 +239,12 @@ void residual_layernorm_forward_to(const Ops& ops, float* res, ProductIn out, fl
                                    const float* bias, int N, int C);
 void swiglu_forward_to(const Ops& ops, ProductIn out, const float* gu, int N, int F);
 void gelu_forward_to(const Ops& ops, ProductIn out, const float* inp, size_t n);
-// Products of an Operand (fp32 or 16-bit): Ops::linear_forward / linear_backward_set for fp32
-// operands, the *_lp forms otherwise.
-void linear_forward_from(const Ops& ops, float* out, Operand inp, const float* w, const float* b,
+// Products of Operands (fp32, 16-bit, or a weight with both forms): Ops::linear_forward /
+// linear_backward_set / gemm where every operand is fp32 only, the *_lp forms otherwise.
+void linear_forward_from(const Ops& ops, float* out, Operand inp, Operand w, const float* b,
                          int N, int C, int OC);
 void linear_backward_set_from(const Ops& ops, float* dinp, float* dw, float* db, Operand dout,
-                              Operand inp, const float* w, int N, int C, int OC);
+                              Operand inp, Operand w, int N, int C, int OC);
 void gemm_from(const Ops& ops, bool ta, bool tb, int M, int N, int K, float alpha, Operand A,
                int lda, Operand B, int ldb, float beta, float* C, int ldc);
 

@@ -271,20 +271,23 @@ RssPrediction predict_rss(const StepPlan& plan, const PlanInput& in, int64_t dev
   r.tracked = device + host;
   auto round_up = [](int64_t b) { return static_cast<int64_t>(alloc_block_size(size_t(b))) - b; };
   const bool mp = in.policy.mixed_precision.param_dtype != DType::F32;
+  const bool w16 = in.policy.mixed_precision.weights16(in.on_device);
   int64_t full_bytes = 0, full_rounding = 0;
   for (const PlanUnit& u : in.units) {
     const int64_t full = u.padded * 4, shard = full / std::max(1, in.S);
+    const int64_t full16 = w16 ? u.padded * 2 : 0;  // the 16-bit copy (FlatUnit)
     const bool split = mp || u.params_offloaded;
     switch (in.kind) {  // the persistent buffers fill_persistent (step_plan.cpp) counts
       case UnitKind::Sharded:
         if (!u.params_nvme) r.rounding += 2 * round_up(shard);
-        full_bytes += full, full_rounding += round_up(full);
+        full_bytes += full + full16, full_rounding += round_up(full) + round_up(full16);
         break;
       case UnitKind::FullReplicated:
-        r.rounding += 2 * round_up(full) + round_up(shard) + (split ? round_up(shard) : 0);
+        r.rounding += 2 * round_up(full) + round_up(shard) + (split ? round_up(shard) : 0) +
+                      round_up(full16);
         break;
       case UnitKind::Whole:
-        r.rounding += 2 * round_up(full) + (split ? round_up(full) : 0);
+        r.rounding += 2 * round_up(full) + (split ? round_up(full) : 0) + round_up(full16);
         break;
     }
     if (!u.optimizer_nvme) r.rounding += 2 * round_up(shard);  // AdamW m, v

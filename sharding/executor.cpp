@@ -835,6 +835,7 @@ UnitCtx ShardedModel::Impl::ctx_for(FlatUnit& fu, const Batch& batch, int pos, b
   ctx.ops = compute_ops;
   ctx.batch = &batch;
   ctx.params = &fu.params();
+  ctx.params16 = fu.params16();
   ctx.grads = &fu.grads();
   ctx.saved = &saved[static_cast<size_t>(pos)];
   ctx.scratch = &scratch;

@@ -66,6 +66,11 @@ struct MixedPrecisionPolicy {
   DType param_dtype = DType::F32;
   DType reduce_dtype = DType::F32;
   bool enabled() const { return param_dtype != DType::F32 || reduce_dtype != DType::F32; }
+  // Whether each unit keeps a 16-bit copy of its gathered parameters beside the fp32 ones, so
+  // that the matrix products read the weights without narrowing them on each call
+  // (sharding/unit_state.h): a 16-bit param_dtype on a device. The CPU's products pack from
+  // fp32 (they round while packing), so it keeps none.
+  bool weights16(bool on_device) const { return param_dtype != DType::F32 && on_device; }
 };
 
 // Activation checkpointing: which units drop their saved activations after forward and

@@ -183,7 +183,7 @@ class Builder {
       if (in.carried[u] && in.kind != UnitKind::Whole) {
         st_[u] = St::InFlight;
         if (in.kind == UnitKind::Sharded) {
-          plan_.initial[kComm] += in.units[u].padded * 4;
+          plan_.initial[kComm] += params_bytes(int(u));
           ++plan_.initial_gathered;
         }
       }
@@ -503,6 +503,12 @@ class Builder {
   DType rdt() const { return in_.policy.mixed_precision.reduce_dtype; }
   int64_t act_bytes() const { return int64_t{4} * in_.B * in_.T * in_.d_model; }
   int64_t fbytes(int u) const { return in_.units[size_t(u)].padded * 4; }
+  // A unit's gathered parameters: the fp32 full buffer and, where units keep one, the 16-bit
+  // copy beside it (FlatUnit, MixedPrecisionPolicy::weights16).
+  bool w16() const { return in_.policy.mixed_precision.weights16(in_.on_device); }
+  int64_t params_bytes(int u) const {
+    return in_.units[size_t(u)].padded * (w16() ? 6 : 4);
+  }
   const CallMemory* call_mem(int pos) const {
     return pos < static_cast<int>(in_.calls.size()) ? &in_.calls[size_t(pos)] : nullptr;
   }
@@ -531,7 +537,7 @@ class Builder {
     if (st_[size_t(u)] != St::Sharded) return;
     Action& a = add(ActionKind::Gather, Queue::Gather, u);
     a.bytes = in_.units[size_t(u)].padded * static_cast<int64_t>(dtype_size(pdt()));
-    a.mem[kComm] = fbytes(u);
+    a.mem[kComm] = params_bytes(u);
     st_[size_t(u)] = St::InFlight;
     gather_at_[size_t(u)] = static_cast<int>(plan_.actions.size()) - 1;
   }
@@ -560,7 +566,7 @@ class Builder {
   void free(int u) {
     if (in_.kind != UnitKind::Sharded || st_[size_t(u)] == St::Sharded) return;
     Action& a = add(ActionKind::Free, Queue::Compute, u);
-    a.mem[kComm] = -fbytes(u);
+    a.mem[kComm] = -params_bytes(u);
     st_[size_t(u)] = St::Sharded;
     gather_at_[size_t(u)] = -1;
   }
@@ -818,12 +824,14 @@ class Builder {
           break;
         case UnitKind::FullReplicated:
           add_p(Mem::Params, full);
+          if (w16()) add_p(Mem::Params, u.padded * 2);  // the 16-bit copy
           if (split) add_m(Mem::Params, shard);
           add_p(Mem::Grads, full);
           add_m(Mem::Grads, shard);
           break;
         case UnitKind::Whole:
           add_p(Mem::Params, full);
+          if (w16()) add_p(Mem::Params, u.padded * 2);  // the 16-bit copy
           if (split) add_m(Mem::Params, full);
           add_p(Mem::Grads, full);  // its own buffer or its region of the bucket buffer
           break;

@@ -37,6 +37,7 @@ FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const O
   // Kinds B/C keep a persistent full buffer the unit computes with; its master needs a buffer
   // of its own when the full one holds rounded values or when the master lives on another tier.
   split_ = kind != Kind::Sharded && (pdt_ != DType::F32 || param_tier != Tier::Device);
+  w16_ = mp.weights16(!ops.device().is_cpu());
   const int S = shard_->size();
   pnvme_ = param_tier == Tier::Nvme;
   // On a device, shards on the host tier or staged from NVMe are host memory.
@@ -78,6 +79,11 @@ FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const O
       sstate_ = ShardedState::Unsharded;
       break;
   }
+  if (w16_ && kind != Kind::Sharded) {  // persistent beside the compute copy: zeros, as it
+    full16_buf_ = Buffer(static_cast<size_t>(P) * 2, Mem::Params, dev);
+    full16_ = static_cast<uint16_t*>(full16_buf_.data());
+    ops.narrow(pdt_, full_, full16_, static_cast<size_t>(P));
+  }
   nvme_ = opt_tier == Tier::Nvme;
   if (!nvme_) {
     m_ptr_ = zeroed(m_, Sh, Mem::Optimizer, opt_tier);
@@ -96,8 +102,11 @@ Range FlatUnit::shard_range() const {
 
 void FlatUnit::point_params() {
   params_.resize(layout_.specs.size());
-  for (size_t s = 0; s < params_.size(); ++s)
+  params16_.resize(layout_.specs.size());
+  for (size_t s = 0; s < params_.size(); ++s) {
     params_[s] = full_ ? full_ + layout_.entries[s].offset : nullptr;
+    params16_[s] = full16_ ? full16_ + layout_.entries[s].offset : nullptr;
+  }
 }
 
 void FlatUnit::point_grads() {
@@ -114,13 +123,16 @@ void FlatUnit::finish_init() {
     copy_bytes(master_, Device::cpu(), full_ + r.lo, ops_->device(), fbytes(r.hi - r.lo));
   else
     ops_->copy(master_, full_ + r.lo, static_cast<size_t>(r.hi - r.lo));
-  ops_->round_to(pdt_, full_, static_cast<size_t>(layout_.padded));
+  round_compute(0, layout_.padded);
 }
 
 void FlatUnit::round_compute(int64_t off, int64_t n) {
   settle();
   SW_CHECK(full_ && off >= 0 && off + n <= layout_.padded, "round_compute out of range");
-  ops_->round_to(pdt_, full_ + off, static_cast<size_t>(n));
+  if (full16_)  // in place, and the 16-bit copy of the same values
+    ops_->round_copy_lp(pdt_, full_ + off, full16_ + off, full_ + off, static_cast<size_t>(n));
+  else
+    ops_->round_to(pdt_, full_ + off, static_cast<size_t>(n));
 }
 
 // ---- Parameters ------------------------------------------------------------------------------
@@ -135,7 +147,8 @@ void FlatUnit::issue_narrow_gather() {
     gather_ = shard_->issue_all_gather(full_ + rank_ * Sh, full_, Sh);
     return;
   }
-  uint16_t* front = reinterpret_cast<uint16_t*>(full_);  // (padded) param_dtype values
+  // (padded) param_dtype values: the 16-bit copy, or the front of the fp32 buffer
+  uint16_t* front = full16_ ? full16_ : reinterpret_cast<uint16_t*>(full_);
   if (hm_) {  // narrowed on the host (the same bits), then its slot
     void* h = host_stage(static_cast<size_t>(Sh) * 2);
     ops_on(Device::cpu()).narrow(pdt_, master_, h, static_cast<size_t>(Sh));
@@ -155,6 +168,11 @@ void FlatUnit::issue_unshard() {
       if (full_buf_.empty()) {
         full_buf_ = Buffer(fbytes(layout_.padded), Mem::Communication, ops_->device());
         full_ = full_buf_.f32();
+        if (w16_) {
+          full16_buf_ = Buffer(static_cast<size_t>(layout_.padded) * 2, Mem::Communication,
+                               ops_->device());
+          full16_ = static_cast<uint16_t*>(full16_buf_.data());
+        }
         point_params();
       }
       SW_CHECK(master_, "unit '" + unit_->name() +
@@ -183,7 +201,9 @@ void FlatUnit::finish_gather() {
   ops_->stream().wait_event(gather_);
   gather_in_flight_ = false;
   sstate_ = ShardedState::Unsharded;
-  if (pdt_ != DType::F32) ops_->widen(pdt_, full_, full_, static_cast<size_t>(layout_.padded));
+  if (pdt_ != DType::F32)  // out of the 16-bit copy, or in place from the front
+    ops_->widen(pdt_, full16_ ? static_cast<const void*>(full16_) : full_, full_,
+                static_cast<size_t>(layout_.padded));
 }
 
 void FlatUnit::wait_unshard() {
@@ -198,7 +218,9 @@ void FlatUnit::reshard() {
   SW_CHECK(!gather_in_flight_, "reshard of unit '" + unit_->name() + "' with a gather in flight");
   if (kind_ != Kind::Sharded || sstate_ == ShardedState::Sharded) return;
   full_buf_.release();
+  full16_buf_.release();
   full_ = nullptr;
+  full16_ = nullptr;
   point_params();
   sstate_ = ShardedState::Sharded;
 }
@@ -206,11 +228,14 @@ void FlatUnit::reshard() {
 void FlatUnit::issue_regather() {
   settle();
   if (kind_ == Kind::Whole && split_) {
+    const size_t P = static_cast<size_t>(layout_.padded);
     if (hm_) {
       upload(full_, master_, fbytes(layout_.padded));  // the compute stream waits for it
-      ops_->round_to(pdt_, full_, static_cast<size_t>(layout_.padded));
+      round_compute(0, layout_.padded);
+    } else if (full16_) {  // one pass: the master read once, both copies written
+      ops_->round_copy_lp(pdt_, full_, full16_, master_, P);
     } else {  // one pass: 8 bytes a parameter, where copy + round_to moved 16
-      ops_->round_copy(pdt_, full_, master_, static_cast<size_t>(layout_.padded));
+      ops_->round_copy(pdt_, full_, master_, P);
     }
     return;
   }

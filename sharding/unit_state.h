@@ -29,6 +29,14 @@
 //     Extra memory: C: +4 bytes per parameter (the master copy); B: +4 bytes per parameter / S.
 //     Kind B refreshes the copy by the in-place param_dtype all-gather above after each
 //     optimizer step; kind C re-rounds it from the master (no communication).
+//   16-bit copy (MixedPrecisionPolicy::weights16: param_dtype != F32 on a device): beside the
+//     fp32 full buffer, every kind keeps the same values 16-bit (params16(), UnitCtx.params16),
+//     which the matrix products read instead of narrowing the weights on each call. Kind A:
+//     the all-gather runs into it (transient, Communication: 6 bytes per parameter with the
+//     fp32 buffer) and wait_unshard widens it into the fp32 buffer, out of place. Kind B: the
+//     same, persistent (Params). Kind C: persistent (Params), written with the compute copy
+//     from the master in one pass (Ops::round_copy_lp) and by finish_init and round_compute,
+//     so no writer of the compute copy leaves it stale. +2 bytes per parameter in each case.
 //   reduce_dtype != F32: kinds A and B divide the unsharded gradients by the world size,
 //     narrow them in place (front half of their buffer) and sum them by reduce-scatter
 //     (HYBRID: then all-reduce) in reduce_dtype; the reduced block is widened and added into
@@ -102,6 +110,12 @@ class FlatUnit {
   // Kinds B/C with param_dtype != F32: the master has its own buffer and the full buffer is
   // the rounded compute copy.
   bool split_master() const { return split_; }
+  // The 16-bit copy of the full parameters (above): kept at all, and each parameter's view
+  // into it (ParamSpec order), valid when Unsharded; null when the unit keeps none.
+  bool keeps_params16() const { return w16_; }
+  const std::vector<const uint16_t*>* params16() const {
+    return settle(), full16_ ? &params16_ : nullptr;
+  }
   // After the initialiser wrote every value of a persistent unit's full buffer: with a split
   // master, copies this rank's slice into the master and rounds the full buffer. Else a no-op.
   void finish_init();
@@ -254,8 +268,10 @@ class FlatUnit {
 
   DType pdt_ = DType::F32, rdt_ = DType::F32;
   bool split_ = false;
+  bool w16_ = false;       // keeps the 16-bit copy (full16_)
   Buffer master_buf_;      // Kind::Sharded, or a split master: (shard) Params
   Buffer full_buf_;        // (padded): transient Communication, or persistent Params
+  Buffer full16_buf_;      // (padded, param_dtype) the 16-bit copy: as full_buf_
   Buffer m_, v_;           // (shard) Optimizer; empty on Tier::Nvme
   float* m_ptr_ = nullptr;
   float* v_ptr_ = nullptr;
@@ -272,9 +288,11 @@ class FlatUnit {
   Buffer grad_shard_buf_;  // (shard) reduced grads, Kinds Sharded/FullReplicated
   float* master_ = nullptr;
   float* full_ = nullptr;
+  uint16_t* full16_ = nullptr;
   float* grad_full_ = nullptr;
   float* grad_shard_ = nullptr;
   std::vector<float*> params_, grads_;
+  std::vector<const uint16_t*> params16_;
 
   ShardedState sstate_ = ShardedState::Sharded;
   TrainingState tstate_ = TrainingState::Idle;

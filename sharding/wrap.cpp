@@ -33,6 +33,7 @@ class CompositeUnit final : public Unit {
       keys_.push_back(std::move(k));
     }
     kid_params_.resize(kids_.size());
+    kid_params16_.resize(kids_.size());
     kid_grads_.resize(kids_.size());
   }
 
@@ -132,11 +133,15 @@ class CompositeUnit final : public Unit {
   UnitCtx kid_ctx(const UnitCtx& ctx, size_t j) {
     kid_params_[j].assign(ctx.params->begin() + long(first_[j]),
                           ctx.params->begin() + long(first_[j + 1]));
+    if (ctx.params16)
+      kid_params16_[j].assign(ctx.params16->begin() + long(first_[j]),
+                              ctx.params16->begin() + long(first_[j + 1]));
     if (ctx.grads)
       kid_grads_[j].assign(ctx.grads->begin() + long(first_[j]),
                            ctx.grads->begin() + long(first_[j + 1]));
     UnitCtx c = ctx;
     c.params = &kid_params_[j];
+    c.params16 = ctx.params16 ? &kid_params16_[j] : nullptr;
     c.grads = ctx.grads ? &kid_grads_[j] : nullptr;
     c.saved = &ctx.saved->part(j);
     c.loss_sum = 0;
@@ -157,6 +162,7 @@ class CompositeUnit final : public Unit {
   std::vector<std::string> keys_;
   std::vector<size_t> first_;  // index of each block's first spec; last entry = total
   std::vector<std::vector<float*>> kid_params_, kid_grads_;
+  std::vector<std::vector<const uint16_t*>> kid_params16_;
 };
 
 }  // namespace

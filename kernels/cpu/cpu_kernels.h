@@ -114,6 +114,8 @@ void widen(DType dt, const void* src, float* dst, size_t n);
 void add_widened(DType dt, const void* src, float* dst, size_t n);
 void round_to(DType dt, float* x, size_t n);
 void round_copy(DType dt, float* dst, const float* src, size_t n);  // dst = round_to(src)
+// round_copy that also writes dst16 = narrow(src) (dt BF16 / F16; dst may equal src).
+void round_copy_lp(DType dt, float* dst, uint16_t* dst16, const float* src, size_t n);
 
 // rope.cpp
 void rope_forward(float* qkv, int B, int T, int H, int KVH, int hd, float theta);

@@ -184,18 +184,27 @@ class CpuOps final : public Ops {
     cpu::attention_backward(dqkv, dout, nullptr, nullptr, lse, B, T, H, KVH, hd, compute_, true,
                             qkv16, out16);
   }
-  void linear_forward_lp(float* out, Operand inp, const float* w, const float* b, int N, int C,
+  // Each operand as fp32 where it has that form (a unit's weights come with both, and the
+  // kernels pack from fp32); a weight given only 16-bit (the op tests) is widened first.
+  void linear_forward_lp(float* out, Operand inp, Operand w, const float* b, int N, int C,
                          int OC) const override {
     require_lowp("linear_forward_lp");
-    cpu::linear_forward_lowp16(compute_, out, inp.f32, inp.lp, w, b, N, C, OC);
+    Buffer tw;
+    const float* wf = operand_f32(w, size_t(OC > 0 ? OC : 0), size_t(C), size_t(C > 0 ? C : 0), tw);
+    cpu::linear_forward_lowp16(compute_, out, inp.f32, inp.f32 ? nullptr : inp.lp, wf, b, N, C,
+                               OC);
   }
   void linear_backward_lp_set(float* dinp, float* dw, float* db, Operand dout, Operand inp,
-                              const float* w, int N, int C, int OC) const override {
+                              Operand w, int N, int C, int OC) const override {
     require_lowp("linear_backward_lp_set");
     SW_CHECK(!db || dout.f32,
              "linear_backward_lp_set: db needs the fp32 dout (a 16-bit one is given)");
-    cpu::linear_backward_lowp16(compute_, dinp, dw, db, dout.f32, dout.lp, inp.f32, inp.lp, w, N,
-                                C, OC, 0.f);
+    Buffer tw;
+    const float* wf =
+        dinp ? operand_f32(w, size_t(OC > 0 ? OC : 0), size_t(C), size_t(C > 0 ? C : 0), tw)
+             : w.f32;
+    cpu::linear_backward_lowp16(compute_, dinp, dw, db, dout.f32, dout.f32 ? nullptr : dout.lp,
+                                inp.f32, inp.f32 ? nullptr : inp.lp, wf, N, C, OC, 0.f);
   }
   double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w,
                      const int32_t* targets, int N, int C, int V,
@@ -225,6 +234,11 @@ class CpuOps final : public Ops {
   void round_to(DType dt, float* x, size_t n) const override { cpu::round_to(dt, x, n); }
   void round_copy(DType dt, float* dst, const float* src, size_t n) const override {
     cpu::round_copy(dt, dst, src, n);
+  }
+  void round_copy_lp(DType dt, float* dst, uint16_t* dst16, const float* src,
+                     size_t n) const override {
+    SW_CHECK(dt != DType::F32, "round_copy_lp: needs a 16-bit dtype");
+    cpu::round_copy_lp(dt, dst, dst16, src, n);
   }
 
  private:

@@ -335,4 +335,13 @@ void round_copy(DType dt, float* dst, const float* src, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] = from_half(dt, to_half(dt, src[i]));
 }
 
+void round_copy_lp(DType dt, float* dst, uint16_t* dst16, const float* src, size_t n) {
+#pragma omp parallel for schedule(static) if (parallel : n >= kParallelMin)
+  for (size_t i = 0; i < n; ++i) {
+    const uint16_t h = to_half(dt, src[i]);
+    dst16[i] = h;
+    dst[i] = from_half(dt, h);
+  }
+}
+
 }  // namespace sw::cpu

@@ -55,7 +55,9 @@ void narrow_rows(cudaStream_t s, int dt, const float* src, size_t ld, size_t row
 void widen(cudaStream_t s, int dt, const uint16_t* src, float* dst, size_t n);
 void add_widened(cudaStream_t s, int dt, const uint16_t* src, float* dst, size_t n);
 void round_to(cudaStream_t s, int dt, float* x, size_t n);
-void round_copy(cudaStream_t s, int dt, float* dst, const float* src, size_t n);  // dst = round(src)
+// dst = round(src); with dst16, also dst16 = narrow(src) (the same pass).
+void round_copy(cudaStream_t s, int dt, float* dst, const float* src, size_t n,
+                uint16_t* dst16 = nullptr);
 void add_bias_rows(cudaStream_t s, float* out, const float* b, int N, int OC);  // out[n] = b
 // Fixed-order sum of squares in double: *result (device) = sum x^2. ws: sum_squares_ws(n).
 size_t sum_squares_ws(size_t n);  // doubles

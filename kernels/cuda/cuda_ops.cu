@@ -479,25 +479,25 @@ class CudaOps final : public Ops {
     SW_OP_TIME();
     linear_forward_any(out, inp, w, b, N, C, OC);
   }
-  // The input may be 16-bit already (kernels/ops.h): then no narrowing of x.
-  void linear_forward_lp(float* out, Operand inp, const float* w, const float* b, int N, int C,
+  // The input and the weight may be 16-bit already (kernels/ops.h): then no narrowing of them.
+  void linear_forward_lp(float* out, Operand inp, Operand w, const float* b, int N, int C,
                          int OC) const override {
     SW_OP_TIME();
     require_lowp("linear_forward_lp");
     linear_forward_any(out, inp, w, b, N, C, OC);
   }
-  // inp fp32, or 16-bit (compute_'s values; lowp only).
-  void linear_forward_any(float* out, Operand inp, const float* w, const float* b, int N, int C,
+  // inp and w fp32, or 16-bit (compute_'s values; lowp only), or both (the 16-bit form read).
+  void linear_forward_any(float* out, Operand inp, Operand w, const float* b, int N, int C,
                           int OC) const {
     const cudaStream_t s = begin();
     if (b) cuda::add_bias_rows(s, out, b, N, OC);
     if (!lowp() || N <= 0 || OC <= 0 || C <= 0) {  // (inp.lp only with lowp: C = 0, no reads)
-      gemm_raw(false, true, N, OC, C, 1.f, inp.f32, C, w, C, b ? 1.f : 0.f, out, OC);
+      gemm_raw(false, true, N, OC, C, 1.f, inp.f32, C, w.f32, C, b ? 1.f : 0.f, out, OC);
       return;
     }
     // out = b, then out += x w^T with beta = 1 (the CPU's order: bias first, then the product).
     const uint16_t* x16 = inp.lp ? inp.lp : narrowed(s, Slot::Lowp0, inp.f32, C, N, C);
-    const uint16_t* w16 = narrowed(s, Slot::Lowp1, w, C, OC, C);
+    const uint16_t* w16 = w.lp ? w.lp : narrowed(s, Slot::Lowp1, w.f32, C, OC, C);
     gemm16(false, true, N, OC, C, 1.f, x16, C, w16, C, b ? 1.f : 0.f, out, OC);
   }
 
@@ -515,24 +515,24 @@ class CudaOps final : public Ops {
     SW_OP_TIME();
     linear_backward_beta(dinp, dw, db, dout, inp, w, N, C, OC, 0.f);
   }
-  // dout and inp each fp32 or 16-bit; db, a column sum, needs the fp32 dout.
+  // dout, inp and w each fp32 or 16-bit; db, a column sum, needs the fp32 dout.
   void linear_backward_lp_set(float* dinp, float* dw, float* db, Operand dout, Operand inp,
-                              const float* w, int N, int C, int OC) const override {
+                              Operand w, int N, int C, int OC) const override {
     SW_OP_TIME();
     require_lowp("linear_backward_lp_set");
     SW_CHECK(!db || dout.f32,
              "linear_backward_lp_set: db needs the fp32 dout (a 16-bit one is given)");
     linear_backward_beta(dinp, dw, db, dout, inp, w, N, C, OC, 0.f);
   }
-  // dout and inp fp32, or 16-bit (compute_'s values; lowp only, and then db null where dout is
-  // 16-bit; with N, C or OC = 0, dw has nothing to add).
+  // dout, inp and w fp32, or 16-bit (compute_'s values; lowp only, and then db null where dout
+  // is 16-bit; with N, C or OC = 0, dw has nothing to add), or w both (the 16-bit form read).
   void linear_backward_beta(float* dinp, float* dw, float* db, Operand dout, Operand inp,
-                            const float* w, int N, int C, int OC, float dinp_beta) const {
+                            Operand w, int N, int C, int OC, float dinp_beta) const {
     const cudaStream_t s = begin();
     if (!lowp() || N <= 0 || OC <= 0 || C <= 0) {
       // OC = 0 is an empty product: dinp = dinp_beta * dinp (gemm_raw's K = 0 case; a 16-bit
       // dout comes only with lowp, and is then not read).
-      if (dinp) gemm_raw(false, false, N, C, OC, 1.f, dout.f32, OC, w, C, dinp_beta, dinp, C);
+      if (dinp) gemm_raw(false, false, N, C, OC, 1.f, dout.f32, OC, w.f32, C, dinp_beta, dinp, C);
       // dw += dout^T x: nothing to add when N, OC or C is 0 (and 16-bit operands only come
       // with lowp).
       if (dw && !dout.lp && !inp.lp)
@@ -540,7 +540,7 @@ class CudaOps final : public Ops {
     } else if (dinp || dw) {
       const uint16_t* d16 = dout.lp ? dout.lp : narrowed(s, Slot::Lowp0, dout.f32, OC, N, OC);
       if (dinp) {
-        const uint16_t* w16 = narrowed(s, Slot::Lowp1, w, C, OC, C);
+        const uint16_t* w16 = w.lp ? w.lp : narrowed(s, Slot::Lowp1, w.f32, C, OC, C);
         gemm16(false, false, N, C, OC, 1.f, d16, OC, w16, C, dinp_beta, dinp, C);
       }
       if (dw) {
@@ -989,6 +989,12 @@ class CudaOps final : public Ops {
       cuda::round_copy(s, static_cast<int>(dt), dst, src, n);
     else if (dst != src && n)
       SW_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, s));
+  }
+  void round_copy_lp(DType dt, float* dst, uint16_t* dst16, const float* src,
+                     size_t n) const override {
+    SW_OP_TIME();
+    SW_CHECK(dt != DType::F32, "round_copy_lp: needs a 16-bit dtype");
+    cuda::round_copy(begin(), static_cast<int>(dt), dst, src, n, dst16);
   }
 
  private:

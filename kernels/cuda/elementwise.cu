@@ -351,10 +351,13 @@ __global__ void add_widened_k(int dt, const uint16_t* src, float* dst, size_t n)
        i += size_t(gridDim.x) * blockDim.x)
     dst[i] += from_half_d(dt, src[i]);
 }
-__global__ void round_to_k(int dt, float* dst, const float* src, size_t n) {
+__global__ void round_to_k(int dt, float* dst, const float* src, size_t n, uint16_t* dst16) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x)
-    dst[i] = from_half_d(dt, to_half_d(dt, src[i]));
+       i += size_t(gridDim.x) * blockDim.x) {
+    const uint16_t h = to_half_d(dt, src[i]);
+    if (dst16) dst16[i] = h;
+    dst[i] = from_half_d(dt, h);
+  }
 }
 
 __global__ void bias_rows_k(float* out, const float* b, int OC, size_t total) {
@@ -559,13 +562,21 @@ struct Widen4 {  // dst = widen(src), or dst += widen(src)
     st4(dst + i, add ? zip4(ld4(dst + i), w, AddF{}) : w);
   }
 };
-struct RoundTo4 {  // dst = round(src); dst == src is in place (each index read, then written)
-  int dt;
+struct RoundTo4 {  // dst = round(src); dst == src is in place (each index read, then written);
+  int dt;          // with dst16, also dst16 = narrow(src)
   float* dst;
   const float* src;
+  uint16_t* dst16;
   __device__ void operator()(size_t i) const {
     const int d = dt;
-    st4(dst + i, map4(ld4(src + i), [d](float t) { return from_half_d(d, to_half_d(d, t)); }));
+    const float4 x = ld4(src + i);
+    if (dst16) {
+      const ushort4 h = narrow4(d, x);
+      sth4(dst16 + i, h);
+      st4(dst + i, widen4(d, h));
+      return;
+    }
+    st4(dst + i, map4(x, [d](float t) { return from_half_d(d, to_half_d(d, t)); }));
   }
 };
 struct Gelu4 {
@@ -918,12 +929,13 @@ void add_widened(cudaStream_t s, int dt, const uint16_t* src, float* dst, size_t
   add_widened_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(dt, src, dst, n);
   SW_CUDA_LAUNCHED();
 }
-void round_copy(cudaStream_t s, int dt, float* dst, const float* src, size_t n) {
-  const size_t v = al16(dst) && al16(src) ? n / 4 * 4 : 0;
-  each4(s, v / 4, RoundTo4{dt, dst, src});
+void round_copy(cudaStream_t s, int dt, float* dst, const float* src, size_t n, uint16_t* dst16) {
+  const size_t v = al16(dst) && al16(src) && (!dst16 || al8(dst16)) ? n / 4 * 4 : 0;
+  each4(s, v / 4, RoundTo4{dt, dst, src, dst16});
   dst += v, src += v, n -= v;
+  if (dst16) dst16 += v;
   if (n == 0) return;
-  round_to_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(dt, dst, src, n);
+  round_to_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(dt, dst, src, n, dst16);
   SW_CUDA_LAUNCHED();
 }
 void round_to(cudaStream_t s, int dt, float* x, size_t n) { round_copy(s, dt, x, x, n); }

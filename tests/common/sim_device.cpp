@@ -165,8 +165,14 @@ void on_device(const char* op, const char* arg, const void* p) {
   _exit(87);
 }
 void on_operand(const char* op, const char* arg, sw::Operand x) {
-  on_device(op, arg, x.lp ? static_cast<const void*>(x.lp) : static_cast<const void*>(x.f32));
+  on_device(op, arg, x.f32);
+  on_device(op, arg, x.lp);
 }
+// An Operand with both forms (a unit's weight and its 16-bit copy) as the CUDA backend reads
+// it: the 16-bit values alone. The CPU's ops underneath would take the fp32 form; this way the
+// engine's 16-bit copies are what a run on the sim computes with, so a stale or misplaced copy
+// changes its numbers against the CPU's run.
+sw::Operand as_device_reads(sw::Operand x) { return x.lp ? sw::Operand(x.lp) : x; }
 
 // Host synchronisations with the device, per thread (sim_host_syncs): a synchronous copy, an op
 // whose result the host reads, the host waiting for an asynchronous copy or for the stream. A
@@ -292,30 +298,32 @@ class SimOps final : public sw::Ops {
     on_device(__func__, "lse", lse);
     base_->attention_backward_lp_set(dqkv, dout, qkv16, out16, lse, B, T, H, KVH, hd);
   }
-  void linear_forward_lp(float* out, sw::Operand inp, const float* w, const float* b, int N, int C, int OC) const override {
+  void linear_forward_lp(float* out, sw::Operand inp, sw::Operand w, const float* b, int N, int C, int OC) const override {
     Open g;
     on_device(__func__, "out", out);
     on_operand(__func__, "inp", inp);
-    on_device(__func__, "w", w);
+    on_operand(__func__, "w", w);
     on_device(__func__, "b", b);
-    base_->linear_forward_lp(out, inp, w, b, N, C, OC);
+    base_->linear_forward_lp(out, as_device_reads(inp), as_device_reads(w), b, N, C, OC);
   }
-  void linear_backward_lp_set(float* dinp, float* dw, float* db, sw::Operand dout, sw::Operand inp, const float* w, int N, int C, int OC) const override {
+  void linear_backward_lp_set(float* dinp, float* dw, float* db, sw::Operand dout, sw::Operand inp, sw::Operand w, int N, int C, int OC) const override {
     Open g;
     on_device(__func__, "dinp", dinp);
     on_device(__func__, "dw", dw);
     on_device(__func__, "db", db);
     on_operand(__func__, "dout", dout);
     on_operand(__func__, "inp", inp);
-    on_device(__func__, "w", w);
-    base_->linear_backward_lp_set(dinp, dw, db, dout, inp, w, N, C, OC);
+    on_operand(__func__, "w", w);
+    base_->linear_backward_lp_set(dinp, dw, db, dout, as_device_reads(inp), as_device_reads(w), N,
+                                  C, OC);
   }
   void gemm_lp(bool ta, bool tb, int M, int N, int K, float alpha, sw::Operand A, int lda, sw::Operand B, int ldb, float beta, float* C, int ldc) const override {
     Open g;
     on_operand(__func__, "A", A);
     on_operand(__func__, "B", B);
     on_device(__func__, "C", C);
-    base_->gemm_lp(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    base_->gemm_lp(ta, tb, M, N, K, alpha, as_device_reads(A), lda, as_device_reads(B), ldb, beta,
+                   C, ldc);
   }
   void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) const override {
     Open g;

@@ -125,7 +125,7 @@ inline const std::vector<std::string>& all_ops() {
       "gelu_forward_lp", "linear_forward_lp", "linear_backward_lp_set", "rmsnorm_forward_lp",
       "residual_rmsnorm_forward_lp", "layernorm_forward_lp", "residual_layernorm_forward_lp",
       "swiglu_backward_lp_set", "rope_backward_lp", "gemm_lp", "rope_forward_lp",
-      "attention_forward_lp", "attention_backward_lp_set"};
+      "attention_forward_lp", "attention_backward_lp_set", "round_copy_lp"};
   return ops;
 }
 
@@ -237,6 +237,26 @@ inline uint16_t* up16(Arena& a, size_t n) {
 inline Vec down16(Arena& a, const uint16_t* p, size_t n, sw::DType dt) {
   return widen_packed(a.down(reinterpret_cast<const float*>(p), (n + 1) / 2), n, dt);
 }
+
+// A linear's weight in form wf (0: fp32, 1: 16-bit only, 2: both, as a mixed-precision unit
+// hands its weights to the products) and, for the fp32 op it is compared with, the fp32 weight:
+// as given for form 0 (the product rounds it), its rounding for the others (the values the
+// 16-bit copy holds; the same product).
+struct WeightForms {
+  sw::Operand operand = nullptr;
+  const float* rounded = nullptr;
+  WeightForms(Arena& a, const Vec& w, int wf) {
+    float* f = a.up(w);
+    rounded = f;
+    operand = f;
+    if (wf == 0) return;
+    const sw::DType dt = a.ops().compute();
+    uint16_t* w16 = up16(a, w.size());
+    a.ops().round_copy_lp(dt, f, w16, f, w.size());
+    operand = wf == 1 ? sw::Operand(w16) : sw::Operand(f, w16);
+  }
+};
+inline std::string weight_form(int wf) { return wf == 0 ? "w=f32" : wf == 1 ? "w=lp" : "w=both"; }
 
 inline std::string shape(std::initializer_list<std::pair<const char*, long>> kv) {
   std::string s;
@@ -403,9 +423,13 @@ inline std::vector<OpCase> op_cases() {
                   }});
     // The 16-bit-input forms (BF16 / F16 Ops; F32 Ops give no outputs): the input narrowed on
     // the backend, against the fp32-input ops ("lp" / "ref" pairs for paired_forms_exact).
+    // The weight fp32, 16-bit, or both (a unit's weights with their 16-bit copy; "w=f32",
+    // "w=lp", "w=both"): the fp32 op reads the rounded weight, which all three forms hold.
+    for (int wf = 0; wf < 3; ++wf)
     cs.push_back({"linear_forward_lp",
-                  "linear_forward_lp " + shape({{"N", l.N}, {"C", l.C}, {"OC", l.OC}}), kTolMat,
-                  kTolMatLowp, [l, sd](Arena& a) {
+                  "linear_forward_lp " + weight_form(wf) + " " +
+                      shape({{"N", l.N}, {"C", l.C}, {"OC", l.OC}}),
+                  kTolMat, kTolMatLowp, [l, sd, wf](Arena& a) {
                     Outputs o;
                     const sw::DType dt = a.ops().compute();
                     if (dt == sw::DType::F32) return o;
@@ -418,16 +442,19 @@ inline std::vector<OpCase> op_cases() {
                     a.ops().narrow(dt, px, x16, nx);
                     float* out = a.up(Vec(no, NAN));
                     float* ref = a.up(Vec(no, NAN));
-                    const float *pw = a.up(w), *pb = l.bias ? a.up(b) : nullptr;
-                    a.ops().linear_forward_lp(out, x16, pw, pb, l.N, l.C, l.OC);
-                    a.ops().linear_forward(ref, px, pw, pb, l.N, l.C, l.OC);
+                    const float* pb = l.bias ? a.up(b) : nullptr;
+                    const WeightForms pw(a, w, wf);
+                    a.ops().linear_forward_lp(out, x16, pw.operand, pb, l.N, l.C, l.OC);
+                    a.ops().linear_forward(ref, px, pw.rounded, pb, l.N, l.C, l.OC);
                     put(o, "lp", a.down(out, no));
                     put(o, "ref", a.down(ref, no));
                     return o;
                   }});
+    for (int wf = 0; wf < 3; ++wf)
     cs.push_back({"linear_backward_lp_set",
-                  "linear_backward_lp_set " + shape({{"N", l.N}, {"C", l.C}, {"OC", l.OC}}),
-                  kTolMat, kTolMatLowp, [l, sd](Arena& a) {
+                  "linear_backward_lp_set " + weight_form(wf) + " " +
+                      shape({{"N", l.N}, {"C", l.C}, {"OC", l.OC}}),
+                  kTolMat, kTolMatLowp, [l, sd, wf](Arena& a) {
                     Outputs o;
                     const sw::DType dt = a.ops().compute();
                     if (dt == sw::DType::F32) return o;
@@ -441,11 +468,12 @@ inline std::vector<OpCase> op_cases() {
                     a.ops().narrow(dt, px, x16, nx);
                     float *dx = a.up(Vec(nx, NAN)), *dxr = a.up(Vec(nx, NAN));
                     float *dw = a.up(dw0), *dwr = a.up(dw0), *db = a.up(db0), *dbr = a.up(db0);
-                    const float *pdy = a.up(dy), *pw = a.up(w);
-                    a.ops().linear_backward_lp_set(dx, dw, l.bias ? db : nullptr, pdy, x16, pw, l.N,
-                                                   l.C, l.OC);
-                    a.ops().linear_backward_set(dxr, dwr, l.bias ? dbr : nullptr, pdy, px, pw, l.N,
-                                                l.C, l.OC);
+                    const float* pdy = a.up(dy);
+                    const WeightForms pw(a, w, wf);
+                    a.ops().linear_backward_lp_set(dx, dw, l.bias ? db : nullptr, pdy, x16,
+                                                   pw.operand, l.N, l.C, l.OC);
+                    a.ops().linear_backward_set(dxr, dwr, l.bias ? dbr : nullptr, pdy, px,
+                                                pw.rounded, l.N, l.C, l.OC);
                     put(o, "lp", a.down(dx, nx));
                     put(o, "ref", a.down(dxr, nx));
                     put(o, "dw", a.down(dw, dw0.size()));
@@ -469,17 +497,21 @@ inline std::vector<OpCase> op_cases() {
                                 dy = r.normal(size_t(l.N) * l.OC);
                       const Vec dw0 = r.normal(w.size());
                       const size_t nx = x.size(), ny = dy.size();
-                      const float *px = a.up(x), *pdy = a.up(dy), *pw = a.up(w);
+                      const float *px = a.up(x), *pdy = a.up(dy);
                       uint16_t* x16 = up16(a, nx);
                       uint16_t* dy16 = up16(a, ny);
                       a.ops().narrow(dt, px, x16, nx);
                       a.ops().narrow(dt, pdy, dy16, ny);
                       float *dx = a.up(Vec(nx, NAN)), *dxr = a.up(Vec(nx, NAN));
                       float *dw = a.up(dw0), *dwr = a.up(dw0);
+                      // With x 16-bit, the weight too (every operand 16-bit: the CUDA
+                      // backward's path with no narrowing at all).
+                      const WeightForms fw(a, w, xlp ? 1 : 0);
                       a.ops().linear_backward_lp_set(dx, dw, nullptr, dy16,
-                                                     xlp ? sw::Operand(x16) : sw::Operand(px), pw,
-                                                     l.N, l.C, l.OC);
-                      a.ops().linear_backward_set(dxr, dwr, nullptr, pdy, px, pw, l.N, l.C, l.OC);
+                                                     xlp ? sw::Operand(x16) : sw::Operand(px),
+                                                     fw.operand, l.N, l.C, l.OC);
+                      a.ops().linear_backward_set(dxr, dwr, nullptr, pdy, px, fw.rounded, l.N,
+                                                  l.C, l.OC);
                       put(o, "lp", a.down(dx, nx));
                       put(o, "ref", a.down(dxr, nx));
                       put(o, "dw", a.down(dw, dw0.size()));
@@ -866,6 +898,33 @@ inline std::vector<OpCase> op_cases() {
                       put(o, "ref", a.down(ref, n));
                       put(o, "in_place", a.down(in_place, n));
                       put(o, "ref_again", a.down(ref, n));
+                      return o;
+                    }});
+      // Both copies from the master in one pass ("out", "out16") against round_copy and narrow
+      // ("ref", "ref16"), out of place and in place.
+      cs.push_back({"round_copy_lp", "round_copy_lp " + dn, kTolElem, kTolElem, [=](Arena& a) {
+                      Rng r(sd + 35);
+                      const Vec x = r.normal(n, 3.f);
+                      const float* src = a.up(x);
+                      float* dst = a.up(Vec(n, NAN));
+                      uint16_t* d16 = up16(a, n);
+                      a.ops().round_copy_lp(dt, dst, d16, src, n);
+                      float* in_place = a.up(x);
+                      uint16_t* i16 = up16(a, n);
+                      a.ops().round_copy_lp(dt, in_place, i16, in_place, n);
+                      float* ref = a.up(Vec(n, NAN));
+                      uint16_t* r16 = up16(a, n);
+                      a.ops().round_copy(dt, ref, src, n);
+                      a.ops().narrow(dt, src, r16, n);
+                      Outputs o;
+                      put(o, "out", a.down(dst, n));
+                      put(o, "ref", a.down(ref, n));
+                      put(o, "out16", down16(a, d16, n, dt));
+                      put(o, "ref16", down16(a, r16, n, dt));
+                      put(o, "in_place", a.down(in_place, n));
+                      put(o, "ref_again", a.down(ref, n));
+                      put(o, "in_place16", down16(a, i16, n, dt));
+                      put(o, "ref16_again", down16(a, r16, n, dt));
                       return o;
                     }});
     }
@@ -1334,7 +1393,7 @@ inline std::vector<std::string> fused_norms_bitwise(const Backend& be) {
 
 // kernels/ops.h promises that each *_set form gives the values of its accumulating op on
 // zeros (a zero may carry the other sign, which == ignores), round_copy those of copy +
-// round_to, and each 16-bit-input form (*_lp, *_lp_set) those of its fp32-input op. Their
+// round_to (round_copy_lp: round_copy's and narrow's), and each 16-bit-input form (*_lp, *_lp_set) those of its fp32-input op. Their
 // cases return outputs in pairs: "set" and "acc0" (and dw / dw_acc, db / db_acc: parameter
 // gradients accumulated by each), round_copy's result and copy + round_to's, "lp" and "ref".
 // Returns "case [output]" for each pair that differs on this backend.

@@ -20,6 +20,8 @@ struct Harness {
     std::vector<sw::ParamSpec> specs;
     sw::Buffer pbuf, gbuf;
     std::vector<float*> p, g;
+    sw::Buffer p16buf;               // keep_weights16: the 16-bit copy of pbuf
+    std::vector<const uint16_t*> p16;
   };
 
   sw::Model model;
@@ -98,6 +100,23 @@ struct Harness {
     throw std::runtime_error("no parameter " + name);
   }
 
+  // Rounds every parameter to dt (as a mixed-precision unit's compute copy holds them).
+  void round_params(sw::DType dt) {
+    for (auto& m : units) sw::ops_for(sw::Device::cpu()).round_to(dt, m.pbuf.f32(), m.pbuf.bytes() / 4);
+  }
+  // round_params, and a 16-bit copy of every parameter handed to the units as ctx.params16
+  // (what the engine does on a device).
+  void keep_weights16(sw::DType dt) {
+    for (auto& m : units) {
+      const size_t n = m.pbuf.bytes() / 4;
+      m.p16buf = sw::Buffer(n * 2, sw::Mem::Params);
+      auto* h = static_cast<uint16_t*>(m.p16buf.data());
+      sw::ops_for(sw::Device::cpu()).round_copy_lp(dt, m.pbuf.f32(), h, m.pbuf.f32(), n);
+      m.p16.clear();
+      for (float* q : m.p) m.p16.push_back(h + (q - m.pbuf.f32()));
+    }
+  }
+
   void zero_grads() {
     for (auto& m : units) m.gbuf.zero();
   }
@@ -115,6 +134,7 @@ struct Harness {
     ctx.ops = ops;
     ctx.batch = &b;
     ctx.params = &m.p;
+    ctx.params16 = m.p16.empty() ? nullptr : &m.p16;
     ctx.grads = with_grads ? &m.g : nullptr;
     ctx.saved = &saved[pos];
     ctx.scratch = &scratch;

@@ -517,7 +517,75 @@ class HideCompute final : public swtest::ForwardingOps {
   const Ops& base_;
 };
 
+// The products read a weight's 16-bit form alone wherever a unit hands both (as the CUDA
+// backend does; the CPU's ops would take the fp32 form), and count the products that got one.
+class ReadWeights16 final : public swtest::ForwardingOps {
+ public:
+  explicit ReadWeights16(const Ops& base) : ForwardingOps(base), base_(base) {}
+  mutable int with16 = 0;
+  void linear_forward_lp(float* out, Operand inp, Operand w, const float* b, int N, int C,
+                         int OC) const override {
+    base_.linear_forward_lp(out, inp, only16(w), b, N, C, OC);
+  }
+  void linear_backward_lp_set(float* dinp, float* dw, float* db, Operand dout, Operand inp,
+                              Operand w, int N, int C, int OC) const override {
+    base_.linear_backward_lp_set(dinp, dw, db, dout, inp, only16(w), N, C, OC);
+  }
+  void gemm_lp(bool ta, bool tb, int M, int N, int K, float alpha, Operand A, int lda, Operand B,
+               int ldb, float beta, float* C, int ldc) const override {
+    base_.gemm_lp(ta, tb, M, N, K, alpha, only16(A), lda, only16(B), ldb, beta, C, ldc);
+  }
+
+ private:
+  Operand only16(Operand x) const {
+    if (!x.f32 || !x.lp) return x;
+    ++with16;
+    return x.lp;
+  }
+  const Ops& base_;
+};
+
 }  // namespace
+
+// A unit's weights with their 16-bit copy (ctx.params16, as the engine keeps it on a device):
+// every product that reads a weight reads that copy, and the run gives the bits of the fp32
+// path on the same rounded parameters. Llama also with its q/k/v and gate/up weights apart
+// (gapped: the packed products' per-matrix fallback, gemm_lp with the weight's offset).
+TEST_CASE("weights' 16-bit copies give the bits of the fp32 path (BF16 and F16 Ops)",
+          "[models][lowp]") {
+  for (const ModelConfig& c : {tiny_gpt2(), tiny_llama()})
+    for (int gapped = 0; gapped < (c.type == "llama" ? 2 : 1); ++gapped)
+      for (DType dt : {DType::BF16, DType::F16}) {
+        INFO(c.type << " " << dtype_name(dt) << " gapped " << gapped);
+        const Ops& ops = ops_for(Device::cpu(), dt);
+        const ReadWeights16 w16(ops);
+        const HideCompute hide(ops);
+        Harness lp(c, gapped), f32in(c, gapped);
+        lp.ops = &w16;
+        f32in.ops = &hide;
+        lp.init_random(7);
+        f32in.init_random(7);
+        lp.keep_weights16(dt);
+        f32in.round_params(dt);
+        TokenBatch tb(2, 8, c.vocab_size, 9);
+        const double l1 = lp.forward_backward(tb.batch);
+        const double l2 = f32in.forward_backward(tb.batch);
+        CHECK(same_bits(l1, l2));
+        // Every block's products read the copy, forward and backward: four weights a layer
+        // (GPT-2: qkv, proj, fc, fcproj; Llama: packed qkv, o, packed gate|up, down), 8 reads;
+        // gapped, Llama's q, k, v and gate, up one product each: 7 forward, 7 backward (the
+        // weight gradients' products read no weight).
+        const int per_layer = gapped ? 14 : 8;
+        CHECK(w16.with16 == c.n_layer * per_layer);
+        auto a = lp.all_params(), b = f32in.all_params();
+        REQUIRE(a.size() == b.size());
+        for (size_t i = 0; i < a.size(); ++i) {
+          INFO(a[i].spec->name);
+          CHECK(std::memcmp(a[i].p, b[i].p, a[i].n * sizeof(float)) == 0);
+          CHECK(std::memcmp(a[i].g, b[i].g, a[i].n * sizeof(float)) == 0);
+        }
+      }
+}
 
 // With 16-bit products the blocks keep their products' inputs 16-bit (norm outputs, qkv,
 // attention's output, the MLP's activation) and hand Llama's dgu and dqkv to the products

@@ -200,6 +200,62 @@ TEST_CASE("sim device: ShardedModel trains bit-identically to the CPU", "[device
   unsetenv("SHARDWISE_HOST_UPDATE_DELAY_US");
 }
 
+TEST_CASE("sim device: units' 16-bit weight copies are the memory the plan counts", "[device]") {
+  // bf16 on a device: each unit keeps a 16-bit copy of its parameters beside the fp32 ones
+  // (sharding/unit_state.h): persistent Params for a whole unit (one rank), transient
+  // Communication with the gathered buffer for a sharded one (one rank with its parameters in
+  // NVMe files takes the sharded path). The tracked bytes are the plan's, and the copy is 2
+  // bytes a padded parameter (against the same model in fp32 params, which keeps none).
+  swtest::TempDir dir("device_w16");
+  for (const char* type : {"gpt2", "llama"})
+    for (int sharded = 0; sharded < 2; ++sharded) {
+      int64_t params[2] = {}, comm[2] = {}, padded = 0, largest = 0;
+      for (int k = 0; k < 2; ++k) {
+        const DType pdt = k ? DType::BF16 : DType::F32;
+        INFO(type << (sharded ? " sharded (NVMe parameters) " : " whole ") << dtype_name(pdt));
+        const ModelConfig cfg = tiny(type);
+        ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+        pol.mixed_precision.param_dtype = pdt;
+        if (sharded) {
+          pol.offload_param.device = OffloadDevice::Nvme;
+          pol.offload_param.nvme_path = dir.path.string();
+          pol.offload_optimizer.device = OffloadDevice::Nvme;
+          pol.offload_optimizer.nvme_path = dir.path.string();
+        }
+        MemTracker& mt = MemTracker::global();
+        const size_t p0 = mt.current(Mem::Params);
+        Model m = build_model(cfg);
+        ShardedModel sm(m, ops_for(Device::sim(0)), 3, make_local_group(), pol);
+        params[k] = int64_t(mt.current(Mem::Params) - p0);
+        Data a(2, cfg.seq_len, 11, cfg.vocab_size);
+        sm.forward_backward(a.batch);  // warm-up, ending like a step
+        sm.optimizer_step(AdamWParams{}, 1e-3f, 1.f, 1);
+        sm.zero_grads();
+        const StepPlan plan = sm.step_plan(2, cfg.seq_len, 1);
+        if (!sharded) CHECK(params[k] == plan.persistent[size_t(Mem::Params)]);
+        const int64_t c0 = int64_t(mt.current(Mem::Communication));
+        mt.reset_peaks();
+        sm.forward_backward(a.batch);
+        comm[k] = int64_t(mt.peak(Mem::Communication)) - c0 +
+                  plan.initial[size_t(Mem::Communication)];
+        CHECK(comm[k] == swtest::replay(plan).peak[size_t(Mem::Communication)]);
+        padded = largest = 0;
+        for (int u = 0; u < sm.num_units(); ++u) {
+          padded += sm.unit_layout(u).padded;
+          largest = std::max(largest, sm.unit_layout(u).padded);
+        }
+      }
+      INFO(type << (sharded ? " sharded" : " whole"));
+      if (sharded) {  // each gathered unit's buffers: 6 bytes a parameter where fp32 took 4
+        CHECK(comm[1] - comm[0] >= 2 * largest);
+      } else {
+        CHECK(params[1] - params[0] == 4 * padded + 2 * padded);  // split master + the copy
+        CHECK(comm[1] == comm[0]);
+      }
+    }
+  CHECK(swtest::sim_device_bytes_in_use() == 0);
+}
+
 TEST_CASE("sim device: asynchronous copies run in order, only once waited for", "[device]") {
   // Host sides in Tier::Host (pinned: the sim records the pinning a GPU backend would do).
   const size_t n = 256;
