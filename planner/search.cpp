@@ -63,16 +63,17 @@ int64_t cuda_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute)
   const int64_t qkv = (H + 2 * KVH) * hd;
   // The linears' largest weight (llama: gate+up, 2F x C; gpt2: qkv or fc).
   const int64_t weight = llama ? 2 * F * C : std::max(qkv, F) * C;
-  // The LM head: logits chunks of at most 1024 rows and 256 MiB.
-  const int64_t chunk = std::min<int64_t>(
-      N, std::max<int64_t>(1, std::min<int64_t>(1024, (int64_t{256} << 20) / (4 * V))));
+  // The LM head: logits chunks (kernels/cuda/workspace.h).
+  const int64_t chunk = cuda::lmhead_chunk_rows(N, V);
   std::vector<int64_t> slot{chunk * V * 4};  // Logits
   if (compute != DType::F32) {
     // The blocks hand their products 16-bit inputs (models/unit.h's ProductIn) and Llama its
     // gradients too (dgu, dqkv): what is still narrowed per call is the LM head's x, the
     // residual-stream gradients (N x C) and GPT-2's biased products' gradients (dfch, dqkv).
     slot.push_back(2 * N * (llama ? C : std::max({C, F, qkv})));  // Lowp0: x or an fp32 dout
-    slot.push_back(2 * std::max(V * C, weight));                   // Lowp1: a weight
+    // Lowp1: the LM head's weight (the linears' are 16-bit already on a device:
+    // MixedPrecisionPolicy::weights16; the larger of the two kept for the fp32-weight path).
+    slot.push_back(2 * std::max(V * C, weight));
     slot.push_back(2 * chunk * V);                                 // Lowp2: the LM head's dlogits
     const int64_t Z = int64_t(B) * H, ZK = int64_t(B) * KVH, Th = int64_t(T) * hd;
     switch (cuda::attention_path_from_env(true)) {

@@ -787,8 +787,8 @@ class CudaOps final : public Ops {
                              wsf(Slot::Attn, std::max<size_t>(rows, 1)), dt());
   }
 
-  // Rows in chunks of at most kChunkRows (fewer when a chunk of logits would pass
-  // kChunkBytes): logits = x_c w^T (cuBLAS) into the workspace; one block per row turns it
+  // Rows in chunks (cuda::lmhead_chunk_rows, workspace.h: at most 4096 rows and 1 GiB of
+  // logits): logits = x_c w^T (cuBLAS) into the workspace; one block per row turns it
   // into the loss and grad_scale * (softmax - onehot); dx_c += dlogits w and dw += dlogits^T
   // x_c (cuBLAS, beta = 1). The loss total is summed on the device in a fixed order.
   // Low precision (kernels/cpu/lmhead.cpp's rounding): x and w narrowed once per call (Lowp0,
@@ -860,9 +860,7 @@ class CudaOps final : public Ops {
             const float* w, const int32_t* targets, int N, int C, int V, float grad_scale) const {
     const cudaStream_t s = begin();
     const bool grad = dx != nullptr || dw != nullptr;
-    const size_t by_bytes = kChunkBytes / (sizeof(float) * static_cast<size_t>(V));
-    const int chunk =
-        std::min(N, static_cast<int>(std::max<size_t>(1, std::min<size_t>(kChunkRows, by_bytes))));
+    const int chunk = static_cast<int>(cuda::lmhead_chunk_rows(N, V));
     float* logits = wsf(Slot::Logits, static_cast<size_t>(chunk) * V);
     const bool lp = lowp();
     const uint16_t* x16 = lp ? narrowed(s, Slot::Lowp0, x, C, N, C) : nullptr;
@@ -998,9 +996,6 @@ class CudaOps final : public Ops {
   }
 
  private:
-  static constexpr int kChunkRows = 1024;
-  static constexpr size_t kChunkBytes = size_t{256} << 20;
-
   cudaStream_t begin() const { return d_.begin(); }
   float* wsf(Slot slot, size_t floats) const { return d_.wsf(slot, floats); }
   uint16_t* wsh(Slot slot, size_t n) const { return d_.wsh(slot, n); }
