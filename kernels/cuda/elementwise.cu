@@ -473,18 +473,24 @@ __global__ void xent_rows_k(float* logits, float* rl, const int32_t* targets, in
     }
     return;
   }
-  float mx = -INFINITY;
+  // One pass for the maximum and the sum of exponentials (online: each thread's running sum is
+  // rescaled when its maximum grows), then each thread's sum rescaled to the row's maximum:
+  // the logits are read twice where max, sum and gradient passes read them three times.
+  float mx = -INFINITY, sum = 0.f;
   for (int v = v0; v < V; v += step) {
     load_w<W>(row + v, x);
-    for (int k = 0; k < W; ++k) mx = fmaxf(mx, x[k]);
+    float m = x[0];
+    for (int k = 1; k < W; ++k) m = fmaxf(m, x[k]);
+    const float nm = fmaxf(mx, m);
+    float s = 0.f;
+    for (int k = 0; k < W; ++k) s += expf(x[k] - nm);
+    sum = sum * expf(mx - nm) + s;  // (mx = -inf first: expf(-inf) = 0, and sum is 0)
+    mx = nm;
   }
-  mx = block_max(mx, fscratch);
-  float sum = 0.f;
-  for (int v = v0; v < V; v += step) {
-    load_w<W>(row + v, x);
-    for (int k = 0; k < W; ++k) sum += expf(x[k] - mx);
-  }
-  sum = block_sum(sum, fscratch);  // ends with __syncthreads
+  const float rmx = block_max(mx, fscratch);
+  // (a thread without logits, v0 >= V, holds mx = -inf and sum = 0: it adds 0)
+  sum = block_sum(mx == -INFINITY ? 0.f : sum * expf(mx - rmx), fscratch);  // ends with a sync
+  mx = rmx;
   const float lt = row[t];
   if (threadIdx.x == 0) rl[r] = mx + logf(sum) - lt;
   if (!grad) return;
