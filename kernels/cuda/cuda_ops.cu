@@ -40,6 +40,7 @@
 // Scratch memory (norm partials, the LM head's logits chunk, reduction partials, attention's D,
 // the 16-bit operand copies) comes from grow-only device buffers kept between calls, tracked as
 // Mem::Workspace. Use the CUDA Ops from one host thread at a time.
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -54,6 +55,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -151,6 +153,9 @@ class CudaDevice {
       // smaller default of its own, outside the tracker). bench_cuda_gemm times both.
       blas_ws_ = Buffer(cuda::kCublasWorkspace, Mem::Workspace, Device::cuda(dev_));
       SW_CUDA_CHECK(cublasSetWorkspace(blas_, blas_ws_.data(), cuda::kCublasWorkspace));
+      // cuBLASLt (the products with a bias epilogue) runs on the same stream and shares that
+      // workspace: one stream orders their uses.
+      SW_CUDA_CHECK(cublasLtCreate(&lt_));
       stream_.device = dev_;
       stream_.stream = st;
     });
@@ -160,6 +165,26 @@ class CudaDevice {
 
   CudaStream& stream() const { return stream_; }
   cublasHandle_t blas() const { return blas_; }
+  cublasLtHandle_t lt() const { return lt_; }
+  void* blas_workspace() const { return blas_ws_.data(); }
+
+  // A cuBLASLt product's plan (descriptors and algorithm) per key, made once by `make` and
+  // kept for the process: the same algorithm for every call of a shape (reruns give the same
+  // bits) and no heuristic query per call. `ok` false: cuBLASLt offered no algorithm.
+  struct LtPlan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    bool ok = false;
+  };
+  using LtKey = std::tuple<int, int, int, int, int, int, int>;  // dt, m, n, k, alignments
+  template <class Make>
+  LtPlan& lt_plan(const LtKey& key, Make make) const {
+    std::lock_guard<std::mutex> lock(lt_mu_);
+    auto it = lt_plans_.find(key);
+    if (it == lt_plans_.end()) it = lt_plans_.emplace(key, make()).first;
+    return it->second;
+  }
 
   // At least `floats` floats of the slot's scratch (contents undefined). Growing frees the old
   // buffer to the caching device allocator: kernels already enqueued on this (blocking)
@@ -193,7 +218,10 @@ class CudaDevice {
   mutable std::once_flag once_;
   mutable CudaStream stream_;
   mutable cublasHandle_t blas_ = nullptr;
+  mutable cublasLtHandle_t lt_ = nullptr;
   mutable Buffer blas_ws_;
+  mutable std::mutex lt_mu_;
+  mutable std::map<LtKey, LtPlan> lt_plans_;
   mutable Buffer ws_[static_cast<int>(Slot::Count)];
   struct RopeKey {
     const float* tab = nullptr;
@@ -490,14 +518,17 @@ class CudaOps final : public Ops {
   void linear_forward_any(float* out, Operand inp, Operand w, const float* b, int N, int C,
                           int OC) const {
     const cudaStream_t s = begin();
-    if (b) cuda::add_bias_rows(s, out, b, N, OC);
     if (!lowp() || N <= 0 || OC <= 0 || C <= 0) {  // (inp.lp only with lowp: C = 0, no reads)
+      if (b) cuda::add_bias_rows(s, out, b, N, OC);
       gemm_raw(false, true, N, OC, C, 1.f, inp.f32, C, w.f32, C, b ? 1.f : 0.f, out, OC);
       return;
     }
+    // out = x w^T + b: with a bias, in cuBLASLt's epilogue where it can (gemm16_bias); else
     // out = b, then out += x w^T with beta = 1 (the CPU's order: bias first, then the product).
     const uint16_t* x16 = inp.lp ? inp.lp : narrowed(s, Slot::Lowp0, inp.f32, C, N, C);
     const uint16_t* w16 = w.lp ? w.lp : narrowed(s, Slot::Lowp1, w.f32, C, OC, C);
+    if (b && gemm16_bias(s, N, OC, C, x16, w16, b, out)) return;
+    if (b) cuda::add_bias_rows(s, out, b, N, OC);
     gemm16(false, true, N, OC, C, 1.f, x16, C, w16, C, b ? 1.f : 0.f, out, OC);
   }
 
@@ -1037,6 +1068,83 @@ class CudaOps final : public Ops {
                                ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, t, ldb, A, t,
                                lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
                                CUBLAS_GEMM_DEFAULT));
+  }
+
+  // The low-precision forward product with its bias, out(N, OC) = x16 w16^T + b, in one
+  // cuBLASLt kernel whose epilogue adds the fp32 bias to the fp32 product as it writes it
+  // (CUBLASLT_EPILOGUE_BIAS): the add_bias_rows + beta-1 path wrote b into every row first and
+  // the product read it back, 8 bytes a value of the output more (GPT-2's linears all have
+  // biases). The same fp32 operations (the product, then + b, one rounding each), though
+  // cuBLASLt's kernel may sum the product in another order than cublasGemmEx's. The plan of a
+  // shape is made once (CudaDevice::lt_plan), with the operands' actual alignments, which the
+  // heuristic must be told (it assumes 256 bytes). False, and the caller takes the other path,
+  // where cuBLASLt has no algorithm for the shape, the bias is not 16-byte aligned, the call
+  // fails, or SHARDWISE_CUDA_LT_BIAS=0.
+  bool gemm16_bias(cudaStream_t s, int N, int OC, int C, const uint16_t* x16,
+                   const uint16_t* w16, const float* b, float* out) const {
+    static const bool off = env_switched_off("SHARDWISE_CUDA_LT_BIAS");
+    auto align = [](const void* p) {
+      const auto a = reinterpret_cast<std::uintptr_t>(p);
+      return static_cast<int>(std::min<std::uintptr_t>(256, a & (~a + 1)));
+    };
+    if (off || align(b) < 16) return false;
+    const int aw = align(w16), ax = align(x16), ao = align(out);
+    const cudaDataType_t t = compute_ == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    // Column-major, as gemm16 calls cublasGemmEx: D(OC, N) = op(A) B with A = w16 stored
+    // (C, OC), transposed, and B = x16 stored (C, N); the bias has one value per row of D.
+    const CudaDevice::LtKey key{dt(), OC, N, C, aw, ax, ao};
+    CudaDevice::LtPlan& p = d_.lt_plan(key, [&] {
+      CudaDevice::LtPlan q;
+      const cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
+      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+      const cudaDataType_t bias_t = CUDA_R_32F;
+      if (cublasLtMatmulDescCreate(&q.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS)
+        return q;
+      cublasLtMatmulDescSetAttribute(q.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa));
+      cublasLtMatmulDescSetAttribute(q.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb));
+      cublasLtMatmulDescSetAttribute(q.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi));
+      cublasLtMatmulDescSetAttribute(q.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_t,
+                                     sizeof(bias_t));
+      if (cublasLtMatrixLayoutCreate(&q.la, t, C, OC, C) != CUBLAS_STATUS_SUCCESS ||
+          cublasLtMatrixLayoutCreate(&q.lb, t, C, N, C) != CUBLAS_STATUS_SUCCESS ||
+          cublasLtMatrixLayoutCreate(&q.lc, CUDA_R_32F, OC, N, OC) != CUBLAS_STATUS_SUCCESS)
+        return q;
+      cublasLtMatmulPreference_t pref = nullptr;
+      if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return q;
+      const size_t ws = cuda::kCublasWorkspace;
+      const uint32_t a_al = uint32_t(aw), b_al = uint32_t(ax), c_al = uint32_t(ao);
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                           sizeof(ws));
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                           &a_al, sizeof(a_al));
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                           &b_al, sizeof(b_al));
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                           &c_al, sizeof(c_al));
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                           &c_al, sizeof(c_al));
+      cublasLtMatmulHeuristicResult_t r{};
+      int got = 0;
+      q.ok = cublasLtMatmulAlgoGetHeuristic(d_.lt(), q.desc, q.la, q.lb, q.lc, q.lc, pref, 1, &r,
+                                            &got) == CUBLAS_STATUS_SUCCESS &&
+             got > 0 && r.state == CUBLAS_STATUS_SUCCESS;
+      if (q.ok) q.algo = r.algo;
+      cublasLtMatmulPreferenceDestroy(pref);
+      return q;
+    });
+    if (!p.ok) return false;
+    const OpScope scope(d_, "gemm16_bias");
+    const float alpha = 1.f, beta = 0.f;
+    const void* bias = b;
+    // (the descriptor is shared by the shape's calls; one host thread uses these Ops)
+    cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
+    if (cublasLtMatmul(d_.lt(), p.desc, &alpha, w16, p.la, x16, p.lb, &beta, out, p.lc, out, p.lc,
+                       &p.algo, d_.blas_workspace(), cuda::kCublasWorkspace,
+                       s) != CUBLAS_STATUS_SUCCESS) {
+      p.ok = false;  // this shape takes the other path from now on
+      return false;
+    }
+    return true;
   }
 
   // gemm16 over `batch` equally strided (in elements) operand and result matrices.
