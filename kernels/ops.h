@@ -183,6 +183,9 @@ class Ops {
   //   rmsnorm_forward_lp(o16, ...)  == narrow of rmsnorm_forward's out (rstd the same); the
   //     residual and LayerNorm forms likewise;
   //   swiglu_backward_lp_set(d16, ...) == narrow(swiglu_backward_set(...));
+  //   gelu_backward_lp_set(d, d16, ...) writes gelu_backward_set(d, ...) and d16 = narrow(d):
+  //     both forms of a gradient that a biased product takes (its bias gradient sums the fp32
+  //     values, its products read the 16-bit ones: an Operand with both);
   //   rope_backward_lp(d16, dqkv, ...) == narrow(rope_backward(dqkv, ...)) (dqkv unchanged);
   //   linear_forward_lp(out, narrow(x), narrow(w), ...) == linear_forward(out, x, w, ...);
   //   linear_backward_lp_set(..., narrow(dy), narrow(x), narrow(w), ...)
@@ -191,9 +194,10 @@ class Ops {
   //   gemm_lp(..., narrow(A), ..., narrow(B), ...) == gemm(..., A, ..., B, ...);
   //   rope_forward_lp(q16, qkv, ...) == narrow(rope_forward(qkv, ...)) (qkv unchanged);
   //   attention_forward_lp(o16, lse, q16, ...) == narrow of attention_forward(o, lse, widen(q16), ...)'s o;
-  //   attention_backward_lp_set(dqkv, dout, q16, o16, lse, ...)
+  //   attention_backward_lp_set(dqkv, dqkv16, dout, q16, o16, lse, ...)
   //     == attention_backward_set(dqkv, dout, widen(q16), widen(o16), lse, ...): the output as
-  //     the products see it (its row dot products with dout use these values).
+  //     the products see it (its row dot products with dout use these values); with dqkv16
+  //     (may be null), also narrow(dqkv) there (cuDNN computes dqkv 16-bit: its own values).
   // The defaults go through fp32 copies in device scratch (a Buffer per call); backends
   // override them.
   virtual void swiglu_forward_lp(uint16_t* out16, const float* gu, int N, int F) const;
@@ -211,6 +215,8 @@ class Ops {
                                              int C) const;
   virtual void swiglu_backward_lp_set(uint16_t* dgu16, const float* dout, const float* gu, int N,
                                       int F) const;
+  virtual void gelu_backward_lp_set(float* dinp, uint16_t* dinp16, const float* inp,
+                                    const float* dout, size_t n) const;
   // dqkv16 (B, T, (H + 2*KVH) * hd) = narrow of the inverse rotation of dqkv (q and k heads;
   // v heads narrowed as they are); dqkv is only read. Must not overlap.
   virtual void rope_backward_lp(uint16_t* dqkv16, const float* dqkv, int B, int T, int H, int KVH,
@@ -225,9 +231,10 @@ class Ops {
                                int hd, float theta) const;
   virtual void attention_forward_lp(uint16_t* out16, float* lse, const uint16_t* qkv16, int B,
                                     int T, int H, int KVH, int hd) const;
-  virtual void attention_backward_lp_set(float* dqkv, const float* dout, const uint16_t* qkv16,
-                                         const uint16_t* out16, const float* lse, int B, int T,
-                                         int H, int KVH, int hd) const;
+  virtual void attention_backward_lp_set(float* dqkv, uint16_t* dqkv16, const float* dout,
+                                         const uint16_t* qkv16, const uint16_t* out16,
+                                         const float* lse, int B, int T, int H, int KVH,
+                                         int hd) const;
 
   // ---- AdamW (decoupled weight decay, bias-corrected; step counts from 1), on n elements.
   // param -= lr * (mhat / (sqrt(vhat) + eps) + wd * param), with grad multiplied by grad_mult

@@ -164,14 +164,24 @@ void Ops::attention_forward_lp(uint16_t* out16, float* lse, const uint16_t* qkv1
                 [&](float* t) { attention_forward(t, lse, qw, B, T, H, KVH, hd); });
 }
 
-void Ops::attention_backward_lp_set(float* dqkv, const float* dout, const uint16_t* qkv16,
-                                    const uint16_t* out16, const float* lse, int B, int T, int H,
-                                    int KVH, int hd) const {
+void Ops::attention_backward_lp_set(float* dqkv, uint16_t* dqkv16, const float* dout,
+                                    const uint16_t* qkv16, const uint16_t* out16,
+                                    const float* lse, int B, int T, int H, int KVH,
+                                    int hd) const {
   require_lowp("attention_backward_lp_set");
   Buffer q, o;
   const size_t no = mul(B, T) * static_cast<size_t>(H) * static_cast<size_t>(hd);
-  attention_backward_set(dqkv, dout, operand_f32(qkv16, 1, 0, qkv_size(B, T, H, KVH, hd), q),
+  const size_t nq = qkv_size(B, T, H, KVH, hd);
+  attention_backward_set(dqkv, dout, operand_f32(qkv16, 1, 0, nq, q),
                          operand_f32(out16, 1, 0, no, o), lse, B, T, H, KVH, hd);
+  if (dqkv16) narrow(compute(), dqkv, dqkv16, nq);
+}
+
+void Ops::gelu_backward_lp_set(float* dinp, uint16_t* dinp16, const float* inp,
+                               const float* dout, size_t n) const {
+  require_lowp("gelu_backward_lp_set");
+  gelu_backward_set(dinp, inp, dout, n);
+  narrow(compute(), dinp, dinp16, n);
 }
 
 void Ops::round_copy_lp(DType dt, float* dst, uint16_t* dst16, const float* src,

@@ -276,7 +276,8 @@ class Block final : public Unit {
                              H * hd, C);
     float* dqkv = fresh(sz(N, QKV));
     if (qkv.lp)
-      ops.attention_backward_lp_set(dqkv, datty, qkv.lp, atty.lp, s.get("lse"), B, T, H, KVH, hd);
+      ops.attention_backward_lp_set(dqkv, nullptr, datty, qkv.lp, atty.lp, s.get("lse"), B, T, H,
+                                    KVH, hd);
     else
       ops.attention_backward_set(dqkv, datty, qkv.f32, atty.f32, s.get("lse"), B, T, H, KVH, hd);
     // The inverse rotation, written 16-bit with 16-bit products (the qkv products' operand).

@@ -80,13 +80,15 @@ int64_t cuda_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute)
       case cuda::AttentionPath::Cudnn:
         if (hd % 8 == 0) {  // else cuDNN refuses the shape and the cuBLAS path runs
           // attention_cudnn.h: 16-bit dO (AttnPack: the models' qkv and O are 16-bit already,
-          // attention_*_lp; the fp32-operand ops would pack those too), 16-bit dqkv (AttnS), and
+          // attention_*_lp; the fp32-operand ops would pack those too), 16-bit dqkv (AttnS, the
+          // Llama's: it hands cuDNN no buffer of its own), and
           // cuDNN's workspace (AttnP). cuDNN says the workspace only on a GPU: 30.5 bytes per
           // element of Q (its deterministic backward's), fitted to the tracked peaks of the
           // two benchmark runs on an H200 (2026-11-27: 1.3B Llama, GPT-2 124M; the first guess,
           // an fp32 dQ accumulator of 4 bytes, was 0.55 and 0.42 GB short).
           slot.push_back(2 * Z * Th);
-          slot.push_back(2 * int64_t(B) * T * qkv);
+          // (GPT-2's backward hands its own 16-bit dqkv buffer, where cuDNN writes: no AttnS)
+          if (llama) slot.push_back(2 * int64_t(B) * T * qkv);
           slot.push_back(61 * Z * Th / 2);
           break;
         }

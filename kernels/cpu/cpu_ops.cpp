@@ -177,12 +177,15 @@ class CpuOps final : public Ops {
     cpu::attention_forward(o, lse, nullptr, B, T, H, KVH, hd, compute_, qkv16);
     cpu::narrow(compute_, o, out16, no);
   }
-  void attention_backward_lp_set(float* dqkv, const float* dout, const uint16_t* qkv16,
-                                 const uint16_t* out16, const float* lse, int B, int T, int H,
-                                 int KVH, int hd) const override {
+  void attention_backward_lp_set(float* dqkv, uint16_t* dqkv16, const float* dout,
+                                 const uint16_t* qkv16, const uint16_t* out16, const float* lse,
+                                 int B, int T, int H, int KVH, int hd) const override {
     require_lowp("attention_backward_lp_set");
     cpu::attention_backward(dqkv, dout, nullptr, nullptr, lse, B, T, H, KVH, hd, compute_, true,
                             qkv16, out16);
+    if (dqkv16)
+      cpu::narrow(compute_, dqkv, dqkv16,
+                  size_t(B) * size_t(T) * size_t(H + 2 * KVH) * size_t(hd));
   }
   // Each operand as fp32 where it has that form (a unit's weights come with both, and the
   // kernels pack from fp32); a weight given only 16-bit (the op tests) is widened first.

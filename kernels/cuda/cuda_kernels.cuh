@@ -17,9 +17,9 @@ void embedding_backward(cudaStream_t s, float* dwte, float* dwpe, const float* d
                         const int32_t* tokens, int B, int T, int C);
 void gelu_forward(cudaStream_t s, float* out, const float* inp, size_t n);
 // set: the input gradient is written (0 + g: the bits += gives on zeros), its old contents never
-// read (Ops' *_set forms); else accumulated.
+// read (Ops' *_set forms); else accumulated. With d16, the result also narrowed there (dt).
 void gelu_backward(cudaStream_t s, float* dinp, const float* inp, const float* dout, size_t n,
-                   bool set = false);
+                   bool set = false, uint16_t* d16 = nullptr, int dt = 0);
 void swiglu_forward(cudaStream_t s, float* out, const float* gu, int N, int F);
 // narrow(dt, swiglu_forward / gelu_forward) in one pass (Ops' *_forward_lp; dt 1 bf16, 2 f16).
 void swiglu_forward_lp(cudaStream_t s, int dt, uint16_t* out16, const float* gu, int N, int F);

@@ -674,6 +674,12 @@ class CudaOps final : public Ops {
     SW_OP_TIME();
     cuda::gelu_backward(begin(), dinp, inp, dout, n, true);
   }
+  void gelu_backward_lp_set(float* dinp, uint16_t* dinp16, const float* inp, const float* dout,
+                            size_t n) const override {
+    SW_OP_TIME();
+    require_lowp("gelu_backward_lp_set");
+    cuda::gelu_backward(begin(), dinp, inp, dout, n, true, dinp16, dt());
+  }
   void swiglu_forward(float* out, const float* gu, int N, int F) const override {
     SW_OP_TIME();
     cuda::swiglu_forward(begin(), out, gu, N, F);
@@ -788,15 +794,15 @@ class CudaOps final : public Ops {
   }
   // On the cuDNN path: qkv16 and out16 to cuDNN as they are, dout narrowed, dq/dk/dv widened
   // into dqkv (written, as attention_backward_set there). Elsewhere Ops' default, as above.
-  void attention_backward_lp_set(float* dqkv, const float* dout, const uint16_t* qkv16,
-                                 const uint16_t* out16, const float* lse, int B, int T, int H,
-                                 int KVH, int hd) const override {
+  void attention_backward_lp_set(float* dqkv, uint16_t* dqkv16, const float* dout,
+                                 const uint16_t* qkv16, const uint16_t* out16, const float* lse,
+                                 int B, int T, int H, int KVH, int hd) const override {
     SW_OP_TIME();
     require_lowp("attention_backward_lp_set");
     if (cuda::attention_path_from_env(true) == cuda::AttentionPath::Cudnn &&
-        cudnn_attention_backward_lp_set(dqkv, dout, qkv16, out16, lse, B, T, H, KVH, hd))
+        cudnn_attention_backward_lp_set(dqkv, dqkv16, dout, qkv16, out16, lse, B, T, H, KVH, hd))
       return;
-    Ops::attention_backward_lp_set(dqkv, dout, qkv16, out16, lse, B, T, H, KVH, hd);
+    Ops::attention_backward_lp_set(dqkv, dqkv16, dout, qkv16, out16, lse, B, T, H, KVH, hd);
   }
   void attention_backward_any(float* dqkv, const float* dout, const float* qkv, const float* out,
                               const float* lse, int B, int T, int H, int KVH, int hd,
@@ -1333,7 +1339,10 @@ class CudaOps final : public Ops {
     cuda::cudnn_attention_forward(s, sh, qkv16, out16, lse, w);
     return true;
   }
-  bool cudnn_attention_backward_lp_set(float* dqkv, const float* dout, const uint16_t* qkv16,
+  // With dqkv16, cuDNN's 16-bit dQ, dK, dV land there (the caller's both-form gradient: dqkv
+  // is their widening, so dqkv16 is narrow(dqkv) exactly), else in AttnS scratch.
+  bool cudnn_attention_backward_lp_set(float* dqkv, uint16_t* dqkv16, const float* dout,
+                                       const uint16_t* qkv16,
                                        const uint16_t* out16, const float* lse, int B, int T,
                                        int H, int KVH, int hd) const {
     SW_CHECK(KVH > 0 && H % KVH == 0, "attention: KVH must divide H");
@@ -1345,7 +1354,8 @@ class CudaOps final : public Ops {
     if (!cudnn_usable(sh, true, &w)) return false;
     const size_t n = size_t(B) * T * (H + 2 * KVH) * hd, no = size_t(B) * T * H * hd;
     uint16_t* do16 = wsh(Slot::AttnPack, no);
-    uint16_t* dq16 = wsh(Slot::AttnS, n);
+    const bool into = dqkv16 && cudnn_aligned(dqkv16);
+    uint16_t* dq16 = into ? dqkv16 : wsh(Slot::AttnS, n);
     {
       const OpScope scope(s, "attn_narrow");
       cuda::narrow(s, dt(), dout, do16, no);
@@ -1356,6 +1366,8 @@ class CudaOps final : public Ops {
     }
     const OpScope scope(s, "attn_widen");
     cuda::widen(s, dt(), dq16, dqkv, n);
+    if (dqkv16 && !into)
+      SW_CUDA_CHECK(cudaMemcpyAsync(dqkv16, dq16, n * sizeof(uint16_t), cudaMemcpyDeviceToDevice, s));
     return true;
   }
 

@@ -149,10 +149,13 @@ __global__ void gelu_forward_lp_k(int dt, uint16_t* out, const float* inp, size_
 }
 
 template <bool Set>
-__global__ void gelu_backward_k(float* dinp, const float* inp, const float* dout, size_t n) {
+__global__ void gelu_backward_k(float* dinp, const float* inp, const float* dout, size_t n,
+                                uint16_t* d16, int dt) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x) {
-    dinp[i] = (Set ? 0.f : dinp[i]) + gelu_grad_f(inp[i], dout[i]);
+    const float r = (Set ? 0.f : dinp[i]) + gelu_grad_f(inp[i], dout[i]);
+    dinp[i] = r;
+    if (d16) d16[i] = to_half_d(dt, r);
   }
 }
 
@@ -597,11 +600,16 @@ __device__ float4 base4(const float* dst) {
   return Set ? make_float4(0.f, 0.f, 0.f, 0.f) : ld4(dst);
 }
 template <bool Set>
-struct GeluBack4 {  // dinp (+)= gelu'(inp) dout
+struct GeluBack4 {  // dinp (+)= gelu'(inp) dout; with d16, also d16 = narrow(dinp) (the result)
   float* dinp;
   const float *inp, *dout;
+  uint16_t* d16;
+  int dt;
   __device__ void operator()(size_t i) const {
-    st4(dinp + i, zip4(base4<Set>(dinp + i), zip4(ld4(inp + i), ld4(dout + i), GeluGradF{}), AddF{}));
+    const float4 r =
+        zip4(base4<Set>(dinp + i), zip4(ld4(inp + i), ld4(dout + i), GeluGradF{}), AddF{});
+    st4(dinp + i, r);
+    if (d16) sth4(d16 + i, narrow4(dt, r));
   }
 };
 struct GeluLp4 {  // out16 = narrow(gelu(inp))
@@ -735,21 +743,24 @@ void gelu_forward_lp(cudaStream_t s, int dt, uint16_t* out16, const float* inp, 
 }
 
 template <bool Set>
-void gelu_backward_t(cudaStream_t s, float* dinp, const float* inp, const float* dout, size_t n) {
-  const size_t v = al16(dinp) && al16(inp) && al16(dout) ? n / 4 * 4 : 0;
-  each4(s, v / 4, GeluBack4<Set>{dinp, inp, dout});
+void gelu_backward_t(cudaStream_t s, float* dinp, const float* inp, const float* dout, size_t n,
+                     uint16_t* d16, int dt) {
+  const size_t v =
+      al16(dinp) && al16(inp) && al16(dout) && (!d16 || al8(d16)) ? n / 4 * 4 : 0;
+  each4(s, v / 4, GeluBack4<Set>{dinp, inp, dout, d16, dt});
   dinp += v, inp += v, dout += v, n -= v;
+  if (d16) d16 += v;
   if (n == 0) return;
-  gelu_backward_k<Set><<<grid_for(n, kThreads), kThreads, 0, s>>>(dinp, inp, dout, n);
+  gelu_backward_k<Set><<<grid_for(n, kThreads), kThreads, 0, s>>>(dinp, inp, dout, n, d16, dt);
   SW_CUDA_LAUNCHED();
 }
 
 void gelu_backward(cudaStream_t s, float* dinp, const float* inp, const float* dout, size_t n,
-                   bool set) {
+                   bool set, uint16_t* d16, int dt) {
   if (set)
-    gelu_backward_t<true>(s, dinp, inp, dout, n);
+    gelu_backward_t<true>(s, dinp, inp, dout, n, d16, dt);
   else
-    gelu_backward_t<false>(s, dinp, inp, dout, n);
+    gelu_backward_t<false>(s, dinp, inp, dout, n, d16, dt);
 }
 
 void swiglu_forward(cudaStream_t s, float* out, const float* gu, int N, int F) {

@@ -168,8 +168,9 @@ void on_operand(const char* op, const char* arg, sw::Operand x) {
   on_device(op, arg, x.f32);
   on_device(op, arg, x.lp);
 }
-// An Operand with both forms (a unit's weight and its 16-bit copy) as the CUDA backend reads
-// it: the 16-bit values alone. The CPU's ops underneath would take the fp32 form; this way the
+// An Operand with both forms (a unit's weight and its 16-bit copy; a gradient a biased product
+// takes) as the CUDA backend reads it: the 16-bit values alone (the bias gradient, a sum, the
+// fp32 ones). The CPU's ops underneath would take the fp32 form; this way the
 // engine's 16-bit copies are what a run on the sim computes with, so a stale or misplaced copy
 // changes its numbers against the CPU's run.
 sw::Operand as_device_reads(sw::Operand x) { return x.lp ? sw::Operand(x.lp) : x; }
@@ -270,6 +271,14 @@ class SimOps final : public sw::Ops {
     on_device(__func__, "gu", gu);
     base_->swiglu_backward_lp_set(dgu16, dout, gu, N, F);
   }
+  void gelu_backward_lp_set(float* dinp, uint16_t* dinp16, const float* inp, const float* dout, size_t n) const override {
+    Open g;
+    on_device(__func__, "dinp", dinp);
+    on_device(__func__, "dinp16", dinp16);
+    on_device(__func__, "inp", inp);
+    on_device(__func__, "dout", dout);
+    base_->gelu_backward_lp_set(dinp, dinp16, inp, dout, n);
+  }
   void rope_backward_lp(uint16_t* dqkv16, const float* dqkv, int B, int T, int H, int KVH, int hd, float theta) const override {
     Open g;
     on_device(__func__, "dqkv16", dqkv16);
@@ -289,14 +298,15 @@ class SimOps final : public sw::Ops {
     on_device(__func__, "qkv16", qkv16);
     base_->attention_forward_lp(out16, lse, qkv16, B, T, H, KVH, hd);
   }
-  void attention_backward_lp_set(float* dqkv, const float* dout, const uint16_t* qkv16, const uint16_t* out16, const float* lse, int B, int T, int H, int KVH, int hd) const override {
+  void attention_backward_lp_set(float* dqkv, uint16_t* dqkv16, const float* dout, const uint16_t* qkv16, const uint16_t* out16, const float* lse, int B, int T, int H, int KVH, int hd) const override {
     Open g;
     on_device(__func__, "dqkv", dqkv);
+    on_device(__func__, "dqkv16", dqkv16);
     on_device(__func__, "dout", dout);
     on_device(__func__, "qkv16", qkv16);
     on_device(__func__, "out16", out16);
     on_device(__func__, "lse", lse);
-    base_->attention_backward_lp_set(dqkv, dout, qkv16, out16, lse, B, T, H, KVH, hd);
+    base_->attention_backward_lp_set(dqkv, dqkv16, dout, qkv16, out16, lse, B, T, H, KVH, hd);
   }
   void linear_forward_lp(float* out, sw::Operand inp, sw::Operand w, const float* b, int N, int C, int OC) const override {
     Open g;
@@ -314,6 +324,14 @@ class SimOps final : public sw::Ops {
     on_operand(__func__, "dout", dout);
     on_operand(__func__, "inp", inp);
     on_operand(__func__, "w", w);
+    if (dout.f32 && dout.lp) {  // the products read the 16-bit form, the bias gradient the fp32
+      base_->linear_backward_lp_set(dinp, dw, nullptr, sw::Operand(dout.lp), as_device_reads(inp),
+                                    as_device_reads(w), N, C, OC);
+      if (db)
+        base_->linear_backward_lp_set(nullptr, nullptr, db, sw::Operand(dout.f32), inp, w, N, C,
+                                      OC);
+      return;
+    }
     base_->linear_backward_lp_set(dinp, dw, db, dout, as_device_reads(inp), as_device_reads(w), N,
                                   C, OC);
   }

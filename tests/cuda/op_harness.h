@@ -125,7 +125,7 @@ inline const std::vector<std::string>& all_ops() {
       "gelu_forward_lp", "linear_forward_lp", "linear_backward_lp_set", "rmsnorm_forward_lp",
       "residual_rmsnorm_forward_lp", "layernorm_forward_lp", "residual_layernorm_forward_lp",
       "swiglu_backward_lp_set", "rope_backward_lp", "gemm_lp", "rope_forward_lp",
-      "attention_forward_lp", "attention_backward_lp_set", "round_copy_lp"};
+      "attention_forward_lp", "attention_backward_lp_set", "round_copy_lp", "gelu_backward_lp_set"};
   return ops;
 }
 
@@ -770,6 +770,29 @@ inline std::vector<OpCase> op_cases() {
                     put(o, "acc0", a.down(dx0, n));
                     return o;
                   }});
+    // Both forms in one pass (BF16 / F16 Ops): the fp32 one gelu_backward_set's, the 16-bit
+    // one its narrowing ("lp" / "ref" pairs for paired_forms_exact).
+    cs.push_back({"gelu_backward_lp_set", "gelu_backward_lp_set " + sh, kTolRound16, kTolRound16,
+                  [n, sd](Arena& a) {
+                    Outputs o;
+                    const sw::DType dt = a.ops().compute();
+                    if (dt == sw::DType::F32) return o;
+                    Rng r(sd + 4);
+                    const Vec x = r.normal(n, 4.f), dy = r.normal(n);
+                    const float *px = a.up(x), *pdy = a.up(dy);
+                    float* dx = a.up(Vec(n, NAN));
+                    uint16_t* dx16 = up16(a, n);
+                    float* ref = a.up(Vec(n, NAN));
+                    uint16_t* ref16 = up16(a, n);
+                    a.ops().gelu_backward_lp_set(dx, dx16, px, pdy, n);
+                    a.ops().gelu_backward_set(ref, px, pdy, n);
+                    a.ops().narrow(dt, ref, ref16, n);
+                    put(o, "lp", a.down(dx, n));
+                    put(o, "ref", a.down(ref, n));
+                    put(o, "lp16", down16(a, dx16, n, dt));
+                    put(o, "ref16", down16(a, ref16, n, dt));
+                    return o;
+                  }});
     cs.push_back({"residual_forward", "residual_forward " + sh, kTolElem, kTolElem,
                   [n, sd](Arena& a) {
                     Rng r(sd + 2);
@@ -1207,11 +1230,22 @@ inline std::vector<OpCase> op_cases() {
                     a.ops().widen(dt, o16, ow, nout);
                     float* d = a.up(Vec(nqkv, NAN));
                     float* dr = a.up(Vec(nqkv, NAN));
-                    a.ops().attention_backward_lp_set(d, pdy, q16, o16, pl, s.B, s.T, s.H, s.KVH,
-                                                      s.hd);
+                    float* d2 = a.up(Vec(nqkv, NAN));
+                    uint16_t* d16 = up16(a, nqkv);
+                    uint16_t* dr16 = up16(a, nqkv);
+                    a.ops().attention_backward_lp_set(d, nullptr, pdy, q16, o16, pl, s.B, s.T, s.H,
+                                                      s.KVH, s.hd);
                     a.ops().attention_backward_set(dr, pdy, qw, ow, pl, s.B, s.T, s.H, s.KVH, s.hd);
+                    // with the 16-bit form too: the same fp32 gradient, and its narrowing
+                    a.ops().attention_backward_lp_set(d2, d16, pdy, q16, o16, pl, s.B, s.T, s.H,
+                                                      s.KVH, s.hd);
+                    a.ops().narrow(dt, dr, dr16, nqkv);
                     put(o, "lp", a.down(d, nqkv));
                     put(o, "ref", a.down(dr, nqkv));
+                    put(o, "lp_both", a.down(d2, nqkv));
+                    put(o, "ref_again", a.down(dr, nqkv));
+                    put(o, "lp16", down16(a, d16, nqkv, dt));
+                    put(o, "ref16", down16(a, dr16, nqkv, dt));
                     return o;
                   }});
   }

@@ -517,18 +517,25 @@ class HideCompute final : public swtest::ForwardingOps {
   const Ops& base_;
 };
 
-// The products read a weight's 16-bit form alone wherever a unit hands both (as the CUDA
-// backend does; the CPU's ops would take the fp32 form), and count the products that got one.
+// The products read a weight's (and a gradient's) 16-bit form alone wherever a unit hands both
+// (as the CUDA backend does; the CPU's ops would take the fp32 form), and count the products
+// that got a weight so.
 class ReadWeights16 final : public swtest::ForwardingOps {
  public:
   explicit ReadWeights16(const Ops& base) : ForwardingOps(base), base_(base) {}
-  mutable int with16 = 0;
+  mutable int with16 = 0, dout_with16 = 0;
   void linear_forward_lp(float* out, Operand inp, Operand w, const float* b, int N, int C,
                          int OC) const override {
     base_.linear_forward_lp(out, inp, only16(w), b, N, C, OC);
   }
   void linear_backward_lp_set(float* dinp, float* dw, float* db, Operand dout, Operand inp,
                               Operand w, int N, int C, int OC) const override {
+    if (dout.f32 && dout.lp) {  // (GPT-2's biased products: the bias gradient sums the fp32 form)
+      ++dout_with16;
+      base_.linear_backward_lp_set(dinp, dw, nullptr, dout.lp, inp, only16(w), N, C, OC);
+      if (db) base_.linear_backward_lp_set(nullptr, nullptr, db, dout.f32, inp, w, N, C, OC);
+      return;
+    }
     base_.linear_backward_lp_set(dinp, dw, db, dout, inp, only16(w), N, C, OC);
   }
   void gemm_lp(bool ta, bool tb, int M, int N, int K, float alpha, Operand A, int lda, Operand B,
@@ -577,6 +584,8 @@ TEST_CASE("weights' 16-bit copies give the bits of the fp32 path (BF16 and F16 O
         // weight gradients' products read no weight).
         const int per_layer = gapped ? 14 : 8;
         CHECK(w16.with16 == c.n_layer * per_layer);
+        // GPT-2 hands dfch and dqkv to its biased products in both forms
+        CHECK(w16.dout_with16 == (c.type == "gpt2" ? 2 * c.n_layer : 0));
         auto a = lp.all_params(), b = f32in.all_params();
         REQUIRE(a.size() == b.size());
         for (size_t i = 0; i < a.size(); ++i) {
