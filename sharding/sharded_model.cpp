@@ -75,6 +75,7 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
   const int rank = group->rank();
   I.plan_in = make_plan_input(model, policy, I.W);
   I.plan_in.on_device = !ops.device().is_cpu();
+  I.plan_in.compute = I.compute_ops->compute();
   I.S = I.plan_in.S;
   I.R = I.plan_in.R;
   if (I.S == I.W) {

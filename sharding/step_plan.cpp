@@ -34,6 +34,7 @@ double trace_clock() { return trace_now(); }
 PlanInput make_plan_input(const Model& model, const ShardingPolicy& policy, int world) {
   PlanInput in;
   in.policy = policy;
+  in.compute = policy.mixed_precision.param_dtype;
   in.W = world;
   switch (policy.strategy) {
     case ShardingStrategy::NoShard:
@@ -117,7 +118,7 @@ PlanInput make_plan_input(const Model& model, const ShardingPolicy& policy, int 
 
 void declare_calls(PlanInput& in, const Model& model) {
   in.calls.assign(in.schedule.size(), CallMemory{});
-  const BatchShape shape{in.B, in.T, in.policy.mixed_precision.param_dtype};
+  const BatchShape shape{in.B, in.T, in.compute};
   const int64_t y = static_cast<int64_t>(
       Scratch::bytes_for(static_cast<size_t>(in.B) * in.T * model.d_model()));
   for (size_t p = 0; p < in.schedule.size(); ++p) {

@@ -125,6 +125,11 @@ struct PlanInput {
   // copy is seen done (after the next call's forward) and reads one call ahead, as offload to
   // a file does. The NVMe staging buffers are host memory (persistent_host).
   bool on_device = false;
+  // The precision the units' matrix products compute in (their Ops' compute(); what their
+  // activation declarations depend on, BatchShape::compute): make_plan_input takes the
+  // policy's param_dtype, which is what the engine computes in unless it was handed Ops of
+  // another precision (ShardedModel sets it from the Ops it runs).
+  DType compute = DType::F32;
 };
 
 // The flat sizes, groups and buckets of `model` sharded over `world` ranks with `policy` (whose

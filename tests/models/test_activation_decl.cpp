@@ -26,6 +26,7 @@
 #include "sharding/policy.h"
 #include "sharding/sharded_model.h"
 #include "sharding/wrap.h"
+#include "tests/common/plan_util.h"
 
 using namespace sw;
 
@@ -280,6 +281,32 @@ TEST_CASE("activation declarations: ShardedModel's activation peak is what they 
           CHECK(mt.peak(Mem::Activations) - base == predict_eval_peak(m, s));
         }
       }
+}
+
+// bench_step --compute bf16 hands ShardedModel 16-bit Ops under an fp32 policy: the units then
+// keep 16-bit product inputs, and the step plan must declare them so (PlanInput::compute, from
+// the Ops; it took the policy's param_dtype, and the plan's activations were the fp32 ones).
+TEST_CASE("activation declarations: the plan follows the Ops' precision, not only the policy's",
+          "[models][activations]") {
+  MemTracker& mt = MemTracker::global();
+  for (const ModelConfig& cfg : {gpt2_cfg(), llama_cfg()}) {
+    INFO(cfg.type);
+    Model m = build_model(cfg);
+    const ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+    ShardedModel sm(m, ops_for(Device::cpu(), DType::BF16), 3, make_local_group(), pol);
+    const BatchShape s{2, 13, DType::BF16};
+    Tokens tk(s, cfg.vocab_size, 9);
+    sm.forward_backward(tk.batch);  // warm-up
+    sm.zero_grads();
+    const StepPlan plan = sm.step_plan(s.B, s.T, 1);
+    const size_t base = mt.current(Mem::Activations);
+    mt.reset_peaks();
+    sm.forward_backward(tk.batch);
+    CHECK(int64_t(mt.peak(Mem::Activations) - base) ==
+          swtest::replay(plan).peak[size_t(Mem::Activations)]);
+    CHECK(mt.peak(Mem::Activations) - base ==
+          predict_training_peak(m, s, pol.activation_checkpointing));
+  }
 }
 
 TEST_CASE("Scratch: reserve, high-water mark and Hold", "[models][scratch]") {
