@@ -67,10 +67,11 @@ int64_t cuda_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute)
   const int64_t chunk = cuda::lmhead_chunk_rows(N, V);
   std::vector<int64_t> slot{chunk * V * 4};  // Logits
   if (compute != DType::F32) {
-    // The blocks hand their products 16-bit inputs (models/unit.h's ProductIn) and Llama its
-    // gradients too (dgu, dqkv): what is still narrowed per call is the LM head's x, the
-    // residual-stream gradients (N x C) and GPT-2's biased products' gradients (dfch, dqkv).
-    slot.push_back(2 * N * (llama ? C : std::max({C, F, qkv})));  // Lowp0: x or an fp32 dout
+    // The blocks hand their products 16-bit inputs (models/unit.h's ProductIn), Llama its
+    // gradients too (dgu, dqkv) and GPT-2 its biased products' gradients in both forms (dfch,
+    // dqkv): what is still narrowed per call is the LM head's x and the residual-stream
+    // gradients, N x C each.
+    slot.push_back(2 * N * C);  // Lowp0: x or an fp32 dout
     // Lowp1: the LM head's weight (the linears' are 16-bit already on a device:
     // MixedPrecisionPolicy::weights16; the larger of the two kept for the fp32-weight path).
     slot.push_back(2 * std::max(V * C, weight));
