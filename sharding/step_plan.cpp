@@ -825,18 +825,18 @@ class Builder {
           break;
         case UnitKind::FullReplicated:
           add_p(Mem::Params, full);
-          if (w16()) add_p(Mem::Params, u.padded * 2);  // the 16-bit copy
           if (split) add_m(Mem::Params, shard);
           add_p(Mem::Grads, full);
           add_m(Mem::Grads, shard);
           break;
         case UnitKind::Whole:
           add_p(Mem::Params, full);
-          if (w16()) add_p(Mem::Params, u.padded * 2);  // the 16-bit copy
           if (split) add_m(Mem::Params, full);
           add_p(Mem::Grads, full);  // its own buffer or its region of the bucket buffer
           break;
       }
+      // The persistent full buffers' 16-bit copy (kinds B and C; A's is gathered with its unit)
+      if (w16() && in_.kind != UnitKind::Sharded) add_p(Mem::Params, u.padded * 2);
       if (u.params_nvme) plan_.nvme_bytes += 2 * shard;
       if (u.optimizer_nvme)
         plan_.nvme_bytes += 2 * shard;  // in the file; staged through the buffers below

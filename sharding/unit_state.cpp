@@ -80,8 +80,7 @@ FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const O
       break;
   }
   if (w16_ && kind != Kind::Sharded) {  // persistent beside the compute copy: zeros, as it
-    full16_buf_ = Buffer(static_cast<size_t>(P) * 2, Mem::Params, dev);
-    full16_ = static_cast<uint16_t*>(full16_buf_.data());
+    make_full16(Mem::Params);
     ops.narrow(pdt_, full_, full16_, static_cast<size_t>(P));
   }
   nvme_ = opt_tier == Tier::Nvme;
@@ -98,6 +97,11 @@ FlatUnit::~FlatUnit() { quiesce(); }
 Range FlatUnit::shard_range() const {
   const int64_t off = layout_.shard_offset(rank_);
   return {off, off + layout_.shard_size()};
+}
+
+void FlatUnit::make_full16(Mem cat) {
+  full16_buf_ = Buffer(static_cast<size_t>(layout_.padded) * 2, cat, ops_->device());
+  full16_ = static_cast<uint16_t*>(full16_buf_.data());
 }
 
 void FlatUnit::point_params() {
@@ -168,11 +172,7 @@ void FlatUnit::issue_unshard() {
       if (full_buf_.empty()) {
         full_buf_ = Buffer(fbytes(layout_.padded), Mem::Communication, ops_->device());
         full_ = full_buf_.f32();
-        if (w16_) {
-          full16_buf_ = Buffer(static_cast<size_t>(layout_.padded) * 2, Mem::Communication,
-                               ops_->device());
-          full16_ = static_cast<uint16_t*>(full16_buf_.data());
-        }
+        if (w16_) make_full16(Mem::Communication);
         point_params();
       }
       SW_CHECK(master_, "unit '" + unit_->name() +

@@ -110,9 +110,8 @@ class FlatUnit {
   // Kinds B/C with param_dtype != F32: the master has its own buffer and the full buffer is
   // the rounded compute copy.
   bool split_master() const { return split_; }
-  // The 16-bit copy of the full parameters (above): kept at all, and each parameter's view
-  // into it (ParamSpec order), valid when Unsharded; null when the unit keeps none.
-  bool keeps_params16() const { return w16_; }
+  // The 16-bit copy of the full parameters (above): each parameter's view into it (ParamSpec
+  // order), valid when Unsharded; null when the unit keeps none (or holds no gathered copy).
   const std::vector<const uint16_t*>* params16() const {
     return settle(), full16_ ? &params16_ : nullptr;
   }
@@ -255,7 +254,8 @@ class FlatUnit {
  private:
   void point_params();
   void point_grads();
-  void issue_narrow_gather();  // the param_dtype all-gather into the front of full_
+  void issue_narrow_gather();  // the param_dtype all-gather into full16_ or the front of full_
+  void make_full16(Mem cat);   // allocates the (padded) 16-bit copy
   void finish_gather();        // waits for the gather; widens it when it ran in param_dtype
 
   Unit* unit_;

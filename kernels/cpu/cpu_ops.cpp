@@ -1,4 +1,6 @@
 // The CPU backend: forwards every Ops method to its sw::cpu function.
+#include <algorithm>
+
 #include "core/alloc.h"
 #include "core/error.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -193,21 +195,18 @@ class CpuOps final : public Ops {
                          int OC) const override {
     require_lowp("linear_forward_lp");
     Buffer tw;
-    const float* wf = operand_f32(w, size_t(OC > 0 ? OC : 0), size_t(C), size_t(C > 0 ? C : 0), tw);
-    cpu::linear_forward_lowp16(compute_, out, inp.f32, inp.f32 ? nullptr : inp.lp, wf, b, N, C,
-                               OC);
+    cpu::linear_forward_lowp16(compute_, out, inp.f32, inp.f32 ? nullptr : inp.lp,
+                               weight_f32(w, OC, C, tw), b, N, C, OC);
   }
   void linear_backward_lp_set(float* dinp, float* dw, float* db, Operand dout, Operand inp,
                               Operand w, int N, int C, int OC) const override {
     require_lowp("linear_backward_lp_set");
     SW_CHECK(!db || dout.f32,
              "linear_backward_lp_set: db needs the fp32 dout (a 16-bit one is given)");
-    Buffer tw;
-    const float* wf =
-        dinp ? operand_f32(w, size_t(OC > 0 ? OC : 0), size_t(C), size_t(C > 0 ? C : 0), tw)
-             : w.f32;
+    Buffer tw;  // (the weight is read for dinp only)
     cpu::linear_backward_lowp16(compute_, dinp, dw, db, dout.f32, dout.f32 ? nullptr : dout.lp,
-                                inp.f32, inp.f32 ? nullptr : inp.lp, wf, N, C, OC, 0.f);
+                                inp.f32, inp.f32 ? nullptr : inp.lp,
+                                dinp ? weight_f32(w, OC, C, tw) : w.f32, N, C, OC, 0.f);
   }
   double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w,
                      const int32_t* targets, int N, int C, int V,
@@ -245,6 +244,11 @@ class CpuOps final : public Ops {
   }
 
  private:
+  // A linear's (OC, C) weight as fp32 (operand_f32; empty shapes read nothing).
+  const float* weight_f32(Operand w, int OC, int C, Buffer& t) const {
+    return operand_f32(w, size_t(std::max(OC, 0)), size_t(std::max(C, 0)),
+                       size_t(std::max(C, 0)), t);
+  }
   DType compute_;
 };
 

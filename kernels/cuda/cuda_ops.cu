@@ -170,7 +170,8 @@ class CudaDevice {
 
   // A cuBLASLt product's plan (descriptors and algorithm) per key, made once by `make` and
   // kept for the process: the same algorithm for every call of a shape (reruns give the same
-  // bits) and no heuristic query per call. `ok` false: cuBLASLt offered no algorithm.
+  // bits) and no heuristic query per call. `ok` false: cuBLASLt offered no algorithm. (One
+  // host thread at a time, as for the scratch slots.)
   struct LtPlan {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
@@ -180,7 +181,6 @@ class CudaDevice {
   using LtKey = std::tuple<int, int, int, int, int, int, int>;  // dt, m, n, k, alignments
   template <class Make>
   LtPlan& lt_plan(const LtKey& key, Make make) const {
-    std::lock_guard<std::mutex> lock(lt_mu_);
     auto it = lt_plans_.find(key);
     if (it == lt_plans_.end()) it = lt_plans_.emplace(key, make()).first;
     return it->second;
@@ -220,7 +220,6 @@ class CudaDevice {
   mutable cublasHandle_t blas_ = nullptr;
   mutable cublasLtHandle_t lt_ = nullptr;
   mutable Buffer blas_ws_;
-  mutable std::mutex lt_mu_;
   mutable std::map<LtKey, LtPlan> lt_plans_;
   mutable Buffer ws_[static_cast<int>(Slot::Count)];
   struct RopeKey {
