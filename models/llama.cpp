@@ -44,7 +44,9 @@ ParamSpec spec(std::string name, Shape shape, Init init, float std, std::string 
 // by side into rows of width OC = sum oc_i: out(N,OC) = [x W_0^T | x W_1^T | ...]. When the
 // matrices (and, for backward, their gradients) are contiguous in memory this is one GEMM.
 struct Packed {
-  Operand w[3] = {nullptr, nullptr, nullptr};  // fp32, with a 16-bit copy where the unit has one
+  // fp32, with a 16-bit copy where the unit has one; 16-bit only where the unit keeps no fp32
+  // compute copy of product weights (ParamSpec::products_only)
+  Operand w[3] = {nullptr, nullptr, nullptr};
   float* dw[3];
   int oc[3];
   int n = 0;
@@ -59,12 +61,13 @@ struct Packed {
       if (p[i] != p[i - 1] + static_cast<int64_t>(oc[i - 1]) * C) return false;
     return true;
   }
-  // The weights one after another, in each form they have.
+  // The weights one after another, in each form they have (a form absent from all of them
+  // does not count).
   bool weights_contiguous(int C) const {
     const float* f[3] = {};
     const uint16_t* h[3] = {};
     for (int i = 0; i < n; ++i) f[i] = w[i].f32, h[i] = w[i].lp;
-    return contiguous(f, C) && (!h[0] || contiguous(h, C));
+    return (!f[0] || contiguous(f, C)) && (!h[0] || contiguous(h, C));
   }
 };
 
@@ -135,14 +138,14 @@ class Block final : public Unit {
     const float res_std = 0.02f / std::sqrt(2.f * static_cast<float>(c_.n_layer));
     return {
         spec(n + "input_layernorm.weight", {C}, Init::Ones, 0.f, hf + "input_layernorm.weight"),
-        spec(n + "self_attn.q_proj.weight", {H * hd, C}, Init::Normal, 0.02f, hf + "self_attn.q_proj.weight"),
-        spec(n + "self_attn.k_proj.weight", {KVH * hd, C}, Init::Normal, 0.02f, hf + "self_attn.k_proj.weight"),
-        spec(n + "self_attn.v_proj.weight", {KVH * hd, C}, Init::Normal, 0.02f, hf + "self_attn.v_proj.weight"),
-        spec(n + "self_attn.o_proj.weight", {C, H * hd}, Init::Normal, res_std, hf + "self_attn.o_proj.weight"),
+        product_weight(spec(n + "self_attn.q_proj.weight", {H * hd, C}, Init::Normal, 0.02f, hf + "self_attn.q_proj.weight")),
+        product_weight(spec(n + "self_attn.k_proj.weight", {KVH * hd, C}, Init::Normal, 0.02f, hf + "self_attn.k_proj.weight")),
+        product_weight(spec(n + "self_attn.v_proj.weight", {KVH * hd, C}, Init::Normal, 0.02f, hf + "self_attn.v_proj.weight")),
+        product_weight(spec(n + "self_attn.o_proj.weight", {C, H * hd}, Init::Normal, res_std, hf + "self_attn.o_proj.weight")),
         spec(n + "post_attention_layernorm.weight", {C}, Init::Ones, 0.f, hf + "post_attention_layernorm.weight"),
-        spec(n + "mlp.gate_proj.weight", {F, C}, Init::Normal, 0.02f, hf + "mlp.gate_proj.weight"),
-        spec(n + "mlp.up_proj.weight", {F, C}, Init::Normal, 0.02f, hf + "mlp.up_proj.weight"),
-        spec(n + "mlp.down_proj.weight", {C, F}, Init::Normal, res_std, hf + "mlp.down_proj.weight"),
+        product_weight(spec(n + "mlp.gate_proj.weight", {F, C}, Init::Normal, 0.02f, hf + "mlp.gate_proj.weight")),
+        product_weight(spec(n + "mlp.up_proj.weight", {F, C}, Init::Normal, 0.02f, hf + "mlp.up_proj.weight")),
+        product_weight(spec(n + "mlp.down_proj.weight", {C, F}, Init::Normal, res_std, hf + "mlp.down_proj.weight")),
     };
   }
 

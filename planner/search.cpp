@@ -279,19 +279,22 @@ RssPrediction predict_rss(const StepPlan& plan, const PlanInput& in, int64_t dev
   int64_t full_bytes = 0, full_rounding = 0;
   for (const PlanUnit& u : in.units) {
     const int64_t full = u.padded * 4, shard = full / std::max(1, in.S);
-    const int64_t full16 = w16 ? u.padded * 2 : 0;  // the 16-bit copy (FlatUnit)
+    // the fp32 compute copy (compact beside a 16-bit copy) and the 16-bit copy (FlatUnit)
+    const int64_t full32 = w16 ? (u.padded - u.lp_only) * 4 : full;
+    const int64_t full16 = w16 ? u.padded * 2 : 0;
     const bool split = mp || u.params_offloaded;
     switch (in.kind) {  // the persistent buffers fill_persistent (step_plan.cpp) counts
       case UnitKind::Sharded:
         if (!u.params_nvme) r.rounding += 2 * round_up(shard);
-        full_bytes += full + full16, full_rounding += round_up(full) + round_up(full16);
+        full_bytes += full32 + full16, full_rounding += round_up(full32) + round_up(full16);
         break;
       case UnitKind::FullReplicated:
-        r.rounding += 2 * round_up(full) + round_up(shard) + (split ? round_up(shard) : 0) +
-                      round_up(full16);
+        r.rounding += round_up(full32) + round_up(full) + round_up(shard) +
+                      (split ? round_up(shard) : 0) + round_up(full16);
         break;
       case UnitKind::Whole:
-        r.rounding += 2 * round_up(full) + (split ? round_up(full) : 0) + round_up(full16);
+        r.rounding += round_up(full32) + round_up(full) + (split ? round_up(full) : 0) +
+                      round_up(full16);
         break;
     }
     if (!u.optimizer_nvme) r.rounding += 2 * round_up(shard);  // AdamW m, v

@@ -1,5 +1,7 @@
 #include "sharding/flat_param.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace sw {
@@ -19,7 +21,31 @@ FlatLayout FlatLayout::build(std::vector<ParamSpec> specs, int world) {
   L.padded = (off + q - 1) / q * q;
   if (L.padded == 0) L.padded = q;  // a unit without parameters still has one aligned shard each
   L.specs = std::move(specs);
+  // Runs: consecutive parameters alike in products_only, each from its first parameter's
+  // offset to the next run's (the tail's padding joins the last run).
+  int64_t compact = 0;
+  for (size_t s = 0; s < L.specs.size(); ++s) {
+    const bool f32 = !L.specs[s].products_only;
+    if (!L.runs.empty() && (L.runs.back().f32 >= 0) == f32) continue;
+    const int64_t lo = L.entries[s].offset;
+    if (!L.runs.empty()) {
+      L.runs.back().hi = lo;
+      if (L.runs.back().f32 >= 0) compact += lo - L.runs.back().lo;
+    }
+    L.runs.push_back({lo, 0, f32 ? compact : -1});
+  }
+  if (L.runs.empty()) L.runs.push_back({0, 0, 0});
+  L.runs.back().hi = L.padded;
+  if (L.runs.back().f32 >= 0) compact += L.padded - L.runs.back().lo;
+  L.compact = std::max(compact, kAlign);  // never empty: a unit's fp32 buffer always exists
   return L;
+}
+
+int64_t FlatLayout::compact_offset(size_t s) const {
+  const int64_t off = entries[s].offset;
+  for (const FlatRun& r : runs)
+    if (off >= r.lo && off < r.hi) return r.f32 < 0 ? -1 : r.f32 + (off - r.lo);
+  return -1;  // (an empty parameter at the very end: nothing to address)
 }
 
 }  // namespace sw

@@ -16,16 +16,31 @@ struct FlatEntry {
   int64_t numel = 0;
 };
 
+// A stretch of the flat buffer whose parameters all have an fp32 compute copy, or all do not
+// (ParamSpec::products_only), for a unit that keeps a 16-bit copy of its parameters: its fp32
+// copy is then compact, the `f32` runs one after another (same alignment gaps, so an offset
+// within a run is the same in both buffers).
+struct FlatRun {
+  int64_t lo = 0, hi = 0;  // [lo, hi) of the flat buffer; the runs cover [0, padded)
+  int64_t f32 = -1;        // its offset in the compact fp32 buffer; -1: 16-bit only
+};
+
 struct FlatLayout {
   std::vector<ParamSpec> specs;
   std::vector<FlatEntry> entries;  // same order as specs
   int64_t used = 0;                // floats covered by parameters, alignment gaps included
   int64_t padded = 0;              // total floats, a multiple of world * kAlign
   int world = 1;
+  std::vector<FlatRun> runs;       // products_only parameters (a 16-bit-only run) and the rest
+  int64_t compact = 0;             // floats of the compact fp32 buffer (the f32 runs)
 
   static FlatLayout build(std::vector<ParamSpec> specs, int world);
   int64_t shard_size() const { return padded / world; }
   int64_t shard_offset(int rank) const { return shard_size() * rank; }
+  // Floats of the flat buffer in 16-bit-only runs (padded - compact).
+  int64_t lp_only() const { return padded - compact; }
+  // Where parameter s starts in the compact fp32 buffer; -1 when it has no fp32 copy there.
+  int64_t compact_offset(size_t s) const;
 };
 
 }  // namespace sw

@@ -182,7 +182,7 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
     const bool whole = fu.persistent();
     if (fu.params_on_nvme()) I.stage_whole(fu, false);
     const Range dst_range = whole ? Range{0, fu.layout().padded} : fu.shard_range();
-    float* dst = (whole ? fu.full() : fu.master()) - dst_range.lo;  // indexed by flat offset
+    float* dst = (whole ? fu.init_target() : fu.master()) - dst_range.lo;  // by flat offset
     // Where dst is: the device, or the host for offloaded shards (and the CPU's Ops there).
     const Device dst_dev = whole ? ops.device() : fu.master_device();
     const Ops& dops = fu.ops_on(dst_dev);
@@ -614,8 +614,10 @@ void ShardedModel::set_param(const std::string& name, const float* data, int64_t
   // The full copy, where this rank holds one (it contains the master slice for stage 1, or is
   // the rounded compute copy with a split master).
   if (fu.full() && fu.sharded_state() == ShardedState::Unsharded) {
-    I.ops->copy(fu.full() + e.offset, data, static_cast<size_t>(n));
-    if (fu.split_master()) fu.round_compute(e.offset, n);
+    if (fu.split_master())
+      fu.write_compute(e.offset, n, data);
+    else
+      I.ops->copy(fu.full() + e.offset, data, static_cast<size_t>(n));
   }
   if (fu.kind() == FlatUnit::Kind::Sharded || fu.split_master()) {
     const Range shard = fu.shard_range();

@@ -206,8 +206,13 @@ void ShardedModel::write_state(int u, StateKind k, FlatRange r, const float* src
     if (!in.empty())
       put_on(fu.master_device(), fu.master() + (in.lo - sh.lo), src + (in.lo - r.lo),
              in.hi - in.lo);
-    put(fu.full() + r.lo, src, r.size());
-    fu.round_compute(r.lo, r.size());
+    if (dev.is_cpu()) {
+      fu.write_compute(r.lo, r.size(), src);
+    } else {  // uploaded first: the fp32 buffer may be compact (FlatUnit::f32_floats)
+      Buffer up(static_cast<size_t>(r.size()) * sizeof(float), Mem::Workspace, dev);
+      put(up.f32(), src, r.size());
+      fu.write_compute(r.lo, r.size(), up.f32());
+    }
     return;
   }
   put_on(state_device(fu, k, dev), state_base(fu, k) + r.lo, src, r.size());

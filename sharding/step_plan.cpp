@@ -64,7 +64,9 @@ PlanInput make_plan_input(const Model& model, const ShardingPolicy& policy, int 
   for (size_t u = 0; u < U; ++u) {
     PlanUnit& pu = in.units[u];
     pu.name = model.units[u]->name();
-    pu.padded = FlatLayout::build(model.units[u]->params(), in.S).padded;
+    const FlatLayout L = FlatLayout::build(model.units[u]->params(), in.S);
+    pu.padded = L.padded;
+    pu.lp_only = L.lp_only();
     pu.selective = model.units[u]->selective_recompute();
     pu.optimizer_offloaded =
         policy.offload_optimizer.offloaded(static_cast<int>(u), static_cast<int>(U));
@@ -164,6 +166,10 @@ StepPlan with_updater_staging(StepPlan plan, const PlanInput& in) {
   }
   plan.host_update_staging = 2 * 2 * int64_t{sizeof(float)} * most;
   return plan;
+}
+
+int64_t full_params_bytes(const PlanUnit& u, bool w16) {
+  return w16 ? (u.padded - u.lp_only) * 4 + u.padded * 2 : u.padded * 4;
 }
 
 namespace {
@@ -505,11 +511,9 @@ class Builder {
   int64_t act_bytes() const { return int64_t{4} * in_.B * in_.T * in_.d_model; }
   int64_t fbytes(int u) const { return in_.units[size_t(u)].padded * 4; }
   // A unit's gathered parameters: the fp32 full buffer and, where units keep one, the 16-bit
-  // copy beside it (FlatUnit, MixedPrecisionPolicy::weights16).
+  // copy beside it (FlatUnit, MixedPrecisionPolicy::weights16), the fp32 one then compact.
   bool w16() const { return in_.policy.mixed_precision.weights16(in_.on_device); }
-  int64_t params_bytes(int u) const {
-    return in_.units[size_t(u)].padded * (w16() ? 6 : 4);
-  }
+  int64_t params_bytes(int u) const { return full_params_bytes(in_.units[size_t(u)], w16()); }
   const CallMemory* call_mem(int pos) const {
     return pos < static_cast<int>(in_.calls.size()) ? &in_.calls[size_t(pos)] : nullptr;
   }
@@ -814,6 +818,8 @@ class Builder {
           add_p(m, bytes);
       };
       const bool split = mp || u.params_offloaded;
+      // the persistent full parameters (kinds B and C): the fp32 buffer and its 16-bit copy
+      const int64_t fullp = full_params_bytes(u, w16());
       switch (in_.kind) {
         case UnitKind::Sharded:
           if (u.params_nvme) {  // in the file; staged through the buffers counted below
@@ -824,19 +830,17 @@ class Builder {
           add_m(Mem::Grads, shard);
           break;
         case UnitKind::FullReplicated:
-          add_p(Mem::Params, full);
+          add_p(Mem::Params, fullp);
           if (split) add_m(Mem::Params, shard);
           add_p(Mem::Grads, full);
           add_m(Mem::Grads, shard);
           break;
         case UnitKind::Whole:
-          add_p(Mem::Params, full);
+          add_p(Mem::Params, fullp);
           if (split) add_m(Mem::Params, full);
           add_p(Mem::Grads, full);  // its own buffer or its region of the bucket buffer
           break;
       }
-      // The persistent full buffers' 16-bit copy (kinds B and C; A's is gathered with its unit)
-      if (w16() && in_.kind != UnitKind::Sharded) add_p(Mem::Params, u.padded * 2);
       if (u.params_nvme) plan_.nvme_bytes += 2 * shard;
       if (u.optimizer_nvme)
         plan_.nvme_bytes += 2 * shard;  // in the file; staged through the buffers below

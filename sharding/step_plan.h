@@ -82,6 +82,9 @@ struct CallMemory {
 struct PlanUnit {
   std::string name;
   int64_t padded = 0;  // floats of the flat buffer (a multiple of S * kAlign)
+  // Floats of it in 16-bit-only runs (FlatLayout::lp_only: ParamSpec::products_only), which
+  // have no fp32 compute copy where units keep the 16-bit one (MixedPrecisionPolicy::weights16)
+  int64_t lp_only = 0;
   int first_pos = -1, last_pos = -1;  // its first and last schedule positions (-1: not run)
   int bucket = -1;                    // NO_SHARD with replicas: its gradient bucket
   bool selective = false;  // Unit::selective_recompute(): Selective is not turned into Full
@@ -90,6 +93,10 @@ struct PlanUnit {
   bool optimizer_nvme = false;       // its AdamW moments live in the NVMe file
   bool params_nvme = false;  // its master and reduced gradient shards live in the NVMe file
 };
+
+// Bytes of a unit's full parameters (FlatUnit): the fp32 buffer and, with `w16`
+// (MixedPrecisionPolicy::weights16), the 16-bit copy beside it, the fp32 one then compact.
+int64_t full_params_bytes(const PlanUnit& u, bool w16);
 
 // NO_SHARD with replicas: a contiguous range of the bucket buffer holding whole units'
 // gradients, all-reduced once its last member finished its backward.

@@ -50,8 +50,9 @@ FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const O
            "a unit with a shard group of 1 is Whole");
   rank_ = shard_->rank();
   layout_ = FlatLayout::build(unit->params(), S);
-  const int64_t P = layout_.padded, Sh = layout_.shard_size();
+  const int64_t P = layout_.padded, Sh = layout_.shard_size(), F = f32_floats();
   const Device dev = ops.device();
+  SW_CHECK(!w16_ || split_ || kind == Kind::Sharded, "a 16-bit copy needs a split master");
   // Tier::Device buffers live on the Ops' device, the offload tiers on the CPU (zeroed there).
   auto zeroed = [&](Buffer& b, int64_t n, Mem cat, Tier tier = Tier::Device) {
     b = Buffer(fbytes(n), cat, tier == Tier::Device ? dev : Device::cpu(), tier);
@@ -65,14 +66,14 @@ FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const O
       grad_shard_ = zeroed(grad_shard_buf_, Sh, Mem::Grads, param_tier);
       break;
     case Kind::FullReplicated:
-      full_ = zeroed(full_buf_, P, Mem::Params);
+      full_ = zeroed(full_buf_, F, Mem::Params);
       master_ = split_ ? zeroed(master_buf_, Sh, Mem::Params, param_tier) : full_ + shard_range().lo;
       grad_full_ = zeroed(grad_buf_, P, Mem::Grads);
       grad_shard_ = zeroed(grad_shard_buf_, Sh, Mem::Grads, param_tier);
       sstate_ = ShardedState::Unsharded;
       break;
     case Kind::Whole:
-      full_ = zeroed(full_buf_, P, Mem::Params);
+      full_ = zeroed(full_buf_, F, Mem::Params);
       master_ = split_ ? zeroed(master_buf_, P, Mem::Params, param_tier) : full_;
       grad_full_ = bucket_grads ? bucket_grads : zeroed(grad_buf_, P, Mem::Grads);
       grad_shard_ = grad_full_;
@@ -81,7 +82,7 @@ FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const O
   }
   if (w16_ && kind != Kind::Sharded) {  // persistent beside the compute copy: zeros, as it
     make_full16(Mem::Params);
-    ops.narrow(pdt_, full_, full16_, static_cast<size_t>(P));
+    ops.fill(reinterpret_cast<float*>(full16_), 0.f, static_cast<size_t>(P / 2));  // P: even
   }
   nvme_ = opt_tier == Tier::Nvme;
   if (!nvme_) {
@@ -104,11 +105,14 @@ void FlatUnit::make_full16(Mem cat) {
   full16_ = static_cast<uint16_t*>(full16_buf_.data());
 }
 
+int64_t FlatUnit::f32_floats() const { return w16_ ? layout_.compact : layout_.padded; }
+
 void FlatUnit::point_params() {
   params_.resize(layout_.specs.size());
   params16_.resize(layout_.specs.size());
   for (size_t s = 0; s < params_.size(); ++s) {
-    params_[s] = full_ ? full_ + layout_.entries[s].offset : nullptr;
+    const int64_t off = w16_ ? layout_.compact_offset(s) : layout_.entries[s].offset;
+    params_[s] = full_ && off >= 0 ? full_ + off : nullptr;
     params16_[s] = full16_ ? full16_ + layout_.entries[s].offset : nullptr;
   }
 }
@@ -119,24 +123,57 @@ void FlatUnit::point_grads() {
     grads_[s] = grad_full_ ? grad_full_ + layout_.entries[s].offset : nullptr;
 }
 
+float* FlatUnit::init_target() {
+  settle();
+  SW_CHECK(persistent(), "init_target: a sharded unit is initialised through its master shard");
+  if (f32_floats() == layout_.padded) return full_;
+  if (init_buf_.empty()) {
+    init_buf_ = Buffer(fbytes(layout_.padded), Mem::Workspace, ops_->device());
+    ops_->fill(init_buf_.f32(), 0.f, static_cast<size_t>(layout_.padded));
+  }
+  return init_buf_.f32();
+}
+
 void FlatUnit::finish_init() {
   settle();
   if (!split_) return;
+  const float* src = init_buf_.empty() ? full_ : init_buf_.f32();
   const Range r = shard_range();
   if (hm_)
-    copy_bytes(master_, Device::cpu(), full_ + r.lo, ops_->device(), fbytes(r.hi - r.lo));
+    copy_bytes(master_, Device::cpu(), src + r.lo, ops_->device(), fbytes(r.hi - r.lo));
   else
-    ops_->copy(master_, full_ + r.lo, static_cast<size_t>(r.hi - r.lo));
-  round_compute(0, layout_.padded);
+    ops_->copy(master_, src + r.lo, static_cast<size_t>(r.hi - r.lo));
+  write_compute(0, layout_.padded, src);
+  init_buf_.release();
 }
 
-void FlatUnit::round_compute(int64_t off, int64_t n) {
+void FlatUnit::write_compute(int64_t off, int64_t n, const float* src) {
   settle();
-  SW_CHECK(full_ && off >= 0 && off + n <= layout_.padded, "round_compute out of range");
-  if (full16_)  // in place, and the 16-bit copy of the same values
-    ops_->round_copy_lp(pdt_, full_ + off, full16_ + off, full_ + off, static_cast<size_t>(n));
-  else
+  SW_CHECK(full_ && split_ && off >= 0 && n >= 0 && off + n <= layout_.padded,
+           "write_compute out of range");
+  if (!full16_) {  // the padded fp32 compute copy alone, rounded in place
+    if (src != full_ + off) ops_->copy(full_ + off, src, static_cast<size_t>(n));
     ops_->round_to(pdt_, full_ + off, static_cast<size_t>(n));
+    return;
+  }
+  // Each run's part: rounded into the fp32 copy and narrowed into the 16-bit one in one pass,
+  // or (16-bit only) narrowed (the same bits: the fp32 copy is widen(narrow(x))).
+  for (const FlatRun& run : layout_.runs) {
+    const Range x = intersect({off, off + n}, {run.lo, run.hi});
+    if (x.empty()) continue;
+    const float* from = src + (x.lo - off);
+    const size_t k = static_cast<size_t>(x.hi - x.lo);
+    if (run.f32 >= 0)
+      ops_->round_copy_lp(pdt_, full_ + run.f32 + (x.lo - run.lo), full16_ + x.lo, from, k);
+    else
+      ops_->narrow(pdt_, from, full16_ + x.lo, k);
+  }
+}
+
+void FlatUnit::widen_runs() {
+  for (const FlatRun& run : layout_.runs)
+    if (run.f32 >= 0)
+      ops_->widen(pdt_, full16_ + run.lo, full_ + run.f32, static_cast<size_t>(run.hi - run.lo));
 }
 
 // ---- Parameters ------------------------------------------------------------------------------
@@ -170,7 +207,7 @@ void FlatUnit::issue_unshard() {
   switch (kind_) {
     case Kind::Sharded:
       if (full_buf_.empty()) {
-        full_buf_ = Buffer(fbytes(layout_.padded), Mem::Communication, ops_->device());
+        full_buf_ = Buffer(fbytes(f32_floats()), Mem::Communication, ops_->device());
         full_ = full_buf_.f32();
         if (w16_) make_full16(Mem::Communication);
         point_params();
@@ -201,9 +238,10 @@ void FlatUnit::finish_gather() {
   ops_->stream().wait_event(gather_);
   gather_in_flight_ = false;
   sstate_ = ShardedState::Unsharded;
-  if (pdt_ != DType::F32)  // out of the 16-bit copy, or in place from the front
-    ops_->widen(pdt_, full16_ ? static_cast<const void*>(full16_) : full_, full_,
-                static_cast<size_t>(layout_.padded));
+  if (full16_)  // out of the 16-bit copy, the parameters that have an fp32 copy
+    widen_runs();
+  else if (pdt_ != DType::F32)  // in place from the front
+    ops_->widen(pdt_, full_, full_, static_cast<size_t>(layout_.padded));
 }
 
 void FlatUnit::wait_unshard() {
@@ -229,11 +267,18 @@ void FlatUnit::issue_regather() {
   settle();
   if (kind_ == Kind::Whole && split_) {
     const size_t P = static_cast<size_t>(layout_.padded);
-    if (hm_) {
+    if (hm_ && f32_floats() < layout_.padded) {
+      // The fp32 copy is compact: the master narrowed on the host (the same bits), uploaded
+      // into the 16-bit copy and widened into the fp32 one.
+      void* h = host_stage(P * 2);
+      ops_on(Device::cpu()).narrow(pdt_, master_, h, P);
+      upload(full16_, h, P * 2);
+      widen_runs();
+    } else if (hm_) {
       upload(full_, master_, fbytes(layout_.padded));  // the compute stream waits for it
-      round_compute(0, layout_.padded);
+      write_compute(0, layout_.padded, full_);
     } else if (full16_) {  // one pass: the master read once, both copies written
-      ops_->round_copy_lp(pdt_, full_, full16_, master_, P);
+      write_compute(0, layout_.padded, master_);
     } else {  // one pass: 8 bytes a parameter, where copy + round_to moved 16
       ops_->round_copy(pdt_, full_, master_, P);
     }

@@ -35,8 +35,14 @@
 //     the all-gather runs into it (transient, Communication: 6 bytes per parameter with the
 //     fp32 buffer) and wait_unshard widens it into the fp32 buffer, out of place. Kind B: the
 //     same, persistent (Params). Kind C: persistent (Params), written with the compute copy
-//     from the master in one pass (Ops::round_copy_lp) and by finish_init and round_compute,
+//     from the master in one pass (Ops::round_copy_lp) and by finish_init and write_compute,
 //     so no writer of the compute copy leaves it stale. +2 bytes per parameter in each case.
+//     Parameters read only by matrix products (ParamSpec::products_only) then have no fp32
+//     compute copy: the fp32 buffer is compact (FlatLayout::runs, f32_floats()) and holds the
+//     other parameters only (params()[s] is null for them; the products read params16()).
+//     A gather widens the fp32 runs only; kind C narrows the master into the 16-bit-only
+//     runs. -4 bytes per such parameter (GPT-2's and the Llama's blocks: all but norms and
+//     biases).
 //   reduce_dtype != F32: kinds A and B divide the unsharded gradients by the world size,
 //     narrow them in place (front half of their buffer) and sum them by reduce-scatter
 //     (HYBRID: then all-reduce) in reduce_dtype; the reduced block is widened and added into
@@ -115,11 +121,19 @@ class FlatUnit {
   const std::vector<const uint16_t*>* params16() const {
     return settle(), full16_ ? &params16_ : nullptr;
   }
-  // After the initialiser wrote every value of a persistent unit's full buffer: with a split
-  // master, copies this rank's slice into the master and rounds the full buffer. Else a no-op.
+  // Floats of the fp32 full buffer: the compact layout's where the unit keeps the 16-bit copy,
+  // the padded layout's otherwise.
+  int64_t f32_floats() const;
+  // A persistent unit's initialiser writes every value (padded, flat offsets) here: the fp32
+  // full buffer, or, where that is compact, a padded buffer finish_init consumes.
+  float* init_target();
+  // After the initialiser wrote init_target(): with a split master, copies this rank's slice
+  // into the master and writes the compute copy (write_compute). Else a no-op.
   void finish_init();
-  // Rounds [off, off + n) of the persistent full buffer to param_dtype (set_param).
-  void round_compute(int64_t off, int64_t n);
+  // A split master's compute copy of [off, off + n) (flat offsets) from the fp32 values `src`
+  // (on the Ops' device; may be the fp32 buffer itself when it is padded): rounded to
+  // param_dtype in the fp32 buffer where it holds them, narrowed into the 16-bit copy.
+  void write_compute(int64_t off, int64_t n, const float* src);
 
   ShardedState sharded_state() const { return sstate_; }
   TrainingState training_state() const { return tstate_; }
@@ -204,7 +218,8 @@ class FlatUnit {
   // The last upload from the host (null when done and waited for, or none): what an NVMe
   // staging slot it read must not be refilled before.
   std::shared_ptr<Event> upload_event() const { return up_; }
-  float* full() const { return settle(), full_; }              // (padded) valid when Unsharded
+  // (padded, or compact: f32_floats()) valid when Unsharded
+  float* full() const { return settle(), full_; }
   float* grad_shard() const { return settle(), grad_shard_; }  // (shard) reduced gradients
   float* grad_full() const { return settle(), grad_full_; }    // (padded) unsharded gradients
   // AdamW moments (shard). Tier::Nvme units have none in memory except while the executor has
@@ -257,6 +272,7 @@ class FlatUnit {
   void issue_narrow_gather();  // the param_dtype all-gather into full16_ or the front of full_
   void make_full16(Mem cat);   // allocates the (padded) 16-bit copy
   void finish_gather();        // waits for the gather; widens it when it ran in param_dtype
+  void widen_runs();           // the 16-bit copy's fp32 runs into the (compact) fp32 buffer
 
   Unit* unit_;
   int index_;
@@ -270,8 +286,9 @@ class FlatUnit {
   bool split_ = false;
   bool w16_ = false;       // keeps the 16-bit copy (full16_)
   Buffer master_buf_;      // Kind::Sharded, or a split master: (shard) Params
-  Buffer full_buf_;        // (padded): transient Communication, or persistent Params
+  Buffer full_buf_;        // (f32_floats()): transient Communication, or persistent Params
   Buffer full16_buf_;      // (padded, param_dtype) the 16-bit copy: as full_buf_
+  Buffer init_buf_;        // init_target() of a compact unit, until finish_init
   Buffer m_, v_;           // (shard) Optimizer; empty on Tier::Nvme
   float* m_ptr_ = nullptr;
   float* v_ptr_ = nullptr;

@@ -610,7 +610,9 @@ TEST_CASE("plan: on a GPU, the device figures of the H100 benchmark's runs", "[p
   // expected lower by L x (3C + QKV + F) x N x 2 bytes; and each unit keeps a 16-bit copy of
   // its parameters since (MixedPrecisionPolicy::weights16), 2 bytes a parameter more (padded
   // as the flat layout pads); the LM head's logits chunks are 4096 rows (were 1024); GPT-2's
-  // backward keeps two gradients in both forms (below). None
+  // backward keeps two gradients in both forms (below); the weights read only by matrix
+  // products keep no fp32 compute copy beside their 16-bit one (ParamSpec::products_only),
+  // 4 bytes each fewer. None
   // of it is measured on a GPU yet (the next lease's gpu_vs_torch run gives the new peaks to
   // put here).
   swtest::TempDir dir("planner_h100");
@@ -648,12 +650,17 @@ TEST_CASE("plan: on a GPU, the device figures of the H100 benchmark's runs", "[p
     // either: the attention_*_lp forms hand cuDNN the kept 16-bit buffers.
     const double unpacked =
         std::strcmp(c.attention, "cudnn") == 0 ? 2.0 * (BT * qkv + BT * m.d_model) * 1.25 : 0.0;
-    double params = 0;  // padded floats of every unit (one rank: the whole buffer)
+    double params = 0, lp_only = 0;  // padded floats of every unit (one rank: the whole buffer)
     {
       const Model model = build_model(m);
-      for (const auto& u : model.units) params += double(FlatLayout::build(u->params(), 1).padded);
+      for (const auto& u : model.units) {
+        const FlatLayout L = FlatLayout::build(u->params(), 1);
+        params += double(L.padded);
+        for (size_t i = 0; i < L.specs.size(); ++i)  // the product weights' fp32 copies
+          if (L.specs[i].products_only) lp_only += double(L.entries[i].numel);
+      }
     }
-    const double copy16 = 2.0 * params;
+    const double copy16 = 2.0 * params, no_f32 = 4.0 * lp_only;
     // The LM head's chunks grew from 1024 to 4096 rows since (kernels/cuda/workspace.h): its
     // fp32 logits and 16-bit dlogits slots, with the scratch's 1/4 slack.
     const double chunks = double(cuda::lmhead_chunk_rows(int64_t(BT), m.vocab_size) - 1024) *
@@ -667,7 +674,7 @@ TEST_CASE("plan: on a GPU, the device figures of the H100 benchmark's runs", "[p
     const double lowp0 =
         m.type == "gpt2" ? 2.0 * BT * (std::max({double(m.d_ff), qkv}) - m.d_model) * 1.25 : 0.0;
     const double expected =
-        c.measured - halved - unpacked + copy16 + chunks + both_forms - no_attn_s - lowp0;
+        c.measured - halved - unpacked + copy16 - no_f32 + chunks + both_forms - no_attn_s - lowp0;
     INFO(cfg.model.type << " " << c.attention << ": planned " << p.device << " B, measured "
                         << c.measured << " with fp32 product inputs and no 16-bit weights, expected "
                         << expected);

@@ -205,11 +205,13 @@ TEST_CASE("sim device: units' 16-bit weight copies are the memory the plan count
   // (sharding/unit_state.h): persistent Params for a whole unit (one rank), transient
   // Communication with the gathered buffer for a sharded one (one rank with its parameters in
   // NVMe files takes the sharded path). The tracked bytes are the plan's, and the copy is 2
-  // bytes a padded parameter (against the same model in fp32 params, which keeps none).
+  // bytes a padded parameter (against the same model in fp32 params, which keeps none), while
+  // the weights read only by matrix products (ParamSpec::products_only) lose their fp32
+  // compute copy: 4 bytes each.
   swtest::TempDir dir("device_w16");
   for (const char* type : {"gpt2", "llama"})
     for (int sharded = 0; sharded < 2; ++sharded) {
-      int64_t params[2] = {}, comm[2] = {}, padded = 0, largest = 0;
+      int64_t params[2] = {}, comm[2] = {}, padded = 0, lp_only = 0;
       for (int k = 0; k < 2; ++k) {
         const DType pdt = k ? DType::BF16 : DType::F32;
         INFO(type << (sharded ? " sharded (NVMe parameters) " : " whole ") << dtype_name(pdt));
@@ -239,17 +241,30 @@ TEST_CASE("sim device: units' 16-bit weight copies are the memory the plan count
         comm[k] = int64_t(mt.peak(Mem::Communication)) - c0 +
                   plan.initial[size_t(Mem::Communication)];
         CHECK(comm[k] == swtest::replay(plan).peak[size_t(Mem::Communication)]);
-        padded = largest = 0;
+        padded = lp_only = 0;
         for (int u = 0; u < sm.num_units(); ++u) {
-          padded += sm.unit_layout(u).padded;
-          largest = std::max(largest, sm.unit_layout(u).padded);
+          const FlatLayout& L = sm.unit_layout(u);
+          padded += L.padded;
+          lp_only += L.lp_only();
+          // The compact fp32 buffer holds the other parameters (their aligned sizes, and at
+          // most the padding of the unit beside them).
+          int64_t f32 = 0, all = 0;
+          for (size_t s = 0; s < L.specs.size(); ++s) {
+            const int64_t a = (L.entries[s].numel + kAlign - 1) / kAlign * kAlign;
+            all += a;
+            if (!L.specs[s].products_only) f32 += a;
+          }
+          CHECK(L.padded - L.lp_only() >= f32);
+          CHECK(L.padded - L.lp_only() <= std::max(f32, kAlign) + (L.padded - all));
         }
       }
       INFO(type << (sharded ? " sharded" : " whole"));
-      if (sharded) {  // each gathered unit's buffers: 6 bytes a parameter where fp32 took 4
-        CHECK(comm[1] - comm[0] >= 2 * largest);
-      } else {
-        CHECK(params[1] - params[0] == 4 * padded + 2 * padded);  // split master + the copy
+      // Most of GPT-2's and the Llama's block parameters are product weights.
+      CHECK(lp_only > padded / 2);
+      if (sharded) {  // each gathered unit's buffers: under 4 bytes a parameter now
+        CHECK(comm[1] < comm[0]);
+      } else {  // the split master + the copy - the product weights' fp32 copy
+        CHECK(params[1] - params[0] == 4 * padded + 2 * padded - 4 * lp_only);
         CHECK(comm[1] == comm[0]);
       }
     }

@@ -176,6 +176,38 @@ const Ops& cpu() { return ops_for(Device::cpu()); }
 
 }  // namespace
 
+TEST_CASE("flat layout: product weights form 16-bit-only runs of a compact fp32 copy",
+          "[sharding]") {
+  auto spec = [](const char* name, int64_t n, bool products) {
+    ParamSpec p;
+    p.name = name;
+    p.shape = {n};
+    p.products_only = products;
+    return p;
+  };
+  // offsets 0, 16, 48, 64; used 80; padded 96 at two ranks (a multiple of 2 x 16)
+  const FlatLayout L = FlatLayout::build(
+      {spec("a", 5, false), spec("b", 20, true), spec("c", 3, true), spec("d", 16, false)}, 2);
+  REQUIRE(L.padded == 96);
+  REQUIRE(L.runs.size() == 3);
+  CHECK((L.runs[0].lo == 0 && L.runs[0].hi == 16 && L.runs[0].f32 == 0));
+  CHECK((L.runs[1].lo == 16 && L.runs[1].hi == 64 && L.runs[1].f32 == -1));
+  CHECK((L.runs[2].lo == 64 && L.runs[2].hi == 96 && L.runs[2].f32 == 16));  // with the padding
+  CHECK(L.compact == 48);
+  CHECK(L.lp_only() == 48);
+  CHECK(L.compact_offset(0) == 0);
+  CHECK(L.compact_offset(1) == -1);
+  CHECK(L.compact_offset(2) == -1);
+  CHECK(L.compact_offset(3) == 16);
+  // Without product weights: one fp32 run, the compact layout is the padded one.
+  const FlatLayout P = FlatLayout::build({spec("a", 5, false), spec("d", 16, false)}, 1);
+  REQUIRE(P.runs.size() == 1);
+  CHECK((P.compact == P.padded && P.compact_offset(1) == P.entries[1].offset));
+  // Only product weights: the fp32 buffer keeps one aligned block (it is never empty).
+  const FlatLayout Q = FlatLayout::build({spec("b", 20, true)}, 1);
+  CHECK((Q.runs.size() == 1 && Q.runs[0].f32 == -1 && Q.compact == kAlign));
+}
+
 TEST_CASE("ShardedModel init is a pure function of (seed, name, index)", "[sharding]") {
   Model m2 = make_model(2), m3 = make_model(3), m2b = make_model(2);
   ShardedModel a(m2, cpu(), 11), b(m3, cpu(), 11), c(m2b, cpu(), 12);
