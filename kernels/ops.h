@@ -180,6 +180,8 @@ class Ops {
   // instead of narrowing an fp32 one on each call. Since the BF16 / F16 products round their
   // operands to exactly these values, the results are those of the fp32 ops bit for bit:
   //   swiglu_forward_lp(o16, ...)   == narrow(swiglu_forward(...));  gelu_forward_lp likewise;
+  //     gu may be 16-bit (read as widen(gu16): a product's output kept in the compute
+  //     precision, linear_forward_lp16), as in swiglu_backward_lp_set;
   //   rmsnorm_forward_lp(o16, ...)  == narrow of rmsnorm_forward's out (rstd the same); the
   //     residual and LayerNorm forms likewise;
   //   swiglu_backward_lp_set(d16, ...) == narrow(swiglu_backward_set(...));
@@ -188,6 +190,9 @@ class Ops {
   //     values, its products read the 16-bit ones: an Operand with both);
   //   rope_backward_lp(d16, dqkv, ...) == narrow(rope_backward(dqkv, ...)) (dqkv unchanged);
   //   linear_forward_lp(out, narrow(x), narrow(w), ...) == linear_forward(out, x, w, ...);
+  //   linear_forward_lp16(o16, ...) == narrow(linear_forward_lp(out, ...)): the product's
+  //     output in the compute precision (as PyTorch's autocast keeps a linear's output), for
+  //     outputs only element-wise ops read (the SwiGLU's gate and up);
   //   linear_backward_lp_set(..., narrow(dy), narrow(x), narrow(w), ...)
   //     == linear_backward_set(..., dy, x, w, ...) (db, a sum and not a product, needs the
   //     fp32 dout); any of x, w, dy may also stay fp32 (the products round it as they read it);
@@ -200,7 +205,7 @@ class Ops {
   //     (may be null), also narrow(dqkv) there (cuDNN computes dqkv 16-bit: its own values).
   // The defaults go through fp32 copies in device scratch (a Buffer per call); backends
   // override them.
-  virtual void swiglu_forward_lp(uint16_t* out16, const float* gu, int N, int F) const;
+  virtual void swiglu_forward_lp(uint16_t* out16, Operand gu, int N, int F) const;
   virtual void gelu_forward_lp(uint16_t* out16, const float* inp, size_t n) const;
   virtual void rmsnorm_forward_lp(uint16_t* out16, float* rstd, const float* inp, const float* w,
                                   int N, int C, float eps) const;
@@ -213,7 +218,7 @@ class Ops {
                                              float* rstd, const float* a, const float* b,
                                              const float* w, const float* bias, int N,
                                              int C) const;
-  virtual void swiglu_backward_lp_set(uint16_t* dgu16, const float* dout, const float* gu, int N,
+  virtual void swiglu_backward_lp_set(uint16_t* dgu16, const float* dout, Operand gu, int N,
                                       int F) const;
   virtual void gelu_backward_lp_set(float* dinp, uint16_t* dinp16, const float* inp,
                                     const float* dout, size_t n) const;
@@ -223,6 +228,8 @@ class Ops {
                                 int hd, float theta) const;
   virtual void linear_forward_lp(float* out, Operand inp, Operand w, const float* b, int N, int C,
                                  int OC) const;
+  virtual void linear_forward_lp16(uint16_t* out16, Operand inp, Operand w, const float* b, int N,
+                                   int C, int OC) const;
   virtual void linear_backward_lp_set(float* dinp, float* dw, float* db, Operand dout,
                                       Operand inp, Operand w, int N, int C, int OC) const;
   virtual void gemm_lp(bool ta, bool tb, int M, int N, int K, float alpha, Operand A, int lda,

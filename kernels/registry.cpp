@@ -78,9 +78,11 @@ size_t qkv_size(int B, int T, int H, int KVH, int hd) {
 }
 }  // namespace
 
-void Ops::swiglu_forward_lp(uint16_t* out16, const float* gu, int N, int F) const {
+void Ops::swiglu_forward_lp(uint16_t* out16, Operand gu, int N, int F) const {
   require_lowp("swiglu_forward_lp");
-  narrowed_from(*this, out16, mul(N, F), [&](float* t) { swiglu_forward(t, gu, N, F); });
+  Buffer tmp;
+  const float* g = operand_f32(gu, 1, 0, 2 * mul(N, F), tmp);
+  narrowed_from(*this, out16, mul(N, F), [&](float* t) { swiglu_forward(t, g, N, F); });
 }
 
 void Ops::gelu_forward_lp(uint16_t* out16, const float* inp, size_t n) const {
@@ -128,11 +130,13 @@ void Ops::residual_layernorm_forward_lp(float* res, uint16_t* out16, float* mean
   });
 }
 
-void Ops::swiglu_backward_lp_set(uint16_t* dgu16, const float* dout, const float* gu, int N,
+void Ops::swiglu_backward_lp_set(uint16_t* dgu16, const float* dout, Operand gu, int N,
                                  int F) const {
   require_lowp("swiglu_backward_lp_set");
+  Buffer tmp;
+  const float* g = operand_f32(gu, 1, 0, 2 * mul(N, F), tmp);
   narrowed_from(*this, dgu16, 2 * mul(N, F),
-                [&](float* t) { swiglu_backward_set(t, dout, gu, N, F); });
+                [&](float* t) { swiglu_backward_set(t, dout, g, N, F); });
 }
 
 void Ops::rope_backward_lp(uint16_t* dqkv16, const float* dqkv, int B, int T, int H, int KVH,
@@ -197,6 +201,13 @@ void Ops::linear_forward_lp(float* out, Operand inp, Operand w, const float* b, 
   Buffer t, tw;
   linear_forward(out, operand_f32(inp, size_t(N), size_t(C), size_t(C), t),
                  operand_f32(w, size_t(OC), size_t(C), size_t(C), tw), b, N, C, OC);
+}
+
+void Ops::linear_forward_lp16(uint16_t* out16, Operand inp, Operand w, const float* b, int N,
+                              int C, int OC) const {
+  require_lowp("linear_forward_lp16");
+  narrowed_from(*this, out16, mul(N, OC),
+                [&](float* t) { linear_forward_lp(t, inp, w, b, N, C, OC); });
 }
 
 void Ops::linear_backward_lp_set(float* dinp, float* dw, float* db, Operand dout, Operand inp,

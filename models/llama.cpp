@@ -82,6 +82,18 @@ void packed_forward(const Ops& ops, float* out, Operand x, const Packed& pk, int
     gemm_from(ops, false, true, N, pk.oc[i], C, 1.f, x, C, pk.w[i], C, 0.f, out + off, OC);
 }
 
+// The same into a ProductIn: 16-bit straight from the product with 16-bit products (one
+// GEMM where the weights are contiguous; else the fp32 products in a workspace, narrowed).
+void packed_forward_to(const Ops& ops, ProductIn out, Operand x, const Packed& pk, int N, int C) {
+  if (!out.lp) return packed_forward(ops, out.f32, x, pk, N, C);
+  const int OC = pk.total();
+  if (pk.weights_contiguous(C)) return ops.linear_forward_lp16(out.lp, x, pk.w[0], nullptr, N, C, OC);
+  const size_t n = size_t(std::max(N, 0)) * size_t(std::max(OC, 0));
+  Buffer t(std::max<size_t>(n, 1) * sizeof(float), Mem::Workspace, ops.device());
+  packed_forward(ops, t.f32(), x, pk, N, C);
+  ops.narrow(ops.compute(), t.f32(), out.lp, n);
+}
+
 // dx(N,C) = dout @ [W_0; W_1; ...] (dx's old contents never read);  dW_i += dout[:, block i]^T @ x.
 // dout and x fp32 or 16-bit.
 void packed_backward_set(const Ops& ops, float* dx, Operand dout, Operand x, const Packed& pk,
@@ -158,7 +170,8 @@ class Block final : public Unit {
     ScratchScope guard{ctx.scratch};
     auto P = [&](size_t i) { return ctx.param(i); };
 
-    // xn, xn2 and hmlp are the products' inputs: 16-bit with 16-bit products (ProductIn).
+    // xn, xn2 and hmlp are the products' inputs, gu a product's output that only the SwiGLU
+    // reads: 16-bit with 16-bit products (ProductIn; gu as PyTorch's autocast keeps it).
     const ProductIn xn = keep_input(ctx, "xn", sz(N, C), Keep::Cheap);  // (N,C) input_layernorm(x)
     float* rstd1 = keep(ctx, "rstd1", sz(N));        // (N)
     // (N,QKV) [q | k | v], q and k rotated; (N,H*hd) attention's output: the products' and
@@ -170,7 +183,7 @@ class Block final : public Unit {
     // (N,C) post_attention_layernorm(x2)
     const ProductIn xn2 = keep_input(ctx, "xn2", sz(N, C), Keep::Cheap);
     float* rstd2 = keep(ctx, "rstd2", sz(N));        // (N)
-    float* gu = keep(ctx, "gu", sz(N, 2 * F));       // (N,2F) [gate | up]
+    const ProductIn gu = keep_input(ctx, "gu", sz(N, 2 * F), Keep::Always);  // (N,2F) [gate | up]
     const ProductIn hmlp = keep_input(ctx, "hmlp", sz(N, F), Keep::Cheap);  // (N,F) silu(gate) * up
 
     rmsnorm_forward_to(ops, xn, rstd1, x, P(IN_NORM), N, C, eps);
@@ -186,14 +199,14 @@ class Block final : public Unit {
     }
     linear_forward_from(ops, x2, atty.operand(), ctx.weight(OW), nullptr, N, H * hd, C);
     residual_rmsnorm_forward_to(ops, x2, xn2, rstd2, x2, x, P(POST_NORM), N, C, eps);
-    packed_forward(ops, gu, xn2.operand(), gu_pack(ctx), N, C);
-    swiglu_forward_to(ops, hmlp, gu, N, F);
+    packed_forward_to(ops, gu, xn2.operand(), gu_pack(ctx), N, C);
+    swiglu_forward_to(ops, hmlp, gu.operand(), N, F);
     linear_forward_from(ops, y, hmlp.operand(), ctx.weight(DOWNW), nullptr, N, F, C);
     ops.residual_forward(y, y, x2, sz(N, C));
   }
 
   // Forward keeps (in this order) xn, rstd1, qkv, atty, lse, x2, xn2, rstd2, gu, hmlp (xn, qkv,
-  // atty, xn2 and hmlp 2 bytes a value with 16-bit products, qkv's fp32 product then in
+  // atty, xn2, gu and hmlp 2 bytes a value with 16-bit products, qkv's fp32 product then in
   // scratch): in Saved when training, in scratch in inference. recompute_cheap: one (N)
   // statistic in scratch; backward: the six input gradients (written, not zeroed first), dgu
   // 16-bit with 16-bit products, and then also a 16-bit copy of dqkv (the products' operand).
@@ -201,8 +214,9 @@ class Block final : public Unit {
     const size_t B = size_t(shape.B), T = size_t(shape.T), N = B * T, C = size_t(c_.d_model),
                  H = size_t(c_.n_head), KVH = size_t(c_.n_kv_head), hd = C / H,
                  QKV = (H + 2 * KVH) * hd, F = size_t(c_.d_ff);
-    const size_t kept[] = {N, B * H * T, N * C, N, N * 2 * F};
-    const size_t inputs[] = {N * C, N * QKV, N * H * hd, N * C, N * F};  // xn, qkv, atty, xn2, hmlp
+    const size_t kept[] = {N, B * H * T, N * C, N};  // rstd1, lse, x2, rstd2
+    // xn, qkv, atty, xn2, gu, hmlp
+    const size_t inputs[] = {N * C, N * QKV, N * H * hd, N * C, N * 2 * F, N * F};
     ActivationDecl d;
     for (size_t n : kept) d.saved += f32b(n), d.scratch_eval += scrb(n);
     for (size_t n : inputs) {
@@ -237,7 +251,8 @@ class Block final : public Unit {
                        ctx.param(IN_NORM), N, C, eps);
     rmsnorm_forward_to(ops, saved_input(s, "xn2", sz(N, C), Keep::Cheap, ops), rstd, s.get("x2"),
                        ctx.param(POST_NORM), N, C, eps);
-    swiglu_forward_to(ops, saved_input(s, "hmlp", sz(N, F), Keep::Cheap, ops), s.get("gu"), N, F);
+    swiglu_forward_to(ops, saved_input(s, "hmlp", sz(N, F), Keep::Cheap, ops),
+                      saved_input(s, "gu", ops).operand(), N, F);
   }
 
   // dy is read by the first product only, before dx is first written (the norm's backward
@@ -265,7 +280,7 @@ class Block final : public Unit {
     // dgu feeds products only: 16-bit with 16-bit products.
     const ProductIn dgu = scratch_input(*ctx.scratch, sz(N, 2 * F), ops);
     if (dgu.lp)
-      ops.swiglu_backward_lp_set(dgu.lp, dh, s.get("gu"), N, F);
+      ops.swiglu_backward_lp_set(dgu.lp, dh, saved_input(s, "gu", ops).operand(), N, F);
     else
       ops.swiglu_backward_set(dgu.f32, dh, s.get("gu"), N, F);
     float* dxn2 = fresh(sz(N, C));

@@ -86,11 +86,13 @@ void residual_layernorm_forward_to(const Ops& ops, float* res, ProductIn out, fl
     ops.residual_layernorm_forward(res, out.f32, mean, rstd, a, b, w, bias, N, C);
 }
 
-void swiglu_forward_to(const Ops& ops, ProductIn out, const float* gu, int N, int F) {
-  if (out.lp)
+void swiglu_forward_to(const Ops& ops, ProductIn out, Operand gu, int N, int F) {
+  if (out.lp) {
     ops.swiglu_forward_lp(out.lp, gu, N, F);
-  else
-    ops.swiglu_forward(out.f32, gu, N, F);
+  } else {
+    SW_CHECK(gu.f32 || N == 0 || F == 0, "swiglu_forward_to: fp32 output from a 16-bit gu");
+    ops.swiglu_forward(out.f32, gu.f32, N, F);
+  }
 }
 
 void gelu_forward_to(const Ops& ops, ProductIn out, const float* inp, size_t n) {

@@ -247,7 +247,8 @@ void layernorm_forward_to(const Ops& ops, ProductIn out, float* mean, float* rst
 void residual_layernorm_forward_to(const Ops& ops, float* res, ProductIn out, float* mean,
                                    float* rstd, const float* a, const float* b, const float* w,
                                    const float* bias, int N, int C);
-void swiglu_forward_to(const Ops& ops, ProductIn out, const float* gu, int N, int F);
+// gu fp32, or 16-bit (a product's output kept in the compute precision) with a 16-bit out.
+void swiglu_forward_to(const Ops& ops, ProductIn out, Operand gu, int N, int F);
 void gelu_forward_to(const Ops& ops, ProductIn out, const float* inp, size_t n);
 // Products of Operands (fp32, 16-bit, or a weight with both forms): Ops::linear_forward /
 // linear_backward_set / gemm where every operand is fp32 only, the *_lp forms otherwise.

@@ -97,11 +97,15 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, b
 void swiglu_forward(float* out, const float* gu, int N, int F);
 // narrow(dt, swiglu_forward / gelu_forward) in one pass (Ops' *_forward_lp).
 void swiglu_forward_lp(DType dt, uint16_t* out, const float* gu, int N, int F);
+// The same from gu held in dt (its values widened as they are read).
+void swiglu_forward_lp(DType dt, uint16_t* out, const uint16_t* gu, int N, int F);
 void gelu_forward_lp(DType dt, uint16_t* out, const float* inp, size_t n);
 void swiglu_backward(float* dgu, const float* dout, const float* gu, int N, int F,
                      bool set = false);
 // narrow(dt, swiglu_backward(set = true)) in one pass (Ops::swiglu_backward_lp_set).
 void swiglu_backward_lp_set(DType dt, uint16_t* dgu, const float* dout, const float* gu, int N,
+                            int F);
+void swiglu_backward_lp_set(DType dt, uint16_t* dgu, const float* dout, const uint16_t* gu, int N,
                             int F);
 void residual_forward(float* out, const float* a, const float* b, size_t n);
 double sum_squares(const float* x, size_t n);

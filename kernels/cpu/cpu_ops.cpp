@@ -126,9 +126,12 @@ class CpuOps final : public Ops {
                               int hd) const override {
     cpu::attention_backward(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd, compute_, true);
   }
-  void swiglu_forward_lp(uint16_t* out16, const float* gu, int N, int F) const override {
+  void swiglu_forward_lp(uint16_t* out16, Operand gu, int N, int F) const override {
     require_lowp("swiglu_forward_lp");
-    cpu::swiglu_forward_lp(compute_, out16, gu, N, F);
+    if (gu.f32)
+      cpu::swiglu_forward_lp(compute_, out16, gu.f32, N, F);
+    else
+      cpu::swiglu_forward_lp(compute_, out16, gu.lp, N, F);
   }
   void gelu_forward_lp(uint16_t* out16, const float* inp, size_t n) const override {
     require_lowp("gelu_forward_lp");
@@ -156,10 +159,13 @@ class CpuOps final : public Ops {
     require_lowp("residual_layernorm_forward_lp");
     cpu::residual_layernorm_forward_lp(compute_, res, out16, mean, rstd, a, b, w, bias, N, C);
   }
-  void swiglu_backward_lp_set(uint16_t* dgu16, const float* dout, const float* gu, int N,
+  void swiglu_backward_lp_set(uint16_t* dgu16, const float* dout, Operand gu, int N,
                               int F) const override {
     require_lowp("swiglu_backward_lp_set");
-    cpu::swiglu_backward_lp_set(compute_, dgu16, dout, gu, N, F);
+    if (gu.f32)
+      cpu::swiglu_backward_lp_set(compute_, dgu16, dout, gu.f32, N, F);
+    else
+      cpu::swiglu_backward_lp_set(compute_, dgu16, dout, gu.lp, N, F);
   }
   void rope_backward_lp(uint16_t* dqkv16, const float* dqkv, int B, int T, int H, int KVH, int hd,
                         float theta) const override {

@@ -83,6 +83,19 @@ inline T out_value(float v, DType dt) {
   }
 }
 
+// An op's input element: the float itself, or a 16-bit value (In = uint16_t) of kind K
+// (1 bf16, 2 fp16) widened, as widen() reads it. K is a template argument so the loops keep
+// one conversion each (bf16's a shift, which vectorises).
+template <int K, class In>
+inline float in_value(In v) {
+  if constexpr (std::is_same_v<In, float>)
+    return v;
+  else if constexpr (K == 1)
+    return bf16_to_f32(v);
+  else
+    return f16_to_f32(v);
+}
+
 }  // namespace
 
 // GELU, tanh approximation: y = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
@@ -135,16 +148,20 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, b
 }
 
 // out(N,F) = silu(gate) * up, gu rows [gate (F) | up (F)]; silu(g) = g / (1 + e^{-g}).
-template <class T>
-void swiglu_forward_t(T* out, const float* gu, int N, int F, DType dt) {
+// gu fp32, or 16-bit of kind K (in_value).
+template <class T, int K = 0, class In = float>
+void swiglu_forward_t(T* out, const In* gu, int N, int F, DType dt) {
   const size_t F2 = 2 * static_cast<size_t>(F);
 #pragma omp parallel for schedule(static) if (parallel : static_cast<size_t>(N) * F >= kParallelMin)
   for (int n = 0; n < N; ++n) {
-    const float* g = gu + n * F2;
-    const float* up = g + F;
+    const In* gr = gu + n * F2;
+    const In* ur = gr + F;
     T* o = out + static_cast<size_t>(n) * F;
 #pragma omp simd
-    for (int i = 0; i < F; ++i) o[i] = out_value<T>(g[i] / (1.f + exp_clamped(-g[i])) * up[i], dt);
+    for (int i = 0; i < F; ++i) {
+      const float g = in_value<K>(gr[i]), up = in_value<K>(ur[i]);
+      o[i] = out_value<T>(g / (1.f + exp_clamped(-g)) * up, dt);
+    }
   }
 }
 void swiglu_forward(float* out, const float* gu, int N, int F) {
@@ -153,26 +170,34 @@ void swiglu_forward(float* out, const float* gu, int N, int F) {
 void swiglu_forward_lp(DType dt, uint16_t* out, const float* gu, int N, int F) {
   swiglu_forward_t(out, gu, N, F, dt);
 }
+void swiglu_forward_lp(DType dt, uint16_t* out, const uint16_t* gu, int N, int F) {
+  if (dt == DType::BF16)
+    swiglu_forward_t<uint16_t, 1>(out, gu, N, F, dt);
+  else
+    swiglu_forward_t<uint16_t, 2>(out, gu, N, F, dt);
+}
 
 // d up += dout * silu(g);  d gate += dout * up * silu'(g), silu'(g) = s (1 + g (1 - s)).
 // Set: written as 0 + g, the old values never read; T = uint16_t (with Set): narrowed to dt.
-template <bool Set, class T>
-void swiglu_backward_t(T* dgu, const float* dout, const float* gu, int N, int F, DType dt) {
+// gu fp32, or 16-bit of kind K (in_value).
+template <bool Set, class T, int K = 0, class In = float>
+void swiglu_backward_t(T* dgu, const float* dout, const In* gu, int N, int F, DType dt) {
   const size_t F2 = 2 * static_cast<size_t>(F);
 #pragma omp parallel for schedule(static) if (parallel : static_cast<size_t>(N) * F >= kParallelMin)
   for (int n = 0; n < N; ++n) {
-    const float* g = gu + n * F2;
-    const float* up = g + F;
+    const In* gr = gu + n * F2;
+    const In* ur = gr + F;
     T* dg = dgu + n * F2;
     T* dup = dg + F;
     const float* d = dout + static_cast<size_t>(n) * F;
 #pragma omp simd
     for (int i = 0; i < F; ++i) {
-      const float e = exp_clamped(-g[i]);
+      const float g = in_value<K>(gr[i]), up = in_value<K>(ur[i]);
+      const float e = exp_clamped(-g);
       const float s = 1.f / (1.f + e);
       const float one_minus_s = e * s;
-      const float gup = d[i] * g[i] * s;
-      const float ggate = d[i] * up[i] * s * (1.f + g[i] * one_minus_s);
+      const float gup = d[i] * g * s;
+      const float ggate = d[i] * up * s * (1.f + g * one_minus_s);
       if constexpr (std::is_same_v<T, float>) {
         dup[i] = (Set ? 0.f : dup[i]) + gup;
         dg[i] = (Set ? 0.f : dg[i]) + ggate;
@@ -194,6 +219,13 @@ void swiglu_backward(float* dgu, const float* dout, const float* gu, int N, int 
 void swiglu_backward_lp_set(DType dt, uint16_t* dgu, const float* dout, const float* gu, int N,
                             int F) {
   swiglu_backward_t<true>(dgu, dout, gu, N, F, dt);
+}
+void swiglu_backward_lp_set(DType dt, uint16_t* dgu, const float* dout, const uint16_t* gu, int N,
+                            int F) {
+  if (dt == DType::BF16)
+    swiglu_backward_t<true, uint16_t, 1>(dgu, dout, gu, N, F, dt);
+  else
+    swiglu_backward_t<true, uint16_t, 2>(dgu, dout, gu, N, F, dt);
 }
 
 // out = a + b; out may alias a or b (same index only: no loop-carried dependence, so `simd`

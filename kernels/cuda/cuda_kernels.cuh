@@ -23,12 +23,16 @@ void gelu_backward(cudaStream_t s, float* dinp, const float* inp, const float* d
 void swiglu_forward(cudaStream_t s, float* out, const float* gu, int N, int F);
 // narrow(dt, swiglu_forward / gelu_forward) in one pass (Ops' *_forward_lp; dt 1 bf16, 2 f16).
 void swiglu_forward_lp(cudaStream_t s, int dt, uint16_t* out16, const float* gu, int N, int F);
+// The same from gu held in dt (read as widened; Ops::linear_forward_lp16's output).
+void swiglu_forward_lp(cudaStream_t s, int dt, uint16_t* out16, const uint16_t* gu, int N, int F);
 void gelu_forward_lp(cudaStream_t s, int dt, uint16_t* out16, const float* inp, size_t n);
 void swiglu_backward(cudaStream_t s, float* dgu, const float* dout, const float* gu, int N, int F,
                      bool set = false);
 // narrow(dt, swiglu_backward with set) in one pass (Ops::swiglu_backward_lp_set).
 void swiglu_backward_lp_set(cudaStream_t s, int dt, uint16_t* dgu16, const float* dout,
                             const float* gu, int N, int F);
+void swiglu_backward_lp_set(cudaStream_t s, int dt, uint16_t* dgu16, const float* dout,
+                            const uint16_t* gu, int N, int F);
 void residual_forward(cudaStream_t s, float* out, const float* a, const float* b, size_t n);
 // RoPE: the (cos, sin) table of (T, hd / 2) angle pairs (2 T hd/2 floats, 16-byte aligned for
 // the two-pair kernel), then the rotation of q and k by it (sign -1: the inverse rotation).

@@ -513,6 +513,20 @@ class CudaOps final : public Ops {
     require_lowp("linear_forward_lp");
     linear_forward_any(out, inp, w, b, N, C, OC);
   }
+  // The product's output in the compute precision: cuBLAS writes it 16-bit from its fp32 sum
+  // (one rounding, as narrow would round the fp32 output). With a bias (or not lowp), the
+  // default: the fp32 output in scratch, narrowed.
+  void linear_forward_lp16(uint16_t* out16, Operand inp, Operand w, const float* b, int N, int C,
+                           int OC) const override {
+    SW_OP_TIME();
+    require_lowp("linear_forward_lp16");
+    if (b || N <= 0 || OC <= 0 || C <= 0)
+      return Ops::linear_forward_lp16(out16, inp, w, b, N, C, OC);
+    const cudaStream_t s = begin();
+    const uint16_t* x16 = inp.lp ? inp.lp : narrowed(s, Slot::Lowp0, inp.f32, C, N, C);
+    const uint16_t* w16 = w.lp ? w.lp : narrowed(s, Slot::Lowp1, w.f32, C, OC, C);
+    gemm16_out16(false, true, N, OC, C, x16, C, w16, C, out16, OC);
+  }
   // inp and w fp32, or 16-bit (compute_'s values; lowp only), or both (the 16-bit form read).
   void linear_forward_any(float* out, Operand inp, Operand w, const float* b, int N, int C,
                           int OC) const {
@@ -693,21 +707,27 @@ class CudaOps final : public Ops {
     SW_OP_TIME();
     cuda::swiglu_backward(begin(), dgu, dout, gu, N, F, true);
   }
-  void swiglu_forward_lp(uint16_t* out16, const float* gu, int N, int F) const override {
+  void swiglu_forward_lp(uint16_t* out16, Operand gu, int N, int F) const override {
     SW_OP_TIME();
     require_lowp("swiglu_forward_lp");
-    cuda::swiglu_forward_lp(begin(), dt(), out16, gu, N, F);
+    if (gu.lp)
+      cuda::swiglu_forward_lp(begin(), dt(), out16, gu.lp, N, F);
+    else
+      cuda::swiglu_forward_lp(begin(), dt(), out16, gu.f32, N, F);
   }
   void gelu_forward_lp(uint16_t* out16, const float* inp, size_t n) const override {
     SW_OP_TIME();
     require_lowp("gelu_forward_lp");
     cuda::gelu_forward_lp(begin(), dt(), out16, inp, n);
   }
-  void swiglu_backward_lp_set(uint16_t* dgu16, const float* dout, const float* gu, int N,
+  void swiglu_backward_lp_set(uint16_t* dgu16, const float* dout, Operand gu, int N,
                               int F) const override {
     SW_OP_TIME();
     require_lowp("swiglu_backward_lp_set");
-    cuda::swiglu_backward_lp_set(begin(), dt(), dgu16, dout, gu, N, F);
+    if (gu.lp)
+      cuda::swiglu_backward_lp_set(begin(), dt(), dgu16, dout, gu.lp, N, F);
+    else
+      cuda::swiglu_backward_lp_set(begin(), dt(), dgu16, dout, gu.f32, N, F);
   }
   void residual_forward(float* out, const float* a, const float* b, size_t n) const override {
     SW_OP_TIME();
@@ -1073,6 +1093,19 @@ class CudaOps final : public Ops {
                                ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, t, ldb, A, t,
                                lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
                                CUBLAS_GEMM_DEFAULT));
+  }
+
+  // C (M, N) = op(A) op(B) in the compute precision (alpha 1, beta 0): cuBLAS sums in fp32 and
+  // rounds each value once as it writes it.
+  void gemm16_out16(bool ta, bool tb, int M, int N, int K, const uint16_t* A, int lda,
+                    const uint16_t* B, int ldb, uint16_t* C, int ldc) const {
+    if (M <= 0 || N <= 0) return;
+    const OpScope scope(d_, "gemm16_out16");
+    const cudaDataType_t t = compute_ == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    const float one = 1.f, zero = 0.f;
+    SW_CUDA_CHECK(cublasGemmEx(d_.blas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                               ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &one, B, t, ldb, A, t, lda,
+                               &zero, C, t, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
   // The low-precision forward product with its bias, out(N, OC) = x16 w16^T + b, in one

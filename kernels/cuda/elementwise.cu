@@ -60,6 +60,16 @@ __device__ __forceinline__ float4 widen4(int dt, ushort4 h) {
   return make_float4(from_half_d(dt, h.x), from_half_d(dt, h.y), from_half_d(dt, h.z),
                      from_half_d(dt, h.w));
 }
+// An input read as fp32: the float itself, or a 16-bit value (dt) widened.
+__device__ __forceinline__ float ldv(int, const float* p, size_t i) { return p[i]; }
+__device__ __forceinline__ float ldv(int dt, const uint16_t* p, size_t i) {
+  return from_half_d(dt, p[i]);
+}
+__device__ __forceinline__ float4 ldv4(int, const float* p) { return ld4(p); }
+__device__ __forceinline__ float4 ldv4(int dt, const uint16_t* p) { return widen4(dt, ldh4(p)); }
+// The four-wide forms' alignment of such an input.
+inline bool al_in(const float* p) { return al16(p); }
+inline bool al_in(const uint16_t* p) { return al8(p); }
 
 __device__ __forceinline__ float gelu_f(float x) {
   const float xc = clampf(x, -10.f, 10.f);
@@ -167,11 +177,12 @@ __global__ void swiglu_forward_k(float* out, const float* gu, int F, size_t tota
   }
 }
 
-__global__ void swiglu_forward_lp_k(int dt, uint16_t* out, const float* gu, int F, size_t total) {
+template <class In>  // gu fp32, or 16-bit (dt)
+__global__ void swiglu_forward_lp_k(int dt, uint16_t* out, const In* gu, int F, size_t total) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
        i += size_t(gridDim.x) * blockDim.x) {
     const size_t n = i / F, f = i % F;
-    out[i] = to_half_d(dt, swiglu_f(gu[n * 2 * F + f], gu[n * 2 * F + F + f]));
+    out[i] = to_half_d(dt, swiglu_f(ldv(dt, gu, n * 2 * F + f), ldv(dt, gu, n * 2 * F + F + f)));
   }
 }
 
@@ -191,14 +202,15 @@ __global__ void swiglu_backward_k(float* dgu, const float* dout, const float* gu
 
 // narrow(swiglu_backward_k<true>): each value 0 + g, as the set form stores it (0 + -0 is +0),
 // then rounded to dt.
-__global__ void swiglu_backward_lp_k(int dt, uint16_t* dgu, const float* dout, const float* gu,
+template <class In>  // gu fp32, or 16-bit (dt)
+__global__ void swiglu_backward_lp_k(int dt, uint16_t* dgu, const float* dout, const In* gu,
                                      int F, size_t total) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
        i += size_t(gridDim.x) * blockDim.x) {
     const size_t n = i / F, f = i % F;
     const size_t ig = n * 2 * F + f, iu = ig + F;
     float dg, du;
-    swiglu_grad_f(gu[ig], gu[iu], dout[i], &dg, &du);
+    swiglu_grad_f(ldv(dt, gu, ig), ldv(dt, gu, iu), dout[i], &dg, &du);
     dgu[iu] = to_half_d(dt, 0.f + du);
     dgu[ig] = to_half_d(dt, 0.f + dg);
   }
@@ -628,24 +640,27 @@ struct Swiglu4 {
     st4(out + i, zip4(ld4(gu + n * 2 * F + f), ld4(gu + n * 2 * F + F + f), SwigluF{}));
   }
 };
-struct SwigluLp4 {  // out16 = narrow(swiglu(gu))
+template <class In>
+struct SwigluLp4 {  // out16 = narrow(swiglu(gu)), gu fp32 or 16-bit (dt)
   int dt;
   uint16_t* out;
-  const float* gu;
+  const In* gu;
   size_t F;
   __device__ void operator()(size_t i) const {
     const size_t n = i / F, f = i % F;
-    sth4(out + i, narrow4(dt, zip4(ld4(gu + n * 2 * F + f), ld4(gu + n * 2 * F + F + f), SwigluF{})));
+    sth4(out + i, narrow4(dt, zip4(ldv4(dt, gu + n * 2 * F + f), ldv4(dt, gu + n * 2 * F + F + f),
+                                   SwigluF{})));
   }
 };
 // SwiGLU's gradients of four consecutive (row, column) values from i on: the gate's (dg, at
 // dgu + ig) and the up's (du, at dgu + iu), the arithmetic both four-wide forms share.
-__device__ __forceinline__ void swiglu_grad4(const float* dout, const float* gu, size_t i,
+template <class In>  // gu fp32, or 16-bit (dt)
+__device__ __forceinline__ void swiglu_grad4(int dt, const float* dout, const In* gu, size_t i,
                                              size_t F, size_t& ig, size_t& iu, float4& dg,
                                              float4& du) {
   const size_t n = i / F, f = i % F;
   ig = n * 2 * F + f, iu = ig + F;
-  const float4 g = ld4(gu + ig), u = ld4(gu + iu), d = ld4(dout + i);
+  const float4 g = ldv4(dt, gu + ig), u = ldv4(dt, gu + iu), d = ld4(dout + i);
   swiglu_grad_f(g.x, u.x, d.x, &dg.x, &du.x);
   swiglu_grad_f(g.y, u.y, d.y, &dg.y, &du.y);
   swiglu_grad_f(g.z, u.z, d.z, &dg.z, &du.z);
@@ -659,20 +674,22 @@ struct SwigluBack4 {
   __device__ void operator()(size_t i) const {
     size_t ig, iu;
     float4 dg, du;
-    swiglu_grad4(dout, gu, i, F, ig, iu, dg, du);
+    swiglu_grad4(0, dout, gu, i, F, ig, iu, dg, du);
     st4(dgu + iu, zip4(base4<Set>(dgu + iu), du, AddF{}));
     st4(dgu + ig, zip4(base4<Set>(dgu + ig), dg, AddF{}));
   }
 };
-struct SwigluBackLp4 {  // dgu16 = narrow(SwigluBack4<true>'s values)
+template <class In>
+struct SwigluBackLp4 {  // dgu16 = narrow(SwigluBack4<true>'s values), gu fp32 or 16-bit (dt)
   int dt;
   uint16_t* dgu;
-  const float *dout, *gu;
+  const float* dout;
+  const In* gu;
   size_t F;
   __device__ void operator()(size_t i) const {
     size_t ig, iu;
     float4 dg, du;
-    swiglu_grad4(dout, gu, i, F, ig, iu, dg, du);
+    swiglu_grad4(dt, dout, gu, i, F, ig, iu, dg, du);
     sth4(dgu + iu, narrow4(dt, zip4(base4<true>(nullptr), du, AddF{})));
     sth4(dgu + ig, narrow4(dt, zip4(base4<true>(nullptr), dg, AddF{})));
   }
@@ -771,13 +788,20 @@ void swiglu_forward(cudaStream_t s, float* out, const float* gu, int N, int F) {
   SW_CUDA_LAUNCHED();
 }
 
-void swiglu_forward_lp(cudaStream_t s, int dt, uint16_t* out16, const float* gu, int N, int F) {
+template <class In>
+void swiglu_forward_lp_t(cudaStream_t s, int dt, uint16_t* out16, const In* gu, int N, int F) {
   const size_t total = static_cast<size_t>(N) * F;
   if (total == 0) return;
-  if (F % 4 == 0 && al8(out16) && al16(gu))
-    return each4(s, total / 4, SwigluLp4{dt, out16, gu, size_t(F)});
-  swiglu_forward_lp_k<<<grid_for(total, kThreads), kThreads, 0, s>>>(dt, out16, gu, F, total);
+  if (F % 4 == 0 && al8(out16) && al_in(gu))
+    return each4(s, total / 4, SwigluLp4<In>{dt, out16, gu, size_t(F)});
+  swiglu_forward_lp_k<In><<<grid_for(total, kThreads), kThreads, 0, s>>>(dt, out16, gu, F, total);
   SW_CUDA_LAUNCHED();
+}
+void swiglu_forward_lp(cudaStream_t s, int dt, uint16_t* out16, const float* gu, int N, int F) {
+  swiglu_forward_lp_t(s, dt, out16, gu, N, F);
+}
+void swiglu_forward_lp(cudaStream_t s, int dt, uint16_t* out16, const uint16_t* gu, int N, int F) {
+  swiglu_forward_lp_t(s, dt, out16, gu, N, F);
 }
 
 template <bool Set>
@@ -799,15 +823,24 @@ void swiglu_backward(cudaStream_t s, float* dgu, const float* dout, const float*
     swiglu_backward_t<false>(s, dgu, dout, gu, N, F);
 }
 
-void swiglu_backward_lp_set(cudaStream_t s, int dt, uint16_t* dgu16, const float* dout,
-                            const float* gu, int N, int F) {
+template <class In>
+void swiglu_backward_lp_t(cudaStream_t s, int dt, uint16_t* dgu16, const float* dout,
+                          const In* gu, int N, int F) {
   const size_t total = static_cast<size_t>(N) * F;
   if (total == 0) return;
-  if (F % 4 == 0 && al8(dgu16) && al16(dout) && al16(gu))
-    return each4(s, total / 4, SwigluBackLp4{dt, dgu16, dout, gu, size_t(F)});
-  swiglu_backward_lp_k<<<grid_for(total, kThreads), kThreads, 0, s>>>(dt, dgu16, dout, gu, F,
-                                                                      total);
+  if (F % 4 == 0 && al8(dgu16) && al16(dout) && al_in(gu))
+    return each4(s, total / 4, SwigluBackLp4<In>{dt, dgu16, dout, gu, size_t(F)});
+  swiglu_backward_lp_k<In><<<grid_for(total, kThreads), kThreads, 0, s>>>(dt, dgu16, dout, gu,
+                                                                          F, total);
   SW_CUDA_LAUNCHED();
+}
+void swiglu_backward_lp_set(cudaStream_t s, int dt, uint16_t* dgu16, const float* dout,
+                            const float* gu, int N, int F) {
+  swiglu_backward_lp_t(s, dt, dgu16, dout, gu, N, F);
+}
+void swiglu_backward_lp_set(cudaStream_t s, int dt, uint16_t* dgu16, const float* dout,
+                            const uint16_t* gu, int N, int F) {
+  swiglu_backward_lp_t(s, dt, dgu16, dout, gu, N, F);
 }
 
 void residual_forward(cudaStream_t s, float* out, const float* a, const float* b, size_t n) {

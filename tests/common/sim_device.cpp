@@ -212,11 +212,11 @@ class SimOps final : public sw::Ops {
   sw::Stream& stream() const override { return g_stream; }
   sw::DType compute() const override { return base_->compute(); }
   // Every op of sw::Ops, forwarded to the CPU's inside an Open.
-  void swiglu_forward_lp(uint16_t* out16, const float* gu, int N, int F) const override {
+  void swiglu_forward_lp(uint16_t* out16, sw::Operand gu, int N, int F) const override {
     Open g;
     on_device(__func__, "out16", out16);
-    on_device(__func__, "gu", gu);
-    base_->swiglu_forward_lp(out16, gu, N, F);
+    on_operand(__func__, "gu", gu);
+    base_->swiglu_forward_lp(out16, as_device_reads(gu), N, F);
   }
   void gelu_forward_lp(uint16_t* out16, const float* inp, size_t n) const override {
     Open g;
@@ -264,12 +264,12 @@ class SimOps final : public sw::Ops {
     on_device(__func__, "bias", bias);
     base_->residual_layernorm_forward_lp(res, out16, mean, rstd, a, b, w, bias, N, C);
   }
-  void swiglu_backward_lp_set(uint16_t* dgu16, const float* dout, const float* gu, int N, int F) const override {
+  void swiglu_backward_lp_set(uint16_t* dgu16, const float* dout, sw::Operand gu, int N, int F) const override {
     Open g;
     on_device(__func__, "dgu16", dgu16);
     on_device(__func__, "dout", dout);
-    on_device(__func__, "gu", gu);
-    base_->swiglu_backward_lp_set(dgu16, dout, gu, N, F);
+    on_operand(__func__, "gu", gu);
+    base_->swiglu_backward_lp_set(dgu16, dout, as_device_reads(gu), N, F);
   }
   void gelu_backward_lp_set(float* dinp, uint16_t* dinp16, const float* inp, const float* dout, size_t n) const override {
     Open g;
@@ -307,6 +307,14 @@ class SimOps final : public sw::Ops {
     on_device(__func__, "out16", out16);
     on_device(__func__, "lse", lse);
     base_->attention_backward_lp_set(dqkv, dqkv16, dout, qkv16, out16, lse, B, T, H, KVH, hd);
+  }
+  void linear_forward_lp16(uint16_t* out16, sw::Operand inp, sw::Operand w, const float* b, int N, int C, int OC) const override {
+    Open g;
+    on_device(__func__, "out16", out16);
+    on_operand(__func__, "inp", inp);
+    on_operand(__func__, "w", w);
+    on_device(__func__, "b", b);
+    base_->linear_forward_lp16(out16, as_device_reads(inp), as_device_reads(w), b, N, C, OC);
   }
   void linear_forward_lp(float* out, sw::Operand inp, sw::Operand w, const float* b, int N, int C, int OC) const override {
     Open g;

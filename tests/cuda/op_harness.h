@@ -125,7 +125,8 @@ inline const std::vector<std::string>& all_ops() {
       "gelu_forward_lp", "linear_forward_lp", "linear_backward_lp_set", "rmsnorm_forward_lp",
       "residual_rmsnorm_forward_lp", "layernorm_forward_lp", "residual_layernorm_forward_lp",
       "swiglu_backward_lp_set", "rope_backward_lp", "gemm_lp", "rope_forward_lp",
-      "attention_forward_lp", "attention_backward_lp_set", "round_copy_lp", "gelu_backward_lp_set"};
+      "attention_forward_lp", "attention_backward_lp_set", "round_copy_lp", "gelu_backward_lp_set",
+      "linear_forward_lp16"};
   return ops;
 }
 
@@ -448,6 +449,36 @@ inline std::vector<OpCase> op_cases() {
                     a.ops().linear_forward(ref, px, pw.rounded, pb, l.N, l.C, l.OC);
                     put(o, "lp", a.down(out, no));
                     put(o, "ref", a.down(ref, no));
+                    return o;
+                  }});
+    // The product's output in the compute precision: against the other backend only (cuBLAS
+    // may sum a 16-bit output in another order than an fp32 one); each backend's fp32 output
+    // narrowed beside it ("f32 narrowed") for a reader comparing the two.
+    for (int wf = 0; wf < 3; ++wf)
+    cs.push_back({"linear_forward_lp16",
+                  "linear_forward_lp16 " + weight_form(wf) + " " +
+                      shape({{"N", l.N}, {"C", l.C}, {"OC", l.OC}}),
+                  kTolMat, kTolMatLowp, [l, sd, wf](Arena& a) {
+                    Outputs o;
+                    const sw::DType dt = a.ops().compute();
+                    if (dt == sw::DType::F32) return o;
+                    Rng r(sd + 3500);
+                    const Vec x = r.normal(size_t(l.N) * l.C), w = r.normal(size_t(l.OC) * l.C, 0.2f),
+                              b = r.normal(l.OC);
+                    const size_t nx = x.size(), no = size_t(l.N) * l.OC;
+                    const float* px = a.up(x);
+                    uint16_t* x16 = up16(a, nx);
+                    a.ops().narrow(dt, px, x16, nx);
+                    uint16_t* out16 = up16(a, no);
+                    uint16_t* ref16 = up16(a, no);
+                    float* ref = a.up(Vec(no, NAN));
+                    const float* pb = l.bias ? a.up(b) : nullptr;
+                    const WeightForms pw(a, w, wf);
+                    a.ops().linear_forward_lp16(out16, x16, pw.operand, pb, l.N, l.C, l.OC);
+                    a.ops().linear_forward_lp(ref, x16, pw.operand, pb, l.N, l.C, l.OC);
+                    a.ops().narrow(dt, ref, ref16, no);
+                    put(o, "out16", down16(a, out16, no, dt));
+                    put(o, "f32 narrowed", down16(a, ref16, no, dt));
                     return o;
                   }});
     for (int wf = 0; wf < 3; ++wf)
@@ -1038,6 +1069,17 @@ inline std::vector<OpCase> op_cases() {
                     a.ops().narrow(dt, f, ref, NF);
                     put(o, "lp", down16(a, lp, NF, dt));
                     put(o, "ref", down16(a, ref, NF, dt));
+                    // gu 16-bit (a product's output kept in the compute precision), against
+                    // the fp32 op on its widened values
+                    uint16_t* gu16 = up16(a, 2 * NF);
+                    a.ops().narrow(dt, gu, gu16, 2 * NF);
+                    float* guw = a.up(Vec(2 * NF, NAN));
+                    a.ops().widen(dt, gu16, guw, 2 * NF);
+                    a.ops().swiglu_forward_lp(lp, gu16, N, int(NF / N));
+                    a.ops().swiglu_forward(f, guw, N, int(NF / N));
+                    a.ops().narrow(dt, f, ref, NF);
+                    put(o, "lp gu16", down16(a, lp, NF, dt));
+                    put(o, "ref gu16", down16(a, ref, NF, dt));
                     return o;
                   }});
     cs.push_back({"swiglu_backward_set", "swiglu_backward_set " + sh, kTolElem, kTolElem,
@@ -1070,6 +1112,16 @@ inline std::vector<OpCase> op_cases() {
                     a.ops().narrow(dt, f, ref, 2 * NF);
                     put(o, "lp", down16(a, lp, 2 * NF, dt));
                     put(o, "ref", down16(a, ref, 2 * NF, dt));
+                    // gu 16-bit, against the fp32 op on its widened values
+                    uint16_t* gu16 = up16(a, 2 * NF);
+                    a.ops().narrow(dt, pgu, gu16, 2 * NF);
+                    float* guw = a.up(Vec(2 * NF, NAN));
+                    a.ops().widen(dt, gu16, guw, 2 * NF);
+                    a.ops().swiglu_backward_lp_set(lp, pdy, gu16, N, int(NF / N));
+                    a.ops().swiglu_backward_set(f, pdy, guw, N, int(NF / N));
+                    a.ops().narrow(dt, f, ref, 2 * NF);
+                    put(o, "lp gu16", down16(a, lp, 2 * NF, dt));
+                    put(o, "ref gu16", down16(a, ref, 2 * NF, dt));
                     return o;
                   }});
   }

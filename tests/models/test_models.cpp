@@ -507,6 +507,22 @@ class HideCompute final : public swtest::ForwardingOps {
     const std::vector<float> o = rounded(out, size_t(B) * T * H * hd);
     base_.attention_backward_set(dqkv, dout, qkv, o.data(), lse, B, T, H, KVH, hd);
   }
+  // Llama's gate|up, a product's output only the SwiGLU reads, is kept 16-bit (as autocast
+  // keeps a linear's output): the SwiGLU reads it rounded, forward and backward.
+  void swiglu_forward(float* out, const float* gu, int N, int F) const override {
+    const std::vector<float> g = rounded(gu, 2 * size_t(N) * F);
+    base_.swiglu_forward(out, g.data(), N, F);
+  }
+  void swiglu_backward(float* dgu, const float* dout, const float* gu, int N,
+                       int F) const override {
+    const std::vector<float> g = rounded(gu, 2 * size_t(N) * F);
+    base_.swiglu_backward(dgu, dout, g.data(), N, F);
+  }
+  void swiglu_backward_set(float* dgu, const float* dout, const float* gu, int N,
+                           int F) const override {
+    const std::vector<float> g = rounded(gu, 2 * size_t(N) * F);
+    base_.swiglu_backward_set(dgu, dout, g.data(), N, F);
+  }
 
  private:
   std::vector<float> rounded(const float* x, size_t n) const {
@@ -599,7 +615,8 @@ TEST_CASE("weights' 16-bit copies give the bits of the fp32 path (BF16 and F16 O
 // With 16-bit products the blocks keep their products' inputs 16-bit (norm outputs, qkv,
 // attention's output, the MLP's activation) and hand Llama's dgu and dqkv to the products
 // 16-bit: the same bits as the fp32 path, whose products round those values the same way
-// (HideCompute: its attention backward reads the rounded output, as the 16-bit path's does).
+// (HideCompute: its attention backward reads the rounded output, as the 16-bit path's does,
+// and its SwiGLU the rounded gate|up, which the 16-bit path keeps as its product writes it).
 TEST_CASE("16-bit products' inputs give the bits of the fp32 path (BF16 and F16 Ops)",
           "[models][lowp]") {
   for (const ModelConfig& c : {tiny_gpt2(), tiny_llama()})
