@@ -180,14 +180,15 @@ class Ops {
   // instead of narrowing an fp32 one on each call. Since the BF16 / F16 products round their
   // operands to exactly these values, the results are those of the fp32 ops bit for bit:
   //   swiglu_forward_lp(o16, ...)   == narrow(swiglu_forward(...));  gelu_forward_lp likewise;
-  //     gu may be 16-bit (read as widen(gu16): a product's output kept in the compute
-  //     precision, linear_forward_lp16), as in swiglu_backward_lp_set;
+  //     gu (GELU's inp) may be 16-bit (read as widen(gu16): a product's output kept in the
+  //     compute precision, linear_forward_lp16), as in swiglu_backward_lp_set and
+  //     gelu_backward_lp_set;
   //   rmsnorm_forward_lp(o16, ...)  == narrow of rmsnorm_forward's out (rstd the same); the
   //     residual and LayerNorm forms likewise;
   //   swiglu_backward_lp_set(d16, ...) == narrow(swiglu_backward_set(...));
   //   gelu_backward_lp_set(d, d16, ...) writes gelu_backward_set(d, ...) and d16 = narrow(d):
   //     both forms of a gradient that a biased product takes (its bias gradient sums the fp32
-  //     values, its products read the 16-bit ones: an Operand with both);
+  //     values, its products read the 16-bit ones: an Operand with both; d16 may be null);
   //   rope_backward_lp(d16, dqkv, ...) == narrow(rope_backward(dqkv, ...)) (dqkv unchanged);
   //   linear_forward_lp(out, narrow(x), narrow(w), ...) == linear_forward(out, x, w, ...);
   //   linear_forward_lp16(o16, ...) == narrow(linear_forward_lp(out, ...)): the product's
@@ -206,7 +207,7 @@ class Ops {
   // The defaults go through fp32 copies in device scratch (a Buffer per call); backends
   // override them.
   virtual void swiglu_forward_lp(uint16_t* out16, Operand gu, int N, int F) const;
-  virtual void gelu_forward_lp(uint16_t* out16, const float* inp, size_t n) const;
+  virtual void gelu_forward_lp(uint16_t* out16, Operand inp, size_t n) const;
   virtual void rmsnorm_forward_lp(uint16_t* out16, float* rstd, const float* inp, const float* w,
                                   int N, int C, float eps) const;
   virtual void residual_rmsnorm_forward_lp(float* res, uint16_t* out16, float* rstd,
@@ -220,7 +221,7 @@ class Ops {
                                              int C) const;
   virtual void swiglu_backward_lp_set(uint16_t* dgu16, const float* dout, Operand gu, int N,
                                       int F) const;
-  virtual void gelu_backward_lp_set(float* dinp, uint16_t* dinp16, const float* inp,
+  virtual void gelu_backward_lp_set(float* dinp, uint16_t* dinp16, Operand inp,
                                     const float* dout, size_t n) const;
   // dqkv16 (B, T, (H + 2*KVH) * hd) = narrow of the inverse rotation of dqkv (q and k heads;
   // v heads narrowed as they are); dqkv is only read. Must not overlap.

@@ -85,9 +85,11 @@ void Ops::swiglu_forward_lp(uint16_t* out16, Operand gu, int N, int F) const {
   narrowed_from(*this, out16, mul(N, F), [&](float* t) { swiglu_forward(t, g, N, F); });
 }
 
-void Ops::gelu_forward_lp(uint16_t* out16, const float* inp, size_t n) const {
+void Ops::gelu_forward_lp(uint16_t* out16, Operand inp, size_t n) const {
   require_lowp("gelu_forward_lp");
-  narrowed_from(*this, out16, n, [&](float* t) { gelu_forward(t, inp, n); });
+  Buffer tmp;
+  const float* x = operand_f32(inp, 1, 0, n, tmp);
+  narrowed_from(*this, out16, n, [&](float* t) { gelu_forward(t, x, n); });
 }
 
 const float* Ops::operand_f32(Operand x, size_t r, size_t ld, size_t c, Buffer& tmp) const {
@@ -181,11 +183,12 @@ void Ops::attention_backward_lp_set(float* dqkv, uint16_t* dqkv16, const float* 
   if (dqkv16) narrow(compute(), dqkv, dqkv16, nq);
 }
 
-void Ops::gelu_backward_lp_set(float* dinp, uint16_t* dinp16, const float* inp,
-                               const float* dout, size_t n) const {
+void Ops::gelu_backward_lp_set(float* dinp, uint16_t* dinp16, Operand inp, const float* dout,
+                               size_t n) const {
   require_lowp("gelu_backward_lp_set");
-  gelu_backward_set(dinp, inp, dout, n);
-  narrow(compute(), dinp, dinp16, n);
+  Buffer tmp;
+  gelu_backward_set(dinp, operand_f32(inp, 1, 0, n, tmp), dout, n);
+  if (dinp16) narrow(compute(), dinp, dinp16, n);
 }
 
 void Ops::round_copy_lp(DType dt, float* dst, uint16_t* dst16, const float* src,

@@ -196,7 +196,8 @@ class Block final : public Unit {
     auto P = [&](size_t i) { return ctx.param(i); };
     auto W = [&](size_t i) { return ctx.weight(i); };  // a product's weight (Operand)
 
-    // ln1, ln2 and fch_gelu are the products' inputs: 16-bit with 16-bit products (ProductIn).
+    // ln1, ln2 and fch_gelu are the products' inputs, fch a product's output that only the GELU
+    // reads: 16-bit with 16-bit products (ProductIn; fch as PyTorch's autocast keeps it).
     const ProductIn ln1 = keep_input(ctx, "ln1", sz(N, C), Keep::Cheap);  // (N,C)
     float* ln1_mean = keep(ctx, "ln1_mean", sz(N));    // (N)
     float* ln1_rstd = keep(ctx, "ln1_rstd", sz(N));    // (N)
@@ -209,7 +210,7 @@ class Block final : public Unit {
     const ProductIn ln2 = keep_input(ctx, "ln2", sz(N, C), Keep::Cheap);  // (N,C)
     float* ln2_mean = keep(ctx, "ln2_mean", sz(N));    // (N)
     float* ln2_rstd = keep(ctx, "ln2_rstd", sz(N));    // (N)
-    float* fch = keep(ctx, "fch", sz(N, F));           // (N,F) before GELU
+    const ProductIn fch = keep_input(ctx, "fch", sz(N, F), Keep::Always);  // (N,F) before GELU
     const ProductIn fch_gelu = keep_input(ctx, "fch_gelu", sz(N, F), Keep::Cheap);  // (N,F)
 
     layernorm_forward_to(ops, ln1, ln1_mean, ln1_rstd, x, P(LN1W), P(LN1B), N, C);
@@ -224,23 +225,23 @@ class Block final : public Unit {
     }
     linear_forward_from(ops, x2, atty.operand(), W(PROJW), P(PROJB), N, C, C);
     residual_layernorm_forward_to(ops, x2, ln2, ln2_mean, ln2_rstd, x2, x, P(LN2W), P(LN2B), N, C);
-    linear_forward_from(ops, fch, ln2.operand(), W(FCW), P(FCB), N, C, F);
-    gelu_forward_to(ops, fch_gelu, fch, sz(N, F));
+    linear_forward_to(ops, fch, ln2.operand(), W(FCW), P(FCB), N, C, F);
+    gelu_forward_to(ops, fch_gelu, fch.operand(), sz(N, F));
     linear_forward_from(ops, y, fch_gelu.operand(), W(FCPROJW), P(FCPROJB), N, F, C);
     ops.residual_forward(y, y, x2, sz(N, C));
   }
 
   // Forward keeps (in this order) ln1, ln1_mean, ln1_rstd, qkv, atty, lse, x2, ln2, ln2_mean,
-  // ln2_rstd, fch, fch_gelu (ln1, qkv, atty, ln2 and fch_gelu 2 bytes a value with 16-bit
+  // ln2_rstd, fch, fch_gelu (ln1, qkv, atty, ln2, fch and fch_gelu 2 bytes a value with 16-bit
   // products, qkv's fp32 product then in scratch): in Saved when training, in scratch in
   // inference. recompute_cheap: two (N) statistics in
   // scratch; backward: the six input gradients (written, not zeroed first).
   ActivationDecl declare_activations(int /*call*/, BatchShape shape) const override {
     const size_t B = size_t(shape.B), N = B * size_t(shape.T), C = size_t(c_.d_model),
                  H = size_t(c_.n_head), F = size_t(c_.d_ff);
-    const size_t kept[] = {N, N, B * H * size_t(shape.T), N * C, N, N, N * F};
-    // ln1, qkv, atty, ln2, fch_gelu
-    const size_t inputs[] = {N * C, N * 3 * C, N * C, N * C, N * F};
+    const size_t kept[] = {N, N, B * H * size_t(shape.T), N * C, N, N};
+    // ln1, qkv, atty, ln2, fch, fch_gelu
+    const size_t inputs[] = {N * C, N * 3 * C, N * C, N * C, N * F, N * F};
     ActivationDecl d;
     for (size_t n : kept) d.saved += f32b(n), d.scratch_eval += scrb(n);
     for (size_t n : inputs) {
@@ -275,8 +276,8 @@ class Block final : public Unit {
                          ctx.param(LN1W), ctx.param(LN1B), N, C);
     layernorm_forward_to(ops, saved_input(s, "ln2", sz(N, C), Keep::Cheap, ops), mean, rstd,
                          s.get("x2"), ctx.param(LN2W), ctx.param(LN2B), N, C);
-    gelu_forward_to(ops, saved_input(s, "fch_gelu", sz(N, F), Keep::Cheap, ops), s.get("fch"),
-                    sz(N, F));
+    gelu_forward_to(ops, saved_input(s, "fch_gelu", sz(N, F), Keep::Cheap, ops),
+                    saved_input(s, "fch", ops).operand(), sz(N, F));
   }
 
   // dy is read by the first product only, before dx is first written (the norm's backward
@@ -307,7 +308,8 @@ class Block final : public Unit {
     Operand dfch_in = dfch;
     if (lowp(ops)) {
       uint16_t* d16 = ctx.scratch->lp(sz(N, F));
-      ops.gelu_backward_lp_set(dfch, d16, s.get("fch"), dfch_gelu, sz(N, F));
+      ops.gelu_backward_lp_set(dfch, d16, saved_input(s, "fch", ops).operand(), dfch_gelu,
+                               sz(N, F));
       dfch_in = Operand(dfch, d16);
     } else {
       ops.gelu_backward_set(dfch, s.get("fch"), dfch_gelu, sz(N, F));

@@ -95,11 +95,21 @@ void swiglu_forward_to(const Ops& ops, ProductIn out, Operand gu, int N, int F) 
   }
 }
 
-void gelu_forward_to(const Ops& ops, ProductIn out, const float* inp, size_t n) {
-  if (out.lp)
+void gelu_forward_to(const Ops& ops, ProductIn out, Operand inp, size_t n) {
+  if (out.lp) {
     ops.gelu_forward_lp(out.lp, inp, n);
+  } else {
+    SW_CHECK(inp.f32 || n == 0, "gelu_forward_to: fp32 output from a 16-bit input");
+    ops.gelu_forward(out.f32, inp.f32, n);
+  }
+}
+
+void linear_forward_to(const Ops& ops, ProductIn out, Operand inp, Operand w, const float* b,
+                       int N, int C, int OC) {
+  if (out.lp)
+    ops.linear_forward_lp16(out.lp, inp, w, b, N, C, OC);
   else
-    ops.gelu_forward(out.f32, inp, n);
+    linear_forward_from(ops, out.f32, inp, w, b, N, C, OC);
 }
 
 void linear_forward_from(const Ops& ops, float* out, Operand inp, Operand w, const float* b,

@@ -249,7 +249,11 @@ void residual_layernorm_forward_to(const Ops& ops, float* res, ProductIn out, fl
                                    const float* bias, int N, int C);
 // gu fp32, or 16-bit (a product's output kept in the compute precision) with a 16-bit out.
 void swiglu_forward_to(const Ops& ops, ProductIn out, Operand gu, int N, int F);
-void gelu_forward_to(const Ops& ops, ProductIn out, const float* inp, size_t n);
+void gelu_forward_to(const Ops& ops, ProductIn out, Operand inp, size_t n);
+// A product's output kept as a ProductIn (16-bit from the product with 16-bit products:
+// Ops::linear_forward_lp16), for outputs only element-wise ops read.
+void linear_forward_to(const Ops& ops, ProductIn out, Operand inp, Operand w, const float* b,
+                       int N, int C, int OC);
 // Products of Operands (fp32, 16-bit, or a weight with both forms): Ops::linear_forward /
 // linear_backward_set / gemm where every operand is fp32 only, the *_lp forms otherwise.
 void linear_forward_from(const Ops& ops, float* out, Operand inp, Operand w, const float* b,

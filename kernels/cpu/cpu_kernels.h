@@ -100,6 +100,10 @@ void swiglu_forward_lp(DType dt, uint16_t* out, const float* gu, int N, int F);
 // The same from gu held in dt (its values widened as they are read).
 void swiglu_forward_lp(DType dt, uint16_t* out, const uint16_t* gu, int N, int F);
 void gelu_forward_lp(DType dt, uint16_t* out, const float* inp, size_t n);
+// The same from inp held in dt (its values widened as they are read).
+void gelu_forward_lp(DType dt, uint16_t* out, const uint16_t* inp, size_t n);
+// gelu_backward(set = true) from inp held in dt.
+void gelu_backward_set(DType dt, float* dinp, const uint16_t* inp, const float* dout, size_t n);
 void swiglu_backward(float* dgu, const float* dout, const float* gu, int N, int F,
                      bool set = false);
 // narrow(dt, swiglu_backward(set = true)) in one pass (Ops::swiglu_backward_lp_set).

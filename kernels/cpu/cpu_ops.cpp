@@ -133,9 +133,21 @@ class CpuOps final : public Ops {
     else
       cpu::swiglu_forward_lp(compute_, out16, gu.lp, N, F);
   }
-  void gelu_forward_lp(uint16_t* out16, const float* inp, size_t n) const override {
+  void gelu_forward_lp(uint16_t* out16, Operand inp, size_t n) const override {
     require_lowp("gelu_forward_lp");
-    cpu::gelu_forward_lp(compute_, out16, inp, n);
+    if (inp.f32)
+      cpu::gelu_forward_lp(compute_, out16, inp.f32, n);
+    else
+      cpu::gelu_forward_lp(compute_, out16, inp.lp, n);
+  }
+  void gelu_backward_lp_set(float* dinp, uint16_t* dinp16, Operand inp, const float* dout,
+                            size_t n) const override {
+    require_lowp("gelu_backward_lp_set");
+    if (inp.f32)
+      cpu::gelu_backward(dinp, inp.f32, dout, n, true);
+    else
+      cpu::gelu_backward_set(compute_, dinp, inp.lp, dout, n);
+    if (dinp16) narrow(compute_, dinp, dinp16, n);
   }
   void rmsnorm_forward_lp(uint16_t* out16, float* rstd, const float* inp, const float* w, int N,
                           int C, float eps) const override {

@@ -103,11 +103,12 @@ inline float in_value(In v) {
 // the same function, without tanh's cancellation near 1 + tanh(u) = 0 (large negative x).
 // u is formed from x clamped to [-10, 10]: beyond that e^{-2u} is saturated by exp_clamped
 // anyway, and x^3 cannot overflow.
-template <class T>
-void gelu_forward_t(T* out, const float* inp, size_t n, DType dt) {
+// inp fp32, or 16-bit of kind K (in_value).
+template <class T, int K = 0, class In = float>
+void gelu_forward_t(T* out, const In* inp, size_t n, DType dt) {
 #pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMin)
   for (size_t i = 0; i < n; ++i) {
-    const float x = inp[i];
+    const float x = in_value<K>(inp[i]);
     const float xc = clampf(x, -10.f, 10.f);
     const float u = kSqrt2OverPi * xc * (1.f + kGeluA * xc * xc);
     out[i] = out_value<T>(x / (1.f + exp_clamped(-2.f * u)), dt);
@@ -119,16 +120,23 @@ void gelu_forward(float* out, const float* inp, size_t n) {
 void gelu_forward_lp(DType dt, uint16_t* out, const float* inp, size_t n) {
   gelu_forward_t(out, inp, n, dt);
 }
+void gelu_forward_lp(DType dt, uint16_t* out, const uint16_t* inp, size_t n) {
+  if (dt == DType::BF16)
+    gelu_forward_t<uint16_t, 1>(out, inp, n, dt);
+  else
+    gelu_forward_t<uint16_t, 2>(out, inp, n, dt);
+}
 
 // dy/dx = s + x * 2u' * s (1 - s), with s = sigmoid(2u), 1 - s = e s (e = e^{-2u}) and
 // u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2).  dinp += dout * dy/dx. Outside [-10, 10] the
 // second term is below 1e-30, so x is clamped there (no overflow to inf * 0).
 // Set: dinp = 0 + g (the value += gives on zeros, -0 included), dinp never read.
-template <bool Set>
-void gelu_backward_t(float* dinp, const float* inp, const float* dout, size_t n) {
+// inp fp32, or 16-bit of kind K (in_value).
+template <bool Set, int K = 0, class In = float>
+void gelu_backward_t(float* dinp, const In* inp, const float* dout, size_t n) {
 #pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMin)
   for (size_t i = 0; i < n; ++i) {
-    const float x = clampf(inp[i], -10.f, 10.f);
+    const float x = clampf(in_value<K>(inp[i]), -10.f, 10.f);
     const float x2 = x * x;
     const float u = kSqrt2OverPi * x * (1.f + kGeluA * x2);
     const float du = kSqrt2OverPi * (1.f + 3.f * kGeluA * x2);
@@ -145,6 +153,12 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, b
     gelu_backward_t<true>(dinp, inp, dout, n);
   else
     gelu_backward_t<false>(dinp, inp, dout, n);
+}
+void gelu_backward_set(DType dt, float* dinp, const uint16_t* inp, const float* dout, size_t n) {
+  if (dt == DType::BF16)
+    gelu_backward_t<true, 1>(dinp, inp, dout, n);
+  else
+    gelu_backward_t<true, 2>(dinp, inp, dout, n);
 }
 
 // out(N,F) = silu(gate) * up, gu rows [gate (F) | up (F)]; silu(g) = g / (1 + e^{-g}).

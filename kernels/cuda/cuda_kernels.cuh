@@ -26,6 +26,11 @@ void swiglu_forward_lp(cudaStream_t s, int dt, uint16_t* out16, const float* gu,
 // The same from gu held in dt (read as widened; Ops::linear_forward_lp16's output).
 void swiglu_forward_lp(cudaStream_t s, int dt, uint16_t* out16, const uint16_t* gu, int N, int F);
 void gelu_forward_lp(cudaStream_t s, int dt, uint16_t* out16, const float* inp, size_t n);
+// The same from inp held in dt (read as widened; Ops::linear_forward_lp16's output).
+void gelu_forward_lp(cudaStream_t s, int dt, uint16_t* out16, const uint16_t* inp, size_t n);
+// gelu_backward with set from inp held in dt; with d16, the result also narrowed there.
+void gelu_backward_set(cudaStream_t s, int dt, float* dinp, const uint16_t* inp,
+                       const float* dout, size_t n, uint16_t* d16);
 void swiglu_backward(cudaStream_t s, float* dgu, const float* dout, const float* gu, int N, int F,
                      bool set = false);
 // narrow(dt, swiglu_backward with set) in one pass (Ops::swiglu_backward_lp_set).

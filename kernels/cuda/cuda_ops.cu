@@ -178,7 +178,8 @@ class CudaDevice {
     cublasLtMatmulAlgo_t algo{};
     bool ok = false;
   };
-  using LtKey = std::tuple<int, int, int, int, int, int, int>;  // dt, m, n, k, alignments
+  // dt, m, n, k, alignments, the output's dtype (0 fp32, else dt)
+  using LtKey = std::tuple<int, int, int, int, int, int, int, int>;
   template <class Make>
   LtPlan& lt_plan(const LtKey& key, Make make) const {
     auto it = lt_plans_.find(key);
@@ -514,18 +515,21 @@ class CudaOps final : public Ops {
     linear_forward_any(out, inp, w, b, N, C, OC);
   }
   // The product's output in the compute precision: cuBLAS writes it 16-bit from its fp32 sum
-  // (one rounding, as narrow would round the fp32 output). With a bias (or not lowp), the
-  // default: the fp32 output in scratch, narrowed.
+  // (one rounding, as narrow would round the fp32 output); a bias in cuBLASLt's epilogue before
+  // that rounding, or (no algorithm for it) the default: the fp32 output in a transient
+  // buffer, narrowed.
   void linear_forward_lp16(uint16_t* out16, Operand inp, Operand w, const float* b, int N, int C,
                            int OC) const override {
     SW_OP_TIME();
     require_lowp("linear_forward_lp16");
-    if (b || N <= 0 || OC <= 0 || C <= 0)
-      return Ops::linear_forward_lp16(out16, inp, w, b, N, C, OC);
+    if (N <= 0 || OC <= 0 || C <= 0) return Ops::linear_forward_lp16(out16, inp, w, b, N, C, OC);
     const cudaStream_t s = begin();
     const uint16_t* x16 = inp.lp ? inp.lp : narrowed(s, Slot::Lowp0, inp.f32, C, N, C);
     const uint16_t* w16 = w.lp ? w.lp : narrowed(s, Slot::Lowp1, w.f32, C, OC, C);
-    gemm16_out16(false, true, N, OC, C, x16, C, w16, C, out16, OC);
+    if (!b) return gemm16_out16(false, true, N, OC, C, x16, C, w16, C, out16, OC);
+    // A bias in cuBLASLt's epilogue, 16-bit output; else the fp32 output in scratch, narrowed
+    if (gemm16_bias(s, N, OC, C, x16, w16, b, out16, true)) return;
+    Ops::linear_forward_lp16(out16, x16, w16, b, N, C, OC);
   }
   // inp and w fp32, or 16-bit (compute_'s values; lowp only), or both (the 16-bit form read).
   void linear_forward_any(float* out, Operand inp, Operand w, const float* b, int N, int C,
@@ -687,11 +691,14 @@ class CudaOps final : public Ops {
     SW_OP_TIME();
     cuda::gelu_backward(begin(), dinp, inp, dout, n, true);
   }
-  void gelu_backward_lp_set(float* dinp, uint16_t* dinp16, const float* inp, const float* dout,
+  void gelu_backward_lp_set(float* dinp, uint16_t* dinp16, Operand inp, const float* dout,
                             size_t n) const override {
     SW_OP_TIME();
     require_lowp("gelu_backward_lp_set");
-    cuda::gelu_backward(begin(), dinp, inp, dout, n, true, dinp16, dt());
+    if (inp.lp)
+      cuda::gelu_backward_set(begin(), dt(), dinp, inp.lp, dout, n, dinp16);
+    else
+      cuda::gelu_backward(begin(), dinp, inp.f32, dout, n, true, dinp16, dt());
   }
   void swiglu_forward(float* out, const float* gu, int N, int F) const override {
     SW_OP_TIME();
@@ -715,10 +722,13 @@ class CudaOps final : public Ops {
     else
       cuda::swiglu_forward_lp(begin(), dt(), out16, gu.f32, N, F);
   }
-  void gelu_forward_lp(uint16_t* out16, const float* inp, size_t n) const override {
+  void gelu_forward_lp(uint16_t* out16, Operand inp, size_t n) const override {
     SW_OP_TIME();
     require_lowp("gelu_forward_lp");
-    cuda::gelu_forward_lp(begin(), dt(), out16, inp, n);
+    if (inp.lp)
+      cuda::gelu_forward_lp(begin(), dt(), out16, inp.lp, n);
+    else
+      cuda::gelu_forward_lp(begin(), dt(), out16, inp.f32, n);
   }
   void swiglu_backward_lp_set(uint16_t* dgu16, const float* dout, Operand gu, int N,
                               int F) const override {
@@ -1118,8 +1128,10 @@ class CudaOps final : public Ops {
   // heuristic must be told (it assumes 256 bytes). False, and the caller takes the other path,
   // where cuBLASLt has no algorithm for the shape, the bias is not 16-byte aligned, the call
   // fails, or SHARDWISE_CUDA_LT_BIAS=0.
+  // out16: D is written in the compute precision (void* out holds 16-bit values), the fp32 sum
+  // plus the bias rounded once (linear_forward_lp16).
   bool gemm16_bias(cudaStream_t s, int N, int OC, int C, const uint16_t* x16,
-                   const uint16_t* w16, const float* b, float* out) const {
+                   const uint16_t* w16, const float* b, void* out, bool out16 = false) const {
     static const bool off = env_switched_off("SHARDWISE_CUDA_LT_BIAS");
     auto align = [](const void* p) {
       const auto a = reinterpret_cast<std::uintptr_t>(p);
@@ -1130,7 +1142,8 @@ class CudaOps final : public Ops {
     const cudaDataType_t t = compute_ == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
     // Column-major, as gemm16 calls cublasGemmEx: D(OC, N) = op(A) B with A = w16 stored
     // (C, OC), transposed, and B = x16 stored (C, N); the bias has one value per row of D.
-    const CudaDevice::LtKey key{dt(), OC, N, C, aw, ax, ao};
+    const cudaDataType_t dtype = out16 ? t : CUDA_R_32F;
+    const CudaDevice::LtKey key{dt(), OC, N, C, aw, ax, ao, out16 ? dt() : 0};
     CudaDevice::LtPlan& p = d_.lt_plan(key, [&] {
       CudaDevice::LtPlan q;
       const cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
@@ -1145,7 +1158,7 @@ class CudaOps final : public Ops {
                                      sizeof(bias_t));
       if (cublasLtMatrixLayoutCreate(&q.la, t, C, OC, C) != CUBLAS_STATUS_SUCCESS ||
           cublasLtMatrixLayoutCreate(&q.lb, t, C, N, C) != CUBLAS_STATUS_SUCCESS ||
-          cublasLtMatrixLayoutCreate(&q.lc, CUDA_R_32F, OC, N, OC) != CUBLAS_STATUS_SUCCESS)
+          cublasLtMatrixLayoutCreate(&q.lc, dtype, OC, N, OC) != CUBLAS_STATUS_SUCCESS)
         return q;
       cublasLtMatmulPreference_t pref = nullptr;
       if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return q;
@@ -1171,7 +1184,7 @@ class CudaOps final : public Ops {
       return q;
     });
     if (!p.ok) return false;
-    const OpScope scope(d_, "gemm16_bias");
+    const OpScope scope(d_, out16 ? "gemm16_bias_out16" : "gemm16_bias");
     const float alpha = 1.f, beta = 0.f;
     const void* bias = b;
     // (the descriptor is shared by the shape's calls; one host thread uses these Ops)

@@ -152,18 +152,19 @@ __global__ void gelu_forward_k(float* out, const float* inp, size_t n) {
   }
 }
 
-__global__ void gelu_forward_lp_k(int dt, uint16_t* out, const float* inp, size_t n) {
+template <class In>  // inp fp32, or 16-bit (dt)
+__global__ void gelu_forward_lp_k(int dt, uint16_t* out, const In* inp, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x)
-    out[i] = to_half_d(dt, gelu_f(inp[i]));
+    out[i] = to_half_d(dt, gelu_f(ldv(dt, inp, i)));
 }
 
-template <bool Set>
-__global__ void gelu_backward_k(float* dinp, const float* inp, const float* dout, size_t n,
+template <bool Set, class In>  // inp fp32, or 16-bit (dt)
+__global__ void gelu_backward_k(float* dinp, const In* inp, const float* dout, size_t n,
                                 uint16_t* d16, int dt) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x) {
-    const float r = (Set ? 0.f : dinp[i]) + gelu_grad_f(inp[i], dout[i]);
+    const float r = (Set ? 0.f : dinp[i]) + gelu_grad_f(ldv(dt, inp, i), dout[i]);
     dinp[i] = r;
     if (d16) d16[i] = to_half_d(dt, r);
   }
@@ -611,24 +612,30 @@ template <bool Set>
 __device__ float4 base4(const float* dst) {
   return Set ? make_float4(0.f, 0.f, 0.f, 0.f) : ld4(dst);
 }
-template <bool Set>
-struct GeluBack4 {  // dinp (+)= gelu'(inp) dout; with d16, also d16 = narrow(dinp) (the result)
+// dinp (+)= gelu'(inp) dout; with d16, also d16 = narrow(dinp) (the result); inp fp32 or
+// 16-bit (dt)
+template <bool Set, class In = float>
+struct GeluBack4 {
   float* dinp;
-  const float *inp, *dout;
+  const In* inp;
+  const float* dout;
   uint16_t* d16;
   int dt;
   __device__ void operator()(size_t i) const {
-    const float4 r =
-        zip4(base4<Set>(dinp + i), zip4(ld4(inp + i), ld4(dout + i), GeluGradF{}), AddF{});
+    const float4 r = zip4(base4<Set>(dinp + i), zip4(ldv4(dt, inp + i), ld4(dout + i), GeluGradF{}),
+                          AddF{});
     st4(dinp + i, r);
     if (d16) sth4(d16 + i, narrow4(dt, r));
   }
 };
-struct GeluLp4 {  // out16 = narrow(gelu(inp))
+template <class In>
+struct GeluLp4 {  // out16 = narrow(gelu(inp)), inp fp32 or 16-bit (dt)
   int dt;
   uint16_t* out;
-  const float* inp;
-  __device__ void operator()(size_t i) const { sth4(out + i, narrow4(dt, map4(ld4(inp + i), GeluF{}))); }
+  const In* inp;
+  __device__ void operator()(size_t i) const {
+    sth4(out + i, narrow4(dt, map4(ldv4(dt, inp + i), GeluF{})));
+  }
 };
 // Row n of gu is (gate F, up F); F a multiple of 4, so four columns stay in one row.
 struct Swiglu4 {
@@ -750,26 +757,38 @@ void gelu_forward(cudaStream_t s, float* out, const float* inp, size_t n) {
   SW_CUDA_LAUNCHED();
 }
 
-void gelu_forward_lp(cudaStream_t s, int dt, uint16_t* out16, const float* inp, size_t n) {
-  const size_t v = al8(out16) && al16(inp) ? n / 4 * 4 : 0;
-  each4(s, v / 4, GeluLp4{dt, out16, inp});
+template <class In>
+void gelu_forward_lp_t(cudaStream_t s, int dt, uint16_t* out16, const In* inp, size_t n) {
+  const size_t v = al8(out16) && al_in(inp) ? n / 4 * 4 : 0;
+  each4(s, v / 4, GeluLp4<In>{dt, out16, inp});
   out16 += v, inp += v, n -= v;
   if (n == 0) return;
-  gelu_forward_lp_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(dt, out16, inp, n);
+  gelu_forward_lp_k<In><<<grid_for(n, kThreads), kThreads, 0, s>>>(dt, out16, inp, n);
   SW_CUDA_LAUNCHED();
 }
+void gelu_forward_lp(cudaStream_t s, int dt, uint16_t* out16, const float* inp, size_t n) {
+  gelu_forward_lp_t(s, dt, out16, inp, n);
+}
+void gelu_forward_lp(cudaStream_t s, int dt, uint16_t* out16, const uint16_t* inp, size_t n) {
+  gelu_forward_lp_t(s, dt, out16, inp, n);
+}
 
-template <bool Set>
-void gelu_backward_t(cudaStream_t s, float* dinp, const float* inp, const float* dout, size_t n,
+template <bool Set, class In = float>
+void gelu_backward_t(cudaStream_t s, float* dinp, const In* inp, const float* dout, size_t n,
                      uint16_t* d16, int dt) {
   const size_t v =
-      al16(dinp) && al16(inp) && al16(dout) && (!d16 || al8(d16)) ? n / 4 * 4 : 0;
-  each4(s, v / 4, GeluBack4<Set>{dinp, inp, dout, d16, dt});
+      al16(dinp) && al_in(inp) && al16(dout) && (!d16 || al8(d16)) ? n / 4 * 4 : 0;
+  each4(s, v / 4, GeluBack4<Set, In>{dinp, inp, dout, d16, dt});
   dinp += v, inp += v, dout += v, n -= v;
   if (d16) d16 += v;
   if (n == 0) return;
-  gelu_backward_k<Set><<<grid_for(n, kThreads), kThreads, 0, s>>>(dinp, inp, dout, n, d16, dt);
+  gelu_backward_k<Set, In><<<grid_for(n, kThreads), kThreads, 0, s>>>(dinp, inp, dout, n, d16,
+                                                                       dt);
   SW_CUDA_LAUNCHED();
+}
+void gelu_backward_set(cudaStream_t s, int dt, float* dinp, const uint16_t* inp,
+                       const float* dout, size_t n, uint16_t* d16) {
+  gelu_backward_t<true>(s, dinp, inp, dout, n, d16, dt);
 }
 
 void gelu_backward(cudaStream_t s, float* dinp, const float* inp, const float* dout, size_t n,

@@ -218,11 +218,11 @@ class SimOps final : public sw::Ops {
     on_operand(__func__, "gu", gu);
     base_->swiglu_forward_lp(out16, as_device_reads(gu), N, F);
   }
-  void gelu_forward_lp(uint16_t* out16, const float* inp, size_t n) const override {
+  void gelu_forward_lp(uint16_t* out16, sw::Operand inp, size_t n) const override {
     Open g;
     on_device(__func__, "out16", out16);
-    on_device(__func__, "inp", inp);
-    base_->gelu_forward_lp(out16, inp, n);
+    on_operand(__func__, "inp", inp);
+    base_->gelu_forward_lp(out16, as_device_reads(inp), n);
   }
   void rmsnorm_forward_lp(uint16_t* out16, float* rstd, const float* inp, const float* w, int N, int C, float eps) const override {
     Open g;
@@ -271,13 +271,13 @@ class SimOps final : public sw::Ops {
     on_operand(__func__, "gu", gu);
     base_->swiglu_backward_lp_set(dgu16, dout, as_device_reads(gu), N, F);
   }
-  void gelu_backward_lp_set(float* dinp, uint16_t* dinp16, const float* inp, const float* dout, size_t n) const override {
+  void gelu_backward_lp_set(float* dinp, uint16_t* dinp16, sw::Operand inp, const float* dout, size_t n) const override {
     Open g;
     on_device(__func__, "dinp", dinp);
     on_device(__func__, "dinp16", dinp16);
-    on_device(__func__, "inp", inp);
+    on_operand(__func__, "inp", inp);
     on_device(__func__, "dout", dout);
-    base_->gelu_backward_lp_set(dinp, dinp16, inp, dout, n);
+    base_->gelu_backward_lp_set(dinp, dinp16, as_device_reads(inp), dout, n);
   }
   void rope_backward_lp(uint16_t* dqkv16, const float* dqkv, int B, int T, int H, int KVH, int hd, float theta) const override {
     Open g;

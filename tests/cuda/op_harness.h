@@ -785,6 +785,16 @@ inline std::vector<OpCase> op_cases() {
                     a.ops().narrow(dt, f, ref, n);
                     put(o, "lp", down16(a, lp, n, dt));
                     put(o, "ref", down16(a, ref, n, dt));
+                    // the input 16-bit (a product's output kept so), against its widened values
+                    uint16_t* x16 = up16(a, n);
+                    a.ops().narrow(dt, x, x16, n);
+                    float* xw = a.up(Vec(n, NAN));
+                    a.ops().widen(dt, x16, xw, n);
+                    a.ops().gelu_forward_lp(lp, x16, n);
+                    a.ops().gelu_forward(f, xw, n);
+                    a.ops().narrow(dt, f, ref, n);
+                    put(o, "lp x16", down16(a, lp, n, dt));
+                    put(o, "ref x16", down16(a, ref, n, dt));
                     return o;
                   }});
     cs.push_back({"gelu_backward_set", "gelu_backward_set " + sh, kTolElem, kTolElem,
@@ -822,6 +832,18 @@ inline std::vector<OpCase> op_cases() {
                     put(o, "ref", a.down(ref, n));
                     put(o, "lp16", down16(a, dx16, n, dt));
                     put(o, "ref16", down16(a, ref16, n, dt));
+                    // the input 16-bit, against its widened values
+                    uint16_t* x16 = up16(a, n);
+                    a.ops().narrow(dt, px, x16, n);
+                    float* xw = a.up(Vec(n, NAN));
+                    a.ops().widen(dt, x16, xw, n);
+                    a.ops().gelu_backward_lp_set(dx, dx16, x16, pdy, n);
+                    a.ops().gelu_backward_set(ref, xw, pdy, n);
+                    a.ops().narrow(dt, ref, ref16, n);
+                    put(o, "lp x16", a.down(dx, n));
+                    put(o, "ref x16", a.down(ref, n));
+                    put(o, "lp16 x16", down16(a, dx16, n, dt));
+                    put(o, "ref16 x16", down16(a, ref16, n, dt));
                     return o;
                   }});
     cs.push_back({"residual_forward", "residual_forward " + sh, kTolElem, kTolElem,

@@ -507,8 +507,23 @@ class HideCompute final : public swtest::ForwardingOps {
     const std::vector<float> o = rounded(out, size_t(B) * T * H * hd);
     base_.attention_backward_set(dqkv, dout, qkv, o.data(), lse, B, T, H, KVH, hd);
   }
-  // Llama's gate|up, a product's output only the SwiGLU reads, is kept 16-bit (as autocast
-  // keeps a linear's output): the SwiGLU reads it rounded, forward and backward.
+  // GPT-2's fch and Llama's gate|up, products' outputs only the GELU / SwiGLU read, are kept
+  // 16-bit (as autocast keeps a linear's output): those read them rounded, forward and
+  // backward.
+  void gelu_forward(float* out, const float* inp, size_t n) const override {
+    const std::vector<float> x = rounded(inp, n);
+    base_.gelu_forward(out, x.data(), n);
+  }
+  void gelu_backward(float* dinp, const float* inp, const float* dout,
+                     size_t n) const override {
+    const std::vector<float> x = rounded(inp, n);
+    base_.gelu_backward(dinp, x.data(), dout, n);
+  }
+  void gelu_backward_set(float* dinp, const float* inp, const float* dout,
+                         size_t n) const override {
+    const std::vector<float> x = rounded(inp, n);
+    base_.gelu_backward_set(dinp, x.data(), dout, n);
+  }
   void swiglu_forward(float* out, const float* gu, int N, int F) const override {
     const std::vector<float> g = rounded(gu, 2 * size_t(N) * F);
     base_.swiglu_forward(out, g.data(), N, F);
