@@ -142,11 +142,13 @@ int64_t kernel_workspace_bytes(const ModelConfig& mc, int B, int T, DType comput
     // 16-bit operands widened into per-thread scratch where the products pack from fp32
     // (gemm_bf16.cpp's widened16, not on the emulated path, which widens them in its rounding
     // pass): an input (the widest: the MLP's activation, N x F) and a gradient (Llama's dgu,
-    // N x 2F, or dqkv); attention's output in fp32 (forward, before it is narrowed: cpu_ops.cpp)
-    // and widened (backward: attention.cpp), N x C each.
+    // N x 2F, or dqkv); the output scratch (cpu_ops.cpp's out_scratch): attention's output in
+    // fp32 before it is narrowed, N x C, and a product's kept 16-bit (linear_forward_lp16:
+    // GPT-2's fch, N x F, Llama's gate|up, N x 2F); attention's output widened (backward:
+    // attention.cpp), N x C.
     const int64_t QKV = C + 2 * KVH * (C / H);
     b += N * std::max(F, C) * 4 + (mc.type == "llama" ? N * std::max(2 * F, QKV) * 4 : 0);
-    b += 2 * N * C * 4;
+    b += N * std::max(C, mc.type == "llama" ? 2 * F : F) * 4 + N * C * 4;
   }
   if (world > 1) b += comm_scratch;  // comm_scratch_bytes
   return b;

@@ -207,6 +207,15 @@ class CpuOps final : public Ops {
       cpu::narrow(compute_, dqkv, dqkv16,
                   size_t(B) * size_t(T) * size_t(H + 2 * KVH) * size_t(hd));
   }
+  // The fp32 product in this thread's output scratch (no allocation per call), narrowed.
+  void linear_forward_lp16(uint16_t* out16, Operand inp, Operand w, const float* b, int N, int C,
+                           int OC) const override {
+    require_lowp("linear_forward_lp16");
+    const size_t no = extent(N, OC);
+    float* o = out_scratch(no);
+    linear_forward_lp(o, inp, w, b, N, C, OC);
+    cpu::narrow(compute_, o, out16, no);
+  }
   // Each operand as fp32 where it has that form (a unit's weights come with both, and the
   // kernels pack from fp32); a weight given only 16-bit (the op tests) is widened first.
   void linear_forward_lp(float* out, Operand inp, Operand w, const float* b, int N, int C,
