@@ -250,6 +250,13 @@ class Ops {
   virtual void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr,
                      float beta1, float beta2, float eps, float wd, int step,
                      float grad_mult) const = 0;
+  // adamw, then the updated values' compute copies in the same pass (a one-rank unit keeping
+  // its parameters 16-bit: sharding/unit_state.h): param16 = narrow(dt, param), and param32
+  // (null for weights that have no fp32 compute copy) = its widening, as round_copy_lp writes
+  // them. The default calls adamw, then round_copy_lp / narrow.
+  virtual void adamw_copies(float* param, const float* grad, float* m, float* v, size_t n,
+                            float lr, float beta1, float beta2, float eps, float wd, int step,
+                            float grad_mult, DType dt, float* param32, uint16_t* param16) const;
 
   // ---- Utilities.
   virtual double sum_squares(const float* x, size_t n) const = 0;  // fixed-order, deterministic

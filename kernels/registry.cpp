@@ -191,6 +191,17 @@ void Ops::gelu_backward_lp_set(float* dinp, uint16_t* dinp16, Operand inp, const
   if (dinp16) narrow(compute(), dinp, dinp16, n);
 }
 
+void Ops::adamw_copies(float* param, const float* grad, float* m, float* v, size_t n, float lr,
+                       float beta1, float beta2, float eps, float wd, int step, float grad_mult,
+                       DType dt, float* param32, uint16_t* param16) const {
+  SW_CHECK(dt != DType::F32, "adamw_copies: needs a 16-bit dtype");
+  adamw(param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult);
+  if (param32)
+    round_copy_lp(dt, param32, param16, param, n);
+  else
+    narrow(dt, param, param16, n);
+}
+
 void Ops::round_copy_lp(DType dt, float* dst, uint16_t* dst16, const float* src,
                         size_t n) const {
   SW_CHECK(dt != DType::F32, "round_copy_lp: needs a 16-bit dtype");

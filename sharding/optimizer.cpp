@@ -165,6 +165,13 @@ void ShardedModel::Impl::update_unit(FlatUnit& fu, const ExecState& st, int64_t 
   const Range part{shard.lo + lo, shard.lo + hi};
   float* master = fu.master() + lo;
   const float* grad = fu.grad_shard() + lo;
+  // A one-rank unit keeping its parameters 16-bit, its master beside them on the device: the
+  // update writes the compute copies as it goes (Ops::adamw_copies; the alignment gaps keep
+  // the zeros finish_init wrote), so no regather reads the master again.
+  uint16_t* p16 = fu.kind() == FlatUnit::Kind::Whole && fu.split_master() &&
+                          fu.master_device() == ops->device()
+                      ? fu.full16()
+                      : nullptr;
   for (size_t s = 0; s < fu.layout().specs.size(); ++s) {
     const FlatEntry& e = fu.layout().entries[s];
     const Range r = intersect(part, {e.offset, e.offset + e.numel});
@@ -172,13 +179,21 @@ void ShardedModel::Impl::update_unit(FlatUnit& fu, const ExecState& st, int64_t 
     const size_t off = static_cast<size_t>(r.lo - shard.lo);  // into the shard
     const size_t poff = static_cast<size_t>(r.lo - part.lo);  // into this part
     const float wd = fu.layout().specs[s].weight_decay ? p.weight_decay : 0.f;
-    ops->adamw(master + poff, grad + poff, fu.adam_m() + off, fu.adam_v() + off,
-               static_cast<size_t>(r.hi - r.lo), st.lr, p.beta1, p.beta2, p.eps, wd, st.step,
-               st.grad_mult);
+    const size_t n = static_cast<size_t>(r.hi - r.lo);
+    if (p16) {
+      const size_t in = static_cast<size_t>(r.lo - e.offset);  // into the parameter
+      float* c32 = fu.params()[s] ? fu.params()[s] + in : nullptr;  // (none: a product weight)
+      ops->adamw_copies(master + poff, grad + poff, fu.adam_m() + off, fu.adam_v() + off, n,
+                        st.lr, p.beta1, p.beta2, p.eps, wd, st.step, st.grad_mult,
+                        fu.param_dtype(), c32, p16 + r.lo);
+    } else {
+      ops->adamw(master + poff, grad + poff, fu.adam_m() + off, fu.adam_v() + off, n, st.lr,
+                 p.beta1, p.beta2, p.eps, wd, st.step, st.grad_mult);
+    }
   }
   // A split fp32 master with one rank re-rounds the compute copy (no communication); stage 1's
   // all-gather of the updated slices is the plan's Regather action.
-  if (fu.kind() == FlatUnit::Kind::Whole && hi == fu.shard_size()) fu.issue_regather();
+  if (fu.kind() == FlatUnit::Kind::Whole && hi == fu.shard_size() && !p16) fu.issue_regather();
 }
 
 // One update's master and gradient copies down to the host (update_on_host). `mark`: the

@@ -118,6 +118,8 @@ class FlatUnit {
   bool split_master() const { return split_; }
   // The 16-bit copy of the full parameters (above): each parameter's view into it (ParamSpec
   // order), valid when Unsharded; null when the unit keeps none (or holds no gathered copy).
+  // The (padded) 16-bit copy itself, flat offsets; null where the unit keeps none.
+  uint16_t* full16() const { return settle(), full16_; }
   const std::vector<const uint16_t*>* params16() const {
     return settle(), full16_ ? &params16_ : nullptr;
   }

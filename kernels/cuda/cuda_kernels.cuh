@@ -49,8 +49,11 @@ void rope_apply(cudaStream_t s, float* qkv, const float* tab, int B, int T, int 
 // and src must not overlap.
 void rope_apply_lp(cudaStream_t s, int dt, uint16_t* dst16, const float* src, const float* tab,
                    int B, int T, int H, int KVH, int hd, float sign);
+// With p16: the updated values also narrowed there (dt 1 bf16, 2 f16) and, with p32, widened
+// back there (Ops::adamw_copies).
 void adamw(cudaStream_t s, float* param, const float* grad, float* m, float* v, size_t n,
-           float lr, float beta1, float beta2, float eps, float wd, int step, float grad_mult);
+           float lr, float beta1, float beta2, float eps, float wd, int step, float grad_mult,
+           int dt = 0, float* p32 = nullptr, uint16_t* p16 = nullptr);
 void scale(cudaStream_t s, float* x, float a, size_t n);
 void fill(cudaStream_t s, float* x, float v, size_t n);
 void add_inplace(cudaStream_t s, float* y, const float* x, size_t n);

@@ -887,6 +887,16 @@ class CudaOps final : public Ops {
     SW_OP_TIME();
     cuda::adamw(begin(), param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult);
   }
+  // The copies written by the update's kernel: the master read once (4 bytes a parameter less
+  // than adamw, then round_copy_lp).
+  void adamw_copies(float* param, const float* grad, float* m, float* v, size_t n, float lr,
+                    float beta1, float beta2, float eps, float wd, int step, float grad_mult,
+                    DType dt, float* param32, uint16_t* param16) const override {
+    SW_OP_TIME();
+    SW_CHECK(dt != DType::F32, "adamw_copies: needs a 16-bit dtype");
+    cuda::adamw(begin(), param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult,
+                dt == DType::BF16 ? 1 : 2, param32, param16);
+  }
 
   double sum_squares(const float* x, size_t n) const override {
     SW_OP_TIME();

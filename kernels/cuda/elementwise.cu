@@ -317,13 +317,27 @@ __device__ __forceinline__ void adamw_f(const AdamC& c, float* p, float grad, fl
   *p = *p * c.decay - c.step_size * (mi / denom);
 }
 
+// The updated values' compute copies (Ops::adamw_copies): p16 = narrow, p32 = its widening;
+// p16 null: none.
+struct AdamOut {
+  int dt;
+  float* p32;
+  uint16_t* p16;
+};
+
 __global__ void adamw_k(float* param, const float* grad, float* m, float* v, size_t n,
                         float step_size, float inv_bc2_sqrt, float decay, float b1, float b2,
-                        float omb1, float omb2, float eps, float grad_mult) {
+                        float omb1, float omb2, float eps, float grad_mult, AdamOut o) {
   const AdamC c{step_size, inv_bc2_sqrt, decay, b1, b2, omb1, omb2, eps, grad_mult};
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x)
+       i += size_t(gridDim.x) * blockDim.x) {
     adamw_f(c, &param[i], grad[i], &m[i], &v[i]);
+    if (o.p16) {
+      const uint16_t h = to_half_d(o.dt, param[i]);
+      o.p16[i] = h;
+      if (o.p32) o.p32[i] = from_half_d(o.dt, h);
+    }
+  }
 }
 
 __global__ void scale_k(float* x, float a, size_t n) {
@@ -705,6 +719,7 @@ struct Adamw4 {
   AdamC c;
   float *param, *m, *v;
   const float* grad;
+  AdamOut o;
   __device__ void operator()(size_t i) const {
     float4 p = ld4(param + i), mm = ld4(m + i), vv = ld4(v + i);
     const float4 g = ld4(grad + i);
@@ -715,6 +730,11 @@ struct Adamw4 {
     st4(param + i, p);
     st4(m + i, mm);
     st4(v + i, vv);
+    if (o.p16) {
+      const ushort4 h = narrow4(o.dt, p);
+      sth4(o.p16 + i, h);
+      if (o.p32) st4(o.p32 + i, widen4(o.dt, h));
+    }
   }
 };
 
@@ -916,7 +936,8 @@ void rope_apply_lp(cudaStream_t s, int dt, uint16_t* dst16, const float* src, co
 }
 
 void adamw(cudaStream_t s, float* param, const float* grad, float* m, float* v, size_t n,
-           float lr, float beta1, float beta2, float eps, float wd, int step, float grad_mult) {
+           float lr, float beta1, float beta2, float eps, float wd, int step, float grad_mult,
+           int dt, float* p32, uint16_t* p16) {
   if (n == 0) return;
   // Scalar coefficients in double, rounded once (as kernels/cpu/adamw.cpp).
   const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), step);
@@ -925,15 +946,21 @@ void adamw(cudaStream_t s, float* param, const float* grad, float* m, float* v, 
   const float inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
   const float decay = static_cast<float>(1.0 - static_cast<double>(lr) * wd);
   const float omb1 = static_cast<float>(1.0 - beta1), omb2 = static_cast<float>(1.0 - beta2);
-  const size_t vn = al16(param) && al16(grad) && al16(m) && al16(v) ? n / 4 * 4 : 0;
+  AdamOut o{dt, p16 ? p32 : nullptr, p16};
+  const size_t vn = al16(param) && al16(grad) && al16(m) && al16(v) &&
+                            (!o.p16 || al8(o.p16)) && (!o.p32 || al16(o.p32))
+                        ? n / 4 * 4
+                        : 0;
   each4(s, vn / 4,
         Adamw4{AdamC{step_size, inv_bc2_sqrt, decay, beta1, beta2, omb1, omb2, eps, grad_mult},
-               param, m, v, grad});
+               param, m, v, grad, o});
   param += vn, grad += vn, m += vn, v += vn, n -= vn;
+  if (o.p16) o.p16 += vn;
+  if (o.p32) o.p32 += vn;
   if (n == 0) return;
   adamw_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(param, grad, m, v, n, step_size,
                                                      inv_bc2_sqrt, decay, beta1, beta2, omb1,
-                                                     omb2, eps, grad_mult);
+                                                     omb2, eps, grad_mult, o);
   SW_CUDA_LAUNCHED();
 }
 

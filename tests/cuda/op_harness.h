@@ -126,7 +126,7 @@ inline const std::vector<std::string>& all_ops() {
       "residual_rmsnorm_forward_lp", "layernorm_forward_lp", "residual_layernorm_forward_lp",
       "swiglu_backward_lp_set", "rope_backward_lp", "gemm_lp", "rope_forward_lp",
       "attention_forward_lp", "attention_backward_lp_set", "round_copy_lp", "gelu_backward_lp_set",
-      "linear_forward_lp16"};
+      "linear_forward_lp16", "adamw_copies"};
   return ops;
 }
 
@@ -1043,6 +1043,40 @@ inline std::vector<OpCase> op_cases() {
                     put(o, "v", a.down(v, n));
                     return o;
                   }});
+    // The update with its compute copies (16-bit, and fp32 or none), against adamw followed by
+    // round_copy_lp on the same inputs: "lp" / "ref" pairs, bit for bit on each backend.
+    for (int with32 = 0; with32 < 2; ++with32)
+    cs.push_back({"adamw_copies", "adamw_copies " + sh + (with32 ? " fp32 and 16-bit" : " 16-bit"),
+                  kTolElem, kTolElem, [n, sd, with32](Arena& a) {
+                    Outputs o;
+                    for (sw::DType dt : {sw::DType::BF16, sw::DType::F16}) {
+                      Rng r(sd + 9);
+                      const Vec p0 = r.normal(n), m0 = r.normal(n, 0.1f),
+                                v0 = r.uniform(n, 0.f, 0.01f), g = r.normal(n);
+                      float *p = a.up(p0), *m = a.up(m0), *v = a.up(v0);
+                      float *pr = a.up(p0), *mr = a.up(m0), *vr = a.up(v0);
+                      const float* pg = a.up(g);
+                      float* c32 = with32 ? a.up(Vec(n, NAN)) : nullptr;
+                      float* r32 = a.up(Vec(n, NAN));
+                      uint16_t *c16 = up16(a, n), *r16 = up16(a, n);
+                      a.ops().adamw_copies(p, pg, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 5,
+                                           0.5f, dt, c32, c16);
+                      a.ops().adamw(pr, pg, mr, vr, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f);
+                      a.ops().round_copy_lp(dt, r32, r16, pr, n);
+                      const std::string d = std::string(" ") + sw::dtype_name(dt);
+                      put(o, "param" + d, a.down(p, n));
+                      put(o, "param ref" + d, a.down(pr, n));
+                      put(o, "m" + d, a.down(m, n));
+                      put(o, "m ref" + d, a.down(mr, n));
+                      put(o, "16-bit" + d, down16(a, c16, n, dt));
+                      put(o, "16-bit ref" + d, down16(a, r16, n, dt));
+                      if (with32) {
+                        put(o, "fp32 copy" + d, a.down(c32, n));
+                        put(o, "fp32 copy ref" + d, a.down(r32, n));
+                      }
+                    }
+                    return o;
+                  }});
   }
   {  // sum_squares over several of the backends' chunks
     const size_t n = 300007;
@@ -1514,7 +1548,7 @@ inline std::vector<std::string> paired_forms_exact(const Backend& be,
       const size_t k = std::strlen(t);
       return c.op.size() > k && c.op.compare(c.op.size() - k, k, t) == 0;
     };
-    if (!ends("_set") && !ends("_lp") && c.op != "round_copy") continue;
+    if (!ends("_set") && !ends("_lp") && c.op != "round_copy" && c.op != "adamw_copies") continue;
     Outputs o;
     {
       Arena a(be);
