@@ -54,6 +54,53 @@ ModelConfig tiny(const std::string& type) {
   return cfg;
 }
 
+// y = x + x W^T with one (C, C) weight read only by its products (ParamSpec::products_only):
+// a unit whose fp32 compute copy holds nothing where it keeps a 16-bit copy.
+class ProductsOnly final : public Unit {
+ public:
+  explicit ProductsOnly(int C) : C_(C) {}
+  std::string name() const override { return "products_only"; }
+  std::vector<ParamSpec> params() const override {
+    ParamSpec w;
+    w.name = "products_only.weight";
+    w.shape = {C_, C_};
+    w.std = 0.05f;
+    return {product_weight(w)};
+  }
+  void forward(UnitCtx& ctx, int, const float* x, float* y) override {
+    const Ops& ops = *ctx.ops;
+    const int N = ctx.batch->B * ctx.batch->T;
+    linear_forward_from(ops, y, x, ctx.weight(0), nullptr, N, C_, C_);
+    ops.residual_forward(y, y, x, size_t(N) * C_);
+  }
+  void backward(UnitCtx& ctx, int, const float* x, const float* dy, float* dx) override {
+    const Ops& ops = *ctx.ops;
+    const int N = ctx.batch->B * ctx.batch->T;
+    float* t = ctx.scratch->f32(size_t(N) * C_);
+    linear_backward_set_from(ops, t, ctx.grad(0), nullptr, dy, x, ctx.weight(0), N, C_, C_);
+    ops.residual_forward(dx, dy, t, size_t(N) * C_);
+    ctx.scratch->reset();  // (the models' ScratchScope)
+  }
+  ActivationDecl declare_activations(int, BatchShape shape) const override {
+    ActivationDecl d;
+    d.scratch_bwd = Scratch::bytes_for(size_t(shape.B) * shape.T * C_);
+    return d;
+  }
+
+ private:
+  int C_;
+};
+
+// The tiny model with a ProductsOnly unit after its first unit.
+Model with_products_only(const ModelConfig& cfg) {
+  Model m = build_model(cfg);
+  m.units.insert(m.units.begin() + 1, std::make_unique<ProductsOnly>(cfg.d_model));
+  for (Call& c : m.schedule)
+    if (c.unit >= 1) ++c.unit;
+  m.schedule.insert(m.schedule.begin() + 1, Call{1, 0});
+  return m;
+}
+
 struct Run {
   std::vector<double> losses, norms, evals;
   std::map<std::string, std::vector<float>> params;
@@ -63,8 +110,9 @@ struct Run {
 // Twenty optimizer steps (two micro-steps each, clipping), then eval and logits. On the CPU
 // each micro-step's loss is read as it ends (forward_backward); on a device the step's losses
 // come with the gradient norm (micro_step, step_losses).
-Run train(const ModelConfig& cfg, const Ops& ops, const ShardingPolicy& pol, GroupPtr g) {
-  Model m = build_model(cfg);
+Run train(const ModelConfig& cfg, const Ops& ops, const ShardingPolicy& pol, GroupPtr g,
+          bool products_only_unit = false) {
+  Model m = products_only_unit ? with_products_only(cfg) : build_model(cfg);
   ShardedModel sm(m, ops, 1234, g, pol);
   Data a(2, cfg.seq_len, 7, cfg.vocab_size), b(2, cfg.seq_len, 8, cfg.vocab_size);
   AdamWParams ap;
@@ -269,6 +317,37 @@ TEST_CASE("sim device: units' 16-bit weight copies are the memory the plan count
       }
     }
   CHECK(swtest::sim_device_bytes_in_use() == 0);
+}
+
+TEST_CASE("sim device: a unit of product weights only trains bit-identically to the CPU",
+          "[device]") {
+  // Its fp32 compute copy keeps one aligned block and nothing of its weight (FlatLayout::
+  // compact): the products read the 16-bit copy, kind C's update writes it, kind A's gather
+  // widens nothing (one rank with NVMe parameters takes the sharded path).
+  swtest::TempDir dir("device_products_only");
+  for (int sharded = 0; sharded < 2; ++sharded) {
+    INFO((sharded ? "sharded (NVMe parameters)" : "whole"));
+    const ModelConfig cfg = tiny("gpt2");
+    ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+    pol.mixed_precision.param_dtype = DType::BF16;
+    if (sharded) {
+      pol.offload_param.device = OffloadDevice::Nvme;
+      pol.offload_param.nvme_path = dir.path.string();
+      pol.offload_optimizer.device = OffloadDevice::Nvme;
+      pol.offload_optimizer.nvme_path = dir.path.string();
+    }
+    {
+      Model m = with_products_only(cfg);
+      ShardedModel sm(m, ops_for(Device::sim(0)), 1, make_local_group(), pol);
+      const FlatLayout& L = sm.unit_layout(1);
+      CHECK((L.compact == kAlign && L.lp_only() == L.padded - kAlign));
+    }
+    const Run cpu = train(cfg, ops_for(Device::cpu()), pol, make_local_group(), true);
+    const Run dev = train(cfg, ops_for(Device::sim(0)), pol, make_local_group(), true);
+    REQUIRE(cpu.params.count("products_only.weight"));
+    check_same(cpu, dev);
+    CHECK(swtest::sim_device_bytes_in_use() == 0);
+  }
 }
 
 TEST_CASE("sim device: asynchronous copies run in order, only once waited for", "[device]") {
