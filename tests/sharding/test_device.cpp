@@ -54,6 +54,14 @@ ModelConfig tiny(const std::string& type) {
   return cfg;
 }
 
+// ZeRO-Infinity: the master and gradient shards and the moments in NVMe files under `dir`.
+void zero_infinity(ShardingPolicy& pol, const std::string& dir) {
+  pol.offload_param.device = OffloadDevice::Nvme;
+  pol.offload_param.nvme_path = dir;
+  pol.offload_optimizer.device = OffloadDevice::Nvme;
+  pol.offload_optimizer.nvme_path = dir;
+}
+
 // y = x + x W^T with one (C, C) weight read only by its products (ParamSpec::products_only):
 // a unit whose fp32 compute copy holds nothing where it keeps a 16-bit copy.
 class ProductsOnly final : public Unit {
@@ -228,10 +236,7 @@ TEST_CASE("sim device: ShardedModel trains bit-identically to the CPU", "[device
         pol.offload_optimizer.piece_floats = 1000;
       }
       if (offload == 6) {
-        pol.offload_param.device = OffloadDevice::Nvme;
-        pol.offload_param.nvme_path = dir.path.string();
-        pol.offload_optimizer.device = OffloadDevice::Nvme;
-        pol.offload_optimizer.nvme_path = dir.path.string();
+        zero_infinity(pol, dir.path.string());
         pol.offload_optimizer.piece_floats = 1000;
       }
       if (offload == 5) {
@@ -267,10 +272,7 @@ TEST_CASE("sim device: units' 16-bit weight copies are the memory the plan count
         ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
         pol.mixed_precision.param_dtype = pdt;
         if (sharded) {
-          pol.offload_param.device = OffloadDevice::Nvme;
-          pol.offload_param.nvme_path = dir.path.string();
-          pol.offload_optimizer.device = OffloadDevice::Nvme;
-          pol.offload_optimizer.nvme_path = dir.path.string();
+          zero_infinity(pol, dir.path.string());
         }
         MemTracker& mt = MemTracker::global();
         const size_t p0 = mt.current(Mem::Params);
@@ -331,10 +333,7 @@ TEST_CASE("sim device: a unit of product weights only trains bit-identically to 
     ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
     pol.mixed_precision.param_dtype = DType::BF16;
     if (sharded) {
-      pol.offload_param.device = OffloadDevice::Nvme;
-      pol.offload_param.nvme_path = dir.path.string();
-      pol.offload_optimizer.device = OffloadDevice::Nvme;
-      pol.offload_optimizer.nvme_path = dir.path.string();
+      zero_infinity(pol, dir.path.string());
     }
     {
       Model m = with_products_only(cfg);
@@ -496,10 +495,7 @@ TEST_CASE("sim device: activation offload on copy streams runs its plan, to the 
 TEST_CASE("sim device: NVMe staging is host memory, as the plan counts it", "[device]") {
   swtest::TempDir dir("device_staging");
   ShardingPolicy p = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
-  p.offload_param.device = OffloadDevice::Nvme;
-  p.offload_param.nvme_path = dir.path.string();
-  p.offload_optimizer.device = OffloadDevice::Nvme;
-  p.offload_optimizer.nvme_path = dir.path.string();
+  zero_infinity(p, dir.path.string());
   p.offload_optimizer.piece_floats = 1000;
   const ModelConfig cfg = tiny("llama");
   Model m = build_model(cfg);
@@ -610,10 +606,7 @@ TEST_CASE("sim device: offload a device cannot do is refused with the key named"
   Model m = build_model(tiny("gpt2"));
   const Ops& sim = ops_for(Device::sim(0));
   ShardingPolicy p = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
-  p.offload_param.device = OffloadDevice::Nvme;
-  p.offload_param.nvme_path = "/tmp";
-  p.offload_optimizer.device = OffloadDevice::Nvme;
-  p.offload_optimizer.nvme_path = "/tmp";
+  zero_infinity(p, "/tmp");
   p.offload_optimizer.ratio = 0.5;  // some units' moments on the device, their shards not
   CHECK_THROWS_WITH(ShardedModel(m, sim, 1, make_local_group(), p),
                     Catch::Contains("offload_param 'nvme' with device sim:0 needs offload_optimizer "
@@ -664,10 +657,7 @@ TEST_CASE("sim device: a training step synchronises the host with the device onc
         pol.activation_checkpointing.nvme_path = dir.path.string();
       }
       if (offload == 5) {
-        pol.offload_param.device = OffloadDevice::Nvme;
-        pol.offload_param.nvme_path = dir.path.string();
-        pol.offload_optimizer.device = OffloadDevice::Nvme;
-        pol.offload_optimizer.nvme_path = dir.path.string();
+        zero_infinity(pol, dir.path.string());
       }
       Model m = build_model(cfg);
       ShardedModel sm(m, ops_for(Device::sim(0)), 1234, make_local_group(), pol);
