@@ -26,14 +26,15 @@ struct ParamSpec {
   Init init = Init::Normal;
   float std = 0.02f;         // for Init::Normal
   bool weight_decay = true;  // AdamW decays matrices, not norms/biases
-  // Read only as a matrix product's weight (UnitCtx::weight, never UnitCtx::param): where the
-  // unit keeps a 16-bit copy of its parameters (a device in mixed precision), the products
-  // read that copy, so its fp32 compute copy is not kept (UnitCtx::param(i) is null then).
-  bool products_only = false;
   // Export: the Hugging Face tensor name and whether HF stores the transpose of our
   // (out, in) matrix (GPT-2's Conv1D). Empty hf_name: exported under `name`.
   std::string hf_name;
   bool hf_transpose = false;
+  // Read only as a matrix product's weight (UnitCtx::weight, never UnitCtx::param): where the
+  // unit keeps a 16-bit copy of its parameters (a device in mixed precision), the products
+  // read that copy, so its fp32 compute copy is not kept (UnitCtx::param(i) is null then).
+  // Last, so code that lists the fields above in order still compiles.
+  bool products_only = false;
 };
 
 // `p` marked as read only by matrix products (ParamSpec::products_only).
