@@ -193,7 +193,7 @@ class Ops {
   //   linear_forward_lp(out, narrow(x), narrow(w), ...) == linear_forward(out, x, w, ...);
   //   linear_forward_lp16(o16, ...) == narrow(linear_forward_lp(out, ...)): the product's
   //     output in the compute precision (as PyTorch's autocast keeps a linear's output), for
-  //     outputs only element-wise ops read (the SwiGLU's gate and up);
+  //     outputs only element-wise ops read (the SwiGLU's gate and up, GPT-2's fc output);
   //   linear_backward_lp_set(..., narrow(dy), narrow(x), narrow(w), ...)
   //     == linear_backward_set(..., dy, x, w, ...) (db, a sum and not a product, needs the
   //     fp32 dout); any of x, w, dy may also stay fp32 (the products round it as they read it);

@@ -87,7 +87,8 @@ void packed_forward(const Ops& ops, float* out, Operand x, const Packed& pk, int
 void packed_forward_to(const Ops& ops, ProductIn out, Operand x, const Packed& pk, int N, int C) {
   if (!out.lp) return packed_forward(ops, out.f32, x, pk, N, C);
   const int OC = pk.total();
-  if (pk.weights_contiguous(C)) return ops.linear_forward_lp16(out.lp, x, pk.w[0], nullptr, N, C, OC);
+  if (pk.weights_contiguous(C))
+    return ops.linear_forward_lp16(out.lp, x, pk.w[0], nullptr, N, C, OC);
   const size_t n = size_t(std::max(N, 0)) * size_t(std::max(OC, 0));
   Buffer t(std::max<size_t>(n, 1) * sizeof(float), Mem::Workspace, ops.device());
   packed_forward(ops, t.f32(), x, pk, N, C);

@@ -281,9 +281,9 @@ RssPrediction predict_rss(const StepPlan& plan, const PlanInput& in, int64_t dev
   int64_t full_bytes = 0, full_rounding = 0;
   for (const PlanUnit& u : in.units) {
     const int64_t full = u.padded * 4, shard = full / std::max(1, in.S);
-    // the fp32 compute copy (compact beside a 16-bit copy) and the 16-bit copy (FlatUnit)
-    const int64_t full32 = w16 ? (u.padded - u.lp_only) * 4 : full;
+    // the 16-bit copy and the fp32 compute copy (compact beside it) (FlatUnit)
     const int64_t full16 = w16 ? u.padded * 2 : 0;
+    const int64_t full32 = full_params_bytes(u, w16) - full16;
     const bool split = mp || u.params_offloaded;
     switch (in.kind) {  // the persistent buffers fill_persistent (step_plan.cpp) counts
       case UnitKind::Sharded:

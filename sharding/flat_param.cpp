@@ -38,14 +38,12 @@ FlatLayout FlatLayout::build(std::vector<ParamSpec> specs, int world) {
   L.runs.back().hi = L.padded;
   if (L.runs.back().f32 >= 0) compact += L.padded - L.runs.back().lo;
   L.compact = std::max(compact, kAlign);  // never empty: a unit's fp32 buffer always exists
+  // Each parameter's place in it, once (the views are pointed at it on every gather). (An
+  // empty parameter at the very end lies in no run: nothing to address.)
+  for (FlatEntry& e : L.entries)
+    for (const FlatRun& r : L.runs)
+      if (e.offset >= r.lo && e.offset < r.hi && r.f32 >= 0) e.f32 = r.f32 + (e.offset - r.lo);
   return L;
-}
-
-int64_t FlatLayout::compact_offset(size_t s) const {
-  const int64_t off = entries[s].offset;
-  for (const FlatRun& r : runs)
-    if (off >= r.lo && off < r.hi) return r.f32 < 0 ? -1 : r.f32 + (off - r.lo);
-  return -1;  // (an empty parameter at the very end: nothing to address)
 }
 
 }  // namespace sw

@@ -14,6 +14,7 @@ constexpr int64_t kAlign = 16;  // floats (64 bytes)
 struct FlatEntry {
   int64_t offset = 0;  // floats from the buffer start
   int64_t numel = 0;
+  int64_t f32 = -1;    // its offset in the compact fp32 buffer (FlatRun); -1: none there
 };
 
 // A stretch of the flat buffer whose parameters all have an fp32 compute copy, or all do not
@@ -40,7 +41,7 @@ struct FlatLayout {
   // Floats of the flat buffer in 16-bit-only runs (padded - compact).
   int64_t lp_only() const { return padded - compact; }
   // Where parameter s starts in the compact fp32 buffer; -1 when it has no fp32 copy there.
-  int64_t compact_offset(size_t s) const;
+  int64_t compact_offset(size_t s) const { return entries[s].f32; }
 };
 
 }  // namespace sw

@@ -111,7 +111,7 @@ void FlatUnit::point_params() {
   params_.resize(layout_.specs.size());
   params16_.resize(layout_.specs.size());
   for (size_t s = 0; s < params_.size(); ++s) {
-    const int64_t off = w16_ ? layout_.compact_offset(s) : layout_.entries[s].offset;
+    const int64_t off = w16_ ? layout_.entries[s].f32 : layout_.entries[s].offset;
     params_[s] = full_ && off >= 0 ? full_ + off : nullptr;
     params16_[s] = full16_ ? full16_ + layout_.entries[s].offset : nullptr;
   }

@@ -35,8 +35,10 @@
 //     the all-gather runs into it (transient, Communication: 6 bytes per parameter with the
 //     fp32 buffer) and wait_unshard widens it into the fp32 buffer, out of place. Kind B: the
 //     same, persistent (Params). Kind C: persistent (Params), written with the compute copy
-//     from the master in one pass (Ops::round_copy_lp) and by finish_init and write_compute,
-//     so no writer of the compute copy leaves it stale. +2 bytes per parameter in each case.
+//     by the update itself where the master is on the device (Ops::adamw_copies,
+//     ShardedModel::Impl::update_unit), else from the master in one pass after it
+//     (issue_regather), and by finish_init and write_compute, so no writer of the compute
+//     copy leaves it stale. +2 bytes per parameter in each case.
 //     Parameters read only by matrix products (ParamSpec::products_only) then have no fp32
 //     compute copy: the fp32 buffer is compact (FlatLayout::runs, f32_floats()) and holds the
 //     other parameters only (params()[s] is null for them; the products read params16()).

@@ -96,6 +96,15 @@ inline float in_value(In v) {
     return f16_to_f32(v);
 }
 
+// Calls f with dt's in_value kind (1 bf16, 2 fp16) as a compile-time constant.
+template <class F>
+void with_kind(DType dt, F&& f) {
+  if (dt == DType::BF16)
+    f(std::integral_constant<int, 1>{});
+  else
+    f(std::integral_constant<int, 2>{});
+}
+
 }  // namespace
 
 // GELU, tanh approximation: y = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
@@ -121,10 +130,7 @@ void gelu_forward_lp(DType dt, uint16_t* out, const float* inp, size_t n) {
   gelu_forward_t(out, inp, n, dt);
 }
 void gelu_forward_lp(DType dt, uint16_t* out, const uint16_t* inp, size_t n) {
-  if (dt == DType::BF16)
-    gelu_forward_t<uint16_t, 1>(out, inp, n, dt);
-  else
-    gelu_forward_t<uint16_t, 2>(out, inp, n, dt);
+  with_kind(dt, [&](auto k) { gelu_forward_t<uint16_t, decltype(k)::value>(out, inp, n, dt); });
 }
 
 // dy/dx = s + x * 2u' * s (1 - s), with s = sigmoid(2u), 1 - s = e s (e = e^{-2u}) and
@@ -155,10 +161,7 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, b
     gelu_backward_t<false>(dinp, inp, dout, n);
 }
 void gelu_backward_set(DType dt, float* dinp, const uint16_t* inp, const float* dout, size_t n) {
-  if (dt == DType::BF16)
-    gelu_backward_t<true, 1>(dinp, inp, dout, n);
-  else
-    gelu_backward_t<true, 2>(dinp, inp, dout, n);
+  with_kind(dt, [&](auto k) { gelu_backward_t<true, decltype(k)::value>(dinp, inp, dout, n); });
 }
 
 // out(N,F) = silu(gate) * up, gu rows [gate (F) | up (F)]; silu(g) = g / (1 + e^{-g}).
@@ -185,10 +188,9 @@ void swiglu_forward_lp(DType dt, uint16_t* out, const float* gu, int N, int F) {
   swiglu_forward_t(out, gu, N, F, dt);
 }
 void swiglu_forward_lp(DType dt, uint16_t* out, const uint16_t* gu, int N, int F) {
-  if (dt == DType::BF16)
-    swiglu_forward_t<uint16_t, 1>(out, gu, N, F, dt);
-  else
-    swiglu_forward_t<uint16_t, 2>(out, gu, N, F, dt);
+  with_kind(dt, [&](auto k) {
+    swiglu_forward_t<uint16_t, decltype(k)::value>(out, gu, N, F, dt);
+  });
 }
 
 // d up += dout * silu(g);  d gate += dout * up * silu'(g), silu'(g) = s (1 + g (1 - s)).
@@ -236,10 +238,9 @@ void swiglu_backward_lp_set(DType dt, uint16_t* dgu, const float* dout, const fl
 }
 void swiglu_backward_lp_set(DType dt, uint16_t* dgu, const float* dout, const uint16_t* gu, int N,
                             int F) {
-  if (dt == DType::BF16)
-    swiglu_backward_t<true, uint16_t, 1>(dgu, dout, gu, N, F, dt);
-  else
-    swiglu_backward_t<true, uint16_t, 2>(dgu, dout, gu, N, F, dt);
+  with_kind(dt, [&](auto k) {
+    swiglu_backward_t<true, uint16_t, decltype(k)::value>(dgu, dout, gu, N, F, dt);
+  });
 }
 
 // out = a + b; out may alias a or b (same index only: no loop-carried dependence, so `simd`

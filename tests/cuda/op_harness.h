@@ -257,6 +257,21 @@ struct WeightForms {
     operand = wf == 1 ? sw::Operand(w16) : sw::Operand(f, w16);
   }
 };
+// A forward product's operands on the backend, drawn from r in this order (the members'):
+// x (fp32, and narrowed to the compute precision), the weight (in form wf: WeightForms), the
+// bias (passed only where `bias`).
+struct LinearLpInputs {
+  const Vec xv, wv, bv;
+  const float* x;
+  uint16_t* x16;
+  const float* b;
+  WeightForms w;
+  LinearLpInputs(Arena& a, Rng& r, int N, int C, int OC, bool bias, int wf)
+      : xv(r.normal(size_t(N) * C)), wv(r.normal(size_t(OC) * C, 0.2f)), bv(r.normal(OC)),
+        x(a.up(xv)), x16(up16(a, xv.size())), b(bias ? a.up(bv) : nullptr), w(a, wv, wf) {
+    a.ops().narrow(a.ops().compute(), x, x16, xv.size());
+  }
+};
 inline std::string weight_form(int wf) { return wf == 0 ? "w=f32" : wf == 1 ? "w=lp" : "w=both"; }
 
 inline std::string shape(std::initializer_list<std::pair<const char*, long>> kv) {
@@ -435,18 +450,12 @@ inline std::vector<OpCase> op_cases() {
                     const sw::DType dt = a.ops().compute();
                     if (dt == sw::DType::F32) return o;
                     Rng r(sd + 3000);
-                    const Vec x = r.normal(size_t(l.N) * l.C), w = r.normal(size_t(l.OC) * l.C, 0.2f),
-                              b = r.normal(l.OC);
-                    const size_t nx = x.size(), no = size_t(l.N) * l.OC;
-                    const float* px = a.up(x);
-                    uint16_t* x16 = up16(a, nx);
-                    a.ops().narrow(dt, px, x16, nx);
+                    const LinearLpInputs in(a, r, l.N, l.C, l.OC, l.bias, wf);
+                    const size_t no = size_t(l.N) * l.OC;
                     float* out = a.up(Vec(no, NAN));
                     float* ref = a.up(Vec(no, NAN));
-                    const float* pb = l.bias ? a.up(b) : nullptr;
-                    const WeightForms pw(a, w, wf);
-                    a.ops().linear_forward_lp(out, x16, pw.operand, pb, l.N, l.C, l.OC);
-                    a.ops().linear_forward(ref, px, pw.rounded, pb, l.N, l.C, l.OC);
+                    a.ops().linear_forward_lp(out, in.x16, in.w.operand, in.b, l.N, l.C, l.OC);
+                    a.ops().linear_forward(ref, in.x, in.w.rounded, in.b, l.N, l.C, l.OC);
                     put(o, "lp", a.down(out, no));
                     put(o, "ref", a.down(ref, no));
                     return o;
@@ -463,19 +472,13 @@ inline std::vector<OpCase> op_cases() {
                     const sw::DType dt = a.ops().compute();
                     if (dt == sw::DType::F32) return o;
                     Rng r(sd + 3500);
-                    const Vec x = r.normal(size_t(l.N) * l.C), w = r.normal(size_t(l.OC) * l.C, 0.2f),
-                              b = r.normal(l.OC);
-                    const size_t nx = x.size(), no = size_t(l.N) * l.OC;
-                    const float* px = a.up(x);
-                    uint16_t* x16 = up16(a, nx);
-                    a.ops().narrow(dt, px, x16, nx);
+                    const LinearLpInputs in(a, r, l.N, l.C, l.OC, l.bias, wf);
+                    const size_t no = size_t(l.N) * l.OC;
                     uint16_t* out16 = up16(a, no);
                     uint16_t* ref16 = up16(a, no);
                     float* ref = a.up(Vec(no, NAN));
-                    const float* pb = l.bias ? a.up(b) : nullptr;
-                    const WeightForms pw(a, w, wf);
-                    a.ops().linear_forward_lp16(out16, x16, pw.operand, pb, l.N, l.C, l.OC);
-                    a.ops().linear_forward_lp(ref, x16, pw.operand, pb, l.N, l.C, l.OC);
+                    a.ops().linear_forward_lp16(out16, in.x16, in.w.operand, in.b, l.N, l.C, l.OC);
+                    a.ops().linear_forward_lp(ref, in.x16, in.w.operand, in.b, l.N, l.C, l.OC);
                     a.ops().narrow(dt, ref, ref16, no);
                     put(o, "out16", down16(a, out16, no, dt));
                     put(o, "f32 narrowed", down16(a, ref16, no, dt));
