@@ -189,7 +189,10 @@ class Ops {
   //   gelu_backward_lp_set(d, d16, ...) writes gelu_backward_set(d, ...) and d16 = narrow(d):
   //     both forms of a gradient that a biased product takes (its bias gradient sums the fp32
   //     values, its products read the 16-bit ones: an Operand with both; d16 may be null);
-  //   rope_backward_lp(d16, dqkv, ...) == narrow(rope_backward(dqkv, ...)) (dqkv unchanged);
+  //     in both, and in attention_backward_lp_set, dout may be 16-bit (read as widen(dout16):
+  //     a product's input gradient kept in the compute precision, linear_backward_lp16_set);
+  //   rope_backward_lp(d16, dqkv, ...) == narrow(rope_backward(widen(dqkv), ...)), dqkv fp32
+  //     or 16-bit (only read; a 16-bit dqkv may be d16 itself: rotated in place);
   //   linear_forward_lp(out, narrow(x), narrow(w), ...) == linear_forward(out, x, w, ...);
   //   linear_forward_lp16(o16, ...) == narrow(linear_forward_lp(out, ...)): the product's
   //     output in the compute precision (as PyTorch's autocast keeps a linear's output), for
@@ -197,13 +200,19 @@ class Ops {
   //   linear_backward_lp_set(..., narrow(dy), narrow(x), narrow(w), ...)
   //     == linear_backward_set(..., dy, x, w, ...) (db, a sum and not a product, needs the
   //     fp32 dout); any of x, w, dy may also stay fp32 (the products round it as they read it);
+  //   linear_backward_lp16_set(dinp16, ...) == narrow of linear_backward_lp_set(dinp, ...)'s
+  //     dinp (dw, db the same): the input gradient in the compute precision (as autocast's
+  //     backward gives a linear's), for gradients only an element-wise op or attention reads
+  //     (the SwiGLU's and GELU's dout, attention's dout);
   //   gemm_lp(..., narrow(A), ..., narrow(B), ...) == gemm(..., A, ..., B, ...);
   //   rope_forward_lp(q16, qkv, ...) == narrow(rope_forward(qkv, ...)) (qkv unchanged);
   //   attention_forward_lp(o16, lse, q16, ...) == narrow of attention_forward(o, lse, widen(q16), ...)'s o;
   //   attention_backward_lp_set(dqkv, dqkv16, dout, q16, o16, lse, ...)
   //     == attention_backward_set(dqkv, dout, widen(q16), widen(o16), lse, ...): the output as
   //     the products see it (its row dot products with dout use these values); with dqkv16
-  //     (may be null), also narrow(dqkv) there (cuDNN computes dqkv 16-bit: its own values).
+  //     (may be null), also narrow(dqkv) there (cuDNN computes dqkv 16-bit: its own values);
+  //     dqkv may be null where dqkv16 is not: then only narrow(dqkv) is written (the Llama's
+  //     dqkv, which the 16-bit inverse rotation reads).
   // The defaults go through fp32 copies in device scratch (a Buffer per call); backends
   // override them.
   virtual void swiglu_forward_lp(uint16_t* out16, Operand gu, int N, int F) const;
@@ -219,13 +228,14 @@ class Ops {
                                              float* rstd, const float* a, const float* b,
                                              const float* w, const float* bias, int N,
                                              int C) const;
-  virtual void swiglu_backward_lp_set(uint16_t* dgu16, const float* dout, Operand gu, int N,
+  virtual void swiglu_backward_lp_set(uint16_t* dgu16, Operand dout, Operand gu, int N,
                                       int F) const;
-  virtual void gelu_backward_lp_set(float* dinp, uint16_t* dinp16, Operand inp,
-                                    const float* dout, size_t n) const;
+  virtual void gelu_backward_lp_set(float* dinp, uint16_t* dinp16, Operand inp, Operand dout,
+                                    size_t n) const;
   // dqkv16 (B, T, (H + 2*KVH) * hd) = narrow of the inverse rotation of dqkv (q and k heads;
-  // v heads narrowed as they are); dqkv is only read. Must not overlap.
-  virtual void rope_backward_lp(uint16_t* dqkv16, const float* dqkv, int B, int T, int H, int KVH,
+  // v heads narrowed as they are); dqkv (fp32 or 16-bit) is only read. No overlap, except a
+  // 16-bit dqkv that is dqkv16 exactly (in place).
+  virtual void rope_backward_lp(uint16_t* dqkv16, Operand dqkv, int B, int T, int H, int KVH,
                                 int hd, float theta) const;
   virtual void linear_forward_lp(float* out, Operand inp, Operand w, const float* b, int N, int C,
                                  int OC) const;
@@ -233,13 +243,15 @@ class Ops {
                                    int C, int OC) const;
   virtual void linear_backward_lp_set(float* dinp, float* dw, float* db, Operand dout,
                                       Operand inp, Operand w, int N, int C, int OC) const;
+  virtual void linear_backward_lp16_set(uint16_t* dinp16, float* dw, float* db, Operand dout,
+                                        Operand inp, Operand w, int N, int C, int OC) const;
   virtual void gemm_lp(bool ta, bool tb, int M, int N, int K, float alpha, Operand A, int lda,
                        Operand B, int ldb, float beta, float* C, int ldc) const;
   virtual void rope_forward_lp(uint16_t* qkv16, const float* qkv, int B, int T, int H, int KVH,
                                int hd, float theta) const;
   virtual void attention_forward_lp(uint16_t* out16, float* lse, const uint16_t* qkv16, int B,
                                     int T, int H, int KVH, int hd) const;
-  virtual void attention_backward_lp_set(float* dqkv, uint16_t* dqkv16, const float* dout,
+  virtual void attention_backward_lp_set(float* dqkv, uint16_t* dqkv16, Operand dout,
                                          const uint16_t* qkv16, const uint16_t* out16,
                                          const float* lse, int B, int T, int H, int KVH,
                                          int hd) const;

@@ -132,21 +132,25 @@ void Ops::residual_layernorm_forward_lp(float* res, uint16_t* out16, float* mean
   });
 }
 
-void Ops::swiglu_backward_lp_set(uint16_t* dgu16, const float* dout, Operand gu, int N,
+void Ops::swiglu_backward_lp_set(uint16_t* dgu16, Operand dout, Operand gu, int N,
                                  int F) const {
   require_lowp("swiglu_backward_lp_set");
-  Buffer tmp;
+  Buffer tmp, td;
   const float* g = operand_f32(gu, 1, 0, 2 * mul(N, F), tmp);
+  const float* d = operand_f32(dout, 1, 0, mul(N, F), td);
   narrowed_from(*this, dgu16, 2 * mul(N, F),
-                [&](float* t) { swiglu_backward_set(t, dout, g, N, F); });
+                [&](float* t) { swiglu_backward_set(t, d, g, N, F); });
 }
 
-void Ops::rope_backward_lp(uint16_t* dqkv16, const float* dqkv, int B, int T, int H, int KVH,
+void Ops::rope_backward_lp(uint16_t* dqkv16, Operand dqkv, int B, int T, int H, int KVH,
                            int hd, float theta) const {
   require_lowp("rope_backward_lp");
   const size_t n = qkv_size(B, T, H, KVH, hd);
-  narrowed_from(*this, dqkv16, n, [&](float* t) {
-    if (n) copy(t, dqkv, n);
+  narrowed_from(*this, dqkv16, n, [&](float* t) {  // (t is a copy: dqkv16 may be dqkv.lp)
+    if (n && dqkv.f32)
+      copy(t, dqkv.f32, n);
+    else if (n)
+      widen(compute(), dqkv.lp, t, n);
     rope_backward(t, B, T, H, KVH, hd, theta);
   });
 }
@@ -170,24 +174,29 @@ void Ops::attention_forward_lp(uint16_t* out16, float* lse, const uint16_t* qkv1
                 [&](float* t) { attention_forward(t, lse, qw, B, T, H, KVH, hd); });
 }
 
-void Ops::attention_backward_lp_set(float* dqkv, uint16_t* dqkv16, const float* dout,
+void Ops::attention_backward_lp_set(float* dqkv, uint16_t* dqkv16, Operand dout,
                                     const uint16_t* qkv16, const uint16_t* out16,
                                     const float* lse, int B, int T, int H, int KVH,
                                     int hd) const {
   require_lowp("attention_backward_lp_set");
-  Buffer q, o;
+  SW_CHECK(dqkv || dqkv16, "attention_backward_lp_set: neither dqkv nor dqkv16 given");
+  Buffer q, o, d, t;
   const size_t no = mul(B, T) * static_cast<size_t>(H) * static_cast<size_t>(hd);
   const size_t nq = qkv_size(B, T, H, KVH, hd);
-  attention_backward_set(dqkv, dout, operand_f32(qkv16, 1, 0, nq, q),
+  if (!dqkv) {
+    t = scratch_f32(nq, device());
+    dqkv = t.f32();
+  }
+  attention_backward_set(dqkv, operand_f32(dout, 1, 0, no, d), operand_f32(qkv16, 1, 0, nq, q),
                          operand_f32(out16, 1, 0, no, o), lse, B, T, H, KVH, hd);
   if (dqkv16) narrow(compute(), dqkv, dqkv16, nq);
 }
 
-void Ops::gelu_backward_lp_set(float* dinp, uint16_t* dinp16, Operand inp, const float* dout,
+void Ops::gelu_backward_lp_set(float* dinp, uint16_t* dinp16, Operand inp, Operand dout,
                                size_t n) const {
   require_lowp("gelu_backward_lp_set");
-  Buffer tmp;
-  gelu_backward_set(dinp, operand_f32(inp, 1, 0, n, tmp), dout, n);
+  Buffer tmp, td;
+  gelu_backward_set(dinp, operand_f32(inp, 1, 0, n, tmp), operand_f32(dout, 1, 0, n, td), n);
   if (dinp16) narrow(compute(), dinp, dinp16, n);
 }
 
@@ -233,6 +242,14 @@ void Ops::linear_backward_lp_set(float* dinp, float* dw, float* db, Operand dout
                       operand_f32(inp, size_t(N), size_t(C), size_t(C), ti),
                       dinp ? operand_f32(w, size_t(OC), size_t(C), size_t(C), tw) : w.f32, N, C,
                       OC);
+}
+
+void Ops::linear_backward_lp16_set(uint16_t* dinp16, float* dw, float* db, Operand dout,
+                                   Operand inp, Operand w, int N, int C, int OC) const {
+  require_lowp("linear_backward_lp16_set");
+  if (!dinp16) return linear_backward_lp_set(nullptr, dw, db, dout, inp, w, N, C, OC);
+  narrowed_from(*this, dinp16, mul(N, C),
+                [&](float* t) { linear_backward_lp_set(t, dw, db, dout, inp, w, N, C, OC); });
 }
 
 void Ops::gemm_lp(bool ta, bool tb, int M, int N, int K, float alpha, Operand A, int lda,

@@ -255,7 +255,9 @@ class Block final : public Unit {
     }
     d.scratch_logits = d.scratch_eval;
     d.scratch_recompute = 2 * scrb(N);
-    d.scratch_bwd = 2 * scrb(N * F) + 2 * scrb(N * C) + scrb(N * 3 * C) + scrb(N * C);
+    // dfch_gelu, dfch, dln2, datty, dqkv, dln1 (dfch_gelu and datty ProductIns)
+    d.scratch_bwd = shape.input_scratch(N * F) + scrb(N * F) + scrb(N * C) +
+                    shape.input_scratch(N * C) + scrb(N * 3 * C) + scrb(N * C);
     if (shape.lowp())  // dfch's and dqkv's 16-bit forms
       d.scratch_bwd += shape.input_scratch(N * F) + shape.input_scratch(N * 3 * C);
     return d;
@@ -298,21 +300,22 @@ class Block final : public Unit {
 
     // dx starts as dy (the residual path) and collects dL/dx2, then dL/dx.
     if (dx != dy) ops.copy(dx, dy, sz(N, C));
-    // MLP: y = x2 + fcproj(gelu(fc(ln2(x2))))
-    float* dfch_gelu = fresh(sz(N, F));
-    linear_backward_set_from(ops, dfch_gelu, G(FCPROJW), G(FCPROJB), dy,
-                             saved_input(s, "fch_gelu", ops).operand(), W(FCPROJW), N, F, C);
+    // MLP: y = x2 + fcproj(gelu(fc(ln2(x2)))). dfch_gelu, which only the GELU reads: 16-bit
+    // with 16-bit products.
+    const ProductIn dfch_gelu = scratch_input(*ctx.scratch, sz(N, F), ops);
+    linear_backward_set_to(ops, dfch_gelu, G(FCPROJW), G(FCPROJB), dy,
+                           saved_input(s, "fch_gelu", ops).operand(), W(FCPROJW), N, F, C);
     // dfch and dqkv feed biased products: with 16-bit products both forms, the fp32 one for
     // the bias gradient (a sum), the 16-bit one for the products (no narrowing per call).
     float* dfch = fresh(sz(N, F));
     Operand dfch_in = dfch;
     if (lowp(ops)) {
       uint16_t* d16 = ctx.scratch->lp(sz(N, F));
-      ops.gelu_backward_lp_set(dfch, d16, saved_input(s, "fch", ops).operand(), dfch_gelu,
-                               sz(N, F));
+      ops.gelu_backward_lp_set(dfch, d16, saved_input(s, "fch", ops).operand(),
+                               dfch_gelu.operand(), sz(N, F));
       dfch_in = Operand(dfch, d16);
     } else {
-      ops.gelu_backward_set(dfch, s.get("fch"), dfch_gelu, sz(N, F));
+      ops.gelu_backward_set(dfch, s.get("fch"), dfch_gelu.f32, sz(N, F));
     }
     float* dln2 = fresh(sz(N, C));
     linear_backward_set_from(ops, dln2, G(FCW), G(FCB), dfch_in,
@@ -320,19 +323,21 @@ class Block final : public Unit {
     ops.layernorm_backward(dx, G(LN2W), G(LN2B), dln2, s.get("x2"), P(LN2W), s.get("ln2_mean"),
                            s.get("ln2_rstd"), N, C);
     // Attention: x2 = x + proj(attn(qkv(ln1(x)))); dx now holds dL/dx2.
+    // datty, which only attention reads: 16-bit with 16-bit products.
     const ProductIn qkv = saved_input(s, "qkv", ops), atty = saved_input(s, "atty", ops);
-    float* datty = fresh(sz(N, C));
-    linear_backward_set_from(ops, datty, G(PROJW), G(PROJB), dx, atty.operand(), W(PROJW), N, C,
-                             C);
+    const ProductIn datty = scratch_input(*ctx.scratch, sz(N, C), ops);
+    linear_backward_set_to(ops, datty, G(PROJW), G(PROJB), dx, atty.operand(), W(PROJW), N, C,
+                           C);
     float* dqkv = fresh(sz(N, 3 * C));
     Operand dqkv_in = dqkv;
     if (qkv.lp) {
       uint16_t* d16 = ctx.scratch->lp(sz(N, 3 * C));
-      ops.attention_backward_lp_set(dqkv, d16, datty, qkv.lp, atty.lp, s.get("lse"), B, T, H, H,
-                                    hd);
+      ops.attention_backward_lp_set(dqkv, d16, datty.operand(), qkv.lp, atty.lp, s.get("lse"),
+                                    B, T, H, H, hd);
       dqkv_in = Operand(dqkv, d16);
     } else {
-      ops.attention_backward_set(dqkv, datty, qkv.f32, atty.f32, s.get("lse"), B, T, H, H, hd);
+      ops.attention_backward_set(dqkv, datty.f32, qkv.f32, atty.f32, s.get("lse"), B, T, H, H,
+                                 hd);
     }
     float* dln1 = fresh(sz(N, C));
     linear_backward_set_from(ops, dln1, G(QKVW), G(QKVB), dqkv_in,

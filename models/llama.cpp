@@ -209,8 +209,8 @@ class Block final : public Unit {
   // Forward keeps (in this order) xn, rstd1, qkv, atty, lse, x2, xn2, rstd2, gu, hmlp (xn, qkv,
   // atty, xn2, gu and hmlp 2 bytes a value with 16-bit products, qkv's fp32 product then in
   // scratch): in Saved when training, in scratch in inference. recompute_cheap: one (N)
-  // statistic in scratch; backward: the six input gradients (written, not zeroed first), dgu
-  // 16-bit with 16-bit products, and then also a 16-bit copy of dqkv (the products' operand).
+  // statistic in scratch; backward: the six input gradients (written, not zeroed first), dh,
+  // dgu, datty and dqkv 16-bit with 16-bit products.
   ActivationDecl declare_activations(int /*call*/, BatchShape shape) const override {
     const size_t B = size_t(shape.B), T = size_t(shape.T), N = B * T, C = size_t(c_.d_model),
                  H = size_t(c_.n_head), KVH = size_t(c_.n_kv_head), hd = C / H,
@@ -231,9 +231,9 @@ class Block final : public Unit {
     }
     d.scratch_logits = d.scratch_eval;
     d.scratch_recompute = scrb(N);
-    d.scratch_bwd = scrb(N * F) + shape.input_scratch(N * 2 * F) + scrb(N * C) +
-                    scrb(N * H * hd) + scrb(N * QKV) + scrb(N * C);
-    if (shape.lowp()) d.scratch_bwd += shape.input_scratch(N * QKV);
+    // dh, dgu, dxn2, datty, dqkv, dxn (dh, dgu, datty, dqkv ProductIns)
+    d.scratch_bwd = shape.input_scratch(N * F) + shape.input_scratch(N * 2 * F) + scrb(N * C) +
+                    shape.input_scratch(N * H * hd) + shape.input_scratch(N * QKV) + scrb(N * C);
     return d;
   }
 
@@ -274,39 +274,41 @@ class Block final : public Unit {
 
     // dx starts as dy (the residual path) and collects dL/dx2, then dL/dx.
     if (dx != dy) ops.copy(dx, dy, sz(N, C));
-    // MLP: y = x2 + down(swiglu(gate|up(norm2(x2))))
-    float* dh = fresh(sz(N, F));
-    linear_backward_set_from(ops, dh, G(DOWNW), nullptr, dy, saved_input(s, "hmlp", ops).operand(),
-                             ctx.weight(DOWNW), N, F, C);
-    // dgu feeds products only: 16-bit with 16-bit products.
+    // MLP: y = x2 + down(swiglu(gate|up(norm2(x2)))). dh, which only the SwiGLU reads, and dgu,
+    // which feeds products only: 16-bit with 16-bit products.
+    const ProductIn dh = scratch_input(*ctx.scratch, sz(N, F), ops);
+    linear_backward_set_to(ops, dh, G(DOWNW), nullptr, dy, saved_input(s, "hmlp", ops).operand(),
+                           ctx.weight(DOWNW), N, F, C);
     const ProductIn dgu = scratch_input(*ctx.scratch, sz(N, 2 * F), ops);
     if (dgu.lp)
-      ops.swiglu_backward_lp_set(dgu.lp, dh, saved_input(s, "gu", ops).operand(), N, F);
+      ops.swiglu_backward_lp_set(dgu.lp, dh.operand(), saved_input(s, "gu", ops).operand(), N, F);
     else
-      ops.swiglu_backward_set(dgu.f32, dh, s.get("gu"), N, F);
+      ops.swiglu_backward_set(dgu.f32, dh.f32, s.get("gu"), N, F);
     float* dxn2 = fresh(sz(N, C));
     packed_backward_set(ops, dxn2, dgu.operand(), saved_input(s, "xn2", ops).operand(),
                         gu_pack(ctx), N, C);
     ops.rmsnorm_backward(dx, G(POST_NORM), dxn2, s.get("x2"), P(POST_NORM), s.get("rstd2"), N, C);
     // Attention: x2 = x + o(attn(rope(qkv(norm1(x))))); dx now holds dL/dx2.
+    // datty, which only attention reads, and dqkv, which feeds products only: 16-bit with
+    // 16-bit products. Then attention writes dqkv 16-bit (cuDNN's own form; the CPU's fp32
+    // values narrowed) and the inverse rotation turns it in place.
     const ProductIn atty = saved_input(s, "atty", ops), qkv = saved_input(s, "qkv", ops);
-    float* datty = fresh(sz(N, int64_t{H} * hd));
-    linear_backward_set_from(ops, datty, G(OW), nullptr, dx, atty.operand(), ctx.weight(OW), N,
-                             H * hd, C);
-    float* dqkv = fresh(sz(N, QKV));
-    if (qkv.lp)
-      ops.attention_backward_lp_set(dqkv, nullptr, datty, qkv.lp, atty.lp, s.get("lse"), B, T, H,
-                                    KVH, hd);
-    else
-      ops.attention_backward_set(dqkv, datty, qkv.f32, atty.f32, s.get("lse"), B, T, H, KVH, hd);
-    // The inverse rotation, written 16-bit with 16-bit products (the qkv products' operand).
-    Operand dqkv_in = dqkv;
-    if (lowp(ops)) {
+    const ProductIn datty = scratch_input(*ctx.scratch, sz(N, int64_t{H} * hd), ops);
+    linear_backward_set_to(ops, datty, G(OW), nullptr, dx, atty.operand(), ctx.weight(OW), N,
+                           H * hd, C);
+    Operand dqkv_in = nullptr;
+    if (qkv.lp) {
       uint16_t* d16 = ctx.scratch->lp(sz(N, QKV));
-      ops.rope_backward_lp(d16, dqkv, B, T, H, KVH, hd, c_.rope_theta);
+      ops.attention_backward_lp_set(nullptr, d16, datty.operand(), qkv.lp, atty.lp, s.get("lse"),
+                                    B, T, H, KVH, hd);
+      ops.rope_backward_lp(d16, d16, B, T, H, KVH, hd, c_.rope_theta);
       dqkv_in = d16;
     } else {
+      float* dqkv = fresh(sz(N, QKV));
+      ops.attention_backward_set(dqkv, datty.f32, qkv.f32, atty.f32, s.get("lse"), B, T, H, KVH,
+                                 hd);
       ops.rope_backward(dqkv, B, T, H, KVH, hd, c_.rope_theta);
+      dqkv_in = dqkv;
     }
     float* dxn = fresh(sz(N, C));
     packed_backward_set(ops, dxn, dqkv_in, saved_input(s, "xn", ops).operand(), qkv_pack(ctx), N,

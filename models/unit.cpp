@@ -128,6 +128,14 @@ void linear_backward_set_from(const Ops& ops, float* dinp, float* dw, float* db,
     ops.linear_backward_set(dinp, dw, db, dout.f32, inp.f32, w.f32, N, C, OC);
 }
 
+void linear_backward_set_to(const Ops& ops, ProductIn dinp, float* dw, float* db, Operand dout,
+                            Operand inp, Operand w, int N, int C, int OC) {
+  if (dinp.lp)
+    ops.linear_backward_lp16_set(dinp.lp, dw, db, dout, inp, w, N, C, OC);
+  else
+    linear_backward_set_from(ops, dinp.f32, dw, db, dout, inp, w, N, C, OC);
+}
+
 void gemm_from(const Ops& ops, bool ta, bool tb, int M, int N, int K, float alpha, Operand A,
                int lda, Operand B, int ldb, float beta, float* C, int ldc) {
   if (A.lp || B.lp)

@@ -261,6 +261,11 @@ void linear_forward_from(const Ops& ops, float* out, Operand inp, Operand w, con
                          int N, int C, int OC);
 void linear_backward_set_from(const Ops& ops, float* dinp, float* dw, float* db, Operand dout,
                               Operand inp, Operand w, int N, int C, int OC);
+// A product's input gradient written as a ProductIn (16-bit from the product with 16-bit
+// products: Ops::linear_backward_lp16_set, as autocast's backward gives it), for gradients only
+// an element-wise op or attention reads.
+void linear_backward_set_to(const Ops& ops, ProductIn dinp, float* dw, float* db, Operand dout,
+                            Operand inp, Operand w, int N, int C, int OC);
 void gemm_from(const Ops& ops, bool ta, bool tb, int M, int N, int K, float alpha, Operand A,
                int lda, Operand B, int ldb, float beta, float* C, int ldc);
 

@@ -80,16 +80,13 @@ int64_t cuda_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute)
     switch (cuda::attention_path_from_env(true)) {
       case cuda::AttentionPath::Cudnn:
         if (hd % 8 == 0) {  // else cuDNN refuses the shape and the cuBLAS path runs
-          // attention_cudnn.h: 16-bit dO (AttnPack: the models' qkv and O are 16-bit already,
-          // attention_*_lp; the fp32-operand ops would pack those too), 16-bit dqkv (AttnS, the
-          // Llama's: it hands cuDNN no buffer of its own), and
+          // attention_cudnn.h: the models hand cuDNN 16-bit qkv, O and dO (attention_*_lp, dO
+          // from linear_backward_lp16_set: no AttnPack) and a 16-bit dqkv buffer of their own
+          // (no AttnS; the fp32-operand ops would use both), so only
           // cuDNN's workspace (AttnP). cuDNN says the workspace only on a GPU: 30.5 bytes per
           // element of Q (its deterministic backward's), fitted to the tracked peaks of the
           // two benchmark runs on an H200 (2026-11-27: 1.3B Llama, GPT-2 124M; the first guess,
           // an fp32 dQ accumulator of 4 bytes, was 0.55 and 0.42 GB short).
-          slot.push_back(2 * Z * Th);
-          // (GPT-2's backward hands its own 16-bit dqkv buffer, where cuDNN writes: no AttnS)
-          if (llama) slot.push_back(2 * int64_t(B) * T * qkv);
           slot.push_back(61 * Z * Th / 2);
           break;
         }
@@ -143,12 +140,15 @@ int64_t kernel_workspace_bytes(const ModelConfig& mc, int B, int T, DType comput
     // (gemm_bf16.cpp's widened16, not on the emulated path, which widens them in its rounding
     // pass): an input (the widest: the MLP's activation, N x F) and a gradient (Llama's dgu,
     // N x 2F, or dqkv); the output scratch (cpu_ops.cpp's out_scratch): attention's output in
-    // fp32 before it is narrowed, N x C, and a product's kept 16-bit (linear_forward_lp16:
-    // GPT-2's fch, N x F, Llama's gate|up, N x 2F); attention's output widened (backward:
-    // attention.cpp), N x C.
+    // fp32 before it is narrowed, N x C, a product's output or input gradient kept 16-bit
+    // (linear_forward_lp16: GPT-2's fch, N x F, Llama's gate|up, N x 2F;
+    // linear_backward_lp16_set: N x F at most), and the Llama's dqkv before it is narrowed
+    // (attention_backward_lp_set without the fp32 one), N x QKV; attention's output and its
+    // gradient widened (backward: attention.cpp), N x C each.
     const int64_t QKV = C + 2 * KVH * (C / H);
-    b += N * std::max(F, C) * 4 + (mc.type == "llama" ? N * std::max(2 * F, QKV) * 4 : 0);
-    b += N * std::max(C, mc.type == "llama" ? 2 * F : F) * 4 + N * C * 4;
+    const bool llama = mc.type == "llama";
+    b += N * std::max(F, C) * 4 + (llama ? N * std::max(2 * F, QKV) * 4 : 0);
+    b += N * std::max({C, llama ? 2 * F : F, llama ? QKV : 0}) * 4 + 2 * N * C * 4;
   }
   if (world > 1) b += comm_scratch;  // comm_scratch_bytes
   return b;

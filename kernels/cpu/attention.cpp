@@ -230,10 +230,11 @@ const float* rounded_qkv(DType t, const float* qkv, size_t n, const uint16_t* qk
     round_to(t, r, qkv, n);
   return r;
 }
-// The output widened from 16 bits (attention_backward's out16).
-const float* widened_out(DType t, const uint16_t* out16, size_t n) {
-  thread_local Buffer buf;
-  float* r = detail::grow_workspace(buf, n);
+// The output and its gradient widened from 16 bits (attention_backward's out16, dout16), each
+// in a thread-local buffer of its own (slot 0, 1).
+const float* widened_out(DType t, const uint16_t* out16, size_t n, int slot = 0) {
+  thread_local Buffer buf[2];
+  float* r = detail::grow_workspace(buf[slot], n);
   widen(t, out16, r, n);
   return r;
 }
@@ -354,14 +355,17 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int B, int T, int H, int KVH, int hd,
-                        DType compute, bool set, const uint16_t* qkv16, const uint16_t* out16) {
+                        DType compute, bool set, const uint16_t* qkv16, const uint16_t* out16,
+                        const uint16_t* dout16) {
   check_shapes(B, T, H, KVH, hd);
   if (B == 0 || T == 0) return;
   const int R = (H + 2 * KVH) * hd, CO = H * hd, rep = H / KVH;
   const bool lowp = compute != DType::F32;
-  SW_CHECK(lowp || (!qkv16 && !out16), "attention: 16-bit qkv / out need BF16 / F16 compute");
+  SW_CHECK(lowp || (!qkv16 && !out16 && !dout16),
+           "attention: 16-bit qkv / out / dout need BF16 / F16 compute");
   if (lowp) qkv = rounded_qkv(compute, qkv, (size_t)B * T * R, qkv16);
   if (out16) out = widened_out(compute, out16, (size_t)B * T * CO);
+  if (dout16) dout = widened_out(compute, dout16, (size_t)B * T * CO, 1);
   const int hd16 = round16(hd), ldh = padded_ld(hd);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const float ninf = -std::numeric_limits<float>::infinity();

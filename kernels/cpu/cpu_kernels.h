@@ -102,15 +102,16 @@ void swiglu_forward_lp(DType dt, uint16_t* out, const uint16_t* gu, int N, int F
 void gelu_forward_lp(DType dt, uint16_t* out, const float* inp, size_t n);
 // The same from inp held in dt (its values widened as they are read).
 void gelu_forward_lp(DType dt, uint16_t* out, const uint16_t* inp, size_t n);
-// gelu_backward(set = true) from inp held in dt.
-void gelu_backward_set(DType dt, float* dinp, const uint16_t* inp, const float* dout, size_t n);
+// gelu_backward(set = true) with inp and dout each fp32 (the float pointer) or held in dt (the
+// 16-bit one; the other null), widened as they are read.
+void gelu_backward_set(DType dt, float* dinp, const float* inp, const uint16_t* inp16,
+                       const float* dout, const uint16_t* dout16, size_t n);
 void swiglu_backward(float* dgu, const float* dout, const float* gu, int N, int F,
                      bool set = false);
-// narrow(dt, swiglu_backward(set = true)) in one pass (Ops::swiglu_backward_lp_set).
-void swiglu_backward_lp_set(DType dt, uint16_t* dgu, const float* dout, const float* gu, int N,
-                            int F);
-void swiglu_backward_lp_set(DType dt, uint16_t* dgu, const float* dout, const uint16_t* gu, int N,
-                            int F);
+// narrow(dt, swiglu_backward(set = true)) in one pass (Ops::swiglu_backward_lp_set), dout and
+// gu each fp32 or held in dt (as gelu_backward_set).
+void swiglu_backward_lp_set(DType dt, uint16_t* dgu, const float* dout, const uint16_t* dout16,
+                            const float* gu, const uint16_t* gu16, int N, int F);
 void residual_forward(float* out, const float* a, const float* b, size_t n);
 double sum_squares(const float* x, size_t n);
 void scale(float* x, float a, size_t n);
@@ -134,19 +135,23 @@ void rope_forward_lp(DType dt, uint16_t* qkv16, const float* qkv, int B, int T, 
                      int hd, float theta);
 void rope_backward_lp(DType dt, uint16_t* dqkv16, const float* dqkv, int B, int T, int H, int KVH,
                       int hd, float theta);
+// The same from dqkv held in dt (widened as read); src may be dqkv16 itself (in place).
+void rope_backward_lp(DType dt, uint16_t* dqkv16, const uint16_t* src, int B, int T, int H,
+                      int KVH, int hd, float theta);
 
 // attention.cpp
 // compute = BF16 / F16: the tile products (Q K^T, P V, and in the backward dO V^T, P^T dO,
 // dS^T Q, dS K) take operands rounded to bf16 / fp16 and accumulate in fp32; softmax, lse and
 // the running statistics stay fp32.
-// qkv16 / out16 (compute's 16-bit values; BF16 / F16 only), where non-null, replace qkv / out:
-// widened where the fp32 ones would be rounded (Ops' attention_*_lp forms).
+// qkv16 / out16 / dout16 (compute's 16-bit values; BF16 / F16 only), where non-null, replace
+// qkv / out / dout: widened where the fp32 ones would be rounded (Ops' attention_*_lp forms).
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KVH,
                        int hd, DType compute = DType::F32, const uint16_t* qkv16 = nullptr);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int B, int T, int H, int KVH, int hd,
                         DType compute = DType::F32, bool set = false,
-                        const uint16_t* qkv16 = nullptr, const uint16_t* out16 = nullptr);
+                        const uint16_t* qkv16 = nullptr, const uint16_t* out16 = nullptr,
+                        const uint16_t* dout16 = nullptr);
 
 // lmhead.cpp
 // compute = BF16 / F16: the three products (logits, dx, dw) use gemm_lowp; the softmax and

@@ -140,13 +140,11 @@ class CpuOps final : public Ops {
     else
       cpu::gelu_forward_lp(compute_, out16, inp.lp, n);
   }
-  void gelu_backward_lp_set(float* dinp, uint16_t* dinp16, Operand inp, const float* dout,
+  void gelu_backward_lp_set(float* dinp, uint16_t* dinp16, Operand inp, Operand dout,
                             size_t n) const override {
     require_lowp("gelu_backward_lp_set");
-    if (inp.f32)
-      cpu::gelu_backward(dinp, inp.f32, dout, n, true);
-    else
-      cpu::gelu_backward_set(compute_, dinp, inp.lp, dout, n);
+    cpu::gelu_backward_set(compute_, dinp, inp.f32, inp.f32 ? nullptr : inp.lp, dout.f32,
+                           dout.f32 ? nullptr : dout.lp, n);
     if (dinp16) narrow(compute_, dinp, dinp16, n);
   }
   void rmsnorm_forward_lp(uint16_t* out16, float* rstd, const float* inp, const float* w, int N,
@@ -171,18 +169,19 @@ class CpuOps final : public Ops {
     require_lowp("residual_layernorm_forward_lp");
     cpu::residual_layernorm_forward_lp(compute_, res, out16, mean, rstd, a, b, w, bias, N, C);
   }
-  void swiglu_backward_lp_set(uint16_t* dgu16, const float* dout, Operand gu, int N,
+  void swiglu_backward_lp_set(uint16_t* dgu16, Operand dout, Operand gu, int N,
                               int F) const override {
     require_lowp("swiglu_backward_lp_set");
-    if (gu.f32)
-      cpu::swiglu_backward_lp_set(compute_, dgu16, dout, gu.f32, N, F);
-    else
-      cpu::swiglu_backward_lp_set(compute_, dgu16, dout, gu.lp, N, F);
+    cpu::swiglu_backward_lp_set(compute_, dgu16, dout.f32, dout.f32 ? nullptr : dout.lp, gu.f32,
+                                gu.f32 ? nullptr : gu.lp, N, F);
   }
-  void rope_backward_lp(uint16_t* dqkv16, const float* dqkv, int B, int T, int H, int KVH, int hd,
+  void rope_backward_lp(uint16_t* dqkv16, Operand dqkv, int B, int T, int H, int KVH, int hd,
                         float theta) const override {
     require_lowp("rope_backward_lp");
-    cpu::rope_backward_lp(compute_, dqkv16, dqkv, B, T, H, KVH, hd, theta);
+    if (dqkv.f32)
+      cpu::rope_backward_lp(compute_, dqkv16, dqkv.f32, B, T, H, KVH, hd, theta);
+    else
+      cpu::rope_backward_lp(compute_, dqkv16, dqkv.lp, B, T, H, KVH, hd, theta);
   }
   void rope_forward_lp(uint16_t* qkv16, const float* qkv, int B, int T, int H, int KVH, int hd,
                        float theta) const override {
@@ -197,15 +196,17 @@ class CpuOps final : public Ops {
     cpu::attention_forward(o, lse, nullptr, B, T, H, KVH, hd, compute_, qkv16);
     cpu::narrow(compute_, o, out16, no);
   }
-  void attention_backward_lp_set(float* dqkv, uint16_t* dqkv16, const float* dout,
+  // Without dqkv, its fp32 values in this thread's output scratch, narrowed into dqkv16.
+  void attention_backward_lp_set(float* dqkv, uint16_t* dqkv16, Operand dout,
                                  const uint16_t* qkv16, const uint16_t* out16, const float* lse,
                                  int B, int T, int H, int KVH, int hd) const override {
     require_lowp("attention_backward_lp_set");
-    cpu::attention_backward(dqkv, dout, nullptr, nullptr, lse, B, T, H, KVH, hd, compute_, true,
-                            qkv16, out16);
-    if (dqkv16)
-      cpu::narrow(compute_, dqkv, dqkv16,
-                  size_t(B) * size_t(T) * size_t(H + 2 * KVH) * size_t(hd));
+    SW_CHECK(dqkv || dqkv16, "attention_backward_lp_set: neither dqkv nor dqkv16 given");
+    const size_t nq = extent(B * T, (H + 2 * KVH) * hd);
+    float* d = dqkv ? dqkv : out_scratch(nq);
+    cpu::attention_backward(d, dout.f32, nullptr, nullptr, lse, B, T, H, KVH, hd, compute_, true,
+                            qkv16, out16, dout.f32 ? nullptr : dout.lp);
+    if (dqkv16) cpu::narrow(compute_, d, dqkv16, nq);
   }
   // The fp32 product in this thread's output scratch (no allocation per call), narrowed.
   void linear_forward_lp16(uint16_t* out16, Operand inp, Operand w, const float* b, int N, int C,
@@ -234,6 +235,15 @@ class CpuOps final : public Ops {
     cpu::linear_backward_lowp16(compute_, dinp, dw, db, dout.f32, dout.f32 ? nullptr : dout.lp,
                                 inp.f32, inp.f32 ? nullptr : inp.lp,
                                 dinp ? weight_f32(w, OC, C, tw) : w.f32, N, C, OC, 0.f);
+  }
+  // dinp's fp32 values in this thread's output scratch, narrowed.
+  void linear_backward_lp16_set(uint16_t* dinp16, float* dw, float* db, Operand dout,
+                                Operand inp, Operand w, int N, int C, int OC) const override {
+    require_lowp("linear_backward_lp16_set");
+    const size_t ni = extent(N, C);
+    float* d = dinp16 ? out_scratch(ni) : nullptr;
+    linear_backward_lp_set(d, dw, db, dout, inp, w, N, C, OC);
+    if (dinp16) cpu::narrow(compute_, d, dinp16, ni);
   }
   double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w,
                      const int32_t* targets, int N, int C, int V,

@@ -138,8 +138,9 @@ void gelu_forward_lp(DType dt, uint16_t* out, const uint16_t* inp, size_t n) {
 // second term is below 1e-30, so x is clamped there (no overflow to inf * 0).
 // Set: dinp = 0 + g (the value += gives on zeros, -0 included), dinp never read.
 // inp fp32, or 16-bit of kind K (in_value).
-template <bool Set, int K = 0, class In = float>
-void gelu_backward_t(float* dinp, const In* inp, const float* dout, size_t n) {
+// dout likewise (D).
+template <bool Set, int K = 0, class In = float, class D = float>
+void gelu_backward_t(float* dinp, const In* inp, const D* dout, size_t n) {
 #pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMin)
   for (size_t i = 0; i < n; ++i) {
     const float x = clampf(in_value<K>(inp[i]), -10.f, 10.f);
@@ -149,7 +150,7 @@ void gelu_backward_t(float* dinp, const In* inp, const float* dout, size_t n) {
     const float e = exp_clamped(-2.f * u);
     const float s = 1.f / (1.f + e);
     const float one_minus_s = e * s;
-    const float g = dout[i] * (s + 2.f * x * du * one_minus_s * s);
+    const float g = in_value<K>(dout[i]) * (s + 2.f * x * du * one_minus_s * s);
     dinp[i] = (Set ? 0.f : dinp[i]) + g;
   }
 }
@@ -160,8 +161,19 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, b
   else
     gelu_backward_t<false>(dinp, inp, dout, n);
 }
-void gelu_backward_set(DType dt, float* dinp, const uint16_t* inp, const float* dout, size_t n) {
-  with_kind(dt, [&](auto k) { gelu_backward_t<true, decltype(k)::value>(dinp, inp, dout, n); });
+void gelu_backward_set(DType dt, float* dinp, const float* inp, const uint16_t* inp16,
+                       const float* dout, const uint16_t* dout16, size_t n) {
+  with_kind(dt, [&](auto k) {
+    constexpr int K = decltype(k)::value;
+    if (inp && dout)
+      gelu_backward_t<true>(dinp, inp, dout, n);
+    else if (dout)
+      gelu_backward_t<true, K>(dinp, inp16, dout, n);
+    else if (inp)
+      gelu_backward_t<true, K>(dinp, inp, dout16, n);
+    else
+      gelu_backward_t<true, K>(dinp, inp16, dout16, n);
+  });
 }
 
 // out(N,F) = silu(gate) * up, gu rows [gate (F) | up (F)]; silu(g) = g / (1 + e^{-g}).
@@ -195,9 +207,9 @@ void swiglu_forward_lp(DType dt, uint16_t* out, const uint16_t* gu, int N, int F
 
 // d up += dout * silu(g);  d gate += dout * up * silu'(g), silu'(g) = s (1 + g (1 - s)).
 // Set: written as 0 + g, the old values never read; T = uint16_t (with Set): narrowed to dt.
-// gu fp32, or 16-bit of kind K (in_value).
-template <bool Set, class T, int K = 0, class In = float>
-void swiglu_backward_t(T* dgu, const float* dout, const In* gu, int N, int F, DType dt) {
+// gu fp32, or 16-bit of kind K (in_value); dout likewise (D).
+template <bool Set, class T, int K = 0, class In = float, class D = float>
+void swiglu_backward_t(T* dgu, const D* dout, const In* gu, int N, int F, DType dt) {
   const size_t F2 = 2 * static_cast<size_t>(F);
 #pragma omp parallel for schedule(static) if (parallel : static_cast<size_t>(N) * F >= kParallelMin)
   for (int n = 0; n < N; ++n) {
@@ -205,15 +217,15 @@ void swiglu_backward_t(T* dgu, const float* dout, const In* gu, int N, int F, DT
     const In* ur = gr + F;
     T* dg = dgu + n * F2;
     T* dup = dg + F;
-    const float* d = dout + static_cast<size_t>(n) * F;
+    const D* d = dout + static_cast<size_t>(n) * F;
 #pragma omp simd
     for (int i = 0; i < F; ++i) {
-      const float g = in_value<K>(gr[i]), up = in_value<K>(ur[i]);
+      const float g = in_value<K>(gr[i]), up = in_value<K>(ur[i]), di = in_value<K>(d[i]);
       const float e = exp_clamped(-g);
       const float s = 1.f / (1.f + e);
       const float one_minus_s = e * s;
-      const float gup = d[i] * g * s;
-      const float ggate = d[i] * up * s * (1.f + g * one_minus_s);
+      const float gup = di * g * s;
+      const float ggate = di * up * s * (1.f + g * one_minus_s);
       if constexpr (std::is_same_v<T, float>) {
         dup[i] = (Set ? 0.f : dup[i]) + gup;
         dg[i] = (Set ? 0.f : dg[i]) + ggate;
@@ -232,14 +244,18 @@ void swiglu_backward(float* dgu, const float* dout, const float* gu, int N, int 
   else
     swiglu_backward_t<false>(dgu, dout, gu, N, F, DType::F32);
 }
-void swiglu_backward_lp_set(DType dt, uint16_t* dgu, const float* dout, const float* gu, int N,
-                            int F) {
-  swiglu_backward_t<true>(dgu, dout, gu, N, F, dt);
-}
-void swiglu_backward_lp_set(DType dt, uint16_t* dgu, const float* dout, const uint16_t* gu, int N,
-                            int F) {
+void swiglu_backward_lp_set(DType dt, uint16_t* dgu, const float* dout, const uint16_t* dout16,
+                            const float* gu, const uint16_t* gu16, int N, int F) {
   with_kind(dt, [&](auto k) {
-    swiglu_backward_t<true, uint16_t, decltype(k)::value>(dgu, dout, gu, N, F, dt);
+    constexpr int K = decltype(k)::value;
+    if (gu && dout)
+      swiglu_backward_t<true>(dgu, dout, gu, N, F, dt);
+    else if (dout)
+      swiglu_backward_t<true, uint16_t, K>(dgu, dout, gu16, N, F, dt);
+    else if (gu)
+      swiglu_backward_t<true, uint16_t, K>(dgu, dout16, gu, N, F, dt);
+    else
+      swiglu_backward_t<true, uint16_t, K>(dgu, dout16, gu16, N, F, dt);
   });
 }
 

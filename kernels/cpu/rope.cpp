@@ -60,11 +60,18 @@ inline uint16_t out_of16(float v, DType dt) {
   return dt == DType::BF16 ? f32_to_bf16(v) : f32_to_f16(v);
 }
 
+// An input element as fp32: the float, or a 16-bit value of dt widened.
+inline float in_of(float v, DType) { return v; }
+inline float in_of(uint16_t v, DType dt) {
+  return dt == DType::BF16 ? bf16_to_f32(v) : f16_to_f32(v);
+}
+
 // Rotates the q and k heads of every (b, t) row of `in` by +angle (sign = 1) or -angle
-// (sign = -1) into `out` (T = float: out == in, in place; T = uint16_t: out of place, narrowed
-// to dt, the v heads narrowed as they are).
-template <class T>
-void rope_apply(T* out, const float* in, int B, int Tn, int H, int KVH, int hd, float theta,
+// (sign = -1) into `out` (T = float: out == in, in place; T = uint16_t: narrowed to dt, the v
+// heads narrowed as they are, out of place from fp32, or from 16-bit In (dt), where out may
+// be in: each element is read before the same element is written).
+template <class T, class In = float>
+void rope_apply(T* out, const In* in, int B, int Tn, int H, int KVH, int hd, float theta,
                 float sign, DType dt) {
   SW_CHECK(hd % 2 == 0, "rope: head dim must be even");
   const RopeTable& tab = rope_table(Tn, hd, theta);
@@ -86,16 +93,16 @@ void rope_apply(T* out, const float* in, int B, int Tn, int H, int KVH, int hd, 
     const int t = n % Tn;
     const float* c = cos_tab + static_cast<size_t>(t) * half;
     const float* s = sin_tab + static_cast<size_t>(t) * half;
-    const float* base = in + n * row;
+    const In* base = in + n * row;
     T* obase = out + n * row;
     for (int h = 0; h < rot_heads; ++h) {
-      const float* x1 = base + static_cast<size_t>(h) * hd;
-      const float* x2 = x1 + half;
+      const In* x1 = base + static_cast<size_t>(h) * hd;
+      const In* x2 = x1 + half;
       T* y1 = obase + static_cast<size_t>(h) * hd;
       T* y2 = y1 + half;
 #pragma omp simd
       for (int i = 0; i < half; ++i) {
-        const float a = x1[i], b = x2[i], sn = sign * s[i];
+        const float a = in_of(x1[i], dt), b = in_of(x2[i], dt), sn = sign * s[i];
         y1[i] = put(a * c[i] - b * sn);
         y2[i] = put(b * c[i] + a * sn);
       }
@@ -103,7 +110,7 @@ void rope_apply(T* out, const float* in, int B, int Tn, int H, int KVH, int hd, 
     if constexpr (!std::is_same_v<T, float>) {
       const size_t v0 = static_cast<size_t>(rot_heads) * hd;
 #pragma omp simd
-      for (size_t i = v0; i < row; ++i) obase[i] = put(base[i]);
+      for (size_t i = v0; i < row; ++i) obase[i] = put(in_of(base[i], dt));
     }
   }
 }
@@ -126,6 +133,11 @@ void rope_forward_lp(DType dt, uint16_t* qkv16, const float* qkv, int B, int T, 
 void rope_backward_lp(DType dt, uint16_t* dqkv16, const float* dqkv, int B, int T, int H, int KVH,
                       int hd, float theta) {
   rope_apply(dqkv16, dqkv, B, T, H, KVH, hd, theta, -1.f, dt);
+}
+
+void rope_backward_lp(DType dt, uint16_t* dqkv16, const uint16_t* src, int B, int T, int H,
+                      int KVH, int hd, float theta) {
+  rope_apply(dqkv16, src, B, T, H, KVH, hd, theta, -1.f, dt);
 }
 
 }  // namespace sw::cpu

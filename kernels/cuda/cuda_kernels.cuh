@@ -28,27 +28,32 @@ void swiglu_forward_lp(cudaStream_t s, int dt, uint16_t* out16, const uint16_t* 
 void gelu_forward_lp(cudaStream_t s, int dt, uint16_t* out16, const float* inp, size_t n);
 // The same from inp held in dt (read as widened; Ops::linear_forward_lp16's output).
 void gelu_forward_lp(cudaStream_t s, int dt, uint16_t* out16, const uint16_t* inp, size_t n);
-// gelu_backward with set from inp held in dt; with d16, the result also narrowed there.
-void gelu_backward_set(cudaStream_t s, int dt, float* dinp, const uint16_t* inp,
-                       const float* dout, size_t n, uint16_t* d16);
+// gelu_backward with set, inp and dout each fp32 (the float pointer) or held in dt (the 16-bit
+// one; the other null); with d16, the result also narrowed there.
+void gelu_backward_set(cudaStream_t s, int dt, float* dinp, const float* inp,
+                       const uint16_t* inp16, const float* dout, const uint16_t* dout16,
+                       size_t n, uint16_t* d16);
 void swiglu_backward(cudaStream_t s, float* dgu, const float* dout, const float* gu, int N, int F,
                      bool set = false);
-// narrow(dt, swiglu_backward with set) in one pass (Ops::swiglu_backward_lp_set).
+// narrow(dt, swiglu_backward with set) in one pass (Ops::swiglu_backward_lp_set), dout and gu
+// each fp32 or held in dt (as gelu_backward_set).
 void swiglu_backward_lp_set(cudaStream_t s, int dt, uint16_t* dgu16, const float* dout,
-                            const float* gu, int N, int F);
-void swiglu_backward_lp_set(cudaStream_t s, int dt, uint16_t* dgu16, const float* dout,
-                            const uint16_t* gu, int N, int F);
+                            const uint16_t* dout16, const float* gu, const uint16_t* gu16, int N,
+                            int F);
 void residual_forward(cudaStream_t s, float* out, const float* a, const float* b, size_t n);
 // RoPE: the (cos, sin) table of (T, hd / 2) angle pairs (2 T hd/2 floats, 16-byte aligned for
 // the two-pair kernel), then the rotation of q and k by it (sign -1: the inverse rotation).
 void rope_table(cudaStream_t s, float* tab, int T, int hd, float theta);
 void rope_apply(cudaStream_t s, float* qkv, const float* tab, int B, int T, int H, int KVH,
                 int hd, float sign);
-// Out of place, narrowed: dst16 = narrow(dt, rope_apply of a copy of src), the v heads narrowed as
-// they are; src is only read (Ops::rope_forward_lp, sign 1; rope_backward_lp, sign -1). dst16
-// and src must not overlap.
+// Narrowed: dst16 = narrow(dt, rope_apply of a copy of src), the v heads narrowed as they are;
+// src is only read (Ops::rope_forward_lp, sign 1; rope_backward_lp, sign -1). An fp32 src and
+// dst16 must not overlap.
 void rope_apply_lp(cudaStream_t s, int dt, uint16_t* dst16, const float* src, const float* tab,
                    int B, int T, int H, int KVH, int hd, float sign);
+// The same from src held in dt (widened as read); src may be dst16 itself (in place).
+void rope_apply_lp(cudaStream_t s, int dt, uint16_t* dst16, const uint16_t* src,
+                   const float* tab, int B, int T, int H, int KVH, int hd, float sign);
 // With p16: the updated values also narrowed there (dt 1 bf16, 2 f16) and, with p32, widened
 // back there (Ops::adamw_copies).
 void adamw(cudaStream_t s, float* param, const float* grad, float* m, float* v, size_t n,

@@ -572,10 +572,29 @@ class CudaOps final : public Ops {
              "linear_backward_lp_set: db needs the fp32 dout (a 16-bit one is given)");
     linear_backward_beta(dinp, dw, db, dout, inp, w, N, C, OC, 0.f);
   }
+  // dinp written 16-bit by cuBLAS from its fp32 sum (one rounding, as narrow would round the
+  // fp32 dinp; gemm16_out16), dw and db as linear_backward_lp_set's.
+  void linear_backward_lp16_set(uint16_t* dinp16, float* dw, float* db, Operand dout,
+                                Operand inp, Operand w, int N, int C, int OC) const override {
+    SW_OP_TIME();
+    require_lowp("linear_backward_lp16_set");
+    SW_CHECK(!db || dout.f32,
+             "linear_backward_lp16_set: db needs the fp32 dout (a 16-bit one is given)");
+    if (!dinp16 || N <= 0 || OC <= 0 || C <= 0)
+      return Ops::linear_backward_lp16_set(dinp16, dw, db, dout, inp, w, N, C, OC);
+    const cudaStream_t s = begin();
+    const uint16_t* d16 = dout.lp ? dout.lp : narrowed(s, Slot::Lowp0, dout.f32, OC, N, OC);
+    const uint16_t* w16 = w.lp ? w.lp : narrowed(s, Slot::Lowp1, w.f32, C, OC, C);
+    gemm16_out16(false, false, N, C, OC, d16, OC, w16, C, dinp16, C);
+    linear_backward_beta(nullptr, dw, db, d16, inp, w, N, C, OC, 0.f, dout.f32);
+  }
   // dout, inp and w fp32, or 16-bit (compute_'s values; lowp only, and then db null where dout
   // is 16-bit; with N, C or OC = 0, dw has nothing to add), or w both (the 16-bit form read).
+  // db32: the fp32 dout db sums, where dout is given 16-bit only for the products (default:
+  // dout's own fp32 form).
   void linear_backward_beta(float* dinp, float* dw, float* db, Operand dout, Operand inp,
-                            Operand w, int N, int C, int OC, float dinp_beta) const {
+                            Operand w, int N, int C, int OC, float dinp_beta,
+                            const float* db32 = nullptr) const {
     const cudaStream_t s = begin();
     if (!lowp() || N <= 0 || OC <= 0 || C <= 0) {
       // OC = 0 is an empty product: dinp = dinp_beta * dinp (gemm_raw's K = 0 case; a 16-bit
@@ -597,7 +616,8 @@ class CudaOps final : public Ops {
       }
     }
     if (db && N > 0 && OC > 0)
-      cuda::colsum_accumulate(s, db, dout.f32, N, OC, wsf(Slot::Norm, cuda::colsum_ws(N, OC)));
+      cuda::colsum_accumulate(s, db, db32 ? db32 : dout.f32, N, OC,
+                              wsf(Slot::Norm, cuda::colsum_ws(N, OC)));
   }
 
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
@@ -691,14 +711,13 @@ class CudaOps final : public Ops {
     SW_OP_TIME();
     cuda::gelu_backward(begin(), dinp, inp, dout, n, true);
   }
-  void gelu_backward_lp_set(float* dinp, uint16_t* dinp16, Operand inp, const float* dout,
+  // inp and dout each read 16-bit where they have that form.
+  void gelu_backward_lp_set(float* dinp, uint16_t* dinp16, Operand inp, Operand dout,
                             size_t n) const override {
     SW_OP_TIME();
     require_lowp("gelu_backward_lp_set");
-    if (inp.lp)
-      cuda::gelu_backward_set(begin(), dt(), dinp, inp.lp, dout, n, dinp16);
-    else
-      cuda::gelu_backward(begin(), dinp, inp.f32, dout, n, true, dinp16, dt());
+    cuda::gelu_backward_set(begin(), dt(), dinp, inp.lp ? nullptr : inp.f32, inp.lp,
+                            dout.lp ? nullptr : dout.f32, dout.lp, n, dinp16);
   }
   void swiglu_forward(float* out, const float* gu, int N, int F) const override {
     SW_OP_TIME();
@@ -730,14 +749,13 @@ class CudaOps final : public Ops {
     else
       cuda::gelu_forward_lp(begin(), dt(), out16, inp.f32, n);
   }
-  void swiglu_backward_lp_set(uint16_t* dgu16, const float* dout, Operand gu, int N,
+  // dout and gu each read 16-bit where they have that form.
+  void swiglu_backward_lp_set(uint16_t* dgu16, Operand dout, Operand gu, int N,
                               int F) const override {
     SW_OP_TIME();
     require_lowp("swiglu_backward_lp_set");
-    if (gu.lp)
-      cuda::swiglu_backward_lp_set(begin(), dt(), dgu16, dout, gu.lp, N, F);
-    else
-      cuda::swiglu_backward_lp_set(begin(), dt(), dgu16, dout, gu.f32, N, F);
+    cuda::swiglu_backward_lp_set(begin(), dt(), dgu16, dout.lp ? nullptr : dout.f32, dout.lp,
+                                 gu.lp ? nullptr : gu.f32, gu.lp, N, F);
   }
   void residual_forward(float* out, const float* a, const float* b, size_t n) const override {
     SW_OP_TIME();
@@ -758,12 +776,19 @@ class CudaOps final : public Ops {
     const cudaStream_t s = begin();
     cuda::rope_apply(s, dqkv, d_.rope_table(s, T, hd, theta), B, T, H, KVH, hd, -1.f);
   }
-  // rope_backward's inverse rotation (the same table, the same arithmetic) out of place into
-  // 16 bits, v heads narrowed as they are; dqkv is only read.
-  void rope_backward_lp(uint16_t* dqkv16, const float* dqkv, int B, int T, int H, int KVH, int hd,
+  // rope_backward's inverse rotation (the same table, the same arithmetic) into 16 bits, v
+  // heads narrowed as they are; dqkv is only read (16-bit where it has that form: then it may
+  // be dqkv16 itself, rotated in place).
+  void rope_backward_lp(uint16_t* dqkv16, Operand dqkv, int B, int T, int H, int KVH, int hd,
                         float theta) const override {
     SW_OP_TIME();
-    rope_lp("rope_backward_lp", dqkv16, dqkv, B, T, H, KVH, hd, theta, -1.f);
+    if (!dqkv.lp) return rope_lp("rope_backward_lp", dqkv16, dqkv.f32, B, T, H, KVH, hd, theta,
+                                 -1.f);
+    require_lowp("rope_backward_lp");
+    SW_CHECK(hd % 2 == 0, "rope: head dim must be even");
+    const cudaStream_t s = begin();
+    cuda::rope_apply_lp(s, dt(), dqkv16, dqkv.lp, d_.rope_table(s, T, hd, theta), B, T, H, KVH,
+                        hd, -1.f);
   }
   // rope_forward's rotation (its table, its arithmetic, sign +1) out of place into 16 bits, v
   // heads narrowed as they are: narrow(rope_forward(copy of qkv)); qkv is only read.
@@ -821,9 +846,11 @@ class CudaOps final : public Ops {
       return;
     Ops::attention_forward_lp(out16, lse, qkv16, B, T, H, KVH, hd);
   }
-  // On the cuDNN path: qkv16 and out16 to cuDNN as they are, dout narrowed, dq/dk/dv widened
-  // into dqkv (written, as attention_backward_set there). Elsewhere Ops' default, as above.
-  void attention_backward_lp_set(float* dqkv, uint16_t* dqkv16, const float* dout,
+  // On the cuDNN path: qkv16 and out16 to cuDNN as they are, dout narrowed (or taken as it is
+  // where it is 16-bit), dq/dk/dv widened into dqkv (written, as attention_backward_set there;
+  // without dqkv, cuDNN's 16-bit values are the whole result). Elsewhere Ops' default, as
+  // above.
+  void attention_backward_lp_set(float* dqkv, uint16_t* dqkv16, Operand dout,
                                  const uint16_t* qkv16, const uint16_t* out16, const float* lse,
                                  int B, int T, int H, int KVH, int hd) const override {
     SW_OP_TIME();
@@ -1396,7 +1423,9 @@ class CudaOps final : public Ops {
   }
   // With dqkv16, cuDNN's 16-bit dQ, dK, dV land there (the caller's both-form gradient: dqkv
   // is their widening, so dqkv16 is narrow(dqkv) exactly), else in AttnS scratch.
-  bool cudnn_attention_backward_lp_set(float* dqkv, uint16_t* dqkv16, const float* dout,
+  // A 16-bit dout goes to cuDNN as it is (where it is 16-byte aligned), else it is narrowed
+  // into AttnPack.
+  bool cudnn_attention_backward_lp_set(float* dqkv, uint16_t* dqkv16, Operand dout,
                                        const uint16_t* qkv16,
                                        const uint16_t* out16, const float* lse, int B, int T,
                                        int H, int KVH, int hd) const {
@@ -1408,19 +1437,26 @@ class CudaOps final : public Ops {
     void* w = nullptr;
     if (!cudnn_usable(sh, true, &w)) return false;
     const size_t n = size_t(B) * T * (H + 2 * KVH) * hd, no = size_t(B) * T * H * hd;
-    uint16_t* do16 = wsh(Slot::AttnPack, no);
+    const uint16_t* do16 = dout.lp;
+    if (!do16 || !cudnn_aligned(do16)) {
+      uint16_t* d = wsh(Slot::AttnPack, no);
+      const OpScope scope(s, "attn_narrow");
+      if (dout.lp)
+        SW_CUDA_CHECK(cudaMemcpyAsync(d, dout.lp, no * sizeof(uint16_t), cudaMemcpyDeviceToDevice, s));
+      else
+        cuda::narrow(s, dt(), dout.f32, d, no);
+      do16 = d;
+    }
     const bool into = dqkv16 && cudnn_aligned(dqkv16);
     uint16_t* dq16 = into ? dqkv16 : wsh(Slot::AttnS, n);
-    {
-      const OpScope scope(s, "attn_narrow");
-      cuda::narrow(s, dt(), dout, do16, no);
-    }
     {
       const OpScope scope(s, "cudnn_sdpa_bwd");
       cuda::cudnn_attention_backward(s, sh, qkv16, out16, do16, lse, dq16, w);
     }
-    const OpScope scope(s, "attn_widen");
-    cuda::widen(s, dt(), dq16, dqkv, n);
+    if (dqkv) {
+      const OpScope scope(s, "attn_widen");
+      cuda::widen(s, dt(), dq16, dqkv, n);
+    }
     if (dqkv16 && !into)
       SW_CUDA_CHECK(cudaMemcpyAsync(dqkv16, dq16, n * sizeof(uint16_t), cudaMemcpyDeviceToDevice, s));
     return true;

@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
@@ -159,12 +160,12 @@ __global__ void gelu_forward_lp_k(int dt, uint16_t* out, const In* inp, size_t n
     out[i] = to_half_d(dt, gelu_f(ldv(dt, inp, i)));
 }
 
-template <bool Set, class In>  // inp fp32, or 16-bit (dt)
-__global__ void gelu_backward_k(float* dinp, const In* inp, const float* dout, size_t n,
+template <bool Set, class In, class D>  // inp and dout each fp32, or 16-bit (dt)
+__global__ void gelu_backward_k(float* dinp, const In* inp, const D* dout, size_t n,
                                 uint16_t* d16, int dt) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x) {
-    const float r = (Set ? 0.f : dinp[i]) + gelu_grad_f(ldv(dt, inp, i), dout[i]);
+    const float r = (Set ? 0.f : dinp[i]) + gelu_grad_f(ldv(dt, inp, i), ldv(dt, dout, i));
     dinp[i] = r;
     if (d16) d16[i] = to_half_d(dt, r);
   }
@@ -203,15 +204,15 @@ __global__ void swiglu_backward_k(float* dgu, const float* dout, const float* gu
 
 // narrow(swiglu_backward_k<true>): each value 0 + g, as the set form stores it (0 + -0 is +0),
 // then rounded to dt.
-template <class In>  // gu fp32, or 16-bit (dt)
-__global__ void swiglu_backward_lp_k(int dt, uint16_t* dgu, const float* dout, const In* gu,
+template <class In, class D>  // gu and dout each fp32, or 16-bit (dt)
+__global__ void swiglu_backward_lp_k(int dt, uint16_t* dgu, const D* dout, const In* gu,
                                      int F, size_t total) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
        i += size_t(gridDim.x) * blockDim.x) {
     const size_t n = i / F, f = i % F;
     const size_t ig = n * 2 * F + f, iu = ig + F;
     float dg, du;
-    swiglu_grad_f(ldv(dt, gu, ig), ldv(dt, gu, iu), dout[i], &dg, &du);
+    swiglu_grad_f(ldv(dt, gu, ig), ldv(dt, gu, iu), ldv(dt, dout, i), &dg, &du);
     dgu[iu] = to_half_d(dt, 0.f + du);
     dgu[ig] = to_half_d(dt, 0.f + dg);
   }
@@ -246,11 +247,13 @@ __global__ void rope_table_k(float2* tab, int T, int hd, float theta) {
 }
 
 // One thread per (row n, head h, P consecutive pairs i); sign -1 rotates back. In place (LP
-// false; heads == rot_heads): the q and k heads of qkv. LP: out of place, src read and dst16
-// written rounded to dt (cuda::narrow's to_half_d), over all `heads` heads: the first rot_heads
-// rotated with the in-place form's arithmetic, the rest (v) only rounded.
-template <int P, bool LP>
-__global__ void rope_k(float* qkv, const float* src, uint16_t* dst16, int dt, const float2* tab,
+// false; heads == rot_heads): the q and k heads of qkv. LP: src (fp32, or 16-bit S = uint16_t
+// widened from dt) read and dst16 written rounded to dt (cuda::narrow's to_half_d), over all
+// `heads` heads: the first rot_heads rotated with the in-place form's arithmetic, the rest (v)
+// only rounded. A thread reads its elements before it writes them, and no other thread
+// touches them, so a 16-bit src may be dst16 itself.
+template <int P, bool LP, class S = float>
+__global__ void rope_k(float* qkv, const S* src, uint16_t* dst16, int dt, const float2* tab,
                        int T, int heads, int rot_heads, int hd, size_t row, float sign,
                        size_t total) {
   const int half = hd / 2, groups = half / P;
@@ -263,10 +266,20 @@ __global__ void rope_k(float* qkv, const float* src, uint16_t* dst16, int dt, co
     const int t = static_cast<int>(n % T);
     const float2* cs = tab + static_cast<size_t>(t) * half + i;
     const size_t o1 = n * row + static_cast<size_t>(h) * hd + i, o2 = o1 + half;
-    const float* x1 = (LP ? src : qkv) + o1;
-    const float* x2 = (LP ? src : qkv) + o2;
     if constexpr (P == 2) {
-      const float2 a = *reinterpret_cast<const float2*>(x1), b = *reinterpret_cast<const float2*>(x2);
+      float2 a, b;
+      if constexpr (!LP) {
+        a = *reinterpret_cast<const float2*>(qkv + o1);
+        b = *reinterpret_cast<const float2*>(qkv + o2);
+      } else if constexpr (std::is_same_v<S, float>) {
+        a = *reinterpret_cast<const float2*>(src + o1);
+        b = *reinterpret_cast<const float2*>(src + o2);
+      } else {
+        const ushort2 ha = *reinterpret_cast<const ushort2*>(src + o1);
+        const ushort2 hb = *reinterpret_cast<const ushort2*>(src + o2);
+        a = make_float2(from_half_d(dt, ha.x), from_half_d(dt, ha.y));
+        b = make_float2(from_half_d(dt, hb.x), from_half_d(dt, hb.y));
+      }
       float2 y1 = a, y2 = b;
       if (!LP || h < rot_heads) {
         const float4 c = *reinterpret_cast<const float4*>(cs);  // (cos, sin) of i and i + 1
@@ -284,7 +297,7 @@ __global__ void rope_k(float* qkv, const float* src, uint16_t* dst16, int dt, co
         *reinterpret_cast<float2*>(qkv + o2) = y2;
       }
     } else {
-      const float a = *x1, b = *x2;
+      const float a = LP ? ldv(dt, src, o1) : qkv[o1], b = LP ? ldv(dt, src, o2) : qkv[o2];
       float y1 = a, y2 = b;
       if (!LP || h < rot_heads) {
         const float c = cs->x, sn = sign * cs->y;
@@ -626,18 +639,18 @@ template <bool Set>
 __device__ float4 base4(const float* dst) {
   return Set ? make_float4(0.f, 0.f, 0.f, 0.f) : ld4(dst);
 }
-// dinp (+)= gelu'(inp) dout; with d16, also d16 = narrow(dinp) (the result); inp fp32 or
-// 16-bit (dt)
-template <bool Set, class In = float>
+// dinp (+)= gelu'(inp) dout; with d16, also d16 = narrow(dinp) (the result); inp and dout
+// each fp32 or 16-bit (dt)
+template <bool Set, class In = float, class D = float>
 struct GeluBack4 {
   float* dinp;
   const In* inp;
-  const float* dout;
+  const D* dout;
   uint16_t* d16;
   int dt;
   __device__ void operator()(size_t i) const {
-    const float4 r = zip4(base4<Set>(dinp + i), zip4(ldv4(dt, inp + i), ld4(dout + i), GeluGradF{}),
-                          AddF{});
+    const float4 r = zip4(base4<Set>(dinp + i),
+                          zip4(ldv4(dt, inp + i), ldv4(dt, dout + i), GeluGradF{}), AddF{});
     st4(dinp + i, r);
     if (d16) sth4(d16 + i, narrow4(dt, r));
   }
@@ -675,13 +688,13 @@ struct SwigluLp4 {  // out16 = narrow(swiglu(gu)), gu fp32 or 16-bit (dt)
 };
 // SwiGLU's gradients of four consecutive (row, column) values from i on: the gate's (dg, at
 // dgu + ig) and the up's (du, at dgu + iu), the arithmetic both four-wide forms share.
-template <class In>  // gu fp32, or 16-bit (dt)
-__device__ __forceinline__ void swiglu_grad4(int dt, const float* dout, const In* gu, size_t i,
+template <class In, class D>  // gu and dout each fp32, or 16-bit (dt)
+__device__ __forceinline__ void swiglu_grad4(int dt, const D* dout, const In* gu, size_t i,
                                              size_t F, size_t& ig, size_t& iu, float4& dg,
                                              float4& du) {
   const size_t n = i / F, f = i % F;
   ig = n * 2 * F + f, iu = ig + F;
-  const float4 g = ldv4(dt, gu + ig), u = ldv4(dt, gu + iu), d = ld4(dout + i);
+  const float4 g = ldv4(dt, gu + ig), u = ldv4(dt, gu + iu), d = ldv4(dt, dout + i);
   swiglu_grad_f(g.x, u.x, d.x, &dg.x, &du.x);
   swiglu_grad_f(g.y, u.y, d.y, &dg.y, &du.y);
   swiglu_grad_f(g.z, u.z, d.z, &dg.z, &du.z);
@@ -700,11 +713,11 @@ struct SwigluBack4 {
     st4(dgu + ig, zip4(base4<Set>(dgu + ig), dg, AddF{}));
   }
 };
-template <class In>
-struct SwigluBackLp4 {  // dgu16 = narrow(SwigluBack4<true>'s values), gu fp32 or 16-bit (dt)
+template <class In, class D>
+struct SwigluBackLp4 {  // dgu16 = narrow(SwigluBack4<true>'s values), gu, dout fp32 or 16-bit
   int dt;
   uint16_t* dgu;
-  const float* dout;
+  const D* dout;
   const In* gu;
   size_t F;
   __device__ void operator()(size_t i) const {
@@ -793,22 +806,30 @@ void gelu_forward_lp(cudaStream_t s, int dt, uint16_t* out16, const uint16_t* in
   gelu_forward_lp_t(s, dt, out16, inp, n);
 }
 
-template <bool Set, class In = float>
-void gelu_backward_t(cudaStream_t s, float* dinp, const In* inp, const float* dout, size_t n,
+template <bool Set, class In = float, class D = float>
+void gelu_backward_t(cudaStream_t s, float* dinp, const In* inp, const D* dout, size_t n,
                      uint16_t* d16, int dt) {
   const size_t v =
-      al16(dinp) && al_in(inp) && al16(dout) && (!d16 || al8(d16)) ? n / 4 * 4 : 0;
-  each4(s, v / 4, GeluBack4<Set, In>{dinp, inp, dout, d16, dt});
+      al16(dinp) && al_in(inp) && al_in(dout) && (!d16 || al8(d16)) ? n / 4 * 4 : 0;
+  each4(s, v / 4, GeluBack4<Set, In, D>{dinp, inp, dout, d16, dt});
   dinp += v, inp += v, dout += v, n -= v;
   if (d16) d16 += v;
   if (n == 0) return;
-  gelu_backward_k<Set, In><<<grid_for(n, kThreads), kThreads, 0, s>>>(dinp, inp, dout, n, d16,
-                                                                       dt);
+  gelu_backward_k<Set, In, D><<<grid_for(n, kThreads), kThreads, 0, s>>>(dinp, inp, dout, n,
+                                                                          d16, dt);
   SW_CUDA_LAUNCHED();
 }
-void gelu_backward_set(cudaStream_t s, int dt, float* dinp, const uint16_t* inp,
-                       const float* dout, size_t n, uint16_t* d16) {
-  gelu_backward_t<true>(s, dinp, inp, dout, n, d16, dt);
+void gelu_backward_set(cudaStream_t s, int dt, float* dinp, const float* inp,
+                       const uint16_t* inp16, const float* dout, const uint16_t* dout16,
+                       size_t n, uint16_t* d16) {
+  if (inp && dout)
+    gelu_backward_t<true>(s, dinp, inp, dout, n, d16, dt);
+  else if (dout)
+    gelu_backward_t<true>(s, dinp, inp16, dout, n, d16, dt);
+  else if (inp)
+    gelu_backward_t<true>(s, dinp, inp, dout16, n, d16, dt);
+  else
+    gelu_backward_t<true>(s, dinp, inp16, dout16, n, d16, dt);
 }
 
 void gelu_backward(cudaStream_t s, float* dinp, const float* inp, const float* dout, size_t n,
@@ -862,24 +883,28 @@ void swiglu_backward(cudaStream_t s, float* dgu, const float* dout, const float*
     swiglu_backward_t<false>(s, dgu, dout, gu, N, F);
 }
 
-template <class In>
-void swiglu_backward_lp_t(cudaStream_t s, int dt, uint16_t* dgu16, const float* dout,
+template <class In, class D>
+void swiglu_backward_lp_t(cudaStream_t s, int dt, uint16_t* dgu16, const D* dout,
                           const In* gu, int N, int F) {
   const size_t total = static_cast<size_t>(N) * F;
   if (total == 0) return;
-  if (F % 4 == 0 && al8(dgu16) && al16(dout) && al_in(gu))
-    return each4(s, total / 4, SwigluBackLp4<In>{dt, dgu16, dout, gu, size_t(F)});
-  swiglu_backward_lp_k<In><<<grid_for(total, kThreads), kThreads, 0, s>>>(dt, dgu16, dout, gu,
-                                                                          F, total);
+  if (F % 4 == 0 && al8(dgu16) && al_in(dout) && al_in(gu))
+    return each4(s, total / 4, SwigluBackLp4<In, D>{dt, dgu16, dout, gu, size_t(F)});
+  swiglu_backward_lp_k<In, D><<<grid_for(total, kThreads), kThreads, 0, s>>>(dt, dgu16, dout,
+                                                                             gu, F, total);
   SW_CUDA_LAUNCHED();
 }
 void swiglu_backward_lp_set(cudaStream_t s, int dt, uint16_t* dgu16, const float* dout,
-                            const float* gu, int N, int F) {
-  swiglu_backward_lp_t(s, dt, dgu16, dout, gu, N, F);
-}
-void swiglu_backward_lp_set(cudaStream_t s, int dt, uint16_t* dgu16, const float* dout,
-                            const uint16_t* gu, int N, int F) {
-  swiglu_backward_lp_t(s, dt, dgu16, dout, gu, N, F);
+                            const uint16_t* dout16, const float* gu, const uint16_t* gu16, int N,
+                            int F) {
+  if (gu && dout)
+    swiglu_backward_lp_t(s, dt, dgu16, dout, gu, N, F);
+  else if (dout)
+    swiglu_backward_lp_t(s, dt, dgu16, dout, gu16, N, F);
+  else if (gu)
+    swiglu_backward_lp_t(s, dt, dgu16, dout16, gu, N, F);
+  else
+    swiglu_backward_lp_t(s, dt, dgu16, dout16, gu16, N, F);
 }
 
 void residual_forward(cudaStream_t s, float* out, const float* a, const float* b, size_t n) {
@@ -908,31 +933,42 @@ void rope_apply(cudaStream_t s, float* qkv, const float* tab, int B, int T, int 
   const float2* t2 = reinterpret_cast<const float2*>(tab);
   // Two pairs per thread where their floats are 8-byte aligned (half even: every offset is).
   if (half % 2 == 0 && al8(qkv) && al16(tab)) {
-    rope_k<2, false><<<grid_for(pairs / 2, kThreads), kThreads, 0, s>>>(
+    rope_k<2, false, float><<<grid_for(pairs / 2, kThreads), kThreads, 0, s>>>(
         qkv, nullptr, nullptr, 0, t2, T, rot_heads, rot_heads, hd, row, sign, pairs / 2);
   } else {
-    rope_k<1, false><<<grid_for(pairs, kThreads), kThreads, 0, s>>>(
+    rope_k<1, false, float><<<grid_for(pairs, kThreads), kThreads, 0, s>>>(
         qkv, nullptr, nullptr, 0, t2, T, rot_heads, rot_heads, hd, row, sign, pairs);
   }
   SW_CUDA_LAUNCHED();
 }
 
-void rope_apply_lp(cudaStream_t s, int dt, uint16_t* dst16, const float* src, const float* tab,
-                   int B, int T, int H, int KVH, int hd, float sign) {
+template <class S>
+void rope_apply_lp_t(cudaStream_t s, int dt, uint16_t* dst16, const S* src, const float* tab,
+                     int B, int T, int H, int KVH, int hd, float sign) {
   const int heads = H + 2 * KVH, half = hd / 2;
   const size_t pairs = static_cast<size_t>(B) * T * heads * half;
   if (pairs == 0) return;
   const size_t row = static_cast<size_t>(heads) * hd;
   const float2* t2 = reinterpret_cast<const float2*>(tab);
-  // Two pairs per thread where src's floats are 8-byte and dst16's values 4-byte aligned.
-  if (half % 2 == 0 && al8(src) && al16(tab) && al4(dst16)) {
-    rope_k<2, true><<<grid_for(pairs / 2, kThreads), kThreads, 0, s>>>(
+  // Two pairs per thread where src's values are 8-byte (fp32) or 4-byte (16-bit) and dst16's
+  // values 4-byte aligned.
+  const bool src_al = std::is_same_v<S, float> ? al8(src) : al4(src);
+  if (half % 2 == 0 && src_al && al16(tab) && al4(dst16)) {
+    rope_k<2, true, S><<<grid_for(pairs / 2, kThreads), kThreads, 0, s>>>(
         nullptr, src, dst16, dt, t2, T, heads, H + KVH, hd, row, sign, pairs / 2);
   } else {
-    rope_k<1, true><<<grid_for(pairs, kThreads), kThreads, 0, s>>>(
+    rope_k<1, true, S><<<grid_for(pairs, kThreads), kThreads, 0, s>>>(
         nullptr, src, dst16, dt, t2, T, heads, H + KVH, hd, row, sign, pairs);
   }
   SW_CUDA_LAUNCHED();
+}
+void rope_apply_lp(cudaStream_t s, int dt, uint16_t* dst16, const float* src, const float* tab,
+                   int B, int T, int H, int KVH, int hd, float sign) {
+  rope_apply_lp_t(s, dt, dst16, src, tab, B, T, H, KVH, hd, sign);
+}
+void rope_apply_lp(cudaStream_t s, int dt, uint16_t* dst16, const uint16_t* src,
+                   const float* tab, int B, int T, int H, int KVH, int hd, float sign) {
+  rope_apply_lp_t(s, dt, dst16, src, tab, B, T, H, KVH, hd, sign);
 }
 
 void adamw(cudaStream_t s, float* param, const float* grad, float* m, float* v, size_t n,

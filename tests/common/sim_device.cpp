@@ -264,26 +264,26 @@ class SimOps final : public sw::Ops {
     on_device(__func__, "bias", bias);
     base_->residual_layernorm_forward_lp(res, out16, mean, rstd, a, b, w, bias, N, C);
   }
-  void swiglu_backward_lp_set(uint16_t* dgu16, const float* dout, sw::Operand gu, int N, int F) const override {
+  void swiglu_backward_lp_set(uint16_t* dgu16, sw::Operand dout, sw::Operand gu, int N, int F) const override {
     Open g;
     on_device(__func__, "dgu16", dgu16);
-    on_device(__func__, "dout", dout);
+    on_operand(__func__, "dout", dout);
     on_operand(__func__, "gu", gu);
-    base_->swiglu_backward_lp_set(dgu16, dout, as_device_reads(gu), N, F);
+    base_->swiglu_backward_lp_set(dgu16, as_device_reads(dout), as_device_reads(gu), N, F);
   }
-  void gelu_backward_lp_set(float* dinp, uint16_t* dinp16, sw::Operand inp, const float* dout, size_t n) const override {
+  void gelu_backward_lp_set(float* dinp, uint16_t* dinp16, sw::Operand inp, sw::Operand dout, size_t n) const override {
     Open g;
     on_device(__func__, "dinp", dinp);
     on_device(__func__, "dinp16", dinp16);
     on_operand(__func__, "inp", inp);
-    on_device(__func__, "dout", dout);
-    base_->gelu_backward_lp_set(dinp, dinp16, as_device_reads(inp), dout, n);
+    on_operand(__func__, "dout", dout);
+    base_->gelu_backward_lp_set(dinp, dinp16, as_device_reads(inp), as_device_reads(dout), n);
   }
-  void rope_backward_lp(uint16_t* dqkv16, const float* dqkv, int B, int T, int H, int KVH, int hd, float theta) const override {
+  void rope_backward_lp(uint16_t* dqkv16, sw::Operand dqkv, int B, int T, int H, int KVH, int hd, float theta) const override {
     Open g;
     on_device(__func__, "dqkv16", dqkv16);
-    on_device(__func__, "dqkv", dqkv);
-    base_->rope_backward_lp(dqkv16, dqkv, B, T, H, KVH, hd, theta);
+    on_operand(__func__, "dqkv", dqkv);
+    base_->rope_backward_lp(dqkv16, as_device_reads(dqkv), B, T, H, KVH, hd, theta);
   }
   void rope_forward_lp(uint16_t* qkv16, const float* qkv, int B, int T, int H, int KVH, int hd, float theta) const override {
     Open g;
@@ -298,15 +298,16 @@ class SimOps final : public sw::Ops {
     on_device(__func__, "qkv16", qkv16);
     base_->attention_forward_lp(out16, lse, qkv16, B, T, H, KVH, hd);
   }
-  void attention_backward_lp_set(float* dqkv, uint16_t* dqkv16, const float* dout, const uint16_t* qkv16, const uint16_t* out16, const float* lse, int B, int T, int H, int KVH, int hd) const override {
+  void attention_backward_lp_set(float* dqkv, uint16_t* dqkv16, sw::Operand dout, const uint16_t* qkv16, const uint16_t* out16, const float* lse, int B, int T, int H, int KVH, int hd) const override {
     Open g;
     on_device(__func__, "dqkv", dqkv);
     on_device(__func__, "dqkv16", dqkv16);
-    on_device(__func__, "dout", dout);
+    on_operand(__func__, "dout", dout);
     on_device(__func__, "qkv16", qkv16);
     on_device(__func__, "out16", out16);
     on_device(__func__, "lse", lse);
-    base_->attention_backward_lp_set(dqkv, dqkv16, dout, qkv16, out16, lse, B, T, H, KVH, hd);
+    base_->attention_backward_lp_set(dqkv, dqkv16, as_device_reads(dout), qkv16, out16, lse, B, T,
+                                     H, KVH, hd);
   }
   void linear_forward_lp16(uint16_t* out16, sw::Operand inp, sw::Operand w, const float* b, int N, int C, int OC) const override {
     Open g;
@@ -323,6 +324,25 @@ class SimOps final : public sw::Ops {
     on_operand(__func__, "w", w);
     on_device(__func__, "b", b);
     base_->linear_forward_lp(out, as_device_reads(inp), as_device_reads(w), b, N, C, OC);
+  }
+  void linear_backward_lp16_set(uint16_t* dinp16, float* dw, float* db, sw::Operand dout, sw::Operand inp, sw::Operand w, int N, int C, int OC) const override {
+    Open g;
+    on_device(__func__, "dinp16", dinp16);
+    on_device(__func__, "dw", dw);
+    on_device(__func__, "db", db);
+    on_operand(__func__, "dout", dout);
+    on_operand(__func__, "inp", inp);
+    on_operand(__func__, "w", w);
+    if (dout.f32 && dout.lp) {  // the products read the 16-bit form, the bias gradient the fp32
+      base_->linear_backward_lp16_set(dinp16, dw, nullptr, sw::Operand(dout.lp),
+                                      as_device_reads(inp), as_device_reads(w), N, C, OC);
+      if (db)
+        base_->linear_backward_lp_set(nullptr, nullptr, db, sw::Operand(dout.f32), inp, w, N, C,
+                                      OC);
+      return;
+    }
+    base_->linear_backward_lp16_set(dinp16, dw, db, dout, as_device_reads(inp), as_device_reads(w),
+                                    N, C, OC);
   }
   void linear_backward_lp_set(float* dinp, float* dw, float* db, sw::Operand dout, sw::Operand inp, sw::Operand w, int N, int C, int OC) const override {
     Open g;

@@ -126,7 +126,7 @@ inline const std::vector<std::string>& all_ops() {
       "residual_rmsnorm_forward_lp", "layernorm_forward_lp", "residual_layernorm_forward_lp",
       "swiglu_backward_lp_set", "rope_backward_lp", "gemm_lp", "rope_forward_lp",
       "attention_forward_lp", "attention_backward_lp_set", "round_copy_lp", "gelu_backward_lp_set",
-      "linear_forward_lp16", "adamw_copies"};
+      "linear_forward_lp16", "adamw_copies", "linear_backward_lp16_set"};
   return ops;
 }
 
@@ -552,6 +552,52 @@ inline std::vector<OpCase> op_cases() {
                       put(o, "dw_ref", a.down(dwr, dw0.size()));
                       return o;
                     }});
+    // The input gradient in the compute precision: against the other backend only (cuBLAS
+    // may sum a 16-bit output in another order), each backend's fp32 dinp narrowed beside it;
+    // dw and db against linear_backward_lp_set's ("dw" / "dw_ref" and "db" / "db_ref" pairs,
+    // exact on each backend). dout fp32 (with db) or 16-bit (without), every operand's form
+    // as the models hand them.
+    for (int wf = 0; wf < 3; ++wf)
+      for (int dlp = 0; dlp < 2; ++dlp)
+        cs.push_back({"linear_backward_lp16_set",
+                      "linear_backward_lp16_set " + weight_form(wf) + " dout16=" +
+                          std::to_string(dlp) + " " +
+                          shape({{"N", l.N}, {"C", l.C}, {"OC", l.OC}}),
+                      kTolMat, kTolMatLowp, [l, sd, wf, dlp](Arena& a) {
+                        Outputs o;
+                        const sw::DType dt = a.ops().compute();
+                        if (dt == sw::DType::F32) return o;
+                        Rng r(sd + 5500);
+                        const Vec x = r.normal(size_t(l.N) * l.C),
+                                  w = r.normal(size_t(l.OC) * l.C, 0.2f),
+                                  dy = r.normal(size_t(l.N) * l.OC);
+                        const Vec dw0 = r.normal(w.size()), db0 = r.normal(l.OC);
+                        const size_t nx = x.size(), ny = dy.size();
+                        const float *px = a.up(x), *pdy = a.up(dy);
+                        uint16_t* x16 = up16(a, nx);
+                        uint16_t* dy16 = up16(a, ny);
+                        a.ops().narrow(dt, px, x16, nx);
+                        a.ops().narrow(dt, pdy, dy16, ny);
+                        const sw::Operand dout = dlp ? sw::Operand(dy16) : sw::Operand(pdy);
+                        const bool bias = l.bias && !dlp;
+                        uint16_t* dx16 = up16(a, nx);
+                        uint16_t* ref16 = up16(a, nx);
+                        float* dxr = a.up(Vec(nx, NAN));
+                        float *dw = a.up(dw0), *dwr = a.up(dw0), *db = a.up(db0), *dbr = a.up(db0);
+                        const WeightForms pw(a, w, wf);
+                        a.ops().linear_backward_lp16_set(dx16, dw, bias ? db : nullptr, dout, x16,
+                                                         pw.operand, l.N, l.C, l.OC);
+                        a.ops().linear_backward_lp_set(dxr, dwr, bias ? dbr : nullptr, dout, x16,
+                                                       pw.operand, l.N, l.C, l.OC);
+                        a.ops().narrow(dt, dxr, ref16, nx);
+                        put(o, "dinp16", down16(a, dx16, nx, dt));
+                        put(o, "f32 narrowed", down16(a, ref16, nx, dt));
+                        put(o, "dw", a.down(dw, dw0.size()));
+                        put(o, "dw_ref", a.down(dwr, dw0.size()));
+                        put(o, "db", a.down(db, db0.size()));
+                        put(o, "db_ref", a.down(dbr, db0.size()));
+                        return o;
+                      }});
   }
 
   // embedding: repeated tokens (V small), with and without positions.
@@ -847,6 +893,23 @@ inline std::vector<OpCase> op_cases() {
                     put(o, "ref x16", a.down(ref, n));
                     put(o, "lp16 x16", down16(a, dx16, n, dt));
                     put(o, "ref16 x16", down16(a, ref16, n, dt));
+                    // dout 16-bit too (a product's input gradient kept 16-bit)
+                    uint16_t* dy16 = up16(a, n);
+                    a.ops().narrow(dt, pdy, dy16, n);
+                    float* dyw = a.up(Vec(n, NAN));
+                    a.ops().widen(dt, dy16, dyw, n);
+                    a.ops().gelu_backward_lp_set(dx, dx16, x16, dy16, n);
+                    a.ops().gelu_backward_set(ref, xw, dyw, n);
+                    a.ops().narrow(dt, ref, ref16, n);
+                    put(o, "lp dy16", a.down(dx, n));
+                    put(o, "ref dy16", a.down(ref, n));
+                    put(o, "lp16 dy16", down16(a, dx16, n, dt));
+                    put(o, "ref16 dy16", down16(a, ref16, n, dt));
+                    // dout 16-bit, x fp32
+                    a.ops().gelu_backward_lp_set(dx, nullptr, px, dy16, n);
+                    a.ops().gelu_backward_set(ref, px, dyw, n);
+                    put(o, "lp x32 dy16", a.down(dx, n));
+                    put(o, "ref x32 dy16", a.down(ref, n));
                     return o;
                   }});
     cs.push_back({"residual_forward", "residual_forward " + sh, kTolElem, kTolElem,
@@ -1181,6 +1244,22 @@ inline std::vector<OpCase> op_cases() {
                     a.ops().narrow(dt, f, ref, 2 * NF);
                     put(o, "lp gu16", down16(a, lp, 2 * NF, dt));
                     put(o, "ref gu16", down16(a, ref, 2 * NF, dt));
+                    // dout 16-bit too (the down projection's input gradient kept 16-bit), and
+                    // dout 16-bit with gu fp32
+                    uint16_t* dy16 = up16(a, NF);
+                    a.ops().narrow(dt, pdy, dy16, NF);
+                    float* dyw = a.up(Vec(NF, NAN));
+                    a.ops().widen(dt, dy16, dyw, NF);
+                    a.ops().swiglu_backward_lp_set(lp, dy16, gu16, N, int(NF / N));
+                    a.ops().swiglu_backward_set(f, dyw, guw, N, int(NF / N));
+                    a.ops().narrow(dt, f, ref, 2 * NF);
+                    put(o, "lp dy16", down16(a, lp, 2 * NF, dt));
+                    put(o, "ref dy16", down16(a, ref, 2 * NF, dt));
+                    a.ops().swiglu_backward_lp_set(lp, dy16, pgu, N, int(NF / N));
+                    a.ops().swiglu_backward_set(f, dyw, pgu, N, int(NF / N));
+                    a.ops().narrow(dt, f, ref, 2 * NF);
+                    put(o, "lp gu32 dy16", down16(a, lp, 2 * NF, dt));
+                    put(o, "ref gu32 dy16", down16(a, ref, 2 * NF, dt));
                     return o;
                   }});
   }
@@ -1228,6 +1307,16 @@ inline std::vector<OpCase> op_cases() {
                     put(o, "ref", down16(a, ref, nqkv, dt));
                     put(o, "src", a.down(pd, nqkv));  // only read
                     put(o, "src0", d);
+                    // From 16 bits in place (the Llama's dqkv as attention writes it), against
+                    // the fp32 op on the widened values
+                    uint16_t* d16 = up16(a, nqkv);
+                    a.ops().narrow(dt, pd, d16, nqkv);
+                    a.ops().widen(dt, d16, f, nqkv);
+                    a.ops().rope_backward_lp(d16, d16, s.B, s.T, s.H, s.KVH, s.hd, 10000.f);
+                    a.ops().rope_backward(f, s.B, s.T, s.H, s.KVH, s.hd, 10000.f);
+                    a.ops().narrow(dt, f, ref, nqkv);
+                    put(o, "lp in place", down16(a, d16, nqkv, dt));
+                    put(o, "ref in place", down16(a, ref, nqkv, dt));
                     return o;
                   }});
     cs.push_back({"attention_forward", "attention_forward " + sh, kTolAttn, kTolAttnLowp,
@@ -1357,6 +1446,18 @@ inline std::vector<OpCase> op_cases() {
                     put(o, "ref_again", a.down(dr, nqkv));
                     put(o, "lp16", down16(a, d16, nqkv, dt));
                     put(o, "ref16", down16(a, dr16, nqkv, dt));
+                    // dout 16-bit (the output projection's input gradient kept 16-bit) and the
+                    // 16-bit dqkv alone (the Llama's), against the fp32 op on widened dout
+                    uint16_t* dy16 = up16(a, nout);
+                    a.ops().narrow(dt, pdy, dy16, nout);
+                    float* dyw = a.up(Vec(nout, NAN));
+                    a.ops().widen(dt, dy16, dyw, nout);
+                    a.ops().attention_backward_lp_set(nullptr, d16, dy16, q16, o16, pl, s.B, s.T,
+                                                      s.H, s.KVH, s.hd);
+                    a.ops().attention_backward_set(dr, dyw, qw, ow, pl, s.B, s.T, s.H, s.KVH, s.hd);
+                    a.ops().narrow(dt, dr, dr16, nqkv);
+                    put(o, "lp16 dy16", down16(a, d16, nqkv, dt));
+                    put(o, "ref16 dy16", down16(a, dr16, nqkv, dt));
                     return o;
                   }});
   }
@@ -1539,7 +1640,9 @@ inline std::vector<std::string> fused_norms_bitwise(const Backend& be) {
 
 // kernels/ops.h promises that each *_set form gives the values of its accumulating op on
 // zeros (a zero may carry the other sign, which == ignores), round_copy those of copy +
-// round_to (round_copy_lp: round_copy's and narrow's), and each 16-bit-input form (*_lp, *_lp_set) those of its fp32-input op. Their
+// round_to (round_copy_lp: round_copy's and narrow's), and each 16-bit-input form (*_lp, *_lp_set;
+// but linear_backward_lp16_set's dinp16, which cuBLAS may sum in another order) those of its
+// fp32-input op. Their
 // cases return outputs in pairs: "set" and "acc0" (and dw / dw_acc, db / db_acc: parameter
 // gradients accumulated by each), round_copy's result and copy + round_to's, "lp" and "ref".
 // Returns "case [output]" for each pair that differs on this backend.
@@ -1552,12 +1655,16 @@ inline std::vector<std::string> paired_forms_exact(const Backend& be,
       return c.op.size() > k && c.op.compare(c.op.size() - k, k, t) == 0;
     };
     if (!ends("_set") && !ends("_lp") && c.op != "round_copy" && c.op != "adamw_copies") continue;
+    // (linear_backward_lp16_set's first pair is a product's 16-bit output and its fp32 one
+    // narrowed: cuBLAS may sum the two in other orders, so they are compared across backends
+    // only; its dw and db pairs are exact)
+    const size_t first = c.op == "linear_backward_lp16_set" ? 2 : 0;
     Outputs o;
     {
       Arena a(be);
       o = c.run(a);
     }
-    for (size_t i = 0; i + 1 < o.size(); i += 2) {
+    for (size_t i = first; i + 1 < o.size(); i += 2) {
       bool same = o[i].v.size() == o[i + 1].v.size();
       for (size_t j = 0; same && j < o[i].v.size(); ++j) same = o[i].v[j] == o[i + 1].v[j];
       if (!same) bad.push_back(c.name + " [" + o[i].name + "]");

@@ -490,7 +490,10 @@ namespace {
 // The same Ops reporting fp32 compute, so the blocks take their fp32-operand path. Its
 // attention backward reads the output rounded to the compute precision, as the 16-bit path's
 // attention_backward_lp_set does (the one place where the two paths' values differ: the
-// backward's row dot products of dout with the output, fp32 sums, not products).
+// backward's row dot products of dout with the output, fp32 sums, not products). The
+// gradients the 16-bit path keeps 16-bit for a non-product reader are read rounded too: the
+// input gradients of the products before the SwiGLU / GELU and attention (as autocast's
+// backward gives a linear's), and the Llama's dqkv before its inverse rotation.
 class HideCompute final : public swtest::ForwardingOps {
  public:
   explicit HideCompute(const Ops& base) : ForwardingOps(base), base_(base) {}
@@ -499,13 +502,20 @@ class HideCompute final : public swtest::ForwardingOps {
                           const float* lse, int B, int T, int H, int KVH,
                           int hd) const override {
     const std::vector<float> o = rounded(out, size_t(B) * T * H * hd);
-    base_.attention_backward(dqkv, dout, qkv, o.data(), lse, B, T, H, KVH, hd);
+    const std::vector<float> d = rounded(dout, size_t(B) * T * H * hd);
+    base_.attention_backward(dqkv, d.data(), qkv, o.data(), lse, B, T, H, KVH, hd);
   }
   void attention_backward_set(float* dqkv, const float* dout, const float* qkv, const float* out,
                               const float* lse, int B, int T, int H, int KVH,
                               int hd) const override {
     const std::vector<float> o = rounded(out, size_t(B) * T * H * hd);
-    base_.attention_backward_set(dqkv, dout, qkv, o.data(), lse, B, T, H, KVH, hd);
+    const std::vector<float> d = rounded(dout, size_t(B) * T * H * hd);
+    base_.attention_backward_set(dqkv, d.data(), qkv, o.data(), lse, B, T, H, KVH, hd);
+  }
+  void rope_backward(float* dqkv, int B, int T, int H, int KVH, int hd,
+                     float theta) const override {
+    base_.round_to(base_.compute(), dqkv, size_t(B) * T * (H + 2 * KVH) * hd);
+    base_.rope_backward(dqkv, B, T, H, KVH, hd, theta);
   }
   // GPT-2's fch and Llama's gate|up, products' outputs only the GELU / SwiGLU read, are kept
   // 16-bit (as autocast keeps a linear's output): those read them rounded, forward and
@@ -516,13 +526,13 @@ class HideCompute final : public swtest::ForwardingOps {
   }
   void gelu_backward(float* dinp, const float* inp, const float* dout,
                      size_t n) const override {
-    const std::vector<float> x = rounded(inp, n);
-    base_.gelu_backward(dinp, x.data(), dout, n);
+    const std::vector<float> x = rounded(inp, n), d = rounded(dout, n);
+    base_.gelu_backward(dinp, x.data(), d.data(), n);
   }
   void gelu_backward_set(float* dinp, const float* inp, const float* dout,
                          size_t n) const override {
-    const std::vector<float> x = rounded(inp, n);
-    base_.gelu_backward_set(dinp, x.data(), dout, n);
+    const std::vector<float> x = rounded(inp, n), d = rounded(dout, n);
+    base_.gelu_backward_set(dinp, x.data(), d.data(), n);
   }
   void swiglu_forward(float* out, const float* gu, int N, int F) const override {
     const std::vector<float> g = rounded(gu, 2 * size_t(N) * F);
@@ -530,13 +540,13 @@ class HideCompute final : public swtest::ForwardingOps {
   }
   void swiglu_backward(float* dgu, const float* dout, const float* gu, int N,
                        int F) const override {
-    const std::vector<float> g = rounded(gu, 2 * size_t(N) * F);
-    base_.swiglu_backward(dgu, dout, g.data(), N, F);
+    const std::vector<float> g = rounded(gu, 2 * size_t(N) * F), d = rounded(dout, size_t(N) * F);
+    base_.swiglu_backward(dgu, d.data(), g.data(), N, F);
   }
   void swiglu_backward_set(float* dgu, const float* dout, const float* gu, int N,
                            int F) const override {
-    const std::vector<float> g = rounded(gu, 2 * size_t(N) * F);
-    base_.swiglu_backward_set(dgu, dout, g.data(), N, F);
+    const std::vector<float> g = rounded(gu, 2 * size_t(N) * F), d = rounded(dout, size_t(N) * F);
+    base_.swiglu_backward_set(dgu, d.data(), g.data(), N, F);
   }
 
  private:
