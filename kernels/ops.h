@@ -205,7 +205,9 @@ class Ops {
   //     backward gives a linear's), for gradients only an element-wise op or attention reads
   //     (the SwiGLU's and GELU's dout, attention's dout);
   //   gemm_lp(..., narrow(A), ..., narrow(B), ...) == gemm(..., A, ..., B, ...);
-  //   rope_forward_lp(q16, qkv, ...) == narrow(rope_forward(qkv, ...)) (qkv unchanged);
+  //   rope_forward_lp(q16, qkv, ...) == narrow(rope_forward(widen(qkv), ...)), qkv fp32 or
+  //     16-bit (only read; a 16-bit qkv may be q16 itself: the Llama's qkv product kept 16-bit,
+  //     as autocast keeps a linear's output, rotated in place);
   //   attention_forward_lp(o16, lse, q16, ...) == narrow of attention_forward(o, lse, widen(q16), ...)'s o;
   //   attention_backward_lp_set(dqkv, dqkv16, dout, q16, o16, lse, ...)
   //     == attention_backward_set(dqkv, dout, widen(q16), widen(o16), lse, ...): the output as
@@ -247,7 +249,7 @@ class Ops {
                                         Operand inp, Operand w, int N, int C, int OC) const;
   virtual void gemm_lp(bool ta, bool tb, int M, int N, int K, float alpha, Operand A, int lda,
                        Operand B, int ldb, float beta, float* C, int ldc) const;
-  virtual void rope_forward_lp(uint16_t* qkv16, const float* qkv, int B, int T, int H, int KVH,
+  virtual void rope_forward_lp(uint16_t* qkv16, Operand qkv, int B, int T, int H, int KVH,
                                int hd, float theta) const;
   virtual void attention_forward_lp(uint16_t* out16, float* lse, const uint16_t* qkv16, int B,
                                     int T, int H, int KVH, int hd) const;

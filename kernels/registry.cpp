@@ -155,12 +155,15 @@ void Ops::rope_backward_lp(uint16_t* dqkv16, Operand dqkv, int B, int T, int H, 
   });
 }
 
-void Ops::rope_forward_lp(uint16_t* qkv16, const float* qkv, int B, int T, int H, int KVH, int hd,
+void Ops::rope_forward_lp(uint16_t* qkv16, Operand qkv, int B, int T, int H, int KVH, int hd,
                           float theta) const {
   require_lowp("rope_forward_lp");
   const size_t n = qkv_size(B, T, H, KVH, hd);
-  narrowed_from(*this, qkv16, n, [&](float* t) {
-    if (n) copy(t, qkv, n);
+  narrowed_from(*this, qkv16, n, [&](float* t) {  // (t is a copy: qkv16 may be qkv.lp)
+    if (n && qkv.f32)
+      copy(t, qkv.f32, n);
+    else if (n)
+      widen(compute(), qkv.lp, t, n);
     rope_forward(t, B, T, H, KVH, hd, theta);
   });
 }

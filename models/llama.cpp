@@ -188,10 +188,9 @@ class Block final : public Unit {
     const ProductIn hmlp = keep_input(ctx, "hmlp", sz(N, F), Keep::Cheap);  // (N,F) silu(gate) * up
 
     rmsnorm_forward_to(ops, xn, rstd1, x, P(IN_NORM), N, C, eps);
-    if (qkv.lp) {  // the product in fp32 (scratch), rotated into the kept 16-bit qkv
-      float* q32 = ctx.scratch->f32(sz(N, QKV));
-      packed_forward(ops, q32, xn.operand(), qkv_pack(ctx), N, C);
-      ops.rope_forward_lp(qkv.lp, q32, B, T, H, KVH, hd, c_.rope_theta);
+    if (qkv.lp) {  // the product written 16-bit (as autocast keeps it), rotated in place
+      packed_forward_to(ops, qkv, xn.operand(), qkv_pack(ctx), N, C);
+      ops.rope_forward_lp(qkv.lp, qkv.lp, B, T, H, KVH, hd, c_.rope_theta);
       ops.attention_forward_lp(atty.lp, lse, qkv.lp, B, T, H, KVH, hd);
     } else {
       packed_forward(ops, qkv.f32, xn.operand(), qkv_pack(ctx), N, C);
@@ -207,8 +206,8 @@ class Block final : public Unit {
   }
 
   // Forward keeps (in this order) xn, rstd1, qkv, atty, lse, x2, xn2, rstd2, gu, hmlp (xn, qkv,
-  // atty, xn2, gu and hmlp 2 bytes a value with 16-bit products, qkv's fp32 product then in
-  // scratch): in Saved when training, in scratch in inference. recompute_cheap: one (N)
+  // atty, xn2, gu and hmlp 2 bytes a value with 16-bit products, qkv then written 16-bit by
+  // its product and rotated in place): in Saved when training, in scratch in inference. recompute_cheap: one (N)
   // statistic in scratch; backward: the six input gradients (written, not zeroed first), dh,
   // dgu, datty and dqkv 16-bit with 16-bit products.
   ActivationDecl declare_activations(int /*call*/, BatchShape shape) const override {
@@ -225,10 +224,6 @@ class Block final : public Unit {
       d.scratch_eval += shape.input_scratch(n);
     }
     d.saved_cheap = shape.input_bytes(N * C) * 2 + shape.input_bytes(N * F);  // xn, xn2, hmlp
-    if (shape.lowp()) {  // qkv's fp32 product
-      d.scratch_fwd = scrb(N * QKV);
-      d.scratch_eval += scrb(N * QKV);
-    }
     d.scratch_logits = d.scratch_eval;
     d.scratch_recompute = scrb(N);
     // dh, dgu, dxn2, datty, dqkv, dxn (dh, dgu, datty, dqkv ProductIns)

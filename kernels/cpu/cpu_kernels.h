@@ -133,6 +133,9 @@ void rope_backward(float* dqkv, int B, int T, int H, int KVH, int hd, float thet
 // (Ops::rope_forward_lp, rope_backward_lp).
 void rope_forward_lp(DType dt, uint16_t* qkv16, const float* qkv, int B, int T, int H, int KVH,
                      int hd, float theta);
+// The same from qkv held in dt (widened as read); src may be qkv16 itself (in place).
+void rope_forward_lp(DType dt, uint16_t* qkv16, const uint16_t* src, int B, int T, int H, int KVH,
+                     int hd, float theta);
 void rope_backward_lp(DType dt, uint16_t* dqkv16, const float* dqkv, int B, int T, int H, int KVH,
                       int hd, float theta);
 // The same from dqkv held in dt (widened as read); src may be dqkv16 itself (in place).

@@ -183,10 +183,13 @@ class CpuOps final : public Ops {
     else
       cpu::rope_backward_lp(compute_, dqkv16, dqkv.lp, B, T, H, KVH, hd, theta);
   }
-  void rope_forward_lp(uint16_t* qkv16, const float* qkv, int B, int T, int H, int KVH, int hd,
+  void rope_forward_lp(uint16_t* qkv16, Operand qkv, int B, int T, int H, int KVH, int hd,
                        float theta) const override {
     require_lowp("rope_forward_lp");
-    cpu::rope_forward_lp(compute_, qkv16, qkv, B, T, H, KVH, hd, theta);
+    if (qkv.f32)
+      cpu::rope_forward_lp(compute_, qkv16, qkv.f32, B, T, H, KVH, hd, theta);
+    else
+      cpu::rope_forward_lp(compute_, qkv16, qkv.lp, B, T, H, KVH, hd, theta);
   }
   void attention_forward_lp(uint16_t* out16, float* lse, const uint16_t* qkv16, int B, int T,
                             int H, int KVH, int hd) const override {

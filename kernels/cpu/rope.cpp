@@ -130,6 +130,11 @@ void rope_forward_lp(DType dt, uint16_t* qkv16, const float* qkv, int B, int T, 
   rope_apply(qkv16, qkv, B, T, H, KVH, hd, theta, 1.f, dt);
 }
 
+void rope_forward_lp(DType dt, uint16_t* qkv16, const uint16_t* src, int B, int T, int H, int KVH,
+                     int hd, float theta) {
+  rope_apply(qkv16, src, B, T, H, KVH, hd, theta, 1.f, dt);
+}
+
 void rope_backward_lp(DType dt, uint16_t* dqkv16, const float* dqkv, int B, int T, int H, int KVH,
                       int hd, float theta) {
   rope_apply(dqkv16, dqkv, B, T, H, KVH, hd, theta, -1.f, dt);

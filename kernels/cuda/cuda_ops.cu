@@ -782,28 +782,26 @@ class CudaOps final : public Ops {
   void rope_backward_lp(uint16_t* dqkv16, Operand dqkv, int B, int T, int H, int KVH, int hd,
                         float theta) const override {
     SW_OP_TIME();
-    if (!dqkv.lp) return rope_lp("rope_backward_lp", dqkv16, dqkv.f32, B, T, H, KVH, hd, theta,
-                                 -1.f);
-    require_lowp("rope_backward_lp");
-    SW_CHECK(hd % 2 == 0, "rope: head dim must be even");
-    const cudaStream_t s = begin();
-    cuda::rope_apply_lp(s, dt(), dqkv16, dqkv.lp, d_.rope_table(s, T, hd, theta), B, T, H, KVH,
-                        hd, -1.f);
+    rope_lp("rope_backward_lp", dqkv16, dqkv, B, T, H, KVH, hd, theta, -1.f);
   }
-  // rope_forward's rotation (its table, its arithmetic, sign +1) out of place into 16 bits, v
-  // heads narrowed as they are: narrow(rope_forward(copy of qkv)); qkv is only read.
-  void rope_forward_lp(uint16_t* qkv16, const float* qkv, int B, int T, int H, int KVH, int hd,
+  // rope_forward's rotation (its table, its arithmetic, sign +1) into 16 bits, v heads
+  // narrowed as they are: narrow(rope_forward(widened copy of qkv)); qkv is only read
+  // (16-bit where it has that form: then it may be qkv16 itself, rotated in place).
+  void rope_forward_lp(uint16_t* qkv16, Operand qkv, int B, int T, int H, int KVH, int hd,
                        float theta) const override {
     SW_OP_TIME();
     rope_lp("rope_forward_lp", qkv16, qkv, B, T, H, KVH, hd, theta, 1.f);
   }
-  void rope_lp(const char* op, uint16_t* out16, const float* in, int B, int T, int H, int KVH,
+  void rope_lp(const char* op, uint16_t* out16, Operand in, int B, int T, int H, int KVH,
                int hd, float theta, float sign) const {
     require_lowp(op);
     SW_CHECK(hd % 2 == 0, "rope: head dim must be even");
     const cudaStream_t s = begin();
-    cuda::rope_apply_lp(s, dt(), out16, in, d_.rope_table(s, T, hd, theta), B, T, H, KVH, hd,
-                        sign);
+    const float* tab = d_.rope_table(s, T, hd, theta);
+    if (in.lp)
+      cuda::rope_apply_lp(s, dt(), out16, in.lp, tab, B, T, H, KVH, hd, sign);
+    else
+      cuda::rope_apply_lp(s, dt(), out16, in.f32, tab, B, T, H, KVH, hd, sign);
   }
 
   void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KVH,

@@ -285,11 +285,11 @@ class SimOps final : public sw::Ops {
     on_operand(__func__, "dqkv", dqkv);
     base_->rope_backward_lp(dqkv16, as_device_reads(dqkv), B, T, H, KVH, hd, theta);
   }
-  void rope_forward_lp(uint16_t* qkv16, const float* qkv, int B, int T, int H, int KVH, int hd, float theta) const override {
+  void rope_forward_lp(uint16_t* qkv16, sw::Operand qkv, int B, int T, int H, int KVH, int hd, float theta) const override {
     Open g;
     on_device(__func__, "qkv16", qkv16);
-    on_device(__func__, "qkv", qkv);
-    base_->rope_forward_lp(qkv16, qkv, B, T, H, KVH, hd, theta);
+    on_operand(__func__, "qkv", qkv);
+    base_->rope_forward_lp(qkv16, as_device_reads(qkv), B, T, H, KVH, hd, theta);
   }
   void attention_forward_lp(uint16_t* out16, float* lse, const uint16_t* qkv16, int B, int T, int H, int KVH, int hd) const override {
     Open g;

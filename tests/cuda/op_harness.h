@@ -1380,6 +1380,16 @@ inline std::vector<OpCase> op_cases() {
                     put(o, "ref", down16(a, ref, nqkv, dt));
                     put(o, "src", a.down(pq, nqkv));  // only read
                     put(o, "src0", q);
+                    // From 16 bits in place (the Llama's qkv product kept 16-bit), against the
+                    // fp32 op on the widened values
+                    uint16_t* q16 = up16(a, nqkv);
+                    a.ops().narrow(dt, pq, q16, nqkv);
+                    a.ops().widen(dt, q16, f, nqkv);
+                    a.ops().rope_forward_lp(q16, q16, s.B, s.T, s.H, s.KVH, s.hd, 500000.f);
+                    a.ops().rope_forward(f, s.B, s.T, s.H, s.KVH, s.hd, 500000.f);
+                    a.ops().narrow(dt, f, ref, nqkv);
+                    put(o, "lp in place", down16(a, q16, nqkv, dt));
+                    put(o, "ref in place", down16(a, ref, nqkv, dt));
                     return o;
                   }});
     cs.push_back({"attention_forward_lp", "attention_forward_lp " + sh, kTolRound16,

@@ -512,6 +512,12 @@ class HideCompute final : public swtest::ForwardingOps {
     const std::vector<float> d = rounded(dout, size_t(B) * T * H * hd);
     base_.attention_backward_set(dqkv, d.data(), qkv, o.data(), lse, B, T, H, KVH, hd);
   }
+  // The Llama's qkv product is kept 16-bit too (its rotation reads it rounded).
+  void rope_forward(float* qkv, int B, int T, int H, int KVH, int hd,
+                    float theta) const override {
+    base_.round_to(base_.compute(), qkv, size_t(B) * T * (H + 2 * KVH) * hd);
+    base_.rope_forward(qkv, B, T, H, KVH, hd, theta);
+  }
   void rope_backward(float* dqkv, int B, int T, int H, int KVH, int hd,
                      float theta) const override {
     base_.round_to(base_.compute(), dqkv, size_t(B) * T * (H + 2 * KVH) * hd);

@@ -680,8 +680,9 @@ TEST_CASE("plan: on a GPU, the device figures of the H100 benchmark's runs", "[p
     // The backward's input gradients kept 16-bit for a non-product reader (dh / dfch_gelu, N x
     // F, and datty, N x C: 2 bytes a value fewer each) and the Llama's dqkv made 16-bit only
     // (N x QKV fp32 fewer): the blocks' backward scratch, the largest any call asked, shrinks,
-    // and the Scratch the plan reserves (the largest call's) with it, down to the next
-    // largest call's (the Llama's: its evaluation forward, which keeps its inputs in scratch).
+    // and the Scratch the plan reserves (the largest call's) with it; the Llama's qkv product
+    // is written 16-bit and rotated in place, so its forward (and evaluation) scratch holds no
+    // N x QKV fp32 product either.
     double scratch_now = 0, scratch_was = 0;
     {
       const Model model = build_model(m);
@@ -690,13 +691,16 @@ TEST_CASE("plan: on a GPU, the device figures of the H100 benchmark's runs", "[p
       for (size_t i = 0; i < model.schedule.size(); ++i) {
         const Call& cl = model.schedule[i];
         const ActivationDecl d = model.units[size_t(cl.unit)]->declare_activations(cl.call, shape);
-        const size_t y = Scratch::bytes_for(size_t(BT) * size_t(m.d_model));  // full recompute
-        const double rest = double(std::max({d.scratch_fwd, d.scratch_recompute, d.scratch_eval,
-                                             d.scratch_logits, y + d.scratch_fwd}));
+        const double y = double(Scratch::bytes_for(size_t(BT) * size_t(m.d_model)));
         const bool block = model.units[size_t(cl.unit)]->name().rfind("h.", 0) == 0 ||
                            model.units[size_t(cl.unit)]->name().rfind("layers.", 0) == 0;
-        scratch_now = std::max({scratch_now, rest, double(d.scratch_bwd)});
-        scratch_was = std::max({scratch_was, rest, double(d.scratch_bwd) + (block ? blk : 0.0)});
+        const double q32 = block && m.type == "llama"
+                               ? double(Scratch::bytes_for(size_t(BT) * size_t(qkv))) : 0.0;
+        const double fwd = double(d.scratch_fwd), eval = double(d.scratch_eval);
+        const double rest = double(std::max({d.scratch_recompute, d.scratch_logits}));
+        scratch_now = std::max({scratch_now, rest, fwd, eval, y + fwd, double(d.scratch_bwd)});
+        scratch_was = std::max({scratch_was, rest, fwd + q32, eval + q32, y + fwd + q32,
+                                double(d.scratch_bwd) + (block ? blk : 0.0)});
       }
     }
     // and cuDNN takes dO from the model, and the Llama's dqkv buffer: no AttnPack and AttnS
