@@ -130,7 +130,9 @@ class Ops {
   // Rows with targets[n] < 0 are ignored (loss 0, no gradient).
   // If dx/dw are non-null the gradient of (grad_scale * sum_n loss[n]) is accumulated at the
   // same time: dx(N,C) += ..., dw(V,C) += .... Returns sum_n loss[n] (as double).
-  virtual double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w,
+  // w is fp32, or (BF16 / F16 Ops) 16-bit, or both (a unit's weight with its 16-bit copy, as
+  // the products take it): the products round it to the compute precision either way.
+  virtual double lmhead_xent(float* loss, float* dx, float* dw, const float* x, Operand w,
                              const int32_t* targets, int N, int C, int V,
                              float grad_scale) const = 0;
   // The same, but sum_n loss[n] is ADDED to *total, one double in this backend's memory, on
@@ -138,7 +140,7 @@ class Ops {
   // gradient norm). The default adds lmhead_xent's result, so it suits backends whose memory
   // the host can touch; device backends override it.
   virtual void lmhead_xent_into(double* total, float* loss, float* dx, float* dw, const float* x,
-                                const float* w, const int32_t* targets, int N, int C, int V,
+                                Operand w, const int32_t* targets, int N, int C, int V,
                                 float grad_scale) const {
     *total += lmhead_xent(loss, dx, dw, x, w, targets, N, C, V, grad_scale);
   }

@@ -58,8 +58,9 @@ class EmbedHead final : public Unit {
         spec("ln_f.weight", {C}, Init::Ones, 0.f, "ln_f.weight"),
         spec("ln_f.bias", {C}, Init::Zeros, 0.f, "ln_f.bias"),
     };
-    if (!c_.tie_embeddings)
-      p.push_back(spec("lm_head.weight", {V, C}, Init::Normal, 0.02f, "lm_head.weight"));
+    if (!c_.tie_embeddings)  // (tied, wte is also the embedding's table: it keeps its fp32 copy)
+      p.push_back(product_weight(
+          spec("lm_head.weight", {V, C}, Init::Normal, 0.02f, "lm_head.weight")));
     return p;
   }
 
@@ -80,7 +81,7 @@ class EmbedHead final : public Unit {
     const float* lnw = ctx.param(2);  // (C)
     const float* lnb = ctx.param(3);  // (C)
     const size_t lm = head_index();
-    const float* w = ctx.param(lm);  // (V,C)
+    const Operand w = ctx.weight(lm);  // (V,C), a product's weight
     if (!ctx.training && ctx.logits) {
       // Inference: logits of each sequence's last position only.
       float* xl = ctx.scratch->f32(sz(B, C));  // (B,C)
@@ -89,7 +90,7 @@ class EmbedHead final : public Unit {
       float* mean = ctx.scratch->f32(sz(B));
       float* rstd = ctx.scratch->f32(sz(B));
       ops.layernorm_forward(hl, mean, rstd, xl, lnw, lnb, B, C);
-      ops.linear_forward(ctx.logits, hl, w, nullptr, B, C, V);  // (B,V)
+      linear_forward_from(ops, ctx.logits, hl, w, nullptr, B, C, V);  // (B,V)
       return;
     }
     SW_CHECK(ctx.batch->targets != nullptr, "a loss call needs targets");
@@ -147,7 +148,7 @@ class EmbedHead final : public Unit {
       float* d = ctx.scratch->f32(sz(N, C));
       ops.fill(d, 0.f, sz(N, C));
       float* losses = ctx.scratch->f32(sz(N));
-      ops.lmhead_xent(losses, d, ctx.grad(lm), h, ctx.param(lm), bt.targets, N, C, V,
+      ops.lmhead_xent(losses, d, ctx.grad(lm), h, ctx.weight(lm), bt.targets, N, C, V,
                       ctx.grad_scale);
       dh = d;
     }

@@ -348,8 +348,8 @@ class Head final : public Unit {
   // 0 norm.weight (C); 1 lm_head.weight (V,C)
   std::vector<ParamSpec> params() const override {
     return {spec("norm.weight", {c_.d_model}, Init::Ones, 0.f, "model.norm.weight"),
-            spec("lm_head.weight", {c_.vocab_size, c_.d_model}, Init::Normal, 0.02f,
-                 "lm_head.weight")};
+            product_weight(spec("lm_head.weight", {c_.vocab_size, c_.d_model}, Init::Normal,
+                                0.02f, "lm_head.weight"))};
   }
 
   void forward(UnitCtx& ctx, int call, const float* x, float* y) override {
@@ -359,7 +359,7 @@ class Head final : public Unit {
     const int N = B * T;
     ScratchScope guard{ctx.scratch};
     const float* nw = ctx.param(0);  // (C)
-    const float* w = ctx.param(1);   // (V,C)
+    const Operand w = ctx.weight(1);  // (V,C), a product's weight
     if (!ctx.training && ctx.logits) {
       // Inference: logits of each sequence's last position only.
       float* xl = ctx.scratch->f32(sz(B, C));  // (B,C)
@@ -367,7 +367,7 @@ class Head final : public Unit {
       float* hl = ctx.scratch->f32(sz(B, C));
       float* rstd = ctx.scratch->f32(sz(B));
       ops.rmsnorm_forward(hl, rstd, xl, nw, B, C, c_.norm_eps);
-      ops.linear_forward(ctx.logits, hl, w, nullptr, B, C, V);  // (B,V)
+      linear_forward_from(ops, ctx.logits, hl, w, nullptr, B, C, V);  // (B,V)
       return;
     }
     SW_CHECK(bt.targets != nullptr, "a loss call needs targets");
@@ -411,7 +411,7 @@ class Head final : public Unit {
       float* d = ctx.scratch->f32(sz(N, C));
       ops.fill(d, 0.f, sz(N, C));
       float* losses = ctx.scratch->f32(sz(N));
-      ops.lmhead_xent(losses, d, ctx.grad(1), h, ctx.param(1), bt.targets, N, C, V,
+      ops.lmhead_xent(losses, d, ctx.grad(1), h, ctx.weight(1), bt.targets, N, C, V,
                       ctx.grad_scale);
       dh = d;
     }

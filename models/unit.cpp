@@ -18,7 +18,7 @@ int64_t count_targets(const Batch& b) {
   return n;
 }
 
-void add_loss(UnitCtx& ctx, float* losses, float* dx, float* dw, const float* x, const float* w,
+void add_loss(UnitCtx& ctx, float* losses, float* dx, float* dw, const float* x, Operand w,
               int C, int V) {
   const Batch& b = *ctx.batch;
   const int N = b.B * b.T;

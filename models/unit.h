@@ -225,7 +225,7 @@ struct UnitCtx {
 // A loss call's fused LM head and cross-entropy (Ops::lmhead_xent; dx, dw may be null), reported
 // into ctx: the sum of token losses into ctx.loss_total (Ops::lmhead_xent_into, no host
 // synchronisation) or ctx.loss_sum, and the counted targets into ctx.loss_count.
-void add_loss(UnitCtx& ctx, float* losses, float* dx, float* dw, const float* x, const float* w,
+void add_loss(UnitCtx& ctx, float* losses, float* dx, float* dw, const float* x, Operand w,
               int C, int V);
 
 // ---- ProductIn's storage and its producers / products: each picks the 16-bit form where

@@ -72,9 +72,10 @@ int64_t cuda_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute)
     // dqkv): what is still narrowed per call is the LM head's x and the residual-stream
     // gradients, N x C each.
     slot.push_back(2 * N * C);  // Lowp0: x or an fp32 dout
-    // Lowp1: the LM head's weight (the linears' are 16-bit already on a device:
-    // MixedPrecisionPolicy::weights16; the larger of the two kept for the fp32-weight path).
-    slot.push_back(2 * std::max(V * C, weight));
+    // Lowp1: a weight given fp32 only. On a device every unit's weights come with their
+    // 16-bit copy (MixedPrecisionPolicy::weights16), the LM head's included, so none is
+    // narrowed in the engine's step; the linears' largest is kept for an fp32-weight call.
+    slot.push_back(2 * weight);
     slot.push_back(2 * chunk * V);                                 // Lowp2: the LM head's dlogits
     const int64_t Z = int64_t(B) * H, ZK = int64_t(B) * KVH, Th = int64_t(T) * hd;
     switch (cuda::attention_path_from_env(true)) {

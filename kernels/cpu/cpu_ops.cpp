@@ -248,10 +248,14 @@ class CpuOps final : public Ops {
     linear_backward_lp_set(d, dw, db, dout, inp, w, N, C, OC);
     if (dinp16) cpu::narrow(compute_, d, dinp16, ni);
   }
-  double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w,
+  // The weight as fp32 where it has that form (a 16-bit one alone, as the simulated device
+  // hands a products-only LM head, widened first).
+  double lmhead_xent(float* loss, float* dx, float* dw, const float* x, Operand w,
                      const int32_t* targets, int N, int C, int V,
                      float grad_scale) const override {
-    return cpu::lmhead_xent(loss, dx, dw, x, w, targets, N, C, V, grad_scale, compute_);
+    Buffer tw;
+    return cpu::lmhead_xent(loss, dx, dw, x, weight_f32(w, V, C, tw), targets, N, C, V,
+                            grad_scale, compute_);
   }
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
              float beta2, float eps, float wd, int step, float grad_mult) const override {

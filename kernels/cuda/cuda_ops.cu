@@ -882,11 +882,11 @@ class CudaOps final : public Ops {
   // logits): logits = x_c w^T (cuBLAS) into the workspace; one block per row turns it
   // into the loss and grad_scale * (softmax - onehot); dx_c += dlogits w and dw += dlogits^T
   // x_c (cuBLAS, beta = 1). The loss total is summed on the device in a fixed order.
-  // Low precision (kernels/cpu/lmhead.cpp's rounding): x and w narrowed once per call (Lowp0,
-  // Lowp1); the logits are fp32 products of those, the softmax and loss fp32; with gradients,
+  // Low precision (kernels/cpu/lmhead.cpp's rounding): x narrowed once per call (Lowp0), w
+  // taken 16-bit where it has that form (a unit's 16-bit copy), else narrowed (Lowp1); the logits are fp32 products of those, the softmax and loss fp32; with gradients,
   // the row kernel writes each chunk's dlogits narrowed (Lowp2; the fp32 values are never
   // stored), and they feed both backward products.
-  double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w,
+  double lmhead_xent(float* loss, float* dx, float* dw, const float* x, Operand w,
                      const int32_t* targets, int N, int C, int V,
                      float grad_scale) const override {
     SW_OP_TIME();
@@ -898,7 +898,7 @@ class CudaOps final : public Ops {
     return read_double(begin(), total);
   }
   void lmhead_xent_into(double* total, float* loss, float* dx, float* dw, const float* x,
-                        const float* w, const int32_t* targets, int N, int C, int V,
+                        Operand w, const int32_t* targets, int N, int C, int V,
                         float grad_scale) const override {
     SW_OP_TIME();
     SW_CHECK(N >= 0 && C > 0 && V > 0, "lmhead_xent: bad shape");
@@ -958,14 +958,16 @@ class CudaOps final : public Ops {
   // The LM head over row chunks (below); the loss total is written to, or with `accumulate`
   // added to, *total (device).
   void xent(double* total, bool accumulate, float* rl, float* dx, float* dw, const float* x,
-            const float* w, const int32_t* targets, int N, int C, int V, float grad_scale) const {
+            Operand wo, const int32_t* targets, int N, int C, int V, float grad_scale) const {
     const cudaStream_t s = begin();
     const bool grad = dx != nullptr || dw != nullptr;
     const int chunk = static_cast<int>(cuda::lmhead_chunk_rows(N, V));
     float* logits = wsf(Slot::Logits, static_cast<size_t>(chunk) * V);
     const bool lp = lowp();
+    SW_CHECK(lp || wo.f32, "lmhead_xent: a 16-bit weight needs BF16 / F16 Ops");
+    const float* w = wo.f32;
     const uint16_t* x16 = lp ? narrowed(s, Slot::Lowp0, x, C, N, C) : nullptr;
-    const uint16_t* w16 = lp ? narrowed(s, Slot::Lowp1, w, C, V, C) : nullptr;
+    const uint16_t* w16 = !lp ? nullptr : wo.lp ? wo.lp : narrowed(s, Slot::Lowp1, w, C, V, C);
     uint16_t* d16 = lp && grad ? wsh(Slot::Lowp2, static_cast<size_t>(chunk) * V) : nullptr;
     for (int n0 = 0; n0 < N; n0 += chunk) {
       const int nc = std::min(chunk, N - n0);

@@ -74,7 +74,7 @@ class ForwardingOps : public sw::Ops {
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B, int T, int H, int KVH, int hd) const override {
     base_.attention_backward(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd);
   }
-  double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w, const int32_t* targets, int N, int C, int V, float grad_scale) const override {
+  double lmhead_xent(float* loss, float* dx, float* dw, const float* x, sw::Operand w, const int32_t* targets, int N, int C, int V, float grad_scale) const override {
     return base_.lmhead_xent(loss, dx, dw, x, w, targets, N, C, V, grad_scale);
   }
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2, float eps, float wd, int step, float grad_mult) const override {

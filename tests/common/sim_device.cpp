@@ -533,25 +533,26 @@ class SimOps final : public sw::Ops {
     on_device(__func__, "lse", lse);
     base_->attention_backward(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd);
   }
-  double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w, const int32_t* targets, int N, int C, int V, float grad_scale) const override {
+  double lmhead_xent(float* loss, float* dx, float* dw, const float* x, sw::Operand w, const int32_t* targets, int N, int C, int V, float grad_scale) const override {
     Open g;
     xent_args(__func__, loss, dx, dw, x, w, targets);
     count_sync();  // the total is read on the host
-    return base_->lmhead_xent(loss, dx, dw, x, w, targets, N, C, V, grad_scale);
+    return base_->lmhead_xent(loss, dx, dw, x, as_device_reads(w), targets, N, C, V, grad_scale);
   }
-  void lmhead_xent_into(double* total, float* loss, float* dx, float* dw, const float* x, const float* w, const int32_t* targets, int N, int C, int V, float grad_scale) const override {
+  void lmhead_xent_into(double* total, float* loss, float* dx, float* dw, const float* x, sw::Operand w, const int32_t* targets, int N, int C, int V, float grad_scale) const override {
     Open g;
     on_device(__func__, "total", total);
     xent_args(__func__, loss, dx, dw, x, w, targets);
-    base_->lmhead_xent_into(total, loss, dx, dw, x, w, targets, N, C, V, grad_scale);
+    base_->lmhead_xent_into(total, loss, dx, dw, x, as_device_reads(w), targets, N, C, V,
+                            grad_scale);
   }
   static void xent_args(const char* op, const float* loss, const float* dx, const float* dw,
-                        const float* x, const float* w, const int32_t* targets) {
+                        const float* x, sw::Operand w, const int32_t* targets) {
     on_device(op, "loss", loss);
     on_device(op, "dx", dx);
     on_device(op, "dw", dw);
     on_device(op, "x", x);
-    on_device(op, "w", w);
+    on_operand(op, "w", w);
     on_device(op, "targets", targets);
   }
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2, float eps, float wd, int step, float grad_mult) const override {

@@ -1500,6 +1500,43 @@ inline std::vector<OpCase> op_cases() {
                     put(o, "dw", a.down(dw, dw0.size()));
                     return o;
                   }});
+    // The weight 16-bit only, or with both forms (a unit's LM head with its 16-bit copy), in
+    // BF16 / F16: bit for bit the op on the rounded fp32 weight (the products round it to
+    // those values); pairs for paired_forms_exact.
+    for (int wf = 1; wf < 3; ++wf)
+      cs.push_back({"lmhead_xent",
+                    "lmhead_xent " + weight_form(wf) + " " +
+                        shape({{"N", x.N}, {"C", x.C}, {"V", x.V}, {"grad", x.grad}}),
+                    kTolMat, kTolMatLowp, [x, sd, wf](Arena& a) {
+                      Outputs o;
+                      if (a.ops().compute() == sw::DType::F32) return o;
+                      Rng r(sd + 50);
+                      const Vec xs = r.normal(size_t(x.N) * x.C),
+                                w = r.normal(size_t(x.V) * x.C, 0.5f);
+                      IVec t = r.ints(x.N, 0, x.V);
+                      for (size_t i = 3; i < t.size(); i += 5) t[i] = -1;
+                      const Vec dx0 = r.normal(xs.size()), dw0 = r.normal(w.size());
+                      const WeightForms pw(a, w, wf);
+                      const float* px = a.up(xs);
+                      const int32_t* pt = a.up(t);
+                      float *loss = a.up(Vec(x.N)), *lr = a.up(Vec(x.N));
+                      float *dx = a.up(dx0), *dxr = a.up(dx0), *dw = a.up(dw0), *dwr = a.up(dw0);
+                      const double tot = a.ops().lmhead_xent(
+                          loss, x.grad ? dx : nullptr, x.grad ? dw : nullptr, px, pw.operand, pt,
+                          x.N, x.C, x.V, 1.f / x.N);
+                      const double ref = a.ops().lmhead_xent(
+                          lr, x.grad ? dxr : nullptr, x.grad ? dwr : nullptr, px, pw.rounded, pt,
+                          x.N, x.C, x.V, 1.f / x.N);
+                      o.push_back({"total", {tot}});
+                      o.push_back({"total_ref", {ref}});
+                      put(o, "loss", a.down(loss, x.N));
+                      put(o, "loss_ref", a.down(lr, x.N));
+                      put(o, "dx", a.down(dx, dx0.size()));
+                      put(o, "dx_ref", a.down(dxr, dx0.size()));
+                      put(o, "dw", a.down(dw, dw0.size()));
+                      put(o, "dw_ref", a.down(dwr, dw0.size()));
+                      return o;
+                    }});
     // The total added to a device double (the engine's per-micro-step loss), twice; the
     // per-row losses not asked for.
     cs.push_back({"lmhead_xent_into",
@@ -1652,7 +1689,8 @@ inline std::vector<std::string> fused_norms_bitwise(const Backend& be) {
 // zeros (a zero may carry the other sign, which == ignores), round_copy those of copy +
 // round_to (round_copy_lp: round_copy's and narrow's), and each 16-bit-input form (*_lp, *_lp_set;
 // but linear_backward_lp16_set's dinp16, which cuBLAS may sum in another order) those of its
-// fp32-input op. Their
+// fp32-input op, and lmhead_xent with a 16-bit weight ("lmhead_xent w=lp / w=both") its
+// results on the rounded fp32 one. Their
 // cases return outputs in pairs: "set" and "acc0" (and dw / dw_acc, db / db_acc: parameter
 // gradients accumulated by each), round_copy's result and copy + round_to's, "lp" and "ref".
 // Returns "case [output]" for each pair that differs on this backend.
@@ -1664,7 +1702,9 @@ inline std::vector<std::string> paired_forms_exact(const Backend& be,
       const size_t k = std::strlen(t);
       return c.op.size() > k && c.op.compare(c.op.size() - k, k, t) == 0;
     };
-    if (!ends("_set") && !ends("_lp") && c.op != "round_copy" && c.op != "adamw_copies") continue;
+    if (!ends("_set") && !ends("_lp") && c.op != "round_copy" && c.op != "adamw_copies" &&
+        c.name.rfind("lmhead_xent w=", 0) != 0)
+      continue;
     // (linear_backward_lp16_set's first pair is a product's 16-bit output and its fp32 one
     // narrowed: cuBLAS may sum the two in other orders, so they are compared across backends
     // only; its dw and db pairs are exact)

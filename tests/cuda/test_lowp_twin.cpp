@@ -209,9 +209,14 @@ class Emu final : public swtest::ForwardingOps {
                           const float* lse, int B, int T, int H, int KVH, int hd) const override {
     emu_attn_bwd(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd);
   }
-  double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w,
+  double lmhead_xent(float* loss, float* dx, float* dw, const float* x, sw::Operand w,
                      const int32_t* t, int N, int C, int V, float gs) const override {
-    return emu_lmhead(loss, dx, dw, x, w, t, N, C, V, gs);
+    std::vector<float> wide;  // a 16-bit weight alone: its values, as CUDA's products read them
+    if (!w.f32) {
+      wide.resize(size_t(V) * size_t(C));
+      widen(compute(), w.lp, wide.data(), wide.size());
+    }
+    return emu_lmhead(loss, dx, dw, x, w.f32 ? w.f32 : wide.data(), t, N, C, V, gs);
   }
 };
 

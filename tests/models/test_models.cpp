@@ -589,6 +589,11 @@ class ReadWeights16 final : public swtest::ForwardingOps {
                int ldb, float beta, float* C, int ldc) const override {
     base_.gemm_lp(ta, tb, M, N, K, alpha, only16(A), lda, only16(B), ldb, beta, C, ldc);
   }
+  double lmhead_xent(float* loss, float* dx, float* dw, const float* x, Operand w,
+                     const int32_t* targets, int N, int C, int V,
+                     float grad_scale) const override {
+    return base_.lmhead_xent(loss, dx, dw, x, only16(w), targets, N, C, V, grad_scale);
+  }
 
  private:
   Operand only16(Operand x) const {
@@ -628,9 +633,10 @@ TEST_CASE("weights' 16-bit copies give the bits of the fp32 path (BF16 and F16 O
         // Every block's products read the copy, forward and backward: four weights a layer
         // (GPT-2: qkv, proj, fc, fcproj; Llama: packed qkv, o, packed gate|up, down), 8 reads;
         // gapped, Llama's q, k, v and gate, up one product each: 7 forward, 7 backward (the
-        // weight gradients' products read no weight).
+        // weight gradients' products read no weight); and the fused LM head once (GPT-2's
+        // tied wte, the Llama's lm_head).
         const int per_layer = gapped ? 14 : 8;
-        CHECK(w16.with16 == c.n_layer * per_layer);
+        CHECK(w16.with16 == c.n_layer * per_layer + 1);
         // GPT-2 hands dfch and dqkv to its biased products in both forms
         CHECK(w16.dout_with16 == (c.type == "gpt2" ? 2 * c.n_layer : 0));
         auto a = lp.all_params(), b = f32in.all_params();
