@@ -189,8 +189,9 @@ class Ops {
   //     residual and LayerNorm forms likewise;
   //   swiglu_backward_lp_set(d16, ...) == narrow(swiglu_backward_set(...));
   //   gelu_backward_lp_set(d, d16, ...) writes gelu_backward_set(d, ...) and d16 = narrow(d):
-  //     both forms of a gradient that a biased product takes (its bias gradient sums the fp32
-  //     values, its products read the 16-bit ones: an Operand with both; d16 may be null);
+  //     both forms of a gradient (d16 may be null; d may be null where d16 is not: then only
+  //     the 16-bit form, as GPT-2's fc product takes it, its bias gradient summing the
+  //     widened values);
   //     in both, and in attention_backward_lp_set, dout may be 16-bit (read as widen(dout16):
   //     a product's input gradient kept in the compute precision, linear_backward_lp16_set);
   //   rope_backward_lp(d16, dqkv, ...) == narrow(rope_backward(widen(dqkv), ...)), dqkv fp32
@@ -200,8 +201,10 @@ class Ops {
   //     output in the compute precision (as PyTorch's autocast keeps a linear's output), for
   //     outputs only element-wise ops read (the SwiGLU's gate and up, GPT-2's fc output);
   //   linear_backward_lp_set(..., narrow(dy), narrow(x), narrow(w), ...)
-  //     == linear_backward_set(..., dy, x, w, ...) (db, a sum and not a product, needs the
-  //     fp32 dout); any of x, w, dy may also stay fp32 (the products round it as they read it);
+  //     == linear_backward_set(..., widen(narrow(dy)), x, w, ...) (db, a sum and not a
+  //     product, sums the widened 16-bit dout; given both forms it sums the fp32 one, as
+  //     linear_backward_set(..., dy, ...)); any of x, w, dy may also stay fp32 (the products
+  //     round it as they read it);
   //   linear_backward_lp16_set(dinp16, ...) == narrow of linear_backward_lp_set(dinp, ...)'s
   //     dinp (dw, db the same): the input gradient in the compute precision (as autocast's
   //     backward gives a linear's), for gradients only an element-wise op or attention reads

@@ -198,7 +198,12 @@ void Ops::attention_backward_lp_set(float* dqkv, uint16_t* dqkv16, Operand dout,
 void Ops::gelu_backward_lp_set(float* dinp, uint16_t* dinp16, Operand inp, Operand dout,
                                size_t n) const {
   require_lowp("gelu_backward_lp_set");
-  Buffer tmp, td;
+  SW_CHECK(dinp || dinp16, "gelu_backward_lp_set: neither dinp nor dinp16 given");
+  Buffer tmp, td, t;
+  if (!dinp) {
+    t = scratch_f32(n, device());
+    dinp = t.f32();
+  }
   gelu_backward_set(dinp, operand_f32(inp, 1, 0, n, tmp), operand_f32(dout, 1, 0, n, td), n);
   if (dinp16) narrow(compute(), dinp, dinp16, n);
 }
@@ -239,7 +244,6 @@ void Ops::linear_forward_lp16(uint16_t* out16, Operand inp, Operand w, const flo
 void Ops::linear_backward_lp_set(float* dinp, float* dw, float* db, Operand dout, Operand inp,
                                  Operand w, int N, int C, int OC) const {
   require_lowp("linear_backward_lp_set");
-  SW_CHECK(!db || dout.f32, "linear_backward_lp_set: db needs the fp32 dout (a 16-bit one is given)");
   Buffer td, ti, tw;
   linear_backward_set(dinp, dw, db, operand_f32(dout, size_t(N), size_t(OC), size_t(OC), td),
                       operand_f32(inp, size_t(N), size_t(C), size_t(C), ti),

@@ -256,11 +256,9 @@ class Block final : public Unit {
     }
     d.scratch_logits = d.scratch_eval;
     d.scratch_recompute = 2 * scrb(N);
-    // dfch_gelu, dfch, dln2, datty, dqkv, dln1 (dfch_gelu and datty ProductIns)
-    d.scratch_bwd = shape.input_scratch(N * F) + scrb(N * F) + scrb(N * C) +
-                    shape.input_scratch(N * C) + scrb(N * 3 * C) + scrb(N * C);
-    if (shape.lowp())  // dfch's and dqkv's 16-bit forms
-      d.scratch_bwd += shape.input_scratch(N * F) + shape.input_scratch(N * 3 * C);
+    // dfch_gelu, dfch, dln2, datty, dqkv, dln1 (all but dln2 and dln1 ProductIns)
+    d.scratch_bwd = shape.input_scratch(N * F) + shape.input_scratch(N * F) + scrb(N * C) +
+                    shape.input_scratch(N * C) + shape.input_scratch(N * 3 * C) + scrb(N * C);
     return d;
   }
 
@@ -306,20 +304,17 @@ class Block final : public Unit {
     const ProductIn dfch_gelu = scratch_input(*ctx.scratch, sz(N, F), ops);
     linear_backward_set_to(ops, dfch_gelu, G(FCPROJW), G(FCPROJB), dy,
                            saved_input(s, "fch_gelu", ops).operand(), W(FCPROJW), N, F, C);
-    // dfch and dqkv feed biased products: with 16-bit products both forms, the fp32 one for
-    // the bias gradient (a sum), the 16-bit one for the products (no narrowing per call).
-    float* dfch = fresh(sz(N, F));
-    Operand dfch_in = dfch;
-    if (lowp(ops)) {
-      uint16_t* d16 = ctx.scratch->lp(sz(N, F));
-      ops.gelu_backward_lp_set(dfch, d16, saved_input(s, "fch", ops).operand(),
+    // dfch and dqkv feed biased products: 16-bit with 16-bit products, for the products and
+    // for the bias gradient, which sums their widened values (as autocast's backward sums a
+    // linear's 16-bit output gradient).
+    const ProductIn dfch = scratch_input(*ctx.scratch, sz(N, F), ops);
+    if (dfch.lp)
+      ops.gelu_backward_lp_set(nullptr, dfch.lp, saved_input(s, "fch", ops).operand(),
                                dfch_gelu.operand(), sz(N, F));
-      dfch_in = Operand(dfch, d16);
-    } else {
-      ops.gelu_backward_set(dfch, s.get("fch"), dfch_gelu.f32, sz(N, F));
-    }
+    else
+      ops.gelu_backward_set(dfch.f32, s.get("fch"), dfch_gelu.f32, sz(N, F));
     float* dln2 = fresh(sz(N, C));
-    linear_backward_set_from(ops, dln2, G(FCW), G(FCB), dfch_in,
+    linear_backward_set_from(ops, dln2, G(FCW), G(FCB), dfch.operand(),
                              saved_input(s, "ln2", ops).operand(), W(FCW), N, C, F);
     ops.layernorm_backward(dx, G(LN2W), G(LN2B), dln2, s.get("x2"), P(LN2W), s.get("ln2_mean"),
                            s.get("ln2_rstd"), N, C);
@@ -329,19 +324,15 @@ class Block final : public Unit {
     const ProductIn datty = scratch_input(*ctx.scratch, sz(N, C), ops);
     linear_backward_set_to(ops, datty, G(PROJW), G(PROJB), dx, atty.operand(), W(PROJW), N, C,
                            C);
-    float* dqkv = fresh(sz(N, 3 * C));
-    Operand dqkv_in = dqkv;
-    if (qkv.lp) {
-      uint16_t* d16 = ctx.scratch->lp(sz(N, 3 * C));
-      ops.attention_backward_lp_set(dqkv, d16, datty.operand(), qkv.lp, atty.lp, s.get("lse"),
-                                    B, T, H, H, hd);
-      dqkv_in = Operand(dqkv, d16);
-    } else {
-      ops.attention_backward_set(dqkv, datty.f32, qkv.f32, atty.f32, s.get("lse"), B, T, H, H,
-                                 hd);
-    }
+    const ProductIn dqkv = scratch_input(*ctx.scratch, sz(N, 3 * C), ops);
+    if (dqkv.lp)  // (cuDNN's own 16-bit dQ, dK, dV; the CPU's fp32 values narrowed)
+      ops.attention_backward_lp_set(nullptr, dqkv.lp, datty.operand(), qkv.lp, atty.lp,
+                                    s.get("lse"), B, T, H, H, hd);
+    else
+      ops.attention_backward_set(dqkv.f32, datty.f32, qkv.f32, atty.f32, s.get("lse"), B, T, H,
+                                 H, hd);
     float* dln1 = fresh(sz(N, C));
-    linear_backward_set_from(ops, dln1, G(QKVW), G(QKVB), dqkv_in,
+    linear_backward_set_from(ops, dln1, G(QKVW), G(QKVB), dqkv.operand(),
                              saved_input(s, "ln1", ops).operand(), W(QKVW), N, C, 3 * C);
     ops.layernorm_backward(dx, G(LN1W), G(LN1B), dln1, x, P(LN1W), s.get("ln1_mean"),
                            s.get("ln1_rstd"), N, C);

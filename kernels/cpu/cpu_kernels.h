@@ -50,8 +50,9 @@ void linear_backward_lowp(DType t, float* dinp, float* dw, float* db, const floa
                           const float* inp, const float* w, int N, int C, int OC,
                           float dinp_beta = 1.f);
 // The same with an operand that may be 16-bit already (t's values; Ops' *_lp forms): inp16 /
-// dout16, where non-null, replace inp / dout (db needs the fp32 dout). The emulated path widens
-// them in its one rounding pass; the others widen them into per-thread scratch first.
+// dout16, where non-null, replace inp / dout (db then sums dout16's widened values). The
+// emulated path widens them in its one rounding pass (but a dout16 with db); the others widen
+// them into per-thread scratch first.
 void linear_forward_lowp16(DType t, float* out, const float* inp, const uint16_t* inp16,
                            const float* w, const float* b, int N, int C, int OC);
 void linear_backward_lowp16(DType t, float* dinp, float* dw, float* db, const float* dout,

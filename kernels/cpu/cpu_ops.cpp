@@ -143,9 +143,11 @@ class CpuOps final : public Ops {
   void gelu_backward_lp_set(float* dinp, uint16_t* dinp16, Operand inp, Operand dout,
                             size_t n) const override {
     require_lowp("gelu_backward_lp_set");
-    cpu::gelu_backward_set(compute_, dinp, inp.f32, inp.f32 ? nullptr : inp.lp, dout.f32,
+    SW_CHECK(dinp || dinp16, "gelu_backward_lp_set: neither dinp nor dinp16 given");
+    float* d = dinp ? dinp : out_scratch(n);  // (the 16-bit form alone: fp32 in scratch)
+    cpu::gelu_backward_set(compute_, d, inp.f32, inp.f32 ? nullptr : inp.lp, dout.f32,
                            dout.f32 ? nullptr : dout.lp, n);
-    if (dinp16) narrow(compute_, dinp, dinp16, n);
+    if (dinp16) narrow(compute_, d, dinp16, n);
   }
   void rmsnorm_forward_lp(uint16_t* out16, float* rstd, const float* inp, const float* w, int N,
                           int C, float eps) const override {
@@ -232,8 +234,6 @@ class CpuOps final : public Ops {
   void linear_backward_lp_set(float* dinp, float* dw, float* db, Operand dout, Operand inp,
                               Operand w, int N, int C, int OC) const override {
     require_lowp("linear_backward_lp_set");
-    SW_CHECK(!db || dout.f32,
-             "linear_backward_lp_set: db needs the fp32 dout (a 16-bit one is given)");
     Buffer tw;  // (the weight is read for dinp only)
     cpu::linear_backward_lowp16(compute_, dinp, dw, db, dout.f32, dout.f32 ? nullptr : dout.lp,
                                 inp.f32, inp.f32 ? nullptr : inp.lp,

@@ -393,10 +393,10 @@ void linear_backward_lowp16(DType t, float* dinp, float* dw, float* db, const fl
                             const uint16_t* dout16, const float* inp, const uint16_t* inp16,
                             const float* w, int N, int C, int OC, float dinp_beta) {
   if (t == DType::F32) return linear_backward(dinp, dw, db, dout, inp, w, N, C, OC, dinp_beta);
-  SW_CHECK(!db || !dout16, "linear backward: db needs the fp32 dout");
   const bool emulated = lowp_auto_path(t) == LowpPath::Emulated;
-  // The paths that round while packing read fp32: 16-bit operands widened first.
-  if (!emulated || N <= 0 || OC <= 0 || C <= 0) {
+  // The paths that round while packing read fp32: 16-bit operands widened first (dout also
+  // where db, an fp32 column sum of its values, is asked for).
+  if (!emulated || N <= 0 || OC <= 0 || C <= 0 || (db && dout16)) {
     if (dout16) dout = widened16(t, dout16, extent(N, OC), 0), dout16 = nullptr;
     if (inp16) inp = widened16(t, inp16, extent(N, C), 1), inp16 = nullptr;
   }

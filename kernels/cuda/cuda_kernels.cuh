@@ -29,7 +29,7 @@ void gelu_forward_lp(cudaStream_t s, int dt, uint16_t* out16, const float* inp, 
 // The same from inp held in dt (read as widened; Ops::linear_forward_lp16's output).
 void gelu_forward_lp(cudaStream_t s, int dt, uint16_t* out16, const uint16_t* inp, size_t n);
 // gelu_backward with set, inp and dout each fp32 (the float pointer) or held in dt (the 16-bit
-// one; the other null); with d16, the result also narrowed there.
+// one; the other null); with d16, the result also narrowed there (then dinp may be null).
 void gelu_backward_set(cudaStream_t s, int dt, float* dinp, const float* inp,
                        const uint16_t* inp16, const float* dout, const uint16_t* dout16,
                        size_t n, uint16_t* d16);
@@ -87,6 +87,10 @@ void sum_rows(cudaStream_t s, double* result, const float* x, int n, bool accumu
 // Column sums db(C) += sum_n dout[n] (linear's bias gradient). ws: colsum_ws(N, C) floats.
 size_t colsum_ws(int N, int C);
 void colsum_accumulate(cudaStream_t s, float* db, const float* dout, int N, int C, float* ws);
+// The same of a 16-bit dout (dt), widened as read: the bits colsum_accumulate gives on
+// widen(dout). ws: colsum_ws(N, C) floats.
+void colsum_accumulate16(cudaStream_t s, int dt, float* db, const uint16_t* dout, int N, int C,
+                         float* ws);
 // res may be null (plain norm) or a + b (fused residual; res may alias a or b). With out16 (out
 // then unused): the output narrowed to dt (1 bf16, 2 f16) as cuda::narrow rounds it, in the
 // same pass, bit for bit narrow(out) (Ops' *norm_forward_lp); mean, rstd and res unchanged.

@@ -563,13 +563,12 @@ class CudaOps final : public Ops {
     SW_OP_TIME();
     linear_backward_beta(dinp, dw, db, dout, inp, w, N, C, OC, 0.f);
   }
-  // dout, inp and w each fp32 or 16-bit; db, a column sum, needs the fp32 dout.
+  // dout, inp and w each fp32 or 16-bit; db, a column sum, of dout's fp32 form where it has
+  // one, else of its widened 16-bit values.
   void linear_backward_lp_set(float* dinp, float* dw, float* db, Operand dout, Operand inp,
                               Operand w, int N, int C, int OC) const override {
     SW_OP_TIME();
     require_lowp("linear_backward_lp_set");
-    SW_CHECK(!db || dout.f32,
-             "linear_backward_lp_set: db needs the fp32 dout (a 16-bit one is given)");
     linear_backward_beta(dinp, dw, db, dout, inp, w, N, C, OC, 0.f);
   }
   // dinp written 16-bit by cuBLAS from its fp32 sum (one rounding, as narrow would round the
@@ -578,8 +577,6 @@ class CudaOps final : public Ops {
                                 Operand inp, Operand w, int N, int C, int OC) const override {
     SW_OP_TIME();
     require_lowp("linear_backward_lp16_set");
-    SW_CHECK(!db || dout.f32,
-             "linear_backward_lp16_set: db needs the fp32 dout (a 16-bit one is given)");
     if (!dinp16 || N <= 0 || OC <= 0 || C <= 0)
       return Ops::linear_backward_lp16_set(dinp16, dw, db, dout, inp, w, N, C, OC);
     const cudaStream_t s = begin();
@@ -588,10 +585,10 @@ class CudaOps final : public Ops {
     gemm16_out16(false, false, N, C, OC, d16, OC, w16, C, dinp16, C);
     linear_backward_beta(nullptr, dw, db, d16, inp, w, N, C, OC, 0.f, dout.f32);
   }
-  // dout, inp and w fp32, or 16-bit (compute_'s values; lowp only, and then db null where dout
-  // is 16-bit; with N, C or OC = 0, dw has nothing to add), or w both (the 16-bit form read).
-  // db32: the fp32 dout db sums, where dout is given 16-bit only for the products (default:
-  // dout's own fp32 form).
+  // dout, inp and w fp32, or 16-bit (compute_'s values; lowp only; with N, C or OC = 0, dw has
+  // nothing to add), or w both (the 16-bit form read). db sums db32 where given (the fp32 dout
+  // of a call that hands the products its 16-bit form alone), else dout's fp32 form, else its
+  // 16-bit one widened.
   void linear_backward_beta(float* dinp, float* dw, float* db, Operand dout, Operand inp,
                             Operand w, int N, int C, int OC, float dinp_beta,
                             const float* db32 = nullptr) const {
@@ -615,9 +612,13 @@ class CudaOps final : public Ops {
         gemm16(true, false, OC, C, N, 1.f, d16, OC, x16, C, 1.f, dw, C);
       }
     }
-    if (db && N > 0 && OC > 0)
-      cuda::colsum_accumulate(s, db, db32 ? db32 : dout.f32, N, OC,
-                              wsf(Slot::Norm, cuda::colsum_ws(N, OC)));
+    if (db && N > 0 && OC > 0) {
+      float* ws = wsf(Slot::Norm, cuda::colsum_ws(N, OC));
+      if (db32 || dout.f32)
+        cuda::colsum_accumulate(s, db, db32 ? db32 : dout.f32, N, OC, ws);
+      else
+        cuda::colsum_accumulate16(s, dt(), db, dout.lp, N, OC, ws);
+    }
   }
 
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,

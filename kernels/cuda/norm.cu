@@ -277,6 +277,30 @@ __global__ void col_partials4_k(float* part, const float* dout, const float* inp
   if (MODE == 1) *reinterpret_cast<float4*>(part + static_cast<size_t>(count + blk) * C + c) = p1;
 }
 
+// MODE 0's partials of a 16-bit dout (dt), widened as read: col_partials_k's sums in its
+// order, so the bits of the column sums of widen(dout). W = 4: four columns a thread (C % 4 ==
+// 0, dout 8-byte aligned).
+template <int W>
+__global__ void col_partials16_k(float* part, const uint16_t* dout, int dt, int N, int C,
+                                 int rows) {
+  const int c = W * (blockIdx.x * blockDim.x + threadIdx.x);
+  const int blk = blockIdx.y;
+  if (c >= C) return;
+  const int n0 = blk * rows, n1 = min(N, n0 + rows);
+  float p[W] = {};
+  for (int n = n0; n < n1; ++n) {
+    const size_t i = static_cast<size_t>(n) * C + c;
+    if constexpr (W == 4) {
+      const ushort4 h = *reinterpret_cast<const ushort4*>(dout + i);
+      p[0] += from_half_d(dt, h.x), p[1] += from_half_d(dt, h.y);
+      p[2] += from_half_d(dt, h.z), p[3] += from_half_d(dt, h.w);
+    } else {
+      p[0] += from_half_d(dt, dout[i]);
+    }
+  }
+  for (int k = 0; k < W; ++k) part[static_cast<size_t>(blk) * C + c + k] = p[k];
+}
+
 // out[c] += sum over blocks in order of part[b * C + c].
 __global__ void col_reduce_k(float* out, const float* part, int C, int count) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -368,6 +392,23 @@ size_t colsum_ws(int N, int C) {
 void colsum_accumulate(cudaStream_t s, float* db, const float* dout, int N, int C, float* ws) {
   if (N <= 0 || C <= 0) return;
   column_sums<0>(s, db, nullptr, dout, nullptr, nullptr, nullptr, N, C, ws);
+}
+
+void colsum_accumulate16(cudaStream_t s, int dt, float* db, const uint16_t* dout, int N, int C,
+                         float* ws) {
+  if (N <= 0 || C <= 0) return;
+  const RowBlocks rb = row_blocks(N);
+  const unsigned cblocks = static_cast<unsigned>((C + kColThreads - 1) / kColThreads);
+  if (C % 4 == 0 && reinterpret_cast<uintptr_t>(dout) % 8 == 0) {
+    const unsigned cb4 = static_cast<unsigned>((C / 4 + kColThreads - 1) / kColThreads);
+    col_partials16_k<4><<<dim3(cb4, rb.count), kColThreads, 0, s>>>(ws, dout, dt, N, C, rb.rows);
+  } else {
+    col_partials16_k<1><<<dim3(cblocks, rb.count), kColThreads, 0, s>>>(ws, dout, dt, N, C,
+                                                                         rb.rows);
+  }
+  SW_CUDA_LAUNCHED();
+  col_reduce_k<<<cblocks, kColThreads, 0, s>>>(db, ws, C, rb.count);
+  SW_CUDA_LAUNCHED();
 }
 
 void layernorm_forward(cudaStream_t s, float* res, float* out, float* mean, float* rstd,

@@ -516,7 +516,8 @@ inline std::vector<OpCase> op_cases() {
                     put(o, "db_ref", a.down(dbr, db0.size()));
                     return o;
                   }});
-    // dout 16-bit too (no db: a sum of the fp32 dout), x fp32 or 16-bit.
+    // dout 16-bit too (db, where the linear has a bias, the sum of its widened values: the op
+    // on the widened dout gives every result), x fp32 or 16-bit.
     for (int xlp = 0; xlp < 2; ++xlp)
       cs.push_back({"linear_backward_lp_set",
                     "linear_backward_lp_set dout16 x16=" + std::to_string(xlp) + " " +
@@ -529,34 +530,38 @@ inline std::vector<OpCase> op_cases() {
                       const Vec x = r.normal(size_t(l.N) * l.C),
                                 w = r.normal(size_t(l.OC) * l.C, 0.2f),
                                 dy = r.normal(size_t(l.N) * l.OC);
-                      const Vec dw0 = r.normal(w.size());
+                      const Vec dw0 = r.normal(w.size()), db0 = r.normal(l.OC);
                       const size_t nx = x.size(), ny = dy.size();
                       const float *px = a.up(x), *pdy = a.up(dy);
                       uint16_t* x16 = up16(a, nx);
                       uint16_t* dy16 = up16(a, ny);
                       a.ops().narrow(dt, px, x16, nx);
                       a.ops().narrow(dt, pdy, dy16, ny);
+                      float* dyw = a.up(Vec(ny, NAN));
+                      a.ops().widen(dt, dy16, dyw, ny);
                       float *dx = a.up(Vec(nx, NAN)), *dxr = a.up(Vec(nx, NAN));
-                      float *dw = a.up(dw0), *dwr = a.up(dw0);
+                      float *dw = a.up(dw0), *dwr = a.up(dw0), *db = a.up(db0), *dbr = a.up(db0);
                       // With x 16-bit, the weight too (every operand 16-bit: the CUDA
                       // backward's path with no narrowing at all).
                       const WeightForms fw(a, w, xlp ? 1 : 0);
-                      a.ops().linear_backward_lp_set(dx, dw, nullptr, dy16,
+                      a.ops().linear_backward_lp_set(dx, dw, l.bias ? db : nullptr, dy16,
                                                      xlp ? sw::Operand(x16) : sw::Operand(px),
                                                      fw.operand, l.N, l.C, l.OC);
-                      a.ops().linear_backward_set(dxr, dwr, nullptr, pdy, px, fw.rounded, l.N,
-                                                  l.C, l.OC);
+                      a.ops().linear_backward_set(dxr, dwr, l.bias ? dbr : nullptr, dyw, px,
+                                                  fw.rounded, l.N, l.C, l.OC);
                       put(o, "lp", a.down(dx, nx));
                       put(o, "ref", a.down(dxr, nx));
                       put(o, "dw", a.down(dw, dw0.size()));
                       put(o, "dw_ref", a.down(dwr, dw0.size()));
+                      put(o, "db", a.down(db, db0.size()));
+                      put(o, "db_ref", a.down(dbr, db0.size()));
                       return o;
                     }});
     // The input gradient in the compute precision: against the other backend only (cuBLAS
     // may sum a 16-bit output in another order), each backend's fp32 dinp narrowed beside it;
     // dw and db against linear_backward_lp_set's ("dw" / "dw_ref" and "db" / "db_ref" pairs,
-    // exact on each backend). dout fp32 (with db) or 16-bit (without), every operand's form
-    // as the models hand them.
+    // exact on each backend). dout fp32 or 16-bit, every operand's form as the models hand
+    // them.
     for (int wf = 0; wf < 3; ++wf)
       for (int dlp = 0; dlp < 2; ++dlp)
         cs.push_back({"linear_backward_lp16_set",
@@ -579,7 +584,7 @@ inline std::vector<OpCase> op_cases() {
                         a.ops().narrow(dt, px, x16, nx);
                         a.ops().narrow(dt, pdy, dy16, ny);
                         const sw::Operand dout = dlp ? sw::Operand(dy16) : sw::Operand(pdy);
-                        const bool bias = l.bias && !dlp;
+                        const bool bias = l.bias;
                         uint16_t* dx16 = up16(a, nx);
                         uint16_t* ref16 = up16(a, nx);
                         float* dxr = a.up(Vec(nx, NAN));
@@ -910,6 +915,13 @@ inline std::vector<OpCase> op_cases() {
                     a.ops().gelu_backward_set(ref, px, dyw, n);
                     put(o, "lp x32 dy16", a.down(dx, n));
                     put(o, "ref x32 dy16", a.down(ref, n));
+                    // the 16-bit form alone (GPT-2's dfch)
+                    uint16_t* only16 = up16(a, n);
+                    a.ops().gelu_backward_lp_set(nullptr, only16, x16, dy16, n);
+                    a.ops().gelu_backward_set(ref, xw, dyw, n);
+                    a.ops().narrow(dt, ref, ref16, n);
+                    put(o, "lp16 only", down16(a, only16, n, dt));
+                    put(o, "ref16 only", down16(a, ref16, n, dt));
                     return o;
                   }});
     cs.push_back({"residual_forward", "residual_forward " + sh, kTolElem, kTolElem,

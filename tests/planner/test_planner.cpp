@@ -679,7 +679,8 @@ TEST_CASE("plan: on a GPU, the device figures of the H100 benchmark's runs", "[p
         m.type == "gpt2" ? 2.0 * BT * (std::max({double(m.d_ff), qkv}) - m.d_model) * 1.25 : 0.0;
     // The backward's input gradients kept 16-bit for a non-product reader (dh / dfch_gelu, N x
     // F, and datty, N x C: 2 bytes a value fewer each) and the Llama's dqkv made 16-bit only
-    // (N x QKV fp32 fewer): the blocks' backward scratch, the largest any call asked, shrinks,
+    // (N x QKV fp32 fewer), GPT-2's dfch and dqkv too (their fp32 forms gone): the blocks'
+    // backward scratch, the largest any call asked, shrinks,
     // and the Scratch the plan reserves (the largest call's) with it; the Llama's qkv product
     // is written 16-bit and rotated in place, so its forward (and evaluation) scratch holds no
     // N x QKV fp32 product either.
@@ -687,7 +688,10 @@ TEST_CASE("plan: on a GPU, the device figures of the H100 benchmark's runs", "[p
     {
       const Model model = build_model(m);
       const BatchShape shape{c.B, m.seq_len, DType::BF16};
-      const double blk = BT * (2.0 * (m.d_ff + m.d_model) + (m.type == "llama" ? 4.0 * qkv : 0.0));
+      // (GPT-2's dfch and dqkv are also 16-bit alone since, where they had both forms: 4 bytes
+      // a value fewer each)
+      const double blk = BT * (2.0 * (m.d_ff + m.d_model) +
+                               (m.type == "llama" ? 4.0 * qkv : 4.0 * (m.d_ff + qkv)));
       for (size_t i = 0; i < model.schedule.size(); ++i) {
         const Call& cl = model.schedule[i];
         const ActivationDecl d = model.units[size_t(cl.unit)]->declare_activations(cl.call, shape);
