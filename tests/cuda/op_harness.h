@@ -272,6 +272,21 @@ struct LinearLpInputs {
     a.ops().narrow(a.ops().compute(), x, x16, xv.size());
   }
 };
+// A backward product's operands on the backend, drawn from r in this order: x, the weight,
+// dout, the starting dw and db; x and dout also narrowed to the compute precision.
+struct LinearBackLpInputs {
+  const Vec x, w, dy, dw0, db0;
+  const float *px, *pdy;
+  uint16_t *x16, *dy16;
+  LinearBackLpInputs(Arena& a, Rng& r, int N, int C, int OC)
+      : x(r.normal(size_t(N) * C)), w(r.normal(size_t(OC) * C, 0.2f)),
+        dy(r.normal(size_t(N) * OC)), dw0(r.normal(w.size())), db0(r.normal(OC)), px(a.up(x)),
+        pdy(a.up(dy)), x16(up16(a, x.size())), dy16(up16(a, dy.size())) {
+    const sw::DType dt = a.ops().compute();
+    a.ops().narrow(dt, px, x16, x.size());
+    a.ops().narrow(dt, pdy, dy16, dy.size());
+  }
+};
 inline std::string weight_form(int wf) { return wf == 0 ? "w=f32" : wf == 1 ? "w=lp" : "w=both"; }
 
 inline std::string shape(std::initializer_list<std::pair<const char*, long>> kv) {
@@ -527,16 +542,11 @@ inline std::vector<OpCase> op_cases() {
                       const sw::DType dt = a.ops().compute();
                       if (dt == sw::DType::F32) return o;
                       Rng r(sd + 5000);
-                      const Vec x = r.normal(size_t(l.N) * l.C),
-                                w = r.normal(size_t(l.OC) * l.C, 0.2f),
-                                dy = r.normal(size_t(l.N) * l.OC);
-                      const Vec dw0 = r.normal(w.size()), db0 = r.normal(l.OC);
-                      const size_t nx = x.size(), ny = dy.size();
-                      const float *px = a.up(x), *pdy = a.up(dy);
-                      uint16_t* x16 = up16(a, nx);
-                      uint16_t* dy16 = up16(a, ny);
-                      a.ops().narrow(dt, px, x16, nx);
-                      a.ops().narrow(dt, pdy, dy16, ny);
+                      const LinearBackLpInputs in(a, r, l.N, l.C, l.OC);
+                      const Vec &w = in.w, &dw0 = in.dw0, &db0 = in.db0;
+                      const size_t nx = in.x.size(), ny = in.dy.size();
+                      const float* px = in.px;
+                      uint16_t *x16 = in.x16, *dy16 = in.dy16;
                       float* dyw = a.up(Vec(ny, NAN));
                       a.ops().widen(dt, dy16, dyw, ny);
                       float *dx = a.up(Vec(nx, NAN)), *dxr = a.up(Vec(nx, NAN));
@@ -573,17 +583,11 @@ inline std::vector<OpCase> op_cases() {
                         const sw::DType dt = a.ops().compute();
                         if (dt == sw::DType::F32) return o;
                         Rng r(sd + 5500);
-                        const Vec x = r.normal(size_t(l.N) * l.C),
-                                  w = r.normal(size_t(l.OC) * l.C, 0.2f),
-                                  dy = r.normal(size_t(l.N) * l.OC);
-                        const Vec dw0 = r.normal(w.size()), db0 = r.normal(l.OC);
-                        const size_t nx = x.size(), ny = dy.size();
-                        const float *px = a.up(x), *pdy = a.up(dy);
-                        uint16_t* x16 = up16(a, nx);
-                        uint16_t* dy16 = up16(a, ny);
-                        a.ops().narrow(dt, px, x16, nx);
-                        a.ops().narrow(dt, pdy, dy16, ny);
-                        const sw::Operand dout = dlp ? sw::Operand(dy16) : sw::Operand(pdy);
+                        const LinearBackLpInputs in(a, r, l.N, l.C, l.OC);
+                        const Vec &w = in.w, &dw0 = in.dw0, &db0 = in.db0;
+                        const size_t nx = in.x.size();
+                        uint16_t* x16 = in.x16;
+                        const sw::Operand dout = dlp ? sw::Operand(in.dy16) : sw::Operand(in.pdy);
                         const bool bias = l.bias;
                         uint16_t* dx16 = up16(a, nx);
                         uint16_t* ref16 = up16(a, nx);
