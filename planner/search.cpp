@@ -143,13 +143,15 @@ int64_t kernel_workspace_bytes(const ModelConfig& mc, int B, int T, DType comput
     // N x 2F, or dqkv); the output scratch (cpu_ops.cpp's out_scratch): attention's output in
     // fp32 before it is narrowed, N x C, a product's output or input gradient kept 16-bit
     // (linear_forward_lp16: GPT-2's fch, N x F, Llama's gate|up, N x 2F;
-    // linear_backward_lp16_set: N x F at most), and the Llama's dqkv before it is narrowed
-    // (attention_backward_lp_set without the fp32 one), N x QKV; attention's output and its
-    // gradient widened (backward: attention.cpp), N x C each.
+    // linear_backward_lp16_set: N x F at most, the GELU's gradient, N x F), and dqkv before it
+    // is narrowed (attention_backward_lp_set without the fp32 one), N x QKV; attention's output
+    // and its gradient widened (backward: attention.cpp), N x C each.
     const int64_t QKV = C + 2 * KVH * (C / H);
     const bool llama = mc.type == "llama";
-    b += N * std::max(F, C) * 4 + (llama ? N * std::max(2 * F, QKV) * 4 : 0);
-    b += N * std::max({C, llama ? 2 * F : F, llama ? QKV : 0}) * 4 + 2 * N * C * 4;
+    // (GPT-2's gradients are its biased products' 16-bit dfch, N x F, and dqkv, widened for
+    // the bias sums on every path)
+    b += N * std::max(F, C) * 4 + N * std::max(llama ? 2 * F : F, QKV) * 4;
+    b += N * std::max({C, llama ? 2 * F : F, QKV}) * 4 + 2 * N * C * 4;
   }
   if (world > 1) b += comm_scratch;  // comm_scratch_bytes
   return b;
