@@ -73,6 +73,14 @@ void narrowed_from(const Ops& o, uint16_t* out16, size_t n, F&& write) {
   write(t.f32());
   o.narrow(o.compute(), t.f32(), out16, n);
 }
+// t = x's values as fp32 (a copy of its fp32 form, else its 16-bit form widened), n of them.
+void copy_f32(const Ops& o, Operand x, float* t, size_t n) {
+  if (n == 0) return;
+  if (x.f32)
+    o.copy(t, x.f32, n);
+  else
+    o.widen(o.compute(), x.lp, t, n);
+}
 size_t qkv_size(int B, int T, int H, int KVH, int hd) {
   return mul(B, T) * static_cast<size_t>(H + 2 * KVH) * static_cast<size_t>(hd);
 }
@@ -147,10 +155,7 @@ void Ops::rope_backward_lp(uint16_t* dqkv16, Operand dqkv, int B, int T, int H, 
   require_lowp("rope_backward_lp");
   const size_t n = qkv_size(B, T, H, KVH, hd);
   narrowed_from(*this, dqkv16, n, [&](float* t) {  // (t is a copy: dqkv16 may be dqkv.lp)
-    if (n && dqkv.f32)
-      copy(t, dqkv.f32, n);
-    else if (n)
-      widen(compute(), dqkv.lp, t, n);
+    copy_f32(*this, dqkv, t, n);
     rope_backward(t, B, T, H, KVH, hd, theta);
   });
 }
@@ -160,10 +165,7 @@ void Ops::rope_forward_lp(uint16_t* qkv16, Operand qkv, int B, int T, int H, int
   require_lowp("rope_forward_lp");
   const size_t n = qkv_size(B, T, H, KVH, hd);
   narrowed_from(*this, qkv16, n, [&](float* t) {  // (t is a copy: qkv16 may be qkv.lp)
-    if (n && qkv.f32)
-      copy(t, qkv.f32, n);
-    else if (n)
-      widen(compute(), qkv.lp, t, n);
+    copy_f32(*this, qkv, t, n);
     rope_forward(t, B, T, H, KVH, hd, theta);
   });
 }

@@ -96,6 +96,15 @@ inline float in_value(In v) {
     return f16_to_f32(v);
 }
 
+// Calls f with whichever of an input's two forms is given: the fp32 pointer, else the 16-bit one.
+template <class F>
+void with_form(const float* f32, const uint16_t* h, F&& f) {
+  if (f32)
+    f(f32);
+  else
+    f(h);
+}
+
 // Calls f with dt's in_value kind (1 bf16, 2 fp16) as a compile-time constant.
 template <class F>
 void with_kind(DType dt, F&& f) {
@@ -164,15 +173,9 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, b
 void gelu_backward_set(DType dt, float* dinp, const float* inp, const uint16_t* inp16,
                        const float* dout, const uint16_t* dout16, size_t n) {
   with_kind(dt, [&](auto k) {
-    constexpr int K = decltype(k)::value;
-    if (inp && dout)
-      gelu_backward_t<true>(dinp, inp, dout, n);
-    else if (dout)
-      gelu_backward_t<true, K>(dinp, inp16, dout, n);
-    else if (inp)
-      gelu_backward_t<true, K>(dinp, inp, dout16, n);
-    else
-      gelu_backward_t<true, K>(dinp, inp16, dout16, n);
+    with_form(inp, inp16, [&](auto x) {
+      with_form(dout, dout16, [&](auto d) { gelu_backward_t<true, decltype(k)::value>(dinp, x, d, n); });
+    });
   });
 }
 
@@ -247,15 +250,11 @@ void swiglu_backward(float* dgu, const float* dout, const float* gu, int N, int 
 void swiglu_backward_lp_set(DType dt, uint16_t* dgu, const float* dout, const uint16_t* dout16,
                             const float* gu, const uint16_t* gu16, int N, int F) {
   with_kind(dt, [&](auto k) {
-    constexpr int K = decltype(k)::value;
-    if (gu && dout)
-      swiglu_backward_t<true>(dgu, dout, gu, N, F, dt);
-    else if (dout)
-      swiglu_backward_t<true, uint16_t, K>(dgu, dout, gu16, N, F, dt);
-    else if (gu)
-      swiglu_backward_t<true, uint16_t, K>(dgu, dout16, gu, N, F, dt);
-    else
-      swiglu_backward_t<true, uint16_t, K>(dgu, dout16, gu16, N, F, dt);
+    with_form(gu, gu16, [&](auto g) {
+      with_form(dout, dout16, [&](auto d) {
+        swiglu_backward_t<true, uint16_t, decltype(k)::value>(dgu, d, g, N, F, dt);
+      });
+    });
   });
 }
 

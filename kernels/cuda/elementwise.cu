@@ -820,17 +820,21 @@ void gelu_backward_t(cudaStream_t s, float* dinp, const In* inp, const D* dout, 
                                                                           d16, dt);
   SW_CUDA_LAUNCHED();
 }
+// Calls f with whichever of an input's two forms is given: the fp32 pointer, else the 16-bit one.
+template <class F>
+void with_form(const float* f32, const uint16_t* h, F&& f) {
+  if (f32)
+    f(f32);
+  else
+    f(h);
+}
+
 void gelu_backward_set(cudaStream_t s, int dt, float* dinp, const float* inp,
                        const uint16_t* inp16, const float* dout, const uint16_t* dout16,
                        size_t n, uint16_t* d16) {
-  if (inp && dout)
-    gelu_backward_t<true>(s, dinp, inp, dout, n, d16, dt);
-  else if (dout)
-    gelu_backward_t<true>(s, dinp, inp16, dout, n, d16, dt);
-  else if (inp)
-    gelu_backward_t<true>(s, dinp, inp, dout16, n, d16, dt);
-  else
-    gelu_backward_t<true>(s, dinp, inp16, dout16, n, d16, dt);
+  with_form(inp, inp16, [&](auto x) {
+    with_form(dout, dout16, [&](auto d) { gelu_backward_t<true>(s, dinp, x, d, n, d16, dt); });
+  });
 }
 
 void gelu_backward(cudaStream_t s, float* dinp, const float* inp, const float* dout, size_t n,
@@ -898,14 +902,9 @@ void swiglu_backward_lp_t(cudaStream_t s, int dt, uint16_t* dgu16, const D* dout
 void swiglu_backward_lp_set(cudaStream_t s, int dt, uint16_t* dgu16, const float* dout,
                             const uint16_t* dout16, const float* gu, const uint16_t* gu16, int N,
                             int F) {
-  if (gu && dout)
-    swiglu_backward_lp_t(s, dt, dgu16, dout, gu, N, F);
-  else if (dout)
-    swiglu_backward_lp_t(s, dt, dgu16, dout, gu16, N, F);
-  else if (gu)
-    swiglu_backward_lp_t(s, dt, dgu16, dout16, gu, N, F);
-  else
-    swiglu_backward_lp_t(s, dt, dgu16, dout16, gu16, N, F);
+  with_form(gu, gu16, [&](auto g) {
+    with_form(dout, dout16, [&](auto d) { swiglu_backward_lp_t(s, dt, dgu16, d, g, N, F); });
+  });
 }
 
 void residual_forward(cudaStream_t s, float* out, const float* a, const float* b, size_t n) {

@@ -333,16 +333,10 @@ class SimOps final : public sw::Ops {
     on_operand(__func__, "dout", dout);
     on_operand(__func__, "inp", inp);
     on_operand(__func__, "w", w);
-    if (dout.f32 && dout.lp) {  // the products read the 16-bit form, the bias gradient the fp32
-      base_->linear_backward_lp16_set(dinp16, dw, nullptr, sw::Operand(dout.lp),
-                                      as_device_reads(inp), as_device_reads(w), N, C, OC);
-      if (db)
-        base_->linear_backward_lp_set(nullptr, nullptr, db, sw::Operand(dout.f32), inp, w, N, C,
-                                      OC);
-      return;
-    }
-    base_->linear_backward_lp16_set(dinp16, dw, db, dout, as_device_reads(inp), as_device_reads(w),
-                                    N, C, OC);
+    base_->linear_backward_lp16_set(dinp16, dw, both_forms(dout) ? nullptr : db,
+                                    as_device_reads(dout), as_device_reads(inp),
+                                    as_device_reads(w), N, C, OC);
+    bias_of_f32(db, dout, inp, w, N, C, OC);
   }
   void linear_backward_lp_set(float* dinp, float* dw, float* db, sw::Operand dout, sw::Operand inp, sw::Operand w, int N, int C, int OC) const override {
     Open g;
@@ -352,16 +346,19 @@ class SimOps final : public sw::Ops {
     on_operand(__func__, "dout", dout);
     on_operand(__func__, "inp", inp);
     on_operand(__func__, "w", w);
-    if (dout.f32 && dout.lp) {  // the products read the 16-bit form, the bias gradient the fp32
-      base_->linear_backward_lp_set(dinp, dw, nullptr, sw::Operand(dout.lp), as_device_reads(inp),
-                                    as_device_reads(w), N, C, OC);
-      if (db)
-        base_->linear_backward_lp_set(nullptr, nullptr, db, sw::Operand(dout.f32), inp, w, N, C,
-                                      OC);
-      return;
-    }
-    base_->linear_backward_lp_set(dinp, dw, db, dout, as_device_reads(inp), as_device_reads(w), N,
-                                  C, OC);
+    base_->linear_backward_lp_set(dinp, dw, both_forms(dout) ? nullptr : db,
+                                  as_device_reads(dout), as_device_reads(inp), as_device_reads(w),
+                                  N, C, OC);
+    bias_of_f32(db, dout, inp, w, N, C, OC);
+  }
+  // A dout with both forms, as CUDA reads it: the products the 16-bit one (as_device_reads),
+  // the bias gradient, a sum, the fp32 one (here, after the products).
+  static bool both_forms(sw::Operand x) { return x.f32 && x.lp; }
+  void bias_of_f32(float* db, sw::Operand dout, sw::Operand inp, sw::Operand w, int N, int C,
+                   int OC) const {
+    if (db && both_forms(dout))
+      base_->linear_backward_lp_set(nullptr, nullptr, db, sw::Operand(dout.f32), inp, w, N, C,
+                                    OC);
   }
   void gemm_lp(bool ta, bool tb, int M, int N, int K, float alpha, sw::Operand A, int lda, sw::Operand B, int ldb, float beta, float* C, int ldc) const override {
     Open g;

@@ -239,6 +239,17 @@ inline Vec down16(Arena& a, const uint16_t* p, size_t n, sw::DType dt) {
   return widen_packed(a.down(reinterpret_cast<const float*>(p), (n + 1) / 2), n, dt);
 }
 
+// Values narrowed to the backend's compute precision (lp) and widened back (wide): a 16-bit
+// operand and the fp32 values the fp32 op it is compared with reads.
+struct Narrowed16 {
+  uint16_t* lp;
+  float* wide;
+  Narrowed16(Arena& a, const float* p, size_t n) : lp(up16(a, n)), wide(a.up(Vec(n, NAN))) {
+    const sw::DType dt = a.ops().compute();
+    a.ops().narrow(dt, p, lp, n);
+    a.ops().widen(dt, lp, wide, n);
+  }
+};
 // A linear's weight in form wf (0: fp32, 1: 16-bit only, 2: both, as a mixed-precision unit
 // hands its weights to the products) and, for the fp32 op it is compared with, the fp32 weight:
 // as given for form 0 (the product rounds it), its rounding for the others (the values the
@@ -883,46 +894,32 @@ inline std::vector<OpCase> op_cases() {
                     uint16_t* dx16 = up16(a, n);
                     float* ref = a.up(Vec(n, NAN));
                     uint16_t* ref16 = up16(a, n);
-                    a.ops().gelu_backward_lp_set(dx, dx16, px, pdy, n);
-                    a.ops().gelu_backward_set(ref, px, pdy, n);
-                    a.ops().narrow(dt, ref, ref16, n);
-                    put(o, "lp", a.down(dx, n));
-                    put(o, "ref", a.down(ref, n));
-                    put(o, "lp16", down16(a, dx16, n, dt));
-                    put(o, "ref16", down16(a, ref16, n, dt));
+                    const Narrowed16 x16(a, px, n), dy16(a, pdy, n);
+                    // The op on (xin, din) against gelu_backward_set on (xref, dref), both forms
+                    auto pair = [&](const std::string& tag, sw::Operand xin, const float* xref,
+                                    sw::Operand din, const float* dref) {
+                      a.ops().gelu_backward_lp_set(dx, dx16, xin, din, n);
+                      a.ops().gelu_backward_set(ref, xref, dref, n);
+                      a.ops().narrow(dt, ref, ref16, n);
+                      put(o, "lp" + tag, a.down(dx, n));
+                      put(o, "ref" + tag, a.down(ref, n));
+                      put(o, "lp16" + tag, down16(a, dx16, n, dt));
+                      put(o, "ref16" + tag, down16(a, ref16, n, dt));
+                    };
+                    pair("", px, px, pdy, pdy);
                     // the input 16-bit, against its widened values
-                    uint16_t* x16 = up16(a, n);
-                    a.ops().narrow(dt, px, x16, n);
-                    float* xw = a.up(Vec(n, NAN));
-                    a.ops().widen(dt, x16, xw, n);
-                    a.ops().gelu_backward_lp_set(dx, dx16, x16, pdy, n);
-                    a.ops().gelu_backward_set(ref, xw, pdy, n);
-                    a.ops().narrow(dt, ref, ref16, n);
-                    put(o, "lp x16", a.down(dx, n));
-                    put(o, "ref x16", a.down(ref, n));
-                    put(o, "lp16 x16", down16(a, dx16, n, dt));
-                    put(o, "ref16 x16", down16(a, ref16, n, dt));
+                    pair(" x16", x16.lp, x16.wide, pdy, pdy);
                     // dout 16-bit too (a product's input gradient kept 16-bit)
-                    uint16_t* dy16 = up16(a, n);
-                    a.ops().narrow(dt, pdy, dy16, n);
-                    float* dyw = a.up(Vec(n, NAN));
-                    a.ops().widen(dt, dy16, dyw, n);
-                    a.ops().gelu_backward_lp_set(dx, dx16, x16, dy16, n);
-                    a.ops().gelu_backward_set(ref, xw, dyw, n);
-                    a.ops().narrow(dt, ref, ref16, n);
-                    put(o, "lp dy16", a.down(dx, n));
-                    put(o, "ref dy16", a.down(ref, n));
-                    put(o, "lp16 dy16", down16(a, dx16, n, dt));
-                    put(o, "ref16 dy16", down16(a, ref16, n, dt));
+                    pair(" dy16", x16.lp, x16.wide, dy16.lp, dy16.wide);
                     // dout 16-bit, x fp32
-                    a.ops().gelu_backward_lp_set(dx, nullptr, px, dy16, n);
-                    a.ops().gelu_backward_set(ref, px, dyw, n);
+                    a.ops().gelu_backward_lp_set(dx, nullptr, px, dy16.lp, n);
+                    a.ops().gelu_backward_set(ref, px, dy16.wide, n);
                     put(o, "lp x32 dy16", a.down(dx, n));
                     put(o, "ref x32 dy16", a.down(ref, n));
                     // the 16-bit form alone (GPT-2's dfch)
                     uint16_t* only16 = up16(a, n);
-                    a.ops().gelu_backward_lp_set(nullptr, only16, x16, dy16, n);
-                    a.ops().gelu_backward_set(ref, xw, dyw, n);
+                    a.ops().gelu_backward_lp_set(nullptr, only16, x16.lp, dy16.lp, n);
+                    a.ops().gelu_backward_set(ref, x16.wide, dy16.wide, n);
                     a.ops().narrow(dt, ref, ref16, n);
                     put(o, "lp16 only", down16(a, only16, n, dt));
                     put(o, "ref16 only", down16(a, ref16, n, dt));
@@ -1262,17 +1259,14 @@ inline std::vector<OpCase> op_cases() {
                     put(o, "ref gu16", down16(a, ref, 2 * NF, dt));
                     // dout 16-bit too (the down projection's input gradient kept 16-bit), and
                     // dout 16-bit with gu fp32
-                    uint16_t* dy16 = up16(a, NF);
-                    a.ops().narrow(dt, pdy, dy16, NF);
-                    float* dyw = a.up(Vec(NF, NAN));
-                    a.ops().widen(dt, dy16, dyw, NF);
-                    a.ops().swiglu_backward_lp_set(lp, dy16, gu16, N, int(NF / N));
-                    a.ops().swiglu_backward_set(f, dyw, guw, N, int(NF / N));
+                    const Narrowed16 dy16(a, pdy, NF);
+                    a.ops().swiglu_backward_lp_set(lp, dy16.lp, gu16, N, int(NF / N));
+                    a.ops().swiglu_backward_set(f, dy16.wide, guw, N, int(NF / N));
                     a.ops().narrow(dt, f, ref, 2 * NF);
                     put(o, "lp dy16", down16(a, lp, 2 * NF, dt));
                     put(o, "ref dy16", down16(a, ref, 2 * NF, dt));
-                    a.ops().swiglu_backward_lp_set(lp, dy16, pgu, N, int(NF / N));
-                    a.ops().swiglu_backward_set(f, dyw, pgu, N, int(NF / N));
+                    a.ops().swiglu_backward_lp_set(lp, dy16.lp, pgu, N, int(NF / N));
+                    a.ops().swiglu_backward_set(f, dy16.wide, pgu, N, int(NF / N));
                     a.ops().narrow(dt, f, ref, 2 * NF);
                     put(o, "lp gu32 dy16", down16(a, lp, 2 * NF, dt));
                     put(o, "ref gu32 dy16", down16(a, ref, 2 * NF, dt));
@@ -1474,13 +1468,11 @@ inline std::vector<OpCase> op_cases() {
                     put(o, "ref16", down16(a, dr16, nqkv, dt));
                     // dout 16-bit (the output projection's input gradient kept 16-bit) and the
                     // 16-bit dqkv alone (the Llama's), against the fp32 op on widened dout
-                    uint16_t* dy16 = up16(a, nout);
-                    a.ops().narrow(dt, pdy, dy16, nout);
-                    float* dyw = a.up(Vec(nout, NAN));
-                    a.ops().widen(dt, dy16, dyw, nout);
-                    a.ops().attention_backward_lp_set(nullptr, d16, dy16, q16, o16, pl, s.B, s.T,
-                                                      s.H, s.KVH, s.hd);
-                    a.ops().attention_backward_set(dr, dyw, qw, ow, pl, s.B, s.T, s.H, s.KVH, s.hd);
+                    const Narrowed16 dy16(a, pdy, nout);
+                    a.ops().attention_backward_lp_set(nullptr, d16, dy16.lp, q16, o16, pl, s.B,
+                                                      s.T, s.H, s.KVH, s.hd);
+                    a.ops().attention_backward_set(dr, dy16.wide, qw, ow, pl, s.B, s.T, s.H, s.KVH,
+                                                   s.hd);
                     a.ops().narrow(dt, dr, dr16, nqkv);
                     put(o, "lp16 dy16", down16(a, d16, nqkv, dt));
                     put(o, "ref16 dy16", down16(a, dr16, nqkv, dt));
