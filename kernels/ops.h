@@ -41,6 +41,22 @@ struct Operand {
   Operand at(size_t k) const { return {f32 ? f32 + k : nullptr, lp ? lp + k : nullptr}; }
 };
 
+// A parameter gradient a backward op produces: added into (+=, the default, and what a plain
+// float* converts to), or, with `write`, written (=): the op writes every value and never reads
+// the old ones, which may be garbage (NaN included). The engine hands a unit `write` where the
+// gradient buffer is still unwritten this step (UnitCtx::grad_out): the first writer then
+// saves the zeroing pass and the read of the zeros (a GEMM's beta = 0). Either way the values
+// are those of a zeroed buffer added into (a zero may carry the other sign).
+struct GradOut {
+  float* p = nullptr;
+  bool write = false;
+  GradOut(std::nullptr_t) {}
+  GradOut(float* q) : p(q) {}
+  GradOut(float* q, bool w) : p(q), write(w && q) {}
+  explicit operator bool() const { return p != nullptr; }
+  float beta() const { return write ? 0.f : 1.f; }  // as a GEMM's C scale
+};
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -152,11 +168,14 @@ class Ops {
   // that buffer and calling the accumulating op (a zero may carry the other sign), which is
   // what these defaults do; backends override them to save the zeroing pass and the read of
   // the old values.
-  virtual void linear_backward_set(float* dinp, float* dw, float* db, const float* dout,
+  // linear_backward_set and its _lp forms take dw, db as GradOuts (written where `write`).
+  virtual void linear_backward_set(float* dinp, GradOut dw, GradOut db, const float* dout,
                                    const float* inp, const float* w, int N, int C,
                                    int OC) const {
     if (dinp) fill(dinp, 0.f, static_cast<size_t>(N) * static_cast<size_t>(C));
-    linear_backward(dinp, dw, db, dout, inp, w, N, C, OC);
+    zero_written(dw, static_cast<size_t>(OC) * static_cast<size_t>(C));
+    zero_written(db, static_cast<size_t>(OC));
+    linear_backward(dinp, dw.p, db.p, dout, inp, w, N, C, OC);
   }
   virtual void gelu_backward_set(float* dinp, const float* inp, const float* dout,
                                  size_t n) const {
@@ -248,9 +267,9 @@ class Ops {
                                  int OC) const;
   virtual void linear_forward_lp16(uint16_t* out16, Operand inp, Operand w, const float* b, int N,
                                    int C, int OC) const;
-  virtual void linear_backward_lp_set(float* dinp, float* dw, float* db, Operand dout,
+  virtual void linear_backward_lp_set(float* dinp, GradOut dw, GradOut db, Operand dout,
                                       Operand inp, Operand w, int N, int C, int OC) const;
-  virtual void linear_backward_lp16_set(uint16_t* dinp16, float* dw, float* db, Operand dout,
+  virtual void linear_backward_lp16_set(uint16_t* dinp16, GradOut dw, GradOut db, Operand dout,
                                         Operand inp, Operand w, int N, int C, int OC) const;
   virtual void gemm_lp(bool ta, bool tb, int M, int N, int K, float alpha, Operand A, int lda,
                        Operand B, int ldb, float beta, float* C, int ldc) const;
@@ -323,6 +342,11 @@ class Ops {
  protected:
   // The *_lp forms' guard: throws sw::Error naming `op` where compute() is F32.
   void require_lowp(const char* op) const;
+  // A written (GradOut::write) gradient of n values zeroed, for a default that then adds into
+  // it: the values the op's contract gives.
+  void zero_written(GradOut g, size_t n) const {
+    if (g.write) fill(g.p, 0.f, n);
+  }
   // An Operand of r rows with leading dimension ld and c columns (r > 0, c > 0) as fp32: its
   // own fp32 pointer where it has one, else its 16-bit values widened into `tmp` (made here,
   // device scratch).

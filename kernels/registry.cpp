@@ -243,7 +243,7 @@ void Ops::linear_forward_lp16(uint16_t* out16, Operand inp, Operand w, const flo
                 [&](float* t) { linear_forward_lp(t, inp, w, b, N, C, OC); });
 }
 
-void Ops::linear_backward_lp_set(float* dinp, float* dw, float* db, Operand dout, Operand inp,
+void Ops::linear_backward_lp_set(float* dinp, GradOut dw, GradOut db, Operand dout, Operand inp,
                                  Operand w, int N, int C, int OC) const {
   require_lowp("linear_backward_lp_set");
   Buffer td, ti, tw;
@@ -253,7 +253,7 @@ void Ops::linear_backward_lp_set(float* dinp, float* dw, float* db, Operand dout
                       OC);
 }
 
-void Ops::linear_backward_lp16_set(uint16_t* dinp16, float* dw, float* db, Operand dout,
+void Ops::linear_backward_lp16_set(uint16_t* dinp16, GradOut dw, GradOut db, Operand dout,
                                    Operand inp, Operand w, int N, int C, int OC) const {
   require_lowp("linear_backward_lp16_set");
   if (!dinp16) return linear_backward_lp_set(nullptr, dw, db, dout, inp, w, N, C, OC);

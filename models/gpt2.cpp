@@ -293,6 +293,7 @@ class Block final : public Unit {
     auto P = [&](size_t i) { return ctx.param(i); };
     auto W = [&](size_t i) { return ctx.weight(i); };  // a product's weight (Operand)
     auto G = [&](size_t i) { return ctx.grad(i); };
+    auto GO = [&](size_t i) { return ctx.grad_out(i); };  // a product's weight / bias gradient
     const Saved& s = *ctx.saved;
     // Each input gradient below lands in a fresh scratch region, written by a *_set op.
     auto fresh = [&](size_t n) { return ctx.scratch->f32(n); };
@@ -302,7 +303,7 @@ class Block final : public Unit {
     // MLP: y = x2 + fcproj(gelu(fc(ln2(x2)))). dfch_gelu, which only the GELU reads: 16-bit
     // with 16-bit products.
     const ProductIn dfch_gelu = scratch_input(*ctx.scratch, sz(N, F), ops);
-    linear_backward_set_to(ops, dfch_gelu, G(FCPROJW), G(FCPROJB), dy,
+    linear_backward_set_to(ops, dfch_gelu, GO(FCPROJW), GO(FCPROJB), dy,
                            saved_input(s, "fch_gelu", ops).operand(), W(FCPROJW), N, F, C);
     // dfch and dqkv feed biased products: 16-bit with 16-bit products, for the products and
     // for the bias gradient, which sums their widened values (as autocast's backward sums a
@@ -314,7 +315,7 @@ class Block final : public Unit {
     else
       ops.gelu_backward_set(dfch.f32, s.get("fch"), dfch_gelu.f32, sz(N, F));
     float* dln2 = fresh(sz(N, C));
-    linear_backward_set_from(ops, dln2, G(FCW), G(FCB), dfch.operand(),
+    linear_backward_set_from(ops, dln2, GO(FCW), GO(FCB), dfch.operand(),
                              saved_input(s, "ln2", ops).operand(), W(FCW), N, C, F);
     ops.layernorm_backward(dx, G(LN2W), G(LN2B), dln2, s.get("x2"), P(LN2W), s.get("ln2_mean"),
                            s.get("ln2_rstd"), N, C);
@@ -322,7 +323,7 @@ class Block final : public Unit {
     // datty, which only attention reads: 16-bit with 16-bit products.
     const ProductIn qkv = saved_input(s, "qkv", ops), atty = saved_input(s, "atty", ops);
     const ProductIn datty = scratch_input(*ctx.scratch, sz(N, C), ops);
-    linear_backward_set_to(ops, datty, G(PROJW), G(PROJB), dx, atty.operand(), W(PROJW), N, C,
+    linear_backward_set_to(ops, datty, GO(PROJW), GO(PROJB), dx, atty.operand(), W(PROJW), N, C,
                            C);
     const ProductIn dqkv = scratch_input(*ctx.scratch, sz(N, 3 * C), ops);
     if (dqkv.lp)  // (cuDNN's own 16-bit dQ, dK, dV; the CPU's fp32 values narrowed)
@@ -332,7 +333,7 @@ class Block final : public Unit {
       ops.attention_backward_set(dqkv.f32, datty.f32, qkv.f32, atty.f32, s.get("lse"), B, T, H,
                                  H, hd);
     float* dln1 = fresh(sz(N, C));
-    linear_backward_set_from(ops, dln1, G(QKVW), G(QKVB), dqkv.operand(),
+    linear_backward_set_from(ops, dln1, GO(QKVW), GO(QKVB), dqkv.operand(),
                              saved_input(s, "ln1", ops).operand(), W(QKVW), N, C, 3 * C);
     ops.layernorm_backward(dx, G(LN1W), G(LN1B), dln1, x, P(LN1W), s.get("ln1_mean"),
                            s.get("ln1_rstd"), N, C);

@@ -47,7 +47,7 @@ struct Packed {
   // fp32, with a 16-bit copy where the unit has one; 16-bit only where the unit keeps no fp32
   // compute copy of product weights (ParamSpec::products_only)
   Operand w[3] = {nullptr, nullptr, nullptr};
-  float* dw[3];
+  GradOut dw[3] = {nullptr, nullptr, nullptr};  // backward's (UnitCtx::grad_out)
   int oc[3];
   int n = 0;
   int total() const {
@@ -95,19 +95,23 @@ void packed_forward_to(const Ops& ops, ProductIn out, Operand x, const Packed& p
   ops.narrow(ops.compute(), t.f32(), out.lp, n);
 }
 
-// dx(N,C) = dout @ [W_0; W_1; ...] (dx's old contents never read);  dW_i += dout[:, block i]^T @ x.
-// dout and x fp32 or 16-bit.
+// dx(N,C) = dout @ [W_0; W_1; ...] (dx's old contents never read);  dW_i += dout[:, block i]^T @ x
+// (= where dW_i is written). dout and x fp32 or 16-bit.
 void packed_backward_set(const Ops& ops, float* dx, Operand dout, Operand x, const Packed& pk,
                          int N, int C) {
   const int OC = pk.total();
-  if (pk.weights_contiguous(C) && pk.contiguous(pk.dw, C)) {
+  const float* dwp[3] = {};
+  bool same = true;  // every gradient written, or every one added into
+  for (int i = 0; i < pk.n; ++i) dwp[i] = pk.dw[i].p, same = same && pk.dw[i].write == pk.dw[0].write;
+  if (pk.weights_contiguous(C) && pk.contiguous(dwp, C) && same) {
     linear_backward_set_from(ops, dx, pk.dw[0], nullptr, dout, x, pk.w[0], N, C, OC);
     return;
   }
   for (int i = 0, off = 0; i < pk.n; off += pk.oc[i], ++i) {
     const Operand d = dout.at(size_t(off));
     gemm_from(ops, false, false, N, C, pk.oc[i], 1.f, d, OC, pk.w[i], C, i ? 1.f : 0.f, dx, C);
-    gemm_from(ops, true, false, pk.oc[i], C, N, 1.f, d, OC, x, C, 1.f, pk.dw[i], C);
+    gemm_from(ops, true, false, pk.oc[i], C, N, 1.f, d, OC, x, C, pk.dw[i].beta(), pk.dw[i].p,
+              C);
   }
 }
 
@@ -263,6 +267,7 @@ class Block final : public Unit {
     ScratchScope guard{ctx.scratch};
     auto P = [&](size_t i) { return ctx.param(i); };
     auto G = [&](size_t i) { return ctx.grad(i); };
+    auto GO = [&](size_t i) { return ctx.grad_out(i); };  // a product's weight gradient
     const Saved& s = *ctx.saved;
     // Each input gradient below lands in a fresh scratch region, written by a *_set op.
     auto fresh = [&](size_t n) { return ctx.scratch->f32(n); };
@@ -272,7 +277,7 @@ class Block final : public Unit {
     // MLP: y = x2 + down(swiglu(gate|up(norm2(x2)))). dh, which only the SwiGLU reads, and dgu,
     // which feeds products only: 16-bit with 16-bit products.
     const ProductIn dh = scratch_input(*ctx.scratch, sz(N, F), ops);
-    linear_backward_set_to(ops, dh, G(DOWNW), nullptr, dy, saved_input(s, "hmlp", ops).operand(),
+    linear_backward_set_to(ops, dh, GO(DOWNW), nullptr, dy, saved_input(s, "hmlp", ops).operand(),
                            ctx.weight(DOWNW), N, F, C);
     const ProductIn dgu = scratch_input(*ctx.scratch, sz(N, 2 * F), ops);
     if (dgu.lp)
@@ -281,7 +286,7 @@ class Block final : public Unit {
       ops.swiglu_backward_set(dgu.f32, dh.f32, s.get("gu"), N, F);
     float* dxn2 = fresh(sz(N, C));
     packed_backward_set(ops, dxn2, dgu.operand(), saved_input(s, "xn2", ops).operand(),
-                        gu_pack(ctx), N, C);
+                        gu_pack(ctx, true), N, C);
     ops.rmsnorm_backward(dx, G(POST_NORM), dxn2, s.get("x2"), P(POST_NORM), s.get("rstd2"), N, C);
     // Attention: x2 = x + o(attn(rope(qkv(norm1(x))))); dx now holds dL/dx2.
     // datty, which only attention reads, and dqkv, which feeds products only: 16-bit with
@@ -289,7 +294,7 @@ class Block final : public Unit {
     // values narrowed) and the inverse rotation turns it in place.
     const ProductIn atty = saved_input(s, "atty", ops), qkv = saved_input(s, "qkv", ops);
     const ProductIn datty = scratch_input(*ctx.scratch, sz(N, int64_t{H} * hd), ops);
-    linear_backward_set_to(ops, datty, G(OW), nullptr, dx, atty.operand(), ctx.weight(OW), N,
+    linear_backward_set_to(ops, datty, GO(OW), nullptr, dx, atty.operand(), ctx.weight(OW), N,
                            H * hd, C);
     Operand dqkv_in = nullptr;
     if (qkv.lp) {
@@ -306,13 +311,15 @@ class Block final : public Unit {
       dqkv_in = dqkv;
     }
     float* dxn = fresh(sz(N, C));
-    packed_backward_set(ops, dxn, dqkv_in, saved_input(s, "xn", ops).operand(), qkv_pack(ctx), N,
-                        C);
+    packed_backward_set(ops, dxn, dqkv_in, saved_input(s, "xn", ops).operand(),
+                        qkv_pack(ctx, true), N, C);
     ops.rmsnorm_backward(dx, G(IN_NORM), dxn, x, P(IN_NORM), s.get("rstd1"), N, C);
   }
 
  private:
-  Packed qkv_pack(const UnitCtx& ctx) const {
+  // The packed products' weights, and with `grads` (backward only: asking marks an unwritten
+  // gradient as taken, UnitCtx::grad_out) their gradients.
+  Packed qkv_pack(const UnitCtx& ctx, bool grads = false) const {
     const int hd = c_.d_model / c_.n_head;
     Packed p;
     p.n = 3;
@@ -320,18 +327,18 @@ class Block final : public Unit {
     const int oc[3] = {c_.n_head * hd, c_.n_kv_head * hd, c_.n_kv_head * hd};
     for (int i = 0; i < 3; ++i) {
       p.w[i] = ctx.weight(idx[i]);
-      p.dw[i] = ctx.grads ? ctx.grad(idx[i]) : nullptr;
+      if (grads) p.dw[i] = ctx.grad_out(idx[i]);
       p.oc[i] = oc[i];
     }
     return p;
   }
-  Packed gu_pack(const UnitCtx& ctx) const {
+  Packed gu_pack(const UnitCtx& ctx, bool grads = false) const {
     Packed p;
     p.n = 2;
     const size_t idx[2] = {GATEW, UPW};
     for (int i = 0; i < 2; ++i) {
       p.w[i] = ctx.weight(idx[i]);
-      p.dw[i] = ctx.grads ? ctx.grad(idx[i]) : nullptr;
+      if (grads) p.dw[i] = ctx.grad_out(idx[i]);
       p.oc[i] = c_.d_ff;
     }
     return p;

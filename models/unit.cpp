@@ -120,7 +120,7 @@ void linear_forward_from(const Ops& ops, float* out, Operand inp, Operand w, con
     ops.linear_forward(out, inp.f32, w.f32, b, N, C, OC);
 }
 
-void linear_backward_set_from(const Ops& ops, float* dinp, float* dw, float* db, Operand dout,
+void linear_backward_set_from(const Ops& ops, float* dinp, GradOut dw, GradOut db, Operand dout,
                               Operand inp, Operand w, int N, int C, int OC) {
   if (dout.lp || inp.lp || w.lp)
     ops.linear_backward_lp_set(dinp, dw, db, dout, inp, w, N, C, OC);
@@ -128,12 +128,17 @@ void linear_backward_set_from(const Ops& ops, float* dinp, float* dw, float* db,
     ops.linear_backward_set(dinp, dw, db, dout.f32, inp.f32, w.f32, N, C, OC);
 }
 
-void linear_backward_set_to(const Ops& ops, ProductIn dinp, float* dw, float* db, Operand dout,
+void linear_backward_set_to(const Ops& ops, ProductIn dinp, GradOut dw, GradOut db, Operand dout,
                             Operand inp, Operand w, int N, int C, int OC) {
   if (dinp.lp)
     ops.linear_backward_lp16_set(dinp.lp, dw, db, dout, inp, w, N, C, OC);
   else
     linear_backward_set_from(ops, dinp.f32, dw, db, dout, inp, w, N, C, OC);
+}
+
+void UnitCtx::zero_fresh(size_t i) const {
+  grads_fresh[i] = 0;
+  ops->fill((*grads)[i], 0.f, grads_n[i]);
 }
 
 void gemm_from(const Ops& ops, bool ta, bool tb, int M, int N, int K, float alpha, Operand A,

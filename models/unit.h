@@ -194,6 +194,14 @@ struct UnitCtx {
   const Batch* batch = nullptr;
   const std::vector<float*>* params = nullptr;  // gathered parameters, ParamSpec order
   const std::vector<float*>* grads = nullptr;   // gradient buffers (accumulate +=), same order
+  // Where the engine has not zeroed them (a step's first call with gradients): per parameter,
+  // 1 while its gradient is zero in value but its memory unwritten, so that the first op
+  // producing it writes it (grad_out) instead of adding into zeros; grads_n: each one's value
+  // count. Null: every gradient buffer holds values (this is all a unit run outside the engine
+  // sees). grad() zeroes an unwritten one first; the engine zeroes what is left unwritten
+  // before anything else reads it.
+  uint8_t* grads_fresh = nullptr;
+  const size_t* grads_n = nullptr;
   Saved* saved = nullptr;
   Scratch* scratch = nullptr;
   bool training = true;    // false: inference/eval; no gradients will be asked for
@@ -214,12 +222,27 @@ struct UnitCtx {
   const std::vector<const uint16_t*>* params16 = nullptr;
 
   float* param(size_t i) const { return (*params)[i]; }
-  float* grad(size_t i) const { return (*grads)[i]; }
+  // Parameter i's gradient to add into (zeroed first where it is unwritten).
+  float* grad(size_t i) const {
+    if (grads_fresh && grads_fresh[i]) zero_fresh(i);
+    return (*grads)[i];
+  }
+  // Parameter i's gradient for the op that produces it: written (GradOut::write) where it is
+  // unwritten, so that op must then write every value of it; added into otherwise. Ask for it
+  // only right where an op produces it.
+  GradOut grad_out(size_t i) const {
+    const bool w = grads_fresh && grads_fresh[i];
+    if (w) grads_fresh[i] = 0;
+    return {(*grads)[i], w};
+  }
   // Parameter i as a matrix product's operand: its fp32 values and, where the unit has one,
   // its 16-bit copy beside them (an Operand with both forms; the backend picks).
   Operand weight(size_t i) const {
     return {(*params)[i], params16 ? (*params16)[i] : nullptr};
   }
+
+ private:
+  void zero_fresh(size_t i) const;
 };
 
 // A loss call's fused LM head and cross-entropy (Ops::lmhead_xent; dx, dw may be null), reported
@@ -259,12 +282,12 @@ void linear_forward_to(const Ops& ops, ProductIn out, Operand inp, Operand w, co
 // linear_backward_set / gemm where every operand is fp32 only, the *_lp forms otherwise.
 void linear_forward_from(const Ops& ops, float* out, Operand inp, Operand w, const float* b,
                          int N, int C, int OC);
-void linear_backward_set_from(const Ops& ops, float* dinp, float* dw, float* db, Operand dout,
+void linear_backward_set_from(const Ops& ops, float* dinp, GradOut dw, GradOut db, Operand dout,
                               Operand inp, Operand w, int N, int C, int OC);
 // A product's input gradient written as a ProductIn (16-bit from the product with 16-bit
 // products: Ops::linear_backward_lp16_set, as autocast's backward gives it), for gradients only
 // an element-wise op or attention reads.
-void linear_backward_set_to(const Ops& ops, ProductIn dinp, float* dw, float* db, Operand dout,
+void linear_backward_set_to(const Ops& ops, ProductIn dinp, GradOut dw, GradOut db, Operand dout,
                             Operand inp, Operand w, int N, int C, int OC);
 void gemm_from(const Ops& ops, bool ta, bool tb, int M, int N, int K, float alpha, Operand A,
                int lda, Operand B, int ldb, float beta, float* C, int ldc);

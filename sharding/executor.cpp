@@ -231,6 +231,10 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
         }
       }
       UnitCtx ctx = ctx_for(*fu, batch, pos, st.training);
+      if (st.training)  // (a loss call's fused head produces gradients in forward)
+        fu->open_grads(ctx);
+      else
+        ctx.grads = &fu->grads();
       ctx.grad_scale = st.scale;
       ctx.logits = st.logits;
       ctx.loss_total = st.loss_total;
@@ -261,6 +265,7 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
       float* dx = p > 0 ? dbuf[in_place ? st.cur ^ 1 : st.cur].f32() : nullptr;
       SW_CHECK(!in_place || dx == st.dy, "backward in place: dy is not the other ping-pong buffer");
       UnitCtx ctx = ctx_for(*fu, batch, a.pos, true);
+      fu->open_grads(ctx);
       ctx.grad_scale = st.scale;
       scratch.reset();
       fu->unit()->backward(ctx, model.schedule[p].call, p > 0 ? acts[p].f32() : nullptr, st.dy, dx);
@@ -815,8 +820,7 @@ CheckpointMode ShardedModel::Impl::checkpoint(const Model& m, size_t p) {
 // recompute_cheap rebuilds the buffers it dropped.
 void ShardedModel::Impl::rebuild(Model& model, const Batch& batch, size_t q, float scale) {
   FlatUnit& fu = unit_at(model, q);
-  UnitCtx ctx = ctx_for(fu, batch, static_cast<int>(q), true);
-  ctx.grads = nullptr;
+  UnitCtx ctx = ctx_for(fu, batch, static_cast<int>(q), true);  // (no gradient buffers)
   ctx.grad_scale = scale;
   scratch.reset();
   const int call = model.schedule[q].call;
@@ -836,7 +840,6 @@ UnitCtx ShardedModel::Impl::ctx_for(FlatUnit& fu, const Batch& batch, int pos, b
   ctx.batch = &batch;
   ctx.params = &fu.params();
   ctx.params16 = fu.params16();
-  ctx.grads = &fu.grads();
   ctx.saved = &saved[static_cast<size_t>(pos)];
   ctx.scratch = &scratch;
   ctx.training = training;

@@ -84,6 +84,10 @@ FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const O
     make_full16(Mem::Params);
     ops.fill(reinterpret_cast<float*>(full16_), 0.f, static_cast<size_t>(P / 2));  // P: even
   }
+  lazy_ = !(kind == Kind::Whole && bucket_grads);  // a bucket's all-reduce reads it directly
+  grad_n_.resize(layout_.entries.size());
+  for (size_t s = 0; s < grad_n_.size(); ++s)
+    grad_n_[s] = static_cast<size_t>(layout_.entries[s].numel);
   nvme_ = opt_tier == Tier::Nvme;
   if (!nvme_) {
     m_ptr_ = zeroed(m_, Sh, Mem::Optimizer, opt_tier);
@@ -322,12 +326,64 @@ void FlatUnit::ensure_grads() {
   SW_CHECK(kind_ == Kind::Sharded, "persistent gradients are always allocated");
   grad_buf_ = Buffer(fbytes(layout_.padded), Mem::Communication, ops_->device());
   grad_full_ = grad_buf_.f32();
-  ops_->fill(grad_full_, 0.f, static_cast<size_t>(layout_.padded));
   point_grads();
+  if (!lazy_) {
+    ops_->fill(grad_full_, 0.f, static_cast<size_t>(layout_.padded));
+    return;
+  }
+  // The gaps between parameters and the padding zeroed, the parameters' ranges left unwritten.
+  int64_t at = 0;
+  for (const FlatEntry& e : layout_.entries) {
+    if (e.offset > at) ops_->fill(grad_full_ + at, 0.f, static_cast<size_t>(e.offset - at));
+    at = std::max(at, e.offset + e.numel);
+  }
+  if (layout_.padded > at)
+    ops_->fill(grad_full_ + at, 0.f, static_cast<size_t>(layout_.padded - at));
+  zero_unsharded();
+}
+
+void FlatUnit::zero_unsharded() {
+  if (!lazy_) {
+    ops_->fill(grad_full_, 0.f, static_cast<size_t>(layout_.padded));
+    return;
+  }
+  unwritten_ = true;
+  fresh_.assign(grad_n_.size(), 1);
+}
+
+void FlatUnit::write_unwritten() const {
+  if (!unwritten_) return;
+  unwritten_ = false;
+  // The parameters still unwritten, zeroed: runs of consecutive ones in one fill each (the
+  // gaps between them are zeros already).
+  const size_t n = fresh_.size();
+  for (size_t s = 0; s < n;) {
+    if (!fresh_[s] || grad_n_[s] == 0) {
+      ++s;
+      continue;
+    }
+    size_t e = s + 1;
+    while (e < n && (fresh_[e] || grad_n_[e] == 0)) ++e;
+    const int64_t lo = layout_.entries[s].offset;
+    int64_t hi = lo;
+    for (size_t k = s; k < e; ++k)
+      hi = std::max(hi, layout_.entries[k].offset + layout_.entries[k].numel);
+    ops_->fill(grad_full_ + lo, 0.f, static_cast<size_t>(hi - lo));
+    s = e;
+  }
+  std::fill(fresh_.begin(), fresh_.end(), uint8_t{0});
+}
+
+void FlatUnit::open_grads(UnitCtx& ctx) {
+  settle();
+  ctx.grads = &grads_;
+  ctx.grads_fresh = unwritten_ ? fresh_.data() : nullptr;
+  ctx.grads_n = unwritten_ ? grad_n_.data() : nullptr;
 }
 
 void* FlatUnit::reduced_block() const {
   settle();
+  write_unwritten();
   const int64_t lo = shard_range().lo;
   if (rdt_ == DType::F32) return grad_full_ + lo;
   return reinterpret_cast<uint16_t*>(grad_full_) + lo;
@@ -336,12 +392,14 @@ void* FlatUnit::reduced_block() const {
 void FlatUnit::round_grads() {
   settle();
   SW_CHECK(kind_ == Kind::Whole, "round_grads is for whole units");
+  write_unwritten();
   ops_->round_to(rdt_, grad_full_, static_cast<size_t>(layout_.padded));
 }
 
 Work FlatUnit::issue_reduce_scatter(int replicas) {
   settle();
   SW_CHECK(kind_ != Kind::Whole && grad_full_, "reduce-scatter needs unsharded gradients");
+  write_unwritten();
   if (rdt_ == DType::F32)
     return shard_->issue_reduce_scatter(grad_full_, reduced_block(), layout_.shard_size(),
                                         ReduceOp::Avg);
@@ -383,9 +441,10 @@ void FlatUnit::release_reduced() {
   if (kind_ == Kind::Sharded) {
     grad_buf_.release();
     grad_full_ = nullptr;
+    unwritten_ = false;
     point_grads();
   } else {
-    ops_->fill(grad_full_, 0.f, static_cast<size_t>(layout_.padded));
+    zero_unsharded();
   }
   grads_zero_ = false;
   dirty_ = false;
@@ -413,20 +472,21 @@ void FlatUnit::zero_grads() {
     zero_after_ = true;
     return;
   }
-  const size_t P = static_cast<size_t>(layout_.padded), Sh = static_cast<size_t>(shard_size());
+  const size_t Sh = static_cast<size_t>(shard_size());
   switch (kind_) {
     case Kind::Sharded:
       grad_buf_.release();
       grad_full_ = nullptr;
+      unwritten_ = false;
       point_grads();
       if (!pnvme_) ops_on(grad_device()).fill(grad_shard_, 0.f, Sh);
       break;
     case Kind::FullReplicated:
-      ops_->fill(grad_full_, 0.f, P);
+      zero_unsharded();
       ops_on(grad_device()).fill(grad_shard_, 0.f, Sh);
       break;
     case Kind::Whole:
-      ops_->fill(grad_full_, 0.f, P);
+      zero_unsharded();
       break;
   }
   grads_zero_ = true;
@@ -441,6 +501,7 @@ void FlatUnit::gather_params_into(float* out) const {
 }
 void FlatUnit::gather_grads_into(float* out) const {
   settle();
+  write_unwritten();
   gather_shard_into(grad_shard_, grad_device(), out);
 }
 

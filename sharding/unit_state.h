@@ -170,6 +170,17 @@ class FlatUnit {
   // ---- Gradients ---------------------------------------------------------------------------
   // Makes the unsharded gradient buffer exist (transient ones are allocated zeroed).
   void ensure_grads();
+  // Zeroed unsharded gradients are not filled at once: their parameters' ranges stay
+  // unwritten (zero in value; the alignment gaps and padding are zeros in memory), each until
+  // the first op that produces it writes it (UnitCtx::grad_out: a GEMM with beta = 0 instead of
+  // a fill and a read of the zeros; UnitCtx::grad zeroes it first to add into it), and all
+  // that are left until anything else reads them (every view and operation below zeroes them
+  // first). open_grads: ctx.grads for a call that may produce gradients (a training forward,
+  // a backward), with the per-parameter flags of what is still unwritten
+  // (UnitCtx::grads_fresh), which persist from call to call. (Not for a Whole unit's
+  // gradients in a NO_SHARD bucket, which the bucket's all-reduce reads directly: zeroed at
+  // once.)
+  void open_grads(UnitCtx& ctx);
   bool has_grads() const { return grad_full_ != nullptr; }
   // Backward wrote into the unsharded gradients since they were last reduced.
   bool grads_dirty() const { return dirty_; }
@@ -224,8 +235,10 @@ class FlatUnit {
   std::shared_ptr<Event> upload_event() const { return up_; }
   // (padded, or compact: f32_floats()) valid when Unsharded
   float* full() const { return settle(), full_; }
-  float* grad_shard() const { return settle(), grad_shard_; }  // (shard) reduced gradients
-  float* grad_full() const { return settle(), grad_full_; }    // (padded) unsharded gradients
+  // (shard) reduced gradients
+  float* grad_shard() const { return settle(), write_unwritten(), grad_shard_; }
+  // (padded) unsharded gradients
+  float* grad_full() const { return settle(), write_unwritten(), grad_full_; }
   // AdamW moments (shard). Tier::Nvme units have none in memory except while the executor has
   // staged them (stage_moments), for their update or a checkpoint read.
   float* adam_m() const { return settle(), m_ptr_; }
@@ -256,7 +269,8 @@ class FlatUnit {
   void stage_grad(float* g) { settle(), grad_shard_ = g; }
   bool grads_zero() const { return grads_zero_; }
   const std::vector<float*>& params() const { return settle(), params_; }  // per spec, into full
-  const std::vector<float*>& grads() const { return settle(), grads_; }    // into grad_full
+  // Per spec, into grad_full.
+  const std::vector<float*>& grads() const { return settle(), write_unwritten(), grads_; }
   // Gathers this unit's master shards into `out` (padded floats) without touching the state:
   // a collective, for parameter export between steps.
   void gather_params_into(float* out) const;
@@ -305,6 +319,15 @@ class FlatUnit {
   // A shard (master or gradients, on `where`) gathered into `out` on the Ops' device.
   void gather_shard_into(const float* shard, Device where, float* out) const;
   bool grads_zero_ = true;
+  // Unwritten zeroed gradients (open_grads): lazy_ where the unit leaves them so; unwritten_
+  // while any may be; fresh_ (per spec, 1 = unwritten: UnitCtx::grads_fresh), grad_n_ (values
+  // per spec).
+  bool lazy_ = false;
+  mutable bool unwritten_ = false;
+  mutable std::vector<uint8_t> fresh_;
+  std::vector<size_t> grad_n_;
+  void zero_unsharded();        // the zeroing itself: unwritten (lazy_) or a fill
+  void write_unwritten() const;  // zeroes what is still unwritten now (any reader but a call)
   Buffer grad_buf_;        // (padded) unsharded grads (empty when a bucket view)
   Buffer grad_shard_buf_;  // (shard) reduced grads, Kinds Sharded/FullReplicated
   float* master_ = nullptr;

@@ -143,6 +143,10 @@ class CompositeUnit final : public Unit {
     c.params = &kid_params_[j];
     c.params16 = ctx.params16 ? &kid_params16_[j] : nullptr;
     c.grads = ctx.grads ? &kid_grads_[j] : nullptr;
+    if (ctx.grads_fresh) {  // the same flags, from this block's first parameter on
+      c.grads_fresh = ctx.grads_fresh + first_[j];
+      c.grads_n = ctx.grads_n + first_[j];
+    }
     c.saved = &ctx.saved->part(j);
     c.loss_sum = 0;
     c.loss_count = 0;

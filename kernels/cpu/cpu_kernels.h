@@ -16,9 +16,10 @@ void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, in
 void linear_forward(float* out, const float* inp, const float* w, const float* b, int N, int C,
                     int OC);
 // dinp_beta: dinp = dinp_beta * dinp + dout @ w (1: the Ops' +=; 0: Ops::linear_backward_set's =,
-// dinp never read).
+// dinp never read). dw_beta likewise for dw; db_write: db = colsum (its old values not read).
 void linear_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                     const float* w, int N, int C, int OC, float dinp_beta = 1.f);
+                     const float* w, int N, int C, int OC, float dinp_beta = 1.f,
+                     float dw_beta = 1.f, bool db_write = false);
 
 // gemm_bf16.cpp: reduced-precision products. Operands are rounded to bf16 / fp16 (round to
 // nearest even, as core/dtype.h f32_to_bf16 / f32_to_f16: fp16 overflow gives +-inf) and the
@@ -48,7 +49,7 @@ void linear_forward_lowp(DType t, float* out, const float* inp, const float* w, 
                          int N, int C, int OC);
 void linear_backward_lowp(DType t, float* dinp, float* dw, float* db, const float* dout,
                           const float* inp, const float* w, int N, int C, int OC,
-                          float dinp_beta = 1.f);
+                          float dinp_beta = 1.f, float dw_beta = 1.f, bool db_write = false);
 // The same with an operand that may be 16-bit already (t's values; Ops' *_lp forms): inp16 /
 // dout16, where non-null, replace inp / dout (db then sums dout16's widened values). The
 // emulated path widens them in its one rounding pass (but a dout16 with db); the others widen
@@ -57,7 +58,8 @@ void linear_forward_lowp16(DType t, float* out, const float* inp, const uint16_t
                            const float* w, const float* b, int N, int C, int OC);
 void linear_backward_lowp16(DType t, float* dinp, float* dw, float* db, const float* dout,
                             const uint16_t* dout16, const float* inp, const uint16_t* inp16,
-                            const float* w, int N, int C, int OC, float dinp_beta);
+                            const float* w, int N, int C, int OC, float dinp_beta,
+                            float dw_beta = 1.f, bool db_write = false);
 // dst[i] = src[i] rounded to t and back to fp32 (dst may equal src; F32 copies).
 void round_to(DType t, float* dst, const float* src, size_t n);
 

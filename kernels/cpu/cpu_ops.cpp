@@ -41,10 +41,11 @@ class CpuOps final : public Ops {
                        const float* w, int N, int C, int OC) const override {
     cpu::linear_backward_lowp(compute_, dinp, dw, db, dout, inp, w, N, C, OC);
   }
-  void linear_backward_set(float* dinp, float* dw, float* db, const float* dout,
+  void linear_backward_set(float* dinp, GradOut dw, GradOut db, const float* dout,
                            const float* inp, const float* w, int N, int C,
                            int OC) const override {
-    cpu::linear_backward_lowp(compute_, dinp, dw, db, dout, inp, w, N, C, OC, 0.f);
+    cpu::linear_backward_lowp(compute_, dinp, dw.p, db.p, dout, inp, w, N, C, OC, 0.f, dw.beta(),
+                              db.write);
   }
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                          int B, int T, int C) const override {
@@ -232,16 +233,17 @@ class CpuOps final : public Ops {
     cpu::linear_forward_lowp16(compute_, out, inp.f32, inp.f32 ? nullptr : inp.lp,
                                weight_f32(w, OC, C, tw), b, N, C, OC);
   }
-  void linear_backward_lp_set(float* dinp, float* dw, float* db, Operand dout, Operand inp,
+  void linear_backward_lp_set(float* dinp, GradOut dw, GradOut db, Operand dout, Operand inp,
                               Operand w, int N, int C, int OC) const override {
     require_lowp("linear_backward_lp_set");
     Buffer tw;  // (the weight is read for dinp only)
-    cpu::linear_backward_lowp16(compute_, dinp, dw, db, dout.f32, dout.f32 ? nullptr : dout.lp,
-                                inp.f32, inp.f32 ? nullptr : inp.lp,
-                                dinp ? weight_f32(w, OC, C, tw) : w.f32, N, C, OC, 0.f);
+    cpu::linear_backward_lowp16(compute_, dinp, dw.p, db.p, dout.f32,
+                                dout.f32 ? nullptr : dout.lp, inp.f32, inp.f32 ? nullptr : inp.lp,
+                                dinp ? weight_f32(w, OC, C, tw) : w.f32, N, C, OC, 0.f,
+                                dw.beta(), db.write);
   }
   // dinp's fp32 values in this thread's output scratch, narrowed.
-  void linear_backward_lp16_set(uint16_t* dinp16, float* dw, float* db, Operand dout,
+  void linear_backward_lp16_set(uint16_t* dinp16, GradOut dw, GradOut db, Operand dout,
                                 Operand inp, Operand w, int N, int C, int OC) const override {
     require_lowp("linear_backward_lp16_set");
     const size_t ni = extent(N, C);

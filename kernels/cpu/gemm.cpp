@@ -104,8 +104,13 @@ void linear_forward(float* out, const float* inp, const float* w, const float* b
 
 // dinp(N,C) += dout(N,OC) @ w(OC,C); dw(OC,C) += dout^T @ inp; db(OC) += colsum(dout).
 void linear_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                     const float* w, int N, int C, int OC, float dinp_beta) {
-  if (N <= 0) return;
+                     const float* w, int N, int C, int OC, float dinp_beta, float dw_beta,
+                     bool db_write) {
+  if (N <= 0) {  // no rows: the written parameter gradients are zeros
+    if (dw && dw_beta == 0.f && OC > 0 && C > 0) fill(dw, 0.f, static_cast<size_t>(OC) * C);
+    if (db && db_write && OC > 0) fill(db, 0.f, static_cast<size_t>(OC));
+    return;
+  }
   if (OC <= 0) {  // an empty product: dinp = dinp_beta * dinp
     if (dinp && dinp_beta == 0.f && C > 0) fill(dinp, 0.f, static_cast<size_t>(N) * C);
     return;
@@ -113,7 +118,7 @@ void linear_backward(float* dinp, float* dw, float* db, const float* dout, const
   detail::blas_select_core();
   if (dinp && C > 0)
     detail::sgemm(false, false, N, C, OC, 1.f, dout, OC, w, C, dinp_beta, dinp, C);
-  if (dw && C > 0) detail::sgemm(true, false, OC, C, N, 1.f, dout, OC, inp, C, 1.f, dw, C);
+  if (dw && C > 0) detail::sgemm(true, false, OC, C, N, 1.f, dout, OC, inp, C, dw_beta, dw, C);
   if (db) {
     // Column sums: each column is summed over rows 0..N-1 in order by exactly one thread (blocks
     // of 256 columns, static schedule), so the result does not depend on the thread count.
@@ -129,7 +134,10 @@ void linear_backward(float* dinp, float* dw, float* db, const float* dout, const
 #pragma omp simd
         for (int c = 0; c < w0; ++c) acc[c] += row[c];
       }
-      for (int c = 0; c < w0; ++c) db[c0 + c] += acc[c];
+      if (db_write)
+        for (int c = 0; c < w0; ++c) db[c0 + c] = acc[c];
+      else
+        for (int c = 0; c < w0; ++c) db[c0 + c] += acc[c];
     }
   }
 }

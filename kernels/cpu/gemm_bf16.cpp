@@ -385,14 +385,17 @@ void linear_forward_lowp16(DType t, float* out, const float* inp, const uint16_t
 
 void linear_backward_lowp(DType t, float* dinp, float* dw, float* db, const float* dout,
                           const float* inp, const float* w, int N, int C, int OC,
-                          float dinp_beta) {
-  linear_backward_lowp16(t, dinp, dw, db, dout, nullptr, inp, nullptr, w, N, C, OC, dinp_beta);
+                          float dinp_beta, float dw_beta, bool db_write) {
+  linear_backward_lowp16(t, dinp, dw, db, dout, nullptr, inp, nullptr, w, N, C, OC, dinp_beta,
+                         dw_beta, db_write);
 }
 
 void linear_backward_lowp16(DType t, float* dinp, float* dw, float* db, const float* dout,
                             const uint16_t* dout16, const float* inp, const uint16_t* inp16,
-                            const float* w, int N, int C, int OC, float dinp_beta) {
-  if (t == DType::F32) return linear_backward(dinp, dw, db, dout, inp, w, N, C, OC, dinp_beta);
+                            const float* w, int N, int C, int OC, float dinp_beta,
+                            float dw_beta, bool db_write) {
+  if (t == DType::F32)
+    return linear_backward(dinp, dw, db, dout, inp, w, N, C, OC, dinp_beta, dw_beta, db_write);
   const bool emulated = lowp_auto_path(t) == LowpPath::Emulated;
   // The paths that round while packing read fp32: 16-bit operands widened first (dout also
   // where db, an fp32 column sum of its values, is asked for).
@@ -400,12 +403,12 @@ void linear_backward_lowp16(DType t, float* dinp, float* dw, float* db, const fl
     if (dout16) dout = widened16(t, dout16, extent(N, OC), 0), dout16 = nullptr;
     if (inp16) inp = widened16(t, inp16, extent(N, C), 1), inp16 = nullptr;
   }
-  if (N <= 0 || OC <= 0) return linear_backward(dinp, nullptr, nullptr, dout, inp, w, N, C, OC,
-                                                dinp_beta);  // dinp = dinp_beta * dinp
+  if (N <= 0 || OC <= 0)  // dinp = dinp_beta * dinp; written dw, db zeros
+    return linear_backward(dinp, dw, db, dout, inp, w, N, C, OC, dinp_beta, dw_beta, db_write);
   if ((dinp || dw) && C > 0) {
     if (!emulated) {  // these round while packing
       if (dinp) gemm_lowp(t, false, false, N, C, OC, 1.f, dout, OC, w, C, dinp_beta, dinp, C);
-      if (dw) gemm_lowp(t, true, false, OC, C, N, 1.f, dout, OC, inp, C, 1.f, dw, C);
+      if (dw) gemm_lowp(t, true, false, OC, C, N, 1.f, dout, OC, inp, C, dw_beta, dw, C);
     } else {
       // dout feeds both products: rounded once; all three operands in one pass (16-bit ones
       // widened in it).
@@ -420,11 +423,11 @@ void linear_backward_lowp16(DType t, float* dinp, float* dw, float* db, const fl
       if (dinp)
         detail::sgemm(false, false, N, C, OC, 1.f, rd, OC, jobs[1].out, C, dinp_beta, dinp, C);
       if (dw)
-        detail::sgemm(true, false, OC, C, N, 1.f, rd, OC, jobs[nj - 1].out, C, 1.f, dw, C);
+        detail::sgemm(true, false, OC, C, N, 1.f, rd, OC, jobs[nj - 1].out, C, dw_beta, dw, C);
     }
   }
   // The bias gradient is a sum, not a product: fp32 (the fp32 op's code).
-  if (db) linear_backward(nullptr, nullptr, db, dout, inp, w, N, C, OC);
+  if (db) linear_backward(nullptr, nullptr, db, dout, inp, w, N, C, OC, 1.f, 1.f, db_write);
 }
 
 }  // namespace sw::cpu

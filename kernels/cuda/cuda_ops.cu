@@ -557,7 +557,7 @@ class CudaOps final : public Ops {
     linear_backward_beta(dinp, dw, db, dout, inp, w, N, C, OC, 1.f);
   }
   // dinp with beta = 0: cuBLAS does not read C then.
-  void linear_backward_set(float* dinp, float* dw, float* db, const float* dout,
+  void linear_backward_set(float* dinp, GradOut dw, GradOut db, const float* dout,
                            const float* inp, const float* w, int N, int C,
                            int OC) const override {
     SW_OP_TIME();
@@ -565,7 +565,7 @@ class CudaOps final : public Ops {
   }
   // dout, inp and w each fp32 or 16-bit; db, a column sum, of dout's fp32 form where it has
   // one, else of its widened 16-bit values.
-  void linear_backward_lp_set(float* dinp, float* dw, float* db, Operand dout, Operand inp,
+  void linear_backward_lp_set(float* dinp, GradOut dw, GradOut db, Operand dout, Operand inp,
                               Operand w, int N, int C, int OC) const override {
     SW_OP_TIME();
     require_lowp("linear_backward_lp_set");
@@ -573,7 +573,7 @@ class CudaOps final : public Ops {
   }
   // dinp written 16-bit by cuBLAS from its fp32 sum (one rounding, as narrow would round the
   // fp32 dinp; gemm16_out16), dw and db as linear_backward_lp_set's.
-  void linear_backward_lp16_set(uint16_t* dinp16, float* dw, float* db, Operand dout,
+  void linear_backward_lp16_set(uint16_t* dinp16, GradOut dw, GradOut db, Operand dout,
                                 Operand inp, Operand w, int N, int C, int OC) const override {
     SW_OP_TIME();
     require_lowp("linear_backward_lp16_set");
@@ -588,11 +588,16 @@ class CudaOps final : public Ops {
   // dout, inp and w fp32, or 16-bit (compute_'s values; lowp only; with N, C or OC = 0, dw has
   // nothing to add), or w both (the 16-bit form read). db sums db32 where given (the fp32 dout
   // of a call that hands the products its 16-bit form alone), else dout's fp32 form, else its
-  // 16-bit one widened.
-  void linear_backward_beta(float* dinp, float* dw, float* db, Operand dout, Operand inp,
+  // 16-bit one widened. dw, db written (beta = 0 / zeroed first: OC values) where `write`.
+  void linear_backward_beta(float* dinp, GradOut dw, GradOut db, Operand dout, Operand inp,
                             Operand w, int N, int C, int OC, float dinp_beta,
                             const float* db32 = nullptr) const {
     const cudaStream_t s = begin();
+    if (N <= 0 && OC > 0) {  // no rows: written parameter gradients are zeros
+      if (dw.write && C > 0) cuda::fill(s, dw.p, 0.f, static_cast<size_t>(OC) * C);
+      if (db.write) cuda::fill(s, db.p, 0.f, static_cast<size_t>(OC));
+      dw = nullptr, db = nullptr;
+    }
     if (!lowp() || N <= 0 || OC <= 0 || C <= 0) {
       // OC = 0 is an empty product: dinp = dinp_beta * dinp (gemm_raw's K = 0 case; a 16-bit
       // dout comes only with lowp, and is then not read).
@@ -600,7 +605,7 @@ class CudaOps final : public Ops {
       // dw += dout^T x: nothing to add when N, OC or C is 0 (and 16-bit operands only come
       // with lowp).
       if (dw && !dout.lp && !inp.lp)
-        gemm_raw(true, false, OC, C, N, 1.f, dout.f32, OC, inp.f32, C, 1.f, dw, C);
+        gemm_raw(true, false, OC, C, N, 1.f, dout.f32, OC, inp.f32, C, dw.beta(), dw.p, C);
     } else if (dinp || dw) {
       const uint16_t* d16 = dout.lp ? dout.lp : narrowed(s, Slot::Lowp0, dout.f32, OC, N, OC);
       if (dinp) {
@@ -609,15 +614,16 @@ class CudaOps final : public Ops {
       }
       if (dw) {
         const uint16_t* x16 = inp.lp ? inp.lp : narrowed(s, Slot::Lowp2, inp.f32, C, N, C);
-        gemm16(true, false, OC, C, N, 1.f, d16, OC, x16, C, 1.f, dw, C);
+        gemm16(true, false, OC, C, N, 1.f, d16, OC, x16, C, dw.beta(), dw.p, C);
       }
     }
     if (db && N > 0 && OC > 0) {
+      if (db.write) cuda::fill(s, db.p, 0.f, static_cast<size_t>(OC));  // (OC values)
       float* ws = wsf(Slot::Norm, cuda::colsum_ws(N, OC));
       if (db32 || dout.f32)
-        cuda::colsum_accumulate(s, db, db32 ? db32 : dout.f32, N, OC, ws);
+        cuda::colsum_accumulate(s, db.p, db32 ? db32 : dout.f32, N, OC, ws);
       else
-        cuda::colsum_accumulate16(s, dt(), db, dout.lp, N, OC, ws);
+        cuda::colsum_accumulate16(s, dt(), db.p, dout.lp, N, OC, ws);
     }
   }
 

@@ -325,11 +325,11 @@ class SimOps final : public sw::Ops {
     on_device(__func__, "b", b);
     base_->linear_forward_lp(out, as_device_reads(inp), as_device_reads(w), b, N, C, OC);
   }
-  void linear_backward_lp16_set(uint16_t* dinp16, float* dw, float* db, sw::Operand dout, sw::Operand inp, sw::Operand w, int N, int C, int OC) const override {
+  void linear_backward_lp16_set(uint16_t* dinp16, sw::GradOut dw, sw::GradOut db, sw::Operand dout, sw::Operand inp, sw::Operand w, int N, int C, int OC) const override {
     Open g;
     on_device(__func__, "dinp16", dinp16);
-    on_device(__func__, "dw", dw);
-    on_device(__func__, "db", db);
+    on_device(__func__, "dw", dw.p);
+    on_device(__func__, "db", db.p);
     on_operand(__func__, "dout", dout);
     on_operand(__func__, "inp", inp);
     on_operand(__func__, "w", w);
@@ -338,11 +338,11 @@ class SimOps final : public sw::Ops {
                                     as_device_reads(w), N, C, OC);
     bias_of_f32(db, dout, inp, w, N, C, OC);
   }
-  void linear_backward_lp_set(float* dinp, float* dw, float* db, sw::Operand dout, sw::Operand inp, sw::Operand w, int N, int C, int OC) const override {
+  void linear_backward_lp_set(float* dinp, sw::GradOut dw, sw::GradOut db, sw::Operand dout, sw::Operand inp, sw::Operand w, int N, int C, int OC) const override {
     Open g;
     on_device(__func__, "dinp", dinp);
-    on_device(__func__, "dw", dw);
-    on_device(__func__, "db", db);
+    on_device(__func__, "dw", dw.p);
+    on_device(__func__, "db", db.p);
     on_operand(__func__, "dout", dout);
     on_operand(__func__, "inp", inp);
     on_operand(__func__, "w", w);
@@ -354,7 +354,7 @@ class SimOps final : public sw::Ops {
   // A dout with both forms, as CUDA reads it: the products the 16-bit one (as_device_reads),
   // the bias gradient, a sum, the fp32 one (here, after the products).
   static bool both_forms(sw::Operand x) { return x.f32 && x.lp; }
-  void bias_of_f32(float* db, sw::Operand dout, sw::Operand inp, sw::Operand w, int N, int C,
+  void bias_of_f32(sw::GradOut db, sw::Operand dout, sw::Operand inp, sw::Operand w, int N, int C,
                    int OC) const {
     if (db && both_forms(dout))
       base_->linear_backward_lp_set(nullptr, nullptr, db, sw::Operand(dout.f32), inp, w, N, C,

@@ -618,6 +618,87 @@ inline std::vector<OpCase> op_cases() {
                         put(o, "db_ref", a.down(dbr, db0.size()));
                         return o;
                       }});
+    // Parameter gradients written (GradOut::write, a step's first writer: their NaN contents
+    // never read) against the same op adding into zeros, bitwise on each backend (paired
+    // outputs), and within the tolerances across backends; then the
+    // same op on no rows (N = 0), which writes zeros. form 0: linear_backward_set (fp32
+    // operands, every Ops), 1: linear_backward_lp_set, 2: linear_backward_lp16_set (16-bit
+    // operands as the models hand them; BF16 / F16 Ops only).
+    for (int form = 0; form < 3; ++form) {
+      const char* op = form == 0 ? "linear_backward_set"
+                       : form == 1 ? "linear_backward_lp_set" : "linear_backward_lp16_set";
+      cs.push_back({op,
+                    std::string(op) + " dw written " +
+                        shape({{"N", l.N}, {"C", l.C}, {"OC", l.OC}}),
+                    kTolMat, kTolMatLowp, [l, sd, form](Arena& a) {
+                      Outputs o;
+                      const sw::DType dt = a.ops().compute();
+                      if (form > 0 && dt == sw::DType::F32) return o;
+                      Rng r(sd + 6000);
+                      // (LinearBackLpInputs' draws; narrowed only for the 16-bit forms)
+                      const Vec x = r.normal(size_t(l.N) * l.C),
+                                w = r.normal(size_t(l.OC) * l.C, 0.2f),
+                                dy = r.normal(size_t(l.N) * l.OC);
+                      struct {
+                        const float *px, *pdy;
+                        uint16_t *x16 = nullptr, *dy16 = nullptr;
+                      } in{a.up(x), a.up(dy)};
+                      if (form > 0) {
+                        in.x16 = up16(a, x.size()), in.dy16 = up16(a, dy.size());
+                        a.ops().narrow(dt, in.px, in.x16, x.size());
+                        a.ops().narrow(dt, in.pdy, in.dy16, dy.size());
+                      }
+                      const size_t nx = x.size(), nw = w.size(), nb = size_t(l.OC);
+                      const bool bias = l.bias;
+                      const WeightForms pw(a, w, form == 0 ? 0 : 2);
+                      float *dw = a.up(Vec(nw, NAN)), *db = a.up(Vec(nb, NAN));
+                      float *dwr = a.up(Vec(nw, 0.f)), *dbr = a.up(Vec(nb, 0.f));
+                      const sw::GradOut gw(dw, true), gb(bias ? db : nullptr, true);
+                      float* dbr_ = bias ? dbr : nullptr;
+                      auto run = [&](float* dx, uint16_t* dx16, sw::GradOut w_, sw::GradOut b_,
+                                     int N) {
+                        if (form == 0)
+                          a.ops().linear_backward_set(dx, w_, b_, in.pdy, in.px, pw.rounded, N,
+                                                      l.C, l.OC);
+                        else if (form == 1)
+                          a.ops().linear_backward_lp_set(dx, w_, b_, in.dy16, in.x16, pw.operand,
+                                                         N, l.C, l.OC);
+                        else
+                          a.ops().linear_backward_lp16_set(dx16, w_, b_, in.dy16, in.x16,
+                                                           pw.operand, N, l.C, l.OC);
+                      };
+                      if (form < 2) {
+                        float *dx = a.up(Vec(nx, NAN)), *dxr = a.up(Vec(nx, NAN));
+                        run(dx, nullptr, gw, gb, l.N);
+                        run(dxr, nullptr, dwr, dbr_, l.N);
+                        put(o, "dinp", a.down(dx, nx));
+                        put(o, "dinp_ref", a.down(dxr, nx));
+                      } else {
+                        uint16_t *dx16 = up16(a, nx), *dxr16 = up16(a, nx);
+                        run(nullptr, dx16, gw, gb, l.N);
+                        run(nullptr, dxr16, dwr, dbr_, l.N);
+                        put(o, "dinp16", down16(a, dx16, nx, dt));
+                        put(o, "dinp16_ref", down16(a, dxr16, nx, dt));
+                      }
+                      put(o, "dw", a.down(dw, nw));
+                      put(o, "dw_ref", a.down(dwr, nw));
+                      if (bias) {
+                        put(o, "db", a.down(db, nb));
+                        put(o, "db_ref", a.down(dbr, nb));
+                      }
+                      // No rows: written gradients are zeros.
+                      float *dw0 = a.up(Vec(nw, NAN)), *db0 = a.up(Vec(nb, NAN));
+                      run(nullptr, nullptr, sw::GradOut(dw0, true),
+                          sw::GradOut(bias ? db0 : nullptr, true), 0);
+                      put(o, "dw N=0", a.down(dw0, nw));
+                      put(o, "zeros", Vec(nw, 0.f));
+                      if (bias) {
+                        put(o, "db N=0", a.down(db0, nb));
+                        put(o, "zeros", Vec(nb, 0.f));
+                      }
+                      return o;
+                    }});
+    }
   }
 
   // embedding: repeated tokens (V small), with and without positions.

@@ -574,7 +574,7 @@ class ReadWeights16 final : public swtest::ForwardingOps {
                          int OC) const override {
     base_.linear_forward_lp(out, inp, only16(w), b, N, C, OC);
   }
-  void linear_backward_lp_set(float* dinp, float* dw, float* db, Operand dout, Operand inp,
+  void linear_backward_lp_set(float* dinp, GradOut dw, GradOut db, Operand dout, Operand inp,
                               Operand w, int N, int C, int OC) const override {
     if (dout.f32 && dout.lp) {  // (GPT-2's biased products: the bias gradient sums the fp32 form)
       ++dout_with16;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/forwarding_ops.h"
 #include "common/gradcheck.h"
 #include "core/alloc.h"
 #include "core/error.h"
@@ -113,6 +114,57 @@ class TanhBlock final : public Unit {
       }
     c.ops->copy(dx, dy, size_t(N) * kC);
     c.ops->linear_backward(dx, c.grad(0), c.grad(1), u, x, c.param(0), N, kC, kC);
+  }
+
+ private:
+  std::string pre_;
+};
+
+// TanhBlock's function (the same parameter names, so the same initial values) producing its
+// weight and bias gradients through UnitCtx::grad_out, as the built-in models' products do,
+// recording whether each call was handed them to write; and a fourth parameter `u` that no
+// call touches.
+class ProbeBlock final : public Unit {
+ public:
+  explicit ProbeBlock(int i) : pre_("h." + std::to_string(i) + ".") {}
+  std::vector<int> writes;  // per backward call: 1 where w and b were handed to write, else 0
+  std::string name() const override { return pre_.substr(0, pre_.size() - 1); }
+  std::vector<ParamSpec> params() const override {
+    return {spec(pre_ + "w", {kC, kC}, Init::Normal, 0.4f),
+            spec(pre_ + "b", {kC}, Init::Zeros, 0.f, false),
+            spec(pre_ + "g", {kC}, Init::Ones, 0.f, false),
+            spec(pre_ + "u", {3}, Init::Normal, 0.1f, false)};
+  }
+  void forward(UnitCtx& c, int, const float* x, float* y) override {
+    const int N = c.batch->B * c.batch->T;
+    float* t = c.saved->f32("t", size_t(N) * kC);
+    c.ops->linear_forward(t, x, c.param(0), c.param(1), N, kC, kC);
+    const float* g = c.param(2);
+    for (int n = 0; n < N; ++n)
+      for (int j = 0; j < kC; ++j) {
+        const size_t i = size_t(n) * kC + j;
+        t[i] = std::tanh(t[i]);
+        y[i] = x[i] + g[j] * t[i];
+      }
+  }
+  void backward(UnitCtx& c, int, const float* x, const float* dy, float* dx) override {
+    const int N = c.batch->B * c.batch->T;
+    const float* t = c.saved->get("t");
+    const float* g = c.param(2);
+    float* u = c.scratch->f32(size_t(N) * kC);
+    float* dg = c.grad(2);  // added into: zeroed first where unwritten
+    for (int n = 0; n < N; ++n)
+      for (int j = 0; j < kC; ++j) {
+        const size_t i = size_t(n) * kC + j;
+        u[i] = dy[i] * g[j] * (1.f - t[i] * t[i]);
+        dg[j] += dy[i] * t[i];
+      }
+    const GradOut gw = c.grad_out(0), gb = c.grad_out(1);
+    writes.push_back(gw.write && gb.write ? 1 : gw.write || gb.write ? -1 : 0);
+    float* dxl = c.scratch->f32(size_t(N) * kC);
+    c.ops->linear_backward_set(dxl, gw, gb, u, x, c.param(0), N, kC, kC);
+    c.ops->copy(dx, dy, size_t(N) * kC);
+    c.ops->add_inplace(dx, dxl, size_t(N) * kC);
   }
 
  private:
@@ -360,6 +412,109 @@ TEST_CASE("ShardedModel: gradient accumulation equals one big micro-batch", "[sh
   // zero_grads really zeroes.
   s1.zero_grads();
   CHECK(s1.grad_norm() == 0.0);
+}
+
+TEST_CASE("ShardedModel: zeroed gradients stay unwritten until a step's first writer writes them",
+          "[sharding]") {
+  // Two models alike but for their blocks: TanhBlock adds every gradient into zeros,
+  // ProbeBlock has its products write theirs (UnitCtx::grad_out).
+  Model ref = make_model();
+  Model m;
+  m.config = ref.config;
+  m.units.push_back(std::make_unique<TestEmbedHead>());
+  m.schedule.push_back({0, 0});
+  std::vector<ProbeBlock*> probes;
+  for (int i = 0; i < 2; ++i) {
+    auto b = std::make_unique<ProbeBlock>(i);
+    probes.push_back(b.get());
+    m.units.push_back(std::move(b));
+    m.schedule.push_back({i + 1, 0});
+  }
+  m.schedule.push_back({0, 1});
+  ShardedModel sm(m, cpu(), 9), sr(ref, cpu(), 9);
+  Data a(2, 6, 17), b(2, 6, 18);
+  // A step's gradients left in the buffers, then zeroed: not filled, so the next micro-step's
+  // writers find them there and must not add into them.
+  sm.zero_grads();
+  sm.forward_backward(a.batch);
+  for (ProbeBlock* p : probes) p->writes.clear();
+  sm.zero_grads();
+  sm.forward_backward(b.batch);
+  sr.zero_grads();
+  sr.forward_backward(b.batch);
+  for (ProbeBlock* p : probes) CHECK(p->writes == std::vector<int>{1});
+  auto check = [&](int micro) {
+    const auto g = grads_of(sm), gr = grads_of(sr);
+    for (const auto& [name, v] : g) {
+      if (name.back() == 'u') {  // no call produced it: zeros
+        for (float x : v) CHECK(x == 0.f);
+        continue;
+      }
+      const std::vector<float>& want = gr.at(name);
+      double maxabs = 0, maxdiff = 0;
+      for (size_t i = 0; i < v.size(); ++i) {
+        maxabs = std::max(maxabs, double(std::fabs(want[i])));
+        maxdiff = std::max(maxdiff, double(std::fabs(v[i] - want[i])));
+      }
+      INFO("micro-step " << micro << ", " << name << ": max|g| " << maxabs << ", max diff "
+                         << maxdiff);
+      if (name.back() != 'g') CHECK(maxabs > 0);
+      CHECK(maxdiff <= 1e-6 * maxabs);
+    }
+  };
+  check(1);
+  // A second micro-step adds into what the first wrote.
+  sm.forward_backward(a.batch);
+  sr.forward_backward(a.batch);
+  for (ProbeBlock* p : probes) CHECK(p->writes == std::vector<int>{1, 0});
+  check(2);
+  // Zeroed again: every reader sees zeros before any call writes them.
+  sm.zero_grads();
+  CHECK(sm.grad_norm() == 0.0);
+  for (const auto& [name, v] : grads_of(sm))
+    for (float x : v) CHECK(x == 0.f);
+}
+
+TEST_CASE("ShardedModel: the built-in models' products write their weight gradients first",
+          "[sharding]") {
+  // The CPU's Ops, counting the weight gradients linear_backward_set is handed to write (the
+  // fp32 products' entry: linear_backward_set_from / _to) and to add into.
+  struct Counting final : swtest::ForwardingOps {
+    using ForwardingOps::ForwardingOps;
+    mutable int written = 0, added = 0;
+    void linear_backward_set(float* dinp, GradOut dw, GradOut db, const float* dout,
+                             const float* inp, const float* w, int N, int C,
+                             int OC) const override {
+      ++(dw.write ? written : added);
+      cpu().linear_backward_set(dinp, dw, db, dout, inp, w, N, C, OC);
+    }
+  };
+  for (const char* type : {"gpt2", "llama"}) {
+    ModelConfig cfg;
+    cfg.type = type;
+    cfg.vocab_size = 40;
+    cfg.n_layer = 2;
+    cfg.n_head = 2;
+    cfg.d_model = 16;
+    cfg.seq_len = 8;
+    Model m = build_model(cfg);
+    const Counting ops(cpu());
+    ShardedModel sm(m, ops, 5);
+    Data a(2, 8, 31, 40), b(2, 8, 32, 40);
+    // Per block: GPT-2's qkv, proj, fc, fcproj; the Llama's down, o and its two packed
+    // products (gate|up, qkv), contiguous: one call each.
+    const int per_step = 4 * cfg.n_layer;
+    for (int step = 0; step < 2; ++step) {
+      INFO(type << ", step " << step);
+      sm.zero_grads();
+      ops.written = ops.added = 0;
+      sm.forward_backward(a.batch, 0.5f);
+      CHECK((ops.written == per_step && ops.added == 0));
+      sm.forward_backward(b.batch, 0.5f);  // a second micro-step adds into what is there
+      CHECK((ops.written == per_step && ops.added == per_step));
+      sm.optimizer_step({}, 1e-3f, 1.f, step + 1);
+    }
+  }
 }
 
 TEST_CASE("ShardedModel: grad_norm is the L2 norm of all gradients", "[sharding]") {
