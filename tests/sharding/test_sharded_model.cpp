@@ -75,7 +75,36 @@ class TestEmbedHead final : public Unit {
   }
 };
 
-// y = x + g * tanh(x W^T + b).
+// y = x + g * tanh(x W^T + b) with params (W, b, g): forward, keeping t = tanh(.) ...
+void tanh_forward(UnitCtx& c, const float* x, float* y) {
+  const int N = c.batch->B * c.batch->T;
+  float* t = c.saved->f32("t", size_t(N) * kC);
+  c.ops->linear_forward(t, x, c.param(0), c.param(1), N, kC, kC);
+  const float* g = c.param(2);
+  for (int n = 0; n < N; ++n)
+    for (int j = 0; j < kC; ++j) {
+      const size_t i = size_t(n) * kC + j;
+      t[i] = std::tanh(t[i]);
+      y[i] = x[i] + g[j] * t[i];
+    }
+}
+// ... and backward's first part: g's gradient added into c.grad(2), and the gradient of the
+// pre-activation returned (in scratch).
+const float* tanh_backward_pre(UnitCtx& c, const float* dy) {
+  const int N = c.batch->B * c.batch->T;
+  const float* t = c.saved->get("t");
+  const float* g = c.param(2);
+  float* u = c.scratch->f32(size_t(N) * kC);  // d(pre-activation)
+  float* dg = c.grad(2);
+  for (int n = 0; n < N; ++n)
+    for (int j = 0; j < kC; ++j) {
+      const size_t i = size_t(n) * kC + j;
+      u[i] = dy[i] * g[j] * (1.f - t[i] * t[i]);
+      dg[j] += dy[i] * t[i];
+    }
+  return u;
+}
+
 class TanhBlock final : public Unit {
  public:
   explicit TanhBlock(int i) : pre_("h." + std::to_string(i) + ".") {}
@@ -88,30 +117,10 @@ class TanhBlock final : public Unit {
     ParamSpec g = spec(pre_ + "g", {kC}, Init::Ones, 0.f, false);
     return {w, b, g};
   }
-  void forward(UnitCtx& c, int, const float* x, float* y) override {
-    const int N = c.batch->B * c.batch->T;
-    float* t = c.saved->f32("t", size_t(N) * kC);
-    c.ops->linear_forward(t, x, c.param(0), c.param(1), N, kC, kC);
-    const float* g = c.param(2);
-    for (int n = 0; n < N; ++n)
-      for (int j = 0; j < kC; ++j) {
-        const size_t i = size_t(n) * kC + j;
-        t[i] = std::tanh(t[i]);
-        y[i] = x[i] + g[j] * t[i];
-      }
-  }
+  void forward(UnitCtx& c, int, const float* x, float* y) override { tanh_forward(c, x, y); }
   void backward(UnitCtx& c, int, const float* x, const float* dy, float* dx) override {
     const int N = c.batch->B * c.batch->T;
-    const float* t = c.saved->get("t");
-    const float* g = c.param(2);
-    float* u = c.scratch->f32(size_t(N) * kC);  // d(pre-activation)
-    float* dg = c.grad(2);
-    for (int n = 0; n < N; ++n)
-      for (int j = 0; j < kC; ++j) {
-        const size_t i = size_t(n) * kC + j;
-        u[i] = dy[i] * g[j] * (1.f - t[i] * t[i]);
-        dg[j] += dy[i] * t[i];
-      }
+    const float* u = tanh_backward_pre(c, dy);
     c.ops->copy(dx, dy, size_t(N) * kC);
     c.ops->linear_backward(dx, c.grad(0), c.grad(1), u, x, c.param(0), N, kC, kC);
   }
@@ -135,30 +144,10 @@ class ProbeBlock final : public Unit {
             spec(pre_ + "g", {kC}, Init::Ones, 0.f, false),
             spec(pre_ + "u", {3}, Init::Normal, 0.1f, false)};
   }
-  void forward(UnitCtx& c, int, const float* x, float* y) override {
-    const int N = c.batch->B * c.batch->T;
-    float* t = c.saved->f32("t", size_t(N) * kC);
-    c.ops->linear_forward(t, x, c.param(0), c.param(1), N, kC, kC);
-    const float* g = c.param(2);
-    for (int n = 0; n < N; ++n)
-      for (int j = 0; j < kC; ++j) {
-        const size_t i = size_t(n) * kC + j;
-        t[i] = std::tanh(t[i]);
-        y[i] = x[i] + g[j] * t[i];
-      }
-  }
+  void forward(UnitCtx& c, int, const float* x, float* y) override { tanh_forward(c, x, y); }
   void backward(UnitCtx& c, int, const float* x, const float* dy, float* dx) override {
     const int N = c.batch->B * c.batch->T;
-    const float* t = c.saved->get("t");
-    const float* g = c.param(2);
-    float* u = c.scratch->f32(size_t(N) * kC);
-    float* dg = c.grad(2);  // added into: zeroed first where unwritten
-    for (int n = 0; n < N; ++n)
-      for (int j = 0; j < kC; ++j) {
-        const size_t i = size_t(n) * kC + j;
-        u[i] = dy[i] * g[j] * (1.f - t[i] * t[i]);
-        dg[j] += dy[i] * t[i];
-      }
+    const float* u = tanh_backward_pre(c, dy);  // (g's gradient added into: zeroed first)
     const GradOut gw = c.grad_out(0), gb = c.grad_out(1);
     writes.push_back(gw.write && gb.write ? 1 : gw.write || gb.write ? -1 : 0);
     float* dxl = c.scratch->f32(size_t(N) * kC);
@@ -226,6 +215,18 @@ std::map<std::string, std::vector<float>> grads_of(const ShardedModel& sm) {
 
 const Ops& cpu() { return ops_for(Device::cpu()); }
 
+// A built-in model of `layers` blocks, d_model 16, 2 heads, vocabulary 40, T up to 8.
+ModelConfig tiny_config(const char* type, int layers) {
+  ModelConfig cfg;
+  cfg.type = type;
+  cfg.vocab_size = 40;
+  cfg.n_layer = layers;
+  cfg.n_head = 2;
+  cfg.d_model = 16;
+  cfg.seq_len = 8;
+  return cfg;
+}
+
 }  // namespace
 
 TEST_CASE("flat layout: product weights form 16-bit-only runs of a compact fp32 copy",
@@ -277,13 +278,7 @@ TEST_CASE("ShardedModel init is a pure function of (seed, name, index)", "[shard
   });
   CHECK(int64_t(checked) == a.num_params());
   // Also on a tiny GPT-2, whose units hold Normal parameters at non-zero flat offsets.
-  ModelConfig cfg;
-  cfg.vocab_size = 40;
-  cfg.n_layer = 1;
-  cfg.n_head = 2;
-  cfg.d_model = 16;
-  cfg.seq_len = 8;
-  Model g = build_model(cfg);
+  Model g = build_model(tiny_config("gpt2", 1));
   ShardedModel gs(g, cpu(), 5);
   size_t normal = 0;
   gs.for_each_param([&](const ParamSpec& s, const float* p) {
@@ -490,13 +485,7 @@ TEST_CASE("ShardedModel: the built-in models' products write their weight gradie
     }
   };
   for (const char* type : {"gpt2", "llama"}) {
-    ModelConfig cfg;
-    cfg.type = type;
-    cfg.vocab_size = 40;
-    cfg.n_layer = 2;
-    cfg.n_head = 2;
-    cfg.d_model = 16;
-    cfg.seq_len = 8;
+    const ModelConfig cfg = tiny_config(type, 2);
     Model m = build_model(cfg);
     const Counting ops(cpu());
     ShardedModel sm(m, ops, 5);
