@@ -291,10 +291,18 @@ class Ops {
   // adamw, then the updated values' compute copies in the same pass (a one-rank unit keeping
   // its parameters 16-bit: sharding/unit_state.h): param16 = narrow(dt, param), and param32
   // (null for weights that have no fp32 compute copy) = its widening, as round_copy_lp writes
-  // them. The default calls adamw, then round_copy_lp / narrow.
+  // them. grad_dt other than F32: the gradient is read as round_to(grad_dt, grad) (not
+  // written), the values of rounding it first. The default rounds a copy of it, calls adamw,
+  // then round_copy_lp / narrow.
   virtual void adamw_copies(float* param, const float* grad, float* m, float* v, size_t n,
                             float lr, float beta1, float beta2, float eps, float wd, int step,
-                            float grad_mult, DType dt, float* param32, uint16_t* param16) const;
+                            float grad_mult, DType dt, float* param32, uint16_t* param16,
+                            DType grad_dt) const;
+  // True where adamw_copies and sum_squares_rounded_into round the gradients they read as they
+  // go: a one-rank unit then leaves rounding its gradients to reduce_dtype to those readers
+  // instead of a pass of its own (FlatUnit::round_grads). CUDA; the simulated device, for the
+  // engine's tests.
+  virtual bool rounds_grads_on_read() const { return false; }
 
   // ---- Utilities.
   virtual double sum_squares(const float* x, size_t n) const = 0;  // fixed-order, deterministic
@@ -312,6 +320,11 @@ class Ops {
                                 double* out) const {
     sum_squares_each(xs, ns, k, out);
   }
+  // sum_squares_into of the values round_to(dt, xs[i]) (xs only read), bit for bit: the norm
+  // of gradients a one-rank unit has yet to round (rounds_grads_on_read). The default rounds
+  // a copy of each (device scratch).
+  virtual void sum_squares_rounded_into(DType dt, const float* const* xs, const size_t* ns,
+                                        int k, double* out) const;
   virtual void scale(float* x, float a, size_t n) const = 0;
   virtual void fill(float* x, float v, size_t n) const = 0;
   virtual void add_inplace(float* y, const float* x, size_t n) const = 0;  // y += x

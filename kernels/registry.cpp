@@ -212,13 +212,32 @@ void Ops::gelu_backward_lp_set(float* dinp, uint16_t* dinp16, Operand inp, Opera
 
 void Ops::adamw_copies(float* param, const float* grad, float* m, float* v, size_t n, float lr,
                        float beta1, float beta2, float eps, float wd, int step, float grad_mult,
-                       DType dt, float* param32, uint16_t* param16) const {
+                       DType dt, float* param32, uint16_t* param16, DType grad_dt) const {
   SW_CHECK(dt != DType::F32, "adamw_copies: needs a 16-bit dtype");
+  Buffer tg;
+  if (grad_dt != DType::F32 && n > 0) {
+    tg = scratch_f32(n, device());
+    round_copy(grad_dt, tg.f32(), grad, n);
+    grad = tg.f32();
+  }
   adamw(param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult);
   if (param32)
     round_copy_lp(dt, param32, param16, param, n);
   else
     narrow(dt, param, param16, n);
+}
+
+void Ops::sum_squares_rounded_into(DType dt, const float* const* xs, const size_t* ns, int k,
+                                   double* out) const {
+  for (int i = 0; i < k; ++i) {
+    Buffer t = scratch_f32(std::max<size_t>(ns[i], 1), device());
+    if (dt == DType::F32)
+      copy(t.f32(), xs[i], ns[i]);
+    else
+      round_copy(dt, t.f32(), xs[i], ns[i]);
+    const float* x = t.f32();
+    sum_squares_into(&x, ns + i, 1, out + i);
+  }
 }
 
 void Ops::round_copy_lp(DType dt, float* dst, uint16_t* dst16, const float* src,

@@ -32,10 +32,13 @@ double ShardedModel::grad_norm() const {
   // Per unit, then added in unit order: the device's shards in one call whose sums stay on
   // the device and come back with the unread micro-steps' losses (read_sums: the step's one
   // host synchronisation on a GPU), shards on the host with the CPU's Ops.
+  // One-rank units whose gradients are still to be rounded to reduce_dtype (FlatUnit::
+  // round_grads) are summed rounded as they are read, after the others.
   const size_t U = I.units.size();
   std::vector<double> per(U, 0.0);
-  std::vector<const float*> xs;
-  std::vector<size_t> ns, at;
+  std::vector<const float*> xs, xr;
+  std::vector<size_t> ns, nr, at, atr;
+  DType rdt = DType::F32;
   for (size_t u = 0; u < U; ++u) {
     const FlatUnit& fu = *I.units[u];
     if (fu.params_on_nvme()) {  // summed when its last reduction was accumulated
@@ -44,13 +47,21 @@ double ShardedModel::grad_norm() const {
       per[u] = fu.ops_on(fu.grad_device()).sum_squares(fu.grad_shard(),
                                                        static_cast<size_t>(fu.shard_size()));
     } else {
-      xs.push_back(fu.grad_shard());
-      ns.push_back(static_cast<size_t>(fu.shard_size()));
-      at.push_back(u);
+      DType r = DType::F32;
+      const float* g = fu.grad_shard_rounding(&r);
+      const bool round = r != DType::F32;
+      if (round) rdt = r;  // (one reduce_dtype for the model)
+      (round ? xr : xs).push_back(g);
+      (round ? nr : ns).push_back(static_cast<size_t>(fu.shard_size()));
+      (round ? atr : at).push_back(u);
     }
   }
-  const int k = static_cast<int>(xs.size());
-  I.ops->sum_squares_into(xs.data(), ns.data(), k, I.sum_at(Impl::kLossSlots));
+  const int k0 = static_cast<int>(xs.size()), k = k0 + static_cast<int>(xr.size());
+  double* sums = I.sum_at(Impl::kLossSlots);
+  I.ops->sum_squares_into(xs.data(), ns.data(), k0, sums);
+  if (!xr.empty())
+    I.ops->sum_squares_rounded_into(rdt, xr.data(), nr.data(), k - k0, sums + k0);
+  at.insert(at.end(), atr.begin(), atr.end());
   const std::vector<double> got = I.read_sums(k);
   for (size_t i = 0; i < at.size(); ++i) per[at[i]] = got[i];
   double ss = 0;
@@ -164,14 +175,16 @@ void ShardedModel::Impl::update_unit(FlatUnit& fu, const ExecState& st, int64_t 
   const Range shard = fu.shard_range();
   const Range part{shard.lo + lo, shard.lo + hi};
   float* master = fu.master() + lo;
-  const float* grad = fu.grad_shard() + lo;
   // A one-rank unit keeping its parameters 16-bit, its master beside them on the device: the
   // update writes the compute copies as it goes (Ops::adamw_copies; the alignment gaps keep
-  // the zeros finish_init wrote), so no regather reads the master again.
+  // the zeros finish_init wrote), so no regather reads the master again; it also reads
+  // gradients whose rounding to reduce_dtype is pending rounded (FlatUnit::round_grads).
   uint16_t* p16 = fu.kind() == FlatUnit::Kind::Whole && fu.split_master() &&
                           fu.master_device() == ops->device()
                       ? fu.full16()
                       : nullptr;
+  DType grad_dt = DType::F32;
+  const float* grad = (p16 ? fu.grad_shard_rounding(&grad_dt) : fu.grad_shard()) + lo;
   for (size_t s = 0; s < fu.layout().specs.size(); ++s) {
     const FlatEntry& e = fu.layout().entries[s];
     const Range r = intersect(part, {e.offset, e.offset + e.numel});
@@ -185,7 +198,7 @@ void ShardedModel::Impl::update_unit(FlatUnit& fu, const ExecState& st, int64_t 
       float* c32 = fu.params()[s] ? fu.params()[s] + in : nullptr;  // (none: a product weight)
       ops->adamw_copies(master + poff, grad + poff, fu.adam_m() + off, fu.adam_v() + off, n,
                         st.lr, p.beta1, p.beta2, p.eps, wd, st.step, st.grad_mult,
-                        fu.param_dtype(), c32, p16 + r.lo);
+                        fu.param_dtype(), c32, p16 + r.lo, grad_dt);
     } else {
       ops->adamw(master + poff, grad + poff, fu.adam_m() + off, fu.adam_v() + off, n, st.lr,
                  p.beta1, p.beta2, p.eps, wd, st.step, st.grad_mult);

@@ -343,6 +343,7 @@ void FlatUnit::ensure_grads() {
 }
 
 void FlatUnit::zero_unsharded() {
+  round_pending_ = false;
   if (!lazy_) {
     ops_->fill(grad_full_, 0.f, static_cast<size_t>(layout_.padded));
     return;
@@ -352,6 +353,20 @@ void FlatUnit::zero_unsharded() {
 }
 
 void FlatUnit::write_unwritten() const {
+  zero_unwritten();
+  if (!round_pending_) return;
+  round_pending_ = false;
+  ops_->round_to(rdt_, grad_full_, static_cast<size_t>(layout_.padded));
+}
+
+const float* FlatUnit::grad_shard_rounding(DType* round) const {
+  settle();
+  zero_unwritten();
+  *round = round_pending_ ? rdt_ : DType::F32;
+  return grad_shard_;
+}
+
+void FlatUnit::zero_unwritten() const {
   if (!unwritten_) return;
   unwritten_ = false;
   // The parameters still unwritten, zeroed: runs of consecutive ones in one fill each (the
@@ -376,6 +391,10 @@ void FlatUnit::write_unwritten() const {
 
 void FlatUnit::open_grads(UnitCtx& ctx) {
   settle();
+  if (round_pending_) {  // the call adds into the rounded values (what is unwritten stays so)
+    round_pending_ = false;
+    ops_->round_to(rdt_, grad_full_, static_cast<size_t>(layout_.padded));
+  }
   ctx.grads = &grads_;
   ctx.grads_fresh = unwritten_ ? fresh_.data() : nullptr;
   ctx.grads_n = unwritten_ ? grad_n_.data() : nullptr;
@@ -392,6 +411,11 @@ void* FlatUnit::reduced_block() const {
 void FlatUnit::round_grads() {
   settle();
   SW_CHECK(kind_ == Kind::Whole, "round_grads is for whole units");
+  if (rdt_ == DType::F32) return;
+  if (ops_->rounds_grads_on_read()) {
+    round_pending_ = true;
+    return;
+  }
   write_unwritten();
   ops_->round_to(rdt_, grad_full_, static_cast<size_t>(layout_.padded));
 }
@@ -441,7 +465,7 @@ void FlatUnit::release_reduced() {
   if (kind_ == Kind::Sharded) {
     grad_buf_.release();
     grad_full_ = nullptr;
-    unwritten_ = false;
+    unwritten_ = round_pending_ = false;
     point_grads();
   } else {
     zero_unsharded();
@@ -477,7 +501,7 @@ void FlatUnit::zero_grads() {
     case Kind::Sharded:
       grad_buf_.release();
       grad_full_ = nullptr;
-      unwritten_ = false;
+      unwritten_ = round_pending_ = false;
       point_grads();
       if (!pnvme_) ops_on(grad_device()).fill(grad_shard_, 0.f, Sh);
       break;

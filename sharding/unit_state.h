@@ -207,8 +207,16 @@ class FlatUnit {
   // Kind::Whole: the reduction happened in place; clears dirty.
   void reduced_in_place() { dirty_ = false; }
   // Kind::Whole without replicas: rounds the gradients to reduce_dtype (where a multi-rank
-  // run would narrow them for its reduction); a no-op for F32.
+  // run would narrow them for its reduction); a no-op for F32. Where the Ops round gradients
+  // as they read them (Ops::rounds_grads_on_read: CUDA), the rounding is left pending: the
+  // step's norm and update read the gradients rounded (grad_shard_rounding) without a pass
+  // of their own, and any other reader (every view below, the next call that produces
+  // gradients) rounds them in place first.
   void round_grads();
+  // The reduced gradients (unwritten ones zeroed) and, in *round, the type they are still to
+  // be rounded to as they are read (F32: none): for the readers that round as they go
+  // (Ops::sum_squares_rounded_into, adamw_copies' grad_dt).
+  const float* grad_shard_rounding(DType* round) const;
   // Zeroes the reduced gradients and drops (or zeroes) the unsharded ones.
   void zero_grads();
 
@@ -324,10 +332,13 @@ class FlatUnit {
   // per spec).
   bool lazy_ = false;
   mutable bool unwritten_ = false;
+  mutable bool round_pending_ = false;  // round_grads left to the readers (reduce_dtype)
   mutable std::vector<uint8_t> fresh_;
   std::vector<size_t> grad_n_;
   void zero_unsharded();        // the zeroing itself: unwritten (lazy_) or a fill
-  void write_unwritten() const;  // zeroes what is still unwritten now (any reader but a call)
+  // Any reader but a call: zeroes what is still unwritten, then does a pending rounding.
+  void write_unwritten() const;
+  void zero_unwritten() const;  // the first half alone
   Buffer grad_buf_;        // (padded) unsharded grads (empty when a bucket view)
   Buffer grad_shard_buf_;  // (shard) reduced grads, Kinds Sharded/FullReplicated
   float* master_ = nullptr;

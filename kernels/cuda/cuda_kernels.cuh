@@ -55,10 +55,10 @@ void rope_apply_lp(cudaStream_t s, int dt, uint16_t* dst16, const float* src, co
 void rope_apply_lp(cudaStream_t s, int dt, uint16_t* dst16, const uint16_t* src,
                    const float* tab, int B, int T, int H, int KVH, int hd, float sign);
 // With p16: the updated values also narrowed there (dt 1 bf16, 2 f16) and, with p32, widened
-// back there (Ops::adamw_copies).
+// back there (Ops::adamw_copies). gdt (0: none): the gradient read rounded to that type.
 void adamw(cudaStream_t s, float* param, const float* grad, float* m, float* v, size_t n,
            float lr, float beta1, float beta2, float eps, float wd, int step, float grad_mult,
-           int dt = 0, float* p32 = nullptr, uint16_t* p16 = nullptr);
+           int dt = 0, float* p32 = nullptr, uint16_t* p16 = nullptr, int gdt = 0);
 void scale(cudaStream_t s, float* x, float a, size_t n);
 void fill(cudaStream_t s, float* x, float v, size_t n);
 void add_inplace(cudaStream_t s, float* y, const float* x, size_t n);
@@ -77,8 +77,10 @@ void round_copy(cudaStream_t s, int dt, float* dst, const float* src, size_t n,
                 uint16_t* dst16 = nullptr);
 void add_bias_rows(cudaStream_t s, float* out, const float* b, int N, int OC);  // out[n] = b
 // Fixed-order sum of squares in double: *result (device) = sum x^2. ws: sum_squares_ws(n).
+// dt (1 bf16, 2 f16; 0 none): of x's values rounded to that type (x only read).
 size_t sum_squares_ws(size_t n);  // doubles
-void sum_squares(cudaStream_t s, double* result, const float* x, size_t n, double* ws);
+void sum_squares(cudaStream_t s, double* result, const float* x, size_t n, double* ws,
+                 int dt = 0);
 // *result (device) = sum_{i<n} x[i] in double, in a fixed order (one block); with
 // `accumulate`, *result += that sum.
 void sum_rows(cudaStream_t s, double* result, const float* x, int n, bool accumulate);

@@ -921,14 +921,16 @@ class CudaOps final : public Ops {
   }
   // The copies written by the update's kernel: the master read once (4 bytes a parameter less
   // than adamw, then round_copy_lp).
+  // A gradient to round (grad_dt) is rounded as the kernel reads it.
   void adamw_copies(float* param, const float* grad, float* m, float* v, size_t n, float lr,
                     float beta1, float beta2, float eps, float wd, int step, float grad_mult,
-                    DType dt, float* param32, uint16_t* param16) const override {
+                    DType dt, float* param32, uint16_t* param16, DType grad_dt) const override {
     SW_OP_TIME();
     SW_CHECK(dt != DType::F32, "adamw_copies: needs a 16-bit dtype");
     cuda::adamw(begin(), param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult,
-                dt == DType::BF16 ? 1 : 2, param32, param16);
+                dt_code(dt), param32, param16, dt_code(grad_dt));
   }
+  bool rounds_grads_on_read() const override { return true; }
 
   double sum_squares(const float* x, size_t n) const override {
     SW_OP_TIME();
@@ -960,6 +962,20 @@ class CudaOps final : public Ops {
     double* ws = reinterpret_cast<double*>(wsf(Slot::Reduce2, 2 * std::max<size_t>(1, size_t(k) * parts)));
     for (int i = 0; i < k; ++i) cuda::sum_squares(s, out + i, xs[i], ns[i], ws + size_t(i) * parts);
   }
+  // The same kernel rounding each value as it reads it (the same order, so the bits of
+  // round_to then sum_squares_into).
+  void sum_squares_rounded_into(DType dt, const float* const* xs, const size_t* ns, int k,
+                                double* out) const override {
+    SW_OP_TIME();
+    if (k <= 0) return;
+    const cudaStream_t s = begin();
+    size_t parts = 0;
+    for (int i = 0; i < k; ++i) parts = std::max(parts, cuda::sum_squares_ws(ns[i]));
+    double* ws = reinterpret_cast<double*>(wsf(Slot::Reduce2, 2 * std::max<size_t>(1, size_t(k) * parts)));
+    for (int i = 0; i < k; ++i)
+      cuda::sum_squares(s, out + i, xs[i], ns[i], ws + size_t(i) * parts, dt_code(dt));
+  }
+  static int dt_code(DType d) { return d == DType::BF16 ? 1 : d == DType::F16 ? 2 : 0; }
 
  private:
   // The LM head over row chunks (below); the loss total is written to, or with `accumulate`

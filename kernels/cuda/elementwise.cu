@@ -331,11 +331,12 @@ __device__ __forceinline__ void adamw_f(const AdamC& c, float* p, float grad, fl
 }
 
 // The updated values' compute copies (Ops::adamw_copies): p16 = narrow, p32 = its widening;
-// p16 null: none.
+// p16 null: none. gdt (0: none): the gradient read rounded to that type (round_to's values).
 struct AdamOut {
   int dt;
   float* p32;
   uint16_t* p16;
+  int gdt;
 };
 
 __global__ void adamw_k(float* param, const float* grad, float* m, float* v, size_t n,
@@ -344,7 +345,8 @@ __global__ void adamw_k(float* param, const float* grad, float* m, float* v, siz
   const AdamC c{step_size, inv_bc2_sqrt, decay, b1, b2, omb1, omb2, eps, grad_mult};
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x) {
-    adamw_f(c, &param[i], grad[i], &m[i], &v[i]);
+    const float g = o.gdt ? from_half_d(o.gdt, to_half_d(o.gdt, grad[i])) : grad[i];
+    adamw_f(c, &param[i], g, &m[i], &v[i]);
     if (o.p16) {
       const uint16_t h = to_half_d(o.dt, param[i]);
       o.p16[i] = h;
@@ -420,9 +422,10 @@ constexpr size_t kSsChunk = size_t{1} << 16;  // elements per block of sum_squar
 // loads otherwise, in the same order: the bits depend on n alone, never on alignment (a unit's
 // gradients and the same values in a shard at an offset give the same norm). The last group
 // of an n off a multiple of four is loaded one float at a time. One float per thread kept too
-// few bytes in flight: 3.0 ms of the H200's Llama step for ~5 GB.
+// few bytes in flight: 3.0 ms of the H200's Llama step for ~5 GB. dt (1 bf16, 2 f16; 0 none):
+// each value read rounded to that type (round_to's values, in the same order).
 template <bool VEC>
-__global__ void sum_squares_chunks_k(double* part, const float* x, size_t n) {
+__global__ void sum_squares_chunks_k(double* part, const float* x, size_t n, int dt) {
   __shared__ double scratch[32];
   const size_t i0 = blockIdx.x * kSsChunk;
   const size_t i1 = min(n, i0 + kSsChunk);
@@ -434,6 +437,7 @@ __global__ void sum_squares_chunks_k(double* part, const float* x, size_t n) {
         q = ld4(x + i);
       else
         q = make_float4(x[i], x[i + 1], x[i + 2], x[i + 3]);
+      if (dt) q = widen4(dt, narrow4(dt, q));
       const double a = q.x, b = q.y, c = q.z, d = q.w;
       s += a * a;
       s += b * b;
@@ -441,7 +445,7 @@ __global__ void sum_squares_chunks_k(double* part, const float* x, size_t n) {
       s += d * d;
     } else {
       for (size_t t = i; t < i1; ++t) {
-        const double v = x[t];
+        const double v = dt ? from_half_d(dt, to_half_d(dt, x[t])) : x[t];
         s += v * v;
       }
     }
@@ -735,7 +739,8 @@ struct Adamw4 {
   AdamOut o;
   __device__ void operator()(size_t i) const {
     float4 p = ld4(param + i), mm = ld4(m + i), vv = ld4(v + i);
-    const float4 g = ld4(grad + i);
+    float4 g = ld4(grad + i);
+    if (o.gdt) g = widen4(o.gdt, narrow4(o.gdt, g));
     adamw_f(c, &p.x, g.x, &mm.x, &vv.x);
     adamw_f(c, &p.y, g.y, &mm.y, &vv.y);
     adamw_f(c, &p.z, g.z, &mm.z, &vv.z);
@@ -973,7 +978,7 @@ void rope_apply_lp(cudaStream_t s, int dt, uint16_t* dst16, const uint16_t* src,
 
 void adamw(cudaStream_t s, float* param, const float* grad, float* m, float* v, size_t n,
            float lr, float beta1, float beta2, float eps, float wd, int step, float grad_mult,
-           int dt, float* p32, uint16_t* p16) {
+           int dt, float* p32, uint16_t* p16, int gdt) {
   if (n == 0) return;
   // Scalar coefficients in double, rounded once (as kernels/cpu/adamw.cpp).
   const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), step);
@@ -982,7 +987,7 @@ void adamw(cudaStream_t s, float* param, const float* grad, float* m, float* v, 
   const float inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
   const float decay = static_cast<float>(1.0 - static_cast<double>(lr) * wd);
   const float omb1 = static_cast<float>(1.0 - beta1), omb2 = static_cast<float>(1.0 - beta2);
-  AdamOut o{dt, p16 ? p32 : nullptr, p16};
+  AdamOut o{dt, p16 ? p32 : nullptr, p16, gdt};
   const size_t vn = al16(param) && al16(grad) && al16(m) && al16(v) &&
                             (!o.p16 || al8(o.p16)) && (!o.p32 || al16(o.p32))
                         ? n / 4 * 4
@@ -1081,7 +1086,7 @@ void add_bias_rows(cudaStream_t s, float* out, const float* b, int N, int OC) {
 
 size_t sum_squares_ws(size_t n) { return (n + kSsChunk - 1) / kSsChunk; }
 
-void sum_squares(cudaStream_t s, double* result, const float* x, size_t n, double* ws) {
+void sum_squares(cudaStream_t s, double* result, const float* x, size_t n, double* ws, int dt) {
   const size_t nchunks = sum_squares_ws(n);
   if (nchunks == 0) {
     SW_CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(double), s));
@@ -1089,9 +1094,9 @@ void sum_squares(cudaStream_t s, double* result, const float* x, size_t n, doubl
   }
   SW_CUDA_CHECK(nchunks <= 0x7fffffffu ? cudaSuccess : cudaErrorInvalidValue);
   if (al16(x))
-    sum_squares_chunks_k<true><<<static_cast<unsigned>(nchunks), kThreads, 0, s>>>(ws, x, n);
+    sum_squares_chunks_k<true><<<static_cast<unsigned>(nchunks), kThreads, 0, s>>>(ws, x, n, dt);
   else
-    sum_squares_chunks_k<false><<<static_cast<unsigned>(nchunks), kThreads, 0, s>>>(ws, x, n);
+    sum_squares_chunks_k<false><<<static_cast<unsigned>(nchunks), kThreads, 0, s>>>(ws, x, n, dt);
   SW_CUDA_LAUNCHED();
   sum_doubles_k<<<1, 1024, 0, s>>>(result, ws, nchunks);
   SW_CUDA_LAUNCHED();

@@ -560,7 +560,10 @@ class SimOps final : public sw::Ops {
     on_device(__func__, "v", v);
     base_->adamw(param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult);
   }
-  void adamw_copies(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2, float eps, float wd, int step, float grad_mult, sw::DType dt, float* param32, uint16_t* param16) const override {
+  // As CUDA, a one-rank unit's gradients rounded by their readers (the defaults here: a
+  // rounded copy), so that the engine's tests run that path.
+  bool rounds_grads_on_read() const override { return true; }
+  void adamw_copies(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2, float eps, float wd, int step, float grad_mult, sw::DType dt, float* param32, uint16_t* param16, sw::DType grad_dt) const override {
     Open g;
     on_device(__func__, "param", param);
     on_device(__func__, "grad", grad);
@@ -568,7 +571,7 @@ class SimOps final : public sw::Ops {
     on_device(__func__, "v", v);
     on_device(__func__, "param32", param32);
     on_device(__func__, "param16", param16);
-    base_->adamw_copies(param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult, dt, param32, param16);
+    base_->adamw_copies(param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult, dt, param32, param16, grad_dt);
   }
   double sum_squares(const float* x, size_t n) const override {
     Open g;

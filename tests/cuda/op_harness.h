@@ -126,7 +126,8 @@ inline const std::vector<std::string>& all_ops() {
       "residual_rmsnorm_forward_lp", "layernorm_forward_lp", "residual_layernorm_forward_lp",
       "swiglu_backward_lp_set", "rope_backward_lp", "gemm_lp", "rope_forward_lp",
       "attention_forward_lp", "attention_backward_lp_set", "round_copy_lp", "gelu_backward_lp_set",
-      "linear_forward_lp16", "adamw_copies", "linear_backward_lp16_set"};
+      "linear_forward_lp16", "adamw_copies", "linear_backward_lp16_set",
+      "sum_squares_rounded_into"};
   return ops;
 }
 
@@ -1184,6 +1185,32 @@ inline std::vector<OpCase> op_cases() {
                     a.ops().sum_squares_into(xs, ns, 3, out);
                     return Outputs{{"sums", a.down(out, 4)}};  // the 4th stays 7
                   }});
+    // The sums of values rounded as they are read, against sum_squares_into on rounded
+    // copies ("rounded" / "ref" pairs, bit for bit on each backend); the inputs only read.
+    cs.push_back({"sum_squares_rounded_into", "sum_squares_rounded_into " + sh, kTolElem,
+                  kTolElem, [n, sd](Arena& a) {
+                    Outputs o;
+                    for (sw::DType dt : {sw::DType::BF16, sw::DType::F16}) {
+                      Rng r(sd + 10);
+                      const Vec x0 = r.normal(n, 2.f), x1 = r.normal(1, 5.f),
+                                x2 = r.normal(n / 3 + 1);
+                      const float* xs[3] = {a.up(x0), a.up(x1), a.up(x2)};
+                      float* rs[3] = {a.up(x0), a.up(x1), a.up(x2)};
+                      const size_t ns[3] = {n, 1, n / 3 + 1};
+                      for (int i = 0; i < 3; ++i) a.ops().round_to(dt, rs[i], ns[i]);
+                      double* out = a.up(std::vector<double>{-1, -1, -1, 7});
+                      double* ref = a.up(std::vector<double>{-1, -1, -1, 7});
+                      a.ops().sum_squares_rounded_into(dt, xs, ns, 3, out);
+                      const float* rc[3] = {rs[0], rs[1], rs[2]};
+                      a.ops().sum_squares_into(rc, ns, 3, ref);
+                      const std::string d = std::string(" ") + sw::dtype_name(dt);
+                      o.push_back({"rounded" + d, a.down(out, 4)});  // the 4th stays 7
+                      o.push_back({"ref" + d, a.down(ref, 4)});
+                      put(o, "x0 after" + d, a.down(xs[0], n));
+                      put(o, "x0" + d, x0);
+                    }
+                    return o;
+                  }});
     cs.push_back({"sum_squares", "sum_squares " + sh, kTolElem, kTolElem, [n, sd](Arena& a) {
                     Rng r(sd + 7);
                     const double s = a.ops().sum_squares(a.up(r.normal(n, 3.f)), n);
@@ -1204,10 +1231,14 @@ inline std::vector<OpCase> op_cases() {
                     return o;
                   }});
     // The update with its compute copies (16-bit, and fp32 or none), against adamw followed by
-    // round_copy_lp on the same inputs: "lp" / "ref" pairs, bit for bit on each backend.
+    // round_copy_lp on the same inputs: "lp" / "ref" pairs, bit for bit on each backend. With
+    // `rounded`, the gradient read rounded to the other 16-bit type (grad_dt), against adamw on
+    // a rounded copy of it.
     for (int with32 = 0; with32 < 2; ++with32)
-    cs.push_back({"adamw_copies", "adamw_copies " + sh + (with32 ? " fp32 and 16-bit" : " 16-bit"),
-                  kTolElem, kTolElem, [n, sd, with32](Arena& a) {
+    for (int rounded = 0; rounded < 2; ++rounded)
+    cs.push_back({"adamw_copies", "adamw_copies " + sh + (with32 ? " fp32 and 16-bit" : " 16-bit") +
+                                      (rounded ? " grad rounded" : ""),
+                  kTolElem, kTolElem, [n, sd, with32, rounded](Arena& a) {
                     Outputs o;
                     for (sw::DType dt : {sw::DType::BF16, sw::DType::F16}) {
                       Rng r(sd + 9);
@@ -1216,12 +1247,21 @@ inline std::vector<OpCase> op_cases() {
                       float *p = a.up(p0), *m = a.up(m0), *v = a.up(v0);
                       float *pr = a.up(p0), *mr = a.up(m0), *vr = a.up(v0);
                       const float* pg = a.up(g);
+                      const sw::DType gdt = !rounded              ? sw::DType::F32
+                                            : dt == sw::DType::BF16 ? sw::DType::F16
+                                                                    : sw::DType::BF16;
+                      float* pgr = a.up(g);  // the reference's gradient: rounded first
+                      if (rounded) a.ops().round_to(gdt, pgr, n);
                       float* c32 = with32 ? a.up(Vec(n, NAN)) : nullptr;
                       float* r32 = a.up(Vec(n, NAN));
                       uint16_t *c16 = up16(a, n), *r16 = up16(a, n);
                       a.ops().adamw_copies(p, pg, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 5,
-                                           0.5f, dt, c32, c16);
-                      a.ops().adamw(pr, pg, mr, vr, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f);
+                                           0.5f, dt, c32, c16, gdt);
+                      a.ops().adamw(pr, pgr, mr, vr, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f);
+                      if (rounded) {  // the gradient itself only read
+                        put(o, "grad after" + std::string(" ") + sw::dtype_name(dt), a.down(pg, n));
+                        put(o, "grad" + std::string(" ") + sw::dtype_name(dt), g);
+                      }
                       a.ops().round_copy_lp(dt, r32, r16, pr, n);
                       const std::string d = std::string(" ") + sw::dtype_name(dt);
                       put(o, "param" + d, a.down(p, n));
@@ -1779,7 +1819,8 @@ inline std::vector<std::string> fused_norms_bitwise(const Backend& be) {
 // round_to (round_copy_lp: round_copy's and narrow's), and each 16-bit-input form (*_lp, *_lp_set;
 // but linear_backward_lp16_set's dinp16, which cuBLAS may sum in another order) those of its
 // fp32-input op, and lmhead_xent with a 16-bit weight ("lmhead_xent w=lp / w=both") its
-// results on the rounded fp32 one. Their
+// results on the rounded fp32 one, and sum_squares_rounded_into (adamw_copies with grad_dt)
+// the results of rounded copies. Their
 // cases return outputs in pairs: "set" and "acc0" (and dw / dw_acc, db / db_acc: parameter
 // gradients accumulated by each), round_copy's result and copy + round_to's, "lp" and "ref".
 // Returns "case [output]" for each pair that differs on this backend.
@@ -1792,7 +1833,7 @@ inline std::vector<std::string> paired_forms_exact(const Backend& be,
       return c.op.size() > k && c.op.compare(c.op.size() - k, k, t) == 0;
     };
     if (!ends("_set") && !ends("_lp") && c.op != "round_copy" && c.op != "adamw_copies" &&
-        c.name.rfind("lmhead_xent w=", 0) != 0)
+        c.op != "sum_squares_rounded_into" && c.name.rfind("lmhead_xent w=", 0) != 0)
       continue;
     // (linear_backward_lp16_set's first pair is a product's 16-bit output and its fp32 one
     // narrowed: cuBLAS may sum the two in other orders, so they are compared across backends

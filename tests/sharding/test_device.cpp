@@ -205,18 +205,24 @@ TEST_CASE("sim device: ShardedModel trains bit-identically to the CPU", "[device
   // Host updates start late, so a unit touched before its update settled reads stale values.
   setenv("SHARDWISE_HOST_UPDATE_DELAY_US", "2000", 1);
   for (const char* type : {"gpt2", "llama"}) {
-    for (DType pdt : {DType::F32, DType::BF16})
-    for (int offload = 0; offload < 7; ++offload) {
+    // prec 0: fp32; 1: bf16 parameters, fp32 reductions; 2: both bf16 (one rank rounds its
+    // gradients: on the device left to the norm's and the update's reads, FlatUnit::
+    // round_grads; on the CPU in place), with the offload cases 0-3.
+    for (int prec = 0; prec < 3; ++prec)
+    for (int offload = 0; offload < (prec == 2 ? 4 : 7); ++offload) {
+      const DType pdt = prec ? DType::BF16 : DType::F32;
       // 0: none; 1: the AdamW moments of half the units on the host (updated on the CPU);
       // 2: activations kept for backward moved to the host between forward and backward;
       // 3: parameter and gradient shards and moments on the host (ZeRO-Offload);
       // 4: the moments of half the units in an NVMe file, in pieces (updated on the CPU);
       // 5: activations kept for backward written to an NVMe file and read back;
       // 6: master and gradient shards and moments in NVMe files (ZeRO-Infinity).
-      INFO(type << " param_dtype " << dtype_name(pdt) << " offload case " << offload);
+      INFO(type << " param_dtype " << dtype_name(pdt) << " reduce_dtype "
+                << (prec == 2 ? "bf16" : "fp32") << " offload case " << offload);
       const ModelConfig cfg = tiny(type);
       ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
       pol.mixed_precision.param_dtype = pdt;
+      if (prec == 2) pol.mixed_precision.reduce_dtype = DType::BF16;
       pol.activation_checkpointing.mode = CheckpointMode::Full;  // recompute too
       pol.activation_checkpointing.every = 2;
       if (offload == 1) {
