@@ -951,33 +951,33 @@ class CudaOps final : public Ops {
     SW_CUDA_CHECK(cudaMemcpyAsync(out, res, sizeof(double) * size_t(k), cudaMemcpyDeviceToHost, s));
     SW_CUDA_CHECK(cudaStreamSynchronize(s));
   }
-  // Each sum into out (device); one workspace per buffer, so no sum waits for another's.
+  // Each sum into out (device) (sums_into).
   void sum_squares_into(const float* const* xs, const size_t* ns, int k,
                         double* out) const override {
     SW_OP_TIME();
-    if (k <= 0) return;
-    const cudaStream_t s = begin();
-    size_t parts = 0;
-    for (int i = 0; i < k; ++i) parts = std::max(parts, cuda::sum_squares_ws(ns[i]));
-    double* ws = reinterpret_cast<double*>(wsf(Slot::Reduce2, 2 * std::max<size_t>(1, size_t(k) * parts)));
-    for (int i = 0; i < k; ++i) cuda::sum_squares(s, out + i, xs[i], ns[i], ws + size_t(i) * parts);
+    sums_into(xs, ns, k, out, 0);
   }
   // The same kernel rounding each value as it reads it (the same order, so the bits of
   // round_to then sum_squares_into).
   void sum_squares_rounded_into(DType dt, const float* const* xs, const size_t* ns, int k,
                                 double* out) const override {
     SW_OP_TIME();
+    sums_into(xs, ns, k, out, dt_code(dt));
+  }
+  static int dt_code(DType d) { return d == DType::BF16 ? 1 : d == DType::F16 ? 2 : 0; }
+
+ private:
+  // Each sum into out (device), of values rounded to dt (cuda's code; 0: none) as read; one
+  // workspace per buffer, so no sum waits for another's.
+  void sums_into(const float* const* xs, const size_t* ns, int k, double* out, int dt) const {
     if (k <= 0) return;
     const cudaStream_t s = begin();
     size_t parts = 0;
     for (int i = 0; i < k; ++i) parts = std::max(parts, cuda::sum_squares_ws(ns[i]));
     double* ws = reinterpret_cast<double*>(wsf(Slot::Reduce2, 2 * std::max<size_t>(1, size_t(k) * parts)));
     for (int i = 0; i < k; ++i)
-      cuda::sum_squares(s, out + i, xs[i], ns[i], ws + size_t(i) * parts, dt_code(dt));
+      cuda::sum_squares(s, out + i, xs[i], ns[i], ws + size_t(i) * parts, dt);
   }
-  static int dt_code(DType d) { return d == DType::BF16 ? 1 : d == DType::F16 ? 2 : 0; }
-
- private:
   // The LM head over row chunks (below); the loss total is written to, or with `accumulate`
   // added to, *total (device).
   void xent(double* total, bool accumulate, float* rl, float* dx, float* dw, const float* x,
