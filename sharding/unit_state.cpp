@@ -331,7 +331,12 @@ void FlatUnit::ensure_grads() {
     ops_->fill(grad_full_, 0.f, static_cast<size_t>(layout_.padded));
     return;
   }
-  // The gaps between parameters and the padding zeroed, the parameters' ranges left unwritten.
+  zero_gaps();
+  zero_unsharded();
+}
+
+// The gaps between parameters and the padding: zeros (the parameters' ranges untouched).
+void FlatUnit::zero_gaps() {
   int64_t at = 0;
   for (const FlatEntry& e : layout_.entries) {
     if (e.offset > at) ops_->fill(grad_full_ + at, 0.f, static_cast<size_t>(e.offset - at));
@@ -339,7 +344,6 @@ void FlatUnit::ensure_grads() {
   }
   if (layout_.padded > at)
     ops_->fill(grad_full_ + at, 0.f, static_cast<size_t>(layout_.padded - at));
-  zero_unsharded();
 }
 
 void FlatUnit::zero_unsharded() {
@@ -348,6 +352,9 @@ void FlatUnit::zero_unsharded() {
     ops_->fill(grad_full_, 0.f, static_cast<size_t>(layout_.padded));
     return;
   }
+  // A persistent buffer reduced in a 16-bit type was narrowed in place (packed into its first
+  // half): its gaps and padding hold values again.
+  if (kind_ == Kind::FullReplicated && rdt_ != DType::F32) zero_gaps();
   unwritten_ = true;
   fresh_.assign(grad_n_.size(), 1);
 }

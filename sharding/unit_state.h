@@ -336,6 +336,7 @@ class FlatUnit {
   mutable std::vector<uint8_t> fresh_;
   std::vector<size_t> grad_n_;
   void zero_unsharded();        // the zeroing itself: unwritten (lazy_) or a fill
+  void zero_gaps();             // zeros between the parameters' ranges and in the padding
   // Any reader but a call: zeroes what is still unwritten, then does a pending rounding.
   void write_unwritten() const;
   void zero_unwritten() const;  // the first half alone

@@ -360,6 +360,46 @@ TEST_CASE("units compute with exactly the bf16 / fp16 rounding of the fp32 maste
     }
 }
 
+TEST_CASE("the gradient norm is the parameters' gradients' alone, step after step", "[mp_gaps]") {
+  // The norm sums whole gradient shards, alignment gaps and padding included, which must stay
+  // zero: a 16-bit reduction packs the gradients in place, and gradients zeroed lazily
+  // (FlatUnit's unwritten gradients) keep whatever a range held until it is written. Three
+  // steps, each norm against the sum over for_each_grad's parameters. d_model 24: every norm
+  // weight and bias is followed by a gap of 8 floats.
+  const GroupPtr g = world();
+  for (ShardingStrategy st : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
+                              ShardingStrategy::ShardOptimizer, ShardingStrategy::NoShard,
+                              ShardingStrategy::HybridShard})
+    for (const std::string type : {"gpt2", "llama"}) {
+      ShardingPolicy p = st == ShardingStrategy::HybridShard ? hybrid_policy()
+                                                             : ShardingPolicy::for_strategy(st);
+      p.mixed_precision = mp(DType::BF16, DType::BF16);
+      ModelConfig mc = tiny(type);
+      mc.d_model = 24;
+      mc.n_head = 2;
+      mc.n_kv_head = type == "llama" ? 1 : 0;
+      Model m = build_model(mc);
+      ShardedModel sm(m, cpu(), 7, g, p);
+      Corpus corpus(mc.vocab_size);
+      const int B = 2, T = mc.seq_len;
+      std::vector<int32_t> in(size_t(B) * T), tg(size_t(B) * T);
+      for (int step = 0; step < 3; ++step) {
+        INFO(strategy_name(st) << " " << type << " step " << step);
+        sm.zero_grads();
+        corpus.fill(step, int64_t{g->rank()} * B, B, T, in.data(), tg.data());
+        sm.forward_backward(Batch{in.data(), tg.data(), B, T});
+        double ss = 0;
+        sm.for_each_grad([&](const ParamSpec& sp, const float* gr) {
+          for (int64_t i = 0; i < numel(sp.shape); ++i) ss += double(gr[i]) * gr[i];
+        });
+        const double norm = sm.grad_norm();
+        CHECK(ss > 0);
+        CHECK(norm == Approx(std::sqrt(ss)).epsilon(1e-9));
+        sm.optimizer_step(AdamWParams{}, 1e-3f, 1.f, step + 1);
+      }
+    }
+}
+
 TEST_CASE("fp16 reductions overflow where one rank would, not earlier", "[mp_fp16_range]") {
   // The largest |gradient| of the mean loss over the global batch (fp32, one rank) sets a
   // grad_scale that puts it at 75% or 150% of fp16's largest value (65504). N ranks must agree
