@@ -368,7 +368,7 @@ void FlatUnit::write_unwritten() const {
 
 const float* FlatUnit::grad_shard_rounding(DType* round) const {
   settle();
-  zero_unwritten();
+  if (kind_ == Kind::Whole) zero_unwritten();  // (grad_shard)
   *round = round_pending_ ? rdt_ : DType::F32;
   return grad_shard_;
 }
@@ -532,7 +532,7 @@ void FlatUnit::gather_params_into(float* out) const {
 }
 void FlatUnit::gather_grads_into(float* out) const {
   settle();
-  write_unwritten();
+  if (kind_ == Kind::Whole) write_unwritten();  // (grad_shard)
   gather_shard_into(grad_shard_, grad_device(), out);
 }
 

@@ -243,8 +243,13 @@ class FlatUnit {
   std::shared_ptr<Event> upload_event() const { return up_; }
   // (padded, or compact: f32_floats()) valid when Unsharded
   float* full() const { return settle(), full_; }
-  // (shard) reduced gradients
-  float* grad_shard() const { return settle(), write_unwritten(), grad_shard_; }
+  // (shard) reduced gradients (a Whole unit's are its unsharded ones; the other kinds' are a
+  // buffer of their own, which unwritten unsharded gradients do not concern)
+  float* grad_shard() const {
+    settle();
+    if (kind_ == Kind::Whole) write_unwritten();
+    return grad_shard_;
+  }
   // (padded) unsharded gradients
   float* grad_full() const { return settle(), write_unwritten(), grad_full_; }
   // AdamW moments (shard). Tier::Nvme units have none in memory except while the executor has
