@@ -229,12 +229,10 @@ void Ops::adamw_copies(float* param, const float* grad, float* m, float* v, size
 
 void Ops::sum_squares_rounded_into(DType dt, const float* const* xs, const size_t* ns, int k,
                                    double* out) const {
+  if (dt == DType::F32) return sum_squares_into(xs, ns, k, out);  // nothing to round
   for (int i = 0; i < k; ++i) {
     Buffer t = scratch_f32(std::max<size_t>(ns[i], 1), device());
-    if (dt == DType::F32)
-      copy(t.f32(), xs[i], ns[i]);
-    else
-      round_copy(dt, t.f32(), xs[i], ns[i]);
+    round_copy(dt, t.f32(), xs[i], ns[i]);
     const float* x = t.f32();
     sum_squares_into(&x, ns + i, 1, out + i);
   }

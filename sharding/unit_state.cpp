@@ -361,6 +361,10 @@ void FlatUnit::zero_unsharded() {
 
 void FlatUnit::write_unwritten() const {
   zero_unwritten();
+  round_now();
+}
+
+void FlatUnit::round_now() const {
   if (!round_pending_) return;
   round_pending_ = false;
   ops_->round_to(rdt_, grad_full_, static_cast<size_t>(layout_.padded));
@@ -398,10 +402,7 @@ void FlatUnit::zero_unwritten() const {
 
 void FlatUnit::open_grads(UnitCtx& ctx) {
   settle();
-  if (round_pending_) {  // the call adds into the rounded values (what is unwritten stays so)
-    round_pending_ = false;
-    ops_->round_to(rdt_, grad_full_, static_cast<size_t>(layout_.padded));
-  }
+  round_now();  // the call adds into the rounded values (what is unwritten stays so)
   ctx.grads = &grads_;
   ctx.grads_fresh = unwritten_ ? fresh_.data() : nullptr;
   ctx.grads_n = unwritten_ ? grad_n_.data() : nullptr;

@@ -345,6 +345,7 @@ class FlatUnit {
   // Any reader but a call: zeroes what is still unwritten, then does a pending rounding.
   void write_unwritten() const;
   void zero_unwritten() const;  // the first half alone
+  void round_now() const;       // the second: a pending rounding done in place
   Buffer grad_buf_;        // (padded) unsharded grads (empty when a bucket view)
   Buffer grad_shard_buf_;  // (shard) reduced grads, Kinds Sharded/FullReplicated
   float* master_ = nullptr;
