@@ -281,6 +281,29 @@ class Ops {
                                          const uint16_t* qkv16, const uint16_t* out16,
                                          const float* lse, int B, int T, int H, int KVH,
                                          int hd) const;
+  // A product with the residual stream added (a block's "y = x + proj(h)"): out(N,OC) =
+  // inp @ w^T + b + res, b may be null, res (N,OC) fp32 and not overlapping out; inp and w
+  // Operands as in linear_forward_lp (fp32 ones on F32 Ops). The values of the product
+  // followed by residual_forward(out, out, res) up to the product's summation order: a device
+  // adds res in the product's epilogue (CUDA: cuBLASLt with beta = 1 and C = res), where the
+  // output was written, read back and written again. The default is that pair.
+  virtual void linear_forward_residual(float* out, Operand inp, Operand w, const float* b,
+                                       const float* res, int N, int C, int OC) const;
+  // True where linear_forward_residual adds res in the product itself (CUDA with 16-bit
+  // products; the simulated device, for the engine's tests): the models then take it, and a
+  // plain norm after it, instead of the product and the fused residual + norm pass (the CPU's
+  // choice: one pass over the rows, and its products write fp32 anyway).
+  virtual bool fuses_product_residual() const { return false; }
+  // The residual stream's gradient in both forms: layernorm_backward / rmsnorm_backward adding
+  // into dinp, then dinp16 = narrow(dinp) of the sums (all N x C values; dinp16 overlaps
+  // nothing), in the same pass on a device. The products after it read the 16-bit form (an
+  // Operand with both) instead of narrowing the fp32 one. The defaults are the op, then narrow.
+  virtual void layernorm_backward_lp(float* dinp, uint16_t* dinp16, float* dw, float* db,
+                                     const float* dout, const float* inp, const float* w,
+                                     const float* mean, const float* rstd, int N, int C) const;
+  virtual void rmsnorm_backward_lp(float* dinp, uint16_t* dinp16, float* dw, const float* dout,
+                                   const float* inp, const float* w, const float* rstd, int N,
+                                   int C) const;
 
   // ---- AdamW (decoupled weight decay, bias-corrected; step counts from 1), on n elements.
   // param -= lr * (mhat / (sqrt(vhat) + eps) + wd * param), with grad multiplied by grad_mult
@@ -303,6 +326,12 @@ class Ops {
   // instead of a pass of its own (FlatUnit::round_grads). CUDA; the simulated device, for the
   // engine's tests.
   virtual bool rounds_grads_on_read() const { return false; }
+  // True where a product given an Operand with both forms reads the 16-bit one (CUDA; the
+  // simulated device, for the engine's tests): the engine then keeps the residual stream's
+  // gradient in both forms from unit to unit in backward (UnitCtx::grad16), so that the
+  // products reading it do not narrow it each call. The CPU reads the fp32 form (its kernels
+  // pack from it), so a 16-bit copy beside it would be a pass for nothing.
+  virtual bool prefers_lp_operands() const { return false; }
 
   // ---- Utilities.
   virtual double sum_squares(const float* x, size_t n) const = 0;  // fixed-order, deterministic

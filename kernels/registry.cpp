@@ -210,6 +210,31 @@ void Ops::gelu_backward_lp_set(float* dinp, uint16_t* dinp16, Operand inp, Opera
   if (dinp16) narrow(compute(), dinp, dinp16, n);
 }
 
+void Ops::linear_forward_residual(float* out, Operand inp, Operand w, const float* b,
+                                  const float* res, int N, int C, int OC) const {
+  if (inp.lp || w.lp)
+    linear_forward_lp(out, inp, w, b, N, C, OC);
+  else
+    linear_forward(out, inp.f32, w.f32, b, N, C, OC);
+  residual_forward(out, out, res, mul(N, OC));
+}
+
+void Ops::layernorm_backward_lp(float* dinp, uint16_t* dinp16, float* dw, float* db,
+                                const float* dout, const float* inp, const float* w,
+                                const float* mean, const float* rstd, int N, int C) const {
+  require_lowp("layernorm_backward_lp");
+  layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+  if (dinp16) narrow(compute(), dinp, dinp16, mul(N, C));
+}
+
+void Ops::rmsnorm_backward_lp(float* dinp, uint16_t* dinp16, float* dw, const float* dout,
+                              const float* inp, const float* w, const float* rstd, int N,
+                              int C) const {
+  require_lowp("rmsnorm_backward_lp");
+  rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
+  if (dinp16) narrow(compute(), dinp, dinp16, mul(N, C));
+}
+
 void Ops::adamw_copies(float* param, const float* grad, float* m, float* v, size_t n, float lr,
                        float beta1, float beta2, float eps, float wd, int step, float grad_mult,
                        DType dt, float* param32, uint16_t* param16, DType grad_dt) const {

@@ -153,7 +153,8 @@ class EmbedHead final : public Unit {
       dh = d;
     }
     ops.fill(dx, 0.f, sz(N, C));
-    ops.layernorm_backward(dx, ctx.grad(2), ctx.grad(3), dh, x, ctx.param(2), mean, rstd, N, C);
+    layernorm_backward_resid(ctx, dx, ctx.grad(2), ctx.grad(3), dh, x, ctx.param(2), mean, rstd,
+                             N, C);
   }
 
  private:
@@ -224,12 +225,11 @@ class Block final : public Unit {
       linear_forward_from(ops, qkv.f32, ln1.operand(), W(QKVW), P(QKVB), N, C, 3 * C);
       ops.attention_forward(atty.f32, lse, qkv.f32, B, T, H, H, hd);
     }
-    linear_forward_from(ops, x2, atty.operand(), W(PROJW), P(PROJB), N, C, C);
-    residual_layernorm_forward_to(ops, x2, ln2, ln2_mean, ln2_rstd, x2, x, P(LN2W), P(LN2B), N, C);
+    linear_residual_layernorm_to(ops, x2, ln2, ln2_mean, ln2_rstd, atty.operand(), W(PROJW),
+                                 P(PROJB), x, P(LN2W), P(LN2B), N, C, C);
     linear_forward_to(ops, fch, ln2.operand(), W(FCW), P(FCB), N, C, F);
     gelu_forward_to(ops, fch_gelu, fch.operand(), sz(N, F));
-    linear_forward_from(ops, y, fch_gelu.operand(), W(FCPROJW), P(FCPROJB), N, F, C);
-    ops.residual_forward(y, y, x2, sz(N, C));
+    linear_residual_to(ops, y, fch_gelu.operand(), W(FCPROJW), P(FCPROJB), x2, N, F, C);
   }
 
   // Forward keeps (in this order) ln1, ln1_mean, ln1_rstd, qkv, atty, lse, x2, ln2, ln2_mean,
@@ -303,7 +303,7 @@ class Block final : public Unit {
     // MLP: y = x2 + fcproj(gelu(fc(ln2(x2)))). dfch_gelu, which only the GELU reads: 16-bit
     // with 16-bit products.
     const ProductIn dfch_gelu = scratch_input(*ctx.scratch, sz(N, F), ops);
-    linear_backward_set_to(ops, dfch_gelu, GO(FCPROJW), GO(FCPROJB), dy,
+    linear_backward_set_to(ops, dfch_gelu, GO(FCPROJW), GO(FCPROJB), dy_operand(ctx, dy),
                            saved_input(s, "fch_gelu", ops).operand(), W(FCPROJW), N, F, C);
     // dfch and dqkv feed biased products: 16-bit with 16-bit products, for the products and
     // for the bias gradient, which sums their widened values (as autocast's backward sums a
@@ -317,14 +317,14 @@ class Block final : public Unit {
     float* dln2 = fresh(sz(N, C));
     linear_backward_set_from(ops, dln2, GO(FCW), GO(FCB), dfch.operand(),
                              saved_input(s, "ln2", ops).operand(), W(FCW), N, C, F);
-    ops.layernorm_backward(dx, G(LN2W), G(LN2B), dln2, s.get("x2"), P(LN2W), s.get("ln2_mean"),
-                           s.get("ln2_rstd"), N, C);
+    layernorm_backward_resid(ctx, dx, G(LN2W), G(LN2B), dln2, s.get("x2"), P(LN2W),
+                             s.get("ln2_mean"), s.get("ln2_rstd"), N, C);
     // Attention: x2 = x + proj(attn(qkv(ln1(x)))); dx now holds dL/dx2.
     // datty, which only attention reads: 16-bit with 16-bit products.
     const ProductIn qkv = saved_input(s, "qkv", ops), atty = saved_input(s, "atty", ops);
     const ProductIn datty = scratch_input(*ctx.scratch, sz(N, C), ops);
-    linear_backward_set_to(ops, datty, GO(PROJW), GO(PROJB), dx, atty.operand(), W(PROJW), N, C,
-                           C);
+    linear_backward_set_to(ops, datty, GO(PROJW), GO(PROJB), dx_operand(ctx, dx), atty.operand(),
+                           W(PROJW), N, C, C);
     const ProductIn dqkv = scratch_input(*ctx.scratch, sz(N, 3 * C), ops);
     if (dqkv.lp)  // (cuDNN's own 16-bit dQ, dK, dV; the CPU's fp32 values narrowed)
       ops.attention_backward_lp_set(nullptr, dqkv.lp, datty.operand(), qkv.lp, atty.lp,
@@ -335,8 +335,8 @@ class Block final : public Unit {
     float* dln1 = fresh(sz(N, C));
     linear_backward_set_from(ops, dln1, GO(QKVW), GO(QKVB), dqkv.operand(),
                              saved_input(s, "ln1", ops).operand(), W(QKVW), N, C, 3 * C);
-    ops.layernorm_backward(dx, G(LN1W), G(LN1B), dln1, x, P(LN1W), s.get("ln1_mean"),
-                           s.get("ln1_rstd"), N, C);
+    layernorm_backward_resid(ctx, dx, G(LN1W), G(LN1B), dln1, x, P(LN1W), s.get("ln1_mean"),
+                             s.get("ln1_rstd"), N, C);
   }
 
  private:

@@ -201,12 +201,11 @@ class Block final : public Unit {
       ops.rope_forward(qkv.f32, B, T, H, KVH, hd, c_.rope_theta);
       ops.attention_forward(atty.f32, lse, qkv.f32, B, T, H, KVH, hd);
     }
-    linear_forward_from(ops, x2, atty.operand(), ctx.weight(OW), nullptr, N, H * hd, C);
-    residual_rmsnorm_forward_to(ops, x2, xn2, rstd2, x2, x, P(POST_NORM), N, C, eps);
+    linear_residual_rmsnorm_to(ops, x2, xn2, rstd2, atty.operand(), ctx.weight(OW), nullptr, x,
+                               P(POST_NORM), N, H * hd, C, eps);
     packed_forward_to(ops, gu, xn2.operand(), gu_pack(ctx), N, C);
     swiglu_forward_to(ops, hmlp, gu.operand(), N, F);
-    linear_forward_from(ops, y, hmlp.operand(), ctx.weight(DOWNW), nullptr, N, F, C);
-    ops.residual_forward(y, y, x2, sz(N, C));
+    linear_residual_to(ops, y, hmlp.operand(), ctx.weight(DOWNW), nullptr, x2, N, F, C);
   }
 
   // Forward keeps (in this order) xn, rstd1, qkv, atty, lse, x2, xn2, rstd2, gu, hmlp (xn, qkv,
@@ -277,8 +276,8 @@ class Block final : public Unit {
     // MLP: y = x2 + down(swiglu(gate|up(norm2(x2)))). dh, which only the SwiGLU reads, and dgu,
     // which feeds products only: 16-bit with 16-bit products.
     const ProductIn dh = scratch_input(*ctx.scratch, sz(N, F), ops);
-    linear_backward_set_to(ops, dh, GO(DOWNW), nullptr, dy, saved_input(s, "hmlp", ops).operand(),
-                           ctx.weight(DOWNW), N, F, C);
+    linear_backward_set_to(ops, dh, GO(DOWNW), nullptr, dy_operand(ctx, dy),
+                           saved_input(s, "hmlp", ops).operand(), ctx.weight(DOWNW), N, F, C);
     const ProductIn dgu = scratch_input(*ctx.scratch, sz(N, 2 * F), ops);
     if (dgu.lp)
       ops.swiglu_backward_lp_set(dgu.lp, dh.operand(), saved_input(s, "gu", ops).operand(), N, F);
@@ -287,15 +286,16 @@ class Block final : public Unit {
     float* dxn2 = fresh(sz(N, C));
     packed_backward_set(ops, dxn2, dgu.operand(), saved_input(s, "xn2", ops).operand(),
                         gu_pack(ctx, true), N, C);
-    ops.rmsnorm_backward(dx, G(POST_NORM), dxn2, s.get("x2"), P(POST_NORM), s.get("rstd2"), N, C);
+    rmsnorm_backward_resid(ctx, dx, G(POST_NORM), dxn2, s.get("x2"), P(POST_NORM), s.get("rstd2"),
+                           N, C);
     // Attention: x2 = x + o(attn(rope(qkv(norm1(x))))); dx now holds dL/dx2.
     // datty, which only attention reads, and dqkv, which feeds products only: 16-bit with
     // 16-bit products. Then attention writes dqkv 16-bit (cuDNN's own form; the CPU's fp32
     // values narrowed) and the inverse rotation turns it in place.
     const ProductIn atty = saved_input(s, "atty", ops), qkv = saved_input(s, "qkv", ops);
     const ProductIn datty = scratch_input(*ctx.scratch, sz(N, int64_t{H} * hd), ops);
-    linear_backward_set_to(ops, datty, GO(OW), nullptr, dx, atty.operand(), ctx.weight(OW), N,
-                           H * hd, C);
+    linear_backward_set_to(ops, datty, GO(OW), nullptr, dx_operand(ctx, dx), atty.operand(),
+                           ctx.weight(OW), N, H * hd, C);
     Operand dqkv_in = nullptr;
     if (qkv.lp) {
       uint16_t* d16 = ctx.scratch->lp(sz(N, QKV));
@@ -313,7 +313,7 @@ class Block final : public Unit {
     float* dxn = fresh(sz(N, C));
     packed_backward_set(ops, dxn, dqkv_in, saved_input(s, "xn", ops).operand(),
                         qkv_pack(ctx, true), N, C);
-    ops.rmsnorm_backward(dx, G(IN_NORM), dxn, x, P(IN_NORM), s.get("rstd1"), N, C);
+    rmsnorm_backward_resid(ctx, dx, G(IN_NORM), dxn, x, P(IN_NORM), s.get("rstd1"), N, C);
   }
 
  private:
@@ -423,7 +423,8 @@ class Head final : public Unit {
       dh = d;
     }
     ops.fill(dx, 0.f, sz(N, C));
-    ops.rmsnorm_backward(dx, ctx.grad(0), dh, x, ctx.param(0), ctx.saved->get("rstd"), N, C);
+    rmsnorm_backward_resid(ctx, dx, ctx.grad(0), dh, x, ctx.param(0), ctx.saved->get("rstd"), N,
+                           C);
   }
 
  private:

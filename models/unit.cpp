@@ -149,6 +149,66 @@ void gemm_from(const Ops& ops, bool ta, bool tb, int M, int N, int K, float alph
     ops.gemm(ta, tb, M, N, K, alpha, A.f32, lda, B.f32, ldb, beta, C, ldc);
 }
 
+// ---- Products with the residual stream added ------------------------------------------------
+
+void linear_residual_to(const Ops& ops, float* y, Operand inp, Operand w, const float* b,
+                        const float* res, int N, int C, int OC) {
+  if (ops.fuses_product_residual())
+    return ops.linear_forward_residual(y, inp, w, b, res, N, C, OC);
+  linear_forward_from(ops, y, inp, w, b, N, C, OC);
+  ops.residual_forward(y, y, res, static_cast<size_t>(N) * static_cast<size_t>(OC));
+}
+
+void linear_residual_rmsnorm_to(const Ops& ops, float* y, ProductIn out, float* rstd,
+                                Operand inp, Operand w, const float* b, const float* res,
+                                const float* nw, int N, int C, int OC, float eps) {
+  if (ops.fuses_product_residual()) {
+    ops.linear_forward_residual(y, inp, w, b, res, N, C, OC);
+    return rmsnorm_forward_to(ops, out, rstd, y, nw, N, OC, eps);
+  }
+  linear_forward_from(ops, y, inp, w, b, N, C, OC);
+  residual_rmsnorm_forward_to(ops, y, out, rstd, y, res, nw, N, OC, eps);
+}
+
+void linear_residual_layernorm_to(const Ops& ops, float* y, ProductIn out, float* mean,
+                                  float* rstd, Operand inp, Operand w, const float* b,
+                                  const float* res, const float* nw, const float* nb, int N,
+                                  int C, int OC) {
+  if (ops.fuses_product_residual()) {
+    ops.linear_forward_residual(y, inp, w, b, res, N, C, OC);
+    return layernorm_forward_to(ops, out, mean, rstd, y, nw, nb, N, OC);
+  }
+  linear_forward_from(ops, y, inp, w, b, N, C, OC);
+  residual_layernorm_forward_to(ops, y, out, mean, rstd, y, res, nw, nb, N, OC);
+}
+
+// ---- The residual stream's gradient --------------------------------------------------------
+
+Operand dy_operand(const UnitCtx& ctx, const float* dy) {
+  return ctx.grad16 && ctx.dy16 ? Operand(dy, ctx.grad16) : Operand(dy);
+}
+
+Operand dx_operand(const UnitCtx& ctx, const float* dx) {
+  return ctx.grad16 && ctx.dx16 ? Operand(dx, ctx.grad16) : Operand(dx);
+}
+
+void layernorm_backward_resid(UnitCtx& ctx, float* dx, float* dw, float* db, const float* dout,
+                              const float* inp, const float* w, const float* mean,
+                              const float* rstd, int N, int C) {
+  if (!ctx.grad16) return ctx.ops->layernorm_backward(dx, dw, db, dout, inp, w, mean, rstd, N, C);
+  ctx.ops->layernorm_backward_lp(dx, ctx.grad16, dw, db, dout, inp, w, mean, rstd, N, C);
+  ctx.dy16 = false;  // (it held narrow(dy))
+  ctx.dx16 = true;
+}
+
+void rmsnorm_backward_resid(UnitCtx& ctx, float* dx, float* dw, const float* dout,
+                            const float* inp, const float* w, const float* rstd, int N, int C) {
+  if (!ctx.grad16) return ctx.ops->rmsnorm_backward(dx, dw, dout, inp, w, rstd, N, C);
+  ctx.ops->rmsnorm_backward_lp(dx, ctx.grad16, dw, dout, inp, w, rstd, N, C);
+  ctx.dy16 = false;
+  ctx.dx16 = true;
+}
+
 // ---- Saved ---------------------------------------------------------------------------------
 
 void* Saved::slot(std::string_view key, size_t bytes, Keep keep) {

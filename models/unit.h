@@ -221,6 +221,16 @@ struct UnitCtx {
   // compute, the CPU, a unit run outside the engine).
   const std::vector<const uint16_t*>* params16 = nullptr;
 
+  // Backward where the Ops read 16-bit operands and compute products in 16 bits
+  // (Ops::prefers_lp_operands, lowp): room for B*T*d_model 16-bit values that the engine keeps
+  // from one backward call to the next, for the residual stream's gradient in the compute
+  // precision. On entry it holds narrow(dy) where dy16 is true; a unit that leaves narrow(dx)
+  // of its final dx in it sets dx16 (the norm backward helpers below do; no op may change dx
+  // after). Null elsewhere (a unit run outside the engine, the CPU, fp32 products).
+  uint16_t* grad16 = nullptr;
+  bool dy16 = false;
+  bool dx16 = false;
+
   float* param(size_t i) const { return (*params)[i]; }
   // Parameter i's gradient to add into (zeroed first where it is unwritten).
   float* grad(size_t i) const {
@@ -291,6 +301,34 @@ void linear_backward_set_to(const Ops& ops, ProductIn dinp, GradOut dw, GradOut 
                             Operand inp, Operand w, int N, int C, int OC);
 void gemm_from(const Ops& ops, bool ta, bool tb, int M, int N, int K, float alpha, Operand A,
                int lda, Operand B, int ldb, float beta, float* C, int ldc);
+
+// ---- Products with the residual stream added (a block's "x2 = x + proj(h)", then its norm):
+// where the Ops add it in the product (Ops::fuses_product_residual) linear_forward_residual,
+// then the plain norm; elsewhere the product, then the fused residual + norm (or residual_forward).
+// The same values either way (up to the product's summation order on a device).
+void linear_residual_to(const Ops& ops, float* y, Operand inp, Operand w, const float* b,
+                        const float* res, int N, int C, int OC);
+void linear_residual_rmsnorm_to(const Ops& ops, float* y, ProductIn out, float* rstd,
+                                Operand inp, Operand w, const float* b, const float* res,
+                                const float* nw, int N, int C, int OC, float eps);
+void linear_residual_layernorm_to(const Ops& ops, float* y, ProductIn out, float* mean,
+                                  float* rstd, Operand inp, Operand w, const float* b,
+                                  const float* res, const float* nw, const float* nb, int N,
+                                  int C, int OC);
+
+// ---- The residual stream's gradient (UnitCtx::grad16).
+// dy as a product's dout: with its 16-bit form beside it where the engine kept one.
+Operand dy_operand(const UnitCtx& ctx, const float* dy);
+// A norm's backward adding into the residual gradient dx (Ops::layernorm_backward /
+// rmsnorm_backward), writing narrow(dx) into ctx.grad16 as well where there is one
+// (Ops::*_backward_lp; ctx.dx16 then says so): dx_operand(ctx, dx) is then dx with both forms,
+// for the products that read it next, and a unit's last such norm hands the next unit its dy16.
+void layernorm_backward_resid(UnitCtx& ctx, float* dx, float* dw, float* db, const float* dout,
+                              const float* inp, const float* w, const float* mean,
+                              const float* rstd, int N, int C);
+void rmsnorm_backward_resid(UnitCtx& ctx, float* dx, float* dw, const float* dout,
+                            const float* inp, const float* w, const float* rstd, int N, int C);
+Operand dx_operand(const UnitCtx& ctx, const float* dx);
 
 // The batch shape a unit's activation sizes depend on, and the precision of the Ops it computes
 // with (Ops::compute(): a ProductIn is 2 bytes a value in BF16 / F16, 4 in F32).

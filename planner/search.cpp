@@ -69,8 +69,9 @@ int64_t cuda_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute)
   if (compute != DType::F32) {
     // The blocks hand their products 16-bit inputs (models/unit.h's ProductIn), Llama its
     // gradients too (dgu, dqkv) and GPT-2 its biased products' gradients in both forms (dfch,
-    // dqkv): what is still narrowed per call is the LM head's x and the residual-stream
-    // gradients, N x C each.
+    // dqkv), and backward keeps the residual-stream gradient's 16-bit form beside it
+    // (UnitCtx::grad16, in the plan's workspace): what is still narrowed per call is the LM
+    // head's x, N x C.
     slot.push_back(2 * N * C);  // Lowp0: x or an fp32 dout
     // Lowp1: a weight given fp32 only. On a device every unit's weights come with their
     // 16-bit copy (MixedPrecisionPolicy::weights16), the LM head's included, so none is

@@ -25,6 +25,9 @@ namespace sw {
 void ShardedModel::Impl::ensure_pingpong(size_t n) {
   for (Buffer& b : dbuf)
     if (b.bytes() < n * sizeof(float)) b = Buffer(n * sizeof(float), Mem::Workspace, ops->device());
+  if (compute_ops->prefers_lp_operands() && compute_ops->compute() != DType::F32 &&
+      grad16.bytes() < n * sizeof(uint16_t))
+    grad16 = Buffer(n * sizeof(uint16_t), Mem::Workspace, ops->device());
 }
 
 void ShardedModel::Impl::free_activations() {
@@ -267,8 +270,13 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
       UnitCtx ctx = ctx_for(*fu, batch, a.pos, true);
       fu->open_grads(ctx);
       ctx.grad_scale = st.scale;
+      if (!grad16.empty()) {
+        ctx.grad16 = static_cast<uint16_t*>(grad16.data());
+        ctx.dy16 = st.dy16 && st.dy != nullptr;
+      }
       scratch.reset();
       fu->unit()->backward(ctx, model.schedule[p].call, p > 0 ? acts[p].f32() : nullptr, st.dy, dx);
+      st.dy16 = ctx.dx16 && dx != nullptr;
       fu->mark_dirty();
       acts[p].release();  // this call's activations are no longer needed
       saved[p].clear();

@@ -53,6 +53,7 @@ struct ExecState {
   int64_t loss_count = 0;
   const float* x = nullptr;   // forward: the input of the next call
   const float* dy = nullptr;  // backward: dy of the next call
+  bool dy16 = false;          // backward: Impl::grad16 holds narrow(dy) (UnitCtx::grad16)
   int cur = 0;                // backward: the ping-pong buffer the next dx goes to
   // The optimizer segment.
   const AdamWParams* adam = nullptr;
@@ -262,6 +263,9 @@ struct ShardedModel::Impl {
   // Ping-pong (B*T*d) buffers, kept across steps: backward's dy/dx (dy of one call is dx of
   // the next) and inference's residual stream.
   Buffer dbuf[2];
+  // Backward's residual gradient in the compute precision (B*T*d 16-bit values, UnitCtx::grad16)
+  // where the Ops prefer 16-bit operands and compute products in 16 bits; empty elsewhere.
+  Buffer grad16;
 
   // gather_full_params: per unit, the gathered parameters (empty on ranks other than 0 with
   // rank0_only).

@@ -870,7 +870,11 @@ class Builder {
       tier[static_cast<size_t>(Mem::Grads)] += plan_.grad_slots * plan_.shard_bytes;
     }
     plan_.scratch = max_scratch;
-    plan_.reserved[static_cast<size_t>(Mem::Workspace)] = max_scratch + 2 * act_bytes();
+    // The two ping-pong buffers (backward's dy and dx), and on a device with 16-bit products
+    // backward's residual gradient in the compute precision (Impl::grad16, UnitCtx::grad16).
+    const bool grad16 = in_.on_device && in_.compute != DType::F32;
+    plan_.reserved[static_cast<size_t>(Mem::Workspace)] =
+        max_scratch + 2 * act_bytes() + (grad16 ? act_bytes() / 2 : 0);
   }
 
   const PlanInput& in_;

@@ -77,15 +77,20 @@ class CompositeUnit final : public Unit {
     take_pingpong(*ctx.scratch, n, pp);
     Scratch::Hold hold(*ctx.scratch);
     const float* d_out = dy;
+    bool d16 = ctx.dy16;  // ctx.grad16 holds narrow(d_out) (UnitCtx::grad16)
     for (size_t j = kids_.size(); j-- > 0;) {
       const float* in = j == 0 ? x : ctx.saved->get(keys_[j]);
       float* d_in = j == 0 ? dx : pp[j % 2];
       UnitCtx c = kid_ctx(ctx, j);
+      c.dy16 = d16;
+      c.dx16 = false;
       ctx.scratch->reset();
       kids_[j]->backward(c, 0, in, d_out, d_in);
       c.saved->clear();
       d_out = d_in;
+      d16 = c.dx16;
     }
+    ctx.dx16 = d16;
   }
 
   // Saved: the blocks' (as parts) plus the inputs of blocks 1.. (K-1 residual streams).

@@ -102,12 +102,14 @@ void layernorm_forward(cudaStream_t s, float* res, float* out, float* mean, floa
 void rmsnorm_forward(cudaStream_t s, float* res, float* out, float* rstd, const float* inp,
                      const float* b_res, const float* w, int N, int C, float eps,
                      uint16_t* out16 = nullptr, int dt = 0);
+// With dinp16 (dinp given): the sums added into dinp also narrowed to dt into dinp16, in the
+// same pass, bit for bit narrow(dinp) after the op (Ops' *norm_backward_lp).
 void layernorm_backward(cudaStream_t s, float* dinp, float* dw, float* db, const float* dout,
                         const float* inp, const float* w, const float* mean, const float* rstd,
-                        int N, int C, float* ws);
+                        int N, int C, float* ws, uint16_t* dinp16 = nullptr, int dt = 0);
 void rmsnorm_backward(cudaStream_t s, float* dinp, float* dw, const float* dout,
                       const float* inp, const float* w, const float* rstd, int N, int C,
-                      float* ws);
+                      float* ws, uint16_t* dinp16 = nullptr, int dt = 0);
 
 // ---- attention.cu (flash-style; hd <= kMaxHeadDim). dt: 0 = fp32; 1 = bf16, 2 = f16 compute
 // (the products' operands rounded where kernels/cpu/attention.cpp rounds them, fp32

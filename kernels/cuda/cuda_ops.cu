@@ -147,7 +147,12 @@ class CudaDevice {
       SW_CUDA_CHECK(cublasCreate(&blas_));
       SW_CUDA_CHECK(cublasSetStream(blas_, st));
       // fp32 products in fp32 (no TF32 tensor-op rounding).
-      SW_CUDA_CHECK(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH));
+      // A product written 16-bit (gemm16_out16) sums in fp32 to the end: no split-K
+      // reduction in the output's precision, so it is rounded once, as kernels/ops.h says
+      // (no effect on fp32 outputs).
+      SW_CUDA_CHECK(cublasSetMathMode(
+          blas_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                           CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
       // cuBLAS's workspace, from the tracked allocator: kCublasWorkspace, what NVIDIA's cuBLAS
       // guide recommends for Hopper and PyTorch sets there (without one, cuBLAS keeps a
       // smaller default of its own, outside the tracker). bench_cuda_gemm times both.
@@ -178,8 +183,9 @@ class CudaDevice {
     cublasLtMatmulAlgo_t algo{};
     bool ok = false;
   };
-  // dt, m, n, k, alignments, the output's dtype (0 fp32, else dt)
-  using LtKey = std::tuple<int, int, int, int, int, int, int, int>;
+  // dt, m, n, k, alignments (w, x, out), the output's dtype (0 fp32, else dt), the bias's and
+  // the residual's alignments (0: none)
+  using LtKey = std::tuple<int, int, int, int, int, int, int, int, int, int>;
   template <class Make>
   LtPlan& lt_plan(const LtKey& key, Make make) const {
     auto it = lt_plans_.find(key);
@@ -528,9 +534,24 @@ class CudaOps final : public Ops {
     const uint16_t* w16 = w.lp ? w.lp : narrowed(s, Slot::Lowp1, w.f32, C, OC, C);
     if (!b) return gemm16_out16(false, true, N, OC, C, x16, C, w16, C, out16, OC);
     // A bias in cuBLASLt's epilogue, 16-bit output; else the fp32 output in scratch, narrowed
-    if (gemm16_bias(s, N, OC, C, x16, w16, b, out16, true)) return;
+    if (gemm16_lt(s, N, OC, C, x16, w16, b, nullptr, out16, true)) return;
     Ops::linear_forward_lp16(out16, x16, w16, b, N, C, OC);
   }
+  // The residual in the product's epilogue (gemm16_lt: beta 1, C = res); else the default
+  // (the product, then residual_forward).
+  void linear_forward_residual(float* out, Operand inp, Operand w, const float* b,
+                               const float* res, int N, int C, int OC) const override {
+    SW_OP_TIME();
+    if (lowp() && N > 0 && OC > 0 && C > 0) {
+      const cudaStream_t s = begin();
+      const uint16_t* x16 = inp.lp ? inp.lp : narrowed(s, Slot::Lowp0, inp.f32, C, N, C);
+      const uint16_t* w16 = w.lp ? w.lp : narrowed(s, Slot::Lowp1, w.f32, C, OC, C);
+      if (gemm16_lt(s, N, OC, C, x16, w16, b, res, out)) return;
+      return Ops::linear_forward_residual(out, x16, w16, b, res, N, C, OC);
+    }
+    Ops::linear_forward_residual(out, inp, w, b, res, N, C, OC);
+  }
+  bool fuses_product_residual() const override { return lowp(); }
   // inp and w fp32, or 16-bit (compute_'s values; lowp only), or both (the 16-bit form read).
   void linear_forward_any(float* out, Operand inp, Operand w, const float* b, int N, int C,
                           int OC) const {
@@ -540,11 +561,11 @@ class CudaOps final : public Ops {
       gemm_raw(false, true, N, OC, C, 1.f, inp.f32, C, w.f32, C, b ? 1.f : 0.f, out, OC);
       return;
     }
-    // out = x w^T + b: with a bias, in cuBLASLt's epilogue where it can (gemm16_bias); else
+    // out = x w^T + b: with a bias, in cuBLASLt's epilogue where it can (gemm16_lt); else
     // out = b, then out += x w^T with beta = 1 (the CPU's order: bias first, then the product).
     const uint16_t* x16 = inp.lp ? inp.lp : narrowed(s, Slot::Lowp0, inp.f32, C, N, C);
     const uint16_t* w16 = w.lp ? w.lp : narrowed(s, Slot::Lowp1, w.f32, C, OC, C);
-    if (b && gemm16_bias(s, N, OC, C, x16, w16, b, out)) return;
+    if (b && gemm16_lt(s, N, OC, C, x16, w16, b, nullptr, out)) return;
     if (b) cuda::add_bias_rows(s, out, b, N, OC);
     gemm16(false, true, N, OC, C, 1.f, x16, C, w16, C, b ? 1.f : 0.f, out, OC);
   }
@@ -674,6 +695,28 @@ class CudaOps final : public Ops {
                                 float eps) const override {
     SW_OP_TIME();
     cuda::rmsnorm_forward(begin(), res, out, rstd, a, b, w, N, C, eps);
+  }
+  // The residual gradient in both forms: the fp32 kernels with a narrowed store added.
+  void layernorm_backward_lp(float* dinp, uint16_t* dinp16, float* dw, float* db,
+                             const float* dout, const float* inp, const float* w,
+                             const float* mean, const float* rstd, int N,
+                             int C) const override {
+    SW_OP_TIME();
+    require_lowp("layernorm_backward_lp");
+    SW_CHECK(dinp, "layernorm_backward_lp: no dinp");
+    const cudaStream_t s = begin();
+    cuda::layernorm_backward(s, dinp, dw, db, dout, inp, w, mean, rstd, N, C,
+                             wsf(Slot::Norm, cuda::colsum_ws(N, C)), dinp16, dt());
+  }
+  void rmsnorm_backward_lp(float* dinp, uint16_t* dinp16, float* dw, const float* dout,
+                           const float* inp, const float* w, const float* rstd, int N,
+                           int C) const override {
+    SW_OP_TIME();
+    require_lowp("rmsnorm_backward_lp");
+    SW_CHECK(dinp, "rmsnorm_backward_lp: no dinp");
+    const cudaStream_t s = begin();
+    cuda::rmsnorm_backward(s, dinp, dw, dout, inp, w, rstd, N, C,
+                           wsf(Slot::Norm, cuda::colsum_ws(N, C)), dinp16, dt());
   }
   // The norms' 16-bit outputs: the fp32 kernels with only the store narrowed (norm.cu).
   void rmsnorm_forward_lp(uint16_t* out16, float* rstd, const float* inp, const float* w, int N,
@@ -931,6 +974,7 @@ class CudaOps final : public Ops {
                 dt_code(dt), param32, param16, dt_code(grad_dt));
   }
   bool rounds_grads_on_read() const override { return true; }
+  bool prefers_lp_operands() const override { return true; }  // (cuBLAS takes them as they are)
 
   double sum_squares(const float* x, size_t n) const override {
     SW_OP_TIME();
@@ -1132,6 +1176,17 @@ class CudaOps final : public Ops {
                 const float* B, int ldb, float beta, float* C, int ldc) const {
     if (M <= 0 || N <= 0) return;
     const OpScope scope(d_, "gemm_f32");
+    if (K <= 0) {  // an empty sum: C = beta C (cuBLAS refuses a leading dimension of 0)
+      const cudaStream_t s = begin();
+      const float zero = 0.f;
+      if (beta == 0.f)  // (zeros, whatever C held: the products' beta = 0 never reads it)
+        SW_CUDA_CHECK(cudaMemset2DAsync(C, sizeof(float) * size_t(ldc), 0,
+                                        sizeof(float) * size_t(N), size_t(M), s));
+      else if (beta != 1.f)  // (in place: cuBLAS allows C = A with the same leading dimension)
+        SW_CUDA_CHECK(cublasSgeam(d_.blas(), CUBLAS_OP_N, CUBLAS_OP_N, N, M, &beta, C, ldc,
+                                  &zero, C, ldc, C, ldc));
+      return;
+    }
     SW_CUDA_CHECK(cublasGemmEx(d_.blas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N,
                                ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, CUDA_R_32F,
                                ldb, A, CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc,
@@ -1178,80 +1233,124 @@ class CudaOps final : public Ops {
                                &zero, C, t, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
-  // The low-precision forward product with its bias, out(N, OC) = x16 w16^T + b, in one
-  // cuBLASLt kernel whose epilogue adds the fp32 bias to the fp32 product as it writes it
-  // (CUBLASLT_EPILOGUE_BIAS): the add_bias_rows + beta-1 path wrote b into every row first and
-  // the product read it back, 8 bytes a value of the output more (GPT-2's linears all have
-  // biases). The same fp32 operations (the product, then + b, one rounding each), though
-  // cuBLASLt's kernel may sum the product in another order than cublasGemmEx's. The plan of a
-  // shape is made once (CudaDevice::lt_plan), with the operands' actual alignments, which the
-  // heuristic must be told (it assumes 256 bytes). False, and the caller takes the other path,
-  // where cuBLASLt has no algorithm for the shape, the bias is not 16-byte aligned, the call
-  // fails, or SHARDWISE_CUDA_LT_BIAS=0.
+  // The low-precision forward product with its bias and / or the residual stream added, out(N,
+  // OC) = x16 w16^T (+ b) (+ res), in one cuBLASLt kernel whose epilogue adds the fp32 bias
+  // (CUBLASLT_EPILOGUE_BIAS) and the fp32 residual (beta = 1, C = res, D = out) to the fp32
+  // product as it writes it: the add_bias_rows + beta-1 path wrote b into every row first and
+  // the product read it back, and a residual pass read the output back and wrote it again
+  // (linear_forward_residual). The same fp32 operations (the product, then + b, + res), though
+  // cuBLASLt's kernel may sum the product in another order than cublasGemmEx's and add b and
+  // res in another order. The plan of a shape is made once (CudaDevice::lt_plan), with the
+  // operands' actual alignments, which the heuristic must be told (it assumes 256 bytes).
+  // False, and the caller takes the other path, where cuBLASLt has no algorithm for the shape,
+  // the bias is not 16-byte aligned, the call fails, or SHARDWISE_CUDA_LT=0.
   // out16: D is written in the compute precision (void* out holds 16-bit values), the fp32 sum
-  // plus the bias rounded once (linear_forward_lp16).
-  bool gemm16_bias(cudaStream_t s, int N, int OC, int C, const uint16_t* x16,
-                   const uint16_t* w16, const float* b, void* out, bool out16 = false) const {
-    static const bool off = env_switched_off("SHARDWISE_CUDA_LT_BIAS");
+  // plus the bias rounded once (linear_forward_lp16; no residual then: C would have D's type).
+  bool gemm16_lt(cudaStream_t s, int N, int OC, int C, const uint16_t* x16, const uint16_t* w16,
+                 const float* b, const float* res, void* out, bool out16 = false) const {
+    static const bool off = env_switched_off("SHARDWISE_CUDA_LT");
     auto align = [](const void* p) {
       const auto a = reinterpret_cast<std::uintptr_t>(p);
       return static_cast<int>(std::min<std::uintptr_t>(256, a & (~a + 1)));
     };
-    if (off || align(b) < 16) return false;
+    const int ab = b ? align(b) : 0, ar = res ? align(res) : 0;
+    if (off || (b && ab < 16) || (!b && !res) || (out16 && res)) return false;
     const int aw = align(w16), ax = align(x16), ao = align(out);
     const cudaDataType_t t = compute_ == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
     // Column-major, as gemm16 calls cublasGemmEx: D(OC, N) = op(A) B with A = w16 stored
-    // (C, OC), transposed, and B = x16 stored (C, N); the bias has one value per row of D.
+    // (C, OC), transposed, and B = x16 stored (C, N); the bias has one value per row of D, and
+    // C (the residual) D's layout.
     const cudaDataType_t dtype = out16 ? t : CUDA_R_32F;
-    const CudaDevice::LtKey key{dt(), OC, N, C, aw, ax, ao, out16 ? dt() : 0};
+    const CudaDevice::LtKey key{dt(), OC, N, C, aw, ax, ao, out16 ? dt() : 0, ab, ar};
+    const void* bias = b;
+    // Why a shape has no plan, said once (the caller's other path costs a pass more: the
+    // lease's log shows whether cuBLASLt takes an fp32 bias with a 16-bit D, which its header
+    // does not list).
+    auto refuse = [&](const char* what, int status) {
+      std::fprintf(stderr,
+                   "shardwise cuda: cuBLASLt epilogue refused (%s, status %d) for %d x %d x %d%s%s, "
+                   "%s output: the product takes the unfused path\n",
+                   what, status, N, OC, C, b ? ", bias" : "", res ? ", residual" : "",
+                   out16 ? "16-bit" : "fp32");
+    };
     CudaDevice::LtPlan& p = d_.lt_plan(key, [&] {
       CudaDevice::LtPlan q;
       const cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
-      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+      const cublasLtEpilogue_t epi = b ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
       const cudaDataType_t bias_t = CUDA_R_32F;
-      if (cublasLtMatmulDescCreate(&q.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS)
+      cublasStatus_t st = cublasLtMatmulDescCreate(&q.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+      if (st != CUBLAS_STATUS_SUCCESS) {
+        refuse("descriptor", int(st));
         return q;
-      cublasLtMatmulDescSetAttribute(q.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa));
-      cublasLtMatmulDescSetAttribute(q.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb));
-      cublasLtMatmulDescSetAttribute(q.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi));
-      cublasLtMatmulDescSetAttribute(q.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_t,
-                                     sizeof(bias_t));
-      if (cublasLtMatrixLayoutCreate(&q.la, t, C, OC, C) != CUBLAS_STATUS_SUCCESS ||
-          cublasLtMatrixLayoutCreate(&q.lb, t, C, N, C) != CUBLAS_STATUS_SUCCESS ||
-          cublasLtMatrixLayoutCreate(&q.lc, dtype, OC, N, OC) != CUBLAS_STATUS_SUCCESS)
+      }
+      auto set = [&](cublasLtMatmulDescAttributes_t a, const void* v, size_t n) {
+        if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulDescSetAttribute(q.desc, a, v, n);
+      };
+      set(CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa));
+      set(CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb));
+      set(CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi));
+      if (b) {
+        set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_t, sizeof(bias_t));
+        // The heuristic reads the bias pointer's alignment (cublasLt.h); the key holds it.
+        set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
+      }
+      if (st != CUBLAS_STATUS_SUCCESS) {
+        refuse("descriptor attribute", int(st));
         return q;
+      }
+      if ((st = cublasLtMatrixLayoutCreate(&q.la, t, C, OC, C)) != CUBLAS_STATUS_SUCCESS ||
+          (st = cublasLtMatrixLayoutCreate(&q.lb, t, C, N, C)) != CUBLAS_STATUS_SUCCESS ||
+          (st = cublasLtMatrixLayoutCreate(&q.lc, dtype, OC, N, OC)) != CUBLAS_STATUS_SUCCESS) {
+        refuse("layout", int(st));
+        return q;
+      }
       cublasLtMatmulPreference_t pref = nullptr;
-      if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return q;
+      if ((st = cublasLtMatmulPreferenceCreate(&pref)) != CUBLAS_STATUS_SUCCESS) {
+        refuse("preference", int(st));
+        return q;
+      }
       const size_t ws = cuda::kCublasWorkspace;
-      const uint32_t a_al = uint32_t(aw), b_al = uint32_t(ax), c_al = uint32_t(ao);
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                           sizeof(ws));
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                           &a_al, sizeof(a_al));
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                           &b_al, sizeof(b_al));
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                           &c_al, sizeof(c_al));
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                           &c_al, sizeof(c_al));
+      const uint32_t a_al = uint32_t(aw), b_al = uint32_t(ax), d_al = uint32_t(ao);
+      const uint32_t c_al = res ? uint32_t(ar) : d_al;
+      // Split-K parts summed in fp32 (never in a 16-bit D: one rounding, kernels/ops.h).
+      const uint32_t red = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+      auto pset = [&](cublasLtMatmulPreferenceAttributes_t a, const void* v, size_t n) {
+        if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulPreferenceSetAttribute(pref, a, v, n);
+      };
+      pset(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+      pset(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a_al, sizeof(a_al));
+      pset(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &b_al, sizeof(b_al));
+      pset(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &c_al, sizeof(c_al));
+      pset(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &d_al, sizeof(d_al));
+      pset(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red, sizeof(red));
       cublasLtMatmulHeuristicResult_t r{};
       int got = 0;
-      q.ok = cublasLtMatmulAlgoGetHeuristic(d_.lt(), q.desc, q.la, q.lb, q.lc, q.lc, pref, 1, &r,
-                                            &got) == CUBLAS_STATUS_SUCCESS &&
-             got > 0 && r.state == CUBLAS_STATUS_SUCCESS;
-      if (q.ok) q.algo = r.algo;
+      if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulAlgoGetHeuristic(d_.lt(), q.desc, q.la, q.lb, q.lc, q.lc, pref, 1, &r,
+                                            &got);
+      q.ok = st == CUBLAS_STATUS_SUCCESS && got > 0 && r.state == CUBLAS_STATUS_SUCCESS;
+      if (q.ok)
+        q.algo = r.algo;
+      else
+        refuse(st != CUBLAS_STATUS_SUCCESS ? "preference or heuristic" : "no algorithm",
+               int(st != CUBLAS_STATUS_SUCCESS ? st : r.state));
       cublasLtMatmulPreferenceDestroy(pref);
       return q;
     });
     if (!p.ok) return false;
-    const OpScope scope(d_, out16 ? "gemm16_bias_out16" : "gemm16_bias");
-    const float alpha = 1.f, beta = 0.f;
-    const void* bias = b;
+    const OpScope scope(d_, res ? "gemm16_residual" : out16 ? "gemm16_bias_out16" : "gemm16_bias");
+    const float alpha = 1.f, beta = res ? 1.f : 0.f;
+    const void* c = res ? static_cast<const void*>(res) : out;
     // (the descriptor is shared by the shape's calls; one host thread uses these Ops)
-    cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
-    if (cublasLtMatmul(d_.lt(), p.desc, &alpha, w16, p.la, x16, p.lb, &beta, out, p.lc, out, p.lc,
-                       &p.algo, d_.blas_workspace(), cuda::kCublasWorkspace,
-                       s) != CUBLAS_STATUS_SUCCESS) {
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    if (b)
+      st = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                          sizeof(bias));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmul(d_.lt(), p.desc, &alpha, w16, p.la, x16, p.lb, &beta, c, p.lc, out,
+                          p.lc, &p.algo, d_.blas_workspace(), cuda::kCublasWorkspace, s);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+      refuse("matmul", int(st));
       p.ok = false;  // this shape takes the other path from now on
       return false;
     }

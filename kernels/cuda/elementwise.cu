@@ -87,10 +87,17 @@ __device__ __forceinline__ float gelu_grad_f(float xin, float dout) {
   const float sg = 1.f / (1.f + e);
   return dout * (sg + 2.f * x * du * (e * sg) * sg);
 }
-__device__ __forceinline__ float swiglu_f(float g, float up) { return g / (1.f + expf(-g)) * up; }
+// e^-g with the argument clamped to [-80, 80] as the CPU's exp_clamped clamps it: below a gate
+// of about -88.7 expf(-g) is +inf, and e * sg below would be inf * 0 = NaN.
+__device__ __forceinline__ float exp_neg_clamped(float g) {
+  return expf(clampf(-g, -80.f, 80.f));
+}
+__device__ __forceinline__ float swiglu_f(float g, float up) {
+  return g / (1.f + exp_neg_clamped(g)) * up;
+}
 // dgate and dup of one element: dgu[gate] += *dg, dgu[up] += *du.
 __device__ __forceinline__ void swiglu_grad_f(float g, float up, float d, float* dg, float* du) {
-  const float e = expf(-g);
+  const float e = exp_neg_clamped(g);
   const float sg = 1.f / (1.f + e);
   *du = d * g * sg;
   *dg = d * up * sg * (1.f + g * (e * sg));
@@ -529,6 +536,7 @@ __global__ void xent_rows_k(float* logits, float* rl, const int32_t* targets, in
     float m = x[0];
     for (int k = 1; k < W; ++k) m = fmaxf(m, x[k]);
     const float nm = fmaxf(mx, m);
+    if (nm == -INFINITY) continue;  // all -inf so far: they add 0 (and -inf - -inf is NaN)
     float s = 0.f;
     for (int k = 0; k < W; ++k) s += expf(x[k] - nm);
     sum = sum * expf(mx - nm) + s;  // (mx = -inf first: expf(-inf) = 0, and sum is 0)

@@ -163,10 +163,12 @@ __global__ void norm_forward_k(float* res, float* out, uint16_t* out16, int dt, 
 
 // dinp rows. LayerNorm: dinp += r (w g - mean(w g) - xhat mean(w g xhat)).
 // RMSNorm (mean == null): dinp += r (w g - x r^2 mean(w g x)). Chunks as norm_forward_k.
-template <bool LN, int W, bool VEC>
-__global__ void norm_backward_rows_k(float* dinp, const float* dout, const float* inp,
-                                     const float* w, const float* mean, const float* rstd, int N,
-                                     int C) {
+// LP: the sums also go to dinp16 rounded to dt as cuda::narrow rounds them (the residual
+// gradient's 16-bit form, Ops' *norm_backward_lp); nothing else differs.
+template <bool LN, int W, bool VEC, bool LP>
+__global__ void norm_backward_rows_k(float* dinp, uint16_t* dinp16, int dt, const float* dout,
+                                     const float* inp, const float* w, const float* mean,
+                                     const float* rstd, int N, int C) {
   const int row = (blockIdx.x * blockDim.x + threadIdx.x) / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (row >= N) return;
@@ -214,6 +216,7 @@ __global__ void norm_backward_rows_k(float* dinp, const float* dout, const float
       }
     }
     st_chunk<W, VEC>(dx + W * j, d);
+    if constexpr (LP) st_out<W, VEC, true>(nullptr, dinp16 + off + W * j, dt, d);
   }
 }
 
@@ -367,20 +370,30 @@ void norm_forward(cudaStream_t s, float* res, float* out, uint16_t* out16, int d
   else
     norm_forward_t<LN, RES, false>(s, res, out, nullptr, 0, mean, rstd, a, b, w, bias, N, C, eps);
 }
-template <bool LN>
-void norm_backward_rows(cudaStream_t s, float* dinp, const float* dout, const float* inp,
-                        const float* w, const float* mean, const float* rstd, int N, int C) {
+template <bool LN, bool LP>
+void norm_backward_rows_t(cudaStream_t s, float* dinp, uint16_t* dinp16, int dt,
+                          const float* dout, const float* inp, const float* w, const float* mean,
+                          const float* rstd, int N, int C) {
   const unsigned g = row_grid(N);
   if (C % 4 != 0)
-    norm_backward_rows_k<LN, 1, false><<<g, kRowThreads, 0, s>>>(dinp, dout, inp, w, mean, rstd,
-                                                                 N, C);
-  else if (al16(dinp) && al16(dout) && al16(inp) && al16(w))
-    norm_backward_rows_k<LN, 4, true><<<g, kRowThreads, 0, s>>>(dinp, dout, inp, w, mean, rstd,
-                                                                N, C);
+    norm_backward_rows_k<LN, 1, false, LP><<<g, kRowThreads, 0, s>>>(dinp, dinp16, dt, dout, inp,
+                                                                     w, mean, rstd, N, C);
+  else if (al16(dinp) && al16(dout) && al16(inp) && al16(w) && al8(dinp16))
+    norm_backward_rows_k<LN, 4, true, LP><<<g, kRowThreads, 0, s>>>(dinp, dinp16, dt, dout, inp,
+                                                                    w, mean, rstd, N, C);
   else
-    norm_backward_rows_k<LN, 4, false><<<g, kRowThreads, 0, s>>>(dinp, dout, inp, w, mean, rstd,
-                                                                 N, C);
+    norm_backward_rows_k<LN, 4, false, LP><<<g, kRowThreads, 0, s>>>(dinp, dinp16, dt, dout, inp,
+                                                                     w, mean, rstd, N, C);
   SW_CUDA_LAUNCHED();
+}
+template <bool LN>
+void norm_backward_rows(cudaStream_t s, float* dinp, uint16_t* dinp16, int dt, const float* dout,
+                        const float* inp, const float* w, const float* mean, const float* rstd,
+                        int N, int C) {
+  if (dinp16)
+    norm_backward_rows_t<LN, true>(s, dinp, dinp16, dt, dout, inp, w, mean, rstd, N, C);
+  else
+    norm_backward_rows_t<LN, false>(s, dinp, nullptr, 0, dout, inp, w, mean, rstd, N, C);
 }
 
 }  // namespace
@@ -434,17 +447,17 @@ void rmsnorm_forward(cudaStream_t s, float* res, float* out, float* rstd, const 
 
 void layernorm_backward(cudaStream_t s, float* dinp, float* dw, float* db, const float* dout,
                         const float* inp, const float* w, const float* mean, const float* rstd,
-                        int N, int C, float* ws) {
+                        int N, int C, float* ws, uint16_t* dinp16, int dt) {
   if (N <= 0 || C <= 0) return;
-  if (dinp) norm_backward_rows<true>(s, dinp, dout, inp, w, mean, rstd, N, C);
+  if (dinp) norm_backward_rows<true>(s, dinp, dinp16, dt, dout, inp, w, mean, rstd, N, C);
   if (dw || db) column_sums<1>(s, dw, db, dout, inp, mean, rstd, N, C, ws);
 }
 
 void rmsnorm_backward(cudaStream_t s, float* dinp, float* dw, const float* dout,
                       const float* inp, const float* w, const float* rstd, int N, int C,
-                      float* ws) {
+                      float* ws, uint16_t* dinp16, int dt) {
   if (N <= 0 || C <= 0) return;
-  if (dinp) norm_backward_rows<false>(s, dinp, dout, inp, w, nullptr, rstd, N, C);
+  if (dinp) norm_backward_rows<false>(s, dinp, dinp16, dt, dout, inp, w, nullptr, rstd, N, C);
   if (dw) column_sums<2>(s, dw, nullptr, dout, inp, nullptr, rstd, N, C, ws);
 }
 

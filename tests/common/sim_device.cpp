@@ -431,6 +431,30 @@ class SimOps final : public sw::Ops {
     on_device(__func__, "rstd", rstd);
     base_->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
   }
+  void layernorm_backward_lp(float* dinp, uint16_t* dinp16, float* dw, float* db, const float* dout, const float* inp, const float* w, const float* mean, const float* rstd, int N, int C) const override {
+    Open g;
+    on_device(__func__, "dinp", dinp);
+    on_device(__func__, "dinp16", dinp16);
+    on_device(__func__, "dw", dw);
+    on_device(__func__, "db", db);
+    on_device(__func__, "dout", dout);
+    on_device(__func__, "inp", inp);
+    on_device(__func__, "w", w);
+    on_device(__func__, "mean", mean);
+    on_device(__func__, "rstd", rstd);
+    base_->layernorm_backward_lp(dinp, dinp16, dw, db, dout, inp, w, mean, rstd, N, C);
+  }
+  void rmsnorm_backward_lp(float* dinp, uint16_t* dinp16, float* dw, const float* dout, const float* inp, const float* w, const float* rstd, int N, int C) const override {
+    Open g;
+    on_device(__func__, "dinp", dinp);
+    on_device(__func__, "dinp16", dinp16);
+    on_device(__func__, "dw", dw);
+    on_device(__func__, "dout", dout);
+    on_device(__func__, "inp", inp);
+    on_device(__func__, "w", w);
+    on_device(__func__, "rstd", rstd);
+    base_->rmsnorm_backward_lp(dinp, dinp16, dw, dout, inp, w, rstd, N, C);
+  }
   void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C, float eps) const override {
     Open g;
     on_device(__func__, "out", out);
@@ -563,6 +587,17 @@ class SimOps final : public sw::Ops {
   // As CUDA, a one-rank unit's gradients rounded by their readers (the defaults here: a
   // rounded copy), so that the engine's tests run that path.
   bool rounds_grads_on_read() const override { return true; }
+  bool prefers_lp_operands() const override { return true; }  // as CUDA (as_device_reads)
+  bool fuses_product_residual() const override { return true; }  // as CUDA, to test that path
+  void linear_forward_residual(float* out, sw::Operand inp, sw::Operand w, const float* b, const float* res, int N, int C, int OC) const override {
+    Open g;
+    on_device(__func__, "out", out);
+    on_operand(__func__, "inp", inp);
+    on_operand(__func__, "w", w);
+    on_device(__func__, "b", b);
+    on_device(__func__, "res", res);
+    base_->linear_forward_residual(out, as_device_reads(inp), as_device_reads(w), b, res, N, C, OC);
+  }
   void adamw_copies(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2, float eps, float wd, int step, float grad_mult, sw::DType dt, float* param32, uint16_t* param16, sw::DType grad_dt) const override {
     Open g;
     on_device(__func__, "param", param);

@@ -127,7 +127,8 @@ inline const std::vector<std::string>& all_ops() {
       "swiglu_backward_lp_set", "rope_backward_lp", "gemm_lp", "rope_forward_lp",
       "attention_forward_lp", "attention_backward_lp_set", "round_copy_lp", "gelu_backward_lp_set",
       "linear_forward_lp16", "adamw_copies", "linear_backward_lp16_set",
-      "sum_squares_rounded_into"};
+      "sum_squares_rounded_into", "layernorm_backward_lp", "rmsnorm_backward_lp",
+      "linear_forward_residual"};
   return ops;
 }
 
@@ -328,9 +329,11 @@ inline std::vector<OpCase> op_cases() {
   std::vector<OpCase> cs;
   uint64_t seed = 1;
 
-  // gemm: all four transpositions, padded leading dimensions, beta 0 and non-zero.
+  // gemm: all four transpositions, padded leading dimensions, beta 0 and non-zero; K = 0 (an
+  // empty sum: C = beta C, zeros with beta 0).
   struct G { int M, N, K; float alpha, beta; };
-  for (const G g : {G{37, 29, 53, 0.7f, 0.3f}, G{1, 67, 19, 1.f, 0.f}, G{33, 1, 1, -1.f, 1.f}})
+  for (const G g : {G{37, 29, 53, 0.7f, 0.3f}, G{1, 67, 19, 1.f, 0.f}, G{33, 1, 1, -1.f, 1.f},
+                    G{9, 7, 0, 1.f, 0.5f}, G{9, 7, 0, 1.f, 0.f}})
     for (int ta = 0; ta < 2; ++ta)
       for (int tb = 0; tb < 2; ++tb) {
         const uint64_t sd = seed++;
@@ -485,6 +488,42 @@ inline std::vector<OpCase> op_cases() {
                     a.ops().linear_forward(ref, in.x, in.w.rounded, in.b, l.N, l.C, l.OC);
                     put(o, "lp", a.down(out, no));
                     put(o, "ref", a.down(ref, no));
+                    return o;
+                  }});
+    // The product with the residual added (16-bit inputs on BF16 / F16 Ops, fp32 ones on F32
+    // Ops): against the other backend; each backend's product + residual_forward beside it
+    // ("product then residual": CUDA's epilogue may sum the product in another order).
+    for (int wf = 0; wf < 3; ++wf)
+    cs.push_back({"linear_forward_residual",
+                  "linear_forward_residual " + weight_form(wf) + " " +
+                      shape({{"N", l.N}, {"C", l.C}, {"OC", l.OC}}),
+                  kTolMat, kTolMatLowp, [l, sd, wf](Arena& a) {
+                    Outputs o;
+                    const sw::DType dt = a.ops().compute();
+                    const size_t no = size_t(l.N) * l.OC;
+                    float* out = a.up(Vec(no, NAN));
+                    float* ref = a.up(Vec(no, NAN));
+                    Rng r(sd + 3700);
+                    if (dt == sw::DType::F32) {  // fp32 operands (one weight form)
+                      if (wf != 0) return o;
+                      const float* x = a.up(r.normal(size_t(l.N) * l.C));
+                      const float* w = a.up(r.normal(size_t(l.OC) * l.C, 0.2f));
+                      const Vec bv = r.normal(l.OC);
+                      const float* b = l.bias ? a.up(bv) : nullptr;
+                      const float* res = a.up(r.normal(no, 2.f));
+                      a.ops().linear_forward_residual(out, x, w, b, res, l.N, l.C, l.OC);
+                      a.ops().linear_forward(ref, x, w, b, l.N, l.C, l.OC);
+                      a.ops().residual_forward(ref, ref, res, no);
+                    } else {
+                      const LinearLpInputs in(a, r, l.N, l.C, l.OC, l.bias, wf);
+                      const float* res = a.up(r.normal(no, 2.f));
+                      a.ops().linear_forward_residual(out, in.x16, in.w.operand, in.b, res, l.N,
+                                                      l.C, l.OC);
+                      a.ops().linear_forward_lp(ref, in.x16, in.w.operand, in.b, l.N, l.C, l.OC);
+                      a.ops().residual_forward(ref, ref, res, no);
+                    }
+                    put(o, "out", a.down(out, no));
+                    put(o, "product then residual", a.down(ref, no));
                     return o;
                   }});
     // The product's output in the compute precision: against the other backend only (cuBLAS
@@ -897,6 +936,55 @@ inline std::vector<OpCase> op_cases() {
                     put(o, "dw", a.down(dw, s.C));
                     return o;
                   }});
+    // The residual gradient in both forms (*_backward_lp) beside the fp32 op and its narrowing:
+    // "dinp" / "dinp_ref", "lp" / "ref", "dw" / "dw_ref" (and "db" / "db_ref") pairs, bit for
+    // bit on each backend (paired_forms_exact).
+    for (int ln = 0; ln < 2; ++ln) {
+      const char* op = ln ? "layernorm_backward_lp" : "rmsnorm_backward_lp";
+      cs.push_back({op, std::string(op) + " " + sh, kTolRound16, kTolRound16,
+                    [s, sd, NC, ln](Arena& a) {
+                      Outputs o;
+                      const sw::Ops& ops = a.ops();
+                      const sw::DType dt = ops.compute();
+                      if (dt == sw::DType::F32) return o;
+                      Rng r(sd + 11);
+                      const float eps = ln ? 1e-5f : 1e-6f;
+                      const Vec x = r.normal(NC, 2.f, 0.5f), w = r.normal(s.C, 0.5f, 1.f),
+                                dy = r.normal(NC);
+                      Vec mean, rstd;
+                      norm_stats(x, s.N, s.C, eps, ln ? &mean : nullptr, rstd);
+                      const Vec dx0 = r.normal(NC), dw0 = r.normal(s.C), db0 = r.normal(s.C);
+                      float *dx = a.up(dx0), *dxr = a.up(dx0);
+                      float *dw = a.up(dw0), *dwr = a.up(dw0);
+                      float *db = a.up(db0), *dbr = a.up(db0);
+                      uint16_t* lp = up16(a, NC);
+                      uint16_t* ref = up16(a, NC);
+                      const float *px = a.up(x), *pw = a.up(w), *pdy = a.up(dy);
+                      const float* pr = a.up(rstd);
+                      if (ln) {
+                        const float* pm = a.up(mean);
+                        float* b = s.bias ? db : nullptr;
+                        float* br = s.bias ? dbr : nullptr;
+                        ops.layernorm_backward_lp(dx, lp, dw, b, pdy, px, pw, pm, pr, s.N, s.C);
+                        ops.layernorm_backward(dxr, dwr, br, pdy, px, pw, pm, pr, s.N, s.C);
+                      } else {
+                        ops.rmsnorm_backward_lp(dx, lp, dw, pdy, px, pw, pr, s.N, s.C);
+                        ops.rmsnorm_backward(dxr, dwr, pdy, px, pw, pr, s.N, s.C);
+                      }
+                      ops.narrow(dt, dxr, ref, NC);
+                      put(o, "dinp", a.down(dx, NC));
+                      put(o, "dinp_ref", a.down(dxr, NC));
+                      put(o, "lp", down16(a, lp, NC, dt));
+                      put(o, "ref", down16(a, ref, NC, dt));
+                      put(o, "dw", a.down(dw, s.C));
+                      put(o, "dw_ref", a.down(dwr, s.C));
+                      if (ln) {
+                        put(o, "db", a.down(db, s.C));
+                        put(o, "db_ref", a.down(dbr, s.C));
+                      }
+                      return o;
+                    }});
+    }
   }
 
   // Element-wise: GELU (inputs past the clamp at +-10 included), SwiGLU, residual.
@@ -1286,14 +1374,20 @@ inline std::vector<OpCase> op_cases() {
                     return Outputs{{"sum", {s}}};
                   }});
   }
+  // Each row's first gate far out, alternately -95 and +95 (past -88.7, where e^-g overflows
+  // a float; the CPU clamps exp's argument to [-80, 80]).
+  const auto extreme_gates = [](Vec gu, int N, int F) {
+    for (int n = 0; n < N; ++n) gu[size_t(n) * 2 * F] = n % 2 ? 95.f : -95.f;
+    return gu;
+  };
   for (const auto& [N, F] : {std::pair{7, 45}, std::pair{1, 1}, std::pair{33, 130}}) {
     const uint64_t sd = seed++;
     const std::string sh = shape({{"N", N}, {"F", F}});
     const size_t NF = size_t(N) * F;
     cs.push_back({"swiglu_forward", "swiglu_forward " + sh, kTolElem, kTolElem,
-                  [N = N, sd, NF](Arena& a) {
+                  [N = N, F = F, sd, NF, extreme_gates](Arena& a) {
                     Rng r(sd);
-                    const Vec gu = r.normal(2 * NF, 3.f);
+                    const Vec gu = extreme_gates(r.normal(2 * NF, 3.f), N, F);
                     float* out = a.up(Vec(NF));
                     a.ops().swiglu_forward(out, a.up(gu), N, int(NF / N));
                     Outputs o;
@@ -1301,9 +1395,10 @@ inline std::vector<OpCase> op_cases() {
                     return o;
                   }});
     cs.push_back({"swiglu_backward", "swiglu_backward " + sh, kTolElem, kTolElem,
-                  [N = N, sd, NF](Arena& a) {
+                  [N = N, F = F, sd, NF, extreme_gates](Arena& a) {
                     Rng r(sd + 1);
-                    const Vec gu = r.normal(2 * NF, 3.f), dy = r.normal(NF), dgu0 = r.normal(2 * NF);
+                    const Vec gu = extreme_gates(r.normal(2 * NF, 3.f), N, F), dy = r.normal(NF),
+                              dgu0 = r.normal(2 * NF);
                     float* dgu = a.up(dgu0);
                     a.ops().swiglu_backward(dgu, a.up(dy), a.up(gu), N, int(NF / N));
                     Outputs o;

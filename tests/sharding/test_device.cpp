@@ -24,6 +24,7 @@
 #include "kernels/ops.h"
 #include "models/model.h"
 #include "sharding/sharded_model.h"
+#include "sharding/wrap.h"
 
 using namespace sw;
 
@@ -119,8 +120,9 @@ struct Run {
 // each micro-step's loss is read as it ends (forward_backward); on a device the step's losses
 // come with the gradient norm (micro_step, step_losses).
 Run train(const ModelConfig& cfg, const Ops& ops, const ShardingPolicy& pol, GroupPtr g,
-          bool products_only_unit = false) {
+          bool products_only_unit = false, int blocks_per_unit = 1) {
   Model m = products_only_unit ? with_products_only(cfg) : build_model(cfg);
+  if (blocks_per_unit > 1) wrap_blocks(m, blocks_per_unit);
   ShardedModel sm(m, ops, 1234, g, pol);
   Data a(2, cfg.seq_len, 7, cfg.vocab_size), b(2, cfg.seq_len, 8, cfg.vocab_size);
   AdamWParams ap;
@@ -257,6 +259,27 @@ TEST_CASE("sim device: ShardedModel trains bit-identically to the CPU", "[device
     }
   }
   unsetenv("SHARDWISE_HOST_UPDATE_DELAY_US");
+}
+
+TEST_CASE("sim device: composite units hand the residual gradient's 16-bit form from block to block",
+          "[device]") {
+  // Blocks 0-1 in one composite unit, block 2 alone (sharding/wrap.h), bf16 products: in
+  // backward each block's last norm leaves narrow(dx) beside dx (UnitCtx::grad16), which the
+  // next block's first product reads on the device (as CUDA does) instead of narrowing dx. The
+  // CPU narrows in each product: the same values, so a stale or missing 16-bit form anywhere
+  // in the chain changes the device's numbers. (Both wrapped alike: the gradient norm sums per
+  // unit.)
+  for (const char* type : {"gpt2", "llama"}) {
+    INFO(type);
+    ModelConfig cfg = tiny(type);
+    cfg.n_layer = 3;
+    ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+    pol.mixed_precision.param_dtype = DType::BF16;
+    const Run cpu = train(cfg, ops_for(Device::cpu()), pol, make_local_group(), false, 2);
+    const Run dev = train(cfg, ops_for(Device::sim(0)), pol, make_local_group(), false, 2);
+    check_same(cpu, dev);
+    CHECK(swtest::sim_device_bytes_in_use() == 0);
+  }
 }
 
 TEST_CASE("sim device: units' 16-bit weight copies are the memory the plan counts", "[device]") {
