@@ -61,6 +61,9 @@ void adamw(cudaStream_t s, float* param, const float* grad, float* m, float* v, 
            int dt = 0, float* p32 = nullptr, uint16_t* p16 = nullptr, int gdt = 0);
 void scale(cudaStream_t s, float* x, float a, size_t n);
 void fill(cudaStream_t s, float* x, float v, size_t n);
+// x = x / d in place, n values: fp32 (dt 0) or dt's 16-bit values (1 bf16, 2 f16), widened,
+// divided and rounded back, as the MPI groups' averages (sharding/comm/reduce.cpp's divide).
+void divide(cudaStream_t s, int dt, void* x, float d, size_t n);
 void add_inplace(cudaStream_t s, float* y, const float* x, size_t n);
 // Precision conversions (Ops::narrow / widen / add_widened / round_to); dt: 1 = bf16, 2 = f16
 // (core/dtype.h's DType values), out of place only (the Ops stage in-place calls).

@@ -368,6 +368,21 @@ __global__ void scale_k(float* x, float a, size_t n) {
     x[i] *= a;
 }
 
+// x / d, element by element, in place: fp32 (dt 0) or dt's 16-bit values widened, divided and
+// rounded back (sharding/comm/reduce.cpp's divide, which the MPI groups' averages use).
+__global__ void divide_k(void* x, int dt, float d, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    if (dt == 0) {
+      float* p = static_cast<float*>(x);
+      p[i] = p[i] / d;
+    } else {
+      uint16_t* p = static_cast<uint16_t*>(x);
+      p[i] = to_half_d(dt, from_half_d(dt, p[i]) / d);
+    }
+  }
+}
+
 __global__ void fill_k(float* x, float v, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x)
@@ -1019,6 +1034,12 @@ void scale(cudaStream_t s, float* x, float a, size_t n) {
   x += v, n -= v;
   if (n == 0) return;
   scale_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(x, a, n);
+  SW_CUDA_LAUNCHED();
+}
+
+void divide(cudaStream_t s, int dt, void* x, float d, size_t n) {
+  if (n == 0) return;
+  divide_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(x, dt, d, n);
   SW_CUDA_LAUNCHED();
 }
 

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +23,7 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/cuda_runtime.h"
 #include "sharding/comm/work.h"
 
@@ -71,10 +74,14 @@ ncclDataType_t nccl_type(DType dt) {
   fail("comm", "nccl group: unsupported dtype");
 }
 
+// Avg sums, then divides the result by the group's size on the communication stream
+// (cuda::divide): NCCL's ncclAvg multiplies each input by 1/size rounded to the element type
+// first, which is not Sum / size() (group.h) where the size is not a power of two (bf16 at
+// three ranks: 0.33398 for 1/3), and the MPI groups divide the sum.
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum: return ncclSum;
-    case ReduceOp::Avg: return ncclAvg;
+    case ReduceOp::Avg: return ncclSum;
     case ReduceOp::Max: return ncclMax;
   }
   fail("comm", "nccl group: unsupported reduce op");
@@ -186,6 +193,14 @@ class NcclEvent final : public CudaEvent {
     Backoff b;
     for (;;) {
       const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event_));
+      // An abort (another Work's failure or time-out) makes pending collectives' kernels
+      // return early, so their events complete with the data unfinished: a completed event on
+      // an aborted communicator is a failure too (conservatively: also one that had finished
+      // just before the abort; the step is lost either way).
+      if (e == cudaSuccess && comm_->aborted.load())
+        fail("comm", "nccl " + what_ + " " + comm_->where() +
+                         ": the communicator was aborted (an earlier failure or time-out) "
+                         "before this collective was waited for; its result is not valid");
       if (e == cudaSuccess) return;
       if (e != cudaErrorNotReady)
         fail("comm", "nccl " + what_ + " failed " + comm_->where() + ": " + cudaGetErrorString(e));
@@ -260,13 +275,21 @@ class NcclGroup final : public Group {
     // the compute stream, which is ordered after the legacy stream.
     scratch_ = Buffer(sizeof(float), Mem::Communication, dev_);
     cuda_ok(cudaMemset(scratch_.data(), 0, sizeof(float)), "cudaMemset");
+    timeout_s_.store(opts_.timeout_s);
+    watchdog_ = std::thread([this] { watch(); });
   }
 
   ~NcclGroup() override {
+    {
+      std::lock_guard<std::mutex> l(wmu_);
+      stop_ = true;
+    }
+    wcv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
     // Let the last collective finish (bounded by the timeout; a failure aborts the
     // communicator) before the stream, the scratch and the communicator go.
     try {
-      if (last_) last_->synchronize();
+      if (last_ && !comm_->aborted.load()) last_->synchronize();
     } catch (const std::exception& e) {
       std::fprintf(stderr, "shardwise: %s\n", e.what());
     }
@@ -317,9 +340,17 @@ class NcclGroup final : public Group {
       }
     });
     comm_->settle(r, what, opts_.timeout_s);
+    if (c.op == ReduceOp::Avg && n > 0 && size() > 1 &&
+        (c.kind == CollKind::ReduceScatter || c.kind == CollKind::AllReduce)) {
+      cuda::divide(stream_, static_cast<int>(c.dtype), c.recv, static_cast<float>(size()), n);
+    }
 
     auto ev = std::make_shared<NcclEvent>(dev_.index, comm_, what, opts_.timeout_s);
     ev->record(stream_);
+    {
+      std::lock_guard<std::mutex> l(wmu_);
+      pending_.push_back({ev, Clock::now(), what});
+    }
     // The caching allocator must not hand these blocks out again before the collective ran.
     if (n > 0 && c.kind != CollKind::Barrier) {
       if (c.send) cuda_record_stream(c.send, stream_, dev_.index);
@@ -335,7 +366,10 @@ class NcclGroup final : public Group {
     return Work(std::move(s));
   }
 
-  void set_options(const CommOptions& o) override { opts_ = o; }
+  void set_options(const CommOptions& o) override {
+    opts_ = o;
+    timeout_s_.store(o.timeout_s);
+  }
   CommOptions options() const override { return opts_; }
   CommStats stats() const override { return stats_->get(); }
   void reset_stats() override { stats_->reset(); }
@@ -351,6 +385,60 @@ class NcclGroup final : public Group {
   Buffer scratch_;               // the barrier's float
   std::shared_ptr<NcclEvent> last_;
   uint64_t seq_ = 0;
+
+  // The watchdog. The compute stream may wait for a collective on the device (a gather's
+  // event, Stream::wait_event), where no host wait with a time-out runs, and the host then
+  // blocks in a plain CUDA synchronisation: a peer that died would hang this rank for good. A
+  // thread per group looks at the collectives in flight every 100 ms; one not complete
+  // timeout_s after it was issued, or an asynchronous NCCL error, aborts the communicator
+  // (the pending kernels then return), says so on stderr, and the next wait on a Work or the
+  // next collective names the failure (NcclEvent::synchronize, NcclComm::call).
+  struct Watched {
+    std::weak_ptr<NcclEvent> ev;
+    Clock::time_point issued;
+    std::string what;
+  };
+  std::mutex wmu_;
+  std::condition_variable wcv_;
+  std::deque<Watched> pending_;  // in issue order: one stream completes them in order
+  bool stop_ = false;
+  std::atomic<double> timeout_s_{0.0};
+  std::thread watchdog_;
+
+  void watch() {
+    try {
+      cuda_use_device(dev_.index);
+    } catch (const std::exception&) {
+      return;  // (the group's own calls report a device that cannot be used)
+    }
+    std::unique_lock<std::mutex> l(wmu_);
+    while (!stop_) {
+      wcv_.wait_for(l, std::chrono::milliseconds(100));
+      if (stop_ || comm_->aborted.load()) continue;
+      while (!pending_.empty()) {  // drop what has completed (or whose Work is gone)
+        std::shared_ptr<NcclEvent> ev = pending_.front().ev.lock();
+        if (ev && cudaEventQuery(static_cast<cudaEvent_t>(ev->native_handle())) ==
+                      cudaErrorNotReady)
+          break;
+        pending_.pop_front();
+      }
+      cudaGetLastError();  // (a query's error is the waiting thread's to report)
+      if (pending_.empty()) continue;
+      const Watched& w = pending_.front();
+      std::string why, detail;
+      const ncclResult_t r = comm_->async_state(&detail);
+      if (r != ncclSuccess && r != ncclInProgress)
+        why = "failed: " + comm_->describe_error(r, detail);
+      else if (seconds_since(w.issued) > timeout_s_.load())
+        why = "did not complete within " + fmt_s(timeout_s_.load()) +
+              "s of its issue (a peer not reached?)";
+      if (why.empty()) continue;
+      std::fprintf(stderr, "shardwise: nccl %s %s %s; the watchdog aborted the communicator\n",
+                   w.what.c_str(), comm_->where().c_str(), why.c_str());
+      comm_->abort();
+      pending_.clear();
+    }
+  }
 };
 
 bool blocking_from_env() {
