@@ -33,8 +33,10 @@
 
 #include "core/alloc.h"
 #include "kernels/cuda/attention_cudnn.h"
+#include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/cuda_runtime.h"
 #include "kernels/ops.h"
+#include "sharding/comm/reduce.h"
 #include "tests/cuda/op_harness.h"
 
 using namespace swtest::harness;
@@ -388,6 +390,42 @@ TEST_CASE("cuda ops: widen and narrow in place of millions of values equal out o
     ops.narrow(dt, a.f32(), a.data(), n);
     CHECK(bytes_of(a.data(), n * 2) == bytes_of(c.data(), n * 2));
   }
+}
+
+// The NCCL groups' average (ncclSum, then cuda::divide on the group's stream) divides as the MPI
+// groups do (sharding/comm/reduce.cpp's divide): the same bits for fp32, bf16 and fp16.
+TEST_CASE("cuda ops: cuda::divide equals the MPI groups' divide bit for bit") {
+  const Device gpu = Device::cuda(sw::cuda_current_device());
+  const sw::Ops& ops = sw::ops_for(gpu);
+  const auto s = static_cast<cudaStream_t>(sw::cuda_compute_stream(gpu.index));
+  for (const size_t n : {size_t{1}, size_t{1001}, size_t{300007}})
+    for (DType dt : {DType::F32, DType::BF16, DType::F16})
+      for (const float d : {3.f, 6.f, 8.f}) {
+        INFO(sw::dtype_name(dt) << " n " << n << " d " << d);
+        std::vector<float> f(n);
+        uint32_t st = 99u + uint32_t(n);
+        for (float& x : f) {
+          st = st * 1664525u + 1013904223u;
+          x = (static_cast<float>(st >> 8) / 16777216.f - 0.5f) * 100.f;
+        }
+        const size_t bytes = n * sw::dtype_size(dt);
+        std::vector<uint8_t> host(bytes);
+        if (dt == DType::F32) {
+          std::memcpy(host.data(), f.data(), bytes);
+        } else {
+          uint16_t* h = reinterpret_cast<uint16_t*>(host.data());
+          for (size_t i = 0; i < n; ++i)
+            h[i] = dt == DType::BF16 ? sw::f32_to_bf16(f[i]) : sw::f32_to_f16(f[i]);
+        }
+        sw::Buffer b(bytes, sw::Mem::Workspace, gpu);
+        sw::cuda_copy_to_device(b.data(), host.data(), bytes);
+        sw::cuda::divide(s, static_cast<int>(dt), b.data(), d, n);
+        ops.stream().synchronize();
+        std::vector<uint8_t> got(bytes);
+        sw::cuda_copy_to_host(got.data(), b.data(), bytes);
+        sw::comm::divide(host.data(), static_cast<int64_t>(n), dt, d);
+        CHECK(got == host);
+      }
 }
 
 // cuDNN's workspace for the benchmark's shapes (bench/gpu_vs_torch.sh: the 1.3B Llama at B 4,
