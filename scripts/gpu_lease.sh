@@ -28,6 +28,10 @@ if [ -n "${OUT:-}" ]; then
     tar czf "$lease_out/gpu_lease.tgz" -C "$OUT" . 2>/dev/null
     cp "$OUT/gpu_build/gpu_vs_torch.txt" "$lease_out/" 2>/dev/null
     grep -hE 'tests passed|Test +#|\*\*\*' "$OUT"/gpu_build/cuda*.log >"$lease_out/tests.txt" 2>/dev/null
+    # The backend's one-line notices (a cuBLASLt epilogue refused, an NCCL watchdog abort),
+    # counted per distinct line, from every log: what took a slower path without failing.
+    grep -rhoE 'shardwise( cuda)?: .*(refused|watchdog).*' "$OUT" 2>/dev/null |
+      sort | uniq -c | sort -rn | head -50 >"$lease_out/notices.txt"
     rm -rf "$OUT"
   }
   trap pack EXIT
