@@ -265,6 +265,13 @@ class Ops {
                                 int hd, float theta) const;
   virtual void linear_forward_lp(float* out, Operand inp, Operand w, const float* b, int N, int C,
                                  int OC) const;
+  // embedding_forward_lp(out, tokens, narrow(wte), ...) == embedding_forward(out, tokens,
+  // widen(narrow(wte)), ...): the rows read from the 16-bit copy and widened (a mixed-precision
+  // unit's fp32 compute copy holds exactly those values, so a unit keeping its embedding 16-bit
+  // only, ParamSpec::products_only, computes the same bits); wte fp32 is embedding_forward.
+  // V: the table's rows (the default widens all of them into device scratch; backends gather).
+  virtual void embedding_forward_lp(float* out, const int32_t* tokens, Operand wte,
+                                    const float* wpe, int B, int T, int C, int V) const;
   virtual void linear_forward_lp16(uint16_t* out16, Operand inp, Operand w, const float* b, int N,
                                    int C, int OC) const;
   virtual void linear_backward_lp_set(float* dinp, GradOut dw, GradOut db, Operand dout,

@@ -210,6 +210,12 @@ void Ops::gelu_backward_lp_set(float* dinp, uint16_t* dinp16, Operand inp, Opera
   if (dinp16) narrow(compute(), dinp, dinp16, n);
 }
 
+void Ops::embedding_forward_lp(float* out, const int32_t* tokens, Operand wte, const float* wpe,
+                               int B, int T, int C, int V) const {
+  Buffer tmp;
+  embedding_forward(out, tokens, operand_f32(wte, 1, 0, mul(V, C), tmp), wpe, B, T, C);
+}
+
 void Ops::linear_forward_residual(float* out, Operand inp, Operand w, const float* b,
                                   const float* res, int N, int C, int OC) const {
   if (inp.lp || w.lp)

@@ -53,12 +53,14 @@ class EmbedHead final : public Unit {
   std::vector<ParamSpec> params() const override {
     const int64_t V = c_.vocab_size, C = c_.d_model, maxT = c_.seq_len;
     std::vector<ParamSpec> p = {
-        spec("wte", {V, C}, Init::Normal, 0.02f, "wte.weight"),
+        // (the embedding's table and, tied, the LM head's weight: read only through its 16-bit
+        // copy where the unit keeps one, embedding_forward_lp and the head's products)
+        product_weight(spec("wte", {V, C}, Init::Normal, 0.02f, "wte.weight")),
         spec("wpe", {maxT, C}, Init::Normal, 0.02f, "wpe.weight"),
         spec("ln_f.weight", {C}, Init::Ones, 0.f, "ln_f.weight"),
         spec("ln_f.bias", {C}, Init::Zeros, 0.f, "ln_f.bias"),
     };
-    if (!c_.tie_embeddings)  // (tied, wte is also the embedding's table: it keeps its fp32 copy)
+    if (!c_.tie_embeddings)
       p.push_back(product_weight(
           spec("lm_head.weight", {V, C}, Init::Normal, 0.02f, "lm_head.weight")));
     return p;
@@ -74,7 +76,7 @@ class EmbedHead final : public Unit {
       fail("model", "batch sequence length " + std::to_string(T) + " exceeds model.seq_len = " +
                         std::to_string(c_.seq_len));
     if (call == 0) {
-      ops.embedding_forward(y, bt.tokens, ctx.param(0), ctx.param(1), B, T, C);  // y (B,T,C)
+      ops.embedding_forward_lp(y, bt.tokens, ctx.weight(0), ctx.param(1), B, T, C, V);  // (B,T,C)
       return;
     }
     SW_CHECK(call == 1, "embed_head has two calls");

@@ -121,15 +121,17 @@ class Embed final : public Unit {
   explicit Embed(const ModelConfig& c) : c_(c) {}
   std::string name() const override { return "embed"; }
   std::vector<ParamSpec> params() const override {
-    return {spec("embed_tokens.weight", {c_.vocab_size, c_.d_model}, Init::Normal, 0.02f,
-                 "model.embed_tokens.weight")};  // (V,C)
+    // (V,C), read through its 16-bit copy where the unit keeps one (embedding_forward_lp)
+    return {product_weight(spec("embed_tokens.weight", {c_.vocab_size, c_.d_model},
+                                Init::Normal, 0.02f, "model.embed_tokens.weight"))};
   }
   void forward(UnitCtx& ctx, int call, const float* x, float* y) override {
     const Batch& b = *ctx.batch;
     if (b.T > c_.seq_len)
       fail("model", "batch sequence length " + std::to_string(b.T) + " exceeds model.seq_len = " +
                         std::to_string(c_.seq_len));
-    ctx.ops->embedding_forward(y, b.tokens, ctx.param(0), nullptr, b.B, b.T, c_.d_model);
+    ctx.ops->embedding_forward_lp(y, b.tokens, ctx.weight(0), nullptr, b.B, b.T, c_.d_model,
+                                  c_.vocab_size);
   }
   ActivationDecl declare_activations(int, BatchShape) const override { return {}; }  // none
   void backward(UnitCtx& ctx, int call, const float* x, const float* dy, float* dx) override {

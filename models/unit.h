@@ -30,14 +30,15 @@ struct ParamSpec {
   // (out, in) matrix (GPT-2's Conv1D). Empty hf_name: exported under `name`.
   std::string hf_name;
   bool hf_transpose = false;
-  // Read only as a matrix product's weight (UnitCtx::weight, never UnitCtx::param): where the
-  // unit keeps a 16-bit copy of its parameters (a device in mixed precision), the products
-  // read that copy, so its fp32 compute copy is not kept (UnitCtx::param(i) is null then).
+  // Read only through UnitCtx::weight, never UnitCtx::param (a matrix product's weight, an
+  // embedding table that Ops::embedding_forward_lp reads): where the unit keeps a 16-bit copy
+  // of its parameters (a device in mixed precision), the ops read that copy, so its fp32
+  // compute copy is not kept (UnitCtx::param(i) is null then).
   // Last, so code that lists the fields above in order still compiles.
   bool products_only = false;
 };
 
-// `p` marked as read only by matrix products (ParamSpec::products_only).
+// `p` marked as read only through UnitCtx::weight (ParamSpec::products_only).
 inline ParamSpec product_weight(ParamSpec p) {
   p.products_only = true;
   return p;

@@ -66,6 +66,9 @@ void round_to(DType t, float* dst, const float* src, size_t n);
 // embedding.cpp
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                        int B, int T, int C);
+// The same from a 16-bit table (BF16 / F16 values, widened row by row).
+void embedding_forward_lp(DType dt, float* out, const int32_t* tokens, const uint16_t* wte16,
+                          const float* wpe, int B, int T, int C);
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
                         int T, int C);
 

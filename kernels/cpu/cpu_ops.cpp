@@ -51,6 +51,12 @@ class CpuOps final : public Ops {
                          int B, int T, int C) const override {
     cpu::embedding_forward(out, tokens, wte, wpe, B, T, C);
   }
+  void embedding_forward_lp(float* out, const int32_t* tokens, Operand wte, const float* wpe,
+                            int B, int T, int C, int /*V*/) const override {
+    if (wte.f32) return cpu::embedding_forward(out, tokens, wte.f32, wpe, B, T, C);
+    require_lowp("embedding_forward_lp");
+    cpu::embedding_forward_lp(compute_, out, tokens, wte.lp, wpe, B, T, C);
+  }
   void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
                           int B, int T, int C) const override {
     cpu::embedding_backward(dwte, dwpe, dout, tokens, B, T, C);

@@ -30,6 +30,22 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, cons
   }
 }
 
+// The same from a 16-bit table (dt BF16 / F16): each row widened, then + wpe as above.
+void embedding_forward_lp(DType dt, float* out, const int32_t* tokens, const uint16_t* wte16,
+                          const float* wpe, int B, int T, int C) {
+  const int BT = B * T;
+#pragma omp parallel for schedule(static) if (parallel : static_cast<size_t>(BT) * C >= kParallelMin)
+  for (int n = 0; n < BT; ++n) {
+    float* o = out + static_cast<size_t>(n) * C;
+    const uint16_t* e = wte16 + static_cast<size_t>(tokens[n]) * C;
+    const float* p = wpe ? wpe + static_cast<size_t>(n % T) * C : nullptr;
+    for (int i = 0; i < C; ++i) {
+      const float v = dt == DType::BF16 ? bf16_to_f32(e[i]) : f16_to_f32(e[i]);
+      o[i] = p ? v + p[i] : v;
+    }
+  }
+}
+
 // dwte[tokens[b,t]] += dout[b,t];  dwpe[t] += dout[b,t] (dwpe may be null).
 // Repeated tokens make rows of dwte collide, so threads split the channel dimension instead of
 // the rows: every thread walks all B*T rows in order over its own column range (cut on 16-float

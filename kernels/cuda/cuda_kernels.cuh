@@ -13,6 +13,9 @@ namespace sw::cuda {
 // ---- elementwise.cu
 void embedding_forward(cudaStream_t s, float* out, const int32_t* tokens, const float* wte,
                        const float* wpe, int B, int T, int C);
+// The same lookup from a 16-bit table (dt 1 bf16, 2 f16; Ops::embedding_forward_lp).
+void embedding_forward16(cudaStream_t s, int dt, float* out, const int32_t* tokens,
+                         const uint16_t* wte16, const float* wpe, int B, int T, int C);
 void embedding_backward(cudaStream_t s, float* dwte, float* dwpe, const float* dout,
                         const int32_t* tokens, int B, int T, int C);
 void gelu_forward(cudaStream_t s, float* out, const float* inp, size_t n);

@@ -653,6 +653,14 @@ class CudaOps final : public Ops {
     SW_OP_TIME();
     cuda::embedding_forward(begin(), out, tokens, wte, wpe, B, T, C);
   }
+  // The 16-bit table where given (a unit keeping its embedding 16-bit only), else the fp32 one.
+  void embedding_forward_lp(float* out, const int32_t* tokens, Operand wte, const float* wpe,
+                            int B, int T, int C, int /*V*/) const override {
+    SW_OP_TIME();
+    if (!wte.lp) return cuda::embedding_forward(begin(), out, tokens, wte.f32, wpe, B, T, C);
+    require_lowp("embedding_forward_lp");
+    cuda::embedding_forward16(begin(), dt(), out, tokens, wte.lp, wpe, B, T, C);
+  }
   void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
                           int B, int T, int C) const override {
     SW_OP_TIME();

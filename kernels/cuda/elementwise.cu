@@ -116,6 +116,18 @@ __global__ void embedding_forward_k(float* out, const int32_t* tokens, const flo
   }
 }
 
+// The same from a 16-bit table (dt 1 bf16, 2 f16): each value widened, then + wpe.
+__global__ void embedding_forward16_k(float* out, const int32_t* tokens, const uint16_t* wte,
+                                      int dt, const float* wpe, int T, int C, size_t total) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const size_t n = i / C;
+    const int c = static_cast<int>(i % C);
+    const float e = from_half_d(dt, wte[static_cast<size_t>(tokens[n]) * C + c]);
+    out[i] = wpe ? e + wpe[static_cast<size_t>(n % T) * C + c] : e;
+  }
+}
+
 // dwte: thread (c, bucket) walks all B*T rows in order and adds the rows whose token falls in
 // its bucket (token % kBuckets) at column c. Every float of dwte has one owner, which adds its
 // contributions in row order: the CPU's order exactly, no atomics.
@@ -790,6 +802,15 @@ void embedding_forward(cudaStream_t s, float* out, const int32_t* tokens, const 
   if (total == 0) return;
   embedding_forward_k<<<grid_for(total, kThreads), kThreads, 0, s>>>(out, tokens, wte, wpe, T, C,
                                                                      total);
+  SW_CUDA_LAUNCHED();
+}
+
+void embedding_forward16(cudaStream_t s, int dt, float* out, const int32_t* tokens,
+                         const uint16_t* wte16, const float* wpe, int B, int T, int C) {
+  const size_t total = static_cast<size_t>(B) * T * C;
+  if (total == 0) return;
+  embedding_forward16_k<<<grid_for(total, kThreads), kThreads, 0, s>>>(out, tokens, wte16, dt,
+                                                                       wpe, T, C, total);
   SW_CUDA_LAUNCHED();
 }
 

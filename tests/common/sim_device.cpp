@@ -589,6 +589,14 @@ class SimOps final : public sw::Ops {
   bool rounds_grads_on_read() const override { return true; }
   bool prefers_lp_operands() const override { return true; }  // as CUDA (as_device_reads)
   bool fuses_product_residual() const override { return true; }  // as CUDA, to test that path
+  void embedding_forward_lp(float* out, const int32_t* tokens, sw::Operand wte, const float* wpe, int B, int T, int C, int V) const override {
+    Open g;
+    on_device(__func__, "out", out);
+    on_device(__func__, "tokens", tokens);
+    on_operand(__func__, "wte", wte);
+    on_device(__func__, "wpe", wpe);
+    base_->embedding_forward_lp(out, tokens, as_device_reads(wte), wpe, B, T, C, V);
+  }
   void linear_forward_residual(float* out, sw::Operand inp, sw::Operand w, const float* b, const float* res, int N, int C, int OC) const override {
     Open g;
     on_device(__func__, "out", out);

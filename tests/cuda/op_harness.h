@@ -128,7 +128,7 @@ inline const std::vector<std::string>& all_ops() {
       "attention_forward_lp", "attention_backward_lp_set", "round_copy_lp", "gelu_backward_lp_set",
       "linear_forward_lp16", "adamw_copies", "linear_backward_lp16_set",
       "sum_squares_rounded_into", "layernorm_backward_lp", "rmsnorm_backward_lp",
-      "linear_forward_residual"};
+      "linear_forward_residual", "embedding_forward_lp"};
   return ops;
 }
 
@@ -757,6 +757,37 @@ inline std::vector<OpCase> op_cases() {
                                               e.B, e.T, e.C);
                     Outputs o;
                     put(o, "out", a.down(out, size_t(e.B) * e.T * e.C));
+                    return o;
+                  }});
+    // The table 16-bit only (BF16 / F16 Ops) against embedding_forward on its widened values
+    // ("lp" / "ref", bit for bit on each backend); and the fp32 form through the same op.
+    cs.push_back({"embedding_forward_lp", "embedding_forward_lp " + sh, kTolElem, kTolElem,
+                  [e, sd](Arena& a) {
+                    Outputs o;
+                    const sw::DType dt = a.ops().compute();
+                    if (dt == sw::DType::F32) return o;
+                    Rng r(sd + 500);
+                    const IVec tok = r.ints(size_t(e.B) * e.T, 0, e.V);
+                    const Vec wte = r.normal(size_t(e.V) * e.C), wpe = r.normal(size_t(e.T) * e.C);
+                    const size_t nw = wte.size(), no = size_t(e.B) * e.T * e.C;
+                    const float* pw = a.up(wte);
+                    uint16_t* w16 = up16(a, nw);
+                    a.ops().narrow(dt, pw, w16, nw);
+                    float* ww = a.up(Vec(nw, NAN));
+                    a.ops().widen(dt, w16, ww, nw);
+                    const int32_t* pt = a.up(tok);
+                    const float* pp = e.wpe ? a.up(wpe) : nullptr;
+                    float *out = a.up(Vec(no, NAN)), *ref = a.up(Vec(no, NAN));
+                    float* f = a.up(Vec(no, NAN));
+                    float* fr = a.up(Vec(no, NAN));
+                    a.ops().embedding_forward_lp(out, pt, w16, pp, e.B, e.T, e.C, e.V);
+                    a.ops().embedding_forward(ref, pt, ww, pp, e.B, e.T, e.C);
+                    a.ops().embedding_forward_lp(f, pt, sw::Operand(pw), pp, e.B, e.T, e.C, e.V);
+                    a.ops().embedding_forward(fr, pt, pw, pp, e.B, e.T, e.C);
+                    put(o, "lp", a.down(out, no));
+                    put(o, "ref", a.down(ref, no));
+                    put(o, "f32", a.down(f, no));
+                    put(o, "f32 ref", a.down(fr, no));
                     return o;
                   }});
     cs.push_back({"embedding_backward", "embedding_backward " + sh, kTolElem, kTolElem,
