@@ -188,6 +188,10 @@ class NcclEvent final : public CudaEvent {
   NcclEvent(int device, std::shared_ptr<NcclComm> comm, std::string what, double timeout_s)
       : CudaEvent(device), comm_(std::move(comm)), what_(std::move(what)), timeout_s_(timeout_s) {}
 
+  // Not complete once the communicator was aborted (its kernels returned early): nothing may
+  // go on with the result; synchronize names the failure.
+  bool query() override { return !comm_->aborted.load() && CudaEvent::query(); }
+
   void synchronize() override {
     const auto t0 = Clock::now();
     Backoff b;
@@ -340,6 +344,12 @@ class NcclGroup final : public Group {
       }
     });
     comm_->settle(r, what, opts_.timeout_s);
+    // The caching allocator must not hand these blocks out again before the collective ran
+    // (recorded before anything below may throw).
+    if (n > 0 && c.kind != CollKind::Barrier) {
+      if (c.send) cuda_record_stream(c.send, stream_, dev_.index);
+      if (c.recv && c.recv != c.send) cuda_record_stream(c.recv, stream_, dev_.index);
+    }
     if (c.op == ReduceOp::Avg && n > 0 && size() > 1 &&
         (c.kind == CollKind::ReduceScatter || c.kind == CollKind::AllReduce)) {
       cuda::divide(stream_, static_cast<int>(c.dtype), c.recv, static_cast<float>(size()), n);
@@ -347,14 +357,9 @@ class NcclGroup final : public Group {
 
     auto ev = std::make_shared<NcclEvent>(dev_.index, comm_, what, opts_.timeout_s);
     ev->record(stream_);
-    {
+    if (watching_.load()) {
       std::lock_guard<std::mutex> l(wmu_);
       pending_.push_back({ev, Clock::now(), what});
-    }
-    // The caching allocator must not hand these blocks out again before the collective ran.
-    if (n > 0 && c.kind != CollKind::Barrier) {
-      if (c.send) cuda_record_stream(c.send, stream_, dev_.index);
-      if (c.recv && c.recv != c.send) cuda_record_stream(c.recv, stream_, dev_.index);
     }
     last_ = ev;
 
@@ -403,13 +408,15 @@ class NcclGroup final : public Group {
   std::deque<Watched> pending_;  // in issue order: one stream completes them in order
   bool stop_ = false;
   std::atomic<double> timeout_s_{0.0};
+  std::atomic<bool> watching_{true};  // false where the watchdog could not start
   std::thread watchdog_;
 
   void watch() {
     try {
       cuda_use_device(dev_.index);
     } catch (const std::exception&) {
-      return;  // (the group's own calls report a device that cannot be used)
+      watching_.store(false);  // (the group's own calls report a device that cannot be used)
+      return;
     }
     std::unique_lock<std::mutex> l(wmu_);
     while (!stop_) {
@@ -424,19 +431,28 @@ class NcclGroup final : public Group {
       }
       cudaGetLastError();  // (a query's error is the waiting thread's to report)
       if (pending_.empty()) continue;
-      const Watched& w = pending_.front();
-      std::string why, detail;
-      const ncclResult_t r = comm_->async_state(&detail);
-      if (r != ncclSuccess && r != ncclInProgress)
-        why = "failed: " + comm_->describe_error(r, detail);
-      else if (seconds_since(w.issued) > timeout_s_.load())
-        why = "did not complete within " + fmt_s(timeout_s_.load()) +
-              "s of its issue (a peer not reached?)";
-      if (why.empty()) continue;
-      std::fprintf(stderr, "shardwise: nccl %s %s %s; the watchdog aborted the communicator\n",
-                   w.what.c_str(), comm_->where().c_str(), why.c_str());
-      comm_->abort();
-      pending_.clear();
+      const Watched w = pending_.front();
+      // NCCL's calls (and an abort, which may take seconds) without wmu_: issue() goes on.
+      l.unlock();
+      try {
+        std::string why, detail;
+        const ncclResult_t r = comm_->async_state(&detail);
+        if (r != ncclSuccess && r != ncclInProgress)
+          why = "failed: " + comm_->describe_error(r, detail);
+        else if (seconds_since(w.issued) > timeout_s_.load())
+          why = "did not complete within " + fmt_s(timeout_s_.load()) +
+                "s of its issue (a peer not reached?)";
+        if (!why.empty()) {
+          std::fprintf(stderr,
+                       "shardwise: nccl %s %s %s; the watchdog aborted the communicator\n",
+                       w.what.c_str(), comm_->where().c_str(), why.c_str());
+          comm_->abort();
+        }
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "shardwise: nccl watchdog: %s\n", e.what());
+      }
+      l.lock();
+      if (comm_->aborted.load()) pending_.clear();
     }
   }
 };
