@@ -192,21 +192,27 @@ Operand dx_operand(const UnitCtx& ctx, const float* dx) {
   return ctx.grad16 && ctx.dx16 ? Operand(dx, ctx.grad16) : Operand(dx);
 }
 
+namespace {
+// ctx.grad16 now holds narrow(dx), no longer narrow(dy).
+void holds_dx16(UnitCtx& ctx) {
+  ctx.dy16 = false;
+  ctx.dx16 = true;
+}
+}  // namespace
+
 void layernorm_backward_resid(UnitCtx& ctx, float* dx, float* dw, float* db, const float* dout,
                               const float* inp, const float* w, const float* mean,
                               const float* rstd, int N, int C) {
   if (!ctx.grad16) return ctx.ops->layernorm_backward(dx, dw, db, dout, inp, w, mean, rstd, N, C);
   ctx.ops->layernorm_backward_lp(dx, ctx.grad16, dw, db, dout, inp, w, mean, rstd, N, C);
-  ctx.dy16 = false;  // (it held narrow(dy))
-  ctx.dx16 = true;
+  holds_dx16(ctx);
 }
 
 void rmsnorm_backward_resid(UnitCtx& ctx, float* dx, float* dw, const float* dout,
                             const float* inp, const float* w, const float* rstd, int N, int C) {
   if (!ctx.grad16) return ctx.ops->rmsnorm_backward(dx, dw, dout, inp, w, rstd, N, C);
   ctx.ops->rmsnorm_backward_lp(dx, ctx.grad16, dw, dout, inp, w, rstd, N, C);
-  ctx.dy16 = false;
-  ctx.dx16 = true;
+  holds_dx16(ctx);
 }
 
 // ---- Saved ---------------------------------------------------------------------------------

@@ -105,25 +105,20 @@ __device__ __forceinline__ void swiglu_grad_f(float g, float up, float d, float*
 
 // ---- Embedding ------------------------------------------------------------------------------
 
-__global__ void embedding_forward_k(float* out, const int32_t* tokens, const float* wte,
+// A table value as fp32: itself, or (16-bit table, dt 1 bf16, 2 f16) widened.
+__device__ __forceinline__ float table_value(const float* t, size_t i, int) { return t[i]; }
+__device__ __forceinline__ float table_value(const uint16_t* t, size_t i, int dt) {
+  return from_half_d(dt, t[i]);
+}
+// out(B,T,C) = wte[tokens[b,t]] + wpe[t] (wpe may be null), the table fp32 or 16-bit.
+template <class Tab>
+__global__ void embedding_forward_k(float* out, const int32_t* tokens, const Tab* wte, int dt,
                                     const float* wpe, int T, int C, size_t total) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
        i += size_t(gridDim.x) * blockDim.x) {
     const size_t n = i / C;
     const int c = static_cast<int>(i % C);
-    const float e = wte[static_cast<size_t>(tokens[n]) * C + c];
-    out[i] = wpe ? e + wpe[static_cast<size_t>(n % T) * C + c] : e;
-  }
-}
-
-// The same from a 16-bit table (dt 1 bf16, 2 f16): each value widened, then + wpe.
-__global__ void embedding_forward16_k(float* out, const int32_t* tokens, const uint16_t* wte,
-                                      int dt, const float* wpe, int T, int C, size_t total) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
-       i += size_t(gridDim.x) * blockDim.x) {
-    const size_t n = i / C;
-    const int c = static_cast<int>(i % C);
-    const float e = from_half_d(dt, wte[static_cast<size_t>(tokens[n]) * C + c]);
+    const float e = table_value(wte, static_cast<size_t>(tokens[n]) * C + c, dt);
     out[i] = wpe ? e + wpe[static_cast<size_t>(n % T) * C + c] : e;
   }
 }
@@ -791,6 +786,16 @@ struct Adamw4 {
   }
 };
 
+// The embedding lookup's launch, the table fp32 or 16-bit (table_value).
+template <class Tab>
+void embedding_forward_t(cudaStream_t s, float* out, const int32_t* tokens, const Tab* wte,
+                         int dt, const float* wpe, int B, int T, int C) {
+  const size_t total = static_cast<size_t>(B) * T * C;
+  if (total == 0) return;
+  embedding_forward_k<Tab><<<grid_for(total, kThreads), kThreads, 0, s>>>(out, tokens, wte, dt,
+                                                                          wpe, T, C, total);
+  SW_CUDA_LAUNCHED();
+}
 
 }  // namespace
 
@@ -798,20 +803,12 @@ struct Adamw4 {
 
 void embedding_forward(cudaStream_t s, float* out, const int32_t* tokens, const float* wte,
                        const float* wpe, int B, int T, int C) {
-  const size_t total = static_cast<size_t>(B) * T * C;
-  if (total == 0) return;
-  embedding_forward_k<<<grid_for(total, kThreads), kThreads, 0, s>>>(out, tokens, wte, wpe, T, C,
-                                                                     total);
-  SW_CUDA_LAUNCHED();
+  embedding_forward_t(s, out, tokens, wte, 0, wpe, B, T, C);
 }
 
 void embedding_forward16(cudaStream_t s, int dt, float* out, const int32_t* tokens,
                          const uint16_t* wte16, const float* wpe, int B, int T, int C) {
-  const size_t total = static_cast<size_t>(B) * T * C;
-  if (total == 0) return;
-  embedding_forward16_k<<<grid_for(total, kThreads), kThreads, 0, s>>>(out, tokens, wte16, dt,
-                                                                       wpe, T, C, total);
-  SW_CUDA_LAUNCHED();
+  embedding_forward_t(s, out, tokens, wte16, dt, wpe, B, T, C);
 }
 
 void embedding_backward(cudaStream_t s, float* dwte, float* dwpe, const float* dout,
