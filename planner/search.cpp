@@ -118,6 +118,13 @@ int64_t cuda_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute)
   if (llama) slot.push_back(4 * int64_t(T) * hd);  // RoPE's (cos, sin) table (Rope)
   int64_t b = 0;
   for (int64_t x : slot) b += x + x / 4;
+  // GPT-2's fc product is kept 16-bit with its fp32 bias added first (linear_forward_lp16), and
+  // cuBLASLt refuses an fp32 bias with a 16-bit D (cuBLAS 13.1 on an H100 and an H200,
+  // 2026-11-28: status 7 for every shape): the default path then writes the fp32 product to a
+  // transient buffer of N x F floats and narrows it. Not a slot (no slack), but alive at the
+  // forward's peak: the tracked peaks were 127 MB (cuDNN attention) and 254 MB (cuBLAS) above
+  // the plan without it.
+  if (!llama && compute != DType::F32) b += 4 * N * F;
   return b + static_cast<int64_t>(cuda::kCublasWorkspace);  // cuBLAS's, set on the handle
 }
 
