@@ -57,3 +57,13 @@ if ((left < 60)); then
   exit 1
 fi
 BENCH_ARGS="--budget $((left - 25)) --order $order" timeout -k 5 "$left" bash scripts/gpu_build.sh --bench
+rc=$?
+# This card's compute as a planner profile (bench/gpu_profile.py), where the GEMM bench and the
+# Llama's op-timed run (5 steps) both ran: gpu_build/hardware_measured.json.
+g=${OUT:+$OUT/gpu_build}
+g=${g:-build-gpu/logs}  # (gpu_build.sh's logs without $OUT)
+if [ -f "$g/bench_cuda_gemm.log" ] && [ -f "$g/op_times_llama.tsv" ]; then
+  python3 bench/gpu_profile.py --gemm "$g/bench_cuda_gemm.log" --op-times "$g/op_times_llama.tsv" \
+    --steps 5 --facts "$g/facts.log" --out "$g/hardware_measured.json"
+fi
+exit $rc
