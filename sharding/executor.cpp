@@ -259,7 +259,9 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
       }
       break;
     case ActionKind::Backward: {
-      issue_follow_ups();  // HYBRID: a reduce-scatter that completed gets its all-reduce now
+      // HYBRID: the reduce-scatters before the newest two get their all-reduces now (the
+      // newest, issued at the end of the last two backwards, likely still run)
+      issue_follow_ups(2);
       fu->to_pre_backward();
       fu->ensure_grads();
       // A unit whose backward takes dx == dy (Unit::backward_in_place) writes its dx over its
@@ -299,6 +301,7 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
       r.action = i, r.kind = a.kind, r.unit = a.unit, r.issued = true, r.t_issue = t0;
       r.finishes = R == 1;
       r.bytes = a.bytes;
+      r.seq = recorder ? recorder->issued++ : -1;
       r.work = fu->issue_reduce_scatter(R);
       pending.push_back(std::move(r));
       return;  // recorded when it is completed (WaitReduce)
@@ -656,19 +659,31 @@ void ShardedModel::Impl::issue_bucket(int bi, int action) {
   r.action = action, r.kind = ActionKind::AllReduce, r.bucket = bi, r.issued = true;
   r.bytes = (b.hi - b.lo) * static_cast<int64_t>(dtype_size(rdt));
   r.t_issue = recorder ? trace_clock() : 0;
+  r.seq = recorder ? recorder->issued++ : -1;
   r.work = rep->issue_all_reduce(p, p, b.hi - b.lo, op, rdt);
   pending.push_back(std::move(r));
 }
 
-void ShardedModel::Impl::issue_follow_ups() {
-  for (size_t k = 0; k < pending.size(); ++k) {
+void ShardedModel::Impl::issue_follow_ups(size_t keep) {
+  size_t waiting = 0;
+  for (const PendingReduction& r : pending) waiting += r.issued ? 0 : 1;
+  if (waiting <= keep) return;
+  size_t n = waiting - keep;
+  for (size_t k = 0; k < pending.size() && n > 0; ++k) {
     PendingReduction& r = pending[k];
     if (r.issued) continue;
-    // HYBRID's all-reduce of a unit's reduced block: once the reduce-scatter before it is done.
-    if (k > 0 && !pending[k - 1].work.test()) break;
+    --n;
+    // HYBRID's all-reduce of a unit's reduced block, once the reduce-scatter before it is
+    // done (at the front, k == 0, that one was completed and popped already).
+    if (k > 0) {
+      SW_CHECK(pending[k - 1].kind == ActionKind::ReduceScatter && pending[k - 1].unit == r.unit,
+               "executor: a follow-up all-reduce does not follow its unit's reduce-scatter");
+      pending[k - 1].work.wait();
+    }
     FlatUnit& fu = *units[static_cast<size_t>(r.unit)];
     void* blk = fu.reduced_block();
     r.t_issue = recorder ? trace_clock() : 0;
+    r.seq = recorder ? recorder->issued++ : -1;
     r.work = rep->issue_all_reduce(
         blk, blk, fu.shard_size(),
         fu.reduce_dtype() == DType::F32 ? ReduceOp::Avg : ReduceOp::Sum,  // divided before
@@ -679,7 +694,13 @@ void ShardedModel::Impl::issue_follow_ups() {
 
 void ShardedModel::Impl::complete_reductions(int through) {
   while (!pending.empty() && (through < 0 || pending.front().action <= through)) {
-    issue_follow_ups();  // a front entry not issued yet follows a completed reduce-scatter
+    // A front entry not issued yet follows a completed reduce-scatter: it alone is issued
+    // (the others wait for their points in the plan).
+    if (!pending.front().issued) {
+      size_t waiting = 0;
+      for (const PendingReduction& r : pending) waiting += r.issued ? 0 : 1;
+      issue_follow_ups(waiting - 1);
+    }
     PendingReduction done = std::move(pending.front());
     pending.pop_front();
     done.work.wait();
@@ -716,6 +737,7 @@ void ShardedModel::Impl::complete_reductions(int through) {
       rec.bytes = done.bytes;
       rec.t_begin = done.work.started_at() > 0 ? done.work.started_at() : done.t_issue;
       rec.t_end = done.work.done_at() > 0 ? done.work.done_at() : trace_clock();
+      rec.issued = done.seq;
       recorder->records.push_back(rec);
     }
   }
@@ -728,6 +750,7 @@ void ShardedModel::Impl::reduce_unit_now(FlatUnit& fu) {
       PendingReduction r;
       r.kind = ActionKind::ReduceScatter, r.unit = fu.index(), r.issued = true;
       r.finishes = R == 1;
+      r.seq = recorder ? recorder->issued++ : -1;
       r.work = fu.issue_reduce_scatter(R);
       pending.push_back(std::move(r));
       if (R > 1) {

@@ -37,6 +37,7 @@ struct PendingReduction {
   int unit = -1, bucket = -1;
   bool issued = false;
   bool finishes = true;  // its completion finishes the unit's reduction (accumulate)
+  int seq = -1;          // ActionRecord::issued (with a recorder)
   int64_t bytes = 0;
   double t_issue = 0;
   Work work;
@@ -322,9 +323,14 @@ struct ShardedModel::Impl {
   // Runs every action of `plan` in order.
   void run(Model& model, const StepPlan& plan, ExecState& st);
   void run_action(Model& model, const StepPlan& plan, int i, ExecState& st);
-  // Issues the follow-ups (HYBRID's all-reduces) whose reduce-scatter has completed. Never
-  // blocks, never frees.
-  void issue_follow_ups();
+  // Issues the follow-ups (HYBRID's all-reduces of a unit's reduced block) in queue order,
+  // all but the newest `keep` of those not issued yet, each once its reduce-scatter is
+  // complete (waiting for it if need be; never frees). Every rank calls this at the same
+  // points of the plan with the same `keep`, so every rank issues the two groups' collectives
+  // in one order whatever the timing: NCCL requires that of communicators that run at once
+  // (a follow-up issued as soon as this rank saw its reduce-scatter done could pass another
+  // rank's next reduce-scatter).
+  void issue_follow_ups(size_t keep);
   // Completes reductions in queue order up to plan action `through` (-1: all), accumulating
   // the reduced gradients (which frees the transient ones).
   void complete_reductions(int through);

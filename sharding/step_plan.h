@@ -275,6 +275,7 @@ struct ActionRecord {
   int unit = -1, call = -1, micro = 0, bucket = -1;
   int64_t bytes = 0;
   double t_begin = 0, t_end = 0;
+  int issued = -1;  // a reduction: the order this rank issued it in (StepRecorder::issued)
 };
 double trace_clock();  // steady clock, seconds
 
@@ -283,6 +284,7 @@ double trace_clock();  // steady clock, seconds
 struct StepRecorder {
   std::vector<ActionRecord> records;
   int segments = 0;
+  int issued = 0;  // reductions (reduce-scatters and all-reduces) issued since it was attached
 };
 
 }  // namespace sw

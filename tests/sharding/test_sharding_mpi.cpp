@@ -225,6 +225,48 @@ TEST_CASE("HYBRID_SHARD matches one rank", "[hybrid_shard]") {
   determinism(p);
 }
 
+TEST_CASE("HYBRID_SHARD: every rank issues its reductions in one order", "[hybrid_shard]") {
+  // NCCL requires the collectives of communicators that run at once to be issued in one order
+  // on every rank; HYBRID's follow-up all-reduces (replica group) and reduce-scatters (shard
+  // group) are two. The order each rank issued its reductions in (ActionRecord::issued), with
+  // what each was, must be the same on every rank; under SHARDWISE_EXEC_DELAY_US (random delays
+  // before every action: sharding_np4_hybrid_shard_exec_delayed) the timing differs by rank.
+  const GroupPtr g = world();
+  const ModelConfig mc = tiny("gpt2");
+  Model m = build_model(mc);
+  ShardedModel sm(m, cpu(), 4242, g, hybrid_policy());
+  StepRecorder rec;
+  sm.set_recorder(&rec);
+  Corpus corpus(mc.vocab_size);
+  const int B = 2, T = mc.seq_len;
+  std::vector<int32_t> in(size_t(B) * T), tg(size_t(B) * T);
+  const Batch batch{in.data(), tg.data(), B, T};
+  AdamWParams ap;
+  for (int s = 0; s < 4; ++s) {
+    sm.zero_grads();
+    for (int k = 0; k < 2; ++k) {
+      corpus.fill(s, (int64_t{k} * g->size() + g->rank()) * B, B, T, in.data(), tg.data());
+      sm.forward_backward(batch, 0.5f, k == 1);
+    }
+    sm.optimizer_step(ap, 1e-3f, 1.f, s + 1);
+  }
+  sm.set_recorder(nullptr);
+  std::vector<std::pair<int, float>> order;  // (issued, what: kind and unit)
+  for (const ActionRecord& r : rec.records)
+    if (r.issued >= 0) order.push_back({r.issued, float(int(r.kind) * 1000 + r.unit)});
+  std::sort(order.begin(), order.end());
+  REQUIRE(order.size() == size_t(rec.issued));
+  REQUIRE(order.size() >= 4);  // (at 3 ranks, shard groups of one: bucketed all-reduces only)
+  std::vector<float> mine;
+  for (const auto& [i, what] : order) mine.push_back(what);
+  std::vector<float> all(mine.size() * size_t(g->size()));
+  g->all_gather(mine.data(), all.data(), int64_t(mine.size()));
+  int differ = 0;
+  for (int r = 0; r < g->size(); ++r)
+    differ += std::equal(mine.begin(), mine.end(), all.begin() + ptrdiff_t(r * mine.size())) ? 0 : 1;
+  CHECK(differ == 0);
+}
+
 TEST_CASE("Per-rank model state by category is the promised shard", "[memory]") {
   const GroupPtr g = world();
   const int W = g->size();
