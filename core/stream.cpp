@@ -1,5 +1,6 @@
 #include "core/stream.h"
 
+#include "core/clock.h"
 #include "core/error.h"
 
 namespace sw {
@@ -39,5 +40,19 @@ std::shared_ptr<Event> completed_event() {
 }
 
 std::shared_ptr<Event> Stream::record() { return completed_event(); }
+
+std::shared_ptr<Event> Stream::record_timed() { return std::make_shared<StampedEvent>(); }
+
+double Event::elapsed_since(Event&) {
+  throw Error("stream: an event not made by Stream::record_timed() has no time");
+}
+
+StampedEvent::StampedEvent() : at_(trace_now()) {}
+
+double StampedEvent::elapsed_since(Event& ref) {
+  auto* r = dynamic_cast<StampedEvent*>(&ref);
+  SW_CHECK(r, "stream: a stamped event timed against an event of another kind");
+  return at_ - r->at_;
+}
 
 }  // namespace sw

@@ -8,7 +8,7 @@
 //
 // CPU backend: the compute stream is the calling thread (work runs when enqueued), so waiting
 // for an event blocks that thread; a Group's communication thread is its stream.
-// CUDA backend (kernels/cuda/cuda_runtime.h; compiled, never run on a GPU): Stream wraps a
+// CUDA backend (kernels/cuda/cuda_runtime.h; run on an H100 and an H200): Stream wraps a
 // cudaStream_t, Event a cudaEvent_t recorded on it (CudaEvent); Stream::wait_event is
 // cudaStreamWaitEvent for an event with a native handle (the host does not block) and
 // Event::synchronize for any other; Event::synchronize is cudaEventSynchronize; a NCCL Group
@@ -32,6 +32,10 @@ class Event {
   // work it marks runs on the host (a CPU communication thread). A device stream waits for a
   // native event without blocking the host, and for any other event by blocking it.
   virtual void* native_handle() const { return nullptr; }
+  // Seconds from `ref` to this event, both from one stream's record_timed(): from when the
+  // work before `ref` had completed to when the work before this one had (the device's own
+  // clock on a GPU). Waits for both. An event made otherwise throws sw::Error.
+  virtual double elapsed_since(Event& ref);
 };
 
 class Stream {
@@ -46,6 +50,11 @@ class Stream {
   // thread or stream can wait for it later (the host updater's copies, say). The default is a
   // completed event: a host stream's work runs as it is enqueued.
   virtual std::shared_ptr<Event> record();
+  // An event like record()'s that can also be timed (Event::elapsed_since): the profiler's
+  // timeline of the work a device ran (the host only issued it). The default: a completed
+  // event stamped with the host's clock now (StampedEvent), as a host stream's work has run
+  // by the time it is enqueued.
+  virtual std::shared_ptr<Event> record_timed();
   // The device backend's own stream (a cudaStream_t on CUDA), or null for the host stream.
   virtual void* native_handle() const { return nullptr; }
 };
@@ -78,5 +87,21 @@ class HostEvent final : public Event {
 // An event that has already completed (what an asynchronous copy between host buffers
 // returns: it ran at once).
 std::shared_ptr<Event> completed_event();
+
+// A completed event stamped with a time in seconds (core/clock.h's trace_now() by default):
+// Stream::record_timed() of a host stream. elapsed_since another StampedEvent is the
+// difference of their stamps.
+class StampedEvent final : public Event {
+ public:
+  StampedEvent();
+  explicit StampedEvent(double at) : at_(at) {}
+  bool query() override { return true; }
+  void synchronize() override {}
+  double elapsed_since(Event& ref) override;
+  double at() const { return at_; }
+
+ private:
+  double at_;
+};
 
 }  // namespace sw

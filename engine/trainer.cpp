@@ -449,6 +449,7 @@ class Trainer {
       sm_->micro_step(batch_, static_cast<float>(loss_scale / static_cast<double>(accum_)),
                       k + 1 == accum_);
       if (rec) {
+        sm_->settle_recorder();  // on a GPU: the device's times (waits for the micro-step)
         recorder_->take_exec(*sm_, exec_rec_, s + 1, k, segment_begin(k));
         recorder_->action(s + 1, k, k, "forward_backward", tk);
       }
@@ -503,6 +504,7 @@ class Trainer {
       ++applied_;
     }
     if (rec) {
+      sm_->settle_recorder();
       recorder_->take_exec(*sm_, exec_rec_, s + 1, accum_ - 1, segment_begin(accum_));
       sm_->set_recorder(nullptr);
       recorder_->action(s + 1, 0, accum_ + 1, overflow ? "skip_step" : "optimizer", to);

@@ -163,6 +163,40 @@ void ShardedModel::Impl::record(const StepPlan& plan, int i, double t0, double t
 }
 
 void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, ExecState& st) {
+  if (!recorder || !device_times || plan.actions[size_t(i)].queue != Queue::Compute)
+    return run_action_body(model, plan, i, st);
+  Stream& s = ops->stream();
+  if (!device_ref) {  // ties the device's clock to the host's: the host waits once
+    device_ref = s.record_timed();
+    device_ref->synchronize();
+    device_ref_host = trace_clock();
+  }
+  std::shared_ptr<Event> begin = s.record_timed();
+  const size_t n0 = recorder->records.size();
+  run_action_body(model, plan, i, st);
+  std::shared_ptr<Event> end = s.record_timed();
+  for (size_t r = n0; r < recorder->records.size(); ++r) {
+    const ActionRecord& rec = recorder->records[r];
+    if (rec.action == i && rec.queue == Queue::Compute)
+      device_spans.push_back({r, rec.action, rec.segment, begin, end});
+  }
+}
+
+void ShardedModel::Impl::settle_device_times() {
+  if (recorder && device_ref) {
+    for (const DeviceSpan& d : device_spans) {
+      if (d.record >= recorder->records.size()) continue;
+      ActionRecord& r = recorder->records[d.record];
+      if (r.action != d.action || r.segment != d.segment) continue;
+      r.t_begin = device_ref_host + d.begin->elapsed_since(*device_ref);
+      r.t_end = device_ref_host + d.end->elapsed_since(*device_ref);
+    }
+  }
+  device_spans.clear();
+  device_ref.reset();
+}
+
+void ShardedModel::Impl::run_action_body(Model& model, const StepPlan& plan, int i, ExecState& st) {
   const Action& a = plan.actions[static_cast<size_t>(i)];
   const double t0 = recorder ? trace_clock() : 0;
   FlatUnit* fu = a.unit >= 0 ? units[static_cast<size_t>(a.unit)].get() : nullptr;

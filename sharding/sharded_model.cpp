@@ -494,7 +494,17 @@ StepPlan ShardedModel::eval_plan(int B, int T) const {
   return plan_eval(in);
 }
 
-void ShardedModel::set_recorder(StepRecorder* recorder) { impl_->recorder = recorder; }
+void ShardedModel::set_recorder(StepRecorder* recorder) {
+  impl_->settle_device_times();
+  impl_->recorder = recorder;
+  if (recorder) {
+    const char* force = std::getenv("SHARDWISE_PROFILE_DEVICE_TIMES");
+    impl_->device_times = impl_->ops->stream().native_handle() != nullptr ||
+                          (force && std::string(force) == "1");
+  }
+}
+
+void ShardedModel::settle_recorder() { impl_->settle_device_times(); }
 
 // ---- Parameter access ------------------------------------------------------------------------
 

@@ -322,7 +322,25 @@ struct ShardedModel::Impl {
                            bool last, bool pending = false);
   // Runs every action of `plan` in order.
   void run(Model& model, const StepPlan& plan, ExecState& st);
+  // One action, and with a recorder on a device stream, its device-side interval (below).
   void run_action(Model& model, const StepPlan& plan, int i, ExecState& st);
+  void run_action_body(Model& model, const StepPlan& plan, int i, ExecState& st);
+  // The device timeline of the recorded compute-queue actions. On a device stream (or with
+  // SHARDWISE_PROFILE_DEVICE_TIMES=1) each such action is bracketed by two timed events on the
+  // compute stream (Stream::record_timed), and settle_device_times() replaces the record's
+  // host times (when the host issued it) with the device's (when the stream ran it):
+  // device_ref_host + seconds since device_ref, an event the host waited for (once per
+  // settle) to tie the two clocks. Settled before the records are read or the recorder goes.
+  struct DeviceSpan {
+    size_t record = 0;        // index in recorder->records
+    int action = -1, segment = -1;  // that record's (checked: the records may have been taken)
+    std::shared_ptr<Event> begin, end;
+  };
+  bool device_times = false;  // set with the recorder
+  std::vector<DeviceSpan> device_spans;
+  std::shared_ptr<Event> device_ref;
+  double device_ref_host = 0;
+  void settle_device_times();
   // Issues the follow-ups (HYBRID's all-reduces of a unit's reduced block) in queue order,
   // all but the newest `keep` of those not issued yet, each once its reduce-scatter is
   // complete (waiting for it if need be; never frees). Every rank calls this at the same

@@ -114,6 +114,13 @@ class CudaStream final : public Stream {
     if (!stream) return completed_event();
     return cuda_record_event(stream, device);
   }
+  // A timed CudaEvent (the profiler's device timeline); none enqueued yet: the host's clock.
+  std::shared_ptr<Event> record_timed() override {
+    if (!stream) return Stream::record_timed();
+    auto e = std::make_shared<CudaEvent>(device, true);
+    e->record(stream);
+    return e;
+  }
   cudaStream_t stream = nullptr;
   int device = 0;
 };

@@ -264,11 +264,24 @@ void* cuda_compute_stream(int device) {
   return ops_for(Device::cuda(device)).stream().native_handle();
 }
 
-CudaEvent::CudaEvent(int device) : device_(device) {
+CudaEvent::CudaEvent(int device, bool timed) : device_(device), timed_(timed) {
   cuda_use_device(device);
   cudaEvent_t e = nullptr;
-  cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+  cuda_check(cudaEventCreateWithFlags(&e, timed ? cudaEventDefault : cudaEventDisableTiming),
+             "cudaEventCreate");
   event_ = e;
+}
+
+double CudaEvent::elapsed_since(Event& ref) {
+  auto* r = dynamic_cast<CudaEvent*>(&ref);
+  SW_CHECK(r && r->timed_ && timed_, "cuda: an event timed against one made without timing");
+  synchronize();
+  r->synchronize();
+  float ms = 0.f;
+  cuda_check(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(r->event_),
+                                  static_cast<cudaEvent_t>(event_)),
+             "cudaEventElapsedTime");
+  return static_cast<double>(ms) * 1e-3;
 }
 
 // Errors ignored: at exit the runtime may already be unloading; a pending event is released

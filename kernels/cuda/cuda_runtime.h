@@ -1,6 +1,6 @@
 // Host-side entry points of the CUDA backend (no CUDA headers here): device selection, device
 // memory, copies, the compute stream and CUDA events (core/stream.h's Event on a cudaEvent_t).
-// Compiled, never run on a GPU (docs/ARCHITECTURE.md, "The CUDA backend").
+// Run on an H100 and an H200 (docs/ARCHITECTURE.md, "The CUDA backend").
 #pragma once
 #include <cstddef>
 #include <memory>
@@ -42,7 +42,8 @@ void* cuda_compute_stream(int device);
 // native_handle: the cudaEvent_t, so a CUDA stream waits for it without blocking the host.
 class CudaEvent : public Event {
  public:
-  explicit CudaEvent(int device);
+  // timed: made with timing (elapsed_since; cudaEventElapsedTime), else cudaEventDisableTiming.
+  explicit CudaEvent(int device, bool timed = false);
   ~CudaEvent() override;
   CudaEvent(const CudaEvent&) = delete;
   CudaEvent& operator=(const CudaEvent&) = delete;
@@ -50,11 +51,14 @@ class CudaEvent : public Event {
   bool query() override;
   void synchronize() override;
   void* native_handle() const override { return event_; }
+  // cudaEventElapsedTime(ref, this) after both completed; both must be timed events.
+  double elapsed_since(Event& ref) override;
   int device() const { return device_; }
 
  protected:
   void* event_ = nullptr;
   int device_ = 0;
+  bool timed_ = false;
 };
 
 // A new CudaEvent recorded now on `stream` (a cudaStream_t of `device`).

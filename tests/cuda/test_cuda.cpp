@@ -3,6 +3,7 @@
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cstdio>
 
 #include <vector>
@@ -123,6 +124,36 @@ TEST_CASE("CudaEvent: ordering across streams without blocking the host") {
   // 2026-11-27 inside cudaEventRecord).
   x.release();
   cudaStreamDestroy(side);
+}
+
+TEST_CASE("timed events on the compute stream measure the device's work, not its issue") {
+  // Stream::record_timed / Event::elapsed_since (the profiler's device timeline): 24 passes
+  // over 256 MB take the device milliseconds (12 GB of traffic; ~4 ms on an H100) while the
+  // host issues them in far less; the measured rate must lie between 50 GB/s and 20 TB/s.
+  const Ops& ops = ops_for(gpu());
+  Stream& s = ops.stream();
+  const size_t n = size_t{64} << 20;
+  Buffer x(n * 4, Mem::Workspace, gpu());
+  ops.fill(x.f32(), 1.f, n);
+  ops.scale(x.f32(), 1.f, n);
+  s.synchronize();
+  const std::shared_ptr<Event> e0 = s.record_timed();
+  const auto h0 = std::chrono::steady_clock::now();
+  for (int k = 0; k < 24; ++k) ops.scale(x.f32(), 1.f, n);
+  const double issue = std::chrono::duration<double>(std::chrono::steady_clock::now() - h0).count();
+  const std::shared_ptr<Event> e1 = s.record_timed();
+  const double dev = e1->elapsed_since(*e0);
+  const double bytes = 24.0 * 2 * 4 * double(n);
+  INFO("device " << dev * 1e3 << " ms for " << bytes / 1e9 << " GB, host issue " << issue * 1e3
+                 << " ms");
+  CHECK(dev > 0);
+  CHECK(bytes / dev < 20e12);
+  CHECK(bytes / dev > 50e9);
+  CHECK(e0->elapsed_since(*e1) == Approx(-dev).margin(1e-6));
+  // An event made without timing, or by the host, cannot be timed against these.
+  CHECK_THROWS(e1->elapsed_since(*s.record()));
+  StampedEvent host;
+  CHECK_THROWS(e1->elapsed_since(host));
 }
 
 // The copy streams (copy_bytes_async): by default a copy starts after the compute stream's work

@@ -258,6 +258,44 @@ TEST_CASE("cuda train: shards, moments and activations on the host or NVMe equal
 }
 
 // (Builds the groups only: one rank's units never communicate; see the header.)
+TEST_CASE("cuda train: the recorder's compute actions carry the device's times") {
+  // settle_recorder replaces each compute action's host times (when the host issued it) with
+  // the stream's (when the GPU ran it): every action ends on the device after the host began
+  // issuing it (to the clock tie's slack), the stream runs them one after another in order,
+  // and the device finishes the step's last one after the host issued it.
+  const ModelConfig cfg = tiny("gpt2");
+  Model m = build_model(cfg);
+  ShardedModel sm(m, ops_for(gpu()), 4242, make_local_group(), policy(DType::BF16));
+  const int B = 4, T = cfg.seq_len;
+  std::vector<int32_t> tok(size_t(B) * T, 3), tgt(size_t(B) * T, 4);
+  const Batch batch{tok.data(), tgt.data(), B, T};
+  sm.forward_backward(batch);
+  StepRecorder rec;
+  sm.set_recorder(&rec);
+  sm.forward_backward(batch);
+  sm.optimizer_step(AdamWParams{}, 1e-3f, 1.f, 1);
+  const std::vector<ActionRecord> host = rec.records;
+  sm.settle_recorder();
+  sm.set_recorder(nullptr);
+  REQUIRE(rec.records.size() == host.size());
+  double prev_end = -1;
+  int compute = 0, later = 0;
+  for (size_t i = 0; i < host.size(); ++i) {
+    if (host[i].queue != Queue::Compute) continue;
+    const ActionRecord& d = rec.records[i];
+    INFO("record " << i << " " << action_kind_name(d.kind) << ": host " << host[i].t_begin
+                   << ".." << host[i].t_end << ", device " << d.t_begin << ".." << d.t_end);
+    ++compute;
+    CHECK(d.t_begin <= d.t_end);
+    CHECK(d.t_end >= host[i].t_begin - 1e-4);
+    if (prev_end >= 0) CHECK(d.t_begin >= prev_end - 1e-6);
+    prev_end = d.t_end;
+    later += d.t_end > host[i].t_end;
+  }
+  CHECK(compute > 10);
+  CHECK(later > 0);
+}
+
 TEST_CASE("cuda train: NCCL at one rank equals staging through the host") {
   const ModelConfig cfg = tiny("gpt2");
   ShardingPolicy pol = policy(DType::BF16);

@@ -4,6 +4,7 @@
 // and, at one rank, the executor's record of a real step is exactly the plan's action list.
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
@@ -310,6 +311,61 @@ TEST_CASE("The executor runs exactly the plan (one rank, a recorder attached)", 
       const MemDeltas peak = replay(plan, true);
       CHECK(static_cast<int64_t>(MemTracker::global().peak(Mem::Activations) - a0) == peak[Ai]);
     }
+}
+
+TEST_CASE("recorder: the compute actions' device times replace their host times", "[plan]") {
+  // On a GPU each recorded compute-queue action is bracketed by timed events on the compute
+  // stream and settle_recorder() writes the device's interval into its record. On the CPU the
+  // path runs with SHARDWISE_PROFILE_DEVICE_TIMES=1 over the host stream's stamped events,
+  // taken just before and just after the action's own host times: so each settled interval
+  // holds the host's (to the clock tie's slack), the other queues' records are untouched, and
+  // without the variable nothing changes.
+  for (const bool forced : {false, true}) {
+    if (forced)
+      setenv("SHARDWISE_PROFILE_DEVICE_TIMES", "1", 1);
+    else
+      unsetenv("SHARDWISE_PROFILE_DEVICE_TIMES");
+    Model m = build_model(tiny("gpt2", 2));
+    ShardedModel sm(m, ops_for(Device::cpu()), 7, make_local_group(),
+                    ShardingPolicy::for_strategy(ShardingStrategy::FullShard));
+    const int B = 2, T = 16;
+    std::vector<int32_t> tok(static_cast<size_t>(B) * T, 5);
+    const Batch batch{tok.data(), tok.data(), B, T};
+    sm.forward_backward(batch);
+    StepRecorder rec;
+    sm.set_recorder(&rec);
+    sm.forward_backward(batch);
+    sm.optimizer_step(AdamWParams{}, 1e-3f, 1.f, 1);
+    const std::vector<ActionRecord> host = rec.records;
+    sm.settle_recorder();
+    REQUIRE(rec.records.size() == host.size());
+    int compute = 0, moved = 0;
+    for (size_t i = 0; i < host.size(); ++i) {
+      const ActionRecord &h = host[i], &d = rec.records[i];
+      INFO("record " << i << " (" << action_kind_name(h.kind) << "), forced " << forced);
+      if (h.queue != Queue::Compute || !forced) {
+        CHECK(d.t_begin == h.t_begin);
+        CHECK(d.t_end == h.t_end);
+        continue;
+      }
+      ++compute;
+      moved += d.t_begin != h.t_begin || d.t_end != h.t_end;
+      CHECK(d.t_begin <= h.t_begin + 1e-3);
+      CHECK(d.t_end >= h.t_end);
+      CHECK(d.t_end - d.t_begin < h.t_end - h.t_begin + 1e-2);
+    }
+    if (forced) {
+      CHECK(compute > 10);
+      CHECK(moved == compute);
+    }
+    // Records taken (cleared) before the settle: the spans no longer match and are skipped.
+    sm.forward_backward(batch);
+    rec.records.clear();
+    sm.settle_recorder();
+    CHECK(rec.records.empty());
+    sm.set_recorder(nullptr);
+  }
+  unsetenv("SHARDWISE_PROFILE_DEVICE_TIMES");
 }
 
 TEST_CASE("plan str() lists every action with its queue", "[plan]") {

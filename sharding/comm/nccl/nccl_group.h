@@ -1,7 +1,8 @@
 // Collectives on CUDA device memory through NCCL (docs/ARCHITECTURE.md, "Collectives on
 // devices"). Built when the CUDA backend and NCCL are found; registered as the CUDA device
 // group factory (sharding/comm/group.h register_device_group_factory), so the engine reaches
-// it through device_group(host, Device::cuda(i)). Compiled, never run on a GPU.
+// it through device_group(host, Device::cuda(i)). Run at one rank on an H100; two ranks on two
+// GPUs have never run.
 //
 // NcclGroup (nccl_group.cpp), a Group whose buffers are on this process's CUDA device:
 //   * Made collectively over a host group: every rank all-gathers its GpuIdentity; when any
