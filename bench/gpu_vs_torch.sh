@@ -36,6 +36,9 @@
 #                      shardwise_optimes, shardwise_cudnn_optimes, compile, eager;
 #                      shardwise_cudnn / _cublas: SHARDWISE_CUDA_ATTENTION=cudnn / cublas;
 #                      shardwise_optimes: each CUDA op's time, op_times_MODEL.tsv;
+#                      shardwise_profile: `shardwise profile` (the warm-up steps and one
+#                      more, all but the first recorded) into profile_MODEL/, with the
+#                      compute track's busy share of each recorded step;
 #                      shardwise_chunkN: the cuBLAS attention path with N query rows per
 #                      chunk, SHARDWISE_CUDA_ATTENTION_CHUNK=N, e.g. 32 keeps a 1.3B Llama's
 #                      scores in L2, by default up to 256 MiB of them), e.g. to measure
@@ -140,8 +143,8 @@ if [ -n "$order" ]; then
     m=${p%%:*} e=${p#*:}
     [[ $p == *:* && ($m == gpt2 || $m == llama) ]] ||
       { echo "gpu_vs_torch: --order: '$p' is not MODEL:ENGINE with MODEL gpt2 or llama" >&2; exit 2; }
-    case $e in shardwise | shardwise_flash | shardwise_cudnn | shardwise_cublas | shardwise_optimes | shardwise_cudnn_optimes | shardwise_chunk[1-9]* | compile | eager) ;;
-      *) echo "gpu_vs_torch: --order: engine '$e' is not shardwise, shardwise_flash, shardwise_cudnn, shardwise_cublas, shardwise_optimes, shardwise_cudnn_optimes, shardwise_chunkN, compile or eager" >&2; exit 2 ;;
+    case $e in shardwise | shardwise_flash | shardwise_cudnn | shardwise_cublas | shardwise_optimes | shardwise_cudnn_optimes | shardwise_profile | shardwise_chunk[1-9]* | compile | eager) ;;
+      *) echo "gpu_vs_torch: --order: engine '$e' is not shardwise, shardwise_flash, shardwise_cudnn, shardwise_cublas, shardwise_optimes, shardwise_cudnn_optimes, shardwise_profile, shardwise_chunkN, compile or eager" >&2; exit 2 ;;
     esac
     plan+=("$p")
     [[ " $models " == *" $m "* ]] || models="$models${models:+ }$m"
@@ -195,11 +198,12 @@ done
 # op_times_MODEL_cudnn.tsv).
 run_shardwise() {
   local m=$1 r=$2 variant=${3:-} dir=$runs/shardwise${3:+_$3}_${1}_r$2 cap t rc attn="" optimes=""
-  local chunk=""
+  local chunk="" prof=""
   case $variant in
     flash | cudnn | cublas) attn=$variant ;;
     chunk*) chunk=${variant#chunk} ;;
     optimes) optimes=${out:-$runs}/op_times_$m.tsv ;;
+    profile) prof=${out:-$runs}/profile_$m ;;
     cudnn_optimes) attn=cudnn optimes=${out:-$runs}/op_times_${m}_cudnn.tsv ;;
   esac
   cap=${cap_sw[$m]}
@@ -242,8 +246,34 @@ PY
   (if [ -n "$attn" ]; then export SHARDWISE_CUDA_ATTENTION=$attn; else unset SHARDWISE_CUDA_ATTENTION; fi
    if [ -n "$optimes" ]; then export SHARDWISE_CUDA_OP_TIMES=$optimes; else unset SHARDWISE_CUDA_OP_TIMES; fi
    if [ -n "$chunk" ]; then export SHARDWISE_CUDA_ATTENTION_CHUNK=$chunk; else unset SHARDWISE_CUDA_ATTENTION_CHUNK; fi
+   if [ -n "$prof" ]; then
+     rm -rf "$prof"
+     # (the warm-up steps and one more: its tokens/s is that step's)
+     exec timeout -k 10 "$cap" "$sw" profile "$dir/config_in.json" --steps "$((${warmup_of[$m]} + 1))" \
+       --out "$prof" --quiet
+   fi
    exec timeout -k 10 "$cap" "$sw" train "$dir/config_in.json" --quiet --no-export) >"$dir/log.txt" 2>&1
   rc=$?
+  if [ -n "$prof" ]; then
+    # The profile's metrics are in its own folder; the compute track's busy share per recorded
+    # step, from the trace (on a GPU the device's times: docs/ARCHITECTURE.md, "Profiler").
+    mkdir -p "$dir/run" && cp "$prof/metrics.jsonl" "$dir/run/" 2>/dev/null
+    "$py" - "$prof/trace_rank0.json" "$m" >&2 <<'PY' || echo "  $m profile: no trace" >&2
+import json, sys
+ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("ph") == "X"]
+coarse = {"step", "forward_backward", "grad_norm", "optimizer", "skip_step", "evaluate"}
+steps = [e for e in ev if e["name"].split(" ")[0] == "step"]
+for st in steps:
+    t0, t1 = st["ts"], st["ts"] + st["dur"]
+    comp = [e for e in ev if e.get("tid") == 1 and e["name"].split(" ")[0] not in coarse
+            and t0 <= e["ts"] <= t1]
+    waits = sum(e["dur"] for e in comp if e["name"].startswith("wait_"))
+    busy = sum(e["dur"] for e in comp) - waits
+    print(f"  {sys.argv[2]} profile: step {st.get('args', {}).get('step')}: {st['dur'] / 1e3:.1f} ms, "
+          f"compute track busy {100 * busy / st['dur']:.1f}%, in waits {100 * waits / st['dur']:.1f}% "
+          f"({len(comp)} actions)")
+PY
+  fi
   if [ -n "$optimes" ]; then
     if [ -s "$optimes" ]; then head -22 "$optimes" | sed "s/^/  $m op times: /" >&2
     else echo "  $m op times: none written (not a CUDA build, or the run did not end normally)" >&2; fi
@@ -259,6 +289,8 @@ rec = {"engine": "shardwise", "mode": "train", "attention": sys.argv[10], "model
        "peak_flops": peak, "exit": rc, "wall_s": wall, "run_dir": d}
 if sys.argv[11] == "optimes":
     rec["variant"] = "op-times"
+elif sys.argv[11] == "profile":
+    rec["variant"] = "profiled"
 elif sys.argv[11] == "cudnn_optimes":
     rec["variant"] = "cudnn-attn op-times"
 elif sys.argv[11].startswith("chunk"):
@@ -368,6 +400,7 @@ for ((r = 1; r <= rounds; r++)); do
       shardwise_cudnn) line=$(run_shardwise "$m" "$r" cudnn) ;;
       shardwise_cublas) line=$(run_shardwise "$m" "$r" cublas) ;;
       shardwise_optimes) line=$(run_shardwise "$m" "$r" optimes) ;;
+      shardwise_profile) line=$(run_shardwise "$m" "$r" profile) ;;
       shardwise_cudnn_optimes) line=$(run_shardwise "$m" "$r" cudnn_optimes) ;;
       shardwise_chunk*) line=$(run_shardwise "$m" "$r" "${e#shardwise_}") ;;
       *) line=$(run_torch "$m" "$e" "$r") ;;
@@ -409,7 +442,7 @@ for m in models:
     chunks = sorted({e for (mm, e) in best if mm == m and e.startswith("shardwise chunk")},
                     key=lambda e: int(e[len("shardwise chunk"):]))
     for e in ["shardwise", "shardwise cudnn-attn", "shardwise cublas-attn", "shardwise flash-attn",
-              "shardwise op-times",
+              "shardwise op-times", "shardwise profiled",
               "shardwise cudnn-attn op-times", *chunks,
               "pytorch eager", "pytorch compile"]:
         j = best.get((m, e))

@@ -49,9 +49,9 @@ timeout -k 5 "$test_cap" bash scripts/gpu_build.sh --test
 echo "gpu_lease: tests exit $?"
 left=$((deadline - SECONDS - 15))
 # Shardwise (cuDNN's attention, the default) against compile on the same machine first (the
-# 2026-11-27 lease had to divide by another call's compile figure), then where the steps go,
-# then the rest.
-order=${GPU_LEASE_ORDER:-llama:shardwise,llama:compile,gpt2:shardwise,gpt2:compile,llama:shardwise_optimes,gpt2:shardwise_optimes,llama:eager,gpt2:eager,llama:shardwise_cublas,gpt2:shardwise_cublas}
+# 2026-11-27 lease had to divide by another call's compile figure), then where the steps go
+# (op times; the Llama's profile, whose trace has the device's times), then the rest.
+order=${GPU_LEASE_ORDER:-llama:shardwise,llama:compile,gpt2:shardwise,gpt2:compile,llama:shardwise_optimes,gpt2:shardwise_optimes,llama:shardwise_profile,llama:eager,gpt2:eager,llama:shardwise_cublas,gpt2:shardwise_cublas}
 if ((left < 60)); then
   echo "gpu_lease: ${left}s left, no time for the benchmark"
   exit 1

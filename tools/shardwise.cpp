@@ -216,7 +216,8 @@ int cmd_profile(const ProfileArgs& a) {
   // without checkpoints, writing its run files into the profile directory.
   const sw::TrainConfig full = sw::load_config(a.config, overrides);
   const std::string dir = a.out.empty() ? full.profile.out : a.out;
-  if (full.scheduler.total_num_steps == 0)
+  // (a cosine schedule's length, which defaults to train_steps; the other schedules have none)
+  if (full.scheduler.type == "WarmupCosineLR" && full.scheduler.total_num_steps == 0)
     overrides.push_back("scheduler.params.total_num_steps=" + std::to_string(full.train_steps));
   overrides.push_back("train_steps=" + std::to_string(a.steps));
   overrides.push_back("checkpoint.every_steps=0");

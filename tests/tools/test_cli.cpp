@@ -508,6 +508,15 @@ TEST_CASE("cli: profile writes trace and memory chart and peaks and names a bad 
   CHECK(!fs::exists(d / "prof" / "model.safetensors"));
   CHECK(!fs::exists(d / "prof" / "checkpoints"));
   CHECK(!fs::exists(d / "run"));
+  // Every scheduler type (the profile keeps a cosine schedule's length; the others have none:
+  // a Constant schedule was refused a total_num_steps until 2026-11-28).
+  for (const char* sched : {"Constant", "WarmupLR", "WarmupCosineLR"}) {
+    const Result q = sw_run(d, {"profile", "cfg.json", "--quiet", "--steps", "2", "--out",
+                                std::string("prof_") + sched, "--set",
+                                std::string("scheduler={\"type\": \"") + sched + "\"}"});
+    INFO(sched << ": " << q.err);
+    CHECK(q.rc == 0);
+  }
 }
 
 // `plan`: the replayed peak per tier and category, as text and JSON, with offload to NVMe:
