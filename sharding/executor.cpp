@@ -3,8 +3,8 @@
 // threads (one ordered sequence of collectives per group), and an event is a collective's Work:
 // a WaitGather blocks on the Gather's Work; reductions complete in queue order at the
 // WaitReduce actions that list them (where their transient gradients are freed, so memory
-// follows the plan exactly), and HYBRID's follow-up all-reduces are issued as soon as a poll
-// before each backward call sees their reduce-scatter done. A CUDA build
+// follows the plan exactly), and HYBRID's all-reduce of a unit's reduced block is issued right
+// behind its reduce-scatter, to start once that has completed (Collective::after). A CUDA build
 // maps the same queues to streams and the waits to cudaStreamWaitEvent (docs/ARCHITECTURE.md).
 //
 // The plan is a prediction made from declared sizes; the executor still checks the state it
@@ -167,9 +167,10 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
     return run_action_body(model, plan, i, st);
   Stream& s = ops->stream();
   if (!device_ref) {  // ties the device's clock to the host's: the host waits once
-    device_ref = s.record_timed();
-    device_ref->synchronize();
+    std::shared_ptr<Event> ref = s.record_timed();
+    ref->synchronize();
     device_ref_host = trace_clock();
+    device_ref = std::move(ref);  // (set only once the tie holds)
   }
   std::shared_ptr<Event> begin = s.record_timed();
   const size_t n0 = recorder->records.size();
@@ -183,17 +184,21 @@ void ShardedModel::Impl::run_action(Model& model, const StepPlan& plan, int i, E
 }
 
 void ShardedModel::Impl::settle_device_times() {
-  if (recorder && device_ref) {
-    for (const DeviceSpan& d : device_spans) {
-      if (d.record >= recorder->records.size()) continue;
-      ActionRecord& r = recorder->records[d.record];
-      if (r.action != d.action || r.segment != d.segment) continue;
-      r.t_begin = device_ref_host + d.begin->elapsed_since(*device_ref);
-      r.t_end = device_ref_host + d.end->elapsed_since(*device_ref);
-    }
-  }
-  device_spans.clear();
+  // Taken first, so a failure below leaves nothing half-settled behind: a record whose events
+  // cannot be timed keeps its host times, and the error goes on to the caller.
+  std::vector<DeviceSpan> spans;
+  spans.swap(device_spans);
+  std::shared_ptr<Event> ref = std::move(device_ref);
   device_ref.reset();
+  if (!recorder || !ref) return;
+  for (const DeviceSpan& d : spans) {
+    if (d.record >= recorder->records.size()) continue;
+    ActionRecord& r = recorder->records[d.record];
+    if (r.action != d.action || r.segment != d.segment) continue;
+    const double b = d.begin->elapsed_since(*ref), e = d.end->elapsed_since(*ref);
+    r.t_begin = device_ref_host + b;
+    r.t_end = device_ref_host + e;
+  }
 }
 
 void ShardedModel::Impl::run_action_body(Model& model, const StepPlan& plan, int i, ExecState& st) {
@@ -293,9 +298,6 @@ void ShardedModel::Impl::run_action_body(Model& model, const StepPlan& plan, int
       }
       break;
     case ActionKind::Backward: {
-      // HYBRID: the reduce-scatters before the newest two get their all-reduces now (the
-      // newest, issued at the end of the last two backwards, likely still run)
-      issue_follow_ups(2);
       fu->to_pre_backward();
       fu->ensure_grads();
       // A unit whose backward takes dx == dy (Unit::backward_in_place) writes its dx over its
@@ -332,7 +334,7 @@ void ShardedModel::Impl::run_action_body(Model& model, const StepPlan& plan, int
         fu->stage_grad(pnvme->gslots[size_t(a.slot)].f32());
       }
       PendingReduction r;
-      r.action = i, r.kind = a.kind, r.unit = a.unit, r.issued = true, r.t_issue = t0;
+      r.action = i, r.kind = a.kind, r.unit = a.unit, r.t_issue = t0;
       r.finishes = R == 1;
       r.bytes = a.bytes;
       r.seq = recorder ? recorder->issued++ : -1;
@@ -343,10 +345,10 @@ void ShardedModel::Impl::run_action_body(Model& model, const StepPlan& plan, int
     case ActionKind::AllReduce: {
       if (a.bucket >= 0) {
         issue_bucket(a.bucket, i);
-      } else {  // HYBRID: issued once the reduce-scatter before it completed
+      } else {  // HYBRID: the replica all-reduce, behind its reduce-scatter
         PendingReduction r;
         r.action = i, r.kind = a.kind, r.unit = a.unit, r.bytes = a.bytes;
-        pending.push_back(std::move(r));
+        issue_follow_up(*fu, r);
       }
       return;
     }
@@ -690,7 +692,7 @@ void ShardedModel::Impl::issue_bucket(int bi, int action) {
     op = ReduceOp::Sum;
   }
   PendingReduction r;
-  r.action = action, r.kind = ActionKind::AllReduce, r.bucket = bi, r.issued = true;
+  r.action = action, r.kind = ActionKind::AllReduce, r.bucket = bi;
   r.bytes = (b.hi - b.lo) * static_cast<int64_t>(dtype_size(rdt));
   r.t_issue = recorder ? trace_clock() : 0;
   r.seq = recorder ? recorder->issued++ : -1;
@@ -698,43 +700,26 @@ void ShardedModel::Impl::issue_bucket(int bi, int action) {
   pending.push_back(std::move(r));
 }
 
-void ShardedModel::Impl::issue_follow_ups(size_t keep) {
-  size_t waiting = 0;
-  for (const PendingReduction& r : pending) waiting += r.issued ? 0 : 1;
-  if (waiting <= keep) return;
-  size_t n = waiting - keep;
-  for (size_t k = 0; k < pending.size() && n > 0; ++k) {
-    PendingReduction& r = pending[k];
-    if (r.issued) continue;
-    --n;
-    // HYBRID's all-reduce of a unit's reduced block, once the reduce-scatter before it is
-    // done (at the front, k == 0, that one was completed and popped already).
-    if (k > 0) {
-      SW_CHECK(pending[k - 1].kind == ActionKind::ReduceScatter && pending[k - 1].unit == r.unit,
-               "executor: a follow-up all-reduce does not follow its unit's reduce-scatter");
-      pending[k - 1].work.wait();
-    }
-    FlatUnit& fu = *units[static_cast<size_t>(r.unit)];
-    void* blk = fu.reduced_block();
-    r.t_issue = recorder ? trace_clock() : 0;
-    r.seq = recorder ? recorder->issued++ : -1;
-    r.work = rep->issue_all_reduce(
-        blk, blk, fu.shard_size(),
-        fu.reduce_dtype() == DType::F32 ? ReduceOp::Avg : ReduceOp::Sum,  // divided before
-        fu.reduce_dtype());
-    r.issued = true;
-  }
+void ShardedModel::Impl::issue_follow_up(FlatUnit& fu, PendingReduction& r) {
+  // The newest pending reduction is the unit's reduce-scatter (the plan issues the two back to
+  // back); the all-reduce starts on the replica group once it has completed, without the host
+  // waiting (Collective::after), so both groups' collectives go out in plan order on every rank.
+  SW_CHECK(!pending.empty() && pending.back().kind == ActionKind::ReduceScatter &&
+               pending.back().unit == r.unit,
+           "executor: HYBRID's all-reduce of unit '" + fu.unit()->name() +
+               "' does not follow its reduce-scatter");
+  void* blk = fu.reduced_block();
+  r.t_issue = recorder ? trace_clock() : 0;
+  r.seq = recorder ? recorder->issued++ : -1;
+  r.work = rep->issue_all_reduce_after(
+      pending.back().work, blk, blk, fu.shard_size(),
+      fu.reduce_dtype() == DType::F32 ? ReduceOp::Avg : ReduceOp::Sum,  // divided before
+      fu.reduce_dtype());
+  pending.push_back(std::move(r));
 }
 
 void ShardedModel::Impl::complete_reductions(int through) {
   while (!pending.empty() && (through < 0 || pending.front().action <= through)) {
-    // A front entry not issued yet follows a completed reduce-scatter: it alone is issued
-    // (the others wait for their points in the plan).
-    if (!pending.front().issued) {
-      size_t waiting = 0;
-      for (const PendingReduction& r : pending) waiting += r.issued ? 0 : 1;
-      issue_follow_ups(waiting - 1);
-    }
     PendingReduction done = std::move(pending.front());
     pending.pop_front();
     done.work.wait();
@@ -782,7 +767,7 @@ void ShardedModel::Impl::reduce_unit_now(FlatUnit& fu) {
     case FlatUnit::Kind::Sharded:
     case FlatUnit::Kind::FullReplicated: {
       PendingReduction r;
-      r.kind = ActionKind::ReduceScatter, r.unit = fu.index(), r.issued = true;
+      r.kind = ActionKind::ReduceScatter, r.unit = fu.index();
       r.finishes = R == 1;
       r.seq = recorder ? recorder->issued++ : -1;
       r.work = fu.issue_reduce_scatter(R);
@@ -790,7 +775,7 @@ void ShardedModel::Impl::reduce_unit_now(FlatUnit& fu) {
       if (R > 1) {
         PendingReduction ar;
         ar.kind = ActionKind::AllReduce, ar.unit = fu.index();
-        pending.push_back(std::move(ar));
+        issue_follow_up(fu, ar);
       }
       break;
     }

@@ -30,12 +30,12 @@
 
 namespace sw {
 
-// A reduction of the reduce queue (issued, or waiting for the one before it to complete).
+// A reduction of the reduce queue, issued (HYBRID's all-reduce starts once the reduce-scatter
+// before it has completed).
 struct PendingReduction {
   int action = -1;  // in the plan being run
   ActionKind kind = ActionKind::ReduceScatter;
   int unit = -1, bucket = -1;
-  bool issued = false;
   bool finishes = true;  // its completion finishes the unit's reduction (accumulate)
   int seq = -1;          // ActionRecord::issued (with a recorder)
   int64_t bytes = 0;
@@ -341,14 +341,13 @@ struct ShardedModel::Impl {
   std::shared_ptr<Event> device_ref;
   double device_ref_host = 0;
   void settle_device_times();
-  // Issues the follow-ups (HYBRID's all-reduces of a unit's reduced block) in queue order,
-  // all but the newest `keep` of those not issued yet, each once its reduce-scatter is
-  // complete (waiting for it if need be; never frees). Every rank calls this at the same
-  // points of the plan with the same `keep`, so every rank issues the two groups' collectives
-  // in one order whatever the timing: NCCL requires that of communicators that run at once
-  // (a follow-up issued as soon as this rank saw its reduce-scatter done could pass another
-  // rank's next reduce-scatter).
-  void issue_follow_ups(size_t keep);
+  // HYBRID's all-reduce of a unit's reduced block (r, pushed onto `pending`): issued right
+  // behind the unit's reduce-scatter, the newest pending entry, to start once that has
+  // completed (Group::issue_all_reduce_after; the host does not wait). So every rank issues
+  // the two groups' collectives in plan order whatever the timing, as NCCL requires of
+  // communicators that run at once (until 2026-11-28 the host issued it once it saw the
+  // reduce-scatter done, an order that depended on each rank's timing).
+  void issue_follow_up(FlatUnit& fu, PendingReduction& r);
   // Completes reductions in queue order up to plan action `through` (-1: all), accumulating
   // the reduced gradients (which frees the transient ones).
   void complete_reductions(int through);

@@ -107,6 +107,19 @@ void Work::wait() {
   if (!s_->error.empty()) throw Error(s_->error);
 }
 
+void Work::wait_done() {
+  if (!s_) return;
+  if (s_->native) {
+    s_->native->synchronize();
+    return;
+  }
+  if (!s_->done.load(std::memory_order_acquire)) {
+    std::unique_lock<std::mutex> l(s_->mu);
+    s_->cv.wait(l, [&] { return s_->done.load(std::memory_order_acquire); });
+  }
+  if (!s_->error.empty()) throw Error(s_->error);
+}
+
 bool Work::test() {
   if (s_ && s_->native) return s_->native->query();
   return !s_ || s_->done.load(std::memory_order_acquire);
@@ -210,6 +223,17 @@ Work Group::issue_all_reduce(const void* send, void* recv, int64_t count, Reduce
   return issue(c);
 }
 
+Work Group::issue_all_reduce_after(const Work& after, const void* send, void* recv, int64_t count,
+                                   ReduceOp op, DType dt) {
+  check_count("all_reduce", count);
+  check_bufs("all_reduce", count, send, recv);
+  Collective c;
+  c.kind = CollKind::AllReduce;
+  c.send = send, c.recv = recv, c.count = count, c.dtype = dt, c.op = op;
+  c.after = after;
+  return issue(c);
+}
+
 Work Group::issue_broadcast(void* buf, int64_t count, int root, DType dt) {
   check_count("broadcast", count);
   check_bufs("broadcast", count, buf, buf);
@@ -244,6 +268,7 @@ class LocalGroup final : public Group {
     return std::make_shared<LocalGroup>();
   }
   Work issue(const Collective& c) override {
+    Collective(c).after.wait_done();  // (a copy: wait_done is not const)
     // With one rank every collective is a copy (Avg divides by 1: exact, so a copy too).
     const size_t bytes = static_cast<size_t>(c.count) * dtype_size(c.dtype);
     if ((c.kind == CollKind::AllGather || c.kind == CollKind::ReduceScatter ||

@@ -58,19 +58,6 @@ const char* coll_name(CollKind k);        // "all_gather", ...
 const char* comm_algo_name(CommAlgo a);   // "auto", "mpi", "ring", "direct", "oneshot"
 CommAlgo comm_algo_from_name(const std::string& s);  // throws sw::Error naming the value
 
-// One collective call. Which fields matter depends on kind (see the Group methods).
-struct Collective {
-  CollKind kind = CollKind::Barrier;
-  const void* send = nullptr;
-  void* recv = nullptr;
-  int64_t count = 0;
-  DType dtype = DType::F32;
-  ReduceOp op = ReduceOp::Sum;
-  int root = 0;
-  CommAlgo algo = CommAlgo::Auto;
-  int color = 0, key = 0;  // Split only
-};
-std::string describe(const Collective& c);  // "all_gather(count=10,f32)"
 
 namespace detail {
 struct WorkState;
@@ -84,6 +71,9 @@ class Work final : public Event {
   Work() = default;
   explicit Work(std::shared_ptr<detail::WorkState> s) : s_(std::move(s)) {}
   void wait();  // blocks until complete; throws sw::Error("comm: ...") if the collective failed
+  // As wait(), not counted as the caller's exposed communication (a group's own thread waiting
+  // for another group's collective: Collective::after).
+  void wait_done();
   bool test();  // true once complete (never blocks; errors surface in wait())
   bool query() override { return test(); }
   void synchronize() override { wait(); }
@@ -97,6 +87,26 @@ class Work final : public Event {
  private:
   std::shared_ptr<detail::WorkState> s_;
 };
+
+// One collective call. Which fields matter depends on kind (see the Group methods).
+struct Collective {
+  CollKind kind = CollKind::Barrier;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  int64_t count = 0;
+  DType dtype = DType::F32;
+  ReduceOp op = ReduceOp::Sum;
+  int root = 0;
+  CommAlgo algo = CommAlgo::Auto;
+  int color = 0, key = 0;  // Split only
+  // Starts only once this collective of another group has completed (default: at once), its
+  // failure failing this one: HYBRID's all-reduce of a unit's reduced block after that block's
+  // reduce-scatter, issued at once behind it so every rank issues both groups' collectives in
+  // one order. NCCL makes its stream wait for the event (the host does not); the MPI and
+  // staged groups' threads wait for it before they start this one.
+  Work after;
+};
+std::string describe(const Collective& c);  // "all_gather(count=10,f32)"
 
 // Tunables. Defaults come from the environment (read once per group at creation):
 //   SHARDWISE_COMM_TIMEOUT_S  watchdog limit per collective, seconds (default 300)
@@ -156,6 +166,10 @@ class Group {
   // recv (count) := op over ranks of send (count); send == recv is allowed (in place).
   Work issue_all_reduce(const void* send, void* recv, int64_t count, ReduceOp op,
                         DType dt = DType::F32, CommAlgo algo = CommAlgo::Auto);
+  // The same, started once `after` (another group's collective) has completed
+  // (Collective::after).
+  Work issue_all_reduce_after(const Work& after, const void* send, void* recv, int64_t count,
+                              ReduceOp op, DType dt = DType::F32);
   // buf (count) := root's buf on every rank.
   Work issue_broadcast(void* buf, int64_t count, int root, DType dt = DType::F32);
   Work issue_barrier();

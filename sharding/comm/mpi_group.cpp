@@ -336,6 +336,14 @@ void MpiGroup::comm_loop() {
       op = std::move(queue_.front());
       queue_.pop_front();
     }
+    // Another group's collective it must follow (Collective::after): waited for before this
+    // one counts as started (that group's watchdog watches it); its failure fails this one.
+    std::string before;
+    try {
+      op->c.after.wait_done();
+    } catch (const std::exception& e) {
+      before = e.what();
+    }
     const CommOptions o = options();
     const auto t0 = Clock::now();
     {
@@ -350,6 +358,8 @@ void MpiGroup::comm_loop() {
     try {
       if (!failed_.empty())
         throw Error("comm: " + describe(op->c) + " on a group that failed earlier (" + failed_ + ")");
+      if (!before.empty())
+        throw Error("comm: " + describe(op->c) + " after a collective that failed (" + before + ")");
       if (o.delay_us > 0) {
         const auto us = static_cast<int64_t>(delay_rng_() % static_cast<uint64_t>(o.delay_us + 1));
         std::this_thread::sleep_for(std::chrono::microseconds(us));

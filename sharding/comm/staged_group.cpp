@@ -96,8 +96,14 @@ class StagedGroup final : public Group {
         busy_ = true;
       }
       std::string err;
+      try {  // another group's collective it must follow (Collective::after)
+        job.c.after.wait_done();
+      } catch (const std::exception& e) {
+        err = "comm: " + describe(job.c) + " after a collective that failed (" + e.what() + ")";
+      }
       job.state->t_start = trace_now();
       try {
+        if (!err.empty()) throw Error(err);
         execute(job.c);
       } catch (const std::exception& e) {
         err = e.what();

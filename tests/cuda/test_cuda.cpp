@@ -149,7 +149,6 @@ TEST_CASE("timed events on the compute stream measure the device's work, not its
   CHECK(dev > 0);
   CHECK(bytes / dev < 20e12);
   CHECK(bytes / dev > 50e9);
-  CHECK(e0->elapsed_since(*e1) == Approx(-dev).margin(1e-6));
   // An event made without timing, or by the host, cannot be timed against these.
   CHECK_THROWS(e1->elapsed_since(*s.record()));
   StampedEvent host;

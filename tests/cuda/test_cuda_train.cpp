@@ -271,11 +271,13 @@ TEST_CASE("cuda train: the recorder's compute actions carry the device's times")
   const Batch batch{tok.data(), tgt.data(), B, T};
   sm.forward_backward(batch);
   StepRecorder rec;
+  const double before = trace_clock();
   sm.set_recorder(&rec);
   sm.forward_backward(batch);
   sm.optimizer_step(AdamWParams{}, 1e-3f, 1.f, 1);
   const std::vector<ActionRecord> host = rec.records;
   sm.settle_recorder();
+  const double after = trace_clock();
   sm.set_recorder(nullptr);
   REQUIRE(rec.records.size() == host.size());
   double prev_end = -1;
@@ -287,6 +289,8 @@ TEST_CASE("cuda train: the recorder's compute actions carry the device's times")
                    << ".." << host[i].t_end << ", device " << d.t_begin << ".." << d.t_end);
     ++compute;
     CHECK(d.t_begin <= d.t_end);
+    CHECK(d.t_begin >= before);  // within the recorded interval: no constant offset
+    CHECK(d.t_end <= after);
     CHECK(d.t_end >= host[i].t_begin - 1e-4);
     if (prev_end >= 0) CHECK(d.t_begin >= prev_end - 1e-6);
     prev_end = d.t_end;

@@ -324,6 +324,13 @@ class NcclGroup final : public Group {
     cuda_ok(cudaEventRecord(ready_, static_cast<cudaStream_t>(cuda_compute_stream(dev_.index))),
             "cudaEventRecord (compute stream)");
     cuda_ok(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
+    // Another group's collective it follows (Collective::after): its event, on the device; a
+    // collective of a host group (none in the engine's pairings), on the host.
+    if (void* h = c.after.native_handle())
+      cuda_ok(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(h), 0),
+              "cudaStreamWaitEvent (after)");
+    else
+      Collective(c).after.wait_done();
 
     const size_t n = static_cast<size_t>(c.count);
     const ncclDataType_t t = nccl_type(c.dtype);
