@@ -87,10 +87,8 @@ def main():
     lm = 6.0 * N * s["V"] * s["C"]
     adam_s = per["adamw_copies"]
     pts = gemm_points(a.gemm)
-    card = ""
-    for line in open(a.gemm):
-        card = line.split(":", 1)[1].split(",")[0].strip() if line.startswith("bench_cuda_gemm:") else card
-        break
+    first = open(a.gemm).readline()  # "bench_cuda_gemm: NVIDIA H100 80GB HBM3, cuBLAS ..."
+    card = first.split(":", 1)[1].split(",")[0].strip() if first.startswith("bench_cuda_gemm:") else ""
     if a.facts:
         for line in open(a.facts):
             if line.startswith("gpus"):

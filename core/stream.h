@@ -88,17 +88,15 @@ class HostEvent final : public Event {
 // returns: it ran at once).
 std::shared_ptr<Event> completed_event();
 
-// A completed event stamped with a time in seconds (core/clock.h's trace_now() by default):
-// Stream::record_timed() of a host stream. elapsed_since another StampedEvent is the
+// A completed event stamped with core/clock.h's trace_now() when made: Stream::record_timed()
+// of a host stream. elapsed_since another StampedEvent is the
 // difference of their stamps.
 class StampedEvent final : public Event {
  public:
   StampedEvent();
-  explicit StampedEvent(double at) : at_(at) {}
   bool query() override { return true; }
   void synchronize() override {}
   double elapsed_since(Event& ref) override;
-  double at() const { return at_; }
 
  private:
   double at_;

@@ -188,8 +188,7 @@ void ShardedModel::Impl::settle_device_times() {
   // cannot be timed keeps its host times, and the error goes on to the caller.
   std::vector<DeviceSpan> spans;
   spans.swap(device_spans);
-  std::shared_ptr<Event> ref = std::move(device_ref);
-  device_ref.reset();
+  std::shared_ptr<Event> ref = std::move(device_ref);  // (leaves device_ref empty)
   if (!recorder || !ref) return;
   for (const DeviceSpan& d : spans) {
     if (d.record >= recorder->records.size()) continue;
@@ -337,7 +336,7 @@ void ShardedModel::Impl::run_action_body(Model& model, const StepPlan& plan, int
       r.action = i, r.kind = a.kind, r.unit = a.unit, r.t_issue = t0;
       r.finishes = R == 1;
       r.bytes = a.bytes;
-      r.seq = recorder ? recorder->issued++ : -1;
+      r.seq = next_seq();
       r.work = fu->issue_reduce_scatter(R);
       pending.push_back(std::move(r));
       return;  // recorded when it is completed (WaitReduce)
@@ -695,7 +694,7 @@ void ShardedModel::Impl::issue_bucket(int bi, int action) {
   r.action = action, r.kind = ActionKind::AllReduce, r.bucket = bi;
   r.bytes = (b.hi - b.lo) * static_cast<int64_t>(dtype_size(rdt));
   r.t_issue = recorder ? trace_clock() : 0;
-  r.seq = recorder ? recorder->issued++ : -1;
+  r.seq = next_seq();
   r.work = rep->issue_all_reduce(p, p, b.hi - b.lo, op, rdt);
   pending.push_back(std::move(r));
 }
@@ -710,7 +709,7 @@ void ShardedModel::Impl::issue_follow_up(FlatUnit& fu, PendingReduction& r) {
                "' does not follow its reduce-scatter");
   void* blk = fu.reduced_block();
   r.t_issue = recorder ? trace_clock() : 0;
-  r.seq = recorder ? recorder->issued++ : -1;
+  r.seq = next_seq();
   r.work = rep->issue_all_reduce_after(
       pending.back().work, blk, blk, fu.shard_size(),
       fu.reduce_dtype() == DType::F32 ? ReduceOp::Avg : ReduceOp::Sum,  // divided before
@@ -769,7 +768,7 @@ void ShardedModel::Impl::reduce_unit_now(FlatUnit& fu) {
       PendingReduction r;
       r.kind = ActionKind::ReduceScatter, r.unit = fu.index();
       r.finishes = R == 1;
-      r.seq = recorder ? recorder->issued++ : -1;
+      r.seq = next_seq();
       r.work = fu.issue_reduce_scatter(R);
       pending.push_back(std::move(r));
       if (R > 1) {

@@ -348,6 +348,8 @@ struct ShardedModel::Impl {
   // communicators that run at once (until 2026-11-28 the host issued it once it saw the
   // reduce-scatter done, an order that depended on each rank's timing).
   void issue_follow_up(FlatUnit& fu, PendingReduction& r);
+  // The next reduction's ActionRecord::issued (-1 without a recorder).
+  int next_seq() { return recorder ? recorder->issued++ : -1; }
   // Completes reductions in queue order up to plan action `through` (-1: all), accumulating
   // the reduced gradients (which frees the transient ones).
   void complete_reductions(int through);

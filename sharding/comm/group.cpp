@@ -85,39 +85,22 @@ double collective_bytes(const Collective& c, int world) {
 
 // ---- Work ----------------------------------------------------------------------------------
 
-void Work::wait() {
+void Work::block(bool exposed) const {
   if (!s_) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  bool waited = false;
   if (s_->native) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const bool was_done = s_->native->query();
+    waited = !s_->native->query();
     s_->native->synchronize();
-    if (!was_done && s_->stats)
-      s_->stats->add_exposed(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    return;
-  }
-  if (!s_->done.load(std::memory_order_acquire)) {
-    const auto t0 = std::chrono::steady_clock::now();
-    std::unique_lock<std::mutex> l(s_->mu);
-    s_->cv.wait(l, [&] { return s_->done.load(std::memory_order_acquire); });
-    l.unlock();
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (s_->stats) s_->stats->add_exposed(dt);
-  }
-  if (!s_->error.empty()) throw Error(s_->error);
-}
-
-void Work::wait_done() {
-  if (!s_) return;
-  if (s_->native) {
-    s_->native->synchronize();
-    return;
-  }
-  if (!s_->done.load(std::memory_order_acquire)) {
+  } else if (!s_->done.load(std::memory_order_acquire)) {
+    waited = true;
     std::unique_lock<std::mutex> l(s_->mu);
     s_->cv.wait(l, [&] { return s_->done.load(std::memory_order_acquire); });
   }
-  if (!s_->error.empty()) throw Error(s_->error);
+  if (exposed && waited && s_->stats)
+    s_->stats->add_exposed(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  if (!s_->native && !s_->error.empty()) throw Error(s_->error);
 }
 
 bool Work::test() {
@@ -268,7 +251,7 @@ class LocalGroup final : public Group {
     return std::make_shared<LocalGroup>();
   }
   Work issue(const Collective& c) override {
-    Collective(c).after.wait_done();  // (a copy: wait_done is not const)
+    c.after.wait_done();
     // With one rank every collective is a copy (Avg divides by 1: exact, so a copy too).
     const size_t bytes = static_cast<size_t>(c.count) * dtype_size(c.dtype);
     if ((c.kind == CollKind::AllGather || c.kind == CollKind::ReduceScatter ||

@@ -70,10 +70,11 @@ class Work final : public Event {
  public:
   Work() = default;
   explicit Work(std::shared_ptr<detail::WorkState> s) : s_(std::move(s)) {}
-  void wait();  // blocks until complete; throws sw::Error("comm: ...") if the collective failed
+  // blocks until complete; throws sw::Error("comm: ...") if the collective failed
+  void wait() { block(true); }
   // As wait(), not counted as the caller's exposed communication (a group's own thread waiting
   // for another group's collective: Collective::after).
-  void wait_done();
+  void wait_done() const { block(false); }
   bool test();  // true once complete (never blocks; errors surface in wait())
   bool query() override { return test(); }
   void synchronize() override { wait(); }
@@ -85,6 +86,7 @@ class Work final : public Event {
   double done_at() const;
 
  private:
+  void block(bool exposed) const;  // wait(): exposed time counted in the group's stats
   std::shared_ptr<detail::WorkState> s_;
 };
 

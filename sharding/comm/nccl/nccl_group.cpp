@@ -330,7 +330,7 @@ class NcclGroup final : public Group {
       cuda_ok(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(h), 0),
               "cudaStreamWaitEvent (after)");
     else
-      Collective(c).after.wait_done();
+      c.after.wait_done();
 
     const size_t n = static_cast<size_t>(c.count);
     const ncclDataType_t t = nccl_type(c.dtype);
