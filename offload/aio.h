@@ -30,36 +30,13 @@
 #include <memory>
 #include <string>
 
-#include <nlohmann/json_fwd.hpp>
-
 #include "core/alloc.h"
 #include "core/stream.h"
+#include "offload/aio_config.h"
 
 namespace sw {
 
 constexpr size_t kAioAlign = 4096;  // O_DIRECT alignment of buffers, offsets and lengths
-
-enum class AioBackend : uint8_t { Auto, IoUring, Threads };
-const char* aio_backend_name(AioBackend b);  // "auto", "io_uring", "threads"
-
-// DeepSpeed's "aio" section, plus the backend choice and O_DIRECT.
-struct AioConfig {
-  size_t block_size = size_t{1} << 20;  // bytes per piece
-  int queue_depth = 8;                  // pieces in flight (io_uring)
-  int intra_op_parallelism = 1;         // threads of the thread backend (alias thread_count)
-  bool single_submit = false;           // io_uring: one io_uring_submit per piece, not per batch
-  bool overlap_events = true;           // io_uring: refill on each completion, not once drained
-  AioBackend backend = AioBackend::Auto;
-  bool o_direct = true;  // where the filesystem supports it (AioFile probes)
-  // Tests only (not JSON keys): the piece crossing this many bytes fails with fail_errno.
-  uint64_t fail_after_bytes = UINT64_MAX;
-  int fail_errno = 5;  // EIO
-
-  // Reads an "aio" object: block_size (bytes or "1MiB"), queue_depth, intra_op_parallelism /
-  // thread_count, single_submit, overlap_events, backend ("auto" | "io_uring" | "threads"),
-  // o_direct. Unknown keys and bad values throw one sw::Error line "aio: <where>.<key>: ...".
-  static AioConfig from_json(const nlohmann::json& j, const std::string& where);
-};
 
 namespace detail {
 struct AioOp;
@@ -77,7 +54,7 @@ struct AioStatus {
 };
 // Called once per request when its last piece completes (or fails), on an engine thread and
 // possibly with the handle's lock held: it must not call into the handle, and should only
-// record the status and wake someone (sharding/io_stream.cpp's dispatcher does the rest).
+// record the status and wake someone (offload/io_stream.cpp's dispatcher does the rest).
 using AioDone = std::function<void(const AioStatus&)>;
 
 // Completion of one read() or write(): an Event. Cheap to copy (shared state).

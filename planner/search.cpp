@@ -250,8 +250,8 @@ int64_t untouched_staging_bytes(const StepPlan& plan) {
   std::vector<int64_t> params(size_t(plan.param_slots), 0), grads(size_t(plan.grad_slots), 0),
       pieces(size_t(plan.staging_slots), 0);
   for (const Action& a : plan.actions) {
-    if ((a.kind != ActionKind::Fetch && a.kind != ActionKind::Evict) || a.slot < 0 || a.io == 0)
-      continue;  // (io 0: activation offload, which has no staging buffers)
+    if ((a.kind != ActionKind::FetchState && a.kind != ActionKind::EvictState) || a.slot < 0)
+      continue;
     std::vector<int64_t>* used = a.hi >= 0            ? &pieces  // an optimizer piece
                                  : a.io == kIoMaster ? &params
                                  : a.io == kIoGrads  ? &grads

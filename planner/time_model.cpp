@@ -184,12 +184,14 @@ double action_seconds(const Action& a, const StepPlan& plan, const PlanInput& in
     case ActionKind::AllReduce:
       return coll_seconds(hw.all_reduce, double(a.bytes),
                           plan.kind == UnitKind::Whole ? plan.W : plan.R, true);
-    case ActionKind::Fetch:
-    case ActionKind::Evict: {
+    case ActionKind::FetchState:
+    case ActionKind::EvictState:
+    case ActionKind::FetchActs:
+    case ActionKind::EvictActs: {
       const bool disk = a.io != 0 || ti.act_offload_nvme;
       if (!disk) return double(a.bytes) / (hw.has_host ? hw.host_link_bps : hw.copy_bps());
-      return hw.disk_latency_s +
-             double(a.bytes) / (a.kind == ActionKind::Fetch ? hw.disk_read_bps : hw.disk_write_bps);
+      const bool read = a.kind == ActionKind::FetchState || a.kind == ActionKind::FetchActs;
+      return hw.disk_latency_s + double(a.bytes) / (read ? hw.disk_read_bps : hw.disk_write_bps);
     }
     default:
       return 0;

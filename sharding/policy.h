@@ -29,8 +29,8 @@
 
 #include "core/dtype.h"
 #include "models/recompute.h"
-#include "offload/aio.h"
-#include "sharding/comm/group.h"
+#include "offload/aio_config.h"
+#include "sharding/comm/device_comm.h"
 
 namespace sw {
 

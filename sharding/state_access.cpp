@@ -33,7 +33,7 @@ FlatRange ShardedModel::owned_range(int u) const {
   const FlatUnit& fu = *I.units[static_cast<size_t>(u)];
   const FlatRange s = clip_used(fu.shard_range(), fu.layout().used);
   // Replica q of R holding this shard writes the q-th of R even parts.
-  const int64_t q = I.world->rank() / I.S, R = I.R, n = s.size();
+  const int64_t q = I.ctx.world->rank() / I.ctx.S, R = I.ctx.R, n = s.size();
   return {s.lo + n * q / R, s.lo + n * (q + 1) / R};
 }
 
@@ -80,30 +80,8 @@ Device state_device(const FlatUnit& fu, ShardedModel::StateKind k, Device dev) {
 
 }  // namespace
 
-namespace {
-// Moves floats [r.lo, r.hi) (flat coordinates, inside the shard) of kind k between `buf` and
-// the NVMe moments file, piece by piece (NvmeMoments' layout; pieces of C floats), synchronously.
-void nvme_transfer(NvmeMoments& nv, const FlatUnit& fu, ShardedModel::StateKind k, FlatRange r,
-                   float* buf, bool write, int64_t C) {
-  nv.settle_writes();  // the optimizer's last write-backs first (and their errors)
-  const int64_t sh = fu.shard_range().lo, n = fu.shard_size();
-  std::vector<IoEventPtr> evs;
-  for (int64_t x = r.lo; x < r.hi;) {
-    const int64_t i = x - sh, plo = i / C * C, phi = std::min(n, plo + C);
-    const int64_t end = std::min(r.hi, sh + phi);
-    const int64_t off = nv.offset[size_t(fu.index())] +
-                        (2 * plo + (k == ShardedModel::StateKind::ExpAvgSq ? phi - plo : 0) +
-                         (i - plo)) * int64_t(sizeof(float));
-    const size_t bytes = static_cast<size_t>(end - x) * sizeof(float);
-    evs.push_back(write ? nv.io.write(nv.fd, nv.path, buf + (x - r.lo), bytes, off)
-                        : nv.io.read(nv.fd, nv.path, buf + (x - r.lo), bytes, off));
-    x = end;
-  }
-  for (IoEventPtr& e : evs) e->synchronize();  // each: an error names its file and offset
-}
-}  // namespace
 
-bool ShardedModel::state_on_device() const { return !impl_->ops->device().is_cpu(); }
+bool ShardedModel::state_on_device() const { return impl_->ctx.on_device(); }
 
 // Where floats r of kind k are, after the waits a reader needs: host memory on the CPU (in
 // place, or an NVMe tier's read buffer), device memory otherwise (not to be dereferenced by
@@ -114,23 +92,12 @@ const float* ShardedModel::state_source(int u, StateKind k, FlatRange r) const {
   FlatUnit& fu = *I.units[static_cast<size_t>(u)];
   const FlatRange h = held_range(u, k);
   SW_CHECK(r.lo >= h.lo && r.hi <= h.hi, "state_view outside the held range");
-  if (fu.moments_on_nvme() && k != StateKind::Master) {
-    // Read from the tier into one reused buffer: valid until the next state_view.
-    NvmeMoments& nv = *I.nvme;
-    const size_t bytes = static_cast<size_t>(r.size()) * sizeof(float);
-    if (nv.view.bytes() < bytes) nv.view = Buffer(bytes, Mem::Checkpoint, Device::cpu());
-    nvme_transfer(nv, fu, k, r, nv.view.f32(), false, I.plan_in.policy.offload_optimizer.piece());
-    return nv.view.f32();
-  }
-  if (fu.params_on_nvme() && k == StateKind::Master) {  // from the file, as for the moments
-    NvmeParams& pv = *I.pnvme;
-    float* buf = pv.scratch(r.size(), Device::cpu());
-    if (!r.empty())
-      pv.transfer(buf, r.size(),
-                  pv.moff[size_t(u)] + (r.lo - fu.shard_range().lo) * int64_t(sizeof(float)),
-                  false);
-    return buf;
-  }
+  // NVMe state: read from the file into a reused buffer, valid until the next such read.
+  const int64_t s0 = fu.shard_range().lo;
+  if (fu.moments_on_nvme() && k != StateKind::Master)
+    return I.state.read_moments(fu, k == StateKind::ExpAvgSq, r.lo - s0, r.hi - s0);
+  if (fu.params_on_nvme() && k == StateKind::Master)
+    return I.state.read_master(u, r.lo - s0, r.hi - s0);
   // Stage 1: the slices of other ranks arrive with the regather issued after the update.
   if (!r.empty() && fu.kind() == FlatUnit::Kind::FullReplicated && k == StateKind::Master)
     fu.wait_unshard();
@@ -144,7 +111,7 @@ const float* ShardedModel::state_source(int u, StateKind k, FlatRange r) const {
 
 const float* ShardedModel::state_view(int u, StateKind k, FlatRange r) const {
   if (state_on_device())
-    fail("sharded_model", "state_view: the state is in " + impl_->ops->device().str() +
+    fail("sharded_model", "state_view: the state is in " + impl_->ctx.device().str() +
                               " memory, which the host cannot read in place; copy it out with "
                               "read_state");
   return state_source(u, k, r);
@@ -159,7 +126,7 @@ void ShardedModel::read_state(int u, StateKind k, FlatRange r, float* dst) const
   const bool master = k == StateKind::Master;
   const Device where = (master && fu.params_on_nvme()) || (!master && fu.moments_on_nvme())
                            ? Device::cpu()  // staged from the file through host memory
-                           : state_device(fu, k, impl_->ops->device());
+                           : state_device(fu, k, impl_->ctx.device());
   copy_bytes(dst, Device::cpu(), src, where, static_cast<size_t>(r.size()) * sizeof(float));
 }
 
@@ -178,22 +145,14 @@ void ShardedModel::write_state(int u, StateKind k, FlatRange r, const float* src
       fu.reshard();
     }
   }
-  if (fu.params_on_nvme() && k == StateKind::Master) {
-    I.pnvme->transfer(const_cast<float*>(src), r.size(),
-                      I.pnvme->moff[size_t(u)] +
-                          (r.lo - fu.shard_range().lo) * int64_t(sizeof(float)),
-                      true);
-    return;
-  }
-  if (fu.moments_on_nvme() && k != StateKind::Master) {
-    I.nvme->drop_carried();  // reads the last micro-step issued for the optimizer are stale
-    nvme_transfer(*I.nvme, fu, k, r, const_cast<float*>(src), true,
-                  I.plan_in.policy.offload_optimizer.piece());
-    return;
-  }
+  const int64_t s0 = fu.shard_range().lo;
+  if (fu.params_on_nvme() && k == StateKind::Master)
+    return I.state.write_master(u, r.lo - s0, r.hi - s0, src);
+  if (fu.moments_on_nvme() && k != StateKind::Master)
+    return I.state.write_moments(fu, k == StateKind::ExpAvgSq, r.lo - s0, r.hi - s0, src);
   // Host floats into the state: a memcpy on the CPU, an upload (copy_bytes, complete on return,
   // ordered after the device's queued work) into device memory.
-  const Device dev = I.ops->device();
+  const Device dev = I.ctx.device();
   auto put_on = [&](Device d, float* dst, const float* from, int64_t n) {
     copy_bytes(dst, d, from, Device::cpu(), static_cast<size_t>(n) * sizeof(float));
   };

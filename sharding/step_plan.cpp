@@ -22,10 +22,11 @@ const char* queue_name(Queue q) {
 }
 
 const char* action_kind_name(ActionKind k) {
-  static const char* n[] = {"gather",      "wait_gather", "forward",        "drop_saved",
-                            "recompute",   "backward",    "free",           "reduce_scatter",
-                            "all_reduce",  "round_grads", "wait_reduce",    "optimizer_update",
-                            "regather",    "fetch",       "evict",          "wait_io"};
+  static const char* n[] = {"gather",      "wait_gather", "forward",     "drop_saved",
+                            "recompute",   "backward",    "free",        "reduce_scatter",
+                            "all_reduce",  "round_grads", "wait_reduce", "optimizer_update",
+                            "regather",    "fetch_state", "evict_state", "wait_state",
+                            "fetch_acts",  "evict_acts",  "wait_acts"};
   return k < ActionKind::Count ? n[static_cast<size_t>(k)] : "?";
 }
 
@@ -280,10 +281,10 @@ class Builder {
       for (; next < np && pieces[size_t(next)].unit == ui; ++next) {
         const int k = next;
         const Piece& pc = pieces[size_t(k)];
-        add(ActionKind::WaitIo, Queue::Compute, ui).waits.push_back(fetch_at[size_t(k)]);
+        add(ActionKind::WaitState, Queue::Compute, ui).waits.push_back(fetch_at[size_t(k)]);
         Action& up = add(ActionKind::OptimizerUpdate, Queue::Compute, ui);
         up.lo = pc.lo, up.hi = pc.hi;
-        Action& e = add(ActionKind::Evict, Queue::IO, ui);
+        Action& e = add(ActionKind::EvictState, Queue::IO, ui);
         e.slot = k % bc;
         e.lo = pc.lo, e.hi = pc.hi;
         e.io = piece_io(ui, false);
@@ -312,7 +313,7 @@ class Builder {
         issue(ui);
     }
     if (!evict_wait.empty()) {  // masters written back before the next gathers read them
-      Action& w = add(ActionKind::WaitIo, Queue::Compute);
+      Action& w = add(ActionKind::WaitState, Queue::Compute);
       w.waits = evict_wait;
     }
     plan_.segments.push_back({SegmentKind::Optimizer, micro_, false, b,
@@ -337,7 +338,7 @@ class Builder {
     auto fetch = [&](int g) {
       const Action& ga = plan_.actions[size_t(gather_pos[size_t(g)])];
       Action f;
-      f.kind = ActionKind::Fetch;
+      f.kind = ActionKind::FetchState;
       f.queue = Queue::IO;
       f.unit = ga.unit;
       f.micro = ga.micro;
@@ -400,7 +401,7 @@ class Builder {
   // The Fetch of optimizer piece k into staging buffer k % opt_buffers().
   Action& add_piece_fetch(const std::vector<Piece>& pieces, int k) {
     const Piece& pc = pieces[size_t(k)];
-    Action& a = add(ActionKind::Fetch, Queue::IO, pc.unit);
+    Action& a = add(ActionKind::FetchState, Queue::IO, pc.unit);
     a.slot = k % opt_buffers();
     a.lo = pc.lo, a.hi = pc.hi;
     a.io = piece_io(pc.unit, true);
@@ -474,10 +475,10 @@ class Builder {
         wait(pc.unit);
         free(pc.unit);
       }
-      add(ActionKind::WaitIo, Queue::Compute, pc.unit).waits.push_back(dfetch_at_[size_t(k)]);
+      add(ActionKind::WaitState, Queue::Compute, pc.unit).waits.push_back(dfetch_at_[size_t(k)]);
       Action& up = add(ActionKind::OptimizerUpdate, Queue::Compute, pc.unit);
       up.lo = pc.lo, up.hi = pc.hi;
-      Action& e = add(ActionKind::Evict, Queue::IO, pc.unit);
+      Action& e = add(ActionKind::EvictState, Queue::IO, pc.unit);
       e.slot = k % bc;
       e.lo = pc.lo, e.hi = pc.hi;
       e.io = kIoMoments;
@@ -589,7 +590,7 @@ class Builder {
   // done, after the next call's forward; reads are issued one call ahead of their backward.
   bool async_acts() const { return nvme_acts() || in_.on_device; }
   void fetch_acts(int q) {
-    Action& f = add(ActionKind::Fetch, Queue::IO, in_.schedule[size_t(q)].unit, q);
+    Action& f = add(ActionKind::FetchActs, Queue::IO, in_.schedule[size_t(q)].unit, q);
     f.bytes = kept_bytes(q);
     f.mem[kAct] = f.bytes;
     act_fetch_at_[q] = static_cast<int>(plan_.actions.size()) - 1;
@@ -652,7 +653,7 @@ class Builder {
           recompute_[size_t(p)] = m;
         }
         if (offloads_activations(p)) {  // what backward needs, to the host tier or a file
-          Action& e = add(ActionKind::Evict, Queue::IO, u, p);
+          Action& e = add(ActionKind::EvictActs, Queue::IO, u, p);
           e.bytes = kept_bytes(p);
           if (async_acts()) {  // freed once copied: observed after the next call's forward
             act_evicts_.emplace_back(static_cast<int>(plan_.actions.size()) - 1, e.bytes);
@@ -667,7 +668,7 @@ class Builder {
       }
       // NVMe: the writes issued before this call's forward are complete by now.
       while (async_acts() && !act_evicts_.empty() && act_evicts_.front().first < fwd_at) {
-        Action& w = add(ActionKind::WaitIo, Queue::Compute, u, p);
+        Action& w = add(ActionKind::WaitActs, Queue::Compute, u, p);
         w.waits.push_back(act_evicts_.front().first);
         w.mem[kAct] = -act_evicts_.front().second;
         act_evicts_.erase(act_evicts_.begin());
@@ -676,7 +677,7 @@ class Builder {
         free(u);
     }
     for (const auto& [ei, bytes] : act_evicts_) {  // (none left with two calls after the last)
-      Action& w = add(ActionKind::WaitIo, Queue::Compute);
+      Action& w = add(ActionKind::WaitActs, Queue::Compute);
       w.waits.push_back(ei);
       w.mem[kAct] = -bytes;
     }
@@ -697,7 +698,7 @@ class Builder {
       if (offloads_activations(q) && act_fetch_at_.count(q) == 0) fetch_acts(q);
       if (async_acts() && q >= 1 && offloads_activations(q - 1)) fetch_acts(q - 1);
       if (offloads_activations(q))
-        add(ActionKind::WaitIo, Queue::Compute, u, q).waits.push_back(act_fetch_at_[q]);
+        add(ActionKind::WaitActs, Queue::Compute, u, q).waits.push_back(act_fetch_at_[q]);
       if (recompute_[size_t(q)] != CheckpointMode::Off) {
         Action& r = add(ActionKind::Recompute, Queue::Compute, u, q);
         r.mode = recompute_[size_t(q)];
@@ -718,7 +719,7 @@ class Builder {
     }
     if (reduce) wait_reductions(inflight_.size());
     if (!grad_evicts_.empty()) {  // the gradients are in the file when the micro-step ends
-      Action& w = add(ActionKind::WaitIo, Queue::Compute);
+      Action& w = add(ActionKind::WaitState, Queue::Compute);
       w.waits = grad_evicts_;
       grad_evicts_.clear();
       gslot_evict_.clear();
@@ -742,7 +743,7 @@ class Builder {
       if (u < 0 || !in_.units[size_t(u)].params_nvme) continue;
       int rs = last;
       while (plan_.actions[size_t(rs)].kind != ActionKind::ReduceScatter) --rs;
-      Action& e = add(ActionKind::Evict, Queue::IO, u);
+      Action& e = add(ActionKind::EvictState, Queue::IO, u);
       e.slot = plan_.actions[size_t(rs)].slot;
       e.io = kIoGrads;
       e.bytes = in_.units[size_t(u)].padded / in_.S * 4;
@@ -765,7 +766,7 @@ class Builder {
         if (pu.params_nvme) {  // accumulates into a staging buffer, read first unless zero
           const int slot = next_gslot_++ % std::max(1, plan_.grad_slots);
           rs.slot = slot;  // (add() below may move the actions)
-          Action& f = add(ActionKind::Fetch, Queue::IO, u);
+          Action& f = add(ActionKind::FetchState, Queue::IO, u);
           f.slot = slot;
           f.io = kIoGrads;
           f.bytes = pu.padded / in_.S * 4;

@@ -2,9 +2,9 @@
 // step is made of (the model's schedule, the units' flat sizes, the sharding policy, the batch
 // shape and the units' declared activation sizes) into the ordered, typed actions of one
 // training step, each on a queue, with the actions it waits for, the bytes it moves and the
-// bytes it allocates or frees per memory category. The executor (sharding/executor.cpp) runs
+// bytes it allocates or frees per memory category. The executor (sharding/executor.h) runs
 // exactly these actions; the memory planner replays them without running the model; the
-// profiler records each one's begin and end; offload adds Fetch/Evict actions on the io queue.
+// profiler records each one's begin and end; offload adds fetch / evict actions on the io queue.
 //
 // Queues (what a CUDA build maps to streams, docs/ARCHITECTURE.md):
 //   compute  forward, backward, recompute, frees, waits, optimizer updates (the host thread on
@@ -12,7 +12,8 @@
 //   gather   all-gathers of parameters (the shard group's communication thread / stream)
 //   reduce   reduce-scatters and all-reduces of gradients (same thread on the CPU backend,
 //            which keeps one ordered sequence of collectives per group)
-//   io       fetch / evict of offloaded state (placeholders until offload lands)
+//   io       fetch / evict of offloaded state and activations (the offload store's io queue
+//            and, on a device, its copy streams)
 // An action on one queue never waits for a later action: waits point backwards in the list.
 #pragma once
 #include <array>
@@ -47,21 +48,24 @@ enum class ActionKind : uint8_t {
                    // transient gradients; the end of backward waits for all)
   OptimizerUpdate, // compute: AdamW on unit u's shard
   Regather,        // gather: stage 1, all-gather the updated slices of unit u in place
-  Fetch,           // io: read what `io` names of unit u from its NVMe file into staging
-                   // `slot`: the optimizer's piece [lo, hi) (moments, and master + gradient
-                   // with NVMe parameters); a master shard ahead of its Gather; the reduced
-                   // gradients a reduction accumulates into (skipped while they are zero).
-                   // Activation offload (pos >= 0): bring position pos's input and Saved back
-                   // from the host tier before its backward
-  Evict,           // io: write back what `io` names (the optimizer's piece after its update;
-                   // a unit's reduced gradients after its reduction); activation offload:
-                   // move pos's input and Saved to the host tier after its forward
-  WaitIo,          // compute waits for the io actions it lists
+  FetchState,      // io: read what `io` names of unit u from its NVMe file into staging `slot`:
+                   // the optimizer's piece [lo, hi) (moments, and master + gradient with NVMe
+                   // parameters); a master shard ahead of its Gather; the reduced gradients a
+                   // reduction accumulates into (skipped while they are zero)
+  EvictState,      // io: write back what `io` names (the optimizer's piece after its update; a
+                   // unit's reduced gradients after its reduction)
+  WaitState,       // compute waits for the fetch_state / evict_state actions it lists
+  FetchActs,       // io: bring position pos's input and Saved back from the host tier or the
+                   // activation file before its backward (activation offload)
+  EvictActs,       // io: move pos's input and Saved to the host tier or the file after its
+                   // forward
+  WaitActs,        // compute waits for the fetch_acts / evict_acts actions it lists (an evict's
+                   // device bytes are freed here once its copy or write is done)
   Count
 };
 const char* action_kind_name(ActionKind k);  // "gather", "wait_gather", "forward", ...
 
-// What a Fetch / Evict moves (bits of Action::io).
+// What a FetchState / EvictState moves (bits of Action::io).
 enum IoPart : uint8_t {
   kIoMoments = 1,  // AdamW m and v (optimizer.bin)
   kIoMaster = 2,   // the fp32 master shard (params.bin)
@@ -156,21 +160,21 @@ struct Action {
   int pos = -1;     // schedule position (Forward, DropSaved, Recompute, Backward)
   int call = -1;    // that position's call of the unit
   int bucket = -1;  // AllReduce of a NO_SHARD bucket
-  int slot = -1;    // Fetch / Evict: the staging buffer (ReduceScatter with NVMe parameters:
-                    // the gradient staging buffer it accumulates into)
-  uint8_t io = 0;   // Fetch / Evict: IoPart bits (0 for activation offload)
-  // Fetch of an optimizer piece read across segments: in the last micro-step, the read is
+  int slot = -1;    // FetchState / EvictState: the staging buffer (ReduceScatter with NVMe
+                    // parameters: the gradient staging buffer it accumulates into)
+  uint8_t io = 0;   // FetchState / EvictState: IoPart bits
+  // FetchState of an optimizer piece read across segments: in the last micro-step, the read is
   // issued and left in flight when the segment ends (it overlaps the forward and backward);
   // in the optimizer, the fetch adopts that read (its bytes are 0: counted where issued) or,
   // when there is none (no last micro-step ran since, or the state was written), reads.
-  // Evict of an optimizer piece of moments only: its write is left in flight when the
+  // EvictState of an optimizer piece of moments only: its write is left in flight when the
   // optimizer ends (it overlaps the next step); the next optimizer, or any access to the
   // moments outside the plan, waits for it first.
   bool carry = false;
-  // Fetch with carry: this fetch adopts a read an earlier segment issued (its bytes are 0);
+  // FetchState with carry: this fetch adopts a read an earlier segment issued (its bytes are 0);
   // without adopt, a carried fetch is the one issued and left in flight.
   bool adopt = false;
-  int64_t lo = 0, hi = -1;  // Fetch / Evict / OptimizerUpdate: floats of the unit's shard
+  int64_t lo = 0, hi = -1;  // FetchState / EvictState / OptimizerUpdate: floats of the unit's shard
                             // (hi < 0: all of it)
   int micro = 0;    // micro-step of the optimizer step (the optimizer's actions: accum - 1)
   CheckpointMode mode = CheckpointMode::Off;  // DropSaved / Recompute

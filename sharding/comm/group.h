@@ -40,6 +40,7 @@
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/stream.h"
+#include "sharding/comm/device_comm.h"
 
 namespace sw {
 
@@ -220,11 +221,6 @@ int world_rank();
 // when it cannot serve them all (two ranks on one GPU); a collective call on `host`.
 using DeviceGroupFactory = GroupPtr (*)(Group& host, Device dev);
 void register_device_group_factory(DeviceKind kind, DeviceGroupFactory f);
-// How device_group reaches the peers: Native = the registered backend (an error without one),
-// Staged = `host` through host staging buffers, Auto = Native where it serves, else Staged.
-enum class DeviceComm : uint8_t { Auto, Native, Staged };
-const char* device_comm_name(DeviceComm m);             // "auto", "native", "staged"
-DeviceComm device_comm_from_name(const std::string& s);  // throws sw::Error naming the value
 // The group the engine gives device buffers to. `host` itself for a CPU device. Collective.
 GroupPtr device_group(const GroupPtr& host, Device dev, DeviceComm mode = DeviceComm::Auto);
 // `host`'s collectives on buffers of `dev`: each collective's input is copied to a host

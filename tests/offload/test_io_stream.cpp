@@ -1,4 +1,4 @@
-// The io queue (sharding/io_stream.h) on the async I/O engine, for each backend (io_uring where
+// The io queue (offload/io_stream.h) on the async I/O engine, for each backend (io_uring where
 // the kernel allows it, threads): hazards (a read after a write of the same file range sees it
 // with many operations in flight, writes to one range land in order, a buffer handed to a
 // write is refilled by a later read only once the write has read it), disjoint operations
@@ -21,7 +21,7 @@
 
 #include "core/error.h"
 #include "offload/aio.h"
-#include "sharding/io_stream.h"
+#include "offload/io_stream.h"
 #include "tests/common/temp_dir.h"
 
 using namespace sw;

@@ -133,11 +133,11 @@ TEST_CASE("time model: a hand-computed plan", "[planner]") {
   A.back().pos = 1;
   A.push_back(act(ActionKind::ReduceScatter, Queue::Reduce));     // 6: 1 + 20 ms: 14-35 ms
   A.back().bytes = 40000000;
-  A.push_back(act(ActionKind::Fetch, Queue::IO));                 // 7: 1 MB / 100 MB/s: 14-24 ms
+  A.push_back(act(ActionKind::FetchState, Queue::IO));            // 7: 1 MB / 100 MB/s: 14-24 ms
   A.back().bytes = 1000000;
   A.back().io = kIoMoments;
   A.push_back(act(ActionKind::WaitReduce, Queue::Compute, {6}));  // 8: idle 21 ms (comm)
-  A.push_back(act(ActionKind::WaitIo, Queue::Compute, {7}));      // 9: done at 24 ms
+  A.push_back(act(ActionKind::WaitState, Queue::Compute, {7}));   // 9: done at 24 ms
   A.push_back(act(ActionKind::OptimizerUpdate, Queue::Compute));  // 10: 1e6 floats: 10 ms
   A.back().lo = 0, A.back().hi = 1000000;
 

@@ -496,8 +496,8 @@ TEST_CASE("sim device: activation offload on copy streams runs its plan, to the 
       const StepPlan plan = sm.step_plan(2, cfg.seq_len, 1);
       int evicts = 0, freed_at_wait = 0;
       for (const Action& x : plan.actions) {
-        evicts += x.kind == ActionKind::Evict;
-        freed_at_wait += x.kind == ActionKind::WaitIo && x.mem[size_t(Mem::Activations)] < 0;
+        evicts += x.kind == ActionKind::EvictActs;
+        freed_at_wait += x.kind == ActionKind::WaitActs && x.mem[size_t(Mem::Activations)] < 0;
       }
       CHECK(evicts == (k ? freed_at_wait : 0));
       if (k) CHECK(evicts > 0);

@@ -34,6 +34,7 @@
 #include "kernels/threads.h"
 #include "models/model.h"
 #include "sharding/comm/group.h"
+#include "offload/aio.h"
 #include "sharding/sharded_model.h"
 #include "sharding/wrap.h"
 #include "tests/common/mpi_test_util.h"
@@ -617,15 +618,15 @@ TEST_CASE("offload_optimizer nvme: bit-identical, moments in a file per rank",
           std::set<int> carried_reads;
           for (int i = 0; i < int(plan.actions.size()); ++i) {
             const Action& a = plan.actions[size_t(i)];
-            reads += a.kind == ActionKind::Fetch && a.bytes > 0;
-            evict += a.kind == ActionKind::Evict;
-            if (a.kind == ActionKind::Fetch || a.kind == ActionKind::Evict)
+            reads += a.kind == ActionKind::FetchState && a.bytes > 0;
+            evict += a.kind == ActionKind::EvictState;
+            if (a.kind == ActionKind::FetchState || a.kind == ActionKind::EvictState)
               CHECK((a.queue == Queue::IO && a.slot >= 0 && a.slot < buffers && i < opt.begin));
-            if (a.kind == ActionKind::Fetch && a.adopt) {
+            if (a.kind == ActionKind::FetchState && a.adopt) {
               CHECK(i == carried_in);  // the micro-step's first actions
               CHECK(a.bytes == 0);
               ++carried_in;
-            } else if (a.kind == ActionKind::Fetch && a.carry) {
+            } else if (a.kind == ActionKind::FetchState && a.carry) {
               CHECK(a.bytes > 0);
               carried_reads.insert(i);
               ++carried_out;
@@ -661,13 +662,13 @@ TEST_CASE("offload_optimizer nvme: bit-identical, moments in a file per rank",
             int qreads = 0, out = 0, in = 0;
             for (int i = 0; i < int(pq.actions.size()); ++i) {
               const Action& a = pq.actions[size_t(i)];
-              qreads += a.kind == ActionKind::Fetch && a.bytes > 0;
-              if (a.kind == ActionKind::Fetch && a.carry && i < oq.begin) {
+              qreads += a.kind == ActionKind::FetchState && a.bytes > 0;
+              if (a.kind == ActionKind::FetchState && a.carry && i < oq.begin) {
                 CHECK(i == out);
                 CHECK((a.bytes > 0 && !a.adopt));
                 ++out;
               }
-              if (a.kind == ActionKind::Fetch && a.carry && i >= oq.begin) {
+              if (a.kind == ActionKind::FetchState && a.carry && i >= oq.begin) {
                 CHECK((a.bytes == 0 && a.adopt));
                 ++in;
               }
@@ -683,10 +684,10 @@ TEST_CASE("offload_optimizer nvme: bit-identical, moments in a file per rank",
           // action of the step waits for them; the next optimizer settles them first.
           int carried_evicts = 0;
           for (const Action& a : plan.actions) {
-            carried_evicts += a.kind == ActionKind::Evict && a.carry;
-            for (int w : a.waits) CHECK(!(plan.actions[size_t(w)].kind == ActionKind::Evict &&
+            carried_evicts += a.kind == ActionKind::EvictState && a.carry;
+            for (int w : a.waits) CHECK(!(plan.actions[size_t(w)].kind == ActionKind::EvictState &&
                                           plan.actions[size_t(w)].carry &&
-                                          a.kind == ActionKind::WaitIo));
+                                          a.kind == ActionKind::WaitState));
           }
           CHECK(carried_evicts == pieces);
           {  // The executor runs exactly these actions (the carried reads included).
@@ -789,7 +790,7 @@ TEST_CASE("offload_param nvme: bit-identical, master and gradient shards in a fi
           if (a.kind != ActionKind::Gather || a.unit < kept) continue;  // (host-tier units)
           ++gathers;
           for (int w : a.waits)
-            fetched += plan.actions[size_t(w)].kind == ActionKind::Fetch &&
+            fetched += plan.actions[size_t(w)].kind == ActionKind::FetchState &&
                        plan.actions[size_t(w)].io == kIoMaster &&
                        plan.actions[size_t(w)].unit == a.unit;
         }

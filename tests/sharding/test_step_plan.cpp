@@ -300,7 +300,7 @@ TEST_CASE("The executor runs exactly the plan (one rank, a recorder attached)", 
       INFO("checkpointing " << checkpoint_mode_name(mode) << ", blocks_per_unit " << bpu
                             << (offload ? ", activations offloaded" : ""));
       int evicts = 0;
-      for (const Action& a : plan.actions) evicts += a.kind == ActionKind::Evict && a.pos >= 0;
+      for (const Action& a : plan.actions) evicts += a.kind == ActionKind::EvictActs && a.pos >= 0;
       CHECK(evicts == (offload ? static_cast<int>(m.schedule.size()) - 3 : 0));
       // Same actions in the same order (records are numbered within the segment that ran them:
       // the micro-step, then the optimizer).

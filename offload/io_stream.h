@@ -1,4 +1,4 @@
-// The step plan's io queue on the CPU backend (sharding/step_plan.h, Fetch / Evict): reads and
+// The offload store's io queue (the plan's fetch / evict actions, sharding/step_plan.h): reads and
 // writes of files, each returning its completion as an Event (core/stream.h), run by the
 // asynchronous I/O engine (offload/aio.h: io_uring, or a pread/pwrite thread pool).
 //

@@ -6,7 +6,7 @@
 //   the dispatcher thread: finishes completed operations (SHARDWISE_IO_UNCACHED's write-back,
 //     the event), releases the operations that waited for them, and hands those over.
 // Lock order: the engine's lock, then mu_; nothing calls the engine while holding mu_.
-#include "sharding/io_stream.h"
+#include "offload/io_stream.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

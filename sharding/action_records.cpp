@@ -1,0 +1,104 @@
+#include "sharding/action_records.h"
+
+#include <cstdlib>
+#include <string>
+
+namespace sw {
+
+void ActionRecords::attach(StepRecorder* recorder) {
+  settle_device_times();
+  rec_ = recorder;
+  if (recorder) {
+    const char* force = std::getenv("SHARDWISE_PROFILE_DEVICE_TIMES");
+    device_times_ = stream_.native_handle() != nullptr || (force && std::string(force) == "1");
+  }
+}
+
+double ActionRecords::now() const { return rec_ ? trace_clock() : 0; }
+
+void ActionRecords::begin_segment() {
+  if (rec_) ++rec_->segments;
+}
+
+ActionRecord& ActionRecords::add(const StepPlan& plan, int i, double t0, double t1) {
+  return add(plan, i, t0, t1, plan.actions[static_cast<size_t>(i)].queue);
+}
+
+ActionRecord& ActionRecords::add(const StepPlan& plan, int i, double t0, double t1, Queue queue) {
+  const Action& a = plan.actions[static_cast<size_t>(i)];
+  ActionRecord r;
+  r.action = i;
+  r.kind = a.kind;
+  r.queue = queue;
+  r.unit = a.unit;
+  r.call = a.call;
+  r.micro = a.micro;
+  r.bytes = a.bytes;
+  r.t_begin = t0;
+  r.t_end = t1;
+  push(r);
+  return rec_->records.back();
+}
+
+void ActionRecords::push(ActionRecord r) {
+  r.segment = rec_->segments - 1;
+  rec_->records.push_back(r);
+}
+
+ActionRecord* ActionRecords::open_gather(int unit) {
+  for (auto r = rec_->records.rbegin(); r != rec_->records.rend(); ++r)
+    if (r->kind == ActionKind::Gather && r->unit == unit && r->t_end < 0) return &*r;
+  return nullptr;
+}
+
+void ActionRecords::take_host(std::vector<HostSpan> spans) {
+  if (!rec_) return;
+  for (const HostSpan& h : spans) {
+    ActionRecord r;
+    r.kind = ActionKind::OptimizerUpdate;
+    r.queue = Queue::Host;
+    r.unit = h.unit;
+    r.bytes = h.bytes;
+    r.t_begin = h.t_begin;
+    r.t_end = h.t_end;
+    push(r);
+  }
+}
+
+void ActionRecords::run_timed(const StepPlan& plan, int i, const std::function<void()>& body) {
+  if (!rec_ || !device_times_ || plan.actions[size_t(i)].queue != Queue::Compute) return body();
+  if (!ref_) {  // ties the device's clock to the host's: the host waits once
+    std::shared_ptr<Event> ref = stream_.record_timed();
+    ref->synchronize();
+    ref_host_ = trace_clock();
+    ref_ = std::move(ref);  // (set only once the tie holds)
+  }
+  std::shared_ptr<Event> begin = stream_.record_timed();
+  const size_t n0 = rec_->records.size();
+  body();
+  std::shared_ptr<Event> end = stream_.record_timed();
+  for (size_t r = n0; r < rec_->records.size(); ++r) {
+    const ActionRecord& rec = rec_->records[r];
+    if (rec.action == i && rec.queue == Queue::Compute)
+      spans_.push_back({r, rec.action, rec.segment, begin, end});
+  }
+}
+
+void ActionRecords::settle_device_times() {
+  // Taken first, so a failure below leaves nothing half-settled behind: a record whose events
+  // cannot be timed keeps its host times, and the error goes on to the caller.
+  std::vector<DeviceSpan> spans;
+  spans.swap(spans_);
+  std::shared_ptr<Event> ref = std::move(ref_);  // (leaves ref_ empty)
+  if (!rec_ || !ref) return;
+  for (const DeviceSpan& d : spans) {
+    if (d.record >= rec_->records.size()) continue;
+    ActionRecord& r = rec_->records[d.record];
+    if (r.action != d.action || r.segment != d.segment) continue;
+    const double b = d.begin->elapsed_since(*ref), e = d.end->elapsed_since(*ref);
+    r.t_begin = ref_host_ + b;
+    r.t_end = ref_host_ + e;
+  }
+}
+
+}  // namespace sw

@@ -1,0 +1,65 @@
+// The executor's records for the profiler (ShardedModel::set_recorder): one ActionRecord per
+// action run while a StepRecorder is attached, each on its queue's timeline. Who writes what:
+// the executor an action's [begin, end] when it returns (Component::run true), the components
+// the actions whose work completes later (a collective when it is waited for, an io when the
+// wait for it sees it done), and the host updater's jobs as Queue::Host records (take_host).
+//
+// The device timeline: on a device stream (or with SHARDWISE_PROFILE_DEVICE_TIMES=1) each
+// compute-queue action is bracketed by two timed events on the compute stream
+// (Stream::record_timed), and settle_device_times() replaces its host times (when the host
+// issued it) by the device's (when the stream ran it): device_ref_host + seconds since
+// device_ref, an event the host waited for once per settle to tie the two clocks. Settled before
+// the records are read or the recorder goes.
+#pragma once
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "core/stream.h"
+#include "offload/host_updater.h"
+#include "sharding/step_plan.h"
+
+namespace sw {
+
+class ActionRecords {
+ public:
+  explicit ActionRecords(Stream& compute) : stream_(compute) {}
+
+  // Settles the device times of the recorder it replaces (which must still exist).
+  void attach(StepRecorder* recorder);
+  bool on() const { return rec_ != nullptr; }
+  double now() const;  // trace_clock() while on, else 0
+  // The segment being run (StepRecorder::segments - 1) and its start.
+  void begin_segment();
+  // A record of plan action i: [t0, t1] on the action's queue (or `queue`).
+  ActionRecord& add(const StepPlan& plan, int i, double t0, double t1);
+  ActionRecord& add(const StepPlan& plan, int i, double t0, double t1, Queue queue);
+  void push(ActionRecord r);  // r's segment set to the current one
+  // The next reduction's ActionRecord::issued (-1 while off).
+  int next_seq() { return rec_ ? rec_->issued++ : -1; }
+  // The Gather record of unit u left open at issue (t_end < 0), or null: its collective's
+  // interval is filled in where the gather is waited for.
+  ActionRecord* open_gather(int unit);
+  // The host updater's finished spans, as Queue::Host records of the current segment.
+  void take_host(std::vector<HostSpan> spans);
+
+  // Runs `body` (plan action i); on a device stream with a recorder, brackets it with timed
+  // events for settle_device_times().
+  void run_timed(const StepPlan& plan, int i, const std::function<void()>& body);
+  void settle_device_times();
+
+ private:
+  struct DeviceSpan {
+    size_t record = 0;              // index in rec_->records
+    int action = -1, segment = -1;  // that record's (checked: the records may have been taken)
+    std::shared_ptr<Event> begin, end;
+  };
+  Stream& stream_;
+  StepRecorder* rec_ = nullptr;
+  bool device_times_ = false;  // set with the recorder
+  std::vector<DeviceSpan> spans_;
+  std::shared_ptr<Event> ref_;
+  double ref_host_ = 0;
+};
+
+}  // namespace sw

@@ -1,0 +1,45 @@
+// What every component of a ShardedModel reads and none writes once the model is built: the
+// Ops, the sharding policy, the groups and the plan's view of the model. The components
+// (sharding/component.h) each keep their own state; this is the part they share.
+//
+// Groups: a world group of W ranks is seen as S-rank shard groups times R-rank replicate groups
+// (S * R = W). FULL_SHARD / SHARD_GRAD_OP / SHARD_OPTIMIZER: S = W, R = 1. NO_SHARD: S = 1,
+// R = W. HYBRID_SHARD: S = shard_group_size (consecutive ranks), R = W / S. Parameters are
+// sharded over the shard group; gradients are reduce-scattered (averaged) over it, then
+// all-reduced (averaged) over the replicate group. With S = 1 there is nothing to scatter:
+// gradients are all-reduced in place, in buckets (DDP).
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "sharding/comm/group.h"
+#include "sharding/policy.h"
+#include "sharding/step_plan.h"
+
+namespace sw {
+
+class FlatUnit;
+// A model's flat units, in unit order (sharding/unit_state.h). Shared by the components: each
+// unit's own state machine guards its transitions.
+using UnitList = std::vector<std::unique_ptr<FlatUnit>>;
+
+struct ModelContext {
+  const Ops* ops = nullptr;          // utilities and the optimizer (fp32)
+  const Ops* compute_ops = nullptr;  // what units run with: ops_for(device, param_dtype)
+  ShardingPolicy policy;
+  // world: the group given at construction; shard, rep: the groups of the unit buffers'
+  // collectives (on a device, device_group()s of shard_host and the replicate group);
+  // shard_host: the shard group over the host, for host scalars (grad_norm). rep: null when
+  // R == 1.
+  GroupPtr world, shard, rep, shard_host;
+  int W = 1, S = 1, R = 1;
+  int rank = 0;  // in world
+  // What plans are built from (sizes, groups, buckets); B, T and carried are set per plan.
+  PlanInput plan_in;
+
+  Device device() const { return ops->device(); }
+  bool on_device() const { return !ops->device().is_cpu(); }
+};
+
+}  // namespace sw

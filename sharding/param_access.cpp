@@ -1,0 +1,152 @@
+// Parameter and gradient access outside the step (sharded_model.h): export (for_each_param,
+// for_each_grad), full copies (gather_full_params) and set_param. Each waits for what is in
+// flight on the unit it touches and applies deferred updates first.
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "sharding/sharded_model_impl.h"
+
+namespace sw {
+
+// ---- Parameter access ------------------------------------------------------------------------
+
+namespace {
+// n floats of a unit buffer where the host can read them: `p` itself on the CPU, else a copy in
+// `host` (after the compute stream's work on it).
+const float* on_host(const Ops& ops, const float* p, int64_t n, std::vector<float>& host) {
+  if (ops.device().is_cpu()) return p;
+  host.resize(static_cast<size_t>(n));
+  copy_bytes(host.data(), Device::cpu(), p, ops.device(), host.size() * sizeof(float));
+  return host.data();
+}
+}  // namespace
+
+void ShardedModel::for_each_param(
+    const std::function<void(const ParamSpec&, const float* data)>& fn) const {
+  Impl& I = *impl_;
+  I.flush_deferred(model_);
+  if (I.summon_held && I.summon_rank0_only && rank() != 0)
+    fail("sharded_model", "for_each_param on rank " + std::to_string(rank()) +
+                              " while gather_full_params(rank0_only) holds the copy on rank 0");
+  for (size_t u = 0; u < I.units.size(); ++u) {
+    FlatUnit& fu = *I.units[u];
+    const float* base;
+    Buffer tmp;
+    if (I.summon_held) {
+      base = I.summoned[u].f32();
+    } else if (fu.persistent() && !fu.split_master()) {
+      fu.wait_unshard();
+      base = fu.full();
+    } else {
+      tmp = Buffer(static_cast<size_t>(fu.layout().padded) * sizeof(float), Mem::Communication,
+                   I.ctx.ops->device());
+      if (fu.params_on_nvme()) I.state.stage_whole(fu, false);
+      fu.gather_params_into(tmp.f32());
+      if (fu.params_on_nvme()) I.state.unstage_whole(fu, false);
+      base = tmp.f32();
+    }
+    std::vector<float> host;
+    base = on_host(*I.ctx.ops, base, fu.layout().padded, host);
+    for (size_t s = 0; s < fu.layout().specs.size(); ++s)
+      fn(fu.layout().specs[s], base + fu.layout().entries[s].offset);
+  }
+}
+
+void ShardedModel::for_each_grad(
+    const std::function<void(const ParamSpec&, const float* grad)>& fn) const {
+  Impl& I = *impl_;
+  I.flush_deferred(model_);
+  I.reductions.sync_grads();
+  for (auto& up : I.units) {
+    FlatUnit& fu = *up;
+    Buffer tmp;
+    const float* base = fu.grad_shard();
+    if (fu.kind() != FlatUnit::Kind::Whole) {
+      tmp = Buffer(static_cast<size_t>(fu.layout().padded) * sizeof(float), Mem::Communication,
+                   I.ctx.ops->device());
+      if (fu.params_on_nvme()) I.state.stage_whole(fu, true);
+      fu.gather_grads_into(tmp.f32());
+      if (fu.params_on_nvme()) I.state.unstage_whole(fu, false);
+      base = tmp.f32();
+    }
+    std::vector<float> host;
+    base = on_host(*I.ctx.ops, base, fu.layout().padded, host);
+    for (size_t s = 0; s < fu.layout().specs.size(); ++s)
+      fn(fu.layout().specs[s], base + fu.layout().entries[s].offset);
+  }
+}
+
+void ShardedModel::gather_full_params(bool rank0_only) {
+  Impl& I = *impl_;
+  I.flush_deferred(model_);
+  release_full_params();
+  I.summoned.resize(I.units.size());
+  for (size_t u = 0; u < I.units.size(); ++u) {
+    FlatUnit& fu = *I.units[u];
+    Buffer b(static_cast<size_t>(fu.layout().padded) * sizeof(float), Mem::Communication,
+             I.ctx.ops->device());
+    if (fu.params_on_nvme()) I.state.stage_whole(fu, false);
+    fu.gather_params_into(b.f32());
+    if (fu.params_on_nvme()) I.state.unstage_whole(fu, false);
+    if (!rank0_only || rank() == 0) I.summoned[u] = std::move(b);
+  }
+  I.summon_held = true;
+  I.summon_rank0_only = rank0_only;
+}
+
+void ShardedModel::release_full_params() {
+  impl_->summoned.clear();
+  impl_->summon_held = false;
+}
+
+void ShardedModel::set_param(const std::string& name, const float* data, int64_t n) {
+  Impl& I = *impl_;
+  I.flush_deferred(model_);
+  auto it = I.by_name.find(name);
+  if (it == I.by_name.end()) fail("sharded_model", "no parameter named '" + name + "'");
+  FlatUnit& fu = *I.units[static_cast<size_t>(it->second.first)];
+  const size_t s = static_cast<size_t>(it->second.second);
+  const FlatEntry& e = fu.layout().entries[s];
+  if (n != e.numel)
+    fail("sharded_model", "parameter '" + name + "' has " + std::to_string(e.numel) + " elements " +
+                              shape_str(fu.layout().specs[s].shape) + ", got " + std::to_string(n));
+  release_full_params();
+  Buffer up;  // the values on the device, for a non-CPU one
+  const float* host_data = data;
+  if (!I.ctx.ops->device().is_cpu()) {
+    up = Buffer(static_cast<size_t>(n) * sizeof(float), Mem::Workspace, I.ctx.ops->device());
+    copy_bytes(up.data(), up.device(), data, Device::cpu(), up.bytes());
+    data = up.f32();
+  }
+  if (fu.persistent()) fu.wait_unshard();
+  if (fu.kind() == FlatUnit::Kind::Sharded && fu.holds_gathered()) {  // a prefetch goes stale
+    fu.wait_unshard();
+    fu.reshard();
+  }
+  // The full copy, where this rank holds one (it contains the master slice for stage 1, or is
+  // the rounded compute copy with a split master).
+  if (fu.full() && fu.sharded_state() == ShardedState::Unsharded) {
+    if (fu.split_master())
+      fu.write_compute(e.offset, n, data);
+    else
+      I.ctx.ops->copy(fu.full() + e.offset, data, static_cast<size_t>(n));
+  }
+  if (fu.kind() == FlatUnit::Kind::Sharded || fu.split_master()) {
+    const Range shard = fu.shard_range();
+    const Range r = intersect(shard, {e.offset, e.offset + e.numel});
+    if (!r.empty()) {
+      if (fu.params_on_nvme()) I.state.stage_whole(fu, false);
+      if (fu.master_device() == I.ctx.ops->device())
+        I.ctx.ops->copy(fu.master() + (r.lo - shard.lo), data + (r.lo - e.offset),
+                    static_cast<size_t>(r.hi - r.lo));
+      else  // offloaded shards on the host: from the caller's host data
+        std::memcpy(fu.master() + (r.lo - shard.lo), host_data + (r.lo - e.offset),
+                    static_cast<size_t>(r.hi - r.lo) * sizeof(float));
+      if (fu.params_on_nvme()) I.state.unstage_whole(fu, true);
+    }
+  }
+}
+
+}  // namespace sw
+
