@@ -5,7 +5,7 @@
 //                       that run the plan's segments
 //   param_access.cpp    parameter and gradient access (export, set_param, full copies)
 //   state_access.cpp    checkpoint access to the flat state (owned / held ranges)
-//   grad_norm.cpp       the gradient norm, zeroing and the optimizer step
+//   optimizer.cpp       the gradient norm, zeroing and the optimizer step
 #pragma once
 #include <memory>
 #include <string>

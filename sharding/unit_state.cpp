@@ -53,6 +53,9 @@ FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const O
   const int64_t P = layout_.padded, Sh = layout_.shard_size(), F = f32_floats();
   const Device dev = ops.device();
   SW_CHECK(!w16_ || split_ || kind == Kind::Sharded, "a 16-bit copy needs a split master");
+  // A bucket's all-reduce reads its region directly: zeroed at once, never left unwritten.
+  grads_.init(layout_, ops, rdt_, !(kind == Kind::Whole && bucket_grads),
+              kind == Kind::FullReplicated && rdt_ != DType::F32);
   // Tier::Device buffers live on the Ops' device, the offload tiers on the CPU (zeroed there).
   auto zeroed = [&](Buffer& b, int64_t n, Mem cat, Tier tier = Tier::Device) {
     b = Buffer(fbytes(n), cat, tier == Tier::Device ? dev : Device::cpu(), tier);
@@ -61,22 +64,22 @@ FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const O
   };
   switch (kind) {
     case Kind::Sharded:
-      if (pnvme_) break;  // staged by the executor (ShardedModel::Impl, NvmeParams)
+      if (pnvme_) break;  // staged from the file (OffloadedState, offload/param_file.h)
       master_ = zeroed(master_buf_, Sh, Mem::Params, param_tier);
       grad_shard_ = zeroed(grad_shard_buf_, Sh, Mem::Grads, param_tier);
       break;
     case Kind::FullReplicated:
       full_ = zeroed(full_buf_, F, Mem::Params);
       master_ = split_ ? zeroed(master_buf_, Sh, Mem::Params, param_tier) : full_ + shard_range().lo;
-      grad_full_ = zeroed(grad_buf_, P, Mem::Grads);
+      grads_.make_persistent(nullptr);
       grad_shard_ = zeroed(grad_shard_buf_, Sh, Mem::Grads, param_tier);
       sstate_ = ShardedState::Unsharded;
       break;
     case Kind::Whole:
       full_ = zeroed(full_buf_, F, Mem::Params);
       master_ = split_ ? zeroed(master_buf_, P, Mem::Params, param_tier) : full_;
-      grad_full_ = bucket_grads ? bucket_grads : zeroed(grad_buf_, P, Mem::Grads);
-      grad_shard_ = grad_full_;
+      grads_.make_persistent(bucket_grads);
+      grad_shard_ = grads_.data();
       sstate_ = ShardedState::Unsharded;
       break;
   }
@@ -84,17 +87,12 @@ FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const O
     make_full16(Mem::Params);
     ops.fill(reinterpret_cast<float*>(full16_), 0.f, static_cast<size_t>(P / 2));  // P: even
   }
-  lazy_ = !(kind == Kind::Whole && bucket_grads);  // a bucket's all-reduce reads it directly
-  grad_n_.resize(layout_.entries.size());
-  for (size_t s = 0; s < grad_n_.size(); ++s)
-    grad_n_[s] = static_cast<size_t>(layout_.entries[s].numel);
   nvme_ = opt_tier == Tier::Nvme;
   if (!nvme_) {
     m_ptr_ = zeroed(m_, Sh, Mem::Optimizer, opt_tier);
     v_ptr_ = zeroed(v_, Sh, Mem::Optimizer, opt_tier);
   }
   point_params();
-  point_grads();
 }
 
 FlatUnit::~FlatUnit() { quiesce(); }
@@ -119,12 +117,6 @@ void FlatUnit::point_params() {
     params_[s] = full_ && off >= 0 ? full_ + off : nullptr;
     params16_[s] = full16_ ? full16_ + layout_.entries[s].offset : nullptr;
   }
-}
-
-void FlatUnit::point_grads() {
-  grads_.resize(layout_.specs.size());
-  for (size_t s = 0; s < grads_.size(); ++s)
-    grads_[s] = grad_full_ ? grad_full_ + layout_.entries[s].offset : nullptr;
 }
 
 float* FlatUnit::init_target() {
@@ -322,130 +314,59 @@ void FlatUnit::to_post_backward() {
 
 void FlatUnit::ensure_grads() {
   settle();
-  if (grad_full_) return;
+  if (grads_.allocated()) return;
   SW_CHECK(kind_ == Kind::Sharded, "persistent gradients are always allocated");
-  grad_buf_ = Buffer(fbytes(layout_.padded), Mem::Communication, ops_->device());
-  grad_full_ = grad_buf_.f32();
-  point_grads();
-  if (!lazy_) {
-    ops_->fill(grad_full_, 0.f, static_cast<size_t>(layout_.padded));
-    return;
-  }
-  zero_gaps();
-  zero_unsharded();
-}
-
-// The gaps between parameters and the padding: zeros (the parameters' ranges untouched).
-void FlatUnit::zero_gaps() {
-  int64_t at = 0;
-  for (const FlatEntry& e : layout_.entries) {
-    if (e.offset > at) ops_->fill(grad_full_ + at, 0.f, static_cast<size_t>(e.offset - at));
-    at = std::max(at, e.offset + e.numel);
-  }
-  if (layout_.padded > at)
-    ops_->fill(grad_full_ + at, 0.f, static_cast<size_t>(layout_.padded - at));
-}
-
-void FlatUnit::zero_unsharded() {
-  round_pending_ = false;
-  if (!lazy_) {
-    ops_->fill(grad_full_, 0.f, static_cast<size_t>(layout_.padded));
-    return;
-  }
-  // A persistent buffer reduced in a 16-bit type was narrowed in place (packed into its first
-  // half): its gaps and padding hold values again.
-  if (kind_ == Kind::FullReplicated && rdt_ != DType::F32) zero_gaps();
-  unwritten_ = true;
-  fresh_.assign(grad_n_.size(), 1);
-}
-
-void FlatUnit::write_unwritten() const {
-  zero_unwritten();
-  round_now();
-}
-
-void FlatUnit::round_now() const {
-  if (!round_pending_) return;
-  round_pending_ = false;
-  ops_->round_to(rdt_, grad_full_, static_cast<size_t>(layout_.padded));
+  grads_.allocate();
 }
 
 const float* FlatUnit::grad_shard_rounding(DType* round) const {
   settle();
-  if (kind_ == Kind::Whole) zero_unwritten();  // (grad_shard)
-  *round = round_pending_ ? rdt_ : DType::F32;
+  if (kind_ == Kind::Whole) grads_.zero_unwritten();  // (grad_shard)
+  *round = grads_.rounding_left() ? rdt_ : DType::F32;
   return grad_shard_;
-}
-
-void FlatUnit::zero_unwritten() const {
-  if (!unwritten_) return;
-  unwritten_ = false;
-  // The parameters still unwritten, zeroed: runs of consecutive ones in one fill each (the
-  // gaps between them are zeros already).
-  const size_t n = fresh_.size();
-  for (size_t s = 0; s < n;) {
-    if (!fresh_[s] || grad_n_[s] == 0) {
-      ++s;
-      continue;
-    }
-    size_t e = s + 1;
-    while (e < n && (fresh_[e] || grad_n_[e] == 0)) ++e;
-    const int64_t lo = layout_.entries[s].offset;
-    int64_t hi = lo;
-    for (size_t k = s; k < e; ++k)
-      hi = std::max(hi, layout_.entries[k].offset + layout_.entries[k].numel);
-    ops_->fill(grad_full_ + lo, 0.f, static_cast<size_t>(hi - lo));
-    s = e;
-  }
-  std::fill(fresh_.begin(), fresh_.end(), uint8_t{0});
 }
 
 void FlatUnit::open_grads(UnitCtx& ctx) {
   settle();
-  round_now();  // the call adds into the rounded values (what is unwritten stays so)
-  ctx.grads = &grads_;
-  ctx.grads_fresh = unwritten_ ? fresh_.data() : nullptr;
-  ctx.grads_n = unwritten_ ? grad_n_.data() : nullptr;
+  grads_.open(ctx);
 }
 
 void* FlatUnit::reduced_block() const {
   settle();
-  write_unwritten();
+  grads_.write_unwritten();
   const int64_t lo = shard_range().lo;
-  if (rdt_ == DType::F32) return grad_full_ + lo;
-  return reinterpret_cast<uint16_t*>(grad_full_) + lo;
+  if (rdt_ == DType::F32) return grads_.data() + lo;
+  return reinterpret_cast<uint16_t*>(grads_.data()) + lo;
 }
 
 void FlatUnit::round_grads() {
   settle();
   SW_CHECK(kind_ == Kind::Whole, "round_grads is for whole units");
   if (rdt_ == DType::F32) return;
-  if (ops_->rounds_grads_on_read()) {
-    round_pending_ = true;
-    return;
-  }
-  write_unwritten();
-  ops_->round_to(rdt_, grad_full_, static_cast<size_t>(layout_.padded));
+  if (ops_->rounds_grads_on_read())
+    grads_.leave_rounding();
+  else
+    grads_.round();
 }
 
 Work FlatUnit::issue_reduce_scatter(int replicas) {
   settle();
-  SW_CHECK(kind_ != Kind::Whole && grad_full_, "reduce-scatter needs unsharded gradients");
-  write_unwritten();
+  SW_CHECK(kind_ != Kind::Whole && grads_.allocated(), "reduce-scatter needs unsharded gradients");
+  grads_.write_unwritten();
+  float* g = grads_.data();
   if (rdt_ == DType::F32)
-    return shard_->issue_reduce_scatter(grad_full_, reduced_block(), layout_.shard_size(),
-                                        ReduceOp::Avg);
+    return shard_->issue_reduce_scatter(g, reduced_block(), layout_.shard_size(), ReduceOp::Avg);
   // 16 bits: divide first, then sum, so partial sums stay within the average's range.
-  ops_->scale(grad_full_, 1.f / static_cast<float>(shard_->size() * replicas),
+  ops_->scale(g, 1.f / static_cast<float>(shard_->size() * replicas),
               static_cast<size_t>(layout_.padded));
-  ops_->narrow(rdt_, grad_full_, grad_full_, static_cast<size_t>(layout_.padded));
-  return shard_->issue_reduce_scatter(grad_full_, reduced_block(), layout_.shard_size(),
-                                      ReduceOp::Sum, rdt_);
+  ops_->narrow(rdt_, g, g, static_cast<size_t>(layout_.padded));
+  return shard_->issue_reduce_scatter(g, reduced_block(), layout_.shard_size(), ReduceOp::Sum,
+                                      rdt_);
 }
 
 void FlatUnit::accumulate_reduced() {
   settle();
-  SW_CHECK(kind_ != Kind::Whole && grad_full_, "nothing to accumulate");
+  SW_CHECK(kind_ != Kind::Whole && grads_.allocated(), "nothing to accumulate");
   const size_t Sh = static_cast<size_t>(layout_.shard_size());
   SW_CHECK(grad_shard_, "unit '" + unit_->name() + "': its gradients on NVMe were not staged");
   if (pnvme_ && grads_zero_) ops_on(grad_device()).fill(grad_shard_, 0.f, Sh);  // file's: stale
@@ -470,14 +391,10 @@ void FlatUnit::add_block(const Ops& o, float* shard, const void* block, DType rd
 
 void FlatUnit::release_reduced() {
   settle();
-  if (kind_ == Kind::Sharded) {
-    grad_buf_.release();
-    grad_full_ = nullptr;
-    unwritten_ = round_pending_ = false;
-    point_grads();
-  } else {
-    zero_unsharded();
-  }
+  if (kind_ == Kind::Sharded)
+    grads_.release();
+  else
+    grads_.zero();
   grads_zero_ = false;
   dirty_ = false;
 }
@@ -507,18 +424,15 @@ void FlatUnit::zero_grads() {
   const size_t Sh = static_cast<size_t>(shard_size());
   switch (kind_) {
     case Kind::Sharded:
-      grad_buf_.release();
-      grad_full_ = nullptr;
-      unwritten_ = round_pending_ = false;
-      point_grads();
+      grads_.release();
       if (!pnvme_) ops_on(grad_device()).fill(grad_shard_, 0.f, Sh);
       break;
     case Kind::FullReplicated:
-      zero_unsharded();
+      grads_.zero();
       ops_on(grad_device()).fill(grad_shard_, 0.f, Sh);
       break;
     case Kind::Whole:
-      zero_unsharded();
+      grads_.zero();
       break;
   }
   grads_zero_ = true;
@@ -533,7 +447,7 @@ void FlatUnit::gather_params_into(float* out) const {
 }
 void FlatUnit::gather_grads_into(float* out) const {
   settle();
-  if (kind_ == Kind::Whole) write_unwritten();  // (grad_shard)
+  if (kind_ == Kind::Whole) grads_.write_unwritten();  // (grad_shard)
   gather_shard_into(grad_shard_, grad_device(), out);
 }
 

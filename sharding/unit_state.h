@@ -62,6 +62,7 @@
 #include "sharding/comm/group.h"
 #include "sharding/flat_param.h"
 #include "sharding/policy.h"
+#include "sharding/unit_grads.h"
 
 namespace sw {
 
@@ -181,7 +182,7 @@ class FlatUnit {
   // gradients in a NO_SHARD bucket, which the bucket's all-reduce reads directly: zeroed at
   // once.)
   void open_grads(UnitCtx& ctx);
-  bool has_grads() const { return grad_full_ != nullptr; }
+  bool has_grads() const { return grads_.allocated(); }
   // Backward wrote into the unsharded gradients since they were last reduced.
   bool grads_dirty() const { return dirty_; }
   void mark_dirty() { dirty_ = true; }
@@ -247,11 +248,11 @@ class FlatUnit {
   // buffer of their own, which unwritten unsharded gradients do not concern)
   float* grad_shard() const {
     settle();
-    if (kind_ == Kind::Whole) write_unwritten();
+    if (kind_ == Kind::Whole) grads_.write_unwritten();
     return grad_shard_;
   }
   // (padded) unsharded gradients
-  float* grad_full() const { return settle(), write_unwritten(), grad_full_; }
+  float* grad_full() const { return settle(), grads_.write_unwritten(), grads_.data(); }
   // AdamW moments (shard). Tier::Nvme units have none in memory except while the executor has
   // staged them (stage_moments), for their update or a checkpoint read.
   float* adam_m() const { return settle(), m_ptr_; }
@@ -283,7 +284,9 @@ class FlatUnit {
   bool grads_zero() const { return grads_zero_; }
   const std::vector<float*>& params() const { return settle(), params_; }  // per spec, into full
   // Per spec, into grad_full.
-  const std::vector<float*>& grads() const { return settle(), write_unwritten(), grads_; }
+  const std::vector<float*>& grads() const {
+    return settle(), grads_.write_unwritten(), grads_.ptrs();
+  }
   // Gathers this unit's master shards into `out` (padded floats) without touching the state:
   // a collective, for parameter export between steps.
   void gather_params_into(float* out) const;
@@ -299,7 +302,6 @@ class FlatUnit {
 
  private:
   void point_params();
-  void point_grads();
   void issue_narrow_gather();  // the param_dtype all-gather into full16_ or the front of full_
   void make_full16(Mem cat);   // allocates the (padded) 16-bit copy
   void finish_gather();        // waits for the gather; widens it when it ran in param_dtype
@@ -332,28 +334,13 @@ class FlatUnit {
   // A shard (master or gradients, on `where`) gathered into `out` on the Ops' device.
   void gather_shard_into(const float* shard, Device where, float* out) const;
   bool grads_zero_ = true;
-  // Unwritten zeroed gradients (open_grads): lazy_ where the unit leaves them so; unwritten_
-  // while any may be; fresh_ (per spec, 1 = unwritten: UnitCtx::grads_fresh), grad_n_ (values
-  // per spec).
-  bool lazy_ = false;
-  mutable bool unwritten_ = false;
-  mutable bool round_pending_ = false;  // round_grads left to the readers (reduce_dtype)
-  mutable std::vector<uint8_t> fresh_;
-  std::vector<size_t> grad_n_;
-  void zero_unsharded();        // the zeroing itself: unwritten (lazy_) or a fill
-  void zero_gaps();             // zeros between the parameters' ranges and in the padding
-  // Any reader but a call: zeroes what is still unwritten, then does a pending rounding.
-  void write_unwritten() const;
-  void zero_unwritten() const;  // the first half alone
-  void round_now() const;       // the second: a pending rounding done in place
-  Buffer grad_buf_;        // (padded) unsharded grads (empty when a bucket view)
+  UnitGrads grads_;        // (padded) unsharded grads: what is unwritten, a rounding left
   Buffer grad_shard_buf_;  // (shard) reduced grads, Kinds Sharded/FullReplicated
   float* master_ = nullptr;
   float* full_ = nullptr;
   uint16_t* full16_ = nullptr;
-  float* grad_full_ = nullptr;
   float* grad_shard_ = nullptr;
-  std::vector<float*> params_, grads_;
+  std::vector<float*> params_;
   std::vector<const uint16_t*> params16_;
 
   ShardedState sstate_ = ShardedState::Sharded;
