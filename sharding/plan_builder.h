@@ -1,0 +1,99 @@
+// Plan construction (internal to sharding/; step_plan.h's entry points use it): a symbolic walk
+// of the schedule over each unit's state (sharded, gather in flight, unsharded), making the
+// decisions the executor's components then act on (prefetch depth and max_live_units,
+// reshard_after_forward, the tied unit kept from its first call to its last, accumulation
+// modes, buckets, HYBRID's two-level reduction, checkpointing, the optimizer's prefetch of the
+// next step) and writing each one down as an action.
+//
+// The walk (PlanBuilder, plan_builder.cpp) plans the parameter, compute, reduction and update
+// actions. Each offload family plans its own actions at fixed points of the walk, with state of
+// its own, as its executor component runs them:
+//   ActivationIoPlan  plan_activation_io.*  evict_acts after a forward call, fetch_acts ahead of
+//                                           its backward, the wait_acts that free or need them
+//   StateIoPlan       plan_state_io.*       NVMe state: the optimizer's pieces (read ahead,
+//                                           written behind, carried across segments), deferred
+//                                           updates, NVMe masters fetched ahead of their gathers,
+//                                           gradients staged around their reductions
+// The memory a plan starts from (persistent and reserved bytes) is plan_memory.cpp's.
+// A new family is a part like these, called by the walk where its actions belong.
+#pragma once
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "sharding/plan_activation_io.h"
+#include "sharding/plan_state_io.h"
+#include "sharding/step_plan.h"
+
+namespace sw {
+
+class PlanBuilder {
+ public:
+  explicit PlanBuilder(const PlanInput& in);
+
+  // Segments, appended in order.
+  void micro_step(int micro, bool reduce, bool last);
+  void eval();
+  // flush: only the deferred units' updates (plan_flush); otherwise every update not deferred.
+  void optimizer(bool flush = false);
+  StepPlan take();
+  // The units whose gather is in flight now (what the optimizer leaves for the next step).
+  std::vector<bool> in_flight() const;
+
+  // ---- For the families' parts ---------------------------------------------------------------
+  const PlanInput& in() const { return in_; }
+  StepPlan& plan() { return plan_; }
+  int last_index() const { return static_cast<int>(plan_.actions.size()) - 1; }
+  Action& add(ActionKind k, Queue q, int unit = -1, int pos = -1);
+  // What checkpointing dropped of position p's Saved after its forward (Off: nothing, or
+  // already rebuilt for its backward).
+  CheckpointMode dropped(int p) const { return recompute_[size_t(p)]; }
+  const CallMemory* call_mem(int pos) const {
+    return pos < static_cast<int>(in_.calls.size()) ? &in_.calls[size_t(pos)] : nullptr;
+  }
+  int64_t act_bytes() const { return int64_t{4} * in_.B * in_.T * in_.d_model; }
+  // A unit about to be updated: a gather that read its master before (a prefetch carried into
+  // the segment, or issued in it) is stale after the update, so it is waited for and freed.
+  void drop_stale_gather(int u);
+
+ private:
+  enum class St : uint8_t { Sharded, InFlight, Unsharded };
+  DType pdt() const { return in_.policy.mixed_precision.param_dtype; }
+  DType rdt() const { return in_.policy.mixed_precision.reduce_dtype; }
+  int64_t fbytes(int u) const { return in_.units[size_t(u)].padded * 4; }
+  int64_t params_bytes(int u) const;
+  int live() const;
+  void issue(int u);
+  void prefetch(int pos, int depth, int dir);
+  void wait(int u);
+  void free(int u);
+  void ensure_grads(Action& a, int u);
+  CheckpointMode checkpoint_mode(int p) const;
+  void forward(bool training);
+  void backward(bool reduce);
+  // wait_reduce for the oldest n reductions in flight: their completion (observed here) frees
+  // the transient gradients they reduced.
+  void wait_reductions(size_t n);
+  void reduce_unit(int u);
+
+  const PlanInput& in_;
+  StepPlan plan_;
+  std::vector<St> st_;
+  std::vector<int> gather_at_;  // per unit: its gather in flight (-1: none)
+  std::vector<bool> has_grads_;
+  std::vector<CheckpointMode> recompute_;
+  std::vector<int> ready_;  // NO_SHARD: per bucket, members whose backward is done
+  std::vector<std::pair<int, int64_t>> inflight_;  // reductions: (last action, bytes freed)
+  int micro_ = 0;
+  ActivationIoPlan acts_io_;
+  StateIoPlan state_io_;
+};
+
+// The memory every plan of `in` starts from: persistent model state per tier, the NVMe files'
+// bytes and staging, the step's reserved workspace (plan_memory.cpp).
+void plan_memory(const PlanInput& in, StepPlan& plan);
+// `plan` with, on a device, the host updater's staging: two offloaded updates' master and
+// gradient copies at most (plan_memory.cpp).
+StepPlan with_updater_staging(StepPlan plan, const PlanInput& in);
+
+}  // namespace sw
