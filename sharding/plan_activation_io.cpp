@@ -30,6 +30,7 @@ int64_t ActivationIoPlan::kept_bytes(int p) const {
 void ActivationIoPlan::begin_micro_step() {
   b_.plan().nvme_bytes -= file_;  // micro-steps reuse the activation file from its start
   file_ = 0;
+  fetch_at_.clear();  // (each micro-step fetches what it evicted)
 }
 
 void ActivationIoPlan::after_forward(int p, int u) {

@@ -275,6 +275,41 @@ TEST_CASE("Activation checkpointing: drops after forward, recomputes before back
   }
 }
 
+TEST_CASE("Activation offload with accumulation: every micro-step fetches what it evicts", "[plan]") {
+  // A whole step's plan (what `shardwise plan` replays) of several micro-steps: each one evicts
+  // and fetches back the same calls, and the replay never goes below zero. (Until the plan
+  // builder was split, the later micro-steps waited for the first one's fetches instead.)
+  for (const char* tier : {"cpu", "nvme"})
+    for (int world : {1, 2}) {
+      Model m = build_model(tiny("gpt2", 4));
+      ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+      pol.activation_checkpointing.offload_cpu = std::string(tier) == "cpu";
+      pol.activation_checkpointing.offload_nvme = !pol.activation_checkpointing.offload_cpu;
+      pol.activation_checkpointing.nvme_path = "/nonexistent";  // (a plan makes no files)
+      const StepPlan plan = plan_step(input(m, pol, world, 3));
+      INFO(tier << " offload, world " << world);
+      check_invariants(plan);
+      replay(plan, true);
+      int micro_steps = 0;
+      for (const Segment& sg : plan.segments) {
+        if (sg.kind != SegmentKind::MicroStep) continue;
+        ++micro_steps;
+        std::vector<int> evicted, fetched;
+        for (int i = sg.begin; i < sg.end; ++i) {
+          const Action& a = plan.actions[size_t(i)];
+          if (a.kind == ActionKind::EvictActs) evicted.push_back(a.pos);
+          if (a.kind == ActionKind::FetchActs) fetched.push_back(a.pos);
+          if (a.kind == ActionKind::WaitActs)
+            for (int w : a.waits) CHECK((w >= sg.begin && w < i));  // its own micro-step's
+        }
+        std::sort(fetched.begin(), fetched.end());
+        CHECK(evicted.size() == m.schedule.size() - 3);
+        CHECK(fetched == evicted);
+      }
+      CHECK(micro_steps == 3);
+    }
+}
+
 TEST_CASE("The executor runs exactly the plan (one rank, a recorder attached)", "[plan]") {
   for (CheckpointMode mode : {CheckpointMode::Off, CheckpointMode::Full, CheckpointMode::Selective})
     for (int bpu : {1, 2})
