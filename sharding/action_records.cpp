@@ -65,22 +65,27 @@ void ActionRecords::take_host(std::vector<HostSpan> spans) {
   }
 }
 
-void ActionRecords::run_timed(const StepPlan& plan, int i, const std::function<void()>& body) {
-  if (!rec_ || !device_times_ || plan.actions[size_t(i)].queue != Queue::Compute) return body();
+ActionRecords::Bracket ActionRecords::open(const StepPlan& plan, int i) {
+  Bracket b;
+  if (!rec_ || !device_times_ || plan.actions[size_t(i)].queue != Queue::Compute) return b;
   if (!ref_) {  // ties the device's clock to the host's: the host waits once
     std::shared_ptr<Event> ref = stream_.record_timed();
     ref->synchronize();
     ref_host_ = trace_clock();
     ref_ = std::move(ref);  // (set only once the tie holds)
   }
-  std::shared_ptr<Event> begin = stream_.record_timed();
-  const size_t n0 = rec_->records.size();
-  body();
+  b.begin = stream_.record_timed();
+  b.first = rec_->records.size();
+  return b;
+}
+
+void ActionRecords::close(Bracket& b, int i) {
+  if (!b.begin) return;
   std::shared_ptr<Event> end = stream_.record_timed();
-  for (size_t r = n0; r < rec_->records.size(); ++r) {
+  for (size_t r = b.first; r < rec_->records.size(); ++r) {
     const ActionRecord& rec = rec_->records[r];
     if (rec.action == i && rec.queue == Queue::Compute)
-      spans_.push_back({r, rec.action, rec.segment, begin, end});
+      spans_.push_back({r, rec.action, rec.segment, b.begin, end});
   }
 }
 

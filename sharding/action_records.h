@@ -11,7 +11,6 @@
 // device_ref, an event the host waited for once per settle to tie the two clocks. Settled before
 // the records are read or the recorder goes.
 #pragma once
-#include <functional>
 #include <memory>
 #include <vector>
 
@@ -43,9 +42,14 @@ class ActionRecords {
   // The host updater's finished spans, as Queue::Host records of the current segment.
   void take_host(std::vector<HostSpan> spans);
 
-  // Runs `body` (plan action i); on a device stream with a recorder, brackets it with timed
-  // events for settle_device_times().
-  void run_timed(const StepPlan& plan, int i, const std::function<void()>& body);
+  // Around plan action i: on a device stream with a recorder, timed events on the compute
+  // stream before and after it, for settle_device_times() (a no-op otherwise).
+  struct Bracket {
+    std::shared_ptr<Event> begin;
+    size_t first = 0;  // its records from here
+  };
+  Bracket open(const StepPlan& plan, int i);
+  void close(Bracket& b, int i);
   void settle_device_times();
 
  private:

@@ -43,10 +43,10 @@ void Executor::run(Model& model, const StepPlan& plan, RunArgs& args) {
     const Action& a = s.action(i);
     Component* c = owner_[static_cast<size_t>(a.kind)];
     SW_CHECK(c != nullptr, std::string("the executor has no owner for ") + action_kind_name(a.kind));
-    records_.run_timed(plan, i, [&] {
-      s.t0 = records_.now();
-      if (c->run(s, i) && records_.on()) records_.add(plan, i, s.t0, trace_clock());
-    });
+    ActionRecords::Bracket timed = records_.open(plan, i);
+    s.t0 = records_.now();
+    if (c->run(s, i) && records_.on()) records_.add(plan, i, s.t0, trace_clock());
+    records_.close(timed, i);
   }
   MemTracker::set_action(-1);
   for (Component* c : components_) c->end(s);
