@@ -278,100 +278,104 @@ const char* const kColors[] = {"#4e79a7", "#f28e2b", "#59a14f", "#e15759",
 
 }  // namespace
 
-std::string memory_svg(const ProfileData& d, const std::vector<MemSample>* predicted) {
-  const Timeline tl = timeline(d, d.mem);
-  const Peaks pk = compute_peaks(d);
-  const size_t C = tl.categories.size();
-  const double t0 = tl.states[0].t;
-  double t1 = tl.states.back().t;
-  for (const TraceAction& a : d.actions) t1 = std::max(t1, a.t_end);
-  Timeline pred;
-  if (predicted) {
-    pred = timeline(d, *predicted);
-    t1 = std::max(t1, pred.states.back().t);
-  }
-  if (!(t1 > t0)) t1 = t0 + 1e-3;
-  int64_t ymax_b = pk.peak_bytes;
-  for (const State& s : pred.states) ymax_b = std::max(ymax_b, s.total());
-  if (ymax_b <= 0) ymax_b = 1;
+namespace {
 
-  const double W = 960, H = 520, L = 84, R = 220, T = 48, B = 56;
-  const double pw = W - L - R, ph = H - T - B;
-  const double span_ms = (t1 - t0) * 1e3;
-  const double xstep = nice_step(span_ms, 8);
+// The memory chart's frame: the plot area, the axes' scales and units, and the time and bytes
+// to pixel mappings every part of the drawing uses.
+struct Chart {
+  static constexpr double W = 960, H = 520, L = 84, R = 220, T = 48, B = 56;
+  static constexpr double pw = W - L - R, ph = H - T - B;
+  double t0 = 0, t1 = 0, span_ms = 0, xstep = 0;
+  double unit = 1, ystep = 1, ytop = 1;
+  const char* unit_name = "KiB";
+  double X(double t) const { return L + (t - t0) * 1e3 / span_ms * pw; }
+  double Y(double bytes) const { return T + ph - bytes / unit / ytop * ph; }
+  static std::string P(double v) { return fmt("%.2f", v); }
+};
+
+Chart chart_frame(double t0, double t1, int64_t ymax_b) {
+  Chart c;
+  c.t0 = t0, c.t1 = t1;
+  c.span_ms = (t1 - t0) * 1e3;
+  c.xstep = nice_step(c.span_ms, 8);
   const double gib = 1024.0 * 1024 * 1024, mib = 1024.0 * 1024;
   const bool in_gib = ymax_b >= 2 * gib;
-  const double unit = in_gib ? gib : ymax_b >= 2 * mib ? mib : 1024.0;
-  const char* unit_name = in_gib ? "GiB" : ymax_b >= 2 * mib ? "MiB" : "KiB";
-  const double ystep = nice_step(ymax_b / unit * 1.05, 6);
-  const double ytop = std::ceil(ymax_b / unit * 1.05 / ystep) * ystep;
-  auto X = [&](double t) { return L + (t - t0) * 1e3 / span_ms * pw; };
-  auto Y = [&](double bytes) { return T + ph - bytes / unit / ytop * ph; };
-  auto P = [](double v) { return fmt("%.2f", v); };
+  c.unit = in_gib ? gib : ymax_b >= 2 * mib ? mib : 1024.0;
+  c.unit_name = in_gib ? "GiB" : ymax_b >= 2 * mib ? "MiB" : "KiB";
+  c.ystep = nice_step(ymax_b / c.unit * 1.05, 6);
+  c.ytop = std::ceil(ymax_b / c.unit * 1.05 / c.ystep) * c.ystep;
+  return c;
+}
 
-  // States to draw: all of them, or, when there are many more than pixels, per pixel column
-  // the state where the total is highest (so peaks stay visible), in time order.
+// States to draw: all of them, or, when there are many more than pixels, per pixel column the
+// state where the total is highest (so peaks stay visible), in time order.
+std::vector<const State*> drawn_states(const Chart& c, const Timeline& tl) {
   std::vector<const State*> pts;
-  const size_t cols = static_cast<size_t>(pw);
+  const size_t cols = static_cast<size_t>(Chart::pw);
   if (tl.states.size() <= 4 * cols) {
     for (const State& s : tl.states) pts.push_back(&s);
-  } else {
-    std::vector<const State*> best(cols + 1, nullptr);
-    for (const State& s : tl.states) {
-      const size_t c = std::min(cols, static_cast<size_t>((X(s.t) - L)));
-      if (!best[c] || s.total() > best[c]->total()) best[c] = &s;
-    }
-    pts.push_back(&tl.states[0]);
-    for (const State* s : best)
-      if (s && s != &tl.states[0]) pts.push_back(s);
-    pts.push_back(&tl.states.back());
+    return pts;
   }
+  std::vector<const State*> best(cols + 1, nullptr);
+  for (const State& s : tl.states) {
+    const size_t col = std::min(cols, static_cast<size_t>((c.X(s.t) - Chart::L)));
+    if (!best[col] || s.total() > best[col]->total()) best[col] = &s;
+  }
+  pts.push_back(&tl.states[0]);
+  for (const State* s : best)
+    if (s && s != &tl.states[0]) pts.push_back(s);
+  pts.push_back(&tl.states.back());
+  return pts;
+}
 
+// Grid, axes and their labels.
+std::string chart_axes(const Chart& c) {
+  const auto P = Chart::P;
+  const double L = Chart::L, T = Chart::T, pw = Chart::pw, ph = Chart::ph;
   std::string o;
-  o += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + P(W) + "\" height=\"" + P(H) +
-       "\" viewBox=\"0 0 " + P(W) + " " + P(H) + "\" font-family=\"sans-serif\" font-size=\"12\">\n";
-  o += "<rect x=\"0\" y=\"0\" width=\"" + P(W) + "\" height=\"" + P(H) + "\" fill=\"white\"/>\n";
-  o += "<text x=\"" + P(L) + "\" y=\"24\" font-size=\"15\" font-weight=\"bold\">" +
-       xml_escape("Memory in use, rank " + std::to_string(d.rank) + " of " +
-                  std::to_string(d.world) + " (peak " + format_bytes(pk.peak_bytes) +
-                  (pk.peak_action >= 0 ? ", action " + std::to_string(pk.peak_action) : "") +
-                  ")") +
-       "</text>\n";
-
-  // Grid and axes.
-  for (double v = 0; v <= ytop + ystep * 1e-6; v += ystep) {
-    const double y = T + ph - v / ytop * ph;
+  for (double v = 0; v <= c.ytop + c.ystep * 1e-6; v += c.ystep) {
+    const double y = T + ph - v / c.ytop * ph;
     o += "<line x1=\"" + P(L) + "\" y1=\"" + P(y) + "\" x2=\"" + P(L + pw) + "\" y2=\"" + P(y) +
          "\" stroke=\"#e0e0e0\"/>\n";
     o += "<text x=\"" + P(L - 6) + "\" y=\"" + P(y + 4) + "\" text-anchor=\"end\">" +
-         fmt(ystep < 1 ? "%.1f" : "%.0f", v) + "</text>\n";
+         fmt(c.ystep < 1 ? "%.1f" : "%.0f", v) + "</text>\n";
   }
-  for (double v = 0; v <= span_ms + xstep * 1e-6; v += xstep) {
-    const double x = L + v / span_ms * pw;
+  for (double v = 0; v <= c.span_ms + c.xstep * 1e-6; v += c.xstep) {
+    const double x = L + v / c.span_ms * pw;
     o += "<line x1=\"" + P(x) + "\" y1=\"" + P(T + ph) + "\" x2=\"" + P(x) + "\" y2=\"" +
          P(T + ph + 5) + "\" stroke=\"#333\"/>\n";
     o += "<text x=\"" + P(x) + "\" y=\"" + P(T + ph + 19) + "\" text-anchor=\"middle\">" +
-         fmt(xstep < 1 ? "%.2f" : "%.0f", v) + "</text>\n";
+         fmt(c.xstep < 1 ? "%.2f" : "%.0f", v) + "</text>\n";
   }
-  o += "<text x=\"" + P(L + pw / 2) + "\" y=\"" + P(H - 12) +
+  o += "<text x=\"" + P(L + pw / 2) + "\" y=\"" + P(Chart::H - 12) +
        "\" text-anchor=\"middle\">time since recording began (ms)</text>\n";
   o += "<text transform=\"translate(20," + P(T + ph / 2) +
-       ") rotate(-90)\" text-anchor=\"middle\">memory in use (" + unit_name + ")</text>\n";
+       ") rotate(-90)\" text-anchor=\"middle\">memory in use (" + c.unit_name + ")</text>\n";
+  return o;
+}
 
-  // Step boundaries (the first action of each step), dashed and labelled.
+// Step boundaries (the first action of each step), dashed and labelled.
+std::string chart_steps(const Chart& c, const ProfileData& d) {
+  const auto P = Chart::P;
   std::map<int, double> step_begin;
   for (const TraceAction& a : d.actions)
     if (!step_begin.count(a.step) || a.t_begin < step_begin[a.step]) step_begin[a.step] = a.t_begin;
+  std::string o;
   for (const auto& [s, tb] : step_begin) {
-    const double x = X(tb);
-    o += "<line x1=\"" + P(x) + "\" y1=\"" + P(T) + "\" x2=\"" + P(x) + "\" y2=\"" + P(T + ph) +
-         "\" stroke=\"#999\" stroke-dasharray=\"2,3\"/>\n";
-    o += "<text x=\"" + P(x + 3) + "\" y=\"" + P(T + 12) + "\" fill=\"#666\" font-size=\"10\">step " +
-         std::to_string(s) + "</text>\n";
+    const double x = c.X(tb);
+    o += "<line x1=\"" + P(x) + "\" y1=\"" + P(Chart::T) + "\" x2=\"" + P(x) + "\" y2=\"" +
+         P(Chart::T + Chart::ph) + "\" stroke=\"#999\" stroke-dasharray=\"2,3\"/>\n";
+    o += "<text x=\"" + P(x + 3) + "\" y=\"" + P(Chart::T + 12) +
+         "\" fill=\"#666\" font-size=\"10\">step " + std::to_string(s) + "</text>\n";
   }
+  return o;
+}
 
-  // Stacked step areas, bottom category first: layer i spans cumulative[i-1] .. cumulative[i].
-  const double tend = t1;
+// Stacked step areas, bottom category first: layer i spans cumulative[i-1] .. cumulative[i].
+std::string chart_areas(const Chart& c, const Timeline& tl, const std::vector<const State*>& pts) {
+  const auto P = Chart::P;
+  const size_t C = tl.categories.size();
+  std::string o;
   for (size_t i = 0; i < C; ++i) {
     auto cum = [&](const State* s, size_t upto) {
       int64_t v = 0;
@@ -380,50 +384,45 @@ std::string memory_svg(const ProfileData& d, const std::vector<MemSample>* predi
     };
     std::string upper, lower;
     for (size_t j = 0; j < pts.size(); ++j) {
-      const double xa = X(pts[j]->t), xb = X(j + 1 < pts.size() ? pts[j + 1]->t : tend);
-      const double yu = Y(static_cast<double>(cum(pts[j], i)));
+      const double xa = c.X(pts[j]->t), xb = c.X(j + 1 < pts.size() ? pts[j + 1]->t : c.t1);
+      const double yu = c.Y(static_cast<double>(cum(pts[j], i)));
       upper += P(xa) + "," + P(yu) + " " + P(xb) + "," + P(yu) + " ";
     }
     for (size_t j = pts.size(); j-- > 0;) {
-      const double xa = X(pts[j]->t), xb = X(j + 1 < pts.size() ? pts[j + 1]->t : tend);
-      const double yl = i == 0 ? Y(0) : Y(static_cast<double>(cum(pts[j], i - 1)));
+      const double xa = c.X(pts[j]->t), xb = c.X(j + 1 < pts.size() ? pts[j + 1]->t : c.t1);
+      const double yl = i == 0 ? c.Y(0) : c.Y(static_cast<double>(cum(pts[j], i - 1)));
       lower += P(xb) + "," + P(yl) + " " + P(xa) + "," + P(yl) + " ";
     }
     o += "<polygon fill=\"" + std::string(kColors[i % 8]) +
          "\" fill-opacity=\"0.85\" stroke=\"none\" points=\"" + upper + lower + "\"><title>" +
          xml_escape(tl.categories[i]) + "</title></polygon>\n";
   }
+  return o;
+}
 
-  // Predicted total, dashed.
-  if (predicted) {
-    std::string pl;
-    for (size_t j = 0; j < pred.states.size(); ++j) {
-      const double xa = X(pred.states[j].t);
-      const double xb = X(j + 1 < pred.states.size() ? pred.states[j + 1].t : tend);
-      const double y = Y(static_cast<double>(pred.states[j].total()));
-      pl += P(xa) + "," + P(y) + " " + P(xb) + "," + P(y) + " ";
-    }
-    o += "<polyline fill=\"none\" stroke=\"#000\" stroke-width=\"1.5\" stroke-dasharray=\"6,4\" "
+// The predicted total, dashed.
+std::string chart_predicted(const Chart& c, const Timeline& pred) {
+  const auto P = Chart::P;
+  std::string pl;
+  for (size_t j = 0; j < pred.states.size(); ++j) {
+    const double xa = c.X(pred.states[j].t);
+    const double xb = c.X(j + 1 < pred.states.size() ? pred.states[j + 1].t : c.t1);
+    const double y = c.Y(static_cast<double>(pred.states[j].total()));
+    pl += P(xa) + "," + P(y) + " " + P(xb) + "," + P(y) + " ";
+  }
+  return "<polyline fill=\"none\" stroke=\"#000\" stroke-width=\"1.5\" stroke-dasharray=\"6,4\" "
          "points=\"" + pl + "\"/>\n";
-  }
+}
 
-  // The total's peak.
-  {
-    const double x = X(pk.peak_time), y = Y(static_cast<double>(pk.peak_bytes));
-    o += "<circle cx=\"" + P(x) + "\" cy=\"" + P(y) + "\" r=\"3.5\" fill=\"#c00\"/>\n";
-    o += "<text x=\"" + P(std::min(x + 6, L + pw - 120)) + "\" y=\"" + P(y - 6) +
-         "\" fill=\"#c00\">peak " + xml_escape(format_bytes(pk.peak_bytes)) + "</text>\n";
-  }
-  o += "<rect x=\"" + P(L) + "\" y=\"" + P(T) + "\" width=\"" + P(pw) + "\" height=\"" + P(ph) +
-       "\" fill=\"none\" stroke=\"#333\"/>\n";
-
-  // Legend: top category first (as stacked), with its own peak and its bytes at the total's.
-  const double lx = L + pw + 16;
-  double ly = T + 4;
-  o += "<text x=\"" + P(lx) + "\" y=\"" + P(ly + 8) +
-       "\" font-weight=\"bold\">category: at peak / own peak</text>\n";
+// Legend: top category first (as stacked), with its own peak and its bytes at the total's.
+std::string chart_legend(const Timeline& tl, const Peaks& pk, bool predicted) {
+  const auto P = Chart::P;
+  const double lx = Chart::L + Chart::pw + 16;
+  double ly = Chart::T + 4;
+  std::string o = "<text x=\"" + P(lx) + "\" y=\"" + P(ly + 8) +
+                  "\" font-weight=\"bold\">category: at peak / own peak</text>\n";
   ly += 20;
-  for (size_t i = C; i-- > 0;) {
+  for (size_t i = tl.categories.size(); i-- > 0;) {
     const std::string& c = tl.categories[i];
     o += "<rect x=\"" + P(lx) + "\" y=\"" + P(ly) + "\" width=\"12\" height=\"12\" fill=\"" +
          kColors[i % 8] + "\"/>\n";
@@ -439,6 +438,53 @@ std::string memory_svg(const ProfileData& d, const std::vector<MemSample>* predi
          P(ly + 6) + "\" stroke=\"#000\" stroke-width=\"1.5\" stroke-dasharray=\"4,2\"/>\n";
     o += "<text x=\"" + P(lx + 18) + "\" y=\"" + P(ly + 10) + "\">predicted total</text>\n";
   }
+  return o;
+}
+
+}  // namespace
+
+std::string memory_svg(const ProfileData& d, const std::vector<MemSample>* predicted) {
+  const Timeline tl = timeline(d, d.mem);
+  const Peaks pk = compute_peaks(d);
+  const double t0 = tl.states[0].t;
+  double t1 = tl.states.back().t;
+  for (const TraceAction& a : d.actions) t1 = std::max(t1, a.t_end);
+  Timeline pred;
+  if (predicted) {
+    pred = timeline(d, *predicted);
+    t1 = std::max(t1, pred.states.back().t);
+  }
+  if (!(t1 > t0)) t1 = t0 + 1e-3;
+  int64_t ymax_b = pk.peak_bytes;
+  for (const State& s : pred.states) ymax_b = std::max(ymax_b, s.total());
+  if (ymax_b <= 0) ymax_b = 1;
+  const Chart c = chart_frame(t0, t1, ymax_b);
+  const auto P = Chart::P;
+  const double W = Chart::W, H = Chart::H, L = Chart::L, T = Chart::T;
+
+  std::string o;
+  o += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + P(W) + "\" height=\"" + P(H) +
+       "\" viewBox=\"0 0 " + P(W) + " " + P(H) + "\" font-family=\"sans-serif\" font-size=\"12\">\n";
+  o += "<rect x=\"0\" y=\"0\" width=\"" + P(W) + "\" height=\"" + P(H) + "\" fill=\"white\"/>\n";
+  o += "<text x=\"" + P(L) + "\" y=\"24\" font-size=\"15\" font-weight=\"bold\">" +
+       xml_escape("Memory in use, rank " + std::to_string(d.rank) + " of " +
+                  std::to_string(d.world) + " (peak " + format_bytes(pk.peak_bytes) +
+                  (pk.peak_action >= 0 ? ", action " + std::to_string(pk.peak_action) : "") +
+                  ")") +
+       "</text>\n";
+  o += chart_axes(c);
+  o += chart_steps(c, d);
+  o += chart_areas(c, tl, drawn_states(c, tl));
+  if (predicted) o += chart_predicted(c, pred);
+  {  // the total's peak
+    const double x = c.X(pk.peak_time), y = c.Y(static_cast<double>(pk.peak_bytes));
+    o += "<circle cx=\"" + P(x) + "\" cy=\"" + P(y) + "\" r=\"3.5\" fill=\"#c00\"/>\n";
+    o += "<text x=\"" + P(std::min(x + 6, L + Chart::pw - 120)) + "\" y=\"" + P(y - 6) +
+         "\" fill=\"#c00\">peak " + xml_escape(format_bytes(pk.peak_bytes)) + "</text>\n";
+  }
+  o += "<rect x=\"" + P(L) + "\" y=\"" + P(T) + "\" width=\"" + P(Chart::pw) + "\" height=\"" +
+       P(Chart::ph) + "\" fill=\"none\" stroke=\"#333\"/>\n";
+  o += chart_legend(tl, pk, predicted != nullptr);
   o += "</svg>\n";
   return o;
 }
