@@ -862,10 +862,12 @@ void resolve_auto_plan(TrainConfig& cfg, int world, bool lead) {
 }  // namespace
 
 TrainSummary train(const TrainConfig& cfg_in, const TrainOptions& opts) {
-  // A TrainConfig built in code gets the same validation as one read from a file.
-  const std::string source = cfg_in.source.empty() ? "TrainConfig" : cfg_in.source;
-  TrainConfig cfg = parse_config(config_json(cfg_in), source);
-  cfg.resolved_json = cfg_in.resolved_json.empty() ? config_json(cfg_in) : cfg_in.resolved_json;
+  // A TrainConfig built in code gets the checks a file gets (one read from a file has had
+  // them; they hold as long as no field was changed since).
+  TrainConfig cfg = cfg_in;
+  validate_config(cfg);
+  if (cfg.resolved_json.empty()) cfg.resolved_json = config_json(cfg);
+  const std::string& source = cfg.source;
   if (cfg.train_data.empty())
     fail("config", source +
                        ": data.train: required for training (an llm.c-format token file, see "
