@@ -6,6 +6,7 @@
 //
 // Every key is declared once (engine/config_schema.cpp: type, range or choices, default, one
 // line of description, the TrainConfig field it sets). The files that act on the declaration:
+//   config_values.cpp    a key's kind, range or choices, and the message a value outside gets
 //   config_text.cpp      JSON text with positions, --set overrides, messages and suggestions
 //   config_reader.cpp    JSON -> TrainConfig through the declaration, plus the rules of reading
 //                        (aliases, "auto", forms of their own, keys that exclude each other)
