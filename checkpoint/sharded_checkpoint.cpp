@@ -32,6 +32,7 @@
 #include "checkpoint/hf_layout.h"
 #include "checkpoint/safetensors.h"
 #include "core/alloc.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "offload/aio.h"
 #include "sharding/sharded_model.h"
@@ -186,10 +187,7 @@ void alloc_image(CheckpointSnapshot& s, bool huge) {
 
 // SHARDWISE_CKPT_THREADS=1: copy, checksum and load on the calling thread alone (default 2:
 // one helper thread while a save or load runs; training waits then, so its cores are idle).
-int ckpt_threads() {
-  const char* v = std::getenv("SHARDWISE_CKPT_THREADS");
-  return v && std::strcmp(v, "1") == 0 ? 1 : 2;
-}
+int ckpt_threads() { return int(env_int("SHARDWISE_CKPT_THREADS").value_or(2)); }
 
 // Runs fn(0, n/2) on a helper thread and fn(n/2, n) on the caller (fn(0, n) alone when n is
 // small or SHARDWISE_CKPT_THREADS=1).
@@ -294,10 +292,7 @@ static_assert(kStageChunk % kAioAlign == 0, "staging chunks keep file offsets al
 
 // SHARDWISE_CKPT_O_DIRECT=0: buffered shard reads and writes (the same bytes through the page
 // cache), for file systems whose O_DIRECT misbehaves and for tests comparing the two.
-bool want_o_direct() {
-  const char* v = std::getenv("SHARDWISE_CKPT_O_DIRECT");
-  return !(v && std::strcmp(v, "0") == 0);
-}
+bool want_o_direct() { return env_switch("SHARDWISE_CKPT_O_DIRECT"); }
 
 AioConfig io_config() {
   AioConfig c;

@@ -13,6 +13,7 @@
 
 #include "core/bytes.h"
 #include "core/clock.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/stream.h"
 
@@ -249,7 +250,7 @@ Pool* pools() {
 }
 
 std::atomic<bool>& caching_flag() {
-  static std::atomic<bool> on{!env_switched_off("SHARDWISE_CACHING_ALLOCATOR")};
+  static std::atomic<bool> on{env_switch("SHARDWISE_CACHING_ALLOCATOR")};
   return on;
 }
 
@@ -329,11 +330,7 @@ DeviceAllocator& dev_alloc(DeviceKind k) { return g_dev[static_cast<size_t>(k)];
 
 }  // namespace
 
-bool env_switched_off(const char* name) {
-  const char* v = std::getenv(name);
-  return v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "off") == 0 ||
-               std::strcmp(v, "false") == 0);
-}
+bool env_switched_off(const char* name) { return !env_switch(name); }
 
 void set_caching(bool on) { caching_flag().store(on); }
 bool caching() { return caching_flag().load(std::memory_order_relaxed); }

@@ -1,7 +1,9 @@
 #include "core/bytes.h"
 
 #include <cctype>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <limits>
 
@@ -74,6 +76,21 @@ size_t parse_bytes(const std::string& text) {
   const u128 value = whole * mult + (frac * mult + frac_scale / 2) / frac_scale;
   if (value > std::numeric_limits<size_t>::max()) bad(text, "too large");
   return static_cast<size_t>(value);
+}
+
+size_t parse_budget_bytes(const std::string& text) {
+  try {
+    return parse_bytes(text);
+  } catch (const Error&) {
+    // A plain number in exponent or decimal form: 8e9, 8.5e9 (whole bytes after rounding).
+    const char* s = text.c_str();
+    char* end = nullptr;
+    const double v = std::strtod(s, &end);
+    if (!text.empty() && end && *end == '\0' && std::isfinite(v) && v >= 0 && v < 9.2e18 &&
+        std::isdigit(static_cast<unsigned char>(text[0])))
+      return static_cast<size_t>(std::llround(v));
+    throw;
+  }
 }
 
 std::string format_bytes(size_t bytes) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/env.h"
 #include "core/error.h"
 
 namespace sw {
@@ -18,7 +19,7 @@ size_t device_block_size(size_t bytes) {
   return (bytes + g - 1) / g * g;
 }
 
-bool device_caching_from_env() { return !env_switched_off("SHARDWISE_CUDA_CACHING"); }
+bool device_caching_from_env() { return env_switch("SHARDWISE_CUDA_CACHING"); }
 
 DeviceCache::DeviceCache(DeviceApi api, int device, bool caching, MemTracker* tracker)
     : api_(api), device_(device), caching_(caching), tracker_(tracker) {

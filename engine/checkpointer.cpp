@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "checkpoint/file_io.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "engine/clock.h"
 #include "sharding/comm/group.h"
@@ -23,10 +24,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-int test_delay_ms() {
-  const char* v = std::getenv("SHARDWISE_CKPT_TEST_DELAY_MS");
-  return v ? std::max(0, std::atoi(v)) : 0;
-}
+int test_delay_ms() { return int(env_int("SHARDWISE_CKPT_TEST_DELAY_MS").value_or(0)); }
 
 // "step_<N>" with N a non-negative decimal (no sign, no leading '+'); -1 otherwise.
 int64_t parse_step_name(const std::string& name) {
@@ -41,7 +39,10 @@ int64_t parse_step_name(const std::string& name) {
 
 // Renames `p` to a '.'-prefixed name (so it no longer counts as complete), then deletes it.
 void retire(const fs::path& p, const char* suffix) {
-  const fs::path aside = p.parent_path() / ("." + p.filename().string() + suffix);
+  std::string name = ".";  // appended: GCC 12 warns (-Wrestrict) at "." + string&&
+  name += p.filename().string();
+  name += suffix;
+  const fs::path aside = p.parent_path() / name;
   std::error_code ec;
   fs::remove_all(aside, ec);
   fs::rename(p, aside, ec);
@@ -224,7 +225,10 @@ CkptEvents Checkpointer::save(const ShardedModel& sm, const TrainState& state) {
   error_.clear();
   written_.store(false);
   pending_ = true;
-  const std::string tmp = (fs::path(dir_) / ("." + step_name(state.step) + ".tmp")).string();
+  std::string tmp_name = ".";  // appended, as in retire()
+  tmp_name += step_name(state.step);
+  tmp_name += ".tmp";
+  const std::string tmp = (fs::path(dir_) / tmp_name).string();
   if (async_) {
     writer_ = std::thread([this, tmp] { write(tmp); });
   } else {

@@ -3,6 +3,16 @@
 // params}, scheduler{type, params}, gradient_clipping, bf16/fp16, zero_optimization) and FSDP's
 // where DeepSpeed has none. Every key is validated: unknown keys (with the closest valid key
 // suggested), wrong types and out-of-range values throw sw::Error naming the file and key path.
+//
+// Every key is declared once (engine/config_schema.cpp: type, range or choices, default, one
+// line of description, the TrainConfig field it sets). The files that act on the declaration:
+//   config_values.cpp    a key's kind, range or choices, and the message a value outside gets
+//   config_text.cpp      JSON text with positions, --set overrides, messages and suggestions
+//   config_reader.cpp    JSON -> TrainConfig through the declaration, plus the rules of reading
+//                        (aliases, "auto", forms of their own, keys that exclude each other)
+//   config_validate.cpp  the checks every TrainConfig passes, read or built in code
+//   config_writer.cpp    TrainConfig -> the resolved JSON through the declaration
+//   config_markdown.cpp  README.md's key table and the declaration as data
 #pragma once
 #include <cstdint>
 #include <string>
@@ -107,7 +117,8 @@ struct TrainConfig {
   double comm_timeout_s = 0;   // comm_timeout_s: watchdog limit (0 = SHARDWISE_COMM_TIMEOUT_S or 300)
   bool comm_debug = false;     // comm_debug: check that all ranks issue the same collectives
   // memory_budget: bytes per rank (device tier) that tracked allocations may hold, a number
-  // or a string such as "12GiB" / "1.5GB" (core/bytes.h); 0 = no budget. Past it an
+  // or a string such as "12GiB" / "1.5GB" / "8e9" (core/bytes.h parse_budget_bytes, the
+  // parser `shardwise plan --memory-budget` uses too); 0 = no budget. Past it an
   // allocation fails with one line naming the category, the bytes and the use by category.
   size_t memory_budget = 0;
   // "auto" (blocks_per_unit, activation_checkpointing, zero_optimization.offload_optimizer.
@@ -135,14 +146,21 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
 TrainConfig parse_config(const std::string& json_text, const std::string& source,
                          const std::vector<std::string>& overrides = {}, int world_size = 0);
 
+// A TrainConfig built in code, made ready for train() without a trip through JSON: the short
+// forms code may use are resolved (zero_stage alone selects its strategy with that strategy's
+// defaults; bf16 / fp16 alone imply the mixed-precision policy; an empty checkpoint.dir or
+// profile.out lies under run_dir; an empty source becomes "TrainConfig"), then every check a
+// config file gets runs: the declared ranges and choices of the fields that apply, the rules
+// between keys and the sharding policy's own (sharding/policy.h validate). Throws the same
+// one-line sw::Error a file would get, naming cfg.source. The reader runs the same checks
+// once it has read a file; world_size as for load_config.
+void validate_config(TrainConfig& cfg, int world_size = 0);
+
 // `cfg` as JSON (every declared key with its effective value, defaults included; null for a
 // key that does not apply to the run) that parse_config reads back to the same values; for a
 // parsed config, resolved_json also keeps the compatibility-only keys.
 std::string config_json(const TrainConfig& cfg);
 
-// Every key is declared once in engine/config.cpp (type, range or allowed strings, default,
-// one line of description); validation, defaults, the resolved config and README.md's key
-// table come from that declaration.
 // The Markdown key table that README.md holds between its config-keys markers
 // (tools/config_table prints it; scripts/gen_config_table.sh rewrites README.md).
 std::string config_keys_markdown();

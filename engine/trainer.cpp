@@ -71,6 +71,7 @@
 #include "engine/data.h"
 #include "engine/loss_scaler.h"
 #include "engine/metrics.h"
+#include "engine/plan_setup.h"
 #include "engine/profiler.h"
 #include "engine/schedule.h"
 #include "kernels/ops.h"
@@ -292,10 +293,8 @@ class Trainer {
     model_ = build_model(cfg_.model);
     wrap_blocks(model_, cfg_.blocks_per_unit);
     ShardingPolicy policy = cfg_.sharding;
-    if (policy.strategy == ShardingStrategy::HybridShard && policy.shard_group_size == 0) {
-      const int local = launch_env().local_size;  // FSDP's default: shard within a node
-      policy.shard_group_size = local > 0 && W_ % local == 0 ? local : W_;
-    }
+    if (policy.strategy == ShardingStrategy::HybridShard && policy.shard_group_size == 0)
+      policy.shard_group_size = default_shard_group(W_, launch_env().local_size);
     sm_ = std::make_unique<ShardedModel>(model_, ops_for(device_from_name(cfg_.device)),
                                          cfg_.seed, world_ptr_, policy);
     sm_->prepare_offload(B_, T_);  // offload files sized for this batch shape, before training
@@ -802,26 +801,14 @@ class Trainer {
   double timed_s_ = 0, timed_tokens_ = 0;  // steps after the first
 };
 
-// "auto" keys (TrainConfig::autoplan): the planner's search (planner/search.h) varies only
-// what is "auto", within memory_budget, on the calibrated hardware profile when there is one
-// (default_hardware_path), else round nominal figures; every rank computes the same choice.
+// "auto" keys (TrainConfig::autoplan): the planner's search (planner/search.h) from the input
+// `shardwise plan` plans from too (engine/plan_setup.h) varies only what is "auto", within
+// memory_budget, on the calibrated hardware profile when there is one (default_hardware_path),
+// else round nominal figures; every rank computes the same choice.
 void resolve_auto_plan(TrainConfig& cfg, int world, bool lead) {
-  PlanSetup base;
-  base.model = cfg.model;
-  base.policy = cfg.sharding;
-  if (base.policy.strategy == ShardingStrategy::HybridShard && base.policy.shard_group_size == 0) {
-    const int local = launch_env().local_size;  // as setup_model resolves it
-    base.policy.shard_group_size = local > 0 && world % local == 0 ? local : world;
-  }
-  base.world = world;
-  base.blocks_per_unit = cfg.blocks_per_unit;
-  base.micro_batch = cfg.micro_batch;
-  base.accum = cfg.grad_accum;
-  base.on_device = cfg.device != "cpu";
-  SearchOptions so;
-  so.budget = static_cast<int64_t>(cfg.memory_budget);
-  so.free = SearchFree{cfg.autoplan.blocks, false, false, cfg.autoplan.checkpointing,
-                       cfg.autoplan.offload_optimizer, cfg.autoplan.offload_param, false, false};
+  const AutoSearch search = auto_search(cfg, world);
+  const PlanSetup& base = search.base;
+  const SearchOptions& so = search.options;
   HardwareProfile hw = nominal_hardware(world);
   const std::string path = default_hardware_path();
   std::error_code ec;
@@ -862,10 +849,12 @@ void resolve_auto_plan(TrainConfig& cfg, int world, bool lead) {
 }  // namespace
 
 TrainSummary train(const TrainConfig& cfg_in, const TrainOptions& opts) {
-  // A TrainConfig built in code gets the same validation as one read from a file.
-  const std::string source = cfg_in.source.empty() ? "TrainConfig" : cfg_in.source;
-  TrainConfig cfg = parse_config(config_json(cfg_in), source);
-  cfg.resolved_json = cfg_in.resolved_json.empty() ? config_json(cfg_in) : cfg_in.resolved_json;
+  // A TrainConfig built in code gets the checks a file gets (one read from a file has had
+  // them; they hold as long as no field was changed since).
+  TrainConfig cfg = cfg_in;
+  validate_config(cfg);
+  if (cfg.resolved_json.empty()) cfg.resolved_json = config_json(cfg);
+  const std::string& source = cfg.source;
   if (cfg.train_data.empty())
     fail("config", source +
                        ": data.train: required for training (an llm.c-format token file, see "

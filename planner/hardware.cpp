@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/env.h"
 #include "core/error.h"
 
 namespace sw {
@@ -271,7 +272,7 @@ HardwareProfile nominal_hardware(int world) {
 }
 
 std::string default_hardware_path() {
-  if (const char* e = std::getenv("SHARDWISE_HARDWARE"); e && *e) return e;
+  if (const std::optional<std::string> e = env_text("SHARDWISE_HARDWARE")) return *e;
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x)
     return std::string(x) + "/shardwise/hardware.json";
   const char* home = std::getenv("HOME");

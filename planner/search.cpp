@@ -23,18 +23,11 @@
 namespace sw {
 
 int64_t parse_budget(const std::string& text, const std::string& what) {
-  try {
-    const size_t b = parse_bytes(text);
+  try {  // the budget parser a config's memory_budget reads with too
+    const size_t b = parse_budget_bytes(text);
     if (b <= size_t(INT64_MAX)) return static_cast<int64_t>(b);
   } catch (const Error&) {
   }
-  // A plain number in exponent or decimal form: 8e9, 8.5e9 (whole bytes after rounding).
-  const char* s = text.c_str();
-  char* end = nullptr;
-  const double v = std::strtod(s, &end);
-  if (!text.empty() && end && *end == '\0' && std::isfinite(v) && v >= 0 && v < 9.2e18 &&
-      std::isdigit(static_cast<unsigned char>(text[0])))
-    return static_cast<int64_t>(std::llround(v));
   fail("plan", what + ": cannot parse '" + text + "' as bytes (e.g. 8GiB, 512MiB, 8e9)");
 }
 

@@ -15,9 +15,9 @@
 
 namespace sw {
 
-// A budget as users write it: "8GiB", "512MiB", "1.5GB" (core/bytes.h parse_bytes) or a
-// plain number of bytes, also in exponent form ("8e9"). Throws one sw::Error line
-// "plan: <what>: cannot parse '<text>' as bytes (e.g. 8GiB, 512MiB, 8e9)".
+// A budget given on the command line: core/bytes.h parse_budget_bytes (the parser a config's
+// memory_budget reads with: "8GiB", "512MiB", "1.5GB", "8e9"), at most INT64_MAX. Throws one
+// sw::Error line "plan: <what>: cannot parse '<text>' as bytes (e.g. 8GiB, 512MiB, 8e9)".
 int64_t parse_budget(const std::string& text, const std::string& what);
 
 // Kernel workspaces the plan does not hold (core/alloc.h Mem::Workspace outside Scratch) and

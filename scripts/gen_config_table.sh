@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Regenerates README.md's configuration key table (between the config-keys markers) from the
-# key declaration in engine/config.cpp, with tools/config_table built in ${BUILD_DIR:-build}.
-# The unit test "config schema: README.md's key table is the generated one" fails until the
-# table is regenerated after a declaration changes.
+# Regenerates README.md's generated tables from their declarations, with tools/config_table
+# built in ${BUILD_DIR:-build}: the configuration keys (engine/config_schema.cpp) between the
+# config-keys markers, the environment switches (core/env.cpp) between the env-switches
+# markers. The unit tests "config schema: README.md's key table is the generated one" and
+# "env: README.md's switch table is the generated one" fail until the tables are regenerated
+# after a declaration changes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
@@ -12,19 +14,29 @@ cmake --build "$build" --target config_table >/dev/null
 table=$(mktemp)
 out=$(mktemp README.md.XXXXXX)
 trap 'rm -f "$table" "$out"' EXIT
-"$build/tools/config_table" >"$table"
-grep -q '^<!-- config-keys:begin -->$' README.md && grep -q '^<!-- config-keys:end -->$' README.md || {
-  echo "gen_config_table.sh: README.md lacks the <!-- config-keys:begin/end --> markers" >&2
-  exit 1
+
+# regenerate MARKER [ARGS...]: README.md with the table `config_table ARGS` prints between
+# <!-- MARKER:begin --> and <!-- MARKER:end -->.
+regenerate() {
+  local marker=$1
+  shift
+  "$build/tools/config_table" "$@" >"$table"
+  grep -q "^<!-- $marker:begin -->\$" README.md && grep -q "^<!-- $marker:end -->\$" README.md || {
+    echo "gen_config_table.sh: README.md lacks the <!-- $marker:begin/end --> markers" >&2
+    exit 1
+  }
+  awk -v table="$table" -v begin="<!-- $marker:begin -->" -v end="<!-- $marker:end -->" '
+    $0 == begin { print; while ((getline line < table) > 0) print line; skip = 1; next }
+    $0 == end { skip = 0 }
+    !skip { print }
+  ' README.md >"$out"
+  if cmp -s "$out" README.md; then
+    echo "README.md: the $marker table is up to date"
+  else
+    cat "$out" >README.md
+    echo "README.md: $marker table regenerated"
+  fi
 }
-awk -v table="$table" '
-  /^<!-- config-keys:begin -->$/ { print; while ((getline line < table) > 0) print line; skip = 1; next }
-  /^<!-- config-keys:end -->$/ { skip = 0 }
-  !skip { print }
-' README.md >"$out"
-if cmp -s "$out" README.md; then
-  echo "README.md: the config key table is up to date"
-else
-  cat "$out" >README.md
-  echo "README.md: config key table regenerated"
-fi
+
+regenerate config-keys
+regenerate env-switches --env

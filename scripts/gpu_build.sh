@@ -425,12 +425,12 @@ ctest_run() {
 status=0
 if [ -n "$do_test" ]; then
   echo "== CUDA tests"
-  # -V: the log keeps each op's error against the CPU (SW_TEST_VERBOSE), passed or not.
+  # -V: the log keeps each op's error against the CPU (SHARDWISE_TEST_VERBOSE), passed or not.
   # cuDNN's description of this GPU (test_cuda_ops writes it), for tests/data/cudnn_devices/:
   # test_cudnn_offline then checks the attention graphs for it on machines without a GPU.
-  SW_CUDNN_DEVICE_OUT="$logs/cudnn_device_$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null |
+  SHARDWISE_TEST_CUDNN_DEVICE_OUT="$logs/cudnn_device_$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null |
     sed -n 1p | tr -c 'A-Za-z0-9\n' '_' | sed 's/_*$//').json" \
-    SW_TEST_VERBOSE=1 ctest_run cuda -L cuda -V || status=1
+    SHARDWISE_TEST_VERBOSE=1 ctest_run cuda -L cuda -V || status=1
   # A CUDA test that crashed: its stack from cuda-gdb (at most 30 s each) in gdb_<test>.log, so
   # the session after the lease knows where (the H200 lease of 2026-11-27 needed a second call
   # for it). Tests run through mpiexec are left out.
@@ -445,7 +445,7 @@ if [ -n "$do_test" ]; then
       note "gdb_$num" "stack of crashed test #$num: $(grep -m1 '^#0' "$logs/gdb_$num.log" | cut -c1-60)"
     done
   fi
-  SW_TEST_VERBOSE=1 ctest_run cuda_unit -R '^cuda_' -LE cuda -V || status=1
+  SHARDWISE_TEST_VERBOSE=1 ctest_run cuda_unit -R '^cuda_' -LE cuda -V || status=1
   benches=$(grep '^bench' <<<"$cuda_targets")
   for b in $benches; do
     exe=$(find "$build" -type f -name "$b" -perm -u+x | head -1)

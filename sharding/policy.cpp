@@ -1,6 +1,7 @@
 #include "sharding/policy.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 
 #include "core/error.h"
@@ -158,6 +159,84 @@ bool ParamOffload::on_nvme(int u, const std::vector<int64_t>& shard_floats) cons
     if (kept > max_in_cpu) return true;  // unit k and every later one go to the file
   }
   return false;
+}
+
+namespace {
+
+[[noreturn]] void bad_policy(const std::string& key, const std::string& problem) {
+  fail("sharding", key + ": " + problem);
+}
+
+std::string shortest(double x) {
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, x);
+  return std::string(buf, r.ptr);
+}
+
+void at_least(const std::string& key, int64_t x, int64_t lo) {
+  if (x < lo)
+    bad_policy(key, "must be >= " + std::to_string(lo) + " (got " + std::to_string(x) + ")");
+}
+
+}  // namespace
+
+void validate(const ShardingPolicy& p, int world, int units) {
+  const MixedPrecisionPolicy& mp = p.mixed_precision;
+  for (const auto& [key, d] : {std::pair{"mixed_precision.param_dtype", mp.param_dtype},
+                               std::pair{"mixed_precision.reduce_dtype", mp.reduce_dtype}})
+    if (d != DType::F32 && d != DType::BF16 && d != DType::F16)
+      bad_policy(key, std::string("unsupported dtype ") + dtype_name(d) +
+                          " (fp32, bf16 or fp16)");
+  at_least("forward_prefetch", p.forward_prefetch, 0);
+  at_least("backward_prefetch", p.backward_prefetch, 0);
+  at_least("max_live_units", p.max_live_units, 0);
+  if (p.strategy == ShardingStrategy::HybridShard) {
+    at_least("shard_group_size", p.shard_group_size, 0);
+    if (world > 0 && p.shard_group_size > 0 && world % p.shard_group_size != 0)
+      bad_policy("shard_group_size", "must divide the world size (" + std::to_string(world) +
+                                         "), got " + std::to_string(p.shard_group_size));
+  }
+  const OptimizerOffload& oo = p.offload_optimizer;
+  if (!(oo.ratio >= 0 && oo.ratio <= 1))
+    bad_policy("zero_optimization.offload_optimizer.ratio",
+               "must be [0, 1] (got " + shortest(oo.ratio) + ")");
+  at_least("zero_optimization.offload_optimizer.buffer_count", oo.buffer_count, 2);
+  if (oo.device == OffloadDevice::Nvme && oo.nvme_path.empty())
+    bad_policy("zero_optimization.offload_optimizer.nvme_path",
+               "required with device 'nvme' (a directory on a local disk)");
+  const ParamOffload& po = p.offload_param;
+  at_least("zero_optimization.offload_param.buffer_count", po.buffer_count, 2);
+  at_least("zero_optimization.offload_param.max_in_cpu", po.max_in_cpu, 0);
+  if (po.device == OffloadDevice::Nvme) {
+    if (po.nvme_path.empty())
+      bad_policy("zero_optimization.offload_param.nvme_path",
+                 "required with device 'nvme' (a directory on a local disk)");
+    if (p.strategy != ShardingStrategy::FullShard && p.strategy != ShardingStrategy::ShardGradOp &&
+        p.strategy != ShardingStrategy::HybridShard)
+      bad_policy("zero_optimization.offload_param.device",
+                 std::string("'nvme' needs a strategy that shards parameters (FULL_SHARD, "
+                             "SHARD_GRAD_OP or HYBRID_SHARD), not ") +
+                     strategy_name(p.strategy));
+  }
+  const ActivationCheckpointing& ac = p.activation_checkpointing;
+  at_least("activation_checkpointing.every", ac.every, 1);
+  for (size_t i = 0; i < ac.units.size(); ++i) {
+    const std::string key = "activation_checkpointing.units[" + std::to_string(i) + "]";
+    const int u = ac.units[i];
+    if (units > 0 && (u < 0 || u >= units))
+      bad_policy(key, "must be in [0, " + std::to_string(units - 1) + "]: the model has " +
+                          std::to_string(units) + " units (got " + std::to_string(u) + ")");
+    at_least(key, u, 0);
+    if (std::find(ac.units.begin(), ac.units.begin() + static_cast<std::ptrdiff_t>(i), u) !=
+        ac.units.begin() + static_cast<std::ptrdiff_t>(i))
+      bad_policy(key, "unit " + std::to_string(u) + " is listed twice");
+  }
+  if (ac.offload_cpu && ac.offload_nvme)
+    bad_policy("activation_checkpointing.offload", "cpu and nvme at once; choose one");
+  if (ac.offload_nvme && ac.nvme_path.empty())
+    bad_policy("activation_checkpointing.nvme_path",
+               "required with offload 'nvme' (a directory on a local disk; zero_optimization's "
+               "offload nvme_path is used when set)");
 }
 
 }  // namespace sw

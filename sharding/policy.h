@@ -187,4 +187,14 @@ struct ShardingPolicy {
   std::string describe() const;  // "FULL_SHARD(reshard_after_forward=1, prefetch=1/1, ...)"
 };
 
+// The policy's own rules, whoever built it (the config reader, code using the C++ API, the
+// planner's candidates): mixed-precision dtypes, prefetch depths and max_live_units >= 0,
+// shard_group_size dividing `world`, offload ratio in [0, 1], staging buffers >= 2, an
+// nvme_path with every 'nvme' device, NVMe parameters only with a strategy that shards them,
+// activation_checkpointing.every >= 1 and its units within `units`. Throws one sw::Error line
+// "sharding: <key>: <problem>", <key> being the config key of the field at fault (the config
+// reader re-labels it as the file's error). world / units: the ranks the policy runs on and
+// the model's unit count; 0 = not known (those two checks are then skipped).
+void validate(const ShardingPolicy& p, int world = 0, int units = 0);
+
 }  // namespace sw

@@ -29,6 +29,7 @@
 #include "sharding/comm/group.h"
 
 #include "engine/config.h"
+#include "engine/plan_setup.h"
 #include "models/model.h"
 #include "sharding/step_plan.h"
 #include "sharding/wrap.h"
@@ -103,15 +104,13 @@ StepPlan build_plan(const PlanArgs& pa, TrainConfig& cfg, int64_t& params, int64
     for (const ParamSpec& s : u->params()) n += numel(s.shape);
     largest = std::max(largest, n);
   }
-  wrap_blocks(model, cfg.blocks_per_unit);
-  ShardingPolicy policy = cfg.sharding;
-  if (policy.strategy == ShardingStrategy::HybridShard && policy.shard_group_size == 0)
-    policy.shard_group_size = world;  // the trainer shards within a node; here: over all N
-  PlanInput in = make_plan_input(model, policy, world);
-  in.on_device = cfg.device != "cpu";  // a device's copy streams (activation offload)
-  in.B = cfg.micro_batch;
-  in.T = cfg.model.seq_len;
-  in.accum = cfg.grad_accum;
+  const PlanSetup s = plan_setup(cfg, world);  // as train() and `plan` see the config
+  wrap_blocks(model, s.blocks_per_unit);
+  PlanInput in = make_plan_input(model, s.policy, world);
+  in.on_device = s.on_device;  // a device's copy streams (activation offload)
+  in.B = s.micro_batch;
+  in.T = s.model.seq_len;
+  in.accum = s.accum;
   declare_calls(in, model);
   return pa.eval ? plan_eval(in) : plan_step(in);
 }
@@ -138,24 +137,6 @@ int cmd_plan_dump(const PlanArgs& pa) {
   int64_t params = 0, largest = 0;
   std::cout << build_plan(pa, cfg, params, largest).str();
   return 0;
-}
-
-PlanSetup setup_from(const TrainConfig& cfg, int world) {
-  PlanSetup s;
-  s.model = cfg.model;
-  s.policy = cfg.sharding;
-  if (s.policy.strategy == ShardingStrategy::HybridShard && s.policy.shard_group_size == 0)
-    s.policy.shard_group_size = world;  // the trainer shards within a node; here: over all N
-  s.world = world;
-  s.blocks_per_unit = cfg.blocks_per_unit;
-  s.micro_batch = cfg.micro_batch;
-  s.accum = cfg.grad_accum;
-  s.on_device = cfg.device != "cpu";
-  for (const std::string& f : {cfg.train_data, cfg.val_data}) {  // resident: RSS
-    std::error_code ec;
-    if (const auto n = f.empty() ? 0 : std::filesystem::file_size(f, ec); !ec) s.data_bytes += int64_t(n);
-  }
-  return s;
 }
 
 // --hardware FILE, else the default profile when it exists; nullopt when there is none.
@@ -237,7 +218,7 @@ int cmd_search(const PlanArgs& pa, TrainConfig cfg, const HardwareProfile& hw) {
   if (!pa.host_budget.empty()) so.host_budget = parse_budget(pa.host_budget, "--host-budget");
   if (!pa.nvme_budget.empty()) so.nvme_budget = parse_budget(pa.nvme_budget, "--nvme-budget");
   so.nvme_path = pa.nvme_path;
-  const PlanSetup base = setup_from(cfg, pa.world);
+  const PlanSetup base = plan_setup(cfg, pa.world);
   const SearchResult r = search_plans(base, so, hw);
   if (r.best < 0) {
     const double need = double(r.smallest.device) / (1.0 - so.margin);
@@ -327,7 +308,7 @@ int cmd_plan(const PlanArgs& pa) {
   // predict memory only (an explicit --hardware without collectives is an error).
   const bool no_coll = hw && pa.world > 1 && !hw->has_collectives && pa.hardware.empty();
   const PlanPrediction pred =
-      predict_plan(setup_from(cfg, pa.world), hw && !no_coll ? &*hw : nullptr);
+      predict_plan(plan_setup(cfg, pa.world), hw && !no_coll ? &*hw : nullptr);
   const StepPlan& plan = pred.plan;
   const PlanPeak& pk = pred.peak;
   const int64_t host = pred.host;
@@ -514,8 +495,8 @@ void add_plan_commands(cli::Command& top) {
   dump.config(pd->config);
   dump.integer("--world-size", pd->world, 1, 65536, "N",
                "ranks of the run (default 1); HYBRID_SHARD without\n"
-               "shard_group_size shards over all N (a run under mpirun shards\n"
-               "within a node)");
+               "shard_group_size shards within a node as `train` does (the\n"
+               "launcher's ranks per node when they divide N, else all N)");
   dump.flag("--eval", pd->eval, "the evaluation forward instead of a training step");
   dump.overrides(pd->overrides);
   dump.on_run([pd] { return cmd_plan_dump(*pd); });

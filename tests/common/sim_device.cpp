@@ -14,6 +14,7 @@
 #include <mutex>
 
 #include "core/alloc.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/stream.h"
 #include "kernels/ops.h"
@@ -37,7 +38,7 @@ struct Arena {
   uint64_t opens = 0;
   // SHARDWISE_SIM_GUARD=0 (benchmarks): the arena stays readable and writable, so the ops
   // run at the CPU's speed without an mprotect per op; nothing faults then.
-  const bool guard = !sw::env_switched_off("SHARDWISE_SIM_GUARD");
+  const bool guard = sw::env_switch("SHARDWISE_SIM_GUARD");
 
   Arena() {
     void* p = mmap(nullptr, kArena, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/env.h"
 #include "kernels/cuda/attention_mm.h"
 #include "kernels/ops.h"
 #include "tests/common/forwarding_ops.h"
@@ -174,7 +175,7 @@ struct HostBe {
 // The CPU's low-precision Ops with attention through the orchestration over HostBe.
 class Twin final : public swtest::ForwardingOps {
  public:
-  Twin(const sw::Ops& base, DType dt, int forced) : ForwardingOps(base), be_{dt, forced} {}
+  Twin(const sw::Ops& base, DType dt, int forced) : ForwardingOps(base), be_{dt, forced, {}, {}} {}
   void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KVH,
                          int hd) const override {
     sw::attn_mm::forward(be_, out, lse, qkv, B, T, H, KVH, hd);
@@ -207,7 +208,7 @@ TEST_CASE("attention_mm: the orchestration over a host twin equals the CPU's bf1
   for (auto& c : op_cases())
     if (c.op.rfind("attention", 0) == 0) cs.push_back(c);
   REQUIRE(cs.size() >= 16);  // (the harness's shapes include T = 300 and 530: several tiles)
-  const bool verbose = std::getenv("SW_TEST_VERBOSE") != nullptr;
+  const bool verbose = sw::env_flag("SHARDWISE_TEST_VERBOSE");
   for (DType t : {DType::BF16, DType::F16})
     for (int forced : {0, 64, 7}) {  // whole sequences; chunks of 64 and of 7 query rows
       const sw::Ops& lowp = sw::ops_for(Device::cpu(), t);

@@ -32,6 +32,7 @@
 #include <string>
 
 #include "core/alloc.h"
+#include "core/env.h"
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/cuda_runtime.h"
@@ -56,7 +57,7 @@ Backend cpu(DType compute) {
 }
 
 void report(const std::vector<Result>& results) {
-  const bool verbose = std::getenv("SW_TEST_VERBOSE") != nullptr;
+  const bool verbose = sw::env_flag("SHARDWISE_TEST_VERBOSE");
   for (const Result& r : results) {
     if (verbose) std::printf("%s\n", r.str().c_str());
     INFO(r.str());
@@ -210,13 +211,13 @@ TEST_CASE("cuda ops: cuDNN's fused attention matches CPU fp32 at the low-precisi
       }
   }
   const long long ran = sw::cuda::cudnn_attention_runs() - runs0;
-  if (std::getenv("SW_TEST_VERBOSE")) std::printf("cuDNN attention executions: %lld\n", ran);
+  if (sw::env_flag("SHARDWISE_TEST_VERBOSE")) std::printf("cuDNN attention executions: %lld\n", ran);
   CHECK(ran > 0);
   unsetenv("SHARDWISE_CUDA_ATTENTION");
 }
 
 TEST_CASE("cuda ops: cuDNN's description of this GPU checks the graphs offline, as online") {
-  // cudnn_device_properties, written where SW_CUDNN_DEVICE_OUT says (gpu_build.sh: into its
+  // cudnn_device_properties, written where SHARDWISE_TEST_CUDNN_DEVICE_OUT says (gpu_build.sh: into its
   // logs, to be kept in tests/data/cudnn_devices/ for test_cudnn_offline); the offline check
   // with it must agree with building the graph here: supported, the same workspace.
   if (!sw::cuda::cudnn_attention_built()) {
@@ -231,8 +232,8 @@ TEST_CASE("cuda ops: cuDNN's description of this GPU checks the graphs offline, 
     return;
   }
   CHECK_FALSE(props.empty());
-  if (const char* out = std::getenv("SW_CUDNN_DEVICE_OUT")) {
-    std::FILE* f = std::fopen(out, "w");
+  if (const std::optional<std::string> out = sw::env_text("SHARDWISE_TEST_CUDNN_DEVICE_OUT")) {
+    std::FILE* f = std::fopen(out->c_str(), "w");
     REQUIRE(f);
     std::fputs(props.c_str(), f);
     std::fclose(f);
@@ -430,7 +431,7 @@ TEST_CASE("cuda ops: cuda::divide equals the MPI groups' divide bit for bit") {
 
 // cuDNN's workspace for the benchmark's shapes (bench/gpu_vs_torch.sh: the 1.3B Llama at B 4,
 // T 2048, GPT-2 124M at B 16, T 1024), which the planner estimates (planner/search.cpp): printed
-// with SW_TEST_VERBOSE for gpu_build.sh's log. cuDNN must take both shapes.
+// with SHARDWISE_TEST_VERBOSE for gpu_build.sh's log. cuDNN must take both shapes.
 TEST_CASE("cuda ops: cuDNN takes the benchmark's attention shapes") {
   if (!sw::cuda::cudnn_attention_built()) {
     WARN("this build has no cuDNN attention");
@@ -443,7 +444,7 @@ TEST_CASE("cuda ops: cuDNN takes the benchmark's attention shapes") {
       const int64_t ws = sw::cuda::cudnn_attention_prepare(s, backward, &why);
       INFO("B " << s.B << " T " << s.T << " H " << s.H << " hd " << s.hd << ": " << why);
       CHECK(ws >= 0);
-      if (std::getenv("SW_TEST_VERBOSE"))
+      if (sw::env_flag("SHARDWISE_TEST_VERBOSE"))
         std::printf("cuDNN workspace B %d T %d H %d KVH %d hd %d %s: %lld bytes (%.2f per "
                     "element of Q)\n", s.B, s.T, s.H, s.KVH, s.hd,
                     backward ? "backward" : "forward", static_cast<long long>(ws),

@@ -21,7 +21,7 @@
 //    for bit. One rank's units are Whole, so no collective runs here: this checks creation
 //    and that the group does not disturb the step; NCCL's collectives are test_nccl's.
 //
-// The tolerances are estimates until the first GPU run; SW_TEST_VERBOSE=1 prints the worst
+// The tolerances are estimates until the first GPU run; SHARDWISE_TEST_VERBOSE=1 prints the worst
 // differences so they can be set from measurements.
 #include <algorithm>
 #define CATCH_CONFIG_RUNNER
@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "common/temp_dir.h"
+#include "core/env.h"
 #include "core/rng.h"
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/cuda_runtime.h"
@@ -92,10 +93,10 @@ Run train(const ModelConfig& cfg, const Ops& ops, const ShardingPolicy& pol, Gro
 }
 
 Device gpu() { return Device::cuda(cuda_current_device()); }
-bool verbose() { return std::getenv("SW_TEST_VERBOSE") != nullptr; }
+bool verbose() { return sw::env_flag("SHARDWISE_TEST_VERBOSE"); }
 
 // bf16 against the CPU after 20 steps (losses and norms relative; a parameter's difference over
-// 1 + |value|, the worst of all), from the first H100 run (SW_TEST_VERBOSE=1), worst of GPT-2
+// 1 + |value|, the worst of all), from the first H100 run (SHARDWISE_TEST_VERBOSE=1), worst of GPT-2
 // and Llama, either attention path: loss 4.2e-4, norm 6.6e-3, parameter 3.7e-2 (GPT-2; Llama
 // 5.8e-3). The tolerances are about 3x those. fp32: loss 7.8e-8, norm 1.8e-6, parameter 3.4e-5.
 // A parameter can move ~20 x lr = 0.06 in 20 AdamW steps, and AdamW turns a small gradient's

@@ -1,7 +1,7 @@
 // cuDNN's fused attention graphs checked without a GPU (kernels/cuda/attention_cudnn.h,
 // cudnn_attention_check_offline): for every GPU whose cuDNN device description a GPU run has
-// left in tests/data/cudnn_devices/ (test_cuda_ops writes it where SW_CUDNN_DEVICE_OUT says;
-// scripts/gpu_build.sh asks for it), cuDNN must build the forward and backward graphs of the
+// left in tests/data/cudnn_devices/ (test_cuda_ops writes it where
+// SHARDWISE_TEST_CUDNN_DEVICE_OUT says; scripts/gpu_build.sh asks for it), cuDNN must build the forward and backward graphs of the
 // benchmark's shapes (GPT-2 124M at B 16, the 1.3B Llama at B 4) and of a grouped-query shape,
 // in bf16 and fp16, through its ahead-of-time path: what a change to the graph would break is
 // seen here, in CI, not on the next GPU. Where no CUDA driver is loaded (this build machine)

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/env.h"
 #include "kernels/ops.h"
 #include "tests/common/forwarding_ops.h"
 #include "tests/cuda/op_harness.h"
@@ -225,7 +226,7 @@ class Emu final : public swtest::ForwardingOps {
 TEST_CASE(
     "lowp twin: a model of the CUDA bf16/fp16 attention and LM head "
     "matches the CPU's") {
-  const bool verbose = std::getenv("SW_TEST_VERBOSE") != nullptr;
+  const bool verbose = sw::env_flag("SHARDWISE_TEST_VERBOSE");
   for (DType t : {DType::BF16, DType::F16}) {
     g_dt = t;
     const sw::Ops& lowp = sw::ops_for(Device::cpu(), t);

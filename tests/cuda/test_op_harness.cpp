@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "core/alloc.h"
+#include "core/env.h"
 #include "kernels/ops.h"
 #include "tests/common/forwarding_ops.h"
 #include "tests/cuda/op_harness.h"
@@ -17,9 +18,9 @@ using sw::DType;
 
 namespace {
 
-// SW_TEST_VERBOSE=1 prints every comparison (used to set the tolerances).
+// SHARDWISE_TEST_VERBOSE=1 prints every comparison (used to set the tolerances).
 void report(const std::vector<Result>& results) {
-  const bool verbose = std::getenv("SW_TEST_VERBOSE") != nullptr;
+  const bool verbose = sw::env_flag("SHARDWISE_TEST_VERBOSE");
   for (const Result& r : results) {
     if (verbose) std::printf("%s\n", r.str().c_str());
     INFO(r.str());

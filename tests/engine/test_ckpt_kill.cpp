@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "checkpoint/sharded_checkpoint.h"
+#include "core/env.h"
 #include "core/rng.h"
 #include "engine/checkpointer.h"
 #include "engine/data.h"
@@ -331,9 +332,9 @@ TEST_CASE("ckpt kill: a full disk during a save: one clear line, previous checkp
   // after a commit). Preferred mechanism: a real ENOSPC from a small tmpfs; without the
   // capability to mount, RLIMIT_FSIZE (EFBIG) set on the child once step_10 is committed.
   const uintmax_t size = (step_bytes * 3 / 2 + 8191) / 4096 * 4096;
-  // (SW_TEST_NO_TMPFS=1 forces the fallback, to test it.)
+  // (SHARDWISE_TEST_NO_TMPFS=1 forces the fallback, to test it.)
   const bool tmpfs =
-      !std::getenv("SW_TEST_NO_TMPFS") &&
+      !sw::env_flag("SHARDWISE_TEST_NO_TMPFS") &&
       mount("tmpfs", ck.c_str(), "tmpfs", 0, ("size=" + std::to_string(size)).c_str()) == 0;
   struct Unmount {
     bool on;

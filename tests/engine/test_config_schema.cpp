@@ -1,4 +1,4 @@
-// The config keys' one declaration (engine/config.cpp): README.md's key table is generated
+// The config keys' one declaration (engine/config_schema.cpp): README.md's key table is generated
 // from it, a default-constructed TrainConfig agrees with its defaults, the reader enforces its
 // ranges, and the resolved config lists every declared key.
 #include <catch2/catch.hpp>
@@ -80,7 +80,7 @@ TEST_CASE("config schema: README.md's key table is the generated one") {
         break;
       }
     }
-    FAIL("README.md's config key table differs from the declaration in engine/config.cpp "
+    FAIL("README.md's config key table differs from the declaration in engine/config_schema.cpp "
          "(table line " << line << ")\n  README.md: " << la << "\n  generated: " << lb
          << "\nRegenerate it, from the source directory, with: BUILD_DIR=" << SW_BINARY_DIR
          << " scripts/gen_config_table.sh");

@@ -4,6 +4,7 @@
 // per 200-step run.
 #include <cstdio>
 
+#include "core/env.h"
 #include "mp_test_util.h"
 
 using namespace sw;
@@ -41,7 +42,7 @@ void check_tracks(const std::vector<double>& l, const char* what, size_t from) {
   CHECK(worst < 0.05);
   CHECK(std::fabs(last - ref_last) < 0.03 * ref_last);
   CHECK(ref_last < 0.5 * ref[0]);  // the model did learn
-  if (std::getenv("SW_MP_VERBOSE"))
+  if (sw::env_flag("SHARDWISE_TEST_MP_VERBOSE"))
     std::printf("%s: worst window gap %.4f, last %.4f vs %.4f\n", what, worst, last, ref_last);
 }
 

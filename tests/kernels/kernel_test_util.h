@@ -8,13 +8,14 @@
 #include <cstring>
 #include <vector>
 
+#include "core/env.h"
 #include "tests/common/gradcheck.h"
 
-// SW_TEST_VERBOSE=1 prints the measured errors (used to set the tolerances).
+// SHARDWISE_TEST_VERBOSE=1 prints the measured errors (used to set the tolerances).
 #define REPORT(msg)                                \
   do {                                             \
     INFO(msg);                                     \
-    if (std::getenv("SW_TEST_VERBOSE")) WARN(msg); \
+    if (sw::env_flag("SHARDWISE_TEST_VERBOSE")) WARN(msg); \
   } while (0)
 
 namespace swtest {

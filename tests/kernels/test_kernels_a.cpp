@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "core/env.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "tests/common/gradcheck.h"
 
@@ -65,7 +66,7 @@ void check_fd(const char* what, const std::function<double()>& loss, Vec& x, con
               double tol, float h = 1e-2f, double floor = 1e-2) {
   const swtest::GradCheck r = check_grad(loss, x.data(), analytic.data(), x.size(), 64, h, floor);
   INFO(what << ": " << r.str());
-  if (std::getenv("SW_TEST_VERBOSE")) WARN(what << ": " << r.str());
+  if (sw::env_flag("SHARDWISE_TEST_VERBOSE")) WARN(what << ": " << r.str());
   CHECK(r.max_err < tol);
 }
 
@@ -345,7 +346,7 @@ TEST_CASE("kernels_a gelu forward and backward", "[gelu]") {
     if (std::max(ef, eb) > worst) worst = std::max(ef, eb), worst_x = x[i];
   }
   INFO("worst error / bound = " << worst << " at x = " << worst_x);
-  if (std::getenv("SW_TEST_VERBOSE")) WARN("gelu worst error / bound = " << worst << " at x = " << worst_x);
+  if (sw::env_flag("SHARDWISE_TEST_VERBOSE")) WARN("gelu worst error / bound = " << worst << " at x = " << worst_x);
   CHECK(worst < 1.0);
   CHECK(tail_bad == 0);
   // Extremes: identity / zero exactly where the sigmoid saturates; never inf or NaN.

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "tests/common/forwarding_ops.h"
 #include "tests/common/gradcheck.h"
@@ -279,7 +280,7 @@ TEST_CASE("Llama units, schedule, names and packed declaration order", "[models]
 // them for small tensors). The fp32 loss carries ~1e-7 noise, i.e. ~1e-5 absolute noise in a
 // difference quotient at h = 3e-2, so errors are judged against a floor of 1e-3 (gradients
 // here are 1e-4..1e-1). Measured worst errors are ~9e-3 (matrices) and ~8e-3 (1-D params);
-// a wrong term or layout gives O(1) (a sign error gives 2). Set SW_GRADCHECK_VERBOSE=1 to print
+// a wrong term or layout gives O(1) (a sign error gives 2). Set SHARDWISE_TEST_GRADCHECK_VERBOSE=1 to print
 // every tensor's result.
 
 namespace {
@@ -336,7 +337,7 @@ void gradcheck_model(Harness& H, const sw::Batch& b, size_t samples,
     auto f = [&] { return H.eval_loss(b); };
     swtest::GradCheck gc = fd_check(f, r.p, grads[i].data(), r.n, samples, 3e-2f, t.floor);
     INFO(r.spec->name << " " << shape_str(r.spec->shape) << ": " << gc.str());
-    if (std::getenv("SW_GRADCHECK_VERBOSE")) std::printf("%-40s %s\n", r.spec->name.c_str(), gc.str().c_str());
+    if (sw::env_flag("SHARDWISE_TEST_GRADCHECK_VERBOSE")) std::printf("%-40s %s\n", r.spec->name.c_str(), gc.str().c_str());
     CHECK(gc.max_err < t.err);
     // Sanity: the gradient is not identically zero (every tensor is used).
     double ss = 0;

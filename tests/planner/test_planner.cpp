@@ -22,6 +22,7 @@
 #include "../common/temp_dir.h"
 #include "core/error.h"
 #include "engine/config.h"
+#include "engine/plan_setup.h"
 #include "planner/calibrate.h"
 #include "models/model.h"
 #include "planner/hardware.h"
@@ -835,4 +836,63 @@ TEST_CASE("plan: a unit that does not declare is named: measured, it plans as de
   CHECK(got.peak.total == want.peak.total);
   CHECK(got.peak.at_peak == want.peak.at_peak);
   CHECK(got.rss.total == want.rss.total);
+}
+
+TEST_CASE("train's \"auto\" search and `shardwise plan` plan a HYBRID config from one input",
+          "[planner]") {
+  // Before engine/plan_setup.h the two differed: `plan` took the whole world as HYBRID's shard
+  // group and counted the token files, train() took the node's ranks and left them out.
+  swtest::TempDir dir("planner_hybrid_setup");
+  std::ofstream(dir.path / "train.bin") << std::string(1000, 'x');
+  std::ofstream(dir.path / "val.bin") << std::string(500, 'x');
+  {
+    std::ofstream f(dir.path / "h.json");
+    f << R"({"model": {"type": "gpt2", "vocab_size": 256, "n_layer": 4, "n_head": 2,
+                       "d_model": 64, "seq_len": 64},
+            "data": {"train": ")" << (dir.path / "train.bin").string() << R"(", "val": ")"
+      << (dir.path / "val.bin").string() << R"("},
+            "sharding_strategy": "HYBRID_SHARD", "blocks_per_unit": "auto",
+            "memory_budget": "8e9"})";
+  }
+  const TrainConfig cfg = load_config((dir.path / "h.json").string(), {}, 4);
+  auto same_input = [](const PlanSetup& a, const PlanSetup& b) {
+    CHECK(a.policy.describe() == b.policy.describe());
+    CHECK(a.world == b.world);
+    CHECK(a.blocks_per_unit == b.blocks_per_unit);
+    CHECK(a.micro_batch == b.micro_batch);
+    CHECK(a.accum == b.accum);
+    CHECK(a.data_bytes == b.data_bytes);
+    CHECK(a.on_device == b.on_device);
+  };
+  const char* local_var = "OMPI_COMM_WORLD_LOCAL_SIZE";
+  const char* before = std::getenv(local_var);
+  const std::string saved = before ? before : "";
+  {
+    ::setenv(local_var, "2", 1);  // under a launcher with 2 ranks per node
+    const AutoSearch train_search = auto_search(cfg, 4);  // what train() searches
+    const PlanSetup plan_input = plan_setup(cfg, 4);      // what `shardwise plan` plans
+    same_input(train_search.base, plan_input);
+    // The group the trainer forms (setup_model: default_shard_group), and both token files.
+    CHECK(train_search.base.policy.shard_group_size == 2);
+    CHECK(default_shard_group(4, 2) == 2);
+    CHECK(train_search.base.data_bytes == 1500);
+    // One budget parser: the config's "8e9" is --memory-budget's 8e9.
+    CHECK(train_search.options.budget == parse_budget("8e9", "--memory-budget"));
+    CHECK(train_search.options.free.blocks);
+    CHECK_FALSE(train_search.options.free.strategy);
+    ::setenv(local_var, "3", 1);  // the node's ranks do not divide the world: the whole world
+    CHECK(plan_setup(cfg, 4).policy.shard_group_size == 4);
+  }
+  if (before)
+    ::setenv(local_var, saved.c_str(), 1);
+  else
+    ::unsetenv(local_var);
+  // The command itself: the whole world outside a launcher, and the token files counted.
+  const Run r = shardwise({"plan", "h.json", "--world-size", "4", "--json"}, dir.path);
+  INFO(r.out << r.err);
+  REQUIRE(r.rc == 0);
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  CHECK(j["ranks"][0]["rss"]["data_bytes"] == plan_setup(cfg, 4).data_bytes);
+  const Run text = shardwise({"plan", "h.json", "--world-size", "4"}, dir.path);
+  CHECK(text.out.find("(shard group 4 x 1 replicas)") != std::string::npos);
 }

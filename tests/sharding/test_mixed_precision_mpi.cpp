@@ -33,6 +33,7 @@
 
 #include "core/alloc.h"
 #include "core/dtype.h"
+#include "core/env.h"
 #include "core/rng.h"
 #include "kernels/ops.h"
 #include "kernels/threads.h"
@@ -135,7 +136,7 @@ void check_close(const RunResult& a, const RunResult& ref, const std::string& wh
   CHECK(worst_norm < tol_norm);
   CHECK(worst_param < tol_param);
   CHECK(rms < tol_rms);
-  if (std::getenv("SW_PARITY_VERBOSE") && world()->rank() == 0)
+  if (sw::env_flag("SHARDWISE_TEST_PARITY_VERBOSE") && world()->rank() == 0)
     std::printf("%-56s loss %.2e  norm %.2e  param %.2e  rms %.2e\n", what.c_str(), worst_loss,
                 worst_norm, worst_param, rms);
 }

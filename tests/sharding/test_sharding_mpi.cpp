@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/alloc.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "kernels/ops.h"
@@ -142,7 +143,7 @@ void check_close(const RunResult& a, const RunResult& ref, const std::string& wh
   CHECK(worst_loss < 1e-5);
   CHECK(worst_norm < 1e-4);
   CHECK(worst_param < 1e-4);
-  if (std::getenv("SW_PARITY_VERBOSE") && world()->rank() == 0)
+  if (sw::env_flag("SHARDWISE_TEST_PARITY_VERBOSE") && world()->rank() == 0)
     std::printf("%-48s loss %.2e  norm %.2e  param %.2e abs %.2e %s\n", what.c_str(), worst_loss,
                 worst_norm, worst_param, worst_abs, worst_name.c_str());
 }
@@ -546,19 +547,19 @@ std::string job_tmp_dir(const GroupPtr& g) {
 // Optimizer state in an NVMe file per rank, streamed through staging buffers by the plan's
 // fetch / evict actions: bit-identical to no offload; the file exists while the model lives and
 // is removed with it; the plan's memory has only the staging buffers.
-// SW_TEST_AIO_BACKEND=io_uring|threads (ctest's sharding_np{1,2}_offload_nvme_<backend>, tag
+// SHARDWISE_TEST_AIO_BACKEND=io_uring|threads (ctest's sharding_np{1,2}_offload_nvme_<backend>, tag
 // [offload_nvme]) forces the io queue's engine (threads: 2 of them) and runs the two sharded
 // strategies; otherwise aio's defaults (auto) and NO_SHARD too. A forced io_uring that the
 // kernel refuses prints "SKIPPED: io_uring unavailable" (ctest reports the test skipped).
-// The io queue's engine that SW_TEST_AIO_BACKEND forces (2 threads for the pool), in `aio`;
+// The io queue's engine that SHARDWISE_TEST_AIO_BACKEND forces (2 threads for the pool), in `aio`;
 // `forced` says whether one was. False (after printing the skip line) when a forced io_uring
 // is refused by the kernel.
 bool test_aio_backend(const GroupPtr& g, AioConfig& aio, bool& forced) {
   forced = false;
-  const char* b = std::getenv("SW_TEST_AIO_BACKEND");
-  if (!b || !*b) return true;
+  const std::optional<std::string> b = sw::env_text("SHARDWISE_TEST_AIO_BACKEND");
+  if (!b) return true;
   forced = true;
-  aio = AioConfig::from_json(nlohmann::json{{"backend", b}, {"intra_op_parallelism", 2}}, "aio");
+  aio = AioConfig::from_json(nlohmann::json{{"backend", *b}, {"intra_op_parallelism", 2}}, "aio");
   if (aio.backend != AioBackend::IoUring) return true;
   std::string why;
   try {
@@ -806,7 +807,7 @@ TEST_CASE("offload_param nvme: bit-identical, master and gradient shards in a fi
 }
 
 // Everything on NVMe at once (parameters and gradients, the optimizer state, the kept
-// activations: three files per rank on one io queue), on the engine SW_TEST_AIO_BACKEND forces
+// activations: three files per rank on one io queue), on the engine SHARDWISE_TEST_AIO_BACKEND forces
 // (ctest's sharding_np{1,2}_offload_nvme_<backend>): bit-identical to no offload, and the files
 // are removed with the model.
 TEST_CASE("offload everything to nvme: bit-identical on each io engine", "[offload_nvme]") {
