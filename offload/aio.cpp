@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/bytes.h"
+#include "core/env.h"
 #include "core/error.h"
 
 namespace sw {
@@ -401,16 +402,16 @@ struct AioHandle::Impl {
 AioHandle::AioHandle(AioConfig cfg) : impl_(std::make_unique<Impl>()) {
   SW_CHECK(cfg.block_size > 0 && cfg.queue_depth > 0 && cfg.intra_op_parallelism > 0,
            "AioConfig: block_size, queue_depth and intra_op_parallelism must be positive");
-  if (const char* f = std::getenv("SHARDWISE_AIO_FAIL_AFTER"); f && *f) {
+  if (const auto f = env_text("SHARDWISE_AIO_FAIL_AFTER")) {
     char* end = nullptr;
-    cfg.fail_after_bytes = std::strtoull(f, &end, 10);
+    cfg.fail_after_bytes = std::strtoull(f->c_str(), &end, 10);
     if (end && *end == ':') cfg.fail_errno = std::atoi(end + 1);
   }
   Impl& m = *impl_;
   m.cfg = cfg;
   if (cfg.backend != AioBackend::Threads) {
     int r = -ENOSYS;
-    if (const char* d = std::getenv("SHARDWISE_AIO_DISABLE_URING"); !(d && *d && *d != '0'))
+    if (!env_flag("SHARDWISE_AIO_DISABLE_URING"))
       r = io_uring_queue_init(unsigned(cfg.queue_depth), &m.ring, 0);
     if (r == 0) {
       m.uring = true;

@@ -1,12 +1,12 @@
 #include "offload/host_updater.h"
 
 #include <chrono>
-#include <cstdlib>
 #include <deque>
 #include <thread>
 
 #include "core/alloc.h"
 #include "core/clock.h"
+#include "core/env.h"
 #include "kernels/ops.h"
 #include "kernels/threads.h"
 
@@ -65,12 +65,11 @@ struct HostUpdater::Spans {
 
 HostUpdater::HostUpdater(const Ops& device)
     : dev_(device),
-      sync_(env_switched_off("SHARDWISE_HOST_UPDATE_ASYNC")),
+      sync_(!env_switch("SHARDWISE_HOST_UPDATE_ASYNC")),
       busy_ns_(std::make_shared<std::atomic<int64_t>>(0)),
       copies_(std::make_shared<CopyQueue>()),
       spans_(std::make_shared<Spans>()) {
-  if (const char* v = std::getenv("SHARDWISE_HOST_UPDATE_DELAY_US"))
-    delay_us_ = std::max(0, std::atoi(v));
+  if (const auto v = env_int("SHARDWISE_HOST_UPDATE_DELAY_US")) delay_us_ = static_cast<int>(*v);
 }
 
 HostUpdater::~HostUpdater() = default;

@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "core/clock.h"
+#include "core/env.h"
 #include "core/error.h"
 
 namespace sw {
@@ -35,13 +36,13 @@ void IoEvent::synchronize() {
 }
 
 IoStream::IoStream(const AioConfig& cfg) : aio_(std::make_unique<AioHandle>(cfg)) {
-  if (const char* v = std::getenv("SHARDWISE_IO_FAIL_AFTER"); v && *v) {
+  if (const auto v = env_text("SHARDWISE_IO_FAIL_AFTER")) {
     char* end = nullptr;
-    fail_after_ = std::strtoll(v, &end, 10);
+    fail_after_ = std::strtoll(v->c_str(), &end, 10);
     if (end && *end == ':') fail_errno_ = std::atoi(end + 1);
     if (fail_errno_ <= 0) fail_errno_ = EIO;
   }
-  if (const char* v = std::getenv("SHARDWISE_IO_UNCACHED")) uncached_ = std::atoi(v) != 0;
+  uncached_ = env_flag("SHARDWISE_IO_UNCACHED");
   thread_ = std::thread([this] { dispatch(); });
 }
 

@@ -1,7 +1,6 @@
 #include "sharding/action_records.h"
 
-#include <cstdlib>
-#include <string>
+#include "core/env.h"
 
 namespace sw {
 
@@ -9,8 +8,7 @@ void ActionRecords::attach(StepRecorder* recorder) {
   settle_device_times();
   rec_ = recorder;
   if (recorder) {
-    const char* force = std::getenv("SHARDWISE_PROFILE_DEVICE_TIMES");
-    device_times_ = stream_.native_handle() != nullptr || (force && std::string(force) == "1");
+    device_times_ = stream_.native_handle() != nullptr || env_flag("SHARDWISE_PROFILE_DEVICE_TIMES");
   }
 }
 

@@ -2,18 +2,18 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <string>
 #include <thread>
 
 #include "core/alloc.h"
+#include "core/env.h"
 #include "core/error.h"
 
 namespace sw {
 
 Executor::Executor(ActionRecords& records, int rank) : records_(records) {
-  if (const char* v = std::getenv("SHARDWISE_EXEC_DELAY_US")) {
-    delay_us_ = std::max(0, std::atoi(v));
+  if (const auto v = env_int("SHARDWISE_EXEC_DELAY_US")) {
+    delay_us_ = static_cast<int>(*v);
     delay_state_ = 0x9E3779B97F4A7C15ULL ^ static_cast<uint64_t>(rank);
   }
 }

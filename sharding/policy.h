@@ -1,5 +1,6 @@
 // How a ShardedModel splits model state over ranks: a small value type the engine fills from
-// the JSON config (engine/config.cpp) and ShardedModel reads. FSDP's names, DeepSpeed's stages:
+// the JSON config (engine/config_schema.cpp) and ShardedModel reads; validate() checks it.
+// FSDP's names, DeepSpeed's stages:
 //
 //   strategy         stage  parameters between uses   gradients                  optimizer state
 //   FULL_SHARD       3      shard; gathered per unit  reduce-scattered to shards  shard

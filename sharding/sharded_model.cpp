@@ -21,44 +21,16 @@ namespace sw {
 
 namespace {
 
-// The policy's checks that need no model, then the groups and the plan's view of the model.
+// The plan's view of the model, the policy checked (sharding/policy.h validate), the groups.
 ModelContext make_context(const Model& model, const Ops& ops, GroupPtr group,
                           const ShardingPolicy& policy) {
   ModelContext c;
   c.ops = &ops;
   c.policy = policy;
   const MixedPrecisionPolicy& mp = policy.mixed_precision;
-  for (DType d : {mp.param_dtype, mp.reduce_dtype})
-    if (d != DType::F32 && d != DType::BF16 && d != DType::F16)
-      fail("sharding", "mixed precision: unsupported dtype");
-  c.compute_ops = mp.param_dtype == DType::F32 ? &ops : &ops_for(ops.device(), mp.param_dtype);
   if (!group) fail("sharding", "no communication group given");
   if (model.units.empty()) fail("sharded_model", "the model has no units");
   if (model.schedule.empty()) fail("sharded_model", "the model's schedule is empty");
-  if (policy.forward_prefetch < 0 || policy.backward_prefetch < 0 || policy.max_live_units < 0)
-    fail("sharding", "prefetch depths and max_live_units must be >= 0");
-  const OptimizerOffload& oo = policy.offload_optimizer;
-  if (!(oo.ratio >= 0 && oo.ratio <= 1))
-    fail("sharding", "offload_optimizer.ratio must be in [0, 1]");
-  if (oo.device == OffloadDevice::Nvme && oo.nvme_path.empty())
-    fail("offload", "zero_optimization.offload_optimizer.nvme_path: required with device 'nvme'");
-  if (policy.offload_param.device == OffloadDevice::Nvme) {
-    if (policy.offload_param.nvme_path.empty())
-      fail("offload", "zero_optimization.offload_param.nvme_path: required with device 'nvme'");
-    if (policy.strategy != ShardingStrategy::FullShard &&
-        policy.strategy != ShardingStrategy::ShardGradOp &&
-        policy.strategy != ShardingStrategy::HybridShard)
-      fail("offload", std::string("zero_optimization.offload_param.device 'nvme' needs "
-                                  "FULL_SHARD, SHARD_GRAD_OP or HYBRID_SHARD, not ") +
-                          strategy_name(policy.strategy));
-  }
-  const ActivationCheckpointing& ac = policy.activation_checkpointing;
-  if (ac.every < 1)
-    fail("sharding", "activation_checkpointing.every must be >= 1, got " + std::to_string(ac.every));
-  for (int u : ac.units)
-    if (u < 0 || u >= static_cast<int>(model.units.size()))
-      fail("sharding", "activation_checkpointing.units names unit " + std::to_string(u) +
-                           "; the model has units 0.." + std::to_string(model.units.size() - 1));
 
   // Groups, flat sizes, buckets: the plan's view of the model is the one construction uses.
   // The host group: the device groups of the unit buffers are made from it below.
@@ -70,6 +42,10 @@ ModelContext make_context(const Model& model, const Ops& ops, GroupPtr group,
   c.W = group->size();
   c.rank = group->rank();
   c.plan_in = make_plan_input(model, policy, c.W);
+  // The policy's own checks (sharding/policy.h), as the config reader runs them: a policy built
+  // in code is checked the same way.
+  validate(policy, c.W, static_cast<int>(model.units.size()));
+  c.compute_ops = mp.param_dtype == DType::F32 ? &ops : &ops_for(ops.device(), mp.param_dtype);
   c.plan_in.on_device = !ops.device().is_cpu();
   c.plan_in.compute = c.compute_ops->compute();
   c.S = c.plan_in.S;
@@ -158,9 +134,6 @@ ShardedModel::Impl::Impl(Model& model, const Ops& ops, GroupPtr group, const Sha
         fail("sharded_model", "parameter name '" + L.specs[s].name + "' is declared twice");
   }
   state.setup(plans.optimizer());  // its staging buffers are the optimizer plan's
-  const ActivationCheckpointing& ac = policy.activation_checkpointing;
-  if (ac.offload_nvme && ac.nvme_path.empty())
-    fail("offload", "activation_checkpointing.nvme_path: required with offload 'nvme'");
 }
 
 ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed)

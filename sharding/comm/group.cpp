@@ -9,6 +9,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "core/launch.h"
 #include "sharding/comm/mpi_backend.h"
@@ -125,28 +126,14 @@ double Work::done_at() const { return s_ ? s_->t_done : 0; }
 
 // ---- Options -------------------------------------------------------------------------------
 
-namespace {
-double env_num(const char* name, double dflt, double lo, double hi) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return dflt;
-  char* end = nullptr;
-  const double x = std::strtod(v, &end);
-  if (end == v || *end != '\0' || !(x >= lo && x <= hi))
-    fail("comm", std::string("environment variable ") + name + "='" + v +
-                     "' is not a number in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                     "]");
-  return x;
-}
-}  // namespace
-
+// Each checked against its declared range (core/env.cpp).
 CommOptions CommOptions::from_env() {
   CommOptions o;
-  o.timeout_s = env_num("SHARDWISE_COMM_TIMEOUT_S", o.timeout_s, 0.01, 1e9);
-  o.debug = env_num("SHARDWISE_COMM_DEBUG", 0, 0, 1) != 0;
-  o.delay_us = static_cast<int>(env_num("SHARDWISE_COMM_DELAY_US", 0, 0, 1e8));
-  o.chunk_bytes =
-      static_cast<int64_t>(env_num("SHARDWISE_COMM_CHUNK_KB", o.chunk_bytes >> 10, 1, 1 << 20)) << 10;
-  o.spin_us = static_cast<int>(env_num("SHARDWISE_COMM_SPIN_US", o.spin_us, 0, 1e7));
+  o.timeout_s = env_number("SHARDWISE_COMM_TIMEOUT_S").value_or(o.timeout_s);
+  o.debug = env_int("SHARDWISE_COMM_DEBUG").value_or(0) != 0;
+  o.delay_us = static_cast<int>(env_int("SHARDWISE_COMM_DELAY_US").value_or(0));
+  o.chunk_bytes = env_int("SHARDWISE_COMM_CHUNK_KB").value_or(o.chunk_bytes >> 10) << 10;
+  o.spin_us = static_cast<int>(env_int("SHARDWISE_COMM_SPIN_US").value_or(o.spin_us));
   return o;
 }
 

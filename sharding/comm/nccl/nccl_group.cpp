@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/alloc.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/cuda_runtime.h"
@@ -464,10 +465,7 @@ class NcclGroup final : public Group {
   }
 };
 
-bool blocking_from_env() {
-  const char* v = std::getenv("SHARDWISE_NCCL_BLOCKING");
-  return v && std::strcmp(v, "1") == 0;
-}
+bool blocking_from_env() { return env_flag("SHARDWISE_NCCL_BLOCKING"); }
 
 // Collective over `host` (owned by the new group); nullptr on every rank when refused.
 GroupPtr create(GroupPtr host, Device dev) {
@@ -481,7 +479,7 @@ GroupPtr create(GroupPtr host, Device dev) {
   host->all_gather(&ids[static_cast<size_t>(R)], ids.data(), kWords, DType::F32);
   const std::string refusal = nccl_refusal(ids);
   if (!refusal.empty()) {
-    if (std::getenv("SHARDWISE_NCCL_VERBOSE"))
+    if (env_flag("SHARDWISE_NCCL_VERBOSE"))
       std::fprintf(stderr, "shardwise: rank %d: no NCCL group: %s\n", R, refusal.c_str());
     return nullptr;
   }
