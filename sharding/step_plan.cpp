@@ -873,8 +873,13 @@ class Builder {
     // The two ping-pong buffers (backward's dy and dx), and on a device with 16-bit products
     // backward's residual gradient in the compute precision (Impl::grad16, UnitCtx::grad16).
     const bool grad16 = in_.on_device && in_.compute != DType::F32;
+    // The step's device-side sums (ShardedModel::Impl::sums, made at the first micro-step or
+    // evaluation and kept): a double per loss slot of the micro-steps and of the evaluations
+    // (Impl::kLossSlots = 64 each) and per unit for the gradient norm.
+    constexpr int64_t kLossSlots = 64;
+    const int64_t sums = 8 * (2 * kLossSlots + static_cast<int64_t>(in_.units.size()));
     plan_.reserved[static_cast<size_t>(Mem::Workspace)] =
-        max_scratch + 2 * act_bytes() + (grad16 ? act_bytes() / 2 : 0);
+        max_scratch + 2 * act_bytes() + (grad16 ? act_bytes() / 2 : 0) + sums;
   }
 
   const PlanInput& in_;
@@ -1049,8 +1054,11 @@ std::string StepPlan::str() const {
     while (next_seg < segments.size() && segments[next_seg].begin == static_cast<int>(i)) {
       const Segment& g = segments[next_seg++];
       s += std::string("-- ") + seg[static_cast<size_t>(g.kind)];
-      if (g.kind == SegmentKind::MicroStep)
-        s += " " + std::to_string(g.micro) + (g.reduce ? " (reduces gradients)" : " (accumulates locally)");
+      if (g.kind == SegmentKind::MicroStep) {  // (appended piece by piece: GCC 12's -Wrestrict
+        s += ' ';                               // misfires on " " + std::to_string here)
+        s += std::to_string(g.micro);
+        s += g.reduce ? " (reduces gradients)" : " (accumulates locally)";
+      }
       s += "\n";
     }
     const Action& a = actions[i];
@@ -1075,7 +1083,10 @@ std::string StepPlan::str() const {
       if (a.mem[c]) s += std::string(" ") + mem_name(static_cast<Mem>(c)) + " " + mib(a.mem[c]);
     if (!a.waits.empty()) {
       s += " waits";
-      for (int w : a.waits) s += " " + std::to_string(w);
+      for (int w : a.waits) {
+        s += ' ';
+        s += std::to_string(w);
+      }
     }
     s += "\n";
   }
