@@ -332,7 +332,7 @@ else:
     rec["error"] = err[:300]
 try:
     r0 = json.load(open(d + "/plan.json"))["ranks"][0]
-    rec["planned_device_bytes"] = r0["tiers"]["device"]["peak_bytes"] + r0["kernel_workspace_bytes"]
+    rec["planned_device_bytes"] = r0["tiers"]["device"]["peak_bytes"]  # (kernel workspace included)
 except (OSError, ValueError, KeyError, IndexError):
     pass
 # A shape cuDNN refused (the run then took the cuBLAS path): say so beside the figures.

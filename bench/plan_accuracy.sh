@@ -119,7 +119,7 @@ name, np_, new, plan_path, metrics_path, load, cores, results = sys.argv[1:]
 np_, cores = int(np_), int(cores)
 j = json.load(open(plan_path)); r = j["ranks"][0]
 m = [json.loads(l) for l in open(metrics_path) if '"step_time_s"' in l]
-mem_p = r["tiers"]["device"]["peak_bytes"] + r["kernel_workspace_bytes"]
+mem_p = r["tiers"]["device"]["peak_bytes"]  # (the plan's peak + the kernel workspace)
 mem_m = max(x["peak_mem_bytes"] for x in m)
 rss_p = r["rss_bytes"]
 rss_m = max(max(x.get("rss_bytes", 0), x.get("max_rss_bytes", 0)) for x in m)

@@ -22,6 +22,7 @@ PlanSetup plan_setup(const TrainConfig& cfg, int world) {
   s.micro_batch = cfg.micro_batch;
   s.accum = cfg.grad_accum;
   s.on_device = cfg.device != "cpu";
+  s.threads = cfg.threads;
   for (const std::string& f : {cfg.train_data, cfg.val_data}) {  // resident: RSS
     std::error_code ec;
     if (const auto n = f.empty() ? 0 : std::filesystem::file_size(f, ec); !ec)

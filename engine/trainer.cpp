@@ -638,10 +638,11 @@ class Trainer {
   // with allocations before frees, the kernel-workspace estimate beside it), for `shardwise
   // profile --plan` to print beside the measured peaks.
   void write_plan_prediction(const std::string& path) const {
-    const PlanPeak pk = replay_peak_alloc_first(step_plan_);
-    const int64_t ws = kernel_workspace_bytes(cfg_.model, B_, T_,
-                                              cfg_.sharding.mixed_precision.param_dtype, W_,
-                                              comm_scratch_bytes(step_plan_), cfg_.device != "cpu");
+    const DevicePeak dp = device_peak(step_plan_, cfg_.model, B_, T_,
+                                      cfg_.sharding.mixed_precision.param_dtype, W_,
+                                      num_threads(), cfg_.device != "cpu");
+    const PlanPeak& pk = dp.plan;
+    const int64_t ws = dp.workspace;
     nlohmann::json j;
     j["rank"] = rank_;
     j["peak_bytes"] = pk.total;

@@ -402,6 +402,43 @@ class Ops {
   const float* operand_f32(Operand x, size_t r, size_t ld, size_t c, Buffer& tmp) const;
 };
 
+// ---- The scratch a backend's kernels keep for themselves (tracked as Mem::Workspace, outside
+// the units' declared Saved / Scratch): the fused LM head's logits chunk, 16-bit operand
+// copies, attention's scratch, cuBLAS's workspace. Each backend declares it for a described
+// training step, so that the planner asks instead of knowing any backend's internals. The
+// declarations are plain C++ built into every build (kernels/cpu/workspace.cpp,
+// kernels/cuda/workspace.cpp), so a CUDA run is planned on a machine without a GPU or a build
+// without CUDA; whatever a declaration depends on besides the shapes (CUDA's attention path,
+// SHARDWISE_CUDA_ATTENTION) it reads itself.
+
+// A training step's shapes, as the kernels see them.
+struct StepShape {
+  int B = 1, T = 1;  // micro-batch and sequence length (N = B*T rows)
+  int d_model = 0, n_head = 1;
+  int n_kv_head = 0;  // 0: n_head (GPT-2 always)
+  int d_ff = 0;       // 0: 4 * d_model
+  int vocab = 0;
+  bool llama = false;  // Llama blocks (RMSNorm, SwiGLU, RoPE, grouped kv heads); else GPT-2
+  DType compute = DType::F32;  // the matrix products' precision (param_dtype)
+  int threads = 1;             // the CPU backend's OpenMP threads per rank (kernels/threads.h)
+};
+// What a backend declares: `bytes` its kernels keep through the step (grow-only scratch, after
+// the first step), `backward_transient` more that a block's backward holds only while one of
+// its op calls runs (the planner counts it at the blocks' backward actions), and a phrase for
+// plan output saying what they are made of. Estimates where the backend's library does not
+// say (cuDNN's workspace off a GPU).
+struct WorkspaceDecl {
+  int64_t bytes = 0;
+  int64_t backward_transient = 0;
+  std::string what;
+};
+using WorkspaceFn = WorkspaceDecl (*)(const StepShape&);
+// The declaration of the backend of `kind` (the CPU's and CUDA's are built in; a kind nobody
+// declared for has none: 0 bytes).
+WorkspaceDecl kernel_workspace(DeviceKind kind, const StepShape& s);
+// Another backend (e.g. a test device) declares its own; null removes it (built-ins return).
+void register_workspace(DeviceKind kind, WorkspaceFn fn);
+
 // The Ops of a device; throws sw::Error if this build has no backend for it.
 const Ops& ops_for(Device device);
 // The Ops of a device computing in `compute` precision (mixed precision). Every pointer stays

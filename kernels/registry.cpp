@@ -8,6 +8,12 @@
 namespace sw {
 
 const Ops& cpu_ops(DType compute);  // kernels/cpu/cpu_ops.cpp
+namespace cpu {
+WorkspaceDecl declared_workspace(const StepShape& s);  // kernels/cpu/workspace.cpp
+}
+namespace cuda {
+WorkspaceDecl declared_workspace(const StepShape& s);  // kernels/cuda/workspace.cpp (no CUDA)
+}
 
 namespace {
 // [device kind][compute dtype]: one backend instance per precision; it serves one device index.
@@ -16,6 +22,32 @@ const Ops*& slot(DeviceKind k, DType dt) {
   return g_ops[static_cast<size_t>(k)][static_cast<size_t>(dt) & 3];
 }
 }  // namespace
+
+namespace {
+// The built-in declarations, referenced here so that both are linked into every program (a
+// static registrar in a static library would be dropped); registered ones take precedence.
+WorkspaceFn builtin_workspace(DeviceKind k) {
+  return k == DeviceKind::CPU ? cpu::declared_workspace
+         : k == DeviceKind::CUDA ? cuda::declared_workspace
+                                 : nullptr;
+}
+WorkspaceFn g_workspace[static_cast<size_t>(DeviceKind::Count)] = {};
+}  // namespace
+
+WorkspaceDecl kernel_workspace(DeviceKind kind, const StepShape& s) {
+  SW_CHECK(kind != DeviceKind::Count, "kernel_workspace: no such device kind");
+  WorkspaceFn f = g_workspace[static_cast<size_t>(kind)];
+  if (!f) f = builtin_workspace(kind);
+  if (f) return f(s);
+  WorkspaceDecl none;
+  none.what = "none declared";
+  return none;
+}
+
+void register_workspace(DeviceKind kind, WorkspaceFn fn) {
+  SW_CHECK(kind != DeviceKind::Count, "register_workspace: no such device kind");
+  g_workspace[static_cast<size_t>(kind)] = fn;
+}
 
 void register_ops(DeviceKind kind, const Ops* ops) { register_ops(kind, DType::F32, ops); }
 

@@ -191,7 +191,7 @@ PlanSvg plan_svg_of(const PlanPrediction& p, int world, const std::string& title
   Parts dev, host;
   for (size_t c = 0; c < p.peak.at_peak.size(); ++c)
     dev.push_back({mem_name(static_cast<Mem>(c)), p.peak.at_peak[c]});
-  dev.push_back({"kernel workspace (est.)", p.workspace});
+  dev.push_back({"kernel_workspace", p.workspace});  // (the backend's declaration)
   for (size_t c = 0; c < p.plan.persistent_host.size(); ++c)
     host.push_back({mem_name(static_cast<Mem>(c)), p.plan.persistent_host[c]});
   std::string at = "device peak";

@@ -49,10 +49,10 @@ void write_plan_svg(const PlanSvg& s, const std::string& path);
 
 struct PlanPrediction;
 // The drawing of a prediction for `world` ranks: the device tier at its peak (the plan's
-// categories there, then "kernel workspace (est.)"), the host tier's categories, the NVMe
-// files, and the predicted RSS (device, host, allocator rounding, process baseline). The
-// numbers are the ones `plan --json` prints: tiers.device.categories and
-// kernel_workspace_bytes, tiers.host.categories, tiers.nvme.peak_bytes, rss.
+// categories there, then "kernel_workspace"), the host tier's categories, the NVMe files, and
+// the predicted RSS (device, host, allocator rounding, process baseline). The numbers are the
+// ones `plan --json` prints: tiers.device.categories (kernel_workspace included),
+// tiers.host.categories, tiers.nvme.peak_bytes, rss.
 PlanSvg plan_svg_of(const PlanPrediction& p, int world, const std::string& title);
 
 }  // namespace sw

@@ -13,10 +13,8 @@
 #include "core/alloc.h"
 #include "core/bytes.h"
 #include "core/error.h"
-#include "kernels/cuda/attention_mm.h"
-#include "kernels/cuda/attention_path.h"
-#include "kernels/cuda/workspace.h"
 #include "kernels/ops.h"
+#include "kernels/threads.h"
 #include "models/activation_check.h"
 #include "sharding/wrap.h"
 
@@ -47,121 +45,50 @@ int64_t comm_scratch_bytes(const StepPlan& plan) {
   return plan.S > 1 && plan.R > 1 ? rs + ar : std::max(rs, ar);
 }
 
-int64_t cuda_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute) {
-  const int64_t V = mc.vocab_size, C = mc.d_model, N = int64_t(B) * T;
-  const int64_t H = std::max(1, mc.n_head), hd = C / H;
-  const int64_t KVH = mc.type == "llama" && mc.n_kv_head > 0 ? mc.n_kv_head : H;
-  const bool llama = mc.type == "llama";
-  const int64_t F = mc.d_ff > 0 ? mc.d_ff : 4 * C;
-  const int64_t qkv = (H + 2 * KVH) * hd;
-  // The linears' largest weight (llama: gate+up, 2F x C; gpt2: qkv or fc).
-  const int64_t weight = llama ? 2 * F * C : std::max(qkv, F) * C;
-  // The LM head: logits chunks (kernels/cuda/workspace.h).
-  const int64_t chunk = cuda::lmhead_chunk_rows(N, V);
-  std::vector<int64_t> slot{chunk * V * 4};  // Logits
-  if (compute != DType::F32) {
-    // The blocks hand their products 16-bit inputs (models/unit.h's ProductIn), Llama its
-    // gradients too (dgu, dqkv) and GPT-2 its biased products' gradients in both forms (dfch,
-    // dqkv), and backward keeps the residual-stream gradient's 16-bit form beside it
-    // (UnitCtx::grad16, in the plan's workspace): what is still narrowed per call is the LM
-    // head's x, N x C.
-    slot.push_back(2 * N * C);  // Lowp0: x or an fp32 dout
-    // Lowp1: a weight given fp32 only. On a device every unit's weights come with their
-    // 16-bit copy (MixedPrecisionPolicy::weights16), the LM head's included, so none is
-    // narrowed in the engine's step; the linears' largest is kept for an fp32-weight call.
-    slot.push_back(2 * weight);
-    slot.push_back(2 * chunk * V);                                 // Lowp2: the LM head's dlogits
-    const int64_t Z = int64_t(B) * H, ZK = int64_t(B) * KVH, Th = int64_t(T) * hd;
-    switch (cuda::attention_path_from_env(true)) {
-      case cuda::AttentionPath::Cudnn:
-        if (hd % 8 == 0) {  // else cuDNN refuses the shape and the cuBLAS path runs
-          // attention_cudnn.h: the models hand cuDNN 16-bit qkv, O and dO (attention_*_lp, dO
-          // from linear_backward_lp16_set: no AttnPack) and a 16-bit dqkv buffer of their own
-          // (no AttnS; the fp32-operand ops would use both), so only
-          // cuDNN's workspace (AttnP). cuDNN says the workspace only on a GPU: 30.5 bytes per
-          // element of Q (its deterministic backward's), fitted to the tracked peaks of the
-          // two benchmark runs on an H200 (2026-11-27: 1.3B Llama, GPT-2 124M; the first guess,
-          // an fp32 dQ accumulator of 4 bytes, was 0.55 and 0.42 GB short).
-          slot.push_back(61 * Z * Th / 2);
-          break;
-        }
-        [[fallthrough]];
-      case cuda::AttentionPath::Cublas: {
-        // attention_mm.h's own chunking: Z query heads, ZK kv heads; chunks within 256 MiB of
-        // scores (cuda_ops.cu kAttnChunkBytes).
-        const int64_t ld = attn_mm::ld_scores(T), tiles = (T + attn_mm::kTile - 1) / attn_mm::kTile;
-        const size_t budget = size_t{256} << 20;
-        const int64_t nqf = attn_mm::chunk_rows(size_t(Z), T, 6, size_t(tiles * (4 * hd + 4) + 8),
-                                                budget, 0);
-        const int64_t nqb = attn_mm::chunk_rows(size_t(Z), T, 12, 0, budget, 0);
-        slot.push_back(2 * (2 * Z + 2 * ZK) * Th);                                // AttnPack
-        slot.push_back(4 * std::max(Z * nqf * ld, 2 * Z * nqb * ld));             // AttnS
-        slot.push_back(2 * std::max(Z * nqf * ld, 2 * Z * nqb * ld));             // AttnP
-        slot.push_back(4 * std::max(Z * nqf * (tiles * (hd + 1) + 2),             // AttnAcc
-                                    Z * T + (Z + 2 * ZK) * Th));
-        break;
-      }
-      case cuda::AttentionPath::Flash:
-        slot.push_back(4 * Z * T);  // attention.cu's backward's D (Attn)
-        break;
-    }
-  } else {
-    slot.push_back(4 * int64_t(B) * H * T);  // fp32: attention.cu's backward's D (Attn)
+StepShape step_shape(const ModelConfig& mc, int B, int T, DType compute, int threads) {
+  StepShape s;
+  s.B = B, s.T = T;
+  s.d_model = mc.d_model, s.n_head = mc.n_head, s.vocab = mc.vocab_size;
+  s.llama = mc.type == "llama";
+  s.n_kv_head = s.llama && mc.n_kv_head > 0 ? mc.n_kv_head : 0;
+  s.d_ff = mc.d_ff;
+  if (s.llama && s.d_ff == 0) {  // the model's default (models/model.cpp): ceil(8d/3) to 64
+    const int64_t f = (8 * static_cast<int64_t>(mc.d_model) + 2) / 3;
+    s.d_ff = static_cast<int>((f + 63) / 64 * 64);
   }
-  if (llama) slot.push_back(4 * int64_t(T) * hd);  // RoPE's (cos, sin) table (Rope)
-  int64_t b = 0;
-  for (int64_t x : slot) b += x + x / 4;
-  // GPT-2's fc product is kept 16-bit with its fp32 bias added first (linear_forward_lp16), and
-  // cuBLASLt refuses an fp32 bias with a 16-bit D (cuBLAS 13.1 on an H100 and an H200,
-  // 2026-11-28: status 7 for every shape): the default path then writes the fp32 product to a
-  // transient buffer of N x F floats and narrows it. Not a slot (no slack), but alive at the
-  // forward's peak: the tracked peaks were 127 MB (cuDNN attention) and 254 MB (cuBLAS) above
-  // the plan without it.
-  if (!llama && compute != DType::F32) b += 4 * N * F;
-  return b + static_cast<int64_t>(cuda::kCublasWorkspace);  // cuBLAS's, set on the handle
+  s.compute = compute;
+  s.threads = std::max(1, threads);
+  return s;
 }
 
-int64_t kernel_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute, int world,
-                               int64_t comm_scratch, bool on_device) {
-  if (on_device)
-    return cuda_workspace_bytes(mc, B, T, compute) + (world > 1 ? comm_scratch : 0);
-  const int64_t V = mc.vocab_size, C = mc.d_model, N = int64_t(B) * T;
-  // kernels/cpu/lmhead.cpp: chunk rows of logits, at most 512 and 128 MiB.
-  const int64_t by_bytes = std::min<int64_t>(512, (int64_t{128} << 20) / (4 * V));
-  const int64_t chunk = std::min<int64_t>(N, std::max<int64_t>(64, by_bytes / 16 * 16));
-  int64_t b = chunk * V * 4 + chunk * 4;
-  const int64_t H = std::max(1, mc.n_head);
-  const int64_t KVH = mc.type == "llama" && mc.n_kv_head > 0 ? mc.n_kv_head : H;
-  if (KVH < H) b += int64_t(B) * H * 2 * T * (C / H) * 4;  // attention.cpp: GQA's expanded K, V
-  if (compute != DType::F32) {
-    // bf16 operand copies kept per thread (gemm_bf16.cpp / gemm_onednn.cpp): the LM head's
-    // weight and a logits chunk, the largest activation operand.
-    const int64_t F = mc.d_ff > 0 ? mc.d_ff : 4 * C;
-    b += (V * C + chunk * V + N * std::max(F, 3 * C)) * 2;
-    // 16-bit operands widened into per-thread scratch where the products pack from fp32
-    // (gemm_bf16.cpp's widened16, not on the emulated path, which widens them in its rounding
-    // pass): an input (the widest: the MLP's activation, N x F) and a gradient (Llama's dgu,
-    // N x 2F, or dqkv); the output scratch (cpu_ops.cpp's out_scratch): attention's output in
-    // fp32 before it is narrowed, N x C, a product's output or input gradient kept 16-bit
-    // (linear_forward_lp16: GPT-2's fch, N x F, Llama's gate|up, N x 2F;
-    // linear_backward_lp16_set: N x F at most, the GELU's gradient, N x F), and dqkv before it
-    // is narrowed (attention_backward_lp_set without the fp32 one), N x QKV; attention's output
-    // and its gradient widened (backward: attention.cpp), N x C each.
-    const int64_t QKV = C + 2 * KVH * (C / H);
-    const bool llama = mc.type == "llama";
-    // (GPT-2's gradients are its biased products' 16-bit dfch, N x F, and dqkv, widened for
-    // the bias sums on every path)
-    b += N * std::max(F, C) * 4 + N * std::max(llama ? 2 * F : F, QKV) * 4;
-    b += N * std::max({C, llama ? 2 * F : F, QKV}) * 4 + 2 * N * C * 4;
-  }
-  if (world > 1) b += comm_scratch;  // comm_scratch_bytes
-  return b;
+int64_t cuda_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute) {
+  return kernel_workspace(DeviceKind::CUDA, step_shape(mc, B, T, compute)).bytes;
 }
+
+WorkspaceDecl plan_workspace(const ModelConfig& mc, int B, int T, DType compute, int world,
+                             int threads, int64_t comm_scratch, bool on_device) {
+  WorkspaceDecl w = kernel_workspace(on_device ? DeviceKind::CUDA : DeviceKind::CPU,
+                                     step_shape(mc, B, T, compute, threads));
+  if (world > 1 && comm_scratch > 0) {
+    w.bytes += comm_scratch;
+    w.what += "; the communication groups' scratch";
+  }
+  return w;
+}
+
+int plan_threads(int threads, int world) { return threads_for(threads, world); }
 
 PlanPeak replay_peak_alloc_first(const StepPlan& plan) {
+  return replay_peak_alloc_first(plan, 0, nullptr);
+}
+
+PlanPeak replay_peak_alloc_first(const StepPlan& plan, int64_t backward_extra,
+                                 bool* extra_at_peak) {
   PlanPeak r;
+  int64_t best = 0;  // r.total, plus backward_extra where the peak is at a backward
+  bool best_extra = false;
   MemDeltas cur = plan.initial;
-  auto note = [&](int i, const MemDeltas& extra) {
+  auto note = [&](int i, const MemDeltas& extra, int64_t more) {
     int64_t t = 0;
     MemDeltas at{};
     for (size_t c = 0; c < cur.size(); ++c) {
@@ -169,20 +96,37 @@ PlanPeak replay_peak_alloc_first(const StepPlan& plan) {
       t += at[c];
       r.category_peak[c] = std::max(r.category_peak[c], at[c]);
     }
-    if (t > r.total || r.action == -1) r.total = t, r.action = i, r.at_peak = at;
+    if (t + more > best || r.action == -1)
+      best = t + more, best_extra = more > 0, r.total = t, r.action = i, r.at_peak = at;
   };
-  note(-1, MemDeltas{});
+  note(-1, MemDeltas{}, 0);
+  // The blocks' positions: all but the schedule's first (the embedding) and last (the loss).
+  int last = 0;
+  for (const Action& a : plan.actions) last = std::max(last, a.pos);
   for (size_t i = 0; i < plan.actions.size(); ++i) {
     const Action& a = plan.actions[i];
     MemDeltas up{};  // allocations first, with the action's transient bytes
     for (size_t c = 0; c < cur.size(); ++c) up[c] = std::max<int64_t>(a.mem[c], 0) + a.transient[c];
-    note(static_cast<int>(i), up);
+    const bool block = a.kind == ActionKind::Backward && a.pos > 0 && a.pos < last;
+    note(static_cast<int>(i), up, block ? backward_extra : 0);
     for (size_t c = 0; c < cur.size(); ++c) {
       cur[c] += a.mem[c];
       r.negative |= cur[c] < 0;
     }
   }
+  if (extra_at_peak) *extra_at_peak = best_extra;
   return r;
+}
+
+DevicePeak device_peak(const StepPlan& plan, const ModelConfig& mc, int B, int T, DType compute,
+                       int world, int threads, bool on_device) {
+  DevicePeak d;
+  d.decl = plan_workspace(mc, B, T, compute, world, threads, comm_scratch_bytes(plan), on_device);
+  bool at_backward = false;
+  d.plan = replay_peak_alloc_first(plan, d.decl.backward_transient, &at_backward);
+  d.workspace = d.decl.bytes + (at_backward ? d.decl.backward_transient : 0);
+  d.total = d.plan.total + d.workspace;
+  return d;
 }
 
 namespace {
@@ -219,13 +163,13 @@ Evaluated evaluate(Wrapped& w, const PlanSetup& s, const Candidate& c, const Har
   ti.grad_shard_floats = 0;
   for (const PlanUnit& u : in.units) ti.grad_shard_floats += u.padded / in.S;
   const StepPlan plan = plan_step(in);
-  const PlanPeak pk = replay_peak_alloc_first(plan);
+  const DevicePeak pk = device_peak(plan, s.model, in.B, in.T, ti.compute, s.world,
+                                    plan_threads(s.threads, s.world), s.on_device);
   Evaluated e;
   e.c = c;
-  e.workspace = kernel_workspace_bytes(s.model, in.B, in.T, ti.compute, s.world,
-                                       comm_scratch_bytes(plan), s.on_device);
-  e.device = pk.total + e.workspace;
-  e.at_peak = pk.at_peak;
+  e.workspace = pk.workspace;
+  e.device = pk.total;
+  e.at_peak = pk.plan.at_peak;
   e.host = host_bytes(plan);
   e.nvme = plan.nvme_bytes;
   e.time = predict_step_time(plan, in, ti, hw);
@@ -441,11 +385,13 @@ PlanPrediction predict_plan(Model model, const PlanSetup& s, const HardwareProfi
   r.input.accum = s.accum;
   declare_calls(r.input, model);
   r.plan = plan_step(r.input);
-  r.peak = replay_peak_alloc_first(r.plan);
-  r.workspace = kernel_workspace_bytes(s.model, s.micro_batch, s.model.seq_len,
-                                       policy.mixed_precision.param_dtype, s.world,
-                                       comm_scratch_bytes(r.plan), s.on_device);
-  r.device = r.peak.total + r.workspace;
+  const DevicePeak dp = device_peak(r.plan, s.model, s.micro_batch, s.model.seq_len,
+                                    policy.mixed_precision.param_dtype, s.world,
+                                    plan_threads(s.threads, s.world), s.on_device);
+  r.peak = dp.plan;
+  r.workspace = dp.workspace;
+  r.workspace_what = dp.decl.what;
+  r.device = dp.total;
   r.host = host_bytes(r.plan);
   r.nvme = r.plan.nvme_bytes;
   r.rss = predict_rss(r.plan, r.input, r.device, r.host, s.data_bytes, hw);

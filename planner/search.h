@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/ops.h"
 #include "models/model.h"
 #include "planner/hardware.h"
 #include "planner/time_model.h"
@@ -20,20 +21,20 @@ namespace sw {
 // sw::Error line "plan: <what>: cannot parse '<text>' as bytes (e.g. 8GiB, 512MiB, 8e9)".
 int64_t parse_budget(const std::string& text, const std::string& what);
 
-// Kernel workspaces the plan does not hold (core/alloc.h Mem::Workspace outside Scratch) and
-// the communication groups' scratch: the fused LM head's logits chunk, GQA attention's
-// expanded K/V, bf16 operand copies, plus `comm_scratch` (comm_scratch_bytes of the plan,
-// counted when world > 1). An estimate; the search adds it to the plan's peak. on_device: the
-// CUDA backend's scratch instead of the CPU kernels' (cuda_workspace_bytes).
-int64_t kernel_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute, int world,
-                               int64_t comm_scratch, bool on_device);
-
-// The CUDA Ops' grow-only device scratch (kernels/cuda/cuda_ops.cu's slots) after a step of
-// this model at B x T: per slot its largest request, plus the quarter a slot adds when it
-// grows. The slots: the LM head's logits chunk, the 16-bit operand copies of a product
-// (Lowp0..2), and in 16-bit compute the cuBLAS attention path's packed heads, scores,
-// probabilities and accumulators (kernels/cuda/attention_mm.h). Small slots (norm partials,
-// row sums) are left out.
+// The shapes of a training step of `mc` at B x T in `compute` precision, as the backends'
+// workspace declarations take them (kernels/ops.h StepShape; a Llama's d_ff 0 resolved as the
+// model resolves it); threads: the CPU backend's OpenMP threads per rank.
+StepShape step_shape(const ModelConfig& mc, int B, int T, DType compute, int threads = 1);
+// The threads per rank a run of `world` ranks on this machine uses for a config's `threads`
+// (0: the cores shared among the ranks; kernels/threads.h threads_for).
+int plan_threads(int threads, int world);
+// Memory the step plan does not hold but the tracked peak counts: the kernels' own scratch, as
+// the backend that runs the step declares it (kernels/ops.h kernel_workspace: the CUDA
+// backend's where on_device, else the CPU's; the planner knows no backend's internals), plus
+// `comm_scratch` (comm_scratch_bytes of the plan, counted when world > 1).
+WorkspaceDecl plan_workspace(const ModelConfig& mc, int B, int T, DType compute, int world,
+                             int threads, int64_t comm_scratch, bool on_device);
+// The CUDA backend's declaration alone for this model (kernel_workspace(DeviceKind::CUDA, ...)).
 int64_t cuda_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute);
 // What the MPI groups' scratch buffers (sharding/comm/mpi_group.cpp, grown to the largest need
 // and kept) reach over the plan's collectives, with the algorithms MpiGroup picks by size and
@@ -53,6 +54,7 @@ struct PlanSetup {
   int micro_batch = 1, accum = 1;
   int64_t data_bytes = 0;  // the token files (data.train, data.val): mapped and read whole
   bool on_device = false;  // the config's device is not the CPU (PlanInput::on_device)
+  int threads = 0;         // the config's threads per rank (0: the cores among the ranks)
 };
 
 // replay_peak (sharding/step_plan.h) with each action's allocations made before its frees:
@@ -60,6 +62,25 @@ struct PlanSetup {
 // Saved are still held, which the net delta of the action hides (GPT-2 d=384 at 2 ranks, 2
 // blocks per unit: 14.8 MB more than replay_peak, matching the profile's peak to 0.1%).
 PlanPeak replay_peak_alloc_first(const StepPlan& plan);
+// The same with `backward_extra` bytes more held during the Backward action of every block (a
+// backend's per-call transient, WorkspaceDecl::backward_transient: every schedule position
+// but the first, the embedding, and the last, the loss) when choosing the peak; the result's
+// figures are the plan's alone, and *extra_at_peak (may be null) says whether the peak chosen
+// is at a Backward action (then its extra adds to the total).
+PlanPeak replay_peak_alloc_first(const StepPlan& plan, int64_t backward_extra,
+                                 bool* extra_at_peak);
+
+// A step's whole device peak, as the tracking allocator counts it: the plan's peak (replayed
+// allocations first) and the kernel workspace held there (plan_workspace's bytes, and its
+// backward transient where the peak is at a backward).
+struct DevicePeak {
+  PlanPeak plan;          // the plan's figures at the peak
+  WorkspaceDecl decl;     // what the backend declared (plus the groups' scratch)
+  int64_t workspace = 0;  // of it, held at the peak
+  int64_t total = 0;      // plan.total + workspace
+};
+DevicePeak device_peak(const StepPlan& plan, const ModelConfig& mc, int B, int T, DType compute,
+                       int world, int threads, bool on_device);
 
 // The process's resident set a rank reaches (its peak RSS, what metrics.jsonl reports as
 // max_rss_bytes) on the CPU backend, where the device and host tiers are the same RAM:
@@ -116,10 +137,11 @@ struct PlanPrediction {
   StepPlan plan;
   PlanInput input;
   PlanPeak peak;
-  int64_t workspace = 0;  // kernel_workspace_bytes
-  int64_t device = 0;     // peak.total + workspace
-  int64_t host = 0;       // the host tier's persistent bytes
-  int64_t nvme = 0;       // the NVMe files
+  int64_t workspace = 0;       // the kernel workspace held at the peak (DevicePeak)
+  std::string workspace_what;  // what it is made of (plan output)
+  int64_t device = 0;          // peak.total + workspace: the whole tracked device peak
+  int64_t host = 0;            // the host tier's persistent bytes
+  int64_t nvme = 0;            // the NVMe files
   bool timed = false;
   StepTime time;
   RssPrediction rss;

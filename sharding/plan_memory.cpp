@@ -4,6 +4,7 @@
 // any call asks for, backward's ping-pong buffers).
 #include <algorithm>
 
+#include "sharding/loss_slots.h"
 #include "sharding/plan_builder.h"
 
 namespace sw {
@@ -61,8 +62,12 @@ void plan_memory(const PlanInput& in, StepPlan& plan) {
   // backward's residual gradient in the compute precision (Activations, UnitCtx::grad16).
   const int64_t act = int64_t{4} * in.B * in.T * in.d_model;
   const bool grad16 = in.on_device && in.compute != DType::F32;
+  // The step's device-side sums (LossSlots, made at the first micro-step or evaluation and
+  // kept): a double per loss slot of the micro-steps and of the evaluations (64 each) and per
+  // unit for the gradient norm.
+  const int64_t sums = 8 * (2 * LossSlots::kSlots + static_cast<int64_t>(in.units.size()));
   plan.reserved[static_cast<size_t>(Mem::Workspace)] =
-      max_scratch + 2 * act + (grad16 ? act / 2 : 0);
+      max_scratch + 2 * act + (grad16 ? act / 2 : 0) + sums;
 }
 
 // On a device, the host updater's staging (OffloadedState::update_on_host): two offloaded

@@ -292,8 +292,11 @@ std::string StepPlan::str() const {
     while (next_seg < segments.size() && segments[next_seg].begin == static_cast<int>(i)) {
       const Segment& g = segments[next_seg++];
       s += std::string("-- ") + seg[static_cast<size_t>(g.kind)];
-      if (g.kind == SegmentKind::MicroStep)
-        s += " " + std::to_string(g.micro) + (g.reduce ? " (reduces gradients)" : " (accumulates locally)");
+      if (g.kind == SegmentKind::MicroStep) {  // (appended piece by piece: GCC 12's -Wrestrict
+        s += ' ';                               // misfires on " " + std::to_string here)
+        s += std::to_string(g.micro);
+        s += g.reduce ? " (reduces gradients)" : " (accumulates locally)";
+      }
       s += "\n";
     }
     const Action& a = actions[i];
@@ -318,7 +321,10 @@ std::string StepPlan::str() const {
       if (a.mem[c]) s += std::string(" ") + mem_name(static_cast<Mem>(c)) + " " + mib(a.mem[c]);
     if (!a.waits.empty()) {
       s += " waits";
-      for (int w : a.waits) s += " " + std::to_string(w);
+      for (int w : a.waits) {
+        s += ' ';
+        s += std::to_string(w);
+      }
     }
     s += "\n";
   }

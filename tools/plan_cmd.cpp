@@ -19,7 +19,6 @@
 
 #include "core/bytes.h"
 #include "core/error.h"
-#include "kernels/cuda/attention_path.h"
 #include "kernels/threads.h"
 #include "planner/calibrate.h"
 #include "planner/hardware.h"
@@ -63,8 +62,9 @@ const char* kPlanAbout =
     "(communication), saved activations, workspace); the host tier (offloaded state); the\n"
     "NVMe files. Beside it, what DeepSpeed's model-states estimate would say. The step time\n"
     "(compute, exposed communication, exposed I/O) comes from a hardware profile.\n"
-    "Not counted in the device peak: kernel workspaces that units do not declare (LM head\n"
-    "chunks, bf16 packing; estimated on their own line), the allocator's rounding, the process.\n"
+    "The device peak is the whole tracked peak: the plan's and, on their own line, the kernel\n"
+    "workspace the backend declares (LM head chunks, 16-bit operand copies, attention scratch).\n"
+    "Not counted there: the allocator's rounding, the process (both in the RSS line).\n"
     "CONFIG.json is required except with --calibrate (then the config's shapes are measured,\n"
     "else GPT-2 124M's).";
 
@@ -348,17 +348,27 @@ int cmd_plan(const PlanArgs& pa) {
     j["params"] = params;
     j["activations_declared"] = plan.activations_known;
     j["ranks"] = nlohmann::json::array();
+    // The device tier's peak is the whole tracked peak: the plan's peak (its categories at
+    // `action`) and the kernel workspace the backend declares (category kernel_workspace;
+    // the tracking allocator counts it as workspace).
+    nlohmann::json at_peak = categories(pk.at_peak), cat_peaks = categories(pk.category_peak);
+    if (pred.workspace) at_peak["kernel_workspace"] = cat_peaks["kernel_workspace"] = pred.workspace;
+    const std::string includes =
+        "the step plan's peak at `action` (plan_peak_bytes) + the kernel workspace "
+        "(kernel_workspace_bytes: " + pred.workspace_what + "): the whole peak the tracking "
+        "allocator counts on the device; categories sum to it";
     for (int r = 0; r < N; ++r)  // equal shards: every rank's figures are the same
       j["ranks"].push_back(
           {{"rank", r},
            {"tiers",
-            {{"device", {{"peak_bytes", pk.total}, {"action", action},
-                         {"categories", categories(pk.at_peak)},
-                         {"category_peaks", categories(pk.category_peak)}}},
+            {{"device", {{"peak_bytes", pred.device}, {"includes", includes},
+                         {"plan_peak_bytes", pk.total},
+                         {"kernel_workspace_bytes", pred.workspace}, {"action", action},
+                         {"categories", at_peak},
+                         {"category_peaks", cat_peaks}}},
              {"host", {{"peak_bytes", host}, {"categories", categories(plan.persistent_host)},
                        {"updater_staging_bytes", plan.host_update_staging}}},
              {"nvme", {{"peak_bytes", plan.nvme_bytes}}}}},
-           {"kernel_workspace_bytes", pred.workspace},
            {"rss_bytes", pred.rss.total},
            {"rss", {{"tracked_bytes", pred.rss.tracked}, {"rounding_bytes", pred.rss.rounding},
                     {"data_bytes", pred.rss.data},
@@ -378,22 +388,17 @@ int cmd_plan(const PlanArgs& pa) {
               strategy_name(cfg.sharding.strategy), np >= 1e9 ? np / 1e9 : np / 1e6,
               np >= 1e9 ? "B" : "M");
   std::printf("every rank (equal shards):\n");
-  std::printf("  device peak %s at %s\n", gib(pk.total).c_str(), at.c_str());
+  std::printf("  device peak %s = the plan's peak %s at %s\n", gib(pred.device).c_str(),
+              gib(pk.total).c_str(), at.c_str());
   std::string line = "   ";
   for (size_t c = 0; c < pk.at_peak.size(); ++c)
     if (pk.at_peak[c])
       line += std::string(" ") + mem_name(static_cast<Mem>(c)) + " " + gib(pk.at_peak[c]);
   std::printf("%s\n", line.c_str());
-  // On a device, the CUDA Ops' scratch, which depends on the attention path they will take.
-  std::string which;
-  if (pred.input.on_device) {
-    which = std::string("; the CUDA Ops' scratch with ") +
-            cuda::attention_path_name(cuda::attention_path_from_env(
-                cfg.sharding.mixed_precision.param_dtype != DType::F32)) +
-            " attention, SHARDWISE_CUDA_ATTENTION";
-  }
-  std::printf("  + kernel workspaces outside the plan (estimated%s): %s -> %s\n", which.c_str(),
-              gib(pred.workspace).c_str(), gib(pred.device).c_str());
+  // What the backend that runs the step declares for its kernels (kernels/ops.h
+  // kernel_workspace): on a device, the CUDA Ops' scratch for the attention path they take.
+  std::printf("    + kernel workspace %s (%s)\n", gib(pred.workspace).c_str(),
+              pred.workspace_what.c_str());
   std::printf("  host        %s%s%s%s\n", gib(host).c_str(), host ? " (offloaded state" : "",
               plan.host_update_staging ? (", of which the host updater's staging " +
                                           gib(plan.host_update_staging)).c_str()

@@ -264,12 +264,29 @@ size_t tile_floats(std::initializer_list<size_t> sizes) {
   return n;
 }
 
+// The forward's tile: one score tile and the key tile transposed.
+size_t fwd_tile_floats(int hd) {
+  return tile_floats({(size_t)kFwdBQ * kFwdBK, (size_t)hd * kFwdBK});
+}
+// The backward's: Q, dO and the dQ accumulator of one head (T rows each), the current key
+// tile transposed (K^T, V^T) and as rows (K), its dK/dV accumulators, two score tiles, a row.
+size_t bwd_tile_floats(int T, int hd) {
+  const size_t ldh = (size_t)padded_ld(hd), ldk = (size_t)padded_ld(kBwdBK);
+  const size_t nT = (size_t)T * ldh, nK = (size_t)hd * ldk, nB = (size_t)kBwdBK * ldh,
+               nP = (size_t)kBwdBQ * ldk;
+  return tile_floats({nT, nT, nT, nK, nK, nB, nB, nB, nP, nP, (size_t)T});
+}
+
 void check_shapes(int B, int T, int H, int KVH, int hd) {
   SW_CHECK(B >= 0 && T >= 0 && H > 0 && KVH > 0 && hd > 0, "attention: bad shape");
   SW_CHECK(H % KVH == 0, "attention: KVH must divide H");
 }
 
 }  // namespace
+
+size_t attention_tile_floats(int T, int hd) {
+  return std::max(fwd_tile_floats(hd), bwd_tile_floats(T, hd));
+}
 
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KVH,
                        int hd, DType compute, const uint16_t* qkv16) {
@@ -287,7 +304,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 #pragma omp parallel
   {
     const size_t nS = (size_t)kFwdBQ * kFwdBK, nKT = (size_t)hd * kFwdBK;
-    TileScratch ws{tile_workspace(tile_floats({nS, nKT}))};
+    TileScratch ws{tile_workspace(fwd_tile_floats(hd))};
     float* S = ws.carve(nS);
     float* KT = ws.carve(nKT);
     float m[kFwdBQ], l[kFwdBQ];
@@ -382,7 +399,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
     // tile transposed (K^T, V^T) and as rows (K), its dK/dV accumulators, two score tiles.
     const size_t nT = (size_t)T * ldh, nK = (size_t)hd * ldk, nB = (size_t)kBwdBK * ldh,
                  nP = (size_t)kBwdBQ * ldk;
-    TileScratch ws{tile_workspace(tile_floats({nT, nT, nT, nK, nK, nB, nB, nB, nP, nP, (size_t)T}))};
+    TileScratch ws{tile_workspace(bwd_tile_floats(T, hd))};
     float* Qp = ws.carve(nT);
     float* dOp = ws.carve(nT);
     float* dQp = ws.carve(nT);

@@ -81,6 +81,9 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, 
                      float eps);
 void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
                       const float* rstd, int N, int C);
+// Floats of the calling thread's partials buffer a backward of N x C rows grows it to (both:
+// LayerNorm's dw and db; else RMSNorm's dw alone).
+size_t norm_partial_floats(int N, int C, bool both);
 void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a,
                                 const float* b, const float* w, const float* bias, int N, int C);
 void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a, const float* b,
@@ -133,6 +136,8 @@ void round_copy(DType dt, float* dst, const float* src, size_t n);  // dst = rou
 void round_copy_lp(DType dt, float* dst, uint16_t* dst16, const float* src, size_t n);
 
 // rope.cpp
+// Floats of the calling thread's (cos, sin) table for positions 0..T-1 at head dim hd.
+size_t rope_table_floats(int T, int hd);
 void rope_forward(float* qkv, int B, int T, int H, int KVH, int hd, float theta);
 void rope_backward(float* dqkv, int B, int T, int H, int KVH, int hd, float theta);
 // narrow(dt, rope_forward / rope_backward of a copy of the input) into the 16-bit output
@@ -161,6 +166,9 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                         DType compute = DType::F32, bool set = false,
                         const uint16_t* qkv16 = nullptr, const uint16_t* out16 = nullptr,
                         const uint16_t* dout16 = nullptr);
+// Floats of the tile scratch each thread of the forward's and the backward's parallel
+// regions keeps (one thread-local buffer, grown to the larger of the two).
+size_t attention_tile_floats(int T, int hd);
 
 // lmhead.cpp
 // compute = BF16 / F16: the three products (logits, dx, dw) use gemm_lowp; the softmax and
@@ -168,6 +176,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w,
                    const int32_t* targets, int N, int C, int V, float grad_scale,
                    DType compute = DType::F32);
+// Rows per chunk of N rows at vocabulary V (the logits chunk is that many rows of V floats).
+int lmhead_chunk_rows(int N, int V);
 
 // adamw.cpp
 void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,

@@ -14,7 +14,7 @@ namespace {
 // This thread's grow-only fp32 scratch (an op's fp32 result before it is narrowed into its
 // 16-bit output: attention's output or dqkv, a product's output or input gradient, the GELU's
 // gradient), at least n floats, kept between calls (no allocation in the steady state; counted
-// by the planner's CPU kernel workspace).
+// by the CPU's workspace declaration, kernels/cpu/workspace.cpp).
 float* out_scratch(size_t n) {
   thread_local Buffer scratch;
   if (scratch.bytes() < n * sizeof(float)) scratch = Buffer(n * sizeof(float), Mem::Workspace);

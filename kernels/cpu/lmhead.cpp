@@ -40,6 +40,11 @@ namespace sw::cpu {
 constexpr int kChunk = 512;
 constexpr size_t kChunkBytes = size_t(128) << 20;
 
+int lmhead_chunk_rows(int N, int V) {
+  const int by_bytes = (int)std::min<size_t>(kChunk, kChunkBytes / (sizeof(float) * (size_t)V));
+  return std::min(N, std::max(64, by_bytes / 16 * 16));
+}
+
 double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w,
                    const int32_t* targets, int N, int C, int V, float grad_scale,
                    DType compute) {
@@ -47,8 +52,7 @@ double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const floa
   if (N == 0) return 0.0;
   detail::blas_select_core();
   const bool grad = dx != nullptr || dw != nullptr;
-  const int by_bytes = (int)std::min<size_t>(kChunk, kChunkBytes / (sizeof(float) * (size_t)V));
-  const int chunk = std::min(N, std::max(64, by_bytes / 16 * 16));
+  const int chunk = lmhead_chunk_rows(N, V);
   // The logits chunk lives in a per-thread buffer kept between calls: a fresh 50-100 MB
   // allocation is mmap'ed by glibc and page-faulted (and zeroed by the kernel) on every call,
   // which cost ~2-3% of the LM head's time. It is tracked as Mem::Workspace.

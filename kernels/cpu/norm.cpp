@@ -252,6 +252,11 @@ void residual_rmsnorm_forward_lp(DType dt, float* res, uint16_t* out, float* rst
   residual_rmsnorm_forward_t(res, out, rstd, a, b, w, N, C, eps, dt);
 }
 
+size_t norm_partial_floats(int N, int C, bool both) {
+  if (N <= 0 || C <= 0) return 0;
+  return (both ? 2 : 1) * padded(C) * static_cast<size_t>(row_blocks(N).count);
+}
+
 // With xhat = (x - mean) * rstd and g = dout:
 //   dinp += rstd * (w g - mean(w g) - xhat * mean(w g xhat));  dw += sum_n g xhat;  db += sum_n g.
 // Two passes over each row: (1) the two row means plus this block's dw/db partials, (2) dinp.

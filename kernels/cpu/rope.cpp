@@ -39,7 +39,7 @@ const RopeTable& rope_table(int T, int hd, float theta) {
   tab.T = T;
   tab.hd = hd;
   tab.theta = theta;
-  float* cos_tab = detail::grow_workspace(tab.mem, 2 * static_cast<size_t>(T) * half);
+  float* cos_tab = detail::grow_workspace(tab.mem, rope_table_floats(T, hd));
   float* sin_tab = cos_tab + static_cast<size_t>(T) * half;
   std::vector<float> inv_freq(half);
   for (int i = 0; i < half; ++i) {
@@ -116,6 +116,10 @@ void rope_apply(T* out, const In* in, int B, int Tn, int H, int KVH, int hd, flo
 }
 
 }  // namespace
+
+size_t rope_table_floats(int T, int hd) {  // (the table's grow_workspace above)
+  return 2 * static_cast<size_t>(T > 0 ? T : 0) * static_cast<size_t>(hd > 0 ? hd / 2 : 0);
+}
 
 void rope_forward(float* qkv, int B, int T, int H, int KVH, int hd, float theta) {
   rope_apply(qkv, qkv, B, T, H, KVH, hd, theta, 1.f, DType::F32);

@@ -22,17 +22,21 @@ int local_ranks() {
 }
 }  // namespace
 
-void set_num_threads(int n) {
+int threads_for(int n, int local_ranks) {
   if (n <= 0) {
     const int cores = static_cast<int>(std::thread::hardware_concurrency());
-    n = cores / local_ranks();
+    n = cores / std::max(1, local_ranks);
     if (n < 1) n = 1;
   }
   // OMP_THREAD_LIMIT caps every parallel region, so ask for no more. OpenBLAS's OpenMP build
   // splits a GEMM into as many pieces as it is told, and the pieces wait on each other: told 2
   // under a limit of 1, the one thread running the first piece spins forever on the second
   // (scripts/test.sh --sanitize=thread runs with OMP_THREAD_LIMIT=1).
-  n = std::min(n, omp_get_thread_limit());
+  return std::min(n, omp_get_thread_limit());
+}
+
+void set_num_threads(int n) {
+  n = threads_for(n, local_ranks());
   g_threads = n;
   omp_set_num_threads(n);
   openblas_set_num_threads(n);

@@ -4,8 +4,8 @@
 // the cuBLAS path), cublas (attention_mm.h over cuBLAS) or flash (attention.cu). cuDNN's is the
 // default since the first H200 run (2026-11-27): 1.41x the cuBLAS path's tokens/s on the 1.3B
 // Llama and 1.53x on GPT-2 124M, within the same tolerances.
-// Plain C++: cuda_ops.cu chooses with it and the planner (planner/search.cpp) counts the
-// chosen path's scratch.
+// Plain C++: cuda_ops.cu chooses with it and the backend's workspace declaration
+// (workspace.cpp, which the planner asks) counts the chosen path's scratch.
 #pragma once
 #include <cstdlib>
 #include <cstring>

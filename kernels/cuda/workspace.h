@@ -1,5 +1,6 @@
-// Fixed scratch of the CUDA backend that the planner counts (planner/search.cpp) as well as
-// the backend allocates (kernels/cuda/cuda_ops.cu). Plain C++.
+// Fixed scratch of the CUDA backend that its workspace declaration counts
+// (kernels/cuda/workspace.cpp) as well as the backend allocates (kernels/cuda/cuda_ops.cu).
+// Plain C++.
 #pragma once
 #include <algorithm>
 #include <cstddef>

@@ -557,6 +557,12 @@ TEST_CASE("cli: plan predicts each rank's peak per tier and category") {
     int64_t sum = 0;
     for (const auto& [k, v] : dev["categories"].items()) sum += v.get<int64_t>();
     CHECK(sum == dev["peak_bytes"].get<int64_t>());
+    // The whole tracked peak: the plan's and the backend's declared kernel workspace.
+    CHECK(dev["peak_bytes"].get<int64_t>() == dev["plan_peak_bytes"].get<int64_t>() +
+                                                   dev["kernel_workspace_bytes"].get<int64_t>());
+    CHECK(dev["kernel_workspace_bytes"].get<int64_t>() > 0);
+    CHECK(dev["categories"]["kernel_workspace"] == dev["kernel_workspace_bytes"]);
+    CHECK(dev["includes"].get<std::string>().find("kernel workspace") != std::string::npos);
     const double nvme = r["tiers"]["nvme"]["peak_bytes"].get<double>();
     CHECK(nvme >= 16 * params / 2);
     CHECK(nvme <= 16 * params / 2 * 1.1);

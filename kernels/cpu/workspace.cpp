@@ -1,0 +1,95 @@
+// The CPU backend's kernel workspace for a described training step (kernels/ops.h
+// kernel_workspace). Its kernels keep grow-only thread-local buffers between calls (a fresh
+// buffer of tens of MB would be page-faulted on every call), tracked as Mem::Workspace: after
+// the first step each is as large as the largest call of a step made it, and stays so. The
+// declaration is the sum of those final sizes, from the sizes each kernel file states
+// (cpu_kernels.h *_floats / lmhead_chunk_rows), for the engine's calls of a GPT-2 or Llama
+// step (models/gpt2.cpp, llama.cpp) on the CPU: the calling thread's buffers once, attention's
+// tile scratch once per OpenMP thread. Grouped attention's expanded K and V live only inside
+// its backward call: a transient (WorkspaceDecl::backward_transient).
+// In 16-bit compute the products' scratch depends on the path gemm_lowp takes on this machine
+// (cpu_kernels.h LowpPath), which this asks for as the products do.
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/ops.h"
+
+namespace sw::cpu {
+
+namespace {
+// A grow-only buffer of n floats, as grow_workspace sizes it (at least one float).
+int64_t floats(int64_t n) { return 4 * std::max<int64_t>(n, 1); }
+// n 16-bit values in a float buffer (gemm_onednn.cpp's workspace: (n + 1) / 2 floats).
+int64_t halves(int64_t n) { return floats((n + 1) / 2); }
+}  // namespace
+
+WorkspaceDecl declared_workspace(const StepShape& s) {
+  const int64_t V = s.vocab, C = s.d_model, N = int64_t(s.B) * s.T;
+  const int64_t H = std::max(1, s.n_head), hd = C / H;
+  const int64_t KVH = s.n_kv_head > 0 ? s.n_kv_head : H;
+  const int64_t QKV = (H + 2 * KVH) * hd;
+  const int64_t F = s.d_ff > 0 ? s.d_ff : 4 * C;
+  const int threads = std::max(1, s.threads);
+  WorkspaceDecl d;
+  // lmhead.cpp: the logits chunk and its rows' losses.
+  const int64_t chunk = lmhead_chunk_rows(int(N), int(V));
+  d.bytes = floats(chunk * V) + floats(chunk);
+  // attention.cpp: every OpenMP thread's tile scratch (forward and backward share it).
+  d.bytes += threads * floats(int64_t(attention_tile_floats(s.T, int(hd))));
+  // norm.cpp: the backward's dw (and LayerNorm's db) partials over row blocks of N rows.
+  d.bytes += floats(int64_t(norm_partial_floats(int(N), int(C), !s.llama)));
+  // rope.cpp: the (cos, sin) table.
+  if (s.llama) d.bytes += floats(int64_t(rope_table_floats(s.T, int(hd))));
+  d.what = "the CPU kernels' kept scratch: the LM head's logits chunk, attention's tiles (" +
+           std::to_string(threads) + " thread" + (threads > 1 ? "s" : "") +
+           "), norm partials" + (s.llama ? ", RoPE's table" : "");
+  // attention.cpp: grouped kv heads expanded for the backward's dK, dV partials (one call).
+  if (KVH < H) {
+    d.backward_transient = 4 * int64_t(s.B) * H * 2 * s.T * hd;
+    d.what += "; in a backward, grouped attention's expanded K and V";
+  }
+  if (s.compute == DType::F32) return d;
+
+  // 16-bit compute (the blocks' products take 16-bit inputs, models/unit.h ProductIn):
+  // attention.cpp: qkv widened, and in the backward the output and its gradient widened.
+  d.bytes += floats(N * QKV) + 2 * floats(N * C);
+  // cpu_ops.cpp's output scratch: an fp32 result before it is narrowed: attention's output
+  // (N x C) and dqkv (N x QKV), GPT-2's fc output and the GELU's gradient (N x F), the
+  // Llama's gate|up (N x 2F), a product's input gradient kept 16-bit (N x C, N x F).
+  const int64_t Fo = s.llama ? 2 * F : F;  // the widest product output of a block
+  d.bytes += floats(N * std::max({C, Fo, QKV}));
+  const LowpPath path = lowp_auto_path(s.compute);
+  const bool tuned = lowp_per_shape(s.compute);
+  // The largest first and second operand of a product: forward x w^T (x: N x C or N x F; w:
+  // QKV x C, C x C, Fo x C, C x F), backward dout w and dout^T x (dout: N x QKV, N x C,
+  // N x Fo), the LM head's x w^T, dlogits w, dlogits^T x (x: chunk x C; w: V x C; dlogits:
+  // chunk x V).
+  const int64_t max_a = std::max({N * std::max({C, F, Fo, QKV}), chunk * V});
+  const int64_t max_b = std::max({QKV * C, Fo * C, F * C, N * std::max(C, F), V * C});
+  if (path == LowpPath::Emulated) {
+    // gemm_bf16.cpp: rounded fp32 copies of the blocks' operands, x or dout, the weight, and
+    // a backward's x; the LM head's w and x rounded once per call (its products take them).
+    d.bytes += floats(N * std::max({C, F, Fo, QKV})) + floats(std::max({QKV * C, Fo * C, F * C})) +
+               floats(N * std::max(C, F));
+    d.bytes += floats(V * C) + floats(N * C);
+    // GPT-2's biased products with a 16-bit dout (dfch, dqkv) widen it and their x (N x C)
+    // first, for the bias sum.
+    if (!s.llama) d.bytes += floats(N * std::max(F, QKV)) + floats(N * C);
+    d.what += ", 16-bit operand copies and fp32 results before narrowing (emulated products)";
+    return d;
+  }
+  // gemm_bf16.cpp's widened16: 16-bit operands widened for kernels that pack from fp32 (one
+  // buffer for douts: GPT-2's dfch, dqkv; the Llama's dgu, dqkv; one for inputs: N x C, N x F).
+  d.bytes += floats(N * (s.llama ? std::max(2 * F, QKV) : std::max(F, QKV))) +
+             floats(N * std::max(C, F));
+  if (path == LowpPath::OneDnn || tuned) {
+    // gemm_onednn.cpp: bf16 copies of each product's two operands (the pack buffers of the
+    // native and fused kernels are not tracked).
+    d.bytes += halves(max_a) + halves(max_b);
+  }
+  d.what += ", 16-bit operand copies and fp32 results before narrowing";
+  return d;
+}
+
+}  // namespace sw::cpu
