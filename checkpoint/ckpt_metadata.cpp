@@ -26,8 +26,16 @@ std::string hex32(uint32_t v) {
 }
 
 std::string tensor_name(int unit, int kind, int64_t lo, int64_t hi) {
-  return "u" + std::to_string(unit) + "." + kKindNames[kind] + "[" + std::to_string(lo) + ":" +
-         std::to_string(hi) + "]";
+  std::string s = "u";  // (appended: GCC 12's -Wrestrict misfires on "u" + std::to_string)
+  s += std::to_string(unit);
+  s += '.';
+  s += kKindNames[kind];
+  s += '[';
+  s += std::to_string(lo);
+  s += ':';
+  s += std::to_string(hi);
+  s += ']';
+  return s;
 }
 
 namespace {

@@ -47,8 +47,8 @@ class EmbedHead final : public Unit {
  public:
   std::string name() const override { return "embed_head"; }
   std::vector<ParamSpec> params() const override {
-    return {{"tok.weight", {kVocab, kDim}, Init::Normal, 0.05f},
-            {"norm.weight", {kDim}, Init::Ones, 0.f, false}};
+    return {{.name = "tok.weight", .shape = {kVocab, kDim}, .init = Init::Normal, .std = 0.05f},
+            {.name = "norm.weight", .shape = {kDim}, .init = Init::Ones, .weight_decay = false}};
   }
   int num_calls() const override { return 2; }
   void forward(UnitCtx& c, int call, const float* x, float* y) override {
@@ -108,10 +108,12 @@ class ShiftMlpBlock final : public Unit {
   explicit ShiftMlpBlock(int i) : pre_("blocks." + std::to_string(i) + ".") {}
   std::string name() const override { return pre_.substr(0, pre_.size() - 1); }
   std::vector<ParamSpec> params() const override {
-    return {{pre_ + "norm.weight", {kDim}, Init::Ones, 0.f, false},
-            {pre_ + "wa", {kHidden, kDim}},
-            {pre_ + "wb", {kHidden, kDim}},
-            {pre_ + "wout", {kDim, kHidden}, Init::Normal, 0.02f / std::sqrt(2.f * kLayers)}};
+    return {{.name = pre_ + "norm.weight", .shape = {kDim}, .init = Init::Ones,
+             .weight_decay = false},
+            {.name = pre_ + "wa", .shape = {kHidden, kDim}},
+            {.name = pre_ + "wb", .shape = {kHidden, kDim}},
+            {.name = pre_ + "wout", .shape = {kDim, kHidden}, .init = Init::Normal,
+             .std = 0.02f / std::sqrt(2.f * kLayers)}};
   }
   void forward(UnitCtx& c, int, const float* x, float* y) override {
     const Batch& b = *c.batch;

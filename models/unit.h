@@ -21,14 +21,14 @@ namespace sw {
 enum class Init : uint8_t { Normal, Zeros, Ones };
 
 struct ParamSpec {
-  std::string name;  // global, unique in the model: "h.3.attn.qkv.weight"
-  Shape shape;
+  std::string name{};  // global, unique in the model: "h.3.attn.qkv.weight"
+  Shape shape{};
   Init init = Init::Normal;
   float std = 0.02f;         // for Init::Normal
   bool weight_decay = true;  // AdamW decays matrices, not norms/biases
   // Export: the Hugging Face tensor name and whether HF stores the transpose of our
   // (out, in) matrix (GPT-2's Conv1D). Empty hf_name: exported under `name`.
-  std::string hf_name;
+  std::string hf_name{};
   bool hf_transpose = false;
   // Read only through UnitCtx::weight, never UnitCtx::param (a matrix product's weight, an
   // embedding table that Ops::embedding_forward_lp reads): where the unit keeps a 16-bit copy

@@ -41,10 +41,21 @@ inline std::string q(const std::string& s) {
 // Runs `shardwise ARGS` in `dir` with OMP_NUM_THREADS=threads, capturing stdout, stderr (in
 // dir/stdout.txt, dir/stderr.txt) and the exit code (128 + signal when killed).
 inline Result sw_run(const fs::path& dir, const std::vector<std::string>& args, int threads) {
-  std::string cmd = "cd " + q(dir.string()) + " && OMP_NUM_THREADS=" + std::to_string(threads) +
-                    " " + q(SHARDWISE_BIN);
-  for (const auto& a : args) cmd += " " + q(a);
-  cmd += " >" + q((dir / "stdout.txt").string()) + " 2>" + q((dir / "stderr.txt").string());
+  // Appended piece by piece: GCC 12's -Wrestrict misfires on a literal + a temporary string.
+  std::string cmd = "cd ";
+  cmd += q(dir.string());
+  cmd += " && OMP_NUM_THREADS=";
+  cmd += std::to_string(threads);
+  cmd += ' ';
+  cmd += q(SHARDWISE_BIN);
+  for (const auto& a : args) {
+    cmd += ' ';
+    cmd += q(a);
+  }
+  cmd += " >";
+  cmd += q((dir / "stdout.txt").string());
+  cmd += " 2>";
+  cmd += q((dir / "stderr.txt").string());
   const int st = std::system(cmd.c_str());
   Result r;
   r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);

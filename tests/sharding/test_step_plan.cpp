@@ -43,17 +43,6 @@ std::vector<std::string> gathers_and_frees(const StepPlan& p, bool waits = false
   return out;
 }
 
-std::vector<std::string> kinds(const StepPlan& p, int begin, int end) {
-  std::vector<std::string> out;
-  for (int i = begin; i < end; ++i) {
-    const Action& a = p.actions[size_t(i)];
-    out.push_back(std::string(action_kind_name(a.kind)) + " " +
-                  (a.unit >= 0 ? p.unit_names[size_t(a.unit)] : "") +
-                  (a.pos >= 0 ? "@" + std::to_string(a.pos) : ""));
-  }
-  return out;
-}
-
 // Structural invariants every plan must satisfy.
 void check_invariants(const StepPlan& p) {
   for (size_t i = 0; i < p.actions.size(); ++i) {
