@@ -76,16 +76,24 @@ def main():
     s = MODELS[a.model]
     N, hd = s["B"] * s["T"], s["C"] // s["H"]
     per = op_seconds_per_step(a.op_times, a.steps)
-    need = ["attention_forward_lp", "attention_backward_lp_set", "lmhead_xent_into", "adamw_copies"]
+    # The rows are the CUDA Ops' entries: one per op since the 16-bit forms were folded into
+    # their ops (attention_forward, attention_backward, adamw); tables written before then name
+    # the 16-bit forms' entries (attention_forward_lp, attention_backward_lp_set, adamw_copies).
+    old_names = {"attention_forward": "attention_forward_lp",
+                 "attention_backward": "attention_backward_lp_set", "adamw": "adamw_copies"}
+    for k, o in old_names.items():
+        if k not in per and o in per:
+            per[k] = per[o]
+    need = ["attention_forward", "attention_backward", "lmhead_xent_into", "adamw"]
     missing = [k for k in need if k not in per]
     if missing:
         raise SystemExit(f"gpu_profile: {a.op_times}: no row for {', '.join(missing)}")
     # The time model's counts (planner/time_model.cpp): causal attention 2 B H T^2 hd forward,
     # 2.5 times that backward, per block; the LM head 6 N V C.
     att = 3.5 * 2.0 * s["B"] * s["H"] * s["T"] ** 2 * hd * s["L"]
-    att_s = per["attention_forward_lp"] + per["attention_backward_lp_set"]
+    att_s = per["attention_forward"] + per["attention_backward"]
     lm = 6.0 * N * s["V"] * s["C"]
-    adam_s = per["adamw_copies"]
+    adam_s = per["adamw"]
     pts = gemm_points(a.gemm)
     first = open(a.gemm).readline()  # "bench_cuda_gemm: NVIDIA H100 80GB HBM3, cuBLAS ..."
     card = first.split(":", 1)[1].split(",")[0].strip() if first.startswith("bench_cuda_gemm:") else ""

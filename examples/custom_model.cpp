@@ -55,7 +55,7 @@ class EmbedHead final : public Unit {
     const Batch& b = *c.batch;
     const int N = b.B * b.T;
     if (call == 0) {  // embedding
-      c.ops->embedding_forward(y, b.tokens, c.param(0), nullptr, b.B, b.T, kDim);
+      c.ops->embedding_forward(y, b.tokens, c.param(0), nullptr, b.B, b.T, kDim, kVocab);
       return;
     }
     float* h = c.saved->f32("h", size_t(N) * kDim);
@@ -64,7 +64,7 @@ class EmbedHead final : public Unit {
     if (c.logits) {  // inference: logits of the last position
       for (int i = 0; i < b.B; ++i)
         c.ops->linear_forward(c.logits + size_t(i) * kVocab, h + (size_t(i) * b.T + b.T - 1) * kDim,
-                              c.param(0), nullptr, 1, kDim, kVocab);
+                              c.param(0), nullptr, nullptr, 1, kDim, kVocab);
       return;
     }
     float* dh = c.training ? c.saved->f32("dh", size_t(N) * kDim) : nullptr;
@@ -123,7 +123,7 @@ class ShiftMlpBlock final : public Unit {
     float* m = c.saved->f32("m", size_t(N) * kHidden);
     float* g = c.saved->f32("g", size_t(N) * kHidden);
     c.ops->rmsnorm_forward(h, rstd, x, c.param(0), N, kDim, 1e-5f);
-    c.ops->linear_forward(m, h, c.param(1), nullptr, N, kDim, kHidden);
+    c.ops->linear_forward(m, h, c.param(1), nullptr, nullptr, N, kDim, kHidden);
     // m[b, t] += h[b, t-1] @ Wb^T for t >= 1: one GEMM per sequence on the shifted rows.
     for (int s = 0; s < b.B; ++s)
       c.ops->gemm(false, true, b.T - 1, kHidden, kDim, 1.f, h + size_t(s) * b.T * kDim, kDim,

@@ -5,9 +5,17 @@
 // Conventions (llm.c style):
 //  * row-major; activations are (N, C) with N = B*T rows unless stated;
 //  * Linear weights use PyTorch's nn.Linear layout (OC, C): y = x W^T + b;
-//  * every backward ACCUMULATES (+=) into every gradient it writes, parameter and input
-//    gradients alike; callers zero buffers that must start at zero (or use the *_set forms,
-//    which write the input gradient instead);
+//  * each op has one forward and one backward entry. What a buffer holds and whether it is
+//    read, written or added into is said by its type: an Operand is read (fp32, 16-bit or
+//    both), an Out is written (=), a GradIn / GradOut gradient is added into (+=, what a
+//    plain float* converts to) or, where asked, written; callers zero buffers that must start
+//    at zero before adding;
+//  * 16-bit forms hold compute()'s values (BF16 / F16 Ops only; F32 Ops refuse them) as
+//    `narrow` writes them. A 16-bit input gives the bits of the fp32 op on its widened
+//    values, a 16-bit output is narrow() of the fp32 op's output, a written gradient the
+//    values of zeroing and adding (a zero may carry the other sign): bit for bit on each
+//    backend. The forms each op takes are listed with it; any other combination is refused
+//    (sw::Error naming the op);
 //  * nullable pointers are marked "may be null";
 //  * results are deterministic for a fixed thread count (static partitioning, fixed-order
 //    reductions): two identical runs give bit-identical numbers.
@@ -24,12 +32,12 @@ namespace sw {
 
 class Buffer;  // core/alloc.h
 
-// A matrix product's operand (the *_lp forms below): fp32 values, or the Ops' compute()
-// precision's 16-bit values as `narrow` writes them, or both. Made implicitly from either
-// pointer. Both set (a mixed-precision unit's weights: its rounded fp32 compute copy and the
-// 16-bit copy beside it, sharding/unit_state.h) means the same values twice: f32 holds
-// exactly widen(lp), and a backend reads whichever form it reads faster (CUDA the 16-bit one,
-// which cuBLAS takes as it is; the CPU the fp32 one, which its kernels pack from).
+// An op's input: fp32 values, or compute()'s 16-bit values, or both. Made implicitly from
+// either pointer. Both set (a mixed-precision unit's weights: its rounded fp32 compute copy and
+// the 16-bit copy beside it, sharding/unit_state.h; the residual stream's gradient kept in
+// both forms) means the same values twice: f32 holds exactly widen(lp), and a backend reads
+// whichever form it reads faster (CUDA the 16-bit one, which cuBLAS takes as it is; the CPU
+// the fp32 one, which its kernels pack from).
 struct Operand {
   const float* f32 = nullptr;
   const uint16_t* lp = nullptr;
@@ -39,6 +47,41 @@ struct Operand {
   Operand(const float* p, const uint16_t* p16) : f32(p), lp(p16) {}
   // The operand k values further on (a column block of a packed matrix).
   Operand at(size_t k) const { return {f32 ? f32 + k : nullptr, lp ? lp + k : nullptr}; }
+  bool has_lp() const { return lp != nullptr; }
+};
+
+// An op's output, written (=; the old contents are never read): fp32 values, or compute()'s
+// 16-bit values alone (an output kept in the compute precision, as PyTorch's autocast keeps a
+// linear's, for readers that take it so). Made implicitly from either pointer.
+struct Out {
+  float* f32 = nullptr;
+  uint16_t* lp = nullptr;
+  Out(std::nullptr_t) {}
+  Out(float* p) : f32(p) {}
+  Out(uint16_t* p) : lp(p) {}
+  explicit operator bool() const { return f32 || lp; }
+};
+
+// An input gradient a backward op produces: fp32 added into (+=: the default, and what a plain
+// float* converts to), or written (=, set(): every value written, the old ones never read,
+// which may be garbage, NaN included; the values of zeroing and adding). A 16-bit form (lp) is
+// written with narrow() of the fp32 result: beside the fp32 one (both forms, for readers of
+// either), or alone (written only: the fp32 values are never stored).
+struct GradIn {
+  float* f32 = nullptr;
+  uint16_t* lp = nullptr;
+  bool write = false;
+  GradIn(std::nullptr_t) {}
+  GradIn(float* p) : f32(p) {}
+  // Added into (fp32), with narrow() of the sums written to p16 (may be null).
+  static GradIn add(float* p, uint16_t* p16) { return GradIn(p, p16, false); }
+  // Written: fp32, 16-bit, or both (either may be null).
+  static GradIn set(float* p, uint16_t* p16 = nullptr) { return GradIn(p, p16, true); }
+  explicit operator bool() const { return f32 || lp; }
+  bool has_lp() const { return lp != nullptr; }
+
+ private:
+  GradIn(float* p, uint16_t* p16, bool w) : f32(p), lp(p16), write(w) {}
 };
 
 // A parameter gradient a backward op produces: added into (+=, the default, and what a plain
@@ -57,6 +100,39 @@ struct GradOut {
   float beta() const { return write ? 0.f : 1.f; }  // as a GEMM's C scale
 };
 
+// A norm's input: x (made implicitly from the pointer), or residual(res, a, b): the sum a + b
+// of a block's "x2 = x + proj; h = norm(x2)", written to res (which may alias a or b, not the
+// norm's output) and normalised in the same pass over the rows, with the bits of
+// residual_forward followed by the norm.
+struct NormIn {
+  const float* a = nullptr;
+  const float* b = nullptr;  // null: no residual sum
+  float* res = nullptr;
+  NormIn(const float* x) : a(x) {}
+  static NormIn residual(float* res, const float* a, const float* b) { return NormIn(res, a, b); }
+
+ private:
+  NormIn(float* r, const float* x, const float* y) : a(x), b(y), res(r) {}
+};
+
+// The compute copies AdamW writes of the values it updates (adamw's `copies`): none (dt F32),
+// or (dt BF16 / F16) param16 = narrow(dt, param) and param32 (may be null: weights without an
+// fp32 compute copy) its widening, as round_copy writes them (a one-rank unit keeping its
+// parameters 16-bit: sharding/unit_state.h). grad_dt other than F32: the gradient is read as
+// round_to(grad_dt, grad) (not written), the values of rounding it first.
+struct AdamWCopies {
+  DType dt = DType::F32;
+  float* param32 = nullptr;
+  uint16_t* param16 = nullptr;
+  DType grad_dt = DType::F32;
+};
+
+// Where sums_of_squares writes its k results.
+enum class SumsTo : unsigned char {
+  Host,    // host memory: a device backend reads all k back at once (one synchronisation)
+  Device,  // k doubles in this backend's memory, on the stream; the host reads nothing
+};
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -68,86 +144,104 @@ class Ops {
   virtual DType compute() const { return DType::F32; }
 
   // ---- GEMM: C = alpha * op(A) @ op(B) + beta * C, row-major, op = transpose if flag set.
-  // A is (M,K) (or (K,M) when ta), B is (K,N) (or (N,K) when tb), C is (M,N).
-  virtual void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
-                    const float* B, int ldb, float beta, float* C, int ldc) const = 0;
+  // A is (M,K) (or (K,M) when ta), B is (K,N) (or (N,K) when tb), C is (M,N); lda, ldb count
+  // values of the form given. A, B: any forms.
+  virtual void gemm(bool ta, bool tb, int M, int N, int K, float alpha, Operand A, int lda,
+                    Operand B, int ldb, float beta, float* C, int ldc) const = 0;
 
-  // ---- Linear: out(N,OC) = inp(N,C) @ w(OC,C)^T + b(OC) [b may be null].
-  virtual void linear_forward(float* out, const float* inp, const float* w, const float* b, int N,
-                              int C, int OC) const = 0;
-  // dinp(N,C) += dout @ w;  dw(OC,C) += dout^T @ inp;  db(OC) += colsum(dout).
-  // dinp, db may be null.
-  virtual void linear_backward(float* dinp, float* dw, float* db, const float* dout,
-                               const float* inp, const float* w, int N, int C, int OC) const = 0;
+  // ---- Linear: out(N,OC) = inp(N,C) @ w(OC,C)^T + b(OC) + res(N,OC) [b, res may be null].
+  // inp, w: any forms. out: fp32, or 16-bit (= narrow of the fp32 output, rounded once: a
+  // product's output only element-wise ops read, the SwiGLU's gate|up, GPT-2's fc output).
+  // res (the residual stream, a block's "y = x + proj(h)") only with an fp32 out, which it
+  // does not overlap: the values of the product followed by residual_forward(out, out, res) up
+  // to the product's summation order where the backend adds res in the product itself
+  // (fuses_product_residual: CUDA's cuBLASLt epilogue, beta = 1 and C = res).
+  virtual void linear_forward(Out out, Operand inp, Operand w, const float* b, const float* res,
+                              int N, int C, int OC) const = 0;
+  // dinp(N,C) (+)= dout @ w;  dw(OC,C) (+)= dout^T @ inp;  db(OC) (+)= colsum(dout).
+  // dinp, dw, db may be null. dout, inp, w: any forms; db, a sum and not a product, sums
+  // dout's fp32 form where it has one, else its widened 16-bit values. dinp: fp32 added into
+  // or written, or 16-bit alone (written: an input gradient only an element-wise op or
+  // attention reads, as autocast's backward gives a linear's).
+  virtual void linear_backward(GradIn dinp, GradOut dw, GradOut db, Operand dout, Operand inp,
+                               Operand w, int N, int C, int OC) const = 0;
 
-  // ---- Embedding: out(B,T,C) = wte[tokens[b,t]] + wpe[t] [wpe may be null].
-  // Token ids must be < V (checked by the data loader, not here).
-  virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte,
-                                 const float* wpe, int B, int T, int C) const = 0;
+  // ---- Embedding: out(B,T,C) = wte[tokens[b,t]] + wpe[t] [wpe may be null]; wte (V, C): any
+  // form (a unit keeping its table 16-bit only reads those rows widened, ParamSpec::
+  // products_only). Token ids must be < V (checked by the data loader, not here).
+  virtual void embedding_forward(float* out, const int32_t* tokens, Operand wte, const float* wpe,
+                                 int B, int T, int C, int V) const = 0;
   virtual void embedding_backward(float* dwte, float* dwpe, const float* dout,
                                   const int32_t* tokens, int B, int T, int C) const = 0;
 
-  // ---- LayerNorm over the last dim (eps 1e-5). mean, rstd: (N) saved for backward.
-  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
-                                 const float* w, const float* b, int N, int C) const = 0;
-  virtual void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
+  // ---- LayerNorm over the last dim (eps 1e-5). mean, rstd: (N) saved for backward. inp:
+  // x, or NormIn::residual (the fused residual + norm). out: fp32 or 16-bit.
+  virtual void layernorm_forward(Out out, float* mean, float* rstd, NormIn inp, const float* w,
+                                 const float* b, int N, int C) const = 0;
+  // dinp is added into (fp32; never written), and where it has a 16-bit form (BF16 / F16 Ops)
+  // that is written with narrow() of the sums (all N x C values, in the same pass on a device: the residual stream's
+  // gradient in both forms, which the products after it read). dw, db += (db may be null).
+  virtual void layernorm_backward(GradIn dinp, float* dw, float* db, const float* dout,
                                   const float* inp, const float* w, const float* mean,
                                   const float* rstd, int N, int C) const = 0;
 
-  // ---- RMSNorm: out = inp * rstd * w, rstd = 1/sqrt(mean(inp^2) + eps).
-  virtual void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N,
-                               int C, float eps) const = 0;
-  virtual void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp,
+  // ---- RMSNorm: out = inp * rstd * w, rstd = 1/sqrt(mean(inp^2) + eps). Forms as LayerNorm's.
+  virtual void rmsnorm_forward(Out out, float* rstd, NormIn inp, const float* w, int N, int C,
+                               float eps) const = 0;
+  virtual void rmsnorm_backward(GradIn dinp, float* dw, const float* dout, const float* inp,
                                 const float* w, const float* rstd, int N, int C) const = 0;
 
-  // ---- Fused residual + norm (a block's "x2 = x + proj; h = norm(x2)"): res(N,C) = a + b, then
-  // out = layernorm_forward / rmsnorm_forward of res, in one pass over the rows. res may alias
-  // a or b (not out). Results are bit-identical to residual_forward followed by the norm.
-  virtual void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd,
-                                          const float* a, const float* b, const float* w,
-                                          const float* bias, int N, int C) const = 0;
-  virtual void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a,
-                                        const float* b, const float* w, int N, int C,
-                                        float eps) const = 0;
-
   // ---- GELU, tanh approximation (GPT-2's "gelu_new"), elementwise over n values.
-  virtual void gelu_forward(float* out, const float* inp, size_t n) const = 0;
-  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const = 0;
+  // out fp32 from an fp32 inp; or 16-bit from inp of any form.
+  virtual void gelu_forward(Out out, Operand inp, size_t n) const = 0;
+  // All fp32: dinp added into or written. 16-bit anywhere (inp, dout, dinp): dinp written,
+  // fp32, 16-bit or both (GPT-2's fc product takes the 16-bit form alone, its bias gradient
+  // summing the widened values).
+  virtual void gelu_backward(GradIn dinp, Operand inp, Operand dout, size_t n) const = 0;
 
   // ---- SwiGLU: gu is (N, 2F) with rows [gate | up]; out(N,F) = silu(gate) * up.
-  virtual void swiglu_forward(float* out, const float* gu, int N, int F) const = 0;
-  virtual void swiglu_backward(float* dgu, const float* dout, const float* gu, int N,
-                               int F) const = 0;
+  // out fp32 from an fp32 gu; or 16-bit from gu of any form.
+  virtual void swiglu_forward(Out out, Operand gu, int N, int F) const = 0;
+  // All fp32: dgu added into or written. 16-bit anywhere (dout, gu, dgu): dgu written,
+  // 16-bit alone (the Llama's, which its gate|up product reads).
+  virtual void swiglu_backward(GradIn dgu, Operand dout, Operand gu, int N, int F) const = 0;
 
   // ---- Residual: out = a + b (out may alias a or b).
   virtual void residual_forward(float* out, const float* a, const float* b, size_t n) const = 0;
 
-  // ---- RoPE (Hugging Face rotate_half convention: dim i pairs with i + hd/2), applied in place
-  // to the q and k heads of a packed qkv buffer (B, T, (H + 2*KVH) * hd) laid out
-  // [q heads | k heads | v heads]; v is untouched. Position of row (b,t) is t.
-  virtual void rope_forward(float* qkv, int B, int T, int H, int KVH, int hd,
+  // ---- RoPE (Hugging Face rotate_half convention: dim i pairs with i + hd/2) of the q and k
+  // heads of a packed qkv buffer (B, T, (H + 2*KVH) * hd) laid out [q heads | k heads | v
+  // heads]; v is copied as it is. Position of row (b,t) is t. out fp32: in place, qkv that
+  // same fp32 buffer; out 16-bit: qkv of any form, only read (a 16-bit qkv may be out itself:
+  // the Llama's qkv product kept 16-bit, rotated in place), = narrow of the fp32 rotation of
+  // widen(qkv).
+  virtual void rope_forward(Out out, Operand qkv, int B, int T, int H, int KVH, int hd,
                             float theta) const = 0;
-  // Inverse rotation applied in place to dqkv (the gradient of the rotated q and k).
-  virtual void rope_backward(float* dqkv, int B, int T, int H, int KVH, int hd,
+  // The inverse rotation of dqkv (the gradient of the rotated q and k), forms as rope_forward.
+  virtual void rope_backward(Out out, Operand dqkv, int B, int T, int H, int KVH, int hd,
                              float theta) const = 0;
 
   // ---- Causal self-attention with grouped-query heads (KVH divides H; KVH == H is MHA).
   // qkv: (B, T, (H + 2*KVH) * hd) as above; out: (B, T, H*hd);
   // lse: (B, H, T) log-sum-exp of each softmax row, saved for backward.
   // Scale 1/sqrt(hd). Never materialises more than a tile of the (T, T) score matrix per thread.
-  virtual void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H,
-                                 int KVH, int hd) const = 0;
-  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv,
-                                  const float* out, const float* lse, int B, int T, int H,
-                                  int KVH, int hd) const = 0;
+  // out and qkv both fp32 or both 16-bit (out = narrow of the fp32 op's on widen(qkv)).
+  virtual void attention_forward(Out out, float* lse, Operand qkv, int B, int T, int H, int KVH,
+                                 int hd) const = 0;
+  // qkv, out, dout fp32: dqkv fp32, added into or written. qkv and out 16-bit (dout either
+  // form): the fp32 op on widen(qkv), widen(out) (the output as the products saw it: the row
+  // dot products with dout use these values), dqkv written, fp32, 16-bit or both (cuDNN
+  // computes dqkv 16-bit: its own values; the Llama's, which the 16-bit inverse rotation reads).
+  virtual void attention_backward(GradIn dqkv, Operand dout, Operand qkv, Operand out,
+                                  const float* lse, int B, int T, int H, int KVH,
+                                  int hd) const = 0;
 
   // ---- Fused LM head + softmax cross-entropy (logits are never stored in full).
   // For each row n: logits = x[n] @ w^T (V), loss[n] = logsumexp(logits) - logits[targets[n]].
   // Rows with targets[n] < 0 are ignored (loss 0, no gradient).
   // If dx/dw are non-null the gradient of (grad_scale * sum_n loss[n]) is accumulated at the
   // same time: dx(N,C) += ..., dw(V,C) += .... Returns sum_n loss[n] (as double).
-  // w is fp32, or (BF16 / F16 Ops) 16-bit, or both (a unit's weight with its 16-bit copy, as
-  // the products take it): the products round it to the compute precision either way.
+  // w: any form (the products round it to the compute precision either way).
   virtual double lmhead_xent(float* loss, float* dx, float* dw, const float* x, Operand w,
                              const int32_t* targets, int N, int C, int V,
                              float grad_scale) const = 0;
@@ -161,177 +255,27 @@ class Ops {
     *total += lmhead_xent(loss, dx, dw, x, w, targets, N, C, V, grad_scale);
   }
 
-  // ---- First-writer forms of the backward ops whose input gradient a block writes into a
-  // fresh buffer (an MLP's dh and dgu, attention's dqkv): dinp / dgu / dqkv are WRITTEN (=),
-  // not accumulated, and their old contents are never read (they may be garbage, NaN
-  // included); parameter gradients (dw, db) still accumulate. Each gives the values of zeroing
-  // that buffer and calling the accumulating op (a zero may carry the other sign), which is
-  // what these defaults do; backends override them to save the zeroing pass and the read of
-  // the old values.
-  // linear_backward_set and its _lp forms take dw, db as GradOuts (written where `write`).
-  virtual void linear_backward_set(float* dinp, GradOut dw, GradOut db, const float* dout,
-                                   const float* inp, const float* w, int N, int C,
-                                   int OC) const {
-    if (dinp) fill(dinp, 0.f, static_cast<size_t>(N) * static_cast<size_t>(C));
-    zero_written(dw, static_cast<size_t>(OC) * static_cast<size_t>(C));
-    zero_written(db, static_cast<size_t>(OC));
-    linear_backward(dinp, dw.p, db.p, dout, inp, w, N, C, OC);
-  }
-  virtual void gelu_backward_set(float* dinp, const float* inp, const float* dout,
-                                 size_t n) const {
-    fill(dinp, 0.f, n);
-    gelu_backward(dinp, inp, dout, n);
-  }
-  virtual void swiglu_backward_set(float* dgu, const float* dout, const float* gu, int N,
-                                   int F) const {
-    fill(dgu, 0.f, 2 * static_cast<size_t>(N) * static_cast<size_t>(F));
-    swiglu_backward(dgu, dout, gu, N, F);
-  }
-  virtual void attention_backward_set(float* dqkv, const float* dout, const float* qkv,
-                                      const float* out, const float* lse, int B, int T, int H,
-                                      int KVH, int hd) const {
-    fill(dqkv, 0.f, static_cast<size_t>(B) * static_cast<size_t>(T) *
-                        static_cast<size_t>(H + 2 * KVH) * static_cast<size_t>(hd));
-    attention_backward(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd);
-  }
-
-  // ---- Matrix-product operands kept in the compute precision (BF16 / F16 Ops only; F32 Ops
-  // refuse these). `*16` buffers hold compute()'s 16-bit values as `narrow` writes them. The
-  // producers write narrow(op) in one pass; the products take an Operand, fp32 or 16-bit,
-  // instead of narrowing an fp32 one on each call. Since the BF16 / F16 products round their
-  // operands to exactly these values, the results are those of the fp32 ops bit for bit:
-  //   swiglu_forward_lp(o16, ...)   == narrow(swiglu_forward(...));  gelu_forward_lp likewise;
-  //     gu (GELU's inp) may be 16-bit (read as widen(gu16): a product's output kept in the
-  //     compute precision, linear_forward_lp16), as in swiglu_backward_lp_set and
-  //     gelu_backward_lp_set;
-  //   rmsnorm_forward_lp(o16, ...)  == narrow of rmsnorm_forward's out (rstd the same); the
-  //     residual and LayerNorm forms likewise;
-  //   swiglu_backward_lp_set(d16, ...) == narrow(swiglu_backward_set(...));
-  //   gelu_backward_lp_set(d, d16, ...) writes gelu_backward_set(d, ...) and d16 = narrow(d):
-  //     both forms of a gradient (d16 may be null; d may be null where d16 is not: then only
-  //     the 16-bit form, as GPT-2's fc product takes it, its bias gradient summing the
-  //     widened values);
-  //     in both, and in attention_backward_lp_set, dout may be 16-bit (read as widen(dout16):
-  //     a product's input gradient kept in the compute precision, linear_backward_lp16_set);
-  //   rope_backward_lp(d16, dqkv, ...) == narrow(rope_backward(widen(dqkv), ...)), dqkv fp32
-  //     or 16-bit (only read; a 16-bit dqkv may be d16 itself: rotated in place);
-  //   linear_forward_lp(out, narrow(x), narrow(w), ...) == linear_forward(out, x, w, ...);
-  //   linear_forward_lp16(o16, ...) == narrow(linear_forward_lp(out, ...)): the product's
-  //     output in the compute precision (as PyTorch's autocast keeps a linear's output), for
-  //     outputs only element-wise ops read (the SwiGLU's gate and up, GPT-2's fc output);
-  //   linear_backward_lp_set(..., narrow(dy), narrow(x), narrow(w), ...)
-  //     == linear_backward_set(..., widen(narrow(dy)), x, w, ...) (db, a sum and not a
-  //     product, sums the widened 16-bit dout; given both forms it sums the fp32 one, as
-  //     linear_backward_set(..., dy, ...)); any of x, w, dy may also stay fp32 (the products
-  //     round it as they read it);
-  //   linear_backward_lp16_set(dinp16, ...) == narrow of linear_backward_lp_set(dinp, ...)'s
-  //     dinp (dw, db the same): the input gradient in the compute precision (as autocast's
-  //     backward gives a linear's), for gradients only an element-wise op or attention reads
-  //     (the SwiGLU's and GELU's dout, attention's dout);
-  //   gemm_lp(..., narrow(A), ..., narrow(B), ...) == gemm(..., A, ..., B, ...);
-  //   rope_forward_lp(q16, qkv, ...) == narrow(rope_forward(widen(qkv), ...)), qkv fp32 or
-  //     16-bit (only read; a 16-bit qkv may be q16 itself: the Llama's qkv product kept 16-bit,
-  //     as autocast keeps a linear's output, rotated in place);
-  //   attention_forward_lp(o16, lse, q16, ...) == narrow of attention_forward(o, lse, widen(q16), ...)'s o;
-  //   attention_backward_lp_set(dqkv, dqkv16, dout, q16, o16, lse, ...)
-  //     == attention_backward_set(dqkv, dout, widen(q16), widen(o16), lse, ...): the output as
-  //     the products see it (its row dot products with dout use these values); with dqkv16
-  //     (may be null), also narrow(dqkv) there (cuDNN computes dqkv 16-bit: its own values);
-  //     dqkv may be null where dqkv16 is not: then only narrow(dqkv) is written (the Llama's
-  //     dqkv, which the 16-bit inverse rotation reads).
-  // The defaults go through fp32 copies in device scratch (a Buffer per call); backends
-  // override them.
-  virtual void swiglu_forward_lp(uint16_t* out16, Operand gu, int N, int F) const;
-  virtual void gelu_forward_lp(uint16_t* out16, Operand inp, size_t n) const;
-  virtual void rmsnorm_forward_lp(uint16_t* out16, float* rstd, const float* inp, const float* w,
-                                  int N, int C, float eps) const;
-  virtual void residual_rmsnorm_forward_lp(float* res, uint16_t* out16, float* rstd,
-                                           const float* a, const float* b, const float* w, int N,
-                                           int C, float eps) const;
-  virtual void layernorm_forward_lp(uint16_t* out16, float* mean, float* rstd, const float* inp,
-                                    const float* w, const float* b, int N, int C) const;
-  virtual void residual_layernorm_forward_lp(float* res, uint16_t* out16, float* mean,
-                                             float* rstd, const float* a, const float* b,
-                                             const float* w, const float* bias, int N,
-                                             int C) const;
-  virtual void swiglu_backward_lp_set(uint16_t* dgu16, Operand dout, Operand gu, int N,
-                                      int F) const;
-  virtual void gelu_backward_lp_set(float* dinp, uint16_t* dinp16, Operand inp, Operand dout,
-                                    size_t n) const;
-  // dqkv16 (B, T, (H + 2*KVH) * hd) = narrow of the inverse rotation of dqkv (q and k heads;
-  // v heads narrowed as they are); dqkv (fp32 or 16-bit) is only read. No overlap, except a
-  // 16-bit dqkv that is dqkv16 exactly (in place).
-  virtual void rope_backward_lp(uint16_t* dqkv16, Operand dqkv, int B, int T, int H, int KVH,
-                                int hd, float theta) const;
-  virtual void linear_forward_lp(float* out, Operand inp, Operand w, const float* b, int N, int C,
-                                 int OC) const;
-  // embedding_forward_lp(out, tokens, narrow(wte), ...) == embedding_forward(out, tokens,
-  // widen(narrow(wte)), ...): the rows read from the 16-bit copy and widened (a mixed-precision
-  // unit's fp32 compute copy holds exactly those values, so a unit keeping its embedding 16-bit
-  // only, ParamSpec::products_only, computes the same bits); wte fp32 is embedding_forward.
-  // V: the table's rows (the default widens all of them into device scratch; backends gather).
-  virtual void embedding_forward_lp(float* out, const int32_t* tokens, Operand wte,
-                                    const float* wpe, int B, int T, int C, int V) const;
-  virtual void linear_forward_lp16(uint16_t* out16, Operand inp, Operand w, const float* b, int N,
-                                   int C, int OC) const;
-  virtual void linear_backward_lp_set(float* dinp, GradOut dw, GradOut db, Operand dout,
-                                      Operand inp, Operand w, int N, int C, int OC) const;
-  virtual void linear_backward_lp16_set(uint16_t* dinp16, GradOut dw, GradOut db, Operand dout,
-                                        Operand inp, Operand w, int N, int C, int OC) const;
-  virtual void gemm_lp(bool ta, bool tb, int M, int N, int K, float alpha, Operand A, int lda,
-                       Operand B, int ldb, float beta, float* C, int ldc) const;
-  virtual void rope_forward_lp(uint16_t* qkv16, Operand qkv, int B, int T, int H, int KVH,
-                               int hd, float theta) const;
-  virtual void attention_forward_lp(uint16_t* out16, float* lse, const uint16_t* qkv16, int B,
-                                    int T, int H, int KVH, int hd) const;
-  virtual void attention_backward_lp_set(float* dqkv, uint16_t* dqkv16, Operand dout,
-                                         const uint16_t* qkv16, const uint16_t* out16,
-                                         const float* lse, int B, int T, int H, int KVH,
-                                         int hd) const;
-  // A product with the residual stream added (a block's "y = x + proj(h)"): out(N,OC) =
-  // inp @ w^T + b + res, b may be null, res (N,OC) fp32 and not overlapping out; inp and w
-  // Operands as in linear_forward_lp (fp32 ones on F32 Ops). The values of the product
-  // followed by residual_forward(out, out, res) up to the product's summation order: a device
-  // adds res in the product's epilogue (CUDA: cuBLASLt with beta = 1 and C = res), where the
-  // output was written, read back and written again. The default is that pair.
-  virtual void linear_forward_residual(float* out, Operand inp, Operand w, const float* b,
-                                       const float* res, int N, int C, int OC) const;
-  // True where linear_forward_residual adds res in the product itself (CUDA with 16-bit
-  // products; the simulated device, for the engine's tests): the models then take it, and a
-  // plain norm after it, instead of the product and the fused residual + norm pass (the CPU's
-  // choice: one pass over the rows, and its products write fp32 anyway).
+  // True where linear_forward adds res in the product itself (CUDA with 16-bit products; the
+  // simulated device, for the engine's tests): the models then take it, and a plain norm after
+  // it, instead of the product and the fused residual + norm pass (the CPU's choice: one pass
+  // over the rows, and its products write fp32 anyway).
   virtual bool fuses_product_residual() const { return false; }
-  // The residual stream's gradient in both forms: layernorm_backward / rmsnorm_backward adding
-  // into dinp, then dinp16 = narrow(dinp) of the sums (all N x C values; dinp16 overlaps
-  // nothing), in the same pass on a device. The products after it read the 16-bit form (an
-  // Operand with both) instead of narrowing the fp32 one. The defaults are the op, then narrow.
-  virtual void layernorm_backward_lp(float* dinp, uint16_t* dinp16, float* dw, float* db,
-                                     const float* dout, const float* inp, const float* w,
-                                     const float* mean, const float* rstd, int N, int C) const;
-  virtual void rmsnorm_backward_lp(float* dinp, uint16_t* dinp16, float* dw, const float* dout,
-                                   const float* inp, const float* w, const float* rstd, int N,
-                                   int C) const;
 
   // ---- AdamW (decoupled weight decay, bias-corrected; step counts from 1), on n elements.
   // param -= lr * (mhat / (sqrt(vhat) + eps) + wd * param), with grad multiplied by grad_mult
-  // first (for clipping and gradient-accumulation averaging).
+  // first (for clipping and gradient-accumulation averaging); with copies (AdamWCopies), the
+  // updated values' compute copies in the same pass.
   virtual void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr,
-                     float beta1, float beta2, float eps, float wd, int step,
-                     float grad_mult) const = 0;
-  // adamw, then the updated values' compute copies in the same pass (a one-rank unit keeping
-  // its parameters 16-bit: sharding/unit_state.h): param16 = narrow(dt, param), and param32
-  // (null for weights that have no fp32 compute copy) = its widening, as round_copy_lp writes
-  // them. grad_dt other than F32: the gradient is read as round_to(grad_dt, grad) (not
-  // written), the values of rounding it first. The default rounds a copy of it, calls adamw,
-  // then round_copy_lp / narrow.
-  virtual void adamw_copies(float* param, const float* grad, float* m, float* v, size_t n,
-                            float lr, float beta1, float beta2, float eps, float wd, int step,
-                            float grad_mult, DType dt, float* param32, uint16_t* param16,
-                            DType grad_dt) const;
-  // True where adamw_copies and sum_squares_rounded_into round the gradients they read as they
-  // go: a one-rank unit then leaves rounding its gradients to reduce_dtype to those readers
-  // instead of a pass of its own (FlatUnit::round_grads). CUDA; the simulated device, for the
-  // engine's tests.
+                     float beta1, float beta2, float eps, float wd, int step, float grad_mult,
+                     const AdamWCopies& copies = {}) const = 0;
+  // adamw with copies {dt (BF16 / F16), param32, param16, grad_dt}.
+  void adamw_copies(float* param, const float* grad, float* m, float* v, size_t n, float lr,
+                    float beta1, float beta2, float eps, float wd, int step, float grad_mult,
+                    DType dt, float* param32, uint16_t* param16, DType grad_dt) const;
+  // True where adamw's copies and sum_squares_rounded_into round the gradients they read as
+  // they go: a one-rank unit then leaves rounding its gradients to reduce_dtype to those
+  // readers instead of a pass of its own (FlatUnit::round_grads). CUDA; the simulated device,
+  // for the engine's tests.
   virtual bool rounds_grads_on_read() const { return false; }
   // True where a product given an Operand with both forms reads the 16-bit one (CUDA; the
   // simulated device, for the engine's tests): the engine then keeps the residual stream's
@@ -340,27 +284,29 @@ class Ops {
   // pack from it), so a 16-bit copy beside it would be a pass for nothing.
   virtual bool prefers_lp_operands() const { return false; }
 
+  // ---- Sums of squares: out[i] = sum of the squares of round_to(dt, xs[i]) (dt F32: xs[i]
+  // as it is; xs only read) over its ns[i] values, for i < k, in double, each in a fixed order
+  // (deterministic, and the same bits whatever k, `to` and the other buffers), into host or
+  // this backend's memory (SumsTo).
+  virtual void sums_of_squares(const float* const* xs, const size_t* ns, int k, double* out,
+                               SumsTo to, DType dt = DType::F32) const = 0;
+  // The forms the engine calls: one buffer's sum read on the host; k of them read at once; k
+  // into this backend's memory (read with the step's losses); the same of the values
+  // round_to(dt, xs[i]) (the norm of gradients a one-rank unit has yet to round,
+  // rounds_grads_on_read).
+  double sum_squares(const float* x, size_t n) const;
+  void sum_squares_each(const float* const* xs, const size_t* ns, int k, double* out) const {
+    sums_of_squares(xs, ns, k, out, SumsTo::Host);
+  }
+  void sum_squares_into(const float* const* xs, const size_t* ns, int k, double* out) const {
+    sums_of_squares(xs, ns, k, out, SumsTo::Device);
+  }
+  void sum_squares_rounded_into(DType dt, const float* const* xs, const size_t* ns, int k,
+                                double* out) const {
+    sums_of_squares(xs, ns, k, out, SumsTo::Device, dt);
+  }
+
   // ---- Utilities.
-  virtual double sum_squares(const float* x, size_t n) const = 0;  // fixed-order, deterministic
-  // out[i] = sum_squares(xs[i], ns[i]) for i < k (out: host memory), each bit for bit as
-  // sum_squares gives it; a device backend reads all k results back at once (one host
-  // synchronisation instead of k). The default calls sum_squares k times.
-  virtual void sum_squares_each(const float* const* xs, const size_t* ns, int k,
-                                double* out) const {
-    for (int i = 0; i < k; ++i) out[i] = sum_squares(xs[i], ns[i]);
-  }
-  // The same k sums written to `out`: k doubles in this backend's memory, on the stream, with
-  // nothing read on the host (the engine reads them with the step's losses). The default
-  // suits backends whose memory the host can touch; device backends override it.
-  virtual void sum_squares_into(const float* const* xs, const size_t* ns, int k,
-                                double* out) const {
-    sum_squares_each(xs, ns, k, out);
-  }
-  // sum_squares_into of the values round_to(dt, xs[i]) (xs only read), bit for bit: the norm
-  // of gradients a one-rank unit has yet to round (rounds_grads_on_read). The default rounds
-  // a copy of each (device scratch).
-  virtual void sum_squares_rounded_into(DType dt, const float* const* xs, const size_t* ns,
-                                        int k, double* out) const;
   virtual void scale(float* x, float a, size_t n) const = 0;
   virtual void fill(float* x, float v, size_t n) const = 0;
   virtual void add_inplace(float* y, const float* x, size_t n) const = 0;  // y += x
@@ -377,29 +323,40 @@ class Ops {
   virtual void round_to(DType dt, float* x, size_t n) const = 0;  // x = widen(narrow(x))
   // dst = widen(narrow(src)) in one pass (a mixed-precision unit's parameters from its master
   // copy: 8 bytes a value where copy + round_to move 16); dst == src is round_to, any other
-  // overlap is not allowed. The default is copy + round_to (the same bits).
-  virtual void round_copy(DType dt, float* dst, const float* src, size_t n) const {
-    if (dst != src) copy(dst, src, n);
-    round_to(dt, dst, n);
-  }
-  // round_copy that also writes dst16 = narrow(src) (dt BF16 / F16): a mixed-precision unit's
-  // compute copy and its 16-bit copy from the master, which is read once. dst16 overlaps
-  // neither. The default is round_copy + narrow (the same bits).
-  virtual void round_copy_lp(DType dt, float* dst, uint16_t* dst16, const float* src,
-                             size_t n) const;
+  // overlap is not allowed. With dst16 (dt BF16 / F16; may be null), also dst16 = narrow(src):
+  // the unit's compute copy and its 16-bit copy from the master, read once (dst16 overlaps
+  // neither). The default is copy + round_to (+ narrow): the same bits.
+  virtual void round_copy(DType dt, float* dst, const float* src, size_t n,
+                          uint16_t* dst16 = nullptr) const;
+  void round_copy_lp(DType dt, float* dst, uint16_t* dst16, const float* src, size_t n) const;
 
  protected:
-  // The *_lp forms' guard: throws sw::Error naming `op` where compute() is F32.
+  // Guards of the 16-bit forms: throws sw::Error naming `op` where compute() is F32.
   void require_lowp(const char* op) const;
-  // A written (GradOut::write) gradient of n values zeroed, for a default that then adds into
-  // it: the values the op's contract gives.
-  void zero_written(GradOut g, size_t n) const {
-    if (g.write) fill(g.p, 0.f, n);
-  }
+  // Throws sw::Error "op: <what> is not a form this op takes (kernels/ops.h)".
+  [[noreturn]] static void refuse(const char* op, const char* what);
   // An Operand of r rows with leading dimension ld and c columns (r > 0, c > 0) as fp32: its
   // own fp32 pointer where it has one, else its 16-bit values widened into `tmp` (made here,
   // device scratch).
   const float* operand_f32(Operand x, size_t r, size_t ld, size_t c, Buffer& tmp) const;
+  // adamw with copies through fp32 ops: the gradient rounded into device scratch where
+  // copies.grad_dt asks, adamw, then round_copy (or narrow, without param32).
+  void adamw_through_copies(float* param, const float* grad, float* m, float* v, size_t n,
+                            float lr, float beta1, float beta2, float eps, float wd, int step,
+                            float grad_mult, const AdamWCopies& copies) const;
+  // Attention's 16-bit forms through this Ops' fp32 form (CUDA's paths other than cuDNN's; a
+  // test's emulation of another backend): the 16-bit inputs widened into device scratch, the
+  // fp32 form called (the virtual: an fp32 out, dqkv fp32 and written), a 16-bit output
+  // narrowed from its fp32 values in device scratch.
+  void attention_forward_through_f32(Out out, float* lse, Operand qkv, int B, int T, int H,
+                                     int KVH, int hd) const;
+  void attention_backward_through_f32(GradIn dqkv, Operand dout, Operand qkv, Operand out,
+                                      const float* lse, int B, int T, int H, int KVH,
+                                      int hd) const;
+  // sums_of_squares with dt other than F32 through copies: each buffer rounded into device
+  // scratch (round_copy), then summed as it is (SumsTo::Device).
+  void sums_rounded_through_copies(DType dt, const float* const* xs, const size_t* ns, int k,
+                                   double* out) const;
 };
 
 // ---- The scratch a backend's kernels keep for themselves (tracked as Mem::Workspace, outside

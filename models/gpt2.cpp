@@ -54,7 +54,7 @@ class EmbedHead final : public Unit {
     const int64_t V = c_.vocab_size, C = c_.d_model, maxT = c_.seq_len;
     std::vector<ParamSpec> p = {
         // (the embedding's table and, tied, the LM head's weight: read only through its 16-bit
-        // copy where the unit keeps one, embedding_forward_lp and the head's products)
+        // copy where the unit keeps one, the embedding's lookup and the head's products)
         product_weight(spec("wte", {V, C}, Init::Normal, 0.02f, "wte.weight")),
         spec("wpe", {maxT, C}, Init::Normal, 0.02f, "wpe.weight"),
         spec("ln_f.weight", {C}, Init::Ones, 0.f, "ln_f.weight"),
@@ -76,7 +76,7 @@ class EmbedHead final : public Unit {
       fail("model", "batch sequence length " + std::to_string(T) + " exceeds model.seq_len = " +
                         std::to_string(c_.seq_len));
     if (call == 0) {
-      ops.embedding_forward_lp(y, bt.tokens, ctx.weight(0), ctx.param(1), B, T, C, V);  // (B,T,C)
+      ops.embedding_forward(y, bt.tokens, ctx.weight(0), ctx.param(1), B, T, C, V);  // (B,T,C)
       return;
     }
     SW_CHECK(call == 1, "embed_head has two calls");
@@ -92,7 +92,7 @@ class EmbedHead final : public Unit {
       float* mean = ctx.scratch->f32(sz(B));
       float* rstd = ctx.scratch->f32(sz(B));
       ops.layernorm_forward(hl, mean, rstd, xl, lnw, lnb, B, C);
-      linear_forward_from(ops, ctx.logits, hl, w, nullptr, B, C, V);  // (B,V)
+      ops.linear_forward(ctx.logits, hl, w, nullptr, nullptr, B, C, V);  // (B,V)
       return;
     }
     SW_CHECK(ctx.batch->targets != nullptr, "a loss call needs targets");
@@ -217,20 +217,19 @@ class Block final : public Unit {
     const ProductIn fch = keep_input(ctx, "fch", sz(N, F), Keep::Always);  // (N,F) before GELU
     const ProductIn fch_gelu = keep_input(ctx, "fch_gelu", sz(N, F), Keep::Cheap);  // (N,F)
 
-    layernorm_forward_to(ops, ln1, ln1_mean, ln1_rstd, x, P(LN1W), P(LN1B), N, C);
+    ops.layernorm_forward(ln1.out(), ln1_mean, ln1_rstd, x, P(LN1W), P(LN1B), N, C);
     if (qkv.lp) {  // the product in fp32 (scratch), narrowed into the kept 16-bit qkv
       float* q32 = ctx.scratch->f32(sz(N, 3 * C));
-      linear_forward_from(ops, q32, ln1.operand(), W(QKVW), P(QKVB), N, C, 3 * C);
+      ops.linear_forward(q32, ln1.operand(), W(QKVW), P(QKVB), nullptr, N, C, 3 * C);
       ops.narrow(ops.compute(), q32, qkv.lp, sz(N, 3 * C));
-      ops.attention_forward_lp(atty.lp, lse, qkv.lp, B, T, H, H, hd);
     } else {
-      linear_forward_from(ops, qkv.f32, ln1.operand(), W(QKVW), P(QKVB), N, C, 3 * C);
-      ops.attention_forward(atty.f32, lse, qkv.f32, B, T, H, H, hd);
+      ops.linear_forward(qkv.f32, ln1.operand(), W(QKVW), P(QKVB), nullptr, N, C, 3 * C);
     }
+    ops.attention_forward(atty.out(), lse, qkv.operand(), B, T, H, H, hd);
     linear_residual_layernorm_to(ops, x2, ln2, ln2_mean, ln2_rstd, atty.operand(), W(PROJW),
                                  P(PROJB), x, P(LN2W), P(LN2B), N, C, C);
-    linear_forward_to(ops, fch, ln2.operand(), W(FCW), P(FCB), N, C, F);
-    gelu_forward_to(ops, fch_gelu, fch.operand(), sz(N, F));
+    ops.linear_forward(fch.out(), ln2.operand(), W(FCW), P(FCB), nullptr, N, C, F);
+    ops.gelu_forward(fch_gelu.out(), fch.operand(), sz(N, F));
     linear_residual_to(ops, y, fch_gelu.operand(), W(FCPROJW), P(FCPROJB), x2, N, F, C);
   }
 
@@ -275,12 +274,12 @@ class Block final : public Unit {
     Saved& s = *ctx.saved;
     float* mean = ctx.scratch->f32(sz(N));
     float* rstd = ctx.scratch->f32(sz(N));
-    layernorm_forward_to(ops, saved_input(s, "ln1", sz(N, C), Keep::Cheap, ops), mean, rstd, x,
-                         ctx.param(LN1W), ctx.param(LN1B), N, C);
-    layernorm_forward_to(ops, saved_input(s, "ln2", sz(N, C), Keep::Cheap, ops), mean, rstd,
-                         s.get("x2"), ctx.param(LN2W), ctx.param(LN2B), N, C);
-    gelu_forward_to(ops, saved_input(s, "fch_gelu", sz(N, F), Keep::Cheap, ops),
-                    saved_input(s, "fch", ops).operand(), sz(N, F));
+    ops.layernorm_forward(saved_input(s, "ln1", sz(N, C), Keep::Cheap, ops).out(), mean, rstd, x,
+                          ctx.param(LN1W), ctx.param(LN1B), N, C);
+    ops.layernorm_forward(saved_input(s, "ln2", sz(N, C), Keep::Cheap, ops).out(), mean, rstd,
+                          s.get("x2"), ctx.param(LN2W), ctx.param(LN2B), N, C);
+    ops.gelu_forward(saved_input(s, "fch_gelu", sz(N, F), Keep::Cheap, ops).out(),
+                     saved_input(s, "fch", ops).operand(), sz(N, F));
   }
 
   // dy is read by the first product only, before dx is first written (the norm's backward
@@ -297,7 +296,7 @@ class Block final : public Unit {
     auto G = [&](size_t i) { return ctx.grad(i); };
     auto GO = [&](size_t i) { return ctx.grad_out(i); };  // a product's weight / bias gradient
     const Saved& s = *ctx.saved;
-    // Each input gradient below lands in a fresh scratch region, written by a *_set op.
+    // Each input gradient below lands in a fresh scratch region, written (GradIn::set).
     auto fresh = [&](size_t n) { return ctx.scratch->f32(n); };
 
     // dx starts as dy (the residual path) and collects dL/dx2, then dL/dx.
@@ -305,38 +304,32 @@ class Block final : public Unit {
     // MLP: y = x2 + fcproj(gelu(fc(ln2(x2)))). dfch_gelu, which only the GELU reads: 16-bit
     // with 16-bit products.
     const ProductIn dfch_gelu = scratch_input(*ctx.scratch, sz(N, F), ops);
-    linear_backward_set_to(ops, dfch_gelu, GO(FCPROJW), GO(FCPROJB), dy_operand(ctx, dy),
-                           saved_input(s, "fch_gelu", ops).operand(), W(FCPROJW), N, F, C);
+    ops.linear_backward(dfch_gelu.set(), GO(FCPROJW), GO(FCPROJB), dy_operand(ctx, dy),
+                        saved_input(s, "fch_gelu", ops).operand(), W(FCPROJW), N, F, C);
     // dfch and dqkv feed biased products: 16-bit with 16-bit products, for the products and
     // for the bias gradient, which sums their widened values (as autocast's backward sums a
     // linear's 16-bit output gradient).
     const ProductIn dfch = scratch_input(*ctx.scratch, sz(N, F), ops);
-    if (dfch.lp)
-      ops.gelu_backward_lp_set(nullptr, dfch.lp, saved_input(s, "fch", ops).operand(),
-                               dfch_gelu.operand(), sz(N, F));
-    else
-      ops.gelu_backward_set(dfch.f32, s.get("fch"), dfch_gelu.f32, sz(N, F));
+    ops.gelu_backward(dfch.set(), saved_input(s, "fch", ops).operand(), dfch_gelu.operand(),
+                      sz(N, F));
     float* dln2 = fresh(sz(N, C));
-    linear_backward_set_from(ops, dln2, GO(FCW), GO(FCB), dfch.operand(),
-                             saved_input(s, "ln2", ops).operand(), W(FCW), N, C, F);
+    ops.linear_backward(GradIn::set(dln2), GO(FCW), GO(FCB), dfch.operand(),
+                        saved_input(s, "ln2", ops).operand(), W(FCW), N, C, F);
     layernorm_backward_resid(ctx, dx, G(LN2W), G(LN2B), dln2, s.get("x2"), P(LN2W),
                              s.get("ln2_mean"), s.get("ln2_rstd"), N, C);
     // Attention: x2 = x + proj(attn(qkv(ln1(x)))); dx now holds dL/dx2.
     // datty, which only attention reads: 16-bit with 16-bit products.
     const ProductIn qkv = saved_input(s, "qkv", ops), atty = saved_input(s, "atty", ops);
     const ProductIn datty = scratch_input(*ctx.scratch, sz(N, C), ops);
-    linear_backward_set_to(ops, datty, GO(PROJW), GO(PROJB), dx_operand(ctx, dx), atty.operand(),
-                           W(PROJW), N, C, C);
+    ops.linear_backward(datty.set(), GO(PROJW), GO(PROJB), dx_operand(ctx, dx), atty.operand(),
+                        W(PROJW), N, C, C);
+    // (16-bit: cuDNN's own 16-bit dQ, dK, dV; the CPU's fp32 values narrowed)
     const ProductIn dqkv = scratch_input(*ctx.scratch, sz(N, 3 * C), ops);
-    if (dqkv.lp)  // (cuDNN's own 16-bit dQ, dK, dV; the CPU's fp32 values narrowed)
-      ops.attention_backward_lp_set(nullptr, dqkv.lp, datty.operand(), qkv.lp, atty.lp,
-                                    s.get("lse"), B, T, H, H, hd);
-    else
-      ops.attention_backward_set(dqkv.f32, datty.f32, qkv.f32, atty.f32, s.get("lse"), B, T, H,
-                                 H, hd);
+    ops.attention_backward(dqkv.set(), datty.operand(), qkv.operand(), atty.operand(),
+                           s.get("lse"), B, T, H, H, hd);
     float* dln1 = fresh(sz(N, C));
-    linear_backward_set_from(ops, dln1, GO(QKVW), GO(QKVB), dqkv.operand(),
-                             saved_input(s, "ln1", ops).operand(), W(QKVW), N, C, 3 * C);
+    ops.linear_backward(GradIn::set(dln1), GO(QKVW), GO(QKVB), dqkv.operand(),
+                        saved_input(s, "ln1", ops).operand(), W(QKVW), N, C, 3 * C);
     layernorm_backward_resid(ctx, dx, G(LN1W), G(LN1B), dln1, x, P(LN1W), s.get("ln1_mean"),
                              s.get("ln1_rstd"), N, C);
   }

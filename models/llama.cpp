@@ -75,11 +75,11 @@ struct Packed {
 void packed_forward(const Ops& ops, float* out, Operand x, const Packed& pk, int N, int C) {
   const int OC = pk.total();
   if (pk.weights_contiguous(C)) {
-    linear_forward_from(ops, out, x, pk.w[0], nullptr, N, C, OC);
+    ops.linear_forward(out, x, pk.w[0], nullptr, nullptr, N, C, OC);
     return;
   }
   for (int i = 0, off = 0; i < pk.n; off += pk.oc[i], ++i)
-    gemm_from(ops, false, true, N, pk.oc[i], C, 1.f, x, C, pk.w[i], C, 0.f, out + off, OC);
+    ops.gemm(false, true, N, pk.oc[i], C, 1.f, x, C, pk.w[i], C, 0.f, out + off, OC);
 }
 
 // The same into a ProductIn: 16-bit straight from the product with 16-bit products (one
@@ -88,7 +88,7 @@ void packed_forward_to(const Ops& ops, ProductIn out, Operand x, const Packed& p
   if (!out.lp) return packed_forward(ops, out.f32, x, pk, N, C);
   const int OC = pk.total();
   if (pk.weights_contiguous(C))
-    return ops.linear_forward_lp16(out.lp, x, pk.w[0], nullptr, N, C, OC);
+    return ops.linear_forward(out.lp, x, pk.w[0], nullptr, nullptr, N, C, OC);
   const size_t n = size_t(std::max(N, 0)) * size_t(std::max(OC, 0));
   Buffer t(std::max<size_t>(n, 1) * sizeof(float), Mem::Workspace, ops.device());
   packed_forward(ops, t.f32(), x, pk, N, C);
@@ -104,14 +104,13 @@ void packed_backward_set(const Ops& ops, float* dx, Operand dout, Operand x, con
   bool same = true;  // every gradient written, or every one added into
   for (int i = 0; i < pk.n; ++i) dwp[i] = pk.dw[i].p, same = same && pk.dw[i].write == pk.dw[0].write;
   if (pk.weights_contiguous(C) && pk.contiguous(dwp, C) && same) {
-    linear_backward_set_from(ops, dx, pk.dw[0], nullptr, dout, x, pk.w[0], N, C, OC);
+    ops.linear_backward(GradIn::set(dx), pk.dw[0], nullptr, dout, x, pk.w[0], N, C, OC);
     return;
   }
   for (int i = 0, off = 0; i < pk.n; off += pk.oc[i], ++i) {
     const Operand d = dout.at(size_t(off));
-    gemm_from(ops, false, false, N, C, pk.oc[i], 1.f, d, OC, pk.w[i], C, i ? 1.f : 0.f, dx, C);
-    gemm_from(ops, true, false, pk.oc[i], C, N, 1.f, d, OC, x, C, pk.dw[i].beta(), pk.dw[i].p,
-              C);
+    ops.gemm(false, false, N, C, pk.oc[i], 1.f, d, OC, pk.w[i], C, i ? 1.f : 0.f, dx, C);
+    ops.gemm(true, false, pk.oc[i], C, N, 1.f, d, OC, x, C, pk.dw[i].beta(), pk.dw[i].p, C);
   }
 }
 
@@ -121,7 +120,7 @@ class Embed final : public Unit {
   explicit Embed(const ModelConfig& c) : c_(c) {}
   std::string name() const override { return "embed"; }
   std::vector<ParamSpec> params() const override {
-    // (V,C), read through its 16-bit copy where the unit keeps one (embedding_forward_lp)
+    // (V,C), read through its 16-bit copy where the unit keeps one (embedding_forward)
     return {product_weight(spec("embed_tokens.weight", {c_.vocab_size, c_.d_model},
                                 Init::Normal, 0.02f, "model.embed_tokens.weight"))};
   }
@@ -130,8 +129,8 @@ class Embed final : public Unit {
     if (b.T > c_.seq_len)
       fail("model", "batch sequence length " + std::to_string(b.T) + " exceeds model.seq_len = " +
                         std::to_string(c_.seq_len));
-    ctx.ops->embedding_forward_lp(y, b.tokens, ctx.weight(0), nullptr, b.B, b.T, c_.d_model,
-                                  c_.vocab_size);
+    ctx.ops->embedding_forward(y, b.tokens, ctx.weight(0), nullptr, b.B, b.T, c_.d_model,
+                               c_.vocab_size);
   }
   ActivationDecl declare_activations(int, BatchShape) const override { return {}; }  // none
   void backward(UnitCtx& ctx, int call, const float* x, const float* dy, float* dx) override {
@@ -193,20 +192,16 @@ class Block final : public Unit {
     const ProductIn gu = keep_input(ctx, "gu", sz(N, 2 * F), Keep::Always);  // (N,2F) [gate | up]
     const ProductIn hmlp = keep_input(ctx, "hmlp", sz(N, F), Keep::Cheap);  // (N,F) silu(gate) * up
 
-    rmsnorm_forward_to(ops, xn, rstd1, x, P(IN_NORM), N, C, eps);
-    if (qkv.lp) {  // the product written 16-bit (as autocast keeps it), rotated in place
-      packed_forward_to(ops, qkv, xn.operand(), qkv_pack(ctx), N, C);
-      ops.rope_forward_lp(qkv.lp, qkv.lp, B, T, H, KVH, hd, c_.rope_theta);
-      ops.attention_forward_lp(atty.lp, lse, qkv.lp, B, T, H, KVH, hd);
-    } else {
-      packed_forward(ops, qkv.f32, xn.operand(), qkv_pack(ctx), N, C);
-      ops.rope_forward(qkv.f32, B, T, H, KVH, hd, c_.rope_theta);
-      ops.attention_forward(atty.f32, lse, qkv.f32, B, T, H, KVH, hd);
-    }
+    ops.rmsnorm_forward(xn.out(), rstd1, x, P(IN_NORM), N, C, eps);
+    // qkv: with 16-bit products, written 16-bit by its product (as autocast keeps it) and
+    // rotated in place.
+    packed_forward_to(ops, qkv, xn.operand(), qkv_pack(ctx), N, C);
+    ops.rope_forward(qkv.out(), qkv.operand(), B, T, H, KVH, hd, c_.rope_theta);
+    ops.attention_forward(atty.out(), lse, qkv.operand(), B, T, H, KVH, hd);
     linear_residual_rmsnorm_to(ops, x2, xn2, rstd2, atty.operand(), ctx.weight(OW), nullptr, x,
                                P(POST_NORM), N, H * hd, C, eps);
     packed_forward_to(ops, gu, xn2.operand(), gu_pack(ctx), N, C);
-    swiglu_forward_to(ops, hmlp, gu.operand(), N, F);
+    ops.swiglu_forward(hmlp.out(), gu.operand(), N, F);
     linear_residual_to(ops, y, hmlp.operand(), ctx.weight(DOWNW), nullptr, x2, N, F, C);
   }
 
@@ -248,12 +243,12 @@ class Block final : public Unit {
     ScratchScope guard{ctx.scratch};
     Saved& s = *ctx.saved;
     float* rstd = ctx.scratch->f32(sz(N));
-    rmsnorm_forward_to(ops, saved_input(s, "xn", sz(N, C), Keep::Cheap, ops), rstd, x,
-                       ctx.param(IN_NORM), N, C, eps);
-    rmsnorm_forward_to(ops, saved_input(s, "xn2", sz(N, C), Keep::Cheap, ops), rstd, s.get("x2"),
-                       ctx.param(POST_NORM), N, C, eps);
-    swiglu_forward_to(ops, saved_input(s, "hmlp", sz(N, F), Keep::Cheap, ops),
-                      saved_input(s, "gu", ops).operand(), N, F);
+    ops.rmsnorm_forward(saved_input(s, "xn", sz(N, C), Keep::Cheap, ops).out(), rstd, x,
+                        ctx.param(IN_NORM), N, C, eps);
+    ops.rmsnorm_forward(saved_input(s, "xn2", sz(N, C), Keep::Cheap, ops).out(), rstd,
+                        s.get("x2"), ctx.param(POST_NORM), N, C, eps);
+    ops.swiglu_forward(saved_input(s, "hmlp", sz(N, F), Keep::Cheap, ops).out(),
+                       saved_input(s, "gu", ops).operand(), N, F);
   }
 
   // dy is read by the first product only, before dx is first written (the norm's backward
@@ -270,7 +265,7 @@ class Block final : public Unit {
     auto G = [&](size_t i) { return ctx.grad(i); };
     auto GO = [&](size_t i) { return ctx.grad_out(i); };  // a product's weight gradient
     const Saved& s = *ctx.saved;
-    // Each input gradient below lands in a fresh scratch region, written by a *_set op.
+    // Each input gradient below lands in a fresh scratch region, written (GradIn::set).
     auto fresh = [&](size_t n) { return ctx.scratch->f32(n); };
 
     // dx starts as dy (the residual path) and collects dL/dx2, then dL/dx.
@@ -278,13 +273,10 @@ class Block final : public Unit {
     // MLP: y = x2 + down(swiglu(gate|up(norm2(x2)))). dh, which only the SwiGLU reads, and dgu,
     // which feeds products only: 16-bit with 16-bit products.
     const ProductIn dh = scratch_input(*ctx.scratch, sz(N, F), ops);
-    linear_backward_set_to(ops, dh, GO(DOWNW), nullptr, dy_operand(ctx, dy),
-                           saved_input(s, "hmlp", ops).operand(), ctx.weight(DOWNW), N, F, C);
+    ops.linear_backward(dh.set(), GO(DOWNW), nullptr, dy_operand(ctx, dy),
+                        saved_input(s, "hmlp", ops).operand(), ctx.weight(DOWNW), N, F, C);
     const ProductIn dgu = scratch_input(*ctx.scratch, sz(N, 2 * F), ops);
-    if (dgu.lp)
-      ops.swiglu_backward_lp_set(dgu.lp, dh.operand(), saved_input(s, "gu", ops).operand(), N, F);
-    else
-      ops.swiglu_backward_set(dgu.f32, dh.f32, s.get("gu"), N, F);
+    ops.swiglu_backward(dgu.set(), dh.operand(), saved_input(s, "gu", ops).operand(), N, F);
     float* dxn2 = fresh(sz(N, C));
     packed_backward_set(ops, dxn2, dgu.operand(), saved_input(s, "xn2", ops).operand(),
                         gu_pack(ctx, true), N, C);
@@ -296,24 +288,14 @@ class Block final : public Unit {
     // values narrowed) and the inverse rotation turns it in place.
     const ProductIn atty = saved_input(s, "atty", ops), qkv = saved_input(s, "qkv", ops);
     const ProductIn datty = scratch_input(*ctx.scratch, sz(N, int64_t{H} * hd), ops);
-    linear_backward_set_to(ops, datty, GO(OW), nullptr, dx_operand(ctx, dx), atty.operand(),
-                           ctx.weight(OW), N, H * hd, C);
-    Operand dqkv_in = nullptr;
-    if (qkv.lp) {
-      uint16_t* d16 = ctx.scratch->lp(sz(N, QKV));
-      ops.attention_backward_lp_set(nullptr, d16, datty.operand(), qkv.lp, atty.lp, s.get("lse"),
-                                    B, T, H, KVH, hd);
-      ops.rope_backward_lp(d16, d16, B, T, H, KVH, hd, c_.rope_theta);
-      dqkv_in = d16;
-    } else {
-      float* dqkv = fresh(sz(N, QKV));
-      ops.attention_backward_set(dqkv, datty.f32, qkv.f32, atty.f32, s.get("lse"), B, T, H, KVH,
-                                 hd);
-      ops.rope_backward(dqkv, B, T, H, KVH, hd, c_.rope_theta);
-      dqkv_in = dqkv;
-    }
+    ops.linear_backward(datty.set(), GO(OW), nullptr, dx_operand(ctx, dx), atty.operand(),
+                        ctx.weight(OW), N, H * hd, C);
+    const ProductIn dqkv = scratch_input(*ctx.scratch, sz(N, QKV), ops);
+    ops.attention_backward(dqkv.set(), datty.operand(), qkv.operand(), atty.operand(),
+                           s.get("lse"), B, T, H, KVH, hd);
+    ops.rope_backward(dqkv.out(), dqkv.operand(), B, T, H, KVH, hd, c_.rope_theta);
     float* dxn = fresh(sz(N, C));
-    packed_backward_set(ops, dxn, dqkv_in, saved_input(s, "xn", ops).operand(),
+    packed_backward_set(ops, dxn, dqkv.operand(), saved_input(s, "xn", ops).operand(),
                         qkv_pack(ctx, true), N, C);
     rmsnorm_backward_resid(ctx, dx, G(IN_NORM), dxn, x, P(IN_NORM), s.get("rstd1"), N, C);
   }
@@ -376,7 +358,7 @@ class Head final : public Unit {
       float* hl = ctx.scratch->f32(sz(B, C));
       float* rstd = ctx.scratch->f32(sz(B));
       ops.rmsnorm_forward(hl, rstd, xl, nw, B, C, c_.norm_eps);
-      linear_forward_from(ops, ctx.logits, hl, w, nullptr, B, C, V);  // (B,V)
+      ops.linear_forward(ctx.logits, hl, w, nullptr, nullptr, B, C, V);  // (B,V)
       return;
     }
     SW_CHECK(bt.targets != nullptr, "a loss call needs targets");

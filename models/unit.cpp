@@ -52,110 +52,17 @@ ProductIn scratch_input(Scratch& s, size_t n, const Ops& ops) {
   return {s.f32(n), nullptr};
 }
 
-void rmsnorm_forward_to(const Ops& ops, ProductIn out, float* rstd, const float* inp,
-                        const float* w, int N, int C, float eps) {
-  if (out.lp)
-    ops.rmsnorm_forward_lp(out.lp, rstd, inp, w, N, C, eps);
-  else
-    ops.rmsnorm_forward(out.f32, rstd, inp, w, N, C, eps);
-}
-
-void residual_rmsnorm_forward_to(const Ops& ops, float* res, ProductIn out, float* rstd,
-                                 const float* a, const float* b, const float* w, int N, int C,
-                                 float eps) {
-  if (out.lp)
-    ops.residual_rmsnorm_forward_lp(res, out.lp, rstd, a, b, w, N, C, eps);
-  else
-    ops.residual_rmsnorm_forward(res, out.f32, rstd, a, b, w, N, C, eps);
-}
-
-void layernorm_forward_to(const Ops& ops, ProductIn out, float* mean, float* rstd,
-                          const float* inp, const float* w, const float* b, int N, int C) {
-  if (out.lp)
-    ops.layernorm_forward_lp(out.lp, mean, rstd, inp, w, b, N, C);
-  else
-    ops.layernorm_forward(out.f32, mean, rstd, inp, w, b, N, C);
-}
-
-void residual_layernorm_forward_to(const Ops& ops, float* res, ProductIn out, float* mean,
-                                   float* rstd, const float* a, const float* b, const float* w,
-                                   const float* bias, int N, int C) {
-  if (out.lp)
-    ops.residual_layernorm_forward_lp(res, out.lp, mean, rstd, a, b, w, bias, N, C);
-  else
-    ops.residual_layernorm_forward(res, out.f32, mean, rstd, a, b, w, bias, N, C);
-}
-
-void swiglu_forward_to(const Ops& ops, ProductIn out, Operand gu, int N, int F) {
-  if (out.lp) {
-    ops.swiglu_forward_lp(out.lp, gu, N, F);
-  } else {
-    SW_CHECK(gu.f32 || N == 0 || F == 0, "swiglu_forward_to: fp32 output from a 16-bit gu");
-    ops.swiglu_forward(out.f32, gu.f32, N, F);
-  }
-}
-
-void gelu_forward_to(const Ops& ops, ProductIn out, Operand inp, size_t n) {
-  if (out.lp) {
-    ops.gelu_forward_lp(out.lp, inp, n);
-  } else {
-    SW_CHECK(inp.f32 || n == 0, "gelu_forward_to: fp32 output from a 16-bit input");
-    ops.gelu_forward(out.f32, inp.f32, n);
-  }
-}
-
-void linear_forward_to(const Ops& ops, ProductIn out, Operand inp, Operand w, const float* b,
-                       int N, int C, int OC) {
-  if (out.lp)
-    ops.linear_forward_lp16(out.lp, inp, w, b, N, C, OC);
-  else
-    linear_forward_from(ops, out.f32, inp, w, b, N, C, OC);
-}
-
-void linear_forward_from(const Ops& ops, float* out, Operand inp, Operand w, const float* b,
-                         int N, int C, int OC) {
-  if (inp.lp || w.lp)
-    ops.linear_forward_lp(out, inp, w, b, N, C, OC);
-  else
-    ops.linear_forward(out, inp.f32, w.f32, b, N, C, OC);
-}
-
-void linear_backward_set_from(const Ops& ops, float* dinp, GradOut dw, GradOut db, Operand dout,
-                              Operand inp, Operand w, int N, int C, int OC) {
-  if (dout.lp || inp.lp || w.lp)
-    ops.linear_backward_lp_set(dinp, dw, db, dout, inp, w, N, C, OC);
-  else
-    ops.linear_backward_set(dinp, dw, db, dout.f32, inp.f32, w.f32, N, C, OC);
-}
-
-void linear_backward_set_to(const Ops& ops, ProductIn dinp, GradOut dw, GradOut db, Operand dout,
-                            Operand inp, Operand w, int N, int C, int OC) {
-  if (dinp.lp)
-    ops.linear_backward_lp16_set(dinp.lp, dw, db, dout, inp, w, N, C, OC);
-  else
-    linear_backward_set_from(ops, dinp.f32, dw, db, dout, inp, w, N, C, OC);
-}
-
 void UnitCtx::zero_fresh(size_t i) const {
   grads_fresh[i] = 0;
   ops->fill((*grads)[i], 0.f, grads_n[i]);
-}
-
-void gemm_from(const Ops& ops, bool ta, bool tb, int M, int N, int K, float alpha, Operand A,
-               int lda, Operand B, int ldb, float beta, float* C, int ldc) {
-  if (A.lp || B.lp)
-    ops.gemm_lp(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  else
-    ops.gemm(ta, tb, M, N, K, alpha, A.f32, lda, B.f32, ldb, beta, C, ldc);
 }
 
 // ---- Products with the residual stream added ------------------------------------------------
 
 void linear_residual_to(const Ops& ops, float* y, Operand inp, Operand w, const float* b,
                         const float* res, int N, int C, int OC) {
-  if (ops.fuses_product_residual())
-    return ops.linear_forward_residual(y, inp, w, b, res, N, C, OC);
-  linear_forward_from(ops, y, inp, w, b, N, C, OC);
+  if (ops.fuses_product_residual()) return ops.linear_forward(y, inp, w, b, res, N, C, OC);
+  ops.linear_forward(y, inp, w, b, nullptr, N, C, OC);
   ops.residual_forward(y, y, res, static_cast<size_t>(N) * static_cast<size_t>(OC));
 }
 
@@ -163,11 +70,11 @@ void linear_residual_rmsnorm_to(const Ops& ops, float* y, ProductIn out, float* 
                                 Operand inp, Operand w, const float* b, const float* res,
                                 const float* nw, int N, int C, int OC, float eps) {
   if (ops.fuses_product_residual()) {
-    ops.linear_forward_residual(y, inp, w, b, res, N, C, OC);
-    return rmsnorm_forward_to(ops, out, rstd, y, nw, N, OC, eps);
+    ops.linear_forward(y, inp, w, b, res, N, C, OC);
+    return ops.rmsnorm_forward(out.out(), rstd, y, nw, N, OC, eps);
   }
-  linear_forward_from(ops, y, inp, w, b, N, C, OC);
-  residual_rmsnorm_forward_to(ops, y, out, rstd, y, res, nw, N, OC, eps);
+  ops.linear_forward(y, inp, w, b, nullptr, N, C, OC);
+  ops.rmsnorm_forward(out.out(), rstd, NormIn::residual(y, y, res), nw, N, OC, eps);
 }
 
 void linear_residual_layernorm_to(const Ops& ops, float* y, ProductIn out, float* mean,
@@ -175,11 +82,11 @@ void linear_residual_layernorm_to(const Ops& ops, float* y, ProductIn out, float
                                   const float* res, const float* nw, const float* nb, int N,
                                   int C, int OC) {
   if (ops.fuses_product_residual()) {
-    ops.linear_forward_residual(y, inp, w, b, res, N, C, OC);
-    return layernorm_forward_to(ops, out, mean, rstd, y, nw, nb, N, OC);
+    ops.linear_forward(y, inp, w, b, res, N, C, OC);
+    return ops.layernorm_forward(out.out(), mean, rstd, y, nw, nb, N, OC);
   }
-  linear_forward_from(ops, y, inp, w, b, N, C, OC);
-  residual_layernorm_forward_to(ops, y, out, mean, rstd, y, res, nw, nb, N, OC);
+  ops.linear_forward(y, inp, w, b, nullptr, N, C, OC);
+  ops.layernorm_forward(out.out(), mean, rstd, NormIn::residual(y, y, res), nw, nb, N, OC);
 }
 
 // ---- The residual stream's gradient --------------------------------------------------------
@@ -203,16 +110,15 @@ void holds_dx16(UnitCtx& ctx) {
 void layernorm_backward_resid(UnitCtx& ctx, float* dx, float* dw, float* db, const float* dout,
                               const float* inp, const float* w, const float* mean,
                               const float* rstd, int N, int C) {
-  if (!ctx.grad16) return ctx.ops->layernorm_backward(dx, dw, db, dout, inp, w, mean, rstd, N, C);
-  ctx.ops->layernorm_backward_lp(dx, ctx.grad16, dw, db, dout, inp, w, mean, rstd, N, C);
-  holds_dx16(ctx);
+  ctx.ops->layernorm_backward(GradIn::add(dx, ctx.grad16), dw, db, dout, inp, w, mean, rstd, N,
+                              C);
+  if (ctx.grad16) holds_dx16(ctx);
 }
 
 void rmsnorm_backward_resid(UnitCtx& ctx, float* dx, float* dw, const float* dout,
                             const float* inp, const float* w, const float* rstd, int N, int C) {
-  if (!ctx.grad16) return ctx.ops->rmsnorm_backward(dx, dw, dout, inp, w, rstd, N, C);
-  ctx.ops->rmsnorm_backward_lp(dx, ctx.grad16, dw, dout, inp, w, rstd, N, C);
-  holds_dx16(ctx);
+  ctx.ops->rmsnorm_backward(GradIn::add(dx, ctx.grad16), dw, dout, inp, w, rstd, N, C);
+  if (ctx.grad16) holds_dx16(ctx);
 }
 
 // ---- Saved ---------------------------------------------------------------------------------

@@ -27,11 +27,12 @@ struct ParamSpec {
   float std = 0.02f;         // for Init::Normal
   bool weight_decay = true;  // AdamW decays matrices, not norms/biases
   // Export: the Hugging Face tensor name and whether HF stores the transpose of our
-  // (out, in) matrix (GPT-2's Conv1D). Empty hf_name: exported under `name`.
+  // (out, in) matrix (GPT-2's Conv1D). Empty hf_name: exported under `name`. (Members are
+  // value-initialised, so that a spec written as {name, shape, init, std, decay} is complete.)
   std::string hf_name{};
   bool hf_transpose = false;
   // Read only through UnitCtx::weight, never UnitCtx::param (a matrix product's weight, an
-  // embedding table that Ops::embedding_forward_lp reads): where the unit keeps a 16-bit copy
+  // embedding table that Ops::embedding_forward reads): where the unit keeps a 16-bit copy
   // of its parameters (a device in mixed precision), the ops read that copy, so its fp32
   // compute copy is not kept (UnitCtx::param(i) is null then).
   // Last, so code that lists the fields above in order still compiles.
@@ -179,13 +180,16 @@ int64_t count_targets(const Batch& b);
 
 // A matrix product's input that a unit writes for its products and keeps for backward (a norm's
 // output, an MLP's activation): where the Ops compute products in 16 bits (Ops::compute() BF16
-// / F16) it holds their 16-bit values (lp, 2 bytes a value), written by the *_lp producers and
-// read by the *_lp products of kernels/ops.h: the same bits as the fp32 input, which the
-// products would round to these values, without narrowing it on every product; f32 otherwise.
+// / F16) it holds their 16-bit values (lp, 2 bytes a value), written by the ops' 16-bit outputs
+// and read as the products' 16-bit operands (kernels/ops.h): the same bits as the fp32 input,
+// which the products would round to these values, without narrowing it on every product; f32
+// otherwise.
 struct ProductIn {
   float* f32 = nullptr;
   uint16_t* lp = nullptr;
   Operand operand() const { return lp ? Operand(lp) : Operand(f32); }
+  Out out() const { return lp ? Out(lp) : Out(f32); }  // as an op's output
+  GradIn set() const { return GradIn::set(f32, lp); }  // as a written input gradient
 };
 // True where `ops` computes products in 16 bits (a unit's ProductIns are then 16-bit).
 inline bool lowp(const Ops& ops) { return ops.compute() != DType::F32; }
@@ -262,8 +266,7 @@ struct UnitCtx {
 void add_loss(UnitCtx& ctx, float* losses, float* dx, float* dw, const float* x, Operand w,
               int C, int V);
 
-// ---- ProductIn's storage and its producers / products: each picks the 16-bit form where
-// lowp(ops) and the fp32 one otherwise.
+// ---- ProductIn's storage: the 16-bit form where lowp(ops), the fp32 one otherwise.
 // A product input of n values kept for backward: in ctx.saved under `key` when training, in
 // ctx.scratch otherwise.
 ProductIn keep_input(UnitCtx& ctx, std::string_view key, size_t n, Keep keep);
@@ -272,41 +275,12 @@ ProductIn saved_input(Saved& s, std::string_view key, size_t n, Keep keep, const
 ProductIn saved_input(const Saved& s, std::string_view key, const Ops& ops);
 // A fresh product operand of n values in scratch (a gradient fed to products).
 ProductIn scratch_input(Scratch& s, size_t n, const Ops& ops);
-void rmsnorm_forward_to(const Ops& ops, ProductIn out, float* rstd, const float* inp,
-                        const float* w, int N, int C, float eps);
-void residual_rmsnorm_forward_to(const Ops& ops, float* res, ProductIn out, float* rstd,
-                                 const float* a, const float* b, const float* w, int N, int C,
-                                 float eps);
-void layernorm_forward_to(const Ops& ops, ProductIn out, float* mean, float* rstd,
-                          const float* inp, const float* w, const float* b, int N, int C);
-void residual_layernorm_forward_to(const Ops& ops, float* res, ProductIn out, float* mean,
-                                   float* rstd, const float* a, const float* b, const float* w,
-                                   const float* bias, int N, int C);
-// gu fp32, or 16-bit (a product's output kept in the compute precision) with a 16-bit out.
-void swiglu_forward_to(const Ops& ops, ProductIn out, Operand gu, int N, int F);
-void gelu_forward_to(const Ops& ops, ProductIn out, Operand inp, size_t n);
-// A product's output kept as a ProductIn (16-bit from the product with 16-bit products:
-// Ops::linear_forward_lp16), for outputs only element-wise ops read.
-void linear_forward_to(const Ops& ops, ProductIn out, Operand inp, Operand w, const float* b,
-                       int N, int C, int OC);
-// Products of Operands (fp32, 16-bit, or a weight with both forms): Ops::linear_forward /
-// linear_backward_set / gemm where every operand is fp32 only, the *_lp forms otherwise.
-void linear_forward_from(const Ops& ops, float* out, Operand inp, Operand w, const float* b,
-                         int N, int C, int OC);
-void linear_backward_set_from(const Ops& ops, float* dinp, GradOut dw, GradOut db, Operand dout,
-                              Operand inp, Operand w, int N, int C, int OC);
-// A product's input gradient written as a ProductIn (16-bit from the product with 16-bit
-// products: Ops::linear_backward_lp16_set, as autocast's backward gives it), for gradients only
-// an element-wise op or attention reads.
-void linear_backward_set_to(const Ops& ops, ProductIn dinp, GradOut dw, GradOut db, Operand dout,
-                            Operand inp, Operand w, int N, int C, int OC);
-void gemm_from(const Ops& ops, bool ta, bool tb, int M, int N, int K, float alpha, Operand A,
-               int lda, Operand B, int ldb, float beta, float* C, int ldc);
 
 // ---- Products with the residual stream added (a block's "x2 = x + proj(h)", then its norm):
-// where the Ops add it in the product (Ops::fuses_product_residual) linear_forward_residual,
-// then the plain norm; elsewhere the product, then the fused residual + norm (or residual_forward).
-// The same values either way (up to the product's summation order on a device).
+// where the Ops add it in the product (Ops::fuses_product_residual) linear_forward with res,
+// then the plain norm; elsewhere the product, then the fused residual + norm (NormIn::residual,
+// or residual_forward). The same values either way (up to the product's summation order on a
+// device). inp: fp32 or 16-bit (a ProductIn's operand); w: any form (UnitCtx::weight).
 void linear_residual_to(const Ops& ops, float* y, Operand inp, Operand w, const float* b,
                         const float* res, int N, int C, int OC);
 void linear_residual_rmsnorm_to(const Ops& ops, float* y, ProductIn out, float* rstd,
@@ -321,9 +295,10 @@ void linear_residual_layernorm_to(const Ops& ops, float* y, ProductIn out, float
 // dy as a product's dout: with its 16-bit form beside it where the engine kept one.
 Operand dy_operand(const UnitCtx& ctx, const float* dy);
 // A norm's backward adding into the residual gradient dx (Ops::layernorm_backward /
-// rmsnorm_backward), writing narrow(dx) into ctx.grad16 as well where there is one
-// (Ops::*_backward_lp; ctx.dx16 then says so): dx_operand(ctx, dx) is then dx with both forms,
-// for the products that read it next, and a unit's last such norm hands the next unit its dy16.
+// rmsnorm_backward), writing narrow(dx) into ctx.grad16 as well where there is one (dinp's
+// 16-bit form, GradIn::add; ctx.dx16 then says so): dx_operand(ctx, dx) is then dx with both
+// forms, for the products that read it next, and a unit's last such norm hands the next unit
+// its dy16.
 void layernorm_backward_resid(UnitCtx& ctx, float* dx, float* dw, float* db, const float* dout,
                               const float* inp, const float* w, const float* mean,
                               const float* rstd, int N, int C);

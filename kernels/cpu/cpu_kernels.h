@@ -15,7 +15,8 @@ void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, in
           const float* B, int ldb, float beta, float* C, int ldc);
 void linear_forward(float* out, const float* inp, const float* w, const float* b, int N, int C,
                     int OC);
-// dinp_beta: dinp = dinp_beta * dinp + dout @ w (1: the Ops' +=; 0: Ops::linear_backward_set's =,
+// dinp_beta: dinp = dinp_beta * dinp + dout @ w (1: the Ops' +=; 0: a written dinp's =,
+// GradIn::set:
 // dinp never read). dw_beta likewise for dw; db_write: db = colsum (its old values not read).
 void linear_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                      const float* w, int N, int C, int OC, float dinp_beta = 1.f,
@@ -50,7 +51,8 @@ void linear_forward_lowp(DType t, float* out, const float* inp, const float* w, 
 void linear_backward_lowp(DType t, float* dinp, float* dw, float* db, const float* dout,
                           const float* inp, const float* w, int N, int C, int OC,
                           float dinp_beta = 1.f, float dw_beta = 1.f, bool db_write = false);
-// The same with an operand that may be 16-bit already (t's values; Ops' *_lp forms): inp16 /
+// The same with an operand that may be 16-bit already (t's values; the Ops' 16-bit operands): inp16
+// /
 // dout16, where non-null, replace inp / dout (db then sums dout16's widened values). The
 // emulated path widens them in its one rounding pass (but a dout16 with db); the others widen
 // them into per-thread scratch first.
@@ -88,7 +90,7 @@ void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd
                                 const float* b, const float* w, const float* bias, int N, int C);
 void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a, const float* b,
                               const float* w, int N, int C, float eps);
-// The four forwards with out narrowed to dt in the same pass (Ops' *_forward_lp).
+// The four forwards with out narrowed to dt in the same pass (the Ops' 16-bit outputs).
 void layernorm_forward_lp(DType dt, uint16_t* out, float* mean, float* rstd, const float* inp,
                           const float* w, const float* b, int N, int C);
 void residual_layernorm_forward_lp(DType dt, float* res, uint16_t* out, float* mean, float* rstd,
@@ -101,10 +103,11 @@ void residual_rmsnorm_forward_lp(DType dt, float* res, uint16_t* out, float* rst
 
 // elementwise.cpp
 void gelu_forward(float* out, const float* inp, size_t n);
-// set: the input gradient is written (Ops' *_set forms: 0 + g, as += on zeros), not accumulated.
+// set: the input gradient is written (the Ops' written gradients: 0 + g, as += on zeros), not
+// accumulated.
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, bool set = false);
 void swiglu_forward(float* out, const float* gu, int N, int F);
-// narrow(dt, swiglu_forward / gelu_forward) in one pass (Ops' *_forward_lp).
+// narrow(dt, swiglu_forward / gelu_forward) in one pass (the Ops' 16-bit outputs).
 void swiglu_forward_lp(DType dt, uint16_t* out, const float* gu, int N, int F);
 // The same from gu held in dt (its values widened as they are read).
 void swiglu_forward_lp(DType dt, uint16_t* out, const uint16_t* gu, int N, int F);
@@ -117,7 +120,7 @@ void gelu_backward_set(DType dt, float* dinp, const float* inp, const uint16_t* 
                        const float* dout, const uint16_t* dout16, size_t n);
 void swiglu_backward(float* dgu, const float* dout, const float* gu, int N, int F,
                      bool set = false);
-// narrow(dt, swiglu_backward(set = true)) in one pass (Ops::swiglu_backward_lp_set), dout and
+// narrow(dt, swiglu_backward(set = true)) in one pass (Ops::swiglu_backward's 16-bit dgu), dout and
 // gu each fp32 or held in dt (as gelu_backward_set).
 void swiglu_backward_lp_set(DType dt, uint16_t* dgu, const float* dout, const uint16_t* dout16,
                             const float* gu, const uint16_t* gu16, int N, int F);
@@ -141,7 +144,7 @@ size_t rope_table_floats(int T, int hd);
 void rope_forward(float* qkv, int B, int T, int H, int KVH, int hd, float theta);
 void rope_backward(float* dqkv, int B, int T, int H, int KVH, int hd, float theta);
 // narrow(dt, rope_forward / rope_backward of a copy of the input) into the 16-bit output
-// (Ops::rope_forward_lp, rope_backward_lp).
+// (Ops::rope_forward / rope_backward with a 16-bit out).
 void rope_forward_lp(DType dt, uint16_t* qkv16, const float* qkv, int B, int T, int H, int KVH,
                      int hd, float theta);
 // The same from qkv held in dt (widened as read); src may be qkv16 itself (in place).
@@ -158,7 +161,8 @@ void rope_backward_lp(DType dt, uint16_t* dqkv16, const uint16_t* src, int B, in
 // dS^T Q, dS K) take operands rounded to bf16 / fp16 and accumulate in fp32; softmax, lse and
 // the running statistics stay fp32.
 // qkv16 / out16 / dout16 (compute's 16-bit values; BF16 / F16 only), where non-null, replace
-// qkv / out / dout: widened where the fp32 ones would be rounded (Ops' attention_*_lp forms).
+// qkv / out / dout: widened where the fp32 ones would be rounded (the Ops' attention with 16-bit
+// operands).
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KVH,
                        int hd, DType compute = DType::F32, const uint16_t* qkv16 = nullptr);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,

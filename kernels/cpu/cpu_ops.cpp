@@ -1,4 +1,5 @@
-// The CPU backend: forwards every Ops method to its sw::cpu function.
+// The CPU backend: forwards every Ops method to its sw::cpu functions, one case per form the
+// op takes (kernels/ops.h).
 #include <algorithm>
 
 #include "core/alloc.h"
@@ -21,6 +22,9 @@ float* out_scratch(size_t n) {
   return scratch.f32();
 }
 size_t extent(int r, int c) { return size_t(r > 0 ? r : 0) * size_t(c > 0 ? c : 0); }
+// The 16-bit pointer of an operand the kernels take in one form: null where it has an fp32
+// one (the CPU reads that: its kernels pack from fp32).
+const uint16_t* lp_only(Operand x) { return x.f32 ? nullptr : x.lp; }
 
 // compute_ is the precision of the matrix products (gemm, linear, attention, LM head); every
 // other op is fp32 whatever it is.
@@ -29,234 +33,200 @@ class CpuOps final : public Ops {
   explicit CpuOps(DType compute) : compute_(compute) {}
   Device device() const override { return Device::cpu(); }
   DType compute() const override { return compute_; }
-  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
-            const float* B, int ldb, float beta, float* C, int ldc) const override {
-    cpu::gemm_lowp(compute_, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+
+  // 16-bit operands (only where the other form is missing) widened into device scratch: the
+  // kernels round fp32 operands to the same values as they pack them.
+  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, Operand A, int lda, Operand B,
+            int ldb, float beta, float* C, int ldc) const override {
+    if (!A.has_lp() && !B.has_lp())
+      return cpu::gemm_lowp(compute_, ta, tb, M, N, K, alpha, A.f32, lda, B.f32, ldb, beta, C,
+                            ldc);
+    require_lowp("gemm");
+    Buffer ta_, tb_;
+    const size_t ar = size_t(ta ? K : M), ac = size_t(ta ? M : K);
+    const size_t br = size_t(tb ? N : K), bc = size_t(tb ? K : N);
+    cpu::gemm_lowp(compute_, ta, tb, M, N, K, alpha, operand_f32(A, ar, size_t(lda), ac, ta_),
+                   lda, operand_f32(B, br, size_t(ldb), bc, tb_), ldb, beta, C, ldc);
   }
-  void linear_forward(float* out, const float* inp, const float* w, const float* b, int N, int C,
-                      int OC) const override {
-    cpu::linear_forward_lowp(compute_, out, inp, w, b, N, C, OC);
+
+  // Each operand as fp32 where it has that form (a unit's weights come with both, and the
+  // kernels pack from fp32); a weight given only 16-bit (the op tests) is widened first. A
+  // 16-bit output: the fp32 product in this thread's output scratch, narrowed. The residual:
+  // residual_forward after the product (the CPU fuses it into the norm after instead).
+  void linear_forward(Out out, Operand inp, Operand w, const float* b, const float* res, int N,
+                      int C, int OC) const override {
+    if (out.lp) {
+      if (out.f32 || res) refuse("linear_forward", "a 16-bit out with an fp32 one or res");
+      require_lowp("linear_forward");
+      const size_t no = extent(N, OC);
+      float* o = out_scratch(no);
+      product(o, inp, w, b, N, C, OC);
+      return cpu::narrow(compute_, o, out.lp, no);
+    }
+    if (inp.has_lp() || w.has_lp()) require_lowp("linear_forward");
+    product(out.f32, inp, w, b, N, C, OC);
+    if (res) cpu::residual_forward(out.f32, out.f32, res, extent(N, OC));
   }
-  void linear_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                       const float* w, int N, int C, int OC) const override {
-    cpu::linear_backward_lowp(compute_, dinp, dw, db, dout, inp, w, N, C, OC);
+  void linear_backward(GradIn dinp, GradOut dw, GradOut db, Operand dout, Operand inp, Operand w,
+                       int N, int C, int OC) const override {
+    if (dinp.lp && (dinp.f32 || !dinp.write))
+      refuse("linear_backward", "dinp 16-bit beside fp32 or added into");
+    const bool lp = dout.has_lp() || inp.has_lp() || w.has_lp() || dinp.lp;
+    if (lp) require_lowp("linear_backward");
+    // dinp 16-bit alone: its fp32 values in this thread's output scratch, narrowed.
+    const size_t ni = extent(N, C);
+    float* d = dinp.lp ? out_scratch(ni) : dinp.f32;
+    Buffer tw;  // (the weight is read for dinp only)
+    cpu::linear_backward_lowp16(compute_, d, dw.p, db.p, dout.f32, lp_only(dout), inp.f32,
+                                lp_only(inp), d ? weight_f32(w, OC, C, tw) : w.f32, N, C, OC,
+                                dinp.write || dinp.lp ? 0.f : 1.f, dw.beta(), db.write);
+    if (dinp.lp) cpu::narrow(compute_, d, dinp.lp, ni);
   }
-  void linear_backward_set(float* dinp, GradOut dw, GradOut db, const float* dout,
-                           const float* inp, const float* w, int N, int C,
-                           int OC) const override {
-    cpu::linear_backward_lowp(compute_, dinp, dw.p, db.p, dout, inp, w, N, C, OC, 0.f, dw.beta(),
-                              db.write);
-  }
-  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                         int B, int T, int C) const override {
-    cpu::embedding_forward(out, tokens, wte, wpe, B, T, C);
-  }
-  void embedding_forward_lp(float* out, const int32_t* tokens, Operand wte, const float* wpe,
-                            int B, int T, int C, int /*V*/) const override {
+
+  // The fp32 table where given, else the 16-bit rows widened.
+  void embedding_forward(float* out, const int32_t* tokens, Operand wte, const float* wpe, int B,
+                         int T, int C, int /*V*/) const override {
     if (wte.f32) return cpu::embedding_forward(out, tokens, wte.f32, wpe, B, T, C);
-    require_lowp("embedding_forward_lp");
+    require_lowp("embedding_forward");
     cpu::embedding_forward_lp(compute_, out, tokens, wte.lp, wpe, B, T, C);
   }
   void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
                           int B, int T, int C) const override {
     cpu::embedding_backward(dwte, dwpe, dout, tokens, B, T, C);
   }
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+
+  // The norms' 16-bit outputs: the fp32 kernels with only the store narrowed (norm.cpp).
+  void layernorm_forward(Out out, float* mean, float* rstd, NormIn inp, const float* w,
                          const float* b, int N, int C) const override {
-    cpu::layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+    if (out.lp) {
+      require_lowp("layernorm_forward");
+      if (inp.b)
+        return cpu::residual_layernorm_forward_lp(compute_, inp.res, out.lp, mean, rstd, inp.a,
+                                                  inp.b, w, b, N, C);
+      return cpu::layernorm_forward_lp(compute_, out.lp, mean, rstd, inp.a, w, b, N, C);
+    }
+    if (inp.b)
+      return cpu::residual_layernorm_forward(inp.res, out.f32, mean, rstd, inp.a, inp.b, w, b, N,
+                                             C);
+    cpu::layernorm_forward(out.f32, mean, rstd, inp.a, w, b, N, C);
   }
-  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+  // The residual gradient's 16-bit form: the fp32 op, then narrow.
+  void layernorm_backward(GradIn dinp, float* dw, float* db, const float* dout, const float* inp,
                           const float* w, const float* mean, const float* rstd, int N,
                           int C) const override {
-    cpu::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    norm_dinp("layernorm_backward", dinp);
+    cpu::layernorm_backward(dinp.f32, dw, db, dout, inp, w, mean, rstd, N, C);
+    if (dinp.lp) cpu::narrow(compute_, dinp.f32, dinp.lp, extent(N, C));
   }
-  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C,
+  void rmsnorm_forward(Out out, float* rstd, NormIn inp, const float* w, int N, int C,
                        float eps) const override {
-    cpu::rmsnorm_forward(out, rstd, inp, w, N, C, eps);
+    if (out.lp) {
+      require_lowp("rmsnorm_forward");
+      if (inp.b)
+        return cpu::residual_rmsnorm_forward_lp(compute_, inp.res, out.lp, rstd, inp.a, inp.b, w,
+                                                N, C, eps);
+      return cpu::rmsnorm_forward_lp(compute_, out.lp, rstd, inp.a, w, N, C, eps);
+    }
+    if (inp.b)
+      return cpu::residual_rmsnorm_forward(inp.res, out.f32, rstd, inp.a, inp.b, w, N, C, eps);
+    cpu::rmsnorm_forward(out.f32, rstd, inp.a, w, N, C, eps);
   }
-  void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp,
+  void rmsnorm_backward(GradIn dinp, float* dw, const float* dout, const float* inp,
                         const float* w, const float* rstd, int N, int C) const override {
-    cpu::rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
+    norm_dinp("rmsnorm_backward", dinp);
+    cpu::rmsnorm_backward(dinp.f32, dw, dout, inp, w, rstd, N, C);
+    if (dinp.lp) cpu::narrow(compute_, dinp.f32, dinp.lp, extent(N, C));
   }
-  void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a,
-                                  const float* b, const float* w, const float* bias, int N,
-                                  int C) const override {
-    cpu::residual_layernorm_forward(res, out, mean, rstd, a, b, w, bias, N, C);
+
+  void gelu_forward(Out out, Operand inp, size_t n) const override {
+    if (out.lp) {
+      require_lowp("gelu_forward");
+      if (inp.f32) return cpu::gelu_forward_lp(compute_, out.lp, inp.f32, n);
+      return cpu::gelu_forward_lp(compute_, out.lp, inp.lp, n);
+    }
+    if (!inp.f32 && n) refuse("gelu_forward", "an fp32 out from a 16-bit inp");
+    cpu::gelu_forward(out.f32, inp.f32, n);
   }
-  void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a,
-                                const float* b, const float* w, int N, int C,
-                                float eps) const override {
-    cpu::residual_rmsnorm_forward(res, out, rstd, a, b, w, N, C, eps);
+  void gelu_backward(GradIn dinp, Operand inp, Operand dout, size_t n) const override {
+    if (!dinp.lp && !inp.has_lp() && !dout.has_lp())
+      return cpu::gelu_backward(dinp.f32, inp.f32, dout.f32, n, dinp.write);
+    require_lowp("gelu_backward");
+    if (!dinp.write || !dinp) refuse("gelu_backward", "16-bit forms without dinp written");
+    float* d = dinp.f32 ? dinp.f32 : out_scratch(n);  // (the 16-bit form alone: fp32 in scratch)
+    cpu::gelu_backward_set(compute_, d, inp.f32, lp_only(inp), dout.f32, lp_only(dout), n);
+    if (dinp.lp) narrow(compute_, d, dinp.lp, n);
   }
-  void gelu_forward(float* out, const float* inp, size_t n) const override {
-    cpu::gelu_forward(out, inp, n);
+  void swiglu_forward(Out out, Operand gu, int N, int F) const override {
+    if (out.lp) {
+      require_lowp("swiglu_forward");
+      if (gu.f32) return cpu::swiglu_forward_lp(compute_, out.lp, gu.f32, N, F);
+      return cpu::swiglu_forward_lp(compute_, out.lp, gu.lp, N, F);
+    }
+    if (!gu.f32 && N && F) refuse("swiglu_forward", "an fp32 out from a 16-bit gu");
+    cpu::swiglu_forward(out.f32, gu.f32, N, F);
   }
-  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const override {
-    cpu::gelu_backward(dinp, inp, dout, n);
-  }
-  void gelu_backward_set(float* dinp, const float* inp, const float* dout,
-                         size_t n) const override {
-    cpu::gelu_backward(dinp, inp, dout, n, true);
-  }
-  void swiglu_forward(float* out, const float* gu, int N, int F) const override {
-    cpu::swiglu_forward(out, gu, N, F);
-  }
-  void swiglu_backward(float* dgu, const float* dout, const float* gu, int N,
-                       int F) const override {
-    cpu::swiglu_backward(dgu, dout, gu, N, F);
-  }
-  void swiglu_backward_set(float* dgu, const float* dout, const float* gu, int N,
-                           int F) const override {
-    cpu::swiglu_backward(dgu, dout, gu, N, F, true);
+  void swiglu_backward(GradIn dgu, Operand dout, Operand gu, int N, int F) const override {
+    if (!dgu.lp && !dout.has_lp() && !gu.has_lp())
+      return cpu::swiglu_backward(dgu.f32, dout.f32, gu.f32, N, F, dgu.write);
+    require_lowp("swiglu_backward");
+    if (!dgu.write || dgu.f32 || !dgu.lp)
+      refuse("swiglu_backward", "16-bit forms with dgu other than 16-bit and written");
+    cpu::swiglu_backward_lp_set(compute_, dgu.lp, dout.f32, lp_only(dout), gu.f32, lp_only(gu),
+                                N, F);
   }
   void residual_forward(float* out, const float* a, const float* b, size_t n) const override {
     cpu::residual_forward(out, a, b, n);
   }
-  void rope_forward(float* qkv, int B, int T, int H, int KVH, int hd,
+
+  void rope_forward(Out out, Operand qkv, int B, int T, int H, int KVH, int hd,
                     float theta) const override {
-    cpu::rope_forward(qkv, B, T, H, KVH, hd, theta);
+    if (!out.lp) {
+      rope_in_place("rope_forward", out, qkv);
+      return cpu::rope_forward(out.f32, B, T, H, KVH, hd, theta);
+    }
+    require_lowp("rope_forward");
+    if (qkv.f32) return cpu::rope_forward_lp(compute_, out.lp, qkv.f32, B, T, H, KVH, hd, theta);
+    cpu::rope_forward_lp(compute_, out.lp, qkv.lp, B, T, H, KVH, hd, theta);
   }
-  void rope_backward(float* dqkv, int B, int T, int H, int KVH, int hd,
+  void rope_backward(Out out, Operand dqkv, int B, int T, int H, int KVH, int hd,
                      float theta) const override {
-    cpu::rope_backward(dqkv, B, T, H, KVH, hd, theta);
-  }
-  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KVH,
-                         int hd) const override {
-    cpu::attention_forward(out, lse, qkv, B, T, H, KVH, hd, compute_);
-  }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                          const float* lse, int B, int T, int H, int KVH,
-                          int hd) const override {
-    cpu::attention_backward(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd, compute_);
-  }
-  void attention_backward_set(float* dqkv, const float* dout, const float* qkv, const float* out,
-                              const float* lse, int B, int T, int H, int KVH,
-                              int hd) const override {
-    cpu::attention_backward(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd, compute_, true);
-  }
-  void swiglu_forward_lp(uint16_t* out16, Operand gu, int N, int F) const override {
-    require_lowp("swiglu_forward_lp");
-    if (gu.f32)
-      cpu::swiglu_forward_lp(compute_, out16, gu.f32, N, F);
-    else
-      cpu::swiglu_forward_lp(compute_, out16, gu.lp, N, F);
-  }
-  void gelu_forward_lp(uint16_t* out16, Operand inp, size_t n) const override {
-    require_lowp("gelu_forward_lp");
-    if (inp.f32)
-      cpu::gelu_forward_lp(compute_, out16, inp.f32, n);
-    else
-      cpu::gelu_forward_lp(compute_, out16, inp.lp, n);
-  }
-  void gelu_backward_lp_set(float* dinp, uint16_t* dinp16, Operand inp, Operand dout,
-                            size_t n) const override {
-    require_lowp("gelu_backward_lp_set");
-    SW_CHECK(dinp || dinp16, "gelu_backward_lp_set: neither dinp nor dinp16 given");
-    float* d = dinp ? dinp : out_scratch(n);  // (the 16-bit form alone: fp32 in scratch)
-    cpu::gelu_backward_set(compute_, d, inp.f32, inp.f32 ? nullptr : inp.lp, dout.f32,
-                           dout.f32 ? nullptr : dout.lp, n);
-    if (dinp16) narrow(compute_, d, dinp16, n);
-  }
-  void rmsnorm_forward_lp(uint16_t* out16, float* rstd, const float* inp, const float* w, int N,
-                          int C, float eps) const override {
-    require_lowp("rmsnorm_forward_lp");
-    cpu::rmsnorm_forward_lp(compute_, out16, rstd, inp, w, N, C, eps);
-  }
-  void residual_rmsnorm_forward_lp(float* res, uint16_t* out16, float* rstd, const float* a,
-                                   const float* b, const float* w, int N, int C,
-                                   float eps) const override {
-    require_lowp("residual_rmsnorm_forward_lp");
-    cpu::residual_rmsnorm_forward_lp(compute_, res, out16, rstd, a, b, w, N, C, eps);
-  }
-  void layernorm_forward_lp(uint16_t* out16, float* mean, float* rstd, const float* inp,
-                            const float* w, const float* b, int N, int C) const override {
-    require_lowp("layernorm_forward_lp");
-    cpu::layernorm_forward_lp(compute_, out16, mean, rstd, inp, w, b, N, C);
-  }
-  void residual_layernorm_forward_lp(float* res, uint16_t* out16, float* mean, float* rstd,
-                                     const float* a, const float* b, const float* w,
-                                     const float* bias, int N, int C) const override {
-    require_lowp("residual_layernorm_forward_lp");
-    cpu::residual_layernorm_forward_lp(compute_, res, out16, mean, rstd, a, b, w, bias, N, C);
-  }
-  void swiglu_backward_lp_set(uint16_t* dgu16, Operand dout, Operand gu, int N,
-                              int F) const override {
-    require_lowp("swiglu_backward_lp_set");
-    cpu::swiglu_backward_lp_set(compute_, dgu16, dout.f32, dout.f32 ? nullptr : dout.lp, gu.f32,
-                                gu.f32 ? nullptr : gu.lp, N, F);
-  }
-  void rope_backward_lp(uint16_t* dqkv16, Operand dqkv, int B, int T, int H, int KVH, int hd,
-                        float theta) const override {
-    require_lowp("rope_backward_lp");
+    if (!out.lp) {
+      rope_in_place("rope_backward", out, dqkv);
+      return cpu::rope_backward(out.f32, B, T, H, KVH, hd, theta);
+    }
+    require_lowp("rope_backward");
     if (dqkv.f32)
-      cpu::rope_backward_lp(compute_, dqkv16, dqkv.f32, B, T, H, KVH, hd, theta);
-    else
-      cpu::rope_backward_lp(compute_, dqkv16, dqkv.lp, B, T, H, KVH, hd, theta);
+      return cpu::rope_backward_lp(compute_, out.lp, dqkv.f32, B, T, H, KVH, hd, theta);
+    cpu::rope_backward_lp(compute_, out.lp, dqkv.lp, B, T, H, KVH, hd, theta);
   }
-  void rope_forward_lp(uint16_t* qkv16, Operand qkv, int B, int T, int H, int KVH, int hd,
-                       float theta) const override {
-    require_lowp("rope_forward_lp");
-    if (qkv.f32)
-      cpu::rope_forward_lp(compute_, qkv16, qkv.f32, B, T, H, KVH, hd, theta);
-    else
-      cpu::rope_forward_lp(compute_, qkv16, qkv.lp, B, T, H, KVH, hd, theta);
-  }
-  void attention_forward_lp(uint16_t* out16, float* lse, const uint16_t* qkv16, int B, int T,
-                            int H, int KVH, int hd) const override {
-    require_lowp("attention_forward_lp");
+
+  // 16-bit: the fp32 output in this thread's output scratch, narrowed.
+  void attention_forward(Out out, float* lse, Operand qkv, int B, int T, int H, int KVH,
+                         int hd) const override {
+    if (!out.lp && !qkv.has_lp())
+      return cpu::attention_forward(out.f32, lse, qkv.f32, B, T, H, KVH, hd, compute_);
+    require_lowp("attention_forward");
+    if (!out.lp || !qkv.lp) refuse("attention_forward", "one of out and qkv 16-bit");
     const size_t no = extent(B * T, H * hd);
     float* o = out_scratch(no);
-    cpu::attention_forward(o, lse, nullptr, B, T, H, KVH, hd, compute_, qkv16);
-    cpu::narrow(compute_, o, out16, no);
+    cpu::attention_forward(o, lse, nullptr, B, T, H, KVH, hd, compute_, qkv.lp);
+    cpu::narrow(compute_, o, out.lp, no);
   }
-  // Without dqkv, its fp32 values in this thread's output scratch, narrowed into dqkv16.
-  void attention_backward_lp_set(float* dqkv, uint16_t* dqkv16, Operand dout,
-                                 const uint16_t* qkv16, const uint16_t* out16, const float* lse,
-                                 int B, int T, int H, int KVH, int hd) const override {
-    require_lowp("attention_backward_lp_set");
-    SW_CHECK(dqkv || dqkv16, "attention_backward_lp_set: neither dqkv nor dqkv16 given");
+  // 16-bit: without an fp32 dqkv, its values in this thread's output scratch, narrowed.
+  void attention_backward(GradIn dqkv, Operand dout, Operand qkv, Operand out, const float* lse,
+                          int B, int T, int H, int KVH, int hd) const override {
+    if (!qkv.has_lp() && !out.has_lp() && !dout.has_lp() && !dqkv.lp)
+      return cpu::attention_backward(dqkv.f32, dout.f32, qkv.f32, out.f32, lse, B, T, H, KVH, hd,
+                                     compute_, dqkv.write);
+    require_lowp("attention_backward");
+    attention_lp_forms(dqkv, qkv, out);
     const size_t nq = extent(B * T, (H + 2 * KVH) * hd);
-    float* d = dqkv ? dqkv : out_scratch(nq);
+    float* d = dqkv.f32 ? dqkv.f32 : out_scratch(nq);
     cpu::attention_backward(d, dout.f32, nullptr, nullptr, lse, B, T, H, KVH, hd, compute_, true,
-                            qkv16, out16, dout.f32 ? nullptr : dout.lp);
-    if (dqkv16) cpu::narrow(compute_, d, dqkv16, nq);
+                            qkv.lp, out.lp, lp_only(dout));
+    if (dqkv.lp) cpu::narrow(compute_, d, dqkv.lp, nq);
   }
-  // The fp32 product in this thread's output scratch (no allocation per call), narrowed.
-  void linear_forward_lp16(uint16_t* out16, Operand inp, Operand w, const float* b, int N, int C,
-                           int OC) const override {
-    require_lowp("linear_forward_lp16");
-    const size_t no = extent(N, OC);
-    float* o = out_scratch(no);
-    linear_forward_lp(o, inp, w, b, N, C, OC);
-    cpu::narrow(compute_, o, out16, no);
-  }
-  // Each operand as fp32 where it has that form (a unit's weights come with both, and the
-  // kernels pack from fp32); a weight given only 16-bit (the op tests) is widened first.
-  void linear_forward_lp(float* out, Operand inp, Operand w, const float* b, int N, int C,
-                         int OC) const override {
-    require_lowp("linear_forward_lp");
-    Buffer tw;
-    cpu::linear_forward_lowp16(compute_, out, inp.f32, inp.f32 ? nullptr : inp.lp,
-                               weight_f32(w, OC, C, tw), b, N, C, OC);
-  }
-  void linear_backward_lp_set(float* dinp, GradOut dw, GradOut db, Operand dout, Operand inp,
-                              Operand w, int N, int C, int OC) const override {
-    require_lowp("linear_backward_lp_set");
-    Buffer tw;  // (the weight is read for dinp only)
-    cpu::linear_backward_lowp16(compute_, dinp, dw.p, db.p, dout.f32,
-                                dout.f32 ? nullptr : dout.lp, inp.f32, inp.f32 ? nullptr : inp.lp,
-                                dinp ? weight_f32(w, OC, C, tw) : w.f32, N, C, OC, 0.f,
-                                dw.beta(), db.write);
-  }
-  // dinp's fp32 values in this thread's output scratch, narrowed.
-  void linear_backward_lp16_set(uint16_t* dinp16, GradOut dw, GradOut db, Operand dout,
-                                Operand inp, Operand w, int N, int C, int OC) const override {
-    require_lowp("linear_backward_lp16_set");
-    const size_t ni = extent(N, C);
-    float* d = dinp16 ? out_scratch(ni) : nullptr;
-    linear_backward_lp_set(d, dw, db, dout, inp, w, N, C, OC);
-    if (dinp16) cpu::narrow(compute_, d, dinp16, ni);
-  }
+
   // The weight as fp32 where it has that form (a 16-bit one alone, as the simulated device
   // hands a products-only LM head, widened first).
   double lmhead_xent(float* loss, float* dx, float* dw, const float* x, Operand w,
@@ -266,11 +236,21 @@ class CpuOps final : public Ops {
     return cpu::lmhead_xent(loss, dx, dw, x, weight_f32(w, V, C, tw), targets, N, C, V,
                             grad_scale, compute_);
   }
+  // The copies through the fp32 ops (Ops::adamw_through_copies).
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
-             float beta2, float eps, float wd, int step, float grad_mult) const override {
+             float beta2, float eps, float wd, int step, float grad_mult,
+             const AdamWCopies& copies = {}) const override {
+    if (copies.dt != DType::F32)
+      return adamw_through_copies(param, grad, m, v, n, lr, beta1, beta2, eps, wd, step,
+                                  grad_mult, copies);
     cpu::adamw(param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult);
   }
-  double sum_squares(const float* x, size_t n) const override { return cpu::sum_squares(x, n); }
+  // Host memory either way; rounded values through copies (Ops::sums_rounded_through_copies).
+  void sums_of_squares(const float* const* xs, const size_t* ns, int k, double* out,
+                       SumsTo /*to*/, DType dt = DType::F32) const override {
+    if (dt != DType::F32) return sums_rounded_through_copies(dt, xs, ns, k, out);
+    for (int i = 0; i < k; ++i) out[i] = cpu::sum_squares(xs[i], ns[i]);
+  }
   void scale(float* x, float a, size_t n) const override { cpu::scale(x, a, n); }
   void fill(float* x, float v, size_t n) const override { cpu::fill(x, v, n); }
   void add_inplace(float* y, const float* x, size_t n) const override {
@@ -287,20 +267,39 @@ class CpuOps final : public Ops {
     cpu::add_widened(dt, src, dst, n);
   }
   void round_to(DType dt, float* x, size_t n) const override { cpu::round_to(dt, x, n); }
-  void round_copy(DType dt, float* dst, const float* src, size_t n) const override {
-    cpu::round_copy(dt, dst, src, n);
-  }
-  void round_copy_lp(DType dt, float* dst, uint16_t* dst16, const float* src,
-                     size_t n) const override {
-    SW_CHECK(dt != DType::F32, "round_copy_lp: needs a 16-bit dtype");
+  void round_copy(DType dt, float* dst, const float* src, size_t n,
+                  uint16_t* dst16 = nullptr) const override {
+    if (!dst16) return cpu::round_copy(dt, dst, src, n);
+    SW_CHECK(dt != DType::F32, "round_copy: a 16-bit copy needs a 16-bit dtype");
     cpu::round_copy_lp(dt, dst, dst16, src, n);
   }
 
  private:
+  // A product in fp32 (out), its operands as linear_forward takes them: the kernel's 16-bit
+  // input where the input has no fp32 form.
+  void product(float* out, Operand inp, Operand w, const float* b, int N, int C, int OC) const {
+    Buffer tw;
+    cpu::linear_forward_lowp16(compute_, out, inp.f32, lp_only(inp), weight_f32(w, OC, C, tw), b,
+                               N, C, OC);
+  }
   // A linear's (OC, C) weight as fp32 (operand_f32; empty shapes read nothing).
   const float* weight_f32(Operand w, int OC, int C, Buffer& t) const {
     return operand_f32(w, size_t(std::max(OC, 0)), size_t(std::max(C, 0)),
                        size_t(std::max(C, 0)), t);
+  }
+  // The norms' dinp: fp32 added into, a 16-bit form beside it (BF16 / F16) written.
+  void norm_dinp(const char* op, GradIn dinp) const {
+    if (!dinp.f32 || dinp.write) refuse(op, "dinp other than fp32 added into");
+    if (dinp.lp) require_lowp(op);
+  }
+  // rope's fp32 form: in place.
+  static void rope_in_place(const char* op, Out out, Operand in) {
+    if (in.lp || in.f32 != out.f32) refuse(op, "an fp32 out other than the fp32 input itself");
+  }
+  // attention's backward 16-bit form: qkv and out 16-bit, dqkv written.
+  static void attention_lp_forms(GradIn dqkv, Operand qkv, Operand out) {
+    if (!qkv.lp || !out.lp) refuse("attention_backward", "16-bit forms without 16-bit qkv and out");
+    if (!dqkv.write || !dqkv) refuse("attention_backward", "16-bit forms with dqkv added into");
   }
   DType compute_;
 };

@@ -71,7 +71,7 @@ inline float from_half(DType dt, uint16_t h) {
   return dt == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
 }
 
-// An op's output element: the float itself, or (T = uint16_t: the *_forward_lp forms) the
+// An op's output element: the float itself, or (T = uint16_t: the Ops' 16-bit outputs) the
 // float narrowed to dt, as narrow() would write it.
 template <class T>
 inline T out_value(float v, DType dt) {

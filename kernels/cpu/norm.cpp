@@ -99,7 +99,7 @@ inline float row_sum(int C, const F& f) {
 // One LayerNorm row given sum(x) (computed by the caller with row_sum, so that the fused
 // residual variant below produces the same bits): o = (x - mean) * rstd * w + b [b may be null].
 // Two passes for the variance (the row is in L1), so no E[x^2] - E[x]^2 cancellation.
-// An output element: the float, or (uint16_t: the *_forward_lp forms) narrowed to dt as
+// An output element: the float, or (uint16_t: the Ops' 16-bit outputs) narrowed to dt as
 // narrow() writes it.
 inline void store(float* o, float v, DType) { *o = v; }
 inline void store(uint16_t* o, float v, DType dt) {
@@ -211,7 +211,7 @@ void residual_rmsnorm_forward_t(float* res, T* out, float* rstd, const float* a,
 }  // namespace
 
 // out = (inp - mean) * rstd * w + b  [b may be null]; mean, rstd (N) saved for backward (either
-// may be null when no backward follows). The *_lp forms write out narrowed to dt.
+// may be null when no backward follows). The *_lp kernels write out narrowed to dt.
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
                        const float* b, int N, int C) {
   layernorm_forward_t(out, mean, rstd, inp, w, b, N, C, DType::F32);

@@ -13,23 +13,25 @@ namespace sw::cuda {
 // ---- elementwise.cu
 void embedding_forward(cudaStream_t s, float* out, const int32_t* tokens, const float* wte,
                        const float* wpe, int B, int T, int C);
-// The same lookup from a 16-bit table (dt 1 bf16, 2 f16; Ops::embedding_forward_lp).
+// The same lookup from a 16-bit table (dt 1 bf16, 2 f16; Ops::embedding_forward's 16-bit table).
 void embedding_forward16(cudaStream_t s, int dt, float* out, const int32_t* tokens,
                          const uint16_t* wte16, const float* wpe, int B, int T, int C);
 void embedding_backward(cudaStream_t s, float* dwte, float* dwpe, const float* dout,
                         const int32_t* tokens, int B, int T, int C);
 void gelu_forward(cudaStream_t s, float* out, const float* inp, size_t n);
 // set: the input gradient is written (0 + g: the bits += gives on zeros), its old contents never
-// read (Ops' *_set forms); else accumulated. With d16, the result also narrowed there (dt).
+// read (the Ops' written gradients, GradIn::set); else accumulated. With d16, the result also
+// narrowed there (dt).
 void gelu_backward(cudaStream_t s, float* dinp, const float* inp, const float* dout, size_t n,
                    bool set = false, uint16_t* d16 = nullptr, int dt = 0);
 void swiglu_forward(cudaStream_t s, float* out, const float* gu, int N, int F);
-// narrow(dt, swiglu_forward / gelu_forward) in one pass (Ops' *_forward_lp; dt 1 bf16, 2 f16).
+// narrow(dt, swiglu_forward / gelu_forward) in one pass (the Ops' 16-bit outputs; dt 1 bf16, 2
+// f16).
 void swiglu_forward_lp(cudaStream_t s, int dt, uint16_t* out16, const float* gu, int N, int F);
-// The same from gu held in dt (read as widened; Ops::linear_forward_lp16's output).
+// The same from gu held in dt (read as widened; Ops::linear_forward's 16-bit output).
 void swiglu_forward_lp(cudaStream_t s, int dt, uint16_t* out16, const uint16_t* gu, int N, int F);
 void gelu_forward_lp(cudaStream_t s, int dt, uint16_t* out16, const float* inp, size_t n);
-// The same from inp held in dt (read as widened; Ops::linear_forward_lp16's output).
+// The same from inp held in dt (read as widened; Ops::linear_forward's 16-bit output).
 void gelu_forward_lp(cudaStream_t s, int dt, uint16_t* out16, const uint16_t* inp, size_t n);
 // gelu_backward with set, inp and dout each fp32 (the float pointer) or held in dt (the 16-bit
 // one; the other null); with d16, the result also narrowed there (then dinp may be null).
@@ -38,7 +40,7 @@ void gelu_backward_set(cudaStream_t s, int dt, float* dinp, const float* inp,
                        size_t n, uint16_t* d16);
 void swiglu_backward(cudaStream_t s, float* dgu, const float* dout, const float* gu, int N, int F,
                      bool set = false);
-// narrow(dt, swiglu_backward with set) in one pass (Ops::swiglu_backward_lp_set), dout and gu
+// narrow(dt, swiglu_backward with set) in one pass (Ops::swiglu_backward's 16-bit dgu), dout and gu
 // each fp32 or held in dt (as gelu_backward_set).
 void swiglu_backward_lp_set(cudaStream_t s, int dt, uint16_t* dgu16, const float* dout,
                             const uint16_t* dout16, const float* gu, const uint16_t* gu16, int N,
@@ -50,7 +52,8 @@ void rope_table(cudaStream_t s, float* tab, int T, int hd, float theta);
 void rope_apply(cudaStream_t s, float* qkv, const float* tab, int B, int T, int H, int KVH,
                 int hd, float sign);
 // Narrowed: dst16 = narrow(dt, rope_apply of a copy of src), the v heads narrowed as they are;
-// src is only read (Ops::rope_forward_lp, sign 1; rope_backward_lp, sign -1). An fp32 src and
+// src is only read (Ops::rope_forward with a 16-bit out, sign 1; rope_backward, sign -1). An fp32
+// src and
 // dst16 must not overlap.
 void rope_apply_lp(cudaStream_t s, int dt, uint16_t* dst16, const float* src, const float* tab,
                    int B, int T, int H, int KVH, int hd, float sign);
@@ -58,7 +61,7 @@ void rope_apply_lp(cudaStream_t s, int dt, uint16_t* dst16, const float* src, co
 void rope_apply_lp(cudaStream_t s, int dt, uint16_t* dst16, const uint16_t* src,
                    const float* tab, int B, int T, int H, int KVH, int hd, float sign);
 // With p16: the updated values also narrowed there (dt 1 bf16, 2 f16) and, with p32, widened
-// back there (Ops::adamw_copies). gdt (0: none): the gradient read rounded to that type.
+// back there (Ops::adamw's copies). gdt (0: none): the gradient read rounded to that type.
 void adamw(cudaStream_t s, float* param, const float* grad, float* m, float* v, size_t n,
            float lr, float beta1, float beta2, float eps, float wd, int step, float grad_mult,
            int dt = 0, float* p32 = nullptr, uint16_t* p16 = nullptr, int gdt = 0);
@@ -101,7 +104,8 @@ void colsum_accumulate16(cudaStream_t s, int dt, float* db, const uint16_t* dout
                          float* ws);
 // res may be null (plain norm) or a + b (fused residual; res may alias a or b). With out16 (out
 // then unused): the output narrowed to dt (1 bf16, 2 f16) as cuda::narrow rounds it, in the
-// same pass, bit for bit narrow(out) (Ops' *norm_forward_lp); mean, rstd and res unchanged.
+// same pass, bit for bit narrow(out) (the Ops' norms with a 16-bit out); mean, rstd and res
+// unchanged.
 void layernorm_forward(cudaStream_t s, float* res, float* out, float* mean, float* rstd,
                        const float* inp, const float* b_res, const float* w, const float* bias,
                        int N, int C, uint16_t* out16 = nullptr, int dt = 0);
@@ -109,7 +113,8 @@ void rmsnorm_forward(cudaStream_t s, float* res, float* out, float* rstd, const 
                      const float* b_res, const float* w, int N, int C, float eps,
                      uint16_t* out16 = nullptr, int dt = 0);
 // With dinp16 (dinp given): the sums added into dinp also narrowed to dt into dinp16, in the
-// same pass, bit for bit narrow(dinp) after the op (Ops' *norm_backward_lp).
+// same pass, bit for bit narrow(dinp) after the op (the Ops' norm backwards with a 16-bit dinp
+// beside the fp32 one).
 void layernorm_backward(cudaStream_t s, float* dinp, float* dw, float* db, const float* dout,
                         const float* inp, const float* w, const float* mean, const float* rstd,
                         int N, int C, float* ws, uint16_t* dinp16 = nullptr, int dt = 0);

@@ -4,7 +4,7 @@
 // F16: ops_for(device, compute)).
 //
 // Precision, as the CPU backend defines it (kernels/ops.h): every pointer is fp32 in memory,
-// except the 16-bit operands and outputs of the *_lp forms (compute()'s values, as narrow
+// except the 16-bit forms of Operands, Outs and GradIns (compute()'s values, as narrow
 // writes them).
 // F32 computes everything in fp32 (cuBLAS with fp32 compute and the default math mode: no
 // TF32). BF16 / F16 round the operands of the matrix products (gemm, linear_*, attention_*,
@@ -484,81 +484,70 @@ class CudaOps final : public Ops {
   // ---- GEMM (row-major through column-major cuBLAS): C(M,N) = op(A) op(B) is, read column-
   // major, C^T(N,M) = op(B)^T op(A)^T, and a row-major (r, c) matrix with leading dimension ld
   // is the column-major (c, r) matrix with the same ld. So B goes first, flags unchanged.
-  // Low precision: both operands narrowed into dense 16-bit copies (Lowp0, Lowp1), then one
-  // cublasGemmEx with fp32 accumulation; alpha and beta apply in fp32, as on the CPU.
-  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
-            const float* B, int ldb, float beta, float* C, int ldc) const override {
+  // Low precision: each operand 16-bit already (handed to cuBLAS as it is, with its own
+  // leading dimension) or fp32 (narrowed into a dense 16-bit copy, Lowp0 / Lowp1), then one
+  // cublasGemmEx with fp32 accumulation; alpha and beta apply in fp32, as on the CPU. An empty
+  // product (K = 0: C = beta C) reads no operand.
+  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, Operand A, int lda, Operand B,
+            int ldb, float beta, float* C, int ldc) const override {
     SW_OP_TIME();
+    if (A.has_lp() || B.has_lp()) require_lowp("gemm");
     const cudaStream_t s = begin();
     if (!lowp() || M <= 0 || N <= 0 || K <= 0) {  // K = 0: C = beta C, as the fp32 op
-      gemm_raw(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+      gemm_raw(ta, tb, M, N, K, alpha, A.f32, lda, B.f32, ldb, beta, C, ldc);
       return;
     }
-    const int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
-    const uint16_t* a16 = narrowed(s, Slot::Lowp0, A, lda, ar, ac);
-    const uint16_t* b16 = narrowed(s, Slot::Lowp1, B, ldb, br, bc);
-    gemm16(ta, tb, M, N, K, alpha, a16, ac, b16, bc, beta, C, ldc);
-  }
-  // gemm's low-precision branch with each operand either 16-bit already (handed to cuBLAS as it
-  // is, with its own leading dimension) or fp32 (narrowed into a dense copy, as gemm does).
-  // An empty K (C = beta C) goes through Ops' default, through gemm.
-  void gemm_lp(bool ta, bool tb, int M, int N, int K, float alpha, Operand A, int lda, Operand B,
-               int ldb, float beta, float* C, int ldc) const override {
-    SW_OP_TIME();
-    require_lowp("gemm_lp");
-    if (M <= 0 || N <= 0) return;  // nothing to write (gemm_raw's early return)
-    if (K <= 0) return Ops::gemm_lp(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    const cudaStream_t s = begin();
     const int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
     const uint16_t* a16 = A.lp ? A.lp : narrowed(s, Slot::Lowp0, A.f32, lda, ar, ac);
     const uint16_t* b16 = B.lp ? B.lp : narrowed(s, Slot::Lowp1, B.f32, ldb, br, bc);
     gemm16(ta, tb, M, N, K, alpha, a16, A.lp ? lda : ac, b16, B.lp ? ldb : bc, beta, C, ldc);
   }
 
-  void linear_forward(float* out, const float* inp, const float* w, const float* b, int N, int C,
-                      int OC) const override {
-    SW_OP_TIME();
-    linear_forward_any(out, inp, w, b, N, C, OC);
-  }
   // The input and the weight may be 16-bit already (kernels/ops.h): then no narrowing of them.
-  void linear_forward_lp(float* out, Operand inp, Operand w, const float* b, int N, int C,
-                         int OC) const override {
+  // A 16-bit output: cuBLAS writes it 16-bit from its fp32 sum (one rounding, as narrow would
+  // round the fp32 output); a bias in cuBLASLt's epilogue before that rounding, or (no
+  // algorithm for it) the fp32 output in a transient buffer, narrowed. The residual in the
+  // product's epilogue (gemm16_lt: beta 1, C = res); else the product, then residual_forward.
+  void linear_forward(Out out, Operand inp, Operand w, const float* b, const float* res, int N,
+                      int C, int OC) const override {
     SW_OP_TIME();
-    require_lowp("linear_forward_lp");
-    linear_forward_any(out, inp, w, b, N, C, OC);
+    if (inp.has_lp() || w.has_lp() || out.lp) require_lowp("linear_forward");
+    if (out.lp) {
+      if (out.f32 || res) refuse("linear_forward", "a 16-bit out with an fp32 one or res");
+      return linear_forward16(out.lp, inp, w, b, N, C, OC);
+    }
+    if (!res) return linear_forward_any(out.f32, inp, w, b, N, C, OC);
+    if (lowp() && N > 0 && OC > 0 && C > 0) {
+      const cudaStream_t s = begin();
+      const uint16_t* x16 = inp.lp ? inp.lp : narrowed(s, Slot::Lowp0, inp.f32, C, N, C);
+      const uint16_t* w16 = w.lp ? w.lp : narrowed(s, Slot::Lowp1, w.f32, C, OC, C);
+      if (gemm16_lt(s, N, OC, C, x16, w16, b, res, out.f32)) return;
+      return product_then_residual(out.f32, x16, w16, b, res, N, C, OC);
+    }
+    product_then_residual(out.f32, inp, w, b, res, N, C, OC);
   }
-  // The product's output in the compute precision: cuBLAS writes it 16-bit from its fp32 sum
-  // (one rounding, as narrow would round the fp32 output); a bias in cuBLASLt's epilogue before
-  // that rounding, or (no algorithm for it) the default: the fp32 output in a transient
-  // buffer, narrowed.
-  void linear_forward_lp16(uint16_t* out16, Operand inp, Operand w, const float* b, int N, int C,
-                           int OC) const override {
-    SW_OP_TIME();
-    require_lowp("linear_forward_lp16");
-    if (N <= 0 || OC <= 0 || C <= 0) return Ops::linear_forward_lp16(out16, inp, w, b, N, C, OC);
+  bool fuses_product_residual() const override { return lowp(); }
+  // The residual's other path: the product, then residual_forward.
+  void product_then_residual(float* out, Operand inp, Operand w, const float* b,
+                             const float* res, int N, int C, int OC) const {
+    linear_forward_any(out, inp, w, b, N, C, OC);
+    cuda::residual_forward(begin(), out, out, res, static_cast<size_t>(N) * OC);
+  }
+  // The 16-bit output (above); an empty shape through the fp32 product, narrowed.
+  void linear_forward16(uint16_t* out16, Operand inp, Operand w, const float* b, int N, int C,
+                        int OC) const {
+    if (N <= 0 || OC <= 0 || C <= 0)
+      return narrowed_out(out16, extent(N, OC),
+                          [&](float* t) { linear_forward_any(t, inp, w, b, N, C, OC); });
     const cudaStream_t s = begin();
     const uint16_t* x16 = inp.lp ? inp.lp : narrowed(s, Slot::Lowp0, inp.f32, C, N, C);
     const uint16_t* w16 = w.lp ? w.lp : narrowed(s, Slot::Lowp1, w.f32, C, OC, C);
     if (!b) return gemm16_out16(false, true, N, OC, C, x16, C, w16, C, out16, OC);
     // A bias in cuBLASLt's epilogue, 16-bit output; else the fp32 output in scratch, narrowed
     if (gemm16_lt(s, N, OC, C, x16, w16, b, nullptr, out16, true)) return;
-    Ops::linear_forward_lp16(out16, x16, w16, b, N, C, OC);
+    narrowed_out(out16, extent(N, OC),
+                 [&](float* t) { linear_forward_any(t, x16, w16, b, N, C, OC); });
   }
-  // The residual in the product's epilogue (gemm16_lt: beta 1, C = res); else the default
-  // (the product, then residual_forward).
-  void linear_forward_residual(float* out, Operand inp, Operand w, const float* b,
-                               const float* res, int N, int C, int OC) const override {
-    SW_OP_TIME();
-    if (lowp() && N > 0 && OC > 0 && C > 0) {
-      const cudaStream_t s = begin();
-      const uint16_t* x16 = inp.lp ? inp.lp : narrowed(s, Slot::Lowp0, inp.f32, C, N, C);
-      const uint16_t* w16 = w.lp ? w.lp : narrowed(s, Slot::Lowp1, w.f32, C, OC, C);
-      if (gemm16_lt(s, N, OC, C, x16, w16, b, res, out)) return;
-      return Ops::linear_forward_residual(out, x16, w16, b, res, N, C, OC);
-    }
-    Ops::linear_forward_residual(out, inp, w, b, res, N, C, OC);
-  }
-  bool fuses_product_residual() const override { return lowp(); }
   // inp and w fp32, or 16-bit (compute_'s values; lowp only), or both (the 16-bit form read).
   void linear_forward_any(float* out, Operand inp, Operand w, const float* b, int N, int C,
                           int OC) const {
@@ -578,39 +567,26 @@ class CudaOps final : public Ops {
   }
 
   // Low precision: dout is narrowed once for both products; db stays an fp32 column sum of the
-  // unrounded dout (the CPU's: a sum, not a product).
-  void linear_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                       const float* w, int N, int C, int OC) const override {
+  // unrounded dout (the CPU's: a sum, not a product). A written fp32 dinp: beta = 0 (cuBLAS
+  // does not read C then). A 16-bit dinp alone: written 16-bit by cuBLAS from its fp32 sum (one
+  // rounding, as narrow would round the fp32 dinp; gemm16_out16), dw and db as for an fp32 one.
+  void linear_backward(GradIn dinp, GradOut dw, GradOut db, Operand dout, Operand inp, Operand w,
+                       int N, int C, int OC) const override {
     SW_OP_TIME();
-    linear_backward_beta(dinp, dw, db, dout, inp, w, N, C, OC, 1.f);
-  }
-  // dinp with beta = 0: cuBLAS does not read C then.
-  void linear_backward_set(float* dinp, GradOut dw, GradOut db, const float* dout,
-                           const float* inp, const float* w, int N, int C,
-                           int OC) const override {
-    SW_OP_TIME();
-    linear_backward_beta(dinp, dw, db, dout, inp, w, N, C, OC, 0.f);
-  }
-  // dout, inp and w each fp32 or 16-bit; db, a column sum, of dout's fp32 form where it has
-  // one, else of its widened 16-bit values.
-  void linear_backward_lp_set(float* dinp, GradOut dw, GradOut db, Operand dout, Operand inp,
-                              Operand w, int N, int C, int OC) const override {
-    SW_OP_TIME();
-    require_lowp("linear_backward_lp_set");
-    linear_backward_beta(dinp, dw, db, dout, inp, w, N, C, OC, 0.f);
-  }
-  // dinp written 16-bit by cuBLAS from its fp32 sum (one rounding, as narrow would round the
-  // fp32 dinp; gemm16_out16), dw and db as linear_backward_lp_set's.
-  void linear_backward_lp16_set(uint16_t* dinp16, GradOut dw, GradOut db, Operand dout,
-                                Operand inp, Operand w, int N, int C, int OC) const override {
-    SW_OP_TIME();
-    require_lowp("linear_backward_lp16_set");
-    if (!dinp16 || N <= 0 || OC <= 0 || C <= 0)
-      return Ops::linear_backward_lp16_set(dinp16, dw, db, dout, inp, w, N, C, OC);
+    if (dinp.lp && (dinp.f32 || !dinp.write))
+      refuse("linear_backward", "dinp 16-bit beside fp32 or added into");
+    if (dout.has_lp() || inp.has_lp() || w.has_lp() || dinp.lp) require_lowp("linear_backward");
+    if (!dinp.lp)
+      return linear_backward_beta(dinp.f32, dw, db, dout, inp, w, N, C, OC,
+                                  dinp.write ? 0.f : 1.f);
+    if (N <= 0 || OC <= 0 || C <= 0)
+      return narrowed_out(dinp.lp, extent(N, C), [&](float* t) {
+        linear_backward_beta(t, dw, db, dout, inp, w, N, C, OC, 0.f);
+      });
     const cudaStream_t s = begin();
     const uint16_t* d16 = dout.lp ? dout.lp : narrowed(s, Slot::Lowp0, dout.f32, OC, N, OC);
     const uint16_t* w16 = w.lp ? w.lp : narrowed(s, Slot::Lowp1, w.f32, C, OC, C);
-    gemm16_out16(false, false, N, C, OC, d16, OC, w16, C, dinp16, C);
+    gemm16_out16(false, false, N, C, OC, d16, OC, w16, C, dinp.lp, C);
     linear_backward_beta(nullptr, dw, db, d16, inp, w, N, C, OC, 0.f, dout.f32);
   }
   // dout, inp and w fp32, or 16-bit (compute_'s values; lowp only; with N, C or OC = 0, dw has
@@ -655,17 +631,12 @@ class CudaOps final : public Ops {
     }
   }
 
-  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                         int B, int T, int C) const override {
-    SW_OP_TIME();
-    cuda::embedding_forward(begin(), out, tokens, wte, wpe, B, T, C);
-  }
   // The 16-bit table where given (a unit keeping its embedding 16-bit only), else the fp32 one.
-  void embedding_forward_lp(float* out, const int32_t* tokens, Operand wte, const float* wpe,
-                            int B, int T, int C, int /*V*/) const override {
+  void embedding_forward(float* out, const int32_t* tokens, Operand wte, const float* wpe, int B,
+                         int T, int C, int /*V*/) const override {
     SW_OP_TIME();
     if (!wte.lp) return cuda::embedding_forward(begin(), out, tokens, wte.f32, wpe, B, T, C);
-    require_lowp("embedding_forward_lp");
+    require_lowp("embedding_forward");
     cuda::embedding_forward16(begin(), dt(), out, tokens, wte.lp, wpe, B, T, C);
   }
   void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
@@ -674,152 +645,88 @@ class CudaOps final : public Ops {
     cuda::embedding_backward(begin(), dwte, dwpe, dout, tokens, B, T, C);
   }
 
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+  // The norms: fp32 kernels, the residual sum in their first pass (res), a 16-bit output with
+  // only the store narrowed, the backward's 16-bit dinp stored narrowed beside the sums.
+  void layernorm_forward(Out out, float* mean, float* rstd, NormIn inp, const float* w,
                          const float* b, int N, int C) const override {
     SW_OP_TIME();
-    cuda::layernorm_forward(begin(), nullptr, out, mean, rstd, inp, nullptr, w, b, N, C);
+    if (!out.lp)
+      return cuda::layernorm_forward(begin(), inp.b ? inp.res : nullptr, out.f32, mean, rstd,
+                                     inp.a, inp.b, w, b, N, C);
+    require_lowp("layernorm_forward");
+    cuda::layernorm_forward(begin(), inp.b ? inp.res : nullptr, nullptr, mean, rstd, inp.a, inp.b,
+                            w, b, N, C, out.lp, dt());
   }
-  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+  void layernorm_backward(GradIn dinp, float* dw, float* db, const float* dout, const float* inp,
                           const float* w, const float* mean, const float* rstd, int N,
                           int C) const override {
     SW_OP_TIME();
+    norm_dinp("layernorm_backward", dinp);
     const cudaStream_t s = begin();
-    cuda::layernorm_backward(s, dinp, dw, db, dout, inp, w, mean, rstd, N, C,
-                             wsf(Slot::Norm, cuda::colsum_ws(N, C)));
+    float* ws = wsf(Slot::Norm, cuda::colsum_ws(N, C));
+    if (!dinp.lp)
+      return cuda::layernorm_backward(s, dinp.f32, dw, db, dout, inp, w, mean, rstd, N, C, ws);
+    cuda::layernorm_backward(s, dinp.f32, dw, db, dout, inp, w, mean, rstd, N, C, ws, dinp.lp,
+                             dt());
   }
-  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C,
+  void rmsnorm_forward(Out out, float* rstd, NormIn inp, const float* w, int N, int C,
                        float eps) const override {
     SW_OP_TIME();
-    cuda::rmsnorm_forward(begin(), nullptr, out, rstd, inp, nullptr, w, N, C, eps);
+    if (!out.lp)
+      return cuda::rmsnorm_forward(begin(), inp.b ? inp.res : nullptr, out.f32, rstd, inp.a,
+                                   inp.b, w, N, C, eps);
+    require_lowp("rmsnorm_forward");
+    cuda::rmsnorm_forward(begin(), inp.b ? inp.res : nullptr, nullptr, rstd, inp.a, inp.b, w, N,
+                          C, eps, out.lp, dt());
   }
-  void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp,
+  void rmsnorm_backward(GradIn dinp, float* dw, const float* dout, const float* inp,
                         const float* w, const float* rstd, int N, int C) const override {
     SW_OP_TIME();
+    norm_dinp("rmsnorm_backward", dinp);
     const cudaStream_t s = begin();
-    cuda::rmsnorm_backward(s, dinp, dw, dout, inp, w, rstd, N, C,
-                           wsf(Slot::Norm, cuda::colsum_ws(N, C)));
-  }
-  void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a,
-                                  const float* b, const float* w, const float* bias, int N,
-                                  int C) const override {
-    SW_OP_TIME();
-    cuda::layernorm_forward(begin(), res, out, mean, rstd, a, b, w, bias, N, C);
-  }
-  void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a,
-                                const float* b, const float* w, int N, int C,
-                                float eps) const override {
-    SW_OP_TIME();
-    cuda::rmsnorm_forward(begin(), res, out, rstd, a, b, w, N, C, eps);
-  }
-  // The residual gradient in both forms: the fp32 kernels with a narrowed store added.
-  void layernorm_backward_lp(float* dinp, uint16_t* dinp16, float* dw, float* db,
-                             const float* dout, const float* inp, const float* w,
-                             const float* mean, const float* rstd, int N,
-                             int C) const override {
-    SW_OP_TIME();
-    require_lowp("layernorm_backward_lp");
-    SW_CHECK(dinp, "layernorm_backward_lp: no dinp");
-    const cudaStream_t s = begin();
-    cuda::layernorm_backward(s, dinp, dw, db, dout, inp, w, mean, rstd, N, C,
-                             wsf(Slot::Norm, cuda::colsum_ws(N, C)), dinp16, dt());
-  }
-  void rmsnorm_backward_lp(float* dinp, uint16_t* dinp16, float* dw, const float* dout,
-                           const float* inp, const float* w, const float* rstd, int N,
-                           int C) const override {
-    SW_OP_TIME();
-    require_lowp("rmsnorm_backward_lp");
-    SW_CHECK(dinp, "rmsnorm_backward_lp: no dinp");
-    const cudaStream_t s = begin();
-    cuda::rmsnorm_backward(s, dinp, dw, dout, inp, w, rstd, N, C,
-                           wsf(Slot::Norm, cuda::colsum_ws(N, C)), dinp16, dt());
-  }
-  // The norms' 16-bit outputs: the fp32 kernels with only the store narrowed (norm.cu).
-  void rmsnorm_forward_lp(uint16_t* out16, float* rstd, const float* inp, const float* w, int N,
-                          int C, float eps) const override {
-    SW_OP_TIME();
-    require_lowp("rmsnorm_forward_lp");
-    cuda::rmsnorm_forward(begin(), nullptr, nullptr, rstd, inp, nullptr, w, N, C, eps, out16,
-                          dt());
-  }
-  void residual_rmsnorm_forward_lp(float* res, uint16_t* out16, float* rstd, const float* a,
-                                   const float* b, const float* w, int N, int C,
-                                   float eps) const override {
-    SW_OP_TIME();
-    require_lowp("residual_rmsnorm_forward_lp");
-    cuda::rmsnorm_forward(begin(), res, nullptr, rstd, a, b, w, N, C, eps, out16, dt());
-  }
-  void layernorm_forward_lp(uint16_t* out16, float* mean, float* rstd, const float* inp,
-                            const float* w, const float* b, int N, int C) const override {
-    SW_OP_TIME();
-    require_lowp("layernorm_forward_lp");
-    cuda::layernorm_forward(begin(), nullptr, nullptr, mean, rstd, inp, nullptr, w, b, N, C,
-                            out16, dt());
-  }
-  void residual_layernorm_forward_lp(float* res, uint16_t* out16, float* mean, float* rstd,
-                                     const float* a, const float* b, const float* w,
-                                     const float* bias, int N, int C) const override {
-    SW_OP_TIME();
-    require_lowp("residual_layernorm_forward_lp");
-    cuda::layernorm_forward(begin(), res, nullptr, mean, rstd, a, b, w, bias, N, C, out16, dt());
+    float* ws = wsf(Slot::Norm, cuda::colsum_ws(N, C));
+    if (!dinp.lp) return cuda::rmsnorm_backward(s, dinp.f32, dw, dout, inp, w, rstd, N, C, ws);
+    cuda::rmsnorm_backward(s, dinp.f32, dw, dout, inp, w, rstd, N, C, ws, dinp.lp, dt());
   }
 
-  void gelu_forward(float* out, const float* inp, size_t n) const override {
+  // The element-wise ops read each input 16-bit where it has that form.
+  void gelu_forward(Out out, Operand inp, size_t n) const override {
     SW_OP_TIME();
-    cuda::gelu_forward(begin(), out, inp, n);
+    if (out.lp) {
+      require_lowp("gelu_forward");
+      if (inp.lp) return cuda::gelu_forward_lp(begin(), dt(), out.lp, inp.lp, n);
+      return cuda::gelu_forward_lp(begin(), dt(), out.lp, inp.f32, n);
+    }
+    if (!inp.f32 && n) refuse("gelu_forward", "an fp32 out from a 16-bit inp");
+    cuda::gelu_forward(begin(), out.f32, inp.f32, n);
   }
-  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const override {
+  void gelu_backward(GradIn dinp, Operand inp, Operand dout, size_t n) const override {
     SW_OP_TIME();
-    cuda::gelu_backward(begin(), dinp, inp, dout, n);
+    if (!dinp.lp && !inp.has_lp() && !dout.has_lp())
+      return cuda::gelu_backward(begin(), dinp.f32, inp.f32, dout.f32, n, dinp.write);
+    require_lowp("gelu_backward");
+    if (!dinp.write || !dinp) refuse("gelu_backward", "16-bit forms without dinp written");
+    cuda::gelu_backward_set(begin(), dt(), dinp.f32, inp.lp ? nullptr : inp.f32, inp.lp,
+                            dout.lp ? nullptr : dout.f32, dout.lp, n, dinp.lp);
   }
-  void gelu_backward_set(float* dinp, const float* inp, const float* dout,
-                         size_t n) const override {
+  void swiglu_forward(Out out, Operand gu, int N, int F) const override {
     SW_OP_TIME();
-    cuda::gelu_backward(begin(), dinp, inp, dout, n, true);
+    if (out.lp) {
+      require_lowp("swiglu_forward");
+      if (gu.lp) return cuda::swiglu_forward_lp(begin(), dt(), out.lp, gu.lp, N, F);
+      return cuda::swiglu_forward_lp(begin(), dt(), out.lp, gu.f32, N, F);
+    }
+    if (!gu.f32 && N && F) refuse("swiglu_forward", "an fp32 out from a 16-bit gu");
+    cuda::swiglu_forward(begin(), out.f32, gu.f32, N, F);
   }
-  // inp and dout each read 16-bit where they have that form.
-  void gelu_backward_lp_set(float* dinp, uint16_t* dinp16, Operand inp, Operand dout,
-                            size_t n) const override {
+  void swiglu_backward(GradIn dgu, Operand dout, Operand gu, int N, int F) const override {
     SW_OP_TIME();
-    require_lowp("gelu_backward_lp_set");
-    cuda::gelu_backward_set(begin(), dt(), dinp, inp.lp ? nullptr : inp.f32, inp.lp,
-                            dout.lp ? nullptr : dout.f32, dout.lp, n, dinp16);
-  }
-  void swiglu_forward(float* out, const float* gu, int N, int F) const override {
-    SW_OP_TIME();
-    cuda::swiglu_forward(begin(), out, gu, N, F);
-  }
-  void swiglu_backward(float* dgu, const float* dout, const float* gu, int N,
-                       int F) const override {
-    SW_OP_TIME();
-    cuda::swiglu_backward(begin(), dgu, dout, gu, N, F);
-  }
-  void swiglu_backward_set(float* dgu, const float* dout, const float* gu, int N,
-                           int F) const override {
-    SW_OP_TIME();
-    cuda::swiglu_backward(begin(), dgu, dout, gu, N, F, true);
-  }
-  void swiglu_forward_lp(uint16_t* out16, Operand gu, int N, int F) const override {
-    SW_OP_TIME();
-    require_lowp("swiglu_forward_lp");
-    if (gu.lp)
-      cuda::swiglu_forward_lp(begin(), dt(), out16, gu.lp, N, F);
-    else
-      cuda::swiglu_forward_lp(begin(), dt(), out16, gu.f32, N, F);
-  }
-  void gelu_forward_lp(uint16_t* out16, Operand inp, size_t n) const override {
-    SW_OP_TIME();
-    require_lowp("gelu_forward_lp");
-    if (inp.lp)
-      cuda::gelu_forward_lp(begin(), dt(), out16, inp.lp, n);
-    else
-      cuda::gelu_forward_lp(begin(), dt(), out16, inp.f32, n);
-  }
-  // dout and gu each read 16-bit where they have that form.
-  void swiglu_backward_lp_set(uint16_t* dgu16, Operand dout, Operand gu, int N,
-                              int F) const override {
-    SW_OP_TIME();
-    require_lowp("swiglu_backward_lp_set");
-    cuda::swiglu_backward_lp_set(begin(), dt(), dgu16, dout.lp ? nullptr : dout.f32, dout.lp,
+    if (!dgu.lp && !dout.has_lp() && !gu.has_lp())
+      return cuda::swiglu_backward(begin(), dgu.f32, dout.f32, gu.f32, N, F, dgu.write);
+    require_lowp("swiglu_backward");
+    if (!dgu.write || dgu.f32 || !dgu.lp)
+      refuse("swiglu_backward", "16-bit forms with dgu other than 16-bit and written");
+    cuda::swiglu_backward_lp_set(begin(), dt(), dgu.lp, dout.lp ? nullptr : dout.f32, dout.lp,
                                  gu.lp ? nullptr : gu.f32, gu.lp, N, F);
   }
   void residual_forward(float* out, const float* a, const float* b, size_t n) const override {
@@ -827,101 +734,82 @@ class CudaOps final : public Ops {
     cuda::residual_forward(begin(), out, a, b, n);
   }
 
-  void rope_forward(float* qkv, int B, int T, int H, int KVH, int hd,
+  // RoPE: the angle table of (T, hd, theta), built once (CudaDevice::rope_table); fp32 in
+  // place, or into 16 bits from either form (the same table, the same arithmetic: v heads
+  // narrowed as they are; a 16-bit input may be the output itself, rotated in place).
+  void rope_forward(Out out, Operand qkv, int B, int T, int H, int KVH, int hd,
                     float theta) const override {
     SW_OP_TIME();
-    SW_CHECK(hd % 2 == 0, "rope: head dim must be even");
-    const cudaStream_t s = begin();
-    cuda::rope_apply(s, qkv, d_.rope_table(s, T, hd, theta), B, T, H, KVH, hd, 1.f);
+    rope("rope_forward", out, qkv, B, T, H, KVH, hd, theta, 1.f);
   }
-  void rope_backward(float* dqkv, int B, int T, int H, int KVH, int hd,
+  void rope_backward(Out out, Operand dqkv, int B, int T, int H, int KVH, int hd,
                      float theta) const override {
     SW_OP_TIME();
-    SW_CHECK(hd % 2 == 0, "rope: head dim must be even");
-    const cudaStream_t s = begin();
-    cuda::rope_apply(s, dqkv, d_.rope_table(s, T, hd, theta), B, T, H, KVH, hd, -1.f);
+    rope("rope_backward", out, dqkv, B, T, H, KVH, hd, theta, -1.f);
   }
-  // rope_backward's inverse rotation (the same table, the same arithmetic) into 16 bits, v
-  // heads narrowed as they are; dqkv is only read (16-bit where it has that form: then it may
-  // be dqkv16 itself, rotated in place).
-  void rope_backward_lp(uint16_t* dqkv16, Operand dqkv, int B, int T, int H, int KVH, int hd,
-                        float theta) const override {
-    SW_OP_TIME();
-    rope_lp("rope_backward_lp", dqkv16, dqkv, B, T, H, KVH, hd, theta, -1.f);
-  }
-  // rope_forward's rotation (its table, its arithmetic, sign +1) into 16 bits, v heads
-  // narrowed as they are: narrow(rope_forward(widened copy of qkv)); qkv is only read
-  // (16-bit where it has that form: then it may be qkv16 itself, rotated in place).
-  void rope_forward_lp(uint16_t* qkv16, Operand qkv, int B, int T, int H, int KVH, int hd,
-                       float theta) const override {
-    SW_OP_TIME();
-    rope_lp("rope_forward_lp", qkv16, qkv, B, T, H, KVH, hd, theta, 1.f);
-  }
-  void rope_lp(const char* op, uint16_t* out16, Operand in, int B, int T, int H, int KVH,
-               int hd, float theta, float sign) const {
+  void rope(const char* op, Out out, Operand in, int B, int T, int H, int KVH, int hd,
+            float theta, float sign) const {
+    if (!out.lp) {
+      if (in.lp || in.f32 != out.f32) refuse(op, "an fp32 out other than the fp32 input itself");
+      SW_CHECK(hd % 2 == 0, "rope: head dim must be even");
+      const cudaStream_t s = begin();
+      return cuda::rope_apply(s, out.f32, d_.rope_table(s, T, hd, theta), B, T, H, KVH, hd, sign);
+    }
     require_lowp(op);
     SW_CHECK(hd % 2 == 0, "rope: head dim must be even");
     const cudaStream_t s = begin();
     const float* tab = d_.rope_table(s, T, hd, theta);
     if (in.lp)
-      cuda::rope_apply_lp(s, dt(), out16, in.lp, tab, B, T, H, KVH, hd, sign);
+      cuda::rope_apply_lp(s, dt(), out.lp, in.lp, tab, B, T, H, KVH, hd, sign);
     else
-      cuda::rope_apply_lp(s, dt(), out16, in.f32, tab, B, T, H, KVH, hd, sign);
+      cuda::rope_apply_lp(s, dt(), out.lp, in.f32, tab, B, T, H, KVH, hd, sign);
   }
 
-  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KVH,
+  // fp32: the path attention_path.h chooses (fp32 compute: the flash kernels). 16-bit: on the
+  // cuDNN path cuDNN reads qkv as it is and writes O straight into out (the narrowing of qkv
+  // and the widening of O gone): the fp32 op on widen(qkv) narrows it back to the same 16-bit
+  // values, and its out is widen(O16), so narrow(out) == O16 and the bits are the same. The
+  // cuBLAS and flash paths, and a shape cuDNN refuses (or a pointer off the 16-byte alignment
+  // cuDNN's graphs assume), take the fp32 op on widened copies (Buffers per call), narrowed.
+  void attention_forward(Out out, float* lse, Operand qkv, int B, int T, int H, int KVH,
                          int hd) const override {
     SW_OP_TIME();
-    const cuda::AttentionPath path = cuda::attention_path_from_env(lowp());
-    if (path == cuda::AttentionPath::Cudnn &&
-        cudnn_attention_forward(out, lse, qkv, B, T, H, KVH, hd))
-      return;
-    if (path != cuda::AttentionPath::Flash)
-      return attention_mm_forward(out, lse, qkv, B, T, H, KVH, hd);
-    cuda::attention_forward(begin(), out, lse, qkv, B, T, H, KVH, hd, dt());
-  }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                          const float* lse, int B, int T, int H, int KVH,
-                          int hd) const override {
-    SW_OP_TIME();
-    attention_backward_any(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd, false);
-  }
-  // cuDNN writes its widened gradients (no zeroing, no read of dqkv); the other paths
-  // accumulate into zeros.
-  void attention_backward_set(float* dqkv, const float* dout, const float* qkv, const float* out,
-                              const float* lse, int B, int T, int H, int KVH,
-                              int hd) const override {
-    SW_OP_TIME();
-    attention_backward_any(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd, true);
-  }
-  // 16-bit qkv and output (kernels/ops.h). On the cuDNN path cuDNN reads qkv16 as it is and
-  // writes O straight into out16 (the narrowing of qkv and the widening of O gone): the fp32
-  // op on widen(qkv16) narrows it back to the same qkv16 values, and its out is widen(O16), so
-  // narrow(out) == O16 and the bits are the same. The cuBLAS and flash paths, and a shape
-  // cuDNN refuses (or a pointer off the 16-byte alignment cuDNN's graphs assume), take Ops'
-  // default: the fp32 op on widened copies (Buffers per call), narrowed.
-  void attention_forward_lp(uint16_t* out16, float* lse, const uint16_t* qkv16, int B, int T,
-                            int H, int KVH, int hd) const override {
-    SW_OP_TIME();
-    require_lowp("attention_forward_lp");
+    if (!out.lp && !qkv.has_lp()) {
+      const cuda::AttentionPath path = cuda::attention_path_from_env(lowp());
+      if (path == cuda::AttentionPath::Cudnn &&
+          cudnn_attention_forward(out.f32, lse, qkv.f32, B, T, H, KVH, hd))
+        return;
+      if (path != cuda::AttentionPath::Flash)
+        return attention_mm_forward(out.f32, lse, qkv.f32, B, T, H, KVH, hd);
+      return cuda::attention_forward(begin(), out.f32, lse, qkv.f32, B, T, H, KVH, hd, dt());
+    }
+    require_lowp("attention_forward");
+    if (!out.lp || !qkv.lp) refuse("attention_forward", "one of out and qkv 16-bit");
     if (cuda::attention_path_from_env(true) == cuda::AttentionPath::Cudnn &&
-        cudnn_attention_forward_lp(out16, lse, qkv16, B, T, H, KVH, hd))
+        cudnn_attention_forward_lp(out.lp, lse, qkv.lp, B, T, H, KVH, hd))
       return;
-    Ops::attention_forward_lp(out16, lse, qkv16, B, T, H, KVH, hd);
+    attention_forward_through_f32(out, lse, qkv, B, T, H, KVH, hd);
   }
-  // On the cuDNN path: qkv16 and out16 to cuDNN as they are, dout narrowed (or taken as it is
-  // where it is 16-bit), dq/dk/dv widened into dqkv (written, as attention_backward_set there;
-  // without dqkv, cuDNN's 16-bit values are the whole result). Elsewhere Ops' default, as
-  // above.
-  void attention_backward_lp_set(float* dqkv, uint16_t* dqkv16, Operand dout,
-                                 const uint16_t* qkv16, const uint16_t* out16, const float* lse,
-                                 int B, int T, int H, int KVH, int hd) const override {
+  // fp32: cuDNN writes its widened gradients (no zeroing, no read of dqkv) where written; the
+  // other paths accumulate, into zeros where written. 16-bit: on the cuDNN path qkv and out to
+  // cuDNN as they are, dout narrowed (or taken as it is where it is 16-bit), dq/dk/dv widened
+  // into the fp32 dqkv (without one, cuDNN's 16-bit values are the whole result); elsewhere the
+  // fp32 op on widened copies, dqkv narrowed where it has a 16-bit form.
+  void attention_backward(GradIn dqkv, Operand dout, Operand qkv, Operand out, const float* lse,
+                          int B, int T, int H, int KVH, int hd) const override {
     SW_OP_TIME();
-    require_lowp("attention_backward_lp_set");
+    if (!qkv.has_lp() && !out.has_lp() && !dout.has_lp() && !dqkv.lp)
+      return attention_backward_any(dqkv.f32, dout.f32, qkv.f32, out.f32, lse, B, T, H, KVH, hd,
+                                    dqkv.write);
+    require_lowp("attention_backward");
+    if (!qkv.lp || !out.lp)
+      refuse("attention_backward", "16-bit forms without 16-bit qkv and out");
+    if (!dqkv.write || !dqkv) refuse("attention_backward", "16-bit forms without dqkv written");
     if (cuda::attention_path_from_env(true) == cuda::AttentionPath::Cudnn &&
-        cudnn_attention_backward_lp_set(dqkv, dqkv16, dout, qkv16, out16, lse, B, T, H, KVH, hd))
+        cudnn_attention_backward_lp_set(dqkv.f32, dqkv.lp, dout, qkv.lp, out.lp, lse, B, T, H,
+                                        KVH, hd))
       return;
-    Ops::attention_backward_lp_set(dqkv, dqkv16, dout, qkv16, out16, lse, B, T, H, KVH, hd);
+    attention_backward_through_f32(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd);
   }
   void attention_backward_any(float* dqkv, const float* dout, const float* qkv, const float* out,
                               const float* lse, int B, int T, int H, int KVH, int hd,
@@ -972,56 +860,43 @@ class CudaOps final : public Ops {
     xent(total, true, rl, dx, dw, x, w, targets, N, C, V, grad_scale);
   }
 
+  // With copies, written by the update's kernel: the master read once (4 bytes a parameter
+  // less than adamw, then round_copy with a 16-bit copy); a gradient to round (grad_dt) is
+  // rounded as the kernel reads it.
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
-             float beta2, float eps, float wd, int step, float grad_mult) const override {
+             float beta2, float eps, float wd, int step, float grad_mult,
+             const AdamWCopies& copies = {}) const override {
     SW_OP_TIME();
-    cuda::adamw(begin(), param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult);
-  }
-  // The copies written by the update's kernel: the master read once (4 bytes a parameter less
-  // than adamw, then round_copy_lp).
-  // A gradient to round (grad_dt) is rounded as the kernel reads it.
-  void adamw_copies(float* param, const float* grad, float* m, float* v, size_t n, float lr,
-                    float beta1, float beta2, float eps, float wd, int step, float grad_mult,
-                    DType dt, float* param32, uint16_t* param16, DType grad_dt) const override {
-    SW_OP_TIME();
-    SW_CHECK(dt != DType::F32, "adamw_copies: needs a 16-bit dtype");
+    if (copies.dt == DType::F32)
+      return cuda::adamw(begin(), param, grad, m, v, n, lr, beta1, beta2, eps, wd, step,
+                         grad_mult);
     cuda::adamw(begin(), param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult,
-                dt_code(dt), param32, param16, dt_code(grad_dt));
+                dt_code(copies.dt), copies.param32, copies.param16, dt_code(copies.grad_dt));
   }
   bool rounds_grads_on_read() const override { return true; }
   bool prefers_lp_operands() const override { return true; }  // (cuBLAS takes them as they are)
 
-  double sum_squares(const float* x, size_t n) const override {
+  // Each sum into device memory (sums_into: the values rounded as the kernel reads them where
+  // dt asks, in the same order, so the bits of round_to then the sum). Into host memory: one
+  // buffer's sum with its partials in Reduce, read once; several into a device array in
+  // Reduce, one read of all k.
+  void sums_of_squares(const float* const* xs, const size_t* ns, int k, double* out, SumsTo to,
+                       DType dt = DType::F32) const override {
     SW_OP_TIME();
-    const cudaStream_t s = begin();
-    const size_t parts = cuda::sum_squares_ws(n);
-    double* ws = reinterpret_cast<double*>(wsf(Slot::Reduce, 2 * (parts + 1)));
-    cuda::sum_squares(s, ws, x, n, ws + 1);
-    return read_double(s, ws);
-  }
-  // Each buffer's sum as sum_squares computes it, into a device array; one read of all k.
-  void sum_squares_each(const float* const* xs, const size_t* ns, int k,
-                        double* out) const override {
-    SW_OP_TIME();
+    if (to == SumsTo::Device) return sums_into(xs, ns, k, out, dt_code(dt));
     if (k <= 0) return;
-    double* res = reinterpret_cast<double*>(wsf(Slot::Reduce, 2 * size_t(k)));
-    sum_squares_into(xs, ns, k, res);  // (its workspaces: Slot::Reduce2)
     const cudaStream_t s = begin();
+    if (k == 1 && dt == DType::F32) {
+      const size_t parts = cuda::sum_squares_ws(ns[0]);
+      double* ws = reinterpret_cast<double*>(wsf(Slot::Reduce, 2 * (parts + 1)));
+      cuda::sum_squares(s, ws, xs[0], ns[0], ws + 1);
+      out[0] = read_double(s, ws);
+      return;
+    }
+    double* res = reinterpret_cast<double*>(wsf(Slot::Reduce, 2 * size_t(k)));
+    sums_into(xs, ns, k, res, dt_code(dt));  // (its workspaces: Slot::Reduce2)
     SW_CUDA_CHECK(cudaMemcpyAsync(out, res, sizeof(double) * size_t(k), cudaMemcpyDeviceToHost, s));
     SW_CUDA_CHECK(cudaStreamSynchronize(s));
-  }
-  // Each sum into out (device) (sums_into).
-  void sum_squares_into(const float* const* xs, const size_t* ns, int k,
-                        double* out) const override {
-    SW_OP_TIME();
-    sums_into(xs, ns, k, out, 0);
-  }
-  // The same kernel rounding each value as it reads it (the same order, so the bits of
-  // round_to then sum_squares_into).
-  void sum_squares_rounded_into(DType dt, const float* const* xs, const size_t* ns, int k,
-                                double* out) const override {
-    SW_OP_TIME();
-    sums_into(xs, ns, k, out, dt_code(dt));
   }
   static int dt_code(DType d) { return d == DType::BF16 ? 1 : d == DType::F16 ? 2 : 0; }
 
@@ -1165,23 +1040,37 @@ class CudaOps final : public Ops {
     const cudaStream_t s = begin();
     if (dt != DType::F32) cuda::round_to(s, static_cast<int>(dt), x, n);
   }
-  void round_copy(DType dt, float* dst, const float* src, size_t n) const override {
+  // With dst16 (dt BF16 / F16), the 16-bit copy written by the same kernel.
+  void round_copy(DType dt, float* dst, const float* src, size_t n,
+                  uint16_t* dst16 = nullptr) const override {
     SW_OP_TIME();
     const cudaStream_t s = begin();
+    if (dst16) {
+      SW_CHECK(dt != DType::F32, "round_copy: a 16-bit copy needs a 16-bit dtype");
+      return cuda::round_copy(s, static_cast<int>(dt), dst, src, n, dst16);
+    }
     if (dt != DType::F32)
       cuda::round_copy(s, static_cast<int>(dt), dst, src, n);
     else if (dst != src && n)
       SW_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, s));
   }
-  void round_copy_lp(DType dt, float* dst, uint16_t* dst16, const float* src,
-                     size_t n) const override {
-    SW_OP_TIME();
-    SW_CHECK(dt != DType::F32, "round_copy_lp: needs a 16-bit dtype");
-    cuda::round_copy(begin(), static_cast<int>(dt), dst, src, n, dst16);
-  }
 
  private:
   cudaStream_t begin() const { return d_.begin(); }
+  static size_t extent(int r, int c) { return size_t(r > 0 ? r : 0) * size_t(c > 0 ? c : 0); }
+  // A 16-bit output through fp32 ops: `write` fills n fp32 values in a transient device
+  // buffer, which are then narrowed into out16.
+  template <class F>
+  void narrowed_out(uint16_t* out16, size_t n, F&& write) const {
+    Buffer t(std::max<size_t>(n, 1) * sizeof(float), Mem::Workspace, device());
+    write(t.f32());
+    narrow(compute_, t.f32(), out16, n);
+  }
+  // The norms' dinp: fp32 added into, a 16-bit form beside it (BF16 / F16) written.
+  void norm_dinp(const char* op, GradIn dinp) const {
+    if (!dinp.f32 || dinp.write) refuse(op, "dinp other than fp32 added into");
+    if (dinp.lp) require_lowp(op);
+  }
   float* wsf(Slot slot, size_t floats) const { return d_.wsf(slot, floats); }
   uint16_t* wsh(Slot slot, size_t n) const { return d_.wsh(slot, n); }
   bool lowp() const { return compute_ != DType::F32; }
@@ -1253,14 +1142,15 @@ class CudaOps final : public Ops {
   // (CUBLASLT_EPILOGUE_BIAS) and the fp32 residual (beta = 1, C = res, D = out) to the fp32
   // product as it writes it: the add_bias_rows + beta-1 path wrote b into every row first and
   // the product read it back, and a residual pass read the output back and wrote it again
-  // (linear_forward_residual). The same fp32 operations (the product, then + b, + res), though
+  // (linear_forward with res). The same fp32 operations (the product, then + b, + res), though
   // cuBLASLt's kernel may sum the product in another order than cublasGemmEx's and add b and
   // res in another order. The plan of a shape is made once (CudaDevice::lt_plan), with the
   // operands' actual alignments, which the heuristic must be told (it assumes 256 bytes).
   // False, and the caller takes the other path, where cuBLASLt has no algorithm for the shape,
   // the bias is not 16-byte aligned, the call fails, or SHARDWISE_CUDA_LT=0.
   // out16: D is written in the compute precision (void* out holds 16-bit values), the fp32 sum
-  // plus the bias rounded once (linear_forward_lp16; no residual then: C would have D's type).
+  // plus the bias rounded once (linear_forward's 16-bit out; no residual then: C would have D's
+  // type).
   bool gemm16_lt(cudaStream_t s, int N, int OC, int C, const uint16_t* x16, const uint16_t* w16,
                  const float* b, const float* res, void* out, bool out16 = false) const {
     static const bool off = env_switched_off("SHARDWISE_CUDA_LT");
@@ -1462,7 +1352,7 @@ class CudaOps final : public Ops {
   // 16-bit and is widened into out; the backward narrows qkv, out (giving the forward's O bit
   // for bit) and dout, and adds cuDNN's 16-bit dQ, dK, dV (AttnS) into dqkv. cuDNN's workspace
   // is AttnP. A shape cuDNN refuses returns false (the caller takes the cuBLAS path), with one
-  // line on stderr, when its graph is first tried, saying why. The *_lp forms (below) take the
+  // line on stderr, when its graph is first tried, saying why. The 16-bit forms (below) take the
   // 16-bit qkv and O from the caller: no narrowing of them, no widening of O.
   // The graph's workspace (AttnP; null when it needs none), or false when cuDNN refuses the
   // shape.
@@ -1537,8 +1427,8 @@ class CudaOps final : public Ops {
     return true;
   }
 
-  // The 16-bit-operand forms of the two above (attention_forward_lp,
-  // attention_backward_lp_set): the caller's qkv16 and out16 go to cuDNN as they are, so
+  // The 16-bit-operand forms of the two above (attention_forward's and
+  // attention_backward's): the caller's qkv16 and out16 go to cuDNN as they are, so
   // AttnPack holds only the backward's dO. False, as above, when cuDNN refuses the shape, and
   // also when qkv16 or out16 is not 16-byte aligned (the alignment cuDNN's frontend assumes
   // for every tensor; the packed scratch of the fp32 forms always has it).

@@ -344,7 +344,7 @@ __device__ __forceinline__ void adamw_f(const AdamC& c, float* p, float grad, fl
   *p = *p * c.decay - c.step_size * (mi / denom);
 }
 
-// The updated values' compute copies (Ops::adamw_copies): p16 = narrow, p32 = its widening;
+// The updated values' compute copies (Ops::adamw's copies): p16 = narrow, p32 = its widening;
 // p16 null: none. gdt (0: none): the gradient read rounded to that type (round_to's values).
 struct AdamOut {
   int dt;
@@ -668,7 +668,7 @@ struct Gelu4 {
   __device__ void operator()(size_t i) const { st4(out + i, map4(ld4(inp + i), GeluF{})); }
 };
 // The old values a backward adds its gradient to: dst's (accumulate), or zeros (Set: the
-// *_set forms, dst never read).
+// written gradients, dst never read).
 template <bool Set>
 __device__ float4 base4(const float* dst) {
   return Set ? make_float4(0.f, 0.f, 0.f, 0.f) : ld4(dst);

@@ -23,7 +23,8 @@
 // float each) serves C % 4 != 0. With one float per access a warp kept too few bytes in
 // flight: the H200 op times showed the norms at ~2-2.5 TB/s.
 //
-// 16-bit outputs (Ops' *norm_forward_lp): the same kernel instantiated with LP, which runs the
+// 16-bit outputs (the Ops' norms with a 16-bit out): the same kernel instantiated with LP, which
+// runs the
 // fp32 kernel's arithmetic unchanged and only rounds each output value to dt (cuda::narrow's
 // to_half_d) as it stores it, so out16 == narrow(out) bit for bit; mean, rstd and res are the
 // fp32 kernel's.
@@ -164,7 +165,7 @@ __global__ void norm_forward_k(float* res, float* out, uint16_t* out16, int dt, 
 // dinp rows. LayerNorm: dinp += r (w g - mean(w g) - xhat mean(w g xhat)).
 // RMSNorm (mean == null): dinp += r (w g - x r^2 mean(w g x)). Chunks as norm_forward_k.
 // LP: the sums also go to dinp16 rounded to dt as cuda::narrow rounds them (the residual
-// gradient's 16-bit form, Ops' *norm_backward_lp); nothing else differs.
+// gradient's 16-bit form, the Ops' norm backwards with a 16-bit dinp); nothing else differs.
 template <bool LN, int W, bool VEC, bool LP>
 __global__ void norm_backward_rows_k(float* dinp, uint16_t* dinp16, int dt, const float* dout,
                                      const float* inp, const float* w, const float* mean,

@@ -1,8 +1,8 @@
 // An Ops that forwards every op to another (tests): derive and override the ops a test
-// changes (a deliberately broken op, an emulation of another backend's arithmetic). The ops
-// with defaults in terms of others (sum_squares_each, sum_squares_into, lmhead_xent_into, the
-// backward *_set forms, the *_lp forms) keep them, so they reach an override of the op they are made of;
-// sum_squares_* and lmhead_xent_into need host memory.
+// changes (a deliberately broken op, an emulation of another backend's arithmetic); an
+// override sees every form of its op (kernels/ops.h). lmhead_xent_into and round_copy keep
+// Ops' defaults (in terms of lmhead_xent, and copy / round_to / narrow), so they reach an
+// override of the op they are made of; lmhead_xent_into then needs host memory.
 #pragma once
 #include "kernels/ops.h"
 
@@ -14,74 +14,68 @@ class ForwardingOps : public sw::Ops {
   sw::Device device() const override { return base_.device(); }
   sw::Stream& stream() const override { return base_.stream(); }
   sw::DType compute() const override { return base_.compute(); }
-  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) const override {
+  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, sw::Operand A, int lda, sw::Operand B, int ldb, float beta, float* C, int ldc) const override {
     base_.gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
-  void linear_forward(float* out, const float* inp, const float* w, const float* b, int N, int C, int OC) const override {
-    base_.linear_forward(out, inp, w, b, N, C, OC);
+  void linear_forward(sw::Out out, sw::Operand inp, sw::Operand w, const float* b, const float* res, int N, int C, int OC) const override {
+    base_.linear_forward(out, inp, w, b, res, N, C, OC);
   }
-  void linear_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w, int N, int C, int OC) const override {
+  void linear_backward(sw::GradIn dinp, sw::GradOut dw, sw::GradOut db, sw::Operand dout, sw::Operand inp, sw::Operand w, int N, int C, int OC) const override {
     base_.linear_backward(dinp, dw, db, dout, inp, w, N, C, OC);
   }
-  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) const override {
-    base_.embedding_forward(out, tokens, wte, wpe, B, T, C);
+  void embedding_forward(float* out, const int32_t* tokens, sw::Operand wte, const float* wpe, int B, int T, int C, int V) const override {
+    base_.embedding_forward(out, tokens, wte, wpe, B, T, C, V);
   }
   void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) const override {
     base_.embedding_backward(dwte, dwpe, dout, tokens, B, T, C);
   }
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int N, int C) const override {
+  void layernorm_forward(sw::Out out, float* mean, float* rstd, sw::NormIn inp, const float* w, const float* b, int N, int C) const override {
     base_.layernorm_forward(out, mean, rstd, inp, w, b, N, C);
   }
-  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w, const float* mean, const float* rstd, int N, int C) const override {
+  void layernorm_backward(sw::GradIn dinp, float* dw, float* db, const float* dout, const float* inp, const float* w, const float* mean, const float* rstd, int N, int C) const override {
     base_.layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
   }
-  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C, float eps) const override {
+  void rmsnorm_forward(sw::Out out, float* rstd, sw::NormIn inp, const float* w, int N, int C, float eps) const override {
     base_.rmsnorm_forward(out, rstd, inp, w, N, C, eps);
   }
-  void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, const float* rstd, int N, int C) const override {
+  void rmsnorm_backward(sw::GradIn dinp, float* dw, const float* dout, const float* inp, const float* w, const float* rstd, int N, int C) const override {
     base_.rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
   }
-  void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a, const float* b, const float* w, const float* bias, int N, int C) const override {
-    base_.residual_layernorm_forward(res, out, mean, rstd, a, b, w, bias, N, C);
-  }
-  void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a, const float* b, const float* w, int N, int C, float eps) const override {
-    base_.residual_rmsnorm_forward(res, out, rstd, a, b, w, N, C, eps);
-  }
-  void gelu_forward(float* out, const float* inp, size_t n) const override {
+  void gelu_forward(sw::Out out, sw::Operand inp, size_t n) const override {
     base_.gelu_forward(out, inp, n);
   }
-  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const override {
+  void gelu_backward(sw::GradIn dinp, sw::Operand inp, sw::Operand dout, size_t n) const override {
     base_.gelu_backward(dinp, inp, dout, n);
   }
-  void swiglu_forward(float* out, const float* gu, int N, int F) const override {
+  void swiglu_forward(sw::Out out, sw::Operand gu, int N, int F) const override {
     base_.swiglu_forward(out, gu, N, F);
   }
-  void swiglu_backward(float* dgu, const float* dout, const float* gu, int N, int F) const override {
+  void swiglu_backward(sw::GradIn dgu, sw::Operand dout, sw::Operand gu, int N, int F) const override {
     base_.swiglu_backward(dgu, dout, gu, N, F);
   }
   void residual_forward(float* out, const float* a, const float* b, size_t n) const override {
     base_.residual_forward(out, a, b, n);
   }
-  void rope_forward(float* qkv, int B, int T, int H, int KVH, int hd, float theta) const override {
-    base_.rope_forward(qkv, B, T, H, KVH, hd, theta);
+  void rope_forward(sw::Out out, sw::Operand qkv, int B, int T, int H, int KVH, int hd, float theta) const override {
+    base_.rope_forward(out, qkv, B, T, H, KVH, hd, theta);
   }
-  void rope_backward(float* dqkv, int B, int T, int H, int KVH, int hd, float theta) const override {
-    base_.rope_backward(dqkv, B, T, H, KVH, hd, theta);
+  void rope_backward(sw::Out out, sw::Operand dqkv, int B, int T, int H, int KVH, int hd, float theta) const override {
+    base_.rope_backward(out, dqkv, B, T, H, KVH, hd, theta);
   }
-  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KVH, int hd) const override {
+  void attention_forward(sw::Out out, float* lse, sw::Operand qkv, int B, int T, int H, int KVH, int hd) const override {
     base_.attention_forward(out, lse, qkv, B, T, H, KVH, hd);
   }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B, int T, int H, int KVH, int hd) const override {
+  void attention_backward(sw::GradIn dqkv, sw::Operand dout, sw::Operand qkv, sw::Operand out, const float* lse, int B, int T, int H, int KVH, int hd) const override {
     base_.attention_backward(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd);
   }
   double lmhead_xent(float* loss, float* dx, float* dw, const float* x, sw::Operand w, const int32_t* targets, int N, int C, int V, float grad_scale) const override {
     return base_.lmhead_xent(loss, dx, dw, x, w, targets, N, C, V, grad_scale);
   }
-  void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2, float eps, float wd, int step, float grad_mult) const override {
-    base_.adamw(param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult);
+  void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2, float eps, float wd, int step, float grad_mult, const sw::AdamWCopies& copies = {}) const override {
+    base_.adamw(param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult, copies);
   }
-  double sum_squares(const float* x, size_t n) const override {
-    return base_.sum_squares(x, n);
+  void sums_of_squares(const float* const* xs, const size_t* ns, int k, double* out, sw::SumsTo to, sw::DType dt = sw::DType::F32) const override {
+    base_.sums_of_squares(xs, ns, k, out, to, dt);
   }
   void scale(float* x, float a, size_t n) const override {
     base_.scale(x, a, n);

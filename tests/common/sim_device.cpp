@@ -169,6 +169,19 @@ void on_operand(const char* op, const char* arg, sw::Operand x) {
   on_device(op, arg, x.f32);
   on_device(op, arg, x.lp);
 }
+void on_out(const char* op, const char* arg, sw::Out x) {
+  on_device(op, arg, x.f32);
+  on_device(op, arg, x.lp);
+}
+void on_grad(const char* op, const char* arg, sw::GradIn x) {
+  on_device(op, arg, x.f32);
+  on_device(op, arg, x.lp);
+}
+void on_norm_in(const char* op, sw::NormIn x) {
+  on_device(op, "inp", x.a);
+  on_device(op, "residual", x.b);
+  on_device(op, "res", x.res);
+}
 // An Operand with both forms (a unit's weight and its 16-bit copy; a gradient a biased product
 // takes) as the CUDA backend reads it: the 16-bit values alone (the bias gradient, a sum, the
 // fp32 ones). The CPU's ops underneath would take the fp32 form; this way the
@@ -212,195 +225,48 @@ class SimOps final : public sw::Ops {
   sw::Device device() const override { return sw::Device::sim(0); }
   sw::Stream& stream() const override { return g_stream; }
   sw::DType compute() const override { return base_->compute(); }
-  // Every op of sw::Ops, forwarded to the CPU's inside an Open.
-  void swiglu_forward_lp(uint16_t* out16, sw::Operand gu, int N, int F) const override {
-    Open g;
-    on_device(__func__, "out16", out16);
-    on_operand(__func__, "gu", gu);
-    base_->swiglu_forward_lp(out16, as_device_reads(gu), N, F);
-  }
-  void gelu_forward_lp(uint16_t* out16, sw::Operand inp, size_t n) const override {
-    Open g;
-    on_device(__func__, "out16", out16);
-    on_operand(__func__, "inp", inp);
-    base_->gelu_forward_lp(out16, as_device_reads(inp), n);
-  }
-  void rmsnorm_forward_lp(uint16_t* out16, float* rstd, const float* inp, const float* w, int N, int C, float eps) const override {
-    Open g;
-    on_device(__func__, "out16", out16);
-    on_device(__func__, "rstd", rstd);
-    on_device(__func__, "inp", inp);
-    on_device(__func__, "w", w);
-    base_->rmsnorm_forward_lp(out16, rstd, inp, w, N, C, eps);
-  }
-  void residual_rmsnorm_forward_lp(float* res, uint16_t* out16, float* rstd, const float* a, const float* b, const float* w, int N, int C, float eps) const override {
-    Open g;
-    on_device(__func__, "res", res);
-    on_device(__func__, "out16", out16);
-    on_device(__func__, "rstd", rstd);
-    on_device(__func__, "a", a);
-    on_device(__func__, "b", b);
-    on_device(__func__, "w", w);
-    base_->residual_rmsnorm_forward_lp(res, out16, rstd, a, b, w, N, C, eps);
-  }
-  void layernorm_forward_lp(uint16_t* out16, float* mean, float* rstd, const float* inp, const float* w, const float* b, int N, int C) const override {
-    Open g;
-    on_device(__func__, "out16", out16);
-    on_device(__func__, "mean", mean);
-    on_device(__func__, "rstd", rstd);
-    on_device(__func__, "inp", inp);
-    on_device(__func__, "w", w);
-    on_device(__func__, "b", b);
-    base_->layernorm_forward_lp(out16, mean, rstd, inp, w, b, N, C);
-  }
-  void residual_layernorm_forward_lp(float* res, uint16_t* out16, float* mean, float* rstd, const float* a, const float* b, const float* w, const float* bias, int N, int C) const override {
-    Open g;
-    on_device(__func__, "res", res);
-    on_device(__func__, "out16", out16);
-    on_device(__func__, "mean", mean);
-    on_device(__func__, "rstd", rstd);
-    on_device(__func__, "a", a);
-    on_device(__func__, "b", b);
-    on_device(__func__, "w", w);
-    on_device(__func__, "bias", bias);
-    base_->residual_layernorm_forward_lp(res, out16, mean, rstd, a, b, w, bias, N, C);
-  }
-  void swiglu_backward_lp_set(uint16_t* dgu16, sw::Operand dout, sw::Operand gu, int N, int F) const override {
-    Open g;
-    on_device(__func__, "dgu16", dgu16);
-    on_operand(__func__, "dout", dout);
-    on_operand(__func__, "gu", gu);
-    base_->swiglu_backward_lp_set(dgu16, as_device_reads(dout), as_device_reads(gu), N, F);
-  }
-  void gelu_backward_lp_set(float* dinp, uint16_t* dinp16, sw::Operand inp, sw::Operand dout, size_t n) const override {
-    Open g;
-    on_device(__func__, "dinp", dinp);
-    on_device(__func__, "dinp16", dinp16);
-    on_operand(__func__, "inp", inp);
-    on_operand(__func__, "dout", dout);
-    base_->gelu_backward_lp_set(dinp, dinp16, as_device_reads(inp), as_device_reads(dout), n);
-  }
-  void rope_backward_lp(uint16_t* dqkv16, sw::Operand dqkv, int B, int T, int H, int KVH, int hd, float theta) const override {
-    Open g;
-    on_device(__func__, "dqkv16", dqkv16);
-    on_operand(__func__, "dqkv", dqkv);
-    base_->rope_backward_lp(dqkv16, as_device_reads(dqkv), B, T, H, KVH, hd, theta);
-  }
-  void rope_forward_lp(uint16_t* qkv16, sw::Operand qkv, int B, int T, int H, int KVH, int hd, float theta) const override {
-    Open g;
-    on_device(__func__, "qkv16", qkv16);
-    on_operand(__func__, "qkv", qkv);
-    base_->rope_forward_lp(qkv16, as_device_reads(qkv), B, T, H, KVH, hd, theta);
-  }
-  void attention_forward_lp(uint16_t* out16, float* lse, const uint16_t* qkv16, int B, int T, int H, int KVH, int hd) const override {
-    Open g;
-    on_device(__func__, "out16", out16);
-    on_device(__func__, "lse", lse);
-    on_device(__func__, "qkv16", qkv16);
-    base_->attention_forward_lp(out16, lse, qkv16, B, T, H, KVH, hd);
-  }
-  void attention_backward_lp_set(float* dqkv, uint16_t* dqkv16, sw::Operand dout, const uint16_t* qkv16, const uint16_t* out16, const float* lse, int B, int T, int H, int KVH, int hd) const override {
-    Open g;
-    on_device(__func__, "dqkv", dqkv);
-    on_device(__func__, "dqkv16", dqkv16);
-    on_operand(__func__, "dout", dout);
-    on_device(__func__, "qkv16", qkv16);
-    on_device(__func__, "out16", out16);
-    on_device(__func__, "lse", lse);
-    base_->attention_backward_lp_set(dqkv, dqkv16, as_device_reads(dout), qkv16, out16, lse, B, T,
-                                     H, KVH, hd);
-  }
-  void linear_forward_lp16(uint16_t* out16, sw::Operand inp, sw::Operand w, const float* b, int N, int C, int OC) const override {
-    Open g;
-    on_device(__func__, "out16", out16);
-    on_operand(__func__, "inp", inp);
-    on_operand(__func__, "w", w);
-    on_device(__func__, "b", b);
-    base_->linear_forward_lp16(out16, as_device_reads(inp), as_device_reads(w), b, N, C, OC);
-  }
-  void linear_forward_lp(float* out, sw::Operand inp, sw::Operand w, const float* b, int N, int C, int OC) const override {
-    Open g;
-    on_device(__func__, "out", out);
-    on_operand(__func__, "inp", inp);
-    on_operand(__func__, "w", w);
-    on_device(__func__, "b", b);
-    base_->linear_forward_lp(out, as_device_reads(inp), as_device_reads(w), b, N, C, OC);
-  }
-  void linear_backward_lp16_set(uint16_t* dinp16, sw::GradOut dw, sw::GradOut db, sw::Operand dout, sw::Operand inp, sw::Operand w, int N, int C, int OC) const override {
-    Open g;
-    on_device(__func__, "dinp16", dinp16);
-    on_device(__func__, "dw", dw.p);
-    on_device(__func__, "db", db.p);
-    on_operand(__func__, "dout", dout);
-    on_operand(__func__, "inp", inp);
-    on_operand(__func__, "w", w);
-    base_->linear_backward_lp16_set(dinp16, dw, both_forms(dout) ? nullptr : db,
-                                    as_device_reads(dout), as_device_reads(inp),
-                                    as_device_reads(w), N, C, OC);
-    bias_of_f32(db, dout, inp, w, N, C, OC);
-  }
-  void linear_backward_lp_set(float* dinp, sw::GradOut dw, sw::GradOut db, sw::Operand dout, sw::Operand inp, sw::Operand w, int N, int C, int OC) const override {
-    Open g;
-    on_device(__func__, "dinp", dinp);
-    on_device(__func__, "dw", dw.p);
-    on_device(__func__, "db", db.p);
-    on_operand(__func__, "dout", dout);
-    on_operand(__func__, "inp", inp);
-    on_operand(__func__, "w", w);
-    base_->linear_backward_lp_set(dinp, dw, both_forms(dout) ? nullptr : db,
-                                  as_device_reads(dout), as_device_reads(inp), as_device_reads(w),
-                                  N, C, OC);
-    bias_of_f32(db, dout, inp, w, N, C, OC);
-  }
-  // A dout with both forms, as CUDA reads it: the products the 16-bit one (as_device_reads),
-  // the bias gradient, a sum, the fp32 one (here, after the products).
-  static bool both_forms(sw::Operand x) { return x.f32 && x.lp; }
-  void bias_of_f32(sw::GradOut db, sw::Operand dout, sw::Operand inp, sw::Operand w, int N, int C,
-                   int OC) const {
-    if (db && both_forms(dout))
-      base_->linear_backward_lp_set(nullptr, nullptr, db, sw::Operand(dout.f32), inp, w, N, C,
-                                    OC);
-  }
-  void gemm_lp(bool ta, bool tb, int M, int N, int K, float alpha, sw::Operand A, int lda, sw::Operand B, int ldb, float beta, float* C, int ldc) const override {
+  // Every op of sw::Ops, forwarded to the CPU's inside an Open, each pointer checked to be
+  // device memory, each Operand read as CUDA reads it (as_device_reads).
+  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, sw::Operand A, int lda, sw::Operand B, int ldb, float beta, float* C, int ldc) const override {
     Open g;
     on_operand(__func__, "A", A);
     on_operand(__func__, "B", B);
     on_device(__func__, "C", C);
-    base_->gemm_lp(ta, tb, M, N, K, alpha, as_device_reads(A), lda, as_device_reads(B), ldb, beta,
-                   C, ldc);
+    base_->gemm(ta, tb, M, N, K, alpha, as_device_reads(A), lda, as_device_reads(B), ldb, beta, C,
+                ldc);
   }
-  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) const override {
+  void linear_forward(sw::Out out, sw::Operand inp, sw::Operand w, const float* b, const float* res, int N, int C, int OC) const override {
     Open g;
-    on_device(__func__, "A", A);
-    on_device(__func__, "B", B);
-    on_device(__func__, "C", C);
-    base_->gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  }
-  void linear_forward(float* out, const float* inp, const float* w, const float* b, int N, int C, int OC) const override {
-    Open g;
-    on_device(__func__, "out", out);
-    on_device(__func__, "inp", inp);
-    on_device(__func__, "w", w);
+    on_out(__func__, "out", out);
+    on_operand(__func__, "inp", inp);
+    on_operand(__func__, "w", w);
     on_device(__func__, "b", b);
-    base_->linear_forward(out, inp, w, b, N, C, OC);
+    on_device(__func__, "res", res);
+    base_->linear_forward(out, as_device_reads(inp), as_device_reads(w), b, res, N, C, OC);
   }
-  void linear_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w, int N, int C, int OC) const override {
+  // A dout with both forms, as CUDA reads it: the products the 16-bit one (as_device_reads),
+  // the bias gradient, a sum, the fp32 one (here, after the products).
+  void linear_backward(sw::GradIn dinp, sw::GradOut dw, sw::GradOut db, sw::Operand dout, sw::Operand inp, sw::Operand w, int N, int C, int OC) const override {
     Open g;
-    on_device(__func__, "dinp", dinp);
-    on_device(__func__, "dw", dw);
-    on_device(__func__, "db", db);
-    on_device(__func__, "dout", dout);
-    on_device(__func__, "inp", inp);
-    on_device(__func__, "w", w);
-    base_->linear_backward(dinp, dw, db, dout, inp, w, N, C, OC);
+    on_grad(__func__, "dinp", dinp);
+    on_device(__func__, "dw", dw.p);
+    on_device(__func__, "db", db.p);
+    on_operand(__func__, "dout", dout);
+    on_operand(__func__, "inp", inp);
+    on_operand(__func__, "w", w);
+    const bool both = dout.f32 && dout.lp;
+    base_->linear_backward(dinp, dw, both ? nullptr : db, as_device_reads(dout),
+                           as_device_reads(inp), as_device_reads(w), N, C, OC);
+    if (db && both)
+      base_->linear_backward(nullptr, nullptr, db, sw::Operand(dout.f32), inp, w, N, C, OC);
   }
-  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) const override {
+  void embedding_forward(float* out, const int32_t* tokens, sw::Operand wte, const float* wpe, int B, int T, int C, int V) const override {
     Open g;
     on_device(__func__, "out", out);
     on_device(__func__, "tokens", tokens);
-    on_device(__func__, "wte", wte);
+    on_operand(__func__, "wte", wte);
     on_device(__func__, "wpe", wpe);
-    base_->embedding_forward(out, tokens, wte, wpe, B, T, C);
+    base_->embedding_forward(out, tokens, as_device_reads(wte), wpe, B, T, C, V);
   }
   void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) const override {
     Open g;
@@ -410,19 +276,19 @@ class SimOps final : public sw::Ops {
     on_device(__func__, "tokens", tokens);
     base_->embedding_backward(dwte, dwpe, dout, tokens, B, T, C);
   }
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int N, int C) const override {
+  void layernorm_forward(sw::Out out, float* mean, float* rstd, sw::NormIn inp, const float* w, const float* b, int N, int C) const override {
     Open g;
-    on_device(__func__, "out", out);
+    on_out(__func__, "out", out);
     on_device(__func__, "mean", mean);
     on_device(__func__, "rstd", rstd);
-    on_device(__func__, "inp", inp);
+    on_norm_in(__func__, inp);
     on_device(__func__, "w", w);
     on_device(__func__, "b", b);
     base_->layernorm_forward(out, mean, rstd, inp, w, b, N, C);
   }
-  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w, const float* mean, const float* rstd, int N, int C) const override {
+  void layernorm_backward(sw::GradIn dinp, float* dw, float* db, const float* dout, const float* inp, const float* w, const float* mean, const float* rstd, int N, int C) const override {
     Open g;
-    on_device(__func__, "dinp", dinp);
+    on_grad(__func__, "dinp", dinp);
     on_device(__func__, "dw", dw);
     on_device(__func__, "db", db);
     on_device(__func__, "dout", dout);
@@ -432,41 +298,17 @@ class SimOps final : public sw::Ops {
     on_device(__func__, "rstd", rstd);
     base_->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
   }
-  void layernorm_backward_lp(float* dinp, uint16_t* dinp16, float* dw, float* db, const float* dout, const float* inp, const float* w, const float* mean, const float* rstd, int N, int C) const override {
+  void rmsnorm_forward(sw::Out out, float* rstd, sw::NormIn inp, const float* w, int N, int C, float eps) const override {
     Open g;
-    on_device(__func__, "dinp", dinp);
-    on_device(__func__, "dinp16", dinp16);
-    on_device(__func__, "dw", dw);
-    on_device(__func__, "db", db);
-    on_device(__func__, "dout", dout);
-    on_device(__func__, "inp", inp);
-    on_device(__func__, "w", w);
-    on_device(__func__, "mean", mean);
+    on_out(__func__, "out", out);
     on_device(__func__, "rstd", rstd);
-    base_->layernorm_backward_lp(dinp, dinp16, dw, db, dout, inp, w, mean, rstd, N, C);
-  }
-  void rmsnorm_backward_lp(float* dinp, uint16_t* dinp16, float* dw, const float* dout, const float* inp, const float* w, const float* rstd, int N, int C) const override {
-    Open g;
-    on_device(__func__, "dinp", dinp);
-    on_device(__func__, "dinp16", dinp16);
-    on_device(__func__, "dw", dw);
-    on_device(__func__, "dout", dout);
-    on_device(__func__, "inp", inp);
-    on_device(__func__, "w", w);
-    on_device(__func__, "rstd", rstd);
-    base_->rmsnorm_backward_lp(dinp, dinp16, dw, dout, inp, w, rstd, N, C);
-  }
-  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C, float eps) const override {
-    Open g;
-    on_device(__func__, "out", out);
-    on_device(__func__, "rstd", rstd);
-    on_device(__func__, "inp", inp);
+    on_norm_in(__func__, inp);
     on_device(__func__, "w", w);
     base_->rmsnorm_forward(out, rstd, inp, w, N, C, eps);
   }
-  void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, const float* rstd, int N, int C) const override {
+  void rmsnorm_backward(sw::GradIn dinp, float* dw, const float* dout, const float* inp, const float* w, const float* rstd, int N, int C) const override {
     Open g;
-    on_device(__func__, "dinp", dinp);
+    on_grad(__func__, "dinp", dinp);
     on_device(__func__, "dw", dw);
     on_device(__func__, "dout", dout);
     on_device(__func__, "inp", inp);
@@ -474,53 +316,31 @@ class SimOps final : public sw::Ops {
     on_device(__func__, "rstd", rstd);
     base_->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
   }
-  void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a, const float* b, const float* w, const float* bias, int N, int C) const override {
+  void gelu_forward(sw::Out out, sw::Operand inp, size_t n) const override {
     Open g;
-    on_device(__func__, "res", res);
-    on_device(__func__, "out", out);
-    on_device(__func__, "mean", mean);
-    on_device(__func__, "rstd", rstd);
-    on_device(__func__, "a", a);
-    on_device(__func__, "b", b);
-    on_device(__func__, "w", w);
-    on_device(__func__, "bias", bias);
-    base_->residual_layernorm_forward(res, out, mean, rstd, a, b, w, bias, N, C);
+    on_out(__func__, "out", out);
+    on_operand(__func__, "inp", inp);
+    base_->gelu_forward(out, as_device_reads(inp), n);
   }
-  void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a, const float* b, const float* w, int N, int C, float eps) const override {
+  void gelu_backward(sw::GradIn dinp, sw::Operand inp, sw::Operand dout, size_t n) const override {
     Open g;
-    on_device(__func__, "res", res);
-    on_device(__func__, "out", out);
-    on_device(__func__, "rstd", rstd);
-    on_device(__func__, "a", a);
-    on_device(__func__, "b", b);
-    on_device(__func__, "w", w);
-    base_->residual_rmsnorm_forward(res, out, rstd, a, b, w, N, C, eps);
+    on_grad(__func__, "dinp", dinp);
+    on_operand(__func__, "inp", inp);
+    on_operand(__func__, "dout", dout);
+    base_->gelu_backward(dinp, as_device_reads(inp), as_device_reads(dout), n);
   }
-  void gelu_forward(float* out, const float* inp, size_t n) const override {
+  void swiglu_forward(sw::Out out, sw::Operand gu, int N, int F) const override {
     Open g;
-    on_device(__func__, "out", out);
-    on_device(__func__, "inp", inp);
-    base_->gelu_forward(out, inp, n);
+    on_out(__func__, "out", out);
+    on_operand(__func__, "gu", gu);
+    base_->swiglu_forward(out, as_device_reads(gu), N, F);
   }
-  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const override {
+  void swiglu_backward(sw::GradIn dgu, sw::Operand dout, sw::Operand gu, int N, int F) const override {
     Open g;
-    on_device(__func__, "dinp", dinp);
-    on_device(__func__, "inp", inp);
-    on_device(__func__, "dout", dout);
-    base_->gelu_backward(dinp, inp, dout, n);
-  }
-  void swiglu_forward(float* out, const float* gu, int N, int F) const override {
-    Open g;
-    on_device(__func__, "out", out);
-    on_device(__func__, "gu", gu);
-    base_->swiglu_forward(out, gu, N, F);
-  }
-  void swiglu_backward(float* dgu, const float* dout, const float* gu, int N, int F) const override {
-    Open g;
-    on_device(__func__, "dgu", dgu);
-    on_device(__func__, "dout", dout);
-    on_device(__func__, "gu", gu);
-    base_->swiglu_backward(dgu, dout, gu, N, F);
+    on_grad(__func__, "dgu", dgu);
+    on_operand(__func__, "dout", dout);
+    on_operand(__func__, "gu", gu);
+    base_->swiglu_backward(dgu, as_device_reads(dout), as_device_reads(gu), N, F);
   }
   void residual_forward(float* out, const float* a, const float* b, size_t n) const override {
     Open g;
@@ -529,31 +349,34 @@ class SimOps final : public sw::Ops {
     on_device(__func__, "b", b);
     base_->residual_forward(out, a, b, n);
   }
-  void rope_forward(float* qkv, int B, int T, int H, int KVH, int hd, float theta) const override {
+  void rope_forward(sw::Out out, sw::Operand qkv, int B, int T, int H, int KVH, int hd, float theta) const override {
     Open g;
-    on_device(__func__, "qkv", qkv);
-    base_->rope_forward(qkv, B, T, H, KVH, hd, theta);
+    on_out(__func__, "out", out);
+    on_operand(__func__, "qkv", qkv);
+    base_->rope_forward(out, as_device_reads(qkv), B, T, H, KVH, hd, theta);
   }
-  void rope_backward(float* dqkv, int B, int T, int H, int KVH, int hd, float theta) const override {
+  void rope_backward(sw::Out out, sw::Operand dqkv, int B, int T, int H, int KVH, int hd, float theta) const override {
     Open g;
-    on_device(__func__, "dqkv", dqkv);
-    base_->rope_backward(dqkv, B, T, H, KVH, hd, theta);
+    on_out(__func__, "out", out);
+    on_operand(__func__, "dqkv", dqkv);
+    base_->rope_backward(out, as_device_reads(dqkv), B, T, H, KVH, hd, theta);
   }
-  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KVH, int hd) const override {
+  void attention_forward(sw::Out out, float* lse, sw::Operand qkv, int B, int T, int H, int KVH, int hd) const override {
     Open g;
-    on_device(__func__, "out", out);
+    on_out(__func__, "out", out);
     on_device(__func__, "lse", lse);
-    on_device(__func__, "qkv", qkv);
-    base_->attention_forward(out, lse, qkv, B, T, H, KVH, hd);
+    on_operand(__func__, "qkv", qkv);
+    base_->attention_forward(out, lse, as_device_reads(qkv), B, T, H, KVH, hd);
   }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B, int T, int H, int KVH, int hd) const override {
+  void attention_backward(sw::GradIn dqkv, sw::Operand dout, sw::Operand qkv, sw::Operand out, const float* lse, int B, int T, int H, int KVH, int hd) const override {
     Open g;
-    on_device(__func__, "dqkv", dqkv);
-    on_device(__func__, "dout", dout);
-    on_device(__func__, "qkv", qkv);
-    on_device(__func__, "out", out);
+    on_grad(__func__, "dqkv", dqkv);
+    on_operand(__func__, "dout", dout);
+    on_operand(__func__, "qkv", qkv);
+    on_operand(__func__, "out", out);
     on_device(__func__, "lse", lse);
-    base_->attention_backward(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd);
+    base_->attention_backward(dqkv, as_device_reads(dout), as_device_reads(qkv),
+                              as_device_reads(out), lse, B, T, H, KVH, hd);
   }
   double lmhead_xent(float* loss, float* dx, float* dw, const float* x, sw::Operand w, const int32_t* targets, int N, int C, int V, float grad_scale) const override {
     Open g;
@@ -577,63 +400,32 @@ class SimOps final : public sw::Ops {
     on_operand(op, "w", w);
     on_device(op, "targets", targets);
   }
-  void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2, float eps, float wd, int step, float grad_mult) const override {
+  void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2, float eps, float wd, int step, float grad_mult, const sw::AdamWCopies& copies = {}) const override {
     Open g;
     on_device(__func__, "param", param);
     on_device(__func__, "grad", grad);
     on_device(__func__, "m", m);
     on_device(__func__, "v", v);
-    base_->adamw(param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult);
+    on_device(__func__, "param32", copies.param32);
+    on_device(__func__, "param16", copies.param16);
+    base_->adamw(param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult, copies);
   }
-  // As CUDA, a one-rank unit's gradients rounded by their readers (the defaults here: a
-  // rounded copy), so that the engine's tests run that path.
+  // As CUDA, a one-rank unit's gradients rounded by their readers (the CPU's: a rounded
+  // copy), so that the engine's tests run that path.
   bool rounds_grads_on_read() const override { return true; }
   bool prefers_lp_operands() const override { return true; }  // as CUDA (as_device_reads)
   bool fuses_product_residual() const override { return true; }  // as CUDA, to test that path
-  void embedding_forward_lp(float* out, const int32_t* tokens, sw::Operand wte, const float* wpe, int B, int T, int C, int V) const override {
-    Open g;
-    on_device(__func__, "out", out);
-    on_device(__func__, "tokens", tokens);
-    on_operand(__func__, "wte", wte);
-    on_device(__func__, "wpe", wpe);
-    base_->embedding_forward_lp(out, tokens, as_device_reads(wte), wpe, B, T, C, V);
-  }
-  void linear_forward_residual(float* out, sw::Operand inp, sw::Operand w, const float* b, const float* res, int N, int C, int OC) const override {
-    Open g;
-    on_device(__func__, "out", out);
-    on_operand(__func__, "inp", inp);
-    on_operand(__func__, "w", w);
-    on_device(__func__, "b", b);
-    on_device(__func__, "res", res);
-    base_->linear_forward_residual(out, as_device_reads(inp), as_device_reads(w), b, res, N, C, OC);
-  }
-  void adamw_copies(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2, float eps, float wd, int step, float grad_mult, sw::DType dt, float* param32, uint16_t* param16, sw::DType grad_dt) const override {
-    Open g;
-    on_device(__func__, "param", param);
-    on_device(__func__, "grad", grad);
-    on_device(__func__, "m", m);
-    on_device(__func__, "v", v);
-    on_device(__func__, "param32", param32);
-    on_device(__func__, "param16", param16);
-    base_->adamw_copies(param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult, dt, param32, param16, grad_dt);
-  }
-  double sum_squares(const float* x, size_t n) const override {
-    Open g;
-    on_device(__func__, "x", x);
-    count_sync();
-    return base_->sum_squares(x, n);
-  }
-  void sum_squares_each(const float* const* xs, const size_t* ns, int k, double* out) const override {
+  // Rounded sums through copies in this device's scratch (Ops::sums_rounded_through_copies:
+  // this device's round_copy, then its sums).
+  void sums_of_squares(const float* const* xs, const size_t* ns, int k, double* out, sw::SumsTo to, sw::DType dt = sw::DType::F32) const override {
+    if (dt != sw::DType::F32) return sums_rounded_through_copies(dt, xs, ns, k, out);
     Open g;
     for (int i = 0; i < k; ++i) on_device(__func__, "xs[i]", xs[i]);
-    count_sync();  // all k results in one read
-    base_->sum_squares_each(xs, ns, k, out);
-  }
-  void sum_squares_into(const float* const* xs, const size_t* ns, int k, double* out) const override {
-    Open g;
-    for (int i = 0; i < k; ++i) on_device(__func__, "xs[i]", xs[i]);
-    on_device(__func__, "out", out);
-    base_->sum_squares_into(xs, ns, k, out);
+    if (to == sw::SumsTo::Device)
+      on_device(__func__, "out", out);
+    else
+      count_sync();  // all k results in one read
+    base_->sums_of_squares(xs, ns, k, out, to);
   }
   void scale(float* x, float a, size_t n) const override {
     Open g;

@@ -104,31 +104,38 @@ inline void put(Outputs& o, std::string name, const Vec& v) {
 }
 
 struct OpCase {
-  std::string op;    // the Ops method under test (coverage is checked against kAllOps)
+  std::string op;    // "op:form", the Ops method and its form under test (all_ops, below)
   std::string name;  // op and its parameters
   double tol;        // NMSE tolerance, fp32 against fp32
   double tol_lowp;   // NMSE tolerance when the candidate's matrix products are bf16
   std::function<Outputs(Arena&)> run;
 };
 
-// Every data-carrying virtual of sw::Ops.
+// Every data-carrying op of sw::Ops, and for those that take several forms (kernels/ops.h) each
+// form, as "op:form": gemm and linear_forward of fp32 or 16-bit operands (lp), a 16-bit output
+// (out16), the residual added (residual); backwards adding into (add) or writing (set) an fp32
+// input gradient, or with 16-bit operands (lp), a 16-bit input gradient alone (dinp16), the
+// norms' gradient in both forms (both); AdamW with its compute copies; the sums of squares of
+// one buffer, of several read on the host, into device memory, of rounded values.
 inline const std::vector<std::string>& all_ops() {
   static const std::vector<std::string> ops = {
-      "gemm", "linear_forward", "linear_backward", "embedding_forward", "embedding_backward",
-      "layernorm_forward", "layernorm_backward", "rmsnorm_forward", "rmsnorm_backward",
-      "residual_layernorm_forward", "residual_rmsnorm_forward", "gelu_forward", "gelu_backward",
-      "swiglu_forward", "swiglu_backward", "residual_forward", "rope_forward", "rope_backward",
-      "attention_forward", "attention_backward", "lmhead_xent", "adamw", "sum_squares", "scale",
-      "fill", "add_inplace", "copy", "narrow", "widen", "add_widened", "round_to", "round_copy",
-      "sum_squares_each", "sum_squares_into", "lmhead_xent_into", "linear_backward_set",
-      "gelu_backward_set", "swiglu_backward_set", "attention_backward_set", "swiglu_forward_lp",
-      "gelu_forward_lp", "linear_forward_lp", "linear_backward_lp_set", "rmsnorm_forward_lp",
-      "residual_rmsnorm_forward_lp", "layernorm_forward_lp", "residual_layernorm_forward_lp",
-      "swiglu_backward_lp_set", "rope_backward_lp", "gemm_lp", "rope_forward_lp",
-      "attention_forward_lp", "attention_backward_lp_set", "round_copy_lp", "gelu_backward_lp_set",
-      "linear_forward_lp16", "adamw_copies", "linear_backward_lp16_set",
-      "sum_squares_rounded_into", "layernorm_backward_lp", "rmsnorm_backward_lp",
-      "linear_forward_residual", "embedding_forward_lp"};
+      "gemm:f32", "gemm:lp", "linear_forward:f32", "linear_forward:lp", "linear_forward:out16",
+      "linear_forward:residual", "linear_backward:add", "linear_backward:set",
+      "linear_backward:lp", "linear_backward:dinp16", "embedding_forward:f32",
+      "embedding_forward:lp", "layernorm_forward:f32", "layernorm_forward:residual",
+      "layernorm_forward:out16", "layernorm_forward:residual_out16", "layernorm_backward:f32",
+      "layernorm_backward:both", "rmsnorm_forward:f32", "rmsnorm_forward:residual",
+      "rmsnorm_forward:out16", "rmsnorm_forward:residual_out16", "rmsnorm_backward:f32",
+      "rmsnorm_backward:both", "gelu_forward:f32", "gelu_forward:out16", "gelu_backward:add",
+      "gelu_backward:set", "gelu_backward:lp", "swiglu_forward:f32", "swiglu_forward:out16",
+      "swiglu_backward:add", "swiglu_backward:set", "swiglu_backward:lp", "rope_forward:f32",
+      "rope_forward:out16", "rope_backward:f32", "rope_backward:out16", "attention_forward:f32",
+      "attention_forward:lp", "attention_backward:add", "attention_backward:set",
+      "attention_backward:lp", "adamw:plain", "adamw:copies", "sums_of_squares:one",
+      "sums_of_squares:host", "sums_of_squares:device", "sums_of_squares:rounded",
+      "round_copy:f32", "round_copy:lp", "embedding_backward", "residual_forward", "lmhead_xent",
+      "lmhead_xent_into", "scale", "fill", "add_inplace", "copy", "narrow", "widen",
+      "add_widened", "round_to"};
   return ops;
 }
 
@@ -319,7 +326,7 @@ constexpr double kTolMat = 1e-9;        // products, fp32
 constexpr double kTolMatLowp = 1e-4;    // products, bf16 operands (measured <= 1.1e-5)
 constexpr double kTolAttn = 1e-8;       // attention, fp32 (exp + two products per score)
 constexpr double kTolAttnLowp = 5e-4;   // attention, bf16 operands (measured <= 5.3e-5)
-// Outputs written 16-bit (the *_lp producers): two backends' fp32 values an ulp apart round to
+// Outputs written 16-bit (the out16 forms): two backends' fp32 values an ulp apart round to
 // different 16-bit values now and then (~3e-5 of bf16 values, each then off by 2^-8), so
 // across backends only this; each backend's lp output is held bitwise to narrow() of its own
 // fp32 op by paired_forms_exact.
@@ -337,8 +344,9 @@ inline std::vector<OpCase> op_cases() {
     for (int ta = 0; ta < 2; ++ta)
       for (int tb = 0; tb < 2; ++tb) {
         const uint64_t sd = seed++;
-        cs.push_back({"gemm",
-                      "gemm " + shape({{"ta", ta}, {"tb", tb}, {"M", g.M}, {"N", g.N}, {"K", g.K}}) +
+        cs.push_back({"gemm:f32",
+                      "gemm[f32] " +
+                          shape({{"ta", ta}, {"tb", tb}, {"M", g.M}, {"N", g.N}, {"K", g.K}}) +
                           " beta=" + std::to_string(g.beta),
                       kTolMat, kTolMatLowp, [g, ta, tb, sd](Arena& a) {
                         Rng r(sd);
@@ -356,7 +364,7 @@ inline std::vector<OpCase> op_cases() {
                       }});
       }
 
-  // gemm_lp: A, B or both 16-bit, against gemm on the fp32 values: with dense operands (the
+  // gemm with A, B or both 16-bit, against gemm on the fp32 values: with dense operands (the
   // layout gemm's own narrowed copies have) bit for bit ("lp" / "ref"); with padded leading
   // dimensions the same products, which cuBLAS may order differently by alignment, so only
   // against the other backend ("C").
@@ -365,8 +373,8 @@ inline std::vector<OpCase> op_cases() {
       for (int pad = 0; pad < 2; ++pad) {
       const uint64_t sd = seed++;
       const G g{37, 29, 53, 0.7f, 0.3f};
-      cs.push_back({"gemm_lp",
-                    "gemm_lp " + shape({{"ta", ta}, {"lpA", which & 1}, {"lpB", which >> 1},
+      cs.push_back({"gemm:lp",
+                    "gemm[lp] " + shape({{"ta", ta}, {"lpA", which & 1}, {"lpB", which >> 1},
                                         {"padded", pad}}),
                     kTolMat, kTolMatLowp, [g, ta, which, pad, sd](Arena& a) {
                       Outputs o;
@@ -388,8 +396,8 @@ inline std::vector<OpCase> op_cases() {
                       float *c = a.up(C0), *cr = a.up(C0);
                       const sw::Operand oa = which & 1 ? sw::Operand(A16) : sw::Operand(A);
                       const sw::Operand ob = which & 2 ? sw::Operand(B16) : sw::Operand(B);
-                      a.ops().gemm_lp(ta, tb, g.M, g.N, g.K, g.alpha, oa, lda, ob, ldb, g.beta, c,
-                                      ldc);
+                      a.ops().gemm(ta, tb, g.M, g.N, g.K, g.alpha, oa, lda, ob, ldb, g.beta, c,
+                                   ldc);
                       if (pad) {
                         put(o, "C", a.down(c, C0.size()));
                         return o;
@@ -405,23 +413,25 @@ inline std::vector<OpCase> op_cases() {
   struct L { int N, C, OC; bool bias; };
   for (const L l : {L{37, 45, 29, true}, L{1, 64, 3, false}, L{65, 7, 33, true}}) {
     const uint64_t sd = seed++;
-    cs.push_back({"linear_forward",
-                  "linear_forward " + shape({{"N", l.N}, {"C", l.C}, {"OC", l.OC}, {"bias", l.bias}}),
+    cs.push_back({"linear_forward:f32",
+                  "linear_forward[f32] " +
+                      shape({{"N", l.N}, {"C", l.C}, {"OC", l.OC}, {"bias", l.bias}}),
                   kTolMat, kTolMatLowp, [l, sd](Arena& a) {
                     Rng r(sd);
                     const Vec x = r.normal(size_t(l.N) * l.C), w = r.normal(size_t(l.OC) * l.C, 0.2f),
                               b = r.normal(l.OC);
                     const Vec junk = r.normal(size_t(l.N) * l.OC);
                     float* out = a.up(junk);  // overwritten
-                    a.ops().linear_forward(out, a.up(x), a.up(w), l.bias ? a.up(b) : nullptr, l.N,
-                                           l.C, l.OC);
+                    a.ops().linear_forward(out, a.up(x), a.up(w), l.bias ? a.up(b) : nullptr,
+                                           nullptr, l.N, l.C, l.OC);
                     Outputs o;
                     put(o, "out", a.down(out, junk.size()));
                     return o;
                   }});
     for (int full = 0; full < 2; ++full)
-      cs.push_back({"linear_backward",
-                    "linear_backward " + shape({{"N", l.N}, {"C", l.C}, {"OC", l.OC}, {"dinp,db", full}}),
+      cs.push_back({"linear_backward:add",
+                    "linear_backward[add] " +
+                        shape({{"N", l.N}, {"C", l.C}, {"OC", l.OC}, {"dinp,db", full}}),
                     kTolMat, kTolMatLowp, [l, sd, full](Arena& a) {
                       Rng r(sd + 1000);
                       const Vec x = r.normal(size_t(l.N) * l.C), w = r.normal(size_t(l.OC) * l.C, 0.2f),
@@ -441,8 +451,8 @@ inline std::vector<OpCase> op_cases() {
                     }});
     // The first-writer form: dinp starts as NaN (never read) and equals the accumulating op
     // on zeros ("set" and "acc0": paired_forms_exact holds them equal); dw, db accumulate.
-    cs.push_back({"linear_backward_set",
-                  "linear_backward_set " + shape({{"N", l.N}, {"C", l.C}, {"OC", l.OC}}), kTolMat,
+    cs.push_back({"linear_backward:set",
+                  "linear_backward[set] " + shape({{"N", l.N}, {"C", l.C}, {"OC", l.OC}}), kTolMat,
                   kTolMatLowp, [l, sd](Arena& a) {
                     Rng r(sd + 2000);
                     const Vec x = r.normal(size_t(l.N) * l.C), w = r.normal(size_t(l.OC) * l.C, 0.2f),
@@ -456,7 +466,8 @@ inline std::vector<OpCase> op_cases() {
                     float* dwa = a.up(dw0);
                     float* dba = a.up(db0);
                     const float *pdy = a.up(dy), *px = a.up(x), *pw = a.up(w);
-                    a.ops().linear_backward_set(dx, dw, db, pdy, px, pw, l.N, l.C, l.OC);
+                    a.ops().linear_backward(sw::GradIn::set(dx), dw, db, pdy, px, pw, l.N, l.C,
+                                            l.OC);
                     a.ops().linear_backward(dx0, dwa, dba, pdy, px, pw, l.N, l.C, l.OC);
                     Outputs o;
                     put(o, "set", a.down(dx, nx));
@@ -472,8 +483,8 @@ inline std::vector<OpCase> op_cases() {
     // The weight fp32, 16-bit, or both (a unit's weights with their 16-bit copy; "w=f32",
     // "w=lp", "w=both"): the fp32 op reads the rounded weight, which all three forms hold.
     for (int wf = 0; wf < 3; ++wf)
-    cs.push_back({"linear_forward_lp",
-                  "linear_forward_lp " + weight_form(wf) + " " +
+    cs.push_back({"linear_forward:lp",
+                  "linear_forward[lp] " + weight_form(wf) + " " +
                       shape({{"N", l.N}, {"C", l.C}, {"OC", l.OC}}),
                   kTolMat, kTolMatLowp, [l, sd, wf](Arena& a) {
                     Outputs o;
@@ -484,8 +495,9 @@ inline std::vector<OpCase> op_cases() {
                     const size_t no = size_t(l.N) * l.OC;
                     float* out = a.up(Vec(no, NAN));
                     float* ref = a.up(Vec(no, NAN));
-                    a.ops().linear_forward_lp(out, in.x16, in.w.operand, in.b, l.N, l.C, l.OC);
-                    a.ops().linear_forward(ref, in.x, in.w.rounded, in.b, l.N, l.C, l.OC);
+                    a.ops().linear_forward(out, in.x16, in.w.operand, in.b, nullptr, l.N, l.C,
+                                           l.OC);
+                    a.ops().linear_forward(ref, in.x, in.w.rounded, in.b, nullptr, l.N, l.C, l.OC);
                     put(o, "lp", a.down(out, no));
                     put(o, "ref", a.down(ref, no));
                     return o;
@@ -494,8 +506,8 @@ inline std::vector<OpCase> op_cases() {
     // Ops): against the other backend; each backend's product + residual_forward beside it
     // ("product then residual": CUDA's epilogue may sum the product in another order).
     for (int wf = 0; wf < 3; ++wf)
-    cs.push_back({"linear_forward_residual",
-                  "linear_forward_residual " + weight_form(wf) + " " +
+    cs.push_back({"linear_forward:residual",
+                  "linear_forward[residual] " + weight_form(wf) + " " +
                       shape({{"N", l.N}, {"C", l.C}, {"OC", l.OC}}),
                   kTolMat, kTolMatLowp, [l, sd, wf](Arena& a) {
                     Outputs o;
@@ -511,15 +523,15 @@ inline std::vector<OpCase> op_cases() {
                       const Vec bv = r.normal(l.OC);
                       const float* b = l.bias ? a.up(bv) : nullptr;
                       const float* res = a.up(r.normal(no, 2.f));
-                      a.ops().linear_forward_residual(out, x, w, b, res, l.N, l.C, l.OC);
-                      a.ops().linear_forward(ref, x, w, b, l.N, l.C, l.OC);
+                      a.ops().linear_forward(out, x, w, b, res, l.N, l.C, l.OC);
+                      a.ops().linear_forward(ref, x, w, b, nullptr, l.N, l.C, l.OC);
                       a.ops().residual_forward(ref, ref, res, no);
                     } else {
                       const LinearLpInputs in(a, r, l.N, l.C, l.OC, l.bias, wf);
                       const float* res = a.up(r.normal(no, 2.f));
-                      a.ops().linear_forward_residual(out, in.x16, in.w.operand, in.b, res, l.N,
-                                                      l.C, l.OC);
-                      a.ops().linear_forward_lp(ref, in.x16, in.w.operand, in.b, l.N, l.C, l.OC);
+                      a.ops().linear_forward(out, in.x16, in.w.operand, in.b, res, l.N, l.C, l.OC);
+                      a.ops().linear_forward(ref, in.x16, in.w.operand, in.b, nullptr, l.N, l.C,
+                                             l.OC);
                       a.ops().residual_forward(ref, ref, res, no);
                     }
                     put(o, "out", a.down(out, no));
@@ -530,8 +542,8 @@ inline std::vector<OpCase> op_cases() {
     // may sum a 16-bit output in another order than an fp32 one); each backend's fp32 output
     // narrowed beside it ("f32 narrowed") for a reader comparing the two.
     for (int wf = 0; wf < 3; ++wf)
-    cs.push_back({"linear_forward_lp16",
-                  "linear_forward_lp16 " + weight_form(wf) + " " +
+    cs.push_back({"linear_forward:out16",
+                  "linear_forward[out16] " + weight_form(wf) + " " +
                       shape({{"N", l.N}, {"C", l.C}, {"OC", l.OC}}),
                   kTolMat, kTolMatLowp, [l, sd, wf](Arena& a) {
                     Outputs o;
@@ -543,16 +555,18 @@ inline std::vector<OpCase> op_cases() {
                     uint16_t* out16 = up16(a, no);
                     uint16_t* ref16 = up16(a, no);
                     float* ref = a.up(Vec(no, NAN));
-                    a.ops().linear_forward_lp16(out16, in.x16, in.w.operand, in.b, l.N, l.C, l.OC);
-                    a.ops().linear_forward_lp(ref, in.x16, in.w.operand, in.b, l.N, l.C, l.OC);
+                    a.ops().linear_forward(out16, in.x16, in.w.operand, in.b, nullptr, l.N, l.C,
+                                           l.OC);
+                    a.ops().linear_forward(ref, in.x16, in.w.operand, in.b, nullptr, l.N, l.C,
+                                           l.OC);
                     a.ops().narrow(dt, ref, ref16, no);
                     put(o, "out16", down16(a, out16, no, dt));
                     put(o, "f32 narrowed", down16(a, ref16, no, dt));
                     return o;
                   }});
     for (int wf = 0; wf < 3; ++wf)
-    cs.push_back({"linear_backward_lp_set",
-                  "linear_backward_lp_set " + weight_form(wf) + " " +
+    cs.push_back({"linear_backward:lp",
+                  "linear_backward[lp] " + weight_form(wf) + " " +
                       shape({{"N", l.N}, {"C", l.C}, {"OC", l.OC}}),
                   kTolMat, kTolMatLowp, [l, sd, wf](Arena& a) {
                     Outputs o;
@@ -570,10 +584,10 @@ inline std::vector<OpCase> op_cases() {
                     float *dw = a.up(dw0), *dwr = a.up(dw0), *db = a.up(db0), *dbr = a.up(db0);
                     const float* pdy = a.up(dy);
                     const WeightForms pw(a, w, wf);
-                    a.ops().linear_backward_lp_set(dx, dw, l.bias ? db : nullptr, pdy, x16,
-                                                   pw.operand, l.N, l.C, l.OC);
-                    a.ops().linear_backward_set(dxr, dwr, l.bias ? dbr : nullptr, pdy, px,
-                                                pw.rounded, l.N, l.C, l.OC);
+                    a.ops().linear_backward(sw::GradIn::set(dx), dw, l.bias ? db : nullptr, pdy,
+                                            x16, pw.operand, l.N, l.C, l.OC);
+                    a.ops().linear_backward(sw::GradIn::set(dxr), dwr, l.bias ? dbr : nullptr, pdy,
+                                            px, pw.rounded, l.N, l.C, l.OC);
                     put(o, "lp", a.down(dx, nx));
                     put(o, "ref", a.down(dxr, nx));
                     put(o, "dw", a.down(dw, dw0.size()));
@@ -585,8 +599,8 @@ inline std::vector<OpCase> op_cases() {
     // dout 16-bit too (db, where the linear has a bias, the sum of its widened values: the op
     // on the widened dout gives every result), x fp32 or 16-bit.
     for (int xlp = 0; xlp < 2; ++xlp)
-      cs.push_back({"linear_backward_lp_set",
-                    "linear_backward_lp_set dout16 x16=" + std::to_string(xlp) + " " +
+      cs.push_back({"linear_backward:lp",
+                    "linear_backward[lp] dout16 x16=" + std::to_string(xlp) + " " +
                         shape({{"N", l.N}, {"C", l.C}, {"OC", l.OC}}),
                     kTolMat, kTolMatLowp, [l, sd, xlp](Arena& a) {
                       Outputs o;
@@ -605,11 +619,11 @@ inline std::vector<OpCase> op_cases() {
                       // With x 16-bit, the weight too (every operand 16-bit: the CUDA
                       // backward's path with no narrowing at all).
                       const WeightForms fw(a, w, xlp ? 1 : 0);
-                      a.ops().linear_backward_lp_set(dx, dw, l.bias ? db : nullptr, dy16,
-                                                     xlp ? sw::Operand(x16) : sw::Operand(px),
-                                                     fw.operand, l.N, l.C, l.OC);
-                      a.ops().linear_backward_set(dxr, dwr, l.bias ? dbr : nullptr, dyw, px,
-                                                  fw.rounded, l.N, l.C, l.OC);
+                      a.ops().linear_backward(sw::GradIn::set(dx), dw, l.bias ? db : nullptr, dy16,
+                                              xlp ? sw::Operand(x16) : sw::Operand(px), fw.operand,
+                                              l.N, l.C, l.OC);
+                      a.ops().linear_backward(sw::GradIn::set(dxr), dwr, l.bias ? dbr : nullptr,
+                                              dyw, px, fw.rounded, l.N, l.C, l.OC);
                       put(o, "lp", a.down(dx, nx));
                       put(o, "ref", a.down(dxr, nx));
                       put(o, "dw", a.down(dw, dw0.size()));
@@ -620,13 +634,13 @@ inline std::vector<OpCase> op_cases() {
                     }});
     // The input gradient in the compute precision: against the other backend only (cuBLAS
     // may sum a 16-bit output in another order), each backend's fp32 dinp narrowed beside it;
-    // dw and db against linear_backward_lp_set's ("dw" / "dw_ref" and "db" / "db_ref" pairs,
+    // dw and db against the 16-bit operands' fp32 dinp's ("dw" / "dw_ref" and "db" / "db_ref" pairs,
     // exact on each backend). dout fp32 or 16-bit, every operand's form as the models hand
     // them.
     for (int wf = 0; wf < 3; ++wf)
       for (int dlp = 0; dlp < 2; ++dlp)
-        cs.push_back({"linear_backward_lp16_set",
-                      "linear_backward_lp16_set " + weight_form(wf) + " dout16=" +
+        cs.push_back({"linear_backward:dinp16",
+                      "linear_backward[dinp16] " + weight_form(wf) + " dout16=" +
                           std::to_string(dlp) + " " +
                           shape({{"N", l.N}, {"C", l.C}, {"OC", l.OC}}),
                       kTolMat, kTolMatLowp, [l, sd, wf, dlp](Arena& a) {
@@ -645,10 +659,11 @@ inline std::vector<OpCase> op_cases() {
                         float* dxr = a.up(Vec(nx, NAN));
                         float *dw = a.up(dw0), *dwr = a.up(dw0), *db = a.up(db0), *dbr = a.up(db0);
                         const WeightForms pw(a, w, wf);
-                        a.ops().linear_backward_lp16_set(dx16, dw, bias ? db : nullptr, dout, x16,
-                                                         pw.operand, l.N, l.C, l.OC);
-                        a.ops().linear_backward_lp_set(dxr, dwr, bias ? dbr : nullptr, dout, x16,
-                                                       pw.operand, l.N, l.C, l.OC);
+                        a.ops().linear_backward(sw::GradIn::set(nullptr, dx16), dw,
+                                                bias ? db : nullptr, dout, x16, pw.operand, l.N,
+                                                l.C, l.OC);
+                        a.ops().linear_backward(sw::GradIn::set(dxr), dwr, bias ? dbr : nullptr,
+                                                dout, x16, pw.operand, l.N, l.C, l.OC);
                         a.ops().narrow(dt, dxr, ref16, nx);
                         put(o, "dinp16", down16(a, dx16, nx, dt));
                         put(o, "f32 narrowed", down16(a, ref16, nx, dt));
@@ -661,12 +676,12 @@ inline std::vector<OpCase> op_cases() {
     // Parameter gradients written (GradOut::write, a step's first writer: their NaN contents
     // never read) against the same op adding into zeros, bitwise on each backend (paired
     // outputs), and within the tolerances across backends; then the
-    // same op on no rows (N = 0), which writes zeros. form 0: linear_backward_set (fp32
-    // operands, every Ops), 1: linear_backward_lp_set, 2: linear_backward_lp16_set (16-bit
+    // same op on no rows (N = 0), which writes zeros. form 0: linear_backward:set (fp32
+    // operands, every Ops), 1: linear_backward:lp, 2: linear_backward:dinp16 (16-bit
     // operands as the models hand them; BF16 / F16 Ops only).
     for (int form = 0; form < 3; ++form) {
-      const char* op = form == 0 ? "linear_backward_set"
-                       : form == 1 ? "linear_backward_lp_set" : "linear_backward_lp16_set";
+      const char* op = form == 0 ? "linear_backward:set"
+                       : form == 1 ? "linear_backward:lp" : "linear_backward:dinp16";
       cs.push_back({op,
                     std::string(op) + " dw written " +
                         shape({{"N", l.N}, {"C", l.C}, {"OC", l.OC}}),
@@ -698,14 +713,14 @@ inline std::vector<OpCase> op_cases() {
                       auto run = [&](float* dx, uint16_t* dx16, sw::GradOut w_, sw::GradOut b_,
                                      int N) {
                         if (form == 0)
-                          a.ops().linear_backward_set(dx, w_, b_, in.pdy, in.px, pw.rounded, N,
-                                                      l.C, l.OC);
+                          a.ops().linear_backward(sw::GradIn::set(dx), w_, b_, in.pdy, in.px,
+                                                  pw.rounded, N, l.C, l.OC);
                         else if (form == 1)
-                          a.ops().linear_backward_lp_set(dx, w_, b_, in.dy16, in.x16, pw.operand,
-                                                         N, l.C, l.OC);
+                          a.ops().linear_backward(sw::GradIn::set(dx), w_, b_, in.dy16, in.x16,
+                                                  pw.operand, N, l.C, l.OC);
                         else
-                          a.ops().linear_backward_lp16_set(dx16, w_, b_, in.dy16, in.x16,
-                                                           pw.operand, N, l.C, l.OC);
+                          a.ops().linear_backward(sw::GradIn::set(nullptr, dx16), w_, b_, in.dy16,
+                                                  in.x16, pw.operand, N, l.C, l.OC);
                       };
                       if (form < 2) {
                         float *dx = a.up(Vec(nx, NAN)), *dxr = a.up(Vec(nx, NAN));
@@ -747,21 +762,21 @@ inline std::vector<OpCase> op_cases() {
     const uint64_t sd = seed++;
     const std::string sh =
         shape({{"B", e.B}, {"T", e.T}, {"C", e.C}, {"V", e.V}, {"wpe", e.wpe}});
-    cs.push_back({"embedding_forward", "embedding_forward " + sh, kTolElem, kTolElem,
+    cs.push_back({"embedding_forward:f32", "embedding_forward[f32] " + sh, kTolElem, kTolElem,
                   [e, sd](Arena& a) {
                     Rng r(sd);
                     const IVec tok = r.ints(size_t(e.B) * e.T, 0, e.V);
                     const Vec wte = r.normal(size_t(e.V) * e.C), wpe = r.normal(size_t(e.T) * e.C);
                     float* out = a.up(r.normal(size_t(e.B) * e.T * e.C));
                     a.ops().embedding_forward(out, a.up(tok), a.up(wte), e.wpe ? a.up(wpe) : nullptr,
-                                              e.B, e.T, e.C);
+                                              e.B, e.T, e.C, e.V);
                     Outputs o;
                     put(o, "out", a.down(out, size_t(e.B) * e.T * e.C));
                     return o;
                   }});
     // The table 16-bit only (BF16 / F16 Ops) against embedding_forward on its widened values
     // ("lp" / "ref", bit for bit on each backend); and the fp32 form through the same op.
-    cs.push_back({"embedding_forward_lp", "embedding_forward_lp " + sh, kTolElem, kTolElem,
+    cs.push_back({"embedding_forward:lp", "embedding_forward[lp] " + sh, kTolElem, kTolElem,
                   [e, sd](Arena& a) {
                     Outputs o;
                     const sw::DType dt = a.ops().compute();
@@ -780,10 +795,10 @@ inline std::vector<OpCase> op_cases() {
                     float *out = a.up(Vec(no, NAN)), *ref = a.up(Vec(no, NAN));
                     float* f = a.up(Vec(no, NAN));
                     float* fr = a.up(Vec(no, NAN));
-                    a.ops().embedding_forward_lp(out, pt, w16, pp, e.B, e.T, e.C, e.V);
-                    a.ops().embedding_forward(ref, pt, ww, pp, e.B, e.T, e.C);
-                    a.ops().embedding_forward_lp(f, pt, sw::Operand(pw), pp, e.B, e.T, e.C, e.V);
-                    a.ops().embedding_forward(fr, pt, pw, pp, e.B, e.T, e.C);
+                    a.ops().embedding_forward(out, pt, w16, pp, e.B, e.T, e.C, e.V);
+                    a.ops().embedding_forward(ref, pt, ww, pp, e.B, e.T, e.C, e.V);
+                    a.ops().embedding_forward(f, pt, sw::Operand(pw), pp, e.B, e.T, e.C, e.V);
+                    a.ops().embedding_forward(fr, pt, pw, pp, e.B, e.T, e.C, e.V);
                     put(o, "lp", a.down(out, no));
                     put(o, "ref", a.down(ref, no));
                     put(o, "f32", a.down(f, no));
@@ -813,7 +828,7 @@ inline std::vector<OpCase> op_cases() {
     const uint64_t sd = seed++;
     const std::string sh = shape({{"N", s.N}, {"C", s.C}, {"bias", s.bias}});
     const size_t NC = size_t(s.N) * s.C;
-    cs.push_back({"layernorm_forward", "layernorm_forward " + sh, kTolNorm, kTolNorm,
+    cs.push_back({"layernorm_forward:f32", "layernorm_forward[f32] " + sh, kTolNorm, kTolNorm,
                   [s, sd, NC](Arena& a) {
                     Rng r(sd);
                     const Vec x = r.normal(NC, 2.f, 0.5f), w = r.normal(s.C, 0.5f, 1.f),
@@ -829,7 +844,7 @@ inline std::vector<OpCase> op_cases() {
                     put(o, "rstd", a.down(rstd, s.N));
                     return o;
                   }});
-    cs.push_back({"rmsnorm_forward", "rmsnorm_forward " + sh, kTolNorm, kTolNorm,
+    cs.push_back({"rmsnorm_forward:f32", "rmsnorm_forward[f32] " + sh, kTolNorm, kTolNorm,
                   [s, sd, NC](Arena& a) {
                     Rng r(sd + 1);
                     const Vec x = r.normal(NC, 2.f, 0.5f), w = r.normal(s.C, 0.5f, 1.f);
@@ -842,8 +857,8 @@ inline std::vector<OpCase> op_cases() {
                     return o;
                   }});
     for (int alias = 0; alias < 2; ++alias) {
-      cs.push_back({"residual_layernorm_forward",
-                    "residual_layernorm_forward " + sh + " res=a:" + std::to_string(alias),
+      cs.push_back({"layernorm_forward:residual",
+                    "layernorm_forward[residual] " + sh + " res=a:" + std::to_string(alias),
                     kTolNorm, kTolNorm, [s, sd, NC, alias](Arena& a) {
                       Rng r(sd + 2);
                       const Vec x = r.normal(NC), y = r.normal(NC, 2.f),
@@ -853,8 +868,9 @@ inline std::vector<OpCase> op_cases() {
                       float* out = a.up(Vec(NC));
                       float* mean = a.up(Vec(s.N));
                       float* rstd = a.up(Vec(s.N));
-                      a.ops().residual_layernorm_forward(res, out, mean, rstd, pa, a.up(y), a.up(w),
-                                                         s.bias ? a.up(b) : nullptr, s.N, s.C);
+                      a.ops().layernorm_forward(out, mean, rstd,
+                                                sw::NormIn::residual(res, pa, a.up(y)), a.up(w),
+                                                s.bias ? a.up(b) : nullptr, s.N, s.C);
                       Outputs o;
                       put(o, "res", a.down(res, NC));
                       put(o, "out", a.down(out, NC));
@@ -862,8 +878,8 @@ inline std::vector<OpCase> op_cases() {
                       put(o, "rstd", a.down(rstd, s.N));
                       return o;
                     }});
-      cs.push_back({"residual_rmsnorm_forward",
-                    "residual_rmsnorm_forward " + sh + " res=a:" + std::to_string(alias),
+      cs.push_back({"rmsnorm_forward:residual",
+                    "rmsnorm_forward[residual] " + sh + " res=a:" + std::to_string(alias),
                     kTolNorm, kTolNorm, [s, sd, NC, alias](Arena& a) {
                       Rng r(sd + 3);
                       const Vec x = r.normal(NC), y = r.normal(NC, 2.f), w = r.normal(s.C, 0.5f, 1.f);
@@ -871,8 +887,8 @@ inline std::vector<OpCase> op_cases() {
                       float* res = alias ? pa : a.up(Vec(NC));
                       float* out = a.up(Vec(NC));
                       float* rstd = a.up(Vec(s.N));
-                      a.ops().residual_rmsnorm_forward(res, out, rstd, pa, a.up(y), a.up(w), s.N,
-                                                       s.C, 1e-5f);
+                      a.ops().rmsnorm_forward(out, rstd, sw::NormIn::residual(res, pa, a.up(y)),
+                                              a.up(w), s.N, s.C, 1e-5f);
                       Outputs o;
                       put(o, "res", a.down(res, NC));
                       put(o, "out", a.down(out, NC));
@@ -883,8 +899,9 @@ inline std::vector<OpCase> op_cases() {
     // The 16-bit-output forms against narrow of the fp32 ones (statistics and res equal too).
     for (int ln = 0; ln < 2; ++ln)
       for (int fused = 0; fused < 2; ++fused) {
-        const char* op = ln ? (fused ? "residual_layernorm_forward_lp" : "layernorm_forward_lp")
-                            : (fused ? "residual_rmsnorm_forward_lp" : "rmsnorm_forward_lp");
+        const char* op = ln ? (fused ? "layernorm_forward:residual_out16"
+                                     : "layernorm_forward:out16")
+                            : (fused ? "rmsnorm_forward:residual_out16" : "rmsnorm_forward:out16");
         cs.push_back({op, std::string(op) + " " + sh, kTolRound16, kTolRound16,
                       [s, sd, NC, ln, fused](Arena& a) {
                         Outputs o;
@@ -903,16 +920,20 @@ inline std::vector<OpCase> op_cases() {
                         float *rs = a.up(Vec(s.N, NAN)), *rsr = a.up(Vec(s.N, NAN));
                         const sw::Ops& op = a.ops();
                         if (ln && fused) {
-                          op.residual_layernorm_forward_lp(res, lp, m, rs, px, py, pw, pb, s.N, s.C);
-                          op.residual_layernorm_forward(resr, f, mr, rsr, px, py, pw, pb, s.N, s.C);
+                          op.layernorm_forward(lp, m, rs, sw::NormIn::residual(res, px, py), pw, pb,
+                                               s.N, s.C);
+                          op.layernorm_forward(f, mr, rsr, sw::NormIn::residual(resr, px, py), pw,
+                                               pb, s.N, s.C);
                         } else if (ln) {
-                          op.layernorm_forward_lp(lp, m, rs, px, pw, pb, s.N, s.C);
+                          op.layernorm_forward(lp, m, rs, px, pw, pb, s.N, s.C);
                           op.layernorm_forward(f, mr, rsr, px, pw, pb, s.N, s.C);
                         } else if (fused) {
-                          op.residual_rmsnorm_forward_lp(res, lp, rs, px, py, pw, s.N, s.C, 1e-5f);
-                          op.residual_rmsnorm_forward(resr, f, rsr, px, py, pw, s.N, s.C, 1e-5f);
+                          op.rmsnorm_forward(lp, rs, sw::NormIn::residual(res, px, py), pw, s.N,
+                                             s.C, 1e-5f);
+                          op.rmsnorm_forward(f, rsr, sw::NormIn::residual(resr, px, py), pw, s.N,
+                                             s.C, 1e-5f);
                         } else {
-                          op.rmsnorm_forward_lp(lp, rs, px, pw, s.N, s.C, 1e-6f);
+                          op.rmsnorm_forward(lp, rs, px, pw, s.N, s.C, 1e-6f);
                           op.rmsnorm_forward(f, rsr, px, pw, s.N, s.C, 1e-6f);
                         }
                         op.narrow(dt, f, ref, NC);
@@ -931,7 +952,7 @@ inline std::vector<OpCase> op_cases() {
                         return o;
                       }});
       }
-    cs.push_back({"layernorm_backward", "layernorm_backward " + sh, kTolNorm, kTolNorm,
+    cs.push_back({"layernorm_backward:f32", "layernorm_backward[f32] " + sh, kTolNorm, kTolNorm,
                   [s, sd, NC](Arena& a) {
                     Rng r(sd + 4);
                     const Vec x = r.normal(NC, 2.f, 0.5f), w = r.normal(s.C, 0.5f, 1.f),
@@ -950,7 +971,7 @@ inline std::vector<OpCase> op_cases() {
                     put(o, "db", a.down(db, s.C));
                     return o;
                   }});
-    cs.push_back({"rmsnorm_backward", "rmsnorm_backward " + sh, kTolNorm, kTolNorm,
+    cs.push_back({"rmsnorm_backward:f32", "rmsnorm_backward[f32] " + sh, kTolNorm, kTolNorm,
                   [s, sd, NC](Arena& a) {
                     Rng r(sd + 5);
                     const Vec x = r.normal(NC, 2.f, 0.5f), w = r.normal(s.C, 0.5f, 1.f),
@@ -971,7 +992,7 @@ inline std::vector<OpCase> op_cases() {
     // "dinp" / "dinp_ref", "lp" / "ref", "dw" / "dw_ref" (and "db" / "db_ref") pairs, bit for
     // bit on each backend (paired_forms_exact).
     for (int ln = 0; ln < 2; ++ln) {
-      const char* op = ln ? "layernorm_backward_lp" : "rmsnorm_backward_lp";
+      const char* op = ln ? "layernorm_backward:both" : "rmsnorm_backward:both";
       cs.push_back({op, std::string(op) + " " + sh, kTolRound16, kTolRound16,
                     [s, sd, NC, ln](Arena& a) {
                       Outputs o;
@@ -996,10 +1017,12 @@ inline std::vector<OpCase> op_cases() {
                         const float* pm = a.up(mean);
                         float* b = s.bias ? db : nullptr;
                         float* br = s.bias ? dbr : nullptr;
-                        ops.layernorm_backward_lp(dx, lp, dw, b, pdy, px, pw, pm, pr, s.N, s.C);
+                        ops.layernorm_backward(sw::GradIn::add(dx, lp), dw, b, pdy, px, pw, pm, pr,
+                                               s.N, s.C);
                         ops.layernorm_backward(dxr, dwr, br, pdy, px, pw, pm, pr, s.N, s.C);
                       } else {
-                        ops.rmsnorm_backward_lp(dx, lp, dw, pdy, px, pw, pr, s.N, s.C);
+                        ops.rmsnorm_backward(sw::GradIn::add(dx, lp), dw, pdy, px, pw, pr, s.N,
+                                             s.C);
                         ops.rmsnorm_backward(dxr, dwr, pdy, px, pw, pr, s.N, s.C);
                       }
                       ops.narrow(dt, dxr, ref, NC);
@@ -1022,7 +1045,8 @@ inline std::vector<OpCase> op_cases() {
   for (const size_t n : {size_t{1}, size_t{1001}, size_t{70000}}) {
     const uint64_t sd = seed++;
     const std::string sh = shape({{"n", long(n)}});
-    cs.push_back({"gelu_forward", "gelu_forward " + sh, kTolElem, kTolElem, [n, sd](Arena& a) {
+    cs.push_back({"gelu_forward:f32", "gelu_forward[f32] " + sh, kTolElem, kTolElem,
+                  [n, sd](Arena& a) {
                     Rng r(sd);
                     const Vec x = r.normal(n, 4.f);
                     float* out = a.up(Vec(n));
@@ -1031,7 +1055,8 @@ inline std::vector<OpCase> op_cases() {
                     put(o, "out", a.down(out, n));
                     return o;
                   }});
-    cs.push_back({"gelu_backward", "gelu_backward " + sh, kTolElem, kTolElem, [n, sd](Arena& a) {
+    cs.push_back({"gelu_backward:add", "gelu_backward[add] " + sh, kTolElem, kTolElem,
+                  [n, sd](Arena& a) {
                     Rng r(sd + 1);
                     const Vec x = r.normal(n, 4.f), dy = r.normal(n), dx0 = r.normal(n);
                     float* dx = a.up(dx0);
@@ -1040,7 +1065,7 @@ inline std::vector<OpCase> op_cases() {
                     put(o, "dinp", a.down(dx, n));
                     return o;
                   }});
-    cs.push_back({"gelu_forward_lp", "gelu_forward_lp " + sh, kTolRound16, kTolRound16,
+    cs.push_back({"gelu_forward:out16", "gelu_forward[out16] " + sh, kTolRound16, kTolRound16,
                   [n, sd](Arena& a) {
                     Outputs o;
                     const sw::DType dt = a.ops().compute();
@@ -1050,7 +1075,7 @@ inline std::vector<OpCase> op_cases() {
                     uint16_t* lp = up16(a, n);
                     uint16_t* ref = up16(a, n);
                     float* f = a.up(Vec(n, NAN));
-                    a.ops().gelu_forward_lp(lp, x, n);
+                    a.ops().gelu_forward(lp, x, n);
                     a.ops().gelu_forward(f, x, n);
                     a.ops().narrow(dt, f, ref, n);
                     put(o, "lp", down16(a, lp, n, dt));
@@ -1060,30 +1085,30 @@ inline std::vector<OpCase> op_cases() {
                     a.ops().narrow(dt, x, x16, n);
                     float* xw = a.up(Vec(n, NAN));
                     a.ops().widen(dt, x16, xw, n);
-                    a.ops().gelu_forward_lp(lp, x16, n);
+                    a.ops().gelu_forward(lp, x16, n);
                     a.ops().gelu_forward(f, xw, n);
                     a.ops().narrow(dt, f, ref, n);
                     put(o, "lp x16", down16(a, lp, n, dt));
                     put(o, "ref x16", down16(a, ref, n, dt));
                     return o;
                   }});
-    cs.push_back({"gelu_backward_set", "gelu_backward_set " + sh, kTolElem, kTolElem,
+    cs.push_back({"gelu_backward:set", "gelu_backward[set] " + sh, kTolElem, kTolElem,
                   [n, sd](Arena& a) {
                     Rng r(sd + 3);
                     const Vec x = r.normal(n, 4.f), dy = r.normal(n);
                     float* dx = a.up(Vec(n, NAN));
                     float* dx0 = a.up(Vec(n, 0.f));
                     const float *px = a.up(x), *pdy = a.up(dy);
-                    a.ops().gelu_backward_set(dx, px, pdy, n);
+                    a.ops().gelu_backward(sw::GradIn::set(dx), px, pdy, n);
                     a.ops().gelu_backward(dx0, px, pdy, n);
                     Outputs o;
                     put(o, "set", a.down(dx, n));
                     put(o, "acc0", a.down(dx0, n));
                     return o;
                   }});
-    // Both forms in one pass (BF16 / F16 Ops): the fp32 one gelu_backward_set's, the 16-bit
+    // Both forms in one pass (BF16 / F16 Ops): the fp32 one the fp32 form's, the 16-bit
     // one its narrowing ("lp" / "ref" pairs for paired_forms_exact).
-    cs.push_back({"gelu_backward_lp_set", "gelu_backward_lp_set " + sh, kTolRound16, kTolRound16,
+    cs.push_back({"gelu_backward:lp", "gelu_backward[lp] " + sh, kTolRound16, kTolRound16,
                   [n, sd](Arena& a) {
                     Outputs o;
                     const sw::DType dt = a.ops().compute();
@@ -1096,11 +1121,11 @@ inline std::vector<OpCase> op_cases() {
                     float* ref = a.up(Vec(n, NAN));
                     uint16_t* ref16 = up16(a, n);
                     const Narrowed16 x16(a, px, n), dy16(a, pdy, n);
-                    // The op on (xin, din) against gelu_backward_set on (xref, dref), both forms
+                    // The op on (xin, din) against the written fp32 form on (xref, dref), both forms
                     auto pair = [&](const std::string& tag, sw::Operand xin, const float* xref,
                                     sw::Operand din, const float* dref) {
-                      a.ops().gelu_backward_lp_set(dx, dx16, xin, din, n);
-                      a.ops().gelu_backward_set(ref, xref, dref, n);
+                      a.ops().gelu_backward(sw::GradIn::set(dx, dx16), xin, din, n);
+                      a.ops().gelu_backward(sw::GradIn::set(ref), xref, dref, n);
                       a.ops().narrow(dt, ref, ref16, n);
                       put(o, "lp" + tag, a.down(dx, n));
                       put(o, "ref" + tag, a.down(ref, n));
@@ -1113,14 +1138,14 @@ inline std::vector<OpCase> op_cases() {
                     // dout 16-bit too (a product's input gradient kept 16-bit)
                     pair(" dy16", x16.lp, x16.wide, dy16.lp, dy16.wide);
                     // dout 16-bit, x fp32
-                    a.ops().gelu_backward_lp_set(dx, nullptr, px, dy16.lp, n);
-                    a.ops().gelu_backward_set(ref, px, dy16.wide, n);
+                    a.ops().gelu_backward(sw::GradIn::set(dx, nullptr), px, dy16.lp, n);
+                    a.ops().gelu_backward(sw::GradIn::set(ref), px, dy16.wide, n);
                     put(o, "lp x32 dy16", a.down(dx, n));
                     put(o, "ref x32 dy16", a.down(ref, n));
                     // the 16-bit form alone (GPT-2's dfch)
                     uint16_t* only16 = up16(a, n);
-                    a.ops().gelu_backward_lp_set(nullptr, only16, x16.lp, dy16.lp, n);
-                    a.ops().gelu_backward_set(ref, x16.wide, dy16.wide, n);
+                    a.ops().gelu_backward(sw::GradIn::set(nullptr, only16), x16.lp, dy16.lp, n);
+                    a.ops().gelu_backward(sw::GradIn::set(ref), x16.wide, dy16.wide, n);
                     a.ops().narrow(dt, ref, ref16, n);
                     put(o, "lp16 only", down16(a, only16, n, dt));
                     put(o, "ref16 only", down16(a, ref16, n, dt));
@@ -1238,7 +1263,7 @@ inline std::vector<OpCase> op_cases() {
                     }});
       // One pass out of place, and in place, each beside copy + round_to ("ref"; pairs that
       // paired_forms_exact holds equal).
-      cs.push_back({"round_copy", "round_copy " + dn, kTolElem, kTolElem, [=](Arena& a) {
+      cs.push_back({"round_copy:f32", "round_copy[f32] " + dn, kTolElem, kTolElem, [=](Arena& a) {
                       Rng r(sd + 34);
                       const Vec x = r.normal(n, 3.f);
                       const float* src = a.up(x);
@@ -1258,7 +1283,7 @@ inline std::vector<OpCase> op_cases() {
                     }});
       // Both copies from the master in one pass ("out", "out16") against round_copy and narrow
       // ("ref", "ref16"), out of place and in place.
-      cs.push_back({"round_copy_lp", "round_copy_lp " + dn, kTolElem, kTolElem, [=](Arena& a) {
+      cs.push_back({"round_copy:lp", "round_copy[lp] " + dn, kTolElem, kTolElem, [=](Arena& a) {
                       Rng r(sd + 35);
                       const Vec x = r.normal(n, 3.f);
                       const float* src = a.up(x);
@@ -1284,7 +1309,7 @@ inline std::vector<OpCase> op_cases() {
                       return o;
                     }});
     }
-    cs.push_back({"sum_squares_each", "sum_squares_each " + sh, kTolElem, kTolElem,
+    cs.push_back({"sums_of_squares:host", "sums_of_squares[host] " + sh, kTolElem, kTolElem,
                   [n, sd](Arena& a) {
                     Rng r(sd + 8);
                     const float* xs[3] = {a.up(r.normal(n, 2.f)), a.up(r.normal(n / 2 + 1)),
@@ -1294,7 +1319,7 @@ inline std::vector<OpCase> op_cases() {
                     a.ops().sum_squares_each(xs, ns, 3, out);
                     return Outputs{{"sums", {out[0], out[1], out[2]}}};
                   }});
-    cs.push_back({"sum_squares_into", "sum_squares_into " + sh, kTolElem, kTolElem,
+    cs.push_back({"sums_of_squares:device", "sums_of_squares[device] " + sh, kTolElem, kTolElem,
                   [n, sd](Arena& a) {
                     Rng r(sd + 9);
                     const float* xs[3] = {a.up(r.normal(n, 2.f)), a.up(r.normal(1, 5.f)),
@@ -1304,9 +1329,9 @@ inline std::vector<OpCase> op_cases() {
                     a.ops().sum_squares_into(xs, ns, 3, out);
                     return Outputs{{"sums", a.down(out, 4)}};  // the 4th stays 7
                   }});
-    // The sums of values rounded as they are read, against sum_squares_into on rounded
+    // The sums of values rounded as they are read, against the device sums of rounded
     // copies ("rounded" / "ref" pairs, bit for bit on each backend); the inputs only read.
-    cs.push_back({"sum_squares_rounded_into", "sum_squares_rounded_into " + sh, kTolElem,
+    cs.push_back({"sums_of_squares:rounded", "sums_of_squares[rounded] " + sh, kTolElem,
                   kTolElem, [n, sd](Arena& a) {
                     Outputs o;
                     for (sw::DType dt : {sw::DType::BF16, sw::DType::F16}) {
@@ -1330,12 +1355,13 @@ inline std::vector<OpCase> op_cases() {
                     }
                     return o;
                   }});
-    cs.push_back({"sum_squares", "sum_squares " + sh, kTolElem, kTolElem, [n, sd](Arena& a) {
+    cs.push_back({"sums_of_squares:one", "sums_of_squares[one] " + sh, kTolElem, kTolElem,
+                  [n, sd](Arena& a) {
                     Rng r(sd + 7);
                     const double s = a.ops().sum_squares(a.up(r.normal(n, 3.f)), n);
                     return Outputs{{"sum", {s}}};
                   }});
-    cs.push_back({"adamw", "adamw " + sh, kTolElem, kTolElem, [n, sd](Arena& a) {
+    cs.push_back({"adamw:plain", "adamw[plain] " + sh, kTolElem, kTolElem, [n, sd](Arena& a) {
                     Rng r(sd + 8);
                     float* p = a.up(r.normal(n));
                     float* m = a.up(r.normal(n, 0.1f));
@@ -1350,13 +1376,14 @@ inline std::vector<OpCase> op_cases() {
                     return o;
                   }});
     // The update with its compute copies (16-bit, and fp32 or none), against adamw followed by
-    // round_copy_lp on the same inputs: "lp" / "ref" pairs, bit for bit on each backend. With
+    // round_copy with a 16-bit copy on the same inputs: "lp" / "ref" pairs, bit for bit on each backend. With
     // `rounded`, the gradient read rounded to the other 16-bit type (grad_dt), against adamw on
     // a rounded copy of it.
     for (int with32 = 0; with32 < 2; ++with32)
     for (int rounded = 0; rounded < 2; ++rounded)
-    cs.push_back({"adamw_copies", "adamw_copies " + sh + (with32 ? " fp32 and 16-bit" : " 16-bit") +
-                                      (rounded ? " grad rounded" : ""),
+    cs.push_back({"adamw:copies",
+                  "adamw[copies] " + sh + (with32 ? " fp32 and 16-bit" : " 16-bit") +
+                      (rounded ? " grad rounded" : ""),
                   kTolElem, kTolElem, [n, sd, with32, rounded](Arena& a) {
                     Outputs o;
                     for (sw::DType dt : {sw::DType::BF16, sw::DType::F16}) {
@@ -1399,7 +1426,8 @@ inline std::vector<OpCase> op_cases() {
   }
   {  // sum_squares over several of the backends' chunks
     const size_t n = 300007;
-    cs.push_back({"sum_squares", "sum_squares n=300007", kTolElem, kTolElem, [n](Arena& a) {
+    cs.push_back({"sums_of_squares:one", "sums_of_squares[one] n=300007", kTolElem, kTolElem,
+                  [n](Arena& a) {
                     Rng r(77);
                     const double s = a.ops().sum_squares(a.up(r.normal(n)), n);
                     return Outputs{{"sum", {s}}};
@@ -1415,7 +1443,7 @@ inline std::vector<OpCase> op_cases() {
     const uint64_t sd = seed++;
     const std::string sh = shape({{"N", N}, {"F", F}});
     const size_t NF = size_t(N) * F;
-    cs.push_back({"swiglu_forward", "swiglu_forward " + sh, kTolElem, kTolElem,
+    cs.push_back({"swiglu_forward:f32", "swiglu_forward[f32] " + sh, kTolElem, kTolElem,
                   [N = N, F = F, sd, NF, extreme_gates](Arena& a) {
                     Rng r(sd);
                     const Vec gu = extreme_gates(r.normal(2 * NF, 3.f), N, F);
@@ -1425,7 +1453,7 @@ inline std::vector<OpCase> op_cases() {
                     put(o, "out", a.down(out, NF));
                     return o;
                   }});
-    cs.push_back({"swiglu_backward", "swiglu_backward " + sh, kTolElem, kTolElem,
+    cs.push_back({"swiglu_backward:add", "swiglu_backward[add] " + sh, kTolElem, kTolElem,
                   [N = N, F = F, sd, NF, extreme_gates](Arena& a) {
                     Rng r(sd + 1);
                     const Vec gu = extreme_gates(r.normal(2 * NF, 3.f), N, F), dy = r.normal(NF),
@@ -1436,7 +1464,7 @@ inline std::vector<OpCase> op_cases() {
                     put(o, "dgu", a.down(dgu, 2 * NF));
                     return o;
                   }});
-    cs.push_back({"swiglu_forward_lp", "swiglu_forward_lp " + sh, kTolRound16, kTolRound16,
+    cs.push_back({"swiglu_forward:out16", "swiglu_forward[out16] " + sh, kTolRound16, kTolRound16,
                   [N = N, sd, NF](Arena& a) {
                     Outputs o;
                     const sw::DType dt = a.ops().compute();
@@ -1446,7 +1474,7 @@ inline std::vector<OpCase> op_cases() {
                     uint16_t* lp = up16(a, NF);
                     uint16_t* ref = up16(a, NF);
                     float* f = a.up(Vec(NF, NAN));
-                    a.ops().swiglu_forward_lp(lp, gu, N, int(NF / N));
+                    a.ops().swiglu_forward(lp, gu, N, int(NF / N));
                     a.ops().swiglu_forward(f, gu, N, int(NF / N));
                     a.ops().narrow(dt, f, ref, NF);
                     put(o, "lp", down16(a, lp, NF, dt));
@@ -1457,28 +1485,28 @@ inline std::vector<OpCase> op_cases() {
                     a.ops().narrow(dt, gu, gu16, 2 * NF);
                     float* guw = a.up(Vec(2 * NF, NAN));
                     a.ops().widen(dt, gu16, guw, 2 * NF);
-                    a.ops().swiglu_forward_lp(lp, gu16, N, int(NF / N));
+                    a.ops().swiglu_forward(lp, gu16, N, int(NF / N));
                     a.ops().swiglu_forward(f, guw, N, int(NF / N));
                     a.ops().narrow(dt, f, ref, NF);
                     put(o, "lp gu16", down16(a, lp, NF, dt));
                     put(o, "ref gu16", down16(a, ref, NF, dt));
                     return o;
                   }});
-    cs.push_back({"swiglu_backward_set", "swiglu_backward_set " + sh, kTolElem, kTolElem,
+    cs.push_back({"swiglu_backward:set", "swiglu_backward[set] " + sh, kTolElem, kTolElem,
                   [N = N, sd, NF](Arena& a) {
                     Rng r(sd + 2);
                     const Vec gu = r.normal(2 * NF, 3.f), dy = r.normal(NF);
                     float* dgu = a.up(Vec(2 * NF, NAN));
                     float* dgu0 = a.up(Vec(2 * NF, 0.f));
                     const float *pdy = a.up(dy), *pgu = a.up(gu);
-                    a.ops().swiglu_backward_set(dgu, pdy, pgu, N, int(NF / N));
+                    a.ops().swiglu_backward(sw::GradIn::set(dgu), pdy, pgu, N, int(NF / N));
                     a.ops().swiglu_backward(dgu0, pdy, pgu, N, int(NF / N));
                     Outputs o;
                     put(o, "set", a.down(dgu, 2 * NF));
                     put(o, "acc0", a.down(dgu0, 2 * NF));
                     return o;
                   }});
-    cs.push_back({"swiglu_backward_lp_set", "swiglu_backward_lp_set " + sh, kTolRound16, kTolRound16,
+    cs.push_back({"swiglu_backward:lp", "swiglu_backward[lp] " + sh, kTolRound16, kTolRound16,
                   [N = N, sd, NF](Arena& a) {
                     Outputs o;
                     const sw::DType dt = a.ops().compute();
@@ -1489,8 +1517,8 @@ inline std::vector<OpCase> op_cases() {
                     uint16_t* lp = up16(a, 2 * NF);
                     uint16_t* ref = up16(a, 2 * NF);
                     float* f = a.up(Vec(2 * NF, NAN));
-                    a.ops().swiglu_backward_lp_set(lp, pdy, pgu, N, int(NF / N));
-                    a.ops().swiglu_backward_set(f, pdy, pgu, N, int(NF / N));
+                    a.ops().swiglu_backward(sw::GradIn::set(nullptr, lp), pdy, pgu, N, int(NF / N));
+                    a.ops().swiglu_backward(sw::GradIn::set(f), pdy, pgu, N, int(NF / N));
                     a.ops().narrow(dt, f, ref, 2 * NF);
                     put(o, "lp", down16(a, lp, 2 * NF, dt));
                     put(o, "ref", down16(a, ref, 2 * NF, dt));
@@ -1499,21 +1527,24 @@ inline std::vector<OpCase> op_cases() {
                     a.ops().narrow(dt, pgu, gu16, 2 * NF);
                     float* guw = a.up(Vec(2 * NF, NAN));
                     a.ops().widen(dt, gu16, guw, 2 * NF);
-                    a.ops().swiglu_backward_lp_set(lp, pdy, gu16, N, int(NF / N));
-                    a.ops().swiglu_backward_set(f, pdy, guw, N, int(NF / N));
+                    a.ops().swiglu_backward(sw::GradIn::set(nullptr, lp), pdy, gu16, N,
+                                            int(NF / N));
+                    a.ops().swiglu_backward(sw::GradIn::set(f), pdy, guw, N, int(NF / N));
                     a.ops().narrow(dt, f, ref, 2 * NF);
                     put(o, "lp gu16", down16(a, lp, 2 * NF, dt));
                     put(o, "ref gu16", down16(a, ref, 2 * NF, dt));
                     // dout 16-bit too (the down projection's input gradient kept 16-bit), and
                     // dout 16-bit with gu fp32
                     const Narrowed16 dy16(a, pdy, NF);
-                    a.ops().swiglu_backward_lp_set(lp, dy16.lp, gu16, N, int(NF / N));
-                    a.ops().swiglu_backward_set(f, dy16.wide, guw, N, int(NF / N));
+                    a.ops().swiglu_backward(sw::GradIn::set(nullptr, lp), dy16.lp, gu16, N,
+                                            int(NF / N));
+                    a.ops().swiglu_backward(sw::GradIn::set(f), dy16.wide, guw, N, int(NF / N));
                     a.ops().narrow(dt, f, ref, 2 * NF);
                     put(o, "lp dy16", down16(a, lp, 2 * NF, dt));
                     put(o, "ref dy16", down16(a, ref, 2 * NF, dt));
-                    a.ops().swiglu_backward_lp_set(lp, dy16.lp, pgu, N, int(NF / N));
-                    a.ops().swiglu_backward_set(f, dy16.wide, pgu, N, int(NF / N));
+                    a.ops().swiglu_backward(sw::GradIn::set(nullptr, lp), dy16.lp, pgu, N,
+                                            int(NF / N));
+                    a.ops().swiglu_backward(sw::GradIn::set(f), dy16.wide, pgu, N, int(NF / N));
                     a.ops().narrow(dt, f, ref, 2 * NF);
                     put(o, "lp gu32 dy16", down16(a, lp, 2 * NF, dt));
                     put(o, "ref gu32 dy16", down16(a, ref, 2 * NF, dt));
@@ -1533,20 +1564,21 @@ inline std::vector<OpCase> op_cases() {
     const size_t nqkv = size_t(s.B) * s.T * (s.H + 2 * s.KVH) * s.hd;
     const size_t nout = size_t(s.B) * s.T * s.H * s.hd, nlse = size_t(s.B) * s.H * s.T;
     for (int bwd = 0; bwd < 2; ++bwd)
-      cs.push_back({bwd ? "rope_backward" : "rope_forward",
-                    std::string(bwd ? "rope_backward " : "rope_forward ") + sh, kTolElem, kTolElem,
+      cs.push_back({bwd ? "rope_backward:f32" : "rope_forward:f32",
+                    std::string(bwd ? "rope_backward[f32] " : "rope_forward[f32] ") + sh,
+                    kTolElem, kTolElem,
                     [s, sd, nqkv, bwd](Arena& a) {
                       Rng r(sd + 10 * bwd);
                       float* x = a.up(r.normal(nqkv));
                       if (bwd)
-                        a.ops().rope_backward(x, s.B, s.T, s.H, s.KVH, s.hd, 10000.f);
+                        a.ops().rope_backward(x, x, s.B, s.T, s.H, s.KVH, s.hd, 10000.f);
                       else
-                        a.ops().rope_forward(x, s.B, s.T, s.H, s.KVH, s.hd, 500000.f);
+                        a.ops().rope_forward(x, x, s.B, s.T, s.H, s.KVH, s.hd, 500000.f);
                       Outputs o;
                       put(o, "qkv", a.down(x, nqkv));
                       return o;
                     }});
-    cs.push_back({"rope_backward_lp", "rope_backward_lp " + sh, kTolRound16, kTolRound16,
+    cs.push_back({"rope_backward:out16", "rope_backward[out16] " + sh, kTolRound16, kTolRound16,
                   [s, sd, nqkv](Arena& a) {
                     Outputs o;
                     const sw::DType dt = a.ops().compute();
@@ -1557,8 +1589,8 @@ inline std::vector<OpCase> op_cases() {
                     float* f = a.up(d);
                     uint16_t* lp = up16(a, nqkv);
                     uint16_t* ref = up16(a, nqkv);
-                    a.ops().rope_backward_lp(lp, pd, s.B, s.T, s.H, s.KVH, s.hd, 10000.f);
-                    a.ops().rope_backward(f, s.B, s.T, s.H, s.KVH, s.hd, 10000.f);
+                    a.ops().rope_backward(lp, pd, s.B, s.T, s.H, s.KVH, s.hd, 10000.f);
+                    a.ops().rope_backward(f, f, s.B, s.T, s.H, s.KVH, s.hd, 10000.f);
                     a.ops().narrow(dt, f, ref, nqkv);
                     put(o, "lp", down16(a, lp, nqkv, dt));
                     put(o, "ref", down16(a, ref, nqkv, dt));
@@ -1569,14 +1601,14 @@ inline std::vector<OpCase> op_cases() {
                     uint16_t* d16 = up16(a, nqkv);
                     a.ops().narrow(dt, pd, d16, nqkv);
                     a.ops().widen(dt, d16, f, nqkv);
-                    a.ops().rope_backward_lp(d16, d16, s.B, s.T, s.H, s.KVH, s.hd, 10000.f);
-                    a.ops().rope_backward(f, s.B, s.T, s.H, s.KVH, s.hd, 10000.f);
+                    a.ops().rope_backward(d16, d16, s.B, s.T, s.H, s.KVH, s.hd, 10000.f);
+                    a.ops().rope_backward(f, f, s.B, s.T, s.H, s.KVH, s.hd, 10000.f);
                     a.ops().narrow(dt, f, ref, nqkv);
                     put(o, "lp in place", down16(a, d16, nqkv, dt));
                     put(o, "ref in place", down16(a, ref, nqkv, dt));
                     return o;
                   }});
-    cs.push_back({"attention_forward", "attention_forward " + sh, kTolAttn, kTolAttnLowp,
+    cs.push_back({"attention_forward:f32", "attention_forward[f32] " + sh, kTolAttn, kTolAttnLowp,
                   [s, sd, nqkv, nout, nlse](Arena& a) {
                     Rng r(sd + 20);
                     const Vec qkv = r.normal(nqkv, 1.5f);
@@ -1588,7 +1620,7 @@ inline std::vector<OpCase> op_cases() {
                     put(o, "lse", a.down(lse, nlse));
                     return o;
                   }});
-    cs.push_back({"attention_backward", "attention_backward " + sh, kTolAttn, kTolAttnLowp,
+    cs.push_back({"attention_backward:add", "attention_backward[add] " + sh, kTolAttn, kTolAttnLowp,
                   [s, sd, nqkv, nout](Arena& a) {
                     Rng r(sd + 30);
                     const Vec qkv = r.normal(nqkv, 1.5f), dy = r.normal(nout),
@@ -1602,7 +1634,7 @@ inline std::vector<OpCase> op_cases() {
                     put(o, "dqkv", a.down(dqkv, nqkv));
                     return o;
                   }});
-    cs.push_back({"attention_backward_set", "attention_backward_set " + sh, kTolAttn,
+    cs.push_back({"attention_backward:set", "attention_backward[set] " + sh, kTolAttn,
                   kTolAttnLowp, [s, sd, nqkv, nout](Arena& a) {
                     Rng r(sd + 40);
                     const Vec qkv = r.normal(nqkv, 1.5f), dy = r.normal(nout);
@@ -1611,7 +1643,8 @@ inline std::vector<OpCase> op_cases() {
                     float* dqkv = a.up(Vec(nqkv, NAN));
                     float* dqkv0 = a.up(Vec(nqkv, 0.f));
                     const float *pdy = a.up(dy), *pq = a.up(qkv), *po = a.up(out), *pl = a.up(lse);
-                    a.ops().attention_backward_set(dqkv, pdy, pq, po, pl, s.B, s.T, s.H, s.KVH, s.hd);
+                    a.ops().attention_backward(sw::GradIn::set(dqkv), pdy, pq, po, pl, s.B, s.T,
+                                               s.H, s.KVH, s.hd);
                     a.ops().attention_backward(dqkv0, pdy, pq, po, pl, s.B, s.T, s.H, s.KVH, s.hd);
                     Outputs o;
                     put(o, "set", a.down(dqkv, nqkv));
@@ -1619,7 +1652,7 @@ inline std::vector<OpCase> op_cases() {
                     return o;
                   }});
     // 16-bit qkv and output (BF16 / F16 Ops): against the fp32 ops on the widened values.
-    cs.push_back({"rope_forward_lp", "rope_forward_lp " + sh, kTolRound16, kTolRound16,
+    cs.push_back({"rope_forward:out16", "rope_forward[out16] " + sh, kTolRound16, kTolRound16,
                   [s, sd, nqkv](Arena& a) {
                     Outputs o;
                     const sw::DType dt = a.ops().compute();
@@ -1630,8 +1663,8 @@ inline std::vector<OpCase> op_cases() {
                     float* f = a.up(q);
                     uint16_t* lp = up16(a, nqkv);
                     uint16_t* ref = up16(a, nqkv);
-                    a.ops().rope_forward_lp(lp, pq, s.B, s.T, s.H, s.KVH, s.hd, 500000.f);
-                    a.ops().rope_forward(f, s.B, s.T, s.H, s.KVH, s.hd, 500000.f);
+                    a.ops().rope_forward(lp, pq, s.B, s.T, s.H, s.KVH, s.hd, 500000.f);
+                    a.ops().rope_forward(f, f, s.B, s.T, s.H, s.KVH, s.hd, 500000.f);
                     a.ops().narrow(dt, f, ref, nqkv);
                     put(o, "lp", down16(a, lp, nqkv, dt));
                     put(o, "ref", down16(a, ref, nqkv, dt));
@@ -1642,14 +1675,14 @@ inline std::vector<OpCase> op_cases() {
                     uint16_t* q16 = up16(a, nqkv);
                     a.ops().narrow(dt, pq, q16, nqkv);
                     a.ops().widen(dt, q16, f, nqkv);
-                    a.ops().rope_forward_lp(q16, q16, s.B, s.T, s.H, s.KVH, s.hd, 500000.f);
-                    a.ops().rope_forward(f, s.B, s.T, s.H, s.KVH, s.hd, 500000.f);
+                    a.ops().rope_forward(q16, q16, s.B, s.T, s.H, s.KVH, s.hd, 500000.f);
+                    a.ops().rope_forward(f, f, s.B, s.T, s.H, s.KVH, s.hd, 500000.f);
                     a.ops().narrow(dt, f, ref, nqkv);
                     put(o, "lp in place", down16(a, q16, nqkv, dt));
                     put(o, "ref in place", down16(a, ref, nqkv, dt));
                     return o;
                   }});
-    cs.push_back({"attention_forward_lp", "attention_forward_lp " + sh, kTolRound16,
+    cs.push_back({"attention_forward:lp", "attention_forward[lp] " + sh, kTolRound16,
                   kTolAttnLowp, [s, sd, nqkv, nout, nlse](Arena& a) {
                     Outputs o;
                     const sw::DType dt = a.ops().compute();
@@ -1664,7 +1697,7 @@ inline std::vector<OpCase> op_cases() {
                     uint16_t* ref = up16(a, nout);
                     float* f = a.up(Vec(nout, NAN));
                     float *lse = a.up(Vec(nlse, NAN)), *lser = a.up(Vec(nlse, NAN));
-                    a.ops().attention_forward_lp(lp, lse, q16, s.B, s.T, s.H, s.KVH, s.hd);
+                    a.ops().attention_forward(lp, lse, q16, s.B, s.T, s.H, s.KVH, s.hd);
                     a.ops().attention_forward(f, lser, qw, s.B, s.T, s.H, s.KVH, s.hd);
                     a.ops().narrow(dt, f, ref, nout);
                     put(o, "lp", down16(a, lp, nout, dt));
@@ -1677,7 +1710,7 @@ inline std::vector<OpCase> op_cases() {
     // then: one flip between two backends' fp32 orders costs ~1e-8 (test_lowp_twin's model in
     // the sanitizer build: 1.3e-8 at T = 70, H = 3, hd = 24), hence 1e-7 across backends;
     // paired_forms_exact still holds lp == ref bit for bit on each.
-    cs.push_back({"attention_backward_lp_set", "attention_backward_lp_set " + sh, 1e-7,
+    cs.push_back({"attention_backward:lp", "attention_backward[lp] " + sh, 1e-7,
                   kTolAttnLowp, [s, sd, nqkv, nout](Arena& a) {
                     Outputs o;
                     const sw::DType dt = a.ops().compute();
@@ -1700,12 +1733,13 @@ inline std::vector<OpCase> op_cases() {
                     float* d2 = a.up(Vec(nqkv, NAN));
                     uint16_t* d16 = up16(a, nqkv);
                     uint16_t* dr16 = up16(a, nqkv);
-                    a.ops().attention_backward_lp_set(d, nullptr, pdy, q16, o16, pl, s.B, s.T, s.H,
-                                                      s.KVH, s.hd);
-                    a.ops().attention_backward_set(dr, pdy, qw, ow, pl, s.B, s.T, s.H, s.KVH, s.hd);
+                    a.ops().attention_backward(sw::GradIn::set(d, nullptr), pdy, q16, o16, pl, s.B,
+                                               s.T, s.H, s.KVH, s.hd);
+                    a.ops().attention_backward(sw::GradIn::set(dr), pdy, qw, ow, pl, s.B, s.T, s.H,
+                                               s.KVH, s.hd);
                     // with the 16-bit form too: the same fp32 gradient, and its narrowing
-                    a.ops().attention_backward_lp_set(d2, d16, pdy, q16, o16, pl, s.B, s.T, s.H,
-                                                      s.KVH, s.hd);
+                    a.ops().attention_backward(sw::GradIn::set(d2, d16), pdy, q16, o16, pl, s.B,
+                                               s.T, s.H, s.KVH, s.hd);
                     a.ops().narrow(dt, dr, dr16, nqkv);
                     put(o, "lp", a.down(d, nqkv));
                     put(o, "ref", a.down(dr, nqkv));
@@ -1716,10 +1750,10 @@ inline std::vector<OpCase> op_cases() {
                     // dout 16-bit (the output projection's input gradient kept 16-bit) and the
                     // 16-bit dqkv alone (the Llama's), against the fp32 op on widened dout
                     const Narrowed16 dy16(a, pdy, nout);
-                    a.ops().attention_backward_lp_set(nullptr, d16, dy16.lp, q16, o16, pl, s.B,
-                                                      s.T, s.H, s.KVH, s.hd);
-                    a.ops().attention_backward_set(dr, dy16.wide, qw, ow, pl, s.B, s.T, s.H, s.KVH,
-                                                   s.hd);
+                    a.ops().attention_backward(sw::GradIn::set(nullptr, d16), dy16.lp, q16, o16, pl,
+                                               s.B, s.T, s.H, s.KVH, s.hd);
+                    a.ops().attention_backward(sw::GradIn::set(dr), dy16.wide, qw, ow, pl, s.B, s.T,
+                                               s.H, s.KVH, s.hd);
                     a.ops().narrow(dt, dr, dr16, nqkv);
                     put(o, "lp16 dy16", down16(a, d16, nqkv, dt));
                     put(o, "ref16 dy16", down16(a, dr16, nqkv, dt));
@@ -1918,11 +1952,11 @@ inline std::vector<std::string> fused_norms_bitwise(const Backend& be) {
       float *res1 = a.up(Vec(NC)), *out1 = a.up(Vec(NC)), *m1 = a.up(Vec(s.N)), *r1 = a.up(Vec(s.N));
       float *res2 = a.up(Vec(NC)), *out2 = a.up(Vec(NC)), *m2 = a.up(Vec(s.N)), *r2 = a.up(Vec(s.N));
       if (ln) {
-        ops.residual_layernorm_forward(res1, out1, m1, r1, px, py, pw, pb, s.N, s.C);
+        ops.layernorm_forward(out1, m1, r1, sw::NormIn::residual(res1, px, py), pw, pb, s.N, s.C);
         ops.residual_forward(res2, px, py, NC);
         ops.layernorm_forward(out2, m2, r2, res2, pw, pb, s.N, s.C);
       } else {
-        ops.residual_rmsnorm_forward(res1, out1, r1, px, py, pw, s.N, s.C, 1e-5f);
+        ops.rmsnorm_forward(out1, r1, sw::NormIn::residual(res1, px, py), pw, s.N, s.C, 1e-5f);
         ops.residual_forward(res2, px, py, NC);
         ops.rmsnorm_forward(out2, r2, res2, pw, s.N, s.C, 1e-5f);
       }
@@ -1940,31 +1974,38 @@ inline std::vector<std::string> fused_norms_bitwise(const Backend& be) {
   return bad;
 }
 
-// kernels/ops.h promises that each *_set form gives the values of its accumulating op on
-// zeros (a zero may carry the other sign, which == ignores), round_copy those of copy +
-// round_to (round_copy_lp: round_copy's and narrow's), and each 16-bit-input form (*_lp, *_lp_set;
-// but linear_backward_lp16_set's dinp16, which cuBLAS may sum in another order) those of its
-// fp32-input op, and lmhead_xent with a 16-bit weight ("lmhead_xent w=lp / w=both") its
-// results on the rounded fp32 one, and sum_squares_rounded_into (adamw_copies with grad_dt)
-// the results of rounded copies. Their
-// cases return outputs in pairs: "set" and "acc0" (and dw / dw_acc, db / db_acc: parameter
-// gradients accumulated by each), round_copy's result and copy + round_to's, "lp" and "ref".
-// Returns "case [output]" for each pair that differs on this backend.
+// kernels/ops.h promises that a written gradient (set forms) gives the values of the same op
+// adding into zeros (a zero may carry the other sign, which == ignores), round_copy those of
+// copy + round_to (with a 16-bit copy: round_copy's and narrow's), each 16-bit input (lp
+// forms; but a 16-bit dinp alone, which cuBLAS may sum in another order than the fp32 one)
+// those of the fp32 input, each 16-bit output (out16 forms but the product's, likewise) narrow
+// of the fp32 one, lmhead_xent with a 16-bit weight ("lmhead_xent w=lp / w=both") its results
+// on the rounded fp32 one, and the sums of rounded values (adamw's copies with grad_dt) the
+// results of rounded copies. Their cases return outputs in pairs: "set" and "acc0" (and dw /
+// dw_acc, db / db_acc: parameter gradients accumulated by each), round_copy's result and
+// copy + round_to's, "lp" and "ref". Returns "case [output]" for each pair that differs on
+// this backend.
+inline bool paired_form(const OpCase& c) {
+  static const std::set<std::string> paired = {
+      "gemm:lp", "linear_forward:lp", "linear_backward:set", "linear_backward:lp",
+      "linear_backward:dinp16", "embedding_forward:lp", "layernorm_forward:out16",
+      "layernorm_forward:residual_out16", "layernorm_backward:both", "rmsnorm_forward:out16",
+      "rmsnorm_forward:residual_out16", "rmsnorm_backward:both", "gelu_forward:out16",
+      "gelu_backward:set", "gelu_backward:lp", "swiglu_forward:out16", "swiglu_backward:set",
+      "swiglu_backward:lp", "rope_forward:out16", "rope_backward:out16", "attention_forward:lp",
+      "attention_backward:set", "attention_backward:lp", "adamw:copies",
+      "sums_of_squares:rounded", "round_copy:f32", "round_copy:lp"};
+  return paired.count(c.op) || c.name.rfind("lmhead_xent w=", 0) == 0;
+}
 inline std::vector<std::string> paired_forms_exact(const Backend& be,
                                                    const std::vector<OpCase>& cases) {
   std::vector<std::string> bad;
   for (const OpCase& c : cases) {
-    const auto ends = [&](const char* t) {
-      const size_t k = std::strlen(t);
-      return c.op.size() > k && c.op.compare(c.op.size() - k, k, t) == 0;
-    };
-    if (!ends("_set") && !ends("_lp") && c.op != "round_copy" && c.op != "adamw_copies" &&
-        c.op != "sum_squares_rounded_into" && c.name.rfind("lmhead_xent w=", 0) != 0)
-      continue;
-    // (linear_backward_lp16_set's first pair is a product's 16-bit output and its fp32 one
-    // narrowed: cuBLAS may sum the two in other orders, so they are compared across backends
-    // only; its dw and db pairs are exact)
-    const size_t first = c.op == "linear_backward_lp16_set" ? 2 : 0;
+    if (!paired_form(c)) continue;
+    // (the 16-bit dinp's first pair is a product's 16-bit output and its fp32 one narrowed:
+    // cuBLAS may sum the two in other orders, so they are compared across backends only; its
+    // dw and db pairs are exact)
+    const size_t first = c.op == "linear_backward:dinp16" ? 2 : 0;
     Outputs o;
     {
       Arena a(be);

@@ -29,8 +29,8 @@ namespace {
 struct HostBe {
   DType dt;
   int forced = 0;
-  mutable std::vector<uint16_t> w16[4];
-  mutable std::vector<float> w32[4];
+  mutable std::vector<uint16_t> w16[4]{};
+  mutable std::vector<float> w32[4]{};
 
   uint16_t to16(float f) const { return dt == DType::BF16 ? sw::f32_to_bf16(f) : sw::f32_to_f16(f); }
   float from16(uint16_t h) const { return dt == DType::BF16 ? sw::bf16_to_f32(h) : sw::f16_to_f32(h); }
@@ -172,17 +172,23 @@ struct HostBe {
   void zero(float* p, size_t n) const { std::fill(p, p + n, 0.f); }
 };
 
-// The CPU's low-precision Ops with attention through the orchestration over HostBe.
+// The CPU's low-precision Ops with attention through the orchestration over HostBe (fp32
+// forms; the 16-bit ones through them, as CudaOps' cuBLAS path takes them, and a written
+// dqkv zeroed first, then added into, as the orchestration adds).
 class Twin final : public swtest::ForwardingOps {
  public:
   Twin(const sw::Ops& base, DType dt, int forced) : ForwardingOps(base), be_{dt, forced, {}, {}} {}
-  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KVH,
+  void attention_forward(sw::Out out, float* lse, sw::Operand qkv, int B, int T, int H, int KVH,
                          int hd) const override {
-    sw::attn_mm::forward(be_, out, lse, qkv, B, T, H, KVH, hd);
+    if (out.lp || qkv.lp) return attention_forward_through_f32(out, lse, qkv, B, T, H, KVH, hd);
+    sw::attn_mm::forward(be_, out.f32, lse, qkv.f32, B, T, H, KVH, hd);
   }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+  void attention_backward(sw::GradIn dqkv, sw::Operand dout, sw::Operand qkv, sw::Operand out,
                           const float* lse, int B, int T, int H, int KVH, int hd) const override {
-    sw::attn_mm::backward(be_, dqkv, dout, qkv, out, lse, B, T, H, KVH, hd);
+    if (dqkv.lp || dout.lp || qkv.lp || out.lp)
+      return attention_backward_through_f32(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd);
+    if (dqkv.write) fill(dqkv.f32, 0.f, size_t(B) * T * (H + 2 * KVH) * hd);
+    sw::attn_mm::backward(be_, dqkv.f32, dout.f32, qkv.f32, out.f32, lse, B, T, H, KVH, hd);
   }
 
  private:

@@ -99,7 +99,8 @@ TEST_CASE("cuda ops: the same inputs twice give bitwise-equal outputs") {
   CHECK(bad.empty());
 }
 
-TEST_CASE("cuda ops: paired forms equal their references bit for bit: *_set, round_copy, *_lp") {
+TEST_CASE("cuda ops: paired forms equal their references bit for bit: written gradients, "
+          "round_copy, 16-bit forms") {
   // Every precision; bf16 / fp16 attention on both paths (cuDNN writes its widened gradients,
   // the cuBLAS path accumulates into zeros). The destinations start as NaN: a form that read
   // them fails here and against the CPU.
@@ -317,12 +318,13 @@ TEST_CASE("cuda ops: element-wise ops and norms give the same bits four-wide (al
       {"layernorm_forward", [&](const P& p) {
          ops.layernorm_forward(p[0], p[3], p[3] + 64, p[1], p[2], p[2] + F, N, F);
        }},
-      {"residual_rmsnorm_forward", [&](const P& p) {
-         ops.residual_rmsnorm_forward(p[0], p[1], p[3], p[0], p[2], p[3] + 64, N, F, 1e-5f);
+      {"rmsnorm_forward residual", [&](const P& p) {
+         ops.rmsnorm_forward(p[1], p[3], sw::NormIn::residual(p[0], p[0], p[2]), p[3] + 64, N, F,
+                             1e-5f);
        }},
-      {"residual_layernorm_forward", [&](const P& p) {
-         ops.residual_layernorm_forward(p[0], p[1], p[3] + 128, p[3] + 192, p[0], p[2], p[3] + 64,
-                                        p[3] + 32, N, F);
+      {"layernorm_forward residual", [&](const P& p) {
+         ops.layernorm_forward(p[1], p[3] + 128, p[3] + 192, sw::NormIn::residual(p[0], p[0], p[2]),
+                               p[3] + 64, p[3] + 32, N, F);
        }},
       {"rmsnorm_backward", [&](const P& p) {
          ops.rmsnorm_backward(p[0], p[3], p[1], p[2], p[3] + 64, p[3] + 128, N, F);

@@ -198,17 +198,21 @@ double emu_lmhead(float* loss, float* dx, float* dw, const float* x, const float
   return total;
 }
 // The CPU low-precision Ops with attention and the LM head replaced by the
-// emulation.
+// emulation (attention's 16-bit forms through its fp32 ones, a written dqkv zeroed first).
 class Emu final : public swtest::ForwardingOps {
  public:
   using ForwardingOps::ForwardingOps;
-  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KVH,
+  void attention_forward(sw::Out out, float* lse, sw::Operand qkv, int B, int T, int H, int KVH,
                          int hd) const override {
-    emu_attn_fwd(out, lse, qkv, B, T, H, KVH, hd);
+    if (out.lp || qkv.lp) return attention_forward_through_f32(out, lse, qkv, B, T, H, KVH, hd);
+    emu_attn_fwd(out.f32, lse, qkv.f32, B, T, H, KVH, hd);
   }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+  void attention_backward(sw::GradIn dqkv, sw::Operand dout, sw::Operand qkv, sw::Operand out,
                           const float* lse, int B, int T, int H, int KVH, int hd) const override {
-    emu_attn_bwd(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd);
+    if (dqkv.lp || dout.lp || qkv.lp || out.lp)
+      return attention_backward_through_f32(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd);
+    if (dqkv.write) fill(dqkv.f32, 0.f, size_t(B) * T * (H + 2 * KVH) * hd);
+    emu_attn_bwd(dqkv.f32, dout.f32, qkv.f32, out.f32, lse, B, T, H, KVH, hd);
   }
   double lmhead_xent(float* loss, float* dx, float* dw, const float* x, sw::Operand w,
                      const int32_t* t, int N, int C, int V, float gs) const override {

@@ -28,13 +28,47 @@ void report(const std::vector<Result>& results) {
   }
 }
 
-// CPU fp32 Ops with one op broken: gelu_forward adds 1e-3 to every output.
+// CPU fp32 Ops with one op broken: gelu_forward adds 1e-3 to every fp32 output.
 class BrokenGelu final : public swtest::ForwardingOps {
  public:
   using ForwardingOps::ForwardingOps;
-  void gelu_forward(float* out, const float* inp, size_t n) const override {
+  void gelu_forward(sw::Out out, sw::Operand inp, size_t n) const override {
     base_.gelu_forward(out, inp, n);
-    for (size_t i = 0; i < n; ++i) out[i] += 1e-3f;
+    if (out.f32)
+      for (size_t i = 0; i < n; ++i) out.f32[i] += 1e-3f;
+  }
+};
+
+// The CPU's Ops taking the Ops' shared forms through fp32 ones where a backend may take them
+// (CudaOps' attention paths other than cuDNN's; AdamW's copies and the sums of rounded values
+// through rounded copies in scratch; round_copy's default, copy + round_to + narrow): the
+// CPU's own forms' bits, case for case.
+class ThroughF32 final : public swtest::ForwardingOps {
+ public:
+  using ForwardingOps::ForwardingOps;
+  void attention_forward(sw::Out out, float* lse, sw::Operand qkv, int B, int T, int H, int KVH,
+                         int hd) const override {
+    if (out.lp || qkv.lp) return attention_forward_through_f32(out, lse, qkv, B, T, H, KVH, hd);
+    base_.attention_forward(out, lse, qkv, B, T, H, KVH, hd);
+  }
+  void attention_backward(sw::GradIn dqkv, sw::Operand dout, sw::Operand qkv, sw::Operand out,
+                          const float* lse, int B, int T, int H, int KVH, int hd) const override {
+    if (dqkv.lp || dout.lp || qkv.lp || out.lp)
+      return attention_backward_through_f32(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd);
+    base_.attention_backward(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd);
+  }
+  void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr,
+             float beta1, float beta2, float eps, float wd, int step, float grad_mult,
+             const sw::AdamWCopies& copies = {}) const override {
+    if (copies.dt != DType::F32)
+      return adamw_through_copies(param, grad, m, v, n, lr, beta1, beta2, eps, wd, step,
+                                  grad_mult, copies);
+    base_.adamw(param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult);
+  }
+  void sums_of_squares(const float* const* xs, const size_t* ns, int k, double* out,
+                       sw::SumsTo to, DType dt = DType::F32) const override {
+    if (dt != DType::F32) return sums_rounded_through_copies(dt, xs, ns, k, out);
+    base_.sums_of_squares(xs, ns, k, out, to);
   }
 };
 
@@ -56,7 +90,7 @@ TEST_CASE("op harness: CPU bf16 Ops match CPU fp32 Ops on every op") {
 
 TEST_CASE("op harness: the simulated device equals the CPU bit for bit on every op") {
   // Its ops are the CPU's behind device memory the host cannot touch, so every case (the
-  // device-memory results of sum_squares_into and lmhead_xent_into included) must give the
+  // device-memory results of sums_of_squares and lmhead_xent_into included) must give the
   // CPU's bits: NMSE exactly 0.
   const auto up = [](void* d, const void* h, size_t n) {
     sw::copy_bytes(d, Device::sim(0), h, Device::cpu(), n);
@@ -76,19 +110,26 @@ TEST_CASE("op harness: the simulated device equals the CPU bit for bit on every 
   }
 }
 
-TEST_CASE("op harness: paired forms equal their references: *_set (never reading dinp), round_copy, *_lp") {
-  // The CPU's own *_set kernels in every precision, and Ops' defaults (zero, then accumulate)
-  // through a ForwardingOps, which keeps them. The destination starts as NaN.
+TEST_CASE("op harness: paired forms equal their references: written gradients (never reading "
+          "dinp), round_copy, 16-bit forms") {
+  // The CPU's own kernels in every precision, and the Ops' shared through-fp32 forms
+  // (ThroughF32), which must also give the CPU's own forms' bits. The destination starts as NaN.
   for (DType t : {DType::F32, DType::BF16, DType::F16}) {
     const sw::Ops& ops = sw::ops_for(Device::cpu(), t);
-    const swtest::ForwardingOps fwd(ops);
-    for (const Backend& be : {cpu_backend(ops, "cpu"), cpu_backend(fwd, "defaults")}) {
+    const ThroughF32 through(ops);
+    for (const Backend& be : {cpu_backend(ops, "cpu"), cpu_backend(through, "through-f32")}) {
       const auto bad = paired_forms_exact(be, op_cases());
-      for (const auto& b : bad) INFO(be.name + " " + sw::dtype_name(t) + ": set != acc on zeros: " + b);
+      for (const auto& b : bad)
+        INFO(be.name + " " + sw::dtype_name(t) + ": set != acc on zeros: " + b);
       CHECK(bad.empty());
     }
+    for (const Result& r : compare(cpu_backend(ops, "cpu"), cpu_backend(through, "through-f32"),
+                                   /*lowp=*/false, op_cases())) {
+      INFO(sw::dtype_name(t) << " " << r.str());
+      CHECK(r.nmse == 0.0);
+    }
   }
-  // A *_set op that read its destination would have turned the NaN into the output.
+  // A written gradient that read its destination would have turned the NaN into the output.
   const Backend ref = cpu_backend(sw::ops_for(Device::cpu()), "cpu-f32");
   for (const Result& r : compare(ref, ref, /*lowp=*/false, op_cases())) {
     INFO(r.str());

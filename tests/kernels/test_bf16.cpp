@@ -227,7 +227,7 @@ TEST_CASE("fp16 overflow gives inf, bf16 keeps the value") {
   // fp16 must show up as non-finite output (what the dynamic loss scaler looks for).
   const sw::Ops& f16 = sw::ops_for(sw::Device::cpu(), DType::F16);
   Vec x = {1e5f, 1.f}, w = {1.f, 1.f}, out(1);
-  f16.linear_forward(out.data(), x.data(), w.data(), nullptr, 1, 2, 1);
+  f16.linear_forward(out.data(), x.data(), w.data(), nullptr, nullptr, 1, 2, 1);
   CHECK(std::isinf(out[0]));
 }
 
@@ -358,7 +358,7 @@ TEST_CASE("linear forward/backward in bf16/fp16 = double reference on rounded op
     const Vec x = randv((size_t)N * C, 1), w = randv((size_t)OC * C, 2), b = randv(OC, 3);
     const Vec dout = randv((size_t)N * OC, 4);
     Vec out((size_t)N * OC);
-    ops.linear_forward(out.data(), x.data(), w.data(), b.data(), N, C, OC);
+    ops.linear_forward(out.data(), x.data(), w.data(), b.data(), nullptr, N, C, OC);
     const Vec xr = rounded(t, x), wr = rounded(t, w), dr = rounded(t, dout);
     double worst = 0;
     for (int n = 0; n < N; ++n)

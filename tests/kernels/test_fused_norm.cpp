@@ -1,4 +1,4 @@
-// Fused residual + norm (Ops::residual_layernorm_forward / residual_rmsnorm_forward): every
+// Fused residual + norm (Ops::layernorm_forward / rmsnorm_forward of NormIn::residual): every
 // output must be bit-identical (memcmp) to the unfused sequence residual_forward followed by
 // layernorm_forward / rmsnorm_forward, for odd row widths (vector tails), row counts on both
 // sides of the parallel threshold, several thread counts, the aliasing the models use
@@ -67,8 +67,9 @@ TEST_CASE("fused residual + layernorm is bit-identical to residual then layernor
             Vec a = a0, b = b0, sep(NC, -1.f), out(NC, -1.f), mean(s.N, -1.f), rstd(s.N, -1.f);
             float* res = alias == 1 ? a.data() : alias == 2 ? b.data() : sep.data();
             with_threads(nt, [&] {
-              ops_of(p).residual_layernorm_forward(res, out.data(), mean.data(), rstd.data(),
-                                                   a.data(), b.data(), w.data(), bp, s.N, s.C);
+              ops_of(p).layernorm_forward(out.data(), mean.data(), rstd.data(),
+                                          sw::NormIn::residual(res, a.data(), b.data()), w.data(),
+                                          bp, s.N, s.C);
             });
             const Vec resv(res, res + NC);
             CHECK(same_bits(resv, res_ref));
@@ -81,8 +82,9 @@ TEST_CASE("fused residual + layernorm is bit-identical to residual then layernor
             // Null statistics: same outputs.
             Vec res2(NC), out2(NC);
             with_threads(nt, [&] {
-              ops_of(p).residual_layernorm_forward(res2.data(), out2.data(), nullptr, nullptr,
-                                                   a0.data(), b0.data(), w.data(), bp, s.N, s.C);
+              ops_of(p).layernorm_forward(out2.data(), nullptr, nullptr,
+                                          sw::NormIn::residual(res2.data(), a0.data(), b0.data()),
+                                          w.data(), bp, s.N, s.C);
             });
             CHECK(same_bits(res2, res_ref));
             CHECK(same_bits(out2, out_ref));
@@ -108,8 +110,9 @@ TEST_CASE("fused residual + rmsnorm is bit-identical to residual then rmsnorm",
           Vec a = a0, b = b0, sep(NC, -1.f), out(NC, -1.f), rstd(s.N, -1.f);
           float* res = alias == 1 ? a.data() : alias == 2 ? b.data() : sep.data();
           with_threads(nt, [&] {
-            ops_of(p).residual_rmsnorm_forward(res, out.data(), rstd.data(), a.data(), b.data(),
-                                               w.data(), s.N, s.C, eps);
+            ops_of(p).rmsnorm_forward(out.data(), rstd.data(),
+                                      sw::NormIn::residual(res, a.data(), b.data()), w.data(), s.N,
+                                      s.C, eps);
           });
           const Vec resv(res, res + NC);
           CHECK(same_bits(resv, res_ref));
@@ -119,8 +122,9 @@ TEST_CASE("fused residual + rmsnorm is bit-identical to residual then rmsnorm",
           if (alias != 2) CHECK(same_bits(b, b0));
           Vec res2(NC), out2(NC);
           with_threads(nt, [&] {
-            ops_of(p).residual_rmsnorm_forward(res2.data(), out2.data(), nullptr, a0.data(),
-                                               b0.data(), w.data(), s.N, s.C, eps);
+            ops_of(p).rmsnorm_forward(out2.data(), nullptr,
+                                      sw::NormIn::residual(res2.data(), a0.data(), b0.data()),
+                                      w.data(), s.N, s.C, eps);
           });
           CHECK(same_bits(res2, res_ref));
           CHECK(same_bits(out2, out_ref));

@@ -490,69 +490,52 @@ namespace {
 
 // The same Ops reporting fp32 compute, so the blocks take their fp32-operand path. Its
 // attention backward reads the output rounded to the compute precision, as the 16-bit path's
-// attention_backward_lp_set does (the one place where the two paths' values differ: the
+// attention's 16-bit backward does (the one place where the two paths' values differ: the
 // backward's row dot products of dout with the output, fp32 sums, not products). The
 // gradients the 16-bit path keeps 16-bit for a non-product reader are read rounded too: the
 // input gradients of the products before the SwiGLU / GELU and attention (as autocast's
 // backward gives a linear's), attention's dqkv (the Llama's inverse rotation and GPT-2's qkv
-// bias gradient read it rounded) and the GELU's (GPT-2's fc bias gradient): the blocks' *_set
-// forms round what they write.
+// bias gradient read it rounded) and the GELU's (GPT-2's fc bias gradient): where the blocks
+// write those gradients (GradIn::set), they are rounded.
 class HideCompute final : public swtest::ForwardingOps {
  public:
   explicit HideCompute(const Ops& base) : ForwardingOps(base), base_(base) {}
   DType compute() const override { return DType::F32; }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                          const float* lse, int B, int T, int H, int KVH,
-                          int hd) const override {
-    const std::vector<float> o = rounded(out, size_t(B) * T * H * hd);
-    const std::vector<float> d = rounded(dout, size_t(B) * T * H * hd);
+  // (compute() F32: the blocks hand every op fp32 forms)
+  void attention_backward(GradIn dqkv, Operand dout, Operand qkv, Operand out, const float* lse,
+                          int B, int T, int H, int KVH, int hd) const override {
+    const std::vector<float> o = rounded(out.f32, size_t(B) * T * H * hd);
+    const std::vector<float> d = rounded(dout.f32, size_t(B) * T * H * hd);
     base_.attention_backward(dqkv, d.data(), qkv, o.data(), lse, B, T, H, KVH, hd);
-  }
-  void attention_backward_set(float* dqkv, const float* dout, const float* qkv, const float* out,
-                              const float* lse, int B, int T, int H, int KVH,
-                              int hd) const override {
-    const std::vector<float> o = rounded(out, size_t(B) * T * H * hd);
-    const std::vector<float> d = rounded(dout, size_t(B) * T * H * hd);
-    base_.attention_backward_set(dqkv, d.data(), qkv, o.data(), lse, B, T, H, KVH, hd);
-    base_.round_to(base_.compute(), dqkv, size_t(B) * T * (H + 2 * KVH) * hd);
+    if (dqkv.write)
+      base_.round_to(base_.compute(), dqkv.f32, size_t(B) * T * (H + 2 * KVH) * hd);
   }
   // The Llama's qkv product is kept 16-bit too (its rotation reads it rounded).
-  void rope_forward(float* qkv, int B, int T, int H, int KVH, int hd,
+  void rope_forward(Out out, Operand qkv, int B, int T, int H, int KVH, int hd,
                     float theta) const override {
-    base_.round_to(base_.compute(), qkv, size_t(B) * T * (H + 2 * KVH) * hd);
-    base_.rope_forward(qkv, B, T, H, KVH, hd, theta);
+    base_.round_to(base_.compute(), out.f32, size_t(B) * T * (H + 2 * KVH) * hd);
+    base_.rope_forward(out, qkv, B, T, H, KVH, hd, theta);
   }
   // GPT-2's fch and Llama's gate|up, products' outputs only the GELU / SwiGLU read, are kept
   // 16-bit (as autocast keeps a linear's output): those read them rounded, forward and
   // backward.
-  void gelu_forward(float* out, const float* inp, size_t n) const override {
-    const std::vector<float> x = rounded(inp, n);
+  void gelu_forward(Out out, Operand inp, size_t n) const override {
+    const std::vector<float> x = rounded(inp.f32, n);
     base_.gelu_forward(out, x.data(), n);
   }
-  void gelu_backward(float* dinp, const float* inp, const float* dout,
-                     size_t n) const override {
-    const std::vector<float> x = rounded(inp, n), d = rounded(dout, n);
+  void gelu_backward(GradIn dinp, Operand inp, Operand dout, size_t n) const override {
+    const std::vector<float> x = rounded(inp.f32, n), d = rounded(dout.f32, n);
     base_.gelu_backward(dinp, x.data(), d.data(), n);
+    if (dinp.write) base_.round_to(base_.compute(), dinp.f32, n);
   }
-  void gelu_backward_set(float* dinp, const float* inp, const float* dout,
-                         size_t n) const override {
-    const std::vector<float> x = rounded(inp, n), d = rounded(dout, n);
-    base_.gelu_backward_set(dinp, x.data(), d.data(), n);
-    base_.round_to(base_.compute(), dinp, n);
-  }
-  void swiglu_forward(float* out, const float* gu, int N, int F) const override {
-    const std::vector<float> g = rounded(gu, 2 * size_t(N) * F);
+  void swiglu_forward(Out out, Operand gu, int N, int F) const override {
+    const std::vector<float> g = rounded(gu.f32, 2 * size_t(N) * F);
     base_.swiglu_forward(out, g.data(), N, F);
   }
-  void swiglu_backward(float* dgu, const float* dout, const float* gu, int N,
-                       int F) const override {
-    const std::vector<float> g = rounded(gu, 2 * size_t(N) * F), d = rounded(dout, size_t(N) * F);
+  void swiglu_backward(GradIn dgu, Operand dout, Operand gu, int N, int F) const override {
+    const std::vector<float> g = rounded(gu.f32, 2 * size_t(N) * F);
+    const std::vector<float> d = rounded(dout.f32, size_t(N) * F);
     base_.swiglu_backward(dgu, d.data(), g.data(), N, F);
-  }
-  void swiglu_backward_set(float* dgu, const float* dout, const float* gu, int N,
-                           int F) const override {
-    const std::vector<float> g = rounded(gu, 2 * size_t(N) * F), d = rounded(dout, size_t(N) * F);
-    base_.swiglu_backward_set(dgu, d.data(), g.data(), N, F);
   }
 
  private:
@@ -571,23 +554,23 @@ class ReadWeights16 final : public swtest::ForwardingOps {
  public:
   explicit ReadWeights16(const Ops& base) : ForwardingOps(base), base_(base) {}
   mutable int with16 = 0, dout_with16 = 0;
-  void linear_forward_lp(float* out, Operand inp, Operand w, const float* b, int N, int C,
-                         int OC) const override {
-    base_.linear_forward_lp(out, inp, only16(w), b, N, C, OC);
+  void linear_forward(Out out, Operand inp, Operand w, const float* b, const float* res, int N,
+                      int C, int OC) const override {
+    base_.linear_forward(out, inp, only16(w), b, res, N, C, OC);
   }
-  void linear_backward_lp_set(float* dinp, GradOut dw, GradOut db, Operand dout, Operand inp,
-                              Operand w, int N, int C, int OC) const override {
+  void linear_backward(GradIn dinp, GradOut dw, GradOut db, Operand dout, Operand inp, Operand w,
+                       int N, int C, int OC) const override {
     if (dout.f32 && dout.lp) {  // (GPT-2's biased products: the bias gradient sums the fp32 form)
       ++dout_with16;
-      base_.linear_backward_lp_set(dinp, dw, nullptr, dout.lp, inp, only16(w), N, C, OC);
-      if (db) base_.linear_backward_lp_set(nullptr, nullptr, db, dout.f32, inp, w, N, C, OC);
+      base_.linear_backward(dinp, dw, nullptr, dout.lp, inp, only16(w), N, C, OC);
+      if (db) base_.linear_backward(nullptr, nullptr, db, dout.f32, inp, w, N, C, OC);
       return;
     }
-    base_.linear_backward_lp_set(dinp, dw, db, dout, inp, only16(w), N, C, OC);
+    base_.linear_backward(dinp, dw, db, dout, inp, only16(w), N, C, OC);
   }
-  void gemm_lp(bool ta, bool tb, int M, int N, int K, float alpha, Operand A, int lda, Operand B,
-               int ldb, float beta, float* C, int ldc) const override {
-    base_.gemm_lp(ta, tb, M, N, K, alpha, only16(A), lda, only16(B), ldb, beta, C, ldc);
+  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, Operand A, int lda, Operand B,
+            int ldb, float beta, float* C, int ldc) const override {
+    base_.gemm(ta, tb, M, N, K, alpha, only16(A), lda, only16(B), ldb, beta, C, ldc);
   }
   double lmhead_xent(float* loss, float* dx, float* dw, const float* x, Operand w,
                      const int32_t* targets, int N, int C, int V,
@@ -609,7 +592,7 @@ class ReadWeights16 final : public swtest::ForwardingOps {
 // A unit's weights with their 16-bit copy (ctx.params16, as the engine keeps it on a device):
 // every product that reads a weight reads that copy, and the run gives the bits of the fp32
 // path on the same rounded parameters. Llama also with its q/k/v and gate/up weights apart
-// (gapped: the packed products' per-matrix fallback, gemm_lp with the weight's offset).
+// (gapped: the packed products' per-matrix fallback, gemm with the weight's offset).
 TEST_CASE("weights' 16-bit copies give the bits of the fp32 path (BF16 and F16 Ops)",
           "[models][lowp]") {
   for (const ModelConfig& c : {tiny_gpt2(), tiny_llama()})

@@ -51,7 +51,8 @@ class Embed final : public Unit {
   std::string name() const override { return "embed"; }
   std::vector<ParamSpec> params() const override { return {pspec("wte", {kV, kC}, Init::Normal)}; }
   void forward(UnitCtx& c, int, const float*, float* y) override {
-    c.ops->embedding_forward(y, c.batch->tokens, c.param(0), nullptr, c.batch->B, c.batch->T, kC);
+    c.ops->embedding_forward(y, c.batch->tokens, c.param(0), nullptr, c.batch->B, c.batch->T, kC,
+                             kV);
   }
   void backward(UnitCtx& c, int, const float*, const float* dy, float*) override {
     c.ops->embedding_backward(c.grad(0), nullptr, dy, c.batch->tokens, c.batch->B, c.batch->T, kC);
@@ -66,7 +67,7 @@ class TanhBlock final : public Unit {
   void forward(UnitCtx& c, int, const float* x, float* y) override {
     const size_t n = size_t(c.batch->B) * c.batch->T * kC;
     float* t = c.saved->f32("t", n);
-    c.ops->linear_forward(t, x, c.param(0), nullptr, c.batch->B * c.batch->T, kC, kC);
+    c.ops->linear_forward(t, x, c.param(0), nullptr, nullptr, c.batch->B * c.batch->T, kC, kC);
     for (size_t i = 0; i < n; ++i) t[i] = std::tanh(t[i]);
     for (size_t i = 0; i < n; ++i) y[i] = x[i] + t[i];
     ++forwards;

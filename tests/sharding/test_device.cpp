@@ -79,14 +79,14 @@ class ProductsOnly final : public Unit {
   void forward(UnitCtx& ctx, int, const float* x, float* y) override {
     const Ops& ops = *ctx.ops;
     const int N = ctx.batch->B * ctx.batch->T;
-    linear_forward_from(ops, y, x, ctx.weight(0), nullptr, N, C_, C_);
+    ops.linear_forward(y, x, ctx.weight(0), nullptr, nullptr, N, C_, C_);
     ops.residual_forward(y, y, x, size_t(N) * C_);
   }
   void backward(UnitCtx& ctx, int, const float* x, const float* dy, float* dx) override {
     const Ops& ops = *ctx.ops;
     const int N = ctx.batch->B * ctx.batch->T;
     float* t = ctx.scratch->f32(size_t(N) * C_);
-    linear_backward_set_from(ops, t, ctx.grad(0), nullptr, dy, x, ctx.weight(0), N, C_, C_);
+    ops.linear_backward(GradIn::set(t), ctx.grad(0), nullptr, dy, x, ctx.weight(0), N, C_, C_);
     ops.residual_forward(dx, dy, t, size_t(N) * C_);
     ctx.scratch->reset();  // (the models' ScratchScope)
   }

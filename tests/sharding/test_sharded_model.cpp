@@ -48,13 +48,13 @@ class TestEmbedHead final : public Unit {
     const Batch& b = *c.batch;
     const int N = b.B * b.T;
     if (call == 0) {
-      c.ops->embedding_forward(y, b.tokens, c.param(0), nullptr, b.B, b.T, kC);
+      c.ops->embedding_forward(y, b.tokens, c.param(0), nullptr, b.B, b.T, kC, kV);
       return;
     }
     if (c.logits) {
       for (int i = 0; i < b.B; ++i)
         c.ops->linear_forward(c.logits + size_t(i) * kV, x + (size_t(i) * b.T + b.T - 1) * kC,
-                              c.param(0), nullptr, 1, kC, kV);
+                              c.param(0), nullptr, nullptr, 1, kC, kV);
       return;
     }
     // Loss only here; backward recomputes the fused head with gradients.
@@ -79,7 +79,7 @@ class TestEmbedHead final : public Unit {
 void tanh_forward(UnitCtx& c, const float* x, float* y) {
   const int N = c.batch->B * c.batch->T;
   float* t = c.saved->f32("t", size_t(N) * kC);
-  c.ops->linear_forward(t, x, c.param(0), c.param(1), N, kC, kC);
+  c.ops->linear_forward(t, x, c.param(0), c.param(1), nullptr, N, kC, kC);
   const float* g = c.param(2);
   for (int n = 0; n < N; ++n)
     for (int j = 0; j < kC; ++j) {
@@ -151,7 +151,7 @@ class ProbeBlock final : public Unit {
     const GradOut gw = c.grad_out(0), gb = c.grad_out(1);
     writes.push_back(gw.write && gb.write ? 1 : gw.write || gb.write ? -1 : 0);
     float* dxl = c.scratch->f32(size_t(N) * kC);
-    c.ops->linear_backward_set(dxl, gw, gb, u, x, c.param(0), N, kC, kC);
+    c.ops->linear_backward(GradIn::set(dxl), gw, gb, u, x, c.param(0), N, kC, kC);
     c.ops->copy(dx, dy, size_t(N) * kC);
     c.ops->add_inplace(dx, dxl, size_t(N) * kC);
   }
@@ -472,16 +472,15 @@ TEST_CASE("ShardedModel: zeroed gradients stay unwritten until a step's first wr
 
 TEST_CASE("ShardedModel: the built-in models' products write their weight gradients first",
           "[sharding]") {
-  // The CPU's Ops, counting the weight gradients linear_backward_set is handed to write (the
-  // fp32 products' entry: linear_backward_set_from / _to) and to add into.
+  // The CPU's Ops, counting the weight gradients linear_backward is handed to write and to
+  // add into where it writes dinp (the fp32 products' form).
   struct Counting final : swtest::ForwardingOps {
     using ForwardingOps::ForwardingOps;
     mutable int written = 0, added = 0;
-    void linear_backward_set(float* dinp, GradOut dw, GradOut db, const float* dout,
-                             const float* inp, const float* w, int N, int C,
-                             int OC) const override {
-      ++(dw.write ? written : added);
-      cpu().linear_backward_set(dinp, dw, db, dout, inp, w, N, C, OC);
+    void linear_backward(GradIn dinp, GradOut dw, GradOut db, Operand dout, Operand inp,
+                         Operand w, int N, int C, int OC) const override {
+      if (dinp.write) ++(dw.write ? written : added);
+      cpu().linear_backward(dinp, dw, db, dout, inp, w, N, C, OC);
     }
   };
   for (const char* type : {"gpt2", "llama"}) {
