@@ -63,8 +63,7 @@ const std::vector<EnvVar>& table() {
       {"SHARDWISE_LOWP_PATH", K::Text,
        "`native` \\| `fused` \\| `emulated` \\| `onednn` \\| `tuned`", "a rule of the CPU's "
        "features", "run",
-       "forces the CPU's bf16 matrix-product path for the process (`tuned`: timed per shape)", 0,
-       0, "SW_LOWP_PATH"},
+       "forces the CPU's bf16 matrix-product path for the process (`tuned`: timed per shape)"},
       // ---- Diagnosing a run ---------------------------------------------------------------
       {"SHARDWISE_CUDA_OP_TIMES", K::Text, "`1` or a path", "off", "debug",
        "each CUDA op's total device time, printed at exit (`1`) or written to the path"},
@@ -79,7 +78,7 @@ const std::vector<EnvVar>& table() {
        "the profiler settles device times over the host's stamped events where the device has "
        "no timed events (tests the GPU path on the CPU)"},
       {"SHARDWISE_LOWP_VERBOSE", K::Flag, "", "off", "debug",
-       "print each bf16 matrix-product path the CPU's tuning chooses", 0, 0, "SW_LOWP_VERBOSE"},
+       "print each bf16 matrix-product path the CPU's tuning chooses"},
       // ---- The test suite -----------------------------------------------------------------
       {"SHARDWISE_COMM_DELAY_US", K::Integer, "microseconds in [0, 1e8]", "0", "test",
        "sleep a random 0..N µs before each collective (exposes missing waits)", 0, 1e8},
@@ -228,11 +227,8 @@ std::string env_vars_markdown() {
     if (values.empty())
       values = e.kind == K::Flag ? "`1` (on; `0`, `off`, `false`: off)"
                                  : "`0`, `off` or `false` (off)";
-    std::string doc = e.doc;
-    if (*e.legacy)
-      doc += std::string(" (still read as `") + e.legacy + "` until its reader is converted)";
     out += std::string("| `") + e.name + "` | " + e.use + " | " + values + " | " + e.fallback +
-           " | " + doc + " |\n";
+           " | " + e.doc + " |\n";
   }
   return out;
 }

@@ -29,8 +29,6 @@ struct EnvVar {
   const char* use;       // "run" (users), "debug" (diagnosing a run), "test" (the test suite)
   const char* doc;       // one line for the table
   double lo = 0, hi = 0;  // Integer / Number: the accepted range
-  // The name a reader in a folder not yet converted still uses (e.g. SW_LOWP_PATH); "" = none.
-  const char* legacy = "";
 };
 
 // Every declared variable, in the table's order.

@@ -32,7 +32,8 @@ void linear_backward(float* dinp, float* dw, float* db, const float* dout, const
 // OneDnn = oneDNN's bf16 matmul on bf16 copies of the operands (BF16 only, AVX-512). For BF16,
 // Auto also chooses per shape: on the first call of each (M, N, K, transposes) it times its
 // own kernel (Native or Fused) against OneDnn on that call's operands and keeps the faster
-// for the process (SW_LOWP_PATH=native|fused|emulated|onednn disables that and forces one).
+// for the process (SHARDWISE_LOWP_PATH=native|fused|emulated|onednn disables that and forces
+// one).
 enum class LowpPath { Auto, Native, Fused, Emulated, OneDnn };
 bool cpu_has_avx512_bf16();  // the CPU has AVX512-BF16 (Native possible)
 bool cpu_has_avx512();       // the CPU has AVX-512F/BW (Fused possible)

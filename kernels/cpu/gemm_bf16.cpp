@@ -15,7 +15,7 @@
 // measured once per process with a wide margin either way: ~2x on the Zen 5 EPYC, ~0.5x on
 // the 4th-generation Xeon these kernels were developed on, where one vdpbf16ps issues at a
 // quarter of the FMA's rate, so bf16 cannot beat fp32 there), else fused where AVX-512
-// exists, else emulated. SW_LOWP_PATH=native|fused|emulated|onednn overrides Auto; =tuned
+// exists, else emulated. SHARDWISE_LOWP_PATH=native|fused|emulated|onednn overrides Auto; =tuned
 // picks per shape between the own kernel and onednn by timing both on the first call
 // (shape_choice: faster, but two processes may choose differently and so differ in summation
 // order). Tests and the bench force one path per call.
@@ -39,6 +39,7 @@
 
 #include "core/alloc.h"
 #include "core/dtype.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -73,12 +74,11 @@ bool hw_avx512() {
 }
 
 std::string env_path() {
-  const char* env = std::getenv("SW_LOWP_PATH");
-  const std::string e = env ? env : "";
+  const std::string e = env_text("SHARDWISE_LOWP_PATH").value_or("");
   if (!e.empty() && e != "native" && e != "fused" && e != "emulated" && e != "onednn" &&
       e != "tuned")
     fail("kernels",
-         "SW_LOWP_PATH must be native, fused, emulated, onednn or tuned, not '" + e + "'");
+         "SHARDWISE_LOWP_PATH must be native, fused, emulated, onednn or tuned, not '" + e + "'");
   return e;
 }
 
@@ -251,7 +251,7 @@ LowpPath shape_choice(LowpPath base, bool ta, bool tb, int M, int N, int K, floa
     td = std::min(td, once(LowpPath::OneDnn));
   }
   const ShapeChoice c{td < tb_ ? LowpPath::OneDnn : base, tb_, td};
-  if (const char* v = std::getenv("SW_LOWP_VERBOSE"); v && *v && *v != '0')
+  if (env_flag("SHARDWISE_LOWP_VERBOSE"))
     std::fprintf(stderr, "[kernels] bf16 gemm M%d N%d K%d ta%d tb%d: %s %.3f ms, onednn %.3f ms -> %s\n",
                  M, N, K, (int)ta, (int)tb, base == LowpPath::Native ? "native" : "fused",
                  tb_ * 1e3, td * 1e3, c.path == LowpPath::OneDnn ? "onednn" : "own kernel");
@@ -265,14 +265,14 @@ bool cpu_has_avx512_bf16() { return hw_avx512_bf16(); }
 bool cpu_has_avx512() { return hw_avx512(); }
 
 LowpPath lowp_auto_path(DType t) {
-  // Without native: fused where AVX-512 exists unless SW_LOWP_PATH=emulated.
+  // Without native: fused where AVX-512 exists unless SHARDWISE_LOWP_PATH=emulated.
   static const LowpPath fma_or_emulated =
       hw_avx512() && env_path() != "emulated" ? LowpPath::Fused : LowpPath::Emulated;
   static const bool onednn = hw_avx512() && env_path() == "onednn";
   if (t == DType::BF16 && onednn) return LowpPath::OneDnn;
   // Where bf16 dot products are fast, oneDNN's matmul: over GPT-2 124M's products it ran at
   // 1.2x our native kernel on the EPYC (bench_gemm_bf16), and a rule that does not depend on a
-  // timing keeps two runs of a job (a resumed one) bit-identical. SW_LOWP_PATH=native keeps
+  // timing keeps two runs of a job (a resumed one) bit-identical. SHARDWISE_LOWP_PATH=native keeps
   // ours; =tuned times both per shape (faster, not reproducible across processes).
   if (t == DType::BF16 && bf16_native()) return env_path() == "native" ? LowpPath::Native
                                                                        : LowpPath::OneDnn;

@@ -8,9 +8,9 @@
 // (workspace.cpp, which the planner asks) counts the chosen path's scratch.
 #pragma once
 #include <cstdlib>
-#include <cstring>
 #include <string>
 
+#include "core/env.h"
 #include "core/error.h"
 
 namespace sw::cuda {
@@ -24,12 +24,11 @@ inline const char* attention_path_name(AttentionPath p) {
 // Read at each call (tests switch paths between cases); an unknown value is an error naming it.
 inline AttentionPath attention_path_from_env(bool lowp) {
   if (!lowp) return AttentionPath::Flash;
-  const char* v = std::getenv("SHARDWISE_CUDA_ATTENTION");
-  if (!v || !*v || std::strcmp(v, "cudnn") == 0) return AttentionPath::Cudnn;
-  if (std::strcmp(v, "cublas") == 0) return AttentionPath::Cublas;
-  if (std::strcmp(v, "flash") == 0) return AttentionPath::Flash;
-  fail("cuda", std::string("SHARDWISE_CUDA_ATTENTION: '") + v +
-                   "' is not one of cublas, cudnn, flash");
+  const std::string v = env_text("SHARDWISE_CUDA_ATTENTION").value_or("cudnn");
+  if (v == "cudnn") return AttentionPath::Cudnn;
+  if (v == "cublas") return AttentionPath::Cublas;
+  if (v == "flash") return AttentionPath::Flash;
+  fail("cuda", "SHARDWISE_CUDA_ATTENTION: '" + v + "' is not one of cublas, cudnn, flash");
 }
 
 }  // namespace sw::cuda

@@ -60,6 +60,7 @@
 #include <vector>
 
 #include "core/alloc.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/attention_mm.h"
@@ -261,8 +262,8 @@ class OpTimes {
   // Whether SHARDWISE_CUDA_OP_TIMES asks for the table (read once).
   static bool enabled() {
     static const bool on = [] {
-      const char* v = std::getenv("SHARDWISE_CUDA_OP_TIMES");
-      return v && *v && std::strcmp(v, "0") != 0;
+      const auto v = env_text("SHARDWISE_CUDA_OP_TIMES");
+      return v && *v != "0";
     }();
     return on;
   }
@@ -272,8 +273,8 @@ class OpTimes {
   static OpTimes* get() {
     static OpTimes* t = []() -> OpTimes* {
       if (!enabled()) return nullptr;
-      const char* v = std::getenv("SHARDWISE_CUDA_OP_TIMES");
-      auto* p = new OpTimes(std::strcmp(v, "1") == 0 ? "" : v);
+      const std::string v = *env_text("SHARDWISE_CUDA_OP_TIMES");
+      auto* p = new OpTimes(v == "1" ? "" : v.c_str());
       std::atexit([] { OpTimes::get()->report(); });
       return p;
     }();
@@ -1153,7 +1154,7 @@ class CudaOps final : public Ops {
   // type).
   bool gemm16_lt(cudaStream_t s, int N, int OC, int C, const uint16_t* x16, const uint16_t* w16,
                  const float* b, const float* res, void* out, bool out16 = false) const {
-    static const bool off = env_switched_off("SHARDWISE_CUDA_LT");
+    static const bool off = !env_switch("SHARDWISE_CUDA_LT");
     auto align = [](const void* p) {
       const auto a = reinterpret_cast<std::uintptr_t>(p);
       return static_cast<int>(std::min<std::uintptr_t>(256, a & (~a + 1)));
@@ -1292,8 +1293,7 @@ class CudaOps final : public Ops {
     float* ws32(int k, size_t n) const { return o.wsf(slot(k), std::max<size_t>(n, 1)); }
     size_t chunk_budget() const { return kAttnChunkBytes; }
     int forced_chunk() const {
-      const char* v = std::getenv("SHARDWISE_CUDA_ATTENTION_CHUNK");
-      return v ? std::max(1, std::atoi(v)) : 0;
+      return static_cast<int>(env_int("SHARDWISE_CUDA_ATTENTION_CHUNK").value_or(0));
     }
     void pack(const float* src, int B, int T, int ld, int col0, int nh, int hd,
               uint16_t* dst) const {

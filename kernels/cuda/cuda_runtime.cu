@@ -38,6 +38,7 @@
 
 #include "core/alloc.h"
 #include "core/device_cache.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/launch.h"
 #include "core/stream.h"
@@ -252,8 +253,10 @@ int cuda_current_device() {
   static std::once_flag once;
   std::call_once(once, [] {
     const int count = cuda_device_count();
-    const int dev = cuda_pick_device(launch_env().local_rank, count,
-                                     std::getenv("SHARDWISE_CUDA_DEVICE"));
+    // (the value checked as an integer by core/env, against the GPUs seen by cuda_pick_device)
+    const std::optional<int64_t> asked = env_int("SHARDWISE_CUDA_DEVICE");
+    const std::string v = asked ? std::to_string(*asked) : std::string();
+    const int dev = cuda_pick_device(launch_env().local_rank, count, v.c_str());
     g_device.store(dev, std::memory_order_release);
     if (count > 0) register_host_pinning({host_pin, host_unpin});
   });

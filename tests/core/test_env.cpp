@@ -43,7 +43,7 @@ std::string read_file(const fs::path& p) {
 
 bool declared(const std::string& name) {
   for (const EnvVar& v : env_vars())
-    if (name == v.name || name == v.legacy) return true;
+    if (name == v.name) return true;
   return false;
 }
 
@@ -133,7 +133,7 @@ TEST_CASE("env: every SHARDWISE_* variable the source tree reads or sets is decl
   // messages naming the variable). Scripts and CMake: the name set, exported or expanded.
   const std::regex in_code("\"(SHARDWISE_[A-Z0-9_]*[A-Z0-9])");
   const std::regex in_script("(SHARDWISE_[A-Z0-9_]*[A-Z0-9])(=|\\}|\\b)");
-  // Our own variables under another prefix: SW_* reads are gone except a declared legacy name.
+  // Our own variables under another prefix: no SW_* reads.
   const std::regex legacy_read("(getenv|setenv)\\(\"(SW_[A-Z0-9_]+)\"");
   std::set<std::string> undeclared, legacy;
   int files = 0;

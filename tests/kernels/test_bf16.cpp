@@ -323,7 +323,8 @@ TEST_CASE("oneDNN bf16 path = emulated (rounded copies + sgemm) to fp32 summatio
       }
 }
 
-// Run by ctest as bf16_tuned_choice with SW_LOWP_PATH=tuned (Auto's default is a fixed rule).
+// Run by ctest as bf16_tuned_choice with SHARDWISE_LOWP_PATH=tuned (Auto's default is a fixed
+// rule).
 TEST_CASE("Tuned per-shape choice: measured once, then one of the two paths bit for bit",
           "[.tuned]") {
   if (!sw::cpu::cpu_has_avx512()) return;  // no oneDNN path to choose
