@@ -40,6 +40,10 @@ using namespace sw;
 namespace {
 
 constexpr int kVocab = 64, kDim = 64, kHidden = 128, kLayers = 2;
+// What the calls keep from forward for backward: typed slots of their Saved (models/unit.h),
+// so forward and backward name the same buffer. Each call has a Saved of its own.
+constexpr SavedSlot<float> kH{0, Keep::Always, "h"}, kRstd{1, Keep::Always, "rstd"},
+    kDh{2, Keep::Always, "dh"}, kM{2, Keep::Always, "m"}, kG{3, Keep::Always, "g"};
 bool g_undeclared = false;  // --undeclared: the blocks do not declare (see the header)
 
 // Token embedding in; call 1 is the loss head (tied weights: the same unit runs twice).
@@ -58,8 +62,8 @@ class EmbedHead final : public Unit {
       c.ops->embedding_forward(y, b.tokens, c.param(0), nullptr, b.B, b.T, kDim, kVocab);
       return;
     }
-    float* h = c.saved->f32("h", size_t(N) * kDim);
-    float* rstd = c.saved->f32("rstd", N);
+    float* h = c.saved->put(kH, size_t(N) * kDim);
+    float* rstd = c.saved->put(kRstd, N);
     c.ops->rmsnorm_forward(h, rstd, x, c.param(1), N, kDim, 1e-5f);
     if (c.logits) {  // inference: logits of the last position
       for (int i = 0; i < b.B; ++i)
@@ -67,7 +71,7 @@ class EmbedHead final : public Unit {
                               c.param(0), nullptr, nullptr, 1, kDim, kVocab);
       return;
     }
-    float* dh = c.training ? c.saved->f32("dh", size_t(N) * kDim) : nullptr;
+    float* dh = c.training ? c.saved->put(kDh, size_t(N) * kDim) : nullptr;
     if (dh) c.ops->fill(dh, 0.f, size_t(N) * kDim);
     // The sum of token losses and the targets counted, reported into c (on a GPU the sum
     // stays on the device until the engine reads the step's losses).
@@ -97,8 +101,8 @@ class EmbedHead final : public Unit {
       return;
     }
     c.ops->fill(dx, 0.f, size_t(N) * kDim);
-    c.ops->rmsnorm_backward(dx, c.grad(1), c.saved->get("dh"), x, c.param(1),
-                            c.saved->get("rstd"), N, kDim);
+    c.ops->rmsnorm_backward(dx, c.grad(1), c.saved->get(kDh), x, c.param(1),
+                            c.saved->get(kRstd), N, kDim);
   }
 };
 
@@ -118,10 +122,10 @@ class ShiftMlpBlock final : public Unit {
   void forward(UnitCtx& c, int, const float* x, float* y) override {
     const Batch& b = *c.batch;
     const int N = b.B * b.T;
-    float* h = c.saved->f32("h", size_t(N) * kDim);
-    float* rstd = c.saved->f32("rstd", N);
-    float* m = c.saved->f32("m", size_t(N) * kHidden);
-    float* g = c.saved->f32("g", size_t(N) * kHidden);
+    float* h = c.saved->put(kH, size_t(N) * kDim);
+    float* rstd = c.saved->put(kRstd, N);
+    float* m = c.saved->put(kM, size_t(N) * kHidden);
+    float* g = c.saved->put(kG, size_t(N) * kHidden);
     c.ops->rmsnorm_forward(h, rstd, x, c.param(0), N, kDim, 1e-5f);
     c.ops->linear_forward(m, h, c.param(1), nullptr, nullptr, N, kDim, kHidden);
     // m[b, t] += h[b, t-1] @ Wb^T for t >= 1: one GEMM per sequence on the shifted rows.
@@ -145,8 +149,8 @@ class ShiftMlpBlock final : public Unit {
   void backward(UnitCtx& c, int, const float* x, const float* dy, float* dx) override {
     const Batch& b = *c.batch;
     const int N = b.B * b.T;
-    const float *h = c.saved->get("h"), *rstd = c.saved->get("rstd");
-    const float *m = c.saved->get("m"), *g = c.saved->get("g");
+    const float *h = c.saved->get(kH), *rstd = c.saved->get(kRstd);
+    const float *m = c.saved->get(kM), *g = c.saved->get(kG);
     float* dg = c.scratch->f32(size_t(N) * kHidden);
     float* dm = c.scratch->f32(size_t(N) * kHidden);
     float* dh = c.scratch->f32(size_t(N) * kDim);

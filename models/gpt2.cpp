@@ -10,11 +10,27 @@ namespace sw {
 
 namespace {
 
+// What the units keep from forward for backward: the slots of their Saved. Keep::Cheap marks
+// what selective checkpointing drops and Block::recompute_cheap rebuilds.
+namespace kept {
+// embed_head's loss call
+constexpr SavedSlot<float> kLnf{0, Keep::Always, "lnf"}, kLnfMean{1, Keep::Always, "lnf_mean"},
+    kLnfRstd{2, Keep::Always, "lnf_rstd"}, kDlnf{3, Keep::Always, "dlnf"};
+constexpr SavedFlag kFused{0, "fused"};  // the LM head's gradients came with forward
+// a block
+constexpr ProductSlot kLn1{0, Keep::Cheap, "ln1"}, kQkv{1, Keep::Always, "qkv"},
+    kAtty{2, Keep::Always, "atty"}, kLn2{3, Keep::Cheap, "ln2"}, kFch{4, Keep::Always, "fch"},
+    kFchGelu{5, Keep::Cheap, "fch_gelu"};
+constexpr SavedSlot<float> kLn1Mean{6, Keep::Always, "ln1_mean"},
+    kLn1Rstd{7, Keep::Always, "ln1_rstd"}, kLse{8, Keep::Always, "lse"},
+    kX2{9, Keep::Always, "x2"}, kLn2Mean{10, Keep::Always, "ln2_mean"},
+    kLn2Rstd{11, Keep::Always, "ln2_rstd"};
+}  // namespace kept
+
 // Activation storage: kept in ctx.saved when training (backward needs it), in ctx.scratch
 // otherwise (eval keeps nothing). Same arithmetic either way.
-// `k`: Keep::Cheap marks what selective checkpointing drops and Block::recompute rebuilds.
-float* keep(UnitCtx& ctx, const char* key, size_t n, Keep k = Keep::Always) {
-  return ctx.training ? ctx.saved->f32(key, n, k) : ctx.scratch->f32(n);
+float* keep(UnitCtx& ctx, SavedSlot<float> slot, size_t n) {
+  return ctx.training ? ctx.saved->put(slot, n) : ctx.scratch->f32(n);
 }
 
 // Scratch is per call: released for reuse when the call returns.
@@ -96,9 +112,9 @@ class EmbedHead final : public Unit {
       return;
     }
     SW_CHECK(ctx.batch->targets != nullptr, "a loss call needs targets");
-    float* h = keep(ctx, "lnf", sz(N, C));      // (N,C)
-    float* mean = keep(ctx, "lnf_mean", sz(N));  // (N)
-    float* rstd = keep(ctx, "lnf_rstd", sz(N));  // (N)
+    float* h = keep(ctx, kept::kLnf, sz(N, C));      // (N,C)
+    float* mean = keep(ctx, kept::kLnfMean, sz(N));  // (N)
+    float* rstd = keep(ctx, kept::kLnfRstd, sz(N));  // (N)
     ops.layernorm_forward(h, mean, rstd, x, lnw, lnb, N, C);
     float* losses = ctx.scratch->f32(sz(N));  // (N)
     // Fused: with gradient buffers at hand, the LM head's gradients are produced now (dw
@@ -107,10 +123,10 @@ class EmbedHead final : public Unit {
     const bool fused = ctx.training && ctx.grads != nullptr;
     float* dh = nullptr;
     if (fused) {
-      dh = ctx.saved->f32("dlnf", sz(N, C));  // (N,C)
+      dh = ctx.saved->put(kept::kDlnf, sz(N, C));  // (N,C)
       ops.fill(dh, 0.f, sz(N, C));
     }
-    if (ctx.training) ctx.saved->set_scalar("fused", fused ? 1.f : 0.f);
+    if (ctx.training) ctx.saved->set(kept::kFused, fused);
     add_loss(ctx, losses, dh, fused ? ctx.grad(lm) : nullptr, h, w, C, V);
   }
 
@@ -140,12 +156,12 @@ class EmbedHead final : public Unit {
     }
     SW_CHECK(call == 1, "embed_head has two calls");
     const size_t lm = head_index();
-    const float* h = ctx.saved->get("lnf");
-    const float* mean = ctx.saved->get("lnf_mean");
-    const float* rstd = ctx.saved->get("lnf_rstd");
+    const float* h = ctx.saved->get(kept::kLnf);
+    const float* mean = ctx.saved->get(kept::kLnfMean);
+    const float* rstd = ctx.saved->get(kept::kLnfRstd);
     const float* dh;
-    if (ctx.saved->scalar("fused") != 0.f) {
-      dh = ctx.saved->get("dlnf");
+    if (ctx.saved->flag(kept::kFused)) {
+      dh = ctx.saved->get(kept::kDlnf);
     } else {
       float* d = ctx.scratch->f32(sz(N, C));
       ops.fill(d, 0.f, sz(N, C));
@@ -202,20 +218,20 @@ class Block final : public Unit {
 
     // ln1, ln2 and fch_gelu are the products' inputs, fch a product's output that only the GELU
     // reads: 16-bit with 16-bit products (ProductIn; fch as PyTorch's autocast keeps it).
-    const ProductIn ln1 = keep_input(ctx, "ln1", sz(N, C), Keep::Cheap);  // (N,C)
-    float* ln1_mean = keep(ctx, "ln1_mean", sz(N));    // (N)
-    float* ln1_rstd = keep(ctx, "ln1_rstd", sz(N));    // (N)
+    const ProductIn ln1 = keep_input(ctx, kept::kLn1, sz(N, C));  // (N,C)
+    float* ln1_mean = keep(ctx, kept::kLn1Mean, sz(N));    // (N)
+    float* ln1_rstd = keep(ctx, kept::kLn1Rstd, sz(N));    // (N)
     // (N,3C) [q | k | v] and (N,C) attention's output: attention's and the products' operands,
     // 16-bit with 16-bit products.
-    const ProductIn qkv = keep_input(ctx, "qkv", sz(N, 3 * C), Keep::Always);
-    const ProductIn atty = keep_input(ctx, "atty", sz(N, C), Keep::Always);
-    float* lse = keep(ctx, "lse", sz(B, int64_t{H} * T));  // (B,H,T)
-    float* x2 = keep(ctx, "x2", sz(N, C));             // (N,C) residual after attention
-    const ProductIn ln2 = keep_input(ctx, "ln2", sz(N, C), Keep::Cheap);  // (N,C)
-    float* ln2_mean = keep(ctx, "ln2_mean", sz(N));    // (N)
-    float* ln2_rstd = keep(ctx, "ln2_rstd", sz(N));    // (N)
-    const ProductIn fch = keep_input(ctx, "fch", sz(N, F), Keep::Always);  // (N,F) before GELU
-    const ProductIn fch_gelu = keep_input(ctx, "fch_gelu", sz(N, F), Keep::Cheap);  // (N,F)
+    const ProductIn qkv = keep_input(ctx, kept::kQkv, sz(N, 3 * C));
+    const ProductIn atty = keep_input(ctx, kept::kAtty, sz(N, C));
+    float* lse = keep(ctx, kept::kLse, sz(B, int64_t{H} * T));  // (B,H,T)
+    float* x2 = keep(ctx, kept::kX2, sz(N, C));             // (N,C) residual after attention
+    const ProductIn ln2 = keep_input(ctx, kept::kLn2, sz(N, C));  // (N,C)
+    float* ln2_mean = keep(ctx, kept::kLn2Mean, sz(N));    // (N)
+    float* ln2_rstd = keep(ctx, kept::kLn2Rstd, sz(N));    // (N)
+    const ProductIn fch = keep_input(ctx, kept::kFch, sz(N, F));  // (N,F) before GELU
+    const ProductIn fch_gelu = keep_input(ctx, kept::kFchGelu, sz(N, F));  // (N,F)
 
     ops.layernorm_forward(ln1.out(), ln1_mean, ln1_rstd, x, P(LN1W), P(LN1B), N, C);
     if (qkv.lp) {  // the product in fp32 (scratch), narrowed into the kept 16-bit qkv
@@ -274,12 +290,12 @@ class Block final : public Unit {
     Saved& s = *ctx.saved;
     float* mean = ctx.scratch->f32(sz(N));
     float* rstd = ctx.scratch->f32(sz(N));
-    ops.layernorm_forward(saved_input(s, "ln1", sz(N, C), Keep::Cheap, ops).out(), mean, rstd, x,
+    ops.layernorm_forward(saved_input(s, kept::kLn1, sz(N, C), ops).out(), mean, rstd, x,
                           ctx.param(LN1W), ctx.param(LN1B), N, C);
-    ops.layernorm_forward(saved_input(s, "ln2", sz(N, C), Keep::Cheap, ops).out(), mean, rstd,
-                          s.get("x2"), ctx.param(LN2W), ctx.param(LN2B), N, C);
-    ops.gelu_forward(saved_input(s, "fch_gelu", sz(N, F), Keep::Cheap, ops).out(),
-                     saved_input(s, "fch", ops).operand(), sz(N, F));
+    ops.layernorm_forward(saved_input(s, kept::kLn2, sz(N, C), ops).out(), mean, rstd,
+                          s.get(kept::kX2), ctx.param(LN2W), ctx.param(LN2B), N, C);
+    ops.gelu_forward(saved_input(s, kept::kFchGelu, sz(N, F), ops).out(),
+                     saved_input(s, kept::kFch, ops).operand(), sz(N, F));
   }
 
   // dy is read by the first product only, before dx is first written (the norm's backward
@@ -305,33 +321,33 @@ class Block final : public Unit {
     // with 16-bit products.
     const ProductIn dfch_gelu = scratch_input(*ctx.scratch, sz(N, F), ops);
     ops.linear_backward(dfch_gelu.set(), GO(FCPROJW), GO(FCPROJB), dy_operand(ctx, dy),
-                        saved_input(s, "fch_gelu", ops).operand(), W(FCPROJW), N, F, C);
+                        saved_input(s, kept::kFchGelu, ops).operand(), W(FCPROJW), N, F, C);
     // dfch and dqkv feed biased products: 16-bit with 16-bit products, for the products and
     // for the bias gradient, which sums their widened values (as autocast's backward sums a
     // linear's 16-bit output gradient).
     const ProductIn dfch = scratch_input(*ctx.scratch, sz(N, F), ops);
-    ops.gelu_backward(dfch.set(), saved_input(s, "fch", ops).operand(), dfch_gelu.operand(),
+    ops.gelu_backward(dfch.set(), saved_input(s, kept::kFch, ops).operand(), dfch_gelu.operand(),
                       sz(N, F));
     float* dln2 = fresh(sz(N, C));
     ops.linear_backward(GradIn::set(dln2), GO(FCW), GO(FCB), dfch.operand(),
-                        saved_input(s, "ln2", ops).operand(), W(FCW), N, C, F);
-    layernorm_backward_resid(ctx, dx, G(LN2W), G(LN2B), dln2, s.get("x2"), P(LN2W),
-                             s.get("ln2_mean"), s.get("ln2_rstd"), N, C);
+                        saved_input(s, kept::kLn2, ops).operand(), W(FCW), N, C, F);
+    layernorm_backward_resid(ctx, dx, G(LN2W), G(LN2B), dln2, s.get(kept::kX2), P(LN2W),
+                             s.get(kept::kLn2Mean), s.get(kept::kLn2Rstd), N, C);
     // Attention: x2 = x + proj(attn(qkv(ln1(x)))); dx now holds dL/dx2.
     // datty, which only attention reads: 16-bit with 16-bit products.
-    const ProductIn qkv = saved_input(s, "qkv", ops), atty = saved_input(s, "atty", ops);
+    const ProductIn qkv = saved_input(s, kept::kQkv, ops), atty = saved_input(s, kept::kAtty, ops);
     const ProductIn datty = scratch_input(*ctx.scratch, sz(N, C), ops);
     ops.linear_backward(datty.set(), GO(PROJW), GO(PROJB), dx_operand(ctx, dx), atty.operand(),
                         W(PROJW), N, C, C);
     // (16-bit: cuDNN's own 16-bit dQ, dK, dV; the CPU's fp32 values narrowed)
     const ProductIn dqkv = scratch_input(*ctx.scratch, sz(N, 3 * C), ops);
     ops.attention_backward(dqkv.set(), datty.operand(), qkv.operand(), atty.operand(),
-                           s.get("lse"), B, T, H, H, hd);
+                           s.get(kept::kLse), B, T, H, H, hd);
     float* dln1 = fresh(sz(N, C));
     ops.linear_backward(GradIn::set(dln1), GO(QKVW), GO(QKVB), dqkv.operand(),
-                        saved_input(s, "ln1", ops).operand(), W(QKVW), N, C, 3 * C);
-    layernorm_backward_resid(ctx, dx, G(LN1W), G(LN1B), dln1, x, P(LN1W), s.get("ln1_mean"),
-                             s.get("ln1_rstd"), N, C);
+                        saved_input(s, kept::kLn1, ops).operand(), W(QKVW), N, C, 3 * C);
+    layernorm_backward_resid(ctx, dx, G(LN1W), G(LN1B), dln1, x, P(LN1W), s.get(kept::kLn1Mean),
+                             s.get(kept::kLn1Rstd), N, C);
   }
 
  private:

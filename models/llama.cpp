@@ -10,11 +10,25 @@ namespace sw {
 
 namespace {
 
+// What the units keep from forward for backward: the slots of their Saved. Keep::Cheap marks
+// what selective checkpointing drops and Block::recompute_cheap rebuilds.
+namespace kept {
+// a block
+constexpr ProductSlot kXn{0, Keep::Cheap, "xn"}, kQkv{1, Keep::Always, "qkv"},
+    kAtty{2, Keep::Always, "atty"}, kXn2{3, Keep::Cheap, "xn2"}, kGu{4, Keep::Always, "gu"},
+    kHmlp{5, Keep::Cheap, "hmlp"};
+constexpr SavedSlot<float> kRstd1{6, Keep::Always, "rstd1"}, kLse{7, Keep::Always, "lse"},
+    kX2{8, Keep::Always, "x2"}, kRstd2{9, Keep::Always, "rstd2"};
+// the head's loss call
+constexpr SavedSlot<float> kHnorm{0, Keep::Always, "hnorm"}, kRstd{1, Keep::Always, "rstd"},
+    kDhnorm{2, Keep::Always, "dhnorm"};
+constexpr SavedFlag kFused{0, "fused"};  // the LM head's gradients came with forward
+}  // namespace kept
+
 // Activation storage: kept in ctx.saved when training (backward needs it), in ctx.scratch
 // otherwise (eval keeps nothing). Same arithmetic either way.
-// `k`: Keep::Cheap marks what selective checkpointing drops and Block::recompute rebuilds.
-float* keep(UnitCtx& ctx, const char* key, size_t n, Keep k = Keep::Always) {
-  return ctx.training ? ctx.saved->f32(key, n, k) : ctx.scratch->f32(n);
+float* keep(UnitCtx& ctx, SavedSlot<float> slot, size_t n) {
+  return ctx.training ? ctx.saved->put(slot, n) : ctx.scratch->f32(n);
 }
 
 struct ScratchScope {  // scratch is per call: released for reuse when the call returns
@@ -178,19 +192,19 @@ class Block final : public Unit {
 
     // xn, xn2 and hmlp are the products' inputs, gu a product's output that only the SwiGLU
     // reads: 16-bit with 16-bit products (ProductIn; gu as PyTorch's autocast keeps it).
-    const ProductIn xn = keep_input(ctx, "xn", sz(N, C), Keep::Cheap);  // (N,C) input_layernorm(x)
-    float* rstd1 = keep(ctx, "rstd1", sz(N));        // (N)
+    const ProductIn xn = keep_input(ctx, kept::kXn, sz(N, C));  // (N,C) input_layernorm(x)
+    float* rstd1 = keep(ctx, kept::kRstd1, sz(N));        // (N)
     // (N,QKV) [q | k | v], q and k rotated; (N,H*hd) attention's output: the products' and
     // attention's operands, 16-bit with 16-bit products.
-    const ProductIn qkv = keep_input(ctx, "qkv", sz(N, QKV), Keep::Always);
-    const ProductIn atty = keep_input(ctx, "atty", sz(N, int64_t{H} * hd), Keep::Always);
-    float* lse = keep(ctx, "lse", sz(B, int64_t{H} * T));     // (B,H,T)
-    float* x2 = keep(ctx, "x2", sz(N, C));           // (N,C) residual after attention
+    const ProductIn qkv = keep_input(ctx, kept::kQkv, sz(N, QKV));
+    const ProductIn atty = keep_input(ctx, kept::kAtty, sz(N, int64_t{H} * hd));
+    float* lse = keep(ctx, kept::kLse, sz(B, int64_t{H} * T));     // (B,H,T)
+    float* x2 = keep(ctx, kept::kX2, sz(N, C));           // (N,C) residual after attention
     // (N,C) post_attention_layernorm(x2)
-    const ProductIn xn2 = keep_input(ctx, "xn2", sz(N, C), Keep::Cheap);
-    float* rstd2 = keep(ctx, "rstd2", sz(N));        // (N)
-    const ProductIn gu = keep_input(ctx, "gu", sz(N, 2 * F), Keep::Always);  // (N,2F) [gate | up]
-    const ProductIn hmlp = keep_input(ctx, "hmlp", sz(N, F), Keep::Cheap);  // (N,F) silu(gate) * up
+    const ProductIn xn2 = keep_input(ctx, kept::kXn2, sz(N, C));
+    float* rstd2 = keep(ctx, kept::kRstd2, sz(N));        // (N)
+    const ProductIn gu = keep_input(ctx, kept::kGu, sz(N, 2 * F));  // (N,2F) [gate | up]
+    const ProductIn hmlp = keep_input(ctx, kept::kHmlp, sz(N, F));  // (N,F) silu(gate) * up
 
     ops.rmsnorm_forward(xn.out(), rstd1, x, P(IN_NORM), N, C, eps);
     // qkv: with 16-bit products, written 16-bit by its product (as autocast keeps it) and
@@ -243,12 +257,12 @@ class Block final : public Unit {
     ScratchScope guard{ctx.scratch};
     Saved& s = *ctx.saved;
     float* rstd = ctx.scratch->f32(sz(N));
-    ops.rmsnorm_forward(saved_input(s, "xn", sz(N, C), Keep::Cheap, ops).out(), rstd, x,
+    ops.rmsnorm_forward(saved_input(s, kept::kXn, sz(N, C), ops).out(), rstd, x,
                         ctx.param(IN_NORM), N, C, eps);
-    ops.rmsnorm_forward(saved_input(s, "xn2", sz(N, C), Keep::Cheap, ops).out(), rstd,
-                        s.get("x2"), ctx.param(POST_NORM), N, C, eps);
-    ops.swiglu_forward(saved_input(s, "hmlp", sz(N, F), Keep::Cheap, ops).out(),
-                       saved_input(s, "gu", ops).operand(), N, F);
+    ops.rmsnorm_forward(saved_input(s, kept::kXn2, sz(N, C), ops).out(), rstd,
+                        s.get(kept::kX2), ctx.param(POST_NORM), N, C, eps);
+    ops.swiglu_forward(saved_input(s, kept::kHmlp, sz(N, F), ops).out(),
+                       saved_input(s, kept::kGu, ops).operand(), N, F);
   }
 
   // dy is read by the first product only, before dx is first written (the norm's backward
@@ -274,30 +288,30 @@ class Block final : public Unit {
     // which feeds products only: 16-bit with 16-bit products.
     const ProductIn dh = scratch_input(*ctx.scratch, sz(N, F), ops);
     ops.linear_backward(dh.set(), GO(DOWNW), nullptr, dy_operand(ctx, dy),
-                        saved_input(s, "hmlp", ops).operand(), ctx.weight(DOWNW), N, F, C);
+                        saved_input(s, kept::kHmlp, ops).operand(), ctx.weight(DOWNW), N, F, C);
     const ProductIn dgu = scratch_input(*ctx.scratch, sz(N, 2 * F), ops);
-    ops.swiglu_backward(dgu.set(), dh.operand(), saved_input(s, "gu", ops).operand(), N, F);
+    ops.swiglu_backward(dgu.set(), dh.operand(), saved_input(s, kept::kGu, ops).operand(), N, F);
     float* dxn2 = fresh(sz(N, C));
-    packed_backward_set(ops, dxn2, dgu.operand(), saved_input(s, "xn2", ops).operand(),
+    packed_backward_set(ops, dxn2, dgu.operand(), saved_input(s, kept::kXn2, ops).operand(),
                         gu_pack(ctx, true), N, C);
-    rmsnorm_backward_resid(ctx, dx, G(POST_NORM), dxn2, s.get("x2"), P(POST_NORM), s.get("rstd2"),
-                           N, C);
+    rmsnorm_backward_resid(ctx, dx, G(POST_NORM), dxn2, s.get(kept::kX2), P(POST_NORM),
+                           s.get(kept::kRstd2), N, C);
     // Attention: x2 = x + o(attn(rope(qkv(norm1(x))))); dx now holds dL/dx2.
     // datty, which only attention reads, and dqkv, which feeds products only: 16-bit with
     // 16-bit products. Then attention writes dqkv 16-bit (cuDNN's own form; the CPU's fp32
     // values narrowed) and the inverse rotation turns it in place.
-    const ProductIn atty = saved_input(s, "atty", ops), qkv = saved_input(s, "qkv", ops);
+    const ProductIn atty = saved_input(s, kept::kAtty, ops), qkv = saved_input(s, kept::kQkv, ops);
     const ProductIn datty = scratch_input(*ctx.scratch, sz(N, int64_t{H} * hd), ops);
     ops.linear_backward(datty.set(), GO(OW), nullptr, dx_operand(ctx, dx), atty.operand(),
                         ctx.weight(OW), N, H * hd, C);
     const ProductIn dqkv = scratch_input(*ctx.scratch, sz(N, QKV), ops);
     ops.attention_backward(dqkv.set(), datty.operand(), qkv.operand(), atty.operand(),
-                           s.get("lse"), B, T, H, KVH, hd);
+                           s.get(kept::kLse), B, T, H, KVH, hd);
     ops.rope_backward(dqkv.out(), dqkv.operand(), B, T, H, KVH, hd, c_.rope_theta);
     float* dxn = fresh(sz(N, C));
-    packed_backward_set(ops, dxn, dqkv.operand(), saved_input(s, "xn", ops).operand(),
+    packed_backward_set(ops, dxn, dqkv.operand(), saved_input(s, kept::kXn, ops).operand(),
                         qkv_pack(ctx, true), N, C);
-    rmsnorm_backward_resid(ctx, dx, G(IN_NORM), dxn, x, P(IN_NORM), s.get("rstd1"), N, C);
+    rmsnorm_backward_resid(ctx, dx, G(IN_NORM), dxn, x, P(IN_NORM), s.get(kept::kRstd1), N, C);
   }
 
  private:
@@ -362,18 +376,18 @@ class Head final : public Unit {
       return;
     }
     SW_CHECK(bt.targets != nullptr, "a loss call needs targets");
-    float* h = keep(ctx, "hnorm", sz(N, C));  // (N,C)
-    float* rstd = keep(ctx, "rstd", sz(N));   // (N)
+    float* h = keep(ctx, kept::kHnorm, sz(N, C));  // (N,C)
+    float* rstd = keep(ctx, kept::kRstd, sz(N));   // (N)
     ops.rmsnorm_forward(h, rstd, x, nw, N, C, c_.norm_eps);
     float* losses = ctx.scratch->f32(sz(N));  // (N)
     // Fused: with gradient buffers at hand the LM head's gradients are produced now (see gpt2).
     const bool fused = ctx.training && ctx.grads != nullptr;
     float* dh = nullptr;
     if (fused) {
-      dh = ctx.saved->f32("dhnorm", sz(N, C));  // (N,C)
+      dh = ctx.saved->put(kept::kDhnorm, sz(N, C));  // (N,C)
       ops.fill(dh, 0.f, sz(N, C));
     }
-    if (ctx.training) ctx.saved->set_scalar("fused", fused ? 1.f : 0.f);
+    if (ctx.training) ctx.saved->set(kept::kFused, fused);
     add_loss(ctx, losses, dh, fused ? ctx.grad(1) : nullptr, h, w, C, V);
   }
 
@@ -394,10 +408,10 @@ class Head final : public Unit {
     const Batch& bt = *ctx.batch;
     const int C = c_.d_model, V = c_.vocab_size, N = bt.B * bt.T;
     ScratchScope guard{ctx.scratch};
-    const float* h = ctx.saved->get("hnorm");
+    const float* h = ctx.saved->get(kept::kHnorm);
     const float* dh;
-    if (ctx.saved->scalar("fused") != 0.f) {
-      dh = ctx.saved->get("dhnorm");
+    if (ctx.saved->flag(kept::kFused)) {
+      dh = ctx.saved->get(kept::kDhnorm);
     } else {
       float* d = ctx.scratch->f32(sz(N, C));
       ops.fill(d, 0.f, sz(N, C));
@@ -407,8 +421,8 @@ class Head final : public Unit {
       dh = d;
     }
     ops.fill(dx, 0.f, sz(N, C));
-    rmsnorm_backward_resid(ctx, dx, ctx.grad(0), dh, x, ctx.param(0), ctx.saved->get("rstd"), N,
-                           C);
+    rmsnorm_backward_resid(ctx, dx, ctx.grad(0), dh, x, ctx.param(0),
+                           ctx.saved->get(kept::kRstd), N, C);
   }
 
  private:

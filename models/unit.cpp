@@ -32,19 +32,19 @@ void add_loss(UnitCtx& ctx, float* losses, float* dx, float* dw, const float* x,
 
 // ---- ProductIn -----------------------------------------------------------------------------
 
-ProductIn keep_input(UnitCtx& ctx, std::string_view key, size_t n, Keep keep) {
-  if (ctx.training) return saved_input(*ctx.saved, key, n, keep, *ctx.ops);
+ProductIn keep_input(UnitCtx& ctx, ProductSlot slot, size_t n) {
+  if (ctx.training) return saved_input(*ctx.saved, slot, n, *ctx.ops);
   return scratch_input(*ctx.scratch, n, *ctx.ops);
 }
 
-ProductIn saved_input(Saved& s, std::string_view key, size_t n, Keep keep, const Ops& ops) {
-  if (lowp(ops)) return {nullptr, s.lp(key, n, keep)};
-  return {s.f32(key, n, keep), nullptr};
+ProductIn saved_input(Saved& s, ProductSlot slot, size_t n, const Ops& ops) {
+  if (lowp(ops)) return {nullptr, s.put(slot.lp(), n)};
+  return {s.put(slot.f32(), n), nullptr};
 }
 
-ProductIn saved_input(const Saved& s, std::string_view key, const Ops& ops) {
-  if (lowp(ops)) return {nullptr, s.get_lp(key)};
-  return {s.get(key), nullptr};
+ProductIn saved_input(const Saved& s, ProductSlot slot, const Ops& ops) {
+  if (lowp(ops)) return {nullptr, s.get(slot.lp())};
+  return {s.get(slot.f32()), nullptr};
 }
 
 ProductIn scratch_input(Scratch& s, size_t n, const Ops& ops) {
@@ -123,45 +123,37 @@ void rmsnorm_backward_resid(UnitCtx& ctx, float* dx, float* dw, const float* dou
 
 // ---- Saved ---------------------------------------------------------------------------------
 
-void* Saved::slot(std::string_view key, size_t bytes, Keep keep) {
-  auto it = bufs_.find(key);
-  if (it != bufs_.end()) {
-    it->second.keep = keep;
-    if (it->second.buf.bytes() != bytes)  // size changed (another batch shape)
-      it->second.buf = Buffer(bytes, Mem::Activations, device_);
-    return it->second.buf.data();
-  }
-  auto [pos, inserted] = bufs_.emplace(std::string(key), Slot{Buffer(bytes, Mem::Activations, device_), keep});
-  (void)inserted;
-  return pos->second.buf.data();
+void* Saved::put_bytes(uint16_t id, size_t bytes, uint8_t type, Keep keep, const char* name) {
+  if (slots_.size() <= id) slots_.resize(size_t(id) + 1);
+  Slot& sl = slots_[id];
+  if (sl.type == 0 || sl.buf.bytes() != bytes)  // new, or another batch shape
+    sl.buf = Buffer(bytes, Mem::Activations, device_);
+  sl.keep = keep;
+  sl.type = type;
+  sl.name = name;
+  return sl.buf.data();
 }
 
-float* Saved::f32(std::string_view key, size_t n, Keep keep) {
-  return static_cast<float*>(slot(key, n * sizeof(float), keep));
-}
-
-int32_t* Saved::i32(std::string_view key, size_t n, Keep keep) {
-  return static_cast<int32_t*>(slot(key, n * sizeof(int32_t), keep));
-}
-
-uint16_t* Saved::lp(std::string_view key, size_t n, Keep keep) {
-  return static_cast<uint16_t*>(slot(key, n * sizeof(uint16_t), keep));
-}
-
-float* Saved::get(std::string_view key) const {
-  auto it = bufs_.find(key);
-  if (it == bufs_.end())
-    fail("model", "no saved activation '" + std::string(key) +
+void* Saved::get_bytes(uint16_t id, uint8_t type, const char* name) const {
+  if (id >= slots_.size() || slots_[id].type == 0)
+    fail("model", std::string("no saved activation '") + name +
                       "': backward ran without the matching forward");
-  return it->second.buf.f32();
+  if (slots_[id].type != type)
+    fail("model", std::string("saved activation '") + name +
+                      "' read as another element type than forward kept");
+  return slots_[id].buf.data();
 }
 
-bool Saved::has(std::string_view key) const { return bufs_.find(key) != bufs_.end(); }
+void Saved::set(SavedFlag f, bool v) {
+  if (flags_.size() <= f.id) flags_.resize(size_t(f.id) + 1, -1);
+  flags_[f.id] = v ? 1 : 0;
+}
 
-float Saved::scalar(std::string_view key) const {
-  auto it = scalars_.find(key);
-  SW_CHECK(it != scalars_.end(), "no saved scalar '" + std::string(key) + "'");
-  return it->second;
+bool Saved::flag(SavedFlag f) const {
+  if (f.id >= flags_.size() || flags_[f.id] < 0)
+    fail("model", std::string("no saved flag '") + f.name +
+                      "': backward ran without the matching forward");
+  return flags_[f.id] == 1;
 }
 
 Saved& Saved::part(size_t j) {
@@ -175,7 +167,7 @@ Saved& Saved::part(size_t j) {
 
 size_t Saved::bytes() const {
   size_t b = 0;
-  for (const auto& kv : bufs_) b += kv.second.buf.bytes();
+  for (const Slot& sl : slots_) b += sl.buf.bytes();
   for (const auto& p : parts_)
     if (p) b += p->bytes();
   return b;
@@ -183,16 +175,16 @@ size_t Saved::bytes() const {
 
 size_t Saved::cheap_bytes() const {
   size_t b = 0;
-  for (const auto& kv : bufs_)
-    if (kv.second.keep == Keep::Cheap) b += kv.second.buf.bytes();
+  for (const Slot& sl : slots_)
+    if (sl.keep == Keep::Cheap) b += sl.buf.bytes();
   for (const auto& p : parts_)
     if (p) b += p->cheap_bytes();
   return b;
 }
 
 void Saved::clear() {
-  bufs_.clear();
-  scalars_.clear();
+  slots_.clear();
+  flags_.clear();
   for (auto& p : parts_)
     if (p) p->clear();
 }
@@ -200,8 +192,8 @@ void Saved::clear() {
 size_t Saved::move_to(Tier t, Device device, std::vector<std::shared_ptr<Event>>& done,
                       std::vector<Buffer>& from) {
   size_t moved = 0;
-  for (auto& kv : bufs_) {
-    Buffer& b = kv.second.buf;
+  for (Slot& sl : slots_) {
+    Buffer& b = sl.buf;
     if (b.empty() || b.tier() == t) continue;
     Buffer nb(b.bytes(), Mem::Activations, t == Tier::Device ? device : Device::cpu(), t);
     moved += b.bytes();
@@ -216,8 +208,7 @@ size_t Saved::move_to(Tier t, Device device, std::vector<std::shared_ptr<Event>>
 
 std::vector<Buffer> Saved::detach() {
   std::vector<Buffer> out;
-  for (auto& kv : bufs_) {
-    Slot& sl = kv.second;
+  for (Slot& sl : slots_) {
     if (sl.buf.empty()) continue;
     sl.detached = sl.buf.bytes();
     out.push_back(std::move(sl.buf));
@@ -231,8 +222,7 @@ std::vector<Buffer> Saved::detach() {
 
 std::vector<Buffer*> Saved::reattach() {
   std::vector<Buffer*> out;
-  for (auto& kv : bufs_) {
-    Slot& sl = kv.second;
+  for (Slot& sl : slots_) {
     if (sl.detached == 0) continue;
     sl.buf = Buffer(sl.detached, Mem::Activations, device_);
     sl.detached = 0;
@@ -246,14 +236,11 @@ std::vector<Buffer*> Saved::reattach() {
 
 size_t Saved::drop_cheap() {
   size_t b = 0;
-  for (auto it = bufs_.begin(); it != bufs_.end();) {
-    if (it->second.keep == Keep::Cheap) {
-      b += it->second.buf.bytes();
-      it = bufs_.erase(it);
-    } else {
-      ++it;
+  for (Slot& sl : slots_)
+    if (sl.type != 0 && sl.keep == Keep::Cheap) {
+      b += sl.buf.bytes();
+      sl = Slot{};
     }
-  }
   for (auto& p : parts_)
     if (p) b += p->drop_cheap();
   return b;

@@ -5,10 +5,9 @@
 // to the gathered parameters and to the gradient buffers for each call.
 #pragma once
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <string>
-#include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "core/alloc.h"
@@ -51,25 +50,45 @@ inline ParamSpec product_weight(ParamSpec p) {
 // after forward and the unit's recompute_cheap() rebuilds from the Always buffers.
 enum class Keep : uint8_t { Always, Cheap };
 
+// A buffer a unit keeps from forward for its backward, declared once by the unit as a constant
+// (a typed slot of its Saved), so that forward, recompute and backward name the same buffer
+// with its element type, and checkpointing knows how it fares. `id` is unique within one
+// call's Saved (a small number: the slots are a vector, no lookup by name); `name` says which
+// in messages.
+template <class T>
+struct SavedSlot {
+  uint16_t id = 0;
+  Keep keep = Keep::Always;
+  const char* name = "";
+};
+// A flag forward leaves on the host for backward (no device memory, so the host reads it
+// without a copy); ids as SavedSlot's, in a space of their own.
+struct SavedFlag {
+  uint16_t id = 0;
+  const char* name = "";
+};
+
 // Activations a unit keeps from forward for its backward, owned by the engine (one Saved per
 // call site) so that activation checkpointing can drop and recompute them. Tracked as
 // Mem::Activations.
 class Saved {
  public:
-  // Forward: allocates `n` floats under `key` (reusing the allocation if it already exists
-  // with the same size), marked `keep`. Backward: returns the same pointer (checks that it
-  // exists).
-  float* f32(std::string_view key, size_t n, Keep keep = Keep::Always);
-  int32_t* i32(std::string_view key, size_t n, Keep keep = Keep::Always);
-  // n 16-bit values (2 bytes each): a matrix-product input in the compute precision.
-  uint16_t* lp(std::string_view key, size_t n, Keep keep = Keep::Always);
-  float* get(std::string_view key) const;  // throws if absent
-  uint16_t* get_lp(std::string_view key) const { return reinterpret_cast<uint16_t*>(get(key)); }
-  bool has(std::string_view key) const;
-  // A scalar kept on the host (a flag forward leaves for backward): no device memory, so the
-  // host reads it without a copy. scalar() throws if absent.
-  void set_scalar(std::string_view key, float v) { scalars_[std::string(key)] = v; }
-  float scalar(std::string_view key) const;
+  // Forward: n values for slot s (the allocation reused when it is there with the same size).
+  template <class T>
+  T* put(SavedSlot<T> s, size_t n) {
+    return static_cast<T*>(put_bytes(s.id, n * sizeof(T), tag<T>(), s.keep, s.name));
+  }
+  // Backward: the slot's values; an error when forward kept none in it (or of another type).
+  template <class T>
+  T* get(SavedSlot<T> s) const {
+    return static_cast<T*>(get_bytes(s.id, tag<T>(), s.name));
+  }
+  template <class T>
+  bool has(SavedSlot<T> s) const {
+    return s.id < slots_.size() && slots_[s.id].type != 0;
+  }
+  void set(SavedFlag f, bool v);
+  bool flag(SavedFlag f) const;  // throws if forward set none
   // The nested Saved of part j of a composite unit (sharding/wrap.cpp), owned by this one.
   // bytes(), cheap_bytes(), clear() and drop_cheap() include the parts.
   Saved& part(size_t j);
@@ -99,12 +118,21 @@ class Saved {
   struct Slot {
     Buffer buf;
     Keep keep = Keep::Always;
+    uint8_t type = 0;     // tag<T>() of what it holds; 0: empty
     size_t detached = 0;  // bytes of a buffer moved out by detach()
+    const char* name = "";
   };
-  void* slot(std::string_view key, size_t bytes, Keep keep);
-  std::map<std::string, Slot, std::less<>> bufs_;
+  template <class T>
+  static constexpr uint8_t tag() {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, uint16_t> ||
+                  std::is_same_v<T, int32_t>);
+    return std::is_same_v<T, float> ? 1 : std::is_same_v<T, uint16_t> ? 2 : 3;
+  }
+  void* put_bytes(uint16_t id, size_t bytes, uint8_t type, Keep keep, const char* name);
+  void* get_bytes(uint16_t id, uint8_t type, const char* name) const;
+  std::vector<Slot> slots_;  // by SavedSlot::id
   std::vector<std::unique_ptr<Saved>> parts_;
-  std::map<std::string, float, std::less<>> scalars_;
+  std::vector<int8_t> flags_;  // by SavedFlag::id: -1 unset, else 0 / 1
   Device device_;
 };
 
@@ -191,6 +219,14 @@ struct ProductIn {
   Out out() const { return lp ? Out(lp) : Out(f32); }  // as an op's output
   GradIn set() const { return GradIn::set(f32, lp); }  // as a written input gradient
 };
+// The slot of a Saved a ProductIn is kept in: its fp32 or its 16-bit form, as the Ops compute.
+struct ProductSlot {
+  uint16_t id = 0;
+  Keep keep = Keep::Always;
+  const char* name = "";
+  SavedSlot<float> f32() const { return {id, keep, name}; }
+  SavedSlot<uint16_t> lp() const { return {id, keep, name}; }
+};
 // True where `ops` computes products in 16 bits (a unit's ProductIns are then 16-bit).
 inline bool lowp(const Ops& ops) { return ops.compute() != DType::F32; }
 
@@ -267,12 +303,12 @@ void add_loss(UnitCtx& ctx, float* losses, float* dx, float* dw, const float* x,
               int C, int V);
 
 // ---- ProductIn's storage: the 16-bit form where lowp(ops), the fp32 one otherwise.
-// A product input of n values kept for backward: in ctx.saved under `key` when training, in
+// A product input of n values kept for backward: in ctx.saved's `slot` when training, in
 // ctx.scratch otherwise.
-ProductIn keep_input(UnitCtx& ctx, std::string_view key, size_t n, Keep keep);
+ProductIn keep_input(UnitCtx& ctx, ProductSlot slot, size_t n);
 // The same buffer in a Saved (recompute_cheap writes it again; backward reads it).
-ProductIn saved_input(Saved& s, std::string_view key, size_t n, Keep keep, const Ops& ops);
-ProductIn saved_input(const Saved& s, std::string_view key, const Ops& ops);
+ProductIn saved_input(Saved& s, ProductSlot slot, size_t n, const Ops& ops);
+ProductIn saved_input(const Saved& s, ProductSlot slot, const Ops& ops);
 // A fresh product operand of n values in scratch (a gradient fed to products).
 ProductIn scratch_input(Scratch& s, size_t n, const Ops& ops);
 
@@ -322,7 +358,7 @@ struct BatchShape {
 // What one call of a unit allocates, declared before it runs (Unit::declare_activations), so a
 // planner can predict a step's memory without running the model and the engine can reserve
 // Scratch once. Exact, not bounds (tests/models/test_activation_decl.cpp checks equality):
-// Saved bytes are the sum of n * 4 over Saved::f32/i32(key, n) requests (parts included);
+// Saved bytes are the sum of n * sizeof(T) over Saved::put(slot, n) requests (parts included);
 // Scratch bytes are the high-water mark of a call, the sum of Scratch::bytes_for(n) over the
 // f32(n) requests live at once (a composite's parts run one after another, so it is its held
 // buffers plus the largest part's). Memory kernels keep for themselves (the LM head's logits

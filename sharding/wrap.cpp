@@ -27,10 +27,11 @@ class CompositeUnit final : public Unit {
       n += k->params().size();
     }
     first_.push_back(n);
-    for (size_t j = 0; j < kids_.size(); ++j) {  // Saved key of block j's input (j >= 1)
-      std::string k = "x";
+    for (size_t j = 0; j < kids_.size(); ++j) {  // the Saved slot of block j's input (j >= 1)
+      std::string k = "x";  // (appended: GCC 12's -Wrestrict misfires on "x" + std::to_string)
       k += std::to_string(j);
-      keys_.push_back(std::move(k));
+      names_.push_back(std::move(k));
+      SW_CHECK(j < 65536, "a composite unit of more than 65536 blocks");
     }
     kid_params_.resize(kids_.size());
     kid_params16_.resize(kids_.size());
@@ -57,7 +58,7 @@ class CompositeUnit final : public Unit {
       if (j + 1 == kids_.size()) {
         out = y;
       } else if (ctx.training) {
-        out = ctx.saved->f32(keys_[j + 1], n);  // block j+1's input
+        out = ctx.saved->put(input_slot(j + 1), n);  // block j+1's input
       } else {
         out = pp[j % 2];
       }
@@ -79,7 +80,7 @@ class CompositeUnit final : public Unit {
     const float* d_out = dy;
     bool d16 = ctx.dy16;  // ctx.grad16 holds narrow(d_out) (UnitCtx::grad16)
     for (size_t j = kids_.size(); j-- > 0;) {
-      const float* in = j == 0 ? x : ctx.saved->get(keys_[j]);
+      const float* in = j == 0 ? x : ctx.saved->get(input_slot(j));
       float* d_in = j == 0 ? dx : pp[j % 2];
       UnitCtx c = kid_ctx(ctx, j);
       c.dy16 = d16;
@@ -130,7 +131,7 @@ class CompositeUnit final : public Unit {
     for (size_t j = 0; j < kids_.size(); ++j) {
       UnitCtx c = kid_ctx(ctx, j);
       ctx.scratch->reset();
-      kids_[j]->recompute_cheap(c, 0, j == 0 ? x : ctx.saved->get(keys_[j]));
+      kids_[j]->recompute_cheap(c, 0, j == 0 ? x : ctx.saved->get(input_slot(j)));
     }
   }
 
@@ -168,7 +169,10 @@ class CompositeUnit final : public Unit {
 
   std::vector<std::unique_ptr<Unit>> kids_;
   int d_;
-  std::vector<std::string> keys_;
+  std::vector<std::string> names_;  // of the slots below, for messages
+  SavedSlot<float> input_slot(size_t j) const {
+    return {static_cast<uint16_t>(j), Keep::Always, names_[j].c_str()};
+  }
   std::vector<size_t> first_;  // index of each block's first spec; last entry = total
   std::vector<std::vector<float*>> kid_params_, kid_grads_;
   std::vector<std::vector<const uint16_t*>> kid_params16_;

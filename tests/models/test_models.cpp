@@ -64,29 +64,40 @@ bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; 
 
 // ---- Saved / Scratch ------------------------------------------------------------------------
 
-TEST_CASE("Saved keeps named buffers per key, tracked as activations", "[models][saved]") {
+TEST_CASE("Saved keeps a buffer per typed slot, tracked as activations", "[models][saved]") {
   const size_t before = MemTracker::global().current(Mem::Activations);
+  constexpr SavedSlot<float> kA{0, Keep::Always, "a"}, kMissing{5, Keep::Always, "missing"};
+  constexpr SavedSlot<int32_t> kTok{1, Keep::Always, "tok"};
+  constexpr SavedSlot<uint16_t> kA16{0, Keep::Always, "a"};
+  constexpr SavedFlag kFlag{0, "fused"};
   {
     Saved s;
-    float* a = s.f32("a", 100);
-    int32_t* t = s.i32("tok", 10);
+    float* a = s.put(kA, 100);
+    int32_t* t = s.put(kTok, 10);
     REQUIRE(a != nullptr);
     REQUIRE(t != nullptr);
     REQUIRE(reinterpret_cast<uintptr_t>(a) % 64 == 0);
     a[99] = 3.f;
-    CHECK(s.f32("a", 100) == a);  // same size: same allocation
-    CHECK(s.get("a") == a);
-    CHECK(s.get("a")[99] == 3.f);
+    CHECK(s.put(kA, 100) == a);  // same size: same allocation
+    CHECK(s.get(kA) == a);
+    CHECK(s.get(kA)[99] == 3.f);
+    CHECK(s.has(kA));
+    CHECK(!s.has(kMissing));
     CHECK(s.bytes() == 100 * 4 + 10 * 4);
     CHECK(MemTracker::global().current(Mem::Activations) == before + s.bytes());
-    s.f32("a", 200);  // another size: reallocated
+    s.put(kA, 200);  // another size: reallocated
     CHECK(s.bytes() == 200 * 4 + 10 * 4);
-    CHECK_THROWS_AS(s.get("missing"), sw::Error);
-    CHECK_THAT(what_of([&] { s.get("missing"); }), Catch::Contains("missing"));
+    CHECK_THROWS_AS(s.get(kMissing), sw::Error);
+    CHECK_THAT(what_of([&] { s.get(kMissing); }), Catch::Contains("missing"));
+    CHECK_THROWS_AS(s.get(kA16), sw::Error);  // kept as fp32, read as 16-bit
+    CHECK_THROWS_AS(s.flag(kFlag), sw::Error);
+    s.set(kFlag, true);
+    CHECK(s.flag(kFlag));
     s.clear();
     CHECK(s.bytes() == 0);
     CHECK(MemTracker::global().current(Mem::Activations) == before);
-    CHECK_THROWS_AS(s.get("a"), sw::Error);
+    CHECK_THROWS_AS(s.get(kA), sw::Error);
+    CHECK_THROWS_AS(s.flag(kFlag), sw::Error);
   }
   CHECK(MemTracker::global().current(Mem::Activations) == before);
 }

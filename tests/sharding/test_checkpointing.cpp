@@ -59,6 +59,8 @@ class Embed final : public Unit {
   }
 };
 
+constexpr SavedSlot<float> kT{0, Keep::Always, "t"};  // what TanhBlock keeps
+
 class TanhBlock final : public Unit {
  public:
   explicit TanhBlock(int i) : n_("h." + std::to_string(i)) {}
@@ -66,7 +68,7 @@ class TanhBlock final : public Unit {
   std::vector<ParamSpec> params() const override { return {pspec(n_ + ".w", {kC, kC}, Init::Normal)}; }
   void forward(UnitCtx& c, int, const float* x, float* y) override {
     const size_t n = size_t(c.batch->B) * c.batch->T * kC;
-    float* t = c.saved->f32("t", n);
+    float* t = c.saved->put(kT, n);
     c.ops->linear_forward(t, x, c.param(0), nullptr, nullptr, c.batch->B * c.batch->T, kC, kC);
     for (size_t i = 0; i < n; ++i) t[i] = std::tanh(t[i]);
     for (size_t i = 0; i < n; ++i) y[i] = x[i] + t[i];
@@ -74,7 +76,7 @@ class TanhBlock final : public Unit {
   }
   void backward(UnitCtx& c, int, const float* x, const float* dy, float* dx) override {
     const size_t n = size_t(c.batch->B) * c.batch->T * kC;
-    const float* t = c.saved->get("t");
+    const float* t = c.saved->get(kT);
     float* u = c.scratch->f32(n);
     for (size_t i = 0; i < n; ++i) u[i] = dy[i] * (1.f - t[i] * t[i]);
     c.ops->copy(dx, dy, n);

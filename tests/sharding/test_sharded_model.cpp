@@ -75,10 +75,12 @@ class TestEmbedHead final : public Unit {
   }
 };
 
+constexpr SavedSlot<float> kT{0, Keep::Always, "t"};  // what the tanh block keeps
+
 // y = x + g * tanh(x W^T + b) with params (W, b, g): forward, keeping t = tanh(.) ...
 void tanh_forward(UnitCtx& c, const float* x, float* y) {
   const int N = c.batch->B * c.batch->T;
-  float* t = c.saved->f32("t", size_t(N) * kC);
+  float* t = c.saved->put(kT, size_t(N) * kC);
   c.ops->linear_forward(t, x, c.param(0), c.param(1), nullptr, N, kC, kC);
   const float* g = c.param(2);
   for (int n = 0; n < N; ++n)
@@ -92,7 +94,7 @@ void tanh_forward(UnitCtx& c, const float* x, float* y) {
 // pre-activation returned (in scratch).
 const float* tanh_backward_pre(UnitCtx& c, const float* dy) {
   const int N = c.batch->B * c.batch->T;
-  const float* t = c.saved->get("t");
+  const float* t = c.saved->get(kT);
   const float* g = c.param(2);
   float* u = c.scratch->f32(size_t(N) * kC);  // d(pre-activation)
   float* dg = c.grad(2);
