@@ -16,7 +16,7 @@
 //   7. the resolved config (config_writer.cpp): the input with every declared key set to its
 //      effective value (null where it does not apply to the run; aliases resolved).
 //
-// DeepSpeed compatibility decisions (see docs/ARCHITECTURE.md):
+// DeepSpeed compatibility decisions:
 //   * optimizer.type "Adam" is DeepSpeed's Adam, whose default adam_w_mode=true makes it AdamW
 //     (decoupled weight decay); adam_w_mode=false (L2 regularisation) is rejected.
 //   * WarmupCosineLR / WarmupLR follow DeepSpeed's formulas (engine/schedule.h), including
