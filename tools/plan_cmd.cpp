@@ -283,113 +283,116 @@ int cmd_search(const PlanArgs& pa, TrainConfig cfg, const HardwareProfile& hw) {
   return 0;
 }
 
-int cmd_plan(const PlanArgs& pa) {
-  if (pa.calibrate) return cmd_calibrate(pa);
-  // The budgets were checked while parsing (add_budget), so a typo costs nothing.
-  TrainConfig cfg = load_config(pa.config, pa.overrides, pa.world);
-  const std::optional<HardwareProfile> hw = resolve_hardware(pa);
-  if (!pa.budget.empty()) {
-    if (!hw)
-      fail("plan", "--memory-budget needs a hardware profile: run `shardwise plan --calibrate` or "
-                   "give --hardware FILE (e.g. configs/hardware/h100_nccl.json)");
-    return cmd_search(pa, cfg, *hw);
-  }
-  int64_t params = 0, largest = 0;
-  {
-    Model model = build_model(cfg.model);
-    params = model.num_params();
-    for (const auto& u : model.units) {
-      int64_t n = 0;
-      for (const ParamSpec& s : u->params()) n += numel(s.shape);
-      largest = std::max(largest, n);
-    }
-  }
-  // The default profile calibrated at one rank cannot time a multi-rank plan: say so and
-  // predict memory only (an explicit --hardware without collectives is an error).
-  const bool no_coll = hw && pa.world > 1 && !hw->has_collectives && pa.hardware.empty();
-  const PlanPrediction pred =
-      predict_plan(plan_setup(cfg, pa.world), hw && !no_coll ? &*hw : nullptr);
-  const StepPlan& plan = pred.plan;
-  const PlanPeak& pk = pred.peak;
-  const int64_t host = pred.host;
+// What `shardwise plan` reports for one config: the prediction and what goes beside it.
+struct PlanReport {
+  const PlanArgs& pa;
+  const TrainConfig& cfg;
+  const std::optional<HardwareProfile>& hw;
+  bool no_coll = false;  // the default profile has no collectives for this multi-rank plan
+  PlanPrediction pred{};
+  int64_t params = 0;
   // DeepSpeed's estimate_zero{3,2}_model_states_mem_needs without offload (per GPU): ZeRO-3
   // 4 x largest layer + 18 x params / N; ZeRO-2: 4 x params + 16 x params / N; stage 1 and 0:
   // as stage 2 (its estimator covers those).
-  const int N = pa.world;
-  const bool z3 = cfg.sharding.strategy == ShardingStrategy::FullShard ||
-                  cfg.sharding.strategy == ShardingStrategy::ShardGradOp ||
-                  cfg.sharding.strategy == ShardingStrategy::HybridShard;
-  const int64_t ds = z3 ? 4 * largest + 18 * params / N : 4 * params + 16 * params / N;
-  const std::string ds_formula = z3 ? "estimate_zero3_model_states_mem_needs: 4 x largest unit + 18 x params / N"
-                                    : "estimate_zero2_model_states_mem_needs: 4 x params + 16 x params / N";
+  int64_t ds = 0;
+  std::string ds_formula{};
+  std::string at = "before the step";  // where the device peaks, in words
+  nlohmann::json action = nullptr;     // and as data
+};
+
+void print_plan_json(const PlanReport& r) {
+  const StepPlan& plan = r.pred.plan;
+  const PlanPeak& pk = r.pred.peak;
+  const PlanPrediction& pred = r.pred;
+  const int N = r.pa.world;
   const char* kinds[] = {"FULL_SHARDED", "FULL_REPLICATED", "WHOLE"};
-  std::string at = "before the step";
-  nlohmann::json action = nullptr;
-  if (pk.action >= 0) {
-    const Action& a = plan.actions[size_t(pk.action)];
-    at = "action " + std::to_string(pk.action) + " (" + action_kind_name(a.kind) +
-         (a.unit >= 0 ? " " + plan.unit_names[size_t(a.unit)] : std::string()) + ", micro-step " +
-         std::to_string(a.micro) + ")";
-    action = {{"index", pk.action}, {"kind", action_kind_name(a.kind)},
-              {"unit", a.unit >= 0 ? nlohmann::json(plan.unit_names[size_t(a.unit)]) : nlohmann::json(nullptr)},
-              {"micro", a.micro}};
+  nlohmann::json j;
+  j["config"] = r.pa.config;
+  j["world_size"] = N;
+  j["strategy"] = strategy_name(r.cfg.sharding.strategy);
+  j["units"] = kinds[static_cast<size_t>(plan.kind)];
+  j["params"] = r.params;
+  j["activations_declared"] = plan.activations_known;
+  j["ranks"] = nlohmann::json::array();
+  // The device tier's peak is the whole tracked peak: the plan's peak (its categories at
+  // `action`) and the kernel workspace the backend declares (category kernel_workspace;
+  // the tracking allocator counts it as workspace).
+  nlohmann::json at_peak = categories(pk.at_peak), cat_peaks = categories(pk.category_peak);
+  if (pred.workspace) at_peak["kernel_workspace"] = cat_peaks["kernel_workspace"] = pred.workspace;
+  const std::string includes =
+      "the step plan's peak at `action` (plan_peak_bytes) + the kernel workspace "
+      "(kernel_workspace_bytes: " + pred.workspace_what + "): the whole peak the tracking "
+      "allocator counts on the device; categories sum to it";
+  for (int rk = 0; rk < N; ++rk)  // equal shards: every rank's figures are the same
+    j["ranks"].push_back(
+        {{"rank", rk},
+         {"tiers",
+          {{"device", {{"peak_bytes", pred.device}, {"includes", includes},
+                       {"plan_peak_bytes", pk.total},
+                       {"kernel_workspace_bytes", pred.workspace}, {"action", r.action},
+                       {"categories", at_peak},
+                       {"category_peaks", cat_peaks}}},
+           {"host", {{"peak_bytes", pred.host}, {"categories", categories(plan.persistent_host)},
+                     {"updater_staging_bytes", plan.host_update_staging}}},
+           {"nvme", {{"peak_bytes", plan.nvme_bytes}}}}},
+         {"rss_bytes", pred.rss.total},
+         {"rss", {{"tracked_bytes", pred.rss.tracked}, {"rounding_bytes", pred.rss.rounding},
+                  {"data_bytes", pred.rss.data},
+                  {"untouched_staging_bytes", pred.rss.untouched},
+                  {"baseline_bytes", pred.rss.baseline},
+                  {"baseline_measured", pred.rss.baseline_measured}}},
+         {"step_time", pred.timed ? time_json(pred.time) : nlohmann::json(nullptr)}});
+  j["deepspeed_estimate"] = {{"formula", r.ds_formula}, {"bytes", r.ds}};
+  j["hardware"] = r.hw ? nlohmann::json(r.hw->name) : nlohmann::json(nullptr);
+  j["step_time"] = pred.timed ? time_json(pred.time) : nlohmann::json(nullptr);
+  std::cout << j.dump(2) << "\n";
+}
+
+// The step time's lines (and, with --timeline, every action's predicted interval).
+void print_step_time(const PlanReport& r) {
+  const StepPlan& plan = r.pred.plan;
+  if (r.pred.timed) {
+    const StepTime& t = r.pred.time;
+    std::printf("step time (hardware '%s'): %s = compute %s + exposed communication %s + "
+                "exposed I/O %s\n",
+                r.hw->name.c_str(), secs(t.step_s).c_str(), secs(t.compute_s).c_str(),
+                secs(t.exposed_comm_s).c_str(), secs(t.exposed_io_s).c_str());
+    std::printf("  communication busy %s, I/O busy %s, %.2f TFLOP/s of model flops\n",
+                secs(t.comm_s).c_str(), secs(t.io_s).c_str(),
+                t.step_s > 0 ? t.flops / t.step_s / 1e12 : 0.0);
+    if (r.pa.timeline) {
+      std::printf("predicted timeline (ms from the step's start):\n");
+      for (size_t i = 0; i < plan.actions.size(); ++i) {
+        const Action& a = plan.actions[i];
+        std::printf("  %5zu %-8s %-16s %-12s %10.3f %10.3f\n", i, queue_name(a.queue),
+                    action_kind_name(a.kind),
+                    a.unit >= 0 ? plan.unit_names[size_t(a.unit)].c_str() : "",
+                    t.begin[i] * 1e3, (t.end[i] - t.begin[i]) * 1e3);
+      }
+    }
+  } else if (r.no_coll) {
+    std::printf("step time: the profile %s has no collectives (calibrated at one rank): run "
+                "`mpirun -np %d shardwise plan --calibrate`, or give --hardware FILE\n",
+                default_hardware_path().c_str(), r.pa.world);
+  } else {
+    std::printf("step time: no hardware profile (run `shardwise plan --calibrate`, or give "
+                "--hardware FILE)\n");
   }
-  if (!pa.svg.empty())
-    write_plan_svg(plan_svg_of(pred, N, "shardwise plan: " + pa.config + ", " + std::to_string(N) +
-                                            " rank" + (N == 1 ? "" : "s") + ", " +
-                                            strategy_name(cfg.sharding.strategy)),
-                   pa.svg);
-  if (pa.json) {
-    nlohmann::json j;
-    j["config"] = pa.config;
-    j["world_size"] = N;
-    j["strategy"] = strategy_name(cfg.sharding.strategy);
-    j["units"] = kinds[static_cast<size_t>(plan.kind)];
-    j["params"] = params;
-    j["activations_declared"] = plan.activations_known;
-    j["ranks"] = nlohmann::json::array();
-    // The device tier's peak is the whole tracked peak: the plan's peak (its categories at
-    // `action`) and the kernel workspace the backend declares (category kernel_workspace;
-    // the tracking allocator counts it as workspace).
-    nlohmann::json at_peak = categories(pk.at_peak), cat_peaks = categories(pk.category_peak);
-    if (pred.workspace) at_peak["kernel_workspace"] = cat_peaks["kernel_workspace"] = pred.workspace;
-    const std::string includes =
-        "the step plan's peak at `action` (plan_peak_bytes) + the kernel workspace "
-        "(kernel_workspace_bytes: " + pred.workspace_what + "): the whole peak the tracking "
-        "allocator counts on the device; categories sum to it";
-    for (int r = 0; r < N; ++r)  // equal shards: every rank's figures are the same
-      j["ranks"].push_back(
-          {{"rank", r},
-           {"tiers",
-            {{"device", {{"peak_bytes", pred.device}, {"includes", includes},
-                         {"plan_peak_bytes", pk.total},
-                         {"kernel_workspace_bytes", pred.workspace}, {"action", action},
-                         {"categories", at_peak},
-                         {"category_peaks", cat_peaks}}},
-             {"host", {{"peak_bytes", host}, {"categories", categories(plan.persistent_host)},
-                       {"updater_staging_bytes", plan.host_update_staging}}},
-             {"nvme", {{"peak_bytes", plan.nvme_bytes}}}}},
-           {"rss_bytes", pred.rss.total},
-           {"rss", {{"tracked_bytes", pred.rss.tracked}, {"rounding_bytes", pred.rss.rounding},
-                    {"data_bytes", pred.rss.data},
-                    {"untouched_staging_bytes", pred.rss.untouched},
-                    {"baseline_bytes", pred.rss.baseline},
-                    {"baseline_measured", pred.rss.baseline_measured}}},
-           {"step_time", pred.timed ? time_json(pred.time) : nlohmann::json(nullptr)}});
-    j["deepspeed_estimate"] = {{"formula", ds_formula}, {"bytes", ds}};
-    j["hardware"] = hw ? nlohmann::json(hw->name) : nlohmann::json(nullptr);
-    j["step_time"] = pred.timed ? time_json(pred.time) : nlohmann::json(nullptr);
-    std::cout << j.dump(2) << "\n";
-    return 0;
-  }
-  const double np = static_cast<double>(params);
+}
+
+void print_plan_text(const PlanReport& r) {
+  const StepPlan& plan = r.pred.plan;
+  const PlanPeak& pk = r.pred.peak;
+  const PlanPrediction& pred = r.pred;
+  const int N = r.pa.world;
+  const double np = static_cast<double>(r.params);
   std::printf("shardwise plan: %s on %d rank%s (shard group %d x %d replicas), %s, %.3f%s parameters\n",
-              pa.config.c_str(), N, N == 1 ? "" : "s", plan.S, plan.R,
-              strategy_name(cfg.sharding.strategy), np >= 1e9 ? np / 1e9 : np / 1e6,
+              r.pa.config.c_str(), N, N == 1 ? "" : "s", plan.S, plan.R,
+              strategy_name(r.cfg.sharding.strategy), np >= 1e9 ? np / 1e9 : np / 1e6,
               np >= 1e9 ? "B" : "M");
   std::printf("every rank (equal shards):\n");
   std::printf("  device peak %s = the plan's peak %s at %s\n", gib(pred.device).c_str(),
-              gib(pk.total).c_str(), at.c_str());
+              gib(pk.total).c_str(), r.at.c_str());
   std::string line = "   ";
   for (size_t c = 0; c < pk.at_peak.size(); ++c)
     if (pk.at_peak[c])
@@ -399,6 +402,7 @@ int cmd_plan(const PlanArgs& pa) {
   // kernel_workspace): on a device, the CUDA Ops' scratch for the attention path they take.
   std::printf("    + kernel workspace %s (%s)\n", gib(pred.workspace).c_str(),
               pred.workspace_what.c_str());
+  const int64_t host = pred.host;
   std::printf("  host        %s%s%s%s\n", gib(host).c_str(), host ? " (offloaded state" : "",
               plan.host_update_staging ? (", of which the host updater's staging " +
                                           gib(plan.host_update_staging)).c_str()
@@ -415,36 +419,66 @@ int cmd_plan(const PlanArgs& pa) {
               gib(pred.rss.baseline).c_str(),
               pred.rss.baseline_measured ? "calibrated" : "default: run `plan --calibrate`",
               pred.rss.untouched ? (" - staging pages no transfer writes " + gib(pred.rss.untouched)).c_str() : "");
-  std::printf("DeepSpeed's model-states estimate: %s per rank (%s)\n", gib(ds).c_str(),
-              ds_formula.c_str());
-  if (pred.timed) {
-    const StepTime& t = pred.time;
-    std::printf("step time (hardware '%s'): %s = compute %s + exposed communication %s + "
-                "exposed I/O %s\n",
-                hw->name.c_str(), secs(t.step_s).c_str(), secs(t.compute_s).c_str(),
-                secs(t.exposed_comm_s).c_str(), secs(t.exposed_io_s).c_str());
-    std::printf("  communication busy %s, I/O busy %s, %.2f TFLOP/s of model flops\n",
-                secs(t.comm_s).c_str(), secs(t.io_s).c_str(),
-                t.step_s > 0 ? t.flops / t.step_s / 1e12 : 0.0);
-    if (pa.timeline) {
-      std::printf("predicted timeline (ms from the step's start):\n");
-      for (size_t i = 0; i < plan.actions.size(); ++i) {
-        const Action& a = plan.actions[i];
-        std::printf("  %5zu %-8s %-16s %-12s %10.3f %10.3f\n", i, queue_name(a.queue),
-                    action_kind_name(a.kind),
-                    a.unit >= 0 ? plan.unit_names[size_t(a.unit)].c_str() : "",
-                    t.begin[i] * 1e3, (t.end[i] - t.begin[i]) * 1e3);
-      }
-    }
-  } else if (no_coll) {
-    std::printf("step time: the profile %s has no collectives (calibrated at one rank): run "
-                "`mpirun -np %d shardwise plan --calibrate`, or give --hardware FILE\n",
-                default_hardware_path().c_str(), pa.world);
-  } else {
-    std::printf("step time: no hardware profile (run `shardwise plan --calibrate`, or give "
-                "--hardware FILE)\n");
+  std::printf("DeepSpeed's model-states estimate: %s per rank (%s)\n", gib(r.ds).c_str(),
+              r.ds_formula.c_str());
+  print_step_time(r);
+  if (!r.pa.svg.empty()) std::printf("drawing written to %s\n", r.pa.svg.c_str());
+}
+
+int cmd_plan(const PlanArgs& pa) {
+  if (pa.calibrate) return cmd_calibrate(pa);
+  // The budgets were checked while parsing (add_budget), so a typo costs nothing.
+  TrainConfig cfg = load_config(pa.config, pa.overrides, pa.world);
+  const std::optional<HardwareProfile> hw = resolve_hardware(pa);
+  if (!pa.budget.empty()) {
+    if (!hw)
+      fail("plan", "--memory-budget needs a hardware profile: run `shardwise plan --calibrate` or "
+                   "give --hardware FILE (e.g. configs/hardware/h100_nccl.json)");
+    return cmd_search(pa, cfg, *hw);
   }
-  if (!pa.svg.empty()) std::printf("drawing written to %s\n", pa.svg.c_str());
+  PlanReport r{pa, cfg, hw};
+  int64_t largest = 0;
+  {
+    Model model = build_model(cfg.model);
+    r.params = model.num_params();
+    for (const auto& u : model.units) {
+      int64_t n = 0;
+      for (const ParamSpec& s : u->params()) n += numel(s.shape);
+      largest = std::max(largest, n);
+    }
+  }
+  // The default profile calibrated at one rank cannot time a multi-rank plan: say so and
+  // predict memory only (an explicit --hardware without collectives is an error).
+  r.no_coll = hw && pa.world > 1 && !hw->has_collectives && pa.hardware.empty();
+  r.pred = predict_plan(plan_setup(cfg, pa.world), hw && !r.no_coll ? &*hw : nullptr);
+  const StepPlan& plan = r.pred.plan;
+  const PlanPeak& pk = r.pred.peak;
+  const int N = pa.world;
+  const bool z3 = cfg.sharding.strategy == ShardingStrategy::FullShard ||
+                  cfg.sharding.strategy == ShardingStrategy::ShardGradOp ||
+                  cfg.sharding.strategy == ShardingStrategy::HybridShard;
+  r.ds = z3 ? 4 * largest + 18 * r.params / N : 4 * r.params + 16 * r.params / N;
+  r.ds_formula = z3 ? "estimate_zero3_model_states_mem_needs: 4 x largest unit + 18 x params / N"
+                    : "estimate_zero2_model_states_mem_needs: 4 x params + 16 x params / N";
+  if (pk.action >= 0) {
+    const Action& a = plan.actions[size_t(pk.action)];
+    r.at = "action " + std::to_string(pk.action) + " (" + action_kind_name(a.kind) +
+           (a.unit >= 0 ? " " + plan.unit_names[size_t(a.unit)] : std::string()) +
+           ", micro-step " + std::to_string(a.micro) + ")";
+    r.action = {{"index", pk.action}, {"kind", action_kind_name(a.kind)},
+                {"unit", a.unit >= 0 ? nlohmann::json(plan.unit_names[size_t(a.unit)])
+                                     : nlohmann::json(nullptr)},
+                {"micro", a.micro}};
+  }
+  if (!pa.svg.empty())
+    write_plan_svg(plan_svg_of(r.pred, N, "shardwise plan: " + pa.config + ", " + std::to_string(N) +
+                                              " rank" + (N == 1 ? "" : "s") + ", " +
+                                              strategy_name(cfg.sharding.strategy)),
+                   pa.svg);
+  if (pa.json)
+    print_plan_json(r);
+  else
+    print_plan_text(r);
   return 0;
 }
 
