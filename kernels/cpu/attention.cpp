@@ -370,6 +370,26 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
   }
 }
 
+// n rows of hd values from src (row stride lds) into dst (row stride ldd): copied, written
+// (0 + x: the bits += gives on zeros) or added.
+enum class Store { Copy, Set, Add };
+inline void store_rows(float* dst, ptrdiff_t ldd, const float* src, ptrdiff_t lds, int n, int hd,
+                       Store how) {
+  for (int j = 0; j < n; ++j) {
+    const float* s = src + j * lds;
+    float* t = dst + j * ldd;
+    if (how == Store::Copy) {
+      std::memcpy(t, s, sizeof(float) * hd);
+    } else if (how == Store::Set) {
+#pragma omp simd
+      for (int c = 0; c < hd; ++c) t[c] = 0.f + s[c];
+    } else {
+#pragma omp simd
+      for (int c = 0; c < hd; ++c) t[c] += s[c];
+    }
+  }
+}
+
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int B, int T, int H, int KVH, int hd,
                         DType compute, bool set, const uint16_t* qkv16, const uint16_t* out16,
@@ -480,36 +500,11 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                         : dqkv + base + (size_t)j0 * R + (size_t)(H + g) * hd;
         float* dV =
             gqa ? dK + (size_t)T * hd : dqkv + base + (size_t)j0 * R + (size_t)(H + KVH + g) * hd;
-        const ptrdiff_t ld = gqa ? hd : R;
-        for (int j = 0; j < nk; ++j) {
-          const float* sk = dKp + (size_t)j * ldh;
-          const float* sv = dVp + (size_t)j * ldh;
-          float* tk = dK + j * ld;
-          float* tv = dV + j * ld;
-          if (gqa) {
-            std::memcpy(tk, sk, sizeof(float) * hd);
-            std::memcpy(tv, sv, sizeof(float) * hd);
-          } else if (set) {  // 0 + x: the bits += gives on zeros
-#pragma omp simd
-            for (int c = 0; c < hd; ++c) tk[c] = 0.f + sk[c], tv[c] = 0.f + sv[c];
-          } else {
-#pragma omp simd
-            for (int c = 0; c < hd; ++c) tk[c] += sk[c], tv[c] += sv[c];
-          }
-        }
+        const Store how = gqa ? Store::Copy : set ? Store::Set : Store::Add;
+        store_rows(dK, gqa ? hd : R, dKp, ldh, nk, hd, how);
+        store_rows(dV, gqa ? hd : R, dVp, ldh, nk, hd, how);
       }
-      float* dQ = dqkv + base + (size_t)h * hd;
-      for (int i = 0; i < T; ++i) {
-        const float* s = dQp + (size_t)i * ldh;
-        float* t = dQ + (size_t)i * R;
-        if (set) {
-#pragma omp simd
-          for (int c = 0; c < hd; ++c) t[c] = 0.f + s[c];
-        } else {
-#pragma omp simd
-          for (int c = 0; c < hd; ++c) t[c] += s[c];
-        }
-      }
+      store_rows(dqkv + base + (size_t)h * hd, R, dQp, ldh, T, hd, set ? Store::Set : Store::Add);
     }
 
     if (gqa) {
