@@ -12,14 +12,36 @@ namespace sw {
 // ---- Parameter access ------------------------------------------------------------------------
 
 namespace {
-// n floats of a unit buffer where the host can read them: `p` itself on the CPU, else a copy in
-// `host` (after the compute stream's work on it).
-const float* on_host(const Ops& ops, const float* p, int64_t n, std::vector<float>& host) {
-  if (ops.device().is_cpu()) return p;
-  host.resize(static_cast<size_t>(n));
-  copy_bytes(host.data(), Device::cpu(), p, ops.device(), host.size() * sizeof(float));
-  return host.data();
+
+// Collective: unit fu's master shards (or reduced gradient shards) of every rank gathered into a
+// buffer of its padded floats on the device (Mem::Communication), the file's shard staged first
+// for NVMe parameters.
+Buffer gathered(ShardedModel::Impl& I, FlatUnit& fu, bool grads) {
+  Buffer b(static_cast<size_t>(fu.layout().padded) * sizeof(float), Mem::Communication,
+           I.ctx.device());
+  if (fu.params_on_nvme()) I.state.stage_whole(fu, grads);
+  if (grads)
+    fu.gather_grads_into(b.f32());
+  else
+    fu.gather_params_into(b.f32());
+  if (fu.params_on_nvme()) I.state.unstage_whole(fu, false);
+  return b;
 }
+
+// fn per parameter of fu over `base` (its padded values): where the host can read them, `base`
+// itself on the CPU, else a copy (after the compute stream's work on it).
+void each_param(const Ops& ops, const FlatUnit& fu, const float* base,
+                const std::function<void(const ParamSpec&, const float*)>& fn) {
+  std::vector<float> host;
+  if (!ops.device().is_cpu()) {
+    host.resize(static_cast<size_t>(fu.layout().padded));
+    copy_bytes(host.data(), Device::cpu(), base, ops.device(), host.size() * sizeof(float));
+    base = host.data();
+  }
+  for (size_t s = 0; s < fu.layout().specs.size(); ++s)
+    fn(fu.layout().specs[s], base + fu.layout().entries[s].offset);
+}
+
 }  // namespace
 
 void ShardedModel::for_each_param(
@@ -39,17 +61,10 @@ void ShardedModel::for_each_param(
       fu.wait_unshard();
       base = fu.full();
     } else {
-      tmp = Buffer(static_cast<size_t>(fu.layout().padded) * sizeof(float), Mem::Communication,
-                   I.ctx.ops->device());
-      if (fu.params_on_nvme()) I.state.stage_whole(fu, false);
-      fu.gather_params_into(tmp.f32());
-      if (fu.params_on_nvme()) I.state.unstage_whole(fu, false);
+      tmp = gathered(I, fu, false);
       base = tmp.f32();
     }
-    std::vector<float> host;
-    base = on_host(*I.ctx.ops, base, fu.layout().padded, host);
-    for (size_t s = 0; s < fu.layout().specs.size(); ++s)
-      fn(fu.layout().specs[s], base + fu.layout().entries[s].offset);
+    each_param(*I.ctx.ops, fu, base, fn);
   }
 }
 
@@ -63,17 +78,10 @@ void ShardedModel::for_each_grad(
     Buffer tmp;
     const float* base = fu.grad_shard();
     if (fu.kind() != FlatUnit::Kind::Whole) {
-      tmp = Buffer(static_cast<size_t>(fu.layout().padded) * sizeof(float), Mem::Communication,
-                   I.ctx.ops->device());
-      if (fu.params_on_nvme()) I.state.stage_whole(fu, true);
-      fu.gather_grads_into(tmp.f32());
-      if (fu.params_on_nvme()) I.state.unstage_whole(fu, false);
+      tmp = gathered(I, fu, true);
       base = tmp.f32();
     }
-    std::vector<float> host;
-    base = on_host(*I.ctx.ops, base, fu.layout().padded, host);
-    for (size_t s = 0; s < fu.layout().specs.size(); ++s)
-      fn(fu.layout().specs[s], base + fu.layout().entries[s].offset);
+    each_param(*I.ctx.ops, fu, base, fn);
   }
 }
 
@@ -83,12 +91,7 @@ void ShardedModel::gather_full_params(bool rank0_only) {
   release_full_params();
   I.summoned.resize(I.units.size());
   for (size_t u = 0; u < I.units.size(); ++u) {
-    FlatUnit& fu = *I.units[u];
-    Buffer b(static_cast<size_t>(fu.layout().padded) * sizeof(float), Mem::Communication,
-             I.ctx.ops->device());
-    if (fu.params_on_nvme()) I.state.stage_whole(fu, false);
-    fu.gather_params_into(b.f32());
-    if (fu.params_on_nvme()) I.state.unstage_whole(fu, false);
+    Buffer b = gathered(I, *I.units[u], false);
     if (!rank0_only || rank() == 0) I.summoned[u] = std::move(b);
   }
   I.summon_held = true;
