@@ -36,7 +36,7 @@
 //     fp32 buffer) and wait_unshard widens it into the fp32 buffer, out of place. Kind B: the
 //     same, persistent (Params). Kind C: persistent (Params), written with the compute copy
 //     by the update itself where the master is on the device (Ops::adamw_copies,
-//     ShardedModel::Impl::update_unit), else from the master in one pass after it
+//     Updates::update, sharding/updates.cpp), else from the master in one pass after it
 //     (issue_regather), and by finish_init and write_compute, so no writer of the compute
 //     copy leaves it stale. +2 bytes per parameter in each case.
 //     Parameters read only by matrix products (ParamSpec::products_only) then have no fp32
@@ -222,8 +222,8 @@ class FlatUnit {
   void zero_grads();
 
   // ---- An update running elsewhere ---------------------------------------------------------
-  // offload_optimizer cpu on a device: the unit's AdamW runs on a host thread (ShardedModel's
-  // host updater) while the device goes on. Until `done` completes, the update owns the
+  // offload_optimizer cpu on a device: the unit's AdamW runs on a host thread (offload/
+  // host_updater.h) while the device goes on. Until `done` completes, the update owns the
   // master, the gradient shard and the moments (a Whole unit's master is its full buffer).
   // settle() waits for it, rethrows its failure, then does what was left for after it:
   // `regather` (issue_regather: a Whole unit's compute copy) and a zero_grads() asked for
@@ -268,7 +268,7 @@ class FlatUnit {
   }
   const Ops& ops_on(Device d) const;
   // The AdamW moments in host memory while the unit's state is on a device (offload_optimizer
-  // cpu on a GPU): its update runs on the CPU (ShardedModel::Impl::update_unit).
+  // cpu on a GPU): its update runs on the CPU (OffloadedState::update_on_host).
   bool moments_on_host() const {
     return !nvme_ && !m_.empty() && m_.device().is_cpu() && !ops_->device().is_cpu();
   }

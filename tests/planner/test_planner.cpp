@@ -745,7 +745,8 @@ TEST_CASE("plan: predicted RSS is tracked + rounding + token files + the process
 // optimizer on NVMe, staging buffers are sized for the largest shard or piece (here the
 // embedding's, 16x a block's); after two steps exactly the pages the plan's transfers write are
 // resident (mincore), so untouched_staging_bytes is the rest, to the page. Both optimizer
-// layouts: moments on NVMe (NvmeMoments' slots) and on the host (the parameters' opt_slots).
+// layouts: moments on NVMe (offload/moments_file.h's slots) and on the host (the parameters'
+// opt_slots).
 TEST_CASE("plan: the NVMe staging pages no transfer writes are the ones not resident", "[planner]") {
   swtest::TempDir dir("planner_staging");
   for (const bool moments_nvme : {true, false}) {
