@@ -4,7 +4,8 @@ planner's step times come from that card rather than from its datasheet.
     python3 bench/gpu_profile.py --gemm bench_cuda_gemm.log --op-times op_times_llama.tsv \
         --steps 5 --facts facts.log [--base configs/hardware/h100_nccl.json] --out PROFILE.json
 
-Where each figure comes from (docs/ARCHITECTURE.md, "The planner"):
+Where each figure comes from (the H100 profile's account: bench/results/h100_2026-11-28/NOTES.md,
+"A measured hardware profile"):
 - compute.gemm_shapes: bench_cuda_gemm's per-shape TFLOP/s of both benchmark models' products
   (cublasGemmEx; forward and dinp with a 16-bit output, dW with an fp32 one, as CudaOps writes
   them; not the LM head's, which has a rate of its own), in the time model's (m, n, k, ta, tb)
