@@ -1,11 +1,12 @@
 // The checkpoint I/O paths (docs/ARCHITECTURE.md, "Checkpoints"; throughput: bench/results/
-// cpu_2026-11-24.md, "Checkpoint I/O"): the fused copy + CRC-32C against the plain CRC on odd
-// sizes and alignments; saves and loads through O_DIRECT and through the page cache
-// (SHARDWISE_CKPT_O_DIRECT=0), io_uring and the thread backend (SHARDWISE_AIO_DISABLE_URING=1), all giving the same bytes and the
-// same model state, with tensors spanning several load pieces (4 MiB) and write chunks
-// (8 MiB); a corrupt block anywhere (first, straddling a piece boundary, last) named by file,
-// tensor and byte range while later reads are in flight; reserved, prefaulted snapshot memory
-// taken over by the first snapshot (no second allocation) and by Checkpointer::reserve.
+// cpu_2026-11-24.md, "Checkpoint I/O"): the fused copy + CRC-32C against the plain CRC on odd sizes
+// and alignments; saves and loads through O_DIRECT and through the page cache
+// (SHARDWISE_CKPT_O_DIRECT=0), io_uring and the thread backend (SHARDWISE_AIO_DISABLE_URING=1), all
+// giving the same bytes and the same model state, with tensors spanning several load pieces (4 MiB)
+// and write chunks (8 MiB); a corrupt block anywhere (first, straddling a piece boundary, last)
+// named by file, tensor and byte range while later reads are in flight; reserved, prefaulted
+// snapshot memory taken over by the first snapshot (no second allocation) and by
+// Checkpointer::reserve.
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <cstring>
