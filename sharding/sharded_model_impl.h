@@ -1,11 +1,11 @@
 // ShardedModel's state (internal to sharding/): the context every part reads
 // (sharding/model_context.h), the flat units (sharding/unit_state.h), and the components, each
 // with its own state (sharding/component.h lists which plan actions each owns). The files:
-//   sharded_model.cpp   construction (groups, units, components, initialisation) and the calls
-//                       that run the plan's segments
-//   param_access.cpp    parameter and gradient access (export, set_param, full copies)
-//   state_access.cpp    checkpoint access to the flat state (owned / held ranges)
-//   optimizer.cpp       the gradient norm, zeroing and the optimizer step
+//   sharded_model.cpp    construction (groups, units, components, initialisation) and the calls
+//                        that run the plan's segments
+//   param_access.cpp     parameter and gradient access (export, set_param, full copies)
+//   state_access.cpp     checkpoint access to the flat state (owned / held ranges)
+//   optimizer_step.cpp   the gradient norm, zeroing and the optimizer step
 #pragma once
 #include <memory>
 #include <string>
