@@ -330,8 +330,6 @@ DeviceAllocator& dev_alloc(DeviceKind k) { return g_dev[static_cast<size_t>(k)];
 
 }  // namespace
 
-bool env_switched_off(const char* name) { return !env_switch(name); }
-
 void set_caching(bool on) { caching_flag().store(on); }
 bool caching() { return caching_flag().load(std::memory_order_relaxed); }
 

@@ -113,9 +113,6 @@ class MemTracker {
 // The caching host allocator (see the top of this file).
 void set_caching(bool on);  // off: later buffers use aligned_alloc/free; cached blocks stay
 bool caching();  // initially: unless SHARDWISE_CACHING_ALLOCATOR is switched off
-// True when the switch `name` (declared in core/env.cpp as an EnvKind::Switch) is "0", "off" or
-// "false": !env_switch(name). Kept for the readers not yet converted to core/env.h.
-bool env_switched_off(const char* name);
 // Returns every cached free block of every tier to the OS, and empties the registered device
 // allocator's cache (DeviceAllocator::release_cached) too.
 void release_cached();

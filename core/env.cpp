@@ -171,10 +171,10 @@ std::string range_words(const EnvVar& e) {
 
 const std::vector<EnvVar>& env_vars() { return table(); }
 
-const EnvVar& env_var(const std::string& name) {
+const EnvVar& env_var(const char* name) {
   for (const EnvVar& v : table())
-    if (name == v.name) return v;
-  throw std::logic_error("env: " + name + " is not declared (core/env.cpp)");
+    if (std::strcmp(name, v.name) == 0) return v;
+  throw std::logic_error(std::string("env: ") + name + " is not declared (core/env.cpp)");
 }
 
 bool env_flag(const char* name) {

@@ -35,7 +35,7 @@ struct EnvVar {
 const std::vector<EnvVar>& env_vars();
 // The declaration of `name`; throws std::logic_error for an undeclared name (a programming
 // error: declare it in core/env.cpp).
-const EnvVar& env_var(const std::string& name);
+const EnvVar& env_var(const char* name);
 
 // The readers; each throws std::logic_error for a name not declared with its kind.
 bool env_flag(const char* name);

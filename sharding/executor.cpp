@@ -29,6 +29,12 @@ void Executor::own(Component& c, std::initializer_list<ActionKind> kinds) {
     components_.push_back(&c);
 }
 
+void Executor::check_owned() const {
+  for (size_t k = 0; k < owner_.size(); ++k)
+    SW_CHECK(owner_[k] != nullptr, std::string("the executor has no owner for ") +
+                                       action_kind_name(static_cast<ActionKind>(k)));
+}
+
 void Executor::run(Model& model, const StepPlan& plan, RunArgs& args) {
   SegmentRun s{model, plan, args};
   records_.begin_segment();
@@ -41,8 +47,7 @@ void Executor::run(Model& model, const StepPlan& plan, RunArgs& args) {
     }
     MemTracker::set_action(i);  // the allocators' event log attributes memory to it
     const Action& a = s.action(i);
-    Component* c = owner_[static_cast<size_t>(a.kind)];
-    SW_CHECK(c != nullptr, std::string("the executor has no owner for ") + action_kind_name(a.kind));
+    Component* c = owner_[static_cast<size_t>(a.kind)];  // every kind has one (check_owned)
     ActionRecords::Bracket timed = records_.open(plan, i);
     s.t0 = records_.now();
     if (c->run(s, i) && records_.on()) records_.add(plan, i, s.t0, trace_clock());

@@ -28,6 +28,9 @@ class Executor {
 
   // `c` owns `kinds`: every action of those kinds is run by c. A kind has one owner (checked).
   void own(Component& c, std::initializer_list<ActionKind> kinds);
+  // Throws naming the first kind no component owns (called once the owners are registered, so a
+  // new kind without an owner fails when the first model is built, not when a plan first uses it).
+  void check_owned() const;
   // Runs every action of `plan` in order: begin() of every component, the actions, end().
   void run(Model& model, const StepPlan& plan, RunArgs& args);
 

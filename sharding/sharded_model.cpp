@@ -104,6 +104,7 @@ ShardedModel::Impl::Impl(Model& model, const Ops& ops, GroupPtr group, const Sha
   exec.own(updates, {ActionKind::OptimizerUpdate});
   exec.own(act_io, {ActionKind::FetchActs, ActionKind::EvictActs, ActionKind::WaitActs});
   exec.own(state, {ActionKind::FetchState, ActionKind::EvictState, ActionKind::WaitState});
+  exec.check_owned();
 
   const size_t U = model.units.size();
   const PlanInput& in = ctx.plan_in;

@@ -269,13 +269,13 @@ LowpPath lowp_auto_path(DType t) {
   static const LowpPath fma_or_emulated =
       hw_avx512() && env_path() != "emulated" ? LowpPath::Fused : LowpPath::Emulated;
   static const bool onednn = hw_avx512() && env_path() == "onednn";
+  static const bool forced_native = env_path() == "native";
   if (t == DType::BF16 && onednn) return LowpPath::OneDnn;
   // Where bf16 dot products are fast, oneDNN's matmul: over GPT-2 124M's products it ran at
   // 1.2x our native kernel on the EPYC (bench_gemm_bf16), and a rule that does not depend on a
   // timing keeps two runs of a job (a resumed one) bit-identical. SHARDWISE_LOWP_PATH=native keeps
   // ours; =tuned times both per shape (faster, not reproducible across processes).
-  if (t == DType::BF16 && bf16_native()) return env_path() == "native" ? LowpPath::Native
-                                                                       : LowpPath::OneDnn;
+  if (t == DType::BF16 && bf16_native()) return forced_native ? LowpPath::Native : LowpPath::OneDnn;
   return fma_or_emulated;
 }
 
