@@ -80,6 +80,7 @@ struct TrainConfig {
   std::string source;  // the config file's path (for messages)
   ModelConfig model;   // model.{type, vocab_size, n_layer, n_head, n_kv_head, d_model, d_ff, seq_len, ...}
   std::string train_data, val_data;  // data.train, data.val (val optional)
+  std::string tokenizer;             // data.tokenizer ("" = bytes; engine/tokenizer.h)
   int micro_batch = 8;               // train_micro_batch_size_per_gpu
   int grad_accum = 1;                // gradient_accumulation_steps
   int train_steps = 100;             // train_steps

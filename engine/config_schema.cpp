@@ -269,7 +269,13 @@ Node data_block() {
                         "the training token file (llm.c `.bin`); required by `train`"),
                  &TrainConfig::train_data),
               to(string("val", "", {}, "the validation token file (\"\" = none)"),
-                 &TrainConfig::val_data)});
+                 &TrainConfig::val_data),
+              to(string("tokenizer", "", {},
+                        "the tokenizer the data was prepared with: a Hugging Face "
+                        "`tokenizer.json`, a SentencePiece `.model`, or a directory holding one "
+                        "(\"\" = bytes); `sample` encodes and decodes with it, an export "
+                        "copies it"),
+                 &TrainConfig::tokenizer)});
 }
 
 // Batch sizes: any two of the three determine the third (config_reader.cpp read_batch).

@@ -20,7 +20,20 @@ struct ModelConfig {
   int seq_len = 128;  // maximum context (gpt2: positions table size)
   float rope_theta = 10000.f;
   float norm_eps = 1e-5f;
-  bool tie_embeddings = true;  // gpt2 only
+  // gpt2: lm_head is wte (default). llama: the config reader sets it false unless the config
+  // (or an imported config.json's tie_word_embeddings, as Llama 3.2 1B) says true.
+  bool tie_embeddings = true;
+  // llama: biases on the q, k and v projections (Qwen2).
+  bool qkv_bias = false;
+  // llama: RoPE frequency scaling. "none", or "llama3" (Llama 3.1+: frequencies with wavelength
+  // above original_max_position_embeddings / low_freq_factor are divided by factor, those below
+  // .../ high_freq_factor kept, a smooth blend between).
+  std::string rope_scaling = "none";
+  float rope_factor = 8.f, rope_low_freq_factor = 1.f, rope_high_freq_factor = 4.f;
+  int rope_original_max_pos = 8192;
+  // The Hugging Face architecture the model was imported from or exports as ("" = the type's
+  // own: GPT2LMHeadModel, LlamaForCausalLM; also MistralForCausalLM, Qwen2ForCausalLM).
+  std::string hf_architecture;
 };
 
 struct Call {

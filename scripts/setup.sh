@@ -7,6 +7,7 @@ pkgs=(build-essential cmake ninja-build ccache pkg-config
       nlohmann-json3-dev catch2 libdnnl-dev libcli11-dev
       python3 python3-numpy python3-torch
       liburing-dev fio
+      libpcre2-dev libsentencepiece-dev python3-venv  # tokenizers; the reference venv
       clang libclang-rt-14-dev libomp-dev  # scripts/fuzz.sh: libFuzzer, clang's OpenMP
       fortunes fortunes-min)
 missing=()
@@ -23,3 +24,15 @@ else
 fi
 # cuDNN's frontend headers for the CUDA backend's cuDNN attention, where CUDA is built.
 if command -v nvcc >/dev/null; then bash scripts/cudnn_frontend.sh; fi
+# The reference venv (.venv, git-ignored): Hugging Face's transformers, tokenizers and
+# sentencepiece from PyPI, on Debian's torch and numpy (--system-site-packages), pinned so the
+# reference tests compare against the same code everywhere. Installed once; nothing downloads
+# at build or test time.
+ref_pkgs=(transformers==4.46.3 tokenizers==0.20.3 sentencepiece==0.2.0)
+if ! .venv/bin/python -c "import transformers, tokenizers, sentencepiece" 2>/dev/null; then
+  echo "setup: creating .venv with ${ref_pkgs[*]}"
+  /usr/bin/python3 -m venv --system-site-packages .venv
+  .venv/bin/pip install -q --disable-pip-version-check "${ref_pkgs[@]}"
+else
+  echo "setup: .venv present"
+fi
