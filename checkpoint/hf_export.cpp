@@ -1,0 +1,398 @@
+// Hugging Face model directories out (hf_export.h): config.json, weights cut into files by size
+// and written by the ranks that own them, the index and the tokenizer's files.
+#include "checkpoint/hf_export.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "checkpoint/file_io.h"
+#include "checkpoint/hf_layout.h"
+#include "core/error.h"
+#include "sharding/comm/group.h"
+#include "sharding/sharded_model.h"
+
+namespace sw {
+
+namespace fs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suf) {
+  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+}
+
+// The architecture a config exports as, checked against what it can hold.
+std::string architecture(const ModelConfig& c, const std::string& where) {
+  auto bad = [&](const std::string& key, const std::string& what) {
+    fail("export", where + ": model." + key + ": " + what);
+  };
+  std::string a = c.hf_architecture;
+  if (c.type == "gpt2") {
+    if (a.empty()) a = "GPT2LMHeadModel";
+    if (a != "GPT2LMHeadModel")
+      bad("hf_architecture", "'" + a + "' is not a GPT-2 architecture (GPT2LMHeadModel)");
+    return a;
+  }
+  if (c.type != "llama") bad("type", "'" + c.type + "' has no Hugging Face architecture");
+  if (a.empty()) a = c.qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
+  if (a != "LlamaForCausalLM" && a != "MistralForCausalLM" && a != "Qwen2ForCausalLM")
+    bad("hf_architecture", "'" + a +
+                               "' is not one of LlamaForCausalLM, MistralForCausalLM, "
+                               "Qwen2ForCausalLM");
+  // Llama's attention_bias would add an o_proj bias too; Qwen2 always has the q/k/v biases.
+  if (c.qkv_bias && a != "Qwen2ForCausalLM")
+    bad("qkv_bias", "q/k/v biases export only as Qwen2ForCausalLM (hf_architecture is " + a + ")");
+  if (!c.qkv_bias && a == "Qwen2ForCausalLM")
+    bad("qkv_bias", "Qwen2ForCausalLM has q/k/v biases; the model has none");
+  if (c.rope_scaling != "none" && a == "MistralForCausalLM")
+    bad("rope_scaling", "MistralForCausalLM takes no rope_scaling in transformers 4.46");
+  return a;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail("export", path + ": cannot open");
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+void copy_into(const std::string& src, const std::string& dst) {
+  std::error_code ec;
+  fs::copy_file(src, dst, fs::copy_options::overwrite_existing, ec);
+  if (ec) fail("export", src + ": cannot copy to " + dst + " (" + ec.message() + ")");
+}
+
+// A special token of tokenizer.json's added_tokens whose content is one of `names`, or null.
+const nlohmann::json* special_token(const nlohmann::json& tok, std::initializer_list<const char*> names) {
+  if (!tok.contains("added_tokens") || !tok["added_tokens"].is_array()) return nullptr;
+  for (const char* n : names)
+    for (const nlohmann::json& t : tok["added_tokens"])
+      if (t.is_object() && t.value("special", false) && t.value("content", std::string()) == n &&
+          t.contains("id") && t["id"].is_number_integer())
+        return &t;
+  return nullptr;
+}
+
+// The run's tokenizer files into dir, with what AutoTokenizer needs beside them; the special
+// tokens' ids go into config.json (bos_token_id, eos_token_id).
+void write_tokenizer(const std::string& dir, const std::string& tokenizer, int max_len,
+                     ojson& config) {
+  if (tokenizer.empty() || tokenizer == "bytes") return;  // no Hugging Face equivalent
+  std::string src = tokenizer, src_dir;
+  std::error_code ec;
+  if (fs::is_directory(tokenizer, ec)) {
+    src_dir = tokenizer;
+    src = fs::exists(tokenizer + "/tokenizer.json", ec) ? tokenizer + "/tokenizer.json"
+                                                        : tokenizer + "/tokenizer.model";
+  }
+  if (!fs::is_regular_file(src, ec))
+    fail("export", "data.tokenizer: '" + src + "': no such file (the tokenizer the run used)");
+  const bool json_tok = ends_with(src, ".json");
+  if (!json_tok && !ends_with(src, ".model"))
+    fail("export", "data.tokenizer: '" + src + "': neither a tokenizer.json nor a .model file");
+  copy_into(src, dir + (json_tok ? "/tokenizer.json" : "/tokenizer.model"));
+  // The user's own Hugging Face tokenizer files, where the tokenizer came as a directory.
+  bool have_config = false;
+  for (const char* f : {"tokenizer_config.json", "special_tokens_map.json"})
+    if (!src_dir.empty() && fs::is_regular_file(src_dir + "/" + f, ec)) {
+      copy_into(src_dir + "/" + f, dir + "/" + f);
+      have_config |= std::string(f) == "tokenizer_config.json";
+    }
+  ojson tc, special;
+  if (json_tok) {
+    nlohmann::json tok;
+    try {
+      tok = nlohmann::json::parse(read_text(src));
+    } catch (const nlohmann::json::exception& e) {
+      fail("export", src + ": not JSON (" + std::string(e.what()) + ")");
+    }
+    const nlohmann::json* eos =
+        special_token(tok, {"<|endoftext|>", "<|end_of_text|>", "</s>", "<|im_end|>", "<eos>"});
+    const nlohmann::json* bos = special_token(tok, {"<|begin_of_text|>", "<s>", "<bos>"});
+    if (!bos && config["model_type"] == "gpt2") bos = eos;  // GPT-2's one special token
+    tc["tokenizer_class"] = "PreTrainedTokenizerFast";
+    if (bos) {
+      special["bos_token"] = (*bos)["content"];
+      config["bos_token_id"] = (*bos)["id"];
+    }
+    if (eos) {
+      special["eos_token"] = (*eos)["content"];
+      config["eos_token_id"] = (*eos)["id"];
+    }
+  } else {
+    // SentencePiece (Llama 2): LlamaTokenizer's own special tokens; legacy = plain
+    // SentencePieceProcessor.encode, as Shardwise's tokenizer encodes.
+    tc["tokenizer_class"] = "LlamaTokenizer";
+    special = {{"bos_token", "<s>"}, {"eos_token", "</s>"}, {"unk_token", "<unk>"}};
+    tc["add_bos_token"] = true;
+    tc["add_eos_token"] = false;
+    tc["legacy"] = true;
+  }
+  if (have_config) return;
+  for (auto& [k, v] : special.items()) tc[k] = v;
+  tc["model_max_length"] = max_len;
+  tc["clean_up_tokenization_spaces"] = false;
+  write_file_synced(dir + "/tokenizer_config.json", tc.dump(2) + "\n");
+  if (!special.empty()) write_file_synced(dir + "/special_tokens_map.json", special.dump(2) + "\n");
+}
+
+bool any_rank(Group& g, bool v) {
+  float f = v ? 1.f : 0.f, out = 0;
+  g.all_reduce(&f, &out, 1, ReduceOp::Max);
+  return out > 0;
+}
+
+}  // namespace
+
+ojson hf_config_json(const ModelConfig& c, const std::string& where) {
+  const std::string arch = architecture(c, where);
+  ojson j;
+  j["architectures"] = ojson::array({arch});
+  if (c.type == "gpt2") {
+    j["model_type"] = "gpt2";
+    j["vocab_size"] = c.vocab_size;
+    j["n_positions"] = c.seq_len;
+    j["n_ctx"] = c.seq_len;
+    j["n_embd"] = c.d_model;
+    j["n_layer"] = c.n_layer;
+    j["n_head"] = c.n_head;
+    j["n_inner"] = c.d_ff > 0 ? c.d_ff : 4 * c.d_model;
+    j["activation_function"] = "gelu_new";  // the tanh approximation (kernels' gelu)
+    j["layer_norm_epsilon"] = c.norm_eps;
+    j["resid_pdrop"] = 0.0;
+    j["embd_pdrop"] = 0.0;
+    j["attn_pdrop"] = 0.0;
+    j["initializer_range"] = 0.02;
+    j["scale_attn_weights"] = true;
+    j["scale_attn_by_inverse_layer_idx"] = false;
+    j["reorder_and_upcast_attn"] = false;
+  } else {
+    j["model_type"] = arch == "Qwen2ForCausalLM"     ? "qwen2"
+                      : arch == "MistralForCausalLM" ? "mistral"
+                                                     : "llama";
+    j["vocab_size"] = c.vocab_size;
+    j["hidden_size"] = c.d_model;
+    j["intermediate_size"] = c.d_ff;
+    j["num_hidden_layers"] = c.n_layer;
+    j["num_attention_heads"] = c.n_head;
+    j["num_key_value_heads"] = c.n_kv_head > 0 ? c.n_kv_head : c.n_head;
+    j["head_dim"] = c.d_model / c.n_head;
+    j["max_position_embeddings"] = c.seq_len;
+    j["hidden_act"] = "silu";
+    j["rms_norm_eps"] = c.norm_eps;
+    j["rope_theta"] = c.rope_theta;
+    if (c.rope_scaling == "llama3")
+      j["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", c.rope_factor},
+                           {"low_freq_factor", c.rope_low_freq_factor},
+                           {"high_freq_factor", c.rope_high_freq_factor},
+                           {"original_max_position_embeddings", c.rope_original_max_pos}};
+    else if (c.rope_scaling == "none")
+      j["rope_scaling"] = nullptr;
+    else
+      fail("export", where + ": model.rope_scaling: '" + c.rope_scaling +
+                         "' is not \"none\" or \"llama3\"");
+    if (arch == "LlamaForCausalLM") {
+      j["attention_bias"] = false;
+      j["mlp_bias"] = false;
+      j["pretraining_tp"] = 1;
+    } else {
+      j["sliding_window"] = nullptr;
+      if (arch == "Qwen2ForCausalLM") j["use_sliding_window"] = false;
+    }
+    j["attention_dropout"] = 0.0;
+    j["initializer_range"] = 0.02;
+  }
+  j["tie_word_embeddings"] = c.tie_embeddings;
+  j["torch_dtype"] = "float32";
+  j["use_cache"] = true;
+  return j;
+}
+
+std::string hf_dir_tensor_name(const ModelConfig& c, const std::string& hf_name) {
+  if (c.type == "gpt2" && !c.tie_embeddings && hf_name != "lm_head.weight")
+    return "transformer." + hf_name;
+  return hf_name;
+}
+
+HfShardPlan plan_hf_shards(std::vector<StTensorDesc> tensors, int64_t max_shard_bytes) {
+  SW_CHECK(max_shard_bytes > 0, "plan_hf_shards: max_shard_bytes must be positive");
+  HfShardPlan p;
+  const uint64_t cap = static_cast<uint64_t>(max_shard_bytes);
+  uint64_t cur = 0;
+  int n = 0;
+  for (const StTensorDesc& t : tensors) {
+    const uint64_t b = static_cast<uint64_t>(numel(t.shape)) * st_dtype_size(t.dtype);
+    if (n == 0 || (cur > 0 && cur + b > cap)) {
+      p.first.push_back(p.file_of.size());
+      ++n;
+      cur = 0;
+    }
+    p.file_of.push_back(n - 1);
+    cur += b;
+    p.total_size += b;
+  }
+  p.tensors = std::move(tensors);
+  char name[64];
+  for (int f = 0; f < n; ++f) {
+    if (n == 1) {
+      p.files.push_back("model.safetensors");
+      break;
+    }
+    std::snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", f + 1, n);
+    p.files.push_back(name);
+  }
+  return p;
+}
+
+HfShardWriter::HfShardWriter(const std::string& dir, const HfShardPlan& plan, int rank, int world,
+                             std::map<std::string, std::string> metadata)
+    : dir_(dir), plan_(plan), rank_(rank), world_(world), meta_(std::move(metadata)) {}
+
+HfShardWriter::~HfShardWriter() = default;  // an unfinished file's temporary is deleted
+
+bool HfShardWriter::wanted(size_t i) const {
+  return hf_file_rank(plan_.file_of[i], world_) == rank_;
+}
+
+void HfShardWriter::put(size_t i, const float* data) {
+  SW_CHECK(wanted(i) && i >= next_, "HfShardWriter: tensors out of order");
+  const int f = plan_.file_of[i];
+  if (open_ != f) {
+    if (w_) w_->finish();
+    const size_t a = plan_.first[static_cast<size_t>(f)];
+    const size_t b = static_cast<size_t>(f) + 1 < plan_.first.size()
+                         ? plan_.first[static_cast<size_t>(f) + 1]
+                         : plan_.tensors.size();
+    SW_CHECK(i == a, "HfShardWriter: a file's first tensor was skipped");
+    std::vector<StTensorDesc> descs(plan_.tensors.begin() + static_cast<std::ptrdiff_t>(a),
+                                    plan_.tensors.begin() + static_cast<std::ptrdiff_t>(b));
+    w_ = std::make_unique<SafeTensorsWriter>(dir_ + "/" + plan_.files[static_cast<size_t>(f)],
+                                             std::move(descs), meta_);
+    open_ = f;
+  }
+  w_->write_tensor(plan_.tensors[i].name, data);
+  w_->start_writeback();
+  bytes_ += static_cast<uint64_t>(numel(plan_.tensors[i].shape)) * 4;
+  next_ = i + 1;
+}
+
+void HfShardWriter::finish() {
+  if (w_) w_->finish();
+  w_.reset();
+  // Every file of this rank must have been opened and finished in turn.
+  for (size_t f = 0; f < plan_.files.size(); ++f)
+    if (hf_file_rank(static_cast<int>(f), world_) == rank_ && static_cast<int>(f) > open_)
+      fail("export", dir_ + "/" + plan_.files[f] + ": not written (tensors missing)");
+}
+
+void write_hf_dir_extras(const std::string& dir, const ModelConfig& c, const HfShardPlan& plan,
+                         const std::string& tokenizer) {
+  ojson config = hf_config_json(c, dir + "/config.json");
+  write_tokenizer(dir, tokenizer, c.seq_len, config);
+  write_file_synced(dir + "/config.json", config.dump(2) + "\n");
+  if (plan.files.size() > 1) {
+    ojson map = ojson::object();
+    for (size_t i = 0; i < plan.tensors.size(); ++i)
+      map[plan.tensors[i].name] = plan.files[static_cast<size_t>(plan.file_of[i])];
+    ojson index = {{"metadata", {{"total_size", plan.total_size}}}, {"weight_map", map}};
+    write_file_synced(dir + "/model.safetensors.index.json", index.dump(2) + "\n");
+  }
+}
+
+void export_hf_dir(const ShardedModel& model, const std::string& dir, const HfExportOptions& o) {
+  Group& g = model.group();
+  const int W = g.size(), R = g.rank();
+  // ShardedModel::model() has no const overload; reading the config modifies nothing.
+  const ModelConfig& cfg = const_cast<ShardedModel&>(model).model().config;
+  if (o.max_shard_bytes <= 0)
+    fail("export", "checkpoint.export_shard_bytes must be positive (got " +
+                       std::to_string(o.max_shard_bytes) + ")");
+  // The plan, from the layouts every rank has (no communication): for_each_param's order.
+  std::vector<StTensorDesc> descs;
+  std::vector<bool> transpose;
+  std::set<std::string> seen;
+  for (int u = 0; u < model.num_units(); ++u)
+    for (const ParamSpec& s : model.unit_layout(u).specs) {
+      std::string n = hf_dir_tensor_name(cfg, hf_file_name(s));
+      if (!seen.insert(n).second)
+        fail("export", dir + ": two parameters export to the same name '" + n + "'");
+      descs.push_back({std::move(n), StDType::F32, hf_file_shape(s)});
+      transpose.push_back(s.hf_transpose);
+    }
+  const HfShardPlan plan = plan_hf_shards(std::move(descs), o.max_shard_bytes);
+  const std::string tmp = dir + ".tmp";
+
+  // Rank 0 makes the temporary directory; every rank then writes its files into it. Errors
+  // are kept, not thrown, until every rank has been through the collective gathers.
+  std::string err;
+  if (R == 0) try {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+      fs::create_directories(tmp, ec);
+      if (ec) fail("export", tmp + ": cannot create (" + ec.message() + ")");
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+  if (any_rank(g, !err.empty())) {
+    if (!err.empty()) throw Error(err);
+    fail("export", dir + ": rank 0 could not create " + tmp + " (see its error)");
+  }
+  HfShardWriter w(tmp, plan, R, W, hf_export_metadata(cfg));
+  size_t i = 0;
+  std::vector<float> t;
+  model.for_each_param([&](const ParamSpec& s, const float* data) {
+    const size_t k = i++;
+    if (!err.empty() || !w.wanted(k)) return;
+    try {
+      if (transpose[k]) {
+        t.resize(static_cast<size_t>(numel(s.shape)));
+        transpose_f32(t.data(), data, s.shape[0], s.shape[1]);
+        data = t.data();
+      }
+      w.put(k, data);
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+  });
+  std::vector<float>().swap(t);
+  if (err.empty()) try {
+      w.finish();
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+  if (any_rank(g, !err.empty())) {
+    if (R == 0) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+    }
+    g.barrier();
+    if (!err.empty()) throw Error(err);
+    fail("export", dir + ": another rank could not write its weights files (see its error)");
+  }
+  // Rank 0: config, index, tokenizer; then DIR.tmp becomes DIR.
+  if (R == 0) try {
+      write_hf_dir_extras(tmp, cfg, plan, o.tokenizer);
+      fsync_dir(tmp);
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+      fs::rename(tmp, dir, ec);
+      if (ec) fail("export", "cannot rename " + tmp + " to " + dir + " (" + ec.message() + ")");
+      fsync_dir(parent_dir(dir));
+    } catch (const std::exception& e) {
+      err = e.what();
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+    }
+  float ok = err.empty() ? 1.f : 0.f;
+  g.broadcast(&ok, 1, 0);
+  if (!err.empty()) throw Error(err);
+  if (ok != 1.f) fail("export", dir + ": rank 0 could not finish the directory (see its error)");
+}
+
+}  // namespace sw
