@@ -36,6 +36,13 @@ nlohmann::ordered_json model_config_to_json(const ModelConfig& c) {
       {"rope_theta", c.rope_theta},
       {"norm_eps", c.norm_eps},
       {"tie_embeddings", c.tie_embeddings},
+      {"qkv_bias", c.qkv_bias},
+      {"rope_scaling", c.rope_scaling},
+      {"rope_factor", c.rope_factor},
+      {"rope_low_freq_factor", c.rope_low_freq_factor},
+      {"rope_high_freq_factor", c.rope_high_freq_factor},
+      {"rope_original_max_pos", c.rope_original_max_pos},
+      {"hf_architecture", c.hf_architecture},
   };
 }
 
@@ -84,6 +91,26 @@ ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& w
   const nlohmann::json& tie = get("tie_embeddings");
   if (!tie.is_boolean()) bad("tie_embeddings", "must be true or false (got " + tie.dump() + ")");
   c.tie_embeddings = tie.get<bool>();
+  // The Llama variants' fields (issue 35). Files from before them have none: their llama
+  // models were untied whatever tie_embeddings said (it was ignored), and plain RoPE.
+  if (!j.contains("qkv_bias")) {
+    if (c.type == "llama") c.tie_embeddings = false;
+  } else {
+    const nlohmann::json& qb = get("qkv_bias");
+    if (!qb.is_boolean()) bad("qkv_bias", "must be true or false (got " + qb.dump() + ")");
+    c.qkv_bias = qb.get<bool>();
+    const nlohmann::json& rs = get("rope_scaling");
+    if (!rs.is_string() || (rs != "none" && rs != "llama3"))
+      bad("rope_scaling", "must be \"none\" or \"llama3\" (got " + rs.dump() + ")");
+    c.rope_scaling = rs.get<std::string>();
+    c.rope_factor = positive("rope_factor");
+    c.rope_low_freq_factor = positive("rope_low_freq_factor");
+    c.rope_high_freq_factor = positive("rope_high_freq_factor");
+    c.rope_original_max_pos = integer("rope_original_max_pos", 1, INT32_MAX);
+    const nlohmann::json& arch = get("hf_architecture");
+    if (!arch.is_string()) bad("hf_architecture", "must be a string (got " + arch.dump() + ")");
+    c.hf_architecture = arch.get<std::string>();
+  }
   if (c.d_model % c.n_head)
     bad("d_model", "(" + std::to_string(c.d_model) + ") is not a multiple of n_head (" +
                        std::to_string(c.n_head) + ")");

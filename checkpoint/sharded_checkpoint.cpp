@@ -851,12 +851,15 @@ TrainState load_checkpoint(ShardedModel& sm, const std::string& step_dir, LoadSt
 
   // The model must match: every difference is listed.
   std::vector<std::string> diffs;
+  // (The checkpoint's config as read, so that files from before a field was added compare
+  // with the value they stand for.)
   const nlohmann::json mine = nlohmann::json::parse(model_config_to_json(sm.model().config).dump());
+  const nlohmann::json saved = nlohmann::json::parse(model_config_to_json(m.config).dump());
   for (auto it = mine.begin(); it != mine.end(); ++it) {
-    const auto theirs = m.config_json.find(it.key());
-    if (theirs == m.config_json.end() || *theirs != it.value())
+    const auto theirs = saved.find(it.key());
+    if (theirs == saved.end() || *theirs != it.value())
       diffs.push_back("model_config." + it.key() + ": checkpoint " +
-                      (theirs == m.config_json.end() ? std::string("(absent)") : theirs->dump()) +
+                      (theirs == saved.end() ? std::string("(absent)") : theirs->dump()) +
                       ", model " + it.value().dump());
   }
   if (static_cast<int>(m.units.size()) != sm.num_units())

@@ -200,7 +200,8 @@ bool sharded_params(const TrainConfig& c) {
 bool hybrid(const TrainConfig& c) { return c.sharding.strategy == ShardingStrategy::HybridShard; }
 bool warmup(const TrainConfig& c) { return c.scheduler.type != "Constant"; }
 bool cosine(const TrainConfig& c) { return c.scheduler.type == "WarmupCosineLR"; }
-bool gpt2(const TrainConfig& c) { return c.model.type == "gpt2"; }
+bool llama(const TrainConfig& c) { return c.model.type == "llama"; }
+bool llama3(const TrainConfig& c) { return llama(c) && c.model.rope_scaling == "llama3"; }
 
 // optimizer.params.betas: [beta1, beta2], each checked as a float.
 void read_betas(TrainConfig& c, const json& v, const Node& n, const std::string& path,
@@ -234,7 +235,8 @@ Node model_block() {
       "model",
       {to(string("type", "gpt2", {"gpt2", "llama"},
                  "`gpt2` (learned positions, LayerNorm, GELU, tied embedding/head) or "
-                 "`llama` (RMSNorm, RoPE, SwiGLU, grouped-query attention, untied head)"),
+                 "`llama` (RMSNorm, RoPE, SwiGLU, grouped-query attention; Llama 2 / 3, "
+                 "Mistral, Qwen2)"),
           M, &ModelConfig::type),
        to(integer("vocab_size", 256, 1, 65536, "tokens (uint16 in the data files)"), M,
           &ModelConfig::vocab_size),
@@ -256,11 +258,43 @@ Node model_block() {
           &ModelConfig::rope_theta),
        to(number("norm_eps", 1e-5, kPositive, "LayerNorm / RMSNorm epsilon"), M,
           &ModelConfig::norm_eps),
-       applies_when(to(boolean("tie_embeddings", true,
-                               "gpt2: the LM head shares the embedding (llama: always untied; the "
-                               "resolved config leaves it null)"),
-                       M, &ModelConfig::tie_embeddings),
-                    gpt2)});
+       to(derived(boolean("tie_embeddings", true,
+                          "the LM head shares the embedding's weight (Llama 3.2 1B ties them)"),
+                  "gpt2: true; llama: false"),
+          M, &ModelConfig::tie_embeddings),
+       applies_when(to(boolean("qkv_bias", false,
+                               "llama: biases on the q, k and v projections (Qwen2)"),
+                       M, &ModelConfig::qkv_bias),
+                    llama),
+       applies_when(to(string("rope_scaling", "none", {"none", "llama3"},
+                              "llama: RoPE frequency scaling (`llama3`: Llama 3.1+, the "
+                              "`rope_*` keys below)"),
+                       M, &ModelConfig::rope_scaling),
+                    llama),
+       applies_when(to(number("rope_factor", 8, kPositive,
+                              "llama3 scaling: low frequencies divided by this"),
+                       M, &ModelConfig::rope_factor),
+                    llama3),
+       applies_when(to(number("rope_low_freq_factor", 1, kPositive,
+                              "llama3 scaling: wavelengths above original_max_pos / this are "
+                              "scaled"),
+                       M, &ModelConfig::rope_low_freq_factor),
+                    llama3),
+       applies_when(to(number("rope_high_freq_factor", 4, kPositive,
+                              "llama3 scaling: wavelengths below original_max_pos / this are "
+                              "kept"),
+                       M, &ModelConfig::rope_high_freq_factor),
+                    llama3),
+       applies_when(to(integer("rope_original_max_pos", 8192, 1, IMAX,
+                               "llama3 scaling: the context length the model was trained at"),
+                       M, &ModelConfig::rope_original_max_pos),
+                    llama3),
+       to(string("hf_architecture", "",
+                 {"", "GPT2LMHeadModel", "LlamaForCausalLM", "MistralForCausalLM",
+                  "Qwen2ForCausalLM"},
+                 "the Hugging Face class the model was imported from or exports as (\"\" = "
+                 "the type's own)"),
+          M, &ModelConfig::hf_architecture)});
 }
 
 Node data_block() {
@@ -303,8 +337,8 @@ std::vector<Node> run_keys() {
       to(integer("train_steps", 100, 1, IMAX, "optimizer steps"), &TrainConfig::train_steps),
       unchecked(via(seed, read_seed, &TrainConfig::seed)),
       to(string("run_dir", "runs/default", {},
-                "where metrics.jsonl, config.json (this config, resolved) and "
-                "model.safetensors go; not empty"),
+                "where metrics.jsonl, config.json (this config, resolved) and the "
+                "Hugging Face export `hf/` go; not empty"),
          &TrainConfig::run_dir),
       to(integer("eval_every_steps", 0, 0, IMAX,
                  "validation every N steps (0 = only at the end, when `data.val` is set)"),
@@ -675,7 +709,11 @@ Node checkpoint_block() {
        to(string("init_from", "", {},
                  "a safetensors file of weights to start from, optimizer state fresh "
                  "(what `--init-from` sets; not with `resume`)"),
-          C, &CheckpointConfig::init_from)});
+          C, &CheckpointConfig::init_from),
+       to(integer("export_shard_bytes", 5'000'000'000LL, 1, 1LL << 50,
+                  "the largest weights file of the end-of-run Hugging Face export "
+                  "(`<run_dir>/hf/`), as transformers' `max_shard_size` (5 GB)"),
+          C, &CheckpointConfig::export_shard_bytes)});
 }
 
 Node profile_block() {

@@ -22,6 +22,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <math.h>
 #include <string>
 
 #include "core/device.h"
@@ -31,6 +32,49 @@
 namespace sw {
 
 class Buffer;  // core/alloc.h
+
+// RoPE's frequencies: base theta, and optionally Llama 3.1's "llama3" scaling (transformers'
+// _compute_llama3_parameters): with wavelength w = 2*pi / f of the plain frequency f, pairs
+// with w above original_max_pos / low_freq_factor are slowed by `factor`, those below
+// original_max_pos / high_freq_factor kept, those between blended smoothly. Made implicitly
+// from a plain theta.
+struct RopeSpec {
+  float theta = 10000.f;
+  bool llama3 = false;
+  float factor = 8.f, low_freq_factor = 1.f, high_freq_factor = 4.f;
+  int original_max_pos = 8192;
+  RopeSpec() = default;
+  RopeSpec(float th) : theta(th) {}  // NOLINT: plain RoPE
+  bool same(const RopeSpec& o) const {
+    return theta == o.theta && llama3 == o.llama3 && factor == o.factor &&
+           low_freq_factor == o.low_freq_factor && high_freq_factor == o.high_freq_factor &&
+           original_max_pos == o.original_max_pos;
+  }
+};
+
+#if defined(__CUDACC__)
+#define SW_ROPE_HD __host__ __device__
+#else
+#define SW_ROPE_HD
+#endif
+// The inverse frequency of pair i (< hd/2) of a head of hd dims, as transformers computes it in
+// fp32: 1 / theta^(float(2i)/hd) (pow in double, rounded to float), then the llama3 scaling in
+// double rounded once. The CPU table (kernels/cpu/rope.cpp) and CUDA's (kernels/cuda) both
+// call this one function.
+SW_ROPE_HD inline float rope_inv_freq(const RopeSpec& r, int i, int hd) {
+  const float expo = static_cast<float>(2 * i) / static_cast<float>(hd);
+  const float f = 1.f / static_cast<float>(::pow(static_cast<double>(r.theta), double(expo)));
+  if (!r.llama3) return f;
+  const double pi = 3.14159265358979323846;
+  const double wavelen = 2 * pi / double(f), old_len = double(r.original_max_pos);
+  const double low_wl = old_len / r.low_freq_factor, high_wl = old_len / r.high_freq_factor;
+  if (wavelen < high_wl) return f;
+  if (wavelen > low_wl) return static_cast<float>(double(f) / r.factor);
+  const double smooth =
+      (old_len / wavelen - r.low_freq_factor) / (double(r.high_freq_factor) - r.low_freq_factor);
+  return static_cast<float>((1 - smooth) * double(f) / r.factor + smooth * double(f));
+}
+#undef SW_ROPE_HD
 
 // An op's input: fp32 values, or compute()'s 16-bit values, or both. Made implicitly from
 // either pointer. Both set (a mixed-precision unit's weights: its rounded fp32 compute copy and
@@ -216,10 +260,10 @@ class Ops {
   // the Llama's qkv product kept 16-bit, rotated in place), = narrow of the fp32 rotation of
   // widen(qkv).
   virtual void rope_forward(Out out, Operand qkv, int B, int T, int H, int KVH, int hd,
-                            float theta) const = 0;
+                            const RopeSpec& rope) const = 0;
   // The inverse rotation of dqkv (the gradient of the rotated q and k), forms as rope_forward.
   virtual void rope_backward(Out out, Operand dqkv, int B, int T, int H, int KVH, int hd,
-                             float theta) const = 0;
+                             const RopeSpec& rope) const = 0;
 
   // ---- Causal self-attention with grouped-query heads (KVH divides H; KVH == H is MHA).
   // qkv: (B, T, (H + 2*KVH) * hd) as above; out: (B, T, H*hd);

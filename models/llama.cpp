@@ -42,6 +42,17 @@ size_t sz(int64_t a, int64_t b = 1) { return static_cast<size_t>(a * b); }
 size_t f32b(size_t n) { return n * sizeof(float); }
 size_t scrb(size_t n) { return Scratch::bytes_for(n); }
 
+// RoPE's frequencies as the config gives them (theta, and the llama3 scaling).
+RopeSpec rope_spec(const ModelConfig& c) {
+  RopeSpec r(c.rope_theta);
+  r.llama3 = c.rope_scaling == "llama3";
+  r.factor = c.rope_factor;
+  r.low_freq_factor = c.rope_low_freq_factor;
+  r.high_freq_factor = c.rope_high_freq_factor;
+  r.original_max_pos = c.rope_original_max_pos;
+  return r;
+}
+
 ParamSpec spec(std::string name, Shape shape, Init init, float std, std::string hf) {
   ParamSpec p;
   p.name = std::move(name);
@@ -53,15 +64,19 @@ ParamSpec spec(std::string name, Shape shape, Init init, float std, std::string 
   return p;
 }
 
-// ---- Packed linear (no bias) -------------------------------------------------------------
-// Several (oc_i, C) weight matrices declared one after another; their outputs are written side
-// by side into rows of width OC = sum oc_i: out(N,OC) = [x W_0^T | x W_1^T | ...]. When the
-// matrices (and, for backward, their gradients) are contiguous in memory this is one GEMM.
+// ---- Packed linear ---------------------------------------------------------------------------
+// Several (oc_i, C) weight matrices declared one after another, with optional biases (oc_i)
+// (Qwen2's q, k, v); their outputs are written side by side into rows of width OC = sum oc_i:
+// out(N,OC) = [x W_0^T + b_0 | x W_1^T + b_1 | ...]. When the matrices and the biases (and, for
+// backward, their gradients) are contiguous in memory this is one linear op; otherwise one GEMM
+// per matrix, a bias broadcast as a rank-1 product (ones (N) x b_i) under it.
 struct Packed {
   // fp32, with a 16-bit copy where the unit has one; 16-bit only where the unit keeps no fp32
   // compute copy of product weights (ParamSpec::products_only)
   Operand w[3] = {nullptr, nullptr, nullptr};
   GradOut dw[3] = {nullptr, nullptr, nullptr};  // backward's (UnitCtx::grad_out)
+  const float* b[3] = {nullptr, nullptr, nullptr};  // biases (all or none)
+  GradOut db[3] = {nullptr, nullptr, nullptr};
   int oc[3];
   int n = 0;
   int total() const {
@@ -75,6 +90,7 @@ struct Packed {
       if (p[i] != p[i - 1] + static_cast<int64_t>(oc[i - 1]) * C) return false;
     return true;
   }
+  bool biases_contiguous() const { return !b[0] || contiguous(b, 1); }
   // The weights one after another, in each form they have (a form absent from all of them
   // does not count).
   bool weights_contiguous(int C) const {
@@ -85,15 +101,33 @@ struct Packed {
   }
 };
 
-// out(N,OC) = x @ [W_0; W_1; ...]^T; x fp32 or 16-bit (a ProductIn's operand).
+// N ones, for the per-matrix path's bias broadcasts and sums (a workspace on ops' device).
+Buffer ones(const Ops& ops, int N) {
+  Buffer b(std::max<size_t>(size_t(std::max(N, 1)), 1) * sizeof(float), Mem::Workspace,
+           ops.device());
+  ops.fill(b.f32(), 1.f, size_t(std::max(N, 0)));
+  return b;
+}
+
+// out(N,OC) = x @ [W_0; W_1; ...]^T (+ [b_0 | b_1 | ...]); x fp32 or 16-bit (a ProductIn's
+// operand).
 void packed_forward(const Ops& ops, float* out, Operand x, const Packed& pk, int N, int C) {
   const int OC = pk.total();
-  if (pk.weights_contiguous(C)) {
-    ops.linear_forward(out, x, pk.w[0], nullptr, nullptr, N, C, OC);
+  if (pk.weights_contiguous(C) && pk.biases_contiguous()) {
+    ops.linear_forward(out, x, pk.w[0], pk.b[0], nullptr, N, C, OC);
     return;
   }
-  for (int i = 0, off = 0; i < pk.n; off += pk.oc[i], ++i)
-    ops.gemm(false, true, N, pk.oc[i], C, 1.f, x, C, pk.w[i], C, 0.f, out + off, OC);
+  Buffer one;
+  if (pk.b[0]) one = ones(ops, N);
+  for (int i = 0, off = 0; i < pk.n; off += pk.oc[i], ++i) {
+    float beta = 0.f;
+    if (pk.b[i]) {  // out block = ones (N,1) @ b_i (1,oc_i)
+      ops.gemm(false, false, N, pk.oc[i], 1, 1.f, one.f32(), 1, pk.b[i], pk.oc[i], 0.f,
+               out + off, OC);
+      beta = 1.f;
+    }
+    ops.gemm(false, true, N, pk.oc[i], C, 1.f, x, C, pk.w[i], C, beta, out + off, OC);
+  }
 }
 
 // The same into a ProductIn: 16-bit straight from the product with 16-bit products (one
@@ -101,8 +135,8 @@ void packed_forward(const Ops& ops, float* out, Operand x, const Packed& pk, int
 void packed_forward_to(const Ops& ops, ProductIn out, Operand x, const Packed& pk, int N, int C) {
   if (!out.lp) return packed_forward(ops, out.f32, x, pk, N, C);
   const int OC = pk.total();
-  if (pk.weights_contiguous(C))
-    return ops.linear_forward(out.lp, x, pk.w[0], nullptr, nullptr, N, C, OC);
+  if (pk.weights_contiguous(C) && pk.biases_contiguous())
+    return ops.linear_forward(out.lp, x, pk.w[0], pk.b[0], nullptr, N, C, OC);
   const size_t n = size_t(std::max(N, 0)) * size_t(std::max(OC, 0));
   Buffer t(std::max<size_t>(n, 1) * sizeof(float), Mem::Workspace, ops.device());
   packed_forward(ops, t.f32(), x, pk, N, C);
@@ -110,21 +144,31 @@ void packed_forward_to(const Ops& ops, ProductIn out, Operand x, const Packed& p
 }
 
 // dx(N,C) = dout @ [W_0; W_1; ...] (dx's old contents never read);  dW_i += dout[:, block i]^T @ x
-// (= where dW_i is written). dout and x fp32 or 16-bit.
+// and db_i += colsum(dout[:, block i]) (= where written). dout and x fp32 or 16-bit.
 void packed_backward_set(const Ops& ops, float* dx, Operand dout, Operand x, const Packed& pk,
                          int N, int C) {
   const int OC = pk.total();
   const float* dwp[3] = {};
+  const float* dbp[3] = {};
   bool same = true;  // every gradient written, or every one added into
-  for (int i = 0; i < pk.n; ++i) dwp[i] = pk.dw[i].p, same = same && pk.dw[i].write == pk.dw[0].write;
-  if (pk.weights_contiguous(C) && pk.contiguous(dwp, C) && same) {
-    ops.linear_backward(GradIn::set(dx), pk.dw[0], nullptr, dout, x, pk.w[0], N, C, OC);
+  for (int i = 0; i < pk.n; ++i) {
+    dwp[i] = pk.dw[i].p, dbp[i] = pk.db[i].p;
+    same = same && pk.dw[i].write == pk.dw[0].write && pk.db[i].write == pk.db[0].write;
+  }
+  if (pk.weights_contiguous(C) && pk.contiguous(dwp, C) &&
+      (!dbp[0] || pk.contiguous(dbp, 1)) && same) {
+    ops.linear_backward(GradIn::set(dx), pk.dw[0], pk.db[0], dout, x, pk.w[0], N, C, OC);
     return;
   }
+  Buffer one;
+  if (pk.db[0]) one = ones(ops, N);
   for (int i = 0, off = 0; i < pk.n; off += pk.oc[i], ++i) {
     const Operand d = dout.at(size_t(off));
     ops.gemm(false, false, N, C, pk.oc[i], 1.f, d, OC, pk.w[i], C, i ? 1.f : 0.f, dx, C);
     ops.gemm(true, false, pk.oc[i], C, N, 1.f, d, OC, x, C, pk.dw[i].beta(), pk.dw[i].p, C);
+    if (pk.db[i])  // db_i (1,oc_i) = ones (1,N) @ dout block (N,oc_i)
+      ops.gemm(false, false, 1, pk.oc[i], N, 1.f, one.f32(), N, d, OC, pk.db[i].beta(),
+               pk.db[i].p, pk.oc[i]);
   }
 }
 
@@ -159,16 +203,17 @@ class Embed final : public Unit {
 // ---- [1..L] blocks ---------------------------------------------------------------------------
 class Block final : public Unit {
  public:
-  Block(const ModelConfig& c, int layer) : c_(c), layer_(layer) {}
+  Block(const ModelConfig& c, int layer) : c_(c), layer_(layer), rope_(rope_spec(c)) {}
   std::string name() const override { return "layers." + std::to_string(layer_); }
 
-  enum : size_t { IN_NORM, QW, KW, VW, OW, POST_NORM, GATEW, UPW, DOWNW };
+  // QB, KB, VB: with qkv_bias only (after the others, so the indices above stay).
+  enum : size_t { IN_NORM, QW, KW, VW, OW, POST_NORM, GATEW, UPW, DOWNW, QB, KB, VB };
 
   std::vector<ParamSpec> params() const override {
     const int64_t C = c_.d_model, H = c_.n_head, KVH = c_.n_kv_head, hd = C / H, F = c_.d_ff;
     const std::string n = name() + ".", hf = "model." + n;
     const float res_std = 0.02f / std::sqrt(2.f * static_cast<float>(c_.n_layer));
-    return {
+    std::vector<ParamSpec> p = {
         spec(n + "input_layernorm.weight", {C}, Init::Ones, 0.f, hf + "input_layernorm.weight"),
         product_weight(spec(n + "self_attn.q_proj.weight", {H * hd, C}, Init::Normal, 0.02f, hf + "self_attn.q_proj.weight")),
         product_weight(spec(n + "self_attn.k_proj.weight", {KVH * hd, C}, Init::Normal, 0.02f, hf + "self_attn.k_proj.weight")),
@@ -179,6 +224,15 @@ class Block final : public Unit {
         product_weight(spec(n + "mlp.up_proj.weight", {F, C}, Init::Normal, 0.02f, hf + "mlp.up_proj.weight")),
         product_weight(spec(n + "mlp.down_proj.weight", {C, F}, Init::Normal, res_std, hf + "mlp.down_proj.weight")),
     };
+    if (c_.qkv_bias) {  // (H*hd), (KVH*hd), (KVH*hd): zeros, no weight decay
+      const int64_t oc[3] = {H * hd, KVH * hd, KVH * hd};
+      const char* w[3] = {"q_proj", "k_proj", "v_proj"};
+      for (int i = 0; i < 3; ++i) {
+        const std::string b = std::string("self_attn.") + w[i] + ".bias";
+        p.push_back(spec(n + b, {oc[i]}, Init::Zeros, 0.f, hf + b));
+      }
+    }
+    return p;
   }
 
   void forward(UnitCtx& ctx, int call, const float* x, float* y) override {
@@ -210,7 +264,7 @@ class Block final : public Unit {
     // qkv: with 16-bit products, written 16-bit by its product (as autocast keeps it) and
     // rotated in place.
     packed_forward_to(ops, qkv, xn.operand(), qkv_pack(ctx), N, C);
-    ops.rope_forward(qkv.out(), qkv.operand(), B, T, H, KVH, hd, c_.rope_theta);
+    ops.rope_forward(qkv.out(), qkv.operand(), B, T, H, KVH, hd, rope_);
     ops.attention_forward(atty.out(), lse, qkv.operand(), B, T, H, KVH, hd);
     linear_residual_rmsnorm_to(ops, x2, xn2, rstd2, atty.operand(), ctx.weight(OW), nullptr, x,
                                P(POST_NORM), N, H * hd, C, eps);
@@ -307,7 +361,7 @@ class Block final : public Unit {
     const ProductIn dqkv = scratch_input(*ctx.scratch, sz(N, QKV), ops);
     ops.attention_backward(dqkv.set(), datty.operand(), qkv.operand(), atty.operand(),
                            s.get(kept::kLse), B, T, H, KVH, hd);
-    ops.rope_backward(dqkv.out(), dqkv.operand(), B, T, H, KVH, hd, c_.rope_theta);
+    ops.rope_backward(dqkv.out(), dqkv.operand(), B, T, H, KVH, hd, rope_);
     float* dxn = fresh(sz(N, C));
     packed_backward_set(ops, dxn, dqkv.operand(), saved_input(s, kept::kXn, ops).operand(),
                         qkv_pack(ctx, true), N, C);
@@ -327,6 +381,9 @@ class Block final : public Unit {
       p.w[i] = ctx.weight(idx[i]);
       if (grads) p.dw[i] = ctx.grad_out(idx[i]);
       p.oc[i] = oc[i];
+      if (!c_.qkv_bias) continue;
+      p.b[i] = ctx.param(QB + size_t(i));
+      if (grads) p.db[i] = ctx.grad_out(QB + size_t(i));
     }
     return p;
   }
@@ -343,18 +400,27 @@ class Block final : public Unit {
   }
   ModelConfig c_;
   int layer_;
+  RopeSpec rope_;
 };
 
 // ---- [L+1] head: final norm, LM head, cross-entropy -----------------------------------------
+// Untied: "head", unit L+1, one call; 0 norm.weight (C), 1 lm_head.weight (V,C).
+// Tied (tie_embeddings, as Llama 3.2 1B): "embed_head", unit 0 in place of "embed", two calls
+// (0: the embedding, 1: this head, last in the schedule, as GPT-2's); 0 embed_tokens.weight
+// (V,C), which is the LM head's weight (no lm_head.weight in the files), 1 norm.weight (C).
 class Head final : public Unit {
  public:
-  explicit Head(const ModelConfig& c) : c_(c) {}
-  std::string name() const override { return "head"; }
-  // 0 norm.weight (C); 1 lm_head.weight (V,C)
+  explicit Head(const ModelConfig& c) : c_(c), tied_(c.tie_embeddings) {}
+  std::string name() const override { return tied_ ? "embed_head" : "head"; }
+  int num_calls() const override { return tied_ ? 2 : 1; }
   std::vector<ParamSpec> params() const override {
-    return {spec("norm.weight", {c_.d_model}, Init::Ones, 0.f, "model.norm.weight"),
-            product_weight(spec("lm_head.weight", {c_.vocab_size, c_.d_model}, Init::Normal,
-                                0.02f, "lm_head.weight"))};
+    ParamSpec norm = spec("norm.weight", {c_.d_model}, Init::Ones, 0.f, "model.norm.weight");
+    if (tied_)
+      return {product_weight(spec("embed_tokens.weight", {c_.vocab_size, c_.d_model},
+                                  Init::Normal, 0.02f, "model.embed_tokens.weight")),
+              norm};
+    return {norm, product_weight(spec("lm_head.weight", {c_.vocab_size, c_.d_model},
+                                      Init::Normal, 0.02f, "lm_head.weight"))};
   }
 
   void forward(UnitCtx& ctx, int call, const float* x, float* y) override {
@@ -362,9 +428,16 @@ class Head final : public Unit {
     const Batch& bt = *ctx.batch;
     const int B = bt.B, T = bt.T, C = c_.d_model, V = c_.vocab_size;
     const int N = B * T;
+    if (tied_ && call == 0) {  // the embedding
+      if (T > c_.seq_len)
+        fail("model", "batch sequence length " + std::to_string(T) + " exceeds model.seq_len = " +
+                          std::to_string(c_.seq_len));
+      ops.embedding_forward(y, bt.tokens, ctx.weight(kLm), nullptr, B, T, C, V);
+      return;
+    }
     ScratchScope guard{ctx.scratch};
-    const float* nw = ctx.param(0);  // (C)
-    const Operand w = ctx.weight(1);  // (V,C), a product's weight
+    const float* nw = ctx.param(kNorm);  // (C)
+    const Operand w = ctx.weight(kLm);  // (V,C), a product's weight
     if (!ctx.training && ctx.logits) {
       // Inference: logits of each sequence's last position only.
       float* xl = ctx.scratch->f32(sz(B, C));  // (B,C)
@@ -388,14 +461,16 @@ class Head final : public Unit {
       ops.fill(dh, 0.f, sz(N, C));
     }
     if (ctx.training) ctx.saved->set(kept::kFused, fused);
-    add_loss(ctx, losses, dh, fused ? ctx.grad(1) : nullptr, h, w, C, V);
+    add_loss(ctx, losses, dh, fused ? ctx.grad(kLm) : nullptr, h, w, C, V);
   }
 
+  // (A tied unit's call 0, the embedding, allocates nothing.)
   // Training: hnorm, rstd, the fused head's dhnorm saved (the fused flag: a host scalar), the per-row
   // losses in scratch; backward uses no scratch. Inference: everything in scratch.
-  ActivationDecl declare_activations(int /*call*/, BatchShape shape) const override {
+  ActivationDecl declare_activations(int call, BatchShape shape) const override {
     const size_t B = size_t(shape.B), N = B * size_t(shape.T), C = size_t(c_.d_model);
     ActivationDecl d;
+    if (tied_ && call == 0) return d;
     d.saved = f32b(N * C) + f32b(N) + f32b(N * C);  // hnorm, rstd, dhnorm
     d.scratch_fwd = scrb(N);                                  // losses
     d.scratch_eval = scrb(N * C) + scrb(N) + scrb(N);         // hnorm, rstd, losses
@@ -407,6 +482,10 @@ class Head final : public Unit {
     const Ops& ops = *ctx.ops;
     const Batch& bt = *ctx.batch;
     const int C = c_.d_model, V = c_.vocab_size, N = bt.B * bt.T;
+    if (tied_ && call == 0) {
+      ops.embedding_backward(ctx.grad(kLm), nullptr, dy, bt.tokens, bt.B, bt.T, C);
+      return;
+    }
     ScratchScope guard{ctx.scratch};
     const float* h = ctx.saved->get(kept::kHnorm);
     const float* dh;
@@ -416,27 +495,33 @@ class Head final : public Unit {
       float* d = ctx.scratch->f32(sz(N, C));
       ops.fill(d, 0.f, sz(N, C));
       float* losses = ctx.scratch->f32(sz(N));
-      ops.lmhead_xent(losses, d, ctx.grad(1), h, ctx.weight(1), bt.targets, N, C, V,
+      ops.lmhead_xent(losses, d, ctx.grad(kLm), h, ctx.weight(kLm), bt.targets, N, C, V,
                       ctx.grad_scale);
       dh = d;
     }
     ops.fill(dx, 0.f, sz(N, C));
-    rmsnorm_backward_resid(ctx, dx, ctx.grad(0), dh, x, ctx.param(0),
+    rmsnorm_backward_resid(ctx, dx, ctx.grad(kNorm), dh, x, ctx.param(kNorm),
                            ctx.saved->get(kept::kRstd), N, C);
   }
 
  private:
   ModelConfig c_;
+  bool tied_;
+  const size_t kNorm = tied_ ? 1 : 0, kLm = tied_ ? 0 : 1;  // parameter indices
 };
 
 }  // namespace
 
 void build_llama(Model& m) {
   const ModelConfig& c = m.config;
-  m.units.push_back(std::make_unique<Embed>(c));
+  if (c.tie_embeddings)
+    m.units.push_back(std::make_unique<Head>(c));  // "embed_head"
+  else
+    m.units.push_back(std::make_unique<Embed>(c));
   for (int l = 0; l < c.n_layer; ++l) m.units.push_back(std::make_unique<Block>(c, l));
-  m.units.push_back(std::make_unique<Head>(c));
+  if (!c.tie_embeddings) m.units.push_back(std::make_unique<Head>(c));
   for (int u = 0; u < static_cast<int>(m.units.size()); ++u) m.schedule.push_back({u, 0});
+  if (c.tie_embeddings) m.schedule.push_back({0, 1});
 }
 
 }  // namespace sw

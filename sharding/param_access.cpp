@@ -103,6 +103,17 @@ void ShardedModel::release_full_params() {
   impl_->summon_held = false;
 }
 
+bool ShardedModel::holds_param(const std::string& name) const {
+  const Impl& I = *impl_;
+  auto it = I.by_name.find(name);
+  if (it == I.by_name.end()) fail("sharded_model", "no parameter named '" + name + "'");
+  const FlatUnit& fu = *I.units[static_cast<size_t>(it->second.first)];
+  // Whole and FullReplicated units keep the full buffer on every rank (set_param's full copy).
+  if (fu.kind() != FlatUnit::Kind::Sharded) return true;
+  const FlatEntry& e = fu.layout().entries[static_cast<size_t>(it->second.second)];
+  return !intersect(fu.shard_range(), {e.offset, e.offset + e.numel}).empty();
+}
+
 void ShardedModel::set_param(const std::string& name, const float* data, int64_t n) {
   Impl& I = *impl_;
   I.flush_deferred(model_);

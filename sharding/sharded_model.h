@@ -126,6 +126,10 @@ class ShardedModel {
   // Overwrites a parameter by global name (throws sw::Error if unknown or size differs). Every
   // rank passes the full tensor and keeps what it owns.
   void set_param(const std::string& name, const float* data, int64_t n);
+  // Whether set_param(name, ...) keeps anything on this rank (a full copy it holds, or a shard
+  // overlapping the parameter); never communicates. An import reads only the tensors this
+  // rank holds part of (checkpoint/hf_import.h). Throws sw::Error if the name is unknown.
+  bool holds_param(const std::string& name) const;
 
   // Collective: gathers every parameter into a consolidated copy (Mem::Communication) that
   // for_each_param then reads without communicating, so one rank can export alone (FSDP's

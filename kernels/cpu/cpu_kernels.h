@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "kernels/ops.h"  // RopeSpec
 
 namespace sw::cpu {
 
@@ -142,20 +143,20 @@ void round_copy_lp(DType dt, float* dst, uint16_t* dst16, const float* src, size
 // rope.cpp
 // Floats of the calling thread's (cos, sin) table for positions 0..T-1 at head dim hd.
 size_t rope_table_floats(int T, int hd);
-void rope_forward(float* qkv, int B, int T, int H, int KVH, int hd, float theta);
-void rope_backward(float* dqkv, int B, int T, int H, int KVH, int hd, float theta);
+void rope_forward(float* qkv, int B, int T, int H, int KVH, int hd, const RopeSpec& rope);
+void rope_backward(float* dqkv, int B, int T, int H, int KVH, int hd, const RopeSpec& rope);
 // narrow(dt, rope_forward / rope_backward of a copy of the input) into the 16-bit output
 // (Ops::rope_forward / rope_backward with a 16-bit out).
 void rope_forward_lp(DType dt, uint16_t* qkv16, const float* qkv, int B, int T, int H, int KVH,
-                     int hd, float theta);
+                     int hd, const RopeSpec& rope);
 // The same from qkv held in dt (widened as read); src may be qkv16 itself (in place).
 void rope_forward_lp(DType dt, uint16_t* qkv16, const uint16_t* src, int B, int T, int H, int KVH,
-                     int hd, float theta);
+                     int hd, const RopeSpec& rope);
 void rope_backward_lp(DType dt, uint16_t* dqkv16, const float* dqkv, int B, int T, int H, int KVH,
-                      int hd, float theta);
+                      int hd, const RopeSpec& rope);
 // The same from dqkv held in dt (widened as read); src may be dqkv16 itself (in place).
 void rope_backward_lp(DType dt, uint16_t* dqkv16, const uint16_t* src, int B, int T, int H,
-                      int KVH, int hd, float theta);
+                      int KVH, int hd, const RopeSpec& rope);
 
 // attention.cpp
 // compute = BF16 / F16: the tile products (Q K^T, P V, and in the backward dO V^T, P^T dO,

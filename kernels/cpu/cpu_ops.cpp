@@ -179,7 +179,7 @@ class CpuOps final : public Ops {
   }
 
   void rope_forward(Out out, Operand qkv, int B, int T, int H, int KVH, int hd,
-                    float theta) const override {
+                    const RopeSpec& theta) const override {
     if (!out.lp) {
       rope_in_place("rope_forward", out, qkv);
       return cpu::rope_forward(out.f32, B, T, H, KVH, hd, theta);
@@ -189,7 +189,7 @@ class CpuOps final : public Ops {
     cpu::rope_forward_lp(compute_, out.lp, qkv.lp, B, T, H, KVH, hd, theta);
   }
   void rope_backward(Out out, Operand dqkv, int B, int T, int H, int KVH, int hd,
-                     float theta) const override {
+                     const RopeSpec& theta) const override {
     if (!out.lp) {
       rope_in_place("rope_backward", out, dqkv);
       return cpu::rope_backward(out.f32, B, T, H, KVH, hd, theta);

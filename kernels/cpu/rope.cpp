@@ -1,6 +1,7 @@
 // Rotary position embedding, Hugging Face "rotate_half" convention: within a head of hd dims,
 // dim i pairs with dim i + hd/2 (i < hd/2) and the pair is rotated by angle t * inv_freq[i],
-// inv_freq[i] = theta^(-2i/hd):
+// inv_freq[i] = rope_inv_freq(spec, i, hd) (kernels/ops.h: theta^(-2i/hd), llama3-scaled where
+// the spec says):
 //   y[i]        = x[i] cos - x[i+hd/2] sin
 //   y[i + hd/2] = x[i+hd/2] cos + x[i] sin
 // Backward applies the transpose (= inverse) rotation to the gradient, in place.
@@ -20,32 +21,29 @@ namespace {
 constexpr size_t kParallelMin = size_t{1} << 14;  // elements
 
 // cos/sin table (T, hd/2), computed the way transformers' LlamaRotaryEmbedding does in fp32:
-// inv_freq = 1 / theta^(float(2i)/hd) rounded to float, angle = float(t) * inv_freq in float;
+// inv_freq = rope_inv_freq (ops.h) rounded to float, angle = float(t) * inv_freq in float;
 // cos/sin are then evaluated in double and rounded once. Cached per calling thread and only
-// recomputed when hd or theta change or a longer T is asked for (rows of a longer table are
+// recomputed when hd or the spec change or a longer T is asked for (rows of a longer table are
 // the same, so a prefix serves any shorter T).
 struct RopeTable {
   int T = 0, hd = 0;
-  float theta = 0;
+  RopeSpec spec{0.f};
   Buffer mem;  // cos (T, hd/2) then sin (T, hd/2), tracked as Mem::Workspace
   const float* cos() const { return mem.f32(); }
   const float* sin() const { return mem.f32() + static_cast<size_t>(T) * (hd / 2); }
 };
 
-const RopeTable& rope_table(int T, int hd, float theta) {
+const RopeTable& rope_table(int T, int hd, const RopeSpec& spec) {
   thread_local RopeTable tab;
-  if (tab.hd == hd && tab.theta == theta && tab.T >= T) return tab;
+  if (tab.hd == hd && tab.spec.same(spec) && tab.T >= T) return tab;
   const int half = hd / 2;
   tab.T = T;
   tab.hd = hd;
-  tab.theta = theta;
+  tab.spec = spec;
   float* cos_tab = detail::grow_workspace(tab.mem, rope_table_floats(T, hd));
   float* sin_tab = cos_tab + static_cast<size_t>(T) * half;
   std::vector<float> inv_freq(half);
-  for (int i = 0; i < half; ++i) {
-    const float expo = static_cast<float>(2 * i) / static_cast<float>(hd);
-    inv_freq[i] = 1.f / static_cast<float>(std::pow(static_cast<double>(theta), expo));
-  }
+  for (int i = 0; i < half; ++i) inv_freq[i] = rope_inv_freq(spec, i, hd);
   for (int t = 0; t < T; ++t)
     for (int i = 0; i < half; ++i) {
       const float angle = static_cast<float>(t) * inv_freq[i];
@@ -71,10 +69,10 @@ inline float in_of(uint16_t v, DType dt) {
 // heads narrowed as they are, out of place from fp32, or from 16-bit In (dt), where out may
 // be in: each element is read before the same element is written).
 template <class T, class In = float>
-void rope_apply(T* out, const In* in, int B, int Tn, int H, int KVH, int hd, float theta,
+void rope_apply(T* out, const In* in, int B, int Tn, int H, int KVH, int hd, const RopeSpec& spec,
                 float sign, DType dt) {
   SW_CHECK(hd % 2 == 0, "rope: head dim must be even");
-  const RopeTable& tab = rope_table(Tn, hd, theta);
+  const RopeTable& tab = rope_table(Tn, hd, spec);
   const int half = hd / 2;
   const int rot_heads = H + KVH;  // q heads then k heads; v heads follow
   const size_t row = static_cast<size_t>(H + 2 * KVH) * hd;
@@ -121,32 +119,32 @@ size_t rope_table_floats(int T, int hd) {  // (the table's grow_workspace above)
   return 2 * static_cast<size_t>(T > 0 ? T : 0) * static_cast<size_t>(hd > 0 ? hd / 2 : 0);
 }
 
-void rope_forward(float* qkv, int B, int T, int H, int KVH, int hd, float theta) {
-  rope_apply(qkv, qkv, B, T, H, KVH, hd, theta, 1.f, DType::F32);
+void rope_forward(float* qkv, int B, int T, int H, int KVH, int hd, const RopeSpec& spec) {
+  rope_apply(qkv, qkv, B, T, H, KVH, hd, spec, 1.f, DType::F32);
 }
 
-void rope_backward(float* dqkv, int B, int T, int H, int KVH, int hd, float theta) {
-  rope_apply(dqkv, dqkv, B, T, H, KVH, hd, theta, -1.f, DType::F32);
+void rope_backward(float* dqkv, int B, int T, int H, int KVH, int hd, const RopeSpec& spec) {
+  rope_apply(dqkv, dqkv, B, T, H, KVH, hd, spec, -1.f, DType::F32);
 }
 
 void rope_forward_lp(DType dt, uint16_t* qkv16, const float* qkv, int B, int T, int H, int KVH,
-                     int hd, float theta) {
-  rope_apply(qkv16, qkv, B, T, H, KVH, hd, theta, 1.f, dt);
+                     int hd, const RopeSpec& spec) {
+  rope_apply(qkv16, qkv, B, T, H, KVH, hd, spec, 1.f, dt);
 }
 
 void rope_forward_lp(DType dt, uint16_t* qkv16, const uint16_t* src, int B, int T, int H, int KVH,
-                     int hd, float theta) {
-  rope_apply(qkv16, src, B, T, H, KVH, hd, theta, 1.f, dt);
+                     int hd, const RopeSpec& spec) {
+  rope_apply(qkv16, src, B, T, H, KVH, hd, spec, 1.f, dt);
 }
 
 void rope_backward_lp(DType dt, uint16_t* dqkv16, const float* dqkv, int B, int T, int H, int KVH,
-                      int hd, float theta) {
-  rope_apply(dqkv16, dqkv, B, T, H, KVH, hd, theta, -1.f, dt);
+                      int hd, const RopeSpec& spec) {
+  rope_apply(dqkv16, dqkv, B, T, H, KVH, hd, spec, -1.f, dt);
 }
 
 void rope_backward_lp(DType dt, uint16_t* dqkv16, const uint16_t* src, int B, int T, int H,
-                      int KVH, int hd, float theta) {
-  rope_apply(dqkv16, src, B, T, H, KVH, hd, theta, -1.f, dt);
+                      int KVH, int hd, const RopeSpec& spec) {
+  rope_apply(dqkv16, src, B, T, H, KVH, hd, spec, -1.f, dt);
 }
 
 }  // namespace sw::cpu

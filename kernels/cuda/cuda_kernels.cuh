@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/ops.h"  // RopeSpec
+
 namespace sw::cuda {
 
 // ---- elementwise.cu
@@ -48,7 +50,7 @@ void swiglu_backward_lp_set(cudaStream_t s, int dt, uint16_t* dgu16, const float
 void residual_forward(cudaStream_t s, float* out, const float* a, const float* b, size_t n);
 // RoPE: the (cos, sin) table of (T, hd / 2) angle pairs (2 T hd/2 floats, 16-byte aligned for
 // the two-pair kernel), then the rotation of q and k by it (sign -1: the inverse rotation).
-void rope_table(cudaStream_t s, float* tab, int T, int hd, float theta);
+void rope_table(cudaStream_t s, float* tab, int T, int hd, const RopeSpec& rope);
 void rope_apply(cudaStream_t s, float* qkv, const float* tab, int B, int T, int H, int KVH,
                 int hd, float sign);
 // Narrowed: dst16 = narrow(dt, rope_apply of a copy of src), the v heads narrowed as they are;

@@ -217,11 +217,11 @@ class CudaDevice {
   uint16_t* wsh(Slot slot, size_t n) const {
     return reinterpret_cast<uint16_t*>(wsf(slot, (n + 1) / 2));
   }
-  // RoPE's angle table for (T, hd, theta) in the Rope slot, built on the stream when the key or
+  // RoPE's angle table for (T, hd, RopeSpec) in the Rope slot, built on the stream when the key or
   // the slot's buffer changed (one model: built once).
-  const float* rope_table(cudaStream_t s, int T, int hd, float theta) const {
+  const float* rope_table(cudaStream_t s, int T, int hd, const RopeSpec& theta) const {
     float* tab = wsf(Slot::Rope, static_cast<size_t>(T) * hd);
-    if (tab != rope_.tab || T != rope_.T || hd != rope_.hd || theta != rope_.theta) {
+    if (tab != rope_.tab || T != rope_.T || hd != rope_.hd || !theta.same(rope_.theta)) {
       cuda::rope_table(s, tab, T, hd, theta);
       rope_ = RopeKey{tab, T, hd, theta};
     }
@@ -240,7 +240,7 @@ class CudaDevice {
   struct RopeKey {
     const float* tab = nullptr;
     int T = 0, hd = 0;
-    float theta = 0;
+    RopeSpec theta{0.f};
   };
   mutable RopeKey rope_;
 };
@@ -735,21 +735,21 @@ class CudaOps final : public Ops {
     cuda::residual_forward(begin(), out, a, b, n);
   }
 
-  // RoPE: the angle table of (T, hd, theta), built once (CudaDevice::rope_table); fp32 in
+  // RoPE: the angle table of (T, hd, RopeSpec), built once (CudaDevice::rope_table); fp32 in
   // place, or into 16 bits from either form (the same table, the same arithmetic: v heads
   // narrowed as they are; a 16-bit input may be the output itself, rotated in place).
   void rope_forward(Out out, Operand qkv, int B, int T, int H, int KVH, int hd,
-                    float theta) const override {
+                    const RopeSpec& theta) const override {
     SW_OP_TIME();
     rope("rope_forward", out, qkv, B, T, H, KVH, hd, theta, 1.f);
   }
   void rope_backward(Out out, Operand dqkv, int B, int T, int H, int KVH, int hd,
-                     float theta) const override {
+                     const RopeSpec& theta) const override {
     SW_OP_TIME();
     rope("rope_backward", out, dqkv, B, T, H, KVH, hd, theta, -1.f);
   }
   void rope(const char* op, Out out, Operand in, int B, int T, int H, int KVH, int hd,
-            float theta, float sign) const {
+            const RopeSpec& theta, float sign) const {
     if (!out.lp) {
       if (in.lp || in.f32 != out.f32) refuse(op, "an fp32 out other than the fp32 input itself");
       SW_CHECK(hd % 2 == 0, "rope: head dim must be even");

@@ -241,19 +241,18 @@ __global__ void residual_k(float* out, const float* a, const float* b, size_t n)
 // ---- RoPE -------------------------------------------------------------------------------------
 
 // The angles' table, (T, hd / 2) pairs (cos, sin), as the CPU's table computes them: inv_freq =
-// 1 / theta^(float(2i)/hd) (pow in double, rounded to float), angle = float(t) * inv_freq in
-// float, cos/sin in double rounded once. Built once per (T, hd, theta) (CudaOps keeps it in a
+// rope_inv_freq (kernels/ops.h, the CPU's function: theta and the llama3 scaling), angle = float(t) * inv_freq in
+// float, cos/sin in double rounded once. Built once per (T, hd, RopeSpec) (CudaOps keeps it in a
 // scratch slot): computing it per element made RoPE cost 7 ms per direction and step on the
 // 1.3B Llama (the first H200 run's op times), several times the bytes it moves.
-__global__ void rope_table_k(float2* tab, int T, int hd, float theta) {
+__global__ void rope_table_k(float2* tab, int T, int hd, RopeSpec rope) {
   const int half = hd / 2;
   const size_t total = static_cast<size_t>(T) * half;
   for (size_t idx = blockIdx.x * size_t(blockDim.x) + threadIdx.x; idx < total;
        idx += size_t(gridDim.x) * blockDim.x) {
     const int i = static_cast<int>(idx % half);
     const int t = static_cast<int>(idx / half);
-    const float expo = static_cast<float>(2 * i) / static_cast<float>(hd);
-    const float inv_freq = 1.f / static_cast<float>(pow(static_cast<double>(theta), double(expo)));
+    const float inv_freq = rope_inv_freq(rope, i, hd);
     const float angle = static_cast<float>(t) * inv_freq;
     tab[idx] = make_float2(static_cast<float>(cos(double(angle))),
                            static_cast<float>(sin(double(angle))));
@@ -962,11 +961,11 @@ void residual_forward(cudaStream_t s, float* out, const float* a, const float* b
   SW_CUDA_LAUNCHED();
 }
 
-void rope_table(cudaStream_t s, float* tab, int T, int hd, float theta) {
+void rope_table(cudaStream_t s, float* tab, int T, int hd, const RopeSpec& rope) {
   const size_t total = static_cast<size_t>(T) * (hd / 2);
   if (total == 0) return;
   rope_table_k<<<grid_for(total, kThreads), kThreads, 0, s>>>(reinterpret_cast<float2*>(tab), T,
-                                                              hd, theta);
+                                                              hd, rope);
   SW_CUDA_LAUNCHED();
 }
 

@@ -85,6 +85,7 @@ TEST_CASE("checkpoint export: PyTorch Llama reproduces Shardwise's loss", "[chec
   sttest::TempDir dir("ckpt_reference_llama");
   ModelConfig c;
   c.type = "llama";
+  c.tie_embeddings = false;
   c.vocab_size = 100;
   c.n_layer = 2;
   c.n_head = 4;

@@ -318,6 +318,7 @@ TEST_CASE("config: bad overrides are named") {
 TEST_CASE("config: config_json round-trips programmatic and llama configs") {
   TrainConfig c;
   c.model.type = "llama";
+  c.model.tie_embeddings = false;
   c.model.n_kv_head = 2;
   c.optimizer.lr = 1.7e-4f;
   c.scheduler.type = "Constant";

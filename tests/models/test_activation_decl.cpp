@@ -48,6 +48,7 @@ ModelConfig gpt2_cfg() {
 ModelConfig llama_cfg() {
   ModelConfig c;
   c.type = "llama";
+  c.tie_embeddings = false;
   c.vocab_size = 40;
   c.n_layer = 4;
   c.n_head = 4;

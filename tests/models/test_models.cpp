@@ -37,6 +37,7 @@ ModelConfig tiny_gpt2() {
 ModelConfig tiny_llama() {
   ModelConfig c;
   c.type = "llama";
+  c.tie_embeddings = false;
   c.vocab_size = 40;
   c.n_layer = 2;
   c.n_head = 4;
@@ -183,6 +184,7 @@ TEST_CASE("Parameter counts of real configurations", "[models][config]") {
 
   ModelConfig l;  // TinyLlama 1.1B: 1,100,048,384
   l.type = "llama";
+  l.tie_embeddings = false;
   l.vocab_size = 32000;
   l.n_layer = 22;
   l.n_head = 32;
@@ -523,7 +525,7 @@ class HideCompute final : public swtest::ForwardingOps {
   }
   // The Llama's qkv product is kept 16-bit too (its rotation reads it rounded).
   void rope_forward(Out out, Operand qkv, int B, int T, int H, int KVH, int hd,
-                    float theta) const override {
+                    const RopeSpec& theta) const override {
     base_.round_to(base_.compute(), out.f32, size_t(B) * T * (H + 2 * KVH) * hd);
     base_.rope_forward(out, qkv, B, T, H, KVH, hd, theta);
   }

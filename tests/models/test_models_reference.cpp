@@ -197,6 +197,7 @@ TEST_CASE("GPT-2 (untied head) matches the PyTorch reference", "[models][referen
 TEST_CASE("Llama (GQA) matches the PyTorch reference", "[models][reference]") {
   ModelConfig c;
   c.type = "llama";
+  c.tie_embeddings = false;
   c.vocab_size = 50;
   c.n_layer = 2;
   c.n_head = 4;
@@ -213,6 +214,7 @@ TEST_CASE("Llama (MQA, non-contiguous packing) matches the PyTorch reference",
           "[models][reference]") {
   ModelConfig c;
   c.type = "llama";
+  c.tie_embeddings = false;
   c.vocab_size = 30;
   c.n_layer = 1;
   c.n_head = 2;

@@ -663,7 +663,7 @@ TEST_CASE("plan: the CUDA scratch follows SHARDWISE_CUDA_ATTENTION", "[planner]"
   // 256 MiB score chunks, cuDNN's 16-bit copies and workspace, the flash kernels' row sums.
   ModelConfig mc;
   mc.type = "llama", mc.vocab_size = 32000, mc.n_layer = 24, mc.n_head = 16, mc.n_kv_head = 16;
-  mc.d_model = 2048, mc.d_ff = 5632, mc.seq_len = 2048;
+  mc.d_model = 2048, mc.d_ff = 5632, mc.seq_len = 2048, mc.tie_embeddings = false;
   auto with = [&](const char* path) {
     if (path)
       setenv("SHARDWISE_CUDA_ATTENTION", path, 1);
