@@ -14,7 +14,8 @@
 //   unless fp16 skipped overflowing steps, see below); validation on eval steps over
 //   eval_batches * W batches of B rows, split over the ranks (the windows one rank with
 //   micro-batch W*B would evaluate).
-// Rank 0 alone writes run_dir (config.json, metrics.jsonl, the exported weights) and prints.
+// Rank 0 alone writes run_dir (config.json, metrics.jsonl) and prints; the end-of-run export
+// (run_dir/hf/, a Hugging Face directory) has each rank write the weights files it owns.
 //
 // Mixed precision: the sharding policy's mixed_precision (from bf16/fp16) makes ShardedModel
 // gather and compute in bf16/fp16 and reduce gradients in reduce_dtype; masters and AdamW stay
@@ -61,6 +62,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/export.h"
+#include "checkpoint/hf_export.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "core/alloc.h"
 #include "core/bytes.h"
@@ -279,9 +281,8 @@ class Trainer {
 
   void setup_data() {
     const int V = cfg_.model.vocab_size;
-    train_data_ = std::make_unique<TokenFile>(cfg_.train_data, V, int64_t{T_} + 1);
-    if (!cfg_.val_data.empty())
-      val_data_ = std::make_unique<TokenFile>(cfg_.val_data, V, int64_t{T_} + 1);
+    train_data_ = std::make_unique<Corpus>(cfg_.train_data, V, T_);
+    if (!cfg_.val_data.empty()) val_data_ = std::make_unique<Corpus>(cfg_.val_data, V, T_);
   }
 
   void setup_model() {
@@ -441,8 +442,8 @@ class Trainer {
     const double loss_scale = cfg_.fp16 ? scaler_.scale : 1.0;
     for (int k = 0; k < accum_; ++k) {
       const auto tk = Clock::now();
-      train_batch(*train_data_, cfg_.seed, s, (int64_t{k} * W_ + rank_) * B_, B_, T_,
-                  inputs_.data(), targets_.data());
+      train_batch(*train_data_, cfg_.seed, s, int64_t{accum_} * W_ * B_,
+                  (int64_t{k} * W_ + rank_) * B_, B_, T_, inputs_.data(), targets_.data());
       // The loss stays on the device: read with the gradient norm, the step's one
       // synchronisation with a GPU.
       sm_->micro_step(batch_, static_cast<float>(loss_scale / static_cast<double>(accum_)),
@@ -753,10 +754,17 @@ class Trainer {
 
   void export_weights() {
     if (!opts_.export_weights) return;
-    summary_.weights_path = (run_dir_ / "model.safetensors").string();
-    sm_->gather_full_params(/*rank0_only=*/true);  // collective; then rank 0 writes alone
-    if (lead_) export_hf_safetensors(*sm_, summary_.weights_path);
-    sm_->release_full_params();
+    // A Hugging Face directory (run_dir/config.json is the run's own), streamed: every rank
+    // gathers one unit at a time and writes the weights files it owns (hf_export.h).
+    const fs::path hf = run_dir_ / "hf";
+    HfExportOptions o;
+    o.max_shard_bytes = ck_.export_shard_bytes;
+    o.tokenizer = cfg_.tokenizer;
+    export_hf_dir(*sm_, hf.string(), o);  // collective
+    // The weights' file where they fit in one (import_safetensors reads a single file).
+    summary_.weights_path = fs::exists(hf / "model.safetensors")
+                                ? (hf / "model.safetensors").string()
+                                : hf.string();
   }
 
   // ---- State -------------------------------------------------------------------------------
@@ -773,7 +781,7 @@ class Trainer {
   const int B_, T_, accum_;
   const double tokens_per_step_;
 
-  std::unique_ptr<TokenFile> train_data_, val_data_;
+  std::unique_ptr<Corpus> train_data_, val_data_;
   Model model_;
   std::unique_ptr<ShardedModel> sm_;
   LossScaler scaler_;  // used with fp16 only
