@@ -3,6 +3,7 @@
 #include "checkpoint/hf_export.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -141,6 +142,16 @@ void write_tokenizer(const std::string& dir, const std::string& tokenizer, int m
   if (!special.empty()) write_file_synced(dir + "/special_tokens_map.json", special.dump(2) + "\n");
 }
 
+// A float as the shortest decimal that reads back as it (1e-05, not 9.99999974e-06).
+double fnum(float f) {
+  char b[32];
+  for (int prec = 6; prec <= 9; ++prec) {
+    std::snprintf(b, sizeof b, "%.*g", prec, static_cast<double>(f));
+    if (std::strtof(b, nullptr) == f) break;
+  }
+  return std::strtod(b, nullptr);
+}
+
 bool any_rank(Group& g, bool v) {
   float f = v ? 1.f : 0.f, out = 0;
   g.all_reduce(&f, &out, 1, ReduceOp::Max);
@@ -163,7 +174,7 @@ ojson hf_config_json(const ModelConfig& c, const std::string& where) {
     j["n_head"] = c.n_head;
     j["n_inner"] = c.d_ff > 0 ? c.d_ff : 4 * c.d_model;
     j["activation_function"] = "gelu_new";  // the tanh approximation (kernels' gelu)
-    j["layer_norm_epsilon"] = c.norm_eps;
+    j["layer_norm_epsilon"] = fnum(c.norm_eps);
     j["resid_pdrop"] = 0.0;
     j["embd_pdrop"] = 0.0;
     j["attn_pdrop"] = 0.0;
@@ -184,13 +195,13 @@ ojson hf_config_json(const ModelConfig& c, const std::string& where) {
     j["head_dim"] = c.d_model / c.n_head;
     j["max_position_embeddings"] = c.seq_len;
     j["hidden_act"] = "silu";
-    j["rms_norm_eps"] = c.norm_eps;
-    j["rope_theta"] = c.rope_theta;
+    j["rms_norm_eps"] = fnum(c.norm_eps);
+    j["rope_theta"] = fnum(c.rope_theta);
     if (c.rope_scaling == "llama3")
       j["rope_scaling"] = {{"rope_type", "llama3"},
-                           {"factor", c.rope_factor},
-                           {"low_freq_factor", c.rope_low_freq_factor},
-                           {"high_freq_factor", c.rope_high_freq_factor},
+                           {"factor", fnum(c.rope_factor)},
+                           {"low_freq_factor", fnum(c.rope_low_freq_factor)},
+                           {"high_freq_factor", fnum(c.rope_high_freq_factor)},
                            {"original_max_position_embeddings", c.rope_original_max_pos}};
     else if (c.rope_scaling == "none")
       j["rope_scaling"] = nullptr;

@@ -29,6 +29,7 @@
 #include "checkpoint/ckpt_metadata.h"
 #include "checkpoint/crc32c.h"
 #include "checkpoint/file_io.h"
+#include "checkpoint/hf_export.h"
 #include "checkpoint/hf_layout.h"
 #include "checkpoint/safetensors.h"
 #include "core/alloc.h"
@@ -1013,51 +1014,124 @@ std::string inspect_checkpoint(const std::string& step_dir) {
   return o.str();
 }
 
-void export_checkpoint(const std::string& step_dir, const std::string& out_path) {
+namespace {
+
+// The tokenizer a directory export copies: the option, else the data.tokenizer of the config
+// the checkpoint's run saved ("" when it names none).
+std::string export_tokenizer(const Meta& m, const std::string& step_dir,
+                             const std::string& option) {
+  if (!option.empty()) return option;
+  if (m.state.config_json.empty()) return "";
+  nlohmann::json c = nlohmann::json::parse(m.state.config_json, nullptr, false);
+  if (!c.is_object() || !c.contains("data") || !c["data"].is_object()) return "";
+  const nlohmann::json& t = c["data"].value("tokenizer", nlohmann::json(""));
+  if (!t.is_string()) return "";
+  const std::string tok = t.get<std::string>();
+  std::error_code ec;
+  if (!tok.empty() && tok != "bytes" && !fs::exists(tok, ec))
+    fail("export", step_dir + "/metadata.json: train_state.config_json: data.tokenizer: '" + tok +
+                       "' no longer exists (give the tokenizer with --tokenizer, or "
+                       "--tokenizer bytes for none)");
+  return tok;
+}
+
+}  // namespace
+
+void export_checkpoint(const std::string& step_dir, const std::string& out_path,
+                       const HfExportOptions& o) {
   const Meta m = read_meta(step_dir);
   check_coverage(m);
+  const bool single = out_path.size() >= 12 &&
+                      out_path.compare(out_path.size() - 12, 12, ".safetensors") == 0;
+  if (!single && o.max_shard_bytes <= 0)
+    fail("export", "--max-shard-bytes must be positive (got " + std::to_string(o.max_shard_bytes) +
+                       ")");
   // Pass 1: the table of contents (the order of export_hf_safetensors: units, then specs).
   std::vector<StTensorDesc> descs;
   std::set<std::string> seen;
   for (const UnitMeta& u : m.units)
     for (const ParamMeta& p : u.params) {
-      if (!seen.insert(p.hf_name).second)
-        fail("export", out_path + ": two parameters export to the same name '" + p.hf_name + "'");
-      descs.push_back({p.hf_name, StDType::F32,
-                       p.hf_transpose ? Shape{p.shape[1], p.shape[0]} : p.shape});
+      const std::string n = single ? p.hf_name : hf_dir_tensor_name(m.config, p.hf_name);
+      if (!seen.insert(n).second)
+        fail("export", out_path + ": two parameters export to the same name '" + n + "'");
+      descs.push_back({n, StDType::F32, p.hf_transpose ? Shape{p.shape[1], p.shape[0]} : p.shape});
     }
+  // One file (today's single safetensors), or a directory: its files written in turn by one
+  // writer into DIR.tmp, renamed at the end.
+  const std::string tmp = out_path + ".tmp";
+  std::unique_ptr<SafeTensorsWriter> file;
+  HfShardPlan plan;
+  std::unique_ptr<HfShardWriter> dir;
+  std::string tokenizer;
+  if (single) {
+    file = std::make_unique<SafeTensorsWriter>(out_path, std::move(descs),
+                                               hf_export_metadata(m.config));
+  } else {
+    tokenizer = export_tokenizer(m, step_dir, o.tokenizer);
+    hf_config_json(m.config, out_path + "/config.json");  // refuse what HF cannot hold first
+    plan = plan_hf_shards(std::move(descs), o.max_shard_bytes);
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    fs::create_directories(tmp, ec);
+    if (ec) fail("export", tmp + ": cannot create (" + ec.message() + ")");
+    dir = std::make_unique<HfShardWriter>(tmp, plan, 0, 1, hf_export_metadata(m.config));
+  }
   // Master tensors by unit; readers opened on first use.
   std::vector<std::vector<std::pair<size_t, const FileTensor*>>> masters(m.units.size());
   for (size_t f = 0; f < m.files.size(); ++f)
     for (const FileTensor& t : m.files[f].tensors)
       if (t.kind == 0) masters[static_cast<size_t>(t.unit)].push_back({f, &t});
   std::map<size_t, SafeTensorsReader> readers;
-  SafeTensorsWriter w(out_path, std::move(descs), hf_export_metadata(m.config));
-  std::vector<float> val, tmp;
+  std::vector<float> val, tmpv;
   std::vector<unsigned char> buf;
-  for (size_t u = 0; u < m.units.size(); ++u)
-    for (const ParamMeta& p : m.units[u].params) {
-      val.assign(static_cast<size_t>(p.numel), 0.f);
-      const int64_t a = p.offset, b = p.offset + p.numel;
-      for (auto [f, t] : masters[u]) {
-        const int64_t lo = std::max(a, t->lo), hi = std::min(b, t->hi);
-        if (lo >= hi) continue;
-        auto it = readers.find(f);
-        if (it == readers.end()) it = readers.emplace(f, open_shard(m, m.files[f])).first;
-        read_range(it->second, *t, m.block_bytes, lo, hi, buf,
-                   [&](int64_t l, int64_t h, const float* d) {
-                     std::memcpy(val.data() + (l - a), d, static_cast<size_t>(h - l) * 4);
-                   });
+  size_t i = 0;
+  try {
+    for (size_t u = 0; u < m.units.size(); ++u)
+      for (const ParamMeta& p : m.units[u].params) {
+        val.assign(static_cast<size_t>(p.numel), 0.f);
+        const int64_t a = p.offset, b = p.offset + p.numel;
+        for (auto [f, t] : masters[u]) {
+          const int64_t lo = std::max(a, t->lo), hi = std::min(b, t->hi);
+          if (lo >= hi) continue;
+          auto it = readers.find(f);
+          if (it == readers.end()) it = readers.emplace(f, open_shard(m, m.files[f])).first;
+          read_range(it->second, *t, m.block_bytes, lo, hi, buf,
+                     [&](int64_t l, int64_t h, const float* d) {
+                       std::memcpy(val.data() + (l - a), d, static_cast<size_t>(h - l) * 4);
+                     });
+        }
+        const float* data = val.data();
+        if (p.hf_transpose) {
+          tmpv.resize(val.size());
+          transpose_f32(tmpv.data(), val.data(), p.shape[0], p.shape[1]);
+          data = tmpv.data();
+        }
+        if (file)
+          file->write_tensor(p.hf_name, data);
+        else
+          dir->put(i, data);
+        ++i;
       }
-      if (p.hf_transpose) {
-        tmp.resize(val.size());
-        transpose_f32(tmp.data(), val.data(), p.shape[0], p.shape[1]);
-        w.write_tensor(p.hf_name, tmp.data());
-      } else {
-        w.write_tensor(p.hf_name, val.data());
-      }
+    if (file) {
+      file->finish();
+      return;
     }
-  w.finish();
+    dir->finish();
+    write_hf_dir_extras(tmp, m.config, plan, tokenizer);
+    fsync_dir(tmp);
+    std::error_code ec;
+    fs::remove_all(out_path, ec);
+    fs::rename(tmp, out_path, ec);
+    if (ec) fail("export", "cannot rename " + tmp + " to " + out_path + " (" + ec.message() + ")");
+    fsync_dir(parent_dir(out_path));
+  } catch (...) {
+    if (dir) {
+      dir.reset();
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+    }
+    throw;
+  }
 }
 
 std::string resolve_checkpoint_dir(const std::string& path) {

@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/hf_export.h"
+
 namespace sw {
 
 class Group;
@@ -117,9 +119,13 @@ TrainState load_checkpoint(ShardedModel& sm, const std::string& step_dir,
 // Tools (one process, no model needed).
 void verify_checkpoint(const std::string& step_dir);           // every checksum; throws naming file+tensor
 std::string inspect_checkpoint(const std::string& step_dir);   // human-readable table
-// Consolidated weights with Hugging Face names and layouts (as export_hf_safetensors writes),
-// streamed tensor by tensor so memory stays within about twice the largest tensor.
-void export_checkpoint(const std::string& step_dir, const std::string& out_path);
+// Consolidated weights with Hugging Face names and layouts, streamed tensor by tensor so memory
+// stays within about twice the largest tensor. out_path ending in .safetensors: one file, the
+// bytes export_hf_safetensors writes. Otherwise a Hugging Face model directory
+// (checkpoint/hf_export.h: config.json, files of at most o.max_shard_bytes with an index, the
+// tokenizer: o.tokenizer, else the data.tokenizer of the run that saved), replacing out_path.
+void export_checkpoint(const std::string& step_dir, const std::string& out_path,
+                       const HfExportOptions& o = {});
 
 // Parses and validates the text of a step directory's metadata.json (`path` names it in
 // messages) as load, verify, inspect and export do before opening a shard file: the checksum,

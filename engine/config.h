@@ -65,6 +65,9 @@ struct CheckpointConfig {
   // write) to start from instead of the random init; optimizer state starts fresh, step 0.
   // Not together with resume. `shardwise train --init-from FILE` sets it.
   std::string init_from;
+  // checkpoint.export_shard_bytes: the largest weights file of the end-of-run Hugging Face
+  // export (<run_dir>/hf/, checkpoint/hf_export.h); transformers' max_shard_size, 5 GB.
+  int64_t export_shard_bytes = 5'000'000'000;
 };
 
 // profile block: record steps with the profiler (engine/profiler.h; `shardwise profile` sets it).

@@ -238,7 +238,9 @@ Node model_block() {
                  "`llama` (RMSNorm, RoPE, SwiGLU, grouped-query attention; Llama 2 / 3, "
                  "Mistral, Qwen2)"),
           M, &ModelConfig::type),
-       to(integer("vocab_size", 256, 1, 65536, "tokens (uint16 in the data files)"), M,
+       to(integer("vocab_size", 256, 1, IMAX,
+                  "tokens (ids in the data files: uint16 up to 65,536, int32 above)"),
+          M,
           &ModelConfig::vocab_size),
        to(integer("n_layer", 4, 1, IMAX, "transformer blocks"), M, &ModelConfig::n_layer),
        to(integer("n_head", 4, 1, IMAX, "attention heads (must divide `d_model`)"), M,
@@ -300,9 +302,12 @@ Node model_block() {
 Node data_block() {
   return obj("data",
              {to(string("train", "", {},
-                        "the training token file (llm.c `.bin`); required by `train`"),
+                        "the training token files (llm.c `.bin`): a file, a directory (its "
+                        "`*.bin`, sorted) or a glob; a mask file `X.mask` beside `X.bin` "
+                        "excludes targets from the loss; required by `train`"),
                  &TrainConfig::train_data),
-              to(string("val", "", {}, "the validation token file (\"\" = none)"),
+              to(string("val", "", {},
+                        "the validation token files, as `train` (\"\" = none)"),
                  &TrainConfig::val_data),
               to(string("tokenizer", "", {},
                         "the tokenizer the data was prepared with: a Hugging Face "

@@ -1,6 +1,6 @@
 // The training loop: data, micro-batches with gradient accumulation, clipping, AdamW with the
 // LR schedule, periodic validation, metrics.jsonl, a live progress line, and the final
-// weights exported to <run_dir>/model.safetensors with Hugging Face names.
+// weights exported to <run_dir>/hf/ as a Hugging Face model directory (checkpoint/hf_export.h).
 //
 // With the config's profile block enabled, the steps it names are recorded (ProfileHook below)
 // and each rank writes its trace, memory chart and peaks into profile.out (engine/profiler.h).
@@ -59,7 +59,9 @@ struct TrainSummary {
   double unigram_entropy = 0; // byte-unigram entropy of the training data, nats (for reference)
   int skipped_steps = 0;      // fp16: optimizer steps skipped because gradients overflowed
   double loss_scale = 0;      // fp16: the loss scale at the end (0 otherwise)
-  std::string weights_path;   // "" when not exported
+  // <run_dir>/hf/model.safetensors, or <run_dir>/hf when the weights took several files; ""
+  // when not exported.
+  std::string weights_path;
   // Checkpoints (checkpoint block).
   int start_step = 0;          // > 0 when resumed
   std::string resumed_from;    // the step directory resumed from ("" = none)

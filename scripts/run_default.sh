@@ -37,10 +37,10 @@ fi
 echo
 echo "profile of step 100: $run_dir/profile/ (trace_rank<r>.json: open in https://ui.perfetto.dev"
 echo "  or chrome://tracing; memory_rank<r>.svg: the memory timeline; peaks_rank<r>.json)"
-echo "metrics: $run_dir/metrics.jsonl; weights: $run_dir/model.safetensors"
+echo "metrics: $run_dir/metrics.jsonl; weights: $run_dir/hf/ (a Hugging Face model directory)"
 echo "on one rank instead: $sw train $cfg --set threads=$cores   (RANKS=1 $0 does that here)"
 echo
 echo "---- sample (greedy would repeat itself; temperature 0.8, top-k 40) ----"
-"$sw" sample --config "$cfg" --weights "$run_dir/model.safetensors" \
+"$sw" sample --config "$cfg" --weights "$run_dir/hf/model.safetensors" \
   --prompt "Q: " --tokens 300 --temperature 0.8 --top-k 40 --seed 1
 echo

@@ -3,6 +3,8 @@
 // checkpoint directory whose `latest` file names one.
 #include "tools/ckpt_cmd.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <iostream>
 #include <memory>
 
@@ -18,12 +20,16 @@ const char* kDirHelp =
     "whose `latest` file names one";
 
 struct CkptArgs {
-  std::string dir, out;
+  std::string dir, out, tokenizer;
+  uint64_t max_shard_bytes = static_cast<uint64_t>(kHfDefaultShardBytes);
 };
 
 int cmd_export(const CkptArgs& a) {
   const std::string step = resolve_checkpoint_dir(a.dir);
-  export_checkpoint(step, a.out);
+  HfExportOptions o;
+  o.max_shard_bytes = static_cast<int64_t>(std::min<uint64_t>(a.max_shard_bytes, INT64_MAX));
+  o.tokenizer = a.tokenizer;
+  export_checkpoint(step, a.out, o);
   std::cout << "exported " << step << " -> " << a.out << "\n";
   return 0;
 }
@@ -52,13 +58,24 @@ void add_ckpt_command(cli::Command& top) {
   auto a = std::make_shared<CkptArgs>();  // one of the subcommands is given
   cli::Command ex = ckpt.sub(
       "export",
-      "write the consolidated fp32 weights with Hugging Face names\n"
+      "write the fp32 weights as a Hugging Face model directory (or one file)\n"
       "\n"
+      "--out DIR: a directory transformers' AutoModelForCausalLM.from_pretrained and\n"
+      "AutoTokenizer.from_pretrained load: config.json, model.safetensors (or files of at most\n"
+      "--max-shard-bytes with model.safetensors.index.json), the run's tokenizer files. DIR is\n"
+      "replaced. --out FILE.safetensors: one file with the same names.\n"
       "Names and layouts as Hugging Face's (GPT-2: h.0.attn.c_attn.weight ... as (in, out);\n"
       "Llama: model.layers.0...), fp32, written one tensor at a time (memory about twice the\n"
-      "largest tensor); the file loads with `train --init-from` and `sample --weights`.");
+      "largest tensor); the weights load with `train --init-from` and `sample --weights`.");
   ex.positional("DIR", a->dir, kDirHelp);
-  ex.text("--out", a->out, "MODEL.safetensors", "the output file").required();
+  ex.text("--out", a->out, "OUT", "the output directory, or a file ending in .safetensors")
+      .required();
+  ex.unsigned_integer("--max-shard-bytes", a->max_shard_bytes, "BYTES",
+                      "the largest weights file of a directory (default 5000000000, "
+                      "transformers' 5GB)");
+  ex.text("--tokenizer", a->tokenizer, "FILE",
+          "the tokenizer to copy (tokenizer.json, a .model or a directory; `bytes`: none); "
+          "default: the data.tokenizer of the run that saved");
   ex.on_run([a] { return cmd_export(*a); });
 
   cli::Command in = ckpt.sub(

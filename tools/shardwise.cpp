@@ -124,14 +124,15 @@ void add_train(cli::Command& top) {
       "\n"
       "Trains the model described by CONFIG.json (DeepSpeed-style keys; see configs/). Writes\n"
       "<run_dir>/metrics.jsonl (one JSON object per step, validation lines too), the resolved\n"
-      "config, and <run_dir>/model.safetensors (Hugging Face tensor names) at the end, then\n"
+      "config, and <run_dir>/hf/ (a Hugging Face model directory: config.json, weights,\n"
+      "tokenizer; transformers' from_pretrained loads it) at the end, then\n"
       "prints a summary: steps, final training and validation loss, the training data's\n"
       "byte-unigram entropy (the loss of a model that ignores context), tokens/s, weights path.\n"
       "Under `mpirun -np N shardwise train CONFIG.json` every rank runs it; rank 0 prints.");
   c.config(a->config);
   c.overrides(a->overrides);
   c.flag("--quiet", a->quiet, "no live progress line on stderr");
-  c.flag("--no-export", a->no_export, "do not write model.safetensors");
+  c.flag("--no-export", a->no_export, "do not write the Hugging Face export <run_dir>/hf/");
   c.text("--resume", a->resume, "DIR|auto",
                 "continue a run from a checkpoint: a step directory (<dir>/step_N)\n"
                 "or a checkpoint directory (its 'latest' file names the step);\n"
@@ -393,7 +394,7 @@ void add_data(cli::Command& top) {
 // ---- sample --------------------------------------------------------------------------------
 
 struct SampleArgs {
-  std::string config, weights;  // weights "" = <run_dir>/model.safetensors
+  std::string config, weights;  // weights "" = <run_dir>/hf/model.safetensors
   std::vector<std::string> overrides;
   sw::SampleOptions so;
   double temperature = 1.0;
@@ -404,7 +405,7 @@ int cmd_sample(const SampleArgs& a) {
   so.temperature = static_cast<float>(a.temperature);
   const sw::TrainConfig cfg = sw::load_config(a.config, a.overrides);
   const std::string wpath =
-      a.weights.empty() ? (fs::path(cfg.run_dir) / "model.safetensors").string() : a.weights;
+      a.weights.empty() ? (fs::path(cfg.run_dir) / "hf" / "model.safetensors").string() : a.weights;
   std::error_code ec;
   if (!fs::is_regular_file(wpath, ec))
     sw::fail("sample", "weights file '" + wpath + "' not found" +
@@ -433,7 +434,7 @@ void add_sample(cli::Command& top) {
   c.text("--config", a->config, "CFG.json", "the training config (its model block is used)")
       .required();
   c.text("--weights", a->weights, "FILE",
-         "safetensors weights (default: <run_dir>/model.safetensors)");
+         "safetensors weights (default: <run_dir>/hf/model.safetensors)");
   c.any_text("--prompt", a->so.prompt, "TEXT",
              "text to continue (default: empty, starts from a newline)");
   c.integer("--tokens", a->so.tokens, 0, 1 << 24, "N", "tokens to generate (default 200)");
