@@ -19,6 +19,7 @@ import transformers.generation.utils as gen_utils
 # generate() asks whether the model is FSDP-managed, which imports torch.distributed.fsdp; on
 # Debian's torch 1.13 under Python 3.11 that import fails (a dataclass default). It is not.
 gen_utils.is_fsdp_managed_module = lambda module: False
+tf.utils.logging.disable_progress_bar()
 
 V, C, F, L, H, KVH, MAXT = 96, 64, 96, 2, 4, 2, 64
 B, T, NEW = 2, 8, 10
@@ -100,13 +101,12 @@ def main():
         if model.config.tie_word_embeddings:
             model.tie_weights()
         if opt.get("bf16"):
-            # The reference computes in fp32 on the bf16 values the file holds.
             model = model.to(torch.bfloat16)
-            model.save_pretrained(os.path.join(out, name), safe_serialization=True)
-            model = model.to(torch.float32)
-        else:
-            kw = {"max_shard_size": opt["max_shard_size"]} if "max_shard_size" in opt else {}
-            model.save_pretrained(os.path.join(out, name), safe_serialization=True, **kw)
+        kw = {"max_shard_size": opt["max_shard_size"]} if "max_shard_size" in opt else {}
+        model.save_pretrained(os.path.join(out, name), safe_serialization=True, **kw)
+        # The reference: transformers' model loaded from the directory, in fp32 (the bf16 file's
+        # values widened; its RoPE frequencies fp32, as a fresh load makes them).
+        model = cls.from_pretrained(os.path.join(out, name), torch_dtype=torch.float32).eval()
         with torch.no_grad():
             logits = model(ids).logits.float()
             gen = model.generate(ids[:1], max_new_tokens=NEW, do_sample=False,
