@@ -712,8 +712,10 @@ Node checkpoint_block() {
                                 "`latest` (what `--resume` sets)"),
                          C, &CheckpointConfig::resume)),
        to(string("init_from", "", {},
-                 "a safetensors file of weights to start from, optimizer state fresh "
-                 "(what `--init-from` sets; not with `resume`)"),
+                 "a safetensors file of weights to start from, or a Hugging Face model "
+                 "directory (its `config.json` is then the model block, keys given here "
+                 "override it), optimizer state fresh (what `--init-from` sets; not with "
+                 "`resume`)"),
           C, &CheckpointConfig::init_from),
        to(integer("export_shard_bytes", 5'000'000'000LL, 1, 1LL << 50,
                   "the largest weights file of the end-of-run Hugging Face export "

@@ -512,6 +512,23 @@ int64_t train_batch(const Corpus& c, uint64_t seed, int64_t step, int64_t global
   return kept;
 }
 
+int64_t train_counted(const Corpus& c, uint64_t seed, int64_t step, int64_t global_batch,
+                      int64_t first_row, int64_t rows) {
+  const int T = c.seq_len();
+  if (!c.has_mask()) return rows * T;
+  int64_t kept = 0;
+  for (int64_t b = 0; b < rows; ++b) {
+    const Corpus::Window w = c.window(c.train_window(seed, step * global_batch + first_row + b));
+    const uint8_t* m = c.file(static_cast<size_t>(w.file)).mask();
+    if (!m) {
+      kept += T;
+      continue;
+    }
+    for (int t = 1; t <= T; ++t) kept += m[w.start + t];
+  }
+  return kept;
+}
+
 int64_t eval_batch(const Corpus& c, int batch, int n_batches, int B, int T, int32_t* inputs,
                    int32_t* targets) {
   SW_CHECK(T == c.seq_len(), "eval_batch: T differs from the corpus's seq_len");

@@ -210,6 +210,11 @@ class Corpus {
 int64_t train_batch(const Corpus& c, uint64_t seed, int64_t step, int64_t global_batch,
                     int64_t first_row, int B, int T, int32_t* inputs, int32_t* targets);
 
+// The targets the loss counts in rows first_row .. first_row + rows - 1 of step `step` (as
+// train_batch draws them; rows * T without masks), read from the masks alone.
+int64_t train_counted(const Corpus& c, uint64_t seed, int64_t step, int64_t global_batch,
+                      int64_t first_row, int64_t rows);
+
 // Validation batch `batch` of `n_batches`: the n_batches * B windows' starts are spread
 // evenly over the corpus's possible starts (every start of a window inside one file; first
 // at 0, last at the end of the last file), the same for every run and seed. Masked targets

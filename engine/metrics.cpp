@@ -42,6 +42,7 @@ std::string metrics_json_line(const StepMetrics& m) {
   j["exposed_comm_s"] = num(m.exposed_comm_s);
   j["overflow"] = m.overflow;
   j["skipped_steps"] = m.skipped_steps;
+  if (m.epoch >= 0) j["epoch"] = m.epoch;
   if (std::isfinite(m.loss_scale)) j["loss_scale"] = m.loss_scale;
   if (m.has_val) j["val_loss"] = num(m.val_loss);
   if (m.ckpt_stall_s >= 0) j["ckpt_stall_s"] = num(m.ckpt_stall_s);

@@ -47,6 +47,7 @@ struct StepMetrics {
   double exposed_comm_s = 0;  // time blocked waiting for communication (this rank)
   bool overflow = false;    // fp16 overflow: the optimizer step was skipped
   int skipped_steps = 0;    // overflow-skipped steps so far, this one included
+  int64_t epoch = -1;       // the data epoch of the step's first row (-1: key omitted)
   double loss_scale = NAN;  // fp16: the loss scale used (NaN: not fp16, key omitted)
   double val_loss = NAN;  // NaN: no evaluation this step (key omitted)
   bool has_val = false;

@@ -440,14 +440,32 @@ class Trainer {
     const CommStats c0 = sm_->comm_stats();
     sm_->zero_grads();
     const double loss_scale = cfg_.fp16 ? scaler_.scale : 1.0;
+    // With loss masks, the step's loss is the mean over the counted targets of the whole global
+    // batch (as Megatron and torchtitan do): micro-step k of this rank, counting c_k of the
+    // step's total C, gets grad_scale = W c_k / C (ShardedModel divides by c_k, then averages
+    // over the W ranks). Every rank computes C from the masks (the data order is a pure
+    // function), with no communication. Without masks c_k = B T and the old, bitwise-equal
+    // 1 / accum is used.
+    const int64_t GB = int64_t{accum_} * W_ * B_;
+    const bool masked = train_data_->has_mask();
+    double counted_total = 0;
+    if (masked)
+      counted_total = static_cast<double>(train_counted(*train_data_, cfg_.seed, s, GB, 0, GB));
+    std::vector<int64_t> counted(static_cast<size_t>(accum_), int64_t{B_} * T_);
     for (int k = 0; k < accum_; ++k) {
       const auto tk = Clock::now();
-      train_batch(*train_data_, cfg_.seed, s, int64_t{accum_} * W_ * B_,
-                  (int64_t{k} * W_ + rank_) * B_, B_, T_, inputs_.data(), targets_.data());
+      counted[static_cast<size_t>(k)] =
+          train_batch(*train_data_, cfg_.seed, s, GB, (int64_t{k} * W_ + rank_) * B_, B_, T_,
+                      inputs_.data(), targets_.data());
+      const double micro_scale =
+          !masked ? loss_scale / static_cast<double>(accum_)
+          : counted_total > 0
+              ? loss_scale * W_ * static_cast<double>(counted[static_cast<size_t>(k)]) /
+                    counted_total
+              : 0.0;
       // The loss stays on the device: read with the gradient norm, the step's one
       // synchronisation with a GPU.
-      sm_->micro_step(batch_, static_cast<float>(loss_scale / static_cast<double>(accum_)),
-                      k + 1 == accum_);
+      sm_->micro_step(batch_, static_cast<float>(micro_scale), k + 1 == accum_);
       if (rec) {
         sm_->settle_recorder();  // on a GPU: the device's times (waits for the micro-step)
         recorder_->take_exec(*sm_, exec_rec_, s + 1, k, segment_begin(k));
@@ -463,9 +481,12 @@ class Trainer {
     const double norm_read_s = seconds_since(tn);
     for (size_t k = 0; k < losses.size(); ++k) {
       if (!std::isfinite(losses[k]) && bad_micro < 0) bad_micro = static_cast<int>(k);
-      loss += losses[k];
+      loss += masked ? losses[k] * static_cast<double>(counted[k]) : losses[k];
     }
-    loss = sum_over_ranks(world_, loss) / (static_cast<double>(accum_) * W_);
+    if (masked)
+      loss = counted_total > 0 ? sum_over_ranks(world_, loss) / counted_total : 0.0;
+    else
+      loss = sum_over_ranks(world_, loss) / (static_cast<double>(accum_) * W_);
     const float lr = lr_at(cfg_.optimizer, cfg_.scheduler, cfg_.train_steps, applied_);
     if (!std::isfinite(loss)) {
       StepMetrics m;
@@ -525,6 +546,7 @@ class Trainer {
     m.exposed_comm_s = c1.exposed_s - c0.exposed_s;
     m.overflow = overflow;
     m.skipped_steps = s + 1 - applied_;
+    m.epoch = train_data_->epoch_of(s * GB);
     set_cpu_usage(m, u0, u1);
     if (cfg_.fp16) m.loss_scale = loss_scale;
     if (rec) {
@@ -540,19 +562,28 @@ class Trainer {
     const int n = cfg_.eval_batches * W_;
     double sum = 0;
     int first_bad = -1;
+    // With masks: the mean over the counted targets of all n batches (as training's loss).
+    const bool masked = val_data_->has_mask();
+    std::vector<int64_t> counted;
     for (int i = rank_; i < n; i += W_) {
-      eval_batch(*val_data_, i, n, B_, T_, inputs_.data(), targets_.data());
+      counted.push_back(eval_batch(*val_data_, i, n, B_, T_, inputs_.data(), targets_.data()));
       sm_->eval_step(batch_);  // on a device: no read until eval_losses
     }
     const std::vector<double> losses = sm_->eval_losses();
+    double my_count = 0;
     for (size_t k = 0; k < losses.size(); ++k) {  // batch rank_ + k W_
       if (!std::isfinite(losses[k]) && first_bad < 0) first_bad = rank_ + int(k) * W_;
-      sum += losses[k];
+      sum += masked ? losses[k] * static_cast<double>(counted[k]) : losses[k];
+      my_count += static_cast<double>(counted[k]);
     }
     const double total = sum_over_ranks(world_, sum);
     if (!std::isfinite(total))
       non_finite("validation loss", total, step,
                  first_bad >= 0 ? " (eval batch " + std::to_string(first_bad) + ")" : "");
+    if (masked) {
+      const double all = sum_over_ranks(world_, my_count);
+      return all > 0 ? total / all : 0.0;
+    }
     return total / n;
   }
 
@@ -761,10 +792,7 @@ class Trainer {
     o.max_shard_bytes = ck_.export_shard_bytes;
     o.tokenizer = cfg_.tokenizer;
     export_hf_dir(*sm_, hf.string(), o);  // collective
-    // The weights' file where they fit in one (import_safetensors reads a single file).
-    summary_.weights_path = fs::exists(hf / "model.safetensors")
-                                ? (hf / "model.safetensors").string()
-                                : hf.string();
+    summary_.weights_path = hf.string();  // import_safetensors and sample read the directory
   }
 
   // ---- State -------------------------------------------------------------------------------
