@@ -59,9 +59,7 @@ struct TrainSummary {
   double unigram_entropy = 0; // byte-unigram entropy of the training data, nats (for reference)
   int skipped_steps = 0;      // fp16: optimizer steps skipped because gradients overflowed
   double loss_scale = 0;      // fp16: the loss scale at the end (0 otherwise)
-  // <run_dir>/hf/model.safetensors, or <run_dir>/hf when the weights took several files; ""
-  // when not exported.
-  std::string weights_path;
+  std::string weights_path;  // <run_dir>/hf; "" when not exported
   // Checkpoints (checkpoint block).
   int start_step = 0;          // > 0 when resumed
   std::string resumed_from;    // the step directory resumed from ("" = none)

@@ -41,6 +41,6 @@ echo "metrics: $run_dir/metrics.jsonl; weights: $run_dir/hf/ (a Hugging Face mod
 echo "on one rank instead: $sw train $cfg --set threads=$cores   (RANKS=1 $0 does that here)"
 echo
 echo "---- sample (greedy would repeat itself; temperature 0.8, top-k 40) ----"
-"$sw" sample --config "$cfg" --weights "$run_dir/hf/model.safetensors" \
+"$sw" sample --config "$cfg" --weights "$run_dir/hf" \
   --prompt "Q: " --tokens 300 --temperature 0.8 --top-k 40 --seed 1
 echo

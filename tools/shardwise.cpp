@@ -140,10 +140,12 @@ void add_train(cli::Command& top) {
                 "fresh. The run continues exactly as if never stopped (same\n"
                 "losses, same weights); metrics.jsonl is appended to (sets\n"
                 "checkpoint.resume; wins over --set checkpoint.resume)");
-  c.text("--init-from", a->init_from, "FILE",
+  c.text("--init-from", a->init_from, "FILE|DIR",
                 "start from the weights in a safetensors file (model.safetensors,\n"
-                "or `shardwise ckpt export` output) with fresh optimizer state,\n"
-                "step 0 (sets checkpoint.init_from)");
+                "or `shardwise ckpt export` output) or a Hugging Face model\n"
+                "directory (config.json is then the model block; the config's\n"
+                "model keys override it) with fresh optimizer state, step 0\n"
+                "(sets checkpoint.init_from)");
   c.footer(
       "Checkpoints: set checkpoint.every_steps (e.g. --set checkpoint.every_steps=500) to save\n"
       "<run_dir>/checkpoints/step_N every N steps (and after the last step); checkpoint.keep_last\n"
@@ -394,7 +396,7 @@ void add_data(cli::Command& top) {
 // ---- sample --------------------------------------------------------------------------------
 
 struct SampleArgs {
-  std::string config, weights;  // weights "" = <run_dir>/hf/model.safetensors
+  std::string config, weights;  // weights "" = <run_dir>/hf
   std::vector<std::string> overrides;
   sw::SampleOptions so;
   double temperature = 1.0;
@@ -405,10 +407,10 @@ int cmd_sample(const SampleArgs& a) {
   so.temperature = static_cast<float>(a.temperature);
   const sw::TrainConfig cfg = sw::load_config(a.config, a.overrides);
   const std::string wpath =
-      a.weights.empty() ? (fs::path(cfg.run_dir) / "hf" / "model.safetensors").string() : a.weights;
+      a.weights.empty() ? (fs::path(cfg.run_dir) / "hf").string() : a.weights;
   std::error_code ec;
-  if (!fs::is_regular_file(wpath, ec))
-    sw::fail("sample", "weights file '" + wpath + "' not found" +
+  if (!fs::exists(wpath, ec))
+    sw::fail("sample", "weights '" + wpath + "' not found" +
                            (a.weights.empty() ? " (train first, or pass --weights)" : ""));
 
   sw::Model model = sw::build_model(cfg.model);
@@ -428,13 +430,14 @@ void add_sample(cli::Command& top) {
       "sample",
       "generate text from trained weights\n"
       "\n"
-      "Builds the model from the config's `model` block, loads weights from a safetensors file\n"
-      "(as written by `shardwise train`), and prints the prompt followed by the generated\n"
+      "Builds the model from the config's `model` block, loads the weights `shardwise train`\n"
+      "exported (<run_dir>/hf, or --weights), and prints the prompt followed by the generated\n"
       "continuation and a newline. Tokens are bytes; bytes are printed as they are.");
   c.text("--config", a->config, "CFG.json", "the training config (its model block is used)")
       .required();
   c.text("--weights", a->weights, "FILE",
-         "safetensors weights (default: <run_dir>/hf/model.safetensors)");
+         "weights: a Hugging Face directory, a safetensors file or index\n"
+         "(default: <run_dir>/hf, what `shardwise train` exports)");
   c.any_text("--prompt", a->so.prompt, "TEXT",
              "text to continue (default: empty, starts from a newline)");
   c.integer("--tokens", a->so.tokens, 0, 1 << 24, "N", "tokens to generate (default 200)");

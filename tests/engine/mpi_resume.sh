@@ -44,7 +44,7 @@ for v in "${variants[@]}"; do
   run2 half_$async "${vargs[@]}" --resume auto
   grep -q "resumed from $work/half_$async/checkpoints/step_4 at step 4" "$work/half_$async.log" ||
     { cat "$work/half_$async.log"; fail "half_$async: no 'resumed from' line"; }
-  cmp "$work/full_$async/model.safetensors" "$work/half_$async/model.safetensors" ||
+  cmp "$work/full_$async/hf/model.safetensors" "$work/half_$async/hf/model.safetensors" ||
     fail "async=$async: the resumed run's weights differ from the uninterrupted run's"
   /usr/bin/python3 - "$work/full_$async/metrics.jsonl" "$work/half_$async/metrics.jsonl" <<'PY' || fail "async=$async: metrics differ"
 import json, sys

@@ -43,7 +43,7 @@ def metrics(run):
     return [json.loads(l) for l in open(f"{work}/{run}/metrics.jsonl")]
 
 def weights(run):
-    b = open(f"{work}/{run}/model.safetensors", "rb").read()
+    b = open(f"{work}/{run}/hf/model.safetensors", "rb").read()
     n = struct.unpack("<Q", b[:8])[0]
     h = json.loads(b[8:8 + n])
     out = {}

@@ -153,7 +153,7 @@ const std::string& reference_weights() {
     const int rc = run("ref", {});
     INFO(read_bytes(work() / "ref.log"));
     REQUIRE(rc == 0);
-    return read_bytes(work() / "ref" / "model.safetensors");
+    return read_bytes(work() / "ref" / "hf" / "model.safetensors");
   }();
   return w;
 }
@@ -164,7 +164,7 @@ void check_resumes_exactly(const std::string& name, const std::string& from_step
   INFO(log);
   REQUIRE(rc == 0);
   CHECK_THAT(log, Contains("resumed from " + (work() / name / "checkpoints" / from_step).string()));
-  CHECK(read_bytes(work() / name / "model.safetensors") == reference_weights());
+  CHECK(read_bytes(work() / name / "hf" / "model.safetensors") == reference_weights());
   CHECK(losses(name) == losses("ref"));  // every step's loss, the killed run's lines kept
 }
 
@@ -197,7 +197,7 @@ TEST_CASE("ckpt kill: SIGKILL with the optimizer state on NVMe, then resume: the
   const int rc = run("killnvme", args);
   INFO(read_bytes(work() / "killnvme.log"));
   REQUIRE(rc == 0);
-  CHECK(read_bytes(work() / "killnvme" / "model.safetensors") == reference_weights());
+  CHECK(read_bytes(work() / "killnvme" / "hf" / "model.safetensors") == reference_weights());
   CHECK(losses("killnvme") == losses("ref"));
   CHECK(!fs::exists(work() / "nvme" / "rank_0"));  // removed at the clean exit
 }
@@ -228,7 +228,7 @@ TEST_CASE("ckpt kill: SIGKILL with parameters, optimizer and activations on NVMe
   REQUIRE(rc == 0);
   CHECK_THAT(read_bytes(work() / "killnvme_all.log"),
              Contains("saves are synchronous, streamed from its files"));
-  CHECK(read_bytes(work() / "killnvme_all" / "model.safetensors") == reference_weights());
+  CHECK(read_bytes(work() / "killnvme_all" / "hf" / "model.safetensors") == reference_weights());
   CHECK(losses("killnvme_all") == losses("ref"));
   CHECK(!fs::exists(fs::path(dir) / "rank_0"));  // removed at the clean exit
 }
@@ -388,7 +388,7 @@ TEST_CASE("ckpt kill: a full disk during a save: one clear line, previous checkp
                                "checkpoint.dir=" + (work() / "full_ck2").string()});
   INFO(read_bytes(work() / "full.log"));
   CHECK(rc2 == 0);
-  CHECK(read_bytes(work() / "full" / "model.safetensors") == reference_weights());
+  CHECK(read_bytes(work() / "full" / "hf" / "model.safetensors") == reference_weights());
 }
 
 TEST_CASE("ckpt kill: a bad --resume path is one clear error") {

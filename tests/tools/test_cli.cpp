@@ -405,7 +405,7 @@ TEST_CASE("cli: train and sample report user errors as one line, exit 1") {
   check_error(sw_run(d, {"train", "broken.json"}), {"broken.json"});
   check_error(sw_run(d, {"sample", "--config", "good.json", "--weights", "nope.safetensors"}),
               {"nope.safetensors"});
-  check_error(sw_run(d, {"sample", "--config", "good.json"}), {"model.safetensors"});
+  check_error(sw_run(d, {"sample", "--config", "good.json"}), {"hf' not found"});
   spit(d / "garbage.safetensors", "this is not a safetensors file");
   check_error(sw_run(d, {"sample", "--config", "good.json", "--weights", "garbage.safetensors"}),
               {"garbage.safetensors"});
@@ -424,17 +424,18 @@ TEST_CASE("cli: tiny train end to end, then deterministic greedy sampling") {
   CHECK(has(tr.out, "trained 6 steps"));
   CHECK(has(tr.out, "val loss"));
   CHECK(has(tr.out, "unigram entropy"));
-  CHECK(has(tr.out, "model.safetensors"));
+  CHECK(has(tr.out, (fs::path("run") / "hf").string()));
   const fs::path metrics = d / "run" / "metrics.jsonl";
   REQUIRE(fs::exists(metrics));
   CHECK(lines(slurp(metrics)).size() >= 6);
-  REQUIRE(fs::exists(d / "run" / "model.safetensors"));
+  REQUIRE(fs::exists(d / "run" / "hf" / "model.safetensors"));
+  REQUIRE(fs::exists(d / "run" / "hf" / "config.json"));
 
   const std::string prompt = "the quick ";
   const int N = 40;
   auto sample = [&](const std::vector<std::string>& extra) {
     std::vector<std::string> args = {"sample", "--config", "cfg.json", "--weights",
-                                     "run/model.safetensors", "--prompt", prompt, "--tokens",
+                                     "run/hf/model.safetensors", "--prompt", prompt, "--tokens",
                                      std::to_string(N)};
     args.insert(args.end(), extra.begin(), extra.end());
     return sw_run(d, args);
@@ -456,7 +457,7 @@ TEST_CASE("cli: tiny train end to end, then deterministic greedy sampling") {
   CHECK(s1.out == s2.out);
   CHECK(s1.out.size() == prompt.size() + N + 1);
 
-  // The default weights path is <run_dir>/model.safetensors; an empty prompt works too.
+  // The default weights are <run_dir>/hf (the directory); an empty prompt works too.
   const Result e = sw_run(d, {"sample", "--config", "cfg.json", "--tokens", "5",
                               "--temperature", "0"});
   INFO("stderr: " << e.err);
@@ -505,7 +506,7 @@ TEST_CASE("cli: profile writes trace and memory chart and peaks and names a bad 
   // The profiled steps' metrics go to the profile directory; no checkpoint, no weights, and
   // the configured run_dir is untouched.
   CHECK(lines(slurp(d / "prof" / "metrics.jsonl")).size() >= 4);
-  CHECK(!fs::exists(d / "prof" / "model.safetensors"));
+  CHECK(!fs::exists(d / "prof" / "hf"));
   CHECK(!fs::exists(d / "prof" / "checkpoints"));
   CHECK(!fs::exists(d / "run"));
   // Every scheduler type (the profile keeps a cosine schedule's length; the others have none:

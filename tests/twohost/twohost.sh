@@ -64,7 +64,7 @@ work, names = sys.argv[1], sys.argv[2:]
 def metrics(run):
     return [json.loads(l) for l in open(f"{work}/{run}/metrics.jsonl")]
 def weights(run):
-    b = open(f"{work}/{run}/model.safetensors", "rb").read()
+    b = open(f"{work}/{run}/hf/model.safetensors", "rb").read()
     n = struct.unpack("<Q", b[:8])[0]
     h = json.loads(b[8:8 + n])
     return {k: np.frombuffer(b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]],
