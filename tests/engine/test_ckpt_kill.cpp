@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -180,6 +181,56 @@ TEST_CASE("ckpt kill: SIGKILL during training, then --resume auto gives the same
   CHECK(wait_for(c) == 128 + SIGKILL);
   CHECK(latest_of("killtrain") == "step_20");
   check_resumes_exactly("killtrain", "step_20");
+}
+
+TEST_CASE("ckpt kill: a two-file corpus: the resumed steps cross a file and an epoch boundary") {
+  // data.train is a directory of two token files: 24 + 31 = 55 windows of 17 tokens (engine/
+  // data.h), an epoch every 13.75 steps of 4 rows, so steps 21..40 (after the kill) draw from
+  // both files, in shuffled order, through epochs 1 and 2.
+  const fs::path dir = work() / "corpus2";
+  fs::create_directories(dir);
+  for (int f = 0; f < 2; ++f) {
+    std::vector<uint16_t> t(f == 0 ? 400 : 500);
+    for (size_t i = 0; i < t.size(); ++i)
+      t[i] = static_cast<uint16_t>(sw::rng_bits(11 + f, 0, i) % 32);
+    sw::write_token_file((dir / ("part-00" + std::to_string(f) + ".bin")).string(), t);
+  }
+  const std::vector<std::string> set = {"--set", "data.train=" + dir.string()};
+  const int rc_ref = run("ref2", set);
+  INFO(read_bytes(work() / "ref2.log"));
+  REQUIRE(rc_ref == 0);
+  Child c = start("kill2", set, {"SHARDWISE_CKPT_TEST_DELAY_MS=200"});
+  REQUIRE(wait_until(c, [] { return latest_of("kill2") == "step_20"; }));
+  kill(c.pid, SIGKILL);
+  CHECK(wait_for(c) == 128 + SIGKILL);
+  std::vector<std::string> args = set;
+  args.insert(args.end(), {"--resume", "auto"});
+  const int rc = run("kill2", args);
+  INFO(read_bytes(work() / "kill2.log"));
+  REQUIRE(rc == 0);
+  CHECK_THAT(read_bytes(work() / "kill2.log"),
+             Contains("resumed from " + (work() / "kill2" / "checkpoints" / "step_20").string()));
+  CHECK(read_bytes(work() / "kill2" / "hf" / "model.safetensors") ==
+        read_bytes(work() / "ref2" / "hf" / "model.safetensors"));
+  CHECK(losses("kill2") == losses("ref2"));
+  CHECK(losses("ref2") != losses("ref"));  // another corpus indeed
+  // What the resumed steps drew (seed 5, global batch 4): rows of both files, two epochs.
+  const sw::Corpus corpus(dir.string(), 32, 16);
+  REQUIRE(corpus.windows() == 55);
+  std::set<int> files;
+  std::set<int64_t> epochs;
+  for (int64_t g = 20 * 4; g < 40 * 4; ++g) {
+    files.insert(corpus.window(corpus.train_window(5, g)).file);
+    epochs.insert(corpus.epoch_of(g));
+  }
+  CHECK(files.size() == 2);
+  CHECK(epochs == std::set<int64_t>{1, 2});
+  // metrics.jsonl names each step's epoch (of its first row).
+  std::ifstream mf(work() / "kill2" / "metrics.jsonl");
+  std::vector<int64_t> ep;
+  for (std::string l; std::getline(mf, l);) ep.push_back(nlohmann::json::parse(l)["epoch"].get<int64_t>());
+  REQUIRE(ep.size() == 40);
+  for (int s = 0; s < 40; ++s) CHECK(ep[s] == s * 4 / 55);
 }
 
 TEST_CASE("ckpt kill: SIGKILL with the optimizer state on NVMe, then resume: the same weights") {
