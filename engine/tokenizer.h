@@ -37,6 +37,15 @@ class Tokenizer {
   virtual const char* kind() const = 0;
   // The files this tokenizer was read from (empty for bytes): an export copies them.
   virtual std::vector<std::string> files() const = 0;
+  // Where to cut `text` so that its first part may be encoded alone (large inputs are encoded
+  // in chunks, on many threads): the last cut at or before `target` bytes, else the first after
+  // it, else text.size(). Bytes: anywhere. BPE: just after "X\n" followed by an ASCII letter
+  // or digit (X printable ASCII, not a space), where the pre-tokenizer regexes of GPT-2,
+  // Llama 3 and Qwen2 end a word either way, so the parts' ids joined equal the whole text's
+  // (an added token holding "\n" inside is not looked for across a cut); never with a prefix
+  // space (ByteLevel's add_prefix_space would give each part one). SentencePiece: at the same
+  // places, but not exactly: each part encodes as a text of its own (its dummy prefix "▁").
+  virtual size_t chunk_cut(std::string_view text, size_t target) const;
 };
 
 // "" or "bytes": the byte tokenizer. A path ending in .json: byte-level BPE from a Hugging Face

@@ -7,7 +7,7 @@ pkgs=(build-essential cmake ninja-build ccache pkg-config
       nlohmann-json3-dev catch2 libdnnl-dev libcli11-dev
       python3 python3-numpy python3-torch
       liburing-dev fio
-      libpcre2-dev libsentencepiece-dev python3-venv  # tokenizers; the reference venv
+      libpcre2-dev libsentencepiece-dev libicu-dev python3-venv  # tokenizers; the ref. venv
       clang libclang-rt-14-dev libomp-dev  # scripts/fuzz.sh: libFuzzer, clang's OpenMP
       fortunes fortunes-min)
 missing=()

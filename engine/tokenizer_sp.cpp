@@ -1,0 +1,55 @@
+// SentencePiece .model files (Llama 2) through Debian's libsentencepiece: ids as Python's
+// SentencePieceProcessor.encode(text) gives them (no bos / eos added).
+#include <sentencepiece_processor.h>
+
+#include "core/error.h"
+#include "engine/tokenizer_impl.h"
+
+namespace sw {
+
+namespace {
+
+class SentencePieceTokenizer final : public Tokenizer {
+ public:
+  explicit SentencePieceTokenizer(const std::string& path) : path_(path) {
+    const auto st = sp_.Load(path);
+    if (!st.ok()) fail("tokenizer", path + ": not a SentencePiece model: " + st.ToString());
+  }
+  std::vector<int32_t> encode(std::string_view text) const override {
+    std::vector<int> ids;
+    const auto st = sp_.Encode(text, &ids);
+    if (!st.ok()) fail("tokenizer", path_ + ": encode: " + st.ToString());
+    return std::vector<int32_t>(ids.begin(), ids.end());
+  }
+  std::string decode(const int32_t* ids, size_t n) const override {
+    const int V = sp_.GetPieceSize();
+    std::vector<int> v(n);
+    for (size_t i = 0; i < n; i++) {
+      if (ids[i] < 0 || ids[i] >= V)
+        fail("tokenizer", path_ + ": id " + std::to_string(ids[i]) +
+                              " is outside the vocabulary (" + std::to_string(V) + ")");
+      v[i] = ids[i];
+    }
+    std::string out;
+    const auto st = sp_.Decode(v, &out);
+    if (!st.ok()) fail("tokenizer", path_ + ": decode: " + st.ToString());
+    return out;
+  }
+  int64_t vocab_size() const override { return sp_.GetPieceSize(); }
+  int32_t eot_id() const override { return sp_.eos_id(); }
+  int32_t bos_id() const override { return sp_.bos_id(); }
+  const char* kind() const override { return "sentencepiece"; }
+  std::vector<std::string> files() const override { return {path_}; }
+
+ private:
+  std::string path_;
+  sentencepiece::SentencePieceProcessor sp_;
+};
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const std::string& path) {
+  return std::make_unique<SentencePieceTokenizer>(path);
+}
+
+}  // namespace sw
