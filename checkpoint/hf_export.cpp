@@ -316,7 +316,8 @@ void write_hf_dir_extras(const std::string& dir, const ModelConfig& c, const HfS
   }
 }
 
-void export_hf_dir(const ShardedModel& model, const std::string& dir, const HfExportOptions& o) {
+void export_hf_dir(const ShardedModel& model, const std::string& dir, const HfExportOptions& o,
+                   HfExportStats* stats) {
   Group& g = model.group();
   const int W = g.size(), R = g.rank();
   // ShardedModel::model() has no const overload; reading the config modifies nothing.
@@ -372,6 +373,12 @@ void export_hf_dir(const ShardedModel& model, const std::string& dir, const HfEx
     }
   });
   std::vector<float>().swap(t);
+  if (stats) {
+    stats->bytes = w.bytes_written();
+    stats->files = 0;
+    for (size_t f = 0; f < plan.files.size(); ++f)
+      stats->files += hf_file_rank(static_cast<int>(f), W) == R;
+  }
   if (err.empty()) try {
       w.finish();
     } catch (const std::exception& e) {

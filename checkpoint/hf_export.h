@@ -92,8 +92,15 @@ class HfShardWriter {
 void write_hf_dir_extras(const std::string& dir, const ModelConfig& c, const HfShardPlan& plan,
                          const std::string& tokenizer);
 
+// What one rank wrote in export_hf_dir.
+struct HfExportStats {
+  int files = 0;       // weights files
+  uint64_t bytes = 0;  // their tensor bytes
+};
+
 // Collective. Writes the HF directory `dir` of the live model (see the top of this file).
 // Throws sw::Error on every rank when any rank failed (the directory then does not exist).
-void export_hf_dir(const ShardedModel& model, const std::string& dir, const HfExportOptions& o);
+void export_hf_dir(const ShardedModel& model, const std::string& dir, const HfExportOptions& o,
+                   HfExportStats* stats = nullptr);
 
 }  // namespace sw
