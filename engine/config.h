@@ -62,8 +62,10 @@ struct CheckpointConfig {
   // (must exist). `shardwise train --resume X` sets it.
   std::string resume;
   // checkpoint.init_from: a safetensors file of weights (as `shardwise train` or `ckpt export`
-  // write) to start from instead of the random init; optimizer state starts fresh, step 0.
-  // Not together with resume. `shardwise train --init-from FILE` sets it.
+  // write), an index, or a Hugging Face model directory (its config.json is then the model
+  // block, config_reader.cpp merge_hf_model) to start from instead of the random init;
+  // optimizer state starts fresh, step 0. Not together with resume. `shardwise train
+  // --init-from FILE|DIR` sets it.
   std::string init_from;
   // checkpoint.export_shard_bytes: the largest weights file of the end-of-run Hugging Face
   // export (<run_dir>/hf/, checkpoint/hf_export.h); transformers' max_shard_size, 5 GB.

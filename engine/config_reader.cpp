@@ -45,8 +45,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 
+#include "checkpoint/hf_import.h"
+#include "checkpoint/hf_layout.h"
 #include "core/error.h"
 #include "core/launch.h"
 #include "engine/config.h"
@@ -326,17 +329,67 @@ void read_run_rules(const json& j, TrainConfig& cfg, const Ctx& c) {
     k.resume = v->get<std::string>();
 }
 
+// checkpoint.init_from naming a Hugging Face directory (config.json beside the weights): its
+// config.json is the model block (checkpoint/hf_import.h). Keys the run gives override it, one
+// note per disagreement (key, config.json's value, the run's); keys that shape the weights must
+// agree (an error naming the key); a sliding window shorter than the resulting seq_len is
+// refused.
+void merge_hf_model(json& j, std::vector<std::string>& notes, const Ctx& c) {
+  const json* from = at(j, "checkpoint.init_from");
+  if (!from || !from->is_string() || !is_hf_model_dir(from->get<std::string>())) return;
+  const HfConfig hc = read_hf_config(from->get<std::string>());
+  const ModelConfig& m = hc.model;
+  json imported = json::object();
+  const json fields = json::parse(model_config_to_json(m).dump());
+  for (auto it = fields.begin(); it != fields.end(); ++it)
+    imported[it.key()] = it->is_number_float() ? fjson(it->get<float>()) : *it;
+  if (m.type == "gpt2")
+    for (const char* k : {"n_kv_head", "rope_theta", "qkv_bias", "rope_scaling"}) imported.erase(k);
+  if (m.rope_scaling != "llama3")
+    for (const char* k : {"rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
+                          "rope_original_max_pos"})
+      imported.erase(k);
+  const json* given = at(j, "model");
+  json merged = imported;
+  if (given && given->is_object())
+    for (auto it = given->begin(); it != given->end(); ++it) {
+      if (it.value().is_null()) continue;
+      merged[it.key()] = it.value();
+      if (!imported.contains(it.key())) continue;
+      const json& a = imported.at(it.key());
+      const json& b = it.value();
+      const bool same = a.is_number() && b.is_number()
+                            ? static_cast<float>(a.get<double>()) == static_cast<float>(b.get<double>())
+                            : a == b;
+      if (same) continue;
+      static const std::set<std::string> shapes = {"type",    "vocab_size", "n_layer",
+                                                   "n_head",  "n_kv_head",  "d_model",
+                                                   "d_ff",    "tie_embeddings", "qkv_bias"};
+      if (shapes.count(it.key()) || (m.type == "gpt2" && it.key() == "seq_len"))
+        c.bad("model." + it.key(), b.dump() + " does not fit the weights of " + hc.file +
+                                       " (" + a.dump() + ")");
+      notes.push_back("config: model." + it.key() + ": " + hc.file + " has " + a.dump() +
+                      ", the run's " + b.dump() + " is used");
+    }
+  j["model"] = merged;
+  const json& sl = merged.at("seq_len");
+  if (sl.is_number_integer()) check_hf_window(hc, sl.get<int>());
+}
+
 TrainConfig read_config(json j, const std::string& source,
                         const std::vector<std::string>& overrides, int world_size) {
   Ctx c;
   c.source = source;
   for (const std::string& ov : overrides) apply_override(j, ov, c);
   c.input = &j;
+  std::vector<std::string> hf_notes;
+  merge_hf_model(j, hf_notes, c);
   std::vector<std::string> compat_keys;
   check_types(j, schema(), "", c, compat_keys);
 
   TrainConfig cfg;
   cfg.source = source;
+  cfg.notes = hf_notes;
   if (!compat_keys.empty()) {
     std::string note =
         "config: note: " + source + ": accepted for DeepSpeed compatibility, no effect yet: ";

@@ -5,7 +5,8 @@
 // logits at every position of fixed ids and a greedy continuation (generate, do_sample=False).
 // Each is imported through the C++ API (read_hf_config, build_model, import_safetensors on the
 // directory): logits within 1e-4 relative of the largest, the continuation exactly. Then bad
-// inputs: one line naming the file and the key.
+// inputs: one line naming the file and the key; and checkpoint.init_from naming a directory in
+// a run's config (the model block from config.json, the run's keys overriding).
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "checkpoint/export.h"
 #include "checkpoint/hf_import.h"
 #include "core/error.h"
+#include "engine/config.h"
 #include "kernels/ops.h"
 #include "models/model.h"
 #include "sharding/sharded_model.h"
@@ -203,4 +205,49 @@ TEST_CASE("hf import: bad inputs are one line naming the file and key", "[checkp
   CHECK_THAT(m, Catch::StartsWith("import: " + idx + "/model.safetensors.index.json: weight_map.") &&
                     Catch::Contains("file 'model-00003-of-00012.safetensors' does not exist"));
   CHECK(one_line(m));
+}
+
+TEST_CASE("hf import: checkpoint.init_from DIR is the model block, the run keys override it",
+          "[checkpoint][reference]") {
+  const std::string dir = reference_dir() + "/llama3_untied";
+  const std::string from = R"("checkpoint": {"init_from": ")" + dir + R"("})";
+  // No model block: config.json's, whole.
+  TrainConfig c = parse_config("{" + from + "}", "run.json", {}, 1);
+  const ModelConfig want = read_hf_config(dir).model;
+  CHECK(c.model.type == "llama");
+  CHECK(c.model.d_model == want.d_model);
+  CHECK(c.model.n_kv_head == 2);
+  CHECK(c.model.d_ff == 96);
+  CHECK(c.model.seq_len == 64);
+  CHECK(c.model.rope_theta == 500000.f);
+  CHECK(c.model.rope_scaling == "llama3");
+  CHECK(c.model.rope_original_max_pos == 16);
+  CHECK(c.model.tie_embeddings == false);
+  CHECK(c.model.hf_architecture == "LlamaForCausalLM");
+  CHECK(c.notes.empty());
+  // The resolved config reads back to the same model.
+  const TrainConfig again = parse_config(c.resolved_json, "resolved", {}, 1);
+  CHECK(again.model.rope_factor == c.model.rope_factor);
+  CHECK(again.model.n_layer == c.model.n_layer);
+
+  // Keys given override it, one note each (the same value: no note).
+  c = parse_config(R"({"model": {"seq_len": 32, "rope_theta": 10000, "n_layer": 2}, )" + from +
+                       "}",
+                   "run.json", {}, 1);
+  CHECK(c.model.seq_len == 32);
+  CHECK(c.model.rope_theta == 10000.f);
+  REQUIRE(c.notes.size() == 2);
+  CHECK_THAT(c.notes[0], Catch::Contains("model.rope_theta: " + dir + "/config.json has 500000"));
+  CHECK_THAT(c.notes[0], Catch::Contains("the run's 10000 is used"));
+  CHECK_THAT(c.notes[1], Catch::Contains("model.seq_len"));
+
+  // Shapes that would not fit the weights are errors.
+  std::string m = error_of([&] {
+    parse_config(R"({"model": {"d_model": 128}, )" + from + "}", "run.json", {}, 1);
+  });
+  CHECK_THAT(m, Catch::Contains("model.d_model") && Catch::Contains("does not fit the weights"));
+  m = error_of([&] {
+    parse_config(R"({"model": {"tie_embeddings": true}, )" + from + "}", "run.json", {}, 1);
+  });
+  CHECK_THAT(m, Catch::Contains("model.tie_embeddings"));
 }
