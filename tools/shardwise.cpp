@@ -1,4 +1,5 @@
-// The `shardwise` command line: train, profile, plan, plan-dump, data prepare, sample, ckpt.
+// The `shardwise` command line: train, profile, plan, plan-dump, data prepare, sample, eval,
+// ckpt.
 //
 // Each command declares its options with help text (tools/cli.h, on CLI11: the option kinds,
 // the help layout, and the exit codes: 0 success or help, 1 an error in what was asked
@@ -33,6 +34,7 @@
 #include "models/model.h"
 #include "sharding/sharded_model.h"
 #include "tools/ckpt_cmd.h"
+#include "tools/eval_cmd.h"
 #include "tools/cli.h"
 #include "tools/plan_cmd.h"
 
@@ -467,6 +469,7 @@ int run(const std::vector<std::string>& args) {
   sw::add_plan_commands(top);
   add_data(top);
   add_sample(top);
+  sw::add_eval_command(top);
   sw::add_ckpt_command(top);
   program.add_help_command();
   top.footer(
