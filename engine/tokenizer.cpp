@@ -33,8 +33,9 @@ class ByteTokenizer final : public Tokenizer {
   int64_t vocab_size() const override { return 256; }
   int32_t eot_id() const override { return -1; }
   int32_t bos_id() const override { return -1; }
-  size_t chunk_cut(std::string_view text, size_t target) const override {
-    return std::min(text.size(), std::max<size_t>(target, 1));
+  size_t chunk_cut(std::string_view text, size_t target, size_t* next) const override {
+    *next = std::min(text.size(), std::max<size_t>(target, 1));
+    return *next;
   }
   const char* kind() const override { return "bytes"; }
   std::vector<std::string> files() const override { return {}; }
@@ -62,22 +63,29 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
                            "SentencePiece .model, a directory holding one, or \"bytes\")");
 }
 
-size_t Tokenizer::chunk_cut(std::string_view text, size_t target) const {
+bool cut_alnum(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+}
+
+size_t find_cut(std::string_view text, size_t target, char sep) {
   if (target >= text.size()) return text.size();
-  auto alnum = [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
-  };
-  // A cut at p: text[p-2] printable ASCII but not a space, text[p-1] == '\n', text[p] an ASCII
-  // letter or digit (a Unicode space before the newline would join it in `\s+(?!\S)`).
+  // A cut at p: text[p-2] printable ASCII but not a space, text[p-1] == sep, text[p] an ASCII
+  // letter or digit (a Unicode space before a newline would join it in `\s+(?!\S)`).
   auto ok = [&](size_t p) {
-    return p >= 2 && text[p - 1] == '\n' && text[p - 2] > ' ' && text[p - 2] < 0x7F &&
-           alnum(text[p]);
+    return p >= 2 && text[p - 1] == sep && text[p - 2] > ' ' && text[p - 2] < 0x7F &&
+           cut_alnum(text[p]);
   };
   for (size_t p = std::min(target, text.size() - 1); p >= 2; p--)
     if (ok(p)) return p;
   for (size_t p = target + 1; p < text.size(); p++)
     if (ok(p)) return p;
   return text.size();
+}
+
+size_t Tokenizer::chunk_cut(std::string_view text, size_t target, size_t* next) const {
+  const size_t p = find_cut(text, target, '\n');
+  *next = p;
+  return p;
 }
 
 }  // namespace sw

@@ -38,14 +38,19 @@ class Tokenizer {
   // The files this tokenizer was read from (empty for bytes): an export copies them.
   virtual std::vector<std::string> files() const = 0;
   // Where to cut `text` so that its first part may be encoded alone (large inputs are encoded
-  // in chunks, on many threads): the last cut at or before `target` bytes, else the first after
-  // it, else text.size(). Bytes: anywhere. BPE: just after "X\n" followed by an ASCII letter
-  // or digit (X printable ASCII, not a space), where the pre-tokenizer regexes of GPT-2,
-  // Llama 3 and Qwen2 end a word either way, so the parts' ids joined equal the whole text's
-  // (an added token holding "\n" inside is not looked for across a cut); never with a prefix
-  // space (ByteLevel's add_prefix_space would give each part one). SentencePiece: at the same
-  // places, but not exactly: each part encodes as a text of its own (its dummy prefix "▁").
-  virtual size_t chunk_cut(std::string_view text, size_t target) const;
+  // in chunks, on many threads): returns the first part's end, the last cut at or before
+  // `target` bytes, else the first after it, else text.size(); *next = where the rest starts
+  // (the end, or one byte on). The parts' ids joined equal the whole text's:
+  //   bytes          anywhere;
+  //   BPE            just after "X\n" followed by an ASCII letter or digit (X printable ASCII,
+  //                  not a space), where the pre-tokenizer regexes of GPT-2, Llama 3 and Qwen2
+  //                  end a word either way (an added token holding "\n" inside is not looked
+  //                  for across a cut); never with a prefix space (each part would get one);
+  //   SentencePiece  at a space between printable ASCII and an ASCII letter or digit, the
+  //                  space dropped (the rest's dummy prefix "▁" stands for it); only when a
+  //                  probe at load shows the model encodes so (add_dummy_prefix, pieces split
+  //                  at whitespace), else never.
+  virtual size_t chunk_cut(std::string_view text, size_t target, size_t* next) const;
 };
 
 // "" or "bytes": the byte tokenizer. A path ending in .json: byte-level BPE from a Hugging Face

@@ -164,10 +164,10 @@ class BpeTokenizer final : public Tokenizer {
   int32_t bos_id() const override { return bos_; }
   const char* kind() const override { return "bpe"; }
   std::vector<std::string> files() const override { return {path_}; }
-  size_t chunk_cut(std::string_view text, size_t target) const override {
+  size_t chunk_cut(std::string_view text, size_t target, size_t* next) const override {
     for (const PreStep& s : steps_)
-      if (s.prefix_space) return text.size();
-    return Tokenizer::chunk_cut(text, target);
+      if (s.prefix_space) return *next = text.size();
+    return Tokenizer::chunk_cut(text, target, next);
   }
 
  private:

@@ -14,6 +14,21 @@ class SentencePieceTokenizer final : public Tokenizer {
   explicit SentencePieceTokenizer(const std::string& path) : path_(path) {
     const auto st = sp_.Load(path);
     if (!st.ok()) fail("tokenizer", path + ": not a SentencePiece model: " + st.ToString());
+    // Cuts at a space (chunk_cut) only if the model encodes "A B" as "A" then "B" on probes.
+    cuts_ = true;
+    for (const char* probe : {"hello world", "The quick, brown fox", "x1 2y", "a b", "Z. 9"}) {
+      const std::string_view t(probe);
+      const size_t sp = t.rfind(' ');
+      auto whole = encode(t), a = encode(t.substr(0, sp)), b = encode(t.substr(sp + 1));
+      a.insert(a.end(), b.begin(), b.end());
+      cuts_ = cuts_ && a == whole;
+    }
+  }
+  size_t chunk_cut(std::string_view text, size_t target, size_t* next) const override {
+    if (!cuts_) return *next = text.size();
+    const size_t p = find_cut(text, target, ' ');
+    *next = p;
+    return p < text.size() ? p - 1 : p;  // the part ends before the space; the rest after it
   }
   std::vector<int32_t> encode(std::string_view text) const override {
     std::vector<int> ids;
@@ -44,6 +59,7 @@ class SentencePieceTokenizer final : public Tokenizer {
  private:
   std::string path_;
   sentencepiece::SentencePieceProcessor sp_;
+  bool cuts_ = false;
 };
 
 }  // namespace

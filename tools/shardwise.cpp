@@ -34,6 +34,7 @@
 #include "models/model.h"
 #include "sharding/sharded_model.h"
 #include "tools/ckpt_cmd.h"
+#include "tools/data_prepare.h"
 #include "tools/eval_cmd.h"
 #include "tools/cli.h"
 #include "tools/plan_cmd.h"
@@ -317,13 +318,8 @@ void ensure_parent_dir(const std::string& path) {
   if (ec) sw::fail("data", "cannot create directory '" + parent.string() + "': " + ec.message());
 }
 
-struct PrepareArgs {
-  std::vector<std::string> inputs;
-  std::string out, val;  // val "" = no validation file
-  double val_fraction = 0.1;
-};
-
 int cmd_data_prepare(const PrepareArgs& a) {
+  if (!a.tokenizer.empty() || a.jsonl) return prepare_tokenized(a);  // tools/data_prepare.cpp
   std::string text;
   for (const std::string& p : a.inputs) text += read_file_bytes(p);
   if (text.empty()) sw::fail("data", "the input files are empty");
@@ -368,17 +364,30 @@ void add_data(cli::Command& top) {
   auto a = std::make_shared<PrepareArgs>();
   cli::Command c = data.sub(
       "prepare",
-      "byte-level tokenize text files into llm.c .bin token files\n"
+      "tokenize text files or JSONL into llm.c .bin token files\n"
       "\n"
-      "Tokenizes the TEXT files byte by byte (token = byte value, vocabulary 256) and writes\n"
-      "llm.c/nanoGPT .bin token files (256 x int32 header: magic 20240520, version 1, token\n"
-      "count; then uint16 tokens). The files are concatenated in the order given, as they are.\n"
+      "Without --tokenizer: the TEXT files byte by byte (token = byte value, vocabulary 256),\n"
+      "concatenated in the order given, as they are, into llm.c/nanoGPT .bin token files (256 x\n"
+      "int32 header: magic 20240520, version 1, token count; then uint16 tokens). With --val, a\n"
+      "deterministic, evenly spread fraction F of the text goes to the validation file: the\n"
+      "concatenated bytes are cut into blocks of min(4096, max(1, N/100)) bytes (N = total\n"
+      "bytes) and block i goes to validation when floor((i+1)*F) > floor(i*F), i.e. every\n"
+      "(1/F)-th block; the other blocks, in order, form the training file.\n"
       "\n"
-      "With --val, a deterministic, evenly spread fraction F of the text goes to the validation\n"
-      "file: the concatenated bytes are cut into blocks of min(4096, max(1, N/100)) bytes (N =\n"
-      "total bytes) and block i goes to validation when floor((i+1)*F) > floor(i*F), i.e. every\n"
-      "(1/F)-th block; the other blocks, in order, form the training file.");
+      "With --tokenizer (a Hugging Face tokenizer.json, a SentencePiece .model, or a directory\n"
+      "holding one) or --jsonl: each TEXT file is one document (with --jsonl each line, its\n"
+      "\"text\", or \"prompt\" and \"completion\": then a loss mask X.mask is written beside\n"
+      "X.bin, prompt tokens 0), each followed by the tokenizer's end-of-text id. Inputs are\n"
+      "streamed in pieces of clamp(N/256, 4 KiB, 1 MiB) bytes cut where the tokenizer allows,\n"
+      "encoded on --threads threads; piece i goes to validation as block i above. Ids are 2\n"
+      "bytes up to a vocabulary of 65,536, else 4 (token file version 2).");
   c.positionals("TEXT", a->inputs, "text files to tokenize, concatenated in this order");
+  c.text("--tokenizer", a->tokenizer, "FILE",
+         "tokenizer.json, a SentencePiece .model, or a directory\n"
+         "(default: bytes)");
+  c.flag("--jsonl", a->jsonl, "the inputs are JSONL: one document per line");
+  c.integer("--threads", a->threads, 1, 4096, "N", "encoding threads (default: every core)");
+  c.flag("--quiet", a->quiet, "no progress bar on stderr");
   c.text("--out", a->out, "FILE.bin", "training token file to write").required();
   const cli::Opt val = c.text("--val", a->val, "FILE.bin", "validation token file to write");
   c.number("--val-fraction", a->val_fraction, 0.0, 1.0, true, "F",

@@ -39,8 +39,11 @@ TEST_CASE("tokenizer: bytes, and files it cannot read", "[tokenizer]") {
     const auto ids = tok->encode(text);
     CHECK(ids == std::vector<int32_t>{'h', 0xc3, 0xa9, 0, 0xff, '\n'});
     CHECK(tok->decode(ids) == text);
-    CHECK(tok->chunk_cut(text, 4) == 4);
-    CHECK(tok->chunk_cut(text, 40) == 6);
+    size_t next = 0;
+    CHECK(tok->chunk_cut(text, 4, &next) == 4);
+    CHECK(next == 4);
+    CHECK(tok->chunk_cut(text, 40, &next) == 6);
+    CHECK(next == 6);
     CHECK_THROWS_WITH(tok->decode(std::vector<int32_t>{65, 256}),
                       "tokenizer: bytes: id 256 is outside the vocabulary (256)");
   }
