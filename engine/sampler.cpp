@@ -1,4 +1,5 @@
-// Text generation: byte-level tokens in, byte-level tokens out (see sampler.h).
+// Text generation: the prompt encoded, the continuation decoded, with the run's tokenizer or
+// bytes (see sampler.h).
 //
 // Each new token costs one forward pass over the current window (the last seq_len tokens);
 // there is no KV cache. That is quadratic in the window but the windows are short and this
@@ -11,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "engine/tokenizer.h"
 #include "sharding/sharded_model.h"
 
 namespace sw {
@@ -78,19 +80,35 @@ std::string sample_text(ShardedModel& model, const SampleOptions& opts) {
   if (opts.top_k < 0) fail("sample", "top_k must be >= 0, got " + std::to_string(opts.top_k));
   SW_CHECK(ctx > 0, "model seq_len must be positive");
 
+  const Tokenizer* tok = opts.tokenizer;
   std::vector<int32_t> toks;
-  toks.reserve(opts.prompt.size() + static_cast<size_t>(opts.tokens) + 1);
-  for (unsigned char c : opts.prompt) {
-    if (c >= V)
-      fail("sample", "prompt byte " + std::to_string(c) + " is outside the model's vocabulary (" +
-                         "vocab_size " + std::to_string(V) + ")");
-    toks.push_back(c);
+  if (tok) {
+    toks = tok->encode(opts.prompt);
+    for (int32_t t : toks)
+      if (t >= V)
+        fail("sample", "the prompt's token " + std::to_string(t) +
+                           " is outside the model's vocabulary (vocab_size " +
+                           std::to_string(V) + ")");
+    if (toks.empty()) {
+      const int32_t start = tok->bos_id() >= 0 ? tok->bos_id() : tok->eot_id();
+      toks.push_back(start >= 0 && start < V ? start : 0);
+    }
+  } else {
+    toks.reserve(opts.prompt.size() + static_cast<size_t>(opts.tokens) + 1);
+    for (unsigned char c : opts.prompt) {
+      if (c >= V)
+        fail("sample", "prompt byte " + std::to_string(c) + " is outside the model's vocabulary (" +
+                           "vocab_size " + std::to_string(V) + ")");
+      toks.push_back(c);
+    }
+    if (toks.empty()) toks.push_back(V > '\n' ? '\n' : 0);  // tiny vocabularies: token 0
   }
-  if (toks.empty()) toks.push_back(V > '\n' ? '\n' : 0);  // tiny vocabularies: token 0
+  const int32_t eot = tok ? tok->eot_id() : -1;
 
   Rng rng(opts.seed, rng_stream("sample"));
   std::vector<float> logits(static_cast<size_t>(V));
   std::string out;
+  std::vector<int32_t> generated;
   for (int n = 0; n < opts.tokens; n++) {
     const int T = static_cast<int>(std::min<size_t>(toks.size(), static_cast<size_t>(ctx)));
     Batch b;
@@ -100,8 +118,22 @@ std::string sample_text(ShardedModel& model, const SampleOptions& opts) {
     b.T = T;
     model.logits_last(b, logits.data());
     const int32_t next = pick(logits.data(), V, opts.temperature, opts.top_k, rng);
+    if (next == eot) break;
     toks.push_back(next);
-    append_token(out, next);
+    generated.push_back(next);
+  }
+  if (!tok) {
+    for (int32_t t : generated) append_token(out, t);
+    return out;
+  }
+  // Decoded in runs of ids the tokenizer knows (so multi-byte characters split across tokens
+  // come out whole); an id past its vocabulary as "<|id|>".
+  size_t from = 0;
+  for (size_t i = 0; i <= generated.size(); i++) {
+    if (i < generated.size() && generated[i] < tok->vocab_size()) continue;
+    out += tok->decode(generated.data() + from, i - from);
+    if (i < generated.size()) out += "<|" + std::to_string(generated[i]) + "|>";
+    from = i + 1;
   }
   return out;
 }

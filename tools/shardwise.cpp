@@ -29,6 +29,7 @@
 #include "engine/config.h"
 #include "engine/data.h"
 #include "engine/sampler.h"
+#include "engine/tokenizer.h"
 #include "engine/trainer.h"
 #include "kernels/ops.h"
 #include "models/model.h"
@@ -427,6 +428,8 @@ int cmd_sample(const SampleArgs& a) {
   sw::Model model = sw::build_model(cfg.model);
   sw::ShardedModel sm(model, sw::ops_for(sw::Device::cpu()), cfg.seed);
   sw::import_safetensors(sm, wpath);
+  const auto tokenizer = sw::load_tokenizer(cfg.tokenizer);  // data.tokenizer ("" = bytes)
+  so.tokenizer = tokenizer.get();
   const std::string text = sw::sample_text(sm, so);
   std::fwrite(so.prompt.data(), 1, so.prompt.size(), stdout);
   std::fwrite(text.data(), 1, text.size(), stdout);
@@ -443,7 +446,9 @@ void add_sample(cli::Command& top) {
       "\n"
       "Builds the model from the config's `model` block, loads the weights `shardwise train`\n"
       "exported (<run_dir>/hf, or --weights), and prints the prompt followed by the generated\n"
-      "continuation and a newline. Tokens are bytes; bytes are printed as they are.");
+      "continuation and a newline. The prompt is encoded and the continuation decoded with\n"
+      "the config's data.tokenizer (bytes when unset, printed as they are); generation stops\n"
+      "at its end-of-text id.");
   c.text("--config", a->config, "CFG.json", "the training config (its model block is used)")
       .required();
   c.text("--weights", a->weights, "FILE",
