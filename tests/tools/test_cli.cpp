@@ -268,7 +268,7 @@ TEST_CASE("cli: every subcommand has --help, names an unknown option and a missi
        {"DIR", "--out"},
        {"d", "--out", "m.safetensors"},
        {"d"},
-       "missing --out MODEL.safetensors"},
+       "missing --out OUT"},
       {{"ckpt", "inspect"}, {"DIR"}, {"d"}, {}, "missing DIR"},
       {{"ckpt", "verify"}, {"DIR"}, {"d"}, {}, "missing DIR"},
   };
