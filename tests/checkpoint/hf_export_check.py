@@ -4,6 +4,8 @@ usage:
   hf_export_check.py tokenizer OUT.json CORPUS.txt
       trains a small BPE tokenizer (PyPI's `tokenizers`, vocabulary 90, special token
       <|endoftext|>) on CORPUS.txt and saves it as OUT.json
+  hf_export_check.py spm OUT.model CORPUS.txt
+      trains a small SentencePiece BPE model (vocabulary 60, <unk> <s> </s> = 0 1 2)
   hf_export_check.py check ROOT NAME...
       for each NAME: ROOT/NAME/ is an exported directory and ROOT/NAME.logits holds int32 B, T, V,
       the B*T ids, then B*V float32 logits of each row's last position as Shardwise computed
@@ -11,7 +13,10 @@ usage:
       1e-4 (max |difference| / max |logit|). Where ROOT/NAME.sharded/ exists, it must hold
       several files with an index and load to the same tensors and logits. Where the export
       holds a tokenizer and ROOT/tokenizer.json and ROOT/corpus.txt exist,
-      AutoTokenizer.from_pretrained(ROOT/NAME) must encode the corpus as `tokenizers` does.
+      AutoTokenizer.from_pretrained(ROOT/NAME) must encode the corpus as `tokenizers` does; where
+      it holds a tokenizer.model and ROOT/sp.model exists, as SentencePieceProcessor does
+      (LlamaTokenizerFast where protobuf is installed, else LlamaTokenizer: transformers converts
+      a .model to its fast form through protobuf).
 Exits non-zero on any mismatch. Nothing is downloaded.
 """
 import json
@@ -40,6 +45,18 @@ def make_tokenizer(out, corpus):
                                   show_progress=False)
     tok.train([corpus], trainer)
     tok.save(out)
+
+
+def make_spm(out, corpus):
+    import sentencepiece as spm
+    prefix = out[:-len(".model")]
+    spm.SentencePieceTrainer.train(input=corpus, model_prefix=prefix, vocab_size=60,
+                                   model_type="bpe", unk_id=0, bos_id=1, eos_id=2, minloglevel=2)
+
+
+def corpus_lines(root):
+    text = open(os.path.join(root, "corpus.txt"), encoding="utf-8").read()
+    return [l for l in text.split("\n") if l] + [text, "  two  spaces\n and a newline"]
 
 
 def read_logits(path):
@@ -111,11 +128,32 @@ def check(root, name):
         if at.eos_token != "<|endoftext|>":
             fail(f"{name}: eos_token {at.eos_token!r}")
         print(f"{name}: AutoTokenizer ({type(at).__name__}) encodes {len(lines)} texts as tokenizers")
+    spm_path = os.path.join(root, "sp.model")
+    if os.path.exists(os.path.join(d, "tokenizer.model")) and os.path.exists(spm_path):
+        import sentencepiece as spm
+        sp = spm.SentencePieceProcessor(model_file=spm_path)
+        try:
+            at = tf.AutoTokenizer.from_pretrained(d)
+        except ImportError as e:  # no protobuf: the slow tokenizer, sentencepiece alone
+            if "protobuf" not in str(e):
+                raise
+            at = tf.AutoTokenizer.from_pretrained(d, use_fast=False)
+        lines = corpus_lines(root)
+        for l in lines:
+            a, b = at.encode(l, add_special_tokens=False), sp.encode(l)
+            if a != b:
+                fail(f"{name}: {type(at).__name__} encodes {l[:40]!r} as {a[:12]}, "
+                     f"sentencepiece as {b[:12]}")
+        if at.bos_token_id != 1 or at.eos_token_id != 2:
+            fail(f"{name}: bos/eos ids {at.bos_token_id}/{at.eos_token_id}")
+        print(f"{name}: AutoTokenizer ({type(at).__name__}) encodes {len(lines)} texts as sentencepiece")
 
 
 def main():
     if len(sys.argv) >= 4 and sys.argv[1] == "tokenizer":
         make_tokenizer(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) >= 4 and sys.argv[1] == "spm":
+        make_spm(sys.argv[2], sys.argv[3])
     elif len(sys.argv) >= 4 and sys.argv[1] == "check":
         for name in sys.argv[3:]:
             check(sys.argv[2], name)

@@ -3,7 +3,8 @@
 // file and against the live model's export. Reference: transformers' AutoModelForCausalLM and
 // AutoTokenizer load what a short training run exports (GPT-2 tied and untied, Llama with GQA,
 // a tied Llama 3 with llama3 RoPE scaling, Qwen2 with q/k/v biases) and give Shardwise's logits
-// within 1e-4 (tests/checkpoint/hf_export_check.py); a sharded export loads the same.
+// within 1e-4 (tests/checkpoint/hf_export_check.py); a sharded export loads the same; the
+// exported tokenizer.json / tokenizer.model encode as `tokenizers` / `sentencepiece`.
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <filesystem>
@@ -253,6 +254,9 @@ TEST_CASE("hf export: transformers loads the exported directories and gives Shar
   const std::string mk = py + "tokenizer " + dir.file("tokenizer.json") + " " + dir.file("corpus.txt");
   INFO(mk);
   REQUIRE(std::system(mk.c_str()) == 0);  // the reference venv (scripts/setup.sh)
+  const std::string mks = py + "spm " + dir.file("sp.model") + " " + dir.file("corpus.txt");
+  INFO(mks);
+  REQUIRE(std::system(mks.c_str()) == 0);
 
   struct Case {
     std::string name;
@@ -274,7 +278,8 @@ TEST_CASE("hf export: transformers loads the exported directories and gives Shar
     ShardedModel sm(m, ops_for(Device::cpu()), 17);
     train(sm, k.c.vocab_size, 3);
     HfExportOptions o;
-    o.tokenizer = dir.file("tokenizer.json");
+    // Llama 2 style: the SentencePiece model; the others: the BPE tokenizer.json.
+    o.tokenizer = dir.file(k.name == "llama_gqa" ? "sp.model" : "tokenizer.json");
     export_hf_dir(sm, dir.file(k.name), o);
     if (k.name == "llama_gqa") {
       o.max_shard_bytes = 60000;
