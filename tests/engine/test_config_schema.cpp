@@ -114,6 +114,9 @@ TEST_CASE("config schema: a default-constructed TrainConfig agrees with the decl
     if (k["default"].is_null()) continue;  // derived from other keys
     if (key == "activation_checkpointing") {  // written as the object: its mode
       CHECK(*at(code, key + ".mode") == k["default"]);
+    } else if (key == "model.qkv_bias" || key == "model.rope_scaling" ||
+               (key.rfind("model.rope_", 0) == 0 && key != "model.rope_theta")) {
+      CHECK(v->is_null());  // llama's keys: null (not applicable) for the default gpt2
     } else if (key == "shard_group_size") {  // null (not applicable) without HYBRID_SHARD
       CHECK(v->is_null());
       CHECK(d.sharding.shard_group_size == k["default"].get<int>());
@@ -152,7 +155,8 @@ TEST_CASE("config schema: the resolved config lists every declared key") {
   // What applies in one run and not another is null, and reads back as unset.
   const json llama = json::parse(parse(R"({"model": {"type": "llama"},
                                           "scheduler": {"type": "Constant"}})").resolved_json);
-  CHECK(at(llama, "model.tie_embeddings")->is_null());
+  CHECK(*at(llama, "model.tie_embeddings") == false);  // llama's default (gpt2's: true)
+  CHECK(at(llama, "model.rope_factor")->is_null());     // no llama3 scaling
   CHECK(at(llama, "scheduler.params.warmup_num_steps")->is_null());
   CHECK(at(llama, "shard_group_size")->is_null());
   CHECK(at(llama, "train_batch_size")->is_null());
