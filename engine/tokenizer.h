@@ -1,8 +1,9 @@
 // Tokenizers: text to token ids and back, with the same ids as the reference packages.
 //   bytes           one token per byte (vocabulary 256): Shardwise's original data.
-//   tokenizer.json  Hugging Face byte-level BPE (GPT-2, Llama 3, Qwen style): normalizer-free,
-//                   a pre-tokenizer regex split, byte-to-unicode mapping, ranked merges,
-//                   special and added tokens matched before splitting.
+//   tokenizer.json  Hugging Face byte-level BPE (GPT-2, Llama 3, Qwen style): no normalizer or
+//                   NFC, pre-tokenizer regex splits, byte-to-unicode mapping, ranked merges
+//                   (ignore_merges), special and added tokens matched before splitting
+//                   (engine/tokenizer_bpe.cpp).
 //   *.model         SentencePiece (Llama 2), through Debian's libsentencepiece.
 // Encoding matches `tokenizers`' Tokenizer.encode(text, add_special_tokens=False) and
 // SentencePieceProcessor.encode(text); added / special tokens written in the text encode to

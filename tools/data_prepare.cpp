@@ -13,7 +13,9 @@
 //                               validation file when floor((i+1) F) > floor(i F).
 //   progress (a thread)         the bar on stderr, four times a second (a terminal only).
 // The piece size, clamp(total bytes / 256, 4 KiB, 1 MiB), depends on the input alone, so the
-// files (and the --val split) are the same for any --threads.
+// files (and the --val split) are the same for any --threads. A text with no place to cut (a
+// tokenizer with ByteLevel's add_prefix_space, or no "X\n" + letter in it) is read whole.
+// Memory: a batch (threads * 4 pieces) and its ids, whatever the input's size.
 #include "tools/data_prepare.h"
 
 #include <unistd.h>

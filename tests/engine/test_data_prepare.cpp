@@ -1,8 +1,8 @@
 // `shardwise data prepare --tokenizer` (tools/data_prepare.cpp), the real binary on the
 // tokenizers tok_ref.py trains: a ~200 KB document streamed in pieces on 1 and 2 threads gives
 // exactly the reference package's ids of the whole document, then the end-of-text id; JSONL
-// gives one document per line and, with prompt / completion, the loss mask; --val takes every
-// (1/F)-th piece; a tokenizer.json it cannot read is one line naming the file and key.
+// gives one document per line and, with prompt / completion, the loss mask; a vocabulary past
+// 65,536 writes 4-byte ids; --val takes every (1/F)-th piece; a tokenizer.json it cannot read is one line naming the file and key.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -121,6 +121,25 @@ TEST_CASE("data prepare: JSONL documents, prompt / completion masks, the validat
   ids.push_back(eot), mask.push_back(1);
   CHECK(read_ids(dir / "ft.bin") == ids);
   CHECK(read_ids(dir / "ft.mask") == mask);
+
+  // A vocabulary past 65,536 (an added token with id 70,000): 4-byte ids (token file v2).
+  json big = json::parse(clitest::slurp(tokfile));
+  big["added_tokens"].push_back({{"id", 70000}, {"content", "<|big|>"}, {"single_word", false},
+                                 {"lstrip", false}, {"rstrip", false}, {"normalized", false},
+                                 {"special", true}});
+  clitest::spit(dir / "big.json", big.dump());
+  clitest::spit(dir / "big.txt", "a <|big|> b\nsecond line<|big|>");
+  res = clitest::sw_run(dir, {"data", "prepare", "big.txt", "--tokenizer", "big.json", "--out",
+                              "big.bin"}, 1);
+  INFO(res.err);
+  REQUIRE(res.rc == 0);
+  CHECK(res.out.find("(4-byte ids)") != std::string::npos);
+  const auto big_tok = sw::load_tokenizer((dir / "big.json").string());
+  CHECK(big_tok->vocab_size() == 70001);
+  std::vector<int32_t> big_ids = big_tok->encode("a <|big|> b\nsecond line<|big|>");
+  CHECK(std::count(big_ids.begin(), big_ids.end(), 70000) == 2);
+  big_ids.push_back(eot);
+  CHECK(read_ids(dir / "big.bin") == big_ids);
 
   // Text only: no mask file.
   clitest::spit(dir / "t.jsonl", "{\"text\": \"a\"}\n{\"text\": \"b\"}\n");
