@@ -1,11 +1,16 @@
 """transformers reads what Shardwise exports: the reference of tests/checkpoint/test_hf_export*.cpp.
 
 usage:
-  hf_export_check.py tokenizer OUT.json CORPUS.txt
-      trains a small BPE tokenizer (PyPI's `tokenizers`, vocabulary 90, special token
-      <|endoftext|>) on CORPUS.txt and saves it as OUT.json
+  hf_export_check.py tokenizer OUT.json CORPUS.txt [bytelevel]
+      trains a small BPE tokenizer (PyPI's `tokenizers`, vocabulary 90 split on whitespace, or
+      with `bytelevel` GPT-2's byte-level form with vocabulary 300; special token <|endoftext|>)
+      on CORPUS.txt and saves it as OUT.json
   hf_export_check.py spm OUT.model CORPUS.txt
       trains a small SentencePiece BPE model (vocabulary 60, <unk> <s> </s> = 0 1 2)
+  hf_export_check.py evalloss DIR TOKENS.bin T LOSS TOKENIZER.json CORPUS.txt
+      transformers' mean loss over TOKENS.bin's windows of T targets (as `shardwise eval`) with
+      AutoModelForCausalLM.from_pretrained(DIR) must equal LOSS within 1e-4 relative, and
+      AutoTokenizer.from_pretrained(DIR) encode the corpus as TOKENIZER.json does
   hf_export_check.py check ROOT NAME...
       for each NAME: ROOT/NAME/ is an exported directory and ROOT/NAME.logits holds int32 B, T, V,
       the B*T ids, then B*V float32 logits of each row's last position as Shardwise computed
@@ -29,6 +34,7 @@ import torch
 import transformers as tf
 
 tf.utils.logging.set_verbosity_error()
+tf.utils.logging.disable_progress_bar()
 TOL = 1e-4
 
 
@@ -37,12 +43,19 @@ def fail(msg):
     sys.exit(1)
 
 
-def make_tokenizer(out, corpus):
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+def make_tokenizer(out, corpus, bytelevel):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     tok = Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    trainer = trainers.BpeTrainer(vocab_size=90, special_tokens=["<|endoftext|>"],
-                                  show_progress=False)
+    if bytelevel:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                      show_progress=False)
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        trainer = trainers.BpeTrainer(vocab_size=90, special_tokens=["<|endoftext|>"],
+                                      show_progress=False)
     tok.train([corpus], trainer)
     tok.save(out)
 
@@ -149,11 +162,48 @@ def check(root, name):
         print(f"{name}: AutoTokenizer ({type(at).__name__}) encodes {len(lines)} texts as sentencepiece")
 
 
+def read_tokens(path):
+    b = open(path, "rb").read()
+    h = np.frombuffer(b[:1024], dtype="<i4")
+    if h[0] != 20240520 or h[1] not in (1, 2):
+        fail(f"{path}: not a token file (magic {h[0]}, version {h[1]})")
+    dt = "<u2" if h[1] == 1 else "<i4"
+    return np.frombuffer(b[1024:], dtype=dt).astype(np.int64)[: int(h[2])]
+
+
+def eval_loss(d, tokens, T, want, tok_json, corpus):
+    ids = read_tokens(tokens)
+    model = tf.AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32)
+    total, n = 0.0, 0
+    with torch.no_grad():
+        for s in range(0, len(ids) - 1, T):
+            m = min(T, len(ids) - 1 - s)
+            x = torch.tensor(ids[s:s + m]).unsqueeze(0)
+            y = torch.tensor(ids[s + 1:s + 1 + m])
+            lp = torch.log_softmax(model(x).logits[0].double(), dim=-1)
+            total -= float(lp[torch.arange(m), y].sum())
+            n += m
+    got = total / n
+    rel = abs(got - want) / abs(want)
+    print(f"eval loss: transformers {got:.6f}, shardwise {want:.6f} ({n} targets), relative {rel:.2g}")
+    if not rel <= TOL:
+        fail(f"losses differ by {rel:.3g} (> {TOL})")
+    from tokenizers import Tokenizer
+    orig, at = Tokenizer.from_file(tok_json), tf.AutoTokenizer.from_pretrained(d)
+    text = open(corpus, encoding="utf-8").read()
+    for l in text.split("\n")[:100] + [text]:
+        if at.encode(l, add_special_tokens=False) != orig.encode(l, add_special_tokens=False).ids:
+            fail(f"AutoTokenizer encodes {l[:40]!r} otherwise than tokenizers")
+
+
 def main():
     if len(sys.argv) >= 4 and sys.argv[1] == "tokenizer":
-        make_tokenizer(sys.argv[2], sys.argv[3])
+        make_tokenizer(sys.argv[2], sys.argv[3], sys.argv[4:] == ["bytelevel"])
     elif len(sys.argv) >= 4 and sys.argv[1] == "spm":
         make_spm(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) >= 8 and sys.argv[1] == "evalloss":
+        eval_loss(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), sys.argv[6],
+                  sys.argv[7])
     elif len(sys.argv) >= 4 and sys.argv[1] == "check":
         for name in sys.argv[3:]:
             check(sys.argv[2], name)
