@@ -72,7 +72,11 @@ std::map<std::string, RefTensor> run_reference(const ModelConfig& c, int B, int 
       << " --out '" << out << "' --seed 7 --V " << c.vocab_size << " --L " << c.n_layer
       << " --H " << c.n_head << " --KVH " << c.n_kv_head << " --C " << c.d_model << " --F "
       << c.d_ff << " --maxT " << c.seq_len << " --B " << B << " --T " << T << " --theta "
-      << c.rope_theta << " --eps " << c.norm_eps << (c.tie_embeddings ? "" : " --untied");
+      << c.rope_theta << " --eps " << c.norm_eps << (c.tie_embeddings ? "" : " --untied")
+      << (c.qkv_bias ? " --qkv-bias" : "");
+  if (c.rope_scaling == "llama3")
+    cmd << " --llama3 " << c.rope_factor << "," << c.rope_low_freq_factor << ","
+        << c.rope_high_freq_factor << "," << c.rope_original_max_pos;
   INFO("command: " << cmd.str());
   const int rc = std::system(cmd.str().c_str());
   if (rc != 0)
@@ -224,4 +228,32 @@ TEST_CASE("Llama (MQA, non-contiguous packing) matches the PyTorch reference",
   c.seq_len = 8;
   c.norm_eps = 1e-6f;
   cross_check(c, 2, 7, "llama_mqa", depth_tol(c.n_layer));
+}
+
+// The Llama variants (issue 35) in training: tied embedding and head (one embed_head unit, two
+// calls), Qwen2's q/k/v biases (hd = 6 and one kv head: the biases are not contiguous, so the
+// per-matrix path adds and sums them), llama3 RoPE scaling (original context 4, so that pairs
+// fall in each of its three regions). Loss, logits and every gradient against float64 PyTorch.
+TEST_CASE("Llama variants (tied, q/k/v biases, llama3 RoPE) match the PyTorch reference",
+          "[models][reference]") {
+  for (int packed = 0; packed < 2; ++packed) {
+    ModelConfig c;
+    c.type = "llama";
+    c.tie_embeddings = true;
+    c.qkv_bias = true;
+    c.rope_scaling = "llama3";
+    c.rope_factor = 8.f, c.rope_low_freq_factor = 1.f, c.rope_high_freq_factor = 4.f;
+    c.rope_original_max_pos = 4;
+    c.vocab_size = 30;
+    c.n_layer = 2;
+    c.n_head = packed ? 4 : 2;
+    c.n_kv_head = packed ? 2 : 1;
+    c.d_model = packed ? 64 : 12;  // hd 16 (biases contiguous) or 6 (not)
+    c.d_ff = 20;
+    c.seq_len = 8;
+    c.rope_theta = 500.f;
+    INFO("packed " << packed);
+    cross_check(c, 2, 7, packed ? "llama_variants_packed" : "llama_variants",
+                depth_tol(c.n_layer));
+  }
 }

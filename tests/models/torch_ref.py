@@ -148,10 +148,22 @@ def gpt2_weights(a):
     return W
 
 
-def rope(x, theta):
+def llama3_scaled(inv, factor, low, high, orig):
+    # Llama 3.1's frequencies (transformers' _compute_llama3_parameters), in float64.
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > orig / low, inv / factor, inv)
+    smooth = (orig / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= orig / high) & (wavelen <= orig / low)
+    return torch.where(medium, blended, scaled)
+
+
+def rope(x, theta, scaling=None):
     # x (B,h,T,hd); Hugging Face rotate_half: dim i pairs with i + hd/2; position of row t is t.
     T, hd = x.shape[2], x.shape[3]
     inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    if scaling:
+        inv = llama3_scaled(inv, *scaling)
     ang = torch.outer(torch.arange(T, dtype=torch.float64), inv)
     emb = torch.cat([ang, ang], dim=-1)
     cos, sin = emb.cos(), emb.sin()
@@ -167,10 +179,13 @@ def llama(a, W, tokens):
     for l in range(L):
         p = "layers.%d." % l
         h = rms_norm(x, W[p + "input_layernorm.weight"], a.eps)
-        q = (h @ W[p + "self_attn.q_proj.weight"].T).view(B, T, H, hd).transpose(1, 2)
-        k = (h @ W[p + "self_attn.k_proj.weight"].T).view(B, T, KVH, hd).transpose(1, 2)
-        v = (h @ W[p + "self_attn.v_proj.weight"].T).view(B, T, KVH, hd).transpose(1, 2)
-        q, k = rope(q, a.theta), rope(k, a.theta)
+        q, k, v = [h @ W[p + "self_attn.%s_proj.weight" % n].T for n in "qkv"]
+        if a.qkv_bias:
+            q, k, v = [t + W[p + "self_attn.%s_proj.bias" % n] for t, n in zip((q, k, v), "qkv")]
+        q = q.view(B, T, H, hd).transpose(1, 2)
+        k = k.view(B, T, KVH, hd).transpose(1, 2)
+        v = v.view(B, T, KVH, hd).transpose(1, 2)
+        q, k = rope(q, a.theta, a.llama3), rope(k, a.theta, a.llama3)
         rep = H // KVH  # query head j uses key/value head j // rep (HF repeat_kv)
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
@@ -181,7 +196,7 @@ def llama(a, W, tokens):
         u = h @ W[p + "mlp.up_proj.weight"].T
         x = x + (F.silu(g) * u) @ W[p + "mlp.down_proj.weight"].T
     h = rms_norm(x, W["norm.weight"], a.eps)
-    return h @ W["lm_head.weight"].T
+    return h @ (W["embed_tokens.weight"] if a.tied else W["lm_head.weight"]).T
 
 
 def llama_weights(a):
@@ -200,8 +215,12 @@ def llama_weights(a):
         W.add(p + "mlp.gate_proj.weight", (F_, C), "normal", std)
         W.add(p + "mlp.up_proj.weight", (F_, C), "normal", std)
         W.add(p + "mlp.down_proj.weight", (C, F_), "normal", std)
+        if a.qkv_bias:
+            for n, oc in (("q", H * hd), ("k", KVH * hd), ("v", KVH * hd)):
+                W.add(p + "self_attn.%s_proj.bias" % n, (oc,), "normal", std)
     W.add("norm.weight", (C,), "ones")
-    W.add("lm_head.weight", (V, C), "normal", std)
+    if not a.tied:
+        W.add("lm_head.weight", (V, C), "normal", std)
     return W
 
 
@@ -223,7 +242,11 @@ def main():
     ap.add_argument("--eps", type=float, default=1e-5)
     ap.add_argument("--std", type=float, default=0.2)
     ap.add_argument("--untied", action="store_true")
+    ap.add_argument("--qkv-bias", action="store_true")  # llama: Qwen2's q, k, v biases
+    # llama: RoPE scaling "llama3" as FACTOR,LOW_FREQ_FACTOR,HIGH_FREQ_FACTOR,ORIGINAL_MAX_POS
+    ap.add_argument("--llama3", default="")
     a = ap.parse_args()
+    a.llama3 = [float(x) for x in a.llama3.split(",")] if a.llama3 else None
     a.KVH = a.KVH or a.H
     a.F = a.F or 4 * a.C
     a.tied = not a.untied
