@@ -20,6 +20,7 @@
 #include "models/model.h"
 #include "sharding/sharded_model.h"
 #include "st_test_util.h"
+#include "tests/common/sim_device.h"
 
 using namespace sw;
 namespace fs = std::filesystem;
@@ -237,6 +238,26 @@ TEST_CASE("hf export: ckpt export --out DIR, sharded or not, holds the single fi
                                                                Contains("nope.json"));
   CHECK(!fs::exists(dir.file("bad")));
   CHECK(!fs::exists(dir.file("bad.tmp")));
+}
+
+TEST_CASE("hf export: a model on a device (the simulated accelerator) exports the CPU's bytes",
+          "[hf_export]") {
+  // The sim's memory faults when host code touches it: the export must copy each unit out.
+  sttest::TempDir dir("hf_export_sim");
+  Model mc = build_model(llama()), ms = build_model(llama());
+  ShardedModel cpu(mc, ops_for(Device::cpu()), 9), sim(ms, ops_for(Device::sim(0)), 9);
+  train(cpu, 96, 2);
+  train(sim, 96, 2);
+  HfExportOptions o;
+  o.max_shard_bytes = 50000;
+  export_hf_dir(cpu, dir.file("cpu"), o);
+  export_hf_dir(sim, dir.file("sim"), o);
+  size_t n = 0;
+  for (const auto& e : fs::directory_iterator(dir.file("cpu"))) {
+    CHECK(slurp(e.path().string()) == slurp(dir.file("sim/" + e.path().filename().string())));
+    ++n;
+  }
+  CHECK(n >= 4);
 }
 
 #else
