@@ -13,7 +13,9 @@
 // Each weights file is written by one rank (file k by rank k mod W), tensor by tensor as the
 // model's parameters are gathered one unit at a time, so no rank holds more than one unit's
 // parameters beyond what training holds; rank 0 writes the rest. The directory is written as
-// DIR.tmp and renamed, so DIR exists complete or not at all (a previous DIR is replaced).
+// DIR.tmp and renamed, so DIR exists complete or not at all (a previous DIR is replaced). Ranks
+// on several hosts need DIR on a shared filesystem once the weights take several files (as
+// sharded checkpoints do); in one file, rank 0 alone writes.
 #pragma once
 #include <cstdint>
 #include <map>
