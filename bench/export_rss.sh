@@ -7,7 +7,8 @@
 # holds nothing beyond training (the streaming export: one unit at a time, each rank its own
 # files); the old export gathered the whole model on rank 0.
 #
-#   bench/export_rss.sh [SHARDWISE] [WORK_DIR]     (default build/tools/shardwise, /tmp/sw_export_rss)
+#   bench/export_rss.sh [SHARDWISE] [WORK_DIR]
+#       (defaults: build/tools/shardwise, /tmp/sw_export_rss)
 # EXPORT_ARGS: more arguments of the exporting run, e.g. "--set checkpoint.export_shard_bytes=
 # 300000000" to cut the weights into 4 files, 2 written by each rank.
 # Needs data/fortunes_train.bin (scripts/run_default.sh prepares it) and ~6 GB free in WORK_DIR.

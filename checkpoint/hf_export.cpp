@@ -69,7 +69,8 @@ void copy_into(const std::string& src, const std::string& dst) {
 }
 
 // A special token of tokenizer.json's added_tokens whose content is one of `names`, or null.
-const nlohmann::json* special_token(const nlohmann::json& tok, std::initializer_list<const char*> names) {
+const nlohmann::json* special_token(const nlohmann::json& tok,
+                                   std::initializer_list<const char*> names) {
   if (!tok.contains("added_tokens") || !tok["added_tokens"].is_array()) return nullptr;
   for (const char* n : names)
     for (const nlohmann::json& t : tok["added_tokens"])

@@ -115,7 +115,8 @@ def check(root, name):
             part = load_file(os.path.join(sd, f))
             for k, v in part.items():
                 if index["weight_map"].get(k) != f:
-                    fail(f"{name}.sharded: {k} is in {f}, the index says {index['weight_map'].get(k)}")
+                    fail(f"{name}.sharded: {k} is in {f}, "
+                         f"the index says {index['weight_map'].get(k)}")
                 many[k] = v
                 total += v.nbytes
         if index["metadata"]["total_size"] != total:
@@ -137,10 +138,12 @@ def check(root, name):
             a = at.encode(l, add_special_tokens=False)
             b = orig.encode(l, add_special_tokens=False).ids
             if a != b:
-                fail(f"{name}: AutoTokenizer encodes {l[:40]!r} as {a[:12]}, tokenizers as {b[:12]}")
+                fail(f"{name}: AutoTokenizer encodes {l[:40]!r} as {a[:12]}, "
+                     f"tokenizers as {b[:12]}")
         if at.eos_token != "<|endoftext|>":
             fail(f"{name}: eos_token {at.eos_token!r}")
-        print(f"{name}: AutoTokenizer ({type(at).__name__}) encodes {len(lines)} texts as tokenizers")
+        print(f"{name}: AutoTokenizer ({type(at).__name__}) encodes {len(lines)} texts "
+              "as tokenizers")
     spm_path = os.path.join(root, "sp.model")
     if os.path.exists(os.path.join(d, "tokenizer.model")) and os.path.exists(spm_path):
         import sentencepiece as spm
@@ -159,7 +162,8 @@ def check(root, name):
                      f"sentencepiece as {b[:12]}")
         if at.bos_token_id != 1 or at.eos_token_id != 2:
             fail(f"{name}: bos/eos ids {at.bos_token_id}/{at.eos_token_id}")
-        print(f"{name}: AutoTokenizer ({type(at).__name__}) encodes {len(lines)} texts as sentencepiece")
+        print(f"{name}: AutoTokenizer ({type(at).__name__}) encodes {len(lines)} texts "
+              "as sentencepiece")
 
 
 def read_tokens(path):
@@ -185,7 +189,8 @@ def eval_loss(d, tokens, T, want, tok_json, corpus):
             n += m
     got = total / n
     rel = abs(got - want) / abs(want)
-    print(f"eval loss: transformers {got:.6f}, shardwise {want:.6f} ({n} targets), relative {rel:.2g}")
+    print(f"eval loss: transformers {got:.6f}, shardwise {want:.6f} ({n} targets), "
+          f"relative {rel:.2g}")
     if not rel <= TOL:
         fail(f"losses differ by {rel:.3g} (> {TOL})")
     from tokenizers import Tokenizer

@@ -1,8 +1,8 @@
 #!/bin/bash
-# The end-of-run export from a real run (labels mpi, reference): a byte-level BPE tokenizer.json trained
-# here with PyPI's `tokenizers`, `shardwise data prepare --tokenizer`, then `mpirun -np 2
-# shardwise train` of a Llama with GQA (FULL_SHARD, exported in several files, so both ranks
-# write some) and a final checkpoint. Checks:
+# The end-of-run export from a real run (labels mpi, reference): a byte-level BPE
+# tokenizer.json trained here with PyPI's `tokenizers`, `shardwise data prepare --tokenizer`,
+# then `mpirun -np 2 shardwise train` of a Llama with GQA (FULL_SHARD, exported in several
+# files, so both ranks write some) and a final checkpoint. Checks:
 #   - <run_dir>/hf loads with transformers' AutoModelForCausalLM and AutoTokenizer, whose mean
 #     loss over the validation file's seq_len windows equals `shardwise eval --weights run/hf`
 #     within 1e-4 relative, and whose encoding equals `tokenizers` (hf_export_check.py evalloss)
@@ -66,7 +66,8 @@ loss=$(awk '/^loss/ {print $2}' "$work/eval.log")
 "$sw" ckpt export "$work/run/checkpoints" --out "$work/ck" --max-shard-bytes 60000 \
   >"$work/export.log" 2>&1 || { cat "$work/export.log"; fail "ckpt export --out DIR"; }
 for f in "$hf"/*; do
-  cmp "$f" "$work/ck/$(basename "$f")" || fail "ckpt export: $(basename "$f") differs from the run's"
+  cmp "$f" "$work/ck/$(basename "$f")" ||
+    fail "ckpt export: $(basename "$f") differs from the run's"
 done
 [ "$(ls "$hf" | wc -l)" = "$(ls "$work/ck" | wc -l)" ] || fail "ckpt export: other files"
 "$sw" ckpt export "$work/run/checkpoints" --out "$work/one.safetensors" >"$work/export1.log" 2>&1 ||

@@ -272,7 +272,8 @@ TEST_CASE("hf export: transformers loads the exported directories and gives Shar
   }
   const std::string py = std::string(SW_REF_PYTHON) + " " + SW_SOURCE_DIR +
                          "/tests/checkpoint/hf_export_check.py ";
-  const std::string mk = py + "tokenizer " + dir.file("tokenizer.json") + " " + dir.file("corpus.txt");
+  const std::string mk =
+      py + "tokenizer " + dir.file("tokenizer.json") + " " + dir.file("corpus.txt");
   INFO(mk);
   REQUIRE(std::system(mk.c_str()) == 0);  // the reference venv (scripts/setup.sh)
   const std::string mks = py + "spm " + dir.file("sp.model") + " " + dir.file("corpus.txt");

@@ -1,7 +1,7 @@
-// The end-of-run export on 2 ranks, run by ctest as `mpirun -np 2` (labels mpi, reference): a
-// Llama with GQA trained FULL_SHARD exports a directory cut into several files; each rank writes the files it owns (file k by
-// rank k mod 2) and nothing more, the files equal a one-rank export of the same weights, and
-// transformers' AutoModelForCausalLM gives the 2-rank model's logits within 1e-4
+// The end-of-run export on 2 ranks, run by ctest as `mpirun -np 2` (labels mpi, reference): a Llama
+// with GQA trained FULL_SHARD exports a directory cut into several files; each rank writes the
+// files it owns (file k by rank k mod 2) and nothing more, the files equal a one-rank export of the
+// same weights, and transformers' AutoModelForCausalLM gives the 2-rank model's logits within 1e-4
 // (tests/checkpoint/hf_export_check.py, run by rank 0).
 #include <catch2/catch.hpp>
 #include <cstdlib>
