@@ -143,9 +143,11 @@ long long read_int(const Node& n, const json& v, const std::string& path, const 
     x = v.get<long long>();
   }
   if (x < n.lo || x > n.hi) {
-    const std::string range = n.hi >= INT32_MAX ? ">= " + std::to_string(n.lo)
-                                                : "in [" + std::to_string(n.lo) + ", " +
-                                                      std::to_string(n.hi) + "]";
+    // No upper bound below int32's: ">= lo", or "<= 2147483647" for a value beyond it.
+    const std::string range = n.hi < INT32_MAX ? "in [" + std::to_string(n.lo) + ", " +
+                                                     std::to_string(n.hi) + "]"
+                              : x > n.hi       ? "<= " + std::to_string(n.hi)
+                                               : ">= " + std::to_string(n.lo);
     c.bad(path, "must be " + range + " (got " + v.dump() + ")");
   }
   return x;

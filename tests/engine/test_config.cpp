@@ -137,8 +137,10 @@ TEST_CASE("config: out-of-range values name the key and the range") {
              Contains("zero_optimization.stage: must be in [0, 3] (got 4)"));
   CHECK_THAT(error_of(R"({"model": {"seq_len": 0}})"),
              Contains("model.seq_len: must be >= 1 (got 0)"));
-  CHECK_THAT(error_of(R"({"model": {"vocab_size": 65537}})"),
-             Contains("model.vocab_size: must be in [1, 65536] (got 65537)"));
+  CHECK_THAT(error_of(R"({"model": {"vocab_size": 2147483648}})"),
+             Contains("model.vocab_size: must be <= 2147483647 (got 2147483648)"));
+  CHECK_THAT(error_of(R"({"model": {"vocab_size": 0}})"),
+             Contains("model.vocab_size: must be >= 1 (got 0)"));
   CHECK_THAT(error_of(R"({"train_micro_batch_size_per_gpu": 0})"),
              Contains("train_micro_batch_size_per_gpu: must be >= 1"));
   CHECK_THAT(error_of(R"({"gradient_accumulation_steps": -2})"),

@@ -190,8 +190,10 @@ TEST_CASE("config schema: the reader enforces the declared ranges and choices") 
     }
   }
   // Messages keep their form: the key path, the declared range, the value.
-  CHECK(error_of(R"({"model": {"vocab_size": 70000}})") ==
-        "config: cfg.json: model.vocab_size: must be in [1, 65536] (got 70000)");
+  CHECK(error_of(R"({"model": {"vocab_size": 2147483648}})") ==
+        "config: cfg.json: model.vocab_size: must be <= 2147483647 (got 2147483648)");
+  CHECK(error_of(R"({"zero_optimization": {"stage": 4}})") ==
+        "config: cfg.json: zero_optimization.stage: must be in [0, 3] (got 4)");
   CHECK(error_of(R"({"optimizer": {"params": {"lr": 0}}})") ==
         "config: cfg.json: optimizer.params.lr: must be > 0 (got 0)");
   CHECK(error_of(R"({"model": {"type": "bert"}})") ==

@@ -39,7 +39,8 @@ TEST_CASE("data: model.vocab_size up to 2^31 - 1 is accepted, beyond it refused"
   };
   CHECK(parse("151936").model.vocab_size == 151936);
   CHECK(parse("2147483647").model.vocab_size == 2147483647);
-  CHECK_THROWS_WITH(parse("2147483648"), Contains("model.vocab_size"));
+  CHECK_THROWS_WITH(parse("2147483648"),
+                    Contains("model.vocab_size: must be <= 2147483647 (got 2147483648)"));
 }
 
 TEST_CASE("data: kernels index a vocab x d_model table beyond 2^31 floats") {
