@@ -1563,17 +1563,25 @@ inline std::vector<OpCase> op_cases() {
         shape({{"B", s.B}, {"T", s.T}, {"H", s.H}, {"KVH", s.KVH}, {"hd", s.hd}});
     const size_t nqkv = size_t(s.B) * s.T * (s.H + 2 * s.KVH) * s.hd;
     const size_t nout = size_t(s.B) * s.T * s.H * s.hd, nlse = size_t(s.B) * s.H * s.T;
+    // (forward with Llama 3.1's scaling, its three frequency regions inside hd 8 / 16, so the
+    // backends' tables share rope_inv_freq; backward plain)
+    auto llama3_rope = [] {
+      sw::RopeSpec r(500000.f);
+      r.llama3 = true;
+      r.original_max_pos = 64;
+      return r;
+    };
     for (int bwd = 0; bwd < 2; ++bwd)
       cs.push_back({bwd ? "rope_backward:f32" : "rope_forward:f32",
                     std::string(bwd ? "rope_backward[f32] " : "rope_forward[f32] ") + sh,
                     kTolElem, kTolElem,
-                    [s, sd, nqkv, bwd](Arena& a) {
+                    [s, sd, nqkv, bwd, llama3_rope](Arena& a) {
                       Rng r(sd + 10 * bwd);
                       float* x = a.up(r.normal(nqkv));
                       if (bwd)
                         a.ops().rope_backward(x, x, s.B, s.T, s.H, s.KVH, s.hd, 10000.f);
                       else
-                        a.ops().rope_forward(x, x, s.B, s.T, s.H, s.KVH, s.hd, 500000.f);
+                        a.ops().rope_forward(x, x, s.B, s.T, s.H, s.KVH, s.hd, llama3_rope());
                       Outputs o;
                       put(o, "qkv", a.down(x, nqkv));
                       return o;
