@@ -47,10 +47,10 @@ class Tokenizer {
   //                  not a space), where the pre-tokenizer regexes of GPT-2, Llama 3 and Qwen2
   //                  end a word either way (an added token holding "\n" inside is not looked
   //                  for across a cut); never with a prefix space (each part would get one);
-  //   SentencePiece  at a space between printable ASCII and an ASCII letter or digit, the
-  //                  space dropped (the rest's dummy prefix "▁" stands for it); only when a
-  //                  probe at load shows the model encodes so (add_dummy_prefix, pieces split
-  //                  at whitespace), else never.
+  //   SentencePiece  BPE models: at a space between printable ASCII and an ASCII letter or
+  //                  digit, the space dropped (the rest's dummy prefix "▁" stands for it), when
+  //                  a probe at load shows the model encodes so; unigram models: never (their
+  //                  float Viterbi sums make far-off ties depend on the whole text).
   virtual size_t chunk_cut(std::string_view text, size_t target, size_t* next) const;
 };
 
