@@ -14,6 +14,9 @@
 //   unless fp16 skipped overflowing steps, see below); validation on eval steps over
 //   eval_batches * W batches of B rows, split over the ranks (the windows one rank with
 //   micro-batch W*B would evaluate).
+// With loss masks (engine/data.h) micro-step k counting c_k of the global batch's C targets
+// gets W c_k / C instead of 1/accum, and the loss is sum over ranks of c_k * mean_k / C: the
+// mean over the counted targets of the global batch (validation likewise).
 // Rank 0 alone writes run_dir (config.json, metrics.jsonl) and prints; the end-of-run export
 // (run_dir/hf/, a Hugging Face directory) has each rank write the weights files it owns.
 //
