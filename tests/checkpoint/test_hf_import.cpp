@@ -241,6 +241,19 @@ TEST_CASE("hf import: checkpoint.init_from DIR is the model block, the run keys 
   CHECK_THAT(c.notes[0], Catch::Contains("the run's 10000 is used"));
   CHECK_THAT(c.notes[1], Catch::Contains("model.seq_len"));
 
+  // 0, the default of n_kv_head and d_ff, stands for what it resolves to: GPT-2's 4 d_model
+  // agrees with config.json; for this GQA Llama, n_kv_head 0 (= n_head) does not.
+  const std::string from_gpt2 =
+      R"("checkpoint": {"init_from": ")" + reference_dir() + R"(/gpt2"})";
+  c = parse_config(R"({"model": {"n_kv_head": 0, "d_ff": 0}, )" + from_gpt2 + "}", "run.json",
+                   {}, 1);
+  CHECK(c.model.d_ff == 256);
+  CHECK(c.notes.empty());
+  CHECK_THAT(error_of([&] {
+               parse_config(R"({"model": {"n_kv_head": 0}, )" + from + "}", "run.json", {}, 1);
+             }),
+             Catch::Contains("model.n_kv_head") && Catch::Contains("does not fit the weights"));
+
   // Shapes that would not fit the weights are errors.
   std::string m = error_of([&] {
     parse_config(R"({"model": {"d_model": 128}, )" + from + "}", "run.json", {}, 1);
