@@ -67,16 +67,16 @@ def models():
                                                       "low_freq_factor": 1.0,
                                                       "high_freq_factor": 4.0,
                                                       "original_max_position_embeddings": 16},
-                                        tie_word_embeddings=True), {"bf16": True}),
+                                        tie_word_embeddings=True), {"dtype": torch.bfloat16}),
         # Qwen2: biases on q, k, v.
         "qwen2": (tf.Qwen2ForCausalLM,
                   llama_like(tf.Qwen2Config, rope_theta=10000.0, use_sliding_window=False,
                              tie_word_embeddings=False), {}),
-        # Mistral with a sliding window longer than the run, saved sharded (an index).
+        # Mistral with a sliding window longer than the run, saved sharded (an index) in fp16.
         "mistral_sharded": (tf.MistralForCausalLM,
                             llama_like(tf.MistralConfig, rope_theta=10000.0, sliding_window=4096,
                                        tie_word_embeddings=False),
-                            {"max_shard_size": "40KB"}),
+                            {"max_shard_size": "20KB", "dtype": torch.float16}),
     }
 
 
@@ -100,11 +100,11 @@ def main():
         randomise(model, 100 + seed)
         if model.config.tie_word_embeddings:
             model.tie_weights()
-        if opt.get("bf16"):
-            model = model.to(torch.bfloat16)
+        if "dtype" in opt:
+            model = model.to(opt["dtype"])
         kw = {"max_shard_size": opt["max_shard_size"]} if "max_shard_size" in opt else {}
         model.save_pretrained(os.path.join(out, name), safe_serialization=True, **kw)
-        # The reference: transformers' model loaded from the directory, in fp32 (the bf16 file's
+        # The reference: transformers' model loaded from the directory, in fp32 (a 16-bit file's
         # values widened; its RoPE frequencies fp32, as a fresh load makes them).
         model = cls.from_pretrained(os.path.join(out, name), torch_dtype=torch.float32).eval()
         with torch.no_grad():

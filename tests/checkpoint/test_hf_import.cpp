@@ -1,7 +1,7 @@
 // Hugging Face model directories in (checkpoint/hf_import.h), against transformers itself:
 // tests/checkpoint/hf_models.py builds small models with random weights (GPT-2 tied; Llama with
 // GQA and llama3 RoPE scaling, untied and tied in bf16; Qwen2 with q/k/v biases; Mistral saved
-// sharded with an index), saves them with save_pretrained and writes transformers' fp32
+// sharded with an index, in fp16), saves them with save_pretrained and writes transformers' fp32
 // logits at every position of fixed ids and a greedy continuation (generate, do_sample=False).
 // Each is imported through the C++ API (read_hf_config, build_model, import_safetensors on the
 // directory): logits within 1e-4 relative of the largest, the continuation exactly. Then bad
@@ -145,7 +145,7 @@ TEST_CASE("hf import: Llama tied (Llama 3.2 style), saved in bf16", "[checkpoint
 
 TEST_CASE("hf import: Qwen2 (q/k/v biases)", "[checkpoint][reference]") { check_model("qwen2"); }
 
-TEST_CASE("hf import: Mistral sharded with an index", "[checkpoint][reference]") {
+TEST_CASE("hf import: Mistral sharded with an index, in fp16", "[checkpoint][reference]") {
   REQUIRE(std::filesystem::exists(reference_dir() + "/mistral_sharded/model.safetensors.index.json"));
   check_model("mistral_sharded");
 }
