@@ -37,16 +37,6 @@ struct TokenCounts {
   std::vector<int64_t> dense;
   std::unordered_map<int32_t, int64_t> sparse;
   int64_t total = 0;
-  void add(int32_t t) {
-    if (t < kDense) {
-      if (static_cast<size_t>(t) >= dense.size())
-        dense.resize(std::min<int64_t>(kDense, std::max<int64_t>(65536, int64_t{t} * 2)), 0);
-      ++dense[t];
-    } else {
-      ++sparse[t];
-    }
-    ++total;
-  }
   double entropy() const {
     double h = 0;
     auto term = [&](int64_t c) {
@@ -168,22 +158,33 @@ int64_t check_shard(const std::string& path, const void* data, size_t bytes, int
                      " is " + (t < 0 ? "negative" : ">= model.vocab_size " +
                                                         std::to_string(vocab_size)));
   };
-  // One pass: vocabulary check and token counts.
+  // One pass: vocabulary check and token counts (dense counters up to the vocabulary or
+  // kDense ids, sized once, so the loop has one compare per token).
+  const int64_t dense_n = std::min<int64_t>(
+      TokenCounts::kDense, w == 2 ? std::min<int64_t>(vocab_size, 65536) : vocab_size);
+  if (counts && static_cast<int64_t>(counts->dense.size()) < dense_n)
+    counts->dense.resize(static_cast<size_t>(dense_n), 0);
+  int64_t* dense = counts ? counts->dense.data() : nullptr;
   if (w == 2) {
     for (int64_t i = 0; i < n; ++i) {
       uint16_t t;
       std::memcpy(&t, toks + 2 * i, 2);
       if (t >= vocab_size) bad(i, t);
-      if (counts) counts->add(t);
+      if (dense) ++dense[t];
     }
   } else {
     for (int64_t i = 0; i < n; ++i) {
       int32_t t;
       std::memcpy(&t, toks + 4 * i, 4);
       if (t < 0 || t >= vocab_size) bad(i, t);
-      if (counts) counts->add(t);
+      if (!dense) continue;
+      if (t < dense_n)
+        ++dense[t];
+      else
+        ++counts->sparse[t];
     }
   }
+  if (counts) counts->total += n;
   if (width_out) *width_out = static_cast<int>(w);
   return n;
 }
