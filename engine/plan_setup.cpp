@@ -3,7 +3,9 @@
 
 #include <filesystem>
 
+#include "core/error.h"
 #include "core/launch.h"
+#include "engine/data.h"
 
 namespace sw {
 
@@ -23,10 +25,21 @@ PlanSetup plan_setup(const TrainConfig& cfg, int world) {
   s.accum = cfg.grad_accum;
   s.on_device = cfg.device != "cpu";
   s.threads = cfg.threads;
-  for (const std::string& f : {cfg.train_data, cfg.val_data}) {  // resident: RSS
-    std::error_code ec;
-    if (const auto n = f.empty() ? 0 : std::filesystem::file_size(f, ec); !ec)
-      s.data_bytes += int64_t(n);
+  // Resident (RSS): every token file of data.train / data.val (a file, directory or glob) and
+  // the mask files beside them. A spec that names nothing counts 0 (the trainer reports it).
+  for (const std::string& spec : {cfg.train_data, cfg.val_data}) {
+    if (spec.empty()) continue;
+    std::vector<std::string> files;
+    try {
+      files = resolve_token_files(spec);
+    } catch (const Error&) {
+      continue;
+    }
+    for (const std::string& f : files)
+      for (const std::string& p : {f, mask_path_for(f)}) {
+        std::error_code ec;
+        if (const auto n = std::filesystem::file_size(p, ec); !ec) s.data_bytes += int64_t(n);
+      }
   }
   return s;
 }
