@@ -438,12 +438,15 @@ int64_t permute_index(int64_t i, int64_t n, uint64_t key) {
 Corpus::Corpus(const std::string& spec, int64_t vocab_size, int T) : T_(T) {
   SW_CHECK(T >= 1, "Corpus: seq_len < 1");
   TokenCounts counts;
-  for (const std::string& p : resolve_token_files(spec)) {
-    files_.emplace_back(p, vocab_size, int64_t{T} + 1, &counts);
+  const std::vector<std::string> paths = resolve_token_files(spec);
+  // One file must hold a window; in a corpus of several, a short file (a last shard) holds none.
+  const int64_t min_tokens = paths.size() == 1 ? int64_t{T} + 1 : 0;
+  for (const std::string& p : paths) {
+    files_.emplace_back(p, vocab_size, min_tokens, &counts);
     const TokenFile& f = files_.back();
     first_window_.push_back(N_);
     first_start_.push_back(first_start_.empty() ? 0 : first_start_.back());
-    N_ += (f.size() - 1) / T;
+    N_ += f.size() > T ? (f.size() - 1) / T : 0;
     tokens_ += f.size();
     has_mask_ = has_mask_ || f.mask() != nullptr;
   }
@@ -451,8 +454,11 @@ Corpus::Corpus(const std::string& spec, int64_t vocab_size, int T) : T_(T) {
   int64_t s = 0;
   for (size_t i = 0; i < files_.size(); ++i) {
     first_start_[i] = s;
-    s += files_[i].size() - T;
+    s += std::max<int64_t>(0, files_[i].size() - T);
   }
+  if (N_ == 0)
+    fail("data", spec + ": no file holds seq_len + 1 = " + std::to_string(T + 1) +
+                     " tokens (one window)");
   first_start_.push_back(s);
   first_window_.push_back(N_);
   entropy_ = counts.entropy();

@@ -162,7 +162,8 @@ int64_t permute_index(int64_t i, int64_t n, uint64_t key);
 // Training (and validation) data: the token files of a spec, cut into windows (see top).
 class Corpus {
  public:
-  // Each file needs at least T + 1 tokens (one window).
+  // A single file needs at least T + 1 tokens (one window); in a corpus of several files a
+  // shorter one holds no window, and at least one file must hold one.
   Corpus(const std::string& spec, int64_t vocab_size, int T);
   Corpus(Corpus&&) noexcept = default;
   Corpus& operator=(Corpus&&) noexcept = default;

@@ -175,8 +175,28 @@ TEST_CASE("data: corpora from a file, a directory or a glob") {
   CHECK((c.window(4).file == 0 && c.window(4).start == 32));
   CHECK((c.window(5).file == 1 && c.window(5).start == 0));
   CHECK((c.window(10).file == 1 && c.window(10).start == 40));
+  // A short last shard holds no window (and no eval start); a corpus with no window is refused.
+  write_token_file((d / "c.bin").string(), tagged(2, 5), 300000);
+  const Corpus c3(d.string(), 300000, 8);
+  CHECK(c3.files() == 3);
+  CHECK(c3.windows() == 11);
+  CHECK(c3.window(10).file == 1);
+  std::vector<int32_t> in(24), tg(24);
+  eval_batch(c3, 0, 1, 3, 8, in.data(), tg.data());  // starts 0, 37, 74 of 33 + 42 + 0
+  CHECK(in[0] == 0);
+  CHECK(in[8] == 100004);
+  CHECK(in[16] == 100041);
+  CHECK(tg[23] == 100049);  // the last window ends at file b's last token
+  const fs::path f = tmp_dir("tiny");
+  write_token_file((f / "x.bin").string(), tagged(0, 5), 300000);
+  write_token_file((f / "y.bin").string(), tagged(1, 8), 300000);
+  CHECK_THROWS_WITH(Corpus(f.string(), 300000, 8),
+                    Contains(f.string() + ": no file holds seq_len + 1 = 9 tokens"));
+  CHECK_THROWS_WITH(Corpus((f / "x.bin").string(), 300000, 8),
+                    Contains("5 tokens, need at least 9 for one (seq_len + 1) window"));
   fs::remove_all(d);
   fs::remove_all(e);
+  fs::remove_all(f);
 }
 
 TEST_CASE("data: each epoch visits every window once, ranks are disjoint and resume is exact") {
