@@ -172,7 +172,8 @@ void read_llama(const Keys& k, ModelConfig& m, HfConfig& out) {
     k.bad(sub("high_freq_factor"), "must exceed low_freq_factor");
   const json& omp = rs.at("original_max_position_embeddings");
   if (!omp.is_number_integer() || omp.get<int64_t>() < 1 || omp.get<int64_t>() > INT32_MAX)
-    k.bad(sub("original_max_position_embeddings"), "expected a positive integer, got " + omp.dump());
+    k.bad(sub("original_max_position_embeddings"),
+          "expected a positive integer, got " + omp.dump());
   m.rope_original_max_pos = static_cast<int>(omp.get<int64_t>());
 }
 

@@ -363,13 +363,15 @@ void merge_hf_model(json& j, std::vector<std::string>& notes, const Ctx& c) {
       // 0 = the default of n_kv_head (n_head) and d_ff (models/model.cpp): the same as
       // config.json's value when that is what it resolves to.
       if (b == json(0) && (it.key() == "n_kv_head" || it.key() == "d_ff")) {
-        const int d = m.d_model, dff = m.type == "gpt2" ? 4 * d : int(((8LL * d + 2) / 3 + 63) / 64 * 64);
+        const int d = m.d_model;
+        const int dff = m.type == "gpt2" ? 4 * d : int(((8LL * d + 2) / 3 + 63) / 64 * 64);
         if (a == json(it.key() == "n_kv_head" ? m.n_head : dff)) continue;
       }
       merged[it.key()] = b;
-      const bool same = a.is_number() && b.is_number()
-                            ? static_cast<float>(a.get<double>()) == static_cast<float>(b.get<double>())
-                            : a == b;
+      const bool same =
+          a.is_number() && b.is_number()
+              ? static_cast<float>(a.get<double>()) == static_cast<float>(b.get<double>())
+              : a == b;
       if (same) continue;
       static const std::set<std::string> shapes = {"type",    "vocab_size", "n_layer",
                                                    "n_head",  "n_kv_head",  "d_model",

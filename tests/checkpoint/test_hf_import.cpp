@@ -102,7 +102,8 @@ void check_model(const std::string& name) {
       float scale = 0;
       for (int v = 0; v < ref.V; ++v) scale = std::max(scale, std::fabs(want[v]));
       for (int v = 0; v < ref.V; ++v)
-        max_rel = std::max(max_rel, double(std::fabs(got[size_t(b * ref.V + v)] - want[v])) / scale);
+        max_rel =
+            std::max(max_rel, double(std::fabs(got[size_t(b * ref.V + v)] - want[v])) / scale);
     }
   }
   std::printf("hf_import %s: max |logit - transformers| / max |logit| = %.3g\n", name.c_str(),
@@ -146,7 +147,8 @@ TEST_CASE("hf import: Llama tied (Llama 3.2 style), saved in bf16", "[checkpoint
 TEST_CASE("hf import: Qwen2 (q/k/v biases)", "[checkpoint][reference]") { check_model("qwen2"); }
 
 TEST_CASE("hf import: Mistral sharded with an index, in fp16", "[checkpoint][reference]") {
-  REQUIRE(std::filesystem::exists(reference_dir() + "/mistral_sharded/model.safetensors.index.json"));
+  REQUIRE(std::filesystem::exists(reference_dir() +
+                                  "/mistral_sharded/model.safetensors.index.json"));
   check_model("mistral_sharded");
 }
 
@@ -154,7 +156,8 @@ TEST_CASE("hf import: bad inputs are one line naming the file and key", "[checkp
   const std::string root = reference_dir();
   sttest::TempDir tmp("hf_import_bad");
   auto copy_dir = [&](const std::string& from, const std::string& to) {
-    std::filesystem::copy(root + "/" + from, tmp.file(to), std::filesystem::copy_options::recursive);
+    std::filesystem::copy(root + "/" + from, tmp.file(to),
+                          std::filesystem::copy_options::recursive);
     return tmp.file(to);
   };
   auto edit_config = [&](const std::string& dir, const std::function<void(nlohmann::json&)>& f) {
@@ -202,7 +205,8 @@ TEST_CASE("hf import: bad inputs are one line naming the file and key", "[checkp
   Model mm = build_model(read_hf_config(idx).model);
   ShardedModel sm(mm, ops_for(Device::cpu()), 1);
   m = error_of([&] { import_safetensors(sm, idx); });
-  CHECK_THAT(m, Catch::StartsWith("import: " + idx + "/model.safetensors.index.json: weight_map.") &&
+  CHECK_THAT(m, Catch::StartsWith("import: " + idx +
+                                  "/model.safetensors.index.json: weight_map.") &&
                     Catch::Contains("file 'model-00003-of-00012.safetensors' does not exist"));
   CHECK(one_line(m));
 }
