@@ -83,7 +83,7 @@ TEST_CASE("eval: the loss over whole files equals a window-by-window sum, masks 
   }
   CHECK(total_n == 1000 + 257);  // every target of a.bin; the targets 1..516 of b.bin with mask 1
   // The directory: both files, one mean over all counted targets; --batch changes nothing.
-  for (const std::string& batch : {"1", "7"}) {
+  for (const char* batch : {"1", "7"}) {
     const clitest::Result r = clitest::sw_run(
         d, {"eval", "cfg.json", "--weights", "run/hf", "--data", v.string(), "--batch", batch},
         1);
