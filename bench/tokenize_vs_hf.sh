@@ -6,8 +6,8 @@
 #                    here on the corpus;
 #   SentencePiece    sentencepiece's SentencePieceProcessor.encode(list, num_threads=THREADS),
 #                    on a BPE .model (8,000 ids, byte fallback) trained here.
-# The corpus: Debian's fortunes, licenses and package changelogs, repeated to MB megabytes (so
-# both sides' word caches are warm: a best case for both). The reference encoders get it as
+# The corpus: Debian's fortunes, licenses and package changelogs (tens of MB of English prose,
+# names, code and dates), cut to MB megabytes (repeated if they are fewer). The reference encoders get it as
 # pieces of a line or two (>= 64 bytes, cut after a newline: their fastest batch on this corpus,
 # against 256 B: 1.4x, 4 KB: 1.8x, 64 KB: 3.2x slower) held in memory, the time of the batch
 # call alone; shardwise reads it from one file, writes the token file, and reports its own

@@ -300,6 +300,13 @@ void BpeTokenizer::read_model(const json& m) {
     by_string[tok] = id;
     max_id = std::max(max_id, id);
   }
+  // Ids index a table: a sparse one (an id far past the entry count) would be a huge table.
+  auto dense = [](int64_t id, size_t entries) {
+    return id < 4 * static_cast<int64_t>(entries) + (1 << 20);
+  };
+  if (!dense(max_id, by_string.size()))
+    bad("model.vocab", "id " + std::to_string(max_id) + " is far past the " +
+                           std::to_string(by_string.size()) + " entries (ids must be dense)");
   id_bytes_.assign(static_cast<size_t>(max_id + 1), std::string());
   for (const auto& [tok, id] : by_string) {
     if (to_bytes(tok, raw)) {
@@ -427,6 +434,9 @@ void BpeTokenizer::read_added(const json& a) {
     at.lstrip = t.value("lstrip", false);
     at.rstrip = t.value("rstrip", false);
     at.normalized = t.value("normalized", !special);
+    if (at.id >= 4 * static_cast<int64_t>(id_bytes_.size() + a.size()) + (1 << 20))
+      bad(key + ".id", std::to_string(at.id) + " is far past the vocabulary's " +
+                           std::to_string(id_bytes_.size()) + " ids (ids must be dense)");
     if (static_cast<size_t>(at.id) >= id_bytes_.size())
       id_bytes_.resize(static_cast<size_t>(at.id) + 1);
     id_bytes_[static_cast<size_t>(at.id)] = at.content;

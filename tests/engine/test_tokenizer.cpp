@@ -153,7 +153,16 @@ TEST_CASE("tokenizer: a tokenizer.json it cannot read exactly is one line naming
   CHECK(error_of_load(p5).find(p5 + ": model.merges[3]: ") != std::string::npos);
   const std::string p6 = with("fallback.json", [](json& j) { j["model"]["byte_fallback"] = true; });
   CHECK(error_of_load(p6) == "tokenizer: " + p6 + ": model.byte_fallback: must be false");
+  const std::string p7 = with("sparse.json", [](json& j) { j["model"]["vocab"]["zz"] = 2000000000; });
+  CHECK(error_of_load(p7) == "tokenizer: " + p7 +
+                                 ": model.vocab: id 2000000000 is far past the 1001 entries (ids "
+                                 "must be dense)");
+  const std::string p8 = with("sparse_added.json", [](json& j) {
+    j["added_tokens"][0]["id"] = 1 << 30;
+  });
+  CHECK(error_of_load(p8).find(p8 + ": added_tokens[0].id: 1073741824 is far past") !=
+        std::string::npos);
   // One line each.
-  for (const auto& p : {p1, p2, p3, p4, p5, p6})
+  for (const auto& p : {p1, p2, p3, p4, p5, p6, p7, p8})
     CHECK(error_of_load(p).find('\n') == std::string::npos);
 }
