@@ -3,7 +3,9 @@
 # very different counted targets), trained by one rank with micro-batch 4 and by 2 ranks with
 # micro-batch 2, and 1 x 2 accumulation: the step losses, gradient norms and validation losses
 # agree within 1e-5 relative (the global batch's counted-target mean does not depend on the
-# split; a per-rank mean would), and metrics.jsonl carries the epoch.
+# split; a per-rank mean would), and metrics.jsonl carries the epoch. Then the 2-rank run
+# stopped at step 6 and resumed (steps 7..12 cross a file and an epoch boundary) must equal the
+# uninterrupted one exactly: losses, norms and the exported weights.
 # Usage: mpi_mask.sh SHARDWISE MPIEXEC [mpirun flags...]
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/mpi_common.sh" mpi_mask "$@"
@@ -17,7 +19,7 @@ def write(path, magic, version, body, fmt):
     with open(path, "wb") as f:
         f.write(struct.pack("<256i", magic, version, len(body), *([0] * 253)))
         f.write(struct.pack(f"<{len(body)}{fmt}", *body))
-for name, n in (("corpus/a", 700), ("corpus/b", 900), ("val", 600)):
+for name, n in (("corpus/a", 300), ("corpus/b", 400), ("val", 600)):
     toks = [rng.randrange(64) for _ in range(n)]
     # runs of 30 tokens alternately mostly counted and mostly not
     mask = [int((i // 30) % 2 == 0) if rng.random() < 0.9 else 1 - int((i // 30) % 2 == 0)
@@ -32,7 +34,8 @@ cat >"$work/cfg.json" <<JSON
   "data": {"train": "$work/corpus", "val": "$work/val.bin"},
   "train_micro_batch_size_per_gpu": 4, "train_steps": 12, "eval_every_steps": 6,
   "eval_batches": 2, "threads": 1, "seed": 8,
-  "optimizer": {"params": {"lr": 0.003}}
+  "optimizer": {"params": {"lr": 0.003}},
+  "scheduler": {"params": {"warmup_num_steps": 2, "total_num_steps": 12}}
 }
 JSON
 export OMP_NUM_THREADS=1
@@ -46,6 +49,12 @@ run2() {  # name, --set overrides...
 }
 run2 r2 --set train_micro_batch_size_per_gpu=2
 run2 r2acc --set train_micro_batch_size_per_gpu=1 --set gradient_accumulation_steps=2
+run2 half --set train_micro_batch_size_per_gpu=2 --set train_steps=6 --set checkpoint.every_steps=2
+run2 half --set train_micro_batch_size_per_gpu=2 --set checkpoint.every_steps=2 --resume auto
+grep -q "resumed from $work/half/checkpoints/step_6 at step 6" "$work/half.log" ||
+  { cat "$work/half.log"; fail "half: no 'resumed from' line"; }
+cmp "$work/r2/hf/model.safetensors" "$work/half/hf/model.safetensors" ||
+  fail "the resumed run's weights differ from the uninterrupted run's"
 "$py" - "$work" <<'PY' || fail "masked losses differ between splits"
 import json, sys
 work = sys.argv[1]
@@ -53,8 +62,13 @@ def rows(name):
     return [json.loads(l) for l in open(f"{work}/{name}/metrics.jsonl")]
 ref = rows("r1")
 assert len(ref) == 12, len(ref)
-# windows: a 699 // 16 = 43, b 899 // 16 = 56 -> 99; 4 rows a step
-assert [r["epoch"] for r in ref] == [s * 4 // 99 for s in range(12)], [r["epoch"] for r in ref]
+# windows: a 299 // 16 = 18, b 399 // 16 = 24 -> 42; 4 rows a step: epoch 1 from row 42
+assert [r["epoch"] for r in ref] == [s * 4 // 42 for s in range(12)], [r["epoch"] for r in ref]
+half, full = rows("half"), rows("r2")
+assert len(half) == 12, len(half)
+for a, b in zip(full, half):
+    for k in ("loss", "grad_norm", "epoch"):
+        assert a[k] == b[k], ("resume", a["step"], k, a[k], b[k])
 for name in ("r2", "r2acc"):
     got = rows(name)
     assert len(got) == 12, (name, len(got))
