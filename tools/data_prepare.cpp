@@ -18,6 +18,7 @@
 // Memory: a batch (threads * 4 pieces) and its ids, whatever the input's size.
 #include "tools/data_prepare.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -166,7 +167,7 @@ class Preparer {
       const double s = std::chrono::duration<double>(Clock::now() - start_).count();
       const double frac = total_ > 0 ? std::min(1.0, done / static_cast<double>(total_)) : 1.0;
       char line[160];
-      const int w = 30, fill = static_cast<int>(frac * w);
+      const int w = 30, fill = static_cast<int>(frac * w + 0.5);
       std::string barstr(static_cast<size_t>(fill), '#');
       barstr.append(static_cast<size_t>(w - fill), '.');
       std::snprintf(line, sizeof line, "\r[%s] %5.1f%%  %s / %s  %.2f M tokens/s   ",
@@ -375,8 +376,10 @@ int prepare_tokenized(const PrepareArgs& a) {
     total += fs::file_size(p, ec);
   }
   const auto tok = sw::load_tokenizer(a.tokenizer);
-  const int threads =
-      a.threads > 0 ? a.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  int cores = static_cast<int>(std::thread::hardware_concurrency());
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) cores = CPU_COUNT(&set);  // the cores we may use
+  const int threads = a.threads > 0 ? a.threads : std::max(1, cores);
   Preparer prep(a, *tok, threads, total);
   prep.run();
   return 0;
