@@ -135,7 +135,9 @@ struct AddedToken {
 struct Trie {
   std::vector<std::unordered_map<unsigned char, int>> next{1};
   std::vector<int> token{-1};  // index into the added tokens, -1 = none ends here
+  std::array<bool, 256> first{};  // bytes a token starts with (most text skips the walk)
   void add(const std::string& s, int idx) {
+    first[static_cast<unsigned char>(s[0])] = true;
     int n = 0;
     for (unsigned char c : s) {
       auto it = next[n].find(c);
@@ -491,6 +493,10 @@ void BpeTokenizer::added_pass(std::string_view s, bool normalized,
   }
   size_t last = 0;
   for (size_t i = 0; i < s.size();) {
+    if (!trie.first[static_cast<unsigned char>(s[i])]) {
+      i++;
+      continue;
+    }
     int node = 0, found = -1;
     size_t end = i;
     for (size_t j = i; j < s.size(); j++) {
