@@ -41,12 +41,14 @@ while [ "$(stat -c %s "$work/corpus.txt" 2>/dev/null || echo 0)" -lt "$bytes" ];
   cat "$work/base.txt" >> "$work/corpus.txt"
 done
 truncate -s "$bytes" "$work/corpus.txt"
-# Cut back to the last newline (a valid UTF-8 end).
+# Valid UTF-8 (the reference encoders take str: bytes that are not UTF-8 become U+FFFD), cut
+# back to the last newline.
 "$py" - "$work/corpus.txt" <<'EOF'
 import sys
 p = sys.argv[1]
 b = open(p, "rb").read()
-open(p, "wb").write(b[: b.rfind(b"\n") + 1])
+b = b[: b.rfind(b"\n") + 1].decode("utf-8", errors="replace").encode("utf-8")
+open(p, "wb").write(b)
 EOF
 echo "corpus: $(stat -c %s "$work/corpus.txt") bytes; threads $threads; $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
 
@@ -82,7 +84,7 @@ ref() {  # ref json|sp -> "tokens seconds"
   RAYON_NUM_THREADS=$threads "$py" - "$work" "$1" "$threads" "$reps" <<'EOF'
 import os, sys, time
 w, kind, threads, reps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-text = open(os.path.join(w, "corpus.txt"), encoding="utf-8").read()
+text = open(os.path.join(w, "corpus.txt"), encoding="utf-8", newline="").read()
 pieces, start = [], 0
 while start < len(text):
     end = text.find("\n", start + 64)
