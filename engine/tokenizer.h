@@ -49,8 +49,8 @@ class Tokenizer {
   //                  for across a cut); never with a prefix space (each part would get one);
   //   SentencePiece  BPE models: at a space between printable ASCII and an ASCII letter or
   //                  digit, the space dropped (the rest's dummy prefix "▁" stands for it), when
-  //                  a probe at load shows the model encodes so; unigram models: never (their
-  //                  float Viterbi sums make far-off ties depend on the whole text).
+  //                  a probe at load shows the model encodes so; unigram models: never (cut,
+  //                  a long text gave a few ids unlike the whole's, far from the cuts).
   virtual size_t chunk_cut(std::string_view text, size_t target, size_t* next) const;
 };
 
