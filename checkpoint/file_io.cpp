@@ -32,6 +32,25 @@ std::string parent_dir(const std::string& p) {
   return parent.string();
 }
 
+void replace_dir(const std::string& tmp, const std::string& dir, const char* component) {
+  std::error_code ec;
+  const std::string old = dir + ".old";
+  fs::remove_all(old, ec);
+  const bool had = fs::exists(dir, ec);
+  if (had) {
+    fs::rename(dir, old, ec);
+    if (ec) fail(component, "cannot move " + dir + " aside to " + old + " (" + ec.message() + ")");
+  }
+  fs::rename(tmp, dir, ec);
+  if (ec) {
+    std::error_code back;
+    if (had) fs::rename(old, dir, back);
+    fail(component, "cannot rename " + tmp + " to " + dir + " (" + ec.message() + ")");
+  }
+  fsync_dir(parent_dir(dir));
+  if (had) fs::remove_all(old, ec);
+}
+
 void write_file_synced(const std::string& path, const std::string& text) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail("checkpoint", path + ": cannot create (" + errno_str() + ")");

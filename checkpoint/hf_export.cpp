@@ -220,14 +220,14 @@ ojson hf_config_json(const ModelConfig& c, const std::string& where) {
     j["attention_dropout"] = 0.0;
     j["initializer_range"] = 0.02;
   }
-  j["tie_word_embeddings"] = c.tie_embeddings;
+  j["tie_word_embeddings"] = c.tied();
   j["torch_dtype"] = "float32";
   j["use_cache"] = true;
   return j;
 }
 
 std::string hf_dir_tensor_name(const ModelConfig& c, const std::string& hf_name) {
-  if (c.type == "gpt2" && !c.tie_embeddings && hf_name != "lm_head.weight")
+  if (c.type == "gpt2" && !c.tied() && hf_name != "lm_head.weight")
     return "transformer." + hf_name;
   return hf_name;
 }
@@ -398,11 +398,7 @@ void export_hf_dir(const ShardedModel& model, const std::string& dir, const HfEx
   if (R == 0) try {
       write_hf_dir_extras(tmp, cfg, plan, o.tokenizer);
       fsync_dir(tmp);
-      std::error_code ec;
-      fs::remove_all(dir, ec);
-      fs::rename(tmp, dir, ec);
-      if (ec) fail("export", "cannot rename " + tmp + " to " + dir + " (" + ec.message() + ")");
-      fsync_dir(parent_dir(dir));
+      replace_dir(tmp, dir, "export");
     } catch (const std::exception& e) {
       err = e.what();
       std::error_code ec;

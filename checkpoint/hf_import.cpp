@@ -335,7 +335,7 @@ void import_hf_weights(ShardedModel& model, const std::string& path) {
   }
   // Anything else in the files is a mistake (another model), except buffers and a tied head's
   // copy of the embedding that some writers keep.
-  const bool tied = model.model().config.tie_embeddings;
+  const bool tied = model.model().config.tied();
   std::vector<std::string> unknown;
   for (const auto& [name, r] : files.tensor_file)
     if (!used.count(name) && !is_hf_buffer(name) && !(tied && name == "lm_head.weight"))

@@ -35,7 +35,7 @@ nlohmann::ordered_json model_config_to_json(const ModelConfig& c) {
       {"seq_len", c.seq_len},
       {"rope_theta", c.rope_theta},
       {"norm_eps", c.norm_eps},
-      {"tie_embeddings", c.tie_embeddings},
+      {"tie_embeddings", c.tied()},
       {"qkv_bias", c.qkv_bias},
       {"rope_scaling", c.rope_scaling},
       {"rope_factor", c.rope_factor},

@@ -1119,11 +1119,7 @@ void export_checkpoint(const std::string& step_dir, const std::string& out_path,
     dir->finish();
     write_hf_dir_extras(tmp, m.config, plan, tokenizer);
     fsync_dir(tmp);
-    std::error_code ec;
-    fs::remove_all(out_path, ec);
-    fs::rename(tmp, out_path, ec);
-    if (ec) fail("export", "cannot rename " + tmp + " to " + out_path + " (" + ec.message() + ")");
-    fsync_dir(parent_dir(out_path));
+    replace_dir(tmp, out_path, "export");
   } catch (...) {
     if (dir) {
       dir.reset();

@@ -310,13 +310,11 @@ void read_activation_checkpointing(const json& j, TrainConfig& cfg, const Ctx& c
 }
 
 // The rules of the other keys that only a file has: the "auto" values the planner resolves,
-// tie_embeddings' default, empty directories given, checkpoint.resume's "auto".
+// empty directories given, checkpoint.resume's "auto".
 void read_run_rules(const json& j, TrainConfig& cfg, const Ctx& c) {
   cfg.autoplan.blocks = auto_at(j, "blocks_per_unit");
   cfg.autoplan.offload_optimizer = auto_at(j, "zero_optimization.offload_optimizer.device");
   cfg.autoplan.offload_param = auto_at(j, "zero_optimization.offload_param.device");
-  // tie_embeddings' default depends on the type (gpt2 ties, llama does not).
-  if (!has(j, "model.tie_embeddings")) cfg.model.tie_embeddings = cfg.model.type == "gpt2";
   // checkpoint.dir and profile.out: under run_dir unless given, and then not empty.
   CheckpointConfig& k = cfg.checkpoint;
   if (has(j, "checkpoint.dir") && k.dir.empty()) c.bad("checkpoint.dir", "must not be empty");

@@ -3,6 +3,7 @@
 // TrainConfig field it sets. The reader, the resolved config, validate_config and the key table
 // all come from schema(); a key with a form or a rule of its own has its reading in
 // config_reader.cpp (named there), and only its declaration here.
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <type_traits>
@@ -113,7 +114,7 @@ auto& field(T& obj, M m, Ms... ms) {
 // A key's value as the field's type, checked against the declaration.
 template <class F>
 F value_as(const Node& n, const json& v, const std::string& path, const Ctx& c) {
-  if constexpr (std::is_same_v<F, bool>)
+  if constexpr (std::is_same_v<F, bool> || std::is_same_v<F, std::optional<bool>>)
     return v.get<bool>();
   else if constexpr (std::is_same_v<F, std::string>)
     return read_str(n, v, path, c);
@@ -131,6 +132,8 @@ template <class F>
 json json_of(const F& x) {
   if constexpr (std::is_same_v<F, float>)
     return fjson(x);
+  else if constexpr (std::is_same_v<F, std::optional<bool>>)
+    return x ? json(*x) : json();
   else
     return json(x);
 }
@@ -260,10 +263,12 @@ Node model_block() {
           &ModelConfig::rope_theta),
        to(number("norm_eps", 1e-5, kPositive, "LayerNorm / RMSNorm epsilon"), M,
           &ModelConfig::norm_eps),
-       to(derived(boolean("tie_embeddings", true,
-                          "the LM head shares the embedding's weight (Llama 3.2 1B ties them)"),
-                  "gpt2: true; llama: false"),
-          M, &ModelConfig::tie_embeddings),
+       writes(to(derived(boolean("tie_embeddings", true,
+                                 "the LM head shares the embedding's weight (Llama 3.2 1B ties "
+                                 "them)"),
+                         "gpt2: true; llama: false"),
+                 M, &ModelConfig::tie_embeddings),
+              [](const TrainConfig& c) { return json(c.model.tied()); }),
        applies_when(to(boolean("qkv_bias", false,
                                "llama: biases on the q, k and v projections (Qwen2)"),
                        M, &ModelConfig::qkv_bias),

@@ -63,7 +63,7 @@ void check_model(const ModelConfig& m, const Ctx& c) {
 int unit_count(const TrainConfig& cfg) {
   const ModelConfig& m = cfg.model;
   const int bpu = std::max(1, cfg.blocks_per_unit);
-  return (m.type == "llama" && !m.tie_embeddings ? 2 : 1) + (m.n_layer + bpu - 1) / bpu;
+  return (m.type == "llama" && !m.tied() ? 2 : 1) + (m.n_layer + bpu - 1) / bpu;
 }
 
 // The sharding policy's own rules (sharding/policy.h), as this config's error.

@@ -76,7 +76,7 @@ class EmbedHead final : public Unit {
         spec("ln_f.weight", {C}, Init::Ones, 0.f, "ln_f.weight"),
         spec("ln_f.bias", {C}, Init::Zeros, 0.f, "ln_f.bias"),
     };
-    if (!c_.tie_embeddings)
+    if (!c_.tied())
       p.push_back(product_weight(
           spec("lm_head.weight", {V, C}, Init::Normal, 0.02f, "lm_head.weight")));
     return p;
@@ -176,7 +176,7 @@ class EmbedHead final : public Unit {
   }
 
  private:
-  size_t head_index() const { return c_.tie_embeddings ? 0 : 4; }
+  size_t head_index() const { return c_.tied() ? 0 : 4; }
   ModelConfig c_;
 };
 

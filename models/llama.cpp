@@ -410,7 +410,7 @@ class Block final : public Unit {
 // (V,C), which is the LM head's weight (no lm_head.weight in the files), 1 norm.weight (C).
 class Head final : public Unit {
  public:
-  explicit Head(const ModelConfig& c) : c_(c), tied_(c.tie_embeddings) {}
+  explicit Head(const ModelConfig& c) : c_(c), tied_(c.tied()) {}
   std::string name() const override { return tied_ ? "embed_head" : "head"; }
   int num_calls() const override { return tied_ ? 2 : 1; }
   std::vector<ParamSpec> params() const override {
@@ -514,14 +514,14 @@ class Head final : public Unit {
 
 void build_llama(Model& m) {
   const ModelConfig& c = m.config;
-  if (c.tie_embeddings)
+  if (c.tied())
     m.units.push_back(std::make_unique<Head>(c));  // "embed_head"
   else
     m.units.push_back(std::make_unique<Embed>(c));
   for (int l = 0; l < c.n_layer; ++l) m.units.push_back(std::make_unique<Block>(c, l));
-  if (!c.tie_embeddings) m.units.push_back(std::make_unique<Head>(c));
+  if (!c.tied()) m.units.push_back(std::make_unique<Head>(c));
   for (int u = 0; u < static_cast<int>(m.units.size()); ++u) m.schedule.push_back({u, 0});
-  if (c.tie_embeddings) m.schedule.push_back({0, 1});
+  if (c.tied()) m.schedule.push_back({0, 1});
 }
 
 }  // namespace sw

@@ -2,6 +2,7 @@
 // a ModelConfig; users build their own by subclassing Unit (see examples/).
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,9 +21,10 @@ struct ModelConfig {
   int seq_len = 128;  // maximum context (gpt2: positions table size)
   float rope_theta = 10000.f;
   float norm_eps = 1e-5f;
-  // gpt2: lm_head is wte (default). llama: the config reader sets it false unless the config
-  // (or an imported config.json's tie_word_embeddings, as Llama 3.2 1B) says true.
-  bool tie_embeddings = true;
+  // Whether lm_head shares the embedding's weight. Unset = the type's default, as transformers'
+  // configs have it: gpt2 ties, llama does not (Llama 3.2 1B's config.json says true). Read it
+  // through tied().
+  std::optional<bool> tie_embeddings;
   // llama: biases on the q, k and v projections (Qwen2).
   bool qkv_bias = false;
   // llama: RoPE frequency scaling. "none", or "llama3" (Llama 3.1+: frequencies with wavelength
@@ -34,6 +36,8 @@ struct ModelConfig {
   // The Hugging Face architecture the model was imported from or exports as ("" = the type's
   // own: GPT2LMHeadModel, LlamaForCausalLM; also MistralForCausalLM, Qwen2ForCausalLM).
   std::string hf_architecture;
+
+  bool tied() const { return tie_embeddings.value_or(type == "gpt2"); }
 };
 
 struct Call {

@@ -226,7 +226,7 @@ TEST_CASE("hf import: checkpoint.init_from DIR is the model block, the run keys 
   CHECK(c.model.rope_theta == 500000.f);
   CHECK(c.model.rope_scaling == "llama3");
   CHECK(c.model.rope_original_max_pos == 16);
-  CHECK(c.model.tie_embeddings == false);
+  CHECK(!c.model.tied());
   CHECK(c.model.hf_architecture == "LlamaForCausalLM");
   CHECK(c.notes.empty());
   // The resolved config reads back to the same model.

@@ -29,12 +29,12 @@ TEST_CASE("hf layout: the Llama variants' config fields round-trip, old files st
                         "rope_high_freq_factor", "rope_original_max_pos", "hf_architecture"})
     old.erase(k);
   const ModelConfig o = model_config_from_json(old, "old.safetensors");
-  CHECK(!o.tie_embeddings);
+  CHECK(!o.tied());
   CHECK(!o.qkv_bias);
   CHECK(o.rope_scaling == "none");
   CHECK(o.hf_architecture.empty());
   old["type"] = "gpt2";  // GPT-2 keeps its tie
-  CHECK(model_config_from_json(old, "old.safetensors").tie_embeddings);
+  CHECK(model_config_from_json(old, "old.safetensors").tied());
 
   nlohmann::json bad = j;
   bad["rope_scaling"] = "yarn";

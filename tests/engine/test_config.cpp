@@ -63,7 +63,7 @@ TEST_CASE("config: DeepSpeed-style config lands in the right fields") {
   CHECK(c.model.d_ff == 160);
   CHECK(c.model.rope_theta == 500000.f);
   CHECK(c.model.norm_eps == 1e-6f);
-  CHECK(!c.model.tie_embeddings);
+  CHECK(!c.model.tied());
   CHECK(c.train_data == "a.bin");
   CHECK(c.val_data == "b.bin");
   CHECK(c.seed == 7);

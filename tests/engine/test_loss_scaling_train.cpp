@@ -3,6 +3,7 @@
 // applied steps, training then proceeds), static scales, and the metrics. A smaller model than
 // the default (d_model 64, 2 layers, seq_len 32) keeps it to seconds.
 #include "checkpoint/export.h"
+#include "checkpoint/hf_export.h"
 #include "engine/schedule.h"
 #include "kernels/ops.h"
 #include "models/model.h"
@@ -66,9 +67,10 @@ TEST_CASE("mixed precision: forced fp16 overflow skips steps, lowers the scale, 
   CHECK(sk.skipped_steps == first_good);
   Model model = build_model(k.model);
   ShardedModel init(model, ops_for(Device::cpu()), k.seed);
-  const std::string init_path = (test_dir() / "init.safetensors").string();
-  export_hf_safetensors(init, init_path);
-  CHECK(read_bytes(sk.weights_path) == read_bytes(init_path));
+  const std::string init_dir = (test_dir() / "init_hf").string();
+  export_hf_dir(init, init_dir, HfExportOptions{});
+  CHECK(read_bytes(sk.weights_path + "/model.safetensors") ==
+        read_bytes(init_dir + "/model.safetensors"));
 }
 
 TEST_CASE("mixed precision: a static fp16 loss scale stays fixed: overflow at it only skips") {

@@ -259,7 +259,7 @@ TEST_CASE("bad input: a token shard whose count disagrees with its size", "[hard
                    {"negative.bin", "header says -1 tokens"});
   spit(w.dir / "odd.bin", Workspace::token_file(64, 64) + "x");
   w.expect_refused({"train", "cfg.json", "--set", "data.train=odd.bin"},
-                   {"odd.bin", "holds 64 and a stray byte"});
+                   {"odd.bin", "holds 64 and stray bytes"});
 }
 
 TEST_CASE("bad input: a config nested 10,000 levels deep", "[hardening]") {

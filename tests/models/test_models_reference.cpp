@@ -72,7 +72,7 @@ std::map<std::string, RefTensor> run_reference(const ModelConfig& c, int B, int 
       << " --out '" << out << "' --seed 7 --V " << c.vocab_size << " --L " << c.n_layer
       << " --H " << c.n_head << " --KVH " << c.n_kv_head << " --C " << c.d_model << " --F "
       << c.d_ff << " --maxT " << c.seq_len << " --B " << B << " --T " << T << " --theta "
-      << c.rope_theta << " --eps " << c.norm_eps << (c.tie_embeddings ? "" : " --untied")
+      << c.rope_theta << " --eps " << c.norm_eps << (c.tied() ? "" : " --untied")
       << (c.qkv_bias ? " --qkv-bias" : "");
   if (c.rope_scaling == "llama3")
     cmd << " --llama3 " << c.rope_factor << "," << c.rope_low_freq_factor << ","
