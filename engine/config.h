@@ -148,6 +148,12 @@ struct TrainConfig {
 // the run has (train_batch_size and shard_group_size depend on it); 0 = what the launcher says.
 TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {},
                         int world_size = 0);
+// load_config for a command that reads the weights `weights` (sample, eval): where they are a
+// Hugging Face directory with a config.json, that is the model block, as for
+// checkpoint.init_from (the config's own model keys override it; shape keys must agree), and
+// checkpoint.resume and init_from are set aside.
+TrainConfig load_config_for_weights(const std::string& path, std::vector<std::string> overrides,
+                                    const std::string& weights);
 // Same from a JSON text (source names it in messages).
 TrainConfig parse_config(const std::string& json_text, const std::string& source,
                          const std::vector<std::string>& overrides = {}, int world_size = 0);

@@ -437,6 +437,17 @@ TrainConfig parse_config(const std::string& json_text, const std::string& source
                              world_size);
 }
 
+TrainConfig load_config_for_weights(const std::string& path, std::vector<std::string> overrides,
+                                    const std::string& weights) {
+  std::error_code ec;
+  if (!weights.empty() &&
+      std::filesystem::is_regular_file(std::filesystem::path(weights) / "config.json", ec)) {
+    overrides.push_back("checkpoint.resume=\"\"");
+    overrides.push_back("checkpoint.init_from=" + nlohmann::json(weights).dump());
+  }
+  return load_config(path, overrides);
+}
+
 TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides,
                         int world_size) {
   std::error_code ec;

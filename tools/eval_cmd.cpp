@@ -65,7 +65,7 @@ struct EvalArgs {
 };
 
 int cmd_eval(const EvalArgs& a) {
-  const TrainConfig cfg = load_config(a.config, a.overrides);
+  const TrainConfig cfg = load_config_for_weights(a.config, a.overrides, a.weights);
   std::error_code ec;
   if (!fs::exists(a.weights, ec)) fail("eval", "weights '" + a.weights + "' not found");
   Model model = build_model(cfg.model);
@@ -90,7 +90,8 @@ void add_eval_command(cli::Command& top) {
       "eval",
       "the mean loss and perplexity of weights over token files\n"
       "\n"
-      "Builds the model from the config's `model` block, loads --weights, and evaluates every\n"
+      "Builds the model from the config's `model` block (a Hugging Face directory's\n"
+      "config.json under the config's own model keys), loads --weights, and evaluates every\n"
       "token of --data in non-overlapping windows of model.seq_len (each token but a file's\n"
       "first is a target once; targets a mask file X.mask beside X.bin excludes are not\n"
       "counted). Prints one line: loss (nats per counted token), perplexity exp(loss), tokens\n"

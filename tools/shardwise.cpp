@@ -417,9 +417,12 @@ struct SampleArgs {
 int cmd_sample(const SampleArgs& a) {
   sw::SampleOptions so = a.so;
   so.temperature = static_cast<float>(a.temperature);
-  const sw::TrainConfig cfg = sw::load_config(a.config, a.overrides);
   const std::string wpath =
-      a.weights.empty() ? (fs::path(cfg.run_dir) / "hf").string() : a.weights;
+      a.weights.empty()
+          ? (fs::path(sw::load_config(a.config, a.overrides).run_dir) / "hf").string()
+          : a.weights;
+  // Weights in a Hugging Face directory bring their model block (config.json).
+  const sw::TrainConfig cfg = sw::load_config_for_weights(a.config, a.overrides, wpath);
   std::error_code ec;
   if (!fs::exists(wpath, ec))
     sw::fail("sample", "weights '" + wpath + "' not found" +

@@ -110,3 +110,37 @@ TEST_CASE("eval: bad weights, a token id beyond the vocabulary: one line, exit 1
         "shardwise: error: data: big.bin: token 70000 at position 2 is >= model.vocab_size 40\n");
   fs::remove_all(d);
 }
+
+TEST_CASE("eval and sample: a Hugging Face directory's config.json is the model block") {
+  const fs::path d = evaltest::trained_dir("hfdir");
+  // The same run's data without a model block: the weights' config.json supplies it.
+  clitest::spit(d / "bare.json", R"({"data": {"train": "train.bin"}, "run_dir": "run",
+                                       "checkpoint": {"resume": "auto"}})");
+  const clitest::Result full = clitest::sw_run(
+      d, {"eval", "cfg.json", "--weights", "run/hf", "--data", "train.bin"}, 1);
+  const clitest::Result bare = clitest::sw_run(
+      d, {"eval", "bare.json", "--weights", "run/hf", "--data", "train.bin"}, 1);
+  INFO(full.err << bare.err);
+  REQUIRE(full.rc == 0);
+  REQUIRE(bare.rc == 0);
+  CHECK(bare.out == full.out);  // the same model, weights and windows: the same line
+  const std::vector<std::string> greedy = {"--prompt", "!#$", "--tokens", "8", "--temperature",
+                                           "0"};
+  std::vector<std::string> s_full = {"sample", "--config", "cfg.json"},
+                           s_bare = {"sample", "--config", "bare.json"};
+  s_full.insert(s_full.end(), greedy.begin(), greedy.end());
+  s_bare.insert(s_bare.end(), greedy.begin(), greedy.end());
+  const clitest::Result a = clitest::sw_run(d, s_full, 1), b = clitest::sw_run(d, s_bare, 1);
+  INFO(a.err << b.err);
+  REQUIRE(a.rc == 0);
+  REQUIRE(b.rc == 0);
+  CHECK(b.out == a.out);
+  // A model key the weights cannot hold: one line naming it.
+  const clitest::Result bad =
+      clitest::sw_run(d, {"eval", "bare.json", "--weights", "run/hf", "--data", "train.bin",
+                          "--set", "model.n_layer=3"},
+                      1);
+  CHECK(bad.rc == 1);
+  CHECK_THAT(bad.err, Contains("model.n_layer") && Contains("config.json"));
+  fs::remove_all(d);
+}
