@@ -38,6 +38,8 @@ namespace sw::cpu {
 // cost ~1/rows) and to memory traffic (each chunk streams w twice and dw in and out: 616 MB
 // per chunk here). At V = 50257, 512 rows is 103 MB of logits.
 constexpr int kChunk = 512;
+// Logits per float partial sum of the softmax denominator (see the row pass).
+constexpr int kSumBlock = 1 << 20;
 constexpr size_t kChunkBytes = size_t(128) << 20;
 
 int lmhead_chunk_rows(int N, int V) {
@@ -107,19 +109,29 @@ double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const floa
 #pragma omp simd reduction(max : mx)
       for (int v = 0; v < V; ++v) mx = std::max(mx, row[v]);
       const float lt = row[t];
-      float sum = 0.f;
-      if (grad) {
-        // Keep exp(logit - max) in place; it becomes grad_scale * softmax below.
-#pragma omp simd reduction(+ : sum)
-        for (int v = 0; v < V; ++v) {
-          const float e = detail::exp_approx(row[v] - mx);
-          row[v] = e;
-          sum += e;
+      // The sum of exp(logit - max): in float within blocks of kSumBlock logits (vectorised;
+      // one block, as before, up to 2^20), the blocks added in double. One float accumulator
+      // stops growing at 2^24 terms near 1 (a scalar build's reduction over a vocabulary past
+      // 16M ids).
+      double block_sums = 0.0;
+      for (int v0 = 0; v0 < V; v0 += kSumBlock) {
+        const int v1 = V - v0 > kSumBlock ? v0 + kSumBlock : V;
+        float s = 0.f;
+        if (grad) {
+          // Keep exp(logit - max) in place; it becomes grad_scale * softmax below.
+#pragma omp simd reduction(+ : s)
+          for (int v = v0; v < v1; ++v) {
+            const float e = detail::exp_approx(row[v] - mx);
+            row[v] = e;
+            s += e;
+          }
+        } else {
+#pragma omp simd reduction(+ : s)
+          for (int v = v0; v < v1; ++v) s += detail::exp_approx(row[v] - mx);
         }
-      } else {
-#pragma omp simd reduction(+ : sum)
-        for (int v = 0; v < V; ++v) sum += detail::exp_approx(row[v] - mx);
+        block_sums += s;
       }
+      const float sum = static_cast<float>(block_sums);
       rl[r] = mx + std::log(sum) - lt;
       if (grad) {
         // dlogits = grad_scale * softmax - grad_scale * onehot(target)
