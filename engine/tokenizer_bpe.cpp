@@ -24,8 +24,10 @@
 #include <array>
 #include <atomic>
 #include <fstream>
+#include <functional>
 #include <queue>
 #include <sstream>
+#include <string_view>
 #include <unordered_map>
 
 #include <nlohmann/json.hpp>
@@ -92,6 +94,13 @@ bool is_white_space(int32_t c) {
 
 constexpr const char* kGpt2Pattern =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+
+// A string hash that also takes string_views, so that a lookup by view (a word on the encode
+// path) builds no std::string.
+struct StrHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
 
 struct Pcre2Code {
   pcre2_code* code = nullptr;
@@ -192,7 +201,7 @@ class BpeTokenizer final : public Tokenizer {
 
   std::string path_;
   uint64_t instance_ = ++g_instance;
-  std::unordered_map<std::string, int32_t> vocab_;   // raw bytes -> id (the model's vocabulary)
+  std::unordered_map<std::string, int32_t, StrHash, std::equal_to<>> vocab_;   // raw bytes -> id (the model's vocabulary)
   std::vector<std::string> id_bytes_;                // id -> the bytes decode writes
   std::array<int32_t, 256> byte_id_{};               // a byte's own id (-1: not in the vocabulary)
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;  // (a, b) -> (rank, merged id)
@@ -595,14 +604,14 @@ void BpeTokenizer::pre_tokenize(size_t step, std::string_view s, std::vector<int
 // thread starts it afresh); cleared when it grows past kCacheWords.
 struct WordCache {
   uint64_t owner = 0;
-  std::unordered_map<std::string, std::vector<int32_t>> words;
+  std::unordered_map<std::string, std::vector<int32_t>, StrHash, std::equal_to<>> words;
 };
 constexpr size_t kCacheWords = 1 << 18;
 constexpr size_t kCacheMaxLen = 64;  // longer words are not cached
 
 void BpeTokenizer::word(std::string_view w, std::vector<int32_t>& out) const {
   if (ignore_merges_) {
-    const auto it = vocab_.find(std::string(w));
+    const auto it = vocab_.find(w);
     if (it != vocab_.end()) {
       out.push_back(it->second);
       return;
@@ -621,8 +630,7 @@ void BpeTokenizer::word(std::string_view w, std::vector<int32_t>& out) const {
     cache.words.clear();
     cache.owner = instance_;
   }
-  const std::string key(w);
-  const auto it = cache.words.find(key);
+  const auto it = cache.words.find(w);  // no key string built on a hit
   if (it != cache.words.end()) {
     out.insert(out.end(), it->second.begin(), it->second.end());
     return;
@@ -630,7 +638,7 @@ void BpeTokenizer::word(std::string_view w, std::vector<int32_t>& out) const {
   const size_t from = out.size();
   merge(w, out);
   if (cache.words.size() >= kCacheWords) cache.words.clear();
-  cache.words.emplace(key, std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(from),
+  cache.words.emplace(std::string(w), std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(from),
                                                 out.end()));
 }
 

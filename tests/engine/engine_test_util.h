@@ -1,5 +1,6 @@
-// Shared by the engine tests: config parsing and its error messages, quiet train() options,
-// metrics.jsonl and whole-file reading, and token files of random tokens.
+// Shared by the engine tests: config parsing and its error messages, load_tokenizer's error
+// messages, quiet train() options, metrics.jsonl and whole-file reading, and token files of
+// random tokens.
 #pragma once
 #include <unistd.h>
 
@@ -17,6 +18,7 @@
 #include "core/rng.h"
 #include "engine/config.h"
 #include "engine/data.h"
+#include "engine/tokenizer.h"
 #include "engine/trainer.h"
 
 namespace sw::enginetest {
@@ -30,6 +32,16 @@ inline TrainConfig parse(const std::string& text, const std::vector<std::string>
 inline std::string error_of(const std::string& text, const std::vector<std::string>& ov = {}) {
   try {
     parse(text, ov);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// The message of the error that load_tokenizer(path) raises, or "(no error)".
+inline std::string error_of_load(const std::string& path) {
+  try {
+    load_tokenizer(path);
   } catch (const Error& e) {
     return e.what();
   }

@@ -16,24 +16,15 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
 #include "engine/tokenizer.h"
 #include "engine_test_util.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using sw::enginetest::error_of_load;
 using sw::enginetest::make_test_dir;
 
 namespace {
-
-std::string error_of_load(const std::string& path) {
-  try {
-    sw::load_tokenizer(path);
-  } catch (const sw::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 // The reference directory, made once per process.
 const json& reference() {
@@ -49,11 +40,6 @@ const json& reference() {
     return json::parse(f);
   }();
   return ref;
-}
-
-std::string read_text(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
 }
 
 }  // namespace
@@ -88,7 +74,7 @@ TEST_CASE("tokenizer: ids equal tokenizers' and sentencepiece's on Unicode and s
     // taking the space before it, NFC composing); SentencePiece's unigram (NFKC) fewer.
     if (name.rfind("sp_", 0) != 0 && name != "gpt2_prefix")
       CHECK(round_trips >= static_cast<int>(texts.size()) - 2);
-    const std::string doc = read_text(ref["document"].get<std::string>());
+    const std::string doc = sw::enginetest::read_bytes(ref["document"].get<std::string>());
     const auto want_doc = t["document_ids"].get<std::vector<int32_t>>();
     CHECK(tok->encode(doc) == want_doc);
     {

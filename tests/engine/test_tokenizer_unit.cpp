@@ -7,25 +7,12 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
 #include "engine/tokenizer.h"
 #include "engine_test_util.h"
 
 namespace fs = std::filesystem;
+using sw::enginetest::error_of_load;
 using sw::enginetest::make_test_dir;
-
-namespace {
-
-std::string error_of_load(const std::string& path) {
-  try {
-    sw::load_tokenizer(path);
-  } catch (const sw::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-}  // namespace
 
 TEST_CASE("tokenizer: bytes, and files it cannot read", "[tokenizer]") {
   for (const std::string name : {"", "bytes"}) {
