@@ -1,8 +1,6 @@
 // Hugging Face-style safetensors export and import of a ShardedModel's full parameters.
 #include "checkpoint/export.h"
 
-#include <algorithm>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <vector>
 

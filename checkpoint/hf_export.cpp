@@ -153,13 +153,13 @@ double fnum(float f) {
   return std::strtod(b, nullptr);
 }
 
+}  // namespace
+
 bool any_rank(Group& g, bool v) {
   float f = v ? 1.f : 0.f, out = 0;
   g.all_reduce(&f, &out, 1, ReduceOp::Max);
   return out > 0;
 }
-
-}  // namespace
 
 ojson hf_config_json(const ModelConfig& c, const std::string& where) {
   const std::string arch = architecture(c, where);

@@ -29,7 +29,12 @@
 
 namespace sw {
 
+class Group;
 class ShardedModel;
+
+// Collective: true on every rank when `v` is true on any (export_hf_dir's and
+// commit_checkpoint's agreement on failure).
+bool any_rank(Group& g, bool v);
 
 // transformers' default max_shard_size ("5GB", decimal).
 constexpr int64_t kHfDefaultShardBytes = 5'000'000'000;

@@ -519,12 +519,6 @@ std::string seal_metadata(ojson j) {
   return j.dump(1) + "\n";
 }
 
-bool any_rank(Group& g, bool v) {
-  float f = v ? 1.f : 0.f, out = 0;
-  g.all_reduce(&f, &out, 1, ReduceOp::Max);
-  return out > 0;
-}
-
 }  // namespace
 
 bool commit_checkpoint(Group& g, const CheckpointSnapshot& s, bool ok, const std::string& tmp_dir,
