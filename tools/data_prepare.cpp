@@ -102,14 +102,6 @@ struct Piece {
   std::string error;
 };
 
-void ensure_parent(const std::string& path) {
-  const fs::path parent = fs::path(path).parent_path();
-  if (parent.empty()) return;
-  std::error_code ec;
-  fs::create_directories(parent, ec);
-  if (ec) sw::fail("data", "cannot create directory '" + parent.string() + "': " + ec.message());
-}
-
 std::string human_bytes(double b) {
   char s[32];
   if (b >= 1e9)
@@ -124,11 +116,11 @@ class Preparer {
   Preparer(const PrepareArgs& a, const sw::Tokenizer& tok, int threads, uint64_t total)
       : a_(a), tok_(tok), threads_(threads), total_(total), pool_(threads) {
     target_ = std::clamp<size_t>(static_cast<size_t>(total / 256), 4096, 1 << 20);
-    ensure_parent(a.out);
+    ensure_parent_dir(a.out);
     train_ = std::make_unique<sw::TokenWriter>(a.out, tok.vocab_size());
     if (a.jsonl) train_mask_ = std::make_unique<sw::MaskWriter>(sw::mask_path_for(a.out));
     if (!a.val.empty()) {
-      ensure_parent(a.val);
+      ensure_parent_dir(a.val);
       val_ = std::make_unique<sw::TokenWriter>(a.val, tok.vocab_size());
       if (a.jsonl) val_mask_ = std::make_unique<sw::MaskWriter>(sw::mask_path_for(a.val));
     }
@@ -366,6 +358,14 @@ class Preparer {
 };
 
 }  // namespace
+
+void ensure_parent_dir(const std::string& path) {
+  const fs::path parent = fs::path(path).parent_path();
+  if (parent.empty()) return;
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  if (ec) sw::fail("data", "cannot create directory '" + parent.string() + "': " + ec.message());
+}
 
 int prepare_tokenized(const PrepareArgs& a) {
   uint64_t total = 0;

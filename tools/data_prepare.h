@@ -18,3 +18,6 @@ struct PrepareArgs {
 // and the mask files beside them for prompt / completion JSONL). Prints what it wrote and the
 // tokens, seconds and tokens/s. Throws sw::Error("data: ...") on bad input.
 int prepare_tokenized(const PrepareArgs& a);
+
+// Creates the directory that will hold `path` (and its parents); throws sw::Error("data: ...").
+void ensure_parent_dir(const std::string& path);

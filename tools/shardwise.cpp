@@ -311,14 +311,6 @@ std::string read_file_bytes(const std::string& path) {
   return s;
 }
 
-void ensure_parent_dir(const std::string& path) {
-  const fs::path parent = fs::path(path).parent_path();
-  if (parent.empty()) return;
-  std::error_code ec;
-  fs::create_directories(parent, ec);
-  if (ec) sw::fail("data", "cannot create directory '" + parent.string() + "': " + ec.message());
-}
-
 int cmd_data_prepare(const PrepareArgs& a) {
   if (!a.tokenizer.empty() || a.jsonl) return prepare_tokenized(a);  // tools/data_prepare.cpp
   std::string text;
