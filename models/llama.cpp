@@ -103,8 +103,7 @@ struct Packed {
 
 // N ones, for the per-matrix path's bias broadcasts and sums (a workspace on ops' device).
 Buffer ones(const Ops& ops, int N) {
-  Buffer b(std::max<size_t>(size_t(std::max(N, 1)), 1) * sizeof(float), Mem::Workspace,
-           ops.device());
+  Buffer b(size_t(std::max(N, 1)) * sizeof(float), Mem::Workspace, ops.device());
   ops.fill(b.f32(), 1.f, size_t(std::max(N, 0)));
   return b;
 }
@@ -173,6 +172,20 @@ void packed_backward_set(const Ops& ops, float* dx, Operand dout, Operand x, con
 }
 
 // ---- [0] embed -------------------------------------------------------------------------------
+// y = table[tokens], table (V,C) the unit's parameter p (Embed's, or a tied Head's call 0).
+void embed_forward(UnitCtx& ctx, const ModelConfig& c, size_t p, float* y) {
+  const Batch& b = *ctx.batch;
+  if (b.T > c.seq_len)
+    fail("model", "batch sequence length " + std::to_string(b.T) + " exceeds model.seq_len = " +
+                      std::to_string(c.seq_len));
+  ctx.ops->embedding_forward(y, b.tokens, ctx.weight(p), nullptr, b.B, b.T, c.d_model,
+                             c.vocab_size);
+}
+void embed_backward(UnitCtx& ctx, const ModelConfig& c, size_t p, const float* dy) {
+  const Batch& b = *ctx.batch;
+  ctx.ops->embedding_backward(ctx.grad(p), nullptr, dy, b.tokens, b.B, b.T, c.d_model);
+}
+
 class Embed final : public Unit {
  public:
   explicit Embed(const ModelConfig& c) : c_(c) {}
@@ -183,17 +196,11 @@ class Embed final : public Unit {
                                 Init::Normal, 0.02f, "model.embed_tokens.weight"))};
   }
   void forward(UnitCtx& ctx, int call, const float* x, float* y) override {
-    const Batch& b = *ctx.batch;
-    if (b.T > c_.seq_len)
-      fail("model", "batch sequence length " + std::to_string(b.T) + " exceeds model.seq_len = " +
-                        std::to_string(c_.seq_len));
-    ctx.ops->embedding_forward(y, b.tokens, ctx.weight(0), nullptr, b.B, b.T, c_.d_model,
-                               c_.vocab_size);
+    embed_forward(ctx, c_, 0, y);
   }
   ActivationDecl declare_activations(int, BatchShape) const override { return {}; }  // none
   void backward(UnitCtx& ctx, int call, const float* x, const float* dy, float* dx) override {
-    const Batch& b = *ctx.batch;
-    ctx.ops->embedding_backward(ctx.grad(0), nullptr, dy, b.tokens, b.B, b.T, c_.d_model);
+    embed_backward(ctx, c_, 0, dy);
   }
 
  private:
@@ -428,13 +435,7 @@ class Head final : public Unit {
     const Batch& bt = *ctx.batch;
     const int B = bt.B, T = bt.T, C = c_.d_model, V = c_.vocab_size;
     const int N = B * T;
-    if (tied_ && call == 0) {  // the embedding
-      if (T > c_.seq_len)
-        fail("model", "batch sequence length " + std::to_string(T) + " exceeds model.seq_len = " +
-                          std::to_string(c_.seq_len));
-      ops.embedding_forward(y, bt.tokens, ctx.weight(kLm), nullptr, B, T, C, V);
-      return;
-    }
+    if (tied_ && call == 0) return embed_forward(ctx, c_, kLm, y);  // the embedding
     ScratchScope guard{ctx.scratch};
     const float* nw = ctx.param(kNorm);  // (C)
     const Operand w = ctx.weight(kLm);  // (V,C), a product's weight
@@ -482,10 +483,7 @@ class Head final : public Unit {
     const Ops& ops = *ctx.ops;
     const Batch& bt = *ctx.batch;
     const int C = c_.d_model, V = c_.vocab_size, N = bt.B * bt.T;
-    if (tied_ && call == 0) {
-      ops.embedding_backward(ctx.grad(kLm), nullptr, dy, bt.tokens, bt.B, bt.T, C);
-      return;
-    }
+    if (tied_ && call == 0) return embed_backward(ctx, c_, kLm, dy);
     ScratchScope guard{ctx.scratch};
     const float* h = ctx.saved->get(kept::kHnorm);
     const float* dh;

@@ -179,25 +179,25 @@ class CpuOps final : public Ops {
   }
 
   void rope_forward(Out out, Operand qkv, int B, int T, int H, int KVH, int hd,
-                    const RopeSpec& theta) const override {
+                    const RopeSpec& spec) const override {
     if (!out.lp) {
       rope_in_place("rope_forward", out, qkv);
-      return cpu::rope_forward(out.f32, B, T, H, KVH, hd, theta);
+      return cpu::rope_forward(out.f32, B, T, H, KVH, hd, spec);
     }
     require_lowp("rope_forward");
-    if (qkv.f32) return cpu::rope_forward_lp(compute_, out.lp, qkv.f32, B, T, H, KVH, hd, theta);
-    cpu::rope_forward_lp(compute_, out.lp, qkv.lp, B, T, H, KVH, hd, theta);
+    if (qkv.f32) return cpu::rope_forward_lp(compute_, out.lp, qkv.f32, B, T, H, KVH, hd, spec);
+    cpu::rope_forward_lp(compute_, out.lp, qkv.lp, B, T, H, KVH, hd, spec);
   }
   void rope_backward(Out out, Operand dqkv, int B, int T, int H, int KVH, int hd,
-                     const RopeSpec& theta) const override {
+                     const RopeSpec& spec) const override {
     if (!out.lp) {
       rope_in_place("rope_backward", out, dqkv);
-      return cpu::rope_backward(out.f32, B, T, H, KVH, hd, theta);
+      return cpu::rope_backward(out.f32, B, T, H, KVH, hd, spec);
     }
     require_lowp("rope_backward");
     if (dqkv.f32)
-      return cpu::rope_backward_lp(compute_, out.lp, dqkv.f32, B, T, H, KVH, hd, theta);
-    cpu::rope_backward_lp(compute_, out.lp, dqkv.lp, B, T, H, KVH, hd, theta);
+      return cpu::rope_backward_lp(compute_, out.lp, dqkv.f32, B, T, H, KVH, hd, spec);
+    cpu::rope_backward_lp(compute_, out.lp, dqkv.lp, B, T, H, KVH, hd, spec);
   }
 
   // 16-bit: the fp32 output in this thread's output scratch, narrowed.

@@ -114,8 +114,8 @@ double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const floa
       // stops growing at 2^24 terms near 1 (a scalar build's reduction over a vocabulary past
       // 16M ids).
       double block_sums = 0.0;
-      for (int v0 = 0; v0 < V; v0 += kSumBlock) {
-        const int v1 = V - v0 > kSumBlock ? v0 + kSumBlock : V;
+      for (int v0 = 0, v1; v0 < V; v0 = v1) {  // (v0 + kSumBlock may pass INT_MAX)
+        v1 = V - v0 > kSumBlock ? v0 + kSumBlock : V;
         float s = 0.f;
         if (grad) {
           // Keep exp(logit - max) in place; it becomes grad_scale * softmax below.

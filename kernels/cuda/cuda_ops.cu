@@ -219,11 +219,11 @@ class CudaDevice {
   }
   // RoPE's angle table for (T, hd, RopeSpec) in the Rope slot, built on the stream when the key or
   // the slot's buffer changed (one model: built once).
-  const float* rope_table(cudaStream_t s, int T, int hd, const RopeSpec& theta) const {
+  const float* rope_table(cudaStream_t s, int T, int hd, const RopeSpec& spec) const {
     float* tab = wsf(Slot::Rope, static_cast<size_t>(T) * hd);
-    if (tab != rope_.tab || T != rope_.T || hd != rope_.hd || !theta.same(rope_.theta)) {
-      cuda::rope_table(s, tab, T, hd, theta);
-      rope_ = RopeKey{tab, T, hd, theta};
+    if (tab != rope_.tab || T != rope_.T || hd != rope_.hd || !spec.same(rope_.spec)) {
+      cuda::rope_table(s, tab, T, hd, spec);
+      rope_ = RopeKey{tab, T, hd, spec};
     }
     return tab;
   }
@@ -240,7 +240,7 @@ class CudaDevice {
   struct RopeKey {
     const float* tab = nullptr;
     int T = 0, hd = 0;
-    RopeSpec theta{0.f};
+    RopeSpec spec{0.f};
   };
   mutable RopeKey rope_;
 };
@@ -739,27 +739,27 @@ class CudaOps final : public Ops {
   // place, or into 16 bits from either form (the same table, the same arithmetic: v heads
   // narrowed as they are; a 16-bit input may be the output itself, rotated in place).
   void rope_forward(Out out, Operand qkv, int B, int T, int H, int KVH, int hd,
-                    const RopeSpec& theta) const override {
+                    const RopeSpec& spec) const override {
     SW_OP_TIME();
-    rope("rope_forward", out, qkv, B, T, H, KVH, hd, theta, 1.f);
+    rope("rope_forward", out, qkv, B, T, H, KVH, hd, spec, 1.f);
   }
   void rope_backward(Out out, Operand dqkv, int B, int T, int H, int KVH, int hd,
-                     const RopeSpec& theta) const override {
+                     const RopeSpec& spec) const override {
     SW_OP_TIME();
-    rope("rope_backward", out, dqkv, B, T, H, KVH, hd, theta, -1.f);
+    rope("rope_backward", out, dqkv, B, T, H, KVH, hd, spec, -1.f);
   }
   void rope(const char* op, Out out, Operand in, int B, int T, int H, int KVH, int hd,
-            const RopeSpec& theta, float sign) const {
+            const RopeSpec& spec, float sign) const {
     if (!out.lp) {
       if (in.lp || in.f32 != out.f32) refuse(op, "an fp32 out other than the fp32 input itself");
       SW_CHECK(hd % 2 == 0, "rope: head dim must be even");
       const cudaStream_t s = begin();
-      return cuda::rope_apply(s, out.f32, d_.rope_table(s, T, hd, theta), B, T, H, KVH, hd, sign);
+      return cuda::rope_apply(s, out.f32, d_.rope_table(s, T, hd, spec), B, T, H, KVH, hd, sign);
     }
     require_lowp(op);
     SW_CHECK(hd % 2 == 0, "rope: head dim must be even");
     const cudaStream_t s = begin();
-    const float* tab = d_.rope_table(s, T, hd, theta);
+    const float* tab = d_.rope_table(s, T, hd, spec);
     if (in.lp)
       cuda::rope_apply_lp(s, dt(), out.lp, in.lp, tab, B, T, H, KVH, hd, sign);
     else

@@ -56,11 +56,11 @@ class ForwardingOps : public sw::Ops {
   void residual_forward(float* out, const float* a, const float* b, size_t n) const override {
     base_.residual_forward(out, a, b, n);
   }
-  void rope_forward(sw::Out out, sw::Operand qkv, int B, int T, int H, int KVH, int hd, const sw::RopeSpec& theta) const override {
-    base_.rope_forward(out, qkv, B, T, H, KVH, hd, theta);
+  void rope_forward(sw::Out out, sw::Operand qkv, int B, int T, int H, int KVH, int hd, const sw::RopeSpec& spec) const override {
+    base_.rope_forward(out, qkv, B, T, H, KVH, hd, spec);
   }
-  void rope_backward(sw::Out out, sw::Operand dqkv, int B, int T, int H, int KVH, int hd, const sw::RopeSpec& theta) const override {
-    base_.rope_backward(out, dqkv, B, T, H, KVH, hd, theta);
+  void rope_backward(sw::Out out, sw::Operand dqkv, int B, int T, int H, int KVH, int hd, const sw::RopeSpec& spec) const override {
+    base_.rope_backward(out, dqkv, B, T, H, KVH, hd, spec);
   }
   void attention_forward(sw::Out out, float* lse, sw::Operand qkv, int B, int T, int H, int KVH, int hd) const override {
     base_.attention_forward(out, lse, qkv, B, T, H, KVH, hd);

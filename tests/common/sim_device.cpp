@@ -349,17 +349,17 @@ class SimOps final : public sw::Ops {
     on_device(__func__, "b", b);
     base_->residual_forward(out, a, b, n);
   }
-  void rope_forward(sw::Out out, sw::Operand qkv, int B, int T, int H, int KVH, int hd, const sw::RopeSpec& theta) const override {
+  void rope_forward(sw::Out out, sw::Operand qkv, int B, int T, int H, int KVH, int hd, const sw::RopeSpec& spec) const override {
     Open g;
     on_out(__func__, "out", out);
     on_operand(__func__, "qkv", qkv);
-    base_->rope_forward(out, as_device_reads(qkv), B, T, H, KVH, hd, theta);
+    base_->rope_forward(out, as_device_reads(qkv), B, T, H, KVH, hd, spec);
   }
-  void rope_backward(sw::Out out, sw::Operand dqkv, int B, int T, int H, int KVH, int hd, const sw::RopeSpec& theta) const override {
+  void rope_backward(sw::Out out, sw::Operand dqkv, int B, int T, int H, int KVH, int hd, const sw::RopeSpec& spec) const override {
     Open g;
     on_out(__func__, "out", out);
     on_operand(__func__, "dqkv", dqkv);
-    base_->rope_backward(out, as_device_reads(dqkv), B, T, H, KVH, hd, theta);
+    base_->rope_backward(out, as_device_reads(dqkv), B, T, H, KVH, hd, spec);
   }
   void attention_forward(sw::Out out, float* lse, sw::Operand qkv, int B, int T, int H, int KVH, int hd) const override {
     Open g;

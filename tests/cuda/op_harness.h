@@ -1565,12 +1565,9 @@ inline std::vector<OpCase> op_cases() {
     const size_t nout = size_t(s.B) * s.T * s.H * s.hd, nlse = size_t(s.B) * s.H * s.T;
     // (forward with Llama 3.1's scaling, its three frequency regions inside hd 8 / 16, so the
     // backends' tables share rope_inv_freq; backward plain)
-    auto llama3_rope = [] {
-      sw::RopeSpec r(500000.f);
-      r.llama3 = true;
-      r.original_max_pos = 64;
-      return r;
-    };
+    sw::RopeSpec llama3_rope(500000.f);
+    llama3_rope.llama3 = true;
+    llama3_rope.original_max_pos = 64;
     for (int bwd = 0; bwd < 2; ++bwd)
       cs.push_back({bwd ? "rope_backward:f32" : "rope_forward:f32",
                     std::string(bwd ? "rope_backward[f32] " : "rope_forward[f32] ") + sh,
@@ -1581,7 +1578,7 @@ inline std::vector<OpCase> op_cases() {
                       if (bwd)
                         a.ops().rope_backward(x, x, s.B, s.T, s.H, s.KVH, s.hd, 10000.f);
                       else
-                        a.ops().rope_forward(x, x, s.B, s.T, s.H, s.KVH, s.hd, llama3_rope());
+                        a.ops().rope_forward(x, x, s.B, s.T, s.H, s.KVH, s.hd, llama3_rope);
                       Outputs o;
                       put(o, "qkv", a.down(x, nqkv));
                       return o;

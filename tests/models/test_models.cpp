@@ -525,9 +525,9 @@ class HideCompute final : public swtest::ForwardingOps {
   }
   // The Llama's qkv product is kept 16-bit too (its rotation reads it rounded).
   void rope_forward(Out out, Operand qkv, int B, int T, int H, int KVH, int hd,
-                    const RopeSpec& theta) const override {
+                    const RopeSpec& spec) const override {
     base_.round_to(base_.compute(), out.f32, size_t(B) * T * (H + 2 * KVH) * hd);
-    base_.rope_forward(out, qkv, B, T, H, KVH, hd, theta);
+    base_.rope_forward(out, qkv, B, T, H, KVH, hd, spec);
   }
   // GPT-2's fch and Llama's gate|up, products' outputs only the GELU / SwiGLU read, are kept
   // 16-bit (as autocast keeps a linear's output): those read them rounded, forward and
