@@ -41,13 +41,15 @@ class ByteTokenizer final : public Tokenizer {
   std::vector<std::string> files() const override { return {}; }
 };
 
-}  // namespace
+bool cut_alnum(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+}
 
-std::unique_ptr<Tokenizer> make_byte_tokenizer() { return std::make_unique<ByteTokenizer>(); }
+}  // namespace
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   namespace fs = std::filesystem;
-  if (path.empty() || path == "bytes") return make_byte_tokenizer();
+  if (path.empty() || path == "bytes") return std::make_unique<ByteTokenizer>();
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
     const fs::path json = fs::path(path) / "tokenizer.json";
@@ -61,10 +63,6 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   if (ends_with(path, ".model")) return load_sentencepiece_tokenizer(path);
   fail("tokenizer", path + ": not a tokenizer file (a Hugging Face tokenizer.json, a "
                            "SentencePiece .model, a directory holding one, or \"bytes\")");
-}
-
-bool cut_alnum(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
 }
 
 size_t find_cut(std::string_view text, size_t target, char sep) {

@@ -7,7 +7,6 @@
 
 namespace sw {
 
-std::unique_ptr<Tokenizer> make_byte_tokenizer();
 // The cut of Tokenizer::chunk_cut: just after `sep` (between printable ASCII and an ASCII letter
 // or digit), the last at or before target, else the first after it, else text.size().
 size_t find_cut(std::string_view text, size_t target, char sep);
