@@ -252,12 +252,12 @@ class Preparer {
         const std::string_view l(p.text.data() + pos, nl - pos);
         pos = nl;
         if (l.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-        const std::string where = *p.file + ":" + std::to_string(line);
+        auto where = [&] { return *p.file + ":" + std::to_string(line); };  // errors only
         nlohmann::json j;
         try {
           j = nlohmann::json::parse(l);
         } catch (const nlohmann::json::exception& e) {
-          sw::fail("data", where + ": not valid JSON: " + e.what());
+          sw::fail("data", where() + ": not valid JSON: " + e.what());
         }
         auto str = [&](const char* k) { return j.is_object() && j.contains(k) && j[k].is_string(); };
         auto put = [&](const std::string& text, uint8_t m) {
@@ -272,8 +272,8 @@ class Preparer {
           put(j["completion"].get<std::string>(), 1);
           p.masked = true;
         } else {
-          sw::fail("data", where + ": neither a \"text\" string nor \"prompt\" and "
-                                   "\"completion\" strings");
+          sw::fail("data", where() + ": neither a \"text\" string nor \"prompt\" and "
+                                     "\"completion\" strings");
         }
         if (eot >= 0) {
           p.ids.push_back(eot);
