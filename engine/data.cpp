@@ -441,20 +441,16 @@ Corpus::Corpus(const std::string& spec, int64_t vocab_size, int T) : T_(T) {
   const std::vector<std::string> paths = resolve_token_files(spec);
   // One file must hold a window; in a corpus of several, a short file (a last shard) holds none.
   const int64_t min_tokens = paths.size() == 1 ? int64_t{T} + 1 : 0;
+  int64_t s = 0;  // possible window starts so far (n_i - T per file)
   for (const std::string& p : paths) {
     files_.emplace_back(p, vocab_size, min_tokens, &counts);
     const TokenFile& f = files_.back();
     first_window_.push_back(N_);
-    first_start_.push_back(first_start_.empty() ? 0 : first_start_.back());
+    first_start_.push_back(s);  // starts in the files before this one
     N_ += f.size() > T ? (f.size() - 1) / T : 0;
+    s += std::max<int64_t>(0, f.size() - T);
     tokens_ += f.size();
     has_mask_ = has_mask_ || f.mask() != nullptr;
-  }
-  // first_start_[i] = starts in files before i; then the total.
-  int64_t s = 0;
-  for (size_t i = 0; i < files_.size(); ++i) {
-    first_start_[i] = s;
-    s += std::max<int64_t>(0, files_[i].size() - T);
   }
   if (N_ == 0)
     fail("data", spec + ": no file holds seq_len + 1 = " + std::to_string(T + 1) +
@@ -484,6 +480,9 @@ int64_t Corpus::train_window(uint64_t seed, int64_t g) const {
 }
 
 namespace {
+// Row of a batch from window w: inputs = tokens[start, start + T), targets = tokens
+// [start + 1, start + T], a target whose mask byte is 0 set to -1 (ignored by the loss).
+// Returns the targets kept.
 int64_t fill(const Corpus& c, const Corpus::Window& w, int T, int32_t* in, int32_t* tg) {
   const TokenFile& f = c.file(static_cast<size_t>(w.file));
   f.copy(w.start, T, in);
@@ -501,10 +500,6 @@ int64_t fill(const Corpus& c, const Corpus::Window& w, int T, int32_t* in, int32
   return kept;
 }
 }  // namespace
-
-void Corpus::fill_row(const Window& w, int32_t* in, int32_t* tg) const {
-  fill(*this, w, T_, in, tg);
-}
 
 int64_t train_batch(const Corpus& c, uint64_t seed, int64_t step, int64_t global_batch,
                     int64_t first_row, int B, int T, int32_t* inputs, int32_t* targets) {

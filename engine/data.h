@@ -187,9 +187,6 @@ class Corpus {
   int64_t train_window(uint64_t seed, int64_t g) const;
   int64_t epoch_of(int64_t g) const { return g / N_; }
 
-  // Row of a batch from window w: inputs = tokens[start, start + T), targets = tokens
-  // [start + 1, start + T], a target whose mask byte is 0 set to -1 (ignored by the loss).
-  void fill_row(const Window& w, int32_t* in, int32_t* tg) const;
   // Per file, then the total: windows' possible starts in the files before it (n_i - T each).
   const std::vector<int64_t>& starts_prefix() const { return first_start_; }
 

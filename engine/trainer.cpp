@@ -363,6 +363,7 @@ class Trainer {
                                            opts_.progress && lead_, stderr, -1, start_);
     inputs_.resize(static_cast<size_t>(B_) * T_);
     targets_.resize(static_cast<size_t>(B_) * T_);
+    counted_.resize(static_cast<size_t>(accum_));
     batch_ = Batch{inputs_.data(), targets_.data(), B_, T_};
     adam_.lr = cfg_.optimizer.lr;
     adam_.beta1 = cfg_.optimizer.beta1;
@@ -454,16 +455,15 @@ class Trainer {
     double counted_total = 0;
     if (masked)
       counted_total = static_cast<double>(train_counted(*train_data_, cfg_.seed, s, GB, 0, GB));
-    std::vector<int64_t> counted(static_cast<size_t>(accum_), int64_t{B_} * T_);
     for (int k = 0; k < accum_; ++k) {
       const auto tk = Clock::now();
-      counted[static_cast<size_t>(k)] =
+      counted_[static_cast<size_t>(k)] =
           train_batch(*train_data_, cfg_.seed, s, GB, (int64_t{k} * W_ + rank_) * B_, B_, T_,
                       inputs_.data(), targets_.data());
       const double micro_scale =
           !masked ? loss_scale / static_cast<double>(accum_)
           : counted_total > 0
-              ? loss_scale * W_ * static_cast<double>(counted[static_cast<size_t>(k)]) /
+              ? loss_scale * W_ * static_cast<double>(counted_[static_cast<size_t>(k)]) /
                     counted_total
               : 0.0;
       // The loss stays on the device: read with the gradient norm, the step's one
@@ -484,7 +484,7 @@ class Trainer {
     const double norm_read_s = seconds_since(tn);
     for (size_t k = 0; k < losses.size(); ++k) {
       if (!std::isfinite(losses[k]) && bad_micro < 0) bad_micro = static_cast<int>(k);
-      loss += masked ? losses[k] * static_cast<double>(counted[k]) : losses[k];
+      loss += masked ? losses[k] * static_cast<double>(counted_[k]) : losses[k];
     }
     if (masked)
       loss = counted_total > 0 ? sum_over_ranks(world_, loss) / counted_total : 0.0;
@@ -827,6 +827,7 @@ class Trainer {
   std::unique_ptr<MetricsLog> metrics_;
   std::unique_ptr<Progress> progress_;
   std::vector<int32_t> inputs_, targets_;
+  std::vector<int64_t> counted_;  // (accum_) targets the loss counts per micro-step this step
   Batch batch_{};
   AdamWParams adam_;
 

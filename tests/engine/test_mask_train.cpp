@@ -1,8 +1,8 @@
 // Loss masks in training: the step loss is the mean over the counted targets of the whole
 // global batch, whatever the split into micro-steps (a per-micro-step mean would weigh the
 // micro-steps' tokens differently and fail here); its value against a hand computation from
-// per-token losses; an all-ones mask trains as no mask does. (Against PyTorch:
-// test_mask_reference.cpp.)
+// per-token losses; an all-ones mask trains as no mask does. (The masked mean against
+// PyTorch: tests/tools/test_eval_reference.cpp.)
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
@@ -96,8 +96,9 @@ TEST_CASE("mask train: step 1's loss equals the mean of per-token losses over th
   const int R = 8, T = 16;
   std::vector<int32_t> in(R * T), tg(R * T), one(T);
   const int64_t kept = train_batch(c, cfg.seed, 0, R, 0, R, T, in.data(), tg.data());
-  double sum = 0;
-  int64_t n = 0;
+  // Per row: the sum and count of its kept targets' losses, each target alone.
+  std::vector<double> row_sum(R, 0);
+  std::vector<int64_t> row_n(R, 0);
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) {
       if (tg[r * T + t] < 0) continue;
@@ -105,27 +106,21 @@ TEST_CASE("mask train: step 1's loss equals the mean of per-token losses over th
       one[t] = tg[r * T + t];
       Batch b;
       b.B = 1, b.T = T, b.tokens = in.data() + r * T, b.targets = one.data();
-      sum += sm.eval_loss(b);
-      ++n;
+      row_sum[r] += sm.eval_loss(b);
+      ++row_n[r];
     }
+  double sum = 0;
+  int64_t n = 0;
+  for (int r = 0; r < R; ++r) sum += row_sum[r], n += row_n[r];
   REQUIRE(n == kept);
   CHECK(loss == Approx(sum / static_cast<double>(n)).epsilon(1e-6));
-  // A mean of the micro-steps' means differs from it by far more than the tolerance.
+  // A mean of the micro-steps' means (2 rows each) differs from it by far more than the
+  // tolerance.
   double mom = 0;
   for (int k = 0; k < 4; ++k) {
-    double s = 0;
-    int64_t cnt = 0;
-    for (int r = 2 * k; r < 2 * k + 2; ++r)
-      for (int t = 0; t < T; ++t)
-        if (tg[r * T + t] >= 0) {
-          std::fill(one.begin(), one.end(), -1);
-          one[t] = tg[r * T + t];
-          Batch b;
-          b.B = 1, b.T = T, b.tokens = in.data() + r * T, b.targets = one.data();
-          s += sm.eval_loss(b);
-          ++cnt;
-        }
-    mom += cnt ? s / cnt / 4 : 0;
+    const double s = row_sum[2 * k] + row_sum[2 * k + 1];
+    const int64_t cnt = row_n[2 * k] + row_n[2 * k + 1];
+    mom += cnt ? s / static_cast<double>(cnt) / 4 : 0;
   }
   CHECK(std::abs(mom - loss) > 1e-4 * loss);
 }

@@ -1,6 +1,6 @@
 // `shardwise eval` against PyTorch (tests/tools/eval_reference.py, float64, the GPT-2 of
-// tests/checkpoint/gpt2_reference.py): a directory of... one masked file of 32-bit ids and the
-// training file itself; the loss within 1e-4 relative and the same count of tokens.
+// tests/checkpoint/gpt2_reference.py): one masked file of 32-bit ids and the training file
+// itself; the loss within 1e-4 relative and the same count of tokens.
 #include <catch2/catch.hpp>
 #include <cstdlib>
 
