@@ -93,19 +93,18 @@ int import_dir(const std::string& dir) {
   ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
   ShardedModel sm(m, ops_for(Device::cpu()), 1, world, pol);
   int64_t shard = 0, largest = 0;
-  int held = 0, all = 0;
+  int held = 0, all = 0;  // held: the tensors the import read on this rank
   for (int u = 0; u < sm.num_units(); ++u) {
     shard += sm.unit_layout(u).padded / W * int64_t(sizeof(float));
     for (const ParamSpec& p : sm.unit_layout(u).specs) {
       largest = std::max<int64_t>(largest, numel(p.shape) * int64_t(sizeof(float)));
       ++all;
-      held += sm.holds_param(p.name);
     }
   }
   const int64_t before = status_bytes("VmRSS:");
   std::ofstream("/proc/self/clear_refs") << "5";  // VmHWM := VmRSS
   const int64_t reset = status_bytes("VmHWM:");
-  import_safetensors(sm, dir);
+  import_hf_weights(sm, dir, &held);
   const int64_t peak = status_bytes("VmHWM:");
   for (int r = 0; r < W; ++r) {
     world->barrier();

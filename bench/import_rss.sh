@@ -13,10 +13,9 @@
 #   bench/import_rss.sh [DIR] [BUILD_DIR]      env: LAYERS (2), NP (2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-dir=${1:-$(mktemp -d /tmp/sw_import_rss.XXXXXX)}
+if [ -n "${1:-}" ]; then dir=$1; else dir=$(mktemp -d /tmp/sw_import_rss.XXXXXX); trap 'rm -rf "$dir"' EXIT; fi
 build=${2:-build}
 layers=${LAYERS:-2} np=${NP:-2}
-trap 'rm -rf "$dir"' EXIT
 "$build/bench/bench_import" write "$dir" --layers "$layers"
 flags=(--oversubscribe)
 [ "$(id -u)" = 0 ] && flags+=(--allow-run-as-root)

@@ -5,9 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "checkpoint/file_io.h"
 #include "checkpoint/hf_layout.h"
@@ -52,14 +50,6 @@ std::string architecture(const ModelConfig& c, const std::string& where) {
   if (c.rope_scaling != "none" && a == "MistralForCausalLM")
     bad("rope_scaling", "MistralForCausalLM takes no rope_scaling in transformers 4.46");
   return a;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("export", path + ": cannot open");
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
 }
 
 void copy_into(const std::string& src, const std::string& dst) {
@@ -107,12 +97,7 @@ void write_tokenizer(const std::string& dir, const std::string& tokenizer, int m
     }
   ojson tc, special;
   if (json_tok) {
-    nlohmann::json tok;
-    try {
-      tok = nlohmann::json::parse(read_text(src));
-    } catch (const nlohmann::json::exception& e) {
-      fail("export", src + ": not JSON (" + std::string(e.what()) + ")");
-    }
+    const nlohmann::json tok = read_json_file(src, "export");
     const nlohmann::json* eos =
         special_token(tok, {"<|endoftext|>", "<|end_of_text|>", "</s>", "<|im_end|>", "<eos>"});
     const nlohmann::json* bos = special_token(tok, {"<|begin_of_text|>", "<s>", "<bos>"});

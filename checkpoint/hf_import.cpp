@@ -5,12 +5,10 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 
 #include "checkpoint/export.h"
 #include "checkpoint/hf_layout.h"
@@ -24,18 +22,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
-
-json read_json_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("import", path + ": cannot open");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  try {
-    return json::parse(ss.str());
-  } catch (const json::exception& e) {
-    fail("import", path + ": not valid JSON (" + std::string(e.what()) + ")");
-  }
-}
 
 // config.json's keys, read with one-line errors naming the file and key.
 struct Keys {
@@ -224,7 +210,7 @@ struct WeightFiles {
       for (const StTensorInfo& t : readers[0]->tensors()) tensor_file[t.name] = readers[0].get();
       return;
     }
-    const json idx = read_json_file(p);
+    const json idx = read_json_file(p, "import");
     if (!idx.is_object() || !idx.contains("weight_map") || !idx.at("weight_map").is_object())
       fail("import", p + ": weight_map: missing (expected an object of tensor -> file)");
     const fs::path dir = fs::path(p).parent_path();
@@ -259,7 +245,7 @@ bool is_hf_model_dir(const std::string& path) {
 HfConfig read_hf_config(const std::string& dir) {
   HfConfig out;
   out.file = (fs::path(dir) / "config.json").string();
-  const json j = read_json_file(out.file);
+  const json j = read_json_file(out.file, "import");
   if (!j.is_object()) fail("import", out.file + ": expected a JSON object");
   const Keys k{j, out.file};
   if (!j.contains("architectures") || !j.at("architectures").is_array() ||
@@ -285,7 +271,7 @@ void check_hf_window(const HfConfig& c, int seq_len) {
                        " (a sliding window is not implemented; use seq_len <= the window)");
 }
 
-void import_hf_weights(ShardedModel& model, const std::string& path) {
+void import_hf_weights(ShardedModel& model, const std::string& path, int* tensors_read) {
   const WeightFiles files(path);
   auto fail_import = [&](const std::string& msg) { fail("import", files.where + ": " + msg); };
 
@@ -346,8 +332,10 @@ void import_hf_weights(ShardedModel& model, const std::string& path) {
   // stored (in, out), are read a block of rows at a time and scattered transposed, so no
   // second full-size buffer is needed.
   std::vector<float> rows;
+  int read = 0;
   for (const Item& it : items) {
     if (!model.holds_param(it.spec.name)) continue;
+    ++read;
     const int64_t n = numel(it.spec.shape);
     std::vector<float> buf(static_cast<size_t>(n));  // freed before the next one is made
     if (!it.spec.hf_transpose) {
@@ -366,6 +354,7 @@ void import_hf_weights(ShardedModel& model, const std::string& path) {
     }
     model.set_param(it.spec.name, buf.data(), n);
   }
+  if (tensors_read) *tensors_read = read;
 }
 
 }  // namespace sw

@@ -37,7 +37,9 @@ void check_hf_window(const HfConfig& c, int seq_len);
 // file; GPT-2's attn.bias / attn.masked_bias buffers skipped). Every rank checks the headers
 // of all tensors first (nothing is changed on an error), then reads, one tensor at a time,
 // only those it holds part of (ShardedModel::holds_param): the import holds at most one
-// tensor (fp32) beyond the rank's shards. No collective.
-void import_hf_weights(ShardedModel& model, const std::string& path);
+// tensor (fp32) beyond the rank's shards. No collective. `tensors_read`, when given, receives
+// how many tensors this rank read.
+void import_hf_weights(ShardedModel& model, const std::string& path,
+                       int* tensors_read = nullptr);
 
 }  // namespace sw

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <sstream>
 
 #include "core/error.h"
+#include "core/json_depth.h"
 
 namespace sw {
 
@@ -126,6 +129,22 @@ std::map<std::string, std::string> hf_export_metadata(const ModelConfig& c) {
       {"producer", "shardwise"},
       {"model_config", model_config_to_json(c).dump()},
   };
+}
+
+nlohmann::json read_json_file(const std::string& path, const char* component) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail(component, path + ": cannot open");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string text = ss.str();
+  if (const size_t at = json_depth_exceeded(text); at != std::string::npos)
+    fail(component, path + ": nested deeper than " + std::to_string(kJsonMaxDepth) +
+                        " levels at " + json_position(text, at));
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail(component, path + ": not valid JSON (" + std::string(e.what()) + ")");
+  }
 }
 
 }  // namespace sw

@@ -22,6 +22,10 @@ void transpose_f32(float* dst, const float* src, int64_t rows, int64_t cols);
 // naming a missing or mistyped key).
 nlohmann::ordered_json model_config_to_json(const ModelConfig& c);
 ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& where);
+// A JSON file other people make (config.json, an index, tokenizer.json): read, refused past
+// kJsonMaxDepth (core/json_depth.h) before parsing, parsed; failures are sw::Error
+// "<component>: <path>: ..." on one line.
+nlohmann::json read_json_file(const std::string& path, const char* component);
 // The safetensors __metadata__ of an HF export of a model with config `c`.
 std::map<std::string, std::string> hf_export_metadata(const ModelConfig& c);
 
