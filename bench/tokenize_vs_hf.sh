@@ -11,7 +11,8 @@
 # pieces of a line or two (>= 64 bytes, cut after a newline: their fastest batch on this corpus,
 # against 256 B: 1.4x, 4 KB: 1.8x, 64 KB: 3.2x slower) held in memory, the time of the batch
 # call alone; shardwise reads it from one file, writes the token file, and reports its own
-# tokens/s over all of that. Each side
+# tokens/s over all of that (its timer starts after the tokenizer is loaded and stops before the
+# output files are renamed into place, which favours it slightly). Each side
 # runs REPS times (3); the best run of each is printed, and the ratio shardwise / reference.
 #   bench/tokenize_vs_hf.sh [MB (32)] [THREADS (nproc)]
 # Wrap timed runs in bench/quiet.sh on a shared machine. BUILD_DIR (build) holds
