@@ -7,6 +7,7 @@
 # Environment (see bench/bench_aio.cpp): AIO_BENCH_BYTES (2GiB), AIO_BLOCK (1MiB), AIO_QD (8),
 # AIO_BACKEND (auto|io_uring|threads), AIO_THREADS (1), AIO_DIRECT (1), AIO_CHUNK (64MiB), AIO_INFLIGHT (2).
 # BUILD_DIR (build) holds bench/bench_aio. Needs fio (scripts/setup.sh installs it).
+case "${1:-}" in -h | --help) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; exit 0 ;; esac
 set -euo pipefail
 dir=${1:?usage: bench/aio_vs_fio.sh DIR}
 cd "$(dirname "$0")/.."

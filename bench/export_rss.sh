@@ -12,6 +12,7 @@
 # EXPORT_ARGS: more arguments of the exporting run, e.g. "--set checkpoint.export_shard_bytes=
 # 300000000" to cut the weights into 4 files, 2 written by each rank.
 # Needs data/fortunes_train.bin (scripts/run_default.sh prepares it) and ~6 GB free in WORK_DIR.
+case "${1:-}" in -h | --help) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; exit 0 ;; esac
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sw=$(realpath "${1:-build/tools/shardwise}")

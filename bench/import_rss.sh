@@ -11,6 +11,7 @@
 # lm_head, 32000 x 4096 fp32); rank 0 read 17 of 21 tensors, rank 1 8.
 #
 #   bench/import_rss.sh [DIR] [BUILD_DIR]      env: LAYERS (2), NP (2)
+case "${1:-}" in -h | --help) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; exit 0 ;; esac
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -n "${1:-}" ]; then dir=$1; else dir=$(mktemp -d /tmp/sw_import_rss.XXXXXX); trap 'rm -rf "$dir"' EXIT; fi

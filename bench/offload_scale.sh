@@ -6,6 +6,7 @@
 # (sampled while they exist) beside `shardwise plan`'s prediction, and the step times. Takes
 # about half an hour on a 2-core VM with a ~1 GB/s disk (every step moves ~80 GB per rank).
 #   bench/offload_scale.sh DIR [BUILD_DIR]
+case "${1:-}" in -h | --help) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; exit 0 ;; esac
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:?usage: bench/offload_scale.sh DIR [BUILD_DIR]}

@@ -13,6 +13,7 @@
 #                                            none: no offload, so the checkpoints really are
 #                                            asynchronous: with state on NVMe they are streamed
 #                                            synchronously from its files)
+case "${1:-}" in -h | --help) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; exit 0 ;; esac
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:?usage: bench/offload_soak.sh DIR [BUILD_DIR]}

@@ -9,6 +9,7 @@
 #
 #   bench/offload_step.sh DIR [BUILD_DIR]
 #   env: ROUNDS (2), STEPS (6), ACCUMS ("1 8"; ACCUM=N alone is ACCUMS=N), AIO_BACKEND (auto)
+case "${1:-}" in -h | --help) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; exit 0 ;; esac
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:?usage: bench/offload_step.sh DIR [BUILD_DIR]}

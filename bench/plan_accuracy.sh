@@ -20,6 +20,7 @@
 #   env: STEPS (4), NVME_DIR (a directory on a disk with O_DIRECT for the NVMe rows; default a
 #        temporary directory under /tmp)
 # ROWS: row names to run (default all). Output: the table and a summary on stdout.
+case "${1:-}" in -h | --help) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; exit 0 ;; esac
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}

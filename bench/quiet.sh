@@ -6,6 +6,7 @@
 # are caught too. Kernel threads are left alone. Timing aid for a shared 2-core machine; needs
 # root (it renices other users' processes and writes their /proc/PID/autogroup).
 #   bench/quiet.sh COMMAND [ARGS...]   e.g. bench/quiet.sh bash bench/offload_step.sh /mnt/nvme
+case "${1:-}" in -h | --help) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; exit 0 ;; esac
 "$@" &
 pid=$!
 mine=$(cat /proc/$pid/autogroup 2>/dev/null | cut -d' ' -f1)

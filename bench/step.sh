@@ -16,6 +16,7 @@
 #                     all three, default a 6-layer d=512 GPT-2 so that 4 ranks fit beside the
 #                     other jobs on this machine); model state should fall as 1/N
 # Environment: THREADS (2), ROUNDS (2), STEPS (5), TORCH_DTYPE (fp32), STRATEGY (FULL_SHARD).
+case "${1:-}" in -h | --help) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; exit 0 ;; esac
 set -euo pipefail
 build=${1:-build}
 shift || true

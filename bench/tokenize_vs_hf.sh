@@ -17,6 +17,7 @@
 #   bench/tokenize_vs_hf.sh [MB (32)] [THREADS (nproc)]
 # Wrap timed runs in bench/quiet.sh on a shared machine. BUILD_DIR (build) holds
 # tools/shardwise; .venv (scripts/setup.sh) has tokenizers and sentencepiece.
+case "${1:-}" in -h | --help) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; exit 0 ;; esac
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mb=${1:-32}

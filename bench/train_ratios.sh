@@ -16,6 +16,7 @@
 # token = 6 * params + 12 * layers * d_model * T (bench_step's convention).
 #
 #   bench/train_ratios.sh [BUILD_DIR]      env: ROUNDS (2), STEPS (8), WARMUP (3), TRACE_STEPS (300)
+case "${1:-}" in -h | --help) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; exit 0 ;; esac
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}

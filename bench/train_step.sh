@@ -18,6 +18,7 @@
 # 1.7-2.3%, tokens/s 1.02x and 0.99x (the faults are cheap on this VM). Final losses
 # bit-identical in every pair. (The small config's tokens/s varied 0.85-1.12x between rounds;
 # 5 alternating whole-process runs gave 0.995x wall time.)
+case "${1:-}" in -h | --help) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; exit 0 ;; esac
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
