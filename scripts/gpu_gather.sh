@@ -5,6 +5,8 @@
 # Shardwise, into .gpu/debs/ (git-ignored; the device tool carries it: carry [".gpu"]), and
 # writes .gpu/manifest.tsv and .gpu/assumed.txt for scripts/gpu_build.sh, which unpacks them
 # there. Idempotent: a second run downloads nothing and rewrites the same files.
+#   scripts/gpu_gather.sh [--dry-run]   --dry-run: resolve and list the packages (name, version,
+#                                       role), download and write nothing (CI runs this)
 #
 # What is taken: the build's headers and CMake packages without their Depends (-dev packages
 # depend on compilers and other -dev packages a build of ours never reads), and the Depends
@@ -17,6 +19,13 @@ cd "$(dirname "$0")/.."
 export LC_ALL=C
 out=.gpu
 die() { echo "gpu_gather: $*" >&2; exit 1; }
+dry=""
+case "${1:-}" in
+  --dry-run) dry=1 ;;
+  -h | --help) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; exit 0 ;;
+  "") ;;
+  *) echo "gpu_gather: unknown argument '$1' (expected --dry-run or nothing)" >&2; exit 2 ;;
+esac
 
 # Headers, CMake packages and the unversioned .so links: taken without their Depends.
 dev=(libopenmpi-dev libopenblas-openmp-dev libdnnl-dev liburing-dev nlohmann-json3-dev catch2
@@ -82,6 +91,14 @@ while ((${#queue[@]})); do
     fi
   done <<<"$deps"
 done
+
+if [ -n "$dry" ]; then
+  for p in $(printf '%s\n' "${!role[@]}" | sort); do
+    printf '%s\t%s\t%s\n' "$p" "$(field "$p" Version)" "${role[$p]}"
+  done
+  echo "gpu_gather: --dry-run: ${#role[@]} packages resolved; nothing downloaded or written"
+  exit 0
+fi
 
 # Download what is not here yet (checked against apt's SHA256), drop what is no longer wanted.
 mkdir -p "$out/debs"
