@@ -81,12 +81,24 @@ struct ProfileConfig {
   std::string out;       // profile.out: "" in code = <run_dir>/profile (resolved on parse)
 };
 
+// parallelism block (torchtitan's key names): the device mesh. W ranks = D data-parallel x t
+// tensor, tensor innermost: rank r is tensor rank r % t of the tensor group r / t (ranks
+// [d t, d t + t), consecutive, so a tensor group stays on one host) and data rank r / t of the
+// data group of the ranks with the same r % t; D = W / t. The sharding strategy shards over
+// the data group; the ranks of a tensor group read the same rows.
+struct ParallelismConfig {
+  int tensor = 1;    // parallelism.tensor_parallel_degree
+  int pipeline = 1;  // parallelism.pipeline_parallel_degree (> 1: not implemented, issue 37)
+  // The data-parallel size of a world of `world` ranks (0 when t does not divide it).
+  int data_size(int world) const { return world % tensor == 0 ? world / tensor : 0; }
+};
+
 struct TrainConfig {
   std::string source;  // the config file's path (for messages)
   ModelConfig model;   // model.{type, vocab_size, n_layer, n_head, n_kv_head, d_model, d_ff, seq_len, ...}
   std::string train_data, val_data;  // data.train, data.val (val optional)
   std::string tokenizer;             // data.tokenizer ("" = bytes; engine/tokenizer.h)
-  int micro_batch = 8;               // train_micro_batch_size_per_gpu
+  int micro_batch = 8;               // train_micro_batch_size_per_gpu (per data-parallel rank)
   int grad_accum = 1;                // gradient_accumulation_steps
   int train_steps = 100;             // train_steps
   uint64_t seed = 1337;              // seed
@@ -134,6 +146,7 @@ struct TrainConfig {
     bool blocks = false, checkpointing = false, offload_optimizer = false, offload_param = false;
     bool any() const { return blocks || checkpointing || offload_optimizer || offload_param; }
   } autoplan;
+  ParallelismConfig parallelism;  // parallelism.{tensor_parallel_degree, pipeline_parallel_degree}
   CheckpointConfig checkpoint;  // checkpoint.{dir, every_steps, keep_last, async, save_final,
                                 // resume, init_from}
   ProfileConfig profile;        // profile.{enabled, start_step, num_steps, out}

@@ -28,7 +28,8 @@
 //     for their numeric values.
 //   * train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps: any two
 //     determine the third with the world size the launcher announces (mpirun/srun environment;
-//     1 without a launcher); all three must agree.
+//     1 without a launcher) divided by parallelism.tensor_parallel_degree (the data-parallel
+//     size: DeepSpeed's dp_world_size); all three must agree.
 //   * zero_optimization.stage and sharding_strategy both select the strategy (3 FULL_SHARD,
 //     2 SHARD_GRAD_OP, 1 SHARD_OPTIMIZER, 0 NO_SHARD; HYBRID_SHARD is stage 3 within groups)
 //     and must agree when both are given; options that only one strategy family reads
@@ -180,8 +181,10 @@ void read_mixed_precision(const json& j, TrainConfig& cfg, const Ctx& c) {
   cfg.sharding.mixed_precision = mp;
 }
 
-// Batch sizes: any two of the three determine the third, with the world size.
+// Batch sizes: any two of the three determine the third, with the data-parallel size `world`
+// (the world size / parallelism.tensor_parallel_degree).
 void read_batch(const json& j, TrainConfig& cfg, int world, const Ctx& c) {
+  const std::string ws = cfg.parallelism.tensor > 1 ? "data-parallel size" : "world size";
   const bool has_tbs = has(j, "train_batch_size"),
              has_mb = has(j, "train_micro_batch_size_per_gpu"),
              has_ga = has(j, "gradient_accumulation_steps");
@@ -194,21 +197,21 @@ void read_batch(const json& j, TrainConfig& cfg, int world, const Ctx& c) {
       if (tbs % (mb * world))
         c.bad("train_batch_size",
               std::to_string(tbs) + " is not a multiple of train_micro_batch_size_per_gpu (" +
-                  std::to_string(mb) + ") * world size (" + std::to_string(world) + ")");
+                  std::to_string(mb) + ") * " + ws + " (" + std::to_string(world) + ")");
       ga = tbs / (mb * world);
     } else if (!has_mb && has_ga) {
       if (tbs % (ga * world))
         c.bad("train_batch_size",
               std::to_string(tbs) + " is not a multiple of gradient_accumulation_steps (" +
-                  std::to_string(ga) + ") * world size (" + std::to_string(world) + ")");
+                  std::to_string(ga) + ") * " + ws + " (" + std::to_string(world) + ")");
       mb = tbs / (ga * world);
     } else if (!has_mb && !has_ga) {
-      if (tbs % world) c.bad("train_batch_size", "must be a multiple of the world size");
+      if (tbs % world) c.bad("train_batch_size", "must be a multiple of the " + ws);
       mb = tbs / world, ga = 1;
     } else if (tbs != mb * ga * world) {
       c.bad("train_batch_size",
-            "must equal train_micro_batch_size_per_gpu * gradient_accumulation_steps * world size "
-            "= " +
+            "must equal train_micro_batch_size_per_gpu * gradient_accumulation_steps * " + ws +
+                " = " +
                 std::to_string(mb) + " * " + std::to_string(ga) + " * " + std::to_string(world) +
                 " = " + std::to_string(mb * ga * world) + " (got " + std::to_string(tbs) + ")");
     }
@@ -412,7 +415,9 @@ TrainConfig read_config(json j, const std::string& source,
   check_schedule_params(j, c);
   read_bound(j, cfg, c);
   read_mixed_precision(j, cfg, c);
-  read_batch(j, cfg, world, c);
+  // The batch is per data-parallel rank; a world the tensor degree does not divide is train()'s
+  // error (the reader may run without the launcher, as for `shardwise plan`).
+  read_batch(j, cfg, std::max(1, cfg.parallelism.data_size(world)), c);
   read_lr_aliases(j, cfg, c);
   read_aio(j, cfg, c);
   read_activation_checkpointing(j, cfg, c);

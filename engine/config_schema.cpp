@@ -325,17 +325,19 @@ Node data_block() {
 // Batch sizes: any two of the three determine the third (config_reader.cpp read_batch).
 std::vector<Node> batch_keys() {
   return {to(auto_ok(integer("train_micro_batch_size_per_gpu", 8, 1, IMAX,
-                             "rows per rank per micro-step")),
+                             "rows per data-parallel rank per micro-step (the ranks of a "
+                             "tensor group read the same rows)")),
              &TrainConfig::micro_batch),
           to(auto_ok(integer("gradient_accumulation_steps", 1, 1, IMAX,
                              "micro-steps per optimizer step")),
              &TrainConfig::grad_accum),
           writes(auto_ok(derived(integer("train_batch_size", 0, 1, IMAX,
-                                         "rows per optimizer step over all ranks: any two of the "
-                                         "three batch keys determine the third (as in "
-                                         "DeepSpeed); the resolved config leaves it null (it "
-                                         "depends on the world size)"),
-                                 "micro batch × accumulation steps × world size")),
+                                         "rows per optimizer step over all data-parallel ranks: "
+                                         "any two of the three batch keys determine the third "
+                                         "(as in DeepSpeed); the resolved config leaves it null "
+                                         "(it depends on the world size)"),
+                                 "micro batch × accumulation steps × data-parallel size "
+                                 "(world size / tensor degree)")),
                  [](const TrainConfig&) { return json(); })};
 }
 
@@ -641,8 +643,9 @@ std::vector<Node> sharding_keys() {
                      "from `zero_optimization.stage`"),
              [](const TrainConfig& c) { return json(strategy_name(c.sharding.strategy)); }),
       applies_when(to(integer("shard_group_size", 0, 0, IMAX,
-                              "HYBRID_SHARD only: ranks per shard group, dividing the world size "
-                              "(0 = the whole world)"),
+                              "HYBRID_SHARD only: data-parallel ranks per shard group, dividing "
+                              "the data-parallel size (world size / tensor degree; 0 = the "
+                              "ranks per node / tensor degree where they divide it, else all)"),
                       S, &ShardingPolicy::shard_group_size),
                    hybrid),
       applies_when(to(derived(boolean("reshard_after_forward", true,
@@ -689,6 +692,24 @@ std::vector<Node> sharding_keys() {
          &TrainConfig::comm_timeout_s),
       to(boolean("comm_debug", false, "check that all ranks issue the same collectives"),
          &TrainConfig::comm_debug)};
+}
+
+// The device mesh (config.h ParallelismConfig); config_validate.cpp check_mesh checks the
+// degrees against the model, train() against the world size.
+Node parallelism_block() {
+  constexpr auto P = &TrainConfig::parallelism;
+  return obj(
+      "parallelism",
+      {to(integer("tensor_parallel_degree", 1, 1, IMAX,
+                  "ranks of one tensor group (Megatron's tensor + sequence parallelism; "
+                  "consecutive ranks, so a group stays on one host): must divide the world "
+                  "size, `model.n_head`, `model.d_ff`, `model.vocab_size` and `model.seq_len`; "
+                  "the sharding strategy applies across the world size / this many "
+                  "data-parallel ranks"),
+          P, &ParallelismConfig::tensor),
+       to(integer("pipeline_parallel_degree", 1, 1, IMAX,
+                  "pipeline stages (only 1: pipeline parallelism is issue 37)"),
+          P, &ParallelismConfig::pipeline)});
 }
 
 // dir: "" = <run_dir>/checkpoints; resume: "auto" is one of its values (read_run_rules).
@@ -822,7 +843,7 @@ const Node& schema() {
             &TrainConfig::grad_clip),
          bf16_block(), fp16_block(), mixed_precision_block(), zero_block()});
     add(sharding_keys());
-    add({checkpoint_block(), profile_block(), aio_block()});
+    add({parallelism_block(), checkpoint_block(), profile_block(), aio_block()});
     add(compat_keys());
     return r;
   }();

@@ -59,6 +59,48 @@ void check_model(const ModelConfig& m, const Ctx& c) {
           "gpt2 has no grouped-query attention: leave it 0 or equal to model.n_head");
 }
 
+// The device mesh against the model: each tensor rank holds 1/t of the heads, the MLP's hidden
+// width and the vocabulary, and (sequence parallelism) 1/t of the B*T rows between the blocks
+// (seq_len divisible keeps every row block whole). Llama's KV heads are split where t divides
+// them and replicated where they divide t. The world size is train()'s check (the reader may
+// run without the launcher).
+void check_mesh(const TrainConfig& cfg, const Ctx& c) {
+  const ParallelismConfig& p = cfg.parallelism;
+  if (p.pipeline > 1)
+    c.bad("parallelism.pipeline_parallel_degree",
+          "pipeline parallelism is not implemented yet (issue 37); leave it 1, got " +
+              std::to_string(p.pipeline));
+  const int t = p.tensor;
+  if (t <= 1) return;
+  const ModelConfig& m = cfg.model;
+  const std::string key = "parallelism.tensor_parallel_degree";
+  const std::string deg = std::to_string(t) + " does not divide ";
+  auto need = [&](long long v, const std::string& what, const std::string& why,
+                  const char* note = "") {
+    if (v % t) c.bad(key, deg + what + " (" + std::to_string(v) + note + "): " + why);
+  };
+  need(m.n_head, "model.n_head", "each tensor rank holds whole attention heads");
+  if (m.type == "llama") {
+    const int kv = m.n_kv_head > 0 ? m.n_kv_head : m.n_head;
+    if (kv % t && t % kv)
+      c.bad(key, std::to_string(t) + " and model.n_kv_head (" + std::to_string(kv) +
+                     ") must divide one another: KV heads are split over the tensor ranks "
+                     "or replicated on them");
+  }
+  // d_ff after its default (models/model.cpp): gpt2 4 d_model, llama 8/3 d_model rounded up to
+  // a multiple of 64.
+  const long long d = m.d_model;
+  const long long ff = m.d_ff > 0         ? m.d_ff
+                       : m.type == "gpt2" ? 4 * d
+                                          : ((8 * d + 2) / 3 + 63) / 64 * 64;
+  need(ff, "model.d_ff", "each tensor rank holds a slice of the MLP's hidden width",
+       m.d_ff > 0 ? "" : ", its default");
+  need(m.vocab_size, "model.vocab_size",
+       "the embedding and the LM head are split by vocabulary");
+  need(m.seq_len, "model.seq_len",
+       "sequence parallelism splits each sequence's positions over the tensor ranks");
+}
+
 // The units the model will have (activation_checkpointing.units index them).
 int unit_count(const TrainConfig& cfg) {
   const ModelConfig& m = cfg.model;
@@ -67,11 +109,15 @@ int unit_count(const TrainConfig& cfg) {
 }
 
 // The sharding policy's own rules (sharding/policy.h), as this config's error.
+// world: the data-parallel size the policy shards over (0: not known).
 void check_policy(const TrainConfig& cfg, int world, const Ctx& c) {
   try {
     validate(cfg.sharding, world, unit_count(cfg));
   } catch (const Error& e) {  // "sharding: <key>: <problem>"
-    const std::string m = std::string(e.what()).substr(std::string("sharding: ").size());
+    std::string m = std::string(e.what()).substr(std::string("sharding: ").size());
+    const std::string ws = "the world size (";
+    if (const size_t at = m.find(ws); cfg.parallelism.tensor > 1 && at != std::string::npos)
+      m.replace(at, ws.size(), "the data-parallel size (world size / tensor degree = ");
     const size_t colon = m.find(": ");
     if (colon == std::string::npos) throw;
     c.bad(m.substr(0, colon), m.substr(colon + 2));
@@ -138,12 +184,17 @@ void check_global_batch(long long mb, long long ga, int world, const std::string
 }
 
 void check_config(const TrainConfig& cfg, int world, const Ctx& c) {
+  // The batch and the sharding policy are over the data-parallel ranks (world / tensor degree;
+  // a world the degree does not divide is train()'s error).
+  const int data_world = cfg.parallelism.data_size(world);
   check_fields(cfg, c);
   check_precision(cfg, c);
-  check_global_batch(cfg.micro_batch, cfg.grad_accum, world, "train_micro_batch_size_per_gpu", c);
+  check_global_batch(cfg.micro_batch, cfg.grad_accum, std::max(1, data_world),
+                     "train_micro_batch_size_per_gpu", c);
   check_schedule(cfg, c);
   check_model(cfg.model, c);
-  check_policy(cfg, world, c);
+  check_mesh(cfg, c);
+  check_policy(cfg, data_world, c);
   check_aio(cfg.sharding.aio, c);
   check_auto(cfg, c);
   check_run(cfg, c);

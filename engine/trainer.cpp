@@ -2,6 +2,13 @@
 // under `mpirun -np N shardwise train`), each holding a ShardedModel shard as the config's
 // sharding policy says.
 //
+// The mesh (config.h ParallelismConfig): with tensor degree t, the W ranks form D = W / t
+// data-parallel slots of t consecutive ranks (the tensor group, which splits the model:
+// build_model's TensorSlice{r % t, t}); the policy shards over the data group (the ranks with
+// the same r % t). Below, W and r are the data-parallel size and rank (D and r / t): the t
+// ranks of a tensor group read the same rows and hold the same loss, which is averaged over the
+// data group; run_dir, metrics and the progress line stay world rank 0's.
+//
 // Per optimizer step s (0-based), on every rank r of W:
 //   zero grads; for k in 0..accum-1: rows (k*W + r)*B .. +B of step s (engine/data.h)
 //   -> micro_step(batch, 1/accum, last = k == accum-1)
@@ -235,9 +242,10 @@ class Trainer {
  public:
   Trainer(const TrainConfig& cfg, const TrainOptions& opts, Group& world, GroupPtr world_ptr)
       : cfg_(cfg), opts_(opts), world_(world), world_ptr_(std::move(world_ptr)),
-        W_(world.size()), rank_(world.rank()), lead_(rank_ == 0), ck_(cfg.checkpoint),
-        run_dir_(cfg.run_dir), B_(cfg.micro_batch), T_(cfg.model.seq_len),
-        accum_(cfg.grad_accum), tokens_per_step_(static_cast<double>(B_) * T_ * accum_ * W_) {}
+        W_(world.size()), rank_(world.rank()), t_(cfg.parallelism.tensor), D_(W_ / t_),
+        drank_(rank_ / t_), lead_(rank_ == 0), ck_(cfg.checkpoint), run_dir_(cfg.run_dir),
+        B_(cfg.micro_batch), T_(cfg.model.seq_len), accum_(cfg.grad_accum),
+        tokens_per_step_(static_cast<double>(B_) * T_ * accum_ * D_) {}
 
   TrainSummary run() {
     setup_comm_and_threads();
@@ -270,6 +278,14 @@ class Trainer {
   void setup_comm_and_threads() {
     if (cfg_.comm_timeout_s > 0) world_.set_timeout(cfg_.comm_timeout_s);
     if (cfg_.comm_debug) world_.set_debug(true);
+    // The mesh's groups (collective; they inherit the world's options): the tensor group is
+    // the t consecutive ranks of this data-parallel slot, the data group the ranks with the
+    // same tensor rank, ranked by data rank.
+    data_group_ = world_ptr_;
+    if (t_ > 1) {
+      tensor_group_ = world_.split(rank_ / t_, rank_);
+      data_group_ = world_.split(rank_ % t_, rank_);
+    }
     set_num_threads(cfg_.threads);
   }
 
@@ -294,13 +310,16 @@ class Trainer {
     // peak_mem_bytes (and the host tier's, the reservations') are this run's peaks
     for (size_t t = 0; t < static_cast<size_t>(Tier::Count); ++t)
       MemTracker::of(static_cast<Tier>(t)).reset_peaks();
-    model_ = build_model(cfg_.model);
+    model_ = t_ > 1 ? build_model(cfg_.model, TensorSlice{rank_ % t_, t_})
+                    : build_model(cfg_.model);
     wrap_blocks(model_, cfg_.blocks_per_unit);
     ShardingPolicy policy = cfg_.sharding;
+    // HYBRID_SHARD's default group: a node's data-parallel ranks (its ranks / t, at least 1).
+    const int local = launch_env().local_size;
     if (policy.strategy == ShardingStrategy::HybridShard && policy.shard_group_size == 0)
-      policy.shard_group_size = default_shard_group(W_, launch_env().local_size);
+      policy.shard_group_size = default_shard_group(D_, local > 0 ? std::max(1, local / t_) : 0);
     sm_ = std::make_unique<ShardedModel>(model_, ops_for(device_from_name(cfg_.device)),
-                                         cfg_.seed, world_ptr_, policy);
+                                         cfg_.seed, data_group_, policy, tensor_group_);
     sm_->prepare_offload(B_, T_);  // offload files sized for this batch shape, before training
     scaler_ = LossScaler(cfg_.loss_scaler);
   }
@@ -447,10 +466,10 @@ class Trainer {
     // With loss masks, the step's loss is the mean over the counted targets of the whole global
     // batch (as Megatron and torchtitan do): micro-step k of this rank, counting c_k of the
     // step's total C, gets grad_scale = W c_k / C (ShardedModel divides by c_k, then averages
-    // over the W ranks). Every rank computes C from the masks (the data order is a pure
-    // function), with no communication. Without masks c_k = B T and the old, bitwise-equal
-    // 1 / accum is used.
-    const int64_t GB = int64_t{accum_} * W_ * B_;
+    // over the W data-parallel ranks). Every rank computes C from the masks (the data order is
+    // a pure function), with no communication. Without masks c_k = B T and the old,
+    // bitwise-equal 1 / accum is used.
+    const int64_t GB = int64_t{accum_} * D_ * B_;
     const bool masked = train_data_->has_mask();
     double counted_total = 0;
     if (masked)
@@ -458,12 +477,12 @@ class Trainer {
     for (int k = 0; k < accum_; ++k) {
       const auto tk = Clock::now();
       counted_[static_cast<size_t>(k)] =
-          train_batch(*train_data_, cfg_.seed, s, GB, (int64_t{k} * W_ + rank_) * B_, B_, T_,
+          train_batch(*train_data_, cfg_.seed, s, GB, (int64_t{k} * D_ + drank_) * B_, B_, T_,
                       inputs_.data(), targets_.data());
       const double micro_scale =
           !masked ? loss_scale / static_cast<double>(accum_)
           : counted_total > 0
-              ? loss_scale * W_ * static_cast<double>(counted_[static_cast<size_t>(k)]) /
+              ? loss_scale * D_ * static_cast<double>(counted_[static_cast<size_t>(k)]) /
                     counted_total
               : 0.0;
       // The loss stays on the device: read with the gradient norm, the step's one
@@ -486,10 +505,11 @@ class Trainer {
       if (!std::isfinite(losses[k]) && bad_micro < 0) bad_micro = static_cast<int>(k);
       loss += masked ? losses[k] * static_cast<double>(counted_[k]) : losses[k];
     }
+    // (over the data group: the ranks of a tensor group hold the same loss)
     if (masked)
-      loss = counted_total > 0 ? sum_over_ranks(world_, loss) / counted_total : 0.0;
+      loss = counted_total > 0 ? sum_over_ranks(*data_group_, loss) / counted_total : 0.0;
     else
-      loss = sum_over_ranks(world_, loss) / (static_cast<double>(accum_) * W_);
+      loss = sum_over_ranks(*data_group_, loss) / (static_cast<double>(accum_) * D_);
     const float lr = lr_at(cfg_.optimizer, cfg_.scheduler, cfg_.train_steps, applied_);
     if (!std::isfinite(loss)) {
       StepMetrics m;
@@ -560,31 +580,31 @@ class Trainer {
   }
 
   // Validation on eval_batches * W batches of B rows (the same windows one rank with
-  // micro-batch W*B evaluates in eval_batches batches); rank r takes batches r, r+W, ...
+  // micro-batch W*B evaluates in eval_batches batches); data rank r takes batches r, r+W, ...
   double evaluate(int step) {
-    const int n = cfg_.eval_batches * W_;
+    const int n = cfg_.eval_batches * D_;
     double sum = 0;
     int first_bad = -1;
     // With masks: the mean over the counted targets of all n batches (as training's loss).
     const bool masked = val_data_->has_mask();
     std::vector<int64_t> counted;
-    for (int i = rank_; i < n; i += W_) {
+    for (int i = drank_; i < n; i += D_) {
       counted.push_back(eval_batch(*val_data_, i, n, B_, T_, inputs_.data(), targets_.data()));
       sm_->eval_step(batch_);  // on a device: no read until eval_losses
     }
     const std::vector<double> losses = sm_->eval_losses();
     double my_count = 0;
-    for (size_t k = 0; k < losses.size(); ++k) {  // batch rank_ + k W_
-      if (!std::isfinite(losses[k]) && first_bad < 0) first_bad = rank_ + int(k) * W_;
+    for (size_t k = 0; k < losses.size(); ++k) {  // batch drank_ + k D_
+      if (!std::isfinite(losses[k]) && first_bad < 0) first_bad = drank_ + int(k) * D_;
       sum += masked ? losses[k] * static_cast<double>(counted[k]) : losses[k];
       my_count += static_cast<double>(counted[k]);
     }
-    const double total = sum_over_ranks(world_, sum);
+    const double total = sum_over_ranks(*data_group_, sum);
     if (!std::isfinite(total))
       non_finite("validation loss", total, step,
                  first_bad >= 0 ? " (eval batch " + std::to_string(first_bad) + ")" : "");
     if (masked) {
-      const double all = sum_over_ranks(world_, my_count);
+      const double all = sum_over_ranks(*data_group_, my_count);
       return all > 0 ? total / all : 0.0;
     }
     return total / n;
@@ -674,7 +694,7 @@ class Trainer {
   // profile --plan` to print beside the measured peaks.
   void write_plan_prediction(const std::string& path) const {
     const DevicePeak dp = device_peak(step_plan_, cfg_.model, B_, T_,
-                                      cfg_.sharding.mixed_precision.param_dtype, W_,
+                                      cfg_.sharding.mixed_precision.param_dtype, D_,
                                       num_threads(), cfg_.device != "cpu");
     const PlanPeak& pk = dp.plan;
     const int64_t ws = dp.workspace;
@@ -690,7 +710,7 @@ class Trainer {
       } catch (const Error&) {
       }
       const int64_t host = host_bytes(step_plan_);
-      PlanInput pin = make_plan_input(model_, sm_->policy(), W_);
+      PlanInput pin = make_plan_input(model_, sm_->policy(), D_);
       pin.on_device = cfg_.device != "cpu";
       const RssPrediction rss = predict_rss(step_plan_, pin, pk.total + ws, host,
                                             int64_t(train_data_ ? train_data_->map_bytes() : 0) +
@@ -805,8 +825,11 @@ class Trainer {
   const TrainOptions& opts_;
   Group& world_;
   GroupPtr world_ptr_;
-  const int W_, rank_;
+  const int W_, rank_;       // the world
+  const int t_, D_, drank_;  // the mesh: tensor degree, data-parallel size, data rank
   const bool lead_;  // writes run_dir, prints
+  GroupPtr data_group_;    // the policy's group: the world, or the ranks of this tensor rank
+  GroupPtr tensor_group_;  // the ranks of this data-parallel slot (null when t = 1)
   const CheckpointConfig& ck_;
   const fs::path run_dir_;
   const int B_, T_, accum_;
@@ -889,6 +912,40 @@ void resolve_auto_plan(TrainConfig& cfg, int world, bool lead) {
 
 }  // namespace
 
+// Each gap of tensor parallelism refused in one line naming its key; lift a line once its
+// part is done.
+void refuse_tensor_parallel_gaps(const TrainConfig& cfg, const std::string& command,
+                                 bool export_weights) {
+  const int t = cfg.parallelism.tensor;
+  if (t <= 1) return;
+  const std::string pre = cfg.source + ": ";
+  const std::string tp = "with parallelism.tensor_parallel_degree " + std::to_string(t);
+  auto refuse = [&](const std::string& key, const std::string& what, const std::string& fix) {
+    fail("config", pre + key + ": " + what + " " + tp + " is not implemented yet; " + fix);
+  };
+  if (command != "train")
+    refuse("parallelism.tensor_parallel_degree", "`shardwise " + command + "`",
+           "set it to 1 (" + command + " runs one rank)");
+  const CheckpointConfig& k = cfg.checkpoint;
+  if (k.every_steps > 0) refuse("checkpoint.every_steps", "saving checkpoints", "set it to 0");
+  if (!k.resume.empty()) refuse("checkpoint.resume", "resuming", "leave it \"\"");
+  if (!k.init_from.empty())
+    refuse("checkpoint.init_from", "starting from weights", "leave it \"\"");
+  if (export_weights)
+    refuse("parallelism.tensor_parallel_degree", "the end-of-run weights export",
+           "pass --no-export (TrainOptions::export_weights = false)");
+  if (cfg.device != "cpu") refuse("device", "'" + cfg.device + "'", "use cpu");
+  if (cfg.sharding.offload_param.device == OffloadDevice::Nvme)
+    refuse("zero_optimization.offload_param.device", "nvme", "use none or cpu");
+  const TrainConfig::AutoPlan& a = cfg.autoplan;
+  if (a.any())
+    refuse(a.blocks                ? "blocks_per_unit"
+           : a.checkpointing       ? "activation_checkpointing"
+           : a.offload_optimizer   ? "zero_optimization.offload_optimizer.device"
+                                   : "zero_optimization.offload_param.device",
+           "\"auto\" (the planner does not model tensor parallelism yet)", "give a value");
+}
+
 TrainSummary train(const TrainConfig& cfg_in, const TrainOptions& opts) {
   // A TrainConfig built in code gets the checks a file gets (one read from a file has had
   // them; they hold as long as no field was changed since).
@@ -901,7 +958,14 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainOptions& opts) {
                        ": data.train: required for training (an llm.c-format token file, see "
                        "`shardwise data prepare`)");
 
+  refuse_tensor_parallel_gaps(cfg, "train", opts.export_weights);
+
   const GroupPtr world = world_group();
+  // The mesh's one check that needs the world (every rank fails alike, before any collective).
+  if (const int t = cfg.parallelism.tensor; world->size() % t != 0)
+    fail("config", source + ": parallelism.tensor_parallel_degree: " + std::to_string(t) +
+                       " does not divide the world size (" + std::to_string(world->size()) +
+                       " rank" + (world->size() > 1 ? "s" : "") + ")");
   if (world->size() == 1) {
     for (const std::string& n : cfg_in.notes) std::fprintf(stderr, "%s\n", n.c_str());
     if (cfg.autoplan.any()) resolve_auto_plan(cfg, 1, true);

@@ -72,4 +72,12 @@ struct TrainSummary {
 
 TrainSummary train(const TrainConfig& cfg, const TrainOptions& opts = {});
 
+// What tensor parallelism (parallelism.tensor_parallel_degree > 1) does not do yet, refused
+// in one line naming the key (sw::Error "config: <source>: <key>: ..."); nothing at degree 1.
+// command "train" (train() calls it): checkpoint saves, resume and init_from, the end-of-run
+// export when export_weights, a device other than cpu, parameters offloaded to NVMe, "auto"
+// keys. Any other command (sample, eval: one rank) is refused whole.
+void refuse_tensor_parallel_gaps(const TrainConfig& cfg, const std::string& command,
+                                 bool export_weights = false);
+
 }  // namespace sw

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "engine/config.h"
 #include "engine/data.h"
+#include "engine/trainer.h"
 #include "kernels/ops.h"
 #include "models/model.h"
 #include "sharding/sharded_model.h"
@@ -66,6 +67,7 @@ struct EvalArgs {
 
 int cmd_eval(const EvalArgs& a) {
   const TrainConfig cfg = load_config_for_weights(a.config, a.overrides, a.weights);
+  refuse_tensor_parallel_gaps(cfg, "eval");
   std::error_code ec;
   if (!fs::exists(a.weights, ec)) fail("eval", "weights '" + a.weights + "' not found");
   Model model = build_model(cfg.model);

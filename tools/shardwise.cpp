@@ -415,6 +415,7 @@ int cmd_sample(const SampleArgs& a) {
           : a.weights;
   // Weights in a Hugging Face directory bring their model block (config.json).
   const sw::TrainConfig cfg = sw::load_config_for_weights(a.config, a.overrides, wpath);
+  sw::refuse_tensor_parallel_gaps(cfg, "sample");
   std::error_code ec;
   if (!fs::exists(wpath, ec))
     sw::fail("sample", "weights '" + wpath + "' not found" +

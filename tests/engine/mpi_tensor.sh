@@ -1,0 +1,137 @@
+#!/bin/bash
+# Tensor (+ sequence) parallelism end to end (issue 36, label mpi): `mpirun -np 2|4 shardwise
+# train` with parallelism.tensor_parallel_degree > 1 against one rank (tensor 1) of the same
+# config and global batch. Usage: mpi_tensor.sh SHARDWISE MPIEXEC [mpirun flags...]
+#
+# A 2-layer GPT-2 (d_model 64, 4 heads, vocabulary 128 of byte text, seq_len 32) and a Llama
+# with grouped-query attention (4 heads, 2 KV heads), 4 steps, validation at the end:
+#   tensor 2 and 4 (D = 1, micro-batch 4); tensor 2 x FULL_SHARD 2 and tensor 2 x HYBRID_SHARD
+#   on 4 ranks (D = 2, micro-batch 2; HYBRID with shard groups of 1 data-parallel rank,
+#   replicated over 2, and with the default group: 4 local ranks / 2 = 2); activation
+#   checkpointing full and selective; micro-batch 2 x 2 accumulation steps; bf16 (against the
+#   one-rank bf16 run).
+# Every step's loss and grad_norm in metrics.jsonl, and the validation loss, agree with the
+# one-rank run within 1e-5 relative in fp32. bf16: loss 2e-3, grad_norm 3e-2 relative, as
+# tests/sharding/test_mixed_precision_mpi.cpp sets them for sharded bf16 against one rank: the
+# tensor ranks sum partial products of the row-parallel projections and the vocabulary-parallel
+# loss in another order than one rank, and bf16 operands turn those fp32-level differences into
+# whole bf16 ulps (2^-8 relative) of some activations; a loss averaged over 128 targets moves
+# far less than one ulp, a gradient norm (dominated by few large entries) up to a few. A lost
+# reduction or a wrong scale moves both by far more (more than 10%).
+# Each step counts its tokens once: tokens_per_s * step_time_s = 128 (the global batch's tokens)
+# on every run. Errors: a world the degree does not divide, and the export refused, are one line.
+# The worst relative differences are printed (the figures behind the tolerances).
+set -u
+source "$(dirname "${BASH_SOURCE[0]}")/mpi_common.sh" mpi_tensor "$@"
+py=/usr/bin/python3
+
+prepare_text 2000
+export OMP_NUM_THREADS=1
+
+config() {  # file, model block
+  cat >"$1" <<JSON
+{
+  "model": $2,
+  "data": {"train": "$work/train.bin", "val": "$work/val.bin"},
+  "train_micro_batch_size_per_gpu": 4, "train_steps": 4, "eval_batches": 2,
+  "log_every_steps": 4, "threads": 1, "comm_timeout_s": 60,
+  "optimizer": {"params": {"lr": 0.003}}, "gradient_clipping": 1.0
+}
+JSON
+}
+config "$work/gpt2.json" '{"type": "gpt2", "vocab_size": 128, "n_layer": 2, "n_head": 4,
+  "d_model": 64, "seq_len": 32}'
+config "$work/llama.json" '{"type": "llama", "vocab_size": 128, "n_layer": 2, "n_head": 4,
+  "n_kv_head": 2, "d_model": 64, "seq_len": 32}'
+
+run() {  # name, ranks, model, --set overrides...
+  local name=$1 np=$2 model=$3
+  shift 3
+  local cmd=("$sw" train "$work/$model.json" --quiet --no-export --set run_dir="$work/$name" "$@")
+  local launch=()
+  [ "$np" = 1 ] || launch=("${mpirun[@]}" -np "$np")
+  local rc=0
+  timeout 120 "${launch[@]}" "${cmd[@]}" >"$work/$name.log" 2>&1 || rc=$?
+  [ "$rc" = 0 ] || { cat "$work/$name.log"; fail "$name: exit status $rc"; }
+}
+tp() { echo "--set parallelism.tensor_parallel_degree=$1"; }
+d2=(--set train_micro_batch_size_per_gpu=2)
+for m in gpt2 llama; do
+  run "$m.ref" 1 $m
+  run "$m.ref_bf16" 1 $m --set bf16.enabled=true
+  run "$m.t2" 2 $m $(tp 2)
+  run "$m.t4" 4 $m $(tp 4)
+  run "$m.t2_full2" 4 $m $(tp 2) "${d2[@]}" --set sharding_strategy=FULL_SHARD
+  run "$m.t2_acsel" 2 $m $(tp 2) --set activation_checkpointing=selective
+  run "$m.t2_bf16" 2 $m $(tp 2) --set bf16.enabled=true
+done
+run gpt2.t2_hybrid1 4 gpt2 $(tp 2) "${d2[@]}" --set sharding_strategy=HYBRID_SHARD \
+  --set shard_group_size=1
+run gpt2.t2_hybrid 4 gpt2 $(tp 2) "${d2[@]}" --set sharding_strategy=HYBRID_SHARD
+run gpt2.t2_acfull 2 gpt2 $(tp 2) --set activation_checkpointing=full
+run gpt2.t2_accum 2 gpt2 $(tp 2) "${d2[@]}" --set gradient_accumulation_steps=2
+run llama.t2_accum 4 llama $(tp 2) --set train_micro_batch_size_per_gpu=1 \
+  --set gradient_accumulation_steps=2
+
+# runs: name:reference[:noval] (micro-batch 2 x 1 data-parallel rank evaluates other windows
+# than one rank with micro-batch 4: accumulation runs skip the validation loss).
+"$py" - "$work" gpt2.t2:gpt2.ref gpt2.t4:gpt2.ref gpt2.t2_full2:gpt2.ref \
+  gpt2.t2_hybrid1:gpt2.ref gpt2.t2_hybrid:gpt2.ref gpt2.t2_acfull:gpt2.ref \
+  gpt2.t2_acsel:gpt2.ref gpt2.t2_accum:gpt2.ref:noval gpt2.t2_bf16:gpt2.ref_bf16 \
+  llama.t2:llama.ref llama.t4:llama.ref llama.t2_full2:llama.ref llama.t2_acsel:llama.ref \
+  llama.t2_accum:llama.ref:noval llama.t2_bf16:llama.ref_bf16 <<'PY' || fail "parity"
+import json, sys
+work, specs = sys.argv[1], sys.argv[2:]
+
+def metrics(run):
+    return [json.loads(l) for l in open(f"{work}/{run}/metrics.jsonl")]
+
+bad = []
+for spec in specs:
+    run, ref, *flags = spec.split(":")
+    m, r = metrics(run), metrics(ref)
+    bf16 = run.endswith("bf16")
+    tols = {"loss": 2e-3, "grad_norm": 3e-2, "val_loss": 2e-3} if bf16 else \
+           {"loss": 1e-5, "grad_norm": 1e-5, "val_loss": 1e-5}
+    if "noval" in flags:
+        del tols["val_loss"]
+    if len(m) != len(r):
+        bad.append(f"{run}: {len(m)} metrics lines, expected {len(r)} (world rank 0 writes)")
+        continue
+    worst = {k: 0.0 for k in tols}
+    for a, b in zip(m, r):
+        for key, tol in tols.items():
+            if key not in b:
+                continue
+            if a.get(key) is None:
+                bad.append(f"{run} step {b['step']}: no {key}")
+                continue
+            rel = abs(a[key] - b[key]) / abs(b[key])
+            worst[key] = max(worst[key], rel)
+            if rel > tol:
+                bad.append(f"{run} step {b['step']}: {key} {a[key]} vs one rank {b[key]} "
+                           f"(relative {rel:.2e} > {tol})")
+        toks = a["tokens_per_s"] * a["step_time_s"]
+        if abs(toks - 128) > 1e-3 * 128:
+            bad.append(f"{run} step {a['step']}: tokens_per_s * step_time_s = {toks:.2f}, "
+                       "expected 128 (each token counted once)")
+    print(f"mpi_tensor: {run:18s} vs {ref:15s} worst relative " +
+          " ".join(f"{k} {v:.1e}" for k, v in worst.items()))
+if bad:
+    print("\n".join(bad))
+    sys.exit(1)
+PY
+
+# Errors, one line each: the degree must divide the world size; the export is refused.
+expect_error() {  # name, expected text, command...
+  local name=$1 text=$2
+  shift 2
+  if timeout 60 "$@" >"$work/$name.log" 2>&1; then cat "$work/$name.log"; fail "$name: exit 0"; fi
+  grep -qF "$text" "$work/$name.log" || { cat "$work/$name.log"; fail "$name: no '$text'"; }
+}
+expect_error world3 "parallelism.tensor_parallel_degree: 2 does not divide the world size (3 ranks)" \
+  "${mpirun[@]}" -np 3 "$sw" train "$work/gpt2.json" --quiet --no-export $(tp 2) \
+  --set run_dir="$work/world3"
+expect_error export "parallelism.tensor_parallel_degree: the end-of-run weights export" \
+  "${mpirun[@]}" -np 2 "$sw" train "$work/gpt2.json" --quiet $(tp 2) --set run_dir="$work/export"
+echo "mpi_tensor: PASS"
