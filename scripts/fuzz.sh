@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets of fuzz/ with clang (-fsanitize=fuzzer,address,undefined) into
-# ${FUZZ_BUILD_DIR:-build-fuzz} and runs each for SECONDS (default 60), one after the other,
+# ${FUZZ_BUILD_DIR:-build-fuzz} (the project's libraries they link, compiled there with those
+# flags through ccache; nothing else) and runs each for SECONDS (default 60), one after the other,
 # starting from fuzz/corpus/<target> (new inputs it finds go to
 # ${FUZZ_BUILD_DIR}/corpus/<target>, so the repository's seeds stay small).
 #   scripts/fuzz.sh [SECONDS] [TARGET...]      targets: safetensors ckpt_metadata config token_header
@@ -8,6 +9,7 @@
 # bug, keep the file, and ctest's fuzz_replay_<target> (label unit) replays it from then on.
 # Each target's last libFuzzer status line (#execs, cov, ft, corp) goes to
 # ${FUZZ_BUILD_DIR}/logs/<target>.log and the summary to stdout. Exit 1 if any target crashed.
+# FUZZ_ARGS: more libFuzzer flags (CI: -seed=1). JOBS: build jobs (default nproc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-60}
@@ -17,6 +19,8 @@ targets=("$@")
 build=${FUZZ_BUILD_DIR:-build-fuzz}
 command -v clang++ >/dev/null || { echo "fuzz: clang++ not found (scripts/setup.sh installs it)"; exit 2; }
 
+# ccache hits across clones (CI's clean clone) need paths relative to the checkout.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
 flags="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_C_COMPILER=clang \
   -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_C_FLAGS="$flags" \
@@ -36,6 +40,7 @@ for t in "${targets[@]}"; do
   # huge claim is a finding ("malloc(N) exceeds limit").
   if "$build/fuzz/fuzz_$t" -max_total_time="$secs" -rss_limit_mb=2048 -malloc_limit_mb=1024 \
       -max_len=65536 -timeout=10 -print_final_stats=1 -artifact_prefix="fuzz/regressions/$t/" \
+      ${FUZZ_ARGS:-} \
       "$build/corpus/$t" "fuzz/corpus/$t" >"$log" 2>&1; then
     :
   else

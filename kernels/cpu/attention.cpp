@@ -35,6 +35,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "core/alloc.h"
@@ -148,6 +149,16 @@ void mm(int M, int W, int K, const float* A, ptrdiff_t sa, ptrdiff_t sk, const f
   }
 }
 
+#if defined(__clang__)
+// clang (the fuzz build) has no __builtin_shuffle: the same two shuffles with constant indices.
+template <int b, int... c>
+inline void transpose_pair(V16& x, V16& y, std::integer_sequence<int, c...>) {
+  const V16 u = x, w = y;
+  x = __builtin_shufflevector(u, w, ((c & b) == 0 ? c : 16 + c - b)...);
+  y = __builtin_shufflevector(u, w, ((c & b) == 0 ? c + b : 16 + c)...);
+}
+#endif
+
 // One stage of a 16x16 in-register transpose: swaps the off-diagonal b x b blocks of each
 // 2b x 2b block (rows i and i + b exchange their halves). Stages b = 8, 4, 2, 1 transpose.
 template <int b>
@@ -166,9 +177,14 @@ inline void transpose_stage(V16* r) {
 #undef SW_HI
   for (int i = 0; i < 16; ++i)
     if ((i & b) == 0) {
+#if defined(__clang__)
+      (void)lo, (void)hi;
+      transpose_pair<b>(r[i], r[i + b], std::make_integer_sequence<int, 16>{});
+#else
       const V16 x = r[i], y = r[i + b];
       r[i] = __builtin_shuffle(x, y, lo);
       r[i + b] = __builtin_shuffle(x, y, hi);
+#endif
     }
 }
 

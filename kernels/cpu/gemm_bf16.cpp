@@ -23,6 +23,7 @@
 // F16 has no native path: x86 has no fp16 dot product with fp32 accumulation below AMX-FP16,
 // so fp16 compute brings no speed on the CPU; it exists for the fp16 mixed-precision mode
 // (values beyond fp16's range become +-inf, which is how the loss scaler detects overflow).
+#include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>
 
@@ -51,8 +52,13 @@ namespace {
 bool hw_avx512_bf16() {
   static const bool has = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl");
+#if defined(__clang__) && __clang_major__ < 16  // clang 14 knows no "avx512bf16": CPUID.(7,1).EAX[5]
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    const bool bf16 = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+#else
+    const bool bf16 = __builtin_cpu_supports("avx512bf16");
+#endif
+    return bf16 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
   }();
   return has;
 }
@@ -60,7 +66,13 @@ bool hw_avx512_bf16() {
 bool hw_f16c() {
   static const bool has = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2");
+#if defined(__clang__) && __clang_major__ < 16  // nor "f16c": CPUID.1.ECX[29]
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    const bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+#else
+    const bool f16c = __builtin_cpu_supports("f16c");
+#endif
+    return f16c && __builtin_cpu_supports("avx2");
   }();
   return has;
 }
