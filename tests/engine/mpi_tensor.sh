@@ -52,8 +52,10 @@ run() {  # name, ranks, model, --set overrides...
   [ "$np" = 1 ] || launch=("${mpirun[@]}" -np "$np")
   local rc=0
   timeout 120 "${launch[@]}" "${cmd[@]}" >"$work/$name.log" 2>&1 || rc=$?
-  [ "$rc" = 0 ] || { cat "$work/$name.log"; fail "$name: exit status $rc"; }
+  # A failed run is reported with its first error line; the others still run and compare.
+  [ "$rc" = 0 ] || failed+=("$name: exit status $rc: $(grep -m1 'error' "$work/$name.log")")
 }
+failed=()
 tp() { echo "--set parallelism.tensor_parallel_degree=$1"; }
 d2=(--set train_micro_batch_size_per_gpu=2)
 for m in gpt2 llama; do
@@ -79,17 +81,23 @@ run llama.t2_accum 4 llama $(tp 2) --set train_micro_batch_size_per_gpu=1 \
   gpt2.t2_hybrid1:gpt2.ref gpt2.t2_hybrid:gpt2.ref gpt2.t2_acfull:gpt2.ref \
   gpt2.t2_acsel:gpt2.ref gpt2.t2_accum:gpt2.ref:noval gpt2.t2_bf16:gpt2.ref_bf16 \
   llama.t2:llama.ref llama.t4:llama.ref llama.t2_full2:llama.ref llama.t2_acsel:llama.ref \
-  llama.t2_accum:llama.ref:noval llama.t2_bf16:llama.ref_bf16 <<'PY' || fail "parity"
+  llama.t2_accum:llama.ref:noval llama.t2_bf16:llama.ref_bf16 <<'PY' || failed+=("parity")
 import json, sys
 work, specs = sys.argv[1], sys.argv[2:]
 
 def metrics(run):
-    return [json.loads(l) for l in open(f"{work}/{run}/metrics.jsonl")]
+    try:
+        return [json.loads(l) for l in open(f"{work}/{run}/metrics.jsonl")]
+    except OSError:
+        return None
 
 bad = []
 for spec in specs:
     run, ref, *flags = spec.split(":")
     m, r = metrics(run), metrics(ref)
+    if m is None or r is None:
+        bad.append(f"{run if m is None else ref}: no metrics.jsonl (the run failed)")
+        continue
     bf16 = run.endswith("bf16")
     tols = {"loss": 2e-3, "grad_norm": 3e-2, "val_loss": 2e-3} if bf16 else \
            {"loss": 1e-5, "grad_norm": 1e-5, "val_loss": 1e-5}
@@ -134,4 +142,5 @@ expect_error world3 "parallelism.tensor_parallel_degree: 2 does not divide the w
   --set run_dir="$work/world3"
 expect_error export "parallelism.tensor_parallel_degree: the end-of-run weights export" \
   "${mpirun[@]}" -np 2 "$sw" train "$work/gpt2.json" --quiet $(tp 2) --set run_dir="$work/export"
+[ ${#failed[@]} = 0 ] || { printf '%s\n' "${failed[@]}"; fail "${#failed[@]} failures"; }
 echo "mpi_tensor: PASS"
