@@ -256,6 +256,30 @@ void save_hardware(const HardwareProfile& hw, const std::string& path) {
   if (!f) fail("hardware", path + ": cannot write the hardware profile");
 }
 
+std::string plan_shape_note(const HardwareProfile& hw, int world, int threads, bool on_device) {
+  const bool ranks_match = hw.world_size == world;
+  const bool threads_match = on_device || (hw.threads > 0 && hw.threads == threads);
+  if (ranks_match && threads_match) return "";
+  auto count = [](int n, const char* what) {
+    return n > 0 ? std::to_string(n) + " " + what + (n == 1 ? "" : "s") : std::string("? ") + what + "s";
+  };
+  auto shape = [&](int r, int t) {
+    return on_device ? count(r, "rank") : count(r, "rank") + " x " + count(t, "thread");
+  };
+  const bool recorded = hw.world_size > 0 && (on_device || hw.threads > 0);
+  std::string line = "note: hardware profile '" + hw.name + "' was measured with " +
+                     shape(hw.world_size, hw.threads) + (recorded ? "" : " (not recorded)") +
+                     ", this run is " + shape(world, threads) +
+                     ": the step time uses its per-rank rates as measured (not rescaled), so it "
+                     "assumes the profile's ranks";
+  line += on_device ? "" : " x threads";
+  line += "; calibrate with the run's (`";
+  if (world > 1) line += "mpirun -np " + std::to_string(world) + " ";
+  line += "shardwise plan CONFIG --calibrate";
+  if (!on_device) line += " --set threads=" + std::to_string(threads);
+  return line + "`) to predict this run";
+}
+
 HardwareProfile nominal_hardware(int world) {
   HardwareProfile hw;
   hw.name = "nominal (no calibrated profile)";

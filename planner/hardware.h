@@ -23,6 +23,10 @@
 //    "process": {"baseline_rss_bytes": 2.6e7,                          (optional)
 //                "baseline_rss_bytes_bf16": 1.1e7}}                    (optional)
 //
+// "world_size", "threads": the ranks and the threads per rank it was measured with (`plan
+// --calibrate` writes both; 0 or absent: not recorded, as in profiles made before them; a
+// device's profile has threads 0). The time model uses the rates as measured, whatever the
+// run's ranks x threads: plan_shape_note says so when they differ.
 // Rates are per rank. bf16 figures also serve fp16. Collectives: time(bytes) = latency +
 // bus_bytes / busbw (nccl-tests' busbw: all-gather and reduce-scatter move bytes*(n-1)/n,
 // all-reduce 2*bytes*(n-1)/n, `bytes` the whole buffer); `collectives` is null when it was
@@ -66,7 +70,7 @@ struct CollectiveFit {
 
 struct HardwareProfile {
   std::string name, source;
-  int world_size = 1, threads = 0;
+  int world_size = 0, threads = 0;  // measured with; 0: not recorded
   double gemm_f32 = 0, gemm_bf16 = 0;
   std::vector<GemmPoint> gemm_shapes;
   double attention_f32 = 0, attention_bf16 = 0;
@@ -99,6 +103,10 @@ HardwareProfile hardware_from_json_text(const std::string& text, const std::stri
 HardwareProfile load_hardware(const std::string& path);
 std::string hardware_to_json(const HardwareProfile& hw);  // pretty-printed; parses back
 void save_hardware(const HardwareProfile& hw, const std::string& path);  // creates parents
+// One line when a run of `world` ranks x `threads` threads per rank (on_device: the threads
+// do not matter) differs from what the profile was measured with, or the profile does not
+// record it; "" when they match. It says the prediction assumes the profile's (no rescaling).
+std::string plan_shape_note(const HardwareProfile& hw, int world, int threads, bool on_device);
 // Round figures of a small CPU machine (2 cores), for choosing among plans when no profile was
 // calibrated: the ordering of plans, not their absolute times, is what it is good for.
 HardwareProfile nominal_hardware(int world);

@@ -264,6 +264,9 @@ int cmd_search(const PlanArgs& pa, TrainConfig cfg, const HardwareProfile& hw) {
   std::printf("shardwise plan: %s on %d rank%s, budget %s per rank, hardware '%s'\n",
               pa.config.c_str(), pa.world, pa.world == 1 ? "" : "s",
               format_bytes(size_t(so.budget)).c_str(), hw.name.c_str());
+  const std::string note =
+      plan_shape_note(hw, pa.world, plan_threads(base.threads, pa.world), base.on_device);
+  if (!note.empty()) std::printf("%s\n", note.c_str());
   std::printf("searched %d plans in %.2f s (per-rank batch %d x %d tokens)\n", r.evaluated,
               r.seconds, cfg.micro_batch * cfg.grad_accum, cfg.model.seq_len);
   std::printf("fastest plan that fits: %s\n", best.c.describe().c_str());
@@ -360,6 +363,11 @@ void print_step_time(const PlanReport& r) {
     std::printf("  communication busy %s, I/O busy %s, %.2f TFLOP/s of model flops\n",
                 secs(t.comm_s).c_str(), secs(t.io_s).c_str(),
                 t.step_s > 0 ? t.flops / t.step_s / 1e12 : 0.0);
+    // The profile's ranks x threads against the run's (planner/hardware.h plan_shape_note).
+    const std::string note =
+        plan_shape_note(*r.hw, r.pa.world, plan_threads(r.cfg.threads, r.pa.world),
+                        r.pred.input.on_device);
+    if (!note.empty()) std::printf("  %s\n", note.c_str());
     if (r.pa.timeline) {
       std::printf("predicted timeline (ms from the step's start):\n");
       for (size_t i = 0; i < plan.actions.size(); ++i) {
