@@ -11,15 +11,17 @@
 #   checkpointing full and selective; micro-batch 2 x 2 accumulation steps; bf16 (against the
 #   one-rank bf16 run).
 # Every step's loss and grad_norm in metrics.jsonl, and the validation loss, agree with the
-# one-rank run within 1e-5 relative in fp32. bf16: loss 2e-3, grad_norm 3e-2 relative, as
-# tests/sharding/test_mixed_precision_mpi.cpp sets them for sharded bf16 against one rank: the
-# tensor ranks sum partial products of the row-parallel projections and the vocabulary-parallel
-# loss in another order than one rank, and bf16 operands turn those fp32-level differences into
-# whole bf16 ulps (2^-8 relative) of some activations; a loss averaged over 128 targets moves
-# far less than one ulp, a gradient norm (dominated by few large entries) up to a few. A lost
-# reduction or a wrong scale moves both by far more (more than 10%).
+# one-rank run within 1e-5 relative in fp32. bf16 (against the one-rank bf16 run): loss 5e-4,
+# grad_norm 5e-3 relative. The tensor ranks sum the row-parallel projections' partial products
+# and the vocabulary-parallel loss in another order than one rank, and bf16 operands turn those
+# fp32-level differences into whole bf16 ulps (2^-8 = 3.9e-3 relative) of some activations; the
+# loss, a mean over 128 targets, moves by a small fraction of an ulp, a gradient norm (few large
+# entries) by up to about one. Observed (4 steps): GPT-2 loss 3.3e-6, grad_norm 5.0e-5; the
+# sharded bf16 runs of tests/sharding/test_mixed_precision_mpi.cpp saw up to 2e-4 and 8.4e-3 in
+# 20 steps. A lost reduction or a wrong scale moves both by more than 10%.
 # Each step counts its tokens once: tokens_per_s * step_time_s = 128 (the global batch's tokens)
-# on every run. Errors: a world the degree does not divide, and the export refused, are one line.
+# on every run. Errors: a world the degree does not divide, the export, sample and eval refused,
+# are one line each.
 # The worst relative differences are printed (the figures behind the tolerances).
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/mpi_common.sh" mpi_tensor "$@"
@@ -99,7 +101,7 @@ for spec in specs:
         bad.append(f"{run if m is None else ref}: no metrics.jsonl (the run failed)")
         continue
     bf16 = run.endswith("bf16")
-    tols = {"loss": 2e-3, "grad_norm": 3e-2, "val_loss": 2e-3} if bf16 else \
+    tols = {"loss": 5e-4, "grad_norm": 5e-3, "val_loss": 5e-4} if bf16 else \
            {"loss": 1e-5, "grad_norm": 1e-5, "val_loss": 1e-5}
     if "noval" in flags:
         del tols["val_loss"]
@@ -142,5 +144,10 @@ expect_error world3 "parallelism.tensor_parallel_degree: 2 does not divide the w
   --set run_dir="$work/world3"
 expect_error export "parallelism.tensor_parallel_degree: the end-of-run weights export" \
   "${mpirun[@]}" -np 2 "$sw" train "$work/gpt2.json" --quiet $(tp 2) --set run_dir="$work/export"
+# sample and eval (one rank) refuse the degree rather than ignore it.
+expect_error sample "parallelism.tensor_parallel_degree: \`shardwise sample\` with" \
+  "$sw" sample --config "$work/gpt2.json" --weights "$work/none" $(tp 2)
+expect_error eval "parallelism.tensor_parallel_degree: \`shardwise eval\` with" \
+  "$sw" eval "$work/gpt2.json" --weights "$work/none" --data "$work/val.bin" $(tp 2)
 [ ${#failed[@]} = 0 ] || { printf '%s\n' "${failed[@]}"; fail "${#failed[@]} failures"; }
 echo "mpi_tensor: PASS"
