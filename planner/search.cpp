@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <tuple>
 #include <vector>
 
 #include "core/alloc.h"
@@ -470,6 +471,43 @@ PlanSetup apply_candidate(const PlanSetup& base, const Candidate& c, const Searc
   return s;
 }
 
+TierUse tier_use(const Candidate& c) {
+  TierUse t;
+  for (OffloadDevice d : {c.optimizer, c.params, c.activations}) {
+    t.nvme |= d == OffloadDevice::Nvme;
+    t.host |= d == OffloadDevice::Cpu;
+    t.offloaded += d != OffloadDevice::None;
+  }
+  return t;
+}
+
+std::string tie_rule(double noise) {
+  char pct[32];
+  std::snprintf(pct, sizeof pct, "%g%%", noise * 100);
+  return std::string("among the plans that fit and whose predicted step is within ") + pct +
+         " of the fastest (the prediction's noise), the one touching fewer tiers: no NVMe over "
+         "NVMe, no host over host, then fewer offloaded things (optimizer, parameters, "
+         "activations), then the faster";
+}
+
+int choose_plan(const std::vector<Evaluated>& ev, double noise) {
+  int fastest = -1;
+  for (size_t i = 0; i < ev.size(); ++i)
+    if (ev[i].fits && (fastest < 0 || ev[i].time.step_s < ev[size_t(fastest)].time.step_s))
+      fastest = int(i);
+  if (fastest < 0) return -1;
+  const double limit = ev[size_t(fastest)].time.step_s * (1.0 + noise);
+  auto key = [](const Evaluated& e) {
+    const TierUse t = tier_use(e.c);
+    return std::make_tuple(t.nvme, t.host, t.offloaded, e.time.step_s, e.device);
+  };
+  int best = fastest;
+  for (size_t i = 0; i < ev.size(); ++i)
+    if (ev[i].fits && ev[i].time.step_s <= limit && key(ev[i]) < key(ev[size_t(best)]))
+      best = int(i);
+  return best;
+}
+
 std::string dominant_category(const Evaluated& e) {
   int64_t best = e.workspace;
   std::string name = "kernel workspace";
@@ -483,13 +521,15 @@ SearchResult search_plans(const PlanSetup& base_in, const SearchOptions& opt,
   const auto t0 = std::chrono::steady_clock::now();
   if (opt.budget <= 0) fail("plan", "the memory budget must be positive");
   PlanSetup base = base_in;
-  // The nvme_path offload would use: the search's, else the base's.
+  // The nvme_path offload would use: the search's, else the base's (apply_candidate fills it in
+  // wherever a candidate offloads to NVMe). Without one, NVMe candidates are evaluated (to say
+  // what a path would allow) but never chosen.
   if (!opt.nvme_path.empty()) {
     base.policy.offload_optimizer.nvme_path = opt.nvme_path;
     base.policy.offload_param.nvme_path = opt.nvme_path;
     base.policy.activation_checkpointing.nvme_path = opt.nvme_path;
   }
-  const bool nvme = !opt.nvme_path.empty() || !base.policy.offload_optimizer.nvme_path.empty() ||
+  const bool nvme = !base.policy.offload_optimizer.nvme_path.empty() ||
                     !base.policy.offload_param.nvme_path.empty() ||
                     !base.policy.activation_checkpointing.nvme_path.empty();
   const int W = base.world;
@@ -518,10 +558,9 @@ SearchResult search_plans(const PlanSetup& base_in, const SearchOptions& opt,
                   ShardingStrategy::ShardOptimizer, ShardingStrategy::NoShard};
   struct Opt { OffloadDevice d; double r; };
   std::vector<Opt> opts = {{OffloadDevice::None, 1.0}, {OffloadDevice::Cpu, 0.5}, {OffloadDevice::Cpu, 1.0}};
-  if (nvme) opts.push_back({OffloadDevice::Nvme, 1.0});
+  opts.push_back({OffloadDevice::Nvme, 1.0});
   if (!fr.offload_optimizer) opts = {{bp.offload_optimizer.device, bp.offload_optimizer.ratio}};
-  std::vector<OffloadDevice> acts = {OffloadDevice::None, OffloadDevice::Cpu};
-  if (nvme) acts.push_back(OffloadDevice::Nvme);
+  std::vector<OffloadDevice> acts = {OffloadDevice::None, OffloadDevice::Cpu, OffloadDevice::Nvme};
   if (!fr.offload_activations)
     acts = {bp.activation_checkpointing.offload_nvme  ? OffloadDevice::Nvme
             : bp.activation_checkpointing.offload_cpu ? OffloadDevice::Cpu
@@ -541,7 +580,7 @@ SearchResult search_plans(const PlanSetup& base_in, const SearchOptions& opt,
                            st == ShardingStrategy::HybridShard;
       std::vector<OffloadDevice> params = {OffloadDevice::None};
       if (sharded || W == 1) params.push_back(OffloadDevice::Cpu);
-      if (nvme && (sharded || W == 1)) params.push_back(OffloadDevice::Nvme);
+      if (sharded || W == 1) params.push_back(OffloadDevice::Nvme);
       if (!fr.offload_param) params = {bp.offload_param.device};
       std::vector<std::pair<int, int>> pfs = {{1, 0}};
       if (sharded && W > 1) pfs = {{1, 0}, {2, 0}, {0, 0}};
@@ -568,11 +607,13 @@ SearchResult search_plans(const PlanSetup& base_in, const SearchOptions& opt,
                   const PlanSetup s = apply_candidate(base, c, &fr);
                   Evaluated e = evaluate(w, s, c, hw);
                   ++res.evaluated;
+                  e.needs_nvme_path = !nvme && tier_use(c).nvme;
                   const bool host_ok = opt.host_budget <= 0 || e.host <= opt.host_budget;
                   const bool nvme_ok = opt.nvme_budget <= 0 || e.nvme <= opt.nvme_budget;
-                  if (host_ok && nvme_ok && (!have_smallest || e.device < res.smallest.device ||
-                                             (e.device == res.smallest.device &&
-                                              e.time.step_s < res.smallest.time.step_s))) {
+                  if (host_ok && nvme_ok && !e.needs_nvme_path &&
+                      (!have_smallest || e.device < res.smallest.device ||
+                       (e.device == res.smallest.device &&
+                        e.time.step_s < res.smallest.time.step_s))) {
                     res.smallest = e;
                     have_smallest = true;
                   }
@@ -582,9 +623,18 @@ SearchResult search_plans(const PlanSetup& base_in, const SearchOptions& opt,
                 }
     }
   }
+  // What the rule would choose if an NVMe directory were given (all fitting plans), then the
+  // choice among the usable ones.
+  if (const int with = choose_plan(all, opt.noise);
+      with >= 0 && all[size_t(with)].needs_nvme_path) {
+    res.nvme_would_help = true;
+    res.with_nvme = all[size_t(with)];
+  }
+  for (Evaluated& e : all) e.fits = e.fits && !e.needs_nvme_path;
   if (!have_smallest) {  // every plan needs more host or NVMe memory than allowed
     int64_t host = INT64_MAX, nv = INT64_MAX;
-    for (const Evaluated& e : all) host = std::min(host, e.host), nv = std::min(nv, e.nvme);
+    for (const Evaluated& e : all)
+      if (!e.needs_nvme_path) host = std::min(host, e.host), nv = std::min(nv, e.nvme);
     fail("plan", "no plan keeps within the host budget (" +
                      (opt.host_budget > 0 ? format_bytes(size_t(opt.host_budget)) : std::string("none")) +
                      ") and the NVMe budget (" +
@@ -595,7 +645,8 @@ SearchResult search_plans(const PlanSetup& base_in, const SearchOptions& opt,
   // Pareto frontier over (device memory, step time) among plans within the host/NVMe budgets.
   std::vector<const Evaluated*> ok;
   for (const Evaluated& e : all)
-    if ((opt.host_budget <= 0 || e.host <= opt.host_budget) && (opt.nvme_budget <= 0 || e.nvme <= opt.nvme_budget))
+    if ((opt.host_budget <= 0 || e.host <= opt.host_budget) &&
+        (opt.nvme_budget <= 0 || e.nvme <= opt.nvme_budget) && !e.needs_nvme_path)
       ok.push_back(&e);
   std::sort(ok.begin(), ok.end(), [](const Evaluated* a, const Evaluated* b) {
     return a->device != b->device ? a->device < b->device : a->time.step_s < b->time.step_s;
@@ -606,9 +657,25 @@ SearchResult search_plans(const PlanSetup& base_in, const SearchOptions& opt,
       res.frontier.push_back(*e);
       best_t = e->time.step_s;
     }
-  // The fastest that fits: the last frontier point within the budget.
+  // The fastest that fits (the last frontier point within the budget), and the plan the
+  // tie-break chooses: put on the frontier where it is not (slower by less than the noise and
+  // larger than a frontier point).
   for (size_t i = 0; i < res.frontier.size(); ++i)
     if (res.frontier[i].fits) res.best = static_cast<int>(i);
+  if (const int chosen = choose_plan(all, opt.noise); chosen >= 0) {
+    res.fastest = res.frontier[size_t(res.best)];
+    const Evaluated& c = all[size_t(chosen)];
+    auto same = [&](const Evaluated& e) { return e.c.describe() == c.c.describe(); };
+    auto at = std::find_if(res.frontier.begin(), res.frontier.end(), same);
+    if (at == res.frontier.end()) {
+      at = std::find_if(res.frontier.begin(), res.frontier.end(), [&](const Evaluated& e) {
+        return e.device > c.device || (e.device == c.device && e.time.step_s > c.time.step_s);
+      });
+      at = res.frontier.insert(at, c);
+    }
+    res.best = static_cast<int>(at - res.frontier.begin());
+    res.chosen_setup = apply_candidate(base, c.c, &fr);
+  }
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res;
 }

@@ -182,13 +182,19 @@ struct Candidate {
 // offload ratio and paths, prefetch and max_live_units, reshard_after_forward).
 PlanSetup apply_candidate(const PlanSetup& base, const Candidate& c, const SearchFree* free = nullptr);
 
+// Predicted step times closer than this (relative) are a tie for the search (choose_plan).
+constexpr double kStepTimeNoise = 0.01;
+
 struct SearchOptions {
   SearchFree free;
   int64_t budget = 0;       // device bytes per rank (required > 0)
   int64_t host_budget = 0;  // 0: no limit
   int64_t nvme_budget = 0;  // 0: no limit
-  std::string nvme_path;    // "": NVMe offload is not considered
+  // The directory NVMe offload writes to; "": the base's nvme_path (a config's), and when that
+  // is empty too NVMe plans are evaluated but never chosen (Evaluated::needs_nvme_path).
+  std::string nvme_path;
   double margin = 0.02;     // a plan fits when device <= budget * (1 - margin)
+  double noise = kStepTimeNoise;  // the tie-break's window (choose_plan)
 };
 
 struct Evaluated {
@@ -198,12 +204,42 @@ struct Evaluated {
   int64_t workspace = 0;
   StepTime time;
   bool fits = false;
+  bool needs_nvme_path = false;  // it offloads to NVMe and no directory was given
 };
 
+// The tie-break between plans that fit (docs/ARCHITECTURE.md, "The planner"). Predicted step
+// times within `noise` (relative) of the fastest are not told apart: three calibrations of one
+// machine moved the same plans' predicted steps by up to 0.5% (bench/results/
+// plan_choice_2026-11-29.md), 1% is twice that, and the prediction's error against measured
+// steps is far larger (bench/results/planner_accuracy_*.md). Among those the plan that touches
+// fewer tiers wins: no NVMe over NVMe, then no host over host, then fewer offloaded things
+// (optimizer state, parameters, activations), then the faster, then the smaller device peak.
+// Such a plan is simpler to run (no directory, no host memory it does not need) and loses at
+// most `noise` (SearchOptions::noise, kStepTimeNoise) of predicted time.
+struct TierUse {
+  bool nvme = false, host = false;
+  int offloaded = 0;  // of optimizer, parameters, activations: how many leave the device
+};
+TierUse tier_use(const Candidate& c);
+// The rule in one line, as `plan` prints it where it names the choice.
+std::string tie_rule(double noise);
+// The plan the rule chooses among `ev`'s plans that fit (Evaluated::fits): index, or -1 when
+// none fits.
+int choose_plan(const std::vector<Evaluated>& ev, double noise);
+
 struct SearchResult {
-  std::vector<Evaluated> frontier;  // memory ascending, each faster than every one before
-  int best = -1;                    // index into frontier of the fastest that fits (-1: none)
-  Evaluated smallest;               // the least device memory of any candidate (no plan fits)
+  // Memory ascending, each faster than every one before, and the chosen plan where the
+  // tie-break took one that is not on it. Plans that need an NVMe path nobody gave are not in
+  // it.
+  std::vector<Evaluated> frontier;
+  int best = -1;      // index into frontier of the chosen plan (choose_plan; -1: none fits)
+  Evaluated fastest;  // the fastest plan that fits (== the chosen one unless the tie-break)
+  Evaluated smallest;  // the least device memory of any usable candidate (no plan fits)
+  // Set when no NVMe directory was given and a plan that needs one is what the rule would
+  // choose with one: faster than the chosen beyond noise, or the only kind that fits.
+  bool nvme_would_help = false;
+  Evaluated with_nvme;
+  PlanSetup chosen_setup;  // the chosen plan's setup: every path it needs filled in
   int evaluated = 0;
   double seconds = 0;
 };

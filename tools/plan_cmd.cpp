@@ -203,8 +203,8 @@ int cmd_calibrate(const PlanArgs& pa) {
   return 0;
 }
 
-void print_table_row(const Evaluated& e, bool mark) {
-  std::printf("  %s %9s %9s %9s  %9s %9s %9s %9s  %s\n", mark ? "*" : " ",
+void print_table_row(const Evaluated& e, bool mark, bool chosen) {
+  std::printf("  %s %9s %9s %9s  %9s %9s %9s %9s  %s\n", chosen ? ">" : mark ? "*" : " ",
               format_bytes(size_t(e.device)).c_str(), format_bytes(size_t(e.host)).c_str(),
               format_bytes(size_t(e.nvme)).c_str(), secs(e.time.step_s).c_str(),
               secs(e.time.compute_s).c_str(), secs(e.time.exposed_comm_s).c_str(),
@@ -217,28 +217,48 @@ int cmd_search(const PlanArgs& pa, TrainConfig cfg, const HardwareProfile& hw) {
   if (so.budget <= 0) fail("plan", "--memory-budget: the budget must be more than 0 bytes");
   if (!pa.host_budget.empty()) so.host_budget = parse_budget(pa.host_budget, "--host-budget");
   if (!pa.nvme_budget.empty()) so.nvme_budget = parse_budget(pa.nvme_budget, "--nvme-budget");
-  so.nvme_path = pa.nvme_path;
+  // Absolute, so the config --out writes runs from any directory.
+  if (!pa.nvme_path.empty())
+    so.nvme_path = std::filesystem::absolute(pa.nvme_path).lexically_normal().string();
   const PlanSetup base = plan_setup(cfg, pa.world);
   const SearchResult r = search_plans(base, so, hw);
+  // A plan that needs an NVMe directory nobody gave is not chosen; say which flag allows it.
+  const std::string nvme_hint =
+      r.nvme_would_help ? "with --nvme-path DIR, " + r.with_nvme.c.describe() + " would " +
+                              (r.best < 0 ? "fit" : "be chosen") + " (device " +
+                              format_bytes(size_t(r.with_nvme.device)) + ", step " +
+                              secs(r.with_nvme.time.step_s) + ")"
+                        : "";
   if (r.best < 0) {
     const double need = double(r.smallest.device) / (1.0 - so.margin);
     fail("plan", "no plan fits a memory budget of " + format_bytes(size_t(so.budget)) +
                      " per rank; the smallest feasible budget is " + format_bytes(size_t(need)) +
                      " (" + r.smallest.c.describe() + "), dominated by " +
-                     dominant_category(r.smallest));
+                     dominant_category(r.smallest) + (nvme_hint.empty() ? "" : "; " + nvme_hint));
   }
   const Evaluated& best = r.frontier[size_t(r.best)];
   if (!pa.out.empty()) {
-    const PlanSetup s = apply_candidate(base, best.c);
+    const PlanSetup& s = r.chosen_setup;  // the search's paths filled in where the plan needs them
     cfg.sharding = s.policy;
     cfg.zero_stage = stage_of(s.policy.strategy);
     cfg.blocks_per_unit = s.blocks_per_unit;
     cfg.micro_batch = s.micro_batch;
     cfg.grad_accum = s.accum;
     cfg.memory_budget = size_t(so.budget);
-    std::ofstream f(pa.out);
-    f << config_json(cfg) << "\n";
-    if (!f) fail("plan", pa.out + ": cannot write the config");
+    {
+      std::ofstream f(pa.out);
+      f << config_json(cfg) << "\n";
+      if (!f) fail("plan", pa.out + ": cannot write the config");
+    }
+    // Runs as written: it reads back through train's checks, else it is removed and the
+    // reason is the error.
+    try {
+      load_config(pa.out, {}, pa.world);
+    } catch (const Error& e) {
+      std::error_code ec;
+      std::filesystem::remove(pa.out, ec);
+      fail("plan", pa.out + ": the chosen plan's config does not load (not written): " + e.what());
+    }
   }
   if (pa.json) {
     auto ev = [](const Evaluated& e) {
@@ -254,7 +274,11 @@ int cmd_search(const PlanArgs& pa, TrainConfig cfg, const HardwareProfile& hw) {
     j["hardware"] = hw.name;
     j["evaluated"] = r.evaluated;
     j["search_s"] = r.seconds;
-    j["best"] = ev(best);
+    j["best"] = ev(best);  // the chosen plan
+    j["fastest"] = ev(r.fastest);
+    j["tie_rule"] = tie_rule(so.noise);
+    j["noise"] = so.noise;
+    if (r.nvme_would_help) j["with_nvme_path"] = ev(r.with_nvme);
     j["frontier"] = nlohmann::json::array();
     for (const Evaluated& e : r.frontier) j["frontier"].push_back(ev(e));
     if (!pa.out.empty()) j["out"] = pa.out;
@@ -269,7 +293,15 @@ int cmd_search(const PlanArgs& pa, TrainConfig cfg, const HardwareProfile& hw) {
   if (!note.empty()) std::printf("%s\n", note.c_str());
   std::printf("searched %d plans in %.2f s (per-rank batch %d x %d tokens)\n", r.evaluated,
               r.seconds, cfg.micro_batch * cfg.grad_accum, cfg.model.seq_len);
-  std::printf("fastest plan that fits: %s\n", best.c.describe().c_str());
+  std::printf("chosen plan: %s\n", best.c.describe().c_str());
+  std::printf("  rule: %s\n", tie_rule(so.noise).c_str());
+  if (r.fastest.c.describe() == best.c.describe())
+    std::printf("  it is the fastest plan that fits\n");
+  else
+    std::printf("  the fastest plan that fits, %s, is predicted %.2f%% faster: within the noise\n",
+                r.fastest.c.describe().c_str(),
+                100.0 * (best.time.step_s / r.fastest.time.step_s - 1.0));
+  if (!nvme_hint.empty()) std::printf("  %s\n", nvme_hint.c_str());
   std::printf("  device %s (plan %s + kernel workspace %s), host %s, nvme %s\n",
               format_bytes(size_t(best.device)).c_str(),
               format_bytes(size_t(best.device - best.workspace)).c_str(),
@@ -278,10 +310,11 @@ int cmd_search(const PlanArgs& pa, TrainConfig cfg, const HardwareProfile& hw) {
   std::printf("  step %s = compute %s + exposed communication %s + exposed I/O %s\n",
               secs(best.time.step_s).c_str(), secs(best.time.compute_s).c_str(),
               secs(best.time.exposed_comm_s).c_str(), secs(best.time.exposed_io_s).c_str());
-  std::printf("memory-vs-time frontier (* fits the budget):\n");
+  std::printf("memory-vs-time frontier (* fits the budget, > the chosen plan):\n");
   std::printf("    %9s %9s %9s  %9s %9s %9s %9s  %s\n", "device", "host", "nvme", "step",
               "compute", "exp.comm", "exp.io", "plan");
-  for (const Evaluated& e : r.frontier) print_table_row(e, e.fits);
+  for (size_t i = 0; i < r.frontier.size(); ++i)
+    print_table_row(r.frontier[i], r.frontier[i].fits, int(i) == r.best);
   if (!pa.out.empty()) std::printf("config written to %s\n", pa.out.c_str());
   return 0;
 }
@@ -524,8 +557,9 @@ void add_plan_commands(cli::Command& top) {
             "consider NVMe offload to DIR (default: the config's nvme_path;\n"
             "--calibrate: the directory whose disk is measured, default /tmp)");
   plan.text("--out", pa->out, "FILE",
-            "with --memory-budget: write the fastest plan that fits as a\n"
-            "ready-to-run config (memory_budget set)")
+            "with --memory-budget: write the chosen plan as a ready-to-run\n"
+            "config (memory_budget set, NVMe paths from --nvme-path or the\n"
+            "config's); it is read back through train's checks")
       .needs(budget);
   plan.flag("--timeline", pa->timeline, "also print every action's predicted start and duration");
   plan.text("--svg", pa->svg, "FILE",

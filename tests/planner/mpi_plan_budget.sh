@@ -27,7 +27,7 @@ print(g, int(g * 0.7))')"
 [ -n "$budget" ] || fail "no prediction"
 "$sw" plan "$work/cfg.json" --world-size 2 --hardware "$hw" --memory-budget "$budget" \
   --out "$work/best.json" >"$work/plan.log" 2>&1 || { cat "$work/plan.log"; fail "search exit status"; }
-grep -q "fastest plan that fits" "$work/plan.log" || { cat "$work/plan.log"; fail "no plan printed"; }
+grep -q "^chosen plan: " "$work/plan.log" || { cat "$work/plan.log"; fail "no plan printed"; }
 predicted=$("$sw" plan "$work/best.json" --world-size 2 --json | /usr/bin/python3 -c '
 import json, sys
 r = json.load(sys.stdin)["ranks"][0]
