@@ -9,7 +9,7 @@
 #   on 4 ranks (D = 2, micro-batch 2; HYBRID with shard groups of 1 data-parallel rank,
 #   replicated over 2, and with the default group: 4 local ranks / 2 = 2); activation
 #   checkpointing full and selective; micro-batch 2 x 2 accumulation steps; bf16 (against the
-#   one-rank bf16 run).
+#   one-rank bf16 run); loss masks (a masked corpus, at tensor 2 and tensor 2 x FULL_SHARD 2).
 # Every step's loss and grad_norm in metrics.jsonl, and the validation loss, agree with the
 # one-rank run within 1e-5 relative in fp32. bf16 (against the one-rank bf16 run): loss 5e-4,
 # grad_norm 5e-3 relative. The tensor ranks sum the row-parallel projections' partial products
@@ -72,6 +72,26 @@ done
 run gpt2.t2_hybrid1 4 gpt2 $(tp 2) "${d2[@]}" --set sharding_strategy=HYBRID_SHARD \
   --set shard_group_size=1
 run gpt2.t2_hybrid 4 gpt2 $(tp 2) "${d2[@]}" --set sharding_strategy=HYBRID_SHARD
+# Loss masks (engine/data.h: X.mask beside X.bin): the loss is the mean over the counted
+# targets of the global batch, whichever tensor rank's rows they fall in.
+"$py" - "$work" <<'PY' || fail "writing the masked data"
+import random, struct, sys
+work = sys.argv[1]
+rng = random.Random(5)
+def write(path, magic, body, fmt):
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", magic, 1, len(body), *([0] * 253)))
+        f.write(struct.pack(f"<{len(body)}{fmt}", *body))
+for name, n in (("mtrain", 4000), ("mval", 2000)):
+    write(f"{work}/{name}.bin", 20240520, [rng.randrange(128) for _ in range(n)], "H")
+    # runs of 20 targets mostly counted, then mostly not: the halves of a row count differently
+    write(f"{work}/{name}.mask", 20261129,
+          [int(((i // 20) % 2 == 0) == (rng.random() < 0.9)) for i in range(n)], "B")
+PY
+masked=(--set data.train="$work/mtrain.bin" --set data.val="$work/mval.bin")
+run gpt2.mref 1 gpt2 "${masked[@]}"
+run gpt2.t2_mask 2 gpt2 $(tp 2) "${masked[@]}"
+run gpt2.t2_full2_mask 4 gpt2 $(tp 2) "${masked[@]}" "${d2[@]}"
 run gpt2.t2_acfull 2 gpt2 $(tp 2) --set activation_checkpointing=full
 run gpt2.t2_accum 2 gpt2 $(tp 2) "${d2[@]}" --set gradient_accumulation_steps=2
 run llama.t2_accum 4 llama $(tp 2) --set train_micro_batch_size_per_gpu=1 \
@@ -82,6 +102,7 @@ run llama.t2_accum 4 llama $(tp 2) --set train_micro_batch_size_per_gpu=1 \
 "$py" - "$work" gpt2.t2:gpt2.ref gpt2.t4:gpt2.ref gpt2.t2_full2:gpt2.ref \
   gpt2.t2_hybrid1:gpt2.ref gpt2.t2_hybrid:gpt2.ref gpt2.t2_acfull:gpt2.ref \
   gpt2.t2_acsel:gpt2.ref gpt2.t2_accum:gpt2.ref:noval gpt2.t2_bf16:gpt2.ref_bf16 \
+  gpt2.t2_mask:gpt2.mref gpt2.t2_full2_mask:gpt2.mref \
   llama.t2:llama.ref llama.t4:llama.ref llama.t2_full2:llama.ref llama.t2_acsel:llama.ref \
   llama.t2_accum:llama.ref:noval llama.t2_bf16:llama.ref_bf16 <<'PY' || failed+=("parity")
 import json, sys
