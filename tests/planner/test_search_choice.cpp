@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -255,4 +256,44 @@ TEST_CASE("plan --out: an NVMe plan's config names the directory in every key it
   const nlohmann::json j = nlohmann::json::parse(slurp(dir.path / "out.txt"));
   CHECK(j["tie_rule"].get<std::string>() == tie_rule(kStepTimeNoise));
   CHECK(j["best"]["plan"].get<std::string>().find("nvme") != std::string::npos);
+}
+
+TEST_CASE("search: the rule changes the real search's choice only within the noise, to fewer tiers",
+          "[planner]") {
+  // A machine whose host tier is across a link: offloads cost time, so they trade against
+  // device memory; a fast disk makes NVMe plans competitive.
+  HardwareProfile hw = cpu_profile();
+  hw.has_host = true;
+  hw.host_link_bps = 1e9;
+  hw.host_optimizer_fps = 5e8;
+  hw.disk_read_bps = hw.disk_write_bps = 1e10;
+  const PlanSetup base = tiny_setup();
+  SearchOptions so;
+  so.nvme_path = "/tmp/sw_nvme_dir";
+  so.budget = int64_t(1) << 40;
+  const SearchResult all = search_plans(base, so, hw);
+  const int64_t top = all.frontier.back().device, least = all.frontier.front().device;
+  auto key = [](const Evaluated& e) {
+    const TierUse t = tier_use(e.c);
+    return std::make_tuple(t.nvme, t.host, t.offloaded);
+  };
+  int fewer = 0;
+  for (int i = 1; i <= 24; ++i) {
+    so.budget = least + (top - least) * i / 24;
+    so.noise = 0;  // no window: the fastest plan that fits
+    const SearchResult f = search_plans(base, so, hw);
+    so.noise = kStepTimeNoise;
+    const SearchResult r = search_plans(base, so, hw);
+    REQUIRE(f.best >= 0);
+    REQUIRE(r.best >= 0);
+    const Evaluated &fast = f.frontier[size_t(f.best)], &c = r.frontier[size_t(r.best)];
+    INFO("budget " << so.budget << ": chosen " << c.c.describe() << "; fastest "
+                   << fast.c.describe());
+    CHECK(c.fits);
+    CHECK(fast.time.step_s == r.fastest.time.step_s);
+    CHECK(c.time.step_s <= fast.time.step_s * (1 + kStepTimeNoise));
+    CHECK(key(c) <= key(fast));
+    fewer += key(c) < key(fast);
+  }
+  CHECK(fewer > 0);  // over these budgets the rule took fewer tiers at least once
 }
