@@ -5,6 +5,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/tp_kernels.h"
 #include "kernels/ops.h"
 #include "kernels/threads.h"
 
@@ -235,6 +236,42 @@ class CpuOps final : public Ops {
     Buffer tw;
     return cpu::lmhead_xent(loss, dx, dw, x, weight_f32(w, V, C, tw), targets, N, C, V,
                             grad_scale, compute_);
+  }
+  // Tensor parallelism (kernels/cpu/tp_kernels.cpp). The table and the head's weight as fp32
+  // where given, else widened (the table's rows as embedding_forward widens them).
+  void vocab_embedding_forward(float* out, const int32_t* tokens, Operand wte, int64_t v_lo,
+                               int N, int C, int V) const override {
+    if (!wte.f32 && wte.lp) require_lowp("vocab_embedding_forward");
+    cpu::vocab_embedding_forward(out, tokens, wte.f32, wte.f32 ? nullptr : wte.lp, compute_, v_lo,
+                                 N, C, V);
+  }
+  void vocab_embedding_backward(float* dwte, const float* dout, const int32_t* tokens,
+                                int64_t v_lo, int N, int C, int V) const override {
+    cpu::vocab_embedding_backward(dwte, dout, tokens, v_lo, N, C, V);
+  }
+  void position_forward(float* out, const float* wpe, int64_t row_lo, int rows, int T,
+                        int C) const override {
+    cpu::position_forward(out, wpe, row_lo, rows, T, C);
+  }
+  void position_backward(float* dwpe, const float* dout, int64_t row_lo, int rows, int T,
+                         int C) const override {
+    cpu::position_backward(dwpe, dout, row_lo, rows, T, C);
+  }
+  void xent_shard_stats(float* stats, const float* h, Operand w, const int32_t* targets,
+                        int64_t v_lo, int N, int C, int V) const override {
+    Buffer tw;
+    cpu::xent_shard_stats(stats, h, weight_f32(w, V, C, tw), targets, v_lo, N, C, V, compute_);
+  }
+  void xent_shard_combine(double* total, float* lse, float* loss, const float* stats,
+                          const int32_t* targets, int t, int N) const override {
+    *total += cpu::xent_shard_combine(lse, loss, stats, targets, t, N);
+  }
+  void xent_shard_backward(float* dh, GradOut dw, const float* h, Operand w, const float* lse,
+                           const int32_t* targets, int64_t v_lo, int N, int C, int V,
+                           float grad_scale) const override {
+    Buffer tw;
+    cpu::xent_shard_backward(dh, dw.p, dw.beta(), h, weight_f32(w, V, C, tw), lse,
+                             targets, v_lo, N, C, V, grad_scale, compute_);
   }
   // The copies through the fp32 ops (Ops::adamw_through_copies).
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,

@@ -391,6 +391,61 @@ class SimOps final : public sw::Ops {
     base_->lmhead_xent_into(total, loss, dx, dw, x, as_device_reads(w), targets, N, C, V,
                             grad_scale);
   }
+  // Tensor parallelism: every pointer device memory, each Operand read as CUDA reads it.
+  void vocab_embedding_forward(float* out, const int32_t* tokens, sw::Operand wte, int64_t v_lo, int N, int C, int V) const override {
+    Open g;
+    on_device(__func__, "out", out);
+    on_device(__func__, "tokens", tokens);
+    on_operand(__func__, "wte", wte);
+    base_->vocab_embedding_forward(out, tokens, as_device_reads(wte), v_lo, N, C, V);
+  }
+  void vocab_embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int64_t v_lo, int N, int C, int V) const override {
+    Open g;
+    on_device(__func__, "dwte", dwte);
+    on_device(__func__, "dout", dout);
+    on_device(__func__, "tokens", tokens);
+    base_->vocab_embedding_backward(dwte, dout, tokens, v_lo, N, C, V);
+  }
+  void position_forward(float* out, const float* wpe, int64_t row_lo, int rows, int T, int C) const override {
+    Open g;
+    on_device(__func__, "out", out);
+    on_device(__func__, "wpe", wpe);
+    base_->position_forward(out, wpe, row_lo, rows, T, C);
+  }
+  void position_backward(float* dwpe, const float* dout, int64_t row_lo, int rows, int T, int C) const override {
+    Open g;
+    on_device(__func__, "dwpe", dwpe);
+    on_device(__func__, "dout", dout);
+    base_->position_backward(dwpe, dout, row_lo, rows, T, C);
+  }
+  void xent_shard_stats(float* stats, const float* h, sw::Operand w, const int32_t* targets, int64_t v_lo, int N, int C, int V) const override {
+    Open g;
+    on_device(__func__, "stats", stats);
+    on_device(__func__, "h", h);
+    on_operand(__func__, "w", w);
+    on_device(__func__, "targets", targets);
+    base_->xent_shard_stats(stats, h, as_device_reads(w), targets, v_lo, N, C, V);
+  }
+  void xent_shard_combine(double* total, float* lse, float* loss, const float* stats, const int32_t* targets, int t, int N) const override {
+    Open g;
+    on_device(__func__, "total", total);
+    on_device(__func__, "lse", lse);
+    on_device(__func__, "loss", loss);
+    on_device(__func__, "stats", stats);
+    on_device(__func__, "targets", targets);
+    base_->xent_shard_combine(total, lse, loss, stats, targets, t, N);
+  }
+  void xent_shard_backward(float* dh, sw::GradOut dw, const float* h, sw::Operand w, const float* lse, const int32_t* targets, int64_t v_lo, int N, int C, int V, float grad_scale) const override {
+    Open g;
+    on_device(__func__, "dh", dh);
+    on_device(__func__, "dw", dw.p);
+    on_device(__func__, "h", h);
+    on_operand(__func__, "w", w);
+    on_device(__func__, "lse", lse);
+    on_device(__func__, "targets", targets);
+    base_->xent_shard_backward(dh, dw, h, as_device_reads(w), lse, targets, v_lo, N, C, V,
+                               grad_scale);
+  }
   static void xent_args(const char* op, const float* loss, const float* dx, const float* dw,
                         const float* x, sw::Operand w, const int32_t* targets) {
     on_device(op, "loss", loss);
