@@ -99,7 +99,7 @@ std::string fmt(const char* f, double v) {
 
 
 // The known queues get fixed tids in this order; others follow in order of appearance.
-const char* const kQueues[] = {"compute", "gather", "reduce", "io", "host"};
+const char* const kQueues[] = {"compute", "gather", "reduce", "tensor", "io", "host"};
 
 }  // namespace
 

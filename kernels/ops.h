@@ -299,6 +299,65 @@ class Ops {
     *total += lmhead_xent(loss, dx, dw, x, w, targets, N, C, V, grad_scale);
   }
 
+  // ---- Tensor parallelism: a vocabulary-parallel embedding and LM head (this rank holds rows
+  // [v_lo, v_lo + V) of the (V_total, C) table), and positions of a run of rows. The default
+  // refuses (unsupported_tp): a backend that has not implemented them cannot run tensor
+  // parallel units.
+  // out(N,C) = wte[tokens[n] - v_lo] for tokens in [v_lo, v_lo + V), 0 for the others.
+  // wte: any form (products_only, as embedding_forward).
+  virtual void vocab_embedding_forward(float* out, const int32_t* tokens, Operand wte,
+                                       int64_t v_lo, int N, int C, int V) const {
+    (void)out, (void)tokens, (void)wte, (void)v_lo, (void)N, (void)C, (void)V;
+    unsupported_tp("vocab_embedding_forward");
+  }
+  // dwte(V,C) += dout[n] at row tokens[n] - v_lo, for tokens in range (in row order n, as
+  // embedding_backward adds: deterministic).
+  virtual void vocab_embedding_backward(float* dwte, const float* dout, const int32_t* tokens,
+                                        int64_t v_lo, int N, int C, int V) const {
+    (void)dwte, (void)dout, (void)tokens, (void)v_lo, (void)N, (void)C, (void)V;
+    unsupported_tp("vocab_embedding_backward");
+  }
+  // Rows [row_lo, row_lo + rows) of a flattened (B, T) batch: out[i] += wpe[(row_lo + i) % T].
+  virtual void position_forward(float* out, const float* wpe, int64_t row_lo, int rows, int T,
+                                int C) const {
+    (void)out, (void)wpe, (void)row_lo, (void)rows, (void)T, (void)C;
+    unsupported_tp("position_forward");
+  }
+  // dwpe[(row_lo + i) % T] += dout[i] (in row order i).
+  virtual void position_backward(float* dwpe, const float* dout, int64_t row_lo, int rows, int T,
+                                 int C) const {
+    (void)dwpe, (void)dout, (void)row_lo, (void)rows, (void)T, (void)C;
+    unsupported_tp("position_backward");
+  }
+  // Vocabulary-parallel cross-entropy, never storing the (N, V) logits (chunked as
+  // lmhead_xent). logits = h @ w^T over this rank's V rows of the head.
+  // Pass 1: stats(N,3) per row: {m, s, tl}: m = max logits, s = sum exp(logits - m), tl = the
+  // target's logit when targets[n] is in [v_lo, v_lo + V), else 0.
+  virtual void xent_shard_stats(float* stats, const float* h, Operand w, const int32_t* targets,
+                                int64_t v_lo, int N, int C, int V) const {
+    (void)stats, (void)h, (void)w, (void)targets, (void)v_lo, (void)N, (void)C, (void)V;
+    unsupported_tp("xent_shard_stats");
+  }
+  // Every rank's stats (t, N, 3) in rank order, combined the same way on every rank:
+  // M = max_k m_k, lse[n] = M + log(sum_k s_k exp(m_k - M)) (sums in rank order),
+  // loss[n] = lse[n] - sum_k tl_k; rows with targets[n] < 0: loss 0 (lse still written).
+  // Adds sum_n loss[n] to *total, a double in this backend's memory (no host read).
+  virtual void xent_shard_combine(double* total, float* lse, float* loss, const float* stats,
+                                  const int32_t* targets, int t, int N) const {
+    (void)total, (void)lse, (void)loss, (void)stats, (void)targets, (void)t, (void)N;
+    unsupported_tp("xent_shard_combine");
+  }
+  // The gradient of grad_scale * sum_n loss[n] through this rank's columns:
+  // g = grad_scale * (exp(logits - lse[n]) - [v == targets[n]]) (0 for targets[n] < 0);
+  // dh(N,C) += g @ w (fp32, added into); dw(V,C) += g^T @ h (GradOut: written or added).
+  virtual void xent_shard_backward(float* dh, GradOut dw, const float* h, Operand w,
+                                   const float* lse, const int32_t* targets, int64_t v_lo, int N,
+                                   int C, int V, float grad_scale) const {
+    (void)dh, (void)dw, (void)h, (void)w, (void)lse, (void)targets, (void)v_lo, (void)N, (void)C,
+        (void)V, (void)grad_scale;
+    unsupported_tp("xent_shard_backward");
+  }
+
   // True where linear_forward adds res in the product itself (CUDA with 16-bit products; the
   // simulated device, for the engine's tests): the models then take it, and a plain norm after
   // it, instead of the product and the fused residual + norm pass (the CPU's choice: one pass
@@ -379,6 +438,8 @@ class Ops {
   void require_lowp(const char* op) const;
   // Throws sw::Error "op: <what> is not a form this op takes (kernels/ops.h)".
   [[noreturn]] static void refuse(const char* op, const char* what);
+  // Throws sw::Error "<op>: tensor parallelism is not implemented on the <device> backend".
+  [[noreturn]] void unsupported_tp(const char* op) const;
   // An Operand of r rows with leading dimension ld and c columns (r > 0, c > 0) as fp32: its
   // own fp32 pointer where it has one, else its 16-bit values widened into `tmp` (made here,
   // device scratch).

@@ -96,6 +96,12 @@ void Ops::refuse(const char* op, const char* what) {
   fail("kernels", std::string(op) + ": " + what + " is not a form this op takes (kernels/ops.h)");
 }
 
+void Ops::unsupported_tp(const char* op) const {
+  fail("kernels", std::string(op) + ": tensor parallelism is not implemented on the " +
+                      device().str() + " backend (parallelism.tensor_parallel_degree > 1 runs on "
+                      "the CPU backend)");
+}
+
 namespace {
 Buffer scratch_f32(size_t n, Device d) {
   return Buffer(std::max<size_t>(n, 1) * sizeof(float), Mem::Workspace, d);

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "models/packed.h"
 
 namespace sw {
 
@@ -62,113 +63,6 @@ ParamSpec spec(std::string name, Shape shape, Init init, float std, std::string 
   p.std = std;
   p.hf_name = std::move(hf);
   return p;
-}
-
-// ---- Packed linear ---------------------------------------------------------------------------
-// Several (oc_i, C) weight matrices declared one after another, with optional biases (oc_i)
-// (Qwen2's q, k, v); their outputs are written side by side into rows of width OC = sum oc_i:
-// out(N,OC) = [x W_0^T + b_0 | x W_1^T + b_1 | ...]. When the matrices and the biases (and, for
-// backward, their gradients) are contiguous in memory this is one linear op; otherwise one GEMM
-// per matrix, a bias broadcast as a rank-1 product (ones (N) x b_i) under it.
-struct Packed {
-  // fp32, with a 16-bit copy where the unit has one; 16-bit only where the unit keeps no fp32
-  // compute copy of product weights (ParamSpec::products_only)
-  Operand w[3] = {nullptr, nullptr, nullptr};
-  GradOut dw[3] = {nullptr, nullptr, nullptr};  // backward's (UnitCtx::grad_out)
-  const float* b[3] = {nullptr, nullptr, nullptr};  // biases (all or none)
-  GradOut db[3] = {nullptr, nullptr, nullptr};
-  int oc[3];
-  int n = 0;
-  int total() const {
-    int t = 0;
-    for (int i = 0; i < n; ++i) t += oc[i];
-    return t;
-  }
-  template <class Ptr>
-  bool contiguous(Ptr const* p, int C) const {
-    for (int i = 1; i < n; ++i)
-      if (p[i] != p[i - 1] + static_cast<int64_t>(oc[i - 1]) * C) return false;
-    return true;
-  }
-  bool biases_contiguous() const { return !b[0] || contiguous(b, 1); }
-  // The weights one after another, in each form they have (a form absent from all of them
-  // does not count).
-  bool weights_contiguous(int C) const {
-    const float* f[3] = {};
-    const uint16_t* h[3] = {};
-    for (int i = 0; i < n; ++i) f[i] = w[i].f32, h[i] = w[i].lp;
-    return (!f[0] || contiguous(f, C)) && (!h[0] || contiguous(h, C));
-  }
-};
-
-// N ones, for the per-matrix path's bias broadcasts and sums (a workspace on ops' device).
-Buffer ones(const Ops& ops, int N) {
-  Buffer b(size_t(std::max(N, 1)) * sizeof(float), Mem::Workspace, ops.device());
-  ops.fill(b.f32(), 1.f, size_t(std::max(N, 0)));
-  return b;
-}
-
-// out(N,OC) = x @ [W_0; W_1; ...]^T (+ [b_0 | b_1 | ...]); x fp32 or 16-bit (a ProductIn's
-// operand).
-void packed_forward(const Ops& ops, float* out, Operand x, const Packed& pk, int N, int C) {
-  const int OC = pk.total();
-  if (pk.weights_contiguous(C) && pk.biases_contiguous()) {
-    ops.linear_forward(out, x, pk.w[0], pk.b[0], nullptr, N, C, OC);
-    return;
-  }
-  Buffer one;
-  if (pk.b[0]) one = ones(ops, N);
-  for (int i = 0, off = 0; i < pk.n; off += pk.oc[i], ++i) {
-    float beta = 0.f;
-    if (pk.b[i]) {  // out block = ones (N,1) @ b_i (1,oc_i)
-      ops.gemm(false, false, N, pk.oc[i], 1, 1.f, one.f32(), 1, pk.b[i], pk.oc[i], 0.f,
-               out + off, OC);
-      beta = 1.f;
-    }
-    ops.gemm(false, true, N, pk.oc[i], C, 1.f, x, C, pk.w[i], C, beta, out + off, OC);
-  }
-}
-
-// The same into a ProductIn: 16-bit straight from the product with 16-bit products (one
-// GEMM where the weights are contiguous; else the fp32 products in a workspace, narrowed).
-void packed_forward_to(const Ops& ops, ProductIn out, Operand x, const Packed& pk, int N, int C) {
-  if (!out.lp) return packed_forward(ops, out.f32, x, pk, N, C);
-  const int OC = pk.total();
-  if (pk.weights_contiguous(C) && pk.biases_contiguous())
-    return ops.linear_forward(out.lp, x, pk.w[0], pk.b[0], nullptr, N, C, OC);
-  const size_t n = size_t(std::max(N, 0)) * size_t(std::max(OC, 0));
-  Buffer t(std::max<size_t>(n, 1) * sizeof(float), Mem::Workspace, ops.device());
-  packed_forward(ops, t.f32(), x, pk, N, C);
-  ops.narrow(ops.compute(), t.f32(), out.lp, n);
-}
-
-// dx(N,C) = dout @ [W_0; W_1; ...] (dx's old contents never read);  dW_i += dout[:, block i]^T @ x
-// and db_i += colsum(dout[:, block i]) (= where written). dout and x fp32 or 16-bit.
-void packed_backward_set(const Ops& ops, float* dx, Operand dout, Operand x, const Packed& pk,
-                         int N, int C) {
-  const int OC = pk.total();
-  const float* dwp[3] = {};
-  const float* dbp[3] = {};
-  bool same = true;  // every gradient written, or every one added into
-  for (int i = 0; i < pk.n; ++i) {
-    dwp[i] = pk.dw[i].p, dbp[i] = pk.db[i].p;
-    same = same && pk.dw[i].write == pk.dw[0].write && pk.db[i].write == pk.db[0].write;
-  }
-  if (pk.weights_contiguous(C) && pk.contiguous(dwp, C) &&
-      (!dbp[0] || pk.contiguous(dbp, 1)) && same) {
-    ops.linear_backward(GradIn::set(dx), pk.dw[0], pk.db[0], dout, x, pk.w[0], N, C, OC);
-    return;
-  }
-  Buffer one;
-  if (pk.db[0]) one = ones(ops, N);
-  for (int i = 0, off = 0; i < pk.n; off += pk.oc[i], ++i) {
-    const Operand d = dout.at(size_t(off));
-    ops.gemm(false, false, N, C, pk.oc[i], 1.f, d, OC, pk.w[i], C, i ? 1.f : 0.f, dx, C);
-    ops.gemm(true, false, pk.oc[i], C, N, 1.f, d, OC, x, C, pk.dw[i].beta(), pk.dw[i].p, C);
-    if (pk.db[i])  // db_i (1,oc_i) = ones (1,N) @ dout block (N,oc_i)
-      ops.gemm(false, false, 1, pk.oc[i], N, 1.f, one.f32(), N, d, OC, pk.db[i].beta(),
-               pk.db[i].p, pk.oc[i]);
-  }
 }
 
 // ---- [0] embed -------------------------------------------------------------------------------

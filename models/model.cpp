@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "models/gpt2.h"
 #include "models/llama.h"
+#include "models/tensor_units.h"
 
 namespace sw {
 
@@ -66,6 +67,38 @@ ModelConfig resolve(const ModelConfig& in) {
 }
 
 }  // namespace
+
+Model build_model(const ModelConfig& cfg, TensorSlice slice) {
+  if (slice.size <= 1) return build_model(cfg);
+  if (slice.rank < 0 || slice.rank >= slice.size)
+    fail("model", "tensor rank " + str(slice.rank) + " outside the tensor group of " +
+                      str(slice.size));
+  Model m;
+  m.config = resolve(cfg);
+  m.tensor = slice;
+  const ModelConfig& c = m.config;
+  const int t = slice.size;
+  const std::string deg = "parallelism.tensor_parallel_degree = " + str(t);
+  auto divides = [&](const char* key, int v) {
+    if (v % t != 0)
+      fail("model", deg + " does not divide model." + key + " = " + str(v) +
+                        " (tensor parallelism splits it)");
+  };
+  divides("n_head", c.n_head);
+  divides("d_ff", c.d_ff);
+  divides("vocab_size", c.vocab_size);
+  divides("seq_len", c.seq_len);  // sequence parallelism splits the B*T rows
+  if (c.type == "llama") {
+    if (c.n_kv_head % t != 0 && t % c.n_kv_head != 0)
+      fail("model", deg + " and model.n_kv_head = " + str(c.n_kv_head) +
+                        ": neither divides the other (KV heads are split, or replicated when "
+                        "there are fewer than the tensor degree)");
+    build_llama_tensor(m);
+  } else {
+    build_gpt2_tensor(m);
+  }
+  return m;
+}
 
 Model build_model(const ModelConfig& cfg) {
   Model m;

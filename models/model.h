@@ -45,16 +45,29 @@ struct Call {
   int call = 0;  // which of that unit's calls
 };
 
+// Which tensor rank a model is built for (tensor parallelism: build_model(cfg, slice) builds
+// the units' parts for rank `rank` of `size`; size 1: the whole model).
+struct TensorSlice {
+  int rank = 0, size = 1;
+};
+
 class Model {
  public:
   ModelConfig config;
+  TensorSlice tensor;  // the tensor rank its units are built for
   std::vector<std::unique_ptr<Unit>> units;
   std::vector<Call> schedule;  // forward order; backward runs it in reverse
   int d_model() const { return config.d_model; }
+  // Floats of the residual stream per token on this rank: d_model, or d_model / t with tensor
+  // (and sequence) parallelism, whose units hold N / t of the rows.
+  int residual_width() const { return config.d_model / tensor.size; }
   int64_t num_params() const;  // sum over units, tied weights counted once
 };
 
 // Builds GPT-2 or Llama from the config (throws sw::Error naming the bad field).
 Model build_model(const ModelConfig& cfg);
+// The same, split for tensor rank slice.rank of slice.size (tensor parallelism; throws one line
+// naming the key a degree does not divide: heads, KV heads, d_ff, vocab_size).
+Model build_model(const ModelConfig& cfg, TensorSlice slice);
 
 }  // namespace sw

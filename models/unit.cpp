@@ -260,6 +260,39 @@ ActivationDecl Unit::declare_activations(int call, BatchShape shape) const {
   return d;
 }
 
+std::vector<TensorColl> Unit::declare_tensor_comm(int, Pass, BatchShape) const { return {}; }
+
+const char* tensor_op_name(TensorOp op) {
+  switch (op) {
+    case TensorOp::GatherRows: return "tp_gather_rows";
+    case TensorOp::ScatterRows: return "tp_scatter_rows";
+    case TensorOp::AllGather: return "tp_all_gather";
+  }
+  return "?";
+}
+
+int64_t TensorSplit::logical_index(int64_t i, const std::vector<int64_t>& local) const {
+  if (!split()) return i;
+  // local is (rows..., cols) row-major; a 1-D tensor is one row of local[0] columns when it is
+  // split by rows of length 1.
+  const int64_t lcols = local.size() >= 2 ? numel(local) / local[0] : 1;
+  const int64_t gcols = logical.size() >= 2 ? numel(logical) / logical[0] : 1;
+  int64_t r = i / lcols;
+  const int64_t c = i % lcols + (col_hi > 0 ? col_lo : 0);
+  if (!rows.empty()) {
+    for (const auto& run : rows) {
+      const int64_t n = run[1] - run[0];
+      if (r < n) {
+        r += run[0];
+        return r * gcols + c;
+      }
+      r -= n;
+    }
+    SW_CHECK(false, "TensorSplit: element beyond the rows held");
+  }
+  return r * gcols + c;
+}
+
 // ---- Scratch -------------------------------------------------------------------------------
 // Bump allocation in 64-byte (16-float) steps. When the current block is full the next block
 // that fits is used, or a new, larger one added, so pointers handed out earlier stay valid until

@@ -4,6 +4,7 @@
 // parameter memory (one flat buffer per unit, declaration order) and hands the unit pointers
 // to the gathered parameters and to the gradient buffers for each call.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -18,6 +19,22 @@
 namespace sw {
 
 enum class Init : uint8_t { Normal, Zeros, Ones };
+
+// Tensor parallelism (docs/ARCHITECTURE.md, "Tensor parallelism"): a unit built for tensor rank r
+// of t holds a part of some logical tensors. TensorSplit says which part: the logical rows (dim
+// 0) it holds, in order, as [lo, hi) runs (a column-parallel q|k|v weight holds three runs: its
+// q, k and v heads; a vocabulary-parallel table one), and optionally the columns [col_lo,
+// col_hi) of dim 1 (a row-parallel weight). An empty `logical`: not split, the same tensor on
+// every tensor rank (replicated; with t > 1 its gradient is summed over the tensor group and
+// the gradient norm counts it once).
+struct TensorSplit {
+  std::vector<int64_t> logical{};            // the logical shape; empty: not split
+  std::vector<std::array<int64_t, 2>> rows{};  // logical rows held, in order; empty: all
+  int64_t col_lo = 0, col_hi = 0;            // logical columns held; col_hi == 0: all
+  bool split() const { return !logical.empty(); }
+  // The logical row-major index of element i of the local tensor of shape `local`.
+  int64_t logical_index(int64_t i, const std::vector<int64_t>& local) const;
+};
 
 struct ParamSpec {
   std::string name{};  // global, unique in the model: "h.3.attn.qkv.weight"
@@ -36,6 +53,9 @@ struct ParamSpec {
   // compute copy is not kept (UnitCtx::param(i) is null then).
   // Last, so code that lists the fields above in order still compiles.
   bool products_only = false;
+  // Tensor parallelism: which part of a logical tensor this is (TensorSplit); `name` stays the
+  // logical tensor's.
+  TensorSplit split{};
 };
 
 // `p` marked as read only through UnitCtx::weight (ParamSpec::products_only).
@@ -230,6 +250,34 @@ struct ProductSlot {
 // True where `ops` computes products in 16 bits (a unit's ProductIns are then 16-bit).
 inline bool lowp(const Ops& ops) { return ops.compute() != DType::F32; }
 
+// Tensor parallelism: the collectives a unit runs with the other ranks of its tensor group, each
+// one a plan action on the tensor queue (sharding/tensor_parallel.h runs them; the plan lists
+// what each call declares, Unit::declare_tensor_comm, and the engine checks the calls match).
+// Rows: a (rows, width) buffer of the tensor group's rows in rank order (sequence parallelism:
+// rank k holds rows [k n, (k + 1) n) of the N = B T rows).
+enum class TensorOp : uint8_t {
+  GatherRows,   // full (t n) <- every rank's mine (n), in rank order; any element type (bytes)
+  ScatterRows,  // mine (n) = the sum over ranks of their full (t n)'s rank-th part (fp32)
+  AllGather,    // as GatherRows (a unit's small per-row statistics)
+};
+const char* tensor_op_name(TensorOp op);  // "tp_gather_rows", "tp_scatter_rows", "tp_all_gather"
+// One declared collective: its op and the bytes of the full (gathered / pre-scatter) buffer.
+struct TensorColl {
+  TensorOp op = TensorOp::GatherRows;
+  int64_t bytes = 0;
+  bool operator==(const TensorColl&) const = default;
+};
+class TensorComm {
+ public:
+  virtual ~TensorComm() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // GatherRows / AllGather: full (size() * bytes) <- every rank's `mine` (bytes).
+  virtual void gather(TensorOp op, void* full, const void* mine, size_t bytes) = 0;
+  // ScatterRows: mine (n floats) = sum over ranks of their full[rank() n, (rank() + 1) n).
+  virtual void scatter(float* mine, const float* full, size_t n) = 0;
+};
+
 struct UnitCtx {
   const Ops* ops = nullptr;
   const Batch* batch = nullptr;
@@ -261,6 +309,10 @@ struct UnitCtx {
   // in ParamSpec order, holding exactly narrow(param(i)); null where there is none (fp32
   // compute, the CPU, a unit run outside the engine).
   const std::vector<const uint16_t*>* params16 = nullptr;
+
+  // Tensor parallelism: the unit's tensor group (null: the unit is not split). Sequence
+  // parallel units get x, y, dy, dx of their rows only (N / t of the batch's B T rows).
+  TensorComm* tensor = nullptr;
 
   // Backward where the Ops read 16-bit operands and compute products in 16 bits
   // (Ops::prefers_lp_operands, lowp): room for B*T*d_model 16-bit values that the engine keeps
@@ -414,6 +466,13 @@ class Unit {
   // default returns known = false: the engine still runs the unit (Scratch grows as needed),
   // and the planner reports the unit as undeclared.
   virtual ActivationDecl declare_activations(int call, BatchShape shape) const;
+
+  // Tensor parallelism: the collectives call `call` runs through ctx.tensor, in order, in each
+  // pass (the plan lists them as actions; the engine checks the unit asks for exactly these).
+  // The default: none (a unit that is not split).
+  enum class Pass : uint8_t { Forward, Backward, Recompute, Eval, Logits };
+  virtual std::vector<TensorColl> declare_tensor_comm(int call, Pass pass,
+                                                      BatchShape shape) const;
 };
 
 }  // namespace sw

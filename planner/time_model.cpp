@@ -193,6 +193,14 @@ double action_seconds(const Action& a, const StepPlan& plan, const PlanInput& in
       const bool read = a.kind == ActionKind::FetchState || a.kind == ActionKind::FetchActs;
       return hw.disk_latency_s + double(a.bytes) / (read ? hw.disk_read_bps : hw.disk_write_bps);
     }
+    // Tensor parallelism: the tensor group's collectives (one host per group so far).
+    case ActionKind::TpGatherRows:
+    case ActionKind::TpAllGather:
+      return coll_seconds(hw.all_gather, double(a.bytes), in.tensor, false);
+    case ActionKind::TpScatterRows:
+      return coll_seconds(hw.reduce_scatter, double(a.bytes), in.tensor, false);
+    case ActionKind::TpReduceGrads:
+      return coll_seconds(hw.all_reduce, double(a.bytes), in.tensor, true);
     default:
       return 0;
   }
@@ -223,7 +231,7 @@ StepTime predict_step_time(const StepPlan& plan, const PlanInput& in, const Time
   for (int pass = 0; pass < 2; ++pass) {
     std::vector<double> fin(n, 0);
     std::array<double, 4> qfree{0, 0, 0, 0}, busy{0, 0, 0, 0};
-    double host = 0, idle_comm = 0, idle_io = 0;
+    double host = 0, idle_comm = 0, idle_io = 0, tensor = 0;
     for (size_t i = 0; i < n; ++i) {
       const Action& a = plan.actions[i];
       double ready = 0;
@@ -232,6 +240,16 @@ StepTime predict_step_time(const StepPlan& plan, const PlanInput& in, const Time
         if (fin[size_t(w)] >= ready) ready = fin[size_t(w)], cause = queue_of(plan.actions[size_t(w)]);
       if (a.kind == ActionKind::WaitGather && a.waits.empty() && carry_done > ready)
         ready = carry_done, cause = kG;
+      if (a.queue == Queue::Tensor) {
+        // The compute thread waits for each tensor collective (it runs inside a call, or
+        // before a reduction): all of it is exposed.
+        const double start = std::max(host, ready);
+        host = start + dur[i];
+        fin[i] = host;
+        idle_comm += dur[i];
+        tensor += dur[i];
+        continue;
+      }
       const int q = queue_of(a);
       if (q == kC) {
         const double start = std::max(host, ready);
@@ -253,7 +271,7 @@ StepTime predict_step_time(const StepPlan& plan, const PlanInput& in, const Time
     carry_done = std::max(0.0, qfree[size_t(kG)] - host);
     if (pass == 1 || carry_done == 0) {
       st.compute_s = busy[size_t(kC)];
-      st.comm_s = busy[size_t(kG)] + busy[size_t(kR)];
+      st.comm_s = busy[size_t(kG)] + busy[size_t(kR)] + tensor;
       st.io_s = busy[size_t(kI)];
       st.exposed_comm_s = idle_comm;
       st.exposed_io_s = idle_io;

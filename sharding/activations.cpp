@@ -70,7 +70,7 @@ void Activations::forward(SegmentRun& s, const Action& a) {
   // gets its gradient buffer now (backward starts with it anyway).
   if (training && p + 1 == P) fu.ensure_grads();
   float* y = nullptr;  // the last call (the loss) writes no y
-  const size_t n = static_cast<size_t>(batch.B) * batch.T * s.model.d_model();
+  const size_t n = static_cast<size_t>(batch.B) * batch.T * s.model.residual_width();
   if (p + 1 < P) {
     if (training) {
       Buffer& next = acts_[p + 1];
@@ -164,7 +164,7 @@ void Activations::rebuild(SegmentRun& s, size_t q) {
     fu.unit()->recompute_cheap(ctx, call, x);
     return;
   }
-  float* y = scratch_.f32(static_cast<size_t>(batch.B) * batch.T * model.d_model());
+  float* y = scratch_.f32(static_cast<size_t>(batch.B) * batch.T * model.residual_width());
   Scratch::Hold keep_y(scratch_);  // forward's own scratch comes on top of y (ActivationDecl)
   fu.unit()->forward(ctx, call, x, y);
 }
@@ -178,6 +178,7 @@ UnitCtx Activations::ctx_for(FlatUnit& fu, const Batch& batch, size_t pos, bool 
   ctx.saved = &saved_[pos];
   ctx.scratch = &scratch_;
   ctx.training = training;
+  ctx.tensor = tensor_;
   return ctx;
 }
 

@@ -34,11 +34,14 @@ class Activations final : public Component {
   // The step's temporaries come from memory reserved once, as large as the plan says.
   void reserve_scratch(size_t bytes) { scratch_.reserve(bytes); }
   // The ping-pong buffers (and the 16-bit residual gradient) for n floats of residual stream.
+  // Tensor parallelism: what the units' calls get as UnitCtx::tensor (null: none).
+  void set_tensor(TensorComm* t) { tensor_ = t; }
   void ensure_pingpong(size_t n);
   // Frees every position's input and Saved and forgets what was to be rebuilt (a step's end).
   void free_all();
 
  private:
+  TensorComm* tensor_ = nullptr;
   void forward(SegmentRun& s, const Action& a);
   void backward(SegmentRun& s, const Action& a);
   // After position p's training forward: frees what the policy drops of its Saved and returns

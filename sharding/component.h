@@ -43,6 +43,7 @@ struct SegmentRun {
   const StepPlan& plan;
   RunArgs& args;
   double t0 = 0;  // when the current action started (trace_clock(); 0 without a recorder)
+  int current = -1;  // the action running now
   const Action& action(int i) const { return plan.actions[static_cast<size_t>(i)]; }
 };
 

@@ -50,6 +50,7 @@ void Executor::run(Model& model, const StepPlan& plan, RunArgs& args) {
     Component* c = owner_[static_cast<size_t>(a.kind)];  // every kind has one (check_owned)
     ActionRecords::Bracket timed = records_.open(plan, i);
     s.t0 = records_.now();
+    s.current = i;
     if (c->run(s, i) && records_.on()) records_.add(plan, i, s.t0, trace_clock());
     records_.close(timed, i);
   }

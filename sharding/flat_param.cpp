@@ -46,4 +46,27 @@ FlatLayout FlatLayout::build(std::vector<ParamSpec> specs, int world) {
   return L;
 }
 
+std::vector<std::pair<int64_t, int64_t>> FlatLayout::replicated_runs() const {
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  bool any_split = false;
+  for (const ParamSpec& p : specs) any_split |= p.split.split();
+  if (!any_split) return runs;
+  for (size_t s = 0; s < specs.size(); ++s) {
+    if (specs[s].split.split() || entries[s].numel == 0) continue;
+    const int64_t lo = entries[s].offset, hi = lo + entries[s].numel;
+    // (joined when only an alignment gap, which stays zero, lies between)
+    if (!runs.empty() && (lo - runs.back().second) < kAlign && [&] {
+          for (size_t t = 0; t < specs.size(); ++t)
+            if (specs[t].split.split() && entries[t].offset >= runs.back().second &&
+                entries[t].offset < lo)
+              return false;
+          return true;
+        }())
+      runs.back().second = hi;
+    else
+      runs.emplace_back(lo, hi);
+  }
+  return runs;
+}
+
 }  // namespace sw

@@ -33,6 +33,9 @@ struct ModelContext {
   // shard_host: the shard group over the host, for host scalars (grad_norm). rep: null when
   // R == 1.
   GroupPtr world, shard, rep, shard_host;
+  // tensor: the model's tensor group (tensor parallelism; null: the model is not split). The
+  // groups above are then the data-parallel ones (ranks holding the same tensor slice).
+  GroupPtr tensor;
   int W = 1, S = 1, R = 1;
   int rank = 0;  // in world
   // What plans are built from (sizes, groups, buckets); B, T and carried are set per plan.

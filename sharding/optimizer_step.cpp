@@ -27,8 +27,33 @@ double ShardedModel::grad_norm() const {
   std::vector<const float*> xs, xr;
   std::vector<size_t> ns, nr, at, atr;
   DType rdt = DType::F32;
+  // Tensor parallelism: replicated parameters (equal on every tensor rank once reduced) count
+  // on tensor rank 0 only, so a rank other than 0 sums its shard's split parameters alone.
+  const bool skip_rep = I.ctx.tensor && I.ctx.tensor->rank() != 0;
   for (size_t u = 0; u < U; ++u) {
     const FlatUnit& fu = *I.units[u];
+    if (skip_rep && !fu.layout().replicated_runs().empty()) {
+      SW_CHECK(!fu.params_on_nvme() && fu.grad_device() == ops.device(),
+               "tensor parallelism with gradients off the device");
+      DType r = DType::F32;
+      const float* g = fu.grad_shard_rounding(&r);
+      const bool round = r != DType::F32;
+      if (round) rdt = r;
+      const Range sh = fu.shard_range();
+      int64_t at_lo = sh.lo;  // the pieces of the shard outside every replicated run
+      auto piece = [&](int64_t lo, int64_t hi) {
+        if (hi <= lo) return;
+        (round ? xr : xs).push_back(g + (lo - sh.lo));
+        (round ? nr : ns).push_back(static_cast<size_t>(hi - lo));
+        (round ? atr : at).push_back(u);
+      };
+      for (const auto& run : fu.layout().replicated_runs()) {
+        piece(at_lo, std::min(run.first, sh.hi));
+        at_lo = std::max(at_lo, std::min(run.second, sh.hi));
+      }
+      piece(at_lo, sh.hi);
+      continue;
+    }
     if (fu.params_on_nvme()) {  // summed when its last reduction was accumulated
       per[u] = fu.grads_zero() ? 0.0 : I.state.grad_sumsq(fu.index());
     } else if (fu.grad_device() != ops.device()) {
@@ -50,10 +75,12 @@ double ShardedModel::grad_norm() const {
   if (!xr.empty()) ops.sum_squares_rounded_into(rdt, xr.data(), nr.data(), k - k0, sums + k0);
   at.insert(at.end(), atr.begin(), atr.end());
   const std::vector<double> got = I.losses.read_with(k);
-  for (size_t i = 0; i < at.size(); ++i) per[at[i]] = got[i];
+  for (size_t i = 0; i < at.size(); ++i) per[at[i]] += got[i];
   double ss = 0;
   for (double v : per) ss += v;
-  return std::sqrt(sum_over_ranks(*I.ctx.shard_host, ss));
+  ss = sum_over_ranks(*I.ctx.shard_host, ss);
+  if (I.ctx.tensor) ss = sum_over_ranks(*I.ctx.tensor, ss);
+  return std::sqrt(ss);
 }
 
 void ShardedModel::zero_grads() {

@@ -9,7 +9,8 @@ constexpr size_t kComm = static_cast<size_t>(Mem::Communication);
 constexpr size_t kAct = static_cast<size_t>(Mem::Activations);
 }  // namespace
 
-PlanBuilder::PlanBuilder(const PlanInput& in) : in_(in), acts_io_(*this), state_io_(*this) {
+PlanBuilder::PlanBuilder(const PlanInput& in)
+    : in_(in), acts_io_(*this), state_io_(*this), tensor_(*this) {
   const size_t U = in.units.size();
   st_.assign(U, St::Unsharded);
   gather_at_.assign(U, -1);
@@ -47,6 +48,7 @@ std::vector<bool> PlanBuilder::in_flight() const {
 
 void PlanBuilder::micro_step(int micro, bool reduce, bool last) {
   micro_ = micro;
+  last_ = last;
   acts_io_.begin_micro_step();
   const int b = static_cast<int>(plan_.actions.size());
   state_io_.begin_micro_step(micro, last);
@@ -200,8 +202,10 @@ void PlanBuilder::forward(bool training) {
     issue(u);
     prefetch(p, in_.policy.forward_prefetch, +1);
     wait(u);
-    Action& a = add(ActionKind::Forward, Queue::Compute, u, p);
+    add(ActionKind::Forward, Queue::Compute, u, p);
     const int fwd_at = last_index();
+    tensor_.inside(fwd_at, p, training ? Unit::Pass::Forward : Unit::Pass::Eval);
+    Action& a = plan_.actions[size_t(fwd_at)];  // (after the tensor actions were added)
     const CallMemory* cm = call_mem(p);
     if (!training && cm) a.transient[kAct] = cm->saved_eval;
     if (training) {
@@ -239,6 +243,8 @@ void PlanBuilder::backward(bool reduce) {
       Action& r = add(ActionKind::Recompute, Queue::Compute, u, q);
       r.mode = recompute_[size_t(q)];
       if (cm) r.mem[kAct] = r.mode == CheckpointMode::Full ? cm->saved : cm->saved_cheap;
+      tensor_.inside(last_index(), q,
+                     r.mode == CheckpointMode::Full ? Unit::Pass::Forward : Unit::Pass::Recompute);
       recompute_[size_t(q)] = CheckpointMode::Off;
     }
     // At most one reduction in flight when a unit's transient gradients are allocated: the
@@ -248,9 +254,16 @@ void PlanBuilder::backward(bool reduce) {
     ensure_grads(a, u);
     if (q > 0) a.mem[kAct] -= act_bytes();
     if (cm) a.mem[kAct] -= cm->saved;
+    const int bwd_at = last_index();
+    tensor_.inside(bwd_at, q, Unit::Pass::Backward);
     if (q == pu.first_pos) {  // the unit's last backward call
       free(u);
-      if (reduce) reduce_unit(u);
+      if (reduce) {
+        // (Whole units accumulate their gradients in place over the micro-steps: summed over
+        // the tensor group once, in the last; the others' are fresh each micro-step.)
+        if (in_.kind != UnitKind::Whole || last_) tensor_.reduce_grads(u, bwd_at);
+        reduce_unit(u);
+      }
     }
   }
   if (reduce) wait_reductions(inflight_.size());

@@ -10,6 +10,8 @@
 // its own, as its executor component runs them:
 //   ActivationIoPlan  plan_activation_io.*  evict_acts after a forward call, fetch_acts ahead of
 //                                           its backward, the wait_acts that free or need them
+//   TensorPlan        plan_tensor.*         tensor parallelism: each call's collectives after
+//                                           it, replicated gradients summed before reductions
 //   StateIoPlan       plan_state_io.*       NVMe state: the optimizer's pieces (read ahead,
 //                                           written behind, carried across segments), deferred
 //                                           updates, NVMe masters fetched ahead of their gathers,
@@ -23,6 +25,7 @@
 
 #include "sharding/plan_activation_io.h"
 #include "sharding/plan_state_io.h"
+#include "sharding/plan_tensor.h"
 #include "sharding/step_plan.h"
 
 namespace sw {
@@ -85,8 +88,10 @@ class PlanBuilder {
   std::vector<int> ready_;  // NO_SHARD: per bucket, members whose backward is done
   std::vector<std::pair<int, int64_t>> inflight_;  // reductions: (last action, bytes freed)
   int micro_ = 0;
+  bool last_ = true;  // the micro-step being planned is the step's last
   ActivationIoPlan acts_io_;
   StateIoPlan state_io_;
+  TensorPlan tensor_;
 };
 
 // The memory every plan of `in` starts from: persistent model state per tier, the NVMe files'

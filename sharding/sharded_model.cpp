@@ -23,7 +23,7 @@ namespace {
 
 // The plan's view of the model, the policy checked (sharding/policy.h validate), the groups.
 ModelContext make_context(const Model& model, const Ops& ops, GroupPtr group,
-                          const ShardingPolicy& policy) {
+                          const ShardingPolicy& policy, GroupPtr tensor) {
   ModelContext c;
   c.ops = &ops;
   c.policy = policy;
@@ -39,6 +39,20 @@ ModelContext make_context(const Model& model, const Ops& ops, GroupPtr group,
     fail("sharding", "ShardedModel needs the host group (local or mpi), got a '" + gb +
                          "' group: it makes the device groups for " + ops.device().str() + " itself");
   c.world = group;
+  // Tensor parallelism: the model is built for one rank of the tensor group.
+  if (model.tensor.size > 1) {
+    if (!tensor || tensor->size() != model.tensor.size || tensor->rank() != model.tensor.rank)
+      fail("sharding", "the model is built for tensor rank " + std::to_string(model.tensor.rank) +
+                           " of " + std::to_string(model.tensor.size) +
+                           "; the tensor group given is " +
+                           (tensor ? "rank " + std::to_string(tensor->rank()) + " of " +
+                                         std::to_string(tensor->size())
+                                   : std::string("none")));
+    if (!ops.device().is_cpu())
+      fail("sharding", "tensor parallelism runs on the CPU backend only so far (device " +
+                           ops.device().str() + ")");
+    c.tensor = std::move(tensor);
+  }
   c.W = group->size();
   c.rank = group->rank();
   c.plan_in = make_plan_input(model, policy, c.W);
@@ -80,12 +94,22 @@ ModelContext make_context(const Model& model, const Ops& ops, GroupPtr group,
   return c;
 }
 
+// The gradient norm's per-unit sums: one per unit, or with tensor parallelism one per piece of a
+// unit's shard outside its replicated runs (optimizer_step.cpp).
+size_t norm_slots(const Model& model) {
+  size_t n = 0;
+  for (const auto& u : model.units)
+    n += 1 + FlatLayout::build(u->params(), 1).replicated_runs().size();
+  return n;
+}
+
 }  // namespace
 
-ShardedModel::Impl::Impl(Model& model, const Ops& ops, GroupPtr group, const ShardingPolicy& policy)
-    : ctx(make_context(model, ops, std::move(group), policy)),
+ShardedModel::Impl::Impl(Model& model, const Ops& ops, GroupPtr group, const ShardingPolicy& policy,
+                         GroupPtr tensor)
+    : ctx(make_context(model, ops, std::move(group), policy, std::move(tensor))),
       records(ops.stream()),
-      losses(ops, model.units.size()),
+      losses(ops, model.tensor.size > 1 ? norm_slots(model) : model.units.size()),
       batches(ops),
       plans(ctx),
       state(ctx, units, records),
@@ -94,7 +118,9 @@ ShardedModel::Impl::Impl(Model& model, const Ops& ops, GroupPtr group, const Sha
       acts(ctx, units, model.schedule.size()),
       updates(ctx, units, state),
       act_io(ctx, acts, records),
+      tp(ctx, units, records),
       exec(records, ctx.rank) {
+  acts.set_tensor(tp.comm());
   exec.own(params, {ActionKind::Gather, ActionKind::WaitGather, ActionKind::Free,
                     ActionKind::Regather});
   exec.own(acts, {ActionKind::Forward, ActionKind::DropSaved, ActionKind::Recompute,
@@ -104,6 +130,8 @@ ShardedModel::Impl::Impl(Model& model, const Ops& ops, GroupPtr group, const Sha
   exec.own(updates, {ActionKind::OptimizerUpdate});
   exec.own(act_io, {ActionKind::FetchActs, ActionKind::EvictActs, ActionKind::WaitActs});
   exec.own(state, {ActionKind::FetchState, ActionKind::EvictState, ActionKind::WaitState});
+  exec.own(tp, {ActionKind::TpGatherRows, ActionKind::TpScatterRows, ActionKind::TpAllGather,
+                ActionKind::TpReduceGrads});
   exec.check_owned();
 
   const size_t U = model.units.size();
@@ -142,8 +170,9 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed)
                    ShardingPolicy::for_strategy(ShardingStrategy::FullShard)) {}
 
 ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr group,
-                           const ShardingPolicy& policy)
-    : model_(model), impl_(std::make_unique<Impl>(model, ops, std::move(group), policy)) {
+                           const ShardingPolicy& policy, GroupPtr tensor)
+    : model_(model),
+      impl_(std::make_unique<Impl>(model, ops, std::move(group), policy, std::move(tensor))) {
   Impl& I = *impl_;
   // Element i of parameter s: a pure function of (seed, s.name, i), so any rank can produce
   // exactly its slice. Sharded units write the intersection of each parameter with this rank's
@@ -184,9 +213,14 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr
           // not change them; ~28 ns a value on one core (Box-Muller in double): ~40 s for 1.3B.
           const int64_t lo = r.lo, off = e.offset;
           const float sd = spec.std;
+          // (tensor parallelism: the index in the logical tensor this rank holds part of)
+          const TensorSplit& sp = spec.split;
+          const Shape& shape = spec.shape;
 #pragma omp parallel for schedule(static) if (r.hi - r.lo >= (int64_t{1} << 16))
-          for (int64_t j = lo; j < r.hi; ++j)
-            out[j - lo] = rng_normal(seed, stream, static_cast<uint64_t>(j - off)) * sd;
+          for (int64_t j = lo; j < r.hi; ++j) {
+            const int64_t k = sp.split() ? sp.logical_index(j - off, shape) : j - off;
+            out[j - lo] = rng_normal(seed, stream, static_cast<uint64_t>(k)) * sd;
+          }
           if (!dst_dev.is_cpu())
             copy_bytes(dst + r.lo, dst_dev, host.data(), Device::cpu(), host.size() * sizeof(float));
           break;
@@ -211,7 +245,7 @@ void ShardedModel::Impl::micro_step(Model& model, const Batch& batch, RunArgs& a
   try {
     reductions.complete(-1);  // nothing should be in flight; a no-op normally
     params.reset_peak();
-    acts.ensure_pingpong(static_cast<size_t>(batch.B) * batch.T * model.d_model());
+    acts.ensure_pingpong(static_cast<size_t>(batch.B) * batch.T * model.residual_width());
     bool built = false;
     const StepPlan& plan = plans.get(model, units, batch.B, batch.T, SegmentKind::MicroStep,
                                      reduce, last, pending != nullptr, &built);
@@ -250,7 +284,7 @@ RunArgs ShardedModel::Impl::forward_only(Model& model, const Batch& batch, float
     args.logits = dev_logits.f32();
   }
   try {
-    acts.ensure_pingpong(static_cast<size_t>(batch.B) * batch.T * model.d_model());
+    acts.ensure_pingpong(static_cast<size_t>(batch.B) * batch.T * model.residual_width());
     bool built = false;
     const StepPlan& plan = plans.get(model, units, batch.B, batch.T, SegmentKind::Eval, false,
                                      false, false, &built);

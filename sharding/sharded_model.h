@@ -65,8 +65,12 @@ class ShardedModel {
   ShardedModel(Model& model, const Ops& ops, uint64_t seed);
   // Sharded over `group` as `policy` says. Collective (HYBRID_SHARD splits the group); throws
   // sw::Error("sharding: ...") when shard_group_size does not divide the group size.
+  // Tensor parallelism: `group` is the data-parallel group (the ranks holding the same tensor
+  // slice; the policy shards over it) and `tensor` the model's tensor group (the ranks of one
+  // data-parallel slot, consecutive; model.tensor says which of them this rank is, and its
+  // size must be model.tensor.size). Null tensor: a model that is not split.
   ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr group,
-               const ShardingPolicy& policy);
+               const ShardingPolicy& policy, GroupPtr tensor = nullptr);
   ~ShardedModel();
 
   Model& model() { return model_; }

@@ -23,6 +23,7 @@
 #include "sharding/offloaded_state.h"
 #include "sharding/plan_cache.h"
 #include "sharding/reductions.h"
+#include "sharding/tensor_parallel.h"
 #include "sharding/sharded_model.h"
 #include "sharding/unit_params.h"
 #include "sharding/unit_state.h"
@@ -33,7 +34,8 @@ namespace sw {
 struct ShardedModel::Impl {
   // Validates the policy, makes the groups (collective) and the plan's view of the model, then
   // the components and the units (their buffers zeroed), and the NVMe files.
-  Impl(Model& model, const Ops& ops, GroupPtr group, const ShardingPolicy& policy);
+  Impl(Model& model, const Ops& ops, GroupPtr group, const ShardingPolicy& policy,
+       GroupPtr tensor);
   ~Impl() { quiesce(); }
 
   ModelContext ctx;
@@ -48,6 +50,7 @@ struct ShardedModel::Impl {
   Activations acts;
   Updates updates;
   OffloadedActivations act_io;
+  TensorParallel tp;
   Executor exec;
   // Global parameter name -> (unit, spec index).
   std::unordered_map<std::string, std::pair<int, int>> by_name;

@@ -14,7 +14,7 @@
 namespace sw {
 
 const char* queue_name(Queue q) {
-  static const char* n[] = {"compute", "gather", "reduce", "io", "host"};
+  static const char* n[] = {"compute", "gather", "reduce", "io", "host", "tensor"};
   return q < Queue::Count ? n[static_cast<size_t>(q)] : "?";
 }
 
@@ -23,7 +23,8 @@ const char* action_kind_name(ActionKind k) {
                             "recompute",   "backward",    "free",        "reduce_scatter",
                             "all_reduce",  "round_grads", "wait_reduce", "optimizer_update",
                             "regather",    "fetch_state", "evict_state", "wait_state",
-                            "fetch_acts",  "evict_acts",  "wait_acts"};
+                            "fetch_acts",  "evict_acts",  "wait_acts", "tp_gather_rows",
+                            "tp_scatter_rows", "tp_all_gather", "tp_reduce_grads"};
   return k < ActionKind::Count ? n[static_cast<size_t>(k)] : "?";
 }
 
@@ -56,7 +57,8 @@ PlanInput make_plan_input(const Model& model, const ShardingPolicy& policy, int 
             : policy.strategy == ShardingStrategy::ShardOptimizer ? UnitKind::FullReplicated
                                                                   : UnitKind::Sharded;
   in.schedule = model.schedule;
-  in.d_model = model.d_model();
+  in.d_model = model.residual_width();
+  in.tensor = model.tensor.size;
   const size_t U = model.units.size();
   in.units.resize(U);
   for (size_t u = 0; u < U; ++u) {
@@ -65,6 +67,7 @@ PlanInput make_plan_input(const Model& model, const ShardingPolicy& policy, int 
     const FlatLayout L = FlatLayout::build(model.units[u]->params(), in.S);
     pu.padded = L.padded;
     pu.lp_only = L.lp_only();
+    for (const auto& r : L.replicated_runs()) pu.tp_replicated += r.second - r.first;
     pu.selective = model.units[u]->selective_recompute();
     pu.optimizer_offloaded =
         policy.offload_optimizer.offloaded(static_cast<int>(u), static_cast<int>(U));
@@ -120,11 +123,14 @@ void declare_calls(PlanInput& in, const Model& model) {
   in.calls.assign(in.schedule.size(), CallMemory{});
   const BatchShape shape{in.B, in.T, in.compute};
   const int64_t y = static_cast<int64_t>(
-      Scratch::bytes_for(static_cast<size_t>(in.B) * in.T * model.d_model()));
+      Scratch::bytes_for(static_cast<size_t>(in.B) * in.T * model.residual_width()));
   for (size_t p = 0; p < in.schedule.size(); ++p) {
     const Call& c = in.schedule[p];
     const ActivationDecl d = model.units[size_t(c.unit)]->declare_activations(c.call, shape);
     CallMemory& m = in.calls[p];
+    for (int k = 0; k < 5; ++k)
+      m.tensor[size_t(k)] = model.units[size_t(c.unit)]->declare_tensor_comm(
+          c.call, static_cast<Unit::Pass>(k), shape);
     m.known = d.known;
     if (!d.known) continue;
     m.saved = static_cast<int64_t>(d.saved);

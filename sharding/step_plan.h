@@ -29,8 +29,9 @@ namespace sw {
 
 // Host: in records only (no plan action is on it): the host updater thread's jobs, each an
 // offloaded unit's update as it ran there (ShardedModel's optimizer on a device).
-enum class Queue : uint8_t { Compute, Gather, Reduce, IO, Host, Count };
-const char* queue_name(Queue q);  // "compute", "gather", "reduce", "io", "host"
+// Tensor: the tensor group's collectives (tensor parallelism; its communication thread).
+enum class Queue : uint8_t { Compute, Gather, Reduce, IO, Host, Tensor, Count };
+const char* queue_name(Queue q);  // "compute", "gather", "reduce", "io", "host", "tensor"
 
 enum class ActionKind : uint8_t {
   Gather,          // gather: all-gather unit u's parameters (allocates its transient buffer)
@@ -61,6 +62,14 @@ enum class ActionKind : uint8_t {
                    // forward
   WaitActs,        // compute waits for the fetch_acts / evict_acts actions it lists (an evict's
                    // device bytes are freed here once its copy or write is done)
+  // Tensor parallelism (sharding/tensor_parallel.h). The first three run inside the compute
+  // action `inside` (a call asks for them, in the order its unit declares,
+  // Unit::declare_tensor_comm), which waits for each.
+  TpGatherRows,    // tensor: sequence-parallel rows all-gathered (TensorOp::GatherRows)
+  TpScatterRows,   // tensor: partial sums reduce-scattered to each rank's rows
+  TpAllGather,     // tensor: a call's small per-row statistics all-gathered
+  TpReduceGrads,   // tensor: unit u's replicated parameters' gradients summed over the tensor
+                   // group (before its data-parallel reduction)
   Count
 };
 const char* action_kind_name(ActionKind k);  // "gather", "wait_gather", "forward", ...
@@ -80,6 +89,8 @@ struct CallMemory {
   int64_t scratch = 0;      // the largest Scratch the call asks for (any of its phases, a full
                             // recompute's output included)
   bool known = false;       // the unit declared it (Unit::declare_activations)
+  // Tensor parallelism: the collectives of each pass (Unit::Pass) of the call, in order.
+  std::array<std::vector<TensorColl>, 5> tensor{};
 };
 
 // One unit as the plan sees it.
@@ -96,6 +107,9 @@ struct PlanUnit {
   bool params_offloaded = false;     // its master (and reduced gradient) shard too
   bool optimizer_nvme = false;       // its AdamW moments live in the NVMe file
   bool params_nvme = false;  // its master and reduced gradient shards live in the NVMe file
+  // Tensor parallelism: floats of its flat buffer in runs of replicated parameters (whose
+  // gradients are summed over the tensor group: TpReduceGrads); 0: none.
+  int64_t tp_replicated = 0;
 };
 
 // Bytes of a unit's full parameters (FlatUnit): the fp32 buffer and, with `w16`
@@ -121,7 +135,10 @@ struct PlanInput {
   ShardingPolicy policy;
   int W = 1, S = 1, R = 1;  // world, shard group, replicas (S * R = W)
   UnitKind kind = UnitKind::Sharded;
+  // d_model: floats of the residual stream per token on this rank (Model::residual_width:
+  // d_model / tensor with sequence parallelism).
   int B = 0, T = 0, d_model = 0;
+  int tensor = 1;  // tensor-parallel degree (Model::tensor.size)
   int accum = 1;  // micro-steps per optimizer step
   std::vector<CallMemory> calls;  // per schedule position (empty: nothing declared)
   // Units whose gather is in flight when the plan starts. Empty: the steady state of a
@@ -179,6 +196,7 @@ struct Action {
   int micro = 0;    // micro-step of the optimizer step (the optimizer's actions: accum - 1)
   CheckpointMode mode = CheckpointMode::Off;  // DropSaved / Recompute
   int64_t bytes = 0;  // bytes a collective moves (its whole buffer in the wire dtype)
+  int inside = -1;    // TpGatherRows / TpScatterRows / TpAllGather: the compute action it runs in
   // Bytes allocated (+) and freed (-) per category by this action. A reduction's completion
   // (freeing the transient gradients) is counted at the WaitReduce that observes it.
   MemDeltas mem{};

@@ -121,6 +121,17 @@ class CompositeUnit final : public Unit {
     return d;
   }
 
+  // The blocks' collectives, one block after another (backward: the last block's first).
+  std::vector<TensorColl> declare_tensor_comm(int /*call*/, Pass pass,
+                                              BatchShape shape) const override {
+    std::vector<TensorColl> all;
+    for (size_t j = 0; j < kids_.size(); ++j) {
+      const size_t k = pass == Pass::Backward ? kids_.size() - 1 - j : j;
+      for (const TensorColl& c : kids_[k]->declare_tensor_comm(0, pass, shape)) all.push_back(c);
+    }
+    return all;
+  }
+
   // Selective checkpointing: each block rebuilds its own cheap buffers from its saved input.
   bool selective_recompute() const override {
     for (const auto& k : kids_)
@@ -237,7 +248,7 @@ void wrap_blocks(Model& model, int blocks_per_unit) {
       kids.push_back(std::move(model.units[size_t(model.schedule[p].unit)]));
     chunk_index[size_t(k)] = int(units.size());
     new_index[u] = chunk_index[size_t(k)];
-    units.push_back(std::make_unique<CompositeUnit>(std::move(kids), model.d_model()));
+    units.push_back(std::make_unique<CompositeUnit>(std::move(kids), model.residual_width()));
   }
   // Blocks merged before their own index was reached map to their composite too.
   for (size_t u = 0; u < U; ++u)
