@@ -93,7 +93,7 @@ std::vector<uint16_t> to_bf16(const Vec& x) {
 
 }  // namespace
 
-TEST_CASE("tp embedding: shard lookups and positions against a naive loop and embedding_forward's bits") {
+TEST_CASE("tp ops: embedding shard lookups and positions against a naive loop and embedding_forward's bits") {
   const int B = 3, T = 13, C = 37, Vt = 50, N = B * T;
   const Vec wte = randv((size_t)Vt * C, 1), wpe = randv((size_t)T * C, 2);
   const std::vector<int32_t> tok = rand_ids(N, Vt, 3, 0);
@@ -153,7 +153,7 @@ TEST_CASE("tp embedding: shard lookups and positions against a naive loop and em
   }
 }
 
-TEST_CASE("tp embedding backward: naive loop, embedding_backward's bits, row order") {
+TEST_CASE("tp ops: embedding backward: naive loop, embedding_backward's bits, row order") {
   const int B = 4, T = 11, C = 45, Vt = 40, N = B * T;
   const Vec dout = randv((size_t)N * C, 5);
   std::vector<int32_t> tok = rand_ids(N, Vt, 6, 0);
@@ -211,7 +211,7 @@ DVec logits_ref(const Vec& h, const Vec& w, int N, int C, int V) {
 
 }  // namespace
 
-TEST_CASE("xent_shard_stats, combine and backward against naive double loops") {
+TEST_CASE("tp ops: xent_shard_stats, combine and backward against naive double loops") {
   // N > 512 rows: two logits chunks.
   const int N = 600, C = 24, Vt = 70;
   const int64_t lo = 25;
@@ -326,7 +326,7 @@ TEST_CASE("xent_shard_stats, combine and backward against naive double loops") {
   }
 }
 
-TEST_CASE("the head split into t vocabulary shards reproduces lmhead_xent (fp32, BF16)") {
+TEST_CASE("tp ops: the head split into t vocabulary shards reproduces lmhead_xent (fp32, BF16)") {
   // N > 512 rows: the shards and lmhead_xent both run two chunks.
   const int N = 700, C = 40, Vt = 97;
   const Vec h = randv((size_t)N * C, 21), w0 = randv((size_t)Vt * C, 22, 0.4f);
@@ -399,7 +399,7 @@ std::vector<T> to_host(const sw::Buffer& b, size_t n) {
 }
 }  // namespace
 
-TEST_CASE("the simulated device forwards the tp ops: the CPU's bits from device memory (BF16)") {
+TEST_CASE("tp ops: the simulated device forwards them: the CPU's bits from device memory (BF16)") {
   const int B = 2, T = 7, N = B * T + 600, C = 24, Vt = 60;
   const int64_t lo = 21;
   const int V = 25;
