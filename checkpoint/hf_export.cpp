@@ -304,6 +304,13 @@ void write_hf_dir_extras(const std::string& dir, const ModelConfig& c, const HfS
 
 void export_hf_dir(const ShardedModel& model, const std::string& dir, const HfExportOptions& o,
                    HfExportStats* stats) {
+  // Tensor parallelism: the ranks of tensor rank 0 (one per data-parallel slot, the data group
+  // of that tensor rank) write the logical tensors; the others lend their parts to
+  // for_each_param's gathers over the tensor group.
+  if (const Group* tg = model.tensor_group(); tg && tg->rank() != 0) {
+    model.for_each_param([](const ParamSpec&, const float*) {});
+    return;
+  }
   Group& g = model.group();
   const int W = g.size(), R = g.rank();
   // ShardedModel::model() has no const overload; reading the config modifies nothing.
@@ -316,7 +323,7 @@ void export_hf_dir(const ShardedModel& model, const std::string& dir, const HfEx
   std::vector<bool> transpose;
   std::set<std::string> seen;
   for (int u = 0; u < model.num_units(); ++u)
-    for (const ParamSpec& s : model.unit_layout(u).specs) {
+    for (const ParamSpec& s : model.logical_specs(u)) {
       std::string n = hf_dir_tensor_name(cfg, hf_file_name(s));
       if (!seen.insert(n).second)
         fail("export", dir + ": two parameters export to the same name '" + n + "'");

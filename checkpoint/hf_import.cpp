@@ -287,7 +287,7 @@ void import_hf_weights(ShardedModel& model, const std::string& path, int* tensor
   size_t expected = 0;
   const bool gpt2 = model.model().config.type == "gpt2";
   for (int u = 0; u < model.num_units(); ++u)
-    for (const ParamSpec& s : model.model().units[static_cast<size_t>(u)]->params()) {
+    for (const ParamSpec& s : model.logical_specs(u)) {  // (tensor parallelism: whole tensors)
       ++expected;
       std::string n = hf_file_name(s);
       auto it = files.tensor_file.find(n);

@@ -1,6 +1,7 @@
 // A training config as the planner sees it (plan_setup.h).
 #include "engine/plan_setup.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "core/error.h"
@@ -17,9 +18,14 @@ PlanSetup plan_setup(const TrainConfig& cfg, int world) {
   PlanSetup s;
   s.model = cfg.model;
   s.policy = cfg.sharding;
-  if (s.policy.strategy == ShardingStrategy::HybridShard && s.policy.shard_group_size == 0)
-    s.policy.shard_group_size = default_shard_group(world, launch_env().local_size);
   s.world = world;
+  s.tensor = std::max(1, cfg.parallelism.tensor);
+  // HYBRID's default group within the data-parallel ranks, as the trainer makes it (the ranks
+  // per node over the tensor degree).
+  const int local = launch_env().local_size;
+  if (s.policy.strategy == ShardingStrategy::HybridShard && s.policy.shard_group_size == 0)
+    s.policy.shard_group_size =
+        default_shard_group(s.data_world(), local > 0 ? std::max(1, local / s.tensor) : 0);
   s.blocks_per_unit = cfg.blocks_per_unit;
   s.micro_batch = cfg.micro_batch;
   s.accum = cfg.grad_accum;

@@ -32,8 +32,21 @@ int64_t parse_budget(const std::string& text, const std::string& what) {
 
 int64_t comm_scratch_bytes(const StepPlan& plan) {
   constexpr int64_t kChunk = 512 << 10, kSlice = 16 * kChunk;  // CommOptions' defaults
-  int64_t rs = 0, ar = 0;
+  int64_t rs = 0, ar = 0, tp = 0;
   for (const Action& a : plan.actions) {
+    // The tensor group's reductions (the compute thread waits for them, so they may overlap a
+    // data-parallel reduction in flight: counted beside those).
+    if (a.kind == ActionKind::TpScatterRows && plan.tensor > 1) {
+      const int64_t n = plan.tensor;
+      tp = std::max(tp, a.bytes <= 16 * 1024 ? 2 * n * kChunk : 2 * std::min(kSlice, a.bytes / n));
+      continue;
+    }
+    if (a.kind == ActionKind::TpReduceGrads && plan.tensor > 1) {
+      const int64_t n = plan.tensor;
+      tp = std::max(tp, a.bytes * n <= 512 * 1024 ? a.bytes * n
+                                                  : 2 * std::min(kSlice, (a.bytes + n - 1) / n));
+      continue;
+    }
     if (a.kind == ActionKind::ReduceScatter && plan.S > 1) {
       const int64_t n = plan.S;
       rs = std::max(rs, a.bytes <= 16 * 1024 ? 2 * n * kChunk : 2 * std::min(kSlice, a.bytes / n));
@@ -43,7 +56,18 @@ int64_t comm_scratch_bytes(const StepPlan& plan) {
                                                   : 2 * std::min(kSlice, (a.bytes + n - 1) / n));
     }
   }
-  return plan.S > 1 && plan.R > 1 ? rs + ar : std::max(rs, ar);
+  return (plan.S > 1 && plan.R > 1 ? rs + ar : std::max(rs, ar)) + tp;
+}
+
+ModelConfig tensor_local_config(const ModelConfig& mc, int t) {
+  if (t <= 1) return mc;
+  ModelConfig c = mc;
+  const int kv = mc.n_kv_head > 0 ? mc.n_kv_head : mc.n_head;
+  c.n_head = mc.n_head / t;
+  c.n_kv_head = kv % t == 0 ? kv / t : 1;
+  if (c.d_ff > 0) c.d_ff = mc.d_ff / t;
+  c.vocab_size = mc.vocab_size / t;
+  return c;
 }
 
 StepShape step_shape(const ModelConfig& mc, int B, int T, DType compute, int threads) {
@@ -145,7 +169,7 @@ struct Wrapped {
 };
 
 Evaluated evaluate(Wrapped& w, const PlanSetup& s, const Candidate& c, const HardwareProfile& hw) {
-  PlanInput in = make_plan_input(w.model, s.policy, s.world);
+  PlanInput in = make_plan_input(w.model, s.policy, s.data_world());
   in.on_device = s.on_device;
   in.B = s.micro_batch;
   in.T = s.model.seq_len;
@@ -164,8 +188,9 @@ Evaluated evaluate(Wrapped& w, const PlanSetup& s, const Candidate& c, const Har
   ti.grad_shard_floats = 0;
   for (const PlanUnit& u : in.units) ti.grad_shard_floats += u.padded / in.S;
   const StepPlan plan = plan_step(in);
-  const DevicePeak pk = device_peak(plan, s.model, in.B, in.T, ti.compute, s.world,
-                                    plan_threads(s.threads, s.world), s.on_device);
+  const DevicePeak pk = device_peak(plan, tensor_local_config(s.model, s.tensor), in.B, in.T,
+                                    ti.compute, s.world, plan_threads(s.threads, s.world),
+                                    s.on_device);
   Evaluated e;
   e.c = c;
   e.workspace = pk.workspace;
@@ -366,7 +391,7 @@ std::vector<UndeclaredCall> measure_undeclared(Model& model, int B, int T) {
 }
 
 PlanPrediction predict_plan(const PlanSetup& s, const HardwareProfile* hw) {
-  return predict_plan(build_model(s.model), s, hw);
+  return predict_plan(build_model(s.model, TensorSlice{0, s.tensor}), s, hw);
 }
 
 PlanPrediction predict_plan(Model model, const PlanSetup& s, const HardwareProfile* hw,
@@ -378,15 +403,16 @@ PlanPrediction predict_plan(Model model, const PlanSetup& s, const HardwareProfi
     fail("plan", undeclared_message(u));
   wrap_blocks(model, s.blocks_per_unit);
   ShardingPolicy policy = s.policy;
-  resolve_group(policy, s.world);
-  r.input = make_plan_input(model, policy, s.world);
+  resolve_group(policy, s.data_world());
+  r.input = make_plan_input(model, policy, s.data_world());
   r.input.on_device = s.on_device;
   r.input.B = s.micro_batch;
   r.input.T = s.model.seq_len;
   r.input.accum = s.accum;
   declare_calls(r.input, model);
   r.plan = plan_step(r.input);
-  const DevicePeak dp = device_peak(r.plan, s.model, s.micro_batch, s.model.seq_len,
+  const DevicePeak dp = device_peak(r.plan, tensor_local_config(s.model, s.tensor),
+                                    s.micro_batch, s.model.seq_len,
                                     policy.mixed_precision.param_dtype, s.world,
                                     plan_threads(s.threads, s.world), s.on_device);
   r.peak = dp.plan;
@@ -426,6 +452,7 @@ std::string Candidate::describe() const {
 
 PlanSetup apply_candidate(const PlanSetup& base, const Candidate& c, const SearchFree* free) {
   PlanSetup s = base;
+  s.tensor = c.tensor;
   s.blocks_per_unit = c.blocks_per_unit;
   s.micro_batch = c.micro_batch;
   s.accum = c.accum;

@@ -44,6 +44,9 @@ int64_t cuda_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute)
 // all-gathers none. The shard group (reduce-scatters) and the replica group (all-reduces) are
 // separate groups with their own scratch under HYBRID_SHARD, one group otherwise.
 int64_t comm_scratch_bytes(const StepPlan& plan);
+// The model config a tensor rank's kernels see (heads, KV heads, d_ff and vocabulary per rank;
+// KV heads replicated: 1), for the backend's workspace declaration. t = 1: mc.
+ModelConfig tensor_local_config(const ModelConfig& mc, int t);
 
 // What a run of the model on `world` ranks is planned from: everything plan_step needs.
 struct PlanSetup {
@@ -55,6 +58,10 @@ struct PlanSetup {
   int64_t data_bytes = 0;  // the token files (data.train, data.val): mapped and read whole
   bool on_device = false;  // the config's device is not the CPU (PlanInput::on_device)
   int threads = 0;         // the config's threads per rank (0: the cores among the ranks)
+  // Tensor parallelism (parallelism.tensor_parallel_degree): world = data-parallel ranks x
+  // tensor; a rank's plan is tensor rank 0's (every tensor rank's plan has the same sizes).
+  int tensor = 1;
+  int data_world() const { return world / std::max(1, tensor); }
 };
 
 // replay_peak (sharding/step_plan.h) with each action's allocations made before its frees:
@@ -162,6 +169,7 @@ struct SearchFree {
   bool blocks = true, strategy = true, prefetch = true, checkpointing = true;
   bool offload_optimizer = true, offload_param = true, offload_activations = true;
   bool micro_batch = true;
+  bool tensor = false;  // the tensor-parallel degree (parallelism.tensor_parallel_degree "auto")
 };
 
 struct Candidate {
@@ -175,6 +183,7 @@ struct Candidate {
   OffloadDevice params = OffloadDevice::None;
   OffloadDevice activations = OffloadDevice::None;  // None, Cpu, Nvme
   int micro_batch = 1, accum = 1;
+  int tensor = 1;  // tensor-parallel degree (searched where SearchFree::tensor)
   std::string describe() const;  // "FULL_SHARD bpu=2 pf=1 ckpt=selective opt=cpu:0.5 mb=2x2"
 };
 // The setup a candidate runs with: base's model and precision, nvme_path and aio settings.

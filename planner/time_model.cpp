@@ -82,9 +82,12 @@ TimeInputs time_inputs(const Model& model, const PlanInput& in) {
   for (const PlanUnit& u : in.units) ti.grad_shard_floats += u.padded / in.S;
   const ModelConfig& mc = model.config;
   const int64_t B = in.B, T = in.T, C = model.d_model(), N = B * T;
-  const double act = 4.0 * double(N) * double(C);
-  const int64_t H = std::max(1, mc.n_head);
-  const int64_t hd = C / H;
+  // Tensor parallelism: norms and residual adds run on N / t rows, attention over H / t heads
+  // (the products' shapes are the units' local ones), the LM head over V / t columns.
+  const int t = std::max(1, model.tensor.size);
+  const double act = 4.0 * double(N) * double(C) / t;
+  const int64_t H = std::max(1, mc.n_head / t);
+  const int64_t hd = C / std::max(1, mc.n_head);
   const int P = static_cast<int>(model.schedule.size());
   ti.calls.resize(size_t(P));
   for (int p = 0; p < P; ++p) {
@@ -98,9 +101,11 @@ TimeInputs time_inputs(const Model& model, const PlanInput& in) {
       cc.recompute = cc.fwd;
       continue;
     }
-    if (p + 1 == P) {  // the loss: norm + fused LM head with its gradients (3 products)
-      const double V = mc.vocab_size;
-      cc.fwd = {elementwise(3 * act), flops_op(CostOp::LmHead, 6.0 * double(N) * V * double(C))};
+    if (p + 1 == P) {  // the loss: norm + fused LM head with its gradients (3 products; with
+                       // tensor parallelism 4: its statistics pass, then the gradients' pass)
+      const double V = double(mc.vocab_size) / t;
+      cc.fwd = {elementwise(3 * act),
+                flops_op(CostOp::LmHead, (t > 1 ? 8.0 : 6.0) * double(N) * V * double(C))};
       cc.bwd = {elementwise(4 * act)};
       cc.recompute = cc.fwd;
       continue;

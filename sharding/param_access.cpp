@@ -42,6 +42,36 @@ void each_param(const Ops& ops, const FlatUnit& fu, const float* base,
     fn(fu.layout().specs[s], base + fu.layout().entries[s].offset);
 }
 
+
+// Tensor parallelism: fn per parameter of fu as a logical tensor. A split parameter's parts are
+// all-gathered over the tensor group (every rank's part has the same shape) and put in place
+// with each tensor rank's split (Impl::tensor_splits); replicated ones are this rank's own.
+void each_logical_param(ShardedModel::Impl& I, const FlatUnit& fu, const float* base,
+                        const std::function<void(const ParamSpec&, const float*)>& fn) {
+  Group& tg = *I.ctx.tensor;
+  const int t = tg.size();
+  std::vector<float> all, logical;
+  for (size_t s = 0; s < fu.layout().specs.size(); ++s) {
+    const ParamSpec& sp = fu.layout().specs[s];
+    const float* mine = base + fu.layout().entries[s].offset;
+    if (!sp.split.split()) {
+      fn(sp, mine);
+      continue;
+    }
+    const int64_t n = numel(sp.shape);
+    all.resize(static_cast<size_t>(n * t));
+    tg.all_gather(mine, all.data(), n);
+    logical.assign(static_cast<size_t>(numel(sp.split.logical)), 0.f);
+    const std::vector<TensorSplit>& splits = I.tensor_splits(sp.name);
+    for (int j = 0; j < t; ++j)
+      for (int64_t i = 0; i < n; ++i)
+        logical[size_t(splits[size_t(j)].logical_index(i, sp.shape))] = all[size_t(j * n + i)];
+    ParamSpec ls = sp;
+    ls.shape = sp.split.logical;
+    ls.split = TensorSplit{};
+    fn(ls, logical.data());
+  }
+}
 }  // namespace
 
 void ShardedModel::for_each_param(
@@ -64,7 +94,10 @@ void ShardedModel::for_each_param(
       tmp = gathered(I, fu, false);
       base = tmp.f32();
     }
-    each_param(*I.ctx.ops, fu, base, fn);
+    if (I.ctx.tensor)
+      each_logical_param(I, fu, base, fn);
+    else
+      each_param(*I.ctx.ops, fu, base, fn);
   }
 }
 
@@ -122,6 +155,19 @@ void ShardedModel::set_param(const std::string& name, const float* data, int64_t
   FlatUnit& fu = *I.units[static_cast<size_t>(it->second.first)];
   const size_t s = static_cast<size_t>(it->second.second);
   const FlatEntry& e = fu.layout().entries[s];
+  // Tensor parallelism: the logical tensor is given; this rank keeps its part.
+  std::vector<float> part;
+  if (const ParamSpec& sp = fu.layout().specs[s]; sp.split.split()) {
+    if (n != numel(sp.split.logical))
+      fail("sharded_model", "parameter '" + name + "' has " +
+                                std::to_string(numel(sp.split.logical)) + " elements " +
+                                shape_str(sp.split.logical) + ", got " + std::to_string(n));
+    part.resize(static_cast<size_t>(e.numel));
+    for (int64_t i = 0; i < e.numel; ++i)
+      part[size_t(i)] = data[sp.split.logical_index(i, sp.shape)];
+    data = part.data();
+    n = e.numel;
+  }
   if (n != e.numel)
     fail("sharded_model", "parameter '" + name + "' has " + std::to_string(e.numel) + " elements " +
                               shape_str(fu.layout().specs[s].shape) + ", got " + std::to_string(n));

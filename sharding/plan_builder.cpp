@@ -27,6 +27,7 @@ PlanBuilder::PlanBuilder(const PlanInput& in)
   recompute_.assign(in.schedule.size(), CheckpointMode::Off);
   ready_.assign(in.buckets.size(), 0);
   plan_.W = in.W, plan_.S = in.S, plan_.R = in.R, plan_.kind = in.kind;
+  plan_.tensor = in.tensor;
   for (const PlanUnit& u : in.units) plan_.unit_names.push_back(u.name);
   plan_.activations_known = !in.calls.empty();
   for (const CallMemory& c : in.calls) plan_.activations_known &= c.known;

@@ -133,6 +133,7 @@ ShardedModel::Impl::Impl(Model& model, const Ops& ops, GroupPtr group, const Sha
   exec.own(tp, {ActionKind::TpGatherRows, ActionKind::TpScatterRows, ActionKind::TpAllGather,
                 ActionKind::TpReduceGrads});
   exec.check_owned();
+  this->model = &model;
 
   const size_t U = model.units.size();
   const PlanInput& in = ctx.plan_in;
@@ -431,6 +432,25 @@ bool ShardedModel::state_on_nvme() const { return impl_->state.on_nvme(); }
 const ShardingPolicy& ShardedModel::policy() const { return impl_->ctx.policy; }
 int ShardedModel::peak_gathered_units() const { return impl_->params.peak(); }
 Group& ShardedModel::group() const { return *impl_->ctx.world; }
+Group* ShardedModel::tensor_group() const { return impl_->ctx.tensor.get(); }
+
+const std::vector<TensorSplit>& ShardedModel::Impl::tensor_splits(const std::string& name) {
+  if (splits.empty()) {
+    const int t = model->tensor.size;
+    for (int j = 0; j < t; ++j) {
+      const Model m = build_model(model->config, TensorSlice{j, t});
+      for (const auto& u : m.units)
+        for (const ParamSpec& p : u->params()) {
+          std::vector<TensorSplit>& v = splits[p.name];
+          v.resize(size_t(t));
+          v[size_t(j)] = p.split;
+        }
+    }
+  }
+  auto it = splits.find(name);
+  SW_CHECK(it != splits.end(), "tensor parallelism: no split recorded for " + name);
+  return it->second;
+}
 
 ShardedModel::StagingResidency ShardedModel::staging_residency() const {
   StagingResidency r;
@@ -452,7 +472,7 @@ CommStats ShardedModel::comm_stats() const {
   const ModelContext& c = impl_->ctx;
   CommStats t;
   std::vector<Group*> seen;
-  for (Group* g : {c.world.get(), c.shard.get(), c.rep.get()}) {
+  for (Group* g : {c.world.get(), c.shard.get(), c.rep.get(), c.tensor.get()}) {
     if (!g || std::find(seen.begin(), seen.end(), g) != seen.end()) continue;
     seen.push_back(g);
     const CommStats s = g->stats();
@@ -463,7 +483,7 @@ CommStats ShardedModel::comm_stats() const {
 
 void ShardedModel::reset_comm_stats() {
   const ModelContext& c = impl_->ctx;
-  for (Group* g : {c.world.get(), c.shard.get(), c.rep.get()})
+  for (Group* g : {c.world.get(), c.shard.get(), c.rep.get(), c.tensor.get()})
     if (g) g->reset_stats();
 }
 

@@ -147,6 +147,8 @@ class ShardedModel {
   int world() const;  // its size
   const ShardingPolicy& policy() const;
   Group& group() const;  // the group given at construction
+  // Tensor parallelism: the tensor group (null: the model is not split).
+  Group* tensor_group() const;
   // The most units whose gathered parameters were allocated at once (transient gathers,
   // prefetches in flight included) during the last forward_backward: what max_live_units caps.
   int peak_gathered_units() const;
@@ -200,6 +202,9 @@ class ShardedModel {
   enum class StateKind : uint8_t { Master, ExpAvg, ExpAvgSq };
   int num_units() const;
   const FlatLayout& unit_layout(int u) const;
+  // Unit u's parameters as logical tensors (tensor parallelism: the shape of the whole tensor,
+  // no split; otherwise unit_layout(u).specs): what for_each_param hands out.
+  std::vector<ParamSpec> logical_specs(int u) const;
   std::string unit_name(int u) const;
   FlatRange owned_range(int u) const;
   FlatRange held_range(int u, StateKind k) const;

@@ -58,6 +58,11 @@ struct ShardedModel::Impl {
   // rank0_only).
   std::vector<Buffer> summoned;
   bool summon_held = false, summon_rank0_only = false;
+  // Tensor parallelism: each tensor rank's split of the parameter named (param_access.cpp),
+  // from the units built for every tensor rank (made on first use).
+  const std::vector<TensorSplit>& tensor_splits(const std::string& name);
+  std::unordered_map<std::string, std::vector<TensorSplit>> splits;
+  const Model* model = nullptr;
 
   // ---- Segments ---------------------------------------------------------------------------
   // One micro-step's forward and backward (the plan for this batch and the units in flight).

@@ -18,6 +18,16 @@ FlatRange clip_used(Range r, int64_t used) { return {std::min(r.lo, used), std::
 
 int ShardedModel::num_units() const { return static_cast<int>(impl_->units.size()); }
 
+std::vector<ParamSpec> ShardedModel::logical_specs(int u) const {
+  std::vector<ParamSpec> v = unit_layout(u).specs;
+  for (ParamSpec& s : v)
+    if (s.split.split()) {
+      s.shape = s.split.logical;
+      s.split = TensorSplit{};
+    }
+  return v;
+}
+
 const FlatLayout& ShardedModel::unit_layout(int u) const {
   SW_CHECK(u >= 0 && u < num_units(), "unit index out of range");
   return impl_->units[static_cast<size_t>(u)]->layout();

@@ -239,6 +239,7 @@ struct StepPlan {
   MemDeltas initial{};
   int initial_gathered = 0;  // units whose gather is in flight at the start
   int W = 1, S = 1, R = 1;
+  int tensor = 1;  // tensor-parallel degree (PlanInput::tensor)
   UnitKind kind = UnitKind::Sharded;
   bool activations_known = true;  // every call declared its activation memory
   std::vector<std::string> unit_names;
