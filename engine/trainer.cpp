@@ -966,6 +966,13 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainOptions& opts) {
     fail("config", source + ": parallelism.tensor_parallel_degree: " + std::to_string(t) +
                        " does not divide the world size (" + std::to_string(world->size()) +
                        " rank" + (world->size() > 1 ? "s" : "") + ")");
+  // Tensor groups are consecutive ranks: inside a host only when t divides the ranks per host.
+  if (const int t = cfg.parallelism.tensor, local = launch_env().local_size;
+      t > 1 && local > 0 && local % t != 0 && world->rank() == 0)
+    std::fprintf(stderr,
+                 "shardwise: note: parallelism.tensor_parallel_degree %d does not divide the %d "
+                 "ranks per host: some tensor groups span hosts\n",
+                 t, local);
   if (world->size() == 1) {
     for (const std::string& n : cfg_in.notes) std::fprintf(stderr, "%s\n", n.c_str());
     if (cfg.autoplan.any()) resolve_auto_plan(cfg, 1, true);

@@ -171,5 +171,13 @@ expect_error sample "parallelism.tensor_parallel_degree: \`shardwise sample\` wi
   "$sw" sample --config "$work/gpt2.json" --weights "$work/none" $(tp 2)
 expect_error eval "parallelism.tensor_parallel_degree: \`shardwise eval\` with" \
   "$sw" eval "$work/gpt2.json" --weights "$work/none" --data "$work/val.bin" $(tp 2)
+# Tensor groups are consecutive ranks: where t does not divide a host's ranks (3 of 4 here, as
+# the launcher would say on hosts of 3), rank 0 notes that some groups span hosts, once.
+timeout 60 "${mpirun[@]}" -np 4 env OMPI_COMM_WORLD_LOCAL_SIZE=3 "$sw" train "$work/gpt2.json" \
+  --quiet --no-export $(tp 2) "${d2[@]}" --set run_dir="$work/local3" >"$work/local3.log" 2>&1 ||
+  failed+=("local3: exit status $?")
+[ "$(grep -c "does not divide the 3 ranks per host: some tensor groups span hosts" \
+  "$work/local3.log")" = 1 ] || failed+=("local3: not one note about hosts: $(head -3 "$work/local3.log")")
+! grep -q "ranks per host" "$work/gpt2.t2_full2.log" || failed+=("t2_full2: a note about hosts")
 [ ${#failed[@]} = 0 ] || { printf '%s\n' "${failed[@]}"; fail "${#failed[@]} failures"; }
 echo "mpi_tensor: PASS"
