@@ -38,6 +38,9 @@ struct ModelContext {
   GroupPtr tensor;
   int W = 1, S = 1, R = 1;
   int rank = 0;  // in world
+  // This process's own number among every rank of the job, for per-rank files (NVMe offload):
+  // rank, or with tensor parallelism data rank x t + tensor rank.
+  int file_rank = 0;
   // What plans are built from (sizes, groups, buckets); B, T and carried are set per plan.
   PlanInput plan_in;
 

@@ -14,7 +14,7 @@ OffloadedActivations::~OffloadedActivations() = default;
 
 void OffloadedActivations::reserve(int64_t end) {
   const ActivationCheckpointing& ac = ctx_.policy.activation_checkpointing;
-  if (!file_) file_ = std::make_unique<ActivationFile>(ctx_.policy.aio, ac.nvme_path, ctx_.rank);
+  if (!file_) file_ = std::make_unique<ActivationFile>(ctx_.policy.aio, ac.nvme_path, ctx_.file_rank);
   file_->reserve(end);
 }
 

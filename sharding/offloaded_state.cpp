@@ -28,7 +28,7 @@ void OffloadedState::setup(const StepPlan& opt_plan) {
   }
   if (std::any_of(moments.begin(), moments.end(), [](int64_t n) { return n >= 0; }))
     moments_ = std::make_unique<MomentsFile>(policy.aio, policy.offload_optimizer.nvme_path,
-                                             ctx_.rank, moments, opt_plan.staging_slots,
+                                             ctx_.file_rank, moments, opt_plan.staging_slots,
                                              opt_plan.staging_bytes, staging);
   if (largest == 0) return;
   // The plan's figures (step_plan.cpp fill_persistent) size what is allocated here.
@@ -40,7 +40,7 @@ void OffloadedState::setup(const StepPlan& opt_plan) {
   st.shard_bytes = opt_plan.shard_bytes;
   st.opt_slot_bytes = opt_plan.staging_bytes;
   st.tier = staging;
-  params_ = std::make_unique<ParamFile>(policy.aio, policy.offload_param.nvme_path, ctx_.rank,
+  params_ = std::make_unique<ParamFile>(policy.aio, policy.offload_param.nvme_path, ctx_.file_rank,
                                         params, moments_ ? &moments_->io() : nullptr, st);
 }
 

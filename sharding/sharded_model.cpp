@@ -51,10 +51,14 @@ ModelContext make_context(const Model& model, const Ops& ops, GroupPtr group,
     if (!ops.device().is_cpu())
       fail("sharding", "tensor parallelism runs on the CPU backend only so far (device " +
                            ops.device().str() + ")");
+    if (policy.offload_param.device == OffloadDevice::Nvme)
+      fail("offload", "zero_optimization.offload_param 'nvme' with tensor parallelism is not "
+                      "implemented yet (the gradient norm reads NVMe gradients whole; use 'cpu')");
     c.tensor = std::move(tensor);
   }
   c.W = group->size();
   c.rank = group->rank();
+  c.file_rank = c.tensor ? c.rank * c.tensor->size() + c.tensor->rank() : c.rank;
   c.plan_in = make_plan_input(model, policy, c.W);
   // The policy's own checks (sharding/policy.h), as the config reader runs them: a policy built
   // in code is checked the same way.

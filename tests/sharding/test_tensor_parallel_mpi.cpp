@@ -10,10 +10,13 @@
 // the one-rank bf16 run, within bf16's rounding of differently summed values).
 // Plan: the executor runs every tensor action the plan lists (the TensorParallel component
 // checks each call's collectives against the declaration), and the activation peak falls with t.
+#include <unistd.h>
+
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -247,4 +250,69 @@ TEST_CASE("tensor parallel init equals the logical tensors' slices", "[tp2][tp4]
   const RunResult a = train(g, g->size(), tiny("gpt2"), 2, o);
   const RunResult& ref = reference("gpt2", 2, o);
   check_close(a, ref, "init", 1e-12, 1e-12);
+}
+
+namespace {
+// A directory for this job's NVMe files: made by rank 0, its name broadcast.
+std::string job_tmp_dir(const GroupPtr& g) {
+  char name[256] = {};
+  if (g->rank() == 0) {
+    std::string t = (std::filesystem::temp_directory_path() / "sw_tp_offload_XXXXXX").string();
+    REQUIRE(mkdtemp(t.data()) != nullptr);
+    std::snprintf(name, sizeof name, "%s", t.c_str());
+  }
+  g->broadcast(name, sizeof name / 4, 0);
+  return name;
+}
+}  // namespace
+
+// Offload composes with tensor parallelism: the optimizer's moments on the host or in an NVMe
+// file, parameters on the host, activations on the host or in a file train bit-identically to
+// the same mesh without offload (and so to one rank, within the tolerances above). Each rank's
+// files are its own (data rank x t + tensor rank).
+TEST_CASE("tensor 2 with offload", "[tp_offload]") {
+  const GroupPtr g = world();
+  const int t = 2;
+  const std::string dir = job_tmp_dir(g);
+  for (const std::string type : {"gpt2", "llama"}) {
+    const ModelConfig mc = tiny(type);
+    Opts base;
+    base.steps = 4;
+    base.accum = 2;
+    const RunResult plain = train(g, t, mc, 2, base);
+    struct V {
+      const char* name;
+      void (*set)(ShardingPolicy&, const std::string&);
+    };
+    const V vs[] = {
+        {"optimizer cpu", [](ShardingPolicy& p, const std::string&) {
+           p.offload_optimizer.device = OffloadDevice::Cpu;
+         }},
+        {"optimizer nvme", [](ShardingPolicy& p, const std::string& d) {
+           p.offload_optimizer.device = OffloadDevice::Nvme;
+           p.offload_optimizer.nvme_path = d;
+         }},
+        {"params cpu", [](ShardingPolicy& p, const std::string&) {
+           p.offload_param.device = OffloadDevice::Cpu;
+         }},
+        {"activations cpu", [](ShardingPolicy& p, const std::string&) {
+           p.activation_checkpointing.offload_cpu = true;
+         }},
+        {"activations nvme", [](ShardingPolicy& p, const std::string& d) {
+           p.activation_checkpointing.offload_nvme = true;
+           p.activation_checkpointing.nvme_path = d;
+         }},
+    };
+    for (const V& v : vs) {
+      Opts o = base;
+      v.set(o.pol, dir);
+      const RunResult a = train(g, t, mc, 2, o);
+      INFO(type << " tensor 2 with " << v.name << " (rank " << g->rank() << ")");
+      CHECK(a.losses == plain.losses);
+      CHECK(a.norms == plain.norms);
+      CHECK(a.params == plain.params);
+    }
+  }
+  g->barrier();
+  if (g->rank() == 0) std::filesystem::remove_all(dir);
 }
