@@ -914,8 +914,7 @@ void resolve_auto_plan(TrainConfig& cfg, int world, bool lead) {
 
 // Each gap of tensor parallelism refused in one line naming its key; lift a line once its
 // part is done.
-void refuse_tensor_parallel_gaps(const TrainConfig& cfg, const std::string& command,
-                                 bool export_weights) {
+void refuse_tensor_parallel_gaps(const TrainConfig& cfg, const std::string& command) {
   const int t = cfg.parallelism.tensor;
   if (t <= 1) return;
   const std::string pre = cfg.source + ": ";
@@ -929,11 +928,6 @@ void refuse_tensor_parallel_gaps(const TrainConfig& cfg, const std::string& comm
   const CheckpointConfig& k = cfg.checkpoint;
   if (k.every_steps > 0) refuse("checkpoint.every_steps", "saving checkpoints", "set it to 0");
   if (!k.resume.empty()) refuse("checkpoint.resume", "resuming", "leave it \"\"");
-  if (!k.init_from.empty())
-    refuse("checkpoint.init_from", "starting from weights", "leave it \"\"");
-  if (export_weights)
-    refuse("parallelism.tensor_parallel_degree", "the end-of-run weights export",
-           "pass --no-export (TrainOptions::export_weights = false)");
   if (cfg.device != "cpu") refuse("device", "'" + cfg.device + "'", "use cpu");
   if (cfg.sharding.offload_param.device == OffloadDevice::Nvme)
     refuse("zero_optimization.offload_param.device", "nvme", "use none or cpu");
@@ -958,7 +952,7 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainOptions& opts) {
                        ": data.train: required for training (an llm.c-format token file, see "
                        "`shardwise data prepare`)");
 
-  refuse_tensor_parallel_gaps(cfg, "train", opts.export_weights);
+  refuse_tensor_parallel_gaps(cfg, "train");
 
   const GroupPtr world = world_group();
   // The mesh's one check that needs the world (every rank fails alike, before any collective).

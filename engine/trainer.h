@@ -74,10 +74,9 @@ TrainSummary train(const TrainConfig& cfg, const TrainOptions& opts = {});
 
 // What tensor parallelism (parallelism.tensor_parallel_degree > 1) does not do yet, refused
 // in one line naming the key (sw::Error "config: <source>: <key>: ..."); nothing at degree 1.
-// command "train" (train() calls it): checkpoint saves, resume and init_from, the end-of-run
-// export when export_weights, a device other than cpu, parameters offloaded to NVMe, "auto"
-// keys. Any other command (sample, eval: one rank) is refused whole.
-void refuse_tensor_parallel_gaps(const TrainConfig& cfg, const std::string& command,
-                                 bool export_weights = false);
+// command "train" (train() calls it): checkpoint saves and resume, a device other than cpu,
+// parameters offloaded to NVMe, "auto" keys (init_from and the end-of-run export work on
+// logical tensors). Any other command (sample, eval: one rank) is refused whole.
+void refuse_tensor_parallel_gaps(const TrainConfig& cfg, const std::string& command);
 
 }  // namespace sw
