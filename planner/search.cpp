@@ -447,6 +447,7 @@ std::string Candidate::describe() const {
   if (params != OffloadDevice::None) d += std::string(" param=") + offload_device_name(params);
   if (activations != OffloadDevice::None) d += std::string(" act=") + offload_device_name(activations);
   d += " mb=" + std::to_string(micro_batch) + "x" + std::to_string(accum);
+  if (tensor > 1) d += " tp=" + std::to_string(tensor);
   return d;
 }
 
@@ -559,9 +560,25 @@ SearchResult search_plans(const PlanSetup& base_in, const SearchOptions& opt,
   const bool nvme = !base.policy.offload_optimizer.nvme_path.empty() ||
                     !base.policy.offload_param.nvme_path.empty() ||
                     !base.policy.activation_checkpointing.nvme_path.empty();
-  const int W = base.world;
-  const int G = base.micro_batch * base.accum;  // the per-rank batch, fixed
   const int L = base.model.n_layer;
+  // Tensor degrees: the configured one, or (SearchFree::tensor) every degree that divides the
+  // world and the model's split dimensions. The global batch stays: a data-parallel rank of a
+  // mesh with fewer of them takes proportionally more rows.
+  std::vector<int> tensors = {std::max(1, base.tensor)};
+  if (opt.free.tensor) {
+    tensors.clear();
+    for (int t = 1; t <= base.world; ++t) {
+      if (base.world % t != 0) continue;
+      try {
+        (void)build_model(base.model, TensorSlice{0, t});
+      } catch (const Error&) {
+        continue;  // t does not divide the heads, d_ff, the vocabulary or seq_len
+      }
+      tensors.push_back(t);
+    }
+  }
+  const int64_t global_rows =
+      int64_t{base.micro_batch} * base.accum * (base.world / std::max(1, base.tensor));
 
   const SearchFree& fr = opt.free;
   const ShardingPolicy& bp = base.policy;
@@ -569,20 +586,6 @@ SearchResult search_plans(const PlanSetup& base_in, const SearchOptions& opt,
   for (int b : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48})
     if (b <= L && (b == 1 || L % b == 0)) bpus.push_back(b);
   if (!fr.blocks) bpus = {std::max(1, base.blocks_per_unit)};
-  std::vector<int> mbs;
-  for (int m = 1; m <= G; ++m)
-    if (G % m == 0) mbs.push_back(m);
-  if (!fr.micro_batch) mbs = {base.micro_batch};
-  std::vector<ShardingStrategy> strategies;
-  if (!fr.strategy)
-    strategies = {bp.strategy};
-  else if (base.policy.strategy == ShardingStrategy::HybridShard)
-    strategies = {ShardingStrategy::HybridShard};
-  else if (W == 1)
-    strategies = {ShardingStrategy::FullShard};  // one rank: every strategy keeps whole units
-  else
-    strategies = {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
-                  ShardingStrategy::ShardOptimizer, ShardingStrategy::NoShard};
   struct Opt { OffloadDevice d; double r; };
   std::vector<Opt> opts = {{OffloadDevice::None, 1.0}, {OffloadDevice::Cpu, 0.5}, {OffloadDevice::Cpu, 1.0}};
   opts.push_back({OffloadDevice::Nvme, 1.0});
@@ -599,8 +602,26 @@ SearchResult search_plans(const PlanSetup& base_in, const SearchOptions& opt,
   SearchResult res;
   std::vector<Evaluated> all;
   bool have_smallest = false;
+  for (int tp : tensors) {
+  const int W = base.world / tp;  // the data-parallel ranks
+  if (global_rows % W != 0) continue;
+  const int G = static_cast<int>(global_rows / W);  // a data-parallel rank's rows, fixed
+  std::vector<int> mbs;
+  for (int m = 1; m <= G; ++m)
+    if (G % m == 0) mbs.push_back(m);
+  if (!fr.micro_batch) mbs = {G % base.micro_batch == 0 ? base.micro_batch : G};
+  std::vector<ShardingStrategy> strategies;
+  if (!fr.strategy)
+    strategies = {bp.strategy};
+  else if (base.policy.strategy == ShardingStrategy::HybridShard)
+    strategies = {ShardingStrategy::HybridShard};
+  else if (W == 1)
+    strategies = {ShardingStrategy::FullShard};  // one rank: every strategy keeps whole units
+  else
+    strategies = {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
+                  ShardingStrategy::ShardOptimizer, ShardingStrategy::NoShard};
   for (int bpu : bpus) {
-    Wrapped w{build_model(base.model), {}, {}};
+    Wrapped w{build_model(base.model, TensorSlice{0, tp}), {}, {}};
     wrap_blocks(w.model, bpu);
     for (ShardingStrategy st : strategies) {
       const bool sharded = st == ShardingStrategy::FullShard || st == ShardingStrategy::ShardGradOp ||
@@ -630,6 +651,7 @@ SearchResult search_plans(const PlanSetup& base_in, const SearchOptions& opt,
                   c.activations = ad;
                   c.micro_batch = mb;
                   c.accum = G / mb;
+                  c.tensor = tp;
                   // NVMe parameters at one rank take the sharded path (a group of one).
                   const PlanSetup s = apply_candidate(base, c, &fr);
                   Evaluated e = evaluate(w, s, c, hw);
@@ -649,6 +671,7 @@ SearchResult search_plans(const PlanSetup& base_in, const SearchOptions& opt,
                   all.push_back(std::move(e));
                 }
     }
+  }
   }
   // What the rule would choose if an NVMe directory were given (all fitting plans), then the
   // choice among the usable ones.

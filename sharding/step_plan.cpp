@@ -271,7 +271,9 @@ std::string mib(int64_t b) {
 std::string StepPlan::str() const {
   static const char* kinds[] = {"FULL_SHARDED", "FULL_REPLICATED", "WHOLE"};
   std::string s = "step plan: world " + std::to_string(W) + " (shard group " + std::to_string(S) +
-                  " x " + std::to_string(R) + " replicas), units " +
+                  " x " + std::to_string(R) + " replicas" +
+                  (tensor > 1 ? "; tensor " + std::to_string(tensor) + " per data rank" : "") +
+                  "), units " +
                   kinds[static_cast<size_t>(kind)] + ", " + std::to_string(actions.size()) +
                   " actions, at most " + std::to_string(peak_gathered_units()) +
                   " units gathered at once\n";
@@ -323,6 +325,7 @@ std::string StepPlan::str() const {
            (a.adopt ? ", adopted" : a.carry ? ", carried" : "") + "]";
     }
     if (a.bytes) s += " moves " + mib(a.bytes).substr(1);
+    if (a.inside >= 0) s += " in " + std::to_string(a.inside);
     for (size_t c = 0; c < a.mem.size(); ++c)
       if (a.mem[c]) s += std::string(" ") + mem_name(static_cast<Mem>(c)) + " " + mib(a.mem[c]);
     if (!a.waits.empty()) {

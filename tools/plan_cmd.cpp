@@ -96,8 +96,12 @@ cli::Opt add_budget(cli::Command& c, const std::string& name, std::string& dest,
 StepPlan build_plan(const PlanArgs& pa, TrainConfig& cfg, int64_t& params, int64_t& largest) {
   cfg = load_config(pa.config, pa.overrides, pa.world);
   const int world = pa.world;
-  Model model = build_model(cfg.model);
-  params = model.num_params();
+  const Model whole = build_model(cfg.model);
+  params = whole.num_params();
+  // Tensor parallelism: tensor rank 0's units over the data-parallel ranks (every tensor rank's
+  // plan has the same sizes).
+  const int t = std::max(1, cfg.parallelism.tensor);
+  Model model = build_model(cfg.model, TensorSlice{0, t});
   largest = 0;
   for (const auto& u : model.units) {
     int64_t n = 0;
@@ -106,7 +110,7 @@ StepPlan build_plan(const PlanArgs& pa, TrainConfig& cfg, int64_t& params, int64
   }
   const PlanSetup s = plan_setup(cfg, world);  // as train() and `plan` see the config
   wrap_blocks(model, s.blocks_per_unit);
-  PlanInput in = make_plan_input(model, s.policy, world);
+  PlanInput in = make_plan_input(model, s.policy, s.data_world());
   in.on_device = s.on_device;  // a device's copy streams (activation offload)
   in.B = s.micro_batch;
   in.T = s.model.seq_len;
@@ -244,6 +248,7 @@ int cmd_search(const PlanArgs& pa, TrainConfig cfg, const HardwareProfile& hw) {
     cfg.blocks_per_unit = s.blocks_per_unit;
     cfg.micro_batch = s.micro_batch;
     cfg.grad_accum = s.accum;
+    cfg.parallelism.tensor = s.tensor;
     cfg.memory_budget = size_t(so.budget);
     {
       std::ofstream f(pa.out);
@@ -427,8 +432,13 @@ void print_plan_text(const PlanReport& r) {
   const PlanPrediction& pred = r.pred;
   const int N = r.pa.world;
   const double np = static_cast<double>(r.params);
-  std::printf("shardwise plan: %s on %d rank%s (shard group %d x %d replicas), %s, %.3f%s parameters\n",
-              r.pa.config.c_str(), N, N == 1 ? "" : "s", plan.S, plan.R,
+  const std::string tensor =
+      plan.tensor > 1 ? "tensor " + std::to_string(plan.tensor) + " x data " +
+                            std::to_string(N / plan.tensor) + ": "
+                      : "";
+  std::printf("shardwise plan: %s on %d rank%s (%sshard group %d x %d replicas), %s, %.3f%s "
+              "parameters\n",
+              r.pa.config.c_str(), N, N == 1 ? "" : "s", tensor.c_str(), plan.S, plan.R,
               strategy_name(r.cfg.sharding.strategy), np >= 1e9 ? np / 1e9 : np / 1e6,
               np >= 1e9 ? "B" : "M");
   std::printf("every rank (equal shards):\n");
