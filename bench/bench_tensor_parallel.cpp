@@ -3,7 +3,7 @@
 //
 //   mpirun -np W bench_tensor_parallel [--tensor t] [--T 1024] [--B 1] [--steps 2]
 //                                       [--threads 1] [--data data/fortunes_train.bin]
-//                                       [--d 768] [--layers 12] [--heads 12] [--vocab 50304]
+//                                       [--settle 2] [--d 768] [--layers 12] [--heads 12] [--vocab 50304]
 //
 // The W ranks form the trainer's mesh (engine/trainer.cpp): tensor groups of t consecutive
 // ranks, data groups of the ranks with the same r % t, FULL_SHARD over the data group (t = 1:
@@ -13,20 +13,27 @@
 // Per rank it prints:
 //   memory   MemTracker's peaks over the steps (reset after construction): the total tracked
 //            peak (what metrics.jsonl's peak_mem_bytes reports) and each category's own peak.
-//   bytes    per step, measured: Group::stats().bytes of the tensor group and of the data group
+//   bytes    per step (one figure per step), measured: Group::stats().bytes of the tensor group and of the data group
 //            (nccl-tests' "size": an all-gather's whole output, a reduce-scatter's whole input,
 //            an all-reduce's buffer), reset before each step; against
 //              plan     the sum of Action::bytes of ShardedModel::step_plan(B, T, 1) by queue
 //                       (tensor: the tensor queue; data: gather + reduce queues)
 //              formula  this file's own count from the shapes (tensor_formula / data_formula
 //                       below), independent of the plan.
-//   time     each step's wall time (rank 0's; the first step includes first-touch faults).
+//   time     each step's wall time (the first step includes first-touch faults).
+// A collective counts its bytes when it completes, and the optimizer's prefetch of the next
+// step's first unit (150 MB for GPT-2's embedding/head at t = 1) can still be running when the
+// step returns; so after each timed step the bench waits --settle seconds (default 2) before
+// reading the stats, and each step's bytes are those of its own collectives (the first step's
+// include the first unit's gather, which later steps get from the previous optimizer).
 // The last line is one JSON object per rank (for bench/tp_figures.sh).
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/alloc.h"
@@ -93,6 +100,7 @@ int main(int argc, char** argv) {
   mc.vocab_size = 50304;
   mc.seq_len = 1024;
   int B = 1, steps = 2, threads = 1, t = 1;
+  double settle = 2;
   std::string data = "data/fortunes_train.bin";
   for (int i = 1; i < argc; ++i) {
     auto arg = [&](const char* name) { return std::strcmp(argv[i], name) == 0 && i + 1 < argc; };
@@ -106,6 +114,8 @@ int main(int argc, char** argv) {
       steps = std::atoi(argv[++i]);
     else if (arg("--threads"))
       threads = std::atoi(argv[++i]);
+    else if (arg("--settle"))
+      settle = std::atof(argv[++i]);
     else if (arg("--data"))
       data = argv[++i];
     else if (arg("--d"))
@@ -156,10 +166,10 @@ int main(int argc, char** argv) {
   mt.reset_peaks();
   std::vector<double> step_s, tensor_b, data_b;
   double loss = 0;
+  if (tensor) tensor->reset_stats();
+  dgroup->reset_stats();
   for (int s = 0; s < steps; ++s) {
     train_batch(corpus, 1337, s, int64_t{D} * B, int64_t{d} * B, B, T, in.data(), tg.data());
-    if (tensor) tensor->reset_stats();
-    dgroup->reset_stats();
     world->barrier();
     const auto t0 = Clock::now();
     sm.zero_grads();
@@ -167,8 +177,11 @@ int main(int argc, char** argv) {
     const double norm = sm.grad_norm();
     sm.optimizer_step(ap, 6e-4f, norm > 1.0 ? float(1.0 / norm) : 1.f, s + 1);
     step_s.push_back(seconds_since(t0));
+    std::this_thread::sleep_for(std::chrono::duration<double>(settle));
     tensor_b.push_back(tensor ? tensor->stats().bytes : 0.0);
     data_b.push_back(dgroup->stats().bytes);
+    if (tensor) tensor->reset_stats();
+    dgroup->reset_stats();
   }
 
   // One JSON line per rank, printed in rank order.
@@ -178,17 +191,20 @@ int main(int argc, char** argv) {
     const Mem c = static_cast<Mem>(m);
     cats += std::string(m ? ", " : "") + "\"" + mem_name(c) + "\": " + std::to_string(mt.peak(c));
   }
-  std::string times;
-  for (size_t s = 0; s < step_s.size(); ++s)
+  std::string times, tb, db;
+  for (size_t s = 0; s < step_s.size(); ++s) {
     times += (s ? ", " : "") + std::to_string(step_s[s]);
+    tb += (s ? ", " : "") + std::to_string(int64_t(tensor_b[s]));
+    db += (s ? ", " : "") + std::to_string(int64_t(data_b[s]));
+  }
   std::snprintf(line, sizeof line,
                 "{\"rank\": %d, \"world\": %d, \"tensor\": %d, \"data\": %d, \"B\": %d, \"T\": %d, "
                 "\"threads\": %d, \"loss\": %.6f, \"peak_total\": %zu, \"peak\": {%s}, "
-                "\"tensor_bytes\": %.0f, \"tensor_plan\": %.0f, \"tensor_formula\": %.0f, "
-                "\"data_bytes\": %.0f, \"data_plan\": %.0f, \"data_formula\": %.0f, "
+                "\"tensor_bytes\": [%s], \"tensor_plan\": %.0f, \"tensor_formula\": %.0f, "
+                "\"data_bytes\": [%s], \"data_plan\": %.0f, \"data_formula\": %.0f, "
                 "\"data_group\": \"%s\", \"step_s\": [%s]}",
                 r, W, t, D, B, T, threads, loss, mt.total_peak(), cats.c_str(),
-                tensor_b.back(), plan_tensor, f_tensor, data_b.back(), plan_data, f_data,
+                tb.c_str(), plan_tensor, f_tensor, db.c_str(), plan_data, f_data,
                 dgroup->backend(), times.c_str());
   for (int k = 0; k < W; ++k) {
     world->barrier();
