@@ -190,11 +190,11 @@ TEST_CASE("parallelism: train() refuses a world the tensor degree does not divid
                                        ": 2 does not divide the world size (1 rank)");
   }
   // What is not implemented comes first: refused before the world is looked at.
-  c.checkpoint.every_steps = 2;
+  c.device = "cuda";
   try {
     train(c, enginetest::quiet_options(false));
     FAIL("no error");
   } catch (const Error& e) {
-    CHECK_THAT(e.what(), Catch::Matchers::Contains("checkpoint.every_steps: saving checkpoints"));
+    CHECK_THAT(e.what(), Catch::Matchers::Contains("device: 'cuda' with parallelism"));
   }
 }
