@@ -4,7 +4,11 @@
 # scripts/netns_rsh, every byte between the hosts over TCP on the veth (btl tcp,self).
 # Usage: twohost.sh MODE SHARDWISE MPIEXEC [mpirun flags...]; MODE is one of
 #   parity     FULL_SHARD over 2 ranks (one per host) and HYBRID_SHARD over 4 (2 per host,
-#              shard_group_size 2: shard inside a host, replicate across) equal one rank
+#              shard_group_size 2: shard inside a host, replicate across) equal one rank;
+#              so does tensor 2 x FULL_SHARD 2 over 4 (2 per host: each tensor group inside a
+#              host); with a batch whose activations outweigh the parameters (16 rows a data
+#              rank), fewer bytes cross the link than with the ranks placed round-robin
+#              (--map-by node: the tensor groups then cross the link, the data groups do not)
 #   lossy      both runs again over a slow, lossy link: `netem delay 20ms loss 1%` on both ends,
 #              or, where the kernel has no netem, `tbf rate 4mbit burst 4kb latency 20ms` (drops)
 #   partition  the link taken down mid-run (FULL_SHARD over 2 ranks, then HYBRID_SHARD over 4;
@@ -46,10 +50,10 @@ hosts2="$NETNS_IP_A:1,$NETNS_IP_B:1" hosts4="$NETNS_IP_A:2,$NETNS_IP_B:2"
 full=(--set train_micro_batch_size_per_gpu=2 --set sharding_strategy=FULL_SHARD)
 hybrid=(--set train_micro_batch_size_per_gpu=1 --set sharding_strategy=HYBRID_SHARD
         --set shard_group_size=2)
-train_across() {  # name hosts np overrides...
+train_across() {  # name hosts np overrides... ($map: extra mpirun placement flags)
   local name=$1 hosts=$2 np=$3
   shift 3
-  timeout 300 "${across[@]}" --host "$hosts" -np "$np" \
+  timeout 300 "${across[@]}" ${map:-} --host "$hosts" -np "$np" \
     "$sw" train "$work/cfg.json" --quiet --set run_dir="$work/$name" "$@" >"$work/$name.log" 2>&1
   local rc=$?
   [ "$rc" -eq 0 ] || { cat "$work/$name.log"; fail "$name: exit status $rc"; }
@@ -171,14 +175,34 @@ case $mode in
     b0=$(veth_bytes)
     t0=$SECONDS
     train_across full "$hosts2" 2 "${full[@]}"
+    bf=$(veth_bytes)
     t1=$SECONDS
     train_across hybrid "$hosts4" 4 "${hybrid[@]}"
     b1=$(veth_bytes)
-    compare full hybrid
+    t2=$SECONDS
+    tp=(--set train_micro_batch_size_per_gpu=2 --set sharding_strategy=FULL_SHARD
+        --set parallelism.tensor_parallel_degree=2)
+    train_across tensor "$hosts4" 4 "${tp[@]}"
+    compare full hybrid tensor
+    big=(--set train_micro_batch_size_per_gpu=16 --set train_steps=4 --set eval_every_steps=0)
+    b2=$(veth_bytes)
+    train_across tensor_in "$hosts4" 4 "${tp[@]}" "${big[@]}"
+    b3=$(veth_bytes)
+    map="--map-by node" train_across tensor_across "$hosts4" 4 "${tp[@]}" "${big[@]}"
+    b4=$(veth_bytes)
+    cmp <(cut -d, -f1-3 "$work/tensor_in/metrics.jsonl") \
+        <(cut -d, -f1-3 "$work/tensor_across/metrics.jsonl") ||
+      fail "tensor 2 x FULL_SHARD 2: the two placements' losses differ"
     # Every all-gather and reduce-scatter of the FULL_SHARD run crosses the link.
     [ "$((b1 - b0))" -gt 100000 ] || fail "only $((b1 - b0)) bytes crossed the veth"
-    echo "$name: ok (FULL_SHARD 2 ranks $((t1 - t0)) s, HYBRID_SHARD 4 ranks $((SECONDS - t1)) s," \
-      "$(((b1 - b0) / 1024)) KiB received by host b)"
+    [ "$((b3 - b2))" -lt "$((b4 - b3))" ] ||
+      fail "tensor 2 x FULL_SHARD 2: $((b3 - b2)) bytes crossed the veth with the tensor groups" \
+        "inside the hosts, $((b4 - b3)) with them across"
+    echo "$name: ok (FULL_SHARD 2 ranks $((t1 - t0)) s, HYBRID_SHARD 4 ranks $((t2 - t1)) s," \
+      "$(((b1 - b0) / 1024)) KiB received by host b ($(((bf - b0) / 1024)) KiB for FULL_SHARD 2);" \
+      "tensor 2 x FULL_SHARD 2 over 4 ranks, 16 rows a data rank: $(((b3 - b2) / 1024)) KiB" \
+      "received by host b with the tensor groups inside the hosts, $(((b4 - b3) / 1024)) KiB" \
+      "with them across)"
     ;;
   lossy)
     # A slow, lossy link: netem's delay and loss where the kernel has sch_netem; otherwise (this
