@@ -13,6 +13,7 @@
 //
 //   custom_model [--steps N] [--gradcheck] [--check-activations]
 //   custom_model --plan [--world-size N] [--undeclared] [--measure-unknown]
+//   mpirun -np T custom_model --tensor T [--steps N]
 // --gradcheck compares every parameter gradient with central finite differences and exits
 // non-zero on a mismatch; --check-activations runs every unit call and compares the memory it
 // allocates with its declare_activations() (the test suite runs both). --plan predicts, with
@@ -20,6 +21,10 @@
 // for a training step on N ranks (FULL_SHARD, B=8, T=32). --undeclared makes the blocks behave
 // as a unit written without declare_activations: the planner then refuses, naming the unit,
 // unless --measure-unknown asks it to run each such call once and use what it allocated.
+// --tensor T splits the model over T ranks (tensor parallelism with sequence parallelism, the
+// way the built-in GPT-2 and Llama split: see TensorShiftMlpBlock and TensorEmbedHead below),
+// trains it, trains the whole model alone on every rank too, and exits non-zero unless the
+// losses agree within 1e-5.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -33,6 +38,7 @@
 #include "models/activation_check.h"
 #include "models/model.h"
 #include "planner/search.h"
+#include "sharding/comm/group.h"
 #include "sharding/sharded_model.h"
 
 using namespace sw;
@@ -176,16 +182,201 @@ class ShiftMlpBlock final : public Unit {
   std::string pre_;
 };
 
-Model make_model() {
+// ---- Tensor parallelism ----------------------------------------------------------------------
+// A unit built for tensor rank k of t (Model::tensor) holds a part of some parameters
+// (ParamSpec::split: the logical shape and the rows or columns it holds; the engine initialises,
+// exports and imports by logical tensor) and runs on its N / t rows of the batch (sequence
+// parallelism: x, y, dy, dx are this rank's rows). It exchanges activations through c.tensor,
+// and declares each pass's collectives (declare_tensor_comm) so the plan lists them. Parameters
+// without a split are replicated: their gradient is the SUM over tensor ranks of what each one
+// adds (a unit that computes the same gradient on every rank adds it on rank 0 only).
+
+// The rows of a (B*T) batch this rank holds, and the logical part of a tensor it keeps.
+struct Rows {
+  int N, n, t, k;
+  size_t lo;
+};
+Rows rows_of(const UnitCtx& c) {
+  const int t = c.tensor->size(), N = c.batch->B * c.batch->T;
+  return {N, N / t, t, c.tensor->rank(), size_t(c.tensor->rank()) * size_t(N / t)};
+}
+ParamSpec split_rows(ParamSpec p, int k, int t) {  // rows [k r, (k+1) r) of (R, C)
+  p.split.logical = p.shape;
+  const int64_t r = p.shape[0] / t;
+  p.split.rows = {{k * r, (k + 1) * r}};
+  p.shape[0] = r;
+  return p;
+}
+ParamSpec split_cols(ParamSpec p, int k, int t) {  // columns [k c, (k+1) c) of (R, C)
+  p.split.logical = p.shape;
+  const int64_t c = p.shape[1] / t;
+  p.split.col_lo = k * c, p.split.col_hi = (k + 1) * c;
+  p.shape[1] = c;
+  return p;
+}
+size_t sb(size_t n) { return Scratch::bytes_for(n); }
+
+// The embedding looks up this rank's rows; the head gathers every rank's normed rows and computes
+// the whole loss on every rank (the same on each), its weight gradient added on rank 0 only.
+class TensorEmbedHead final : public Unit {
+ public:
+  std::string name() const override { return "embed_head"; }
+  std::vector<ParamSpec> params() const override { return EmbedHead().params(); }
+  int num_calls() const override { return 2; }
+  void forward(UnitCtx& c, int call, const float* x, float* y) override {
+    const Rows r = rows_of(c);
+    if (call == 0) {  // this rank's rows as one sequence of n (no positions in this model)
+      c.ops->embedding_forward(y, c.batch->tokens + r.lo, c.param(0), nullptr, 1, r.n, kDim,
+                               kVocab);
+      return;
+    }
+    if (c.logits) fail("custom_model", "sampling is not split over tensor ranks");
+    float* h = c.saved->put(kH, size_t(r.n) * kDim);
+    float* rstd = c.saved->put(kRstd, size_t(r.n));
+    c.ops->rmsnorm_forward(h, rstd, x, c.param(1), r.n, kDim, 1e-5f);
+    float* hf = c.scratch->f32(size_t(r.N) * kDim);
+    c.tensor->gather(TensorOp::GatherRows, hf, h, size_t(r.n) * kDim * sizeof(float));
+    float* losses = c.scratch->f32(size_t(r.N));
+    float* dhf = c.training ? c.scratch->f32(size_t(r.N) * kDim) : nullptr;
+    if (dhf) c.ops->fill(dhf, 0.f, size_t(r.N) * kDim);
+    add_loss(c, losses, dhf, dhf && r.k == 0 ? c.grad(0) : nullptr, hf, c.param(0), kDim, kVocab);
+    if (dhf)  // this rank's rows of dh
+      c.ops->copy(c.saved->put(kDh, size_t(r.n) * kDim), dhf + r.lo * kDim, size_t(r.n) * kDim);
+  }
+  void backward(UnitCtx& c, int call, const float* x, const float* dy, float* dx) override {
+    const Rows r = rows_of(c);
+    if (call == 0) {
+      c.ops->embedding_backward(c.grad(0), nullptr, dy, c.batch->tokens + r.lo, 1, r.n, kDim);
+      return;
+    }
+    c.ops->fill(dx, 0.f, size_t(r.n) * kDim);
+    c.ops->rmsnorm_backward(dx, c.grad(1), c.saved->get(kDh), x, c.param(1),
+                            c.saved->get(kRstd), r.n, kDim);
+  }
+  ActivationDecl declare_activations(int call, BatchShape s) const override {
+    ActivationDecl d;
+    if (call == 0) return d;
+    const size_t N = size_t(s.B) * size_t(s.T), n = N / size_t(t_);
+    d.saved = (2 * n * kDim + n) * sizeof(float);  // h, rstd, dh
+    d.scratch_fwd = sb(N * kDim) + sb(N) + sb(N * kDim);
+    d.saved_eval = d.saved_logits = (n * kDim + n) * sizeof(float);
+    d.scratch_eval = sb(N * kDim) + sb(N);
+    return d;
+  }
+  std::vector<TensorColl> declare_tensor_comm(int call, Pass pass, BatchShape s) const override {
+    if (call == 0 || pass == Pass::Backward || pass == Pass::Recompute) return {};
+    return {{TensorOp::GatherRows, int64_t(s.B) * s.T * kDim * 4}};
+  }
+  explicit TensorEmbedHead(int t) : t_(t) {}
+
+ private:
+  int t_;
+};
+
+// The block split the Megatron way: wa and wb column-parallel (kHidden / t rows each), wout
+// row-parallel; the norm on this rank's rows, its output all-gathered before the products
+// (the causal shift needs the row before, which another rank may hold) and the partial sums
+// of wout reduce-scattered back to rows.
+class TensorShiftMlpBlock final : public Unit {
+ public:
+  TensorShiftMlpBlock(int i, TensorSlice s) : base_(i), s_(s) {}
+  std::string name() const override { return base_.name(); }
+  std::vector<ParamSpec> params() const override {
+    std::vector<ParamSpec> p = base_.params();
+    p[1] = split_rows(p[1], s_.rank, s_.size);
+    p[2] = split_rows(p[2], s_.rank, s_.size);
+    p[3] = split_cols(p[3], s_.rank, s_.size);
+    return p;
+  }
+  void forward(UnitCtx& c, int, const float* x, float* y) override {
+    const Rows r = rows_of(c);
+    const int T = c.batch->T, Hl = kHidden / r.t;
+    float* h = c.saved->put(kH, size_t(r.n) * kDim);
+    float* rstd = c.saved->put(kRstd, size_t(r.n));
+    float* m = c.saved->put(kM, size_t(r.N) * Hl);
+    float* g = c.saved->put(kG, size_t(r.N) * Hl);
+    c.ops->rmsnorm_forward(h, rstd, x, c.param(0), r.n, kDim, 1e-5f);
+    float* hf = c.scratch->f32(size_t(r.N) * kDim);
+    c.tensor->gather(TensorOp::GatherRows, hf, h, size_t(r.n) * kDim * sizeof(float));
+    c.ops->linear_forward(m, hf, c.param(1), nullptr, nullptr, r.N, kDim, Hl);
+    for (int s = 0; s < c.batch->B; ++s)
+      c.ops->gemm(false, true, T - 1, Hl, kDim, 1.f, hf + size_t(s) * T * kDim, kDim,
+                  c.param(2), kDim, 1.f, m + (size_t(s) * T + 1) * Hl, Hl);
+    c.ops->gelu_forward(g, m, size_t(r.N) * Hl);
+    float* part = c.scratch->f32(size_t(r.N) * kDim);
+    c.ops->linear_forward(part, g, c.param(3), nullptr, nullptr, r.N, Hl, kDim);
+    c.tensor->scatter(y, part, size_t(r.n) * kDim);
+    c.ops->residual_forward(y, y, x, size_t(r.n) * kDim);
+  }
+  void backward(UnitCtx& c, int, const float* x, const float* dy, float* dx) override {
+    const Rows r = rows_of(c);
+    const int T = c.batch->T, Hl = kHidden / r.t;
+    const float *m = c.saved->get(kM), *g = c.saved->get(kG);
+    float* dyf = c.scratch->f32(size_t(r.N) * kDim);
+    c.tensor->gather(TensorOp::GatherRows, dyf, dy, size_t(r.n) * kDim * sizeof(float));
+    float* hf = c.scratch->f32(size_t(r.N) * kDim);
+    c.tensor->gather(TensorOp::GatherRows, hf, c.saved->get(kH), size_t(r.n) * kDim * sizeof(float));
+    float* dg = c.scratch->f32(size_t(r.N) * Hl);
+    float* dm = c.scratch->f32(size_t(r.N) * Hl);
+    float* dhp = c.scratch->f32(size_t(r.N) * kDim);
+    c.ops->fill(dg, 0.f, size_t(r.N) * Hl);
+    c.ops->fill(dm, 0.f, size_t(r.N) * Hl);
+    c.ops->fill(dhp, 0.f, size_t(r.N) * kDim);
+    c.ops->linear_backward(dg, c.grad(3), nullptr, dyf, g, c.param(3), r.N, Hl, kDim);
+    c.ops->gelu_backward(dm, m, dg, size_t(r.N) * Hl);
+    c.ops->linear_backward(dhp, c.grad(1), nullptr, dm, hf, c.param(1), r.N, kDim, Hl);
+    for (int s = 0; s < c.batch->B; ++s) {
+      const float* dms = dm + (size_t(s) * T + 1) * Hl;
+      const float* hs = hf + size_t(s) * T * kDim;
+      c.ops->gemm(true, false, Hl, kDim, T - 1, 1.f, dms, Hl, hs, kDim, 1.f, c.grad(2), kDim);
+      c.ops->gemm(false, false, T - 1, kDim, Hl, 1.f, dms, Hl, c.param(2), kDim, 1.f,
+                  dhp + size_t(s) * T * kDim, kDim);
+    }
+    float* dh = c.scratch->f32(size_t(r.n) * kDim);
+    c.tensor->scatter(dh, dhp, size_t(r.n) * kDim);
+    if (dx != dy) c.ops->copy(dx, dy, size_t(r.n) * kDim);
+    c.ops->rmsnorm_backward(dx, c.grad(0), dh, x, c.param(0), c.saved->get(kRstd), r.n, kDim);
+  }
+  ActivationDecl declare_activations(int, BatchShape s) const override {
+    const size_t N = size_t(s.B) * size_t(s.T), n = N / size_t(s_.size),
+                 Hl = size_t(kHidden / s_.size);
+    ActivationDecl d;
+    d.saved = (n * kDim + n + 2 * N * Hl) * sizeof(float);
+    d.saved_eval = d.saved_logits = d.saved;
+    d.scratch_fwd = d.scratch_eval = d.scratch_logits = 2 * sb(N * kDim);
+    d.scratch_bwd = 3 * sb(N * kDim) + 2 * sb(N * Hl) + sb(n * kDim);
+    return d;
+  }
+  std::vector<TensorColl> declare_tensor_comm(int, Pass pass, BatchShape s) const override {
+    const int64_t full = int64_t(s.B) * s.T * kDim * 4;
+    const TensorColl gather{TensorOp::GatherRows, full}, scatter{TensorOp::ScatterRows, full};
+    if (pass == Pass::Backward) return {gather, gather, scatter};
+    if (pass == Pass::Recompute) return {};
+    return {gather, scatter};
+  }
+
+ private:
+  ShiftMlpBlock base_;
+  TensorSlice s_;
+};
+
+Model make_model(TensorSlice slice = {}) {
   Model m;
   m.config.type = "custom";
   m.config.vocab_size = kVocab;
   m.config.d_model = kDim;
   m.config.n_layer = kLayers;
-  m.units.push_back(std::make_unique<EmbedHead>());
+  m.tensor = slice;
+  if (slice.size > 1)
+    m.units.push_back(std::make_unique<TensorEmbedHead>(slice.size));
+  else
+    m.units.push_back(std::make_unique<EmbedHead>());
   m.schedule.push_back({0, 0});
   for (int i = 0; i < kLayers; ++i) {
-    m.units.push_back(std::make_unique<ShiftMlpBlock>(i));
+    if (slice.size > 1)
+      m.units.push_back(std::make_unique<TensorShiftMlpBlock>(i, slice));
+    else
+      m.units.push_back(std::make_unique<ShiftMlpBlock>(i));
     m.schedule.push_back({i + 1, 0});
   }
   m.schedule.push_back({0, 1});
@@ -326,8 +517,45 @@ int plan(int world, bool measure_unknown) {
   }
 }
 
+// --tensor t: the model split over the t ranks of mpirun, trained beside the whole model alone
+// on every rank; the losses must agree.
+int tensor_run(int t, int steps) {
+  const GroupPtr world = world_group();
+  if (world->size() != t)
+    fail("custom_model", "--tensor " + std::to_string(t) + ": run it under mpirun -np " +
+                             std::to_string(t) + " (this job has " +
+                             std::to_string(world->size()) + " ranks)");
+  Model split = make_model(TensorSlice{world->rank(), t});
+  Model whole = make_model();
+  ShardedModel sm(split, ops_for(Device::cpu()), 42, make_local_group(),
+                  ShardingPolicy::for_strategy(ShardingStrategy::FullShard), world);
+  ShardedModel one(whole, ops_for(Device::cpu()), 42);
+  AdamWParams opt;
+  opt.weight_decay = 0.0f;
+  std::vector<int32_t> tok, tgt;
+  double worst = 0;
+  for (int s = 1; s <= steps; ++s) {
+    make_batch(8, 32, s, tok, tgt);
+    const Batch batch{tok.data(), tgt.data(), 8, 32};
+    double loss[2];
+    ShardedModel* models[2] = {&sm, &one};
+    for (int k = 0; k < 2; ++k) {
+      models[k]->zero_grads();
+      loss[k] = models[k]->forward_backward(batch, 1.f);
+      const double norm = models[k]->grad_norm();
+      models[k]->optimizer_step(opt, 3e-3f, norm > 1.0 ? static_cast<float>(1.0 / norm) : 1.f, s);
+    }
+    worst = std::max(worst, std::fabs(loss[0] - loss[1]) / std::fabs(loss[1]));
+    if (world->rank() == 0 && (s % 50 == 0 || s == 1))
+      std::printf("step %4d  loss %.6f (whole model alone %.6f)\n", s, loss[0], loss[1]);
+  }
+  if (world->rank() == 0)
+    std::printf("tensor %d: largest relative loss difference %.2e over %d steps\n", t, worst, steps);
+  return worst < 1e-5 ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
-  int steps = 300, world = 1;
+  int steps = 300, world = 1, tensor = 0;
   bool check = false, check_act = false, plan_only = false, measure_unknown = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
@@ -337,12 +565,19 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--plan")) plan_only = true;
     else if (!std::strcmp(argv[i], "--undeclared")) g_undeclared = true;
     else if (!std::strcmp(argv[i], "--measure-unknown")) measure_unknown = true;
+    else if (!std::strcmp(argv[i], "--tensor") && i + 1 < argc) tensor = std::atoi(argv[++i]);
     else {
       std::fprintf(stderr, "custom_model: unknown option '%s'\n", argv[i]);
       return 2;
     }
   }
   if (plan_only) return plan(world, measure_unknown);
+  if (tensor > 0) try {
+      return tensor_run(tensor, steps);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      return 1;
+    }
   Model model = make_model();
   if (check_act) {  // odd batch shapes on purpose: declarations must hold for any (B, T)
     std::vector<int32_t> tok, tgt;

@@ -48,9 +48,6 @@ FlatLayout FlatLayout::build(std::vector<ParamSpec> specs, int world) {
 
 std::vector<std::pair<int64_t, int64_t>> FlatLayout::replicated_runs() const {
   std::vector<std::pair<int64_t, int64_t>> runs;
-  bool any_split = false;
-  for (const ParamSpec& p : specs) any_split |= p.split.split();
-  if (!any_split) return runs;
   for (size_t s = 0; s < specs.size(); ++s) {
     if (specs[s].split.split() || entries[s].numel == 0) continue;
     const int64_t lo = entries[s].offset, hi = lo + entries[s].numel;

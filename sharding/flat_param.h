@@ -43,8 +43,8 @@ struct FlatLayout {
   // Where parameter s starts in the compact fp32 buffer; -1 when it has no fp32 copy there.
   int64_t compact_offset(size_t s) const { return entries[s].f32; }
   // Tensor parallelism: the [lo, hi) runs of the flat buffer holding replicated parameters
-  // (ParamSpec::split empty) of a unit that has split ones; adjacent ones (alignment gaps
-  // between) merged. Empty when no parameter is split (nothing to sum over a tensor group).
+  // (ParamSpec::split empty; in a model that is not split, all of them); adjacent ones
+  // (alignment gaps between) merged.
   std::vector<std::pair<int64_t, int64_t>> replicated_runs() const;
 };
 
