@@ -403,3 +403,75 @@ TEST_CASE("plan str() lists every action with its queue", "[plan]") {
   for (char c : s) lines += c == '\n';
   CHECK(lines >= p.actions.size());
 }
+
+// Tensor parallelism: each call's declared collectives follow its compute action on the tensor
+// queue (forward: a block's 2 gathers and 2 scatters, the embedding's scatter, the loss's gather,
+// statistics and scatter; backward: 4 gathers and 2 scatters; a selective recompute none, a full
+// one the forward's), and each unit's replicated gradients are summed over the tensor group
+// right before its data-parallel reduction (whole units: in the last micro-step only).
+TEST_CASE("Tensor parallel plan: in-call collectives and replicated gradients, by hand", "[plan]") {
+  ModelConfig mc = tiny("gpt2", 2);
+  mc.n_head = 4;
+  const int t = 2, B = 2, T = mc.seq_len, C = mc.d_model;
+  const int64_t NC4 = int64_t{B} * T * C * 4;
+  for (const int world : {1, 2}) {
+    for (CheckpointMode ck : {CheckpointMode::Off, CheckpointMode::Selective, CheckpointMode::Full}) {
+      const Model m = build_model(mc, TensorSlice{1, t});
+      ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+      pol.activation_checkpointing.mode = ck;
+      PlanInput in = make_plan_input(m, pol, world);
+      in.B = B, in.T = T, in.accum = 2;
+      declare_calls(in, m);
+      CHECK(in.tensor == t);
+      CHECK(in.d_model == C / t);  // the residual stream: this rank's rows
+      const StepPlan plan = plan_step(in);
+      INFO("world " << world << " checkpointing " << checkpoint_mode_name(ck));
+      const int P = static_cast<int>(in.schedule.size());
+      std::map<std::string, int> reduce_grads;  // per micro-step and unit
+      for (size_t i = 0; i < plan.actions.size(); ++i) {
+        const Action& a = plan.actions[i];
+        if (a.queue == Queue::Tensor) CHECK(a.kind >= ActionKind::TpGatherRows);
+        if (a.kind == ActionKind::TpReduceGrads) {
+          reduce_grads[std::to_string(a.micro) + "/" + std::to_string(a.unit)]++;
+          CHECK(a.bytes > 0);
+          // its reduction follows (sharded units)
+          if (world > 1) {
+            bool found = false;
+            for (size_t j = i + 1; j < plan.actions.size() && !found; ++j)
+              found = plan.actions[j].kind == ActionKind::ReduceScatter &&
+                      plan.actions[j].unit == a.unit;
+            CHECK(found);
+          }
+        }
+        const bool compute_call = a.kind == ActionKind::Forward || a.kind == ActionKind::Backward ||
+                                  a.kind == ActionKind::Recompute;
+        if (!compute_call) continue;
+        std::vector<ActionKind> got;
+        for (size_t j = i + 1; j < plan.actions.size() && plan.actions[j].inside == int(i); ++j) {
+          got.push_back(plan.actions[j].kind);
+          CHECK(plan.actions[j].queue == Queue::Tensor);
+          CHECK(plan.actions[j].waits == std::vector<int>{int(i)});
+          if (plan.actions[j].kind != ActionKind::TpAllGather) CHECK(plan.actions[j].bytes == NC4);
+        }
+        using K = ActionKind;
+        const K G = K::TpGatherRows, S = K::TpScatterRows, A = K::TpAllGather;
+        const bool block = a.pos > 0 && a.pos + 1 < P;
+        std::vector<K> want;
+        const bool fwd = a.kind == K::Forward || (a.kind == K::Recompute && a.mode == CheckpointMode::Full);
+        if (block) want = fwd ? std::vector<K>{G, S, G, S}
+                          : a.kind == K::Backward ? std::vector<K>{G, G, S, G, G, S}
+                                                  : std::vector<K>{};
+        else if (a.pos == 0) want = a.kind == K::Forward ? std::vector<K>{S} : std::vector<K>{G};
+        else want = a.kind == K::Forward ? std::vector<K>{G, A, S} : std::vector<K>{};
+        INFO(action_kind_name(a.kind) << " pos " << a.pos);
+        CHECK(got == want);
+      }
+      // Sharded units: every micro-step reduces (reduce_each_micro_step); whole units: once.
+      for (int u = 0; u < static_cast<int>(in.units.size()); ++u)
+        for (int k = 0; k < 2; ++k)
+          CHECK(reduce_grads[std::to_string(k) + "/" + std::to_string(u)] ==
+                (world > 1 || k == 1 ? 1 : 0));
+      CHECK_FALSE(replay_peak(plan).negative);
+    }
+  }
+}
