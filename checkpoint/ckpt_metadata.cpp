@@ -38,6 +38,28 @@ std::string tensor_name(int unit, int kind, int64_t lo, int64_t hi) {
   return s;
 }
 
+std::string rect_name(int unit, int kind, const std::string& param, int64_t r0, int64_t r1,
+                      int64_t c0, int64_t c1) {
+  std::string s = "u";
+  s += std::to_string(unit);
+  s += '.';
+  s += kKindNames[kind];
+  s += '.';
+  s += param;
+  s += '[';
+  s += std::to_string(r0) + ":" + std::to_string(r1) + "," + std::to_string(c0) + ":" +
+       std::to_string(c1);
+  s += ']';
+  return s;
+}
+
+RowsCols rows_cols(const Shape& s) {
+  if (s.empty()) return {};
+  int64_t cols = 1;
+  for (size_t d = 1; d < s.size(); ++d) cols *= s[d];
+  return {s[0], cols};
+}
+
 namespace {
 
 std::string errno_str() { return std::strerror(errno); }
@@ -156,10 +178,14 @@ Meta parse_meta(const std::string& step_dir, const std::string& path, const std:
 
   constexpr int64_t kIntMax = INT32_MAX;
   m.version = static_cast<int>(R.integer(j, "format_version", "the document", 0, kIntMax));
-  if (m.version != kCheckpointFormatVersion)
+  if (m.version != kCheckpointFormatVersion && m.version != kCheckpointFormatV2)
     R.bad("format_version", std::to_string(m.version) + " is not supported (this build reads " +
-                                std::to_string(kCheckpointFormatVersion) + ")");
+                                std::to_string(kCheckpointFormatVersion) + " and " +
+                                std::to_string(kCheckpointFormatV2) + ")");
+  const bool v2 = m.version == kCheckpointFormatV2;
   m.world = static_cast<int>(R.integer(j, "world_size", "the document", 1, kIntMax));
+  if (v2)
+    m.tensor = static_cast<int>(R.integer(j, "tensor_parallel_degree", "the document", 1, m.world));
   m.shard_group = static_cast<int>(R.integer(j, "shard_group_size", "the document", 1, m.world));
   m.strategy = R.str(j, "strategy", "the document");
   m.config_json = R.at(j, "model_config", "the document");
@@ -244,9 +270,26 @@ Meta parse_meta(const std::string& step_dir, const std::string& path, const std:
       for (int k = 0; k < 3; ++k)
         if (kind == kKindNames[k]) ft.kind = k;
       if (ft.kind < 0) R.bad(tw + ".kind", "'" + kind + "' is not master, exp_avg or exp_avg_sq");
-      const int64_t unumel = m.units[static_cast<size_t>(ft.unit)].numel;
-      ft.lo = R.integer(ts2[t], "lo", tw, 0, unumel);
-      ft.hi = R.integer(ts2[t], "hi", tw, ft.lo, unumel);
+      const UnitMeta& um = m.units[static_cast<size_t>(ft.unit)];
+      if (v2) {  // a block of a parameter: rows [r0, r1) x columns [c0, c1)
+        const std::string pname = R.str(ts2[t], "param", tw);
+        for (size_t p = 0; p < um.params.size() && ft.param < 0; ++p)
+          if (um.params[p].name == pname) ft.param = static_cast<int>(p);
+        if (ft.param < 0) R.bad(tw + ".param", "'" + pname + "' is not a parameter of its unit");
+        const RowsCols rc = rows_cols(um.params[static_cast<size_t>(ft.param)].shape);
+        auto span = [&](const char* key, int64_t n, int64_t& a, int64_t& b) {
+          const nlohmann::json& v = R.array(ts2[t], key, tw);
+          if (v.size() != 2) R.bad(R.join(tw, key), "must be [begin, end]");
+          a = R.integer(v[0], R.join(tw, key) + "[0]", 0, n);
+          b = R.integer(v[1], R.join(tw, key) + "[1]", a, n);
+        };
+        span("rows", rc.rows, ft.r0, ft.r1);
+        span("cols", rc.cols, ft.c0, ft.c1);
+        ft.lo = 0, ft.hi = (ft.r1 - ft.r0) * (ft.c1 - ft.c0);  // within the parameter's numel
+      } else {
+        ft.lo = R.integer(ts2[t], "lo", tw, 0, um.numel);
+        ft.hi = R.integer(ts2[t], "hi", tw, ft.lo, um.numel);
+      }
       ft.offset = static_cast<uint64_t>(R.integer(ts2[t], "offset", tw, 0, static_cast<int64_t>(fe.bytes)));
       ft.bytes = static_cast<uint64_t>(
           R.integer(ts2[t], "bytes", tw, 0, static_cast<int64_t>(fe.bytes - ft.offset)));
@@ -279,8 +322,52 @@ Meta read_meta(const std::string& step_dir) {
   return parse_meta(step_dir, path, ss.str());
 }
 
-// Every (unit, kind) must be tiled exactly by the files' tensors.
+namespace {
+
+// v2: every parameter's rows x columns tiled exactly, per kind, by the files' blocks: no block
+// overlaps another (blocks sorted by first row; only those starting above a block's last row
+// are compared with it) and their areas add up to the parameter's.
+void check_coverage_v2(const Meta& m) {
+  struct Block {
+    int64_t r0, r1, c0, c1;
+  };
+  std::vector<std::vector<std::vector<Block>>> by(m.units.size());  // [unit][param * 3 + kind]
+  for (size_t u = 0; u < m.units.size(); ++u) by[u].resize(m.units[u].params.size() * 3);
+  for (const FileEntry& f : m.files)
+    for (const FileTensor& t : f.tensors)
+      if (t.hi > t.lo)
+        by[static_cast<size_t>(t.unit)][static_cast<size_t>(t.param) * 3 + static_cast<size_t>(t.kind)]
+            .push_back({t.r0, t.r1, t.c0, t.c1});
+  for (size_t u = 0; u < m.units.size(); ++u)
+    for (size_t p = 0; p < m.units[u].params.size(); ++p)
+      for (int k = 0; k < 3; ++k) {
+        const ParamMeta& pm = m.units[u].params[p];
+        std::vector<Block>& bs = by[u][p * 3 + static_cast<size_t>(k)];
+        std::sort(bs.begin(), bs.end(), [](const Block& a, const Block& b) {
+          return a.r0 != b.r0 ? a.r0 < b.r0 : a.c0 < b.c0;
+        });
+        auto name = [&](const Block& b) {
+          return rect_name(int(u), k, pm.name, b.r0, b.r1, b.c0, b.c1);
+        };
+        int64_t area = 0;
+        for (size_t i = 0; i < bs.size(); ++i) {
+          for (size_t j = i + 1; j < bs.size() && bs[j].r0 < bs[i].r1; ++j)
+            if (bs[j].c0 < bs[i].c1 && bs[i].c0 < bs[j].c1)
+              fail("checkpoint", m.path + ": " + name(bs[i]) + " and " + name(bs[j]) + " overlap");
+          area += (bs[i].r1 - bs[i].r0) * (bs[i].c1 - bs[i].c0);  // disjoint: at most numel
+        }
+        if (area != pm.numel)
+          fail("checkpoint", m.path + ": " + std::to_string(pm.numel - area) + " of the " +
+                                 std::to_string(pm.numel) + " elements of u" + std::to_string(u) +
+                                 "." + kKindNames[k] + "." + pm.name + " are in no file");
+      }
+}
+
+}  // namespace
+
+// Every (unit, kind) must be tiled exactly by the files' tensors (v2: every parameter's).
 void check_coverage(const Meta& m) {
+  if (m.version == kCheckpointFormatV2) return check_coverage_v2(m);
   for (size_t u = 0; u < m.units.size(); ++u)
     for (int k = 0; k < 3; ++k) {
       std::vector<std::pair<int64_t, int64_t>> rs;

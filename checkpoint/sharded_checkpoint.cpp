@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdio>
@@ -54,13 +55,18 @@ std::string errno_str() { return std::strerror(errno); }
 
 struct SnapTensor {
   int unit = 0, kind = 0;
-  int64_t lo = 0, hi = 0;        // floats of the unit's flat buffer
+  int64_t lo = 0, hi = 0;        // floats of the unit's (local) flat buffer
   int64_t at = 0;                // floats into the snapshot's data section
   std::vector<uint32_t> blocks;  // CRC-32C per kBlockBytes block (filled with the data)
+  // v2 (a tensor-parallel model): the block of logical parameter `param` that [lo, hi) holds,
+  // rows [r0, r1) x columns [c0, c1) (contiguous in the local buffer).
+  std::string param;
+  int64_t r0 = 0, r1 = 0, c0 = 0, c1 = 0;
 };
 
 struct CheckpointSnapshot {
-  int rank = 0, world = 1, shard_group = 1;
+  int rank = 0, world = 1, shard_group = 1;  // rank and world: of the whole mesh
+  int tensor = 1;                            // tensor-parallel degree (> 1: a v2 save)
   std::string strategy;
   ModelConfig config;
   TrainState state;
@@ -123,31 +129,168 @@ ojson state_json(const TrainState& s) {
 
 std::string shard_file_name(int rank) { return "rank_" + std::to_string(rank) + ".safetensors"; }
 
+// Linear elements [a, b) of a rows x `cols` row-major matrix as at most three blocks (a partial
+// first row, whole rows, a partial last row): fn(r0, r1, c0, c1, first element).
+template <class Fn>
+void linear_blocks(int64_t cols, int64_t a, int64_t b, Fn&& fn) {
+  if (cols <= 0) return;
+  if (a < b && a % cols) {
+    const int64_t r = a / cols, e = std::min(b, (r + 1) * cols);
+    fn(r, r + 1, a - r * cols, e - r * cols, a);
+    a = e;
+  }
+  if (b / cols > a / cols && a < b) {
+    const int64_t r0 = a / cols, r1 = b / cols;
+    fn(r0, r1, int64_t{0}, cols, a);
+    a = r1 * cols;
+  }
+  if (a < b) fn(a / cols, a / cols + 1, int64_t{0}, b - (a / cols) * cols, a);
+}
+
+// A block of a logical parameter held contiguously in a rank's local flat buffer: logical rows
+// [r0, r1) x columns [c0, c1), element (r0, c0) at local flat index `at`, local rows `stride`
+// floats apart (a block of several rows spans all the local columns).
+struct LocalBlock {
+  int64_t r0, r1, c0, c1, at, stride;
+};
+
+// Local elements [a, b) of parameter p (at flat offset `off` of its unit) as logical blocks:
+// linear_blocks of the local matrix, each cut where the split's row runs are (TensorSplit).
+void local_blocks(const ParamSpec& p, int64_t off, int64_t a, int64_t b,
+                  std::vector<LocalBlock>& out) {
+  const TensorSplit& sp = p.split;
+  const int64_t C = rows_cols(p.shape).cols;
+  const int64_t cbase = sp.split() && sp.col_hi > 0 ? sp.col_lo : 0;
+  linear_blocks(C, a, b, [&](int64_t lr0, int64_t lr1, int64_t c0, int64_t c1, int64_t) {
+    if (!sp.split() || sp.rows.empty()) {
+      out.push_back({lr0, lr1, c0 + cbase, c1 + cbase, off + lr0 * C + c0, C});
+      return;
+    }
+    int64_t base = 0;  // local row of the run's first row
+    for (const auto& run : sp.rows) {
+      const int64_t n = run[1] - run[0];
+      const int64_t s0 = std::max(lr0, base), s1 = std::min(lr1, base + n);
+      if (s0 < s1)
+        out.push_back({run[0] + s0 - base, run[0] + s1 - base, c0 + cbase, c1 + cbase,
+                       off + s0 * C + c0, C});
+      base += n;
+    }
+  });
+}
+
+// The logical parameter of local spec p: its logical shape, not split.
+ParamSpec logical_spec(ParamSpec p) {
+  if (p.split.split()) p.shape = p.split.logical;
+  p.split = TensorSplit{};
+  return p;
+}
+
+// A tensor-parallel model's units as the t = 1 model has them (v2's "units"): each unit's
+// logical parameters in the t = 1 model's order (tensor-parallel units list replicated ones
+// first; parameters a t = 1 build does not name keep their order, after the others), at the
+// offsets of FlatLayout::build of those.
+ojson logical_layout_json(const ShardedModel& sm) {
+  std::map<std::string, int64_t> order;
+  try {
+    const Model one = build_model(const_cast<ShardedModel&>(sm).model().config);
+    for (const auto& u : one.units)
+      for (const ParamSpec& p : u->params()) order.emplace(p.name, static_cast<int64_t>(order.size()));
+  } catch (const Error&) {  // a custom model's config: the local order
+  }
+  ojson units = ojson::array();
+  for (int u = 0; u < sm.num_units(); ++u) {
+    std::vector<ParamSpec> specs;
+    for (const ParamSpec& p : sm.unit_layout(u).specs) specs.push_back(logical_spec(p));
+    std::stable_sort(specs.begin(), specs.end(), [&](const ParamSpec& a, const ParamSpec& b) {
+      const auto ia = order.find(a.name), ib = order.find(b.name);
+      const int64_t x = ia == order.end() ? INT64_MAX : ia->second;
+      const int64_t y = ib == order.end() ? INT64_MAX : ib->second;
+      return x < y;
+    });
+    const FlatLayout L = FlatLayout::build(std::move(specs), 1);
+    ojson params = ojson::array();
+    for (size_t i = 0; i < L.specs.size(); ++i) {
+      const ParamSpec& p = L.specs[i];
+      params.push_back({{"name", p.name},
+                        {"shape", p.shape},
+                        {"offset", L.entries[i].offset},
+                        {"numel", L.entries[i].numel},
+                        {"hf_name", hf_file_name(p)},
+                        {"hf_transpose", p.hf_transpose}});
+    }
+    units.push_back({{"name", sm.unit_name(u)},
+                     {"numel", L.used},
+                     {"padded", L.padded},
+                     {"dtype", "F32"},
+                     {"params", std::move(params)}});
+  }
+  return units;
+}
+
 // Everything but the data: identity, layout, the tensors this rank writes and the file header.
 SnapshotPtr describe_snapshot(const ShardedModel& sm, const TrainState& state) {
   SnapshotPtr s(new CheckpointSnapshot);
-  s->rank = sm.rank();
-  s->world = sm.world();
+  const TensorSlice ts = const_cast<ShardedModel&>(sm).model().tensor;
+  // Tensor groups are a data-parallel slot's ts.size ranks; (data rank, tensor rank) names a
+  // rank of the mesh uniquely, its world rank when tensor groups are consecutive ranks.
+  s->tensor = ts.size;
+  s->rank = sm.rank() * ts.size + ts.rank;
+  s->world = sm.world() * ts.size;
   s->shard_group = sm.num_units() > 0 ? sm.unit_layout(0).world : 1;
   s->strategy = strategy_name(sm.policy().strategy);
   s->config = const_cast<ShardedModel&>(sm).model().config;
   s->state = state;
-  s->units = layout_json(sm);
-  for (int u = 0; u < sm.num_units(); ++u) {
-    const FlatRange r = sm.owned_range(u);
-    if (r.empty()) continue;
-    for (int k = 0; k < 3; ++k) {
-      s->tensors.push_back({u, k, r.lo, r.hi, s->floats, {}});
-      s->floats += r.size();
+  if (ts.size == 1) {
+    s->units = layout_json(sm);
+    for (int u = 0; u < sm.num_units(); ++u) {
+      const FlatRange r = sm.owned_range(u);
+      if (r.empty()) continue;
+      for (int k = 0; k < 3; ++k) {
+        s->tensors.push_back({u, k, r.lo, r.hi, s->floats, {}, {}, 0, 0, 0, 0});
+        s->floats += r.size();
+      }
+    }
+  } else {
+    // v2: the owned range's part of each parameter as logical blocks; a replicated parameter
+    // (no split, equal on every tensor rank) is written by tensor rank 0 alone.
+    s->units = logical_layout_json(sm);
+    std::vector<LocalBlock> blocks;
+    for (int u = 0; u < sm.num_units(); ++u) {
+      const FlatRange r = sm.owned_range(u);
+      if (r.empty()) continue;
+      const FlatLayout& L = sm.unit_layout(u);
+      blocks.clear();
+      std::vector<const std::string*> names;
+      for (size_t i = 0; i < L.specs.size(); ++i) {
+        const ParamSpec& p = L.specs[i];
+        if (!p.split.split() && ts.rank != 0) continue;
+        const int64_t off = L.entries[i].offset, n = L.entries[i].numel;
+        const int64_t a = std::max(r.lo, off), b = std::min(r.hi, off + n);
+        if (a >= b) continue;
+        local_blocks(p, off, a - off, b - off, blocks);
+        names.resize(blocks.size(), &p.name);
+      }
+      for (int k = 0; k < 3; ++k)
+        for (size_t i = 0; i < blocks.size(); ++i) {
+          const LocalBlock& lb = blocks[i];
+          const int64_t n = (lb.r1 - lb.r0) * (lb.c1 - lb.c0);
+          s->tensors.push_back({u, k, lb.at, lb.at + n, s->floats, {}, *names[i], lb.r0, lb.r1,
+                                lb.c0, lb.c1});
+          s->floats += n;
+        }
     }
   }
   std::vector<StTensorDesc> descs;
   for (const SnapTensor& t : s->tensors)
-    descs.push_back({tensor_name(t.unit, t.kind, t.lo, t.hi), StDType::F32, {t.hi - t.lo}});
+    descs.push_back({s->tensor > 1 ? rect_name(t.unit, t.kind, t.param, t.r0, t.r1, t.c0, t.c1)
+                                   : tensor_name(t.unit, t.kind, t.lo, t.hi),
+                     StDType::F32,
+                     {t.hi - t.lo}});
   s->header = safetensors_header(shard_file_name(s->rank), descs,
                                  {{"format", kFormatName},
                                   {"rank", std::to_string(s->rank)},
-                                  {"world_size", std::to_string(s->world)}});
+                                  {"world_size", std::to_string(s->world)},
+                                  {"tensor_parallel_degree", std::to_string(s->tensor)}});
   return s;
 }
 
@@ -461,15 +604,27 @@ void write_shard(const CheckpointSnapshot& s, const std::string& tmp_dir) {
       tcrc = b == 0 ? blocks[b]
                     : crc32c_combine(tcrc, blocks[b], std::min(kBlockBytes, bytes - b * kBlockBytes));
     file_crc = crc32c_combine(file_crc, tcrc, bytes);
-    tensors.push_back({{"name", tensor_name(t.unit, t.kind, t.lo, t.hi)},
-                       {"unit", t.unit},
-                       {"kind", kKindNames[t.kind]},
-                       {"lo", t.lo},
-                       {"hi", t.hi},
-                       {"offset", pos},
-                       {"bytes", bytes},
-                       {"crc32c", tcrc},
-                       {"block_crc32c", blocks}});
+    if (s.tensor > 1)
+      tensors.push_back({{"name", rect_name(t.unit, t.kind, t.param, t.r0, t.r1, t.c0, t.c1)},
+                         {"unit", t.unit},
+                         {"kind", kKindNames[t.kind]},
+                         {"param", t.param},
+                         {"rows", {t.r0, t.r1}},
+                         {"cols", {t.c0, t.c1}},
+                         {"offset", pos},
+                         {"bytes", bytes},
+                         {"crc32c", tcrc},
+                         {"block_crc32c", blocks}});
+    else
+      tensors.push_back({{"name", tensor_name(t.unit, t.kind, t.lo, t.hi)},
+                         {"unit", t.unit},
+                         {"kind", kKindNames[t.kind]},
+                         {"lo", t.lo},
+                         {"hi", t.hi},
+                         {"offset", pos},
+                         {"bytes", bytes},
+                         {"crc32c", tcrc},
+                         {"block_crc32c", blocks}});
     pos += bytes;
   }
   ojson entry = {{"file", fname},
@@ -523,6 +678,10 @@ std::string seal_metadata(ojson j) {
 
 bool commit_checkpoint(Group& g, const CheckpointSnapshot& s, bool ok, const std::string& tmp_dir,
                        const std::string& final_dir) {
+  if (g.size() != s.world)  // (every rank alike: before any collective)
+    fail("checkpoint", final_dir + ": committed over " + std::to_string(g.size()) +
+                           " ranks, but the model's mesh has " + std::to_string(s.world) +
+                           " (a tensor-parallel save commits over the world)");
   const bool all_ok = !any_rank(g, !ok);
   std::vector<std::string> entries = all_gather_strings(g, all_ok ? s.file_entry : std::string());
   if (!all_ok) {
@@ -536,18 +695,22 @@ bool commit_checkpoint(Group& g, const CheckpointSnapshot& s, bool ok, const std
   std::string error;
   if (g.rank() == 0) {
     try {
+      const bool v2 = s.tensor > 1;
       ojson meta = {{"format", kFormatName},
-                    {"format_version", kCheckpointFormatVersion},
+                    {"format_version", v2 ? kCheckpointFormatV2 : kCheckpointFormatVersion},
                     {"model_config", model_config_to_json(s.config)},
-                    {"world_size", s.world},
-                    {"strategy", s.strategy},
-                    {"shard_group_size", s.shard_group},
-                    {"dtype", "F32"},
-                    {"block_bytes", kBlockBytes},
-                    {"tensor_names", "u<unit>.<master|exp_avg|exp_avg_sq>[<lo>:<hi>], floats of "
-                                     "the unit's flat buffer"},
-                    {"train_state", state_json(s.state)},
-                    {"units", s.units}};
+                    {"world_size", s.world}};
+      if (v2) meta["tensor_parallel_degree"] = s.tensor;
+      meta["strategy"] = s.strategy;
+      meta["shard_group_size"] = s.shard_group;
+      meta["dtype"] = "F32";
+      meta["block_bytes"] = kBlockBytes;
+      meta["tensor_names"] =
+          v2 ? "u<unit>.<master|exp_avg|exp_avg_sq>.<parameter>[<r0>:<r1>,<c0>:<c1>], rows x "
+               "columns of the logical parameter (dim 0 x the rest), row-major"
+             : "u<unit>.<master|exp_avg|exp_avg_sq>[<lo>:<hi>], floats of the unit's flat buffer";
+      meta["train_state"] = state_json(s.state);
+      meta["units"] = s.units;
       ojson files = ojson::array();
       for (const std::string& e : entries) files.push_back(ojson::parse(e));
       meta["files"] = std::move(files);
@@ -587,7 +750,8 @@ SnapshotPtr view_checkpoint(const ShardedModel& sm, const TrainState& state) {
   return snap;
 }
 
-void save_checkpoint(const ShardedModel& sm, const TrainState& state, const std::string& final_dir) {
+void save_checkpoint(const ShardedModel& sm, const TrainState& state, const std::string& final_dir,
+                     Group* world) {
   // Synchronous: the model cannot change during the call, so the file is written straight
   // from its memory (no snapshot copy).
   SnapshotPtr snap = describe_snapshot(sm, state);
@@ -599,7 +763,7 @@ void save_checkpoint(const ShardedModel& sm, const TrainState& state, const std:
   } catch (const std::exception& e) {
     error = e.what();
   }
-  if (!commit_checkpoint(sm.group(), *snap, error.empty(), tmp, final_dir)) {
+  if (!commit_checkpoint(world ? *world : sm.group(), *snap, error.empty(), tmp, final_dir)) {
     if (!error.empty()) throw Error(error);
     fail("checkpoint", final_dir + ": another rank failed to write its shard; nothing was saved");
   }
@@ -834,6 +998,169 @@ void load_file(const SafeTensorsReader& r, uint64_t block_bytes,
 
 std::string shape_list(const Shape& s) { return shape_str(s); }
 
+// The model config differences (load's first check).
+void config_diffs(const ShardedModel& sm, const Meta& m, std::vector<std::string>& diffs) {
+  // (The checkpoint's config as read, so that files from before a field was added compare
+  // with the value they stand for.)
+  const nlohmann::json mine = nlohmann::json::parse(
+      model_config_to_json(const_cast<ShardedModel&>(sm).model().config).dump());
+  const nlohmann::json saved = nlohmann::json::parse(model_config_to_json(m.config).dump());
+  for (auto it = mine.begin(); it != mine.end(); ++it) {
+    const auto theirs = saved.find(it.key());
+    if (theirs == saved.end() || *theirs != it.value())
+      diffs.push_back("model_config." + it.key() + ": checkpoint " +
+                      (theirs == saved.end() ? std::string("(absent)") : theirs->dump()) +
+                      ", model " + it.value().dump());
+  }
+}
+
+[[noreturn]] void fail_diffs(const std::string& step_dir, const std::vector<std::string>& diffs) {
+  std::string msg = step_dir + ": the checkpoint's model differs from this one (" +
+                    std::to_string(diffs.size()) + " difference" + (diffs.size() > 1 ? "s" : "") +
+                    "): ";
+  for (size_t i = 0; i < diffs.size(); ++i) msg += (i ? "; " : "") + diffs[i];
+  fail("checkpoint", msg);
+}
+
+// ---- Logical blocks: loads across mesh shapes, v2 export ------------------------------------
+// A checkpoint's data for one (parameter, kind) as blocks of the logical parameter (rows x
+// columns, RowsCols): v2's blocks as they are, v1's flat ranges cut at parameters and rows.
+struct Source {
+  size_t file;
+  const FileTensor* t;
+  int64_t r0, r1, c0, c1;
+  int64_t at;  // where element (r0, c0) is, in t's [lo, hi) coordinates (read_range's)
+};
+using Sources = std::map<std::string, std::vector<Source>>;  // by parameter name
+
+std::array<Sources, 3> logical_sources(const Meta& m) {
+  std::array<Sources, 3> out;
+  for (size_t f = 0; f < m.files.size(); ++f)
+    for (const FileTensor& t : m.files[f].tensors) {
+      if (t.hi <= t.lo) continue;
+      const UnitMeta& um = m.units[static_cast<size_t>(t.unit)];
+      Sources& by = out[static_cast<size_t>(t.kind)];
+      if (m.version == kCheckpointFormatV2) {
+        by[um.params[static_cast<size_t>(t.param)].name].push_back(
+            {f, &t, t.r0, t.r1, t.c0, t.c1, 0});
+        continue;
+      }
+      for (const ParamMeta& p : um.params) {
+        const int64_t a = std::max(t.lo, p.offset), b = std::min(t.hi, p.offset + p.numel);
+        if (a >= b) continue;
+        linear_blocks(rows_cols(p.shape).cols, a - p.offset, b - p.offset,
+                      [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1, int64_t e) {
+                        by[p.name].push_back({f, &t, r0, r1, c0, c1, p.offset + e});
+                      });
+      }
+    }
+  return out;
+}
+
+// Shard files opened on first use (open_shard's checks), counted in `st`.
+struct Readers {
+  const Meta& m;
+  LoadStats* st;
+  std::map<size_t, SafeTensorsReader> open;
+  const SafeTensorsReader& get(size_t f) {
+    auto it = open.find(f);
+    if (it != open.end()) return it->second;
+    it = open.emplace(f, open_shard(m, m.files[f])).first;
+    if (st) ++st->files_opened, st->header_bytes += static_cast<int64_t>(it->second.data_start());
+    return it->second;
+  }
+};
+
+// Copies the part of source F inside destination block N (dst: N's element (r, c) at
+// dst[N.at + (r - N.r0) * N.stride + (c - N.c0)]): reads the file range from the first to the
+// last element of the intersection (whole checksum blocks, verified), row by row out of it.
+void copy_block(Readers& rd, const Meta& m, const Source& F, const LocalBlock& N, float* dst,
+                std::vector<unsigned char>& buf) {
+  const int64_t r0 = std::max(N.r0, F.r0), r1 = std::min(N.r1, F.r1);
+  const int64_t c0 = std::max(N.c0, F.c0), c1 = std::min(N.c1, F.c1);
+  if (r0 >= r1 || c0 >= c1) return;
+  const int64_t w = F.c1 - F.c0;
+  const int64_t lo = F.at + (r0 - F.r0) * w + (c0 - F.c0);
+  const int64_t hi = F.at + (r1 - 1 - F.r0) * w + (c1 - F.c0);
+  read_range(rd.get(F.file), *F.t, m.block_bytes, lo, hi, buf,
+             [&](int64_t l, int64_t h, const float* data) {
+               for (int64_t x = l; x < h;) {
+                 const int64_t rel = x - F.at, r = F.r0 + rel / w, c = F.c0 + rel % w;
+                 const int64_t row_end = std::min(h, x + (F.c1 - c));  // this row's end in [l, h)
+                 const int64_t cs = std::max(c, c0), ce = std::min(c1, c + (row_end - x));
+                 if (r >= r0 && r < r1 && cs < ce)
+                   std::memcpy(dst + N.at + (r - N.r0) * N.stride + (cs - N.c0),
+                               data + (x - l) + (cs - c), static_cast<size_t>(ce - cs) * 4);
+                 x = row_end;
+               }
+             },
+             rd.st, m.files[F.file].file);
+}
+
+// load_checkpoint across mesh shapes (a v2 checkpoint, or a tensor-parallel model): per unit and
+// kind, the held range is assembled in host memory from the logical blocks overlapping each
+// local parameter's part, then written with write_state.
+void load_logical(ShardedModel& sm, const Meta& m, LoadStats& st) {
+  std::vector<std::string> diffs;
+  config_diffs(sm, m, diffs);
+  if (static_cast<int>(m.units.size()) != sm.num_units())
+    diffs.push_back("units: checkpoint has " + std::to_string(m.units.size()) + ", model has " +
+                    std::to_string(sm.num_units()));
+  const int U = std::min(static_cast<int>(m.units.size()), sm.num_units());
+  for (int u = 0; u < U; ++u) {
+    const UnitMeta& cu = m.units[static_cast<size_t>(u)];
+    if (cu.name != sm.unit_name(u))
+      diffs.push_back("unit " + std::to_string(u) + " name: checkpoint '" + cu.name + "', model '" +
+                      sm.unit_name(u) + "'");
+    std::map<std::string, const ParamMeta*> theirs;
+    for (const ParamMeta& p : cu.params) theirs[p.name] = &p;
+    std::set<std::string> ours;
+    for (const ParamSpec& local : sm.unit_layout(u).specs) {
+      const ParamSpec p = logical_spec(local);
+      ours.insert(p.name);
+      auto it = theirs.find(p.name);
+      if (it == theirs.end())
+        diffs.push_back("parameter '" + p.name + "' " + shape_list(p.shape) + " is not in the checkpoint");
+      else if (it->second->shape != p.shape)
+        diffs.push_back("parameter '" + p.name + "': checkpoint " + shape_list(it->second->shape) +
+                        ", model " + shape_list(p.shape));
+    }
+    for (const ParamMeta& p : cu.params)
+      if (!ours.count(p.name))
+        diffs.push_back("parameter '" + p.name + "' " + shape_list(p.shape) + " is not in the model");
+  }
+  if (!diffs.empty()) fail_diffs(m.dir, diffs);
+  check_coverage(m);
+
+  const std::array<Sources, 3> src = logical_sources(m);
+  Readers rd{m, &st, {}};
+  std::vector<float> stage;
+  std::vector<unsigned char> buf;
+  std::vector<LocalBlock> blocks;
+  for (int u = 0; u < sm.num_units(); ++u) {
+    const FlatLayout& L = sm.unit_layout(u);
+    for (int k = 0; k < 3; ++k) {
+      const FlatRange H = sm.held_range(u, static_cast<StateKind>(k));
+      if (H.empty()) continue;
+      stage.assign(static_cast<size_t>(H.size()), 0.f);  // alignment gaps stay zero
+      for (size_t i = 0; i < L.specs.size(); ++i) {
+        const int64_t off = L.entries[i].offset, n = L.entries[i].numel;
+        const int64_t a = std::max(H.lo, off), b = std::min(H.hi, off + n);
+        if (a >= b) continue;
+        blocks.clear();
+        local_blocks(L.specs[i], off, a - off, b - off, blocks);
+        const auto it = src[static_cast<size_t>(k)].find(L.specs[i].name);
+        if (it == src[static_cast<size_t>(k)].end()) continue;  // (coverage checked: empty)
+        for (LocalBlock N : blocks) {
+          N.at -= H.lo;  // into `stage`
+          for (const Source& F : it->second) copy_block(rd, m, F, N, stage.data(), buf);
+        }
+      }
+      sm.write_state(u, static_cast<StateKind>(k), H, stage.data());
+    }
+  }
+}
+
 }  // namespace
 
 // ---- Load ------------------------------------------------------------------------------------
@@ -843,20 +1170,17 @@ TrainState load_checkpoint(ShardedModel& sm, const std::string& step_dir, LoadSt
   LoadStats st;
   std::error_code ec;
   st.metadata_bytes = static_cast<int64_t>(std::filesystem::file_size(m.path, ec));
+  // Across mesh shapes: by logical blocks. A v1 checkpoint into an untensored model: by flat
+  // ranges, as below.
+  if (m.version == kCheckpointFormatV2 || sm.model().tensor.size > 1) {
+    load_logical(sm, m, st);
+    if (stats) *stats = std::move(st);
+    return m.state;
+  }
 
   // The model must match: every difference is listed.
   std::vector<std::string> diffs;
-  // (The checkpoint's config as read, so that files from before a field was added compare
-  // with the value they stand for.)
-  const nlohmann::json mine = nlohmann::json::parse(model_config_to_json(sm.model().config).dump());
-  const nlohmann::json saved = nlohmann::json::parse(model_config_to_json(m.config).dump());
-  for (auto it = mine.begin(); it != mine.end(); ++it) {
-    const auto theirs = saved.find(it.key());
-    if (theirs == saved.end() || *theirs != it.value())
-      diffs.push_back("model_config." + it.key() + ": checkpoint " +
-                      (theirs == saved.end() ? std::string("(absent)") : theirs->dump()) +
-                      ", model " + it.value().dump());
-  }
+  config_diffs(sm, m, diffs);
   if (static_cast<int>(m.units.size()) != sm.num_units())
     diffs.push_back("units: checkpoint has " + std::to_string(m.units.size()) + ", model has " +
                     std::to_string(sm.num_units()));
@@ -892,13 +1216,7 @@ TrainState load_checkpoint(ShardedModel& sm, const std::string& step_dir, LoadSt
       diffs.push_back(un + " numel: checkpoint " + std::to_string(cu.numel) + ", model " +
                       std::to_string(L.used));
   }
-  if (!diffs.empty()) {
-    std::string msg = step_dir + ": the checkpoint's model differs from this one (" +
-                      std::to_string(diffs.size()) + " difference" + (diffs.size() > 1 ? "s" : "") +
-                      "): ";
-    for (size_t i = 0; i < diffs.size(); ++i) msg += (i ? "; " : "") + diffs[i];
-    fail("checkpoint", msg);
-  }
+  if (!diffs.empty()) fail_diffs(step_dir, diffs);
   check_coverage(m);
 
   // Each rank reads the blocks overlapping what it holds, file by file.
@@ -983,7 +1301,9 @@ std::string inspect_checkpoint(const std::string& step_dir) {
   o << "format       " << kFormatName << " v" << m.version << "\n";
   o << "step         " << m.state.step << "   seed " << m.state.seed << "\n";
   o << "world size   " << m.world << "   strategy " << m.strategy << "   shard group size "
-    << m.shard_group << "\n";
+    << m.shard_group;
+  if (m.version == kCheckpointFormatV2) o << "   tensor parallel " << m.tensor;
+  o << "\n";
   o << "model        " << model_config_to_json(m.config).dump() << "\n";
   o << "parameters   " << nparams << " (fp32 master + AdamW m, v)   files " << m.files.size()
     << "   bytes " << total << "\n\n";
@@ -1078,13 +1398,23 @@ void export_checkpoint(const std::string& step_dir, const std::string& out_path,
   std::map<size_t, SafeTensorsReader> readers;
   std::vector<float> val, tmpv;
   std::vector<unsigned char> buf;
+  const bool v2 = m.version == kCheckpointFormatV2;
+  const std::array<Sources, 3> blocks = v2 ? logical_sources(m) : std::array<Sources, 3>{};
+  Readers rd{m, nullptr, {}};
   size_t i = 0;
   try {
     for (size_t u = 0; u < m.units.size(); ++u)
       for (const ParamMeta& p : m.units[u].params) {
         val.assign(static_cast<size_t>(p.numel), 0.f);
         const int64_t a = p.offset, b = p.offset + p.numel;
+        if (v2) {  // the parameter's blocks, wherever they are
+          const RowsCols rc = rows_cols(p.shape);
+          const LocalBlock whole{0, rc.rows, 0, rc.cols, 0, rc.cols};
+          if (const auto it = blocks[0].find(p.name); it != blocks[0].end())
+            for (const Source& F : it->second) copy_block(rd, m, F, whole, val.data(), buf);
+        }
         for (auto [f, t] : masters[u]) {
+          if (v2) break;
           const int64_t lo = std::max(a, t->lo), hi = std::min(b, t->hi);
           if (lo >= hi) continue;
           auto it = readers.find(f);

@@ -28,7 +28,10 @@ namespace sw {
 class Group;
 class ShardedModel;
 
+// v1: ranges of each unit's flat buffer (every save of an untensored model: t = 1); v2: blocks
+// of logical parameters (a tensor-parallel save). Both load at any mesh shape.
 constexpr int kCheckpointFormatVersion = 1;
+constexpr int kCheckpointFormatV2 = 2;
 
 // Engine state saved beside the tensors, so that a resumed run continues bit-identically.
 // Batches are a pure function of (seed, step) (engine/data.h), so the data position is `step`.
@@ -89,8 +92,11 @@ bool commit_checkpoint(Group& g, const CheckpointSnapshot& s, bool ok, const std
 
 // Collective convenience: write (tmp dir final_dir + ".tmp") + commit; throws sw::Error on
 // failure (after cleaning the tmp dir), leaving other checkpoints untouched. Writes straight
-// from the model (no snapshot copy), checksumming each block on the way.
-void save_checkpoint(const ShardedModel& sm, const TrainState& state, const std::string& final_dir);
+// from the model (no snapshot copy), checksumming each block on the way. `world`: the group
+// of every rank of the mesh (null: sm.group(), right when the model is not tensor-parallel);
+// commit_checkpoint's `g` likewise.
+void save_checkpoint(const ShardedModel& sm, const TrainState& state, const std::string& final_dir,
+                     Group* world = nullptr);
 
 // What one load_checkpoint call read on this rank (counted always; a few additions per file).
 struct LoadStats {
