@@ -925,9 +925,7 @@ void refuse_tensor_parallel_gaps(const TrainConfig& cfg, const std::string& comm
   if (command != "train")
     refuse("parallelism.tensor_parallel_degree", "`shardwise " + command + "`",
            "set it to 1 (" + command + " runs one rank)");
-  const CheckpointConfig& k = cfg.checkpoint;
-  if (k.every_steps > 0) refuse("checkpoint.every_steps", "saving checkpoints", "set it to 0");
-  if (!k.resume.empty()) refuse("checkpoint.resume", "resuming", "leave it \"\"");
+  // (Checkpoints save and resume across mesh shapes: checkpoint/sharded_checkpoint.h, v2.)
   if (cfg.device != "cpu") refuse("device", "'" + cfg.device + "'", "use cpu");
   if (cfg.sharding.offload_param.device == OffloadDevice::Nvme)
     refuse("zero_optimization.offload_param.device", "nvme", "use none or cpu");
