@@ -876,6 +876,7 @@ void load_file(const SafeTensorsReader& r, uint64_t block_bytes,
                std::vector<StagingBuffer>& ring, LoadStats& st, const std::string& file, Fn&& fn) {
   struct Piece {
     const FileTensor* t;
+    size_t need;         // index into `need`
     size_t b0, b1;       // blocks
     int64_t lo, hi;      // floats handed to fn
     uint64_t alo, ahi;   // aligned file range read
@@ -884,7 +885,8 @@ void load_file(const SafeTensorsReader& r, uint64_t block_bytes,
   const size_t chunk_blocks = static_cast<size_t>(std::max<uint64_t>(1, kLoadChunk / block_bytes));
   std::vector<Piece> pieces;
   uint64_t cap = 0;
-  for (const auto& [t, o] : need) {
+  for (size_t ni = 0; ni < need.size(); ++ni) {
+    const auto& [t, o] = need[ni];
     size_t blk = static_cast<size_t>(static_cast<uint64_t>(o.lo - t->lo) / bf);
     const size_t end_blk = static_cast<size_t>((static_cast<uint64_t>(o.hi - t->lo) + bf - 1) / bf);
     if (blk < end_blk) {
@@ -895,7 +897,7 @@ void load_file(const SafeTensorsReader& r, uint64_t block_bytes,
       st.spans.push_back({file, begin, end});
     }
     for (; blk < end_blk; blk += chunk_blocks) {
-      Piece p{t, blk, std::min(end_blk, blk + chunk_blocks), 0, 0, 0, 0};
+      Piece p{t, ni, blk, std::min(end_blk, blk + chunk_blocks), 0, 0, 0, 0};
       const int64_t plo = t->lo + static_cast<int64_t>(p.b0 * bf);
       p.lo = std::max(o.lo, plo);
       p.hi = std::min<int64_t>(o.hi, t->lo + static_cast<int64_t>(p.b1 * bf));
@@ -980,7 +982,7 @@ void load_file(const SafeTensorsReader& r, uint64_t block_bytes,
       const Piece& p = pieces[i];
       const auto* base = ring[i % R].as<unsigned char>();
       const uint64_t at = p.t->offset + static_cast<uint64_t>(p.lo - p.t->lo) * 4 - p.alo;
-      fn(*p.t, p.lo, p.hi, reinterpret_cast<const float*>(base + at));
+      fn(p.need, *p.t, p.lo, p.hi, reinterpret_cast<const float*>(base + at));
       issue_upto(i + 1 + R);  // into the buffer just copied out
     }
   } catch (...) {
@@ -1071,29 +1073,46 @@ struct Readers {
   }
 };
 
-// Copies the part of source F inside destination block N (dst: N's element (r, c) at
-// dst[N.at + (r - N.r0) * N.stride + (c - N.c0)]): reads the file range from the first to the
-// last element of the intersection (whole checksum blocks, verified), row by row out of it.
+// The part of source F inside destination block N: the range of F's file tensor from the first
+// to the last element of their intersection (in t's [lo, hi) coordinates); empty when none.
+struct Copy {
+  const Source* F;
+  LocalBlock N;
+  int64_t r0, r1, c0, c1;  // the intersection
+  FlatRange range;
+};
+Copy plan_copy(const Source& F, const LocalBlock& N) {
+  Copy c{&F, N, std::max(N.r0, F.r0), std::min(N.r1, F.r1), std::max(N.c0, F.c0),
+         std::min(N.c1, F.c1), {}};
+  if (c.r0 >= c.r1 || c.c0 >= c.c1) return c;
+  const int64_t w = F.c1 - F.c0;
+  c.range = {F.at + (c.r0 - F.r0) * w + (c.c0 - F.c0), F.at + (c.r1 - 1 - F.r0) * w + (c.c1 - F.c0)};
+  return c;
+}
+
+// Floats [l, h) of F's file tensor (inside c.range) at `data`: the intersection's part of each
+// row copied to dst (N's element (r, col) at dst[N.at + (r - N.r0) * N.stride + (col - N.c0)]).
+void scatter(const Copy& c, int64_t l, int64_t h, const float* data, float* dst) {
+  const Source& F = *c.F;
+  const int64_t w = F.c1 - F.c0;
+  for (int64_t x = l; x < h;) {
+    const int64_t rel = x - F.at, r = F.r0 + rel / w, col = F.c0 + rel % w;
+    const int64_t row_end = std::min(h, x + (F.c1 - col));  // this row's end in [l, h)
+    const int64_t cs = std::max(col, c.c0), ce = std::min(c.c1, col + (row_end - x));
+    if (r >= c.r0 && r < c.r1 && cs < ce)
+      std::memcpy(dst + c.N.at + (r - c.N.r0) * c.N.stride + (cs - c.N.c0),
+                  data + (x - l) + (cs - col), static_cast<size_t>(ce - cs) * 4);
+    x = row_end;
+  }
+}
+
+// copy_block: the same through read_range (export: one parameter at a time, synchronously).
 void copy_block(Readers& rd, const Meta& m, const Source& F, const LocalBlock& N, float* dst,
                 std::vector<unsigned char>& buf) {
-  const int64_t r0 = std::max(N.r0, F.r0), r1 = std::min(N.r1, F.r1);
-  const int64_t c0 = std::max(N.c0, F.c0), c1 = std::min(N.c1, F.c1);
-  if (r0 >= r1 || c0 >= c1) return;
-  const int64_t w = F.c1 - F.c0;
-  const int64_t lo = F.at + (r0 - F.r0) * w + (c0 - F.c0);
-  const int64_t hi = F.at + (r1 - 1 - F.r0) * w + (c1 - F.c0);
-  read_range(rd.get(F.file), *F.t, m.block_bytes, lo, hi, buf,
-             [&](int64_t l, int64_t h, const float* data) {
-               for (int64_t x = l; x < h;) {
-                 const int64_t rel = x - F.at, r = F.r0 + rel / w, c = F.c0 + rel % w;
-                 const int64_t row_end = std::min(h, x + (F.c1 - c));  // this row's end in [l, h)
-                 const int64_t cs = std::max(c, c0), ce = std::min(c1, c + (row_end - x));
-                 if (r >= r0 && r < r1 && cs < ce)
-                   std::memcpy(dst + N.at + (r - N.r0) * N.stride + (cs - N.c0),
-                               data + (x - l) + (cs - c), static_cast<size_t>(ce - cs) * 4);
-                 x = row_end;
-               }
-             },
+  const Copy c = plan_copy(F, N);
+  if (c.range.empty()) return;
+  read_range(rd.get(F.file), *F.t, m.block_bytes, c.range.lo, c.range.hi, buf,
+             [&](int64_t l, int64_t h, const float* data) { scatter(c, l, h, data, dst); },
              rd.st, m.files[F.file].file);
 }
 
@@ -1132,17 +1151,23 @@ void load_logical(ShardedModel& sm, const Meta& m, LoadStats& st) {
   if (!diffs.empty()) fail_diffs(m.dir, diffs);
   check_coverage(m);
 
+  // The copies of each (unit, kind), grouped by file, go through load_file (the aio reads of
+  // the v1 path, checked on a helper thread), scattered into `stage`.
   const std::array<Sources, 3> src = logical_sources(m);
   Readers rd{m, &st, {}};
+  std::vector<StagingBuffer> ring;
+  AioHandle io(io_config());  // (after `ring`: destroyed first, waiting for reads into it)
   std::vector<float> stage;
-  std::vector<unsigned char> buf;
   std::vector<LocalBlock> blocks;
+  std::map<size_t, std::vector<Copy>> by_file;
+  std::vector<std::pair<const FileTensor*, FlatRange>> need;
   for (int u = 0; u < sm.num_units(); ++u) {
     const FlatLayout& L = sm.unit_layout(u);
     for (int k = 0; k < 3; ++k) {
       const FlatRange H = sm.held_range(u, static_cast<StateKind>(k));
       if (H.empty()) continue;
       stage.assign(static_cast<size_t>(H.size()), 0.f);  // alignment gaps stay zero
+      by_file.clear();
       for (size_t i = 0; i < L.specs.size(); ++i) {
         const int64_t off = L.entries[i].offset, n = L.entries[i].numel;
         const int64_t a = std::max(H.lo, off), b = std::min(H.hi, off + n);
@@ -1153,8 +1178,19 @@ void load_logical(ShardedModel& sm, const Meta& m, LoadStats& st) {
         if (it == src[static_cast<size_t>(k)].end()) continue;  // (coverage checked: empty)
         for (LocalBlock N : blocks) {
           N.at -= H.lo;  // into `stage`
-          for (const Source& F : it->second) copy_block(rd, m, F, N, stage.data(), buf);
+          for (const Source& F : it->second) {
+            const Copy c = plan_copy(F, N);
+            if (!c.range.empty()) by_file[F.file].push_back(c);
+          }
         }
+      }
+      for (const auto& [f, copies] : by_file) {
+        need.clear();
+        for (const Copy& c : copies) need.push_back({c.F->t, c.range});
+        load_file(rd.get(f), m.block_bytes, need, io, ring, st, m.files[f].file,
+                  [&](size_t i, const FileTensor&, int64_t lo, int64_t hi, const float* data) {
+                    scatter(copies[i], lo, hi, data, stage.data());
+                  });
       }
       sm.write_state(u, static_cast<StateKind>(k), H, stage.data());
     }
@@ -1234,7 +1270,7 @@ TrainState load_checkpoint(ShardedModel& sm, const std::string& step_dir, LoadSt
     ++st.files_opened;
     st.header_bytes += static_cast<int64_t>(r.data_start());
     load_file(r, m.block_bytes, need, io, ring, st, fe.file,
-              [&](const FileTensor& t, int64_t lo, int64_t hi, const float* data) {
+              [&](size_t, const FileTensor& t, int64_t lo, int64_t hi, const float* data) {
                 sm.write_state(t.unit, static_cast<StateKind>(t.kind), {lo, hi}, data);
               });
   }
