@@ -1,8 +1,9 @@
 #!/bin/bash
 # `shardwise train` saves and resumes across mesh shapes (issue 36; label mpi): a tiny GPT-2
-# trained 6 steps at tensor 2 x FULL_SHARD 2 (4 ranks), saving at steps 3 and 6; then resumed
-# from step 3 at one rank, at tensor 1 x FULL_SHARD 4 and at tensor 4 (the same global batch of
-# 4 rows: train_micro_batch_size_per_gpu is per data-parallel rank). Steps 4-6 must give the
+# trained 6 steps at tensor 2 x FULL_SHARD 2 (4 ranks), saving at steps 3 and 6 (async: the
+# snapshot path); then resumed from step 3 at one rank, at tensor 1 x FULL_SHARD 4 and at
+# tensor 4 (the same global batch of 4 rows: train_micro_batch_size_per_gpu is per
+# data-parallel rank). Steps 4-6 must give the
 # first run's losses within 1e-5 relative (fp32 summation order differs between meshes), and
 # gradient norms within 1e-4. `shardwise ckpt verify`, `inspect` and `export` read the step-6 (v2)
 # checkpoint; the export has every logical tensor.
@@ -26,7 +27,7 @@ with open(sys.argv[1], "w") as f:
 PY
 "$sw" data prepare "$work/corpus.txt" --quiet --out "$work/train.bin" >"$work/prepare.log" 2>&1 ||
   { cat "$work/prepare.log"; fail "data prepare"; }
-# config NAME TENSOR MICRO_BATCH RESUME
+# config NAME TENSOR MICRO_BATCH RESUME ASYNC
 config() {
   cat >"$work/$1.json" <<EOF
 {
@@ -39,7 +40,7 @@ config() {
   "scheduler": {"type": "Constant", "params": {}},
   "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
   "sharding_strategy": "FULL_SHARD",
-  "checkpoint": {"every_steps": 3, "resume": "$4"},
+  "checkpoint": {"every_steps": 3, "resume": "$4", "async": $5},
   "run_dir": "$work/$1"
 }
 EOF
@@ -49,16 +50,16 @@ run() {  # NAME RANKS
   timeout 200 "${mpirun[@]}" -np "$2" "$sw" train "$work/$1.json" --quiet --no-export \
     >"$work/$1.log" 2>&1 || { cat "$work/$1.log"; fail "train $1 on $2 ranks"; }
 }
-config a 2 2 ""
+config a 2 2 "" true
 run a 4
 step3=$work/a/checkpoints/step_3
 [ -f "$step3/metadata.json" ] || fail "no $step3: $(ls "$work/a/checkpoints")"
 grep -q '"format_version": 2' "$step3/metadata.json" || fail "step 3 is not a v2 checkpoint"
-config one 1 4 "$step3"
+config one 1 4 "$step3" false
 run one 1
-config t1x4 1 1 "$step3"
+config t1x4 1 1 "$step3" false
 run t1x4 4
-config t4 4 4 "$step3"
+config t4 4 4 "$step3" false
 run t4 4
 python3 - "$work" <<'PY' || fail "resumed losses differ"
 import json, sys
