@@ -3,7 +3,8 @@
 //
 //   mpirun -np W bench_tensor_parallel [--tensor t] [--T 1024] [--B 1] [--steps 2]
 //                                       [--threads 1] [--data data/fortunes_train.bin]
-//                                       [--settle 2] [--d 768] [--layers 12] [--heads 12] [--vocab 50304]
+//                                       [--settle 2] [--d 768] [--layers 12] [--heads 12]
+//                                       [--vocab 50304]
 //
 // The W ranks form the trainer's mesh (engine/trainer.cpp): tensor groups of t consecutive
 // ranks, data groups of the ranks with the same r % t, FULL_SHARD over the data group (t = 1:
@@ -13,9 +14,9 @@
 // Per rank it prints:
 //   memory   MemTracker's peaks over the steps (reset after construction): the total tracked
 //            peak (what metrics.jsonl's peak_mem_bytes reports) and each category's own peak.
-//   bytes    per step (one figure per step), measured: Group::stats().bytes of the tensor group and of the data group
-//            (nccl-tests' "size": an all-gather's whole output, a reduce-scatter's whole input,
-//            an all-reduce's buffer), reset before each step; against
+//   bytes    per step (one figure per step), measured: Group::stats().bytes of the tensor
+//            group and of the data group (nccl-tests' "size": an all-gather's whole output, a
+//            reduce-scatter's whole input, an all-reduce's buffer); against
 //              plan     the sum of Action::bytes of ShardedModel::step_plan(B, T, 1) by queue
 //                       (tensor: the tensor queue; data: gather + reduce queues)
 //              formula  this file's own count from the shapes (tensor_formula / data_formula
@@ -26,7 +27,7 @@
 // step returns; so after each timed step the bench waits --settle seconds (default 2) before
 // reading the stats, and each step's bytes are those of its own collectives (the first step's
 // include the first unit's gather, which later steps get from the previous optimizer).
-// The last line is one JSON object per rank (for bench/tp_figures.sh).
+// Output: one JSON object per rank, one line each (for bench/tp_figures.sh).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
