@@ -13,7 +13,7 @@
 #
 #   bench/tp_figures.sh [BUILD_DIR]
 #   env: REPS (2) timing rounds; PARTS (1234) which parts to run
-# Output: each part's raw lines on stdout (bench/results/tensor_parallel_2026-11-29.md reads them).
+# Output: each part's raw lines on stdout (read in bench/results/tensor_parallel_2026-11-29.md).
 case "${1:-}" in
   -h | --help) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; exit 0 ;;
 esac
