@@ -55,6 +55,9 @@ std::string rect_name(int unit, int kind, const std::string& param, int64_t r0, 
 
 RowsCols rows_cols(const Shape& s) {
   if (s.empty()) return {};
+  // (A zero dimension first: the other dims of an empty shape are not bounded by its numel.)
+  for (int64_t d : s)
+    if (d == 0) return {s[0], 0};
   int64_t cols = 1;
   for (size_t d = 1; d < s.size(); ++d) cols *= s[d];
   return {s[0], cols};
