@@ -11,7 +11,8 @@
 // rank holds afterwards must equal the function bit for bit (the ranks together hold every
 // logical element). verify passes on every save; the consolidated export of each tensor-parallel
 // save is byte for byte the export of the t1 (v1) save of the same logical state; a v2 metadata
-// with a block moved onto its neighbour's rows is refused.
+// with a block moved onto its neighbour's rows is refused; a gpt2 save into a llama lists the
+// differences.
 // Resume: 3 AdamW steps at t2 x FULL_SHARD 2, saved; 3 more steps there, and 3 more after loading
 // at t2 x 2 again, t1 x 4, one rank and t4 x SHARD_GRAD_OP: the same losses (bitwise at the same
 // mesh, within 1e-5 relative across meshes: fp32 summation order, the parity tests' tolerance).
@@ -220,6 +221,19 @@ TEST_CASE("checkpoint across mesh shapes: every logical element bit for bit", "[
       }
     }
     w->barrier();
+  }
+  // A v2 checkpoint of another model: every difference in one line.
+  {
+    Mesh m = make_mesh({2, 2, ShardingStrategy::FullShard, "t2xFULL_SHARD2"}, tiny("llama"));
+    std::string err;
+    try {
+      load_checkpoint(*m.sm, base_dir() + "/gpt2_t2xFULL_SHARD2");
+    } catch (const Error& e) {
+      err = e.what();
+    }
+    INFO(err);
+    CHECK(err.find("the checkpoint's model differs from this one") != std::string::npos);
+    CHECK(err.find("model_config.type: checkpoint \"gpt2\", model \"llama\"") != std::string::npos);
   }
   // A v2 block moved up a row (same size, the metadata resealed) overlaps the block above it:
   // refused by the coverage check, naming both.
