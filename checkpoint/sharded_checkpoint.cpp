@@ -1118,22 +1118,17 @@ void copy_block(Readers& rd, const Meta& m, const Source& F, const LocalBlock& N
 
 // load_checkpoint across mesh shapes (a v2 checkpoint, or a tensor-parallel model): per unit and
 // kind, the held range is assembled in host memory from the logical blocks overlapping each
-// local parameter's part, then written with write_state.
+// local parameter's part, then written with write_state. The units may differ from the saving
+// run's (blocks_per_unit): parameters are found by name.
 void load_logical(ShardedModel& sm, const Meta& m, LoadStats& st) {
+  // Parameters are matched by name, whatever unit holds them (blocks_per_unit may differ).
   std::vector<std::string> diffs;
   config_diffs(sm, m, diffs);
-  if (static_cast<int>(m.units.size()) != sm.num_units())
-    diffs.push_back("units: checkpoint has " + std::to_string(m.units.size()) + ", model has " +
-                    std::to_string(sm.num_units()));
-  const int U = std::min(static_cast<int>(m.units.size()), sm.num_units());
-  for (int u = 0; u < U; ++u) {
-    const UnitMeta& cu = m.units[static_cast<size_t>(u)];
-    if (cu.name != sm.unit_name(u))
-      diffs.push_back("unit " + std::to_string(u) + " name: checkpoint '" + cu.name + "', model '" +
-                      sm.unit_name(u) + "'");
-    std::map<std::string, const ParamMeta*> theirs;
+  std::map<std::string, const ParamMeta*> theirs;
+  for (const UnitMeta& cu : m.units)
     for (const ParamMeta& p : cu.params) theirs[p.name] = &p;
-    std::set<std::string> ours;
+  std::set<std::string> ours;
+  for (int u = 0; u < sm.num_units(); ++u)
     for (const ParamSpec& local : sm.unit_layout(u).specs) {
       const ParamSpec p = logical_spec(local);
       ours.insert(p.name);
@@ -1144,10 +1139,9 @@ void load_logical(ShardedModel& sm, const Meta& m, LoadStats& st) {
         diffs.push_back("parameter '" + p.name + "': checkpoint " + shape_list(it->second->shape) +
                         ", model " + shape_list(p.shape));
     }
-    for (const ParamMeta& p : cu.params)
-      if (!ours.count(p.name))
-        diffs.push_back("parameter '" + p.name + "' " + shape_list(p.shape) + " is not in the model");
-  }
+  for (const auto& [name, p] : theirs)
+    if (!ours.count(name))
+      diffs.push_back("parameter '" + name + "' " + shape_list(p->shape) + " is not in the model");
   if (!diffs.empty()) fail_diffs(m.dir, diffs);
   check_coverage(m);
 

@@ -6,8 +6,9 @@
 // holds of master, m and v to a pure function of (parameter name, kind, LOGICAL index)
 // (ParamSpec::split.logical_index), alignment gaps zero; saved at t2 x FULL_SHARD 2, t2 x NO_SHARD
 // 2, t4 and t1 x FULL_SHARD 4 (a v1 checkpoint); each is loaded at t1 x 4, t4, t2 x 1, one rank,
-// t2 x SHARD_GRAD_OP 2, t2 x SHARD_OPTIMIZER 2 (the whole master held) and t2 x FULL_SHARD 2,
-// over state scribbled with NaN. Every element every
+// t2 x SHARD_GRAD_OP 2, t2 x SHARD_OPTIMIZER 2 (the whole master held) and t2 x FULL_SHARD 2
+// (also with blocks_per_unit 2: other units, parameters found by name), over state scribbled
+// with NaN. Every element every
 // rank holds afterwards must equal the function bit for bit (the ranks together hold every
 // logical element). verify passes on every save; the consolidated export of each tensor-parallel
 // save is byte for byte the export of the t1 (v1) save of the same logical state; a v2 metadata
@@ -35,6 +36,7 @@
 #include "models/model.h"
 #include "sharding/comm/group.h"
 #include "sharding/sharded_model.h"
+#include "sharding/wrap.h"
 #include "tests/common/mpi_test_util.h"
 
 using namespace sw;
@@ -59,6 +61,7 @@ struct MeshSpec {
   int t, D;
   ShardingStrategy s;
   const char* name;
+  int blocks_per_unit = 1;
 };
 
 // This rank's part of a mesh over the first t*D world ranks (null sm on the others).
@@ -78,6 +81,7 @@ Mesh make_mesh(const MeshSpec& ms, const ModelConfig& mc, uint64_t seed = 7) {
   m.tensor = t > 1 ? m.sub->split(r / t, r) : nullptr;
   m.data = t > 1 ? (D > 1 ? m.sub->split(r % t, r) : make_local_group()) : m.sub;
   m.model = std::make_unique<Model>(build_model(mc, TensorSlice{r % t, t}));
+  wrap_blocks(*m.model, ms.blocks_per_unit);
   m.sm = std::make_unique<ShardedModel>(*m.model, cpu(), seed, m.data,
                                         ShardingPolicy::for_strategy(ms.s), m.tensor);
   return m;
@@ -146,7 +150,8 @@ const MeshSpec kLoads[] = {{1, 4, ShardingStrategy::FullShard, "t1xFULL_SHARD4"}
                            {1, 1, ShardingStrategy::FullShard, "one rank"},
                            {2, 2, ShardingStrategy::ShardGradOp, "t2xSHARD_GRAD_OP2"},
                            {2, 2, ShardingStrategy::ShardOptimizer, "t2xSHARD_OPTIMIZER2"},
-                           {2, 2, ShardingStrategy::FullShard, "t2xFULL_SHARD2"}};
+                           {2, 2, ShardingStrategy::FullShard, "t2xFULL_SHARD2"},
+                           {2, 2, ShardingStrategy::FullShard, "t2xFULL_SHARD2 blocks_per_unit 2", 2}};
 
 }  // namespace
 
