@@ -2,18 +2,17 @@
 // is the first t x D ranks: tensor groups of t consecutive ranks, data groups of the ranks with
 // the same tensor rank (tests/sharding/test_tensor_parallel_mpi.cpp's construction).
 //
-// Resharding: a tiny GPT-2 and a Llama (GQA) are built at a mesh, and every rank sets what it
-// holds of master, m and v to a pure function of (parameter name, kind, LOGICAL index)
+// Resharding: a tiny GPT-2 and a Llama (GQA) are built at a mesh, and every rank sets what it holds
+// of master, m and v to a pure function of (parameter name, kind, LOGICAL index)
 // (ParamSpec::split.logical_index), alignment gaps zero; saved at t2 x FULL_SHARD 2, t2 x NO_SHARD
-// 2, t4 and t1 x FULL_SHARD 4 (a v1 checkpoint); each is loaded at t1 x 4, t4, t2 x 1, one rank,
-// t2 x SHARD_GRAD_OP 2, t2 x SHARD_OPTIMIZER 2 (the whole master held) and t2 x FULL_SHARD 2
-// (also with blocks_per_unit 2: other units, parameters found by name), over state scribbled
-// with NaN. Every element every
-// rank holds afterwards must equal the function bit for bit (the ranks together hold every
-// logical element). verify passes on every save; the consolidated export of each tensor-parallel
-// save is byte for byte the export of the t1 (v1) save of the same logical state; a v2 metadata
-// with a block moved onto its neighbour's rows is refused; a gpt2 save into a llama lists the
-// differences.
+// 2, t4 and t1 x FULL_SHARD 4 (a v1 checkpoint); each is loaded at t1 x 4, t4, t2 x 1, one rank, t2
+// x SHARD_GRAD_OP 2, t2 x SHARD_OPTIMIZER 2 (the whole master held) and t2 x FULL_SHARD 2 (also
+// with blocks_per_unit 2: other units, parameters found by name), over state scribbled with NaN.
+// Every element every rank holds afterwards must equal the function bit for bit (the ranks together
+// hold every logical element). verify passes on every save; the consolidated export of each
+// tensor-parallel save is byte for byte the export of the t1 (v1) save of the same logical state; a
+// v2 metadata with a block moved onto its neighbour's rows is refused; a gpt2 save into a llama
+// lists the differences.
 // Resume: 3 AdamW steps at t2 x FULL_SHARD 2, saved; 3 more steps there, and 3 more after loading
 // at t2 x 2 again, t1 x 4, one rank and t4 x SHARD_GRAD_OP: the same losses (bitwise at the same
 // mesh, within 1e-5 relative across meshes: fp32 summation order, the parity tests' tolerance).
