@@ -1442,17 +1442,17 @@ void export_checkpoint(const std::string& step_dir, const std::string& out_path,
           const LocalBlock whole{0, rc.rows, 0, rc.cols, 0, rc.cols};
           if (const auto it = blocks[0].find(p.name); it != blocks[0].end())
             for (const Source& F : it->second) copy_block(rd, m, F, whole, val.data(), buf);
-        }
-        for (auto [f, t] : masters[u]) {
-          if (v2) break;
-          const int64_t lo = std::max(a, t->lo), hi = std::min(b, t->hi);
-          if (lo >= hi) continue;
-          auto it = readers.find(f);
-          if (it == readers.end()) it = readers.emplace(f, open_shard(m, m.files[f])).first;
-          read_range(it->second, *t, m.block_bytes, lo, hi, buf,
-                     [&](int64_t l, int64_t h, const float* d) {
-                       std::memcpy(val.data() + (l - a), d, static_cast<size_t>(h - l) * 4);
-                     });
+        } else {  // the unit's master ranges overlapping it
+          for (auto [f, t] : masters[u]) {
+            const int64_t lo = std::max(a, t->lo), hi = std::min(b, t->hi);
+            if (lo >= hi) continue;
+            auto it = readers.find(f);
+            if (it == readers.end()) it = readers.emplace(f, open_shard(m, m.files[f])).first;
+            read_range(it->second, *t, m.block_bytes, lo, hi, buf,
+                       [&](int64_t l, int64_t h, const float* d) {
+                         std::memcpy(val.data() + (l - a), d, static_cast<size_t>(h - l) * 4);
+                       });
+          }
         }
         const float* data = val.data();
         if (p.hf_transpose) {
