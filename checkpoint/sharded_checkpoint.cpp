@@ -1178,7 +1178,9 @@ void load_logical(ShardedModel& sm, const Meta& m, LoadStats& st) {
           }
         }
       }
-      for (const auto& [f, copies] : by_file) {
+      for (const auto& entry : by_file) {
+        const size_t f = entry.first;
+        const std::vector<Copy>& copies = entry.second;  // (no structured binding: captured)
         need.clear();
         for (const Copy& c : copies) need.push_back({c.F->t, c.range});
         load_file(rd.get(f), m.block_bytes, need, io, ring, st, m.files[f].file,
