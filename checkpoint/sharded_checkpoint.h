@@ -4,8 +4,13 @@
 //                                            which file holds which flat range, and a CRC-32C
 //                                            per tensor and per file
 //   <ckpt_dir>/step_<N>/rank_<r>.safetensors this rank's share: fp32 master parameters and
-//                                            AdamW m, v (each a range of a unit's flat buffer)
-// plus the engine state (TrainState) inside metadata.json. The save protocol is split so the
+//                                            AdamW m, v: v1 (a model that is not tensor-
+//                                            parallel) ranges of a unit's flat buffer; v2 (tensor
+//                                            parallel; r = the world rank) blocks of logical
+//                                            parameters, rows x columns, replicated parameters
+//                                            from tensor rank 0 only
+// plus the engine state (TrainState) inside metadata.json. Either loads at any mesh shape (tensor
+// degree x data-parallel ranks, any strategy). The save protocol is split so the
 // engine can write in the background (async save):
 //   1. snapshot_checkpoint  (local, synchronous): copies this rank's share into host memory;
 //   2. write_snapshot       (local, any thread): writes and fsyncs this rank's files into a
@@ -114,9 +119,10 @@ struct LoadStats {
   std::vector<Span> spans;     // in read order
 };
 
-// Collective. Loads a step directory written by any world size and strategy into `sm`
-// (whatever its world size and strategy): each rank reads only the byte ranges of the files
-// that overlap the ranges it holds, checking their CRCs. Throws sw::Error naming the file and
+// Collective. Loads a step directory written by any world size, strategy and tensor degree into
+// `sm` (whatever its own): each rank reads only the byte ranges of the files that overlap the
+// ranges it holds, checking their CRCs. Across tensor degrees (a v2 checkpoint, or a
+// tensor-parallel `sm`) parameters are matched by name and assembled from logical blocks. Throws sw::Error naming the file and
 // tensor on a missing/truncated/corrupt file, and listing every difference when the model
 // shape differs from the checkpoint's. `stats` (optional): filled with what this rank read.
 TrainState load_checkpoint(ShardedModel& sm, const std::string& step_dir,
