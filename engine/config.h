@@ -144,7 +144,10 @@ struct TrainConfig {
   // search within memory_budget (required) before the model is built, and logs the plan.
   struct AutoPlan {
     bool blocks = false, checkpointing = false, offload_optimizer = false, offload_param = false;
-    bool any() const { return blocks || checkpointing || offload_optimizer || offload_param; }
+    bool tensor = false;  // parallelism.tensor_parallel_degree
+    bool any() const {
+      return blocks || checkpointing || offload_optimizer || offload_param || tensor;
+    }
   } autoplan;
   ParallelismConfig parallelism;  // parallelism.{tensor_parallel_degree, pipeline_parallel_degree}
   CheckpointConfig checkpoint;  // checkpoint.{dir, every_steps, keep_last, async, save_final,

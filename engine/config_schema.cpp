@@ -700,13 +700,19 @@ Node parallelism_block() {
   constexpr auto P = &TrainConfig::parallelism;
   return obj(
       "parallelism",
-      {to(integer("tensor_parallel_degree", 1, 1, IMAX,
-                  "ranks of one tensor group (Megatron's tensor + sequence parallelism; "
-                  "consecutive ranks, so a group stays on one host): must divide the world "
-                  "size, `model.n_head`, `model.d_ff`, `model.vocab_size` and `model.seq_len`; "
-                  "the sharding strategy applies across the world size / this many "
-                  "data-parallel ranks"),
-          P, &ParallelismConfig::tensor),
+      // "auto": TrainConfig::autoplan (config_reader.cpp read_run_rules); else the integer.
+      {writes(to(ints(any("tensor_parallel_degree", 1, "an integer ≥ 1 or `\"auto\"`",
+                          "ranks of one tensor group (Megatron's tensor + sequence parallelism; "
+                          "consecutive ranks, so a group stays on one host): must divide the "
+                          "world size, `model.n_head`, `model.d_ff`, `model.vocab_size` and "
+                          "`model.seq_len`; the sharding strategy applies across the world "
+                          "size / this many data-parallel ranks; `\"auto\"`: the planner "
+                          "chooses within `memory_budget`, the global batch kept"),
+                      1, IMAX),
+                 P, &ParallelismConfig::tensor),
+              [](const TrainConfig& c) {
+                return c.autoplan.tensor ? json("auto") : json(c.parallelism.tensor);
+              }),
        to(integer("pipeline_parallel_degree", 1, 1, IMAX,
                   "pipeline stages (only 1: pipeline parallelism is issue 37)"),
           P, &ParallelismConfig::pipeline)});

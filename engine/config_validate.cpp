@@ -140,7 +140,8 @@ void check_auto(const TrainConfig& cfg, const Ctx& c) {
                              (a.blocks                ? "blocks_per_unit"
                               : a.checkpointing       ? "activation_checkpointing"
                               : a.offload_optimizer   ? "zero_optimization.offload_optimizer.device"
-                                                      : "zero_optimization.offload_param.device") +
+                              : a.offload_param       ? "zero_optimization.offload_param.device"
+                                                      : "parallelism.tensor_parallel_degree") +
                              " (the planner chooses within it)");
 }
 

@@ -57,6 +57,11 @@ AutoSearch auto_search(const TrainConfig& cfg, int world) {
   const TrainConfig::AutoPlan& ap = cfg.autoplan;
   a.options.free = SearchFree{ap.blocks,          false, false, ap.checkpointing,
                               ap.offload_optimizer, ap.offload_param, false, false};
+  a.options.free.tensor = ap.tensor;
+  if (ap.tensor) {  // the degree the search chooses; the global batch is kept
+    a.base.tensor = 1;
+    a.base.micro_batch = cfg.micro_batch;
+  }
   return a;
 }
 

@@ -693,8 +693,10 @@ class Trainer {
   // with allocations before frees, the kernel-workspace estimate beside it), for `shardwise
   // profile --plan` to print beside the measured peaks.
   void write_plan_prediction(const std::string& path) const {
-    const DevicePeak dp = device_peak(step_plan_, cfg_.model, B_, T_,
-                                      cfg_.sharding.mixed_precision.param_dtype, D_,
+    // (tensor parallelism: the kernels see one rank's heads, d_ff and vocabulary; the
+    // groups' scratch counts with any group of more than one rank)
+    const DevicePeak dp = device_peak(step_plan_, tensor_local_config(cfg_.model, t_), B_, T_,
+                                      cfg_.sharding.mixed_precision.param_dtype, W_,
                                       num_threads(), cfg_.device != "cpu");
     const PlanPeak& pk = dp.plan;
     const int64_t ws = dp.workspace;
@@ -898,6 +900,11 @@ void resolve_auto_plan(TrainConfig& cfg, int world, bool lead) {
   cfg.sharding = s.policy;
   cfg.sharding.shard_group_size = group;
   cfg.blocks_per_unit = s.blocks_per_unit;
+  if (so.free.tensor) {  // (the global batch kept: a data-parallel rank's rows change with it)
+    cfg.parallelism.tensor = s.tensor;
+    cfg.micro_batch = s.micro_batch;
+    cfg.grad_accum = s.accum;
+  }
   cfg.autoplan = {};
   cfg.resolved_json = config_json(cfg);
   if (lead)
@@ -929,13 +936,6 @@ void refuse_tensor_parallel_gaps(const TrainConfig& cfg, const std::string& comm
   if (cfg.device != "cpu") refuse("device", "'" + cfg.device + "'", "use cpu");
   if (cfg.sharding.offload_param.device == OffloadDevice::Nvme)
     refuse("zero_optimization.offload_param.device", "nvme", "use none or cpu");
-  const TrainConfig::AutoPlan& a = cfg.autoplan;
-  if (a.any())
-    refuse(a.blocks                ? "blocks_per_unit"
-           : a.checkpointing       ? "activation_checkpointing"
-           : a.offload_optimizer   ? "zero_optimization.offload_optimizer.device"
-                                   : "zero_optimization.offload_param.device",
-           "\"auto\" (the planner does not model tensor parallelism yet)", "give a value");
 }
 
 TrainSummary train(const TrainConfig& cfg_in, const TrainOptions& opts) {
@@ -968,12 +968,14 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainOptions& opts) {
   if (world->size() == 1) {
     for (const std::string& n : cfg_in.notes) std::fprintf(stderr, "%s\n", n.c_str());
     if (cfg.autoplan.any()) resolve_auto_plan(cfg, 1, true);
+    refuse_tensor_parallel_gaps(cfg, "train");  // (what "auto" chose)
     return Trainer(cfg, opts, *world, world).run();
   }
   try {
     if (world->rank() == 0)
       for (const std::string& n : cfg_in.notes) std::fprintf(stderr, "%s\n", n.c_str());
     if (cfg.autoplan.any()) resolve_auto_plan(cfg, world->size(), world->rank() == 0);
+    refuse_tensor_parallel_gaps(cfg, "train");  // (what "auto" chose)
     return Trainer(cfg, opts, *world, world).run();
   } catch (const CollectiveError& e) {
     if (world->rank() == 0) std::fprintf(stderr, "shardwise: error: %s\n", e.what());

@@ -628,7 +628,7 @@ SearchResult search_plans(const PlanSetup& base_in, const SearchOptions& opt,
                            st == ShardingStrategy::HybridShard;
       std::vector<OffloadDevice> params = {OffloadDevice::None};
       if (sharded || W == 1) params.push_back(OffloadDevice::Cpu);
-      if (sharded || W == 1) params.push_back(OffloadDevice::Nvme);
+      if ((sharded || W == 1) && tp == 1) params.push_back(OffloadDevice::Nvme);  // (not with t)
       if (!fr.offload_param) params = {bp.offload_param.device};
       std::vector<std::pair<int, int>> pfs = {{1, 0}};
       if (sharded && W > 1) pfs = {{1, 0}, {2, 0}, {0, 0}};

@@ -217,6 +217,7 @@ void print_table_row(const Evaluated& e, bool mark, bool chosen) {
 
 int cmd_search(const PlanArgs& pa, TrainConfig cfg, const HardwareProfile& hw) {
   SearchOptions so;
+  so.free.tensor = cfg.autoplan.tensor;  // parallelism.tensor_parallel_degree "auto"
   so.budget = parse_budget(pa.budget, "--memory-budget");
   if (so.budget <= 0) fail("plan", "--memory-budget: the budget must be more than 0 bytes");
   if (!pa.host_budget.empty()) so.host_budget = parse_budget(pa.host_budget, "--host-budget");

@@ -216,5 +216,33 @@ timeout 60 "${mpirun[@]}" -np 4 env OMPI_COMM_WORLD_LOCAL_SIZE=3 "$sw" train "$w
 [ "$(grep -c "does not divide the 3 ranks per host: some tensor groups span hosts" \
   "$work/local3.log")" = 1 ] || failed+=("local3: not one note about hosts: $(head -3 "$work/local3.log")")
 ! grep -q "ranks per host" "$work/gpt2.t2_full2.log" || failed+=("t2_full2: a note about hosts")
+# "auto": the planner chooses the degree within memory_budget, the global batch kept. With
+# NO_SHARD (each data-parallel rank holds the whole model state) and a model whose state
+# outweighs its activations (d_model 256, 4 layers, 8 rows of 32), a budget between tensor 2's
+# predicted peak and tensor 1's admits only tensor 2; a generous budget admits both (whichever
+# it picks, the run stays under it). The peak measured must stay within the budget.
+big_model=(--set model.d_model=256 --set model.n_layer=4 --set zero_optimization.stage=0)
+auto_run() {  # name, budget
+  run "$1" 2 gpt2 "${big_model[@]}" --set train_micro_batch_size_per_gpu=1 \
+    --set parallelism.tensor_parallel_degree='"auto"' --set memory_budget="$2" --no-export
+}
+plan_peak() {  # tensor degree, micro-batch: plan's predicted device peak (bytes)
+  "$sw" plan "$work/gpt2.json" --world-size 2 --json "${big_model[@]}" \
+    --set parallelism.tensor_parallel_degree="$1" --set train_micro_batch_size_per_gpu="$2" |
+    "$py" -c 'import json,sys; print(json.load(sys.stdin)["ranks"][0]["tiers"]["device"]["peak_bytes"])'
+}
+p1=$(plan_peak 1 1) p2=$(plan_peak 2 2)
+auto_run auto_tight $(( (p1 + p2) / 2 ))
+auto_run auto_loose $(( p1 * 2 ))
+for name in auto_tight auto_loose; do
+  chose=$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["parallelism"]["tensor_parallel_degree"])' \
+    "$work/$name/config.json" 2>/dev/null)
+  peak=$(tail -1 "$work/$name/metrics.jsonl" 2>/dev/null | "$py" -c 'import json,sys; print(json.load(sys.stdin)["peak_mem_bytes"])')
+  budget=$([ $name = auto_tight ] && echo $(( (p1 + p2) / 2 )) || echo $(( p1 * 2 )))
+  echo "mpi_tensor: $name: budget $budget (tensor 1 predicted $p1, tensor 2 $p2): chose tensor $chose, peak $peak"
+  [ -n "$peak" ] && [ "$peak" -le "$budget" ] || failed+=("$name: peak ${peak:-none} above the budget $budget")
+done
+[ "$(grep -o 'tensor_parallel_degree": [0-9]*' "$work/auto_tight/config.json")" = 'tensor_parallel_degree": 2' ] ||
+  failed+=("auto_tight: the budget admits only tensor 2; config.json says $(grep -o 'tensor_parallel_degree": [0-9]*' "$work/auto_tight/config.json")")
 [ ${#failed[@]} = 0 ] || { printf '%s\n' "${failed[@]}"; fail "${#failed[@]} failures"; }
 echo "mpi_tensor: PASS"
