@@ -312,6 +312,13 @@ class Trainer {
       MemTracker::of(static_cast<Tier>(t)).reset_peaks();
     model_ = t_ > 1 ? build_model(cfg_.model, TensorSlice{rank_ % t_, t_})
                     : build_model(cfg_.model);
+    // Fewer KV heads than tensor ranks: K and V are replicated (models/tensor_units.cpp).
+    if (t_ > 1 && lead_ && model_.config.type == "llama" && model_.config.n_kv_head % t_ != 0)
+      std::fprintf(stderr,
+                   "shardwise: note: model.n_kv_head %d < parallelism.tensor_parallel_degree "
+                   "%d: every tensor rank holds all K and V projections (replicated, their "
+                   "gradients summed) and uses its query heads' KV head\n",
+                   model_.config.n_kv_head, t_);
     wrap_blocks(model_, cfg_.blocks_per_unit);
     ShardingPolicy policy = cfg_.sharding;
     // HYBRID_SHARD's default group: a node's data-parallel ranks (its ranks / t, at least 1).

@@ -216,6 +216,10 @@ timeout 60 "${mpirun[@]}" -np 4 env OMPI_COMM_WORLD_LOCAL_SIZE=3 "$sw" train "$w
 [ "$(grep -c "does not divide the 3 ranks per host: some tensor groups span hosts" \
   "$work/local3.log")" = 1 ] || failed+=("local3: not one note about hosts: $(head -3 "$work/local3.log")")
 ! grep -q "ranks per host" "$work/gpt2.t2_full2.log" || failed+=("t2_full2: a note about hosts")
+# Fewer KV heads (2) than tensor ranks (4): one note that K and V are replicated; none at 2.
+[ "$(grep -c "every tensor rank holds all K and V projections" "$work/llama.t4.log")" = 1 ] ||
+  failed+=("llama.t4: not one note about replicated KV heads")
+! grep -q "K and V projections" "$work/llama.t2.log" || failed+=("llama.t2: a note about KV heads")
 # "auto": the planner chooses the degree within memory_budget, the global batch kept. With
 # NO_SHARD (each data-parallel rank holds the whole model state) and a model whose state
 # outweighs its activations (d_model 256, 4 layers, 8 rows of 32), a budget between tensor 2's
