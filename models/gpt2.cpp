@@ -47,15 +47,7 @@ size_t scrb(size_t n) { return Scratch::bytes_for(n); }
 
 ParamSpec spec(std::string name, Shape shape, Init init, float std, std::string hf,
                bool hf_t = false) {
-  ParamSpec p;
-  p.name = std::move(name);
-  p.weight_decay = shape.size() >= 2;
-  p.shape = std::move(shape);
-  p.init = init;
-  p.std = std;
-  p.hf_name = std::move(hf);
-  p.hf_transpose = hf_t;
-  return p;
+  return param_spec(std::move(name), std::move(shape), init, std, std::move(hf), hf_t);
 }
 
 // ---- [0] embed_head ------------------------------------------------------------------------

@@ -43,26 +43,9 @@ size_t sz(int64_t a, int64_t b = 1) { return static_cast<size_t>(a * b); }
 size_t f32b(size_t n) { return n * sizeof(float); }
 size_t scrb(size_t n) { return Scratch::bytes_for(n); }
 
-// RoPE's frequencies as the config gives them (theta, and the llama3 scaling).
-RopeSpec rope_spec(const ModelConfig& c) {
-  RopeSpec r(c.rope_theta);
-  r.llama3 = c.rope_scaling == "llama3";
-  r.factor = c.rope_factor;
-  r.low_freq_factor = c.rope_low_freq_factor;
-  r.high_freq_factor = c.rope_high_freq_factor;
-  r.original_max_pos = c.rope_original_max_pos;
-  return r;
-}
 
 ParamSpec spec(std::string name, Shape shape, Init init, float std, std::string hf) {
-  ParamSpec p;
-  p.name = std::move(name);
-  p.weight_decay = shape.size() >= 2;
-  p.shape = std::move(shape);
-  p.init = init;
-  p.std = std;
-  p.hf_name = std::move(hf);
-  return p;
+  return param_spec(std::move(name), std::move(shape), init, std, std::move(hf));
 }
 
 // ---- [0] embed -------------------------------------------------------------------------------
@@ -403,6 +386,17 @@ class Head final : public Unit {
 };
 
 }  // namespace
+
+// RoPE's frequencies as the config gives them (theta, and the llama3 scaling).
+RopeSpec rope_spec(const ModelConfig& c) {
+  RopeSpec r(c.rope_theta);
+  r.llama3 = c.rope_scaling == "llama3";
+  r.factor = c.rope_factor;
+  r.low_freq_factor = c.rope_low_freq_factor;
+  r.high_freq_factor = c.rope_high_freq_factor;
+  r.original_max_pos = c.rope_original_max_pos;
+  return r;
+}
 
 void build_llama(Model& m) {
   const ModelConfig& c = m.config;

@@ -30,5 +30,7 @@ namespace sw {
 
 // Appends the Llama units and schedule to m (m.config is already validated and resolved).
 void build_llama(Model& m);
+// RoPE's frequencies as the config gives them (theta, and the llama3 scaling).
+RopeSpec rope_spec(const ModelConfig& c);
 
 }  // namespace sw

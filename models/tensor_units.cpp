@@ -53,15 +53,7 @@ float* keep(UnitCtx& ctx, SavedSlot<float> slot, size_t n) {
 
 ParamSpec spec(std::string name, Shape shape, Init init, float std, std::string hf,
                bool hf_t = false) {
-  ParamSpec p;
-  p.name = std::move(name);
-  p.weight_decay = shape.size() >= 2;
-  p.shape = std::move(shape);
-  p.init = init;
-  p.std = std;
-  p.hf_name = std::move(hf);
-  p.hf_transpose = hf_t;
-  return p;
+  return param_spec(std::move(name), std::move(shape), init, std, std::move(hf), hf_t);
 }
 // Rows [lo, hi) of a logical tensor (its local shape: those rows).
 ParamSpec rows(ParamSpec p, std::vector<std::array<int64_t, 2>> runs) {
@@ -117,6 +109,30 @@ TensorColl gather_coll(size_t full_values, size_t elem) {
 }
 TensorColl scatter_coll(size_t full_values) {
   return {TensorOp::ScatterRows, static_cast<int64_t>(full_values * 4)};
+}
+
+// A block's collectives (GPT-2's and Llama's alike). Forward: the norm's rows gathered before
+// the attention's column product, its row product's partial sums scattered, the same for the
+// MLP (a ProductIn's elements: 2 bytes with 16-bit products). Backward: dy gathered, the MLP
+// norm's rows again, its input gradient scattered, dL/dx2 gathered, the attention norm's rows,
+// its input gradient scattered. A selective recompute needs none (norms and activations of
+// this rank's rows or columns).
+std::vector<TensorColl> block_comm(const ModelConfig& c, Unit::Pass pass, BatchShape shape,
+                                   int t) {
+  const Dims d = dims(shape, t);
+  const size_t NC = sz(d.N, c.d_model), e = shape.lowp() ? 2 : 4;
+  switch (pass) {
+    case Unit::Pass::Forward:
+    case Unit::Pass::Eval:
+    case Unit::Pass::Logits:
+      return {gather_coll(NC, e), scatter_coll(NC), gather_coll(NC, e), scatter_coll(NC)};
+    case Unit::Pass::Backward:
+      return {gather_coll(NC, 4), gather_coll(NC, e), scatter_coll(NC),
+              gather_coll(NC, 4), gather_coll(NC, e), scatter_coll(NC)};
+    case Unit::Pass::Recompute:
+      return {};
+  }
+  return {};
 }
 
 // ---- The vocabulary-parallel embedding (GPT-2 adds positions) --------------------------------
@@ -422,20 +438,7 @@ class Gpt2Block final : public Unit {
   }
 
   std::vector<TensorColl> declare_tensor_comm(int, Pass pass, BatchShape shape) const override {
-    const Dims d = dims(shape, s_.size);
-    const size_t NC = sz(d.N, c_.d_model), e = shape.lowp() ? 2 : 4;
-    switch (pass) {
-      case Pass::Forward:
-      case Pass::Eval:
-      case Pass::Logits:
-        return {gather_coll(NC, e), scatter_coll(NC), gather_coll(NC, e), scatter_coll(NC)};
-      case Pass::Backward:
-        return {gather_coll(NC, 4), gather_coll(NC, e), scatter_coll(NC),
-                gather_coll(NC, 4), gather_coll(NC, e), scatter_coll(NC)};
-      case Pass::Recompute:
-        return {};
-    }
-    return {};
+    return block_comm(c_, pass, shape, s_.size);
   }
 
   bool selective_recompute() const override { return true; }
@@ -515,16 +518,6 @@ class Gpt2Block final : public Unit {
 };
 
 // ---- Llama ------------------------------------------------------------------------------------
-// RoPE's frequencies as the config gives them (models/llama.cpp's).
-RopeSpec rope_of(const ModelConfig& c) {
-  RopeSpec r(c.rope_theta);
-  r.llama3 = c.rope_scaling == "llama3";
-  r.factor = c.rope_factor;
-  r.low_freq_factor = c.rope_low_freq_factor;
-  r.high_freq_factor = c.rope_high_freq_factor;
-  r.original_max_pos = c.rope_original_max_pos;
-  return r;
-}
 
 // The embedding ("embed", untied), the head ("head": norm.weight, lm_head.weight) or both
 // ("embed_head", tied: embed_tokens.weight is the head's weight; calls 0 and 1).
@@ -594,7 +587,7 @@ constexpr SavedSlot<float> kRstd1{6, Keep::Always, "rstd1"}, kLse{7, Keep::Alway
 class LlamaBlock final : public Unit {
  public:
   LlamaBlock(const ModelConfig& c, int layer, TensorSlice s)
-      : c_(c), layer_(layer), s_(s), rope_(rope_of(c)),
+      : c_(c), layer_(layer), s_(s), rope_(rope_spec(c)),
         kv_split_(c.n_kv_head % s.size == 0) {
     size_t i = 0;
     in_ = i++, post_ = i++;
@@ -731,20 +724,7 @@ class LlamaBlock final : public Unit {
   }
 
   std::vector<TensorColl> declare_tensor_comm(int, Pass pass, BatchShape shape) const override {
-    const Dims d = dims(shape, s_.size);
-    const size_t NC = sz(d.N, c_.d_model), e = shape.lowp() ? 2 : 4;
-    switch (pass) {
-      case Pass::Forward:
-      case Pass::Eval:
-      case Pass::Logits:
-        return {gather_coll(NC, e), scatter_coll(NC), gather_coll(NC, e), scatter_coll(NC)};
-      case Pass::Backward:
-        return {gather_coll(NC, 4), gather_coll(NC, e), scatter_coll(NC),
-                gather_coll(NC, 4), gather_coll(NC, e), scatter_coll(NC)};
-      case Pass::Recompute:
-        return {};
-    }
-    return {};
+    return block_comm(c_, pass, shape, s_.size);
   }
 
   bool selective_recompute() const override { return true; }

@@ -262,6 +262,19 @@ ActivationDecl Unit::declare_activations(int call, BatchShape shape) const {
 
 std::vector<TensorColl> Unit::declare_tensor_comm(int, Pass, BatchShape) const { return {}; }
 
+ParamSpec param_spec(std::string name, Shape shape, Init init, float std, std::string hf,
+                     bool hf_t) {
+  ParamSpec p;
+  p.name = std::move(name);
+  p.weight_decay = shape.size() >= 2;
+  p.shape = std::move(shape);
+  p.init = init;
+  p.std = std;
+  p.hf_name = std::move(hf);
+  p.hf_transpose = hf_t;
+  return p;
+}
+
 const char* tensor_op_name(TensorOp op) {
   switch (op) {
     case TensorOp::GatherRows: return "tp_gather_rows";

@@ -58,6 +58,11 @@ struct ParamSpec {
   TensorSplit split{};
 };
 
+// A parameter as the built-in models declare them: weight decay on matrices only; hf the Hugging
+// Face name (hf_t: HF stores the transpose).
+ParamSpec param_spec(std::string name, Shape shape, Init init, float std, std::string hf,
+                     bool hf_t = false);
+
 // `p` marked as read only through UnitCtx::weight (ParamSpec::products_only).
 inline ParamSpec product_weight(ParamSpec p) {
   p.products_only = true;

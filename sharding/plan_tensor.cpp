@@ -4,23 +4,12 @@
 
 namespace sw {
 
-namespace {
-ActionKind kind_of(TensorOp op) {
-  switch (op) {
-    case TensorOp::GatherRows: return ActionKind::TpGatherRows;
-    case TensorOp::ScatterRows: return ActionKind::TpScatterRows;
-    case TensorOp::AllGather: return ActionKind::TpAllGather;
-  }
-  return ActionKind::TpAllGather;
-}
-}  // namespace
-
 void TensorPlan::inside(int at, int p, Unit::Pass pass) {
   const CallMemory* cm = b_.call_mem(p);
   if (!cm || b_.in().tensor <= 1) return;
   const Action host = b_.plan().actions[size_t(at)];
   for (const TensorColl& c : cm->tensor[size_t(pass)]) {
-    Action& a = b_.add(kind_of(c.op), Queue::Tensor, host.unit, p);
+    Action& a = b_.add(tensor_action_kind(c.op), Queue::Tensor, host.unit, p);
     a.bytes = c.bytes;
     a.inside = at;
     a.waits.push_back(at);

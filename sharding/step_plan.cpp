@@ -28,6 +28,15 @@ const char* action_kind_name(ActionKind k) {
   return k < ActionKind::Count ? n[static_cast<size_t>(k)] : "?";
 }
 
+ActionKind tensor_action_kind(TensorOp op) {
+  switch (op) {
+    case TensorOp::GatherRows: return ActionKind::TpGatherRows;
+    case TensorOp::ScatterRows: return ActionKind::TpScatterRows;
+    case TensorOp::AllGather: return ActionKind::TpAllGather;
+  }
+  return ActionKind::TpAllGather;
+}
+
 double trace_clock() { return trace_now(); }
 
 PlanInput make_plan_input(const Model& model, const ShardingPolicy& policy, int world) {

@@ -73,6 +73,8 @@ enum class ActionKind : uint8_t {
   Count
 };
 const char* action_kind_name(ActionKind k);  // "gather", "wait_gather", "forward", ...
+// The action of a unit's in-call tensor collective (TpGatherRows, TpScatterRows, TpAllGather).
+ActionKind tensor_action_kind(TensorOp op);
 
 // What a FetchState / EvictState moves (bits of Action::io).
 enum IoPart : uint8_t {

@@ -12,14 +12,6 @@ bool in_call(ActionKind k) {
   return k == ActionKind::TpGatherRows || k == ActionKind::TpScatterRows ||
          k == ActionKind::TpAllGather;
 }
-ActionKind kind_of(TensorOp op) {
-  switch (op) {
-    case TensorOp::GatherRows: return ActionKind::TpGatherRows;
-    case TensorOp::ScatterRows: return ActionKind::TpScatterRows;
-    case TensorOp::AllGather: return ActionKind::TpAllGather;
-  }
-  return ActionKind::TpAllGather;
-}
 }  // namespace
 
 void TensorParallel::begin(SegmentRun& s) {
@@ -46,7 +38,7 @@ int TensorParallel::take(TensorOp op, int64_t bytes) {
                " beyond the collectives its declaration lists (Unit::declare_tensor_comm)");
   const int i = planned_[next_++];
   const Action& a = seg_->action(i);
-  SW_CHECK(a.kind == kind_of(op) && a.bytes == bytes && a.inside == seg_->current,
+  SW_CHECK(a.kind == tensor_action_kind(op) && a.bytes == bytes && a.inside == seg_->current,
            std::string("tensor parallel: unit ") + seg_->plan.unit_names[size_t(a.unit)] +
                " asked for " + tensor_op_name(op) + " of " + std::to_string(bytes) +
                " bytes in action " + std::to_string(seg_->current) + "; its declaration (action " +

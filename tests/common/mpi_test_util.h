@@ -2,7 +2,12 @@
 // one-rank companions: the world group, tiny GPT-2 / Llama configurations, a synthetic corpus
 // and a cross-rank sum.
 #pragma once
+#include <stdlib.h>
+
 #include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -25,6 +30,19 @@ inline sw::GroupPtr world() {
     return w;
   }();
   return g;
+}
+
+// A directory for this job's files (NVMe offload): made by rank 0, its name broadcast (jobs of
+// other world sizes may run at the same time).
+inline std::string job_tmp_dir(const sw::GroupPtr& g, const char* prefix = "sw_offload") {
+  char name[256] = {};
+  if (g->rank() == 0) {
+    std::string t = (std::filesystem::temp_directory_path() / (std::string(prefix) + "_XXXXXX")).string();
+    if (mkdtemp(t.data()) == nullptr) throw std::runtime_error("mkdtemp " + t + " failed");
+    std::snprintf(name, sizeof name, "%s", t.c_str());
+  }
+  g->broadcast(name, sizeof name / 4, 0);
+  return name;
 }
 
 // A tiny model of `type` ("gpt2" or "llama"): vocabulary 64, width 32, 16 positions.

@@ -455,7 +455,7 @@ TEST_CASE("offload_optimizer cpu: bit-identical, moments on the host tier", "[of
 // plan and the device's activation peak is the plan's, and lower than without offload.
 // The same to NVMe (offload = nvme): a file per rank, written after each forward, read back
 // one call ahead of each backward.
-std::string job_tmp_dir(const GroupPtr& g);
+using swtest::job_tmp_dir;
 TEST_CASE("activation offload cpu and nvme: bit-identical, the device's activations as planned",
           "[offload]") {
   const GroupPtr g = world();
@@ -531,18 +531,6 @@ void check_state_round_trip(ShardedModel& sm, int u, ShardedModel::StateKind k, 
   }
 }
 
-// A directory for this job's NVMe files: made by rank 0, its name broadcast (jobs of other
-// world sizes may run at the same time).
-std::string job_tmp_dir(const GroupPtr& g) {
-  char name[256] = {};
-  if (g->rank() == 0) {
-    std::string t = (std::filesystem::temp_directory_path() / "sw_offload_XXXXXX").string();
-    REQUIRE(mkdtemp(t.data()) != nullptr);
-    std::snprintf(name, sizeof name, "%s", t.c_str());
-  }
-  g->broadcast(name, sizeof name / 4, 0);
-  return name;
-}
 
 // Optimizer state in an NVMe file per rank, streamed through staging buffers by the plan's
 // fetch / evict actions: bit-identical to no offload; the file exists while the model lives and

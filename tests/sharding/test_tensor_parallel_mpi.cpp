@@ -252,19 +252,6 @@ TEST_CASE("tensor parallel init equals the logical tensors' slices", "[tp2][tp4]
   check_close(a, ref, "init", 1e-12, 1e-12);
 }
 
-namespace {
-// A directory for this job's NVMe files: made by rank 0, its name broadcast.
-std::string job_tmp_dir(const GroupPtr& g) {
-  char name[256] = {};
-  if (g->rank() == 0) {
-    std::string t = (std::filesystem::temp_directory_path() / "sw_tp_offload_XXXXXX").string();
-    REQUIRE(mkdtemp(t.data()) != nullptr);
-    std::snprintf(name, sizeof name, "%s", t.c_str());
-  }
-  g->broadcast(name, sizeof name / 4, 0);
-  return name;
-}
-}  // namespace
 
 // Offload composes with tensor parallelism: the optimizer's moments on the host or in an NVMe
 // file, parameters on the host, activations on the host or in a file train bit-identically to
@@ -273,7 +260,7 @@ std::string job_tmp_dir(const GroupPtr& g) {
 TEST_CASE("tensor 2 with offload", "[tp_offload]") {
   const GroupPtr g = world();
   const int t = 2;
-  const std::string dir = job_tmp_dir(g);
+  const std::string dir = swtest::job_tmp_dir(g, "sw_tp_offload");
   for (const std::string type : {"gpt2", "llama"}) {
     const ModelConfig mc = tiny(type);
     Opts base;
