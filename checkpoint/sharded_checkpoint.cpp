@@ -714,7 +714,11 @@ bool commit_checkpoint(Group& g, const CheckpointSnapshot& s, bool ok, const std
       ojson files = ojson::array();
       for (const std::string& e : entries) files.push_back(ojson::parse(e));
       meta["files"] = std::move(files);
-      write_file_synced(tmp_dir + "/metadata.json", seal_metadata(std::move(meta)));
+      const std::string text = seal_metadata(std::move(meta));
+      // v2: the blocks must tile every parameter (a custom unit's split that two tensor ranks
+      // both claim would otherwise make a checkpoint that no load accepts).
+      if (v2) check_checkpoint_metadata(final_dir + "/metadata.json", text);
+      write_file_synced(tmp_dir + "/metadata.json", text);
       fsync_dir(tmp_dir);
       std::error_code ec;
       std::string old;
