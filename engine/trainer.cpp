@@ -940,7 +940,10 @@ void refuse_tensor_parallel_gaps(const TrainConfig& cfg, const std::string& comm
     refuse("parallelism.tensor_parallel_degree", "`shardwise " + command + "`",
            "set it to 1 (" + command + " runs one rank)");
   // (Checkpoints save and resume across mesh shapes: checkpoint/sharded_checkpoint.h, v2.)
-  if (cfg.device != "cpu") refuse("device", "'" + cfg.device + "'", "use cpu");
+  // (The simulated device runs the device path: staged tensor groups, copies. CUDA's kernels of
+  // the tensor-parallel ops compile but have not run on a GPU yet.)
+  if (cfg.device != "cpu" && cfg.device != "sim")
+    refuse("device", "'" + cfg.device + "' (not yet run on a GPU)", "use cpu");
   if (cfg.sharding.offload_param.device == OffloadDevice::Nvme)
     refuse("zero_optimization.offload_param.device", "nvme", "use none or cpu");
 }

@@ -35,7 +35,8 @@ struct ModelContext {
   GroupPtr world, shard, rep, shard_host;
   // tensor: the model's tensor group (tensor parallelism; null: the model is not split). The
   // groups above are then the data-parallel ones (ranks holding the same tensor slice).
-  GroupPtr tensor;
+  // tensor_host: the same ranks over the host (host scalars, logical parameter copies).
+  GroupPtr tensor, tensor_host;
   int W = 1, S = 1, R = 1;
   int rank = 0;  // in world
   // This process's own number among every rank of the job, for per-rank files (NVMe offload):

@@ -33,16 +33,21 @@ double ShardedModel::grad_norm() const {
   for (size_t u = 0; u < U; ++u) {
     const FlatUnit& fu = *I.units[u];
     if (skip_rep && !fu.layout().replicated_runs().empty()) {
-      SW_CHECK(!fu.params_on_nvme() && fu.grad_device() == ops.device(),
-               "tensor parallelism with gradients off the device");
+      SW_CHECK(!fu.params_on_nvme(), "tensor parallelism with NVMe parameters");
+      const bool off = fu.grad_device() != ops.device();  // (host shards: summed there)
       DType r = DType::F32;
-      const float* g = fu.grad_shard_rounding(&r);
+      const float* g = off ? fu.grad_shard() : fu.grad_shard_rounding(&r);
       const bool round = r != DType::F32;
       if (round) rdt = r;
       const Range sh = fu.shard_range();
       int64_t at_lo = sh.lo;  // the pieces of the shard outside every replicated run
       auto piece = [&](int64_t lo, int64_t hi) {
         if (hi <= lo) return;
+        if (off) {
+          per[u] += fu.ops_on(fu.grad_device()).sum_squares(g + (lo - sh.lo),
+                                                            static_cast<size_t>(hi - lo));
+          return;
+        }
         (round ? xr : xs).push_back(g + (lo - sh.lo));
         (round ? nr : ns).push_back(static_cast<size_t>(hi - lo));
         (round ? atr : at).push_back(u);
@@ -79,7 +84,7 @@ double ShardedModel::grad_norm() const {
   double ss = 0;
   for (double v : per) ss += v;
   ss = sum_over_ranks(*I.ctx.shard_host, ss);
-  if (I.ctx.tensor) ss = sum_over_ranks(*I.ctx.tensor, ss);
+  if (I.ctx.tensor_host) ss = sum_over_ranks(*I.ctx.tensor_host, ss);
   return std::sqrt(ss);
 }
 

@@ -48,9 +48,14 @@ void each_param(const Ops& ops, const FlatUnit& fu, const float* base,
 // with each tensor rank's split (Impl::tensor_splits); replicated ones are this rank's own.
 void each_logical_param(ShardedModel::Impl& I, const FlatUnit& fu, const float* base,
                         const std::function<void(const ParamSpec&, const float*)>& fn) {
-  Group& tg = *I.ctx.tensor;
+  Group& tg = *I.ctx.tensor_host;  // (host buffers: the parts are copied from a device first)
   const int t = tg.size();
-  std::vector<float> all, logical;
+  std::vector<float> all, logical, host;
+  if (!I.ctx.ops->device().is_cpu()) {
+    host.resize(static_cast<size_t>(fu.layout().padded));
+    copy_bytes(host.data(), Device::cpu(), base, I.ctx.ops->device(), host.size() * sizeof(float));
+    base = host.data();
+  }
   for (size_t s = 0; s < fu.layout().specs.size(); ++s) {
     const ParamSpec& sp = fu.layout().specs[s];
     const float* mine = base + fu.layout().entries[s].offset;
@@ -94,7 +99,7 @@ void ShardedModel::for_each_param(
       tmp = gathered(I, fu, false);
       base = tmp.f32();
     }
-    if (I.ctx.tensor)
+    if (I.ctx.tensor_host)
       each_logical_param(I, fu, base, fn);
     else
       each_param(*I.ctx.ops, fu, base, fn);

@@ -48,13 +48,10 @@ ModelContext make_context(const Model& model, const Ops& ops, GroupPtr group,
                            (tensor ? "rank " + std::to_string(tensor->rank()) + " of " +
                                          std::to_string(tensor->size())
                                    : std::string("none")));
-    if (!ops.device().is_cpu())
-      fail("sharding", "tensor parallelism runs on the CPU backend only so far (device " +
-                           ops.device().str() + ")");
     if (policy.offload_param.device == OffloadDevice::Nvme)
       fail("offload", "zero_optimization.offload_param 'nvme' with tensor parallelism is not "
                       "implemented yet (the gradient norm reads NVMe gradients whole; use 'cpu')");
-    c.tensor = std::move(tensor);
+    c.tensor = c.tensor_host = std::move(tensor);
   }
   c.W = group->size();
   c.rank = group->rank();
@@ -94,6 +91,7 @@ ModelContext make_context(const Model& model, const Ops& ops, GroupPtr group,
     // buffers); host scalars keep the host groups.
     c.shard = device_group(c.shard, dev, policy.device_comm);
     if (c.rep) c.rep = device_group(c.rep, dev, policy.device_comm);
+    if (c.tensor) c.tensor = device_group(c.tensor_host, dev, policy.device_comm);
   }
   return c;
 }

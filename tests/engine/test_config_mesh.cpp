@@ -161,7 +161,7 @@ TEST_CASE("parallelism: what tensor parallelism does not do yet is refused, one 
   CHECK(refusal(ck, "train") == "(no error)");
   const std::vector<Case> cases = {
       {"device", [](TrainConfig& k) { k.device = "cuda"; },
-       "device: 'cuda'" + tp + "use cpu"},
+       "device: 'cuda' (not yet run on a GPU)" + tp + "use cpu"},
       {"offload_param", [](TrainConfig& k) {
          k.sharding.offload_param.device = OffloadDevice::Nvme;
        },
