@@ -68,6 +68,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/cuda_runtime.h"
+#include "kernels/cuda/tp_kernels.cuh"
 #include "kernels/cuda/workspace.h"
 #include "kernels/ops.h"
 
@@ -861,6 +862,100 @@ class CudaOps final : public Ops {
     xent(total, true, rl, dx, dw, x, w, targets, N, C, V, grad_scale);
   }
 
+  // ---- Tensor parallelism (kernels/cuda/tp_kernels.cu). The table: its 16-bit rows widened
+  // where given, else the fp32 ones (as embedding_forward). The cross-entropy over a vocabulary shard
+  // runs as lmhead_xent does: rows in chunks of cuda::lmhead_chunk_rows(N, V) (the Logits
+  // slot; V is the shard's, so no more than the full head's), the products through gemm_raw or,
+  // in BF16 / F16, gemm16 on h narrowed once per call (Lowp0) and w taken 16-bit where it has
+  // that form, else narrowed (Lowp1); the backward's g written narrowed by its row kernel
+  // (Lowp2), feeding both products. Two passes (stats, then backward) each run the logits'
+  // product, as the CPU's.
+  void vocab_embedding_forward(float* out, const int32_t* tokens, Operand wte, int64_t v_lo,
+                               int N, int C, int V) const override {
+    SW_OP_TIME();
+    if (!wte.lp)
+      return cuda::vocab_embedding_forward(begin(), out, tokens, wte.f32, nullptr, 0, v_lo, N, C,
+                                           V);
+    require_lowp("vocab_embedding_forward");
+    cuda::vocab_embedding_forward(begin(), out, tokens, nullptr, wte.lp, dt(), v_lo, N, C, V);
+  }
+  void vocab_embedding_backward(float* dwte, const float* dout, const int32_t* tokens,
+                                int64_t v_lo, int N, int C, int V) const override {
+    SW_OP_TIME();
+    cuda::vocab_embedding_backward(begin(), dwte, dout, tokens, v_lo, N, C, V);
+  }
+  void position_forward(float* out, const float* wpe, int64_t row_lo, int rows, int T,
+                        int C) const override {
+    SW_OP_TIME();
+    SW_CHECK(T > 0 && row_lo >= 0, "position_forward: bad shape");
+    cuda::position_forward(begin(), out, wpe, row_lo, rows, T, C);
+  }
+  void position_backward(float* dwpe, const float* dout, int64_t row_lo, int rows, int T,
+                         int C) const override {
+    SW_OP_TIME();
+    SW_CHECK(T > 0 && row_lo >= 0, "position_backward: bad shape");
+    cuda::position_backward(begin(), dwpe, dout, row_lo, rows, T, C);
+  }
+  void xent_shard_stats(float* stats, const float* h, Operand w, const int32_t* targets,
+                        int64_t v_lo, int N, int C, int V) const override {
+    SW_OP_TIME();
+    SW_CHECK(N >= 0 && C > 0 && V > 0, "xent_shard_stats: bad shape");
+    if (N == 0) return;
+    const cudaStream_t s = begin();
+    const ShardOperands op = shard_operands(s, "xent_shard_stats", h, w, N, C, V);
+    const int chunk = static_cast<int>(cuda::lmhead_chunk_rows(N, V));
+    float* logits = wsf(Slot::Logits, static_cast<size_t>(chunk) * V);
+    for (int n0 = 0; n0 < N; n0 += chunk) {
+      const int nc = std::min(chunk, N - n0);
+      shard_logits(op, n0, nc, C, V, logits);
+      const OpScope scope(s, "xent_shard_rows");
+      cuda::xent_shard_stats_rows(s, stats + static_cast<size_t>(n0) * 3, logits, targets + n0,
+                                  v_lo, nc, V);
+    }
+  }
+  void xent_shard_combine(double* total, float* lse, float* loss, const float* stats,
+                          const int32_t* targets, int t, int N) const override {
+    SW_OP_TIME();
+    SW_CHECK(t >= 1 && N >= 0, "xent_shard_combine: bad shape");
+    cuda::xent_shard_combine(begin(), total, lse, loss, stats, targets, t, N);
+  }
+  void xent_shard_backward(float* dh, GradOut dw, const float* h, Operand w, const float* lse,
+                           const int32_t* targets, int64_t v_lo, int N, int C, int V,
+                           float grad_scale) const override {
+    SW_OP_TIME();
+    SW_CHECK(N >= 0 && C > 0 && V > 0, "xent_shard_backward: bad shape");
+    if (!dh && !dw) return;
+    const cudaStream_t s = begin();
+    if (N == 0) {
+      if (dw.write) cuda::fill(s, dw.p, 0.f, static_cast<size_t>(V) * C);  // written
+      return;
+    }
+    const ShardOperands op = shard_operands(s, "xent_shard_backward", h, w, N, C, V);
+    const int chunk = static_cast<int>(cuda::lmhead_chunk_rows(N, V));
+    float* logits = wsf(Slot::Logits, static_cast<size_t>(chunk) * V);
+    uint16_t* d16 = lowp() ? wsh(Slot::Lowp2, static_cast<size_t>(chunk) * V) : nullptr;
+    for (int n0 = 0; n0 < N; n0 += chunk) {
+      const int nc = std::min(chunk, N - n0);
+      shard_logits(op, n0, nc, C, V, logits);
+      {
+        const OpScope scope(s, "xent_shard_rows");
+        cuda::xent_shard_grad_rows(s, logits, lse + n0, targets + n0, v_lo, nc, V, grad_scale,
+                                   d16, dt());
+      }
+      const float dw_beta = n0 == 0 ? dw.beta() : 1.f;
+      float* dhc = dh ? dh + static_cast<size_t>(n0) * C : nullptr;
+      if (!d16) {
+        const float* hc = h + static_cast<size_t>(n0) * C;
+        if (dhc) gemm_raw(false, false, nc, C, V, 1.f, logits, V, op.w, C, 1.f, dhc, C);
+        if (dw) gemm_raw(true, false, V, C, nc, 1.f, logits, V, hc, C, dw_beta, dw.p, C);
+        continue;
+      }
+      const uint16_t* h16c = op.h16 + static_cast<size_t>(n0) * C;
+      if (dhc) gemm16(false, false, nc, C, V, 1.f, d16, V, op.w16, C, 1.f, dhc, C);
+      if (dw) gemm16(true, false, V, C, nc, 1.f, d16, V, h16c, C, dw_beta, dw.p, C);
+    }
+  }
+
   // With copies, written by the update's kernel: the master read once (4 bytes a parameter
   // less than adamw, then round_copy with a 16-bit copy); a gradient to round (grad_dt) is
   // rounded as the kernel reads it.
@@ -1487,6 +1582,33 @@ class CudaOps final : public Ops {
     if (dqkv16 && !into)
       SW_CUDA_CHECK(cudaMemcpyAsync(dqkv16, dq16, n * sizeof(uint16_t), cudaMemcpyDeviceToDevice, s));
     return true;
+  }
+
+  // The vocabulary-parallel cross-entropy's operands (xent_shard_*): fp32, or in BF16 / F16
+  // h narrowed once per call (Lowp0) and w 16-bit as given, else narrowed (Lowp1).
+  struct ShardOperands {
+    const float* h;
+    const float* w;
+    const uint16_t* h16;
+    const uint16_t* w16;
+  };
+  ShardOperands shard_operands(cudaStream_t s, const char* op, const float* h, Operand w, int N,
+                               int C, int V) const {
+    if (!lowp()) {
+      if (!w.f32) refuse(op, "a 16-bit weight needs BF16 / F16 Ops");
+      return {h, w.f32, nullptr, nullptr};
+    }
+    const uint16_t* h16 = narrowed(s, Slot::Lowp0, h, C, N, C);
+    const uint16_t* w16 = w.lp ? w.lp : narrowed(s, Slot::Lowp1, w.f32, C, V, C);
+    return {h, w.f32, h16, w16};
+  }
+  // logits(nc, V) = h[n0 : n0 + nc] w^T, in the compute precision.
+  void shard_logits(const ShardOperands& op, int n0, int nc, int C, int V, float* logits) const {
+    if (!lowp())
+      return gemm_raw(false, true, nc, V, C, 1.f, op.h + static_cast<size_t>(n0) * C, C, op.w, C,
+                      0.f, logits, V);
+    gemm16(false, true, nc, V, C, 1.f, op.h16 + static_cast<size_t>(n0) * C, C, op.w16, C, 0.f,
+           logits, V);
   }
 
   // The one host synchronisation of an op that returns a value.

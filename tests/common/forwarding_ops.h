@@ -71,6 +71,27 @@ class ForwardingOps : public sw::Ops {
   double lmhead_xent(float* loss, float* dx, float* dw, const float* x, sw::Operand w, const int32_t* targets, int N, int C, int V, float grad_scale) const override {
     return base_.lmhead_xent(loss, dx, dw, x, w, targets, N, C, V, grad_scale);
   }
+  void vocab_embedding_forward(float* out, const int32_t* tokens, sw::Operand wte, int64_t v_lo, int N, int C, int V) const override {
+    base_.vocab_embedding_forward(out, tokens, wte, v_lo, N, C, V);
+  }
+  void vocab_embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int64_t v_lo, int N, int C, int V) const override {
+    base_.vocab_embedding_backward(dwte, dout, tokens, v_lo, N, C, V);
+  }
+  void position_forward(float* out, const float* wpe, int64_t row_lo, int rows, int T, int C) const override {
+    base_.position_forward(out, wpe, row_lo, rows, T, C);
+  }
+  void position_backward(float* dwpe, const float* dout, int64_t row_lo, int rows, int T, int C) const override {
+    base_.position_backward(dwpe, dout, row_lo, rows, T, C);
+  }
+  void xent_shard_stats(float* stats, const float* h, sw::Operand w, const int32_t* targets, int64_t v_lo, int N, int C, int V) const override {
+    base_.xent_shard_stats(stats, h, w, targets, v_lo, N, C, V);
+  }
+  void xent_shard_combine(double* total, float* lse, float* loss, const float* stats, const int32_t* targets, int t, int N) const override {
+    base_.xent_shard_combine(total, lse, loss, stats, targets, t, N);
+  }
+  void xent_shard_backward(float* dh, sw::GradOut dw, const float* h, sw::Operand w, const float* lse, const int32_t* targets, int64_t v_lo, int N, int C, int V, float grad_scale) const override {
+    base_.xent_shard_backward(dh, dw, h, w, lse, targets, v_lo, N, C, V, grad_scale);
+  }
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2, float eps, float wd, int step, float grad_mult, const sw::AdamWCopies& copies = {}) const override {
     base_.adamw(param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult, copies);
   }

@@ -135,7 +135,10 @@ inline const std::vector<std::string>& all_ops() {
       "sums_of_squares:host", "sums_of_squares:device", "sums_of_squares:rounded",
       "round_copy:f32", "round_copy:lp", "embedding_backward", "residual_forward", "lmhead_xent",
       "lmhead_xent_into", "scale", "fill", "add_inplace", "copy", "narrow", "widen",
-      "add_widened", "round_to"};
+      "add_widened", "round_to", "vocab_embedding_forward:f32", "vocab_embedding_forward:lp",
+      "vocab_embedding_backward", "position_forward", "position_backward", "xent_shard_stats",
+      "xent_shard_combine", "xent_shard_backward:add", "xent_shard_backward:set",
+      "xent_shard_backward:lp"};
   return ops;
 }
 
@@ -1858,6 +1861,253 @@ inline std::vector<OpCase> op_cases() {
                     return o;
                   }});
   }
+
+  // Tensor parallelism: a vocabulary shard [v_lo, v_lo + V) of a table of Vt rows (tokens and
+  // targets outside it, ignored targets), positions of a run of rows starting mid-sequence
+  // and wrapping past T.
+  struct VE { int N, C, V, Vt, v_lo; };
+  for (const VE e : {VE{21, 45, 5, 15, 5}, VE{1, 64, 3, 3, 0}, VE{300, 300, 41, 100, 59}}) {
+    const uint64_t sd = seed++;
+    const std::string sh =
+        shape({{"N", e.N}, {"C", e.C}, {"V", e.V}, {"Vt", e.Vt}, {"v_lo", e.v_lo}});
+    const size_t no = size_t(e.N) * e.C, nw = size_t(e.V) * e.C;
+    cs.push_back({"vocab_embedding_forward:f32", "vocab_embedding_forward[f32] " + sh, kTolElem,
+                  kTolElem, [e, sd, no](Arena& a) {
+                    Rng r(sd);
+                    const IVec tok = r.ints(size_t(e.N), 0, e.Vt);
+                    const Vec wte = r.normal(size_t(e.V) * e.C);
+                    float* out = a.up(Vec(no, NAN));  // written, never read
+                    a.ops().vocab_embedding_forward(out, a.up(tok), a.up(wte), e.v_lo, e.N, e.C,
+                                                    e.V);
+                    Outputs o;
+                    put(o, "out", a.down(out, no));
+                    return o;
+                  }});
+    // The table 16-bit only against the op on its widened values, and the fp32 form as an
+    // Operand against the plain pointer: pairs, bit for bit on each backend (a table with both
+    // forms is read 16-bit on CUDA and the simulated device, fp32 on the CPU: not compared).
+    cs.push_back({"vocab_embedding_forward:lp", "vocab_embedding_forward[lp] " + sh, kTolElem,
+                  kTolElem, [e, sd, no, nw](Arena& a) {
+                    Outputs o;
+                    const sw::DType dt = a.ops().compute();
+                    if (dt == sw::DType::F32) return o;
+                    Rng r(sd + 500);
+                    const IVec tok = r.ints(size_t(e.N), 0, e.Vt);
+                    const Vec wte = r.normal(nw);
+                    const float* pw = a.up(wte);
+                    const Narrowed16 w16(a, pw, nw);
+                    const int32_t* pt = a.up(tok);
+                    float *lp = a.up(Vec(no, NAN)), *ref = a.up(Vec(no, NAN));
+                    float *f = a.up(Vec(no, NAN)), *fr = a.up(Vec(no, NAN));
+                    a.ops().vocab_embedding_forward(lp, pt, w16.lp, e.v_lo, e.N, e.C, e.V);
+                    a.ops().vocab_embedding_forward(ref, pt, w16.wide, e.v_lo, e.N, e.C, e.V);
+                    a.ops().vocab_embedding_forward(f, pt, sw::Operand(pw), e.v_lo, e.N, e.C,
+                                                    e.V);
+                    a.ops().vocab_embedding_forward(fr, pt, pw, e.v_lo, e.N, e.C, e.V);
+                    put(o, "lp", a.down(lp, no));
+                    put(o, "ref", a.down(ref, no));
+                    put(o, "f32", a.down(f, no));
+                    put(o, "f32 ref", a.down(fr, no));
+                    return o;
+                  }});
+    cs.push_back({"vocab_embedding_backward", "vocab_embedding_backward " + sh, kTolElem,
+                  kTolElem, [e, sd, no, nw](Arena& a) {
+                    Rng r(sd + 1000);
+                    const IVec tok = r.ints(size_t(e.N), 0, e.Vt);
+                    const Vec dy = r.normal(no), dwte0 = r.normal(nw);
+                    float* dwte = a.up(dwte0);
+                    a.ops().vocab_embedding_backward(dwte, a.up(dy), a.up(tok), e.v_lo, e.N, e.C,
+                                                     e.V);
+                    Outputs o;
+                    put(o, "dwte", a.down(dwte, nw));
+                    return o;
+                  }});
+  }
+  struct P { int rows, T, C; long row_lo; };
+  for (const P q : {P{17, 7, 45, 5}, P{3, 8, 64, 0}, P{300, 33, 96, 1000003}}) {
+    const uint64_t sd = seed++;
+    const std::string sh =
+        shape({{"rows", q.rows}, {"T", q.T}, {"C", q.C}, {"row_lo", q.row_lo}});
+    const size_t no = size_t(q.rows) * q.C, np = size_t(q.T) * q.C;
+    cs.push_back({"position_forward", "position_forward " + sh, kTolElem, kTolElem,
+                  [q, sd, no, np](Arena& a) {
+                    Rng r(sd);
+                    const Vec out0 = r.normal(no), wpe = r.normal(np);
+                    float* out = a.up(out0);
+                    a.ops().position_forward(out, a.up(wpe), q.row_lo, q.rows, q.T, q.C);
+                    Outputs o;
+                    put(o, "out", a.down(out, no));
+                    return o;
+                  }});
+    cs.push_back({"position_backward", "position_backward " + sh, kTolElem, kTolElem,
+                  [q, sd, no, np](Arena& a) {
+                    Rng r(sd + 1000);
+                    const Vec dy = r.normal(no), dwpe0 = r.normal(np);
+                    float* dwpe = a.up(dwpe0);
+                    a.ops().position_backward(dwpe, a.up(dy), q.row_lo, q.rows, q.T, q.C);
+                    Outputs o;
+                    put(o, "dwpe", a.down(dwpe, np));
+                    return o;
+                  }});
+  }
+
+  // The vocabulary-parallel cross-entropy: this shard is the middle third [V, 2V) of 3V
+  // targets (ignored rows: -1); V odd and a multiple of 4 (CUDA's one- and four-wide row
+  // kernels), more rows than one chunk (CUDA's 4096). lse comes from the host (the shard's
+  // own log-sum-exp in double, plus 0.7 for the others'), so both backends' backward passes
+  // read the same values.
+  struct XS { int N, C, V; };
+  const auto shard_targets = [](Rng& r, int N, int V) {
+    IVec t = r.ints(size_t(N), 0, 3 * V);
+    for (size_t i = 3; i < t.size(); i += 5) t[i] = -1;
+    return t;
+  };
+  const auto host_lse = [](const Vec& h, const Vec& w, int N, int C, int V) {
+    Vec lse(static_cast<size_t>(N));
+    std::vector<double> z(static_cast<size_t>(V));
+    for (int n = 0; n < N; ++n) {
+      double m = -INFINITY;
+      for (int v = 0; v < V; ++v) {
+        double d = 0;
+        for (int c = 0; c < C; ++c) d += double(h[size_t(n) * C + c]) * w[size_t(v) * C + c];
+        z[size_t(v)] = d;
+        m = std::max(m, d);
+      }
+      double s = 0;
+      for (int v = 0; v < V; ++v) s += std::exp(z[size_t(v)] - m);
+      lse[size_t(n)] = static_cast<float>(m + std::log(s) + 0.7);
+    }
+    return lse;
+  };
+  for (const XS x : {XS{13, 24, 67}, XS{37, 16, 64}, XS{1, 7, 3}, XS{4200, 16, 37}}) {
+    const uint64_t sd = seed++;
+    const std::string sh = shape({{"N", x.N}, {"C", x.C}, {"V", x.V}});
+    const size_t nh = size_t(x.N) * x.C, nw = size_t(x.V) * x.C;
+    cs.push_back({"xent_shard_stats", "xent_shard_stats " + sh, kTolMat, kTolMatLowp,
+                  [x, sd, nh, nw, shard_targets](Arena& a) {
+                    Rng r(sd);
+                    const Vec h = r.normal(nh), w = r.normal(nw, 0.5f);
+                    const IVec t = shard_targets(r, x.N, x.V);
+                    float* st = a.up(Vec(size_t(x.N) * 3, NAN));  // written, never read
+                    a.ops().xent_shard_stats(st, a.up(h), a.up(w), a.up(t), x.V, x.N, x.C, x.V);
+                    const Vec sv = a.down(st, size_t(x.N) * 3);
+                    Vec m(static_cast<size_t>(x.N)), s(m.size()), tl(m.size());
+                    for (int n = 0; n < x.N; ++n)
+                      m[n] = sv[3 * n], s[n] = sv[3 * n + 1], tl[n] = sv[3 * n + 2];
+                    Outputs o;
+                    put(o, "max", m);
+                    put(o, "sumexp", s);
+                    put(o, "target_logit", tl);
+                    return o;
+                  }});
+    for (int set = 0; set < 2; ++set)
+      cs.push_back({set ? "xent_shard_backward:set" : "xent_shard_backward:add",
+                    std::string("xent_shard_backward[") + (set ? "set" : "add") + "] " + sh,
+                    kTolMat, kTolMatLowp, [x, sd, nh, nw, set, shard_targets, host_lse](Arena& a) {
+                      Rng r(sd + 100);
+                      const Vec h = r.normal(nh), w = r.normal(nw, 0.5f);
+                      const IVec t = shard_targets(r, x.N, x.V);
+                      const Vec dh0 = r.normal(nh), dw0 = r.normal(nw);
+                      const Vec lse = host_lse(h, w, x.N, x.C, x.V);
+                      const float *ph = a.up(h), *pw = a.up(w), *pl = a.up(lse);
+                      const int32_t* pt = a.up(t);
+                      const float gs = 1.f / x.N;
+                      Outputs o;
+                      if (!set) {
+                        float *dh = a.up(dh0), *dw = a.up(dw0);
+                        a.ops().xent_shard_backward(dh, dw, ph, pw, pl, pt, x.V, x.N, x.C, x.V,
+                                                    gs);
+                        put(o, "dh", a.down(dh, nh));
+                        put(o, "dw", a.down(dw, nw));
+                        // dw alone, and dh alone
+                        float *dw1 = a.up(dw0), *dh1 = a.up(dh0);
+                        a.ops().xent_shard_backward(nullptr, dw1, ph, pw, pl, pt, x.V, x.N, x.C,
+                                                    x.V, gs);
+                        a.ops().xent_shard_backward(dh1, nullptr, ph, pw, pl, pt, x.V, x.N, x.C,
+                                                    x.V, gs);
+                        put(o, "dw only", a.down(dw1, nw));
+                        put(o, "dh only", a.down(dh1, nh));
+                        return o;
+                      }
+                      // dw written over NaN, and added into zeros: a pair.
+                      float *dws = a.up(Vec(nw, NAN)), *dwz = a.up(Vec(nw, 0.f));
+                      float *dh = a.up(dh0), *dhz = a.up(dh0);
+                      a.ops().xent_shard_backward(dh, sw::GradOut(dws, true), ph, pw, pl, pt, x.V,
+                                                  x.N, x.C, x.V, gs);
+                      a.ops().xent_shard_backward(dhz, dwz, ph, pw, pl, pt, x.V, x.N, x.C, x.V,
+                                                  gs);
+                      put(o, "set", a.down(dws, nw));
+                      put(o, "acc0", a.down(dwz, nw));
+                      put(o, "dh", a.down(dh, nh));
+                      put(o, "dh acc0", a.down(dhz, nh));
+                      return o;
+                    }});
+    // BF16 / F16: the head's weight 16-bit only or in both forms against the op on the rounded
+    // fp32 weight (the products round it to those values): pairs, bit for bit.
+    cs.push_back({"xent_shard_backward:lp", "xent_shard w=lp/both " + sh, kTolMat, kTolMatLowp,
+                  [x, sd, nh, nw, shard_targets, host_lse](Arena& a) {
+                    Outputs o;
+                    if (a.ops().compute() == sw::DType::F32) return o;
+                    Rng r(sd + 200);
+                    const Vec h = r.normal(nh), w = r.normal(nw, 0.5f);
+                    const IVec t = shard_targets(r, x.N, x.V);
+                    const Vec dh0 = r.normal(nh), dw0 = r.normal(nw);
+                    const Vec lse = host_lse(h, w, x.N, x.C, x.V);
+                    const float *ph = a.up(h), *pl = a.up(lse);
+                    const int32_t* pt = a.up(t);
+                    for (int wf = 1; wf < 3; ++wf) {
+                      const WeightForms pw(a, w, wf);
+                      const std::string f = weight_form(wf);
+                      float *st = a.up(Vec(size_t(x.N) * 3)), *sr = a.up(Vec(size_t(x.N) * 3));
+                      a.ops().xent_shard_stats(st, ph, pw.operand, pt, x.V, x.N, x.C, x.V);
+                      a.ops().xent_shard_stats(sr, ph, pw.rounded, pt, x.V, x.N, x.C, x.V);
+                      put(o, "stats " + f, a.down(st, size_t(x.N) * 3));
+                      put(o, "stats ref " + f, a.down(sr, size_t(x.N) * 3));
+                      float *dh = a.up(dh0), *dhr = a.up(dh0), *dw = a.up(dw0), *dwr = a.up(dw0);
+                      a.ops().xent_shard_backward(dh, dw, ph, pw.operand, pl, pt, x.V, x.N, x.C,
+                                                  x.V, 1.f / x.N);
+                      a.ops().xent_shard_backward(dhr, dwr, ph, pw.rounded, pl, pt, x.V, x.N, x.C,
+                                                  x.V, 1.f / x.N);
+                      put(o, "dh " + f, a.down(dh, nh));
+                      put(o, "dh ref " + f, a.down(dhr, nh));
+                      put(o, "dw " + f, a.down(dw, nw));
+                      put(o, "dw ref " + f, a.down(dwr, nw));
+                    }
+                    return o;
+                  }});
+  }
+  // combine: t = 1, 2, 3 ranks' stats made on the host (a rank whose maximum is far below
+  // the others', ignored rows), the total added into a device double twice.
+  struct XC { int t, N; };
+  for (const XC c : {XC{1, 13}, XC{2, 37}, XC{3, 1500}}) {
+    const uint64_t sd = seed++;
+    cs.push_back({"xent_shard_combine",
+                  "xent_shard_combine " + shape({{"t", c.t}, {"N", c.N}}), kTolElem, kTolElem,
+                  [c, sd](Arena& a) {
+                    Rng r(sd);
+                    Vec st(size_t(c.t) * c.N * 3);
+                    for (int k = 0; k < c.t; ++k)
+                      for (int n = 0; n < c.N; ++n) {
+                        float* p = &st[(size_t(k) * c.N + n) * 3];
+                        p[0] = static_cast<float>(3 * r.uniform()) - (n % 7 == k ? 40.f : 0.f);
+                        p[1] = static_cast<float>(1 + 60 * r.uniform());
+                        p[2] = n % 3 == k ? static_cast<float>(4 * r.uniform() - 2) : 0.f;
+                      }
+                    IVec t = r.ints(size_t(c.N), 0, 100);
+                    for (size_t i = 2; i < t.size(); i += 4) t[i] = -1;
+                    float *lse = a.up(Vec(size_t(c.N), NAN)), *loss = a.up(Vec(size_t(c.N), NAN));
+                    double* total = a.up(std::vector<double>{2.5});
+                    const float* ps = a.up(st);
+                    const int32_t* pt = a.up(t);
+                    for (int k = 0; k < 2; ++k)
+                      a.ops().xent_shard_combine(total, lse, loss, ps, pt, c.t, c.N);
+                    Outputs o;
+                    o.push_back({"total", a.down(total, 1)});
+                    put(o, "lse", a.down(lse, size_t(c.N)));
+                    put(o, "loss", a.down(loss, size_t(c.N)));
+                    return o;
+                  }});
+  }
   return cs;
 }
 
@@ -1985,7 +2235,7 @@ inline std::vector<std::string> fused_norms_bitwise(const Backend& be) {
 // forms; but a 16-bit dinp alone, which cuBLAS may sum in another order than the fp32 one)
 // those of the fp32 input, each 16-bit output (out16 forms but the product's, likewise) narrow
 // of the fp32 one, lmhead_xent with a 16-bit weight ("lmhead_xent w=lp / w=both") its results
-// on the rounded fp32 one, and the sums of rounded values (adamw's copies with grad_dt) the
+// on the rounded fp32 one (the vocabulary-parallel embedding and cross-entropy likewise), and the sums of rounded values (adamw's copies with grad_dt) the
 // results of rounded copies. Their cases return outputs in pairs: "set" and "acc0" (and dw /
 // dw_acc, db / db_acc: parameter gradients accumulated by each), round_copy's result and
 // copy + round_to's, "lp" and "ref". Returns "case [output]" for each pair that differs on
@@ -1999,7 +2249,8 @@ inline bool paired_form(const OpCase& c) {
       "gelu_backward:set", "gelu_backward:lp", "swiglu_forward:out16", "swiglu_backward:set",
       "swiglu_backward:lp", "rope_forward:out16", "rope_backward:out16", "attention_forward:lp",
       "attention_backward:set", "attention_backward:lp", "adamw:copies",
-      "sums_of_squares:rounded", "round_copy:f32", "round_copy:lp"};
+      "sums_of_squares:rounded", "round_copy:f32", "round_copy:lp",
+      "vocab_embedding_forward:lp", "xent_shard_backward:set", "xent_shard_backward:lp"};
   return paired.count(c.op) || c.name.rfind("lmhead_xent w=", 0) == 0;
 }
 inline std::vector<std::string> paired_forms_exact(const Backend& be,
