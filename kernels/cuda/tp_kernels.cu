@@ -9,11 +9,14 @@
 // exponentials (online), block_max / block_sum's fixed trees; the combine is one thread per
 // row over the ranks in order, its denominator in double as on the CPU, and the loss total
 // goes through sum_rows (a fixed order, added into the device double: no host read).
+// The row passes' per-element arithmetic is tp_rows.h's, which tests/cuda/test_tp_twin.cpp
+// runs on the host against the CPU's Ops.
 #include <cmath>
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/tp_kernels.cuh"
+#include "kernels/cuda/tp_rows.h"
 
 namespace sw::cuda {
 
@@ -23,9 +26,7 @@ constexpr int kThreads = 256;
 constexpr int kRowThreads = 512;  // one block per row of logits (as xent_rows)
 constexpr int kBuckets = 32;      // the embedding backward's row buckets (elementwise.cu)
 
-__device__ __forceinline__ bool in_shard(int32_t tok, int64_t v_lo, int V) {
-  return int64_t(tok) >= v_lo && int64_t(tok) < v_lo + V;
-}
+using tp::in_shard;
 __device__ __forceinline__ float table_value(const float* t, size_t i, int) { return t[i]; }
 __device__ __forceinline__ float table_value(const uint16_t* t, size_t i, int dt) {
   return from_half_d(dt, t[i]);
@@ -122,17 +123,10 @@ __global__ void xent_shard_stats_k(float* stats, const float* logits, const int3
   float mx = -INFINITY, sum = 0.f;
   for (int v = v0; v < V; v += step) {
     load_row<W>(row + v, x);
-    float m = x[0];
-    for (int k = 1; k < W; ++k) m = fmaxf(m, x[k]);
-    const float nm = fmaxf(mx, m);
-    if (nm == -INFINITY) continue;  // all -inf so far: they add 0
-    float s = 0.f;
-    for (int k = 0; k < W; ++k) s += expf(x[k] - nm);
-    sum = sum * expf(mx - nm) + s;
-    mx = nm;
+    tp::online_step<W>(mx, sum, x);
   }
   const float rmx = block_max(mx, fscratch);
-  sum = block_sum(mx == -INFINITY ? 0.f : sum * expf(mx - rmx), fscratch);
+  sum = block_sum(tp::rescaled(mx, sum, rmx), fscratch);
   if (threadIdx.x == 0) {
     const int32_t t = targets[r];
     float* st = stats + static_cast<size_t>(r) * 3;
@@ -146,23 +140,7 @@ __global__ void xent_shard_stats_k(float* stats, const float* logits, const int3
 __global__ void xent_shard_combine_k(float* lse, float* loss, const float* stats,
                                      const int32_t* targets, int t, int N) {
   const int n = blockIdx.x * blockDim.x + threadIdx.x;
-  if (n >= N) return;
-  const size_t stride = static_cast<size_t>(N) * 3;
-  float M = -INFINITY;
-  for (int k = 0; k < t; ++k) {
-    const float m = stats[k * stride + static_cast<size_t>(n) * 3];
-    M = M < m ? m : M;  // std::max's choice
-  }
-  double S = 0.0;
-  float tl = 0.f;
-  for (int k = 0; k < t; ++k) {
-    const float* st = stats + k * stride + static_cast<size_t>(n) * 3;
-    if (st[1] > 0.f) S += double(st[1]) * exp(double(st[0]) - double(M));
-    tl += st[2];
-  }
-  const float l = M + logf(static_cast<float>(S));
-  lse[n] = l;
-  loss[n] = targets[n] < 0 ? 0.f : l - tl;
+  if (n < N) tp::combine_row(stats, static_cast<size_t>(N) * 3, t, n, targets[n], lse, loss);
 }
 
 // Block r, threads over the row's columns: g = grad_scale * exp(logit - lse) less grad_scale
@@ -182,10 +160,7 @@ __global__ void xent_shard_grad_k(float* logits, const float* lse, const int32_t
       for (int k = 0; k < W; ++k) g[k] = 0.f;
     } else {
       load_row<W>(row + v, g);
-      for (int k = 0; k < W; ++k) {
-        g[k] = grad_scale * expf(g[k] - l);
-        if (v + k == tv) g[k] -= grad_scale;
-      }
+      for (int k = 0; k < W; ++k) g[k] = tp::shard_grad(g[k], l, grad_scale, v + k == tv);
     }
     if (row16) {
       for (int k = 0; k < W; ++k) row16[v + k] = to_half_d(dt, g[k]);

@@ -29,7 +29,8 @@ WorkspaceDecl declared_workspace(const StepShape& s) {
   const DType compute = s.compute;
   // The linears' largest weight (llama: gate+up, 2F x C; gpt2: qkv or fc).
   const int64_t weight = llama ? 2 * F * C : std::max(qkv, F) * C;
-  // The LM head: logits chunks (workspace.h).
+  // The LM head: logits chunks (workspace.h). Tensor parallelism's shard cross-entropy
+  // (xent_shard_*) takes the same slots (Logits, Lowp0..2) at its shard's V <= vocab: no more.
   const int64_t chunk = lmhead_chunk_rows(N, V);
   std::vector<int64_t> slot{chunk * V * 4};  // Logits
   std::string what = "CudaOps' scratch: the LM head's logits chunk";
