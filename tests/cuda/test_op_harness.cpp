@@ -39,6 +39,17 @@ class BrokenGelu final : public swtest::ForwardingOps {
   }
 };
 
+// CPU fp32 Ops with the shard cross-entropy's backward scaled by 1.001 (a wrong grad_scale).
+class BrokenShardXent final : public swtest::ForwardingOps {
+ public:
+  using ForwardingOps::ForwardingOps;
+  void xent_shard_backward(float* dh, sw::GradOut dw, const float* h, sw::Operand w,
+                           const float* lse, const int32_t* targets, int64_t v_lo, int N, int C,
+                           int V, float grad_scale) const override {
+    base_.xent_shard_backward(dh, dw, h, w, lse, targets, v_lo, N, C, V, grad_scale * 1.001f);
+  }
+};
+
 // The CPU's Ops taking the Ops' shared forms through fp32 ones where a backend may take them
 // (CudaOps' attention paths other than cuDNN's; AdamW's copies and the sums of rounded values
 // through rounded copies in scratch; round_copy's default, copy + round_to + narrow): the
@@ -165,4 +176,17 @@ TEST_CASE("op harness: a wrong op is caught, and only that op") {
     failed += !r.ok;
   }
   CHECK(failed == 3);  // the three gelu_forward sizes
+}
+
+TEST_CASE("op harness: a wrong tensor-parallel op is caught, and only that op") {
+  const Backend ref = cpu_backend(sw::ops_for(Device::cpu()), "cpu-f32");
+  const BrokenShardXent broken(sw::ops_for(Device::cpu()));
+  int failed = 0;
+  for (const Result& r : compare(ref, cpu_backend(broken, "broken-xent"), false, op_cases())) {
+    INFO(r.str());
+    const bool grad = r.case_name.rfind("xent_shard_backward", 0) == 0;
+    CHECK(r.ok != grad);  // every gradient it writes fails (NMSE ~1e-6 against 1e-9), nothing else
+    failed += !r.ok;
+  }
+  CHECK(failed == 4 * 8);  // four shapes, {add: dh, dw, dw only, dh only}, {set: four}
 }
