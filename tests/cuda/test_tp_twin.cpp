@@ -6,12 +6,12 @@
 // aligned rows), the combine's row formula, the gradient's; around it this file models what
 // only the GPU runs: the block's max and sum (a sequential sum in place of the warp
 // butterflies' tree) and the products (sequential fp32 sums in place of cuBLAS), with the
-// operands and g rounded to bf16 where the Ops are BF16, as CudaOps narrows them.
+// operands and g rounded to 16 bits where the Ops are BF16 or F16, as CudaOps narrows them.
 // What it guards: the CUDA formulas (the online rescaling, the combine, the target's
 // subtraction, the rounding points) give the CPU's results at the fp32 tolerances the op
 // harness demands of the real kernels on a GPU (tests/cuda/test_cuda_ops.cpp); what it cannot
 // show: that the kernels' launches and indexing compute this model (only a GPU run can).
-// Measured here (SHARDWISE_TEST_VERBOSE=1 prints them): NMSE <= 9e-13 (fp32 and BF16) against
+// Measured here (SHARDWISE_TEST_VERBOSE=1 prints them): NMSE <= 9e-13 (fp32, BF16, F16) against
 // the 1e-9 asked; without the online sum's rescaling, 2e-6..0.12.
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -103,11 +103,11 @@ std::vector<double> wide(const Vec& v) { return std::vector<double>(v.begin(), v
 
 }  // namespace
 
-TEST_CASE("tp twin: the CUDA shard cross-entropy's model matches the CPU's Ops (fp32, BF16)") {
+TEST_CASE("tp twin: the CUDA shard cross-entropy's model matches the CPU's Ops (fp32, BF16, F16)") {
   // V odd (the one-wide kernel) and multiples of 4 (four-wide), past one stride of 512 threads.
   const Shape shapes[] = {{13, 24, 67}, {37, 16, 64}, {5, 8, 1031}, {6, 8, 2052}};
   uint64_t seed = 7;
-  for (DType dt : {DType::F32, DType::BF16}) {
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
     const sw::Ops& ops = sw::ops_for(sw::Device::cpu(), dt);
     for (const Shape& s : shapes) {
       INFO(sw::dtype_name(dt) << " N=" << s.N << " C=" << s.C << " V=" << s.V);
