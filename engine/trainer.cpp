@@ -936,9 +936,13 @@ void refuse_tensor_parallel_gaps(const TrainConfig& cfg, const std::string& comm
   auto refuse = [&](const std::string& key, const std::string& what, const std::string& fix) {
     fail("config", pre + key + ": " + what + " " + tp + " is not implemented yet; " + fix);
   };
-  if (command != "train")
-    refuse("parallelism.tensor_parallel_degree", "`shardwise " + command + "`",
-           "set it to 1 (" + command + " runs one rank)");
+  if (command != "train") {  // (the weights are whole tensors: the whole model on one rank)
+    std::fprintf(stderr,
+                 "shardwise: note: %s runs the whole model on one rank; "
+                 "parallelism.tensor_parallel_degree %d applies to training\n",
+                 command.c_str(), t);
+    return;
+  }
   // (Checkpoints save and resume across mesh shapes: checkpoint/sharded_checkpoint.h, v2.)
   // (The simulated device runs the device path: staged tensor groups, copies. CUDA's kernels of
   // the tensor-parallel ops compile but have not run on a GPU yet.)

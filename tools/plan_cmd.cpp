@@ -178,7 +178,9 @@ int cmd_calibrate(const PlanArgs& pa) {
   if (!pa.config.empty()) {
     const TrainConfig cfg = load_config(pa.config, pa.overrides, world->size());
     threads = cfg.threads;
-    model = std::make_unique<Model>(build_model(cfg.model));
+    // (tensor parallelism: the shapes one tensor rank's units compute)
+    model = std::make_unique<Model>(
+        build_model(cfg.model, TensorSlice{0, std::max(1, cfg.parallelism.tensor)}));
     in = make_plan_input(*model, ShardingPolicy{}, 1);
     in.B = cfg.micro_batch;
     in.T = cfg.model.seq_len;
@@ -193,6 +195,11 @@ int cmd_calibrate(const PlanArgs& pa) {
     opt.shapes = calibration_shapes(nullptr, nullptr);
   }
   if (!pa.nvme_path.empty()) opt.disk_path = pa.nvme_path;
+  if (!opt.disk_path.empty()) {  // (made where missing, as the offload files' directories are)
+    std::error_code ec;
+    std::filesystem::create_directories(opt.disk_path, ec);
+    if (ec) fail("plan", opt.disk_path + ": cannot create the directory (" + ec.message() + ")");
+  }
   set_num_threads(threads);
   if (r0) opt.log = [](const std::string& l) { std::printf("%s\n", l.c_str()); std::fflush(stdout); };
   if (r0)

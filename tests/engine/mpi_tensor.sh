@@ -24,8 +24,8 @@
 # reduction or a wrong scale moves both by more than 10%.
 # The end-of-run export holds the one-rank run's tensors (tolerances where they are checked).
 # Each step counts its tokens once: tokens_per_s * step_time_s = 128 (the global batch's tokens)
-# on every run. Errors: a world the degree does not divide, sample and eval refused, are one
-# line each.
+# on every run. Error: a world the degree does not divide is one line. sample and eval of a
+# tensor-parallel run's export run the whole model on one rank (one note), as with degree 1.
 # The worst relative differences are printed (the figures behind the tolerances).
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/mpi_common.sh" mpi_tensor "$@"
@@ -203,11 +203,19 @@ expect_error() {  # name, expected text, command...
 expect_error world3 "parallelism.tensor_parallel_degree: 2 does not divide the world size (3 ranks)" \
   "${mpirun[@]}" -np 3 "$sw" train "$work/gpt2.json" --quiet --no-export $(tp 2) \
   --set run_dir="$work/world3"
-# sample and eval (one rank) refuse the degree rather than ignore it.
-expect_error sample "parallelism.tensor_parallel_degree: \`shardwise sample\` with" \
-  "$sw" sample --config "$work/gpt2.json" --weights "$work/none" $(tp 2)
-expect_error eval "parallelism.tensor_parallel_degree: \`shardwise eval\` with" \
-  "$sw" eval "$work/gpt2.json" --weights "$work/none" --data "$work/val.bin" $(tp 2)
+# sample and eval (one rank) of the tensor-2 run's export: the whole model, with one note, the
+# same output as with degree 1.
+for cmd in sample eval; do
+  args=(--weights "$work/gpt2.t2/hf")
+  if [ $cmd = sample ]; then args+=(--config "$work/gpt2.json" --tokens 16 --temperature 0);
+  else args=("$work/gpt2.json" "${args[@]}" --data "$work/val.bin"); fi
+  "$sw" $cmd "${args[@]}" $(tp 2) >"$work/$cmd.t2.out" 2>"$work/$cmd.t2.err" ||
+    failed+=("$cmd with a tensor degree: exit status $?: $(head -2 "$work/$cmd.t2.err")")
+  "$sw" $cmd "${args[@]}" >"$work/$cmd.t1.out" 2>/dev/null || failed+=("$cmd: exit status $?")
+  cmp -s "$work/$cmd.t1.out" "$work/$cmd.t2.out" || failed+=("$cmd: output differs with a degree")
+  [ "$(grep -c "runs the whole model on one rank" "$work/$cmd.t2.err")" = 1 ] ||
+    failed+=("$cmd: not one note: $(head -2 "$work/$cmd.t2.err")")
+done
 # Tensor groups are consecutive ranks: where t does not divide a host's ranks (3 of 4 here, as
 # the launcher would say on hosts of 3), rank 0 notes that some groups span hosts, once.
 timeout 60 "${mpirun[@]}" -np 4 env OMPI_COMM_WORLD_LOCAL_SIZE=3 "$sw" train "$work/gpt2.json" \
