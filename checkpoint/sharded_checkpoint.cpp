@@ -94,25 +94,30 @@ int64_t snapshot_bytes(const CheckpointSnapshot& s) { return s.floats * 4; }
 
 namespace {
 
+// A unit's entry of metadata.json: its parameters (name, shape, place in the flat buffer, HF
+// name) and sizes.
+ojson unit_json(const std::string& name, const FlatLayout& L) {
+  ojson params = ojson::array();
+  for (size_t i = 0; i < L.specs.size(); ++i) {
+    const ParamSpec& p = L.specs[i];
+    params.push_back({{"name", p.name},
+                      {"shape", p.shape},
+                      {"offset", L.entries[i].offset},
+                      {"numel", L.entries[i].numel},
+                      {"hf_name", hf_file_name(p)},
+                      {"hf_transpose", p.hf_transpose}});
+  }
+  return {{"name", name},
+          {"numel", L.used},
+          {"padded", L.padded},
+          {"dtype", "F32"},
+          {"params", std::move(params)}};
+}
+
 ojson layout_json(const ShardedModel& sm) {
   ojson units = ojson::array();
   for (int u = 0; u < sm.num_units(); ++u) {
-    const FlatLayout& L = sm.unit_layout(u);
-    ojson params = ojson::array();
-    for (size_t s = 0; s < L.specs.size(); ++s) {
-      const ParamSpec& p = L.specs[s];
-      params.push_back({{"name", p.name},
-                        {"shape", p.shape},
-                        {"offset", L.entries[s].offset},
-                        {"numel", L.entries[s].numel},
-                        {"hf_name", hf_file_name(p)},
-                        {"hf_transpose", p.hf_transpose}});
-    }
-    units.push_back({{"name", sm.unit_name(u)},
-                     {"numel", L.used},
-                     {"padded", L.padded},
-                     {"dtype", "F32"},
-                     {"params", std::move(params)}});
+    units.push_back(unit_json(sm.unit_name(u), sm.unit_layout(u)));
   }
   return units;
 }
@@ -207,22 +212,7 @@ ojson logical_layout_json(const ShardedModel& sm) {
       const int64_t y = ib == order.end() ? INT64_MAX : ib->second;
       return x < y;
     });
-    const FlatLayout L = FlatLayout::build(std::move(specs), 1);
-    ojson params = ojson::array();
-    for (size_t i = 0; i < L.specs.size(); ++i) {
-      const ParamSpec& p = L.specs[i];
-      params.push_back({{"name", p.name},
-                        {"shape", p.shape},
-                        {"offset", L.entries[i].offset},
-                        {"numel", L.entries[i].numel},
-                        {"hf_name", hf_file_name(p)},
-                        {"hf_transpose", p.hf_transpose}});
-    }
-    units.push_back({{"name", sm.unit_name(u)},
-                     {"numel", L.used},
-                     {"padded", L.padded},
-                     {"dtype", "F32"},
-                     {"params", std::move(params)}});
+    units.push_back(unit_json(sm.unit_name(u), FlatLayout::build(std::move(specs), 1)));
   }
   return units;
 }

@@ -5,10 +5,13 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "models/unit_helpers.h"
 
 namespace sw {
 
 namespace {
+
+using namespace units;
 
 // What the units keep from forward for backward: the slots of their Saved. Keep::Cheap marks
 // what selective checkpointing drops and Block::recompute_cheap rebuilds.
@@ -17,33 +20,9 @@ namespace kept {
 constexpr SavedSlot<float> kLnf{0, Keep::Always, "lnf"}, kLnfMean{1, Keep::Always, "lnf_mean"},
     kLnfRstd{2, Keep::Always, "lnf_rstd"}, kDlnf{3, Keep::Always, "dlnf"};
 constexpr SavedFlag kFused{0, "fused"};  // the LM head's gradients came with forward
-// a block
-constexpr ProductSlot kLn1{0, Keep::Cheap, "ln1"}, kQkv{1, Keep::Always, "qkv"},
-    kAtty{2, Keep::Always, "atty"}, kLn2{3, Keep::Cheap, "ln2"}, kFch{4, Keep::Always, "fch"},
-    kFchGelu{5, Keep::Cheap, "fch_gelu"};
-constexpr SavedSlot<float> kLn1Mean{6, Keep::Always, "ln1_mean"},
-    kLn1Rstd{7, Keep::Always, "ln1_rstd"}, kLse{8, Keep::Always, "lse"},
-    kX2{9, Keep::Always, "x2"}, kLn2Mean{10, Keep::Always, "ln2_mean"},
-    kLn2Rstd{11, Keep::Always, "ln2_rstd"};
+using namespace units::gpt2_block;  // a block's
 }  // namespace kept
 
-// Activation storage: kept in ctx.saved when training (backward needs it), in ctx.scratch
-// otherwise (eval keeps nothing). Same arithmetic either way.
-float* keep(UnitCtx& ctx, SavedSlot<float> slot, size_t n) {
-  return ctx.training ? ctx.saved->put(slot, n) : ctx.scratch->f32(n);
-}
-
-// Scratch is per call: released for reuse when the call returns.
-struct ScratchScope {
-  Scratch* s;
-  ~ScratchScope() { s->reset(); }
-};
-
-size_t sz(int64_t a, int64_t b = 1) { return static_cast<size_t>(a * b); }
-
-// Bytes of a Saved request of n floats, and of a Scratch request (models/unit.h).
-size_t f32b(size_t n) { return n * sizeof(float); }
-size_t scrb(size_t n) { return Scratch::bytes_for(n); }
 
 ParamSpec spec(std::string name, Shape shape, Init init, float std, std::string hf,
                bool hf_t = false) {

@@ -6,42 +6,24 @@
 
 #include "core/error.h"
 #include "models/packed.h"
+#include "models/unit_helpers.h"
 
 namespace sw {
 
 namespace {
 
+using namespace units;
+
 // What the units keep from forward for backward: the slots of their Saved. Keep::Cheap marks
 // what selective checkpointing drops and Block::recompute_cheap rebuilds.
 namespace kept {
-// a block
-constexpr ProductSlot kXn{0, Keep::Cheap, "xn"}, kQkv{1, Keep::Always, "qkv"},
-    kAtty{2, Keep::Always, "atty"}, kXn2{3, Keep::Cheap, "xn2"}, kGu{4, Keep::Always, "gu"},
-    kHmlp{5, Keep::Cheap, "hmlp"};
-constexpr SavedSlot<float> kRstd1{6, Keep::Always, "rstd1"}, kLse{7, Keep::Always, "lse"},
-    kX2{8, Keep::Always, "x2"}, kRstd2{9, Keep::Always, "rstd2"};
+using namespace units::llama_block;  // a block's
 // the head's loss call
 constexpr SavedSlot<float> kHnorm{0, Keep::Always, "hnorm"}, kRstd{1, Keep::Always, "rstd"},
     kDhnorm{2, Keep::Always, "dhnorm"};
 constexpr SavedFlag kFused{0, "fused"};  // the LM head's gradients came with forward
 }  // namespace kept
 
-// Activation storage: kept in ctx.saved when training (backward needs it), in ctx.scratch
-// otherwise (eval keeps nothing). Same arithmetic either way.
-float* keep(UnitCtx& ctx, SavedSlot<float> slot, size_t n) {
-  return ctx.training ? ctx.saved->put(slot, n) : ctx.scratch->f32(n);
-}
-
-struct ScratchScope {  // scratch is per call: released for reuse when the call returns
-  Scratch* s;
-  ~ScratchScope() { s->reset(); }
-};
-
-size_t sz(int64_t a, int64_t b = 1) { return static_cast<size_t>(a * b); }
-
-// Bytes of a Saved request of n floats, and of a Scratch request (models/unit.h).
-size_t f32b(size_t n) { return n * sizeof(float); }
-size_t scrb(size_t n) { return Scratch::bytes_for(n); }
 
 
 ParamSpec spec(std::string name, Shape shape, Init init, float std, std::string hf) {

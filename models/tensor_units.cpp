@@ -33,23 +33,14 @@
 #include "models/llama.h"
 #include "models/packed.h"
 #include "models/tensor_units.h"
+#include "models/unit_helpers.h"
 
 namespace sw {
 
 namespace {
 
-size_t sz(int64_t a, int64_t b = 1) { return static_cast<size_t>(a * b); }
-size_t f32b(size_t n) { return n * sizeof(float); }
-size_t scrb(size_t n) { return Scratch::bytes_for(n); }
+using namespace units;
 
-struct ScratchScope {
-  Scratch* s;
-  ~ScratchScope() { s->reset(); }
-};
-
-float* keep(UnitCtx& ctx, SavedSlot<float> slot, size_t n) {
-  return ctx.training ? ctx.saved->put(slot, n) : ctx.scratch->f32(n);
-}
 
 ParamSpec spec(std::string name, Shape shape, Init init, float std, std::string hf,
                bool hf_t = false) {
@@ -306,15 +297,8 @@ class Gpt2EmbedHead final : public Unit {
   TensorSlice s_;
 };
 
-namespace gpt2 {
-constexpr ProductSlot kLn1{0, Keep::Cheap, "ln1"}, kQkv{1, Keep::Always, "qkv"},
-    kAtty{2, Keep::Always, "atty"}, kLn2{3, Keep::Cheap, "ln2"}, kFch{4, Keep::Always, "fch"},
-    kFchGelu{5, Keep::Cheap, "fch_gelu"};
-constexpr SavedSlot<float> kLn1Mean{6, Keep::Always, "ln1_mean"},
-    kLn1Rstd{7, Keep::Always, "ln1_rstd"}, kLse{8, Keep::Always, "lse"},
-    kX2{9, Keep::Always, "x2"}, kLn2Mean{10, Keep::Always, "ln2_mean"},
-    kLn2Rstd{11, Keep::Always, "ln2_rstd"};
-}  // namespace gpt2
+
+namespace gpt2 = units::gpt2_block;
 
 class Gpt2Block final : public Unit {
  public:
@@ -572,13 +556,8 @@ class LlamaVocab final : public Unit {
   Role r_;
 };
 
-namespace llama {
-constexpr ProductSlot kXn{0, Keep::Cheap, "xn"}, kQkv{1, Keep::Always, "qkv"},
-    kAtty{2, Keep::Always, "atty"}, kXn2{3, Keep::Cheap, "xn2"}, kGu{4, Keep::Always, "gu"},
-    kHmlp{5, Keep::Cheap, "hmlp"};
-constexpr SavedSlot<float> kRstd1{6, Keep::Always, "rstd1"}, kLse{7, Keep::Always, "lse"},
-    kX2{8, Keep::Always, "x2"}, kRstd2{9, Keep::Always, "rstd2"};
-}  // namespace llama
+
+namespace llama = units::llama_block;
 
 // A Llama block: q heads split; KV heads split where t divides them, else (t a multiple of
 // KVH) every rank holds all of them, replicated, and uses the one its q heads read (its

@@ -6,6 +6,29 @@
 
 namespace sw {
 
+namespace {
+std::vector<std::pair<int64_t, int64_t>> replicated_of(const std::vector<ParamSpec>& specs,
+                                                        const std::vector<FlatEntry>& entries) {
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (size_t s = 0; s < specs.size(); ++s) {
+    if (specs[s].split.split() || entries[s].numel == 0) continue;
+    const int64_t lo = entries[s].offset, hi = lo + entries[s].numel;
+    // (joined when only an alignment gap, which stays zero, lies between)
+    if (!runs.empty() && (lo - runs.back().second) < kAlign && [&] {
+          for (size_t t = 0; t < specs.size(); ++t)
+            if (specs[t].split.split() && entries[t].offset >= runs.back().second &&
+                entries[t].offset < lo)
+              return false;
+          return true;
+        }())
+      runs.back().second = hi;
+    else
+      runs.emplace_back(lo, hi);
+  }
+  return runs;
+}
+}  // namespace
+
 FlatLayout FlatLayout::build(std::vector<ParamSpec> specs, int world) {
   SW_CHECK(world >= 1, "world size must be positive");
   FlatLayout L;
@@ -43,27 +66,9 @@ FlatLayout FlatLayout::build(std::vector<ParamSpec> specs, int world) {
   for (FlatEntry& e : L.entries)
     for (const FlatRun& r : L.runs)
       if (e.offset >= r.lo && e.offset < r.hi && r.f32 >= 0) e.f32 = r.f32 + (e.offset - r.lo);
+  L.replicated = replicated_of(L.specs, L.entries);
   return L;
 }
 
-std::vector<std::pair<int64_t, int64_t>> FlatLayout::replicated_runs() const {
-  std::vector<std::pair<int64_t, int64_t>> runs;
-  for (size_t s = 0; s < specs.size(); ++s) {
-    if (specs[s].split.split() || entries[s].numel == 0) continue;
-    const int64_t lo = entries[s].offset, hi = lo + entries[s].numel;
-    // (joined when only an alignment gap, which stays zero, lies between)
-    if (!runs.empty() && (lo - runs.back().second) < kAlign && [&] {
-          for (size_t t = 0; t < specs.size(); ++t)
-            if (specs[t].split.split() && entries[t].offset >= runs.back().second &&
-                entries[t].offset < lo)
-              return false;
-          return true;
-        }())
-      runs.back().second = hi;
-    else
-      runs.emplace_back(lo, hi);
-  }
-  return runs;
-}
 
 }  // namespace sw

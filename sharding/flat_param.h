@@ -44,8 +44,10 @@ struct FlatLayout {
   int64_t compact_offset(size_t s) const { return entries[s].f32; }
   // Tensor parallelism: the [lo, hi) runs of the flat buffer holding replicated parameters
   // (ParamSpec::split empty; in a model that is not split, all of them); adjacent ones
-  // (alignment gaps between) merged.
-  std::vector<std::pair<int64_t, int64_t>> replicated_runs() const;
+  // (alignment gaps between) merged. Made once by build (the norm and each step's
+  // tp_reduce_grads read them).
+  std::vector<std::pair<int64_t, int64_t>> replicated;
+  const std::vector<std::pair<int64_t, int64_t>>& replicated_runs() const { return replicated; }
 };
 
 }  // namespace sw
