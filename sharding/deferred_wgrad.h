@@ -59,6 +59,8 @@ class DeferredWeightGrads {
   uint64_t key() const { return key_; }
 
   void run(uint64_t key);  // runs and frees key's jobs in recorded order (none: nothing)
+  void clear();            // drops every job unrun (frees the copies; their dw / db stay as
+                           // they are, unwritten); deferring off
   int64_t pending_bytes() const;              // bytes held by recorded copies (all keys)
   int64_t pending_bytes(uint64_t key) const;  // ... of key's jobs
   size_t pending_jobs() const;                // jobs recorded and not yet run (all keys)
