@@ -82,16 +82,17 @@ std::vector<PipeOp> interleaved(int P, int V, int M, int rank) {
 // The zero-bubble order of every rank: the F/I orders are `main` (the interleaved F/B order
 // with B -> I); W's are placed by a greedy run of all ranks at once on unit costs (f = i = w =
 // 1, no comm): a rank that is free runs its next F/I when that is ready (and, for an F, when
-// live micro-batches -- forward done, W not done -- stay within the interleaved order's peak
-// in flight on that rank), else its oldest pending W, else waits for the next event.
+// its live micro-batches -- forward done, W not done -- stay within `cap`, the largest
+// interleaved peak in flight over the ranks), else its oldest pending W, else waits for the
+// next event.
 std::vector<std::vector<PipeOp>> zero_bubble(int P, int V, int M) {
   const int S = P * V;
   const size_t nP = size_t(P);
   std::vector<std::vector<PipeOp>> main(nP), out(nP);
-  std::vector<int> cap(nP);
+  int cap = 0;
   for (int r = 0; r < P; ++r) {
     main[size_t(r)] = V == 1 ? one_f_one_b(P, M, r) : interleaved(P, V, M, r);
-    cap[size_t(r)] = pipe_peak_in_flight(main[size_t(r)]);
+    cap = std::max(cap, pipe_peak_in_flight(main[size_t(r)]));
     for (PipeOp& o : main[size_t(r)])
       if (o.kind == PipeOpKind::Backward) o.kind = PipeOpKind::BackwardInput;
   }
@@ -135,7 +136,7 @@ std::vector<std::vector<PipeOp>> zero_bubble(int P, int V, int M) {
       if (pos[R] < main[R].size()) {
         const PipeOp o = main[R][pos[R]];
         const double d = deps_end(r, o);
-        const bool mem_ok = o.kind != PipeOpKind::Forward || live[R] + 1 <= cap[R];
+        const bool mem_ok = o.kind != PipeOpKind::Forward || live[R] + 1 <= cap;
         if (d >= 0 && d <= now && mem_ok) {
           out[R].push_back(o);
           ++pos[R];

@@ -22,11 +22,16 @@
 //                          Backward split into BackwardInput (I, dx only; on the critical
 //                          path) and BackwardWeight (W, the weight gradients), the W's delayed
 //                          to fill what would be bubble. The F/I order is the interleaved F/B
-//                          order, so activations in flight are the same; a W is run only when
-//                          the next F/I is not ready (greedy, on unit costs f = i = w = 1, no
-//                          comm), and before a forward that would make more micro-batches live
-//                          (forward done, W not done) than the interleaved order's peak in
-//                          flight on that rank. Every W after its I; all W done by the end.
+//                          order, so activations in flight (F done, I not) are the same per
+//                          rank. W's are placed by a greedy run of all ranks on unit costs
+//                          (f = i = w = 1, no comm): a free rank runs its next F/I when that is
+//                          ready, else its oldest pending W; and a W before a forward that
+//                          would make the rank's live micro-batches (F done, W not) exceed the
+//                          largest interleaved peak in flight over the ranks (rank 0's): ZB-H1's
+//                          rule, the pipeline's peak memory stays 1F1B's while later stages
+//                          keep W's longer. Every W after its I; all W done by the end. Bubble
+//                          (f = i = w = 1, no comm, M >= P): (P-1)/(3*V*M+P-1), a third of
+//                          Interleaved1F1B's idle time.
 //
 // Errors: user mistakes throw sw::Error ("config: ..." for the schedule name, "pipeline: ..."
 // naming the bad value and the config key it comes from otherwise).
