@@ -161,6 +161,9 @@ class MpiGroup final : public Group {
   int size() const override { return size_; }
   const char* backend() const override { return "mpi"; }
   std::shared_ptr<Group> split(int color, int key) override;
+  // split's communicator without a group around it (the caller frees it); MPI_COMM_NULL for
+  // color < 0.
+  MPI_Comm split_comm(int color, int key);
   Work issue(const Collective& c) override;
   void set_options(const CommOptions& o) override {
     std::lock_guard<std::mutex> l(opt_mu_);
@@ -303,14 +306,19 @@ std::shared_ptr<Op> MpiGroup::enqueue(const Collective& c) {
 Work MpiGroup::issue(const Collective& c) { return Work(enqueue(c)->work); }
 
 std::shared_ptr<Group> MpiGroup::split(int color, int key) {
+  MPI_Comm c = split_comm(color, key);
+  if (c == MPI_COMM_NULL) return nullptr;
+  return std::make_shared<MpiGroup>(c, true, options());
+}
+
+MPI_Comm MpiGroup::split_comm(int color, int key) {
   Collective c;
   c.kind = CollKind::Split;
   c.color = color;
   c.key = key;
   auto op = enqueue(c);
   Work(op->work).wait();
-  if (op->split_comm == MPI_COMM_NULL) return nullptr;
-  return std::make_shared<MpiGroup>(op->split_comm, true, options());
+  return op->split_comm;
 }
 
 void* MpiGroup::scratch(size_t bytes) {
@@ -735,6 +743,12 @@ void finalize_at_exit() {
 GroupPtr make_mpi_world() {
   ensure_mpi();
   return std::make_shared<MpiGroup>(MPI_COMM_WORLD, false, CommOptions::from_env());
+}
+
+int mpi_dup_comm_of(Group& g) {
+  auto* m = dynamic_cast<MpiGroup*>(&g);
+  if (!m) return -1;
+  return static_cast<int>(MPI_Comm_c2f(m->split_comm(0, m->rank())));
 }
 
 int mpi_rank_if_initialized() {
