@@ -290,18 +290,20 @@ PipeSim simulate_pipe(const std::vector<std::vector<PipeOp>>& orders, int P, int
   auto at = [&](int m, int g) { return size_t(m * S + g); };
   std::vector<size_t> pos(size_t(P), 0);
   std::vector<double> free_at(size_t(P), 0);
-  // The op a dependency names, for the deadlock message: "F(m,g)" on rank g % P.
+  // The first dependency not run yet, for the deadlock message ("F(m0, stage 2) on rank 0"),
+  // and its rank.
   std::string waits_for;
-  // When op o of rank r may start (>= 0), or -1 with waits_for set.
+  int waits_on = -1;
+  // When op o of rank r may start (>= 0), or -1 with waits_for / waits_on set.
   auto ready_at = [&](int r, const PipeOp& o) -> double {
     const int g = pipe_stage(P, r, o.chunk);
     double t = free_at[size_t(r)];
     auto dep = [&](const std::vector<double>& end, const char* what, int dg) {
       const double e = end[at(o.micro, dg)];
       if (e < 0) {
-        if (waits_for.empty())
-          waits_for = std::string(what) + "(m" + num(o.micro) + ", stage " + num(dg) + ") on rank " +
-                      num(dg % P);
+        waits_on = dg % P;
+        waits_for = std::string(what) + "(m" + num(o.micro) + ", stage " + num(dg) + ") on rank " +
+                    num(waits_on);
         return false;
       }
       t = std::max(t, e + (dg % P != r ? c.comm : 0.0));
@@ -340,7 +342,6 @@ PipeSim simulate_pipe(const std::vector<std::vector<PipeOp>>& orders, int P, int
       const std::vector<PipeOp>& ord = orders[size_t(r)];
       while (pos[size_t(r)] < ord.size()) {
         const PipeOp& o = ord[pos[size_t(r)]];
-        waits_for.clear();
         const double start = ready_at(r, o);
         if (start < 0) break;
         const double end = start + cost(o.kind);
@@ -367,19 +368,17 @@ PipeSim simulate_pipe(const std::vector<std::vector<PipeOp>>& orders, int P, int
     int r = first, q = first;
     for (;;) {
       seen[size_t(r)] = true;
-      waits_for.clear();
       ready_at(r, orders[size_t(r)][pos[size_t(r)]]);
-      q = std::stoi(waits_for.substr(waits_for.rfind(' ') + 1));
+      q = waits_on;
       SW_CHECK(pos[size_t(q)] < orders[size_t(q)].size(), "simulate_pipe: a finished rank is waited for");
       if (seen[size_t(q)]) break;
       r = q;
     }
     // r waits for q, which has been seen: report q (on the cycle).
     r = q;
-    waits_for.clear();
     const PipeOp& o = orders[size_t(r)][pos[size_t(r)]];
     ready_at(r, o);
-    q = std::stoi(waits_for.substr(waits_for.rfind(' ') + 1));
+    q = waits_on;
     return bad("deadlock: rank " + num(r) + " op " + num(int(pos[size_t(r)])) + " " +
                pipe_op_str(o) + " waits for " + waits_for + ", which is stuck at op " +
                num(int(pos[size_t(q)])) + " " + pipe_op_str(orders[size_t(q)][pos[size_t(q)]]));
