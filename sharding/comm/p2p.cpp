@@ -502,6 +502,15 @@ bool MpiPeerComm::poll() {
         }
       } else if (e != MPI_SUCCESS && e != MPI_ERR_PENDING) {
         if (op.err.empty()) op.err = prefix() + desc(op) + ": " + mpi_error_text(e);
+      } else if (!op.is_send && !op.sink) {
+        // A data message of another size: the messages of this (peer, tag) are out of step.
+        int got = 0;
+        MPI_Get_count(&s, MPI_BYTE, &got);
+        const int64_t want = detail::p2p_chunk_len(op.hdr[0], op.hdr[1], static_cast<int64_t>(k));
+        if (got != want && op.err.empty())
+          op.err = prefix() + desc(op) + ": data message " + std::to_string(k) + " has " +
+                   std::to_string(got) + " bytes, expected " + std::to_string(want) +
+                   " (messages on this tag out of step)";
       }
     }
   }
