@@ -1,6 +1,8 @@
 // Model: parameter counting and build_model (config validation, dispatch on the type).
 #include "models/model.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "models/gpt2.h"
 #include "models/llama.h"
@@ -15,6 +17,69 @@ int64_t Model::num_params() const {
   for (const auto& u : units)
     for (const ParamSpec& p : u->params()) n += numel(p.shape);
   return n;
+}
+
+Model stage_model(Model&& whole, const std::vector<int>& bounds, int size, int chunks, int rank) {
+  const int P = static_cast<int>(whole.schedule.size()), S = size * chunks;
+  if (size < 1 || chunks < 1 || rank < 0 || rank >= size)
+    fail("pipeline", "pipeline rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                         " with " + std::to_string(chunks) + " stages each is not a stage");
+  if (static_cast<int>(bounds.size()) != S + 1 || bounds.front() != 0 || bounds.back() != P)
+    fail("pipeline", std::to_string(S) + " stages need " + std::to_string(S + 1) +
+                         " bounds from 0 to the schedule's " + std::to_string(P) + " positions");
+  for (int g = 0; g < S; ++g)
+    if (bounds[size_t(g)] >= bounds[size_t(g) + 1])
+      fail("pipeline", "stage " + std::to_string(g) + " is empty (positions " +
+                           std::to_string(bounds[size_t(g)]) + " to " +
+                           std::to_string(bounds[size_t(g) + 1]) + "): " + std::to_string(S) +
+                           " stages over " + std::to_string(P) + " schedule positions");
+  Model m;
+  m.config = whole.config;
+  m.tensor = whole.tensor;
+  StageView& st = m.stage;
+  st.rank = rank, st.size = size, st.chunks = chunks, st.bounds = bounds;
+  st.global_positions = P;
+  st.global_units = static_cast<int>(whole.units.size());
+  std::vector<bool> used(whole.units.size(), false);
+  for (int c = 0; c < chunks; ++c) {
+    const int g = c * size + rank;
+    for (int p = bounds[size_t(g)]; p < bounds[size_t(g) + 1]; ++p)
+      used[size_t(whole.schedule[size_t(p)].unit)] = true;
+  }
+  std::vector<int> local(whole.units.size(), -1);
+  for (size_t u = 0; u < whole.units.size(); ++u)
+    if (used[u]) {
+      local[u] = static_cast<int>(m.units.size());
+      st.global_unit.push_back(static_cast<int>(u));
+      m.units.push_back(std::move(whole.units[u]));
+    }
+  for (int c = 0; c < chunks; ++c) {
+    st.chunk_begin.push_back(static_cast<int>(m.schedule.size()));
+    const int g = c * size + rank;
+    for (int p = bounds[size_t(g)]; p < bounds[size_t(g) + 1]; ++p) {
+      const Call& call = whole.schedule[size_t(p)];
+      m.schedule.push_back({local[size_t(call.unit)], call.call});
+      st.global_pos.push_back(p);
+    }
+  }
+  st.chunk_begin.push_back(static_cast<int>(m.schedule.size()));
+  // Units also called by another rank's stages.
+  std::vector<std::vector<int>> holders(whole.units.size());
+  for (int g = 0; g < S; ++g)
+    for (int p = bounds[size_t(g)]; p < bounds[size_t(g) + 1]; ++p) {
+      std::vector<int>& h = holders[size_t(whole.schedule[size_t(p)].unit)];
+      if (std::find(h.begin(), h.end(), g % size) == h.end()) h.push_back(g % size);
+    }
+  for (size_t u = 0; u < whole.units.size(); ++u) {
+    if (local[u] < 0 || holders[u].size() < 2) continue;
+    if (holders[u].size() > 2)
+      fail("pipeline", "unit '" + m.units[size_t(local[u])]->name() + "' is called by " +
+                           std::to_string(holders[u].size()) +
+                           " pipeline ranks' stages; at most two may share a unit");
+    st.shared.push_back(local[u]);
+    st.shared_peer.push_back(holders[u][0] == rank ? holders[u][1] : holders[u][0]);
+  }
+  return m;
 }
 
 namespace {

@@ -51,10 +51,31 @@ struct TensorSlice {
   int rank = 0, size = 1;
 };
 
+// Pipeline parallelism: the part of a model's schedule one pipeline rank runs (stage_model).
+// The whole schedule is cut into S = size * chunks stages of consecutive positions, stage g =
+// [bounds[g], bounds[g+1]); rank r holds stages r, r + size, r + 2 size, ... (its chunks, in
+// order; chunks > 1: interleaved virtual stages). Activations flow stage g -> g + 1.
+struct StageView {
+  int rank = 0, size = 1;   // pipeline rank and degree
+  int chunks = 1;           // stages per rank (virtual stages)
+  std::vector<int> bounds;  // S + 1 global positions
+  // This rank's model: chunk c runs local positions [chunk_begin[c], chunk_begin[c + 1]).
+  std::vector<int> chunk_begin;
+  std::vector<int> global_unit;  // per local unit: its index in the whole model
+  std::vector<int> global_pos;   // per local position: its position in the whole schedule
+  int global_positions = 0, global_units = 0;
+  // Local units another pipeline rank holds too (GPT-2's tied embedding and head: the first
+  // and the last stage) and that rank: their gradients are summed between the two.
+  std::vector<int> shared, shared_peer;
+  bool split() const { return size > 1; }
+  int stage_of_chunk(int c) const { return c * size + rank; }
+};
+
 class Model {
  public:
   ModelConfig config;
   TensorSlice tensor;  // the tensor rank its units are built for
+  StageView stage;     // pipeline parallelism: the positions this rank runs (size 1: all)
   std::vector<std::unique_ptr<Unit>> units;
   std::vector<Call> schedule;  // forward order; backward runs it in reverse
   int d_model() const { return config.d_model; }
@@ -62,7 +83,22 @@ class Model {
   // (and sequence) parallelism, whose units hold N / t of the rows.
   int residual_width() const { return config.d_model / tensor.size; }
   int64_t num_params() const;  // sum over units, tied weights counted once
+  // Schedule position p's call takes the residual stream as input (every one but the whole
+  // schedule's first, the embedding) / is the loss call (the whole schedule's last).
+  bool takes_input(size_t p) const {
+    return stage.split() ? stage.global_pos[p] > 0 : p > 0;
+  }
+  bool is_loss(size_t p) const {
+    return stage.split() ? stage.global_pos[p] + 1 == stage.global_positions
+                         : p + 1 == schedule.size();
+  }
 };
+
+// The stage of pipeline rank `rank` of `size` (chunks stages each) of `whole` (after
+// wrap_blocks): its units (those its positions call, in whole-model order) and positions.
+// `bounds`: size * chunks + 1 increasing global positions from 0 to the schedule's length.
+// Throws sw::Error("pipeline", ...) naming a bad bound.
+Model stage_model(Model&& whole, const std::vector<int>& bounds, int size, int chunks, int rank);
 
 // Builds GPT-2 or Llama from the config (throws sw::Error naming the bad field).
 Model build_model(const ModelConfig& cfg);

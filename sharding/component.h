@@ -16,6 +16,7 @@
 // ShardedModel builds its components.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "models/model.h"
 #include "sharding/step_plan.h"
@@ -32,6 +33,16 @@ struct RunArgs {
   float* logits = nullptr;        // inference: each sequence's last logits go here
   double* loss_total = nullptr;   // UnitCtx::loss_total: a zeroed double of the device
   const UpdateArgs* update = nullptr;  // an optimizer segment's, or deferred updates'
+  // A pipeline segment: per micro-batch its batch, scale, loss double and (out) what its loss
+  // call reported on the host (this rank's loss calls only).
+  const std::vector<Batch>* batches = nullptr;
+  std::vector<float> scales;
+  std::vector<double*> loss_totals;
+  std::vector<double> loss_sums;
+  std::vector<int64_t> loss_counts;
+  const Batch& batch_for(int micro) const {
+    return batches ? (*batches)[static_cast<size_t>(micro)] : *batch;
+  }
   // Out: what the units reported on the host (UnitCtx::loss_sum, loss_count).
   double loss_sum = 0;
   int64_t loss_count = 0;

@@ -14,6 +14,7 @@
 
 #include "kernels/ops.h"
 #include "sharding/comm/group.h"
+#include "sharding/comm/p2p.h"
 #include "sharding/policy.h"
 #include "sharding/step_plan.h"
 
@@ -37,6 +38,11 @@ struct ModelContext {
   // groups above are then the data-parallel ones (ranks holding the same tensor slice).
   // tensor_host: the same ranks over the host (host scalars, logical parameter copies).
   GroupPtr tensor, tensor_host;
+  // pipe: the ranks holding the same data and tensor slot in every stage (pipeline
+  // parallelism; null: one stage), p2p its point-to-point transport; shared: the two pipe
+  // ranks holding a shared unit (Model::stage.shared; null on the others).
+  GroupPtr pipe, shared;
+  std::shared_ptr<PeerComm> p2p;
   int W = 1, S = 1, R = 1;
   int rank = 0;  // in world
   // This process's own number among every rank of the job, for per-rank files (NVMe offload):

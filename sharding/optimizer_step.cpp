@@ -81,10 +81,16 @@ double ShardedModel::grad_norm() const {
   at.insert(at.end(), atr.begin(), atr.end());
   const std::vector<double> got = I.losses.read_with(k);
   for (size_t i = 0; i < at.size(); ++i) per[at[i]] += got[i];
+  // Pipeline parallelism: a unit two pipeline ranks hold (summed gradients, equal on both)
+  // counts on the lower one only; then the stages' sums are added.
+  const StageView& st = model_.stage;
+  for (size_t k = 0; k < st.shared.size(); ++k)
+    if (st.shared_peer[k] < st.rank) per[size_t(st.shared[k])] = 0;
   double ss = 0;
   for (double v : per) ss += v;
   ss = sum_over_ranks(*I.ctx.shard_host, ss);
   if (I.ctx.tensor_host) ss = sum_over_ranks(*I.ctx.tensor_host, ss);
+  if (I.ctx.pipe) ss = sum_over_ranks(*I.ctx.pipe, ss);
   return std::sqrt(ss);
 }
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "sharding/pipeline_schedule.h"
+
 namespace sw {
 
 namespace {
@@ -24,7 +26,9 @@ PlanBuilder::PlanBuilder(const PlanInput& in)
         ++plan_.initial_gathered;
       }
     }
-  recompute_.assign(in.schedule.size(), CheckpointMode::Off);
+  recompute_.assign(size_t(std::max(1, in.accum)),
+                    std::vector<CheckpointMode>(in.schedule.size(), CheckpointMode::Off));
+  hi_ = static_cast<int>(in.schedule.size());
   ready_.assign(in.buckets.size(), 0);
   plan_.W = in.W, plan_.S = in.S, plan_.R = in.R, plan_.kind = in.kind;
   plan_.tensor = in.tensor;
@@ -53,16 +57,17 @@ void PlanBuilder::micro_step(int micro, bool reduce, bool last) {
   acts_io_.begin_micro_step();
   const int b = static_cast<int>(plan_.actions.size());
   state_io_.begin_micro_step(micro, last);
-  forward(true);
+  const int P = static_cast<int>(in_.schedule.size());
+  forward(true, 0, P);
   state_io_.update_through(static_cast<int>(in_.units.size()));  // units the schedule never uses
-  backward(reduce);
+  backward(reduce, 0, P, true);
   plan_.segments.push_back({SegmentKind::MicroStep, micro, reduce, b,
                             static_cast<int>(plan_.actions.size())});
 }
 
 void PlanBuilder::eval() {
   const int b = static_cast<int>(plan_.actions.size());
-  forward(false);
+  forward(false, 0, static_cast<int>(in_.schedule.size()));
   plan_.segments.push_back({SegmentKind::Eval, 0, false, b, static_cast<int>(plan_.actions.size())});
 }
 
@@ -98,6 +103,115 @@ void PlanBuilder::optimizer(bool flush) {
                             static_cast<int>(plan_.actions.size())});
 }
 
+// ---- Pipeline ----------------------------------------------------------------------------------
+
+int PlanBuilder::pipe_stage_last(int chunk) const { return in_.pipe.chunk_begin[size_t(chunk) + 1] - 1; }
+
+void PlanBuilder::pipe_recv(const PipeOp& op, bool training) {
+  const PlanInput::Pipe& pp = in_.pipe;
+  const int lo = pp.chunk_begin[size_t(op.chunk)], last = pipe_stage_last(op.chunk);
+  int dir = -1;
+  if (op.kind == PipeOpKind::Forward && in_.takes_input[size_t(lo)]) dir = 0;
+  if ((op.kind == PipeOpKind::Backward || op.kind == PipeOpKind::BackwardInput) &&
+      !in_.is_loss[size_t(last)])
+    dir = 1;
+  if (dir < 0) return;
+  int& at = recv_at_[dir][size_t(op.micro * pp.chunks + op.chunk)];
+  if (at >= 0) return;
+  const int m = micro_, c = chunk_;
+  micro_ = op.micro, chunk_ = op.chunk;
+  Action& r = add(dir == 0 ? ActionKind::RecvActs : ActionKind::RecvGrads, Queue::P2P);
+  r.bytes = act_bytes();
+  r.mem[kAct] = act_bytes();
+  at = last_index();
+  micro_ = m, chunk_ = c;
+  (void)training;
+}
+
+void PlanBuilder::pipeline(bool training) {
+  const PlanInput::Pipe& pp = in_.pipe;
+  const int V = pp.chunks, M = training ? std::max(1, in_.accum) : 1;
+  const int b = static_cast<int>(plan_.actions.size());
+  for (auto& r : recv_at_) r.assign(size_t(M * V), -1);
+  pending_sends_.clear();
+  older_sends_.clear();
+  std::vector<PipeOp> order;
+  if (training) {
+    order = pipe_order(static_cast<PipeSchedule>(pp.schedule), pp.size, V, M, pp.rank);
+  } else {
+    for (int c = 0; c < V; ++c) order.push_back({PipeOpKind::Forward, 0, c});
+  }
+  last_ = true;
+  auto wait_sends = [&](std::vector<int>& sends) {
+    if (sends.empty()) return;
+    Action& w = add(ActionKind::WaitP2P, Queue::Compute);
+    for (int i : sends) {
+      w.waits.push_back(i);
+      w.mem[kAct] -= act_bytes();
+    }
+    sends.clear();
+  };
+  for (size_t k = 0; k < order.size(); ++k) {
+    const PipeOp& op = order[k];
+    pipe_recv(op, training);  // (normally issued during the op before)
+    if (k + 1 < order.size()) pipe_recv(order[k + 1], training);  // the next op's, ahead
+    micro_ = op.micro, chunk_ = op.chunk;
+    const int lo = pp.chunk_begin[size_t(op.chunk)], hi = pp.chunk_begin[size_t(op.chunk) + 1];
+    const bool last_micro = op.micro + 1 == M;
+    switch (op.kind) {
+      case PipeOpKind::Forward:
+        forward(training, lo, hi);
+        if (!in_.is_loss[size_t(hi - 1)]) {
+          const int fwd = last_index();
+          Action& sa = add(ActionKind::SendActs, Queue::P2P);
+          sa.bytes = act_bytes();
+          sa.waits.push_back(fwd);
+          pending_sends_.push_back(last_index());
+        }
+        break;
+      case PipeOpKind::Backward:
+      case PipeOpKind::BackwardInput: {
+        const bool defer = op.kind == PipeOpKind::BackwardInput;
+        backward(last_micro && !defer, lo, hi, false, defer);
+        if (in_.takes_input[size_t(lo)]) {
+          const int bwd = last_index();
+          Action& sg = add(ActionKind::SendGrads, Queue::P2P);
+          sg.bytes = act_bytes();
+          sg.waits.push_back(bwd);
+          pending_sends_.push_back(last_index());
+        }
+        break;
+      }
+      case PipeOpKind::BackwardWeight: {
+        add(ActionKind::BackwardWeight, Queue::Compute);
+        const int w_at = last_index();
+        if (last_micro)  // the chunk's units' gradients are complete: reduced now
+          for (size_t u = 0; u < in_.units.size(); ++u) {
+            const int fp = in_.units[u].first_pos;
+            if (fp < lo || fp >= hi) continue;
+            if (in_.kind != UnitKind::Whole || last_) tensor_.reduce_grads(int(u), w_at);
+            reduce_unit(int(u));
+          }
+        break;
+      }
+    }
+    wait_sends(older_sends_);  // the sends of the op before this one: done, freed
+    older_sends_.swap(pending_sends_);
+  }
+  wait_sends(older_sends_);
+  if (training) {
+    wait_reductions(inflight_.size());
+    // Units another pipeline rank holds too: their reduced gradients summed with it.
+    for (int u : pp.shared) {
+      Action& a = add(ActionKind::SyncShared, Queue::P2P, u);
+      a.bytes = in_.units[size_t(u)].padded / std::max(1, in_.S) * 4;
+    }
+  }
+  micro_ = 0, chunk_ = -1;
+  plan_.segments.push_back({training ? SegmentKind::Pipeline : SegmentKind::Eval, M - 1, training, b,
+                            static_cast<int>(plan_.actions.size())});
+}
+
 // ---- Units' parameters -----------------------------------------------------------------------
 
 // A unit's gathered parameters: the fp32 full buffer and, where units keep one, the 16-bit copy
@@ -115,6 +229,7 @@ Action& PlanBuilder::add(ActionKind k, Queue q, int unit, int pos) {
   a.pos = pos;
   if (pos >= 0) a.call = in_.schedule[size_t(pos)].call;
   a.micro = micro_;
+  a.chunk = chunk_;
   plan_.actions.push_back(std::move(a));
   return plan_.actions.back();
 }
@@ -137,10 +252,9 @@ void PlanBuilder::issue(int u) {
 }
 
 void PlanBuilder::prefetch(int pos, int depth, int dir) {
-  const int P = static_cast<int>(in_.schedule.size());
   for (int k = 1; k <= depth; ++k) {
     const int p = pos + dir * k;
-    if (p < 0 || p >= P) break;
+    if (p < lo_ || p >= hi_) break;
     const int u = in_.schedule[size_t(p)].unit;
     if (st_[size_t(u)] != St::Sharded) continue;
     if (in_.policy.max_live_units > 0 && live() >= in_.policy.max_live_units) break;
@@ -180,9 +294,15 @@ void PlanBuilder::ensure_grads(Action& a, int u) {
 
 // ---- Forward and backward --------------------------------------------------------------------
 
+CheckpointMode& PlanBuilder::recompute(int p) {
+  if (recompute_.size() <= size_t(micro_))
+    recompute_.resize(size_t(micro_) + 1,
+                      std::vector<CheckpointMode>(in_.schedule.size(), CheckpointMode::Off));
+  return recompute_[size_t(micro_)][size_t(p)];
+}
+
 CheckpointMode PlanBuilder::checkpoint_mode(int p) const {
-  const int P = static_cast<int>(in_.schedule.size());
-  if (p + 1 == P) return CheckpointMode::Off;  // the loss call
+  if (in_.is_loss[size_t(p)]) return CheckpointMode::Off;  // the loss call
   const int u = in_.schedule[size_t(p)].unit;
   CheckpointMode m = in_.policy.activation_checkpointing.mode_for(u);
   if (m == CheckpointMode::Selective && !in_.units[size_t(u)].selective) m = CheckpointMode::Full;
@@ -194,68 +314,92 @@ CheckpointMode PlanBuilder::checkpoint_mode(int p) const {
   return m;
 }
 
-void PlanBuilder::forward(bool training) {
+void PlanBuilder::forward(bool training, int lo, int hi) {
   const int P = static_cast<int>(in_.schedule.size());
-  for (int p = 0; p < P; ++p) {
+  const bool piped = in_.pipelined();
+  lo_ = lo, hi_ = hi;
+  for (int p = lo; p < hi; ++p) {
     const int u = in_.schedule[size_t(p)].unit;
     const PlanUnit& pu = in_.units[size_t(u)];
     state_io_.update_through(u);  // a deferred update before the unit's first gather or use
     issue(u);
     prefetch(p, in_.policy.forward_prefetch, +1);
     wait(u);
+    if (piped && p == lo && in_.takes_input[size_t(p)]) {  // its input is received
+      Action& w = add(ActionKind::WaitP2P, Queue::Compute);
+      const int r = recv_at_[0][size_t(micro_ * in_.pipe.chunks + chunk_)];
+      if (r >= 0) w.waits.push_back(r);
+    }
     add(ActionKind::Forward, Queue::Compute, u, p);
     const int fwd_at = last_index();
+    if (piped && !training) {  // inference: the received input is dropped once read; a
+      Action& f = plan_.actions[size_t(fwd_at)];  // chunk's output is kept to be sent
+      if (p == lo && in_.takes_input[size_t(p)]) f.mem[kAct] -= act_bytes();
+      if (p + 1 == hi && !in_.is_loss[size_t(p)]) f.mem[kAct] += act_bytes();
+    }
     tensor_.inside(fwd_at, p, training ? Unit::Pass::Forward : Unit::Pass::Eval);
     Action& a = plan_.actions[size_t(fwd_at)];  // (after the tensor actions were added)
     const CallMemory* cm = call_mem(p);
     if (!training && cm) a.transient[kAct] = cm->saved_eval;
     if (training) {
-      if (p + 1 == P) ensure_grads(a, u);  // the loss call may produce the head's gradients
-      if (p + 1 < P) a.mem[kAct] += act_bytes();
+      const bool loss = in_.is_loss[size_t(p)];
+      if (loss) ensure_grads(a, u);  // the loss call may produce the head's gradients
+      if (!loss) a.mem[kAct] += act_bytes();  // its output (a pipeline chunk's: to send)
       if (cm) a.mem[kAct] += cm->saved;
       const CheckpointMode m = checkpoint_mode(p);
       if (m != CheckpointMode::Off) {
         Action& d = add(ActionKind::DropSaved, Queue::Compute, u, p);
         d.mode = m;
         if (cm) d.mem[kAct] = -(m == CheckpointMode::Full ? cm->saved : cm->saved_cheap);
-        recompute_[size_t(p)] = m;
+        recompute(p) = m;
       }
-      acts_io_.after_forward(p, u);  // what backward needs, to the host tier or a file
+      if (!piped) acts_io_.after_forward(p, u);  // what backward needs, to the host tier or a file
     }
-    acts_io_.wait_evicted(p, u, fwd_at);
+    if (!piped) acts_io_.wait_evicted(p, u, fwd_at);
     if (p == pu.last_pos &&
         (!training || (in_.policy.reshard_after_forward && pu.last_pos + 1 != P)))
       free(u);
   }
-  acts_io_.end_forward();
+  if (!piped) acts_io_.end_forward();
 }
 
-void PlanBuilder::backward(bool reduce) {
-  const int P = static_cast<int>(in_.schedule.size());
-  for (int q = P - 1; q >= 0; --q) {
+void PlanBuilder::backward(bool reduce, int lo, int hi, bool wait_all, bool defer) {
+  const bool piped = in_.pipelined();
+  lo_ = lo, hi_ = hi;
+  for (int q = hi - 1; q >= lo; --q) {
     const int u = in_.schedule[size_t(q)].unit;
     const PlanUnit& pu = in_.units[size_t(u)];
     const CallMemory* cm = call_mem(q);
     issue(u);
     prefetch(q, in_.policy.backward_prefetch, -1);
     wait(u);
-    acts_io_.before_backward(q, u);
-    if (recompute_[size_t(q)] != CheckpointMode::Off) {
+    if (!piped) acts_io_.before_backward(q, u);
+    if (recompute(q) != CheckpointMode::Off) {
       Action& r = add(ActionKind::Recompute, Queue::Compute, u, q);
-      r.mode = recompute_[size_t(q)];
+      r.mode = recompute(q);
       if (cm) r.mem[kAct] = r.mode == CheckpointMode::Full ? cm->saved : cm->saved_cheap;
       tensor_.inside(last_index(), q,
                      r.mode == CheckpointMode::Full ? Unit::Pass::Forward : Unit::Pass::Recompute);
-      recompute_[size_t(q)] = CheckpointMode::Off;
+      recompute(q) = CheckpointMode::Off;
     }
     // At most one reduction in flight when a unit's transient gradients are allocated: the
     // older ones are completed first (their gradients freed), which bounds the memory.
     if (!has_grads_[size_t(u)] && inflight_.size() > 1) wait_reductions(inflight_.size() - 1);
+    const bool dy_received = piped && q == hi - 1 && !in_.is_loss[size_t(q)];
+    if (dy_received) {
+      Action& w = add(ActionKind::WaitP2P, Queue::Compute);
+      const int r = recv_at_[1][size_t(micro_ * in_.pipe.chunks + chunk_)];
+      if (r >= 0) w.waits.push_back(r);
+    }
     Action& a = add(ActionKind::Backward, Queue::Compute, u, q);
     ensure_grads(a, u);
-    if (q > 0) a.mem[kAct] -= act_bytes();
+    a.defer = defer;
+    if (in_.takes_input[size_t(q)]) a.mem[kAct] -= act_bytes();
     if (cm) a.mem[kAct] -= cm->saved;
+    if (dy_received) a.mem[kAct] -= act_bytes();  // the received dy, read
     const int bwd_at = last_index();
+    // A chunk's first position's dx goes to the previous stage (a buffer of its own).
+    if (piped && q == lo && in_.takes_input[size_t(q)]) plan_.actions[size_t(bwd_at)].mem[kAct] += act_bytes();
     tensor_.inside(bwd_at, q, Unit::Pass::Backward);
     if (q == pu.first_pos) {  // the unit's last backward call
       free(u);
@@ -267,8 +411,8 @@ void PlanBuilder::backward(bool reduce) {
       }
     }
   }
-  if (reduce) wait_reductions(inflight_.size());
-  state_io_.end_backward();  // (NVMe parameters: the gradients are in the file)
+  if (reduce && wait_all) wait_reductions(inflight_.size());
+  if (!piped) state_io_.end_backward();  // (NVMe parameters: the gradients are in the file)
 }
 
 // ---- Reductions ------------------------------------------------------------------------------

@@ -25,6 +25,7 @@
 
 #include "sharding/plan_activation_io.h"
 #include "sharding/plan_state_io.h"
+#include "sharding/pipeline_schedule.h"
 #include "sharding/plan_tensor.h"
 #include "sharding/step_plan.h"
 
@@ -37,6 +38,9 @@ class PlanBuilder {
   // Segments, appended in order.
   void micro_step(int micro, bool reduce, bool last);
   void eval();
+  // Pipeline parallelism (in.pipelined()): every micro-batch's chunks in the schedule's order
+  // (training), or one forward through this rank's chunks (eval).
+  void pipeline(bool training);
   // flush: only the deferred units' updates (plan_flush); otherwise every update not deferred.
   void optimizer(bool flush = false);
   StepPlan take();
@@ -50,7 +54,7 @@ class PlanBuilder {
   Action& add(ActionKind k, Queue q, int unit = -1, int pos = -1);
   // What checkpointing dropped of position p's Saved after its forward (Off: nothing, or
   // already rebuilt for its backward).
-  CheckpointMode dropped(int p) const { return recompute_[size_t(p)]; }
+  CheckpointMode dropped(int p) const { return recompute_[size_t(micro_)][size_t(p)]; }
   const CallMemory* call_mem(int pos) const {
     return pos < static_cast<int>(in_.calls.size()) ? &in_.calls[size_t(pos)] : nullptr;
   }
@@ -72,8 +76,14 @@ class PlanBuilder {
   void free(int u);
   void ensure_grads(Action& a, int u);
   CheckpointMode checkpoint_mode(int p) const;
-  void forward(bool training);
-  void backward(bool reduce);
+  // Positions [lo, hi) (the whole schedule, or a pipeline chunk's); `wait_all`: the end of the
+  // backward completes every reduction.
+  void forward(bool training, int lo, int hi);
+  void backward(bool reduce, int lo, int hi, bool wait_all, bool defer = false);
+  CheckpointMode& recompute(int p);
+  // Pipeline: issue the receive op `op` needs (once); the chunk's positions.
+  void pipe_recv(const PipeOp& op, bool training);
+  int pipe_stage_last(int chunk) const;
   // wait_reduce for the oldest n reductions in flight: their completion (observed here) frees
   // the transient gradients they reduced.
   void wait_reductions(size_t n);
@@ -84,7 +94,12 @@ class PlanBuilder {
   std::vector<St> st_;
   std::vector<int> gather_at_;  // per unit: its gather in flight (-1: none)
   std::vector<bool> has_grads_;
-  std::vector<CheckpointMode> recompute_;
+  std::vector<std::vector<CheckpointMode>> recompute_;  // [micro][position]
+  int lo_ = 0, hi_ = 0;
+  int chunk_ = -1;  // pipeline: the chunk being planned  // the positions being walked (prefetch stays inside)
+  // Pipeline: per (micro, chunk) and direction (0 acts, 1 grads), the receive issued (-1: none).
+  std::vector<int> recv_at_[2];
+  std::vector<int> pending_sends_, older_sends_;
   std::vector<int> ready_;  // NO_SHARD: per bucket, members whose backward is done
   std::vector<std::pair<int, int64_t>> inflight_;  // reductions: (last action, bytes freed)
   int micro_ = 0;

@@ -9,11 +9,11 @@ PlanCache::PlanCache(const ModelContext& ctx)
 
 const StepPlan& PlanCache::get(const Model& model, const UnitList& units, int B, int T,
                                SegmentKind kind, bool reduce, bool last, bool pending,
-                               bool* built) {
+                               bool* built, int micro_batches) {
   std::vector<bool> carried(units.size());
   for (size_t u = 0; u < units.size(); ++u)
     carried[u] = units[u]->gather_in_flight() || units[u]->holds_gathered();
-  Key key{kind, reduce, last, pending, B, T, carried};
+  Key key{kind, reduce, last, pending, B, T, micro_batches, carried};
   *built = false;
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
@@ -23,7 +23,10 @@ const StepPlan& PlanCache::get(const Model& model, const UnitList& units, int B,
   declare_calls(in, model);
   in.carried = std::move(carried);
   in.pending = pending;
-  StepPlan p = kind == SegmentKind::Eval ? plan_eval(in) : plan_micro_step(in, 0, reduce, last);
+  in.accum = micro_batches;
+  StepPlan p = kind == SegmentKind::Eval       ? plan_eval(in)
+               : kind == SegmentKind::Pipeline ? plan_pipeline(in)
+                                               : plan_micro_step(in, 0, reduce, last);
   *built = true;
   return plans_.emplace(std::move(key), std::move(p)).first->second;
 }

@@ -23,7 +23,7 @@ namespace {
 
 // The plan's view of the model, the policy checked (sharding/policy.h validate), the groups.
 ModelContext make_context(const Model& model, const Ops& ops, GroupPtr group,
-                          const ShardingPolicy& policy, GroupPtr tensor) {
+                          const ShardingPolicy& policy, GroupPtr tensor, const PipeSetup& pipe) {
   ModelContext c;
   c.ops = &ops;
   c.policy = policy;
@@ -56,7 +56,35 @@ ModelContext make_context(const Model& model, const Ops& ops, GroupPtr group,
   c.W = group->size();
   c.rank = group->rank();
   c.file_rank = c.tensor ? c.rank * c.tensor->size() + c.tensor->rank() : c.rank;
+  // Pipeline parallelism: the model is one pipeline rank's stage.
+  if (model.stage.split()) {
+    const StageView& st = model.stage;
+    if (!pipe.group || pipe.group->size() != st.size || pipe.group->rank() != st.rank)
+      fail("sharding", "the model is pipeline rank " + std::to_string(st.rank) + "'s stage of " +
+                           std::to_string(st.size) + "; the pipe group given is " +
+                           (pipe.group ? "rank " + std::to_string(pipe.group->rank()) + " of " +
+                                             std::to_string(pipe.group->size())
+                                       : std::string("none")));
+    // Each gap in one line naming its key (lift a line once it is done).
+    const std::string pp = "with parallelism.pipeline_parallel_degree " + std::to_string(st.size);
+    if (!ops.device().is_cpu())
+      fail("pipeline", "device " + ops.device().str() + " " + pp +
+                           " is not implemented yet (the stages' sends go through host memory "
+                           "only; use device cpu)");
+    if (policy.activation_checkpointing.offloads())
+      fail("offload", "activation_checkpointing.offload " + pp + " is not implemented yet");
+    if (policy.offload_param.device == OffloadDevice::Nvme ||
+        policy.offload_optimizer.device == OffloadDevice::Nvme)
+      fail("offload", "zero_optimization offload to nvme " + pp + " is not implemented yet "
+                      "(use 'cpu')");
+    c.pipe = pipe.group;
+    c.p2p = make_peer_comm(*pipe.group, "pipe");
+    c.shared = pipe.group->split(st.shared.empty() ? -1 : 0, st.rank);
+    const int per_stage = c.W * (c.tensor ? c.tensor->size() : 1);
+    c.file_rank += st.rank * per_stage;
+  }
   c.plan_in = make_plan_input(model, policy, c.W);
+  c.plan_in.pipe.schedule = pipe.schedule;
   // The policy's own checks (sharding/policy.h), as the config reader runs them: a policy built
   // in code is checked the same way.
   validate(policy, c.W, static_cast<int>(model.units.size()));
@@ -108,8 +136,8 @@ size_t norm_slots(const Model& model) {
 }  // namespace
 
 ShardedModel::Impl::Impl(Model& model, const Ops& ops, GroupPtr group, const ShardingPolicy& policy,
-                         GroupPtr tensor)
-    : ctx(make_context(model, ops, std::move(group), policy, std::move(tensor))),
+                         GroupPtr tensor, PipeSetup pipe_setup)
+    : ctx(make_context(model, ops, std::move(group), policy, std::move(tensor), pipe_setup)),
       records(ops.stream()),
       losses(ops, model.tensor.size > 1 ? norm_slots(model) : model.units.size()),
       batches(ops),
@@ -121,12 +149,15 @@ ShardedModel::Impl::Impl(Model& model, const Ops& ops, GroupPtr group, const Sha
       updates(ctx, units, state),
       act_io(ctx, acts, records),
       tp(ctx, units, records),
+      pipe(ctx, units, acts, records),
       exec(records, ctx.rank) {
   acts.set_tensor(tp.comm());
   exec.own(params, {ActionKind::Gather, ActionKind::WaitGather, ActionKind::Free,
                     ActionKind::Regather});
   exec.own(acts, {ActionKind::Forward, ActionKind::DropSaved, ActionKind::Recompute,
-                  ActionKind::Backward});
+                  ActionKind::Backward, ActionKind::BackwardWeight});
+  exec.own(pipe, {ActionKind::RecvActs, ActionKind::SendActs, ActionKind::RecvGrads,
+                  ActionKind::SendGrads, ActionKind::WaitP2P, ActionKind::SyncShared});
   exec.own(reductions, {ActionKind::ReduceScatter, ActionKind::AllReduce, ActionKind::RoundGrads,
                         ActionKind::WaitReduce});
   exec.own(updates, {ActionKind::OptimizerUpdate});
@@ -173,9 +204,10 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed)
                    ShardingPolicy::for_strategy(ShardingStrategy::FullShard)) {}
 
 ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr group,
-                           const ShardingPolicy& policy, GroupPtr tensor)
+                           const ShardingPolicy& policy, GroupPtr tensor, PipeSetup pipe)
     : model_(model),
-      impl_(std::make_unique<Impl>(model, ops, std::move(group), policy, std::move(tensor))) {
+      impl_(std::make_unique<Impl>(model, ops, std::move(group), policy, std::move(tensor),
+                                   std::move(pipe))) {
   Impl& I = *impl_;
   // Element i of parameter s: a pure function of (seed, s.name, i), so any rank can produce
   // exactly its slice. Sharded units write the intersection of each parameter with this rank's
@@ -268,6 +300,34 @@ void ShardedModel::Impl::micro_step(Model& model, const Batch& batch, RunArgs& a
   for (auto& u : units) u->to_idle();
 }
 
+void ShardedModel::Impl::pipeline_step(Model& model, RunArgs& args, int B, int T, int M) {
+  try {
+    reductions.complete(-1);
+    params.reset_peak();
+    acts.ensure_pingpong(static_cast<size_t>(B) * T * model.residual_width());
+    bool built = false;
+    const StepPlan& plan =
+        plans.get(model, units, B, T, SegmentKind::Pipeline, true, true, false, &built, M);
+    if (built && plan.activations_known) acts.reserve_scratch(static_cast<size_t>(plan.scratch));
+    exec.run(model, plan, args);
+  } catch (...) {
+    abandon_step();
+    throw;
+  }
+  acts.free_all();
+  for (auto& u : units) u->to_idle();
+}
+
+// The loss stage is the whole schedule's last: chunk V - 1 of pipeline rank P - 1.
+void ShardedModel::Impl::share_losses(std::vector<double>& sums, std::vector<int64_t>& counts) {
+  const size_t n = sums.size();
+  std::vector<double> buf(2 * n);
+  for (size_t k = 0; k < n; ++k) buf[k] = sums[k], buf[n + k] = static_cast<double>(counts[k]);
+  // (doubles moved as raw bytes: a broadcast of 2n doubles as 4n floats)
+  ctx.pipe->broadcast(buf.data(), static_cast<int64_t>(4 * n), ctx.pipe->size() - 1);
+  for (size_t k = 0; k < n; ++k) sums[k] = buf[k], counts[k] = static_cast<int64_t>(buf[n + k]);
+}
+
 RunArgs ShardedModel::Impl::forward_only(Model& model, const Batch& batch, float* logits,
                                          double* loss_slot) {
   flush_deferred(model);
@@ -299,6 +359,8 @@ RunArgs ShardedModel::Impl::forward_only(Model& model, const Batch& batch, float
   }
   if (!dev_logits.empty())
     copy_bytes(logits, Device::cpu(), dev_logits.data(), dev_logits.device(), dev_logits.bytes());
+  if (ctx.pipe && logits)  // (the last stage's)
+    ctx.pipe->broadcast(logits, static_cast<int64_t>(nlogits), ctx.pipe->size() - 1);
   return args;
 }
 
@@ -314,6 +376,7 @@ void ShardedModel::Impl::flush_deferred(Model& model) {
 }
 
 void ShardedModel::Impl::quiesce() noexcept {
+  pipe.quiesce();
   reductions.quiesce();
   act_io.settle();
   batches.quiesce();
@@ -360,6 +423,55 @@ void ShardedModel::micro_step(const Batch& batch, float grad_scale, bool last_mi
   I.losses.add_micro(args.loss_sum, args.loss_count);
 }
 
+bool ShardedModel::pipelined() const { return impl_->ctx.pipe != nullptr; }
+
+void ShardedModel::pipeline_step(const std::vector<Batch>& micro,
+                                 const std::vector<float>& grad_scales) {
+  Impl& I = *impl_;
+  if (!I.ctx.pipe) fail("sharded_model", "pipeline_step needs a pipeline (PipeSetup)");
+  const int M = static_cast<int>(micro.size());
+  if (M < 1 || grad_scales.size() != micro.size())
+    fail("sharded_model", "pipeline_step: " + std::to_string(micro.size()) + " micro-batches and " +
+                              std::to_string(grad_scales.size()) + " scales");
+  for (const Batch& b : micro) {
+    check_batch(b, true);
+    if (b.B != micro[0].B || b.T != micro[0].T)
+      fail("sharded_model", "pipeline_step: micro-batches of different shapes");
+  }
+  RunArgs args;
+  args.batch = &micro[0];
+  args.batches = &micro;
+  args.scales.resize(size_t(M));
+  args.loss_sums.assign(size_t(M), 0.0);
+  args.loss_counts.assign(size_t(M), 0);
+  std::vector<Buffer> slots;  // the loss calls' doubles (device memory), read once at the end
+  for (int k = 0; k < M; ++k) {
+    const int64_t counted = count_targets(micro[size_t(k)]);
+    args.scales[size_t(k)] = counted > 0 ? grad_scales[size_t(k)] / static_cast<float>(counted) : 0.f;
+    slots.emplace_back(2 * sizeof(double), Mem::Activations, I.ctx.device());
+    I.ctx.ops->fill(slots.back().f32(), 0.f, 4);
+    args.loss_totals.push_back(reinterpret_cast<double*>(slots.back().data()));
+  }
+  I.pipeline_step(model_, args, micro[0].B, micro[0].T, M);
+  std::vector<double> sums(static_cast<size_t>(M));
+  std::vector<int64_t> counts(static_cast<size_t>(M));
+  for (int k = 0; k < M; ++k) {
+    double dev = 0;
+    copy_bytes(&dev, Device::cpu(), slots[size_t(k)].data(), I.ctx.device(), sizeof(double));
+    sums[size_t(k)] = args.loss_sums[size_t(k)] + dev;
+    counts[size_t(k)] = args.loss_counts[size_t(k)];
+  }
+  I.share_losses(sums, counts);
+  for (int k = 0; k < M; ++k) {
+    if (count_targets(micro[size_t(k)]) > 0 && counts[size_t(k)] == 0)
+      fail("sharded_model", "no call of the model's schedule reported a loss");
+    I.losses.make_room();
+    double* slot = I.losses.next_micro();
+    I.ctx.ops->fill(reinterpret_cast<float*>(slot), 0.f, 2);
+    I.losses.add_micro(sums[size_t(k)], counts[size_t(k)]);
+  }
+}
+
 std::vector<double> ShardedModel::step_losses() { return impl_->losses.take_micro(); }
 
 double ShardedModel::forward_backward(const Batch& batch, float grad_scale, bool last_micro_step) {
@@ -371,7 +483,16 @@ void ShardedModel::eval_step(const Batch& batch) {
   check_batch(batch, true);
   Impl& I = *impl_;
   double* slot = I.losses.next_eval();  // (one synchronisation per kSlots batches)
-  const RunArgs args = I.forward_only(model_, batch, nullptr, slot);
+  RunArgs args = I.forward_only(model_, batch, nullptr, slot);
+  if (I.ctx.pipe) {  // the last stage's loss, to every rank
+    double dev = 0;
+    copy_bytes(&dev, Device::cpu(), slot, I.ctx.device(), sizeof(double));
+    I.ctx.ops->fill(reinterpret_cast<float*>(slot), 0.f, 2);
+    std::vector<double> sums{args.loss_sum + dev};
+    std::vector<int64_t> counts{args.loss_count};
+    I.share_losses(sums, counts);
+    args.loss_sum = sums[0], args.loss_count = counts[0];
+  }
   if (count_targets(batch) > 0 && args.loss_count == 0)
     fail("sharded_model", "no call of the model's schedule reported a loss");
   I.losses.add_eval(args.loss_sum, args.loss_count);
@@ -474,7 +595,12 @@ CommStats ShardedModel::comm_stats() const {
   const ModelContext& c = impl_->ctx;
   CommStats t;
   std::vector<Group*> seen;
-  for (Group* g : {c.world.get(), c.shard.get(), c.rep.get(), c.tensor.get()}) {
+  if (c.p2p) {
+    const CommStats s = c.p2p->stats();
+    t.ops += s.ops, t.bytes += s.bytes, t.comm_s += s.comm_s, t.exposed_s += s.exposed_s;
+  }
+  for (Group* g : {c.world.get(), c.shard.get(), c.rep.get(), c.tensor.get(), c.pipe.get(),
+                   c.shared.get()}) {
     if (!g || std::find(seen.begin(), seen.end(), g) != seen.end()) continue;
     seen.push_back(g);
     const CommStats s = g->stats();
@@ -485,8 +611,10 @@ CommStats ShardedModel::comm_stats() const {
 
 void ShardedModel::reset_comm_stats() {
   const ModelContext& c = impl_->ctx;
-  for (Group* g : {c.world.get(), c.shard.get(), c.rep.get(), c.tensor.get()})
+  for (Group* g : {c.world.get(), c.shard.get(), c.rep.get(), c.tensor.get(), c.pipe.get(),
+                   c.shared.get()})
     if (g) g->reset_stats();
+  if (c.p2p) c.p2p->reset_stats();
 }
 
 }  // namespace sw

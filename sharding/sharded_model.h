@@ -58,6 +58,14 @@ struct AdamWParams {
   float weight_decay = 0.1f;
 };
 
+// Pipeline parallelism: the model given is one pipeline rank's stage (stage_model), `group`
+// the ranks that hold the same data and tensor slot in every stage (ranked by pipeline rank,
+// Model::stage.rank being this one's) and `schedule` a PipeSchedule (pipeline_schedule.h).
+struct PipeSetup {
+  GroupPtr group;
+  int schedule = 0;
+};
+
 class ShardedModel {
  public:
   // Initialises every parameter from (seed, its global name, element index) only, so any
@@ -70,7 +78,7 @@ class ShardedModel {
   // data-parallel slot, consecutive; model.tensor says which of them this rank is, and its
   // size must be model.tensor.size). Null tensor: a model that is not split.
   ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr group,
-               const ShardingPolicy& policy, GroupPtr tensor = nullptr);
+               const ShardingPolicy& policy, GroupPtr tensor = nullptr, PipeSetup pipe = {});
   ~ShardedModel();
 
   Model& model() { return model_; }
@@ -86,6 +94,13 @@ class ShardedModel {
   // Collective. forward_backward without reading the loss: on a device the host does not wait
   // for the device's work (the loss stays there until step_losses or grad_norm reads it).
   void micro_step(const Batch& batch, float grad_scale = 1.f, bool last_micro_step = true);
+  // Collective over every stage. Pipeline parallelism: the step's micro-batches (each rank
+  // passes the same ones as the other stages of its pipe group) forward and backward in the
+  // schedule's order, gradients reduced at each unit's last backward; grad_scales[k] is
+  // micro_step's grad_scale for micro[k]. The last stage's losses reach every rank:
+  // step_losses then has one per micro-batch. Refused without a pipeline.
+  void pipeline_step(const std::vector<Batch>& micro, const std::vector<float>& grad_scales);
+  bool pipelined() const;
   // Local. The mean loss over this rank's tokens of each micro_step (and forward_backward)
   // since the last call, in order; then forgets them. The losses grad_norm has already read
   // come without a synchronisation; the rest are read now, in one copy.

@@ -21,6 +21,7 @@
 #include "sharding/model_context.h"
 #include "sharding/offloaded_activations.h"
 #include "sharding/offloaded_state.h"
+#include "sharding/pipe_stage.h"
 #include "sharding/plan_cache.h"
 #include "sharding/reductions.h"
 #include "sharding/tensor_parallel.h"
@@ -35,7 +36,7 @@ struct ShardedModel::Impl {
   // Validates the policy, makes the groups (collective) and the plan's view of the model, then
   // the components and the units (their buffers zeroed), and the NVMe files.
   Impl(Model& model, const Ops& ops, GroupPtr group, const ShardingPolicy& policy,
-       GroupPtr tensor);
+       GroupPtr tensor, PipeSetup pipe);
   ~Impl() { quiesce(); }
 
   ModelContext ctx;
@@ -51,6 +52,7 @@ struct ShardedModel::Impl {
   Updates updates;
   OffloadedActivations act_io;
   TensorParallel tp;
+  PipeStage pipe;
   Executor exec;
   // Global parameter name -> (unit, spec index).
   std::unordered_map<std::string, std::pair<int, int>> by_name;
@@ -67,6 +69,10 @@ struct ShardedModel::Impl {
   // ---- Segments ---------------------------------------------------------------------------
   // One micro-step's forward and backward (the plan for this batch and the units in flight).
   void micro_step(Model& model, const Batch& batch, RunArgs& args, bool reduce, bool last);
+  // The pipeline segment: every micro-batch (args' batches, scales, loss doubles).
+  void pipeline_step(Model& model, RunArgs& args, int B, int T, int micro_batches);
+  // Pipeline: the last stage's per-batch loss sums and counts sent to every pipe rank.
+  void share_losses(std::vector<double>& sums, std::vector<int64_t>& counts);
   // Forward only: with `logits`, the last positions' logits copied out; else the loss summed
   // into *loss_slot (a double of the device, zeroed here, not read).
   RunArgs forward_only(Model& model, const Batch& batch, float* logits, double* loss_slot);

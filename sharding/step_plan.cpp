@@ -14,7 +14,7 @@
 namespace sw {
 
 const char* queue_name(Queue q) {
-  static const char* n[] = {"compute", "gather", "reduce", "io", "host", "tensor"};
+  static const char* n[] = {"compute", "gather", "reduce", "io", "host", "tensor", "p2p"};
   return q < Queue::Count ? n[static_cast<size_t>(q)] : "?";
 }
 
@@ -24,7 +24,9 @@ const char* action_kind_name(ActionKind k) {
                             "all_reduce",  "round_grads", "wait_reduce", "optimizer_update",
                             "regather",    "fetch_state", "evict_state", "wait_state",
                             "fetch_acts",  "evict_acts",  "wait_acts", "tp_gather_rows",
-                            "tp_scatter_rows", "tp_all_gather", "tp_reduce_grads"};
+                            "tp_scatter_rows", "tp_all_gather", "tp_reduce_grads",
+                            "recv_acts",   "send_acts",   "recv_grads",  "send_grads",
+                            "wait_p2p",    "backward_weight", "sync_shared"};
   return k < ActionKind::Count ? n[static_cast<size_t>(k)] : "?";
 }
 
@@ -66,6 +68,17 @@ PlanInput make_plan_input(const Model& model, const ShardingPolicy& policy, int 
             : policy.strategy == ShardingStrategy::ShardOptimizer ? UnitKind::FullReplicated
                                                                   : UnitKind::Sharded;
   in.schedule = model.schedule;
+  for (size_t p = 0; p < model.schedule.size(); ++p) {
+    in.takes_input.push_back(model.takes_input(p));
+    in.is_loss.push_back(model.is_loss(p));
+  }
+  if (model.stage.split()) {
+    const StageView& st = model.stage;
+    in.pipe.size = st.size, in.pipe.rank = st.rank, in.pipe.chunks = st.chunks;
+    in.pipe.chunk_begin = st.chunk_begin;
+    for (int c = 0; c < st.chunks; ++c) in.pipe.first_stage_of_chunk.push_back(st.stage_of_chunk(c) == 0);
+    in.pipe.shared = st.shared;
+  }
   in.d_model = model.residual_width();
   in.tensor = model.tensor.size;
   const size_t U = model.units.size();
@@ -203,11 +216,30 @@ StepPlan plan_flush(const PlanInput& in) {
 
 StepPlan plan_eval(const PlanInput& in) {
   PlanBuilder b(in);
-  b.eval();
+  if (in.pipelined())
+    b.pipeline(false);
+  else
+    b.eval();
   return b.take();
 }
 
+StepPlan plan_pipeline(const PlanInput& in) {
+  PlanBuilder b(in);
+  b.pipeline(true);
+  return b.take();
+}
+
+StepPlan plan_pipeline_step(const PlanInput& in) {
+  PlanInput steady = in;
+  if (steady.carried.empty()) steady.carried = optimizer_prefetched(in);
+  PlanBuilder b(steady);
+  b.pipeline(true);
+  b.optimizer();
+  return with_updater_staging(b.take(), in);
+}
+
 StepPlan plan_step(const PlanInput& in) {
+  if (in.pipelined()) return plan_pipeline_step(in);
   PlanInput steady = in;
   if (steady.carried.empty()) steady.carried = optimizer_prefetched(in);
   steady.pending = defers_update(in);  // the previous step's deferred updates

@@ -30,8 +30,10 @@ namespace sw {
 // Host: in records only (no plan action is on it): the host updater thread's jobs, each an
 // offloaded unit's update as it ran there (ShardedModel's optimizer on a device).
 // Tensor: the tensor group's collectives (tensor parallelism; its communication thread).
-enum class Queue : uint8_t { Compute, Gather, Reduce, IO, Host, Tensor, Count };
-const char* queue_name(Queue q);  // "compute", "gather", "reduce", "io", "host", "tensor"
+// P2P: pipeline parallelism's sends and receives between stages (the pipe group's
+// point-to-point transport, sharding/comm/p2p.h).
+enum class Queue : uint8_t { Compute, Gather, Reduce, IO, Host, Tensor, P2P, Count };
+const char* queue_name(Queue q);  // "compute", "gather", "reduce", "io", "host", "tensor", "p2p"
 
 enum class ActionKind : uint8_t {
   Gather,          // gather: all-gather unit u's parameters (allocates its transient buffer)
@@ -70,6 +72,18 @@ enum class ActionKind : uint8_t {
   TpAllGather,     // tensor: a call's small per-row statistics all-gathered
   TpReduceGrads,   // tensor: unit u's replicated parameters' gradients summed over the tensor
                    // group (before its data-parallel reduction)
+  // Pipeline parallelism (sharding/pipe_stage.h): a pipeline segment runs this rank's chunks of
+  // the schedule for every micro-batch (Action::micro) in the schedule's order.
+  RecvActs,        // p2p: micro's input of chunk `chunk` from the previous stage (allocates it)
+  SendActs,        // p2p: micro's output of chunk `chunk` to the next stage (its last forward
+                   // allocated it; the WaitP2P that sees the send done frees it)
+  RecvGrads,       // p2p: the gradient of that output from the next stage (allocates it)
+  SendGrads,       // p2p: the gradient of the chunk's input to the previous stage (freed as above)
+  WaitP2P,         // compute waits for the p2p actions it lists
+  BackwardWeight,  // compute: the zero-bubble split: the weight gradients an earlier Backward of
+                   // (micro, chunk) deferred (Action::defer)
+  SyncShared,      // reduce: unit u's reduced gradients summed with the other pipeline rank that
+                   // holds it (GPT-2's tied embedding and head on the first and last stages)
   Count
 };
 const char* action_kind_name(ActionKind k);  // "gather", "wait_gather", "forward", ...
@@ -160,6 +174,21 @@ struct PlanInput {
   // policy's param_dtype, which is what the engine computes in unless it was handed Ops of
   // another precision (ShardedModel sets it from the Ops it runs).
   DType compute = DType::F32;
+  // Per position: its call takes the residual stream as input (Model::takes_input) / is the
+  // loss call (Model::is_loss). make_plan_input fills both.
+  std::vector<uint8_t> takes_input, is_loss;
+  // Pipeline parallelism (Model::stage): P ranks of `chunks` stages each; this rank's chunks'
+  // first local positions (and the end), the schedule (pipeline_schedule.h's PipeSchedule)
+  // and the units this rank shares with another pipeline rank (their gradients are summed
+  // with it: SyncShared). accum is the number of micro-batches.
+  struct Pipe {
+    int size = 1, rank = 0, chunks = 1;
+    int schedule = 0;  // PipeSchedule
+    std::vector<int> chunk_begin;
+    std::vector<int> first_stage_of_chunk;  // per chunk: its stage is the whole schedule's first
+    std::vector<int> shared;                // local units held by another pipeline rank too
+  } pipe;
+  bool pipelined() const { return pipe.size > 1; }
 };
 
 // The flat sizes, groups and buckets of `model` sharded over `world` ranks with `policy` (whose
@@ -199,6 +228,8 @@ struct Action {
   CheckpointMode mode = CheckpointMode::Off;  // DropSaved / Recompute
   int64_t bytes = 0;  // bytes a collective moves (its whole buffer in the wire dtype)
   int inside = -1;    // TpGatherRows / TpScatterRows / TpAllGather: the compute action it runs in
+  int chunk = -1;     // pipeline: this rank's chunk (virtual stage) the action belongs to
+  bool defer = false;  // Backward: its weight gradients wait for a BackwardWeight (zero bubble)
   // Bytes allocated (+) and freed (-) per category by this action. A reduction's completion
   // (freeing the transient gradients) is counted at the WaitReduce that observes it.
   MemDeltas mem{};
@@ -208,7 +239,8 @@ struct Action {
 };
 
 // A contiguous part of a plan that one ShardedModel call runs.
-enum class SegmentKind : uint8_t { MicroStep, Optimizer, Eval };
+// Pipeline: every micro-step of the step, as the pipeline schedule orders them (one call).
+enum class SegmentKind : uint8_t { MicroStep, Optimizer, Eval, Pipeline };
 struct Segment {
   SegmentKind kind = SegmentKind::MicroStep;
   int micro = 0;
@@ -275,6 +307,11 @@ int64_t host_bytes(const StepPlan& plan);
 // previous step's optimizer prefetched are in flight when it starts). Eval: one forward.
 StepPlan plan_step(const PlanInput& in);
 StepPlan plan_eval(const PlanInput& in);
+// Pipeline parallelism: the pipeline segment (every micro-batch's chunks on this rank, in the
+// schedule's order, sends and receives included, gradients reduced at each unit's last
+// backward) and the optimizer; plan_step of a pipelined input is this.
+StepPlan plan_pipeline_step(const PlanInput& in);
+StepPlan plan_pipeline(const PlanInput& in);  // the pipeline segment alone
 // The parts the executor runs, one per ShardedModel call: one micro-step's forward and
 // backward (`reduce`: its backward reduces the gradients; `last`: the step's last, which also
 // starts the reads of the optimizer's first pieces, see Action::carry), starting with
