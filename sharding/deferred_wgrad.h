@@ -9,8 +9,16 @@
 //    given (fp32 and/or 16-bit; tracked Buffers of Mem::Activations on the inner Ops' device,
 //    copied on its stream), and dw / db with their write flags;
 //  * every other op, and linear_backward without dw and db, goes to the inner Ops as it is:
-//    the parameter gradients other ops produce (norms' dw / db, the embedding's, the LM head's,
-//    a raw gemm's) stay immediate, part of I.
+//    the parameter gradients other ops produce stay immediate, part of I. In the built-in
+//    units: the norms' (layernorm_ / rmsnorm_backward), the embeddings' (embedding_backward;
+//    TP: vocab_embedding_ / position_backward), the LM head's (lmhead_xent; TP:
+//    xent_shard_backward), and the packed q|k|v and gate|up products' per-matrix fallback
+//    (models/packed.cpp: gemm, where the weights or gradients are not contiguous).
+//
+// Memory: each job holds dout and inp (GPT-2 fp32: 16 N C floats a block, 9 N C of them
+// dout). The inp copies duplicate Saved slots the unit keeps until its backward ends; a 16-bit
+// form whose address is not 4-byte aligned or whose extent is odd is copied with copy_bytes,
+// which waits for the device.
 //
 // run(key) runs key's jobs in the order they were recorded as the inner
 // linear_backward(nullptr, dw, db, dout_copy, inp_copy, nullptr, N, C, OC) and frees their
@@ -26,6 +34,9 @@
 // order of run() calls across keys is the caller's (the schedule's) job. Immediate gradients
 // (norms' dw) of micro 1's I may meet micro 0's written linear dw only in different buffers,
 // so interleaving I(1) before W(0) is safe.
+//
+// The caller must not read, reduce or round a unit's gradients before its W jobs ran; a job's
+// written (GradOut::write) gradient is unwritten until then (and after clear()).
 //
 // Not thread-safe against concurrent begin / end / run; the ops themselves may be called from
 // the compute thread while another thread reads pending_bytes (a mutex guards the job list).
