@@ -265,6 +265,60 @@ TEST_CASE("p2p: stats count the bytes, wait after completion returns at once") {
   CHECK(pc->stats().bytes == 0);
 }
 
+TEST_CASE("p2p: over a split group, messages name MPI_COMM_WORLD ranks") {
+  GroupPtr g = world();
+  const int r = g->rank();
+  // Even and odd world ranks form two groups; group rank q of the odd one is world rank 2q+1.
+  GroupPtr sub = g->split(r % 2, r);
+  PeerCommPtr pc = make_peer_comm(*sub, "sub");
+  const int n = pc->size(), me = pc->rank();
+  CHECK(me == r / 2);
+  const int next = (me + 1) % n, prev = (me + n - 1) % n;
+  std::vector<uint8_t> s = payload(r, 4, 0, 77), d(78), d2(77);
+  Work rw = pc->recv(d.data(), 78, prev, 4);  // one byte too many: fails, naming world ranks
+  Work sw = pc->send(s.data(), 77, next, 4);
+  const int prev_world = 2 * prev + r % 2;
+  CHECK(error_of(rw) == "p2p[sub]: rank " + std::to_string(r) + ": recv from rank " +
+                           std::to_string(prev_world) + " (tag 4): expected 78 bytes, rank " +
+                           std::to_string(prev_world) + " sent 77 bytes");
+  Work rw2 = pc->recv(d2.data(), 77, prev, 4);
+  Work sw2 = pc->send(s.data(), 77, next, 4);
+  CHECK(error_of(rw2).empty());
+  CHECK(wrong_bytes(d2, prev_world, 4, 0) == 0);
+  CHECK(error_of(sw).empty());
+  CHECK(error_of(sw2).empty());
+}
+
+TEST_CASE("p2p: sends and receives enqueued from two threads at once") {
+  GroupPtr g = world();
+  const int n = g->size(), r = g->rank();
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  PeerCommPtr pc = make_peer_comm(*g, "threads", 64 << 10);
+  constexpr int kMsgs = 32;
+  auto size_of = [](int t) { return static_cast<int64_t>(t) * 10007 + 3; };
+  std::vector<std::vector<uint8_t>> out(kMsgs), in(kMsgs);
+  std::vector<Work> sends(kMsgs), recvs(kMsgs);
+  for (int t = 0; t < kMsgs; t++) {
+    out[static_cast<size_t>(t)] = payload(r, t, 0, size_of(t));
+    in[static_cast<size_t>(t)].resize(static_cast<size_t>(size_of(t)));
+  }
+  std::thread sender([&] {
+    for (int t = 0; t < kMsgs; t++)
+      sends[static_cast<size_t>(t)] = pc->send(out[static_cast<size_t>(t)].data(), size_of(t), next, t);
+  });
+  for (int t = kMsgs - 1; t >= 0; t--)
+    recvs[static_cast<size_t>(t)] = pc->recv(in[static_cast<size_t>(t)].data(), size_of(t), prev, t);
+  sender.join();
+  int64_t failed = 0, bad = 0;
+  for (int t = 0; t < kMsgs; t++) {
+    if (!error_of(sends[static_cast<size_t>(t)]).empty()) failed++;
+    if (!error_of(recvs[static_cast<size_t>(t)]).empty()) failed++;
+    bad += wrong_bytes(in[static_cast<size_t>(t)], prev, t, 0);
+  }
+  CHECK(failed == 0);
+  CHECK(bad == 0);
+}
+
 TEST_CASE("p2p: destruction cancels a receive no send matches") {
   GroupPtr g = world();
   const int n = g->size(), r = g->rank();
