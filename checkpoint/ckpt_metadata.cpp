@@ -189,6 +189,8 @@ Meta parse_meta(const std::string& step_dir, const std::string& path, const std:
   m.world = static_cast<int>(R.integer(j, "world_size", "the document", 1, kIntMax));
   if (v2)
     m.tensor = static_cast<int>(R.integer(j, "tensor_parallel_degree", "the document", 1, m.world));
+  if (j.contains("pipeline_parallel_degree"))
+    m.pipeline = static_cast<int>(R.integer(j, "pipeline_parallel_degree", "the document", 1, m.world));
   m.shard_group = static_cast<int>(R.integer(j, "shard_group_size", "the document", 1, m.world));
   m.strategy = R.str(j, "strategy", "the document");
   m.config_json = R.at(j, "model_config", "the document");

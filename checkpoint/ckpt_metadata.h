@@ -67,6 +67,7 @@ struct Meta {
   std::string dir, path;  // step directory, metadata.json
   int version = 0, world = 0, shard_group = 0;
   int tensor = 1;  // v2: the tensor-parallel degree of the run that saved
+  int pipeline = 1;  // the pipeline-parallel degree of the run that saved (informational)
   std::string strategy;
   nlohmann::json config_json;
   ModelConfig config;

@@ -2,7 +2,13 @@
 // and written by the ranks that own them, the index and the tokenizer's files.
 #include "checkpoint/hf_export.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <set>
@@ -144,6 +150,25 @@ bool any_rank(Group& g, bool v) {
   float f = v ? 1.f : 0.f, out = 0;
   g.all_reduce(&f, &out, 1, ReduceOp::Max);
   return out > 0;
+}
+
+std::vector<std::string> all_gather_strings(Group& g, const std::string& mine) {
+  // Raw all-gathers of the lengths, then of the bytes padded to the longest.
+  const int W = g.size();
+  if (W == 1) return {mine};
+  int64_t len = static_cast<int64_t>(mine.size());
+  std::vector<int64_t> lens(static_cast<size_t>(W));
+  g.all_gather(&len, lens.data(), 2, DType::F32);  // 8 bytes as two 4-byte words
+  const int64_t maxlen = *std::max_element(lens.begin(), lens.end());
+  const int64_t words = std::max<int64_t>((maxlen + 3) / 4, 1);
+  std::vector<char> send(static_cast<size_t>(words * 4), 0), recv(send.size() * static_cast<size_t>(W));
+  std::memcpy(send.data(), mine.data(), mine.size());
+  g.all_gather(send.data(), recv.data(), words, DType::F32);
+  std::vector<std::string> out;
+  for (int r = 0; r < W; ++r)
+    out.emplace_back(recv.data() + send.size() * static_cast<size_t>(r),
+                     static_cast<size_t>(lens[static_cast<size_t>(r)]));
+  return out;
 }
 
 ojson hf_config_json(const ModelConfig& c, const std::string& where) {
@@ -302,8 +327,217 @@ void write_hf_dir_extras(const std::string& dir, const ModelConfig& c, const HfS
   }
 }
 
+namespace {
+
+// pwrite of all n bytes at `off`, or one line naming the file.
+void pwrite_all(int fd, const void* data, size_t n, uint64_t off, const std::string& path) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(off));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) fail("export", path + ": write failed (" + std::strerror(errno) + ")");
+    p += w, n -= static_cast<size_t>(w), off += static_cast<uint64_t>(w);
+  }
+}
+
+// export_hf_dir of a model cut into pipeline stages (hf_export.h): collective over `world`.
+void export_hf_dir_stages(const ShardedModel& model, const std::string& dir,
+                          const HfExportOptions& o, HfExportStats* stats, Group& world) {
+  Model& mdl = const_cast<ShardedModel&>(model).model();  // (read only)
+  const ModelConfig& cfg = mdl.config;
+  const StageView& sv = mdl.stage;
+  const Group* tg = model.tensor_group();
+  const bool writer = !tg || tg->rank() == 0;  // tensor rank 0 writes the logical tensors
+  Group& g = model.group();
+  const int D = g.size(), drank = g.rank(), R = world.rank();
+  if (o.max_shard_bytes <= 0)
+    fail("export", "checkpoint.export_shard_bytes must be positive (got " +
+                       std::to_string(o.max_shard_bytes) + ")");
+  // Every stage's tensors, described by its data and tensor rank 0: the whole model's plan,
+  // the same on every rank (a unit two stages hold is described twice, alike).
+  const bool describes = writer && drank == 0;
+  ojson mine = ojson::array();
+  if (describes)
+    for (int u = 0; u < model.num_units(); ++u) {
+      ojson specs = ojson::array();
+      for (const ParamSpec& s : model.logical_specs(u))
+        specs.push_back({hf_dir_tensor_name(cfg, hf_file_name(s)), hf_file_shape(s), s.hf_transpose});
+      mine.push_back({{"unit", sv.global_unit[static_cast<size_t>(u)]}, {"specs", std::move(specs)}});
+    }
+  std::vector<ojson> units(static_cast<size_t>(sv.global_units));
+  for (const std::string& text : all_gather_strings(world, describes ? mine.dump() : std::string())) {
+    if (text.empty()) continue;
+    for (const ojson& e : ojson::parse(text)) units.at(e["unit"].get<size_t>()) = e["specs"];
+  }
+  std::vector<StTensorDesc> descs;
+  std::vector<bool> transpose;
+  std::vector<size_t> unit_first;  // per global unit, its first tensor in the plan
+  std::set<std::string> seen;
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (units[u].is_null())
+      fail("export", dir + ": no pipeline stage describes unit " + std::to_string(u));
+    unit_first.push_back(descs.size());
+    for (const ojson& t : units[u]) {
+      std::string n = t[0].get<std::string>();
+      if (!seen.insert(n).second)
+        fail("export", dir + ": two parameters export to the same name '" + n + "'");
+      descs.push_back({std::move(n), StDType::F32, t[1].get<Shape>()});
+      transpose.push_back(t[2].get<bool>());
+    }
+  }
+  const HfShardPlan plan = plan_hf_shards(std::move(descs), o.max_shard_bytes);
+  const std::map<std::string, std::string> meta = hf_export_metadata(cfg);
+  const std::string tmp = dir + ".tmp";
+  // The plan's tensors this rank writes, in for_each_param's order (-1: not this rank's).
+  std::vector<int64_t> mine_idx;
+  std::vector<bool> writes(plan.tensors.size(), false);
+  for (int u = 0; u < model.num_units(); ++u) {
+    bool lower = true;  // this stage writes the unit (the lower of two stages holding it)
+    for (size_t i = 0; i < sv.shared.size(); ++i)
+      if (sv.shared[i] == u && sv.shared_peer[i] < sv.rank) lower = false;
+    const size_t first = unit_first[static_cast<size_t>(sv.global_unit[static_cast<size_t>(u)])];
+    const size_t n = model.logical_specs(u).size();
+    for (size_t j = 0; j < n; ++j) {
+      const size_t i = first + j;
+      const bool w = writer && lower && hf_file_rank(plan.file_of[i], D) == drank;
+      mine_idx.push_back(w ? static_cast<int64_t>(i) : -1);
+      if (w) writes[i] = true;
+    }
+  }
+  // Each file's header and offsets (every rank computes them: no communication).
+  std::vector<uint64_t> offset(plan.tensors.size()), file_bytes(plan.files.size());
+  std::vector<std::string> header(plan.files.size());
+  for (size_t f = 0; f < plan.files.size(); ++f) {
+    const size_t a = plan.first[f], b = f + 1 < plan.first.size() ? plan.first[f + 1] : plan.tensors.size();
+    std::vector<StTensorDesc> fd(plan.tensors.begin() + static_cast<std::ptrdiff_t>(a),
+                                 plan.tensors.begin() + static_cast<std::ptrdiff_t>(b));
+    std::vector<uint64_t> ends;
+    header[f] = safetensors_header(tmp + "/" + plan.files[f], fd, meta, &ends);
+    for (size_t i = a; i < b; ++i) offset[i] = header[f].size() + (i == a ? 0 : ends[i - a - 1]);
+    file_bytes[f] = header[f].size() + (ends.empty() ? 0 : ends.back());
+  }
+  // Errors are kept, not thrown, until every rank has been through the collectives.
+  std::string err;
+  auto agree = [&](const std::string& what) {  // collective: throws on every rank if any failed
+    if (!any_rank(world, !err.empty())) return;
+    if (R == 0) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+    }
+    world.barrier();
+    if (!err.empty()) throw Error(err);
+    fail("export", dir + ": another rank " + what + " (see its error)");
+  };
+  if (R == 0) try {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+      fs::create_directories(tmp, ec);
+      if (ec) fail("export", tmp + ": cannot create (" + ec.message() + ")");
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+  agree("could not create " + tmp);
+  // The writer of a file's first tensor creates it at its full size, with its header.
+  for (size_t f = 0; f < plan.files.size() && err.empty(); ++f) {
+    if (!writes[plan.first[f]]) continue;
+    const std::string path = tmp + "/" + plan.files[f];
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      err = "export: " + path + ": cannot create (" + std::strerror(errno) + ")";
+      break;
+    }
+    if (::ftruncate(fd, static_cast<off_t>(file_bytes[f])) != 0)
+      err = "export: " + path + ": cannot size it (" + std::strerror(errno) + ")";
+    try {
+      if (err.empty()) pwrite_all(fd, header[f].data(), header[f].size(), 0, path);
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+    ::close(fd);
+  }
+  agree("could not create its weights files");
+  // Every stage streams its parameters; each rank writes its tensors in place.
+  int open_f = -1, fd = -1;
+  std::set<int> touched;
+  uint64_t bytes = 0;
+  size_t k = 0;
+  std::vector<float> t;
+  auto close_file = [&] {
+    if (fd < 0) return;
+    const std::string path = tmp + "/" + plan.files[static_cast<size_t>(open_f)];
+    if (::fsync(fd) != 0 && err.empty())
+      err = "export: " + path + ": fsync failed (" + std::strerror(errno) + ")";
+    ::close(fd);
+    fd = -1;
+  };
+  model.for_each_param([&](const ParamSpec& s, const float* data) {
+    const int64_t i = k < mine_idx.size() ? mine_idx[k] : -1;
+    ++k;
+    if (i < 0 || !err.empty()) return;
+    try {
+      const int f = plan.file_of[static_cast<size_t>(i)];
+      const std::string path = tmp + "/" + plan.files[static_cast<size_t>(f)];
+      if (f != open_f) {
+        close_file();
+        fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+        if (fd < 0) fail("export", path + ": cannot open (" + std::strerror(errno) + ")");
+        open_f = f;
+        touched.insert(f);
+      }
+      if (transpose[static_cast<size_t>(i)]) {
+        t.resize(static_cast<size_t>(numel(s.shape)));
+        transpose_f32(t.data(), data, s.shape[0], s.shape[1]);
+        data = t.data();
+      }
+      const size_t n = static_cast<size_t>(numel(plan.tensors[static_cast<size_t>(i)].shape)) * 4;
+      pwrite_all(fd, data, n, offset[static_cast<size_t>(i)], path);
+      bytes += n;
+      writes[static_cast<size_t>(i)] = false;  // done
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+  });
+  close_file();
+  std::vector<float>().swap(t);
+  if (err.empty())
+    for (size_t i = 0; i < writes.size(); ++i)
+      if (writes[i]) {
+        err = "export: " + tmp + "/" + plan.files[static_cast<size_t>(plan.file_of[i])] +
+              ": tensor '" + plan.tensors[i].name + "' not written (the stage did not hand it out)";
+        break;
+      }
+  if (stats) {
+    stats->bytes = bytes;
+    stats->files = static_cast<int>(touched.size());
+  }
+  agree("could not write its weights");
+  // World rank 0: config, index, tokenizer; then DIR.tmp becomes DIR.
+  if (R == 0) try {
+      write_hf_dir_extras(tmp, cfg, plan, o.tokenizer);
+      fsync_dir(tmp);
+      replace_dir(tmp, dir, "export");
+    } catch (const std::exception& e) {
+      err = e.what();
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+    }
+  float ok = err.empty() ? 1.f : 0.f;
+  world.broadcast(&ok, 1, 0);
+  if (!err.empty()) throw Error(err);
+  if (ok != 1.f) fail("export", dir + ": rank 0 could not finish the directory (see its error)");
+}
+
+}  // namespace
+
 void export_hf_dir(const ShardedModel& model, const std::string& dir, const HfExportOptions& o,
-                   HfExportStats* stats) {
+                   HfExportStats* stats, Group* world) {
+  if (const_cast<ShardedModel&>(model).model().stage.split()) {
+    if (!world)
+      fail("export", dir + ": a pipeline stage's export is collective over every rank of the "
+                           "mesh; pass the world group");
+    export_hf_dir_stages(model, dir, o, stats, *world);
+    return;
+  }
   // Tensor parallelism: the ranks of tensor rank 0 (one per data-parallel slot, the data group
   // of that tensor rank) write the logical tensors; the others lend their parts to
   // for_each_param's gathers over the tensor group.

@@ -35,6 +35,9 @@ class ShardedModel;
 // Collective: true on every rank when `v` is true on any (export_hf_dir's and
 // commit_checkpoint's agreement on failure).
 bool any_rank(Group& g, bool v);
+// Collective: every rank's string, in rank order (commit_checkpoint's file entries, the
+// pipeline stages' unit descriptions).
+std::vector<std::string> all_gather_strings(Group& g, const std::string& mine);
 
 // transformers' default max_shard_size ("5GB", decimal).
 constexpr int64_t kHfDefaultShardBytes = 5'000'000'000;
@@ -107,7 +110,13 @@ struct HfExportStats {
 
 // Collective. Writes the HF directory `dir` of the live model (see the top of this file).
 // Throws sw::Error on every rank when any rank failed (the directory then does not exist).
+// Pipeline parallelism (the model is one stage, Model::stage): collective over `world`, every
+// rank of the mesh (required then). The files are those of the whole model, as one rank would
+// cut them; a file's tensors come from the stages holding them, each stage's part written in
+// place (pwrite at the tensors' offsets) by the stage's rank that writes that file when the
+// model is not split (file k: data rank k mod D), after the rank writing the file's first
+// tensor has created it with its header. A unit two stages hold is written by the lower.
 void export_hf_dir(const ShardedModel& model, const std::string& dir, const HfExportOptions& o,
-                   HfExportStats* stats = nullptr);
+                   HfExportStats* stats = nullptr, Group* world = nullptr);
 
 }  // namespace sw

@@ -54,7 +54,7 @@ std::string errno_str() { return std::strerror(errno); }
 // ---- Snapshot --------------------------------------------------------------------------------
 
 struct SnapTensor {
-  int unit = 0, kind = 0;
+  int unit = 0, kind = 0;        // unit: this rank's (local) index, for reading its state
   int64_t lo = 0, hi = 0;        // floats of the unit's (local) flat buffer
   int64_t at = 0;                // floats into the snapshot's data section
   std::vector<uint32_t> blocks;  // CRC-32C per kBlockBytes block (filled with the data)
@@ -62,15 +62,22 @@ struct SnapTensor {
   // rows [r0, r1) x columns [c0, c1) (contiguous in the local buffer).
   std::string param;
   int64_t r0 = 0, r1 = 0, c0 = 0, c1 = 0;
+  int gunit = 0;  // the unit's index in the whole model (pipeline stages: StageView::global_unit)
 };
 
 struct CheckpointSnapshot {
   int rank = 0, world = 1, shard_group = 1;  // rank and world: of the whole mesh
   int tensor = 1;                            // tensor-parallel degree (> 1: a v2 save)
+  // Pipeline parallelism: the degree, the whole model's unit count, and whether this rank
+  // describes its stage's units to rank 0 (one rank per stage: data and tensor rank 0).
+  int pipeline = 1, global_units = 0;
+  bool describes = true;
   std::string strategy;
   ModelConfig config;
   TrainState state;
-  ojson units;  // the model's layout as metadata.json records it
+  // The model's layout as metadata.json records it; pipeline stages: this stage's units only,
+  // each with its global index in "index" (commit_checkpoint assembles the whole model's).
+  ojson units;
   std::vector<SnapTensor> tensors;
   int64_t floats = 0;  // sum of the tensors' sizes
   // The shard file's first bytes (safetensors length + header; the data section follows).
@@ -120,6 +127,19 @@ ojson layout_json(const ShardedModel& sm) {
     units.push_back(unit_json(sm.unit_name(u), sm.unit_layout(u)));
   }
   return units;
+}
+
+// The whole model's index of local unit u (a pipeline stage's units are a subset).
+int global_unit(const StageView& sv, int u) {
+  return sv.split() ? sv.global_unit[static_cast<size_t>(u)] : u;
+}
+
+// Whether this rank's stage writes local unit u: a unit two stages hold (GPT-2's tied
+// embedding and head) is written by the lower pipeline rank alone (both hold the same state).
+bool stage_writes(const StageView& sv, int u) {
+  for (size_t i = 0; i < sv.shared.size(); ++i)
+    if (sv.shared[i] == u && sv.shared_peer[i] < sv.rank) return false;
+  return true;
 }
 
 ojson state_json(const TrainState& s) {
@@ -221,11 +241,18 @@ ojson logical_layout_json(const ShardedModel& sm) {
 SnapshotPtr describe_snapshot(const ShardedModel& sm, const TrainState& state) {
   SnapshotPtr s(new CheckpointSnapshot);
   const TensorSlice ts = const_cast<ShardedModel&>(sm).model().tensor;
+  const StageView& sv = const_cast<ShardedModel&>(sm).model().stage;
   // Tensor groups are a data-parallel slot's ts.size ranks; (data rank, tensor rank) names a
-  // rank of the mesh uniquely, its world rank when tensor groups are consecutive ranks.
+  // rank of the stage uniquely, and (pipeline rank, that) a rank of the mesh: its world rank
+  // when stages are blocks of consecutive ranks and tensor groups consecutive ranks inside
+  // them (engine/trainer.cpp's mesh).
+  const int stage_ranks = sm.world() * ts.size;
   s->tensor = ts.size;
-  s->rank = sm.rank() * ts.size + ts.rank;
-  s->world = sm.world() * ts.size;
+  s->pipeline = sv.size;
+  s->global_units = sv.split() ? sv.global_units : sm.num_units();
+  s->describes = sm.rank() == 0 && ts.rank == 0;
+  s->rank = sv.rank * stage_ranks + sm.rank() * ts.size + ts.rank;
+  s->world = sv.size * stage_ranks;
   s->shard_group = sm.num_units() > 0 ? sm.unit_layout(0).world : 1;
   s->strategy = strategy_name(sm.policy().strategy);
   s->config = const_cast<ShardedModel&>(sm).model().config;
@@ -234,9 +261,10 @@ SnapshotPtr describe_snapshot(const ShardedModel& sm, const TrainState& state) {
     s->units = layout_json(sm);
     for (int u = 0; u < sm.num_units(); ++u) {
       const FlatRange r = sm.owned_range(u);
-      if (r.empty()) continue;
+      if (r.empty() || !stage_writes(sv, u)) continue;
       for (int k = 0; k < 3; ++k) {
-        s->tensors.push_back({u, k, r.lo, r.hi, s->floats, {}, {}, 0, 0, 0, 0});
+        s->tensors.push_back(
+            {u, k, r.lo, r.hi, s->floats, {}, {}, 0, 0, 0, 0, global_unit(sv, u)});
         s->floats += r.size();
       }
     }
@@ -247,7 +275,7 @@ SnapshotPtr describe_snapshot(const ShardedModel& sm, const TrainState& state) {
     std::vector<LocalBlock> blocks;
     for (int u = 0; u < sm.num_units(); ++u) {
       const FlatRange r = sm.owned_range(u);
-      if (r.empty()) continue;
+      if (r.empty() || !stage_writes(sv, u)) continue;
       const FlatLayout& L = sm.unit_layout(u);
       blocks.clear();
       std::vector<const std::string*> names;
@@ -265,22 +293,25 @@ SnapshotPtr describe_snapshot(const ShardedModel& sm, const TrainState& state) {
           const LocalBlock& lb = blocks[i];
           const int64_t n = (lb.r1 - lb.r0) * (lb.c1 - lb.c0);
           s->tensors.push_back({u, k, lb.at, lb.at + n, s->floats, {}, *names[i], lb.r0, lb.r1,
-                                lb.c0, lb.c1});
+                                lb.c0, lb.c1, global_unit(sv, u)});
           s->floats += n;
         }
     }
   }
+  if (sv.split())  // each unit's global index, for commit_checkpoint's assembly
+    for (int u = 0; u < sm.num_units(); ++u) s->units[static_cast<size_t>(u)]["index"] = global_unit(sv, u);
   std::vector<StTensorDesc> descs;
   for (const SnapTensor& t : s->tensors)
-    descs.push_back({s->tensor > 1 ? rect_name(t.unit, t.kind, t.param, t.r0, t.r1, t.c0, t.c1)
-                                   : tensor_name(t.unit, t.kind, t.lo, t.hi),
+    descs.push_back({s->tensor > 1 ? rect_name(t.gunit, t.kind, t.param, t.r0, t.r1, t.c0, t.c1)
+                                   : tensor_name(t.gunit, t.kind, t.lo, t.hi),
                      StDType::F32,
                      {t.hi - t.lo}});
-  s->header = safetensors_header(shard_file_name(s->rank), descs,
-                                 {{"format", kFormatName},
-                                  {"rank", std::to_string(s->rank)},
-                                  {"world_size", std::to_string(s->world)},
-                                  {"tensor_parallel_degree", std::to_string(s->tensor)}});
+  std::map<std::string, std::string> hmeta = {{"format", kFormatName},
+                                              {"rank", std::to_string(s->rank)},
+                                              {"world_size", std::to_string(s->world)},
+                                              {"tensor_parallel_degree", std::to_string(s->tensor)}};
+  if (s->pipeline > 1) hmeta["pipeline_parallel_degree"] = std::to_string(s->pipeline);
+  s->header = safetensors_header(shard_file_name(s->rank), descs, hmeta);
   return s;
 }
 
@@ -595,8 +626,8 @@ void write_shard(const CheckpointSnapshot& s, const std::string& tmp_dir) {
                     : crc32c_combine(tcrc, blocks[b], std::min(kBlockBytes, bytes - b * kBlockBytes));
     file_crc = crc32c_combine(file_crc, tcrc, bytes);
     if (s.tensor > 1)
-      tensors.push_back({{"name", rect_name(t.unit, t.kind, t.param, t.r0, t.r1, t.c0, t.c1)},
-                         {"unit", t.unit},
+      tensors.push_back({{"name", rect_name(t.gunit, t.kind, t.param, t.r0, t.r1, t.c0, t.c1)},
+                         {"unit", t.gunit},
                          {"kind", kKindNames[t.kind]},
                          {"param", t.param},
                          {"rows", {t.r0, t.r1}},
@@ -606,8 +637,8 @@ void write_shard(const CheckpointSnapshot& s, const std::string& tmp_dir) {
                          {"crc32c", tcrc},
                          {"block_crc32c", blocks}});
     else
-      tensors.push_back({{"name", tensor_name(t.unit, t.kind, t.lo, t.hi)},
-                         {"unit", t.unit},
+      tensors.push_back({{"name", tensor_name(t.gunit, t.kind, t.lo, t.hi)},
+                         {"unit", t.gunit},
                          {"kind", kKindNames[t.kind]},
                          {"lo", t.lo},
                          {"hi", t.hi},
@@ -635,28 +666,36 @@ void write_snapshot(const CheckpointSnapshot& s, const std::string& tmp_dir) {
 
 namespace {
 
-// Every rank's string, in rank order (raw all-gathers of lengths, then of padded bytes).
-std::vector<std::string> all_gather_strings(Group& g, const std::string& mine) {
-  const int W = g.size();
-  if (W == 1) return {mine};
-  int64_t len = static_cast<int64_t>(mine.size());
-  std::vector<int64_t> lens(static_cast<size_t>(W));
-  g.all_gather(&len, lens.data(), 2, DType::F32);  // 8 bytes as two 4-byte words
-  const int64_t maxlen = *std::max_element(lens.begin(), lens.end());
-  const int64_t words = (maxlen + 3) / 4;
-  std::vector<char> send(static_cast<size_t>(std::max<int64_t>(words, 1) * 4), 0),
-      recv(send.size() * static_cast<size_t>(W));
-  std::memcpy(send.data(), mine.data(), mine.size());
-  g.all_gather(send.data(), recv.data(), std::max<int64_t>(words, 1), DType::F32);
-  std::vector<std::string> out;
-  for (int r = 0; r < W; ++r)
-    out.emplace_back(recv.data() + send.size() * static_cast<size_t>(r),
-                     static_cast<size_t>(lens[static_cast<size_t>(r)]));
-  return out;
-}
-
 // The metadata document with its self-checksum: "metadata_crc32c" is the CRC-32C of the
 // document's compact dump without that key (ordered, so the dump is reproducible).
+// The whole model's "units" from the stages' descriptions (unit JSON with its global "index";
+// a unit two stages hold is described by both, identically), in global order.
+ojson whole_model_units(const std::vector<std::string>& stages, int global_units,
+                        const std::string& final_dir) {
+  std::vector<ojson> by(static_cast<size_t>(global_units));
+  for (const std::string& text : stages) {
+    if (text.empty()) continue;
+    for (ojson u : ojson::parse(text)) {
+      const int i = u["index"].get<int>();
+      u.erase("index");
+      if (i < 0 || i >= global_units)
+        fail("checkpoint", final_dir + ": a stage describes unit " + std::to_string(i) + " of " +
+                               std::to_string(global_units));
+      if (!by[static_cast<size_t>(i)].is_null() && by[static_cast<size_t>(i)] != u)
+        fail("checkpoint", final_dir + ": two stages describe unit " + std::to_string(i) +
+                               " differently");
+      by[static_cast<size_t>(i)] = std::move(u);
+    }
+  }
+  ojson units = ojson::array();
+  for (int i = 0; i < global_units; ++i) {
+    if (by[static_cast<size_t>(i)].is_null())
+      fail("checkpoint", final_dir + ": no pipeline stage describes unit " + std::to_string(i));
+    units.push_back(std::move(by[static_cast<size_t>(i)]));
+  }
+  return units;
+}
+
 std::string seal_metadata(ojson j) {
   j.erase("metadata_crc32c");
   const uint32_t c = crc32c(j.dump().data(), j.dump().size());
@@ -671,9 +710,13 @@ bool commit_checkpoint(Group& g, const CheckpointSnapshot& s, bool ok, const std
   if (g.size() != s.world)  // (every rank alike: before any collective)
     fail("checkpoint", final_dir + ": committed over " + std::to_string(g.size()) +
                            " ranks, but the model's mesh has " + std::to_string(s.world) +
-                           " (a tensor-parallel save commits over the world)");
+                           " (a tensor- or pipeline-parallel save commits over the world)");
   const bool all_ok = !any_rank(g, !ok);
   std::vector<std::string> entries = all_gather_strings(g, all_ok ? s.file_entry : std::string());
+  // Pipeline stages: rank 0 learns every stage's units (one rank of each stage describes them).
+  std::vector<std::string> stage_units;
+  if (s.pipeline > 1)
+    stage_units = all_gather_strings(g, all_ok && s.describes ? s.units.dump() : std::string());
   if (!all_ok) {
     if (g.rank() == 0) {
       std::error_code ec;
@@ -691,6 +734,7 @@ bool commit_checkpoint(Group& g, const CheckpointSnapshot& s, bool ok, const std
                     {"model_config", model_config_to_json(s.config)},
                     {"world_size", s.world}};
       if (v2) meta["tensor_parallel_degree"] = s.tensor;
+      if (s.pipeline > 1) meta["pipeline_parallel_degree"] = s.pipeline;  // (informational)
       meta["strategy"] = s.strategy;
       meta["shard_group_size"] = s.shard_group;
       meta["dtype"] = "F32";
@@ -700,14 +744,16 @@ bool commit_checkpoint(Group& g, const CheckpointSnapshot& s, bool ok, const std
                "columns of the logical parameter (dim 0 x the rest), row-major"
              : "u<unit>.<master|exp_avg|exp_avg_sq>[<lo>:<hi>], floats of the unit's flat buffer";
       meta["train_state"] = state_json(s.state);
-      meta["units"] = s.units;
+      meta["units"] = s.pipeline > 1 ? whole_model_units(stage_units, s.global_units, final_dir)
+                                     : s.units;
       ojson files = ojson::array();
       for (const std::string& e : entries) files.push_back(ojson::parse(e));
       meta["files"] = std::move(files);
       const std::string text = seal_metadata(std::move(meta));
       // v2: the blocks must tile every parameter (a custom unit's split that two tensor ranks
-      // both claim would otherwise make a checkpoint that no load accepts).
-      if (v2) check_checkpoint_metadata(final_dir + "/metadata.json", text);
+      // both claim would otherwise make a checkpoint that no load accepts); pipeline stages:
+      // every unit written exactly once.
+      if (v2 || s.pipeline > 1) check_checkpoint_metadata(final_dir + "/metadata.json", text);
       write_file_synced(tmp_dir + "/metadata.json", text);
       fsync_dir(tmp_dir);
       std::error_code ec;
@@ -1133,9 +1179,11 @@ void load_logical(ShardedModel& sm, const Meta& m, LoadStats& st) {
         diffs.push_back("parameter '" + p.name + "': checkpoint " + shape_list(it->second->shape) +
                         ", model " + shape_list(p.shape));
     }
-  for (const auto& [name, p] : theirs)
-    if (!ours.count(name))
-      diffs.push_back("parameter '" + name + "' " + shape_list(p->shape) + " is not in the model");
+  // (A pipeline stage holds some of the model's parameters: the others are other stages'.)
+  if (!sm.model().stage.split())
+    for (const auto& [name, p] : theirs)
+      if (!ours.count(name))
+        diffs.push_back("parameter '" + name + "' " + shape_list(p->shape) + " is not in the model");
   if (!diffs.empty()) fail_diffs(m.dir, diffs);
   check_coverage(m);
 
@@ -1204,17 +1252,24 @@ TrainState load_checkpoint(ShardedModel& sm, const std::string& step_dir, LoadSt
     return m.state;
   }
 
-  // The model must match: every difference is listed.
+  // The model must match: every difference is listed. A pipeline stage holds some of the
+  // whole model's units: unit u here is the checkpoint's global_unit(u), and the checkpoint's
+  // other units are not read.
+  const StageView& sv = sm.model().stage;
+  const int whole = sv.split() ? sv.global_units : sm.num_units();
   std::vector<std::string> diffs;
   config_diffs(sm, m, diffs);
-  if (static_cast<int>(m.units.size()) != sm.num_units())
+  if (static_cast<int>(m.units.size()) != whole)
     diffs.push_back("units: checkpoint has " + std::to_string(m.units.size()) + ", model has " +
-                    std::to_string(sm.num_units()));
-  const int U = std::min(static_cast<int>(m.units.size()), sm.num_units());
-  for (int u = 0; u < U; ++u) {
-    const UnitMeta& cu = m.units[static_cast<size_t>(u)];
+                    std::to_string(whole));
+  std::vector<int> local_of(m.units.size(), -1);  // checkpoint unit -> this rank's, or -1
+  for (int u = 0; u < sm.num_units(); ++u) {
+    const int gu = global_unit(sv, u);
+    if (gu >= static_cast<int>(m.units.size())) continue;  // (counted above)
+    local_of[static_cast<size_t>(gu)] = u;
+    const UnitMeta& cu = m.units[static_cast<size_t>(gu)];
     const FlatLayout& L = sm.unit_layout(u);
-    const std::string un = "unit " + std::to_string(u);
+    const std::string un = "unit " + std::to_string(gu);
     if (cu.name != sm.unit_name(u))
       diffs.push_back(un + " name: checkpoint '" + cu.name + "', model '" + sm.unit_name(u) + "'");
     std::map<std::string, const ParamMeta*> theirs;
@@ -1251,7 +1306,9 @@ TrainState load_checkpoint(ShardedModel& sm, const std::string& step_dir, LoadSt
   for (const FileEntry& fe : m.files) {
     std::vector<std::pair<const FileTensor*, FlatRange>> need;
     for (const FileTensor& t : fe.tensors) {
-      const FlatRange h = sm.held_range(t.unit, static_cast<StateKind>(t.kind));
+      const int u = local_of[static_cast<size_t>(t.unit)];
+      if (u < 0) continue;  // another stage's unit
+      const FlatRange h = sm.held_range(u, static_cast<StateKind>(t.kind));
       const FlatRange o{std::max(h.lo, t.lo), std::min(h.hi, t.hi)};
       if (!o.empty()) need.push_back({&t, o});
     }
@@ -1261,7 +1318,8 @@ TrainState load_checkpoint(ShardedModel& sm, const std::string& step_dir, LoadSt
     st.header_bytes += static_cast<int64_t>(r.data_start());
     load_file(r, m.block_bytes, need, io, ring, st, fe.file,
               [&](size_t, const FileTensor& t, int64_t lo, int64_t hi, const float* data) {
-                sm.write_state(t.unit, static_cast<StateKind>(t.kind), {lo, hi}, data);
+                sm.write_state(local_of[static_cast<size_t>(t.unit)],
+                               static_cast<StateKind>(t.kind), {lo, hi}, data);
               });
   }
   if (stats) *stats = std::move(st);
@@ -1329,6 +1387,7 @@ std::string inspect_checkpoint(const std::string& step_dir) {
   o << "world size   " << m.world << "   strategy " << m.strategy << "   shard group size "
     << m.shard_group;
   if (m.version == kCheckpointFormatV2) o << "   tensor parallel " << m.tensor;
+  if (m.pipeline > 1) o << "   pipeline parallel " << m.pipeline;
   o << "\n";
   o << "model        " << model_config_to_json(m.config).dump() << "\n";
   o << "parameters   " << nparams << " (fp32 master + AdamW m, v)   files " << m.files.size()

@@ -823,7 +823,8 @@ class Trainer {
     HfExportOptions o;
     o.max_shard_bytes = ck_.export_shard_bytes;
     o.tokenizer = cfg_.tokenizer;
-    export_hf_dir(*sm_, hf.string(), o);  // collective
+    // (Pipeline stages: collective over the world, each stage writing its tensors.)
+    export_hf_dir(*sm_, hf.string(), o, nullptr, &world_);  // collective
     summary_.weights_path = hf.string();  // import_safetensors and sample read the directory
   }
 
