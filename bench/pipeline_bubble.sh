@@ -6,7 +6,8 @@
 # InterleavedZeroBubble V=1 and V=2), one run under bench/quiet.sh (never two at once), then
 # bench/pipeline_bubble.py on its traces (measured wall bubble, the replayed compute-action
 # bubble, theory) and, per rank, the profiled peak (peaks_rank<r>.json) against the trainer's
-# plan of the same step (plan_rank<r>.json, the planner's per-stage prediction).
+# plan of the same step (plan_rank<r>.json) and `shardwise plan --json`'s device peak of that
+# pipeline rank (the CLI's per-stage prediction, kernel workspace included).
 #
 #   bench/pipeline_bubble.sh [BUILD_DIR]
 #   env: PS ("2 4"), MS ("4 8"), SCHEDS (all five as NAME:V), KEEP (unset: run dirs removed)
@@ -49,6 +50,11 @@ for P in ${PS:-2 4}; do
         --set parallelism.pipeline_parallel_virtual_stages="$V" >"$run.log" 2>&1 ||
         { cat "$run.log"; echo "pipeline_bubble: $run failed"; exit 1; }
       bounds=$(sed -n 's/.*stage bounds (schedule positions) //p' "$run.log" | head -1)
+      "$sw" plan "$work/cfg.json" --world-size "$P" --json --set gradient_accumulation_steps="$M" \
+        --set parallelism.pipeline_parallel_degree="$P" \
+        --set parallelism.pipeline_parallel_schedule="$s" \
+        --set parallelism.pipeline_parallel_virtual_stages="$V" >"$run.plan.json" 2>"$run.plan.err" ||
+        echo '{}' >"$run.plan.json"
       echo -n "bubble "
       python3 bench/pipeline_bubble.py "$run/profile" --P "$P" --V "$V" --M "$M" --schedule "$s" \
         --bounds "$bounds"
@@ -60,9 +66,15 @@ for r in range(P):
     meas = json.load(open(f"{run}/profile/peaks_rank{r}.json"))
     plan = json.load(open(f"{run}/profile/plan_rank{r}.json"))
     err = plan["peak_bytes"] / meas["peak_bytes"] - 1
+    try:  # `shardwise plan --json`: the device tier of pipeline rank r (kernel workspace in)
+        cli = [x for x in json.load(open(f"{run}.plan.json"))["ranks"] if x["rank"] == r][0]
+        cli = cli["tiers"]["device"]["peak_bytes"]
+        cli_s = f"plan CLI {cli} error {100 * (cli / meas['peak_bytes'] - 1):+.2f}% "
+    except (KeyError, IndexError):
+        cli_s = "plan CLI - "
     print(f"memory P={P} M={M} {s} V={V} rank {r}: measured {meas['peak_bytes']} "
           f"(activations {meas['at_peak']['activations']}) predicted {plan['peak_bytes']} "
-          f"(activations {plan['at_peak']['activations']}) error {100 * err:+.2f}% "
+          f"(activations {plan['at_peak']['activations']}) error {100 * err:+.2f}% " + cli_s +
           f"tokens/s {min(tok):.0f}-{max(tok):.0f}")
 PY
     done
