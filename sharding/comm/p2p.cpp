@@ -629,8 +629,8 @@ void MpiPeerComm::progress_loop() {
 //
 // Every tick it answers peers' questions on the side channel and checks the oldest pending
 // operation's age. Past the limit it asks the operation's peer about its counterpart (grace
-// period of up to 2 s for the answer), prints one line, lingers one more grace period (so
-// that other ranks whose deadlines fall within it print theirs) and aborts the job.
+// period of up to 2 s for the answer), prints one line, lingers 1-4 s (so that other ranks
+// whose deadlines fall within it print theirs) and aborts the job.
 
 void MpiPeerComm::serve_queries(MPI_Request* qreq, Query* qbuf) {
   for (;;) {
@@ -733,8 +733,11 @@ void MpiPeerComm::on_timeout(const PendingInfo& p, MPI_Request* qreq, Query* qbu
                op_desc(p.is_send, wr(p.peer), p.tag, p.bytes).c_str(), fmt_seconds(timeout).c_str(),
                why.c_str());
   std::fflush(stderr);
+  // Linger (still answering) so that the other ranks waiting on this one print their lines too,
+  // even when they reached their waits a second later (oversubscribed ranks, a loaded host).
+  const double linger = std::clamp(timeout / 2, 1.0, 4.0);
   const auto t1 = Clock::now();
-  while (secs_since(t1) < grace) {
+  while (secs_since(t1) < linger) {
     serve_queries(qreq, qbuf);
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
