@@ -269,6 +269,11 @@ class MpiPeerComm final : public PeerComm {
   uint64_t next_id_ = 0;
 
   std::vector<std::shared_ptr<Op>> active_;  // progress thread only: posted, in enqueue order
+  std::vector<MPI_Request> poll_reqs_;        // progress thread only: poll()'s arrays
+  std::vector<std::pair<size_t, size_t>> poll_where_;
+  std::vector<int> poll_idx_;
+  std::vector<MPI_Status> poll_status_;
+  std::vector<std::pair<int, int>> poll_blocked_;
 
   std::mutex st_mu_;
   std::map<uint64_t, PendingInfo> pending_;  // enqueued and not complete, by id (oldest first)
@@ -454,8 +459,11 @@ std::string mpi_error_text(int code) {
 
 // One MPI_Testsome over every posted request; true when anything completed.
 bool MpiPeerComm::poll() {
-  std::vector<MPI_Request> flat;
-  std::vector<std::pair<size_t, size_t>> where;
+  // Reused from poll to poll (the thread polls every few microseconds while work is pending).
+  std::vector<MPI_Request>& flat = poll_reqs_;
+  std::vector<std::pair<size_t, size_t>>& where = poll_where_;
+  flat.clear();
+  where.clear();
   for (size_t i = 0; i < active_.size(); i++)
     for (size_t k = 0; k < active_[i]->reqs.size(); k++)
       if (active_[i]->reqs[k] != MPI_REQUEST_NULL) {
@@ -465,8 +473,10 @@ bool MpiPeerComm::poll() {
   bool progressed = false;
   if (!flat.empty()) {
     int outcount = 0;
-    std::vector<int> idx(flat.size());
-    std::vector<MPI_Status> st(flat.size());
+    std::vector<int>& idx = poll_idx_;
+    std::vector<MPI_Status>& st = poll_status_;
+    idx.resize(flat.size());
+    st.resize(flat.size());
     const int rc = SW_MPI(MPI_Testsome(static_cast<int>(flat.size()), flat.data(), &outcount,
                                        idx.data(), st.data()));
     if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) {
@@ -516,15 +526,16 @@ bool MpiPeerComm::poll() {
   }
   // Data receives in enqueue order per (peer, tag): a receive whose header came first may not
   // post its data before an earlier receive of the same (peer, tag) did, or they would swap.
-  std::set<std::pair<int, int>> blocked;
+  std::vector<std::pair<int, int>>& blocked = poll_blocked_;
+  blocked.clear();
   for (auto& op : active_) {
     if (op->is_send || op->data_posted) continue;
     const auto key = std::make_pair(op->peer, op->tag);
-    if (op->header_done && !blocked.count(key)) {
+    if (op->header_done && std::find(blocked.begin(), blocked.end(), key) == blocked.end()) {
       post_recv_data(*op);
       progressed = true;
     } else {
-      blocked.insert(key);
+      blocked.push_back(key);
     }
   }
   // Complete what is done, keeping the order of the rest.
