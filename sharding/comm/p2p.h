@@ -11,9 +11,10 @@
 //   * MPI (an MpiGroup): a communicator split from the group's on its communication thread, so
 //     these messages never meet the group's collectives; one progress thread posts the
 //     MPI_Isend/MPI_Irecv in enqueue order and completes them with MPI_Testsome (busy-polls
-//     for the group's spin_us, then naps); a watchdog thread: an operation pending longer than
-//     the group's timeout_s (read at creation) asks the peer's watchdog about it and prints ONE
-//     line, then aborts the job:
+//     for the group's spin_us after each progress, then naps: at most 20 us for the first
+//     millisecond, 200 us after; it sleeps while nothing is pending); a watchdog thread: an
+//     operation pending longer than the group's timeout_s (read at creation: set the group's
+//     options first) asks the peer's watchdog about it, prints ONE line and aborts the job:
 //       p2p[<name>]: rank 3: recv from rank 1 (tag 77, 4194304 bytes) not complete after 300 s: rank 1 is not responding
 //     (or "rank 1 has not posted the send ...", naming what it is waiting for itself).
 //   * local (a one-rank group): sends to itself are matched in memory; a send whose receive is
