@@ -179,6 +179,10 @@ HardwareProfile hardware_from_json_text(const std::string& text, const std::stri
     hw.all_gather = read_fit(j, "all_gather", where);
     hw.reduce_scatter = read_fit(j, "reduce_scatter", where);
     hw.all_reduce = read_fit(j, "all_reduce", where);
+    if (find(j, "collectives.p2p")) {
+      hw.p2p_latency_s = non_negative(j, "collectives.p2p.latency_s", where);
+      hw.p2p_bps = positive(j, "collectives.p2p.bytes_per_s", where);
+    }
   }
   if (!find(j, "disk")) bad(where, "missing key 'disk'");
   if (const json* v = find(j, "disk.path"); v && v->is_string()) hw.disk_path = v->get<std::string>();
@@ -232,7 +236,9 @@ std::string hardware_to_json(const HardwareProfile& hw) {
                         {"all_gather", fit_json(hw.all_gather)},
                         {"reduce_scatter", fit_json(hw.reduce_scatter)},
                         {"all_reduce", fit_json(hw.all_reduce)}};
-  else
+  if (hw.has_collectives && hw.p2p_bps > 0)
+    j["collectives"]["p2p"] = {{"latency_s", hw.p2p_latency_s}, {"bytes_per_s", hw.p2p_bps}};
+  if (!hw.has_collectives)
     j["collectives"] = nullptr;
   j["disk"] = {{"path", hw.disk_path}, {"read_bytes_per_s", hw.disk_read_bps},
                {"write_bytes_per_s", hw.disk_write_bps}, {"latency_s", hw.disk_latency_s}};
@@ -278,6 +284,12 @@ std::string plan_shape_note(const HardwareProfile& hw, int world, int threads, b
   line += "shardwise plan CONFIG --calibrate";
   if (!on_device) line += " --set threads=" + std::to_string(threads);
   return line + "`) to predict this run";
+}
+
+double HardwareProfile::p2p_seconds(double bytes) const {
+  if (p2p_bps > 0) return p2p_latency_s + bytes / p2p_bps;
+  const double bw = all_gather.busbw > 0 ? all_gather.busbw : copy_bps();
+  return all_gather.latency_s + bytes / bw;
 }
 
 HardwareProfile nominal_hardware(int world) {

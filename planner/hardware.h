@@ -16,7 +16,8 @@
 //    "collectives": null | {"separate_streams": false,
 //                "all_gather": {"latency_s": 2e-5, "busbw_bytes_per_s": 5e9,
 //                               "points": [{"bytes": 65536, "time_s": ..}, ...]},
-//                "reduce_scatter": {...}, "all_reduce": {...}},
+//                "reduce_scatter": {...}, "all_reduce": {...},
+//                "p2p": {"latency_s": 1e-5, "bytes_per_s": 1e10}},            (optional)
 //    "disk": {"path": "/tmp", "read_bytes_per_s": 2e9, "write_bytes_per_s": 1e9,
 //             "latency_s": 1e-4},
 //    "host": {"link_bytes_per_s": 55e9, "optimizer_floats_per_s": 2e9},  (optional)
@@ -32,6 +33,8 @@
 // all-reduce 2*bytes*(n-1)/n, `bytes` the whole buffer); `collectives` is null when it was
 // calibrated at one rank. "separate_streams": gathers and reductions run concurrently (NCCL
 // streams); false: one communication thread runs both in issue order (the CPU backend).
+// "p2p": a point-to-point message between pipeline stages (latency + bytes / bytes_per_s);
+// missing: the all-gather's latency and busbw (what two ranks' ring moves per byte).
 // "host" (a GPU machine): the host tier is across a link (PCIe) and offloaded optimizer state
 // is updated by the host's CPU; without it the host tier is the device's own memory (the CPU
 // backend), so host offload costs no time.
@@ -81,6 +84,7 @@ struct HardwareProfile {
   bool has_collectives = false;
   bool separate_streams = false;
   CollectiveFit all_gather, reduce_scatter, all_reduce;
+  double p2p_latency_s = 0, p2p_bps = 0;  // "collectives.p2p"; 0: not given (all_gather's)
   std::string disk_path;
   double disk_read_bps = 0, disk_write_bps = 0, disk_latency_s = 0;
   bool has_host = false;
@@ -94,6 +98,8 @@ struct HardwareProfile {
   double attention_rate(DType dt) const;
   double lmhead_rate(DType dt) const;
   double copy_bps() const { return memcpy_bps > 0 ? memcpy_bps : elementwise_bps; }
+  // Seconds a point-to-point message of `bytes` takes between two stages.
+  double p2p_seconds(double bytes) const;
 };
 
 // Parses a profile; `where` names it in messages. A malformed or incomplete profile throws one

@@ -32,8 +32,13 @@ int64_t parse_budget(const std::string& text, const std::string& what) {
 
 int64_t comm_scratch_bytes(const StepPlan& plan) {
   constexpr int64_t kChunk = 512 << 10, kSlice = 16 * kChunk;  // CommOptions' defaults
-  int64_t rs = 0, ar = 0, tp = 0;
+  int64_t rs = 0, ar = 0, tp = 0, sh = 0;
   for (const Action& a : plan.actions) {
+    if (a.kind == ActionKind::SyncShared) {  // (two ranks)
+      sh = std::max(sh, a.bytes * 2 <= 512 * 1024 ? a.bytes * 2
+                                                  : 2 * std::min(kSlice, (a.bytes + 1) / 2));
+      continue;
+    }
     // The tensor group's reductions (the compute thread waits for them, so they may overlap a
     // data-parallel reduction in flight: counted beside those).
     if (a.kind == ActionKind::TpScatterRows && plan.tensor > 1) {
@@ -56,7 +61,7 @@ int64_t comm_scratch_bytes(const StepPlan& plan) {
                                                   : 2 * std::min(kSlice, (a.bytes + n - 1) / n));
     }
   }
-  return (plan.S > 1 && plan.R > 1 ? rs + ar : std::max(rs, ar)) + tp;
+  return (plan.S > 1 && plan.R > 1 ? rs + ar : std::max(rs, ar)) + tp + sh;
 }
 
 ModelConfig tensor_local_config(const ModelConfig& mc, int t) {
@@ -108,7 +113,7 @@ PlanPeak replay_peak_alloc_first(const StepPlan& plan) {
 }
 
 PlanPeak replay_peak_alloc_first(const StepPlan& plan, int64_t backward_extra,
-                                 bool* extra_at_peak) {
+                                 bool* extra_at_peak, const std::vector<uint8_t>* block) {
   PlanPeak r;
   int64_t best = 0;  // r.total, plus backward_extra where the peak is at a backward
   bool best_extra = false;
@@ -132,8 +137,9 @@ PlanPeak replay_peak_alloc_first(const StepPlan& plan, int64_t backward_extra,
     const Action& a = plan.actions[i];
     MemDeltas up{};  // allocations first, with the action's transient bytes
     for (size_t c = 0; c < cur.size(); ++c) up[c] = std::max<int64_t>(a.mem[c], 0) + a.transient[c];
-    const bool block = a.kind == ActionKind::Backward && a.pos > 0 && a.pos < last;
-    note(static_cast<int>(i), up, block ? backward_extra : 0);
+    const bool is_block = block ? a.pos >= 0 && size_t(a.pos) < block->size() && (*block)[size_t(a.pos)]
+                                : a.pos > 0 && a.pos < last;
+    note(static_cast<int>(i), up, a.kind == ActionKind::Backward && is_block ? backward_extra : 0);
     for (size_t c = 0; c < cur.size(); ++c) {
       cur[c] += a.mem[c];
       r.negative |= cur[c] < 0;
@@ -144,11 +150,11 @@ PlanPeak replay_peak_alloc_first(const StepPlan& plan, int64_t backward_extra,
 }
 
 DevicePeak device_peak(const StepPlan& plan, const ModelConfig& mc, int B, int T, DType compute,
-                       int world, int threads, bool on_device) {
+                       int world, int threads, bool on_device, const std::vector<uint8_t>* block) {
   DevicePeak d;
   d.decl = plan_workspace(mc, B, T, compute, world, threads, comm_scratch_bytes(plan), on_device);
   bool at_backward = false;
-  d.plan = replay_peak_alloc_first(plan, d.decl.backward_transient, &at_backward);
+  d.plan = replay_peak_alloc_first(plan, d.decl.backward_transient, &at_backward, block);
   d.workspace = d.decl.bytes + (at_backward ? d.decl.backward_transient : 0);
   d.total = d.plan.total + d.workspace;
   return d;

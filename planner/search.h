@@ -42,7 +42,8 @@ int64_t cuda_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute)
 // takes twice min(slice, per-rank block); a small reduce-scatter (whole buffer <= 16 KiB,
 // direct) twice n chunks; a small all-reduce (buffer x n <= 512 KiB, one-shot) buffer x n;
 // all-gathers none. The shard group (reduce-scatters) and the replica group (all-reduces) are
-// separate groups with their own scratch under HYBRID_SHARD, one group otherwise.
+// separate groups with their own scratch under HYBRID_SHARD, one group otherwise. Pipeline: the
+// tied unit's sync_shared is an all-reduce over its two holders' group (scratch of its own).
 int64_t comm_scratch_bytes(const StepPlan& plan);
 // The model config a tensor rank's kernels see (heads, KV heads, d_ff and vocabulary per rank;
 // KV heads replicated: 1), for the backend's workspace declaration. t = 1: mc.
@@ -61,7 +62,12 @@ struct PlanSetup {
   // Tensor parallelism (parallelism.tensor_parallel_degree): world = data-parallel ranks x
   // tensor; a rank's plan is tensor rank 0's (every tensor rank's plan has the same sizes).
   int tensor = 1;
-  int data_world() const { return world / std::max(1, tensor); }
+  // Pipeline parallelism (parallelism.pipeline_parallel_*): `pipeline` ranks of `pipe_chunks`
+  // stages each, outermost (world = pipeline x data x tensor), the schedule (PipeSchedule) and
+  // the split points (empty: balanced by the time model). planner/pipeline.h plans each stage.
+  int pipeline = 1, pipe_chunks = 1, pipe_schedule = 1;
+  std::vector<int> split_points;
+  int data_world() const { return world / std::max(1, tensor) / std::max(1, pipeline); }
 };
 
 // replay_peak (sharding/step_plan.h) with each action's allocations made before its frees:
@@ -74,8 +80,10 @@ PlanPeak replay_peak_alloc_first(const StepPlan& plan);
 // but the first, the embedding, and the last, the loss) when choosing the peak; the result's
 // figures are the plan's alone, and *extra_at_peak (may be null) says whether the peak chosen
 // is at a Backward action (then its extra adds to the total).
+// `block` (per schedule position, may be null): which positions are blocks (a pipeline stage's:
+// neither the embedding nor the loss); null: all but the plan's first and last.
 PlanPeak replay_peak_alloc_first(const StepPlan& plan, int64_t backward_extra,
-                                 bool* extra_at_peak);
+                                 bool* extra_at_peak, const std::vector<uint8_t>* block = nullptr);
 
 // A step's whole device peak, as the tracking allocator counts it: the plan's peak (replayed
 // allocations first) and the kernel workspace held there (plan_workspace's bytes, and its
@@ -87,7 +95,8 @@ struct DevicePeak {
   int64_t total = 0;      // plan.total + workspace
 };
 DevicePeak device_peak(const StepPlan& plan, const ModelConfig& mc, int B, int T, DType compute,
-                       int world, int threads, bool on_device);
+                       int world, int threads, bool on_device,
+                       const std::vector<uint8_t>* block = nullptr);
 
 // The process's resident set a rank reaches (its peak RSS, what metrics.jsonl reports as
 // max_rss_bytes) on the CPU backend, where the device and host tiers are the same RAM:

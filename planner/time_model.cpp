@@ -95,13 +95,15 @@ TimeInputs time_inputs(const Model& model, const PlanInput& in) {
     const Unit& unit = *model.units[size_t(model.schedule[size_t(p)].unit)];
     const CallMemory* cm =
         p < static_cast<int>(in.calls.size()) && in.calls[size_t(p)].known ? &in.calls[size_t(p)] : nullptr;
-    if (p == 0) {  // embedding: a row copy in, a scatter-add back
+    const bool embed = in.takes_input.size() == size_t(P) ? !in.takes_input[size_t(p)] : p == 0;
+    const bool loss = in.is_loss.size() == size_t(P) ? in.is_loss[size_t(p)] != 0 : p + 1 == P;
+    if (embed) {  // embedding: a row copy in, a scatter-add back
       cc.fwd = {elementwise(2 * act)};
       cc.bwd = {elementwise(2 * act)};
       cc.recompute = cc.fwd;
       continue;
     }
-    if (p + 1 == P) {  // the loss: norm + fused LM head with its gradients (3 products; with
+    if (loss) {  // the loss: norm + fused LM head with its gradients (3 products; with
                        // tensor parallelism 4: its statistics pass, then the gradients' pass)
       const double V = double(mc.vocab_size) / t;
       cc.fwd = {elementwise(3 * act),
@@ -119,6 +121,7 @@ TimeInputs time_inputs(const Model& model, const PlanInput& in) {
       cc.fwd.push_back(gemm(N, OC, IC, false, true));       // y = x W^T
       cc.bwd.push_back(gemm(N, IC, OC, false, false));       // dx = dy W
       cc.bwd.push_back(gemm(OC, IC, N, true, false));       // dW = dy^T x
+      cc.bwd_weight.push_back(cc.bwd.back());
     }
     // Causal attention: Q K^T and P V over half the (T, T) scores: 2 * B * H * T^2 * hd flops;
     // backward recomputes the scores and forms dV, dP, dQ, dK: 2.5 times that.
@@ -148,9 +151,22 @@ double action_seconds(const Action& a, const StepPlan& plan, const PlanInput& in
     case ActionKind::Forward:
       if (const CallCost* c = call(a.pos)) return ops_seconds(c->fwd, dt, hw);
       return 0;
-    case ActionKind::Backward:
-      if (const CallCost* c = call(a.pos)) return ops_seconds(c->bwd, dt, hw);
+    case ActionKind::Backward:  // (zero bubble's deferred: without the weight gradients)
+      if (const CallCost* c = call(a.pos))
+        return ops_seconds(c->bwd, dt, hw) - (a.defer ? ops_seconds(c->bwd_weight, dt, hw) : 0.0);
       return 0;
+    case ActionKind::BackwardWeight: {  // the chunk's deferred weight gradients
+      double s = 0;
+      if (a.chunk >= 0 && size_t(a.chunk) + 1 < in.pipe.chunk_begin.size())
+        for (int p = in.pipe.chunk_begin[size_t(a.chunk)]; p < in.pipe.chunk_begin[size_t(a.chunk) + 1]; ++p)
+          if (const CallCost* c = call(p)) s += ops_seconds(c->bwd_weight, dt, hw);
+      return s;
+    }
+    case ActionKind::SendActs:
+    case ActionKind::SendGrads:
+      return hw.p2p_seconds(double(a.bytes));
+    case ActionKind::SyncShared:  // the shared unit's gradient shard summed over its 2 holders
+      return coll_seconds(hw.all_reduce, double(a.bytes), 2, true);
     case ActionKind::Recompute:
       if (const CallCost* c = call(a.pos))
         return a.mode == CheckpointMode::Full ? ops_seconds(c->recompute, dt, hw)
@@ -212,7 +228,7 @@ double action_seconds(const Action& a, const StepPlan& plan, const PlanInput& in
 }
 
 StepTime predict_step_time(const StepPlan& plan, const PlanInput& in, const TimeInputs& ti,
-                           const HardwareProfile& hw) {
+                           const HardwareProfile& hw, const std::vector<double>* arrive) {
   const bool comm = plan.W > 1;
   if (comm && !hw.has_collectives)
     fail("hardware", "the profile '" + (hw.name.empty() ? std::string("?") : hw.name) +
@@ -222,7 +238,12 @@ StepTime predict_step_time(const StepPlan& plan, const PlanInput& in, const Time
   std::vector<double> dur(n);
   for (size_t i = 0; i < n; ++i) dur[i] = action_seconds(plan.actions[i], plan, in, ti, hw);
   constexpr int kC = static_cast<int>(Queue::Compute), kG = static_cast<int>(Queue::Gather),
-                kR = static_cast<int>(Queue::Reduce), kI = static_cast<int>(Queue::IO);
+                kR = static_cast<int>(Queue::Reduce), kI = static_cast<int>(Queue::IO),
+                kP = static_cast<int>(Queue::P2P);
+  constexpr size_t kQ = static_cast<size_t>(Queue::Count);
+  auto arrived = [&](size_t i) {
+    return arrive && i < arrive->size() ? std::max(0.0, (*arrive)[i]) : 0.0;
+  };
   auto queue_of = [&](const Action& a) {
     int q = static_cast<int>(a.queue);
     // Activation offload to the host tier copies on the compute thread (CPU backend).
@@ -235,14 +256,18 @@ StepTime predict_step_time(const StepPlan& plan, const PlanInput& in, const Time
   double carry_done = 0;
   for (int pass = 0; pass < 2; ++pass) {
     std::vector<double> fin(n, 0);
-    std::array<double, 4> qfree{0, 0, 0, 0}, busy{0, 0, 0, 0};
-    double host = 0, idle_comm = 0, idle_io = 0, tensor = 0;
+    std::array<double, kQ> qfree{}, busy{};
+    double host = 0, idle_comm = 0, idle_io = 0, idle_p2p = 0, tensor = 0;
     for (size_t i = 0; i < n; ++i) {
       const Action& a = plan.actions[i];
       double ready = 0;
       int cause = -1;  // the queue whose action finished last
-      for (int w : a.waits)
+      for (int w : a.waits) {
+        const ActionKind wk = plan.actions[size_t(w)].kind;
+        // (a pipeline's sends never block the stage: their buffers linger, PipeStage)
+        if (wk == ActionKind::SendActs || wk == ActionKind::SendGrads) continue;
         if (fin[size_t(w)] >= ready) ready = fin[size_t(w)], cause = queue_of(plan.actions[size_t(w)]);
+      }
       if (a.kind == ActionKind::WaitGather && a.waits.empty() && carry_done > ready)
         ready = carry_done, cause = kG;
       if (a.queue == Queue::Tensor) {
@@ -255,10 +280,25 @@ StepTime predict_step_time(const StepPlan& plan, const PlanInput& in, const Time
         tensor += dur[i];
         continue;
       }
+      if (a.kind == ActionKind::RecvActs || a.kind == ActionKind::RecvGrads) {
+        // Posted at issue; done when the neighbour's send has arrived (no queue time here).
+        fin[i] = std::max({host, ready, arrived(i)});
+        continue;
+      }
+      if (a.kind == ActionKind::SyncShared) {  // the compute thread waits for it and its peer
+        const double start = std::max({host, ready, arrived(i)});
+        idle_p2p += start - host;
+        host = start + dur[i];
+        fin[i] = host;
+        idle_comm += dur[i];
+        tensor += dur[i];
+        continue;
+      }
       const int q = queue_of(a);
       if (q == kC) {
         const double start = std::max(host, ready);
-        if (start > host) (cause == kI ? idle_io : idle_comm) += start - host;
+        if (start > host)
+          (cause == kI ? idle_io : cause == kP ? idle_p2p : idle_comm) += start - host;
         host = start + dur[i];
         fin[i] = host;
       } else {
@@ -276,10 +316,11 @@ StepTime predict_step_time(const StepPlan& plan, const PlanInput& in, const Time
     carry_done = std::max(0.0, qfree[size_t(kG)] - host);
     if (pass == 1 || carry_done == 0) {
       st.compute_s = busy[size_t(kC)];
-      st.comm_s = busy[size_t(kG)] + busy[size_t(kR)] + tensor;
+      st.comm_s = busy[size_t(kG)] + busy[size_t(kR)] + busy[size_t(kP)] + tensor;
       st.io_s = busy[size_t(kI)];
       st.exposed_comm_s = idle_comm;
       st.exposed_io_s = idle_io;
+      st.exposed_p2p_s = idle_p2p;
       break;
     }
   }
@@ -287,7 +328,7 @@ StepTime predict_step_time(const StepPlan& plan, const PlanInput& in, const Time
   // all-gather of one double) and the loss summed over ranks.
   st.compute_s += 4.0 * double(ti.grad_shard_floats) / hw.elementwise_bps;
   if (comm) st.exposed_comm_s += 2 * hw.all_gather.latency_s;
-  st.step_s = st.compute_s + st.exposed_comm_s + st.exposed_io_s;
+  st.step_s = st.compute_s + st.exposed_comm_s + st.exposed_io_s + st.exposed_p2p_s;
   for (const Action& a : plan.actions) {
     const CallCost* c = a.pos >= 0 && a.pos < static_cast<int>(ti.calls.size()) ? &ti.calls[size_t(a.pos)] : nullptr;
     if (!c) continue;

@@ -48,6 +48,7 @@ struct CallCost {
   std::vector<CostOp> fwd;        // training forward (the loss call: with its gradients)
   std::vector<CostOp> bwd;        // backward
   std::vector<CostOp> recompute;  // a full recompute (the forward without gradients)
+  std::vector<CostOp> bwd_weight;  // of bwd, the weight-gradient products (zero bubble's W)
   double cheap_bytes = 0;         // selective recompute: element-wise bytes of the cheap part
 };
 
@@ -59,7 +60,8 @@ struct TimeInputs {
 };
 
 // The operations of every schedule position of `model` (after wrap_blocks) for batch B x T.
-// The first position is the embedding, the last the loss (fused LM head over vocab_size);
+// The first position is the embedding, the last the loss (fused LM head over vocab_size; a
+// pipeline stage's: Model::takes_input, is_loss);
 // other positions: every 2-D parameter is a linear layer, plus causal attention per block
 // (a parameter named *.attn.c_attn.weight or *.self_attn.q_proj.weight marks one).
 // `calls` (plan_input's declared memory) gives element-wise bytes; may be empty.
@@ -70,10 +72,11 @@ double action_seconds(const Action& a, const StepPlan& plan, const PlanInput& in
                       const TimeInputs& ti, const HardwareProfile& hw);
 
 struct StepTime {
-  double step_s = 0;         // compute_s + exposed_comm_s + exposed_io_s
+  double step_s = 0;         // compute_s + exposed_comm_s + exposed_io_s + exposed_p2p_s
   double compute_s = 0;      // busy time of the compute queue (incl. the trainer's norm pass)
   double exposed_comm_s = 0; // compute idle, waiting for gathers and reductions
   double exposed_io_s = 0;   // compute idle, waiting for the io queue
+  double exposed_p2p_s = 0;  // pipeline: compute idle, waiting for a neighbour stage (bubble)
   double comm_s = 0;         // busy time of the communication queues
   double io_s = 0;           // busy time of the io queue
   double flops = 0;          // model flops of the step (forward+backward+recompute)
@@ -81,7 +84,11 @@ struct StepTime {
 };
 
 // Fails (sw::Error "hardware: ...") when the plan communicates and hw has no collectives.
+// Pipeline plans: a send (p2p queue) takes hw.p2p_seconds(bytes); `arrive` (per action, may be
+// null) says when a receive's data has arrived (the neighbour's send done) and when a
+// sync_shared's peer starts it; a receive ends at the later of its issue and that, a
+// sync_shared starts then (planner/pipeline.h simulates the stages together with it).
 StepTime predict_step_time(const StepPlan& plan, const PlanInput& in, const TimeInputs& ti,
-                           const HardwareProfile& hw);
+                           const HardwareProfile& hw, const std::vector<double>* arrive = nullptr);
 
 }  // namespace sw

@@ -183,7 +183,9 @@ void PlanBuilder::pipeline(bool training) {
         break;
       }
       case PipeOpKind::BackwardWeight: {
-        add(ActionKind::BackwardWeight, Queue::Compute);
+        Action& bw = add(ActionKind::BackwardWeight, Queue::Compute);
+        for (int p = lo; p < hi; ++p)  // the deferred copies, freed
+          if (const CallMemory* cm = call_mem(p)) bw.mem[kAct] -= cm->deferred;
         const int w_at = last_index();
         if (last_micro)  // the chunk's units' gradients are complete: reduced now
           for (size_t u = 0; u < in_.units.size(); ++u) {
@@ -394,12 +396,18 @@ void PlanBuilder::backward(bool reduce, int lo, int hi, bool wait_all, bool defe
     Action& a = add(ActionKind::Backward, Queue::Compute, u, q);
     ensure_grads(a, u);
     a.defer = defer;
+    if (defer && cm) a.mem[kAct] += cm->deferred;  // zero bubble: dout and inp kept for W
     if (in_.takes_input[size_t(q)]) a.mem[kAct] -= act_bytes();
     if (cm) a.mem[kAct] -= cm->saved;
     if (dy_received) a.mem[kAct] -= act_bytes();  // the received dy, read
     const int bwd_at = last_index();
     // A chunk's first position's dx goes to the previous stage (a buffer of its own).
     if (piped && q == lo && in_.takes_input[size_t(q)]) plan_.actions[size_t(bwd_at)].mem[kAct] += act_bytes();
+    if (defer && cm && cm->deferred > 0) {  // the copies (and dx) exist before Saved, input, dy go
+      Action& d = plan_.actions[size_t(bwd_at)];
+      const int64_t made = cm->deferred + (piped && q == lo && in_.takes_input[size_t(q)] ? act_bytes() : 0);
+      d.transient[kAct] += made - std::max<int64_t>(d.mem[kAct], 0);
+    }
     tensor_.inside(bwd_at, q, Unit::Pass::Backward);
     if (q == pu.first_pos) {  // the unit's last backward call
       free(u);

@@ -335,7 +335,7 @@ std::string StepPlan::str() const {
   for (size_t c = 0; c < reserved.size(); ++c)
     if (reserved[c]) s += std::string(" ") + mem_name(static_cast<Mem>(c)) + " " + mib(reserved[c]).substr(1);
   s += "\n";
-  static const char* seg[] = {"micro-step", "optimizer", "eval"};
+  static const char* seg[] = {"micro-step", "optimizer", "eval", "pipeline"};
   size_t next_seg = 0;
   for (size_t i = 0; i < actions.size(); ++i) {
     while (next_seg < segments.size() && segments[next_seg].begin == static_cast<int>(i)) {

@@ -105,6 +105,10 @@ struct CallMemory {
   int64_t scratch = 0;      // the largest Scratch the call asks for (any of its phases, a full
                             // recompute's output included)
   bool known = false;       // the unit declared it (Unit::declare_activations)
+  // Zero bubble: what a deferred backward keeps for its weight gradients until the
+  // BackwardWeight (DeferredWeightGrads' copies of dout and inp; the planner measures it,
+  // planner/pipeline.h; 0: not counted)
+  int64_t deferred = 0;
   // Tensor parallelism: the collectives of each pass (Unit::Pass) of the call, in order.
   std::array<std::vector<TensorColl>, 5> tensor{};
 };

@@ -22,10 +22,12 @@
 #include "kernels/threads.h"
 #include "planner/calibrate.h"
 #include "planner/hardware.h"
+#include "planner/pipeline.h"
 #include "planner/plan_svg.h"
 #include "planner/search.h"
 #include "planner/time_model.h"
 #include "sharding/comm/group.h"
+#include "sharding/pipeline_schedule.h"
 
 #include "engine/config.h"
 #include "engine/plan_setup.h"
@@ -137,7 +139,13 @@ std::string gib(int64_t b) {  // GiB from 1 GiB up, else MiB (a small model read
 }
 
 int cmd_plan_dump(const PlanArgs& pa) {
-  TrainConfig cfg;
+  TrainConfig cfg = load_config(pa.config, pa.overrides, pa.world);
+  if (cfg.parallelism.pipeline > 1 && !pa.eval) {  // every pipeline rank's plan (its stage's)
+    const PipelinePrediction pp = predict_pipeline(plan_setup(cfg, pa.world), nullptr);
+    for (size_t r = 0; r < pp.stages.size(); ++r)
+      std::cout << "# pipeline rank " << r << "\n" << pp.stages[r].plan.str();
+    return 0;
+  }
   int64_t params = 0, largest = 0;
   std::cout << build_plan(pa, cfg, params, largest).str();
   return 0;
@@ -484,16 +492,144 @@ void print_plan_text(const PlanReport& r) {
   if (!r.pa.svg.empty()) std::printf("drawing written to %s\n", r.pa.svg.c_str());
 }
 
+// Pipeline parallelism: every pipeline rank's stage planned on its own (planner/pipeline.h),
+// its peak and step; the stages' time simulated together (the bubble).
+int cmd_plan_pipeline(const PlanArgs& pa, const TrainConfig& cfg,
+                      const std::optional<HardwareProfile>& hw) {
+  const PlanSetup s = plan_setup(cfg, pa.world);
+  const bool no_coll = hw && pa.world > 1 && !hw->has_collectives && pa.hardware.empty();
+  const PipelinePrediction pp = predict_pipeline(s, hw && !no_coll ? &*hw : nullptr);
+  const int P = s.pipeline, V = s.pipe_chunks, M = s.accum, N = pa.world;
+  const char* sched = pipe_schedule_name(static_cast<PipeSchedule>(s.pipe_schedule));
+  auto where = [&](const PlanPrediction& p) {
+    if (p.peak.action < 0) return nlohmann::json(nullptr);
+    const Action& a = p.plan.actions[size_t(p.peak.action)];
+    return nlohmann::json{{"index", p.peak.action}, {"kind", action_kind_name(a.kind)},
+                          {"unit", a.unit >= 0 ? nlohmann::json(p.plan.unit_names[size_t(a.unit)])
+                                               : nlohmann::json(nullptr)},
+                          {"micro", a.micro}, {"chunk", a.chunk}};
+  };
+  auto positions = [&](int rank) {  // the global positions of the rank's chunks
+    std::vector<std::pair<int, int>> v;
+    for (int c = 0; c < V; ++c)
+      v.push_back({pp.bounds[size_t(c * P + rank)], pp.bounds[size_t(c * P + rank + 1)]});
+    return v;
+  };
+  if (pa.json) {
+    nlohmann::json j;
+    j["config"] = pa.config;
+    j["world_size"] = N;
+    j["strategy"] = strategy_name(cfg.sharding.strategy);
+    j["pipeline"] = {{"degree", P},        {"stages_per_rank", V},
+                     {"schedule", sched},  {"micro_batches", M},
+                     {"bounds", pp.bounds}, {"data_parallel", s.data_world()},
+                     {"tensor", s.tensor}};
+    if (pp.timed)
+      j["pipeline"]["time"] = {{"step_time_s", pp.time.step_s},
+                               {"pipeline_s", pp.time.pipeline_s},
+                               {"bubble", pp.time.bubble},
+                               {"theory_bubble", pp.time.theory_bubble},
+                               {"simulation_rounds", pp.time.iterations}};
+    j["stages"] = nlohmann::json::array();
+    for (int r = 0; r < P; ++r) {
+      const PlanPrediction& p = pp.stages[size_t(r)];
+      nlohmann::json pos = nlohmann::json::array();
+      for (auto [a, b] : positions(r)) pos.push_back({a, b});
+      j["stages"].push_back(
+          {{"pipeline_rank", r},
+           {"positions", pos},
+           {"device", {{"peak_bytes", p.device}, {"plan_peak_bytes", p.peak.total},
+                       {"kernel_workspace_bytes", p.workspace}, {"action", where(p)},
+                       {"categories", categories(p.peak.at_peak)}}},
+           {"host_bytes", p.host},
+           {"rss_bytes", p.rss.total},
+           {"step_time", p.timed ? time_json(p.time) : nlohmann::json(nullptr)}});
+      if (p.timed) j["stages"].back()["step_time"]["exposed_p2p_s"] = p.time.exposed_p2p_s;
+    }
+    // Per rank of the world (pipeline outermost: rank k is in stage k / (N / P)).
+    j["ranks"] = nlohmann::json::array();
+    for (int k = 0; k < N; ++k) {
+      const int r = k / std::max(1, N / P);
+      const PlanPrediction& p = pp.stages[size_t(r)];
+      j["ranks"].push_back({{"rank", k}, {"pipeline_rank", r},
+                            {"tiers", {{"device", {{"peak_bytes", p.device}}},
+                                       {"host", {{"peak_bytes", p.host}}}}}});
+    }
+    j["hardware"] = hw ? nlohmann::json(hw->name) : nlohmann::json(nullptr);
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("shardwise plan: %s on %d ranks: pipeline %d x %d stage%s per rank (%s, %d "
+              "micro-batches) x data %d x tensor %d, %s\n",
+              pa.config.c_str(), N, P, V, V > 1 ? "s" : "", sched, M, s.data_world(), s.tensor,
+              strategy_name(cfg.sharding.strategy));
+  std::string b;
+  for (size_t i = 0; i < pp.bounds.size(); ++i) b += (i ? " " : "") + std::to_string(pp.bounds[i]);
+  std::printf("stage bounds (schedule positions): %s\n", b.c_str());
+  for (int r = 0; r < P; ++r) {
+    const PlanPrediction& p = pp.stages[size_t(r)];
+    std::string pos;
+    for (auto [a, e] : positions(r)) pos += (pos.empty() ? "" : ", ") + std::to_string(a) + "-" + std::to_string(e - 1);
+    std::string at = "before the step";
+    if (p.peak.action >= 0) {
+      const Action& a = p.plan.actions[size_t(p.peak.action)];
+      at = std::string(action_kind_name(a.kind)) +
+           (a.unit >= 0 ? " " + p.plan.unit_names[size_t(a.unit)] : std::string()) + ", micro " +
+           std::to_string(a.micro);
+    }
+    std::printf("pipeline rank %d (positions %s): device peak %s = plan %s at %s + kernel "
+                "workspace %s\n",
+                r, pos.c_str(), gib(p.device).c_str(), gib(p.peak.total).c_str(), at.c_str(),
+                gib(p.workspace).c_str());
+    std::string line = "   ";
+    for (size_t c = 0; c < p.peak.at_peak.size(); ++c)
+      if (p.peak.at_peak[c])
+        line += std::string(" ") + mem_name(static_cast<Mem>(c)) + " " + gib(p.peak.at_peak[c]);
+    std::printf("%s\n", line.c_str());
+    if (p.timed)
+      std::printf("    step %s = compute %s + exposed communication %s + waiting for neighbours "
+                  "%s + exposed I/O %s\n",
+                  secs(p.time.step_s).c_str(), secs(p.time.compute_s).c_str(),
+                  secs(p.time.exposed_comm_s).c_str(), secs(p.time.exposed_p2p_s).c_str(),
+                  secs(p.time.exposed_io_s).c_str());
+  }
+  if (pp.timed) {
+    std::printf("step time (hardware '%s'): %s (the slowest rank); pipeline segment %s, bubble "
+                "%.1f%% (theory %.1f%%: (P-1)/(%sV M+P-1)); the stages simulated together in "
+                "%d rounds\n",
+                hw->name.c_str(), secs(pp.time.step_s).c_str(), secs(pp.time.pipeline_s).c_str(),
+                100 * pp.time.bubble, 100 * pp.time.theory_bubble,
+                pipe_schedule_splits_backward(static_cast<PipeSchedule>(s.pipe_schedule)) ? "3 " : "",
+                pp.time.iterations);
+  } else if (no_coll) {
+    std::printf("step time: the profile %s has no collectives (calibrated at one rank): run "
+                "`mpirun -np %d shardwise plan --calibrate`, or give --hardware FILE\n",
+                default_hardware_path().c_str(), N);
+  } else {
+    std::printf("step time: no hardware profile (run `shardwise plan --calibrate`, or give "
+                "--hardware FILE)\n");
+  }
+  return 0;
+}
+
 int cmd_plan(const PlanArgs& pa) {
   if (pa.calibrate) return cmd_calibrate(pa);
   // The budgets were checked while parsing (add_budget), so a typo costs nothing.
   TrainConfig cfg = load_config(pa.config, pa.overrides, pa.world);
   const std::optional<HardwareProfile> hw = resolve_hardware(pa);
   if (!pa.budget.empty()) {
+    if (cfg.parallelism.pipeline > 1)
+      fail("plan", "--memory-budget: the search does not vary pipeline parallelism yet; plan "
+                   "the config without it, or with pipeline_parallel_degree 1");
     if (!hw)
       fail("plan", "--memory-budget needs a hardware profile: run `shardwise plan --calibrate` or "
                    "give --hardware FILE (e.g. configs/hardware/h100_nccl.json)");
     return cmd_search(pa, cfg, *hw);
+  }
+  if (cfg.parallelism.pipeline > 1) {
+    if (!pa.svg.empty())
+      fail("plan", "--svg: not drawn for pipeline parallelism yet (--json has every stage)");
+    return cmd_plan_pipeline(pa, cfg, hw);
   }
   PlanReport r{pa, cfg, hw};
   int64_t largest = 0;

@@ -1,0 +1,67 @@
+// Pipeline parallelism in the planner (issue 37; docs/ARCHITECTURE.md, "The planner"). A
+// pipelined run's ranks do not share one plan: pipeline rank r runs stage_model(whole, bounds,
+// P, V, r)'s plan (plan_step of a pipelined PlanInput: the schedule's ops with their sends and
+// receives, then the optimizer), so each stage is planned and replayed on its own:
+//
+//   memory  each stage's plan replayed as predict_plan replays one (allocations first, the
+//           kernel workspace the backend declares for what the stage runs: no LM head's logits
+//           chunk off the last stage), activations in flight as the schedule keeps them (1F1B:
+//           min(P - r, M) micro-batches on rank r), and under zero bubble the copies of dout and
+//           inp each deferred backward keeps until its BackwardWeight (CallMemory::deferred,
+//           measured once per kind of call by measure_deferred);
+//   time    every stage's plan simulated together (predict_step_time with `arrive`): a receive
+//           is done when the neighbour's matching send has run and crossed the link
+//           (HardwareProfile::p2p_seconds), the tied unit's sync_shared starts when both its
+//           holders reach it; repeated until no time moves, so the bubble is what the stages'
+//           plans, costs and sends make it.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "planner/search.h"
+
+namespace sw {
+
+// Stage bounds (S = pipeline x chunks stages + 1 global positions) of `whole` (a tensor rank's
+// model after wrap_blocks): stages of consecutive positions balanced by the time model's flops
+// per position (forward + backward of a B x T micro-batch; sharding/pipeline_schedule.h
+// balance_stages). Throws sw::Error when the model has fewer positions than stages.
+std::vector<int> balanced_stage_bounds(const Model& whole, int B, int T, int stages);
+// s.split_points when given (checked: increasing, inside the schedule), else the balanced ones.
+std::vector<int> stage_bounds(const Model& whole, const PlanSetup& s);
+
+// Zero bubble: per schedule position of `model`, the bytes DeferredWeightGrads keeps from the
+// position's deferred backward until its weight gradients run (its copies of each linear
+// layer's dout and inp), for a B x T micro-batch in `compute` precision. Measured: one forward
+// and one deferred backward of each kind of call (units with the same parameter shapes share
+// it) on the CPU at B = 1 and T' = min(T, 32) rows, scaled by B T / T' (the copies are rows).
+// The embedding and the loss calls keep none (their gradients are immediate).
+std::vector<int64_t> measure_deferred(const Model& model, int B, int T, DType compute);
+
+struct PipelineTime {
+  double step_s = 0;       // the slowest pipeline rank's step (its StepTime::step_s)
+  double pipeline_s = 0;   // the pipeline segment: from the first action to the last rank's end
+  double bubble = 0;       // 1 - (compute busy in the pipeline segment, summed) / (P pipeline_s)
+  double theory_bubble = 0;  // (P-1)/(V M + P-1); zero bubble (P-1)/(3 V M + P-1) (unit costs)
+  int iterations = 0;      // rounds of the joint simulation until no time moved
+};
+
+struct PipelinePrediction {
+  std::vector<int> bounds;              // S + 1 global positions (S = P x V stages)
+  std::vector<PlanPrediction> stages;   // per pipeline rank: its plan, memory, time
+  bool timed = false;
+  PipelineTime time;
+};
+
+// Plans every pipeline rank of s (s.pipeline > 1) as its stage runs; with hw, their time
+// together. Units that do not declare their activation sizes: sw::Error (undeclared_message).
+PipelinePrediction predict_pipeline(const PlanSetup& s, const HardwareProfile* hw);
+
+// The joint simulation alone: stage r's plan, input and time inputs; fills each stage's
+// StepTime (`times`) and returns the pipeline's figures.
+PipelineTime simulate_pipeline(const std::vector<const StepPlan*>& plans,
+                               const std::vector<const PlanInput*>& inputs,
+                               const std::vector<const TimeInputs*>& tis,
+                               const HardwareProfile& hw, std::vector<StepTime>& times);
+
+}  // namespace sw
