@@ -71,6 +71,7 @@ else  # 2: stage s on host s, FULL_SHARD inside it; the global batch stays 2048 
     [full]="--set sharding_strategy=FULL_SHARD --set train_micro_batch_size_per_gpu=4 --set gradient_accumulation_steps=1"
     [hybrid]="--set sharding_strategy=HYBRID_SHARD --set shard_group_size=2 --set train_micro_batch_size_per_gpu=4 --set gradient_accumulation_steps=1")
 fi
+# shellcheck disable=SC2054  # (commas inside MCA values)
 across=(ip netns exec "$A" mpirun --oversubscribe --bind-to none --mca plm_rsh_agent "$root/scripts/netns_rsh"
         --mca btl tcp,self --mca btl_tcp_if_include "$NETNS_SUBNET"
         --mca oob_tcp_if_include "$NETNS_SUBNET" -x OMP_NUM_THREADS -x OMP_WAIT_POLICY
