@@ -88,9 +88,20 @@ struct ProfileConfig {
 // the data group; the ranks of a tensor group read the same rows.
 struct ParallelismConfig {
   int tensor = 1;    // parallelism.tensor_parallel_degree
-  int pipeline = 1;  // parallelism.pipeline_parallel_degree (> 1: not implemented, issue 37)
+  int pipeline = 1;  // parallelism.pipeline_parallel_degree
+  std::string schedule = "1F1B";  // parallelism.pipeline_parallel_schedule (torchtitan's names)
+  int virtual_stages = 0;  // parallelism.pipeline_parallel_virtual_stages (0: 2 interleaved, else 1)
+  // parallelism.pipeline_parallel_split_points: the schedule position each stage after the
+  // first starts at (empty: balanced by the time model)
+  std::vector<int> split_points;
+  int stages_per_rank() const {
+    return virtual_stages > 0 ? virtual_stages
+                              : (schedule == "Interleaved1F1B" || schedule == "InterleavedZeroBubble") ? 2 : 1;
+  }
   // The data-parallel size of a world of `world` ranks (0 when t does not divide it).
-  int data_size(int world) const { return world % tensor == 0 ? world / tensor : 0; }
+  int data_size(int world) const {
+    return world % (tensor * pipeline) == 0 ? world / (tensor * pipeline) : 0;
+  }
 };
 
 struct TrainConfig {

@@ -714,8 +714,26 @@ Node parallelism_block() {
                 return c.autoplan.tensor ? json("auto") : json(c.parallelism.tensor);
               }),
        to(integer("pipeline_parallel_degree", 1, 1, IMAX,
-                  "pipeline stages (only 1: pipeline parallelism is issue 37)"),
-          P, &ParallelismConfig::pipeline)});
+                  "pipeline ranks (outermost: ranks [s W/p, (s+1) W/p) run stage s; tensor and "
+                  "data-parallel groups inside each); the model's schedule is cut into "
+                  "consecutive stages, sends and receives between them"),
+          P, &ParallelismConfig::pipeline),
+       to(string("pipeline_parallel_schedule", "1F1B",
+                 {"GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble"},
+                 "the order of micro-batches' forwards and backwards on each pipeline rank "
+                 "(torchtitan's names; interleaved: several stages per rank; zero bubble: "
+                 "weight gradients deferred into the bubble); the micro-batches are "
+                 "`gradient_accumulation_steps`"),
+          P, &ParallelismConfig::schedule),
+       to(derived(integer("pipeline_parallel_virtual_stages", 0, 0, 64,
+                          "stages per pipeline rank (interleaved schedules; 0 = default)"),
+                  "2 with an interleaved schedule, else 1"),
+          P, &ParallelismConfig::virtual_stages),
+       via(any("pipeline_parallel_split_points", json::array(), "an array of integers",
+               "the schedule position each stage after the first starts at (position 0 is the "
+               "embedding, then each unit's calls in order, the loss last); empty: stages "
+               "balanced by the time model's flops per position"),
+           read_split_points, P, &ParallelismConfig::split_points)});
 }
 
 // dir: "" = <run_dir>/checkpoints; resume: "auto" is one of its values (read_run_rules).

@@ -130,6 +130,8 @@ std::string default_profile_dir(const std::string& run_dir);
 uint64_t read_seed(const Node& n, const json& v, const std::string& path, const Ctx& c);
 int read_prefetch(const Node& n, const json& v, const std::string& path, const Ctx& c);
 size_t read_budget(const Node& n, const json& v, const std::string& path, const Ctx& c);
+std::vector<int> read_split_points(const Node& n, const json& v, const std::string& path,
+                                   const Ctx& c);
 
 // ---- The passes over the declaration, each in its file ---------------------------------------
 

@@ -66,10 +66,22 @@ void check_model(const ModelConfig& m, const Ctx& c) {
 // run without the launcher).
 void check_mesh(const TrainConfig& cfg, const Ctx& c) {
   const ParallelismConfig& p = cfg.parallelism;
-  if (p.pipeline > 1)
-    c.bad("parallelism.pipeline_parallel_degree",
-          "pipeline parallelism is not implemented yet (issue 37); leave it 1, got " +
-              std::to_string(p.pipeline));
+  if (p.pipeline > 1) {
+    const int S = p.pipeline * p.stages_per_rank();
+    const bool interleaved = p.schedule == "Interleaved1F1B" || p.schedule == "InterleavedZeroBubble";
+    if (!interleaved && p.stages_per_rank() > 1)
+      c.bad("parallelism.pipeline_parallel_virtual_stages",
+            "more than one stage per rank needs an interleaved schedule (Interleaved1F1B, "
+            "InterleavedZeroBubble), not " + p.schedule);
+    if (!p.split_points.empty() && static_cast<int>(p.split_points.size()) != S - 1)
+      c.bad("parallelism.pipeline_parallel_split_points",
+            std::to_string(S) + " stages need " + std::to_string(S - 1) + " split points, got " +
+                std::to_string(p.split_points.size()));
+    if (interleaved && p.stages_per_rank() > 1 && cfg.grad_accum % p.pipeline != 0)
+      c.bad("gradient_accumulation_steps",
+            "an interleaved schedule runs micro-batches in groups of the pipeline degree (" +
+                std::to_string(p.pipeline) + "), got " + std::to_string(cfg.grad_accum));
+  }
   const int t = p.tensor;
   if (t <= 1) return;
   const ModelConfig& m = cfg.model;

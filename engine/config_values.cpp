@@ -228,6 +228,23 @@ int read_prefetch(const Node& n, const json& v, const std::string& path, const C
   return static_cast<int>(read_int(n, v, path, c));
 }
 
+std::vector<int> read_split_points(const Node&, const json& v, const std::string& path,
+                                   const Ctx& c) {
+  if (!v.is_array()) c.bad(path, "expected an array of schedule positions, got " + describe(v));
+  std::vector<int> out;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const json& e = v[i];
+    if (!e.is_number_integer() || e.get<long long>() < 1 || e.get<long long>() > (1 << 30))
+      c.bad(path + "[" + std::to_string(i) + "]", "expected a schedule position >= 1, got " + describe(e));
+    const int p = static_cast<int>(e.get<long long>());
+    if (!out.empty() && p <= out.back())
+      c.bad(path + "[" + std::to_string(i) + "]",
+            "split points must increase (" + std::to_string(p) + " after " + std::to_string(out.back()) + ")");
+    out.push_back(p);
+  }
+  return out;
+}
+
 size_t read_budget(const Node&, const json& v, const std::string& path, const Ctx& c) {
   if (v.is_number_integer()) {
     if (!v.is_number_unsigned() && v.get<long long>() < 0)

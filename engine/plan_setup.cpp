@@ -7,6 +7,8 @@
 #include "core/error.h"
 #include "core/launch.h"
 #include "engine/data.h"
+#include "planner/pipeline.h"
+#include "sharding/pipeline_schedule.h"
 
 namespace sw {
 
@@ -26,6 +28,12 @@ PlanSetup plan_setup(const TrainConfig& cfg, int world) {
   if (s.policy.strategy == ShardingStrategy::HybridShard && s.policy.shard_group_size == 0)
     s.policy.shard_group_size =
         default_shard_group(s.data_world(), local > 0 ? std::max(1, local / s.tensor) : 0);
+  s.pipeline = std::max(1, cfg.parallelism.pipeline);
+  if (s.pipeline > 1) {
+    s.pipe_chunks = cfg.parallelism.stages_per_rank();
+    s.pipe_schedule = static_cast<int>(pipe_schedule_from_name(cfg.parallelism.schedule));
+    s.split_points = cfg.parallelism.split_points;
+  }
   s.blocks_per_unit = cfg.blocks_per_unit;
   s.micro_batch = cfg.micro_batch;
   s.accum = cfg.grad_accum;
@@ -63,6 +71,29 @@ AutoSearch auto_search(const TrainConfig& cfg, int world) {
     a.base.micro_batch = cfg.micro_batch;
   }
   return a;
+}
+
+std::vector<int> pipeline_bounds(const TrainConfig& cfg, const Model& whole) {
+  const ParallelismConfig& pp = cfg.parallelism;
+  const int S = pp.pipeline * pp.stages_per_rank();
+  const int P = static_cast<int>(whole.schedule.size());
+  const std::string at = cfg.source.empty() ? "" : cfg.source + ": ";
+  if (S > P)
+    fail("config", at + "parallelism.pipeline_parallel_degree: " + std::to_string(S) +
+                       " stages need as many schedule positions; the model has " +
+                       std::to_string(P) + " (the embedding, " + std::to_string(P - 2) +
+                       " units' calls, the loss)");
+  if (!pp.split_points.empty()) {
+    std::vector<int> b{0};
+    for (int x : pp.split_points) b.push_back(x);
+    b.push_back(P);
+    if (pp.split_points.back() >= P)
+      fail("config", at + "parallelism.pipeline_parallel_split_points: position " +
+                         std::to_string(pp.split_points.back()) + " is not before the last (" +
+                         std::to_string(P - 1) + ", the loss)");
+    return b;
+  }
+  return balanced_stage_bounds(whole, cfg.micro_batch, cfg.model.seq_len, S);
 }
 
 }  // namespace sw

@@ -30,4 +30,10 @@ struct AutoSearch {
 };
 AutoSearch auto_search(const TrainConfig& cfg, int world);
 
+// Pipeline parallelism: the stage bounds of `whole` (a tensor rank's model after wrap_blocks;
+// Model::stage): parallelism.pipeline_parallel_split_points, or stages of consecutive
+// positions balanced by the time model's flops per position (forward + backward of the
+// micro-batch). Throws sw::Error naming the key when the stages cannot be formed.
+std::vector<int> pipeline_bounds(const TrainConfig& cfg, const Model& whole);
+
 }  // namespace sw

@@ -86,6 +86,7 @@
 #include "engine/plan_setup.h"
 #include "engine/profiler.h"
 #include "engine/schedule.h"
+#include "sharding/pipeline_schedule.h"
 #include "kernels/ops.h"
 #include "kernels/threads.h"
 #include "models/model.h"
@@ -242,8 +243,9 @@ class Trainer {
  public:
   Trainer(const TrainConfig& cfg, const TrainOptions& opts, Group& world, GroupPtr world_ptr)
       : cfg_(cfg), opts_(opts), world_(world), world_ptr_(std::move(world_ptr)),
-        W_(world.size()), rank_(world.rank()), t_(cfg.parallelism.tensor), D_(W_ / t_),
-        drank_(rank_ / t_), lead_(rank_ == 0), ck_(cfg.checkpoint), run_dir_(cfg.run_dir),
+        W_(world.size()), rank_(world.rank()), t_(cfg.parallelism.tensor),
+        p_(cfg.parallelism.pipeline), D_(W_ / t_ / p_), prank_(rank_ / (W_ / p_)),
+        srank_(rank_ % (W_ / p_)), drank_(srank_ / t_), lead_(rank_ == 0), ck_(cfg.checkpoint), run_dir_(cfg.run_dir),
         B_(cfg.micro_batch), T_(cfg.model.seq_len), accum_(cfg.grad_accum),
         tokens_per_step_(static_cast<double>(B_) * T_ * accum_ * D_) {}
 
@@ -281,10 +283,18 @@ class Trainer {
     // The mesh's groups (collective; they inherit the world's options): the tensor group is
     // the t consecutive ranks of this data-parallel slot, the data group the ranks with the
     // same tensor rank, ranked by data rank.
-    data_group_ = world_ptr_;
+    // Pipeline parallelism (outermost): the W / p ranks of stage s are [s W/p, (s+1) W/p),
+    // the mesh above inside them; the pipe group the ranks of every stage holding the same
+    // data and tensor slot, ranked by stage.
+    GroupPtr stage = world_ptr_;
+    if (p_ > 1) {
+      stage = world_.split(prank_, rank_);
+      pipe_group_ = world_.split(srank_, prank_);
+    }
+    data_group_ = stage;
     if (t_ > 1) {
-      tensor_group_ = world_.split(rank_ / t_, rank_);
-      data_group_ = world_.split(rank_ % t_, rank_);
+      tensor_group_ = stage->split(srank_ / t_, srank_);
+      data_group_ = stage->split(srank_ % t_, srank_);
     }
     set_num_threads(cfg_.threads);
   }
@@ -310,7 +320,7 @@ class Trainer {
     // peak_mem_bytes (and the host tier's, the reservations') are this run's peaks
     for (size_t t = 0; t < static_cast<size_t>(Tier::Count); ++t)
       MemTracker::of(static_cast<Tier>(t)).reset_peaks();
-    model_ = t_ > 1 ? build_model(cfg_.model, TensorSlice{rank_ % t_, t_})
+    model_ = t_ > 1 ? build_model(cfg_.model, TensorSlice{srank_ % t_, t_})
                     : build_model(cfg_.model);
     // Fewer KV heads than tensor ranks: K and V are replicated (models/tensor_units.cpp).
     if (t_ > 1 && lead_ && model_.config.type == "llama" && model_.config.n_kv_head % t_ != 0)
@@ -320,13 +330,28 @@ class Trainer {
                    "gradients summed) and uses its query heads' KV head\n",
                    model_.config.n_kv_head, t_);
     wrap_blocks(model_, cfg_.blocks_per_unit);
+    if (p_ > 1) {  // this rank's stage
+      const std::vector<int> bounds = pipeline_bounds(cfg_, model_);
+      model_ = stage_model(std::move(model_), bounds, p_, cfg_.parallelism.stages_per_rank(), prank_);
+      if (lead_) {
+        std::string b;
+        for (size_t i = 0; i < bounds.size(); ++i) b += (i ? " " : "") + std::to_string(bounds[i]);
+        std::fprintf(stderr,
+                     "shardwise: pipeline: %d ranks x %d stages, %s, stage bounds (schedule "
+                     "positions) %s\n",
+                     p_, cfg_.parallelism.stages_per_rank(), cfg_.parallelism.schedule.c_str(),
+                     b.c_str());
+      }
+    }
     ShardingPolicy policy = cfg_.sharding;
     // HYBRID_SHARD's default group: a node's data-parallel ranks (its ranks / t, at least 1).
     const int local = launch_env().local_size;
     if (policy.strategy == ShardingStrategy::HybridShard && policy.shard_group_size == 0)
       policy.shard_group_size = default_shard_group(D_, local > 0 ? std::max(1, local / t_) : 0);
-    sm_ = std::make_unique<ShardedModel>(model_, ops_for(device_from_name(cfg_.device)),
-                                         cfg_.seed, data_group_, policy, tensor_group_);
+    sm_ = std::make_unique<ShardedModel>(
+        model_, ops_for(device_from_name(cfg_.device)), cfg_.seed, data_group_, policy,
+        tensor_group_,
+        PipeSetup{pipe_group_, static_cast<int>(pipe_schedule_from_name(cfg_.parallelism.schedule))});
     sm_->prepare_offload(B_, T_);  // offload files sized for this batch shape, before training
     scaler_ = LossScaler(cfg_.loss_scaler);
   }
@@ -391,6 +416,12 @@ class Trainer {
     targets_.resize(static_cast<size_t>(B_) * T_);
     counted_.resize(static_cast<size_t>(accum_));
     batch_ = Batch{inputs_.data(), targets_.data(), B_, T_};
+    if (p_ > 1) {  // every micro-batch of a step at once
+      pipe_in_.assign(size_t(accum_), std::vector<int32_t>(size_t(B_) * T_));
+      pipe_tg_.assign(size_t(accum_), std::vector<int32_t>(size_t(B_) * T_));
+      for (int k = 0; k < accum_; ++k)
+        pipe_batches_.push_back({pipe_in_[size_t(k)].data(), pipe_tg_[size_t(k)].data(), B_, T_});
+    }
     adam_.lr = cfg_.optimizer.lr;
     adam_.beta1 = cfg_.optimizer.beta1;
     adam_.beta2 = cfg_.optimizer.beta2;
@@ -481,17 +512,25 @@ class Trainer {
     double counted_total = 0;
     if (masked)
       counted_total = static_cast<double>(train_counted(*train_data_, cfg_.seed, s, GB, 0, GB));
+    std::vector<float> scales;  // pipeline: every micro-batch's, for one pipeline_step
+    const auto tp0 = Clock::now();
     for (int k = 0; k < accum_; ++k) {
       const auto tk = Clock::now();
-      counted_[static_cast<size_t>(k)] =
-          train_batch(*train_data_, cfg_.seed, s, GB, (int64_t{k} * D_ + drank_) * B_, B_, T_,
-                      inputs_.data(), targets_.data());
+      const bool piped = p_ > 1;
+      int32_t* in = piped ? pipe_in_[size_t(k)].data() : inputs_.data();
+      int32_t* tg = piped ? pipe_tg_[size_t(k)].data() : targets_.data();
+      counted_[static_cast<size_t>(k)] = train_batch(
+          *train_data_, cfg_.seed, s, GB, (int64_t{k} * D_ + drank_) * B_, B_, T_, in, tg);
       const double micro_scale =
           !masked ? loss_scale / static_cast<double>(accum_)
           : counted_total > 0
               ? loss_scale * D_ * static_cast<double>(counted_[static_cast<size_t>(k)]) /
                     counted_total
               : 0.0;
+      if (piped) {  // all of them in one pipeline segment, below
+        scales.push_back(static_cast<float>(micro_scale));
+        continue;
+      }
       // The loss stays on the device: read with the gradient norm, the step's one
       // synchronisation with a GPU.
       sm_->micro_step(batch_, static_cast<float>(micro_scale), k + 1 == accum_);
@@ -499,6 +538,14 @@ class Trainer {
         sm_->settle_recorder();  // on a GPU: the device's times (waits for the micro-step)
         recorder_->take_exec(*sm_, exec_rec_, s + 1, k, segment_begin(k));
         recorder_->action(s + 1, k, k, "forward_backward", tk);
+      }
+    }
+    if (p_ > 1) {
+      sm_->pipeline_step(pipe_batches_, scales);
+      if (rec) {
+        sm_->settle_recorder();
+        recorder_->take_exec(*sm_, exec_rec_, s + 1, 0, segment_begin(0));
+        recorder_->action(s + 1, 0, 0, "pipeline", tp0);
       }
     }
     const auto tn = Clock::now();
@@ -556,7 +603,7 @@ class Trainer {
     }
     if (rec) {
       sm_->settle_recorder();
-      recorder_->take_exec(*sm_, exec_rec_, s + 1, accum_ - 1, segment_begin(accum_));
+      recorder_->take_exec(*sm_, exec_rec_, s + 1, accum_ - 1, segment_begin(p_ > 1 ? 1 : accum_));
       sm_->set_recorder(nullptr);
       recorder_->action(s + 1, 0, accum_ + 1, overflow ? "skip_step" : "optimizer", to);
     }
@@ -836,10 +883,15 @@ class Trainer {
   Group& world_;
   GroupPtr world_ptr_;
   const int W_, rank_;       // the world
-  const int t_, D_, drank_;  // the mesh: tensor degree, data-parallel size, data rank
+  // The mesh: tensor degree, pipeline degree, data-parallel size, pipeline rank, rank within
+  // the stage, data rank.
+  const int t_, p_, D_, prank_, srank_, drank_;
   const bool lead_;  // writes run_dir, prints
   GroupPtr data_group_;    // the policy's group: the world, or the ranks of this tensor rank
   GroupPtr tensor_group_;  // the ranks of this data-parallel slot (null when t = 1)
+  GroupPtr pipe_group_;    // the ranks of this slot in every stage (null when p = 1)
+  std::vector<std::vector<int32_t>> pipe_in_, pipe_tg_;  // pipeline: the step's micro-batches
+  std::vector<Batch> pipe_batches_;
   const CheckpointConfig& ck_;
   const fs::path run_dir_;
   const int B_, T_, accum_;
@@ -971,6 +1023,12 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainOptions& opts) {
   // The mesh's one check that needs the world (every rank fails alike, before any collective).
   if (const int t = cfg.parallelism.tensor; world->size() % t != 0)
     fail("config", source + ": parallelism.tensor_parallel_degree: " + std::to_string(t) +
+                       " does not divide the world size (" + std::to_string(world->size()) +
+                       " rank" + (world->size() > 1 ? "s" : "") + ")");
+  if (const int p = cfg.parallelism.pipeline, t = cfg.parallelism.tensor;
+      world->size() % (p * t) != 0)
+    fail("config", source + ": parallelism.pipeline_parallel_degree: " + std::to_string(p) +
+                       (t > 1 ? " x tensor_parallel_degree " + std::to_string(t) : std::string()) +
                        " does not divide the world size (" + std::to_string(world->size()) +
                        " rank" + (world->size() > 1 ? "s" : "") + ")");
   // Tensor groups are consecutive ranks: inside a host only when t divides the ranks per host.
