@@ -180,13 +180,15 @@ class ProfileRecorder {
   }
   // The executor's records appended to `er` since the last call (the actions of the step
   // plan, sharding/step_plan.h) become trace actions of micro-step `micro` on their queues.
-  // `seg_begin`: where that segment starts in the whole step's plan (-1: unknown).
+  // `seg_begin`: where that segment starts in the whole step's plan (-1: unknown). micro < 0:
+  // each action's own (a pipeline segment runs every micro-batch; its chunk goes in args).
   void take_exec(const ShardedModel& sm, sw::StepRecorder& er, int step, int micro,
                  int seg_begin = -1) {
     drain();
     for (const ActionRecord& r : er.records) {
       TraceAction a;
-      a.step = step, a.micro = micro, a.action = r.action;
+      a.step = step, a.micro = micro >= 0 ? micro : r.micro, a.action = r.action;
+      if (micro < 0 && r.chunk >= 0) a.args.push_back({"chunk", double(r.chunk)});
       if (seg_begin >= 0 && r.action >= 0) a.plan_index = seg_begin + r.action;
       a.queue = queue_name(r.queue);
       a.kind = action_kind_name(r.kind);
@@ -544,7 +546,7 @@ class Trainer {
       sm_->pipeline_step(pipe_batches_, scales);
       if (rec) {
         sm_->settle_recorder();
-        recorder_->take_exec(*sm_, exec_rec_, s + 1, 0, segment_begin(0));
+        recorder_->take_exec(*sm_, exec_rec_, s + 1, -1, segment_begin(0));
         recorder_->action(s + 1, 0, 0, "pipeline", tp0);
       }
     }

@@ -31,6 +31,7 @@ ActionRecord& ActionRecords::add(const StepPlan& plan, int i, double t0, double 
   r.unit = a.unit;
   r.call = a.call;
   r.micro = a.micro;
+  r.chunk = a.chunk;
   r.bytes = a.bytes;
   r.t_begin = t0;
   r.t_end = t1;

@@ -339,6 +339,7 @@ struct ActionRecord {
   ActionKind kind = ActionKind::Forward;
   Queue queue = Queue::Compute;
   int unit = -1, call = -1, micro = 0, bucket = -1;
+  int chunk = -1;  // pipeline: the chunk (virtual stage) of the action
   int64_t bytes = 0;
   double t_begin = 0, t_end = 0;
   int issued = -1;  // a reduction: the order this rank issued it in (StepRecorder::issued)
