@@ -233,3 +233,79 @@ TEST_CASE("2 stages x FULL_SHARD 2 x tensor 2", "[pp2_tp2]") {
   parity(2, 2, ShardingPolicy::for_strategy(ShardingStrategy::FullShard), "pp2 x fsdp2 x tp2",
          kFp32);
 }
+
+// The executor runs exactly the pipeline segment's actions (the steady state's plan, recorded at
+// the second step): every action once, of the planned kind; zero bubble defers every chunk's
+// weight gradients (a BackwardWeight per micro-batch and chunk, after Backwards marked defer).
+TEST_CASE("the executor runs the pipeline plan's actions", "[pp2]") {
+  const GroupPtr g = world();
+  const int P = g->size(), B = 2, M = 4;
+  const int prank = g->rank();
+  for (const PipeSchedule sched : {PipeSchedule::GPipe, PipeSchedule::OneFOneB,
+                                   PipeSchedule::Interleaved1F1B,
+                                   PipeSchedule::InterleavedZeroBubble}) {
+    const int V = pipe_schedule_interleaved(sched) ? 2 : 1;
+    const ModelConfig mc = small("gpt2");
+    Model whole = build_model(mc);
+    const std::vector<int> bounds =
+        balance_stages(std::vector<double>(whole.schedule.size(), 1.0), P * V);
+    Model m = stage_model(std::move(whole), bounds, P, V, prank);
+    ShardedModel sm(m, cpu(), 7, make_local_group(),
+                    ShardingPolicy::for_strategy(ShardingStrategy::FullShard), nullptr,
+                    PipeSetup{g, static_cast<int>(sched)});
+    Corpus corpus(mc.vocab_size);
+    const int T = mc.seq_len;
+    std::vector<std::vector<int32_t>> in(M, std::vector<int32_t>(size_t(B) * T)), tg = in;
+    std::vector<Batch> batches;
+    for (int k = 0; k < M; ++k) {
+      corpus.fill(0, int64_t{k} * B, B, T, in[size_t(k)].data(), tg[size_t(k)].data());
+      batches.push_back({in[size_t(k)].data(), tg[size_t(k)].data(), B, T});
+    }
+    AdamWParams ap;
+    StepRecorder rec;
+    for (int s = 0; s < 2; ++s) {
+      sm.zero_grads();
+      if (s == 1) sm.set_recorder(&rec);
+      sm.pipeline_step(batches, std::vector<float>(M, 1.f / M));
+      sm.set_recorder(nullptr);
+      sm.optimizer_step(ap, 1e-3f, 1.f, s + 1);
+    }
+    const StepPlan plan = sm.step_plan(B, T, M);
+    REQUIRE(!plan.segments.empty());
+    const Segment& seg = plan.segments[0];
+    CHECK(seg.kind == SegmentKind::Pipeline);
+    std::vector<int> seen(size_t(seg.end - seg.begin), 0);
+    for (const ActionRecord& r : rec.records) {
+      if (r.action < 0) continue;
+      REQUIRE(r.action < seg.end - seg.begin);
+      ++seen[size_t(r.action)];
+      CHECK(r.kind == plan.actions[size_t(seg.begin + r.action)].kind);
+    }
+    int deferred = 0, weights = 0, p2p = 0;
+    for (int i = seg.begin; i < seg.end; ++i) {
+      const Action& a = plan.actions[size_t(i)];
+      INFO(pipe_schedule_name(sched) << " rank " << prank << " action " << i << " "
+                                     << action_kind_name(a.kind));
+      // (waits for nothing left by a gather already in flight are not recorded)
+      if (a.kind != ActionKind::WaitGather && a.kind != ActionKind::Gather)
+        CHECK(seen[size_t(i - seg.begin)] == 1);
+      deferred += a.kind == ActionKind::Backward && a.defer;
+      weights += a.kind == ActionKind::BackwardWeight;
+      p2p += a.queue == Queue::P2P;
+    }
+    // Each micro-batch crosses each of this rank's chunk boundaries once each way.
+    int edges = 0;
+    for (int c = 0; c < V; ++c) {
+      const int st = c * P + prank;
+      edges += (st > 0) + (st + 1 < P * V);
+    }
+    CHECK(p2p == 2 * M * edges + (prank == 0 || prank == P - 1 ? 1 : 0));  // + sync_shared
+    if (sched == PipeSchedule::InterleavedZeroBubble) {
+      CHECK(weights == M * V);
+      CHECK(deferred > 0);
+    } else {
+      CHECK(weights == 0);
+      CHECK(deferred == 0);
+    }
+  }
+}
