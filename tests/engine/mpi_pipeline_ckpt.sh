@@ -1,8 +1,8 @@
 #!/bin/bash
 # Checkpoints and export across pipeline degrees (issue 37 point 4; label mpi). A 4-layer GPT-2
 # (tied embedding and head: a unit the first and the last stage both hold) trained 6 steps,
-# saving at steps 3 and 6, at one rank (ref) and at pipeline degree 2 (pp2); then resumed from
-# step 3:
+# saving at steps 3 and 6, at one rank (ref) and at pipeline degree 2 (pp2, async saves); then
+# resumed from step 3:
 #   pp2's at P = 1, at P = 2 (bit-identical to pp2: every step's loss and grad norm, and the
 #   exported weights byte for byte) and at P = 4; ref's at P = 2;
 #   pipeline 2 x FULL_SHARD 2 and pipeline 2 x tensor 2 (v2) saves at P = 1 (the same global
@@ -38,7 +38,7 @@ run() {
     >"$work/$name.log" 2>&1 || { local rc=$?; cat "$work/$name.log"; fail "$name: exit status $rc"; }
 }
 run ref 1 1
-run pp2 2 2
+run pp2 2 2 --set checkpoint.async=true  # (the snapshot path; the others save synchronously)
 s3=$work/pp2/checkpoints/step_3
 [ -f "$s3/metadata.json" ] || fail "no $s3"
 run r_p1 1 1 --set checkpoint.resume="$s3"
