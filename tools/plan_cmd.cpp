@@ -586,6 +586,14 @@ int cmd_plan_pipeline(const PlanArgs& pa, const TrainConfig& cfg,
       if (p.peak.at_peak[c])
         line += std::string(" ") + mem_name(static_cast<Mem>(c)) + " " + gib(p.peak.at_peak[c]);
     std::printf("%s\n", line.c_str());
+    if (p.timed && pa.timeline)
+      for (size_t i = 0; i < p.plan.actions.size(); ++i) {
+        const Action& a = p.plan.actions[i];
+        std::printf("  r%d %5zu %-8s %-16s m%-3d c%-2d %-12s %10.3f %10.3f\n", r, i,
+                    queue_name(a.queue), action_kind_name(a.kind), a.micro, a.chunk,
+                    a.unit >= 0 ? p.plan.unit_names[size_t(a.unit)].c_str() : "",
+                    p.time.begin[i] * 1e3, (p.time.end[i] - p.time.begin[i]) * 1e3);
+      }
     if (p.timed)
       std::printf("    step %s = compute %s + exposed communication %s + waiting for neighbours "
                   "%s + exposed I/O %s\n",
