@@ -7,9 +7,10 @@
 # and head on the first and the last stage) and a Llama with grouped-query attention, 4 steps of
 # 4 micro-batches (gradient_accumulation_steps, the pipeline's micro-batches), validation at the
 # end: every schedule at 2 stages (GPipe, 1F1B, Interleaved1F1B and InterleavedZeroBubble with 2
-# stages per rank); 2 stages x FULL_SHARD 2, x HYBRID_SHARD (replicas of 1), x tensor 2 on 4
-# ranks (micro-batch 1: the same rows); activation checkpointing full; bf16 (against one rank's
-# bf16 run); hand-placed split points. Every step's loss and grad_norm and the validation loss
+# stages per rank); 2 stages x FULL_SHARD 2, x HYBRID_SHARD (replicas of 1), x NO_SHARD, x
+# SHARD_GRAD_OP, x ZeRO-1, x tensor 2 on 4 ranks (micro-batch 1: the same rows); activation
+# checkpointing full; bf16 and fp16 with loss scaling (against one rank's run in that
+# precision: the scaler sees the norm over every stage); hand-placed split points. Every step's loss and grad_norm and the validation loss
 # agree with the one-rank run within 1e-5 relative (fp32; bf16 5e-4 and 5e-3, as mpi_tensor.sh
 # explains), and each step counts its tokens once. Errors, one line each: a world the degrees do
 # not divide, more stages than schedule positions, split points of the wrong count, virtual
@@ -69,7 +70,16 @@ run gpt2.pp2_bf16 2 gpt2 "${pp[@]}" --set bf16.enabled=true
 run gpt2.pp2_hybrid1 4 gpt2 "${pp[@]}" "${d2[@]}" --set sharding_strategy=HYBRID_SHARD \
   --set shard_group_size=1
 run gpt2.pp2_split 2 gpt2 "${pp[@]}" --set 'parallelism.pipeline_parallel_split_points=[2]'
-specs+=(gpt2.pp2_bf16:gpt2.ref_bf16 gpt2.pp2_hybrid1:gpt2.ref:noval gpt2.pp2_split:gpt2.ref)
+run gpt2.pp2_noshard 4 gpt2 "${pp[@]}" "${d2[@]}" --set sharding_strategy=NO_SHARD
+run gpt2.pp2_gradop 4 gpt2 "${pp[@]}" "${d2[@]}" --set sharding_strategy=SHARD_GRAD_OP \
+  $(sched Interleaved1F1B)
+run gpt2.pp2_zero1 4 gpt2 "${pp[@]}" "${d2[@]}" --set zero_optimization.stage=1 \
+  $(sched InterleavedZeroBubble)
+run gpt2.ref_fp16 1 gpt2 --set fp16.enabled=true
+run gpt2.pp2_fp16 2 gpt2 "${pp[@]}" --set fp16.enabled=true
+specs+=(gpt2.pp2_bf16:gpt2.ref_bf16 gpt2.pp2_hybrid1:gpt2.ref:noval gpt2.pp2_split:gpt2.ref
+  gpt2.pp2_noshard:gpt2.ref:noval gpt2.pp2_gradop:gpt2.ref:noval gpt2.pp2_zero1:gpt2.ref:noval
+  gpt2.pp2_fp16:gpt2.ref_fp16)
 grep -q "stage bounds (schedule positions) 0 2 6" "$work/gpt2.pp2_split.log" ||
   failed+=("pp2_split: the stage bounds are not the split point's: $(grep -m1 'stage bounds' "$work/gpt2.pp2_split.log")")
 
@@ -90,7 +100,7 @@ for spec in specs:
     if m is None or r is None:
         bad.append(f"{run if m is None else ref}: no metrics.jsonl (the run failed)")
         continue
-    bf16 = run.endswith("bf16")
+    bf16 = run.endswith("bf16") or run.endswith("fp16")
     tols = {"loss": 5e-4, "grad_norm": 5e-3, "val_loss": 5e-4} if bf16 else \
            {"loss": 1e-5, "grad_norm": 1e-5, "val_loss": 1e-5}
     if "noval" in flags:
