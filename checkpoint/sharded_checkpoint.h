@@ -10,8 +10,12 @@
 //                                            parameters, rows x columns, replicated parameters
 //                                            from tensor rank 0 only
 // plus the engine state (TrainState) inside metadata.json. Either loads at any mesh shape (tensor
-// degree x data-parallel ranks, any strategy). The save protocol is split so the
-// engine can write in the background (async save):
+// degree x data-parallel ranks, any strategy). Pipeline parallelism (each rank's model one stage,
+// Model::stage): the same files, with the whole model's unit indices and names (r = the world
+// rank: pipeline rank outermost); rank 0 learns every stage's units at the commit, and a unit two
+// stages hold is written by the lower pipeline rank; "pipeline_parallel_degree" is informational.
+// A stage loads the tensors of its own units only, at any pipeline degree. The save protocol is
+// split so the engine can write in the background (async save):
 //   1. snapshot_checkpoint  (local, synchronous): copies this rank's share into host memory;
 //   2. write_snapshot       (local, any thread): writes and fsyncs this rank's files into a
 //                           temporary directory; touches nothing but the snapshot;
@@ -98,7 +102,8 @@ bool commit_checkpoint(Group& g, const CheckpointSnapshot& s, bool ok, const std
 // Collective convenience: write (tmp dir final_dir + ".tmp") + commit; throws sw::Error on
 // failure (after cleaning the tmp dir), leaving other checkpoints untouched. Writes straight
 // from the model (no snapshot copy), checksumming each block on the way. `world`: the group
-// of every rank of the mesh (null: sm.group(), right when the model is not tensor-parallel);
+// of every rank of the mesh (null: sm.group(), right when the model is neither tensor- nor
+// pipeline-parallel);
 // commit_checkpoint's `g` likewise.
 void save_checkpoint(const ShardedModel& sm, const TrainState& state, const std::string& final_dir,
                      Group* world = nullptr);
