@@ -321,10 +321,21 @@ void import_hf_weights(ShardedModel& model, const std::string& path, int* tensor
   }
   // Anything else in the files is a mistake (another model), except buffers and a tied head's
   // copy of the embedding that some writers keep.
+  // A pipeline stage holds some units: the other stages' tensors are the whole model's others.
   const bool tied = model.model().config.tied();
+  bool check_unknown = true;
+  if (model.model().stage.split()) try {
+      for (const auto& u : build_model(model.model().config).units)
+        for (const ParamSpec& s : u->params())
+          for (const std::string& n : {hf_file_name(s), "transformer." + hf_file_name(s)})
+            if (files.tensor_file.count(n)) used.insert(n);
+    } catch (const Error&) {  // a custom model's config: the stage cannot tell
+      check_unknown = false;
+    }
   std::vector<std::string> unknown;
   for (const auto& [name, r] : files.tensor_file)
-    if (!used.count(name) && !is_hf_buffer(name) && !(tied && name == "lm_head.weight"))
+    if (check_unknown && !used.count(name) && !is_hf_buffer(name) &&
+        !(tied && name == "lm_head.weight"))
       unknown.push_back(name);
   if (!unknown.empty()) fail_import("unexpected tensors not in the model: " + name_list(unknown));
 

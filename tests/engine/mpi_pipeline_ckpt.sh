@@ -6,7 +6,9 @@
 #   pp2's at P = 1, at P = 2 (bit-identical to pp2: every step's loss and grad norm, and the
 #   exported weights byte for byte) and at P = 4; ref's at P = 2;
 #   pipeline 2 x FULL_SHARD 2 and pipeline 2 x tensor 2 (v2) saves at P = 1 (the same global
-#   batch: train_micro_batch_size_per_gpu is per data-parallel rank).
+#   batch: train_micro_batch_size_per_gpu is per data-parallel rank);
+#   pipeline 2 with 2 interleaved virtual stages per rank at P = 1;
+# and 2 steps from ref's exported weights (checkpoint.init_from) at P = 2 against P = 1.
 # Steps 4-6 must give the saving run's loss and grad norm within 1e-5 relative. The P = 2
 # checkpoint's metadata must describe the whole model as ref's does (same units), each unit in
 # one file; `ckpt verify` passes; the end-of-run export of pp2 (<run_dir>/hf, cut into several
@@ -51,6 +53,13 @@ grep -q '"format_version": 2' "$work/pp2t2/checkpoints/step_3/metadata.json" ||
   fail "pipeline 2 x tensor 2 did not save v2"
 run r_d2 1 1 --set checkpoint.resume="$work/pp2d2/checkpoints/step_3" --no-export
 run r_t2 1 1 --set checkpoint.resume="$work/pp2t2/checkpoints/step_3" --no-export
+# Interleaved virtual stages (2 per rank: a rank holds units that are not consecutive).
+run pp2v2 2 2 --set parallelism.pipeline_parallel_schedule=Interleaved1F1B \
+  --set parallelism.pipeline_parallel_virtual_stages=2 --no-export
+run r_v2 1 1 --set checkpoint.resume="$work/pp2v2/checkpoints/step_3" --no-export
+# checkpoint.init_from a Hugging Face directory (ref's export) at P = 1 and P = 2
+run i_p1 1 1 --set checkpoint.init_from="$work/ref/hf" --set train_steps=2 --no-export
+run i_p2 2 2 --set checkpoint.init_from="$work/ref/hf" --set train_steps=2 --no-export
 for r in r_p1 r_p2 r_p4; do
   grep -q "resumed from $s3 at step 3" "$work/$r.log" || { cat "$work/$r.log"; fail "$r: no 'resumed from' line"; }
 done
@@ -79,10 +88,10 @@ def steps(run):
         if "loss" in j and "step" in j:
             out[j["step"]] = j
     return out
-def close(run, base, exact=False, first=4):
+def close(run, base, exact=False, first=4, last=6):
     global bad
     a, b = steps(base), steps(run)
-    want = list(range(first, 7))
+    want = list(range(first, last + 1))
     if sorted(b) != want:
         print(f"{run}: steps {sorted(b)}, expected {want}"); bad += 1; return
     worst = 0.0
@@ -91,7 +100,7 @@ def close(run, base, exact=False, first=4):
             if exact and a[s][k] != b[s][k]:
                 print(f"{run} step {s} {k}: {b[s][k]!r} != {base}'s {a[s][k]!r}"); bad += 1
             worst = max(worst, abs(b[s][k] - a[s][k]) / abs(a[s][k]))
-    print(f"{run} vs {base}, steps {first}-6: loss and grad_norm worst relative {worst:.1e}"
+    print(f"{run} vs {base}, steps {first}-{last}: loss and grad_norm worst relative {worst:.1e}"
           + (" (bit-identical)" if exact and worst == 0 else ""))
     bad += worst > 1e-5
 close("pp2", "ref", first=1)
@@ -103,6 +112,11 @@ close("pp2d2", "ref", first=1)
 close("pp2t2", "ref", first=1)
 close("r_d2", "pp2d2")
 close("r_t2", "pp2t2")
+close("i_p2", "i_p1", first=1, last=2)
+close("pp2v2", "ref", first=1)
+close("r_v2", "pp2v2")
+if not steps("i_p1")[1]["loss"] < steps("ref")[1]["loss"] - 0.1:
+    print("init_from did not start from ref's trained weights"); bad += 1
 
 # The P = 2 checkpoint describes the whole model, each unit written once.
 for step in (3, 6):
