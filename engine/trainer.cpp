@@ -984,6 +984,11 @@ void resolve_auto_plan(TrainConfig& cfg, int world, bool lead) {
 // Each gap of tensor parallelism refused in one line naming its key; lift a line once its
 // part is done.
 void refuse_tensor_parallel_gaps(const TrainConfig& cfg, const std::string& command) {
+  if (const int p = cfg.parallelism.pipeline; p > 1 && command != "train")
+    std::fprintf(stderr,
+                 "shardwise: note: %s runs the whole model on one rank; "
+                 "parallelism.pipeline_parallel_degree %d applies to training\n",
+                 command.c_str(), p);
   const int t = cfg.parallelism.tensor;
   if (t <= 1) return;
   const std::string pre = cfg.source + ": ";

@@ -16,6 +16,7 @@
 # not divide, more stages than schedule positions, split points of the wrong count, virtual
 # stages without an interleaved schedule, an interleaved schedule whose micro-batches the degree
 # does not divide. A stage that dies mid-run: the other's watchdog names it and the job ends.
+# sample and eval of the pipelined run's export: the whole model on one rank, one note.
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/mpi_common.sh" mpi_pipeline "$@"
 py=/usr/bin/python3
@@ -39,10 +40,12 @@ config "$work/gpt2.json" '{"type": "gpt2", "vocab_size": 128, "n_layer": 4, "n_h
 config "$work/llama.json" '{"type": "llama", "vocab_size": 128, "n_layer": 4, "n_head": 4,
   "n_kv_head": 2, "d_model": 64, "seq_len": 32}'
 
-run() {  # name, ranks, model, --set overrides...
+run() {  # name, ranks, model, --set overrides... (exports only gpt2.pp2_1F1B)
   local name=$1 np=$2 model=$3
   shift 3
-  local cmd=("$sw" train "$work/$model.json" --quiet --no-export --set run_dir="$work/$name" "$@")
+  local ex=(--no-export)
+  [ "$name" = gpt2.pp2_1F1B ] && ex=()
+  local cmd=("$sw" train "$work/$model.json" --quiet "${ex[@]}" --set run_dir="$work/$name" "$@")
   local launch=()
   [ "$np" = 1 ] || launch=("${mpirun[@]}" -np "$np")
   local rc=0
@@ -131,6 +134,20 @@ if bad:
     print("\n".join(bad))
     sys.exit(1)
 PY
+
+# eval and sample of the 2-stage run's export run the whole model on one rank with one note:
+# the output is the same as without the degree.
+for cmd in sample eval; do
+  args=(--weights "$work/gpt2.pp2_1F1B/hf")
+  if [ $cmd = sample ]; then args+=(--config "$work/gpt2.json" --tokens 16 --temperature 0);
+  else args=("$work/gpt2.json" "${args[@]}" --data "$work/val.bin"); fi
+  "$sw" $cmd "${args[@]}" "${pp[@]}" >"$work/$cmd.p2.out" 2>"$work/$cmd.p2.err" ||
+    failed+=("$cmd with a pipeline degree: exit status $?: $(head -2 "$work/$cmd.p2.err")")
+  "$sw" $cmd "${args[@]}" >"$work/$cmd.p1.out" 2>/dev/null || failed+=("$cmd: exit status $?")
+  cmp -s "$work/$cmd.p1.out" "$work/$cmd.p2.out" || failed+=("$cmd: output differs with a degree")
+  [ "$(grep -c "runs the whole model on one rank" "$work/$cmd.p2.err")" = 1 ] ||
+    failed+=("$cmd: not one note: $(head -2 "$work/$cmd.p2.err")")
+done
 
 expect_error() {  # name, expected text, command...
   local name=$1 text=$2
