@@ -309,3 +309,8 @@ TEST_CASE("the executor runs the pipeline plan's actions", "[pp2]") {
     }
   }
 }
+
+TEST_CASE("4 stages x FULL_SHARD 2, and 4 stages x tensor 2", "[pp4_8]") {
+  parity(4, 1, ShardingPolicy::for_strategy(ShardingStrategy::FullShard), "pp4 x fsdp2", kFp32);
+  parity(4, 2, ShardingPolicy::for_strategy(ShardingStrategy::FullShard), "pp4 x tp2", kFp32);
+}
