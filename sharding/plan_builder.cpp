@@ -197,6 +197,16 @@ void PlanBuilder::pipeline(bool training) {
         break;
       }
     }
+    // The next op's first unit is gathered while this rank waits for its input (FSDP's
+    // prefetch across the ops, within max_live_units).
+    if (k + 1 < order.size() && in_.kind == UnitKind::Sharded && in_.policy.forward_prefetch > 0) {
+      const PipeOp& nx = order[k + 1];
+      if (nx.kind != PipeOpKind::BackwardWeight) {
+        const int nlo = pp.chunk_begin[size_t(nx.chunk)], nhi = pp.chunk_begin[size_t(nx.chunk) + 1];
+        const int u = in_.schedule[size_t(nx.kind == PipeOpKind::Forward ? nlo : nhi - 1)].unit;
+        if (in_.policy.max_live_units == 0 || live() < in_.policy.max_live_units) issue(u);
+      }
+    }
     wait_sends(older_sends_);  // the sends of the op before this one: done, freed
     older_sends_.swap(pending_sends_);
   }
