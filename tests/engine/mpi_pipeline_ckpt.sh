@@ -7,7 +7,8 @@
 #   exported weights byte for byte) and at P = 4; ref's at P = 2;
 #   pipeline 2 x FULL_SHARD 2 and pipeline 2 x tensor 2 (v2) saves at P = 1 (the same global
 #   batch: train_micro_batch_size_per_gpu is per data-parallel rank);
-#   pipeline 2 with 2 interleaved virtual stages per rank at P = 1;
+#   pipeline 2 with 2 interleaved virtual stages per rank at P = 1; Llama (untied) at P = 1;
+#   bf16 at P = 2 (bit-identical);
 # and 2 steps from ref's exported weights (checkpoint.init_from) at P = 2 against P = 1.
 # Steps 4-6 must give the saving run's loss and grad norm within 1e-5 relative. The P = 2
 # checkpoint's metadata must describe the whole model as ref's does (same units), each unit in
@@ -57,6 +58,12 @@ run r_t2 1 1 --set checkpoint.resume="$work/pp2t2/checkpoints/step_3" --no-expor
 run pp2v2 2 2 --set parallelism.pipeline_parallel_schedule=Interleaved1F1B \
   --set parallelism.pipeline_parallel_virtual_stages=2 --no-export
 run r_v2 1 1 --set checkpoint.resume="$work/pp2v2/checkpoints/step_3" --no-export
+# Llama (untied: no shared unit) at P = 2 resumed at P = 1; bf16 (an fp32 master beside the
+# rounded compute copy) at P = 2 resumed at P = 2.
+run lpp2 2 2 --set model.type=llama --no-export
+run lr_p1 1 1 --set model.type=llama --set checkpoint.resume="$work/lpp2/checkpoints/step_3" --no-export
+run bpp2 2 2 --set bf16.enabled=true --no-export
+run br_p2 2 2 --set bf16.enabled=true --set checkpoint.resume="$work/bpp2/checkpoints/step_3" --no-export
 # checkpoint.init_from a Hugging Face directory (ref's export) at P = 1 and P = 2
 run i_p1 1 1 --set checkpoint.init_from="$work/ref/hf" --set train_steps=2 --no-export
 run i_p2 2 2 --set checkpoint.init_from="$work/ref/hf" --set train_steps=2 --no-export
@@ -115,6 +122,8 @@ close("r_t2", "pp2t2")
 close("i_p2", "i_p1", first=1, last=2)
 close("pp2v2", "ref", first=1)
 close("r_v2", "pp2v2")
+close("lr_p1", "lpp2")
+close("br_p2", "bpp2", exact=True)
 if not steps("i_p1")[1]["loss"] < steps("ref")[1]["loss"] - 0.1:
     print("init_from did not start from ref's trained weights"); bad += 1
 
