@@ -134,7 +134,7 @@ void linger_sends(std::vector<StepPlan*>& plans) {
   const int P = static_cast<int>(plans.size());
   constexpr size_t kAct = static_cast<size_t>(Mem::Activations);
   struct Msg {
-    int rank, send, recv_rank, recv;
+    int rank = -1, send = -1, recv_rank = -1, recv = -1;
   };
   std::map<int64_t, Msg> msgs;  // by msg_key
   for (int r = 0; r < P; ++r)
@@ -169,12 +169,12 @@ void linger_sends(std::vector<StepPlan*>& plans) {
     StepPlan& pl = *plans[size_t(m.rank)];
     auto f = freed[size_t(m.rank)].find(m.send);
     if (f == freed[size_t(m.rank)].end()) continue;
-    // The peer consumed it at the wait for its receive; the first message it sent back after.
+    // The peer posted its receive (one op ahead of the op that reads it); the first message it
+    // sent back after that.
     const StepPlan& peer = *plans[size_t(m.recv_rank)];
-    auto c = waited[size_t(m.recv_rank)].find(m.recv);
     int until = -1;
-    if (c != waited[size_t(m.recv_rank)].end())
-      for (size_t j = size_t(c->second) + 1; j < peer.actions.size() && until < 0; ++j) {
+    if (m.recv >= 0)
+      for (size_t j = size_t(m.recv) + 1; j < peer.actions.size() && until < 0; ++j) {
         auto b = by_send.find({m.recv_rank, int(j)});
         if (b == by_send.end() || b->second->recv_rank != m.rank) continue;
         auto w = waited[size_t(m.rank)].find(b->second->recv);
@@ -191,6 +191,58 @@ void linger_sends(std::vector<StepPlan*>& plans) {
   }
   for (int r = 0; r < P; ++r)
     for (auto [i, b] : moves[size_t(r)]) plans[size_t(r)]->actions[size_t(i)].mem[kAct] += b;
+}
+
+// Each send's buffer freed where the executor sees it complete (the first wait_p2p at or after
+// both the send's own transfer and the peer's posting of its receive plus a transfer, by the
+// stages' simulated times), not before the plan's own free; else at the segment's end.
+void complete_sends(std::vector<StepPlan*>& plans, const std::vector<StepTime>& times,
+                    const HardwareProfile& hw) {
+  const int P = static_cast<int>(plans.size());
+  constexpr size_t kAct = static_cast<size_t>(Mem::Activations);
+  std::map<int64_t, std::pair<int, int>> recvs;  // msg_key -> (rank, action)
+  for (int r = 0; r < P; ++r)
+    for (size_t i = 0; i < plans[size_t(r)]->actions.size(); ++i) {
+      const Action& a = plans[size_t(r)]->actions[i];
+      const int g = a.chunk * P + r;
+      if (a.kind == ActionKind::RecvActs) recvs[msg_key(0, g, a.micro)] = {r, int(i)};
+      if (a.kind == ActionKind::RecvGrads) recvs[msg_key(1, g, a.micro)] = {r, int(i)};
+    }
+  for (int r = 0; r < P; ++r) {
+    StepPlan& pl = *plans[size_t(r)];
+    const StepTime& t = times[size_t(r)];
+    std::map<int, int> freed;  // send -> the wait_p2p the plan frees it at
+    for (size_t i = 0; i < pl.actions.size(); ++i)
+      if (pl.actions[i].kind == ActionKind::WaitP2P)
+        for (int w : pl.actions[i].waits) {
+          const ActionKind k = pl.actions[size_t(w)].kind;
+          if (k == ActionKind::SendActs || k == ActionKind::SendGrads) freed.emplace(w, int(i));
+        }
+    std::map<int, int64_t> moves;
+    for (auto [send, at] : freed) {
+      const Action& a = pl.actions[size_t(send)];
+      const int g = a.chunk * P + r;
+      const int64_t key = a.kind == ActionKind::SendActs ? msg_key(0, g + 1, a.micro)
+                                                         : msg_key(1, g - 1, a.micro);
+      double done = t.end[size_t(send)];
+      if (auto it = recvs.find(key); it != recvs.end())
+        done = std::max(done, times[size_t(it->second.first)].begin[size_t(it->second.second)] +
+                                  hw.p2p_seconds(double(a.bytes)));
+      int seg_end = at;
+      for (const Segment& sg : pl.segments)
+        if (sg.kind == SegmentKind::Pipeline && at >= sg.begin && at < sg.end) seg_end = sg.end - 1;
+      int to = seg_end;
+      for (int j = at; j < seg_end; ++j)
+        if (pl.actions[size_t(j)].kind == ActionKind::WaitP2P && t.begin[size_t(j)] >= done) {
+          to = j;
+          break;
+        }
+      if (to == at) continue;
+      moves[at] += a.bytes;
+      moves[to] -= a.bytes;
+    }
+    for (auto [i, b] : moves) pl.actions[size_t(i)].mem[kAct] += b;
+  }
 }
 
 }  // namespace
@@ -293,7 +345,8 @@ PipelineTime simulate_pipeline(const std::vector<const StepPlan*>& plans,
   return pt;
 }
 
-PipelinePrediction predict_pipeline(const PlanSetup& s, const HardwareProfile* hw) {
+PipelinePrediction predict_pipeline(const PlanSetup& s, const HardwareProfile* hw, bool linger) {
+  constexpr size_t kActivations = static_cast<size_t>(Mem::Activations);
   const int P = s.pipeline, V = std::max(1, s.pipe_chunks);
   if (P < 2) fail("plan", "predict_pipeline: pipeline_parallel_degree is " + std::to_string(P));
   PipelinePrediction r;
@@ -329,15 +382,44 @@ PipelinePrediction predict_pipeline(const PlanSetup& s, const HardwareProfile* h
     pr.plan = plan_step(in);
     r.stages.push_back(std::move(pr));
   }
-  {  // every send's buffer as long as it may linger
-    std::vector<StepPlan*> plans;
-    for (PlanPrediction& p : r.stages) plans.push_back(&p.plan);
-    linger_sends(plans);
+  if (!linger) return r;  // (plan-dump: the plans as the executor runs them)
+  // A chunk's first backward writes the dx it sends into a buffer of its own while its input,
+  // Saved and dy are still held (the action's net delta hides it from the replay; zero
+  // bubble's deferring backward counts it already, plan_builder.cpp).
+  for (PlanPrediction& pr : r.stages)
+    for (Action& a : pr.plan.actions) {
+      const PlanInput& in = pr.input;
+      if (a.kind != ActionKind::Backward || a.defer || a.chunk < 0 ||
+          a.pos != in.pipe.chunk_begin[size_t(a.chunk)] || !in.takes_input[size_t(a.pos)])
+        continue;
+      const int64_t dx = int64_t{4} * in.B * in.T * in.d_model;
+      a.transient[kActivations] += dx - std::max<int64_t>(a.mem[kActivations], 0);
+    }
+  // The stages' time together: with hw, the prediction's figures; without, a nominal machine's,
+  // only to order each send's completion against its neighbour's receive.
+  const HardwareProfile nominal = nominal_hardware(s.world);
+  const HardwareProfile& th = hw ? *hw : nominal;
+  std::vector<const StepPlan*> cplans;
+  std::vector<const PlanInput*> inputs;
+  std::vector<const TimeInputs*> tp;
+  std::vector<StepPlan*> plans, bounds;
+  std::vector<StepPlan> upper;
+  for (int k = 0; k < P; ++k) {
+    tis[size_t(k)] = time_inputs(stages[size_t(k)], r.stages[size_t(k)].input);
+    cplans.push_back(&r.stages[size_t(k)].plan);
+    inputs.push_back(&r.stages[size_t(k)].input);
+    tp.push_back(&tis[size_t(k)]);
+    plans.push_back(&r.stages[size_t(k)].plan);
+    upper.push_back(r.stages[size_t(k)].plan);
   }
+  std::vector<StepTime> times;
+  const PipelineTime pt = simulate_pipeline(cplans, inputs, tp, th, times);
+  for (StepPlan& u : upper) bounds.push_back(&u);
+  linger_sends(bounds);  // the bound: each send kept until the peer shows it posted the receive
+  complete_sends(plans, times, th);  // the prediction: each send freed once seen complete
   for (int rank = 0; rank < P; ++rank) {
     PlanPrediction& pr = r.stages[size_t(rank)];
     const PlanInput& in = pr.input;
-    const Model& st = stages[size_t(rank)];
     // The kernels this stage runs: the LM head's only where its loss call is.
     ModelConfig mc = tensor_local_config(s.model, s.tensor);
     bool loss = false;
@@ -351,15 +433,16 @@ PipelinePrediction predict_pipeline(const PlanSetup& s, const HardwareProfile* h
     }
     const DType cdt = policy.mixed_precision.param_dtype;
     const int threads = plan_threads(s.threads, s.world);
-    DevicePeak dp = device_peak(pr.plan, mc, in.B, in.T, cdt, s.world, threads, s.on_device, &block);
+    int64_t tiles = 0;
     if (!blocks && !s.on_device) {  // no attention: its per-thread tiles (what threads multiply)
       const auto ws = [&](int t) {
         return kernel_workspace(DeviceKind::CPU, step_shape(mc, in.B, in.T, cdt, t)).bytes;
       };
-      const int64_t tiles = int64_t(threads) * (ws(2) - ws(1));
-      dp.workspace -= tiles, dp.total -= tiles;
-      dp.decl.what += " (no attention on this stage: its tiles not counted)";
+      tiles = int64_t(threads) * (ws(2) - ws(1));
     }
+    DevicePeak dp = device_peak(pr.plan, mc, in.B, in.T, cdt, s.world, threads, s.on_device, &block);
+    dp.workspace -= tiles, dp.total -= tiles;
+    if (tiles) dp.decl.what += " (no attention on this stage: its tiles not counted)";
     pr.peak = dp.plan;
     pr.workspace = dp.workspace;
     pr.workspace_what = dp.decl.what;
@@ -367,19 +450,12 @@ PipelinePrediction predict_pipeline(const PlanSetup& s, const HardwareProfile* h
     pr.host = host_bytes(pr.plan);
     pr.nvme = pr.plan.nvme_bytes;
     pr.rss = predict_rss(pr.plan, in, pr.device, pr.host, s.data_bytes, hw);
-    if (hw) tis[size_t(rank)] = time_inputs(st, in);
+    r.device_max.push_back(
+        device_peak(upper[size_t(rank)], mc, in.B, in.T, cdt, s.world, threads, s.on_device, &block)
+            .total - tiles);
   }
   if (hw) {
-    std::vector<const StepPlan*> plans;
-    std::vector<const PlanInput*> inputs;
-    std::vector<const TimeInputs*> tp;
-    for (int k = 0; k < P; ++k) {
-      plans.push_back(&r.stages[size_t(k)].plan);
-      inputs.push_back(&r.stages[size_t(k)].input);
-      tp.push_back(&tis[size_t(k)]);
-    }
-    std::vector<StepTime> times;
-    r.time = simulate_pipeline(plans, inputs, tp, *hw, times);
+    r.time = pt;
     for (int k = 0; k < P; ++k) {
       r.stages[size_t(k)].time = times[size_t(k)];
       r.stages[size_t(k)].timed = true;

@@ -8,7 +8,12 @@
 //           chunk off the last stage), activations in flight as the schedule keeps them (1F1B:
 //           min(P - r, M) micro-batches on rank r), and under zero bubble the copies of dout and
 //           inp each deferred backward keeps until its BackwardWeight (CallMemory::deferred,
-//           measured once per kind of call by measure_deferred);
+//           measured once per kind of call by measure_deferred), a chunk's first backward's dx
+//           made while its input is held, and each send's buffer freed at the first wait_p2p
+//           after it completes by the stages' simulated times (sends never block: the buffer
+//           outlives the plan's free when the peer posts its receive late; without a profile a
+//           nominal machine's times order them). device_max: every send kept until a message
+//           the peer sent after posting its receive arrives (the latest a stage can be sure);
 //   time    every stage's plan simulated together (predict_step_time with `arrive`): a receive
 //           is done when the neighbour's matching send has run and crossed the link
 //           (HardwareProfile::p2p_seconds), the tied unit's sync_shared starts when both its
@@ -49,13 +54,20 @@ struct PipelineTime {
 struct PipelinePrediction {
   std::vector<int> bounds;              // S + 1 global positions (S = P x V stages)
   std::vector<PlanPrediction> stages;   // per pipeline rank: its plan, memory, time
+  // Per pipeline rank: the device peak with every send kept until a message the peer sent after
+  // posting its receive has arrived (the latest the stage can be sure the send completed: a
+  // bound where the peer's progress is slow; stages[r].device frees each send where the
+  // stages' simulated times say it completes).
+  std::vector<int64_t> device_max;
   bool timed = false;
   PipelineTime time;
 };
 
 // Plans every pipeline rank of s (s.pipeline > 1) as its stage runs; with hw, their time
 // together. Units that do not declare their activation sizes: sw::Error (undeclared_message).
-PipelinePrediction predict_pipeline(const PlanSetup& s, const HardwareProfile* hw);
+// linger false: the plans only, as the executor runs them (no figures; `plan-dump`).
+PipelinePrediction predict_pipeline(const PlanSetup& s, const HardwareProfile* hw,
+                                    bool linger = true);
 
 // The joint simulation alone: stage r's plan, input and time inputs; fills each stage's
 // StepTime (`times`) and returns the pipeline's figures.

@@ -255,7 +255,7 @@ StepTime predict_step_time(const StepPlan& plan, const PlanInput& in, const Time
   StepTime st;
   double carry_done = 0;
   for (int pass = 0; pass < 2; ++pass) {
-    std::vector<double> fin(n, 0);
+    std::vector<double> fin(n, 0), posted(n, -1);
     std::array<double, kQ> qfree{}, busy{};
     double host = 0, idle_comm = 0, idle_io = 0, idle_p2p = 0, tensor = 0;
     for (size_t i = 0; i < n; ++i) {
@@ -281,8 +281,9 @@ StepTime predict_step_time(const StepPlan& plan, const PlanInput& in, const Time
         continue;
       }
       if (a.kind == ActionKind::RecvActs || a.kind == ActionKind::RecvGrads) {
-        // Posted at issue; done when the neighbour's send has arrived (no queue time here).
+        // Posted at issue (its begin); done when the neighbour's send has arrived.
         fin[i] = std::max({host, ready, arrived(i)});
+        posted[i] = host;
         continue;
       }
       if (a.kind == ActionKind::SyncShared) {  // the compute thread waits for it and its peer
@@ -310,7 +311,7 @@ StepTime predict_step_time(const StepPlan& plan, const PlanInput& in, const Time
     }
     st.begin.resize(n);
     st.end = fin;
-    for (size_t i = 0; i < n; ++i) st.begin[i] = fin[i] - dur[i];
+    for (size_t i = 0; i < n; ++i) st.begin[i] = posted[i] >= 0 ? posted[i] : fin[i] - dur[i];
     // Gathers still in flight when the step ends (the optimizer's prefetch of the next step's
     // first units, stage 1's regathers) finish this much into the next step.
     carry_done = std::max(0.0, qfree[size_t(kG)] - host);

@@ -141,7 +141,7 @@ std::string gib(int64_t b) {  // GiB from 1 GiB up, else MiB (a small model read
 int cmd_plan_dump(const PlanArgs& pa) {
   TrainConfig cfg = load_config(pa.config, pa.overrides, pa.world);
   if (cfg.parallelism.pipeline > 1 && !pa.eval) {  // every pipeline rank's plan (its stage's)
-    const PipelinePrediction pp = predict_pipeline(plan_setup(cfg, pa.world), nullptr);
+    const PipelinePrediction pp = predict_pipeline(plan_setup(cfg, pa.world), nullptr, false);
     for (size_t r = 0; r < pp.stages.size(); ++r)
       std::cout << "# pipeline rank " << r << "\n" << pp.stages[r].plan.str();
     return 0;
@@ -539,6 +539,7 @@ int cmd_plan_pipeline(const PlanArgs& pa, const TrainConfig& cfg,
           {{"pipeline_rank", r},
            {"positions", pos},
            {"device", {{"peak_bytes", p.device}, {"plan_peak_bytes", p.peak.total},
+                       {"peak_bytes_sends_linger", pp.device_max[size_t(r)]},
                        {"kernel_workspace_bytes", p.workspace}, {"action", where(p)},
                        {"categories", categories(p.peak.at_peak)}}},
            {"host_bytes", p.host},
@@ -578,9 +579,9 @@ int cmd_plan_pipeline(const PlanArgs& pa, const TrainConfig& cfg,
            std::to_string(a.micro);
     }
     std::printf("pipeline rank %d (positions %s): device peak %s = plan %s at %s + kernel "
-                "workspace %s\n",
+                "workspace %s; up to %s if its sends linger\n",
                 r, pos.c_str(), gib(p.device).c_str(), gib(p.peak.total).c_str(), at.c_str(),
-                gib(p.workspace).c_str());
+                gib(p.workspace).c_str(), gib(pp.device_max[size_t(r)]).c_str());
     std::string line = "   ";
     for (size_t c = 0; c < p.peak.at_peak.size(); ++c)
       if (p.peak.at_peak[c])

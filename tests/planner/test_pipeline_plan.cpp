@@ -120,10 +120,11 @@ TEST_CASE("pipeline plan: a slow link adds its time to every hop of the critical
   CHECK(slow.time.bubble > fast.time.bubble);
 }
 
-TEST_CASE("pipeline plan: GPipe's first stage keeps each forward's send until its gradient can have come back") {
+TEST_CASE("pipeline plan: GPipe's first stage's sends: freed once complete, or kept until a gradient comes back") {
   const int P = 2, M = 4;
   PlanSetup s = equal_stages(PipeSchedule::GPipe, P, M);
-  const PipelinePrediction p = predict_pipeline(s, nullptr);
+  HardwareProfile hw = fast_everything_but_products();
+  const PipelinePrediction p = predict_pipeline(s, &hw);
   // The same stage's plan alone (sends freed at the wait after the next op).
   Model whole = build_model(s.model);
   wrap_blocks(whole, 1);
@@ -135,11 +136,20 @@ TEST_CASE("pipeline plan: GPipe's first stage keeps each forward's send until it
   const PlanPeak alone = replay_peak_alloc_first(plan_step(in));
   const int64_t act = int64_t{4} * in.B * in.T * s.model.d_model;
   // The plan alone peaks at the last forward: M Saved, that forward's output and the previous
-  // one's send (freed at the wait after it). No send can be seen complete before the peer's
-  // first gradient arrives (the peer sends nothing back before it), so with lingering sends
-  // the stage peaks at that gradient's receive: M Saved, M sends and the gradient, M - 1
-  // buffers more.
-  CHECK(p.stages[0].peak.total - alone.total == (M - 1) * act);
+  // one's send (freed at the wait after it). On a fast link every send completes before that
+  // wait: the prediction is the plan's.
+  CHECK(p.stages[0].peak.total == alone.total);
+  // The bound: the peer sends nothing back before its first gradient, so no send is known
+  // complete before that gradient's receive: M Saved, M sends and the gradient, M - 1 buffers
+  // more.
+  REQUIRE(p.device_max.size() == size_t(P));
+  CHECK(p.device_max[0] - p.stages[0].device == (M - 1) * act);
+  // A link slower than the forwards: the sends complete only after the last forward ran, so
+  // the prediction keeps them too (and never exceeds the bound).
+  hw.p2p_latency_s = 1.0;
+  const PipelinePrediction slow = predict_pipeline(s, &hw);
+  CHECK(slow.stages[0].peak.total - alone.total >= (M - 2) * act);
+  for (int r = 0; r < P; ++r) CHECK(slow.stages[size_t(r)].device <= slow.device_max[size_t(r)]);
 }
 
 TEST_CASE("pipeline plan: stage bounds from split points are checked") {
