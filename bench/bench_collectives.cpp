@@ -1,6 +1,7 @@
 // Collective benchmark in the nccl-tests style (see nccl-tests doc/PERFORMANCE.md):
 //   mpirun --allow-run-as-root -np 2 bench_collectives [--min 1K] [--max 256M] [--step 4]
-//       [--iters 20] [--warmup 3] [--ops ag,rs,ar] [--algos mpi,ring,direct,oneshot,auto]
+//       [--iters 20] [--warmup 3] [--ops ag,rs,ar]
+//       [--algos mpi,ring,direct,oneshot,tree,halving_doubling,hierarchical,auto]
 //       [--chunk-kb 512] [--stat median|min] [--json out.json]
 // size = nccl-tests' size: all_gather output bytes, reduce_scatter input bytes, all_reduce
 // buffer bytes. time = median over iterations of the slowest rank's time for one blocking
@@ -8,7 +9,10 @@
 // (--stat min: the fastest iteration instead, for machines shared with other jobs).
 // algbw = size / time; busbw = algbw * (n-1)/n for all_gather/reduce_scatter and
 // algbw * 2(n-1)/n for all_reduce. #wrong counts elements that differ from the exact
-// expected value (integer-valued inputs, so any summation order is exact).
+// expected value (integer-valued inputs, so any summation order is exact). Algorithms that do
+// not apply print "-": oneshot outside all_reduce, tree for all_gather, hierarchical where the
+// hosts (launch_env().local_size; e.g. `mpirun -np 4 env OMPI_COMM_WORLD_LOCAL_SIZE=2 ...` for
+// two fake hosts of 2) do not hold equally many consecutive ranks.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -21,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/launch.h"
 #include "sharding/comm/group.h"
 
 using namespace sw;
@@ -60,6 +65,11 @@ std::string human(int64_t b) {
   return buf;
 }
 
+// Column headers: halving_doubling as "hd", hierarchical as "hier".
+const char* short_name(CommAlgo a) {
+  return a == CommAlgo::HalvingDoubling ? "hd" : a == CommAlgo::Hierarchical ? "hier" : comm_algo_name(a);
+}
+
 struct Result {
   std::string op, algo;
   int64_t size = 0, count = 0;
@@ -72,7 +82,8 @@ struct Result {
 int main(int argc, char** argv) try {
   int64_t min_b = 1024, max_b = 256 << 20, step = 4;
   int iters = 20, warmup = 3;
-  std::string ops_s = "ag,rs,ar", algos_s = "mpi,ring,direct,oneshot,auto", json_path;
+  std::string ops_s = "ag,rs,ar", json_path;
+  std::string algos_s = "mpi,ring,direct,oneshot,tree,halving_doubling,hierarchical,auto";
   int64_t chunk_kb = 0;
   std::string stat = "median";
   for (int i = 1; i < argc; i++) {
@@ -102,6 +113,10 @@ int main(int argc, char** argv) try {
     o.chunk_bytes = chunk_kb << 10;
     g->set_options(o);
   }
+  // The layout Hierarchical needs (as MpiGroup sees it for the world: hosts of local_size
+  // consecutive ranks, equally many).
+  const int L = launch_env().local_size;
+  const bool hier_ok = L <= 0 || n % std::min(L, n) == 0;
   std::vector<CommAlgo> algos;
   for (const auto& s : split_list(algos_s)) algos.push_back(comm_algo_from_name(s));
 
@@ -112,16 +127,16 @@ int main(int argc, char** argv) try {
 
   std::vector<Result> results;
   if (r == 0)
-    std::printf("# bench_collectives: %d ranks, f32, %s of %d iterations after %d warm-up, "
+    std::printf("# bench_collectives: %d ranks (%d per host), f32, %s of %d iterations after %d warm-up, "
                 "chunk %lld KiB; GB/s = 1e9 B/s\n",
-                n, stat.c_str(), iters, warmup, static_cast<long long>(g->options().chunk_bytes >> 10));
+                n, L > 0 ? std::min(L, n) : n, stat.c_str(), iters, warmup, static_cast<long long>(g->options().chunk_bytes >> 10));
   for (const std::string& op : split_list(ops_s)) {
     if (op != "ag" && op != "rs" && op != "ar") fail("bench_collectives", "unknown op '" + op + "'");
     const char* opname = op == "ag" ? "all_gather" : op == "rs" ? "reduce_scatter" : "all_reduce";
     const double busf = op == "ar" ? 2.0 * (n - 1) / n : static_cast<double>(n - 1) / n;
     if (r == 0) {
       std::printf("\n# %s\n# %8s %10s", opname, "size", "count");
-      for (CommAlgo a : algos) std::printf(" | %7s %9s %6s", comm_algo_name(a), "time(us)", "busbw");
+      for (CommAlgo a : algos) std::printf(" | %7s %9s %6s", short_name(a), "time(us)", "busbw");
       std::printf(" | #wrong\n");
     }
     for (int64_t size = min_b; size <= max_b; size *= step) {
@@ -132,7 +147,8 @@ int main(int argc, char** argv) try {
       if (r == 0) std::printf("  %8s %10lld", human(bytes).c_str(), static_cast<long long>(count));
       int64_t wrong_total = 0;
       for (CommAlgo a : algos) {
-        if (a == CommAlgo::OneShot && op != "ar") {
+        if ((a == CommAlgo::OneShot && op != "ar") || (a == CommAlgo::Tree && op == "ag") ||
+            (a == CommAlgo::Hierarchical && !hier_ok)) {
           if (r == 0) std::printf(" | %7s %9s %6s", "", "-", "-");
           continue;
         }

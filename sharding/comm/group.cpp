@@ -45,15 +45,20 @@ const char* comm_algo_name(CommAlgo a) {
     case CommAlgo::Ring: return "ring";
     case CommAlgo::Direct: return "direct";
     case CommAlgo::OneShot: return "oneshot";
+    case CommAlgo::Tree: return "tree";
+    case CommAlgo::HalvingDoubling: return "halving_doubling";
+    case CommAlgo::Hierarchical: return "hierarchical";
   }
   return "?";
 }
 
 CommAlgo comm_algo_from_name(const std::string& s) {
   for (CommAlgo a : {CommAlgo::Auto, CommAlgo::Mpi, CommAlgo::Ring, CommAlgo::Direct,
-                     CommAlgo::OneShot})
+                     CommAlgo::OneShot, CommAlgo::Tree, CommAlgo::HalvingDoubling,
+                     CommAlgo::Hierarchical})
     if (s == comm_algo_name(a)) return a;
-  fail("comm", "unknown algorithm '" + s + "' (expected auto, mpi, ring, direct or oneshot)");
+  fail("comm", "unknown algorithm '" + s + "' (expected auto, mpi, ring, direct, oneshot, tree, "
+               "halving_doubling or hierarchical)");
 }
 
 std::string describe(const Collective& c) {
@@ -165,6 +170,8 @@ Work Group::issue_all_gather(const void* send, void* recv, int64_t count, DType 
   check_count("all_gather", count);
   check_bufs("all_gather", count, send, recv);
   if (algo == CommAlgo::OneShot) fail("comm", "all_gather: algorithm 'oneshot' is all_reduce only");
+  if (algo == CommAlgo::Tree)
+    fail("comm", "all_gather: algorithm 'tree' is all_reduce and reduce_scatter only");
   Collective c;
   c.kind = CollKind::AllGather;
   c.send = send, c.recv = recv, c.count = count, c.dtype = dt, c.algo = algo;

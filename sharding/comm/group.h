@@ -25,13 +25,19 @@
 // Memory: each MpiGroup keeps one scratch buffer (tracked as Mem::Communication), grown on
 // demand and never shrunk: at most 32 chunks (16 MiB at the default chunk) for the ring,
 // 2*size chunks for direct, size*count elements for one-shot (Auto picks it only while
-// size * buffer bytes <= 512 KiB), count elements for the Mpi reduce_scatter in place.
+// size * buffer bytes <= 512 KiB), count elements for the Mpi reduce_scatter in place; tree:
+// 32 chunks (+ the whole size*count input for reduce_scatter); halving_doubling: the buffer
+// (all_reduce) or twice the size*count input (reduce_scatter); hierarchical: hosts*count
+// elements + 2*max(hosts, local) chunks.
 //
 // Determinism: every algorithm adds in an order fixed by (rank, size, count) only, so results
 // are bit-identical run to run and never depend on timing; all_reduce results are identical
 // on every rank. Ring and MPI algorithms add in a different grouping than a one-rank sequential
 // sum x0 + x1 + ... (they agree with it only to rounding when size > 2); Direct and OneShot add
-// exactly x0 + x1 + ... + x(n-1) left to right.
+// exactly x0 + x1 + ... + x(n-1) left to right. Tree adds x_r + S(2r+1) + S(2r+2) at each node
+// r (S = a subtree's sum); HalvingDoubling adds pairs lower rank first, the pairs of each step
+// (r, r + 2^k / 2^s) after the fold; Hierarchical adds each host's ranks in order, then the
+// hosts in order (tests/comm/comm_test_util.h has each reference).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -51,12 +57,22 @@ enum class CollKind : uint8_t { AllGather, ReduceScatter, AllReduce, Broadcast, 
 //   Ring    pipelined ring on point-to-point messages (bandwidth-optimal)
 //   Direct  every rank exchanges with every other rank at once (AG/RS; AR = RS + AG)
 //   OneShot all_reduce only: gather every rank's whole buffer, add locally in rank order
-//   Auto    chosen from (collective, bytes, size) by the measured thresholds in mpi_group.cpp
-enum class CommAlgo : uint8_t { Auto, Mpi, Ring, Direct, OneShot };
+//   Tree    all_reduce: binary-tree reduce to rank 0, then binary-tree broadcast (chunked);
+//           reduce_scatter: the same reduce, then rank 0 sends each rank its block
+//   HalvingDoubling  recursive halving reduce-scatter, recursive doubling all-gather
+//           (all_reduce = both, Rabenseifner); any size: a non-power-of-two size first folds
+//           rank 2i into rank 2i+1 for i < size - 2^k, as MPICH does
+//   Hierarchical  inside each host (Direct), then across hosts among the ranks of one local
+//           index (Direct), then inside again. Hosts: consecutive ranks, launch_env().
+//           local_size per host; needs every host to hold the same number of the group's ranks
+//   Auto    chosen from (collective, bytes, size, hosts) by the measured thresholds in
+//           mpi_group.cpp
+enum class CommAlgo : uint8_t { Auto, Mpi, Ring, Direct, OneShot, Tree, HalvingDoubling, Hierarchical };
 
 const char* reduce_op_name(ReduceOp op);  // "sum", "avg", "max"
 const char* coll_name(CollKind k);        // "all_gather", ...
-const char* comm_algo_name(CommAlgo a);   // "auto", "mpi", "ring", "direct", "oneshot"
+const char* comm_algo_name(CommAlgo a);   // "auto", "mpi", "ring", "direct", "oneshot", "tree",
+                                          // "halving_doubling", "hierarchical"
 CommAlgo comm_algo_from_name(const std::string& s);  // throws sw::Error naming the value
 
 

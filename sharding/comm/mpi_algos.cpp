@@ -1,6 +1,7 @@
 #include "sharding/comm/mpi_algos.h"
 
 #include <chrono>
+#include <cstring>
 #include <string>
 #include <thread>
 
@@ -279,6 +280,177 @@ void oneshot_all_reduce(const P2P& p, const void* send, void* recv, int64_t coun
   for (int q = 0; q < n; q++) src[static_cast<size_t>(q)] = q == r ? send : at(tmp, q * count, es);
   reduce_n(recv, src.data(), n, count, dt, op);
   if (op == ReduceOp::Avg) divide(recv, count, dt, static_cast<float>(n));
+}
+
+// ---- Tree ----------------------------------------------------------------------------------
+
+void tree_reduce(const P2P& p, const void* send, void* acc, int64_t e0, int64_t e1, DType dt,
+                 ReduceOp op, void* tmp) {
+  const int n = p.size, r = p.rank;
+  const size_t es = dtype_size(dt);
+  const int64_t C = p.chunk_elems(dt);
+  const int64_t W = e1 - e0;
+  if (W <= 0) return;
+  const int m = static_cast<int>((W + C - 1) / C);
+  auto len = [&](int j) { return std::min(C, W - j * C); };
+  std::vector<int> kids;
+  for (int k : {2 * r + 1, 2 * r + 2})
+    if (k < n) kids.push_back(k);
+  const int nk = static_cast<int>(kids.size());
+  std::vector<MPI_Request> rreq(static_cast<size_t>(nk * m), MPI_REQUEST_NULL);
+  std::vector<MPI_Request> sreq(static_cast<size_t>(m), MPI_REQUEST_NULL);
+  auto slot = [&](int k, int j) { return at(tmp, k * W + j * C, es); };
+  for (int k = 0; k < nk; k++)
+    for (int j = 0; j < m; j++)
+      irecv(p, slot(k, j), len(j), es, kids[static_cast<size_t>(k)], &rreq[static_cast<size_t>(k * m + j)]);
+  for (int j = 0; j < m; j++) {
+    const char* src = at(send, e0 + j * C, es);
+    char* dst = at(acc, e0 + j * C, es);
+    const char* out = src;
+    for (int k = 0; k < nk; k++) {
+      p.poll.wait(&rreq[static_cast<size_t>(k * m + j)]);
+      reduce2(dst, k == 0 ? src : dst, slot(k, j), len(j), dt, op);  // (x_r op S(left)) op S(right)
+      out = dst;
+    }
+    if (r != 0) isend(p, out, len(j), es, (r - 1) / 2, &sreq[static_cast<size_t>(j)]);
+  }
+  p.poll.wait_all(sreq);
+}
+
+void tree_broadcast(const P2P& p, void* buf, int64_t e0, int64_t e1, DType dt) {
+  const int n = p.size, r = p.rank;
+  const size_t es = dtype_size(dt);
+  const int64_t C = p.chunk_elems(dt);
+  const int64_t W = e1 - e0;
+  if (W <= 0) return;
+  const int m = static_cast<int>((W + C - 1) / C);
+  auto len = [&](int j) { return std::min(C, W - j * C); };
+  std::vector<MPI_Request> rreq(static_cast<size_t>(m), MPI_REQUEST_NULL), sreq;
+  sreq.reserve(static_cast<size_t>(2 * m));
+  if (r != 0)
+    for (int j = 0; j < m; j++)
+      irecv(p, at(buf, e0 + j * C, es), len(j), es, (r - 1) / 2, &rreq[static_cast<size_t>(j)]);
+  for (int j = 0; j < m; j++) {
+    p.poll.wait(&rreq[static_cast<size_t>(j)]);
+    for (int k : {2 * r + 1, 2 * r + 2}) {
+      if (k >= n) continue;
+      sreq.push_back(MPI_REQUEST_NULL);
+      isend(p, at(buf, e0 + j * C, es), len(j), es, k, &sreq.back());
+    }
+  }
+  p.poll.wait_all(sreq);
+}
+
+// ---- Recursive halving / doubling ----------------------------------------------------------
+
+Fold::Fold(int n) {
+  while (pof2 * 2 <= n) pof2 *= 2;
+  rem = n - pof2;
+}
+
+namespace {
+// With one peer: send sn elements from sbuf and receive rn into rbuf, both in chunks (all
+// posted at once); got(off, len) runs as each received chunk lands, in order.
+template <class Got>
+void exchange(const P2P& p, int peer, const void* sbuf, int64_t sn, void* rbuf, int64_t rn,
+              DType dt, Got got) {
+  const size_t es = dtype_size(dt);
+  const int64_t C = p.chunk_elems(dt);
+  const int ms = static_cast<int>((sn + C - 1) / C), mr = static_cast<int>((rn + C - 1) / C);
+  std::vector<MPI_Request> rreq(static_cast<size_t>(mr), MPI_REQUEST_NULL);
+  std::vector<MPI_Request> sreq(static_cast<size_t>(ms), MPI_REQUEST_NULL);
+  for (int j = 0; j < mr; j++)
+    irecv(p, at(rbuf, j * C, es), std::min(C, rn - j * C), es, peer, &rreq[static_cast<size_t>(j)]);
+  for (int j = 0; j < ms; j++)
+    isend(p, at(sbuf, j * C, es), std::min(C, sn - j * C), es, peer, &sreq[static_cast<size_t>(j)]);
+  for (int j = 0; j < mr; j++) {
+    p.poll.wait(&rreq[static_cast<size_t>(j)]);
+    got(j * C, std::min(C, rn - j * C));
+  }
+  p.poll.wait_all(sreq);
+}
+void no_op(int64_t, int64_t) {}
+}  // namespace
+
+bool halving_reduce_scatter(const P2P& p, const Fold& f, const void* in, void* acc,
+                            const std::vector<int64_t>& voff, DType dt, ReduceOp op, void* tmp) {
+  const int r = p.rank;
+  const size_t es = dtype_size(dt);
+  const int64_t total = voff[static_cast<size_t>(f.pof2)];
+  const void* src = in;
+  if (r < 2 * f.rem) {
+    if (r % 2 == 0) {
+      exchange(p, r + 1, in, total, nullptr, 0, dt, no_op);
+      return false;
+    }
+    exchange(p, r - 1, nullptr, 0, tmp, total, dt, [&](int64_t o, int64_t l) {
+      reduce2(at(acc, o, es), at(tmp, o, es), at(in, o, es), l, dt, op);  // x(2i) + x(2i+1)
+    });
+    src = acc;
+  }
+  const int v = f.vrank(r);
+  int lo = 0, hi = f.pof2;
+  auto off = [&](int b) { return voff[static_cast<size_t>(b)]; };
+  for (int d = f.pof2 / 2; d >= 1; d /= 2) {
+    const bool upper = (v & d) != 0;
+    const int mid = lo + d;
+    const int klo = upper ? mid : lo, khi = upper ? hi : mid;  // kept
+    const int glo = upper ? lo : mid, ghi = upper ? mid : hi;  // given
+    const int64_t k0 = off(klo);
+    exchange(p, f.real(v ^ d), at(src, off(glo), es), off(ghi) - off(glo), tmp, off(khi) - k0, dt,
+             [&](int64_t o, int64_t l) {
+               const char* mine = at(src, k0 + o, es);
+               const char* theirs = at(tmp, o, es);
+               reduce2(at(acc, k0 + o, es), upper ? theirs : mine, upper ? mine : theirs, l, dt, op);
+             });
+    src = acc;
+    lo = klo, hi = khi;
+  }
+  return true;  // (size 1 never gets here: the callers copy)
+}
+
+void doubling_all_gather(const P2P& p, const Fold& f, void* buf, const std::vector<int64_t>& voff,
+                         DType dt) {
+  const int r = p.rank;
+  const size_t es = dtype_size(dt);
+  const int64_t total = voff[static_cast<size_t>(f.pof2)];
+  auto off = [&](int b) { return voff[static_cast<size_t>(b)]; };
+  const int v = f.vrank(r);
+  if (v >= 0) {
+    int lo = v, hi = v + 1;
+    for (int d = 1; d < f.pof2; d *= 2) {
+      const bool upper = (v & d) != 0;
+      const int plo = upper ? lo - d : lo + d, phi = upper ? hi - d : hi + d;
+      exchange(p, f.real(v ^ d), at(buf, off(lo), es), off(hi) - off(lo), at(buf, off(plo), es),
+               off(phi) - off(plo), dt, no_op);
+      lo = std::min(lo, plo), hi = std::max(hi, phi);
+    }
+  }
+  if (r < 2 * f.rem) {
+    if (r % 2) exchange(p, r - 1, buf, total, nullptr, 0, dt, no_op);
+    else exchange(p, r + 1, nullptr, 0, buf, total, dt, no_op);
+  }
+}
+
+void exchange_with(const P2P& p, int peer, const void* sbuf, int64_t sn, void* rbuf, int64_t rn,
+                   DType dt) {
+  exchange(p, peer, sbuf, sn, rbuf, rn, dt, no_op);
+}
+
+void scatter_from_root(const P2P& p, const void* full, void* out, int64_t count, DType dt) {
+  const size_t es = dtype_size(dt);
+  if (p.rank != 0) return exchange(p, 0, nullptr, 0, out, count, dt, no_op);
+  const int64_t C = p.chunk_elems(dt);
+  const int m = static_cast<int>((count + C - 1) / C);
+  std::vector<MPI_Request> sreq;
+  sreq.reserve(static_cast<size_t>(m * (p.size - 1)));
+  for (int q = 1; q < p.size; q++)
+    for (int j = 0; j < m; j++) {
+      sreq.push_back(MPI_REQUEST_NULL);
+      isend(p, at(full, q * count + j * C, es), std::min(C, count - j * C), es, q, &sreq.back());
+    }
+  if (count > 0 && out != full) std::memmove(out, full, static_cast<size_t>(count) * es);
+  p.poll.wait_all(sreq);
 }
 
 // ---- MPI types and ops ---------------------------------------------------------------------

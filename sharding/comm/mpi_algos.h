@@ -124,6 +124,46 @@ void direct_all_gather(const P2P& p, void* buf, const void* own, const Blocks& b
 void oneshot_all_reduce(const P2P& p, const void* send, void* recv, int64_t count, DType dt,
                         ReduceOp op, void* tmp);
 
+// ---- Tree (binary tree over ranks 0..n-1: parent (r-1)/2, children 2r+1, 2r+2) ----------
+// Reduce of elements [e0, e1) to rank 0: node r computes acc = (x_r op S(2r+1)) op S(2r+2)
+// (S = a child's subtree result) chunk by chunk and sends it to its parent as soon as a chunk
+// is complete, so chunks flow up the tree in a pipeline. Rank 0's acc holds the result (not
+// divided for Avg). acc may alias send; a leaf sends straight from send and leaves acc alone.
+// tmp: 2*(e1-e0) elements.
+void tree_reduce(const P2P& p, const void* send, void* acc, int64_t e0, int64_t e1, DType dt,
+                 ReduceOp op, void* tmp);
+// Broadcast of buf's elements [e0, e1) from rank 0 down the same tree, chunk by chunk.
+void tree_broadcast(const P2P& p, void* buf, int64_t e0, int64_t e1, DType dt);
+
+// ---- Recursive halving / doubling (Thakur, Rabenseifner and Gropp 2005, MPICH) -------------
+// 2^k = the largest power of two <= size, rem = size - 2^k. Ranks 2i, 2i+1 (i < rem) fold into
+// one virtual rank i (held by the odd rank; the even one sits the core out); rank r >= 2*rem
+// is virtual rank r - rem. The buffer is cut into 2^k virtual blocks at voff[0..2^k].
+struct Fold {
+  int pof2 = 1, rem = 0;
+  explicit Fold(int n);
+  int vrank(int r) const { return r < 2 * rem ? (r % 2 ? r / 2 : -1) : r - rem; }
+  int real(int v) const { return v < rem ? 2 * v + 1 : v + rem; }
+};
+// Reduce-scatter: `in` is this rank's whole buffer (voff[2^k] elements). Fold: rank 2i sends
+// its buffer to 2i+1, which adds x(2i) + x(2i+1). Then for d = 2^k/2 .. 1, virtual ranks v and
+// v^d exchange halves of the virtual blocks they still own and add lower rank's partial first.
+// Virtual rank v ends with the sum of its block in acc[voff[v], voff[v+1]) (acc: a whole-buffer
+// work area that may alias in). Returns false on a rank that sat out. tmp: voff[2^k] elements.
+bool halving_reduce_scatter(const P2P& p, const Fold& f, const void* in, void* acc,
+                            const std::vector<int64_t>& voff, DType dt, ReduceOp op, void* tmp);
+// All-gather: virtual rank v holds block v of buf in place; for d = 1 .. 2^k/2, v and v^d
+// exchange everything they hold. Then rank 2i+1 sends the whole buffer to rank 2i.
+void doubling_all_gather(const P2P& p, const Fold& f, void* buf, const std::vector<int64_t>& voff,
+                         DType dt);
+
+// With one peer: send sn elements of sbuf, receive rn into rbuf (in chunks, both at once).
+void exchange_with(const P2P& p, int peer, const void* sbuf, int64_t sn, void* rbuf, int64_t rn,
+                   DType dt);
+// Rank 0 sends block q (count elements) of `full` to rank q; rank 0's own block is copied to
+// out; other ranks receive theirs into out.
+void scatter_from_root(const P2P& p, const void* full, void* out, int64_t count, DType dt);
+
 MPI_Datatype mpi_type(DType dt);
 // MPI_SUM/MPI_MAX for f32; user-defined ops (fp32 arithmetic) for bf16/f16. Avg maps to sum.
 MPI_Op mpi_op(DType dt, ReduceOp op);

@@ -28,6 +28,7 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/launch.h"
 #include "sharding/comm/mpi_algos.h"
 #include "sharding/comm/mpi_backend.h"
 #include "sharding/comm/reduce.h"
@@ -41,6 +42,11 @@ using Clock = std::chrono::steady_clock;
 double secs_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
+
+// HIER_THRESHOLDS: with ranks on more than one host, collectives of at least this many bytes
+// in total (size * per-rank bytes for all_gather/reduce_scatter, size * buffer for all_reduce)
+// go hierarchical. Measured with bench_collectives (bench/results/collectives_2026-11-29.md).
+constexpr int64_t kHierMinBytes = int64_t(256) << 10;
 
 constexpr int kAbortCode = 70;  // exit status of every rank when the watchdog fires
 constexpr int kTagQuery = 1, kTagReply = 2;
@@ -65,9 +71,13 @@ constexpr int kTagQuery = 1, kTagReply = 2;
 // all-reduce wins up to 256 KiB (one exchange instead of two), the ring above. Direct and
 // ring are the same schedule at 2 ranks; at more ranks direct needs one round instead of
 // size-1, so it takes the small sizes (latency-bound; not measurable on 2 cores).
-// The choice depends only on (collective, bytes, size), so it is the same on every rank.
-CommAlgo choose_algo(CollKind kind, int64_t bytes, int n) {
+// The choice depends only on (collective, bytes, size, hosts), so it is the same on every rank.
+// hosts > 1 (a regular two-level layout, MpiGroup::Topology): HIER_THRESHOLDS below.
+CommAlgo choose_algo(CollKind kind, int64_t bytes, int n, int hosts) {
   constexpr int64_t KiB = 1024;
+  if (hosts > 1 && kind != CollKind::Broadcast && kind != CollKind::Barrier &&
+      kind != CollKind::Split && bytes * n >= kHierMinBytes)
+    return CommAlgo::Hierarchical;
   switch (kind) {
     case CollKind::AllGather:  // bytes = per-rank contribution
       return bytes * n <= 64 * KiB ? CommAlgo::Direct : CommAlgo::Ring;
@@ -187,6 +197,7 @@ class MpiGroup final : public Group {
   void run_all_gather(const Collective& c, const P2P& p, CommAlgo a, int64_t slice);
   void run_reduce_scatter(const Collective& c, const P2P& p, CommAlgo a, int64_t slice);
   void run_all_reduce(const Collective& c, const P2P& p, CommAlgo a, int64_t slice);
+  void run_hierarchical(const Collective& c, const P2P& p);
   void* scratch(size_t bytes);
   void serve_queries(MPI_Request* qreq, int* qbuf);
   PeerStatus my_status();
@@ -198,6 +209,15 @@ class MpiGroup final : public Group {
   MPI_Comm comm_ = MPI_COMM_NULL, hb_comm_ = MPI_COMM_NULL, dbg_comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   std::vector<int> world_ranks_;  // group rank -> MPI_COMM_WORLD rank
+  // Two-level layout for Hierarchical: host of a world rank = rank / launch_env().local_size
+  // (consecutive ranks per host, as mpirun maps by slot; one host when unknown). Regular when
+  // the group's ranks of each host are consecutive and every host has `local` of them; then
+  // group rank r is local rank r % local of host r / local.
+  struct Topology {
+    bool regular = false;
+    int hosts = 1, local = 1;
+  } topo_;
+  MPI_Comm intra_ = MPI_COMM_NULL, inter_ = MPI_COMM_NULL;  // comm thread; made on first use
   std::shared_ptr<detail::StatsBlock> stats_;
 
   mutable std::mutex opt_mu_;
@@ -251,6 +271,19 @@ MpiGroup::MpiGroup(MPI_Comm comm, bool own, const CommOptions& opts)
   MPI_Group_translate_ranks(g, size_, mine.data(), wg, world_ranks_.data());
   MPI_Group_free(&g);
   MPI_Group_free(&wg);
+  {
+    const int L = launch_env().local_size;
+    std::vector<int> host(static_cast<size_t>(size_));
+    for (int i = 0; i < size_; i++) host[static_cast<size_t>(i)] = L > 0 ? world_ranks_[static_cast<size_t>(i)] / L : 0;
+    int runs = 1;
+    for (int i = 1; i < size_; i++) runs += host[static_cast<size_t>(i)] != host[static_cast<size_t>(i - 1)];
+    const int l = size_ / runs;
+    bool ok = size_ % runs == 0;
+    for (int i = 0; ok && i < size_; i++) ok = host[static_cast<size_t>(i)] == host[static_cast<size_t>(i / l * l)];
+    std::set<int> distinct(host.begin(), host.end());
+    ok = ok && static_cast<int>(distinct.size()) == runs;
+    topo_ = {ok, ok ? runs : 1, ok ? l : size_};
+  }
   delay_rng_.seed(0x5eedull * 1000003ull + static_cast<uint64_t>(world_ranks_[static_cast<size_t>(rank_)]));
   {
     std::lock_guard<std::mutex> l(runtime().mu);
@@ -284,7 +317,7 @@ void MpiGroup::shutdown() {
   int fin = 0;
   MPI_Finalized(&fin);
   if (!fin)
-    for (MPI_Comm* c : {&comm_, &hb_comm_, &dbg_comm_})
+    for (MPI_Comm* c : {&comm_, &hb_comm_, &dbg_comm_, &intra_, &inter_})
       if (*c != MPI_COMM_NULL) SW_MPI(MPI_Comm_free(c));
 }
 
@@ -445,7 +478,12 @@ void MpiGroup::execute(Op& op, const CommOptions& o) {
   const int64_t slice = 16 * p.chunk_elems(c.dtype);
   CommAlgo a = c.algo;
   const int64_t bytes = c.count * static_cast<int64_t>(es);
-  if (a == CommAlgo::Auto) a = choose_algo(c.kind, bytes, size_);
+  if (a == CommAlgo::Auto)
+    a = choose_algo(c.kind, bytes, size_, topo_.regular && topo_.local > 1 ? topo_.hosts : 1);
+  if (a == CommAlgo::Hierarchical &&
+      (c.kind == CollKind::AllGather || c.kind == CollKind::ReduceScatter ||
+       c.kind == CollKind::AllReduce))
+    return run_hierarchical(c, p);
   switch (c.kind) {
     case CollKind::AllGather: return run_all_gather(c, p, a, slice);
     case CollKind::ReduceScatter: return run_reduce_scatter(c, p, a, slice);
@@ -498,6 +536,22 @@ void MpiGroup::run_all_gather(const Collective& c, const P2P& p, CommAlgo a, int
   // The own block travels from the input; its local copy is made after the transfer (both only
   // read the input).
   const Blocks bl{c.count, c.count * n};
+  if (a == CommAlgo::HalvingDoubling) {
+    // Rank 2i's block travels to 2i+1 first (the fold), then the doubling runs in place.
+    const Fold f(n);
+    if (!in_place) std::memcpy(own, c.send, static_cast<size_t>(c.count) * es);
+    if (rank_ < 2 * f.rem) {
+      char* blk = out + static_cast<size_t>(c.count * (rank_ / 2 * 2)) * es;  // rank 2i's block
+      if (rank_ % 2) exchange_with(p, rank_ - 1, nullptr, 0, blk, c.count, c.dtype);
+      else exchange_with(p, rank_ + 1, blk, c.count, nullptr, 0, c.dtype);
+    }
+    std::vector<int64_t> voff(static_cast<size_t>(f.pof2 + 1));
+    for (int v = 0; v <= f.pof2; v++)
+      voff[static_cast<size_t>(v)] = (v < f.rem ? 2 * v : v + f.rem) * c.count;
+    P2P q = p;
+    q.tag = p.tag + 1;
+    return doubling_all_gather(q, f, out, voff, c.dtype);
+  }
   if (a == CommAlgo::Direct) {
     direct_all_gather(p, out, c.send, bl, c.dtype);
   } else {
@@ -527,6 +581,41 @@ void MpiGroup::run_reduce_scatter(const Collective& c, const P2P& p, CommAlgo a,
     return;
   }
   const Blocks bl{c.count, c.count * n};
+  const int64_t total = c.count * n;
+  if (a == CommAlgo::Tree) {
+    // The whole buffer reduced to rank 0 (acc: its subtree sums), then scattered from there.
+    const int64_t w = std::min(slice, total);
+    char* acc = static_cast<char*>(scratch(static_cast<size_t>(total + 2 * w) * es));
+    char* tmp = acc + static_cast<size_t>(total) * es;
+    for (int64_t e0 = 0; e0 < total; e0 += slice)
+      tree_reduce(p, c.send, acc, e0, std::min(total, e0 + slice), c.dtype, c.op, tmp);
+    if (rank_ == 0 && c.op == ReduceOp::Avg) divide(acc, total, c.dtype, static_cast<float>(n));
+    P2P q = p;
+    q.tag = p.tag + 1;
+    return scatter_from_root(q, acc, c.recv, c.count, c.dtype);
+  }
+  if (a == CommAlgo::HalvingDoubling) {
+    // Virtual block v: the blocks of the ranks folded into it (2v, 2v+1 or v + rem).
+    const Fold f(n);
+    std::vector<int64_t> voff(static_cast<size_t>(f.pof2 + 1));
+    for (int v = 0; v <= f.pof2; v++)
+      voff[static_cast<size_t>(v)] = (v < f.rem ? 2 * v : v + f.rem) * c.count;
+    char* acc = static_cast<char*>(scratch(static_cast<size_t>(2 * total) * es));
+    char* tmp = acc + static_cast<size_t>(total) * es;
+    const bool in_core = halving_reduce_scatter(p, f, c.send, acc, voff, c.dtype, c.op, tmp);
+    // Rank 2i+1 holds blocks 2i and 2i+1: it sends 2i to rank 2i.
+    if (rank_ < 2 * f.rem) {
+      P2P q = p;
+      q.tag = p.tag + 1;
+      if (rank_ % 2)
+        exchange_with(q, rank_ - 1, acc + static_cast<size_t>((rank_ - 1) * c.count) * es, c.count,
+                      nullptr, 0, c.dtype);
+      else exchange_with(q, rank_ + 1, nullptr, 0, c.recv, c.count, c.dtype);
+    }
+    if (in_core) std::memcpy(c.recv, acc + static_cast<size_t>(rank_ * c.count) * es, bytes);
+    if (c.op == ReduceOp::Avg) divide(c.recv, c.count, c.dtype, static_cast<float>(n));
+    return;
+  }
   if (a == CommAlgo::Direct) {
     void* tmp = scratch(static_cast<size_t>(2 * n * p.chunk_elems(c.dtype)) * es);
     return direct_reduce_scatter(p, c.send, c.recv, bl, c.dtype, c.op, tmp);
@@ -555,6 +644,39 @@ void MpiGroup::run_all_reduce(const Collective& c, const P2P& p, CommAlgo a, int
     void* tmp = scratch(static_cast<size_t>(c.count * n) * es);
     return oneshot_all_reduce(p, c.send, c.recv, c.count, c.dtype, c.op, tmp);
   }
+  if (a == CommAlgo::Tree) {
+    const int64_t w = std::min(slice, c.count);
+    void* tmp = scratch(static_cast<size_t>(2 * w) * es);
+    P2P q = p;
+    q.tag = p.tag + 1;
+    for (int64_t e0 = 0; e0 < c.count; e0 += slice) {
+      const int64_t e1 = std::min(c.count, e0 + slice);
+      tree_reduce(p, c.send, c.recv, e0, e1, c.dtype, c.op, tmp);
+      if (rank_ == 0 && c.op == ReduceOp::Avg)
+        divide(static_cast<char*>(c.recv) + static_cast<size_t>(e0) * es, e1 - e0, c.dtype,
+               static_cast<float>(n));
+      tree_broadcast(q, c.recv, e0, e1, c.dtype);
+    }
+    return;
+  }
+  if (a == CommAlgo::HalvingDoubling) {
+    // 2^k virtual blocks of ceil(count / 2^k); the sum accumulates in recv.
+    const Fold f(n);
+    const int64_t L = (c.count + f.pof2 - 1) / f.pof2;
+    std::vector<int64_t> voff(static_cast<size_t>(f.pof2 + 1));
+    for (int v = 0; v <= f.pof2; v++) voff[static_cast<size_t>(v)] = std::min(v * L, c.count);
+    void* tmp = scratch(static_cast<size_t>(c.count) * es);
+    if (halving_reduce_scatter(p, f, c.send, c.recv, voff, c.dtype, c.op, tmp) &&
+        c.op == ReduceOp::Avg) {
+      const int v = f.vrank(rank_);
+      divide(static_cast<char*>(c.recv) + static_cast<size_t>(voff[static_cast<size_t>(v)]) * es,
+             voff[static_cast<size_t>(v + 1)] - voff[static_cast<size_t>(v)], c.dtype,
+             static_cast<float>(n));
+    }
+    P2P q = p;
+    q.tag = p.tag + 1;
+    return doubling_all_gather(q, f, c.recv, voff, c.dtype);
+  }
   // Reduce-scatter into this rank's block of recv, then all-gather the blocks in place.
   const Blocks bl{(c.count + n - 1) / n, c.count};
   char* mine = static_cast<char*>(c.recv) + static_cast<size_t>(bl.off(rank_)) * es;
@@ -571,6 +693,82 @@ void MpiGroup::run_all_reduce(const Collective& c, const P2P& p, CommAlgo a, int
   q.tag = p.tag + 1;
   for (int64_t c0 = 0; c0 < bl.L; c0 += slice)
     ring_all_gather(q, c.recv, mine, bl, c0, std::min(bl.L, c0 + slice), c.dtype);
+}
+
+// Hierarchical: Direct inside each host (shared memory: one round), Direct across hosts among
+// the ranks of one local index (one message per peer host), Direct inside again. Sums are
+// each host's ranks in order, then the hosts in order; Avg divides once, before the last
+// phase, so every rank ends with the same bits. Scratch: hosts * count elements for
+// reduce_scatter/all_gather plus Direct's 2 * max(hosts, local) chunks.
+void MpiGroup::run_hierarchical(const Collective& c, const P2P& p) {
+  const int n = size_;
+  if (c.count == 0) return;
+  if (!topo_.regular)
+    fail("comm", describe(c) + ": algorithm 'hierarchical' needs the group's ranks of each host "
+                 "to be consecutive and equally many per host (hosts: launch_env().local_size)");
+  const int l = topo_.local, h = topo_.hosts, H = rank_ / l, j = rank_ % l;
+  if (intra_ == MPI_COMM_NULL) {  // every rank of the group gets here at the same collective
+    SW_MPI_CHECK(MPI_Comm_split(comm_, H, j, &intra_));
+    SW_MPI_CHECK(MPI_Comm_split(comm_, j, H, &inter_));
+  }
+  const size_t es = dtype_size(c.dtype);
+  P2P pi = p, pe = p;
+  pi.comm = intra_, pi.rank = j, pi.size = l;
+  pe.comm = inter_, pe.rank = H, pe.size = h;
+  const ReduceOp op = c.op == ReduceOp::Avg ? ReduceOp::Sum : c.op;
+  const int64_t dchunks = static_cast<int64_t>(2 * std::max(l, h)) * p.chunk_elems(c.dtype);
+  auto el = [&](void* b, int64_t i) { return static_cast<char*>(b) + static_cast<size_t>(i) * es; };
+  auto cel = [&](const void* b, int64_t i) { return static_cast<const char*>(b) + static_cast<size_t>(i) * es; };
+  auto finish_avg = [&](void* b, int64_t k) {
+    if (c.op == ReduceOp::Avg) divide(b, k, c.dtype, static_cast<float>(n));
+  };
+  const int64_t cnt = c.count;
+  if (c.kind == CollKind::AllReduce) {
+    void* dtmp = scratch(static_cast<size_t>(dchunks) * es);
+    const Blocks bl{(cnt + l - 1) / l, cnt};
+    char* mine = el(c.recv, bl.off(j));
+    const int64_t len = bl.len(j);
+    if (l > 1) direct_reduce_scatter(pi, c.send, mine, bl, c.dtype, op, dtmp);
+    else if (c.send != c.recv) std::memcpy(c.recv, c.send, static_cast<size_t>(cnt) * es);
+    const Blocks be{(len + h - 1) / h, len};
+    if (h > 1 && len > 0) {
+      char* part = el(mine, be.off(H));
+      direct_reduce_scatter(pe, mine, part, be, c.dtype, op, dtmp);
+      finish_avg(part, be.len(H));
+      P2P q = pe;
+      q.tag = pe.tag + 1;
+      direct_all_gather(q, mine, part, be, c.dtype);
+    } else {
+      finish_avg(mine, len);
+    }
+    P2P q = pi;
+    q.tag = pi.tag + 1;
+    if (l > 1) direct_all_gather(q, c.recv, mine, bl, c.dtype);
+    return;
+  }
+  // reduce_scatter and all_gather: T holds block (H', j) of every host H' (h * count).
+  char* T = static_cast<char*>(scratch(static_cast<size_t>(h * cnt + dchunks) * es));
+  void* dtmp = el(T, h * cnt);
+  const Blocks hb{cnt, l * cnt}, xb{cnt, h * cnt};
+  if (c.kind == CollKind::ReduceScatter) {
+    for (int g = 0; g < h; g++) {
+      if (l > 1) direct_reduce_scatter(pi, cel(c.send, g * l * cnt), el(T, g * cnt), hb, c.dtype, op, dtmp);
+      else std::memcpy(el(T, g * cnt), cel(c.send, g * cnt), static_cast<size_t>(cnt) * es);
+    }
+    if (h > 1) direct_reduce_scatter(pe, T, c.recv, xb, c.dtype, op, dtmp);
+    else std::memcpy(c.recv, T, static_cast<size_t>(cnt) * es);
+    finish_avg(c.recv, cnt);
+    return;
+  }
+  // all_gather: across hosts first (this rank's block to the same local index elsewhere), then
+  // inside each host, once per host's slice.
+  std::memcpy(el(T, H * cnt), c.send, static_cast<size_t>(cnt) * es);
+  if (h > 1) direct_all_gather(pe, T, c.send, xb, c.dtype);
+  for (int g = 0; g < h; g++) {
+    char* slice = el(c.recv, g * l * cnt);
+    if (l > 1) direct_all_gather(pi, slice, el(T, g * cnt), hb, c.dtype);
+    std::memmove(el(slice, j * cnt), el(T, g * cnt), static_cast<size_t>(cnt) * es);
+  }
 }
 
 // ---- The watchdog ------------------------------------------------------------------------

@@ -59,7 +59,8 @@ TEST_CASE("LocalGroup collectives are copies, issued and completed at once") {
 TEST_CASE("names, descriptions and options") {
   CHECK(comm_algo_from_name("ring") == CommAlgo::Ring);
   CHECK(comm_algo_from_name("oneshot") == CommAlgo::OneShot);
-  CHECK_THROWS_WITH(comm_algo_from_name("tree"), Catch::Contains("unknown algorithm 'tree'"));
+  CHECK_THROWS_WITH(comm_algo_from_name("butterfly"), Catch::Contains("unknown algorithm 'butterfly'"));
+  CHECK(comm_algo_from_name("halving_doubling") == CommAlgo::HalvingDoubling);
   Collective c;
   c.kind = CollKind::ReduceScatter;
   c.count = 12;
