@@ -24,6 +24,7 @@
 namespace sw {
 
 struct UpdateArgs;  // sharding/updates.h
+struct OuterArgs;   // sharding/cross_group.h
 
 // What the ShardedModel call running a segment gives it, and what the segment gives back.
 struct RunArgs {
@@ -33,6 +34,7 @@ struct RunArgs {
   float* logits = nullptr;        // inference: each sequence's last logits go here
   double* loss_total = nullptr;   // UnitCtx::loss_total: a zeroed double of the device
   const UpdateArgs* update = nullptr;  // an optimizer segment's, or deferred updates'
+  const OuterArgs* outer = nullptr;    // local SGD's outer step
   // A pipeline segment: per micro-batch its batch, scale, loss double and (out) what its loss
   // call reported on the host (this rank's loss calls only).
   const std::vector<Batch>* batches = nullptr;

@@ -15,6 +15,7 @@
 #include "kernels/ops.h"
 #include "sharding/comm/group.h"
 #include "sharding/comm/p2p.h"
+#include "sharding/comm/quantize.h"
 #include "sharding/policy.h"
 #include "sharding/step_plan.h"
 
@@ -42,7 +43,16 @@ struct ModelContext {
   // parallelism; null: one stage), p2p its point-to-point transport; shared: the two pipe
   // ranks holding a shared unit (Model::stage.shared; null on the others).
   GroupPtr pipe, shared;
+  // cross: local SGD / DiLoCo's replica groups (the ranks holding this shard in every replica;
+  // null: gradients are reduced every step). The groups above are then one replica's.
+  GroupPtr cross;
   std::shared_ptr<PeerComm> p2p;
+  // Compressed collectives (policy.quantized; setup_quantized, reductions.h): the block format,
+  // whether sharded units gather quantised, and the transports of the quantised gradient
+  // reductions: over the shard group (qshard) and over the replicas (qrep); null: full precision.
+  QuantSpec quant;
+  bool quant_weights = false;
+  std::shared_ptr<PeerComm> qshard, qrep;
   int W = 1, S = 1, R = 1;
   int rank = 0;  // in world
   // This process's own number among every rank of the job, for per-rank files (NVMe offload):

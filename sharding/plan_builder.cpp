@@ -103,6 +103,29 @@ void PlanBuilder::optimizer(bool flush) {
                             static_cast<int>(plan_.actions.size())});
 }
 
+// ---- Local SGD's outer step ----------------------------------------------------------------------
+
+void PlanBuilder::outer(const std::vector<bool>& units, int outer_bytes) {
+  const int b = static_cast<int>(plan_.actions.size());
+  std::vector<int> issued(in_.units.size(), -1);
+  for (size_t u = 0; u < in_.units.size(); ++u) {
+    if (u >= units.size() || !units[u]) continue;
+    drop_stale_gather(int(u));
+    Action& r = add(ActionKind::OuterReduce, Queue::Cross, int(u));
+    const int64_t shard = in_.units[u].padded / std::max(1, in_.S);
+    r.bytes = shard * outer_bytes;
+    r.mem[kComm] = shard * 4;
+    issued[u] = last_index();
+  }
+  for (size_t u = 0; u < in_.units.size(); ++u) {
+    if (issued[u] < 0) continue;
+    Action& a = add(ActionKind::OuterUpdate, Queue::Compute, int(u));
+    a.waits.push_back(issued[u]);
+    a.mem[kComm] = -in_.units[u].padded / std::max(1, in_.S) * 4;
+  }
+  plan_.segments.push_back({SegmentKind::Outer, 0, false, b, static_cast<int>(plan_.actions.size())});
+}
+
 // ---- Pipeline ----------------------------------------------------------------------------------
 
 int PlanBuilder::pipe_stage_last(int chunk) const { return in_.pipe.chunk_begin[size_t(chunk) + 1] - 1; }

@@ -41,6 +41,9 @@ class PlanBuilder {
   // Pipeline parallelism (in.pipelined()): every micro-batch's chunks in the schedule's order
   // (training), or one forward through this rank's chunks (eval).
   void pipeline(bool training);
+  // Local SGD: the outer step of the units marked (a gather in flight, stale after it, is
+  // waited for and freed first).
+  void outer(const std::vector<bool>& units, int outer_bytes);
   // flush: only the deferred units' updates (plan_flush); otherwise every update not deferred.
   void optimizer(bool flush = false);
   StepPlan take();

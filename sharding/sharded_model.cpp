@@ -23,7 +23,8 @@ namespace {
 
 // The plan's view of the model, the policy checked (sharding/policy.h validate), the groups.
 ModelContext make_context(const Model& model, const Ops& ops, GroupPtr group,
-                          const ShardingPolicy& policy, GroupPtr tensor, const PipeSetup& pipe) {
+                          const ShardingPolicy& policy, GroupPtr tensor, const PipeSetup& pipe,
+                          GroupPtr replicas) {
   ModelContext c;
   c.ops = &ops;
   c.policy = policy;
@@ -83,6 +84,20 @@ ModelContext make_context(const Model& model, const Ops& ops, GroupPtr group,
     const int per_stage = c.W * (c.tensor ? c.tensor->size() : 1);
     c.file_rank += st.rank * per_stage;
   }
+  // Local SGD / DiLoCo: this replica's ranks are the world above; files are numbered past the
+  // other replicas'.
+  if (replicas) {
+    if (!ops.device().is_cpu())
+      fail("local_sgd", "local_sgd on device " + ops.device().str() + " is not implemented yet "
+                        "(the outer step runs on the host; use device cpu)");
+    if (policy.offload_param.device == OffloadDevice::Nvme)
+      fail("offload", "zero_optimization.offload_param 'nvme' with local_sgd is not implemented "
+                      "yet (use 'cpu')");
+    const int per_replica = c.W * (c.tensor ? c.tensor->size() : 1) *
+                            (model.stage.split() ? model.stage.size : 1);
+    c.file_rank += replicas->rank() * per_replica;
+    c.cross = std::move(replicas);
+  }
   c.plan_in = make_plan_input(model, policy, c.W);
   c.plan_in.pipe.schedule = pipe.schedule;
   // The policy's own checks (sharding/policy.h), as the config reader runs them: a policy built
@@ -103,6 +118,7 @@ ModelContext make_context(const Model& model, const Ops& ops, GroupPtr group,
     c.shard = group->split(c.rank / c.S, c.rank);
   }
   if (c.R > 1) c.rep = c.S == 1 ? group : group->split(c.rank % c.S, c.rank);
+  setup_quantized(c);  // compressed collectives per mesh dimension (reductions.h)
   c.shard_host = c.shard;
   const Device dev = ops.device();
   if (!dev.is_cpu()) {
@@ -136,8 +152,9 @@ size_t norm_slots(const Model& model) {
 }  // namespace
 
 ShardedModel::Impl::Impl(Model& model, const Ops& ops, GroupPtr group, const ShardingPolicy& policy,
-                         GroupPtr tensor, PipeSetup pipe_setup)
-    : ctx(make_context(model, ops, std::move(group), policy, std::move(tensor), pipe_setup)),
+                         GroupPtr tensor, PipeSetup pipe_setup, GroupPtr replicas)
+    : ctx(make_context(model, ops, std::move(group), policy, std::move(tensor), pipe_setup,
+                       std::move(replicas))),
       records(ops.stream()),
       losses(ops, model.tensor.size > 1 ? norm_slots(model) : model.units.size()),
       batches(ops),
@@ -150,6 +167,7 @@ ShardedModel::Impl::Impl(Model& model, const Ops& ops, GroupPtr group, const Sha
       act_io(ctx, acts, records),
       tp(ctx, units, records),
       pipe(ctx, units, acts, records),
+      cross(ctx, units),
       exec(records, ctx.rank) {
   acts.set_tensor(tp.comm());
   exec.own(params, {ActionKind::Gather, ActionKind::WaitGather, ActionKind::Free,
@@ -158,6 +176,7 @@ ShardedModel::Impl::Impl(Model& model, const Ops& ops, GroupPtr group, const Sha
                   ActionKind::Backward, ActionKind::BackwardWeight});
   exec.own(pipe, {ActionKind::RecvActs, ActionKind::SendActs, ActionKind::RecvGrads,
                   ActionKind::SendGrads, ActionKind::WaitP2P, ActionKind::SyncShared});
+  exec.own(cross, {ActionKind::OuterReduce, ActionKind::OuterUpdate});
   exec.own(reductions, {ActionKind::ReduceScatter, ActionKind::AllReduce, ActionKind::RoundGrads,
                         ActionKind::WaitReduce});
   exec.own(updates, {ActionKind::OptimizerUpdate});
@@ -188,6 +207,7 @@ ShardedModel::Impl::Impl(Model& model, const Ops& ops, GroupPtr group, const Sha
                                                reductions.bucket_region(static_cast<int>(u)),
                                                policy.mixed_precision, opt_tier, param_tier));
     FlatUnit& fu = *units.back();
+    fu.set_quantized(ctx.quant, ctx.quant_weights, ctx.qshard.get());
     fu.first_pos = in.units[u].first_pos;
     fu.last_pos = in.units[u].last_pos;
     const FlatLayout& L = fu.layout();
@@ -204,10 +224,11 @@ ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed)
                    ShardingPolicy::for_strategy(ShardingStrategy::FullShard)) {}
 
 ShardedModel::ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr group,
-                           const ShardingPolicy& policy, GroupPtr tensor, PipeSetup pipe)
+                           const ShardingPolicy& policy, GroupPtr tensor, PipeSetup pipe,
+                           GroupPtr replicas)
     : model_(model),
       impl_(std::make_unique<Impl>(model, ops, std::move(group), policy, std::move(tensor),
-                                   std::move(pipe))) {
+                                   std::move(pipe), std::move(replicas))) {
   Impl& I = *impl_;
   // Element i of parameter s: a pure function of (seed, s.name, i), so any rank can produce
   // exactly its slice. Sharded units write the intersection of each parameter with this rank's
@@ -377,6 +398,7 @@ void ShardedModel::Impl::flush_deferred(Model& model) {
 
 void ShardedModel::Impl::quiesce() noexcept {
   pipe.quiesce();
+  cross.quiesce();
   reductions.quiesce();
   act_io.settle();
   batches.quiesce();
@@ -424,6 +446,42 @@ void ShardedModel::micro_step(const Batch& batch, float grad_scale, bool last_mi
 }
 
 bool ShardedModel::pipelined() const { return impl_->ctx.pipe != nullptr; }
+
+void ShardedModel::start_round() {
+  Impl& I = *impl_;
+  if (!I.cross.on()) fail("sharded_model", "start_round needs replica groups (local_sgd)");
+  I.flush_deferred(model_);
+  I.cross.start_round();
+}
+
+void ShardedModel::outer_step(float lr, float momentum, bool nesterov, DType dtype, int fragment,
+                              int fragments) {
+  Impl& I = *impl_;
+  if (!I.cross.on()) fail("sharded_model", "outer_step needs replica groups (local_sgd)");
+  SW_CHECK(fragments >= 1 && fragment >= 0 && fragment < fragments, "outer_step: bad fragment");
+  I.flush_deferred(model_);
+  const size_t U = I.units.size();
+  std::vector<bool> mask(U, false);
+  for (size_t u = U * size_t(fragment) / size_t(fragments);
+       u < U * size_t(fragment + 1) / size_t(fragments); ++u)
+    mask[u] = true;
+  PlanInput in = I.ctx.plan_in;
+  in.carried.assign(U, false);
+  for (size_t u = 0; u < U; ++u)
+    in.carried[u] = I.units[u]->gather_in_flight() || I.units[u]->holds_gathered();
+  const StepPlan plan = plan_outer(in, mask, dtype == DType::F32 ? 4 : 2);
+  const OuterArgs outer{lr, momentum, nesterov, dtype};
+  RunArgs args;
+  Batch none;
+  args.batch = &none;
+  args.outer = &outer;
+  try {
+    I.exec.run(model_, plan, args);
+  } catch (...) {
+    I.abandon_step();
+    throw;
+  }
+}
 
 void ShardedModel::pipeline_step(const std::vector<Batch>& micro,
                                  const std::vector<float>& grad_scales) {
@@ -595,12 +653,13 @@ CommStats ShardedModel::comm_stats() const {
   const ModelContext& c = impl_->ctx;
   CommStats t;
   std::vector<Group*> seen;
-  if (c.p2p) {
-    const CommStats s = c.p2p->stats();
+  for (PeerComm* pc : {c.p2p.get(), c.qshard.get(), c.qrep.get()}) {  // (quantised: qgZ)
+    if (!pc) continue;
+    const CommStats s = pc->stats();
     t.ops += s.ops, t.bytes += s.bytes, t.comm_s += s.comm_s, t.exposed_s += s.exposed_s;
   }
   for (Group* g : {c.world.get(), c.shard.get(), c.rep.get(), c.tensor.get(), c.pipe.get(),
-                   c.shared.get()}) {
+                   c.shared.get(), c.cross.get()}) {
     if (!g || std::find(seen.begin(), seen.end(), g) != seen.end()) continue;
     seen.push_back(g);
     const CommStats s = g->stats();
@@ -612,9 +671,10 @@ CommStats ShardedModel::comm_stats() const {
 void ShardedModel::reset_comm_stats() {
   const ModelContext& c = impl_->ctx;
   for (Group* g : {c.world.get(), c.shard.get(), c.rep.get(), c.tensor.get(), c.pipe.get(),
-                   c.shared.get()})
+                   c.shared.get(), c.cross.get()})
     if (g) g->reset_stats();
-  if (c.p2p) c.p2p->reset_stats();
+  for (PeerComm* pc : {c.p2p.get(), c.qshard.get(), c.qrep.get()})
+    if (pc) pc->reset_stats();
 }
 
 }  // namespace sw

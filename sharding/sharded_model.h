@@ -52,11 +52,38 @@ struct FlatRange {
   bool empty() const { return hi <= lo; }
 };
 
-struct AdamWParams {
+// The optimizer (config `optimizer`: DeepSpeed's type names and keys) and its parameters.
+// Each uses the unit's two moment buffers (checkpointed as exp_avg / exp_avg_sq whatever the
+// type): AdamW and Lamb m and v; SGD and LARS m (the momentum buffer; v stays zero).
+// weight_decay applies to the parameters whose ParamSpec says so (not biases and norms):
+//   AdamW  decoupled (torch.optim.AdamW)
+//   SGD    torch.optim.SGD: d = g + wd p; m = d (step 1) else momentum m + (1 - dampening) d;
+//          d = nesterov ? d + momentum m : m (momentum 0: d); p -= lr d
+//   LARS   SGD on d = t (g + wd p), t = trust_coefficient |p| / (|g| + wd |p| + eps) per
+//          tensor (1 where |p| or |g| is 0), LARC's / timm's; tensors without weight decay
+//          (biases, norms) are excluded (t = 1, no decay)
+//   Lamb   DeepSpeed's FusedLamb: m, v as Adam; u = m / (sqrt(v) + eps) + wd p;
+//          c = clamp(|p| / |u|, min_coeff, max_coeff) per tensor (1 where either is 0);
+//          p -= lr sqrt(1 - beta2^t) / (1 - beta1^t) c u (bias_correction; else lr c u)
+// |x| is the L2 norm of a whole parameter tensor (summed over the shard and tensor groups).
+enum class OptimizerType : uint8_t { AdamW, SGD, LARS, Lamb };
+const char* optimizer_type_name(OptimizerType t);  // "AdamW", "SGD", "LARS", "Lamb"
+OptimizerType optimizer_type_from_name(const std::string& s);  // those, "Adam" too (AdamW)
+
+struct OptimizerParams {
+  OptimizerType type = OptimizerType::AdamW;
   float lr = 3e-4f;
-  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;  // AdamW, Lamb (LARS: eps)
   float weight_decay = 0.1f;
+  float momentum = 0.f, dampening = 0.f;  // SGD, LARS
+  bool nesterov = false;
+  float trust_coefficient = 1e-3f;        // LARS
+  float max_coeff = 10.f, min_coeff = 0.01f;  // Lamb
+  bool bias_correction = true;                // Lamb
+  // LARS and Lamb scale each tensor's update by a ratio of whole-tensor norms.
+  bool per_tensor() const { return type == OptimizerType::LARS || type == OptimizerType::Lamb; }
 };
+using AdamWParams = OptimizerParams;  // (its first users' name; AdamW by default)
 
 // Pipeline parallelism: the model given is one pipeline rank's stage (stage_model), `group`
 // the ranks that hold the same data and tensor slot in every stage (ranked by pipeline rank,
@@ -77,8 +104,11 @@ class ShardedModel {
   // slice; the policy shards over it) and `tensor` the model's tensor group (the ranks of one
   // data-parallel slot, consecutive; model.tensor says which of them this rank is, and its
   // size must be model.tensor.size). Null tensor: a model that is not split.
+  // Local SGD / DiLoCo: `group` is one replica's ranks and `replicas` the ranks holding the same
+  // shard in every replica (outer_step averages over it; null: none).
   ShardedModel(Model& model, const Ops& ops, uint64_t seed, GroupPtr group,
-               const ShardingPolicy& policy, GroupPtr tensor = nullptr, PipeSetup pipe = {});
+               const ShardingPolicy& policy, GroupPtr tensor = nullptr, PipeSetup pipe = {},
+               GroupPtr replicas = nullptr);
   ~ShardedModel();
 
   Model& model() { return model_; }
@@ -101,6 +131,15 @@ class ShardedModel {
   // step_losses then has one per micro-batch. Refused without a pipeline.
   void pipeline_step(const std::vector<Batch>& micro, const std::vector<float>& grad_scales);
   bool pipelined() const;
+  // Collective over every replica. Local SGD / DiLoCo (a model made with `replicas`): the outer
+  // step of fragment `fragment` of `fragments` (consecutive units; 1: all): each unit's
+  // pseudo-gradient (the round's start minus now) averaged over the replicas, the outer
+  // optimizer (SGD lr, momentum, Nesterov, crossing in `dtype`) applied to the round's start,
+  // and every replica's parameters set to it. start_round: the round starts from the parameters
+  // as they are (after initialisation, a resume, an import).
+  void outer_step(float lr, float momentum, bool nesterov, DType dtype, int fragment = 0,
+                  int fragments = 1);
+  void start_round();
   // Local. The mean loss over this rank's tokens of each micro_step (and forward_backward)
   // since the last call, in order; then forgets them. The losses grad_norm has already read
   // come without a synchronisation; the rest are read now, in one copy.
@@ -124,11 +163,12 @@ class ShardedModel {
   // with the device once).
   double grad_norm() const;
   void zero_grads();
-  // Collective. AdamW on this rank's slice of every parameter; grads multiplied by grad_mult
-  // first (clipping). step from 1. On a device with offload_optimizer cpu, the offloaded
+  // Collective. The optimizer (p.type: AdamW by default) on this rank's slice of every
+  // parameter; grads multiplied by grad_mult first (clipping). step from 1. LARS and Lamb
+  // first sum each tensor's squares over the shard (and tensor) group, in rank order. On a device with offload_optimizer cpu, the offloaded
   // units' updates may still run on the host updater thread when this returns: each unit
   // waits for its own where it is next touched (the next forward's gather, say).
-  void optimizer_step(const AdamWParams& p, float lr, float grad_mult, int step);
+  void optimizer_step(const OptimizerParams& p, float lr, float grad_mult, int step);
   // Units whose update runs on the host updater thread now. Tests: hold_host_updates(true)
   // keeps that thread from starting another update until hold_host_updates(false).
   int host_updates_in_flight() const;

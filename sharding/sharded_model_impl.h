@@ -20,6 +20,7 @@
 #include "sharding/loss_slots.h"
 #include "sharding/model_context.h"
 #include "sharding/offloaded_activations.h"
+#include "sharding/cross_group.h"
 #include "sharding/offloaded_state.h"
 #include "sharding/pipe_stage.h"
 #include "sharding/plan_cache.h"
@@ -36,7 +37,7 @@ struct ShardedModel::Impl {
   // Validates the policy, makes the groups (collective) and the plan's view of the model, then
   // the components and the units (their buffers zeroed), and the NVMe files.
   Impl(Model& model, const Ops& ops, GroupPtr group, const ShardingPolicy& policy,
-       GroupPtr tensor, PipeSetup pipe);
+       GroupPtr tensor, PipeSetup pipe, GroupPtr replicas);
   ~Impl() { quiesce(); }
 
   ModelContext ctx;
@@ -53,6 +54,7 @@ struct ShardedModel::Impl {
   OffloadedActivations act_io;
   TensorParallel tp;
   PipeStage pipe;
+  CrossGroup cross;
   Executor exec;
   // Global parameter name -> (unit, spec index).
   std::unordered_map<std::string, std::pair<int, int>> by_name;

@@ -14,7 +14,7 @@
 namespace sw {
 
 const char* queue_name(Queue q) {
-  static const char* n[] = {"compute", "gather", "reduce", "io", "host", "tensor", "p2p"};
+  static const char* n[] = {"compute", "gather", "reduce", "io", "host", "tensor", "p2p", "cross"};
   return q < Queue::Count ? n[static_cast<size_t>(q)] : "?";
 }
 
@@ -26,7 +26,8 @@ const char* action_kind_name(ActionKind k) {
                             "fetch_acts",  "evict_acts",  "wait_acts", "tp_gather_rows",
                             "tp_scatter_rows", "tp_all_gather", "tp_reduce_grads",
                             "recv_acts",   "send_acts",   "recv_grads",  "send_grads",
-                            "wait_p2p",    "backward_weight", "sync_shared"};
+                            "wait_p2p",    "backward_weight", "sync_shared", "outer_reduce",
+                            "outer_update"};
   return k < ActionKind::Count ? n[static_cast<size_t>(k)] : "?";
 }
 
@@ -226,6 +227,12 @@ StepPlan plan_eval(const PlanInput& in) {
 StepPlan plan_pipeline(const PlanInput& in) {
   PlanBuilder b(in);
   b.pipeline(true);
+  return b.take();
+}
+
+StepPlan plan_outer(const PlanInput& in, const std::vector<bool>& units, int outer_bytes) {
+  PlanBuilder b(in);  // (in.carried: gathers in flight, stale once their unit is updated)
+  b.outer(units, outer_bytes);
   return b.take();
 }
 

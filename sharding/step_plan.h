@@ -32,8 +32,10 @@ namespace sw {
 // Tensor: the tensor group's collectives (tensor parallelism; its communication thread).
 // P2P: pipeline parallelism's sends and receives between stages (the pipe group's
 // point-to-point transport, sharding/comm/p2p.h).
-enum class Queue : uint8_t { Compute, Gather, Reduce, IO, Host, Tensor, P2P, Count };
-const char* queue_name(Queue q);  // "compute", "gather", "reduce", "io", "host", "tensor", "p2p"
+// Cross: local SGD / DiLoCo's outer step across replica groups (sharding/cross_group.h).
+enum class Queue : uint8_t { Compute, Gather, Reduce, IO, Host, Tensor, P2P, Cross, Count };
+// "compute", "gather", "reduce", "io", "host", "tensor", "p2p", "cross"
+const char* queue_name(Queue q);
 
 enum class ActionKind : uint8_t {
   Gather,          // gather: all-gather unit u's parameters (allocates its transient buffer)
@@ -84,6 +86,11 @@ enum class ActionKind : uint8_t {
                    // (micro, chunk) deferred (Action::defer)
   SyncShared,      // reduce: unit u's reduced gradients summed with the other pipeline rank that
                    // holds it (GPT-2's tied embedding and head on the first and last stages)
+  // Local SGD / DiLoCo (sharding/cross_group.h): the outer step of a round.
+  OuterReduce,     // cross: unit u's pseudo-gradient (round start - now) averaged over the
+                   // replica groups (allocates it)
+  OuterUpdate,     // compute: the outer optimizer on the round's start with it; the replica's
+                   // master set to the result (frees it)
   Count
 };
 const char* action_kind_name(ActionKind k);  // "gather", "wait_gather", "forward", ...
@@ -244,7 +251,8 @@ struct Action {
 
 // A contiguous part of a plan that one ShardedModel call runs.
 // Pipeline: every micro-step of the step, as the pipeline schedule orders them (one call).
-enum class SegmentKind : uint8_t { MicroStep, Optimizer, Eval, Pipeline };
+// Outer: local SGD's outer step (the units of one fragment, or all).
+enum class SegmentKind : uint8_t { MicroStep, Optimizer, Eval, Pipeline, Outer };
 struct Segment {
   SegmentKind kind = SegmentKind::MicroStep;
   int micro = 0;
@@ -316,6 +324,9 @@ StepPlan plan_eval(const PlanInput& in);
 // backward) and the optimizer; plan_step of a pipelined input is this.
 StepPlan plan_pipeline_step(const PlanInput& in);
 StepPlan plan_pipeline(const PlanInput& in);  // the pipeline segment alone
+// Local SGD / DiLoCo: the outer step of the units `units` marks (outer_bytes: the wire bytes of
+// a float of the pseudo-gradient).
+StepPlan plan_outer(const PlanInput& in, const std::vector<bool>& units, int outer_bytes = 4);
 // The parts the executor runs, one per ShardedModel call: one micro-step's forward and
 // backward (`reduce`: its backward reduces the gradients; `last`: the step's last, which also
 // starts the reads of the optimizer's first pieces, see Action::carry), starting with
