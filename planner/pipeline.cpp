@@ -465,4 +465,70 @@ PipelinePrediction predict_pipeline(const PlanSetup& s, const HardwareProfile* h
   return r;
 }
 
+std::string PipelineCandidate::describe() const {
+  std::string d = "pp=" + std::to_string(pipeline);
+  if (pipeline > 1) d += std::string(" ") + pipe_schedule_name(static_cast<PipeSchedule>(schedule));
+  return d + " mb=" + std::to_string(micro_batch) + "x" + std::to_string(accum);
+}
+
+PipelineSearch search_pipeline(const PlanSetup& base, int64_t budget, const HardwareProfile& hw,
+                               double margin) {
+  if (budget <= 0) fail("plan", "--memory-budget: the budget must be more than 0 bytes");
+  PipelineSearch out;
+  const int t = std::max(1, base.tensor);
+  const int64_t global = int64_t(base.micro_batch) * base.accum * base.data_world();
+  int positions = 0;
+  {
+    Model m = build_model(base.model, TensorSlice{0, t});
+    wrap_blocks(m, base.blocks_per_unit);
+    positions = static_cast<int>(m.schedule.size());
+  }
+  for (int P = 1; P <= base.world / t; ++P) {
+    if ((base.world / t) % P) continue;
+    const int D = base.world / t / P;
+    if (global % D) continue;
+    const int64_t rows = global / D;  // micro_batch x micro-batch count per data rank
+    for (int sch = 0; sch < (P > 1 ? 4 : 1); ++sch) {
+      const bool inter = P > 1 && pipe_schedule_interleaved(static_cast<PipeSchedule>(sch));
+      const int V = inter ? 2 : 1;
+      if (P * V > positions) continue;
+      for (int64_t mb = 1; mb <= rows; mb *= 2) {
+        if (rows % mb) continue;
+        const int M = static_cast<int>(rows / mb);
+        if (P > 1 && (M < P || (inter && M % P))) continue;
+        PlanSetup s = base;
+        s.pipeline = P, s.pipe_chunks = V, s.pipe_schedule = P > 1 ? sch : 1;
+        s.split_points.clear();
+        s.micro_batch = static_cast<int>(mb), s.accum = M;
+        PipelineEvaluated e;
+        e.c = {P, V, s.pipe_schedule, s.micro_batch, M};
+        if (P == 1) {
+          const PlanPrediction p = predict_plan(s, &hw);
+          e.device = p.device;
+          e.step_s = p.time.step_s;
+        } else {
+          const PipelinePrediction p = predict_pipeline(s, &hw);
+          for (size_t r = 0; r < p.stages.size(); ++r)
+            if (p.stages[r].device > e.device) e.device = p.stages[r].device, e.stage = int(r);
+          e.step_s = p.time.step_s;
+          e.bubble = p.time.bubble;
+        }
+        e.fits = double(e.device) <= double(budget) * (1.0 - margin);
+        out.evaluated.push_back(e);
+        if (!e.fits) continue;
+        const int b = out.best;
+        const PipelineEvaluated* cur = b >= 0 ? &out.evaluated[size_t(b)] : nullptr;
+        const bool better =
+            !cur || e.step_s < cur->step_s * (1.0 - kStepTimeNoise) ||
+            (e.step_s <= cur->step_s * (1.0 + kStepTimeNoise) && e.device < cur->device);
+        if (better) {
+          out.best = static_cast<int>(out.evaluated.size()) - 1;
+          out.chosen = s;
+        }
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace sw

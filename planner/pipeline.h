@@ -21,6 +21,7 @@
 //           plans, costs and sends make it.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "planner/search.h"
@@ -68,6 +69,33 @@ struct PipelinePrediction {
 // linger false: the plans only, as the executor runs them (no figures; `plan-dump`).
 PipelinePrediction predict_pipeline(const PlanSetup& s, const HardwareProfile* hw,
                                     bool linger = true);
+
+// The pipeline's dimensions searched under a memory budget (plan --memory-budget on a config
+// with pipeline_parallel_degree > 1): the stage count P (1: no pipeline; P divides the ranks
+// over tensor, P x V stages fit the model's positions), the schedule (V = 2 for the
+// interleaved ones, whose micro-batch count must be a multiple of P) and the micro-batch size
+// and count (the global batch kept: micro_batch x count x data-parallel ranks), split points
+// balanced. Each is predicted (predict_pipeline, predict_plan for P = 1); it fits when its
+// largest stage's device peak <= budget x (1 - margin). Chosen: the fastest that fits (a
+// smaller peak breaks ties within 1%).
+struct PipelineCandidate {
+  int pipeline = 1, chunks = 1, schedule = 1, micro_batch = 1, accum = 1;
+  std::string describe() const;  // "pp=4 1F1B mb=2x8", "pp=1 mb=4x4"
+};
+struct PipelineEvaluated {
+  PipelineCandidate c;
+  int64_t device = 0;  // the largest stage's device peak
+  int stage = 0;       // the pipeline rank it is on
+  double step_s = 0, bubble = 0;
+  bool fits = false;
+};
+struct PipelineSearch {
+  std::vector<PipelineEvaluated> evaluated;  // every candidate, in the order tried
+  int best = -1;                             // index of the chosen one (-1: none fits)
+  PlanSetup chosen;                          // its setup
+};
+PipelineSearch search_pipeline(const PlanSetup& base, int64_t budget, const HardwareProfile& hw,
+                               double margin = 0.02);
 
 // The joint simulation alone: stage r's plan, input and time inputs; fills each stage's
 // StepTime (`times`) and returns the pipeline's figures.

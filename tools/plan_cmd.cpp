@@ -621,15 +621,93 @@ int cmd_plan_pipeline(const PlanArgs& pa, const TrainConfig& cfg,
   return 0;
 }
 
+// A config with pipeline parallelism under --memory-budget: the stage count, schedule and
+// micro-batches searched (planner/pipeline.h search_pipeline), the rest as configured.
+int cmd_search_pipeline(const PlanArgs& pa, TrainConfig cfg, const HardwareProfile& hw) {
+  const int64_t budget = parse_budget(pa.budget, "--memory-budget");
+  const PlanSetup base = plan_setup(cfg, pa.world);
+  const PipelineSearch r = search_pipeline(base, budget, hw);
+  if (r.best < 0) {
+    const PipelineEvaluated* small = nullptr;
+    for (const PipelineEvaluated& e : r.evaluated)
+      if (!small || e.device < small->device) small = &e;
+    fail("plan", "no pipeline plan fits a memory budget of " + format_bytes(size_t(budget)) +
+                     " per rank" + (small ? "; the smallest largest-stage peak is " +
+                                                format_bytes(size_t(small->device)) + " (" +
+                                                small->c.describe() + ")"
+                                          : std::string()));
+  }
+  const PipelineEvaluated& best = r.evaluated[size_t(r.best)];
+  if (!pa.out.empty()) {
+    ParallelismConfig& pp = cfg.parallelism;
+    pp.pipeline = best.c.pipeline;
+    pp.schedule = pipe_schedule_name(static_cast<PipeSchedule>(best.c.schedule));
+    pp.virtual_stages = best.c.chunks > 1 ? best.c.chunks : 0;
+    pp.split_points.clear();
+    cfg.micro_batch = best.c.micro_batch;
+    cfg.grad_accum = best.c.accum;
+    cfg.memory_budget = size_t(budget);
+    {
+      std::ofstream f(pa.out);
+      f << config_json(cfg) << "\n";
+      if (!f) fail("plan", pa.out + ": cannot write the config");
+    }
+    try {
+      load_config(pa.out, {}, pa.world);
+    } catch (const Error& e) {
+      std::error_code ec;
+      std::filesystem::remove(pa.out, ec);
+      fail("plan", pa.out + ": the chosen plan's config does not load (not written): " + e.what());
+    }
+  }
+  if (pa.json) {
+    auto ev = [](const PipelineEvaluated& e) {
+      return nlohmann::json{{"plan", e.c.describe()}, {"device_peak_bytes", e.device},
+                            {"largest_stage", e.stage}, {"step_time_s", e.step_s},
+                            {"bubble", e.bubble}, {"fits", e.fits}};
+    };
+    nlohmann::json j;
+    j["config"] = pa.config;
+    j["world_size"] = pa.world;
+    j["memory_budget"] = budget;
+    j["hardware"] = hw.name;
+    j["best"] = ev(best);
+    j["evaluated"] = nlohmann::json::array();
+    for (const PipelineEvaluated& e : r.evaluated) j["evaluated"].push_back(ev(e));
+    if (!pa.out.empty()) j["out"] = pa.out;
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("shardwise plan: %s on %d ranks, budget %s per rank, hardware '%s': %zu pipeline "
+              "plans (stages, schedule, micro-batches; global batch kept)\n",
+              pa.config.c_str(), pa.world, format_bytes(size_t(budget)).c_str(), hw.name.c_str(),
+              r.evaluated.size());
+  std::printf("chosen plan: %s: largest stage %s (pipeline rank %d), step %s, bubble %.1f%%\n",
+              best.c.describe().c_str(), format_bytes(size_t(best.device)).c_str(), best.stage,
+              secs(best.step_s).c_str(), 100 * best.bubble);
+  std::printf("  %-30s %10s %10s %8s\n", "plan", "device", "step", "bubble");
+  for (size_t i = 0; i < r.evaluated.size(); ++i) {
+    const PipelineEvaluated& e = r.evaluated[i];
+    std::printf("%s %-30s %10s %10s %7.1f%%\n", int(i) == r.best ? ">" : e.fits ? "*" : " ",
+                e.c.describe().c_str(), format_bytes(size_t(e.device)).c_str(),
+                secs(e.step_s).c_str(), 100 * e.bubble);
+  }
+  if (!pa.out.empty()) std::printf("config written to %s\n", pa.out.c_str());
+  return 0;
+}
+
 int cmd_plan(const PlanArgs& pa) {
   if (pa.calibrate) return cmd_calibrate(pa);
   // The budgets were checked while parsing (add_budget), so a typo costs nothing.
   TrainConfig cfg = load_config(pa.config, pa.overrides, pa.world);
   const std::optional<HardwareProfile> hw = resolve_hardware(pa);
   if (!pa.budget.empty()) {
-    if (cfg.parallelism.pipeline > 1)
-      fail("plan", "--memory-budget: the search does not vary pipeline parallelism yet; plan "
-                   "the config without it, or with pipeline_parallel_degree 1");
+    if (cfg.parallelism.pipeline > 1) {
+      if (!hw)
+        fail("plan", "--memory-budget needs a hardware profile: run `shardwise plan --calibrate` "
+                     "or give --hardware FILE");
+      return cmd_search_pipeline(pa, cfg, *hw);
+    }
     if (!hw)
       fail("plan", "--memory-budget needs a hardware profile: run `shardwise plan --calibrate` or "
                    "give --hardware FILE (e.g. configs/hardware/h100_nccl.json)");

@@ -163,3 +163,42 @@ TEST_CASE("pipeline plan: stage bounds from split points are checked") {
   s.model.n_layer = 1;  // 3 positions, 4 stages
   CHECK_THROWS_WITH(predict_pipeline(s, nullptr), Catch::Contains("4 stages need as many"));
 }
+
+TEST_CASE("pipeline plan: the search under a budget chooses the fastest plan whose largest stage fits") {
+  PlanSetup base = equal_stages(PipeSchedule::OneFOneB, 4, 4);
+  base.model.vocab_size = 512;
+  const HardwareProfile hw = fast_everything_but_products();
+  SECTION("no budget to speak of: the fastest of all, within the noise") {
+    const PipelineSearch r = search_pipeline(base, int64_t{1} << 40, hw);
+    REQUIRE(r.best >= 0);
+    double fastest = 1e30;
+    for (const PipelineEvaluated& e : r.evaluated) fastest = std::min(fastest, e.step_s);
+    CHECK(r.evaluated[size_t(r.best)].step_s <= fastest * (1 + kStepTimeNoise));
+    // every kind of candidate was tried: no pipeline, every schedule at 2 and 4 stages
+    int kinds[5][4] = {};
+    for (const PipelineEvaluated& e : r.evaluated) ++kinds[e.c.pipeline][e.c.pipeline > 1 ? e.c.schedule : 0];
+    CHECK(kinds[1][0] > 0);
+    for (int P : {2, 4})
+      for (int s = 0; s < 4; ++s) CHECK(kinds[P][s] > 0);
+  }
+  SECTION("a budget only pipelines fit: the choice has stages, and its predicted stages fit") {
+    const PipelineSearch all = search_pipeline(base, int64_t{1} << 40, hw);
+    int64_t no_pipe = INT64_MAX, piped = INT64_MAX;
+    for (const PipelineEvaluated& e : all.evaluated)
+      (e.c.pipeline == 1 ? no_pipe : piped) = std::min(e.c.pipeline == 1 ? no_pipe : piped, e.device);
+    REQUIRE(piped < no_pipe);
+    const int64_t budget = static_cast<int64_t>(double(piped + no_pipe) / 2 / 0.98);
+    const PipelineSearch r = search_pipeline(base, budget, hw);
+    REQUIRE(r.best >= 0);
+    const PipelineEvaluated& b = r.evaluated[size_t(r.best)];
+    CHECK(b.c.pipeline > 1);
+    CHECK(r.chosen.pipeline == b.c.pipeline);
+    CHECK(r.chosen.micro_batch * r.chosen.accum * r.chosen.data_world() ==
+          base.micro_batch * base.accum * base.data_world());  // the global batch kept
+    const PipelinePrediction p = predict_pipeline(r.chosen, &hw);
+    for (const PlanPrediction& st : p.stages) CHECK(double(st.device) <= double(budget) * 0.98);
+  }
+  SECTION("a budget nothing fits: no choice") {
+    CHECK(search_pipeline(base, 1 << 20, hw).best == -1);
+  }
+}
