@@ -569,6 +569,10 @@ Node offload_param_block() {
           S, OP, &ParamOffload::max_in_cpu)});
 }
 
+bool read_quant_scope(const Node& k, const json& v, const std::string& p, const Ctx& c) {
+  return read_str(k, v, p, c) == "all";
+}
+
 // stage: read together with sharding_strategy (config_reader.cpp read_strategy).
 Node zero_block() {
   Node zero = obj("zero_optimization",
@@ -582,8 +586,7 @@ Node zero_block() {
        {"allgather_partitions", "overlap_comm", "reduce_scatter", "contiguous_gradients",
         "round_robin_gradients", "elastic_checkpoint", "ignore_unused_parameters",
         "load_from_fp32_weights", "cpu_offload", "stage3_gather_16bit_weights_on_model_save",
-        "stage3_gather_fp16_weights_on_model_save", "zero_quantized_weights",
-        "zero_quantized_gradients", "mics_hierarchical_params_gather",
+        "stage3_gather_fp16_weights_on_model_save", "mics_hierarchical_params_gather",
         "use_multi_rank_bucket_allreduce", "memory_efficient_linear"})
     zero.kids.push_back(cbool(k));
   for (const char* k :
@@ -593,6 +596,30 @@ Node zero_block() {
     zero.kids.push_back(cnum(k));
   zero.kids.push_back(offload_optimizer_block());
   zero.kids.push_back(offload_param_block());
+  // Compressed collectives (sharding/policy.h CommQuantization, sharding/comm/quantize.h).
+  constexpr auto Q = &ShardingPolicy::quantized;
+  zero.kids.push_back(to(boolean("zero_quantized_weights", false,
+                                 "ZeRO++ qwZ: sharded units all-gather their parameters "
+                                 "block-quantised (`quantized_bits`); masters stay exact"),
+                         S, Q, &CommQuantization::weights));
+  zero.kids.push_back(to(boolean("zero_quantized_gradients", false,
+                                 "ZeRO++ qgZ: gradients are reduced with quantised messages "
+                                 "(all-to-all reduce-scatter, error feedback); reduce_dtype fp32"),
+                         S, Q, &CommQuantization::gradients));
+  zero.kids.push_back(to(integer("quantized_bits", 8, 4, 8, "`8` (int8) or `4` (int4)"), S, Q,
+                         &CommQuantization::bits));
+  zero.kids.push_back(to(integer("quantized_block_size", 256, 1, IMAX,
+                                 "values per fp32 scale of the quantised collectives"),
+                         S, Q, &CommQuantization::block));
+  zero.kids.push_back(
+      writes(via(string("quantized_scope", "replicate", {"replicate", "all"},
+                        "`replicate`: only what crosses hosts is quantised (HYBRID_SHARD: the "
+                        "replica all-reduce; other strategies: their one group); `all`: "
+                        "HYBRID's shard group too"),
+                 read_quant_scope, S, Q, &CommQuantization::all_dims),
+             [](const TrainConfig& c) {
+               return json(c.sharding.quantized.all_dims ? "all" : "replicate");
+             }));
   return zero;
 }
 

@@ -237,6 +237,18 @@ void validate(const ShardingPolicy& p, int world, int units) {
     bad_policy("activation_checkpointing.nvme_path",
                "required with offload 'nvme' (a directory on a local disk; zero_optimization's "
                "offload nvme_path is used when set)");
+  const CommQuantization& q = p.quantized;
+  if (q.bits != 8 && q.bits != 4)
+    bad_policy("zero_optimization.quantized_bits", "must be 8 or 4 (got " + std::to_string(q.bits) + ")");
+  at_least("zero_optimization.quantized_block_size", q.block, int64_t{1});
+  if (q.any() && p.strategy == ShardingStrategy::NoShard)
+    bad_policy(q.gradients ? "zero_optimization.zero_quantized_gradients"
+                           : "zero_optimization.zero_quantized_weights",
+               "needs a strategy that shards (NO_SHARD's bucket all-reduce is not quantised)");
+  if (q.gradients && mp.reduce_dtype != DType::F32)
+    bad_policy("zero_optimization.zero_quantized_gradients",
+               std::string("needs reduce_dtype fp32 (the quantised reduction replaces the ") +
+                   dtype_name(mp.reduce_dtype) + " one; it sums in fp32)");
 }
 
 }  // namespace sw

@@ -150,6 +150,26 @@ struct ParamOffload {
   bool on_nvme(int u, const std::vector<int64_t>& shard_floats) const;
 };
 
+// Compressed collectives (ZeRO++'s qwZ / qgZ; sharding/comm/quantize.h): block-wise int8 or
+// int4 with one fp32 scale per `block` values. weights (zero_quantized_weights): a sharded
+// unit's all-gather moves each rank's master shard quantised (the master stays exact; the
+// gathered compute copy is dequantised). gradients (zero_quantized_gradients): the gradient
+// reduce-scatter is all-to-all based with quantised messages and error feedback (a residual
+// per unit, Mem::Grads: +4 bytes per parameter, unsharded), and HYBRID's replica all-reduce is
+// that reduce-scatter plus a quantised gather of each reduced chunk (its residual kept by the
+// chunk's owner). Per mesh dimension (`scope`): "replicate" (default) compresses what crosses
+// hosts: HYBRID_SHARD's replica all-reduce only (its shard group is a host: full precision),
+// every other sharded strategy's one data-parallel group; "all": the shard group too.
+// CPU devices, fp32 reduce_dtype, sharded strategies; run on the calling thread (no overlap).
+struct CommQuantization {
+  bool weights = false;
+  bool gradients = false;
+  int bits = 8;          // 8 or 4
+  int64_t block = 256;   // values per fp32 scale
+  bool all_dims = false;  // scope "all"
+  bool any() const { return weights || gradients; }
+};
+
 struct ShardingPolicy {
   ShardingStrategy strategy = ShardingStrategy::FullShard;
   // HYBRID_SHARD: ranks per shard group (consecutive world ranks); must divide the world size.
@@ -182,6 +202,8 @@ struct ShardingPolicy {
   DeviceComm device_comm = DeviceComm::Auto;
   // The asynchronous I/O engine of the io queue (DeepSpeed's "aio" block, offload/aio.h).
   AioConfig aio;
+  // zero_quantized_weights / zero_quantized_gradients (above).
+  CommQuantization quantized;
 
   // The defaults of a strategy (reshard_after_forward and accum follow it).
   static ShardingPolicy for_strategy(ShardingStrategy s);

@@ -3,10 +3,35 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "sharding/comm/quantize.h"
 #include "sharding/offloaded_state.h"
 #include "sharding/unit_state.h"
 
 namespace sw {
+
+void setup_quantized(ModelContext& c) {
+  const CommQuantization& q = c.policy.quantized;
+  if (!q.any()) return;
+  const char* key = q.weights ? "zero_optimization.zero_quantized_weights"
+                              : "zero_optimization.zero_quantized_gradients";
+  if (!c.ops->device().is_cpu())
+    fail("sharding", std::string(key) + " on device " + c.ops->device().str() +
+                         " is not implemented yet (the quantised collectives run on the host; "
+                         "use device cpu)");
+  if (c.tensor || c.pipe)
+    fail("sharding", std::string(key) + " with tensor or pipeline parallelism is not "
+                                        "implemented yet");
+  if (c.S == 1 && c.R > 1)
+    fail("sharding", std::string(key) + " with shard groups of one rank (NO_SHARD's bucket "
+                                        "all-reduce) is not implemented yet");
+  c.quant = QuantSpec{q.bits, q.block};
+  // The shard group carries compressed traffic when it is the only data-parallel dimension
+  // (it then spans hosts) or with scope "all"; the replica dimension always does.
+  const bool shard_dim = c.S > 1 && (c.R == 1 || q.all_dims);
+  c.quant_weights = q.weights && shard_dim;
+  if (q.gradients && shard_dim) c.qshard = make_peer_comm(*c.shard, "qgz-shard");
+  if (q.gradients && c.R > 1 && c.S > 1) c.qrep = make_peer_comm(*c.rep, "qgz-replica");
+}
 
 Reductions::Reductions(const ModelContext& ctx, UnitList& units, ActionRecords& records,
                        OffloadedState& state)
@@ -114,6 +139,22 @@ void Reductions::issue_follow_up(FlatUnit& fu, Pending& r) {
   void* blk = fu.reduced_block();
   r.t_issue = records_.now();
   r.seq = records_.next_seq();
+  if (ctx_.qrep) {  // quantised: once its reduce-scatter is done, here (sharding/comm/quantize.h)
+    pending_.back().work.wait();
+    const int64_t n = fu.shard_size();
+    if (qerr_.size() < units_.size()) qerr_.resize(units_.size());
+    auto& e = qerr_[static_cast<size_t>(r.unit)];
+    if (e[0].empty()) {
+      e[0] = Buffer(static_cast<size_t>(n) * 4, Mem::Grads);
+      e[1] = Buffer(static_cast<size_t>(quant_ar_chunk(n, ctx_.R)) * 4, Mem::Grads);
+      e[0].zero(), e[1].zero();
+    }
+    quantized_all_reduce(*ctx_.qrep, static_cast<float*>(blk), n, e[0].f32(), e[1].f32(),
+                         ctx_.quant, 1.f / static_cast<float>(ctx_.R));
+    r.work = Work();  // complete
+    pending_.push_back(std::move(r));
+    return;
+  }
   r.work = ctx_.rep->issue_all_reduce_after(
       pending_.back().work, blk, blk, fu.shard_size(),
       fu.reduce_dtype() == DType::F32 ? ReduceOp::Avg : ReduceOp::Sum,  // divided before

@@ -10,6 +10,7 @@
 // the bucket buffer holding every unit's gradients (the plan's bucket ranges). Gradients whose
 // shard is off the device (host or NVMe, OffloadedState) are accumulated there.
 #pragma once
+#include <array>
 #include <deque>
 
 #include "core/alloc.h"
@@ -20,6 +21,14 @@
 namespace sw {
 
 class OffloadedState;
+
+// Compressed collectives (policy.quantized, sharding/policy.h CommQuantization): fills c.quant,
+// c.quant_weights, c.qshard and c.qrep from the policy and the groups (S, R, shard, rep set),
+// per mesh dimension: scope "replicate" quantises HYBRID's replica dimension only, otherwise
+// the one data-parallel group; "all" both. Collective over the groups it makes transports for
+// (PeerComms). Fails naming the key where the combination is not supported (a device, tensor
+// or pipeline parallelism).
+void setup_quantized(ModelContext& c);
 
 class Reductions final : public Component {
  public:
@@ -69,6 +78,9 @@ class Reductions final : public Component {
   OffloadedState& state_;
   Buffer bucket_buf_;
   std::vector<int64_t> bucket_at_;  // per unit: its region's offset in the bucket buffer, or -1
+  // ctx.qrep: per unit, the residuals of its quantised replica all-reduce (Mem::Grads):
+  // [0] its reduced block's (shard_size), [1] its reduced chunk's (quant_ar_chunk).
+  std::vector<std::array<Buffer, 2>> qerr_;
   std::deque<Pending> pending_;
 };
 

@@ -196,6 +196,14 @@ void FlatUnit::issue_narrow_gather() {
   gather_ = shard_->issue_all_gather(front + rank_ * Sh, front, Sh, pdt_);
 }
 
+void FlatUnit::set_quantized(const QuantSpec& q, bool weights, PeerComm* grad_peers) {
+  SW_CHECK(ops_->device().is_cpu() || (!weights && !grad_peers),
+           "quantised collectives run on CPU buffers");
+  qspec_ = q;
+  qw_ = weights && kind_ == Kind::Sharded && !w16_;
+  qpeers_ = kind_ == Kind::Whole ? nullptr : grad_peers;
+}
+
 void FlatUnit::issue_unshard() {
   settle();
   if (sstate_ == ShardedState::Unsharded || gather_in_flight_) return;
@@ -211,7 +219,9 @@ void FlatUnit::issue_unshard() {
       SW_CHECK(master_, "unit '" + unit_->name() +
                             "': its master shard on NVMe was not staged for the gather");
       // NVMe: the staging buffer is free once issued; host shards: copied to the device first
-      if (pdt_ != DType::F32 || pnvme_ || hm_)
+      if (qw_)  // quantised from the (staged) master at once: a staging buffer is free after
+        gather_ = issue_quantized_all_gather(*shard_, master_, Sh, qspec_, qwire_);
+      else if (pdt_ != DType::F32 || pnvme_ || hm_)
         issue_narrow_gather();
       else
         gather_ = shard_->issue_all_gather(master_, full_, Sh);
@@ -234,6 +244,12 @@ void FlatUnit::finish_gather() {
   ops_->stream().wait_event(gather_);
   gather_in_flight_ = false;
   sstate_ = ShardedState::Unsharded;
+  if (!qwire_.empty()) {  // quantised: every rank's slot dequantised, the own one included
+    finish_quantized_all_gather(*shard_, qwire_, layout_.shard_size(), qspec_, full_);
+    qwire_.release();
+    if (pdt_ != DType::F32) ops_->round_to(pdt_, full_, static_cast<size_t>(layout_.padded));
+    return;
+  }
   if (full16_)  // out of the 16-bit copy, the parameters that have an fp32 copy
     widen_runs();
   else if (pdt_ != DType::F32)  // in place from the front
@@ -354,6 +370,16 @@ Work FlatUnit::issue_reduce_scatter(int replicas) {
   SW_CHECK(kind_ != Kind::Whole && grads_.allocated(), "reduce-scatter needs unsharded gradients");
   grads_.write_unwritten();
   float* g = grads_.data();
+  if (qpeers_) {  // quantised all-to-all with error feedback, averaged over the shard group
+    SW_CHECK(rdt_ == DType::F32, "quantised gradients need reduce_dtype fp32");
+    if (qerr_.empty()) {
+      qerr_ = Buffer(fbytes(layout_.padded), Mem::Grads);
+      qerr_.zero();
+    }
+    quantized_reduce_scatter(*qpeers_, g, qerr_.f32(), g + shard_range().lo, layout_.shard_size(),
+                             qspec_, 1.f / static_cast<float>(shard_->size()));
+    return Work();
+  }
   if (rdt_ == DType::F32)
     return shard_->issue_reduce_scatter(g, reduced_block(), layout_.shard_size(), ReduceOp::Avg);
   // 16 bits: divide first, then sum, so partial sums stay within the average's range.

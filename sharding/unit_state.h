@@ -60,6 +60,8 @@
 #include "core/alloc.h"
 #include "models/unit.h"
 #include "sharding/comm/group.h"
+#include "sharding/comm/p2p.h"
+#include "sharding/comm/quantize.h"
 #include "sharding/flat_param.h"
 #include "sharding/policy.h"
 #include "sharding/unit_grads.h"
@@ -161,6 +163,17 @@ class FlatUnit {
   // gather in flight). Kind C with a split master: re-rounds the compute copy from the master
   // (no communication). Otherwise a no-op.
   void issue_regather();
+
+  // ---- Compressed collectives (sharding/comm/quantize.h; policy.h CommQuantization) --------
+  // Set by ShardedModel after construction. weights (Kind::Sharded): the gather quantises the
+  // master shard (exact) into a packed slot (transient, Communication), all-gathers the packed
+  // bytes and dequantises every slot into the full buffer (rounded to param_dtype after).
+  // grad_peers (not null): issue_reduce_scatter is the quantised all-to-all over them, with
+  // error feedback kept in a residual of the unsharded size (persistent, Grads), and returns a
+  // completed Work (it ran on the calling thread).
+  void set_quantized(const QuantSpec& q, bool weights, PeerComm* grad_peers);
+  // The quantised gradient reduction's residual (padded floats), null before its first use.
+  const float* quant_residual() const { return qerr_.empty() ? nullptr : qerr_.f32(); }
 
   // ---- Training state -------------------------------------------------------------------
   void to_forward();        // Idle|Forward -> Forward (idempotent)
@@ -353,6 +366,11 @@ class FlatUnit {
   // stream; the compute stream waits for it natively, the host only before it writes the
   // master or the stage again (the io queue before it refills an NVMe slot: upload_event).
   mutable std::shared_ptr<Event> up_;
+  QuantSpec qspec_;
+  bool qw_ = false;              // quantised gathers
+  PeerComm* qpeers_ = nullptr;   // quantised reduce-scatters over these
+  Buffer qwire_;                 // the packed shards of a quantised gather in flight
+  Buffer qerr_;                  // (padded) error feedback of the quantised reduce-scatter
   void wait_upload() const;
   void upload(void* dst, const void* src, size_t bytes);
   // An update running elsewhere (set_pending_update) and what waits for it.

@@ -1,0 +1,144 @@
+// Block quantisation (sharding/comm/quantize.h): round-trip error bounds, packing, determinism
+// and error feedback, against a scalar reference written here; the quantised collectives on a
+// one-rank group. The multi-rank collectives: test_quantize_mpi.cpp.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "sharding/comm/quantize.h"
+
+using namespace sw;
+
+namespace {
+
+std::vector<float> randn(size_t n, uint64_t seed, float sd = 1.f) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> d(0.f, sd);
+  std::vector<float> x(n);
+  for (float& v : x) v = d(g);
+  return x;
+}
+
+std::vector<float> roundtrip(const std::vector<float>& x, const QuantSpec& q) {
+  std::vector<uint8_t> w(static_cast<size_t>(quant_packed_bytes(int64_t(x.size()), q)));
+  quantize(x.data(), int64_t(x.size()), q, w.data());
+  std::vector<float> y(x.size());
+  dequantize(w.data(), int64_t(x.size()), q, y.data());
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("quantize: round trip within absmax/qmax/2 per value, int8 and int4", "[quantize]") {
+  for (int bits : {8, 4})
+    for (int64_t block : {256, 64, 7, 1}) {
+      const QuantSpec q{bits, block};
+      for (size_t n : {size_t(1), size_t(255), size_t(1000), size_t(4097)}) {
+        std::vector<float> x = randn(n, 7 + n + size_t(block), 3.f);
+        x[0] = 0.f;
+        const std::vector<float> y = roundtrip(x, q);
+        double max_rel = 0;
+        for (size_t b = 0; b * size_t(block) < n; ++b) {
+          const size_t lo = b * size_t(block), hi = std::min(n, lo + size_t(block));
+          float amax = 0;
+          for (size_t i = lo; i < hi; ++i) amax = std::max(amax, std::fabs(x[i]));
+          const float bound = amax / float(q.qmax()) / 2.f;
+          for (size_t i = lo; i < hi; ++i) {
+            INFO("bits " << bits << " block " << block << " n " << n << " i " << i);
+            REQUIRE(std::fabs(x[i] - y[i]) <= bound * (1 + 1e-6f));
+            if (amax > 0) max_rel = std::max(max_rel, double(std::fabs(x[i] - y[i]) / bound));
+          }
+          // the block's absmax value itself is exact (code +-qmax)
+        }
+        // the bound is tight, not loose by construction (block 1: every value is its block's absmax,
+        // exact)
+        if (n > 100 && block > 1) REQUIRE(max_rel > 0.5);
+      }
+    }
+}
+
+TEST_CASE("quantize: packed size, zeros, non-finite blocks, determinism", "[quantize]") {
+  const QuantSpec q8{8, 256}, q4{4, 256};
+  // 1000 values: 4 blocks -> 16 bytes of scales + codes, padded to 4
+  REQUIRE(quant_packed_bytes(1000, q8) == 16 + 1000);
+  REQUIRE(quant_packed_bytes(1000, q4) == 16 + 500);
+  REQUIRE(quant_packed_bytes(1001, q4) == 16 + 504);
+  // 1/4 and 1/8 of fp32 plus the scales
+  REQUIRE(quant_packed_bytes(1 << 20, q8) == (1 << 20) + (1 << 14));
+  REQUIRE(quant_packed_bytes(1 << 20, q4) == (1 << 19) + (1 << 14));
+  std::vector<float> z(300, 0.f);
+  for (float v : roundtrip(z, q8)) REQUIRE(v == 0.f);
+  std::vector<float> x = randn(600, 3);
+  x[10] = INFINITY;
+  const std::vector<float> y = roundtrip(x, q4);
+  for (int i = 0; i < 256; ++i) REQUIRE(std::isnan(y[size_t(i)]));  // the block with the inf
+  for (int i = 256; i < 600; ++i) REQUIRE(std::isfinite(y[size_t(i)]));
+  // deterministic: the same bytes twice, and round half to even
+  std::vector<uint8_t> a(size_t(quant_packed_bytes(600, q8))), b(a.size());
+  quantize(x.data(), 600, q8, a.data());
+  quantize(x.data(), 600, q8, b.data());
+  REQUIRE(a == b);
+  const std::vector<float> h{254.f, 1.f, 3.f, -1.f};  // scale 2: 0.5 -> 0, 1.5 -> 2, -0.5 -> -0
+  const std::vector<float> hy = roundtrip(h, QuantSpec{8, 4});
+  REQUIRE(hy == std::vector<float>{254.f, 0.f, 4.f, 0.f});
+}
+
+TEST_CASE("quantize: error feedback: what was sent over K steps sums to the true sum", "[quantize]") {
+  for (int bits : {8, 4}) {
+    const QuantSpec q{bits, 64};
+    const int64_t n = 1000;
+    const int K = 200;
+    std::vector<float> err(size_t(n), 0.f), sent_sum(size_t(n), 0.f), true_sum(size_t(n), 0.f),
+        plain_sum(size_t(n), 0.f), y(size_t(n), 0.f);
+    std::vector<uint8_t> w(size_t(quant_packed_bytes(n, q)));
+    double max_res = 0;
+    for (int k = 0; k < K; ++k) {
+      // a gradient with a small persistent bias that one quantisation alone would round away
+      // (and a small step-to-step variation)
+      std::vector<float> g(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i)
+        g[size_t(i)] = 0.01f * float(i % 7) + 0.001f * float(k % 3) + (i % 64 == 0 ? 5.f : 0.f);
+      quantize_ef(g.data(), err.data(), n, q, w.data());
+      dequantize(w.data(), n, q, y.data());
+      const std::vector<float> p = roundtrip(g, q);
+      for (int64_t i = 0; i < n; ++i) {
+        sent_sum[size_t(i)] += y[size_t(i)];
+        true_sum[size_t(i)] += g[size_t(i)];
+        plain_sum[size_t(i)] += p[size_t(i)];
+        max_res = std::max(max_res, double(std::fabs(err[size_t(i)])));
+      }
+    }
+    // the residual stays within one quantisation step (absmax/qmax/2 of a block: 5/qmax/2)
+    const double step = (5.0 + 0.1) / q.qmax() / 2;
+    REQUIRE(max_res <= step * 1.01);
+    double ef_gap = 0, plain_gap = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      // sum sent = sum true - residual, exactly up to fp32 rounding of the sums
+      REQUIRE(std::fabs(sent_sum[size_t(i)] + err[size_t(i)] - true_sum[size_t(i)]) <=
+              1e-3 * (1 + std::fabs(true_sum[size_t(i)])));
+      ef_gap = std::max(ef_gap, double(std::fabs(sent_sum[size_t(i)] - true_sum[size_t(i)])));
+      plain_gap = std::max(plain_gap, double(std::fabs(plain_sum[size_t(i)] - true_sum[size_t(i)])));
+    }
+    REQUIRE(ef_gap <= step * 1.01 + 1e-3 * K);
+    REQUIRE(plain_gap > 10 * ef_gap);  // without feedback the bias is lost step after step
+  }
+}
+
+TEST_CASE("quantize: collectives on a one-rank group", "[quantize]") {
+  GroupPtr g = make_local_group();
+  PeerCommPtr pc = make_peer_comm(*g, "quant-test");
+  const QuantSpec q{8, 32};
+  std::vector<float> x = randn(100, 9), out(100);
+  Buffer wire;
+  issue_quantized_all_gather(*g, x.data(), 100, q, wire).wait();
+  finish_quantized_all_gather(*g, wire, 100, q, out.data());
+  REQUIRE(out == roundtrip(x, q));
+  std::vector<float> err(100, 0.f), rs(100);
+  quantized_reduce_scatter(*pc, x.data(), err.data(), rs.data(), 100, q, 0.5f);
+  const std::vector<float> r = roundtrip(x, q);
+  for (size_t i = 0; i < 100; ++i) {
+    REQUIRE(rs[i] == r[i] * 0.5f);
+    REQUIRE(std::fabs(err[i] - (x[i] - r[i])) <= 1e-6f * std::fabs(x[i]));  // (fma)
+  }
+}
