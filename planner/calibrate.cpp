@@ -17,6 +17,7 @@
 #include "kernels/ops.h"
 #include "kernels/threads.h"
 #include "offload/aio.h"
+#include "sharding/comm/p2p.h"
 #include "sharding/wrap.h"
 
 namespace sw {
@@ -195,6 +196,39 @@ CollectiveFit measure_collective(Group& g, CollKind kind, const CalibrateOptions
   return f;
 }
 
+// Point-to-point messages between pipeline stages (hardware.h "collectives.p2p"): ranks in
+// pairs (0-1, 2-3, ...) bounce a message of each size; half the fastest round trip of a few.
+void measure_p2p(Group& g, const CalibrateOptions& opt, HardwareProfile& hw) {
+  const PeerCommPtr pc = make_peer_comm(g, "calibrate");
+  const int r = g.rank(), peer = r ^ 1;
+  const bool paired = peer < g.size();
+  const std::vector<int64_t> sizes = {int64_t{64} << 10, int64_t{8} << 20};
+  std::vector<char> buf(size_t(sizes.back()));
+  std::vector<double> t(sizes.size(), 1e300);
+  int tag = 0;
+  for (size_t k = 0; k < sizes.size(); ++k)
+    for (int rep = 0; rep < 5; ++rep) {
+      g.barrier();
+      if (!paired) continue;
+      const double t0 = trace_now();
+      if (r % 2 == 0) {
+        pc->send(buf.data(), sizes[k], peer, tag).wait();
+        pc->recv(buf.data(), sizes[k], peer, tag + 1).wait();
+      } else {
+        pc->recv(buf.data(), sizes[k], peer, tag).wait();
+        pc->send(buf.data(), sizes[k], peer, tag + 1).wait();
+      }
+      if (rep > 0) t[k] = std::min(t[k], (trace_now() - t0) / 2);
+      tag += 2;
+    }
+  g.barrier();
+  if (!paired) return;
+  hw.p2p_bps = double(sizes[1] - sizes[0]) / std::max(1e-9, t[1] - t[0]);
+  if (!(hw.p2p_bps > 0)) hw.p2p_bps = double(sizes[1]) / t[1];
+  hw.p2p_latency_s = std::max(0.0, t[0] - double(sizes[0]) / hw.p2p_bps);
+  say(opt, fmt("  p2p: latency %.1f us, %.2f GB/s", hw.p2p_latency_s * 1e6, hw.p2p_bps / 1e9));
+}
+
 void measure_disk(const CalibrateOptions& opt, int rank, HardwareProfile& hw) {
   hw.disk_path = opt.disk_path;
   const std::string path = opt.disk_path + "/.shardwise_calibrate_" + std::to_string(getpid()) +
@@ -313,6 +347,7 @@ HardwareProfile calibrate(const CalibrateOptions& opt, Group* world) {
     hw.all_gather = measure_collective(*world, CollKind::AllGather, opt);
     hw.reduce_scatter = measure_collective(*world, CollKind::ReduceScatter, opt);
     hw.all_reduce = measure_collective(*world, CollKind::AllReduce, opt);
+    measure_p2p(*world, opt, hw);
   }
   say(opt, "disk (every rank at once, " + std::to_string(opt.disk_bytes >> 20) + " MiB each):");
   measure_disk(opt, rank, hw);
