@@ -17,41 +17,80 @@ void check_spec(const QuantSpec& q) {
   SW_CHECK((q.bits == 8 || q.bits == 4) && q.block >= 1, "quantize: bits must be 8 or 4, block >= 1");
 }
 
-// Round half to even, independent of the FP environment's rounding mode.
-inline int round_even(float v) {
-  const float f = std::floor(v);
-  const float d = v - f;
-  int r = static_cast<int>(f);
-  if (d > 0.5f || (d == 0.5f && (r & 1))) ++r;
-  return r;
-}
-
-// One block: its scale, and code(i) for each of its values (written by `put`).
-template <class Put>
-float quantize_block(const float* x, int64_t m, int qmax, Put put) {
+// A block's scale: absmax / qmax, 0 for an all-zero block, NaN where it holds a NaN or an
+// infinity.
+float block_scale(const float* x, int64_t m, int qmax) {
   float amax = 0.f;
-  bool finite = true;
+  int bad = 0;
+#pragma omp simd reduction(max : amax) reduction(| : bad)
   for (int64_t i = 0; i < m; ++i) {
     const float a = std::fabs(x[i]);
-    if (!(a <= 3.4e38f)) finite = false;  // NaN or infinity
+    bad |= !(a <= 3.4028235e38f);
     amax = a > amax ? a : amax;
   }
-  if (!finite) {
-    for (int64_t i = 0; i < m; ++i) put(i, 0);
-    return std::nanf("");
+  if (bad) return std::nanf("");
+  return amax / static_cast<float>(qmax);
+}
+
+// codes[0, m) of x in a block of scale s: round half to even (nearbyint in the default
+// rounding mode) of x / s, clamped to [-qmax, qmax]; 0 where s is 0 or NaN.
+void block_codes(const float* x, int64_t m, float s, int qmax, int8_t* codes) {
+  if (!(s > 0.f)) {
+    std::memset(codes, 0, static_cast<size_t>(m));
+    return;
   }
-  if (amax == 0.f) {
-    for (int64_t i = 0; i < m; ++i) put(i, 0);
-    return 0.f;
-  }
-  const float scale = amax / static_cast<float>(qmax);
-  const float inv = static_cast<float>(qmax) / amax;
+  const float inv = 1.f / s, hi = static_cast<float>(qmax);
+#pragma omp simd
   for (int64_t i = 0; i < m; ++i) {
-    int c = round_even(x[i] * inv);
-    c = c > qmax ? qmax : (c < -qmax ? -qmax : c);
-    put(i, c);
+    float c = std::nearbyint(x[i] * inv);
+    c = c > hi ? hi : (c < -hi ? -hi : c);
+    codes[i] = static_cast<int8_t>(c);
   }
-  return scale;
+}
+
+// Quantises x[lo, lo + m) (one block) into the packed codes; with `err` (x' = err + x already
+// stored in err when x == err) updates err to x' - DQ. Returns the block's scale.
+float quantize_one(const float* x, float* err, int64_t lo, int64_t m, const QuantSpec& q,
+                   uint8_t* codes) {
+  const float* src = x + lo;
+  if (err) {
+    float* e = err + lo;
+    if (x != err) {
+#pragma omp simd
+      for (int64_t i = 0; i < m; ++i) e[i] += src[i];
+    }
+    src = e;
+  }
+  const int qmax = q.qmax();
+  const float s = block_scale(src, m, qmax);
+  constexpr int64_t kPiece = 512;
+  int8_t c[kPiece];
+  for (int64_t p = 0; p < m; p += kPiece) {
+    const int64_t k = std::min(kPiece, m - p);
+    block_codes(src + p, k, s, qmax, c);
+    const int64_t at = lo + p;
+    if (q.bits == 8) {
+      std::memcpy(codes + at, c, static_cast<size_t>(k));
+    } else if (!(at & 1) && !(k & 1)) {  // whole bytes
+      uint8_t* o = codes + (at >> 1);
+#pragma omp simd
+      for (int64_t j = 0; j < k / 2; ++j)
+        o[j] = static_cast<uint8_t>((c[2 * j] & 0xF) | (static_cast<uint8_t>(c[2 * j + 1]) << 4));
+    } else {
+      for (int64_t i = 0; i < k; ++i) {
+        uint8_t& byte = codes[(at + i) >> 1];
+        const uint8_t nib = static_cast<uint8_t>(c[i] & 0xF);
+        byte = ((at + i) & 1) ? static_cast<uint8_t>((byte & 0x0F) | (nib << 4))
+                              : static_cast<uint8_t>((byte & 0xF0) | nib);
+      }
+    }
+    if (err) {
+      float* e = err + lo + p;
+#pragma omp simd
+      for (int64_t i = 0; i < k; ++i) e[i] -= static_cast<float>(c[i]) * s;
+    }
+  }
+  return s;
 }
 
 inline int code_at(const uint8_t* codes, int64_t i, int bits) {
@@ -70,6 +109,32 @@ void dequant(const void* in, int64_t n, const QuantSpec& q, float* y) {
   for (int64_t b = 0; b < B; ++b) {
     const float s = scales[b];
     const int64_t lo = b * q.block, hi = std::min(n, lo + q.block);
+    if (q.bits == 4 && !(lo & 1)) {  // whole bytes: two values each
+      const int64_t pairs = (hi - lo) / 2;
+      const uint8_t* cb = codes + lo / 2;
+      float* yo = y + lo;
+#pragma omp simd
+      for (int64_t j = 0; j < pairs; ++j) {
+        const int8_t lo4 = static_cast<int8_t>(static_cast<uint8_t>(cb[j] << 4)) >> 4;
+        const int8_t hi4 = static_cast<int8_t>(cb[j]) >> 4;
+        const float v0 = static_cast<float>(lo4) * s, v1 = static_cast<float>(hi4) * s;
+        if constexpr (Add) {
+          yo[2 * j] += v0;
+          yo[2 * j + 1] += v1;
+        } else {
+          yo[2 * j] = v0;
+          yo[2 * j + 1] = v1;
+        }
+      }
+      if ((hi - lo) & 1) {
+        const float v = static_cast<float>(code_at(codes, hi - 1, 4)) * s;
+        if constexpr (Add)
+          y[hi - 1] += v;
+        else
+          y[hi - 1] = v;
+      }
+      continue;
+    }
     for (int64_t i = lo; i < hi; ++i) {
       const float v = static_cast<float>(code_at(codes, i, q.bits)) * s;
       if constexpr (Add)
@@ -93,36 +158,27 @@ int64_t quant_packed_bytes(int64_t n, const QuantSpec& q) {
   return (b + 3) / 4 * 4;
 }
 
-void quantize(const float* x, int64_t n, const QuantSpec& q, void* out) {
+namespace {
+void quantize_impl(const float* x, float* err, int64_t n, const QuantSpec& q, void* out) {
   check_spec(q);
   const int64_t B = nblocks(n, q);
   float* scales = static_cast<float*>(out);
   uint8_t* codes = reinterpret_cast<uint8_t*>(scales + B);
-  // int4 packs two codes per byte: blocks of odd length would share a byte between two
-  // blocks, so the nibbles of each byte are written by the block that owns the byte's first
-  // value (blocks are processed in pairs of bytes by one thread when block is odd).
-  const bool serial = q.bits == 4 && (q.block & 1);
-  const int qmax = q.qmax();
-  const int64_t tail = quant_packed_bytes(n, q) - B * 4 - code_bytes(n, q);
-  std::memset(codes + code_bytes(n, q), 0, static_cast<size_t>(tail));
+  const int64_t cb = code_bytes(n, q);
+  std::memset(codes + cb, 0, static_cast<size_t>(quant_packed_bytes(n, q) - B * 4 - cb));
   if (q.bits == 4 && (n & 1)) codes[n >> 1] = 0;  // the unused high nibble
+  // int4 blocks of odd length share bytes with their neighbours: one thread then.
+  const bool serial = q.bits == 4 && (q.block & 1);
 #pragma omp parallel for schedule(static) if (n > (1 << 16) && !serial)
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t lo = b * q.block, m = std::min(n, lo + q.block) - lo;
-    if (q.bits == 8) {
-      scales[b] = quantize_block(x + lo, m, qmax, [&](int64_t i, int c) {
-        codes[lo + i] = static_cast<uint8_t>(static_cast<int8_t>(c));
-      });
-    } else {
-      scales[b] = quantize_block(x + lo, m, qmax, [&](int64_t i, int c) {
-        const int64_t k = lo + i;
-        uint8_t& byte = codes[k >> 1];
-        const uint8_t nib = static_cast<uint8_t>(c & 0xF);
-        byte = (k & 1) ? static_cast<uint8_t>((byte & 0x0F) | (nib << 4))
-                       : static_cast<uint8_t>((byte & 0xF0) | nib);
-      });
-    }
+    const int64_t lo = b * q.block;
+    scales[b] = quantize_one(x, err, lo, std::min(n, lo + q.block) - lo, q, codes);
   }
+}
+}  // namespace
+
+void quantize(const float* x, int64_t n, const QuantSpec& q, void* out) {
+  quantize_impl(x, nullptr, n, q, out);
 }
 
 void dequantize(const void* in, int64_t n, const QuantSpec& q, float* y) {
@@ -134,15 +190,7 @@ void dequantize_add(const void* in, int64_t n, const QuantSpec& q, float* y) {
 }
 
 void quantize_ef(const float* x, float* err, int64_t n, const QuantSpec& q, void* out) {
-  if (!err) return quantize(x, n, q, out);
-  if (x != err)
-    for (int64_t i = 0; i < n; ++i) err[i] += x[i];  // err := x + err (what is sent)
-  quantize(err, n, q, out);
-  // err := x' - DQ(Q(x')), block by block without a second buffer
-  const float* scales = static_cast<const float*>(out);
-  const uint8_t* codes = reinterpret_cast<const uint8_t*>(scales + nblocks(n, q));
-  for (int64_t i = 0; i < n; ++i)
-    err[i] -= static_cast<float>(code_at(codes, i, q.bits)) * scales[i / q.block];
+  quantize_impl(x, err, n, q, out);
 }
 
 Work issue_quantized_all_gather(Group& g, const float* shard, int64_t n, const QuantSpec& q,

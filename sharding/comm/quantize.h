@@ -50,7 +50,8 @@ void quantize(const float* x, int64_t n, const QuantSpec& q, void* out);
 // y (n) := the dequantised values of `in`; dequantize_add: y += them.
 void dequantize(const void* in, int64_t n, const QuantSpec& q, float* y);
 void dequantize_add(const void* in, int64_t n, const QuantSpec& q, float* y);
-// With error feedback: x' = x + err; out := Q(x'); err := x' - DQ(out). x may alias err.
+// With error feedback: x' = x + err; out := Q(x'); err := x' - DQ(out). x == err: err already
+// holds x'.
 void quantize_ef(const float* x, float* err, int64_t n, const QuantSpec& q, void* out);
 
 // Quantised all-gather of `n` values per rank (n is the same on every rank). `wire` is resized

@@ -16,8 +16,10 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
+#include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/rng.h"
 #include "kernels/ops.h"
 #include "models/model.h"
@@ -289,4 +291,33 @@ TEST_CASE("HYBRID_SHARD: the replica all-reduce quantised (scope replicate), and
     else
       CHECK(b == b_ref);
   }
+}
+
+TEST_CASE("quantisation policy: the combinations refused name their key", "[q_collectives]") {
+  auto error_of = [](const ShardingPolicy& p) {
+    try {
+      validate(p, 4, 4);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  ShardingPolicy p = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+  p.quantized.gradients = true;
+  CHECK(error_of(p) == "(no error)");
+  p.quantized.bits = 6;
+  CHECK(error_of(p).find("zero_optimization.quantized_bits: must be 8 or 4 (got 6)") !=
+        std::string::npos);
+  p.quantized.bits = 4;
+  p.quantized.block = 0;
+  CHECK(error_of(p).find("zero_optimization.quantized_block_size: must be >= 1") !=
+        std::string::npos);
+  p.quantized.block = 256;
+  p.mixed_precision.reduce_dtype = DType::BF16;
+  CHECK(error_of(p).find("zero_optimization.zero_quantized_gradients: needs reduce_dtype fp32") !=
+        std::string::npos);
+  ShardingPolicy n = ShardingPolicy::for_strategy(ShardingStrategy::NoShard);
+  n.quantized.weights = true;
+  CHECK(error_of(n).find("zero_optimization.zero_quantized_weights: needs a strategy that shards") !=
+        std::string::npos);
 }
