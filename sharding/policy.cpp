@@ -239,7 +239,8 @@ void validate(const ShardingPolicy& p, int world, int units) {
                "offload nvme_path is used when set)");
   const CommQuantization& q = p.quantized;
   if (q.bits != 8 && q.bits != 4)
-    bad_policy("zero_optimization.quantized_bits", "must be 8 or 4 (got " + std::to_string(q.bits) + ")");
+    bad_policy("zero_optimization.quantized_bits",
+               "must be 8 or 4 (got " + std::to_string(q.bits) + ")");
   at_least("zero_optimization.quantized_block_size", q.block, int64_t{1});
   if (q.any() && p.strategy == ShardingStrategy::NoShard)
     bad_policy(q.gradients ? "zero_optimization.zero_quantized_gradients"

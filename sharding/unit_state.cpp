@@ -1,5 +1,6 @@
 #include "sharding/unit_state.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -202,6 +203,30 @@ void FlatUnit::set_quantized(const QuantSpec& q, bool weights, PeerComm* grad_pe
   qspec_ = q;
   qw_ = weights && kind_ == Kind::Sharded && !w16_;
   qpeers_ = kind_ == Kind::Whole ? nullptr : grad_peers;
+  qtables_.clear(), qraw_.clear(), qranks_.clear();
+  if (!qw_ && !qpeers_) return;
+  // parameters by offset; 1-D ones (biases, norm gains) travel exact
+  std::vector<std::pair<int64_t, uint8_t>> by_offset;
+  for (size_t s = 0; s < layout_.entries.size(); ++s)
+    by_offset.emplace_back(layout_.entries[s].offset, layout_.specs[s].shape.size() <= 1);
+  std::sort(by_offset.begin(), by_offset.end());
+  std::vector<int64_t> starts;
+  std::vector<uint8_t> raw;
+  for (const auto& [off, r] : by_offset) starts.push_back(off), raw.push_back(r);
+  const int S = shard_->size();
+  const int64_t Sh = layout_.shard_size();
+  qtables_.resize(static_cast<size_t>(S));
+  qraw_.resize(static_cast<size_t>(S));
+  for (size_t r = 0; r < qtables_.size(); ++r) {
+    const int64_t lo = static_cast<int64_t>(r) * Sh;
+    qtables_[r] = quant_block_starts(lo, lo + Sh, starts, q.block, &raw, &qraw_[r]);
+  }
+  for (int r = 0; r < S; ++r) {
+    QuantSpec s = q;
+    s.starts = &qtables_[static_cast<size_t>(r)];
+    s.raw = &qraw_[static_cast<size_t>(r)];
+    qranks_.push_back(s);
+  }
 }
 
 void FlatUnit::issue_unshard() {
@@ -220,7 +245,7 @@ void FlatUnit::issue_unshard() {
                             "': its master shard on NVMe was not staged for the gather");
       // NVMe: the staging buffer is free once issued; host shards: copied to the device first
       if (qw_)  // quantised from the (staged) master at once: a staging buffer is free after
-        gather_ = issue_quantized_all_gather(*shard_, master_, Sh, qspec_, qwire_);
+        gather_ = issue_quantized_all_gather(*shard_, master_, Sh, qspec_, qwire_, qranks_.data());
       else if (pdt_ != DType::F32 || pnvme_ || hm_)
         issue_narrow_gather();
       else
@@ -245,7 +270,8 @@ void FlatUnit::finish_gather() {
   gather_in_flight_ = false;
   sstate_ = ShardedState::Unsharded;
   if (!qwire_.empty()) {  // quantised: every rank's slot dequantised, the own one included
-    finish_quantized_all_gather(*shard_, qwire_, layout_.shard_size(), qspec_, full_);
+    finish_quantized_all_gather(*shard_, qwire_, layout_.shard_size(), qspec_, full_,
+                                qranks_.data());
     qwire_.release();
     if (pdt_ != DType::F32) ops_->round_to(pdt_, full_, static_cast<size_t>(layout_.padded));
     return;
@@ -377,7 +403,7 @@ Work FlatUnit::issue_reduce_scatter(int replicas) {
       qerr_.zero();
     }
     quantized_reduce_scatter(*qpeers_, g, qerr_.f32(), g + shard_range().lo, layout_.shard_size(),
-                             qspec_, 1.f / static_cast<float>(shard_->size()));
+                             qspec_, 1.f / static_cast<float>(shard_->size()), 11, qranks_.data());
     return Work();
   }
   if (rdt_ == DType::F32)

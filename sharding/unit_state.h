@@ -168,6 +168,9 @@ class FlatUnit {
   // Set by ShardedModel after construction. weights (Kind::Sharded): the gather quantises the
   // master shard (exact) into a packed slot (transient, Communication), all-gathers the packed
   // bytes and dequantises every slot into the full buffer (rounded to param_dtype after).
+  // Blocks restart at each parameter's first value (quant_block_starts), and 1-D parameters
+  // (biases, norm gains: a small part of the bytes) travel exact, as DeepSpeed never
+  // quantises its persistent small parameters.
   // grad_peers (not null): issue_reduce_scatter is the quantised all-to-all over them, with
   // error feedback kept in a residual of the unsharded size (persistent, Grads), and returns a
   // completed Work (it ran on the calling thread).
@@ -367,6 +370,10 @@ class FlatUnit {
   // master or the stage again (the io queue before it refills an NVMe slot: upload_event).
   mutable std::shared_ptr<Event> up_;
   QuantSpec qspec_;
+  // Each rank's shard's block table (blocks restart at every parameter) and its spec.
+  std::vector<std::vector<int64_t>> qtables_;
+  std::vector<std::vector<uint8_t>> qraw_;  // per rank: its blocks sent exact (1-D parameters)
+  std::vector<QuantSpec> qranks_;
   bool qw_ = false;              // quantised gathers
   PeerComm* qpeers_ = nullptr;   // quantised reduce-scatters over these
   Buffer qwire_;                 // the packed shards of a quantised gather in flight

@@ -10,11 +10,39 @@ namespace sw {
 
 namespace {
 
-int64_t nblocks(int64_t n, const QuantSpec& q) { return (n + q.block - 1) / q.block; }
+int64_t nblocks(int64_t n, const QuantSpec& q) {
+  return q.starts ? static_cast<int64_t>(q.starts->size()) : (n + q.block - 1) / q.block;
+}
+// Block b's range [lo, hi) of n values.
+inline int64_t block_lo(int64_t b, const QuantSpec& q) {
+  return q.starts ? (*q.starts)[static_cast<size_t>(b)] : b * q.block;
+}
+inline int64_t block_hi(int64_t b, int64_t n, const QuantSpec& q) {
+  if (!q.starts) return std::min(n, (b + 1) * q.block);
+  const size_t k = static_cast<size_t>(b + 1);
+  return k < q.starts->size() ? (*q.starts)[k] : n;
+}
+inline bool is_raw(int64_t b, const QuantSpec& q) {
+  return q.raw && q.starts && (*q.raw)[static_cast<size_t>(b)];
+}
+// Values sent exact, and each block's offset among them (-1: quantised).
+int64_t raw_values(int64_t n, const QuantSpec& q, std::vector<int64_t>* at = nullptr) {
+  if (!q.raw || !q.starts) return 0;
+  const int64_t B = nblocks(n, q);
+  if (at) at->assign(static_cast<size_t>(B), -1);
+  int64_t k = 0;
+  for (int64_t b = 0; b < B; ++b)
+    if (is_raw(b, q)) {
+      if (at) (*at)[static_cast<size_t>(b)] = k;
+      k += block_hi(b, n, q) - block_lo(b, q);
+    }
+  return k;
+}
 int64_t code_bytes(int64_t n, const QuantSpec& q) { return q.bits == 4 ? (n + 1) / 2 : n; }
 
 void check_spec(const QuantSpec& q) {
-  SW_CHECK((q.bits == 8 || q.bits == 4) && q.block >= 1, "quantize: bits must be 8 or 4, block >= 1");
+  SW_CHECK((q.bits == 8 || q.bits == 4) && q.block >= 1,
+           "quantize: bits must be 8 or 4, block >= 1");
 }
 
 // A block's scale: absmax / qmax, 0 for an all-zero block, NaN where it holds a NaN or an
@@ -105,10 +133,25 @@ void dequant(const void* in, int64_t n, const QuantSpec& q, float* y) {
   const float* scales = static_cast<const float*>(in);
   const uint8_t* codes = reinterpret_cast<const uint8_t*>(scales + nblocks(n, q));
   const int64_t B = nblocks(n, q);
+  std::vector<int64_t> rat;
+  raw_values(n, q, &rat);
+  const uint8_t* rawb = codes + code_bytes(n, q);
 #pragma omp parallel for schedule(static) if (n > (1 << 16))
   for (int64_t b = 0; b < B; ++b) {
     const float s = scales[b];
-    const int64_t lo = b * q.block, hi = std::min(n, lo + q.block);
+    const int64_t lo = block_lo(b, q), hi = block_hi(b, n, q);
+    if (is_raw(b, q)) {
+      const uint8_t* src = rawb + 4 * rat[static_cast<size_t>(b)];
+      for (int64_t i = lo; i < hi; ++i) {
+        float v;
+        std::memcpy(&v, src + 4 * (i - lo), 4);
+        if constexpr (Add)
+          y[i] += v;
+        else
+          y[i] = v;
+      }
+      continue;
+    }
     if (q.bits == 4 && !(lo & 1)) {  // whole bytes: two values each
       const int64_t pairs = (hi - lo) / 2;
       const uint8_t* cb = codes + lo / 2;
@@ -154,7 +197,7 @@ void wait_all(std::vector<Work>& w) {
 
 int64_t quant_packed_bytes(int64_t n, const QuantSpec& q) {
   check_spec(q);
-  const int64_t b = nblocks(n, q) * 4 + code_bytes(n, q);
+  const int64_t b = nblocks(n, q) * 4 + code_bytes(n, q) + 4 * raw_values(n, q);
   return (b + 3) / 4 * 4;
 }
 
@@ -165,14 +208,41 @@ void quantize_impl(const float* x, float* err, int64_t n, const QuantSpec& q, vo
   float* scales = static_cast<float*>(out);
   uint8_t* codes = reinterpret_cast<uint8_t*>(scales + B);
   const int64_t cb = code_bytes(n, q);
-  std::memset(codes + cb, 0, static_cast<size_t>(quant_packed_bytes(n, q) - B * 4 - cb));
+  std::vector<int64_t> rat;
+  const int64_t rv = raw_values(n, q, &rat);
+  uint8_t* rawb = codes + cb;  // the exact values (unaligned: memcpy)
+  const int64_t pad = quant_packed_bytes(n, q) - B * 4 - cb - 4 * rv;
+  std::memset(rawb + 4 * rv, 0, static_cast<size_t>(pad));
   if (q.bits == 4 && (n & 1)) codes[n >> 1] = 0;  // the unused high nibble
   // int4 blocks of odd length share bytes with their neighbours: one thread then.
-  const bool serial = q.bits == 4 && (q.block & 1);
+  bool serial = q.bits == 4 && (q.block & 1);
+  if (q.bits == 4 && q.starts)
+    for (int64_t s : *q.starts) serial = serial || (s & 1);
+  SW_CHECK(!q.starts || (!q.starts->empty() && q.starts->front() == 0 &&
+                         q.starts->back() < std::max<int64_t>(n, 1)),
+           "quantize: block starts must begin at 0 and lie inside the buffer");
 #pragma omp parallel for schedule(static) if (n > (1 << 16) && !serial)
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t lo = b * q.block;
-    scales[b] = quantize_one(x, err, lo, std::min(n, lo + q.block) - lo, q, codes);
+    const int64_t lo = block_lo(b, q), m = block_hi(b, n, q) - lo;
+    if (is_raw(b, q)) {  // exact: codes 0, the values after the codes, no residual left
+      scales[b] = 0.f;
+      const float* src = x + lo;
+      if (err) {
+        if (x != err)
+          for (int64_t i = 0; i < m; ++i) err[lo + i] += x[lo + i];
+        src = err + lo;
+      }
+      std::memcpy(rawb + 4 * rat[static_cast<size_t>(b)], src, static_cast<size_t>(m) * 4);
+      if (err) std::memset(err + lo, 0, static_cast<size_t>(m) * 4);
+      if (q.bits == 8) {
+        std::memset(codes + lo, 0, static_cast<size_t>(m));
+      } else {
+        for (int64_t i = lo; i < lo + m; ++i)
+          codes[i >> 1] = static_cast<uint8_t>(codes[i >> 1] & ((i & 1) ? 0x0F : 0xF0));
+      }
+      continue;
+    }
+    scales[b] = quantize_one(x, err, lo, m, q, codes);
   }
 }
 }  // namespace
@@ -193,28 +263,44 @@ void quantize_ef(const float* x, float* err, int64_t n, const QuantSpec& q, void
   quantize_impl(x, err, n, q, out);
 }
 
+namespace {
+// The slot of a quantised all-gather: the largest rank's packed shard.
+int64_t slot_bytes(const Group& g, int64_t n, const QuantSpec& q, const QuantSpec* per_rank) {
+  if (!per_rank) return quant_packed_bytes(n, q);
+  int64_t m = 0;
+  for (int r = 0; r < g.size(); ++r) m = std::max(m, quant_packed_bytes(n, per_rank[r]));
+  return m;
+}
+}  // namespace
+
 Work issue_quantized_all_gather(Group& g, const float* shard, int64_t n, const QuantSpec& q,
-                                Buffer& wire) {
-  const int64_t pb = quant_packed_bytes(n, q);
+                                Buffer& wire, const QuantSpec* per_rank) {
+  const int64_t pb = slot_bytes(g, n, q, per_rank);
   const size_t need = static_cast<size_t>(pb) * static_cast<size_t>(g.size());
   if (wire.bytes() < need) wire = Buffer(need, Mem::Communication);
   uint8_t* w = wire.as<uint8_t>();
-  quantize(shard, n, q, w + g.rank() * pb);
+  quantize(shard, n, per_rank ? per_rank[g.rank()] : q, w + g.rank() * pb);
   // raw bytes as f32 elements, in place
   return g.issue_all_gather(w + g.rank() * pb, w, pb / 4, DType::F32);
 }
 
 void finish_quantized_all_gather(const Group& g, const Buffer& wire, int64_t n,
-                                 const QuantSpec& q, float* out) {
-  const int64_t pb = quant_packed_bytes(n, q);
+                                 const QuantSpec& q, float* out, const QuantSpec* per_rank) {
+  const int64_t pb = slot_bytes(g, n, q, per_rank);
   const uint8_t* w = wire.as<uint8_t>();
-  for (int r = 0; r < g.size(); ++r) dequantize(w + r * pb, n, q, out + r * n);
+  for (int r = 0; r < g.size(); ++r)
+    dequantize(w + r * pb, n, per_rank ? per_rank[r] : q, out + r * n);
 }
 
 void quantized_reduce_scatter(PeerComm& pc, const float* in, float* err, float* out, int64_t n,
-                              const QuantSpec& q, float scale, int tag) {
+                              const QuantSpec& q, float scale, int tag,
+                              const QuantSpec* per_block) {
   const int P = pc.size(), me = pc.rank();
-  const int64_t pb = quant_packed_bytes(n, q);
+  // block j travels in block j's format (its spec's block table) in a slot of the largest's
+  auto spec = [&](int j) -> const QuantSpec& { return per_block ? per_block[j] : q; };
+  int64_t pb = 0;
+  for (int j = 0; j < P; ++j) pb = std::max(pb, quant_packed_bytes(n, spec(j)));
+  const int64_t mine = quant_packed_bytes(n, spec(me));
   Buffer send(static_cast<size_t>(pb * P), Mem::Communication);
   Buffer recv(static_cast<size_t>(pb * P), Mem::Communication);
   uint8_t* s = send.as<uint8_t>();
@@ -222,19 +308,50 @@ void quantized_reduce_scatter(PeerComm& pc, const float* in, float* err, float* 
   std::vector<Work> w;
   // Receives first, then each block quantised and sent as soon as it is ready.
   for (int j = 0; j < P; ++j)
-    if (j != me) w.push_back(pc.recv(r + j * pb, pb, j, tag));
+    if (j != me) w.push_back(pc.recv(r + j * pb, mine, j, tag));  // (in my block's format)
   for (int k = 1; k <= P; ++k) {
     const int j = (me + k) % P;  // the own block last: it lands directly in its slot
     uint8_t* dst = j == me ? r + j * pb : s + j * pb;
-    quantize_ef(in + j * n, err ? err + j * n : nullptr, n, q, dst);
-    if (j != me) w.push_back(pc.send(dst, pb, j, tag));
+    quantize_ef(in + j * n, err ? err + j * n : nullptr, n, spec(j), dst);
+    if (j != me) w.push_back(pc.send(dst, quant_packed_bytes(n, spec(j)), j, tag));
   }
   wait_all(w);
   // out := scale * sum in rank order (out may be in's own block, already quantised)
-  dequantize(r, n, q, out);
-  for (int j = 1; j < P; ++j) dequantize_add(r + j * pb, n, q, out);
+  dequantize(r, n, spec(me), out);
+  for (int j = 1; j < P; ++j) dequantize_add(r + j * pb, n, spec(me), out);
   if (scale != 1.f)
     for (int64_t i = 0; i < n; ++i) out[i] *= scale;
+}
+
+std::vector<int64_t> quant_block_starts(int64_t lo, int64_t hi,
+                                        const std::vector<int64_t>& tensor_starts, int64_t block,
+                                        const std::vector<uint8_t>* tensor_raw,
+                                        std::vector<uint8_t>* raw_out) {
+  std::vector<int64_t> out{0};
+  std::vector<uint8_t> raw;
+  // the cuts: each tensor start inside (lo, hi), and every `block` values after lo and after
+  // each of them
+  size_t t = 0;
+  while (t < tensor_starts.size() && tensor_starts[t] <= lo) ++t;
+  auto flag = [&](size_t tensor_after) -> uint8_t {  // the tensor before index tensor_after
+    return tensor_raw && tensor_after > 0 ? (*tensor_raw)[tensor_after - 1] : 0;
+  };
+  raw.push_back(flag(t));
+  int64_t seg = lo;  // the current segment's first index
+  for (;;) {
+    const int64_t next = t < tensor_starts.size() ? std::min(tensor_starts[t], hi) : hi;
+    for (int64_t b = seg + block; b < next; b += block)
+      out.push_back(b - lo), raw.push_back(raw.back());
+    if (next >= hi) break;
+    if (next - lo > out.back())
+      out.push_back(next - lo), raw.push_back(flag(t + 1));
+    else
+      raw.back() = flag(t + 1);
+    seg = next;
+    ++t;
+  }
+  if (raw_out) *raw_out = std::move(raw);
+  return out;
 }
 
 int64_t quant_ar_chunk(int64_t n, int size) { return (n + size - 1) / size; }

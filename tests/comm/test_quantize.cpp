@@ -51,8 +51,8 @@ TEST_CASE("quantize: round trip within absmax/qmax/2 per value, int8 and int4", 
           }
           // the block's absmax value itself is exact (code +-qmax)
         }
-        // the bound is tight, not loose by construction (block 1: every value is its block's absmax,
-        // exact)
+        // the bound is tight, not loose by construction (block 1: every value is its block's
+        // absmax, exact)
         if (n > 100 && block > 1) REQUIRE(max_rel > 0.5);
       }
     }
@@ -84,7 +84,8 @@ TEST_CASE("quantize: packed size, zeros, non-finite blocks, determinism", "[quan
   REQUIRE(hy == std::vector<float>{254.f, 0.f, 4.f, 0.f});
 }
 
-TEST_CASE("quantize: error feedback: what was sent over K steps sums to the true sum", "[quantize]") {
+TEST_CASE("quantize: error feedback: what was sent over K steps sums to the true sum",
+          "[quantize]") {
   for (int bits : {8, 4}) {
     const QuantSpec q{bits, 64};
     const int64_t n = 1000;
@@ -118,7 +119,8 @@ TEST_CASE("quantize: error feedback: what was sent over K steps sums to the true
       REQUIRE(std::fabs(sent_sum[size_t(i)] + err[size_t(i)] - true_sum[size_t(i)]) <=
               1e-3 * (1 + std::fabs(true_sum[size_t(i)])));
       ef_gap = std::max(ef_gap, double(std::fabs(sent_sum[size_t(i)] - true_sum[size_t(i)])));
-      plain_gap = std::max(plain_gap, double(std::fabs(plain_sum[size_t(i)] - true_sum[size_t(i)])));
+      plain_gap =
+          std::max(plain_gap, double(std::fabs(plain_sum[size_t(i)] - true_sum[size_t(i)])));
     }
     REQUIRE(ef_gap <= step * 1.01 + 1e-3 * K);
     REQUIRE(plain_gap > 10 * ef_gap);  // without feedback the bias is lost step after step
@@ -140,5 +142,55 @@ TEST_CASE("quantize: collectives on a one-rank group", "[quantize]") {
   for (size_t i = 0; i < 100; ++i) {
     REQUIRE(rs[i] == r[i] * 0.5f);
     REQUIRE(std::fabs(err[i] - (x[i] - r[i])) <= 1e-6f * std::fabs(x[i]));  // (fma)
+  }
+}
+
+TEST_CASE("quantize: block tables: blocks restart at each tensor, 1-D tensors exact",
+          "[quantize]") {
+  // tensors at 0 (matrix), 10 (bias, exact), 300 (matrix), 301 (odd start), 700 (exact)
+  const std::vector<int64_t> tstarts{0, 10, 300, 301, 700};
+  const std::vector<uint8_t> traw{0, 1, 0, 0, 1};
+  std::vector<uint8_t> raw;
+  const std::vector<int64_t> st = quant_block_starts(0, 1000, tstarts, 128, &traw, &raw);
+  REQUIRE(st == std::vector<int64_t>{0, 10, 138, 266, 300, 301, 429, 557, 685, 700, 828, 956});
+  REQUIRE(raw == std::vector<uint8_t>{0, 1, 1, 1, 0, 0, 0, 0, 0, 1, 1, 1});
+  // a shard [250, 750) of the same buffer: cuts relative to 250, the grid restarting at it
+  std::vector<uint8_t> raw2;
+  REQUIRE(quant_block_starts(250, 750, tstarts, 128, &traw, &raw2) ==
+          std::vector<int64_t>{0, 50, 51, 179, 307, 435, 450});
+  REQUIRE(raw2 == std::vector<uint8_t>{1, 0, 0, 0, 0, 0, 1});
+  for (int bits : {8, 4}) {
+    QuantSpec q{bits, 128};
+    q.starts = &st, q.raw = &raw;
+    std::vector<float> x = randn(1000, 5, 2.f);
+    for (int i = 300; i < 301; ++i) x[size_t(i)] = 100.f;  // a one-value tensor: its own scale
+    std::vector<uint8_t> w(size_t(quant_packed_bytes(1000, q)));
+    // 12 scales + codes + the exact values (10..300 and 700..1000: 590 values)
+    REQUIRE(int64_t(w.size()) == (48 + (bits == 8 ? 1000 : 500) + 590 * 4 + 3) / 4 * 4);
+    quantize(x.data(), 1000, q, w.data());
+    std::vector<float> y(1000);
+    dequantize(w.data(), 1000, q, y.data());
+    for (size_t b = 0; b < st.size(); ++b) {
+      const size_t lo = size_t(st[b]), hi = b + 1 < st.size() ? size_t(st[b + 1]) : 1000;
+      float amax = 0;
+      for (size_t i = lo; i < hi; ++i) amax = std::max(amax, std::fabs(x[i]));
+      for (size_t i = lo; i < hi; ++i) {
+        INFO("bits " << bits << " block " << b << " i " << i);
+        if (raw[b])
+          REQUIRE(y[i] == x[i]);
+        else
+          REQUIRE(std::fabs(y[i] - x[i]) <= amax / float(q.qmax()) / 2 * (1 + 1e-6f));
+      }
+    }
+    REQUIRE(y[300] == 100.f);  // alone in its block: exact (code qmax)
+    // error feedback leaves no residual on the exact blocks
+    std::vector<float> err(1000, 0.f);
+    quantize_ef(x.data(), err.data(), 1000, q, w.data());
+    std::vector<float> y2(1000);
+    dequantize(w.data(), 1000, q, y2.data());
+    for (size_t i = 0; i < 1000; ++i) {
+      REQUIRE(y2[i] == y[i]);
+      REQUIRE(std::fabs(err[i] - (x[i] - y[i])) <= 1e-6f * (1 + std::fabs(x[i])));
+    }
   }
 }
