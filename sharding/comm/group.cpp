@@ -2,6 +2,7 @@
 // one-rank LocalGroup and world-group selection.
 #include "sharding/comm/group.h"
 
+#include <algorithm>
 #include <chrono>
 #include <vector>
 #include <cstdlib>
@@ -59,6 +60,35 @@ CommAlgo comm_algo_from_name(const std::string& s) {
     if (s == comm_algo_name(a)) return a;
   fail("comm", "unknown algorithm '" + s + "' (expected auto, mpi, ring, direct, oneshot, tree, "
                "halving_doubling or hierarchical)");
+}
+
+double comm_algo_seconds(CommAlgo a, CollKind kind, double bytes, int size, int hosts,
+                         const CommFit& inside, const CommFit& across_in) {
+  const int n = size;
+  if (n <= 1 || bytes <= 0) return 0;
+  const double k = kind == CollKind::AllReduce ? 2.0 : 1.0;
+  const int h = std::max(1, hosts), l = std::max(1, n / h);
+  const CommFit across = across_in.busbw > 0 ? across_in : inside;
+  const CommFit& f = h > 1 ? across : inside;  // a flat algorithm's slowest edge: the link
+  if (a == CommAlgo::Auto) {
+    const double per = kind == CollKind::AllReduce ? bytes : bytes / n;
+    a = auto_comm_algo(kind, static_cast<int64_t>(per), n, h > 1 && l > 1 ? h : 1);
+  }
+  const double ring = k * bytes * (n - 1) / n;
+  switch (a) {
+    case CommAlgo::OneShot: return f.latency_s + (n - 1) * bytes / f.busbw;
+    case CommAlgo::Tree:
+      return f.latency_s + (kind == CollKind::AllReduce ? 3.0 : 2.0) * bytes / f.busbw;
+    case CommAlgo::HalvingDoubling:
+      return f.latency_s + (ring + ((n & (n - 1)) != 0 ? k * bytes : 0.0)) / f.busbw;
+    case CommAlgo::Hierarchical: {
+      double t = 0;
+      if (l > 1) t += inside.latency_s + k * bytes * (l - 1) / l / inside.busbw;
+      if (h > 1) t += across.latency_s + k * (bytes / l) * (h - 1) / h / across.busbw;
+      return t;
+    }
+    default: return f.latency_s + ring / f.busbw;
+  }
 }
 
 std::string describe(const Collective& c) {

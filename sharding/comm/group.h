@@ -74,6 +74,27 @@ const char* coll_name(CollKind k);        // "all_gather", ...
 const char* comm_algo_name(CommAlgo a);   // "auto", "mpi", "ring", "direct", "oneshot", "tree",
                                           // "halving_doubling", "hierarchical"
 CommAlgo comm_algo_from_name(const std::string& s);  // throws sw::Error naming the value
+// What Auto runs on the MPI backend for a collective of `bytes` (all_gather, reduce_scatter:
+// per rank; all_reduce: the buffer) over `size` ranks on `hosts` hosts (1 unless the group's
+// ranks sit on several hosts, equally many and more than one on each): for cost models.
+CommAlgo auto_comm_algo(CollKind kind, int64_t bytes, int size, int hosts = 1);
+// Cost model of one all_gather/reduce_scatter/all_reduce by algorithm, for the planner's time
+// model: `bytes` = nccl-tests' size (the whole buffer), `size` ranks on `hosts` hosts (equally
+// many each). `inside`: latency and busbw (the ring's bus bytes per second) as calibrated on one
+// host; `across`: the same for one rank per host over the link between hosts (busbw 0: as
+// inside). Bus bytes per rank, B = bytes, n = size, k = 2 for all_reduce, 1 otherwise:
+//   mpi, ring, direct   k B (n-1)/n (the ring's; across hosts each crossing edge carries it)
+//   oneshot             (n-1) B
+//   tree                3 B (all_reduce: an inner node takes 2 B up, sends B up and 2 B down),
+//                       2 B (reduce_scatter)
+//   halving_doubling    k B (n-1)/n, + k B when n is not a power of two (the fold)
+//   hierarchical        inside: k B (l-1)/l; across: k (B/l) (h-1)/h over `across`
+// Time = latency + bus bytes / busbw; Auto is resolved with auto_comm_algo.
+struct CommFit {
+  double latency_s = 0, busbw = 0;
+};
+double comm_algo_seconds(CommAlgo a, CollKind kind, double bytes, int size, int hosts,
+                         const CommFit& inside, const CommFit& across);
 
 
 namespace detail {

@@ -43,10 +43,22 @@ double secs_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// HIER_THRESHOLDS: with ranks on more than one host, collectives of at least this many bytes
-// in total (size * per-rank bytes for all_gather/reduce_scatter, size * buffer for all_reduce)
-// go hierarchical. Measured with bench_collectives (bench/results/collectives_2026-11-29.md).
-constexpr int64_t kHierMinBytes = int64_t(256) << 10;
+// HIER_THRESHOLDS: with the group's ranks on several hosts (equally many, more than one each),
+// all_gather and reduce_scatter of at least kHierMinBytes in total (size * per-rank bytes) and
+// all_reduce of at least kHierMinBytesAR (size * buffer bytes) go hierarchical. Measured with
+// bench/collectives_link.sh: 2 network-namespace hosts x 2 ranks, tc tbf 100 Mbit/s (burst
+// 256 KB, so up to ~256 KB partly escapes the limit), every message over TCP, min of 3 on a
+// loaded 2-core machine (bench/results/collectives_2026-11-29.md). ms, hierarchical / best other:
+//   all_gather      16K 1.06 / 0.14 (ring)   64K 2.2 / 4.1 (ring)   1M 44 / 64 (ring)
+//                   16M 712 / 1054 (ring)
+//   reduce_scatter  16K 0.34 / 0.17 (direct)   1M 43 / 62 (ring)   16M 938 / 1054 (ring)
+//   all_reduce      16K 12 / 0.35 (mpi)   64K 0.56 / 0.75 (hd), 16 (ring)
+//                   1M 90 / 91 (mpi), 132 (ring)   16M 1961 / 2140 (mpi), 2270 (ring)
+// Across the link hierarchical moves k B (h-1)/h per host and direction against the ring's
+// k B (n-1)/n per crossing edge (k = 2 for all_reduce): 2 MB against 3 MB for a 2 MiB
+// all_reduce here. Below the thresholds the one-host choice stays (latency-bound).
+constexpr int64_t kHierMinBytes = int64_t(64) << 10;
+constexpr int64_t kHierMinBytesAR = int64_t(256) << 10;
 
 constexpr int kAbortCode = 70;  // exit status of every rank when the watchdog fires
 constexpr int kTagQuery = 1, kTagReply = 2;
@@ -71,12 +83,17 @@ constexpr int kTagQuery = 1, kTagReply = 2;
 // all-reduce wins up to 256 KiB (one exchange instead of two), the ring above. Direct and
 // ring are the same schedule at 2 ranks; at more ranks direct needs one round instead of
 // size-1, so it takes the small sizes (latency-bound; not measurable on 2 cores).
+// Tree and halving/doubling (bench/results/collectives_2026-11-29.md) are never picked: at 2
+// ranks they are one exchange each way like the ring and measured no faster beyond noise; at 4
+// ranks on these 2 cores (oversubscribed) the figures cannot separate them.
 // The choice depends only on (collective, bytes, size, hosts), so it is the same on every rank.
-// hosts > 1 (a regular two-level layout, MpiGroup::Topology): HIER_THRESHOLDS below.
+// hosts > 1 (a regular two-level layout, MpiGroup::Topology): HIER_THRESHOLDS above.
 CommAlgo choose_algo(CollKind kind, int64_t bytes, int n, int hosts) {
   constexpr int64_t KiB = 1024;
-  if (hosts > 1 && kind != CollKind::Broadcast && kind != CollKind::Barrier &&
-      kind != CollKind::Split && bytes * n >= kHierMinBytes)
+  if (hosts > 1 && (kind == CollKind::AllGather || kind == CollKind::ReduceScatter) &&
+      bytes * n >= kHierMinBytes)
+    return CommAlgo::Hierarchical;
+  if (hosts > 1 && kind == CollKind::AllReduce && bytes * n >= kHierMinBytesAR)
     return CommAlgo::Hierarchical;
   switch (kind) {
     case CollKind::AllGather:  // bytes = per-rank contribution
@@ -746,6 +763,21 @@ void MpiGroup::run_hierarchical(const Collective& c, const P2P& p) {
     if (l > 1) direct_all_gather(q, c.recv, mine, bl, c.dtype);
     return;
   }
+  // reduce_scatter and all_gather on one level (one host, or one rank per host): Direct.
+  if (h == 1 || l == 1) {
+    const P2P& p1 = h == 1 ? pi : pe;
+    const Blocks bl{cnt, n * cnt};
+    if (c.kind == CollKind::AllGather) {
+      char* own = el(c.recv, rank_ * cnt);
+      direct_all_gather(p1, c.recv, c.send, bl, c.dtype);
+      if (own != c.send) std::memcpy(own, c.send, static_cast<size_t>(cnt) * es);
+    } else {
+      direct_reduce_scatter(p1, c.send, c.recv, bl, c.dtype, op,
+                            scratch(static_cast<size_t>(dchunks) * es));
+      finish_avg(c.recv, cnt);
+    }
+    return;
+  }
   // reduce_scatter and all_gather: T holds block (H', j) of every host H' (h * count).
   char* T = static_cast<char*>(scratch(static_cast<size_t>(h * cnt + dchunks) * es));
   void* dtmp = el(T, h * cnt);
@@ -967,3 +999,9 @@ void mpi_abort_if_initialized(int code) {
 }
 
 }  // namespace sw::comm
+
+namespace sw {
+CommAlgo auto_comm_algo(CollKind kind, int64_t bytes, int size, int hosts) {
+  return comm::choose_algo(kind, bytes, size, hosts);
+}
+}  // namespace sw

@@ -61,6 +61,25 @@ TEST_CASE("names, descriptions and options") {
   CHECK(comm_algo_from_name("oneshot") == CommAlgo::OneShot);
   CHECK_THROWS_WITH(comm_algo_from_name("butterfly"), Catch::Contains("unknown algorithm 'butterfly'"));
   CHECK(comm_algo_from_name("halving_doubling") == CommAlgo::HalvingDoubling);
+  // Auto's choice (mpi_group.cpp's measured thresholds): hierarchical only across hosts.
+  CHECK(auto_comm_algo(CollKind::AllReduce, 64 << 20, 4) == CommAlgo::Ring);
+  CHECK(auto_comm_algo(CollKind::AllReduce, 1024, 4) == CommAlgo::OneShot);
+  CHECK(auto_comm_algo(CollKind::AllReduce, 64 << 20, 4, 2) == CommAlgo::Hierarchical);
+  CHECK(auto_comm_algo(CollKind::ReduceScatter, 16 << 20, 4, 2) == CommAlgo::Hierarchical);
+  CHECK(auto_comm_algo(CollKind::Broadcast, 64 << 20, 4, 2) == CommAlgo::Mpi);
+  // The cost model: 1 GB/s inside a host, 10 MB/s across; 4 ranks on 2 hosts.
+  const CommFit in{1e-5, 1e9}, out{1e-3, 1e7};
+  const double B = 64e6;
+  auto t = [&](CommAlgo a, CollKind k, int hosts) { return comm_algo_seconds(a, k, B, 4, hosts, in, out); };
+  CHECK(t(CommAlgo::Ring, CollKind::AllReduce, 1) == Approx(1e-5 + 2 * B * 3 / 4 / 1e9));
+  CHECK(t(CommAlgo::Ring, CollKind::AllReduce, 2) == Approx(1e-3 + 2 * B * 3 / 4 / 1e7));
+  CHECK(t(CommAlgo::Hierarchical, CollKind::AllReduce, 2) ==
+        Approx(1e-5 + 2 * B / 2 / 1e9 + 1e-3 + 2 * (B / 2) / 2 / 1e7));
+  CHECK(t(CommAlgo::Auto, CollKind::AllReduce, 2) == t(CommAlgo::Hierarchical, CollKind::AllReduce, 2));
+  CHECK(t(CommAlgo::Tree, CollKind::AllReduce, 1) > t(CommAlgo::Ring, CollKind::AllReduce, 1));
+  CHECK(comm_algo_seconds(CommAlgo::HalvingDoubling, CollKind::ReduceScatter, B, 3, 1, in, out) ==
+        Approx(1e-5 + (B * 2 / 3 + B) / 1e9));
+  CHECK(comm_algo_seconds(CommAlgo::Ring, CollKind::AllGather, B, 1, 1, in, out) == 0);
   Collective c;
   c.kind = CollKind::ReduceScatter;
   c.count = 12;

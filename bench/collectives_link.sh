@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# bench_collectives across a slow link (issue 38): two "hosts" (scripts/netns_hosts.sh, two
+# network namespaces on this machine joined by a veth) with RPH ranks each (mpirun maps them by
+# slot, so each host holds consecutive ranks and OMPI_COMM_WORLD_LOCAL_SIZE = RPH: the layout
+# CommAlgo::Hierarchical uses), the link shaped on both ends by tc (`netem rate RATE delay
+# DELAY limit 10000`, or `tbf rate RATE burst 256kb latency 200ms` where the kernel has no
+# netem). Every message goes over TCP (BTL, default tcp,self: inside a host over the namespace's
+# loopback, across over the veth; OpenMPI 4.1's vader segfaults in MPI_Comm_dup here, as both
+# namespaces have one hostname).
+# Every algorithm against OpenMPI's own, all_gather, reduce_scatter and all_reduce, sizes MIN
+# to MAX (x4); minimum of ITERS iterations (the machine is shared). The namespaces are removed
+# on exit (also on error or Ctrl-C).
+#
+#   bench/collectives_link.sh [BUILD_DIR]
+#   env: RATE (100mbit), DELAY (10ms), RPH (2), MIN (8), MAX (4M), ITERS (3), BTL (tcp,self),
+#        ALGOS (mpi,ring,direct,oneshot,tree,halving_doubling,hierarchical,auto)
+# Output: bench_collectives' tables on stdout (read in bench/results/collectives_2026-11-29.md).
+case "${1:-}" in
+  -h | --help) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; exit 0 ;;
+esac
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+build=${1:-build}
+bench=$(cd "$build/bench" && pwd)/bench_collectives
+source scripts/netns_hosts.sh
+why=$(netns_check) || { echo "collectives_link: $why"; exit 77; }
+export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_mpi_yield_when_idle=1
+prefix="swcl$$"
+A="$prefix-a" B="$prefix-b"
+trap 'netns_down "$prefix" >/dev/null 2>&1 || true' EXIT
+trap 'exit 1' INT TERM
+rate=${RATE:-100mbit} delay=${DELAY:-10ms} rph=${RPH:-2}
+if netns_up "$prefix" netem rate "$rate" delay "$delay" limit 10000 2>/dev/null; then
+  qdisc="netem rate $rate delay $delay limit 10000"
+else
+  netns_down "$prefix" >/dev/null 2>&1 || true
+  qdisc="tbf rate $rate burst 256kb latency 200ms"
+  # shellcheck disable=SC2086
+  netns_up "$prefix" $qdisc || { echo "collectives_link: netns_hosts up failed"; exit 1; }
+fi
+echo "# $(date -u +%FT%TZ) $(git rev-parse --short HEAD) load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# link: $qdisc on both ends of $prefix-v; $rph ranks per host"
+# shellcheck disable=SC2054  # (commas inside MCA values)
+ip netns exec "$A" mpirun --oversubscribe --bind-to none --mca plm_rsh_agent "$root/scripts/netns_rsh" \
+  --mca btl "${BTL:-tcp,self}" --mca btl_tcp_if_include "$NETNS_SUBNET" \
+  --mca oob_tcp_if_include "$NETNS_SUBNET" -x OMP_NUM_THREADS -x OMPI_MCA_mpi_yield_when_idle \
+  --host "$NETNS_IP_A:$rph,$NETNS_IP_B:$rph" -np $((2 * rph)) \
+  "$bench" --min "${MIN:-8}" --max "${MAX:-4M}" --step 4 --iters "${ITERS:-3}" --warmup 1 --stat min \
+  --algos "${ALGOS:-mpi,ring,direct,oneshot,tree,halving_doubling,hierarchical,auto}"
