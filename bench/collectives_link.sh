@@ -28,7 +28,7 @@ why=$(netns_check) || { echo "collectives_link: $why"; exit 77; }
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_mpi_yield_when_idle=1
 prefix="swcl$$"
-A="$prefix-a" B="$prefix-b"
+A="$prefix-a"
 trap 'netns_down "$prefix" >/dev/null 2>&1 || true' EXIT
 trap 'exit 1' INT TERM
 rate=${RATE:-100mbit} delay=${DELAY:-10ms} rph=${RPH:-2}
