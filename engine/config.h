@@ -111,6 +111,19 @@ struct TrainConfig {
   std::string tokenizer;             // data.tokenizer ("" = bytes; engine/tokenizer.h)
   int micro_batch = 8;               // train_micro_batch_size_per_gpu (per data-parallel rank)
   int grad_accum = 1;                // gradient_accumulation_steps
+// local_sgd: DiLoCo / local SGD / federated averaging across the replica groups of HYBRID_SHARD
+// (or NO_SHARD's ranks): each trains sync_every inner steps apart, then the outer step
+// (sharding/cross_group.h).
+struct LocalSgdConfig {
+  int sync_every = 0;  // local_sgd.sync_every: inner steps per round (0: off)
+  int fragments = 1;   // local_sgd.fragments: streaming DiLoCo's fragments, synced in turn
+  std::string outer_type = "SGD";                // local_sgd.outer_optimizer.type
+  float outer_lr = 0.7f, outer_momentum = 0.9f;  // local_sgd.outer_optimizer.params
+  bool outer_nesterov = true;
+  std::string outer_dtype = "fp32";  // local_sgd.outer_dtype: the pseudo-gradient's wire type
+  bool on() const { return sync_every > 0; }
+};
+
   int train_steps = 100;             // train_steps
   uint64_t seed = 1337;              // seed
   std::string run_dir = "runs/default";  // run_dir
@@ -167,6 +180,7 @@ struct TrainConfig {
   std::string resolved_json;   // the config after defaults and overrides, pretty-printed
   // Messages for the user that are not errors: one line listing the keys present that are
   // accepted for DeepSpeed compatibility but have no effect yet. train() prints them to stderr.
+  LocalSgdConfig local_sgd;
   std::vector<std::string> notes;
 };
 

@@ -82,6 +82,21 @@ void check_mesh(const TrainConfig& cfg, const Ctx& c) {
             "an interleaved schedule runs micro-batches in groups of the pipeline degree (" +
                 std::to_string(p.pipeline) + "), got " + std::to_string(cfg.grad_accum));
   }
+  if (const LocalSgdConfig& l = cfg.local_sgd; l.on()) {
+    const ShardingStrategy st = cfg.sharding.strategy;
+    if (st != ShardingStrategy::HybridShard && st != ShardingStrategy::NoShard)
+      c.bad("local_sgd.sync_every",
+            "replica groups train apart: needs sharding_strategy HYBRID_SHARD (replicas of "
+            "shard_group_size ranks) or NO_SHARD (every rank a replica), not " +
+                std::string(strategy_name(st)));
+    if (cfg.checkpoint.every_steps > 0 || !cfg.checkpoint.resume.empty())
+      c.bad(cfg.checkpoint.every_steps > 0 ? "checkpoint.every_steps" : "checkpoint.resume",
+            "checkpoints with local_sgd are not implemented yet (the round's start, the outer "
+            "momentum and every replica's inner state would have to be saved)");
+    if (l.sync_every % l.fragments != 0)
+      c.bad("local_sgd.fragments", std::to_string(l.fragments) + " does not divide sync_every (" +
+                                       std::to_string(l.sync_every) + ")");
+  }
   const int t = p.tensor;
   if (t <= 1) return;
   const ModelConfig& m = cfg.model;

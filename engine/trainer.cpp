@@ -350,10 +350,28 @@ class Trainer {
     const int local = launch_env().local_size;
     if (policy.strategy == ShardingStrategy::HybridShard && policy.shard_group_size == 0)
       policy.shard_group_size = default_shard_group(D_, local > 0 ? std::max(1, local / t_) : 0);
+    // Local SGD / DiLoCo: each replica (HYBRID_SHARD's shard group, or one NO_SHARD rank) is a
+    // model of its own, FULL_SHARD inside; the outer step averages over the replica groups.
+    GroupPtr model_group = data_group_;
+    if (cfg_.local_sgd.on()) {
+      const int S = policy.strategy == ShardingStrategy::HybridShard ? policy.shard_group_size : 1;
+      if (D_ / S < 2)
+        throw CollectiveError("local_sgd.sync_every: one replica group (" + std::to_string(D_) +
+                              " data-parallel rank(s) in shard groups of " + std::to_string(S) +
+                              "): nothing to average; use more ranks or a smaller "
+                              "shard_group_size");
+      model_group = S == 1 ? make_local_group() : data_group_->split(drank_ / S, drank_);
+      replica_group_ = data_group_->split(drank_ % S, drank_);
+      if (policy.strategy == ShardingStrategy::HybridShard) {
+        policy.strategy = ShardingStrategy::FullShard;
+        policy.shard_group_size = 0;
+      }
+    }
     sm_ = std::make_unique<ShardedModel>(
-        model_, ops_for(device_from_name(cfg_.device)), cfg_.seed, data_group_, policy,
+        model_, ops_for(device_from_name(cfg_.device)), cfg_.seed, model_group, policy,
         tensor_group_,
-        PipeSetup{pipe_group_, static_cast<int>(pipe_schedule_from_name(cfg_.parallelism.schedule))});
+        PipeSetup{pipe_group_, static_cast<int>(pipe_schedule_from_name(cfg_.parallelism.schedule))},
+        replica_group_);
     sm_->prepare_offload(B_, T_);  // offload files sized for this batch shape, before training
     scaler_ = LossScaler(cfg_.loss_scaler);
   }
@@ -390,6 +408,7 @@ class Trainer {
       if (lead_) std::fprintf(stderr, "shardwise: initialised from %s\n", ck_.init_from.c_str());
     }
     summary_.start_step = start_;
+    if (cfg_.local_sgd.on()) sm_->start_round();  // the first round starts here
   }
 
   void setup_checkpointer() {
@@ -608,6 +627,17 @@ class Trainer {
       recorder_->take_exec(*sm_, exec_rec_, s + 1, accum_ - 1, segment_begin(p_ > 1 ? 1 : accum_));
       sm_->set_recorder(nullptr);
       recorder_->action(s + 1, 0, accum_ + 1, overflow ? "skip_step" : "optimizer", to);
+      // Local SGD / DiLoCo: every sync_every / fragments applied steps, the next fragment's
+      // outer step (all units when fragments is 1); the run's last step ends a round.
+      const LocalSgdConfig& l = cfg_.local_sgd;
+      if (l.on()) {
+        const int every = l.sync_every / l.fragments;
+        if (applied_ % every == 0) {
+          outer_step((applied_ / every - 1) % l.fragments);
+        } else if (s + 1 == cfg_.train_steps) {
+          for (int f = 0; f < l.fragments; ++f) outer_step(f);
+        }
+      }
     }
     const double dt = seconds_since(t0);
     const CpuUsage u1 = cpu_usage();
@@ -870,10 +900,24 @@ class Trainer {
     // gathers one unit at a time and writes the weights files it owns (hf_export.h).
     const fs::path hf = run_dir_ / "hf";
     HfExportOptions o;
+  void outer_step(int fragment) {
+    const LocalSgdConfig& l = cfg_.local_sgd;
+    sm_->outer_step(l.outer_lr, l.outer_momentum, l.outer_nesterov,
+                    l.outer_dtype == "bf16" ? DType::BF16 : DType::F32, fragment, l.fragments);
+    ++summary_.outer_steps;
+  }
+
     o.max_shard_bytes = ck_.export_shard_bytes;
     o.tokenizer = cfg_.tokenizer;
-    // (Pipeline stages: collective over the world, each stage writing its tensors.)
-    export_hf_dir(*sm_, hf.string(), o, nullptr, &world_);  // collective
+    // (Pipeline stages: collective over the world, each stage writing its tensors. Local SGD:
+    // the run ended with an outer step, every replica holds the same weights: the first writes.)
+    if (replica_group_) {
+      const GroupPtr writers = world_.split(replica_group_->rank() == 0 ? 0 : -1, rank_);
+      if (writers) export_hf_dir(*sm_, hf.string(), o, nullptr, writers.get());
+      world_.barrier();  // (the directory is complete on every rank's return)
+    } else {
+      export_hf_dir(*sm_, hf.string(), o, nullptr, &world_);  // collective
+    }
     summary_.weights_path = hf.string();  // import_safetensors and sample read the directory
   }
 
@@ -898,6 +942,7 @@ class Trainer {
   const fs::path run_dir_;
   const int B_, T_, accum_;
   const double tokens_per_step_;
+  GroupPtr replica_group_;  // local SGD: this shard's ranks in every replica (null: none)
 
   std::unique_ptr<Corpus> train_data_, val_data_;
   Model model_;

@@ -58,6 +58,7 @@ struct TrainSummary {
   double tokens_per_s = 0;    // mean over the run, excluding the first step
   double unigram_entropy = 0; // byte-unigram entropy of the training data, nats (for reference)
   int skipped_steps = 0;      // fp16: optimizer steps skipped because gradients overflowed
+  int outer_steps = 0;        // local_sgd: outer steps (one per fragment synced)
   double loss_scale = 0;      // fp16: the loss scale at the end (0 otherwise)
   std::string weights_path;  // <run_dir>/hf; "" when not exported
   // Checkpoints (checkpoint block).

@@ -95,10 +95,35 @@ TEST_CASE("parallelism: an impossible mesh is one line naming the key") {
   // gpt2 has no KV heads of its own.
   CHECK(mesh_error(R"({"model": {"n_head": 6, "d_model": 96, "d_ff": 384,
                                  "vocab_size": 252, "seq_len": 96}})", 6) == "(no error)");
-  // Pipeline parallelism is the next issue's.
-  CHECK(error_of(R"({"parallelism": {"pipeline_parallel_degree": 2}})") ==
-        "config: cfg.json: parallelism.pipeline_parallel_degree: pipeline parallelism is not "
-        "implemented yet (issue 37); leave it 1, got 2");
+  // Pipeline parallelism: its keys' rules between them (the world size is train()'s check).
+  CHECK(error_of(R"({"parallelism": {"pipeline_parallel_degree": 2}})") == "(no error)");
+  CHECK(error_of(R"({"parallelism": {"pipeline_parallel_degree": 2,
+                                     "pipeline_parallel_virtual_stages": 2}})") ==
+        "config: cfg.json: parallelism.pipeline_parallel_virtual_stages: more than one stage per "
+        "rank needs an interleaved schedule (Interleaved1F1B, InterleavedZeroBubble), not 1F1B");
+  CHECK(error_of(R"({"parallelism": {"pipeline_parallel_degree": 2,
+                                     "pipeline_parallel_split_points": [2, 3]}})") ==
+        "config: cfg.json: parallelism.pipeline_parallel_split_points: 2 stages need 1 split "
+        "points, got 2");
+  CHECK(error_of(R"({"gradient_accumulation_steps": 3,
+                     "parallelism": {"pipeline_parallel_degree": 2,
+                                     "pipeline_parallel_schedule": "Interleaved1F1B"}})") ==
+        "config: cfg.json: gradient_accumulation_steps: an interleaved schedule runs "
+        "micro-batches in groups of the pipeline degree (2), got 3");
+  CHECK_THAT(error_of(R"({"parallelism": {"pipeline_parallel_split_points": [3, 2]}})"),
+             Catch::Contains("pipeline_parallel_split_points[1]: split points must increase"));
+  CHECK_THAT(error_of(R"({"parallelism": {"pipeline_parallel_schedule": "Zigzag"}})"),
+             Catch::Contains("parallelism.pipeline_parallel_schedule"));
+  // Local SGD: replica groups need HYBRID_SHARD or NO_SHARD; fragments divide the round.
+  CHECK(error_of(R"({"local_sgd": {"sync_every": 4}})") ==
+        "config: cfg.json: local_sgd.sync_every: replica groups train apart: needs "
+        "sharding_strategy HYBRID_SHARD (replicas of shard_group_size ranks) or NO_SHARD (every "
+        "rank a replica), not FULL_SHARD");
+  CHECK(error_of(R"({"zero_optimization": {"stage": 0},
+                     "local_sgd": {"sync_every": 4, "fragments": 3}})") ==
+        "config: cfg.json: local_sgd.fragments: 3 does not divide sync_every (4)");
+  CHECK(error_of(R"({"zero_optimization": {"stage": 0}, "local_sgd": {"sync_every": 4}})") ==
+        "(no error)");
   // A TrainConfig built in code gets the same line.
   TrainConfig c;
   c.parallelism.tensor = 3;
