@@ -29,7 +29,14 @@ struct OptimizerConfig {
   float lr = 3e-4f;            // optimizer.params.lr
   float beta1 = 0.9f, beta2 = 0.95f;  // optimizer.params.betas
   float eps = 1e-8f;                  // optimizer.params.eps
-  float weight_decay = 0.1f;          // optimizer.params.weight_decay
+  float weight_decay = 0.1f;          // optimizer.params.weight_decay (0 but for AdamW)
+  // SGD / LARS (torch.optim.SGD's names; LARS: LARC's / timm's trust_coefficient), Lamb
+  // (DeepSpeed's FusedLamb); sharding/sharded_model.h OptimizerParams has the formulas.
+  float momentum = 0.f, dampening = 0.f;  // optimizer.params.momentum, .dampening
+  bool nesterov = false;                  // optimizer.params.nesterov
+  float trust_coefficient = 1e-3f;        // optimizer.params.trust_coefficient
+  float max_coeff = 10.f, min_coeff = 0.01f;  // optimizer.params.max_coeff, .min_coeff
+  bool bias_correction = true;                // optimizer.params.bias_correction
 };
 
 struct SchedulerConfig {

@@ -152,6 +152,50 @@ void check_schedule_params(const json& j, const Ctx& c) {
       c.bad("scheduler.params." + it.key(), "not a parameter of scheduler type " + type);
 }
 
+// An optimizer type's parameters: those of another type are errors (the compatibility keys
+// DeepSpeed's Adam takes are AdamW's).
+void check_optimizer_params(const json& j, const Ctx& c) {
+  const std::string type = has(j, "optimizer.type") ? str_at(j, "optimizer.type", c)
+                                                    : decl("optimizer.type").def.get<std::string>();
+  const std::vector<std::string> adam = {"lr",        "betas",      "eps",   "weight_decay",
+                                         "adam_w_mode", "torch_adam", "fused", "bias_correction",
+                                         "amsgrad"};
+  static const std::map<std::string, std::vector<std::string>> params = {
+      {"AdamW", adam},
+      {"Adam", adam},
+      {"SGD", {"lr", "momentum", "dampening", "nesterov", "weight_decay"}},
+      {"LARS",
+       {"lr", "momentum", "dampening", "nesterov", "weight_decay", "trust_coefficient", "eps"}},
+      {"Lamb", {"lr", "betas", "eps", "weight_decay", "max_coeff", "min_coeff", "bias_correction"}}};
+  const auto it_t = params.find(type);
+  if (it_t == params.end()) return;  // (the type's own check names it)
+  const json* p = at(j, "optimizer.params");
+  if (!p || !p->is_object()) return;
+  for (auto it = p->begin(); it != p->end(); ++it)
+    if (!it.value().is_null() &&
+        std::find(it_t->second.begin(), it_t->second.end(), it.key()) == it_t->second.end())
+      c.bad("optimizer.params." + it.key(), "not a parameter of optimizer type " + type);
+}
+
+// After the bound keys: the other types' defaults where their keys are not given (weight decay
+// 0 as torch's SGD and DeepSpeed's Lamb; Lamb's betas DeepSpeed's), and torch's rule for
+// Nesterov momentum.
+void read_optimizer_defaults(const json& j, TrainConfig& cfg, const Ctx& c) {
+  OptimizerConfig& o = cfg.optimizer;
+  if (o.type == "AdamW" || o.type == "Adam") return;
+  if (!has(j, "optimizer.params.weight_decay")) o.weight_decay = 0.f;
+  if (o.type == "Lamb" && !has(j, "optimizer.params.betas")) o.beta1 = 0.9f, o.beta2 = 0.999f;
+  if (o.nesterov && (o.momentum <= 0.f || o.dampening != 0.f))
+    c.bad("optimizer.params.nesterov", "needs momentum > 0 and dampening 0 (torch.optim.SGD's rule)");
+  if (o.type == "Lamb" && o.min_coeff > o.max_coeff)
+    c.bad("optimizer.params.min_coeff", "is above max_coeff");
+  if ((o.type == "LARS" || o.type == "Lamb") &&
+      (cfg.sharding.offload_optimizer.device == OffloadDevice::Nvme ||
+       cfg.sharding.offload_param.device == OffloadDevice::Nvme))
+    c.bad("optimizer.type", o.type + " with NVMe offload is not implemented (its per-tensor norms "
+                                     "read each tensor before its update); use cpu offload");
+}
+
 // Pass 4: every key bound to a field: the value given, else the declared default (a key with
 // a derived default keeps what read_strategy or the struct set).
 void read_bound(const json& j, TrainConfig& cfg, const Ctx& c) {
@@ -414,7 +458,9 @@ TrainConfig read_config(json j, const std::string& source,
 
   read_strategy(j, cfg, c);
   check_schedule_params(j, c);
+  check_optimizer_params(j, c);
   read_bound(j, cfg, c);
+  read_optimizer_defaults(j, cfg, c);
   read_mixed_precision(j, cfg, c);
   // The batch is per data-parallel rank; a world the tensor degree does not divide is train()'s
   // error (the reader may run without the launcher, as for `shardwise plan`).

@@ -3,6 +3,7 @@
 // TrainConfig field it sets. The reader, the resolved config, validate_config and the key table
 // all come from schema(); a key with a form or a rule of its own has its reading in
 // config_reader.cpp (named there), and only its declaration here.
+#include <algorithm>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -377,28 +378,74 @@ std::vector<Node> run_keys() {
 Node optimizer_block() {
   constexpr auto O = &TrainConfig::optimizer;
   Node betas = key("betas", Kind::Betas, json::array({0.9, 0.95}),
-                   "AdamW's moment decay rates [beta1, beta2]");
+                   "AdamW's and Lamb's moment decay rates [beta1, beta2] (Lamb: default "
+                   "[0.9, 0.999], DeepSpeed's)");
   betas.range = {0, 1, false, true};
   betas.bind.read = read_betas;
   betas.bind.write = [](const TrainConfig& c) {
     return json::array({fjson(c.optimizer.beta1), fjson(c.optimizer.beta2)});
   };
+  // The parameters each type reads (config_reader.cpp check_optimizer_params refuses others).
+  auto is = [](std::initializer_list<const char*> ts) {
+    std::vector<std::string> v(ts.begin(), ts.end());
+    return [v](const TrainConfig& c) {
+      return std::find(v.begin(), v.end(), c.optimizer.type) != v.end();
+    };
+  };
   return obj(
       "optimizer",
-      {to(string("type", "AdamW", {"AdamW", "Adam"},
-                 "`Adam` is DeepSpeed's Adam with `adam_w_mode` true: AdamW"),
+      {to(string("type", "AdamW", {"AdamW", "Adam", "SGD", "LARS", "Lamb"},
+                 "`Adam` is DeepSpeed's Adam with `adam_w_mode` true: AdamW; `SGD` is "
+                 "torch.optim.SGD; `LARS` SGD with LARC's per-tensor trust ratio (biases and "
+                 "norms excluded); `Lamb` DeepSpeed's FusedLamb. Parameters of another type "
+                 "are errors; each keeps its state in the two moment buffers checkpoints hold"),
           O, &OptimizerConfig::type),
        obj("params",
            {to(number("lr", 3e-4, kPositive, "the peak learning rate"), O, &OptimizerConfig::lr),
-            betas,
-            to(number("eps", 1e-8, kPositive, "AdamW's epsilon"), O, &OptimizerConfig::eps),
-            to(number("weight_decay", 0.1, kNonNegative, "decoupled weight decay"), O,
-               &OptimizerConfig::weight_decay),
+            applies_when(betas, is({"AdamW", "Adam", "Lamb"})),
+            applies_when(to(number("eps", 1e-8, kPositive,
+                                   "AdamW's and Lamb's epsilon; LARS's in the trust ratio"),
+                            O, &OptimizerConfig::eps),
+                         is({"AdamW", "Adam", "Lamb", "LARS"})),
+            to(number("weight_decay", 0.1, kNonNegative,
+                      "AdamW: decoupled weight decay; SGD, LARS, Lamb: added to the gradient "
+                      "(L2; Lamb: to its update), default 0 for them"),
+               O, &OptimizerConfig::weight_decay),
+            applies_when(to(number("momentum", 0, kUnit, "SGD, LARS: momentum factor"), O,
+                            &OptimizerConfig::momentum),
+                         is({"SGD", "LARS"})),
+            applies_when(to(number("dampening", 0, kUnit, "SGD, LARS: dampening for momentum"), O,
+                            &OptimizerConfig::dampening),
+                         is({"SGD", "LARS"})),
+            applies_when(to(boolean("nesterov", false,
+                                    "SGD, LARS: Nesterov momentum (needs momentum > 0, "
+                                    "dampening 0)"),
+                            O, &OptimizerConfig::nesterov),
+                         is({"SGD", "LARS"})),
+            applies_when(to(number("trust_coefficient", 1e-3, kPositive,
+                                   "LARS: eta of the trust ratio eta |w| / (|g| + wd |w| + eps)"),
+                            O, &OptimizerConfig::trust_coefficient),
+                         is({"LARS"})),
+            applies_when(to(number("max_coeff", 10, kPositive,
+                                   "Lamb: the largest trust ratio |w| / |update|"),
+                            O, &OptimizerConfig::max_coeff),
+                         is({"Lamb"})),
+            applies_when(to(number("min_coeff", 0.01, kPositive,
+                                   "Lamb: the smallest trust ratio"),
+                            O, &OptimizerConfig::min_coeff),
+                         is({"Lamb"})),
             // Only true is implemented (config_reader.cpp refuses false).
-            writes(boolean("adam_w_mode", true,
-                           "must be true: L2 regularisation (false) is not implemented"),
-                   [](const TrainConfig&) { return json(true); }),
-            cbool("torch_adam"), cbool("fused"), cbool("bias_correction"), cbool("amsgrad")})});
+            applies_when(writes(boolean("adam_w_mode", true,
+                                        "must be true: L2 regularisation (false) is not "
+                                        "implemented"),
+                                [](const TrainConfig&) { return json(true); }),
+                         is({"AdamW", "Adam"})),
+            applies_when(to(boolean("bias_correction", true,
+                                    "Lamb: the step size lr sqrt(1 - beta2^t) / (1 - beta1^t) "
+                                    "(AdamW: accepted, always corrected)"),
+                            O, &OptimizerConfig::bias_correction),
+                         is({"Lamb"})),
+            cbool("torch_adam"), cbool("fused"), cbool("amsgrad")})});
 }
 
 // A type's parameters are errors with another type (config_reader.cpp read_scheduler, which

@@ -448,6 +448,12 @@ class Trainer {
     adam_.beta2 = cfg_.optimizer.beta2;
     adam_.eps = cfg_.optimizer.eps;
     adam_.weight_decay = cfg_.optimizer.weight_decay;
+    adam_.type = optimizer_type_from_name(cfg_.optimizer.type);  // (Adam: AdamW)
+    adam_.momentum = cfg_.optimizer.momentum, adam_.dampening = cfg_.optimizer.dampening;
+    adam_.nesterov = cfg_.optimizer.nesterov;
+    adam_.trust_coefficient = cfg_.optimizer.trust_coefficient;
+    adam_.max_coeff = cfg_.optimizer.max_coeff, adam_.min_coeff = cfg_.optimizer.min_coeff;
+    adam_.bias_correction = cfg_.optimizer.bias_correction;
   }
 
   // profile.out must be writable on every rank before any step; one collective decides, so

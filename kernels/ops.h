@@ -371,6 +371,21 @@ class Ops {
   virtual void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr,
                      float beta1, float beta2, float eps, float wd, int step, float grad_mult,
                      const AdamWCopies& copies = {}) const = 0;
+  // ---- SGD, LARS and Lamb (sharding/sharded_model.h OptimizerParams has the formulas), on n
+  // elements, grad multiplied by grad_mult first. sgd: d = scale * (g + wd * param); with
+  // momentum, m = d at step 1 (torch's clone), else momentum * m + (1 - dampening) * d; d =
+  // nesterov ? d + momentum * m : m; param -= lr * d (scale: LARS's trust ratio, else 1).
+  virtual void sgd(float* param, const float* grad, float* m, size_t n, float lr, float momentum,
+                   float dampening, bool nesterov, float wd, float scale, int step,
+                   float grad_mult) const = 0;
+  // Lamb's first half: m, v updated as Adam's (no bias correction) and grad overwritten with
+  // the update u = m / (sqrt(v) + eps) + wd * param; the second is add_scaled(param, -s, u)
+  // once the tensor's norms give s.
+  virtual void lamb_prepare(const float* param, float* grad, float* m, float* v, size_t n,
+                            float beta1, float beta2, float eps, float wd,
+                            float grad_mult) const = 0;
+  // y += a * x
+  virtual void add_scaled(float* y, float a, const float* x, size_t n) const = 0;
   // adamw with copies {dt (BF16 / F16), param32, param16, grad_dt}.
   void adamw_copies(float* param, const float* grad, float* m, float* v, size_t n, float lr,
                     float beta1, float beta2, float eps, float wd, int step, float grad_mult,

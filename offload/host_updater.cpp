@@ -123,9 +123,18 @@ std::shared_ptr<Event> HostUpdater::update(const HostUpdate& u, bool record) {
     if (next) next->issue();  // its copies run while this update computes
     if (down->got_master) down->got_master->synchronize();
     if (down->got_grad) down->got_grad->synchronize();
-    for (const HostUpdate::Piece& pc : u.pieces)
-      cpu_ops.adamw(down->hmaster + pc.poff, down->hgrad + pc.poff, u.m + pc.off, u.v + pc.off,
-                    pc.n, u.lr, u.beta1, u.beta2, u.eps, pc.wd, u.step, u.grad_mult);
+    for (const HostUpdate::Piece& pc : u.pieces) {
+      float* hp = down->hmaster + pc.poff;
+      const float* hg = down->hgrad + pc.poff;
+      if (u.type == 0)
+        cpu_ops.adamw(hp, hg, u.m + pc.off, u.v + pc.off, pc.n, u.lr, u.beta1, u.beta2, u.eps,
+                      pc.wd, u.step, u.grad_mult);
+      else if (u.type == 3)
+        cpu_ops.add_scaled(hp, -pc.coeff, hg, pc.n);
+      else
+        cpu_ops.sgd(hp, hg, u.m + pc.off, pc.n, u.lr, u.momentum, u.dampening, u.nesterov, pc.wd,
+                    pc.coeff, u.step, u.grad_mult);
+    }
     // Nothing on the device touches the master until the unit settles: no wait for its work.
     if (down->copy_master)
       copy_bytes_async(u.master, dev, down->hmaster, Device::cpu(), u.n * sizeof(float),

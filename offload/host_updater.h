@@ -29,7 +29,7 @@ namespace sw {
 
 class Ops;
 
-// AdamW over floats [lo, hi) of one unit's shard, run on the host.
+// The optimizer over floats [lo, hi) of one unit's shard, run on the host.
 struct HostUpdate {
   int unit = -1;  // for its span
   // Where the part's master and gradient are (device memory where *_on_device).
@@ -42,9 +42,14 @@ struct HostUpdate {
   struct Piece {
     size_t off, poff, n;  // into m / v, into the part, floats
     float wd;
+    float coeff = 1.f;  // LARS's trust ratio; Lamb's multiplier of u (UpdateArgs::coeff)
   };
   std::vector<Piece> pieces;
+  // 0 AdamW, 1 SGD, 2 LARS (sgd with coeff), 3 Lamb (param -= coeff * grad, grad holding u)
+  int type = 0;
   float lr = 0, beta1 = 0, beta2 = 0, eps = 0, grad_mult = 1;
+  float momentum = 0, dampening = 0;
+  bool nesterov = false;
   int step = 0;
 };
 

@@ -302,7 +302,7 @@ void OffloadedState::accumulate_on_host(FlatUnit& fu) {
 // forward of the units updated before it included. Same arithmetic as the device's AdamW where
 // that equals the CPU's (the simulated accelerator: bit for bit).
 void OffloadedState::update_on_host(FlatUnit& fu, const UpdateArgs& a, int64_t lo, int64_t hi) {
-  const AdamWParams& p = a.adam;
+  const OptimizerParams& p = a.adam;
   const Range shard = fu.shard_range();
   const Range part{shard.lo + lo, shard.lo + hi};
   HostUpdate up;
@@ -313,8 +313,11 @@ void OffloadedState::update_on_host(FlatUnit& fu, const UpdateArgs& a, int64_t l
     if (r.empty()) continue;
     up.pieces.push_back({static_cast<size_t>(r.lo - shard.lo), static_cast<size_t>(r.lo - part.lo),
                          static_cast<size_t>(r.hi - r.lo),
-                         fu.layout().specs[s].weight_decay ? p.weight_decay : 0.f});
+                         fu.layout().specs[s].weight_decay ? p.weight_decay : 0.f,
+                         p.per_tensor() ? a.coeff[size_t(fu.index())][s] : 1.f});
   }
+  up.type = static_cast<int>(p.type);  // (HostUpdate's numbering is OptimizerType's)
+  up.momentum = p.momentum, up.dampening = p.dampening, up.nesterov = p.nesterov;
   up.master_on_device = !fu.master_device().is_cpu();
   up.grad_on_device = !fu.grad_device().is_cpu();
   up.n = static_cast<size_t>(hi - lo);

@@ -1,6 +1,6 @@
 // The optimizer side of a ShardedModel's public calls: the global gradient norm, zeroing, and
-// the optimizer segment of the step plan (AdamW per unit on the fp32 master shard: the Updates
-// component; stage 1 regathers the updated slices; sharded strategies prefetch the next
+// the optimizer segment of the step plan (AdamW, SGD, LARS or Lamb per unit on the fp32 master
+// shard: the Updates component, after its prepare for LARS and Lamb; stage 1 regathers the updated slices; sharded strategies prefetch the next
 // forward's first units while later updates run).
 #include <cmath>
 #include <vector>
@@ -100,12 +100,31 @@ void ShardedModel::zero_grads() {
   I.updates.zero_grads();  // (a deferred update's gradients: right after it)
 }
 
-void ShardedModel::optimizer_step(const AdamWParams& p, float lr, float grad_mult, int step) {
-  SW_CHECK(step >= 1, "AdamW steps count from 1");
+const char* optimizer_type_name(OptimizerType t) {
+  switch (t) {
+    case OptimizerType::SGD: return "SGD";
+    case OptimizerType::LARS: return "LARS";
+    case OptimizerType::Lamb: return "Lamb";
+    case OptimizerType::AdamW: break;
+  }
+  return "AdamW";
+}
+
+OptimizerType optimizer_type_from_name(const std::string& s) {
+  if (s == "SGD") return OptimizerType::SGD;
+  if (s == "LARS") return OptimizerType::LARS;
+  if (s == "Lamb") return OptimizerType::Lamb;
+  SW_CHECK(s == "AdamW" || s == "Adam", "unknown optimizer type " + s);
+  return OptimizerType::AdamW;
+}
+
+void ShardedModel::optimizer_step(const OptimizerParams& p, float lr, float grad_mult, int step) {
+  SW_CHECK(step >= 1, "optimizer steps count from 1");
   Impl& I = *impl_;
   I.flush_deferred(model_);  // two steps without a micro-step between them
   I.reductions.sync_grads();
-  const UpdateArgs update{p, lr, grad_mult, step};
+  UpdateArgs update{p, lr, grad_mult, step, {}};
+  I.updates.prepare(update);  // (LARS and Lamb: each tensor's norms)
   RunArgs args;
   Batch none;
   args.batch = &none;

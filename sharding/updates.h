@@ -1,5 +1,6 @@
-// The owner of the optimizer updates: optimizer_update (AdamW on floats [lo, hi) of a unit's
-// fp32 master shard: the whole shard, or a piece NVMe streams through staging). Where the
+// The owner of the optimizer updates: optimizer_update (AdamW, SGD, LARS or Lamb on floats
+// [lo, hi) of a unit's fp32 master shard: the whole shard, or a piece NVMe streams through
+// staging; LARS and Lamb need whole-tensor norms first: prepare). Where the
 // moments are in host memory while the unit computes on a device, the update runs on the host
 // updater (OffloadedState). Its state: the deferred updates (OptimizerOffload::defer_update:
 // the arguments of the last optimizer step whose deferred units' updates wait for the next
@@ -17,9 +18,13 @@ namespace sw {
 class OffloadedState;
 
 struct UpdateArgs {
-  AdamWParams adam;
+  OptimizerParams adam;
   float lr = 0.f, grad_mult = 1.f;
   int step = 0;
+  // LARS and Lamb (Updates::prepare): per unit, per spec, the multiplier of the tensor's update
+  // (LARS: the trust ratio; Lamb: lr * bias correction * the clamped ratio, applied to the
+  // update u that prepare left in the gradient shard).
+  std::vector<std::vector<float>> coeff;
 };
 
 class Updates final : public Component {
@@ -34,6 +39,11 @@ class Updates final : public Component {
   const UpdateArgs* deferred() const { return deferred_ ? &*deferred_ : nullptr; }
   void defer(const UpdateArgs& a) { deferred_ = a; }
   void clear_deferred() { deferred_.reset(); }
+  // LARS and Lamb, before the plan's updates (collective over the shard and tensor groups):
+  // each tensor's sums of squares of its weight and of its gradient (LARS) or Lamb's update
+  // (Lamb: the moments are updated here and u written over the gradient shard), summed over
+  // the groups in rank order, then a.coeff. Refused with NVMe state.
+  void prepare(UpdateArgs& a);
   // zero_grads: every unit's gradients, but a deferred update's, which are zeroed right after
   // its last piece.
   void zero_grads();

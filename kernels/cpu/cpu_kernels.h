@@ -189,4 +189,11 @@ int lmhead_chunk_rows(int N, int V);
 void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
            float beta2, float eps, float wd, int step, float grad_mult);
 
+// optimizers.cpp (Ops::sgd, lamb_prepare, add_scaled)
+void sgd(float* param, const float* grad, float* m, size_t n, float lr, float momentum,
+         float dampening, bool nesterov, float wd, float scale, int step, float grad_mult);
+void lamb_prepare(const float* param, float* grad, float* m, float* v, size_t n, float beta1,
+                  float beta2, float eps, float wd, float grad_mult);
+void add_scaled(float* y, float a, const float* x, size_t n);
+
 }  // namespace sw::cpu

@@ -67,6 +67,13 @@ void rope_apply_lp(cudaStream_t s, int dt, uint16_t* dst16, const uint16_t* src,
 void adamw(cudaStream_t s, float* param, const float* grad, float* m, float* v, size_t n,
            float lr, float beta1, float beta2, float eps, float wd, int step, float grad_mult,
            int dt = 0, float* p32 = nullptr, uint16_t* p16 = nullptr, int gdt = 0);
+// optimizers.cu: Ops::sgd, lamb_prepare, add_scaled.
+void sgd(cudaStream_t s, float* param, const float* grad, float* m, size_t n, float lr,
+         float momentum, float dampening, bool nesterov, float wd, float scale, int step,
+         float grad_mult);
+void lamb_prepare(cudaStream_t s, const float* param, float* grad, float* m, float* v, size_t n,
+                  float beta1, float beta2, float eps, float wd, float grad_mult);
+void add_scaled(cudaStream_t s, float* y, float a, const float* x, size_t n);
 void scale(cudaStream_t s, float* x, float a, size_t n);
 void fill(cudaStream_t s, float* x, float v, size_t n);
 // x = x / d in place, n values: fp32 (dt 0) or dt's 16-bit values (1 bf16, 2 f16), widened,

@@ -969,6 +969,22 @@ class CudaOps final : public Ops {
     cuda::adamw(begin(), param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult,
                 dt_code(copies.dt), copies.param32, copies.param16, dt_code(copies.grad_dt));
   }
+  void sgd(float* param, const float* grad, float* m, size_t n, float lr, float momentum,
+           float dampening, bool nesterov, float wd, float scale, int step,
+           float grad_mult) const override {
+    SW_OP_TIME();
+    cuda::sgd(begin(), param, grad, m, n, lr, momentum, dampening, nesterov, wd, scale, step,
+              grad_mult);
+  }
+  void lamb_prepare(const float* param, float* grad, float* m, float* v, size_t n, float beta1,
+                    float beta2, float eps, float wd, float grad_mult) const override {
+    SW_OP_TIME();
+    cuda::lamb_prepare(begin(), param, grad, m, v, n, beta1, beta2, eps, wd, grad_mult);
+  }
+  void add_scaled(float* y, float a, const float* x, size_t n) const override {
+    SW_OP_TIME();
+    cuda::add_scaled(begin(), y, a, x, n);
+  }
   bool rounds_grads_on_read() const override { return true; }
   bool prefers_lp_operands() const override { return true; }  // (cuBLAS takes them as they are)
 

@@ -465,6 +465,27 @@ class SimOps final : public sw::Ops {
     on_device(__func__, "param16", copies.param16);
     base_->adamw(param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult, copies);
   }
+  void sgd(float* param, const float* grad, float* m, size_t n, float lr, float momentum, float dampening, bool nesterov, float wd, float scale, int step, float grad_mult) const override {
+    Open g;
+    on_device(__func__, "param", param);
+    on_device(__func__, "grad", grad);
+    if (momentum != 0.f) on_device(__func__, "m", m);
+    base_->sgd(param, grad, m, n, lr, momentum, dampening, nesterov, wd, scale, step, grad_mult);
+  }
+  void lamb_prepare(const float* param, float* grad, float* m, float* v, size_t n, float beta1, float beta2, float eps, float wd, float grad_mult) const override {
+    Open g;
+    on_device(__func__, "param", param);
+    on_device(__func__, "grad", grad);
+    on_device(__func__, "m", m);
+    on_device(__func__, "v", v);
+    base_->lamb_prepare(param, grad, m, v, n, beta1, beta2, eps, wd, grad_mult);
+  }
+  void add_scaled(float* y, float a, const float* x, size_t n) const override {
+    Open g;
+    on_device(__func__, "y", y);
+    on_device(__func__, "x", x);
+    base_->add_scaled(y, a, x, n);
+  }
   // As CUDA, a one-rank unit's gradients rounded by their readers (the CPU's: a rounded
   // copy), so that the engine's tests run that path.
   bool rounds_grads_on_read() const override { return true; }

@@ -131,7 +131,8 @@ inline const std::vector<std::string>& all_ops() {
       "swiglu_backward:add", "swiglu_backward:set", "swiglu_backward:lp", "rope_forward:f32",
       "rope_forward:out16", "rope_backward:f32", "rope_backward:out16", "attention_forward:f32",
       "attention_forward:lp", "attention_backward:add", "attention_backward:set",
-      "attention_backward:lp", "adamw:plain", "adamw:copies", "sums_of_squares:one",
+      "attention_backward:lp", "adamw:plain", "adamw:copies", "sgd:momentum", "sgd:nesterov",
+      "lamb_prepare", "add_scaled", "sums_of_squares:one",
       "sums_of_squares:host", "sums_of_squares:device", "sums_of_squares:rounded",
       "round_copy:f32", "round_copy:lp", "embedding_backward", "residual_forward", "lmhead_xent",
       "lmhead_xent_into", "scale", "fill", "add_inplace", "copy", "narrow", "widen",
@@ -1363,6 +1364,45 @@ inline std::vector<OpCase> op_cases() {
                     Rng r(sd + 7);
                     const double s = a.ops().sum_squares(a.up(r.normal(n, 3.f)), n);
                     return Outputs{{"sum", {s}}};
+                  }});
+    // SGD with momentum (dampening, a LARS scale, step 1 then 2) and Nesterov; Lamb's first
+    // half (m, v and the update written into grad) and the second (add_scaled).
+    for (const bool nest : {false, true})
+      cs.push_back({nest ? "sgd:nesterov" : "sgd:momentum",
+                    std::string("sgd[") + (nest ? "nesterov] " : "momentum] ") + sh, kTolElem,
+                    kTolElem, [n, sd, nest](Arena& a) {
+                      Rng r(sd + 18);
+                      float* p = a.up(r.normal(n));
+                      float* m = a.up(r.normal(n, 0.1f));
+                      const Vec g = r.normal(n);
+                      const float damp = nest ? 0.f : 0.1f;
+                      a.ops().sgd(p, a.up(g), m, n, 1e-2f, 0.9f, damp, nest, 0.01f, 0.7f, 1, 0.5f);
+                      a.ops().sgd(p, a.up(g), m, n, 3e-2f, 0.9f, damp, nest, 0.f, 1.f, 2, 1.f);
+                      Outputs o;
+                      put(o, "param", a.down(p, n));
+                      put(o, "m", a.down(m, n));
+                      return o;
+                    }});
+    cs.push_back({"lamb_prepare", "lamb_prepare " + sh, kTolElem, kTolElem, [n, sd](Arena& a) {
+                    Rng r(sd + 19);
+                    float* p = a.up(r.normal(n));
+                    float* g = a.up(r.normal(n));
+                    float* m = a.up(r.normal(n, 0.1f));
+                    float* v = a.up(r.uniform(n, 0.f, 0.01f));
+                    a.ops().lamb_prepare(p, g, m, v, n, 0.9f, 0.999f, 1e-6f, 0.01f, 0.5f);
+                    Outputs o;
+                    put(o, "update", a.down(g, n));
+                    put(o, "m", a.down(m, n));
+                    put(o, "v", a.down(v, n));
+                    return o;
+                  }});
+    cs.push_back({"add_scaled", "add_scaled " + sh, kTolElem, kTolElem, [n, sd](Arena& a) {
+                    Rng r(sd + 20);
+                    float* y = a.up(r.normal(n));
+                    a.ops().add_scaled(y, -0.37f, a.up(r.normal(n)), n);
+                    Outputs o;
+                    put(o, "y", a.down(y, n));
+                    return o;
                   }});
     cs.push_back({"adamw:plain", "adamw[plain] " + sh, kTolElem, kTolElem, [n, sd](Arena& a) {
                     Rng r(sd + 8);

@@ -76,6 +76,18 @@ class ThroughF32 final : public swtest::ForwardingOps {
                                   grad_mult, copies);
     base_.adamw(param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult);
   }
+  void sgd(float* param, const float* grad, float* m, size_t n, float lr, float momentum,
+           float dampening, bool nesterov, float wd, float scale, int step,
+           float grad_mult) const override {
+    base_.sgd(param, grad, m, n, lr, momentum, dampening, nesterov, wd, scale, step, grad_mult);
+  }
+  void lamb_prepare(const float* param, float* grad, float* m, float* v, size_t n, float beta1,
+                    float beta2, float eps, float wd, float grad_mult) const override {
+    base_.lamb_prepare(param, grad, m, v, n, beta1, beta2, eps, wd, grad_mult);
+  }
+  void add_scaled(float* y, float a, const float* x, size_t n) const override {
+    base_.add_scaled(y, a, x, n);
+  }
   void sums_of_squares(const float* const* xs, const size_t* ns, int k, double* out,
                        sw::SumsTo to, DType dt = DType::F32) const override {
     if (dt != DType::F32) return sums_rounded_through_copies(dt, xs, ns, k, out);

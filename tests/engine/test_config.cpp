@@ -153,8 +153,8 @@ TEST_CASE("config: out-of-range values name the key and the range") {
              Contains("scheduler.params.warmup_num_steps: must be <= total_num_steps (10"));
   CHECK_THAT(error_of(R"({"model": {"d_model": 100, "n_head": 3}})"),
              Contains("model.d_model: must be a multiple of model.n_head"));
-  CHECK_THAT(error_of(R"({"optimizer": {"type": "SGD"}})"),
-             Contains("optimizer.type: 'SGD' is not one of AdamW, Adam"));
+  CHECK_THAT(error_of(R"({"optimizer": {"type": "Adagrad"}})"),
+             Contains("optimizer.type: 'Adagrad' is not one of AdamW, Adam, SGD, LARS, Lamb"));
   CHECK_THAT(
       error_of(R"({"scheduler": {"type": "OneCycle"}})"),
       Contains("scheduler.type: 'OneCycle' is not one of WarmupCosineLR, WarmupLR, Constant"));
@@ -610,4 +610,34 @@ TEST_CASE("config: the profile block with its range checks and its round trip") 
   CHECK(error_of(R"({"train_steps": 10, "profile": {"start_step": 50}})") == "(no error)");
   CHECK_THAT(error_of(R"({"train_steps": 10})", {"profile.enabled=true", "profile.start_step=12"}),
              Contains("profile.start_step: must be <= train_steps (10), got 12"));
+}
+
+TEST_CASE("config: optimizer types SGD, LARS and Lamb with their keys (issue 38)") {
+  const TrainConfig s = parse(
+      R"({"optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9, "nesterov": true}}})");
+  CHECK(s.optimizer.type == "SGD");
+  CHECK(s.optimizer.momentum == 0.9f);
+  CHECK(s.optimizer.nesterov);
+  CHECK(s.optimizer.weight_decay == 0.f);  // torch's default, not AdamW's 0.1
+  const TrainConfig l = parse(R"({"optimizer": {"type": "Lamb", "params": {"max_coeff": 5}}})");
+  CHECK(l.optimizer.beta2 == 0.999f);  // DeepSpeed's Lamb betas
+  CHECK(l.optimizer.max_coeff == 5.f);
+  CHECK(parse(R"({"optimizer": {"type": "LARS", "params": {"trust_coefficient": 0.02}}})")
+            .optimizer.trust_coefficient == 0.02f);
+  // The resolved config reads back the same.
+  CHECK(parse(s.resolved_json).optimizer.nesterov);
+  CHECK(parse(l.resolved_json).optimizer.beta2 == 0.999f);
+  // A key of another type, torch's Nesterov rule, NVMe with per-tensor norms: one line each.
+  CHECK_THAT(error_of(R"({"optimizer": {"type": "SGD", "params": {"betas": [0.9, 0.99]}}})"),
+             Contains("optimizer.params.betas: not a parameter of optimizer type SGD"));
+  CHECK_THAT(error_of(R"({"optimizer": {"type": "Lamb", "params": {"momentum": 0.9}}})"),
+             Contains("optimizer.params.momentum: not a parameter of optimizer type Lamb"));
+  CHECK_THAT(error_of(R"({"optimizer": {"params": {"max_coeff": 2}}})"),
+             Contains("optimizer.params.max_coeff: not a parameter of optimizer type AdamW"));
+  CHECK_THAT(error_of(R"({"optimizer": {"type": "SGD", "params": {"nesterov": true}}})"),
+             Contains("optimizer.params.nesterov: needs momentum > 0 and dampening 0"));
+  CHECK_THAT(error_of(R"({"optimizer": {"type": "LARS"}, "zero_optimization": {"stage": 3,
+             "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}})"),
+             Contains("optimizer.type: LARS with NVMe offload is not implemented"));
+  CHECK_THAT(error_of(R"({"optimizer": {"type": "Sgd"}})"), Contains("optimizer.type"));
 }

@@ -117,6 +117,11 @@ TEST_CASE("config schema: a default-constructed TrainConfig agrees with the decl
     } else if (key == "model.qkv_bias" || key == "model.rope_scaling" ||
                (key.rfind("model.rope_", 0) == 0 && key != "model.rope_theta")) {
       CHECK(v->is_null());  // llama's keys: null (not applicable) for the default gpt2
+    } else if (key == "optimizer.params.momentum" || key == "optimizer.params.dampening" ||
+               key == "optimizer.params.nesterov" || key == "optimizer.params.trust_coefficient" ||
+               key == "optimizer.params.max_coeff" || key == "optimizer.params.min_coeff" ||
+               key == "optimizer.params.bias_correction") {
+      CHECK(v->is_null());  // SGD's, LARS's and Lamb's keys: null (not applicable) for AdamW
     } else if (key == "shard_group_size") {  // null (not applicable) without HYBRID_SHARD
       CHECK(v->is_null());
       CHECK(d.sharding.shard_group_size == k["default"].get<int>());

@@ -57,6 +57,8 @@ struct Opts {
   DType dtype = DType::F32;
   int steps = 12;
   bool sim = false;  // on the simulated accelerator (tests/common/sim_device.h)
+  OptimizerParams opt;  // (AdamW, weight decay 0.1)
+  float lr = 3e-3f;
 };
 
 struct RunResult {
@@ -80,8 +82,7 @@ RunResult train(GroupPtr world_g, int t, const ModelConfig& mc, int B, const Opt
   Corpus corpus(mc.vocab_size);
   std::vector<int32_t> in(size_t(B) * T), tg(size_t(B) * T);
   const Batch batch{in.data(), tg.data(), B, T};
-  AdamWParams ap;
-  ap.weight_decay = 0.1f;
+  const OptimizerParams ap = o.opt;
   RunResult res;
   MemTracker::global().reset_peaks();
   for (int s = 0; s < o.steps; ++s) {
@@ -95,7 +96,7 @@ RunResult train(GroupPtr world_g, int t, const ModelConfig& mc, int B, const Opt
     const double norm = sm.grad_norm();
     res.norms.push_back(norm);
     const float mult = static_cast<float>(std::min(1.0, 1.0 / (norm + 1e-6)));
-    sm.optimizer_step(ap, 3e-3f, mult, s + 1);
+    sm.optimizer_step(ap, o.lr, mult, s + 1);
   }
   res.act_peak = MemTracker::global().peak(Mem::Activations);
   sm.for_each_param([&](const ParamSpec& s, const float* p) {
@@ -108,7 +109,8 @@ RunResult train(GroupPtr world_g, int t, const ModelConfig& mc, int B, const Opt
 const RunResult& reference(const std::string& type, int global_B, const Opts& o) {
   static std::map<std::string, RunResult> cache;
   const std::string key = type + "/" + std::to_string(global_B) + "/" +
-                          std::to_string(o.accum) + "/" + dtype_name(o.dtype) + "/" + std::to_string(o.steps);
+                          std::to_string(o.accum) + "/" + dtype_name(o.dtype) + "/" + std::to_string(o.steps) +
+                          "/" + optimizer_type_name(o.opt.type);
   auto it = cache.find(key);
   if (it == cache.end()) {
     Opts one = o;
@@ -326,5 +328,30 @@ TEST_CASE("tensor parallel on the simulated accelerator equals the CPU", "[tp_si
       CHECK(sim_run.norms == cpu_run.norms);
       CHECK(sim_run.params == cpu_run.params);
       CHECK(swtest::sim_device_bytes_in_use() == 0);
+    }
+}
+
+// LARS and Lamb (issue 38): each tensor's norms summed over the tensor group for split tensors
+// (replicated ones counted once), after the shard group; tensor 2 with FULL_SHARD and NO_SHARD
+// over the data ranks against one rank.
+TEST_CASE("tensor 2 with LARS and Lamb", "[tp_optimizers]") {
+  const GroupPtr g = world();
+  const int t = 2, B = 2, D = g->size() / t;
+  OptimizerParams lars, lamb;
+  lars.type = OptimizerType::LARS, lars.momentum = 0.9f, lars.weight_decay = 1e-3f;
+  lars.trust_coefficient = 0.01f;
+  lamb.type = OptimizerType::Lamb, lamb.beta2 = 0.999f, lamb.weight_decay = 0.01f;
+  for (const auto& [opt, lr] : {std::pair{lars, 1.f}, std::pair{lamb, 1e-2f}})
+    for (const ShardingStrategy st : {ShardingStrategy::FullShard, ShardingStrategy::NoShard}) {
+      Opts o;
+      o.pol = ShardingPolicy::for_strategy(st);
+      o.opt = opt;
+      o.lr = lr;
+      const ModelConfig mc = tiny("gpt2");
+      const RunResult a = train(g, t, mc, B, o);
+      check_close(a, reference("gpt2", D * B, o),
+                  std::string(optimizer_type_name(opt.type)) + " " + strategy_name(st) +
+                      " tensor 2",
+                  1e-5);
     }
 }
