@@ -175,7 +175,8 @@ struct LocalSgdConfig {
   // search within memory_budget (required) before the model is built, and logs the plan.
   struct AutoPlan {
     bool blocks = false, checkpointing = false, offload_optimizer = false, offload_param = false;
-    bool tensor = false;  // parallelism.tensor_parallel_degree
+    bool tensor = false;    // parallelism.tensor_parallel_degree
+    bool pipeline = false;  // parallelism.pipeline_parallel_degree
     bool any() const {
       return blocks || checkpointing || offload_optimizer || offload_param || tensor;
     }

@@ -363,6 +363,7 @@ void read_run_rules(const json& j, TrainConfig& cfg, const Ctx& c) {
   cfg.autoplan.offload_optimizer = auto_at(j, "zero_optimization.offload_optimizer.device");
   cfg.autoplan.offload_param = auto_at(j, "zero_optimization.offload_param.device");
   cfg.autoplan.tensor = auto_at(j, "parallelism.tensor_parallel_degree");
+  cfg.autoplan.pipeline = auto_at(j, "parallelism.pipeline_parallel_degree");
   // checkpoint.dir and profile.out: under run_dir unless given, and then not empty.
   CheckpointConfig& k = cfg.checkpoint;
   if (has(j, "checkpoint.dir") && k.dir.empty()) c.bad("checkpoint.dir", "must not be empty");

@@ -787,11 +787,17 @@ Node parallelism_block() {
               [](const TrainConfig& c) {
                 return c.autoplan.tensor ? json("auto") : json(c.parallelism.tensor);
               }),
-       to(integer("pipeline_parallel_degree", 1, 1, IMAX,
-                  "pipeline ranks (outermost: ranks [s W/p, (s+1) W/p) run stage s; tensor and "
-                  "data-parallel groups inside each); the model's schedule is cut into "
-                  "consecutive stages, sends and receives between them"),
-          P, &ParallelismConfig::pipeline),
+       writes(to(ints(any("pipeline_parallel_degree", 1, "an integer ≥ 1 or `\"auto\"`",
+                          "pipeline ranks (outermost: ranks [s W/p, (s+1) W/p) run stage s; "
+                          "tensor and data-parallel groups inside each); the model's schedule is "
+                          "cut into consecutive stages, sends and receives between them; "
+                          "`\"auto\"`: the planner chooses the degree, schedule and micro-batch "
+                          "size and count within `memory_budget`, the global batch kept"),
+                      1, IMAX),
+                 P, &ParallelismConfig::pipeline),
+              [](const TrainConfig& c) {
+                return c.autoplan.pipeline ? json("auto") : json(c.parallelism.pipeline);
+              }),
        to(string("pipeline_parallel_schedule", "1F1B",
                  {"GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble"},
                  "the order of micro-batches' forwards and backwards on each pipeline rank "

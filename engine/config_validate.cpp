@@ -168,7 +168,8 @@ void check_auto(const TrainConfig& cfg, const Ctx& c) {
                               : a.checkpointing       ? "activation_checkpointing"
                               : a.offload_optimizer   ? "zero_optimization.offload_optimizer.device"
                               : a.offload_param       ? "zero_optimization.offload_param.device"
-                                                      : "parallelism.tensor_parallel_degree") +
+                              : a.tensor              ? "parallelism.tensor_parallel_degree"
+                                                      : "parallelism.pipeline_parallel_degree") +
                              " (the planner chooses within it)");
 }
 

@@ -91,6 +91,7 @@
 #include "kernels/threads.h"
 #include "models/model.h"
 #include "planner/hardware.h"
+#include "planner/pipeline.h"
 #include "planner/search.h"
 #include "sharding/comm/group.h"
 #include "sharding/sharded_model.h"
@@ -1001,6 +1002,36 @@ void resolve_auto_plan(TrainConfig& cfg, int world, bool lead) {
     }
   }
   const SearchResult r = search_plans(base, so, hw);
+  if (cfg.autoplan.pipeline) {  // the pipeline's dimensions (planner/pipeline.h)
+    const TrainConfig::AutoPlan& a = cfg.autoplan;
+    if (a.blocks || a.checkpointing || a.offload_optimizer || a.offload_param || a.tensor)
+      throw CollectiveError(
+          "auto: parallelism.pipeline_parallel_degree \"auto\" with other \"auto\" keys is not "
+          "supported yet; give the others");
+    const PipelineSearch ps =
+        search_pipeline(plan_setup(cfg, world), static_cast<int64_t>(cfg.memory_budget), hw);
+    if (ps.best < 0)
+      throw CollectiveError("auto: no pipeline degree, schedule and micro-batch fits "
+                            "memory_budget " + format_bytes(cfg.memory_budget) + " per rank (" +
+                            std::to_string(ps.evaluated.size()) + " tried)");
+    const PipelineEvaluated& e = ps.evaluated[size_t(ps.best)];
+    cfg.parallelism.pipeline = e.c.pipeline;
+    cfg.parallelism.virtual_stages = e.c.chunks;
+    cfg.parallelism.schedule = pipe_schedule_name(static_cast<PipeSchedule>(e.c.schedule));
+    cfg.parallelism.split_points.clear();
+    cfg.micro_batch = e.c.micro_batch;
+    cfg.grad_accum = e.c.accum;
+    cfg.autoplan = {};
+    cfg.resolved_json = config_json(cfg);
+    if (lead)
+      std::fprintf(stderr,
+                   "auto: memory_budget %s per rank: %s (predicted largest stage peak %s, step "
+                   "%.3f s, bubble %.1f%% on hardware '%s'; %zu candidates)\n",
+                   format_bytes(cfg.memory_budget).c_str(), e.c.describe().c_str(),
+                   format_bytes(size_t(e.device)).c_str(), e.step_s, 100 * e.bubble,
+                   hw.name.c_str(), ps.evaluated.size());
+    return;
+  }
   if (r.best < 0)
     throw CollectiveError(
         "auto: no plan fits memory_budget " + format_bytes(cfg.memory_budget) +

@@ -86,6 +86,28 @@ specs+=(gpt2.pp2_bf16:gpt2.ref_bf16 gpt2.pp2_hybrid1:gpt2.ref:noval gpt2.pp2_spl
 grep -q "stage bounds (schedule positions) 0 2 6" "$work/gpt2.pp2_split.log" ||
   failed+=("pp2_split: the stage bounds are not the split point's: $(grep -m1 'stage bounds' "$work/gpt2.pp2_split.log")")
 
+# "auto": the planner chooses the degree, schedule and micro-batch size and count within
+# memory_budget (the global batch kept); the run's tracked peak stays within the budget.
+budget=3000000
+run gpt2.auto 2 gpt2 --set 'parallelism.pipeline_parallel_degree="auto"' \
+  --set memory_budget=$budget --set zero_optimization.stage=0
+"$py" - "$work/gpt2.auto" $budget <<'PY' || failed+=("auto: $(grep -m1 'auto:' "$work/gpt2.auto.log")")
+import json, sys
+d, budget = sys.argv[1], int(sys.argv[2])
+c = json.load(open(f"{d}/config.json"))
+m = [json.loads(l) for l in open(f"{d}/metrics.jsonl")]
+p = c["parallelism"]
+glob = c["train_micro_batch_size_per_gpu"] * c["gradient_accumulation_steps"] * (2 // p["pipeline_parallel_degree"])
+peak = max(x["peak_mem_bytes"] for x in m)
+print(f"mpi_pipeline: auto chose pipeline {p['pipeline_parallel_degree']} {p['pipeline_parallel_schedule']}"
+      f" micro-batch {c['train_micro_batch_size_per_gpu']} x {c['gradient_accumulation_steps']};"
+      f" peak {peak} <= {budget}")
+assert p["pipeline_parallel_degree"] in (1, 2), p
+assert glob == 16, f"global batch {glob}, expected 16 (2 rows x 4 micro-batches x 2 ranks)"
+assert peak <= budget, f"peak {peak} above the budget {budget}"
+PY
+grep -q '^auto: memory_budget' "$work/gpt2.auto.log" || failed+=("auto: no choice line")
+
 # (micro-batch 1 x 2 data-parallel ranks evaluate other windows than one rank with micro-batch
 # 2: those runs skip the validation loss)
 "$py" - "$work" "${specs[@]}" <<'PY' || failed+=("parity")
