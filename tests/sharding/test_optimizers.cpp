@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/sim_device.h"
+#include "common/temp_dir.h"
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -46,6 +47,34 @@ TEST_CASE("optimizers equal PyTorch's over 50 steps", "[optimizers]") {
                     << ")");
       CHECK(worst <= (t == 1 ? 1e-6 : 5e-6) * std::max(1.0, scale));
     }
+  }
+}
+
+// SGD streams its momentum through NVMe like AdamW's moments (pieces of 48 floats, which cut
+// the tensors): the same parameters as in memory, bit for bit. LARS and Lamb are refused there.
+TEST_CASE("SGD with offload_optimizer nvme equals it in memory; LARS and Lamb refuse NVMe",
+          "[optimizers]") {
+  const nlohmann::json ref = optest::reference();
+  for (const auto& c : ref.at("configs")) {
+    float gm = 1.f;
+    const OptimizerParams p = optest::params_of(c, &gm);
+    swtest::TempDir dir("optimizers_nvme");
+    ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+    pol.offload_optimizer.device = OffloadDevice::Nvme;
+    pol.offload_optimizer.nvme_path = dir.path.string();
+    pol.offload_optimizer.piece_floats = 48;
+    Model m = optest::make_model();
+    ShardedModel sm(m, ops_for(Device::cpu()), 1, make_local_group(), pol);
+    if (p.per_tensor()) {
+      CHECK_THROWS_WITH(optest::run(sm, p, gm, 1, {}), Catch::Contains("NVMe"));
+      continue;
+    }
+    INFO(c.at("name").get<std::string>());
+    Model m1 = optest::make_model();
+    ShardedModel one(m1, ops_for(Device::cpu()), 1);
+    const auto want = optest::run(one, p, gm, 20, {20}).at(20);
+    const auto got = optest::run(sm, p, gm, 20, {20}).at(20);
+    CHECK(got == want);
   }
 }
 
