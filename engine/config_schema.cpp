@@ -817,6 +817,36 @@ Node parallelism_block() {
 }
 
 // dir: "" = <run_dir>/checkpoints; resume: "auto" is one of its values (read_run_rules).
+// local_sgd (config.h LocalSgdConfig); torchft's names. config_validate.cpp checks the mesh.
+Node local_sgd_block() {
+  constexpr auto L = &TrainConfig::local_sgd;
+  return obj(
+      "local_sgd",
+      {to(integer("sync_every", 0, 0, IMAX,
+                  "inner steps per round: replica groups (HYBRID_SHARD's, or NO_SHARD's ranks) "
+                  "train apart, then average their pseudo-gradients (DiLoCo's H; 0 = off, "
+                  "gradients reduced every step)"),
+          L, &LocalSgdConfig::sync_every),
+       to(integer("fragments", 1, 1, 4096,
+                  "streaming DiLoCo: the units in this many fragments of consecutive units, one "
+                  "synced every sync_every / fragments steps in turn (1 = all at once)"),
+          L, &LocalSgdConfig::fragments),
+       obj("outer_optimizer",
+           {to(string("type", "SGD", {"SGD"},
+                      "the outer optimizer (SGD with momentum; FedAvg: lr 1, momentum 0)"),
+               L, &LocalSgdConfig::outer_type),
+            obj("params",
+                {to(number("lr", 0.7, kPositive, "outer learning rate (DiLoCo: 0.7)"), L,
+                    &LocalSgdConfig::outer_lr),
+                 to(number("momentum", 0.9, Range{0, 1, false, true}, "outer momentum (DiLoCo: 0.9)"),
+                    L, &LocalSgdConfig::outer_momentum),
+                 to(boolean("nesterov", true, "Nesterov momentum (DiLoCo: true)"), L,
+                    &LocalSgdConfig::outer_nesterov)})}),
+       to(string("outer_dtype", "fp32", {"fp32", "bf16"},
+                 "the pseudo-gradient's type across the replica groups"),
+          L, &LocalSgdConfig::outer_dtype)});
+}
+
 Node checkpoint_block() {
   constexpr auto C = &TrainConfig::checkpoint;
   return obj(
@@ -864,36 +894,6 @@ Node profile_block() {
                   "the first recorded optimizer step (1-based, within `train_steps`)"),
           P, &ProfileConfig::start_step),
        to(integer("num_steps", 1, 1, IMAX, "steps recorded (within `train_steps`)"), P,
-// local_sgd (config.h LocalSgdConfig); torchft's names. config_validate.cpp checks the mesh.
-Node local_sgd_block() {
-  constexpr auto L = &TrainConfig::local_sgd;
-  return obj(
-      "local_sgd",
-      {to(integer("sync_every", 0, 0, IMAX,
-                  "inner steps per round: replica groups (HYBRID_SHARD's, or NO_SHARD's ranks) "
-                  "train apart, then average their pseudo-gradients (DiLoCo's H; 0 = off, "
-                  "gradients reduced every step)"),
-          L, &LocalSgdConfig::sync_every),
-       to(integer("fragments", 1, 1, 4096,
-                  "streaming DiLoCo: the units in this many fragments of consecutive units, one "
-                  "synced every sync_every / fragments steps in turn (1 = all at once)"),
-          L, &LocalSgdConfig::fragments),
-       obj("outer_optimizer",
-           {to(string("type", "SGD", {"SGD"},
-                      "the outer optimizer (SGD with momentum; FedAvg: lr 1, momentum 0)"),
-               L, &LocalSgdConfig::outer_type),
-            obj("params",
-                {to(number("lr", 0.7, kPositive, "outer learning rate (DiLoCo: 0.7)"), L,
-                    &LocalSgdConfig::outer_lr),
-                 to(number("momentum", 0.9, Range{0, 1, false, true}, "outer momentum (DiLoCo: 0.9)"),
-                    L, &LocalSgdConfig::outer_momentum),
-                 to(boolean("nesterov", true, "Nesterov momentum (DiLoCo: true)"), L,
-                    &LocalSgdConfig::outer_nesterov)})}),
-       to(string("outer_dtype", "fp32", {"fp32", "bf16"},
-                 "the pseudo-gradient's type across the replica groups"),
-          L, &LocalSgdConfig::outer_dtype)});
-}
-
           &ProfileConfig::num_steps),
        writes(to(derived(string("out", "", {},
                                 "where each rank writes its profile files (checked writable on "
