@@ -111,13 +111,6 @@ struct ParallelismConfig {
   }
 };
 
-struct TrainConfig {
-  std::string source;  // the config file's path (for messages)
-  ModelConfig model;   // model.{type, vocab_size, n_layer, n_head, n_kv_head, d_model, d_ff, seq_len, ...}
-  std::string train_data, val_data;  // data.train, data.val (val optional)
-  std::string tokenizer;             // data.tokenizer ("" = bytes; engine/tokenizer.h)
-  int micro_batch = 8;               // train_micro_batch_size_per_gpu (per data-parallel rank)
-  int grad_accum = 1;                // gradient_accumulation_steps
 // local_sgd: DiLoCo / local SGD / federated averaging across the replica groups of HYBRID_SHARD
 // (or NO_SHARD's ranks): each trains sync_every inner steps apart, then the outer step
 // (sharding/cross_group.h).
@@ -131,6 +124,13 @@ struct LocalSgdConfig {
   bool on() const { return sync_every > 0; }
 };
 
+struct TrainConfig {
+  std::string source;  // the config file's path (for messages)
+  ModelConfig model;   // model.{type, vocab_size, n_layer, n_head, n_kv_head, d_model, d_ff, seq_len, ...}
+  std::string train_data, val_data;  // data.train, data.val (val optional)
+  std::string tokenizer;             // data.tokenizer ("" = bytes; engine/tokenizer.h)
+  int micro_batch = 8;               // train_micro_batch_size_per_gpu (per data-parallel rank)
+  int grad_accum = 1;                // gradient_accumulation_steps
   int train_steps = 100;             // train_steps
   uint64_t seed = 1337;              // seed
   std::string run_dir = "runs/default";  // run_dir
@@ -178,9 +178,10 @@ struct LocalSgdConfig {
     bool tensor = false;    // parallelism.tensor_parallel_degree
     bool pipeline = false;  // parallelism.pipeline_parallel_degree
     bool any() const {
-      return blocks || checkpointing || offload_optimizer || offload_param || tensor;
+      return blocks || checkpointing || offload_optimizer || offload_param || tensor || pipeline;
     }
   } autoplan;
+  LocalSgdConfig local_sgd;
   ParallelismConfig parallelism;  // parallelism.{tensor_parallel_degree, pipeline_parallel_degree}
   CheckpointConfig checkpoint;  // checkpoint.{dir, every_steps, keep_last, async, save_final,
                                 // resume, init_from}
@@ -188,7 +189,6 @@ struct LocalSgdConfig {
   std::string resolved_json;   // the config after defaults and overrides, pretty-printed
   // Messages for the user that are not errors: one line listing the keys present that are
   // accepted for DeepSpeed compatibility but have no effect yet. train() prints them to stderr.
-  LocalSgdConfig local_sgd;
   std::vector<std::string> notes;
 };
 

@@ -628,12 +628,6 @@ class Trainer {
           cfg_.grad_clip > 0 ? std::min(1.0, cfg_.grad_clip / (norm + 1e-6)) : 1.0;
       sm_->optimizer_step(adam_, lr, static_cast<float>(clip / loss_scale), applied_ + 1);
       ++applied_;
-    }
-    if (rec) {
-      sm_->settle_recorder();
-      recorder_->take_exec(*sm_, exec_rec_, s + 1, accum_ - 1, segment_begin(p_ > 1 ? 1 : accum_));
-      sm_->set_recorder(nullptr);
-      recorder_->action(s + 1, 0, accum_ + 1, overflow ? "skip_step" : "optimizer", to);
       // Local SGD / DiLoCo: every sync_every / fragments applied steps, the next fragment's
       // outer step (all units when fragments is 1); the run's last step ends a round.
       const LocalSgdConfig& l = cfg_.local_sgd;
@@ -645,6 +639,12 @@ class Trainer {
           for (int f = 0; f < l.fragments; ++f) outer_step(f);
         }
       }
+    }
+    if (rec) {
+      sm_->settle_recorder();
+      recorder_->take_exec(*sm_, exec_rec_, s + 1, accum_ - 1, segment_begin(p_ > 1 ? 1 : accum_));
+      sm_->set_recorder(nullptr);
+      recorder_->action(s + 1, 0, accum_ + 1, overflow ? "skip_step" : "optimizer", to);
     }
     const double dt = seconds_since(t0);
     const CpuUsage u1 = cpu_usage();
@@ -901,12 +901,6 @@ class Trainer {
 
   // ---- Export ------------------------------------------------------------------------------
 
-  void export_weights() {
-    if (!opts_.export_weights) return;
-    // A Hugging Face directory (run_dir/config.json is the run's own), streamed: every rank
-    // gathers one unit at a time and writes the weights files it owns (hf_export.h).
-    const fs::path hf = run_dir_ / "hf";
-    HfExportOptions o;
   void outer_step(int fragment) {
     const LocalSgdConfig& l = cfg_.local_sgd;
     sm_->outer_step(l.outer_lr, l.outer_momentum, l.outer_nesterov,
@@ -914,6 +908,12 @@ class Trainer {
     ++summary_.outer_steps;
   }
 
+  void export_weights() {
+    if (!opts_.export_weights) return;
+    // A Hugging Face directory (run_dir/config.json is the run's own), streamed: every rank
+    // gathers one unit at a time and writes the weights files it owns (hf_export.h).
+    const fs::path hf = run_dir_ / "hf";
+    HfExportOptions o;
     o.max_shard_bytes = ck_.export_shard_bytes;
     o.tokenizer = cfg_.tokenizer;
     // (Pipeline stages: collective over the world, each stage writing its tensors. Local SGD:
@@ -943,13 +943,13 @@ class Trainer {
   GroupPtr data_group_;    // the policy's group: the world, or the ranks of this tensor rank
   GroupPtr tensor_group_;  // the ranks of this data-parallel slot (null when t = 1)
   GroupPtr pipe_group_;    // the ranks of this slot in every stage (null when p = 1)
+  GroupPtr replica_group_;  // local SGD: this shard's ranks in every replica (null: none)
   std::vector<std::vector<int32_t>> pipe_in_, pipe_tg_;  // pipeline: the step's micro-batches
   std::vector<Batch> pipe_batches_;
   const CheckpointConfig& ck_;
   const fs::path run_dir_;
   const int B_, T_, accum_;
   const double tokens_per_step_;
-  GroupPtr replica_group_;  // local SGD: this shard's ranks in every replica (null: none)
 
   std::unique_ptr<Corpus> train_data_, val_data_;
   Model model_;
@@ -1001,7 +1001,6 @@ void resolve_auto_plan(TrainConfig& cfg, int world, bool lead) {
       hw.all_reduce = nom.all_reduce;
     }
   }
-  const SearchResult r = search_plans(base, so, hw);
   if (cfg.autoplan.pipeline) {  // the pipeline's dimensions (planner/pipeline.h)
     const TrainConfig::AutoPlan& a = cfg.autoplan;
     if (a.blocks || a.checkpointing || a.offload_optimizer || a.offload_param || a.tensor)
@@ -1032,6 +1031,7 @@ void resolve_auto_plan(TrainConfig& cfg, int world, bool lead) {
                    hw.name.c_str(), ps.evaluated.size());
     return;
   }
+  const SearchResult r = search_plans(base, so, hw);
   if (r.best < 0)
     throw CollectiveError(
         "auto: no plan fits memory_budget " + format_bytes(cfg.memory_budget) +
