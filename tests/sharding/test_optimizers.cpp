@@ -53,7 +53,7 @@ TEST_CASE("optimizers equal PyTorch's over 50 steps", "[optimizers]") {
 
 // SGD streams its momentum through NVMe like AdamW's moments (pieces of 48 floats, which cut
 // the tensors): the same parameters as in memory, bit for bit. LARS and Lamb are refused there.
-TEST_CASE("SGD with offload_optimizer nvme equals it in memory; LARS and Lamb refuse NVMe",
+TEST_CASE("SGD with offload_optimizer nvme equals it in memory, LARS and Lamb refuse NVMe",
           "[optimizers]") {
   const nlohmann::json ref = optest::reference();
   for (const auto& c : ref.at("configs")) {
