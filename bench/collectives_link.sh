@@ -20,11 +20,10 @@ case "${1:-}" in
 esac
 set -euo pipefail
 cd "$(dirname "$0")/.."
-root=$(pwd)
 build=${1:-build}
 bench=$(cd "$build/bench" && pwd)/bench_collectives
-source scripts/netns_hosts.sh
-why=$(netns_check) || { echo "collectives_link: $why"; exit 77; }
+source bench/link_common.sh
+link_check collectives_link
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_mpi_yield_when_idle=1
 prefix="swcl$$"
@@ -32,20 +31,9 @@ A="$prefix-a"
 trap 'netns_down "$prefix" >/dev/null 2>&1 || true' EXIT
 trap 'exit 1' INT TERM
 rate=${RATE:-100mbit} delay=${DELAY:-10ms} rph=${RPH:-2}
-if netns_up "$prefix" netem rate "$rate" delay "$delay" limit 10000 2>/dev/null; then
-  qdisc="netem rate $rate delay $delay limit 10000"
-else
-  netns_down "$prefix" >/dev/null 2>&1 || true
-  qdisc="tbf rate $rate burst 256kb latency 200ms"
-  # shellcheck disable=SC2086
-  netns_up "$prefix" $qdisc || { echo "collectives_link: netns_hosts up failed"; exit 1; }
-fi
+link_up collectives_link "$prefix" "$rate" 256kb delay "$delay" limit 10000
 echo "# $(date -u +%FT%TZ) $(git rev-parse --short HEAD) load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# link: $qdisc on both ends of $prefix-v; $rph ranks per host"
-# shellcheck disable=SC2054  # (commas inside MCA values)
-ip netns exec "$A" mpirun --oversubscribe --bind-to none --mca plm_rsh_agent "$root/scripts/netns_rsh" \
-  --mca btl "${BTL:-tcp,self}" --mca btl_tcp_if_include "$NETNS_SUBNET" \
-  --mca oob_tcp_if_include "$NETNS_SUBNET" -x OMP_NUM_THREADS -x OMPI_MCA_mpi_yield_when_idle \
-  --host "$NETNS_IP_A:$rph,$NETNS_IP_B:$rph" -np $((2 * rph)) \
-  "$bench" --min "${MIN:-8}" --max "${MAX:-4M}" --step 4 --iters "${ITERS:-3}" --warmup 1 --stat min \
+link_across "$A" "${BTL:-tcp,self}" "$rph" OMP_NUM_THREADS OMPI_MCA_mpi_yield_when_idle
+"${across[@]}" "$bench" --min "${MIN:-8}" --max "${MAX:-4M}" --step 4 --iters "${ITERS:-3}" --warmup 1 --stat min \
   --algos "${ALGOS:-mpi,ring,direct,oneshot,tree,halving_doubling,hierarchical,auto}"

@@ -32,8 +32,8 @@ root=$(pwd)
 build=${1:-build}
 sw=$(cd "$build/tools" && pwd)/shardwise
 rph=${RPH:-2} steps=${STEPS:-50} h=${H:-50} frags=${FRAGS:-2} rate=${RATE:-100mbit} evalb=${EVALB:-8}
-source scripts/netns_hosts.sh
-why=$(netns_check) || { echo "diloco_link: $why"; exit 77; }
+source bench/link_common.sh
+link_check diloco_link
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE} OMP_NUM_THREADS=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
 prefix="swdl$$"
@@ -65,38 +65,23 @@ declare -A mode=(
   [diloco]="$ls"
   [diloco_s]="$ls --set local_sgd.fragments=$frags"
   [diloco_bf16]="$ls --set local_sgd.outer_dtype=bf16")
-# shellcheck disable=SC2054  # (commas inside MCA values)
-across=(ip netns exec "$A" mpirun --oversubscribe --bind-to none --mca plm_rsh_agent "$root/scripts/netns_rsh"
-        --mca btl tcp,self --mca btl_tcp_if_include "$NETNS_SUBNET"
-        --mca oob_tcp_if_include "$NETNS_SUBNET" -x OMP_NUM_THREADS -x OMP_WAIT_POLICY
-        --host "$NETNS_IP_A:$rph,$NETNS_IP_B:$rph" -np $((2 * rph)))
-link_bytes() {
-  echo $(($(ip netns exec "$B" cat "/sys/class/net/$V/statistics/rx_bytes") +
-          $(ip netns exec "$B" cat "/sys/class/net/$V/statistics/tx_bytes")))
-}
+link_across "$A" tcp,self "$rph" OMP_NUM_THREADS OMP_WAIT_POLICY
 
 echo "# $(date -u +%FT%TZ) $(git rev-parse --short HEAD) load $(cut -d' ' -f1-3 /proc/loadavg)"
 netns_down "$prefix" >/dev/null 2>&1 || true
-if netns_up "$prefix" netem rate "$rate" delay 10ms limit 10000 2>/dev/null; then
-  qdisc="netem rate $rate delay 10ms limit 10000"
-else
-  netns_down "$prefix" >/dev/null 2>&1 || true
-  qdisc="tbf rate $rate burst 256kb latency 200ms"
-  # shellcheck disable=SC2086
-  netns_up "$prefix" $qdisc || { echo "diloco_link: netns_hosts up failed"; exit 1; }
-fi
+link_up diloco_link "$prefix" "$rate" 256kb delay 10ms limit 10000
 echo "## link: $qdisc on both ends of $V; $rph ranks per host, $steps steps, H $h, fragments $frags"
 : >"$work/rows"
 for m in ${MODES:-hybrid hybrid_q8 diloco diloco_s diloco_bf16}; do
   if [ "$m" = hybrid_q8 ] && [ "$rph" = 1 ]; then echo "hybrid_q8: skipped (RPH 1)"; continue; fi
-  b0=$(link_bytes)
+  b0=$(link_bytes "$B" "$V")
   t0=$(date +%s.%N)
   # shellcheck disable=SC2086
   timeout 900 bench/quiet.sh "${across[@]}" "$sw" train "$work/cfg.json" --quiet --no-export \
     --set run_dir="$work/$m" ${mode[$m]} >"$work/$m.log" 2>&1 ||
     { cat "$work/$m.log" >&2; echo "diloco_link: $m failed" >&2; exit 1; }
   t1=$(date +%s.%N)
-  b1=$(link_bytes)
+  b1=$(link_bytes "$B" "$V")
   python3 - "$work/$m/metrics.jsonl" "$m" "$((b1 - b0))" "$steps" "$(echo "$t1 - $t0" | bc)" \
     "$work/rows" <<'PY'
 import json, sys

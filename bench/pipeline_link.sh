@@ -34,8 +34,8 @@ root=$(pwd)
 build=${1:-build}
 sw=$(cd "$build/tools" && pwd)/shardwise
 steps=${STEPS:-4}
-source scripts/netns_hosts.sh
-why=$(netns_check) || { echo "pipeline_link: $why"; exit 77; }
+source bench/link_common.sh
+link_check pipeline_link
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE} OMP_NUM_THREADS=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
 prefix="swpl$$"
@@ -71,40 +71,25 @@ else  # 2: stage s on host s, FULL_SHARD inside it; the global batch stays 2048 
     [full]="--set sharding_strategy=FULL_SHARD --set train_micro_batch_size_per_gpu=4 --set gradient_accumulation_steps=1"
     [hybrid]="--set sharding_strategy=HYBRID_SHARD --set shard_group_size=2 --set train_micro_batch_size_per_gpu=4 --set gradient_accumulation_steps=1")
 fi
-# shellcheck disable=SC2054  # (commas inside MCA values)
-across=(ip netns exec "$A" mpirun --oversubscribe --bind-to none --mca plm_rsh_agent "$root/scripts/netns_rsh"
-        --mca btl tcp,self --mca btl_tcp_if_include "$NETNS_SUBNET"
-        --mca oob_tcp_if_include "$NETNS_SUBNET" -x OMP_NUM_THREADS -x OMP_WAIT_POLICY
-        --host "$NETNS_IP_A:$rph,$NETNS_IP_B:$rph" -np $((2 * rph)))
-link_bytes() {
-  echo $(($(ip netns exec "$B" cat "/sys/class/net/$V/statistics/rx_bytes") +
-          $(ip netns exec "$B" cat "/sys/class/net/$V/statistics/tx_bytes")))
-}
+link_across "$A" tcp,self "$rph" OMP_NUM_THREADS OMP_WAIT_POLICY
 run_once() {  # name n_steps overrides...: prints the link bytes the run moved
   local name=$1 n=$2
   shift 2
   local b0 b1
-  b0=$(link_bytes)
+  b0=$(link_bytes "$B" "$V")
   # shellcheck disable=SC2068
   timeout 600 bench/quiet.sh "${across[@]}" "$sw" train "$work/cfg.json" --quiet --no-export \
     --set run_dir="$work/$name" --set train_steps="$n" $@ >"$work/$name.log" 2>&1 ||
     { cat "$work/$name.log" >&2; echo "pipeline_link: $name failed" >&2; return 1; }
-  b1=$(link_bytes)
+  b1=$(link_bytes "$B" "$V")
   echo $((b1 - b0))
 }
 
 echo "# $(date -u +%FT%TZ) $(git rev-parse --short HEAD) load $(cut -d' ' -f1-3 /proc/loadavg)"
 for rate in ${RATES:-1gbit 100mbit}; do
   netns_down "$prefix" >/dev/null 2>&1 || true
-  if netns_up "$prefix" netem rate "$rate" limit 10000 2>/dev/null; then
-    qdisc="netem rate $rate limit 10000"
-  else
-    netns_down "$prefix" >/dev/null 2>&1 || true
-    burst=$([ "$rate" = 1gbit ] && echo 1mb || echo 256kb)
-    qdisc="tbf rate $rate burst $burst latency 200ms"
-    # shellcheck disable=SC2086
-    netns_up "$prefix" $qdisc || { echo "pipeline_link: netns_hosts up failed"; exit 1; }
-  fi
+  burst=$([ "$rate" = 1gbit ] && echo 1mb || echo 256kb)
+  link_up pipeline_link "$prefix" "$rate" "$burst" limit 10000
   echo "## link: $qdisc on both ends of $V"
   for m in ${MODES:-pipe full hybrid}; do
     # shellcheck disable=SC2086
