@@ -329,6 +329,27 @@ void write_hf_dir_extras(const std::string& dir, const ModelConfig& c, const HfS
 
 namespace {
 
+// The last, collective step of an export over `g`: rank 0 writes config, index and tokenizer
+// into `tmp` and renames it to `dir` (removing `tmp` if that fails); every rank then throws
+// its own `err` if set, or says rank 0 failed.
+void finish_hf_dir(Group& g, const std::string& tmp, const std::string& dir,
+                   const ModelConfig& cfg, const HfShardPlan& plan, const std::string& tokenizer,
+                   std::string& err) {
+  if (g.rank() == 0) try {
+      write_hf_dir_extras(tmp, cfg, plan, tokenizer);
+      fsync_dir(tmp);
+      replace_dir(tmp, dir, "export");
+    } catch (const std::exception& e) {
+      err = e.what();
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+    }
+  float ok = err.empty() ? 1.f : 0.f;
+  g.broadcast(&ok, 1, 0);
+  if (!err.empty()) throw Error(err);
+  if (ok != 1.f) fail("export", dir + ": rank 0 could not finish the directory (see its error)");
+}
+
 // pwrite of all n bytes at `off`, or one line naming the file.
 void pwrite_all(int fd, const void* data, size_t n, uint64_t off, const std::string& path) {
   const auto* p = static_cast<const unsigned char*>(data);
@@ -512,19 +533,7 @@ void export_hf_dir_stages(const ShardedModel& model, const std::string& dir,
   }
   agree("could not write its weights");
   // World rank 0: config, index, tokenizer; then DIR.tmp becomes DIR.
-  if (R == 0) try {
-      write_hf_dir_extras(tmp, cfg, plan, o.tokenizer);
-      fsync_dir(tmp);
-      replace_dir(tmp, dir, "export");
-    } catch (const std::exception& e) {
-      err = e.what();
-      std::error_code ec;
-      fs::remove_all(tmp, ec);
-    }
-  float ok = err.empty() ? 1.f : 0.f;
-  world.broadcast(&ok, 1, 0);
-  if (!err.empty()) throw Error(err);
-  if (ok != 1.f) fail("export", dir + ": rank 0 could not finish the directory (see its error)");
+  finish_hf_dir(world, tmp, dir, cfg, plan, o.tokenizer, err);
 }
 
 }  // namespace
@@ -621,19 +630,7 @@ void export_hf_dir(const ShardedModel& model, const std::string& dir, const HfEx
     fail("export", dir + ": another rank could not write its weights files (see its error)");
   }
   // Rank 0: config, index, tokenizer; then DIR.tmp becomes DIR.
-  if (R == 0) try {
-      write_hf_dir_extras(tmp, cfg, plan, o.tokenizer);
-      fsync_dir(tmp);
-      replace_dir(tmp, dir, "export");
-    } catch (const std::exception& e) {
-      err = e.what();
-      std::error_code ec;
-      fs::remove_all(tmp, ec);
-    }
-  float ok = err.empty() ? 1.f : 0.f;
-  g.broadcast(&ok, 1, 0);
-  if (!err.empty()) throw Error(err);
-  if (ok != 1.f) fail("export", dir + ": rank 0 could not finish the directory (see its error)");
+  finish_hf_dir(g, tmp, dir, cfg, plan, o.tokenizer, err);
 }
 
 }  // namespace sw
