@@ -222,6 +222,23 @@ int cmd_calibrate(const PlanArgs& pa) {
   return 0;
 }
 
+// Writes the chosen plan's config to --out. Runs as written: it reads back through train's
+// checks, else it is removed and the reason is the error.
+void write_plan_config(const PlanArgs& pa, const TrainConfig& cfg) {
+  {
+    std::ofstream f(pa.out);
+    f << config_json(cfg) << "\n";
+    if (!f) fail("plan", pa.out + ": cannot write the config");
+  }
+  try {
+    load_config(pa.out, {}, pa.world);
+  } catch (const Error& e) {
+    std::error_code ec;
+    std::filesystem::remove(pa.out, ec);
+    fail("plan", pa.out + ": the chosen plan's config does not load (not written): " + e.what());
+  }
+}
+
 void print_table_row(const Evaluated& e, bool mark, bool chosen) {
   std::printf("  %s %9s %9s %9s  %9s %9s %9s %9s  %s\n", chosen ? ">" : mark ? "*" : " ",
               format_bytes(size_t(e.device)).c_str(), format_bytes(size_t(e.host)).c_str(),
@@ -266,20 +283,7 @@ int cmd_search(const PlanArgs& pa, TrainConfig cfg, const HardwareProfile& hw) {
     cfg.grad_accum = s.accum;
     cfg.parallelism.tensor = s.tensor;
     cfg.memory_budget = size_t(so.budget);
-    {
-      std::ofstream f(pa.out);
-      f << config_json(cfg) << "\n";
-      if (!f) fail("plan", pa.out + ": cannot write the config");
-    }
-    // Runs as written: it reads back through train's checks, else it is removed and the
-    // reason is the error.
-    try {
-      load_config(pa.out, {}, pa.world);
-    } catch (const Error& e) {
-      std::error_code ec;
-      std::filesystem::remove(pa.out, ec);
-      fail("plan", pa.out + ": the chosen plan's config does not load (not written): " + e.what());
-    }
+    write_plan_config(pa, cfg);
   }
   if (pa.json) {
     auto ev = [](const Evaluated& e) {
@@ -647,18 +651,7 @@ int cmd_search_pipeline(const PlanArgs& pa, TrainConfig cfg, const HardwareProfi
     cfg.micro_batch = best.c.micro_batch;
     cfg.grad_accum = best.c.accum;
     cfg.memory_budget = size_t(budget);
-    {
-      std::ofstream f(pa.out);
-      f << config_json(cfg) << "\n";
-      if (!f) fail("plan", pa.out + ": cannot write the config");
-    }
-    try {
-      load_config(pa.out, {}, pa.world);
-    } catch (const Error& e) {
-      std::error_code ec;
-      std::filesystem::remove(pa.out, ec);
-      fail("plan", pa.out + ": the chosen plan's config does not load (not written): " + e.what());
-    }
+    write_plan_config(pa, cfg);
   }
   if (pa.json) {
     auto ev = [](const PipelineEvaluated& e) {
