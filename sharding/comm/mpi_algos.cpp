@@ -464,6 +464,19 @@ void op16(void* in, void* inout, int* len, MPI_Datatype*) {
 }
 }  // namespace
 
+std::vector<int> world_ranks_of(MPI_Comm comm, int size) {
+  MPI_Group g, wg;
+  MPI_Comm_group(comm, &g);
+  MPI_Comm_group(MPI_COMM_WORLD, &wg);
+  std::vector<int> mine(static_cast<size_t>(size));
+  for (int i = 0; i < size; i++) mine[static_cast<size_t>(i)] = i;
+  std::vector<int> world(static_cast<size_t>(size));
+  MPI_Group_translate_ranks(g, size, mine.data(), wg, world.data());
+  MPI_Group_free(&g);
+  MPI_Group_free(&wg);
+  return world;
+}
+
 MPI_Datatype mpi_type(DType dt) { return dt == DType::F32 ? MPI_FLOAT : MPI_UINT16_T; }
 
 MPI_Op mpi_op(DType dt, ReduceOp op) {

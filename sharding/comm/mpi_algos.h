@@ -164,6 +164,9 @@ void exchange_with(const P2P& p, int peer, const void* sbuf, int64_t sn, void* r
 // out; other ranks receive theirs into out.
 void scatter_from_root(const P2P& p, const void* full, void* out, int64_t count, DType dt);
 
+// The MPI_COMM_WORLD rank of each of the `size` ranks of `comm`, in comm's rank order.
+std::vector<int> world_ranks_of(MPI_Comm comm, int size);
+
 MPI_Datatype mpi_type(DType dt);
 // MPI_SUM/MPI_MAX for f32; user-defined ops (fp32 arithmetic) for bf16/f16. Avg maps to sum.
 MPI_Op mpi_op(DType dt, ReduceOp op);

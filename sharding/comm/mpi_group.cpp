@@ -279,15 +279,7 @@ MpiGroup::MpiGroup(MPI_Comm comm, bool own, const CommOptions& opts)
   for (MPI_Comm c : {comm_, hb_comm_, dbg_comm_}) MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
-  MPI_Group g, wg;
-  MPI_Comm_group(comm_, &g);
-  MPI_Comm_group(MPI_COMM_WORLD, &wg);
-  std::vector<int> mine(static_cast<size_t>(size_));
-  for (int i = 0; i < size_; i++) mine[static_cast<size_t>(i)] = i;
-  world_ranks_.resize(static_cast<size_t>(size_));
-  MPI_Group_translate_ranks(g, size_, mine.data(), wg, world_ranks_.data());
-  MPI_Group_free(&g);
-  MPI_Group_free(&wg);
+  world_ranks_ = world_ranks_of(comm_, size_);
   {
     const int L = launch_env().local_size;
     std::vector<int> host(static_cast<size_t>(size_));

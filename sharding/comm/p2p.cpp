@@ -301,15 +301,7 @@ MpiPeerComm::MpiPeerComm(MPI_Comm comm, std::string name, const CommOptions& opt
   if (flag && *static_cast<int*>(ub) < 2 * kP2PMaxTag - 1)
     fail("comm", "p2p[" + name_ + "]: this MPI's largest tag is " +
                      std::to_string(*static_cast<int*>(ub)) + "; point-to-point messages need 2^21-1");
-  MPI_Group g, wg;
-  MPI_Comm_group(comm_, &g);
-  MPI_Comm_group(MPI_COMM_WORLD, &wg);
-  std::vector<int> mine(static_cast<size_t>(size_));
-  for (int i = 0; i < size_; i++) mine[static_cast<size_t>(i)] = i;
-  world_ranks_.resize(static_cast<size_t>(size_));
-  MPI_Group_translate_ranks(g, size_, mine.data(), wg, world_ranks_.data());
-  MPI_Group_free(&g);
-  MPI_Group_free(&wg);
+  world_ranks_ = comm::world_ranks_of(comm_, size_);
   {
     Registry& R = registry();
     std::lock_guard<std::mutex> l(R.mu);
