@@ -8,6 +8,7 @@
 // loop runs ~2x slower. The `optimize` attribute/pragma does not lift this in GCC 12.
 #include <cmath>
 
+#include "kernels/cpu/cpu_internal.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 namespace sw::cpu {
@@ -30,17 +31,12 @@ void adamw(float* param, const float* grad, float* m, float* v, size_t n, float 
   const float step_size = static_cast<float>(static_cast<double>(lr) / bc1);
   const float inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
   const float decay = static_cast<float>(1.0 - static_cast<double>(lr) * wd);
-  const float b1 = beta1, b2 = beta2;
-  const float omb1 = static_cast<float>(1.0 - beta1), omb2 = static_cast<float>(1.0 - beta2);
+  const detail::AdamMoments mom(beta1, beta2);
 #pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMin)
   for (size_t i = 0; i < n; ++i) {
-    const float g = grad[i] * grad_mult;
-    const float mi = b1 * m[i] + omb1 * g;
-    const float vi = b2 * v[i] + omb2 * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    const float denom = std::sqrt(vi) * inv_bc2_sqrt + eps;
-    param[i] = param[i] * decay - step_size * (mi / denom);
+    mom.update(grad[i] * grad_mult, m[i], v[i]);
+    const float denom = std::sqrt(v[i]) * inv_bc2_sqrt + eps;
+    param[i] = param[i] * decay - step_size * (m[i] / denom);
   }
 }
 

@@ -1,4 +1,4 @@
-// Private helpers shared by the CPU GEMM, attention and LM-head kernels (not part of the
+// Private helpers shared by the CPU GEMM, attention, LM-head and optimizer kernels (not part of the
 // kernel contract; only kernels/cpu/*.cpp include this).
 #pragma once
 #include <cblas.h>
@@ -19,6 +19,25 @@ namespace sw::cpu::detail {
 // (AVX2) from what the CPU reports. Idempotent and thread-safe; gemm.cpp also runs it at
 // program start. Returns OpenBLAS's core name after selection.
 const char* blas_select_core();
+
+// Adam's moment update, shared by AdamW (adamw.cpp) and Lamb (optimizers.cpp): for the scaled
+// gradient g, m := beta1 m + (1 - beta1) g and v := beta2 v + (1 - beta2) g^2, in float with
+// the (1 - beta) coefficients rounded once from double. Inline, so the callers' loops still
+// vectorise.
+struct AdamMoments {
+  float b1, b2, omb1, omb2;
+  AdamMoments(float beta1, float beta2)
+      : b1(beta1),
+        b2(beta2),
+        omb1(static_cast<float>(1.0 - beta1)),
+        omb2(static_cast<float>(1.0 - beta2)) {}
+  void update(float g, float& m, float& v) const {
+    const float mi = b1 * m + omb1 * g;
+    const float vi = b2 * v + omb2 * g * g;
+    m = mi;
+    v = vi;
+  }
+};
 
 // out(N, OC) := b broadcast to every row (the start of a linear layer whose GEMM then adds
 // with beta = 1).

@@ -4,6 +4,7 @@
 // depend on the thread count.
 #include <cmath>
 
+#include "kernels/cpu/cpu_internal.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 namespace sw::cpu {
@@ -31,16 +32,11 @@ void sgd(float* param, const float* grad, float* m, size_t n, float lr, float mo
 
 void lamb_prepare(const float* param, float* grad, float* m, float* v, size_t n, float beta1,
                   float beta2, float eps, float wd, float grad_mult) {
-  const float b1 = beta1, b2 = beta2;
-  const float omb1 = static_cast<float>(1.0 - beta1), omb2 = static_cast<float>(1.0 - beta2);
+  const detail::AdamMoments mom(beta1, beta2);
 #pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMin)
   for (size_t i = 0; i < n; ++i) {
-    const float g = grad[i] * grad_mult;
-    const float mi = b1 * m[i] + omb1 * g;
-    const float vi = b2 * v[i] + omb2 * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    grad[i] = mi / (std::sqrt(vi) + eps) + wd * param[i];
+    mom.update(grad[i] * grad_mult, m[i], v[i]);
+    grad[i] = m[i] / (std::sqrt(v[i]) + eps) + wd * param[i];
   }
 }
 
