@@ -23,13 +23,7 @@ cd "$(dirname "$0")/.."
 build=${1:-build}
 bench=$(cd "$build/bench" && pwd)/bench_collectives
 source bench/link_common.sh
-link_check collectives_link
-export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_mpi_yield_when_idle=1
-prefix="swcl$$"
-A="$prefix-a"
-trap 'netns_down "$prefix" >/dev/null 2>&1 || true' EXIT
-trap 'exit 1' INT TERM
+link_init collectives_link swcl
 rate=${RATE:-100mbit} delay=${DELAY:-10ms} rph=${RPH:-2}
 link_up collectives_link "$prefix" "$rate" 256kb delay "$delay" limit 10000
 echo "# $(date -u +%FT%TZ) $(git rev-parse --short HEAD) load $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -33,18 +33,8 @@ build=${1:-build}
 sw=$(cd "$build/tools" && pwd)/shardwise
 rph=${RPH:-2} steps=${STEPS:-50} h=${H:-50} frags=${FRAGS:-2} rate=${RATE:-100mbit} evalb=${EVALB:-8}
 source bench/link_common.sh
-link_check diloco_link
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE} OMP_NUM_THREADS=1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
-prefix="swdl$$"
-A="$prefix-a" B="$prefix-b" V="$prefix-v"
-work=$(mktemp -d /tmp/sw_diloco_link.XXXXXX)
-cleanup() {
-  netns_down "$prefix" >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
+link_init diloco_link swdl /tmp/sw_diloco_link.XXXXXX
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 source scripts/fortunes.sh
 prepare_fortunes "$sw"
 cat >"$work/cfg.json" <<EOF

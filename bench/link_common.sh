@@ -4,6 +4,11 @@
 # joined by a veth shaped by tc, and of mpirun across them. Run on its own it only prints this.
 #   link_check NAME                  exit 77 (skipped) with NAME's reason where namespaces can't
 #                                    be made here
+#   link_init NAME TAG [TEMPLATE]    link_check NAME; exports OpenMPI's run-as-root and yield
+#                                    settings and OMP_NUM_THREADS=1; sets prefix (TAG and the
+#                                    PID), A, B and V (the namespaces and the veth) and, with
+#                                    TEMPLATE, work (mktemp -d TEMPLATE); on exit removes the
+#                                    namespaces and work (also on error or Ctrl-C)
 #   link_up NAME PREFIX RATE BURST NETEM_ARGS...
 #                                    netns_up PREFIX with `netem rate RATE NETEM_ARGS...` on both
 #                                    ends, else (no netem) `tbf rate RATE burst BURST latency
@@ -21,6 +26,24 @@ source scripts/netns_hosts.sh
 link_check() {
   local why
   why=$(netns_check) || { echo "$1: $why"; exit 77; }
+}
+
+link_init() {
+  link_check "$1"
+  export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  export OMPI_MCA_mpi_yield_when_idle=1
+  prefix="$2$$"
+  # shellcheck disable=SC2034  # (used by the scripts that source this)
+  A="$prefix-a" B="$prefix-b" V="$prefix-v"
+  work=
+  if [ -n "${3:-}" ]; then work=$(mktemp -d "$3"); fi
+  trap link_cleanup EXIT
+  trap 'exit 1' INT TERM
+}
+
+link_cleanup() {
+  netns_down "$prefix" >/dev/null 2>&1 || true
+  if [ -n "$work" ]; then rm -rf "$work"; fi
 }
 
 link_up() {

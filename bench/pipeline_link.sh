@@ -35,18 +35,8 @@ build=${1:-build}
 sw=$(cd "$build/tools" && pwd)/shardwise
 steps=${STEPS:-4}
 source bench/link_common.sh
-link_check pipeline_link
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE} OMP_NUM_THREADS=1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
-prefix="swpl$$"
-A="$prefix-a" B="$prefix-b" V="$prefix-v"
-work=$(mktemp -d /tmp/sw_pipe_link.XXXXXX)
-cleanup() {
-  netns_down "$prefix" >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
+link_init pipeline_link swpl /tmp/sw_pipe_link.XXXXXX
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 source scripts/fortunes.sh
 prepare_fortunes "$sw"
 cat >"$work/cfg.json" <<EOF

@@ -17,13 +17,7 @@ cd "$(dirname "$0")/.."
 build=${1:-build}
 bench=$(cd "$build/bench" && pwd)/bench_quantized
 source bench/link_common.sh
-link_check quantized_link
-export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_mpi_yield_when_idle=1
-prefix="swql$$"
-A="$prefix-a"
-trap 'netns_down "$prefix" >/dev/null 2>&1 || true' EXIT
-trap 'exit 1' INT TERM
+link_init quantized_link swql
 rate=${RATE:-100mbit} delay=${DELAY:-10ms} rph=${RPH:-1}
 link_up quantized_link "$prefix" "$rate" 256kb delay "$delay" limit 10000
 echo "# $(date -u +%FT%TZ) $(git rev-parse --short HEAD) load $(cut -d' ' -f1-3 /proc/loadavg)"
