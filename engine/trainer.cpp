@@ -335,6 +335,7 @@ class Trainer {
     wrap_blocks(model_, cfg_.blocks_per_unit);
     if (p_ > 1) {  // this rank's stage
       const std::vector<int> bounds = pipeline_bounds(cfg_, model_);
+      stage_bounds_ = bounds;
       model_ = stage_model(std::move(model_), bounds, p_, cfg_.parallelism.stages_per_rank(), prank_);
       if (lead_) {
         std::string b;
@@ -520,7 +521,20 @@ class Trainer {
         recorder_->data().t_origin =
             sum_over_ranks(world_, lead_ ? ProfileRecorder::secs(Clock::now()) : 0.0);
       recorder_->begin_step();
-      if (step_plan_.actions.empty()) step_plan_ = sm_->step_plan(B_, T_, accum_);
+      if (step_plan_.actions.empty()) {
+        // (zero bubble: the copies its deferred backwards keep, measured on a stage of its own)
+        std::vector<int64_t> deferred;
+        if (p_ > 1 && pipe_schedule_splits_backward(
+                          pipe_schedule_from_name(cfg_.parallelism.schedule))) {
+          Model m = t_ > 1 ? build_model(cfg_.model, TensorSlice{srank_ % t_, t_})
+                           : build_model(cfg_.model);
+          wrap_blocks(m, cfg_.blocks_per_unit);
+          Model st = stage_model(std::move(m), stage_bounds_, p_,
+                                 cfg_.parallelism.stages_per_rank(), prank_);
+          deferred = measure_deferred(st, B_, T_, cfg_.sharding.mixed_precision.param_dtype);
+        }
+        step_plan_ = sm_->step_plan(B_, T_, accum_, deferred);
+      }
       sm_->set_recorder(&exec_rec_);  // the executor records every action of the step plan
       if (hook() && hook()->begin_step) hook()->begin_step(s + 1);
     }
@@ -946,6 +960,7 @@ class Trainer {
   GroupPtr replica_group_;  // local SGD: this shard's ranks in every replica (null: none)
   std::vector<std::vector<int32_t>> pipe_in_, pipe_tg_;  // pipeline: the step's micro-batches
   std::vector<Batch> pipe_batches_;
+  std::vector<int> stage_bounds_;  // pipeline: the stages' schedule positions
   const CheckpointConfig& ck_;
   const fs::path run_dir_;
   const int B_, T_, accum_;

@@ -571,10 +571,13 @@ void ShardedModel::logits_last(const Batch& batch, float* logits) {
 
 // ---- Plans, records, facts -------------------------------------------------------------------
 
-StepPlan ShardedModel::step_plan(int B, int T, int accum) const {
+StepPlan ShardedModel::step_plan(int B, int T, int accum,
+                                 const std::vector<int64_t>& deferred) const {
   PlanInput in = impl_->ctx.plan_in;
   in.B = B, in.T = T, in.accum = accum;
   declare_calls(in, model_);
+  for (size_t p = 0; p < deferred.size() && p < in.calls.size(); ++p)
+    in.calls[p].deferred = deferred[p];
   return plan_step(in);
 }
 

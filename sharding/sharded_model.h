@@ -209,7 +209,9 @@ class ShardedModel {
   int peak_gathered_units() const;
   // The plan of one whole training step (accum micro-steps of B rows of T tokens, then the
   // optimizer) in the steady state, exactly as the executor runs it; and of an eval forward.
-  StepPlan step_plan(int B, int T, int accum) const;
+  // deferred: per schedule position, zero bubble's copies kept for the weight gradients
+  // (CallMemory::deferred; planner/pipeline.h measure_deferred), empty: not counted.
+  StepPlan step_plan(int B, int T, int accum, const std::vector<int64_t>& deferred = {}) const;
   // Activation offload to NVMe: creates the file and reserves what a micro-step of B x T
   // writes to it (the free-space check: sw::Error naming activation_checkpointing.nvme_path),
   // so a disk without room is an error before training. A no-op otherwise.
