@@ -130,7 +130,7 @@ void PlanBuilder::outer(const std::vector<bool>& units, int outer_bytes) {
 
 int PlanBuilder::pipe_stage_last(int chunk) const { return in_.pipe.chunk_begin[size_t(chunk) + 1] - 1; }
 
-void PlanBuilder::pipe_recv(const PipeOp& op, bool training) {
+void PlanBuilder::pipe_recv(const PipeOp& op) {
   const PlanInput::Pipe& pp = in_.pipe;
   const int lo = pp.chunk_begin[size_t(op.chunk)], last = pipe_stage_last(op.chunk);
   int dir = -1;
@@ -148,7 +148,6 @@ void PlanBuilder::pipe_recv(const PipeOp& op, bool training) {
   r.mem[kAct] = act_bytes();
   at = last_index();
   micro_ = m, chunk_ = c;
-  (void)training;
 }
 
 void PlanBuilder::pipeline(bool training) {
@@ -176,8 +175,8 @@ void PlanBuilder::pipeline(bool training) {
   };
   for (size_t k = 0; k < order.size(); ++k) {
     const PipeOp& op = order[k];
-    pipe_recv(op, training);  // (normally issued during the op before)
-    if (k + 1 < order.size()) pipe_recv(order[k + 1], training);  // the next op's, ahead
+    pipe_recv(op);  // (normally issued during the op before)
+    if (k + 1 < order.size()) pipe_recv(order[k + 1]);  // the next op's, ahead
     micro_ = op.micro, chunk_ = op.chunk;
     const int lo = pp.chunk_begin[size_t(op.chunk)], hi = pp.chunk_begin[size_t(op.chunk) + 1];
     const bool last_micro = op.micro + 1 == M;

@@ -85,7 +85,7 @@ class PlanBuilder {
   void backward(bool reduce, int lo, int hi, bool wait_all, bool defer = false);
   CheckpointMode& recompute(int p);
   // Pipeline: issue the receive op `op` needs (once); the chunk's positions.
-  void pipe_recv(const PipeOp& op, bool training);
+  void pipe_recv(const PipeOp& op);
   int pipe_stage_last(int chunk) const;
   // wait_reduce for the oldest n reductions in flight: their completion (observed here) frees
   // the transient gradients they reduced.
