@@ -50,8 +50,8 @@ double Event::elapsed_since(Event&) {
 StampedEvent::StampedEvent() : at_(trace_now()) {}
 
 double StampedEvent::elapsed_since(Event& ref) {
-  auto* r = dynamic_cast<StampedEvent*>(&ref);
-  SW_CHECK(r, "stream: a stamped event timed against an event of another kind");
+  auto* r = dynamic_cast<StampedEvent*>(&ref);  // a caller's mistake: thrown, as Event promises
+  if (!r) fail("stream", "a stamped event timed against an event of another kind");
   return at_ - r->at_;
 }
 

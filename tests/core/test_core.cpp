@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/launch.h"
 #include "core/rng.h"
+#include "core/stream.h"
 #include "core/tensor.h"
 #include "core/worker.h"
 
@@ -164,4 +165,16 @@ TEST_CASE("HostWorker runs jobs in order, carries failures to their events, hold
   }  // the destructor releases and runs what was posted before joining
   CHECK(ran == 3);
   CHECK(sw::completed_event()->query());
+}
+
+TEST_CASE("timed host events: elapsed_since between stamps; an untimed event throws, not aborts") {
+  // (issue 39: CudaEvent::elapsed_since aborted on a mismatched event where Event promises a
+  // thrown sw::Error; the host stream's StampedEvent has the same contract.)
+  sw::HostStream& s = sw::host_stream();
+  const std::shared_ptr<sw::Event> a = s.record_timed();
+  const std::shared_ptr<sw::Event> b = s.record_timed();
+  CHECK(b->elapsed_since(*a) >= 0);
+  CHECK(a->elapsed_since(*b) <= 0);
+  CHECK_THROWS_AS(b->elapsed_since(*s.record()), sw::Error);
+  CHECK_THROWS_AS(s.record()->elapsed_since(*a), sw::Error);
 }
