@@ -252,7 +252,8 @@ class Trainer {
         B_(cfg.micro_batch), T_(cfg.model.seq_len), accum_(cfg.grad_accum),
         tokens_per_step_(static_cast<double>(B_) * T_ * accum_ * D_) {}
 
-  TrainSummary run() {
+  // The set-up phases (TrainSession's constructor), then run(): the steps from next_.
+  void setup() {
     setup_comm_and_threads();
     setup_profiler();
     setup_run_dir();
@@ -263,18 +264,70 @@ class Trainer {
     setup_checkpointer();
     setup_metrics();
     summary_.unigram_entropy = train_data_->unigram_entropy();
+    next_ = start_;
+  }
+
+  TrainSummary run() {
     t_start_ = Clock::now();
-    for (int s = start_; s < cfg_.train_steps; ++s) {
+    const int first = next_;
+    summary_.stopped = false;
+    for (int s = next_; s < cfg_.train_steps; ++s) {
       const bool last = s + 1 == cfg_.train_steps;
       StepMetrics m = step(s);
       finish_step(s, m, last);
       after_step(s, last);
+      next_ = s + 1;
+      if (opts_.on_step && stop_requested(m) && !last) {
+        summary_.stopped = true;
+        break;
+      }
     }
     progress_->finish();
-    finish_checkpoints();
+    finish_checkpoints(first, next_);
     summary_.tokens_per_s = timed_s_ > 0 ? timed_tokens_ / timed_s_ : 0;
     export_weights();
     return summary_;
+  }
+
+  // TrainSession's calls between runs.
+  int next_step() const { return next_; }
+  double evaluate_now() { return val_data_ ? evaluate(next_) : -1.0; }
+  std::string save_now() {
+    std::unique_ptr<Checkpointer> own;
+    Checkpointer* c = ckpt_.get();
+    if (!c) c = (own = std::make_unique<Checkpointer>(ck_.dir, ck_.keep_last, false, world_)).get();
+    CkptEvents ev = c->save(*sm_, train_state(next_));
+    ev.add(c->finish());
+    if (ev.failed >= 0)
+      throw CollectiveError("checkpoint: " + Checkpointer::step_name(next_) + " was not saved" +
+                            (ev.error.empty() ? "" : ": " + ev.error) +
+                            "; the previous checkpoints and 'latest' are unchanged");
+    ++summary_.checkpoints_saved, summary_.last_checkpoint = next_;
+    return (fs::path(ck_.dir) / Checkpointer::step_name(next_)).string();
+  }
+  std::string export_to(const std::string& dir) {
+    if (model_.config.type == "gpt2" || model_.config.type == "llama") {
+      export_hf(dir);
+      return dir;
+    }
+    // A user's model has no Hugging Face architecture: its tensors as they are named, one
+    // file that rank 0 writes from a consolidated copy. (Pipeline stages: not gathered here.)
+    if (p_ > 1)
+      throw CollectiveError("export: a user model split into pipeline stages is not exported "
+                            "yet; save a checkpoint instead");
+    const std::string path = (fs::path(dir) / "model.safetensors").string();
+    sm_->gather_full_params(/*rank0_only=*/true);  // collective
+    std::string err;
+    if (lead_) try {
+        prepare_dir("run_dir", dir);
+        export_hf_safetensors(*sm_, path);
+      } catch (const std::exception& e) {
+        err = e.what();
+      }
+    sm_->release_full_params();
+    if (sum_over_ranks(world_, err.empty() ? 0.0 : 1.0) > 0)
+      throw CollectiveError(err.empty() ? "export: " + path + ": failed on rank 0" : err);
+    return path;
   }
 
  private:
@@ -323,8 +376,7 @@ class Trainer {
     // peak_mem_bytes (and the host tier's, the reservations') are this run's peaks
     for (size_t t = 0; t < static_cast<size_t>(Tier::Count); ++t)
       MemTracker::of(static_cast<Tier>(t)).reset_peaks();
-    model_ = t_ > 1 ? build_model(cfg_.model, TensorSlice{srank_ % t_, t_})
-                    : build_model(cfg_.model);
+    model_ = make_model();
     // Fewer KV heads than tensor ranks: K and V are replicated (models/tensor_units.cpp).
     if (t_ > 1 && lead_ && model_.config.type == "llama" && model_.config.n_kv_head % t_ != 0)
       std::fprintf(stderr,
@@ -378,6 +430,14 @@ class Trainer {
     scaler_ = LossScaler(cfg_.loss_scaler);
   }
 
+  // This rank's model (its tensor slice): the user's (TrainOptions::model_factory) or the
+  // config's.
+  Model make_model() const {
+    const TensorSlice slice{srank_ % t_, t_};
+    if (opts_.model_factory) return opts_.model_factory(slice);
+    return t_ > 1 ? build_model(cfg_.model, slice) : build_model(cfg_.model);
+  }
+
   // Where the run starts: a checkpoint (resume), exported weights (init_from), or the init.
   void setup_start() {
     resume_dir_ = resolve_resume(ck_.resume, ck_.dir);
@@ -410,7 +470,8 @@ class Trainer {
       if (lead_) std::fprintf(stderr, "shardwise: initialised from %s\n", ck_.init_from.c_str());
     }
     summary_.start_step = start_;
-    if (cfg_.local_sgd.on()) sm_->start_round();  // the first round starts here
+    // The first round starts here, unless the checkpoint resumed held one.
+    if (cfg_.local_sgd.on() && !sm_->round_restored()) sm_->start_round();
   }
 
   void setup_checkpointer() {
@@ -526,8 +587,7 @@ class Trainer {
         std::vector<int64_t> deferred;
         if (p_ > 1 && pipe_schedule_splits_backward(
                           pipe_schedule_from_name(cfg_.parallelism.schedule))) {
-          Model m = t_ > 1 ? build_model(cfg_.model, TensorSlice{srank_ % t_, t_})
-                           : build_model(cfg_.model);
+          Model m = make_model();
           wrap_blocks(m, cfg_.blocks_per_unit);
           Model st = stage_model(std::move(m), stage_bounds_, p_,
                                  cfg_.parallelism.stages_per_rank(), prank_);
@@ -642,17 +702,7 @@ class Trainer {
           cfg_.grad_clip > 0 ? std::min(1.0, cfg_.grad_clip / (norm + 1e-6)) : 1.0;
       sm_->optimizer_step(adam_, lr, static_cast<float>(clip / loss_scale), applied_ + 1);
       ++applied_;
-      // Local SGD / DiLoCo: every sync_every / fragments applied steps, the next fragment's
-      // outer step (all units when fragments is 1); the run's last step ends a round.
-      const LocalSgdConfig& l = cfg_.local_sgd;
-      if (l.on()) {
-        const int every = l.sync_every / l.fragments;
-        if (applied_ % every == 0) {
-          outer_step((applied_ / every - 1) % l.fragments);
-        } else if (s + 1 == cfg_.train_steps) {
-          for (int f = 0; f < l.fragments; ++f) outer_step(f);
-        }
-      }
+      if (cfg_.local_sgd.on()) local_sgd_sync(s + 1 == cfg_.train_steps);
     }
     if (rec) {
       sm_->settle_recorder();
@@ -884,19 +934,56 @@ class Trainer {
     return st;
   }
 
+  // on_step (TrainOptions): whether any rank asked to stop; a throw on any rank is an error
+  // every rank raises here, after the same all-reduce.
+  bool stop_requested(const StepMetrics& m) {
+    double flag = 0;
+    std::string err;
+    try {
+      flag = opts_.on_step(m) ? 1 : 0;
+    } catch (const std::exception& e) {
+      err = e.what();
+      if (err.empty()) err = "exception without a message";
+    } catch (...) {
+      err = "unknown exception";
+    }
+    for (char& ch : err)
+      if (ch == '\n' || ch == '\r') ch = ' ';
+    if (!err.empty()) flag = 1e6;  // (W < 1e6: the sum tells a throw from stop requests)
+    const double all = W_ > 1 ? sum_over_ranks(world_, flag) : flag;
+    if (all >= 1e6) {
+      progress_->finish();
+      const std::string at = "on_step callback failed at step " + std::to_string(m.step);
+      const std::string kept = "; checkpoints committed before are kept";
+      if (!err.empty() && !lead_)  // rank 0 prints the collective error
+        std::fprintf(stderr, "shardwise: error: rank %d: train: %s: %s\n", rank_, at.c_str(),
+                     err.c_str());
+      throw CollectiveError("train: " + at + ": " +
+                            (err.empty() ? "on " + std::to_string(int(all / 1e6)) +
+                                               " rank(s) (see their messages)"
+                                         : err) +
+                            kept);
+    }
+    return all > 0;
+  }
+
   // Periodic save (the final one is finish_checkpoints').
   void after_step(int s, bool last) {
     if (ckpt_ && !last && (s + 1) % ck_.every_steps == 0)
       note_ckpt(ckpt_->save(*sm_, train_state(s + 1)));
   }
 
-  void finish_checkpoints() {
+  // After steps [first, end) ran; end < train_steps: stopped (on_step), saved unless
+  // after_step just did.
+  void finish_checkpoints(int first, int end) {
     if (!ckpt_) return;
     note_ckpt(ckpt_->finish());  // a pending async save
-    const bool periodic_last = cfg_.train_steps % ck_.every_steps == 0;
-    const bool ran = start_ < cfg_.train_steps;
-    if (!(ran && (ck_.save_final || periodic_last))) return;
-    CkptEvents ev = ckpt_->save(*sm_, train_state(cfg_.train_steps));
+    const bool periodic_last = end % ck_.every_steps == 0;
+    const bool stopped = end < cfg_.train_steps;
+    const bool ran = first < end;
+    if (stopped && periodic_last) return;
+    if (!(ran && (ck_.save_final || periodic_last || stopped))) return;
+    CkptEvents ev = ckpt_->save(*sm_, train_state(end));
     ev.add(ckpt_->finish());
     const bool failed = ev.failed >= 0;
     const std::string err = ev.error;
@@ -907,7 +994,7 @@ class Trainer {
         std::fprintf(stderr, "shardwise: error: rank %d: final checkpoint not saved: %s\n", rank_,
                      err.c_str());
       throw CollectiveError("train: the final checkpoint " +
-                            Checkpointer::step_name(cfg_.train_steps) + " was not saved" +
+                            Checkpointer::step_name(end) + " was not saved" +
                             (err.empty() ? " (see the ranks' messages)" : ": " + err) +
                             "; the previous checkpoints and 'latest' are unchanged");
     }
@@ -915,18 +1002,43 @@ class Trainer {
 
   // ---- Export ------------------------------------------------------------------------------
 
-  void outer_step(int fragment) {
+  // Local SGD / DiLoCo, after each applied step: every sync_every / fragments applied steps the
+  // next fragment's outer step (all units when fragments is 1). With fragment_sync_delay d the
+  // reduce is issued then and its update lands d applied steps later (a resumed run finds the
+  // reduce in flight restored from the checkpoint). The run's last step lands what is in
+  // flight and syncs every fragment, so all replicas end equal.
+  void local_sgd_sync(bool last) {
     const LocalSgdConfig& l = cfg_.local_sgd;
-    sm_->outer_step(l.outer_lr, l.outer_momentum, l.outer_nesterov,
-                    l.outer_dtype == "bf16" ? DType::BF16 : DType::F32, fragment, l.fragments);
-    ++summary_.outer_steps;
+    const int every = l.sync_every / l.fragments, d = l.sync_delay;
+    auto frag = [&](int s0) { return (s0 / every - 1) % l.fragments; };
+    auto issued = [&](int s0) { return s0 > 0 && s0 % every == 0; };
+    if (d > 0 && issued(applied_ - d)) outer_step(frag(applied_ - d), OuterPhase::Update);
+    if (last) {
+      for (int k = 1; k < d; ++k)
+        if (issued(applied_ - k)) outer_step(frag(applied_ - k), OuterPhase::Update);
+      for (int f = 0; f < l.fragments; ++f) outer_step(f, OuterPhase::Both);
+    } else if (issued(applied_)) {
+      outer_step(frag(applied_), d > 0 ? OuterPhase::Reduce : OuterPhase::Both);
+    }
+  }
+
+  void outer_step(int fragment, OuterPhase phase) {
+    const LocalSgdConfig& l = cfg_.local_sgd;
+    OuterArgs o{l.outer_lr, l.outer_momentum, l.outer_nesterov,
+                l.outer_dtype == "bf16" ? DType::BF16 : DType::F32, 0, l.update_alpha};
+    if (l.outer_dtype == "int8" || l.outer_dtype == "int4") o.bits = l.outer_dtype == "int8" ? 8 : 4;
+    sm_->outer_step(o, fragment, l.fragments, phase);
+    if (phase != OuterPhase::Reduce) ++summary_.outer_steps;
   }
 
   void export_weights() {
     if (!opts_.export_weights) return;
-    // A Hugging Face directory (run_dir/config.json is the run's own), streamed: every rank
-    // gathers one unit at a time and writes the weights files it owns (hf_export.h).
-    const fs::path hf = run_dir_ / "hf";
+    summary_.weights_path = export_to((run_dir_ / "hf").string());
+  }
+
+  // A Hugging Face directory (run_dir/config.json is the run's own), streamed: every rank
+  // gathers one unit at a time and writes the weights files it owns (hf_export.h).
+  void export_hf(const fs::path& hf) {
     HfExportOptions o;
     o.max_shard_bytes = ck_.export_shard_bytes;
     o.tokenizer = cfg_.tokenizer;
@@ -939,7 +1051,6 @@ class Trainer {
     } else {
       export_hf_dir(*sm_, hf.string(), o, nullptr, &world_);  // collective
     }
-    summary_.weights_path = hf.string();  // import_safetensors and sample read the directory
   }
 
   // ---- State -------------------------------------------------------------------------------
@@ -971,6 +1082,7 @@ class Trainer {
   std::unique_ptr<ShardedModel> sm_;
   LossScaler scaler_;  // used with fp16 only
   int start_ = 0;    // steps done before this run (resume)
+  int next_ = 0;     // the next step to run (0-based)
   int applied_ = 0;  // optimizer steps applied; the others (s + 1 - applied) were skipped
   std::string resume_dir_;
 
@@ -1109,10 +1221,40 @@ void refuse_tensor_parallel_gaps(const TrainConfig& cfg, const std::string& comm
     refuse("zero_optimization.offload_param.device", "nvme", "use none or cpu");
 }
 
-TrainSummary train(const TrainConfig& cfg_in, const TrainOptions& opts) {
+// train()'s errors: one rank, thrown to the caller; several, an error every rank reached
+// (CollectiveError) printed once by rank 0, any other with its rank, and the job ended.
+template <class F>
+auto collective_errors(Group& world, F&& f) -> decltype(f()) {
+  if (world.size() == 1) return f();
+  try {
+    return f();
+  } catch (const CollectiveError& e) {
+    if (world.rank() == 0) std::fprintf(stderr, "shardwise: error: %s\n", e.what());
+    std::fflush(stderr);
+    world.barrier();  // rank 0 has printed before anyone ends the job
+    comm_abort(1);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "shardwise: error: rank %d: %s\n", world.rank(), e.what());
+    std::fflush(stderr);
+    comm_abort(1);
+  }
+}
+
+struct TrainSession::Impl {
+  TrainConfig cfg;
+  TrainOptions opts;
+  GroupPtr world;
+  std::unique_ptr<Trainer> t;  // holds references to cfg and opts
+};
+
+TrainSession::TrainSession(const TrainConfig& cfg_in, const TrainOptions& opts)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& I = *impl_;
+  I.opts = opts;
   // A TrainConfig built in code gets the checks a file gets (one read from a file has had
   // them; they hold as long as no field was changed since).
-  TrainConfig cfg = cfg_in;
+  TrainConfig& cfg = I.cfg;
+  cfg = cfg_in;
   validate_config(cfg);
   if (cfg.resolved_json.empty()) cfg.resolved_json = config_json(cfg);
   const std::string& source = cfg.source;
@@ -1123,7 +1265,8 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainOptions& opts) {
 
   refuse_tensor_parallel_gaps(cfg, "train");
 
-  const GroupPtr world = world_group();
+  I.world = world_group();
+  const GroupPtr& world = I.world;
   // The mesh's one check that needs the world (every rank fails alike, before any collective).
   if (const int t = cfg.parallelism.tensor; world->size() % t != 0)
     fail("config", source + ": parallelism.tensor_parallel_degree: " + std::to_string(t) +
@@ -1142,28 +1285,40 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainOptions& opts) {
                  "shardwise: note: parallelism.tensor_parallel_degree %d does not divide the %d "
                  "ranks per host: some tensor groups span hosts\n",
                  t, local);
-  if (world->size() == 1) {
-    for (const std::string& n : cfg_in.notes) std::fprintf(stderr, "%s\n", n.c_str());
-    if (cfg.autoplan.any()) resolve_auto_plan(cfg, 1, true);
-    refuse_tensor_parallel_gaps(cfg, "train");  // (what "auto" chose)
-    return Trainer(cfg, opts, *world, world).run();
-  }
-  try {
+  collective_errors(*world, [&] {
     if (world->rank() == 0)
       for (const std::string& n : cfg_in.notes) std::fprintf(stderr, "%s\n", n.c_str());
-    if (cfg.autoplan.any()) resolve_auto_plan(cfg, world->size(), world->rank() == 0);
+    if (cfg.autoplan.any()) {
+      if (I.opts.model_factory)
+        fail("config", source + ": \"auto\" keys plan the config's gpt2 / llama; with a model "
+                                "of your own, give them values");
+      resolve_auto_plan(cfg, world->size(), world->rank() == 0);
+    }
     refuse_tensor_parallel_gaps(cfg, "train");  // (what "auto" chose)
-    return Trainer(cfg, opts, *world, world).run();
-  } catch (const CollectiveError& e) {
-    if (world->rank() == 0) std::fprintf(stderr, "shardwise: error: %s\n", e.what());
-    std::fflush(stderr);
-    world->barrier();  // rank 0 has printed before anyone ends the job
-    comm_abort(1);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "shardwise: error: rank %d: %s\n", world->rank(), e.what());
-    std::fflush(stderr);
-    comm_abort(1);
-  }
+    I.t = std::make_unique<Trainer>(I.cfg, I.opts, *world, world);
+    I.t->setup();
+  });
+}
+
+TrainSession::~TrainSession() = default;
+
+TrainSummary TrainSession::train() {
+  return collective_errors(*impl_->world, [&] { return impl_->t->run(); });
+}
+double TrainSession::evaluate() {
+  return collective_errors(*impl_->world, [&] { return impl_->t->evaluate_now(); });
+}
+std::string TrainSession::save_checkpoint() {
+  return collective_errors(*impl_->world, [&] { return impl_->t->save_now(); });
+}
+std::string TrainSession::export_weights(const std::string& dir) {
+  return collective_errors(*impl_->world, [&] { return impl_->t->export_to(dir); });
+}
+int TrainSession::step() const { return impl_->t->next_step(); }
+const TrainConfig& TrainSession::config() const { return impl_->cfg; }
+
+TrainSummary train(const TrainConfig& cfg, const TrainOptions& opts) {
+  return TrainSession(cfg, opts).train();
 }
 
 }  // namespace sw

@@ -7,11 +7,14 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/config.h"
+#include "engine/metrics.h"
 #include "engine/profiler.h"
+#include "models/model.h"
 
 namespace sw {
 
@@ -37,6 +40,16 @@ struct TrainOptions {
   bool progress = true;  // live progress line on stderr (step/total, loss, tokens/s, ETA)
   bool export_weights = true;
   ProfileHook* profile_hook = nullptr;  // not owned; used when the profile block is enabled
+  // A user's model instead of the config's gpt2 / llama (the C++ facade, shardwise/trainer.h):
+  // called on every rank with its tensor slice ({0, 1} without tensor parallelism) wherever
+  // the trainer builds the model. The config's model block then gives vocab_size and seq_len.
+  std::function<Model(TensorSlice)> model_factory;
+  // After each step (its validation and periodic checkpoint included), on every rank: true
+  // asks to stop; every rank stops after the step where any asked (one tiny all-reduce per
+  // step while it is set), the run ending as at its last step (a checkpoint when the
+  // checkpoint block is on, the export). A throw ends the run as an error every rank reaches:
+  // one line with its text and the step; checkpoints committed before are kept.
+  std::function<bool(const StepMetrics&)> on_step;
 };
 
 // What a profiled run wrote (this rank's files).
@@ -69,9 +82,33 @@ struct TrainSummary {
   int64_t last_checkpoint = -1;  // step of the last committed checkpoint
   double ckpt_stall_s = 0;     // total time the training thread spent checkpointing (rank 0)
   ProfileResult profile;       // profile block enabled: this rank's files and peaks
+  bool stopped = false;        // on_step asked to stop before train_steps
 };
 
 TrainSummary train(const TrainConfig& cfg, const TrainOptions& opts = {});
+
+// train() kept between calls (the facade, shardwise/trainer.h): the constructor does train()'s
+// set-up (checks, communicators, data, model, resume or init_from); then the steps, validation,
+// checkpoints and exports on the same model. Every call is collective, with train()'s errors
+// (one rank: thrown; several: printed once, the job ended). `cfg` and `opts` are copied.
+class TrainSession {
+ public:
+  TrainSession(const TrainConfig& cfg, const TrainOptions& opts);
+  ~TrainSession();
+  TrainSummary train();  // steps from step() to train_steps (or a stop), as train() does
+  double evaluate();     // validation loss of the current weights; -1 without data.val
+  // A synchronous checkpoint of the current state into checkpoint.dir (its step directory).
+  std::string save_checkpoint();
+  // The weights as a Hugging Face directory (built-in models) or, for a user model,
+  // <dir>/model.safetensors (the names its units declare). Returns what was written.
+  std::string export_weights(const std::string& dir);
+  int step() const;  // optimizer steps done (the resumed step before the first train())
+  const TrainConfig& config() const;  // as resolved ("auto" keys chosen)
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // What tensor parallelism (parallelism.tensor_parallel_degree > 1) does not do yet, refused
 // in one line naming the key (sw::Error "config: <source>: <key>: ..."); nothing at degree 1.

@@ -8,13 +8,16 @@
 // Everything a user writes is here: Unit subclasses that declare parameters (ParamSpec) and
 // their activation memory (declare_activations) and implement forward/backward with the
 // kernels of kernels/ops.h, a Model that lists the units
-// and their schedule, and a loop over ShardedModel (which owns parameters, gradients and
-// optimizer state, and shards them across ranks when run under mpirun).
+// and their schedule, and a run of sw::Trainer (shardwise/trainer.h) on that model: the same
+// training loop `shardwise train` runs (ShardedModel owns parameters, gradients and optimizer
+// state, and shards them across ranks under mpirun), reporting each step to a callback.
 //
-//   custom_model [--steps N] [--gradcheck] [--check-activations]
+//   custom_model [--steps N] [--run-dir DIR] [--gradcheck] [--check-activations]
 //   custom_model --plan [--world-size N] [--undeclared] [--measure-unknown]
 //   mpirun -np T custom_model --tensor T [--steps N]
-// --gradcheck compares every parameter gradient with central finite differences and exits
+// Training writes the synthetic language below as a token file into DIR (default: a directory
+// under the system's temporary directory), trains on it, and exits non-zero unless the loss
+// fell below half its start. --gradcheck compares every parameter gradient with central finite differences and exits
 // non-zero on a mismatch; --check-activations runs every unit call and compares the memory it
 // allocates with its declare_activations() (the test suite runs both). --plan predicts, with
 // the memory planner and without running the model, each rank's peak memory and process RSS
@@ -29,7 +32,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 #include "core/error.h"
@@ -40,6 +46,7 @@
 #include "planner/search.h"
 #include "sharding/comm/group.h"
 #include "sharding/sharded_model.h"
+#include "shardwise/trainer.h"
 
 using namespace sw;
 
@@ -401,6 +408,57 @@ void make_batch(int B, int T, uint64_t seed, std::vector<int32_t>& tok, std::vec
   }
 }
 
+// The same language as one token stream, in segments of 64 that restart from random tokens,
+// written as an llm.c token file (what `shardwise data prepare` writes: a header of 256 int32,
+// magic 20240520, version 1, the count; then uint16 tokens).
+void write_language(const std::string& path, int tokens, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<uint16_t> data;
+  int p2 = 0, p1 = 0;
+  for (int i = 0; i < tokens; ++i) {
+    if (i % 64 == 0) p2 = int(rng.below(kVocab)), p1 = int(rng.below(kVocab));
+    data.push_back(uint16_t(p1));
+    const int next = (p1 / 8) * 8 + (p2 % 8);
+    p2 = p1, p1 = next;
+  }
+  int32_t header[256] = {20240520, 1, tokens};
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(header), sizeof header);
+  f.write(reinterpret_cast<const char*>(data.data()), std::streamsize(data.size() * 2));
+  if (!f) fail("custom_model", path + ": cannot write the token file");
+}
+
+// Trains the model with sw::Trainer on the synthetic language: the config made in code, the
+// model given as a factory (called for each tensor slice; here always the whole model).
+int train_language(int steps, std::string dir) {
+  namespace fs = std::filesystem;
+  if (dir.empty()) dir = (fs::temp_directory_path() / "shardwise_custom_model").string();
+  fs::create_directories(dir);
+  // (each process its own copy of the data: every rank of an mpirun reads the same tokens)
+  const std::string data = (fs::path(dir) / ("language_" + std::to_string(getpid()) + ".bin")).string();
+  write_language(data, 1 << 16, 7);
+  RunConfig cfg;
+  cfg.set("model.vocab_size", kVocab).set("model.seq_len", 32).set("data.train", data)
+      .set("train_micro_batch_size_per_gpu", 8).set("train_steps", steps).set("seed", 42)
+      .set("optimizer.params.lr", 3e-3).set("optimizer.params.weight_decay", 0.0)
+      .set("scheduler.type", "Constant").set("run_dir", dir);
+  TrainerOptions opts;
+  opts.progress = false;
+  Trainer trainer(cfg, [](const TensorSlice& s) { return make_model(s); }, opts);
+  double first = 0;
+  trainer.on_step([&](const StepInfo& s) {
+    if (s.step == 1) first = s.loss;
+    if (s.step % 50 == 0 || s.step == 1)
+      std::printf("step %4d  loss %.4f  grad_norm %.3f\n", s.step, s.loss, s.grad_norm);
+    return StepAction::Continue;
+  });
+  const RunSummary& r = trainer.train();
+  fs::remove(data);
+  std::printf("loss %.4f -> %.4f (uniform guess: %.4f); weights in %s\n", first, r.last_loss,
+              std::log(double(kVocab)), r.weights_path.c_str());
+  return r.last_loss < 0.5 * first ? 0 : 1;
+}
+
 int gradcheck(ShardedModel& sm, const Batch& batch) {
   // Analytic gradients of the mean loss, copied out per parameter.
   sm.zero_grads();
@@ -556,10 +614,12 @@ int tensor_run(int t, int steps) {
 
 int main(int argc, char** argv) {
   int steps = 300, world = 1, tensor = 0;
+  std::string run_dir;
   bool check = false, check_act = false, plan_only = false, measure_unknown = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--world-size") && i + 1 < argc) world = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--run-dir") && i + 1 < argc) run_dir = argv[++i];
     else if (!std::strcmp(argv[i], "--gradcheck")) check = true;
     else if (!std::strcmp(argv[i], "--check-activations")) check_act = true;
     else if (!std::strcmp(argv[i], "--plan")) plan_only = true;
@@ -588,29 +648,19 @@ int main(int argc, char** argv) {
     }
     return bad ? 1 : 0;
   }
-  ShardedModel sm(model, ops_for(Device::cpu()), /*seed=*/42);
-  std::printf("custom model: %lld parameters in %zu units\n",
-              static_cast<long long>(sm.num_params()), model.units.size());
-  const int B = 8, T = 32;
-  std::vector<int32_t> tok, tgt;
   if (check) {
+    ShardedModel sm(model, ops_for(Device::cpu()), /*seed=*/42);
+    std::printf("custom model: %lld parameters in %zu units\n",
+                static_cast<long long>(sm.num_params()), model.units.size());
+    std::vector<int32_t> tok, tgt;
     make_batch(2, 8, 1, tok, tgt);
     Batch batch{tok.data(), tgt.data(), 2, 8};
     return gradcheck(sm, batch);
   }
-  AdamWParams opt;
-  opt.weight_decay = 0.0f;
-  double first = 0, loss = 0;
-  for (int s = 1; s <= steps; ++s) {
-    make_batch(B, T, s, tok, tgt);
-    Batch batch{tok.data(), tgt.data(), B, T};
-    sm.zero_grads();
-    loss = sm.forward_backward(batch, 1.f);
-    if (s == 1) first = loss;
-    const double norm = sm.grad_norm();
-    sm.optimizer_step(opt, 3e-3f, norm > 1.0 ? static_cast<float>(1.0 / norm) : 1.f, s);
-    if (s % 50 == 0 || s == 1) std::printf("step %4d  loss %.4f  grad_norm %.3f\n", s, loss, norm);
+  try {
+    return train_language(steps, run_dir);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "custom_model: %s\n", e.what());
+    return 1;
   }
-  std::printf("loss %.4f -> %.4f (uniform guess: %.4f)\n", first, loss, std::log(double(kVocab)));
-  return loss < 0.5 * first ? 0 : 1;
 }

@@ -31,6 +31,7 @@
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
 #include "engine/trainer.h"
+#include "shardwise/trainer.h"
 #include "kernels/ops.h"
 #include "models/model.h"
 #include "sharding/sharded_model.h"
@@ -78,44 +79,19 @@ struct TrainArgs {
   bool quiet = false, no_export = false;
 };
 
+// A thin user of the C++ facade (shardwise/trainer.h): the same reader, run and summary.
 int cmd_train(const TrainArgs& a) {
   std::vector<std::string> overrides = a.overrides;
   if (!a.resume.empty()) overrides.push_back("checkpoint.resume=" + json_string(a.resume));
   if (!a.init_from.empty())
     overrides.push_back("checkpoint.init_from=" + json_string(a.init_from));
-  sw::TrainOptions opts;
+  sw::TrainerOptions opts;
   opts.progress = !a.quiet;
-  opts.export_weights = !a.no_export;
-  const sw::TrainConfig cfg = sw::load_config(a.config, overrides);
-  const auto t0 = std::chrono::steady_clock::now();
-  const sw::TrainSummary s = sw::train(cfg, opts);
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  opts.export_at_end = !a.no_export;
+  sw::Trainer trainer = sw::Trainer::from_file(a.config, overrides, opts);
+  trainer.train();
   if (launcher_rank() != 0) return 0;
-
-  std::printf("shardwise: trained %d steps in %.1f s\n", s.steps, secs);
-  std::printf("  final train loss   %.4f\n", s.last_loss);
-  if (s.last_val_loss >= 0)
-    std::printf("  val loss           %.4f\n", s.last_val_loss);
-  else
-    std::printf("  val loss           (no validation data)\n");
-  std::printf("  unigram entropy    %.4f nats (byte-unigram loss of the training data)\n",
-              s.unigram_entropy);
-  std::printf("  tokens/s           %.0f\n", s.tokens_per_s);
-  if (cfg.fp16)
-    std::printf("  fp16 loss scale    %g (%d steps skipped on overflow)\n", s.loss_scale,
-                s.skipped_steps);
-  if (!s.resumed_from.empty())
-    std::printf("  resumed from       %s (step %d)\n", s.resumed_from.c_str(), s.start_step);
-  if (s.checkpoints_saved > 0 || s.checkpoints_failed > 0)
-    std::printf("  checkpoints        %d saved, %d failed, last step_%lld in %s (stall %.2f s)\n",
-                s.checkpoints_saved, s.checkpoints_failed, (long long)s.last_checkpoint,
-                cfg.checkpoint.dir.c_str(), s.ckpt_stall_s);
-  if (s.profile.steps_recorded > 0)
-    std::printf("  profile            %d steps recorded in %s\n", s.profile.steps_recorded,
-                s.profile.dir.c_str());
-  std::printf("  weights            %s\n", s.weights_path.empty() ? "(not exported)"
-                                                                 : s.weights_path.c_str());
+  std::fputs(trainer.summary_text().c_str(), stdout);
   std::fflush(stdout);
   return 0;
 }
