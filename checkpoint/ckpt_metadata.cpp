@@ -310,6 +310,23 @@ Meta parse_meta(const std::string& step_dir, const std::string& path, const std:
     }
     m.files.push_back(std::move(fe));
   }
+  if (j.contains("replica_groups"))
+    m.replica_groups = static_cast<int>(R.integer(j, "replica_groups", "the document", 1, m.world));
+  if (j.contains("extra_files")) {
+    const nlohmann::json& ex = R.array(j, "extra_files", "the document");
+    std::set<int> ranks;
+    for (size_t f = 0; f < ex.size(); ++f) {
+      const std::string w = "extra_files[" + std::to_string(f) + "]";
+      Meta::ExtraFile e;
+      e.file = R.str(ex[f], "file", w);
+      e.rank = static_cast<int>(R.integer(ex[f], "rank", w, 0, m.world - 1));
+      if (e.file != "extra_rank_" + std::to_string(e.rank) + ".safetensors" || !ranks.insert(e.rank).second)
+        R.bad(w + ".file", "'" + e.file + "' is not extra_rank_<rank>.safetensors of a rank of its own");
+      e.bytes = static_cast<uint64_t>(R.integer(ex[f], "bytes", w, 0, kMaxFileBytes));
+      e.crc = R.crc(R.at(ex[f], "crc32c", w), w + ".crc32c");
+      m.extra_files.push_back(std::move(e));
+    }
+  }
   return m;
 }
 

@@ -75,6 +75,16 @@ struct Meta {
   TrainState state;
   std::vector<UnitMeta> units;
   std::vector<FileEntry> files;
+  // State beyond the master and moments (checkpoint/extra_state.h): local SGD's replica groups
+  // (1: none) and the per-rank files holding it (every rank's own, whole-file CRC-32C).
+  int replica_groups = 1;
+  struct ExtraFile {
+    std::string file;
+    int rank = 0;
+    uint64_t bytes = 0;
+    uint32_t crc = 0;
+  };
+  std::vector<ExtraFile> extra_files;
 };
 
 // metadata.json's text -> Meta, every field checked for type, range and consistency (one

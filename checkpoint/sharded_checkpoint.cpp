@@ -29,6 +29,7 @@
 
 #include "checkpoint/ckpt_metadata.h"
 #include "checkpoint/crc32c.h"
+#include "checkpoint/extra_state.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/hf_export.h"
 #include "checkpoint/hf_layout.h"
@@ -89,8 +90,14 @@ struct CheckpointSnapshot {
   Buffer data;
   unsigned char* image = nullptr;
   const ShardedModel* source = nullptr;
-  // Set by write_snapshot (the file's entry in metadata.json), read by commit_checkpoint.
-  mutable std::string file_entry;
+  // Local SGD: the replica groups; only replica 0 writes the rank files (every replica's own
+  // inner state goes to its extra file).
+  int replicas = 1;
+  bool writes_main = true;
+  ExtraSnapshot extra;  // this rank's extra state (checkpoint/extra_state.h), copied
+  // Set by write_snapshot (the file's entry in metadata.json, and its extra file's; "" = none),
+  // read by commit_checkpoint.
+  mutable std::string file_entry, extra_entry;
 
   uint64_t file_bytes() const { return header.size() + static_cast<uint64_t>(floats) * 4; }
 };
@@ -257,11 +264,21 @@ SnapshotPtr describe_snapshot(const ShardedModel& sm, const TrainState& state) {
   s->strategy = strategy_name(sm.policy().strategy);
   s->config = const_cast<ShardedModel&>(sm).model().config;
   s->state = state;
+  if (const int R = sm.replicas(); R > 1) {  // local SGD: the world is R replicas of the stage's
+    if (ts.size > 1 || sv.size > 1)
+      fail("checkpoint", "local_sgd with tensor or pipeline parallelism: checkpoints are not "
+                         "implemented");
+    s->replicas = R;
+    s->rank += sm.replica() * stage_ranks;
+    s->world = R * stage_ranks;
+    s->writes_main = sm.replica() == 0;
+  }
+  if (ts.size == 1 && sv.size == 1) s->extra = snapshot_extra(const_cast<ShardedModel&>(sm));
   if (ts.size == 1) {
     s->units = layout_json(sm);
     for (int u = 0; u < sm.num_units(); ++u) {
       const FlatRange r = sm.owned_range(u);
-      if (r.empty() || !stage_writes(sv, u)) continue;
+      if (r.empty() || !stage_writes(sv, u) || !s->writes_main) continue;
       for (int k = 0; k < 3; ++k) {
         s->tensors.push_back(
             {u, k, r.lo, r.hi, s->floats, {}, {}, 0, 0, 0, 0, global_unit(sv, u)});
@@ -508,10 +525,18 @@ class ShardFile {
 // Writes the snapshot's file: from a copied snapshot, one request for the whole image (pure
 // I/O: the CRCs are known); from the model (s.source), chunk by chunk through the staging ring,
 // each chunk copied and checksummed in one pass, then written while the next is filled.
+void write_main(const CheckpointSnapshot& s, const std::string& tmp_dir);
+
 void write_shard(const CheckpointSnapshot& s, const std::string& tmp_dir) {
   std::error_code ec;
   fs::create_directories(tmp_dir, ec);
   if (ec) fail("checkpoint", tmp_dir + ": cannot create the directory (" + ec.message() + ")");
+  s.file_entry.clear(), s.extra_entry.clear();
+  if (s.writes_main) write_main(s, tmp_dir);
+  if (!s.extra.empty()) s.extra_entry = write_extra(s.extra, tmp_dir, s.rank, s.world);
+}
+
+void write_main(const CheckpointSnapshot& s, const std::string& tmp_dir) {
   const std::string fname = shard_file_name(s.rank);
   const std::string path = tmp_dir + "/" + fname;
   const uint64_t total = s.file_bytes(), hbytes = s.header.size();
@@ -713,6 +738,8 @@ bool commit_checkpoint(Group& g, const CheckpointSnapshot& s, bool ok, const std
                            " (a tensor- or pipeline-parallel save commits over the world)");
   const bool all_ok = !any_rank(g, !ok);
   std::vector<std::string> entries = all_gather_strings(g, all_ok ? s.file_entry : std::string());
+  const std::vector<std::string> extras =
+      all_gather_strings(g, all_ok ? s.extra_entry : std::string());
   // Pipeline stages: rank 0 learns every stage's units (one rank of each stage describes them).
   std::vector<std::string> stage_units;
   if (s.pipeline > 1)
@@ -747,8 +774,14 @@ bool commit_checkpoint(Group& g, const CheckpointSnapshot& s, bool ok, const std
       meta["units"] = s.pipeline > 1 ? whole_model_units(stage_units, s.global_units, final_dir)
                                      : s.units;
       ojson files = ojson::array();
-      for (const std::string& e : entries) files.push_back(ojson::parse(e));
+      for (const std::string& e : entries)
+        if (!e.empty()) files.push_back(ojson::parse(e));  // (local SGD: replica 0's alone)
       meta["files"] = std::move(files);
+      if (s.replicas > 1) meta["replica_groups"] = s.replicas;
+      ojson xf = ojson::array();
+      for (const std::string& e : extras)
+        if (!e.empty()) xf.push_back(ojson::parse(e));
+      if (!xf.empty()) meta["extra_files"] = std::move(xf);
       const std::string text = seal_metadata(std::move(meta));
       // v2: the blocks must tile every parameter (a custom unit's split that two tensor ranks
       // both claim would otherwise make a checkpoint that no load accepts); pipeline stages:
@@ -1322,6 +1355,8 @@ TrainState load_checkpoint(ShardedModel& sm, const std::string& step_dir, LoadSt
                                static_cast<StateKind>(t.kind), {lo, hi}, data);
               });
   }
+  if (!sv.split())  // state beyond the rank files: local SGD's round, error-feedback residuals
+    load_extra(sm, m, sm.replica() * sm.world() + sm.rank(), sm.replicas() * sm.world());
   if (stats) *stats = std::move(st);
   return m.state;
 }

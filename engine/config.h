@@ -121,6 +121,8 @@ struct LocalSgdConfig {
   float outer_lr = 0.7f, outer_momentum = 0.9f;  // local_sgd.outer_optimizer.params
   bool outer_nesterov = true;
   std::string outer_dtype = "fp32";  // local_sgd.outer_dtype: the pseudo-gradient's wire type
+  int sync_delay = 0;        // local_sgd.fragment_sync_delay: inner steps a reduce is in flight
+  float update_alpha = 0.f;  // local_sgd.fragment_update_alpha
   bool on() const { return sync_every > 0; }
 };
 

@@ -842,8 +842,17 @@ Node local_sgd_block() {
                     L, &LocalSgdConfig::outer_momentum),
                  to(boolean("nesterov", true, "Nesterov momentum (DiLoCo: true)"), L,
                     &LocalSgdConfig::outer_nesterov)})}),
-       to(string("outer_dtype", "fp32", {"fp32", "bf16"},
-                 "the pseudo-gradient's type across the replica groups"),
+       to(integer("fragment_sync_delay", 0, 0, IMAX,
+                  "streaming: inner steps between a fragment's reduce and its update (the "
+                  "reduction crosses the link meanwhile; < sync_every / fragments; 0 = at once)"),
+          L, &LocalSgdConfig::sync_delay),
+       to(number("fragment_update_alpha", 0, Range{0, 1, false, true},
+                 "streaming: a synced fragment becomes alpha x its local parameters + (1 - alpha) "
+                 "x the outer result (0 = the outer result)"),
+          L, &LocalSgdConfig::update_alpha),
+       to(string("outer_dtype", "fp32", {"fp32", "bf16", "int8", "int4"},
+                 "the pseudo-gradient's type across the replica groups (int8 / int4: "
+                 "block-quantised, 256 values per scale, with error feedback)"),
           L, &LocalSgdConfig::outer_dtype)});
 }
 

@@ -89,13 +89,13 @@ void check_mesh(const TrainConfig& cfg, const Ctx& c) {
             "replica groups train apart: needs sharding_strategy HYBRID_SHARD (replicas of "
             "shard_group_size ranks) or NO_SHARD (every rank a replica), not " +
                 std::string(strategy_name(st)));
-    if (cfg.checkpoint.every_steps > 0 || !cfg.checkpoint.resume.empty())
-      c.bad(cfg.checkpoint.every_steps > 0 ? "checkpoint.every_steps" : "checkpoint.resume",
-            "checkpoints with local_sgd are not implemented yet (the round's start, the outer "
-            "momentum and every replica's inner state would have to be saved)");
     if (l.sync_every % l.fragments != 0)
       c.bad("local_sgd.fragments", std::to_string(l.fragments) + " does not divide sync_every (" +
                                        std::to_string(l.sync_every) + ")");
+    else if (l.sync_delay >= l.sync_every / l.fragments)
+      c.bad("local_sgd.fragment_sync_delay",
+            std::to_string(l.sync_delay) + " must be below sync_every / fragments (" +
+                std::to_string(l.sync_every / l.fragments) + "): a fragment's update lands before its next reduce");
   }
   const int t = p.tensor;
   if (t <= 1) return;

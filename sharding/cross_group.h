@@ -5,31 +5,31 @@
 // holding the same shard in every replica), the outer optimizer (SGD with momentum, Nesterov:
 // DiLoCo's; FedAvg is lr 1 without momentum) moves the round's start with it, and every
 // replica's master becomes the result, the next round's start. Streaming (fragments > 1): the
-// units in fragments, one fragment's outer step at a time in turn.
+// units in fragments, one fragment's outer step at a time in turn; with a sync delay the reduce
+// is issued at the fragment's turn and its update lands inner steps later (the reduction crosses
+// the link meanwhile), mixed with what the replica learnt in between (OuterArgs::alpha).
 //
 // State: per unit the round's start (`anchor`) and the outer momentum, fp32 shards beside the
-// master (Mem::Optimizer), and the pseudo-gradient of each outer_reduce in flight.
+// master (Mem::Optimizer); the pseudo-gradient of each reduce in flight; quantised pseudo-
+// gradients: the error-feedback residuals of both stages of the quantised all-reduce.
 #pragma once
+#include <future>
+#include <string>
 #include <vector>
 
 #include "core/alloc.h"
 #include "sharding/comm/group.h"
+#include "sharding/comm/p2p.h"
 #include "sharding/component.h"
 #include "sharding/model_context.h"
+#include "sharding/policy.h"
 
 namespace sw {
-
-// The outer optimizer: SGD with momentum (torch.optim.SGD's update, Nesterov optional) on the
-// pseudo-gradient, which crosses the replica groups in `dtype` (F32 or BF16).
-struct OuterArgs {
-  float lr = 0.7f, momentum = 0.9f;
-  bool nesterov = true;
-  DType dtype = DType::F32;
-};
 
 class CrossGroup final : public Component {
  public:
   CrossGroup(const ModelContext& ctx, UnitList& units);
+  ~CrossGroup() override;
   const char* name() const override { return "cross_group"; }
   bool run(SegmentRun& s, int i) override;
   bool on() const { return ctx_.cross != nullptr; }
@@ -37,18 +37,36 @@ class CrossGroup final : public Component {
   // an import); momentum kept (reset_momentum zeroes it).
   void start_round();
   void reset_momentum();
-  // Checkpoint access: unit u's round start / outer momentum shard (host memory on the CPU).
-  float* anchor(int u) { return anchor_[size_t(u)].f32(); }
-  float* momentum(int u) { return mom_[size_t(u)].f32(); }
+  // Whether a unit's reduce is in flight (issued by a Reduce phase, not yet updated).
+  bool in_flight(int u) const;
+  // Checkpoint access: named fp32 host buffers (unit u's round start "outer.u<u>.anchor" and
+  // momentum "outer.u<u>.momentum"; a reduce in flight's pseudo-gradient "outer.u<u>.delta";
+  // quantised: the residuals "outer.u<u>.qerr1|qerr2"). create: makes the round's buffers and
+  // the residuals (zeroed) if they do not exist yet, for a load to write into. A restored
+  // in-flight delta is taken as reduced (its update waits for nothing).
+  struct Named {
+    std::string name;
+    float* data;
+    int64_t n;
+  };
+  std::vector<Named> state(bool create, int quant_bits, int cross_size);
+  float* restore_delta(int u);  // unit u's reduced pseudo-gradient, to load (now in flight)
+  bool restored = false;  // set by a checkpoint load that held the round's state
   void quiesce() noexcept;
 
  private:
+  void ensure();
   void reduce(SegmentRun& s, const Action& a);
   void update(SegmentRun& s, const Action& a);
+  void wait_reduced(size_t u, const OuterArgs& o);
   const ModelContext& ctx_;
   UnitList& units_;
-  std::vector<Buffer> anchor_, mom_, delta_, delta16_;
+  std::vector<Buffer> anchor_, mom_, delta_, delta16_, qerr1_, qerr2_;
   std::vector<Work> works_;
+  std::vector<std::shared_future<void>> qdone_;  // quantised reduces, chained in unit order
+  std::shared_future<void> qlast_;
+  std::vector<uint8_t> flight_;  // per unit: 1 = reduce issued, 2 = reduced (restored)
+  PeerCommPtr qpeers_;           // quantised pseudo-gradients' transport (made at first use)
 };
 
 }  // namespace sw

@@ -105,22 +105,24 @@ void PlanBuilder::optimizer(bool flush) {
 
 // ---- Local SGD's outer step ----------------------------------------------------------------------
 
-void PlanBuilder::outer(const std::vector<bool>& units, int outer_bytes) {
+void PlanBuilder::outer(const std::vector<bool>& units, double outer_bytes, OuterPhase phase) {
   const int b = static_cast<int>(plan_.actions.size());
   std::vector<int> issued(in_.units.size(), -1);
+  const bool reduce = phase != OuterPhase::Update, update = phase != OuterPhase::Reduce;
   for (size_t u = 0; u < in_.units.size(); ++u) {
     if (u >= units.size() || !units[u]) continue;
-    drop_stale_gather(int(u));
+    if (update) drop_stale_gather(int(u));
+    if (!reduce) continue;
     Action& r = add(ActionKind::OuterReduce, Queue::Cross, int(u));
     const int64_t shard = in_.units[u].padded / std::max(1, in_.S);
-    r.bytes = shard * outer_bytes;
+    r.bytes = static_cast<int64_t>(static_cast<double>(shard) * outer_bytes);
     r.mem[kComm] = shard * 4;
     issued[u] = last_index();
   }
-  for (size_t u = 0; u < in_.units.size(); ++u) {
-    if (issued[u] < 0) continue;
+  for (size_t u = 0; u < in_.units.size() && update; ++u) {
+    if (u >= units.size() || !units[u]) continue;
     Action& a = add(ActionKind::OuterUpdate, Queue::Compute, int(u));
-    a.waits.push_back(issued[u]);
+    if (issued[u] >= 0) a.waits.push_back(issued[u]);
     a.mem[kComm] = -in_.units[u].padded / std::max(1, in_.S) * 4;
   }
   plan_.segments.push_back({SegmentKind::Outer, 0, false, b, static_cast<int>(plan_.actions.size())});

@@ -43,7 +43,7 @@ class PlanBuilder {
   void pipeline(bool training);
   // Local SGD: the outer step of the units marked (a gather in flight, stale after it, is
   // waited for and freed first).
-  void outer(const std::vector<bool>& units, int outer_bytes);
+  void outer(const std::vector<bool>& units, double outer_bytes, OuterPhase phase);
   // flush: only the deferred units' updates (plan_flush); otherwise every update not deferred.
   void optimizer(bool flush = false);
   StepPlan take();

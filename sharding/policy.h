@@ -170,6 +170,23 @@ struct CommQuantization {
   bool any() const { return weights || gradients; }
 };
 
+// Local SGD / DiLoCo's outer step (sharding/cross_group.h): SGD with momentum (torch.optim.SGD's
+// update, Nesterov optional) on the pseudo-gradient, which crosses the replica groups in `dtype`
+// (F32 or BF16), or block-quantised to `bits` (8 or 4; 0: not) with error feedback. Streaming
+// (fragment_sync_delay > 0): the update lands inner steps after the reduce was issued, and a
+// fragment's parameters become alpha * local + (1 - alpha) * the outer result (torchft's
+// fragment_update_alpha; 0 = the outer result).
+struct OuterArgs {
+  float lr = 0.7f, momentum = 0.9f;
+  bool nesterov = true;
+  DType dtype = DType::F32;
+  int bits = 0;
+  float alpha = 0.f;
+};
+// Which half of an outer step a call runs: both at once, or the reduce (issued, not waited for)
+// and later the update (streaming with a delay).
+enum class OuterPhase : uint8_t { Both, Reduce, Update };
+
 struct ShardingPolicy {
   ShardingStrategy strategy = ShardingStrategy::FullShard;
   // HYBRID_SHARD: ranks per shard group (consecutive world ranks); must divide the world size.

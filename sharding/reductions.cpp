@@ -142,14 +142,8 @@ void Reductions::issue_follow_up(FlatUnit& fu, Pending& r) {
   if (ctx_.qrep) {  // quantised: once its reduce-scatter is done, here (sharding/comm/quantize.h)
     pending_.back().work.wait();
     const int64_t n = fu.shard_size();
-    if (qerr_.size() < units_.size()) qerr_.resize(units_.size());
-    auto& e = qerr_[static_cast<size_t>(r.unit)];
-    if (e[0].empty()) {
-      e[0] = Buffer(static_cast<size_t>(n) * 4, Mem::Grads);
-      e[1] = Buffer(static_cast<size_t>(quant_ar_chunk(n, ctx_.R)) * 4, Mem::Grads);
-      e[0].zero(), e[1].zero();
-    }
-    quantized_all_reduce(*ctx_.qrep, static_cast<float*>(blk), n, e[0].f32(), e[1].f32(),
+    quantized_all_reduce(*ctx_.qrep, static_cast<float*>(blk), n, quant_residual(r.unit, 0, true),
+                         quant_residual(r.unit, 1, true),
                          ctx_.quant, 1.f / static_cast<float>(ctx_.R));
     r.work = Work();  // complete
     pending_.push_back(std::move(r));
@@ -254,6 +248,25 @@ void Reductions::quiesce() noexcept {
     }
   }
   pending_.clear();
+}
+
+int64_t Reductions::quant_residual_size(int u, int k) const {
+  const int64_t n = units_[static_cast<size_t>(u)]->shard_size();
+  return k == 0 ? n : quant_ar_chunk(n, ctx_.R);
+}
+
+float* Reductions::quant_residual(int u, int k, bool create) {
+  if (!ctx_.qrep) return nullptr;
+  if (qerr_.size() < units_.size()) qerr_.resize(units_.size());
+  auto& e = qerr_[static_cast<size_t>(u)];
+  if (e[0].empty()) {
+    if (!create) return nullptr;
+    for (int j = 0; j < 2; ++j) {
+      e[size_t(j)] = Buffer(static_cast<size_t>(quant_residual_size(u, j)) * 4, Mem::Grads);
+      e[size_t(j)].zero();
+    }
+  }
+  return e[static_cast<size_t>(k)].f32();
 }
 
 }  // namespace sw

@@ -49,6 +49,11 @@ class Reductions final : public Component {
   // Waits for every reduction in flight (errors swallowed) and forgets them: teardown, or a
   // step abandoned.
   void quiesce() noexcept;
+  // Unit u's residual k (0: its reduced block's, 1: its reduced chunk's) of the quantised
+  // replica all-reduce, or null when ctx.qrep is not set or (create false) not made yet;
+  // create: made, zeroed (a checkpoint load's target).
+  float* quant_residual(int u, int k, bool create);
+  int64_t quant_residual_size(int u, int k) const;
 
  private:
   struct Pending {

@@ -454,8 +454,8 @@ void ShardedModel::start_round() {
   I.cross.start_round();
 }
 
-void ShardedModel::outer_step(float lr, float momentum, bool nesterov, DType dtype, int fragment,
-                              int fragments) {
+void ShardedModel::outer_step(const OuterArgs& outer, int fragment, int fragments,
+                              OuterPhase phase) {
   Impl& I = *impl_;
   if (!I.cross.on()) fail("sharded_model", "outer_step needs replica groups (local_sgd)");
   SW_CHECK(fragments >= 1 && fragment >= 0 && fragment < fragments, "outer_step: bad fragment");
@@ -469,8 +469,11 @@ void ShardedModel::outer_step(float lr, float momentum, bool nesterov, DType dty
   in.carried.assign(U, false);
   for (size_t u = 0; u < U; ++u)
     in.carried[u] = I.units[u]->gather_in_flight() || I.units[u]->holds_gathered();
-  const StepPlan plan = plan_outer(in, mask, dtype == DType::F32 ? 4 : 2);
-  const OuterArgs outer{lr, momentum, nesterov, dtype};
+  if (outer.bits != 0 && outer.bits != 8 && outer.bits != 4)
+    fail("sharded_model", "outer_step: quantised pseudo-gradients of " + std::to_string(outer.bits) +
+                              " bits (8 or 4)");
+  const double wire = outer.bits != 0 ? outer.bits / 8.0 + 4.0 / 256 : dtype_size(outer.dtype);
+  const StepPlan plan = plan_outer(in, mask, wire, phase);
   RunArgs args;
   Batch none;
   args.batch = &none;
@@ -481,6 +484,66 @@ void ShardedModel::outer_step(float lr, float momentum, bool nesterov, DType dty
     I.abandon_step();
     throw;
   }
+}
+
+int ShardedModel::replicas() const { return impl_->ctx.cross ? impl_->ctx.cross->size() : 1; }
+int ShardedModel::replica() const { return impl_->ctx.cross ? impl_->ctx.cross->rank() : 0; }
+bool ShardedModel::round_restored() const { return impl_->cross.restored; }
+
+std::vector<ShardedModel::NamedState> ShardedModel::extra_state() {
+  Impl& I = *impl_;
+  std::vector<NamedState> out;
+  for (const CrossGroup::Named& n : I.cross.state(false, 0, replicas()))
+    out.push_back({n.name, n.data, n.n});
+  for (size_t u = 0; u < I.units.size(); ++u) {
+    const std::string p = "qgz.u" + std::to_string(u) + ".";
+    FlatUnit& fu = *I.units[u];
+    if (float* e = fu.quant_residual(false)) out.push_back({p + "shard", e, fu.layout().padded});
+    for (int k = 0; k < 2; ++k)
+      if (float* e = I.reductions.quant_residual(int(u), k, false))
+        out.push_back({p + (k == 0 ? "rep1" : "rep2"), e,
+                       I.reductions.quant_residual_size(int(u), k)});
+  }
+  return out;
+}
+
+float* ShardedModel::restore_target(const std::string& name, int64_t n) {
+  Impl& I = *impl_;
+  // "<outer|qgz>.u<unit>.<what>"
+  const size_t dot1 = name.find('.'), dot2 = name.find('.', dot1 + 1);
+  if (dot1 == std::string::npos || dot2 == std::string::npos || name.compare(dot1, 2, ".u") != 0)
+    return nullptr;
+  const std::string kind = name.substr(0, dot1), what = name.substr(dot2 + 1);
+  int u = -1;
+  try {
+    u = std::stoi(name.substr(dot1 + 2, dot2 - dot1 - 2));
+  } catch (...) {
+    return nullptr;
+  }
+  if (u < 0 || static_cast<size_t>(u) >= I.units.size()) return nullptr;
+  float* dst = nullptr;
+  int64_t want = -1;
+  if (kind == "outer" && I.cross.on()) {
+    if (what == "delta") {
+      dst = I.cross.restore_delta(u), want = I.units[size_t(u)]->shard_size();
+    } else {
+      for (const CrossGroup::Named& c : I.cross.state(true, what.rfind("qerr", 0) == 0 ? 8 : 0,
+                                                      replicas()))
+        if (c.name == name) dst = c.data, want = c.n;
+      if (what == "anchor") I.cross.restored = true;
+    }
+  } else if (kind == "qgz") {
+    FlatUnit& fu = *I.units[size_t(u)];
+    if (what == "shard" && fu.quantized_grads()) dst = fu.quant_residual(true), want = fu.layout().padded;
+    const int k = what == "rep1" ? 0 : what == "rep2" ? 1 : -1;
+    if (k >= 0 && (dst = I.reductions.quant_residual(u, k, true)))
+      want = I.reductions.quant_residual_size(u, k);
+  }
+  if (dst == nullptr) return nullptr;
+  if (want != n)
+    fail("checkpoint", name + ": " + std::to_string(n) + " floats saved, this model holds " +
+                           std::to_string(want));
+  return dst;
 }
 
 void ShardedModel::pipeline_step(const std::vector<Batch>& micro,

@@ -137,9 +137,36 @@ class ShardedModel {
   // optimizer (SGD lr, momentum, Nesterov, crossing in `dtype`) applied to the round's start,
   // and every replica's parameters set to it. start_round: the round starts from the parameters
   // as they are (after initialisation, a resume, an import).
+  // OuterArgs (sharding/policy.h) adds quantised pseudo-gradients and, with `phase`, the
+  // streaming split: Reduce issues the fragment's reduces and returns; a later Update (after
+  // inner steps) waits for them and applies the outer optimizer, mixing with alpha.
   void outer_step(float lr, float momentum, bool nesterov, DType dtype, int fragment = 0,
-                  int fragments = 1);
+                  int fragments = 1) {
+    outer_step(OuterArgs{lr, momentum, nesterov, dtype, 0, 0.f}, fragment, fragments);
+  }
+  void outer_step(const OuterArgs& o, int fragment = 0, int fragments = 1,
+                  OuterPhase phase = OuterPhase::Both);
   void start_round();
+  // Local SGD: the replica groups (1 without) and this rank's replica (its rank in `replicas`).
+  int replicas() const;
+  int replica() const;
+  // Whether a checkpoint load restored the round (its start, momentum, reduces in flight): the
+  // caller then does not start_round.
+  bool round_restored() const;
+  // State a bitwise resume needs beyond the master and moments (checkpoint/sharded_checkpoint.*):
+  // named fp32 host buffers of this rank: local SGD's round ("outer.u<u>.anchor|momentum|delta|
+  // qerr1|qerr2", cross_group.h) and the quantised gradient reductions' error-feedback residuals
+  // ("qgz.u<u>.shard": the shard group's, "qgz.u<u>.rep1|rep2": the replicas' all-reduce). A
+  // reduce in flight is waited for first. restore_target: where a load writes `name` (made,
+  // zeroed, if it does not exist yet; an outer delta is then in flight); null for a name this
+  // model has no place for. Host memory only (local SGD and quantised collectives are CPU-only).
+  struct NamedState {
+    std::string name;
+    float* data;
+    int64_t n;
+  };
+  std::vector<NamedState> extra_state();
+  float* restore_target(const std::string& name, int64_t n);
   // Local. The mean loss over this rank's tokens of each micro_step (and forward_backward)
   // since the last call, in order; then forgets them. The losses grad_norm has already read
   // come without a synchronisation; the rest are read now, in one copy.

@@ -230,9 +230,10 @@ StepPlan plan_pipeline(const PlanInput& in) {
   return b.take();
 }
 
-StepPlan plan_outer(const PlanInput& in, const std::vector<bool>& units, int outer_bytes) {
+StepPlan plan_outer(const PlanInput& in, const std::vector<bool>& units, double outer_bytes,
+                    OuterPhase phase) {
   PlanBuilder b(in);  // (in.carried: gathers in flight, stale once their unit is updated)
-  b.outer(units, outer_bytes);
+  b.outer(units, outer_bytes, phase);
   return b.take();
 }
 

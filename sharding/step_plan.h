@@ -325,8 +325,10 @@ StepPlan plan_eval(const PlanInput& in);
 StepPlan plan_pipeline_step(const PlanInput& in);
 StepPlan plan_pipeline(const PlanInput& in);  // the pipeline segment alone
 // Local SGD / DiLoCo: the outer step of the units `units` marks (outer_bytes: the wire bytes of
-// a float of the pseudo-gradient).
-StepPlan plan_outer(const PlanInput& in, const std::vector<bool>& units, int outer_bytes = 4);
+// a float of the pseudo-gradient), or one phase of it: the reduces alone (issued, not waited
+// for) or the updates alone (each waits for its unit's reduce, issued by an earlier plan).
+StepPlan plan_outer(const PlanInput& in, const std::vector<bool>& units, double outer_bytes = 4,
+                    OuterPhase phase = OuterPhase::Both);
 // The parts the executor runs, one per ShardedModel call: one micro-step's forward and
 // backward (`reduce`: its backward reduces the gradients; `last`: the step's last, which also
 // starts the reads of the optimizer's first pieces, see Action::carry), starting with

@@ -398,10 +398,7 @@ Work FlatUnit::issue_reduce_scatter(int replicas) {
   float* g = grads_.data();
   if (qpeers_) {  // quantised all-to-all with error feedback, averaged over the shard group
     SW_CHECK(rdt_ == DType::F32, "quantised gradients need reduce_dtype fp32");
-    if (qerr_.empty()) {
-      qerr_ = Buffer(fbytes(layout_.padded), Mem::Grads);
-      qerr_.zero();
-    }
+    quant_residual(true);
     quantized_reduce_scatter(*qpeers_, g, qerr_.f32(), g + shard_range().lo, layout_.shard_size(),
                              qspec_, 1.f / static_cast<float>(shard_->size()), 11, qranks_.data());
     return Work();
@@ -568,6 +565,15 @@ void FlatUnit::quiesce() noexcept {
     gather_in_flight_ = false;
     sstate_ = ShardedState::Unsharded;
   }
+}
+
+float* FlatUnit::quant_residual(bool create) {
+  if (qerr_.empty()) {
+    if (!create) return nullptr;
+    qerr_ = Buffer(fbytes(layout_.padded), Mem::Grads);
+    qerr_.zero();
+  }
+  return qerr_.f32();
 }
 
 }  // namespace sw

@@ -177,6 +177,9 @@ class FlatUnit {
   void set_quantized(const QuantSpec& q, bool weights, PeerComm* grad_peers);
   // The quantised gradient reduction's residual (padded floats), null before its first use.
   const float* quant_residual() const { return qerr_.empty() ? nullptr : qerr_.f32(); }
+  // The same, writable; create: made (zeroed) if it does not exist (a checkpoint load's target).
+  float* quant_residual(bool create);
+  bool quantized_grads() const { return qpeers_ != nullptr; }
 
   // ---- Training state -------------------------------------------------------------------
   void to_forward();        // Idle|Forward -> Forward (idempotent)

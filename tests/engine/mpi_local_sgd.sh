@@ -11,8 +11,14 @@
 #   DiLoCo (sync_every 4, outer Nesterov 0.7 / 0.9) and streaming (2 fragments), fp32 and bf16
 #   pseudo-gradients: the run ends a round, every replica exports the same weights (replica 0
 #   writes them), the validation loss is finite and below the first step's loss.
+#   Resume mid-round, bitwise: streaming DiLoCo (2 fragments, sync_every 4, the reduce landing
+#   one step late, alpha 0.5, int8 pseudo-gradients with error feedback) on HYBRID 2 x 2 with
+#   int8 gradient reduction inside each replica, saved every 3 steps; a second run resumed from
+#   step 3 (mid-round) and from step 6 (fragment 0's reduce in flight at the save) equals the
+#   uninterrupted run's every later loss and exported weight exactly. A checkpoint of 2 replica
+#   groups of 2 refuses a resume on 2 of 1 (one line naming the mesh).
 # Errors, one line each: a strategy without replicas, fragments not dividing sync_every,
-# checkpoints with local_sgd.
+# a sync delay not below sync_every / fragments.
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/mpi_common.sh" mpi_local_sgd "$@"
 py=/usr/bin/python3
@@ -52,6 +58,18 @@ run hybrid_fedavg 4 g "${hy[@]}" "${fedavg[@]}"
 run diloco 2 adam "${ns[@]}" --set local_sgd.sync_every=4
 run diloco_bf16 2 adam "${ns[@]}" --set local_sgd.sync_every=4 --set local_sgd.outer_dtype=bf16
 run streaming 4 adam "${hy[@]}" --set local_sgd.sync_every=4 --set local_sgd.fragments=2
+# Resume mid-round (bitwise): the full run saves at 3 and 6 (step 6: fragment 0's reduce in
+# flight), the resumed runs restart from those.
+st=("${hy[@]}" --set local_sgd.sync_every=4 --set local_sgd.fragments=2
+    --set local_sgd.fragment_sync_delay=1 --set local_sgd.fragment_update_alpha=0.5
+    --set local_sgd.outer_dtype=int8 --set zero_optimization.zero_quantized_gradients=true
+    --set checkpoint.every_steps=3 --set checkpoint.keep_last=0)
+run st_full 4 adam "${st[@]}" --set checkpoint.dir="$work/ck_full"
+for at in 3 6; do
+  mkdir -p "$work/ck_$at"
+  cp -r "$work/ck_full/step_$at" "$work/ck_$at/"
+  run st_from$at 4 adam "${st[@]}" --set checkpoint.dir="$work/ck_$at" --set checkpoint.resume=auto
+done
 
 "$py" - "$work" <<'PY' || failed+=("parity")
 import json, struct, sys
@@ -89,7 +107,24 @@ for run, ref in (("fedavg", "ddp"), ("hybrid_fedavg", "hybrid")):
     print(f"mpi_local_sgd: {run} vs {ref}: worst relative {worst:.1e}, weights up to {dw:.1e}")
     if dw > 1e-5:
         bad.append(f"{run}: exported weights differ from {ref}'s by {dw:.1e}")
-for run in ("diloco", "diloco_bf16", "streaming"):
+def same(a, b):
+    return all(x == y for x, y in zip(a, b))
+full = metrics("st_full")
+for at in (3, 6):
+    m = metrics(f"st_from{at}")
+    if full is None or m is None:
+        bad.append(f"st_from{at}: no metrics"); continue
+    tail = [r for r in full if r["step"] > at]
+    got = [(r["step"], r["loss"]) for r in m]
+    want = [(r["step"], r["loss"]) for r in tail]
+    if got != want:
+        bad.append(f"st_from{at}: losses {got} differ from the uninterrupted run's {want}")
+    wa, wb = weights(f"st_from{at}"), weights("st_full")
+    diff = [k for k in wb if not np.array_equal(wa[k], wb[k])]
+    print(f"mpi_local_sgd: resumed at {at}: {len(got)} losses, {len(wb) - len(diff)}/{len(wb)} weights equal bitwise")
+    if diff:
+        bad.append(f"st_from{at}: exported weights differ from the uninterrupted run's: {diff[:3]}")
+for run in ("diloco", "diloco_bf16", "streaming", "st_full"):
     m = metrics(run)
     if m is None:
         bad.append(f"{run}: no metrics"); continue
@@ -112,8 +147,12 @@ expect_error fsdp "local_sgd.sync_every: replica groups train apart: needs shard
   "${tr[@]}" --set local_sgd.sync_every=4 --set run_dir="$work/e1"
 expect_error frag "local_sgd.fragments: 3 does not divide sync_every (4)" \
   "${tr[@]}" "${ns[@]}" --set local_sgd.sync_every=4 --set local_sgd.fragments=3 --set run_dir="$work/e2"
-expect_error ckpt "checkpoint.every_steps: checkpoints with local_sgd are not implemented yet" \
-  "${tr[@]}" "${ns[@]}" --set local_sgd.sync_every=4 --set checkpoint.every_steps=2 --set run_dir="$work/e3"
+expect_error delay "local_sgd.fragment_sync_delay: 2 must be below sync_every / fragments (2)" \
+  "${tr[@]}" "${ns[@]}" --set local_sgd.sync_every=4 --set local_sgd.fragments=2 \
+  --set local_sgd.fragment_sync_delay=2 --set run_dir="$work/e3"
+expect_error mesh "replica groups of 2 ranks; local_sgd resumes a round only on the same mesh" \
+  "${mpirun[@]}" -np 2 "${tr[@]}" "${ns[@]}" --set local_sgd.sync_every=4 \
+  --set checkpoint.dir="$work/ck_3" --set checkpoint.resume=auto --set run_dir="$work/e5"
 expect_error one "nothing to average" \
   "${mpirun[@]}" -np 2 "${tr[@]}" "${hy[@]}" --set local_sgd.sync_every=4 --set run_dir="$work/e4"
 
