@@ -22,12 +22,10 @@
 #include <string>
 #include <vector>
 
+#include "shardwise/model.h"
 #include "shardwise/run_config.h"
 
 namespace sw {
-
-class Model;         // shardwise/model.h
-struct TensorSlice;  // shardwise/model.h
 
 // One optimizer step, as metrics.jsonl records it (every rank gets the same values).
 struct StepInfo {
