@@ -64,23 +64,35 @@ inline float exp_clamped(float x) {
 constexpr float kSqrt2OverPi = 0.79788456080286535588f;
 constexpr float kGeluA = 0.044715f;
 
-inline uint16_t to_half(DType dt, float f) {
-  return dt == DType::BF16 ? f32_to_bf16(f) : f32_to_f16(f);
+// core/dtype.h f32_to_bf16, bit for bit (round to nearest even, NaN made quiet), written
+// without its early return so that `omp simd` loops vectorise it (a select per lane).
+inline uint16_t bf16_round(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet = (u >> 16) | 0x40u;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
 }
-inline float from_half(DType dt, uint16_t h) {
-  return dt == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+
+// A 16-bit value of kind K (1 bf16, 2 fp16), as narrow() writes it. K is a template argument:
+// a DType tested per element kept every loop that narrows scalar (f32_to_f16 is a call), GELU's
+// 16-bit output included (issue 39: 14% of the small bf16 model's step).
+template <int K>
+inline uint16_t to_kind(float f) {
+  static_assert(K == 1 || K == 2, "a 16-bit kind");
+  if constexpr (K == 1)
+    return bf16_round(f);
+  else
+    return f32_to_f16(f);
 }
 
 // An op's output element: the float itself, or (T = uint16_t: the Ops' 16-bit outputs) the
-// float narrowed to dt, as narrow() would write it.
-template <class T>
-inline T out_value(float v, DType dt) {
-  if constexpr (std::is_same_v<T, float>) {
-    (void)dt;
+// float narrowed to kind K, as narrow() would write it.
+template <class T, int K>
+inline T out_value(float v) {
+  if constexpr (std::is_same_v<T, float>)
     return v;
-  } else {
-    return to_half(dt, v);
-  }
+  else
+    return to_kind<K>(v);
 }
 
 // An op's input element: the float itself, or a 16-bit value (In = uint16_t) of kind K
@@ -122,24 +134,23 @@ void with_kind(DType dt, F&& f) {
 // u is formed from x clamped to [-10, 10]: beyond that e^{-2u} is saturated by exp_clamped
 // anyway, and x^3 cannot overflow.
 // inp fp32, or 16-bit of kind K (in_value).
+// K: the kind of the 16-bit input and output (0 when both are fp32).
 template <class T, int K = 0, class In = float>
-void gelu_forward_t(T* out, const In* inp, size_t n, DType dt) {
+void gelu_forward_t(T* out, const In* inp, size_t n) {
 #pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMin)
   for (size_t i = 0; i < n; ++i) {
     const float x = in_value<K>(inp[i]);
     const float xc = clampf(x, -10.f, 10.f);
     const float u = kSqrt2OverPi * xc * (1.f + kGeluA * xc * xc);
-    out[i] = out_value<T>(x / (1.f + exp_clamped(-2.f * u)), dt);
+    out[i] = out_value<T, K>(x / (1.f + exp_clamped(-2.f * u)));
   }
 }
-void gelu_forward(float* out, const float* inp, size_t n) {
-  gelu_forward_t(out, inp, n, DType::F32);
-}
+void gelu_forward(float* out, const float* inp, size_t n) { gelu_forward_t(out, inp, n); }
 void gelu_forward_lp(DType dt, uint16_t* out, const float* inp, size_t n) {
-  gelu_forward_t(out, inp, n, dt);
+  with_kind(dt, [&](auto k) { gelu_forward_t<uint16_t, decltype(k)::value>(out, inp, n); });
 }
 void gelu_forward_lp(DType dt, uint16_t* out, const uint16_t* inp, size_t n) {
-  with_kind(dt, [&](auto k) { gelu_forward_t<uint16_t, decltype(k)::value>(out, inp, n, dt); });
+  with_kind(dt, [&](auto k) { gelu_forward_t<uint16_t, decltype(k)::value>(out, inp, n); });
 }
 
 // dy/dx = s + x * 2u' * s (1 - s), with s = sigmoid(2u), 1 - s = e s (e = e^{-2u}) and
@@ -182,7 +193,7 @@ void gelu_backward_set(DType dt, float* dinp, const float* inp, const uint16_t* 
 // out(N,F) = silu(gate) * up, gu rows [gate (F) | up (F)]; silu(g) = g / (1 + e^{-g}).
 // gu fp32, or 16-bit of kind K (in_value).
 template <class T, int K = 0, class In = float>
-void swiglu_forward_t(T* out, const In* gu, int N, int F, DType dt) {
+void swiglu_forward_t(T* out, const In* gu, int N, int F) {
   const size_t F2 = 2 * static_cast<size_t>(F);
 #pragma omp parallel for schedule(static) if (parallel : static_cast<size_t>(N) * F >= kParallelMin)
   for (int n = 0; n < N; ++n) {
@@ -192,27 +203,25 @@ void swiglu_forward_t(T* out, const In* gu, int N, int F, DType dt) {
 #pragma omp simd
     for (int i = 0; i < F; ++i) {
       const float g = in_value<K>(gr[i]), up = in_value<K>(ur[i]);
-      o[i] = out_value<T>(g / (1.f + exp_clamped(-g)) * up, dt);
+      o[i] = out_value<T, K>(g / (1.f + exp_clamped(-g)) * up);
     }
   }
 }
 void swiglu_forward(float* out, const float* gu, int N, int F) {
-  swiglu_forward_t(out, gu, N, F, DType::F32);
+  swiglu_forward_t(out, gu, N, F);
 }
 void swiglu_forward_lp(DType dt, uint16_t* out, const float* gu, int N, int F) {
-  swiglu_forward_t(out, gu, N, F, dt);
+  with_kind(dt, [&](auto k) { swiglu_forward_t<uint16_t, decltype(k)::value>(out, gu, N, F); });
 }
 void swiglu_forward_lp(DType dt, uint16_t* out, const uint16_t* gu, int N, int F) {
-  with_kind(dt, [&](auto k) {
-    swiglu_forward_t<uint16_t, decltype(k)::value>(out, gu, N, F, dt);
-  });
+  with_kind(dt, [&](auto k) { swiglu_forward_t<uint16_t, decltype(k)::value>(out, gu, N, F); });
 }
 
 // d up += dout * silu(g);  d gate += dout * up * silu'(g), silu'(g) = s (1 + g (1 - s)).
 // Set: written as 0 + g, the old values never read; T = uint16_t (with Set): narrowed to dt.
 // gu fp32, or 16-bit of kind K (in_value); dout likewise (D).
 template <bool Set, class T, int K = 0, class In = float, class D = float>
-void swiglu_backward_t(T* dgu, const D* dout, const In* gu, int N, int F, DType dt) {
+void swiglu_backward_t(T* dgu, const D* dout, const In* gu, int N, int F) {
   const size_t F2 = 2 * static_cast<size_t>(F);
 #pragma omp parallel for schedule(static) if (parallel : static_cast<size_t>(N) * F >= kParallelMin)
   for (int n = 0; n < N; ++n) {
@@ -234,8 +243,8 @@ void swiglu_backward_t(T* dgu, const D* dout, const In* gu, int N, int F, DType 
         dg[i] = (Set ? 0.f : dg[i]) + ggate;
       } else {
         static_assert(Set, "the 16-bit form writes, it cannot accumulate");
-        dup[i] = to_half(dt, 0.f + gup);
-        dg[i] = to_half(dt, 0.f + ggate);
+        dup[i] = to_kind<K>(0.f + gup);
+        dg[i] = to_kind<K>(0.f + ggate);
       }
     }
   }
@@ -243,16 +252,16 @@ void swiglu_backward_t(T* dgu, const D* dout, const In* gu, int N, int F, DType 
 
 void swiglu_backward(float* dgu, const float* dout, const float* gu, int N, int F, bool set) {
   if (set)
-    swiglu_backward_t<true>(dgu, dout, gu, N, F, DType::F32);
+    swiglu_backward_t<true>(dgu, dout, gu, N, F);
   else
-    swiglu_backward_t<false>(dgu, dout, gu, N, F, DType::F32);
+    swiglu_backward_t<false>(dgu, dout, gu, N, F);
 }
 void swiglu_backward_lp_set(DType dt, uint16_t* dgu, const float* dout, const uint16_t* dout16,
                             const float* gu, const uint16_t* gu16, int N, int F) {
   with_kind(dt, [&](auto k) {
     with_form(gu, gu16, [&](auto g) {
       with_form(dout, dout16, [&](auto d) {
-        swiglu_backward_t<true, uint16_t, decltype(k)::value>(dgu, d, g, N, F, dt);
+        swiglu_backward_t<true, uint16_t, decltype(k)::value>(dgu, d, g, N, F);
       });
     });
   });
@@ -336,24 +345,29 @@ namespace sw::cpu {
 // place the values move through bytes (a buffer holds floats and 16-bit values at once):
 // narrowing walks forward (value i lands at byte 2i, at or before byte 4i it was read from),
 // widening backward (value i is read at byte 2i before float i, bytes 4i..4i+3, is written).
+// The loops take the kind (1 bf16, 2 fp16) as a template argument (with_kind): bf16's loops
+// then vectorise, where a DType tested per element kept them scalar (issue 39).
 void narrow(DType dt, const float* src, void* dst, size_t n) {
   if (dt == DType::F32) {
     if (dst != src && n) std::memcpy(dst, src, n * sizeof(float));
     return;
   }
-  if (static_cast<const void*>(src) == dst) {
-    unsigned char* b = static_cast<unsigned char*>(dst);
-    for (size_t i = 0; i < n; ++i) {
-      float f;
-      std::memcpy(&f, b + 4 * i, 4);
-      const uint16_t h = to_half(dt, f);
-      std::memcpy(b + 2 * i, &h, 2);
+  with_kind(dt, [&](auto k) {
+    constexpr int K = decltype(k)::value;
+    if (static_cast<const void*>(src) == dst) {
+      unsigned char* b = static_cast<unsigned char*>(dst);
+      for (size_t i = 0; i < n; ++i) {
+        float f;
+        std::memcpy(&f, b + 4 * i, 4);
+        const uint16_t h = to_kind<K>(f);
+        std::memcpy(b + 2 * i, &h, 2);
+      }
+      return;
     }
-    return;
-  }
-  uint16_t* d = static_cast<uint16_t*>(dst);
-#pragma omp parallel for schedule(static) if (parallel : n >= kParallelMin)
-  for (size_t i = 0; i < n; ++i) d[i] = to_half(dt, src[i]);
+    uint16_t* d = static_cast<uint16_t*>(dst);
+#pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMin)
+    for (size_t i = 0; i < n; ++i) d[i] = to_kind<K>(src[i]);
+  });
 }
 
 void widen(DType dt, const void* src, float* dst, size_t n) {
@@ -361,19 +375,22 @@ void widen(DType dt, const void* src, float* dst, size_t n) {
     if (dst != src && n) std::memcpy(dst, src, n * sizeof(float));
     return;
   }
-  if (src == static_cast<const void*>(dst)) {
-    unsigned char* b = reinterpret_cast<unsigned char*>(dst);
-    for (size_t i = n; i-- > 0;) {
-      uint16_t h;
-      std::memcpy(&h, b + 2 * i, 2);
-      const float f = from_half(dt, h);
-      std::memcpy(b + 4 * i, &f, 4);
+  with_kind(dt, [&](auto k) {
+    constexpr int K = decltype(k)::value;
+    if (src == static_cast<const void*>(dst)) {
+      unsigned char* b = reinterpret_cast<unsigned char*>(dst);
+      for (size_t i = n; i-- > 0;) {
+        uint16_t h;
+        std::memcpy(&h, b + 2 * i, 2);
+        const float f = in_value<K>(h);
+        std::memcpy(b + 4 * i, &f, 4);
+      }
+      return;
     }
-    return;
-  }
-  const uint16_t* s = static_cast<const uint16_t*>(src);
-#pragma omp parallel for schedule(static) if (parallel : n >= kParallelMin)
-  for (size_t i = 0; i < n; ++i) dst[i] = from_half(dt, s[i]);
+    const uint16_t* s = static_cast<const uint16_t*>(src);
+#pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMin)
+    for (size_t i = 0; i < n; ++i) dst[i] = in_value<K>(s[i]);
+  });
 }
 
 void add_widened(DType dt, const void* src, float* dst, size_t n) {
@@ -382,8 +399,11 @@ void add_widened(DType dt, const void* src, float* dst, size_t n) {
     return;
   }
   const uint16_t* s = static_cast<const uint16_t*>(src);
-#pragma omp parallel for schedule(static) if (parallel : n >= kParallelMin)
-  for (size_t i = 0; i < n; ++i) dst[i] += from_half(dt, s[i]);
+  with_kind(dt, [&](auto k) {
+    constexpr int K = decltype(k)::value;
+#pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMin)
+    for (size_t i = 0; i < n; ++i) dst[i] += in_value<K>(s[i]);
+  });
 }
 
 void round_to(DType dt, float* x, size_t n) { round_copy(dt, x, x, n); }
@@ -393,17 +413,23 @@ void round_copy(DType dt, float* dst, const float* src, size_t n) {
     if (dst != src && n) std::memcpy(dst, src, n * sizeof(float));
     return;
   }
-#pragma omp parallel for schedule(static) if (parallel : n >= kParallelMin)
-  for (size_t i = 0; i < n; ++i) dst[i] = from_half(dt, to_half(dt, src[i]));
+  with_kind(dt, [&](auto k) {
+    constexpr int K = decltype(k)::value;
+#pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMin)
+    for (size_t i = 0; i < n; ++i) dst[i] = in_value<K>(to_kind<K>(src[i]));
+  });
 }
 
 void round_copy_lp(DType dt, float* dst, uint16_t* dst16, const float* src, size_t n) {
-#pragma omp parallel for schedule(static) if (parallel : n >= kParallelMin)
-  for (size_t i = 0; i < n; ++i) {
-    const uint16_t h = to_half(dt, src[i]);
-    dst16[i] = h;
-    dst[i] = from_half(dt, h);
-  }
+  with_kind(dt, [&](auto k) {
+    constexpr int K = decltype(k)::value;
+#pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMin)
+    for (size_t i = 0; i < n; ++i) {
+      const uint16_t h = to_kind<K>(src[i]);
+      dst16[i] = h;
+      dst[i] = in_value<K>(h);
+    }
+  });
 }
 
 }  // namespace sw::cpu

@@ -650,3 +650,81 @@ TEST_CASE("round_to is f32_to_bf16 / f32_to_f16 bit for bit (NaN, inf, subnormal
     CHECK(same_bits(inplace, dst));
   }
 }
+
+TEST_CASE("narrow, widen, round_copy and the 16-bit GELU/SwiGLU outputs: core/dtype.h bit for bit") {
+  // Issue 39 gave these loops a compile-time kind (they vectorise for bf16). Each element must
+  // still be f32_to_bf16 / f32_to_f16 (widened: bf16_to_f32 / f16_to_f32) of the fp32 value,
+  // NaN payloads included, on the parallel path (> 32K elements) and the serial one, at lengths
+  // that are not a multiple of the vector width; GELU's and SwiGLU's 16-bit outputs are the
+  // fp32 ops' outputs narrowed.
+  auto to16 = [](DType t, float f) { return t == DType::BF16 ? sw::f32_to_bf16(f) : sw::f32_to_f16(f); };
+  auto from16 = [](DType t, uint16_t h) {
+    return t == DType::BF16 ? sw::bf16_to_f32(h) : sw::f16_to_f32(h);
+  };
+  for (size_t n : {size_t{1001}, size_t{70001}}) {
+    std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u,
+                                  0x7fc00000u, 0x7f800001u, 0xffffffffu, 0x00000001u,
+                                  0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0x477ff000u};
+    uint64_t x = 0x9e3779b97f4a7c15ull + n;
+    while (bits.size() < n) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      bits.push_back(static_cast<uint32_t>(x));
+    }
+    Vec src(n);
+    std::memcpy(src.data(), bits.data(), n * 4);
+    for (DType t : {DType::BF16, DType::F16}) {
+      INFO(sw::dtype_name(t) << " n " << n);
+      std::vector<uint16_t> want16(n), got16(n), lp16(n);
+      Vec want(n), got(n), lp(n), acc(n, 0.5f), acc_want(n);
+      for (size_t i = 0; i < n; ++i) {
+        want16[i] = to16(t, src[i]);
+        want[i] = from16(t, want16[i]);
+        acc_want[i] = 0.5f + from16(t, want16[i]);
+      }
+      sw::cpu::narrow(t, src.data(), got16.data(), n);
+      CHECK(got16 == want16);
+      sw::cpu::widen(t, want16.data(), got.data(), n);
+      CHECK(same_bits(got, want));
+      sw::cpu::add_widened(t, want16.data(), acc.data(), n);
+      CHECK(same_bits(acc, acc_want));
+      sw::cpu::round_copy(t, got.data(), src.data(), n);
+      CHECK(same_bits(got, want));
+      sw::cpu::round_copy_lp(t, lp.data(), lp16.data(), src.data(), n);
+      CHECK(same_bits(lp, want));
+      CHECK(lp16 == want16);
+      Vec inplace = src;  // narrowed in place, then widened back in place
+      sw::cpu::narrow(t, inplace.data(), inplace.data(), n);
+      CHECK(std::memcmp(inplace.data(), want16.data(), n * 2) == 0);
+      sw::cpu::widen(t, inplace.data(), inplace.data(), n);
+      CHECK(same_bits(inplace, want));
+    }
+  }
+  // GELU and SwiGLU with 16-bit outputs (from fp32 and from 16-bit inputs).
+  const int N = 67, F = 1031;  // N * F > 32K: the parallel path
+  const size_t n = size_t(N) * F;
+  Vec a = randv(2 * n, 11, 3.f);
+  for (DType t : {DType::BF16, DType::F16}) {
+    INFO(sw::dtype_name(t));
+    std::vector<uint16_t> a16(2 * n), got(2 * n), want(2 * n);
+    sw::cpu::narrow(t, a.data(), a16.data(), 2 * n);
+    Vec a_r(2 * n), f(2 * n);
+    sw::cpu::widen(t, a16.data(), a_r.data(), 2 * n);
+    sw::cpu::gelu_forward(f.data(), a.data(), n);
+    for (size_t i = 0; i < n; ++i) want[i] = to16(t, f[i]);
+    sw::cpu::gelu_forward_lp(t, got.data(), a.data(), n);
+    CHECK(std::equal(want.begin(), want.begin() + n, got.begin()));
+    sw::cpu::gelu_forward(f.data(), a_r.data(), n);
+    for (size_t i = 0; i < n; ++i) want[i] = to16(t, f[i]);
+    sw::cpu::gelu_forward_lp(t, got.data(), a16.data(), n);
+    CHECK(std::equal(want.begin(), want.begin() + n, got.begin()));
+    sw::cpu::swiglu_forward(f.data(), a_r.data(), N, F);
+    for (size_t i = 0; i < n; ++i) want[i] = to16(t, f[i]);
+    sw::cpu::swiglu_forward_lp(t, got.data(), a16.data(), N, F);
+    CHECK(std::equal(want.begin(), want.begin() + n, got.begin()));
+    Vec dout = randv(n, 12), dgu(2 * n);
+    sw::cpu::swiglu_backward(dgu.data(), dout.data(), a_r.data(), N, F, true);
+    for (size_t i = 0; i < 2 * n; ++i) want[i] = to16(t, dgu[i]);
+    sw::cpu::swiglu_backward_lp_set(t, got.data(), dout.data(), nullptr, nullptr, a16.data(), N, F);
+    CHECK(got == want);
+  }
+}
