@@ -1,11 +1,13 @@
 // Trains a model of its own (two Unit subclasses) and a built-in Llama through Shardwise's
-// installed C++ API only: <shardwise/shardwise.h>, linked as Shardwise::shardwise.
+// installed C++ API only: <shardwise/shardwise.h>, linked as Shardwise::shardwise. Both in a
+// loop of its own over sw::api::ShardedModel (the Llama saved, verified and loaded back too),
+// and the Llama once more as a whole run of the Trainer on a token file it writes.
 //
 //   external_train [--steps N] [--dir D]
 // Under `mpirun -np R` the models are sharded over the R ranks (FULL_SHARD). Exits non-zero
 // unless each model's loss falls, a checkpoint saved and loaded gives the same evaluation
-// loss, and the planner predicts a step. D: where the checkpoint goes (default: a folder in
-// /tmp, removed at the end).
+// loss, and the planner predicts a step. D: where the checkpoint, the token file and the
+// Trainer's run go (default: external_train.out in the current folder; the same on every rank).
 #include <shardwise/shardwise.h>
 
 #include <cmath>
@@ -15,6 +17,7 @@
 #include <filesystem>
 #include <random>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 namespace {
@@ -188,11 +191,69 @@ bool train(const char* what, sw::Model& model, int steps, float lr, const std::s
   return ok;
 }
 
+// Whether this process prints: rank 0 of mpirun (OpenMPI's or a PMI launcher's variable), or
+// the only process.
+bool lead() {
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK"})
+    if (const char* r = std::getenv(v)) return std::atoi(r) == 0;
+  return true;
+}
+
+// The learnable sequences above as a token file (llm.c's format: 256 int32 of header, magic
+// 20240520, version 1, the count; then uint16 ids), for the Trainer's data.train.
+std::string write_tokens(const std::string& path, int sequences, int T) {
+  Data d;
+  const sw::Batch b = d.batch(sequences, T, 5u, kVocab);
+  std::vector<int32_t> header(256, 0);
+  header[0] = 20240520;
+  header[1] = 1;
+  header[2] = sequences * T;
+  std::vector<uint16_t> ids(b.tokens, b.tokens + size_t(sequences) * T);
+  // Every rank writes the same bytes: each its own file, renamed into place (atomic), so no
+  // rank reads a file another is still writing.
+  const std::string tmp = path + "." + std::to_string(getpid());
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) sw::fail("external", tmp + ": cannot create");
+  std::fwrite(header.data(), sizeof(int32_t), header.size(), f);
+  std::fwrite(ids.data(), sizeof(uint16_t), ids.size(), f);
+  if (std::fclose(f) != 0) sw::fail("external", tmp + ": cannot write");
+  std::filesystem::rename(tmp, path);
+  return path;
+}
+
+// A whole run of a built-in Llama with the Trainer (shardwise/trainer.h): the config made in
+// code, a callback per step. Returns whether its loss fell below 70% of the first step's.
+bool train_llama_run(const std::string& dir, int steps) {
+  sw::RunConfig c;
+  c.set("model.type", "llama").set("model.vocab_size", kVocab).set("model.n_layer", 2)
+      .set("model.n_head", 4).set("model.n_kv_head", 2).set("model.d_model", 64)
+      .set("model.seq_len", 16);
+  c.set("data.train", write_tokens(dir + "/train.bin", 512, 16));
+  c.set("train_micro_batch_size_per_gpu", 4).set("train_steps", steps).set("threads", 1);
+  c.set("optimizer.type", "AdamW").set("optimizer.params.lr", 3e-3).set("gradient_clipping", 1.0);
+  c.set("run_dir", dir + "/run");
+  sw::TrainerOptions o;
+  o.progress = false;
+  o.export_at_end = false;
+  sw::Trainer t(c, o);
+  double first = 0;
+  t.on_step([&](const sw::StepInfo& s) {
+    if (s.step == 1) first = s.loss;
+    if (lead() && (s.step == 1 || s.step % 20 == 0)) std::printf("trainer llama: step %3d loss %.4f\n", s.step, s.loss);
+    return sw::StepAction::Continue;
+  });
+  const sw::RunSummary& r = t.train();
+  const bool ok = r.steps == steps && r.last_loss < 0.7 * first;
+  if (lead()) std::printf("trainer llama: %d steps, loss %.4f -> %.4f: %s\n", r.steps, first, r.last_loss,
+              ok ? "ok" : "FAILED");
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int steps = 60;
-  std::string dir;
+  std::string dir = "external_train.out";
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--dir") && i + 1 < argc) dir = argv[++i];
@@ -201,13 +262,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const bool own_dir = dir.empty();
-  if (own_dir) dir = (std::filesystem::temp_directory_path() / "shardwise_external_XXXXXX").string();
-  if (own_dir && !mkdtemp(dir.data())) {
-    std::perror("external_train: mkdtemp");
-    return 1;
-  }
-  std::printf("Shardwise %s (%d.%d.%d)\n", SHARDWISE_VERSION_STRING, SHARDWISE_VERSION_MAJOR,
+  std::filesystem::create_directories(dir);
+  if (lead()) std::printf("Shardwise %s (%d.%d.%d)\n", SHARDWISE_VERSION_STRING, SHARDWISE_VERSION_MAJOR,
               SHARDWISE_VERSION_MINOR, SHARDWISE_VERSION_PATCH);
   int bad = 0;
   try {
@@ -215,7 +271,7 @@ int main(int argc, char** argv) {
     req.world = 4;
     req.micro_batch = 4;
     const sw::api::PlanFigures f = sw::api::predict_step(custom_model(), req);
-    std::printf("plan: custom model on 4 ranks: peak %lld bytes per rank (activations %lld)\n",
+    if (lead()) std::printf("plan: custom model on 4 ranks: peak %lld bytes per rank (activations %lld)\n",
                 static_cast<long long>(f.device_peak), static_cast<long long>(f.activations));
     bad += f.device_peak <= 0;
 
@@ -232,10 +288,10 @@ int main(int argc, char** argv) {
     cfg.seq_len = 16;
     sw::Model llama = sw::build_model(cfg);
     bad += !train("llama", llama, steps, 3e-3f, dir + "/llama");
+    bad += !train_llama_run(dir, steps);
   } catch (const sw::Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     bad = 1;
   }
-  if (own_dir) std::filesystem::remove_all(dir);
   return bad ? 1 : 0;
 }
