@@ -183,6 +183,10 @@ HardwareProfile hardware_from_json_text(const std::string& text, const std::stri
       hw.p2p_latency_s = non_negative(j, "collectives.p2p.latency_s", where);
       hw.p2p_bps = positive(j, "collectives.p2p.bytes_per_s", where);
     }
+    if (find(j, "collectives.across_hosts")) {
+      hw.across_latency_s = non_negative(j, "collectives.across_hosts.latency_s", where);
+      hw.across_busbw = positive(j, "collectives.across_hosts.busbw", where);
+    }
   }
   if (!find(j, "disk")) bad(where, "missing key 'disk'");
   if (const json* v = find(j, "disk.path"); v && v->is_string()) hw.disk_path = v->get<std::string>();
@@ -238,6 +242,8 @@ std::string hardware_to_json(const HardwareProfile& hw) {
                         {"all_reduce", fit_json(hw.all_reduce)}};
   if (hw.has_collectives && hw.p2p_bps > 0)
     j["collectives"]["p2p"] = {{"latency_s", hw.p2p_latency_s}, {"bytes_per_s", hw.p2p_bps}};
+  if (hw.has_collectives && hw.across_busbw > 0)
+    j["collectives"]["across_hosts"] = {{"latency_s", hw.across_latency_s}, {"busbw", hw.across_busbw}};
   if (!hw.has_collectives)
     j["collectives"] = nullptr;
   j["disk"] = {{"path", hw.disk_path}, {"read_bytes_per_s", hw.disk_read_bps},

@@ -85,6 +85,9 @@ struct HardwareProfile {
   bool separate_streams = false;
   CollectiveFit all_gather, reduce_scatter, all_reduce;
   double p2p_latency_s = 0, p2p_bps = 0;  // "collectives.p2p"; 0: not given (all_gather's)
+  // "collectives.across_hosts" {latency_s, busbw}: one rank per host over the link between
+  // hosts (bench_collectives on the two namespace hosts); busbw 0: not given (as inside).
+  double across_latency_s = 0, across_busbw = 0;
   std::string disk_path;
   double disk_read_bps = 0, disk_write_bps = 0, disk_latency_s = 0;
   bool has_host = false;

@@ -4,6 +4,7 @@
 #include <array>
 
 #include "core/error.h"
+#include "sharding/comm/group.h"
 
 namespace sw {
 
@@ -63,6 +64,24 @@ double coll_seconds(const CollectiveFit& f, double bytes, int n, bool all_reduce
   return f.latency_s + bus / f.busbw;
 }
 
+// The same over a group spanning `hosts` hosts: the algorithm Auto picks for it, costed with
+// the fit inside a host and the profile's across-host link (comm_algo_seconds).
+double coll_seconds(const HardwareProfile& hw, const CollectiveFit& f, CollKind kind, double bytes,
+                    int n, int hosts) {
+  if (hosts <= 1 || hw.across_busbw <= 0) return coll_seconds(f, bytes, n, kind == CollKind::AllReduce);
+  return comm_algo_seconds(CommAlgo::Auto, kind, bytes, n, hosts, {f.latency_s, f.busbw},
+                           {hw.across_latency_s, hw.across_busbw});
+}
+
+// Hosts a group of n ranks spans, W ranks on `hosts` hosts (ranks per host consecutive):
+// `stride` 1: n consecutive ranks (a shard group); stride n' > 1: every stride-th rank.
+int group_hosts(int W, int hosts, int n, int stride) {
+  if (hosts <= 1 || n <= 1) return 1;
+  const int per = std::max(1, W / hosts);
+  if (stride <= 1) return std::max(1, std::min(hosts, n / per));
+  return stride >= per ? std::min(hosts, n) : hosts;
+}
+
 // A unit's shard over the host link (its parameters offloaded to the host tier, on a machine
 // whose profile has one).
 double host_link_seconds(const Action& a, const StepPlan& plan, const PlanInput& in,
@@ -77,6 +96,7 @@ double host_link_seconds(const Action& a, const StepPlan& plan, const PlanInput&
 
 TimeInputs time_inputs(const Model& model, const PlanInput& in) {
   TimeInputs ti;
+  ti.hosts = in.hosts, ti.replicas = in.replicas;
   ti.compute = in.policy.mixed_precision.param_dtype;
   ti.act_offload_nvme = in.policy.activation_checkpointing.offload_nvme;
   for (const PlanUnit& u : in.units) ti.grad_shard_floats += u.padded / in.S;
@@ -195,16 +215,23 @@ double action_seconds(const Action& a, const StepPlan& plan, const PlanInput& in
       // Parameters on the host tier of a GPU machine: the shard crosses the link first.
       const double up = host_link_seconds(a, plan, in, hw, dtype_size(in.policy.mixed_precision.param_dtype));
       if (plan.S <= 1) return up + double(a.bytes) / hw.copy_bps();
-      return up + coll_seconds(hw.all_gather, double(a.bytes), plan.S, false);
+      return up + coll_seconds(hw, hw.all_gather, CollKind::AllGather, double(a.bytes), plan.S,
+                               group_hosts(plan.W * ti.replicas, ti.hosts, plan.S, 1));
     }
     case ActionKind::ReduceScatter: {
       const double down = host_link_seconds(a, plan, in, hw, 4);
       if (plan.S <= 1) return down;
-      return down + coll_seconds(hw.reduce_scatter, double(a.bytes), plan.S, false);
+      return down + coll_seconds(hw, hw.reduce_scatter, CollKind::ReduceScatter, double(a.bytes),
+                                 plan.S, group_hosts(plan.W * ti.replicas, ti.hosts, plan.S, 1));
     }
-    case ActionKind::AllReduce:
-      return coll_seconds(hw.all_reduce, double(a.bytes),
-                          plan.kind == UnitKind::Whole ? plan.W : plan.R, true);
+    case ActionKind::AllReduce: {
+      const int n = plan.kind == UnitKind::Whole ? plan.W : plan.R;
+      return coll_seconds(hw, hw.all_reduce, CollKind::AllReduce, double(a.bytes), n,
+                          group_hosts(plan.W, ti.hosts, n, plan.kind == UnitKind::Whole ? 1 : plan.S));
+    }
+    case ActionKind::OuterReduce:  // local SGD: the pseudo-gradient shard over the replica groups
+      return coll_seconds(hw, hw.all_reduce, CollKind::AllReduce, double(a.bytes), ti.replicas,
+                          group_hosts(plan.W * ti.replicas, ti.hosts, ti.replicas, plan.W));
     case ActionKind::FetchState:
     case ActionKind::EvictState:
     case ActionKind::FetchActs:

@@ -57,6 +57,11 @@ struct TimeInputs {
   DType compute = DType::F32;   // the matrix products' precision (param_dtype)
   bool act_offload_nvme = false;
   int64_t grad_shard_floats = 0;  // all units' gradient shards (the norm pass)
+  // Hosts the W ranks sit on (consecutive ranks per host, equally many): a group spanning
+  // several is costed with the algorithm Auto picks there (sharding/comm/group.h
+  // comm_algo_seconds) over the profile's across_hosts link.
+  int hosts = 1;
+  int replicas = 1;  // local SGD: the replica groups an outer reduce averages over
 };
 
 // The operations of every schedule position of `model` (after wrap_blocks) for batch B x T.

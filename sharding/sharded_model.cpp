@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/launch.h"
 #include "core/rng.h"
 #include "sharding/sharded_model_impl.h"
 
@@ -100,6 +101,10 @@ ModelContext make_context(const Model& model, const Ops& ops, GroupPtr group,
   }
   c.plan_in = make_plan_input(model, policy, c.W);
   c.plan_in.pipe.schedule = pipe.schedule;
+  // The time model's topology: the launcher's hosts (world / ranks per node), the replicas.
+  if (const LaunchEnv env = launch_env(); env.local_size > 0 && env.world_size % env.local_size == 0)
+    c.plan_in.hosts = env.world_size / env.local_size;
+  if (c.cross) c.plan_in.replicas = c.cross->size();
   // The policy's own checks (sharding/policy.h), as the config reader runs them: a policy built
   // in code is checked the same way.
   validate(policy, c.W, static_cast<int>(model.units.size()));

@@ -161,6 +161,9 @@ struct PlanInput {
   std::vector<PlanBucket> buckets;
   ShardingPolicy policy;
   int W = 1, S = 1, R = 1;  // world, shard group, replicas (S * R = W)
+  // For the time model (planner/time_model.h TimeInputs): the hosts the run's ranks sit on, and
+  // local SGD's replica groups (W is one replica's ranks then).
+  int hosts = 1, replicas = 1;
   UnitKind kind = UnitKind::Sharded;
   // d_model: floats of the residual stream per token on this rank (Model::residual_width:
   // d_model / tensor with sequence parallelism).

@@ -181,6 +181,38 @@ TEST_CASE("time model: a hand-computed plan", "[planner]") {
   CHECK_THROWS_WITH(predict_step_time(plan, in, ti, one), Catch::Contains("no collectives"));
 }
 
+// Groups that span hosts cost what crossing the slow link costs (issue 38): HYBRID 2 x 2 on two
+// hosts of 2 ranks, a 100 Mbit/s, 10 ms link. By hand: the shard group (ranks 0-1) stays inside
+// a host (ring: 1 ms + B/2 / 1 GB/s); the replica all-reduce (ranks 0 and 2) crosses it: every
+// algorithm for 2 ranks moves B bytes (all-reduce: 2 B (n-1)/n) over the link (10 ms + B / 12.5
+// MB/s); local SGD's outer reduce likewise; one host: the inside ring, as before.
+TEST_CASE("time model: a group across hosts is costed over the link between them", "[planner]") {
+  HardwareProfile hw = round_profile();
+  hw.across_latency_s = 0.01, hw.across_busbw = 12.5e6;
+  StepPlan plan;
+  plan.W = 4, plan.S = 2, plan.R = 2;
+  PlanInput in;
+  in.W = 4, in.S = 2, in.R = 2;
+  TimeInputs ti;
+  ti.hosts = 2;
+  Action rs = act(ActionKind::ReduceScatter, Queue::Reduce), ar = act(ActionKind::AllReduce, Queue::Reduce);
+  rs.bytes = 4000000, ar.bytes = 2000000;
+  CHECK(action_seconds(rs, plan, in, ti, hw) == Approx(0.001 + 2e6 / 1e9));
+  CHECK(action_seconds(ar, plan, in, ti, hw) == Approx(0.01 + 2e6 / 12.5e6));
+  ti.hosts = 1;
+  CHECK(action_seconds(ar, plan, in, ti, hw) == Approx(0.001 + 2e6 / 1e9));
+  // Local SGD: one replica's plan (W 2, S 2), 2 replica groups, one per host.
+  StepPlan rp;
+  rp.W = 2, rp.S = 2, rp.R = 1;
+  Action outer = act(ActionKind::OuterReduce, Queue::Cross);
+  outer.bytes = 1000000;
+  ti.hosts = 2, ti.replicas = 2;
+  CHECK(action_seconds(outer, rp, in, ti, hw) == Approx(0.01 + 1e6 / 12.5e6));
+  // No across-host figure in the profile: the inside fit, as before.
+  hw.across_busbw = 0;
+  CHECK(action_seconds(outer, rp, in, ti, hw) == Approx(0.001 + 1e6 / 1e9));
+}
+
 TEST_CASE("time model: a real plan's compute equals the sum of its calls", "[planner]") {
   PlanSetup s;
   s.model.vocab_size = 256, s.model.n_layer = 2, s.model.n_head = 2, s.model.d_model = 64;
