@@ -9,6 +9,7 @@ pkgs=(build-essential cmake ninja-build ccache pkg-config
       liburing-dev fio
       libpcre2-dev libsentencepiece-dev libicu-dev python3-venv  # tokenizers; the ref. venv
       clang libclang-rt-14-dev libomp-dev  # scripts/fuzz.sh: libFuzzer, clang's OpenMP
+      doxygen  # scripts/gen_api_docs.sh: the C++ API reference
       fortunes fortunes-min)
 missing=()
 for p in "${pkgs[@]}"; do

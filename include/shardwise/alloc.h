@@ -1,28 +1,28 @@
-// Tracked memory. Every byte Shardwise allocates for tensors goes through Buffer, which
-// counts logical bytes in use per category, per tier (MemTracker::of), current and peak (the
-// peak of the sum, not the sum of peaks). The profiler and the memory planner read these.
-//
-// Host memory comes from a caching allocator (one pool per tier, modelled on PyTorch's CUDA
-// caching allocator): freed blocks go to size-bucketed free lists and are reused; they are
-// never returned to the OS while the run lives (release_cached() does it on request). Sizes
-// are rounded so that the same sequence of requests each step reuses the same blocks:
-//   <= 1 MiB: 4 classes per power of two (64 B minimum), exact class match, malloc'd;
-//   >  1 MiB: multiples of 128 KiB (< 32 MiB) or 2 MiB, best fit within +25%, mmap'd.
-// So the steady state of a training step allocates nothing from the OS and takes no page
-// faults. MemTracker::reserved() is the pool's bytes (in use + cached) for that tier.
-// SHARDWISE_CACHING_ALLOCATOR=0 or set_caching(false) turns caching off (plain
-// aligned_alloc/free per buffer, for debugging with ASan/valgrind).
-//
-// Budget: set_budget(bytes) on a tracker makes an allocation that would take its current
-// total past it throw sw::Error("memory: budget of ... exceeded: requesting ... for <cat>;
-// in use: params ..., ...") before anything is allocated.
-//
-// Event log (cheap enough to stay on): enable_log(true, capacity) preallocates a ring of
-// MemEvents; each add/sub appends one (time on trace_now()'s clock, the current action tag,
-// category, signed bytes) without allocating; when full the oldest are overwritten and
-// counted in log_dropped(). The action tag is process-wide (set_action): the step executor
-// sets it before each action, so allocations on any thread during that action (communication,
-// OpenMP workers) are attributed to it.
+/// Tracked memory. Every byte Shardwise allocates for tensors goes through Buffer, which @file
+/// counts logical bytes in use per category, per tier (MemTracker::of), current and peak (the
+/// peak of the sum, not the sum of peaks). The profiler and the memory planner read these.
+///
+/// Host memory comes from a caching allocator (one pool per tier, modelled on PyTorch's CUDA
+/// caching allocator): freed blocks go to size-bucketed free lists and are reused; they are
+/// never returned to the OS while the run lives (release_cached() does it on request). Sizes
+/// are rounded so that the same sequence of requests each step reuses the same blocks:
+///   <= 1 MiB: 4 classes per power of two (64 B minimum), exact class match, malloc'd;
+///   >  1 MiB: multiples of 128 KiB (< 32 MiB) or 2 MiB, best fit within +25%, mmap'd.
+/// So the steady state of a training step allocates nothing from the OS and takes no page
+/// faults. MemTracker::reserved() is the pool's bytes (in use + cached) for that tier.
+/// SHARDWISE_CACHING_ALLOCATOR=0 or set_caching(false) turns caching off (plain
+/// aligned_alloc/free per buffer, for debugging with ASan/valgrind).
+///
+/// Budget: set_budget(bytes) on a tracker makes an allocation that would take its current
+/// total past it throw sw::Error("memory: budget of ... exceeded: requesting ... for <cat>;
+/// in use: params ..., ...") before anything is allocated.
+///
+/// Event log (cheap enough to stay on): enable_log(true, capacity) preallocates a ring of
+/// MemEvents; each add/sub appends one (time on trace_now()'s clock, the current action tag,
+/// category, signed bytes) without allocating; when full the oldest are overwritten and
+/// counted in log_dropped(). The action tag is process-wide (set_action): the step executor
+/// sets it before each action, so allocations on any thread during that action (communication,
+/// OpenMP workers) are attributed to it.
 #pragma once
 #include <atomic>
 #include <cstddef>
@@ -35,7 +35,7 @@
 
 namespace sw {
 
-class Event;  // core/stream.h
+class Event;  ///< core/stream.h
 
 enum class Mem : uint8_t {
   Params,
@@ -44,21 +44,21 @@ enum class Mem : uint8_t {
   Activations,
   Communication,
   Workspace,
-  Checkpoint,  // the async checkpoint snapshot (host copy of this rank's share)
+  Checkpoint,  ///< the async checkpoint snapshot (host copy of this rank's share)
   Count
 };
-const char* mem_name(Mem m);  // "params", "grads", ..., "checkpoint"
+const char* mem_name(Mem m);  ///< "params", "grads", ..., "checkpoint"
 
-// Where memory lives. On the CPU backend Device and Host are the same RAM; the Host tier keeps
-// state outside the device's budget (offload). Nvme counts bytes staged for / held in files.
+/// Where memory lives. On the CPU backend Device and Host are the same RAM; the Host tier keeps
+/// state outside the device's budget (offload). Nvme counts bytes staged for / held in files.
 enum class Tier : uint8_t { Device, Host, Nvme, Count };
-const char* tier_name(Tier t);  // "device", "host", "nvme"
+const char* tier_name(Tier t);  ///< "device", "host", "nvme"
 
 struct MemEvent {
-  double t_s;      // trace_now() when it happened (core/clock.h)
-  int32_t action;  // MemTracker::action() at the time; -1: none
+  double t_s;      ///< trace_now() when it happened (core/clock.h)
+  int32_t action;  ///< MemTracker::action() at the time; -1: none
   Mem cat;
-  int64_t delta;  // bytes, + allocated, - freed
+  int64_t delta;  ///< bytes, + allocated, - freed
 };
 
 class MemTracker {
@@ -68,33 +68,33 @@ class MemTracker {
   MemTracker(const MemTracker&) = delete;
   MemTracker& operator=(const MemTracker&) = delete;
 
-  static MemTracker& global();  // = of(Tier::Device)
+  static MemTracker& global();  ///< = of(Tier::Device)
   static MemTracker& of(Tier t);
-  static double now();  // = trace_now(): the clock of MemEvent::t_s
-  // The cause tag recorded in events (process-wide; -1 = none).
+  static double now();  ///< = trace_now(): the clock of MemEvent::t_s
+  /// The cause tag recorded in events (process-wide; -1 = none).
   static void set_action(int32_t a);
   static int32_t action();
 
-  // Adds bytes in use; throws sw::Error (and counts nothing) past the budget.
+  /// Adds bytes in use; throws sw::Error (and counts nothing) past the budget.
   void add(Mem m, size_t bytes);
   void sub(Mem m, size_t bytes);
   size_t current(Mem m) const { return cur_[idx(m)].load(std::memory_order_relaxed); }
   size_t peak(Mem m) const { return peak_[idx(m)].load(std::memory_order_relaxed); }
   size_t total_current() const { return total_.load(std::memory_order_relaxed); }
   size_t total_peak() const { return total_peak_.load(std::memory_order_relaxed); }
-  void reset_peaks();  // peaks := current values (reserved's too)
+  void reset_peaks();  ///< peaks := current values (reserved's too)
 
-  // Bytes the allocator holds for this tier (blocks in use, rounded, plus cached free ones).
+  /// Bytes the allocator holds for this tier (blocks in use, rounded, plus cached free ones).
   size_t reserved() const { return reserved_.load(std::memory_order_relaxed); }
   size_t reserved_peak() const { return reserved_peak_.load(std::memory_order_relaxed); }
-  void note_reserved(int64_t delta);  // called by the allocator
+  void note_reserved(int64_t delta);  ///< called by the allocator
 
-  void set_budget(size_t bytes);  // 0 = none
+  void set_budget(size_t bytes);  ///< 0 = none
   size_t budget() const { return budget_.load(std::memory_order_relaxed); }
 
   void enable_log(bool on, size_t capacity = size_t{1} << 16);
-  std::vector<MemEvent> take_log();  // events in order; clears the log
-  size_t log_dropped() const;        // events overwritten since the last take_log
+  std::vector<MemEvent> take_log();  ///< events in order; clears the log
+  size_t log_dropped() const;        ///< events overwritten since the last take_log
 
  private:
   static size_t idx(Mem m) { return static_cast<size_t>(m); }
@@ -110,80 +110,80 @@ class MemTracker {
   Log* log_;
 };
 
-// The caching host allocator (see the top of this file).
-void set_caching(bool on);  // off: later buffers use aligned_alloc/free; cached blocks stay
-bool caching();  // initially: unless SHARDWISE_CACHING_ALLOCATOR is switched off
-// Returns every cached free block of every tier to the OS, and empties the registered device
-// allocator's cache (DeviceAllocator::release_cached) too.
+/// The caching host allocator (see the top of this file).
+void set_caching(bool on);  ///< off: later buffers use aligned_alloc/free; cached blocks stay
+bool caching();  ///< initially: unless SHARDWISE_CACHING_ALLOCATOR is switched off
+/// Returns every cached free block of every tier to the OS, and empties the registered device
+/// allocator's cache (DeviceAllocator::release_cached) too.
 void release_cached();
-size_t cached_bytes();  // free bytes held by the host pools (all tiers; device caches not included)
-// The block size the caching allocator serves a request of `bytes` with (the rounding in the
-// comment at the top); the planner's RSS prediction adds it up over the plan's buffers.
+size_t cached_bytes();  ///< free bytes held by the host pools (all tiers; device caches not included)
+/// The block size the caching allocator serves a request of `bytes` with (the rounding in the
+/// comment at the top); the planner's RSS prediction adds it up over the plan's buffers.
 size_t alloc_block_size(size_t bytes);
 
-// Pinned (page-locked) host memory for the offload tiers and every host side of an
-// asynchronous copy. A device backend registers how it pins (the CUDA backend:
-// cudaHostRegister / cudaHostUnregister, registered once the process uses its GPU). From then
-// on every block the host pool obtains from the OS for Tier::Host, of any size, is mapped on
-// its own (page-aligned; a small class takes whole pages, at least 4 KiB, where malloc would
-// share them) and pinned once; it stays pinned while the pool keeps it and is unpinned before
-// it goes back to the OS. Not pinned: other tiers, Buffer::fresh (its point is that untouched
-// pages stay out of the resident set; pinning faults them all in), buffers made while caching
-// is off, and blocks obtained before the registration. pin returns false when it could not
-// pin; the block is then used unpinned. A copy from or into pageable memory is synchronous on
-// CUDA (cudaMemcpyAsync waits for the stream), so the engine stages such copies in Tier::Host.
+/// Pinned (page-locked) host memory for the offload tiers and every host side of an
+/// asynchronous copy. A device backend registers how it pins (the CUDA backend:
+/// cudaHostRegister / cudaHostUnregister, registered once the process uses its GPU). From then
+/// on every block the host pool obtains from the OS for Tier::Host, of any size, is mapped on
+/// its own (page-aligned; a small class takes whole pages, at least 4 KiB, where malloc would
+/// share them) and pinned once; it stays pinned while the pool keeps it and is unpinned before
+/// it goes back to the OS. Not pinned: other tiers, Buffer::fresh (its point is that untouched
+/// pages stay out of the resident set; pinning faults them all in), buffers made while caching
+/// is off, and blocks obtained before the registration. pin returns false when it could not
+/// pin; the block is then used unpinned. A copy from or into pageable memory is synchronous on
+/// CUDA (cudaMemcpyAsync waits for the stream), so the engine stages such copies in Tier::Host.
 struct HostPinning {
   bool (*pin)(void* p, size_t bytes) = nullptr;
   void (*unpin)(void* p, size_t bytes) = nullptr;
 };
-void register_host_pinning(HostPinning h);  // {} unregisters (blocks pinned so far stay so)
-bool host_pinned(const void* p);  // p: a Buffer's data(); true when its block was pinned
-size_t host_pinned_bytes();       // bytes of the blocks pinned now
+void register_host_pinning(HostPinning h);  ///< {} unregisters (blocks pinned so far stay so)
+bool host_pinned(const void* p);  ///< p: a Buffer's data(); true when its block was pinned
+size_t host_pinned_bytes();       ///< bytes of the blocks pinned now
 
-// Device allocators register here (the CPU one is built in); core never includes CUDA. The
-// CUDA backend registers a DeviceCache (core/device_cache.h) per device.
+/// Device allocators register here (the CPU one is built in); core never includes CUDA. The
+/// CUDA backend registers a DeviceCache (core/device_cache.h) per device.
 enum class CopyDir : unsigned char { HostToDevice, DeviceToHost, DeviceToDevice };
 struct DeviceAllocator {
-  // Every member has an initializer, so the registry (a static array) is constant-initialized
-  // and a backend registering from another static initialiser is never overwritten.
-  void* (*alloc)(size_t bytes, int device_index) = nullptr;  // nullptr when out of memory
+  /// Every member has an initializer, so the registry (a static array) is constant-initialized
+  /// and a backend registering from another static initialiser is never overwritten.
+  void* (*alloc)(size_t bytes, int device_index) = nullptr;  ///< nullptr when out of memory
   void (*free)(void* p, int device_index) = nullptr;
-  void (*release_cached)() = nullptr;  // cached device memory back; called by release_cached()
-  // Copies bytes, ordered after the work enqueued on the device's compute stream so far, and
-  // returns once it is complete (the host may read dst / reuse src). Needed by copy_bytes.
+  void (*release_cached)() = nullptr;  ///< cached device memory back; called by release_cached()
+  /// Copies bytes, ordered after the work enqueued on the device's compute stream so far, and
+  /// returns once it is complete (the host may read dst / reuse src). Needed by copy_bytes.
   void (*copy)(void* dst, const void* src, size_t bytes, CopyDir dir, int device_index) = nullptr;
-  // Enqueues the copy on the device's copy stream for its direction and returns its
-  // completion at once (copy_bytes_async). It starts after `after` has completed, or, when
-  // `after` is null, after the work enqueued on the compute stream so far. Optional: without
-  // it copy_bytes_async waits for `after` and calls `copy`.
+  /// Enqueues the copy on the device's copy stream for its direction and returns its
+  /// completion at once (copy_bytes_async). It starts after `after` has completed, or, when
+  /// `after` is null, after the work enqueued on the compute stream so far. Optional: without
+  /// it copy_bytes_async waits for `after` and calls `copy`.
   std::shared_ptr<Event> (*copy_async)(void* dst, const void* src, size_t bytes, CopyDir dir,
                                        int device_index, Event* after) = nullptr;
 };
 void register_device_allocator(DeviceKind kind, DeviceAllocator a);
-// The one way host code moves bytes in or out of device memory (Buffers of a non-CPU device):
-// a memcpy when both sides are on the CPU, the device's registered copy otherwise (see
-// DeviceAllocator::copy for the ordering). Copies between two different devices are refused.
+/// The one way host code moves bytes in or out of device memory (Buffers of a non-CPU device):
+/// a memcpy when both sides are on the CPU, the device's registered copy otherwise (see
+/// DeviceAllocator::copy for the ordering). Copies between two different devices are refused.
 void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
-// The asynchronous copy (docs/ARCHITECTURE.md, "Copy streams"): returns the copy's completion
-// at once. The copy starts after `after` has completed; with `after` null, after the work
-// enqueued on the device's compute stream so far (what produced src, what last read dst).
-// Until the event has completed, nothing may read or write dst, write src, or free either
-// (device memory: once the compute stream has waited for the event, work enqueued on it
-// after the wait may). Between two host buffers: a memcpy once `after` completed, and a
-// completed event. Copies run in issue order per direction and device.
+/// The asynchronous copy (docs/ARCHITECTURE.md, "Copy streams"): returns the copy's completion
+/// at once. The copy starts after `after` has completed; with `after` null, after the work
+/// enqueued on the device's compute stream so far (what produced src, what last read dst).
+/// Until the event has completed, nothing may read or write dst, write src, or free either
+/// (device memory: once the compute stream has waited for the event, work enqueued on it
+/// after the wait may). Between two host buffers: a memcpy once `after` completed, and a
+/// completed event. Copies run in issue order per direction and device.
 std::shared_ptr<Event> copy_bytes_async(void* dst, Device dst_dev, const void* src, Device src_dev,
                                         size_t bytes, Event* after = nullptr);
 
-// An owning, 64-byte-aligned, tracked allocation. Move-only. Contents are uninitialised
-// unless zero() is called (a reused block holds whatever its last user left).
+/// An owning, 64-byte-aligned, tracked allocation. Move-only. Contents are uninitialised
+/// unless zero() is called (a reused block holds whatever its last user left).
 class Buffer {
  public:
   Buffer() = default;
   Buffer(size_t bytes, Mem category, Device device = Device::cpu(), Tier tier = Tier::Device);
-  // Host memory of its own (page-aligned, mapped for this buffer and unmapped when released),
-  // never a block the cache held: pages nobody writes stay out of the resident set. For
-  // buffers that live as long as a model and may be partly used (offload staging sized for
-  // the largest unit). Device memory: as the constructor.
+  /// Host memory of its own (page-aligned, mapped for this buffer and unmapped when released),
+  /// never a block the cache held: pages nobody writes stay out of the resident set. For
+  /// buffers that live as long as a model and may be partly used (offload staging sized for
+  /// the largest unit). Device memory: as the constructor.
   static Buffer fresh(size_t bytes, Mem category, Device device = Device::cpu(),
                       Tier tier = Tier::Device);
   ~Buffer() { release(); }
@@ -201,16 +201,16 @@ class Buffer {
   Device device() const { return dev_; }
   Tier tier() const { return tier_; }
   bool empty() const { return ptr_ == nullptr; }
-  void zero();     // CPU buffers only
-  void release();  // gives the memory back (to the pool) now; the Buffer becomes empty
+  void zero();     ///< CPU buffers only
+  void release();  ///< gives the memory back (to the pool) now; the Buffer becomes empty
 
  private:
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
-  size_t block_ = 0;  // the allocator's block size (host; 0 for device memory)
+  size_t block_ = 0;  ///< the allocator's block size (host; 0 for device memory)
   Mem cat_ = Mem::Workspace;
   Tier tier_ = Tier::Device;
-  uint8_t origin_ = 0;  // host: how the block was obtained (see alloc.cpp)
+  uint8_t origin_ = 0;  ///< host: how the block was obtained (see alloc.cpp)
   Device dev_{};
 };
 

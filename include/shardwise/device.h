@@ -1,13 +1,13 @@
-// Where memory lives and kernels run. Core logic never branches on the backend:
-// it asks kernels/ops.h for the Ops of a Device.
+/// Where memory lives and kernels run. Core logic never branches on the backend: @file
+/// it asks kernels/ops.h for the Ops of a Device.
 #pragma once
 #include <string>
 
 namespace sw {
 
-// Sim: a simulated accelerator for tests (tests/support/sim_device.*): its memory is host
-// memory that host code cannot touch outside the device's own ops and copies, so a test run on
-// it proves that the engine reaches device memory only through Ops and copy_bytes.
+/// Sim: a simulated accelerator for tests (tests/support/sim_device.*): its memory is host
+/// memory that host code cannot touch outside the device's own ops and copies, so a test run on
+/// it proves that the engine reaches device memory only through Ops and copy_bytes.
 enum class DeviceKind : unsigned char { CPU, CUDA, Sim, Count };
 
 struct Device {

@@ -1,4 +1,4 @@
-// Storage types. Compute is fp32 unless a mixed-precision policy says otherwise.
+/// Storage types. Compute is fp32 unless a mixed-precision policy says otherwise. @file
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -9,10 +9,10 @@ namespace sw {
 enum class DType : uint8_t { F32, BF16, F16 };
 
 inline size_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
-const char* dtype_name(DType t);             // "f32", "bf16", "f16"
-DType dtype_from_name(const std::string& s);  // accepts f32/fp32/float32, bf16/bfloat16, f16/fp16/float16; throws sw::Error
+const char* dtype_name(DType t);             ///< "f32", "bf16", "f16"
+DType dtype_from_name(const std::string& s);  ///< accepts f32/fp32/float32, bf16/bfloat16, f16/fp16/float16; throws sw::Error
 
-// Round-to-nearest-even fp32 -> bf16 (NaN stays NaN).
+/// Round-to-nearest-even fp32 -> bf16 (NaN stays NaN).
 inline uint16_t f32_to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);

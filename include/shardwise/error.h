@@ -1,7 +1,7 @@
-// Errors in two layers (see docs/ARCHITECTURE.md):
-//  * user mistakes throw sw::Error whose message starts with the component, e.g.
-//    "config: unknown key 'optimiser' (did you mean 'optimizer'?)";
-//  * C-boundary checks (SW_CHECK, MPI_CHECK, CUDA_CHECK) report file, line and rank.
+/// Errors in two layers (see docs/ARCHITECTURE.md): @file
+///  * user mistakes throw sw::Error whose message starts with the component, e.g.
+///    "config: unknown key 'optimiser' (did you mean 'optimizer'?)";
+///  * C-boundary checks (SW_CHECK, MPI_CHECK, CUDA_CHECK) report file, line and rank.
 #pragma once
 #include <stdexcept>
 #include <string>
@@ -13,13 +13,13 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Throws sw::Error("<component>: <message>").
+/// Throws sw::Error("<component>: <message>").
 [[noreturn]] void fail(const std::string& component, const std::string& message);
 
-// Internal invariant violated: prints file:line (and MPI rank when known) and aborts.
+/// Internal invariant violated: prints file:line (and MPI rank when known) and aborts.
 [[noreturn]] void check_failed(const char* expr, const char* file, int line, const std::string& msg);
 
-// Rank shown in internal error messages; set by the communication layer (-1 = unknown).
+/// Rank shown in internal error messages; set by the communication layer (-1 = unknown).
 void set_error_rank(int rank);
 int error_rank();
 

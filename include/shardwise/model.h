@@ -1,5 +1,5 @@
-// A model: its units and the order they run in. GPT-2 and Llama-style models are built from
-// a ModelConfig; users build their own by subclassing Unit (see examples/).
+/// A model: its units and the order they run in. GPT-2 and Llama-style models are built from @file
+/// a ModelConfig; users build their own by subclassing Unit (see examples/).
 #pragma once
 #include <memory>
 #include <optional>
@@ -11,61 +11,61 @@
 namespace sw {
 
 struct ModelConfig {
-  std::string type = "gpt2";  // gpt2 | llama
+  std::string type = "gpt2";  ///< gpt2 | llama
   int vocab_size = 256;
   int n_layer = 4;
   int n_head = 4;
-  int n_kv_head = 0;  // llama; 0 = n_head
+  int n_kv_head = 0;  ///< llama; 0 = n_head
   int d_model = 128;
-  int d_ff = 0;       // llama; 0 = the usual 8/3*d rounded up to a multiple of 64 (gpt2: 4*d)
-  int seq_len = 128;  // maximum context (gpt2: positions table size)
+  int d_ff = 0;       ///< llama; 0 = the usual 8/3*d rounded up to a multiple of 64 (gpt2: 4*d)
+  int seq_len = 128;  ///< maximum context (gpt2: positions table size)
   float rope_theta = 10000.f;
   float norm_eps = 1e-5f;
-  // Whether lm_head shares the embedding's weight. Unset = the type's default, as transformers'
-  // configs have it: gpt2 ties, llama does not (Llama 3.2 1B's config.json says true). Read it
-  // through tied().
+  /// Whether lm_head shares the embedding's weight. Unset = the type's default, as transformers'
+  /// configs have it: gpt2 ties, llama does not (Llama 3.2 1B's config.json says true). Read it
+  /// through tied().
   std::optional<bool> tie_embeddings;
-  // llama: biases on the q, k and v projections (Qwen2).
+  /// llama: biases on the q, k and v projections (Qwen2).
   bool qkv_bias = false;
-  // llama: RoPE frequency scaling. "none", or "llama3" (Llama 3.1+: frequencies with wavelength
-  // above original_max_position_embeddings / low_freq_factor are divided by factor, those below
-  // .../ high_freq_factor kept, a smooth blend between).
+  /// llama: RoPE frequency scaling. "none", or "llama3" (Llama 3.1+: frequencies with wavelength
+  /// above original_max_position_embeddings / low_freq_factor are divided by factor, those below
+  /// .../ high_freq_factor kept, a smooth blend between).
   std::string rope_scaling = "none";
   float rope_factor = 8.f, rope_low_freq_factor = 1.f, rope_high_freq_factor = 4.f;
   int rope_original_max_pos = 8192;
-  // The Hugging Face architecture the model was imported from or exports as ("" = the type's
-  // own: GPT2LMHeadModel, LlamaForCausalLM; also MistralForCausalLM, Qwen2ForCausalLM).
+  /// The Hugging Face architecture the model was imported from or exports as ("" = the type's
+  /// own: GPT2LMHeadModel, LlamaForCausalLM; also MistralForCausalLM, Qwen2ForCausalLM).
   std::string hf_architecture;
 
   bool tied() const { return tie_embeddings.value_or(type == "gpt2"); }
 };
 
 struct Call {
-  int unit = 0;  // index into Model::units
-  int call = 0;  // which of that unit's calls
+  int unit = 0;  ///< index into Model::units
+  int call = 0;  ///< which of that unit's calls
 };
 
-// Which tensor rank a model is built for (tensor parallelism: build_model(cfg, slice) builds
-// the units' parts for rank `rank` of `size`; size 1: the whole model).
+/// Which tensor rank a model is built for (tensor parallelism: build_model(cfg, slice) builds
+/// the units' parts for rank `rank` of `size`; size 1: the whole model).
 struct TensorSlice {
   int rank = 0, size = 1;
 };
 
-// Pipeline parallelism: the part of a model's schedule one pipeline rank runs (stage_model).
-// The whole schedule is cut into S = size * chunks stages of consecutive positions, stage g =
-// [bounds[g], bounds[g+1]); rank r holds stages r, r + size, r + 2 size, ... (its chunks, in
-// order; chunks > 1: interleaved virtual stages). Activations flow stage g -> g + 1.
+/// Pipeline parallelism: the part of a model's schedule one pipeline rank runs (stage_model).
+/// The whole schedule is cut into S = size * chunks stages of consecutive positions, stage g =
+/// [bounds[g], bounds[g+1]); rank r holds stages r, r + size, r + 2 size, ... (its chunks, in
+/// order; chunks > 1: interleaved virtual stages). Activations flow stage g -> g + 1.
 struct StageView {
-  int rank = 0, size = 1;   // pipeline rank and degree
-  int chunks = 1;           // stages per rank (virtual stages)
-  std::vector<int> bounds;  // S + 1 global positions
-  // This rank's model: chunk c runs local positions [chunk_begin[c], chunk_begin[c + 1]).
+  int rank = 0, size = 1;   ///< pipeline rank and degree
+  int chunks = 1;           ///< stages per rank (virtual stages)
+  std::vector<int> bounds;  ///< S + 1 global positions
+  /// This rank's model: chunk c runs local positions [chunk_begin[c], chunk_begin[c + 1]).
   std::vector<int> chunk_begin;
-  std::vector<int> global_unit;  // per local unit: its index in the whole model
-  std::vector<int> global_pos;   // per local position: its position in the whole schedule
+  std::vector<int> global_unit;  ///< per local unit: its index in the whole model
+  std::vector<int> global_pos;   ///< per local position: its position in the whole schedule
   int global_positions = 0, global_units = 0;
-  // Local units another pipeline rank holds too (GPT-2's tied embedding and head: the first
-  // and the last stage) and that rank: their gradients are summed between the two.
+  /// Local units another pipeline rank holds too (GPT-2's tied embedding and head: the first
+  /// and the last stage) and that rank: their gradients are summed between the two.
   std::vector<int> shared, shared_peer;
   bool split() const { return size > 1; }
   int stage_of_chunk(int c) const { return c * size + rank; }
@@ -74,17 +74,17 @@ struct StageView {
 class Model {
  public:
   ModelConfig config;
-  TensorSlice tensor;  // the tensor rank its units are built for
-  StageView stage;     // pipeline parallelism: the positions this rank runs (size 1: all)
+  TensorSlice tensor;  ///< the tensor rank its units are built for
+  StageView stage;     ///< pipeline parallelism: the positions this rank runs (size 1: all)
   std::vector<std::unique_ptr<Unit>> units;
-  std::vector<Call> schedule;  // forward order; backward runs it in reverse
+  std::vector<Call> schedule;  ///< forward order; backward runs it in reverse
   int d_model() const { return config.d_model; }
-  // Floats of the residual stream per token on this rank: d_model, or d_model / t with tensor
-  // (and sequence) parallelism, whose units hold N / t of the rows.
+  /// Floats of the residual stream per token on this rank: d_model, or d_model / t with tensor
+  /// (and sequence) parallelism, whose units hold N / t of the rows.
   int residual_width() const { return config.d_model / tensor.size; }
-  int64_t num_params() const;  // sum over units, tied weights counted once
-  // Schedule position p's call takes the residual stream as input (every one but the whole
-  // schedule's first, the embedding) / is the loss call (the whole schedule's last).
+  int64_t num_params() const;  ///< sum over units, tied weights counted once
+  /// Schedule position p's call takes the residual stream as input (every one but the whole
+  /// schedule's first, the embedding) / is the loss call (the whole schedule's last).
   bool takes_input(size_t p) const {
     return stage.split() ? stage.global_pos[p] > 0 : p > 0;
   }
@@ -94,16 +94,16 @@ class Model {
   }
 };
 
-// The stage of pipeline rank `rank` of `size` (chunks stages each) of `whole` (after
-// wrap_blocks): its units (those its positions call, in whole-model order) and positions.
-// `bounds`: size * chunks + 1 increasing global positions from 0 to the schedule's length.
-// Throws sw::Error("pipeline", ...) naming a bad bound.
+/// The stage of pipeline rank `rank` of `size` (chunks stages each) of `whole` (after
+/// wrap_blocks): its units (those its positions call, in whole-model order) and positions.
+/// `bounds`: size * chunks + 1 increasing global positions from 0 to the schedule's length.
+/// Throws sw::Error("pipeline", ...) naming a bad bound.
 Model stage_model(Model&& whole, const std::vector<int>& bounds, int size, int chunks, int rank);
 
-// Builds GPT-2 or Llama from the config (throws sw::Error naming the bad field).
+/// Builds GPT-2 or Llama from the config (throws sw::Error naming the bad field).
 Model build_model(const ModelConfig& cfg);
-// The same, split for tensor rank slice.rank of slice.size (tensor parallelism; throws one line
-// naming the key a degree does not divide: heads, KV heads, d_ff, vocab_size).
+/// The same, split for tensor rank slice.rank of slice.size (tensor parallelism; throws one line
+/// naming the key a degree does not divide: heads, KV heads, d_ff, vocab_size).
 Model build_model(const ModelConfig& cfg, TensorSlice slice);
 
 }  // namespace sw

@@ -1,5 +1,5 @@
-// A typed, shaped view of tracked memory. Kernels take raw pointers (llm.c style); Tensor is
-// for the public API, I/O (safetensors) and anything that needs a shape and dtype together.
+/// A typed, shaped view of tracked memory. Kernels take raw pointers (llm.c style); Tensor is @file
+/// for the public API, I/O (safetensors) and anything that needs a shape and dtype together.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -13,14 +13,14 @@ namespace sw {
 
 using Shape = std::vector<int64_t>;
 int64_t numel(const Shape& s);
-std::string shape_str(const Shape& s);  // "(12, 768)"
+std::string shape_str(const Shape& s);  ///< "(12, 768)"
 
 class Tensor {
  public:
   Tensor() = default;
-  // Allocates numel(shape) elements of dtype in the given memory category.
+  /// Allocates numel(shape) elements of dtype in the given memory category.
   Tensor(Shape shape, DType dtype, Mem category = Mem::Workspace, Device device = Device::cpu());
-  // A non-owning view of existing memory.
+  /// A non-owning view of existing memory.
   static Tensor view(void* data, Shape shape, DType dtype, Device device = Device::cpu());
 
   const Shape& shape() const { return shape_; }
@@ -31,7 +31,7 @@ class Tensor {
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }
   void* data() const { return data_; }
-  float* f32() const;  // checks dtype == F32
+  float* f32() const;  ///< checks dtype == F32
   bool defined() const { return data_ != nullptr || numel() == 0; }
 
  private:
