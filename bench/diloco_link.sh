@@ -12,6 +12,10 @@
 #   diloco      local_sgd.sync_every $H (outer Nesterov SGD lr 0.7 momentum 0.9), fragments 1
 #   diloco_s    the same, streaming: fragments $FRAGS (one fragment every H / FRAGS steps)
 #   diloco_bf16 diloco with outer_dtype bf16
+#   hybrid_q4   hybrid_q8 with quantized_bits 4
+#   diloco_sd   streaming with the fragment's update landing $DELAY inner steps after its reduce
+#               (fragment_sync_delay: the reduction crosses the link while they run) and int8
+#               pseudo-gradients with error feedback (outer_dtype int8)
 # GPT-2 d_model 256, 8 layers, 4 heads, seq 128, vocab 256 (6.4M parameters), AdamW lr 1e-3,
 # threads 1, fortunes data; validation (eval_batches $EVALB) only after the last step. Each run
 # under bench/quiet.sh, one at a time. Bytes across the link per step = the veth's rx + tx
@@ -20,7 +24,8 @@
 # steps inside); wall = the whole mpirun. The namespaces are removed on exit.
 #
 #   bench/diloco_link.sh [BUILD_DIR]
-#   env: RATE (100mbit), STEPS (50), H (50), FRAGS (2), MODES (all five), EVALB (8), RPH (2)
+#   env: RATE (100mbit), STEPS (50), H (50), FRAGS (2), DELAY (2), MODES (all seven), EVALB (8),
+#        RPH (2)
 # Output: one line per run and a table with the ratios to hybrid on stdout
 # (read in bench/results/diloco_2026-11-29.md).
 case "${1:-}" in
@@ -54,7 +59,9 @@ declare -A mode=(
   [hybrid_q8]="--set zero_optimization.zero_quantized_gradients=true --set zero_optimization.quantized_bits=8 --set zero_optimization.quantized_scope=replicate"
   [diloco]="$ls"
   [diloco_s]="$ls --set local_sgd.fragments=$frags"
-  [diloco_bf16]="$ls --set local_sgd.outer_dtype=bf16")
+  [diloco_bf16]="$ls --set local_sgd.outer_dtype=bf16"
+  [hybrid_q4]="--set zero_optimization.zero_quantized_gradients=true --set zero_optimization.quantized_bits=4 --set zero_optimization.quantized_scope=replicate"
+  [diloco_sd]="$ls --set local_sgd.fragments=$frags --set local_sgd.fragment_sync_delay=${DELAY:-2} --set local_sgd.outer_dtype=int8")
 link_across "$A" tcp,self "$rph" OMP_NUM_THREADS OMP_WAIT_POLICY
 
 echo "# $(date -u +%FT%TZ) $(git rev-parse --short HEAD) load $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -62,12 +69,12 @@ netns_down "$prefix" >/dev/null 2>&1 || true
 link_up diloco_link "$prefix" "$rate" 256kb delay 10ms limit 10000
 echo "## link: $qdisc on both ends of $V; $rph ranks per host, $steps steps, H $h, fragments $frags"
 : >"$work/rows"
-for m in ${MODES:-hybrid hybrid_q8 diloco diloco_s diloco_bf16}; do
-  if [ "$m" = hybrid_q8 ] && [ "$rph" = 1 ]; then echo "hybrid_q8: skipped (RPH 1)"; continue; fi
+for m in ${MODES:-hybrid hybrid_q8 hybrid_q4 diloco diloco_s diloco_sd diloco_bf16}; do
+  case "$m" in hybrid_q*) if [ "$rph" = 1 ]; then echo "$m: skipped (RPH 1)"; continue; fi ;; esac
   b0=$(link_bytes "$B" "$V")
   t0=$(date +%s.%N)
   # shellcheck disable=SC2086
-  timeout 900 bench/quiet.sh "${across[@]}" "$sw" train "$work/cfg.json" --quiet --no-export \
+  timeout 3600 bench/quiet.sh "${across[@]}" "$sw" train "$work/cfg.json" --quiet --no-export \
     --set run_dir="$work/$m" ${mode[$m]} >"$work/$m.log" 2>&1 ||
     { cat "$work/$m.log" >&2; echo "diloco_link: $m failed" >&2; exit 1; }
   t1=$(date +%s.%N)
