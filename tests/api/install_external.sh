@@ -3,7 +3,8 @@
 # into a temporary prefix, the prefix moved elsewhere (the package must be relocatable: no
 # installed CMake or pkg-config file may name the build or source folder), then
 # examples/external configured against it with CMAKE_PREFIX_PATH, built and run (one rank, a
-# few steps: it exits non-zero unless its models learn and its checkpoint loads back).
+# few steps: it exits non-zero unless its models learn and its checkpoint loads back); the
+# same source built with `pkg-config --cflags --libs shardwise` alone runs too.
 # Prints the installed files' count and size and the external project's configure+build time.
 #   install_external.sh SOURCE_DIR BINARY_DIR [CXX]
 set -euo pipefail
@@ -32,7 +33,11 @@ t1=$(date +%s%N)
 cmake --build "$work/ext" >"$work/build.log" || { cat "$work/build.log"; exit 1; }
 t2=$(date +%s%N)
 echo "external project: configure $(((t1 - t0) / 1000000)) ms, build $(((t2 - t1) / 1000000)) ms"
-# pkg-config names the same flags.
-PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs shardwise
 cd "$work"
 "$work/ext/external_train" --steps 40
+# The same program built with nothing but pkg-config's flags (the CPU backend).
+flags=$(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs shardwise)
+echo "pkg-config: $flags"
+# shellcheck disable=SC2086
+"$cxx" -O1 "$src/examples/external/main.cpp" $flags -o "$work/external_pc"
+"$work/external_pc" --steps 30 --dir "$work/pc.out" | tail -1
