@@ -5,6 +5,7 @@
 #   - scripts/gpu_gather.sh --dry-run resolves its package closure (Debian 12 with apt only);
 #   - scripts/gpu_simulate.sh --run true sets up its simulated GPU machine, where this machine
 #     allows (root, unshare, nvcc and a .gpu/manifest.tsv from a real gpu_gather.sh run);
+#   - scripts/gen_api_docs.sh writes the C++ API reference without a Doxygen warning;
 #   - scripts/fuzz.sh builds the four libFuzzer targets (clang; only their libraries, through
 #     ccache) and runs each for FUZZ_SECONDS (default 10) from a fixed seed.
 # Each step prints its wall time; a skipped step prints one line saying why. Exit 1 if any
@@ -79,6 +80,17 @@ if [ -z "$why" ]; then
   step gpu_simulate bash scripts/gpu_simulate.sh --run true
 else
   echo "check_scripts: gpu_simulate.sh skipped: $why"
+fi
+
+# The C++ API reference (issue 40): Doxygen over include/shardwise, any warning an error (about
+# a second). Its output goes to build-checks/, not docs/api. scripts/package_check.sh (the .deb
+# installed with dpkg, as root) is not run here: tests/api's api_install_external checks the
+# same package from a temporary prefix in the test suite.
+if command -v doxygen >/dev/null; then
+  step gen_api_docs bash scripts/gen_api_docs.sh build-checks/api
+else
+  echo "check_scripts: gen_api_docs.sh FAILED: no doxygen (scripts/setup.sh installs it)"
+  failed+=(gen_api_docs)
 fi
 
 if [ "${1:-}" = --no-fuzz ]; then
