@@ -25,6 +25,7 @@ PlanSetup plan_setup(const TrainConfig& cfg, int world) {
   // HYBRID's default group within the data-parallel ranks, as the trainer makes it (the ranks
   // per node over the tensor degree).
   const int local = launch_env().local_size;
+  if (local > 0 && world % local == 0) s.hosts = world / local;
   if (s.policy.strategy == ShardingStrategy::HybridShard && s.policy.shard_group_size == 0)
     s.policy.shard_group_size =
         default_shard_group(s.data_world(), local > 0 ? std::max(1, local / s.tensor) : 0);

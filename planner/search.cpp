@@ -176,6 +176,7 @@ struct Wrapped {
 
 Evaluated evaluate(Wrapped& w, const PlanSetup& s, const Candidate& c, const HardwareProfile& hw) {
   PlanInput in = make_plan_input(w.model, s.policy, s.data_world());
+  in.hosts = s.hosts;
   in.on_device = s.on_device;
   in.B = s.micro_batch;
   in.T = s.model.seq_len;
@@ -411,6 +412,7 @@ PlanPrediction predict_plan(Model model, const PlanSetup& s, const HardwareProfi
   ShardingPolicy policy = s.policy;
   resolve_group(policy, s.data_world());
   r.input = make_plan_input(model, policy, s.data_world());
+  r.input.hosts = s.hosts;
   r.input.on_device = s.on_device;
   r.input.B = s.micro_batch;
   r.input.T = s.model.seq_len;

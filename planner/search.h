@@ -67,6 +67,9 @@ struct PlanSetup {
   // the split points (empty: balanced by the time model). planner/pipeline.h plans each stage.
   int pipeline = 1, pipe_chunks = 1, pipe_schedule = 1;
   std::vector<int> split_points;
+  // Hosts the world's ranks sit on (PlanInput::hosts: the time model's groups across them):
+  // the launcher's (world / ranks per node), or `shardwise plan --hosts`.
+  int hosts = 1;
   int data_world() const { return world / std::max(1, tensor) / std::max(1, pipeline); }
 };
 

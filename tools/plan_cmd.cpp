@@ -74,6 +74,7 @@ struct PlanArgs {
   std::string config;
   std::vector<std::string> overrides;
   int world = 1;
+  int hosts = 0;  // --hosts (0: the launcher's)
   bool eval = false, json = false;
   bool calibrate = false, timeline = false;
   std::string hardware, out_hardware, out, nvme_path, svg;
@@ -94,6 +95,13 @@ cli::Opt add_budget(cli::Command& c, const std::string& name, std::string& dest,
   });
 }
 
+// plan_setup on pa.world ranks, with --hosts when given.
+PlanSetup setup_of(const TrainConfig& cfg, const PlanArgs& pa) {
+  PlanSetup s = plan_setup(cfg, pa.world);
+  if (pa.hosts > 0) s.hosts = pa.hosts;
+  return s;
+}
+
 // The plan a run of the config executes on pa.world ranks (training step, or eval).
 StepPlan build_plan(const PlanArgs& pa, TrainConfig& cfg, int64_t& params, int64_t& largest) {
   cfg = load_config(pa.config, pa.overrides, pa.world);
@@ -110,9 +118,10 @@ StepPlan build_plan(const PlanArgs& pa, TrainConfig& cfg, int64_t& params, int64
     for (const ParamSpec& s : u->params()) n += numel(s.shape);
     largest = std::max(largest, n);
   }
-  const PlanSetup s = plan_setup(cfg, world);  // as train() and `plan` see the config
+  const PlanSetup s = setup_of(cfg, pa);  // as train() and `plan` see the config
   wrap_blocks(model, s.blocks_per_unit);
   PlanInput in = make_plan_input(model, s.policy, s.data_world());
+  in.hosts = s.hosts;
   in.on_device = s.on_device;  // a device's copy streams (activation offload)
   in.B = s.micro_batch;
   in.T = s.model.seq_len;
@@ -141,7 +150,7 @@ std::string gib(int64_t b) {  // GiB from 1 GiB up, else MiB (a small model read
 int cmd_plan_dump(const PlanArgs& pa) {
   TrainConfig cfg = load_config(pa.config, pa.overrides, pa.world);
   if (cfg.parallelism.pipeline > 1 && !pa.eval) {  // every pipeline rank's plan (its stage's)
-    const PipelinePrediction pp = predict_pipeline(plan_setup(cfg, pa.world), nullptr, false);
+    const PipelinePrediction pp = predict_pipeline(setup_of(cfg, pa), nullptr, false);
     for (size_t r = 0; r < pp.stages.size(); ++r)
       std::cout << "# pipeline rank " << r << "\n" << pp.stages[r].plan.str();
     return 0;
@@ -257,7 +266,7 @@ int cmd_search(const PlanArgs& pa, TrainConfig cfg, const HardwareProfile& hw) {
   // Absolute, so the config --out writes runs from any directory.
   if (!pa.nvme_path.empty())
     so.nvme_path = std::filesystem::absolute(pa.nvme_path).lexically_normal().string();
-  const PlanSetup base = plan_setup(cfg, pa.world);
+  const PlanSetup base = setup_of(cfg, pa);
   const SearchResult r = search_plans(base, so, hw);
   // A plan that needs an NVMe directory nobody gave is not chosen; say which flag allows it.
   const std::string nvme_hint =
@@ -500,7 +509,7 @@ void print_plan_text(const PlanReport& r) {
 // its peak and step; the stages' time simulated together (the bubble).
 int cmd_plan_pipeline(const PlanArgs& pa, const TrainConfig& cfg,
                       const std::optional<HardwareProfile>& hw) {
-  const PlanSetup s = plan_setup(cfg, pa.world);
+  const PlanSetup s = setup_of(cfg, pa);
   const bool no_coll = hw && pa.world > 1 && !hw->has_collectives && pa.hardware.empty();
   const PipelinePrediction pp = predict_pipeline(s, hw && !no_coll ? &*hw : nullptr);
   const int P = s.pipeline, V = s.pipe_chunks, M = s.accum, N = pa.world;
@@ -629,7 +638,7 @@ int cmd_plan_pipeline(const PlanArgs& pa, const TrainConfig& cfg,
 // micro-batches searched (planner/pipeline.h search_pipeline), the rest as configured.
 int cmd_search_pipeline(const PlanArgs& pa, TrainConfig cfg, const HardwareProfile& hw) {
   const int64_t budget = parse_budget(pa.budget, "--memory-budget");
-  const PlanSetup base = plan_setup(cfg, pa.world);
+  const PlanSetup base = setup_of(cfg, pa);
   const PipelineSearch r = search_pipeline(base, budget, hw);
   if (r.best < 0) {
     const PipelineEvaluated* small = nullptr;
@@ -725,7 +734,7 @@ int cmd_plan(const PlanArgs& pa) {
   // The default profile calibrated at one rank cannot time a multi-rank plan: say so and
   // predict memory only (an explicit --hardware without collectives is an error).
   r.no_coll = hw && pa.world > 1 && !hw->has_collectives && pa.hardware.empty();
-  r.pred = predict_plan(plan_setup(cfg, pa.world), hw && !r.no_coll ? &*hw : nullptr);
+  r.pred = predict_plan(setup_of(cfg, pa), hw && !r.no_coll ? &*hw : nullptr);
   const StepPlan& plan = r.pred.plan;
   const PlanPeak& pk = r.pred.peak;
   const int N = pa.world;
@@ -764,6 +773,9 @@ void add_plan_commands(cli::Command& top) {
   cli::Command plan = top.sub("plan", kPlanAbout);
   plan.config(pa->config, /*required=*/false);
   plan.integer("--world-size", pa->world, 1, 65536, "N", "ranks of the run (default 1)");
+  plan.integer("--hosts", pa->hosts, 1, 65536, "H",
+               "hosts the ranks sit on, equally many each (default: the launcher's, else 1): a\n"
+               "group spanning hosts is timed over the profile's collectives.across_hosts link");
   const cli::Opt json = plan.flag("--json", pa->json,
                                   "the same as JSON (bytes, seconds), in the units of\n"
                                   "profile's peaks_rank<r>.json");
