@@ -83,6 +83,11 @@ void to_bf16_rows(uint16_t* dst, const float* src, int rows, int cols, ptrdiff_t
 // kept per (shape, transposes, ldc, alpha, beta, threads) for the process.
 void gemm_bf16_onednn(bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
                       int lda, const float* B, int ldb, float beta, float* C, int ldc);
+// The same with either operand (or both) given in bf16 already (A16 / B16, non-null: read in
+// place with lda / ldb, not converted; A / B are then not read and may be null).
+void gemm_bf16_onednn(bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
+                      const uint16_t* A16, int lda, const float* B, const uint16_t* B16, int ldb,
+                      float beta, float* C, int ldc);
 // Measured flop rate of vdpbf16ps over that of fp32 FMA on this core (~2 where vdpbf16ps has
 // the FMA's throughput; ~0.5 on CPUs that run it at a quarter of the FMA's instruction rate).
 double dpbf16_flop_ratio();

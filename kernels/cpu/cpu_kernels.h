@@ -53,17 +53,19 @@ void linear_forward_lowp(DType t, float* out, const float* inp, const float* w, 
 void linear_backward_lowp(DType t, float* dinp, float* dw, float* db, const float* dout,
                           const float* inp, const float* w, int N, int C, int OC,
                           float dinp_beta = 1.f, float dw_beta = 1.f, bool db_write = false);
-// The same with an operand that may be 16-bit already (t's values; the Ops' 16-bit operands): inp16
-// /
-// dout16, where non-null, replace inp / dout (db then sums dout16's widened values). The
-// emulated path widens them in its one rounding pass (but a dout16 with db); the others widen
-// them into per-thread scratch first.
+// The same with operands that may be 16-bit already (t's values; the Ops' 16-bit operands):
+// each of inp / dout / w is given fp32, 16-bit (inp16 / dout16 / w16), or both (then the same
+// values: the fp32 one is exactly the 16-bit one widened). The oneDNN path reads a 16-bit form
+// where there is one, in place; the paths that round while packing read the fp32 form, a
+// 16-bit-only operand widened into per-thread scratch first (the emulated path widens inp16 /
+// dout16 in its one rounding pass; db sums dout's values, widened where 16-bit only).
 void linear_forward_lowp16(DType t, float* out, const float* inp, const uint16_t* inp16,
-                           const float* w, const float* b, int N, int C, int OC);
+                           const float* w, const uint16_t* w16, const float* b, int N, int C,
+                           int OC);
 void linear_backward_lowp16(DType t, float* dinp, float* dw, float* db, const float* dout,
                             const uint16_t* dout16, const float* inp, const uint16_t* inp16,
-                            const float* w, int N, int C, int OC, float dinp_beta,
-                            float dw_beta = 1.f, bool db_write = false);
+                            const float* w, const uint16_t* w16, int N, int C, int OC,
+                            float dinp_beta, float dw_beta = 1.f, bool db_write = false);
 // dst[i] = src[i] rounded to t and back to fp32 (dst may equal src; F32 copies).
 void round_to(DType t, float* dst, const float* src, size_t n);
 

@@ -50,9 +50,8 @@ class CpuOps final : public Ops {
                    lda, operand_f32(B, br, size_t(ldb), bc, tb_), ldb, beta, C, ldc);
   }
 
-  // Each operand as fp32 where it has that form (a unit's weights come with both, and the
-  // kernels pack from fp32); a weight given only 16-bit (the op tests) is widened first. A
-  // 16-bit output: the fp32 product in this thread's output scratch, narrowed. The residual:
+  // Each operand in every form it has (a unit's weights come with both): the kernel reads the
+  // one its path reads fastest (cpu_kernels.h linear_forward_lowp16). A 16-bit output: the fp32 product in this thread's output scratch, narrowed. The residual:
   // residual_forward after the product (the CPU fuses it into the norm after instead).
   void linear_forward(Out out, Operand inp, Operand w, const float* b, const float* res, int N,
                       int C, int OC) const override {
@@ -77,10 +76,11 @@ class CpuOps final : public Ops {
     // dinp 16-bit alone: its fp32 values in this thread's output scratch, narrowed.
     const size_t ni = extent(N, C);
     float* d = dinp.lp ? out_scratch(ni) : dinp.f32;
-    Buffer tw;  // (the weight is read for dinp only)
-    cpu::linear_backward_lowp16(compute_, d, dw.p, db.p, dout.f32, lp_only(dout), inp.f32,
-                                lp_only(inp), d ? weight_f32(w, OC, C, tw) : w.f32, N, C, OC,
-                                dinp.write || dinp.lp ? 0.f : 1.f, dw.beta(), db.write);
+    // Every form each operand has: the kernel reads the one its path reads fastest (oneDNN the
+    // 16-bit one, in place; the others fp32). (The weight is read for dinp only.)
+    cpu::linear_backward_lowp16(compute_, d, dw.p, db.p, dout.f32, dout.lp, inp.f32, inp.lp,
+                                w.f32, w.lp, N, C, OC, dinp.write || dinp.lp ? 0.f : 1.f,
+                                dw.beta(), db.write);
     if (dinp.lp) cpu::narrow(compute_, d, dinp.lp, ni);
   }
 
@@ -324,12 +324,9 @@ class CpuOps final : public Ops {
   }
 
  private:
-  // A product in fp32 (out), its operands as linear_forward takes them: the kernel's 16-bit
-  // input where the input has no fp32 form.
+  // A product in fp32 (out), its operands in every form they have (as linear_backward).
   void product(float* out, Operand inp, Operand w, const float* b, int N, int C, int OC) const {
-    Buffer tw;
-    cpu::linear_forward_lowp16(compute_, out, inp.f32, lp_only(inp), weight_f32(w, OC, C, tw), b,
-                               N, C, OC);
+    cpu::linear_forward_lowp16(compute_, out, inp.f32, inp.lp, w.f32, w.lp, b, N, C, OC);
   }
   // A linear's (OC, C) weight as fp32 (operand_f32; empty shapes read nothing).
   const float* weight_f32(Operand w, int OC, int C, Buffer& t) const {

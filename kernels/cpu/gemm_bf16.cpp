@@ -358,24 +358,39 @@ void gemm_lowp(DType t, bool ta, bool tb, int M, int N, int K, float alpha, cons
 }
 
 namespace {
-// A 16-bit operand as fp32 for the paths that pack from fp32 (native, fused, oneDNN): widened
-// into this thread's grow-only scratch `slot` (0: a gradient, 1: an input).
+// A 16-bit operand as fp32 for the paths that pack from fp32 (native, fused, the per-shape
+// choice): widened into this thread's grow-only scratch `slot` (0: a gradient, 1: an input,
+// 2: a weight).
 const float* widened16(DType t, const uint16_t* x16, size_t n, int slot) {
-  thread_local Buffer buf[2];
+  thread_local Buffer buf[3];
   float* d = detail::grow_workspace(buf[slot], n);
   widen(t, x16, d, n);
   return d;
 }
+// An fp32 operand narrowed once into this thread's grow-only bf16 scratch, for the two oneDNN
+// products that read it (dout in linear_backward).
+const uint16_t* narrowed16(DType t, const float* x, size_t n) {
+  thread_local Buffer buf;
+  auto* d = reinterpret_cast<uint16_t*>(detail::grow_workspace(buf, (n + 1) / 2));
+  narrow(t, x, d, n);
+  return d;
+}
 size_t extent(int r, int c) { return size_t(r > 0 ? r : 0) * size_t(c > 0 ? c : 0); }
+// Whether this process's products of dtype t go to oneDNN (the path that takes bf16 operands
+// as they are): Auto resolves to it and no per-shape choice is made.
+bool onednn_path(DType t) {
+  return t == DType::BF16 && !lowp_per_shape(t) && lowp_auto_path(t) == LowpPath::OneDnn;
+}
 }  // namespace
 
 void linear_forward_lowp(DType t, float* out, const float* inp, const float* w, const float* b,
                          int N, int C, int OC) {
-  linear_forward_lowp16(t, out, inp, nullptr, w, b, N, C, OC);
+  linear_forward_lowp16(t, out, inp, nullptr, w, nullptr, b, N, C, OC);
 }
 
 void linear_forward_lowp16(DType t, float* out, const float* inp, const uint16_t* inp16,
-                           const float* w, const float* b, int N, int C, int OC) {
+                           const float* w, const uint16_t* w16, const float* b, int N, int C,
+                           int OC) {
   if (t == DType::F32) return linear_forward(out, inp, w, b, N, C, OC);
   if (N <= 0 || OC <= 0) return;
   if (b) detail::broadcast_rows(out, b, N, OC);
@@ -383,7 +398,11 @@ void linear_forward_lowp16(DType t, float* out, const float* inp, const uint16_t
     if (!b) std::memset(out, 0, sizeof(float) * (size_t)N * OC);
     return;
   }
-  if (inp16 && lowp_auto_path(t) == LowpPath::Emulated) {  // widened in the rounding pass
+  if (onednn_path(t))  // the 16-bit forms read in place
+    return detail::gemm_bf16_onednn(false, true, N, OC, C, 1.f, inp, inp16, C, w, w16, C,
+                                    b ? 1.f : 0.f, out, OC);
+  if (!w) w = widened16(t, w16, extent(OC, C), 2);
+  if (!inp && lowp_auto_path(t) == LowpPath::Emulated) {  // widened in the rounding pass
     detail::blas_select_core();
     RoundJob jobs[2] = {{nullptr, N, C, C, nullptr, inp16}, {w, OC, C, C}};
     round_jobs(t, jobs, 2);
@@ -391,23 +410,41 @@ void linear_forward_lowp16(DType t, float* out, const float* inp, const uint16_t
                   OC);
     return;
   }
-  if (inp16) inp = widened16(t, inp16, extent(N, C), 1);
+  if (!inp) inp = widened16(t, inp16, extent(N, C), 1);
   gemm_lowp(t, false, true, N, OC, C, 1.f, inp, C, w, C, b ? 1.f : 0.f, out, OC);
 }
 
 void linear_backward_lowp(DType t, float* dinp, float* dw, float* db, const float* dout,
                           const float* inp, const float* w, int N, int C, int OC,
                           float dinp_beta, float dw_beta, bool db_write) {
-  linear_backward_lowp16(t, dinp, dw, db, dout, nullptr, inp, nullptr, w, N, C, OC, dinp_beta,
-                         dw_beta, db_write);
+  linear_backward_lowp16(t, dinp, dw, db, dout, nullptr, inp, nullptr, w, nullptr, N, C, OC,
+                         dinp_beta, dw_beta, db_write);
 }
 
 void linear_backward_lowp16(DType t, float* dinp, float* dw, float* db, const float* dout,
                             const uint16_t* dout16, const float* inp, const uint16_t* inp16,
-                            const float* w, int N, int C, int OC, float dinp_beta,
-                            float dw_beta, bool db_write) {
+                            const float* w, const uint16_t* w16, int N, int C, int OC,
+                            float dinp_beta, float dw_beta, bool db_write) {
   if (t == DType::F32)
     return linear_backward(dinp, dw, db, dout, inp, w, N, C, OC, dinp_beta, dw_beta, db_write);
+  if (onednn_path(t) && N > 0 && OC > 0 && C > 0 && (dinp || dw)) {
+    // The 16-bit forms read in place; an fp32-only dout that feeds both products narrowed once.
+    const uint16_t* d16 = dout16 ? dout16 : dinp && dw ? narrowed16(t, dout, extent(N, OC)) : nullptr;
+    if (dinp)
+      detail::gemm_bf16_onednn(false, false, N, C, OC, 1.f, dout, d16, OC, w, w16, C, dinp_beta,
+                               dinp, C);
+    if (dw)
+      detail::gemm_bf16_onednn(true, false, OC, C, N, 1.f, dout, d16, OC, inp, inp16, C, dw_beta,
+                               dw, C);
+    if (db) {  // a sum, not a product: fp32 (the fp32 op's code)
+      if (!dout) dout = widened16(t, dout16, extent(N, OC), 0);
+      linear_backward(nullptr, nullptr, db, dout, inp, w, N, C, OC, 1.f, 1.f, db_write);
+    }
+    return;
+  }
+  if (!w && w16) w = widened16(t, w16, extent(OC, C), 2);
+  if (dout) dout16 = nullptr;  // (the fp32 forms where given)
+  if (inp) inp16 = nullptr;
   const bool emulated = lowp_auto_path(t) == LowpPath::Emulated;
   // The paths that round while packing read fp32: 16-bit operands widened first (dout also
   // where db, an fp32 column sum of its values, is asked for).

@@ -5,7 +5,10 @@
 //
 // The operands are converted into dense bf16 copies in per-thread workspaces (kept between
 // calls) in one parallel region, in their own layout: a transpose is a stride in the memory
-// descriptor, not a copy. oneDNN's own f32->bf16 reorder is not used because its AVX512-BF16
+// descriptor, not a copy. An operand given in bf16 already (A16 / B16: the Ops' 16-bit
+// activations and a mixed-precision unit's bf16 weights) is read where it lies, with its own
+// leading dimension: no conversion at all (issue 39: widening those to fp32 and converting
+// them back cost ~10% of the small bf16 model's step). oneDNN's own f32->bf16 reorder is not used because its AVX512-BF16
 // conversion (vcvtneps2bf16) flushes subnormal inputs to zero, which f32_to_bf16 does not.
 // Nothing is cached between calls but the primitives: weights change every optimizer step.
 //
@@ -33,7 +36,7 @@ namespace sw::cpu::detail {
 namespace {
 
 struct Key {
-  int M, N, K, ldc, threads;
+  int M, N, K, lda, ldb, ldc, threads;  // lda / ldb: the bf16 operands' (dense copies: their width)
   bool ta, tb;
   uint32_t alpha, beta;  // bit patterns
   bool operator==(const Key&) const = default;
@@ -42,7 +45,8 @@ struct Key {
 struct KeyHash {
   size_t operator()(const Key& k) const {
     uint64_t h = 1469598103934665603ull;
-    for (uint64_t v : {(uint64_t)k.M, (uint64_t)k.N, (uint64_t)k.K, (uint64_t)k.ldc,
+    for (uint64_t v : {(uint64_t)k.M, (uint64_t)k.N, (uint64_t)k.K, (uint64_t)k.lda,
+                       (uint64_t)k.ldb, (uint64_t)k.ldc,
                        (uint64_t)k.threads, (uint64_t)(k.ta * 2 + k.tb), (uint64_t)k.alpha,
                        (uint64_t)k.beta})
       h = (h ^ v) * 1099511628211ull;
@@ -64,8 +68,8 @@ dnnl::matmul primitive(const Key& k) {
   using dt = dnnl::memory::data_type;
   using dims = dnnl::memory::dims;
   // op(A) is (M, K): A is stored (M, K) row-major, or (K, M) when transposed.
-  const dnnl::memory::desc a({k.M, k.K}, dt::bf16, k.ta ? dims{1, k.M} : dims{k.K, 1});
-  const dnnl::memory::desc b({k.K, k.N}, dt::bf16, k.tb ? dims{1, k.K} : dims{k.N, 1});
+  const dnnl::memory::desc a({k.M, k.K}, dt::bf16, k.ta ? dims{1, k.lda} : dims{k.lda, 1});
+  const dnnl::memory::desc b({k.K, k.N}, dt::bf16, k.tb ? dims{1, k.ldb} : dims{k.ldb, 1});
   const dnnl::memory::desc c({k.M, k.N}, dt::f32, dims{k.ldc, 1});
   dnnl::primitive_attr attr;
   float alpha, beta;
@@ -95,25 +99,34 @@ uint16_t* workspace(int slot, size_t elems) {
 
 void gemm_bf16_onednn(bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
                       int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  gemm_bf16_onednn(ta, tb, M, N, K, alpha, A, nullptr, lda, B, nullptr, ldb, beta, C, ldc);
+}
+
+void gemm_bf16_onednn(bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
+                      const uint16_t* A16, int lda, const float* B, const uint16_t* B16, int ldb,
+                      float beta, float* C, int ldc) {
   if (M <= 0 || N <= 0) return;
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   uint32_t ab, bb;
   const float beta0 = beta == 0.f ? 0.f : beta;  // -0 and +0 are the same primitive
   std::memcpy(&ab, &alpha, 4);
   std::memcpy(&bb, &beta0, 4);
-  const dnnl::matmul mm = primitive({M, N, K, ldc, threads, ta, tb, ab, bb});
+  const int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+  const dnnl::matmul mm =
+      primitive({M, N, K, A16 ? lda : ac, B16 ? ldb : bc, ldc, threads, ta, tb, ab, bb});
 
   // Both conversions in one pass, rows of A then rows of B; on the calling thread unless the
   // operands are huge (the LM head's weights): converting runs at ~15 GB/s of fp32 on one
   // core (2.5M elements in 0.7 ms), while opening a parallel region on this shared 2-core
   // machine cost 10-15 ms (the other thread has to be scheduled), more than the product's
   // conversion time. Above 16M elements both threads split it statically.
-  const int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
-  uint16_t* a16 = workspace(0, (size_t)ar * ac);
-  uint16_t* b16 = workspace(1, (size_t)br * bc);
+  // (an operand given in bf16 has no blocks to convert)
+  uint16_t* a16 = A16 ? nullptr : workspace(0, (size_t)ar * ac);
+  uint16_t* b16 = B16 ? nullptr : workspace(1, (size_t)br * bc);
   constexpr int kRows = 16;
-  const long ablk = (ar + kRows - 1) / kRows, nblk = ablk + (br + kRows - 1) / kRows;
-  const size_t elems = (size_t)ar * ac + (size_t)br * bc;
+  const long ablk = A16 ? 0 : (ar + kRows - 1) / kRows;
+  const long nblk = ablk + (B16 ? 0 : (br + kRows - 1) / kRows);
+  const size_t elems = (A16 ? 0 : (size_t)ar * ac) + (B16 ? 0 : (size_t)br * bc);
 #pragma omp parallel for schedule(static) if (elems >= (1u << 24) && threads > 1)
   for (long q = 0; q < nblk; ++q) {
     if (q < ablk) {
@@ -128,8 +141,11 @@ void gemm_bf16_onednn(bool ta, bool tb, int M, int N, int K, float alpha, const 
   using dt = dnnl::memory::data_type;
   using dims = dnnl::memory::dims;
   dnnl::engine& eng = engine();
-  const dnnl::memory am({{M, K}, dt::bf16, ta ? dims{1, M} : dims{K, 1}}, eng, a16);
-  const dnnl::memory bm({{K, N}, dt::bf16, tb ? dims{1, K} : dims{N, 1}}, eng, b16);
+  const int la = A16 ? lda : ac, lb = B16 ? ldb : bc;
+  void* ap = A16 ? const_cast<uint16_t*>(A16) : a16;  // (oneDNN only reads its source)
+  void* bp = B16 ? const_cast<uint16_t*>(B16) : b16;
+  const dnnl::memory am({{M, K}, dt::bf16, ta ? dims{1, la} : dims{la, 1}}, eng, ap);
+  const dnnl::memory bm({{K, N}, dt::bf16, tb ? dims{1, lb} : dims{lb, 1}}, eng, bp);
   const dnnl::memory cm({{M, N}, dt::f32, dims{ldc, 1}}, eng, C);
   thread_local dnnl::stream strm(eng);
   mm.execute(strm, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});

@@ -728,3 +728,47 @@ TEST_CASE("narrow, widen, round_copy and the 16-bit GELU/SwiGLU outputs: core/dt
     CHECK(got == want);
   }
 }
+
+TEST_CASE("linear in bf16/fp16: operands fp32, 16-bit or both give the same bits") {
+  // Issue 39: the oneDNN path reads a 16-bit operand in place and the others widen it; every
+  // combination of forms (the fp32 form exactly the 16-bit one widened, as sharding/unit_state.h
+  // keeps a unit's weights) must give the bits of the all-fp32 call, on every path.
+  using sw::Operand;
+  for (DType t : {DType::BF16, DType::F16}) {
+    const sw::Ops& ops = sw::ops_for(sw::Device::cpu(), t);
+    const int N = 33, C = 70, OC = 41;
+    auto both = [&](const Vec& v, std::vector<uint16_t>& h) {
+      h.resize(v.size());
+      sw::cpu::narrow(t, v.data(), h.data(), v.size());
+      Vec r(v.size());
+      sw::cpu::widen(t, h.data(), r.data(), v.size());
+      return r;
+    };
+    std::vector<uint16_t> x16, w16, d16;
+    const Vec x = both(randv((size_t)N * C, 21), x16), w = both(randv((size_t)OC * C, 22), w16);
+    const Vec dout = both(randv((size_t)N * OC, 23), d16), b = randv(OC, 24);
+    auto forms = [](const Vec& f, const std::vector<uint16_t>& h, int k) {
+      return k == 0 ? Operand(f.data()) : k == 1 ? Operand(h.data()) : Operand(f.data(), h.data());
+    };
+    Vec out_ref, dx_ref, dw_ref, db_ref;
+    for (int kx = 0; kx < 3; ++kx)
+      for (int kw = 0; kw < 3; ++kw)
+        for (int kd = 0; kd < 3; ++kd) {
+          INFO(sw::dtype_name(t) << " forms x " << kx << " w " << kw << " dout " << kd);
+          Vec out((size_t)N * OC), dx((size_t)N * C, 0.25f), dw((size_t)OC * C, -0.5f),
+              db(OC, 0.125f);
+          ops.linear_forward(out.data(), forms(x, x16, kx), forms(w, w16, kw), b.data(), nullptr,
+                             N, C, OC);
+          ops.linear_backward(dx.data(), dw.data(), db.data(), forms(dout, d16, kd),
+                              forms(x, x16, kx), forms(w, w16, kw), N, C, OC);
+          if (kx + kw + kd == 0) {
+            out_ref = out, dx_ref = dx, dw_ref = dw, db_ref = db;
+            continue;
+          }
+          CHECK(same_bits(out, out_ref));
+          CHECK(same_bits(dx, dx_ref));
+          CHECK(same_bits(dw, dw_ref));
+          CHECK(same_bits(db, db_ref));
+        }
+  }
+}
