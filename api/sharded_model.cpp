@@ -15,8 +15,13 @@ namespace sw::api {
 namespace {
 
 OptimizerParams optimizer_of(const ShardedOptions& o) {
+  // (optimizer_type_from_name takes only the names the config reader has checked)
+  const std::string& n = o.optimizer;
+  if (n != "AdamW" && n != "Adam" && n != "SGD" && n != "LARS" && n != "Lamb")
+    fail("sharded_model", "ShardedOptions: optimizer: unknown '" + n +
+                              "' (AdamW, SGD, LARS or Lamb)");
   OptimizerParams p;
-  p.type = optimizer_type_from_name(o.optimizer);
+  p.type = optimizer_type_from_name(n);
   p.lr = o.lr;
   p.weight_decay = o.weight_decay;
   p.beta1 = o.beta1;
