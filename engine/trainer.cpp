@@ -311,10 +311,12 @@ class Trainer {
       return dir;
     }
     // A user's model has no Hugging Face architecture: its tensors as they are named, one
-    // file that rank 0 writes from a consolidated copy. (Pipeline stages: not gathered here.)
-    if (p_ > 1)
-      throw CollectiveError("export: a user model split into pipeline stages is not exported "
-                            "yet; save a checkpoint instead");
+    // file that rank 0 writes from a consolidated copy. (Split models: the logical tensors
+    // are assembled from the built-in models' splits, and stages are not gathered here.)
+    if (p_ > 1 || t_ > 1)
+      throw CollectiveError(std::string("export: a model of your own split over ") +
+                            (p_ > 1 ? "pipeline stages" : "tensor ranks") +
+                            " is not exported yet");
     const std::string path = (fs::path(dir) / "model.safetensors").string();
     sm_->gather_full_params(/*rank0_only=*/true);  // collective
     std::string err;

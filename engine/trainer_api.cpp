@@ -225,7 +225,24 @@ struct Trainer::Impl {
 };
 
 Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {
-  if (impl_->model) check_model(impl_->model, impl_->cfg);
+  if (!impl_->model) return;
+  const TrainConfig& c = impl_->cfg;
+  check_model(impl_->model, c);
+  // What a split model of one's own cannot do yet, refused before any step is spent.
+  const ParallelismConfig& p = c.parallelism;
+  if (p.tensor > 1 || p.pipeline > 1) {
+    const std::string split = p.tensor > 1 ? "parallelism.tensor_parallel_degree " +
+                                                 std::to_string(p.tensor)
+                                           : "parallelism.pipeline_parallel_degree " +
+                                                 std::to_string(p.pipeline);
+    if (c.checkpoint.every_steps > 0)
+      fail("config", c.source + ": checkpoint.every_steps: checkpoints of a model of your own "
+                                "with " + split + " are not implemented yet; set it to 0");
+    if (impl_->opts.export_at_end)
+      fail("trainer", c.source + ": TrainerOptions::export_at_end: the export of a model of "
+                                 "your own with " + split + " is not implemented yet; set it "
+                                 "to false");
+  }
 }
 
 Trainer::Trainer(const RunConfig& config, TrainerOptions options)

@@ -2,6 +2,8 @@
 // as a separate process on a JSON file written here by hand) and against itself:
 //   - a RunConfig made in code trains to the losses, grad norms and validation losses the
 //     binary writes for the same JSON, bitwise; the callback sees every step's values
+//   - evaluate(), save_checkpoint() and export_weights() after train(): the last validation
+//     loss, a checkpoint a new Trainer resumes to the same loss, the end-of-run export's bytes
 //   - a stop request: the run ends after that step with a checkpoint; resumed from it, the
 //     steps after equal the uninterrupted run's, bitwise
 //   - bad input, each one line naming what is wrong and nothing saved lost: a callback that
@@ -216,6 +218,19 @@ TEST_CASE("trainer facade: a RunConfig made in code trains as shardwise train on
   // evaluate() after training: the last step's validation loss (the same weights and batches).
   CHECK(t.evaluate() == cli[7]["val_loss"].get<double>());
   CHECK(t.summary_text().find("shardwise: trained 8 steps in ") == 0);
+  // save_checkpoint() (no checkpoint block: into checkpoint.dir all the same): a run resumed
+  // from it evaluates to the same loss; export_weights(dir): the end-of-run export's bytes.
+  const std::string saved = t.save_checkpoint();
+  CHECK(saved == (api_run / "checkpoints" / "step_8").string());
+  CHECK(t.summary().last_checkpoint == 8);
+  const fs::path again = files().dir / "export_again";
+  CHECK(t.export_weights(again.string()) == again.string());
+  CHECK(read_bytes(again / "model.safetensors") ==
+        read_bytes(api_run / "hf" / "model.safetensors"));
+  Trainer r(code_config(files().dir / "from_saved", 8, 0), quiet());
+  r.resume(saved);
+  CHECK(r.evaluate() == cli[7]["val_loss"].get<double>());
+  CHECK(r.step() == 8);
 }
 
 TEST_CASE("trainer facade: a stop request saves a checkpoint, and resumed from it the steps after equal "
@@ -303,8 +318,19 @@ TEST_CASE("trainer facade: a tensor split that does not divide over the tensor r
                "over 2 tensor ranks") != std::string::npos);
   CHECK(e.find("112 of its 120") != std::string::npos);
   CHECK(!fs::exists(run));
-  // 16 rows divide: the check passes (the run itself then needs 2 ranks).
-  CHECK(error_of([&] { Trainer t(c, factory(16), quiet()); }) == "(no error)");
+  // 16 rows divide: the check passes (the run itself then needs 2 ranks) when nothing asks
+  // what a split model of one's own cannot do yet: the export, checkpoints (refused up front).
+  TrainerOptions no_export = quiet();
+  no_export.export_at_end = false;
+  CHECK(error_of([&] { Trainer t(c, factory(16), no_export); }) == "(no error)");
+  CHECK(error_of([&] { Trainer t(c, factory(16), quiet()); })
+            .find("TrainerOptions::export_at_end: the export of a model of your own with "
+                  "parallelism.tensor_parallel_degree 2 is not implemented yet") !=
+        std::string::npos);
+  c.set("checkpoint.every_steps", 4);
+  CHECK(error_of([&] { Trainer t(c, factory(16), no_export); })
+            .find("checkpoint.every_steps: checkpoints of a model of your own") !=
+        std::string::npos);
 }
 
 TEST_CASE("trainer facade: RunConfig errors name the key as a config file's do") {
