@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "checkpoint/sharded_checkpoint.h"
+#include "kernels/threads.h"
 #include "shardwise/error.h"
 #include "sharding/comm/group.h"
 #include "sharding/policy.h"
@@ -68,6 +69,7 @@ ShardedModel::ShardedModel(Model& model, const ShardedOptions& options)
   if (!(options.clip_grad_norm >= 0))
     fail("sharded_model", "ShardedOptions: clip_grad_norm: must be >= 0 (0: no clipping)");
   m.group = options.use_mpi_world ? world_group() : make_local_group();
+  if (options.threads >= 0) set_num_threads(options.threads);
   m.model = &model;
   m.policy = policy_of(options, m.group->size());
   m.ops = &ops_for(device_from_name(options.device));

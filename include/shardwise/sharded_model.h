@@ -44,6 +44,10 @@ struct ShardedOptions {
   /// Use the ranks of `mpirun` (MPI_COMM_WORLD) when launched under it; false: this process
   /// alone, even under mpirun.
   bool use_mpi_world = true;
+  /// CPU threads per rank for the kernels and BLAS (one OpenMP pool): -1 leaves OpenMP's
+  /// setting (OMP_NUM_THREADS) as it is, 0 divides this node's cores among its ranks, n > 0
+  /// asks for n.
+  int threads = -1;
   /// Optimizer: "AdamW", "SGD", "LARS" or "Lamb", with its hyper-parameters.
   std::string optimizer = "AdamW";
   float lr = 3e-4f;            ///< learning rate of every step (train_step's lr overrides it)
