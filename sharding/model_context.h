@@ -53,6 +53,7 @@ struct ModelContext {
   QuantSpec quant;
   bool quant_weights = false;
   std::shared_ptr<PeerComm> qshard, qrep;
+  std::shared_ptr<QuantWorker> qworker;  // runs qshard's and qrep's reductions (made with them)
   int W = 1, S = 1, R = 1;
   int rank = 0;  // in world
   // This process's own number among every rank of the job, for per-rank files (NVMe offload):

@@ -31,6 +31,7 @@ void setup_quantized(ModelContext& c) {
   c.quant_weights = q.weights && shard_dim;
   if (q.gradients && shard_dim) c.qshard = make_peer_comm(*c.shard, "qgz-shard");
   if (q.gradients && c.R > 1 && c.S > 1) c.qrep = make_peer_comm(*c.rep, "qgz-replica");
+  if (c.qshard || c.qrep) c.qworker = std::make_shared<QuantWorker>();
 }
 
 Reductions::Reductions(const ModelContext& ctx, UnitList& units, ActionRecords& records,
@@ -139,13 +140,17 @@ void Reductions::issue_follow_up(FlatUnit& fu, Pending& r) {
   void* blk = fu.reduced_block();
   r.t_issue = records_.now();
   r.seq = records_.next_seq();
-  if (ctx_.qrep) {  // quantised: once its reduce-scatter is done, here (sharding/comm/quantize.h)
-    pending_.back().work.wait();
+  if (ctx_.qrep) {  // quantised, on the worker once its reduce-scatter is done (comm/quantize.h)
     const int64_t n = fu.shard_size();
-    quantized_all_reduce(*ctx_.qrep, static_cast<float*>(blk), n, quant_residual(r.unit, 0, true),
-                         quant_residual(r.unit, 1, true),
-                         ctx_.quant, 1.f / static_cast<float>(ctx_.R));
-    r.work = Work();  // complete
+    float *e1 = quant_residual(r.unit, 0, true), *e2 = quant_residual(r.unit, 1, true);
+    PeerComm* pc = ctx_.qrep.get();
+    const QuantSpec q = ctx_.quant;
+    const float scale = 1.f / static_cast<float>(ctx_.R);
+    auto* data = static_cast<float*>(blk);
+    r.work = ctx_.qworker->issue([prev = pending_.back().work, pc, data, n, e1, e2, q, scale] {
+      prev.wait_done();
+      quantized_all_reduce(*pc, data, n, e1, e2, q, scale);
+    });
     pending_.push_back(std::move(r));
     return;
   }

@@ -212,7 +212,7 @@ ShardedModel::Impl::Impl(Model& model, const Ops& ops, GroupPtr group, const Sha
                                                reductions.bucket_region(static_cast<int>(u)),
                                                policy.mixed_precision, opt_tier, param_tier));
     FlatUnit& fu = *units.back();
-    fu.set_quantized(ctx.quant, ctx.quant_weights, ctx.qshard.get());
+    fu.set_quantized(ctx.quant, ctx.quant_weights, ctx.qshard.get(), ctx.qworker.get());
     fu.first_pos = in.units[u].first_pos;
     fu.last_pos = in.units[u].last_pos;
     const FlatLayout& L = fu.layout();

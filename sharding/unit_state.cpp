@@ -197,7 +197,9 @@ void FlatUnit::issue_narrow_gather() {
   gather_ = shard_->issue_all_gather(front + rank_ * Sh, front, Sh, pdt_);
 }
 
-void FlatUnit::set_quantized(const QuantSpec& q, bool weights, PeerComm* grad_peers) {
+void FlatUnit::set_quantized(const QuantSpec& q, bool weights, PeerComm* grad_peers,
+                             QuantWorker* worker) {
+  qworker_ = worker;
   SW_CHECK(ops_->device().is_cpu() || (!weights && !grad_peers),
            "quantised collectives run on CPU buffers");
   qspec_ = q;
@@ -398,9 +400,17 @@ Work FlatUnit::issue_reduce_scatter(int replicas) {
   float* g = grads_.data();
   if (qpeers_) {  // quantised all-to-all with error feedback, averaged over the shard group
     SW_CHECK(rdt_ == DType::F32, "quantised gradients need reduce_dtype fp32");
-    quant_residual(true);
-    quantized_reduce_scatter(*qpeers_, g, qerr_.f32(), g + shard_range().lo, layout_.shard_size(),
-                             qspec_, 1.f / static_cast<float>(shard_->size()), 11, qranks_.data());
+    float* err = quant_residual(true);
+    PeerComm* pc = qpeers_;
+    const QuantSpec q = qspec_;
+    const QuantSpec* per = qranks_.data();
+    const int64_t lo = shard_range().lo, n = layout_.shard_size();
+    const float scale = 1.f / static_cast<float>(shard_->size());
+    auto run = [pc, g, err, lo, n, q, scale, per] {
+      quantized_reduce_scatter(*pc, g, err, g + lo, n, q, scale, 11, per);
+    };
+    if (qworker_) return qworker_->issue(run);  // overlaps the backward that follows
+    run();
     return Work();
   }
   if (rdt_ == DType::F32)

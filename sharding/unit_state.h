@@ -174,7 +174,9 @@ class FlatUnit {
   // grad_peers (not null): issue_reduce_scatter is the quantised all-to-all over them, with
   // error feedback kept in a residual of the unsharded size (persistent, Grads), and returns a
   // completed Work (it ran on the calling thread).
-  void set_quantized(const QuantSpec& q, bool weights, PeerComm* grad_peers);
+  // worker (optional): runs the quantised reduce-scatter off the calling thread.
+  void set_quantized(const QuantSpec& q, bool weights, PeerComm* grad_peers,
+                     QuantWorker* worker = nullptr);
   // The quantised gradient reduction's residual (padded floats), null before its first use.
   const float* quant_residual() const { return qerr_.empty() ? nullptr : qerr_.f32(); }
   // The same, writable; create: made (zeroed) if it does not exist (a checkpoint load's target).
@@ -379,6 +381,7 @@ class FlatUnit {
   std::vector<QuantSpec> qranks_;
   bool qw_ = false;              // quantised gathers
   PeerComm* qpeers_ = nullptr;   // quantised reduce-scatters over these
+  QuantWorker* qworker_ = nullptr;
   Buffer qwire_;                 // the packed shards of a quantised gather in flight
   Buffer qerr_;                  // (padded) error feedback of the quantised reduce-scatter
   void wait_upload() const;

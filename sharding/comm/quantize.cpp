@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "sharding/comm/work.h"
 
 namespace sw {
 
@@ -402,6 +403,51 @@ void quantized_all_reduce(PeerComm& pc, float* buf, int64_t n, float* err1, floa
       dequantize(w + j * pb, c, q, t.data());
       std::memcpy(buf + lo, t.data(), static_cast<size_t>(m) * 4);
     }
+  }
+}
+
+QuantWorker::QuantWorker() : thread_([this] { loop(); }) {}
+
+QuantWorker::~QuantWorker() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+Work QuantWorker::issue(std::function<void()> fn) {
+  auto st = std::make_shared<detail::WorkState>();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    q_.emplace_back(std::move(fn), st);
+  }
+  cv_.notify_all();
+  return Work(st);
+}
+
+void QuantWorker::loop() {
+  for (;;) {
+    std::pair<std::function<void()>, std::shared_ptr<detail::WorkState>> job;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [&] { return stop_ || !q_.empty(); });
+      if (q_.empty()) return;  // (stop_: only once everything issued has run)
+      job = std::move(q_.front());
+      q_.pop_front();
+    }
+    job.second->t_start = std::chrono::duration<double>(
+        std::chrono::steady_clock::now().time_since_epoch()).count();
+    std::string err;
+    try {
+      job.first();
+    } catch (const std::exception& e) {
+      err = e.what();
+    } catch (...) {
+      err = "comm: a quantised collective failed";
+    }
+    job.second->complete(std::move(err));
   }
 }
 

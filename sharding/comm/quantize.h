@@ -30,7 +30,13 @@
 //     requantised (with error feedback of its own, kept by its owner) and sent to every rank;
 //     every rank dequantises the same bytes, so results are identical on every rank.
 #pragma once
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "core/alloc.h"
@@ -98,5 +104,31 @@ void quantized_all_reduce(PeerComm& pc, float* buf, int64_t n, float* err1, floa
                           const QuantSpec& q, float scale, int tag = 13);
 // The chunk each rank reduces in quantized_all_reduce: ceil(n / size).
 int64_t quant_ar_chunk(int64_t n, int size);
+
+namespace detail {
+struct WorkState;
+}
+
+// Runs the blocking quantised collectives above off the calling thread, one at a time in the
+// order issued (a PeerComm's tags are reused by every call, so calls on it must not interleave;
+// one worker per model serves its shard and replica transports), so that they overlap the
+// caller's compute. Each issue returns a Work completed when its function returned (failed with
+// its exception's text). The destructor finishes what was issued.
+class QuantWorker {
+ public:
+  QuantWorker();
+  ~QuantWorker();
+  QuantWorker(const QuantWorker&) = delete;
+  QuantWorker& operator=(const QuantWorker&) = delete;
+  Work issue(std::function<void()> fn);
+
+ private:
+  void loop();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<std::function<void()>, std::shared_ptr<detail::WorkState>>> q_;
+  bool stop_ = false;
+  std::thread thread_;
+};
 
 }  // namespace sw
