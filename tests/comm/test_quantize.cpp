@@ -4,6 +4,8 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <random>
+#include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "sharding/comm/quantize.h"
@@ -193,4 +195,28 @@ TEST_CASE("quantize: block tables: blocks restart at each tensor, 1-D tensors ex
       REQUIRE(std::fabs(err[i] - (x[i] - y[i])) <= 1e-6f * (1 + std::fabs(x[i])));
     }
   }
+}
+
+TEST_CASE("quantize: the worker runs calls in issue order, off the caller, failures in the Work",
+          "[quantize]") {
+  std::vector<int> order;
+  std::vector<Work> w;
+  std::thread::id caller = std::this_thread::get_id(), ran;
+  {
+    QuantWorker qw;
+    for (int i = 0; i < 50; ++i)
+      w.push_back(qw.issue([&order, &ran, i] {
+        order.push_back(i);
+        ran = std::this_thread::get_id();
+      }));
+    Work bad = qw.issue([] { throw std::runtime_error("peer 3 went away"); });
+    Work after = qw.issue([&order] { order.push_back(-1); });
+    for (Work& x : w) x.wait();
+    CHECK_THROWS_WITH(bad.wait(), "peer 3 went away");
+    after.wait();
+  }
+  REQUIRE(order.size() == 51);
+  for (int i = 0; i < 50; ++i) CHECK(order[size_t(i)] == i);
+  CHECK(order.back() == -1);
+  CHECK(ran != caller);
 }
