@@ -1,5 +1,5 @@
-/// Activation checkpointing modes, shared by the unit contract (models/unit.h: what a recompute @file
-/// restores) and the sharding policy (sharding/policy.h: which units are checkpointed).
+/// Activation checkpointing modes, shared by the unit contract (models/unit.h: what a recompute
+/// restores) and the sharding policy (sharding/policy.h: which units are checkpointed). @file
 #pragma once
 #include <cstdint>
 

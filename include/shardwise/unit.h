@@ -1,8 +1,8 @@
-/// The unit contract (docs/ARCHITECTURE.md, "Units"). A model is a sequence of units; each unit @file
+/// The unit contract (docs/ARCHITECTURE.md, "Units"). A model is a sequence of units; each unit
 /// declares its parameters and implements forward and backward on the residual stream.
 /// A unit never allocates its parameters and never communicates: the sharding layer owns
 /// parameter memory (one flat buffer per unit, declaration order) and hands the unit pointers
-/// to the gathered parameters and to the gradient buffers for each call.
+/// to the gathered parameters and to the gradient buffers for each call. @file
 #pragma once
 #include <array>
 #include <cstdint>
