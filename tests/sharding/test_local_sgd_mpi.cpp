@@ -42,6 +42,22 @@ struct Outer {
   bool nesterov;
 };
 
+// One inner step (AdamW, lr 3e-3) of step `step`: this replica `rep` on its rows, and every
+// reference model q alone on replica q's (a replica's S ranks split its rows).
+void inner_step(ShardedModel& sm, std::vector<std::unique_ptr<ShardedModel>>& ref, Corpus& corpus,
+                int step, int rep, int B, int T) {
+  std::vector<int32_t> in(size_t(B) * T), tg(size_t(B) * T);
+  const Batch batch{in.data(), tg.data(), B, T};
+  auto train = [&](ShardedModel& m, int q) {
+    corpus.fill(step, int64_t{q} * B, B, T, in.data(), tg.data());
+    m.zero_grads();
+    m.forward_backward(batch);
+    m.optimizer_step(AdamWParams{}, 3e-3f, 1.f, step + 1);
+  };
+  train(sm, rep);
+  for (size_t q = 0; q < ref.size(); ++q) train(*ref[q], int(q));
+}
+
 }  // namespace
 
 TEST_CASE("DiLoCo rounds equal replicas trained alone and averaged by hand", "[local_sgd]") {
@@ -71,24 +87,9 @@ TEST_CASE("DiLoCo rounds equal replicas trained alone and averaged by hand", "[l
       Params start = params_of(*ref[0]), mom;
       for (auto& [k, v] : start) mom[k].assign(v.size(), 0.f);
       Corpus corpus(mc.vocab_size);
-      std::vector<int32_t> in(size_t(B) * T), tg(size_t(B) * T);
-      const Batch batch{in.data(), tg.data(), B, T};
-      AdamWParams ap;
       int step = 0;
       for (int round = 0; round < rounds; ++round) {
-        for (int h = 0; h < H; ++h, ++step) {
-          // Replica q trains on rows (q) of step `step` (S ranks of a replica split them).
-          corpus.fill(step, int64_t{rep} * B, B, T, in.data(), tg.data());
-          sm.zero_grads();
-          sm.forward_backward(batch);
-          sm.optimizer_step(ap, 3e-3f, 1.f, step + 1);
-          for (int q = 0; q < R; ++q) {
-            corpus.fill(step, int64_t{q} * B, B, T, in.data(), tg.data());
-            ref[size_t(q)]->zero_grads();
-            ref[size_t(q)]->forward_backward(batch);
-            ref[size_t(q)]->optimizer_step(ap, 3e-3f, 1.f, step + 1);
-          }
-        }
+        for (int h = 0; h < H; ++h, ++step) inner_step(sm, ref, corpus, step, rep, B, T);
         sm.outer_step(o.lr, o.mu, o.nesterov, DType::F32);
         // By hand: pseudo-gradient = start - mean(replica), SGD with momentum on the start.
         std::vector<Params> got;
@@ -202,21 +203,7 @@ TEST_CASE("a delayed outer update mixes with alpha as by hand, int8 within its s
     }
     const Params start = params_of(*ref[0]);
     Corpus corpus(mc.vocab_size);
-    std::vector<int32_t> in(size_t(B) * T), tg(size_t(B) * T);
-    const Batch batch{in.data(), tg.data(), B, T};
-    AdamWParams ap;
-    auto inner = [&](int step) {
-      corpus.fill(step, int64_t{rep} * B, B, T, in.data(), tg.data());
-      sm.zero_grads();
-      sm.forward_backward(batch);
-      sm.optimizer_step(ap, 3e-3f, 1.f, step + 1);
-      for (int q = 0; q < R; ++q) {
-        corpus.fill(step, int64_t{q} * B, B, T, in.data(), tg.data());
-        ref[size_t(q)]->zero_grads();
-        ref[size_t(q)]->forward_backward(batch);
-        ref[size_t(q)]->optimizer_step(ap, 3e-3f, 1.f, step + 1);
-      }
-    };
+    auto inner = [&](int step) { inner_step(sm, ref, corpus, step, rep, B, T); };
     for (int h = 0; h < H; ++h) inner(h);
     sm.outer_step(o, 0, 1, OuterPhase::Reduce);
     std::vector<Params> at_reduce;
