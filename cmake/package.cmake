@@ -107,4 +107,10 @@ set(CPACK_DEBIAN_PACKAGE_SECTION libdevel)
 # archive here, are not listed: a CUDA build's package expects them where it was built).
 set(CPACK_DEBIAN_PACKAGE_DEPENDS
     "libopenmpi-dev, libopenblas0-openmp, libdnnl-dev, liburing-dev, nlohmann-json3-dev, libpcre2-dev, libsentencepiece-dev, libicu-dev, libgomp1")
+if(SW_NATIVE)
+  # The archives hold code for this machine's CPU (-march=native): the package is for machines
+  # like it. Configure with -DSW_NATIVE=OFF for one that runs on any x86-64.
+  set(CPACK_DEBIAN_PACKAGE_DESCRIPTION
+      "${CPACK_PACKAGE_DESCRIPTION_SUMMARY}\n Built with -march=native: for CPUs like the build machine's.")
+endif()
 include(CPack)

@@ -33,6 +33,8 @@ cmake --build "$build" --target sw_package shardwise $(cmake --build "$build" --
 (cd "$build" && cpack -G DEB -B "$work/deb" >"$work/cpack.log") || { cat "$work/cpack.log"; exit 1; }
 deb=$(ls "$work"/deb/shardwise-dev_*.deb)
 echo "package_check: $(basename "$deb"): $(du -h "$deb" | cut -f1), $(dpkg-deb -c "$deb" | grep -vc '/$') files ($(ms "$t") ms)"
+grep -q 'SW_NATIVE:BOOL=ON' "$build/CMakeCache.txt" &&
+  echo "package_check: note: built with -march=native (SW_NATIVE=ON): the package runs on CPUs like this one"
 
 t=$(date +%s%N)
 $SUDO dpkg -i "$deb" >"$work/dpkg.log" || { cat "$work/dpkg.log"; exit 1; }
