@@ -46,6 +46,9 @@ RunConfig& RunConfig::set(const std::string& key, int value) {
 RunConfig& RunConfig::set(const std::string& key, int64_t value) {
   return set_json(key, std::to_string(value));
 }
+RunConfig& RunConfig::set(const std::string& key, uint64_t value) {
+  return set_json(key, std::to_string(value));
+}
 RunConfig& RunConfig::set(const std::string& key, double value) {
   return set_json(key, nlohmann::json(value).dump());  // the shortest text that reads back
 }

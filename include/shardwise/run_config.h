@@ -27,6 +27,7 @@ class RunConfig {
   RunConfig& set(const std::string& key, bool value);
   RunConfig& set(const std::string& key, int value);
   RunConfig& set(const std::string& key, int64_t value);
+  RunConfig& set(const std::string& key, uint64_t value);  // (seed)
   RunConfig& set(const std::string& key, double value);
   // A value given as JSON text: an array, an object, null ("[4, 8]", "{\"mode\": \"full\"}").
   RunConfig& set_json(const std::string& key, const std::string& json_value);

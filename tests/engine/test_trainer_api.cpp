@@ -344,6 +344,18 @@ TEST_CASE("trainer facade: RunConfig errors name the key as a config file's do")
   RunConfig d = code_config(run, 2, 0);
   d.set("train_steps", "many");
   CHECK(error_of([&] { Trainer t(d, quiet()); }).find("train_steps") != std::string::npos);
+  // from_json + set / set_json: the document a file holds, keys overridden, reads as the file
+  // with the same --set overrides does.
+  const std::string text = read_bytes(config_file(run, 2, 0));
+  RunConfig j = RunConfig::from_json(text);
+  j.set("seed", uint64_t{99}).set_json("optimizer.params.betas", "[0.8, 0.9]");
+  Trainer a(j, quiet());
+  Trainer b = Trainer::from_file(run.string() + ".json",
+                                 {"seed=99", "optimizer.params.betas=[0.8, 0.9]"}, quiet());
+  CHECK(a.config_json() == b.config_json());
+  CHECK(a.config_json().find("99") != std::string::npos);
+  CHECK(error_of([&] { Trainer t(RunConfig::from_json("[1]"), quiet()); })
+            .find("config: RunConfig: from_json: not a JSON object") == 0);
   // The file reader: the same message for the same mistake.
   const std::string file = config_file(run, 2, 0);
   const std::string f = error_of([&] { Trainer::from_file(file, {"optimizer.params.lrr=0.1"}); });
