@@ -2,10 +2,8 @@
 # The C++ API reference (issue 40): Doxygen (Debian's doxygen, scripts/setup.sh) over the
 # public headers, include/shardwise/*.h and the generated version.h, into docs/api/html
 # (git-ignored). Every warning is an error (a malformed command or tag, a parameter the comment
-# misnames, a broken reference): the script exits non-zero and prints them. The headers made
-# for the API (sharded_model.h, planner.h, checkpoint.h, shardwise.h, version.h) are checked
-# in a second pass that also refuses an undocumented member; the others, moved from the
-# engine with their comments, are not held to that yet (some members have none).
+# misnames, a broken reference): the script exits non-zero and prints them. A second pass
+# also refuses an undocumented member, in every public header but those $not_strict names.
 #   scripts/gen_api_docs.sh [OUT_DIR]   (default docs/api)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +11,8 @@ case "${1:-}" in
   -h | --help) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; exit 0 ;;
 esac
 out=${1:-docs/api}
+# Headers not yet held to "every member documented" (their members' comments are plain //).
+not_strict="trainer.h run_config.h"
 command -v doxygen >/dev/null || { echo "gen_api_docs: doxygen not found: run scripts/setup.sh" >&2; exit 1; }
 version=$(sed -n 's/^project(shardwise VERSION \([0-9.]*\).*/\1/p' CMakeLists.txt)
 gen=$(mktemp -d)
@@ -56,8 +56,12 @@ DOX
 }
 doxyfile "$out" NO include/shardwise "$gen/shardwise" |
   doxygen - >"$gen/doxygen.log" 2>"$gen/warnings.log" || true
-doxyfile "$gen/strict" YES include/shardwise/{sharded_model,planner,checkpoint,shardwise}.h \
-  "$gen/shardwise/version.h" | doxygen - >>"$gen/doxygen.log" 2>>"$gen/warnings.log" || true
+strict=()
+for h in include/shardwise/*.h; do
+  case " $not_strict " in *" $(basename "$h") "*) ;; *) strict+=("$h") ;; esac
+done
+doxyfile "$gen/strict" YES "${strict[@]}" "$gen/shardwise/version.h" |
+  doxygen - >>"$gen/doxygen.log" 2>>"$gen/warnings.log" || true
 # Doxygen 1.9.4's WARN_AS_ERROR=FAIL_ON_WARNINGS stops at the first; collect them all instead.
 if [ -s "$gen/warnings.log" ]; then
   sed "s|$gen/||" "$gen/warnings.log" >&2

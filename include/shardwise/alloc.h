@@ -215,3 +215,93 @@ class Buffer {
 };
 
 }  // namespace sw
+// ---- Reference documentation (Doxygen): the members above without a comment of their own.
+
+/// @struct sw::MemEvent
+/// One allocation or free in a MemTracker's log (enable_log).
+
+/// @var sw::MemEvent::cat
+/// The memory category of the bytes.
+
+/// @class sw::MemTracker
+/// Bytes in use per memory category of one tier (MemTracker::of), their peaks, an optional
+/// budget and an optional log of events. Thread-safe.
+
+/// @fn sw::MemTracker::of(Tier t)
+/// The tracker of tier `t`.
+
+/// @fn sw::MemTracker::action()
+/// The cause tag set_action set (-1: none).
+
+/// @fn sw::MemTracker::sub(Mem m, size_t bytes)
+/// Removes bytes in use.
+
+/// @fn sw::MemTracker::current(Mem m) const
+/// Bytes of category `m` in use now.
+
+/// @fn sw::MemTracker::peak(Mem m) const
+/// The most bytes of category `m` in use at once since reset_peaks().
+
+/// @fn sw::MemTracker::total_current() const
+/// Bytes in use now, all categories.
+
+/// @fn sw::MemTracker::total_peak() const
+/// The most bytes in use at once, all categories, since reset_peaks().
+
+/// @fn sw::MemTracker::reserved_peak() const
+/// The most bytes reserved() held at once.
+
+/// @fn sw::MemTracker::budget() const
+/// The budget set_budget set (0: none).
+
+/// @fn sw::MemTracker::enable_log(bool on, size_t capacity)
+/// Starts (or stops) recording a MemEvent per add and sub, keeping the last `capacity`.
+
+/// @var sw::HostPinning::pin
+/// Pins `bytes` at `p`; false when it could not.
+
+/// @var sw::HostPinning::unpin
+/// Unpins what pin pinned.
+
+/// @struct sw::DeviceAllocator
+/// The memory hooks a device backend registers (register_device_allocator).
+
+/// @var sw::DeviceAllocator::free
+/// Frees what alloc returned.
+
+/// @fn sw::register_device_allocator(DeviceKind kind, DeviceAllocator a)
+/// Registers the allocator of devices of `kind` (a backend does so at program start).
+
+/// @fn sw::Buffer::Buffer(size_t bytes, Mem category, Device device, Tier tier)
+/// Allocates `bytes` (uninitialised) of `category` on `device` in `tier`; throws sw::Error
+/// past the tier's budget or when the device is out of memory.
+
+/// @fn sw::Buffer::Buffer(Buffer&& o) noexcept
+/// Takes over o's memory; o becomes empty.
+
+/// @fn sw::Buffer::operator=(Buffer&& o) noexcept
+/// Releases this buffer's memory and takes over o's; o becomes empty.
+
+/// @fn sw::Buffer::data() const
+/// The memory (null when empty).
+
+/// @fn sw::Buffer::as() const
+/// The memory as T*.
+
+/// @fn sw::Buffer::f32() const
+/// The memory as float*.
+
+/// @fn sw::Buffer::bytes() const
+/// Its size in bytes.
+
+/// @fn sw::Buffer::category() const
+/// The memory category it is counted under.
+
+/// @fn sw::Buffer::device() const
+/// The device its memory is on.
+
+/// @fn sw::Buffer::tier() const
+/// The tier its memory is counted in.
+
+/// @fn sw::Buffer::empty() const
+/// True when it holds no memory.

@@ -26,3 +26,34 @@ struct Device {
 };
 
 }  // namespace sw
+// ---- Reference documentation (Doxygen): the members above without a comment of their own.
+
+/// @struct sw::Device
+/// A device: its kind and, for accelerators, its index.
+
+/// @var sw::Device::kind
+/// CPU, CUDA or the simulated device.
+
+/// @var sw::Device::index
+/// Which device of its kind (0 for the CPU).
+
+/// @fn sw::Device::cpu()
+/// The CPU.
+
+/// @fn sw::Device::cuda(int i)
+/// CUDA device `i`.
+
+/// @fn sw::Device::sim(int i)
+/// Simulated device `i` (tests).
+
+/// @fn sw::Device::is_cpu() const
+/// True for the CPU.
+
+/// @fn sw::Device::operator==(const Device& o) const
+/// Same kind and index.
+
+/// @fn sw::Device::operator!=(const Device& o) const
+/// Another kind or index.
+
+/// @fn sw::Device::str() const
+/// "cpu", "cuda:N" or "sim:N".

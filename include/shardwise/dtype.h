@@ -30,3 +30,19 @@ uint16_t f32_to_f16(float f);
 float f16_to_f32(uint16_t h);
 
 }  // namespace sw
+// ---- Reference documentation (Doxygen): the members above without a comment of their own.
+
+/// @enum sw::DType
+/// An element type in memory: fp32, bfloat16 or IEEE half.
+
+/// @fn sw::dtype_size(DType t)
+/// Bytes per element.
+
+/// @fn sw::bf16_to_f32(uint16_t h)
+/// The bfloat16 `h` as a float (exact).
+
+/// @fn sw::f32_to_f16(float f)
+/// Round-to-nearest-even fp32 -> IEEE half (overflow gives +-inf, NaN stays NaN).
+
+/// @fn sw::f16_to_f32(uint16_t h)
+/// The IEEE half `h` as a float (exact).

@@ -29,3 +29,11 @@ int error_rank();
   do {                                                                   \
     if (!(cond)) ::sw::check_failed(#cond, __FILE__, __LINE__, (msg));   \
   } while (0)
+// ---- Reference documentation (Doxygen): the members above without a comment of their own.
+
+/// @fn sw::error_rank()
+/// The rank set_error_rank set (-1: unknown).
+
+/// @def SW_CHECK(cond, msg)
+/// An internal invariant: when `cond` is false, check_failed reports the expression, file,
+/// line, rank and `msg`, and aborts. Not for user mistakes (those throw sw::Error).

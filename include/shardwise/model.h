@@ -107,3 +107,85 @@ Model build_model(const ModelConfig& cfg);
 Model build_model(const ModelConfig& cfg, TensorSlice slice);
 
 }  // namespace sw
+// ---- Reference documentation (Doxygen): the members above without a comment of their own.
+
+/// @struct sw::ModelConfig
+/// The shapes of a built-in GPT-2 or Llama (build_model), as a config file's `model` block
+/// sets them; a custom model fills in the fields that describe it (vocab_size, d_model,
+/// n_layer, seq_len) for the planner and checkpoints.
+
+/// @var sw::ModelConfig::vocab_size
+/// Tokens in the vocabulary.
+
+/// @var sw::ModelConfig::n_layer
+/// Transformer blocks.
+
+/// @var sw::ModelConfig::n_head
+/// Attention heads.
+
+/// @var sw::ModelConfig::d_model
+/// Width of the residual stream.
+
+/// @var sw::ModelConfig::rope_theta
+/// llama: RoPE's base.
+
+/// @var sw::ModelConfig::norm_eps
+/// The norms' epsilon.
+
+/// @var sw::ModelConfig::rope_factor
+/// llama3 RoPE scaling: the factor slow frequencies are divided by.
+
+/// @var sw::ModelConfig::rope_low_freq_factor
+/// llama3 RoPE scaling: low_freq_factor.
+
+/// @var sw::ModelConfig::rope_high_freq_factor
+/// llama3 RoPE scaling: high_freq_factor.
+
+/// @var sw::ModelConfig::rope_original_max_pos
+/// llama3 RoPE scaling: original_max_position_embeddings.
+
+/// @fn sw::ModelConfig::tied() const
+/// Whether the LM head shares the embedding's weight (tie_embeddings, else the type's default).
+
+/// @struct sw::Call
+/// One position of a model's schedule: which unit runs which of its calls.
+
+/// @var sw::TensorSlice::rank
+/// This tensor rank.
+
+/// @var sw::TensorSlice::size
+/// The tensor-parallel degree (1: the whole model).
+
+/// @var sw::StageView::rank
+/// This pipeline rank.
+
+/// @var sw::StageView::global_positions
+/// Positions of the whole model's schedule.
+
+/// @var sw::StageView::global_units
+/// Units of the whole model.
+
+/// @var sw::StageView::shared_peer
+/// Per shared unit: the pipeline rank that holds it too.
+
+/// @fn sw::StageView::split() const
+/// True when the model is split into pipeline stages.
+
+/// @fn sw::StageView::stage_of_chunk(int c) const
+/// The global stage of this rank's chunk `c`.
+
+/// @class sw::Model
+/// A model: its units and the order they run in (schedule). Built by build_model for GPT-2 and
+/// Llama, or by hand from Units of your own.
+
+/// @var sw::Model::config
+/// Its shapes (see ModelConfig).
+
+/// @var sw::Model::units
+/// The units, each called by one or more schedule positions.
+
+/// @fn sw::Model::d_model() const
+/// config.d_model.
+
+/// @fn sw::Model::is_loss(size_t p) const
+/// Whether schedule position `p` is the loss call (see takes_input).

@@ -538,3 +538,191 @@ void register_ops(DeviceKind kind, const Ops* ops);  ///< fp32
 void register_ops(DeviceKind kind, DType compute, const Ops* ops);
 
 }  // namespace sw
+// ---- Reference documentation (Doxygen): the members above without a comment of their own.
+
+/// @var sw::RopeSpec::theta
+/// The base of the frequencies.
+
+/// @var sw::RopeSpec::llama3
+/// Llama 3.1's scaling on.
+
+/// @var sw::RopeSpec::factor
+/// llama3: the factor slow frequencies are divided by.
+
+/// @var sw::RopeSpec::low_freq_factor
+/// llama3: low_freq_factor.
+
+/// @var sw::RopeSpec::high_freq_factor
+/// llama3: high_freq_factor.
+
+/// @var sw::RopeSpec::original_max_pos
+/// llama3: original_max_position_embeddings.
+
+/// @fn sw::RopeSpec::same(const RopeSpec& o) const
+/// True when both give the same frequencies.
+
+/// @var sw::Operand::f32
+/// The fp32 values (may be null).
+
+/// @var sw::Operand::lp
+/// The 16-bit values (may be null).
+
+/// @fn sw::Operand::Operand(std::nullptr_t)
+/// No operand.
+
+/// @fn sw::Operand::Operand(const float* p)
+/// fp32 values.
+
+/// @fn sw::Operand::Operand(const uint16_t* p)
+/// 16-bit values alone.
+
+/// @fn sw::Operand::Operand(const float* p, const uint16_t* p16)
+/// The same values in both forms.
+
+/// @fn sw::Operand::has_lp() const
+/// True when a 16-bit form is given.
+
+/// @var sw::Out::f32
+/// fp32 output (or null).
+
+/// @var sw::Out::lp
+/// 16-bit output (or null).
+
+/// @fn sw::Out::Out(std::nullptr_t)
+/// No output.
+
+/// @fn sw::Out::Out(float* p)
+/// fp32 output.
+
+/// @fn sw::Out::Out(uint16_t* p)
+/// 16-bit output.
+
+/// @fn sw::Out::operator bool() const
+/// True when an output is given.
+
+/// @var sw::GradIn::f32
+/// The fp32 gradient (or null).
+
+/// @var sw::GradIn::lp
+/// Its 16-bit form (or null).
+
+/// @var sw::GradIn::write
+/// Written (=) rather than added into (+=).
+
+/// @fn sw::GradIn::GradIn(std::nullptr_t)
+/// No gradient wanted.
+
+/// @fn sw::GradIn::GradIn(float* p)
+/// fp32, added into.
+
+/// @fn sw::GradIn::operator bool() const
+/// True when a gradient is wanted.
+
+/// @fn sw::GradIn::has_lp() const
+/// True when a 16-bit form is given.
+
+/// @var sw::GradOut::p
+/// The gradient buffer (or null).
+
+/// @var sw::GradOut::write
+/// Written (=) rather than added into (+=).
+
+/// @fn sw::GradOut::GradOut(std::nullptr_t)
+/// No gradient wanted.
+
+/// @fn sw::GradOut::GradOut(float* q)
+/// Added into.
+
+/// @fn sw::GradOut::GradOut(float* q, bool w)
+/// Written when `w` (and q is not null), else added into.
+
+/// @fn sw::GradOut::operator bool() const
+/// True when a gradient is wanted.
+
+/// @var sw::NormIn::a
+/// The input, or the residual sum's first term.
+
+/// @var sw::NormIn::res
+/// Where the residual sum is written (null: no sum).
+
+/// @fn sw::NormIn::NormIn(const float* x)
+/// The plain input x.
+
+/// @fn sw::NormIn::residual(float* res, const float* a, const float* b)
+/// The sum a + b, written to res, then normalised.
+
+/// @var sw::AdamWCopies::dt
+/// The copies' precision (F32: none).
+
+/// @var sw::AdamWCopies::param32
+/// fp32 compute copy = widen(param16) (may be null).
+
+/// @var sw::AdamWCopies::param16
+/// 16-bit copy = narrow(dt, param).
+
+/// @var sw::AdamWCopies::grad_dt
+/// The precision the gradient is read in (rounded on read).
+
+/// @class sw::Ops
+/// The kernels of one backend and compute precision (ops_for): what units call in forward and
+/// backward, and what the engine calls for optimizers, norms and precision conversions.
+
+/// @fn sw::Ops::device() const
+/// The device these ops run on.
+
+/// @fn sw::Ops::embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) const
+/// dwte[tokens] += dout, dwpe += dout summed over the batch (dwpe may be null).
+
+/// @fn sw::Ops::rmsnorm_backward(GradIn dinp, float* dw, const float* dout, const float* inp, const float* w, const float* rstd, int N, int C) const
+/// dinp (added into, as layernorm_backward's) and dw (+=) of rmsnorm_forward.
+
+/// @fn sw::Ops::sum_squares_each(const float* const* xs, const size_t* ns, int k, double* out) const
+/// k sums of squares, read on the host (SumsTo::Host).
+
+/// @fn sw::Ops::sum_squares_into(const float* const* xs, const size_t* ns, int k, double* out) const
+/// k sums of squares into this backend's memory (SumsTo::Device).
+
+/// @fn sw::Ops::sum_squares_rounded_into(DType dt, const float* const* xs, const size_t* ns, int k, double* out) const
+/// sum_squares_into of round_to(dt, xs[i]).
+
+/// @fn sw::Ops::fill(float* x, float v, size_t n) const
+/// x[i] = v.
+
+/// @fn sw::Ops::copy(float* dst, const float* src, size_t n) const
+/// dst = src (no overlap).
+
+/// @fn sw::Ops::widen(DType dt, const void* src, float* dst, size_t n) const
+/// dst = the n values of type dt at src, as floats.
+
+/// @fn sw::Ops::round_copy_lp(DType dt, float* dst, uint16_t* dst16, const float* src, size_t n) const
+/// round_copy with dst16 (argument order of the 16-bit copies).
+
+/// @fn sw::Ops::attention_backward_through_f32(GradIn dqkv, Operand dout, Operand qkv, Operand out, const float* lse, int B, int T, int H, int KVH, int hd) const
+/// attention_backward through the fp32 form (see attention_forward_through_f32).
+
+/// @var sw::StepShape::B
+/// Sequences per micro-batch.
+
+/// @var sw::StepShape::d_model
+/// Width of the residual stream.
+
+/// @var sw::StepShape::n_head
+/// Attention heads.
+
+/// @var sw::StepShape::vocab
+/// Vocabulary size.
+
+/// @var sw::WorkspaceDecl::bytes
+/// Bytes kept through the step.
+
+/// @var sw::WorkspaceDecl::backward_transient
+/// Bytes more held during one backward op call.
+
+/// @var sw::WorkspaceDecl::what
+/// What they are made of, for plan output.
+
+/// @typedef sw::WorkspaceFn
+/// A backend's workspace declaration (register_workspace).
+
+/// @fn sw::register_ops(DeviceKind kind, DType compute, const Ops* ops)
+/// Registers the Ops of devices of `kind` computing in `compute`.

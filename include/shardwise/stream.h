@@ -103,3 +103,23 @@ class StampedEvent final : public Event {
 };
 
 }  // namespace sw
+// ---- Reference documentation (Doxygen): the members above without a comment of their own.
+
+/// @class sw::Event
+/// A point in a Stream's work (Stream::record): query it, wait for it, or make another stream
+/// wait for it.
+
+/// @class sw::Stream
+/// An ordered queue of work (a device's compute or copy stream, or the calling thread).
+
+/// @fn sw::Stream::name() const
+/// Its name in traces ("host", "compute", ...).
+
+/// @fn sw::HostStream::name() const
+/// "host".
+
+/// @fn sw::host_stream()
+/// The host stream (one per process).
+
+/// @fn sw::HostEvent::complete(std::string error)
+/// Marks the event complete; a non-empty `error` makes synchronize() throw it.

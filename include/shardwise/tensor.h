@@ -43,3 +43,40 @@ class Tensor {
 };
 
 }  // namespace sw
+// ---- Reference documentation (Doxygen): the members above without a comment of their own.
+
+/// @typedef sw::Shape
+/// A tensor's dimensions, outermost first.
+
+/// @fn sw::numel(const Shape& s)
+/// The product of the dimensions (1 for an empty shape).
+
+/// @class sw::Tensor
+/// A typed, shaped view of memory, owning it (constructor) or not (view).
+
+/// @fn sw::Tensor::shape() const
+/// Its dimensions.
+
+/// @fn sw::Tensor::dim(int i) const
+/// Dimension i (negative: from the end).
+
+/// @fn sw::Tensor::ndim() const
+/// Number of dimensions.
+
+/// @fn sw::Tensor::numel() const
+/// Number of elements.
+
+/// @fn sw::Tensor::bytes() const
+/// Bytes of its elements.
+
+/// @fn sw::Tensor::dtype() const
+/// Its element type.
+
+/// @fn sw::Tensor::device() const
+/// The device its memory is on.
+
+/// @fn sw::Tensor::data() const
+/// Its memory.
+
+/// @fn sw::Tensor::defined() const
+/// True when it has memory (or no elements).

@@ -481,3 +481,200 @@ class Unit {
 };
 
 }  // namespace sw
+// ---- Reference documentation (Doxygen): the members above without a comment of their own.
+
+/// @enum sw::Init
+/// How a parameter is initialised: N(0, std), zeros or ones.
+
+/// @var sw::TensorSplit::col_lo
+/// First logical column held (see col_hi).
+
+/// @fn sw::TensorSplit::split() const
+/// True when the tensor is split over tensor ranks.
+
+/// @struct sw::ParamSpec
+/// A parameter a unit declares (Unit::params): its name, shape, initialisation, weight decay
+/// and export name. The engine allocates, shards and checkpoints it.
+
+/// @var sw::ParamSpec::shape
+/// Its shape on this rank (row-major).
+
+/// @var sw::ParamSpec::init
+/// Its initialisation.
+
+/// @var sw::ParamSpec::hf_transpose
+/// Hugging Face stores the transpose (see hf_name).
+
+/// @var sw::SavedSlot::id
+/// The slot's number, unique within a call's Saved.
+
+/// @var sw::SavedSlot::keep
+/// Whether selective checkpointing drops it (Keep::Cheap).
+
+/// @var sw::SavedSlot::name
+/// Its name in messages.
+
+/// @var sw::SavedFlag::id
+/// The flag's number, unique within a call's Saved.
+
+/// @var sw::SavedFlag::name
+/// Its name in messages.
+
+/// @fn sw::Saved::has(SavedSlot< T > s) const
+/// True when forward kept a buffer in slot s.
+
+/// @fn sw::Saved::set(SavedFlag f, bool v)
+/// Forward: sets the flag f.
+
+/// @fn sw::Saved::bytes() const
+/// Bytes held (parts included).
+
+/// @fn sw::Saved::reattach()
+/// Allocates the detached buffers again (see detach) and returns them, in detach's order.
+
+/// @fn sw::Saved::device() const
+/// Where new buffers are allocated.
+
+/// @fn sw::Scratch::capacity_bytes() const
+/// Bytes of the blocks it holds.
+
+/// @fn sw::Scratch::high_water() const
+/// The most bytes handed out at once since reset_high_water().
+
+/// @fn sw::Scratch::reset_high_water()
+/// high_water() := the bytes handed out now.
+
+/// @fn sw::Scratch::bytes_for(size_t n)
+/// Bytes f32(n) takes: n floats rounded up to 64 bytes (at least 64).
+
+/// @fn sw::Scratch::Hold::Hold(Scratch& s)
+/// Keeps what `s` handed out so far until destroyed.
+
+/// @struct sw::Batch
+/// A micro-batch of token ids and their targets on this rank.
+
+/// @var sw::Batch::B
+/// Sequences.
+
+/// @var sw::Batch::T
+/// Tokens per sequence.
+
+/// @var sw::ProductIn::f32
+/// fp32 form (or null).
+
+/// @var sw::ProductIn::lp
+/// 16-bit form (or null).
+
+/// @fn sw::ProductIn::operand() const
+/// As an op's input.
+
+/// @var sw::ProductSlot::id
+/// As SavedSlot::id.
+
+/// @var sw::ProductSlot::keep
+/// As SavedSlot::keep.
+
+/// @var sw::ProductSlot::name
+/// As SavedSlot::name.
+
+/// @fn sw::ProductSlot::f32() const
+/// The slot of its fp32 form.
+
+/// @fn sw::ProductSlot::lp() const
+/// The slot of its 16-bit form.
+
+/// @var sw::TensorColl::op
+/// Which collective.
+
+/// @var sw::TensorColl::bytes
+/// Bytes of the whole (gathered) tensor.
+
+/// @fn sw::TensorColl::operator==(const TensorColl&) const
+/// Same op and size.
+
+/// @class sw::TensorComm
+/// A split unit's tensor-parallel group (UnitCtx::tensor): its rank and the row collectives.
+
+/// @fn sw::TensorComm::rank() const
+/// This rank in the tensor group.
+
+/// @fn sw::TensorComm::size() const
+/// The tensor-parallel degree.
+
+/// @struct sw::UnitCtx
+/// What the engine gives a unit's call: the ops, the batch, the gathered parameters and
+/// gradient buffers, its Saved and Scratch, and where to report the loss.
+
+/// @var sw::UnitCtx::ops
+/// The kernels of the device the call runs on.
+
+/// @var sw::UnitCtx::batch
+/// The micro-batch (tokens, targets; its rows only with sequence parallelism).
+
+/// @var sw::UnitCtx::grads_n
+/// Per parameter: its value count (with grads_fresh).
+
+/// @var sw::UnitCtx::saved
+/// This call's activations kept for backward.
+
+/// @var sw::UnitCtx::scratch
+/// Temporaries released when the call returns.
+
+/// @var sw::UnitCtx::loss_sum
+/// Loss units: the sum of token losses, when loss_total is null.
+
+/// @var sw::UnitCtx::loss_count
+/// Loss units: the targets counted.
+
+/// @var sw::UnitCtx::dy16
+/// grad16 holds narrow(dy) on entry.
+
+/// @var sw::UnitCtx::dx16
+/// The unit left narrow(dx) in grad16.
+
+/// @fn sw::UnitCtx::param(size_t i) const
+/// Parameter i, gathered (fp32; null for a products_only parameter kept 16-bit).
+
+/// @fn sw::saved_input(const Saved& s, ProductSlot slot, const Ops& ops)
+/// The buffer of `slot` in a Saved, read (backward).
+
+/// @fn sw::linear_residual_rmsnorm_to(const Ops& ops, float* y, ProductIn out, float* rstd, Operand inp, Operand w, const float* b, const float* res, const float* nw, int N, int C, int OC, float eps)
+/// y = res + inp w^T (+ b), then out = RMSNorm(y) with weight nw (rstd saved).
+
+/// @fn sw::linear_residual_layernorm_to(const Ops& ops, float* y, ProductIn out, float* mean, float* rstd, Operand inp, Operand w, const float* b, const float* res, const float* nw, const float* nb, int N, int C, int OC)
+/// y = res + inp w^T (+ b), then out = LayerNorm(y) with nw, nb (mean, rstd saved).
+
+/// @fn sw::rmsnorm_backward_resid(UnitCtx& ctx, float* dx, float* dw, const float* dout, const float* inp, const float* w, const float* rstd, int N, int C)
+/// The RMSNorm form of layernorm_backward_resid.
+
+/// @fn sw::dx_operand(const UnitCtx& ctx, const float* dx)
+/// dx as a product's operand, with the 16-bit form the norm backward helpers left in grad16.
+
+/// @var sw::BatchShape::B
+/// Sequences per micro-batch.
+
+/// @var sw::BatchShape::T
+/// Tokens per sequence.
+
+/// @var sw::BatchShape::compute
+/// The products' precision.
+
+/// @fn sw::BatchShape::lowp() const
+/// True when products take 16-bit operands.
+
+/// @fn sw::BatchShape::input_scratch(size_t n) const
+/// Scratch bytes of n values of a ProductIn.
+
+/// @var sw::ActivationDecl::saved_logits
+/// Saved bytes of an inference call with ctx.logits set (sampling).
+
+/// @class sw::Unit
+/// The unit contract: a part of a model that declares its parameters (params) and activation
+/// memory (declare_activations) and runs forward and backward on the residual stream.
+
+/// @fn sw::Unit::params() const
+/// Its parameters, in the order of ctx.param(i) and ctx.grad(i).
+
+/// @fn sw::Unit::declare_tensor_comm(int call, Pass pass, BatchShape shape) const
+/// The tensor collectives (TensorColl) call `call` issues in `pass`, in order, so the step
+/// plan lists them (tensor parallelism; empty for an unsplit unit).
