@@ -265,7 +265,14 @@ PY
     mkdir -p "$dir/run" && cp "$prof/metrics.jsonl" "$dir/run/" 2>/dev/null
     "$py" - "$prof/trace_rank0.json" "$m" >&2 <<'PY' || echo "  $m profile: no trace" >&2
 import json, sys
-ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("ph") == "X"]
+allev = json.load(open(sys.argv[1]))["traceEvents"]
+ev = [e for e in allev if e.get("ph") == "X"]
+# The trace's tracks (issue 39: compute, and where the run has them the collectives' and the
+# copies' queues), with their action counts.
+names = {e.get("tid"): e["args"]["name"] for e in allev
+         if e.get("ph") == "M" and e.get("name") == "thread_name"}
+print(f"  {sys.argv[2]} profile: tracks " + ", ".join(
+    f"{names[t]} ({sum(1 for e in ev if e.get('tid') == t)})" for t in sorted(names)))
 coarse = {"step", "forward_backward", "grad_norm", "optimizer", "skip_step", "evaluate"}
 steps = [e for e in ev if e["name"].split(" ")[0] == "step"]
 for st in steps:

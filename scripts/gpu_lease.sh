@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # gpu_lease.sh: everything a short lease of a GPU machine should run, in one command that ends
 # by itself: scripts/gpu_build.sh --test (facts, unpack, configure, build, the CUDA tests with
-# their verbose error figures), then bench/gpu_vs_torch.sh in the order of what matters most
-# (Shardwise beside torch.compile per model, then its per-op times, eager, the cuBLAS attention
-# path)
-# with the time that is left. Logs, the table and op_times_*.tsv go to gpu_build/ inside
+# their verbose error figures), the profiler's device-timing test on its own (issue 39: it
+# aborted the cuda_backend test; its log is profiler_test.log, its verdict in tests.txt), then
+# bench/gpu_vs_torch.sh in the order of what matters most (Shardwise beside the tuned
+# torch.compile peer per model, then the plain peer (compile_plain: the figure before issue
+# 39), Shardwise's per-op times, the Llama's `shardwise profile` (its trace's tracks and device
+# times), eager, the cuBLAS attention path) with the time that is left. Logs, the table and op_times_*.tsv go to gpu_build/ inside
 # $OUT/gpu_lease.tgz (with gpu_vs_torch.txt and tests.txt beside it).
 #
 #   bash scripts/gpu_lease.sh [SECONDS]     (default 540: the device tool's 600 s per command,
@@ -28,6 +30,7 @@ if [ -n "${OUT:-}" ]; then
     tar czf "$lease_out/gpu_lease.tgz" -C "$OUT" . 2>/dev/null
     cp "$OUT/gpu_build/gpu_vs_torch.txt" "$lease_out/" 2>/dev/null
     grep -hE 'tests passed|Test +#|\*\*\*' "$OUT"/gpu_build/cuda*.log >"$lease_out/tests.txt" 2>/dev/null
+    tail -1 "$OUT/gpu_build/profiler_test.log" >>"$lease_out/tests.txt" 2>/dev/null
     # The backend's one-line notices (a cuBLASLt epilogue refused, an NCCL watchdog abort),
     # counted per distinct line, from every log: what took a slower path without failing.
     grep -rhoE 'shardwise( cuda)?: .*(refused|watchdog).*' "$OUT" 2>/dev/null |
@@ -47,11 +50,27 @@ test_cap=$((total / 2 > 200 ? total / 2 : 200))
 ((test_cap > total - 60)) && test_cap=$((total - 60))
 timeout -k 5 "$test_cap" bash scripts/gpu_build.sh --test
 echo "gpu_lease: tests exit $?"
+# The profiler's device timeline (Stream::record_timed / Event::elapsed_since on the compute
+# stream), run by name so that it runs even where the test phase was cut off before
+# cuda_backend: under a second.
+glog=${OUT:+$OUT/gpu_build}
+glog=${glog:-build-gpu/logs}
+mkdir -p "$glog"
+if [ -x build-gpu/tests/cuda/test_cuda ]; then
+  timeout -k 5 60 build-gpu/tests/cuda/test_cuda -s \
+    "timed events on the compute stream measure the device's work, not its issue" \
+    >"$glog/profiler_test.log" 2>&1
+  echo "gpu_lease: profiler test exit $? ($(grep -E 'test cases|All tests passed' "$glog/profiler_test.log" | tail -1))" |
+    tee -a "$glog/profiler_test.log"
+else
+  echo "gpu_lease: no build-gpu/tests/cuda/test_cuda: the profiler test did not run" | tee "$glog/profiler_test.log"
+fi
 left=$((deadline - SECONDS - 15))
 # Shardwise (cuDNN's attention, the default) against compile on the same machine first (the
 # 2026-11-27 lease had to divide by another call's compile figure), then where the steps go
 # (op times; the Llama's profile, whose trace has the device's times), then the rest.
-order=${GPU_LEASE_ORDER:-llama:shardwise,llama:compile,gpt2:shardwise,gpt2:compile,llama:shardwise_optimes,gpt2:shardwise_optimes,llama:shardwise_profile,llama:eager,gpt2:eager,llama:shardwise_cublas,gpt2:shardwise_cublas}
+# compile is the tuned peer (issue 39), compile_plain the plain user's (the earlier figure).
+order=${GPU_LEASE_ORDER:-llama:shardwise,llama:compile,gpt2:shardwise,gpt2:compile,llama:compile_plain,gpt2:compile_plain,llama:shardwise_optimes,gpt2:shardwise_optimes,llama:shardwise_profile,llama:eager,gpt2:eager,llama:shardwise_cublas,gpt2:shardwise_cublas}
 if ((left < 60)); then
   echo "gpu_lease: ${left}s left, no time for the benchmark"
   exit 1
