@@ -167,7 +167,7 @@ TEST_CASE("HostWorker runs jobs in order, carries failures to their events, hold
   CHECK(sw::completed_event()->query());
 }
 
-TEST_CASE("timed host events: elapsed_since between stamps; an untimed event throws, not aborts") {
+TEST_CASE("timed host events: elapsed_since between stamps, and an untimed event throws, not aborts") {
   // (issue 39: CudaEvent::elapsed_since aborted on a mismatched event where Event promises a
   // thrown sw::Error; the host stream's StampedEvent has the same contract.)
   sw::HostStream& s = sw::host_stream();
