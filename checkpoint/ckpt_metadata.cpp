@@ -194,7 +194,7 @@ Meta parse_meta(const std::string& step_dir, const std::string& path, const std:
   m.shard_group = static_cast<int>(R.integer(j, "shard_group_size", "the document", 1, m.world));
   m.strategy = R.str(j, "strategy", "the document");
   m.config_json = R.at(j, "model_config", "the document");
-  m.config = model_config_from_json(m.config_json, m.path);
+  m.config = model_config_from_json(m.config_json, m.path, /*any_type=*/true);  // (custom models)
   m.block_bytes = static_cast<uint64_t>(R.integer(j, "block_bytes", "the document", 4, kMaxBlockBytes));
   if (m.block_bytes % 4) R.bad("block_bytes", "must be a multiple of 4");
   const nlohmann::json& ts = R.at(j, "train_state", "the document");

@@ -49,7 +49,8 @@ nlohmann::ordered_json model_config_to_json(const ModelConfig& c) {
   };
 }
 
-ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& where) {
+ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& where,
+                                   bool any_type) {
   ModelConfig c;
   auto bad = [&](const std::string& k, const std::string& what) {
     fail("checkpoint", where + ": model_config." + k + " " + what);
@@ -79,8 +80,11 @@ ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& w
     return f;
   };
   const nlohmann::json& type = get("type");
-  if (!type.is_string() || (type != "gpt2" && type != "llama"))
-    bad("type", "must be \"gpt2\" or \"llama\" (got " + type.dump() + ")");
+  const bool builtin = type.is_string() && (type == "gpt2" || type == "llama");
+  if (!builtin && !(any_type && type.is_string() && !type.get<std::string>().empty() &&
+                    type.get<std::string>().size() <= 64))
+    bad("type", std::string(any_type ? "must be a model type name" : "must be \"gpt2\" or \"llama\"") +
+                    " (got " + type.dump() + ")");
   c.type = type.get<std::string>();
   c.vocab_size = integer("vocab_size", 1, 65536);  // tokens are uint16
   c.n_layer = integer("n_layer", 1, INT32_MAX);

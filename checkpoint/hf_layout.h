@@ -21,7 +21,10 @@ void transpose_f32(float* dst, const float* src, int64_t rows, int64_t cols);
 // Every ModelConfig field, in declaration order, and back (throws sw::Error("<component>: ...")
 // naming a missing or mistyped key).
 nlohmann::ordered_json model_config_to_json(const ModelConfig& c);
-ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& where);
+// any_type: a model of the user's own units (its config's type is theirs, e.g. "custom"): any
+// non-empty type is read back (a sharded checkpoint's metadata); otherwise gpt2 or llama.
+ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& where,
+                                   bool any_type = false);
 // A JSON file other people make (config.json, an index, tokenizer.json): read, refused past
 // kJsonMaxDepth (core/json_depth.h) before parsing, parsed; failures are sw::Error
 // "<component>: <path>: ..." on one line.
