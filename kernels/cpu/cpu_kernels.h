@@ -41,6 +41,9 @@ bool cpu_has_avx512();       // the CPU has AVX-512F/BW (Fused possible)
 bool bf16_native();          // Auto runs Native for BF16 (faster than FMA, or forced)
 LowpPath lowp_auto_path(DType t);  // Auto's own kernel for t (fixed for the process)
 bool lowp_per_shape(DType t);      // Auto also chooses between that and OneDnn per shape
+// Whether every product of dtype t goes to oneDNN (Auto resolves to OneDnn, no per-shape
+// choice): the path that reads bf16 operands as they are (detail::gemm_bf16_onednn).
+bool lowp_onednn(DType t);
 // The per-shape choice made for that shape so far (Auto: not yet called), with the best times
 // measured (seconds) when it was made.
 LowpPath lowp_shape_choice(bool ta, bool tb, int M, int N, int K, double* t_own = nullptr,
@@ -180,10 +183,12 @@ size_t attention_tile_floats(int T, int hd);
 
 // lmhead.cpp
 // compute = BF16 / F16: the three products (logits, dx, dw) use gemm_lowp; the softmax and
-// the loss stay fp32.
+// the loss stay fp32. On the oneDNN path (lowp_onednn) the operands go to it in bf16: w16 (the
+// weight's bf16 form, exactly w's values, where the caller has one) or w narrowed once per
+// call, x narrowed once, dlogits narrowed in the row pass; the same bits as gemm_lowp's.
 double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w,
                    const int32_t* targets, int N, int C, int V, float grad_scale,
-                   DType compute = DType::F32);
+                   DType compute = DType::F32, const uint16_t* w16 = nullptr);
 // Rows per chunk of N rows at vocabulary V (the logits chunk is that many rows of V floats).
 int lmhead_chunk_rows(int N, int V);
 

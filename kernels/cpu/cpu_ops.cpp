@@ -235,7 +235,7 @@ class CpuOps final : public Ops {
                      float grad_scale) const override {
     Buffer tw;
     return cpu::lmhead_xent(loss, dx, dw, x, weight_f32(w, V, C, tw), targets, N, C, V,
-                            grad_scale, compute_);
+                            grad_scale, compute_, w.lp);  // (the bf16 form: oneDNN reads it)
   }
   // Tensor parallelism (kernels/cpu/tp_kernels.cpp). The table and the head's weight as fp32
   // where given, else widened (the table's rows as embedding_forward widens them).

@@ -376,12 +376,12 @@ const uint16_t* narrowed16(DType t, const float* x, size_t n) {
   return d;
 }
 size_t extent(int r, int c) { return size_t(r > 0 ? r : 0) * size_t(c > 0 ? c : 0); }
-// Whether this process's products of dtype t go to oneDNN (the path that takes bf16 operands
-// as they are): Auto resolves to it and no per-shape choice is made.
-bool onednn_path(DType t) {
+bool onednn_path(DType t) { return lowp_onednn(t); }
+}  // namespace
+
+bool lowp_onednn(DType t) {
   return t == DType::BF16 && !lowp_per_shape(t) && lowp_auto_path(t) == LowpPath::OneDnn;
 }
-}  // namespace
 
 void linear_forward_lowp(DType t, float* out, const float* inp, const float* w, const float* b,
                          int N, int C, int OC) {

@@ -49,7 +49,7 @@ int lmhead_chunk_rows(int N, int V) {
 
 double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w,
                    const int32_t* targets, int N, int C, int V, float grad_scale,
-                   DType compute) {
+                   DType compute, const uint16_t* w16) {
   SW_CHECK(N >= 0 && C > 0 && V > 0, "lmhead_xent: bad shape");
   if (N == 0) return 0.0;
   detail::blas_select_core();
@@ -67,7 +67,27 @@ double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const floa
   const bool lowp = compute != DType::F32;
   const LowpPath path = lowp ? lowp_auto_path(compute) : LowpPath::Emulated;
   const bool packs_round = lowp && path != LowpPath::Emulated;  // the kernel rounds
-  thread_local Buffer wbuf, xbuf;
+  // oneDNN: w, x and dlogits handed over in bf16 (issue 39: the fp32 forms were converted on
+  // one thread at each of the three products of every chunk, w twice and dlogits twice per
+  // chunk, ~5% of the small bf16 model's step with the other thread idle).
+  const bool bf16_ops = lowp && lowp_onednn(compute);
+  thread_local Buffer wbuf, xbuf, w16buf, x16buf, l16buf;
+  const uint16_t* x16 = nullptr;
+  uint16_t* l16 = nullptr;  // dlogits of the chunk in bf16 (written in the row pass)
+  if (bf16_ops) {
+    auto bf16_buf = [](Buffer& b, size_t n) {
+      return reinterpret_cast<uint16_t*>(detail::grow_workspace(b, (n + 1) / 2));
+    };
+    if (!w16) {
+      uint16_t* wp = bf16_buf(w16buf, (size_t)V * C);
+      narrow(compute, w, wp, (size_t)V * C);
+      w16 = wp;
+    }
+    uint16_t* xp = bf16_buf(x16buf, (size_t)N * C);
+    narrow(compute, x, xp, (size_t)N * C);
+    x16 = xp;
+    if (grad) l16 = bf16_buf(l16buf, (size_t)chunk * V);
+  }
   const float* wr = w;
   const float* xr = x;
   if (lowp && !packs_round) {
@@ -93,7 +113,11 @@ double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const floa
   for (int n0 = 0; n0 < N; n0 += chunk) {
     const int nc = std::min(chunk, N - n0);
     const float* xc = xr + (size_t)n0 * C;
-    mm(false, true, nc, V, C, xc, C, wr, C, 0.f, logits, V);
+    if (bf16_ops)
+      detail::gemm_bf16_onednn(false, true, nc, V, C, 1.f, nullptr, x16 + (size_t)n0 * C, C,
+                               nullptr, w16, C, 0.f, logits, V);
+    else
+      mm(false, true, nc, V, C, xc, C, wr, C, 0.f, logits, V);
 
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < nc; ++r) {
@@ -103,6 +127,7 @@ double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const floa
       if (t < 0) {
         rl[r] = 0.f;
         if (grad) std::memset(row, 0, sizeof(float) * V);
+        if (l16) std::memset(l16 + (size_t)r * V, 0, sizeof(uint16_t) * V);
         continue;
       }
       float mx = -std::numeric_limits<float>::infinity();
@@ -140,11 +165,21 @@ double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const floa
         for (int v = 0; v < V; ++v) row[v] *= k;
         row[t] -= grad_scale;
         if (lowp && !packs_round) round_to(compute, row, row, V);  // else the kernel rounds
+        if (l16) detail::to_bf16_rows(l16 + (size_t)r * V, row, 1, V, V);  // (this thread's row)
       }
     }
     for (int r = 0; r < nc; ++r) {
       if (loss) loss[n0 + r] = rl[r];
       total += rl[r];
+    }
+    if (bf16_ops) {
+      if (dx)
+        detail::gemm_bf16_onednn(false, false, nc, C, V, 1.f, nullptr, l16, V, nullptr, w16, C,
+                                 1.f, dx + (size_t)n0 * C, C);
+      if (dw)
+        detail::gemm_bf16_onednn(true, false, V, C, nc, 1.f, nullptr, l16, V, nullptr,
+                                 x16 + (size_t)n0 * C, C, 1.f, dw, C);
+      continue;
     }
     if (dx)
       mm(false, false, nc, C, V, logits, V, wr, C, 1.f, dx + (size_t)n0 * C, C);

@@ -772,3 +772,27 @@ TEST_CASE("linear in bf16/fp16: operands fp32, 16-bit or both give the same bits
         }
   }
 }
+
+TEST_CASE("LM head in bf16: the weight's bf16 form given or not, the same bits") {
+  // Issue 39: on the oneDNN path lmhead_xent hands w, x and dlogits over in bf16 (w16 where the
+  // caller has it, else w narrowed once). Three chunks of rows (N > 2 x 512), ignored targets.
+  const int N = 1100, C = 96, V = 777;
+  std::vector<uint16_t> w16((size_t)V * C);
+  const Vec x = randv((size_t)N * C, 31);
+  Vec w = randv((size_t)V * C, 32);
+  sw::cpu::round_copy_lp(DType::BF16, w.data(), w16.data(), w.data(), w.size());
+  std::vector<int32_t> tg(N);
+  for (int i = 0; i < N; ++i) tg[i] = (i * 37) % V - (i % 50 == 0 ? V : 0);
+  Vec loss[2], dx[2], dw[2];
+  double total[2];
+  for (int k = 0; k < 2; ++k) {
+    loss[k].assign(N, 0.f), dx[k].assign((size_t)N * C, 0.1f), dw[k].assign((size_t)V * C, 0.2f);
+    total[k] = sw::cpu::lmhead_xent(loss[k].data(), dx[k].data(), dw[k].data(), x.data(),
+                                    w.data(), tg.data(), N, C, V, 0.5f, DType::BF16,
+                                    k ? w16.data() : nullptr);
+  }
+  CHECK(total[0] == total[1]);
+  CHECK(same_bits(loss[0], loss[1]));
+  CHECK(same_bits(dx[0], dx[1]));
+  CHECK(same_bits(dw[0], dw[1]));
+}
