@@ -15,7 +15,10 @@
 #   memory            per-rank memory of STRATEGY at world 1, 2 and 4 (MEM_ARGS: the shape for
 #                     all three, default a 6-layer d=512 GPT-2 so that 4 ranks fit beside the
 #                     other jobs on this machine); model state should fall as 1/N
-# Environment: THREADS (2), ROUNDS (2), STEPS (5), TORCH_DTYPE (fp32), STRATEGY (FULL_SHARD).
+# Environment: THREADS (2), ROUNDS (2), STEPS (5), TORCH_DTYPE (fp32), STRATEGY (FULL_SHARD),
+# TORCH_PY (the python with PyTorch: /usr/bin/python3, Debian's 1.13), TORCH_ARGS (more
+# torch_step.py flags, e.g. --tuned: torch.compile with the loss inside, SDPA, fused AdamW;
+# needs torch >= 2.4, e.g. from PyPI in a venv).
 case "${1:-}" in -h | --help) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; exit 0 ;; esac
 set -euo pipefail
 build=${1:-build}
@@ -25,6 +28,8 @@ mode=${MODE:-single}
 threads=${THREADS:-2} rounds=${ROUNDS:-2} steps=${STEPS:-5} strategy=${STRATEGY:-FULL_SHARD}
 here=$(cd "$(dirname "$0")" && pwd)
 py=/usr/bin/python3
+tpy=${TORCH_PY:-$py}
+read -r -a torch_extra <<<"${TORCH_ARGS:-}"
 mpirun=(mpirun --allow-run-as-root --oversubscribe)
 export OMPI_MCA_mpi_yield_when_idle=1
 # bench_step's shape flags map one-to-one onto the PyTorch scripts'.
@@ -54,7 +59,7 @@ if [ "$mode" = single ]; then
   for ((r = 1; r <= rounds; r++)); do
     line=$("$build/bench/bench_step" "${args[@]}" | tee -a /dev/stderr | tail -1)
     sw+=("$(echo "$line" | tps)")
-    line=$("${torch_env[@]}" "$py" "$here/torch_step.py" "${torch_args[@]}")
+    line=$("${torch_env[@]}" "$tpy" "$here/torch_step.py" "${torch_args[@]}" "${torch_extra[@]}")
     echo "$line" >&2
     pt+=("$(echo "$line" | tps)")
   done
@@ -104,8 +109,8 @@ elif [ "$mode" = bf16 ]; then
     f32+=("$(echo "$line" | tps)")
     line=$("$build/bench/bench_step" "${args[@]}" --compute bf16 | tee -a /dev/stderr | tail -1)
     b16+=("$(echo "$line" | tps)")
-    line=$("${torch_env[@]}" "$py" "$here/torch_step.py" --threads "$threads" --steps "$steps" \
-             --dtype bf16 "${shape[@]}")
+    line=$("${torch_env[@]}" "$tpy" "$here/torch_step.py" --threads "$threads" --steps "$steps" \
+             --dtype bf16 "${shape[@]}" "${torch_extra[@]}")
     echo "$line" >&2
     pt+=("$(echo "$line" | tps)")
   done
@@ -118,6 +123,9 @@ for i in range(len(f32)):
           f"  {b16[i] / pt[i]:11.2f}x")
 print(f"best   {max(f32):20.1f}  {max(b16):20.1f}  {max(pt):18.1f}  {max(b16) / max(f32):8.2f}x"
       f"  {max(b16) / max(pt):11.2f}x  (targets >= 1.6x, >= 1.3x)")
+med = lambda v: sorted(v)[len(v) // 2]
+print(f"median {med(f32):20.1f}  {med(b16):20.1f}  {med(pt):18.1f}  {med(b16) / med(f32):8.2f}x"
+      f"  {med(b16) / med(pt):11.2f}x")
 PY
 elif [ "$mode" = memory ]; then
   read -r -a mem_args <<<"${MEM_ARGS:---d 512 --layers 6 --heads 8 --T 128 --B 2}"
