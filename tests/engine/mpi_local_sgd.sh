@@ -71,24 +71,13 @@ for at in 3 6; do
   run st_from$at 4 adam "${st[@]}" --set checkpoint.dir="$work/ck_$at" --set checkpoint.resume=auto
 done
 
-"$py" - "$work" <<'PY' || failed+=("parity")
-import json, struct, sys
+PYTHONPATH="$(dirname "${BASH_SOURCE[0]}")/../common" "$py" - "$work" <<'PY' || failed+=("parity")
+import sys
 import numpy as np
+import run_files
 work = sys.argv[1]
-def metrics(run):
-    try:
-        return [json.loads(l) for l in open(f"{work}/{run}/metrics.jsonl")]
-    except OSError:
-        return None
-def weights(run):
-    b = open(f"{work}/{run}/hf/model.safetensors", "rb").read()
-    n = struct.unpack("<Q", b[:8])[0]
-    out = {}
-    for k, v in json.loads(b[8:8 + n]).items():
-        if k != "__metadata__":
-            lo, hi = v["data_offsets"]
-            out[k] = np.frombuffer(b[8 + n + lo:8 + n + hi], dtype=np.float32)
-    return out
+def metrics(run): return run_files.metrics(work, run, missing_ok=True)
+def weights(run): return run_files.weights(work, run)
 bad = []
 for run, ref in (("fedavg", "ddp"), ("hybrid_fedavg", "hybrid")):
     m, r = metrics(run), metrics(ref)

@@ -16,6 +16,13 @@
 #              comm_timeout_s + 10 s (read from its own output file, written on its own host),
 #              exits non-zero, mpirun returns (scripts/mpirun_guard.sh) and no orted, rank or
 #              launcher is left in either namespace
+#   slowlink   issue 38 across the hosts (2 per host, HYBRID 2 x 2: shard inside a host, replica
+#              groups across; the link at tbf 100 Mbit/s): FedAvg with one inner SGD step
+#              (local_sgd.sync_every 1, outer lr 1, no momentum) equals HYBRID with that SGD
+#              (losses and exported weights within 1e-5); streaming DiLoCo (2 fragments, the
+#              update one step late, int8 pseudo-gradients, int8 gradients inside each replica)
+#              resumed from its step-3 and step-6 checkpoints equals the uninterrupted run
+#              bitwise (every later loss, every exported weight)
 # Exits 77 (skipped) where namespaces cannot be made (not root, no CAP_SYS_ADMIN).
 set -u
 mode=$1 sw=$2 mpiexec=$3
@@ -61,18 +68,13 @@ train_across() {  # name hosts np overrides... ($map: extra mpirun placement fla
 veth_bytes() { ip netns exec "$B" cat "/sys/class/net/$V/statistics/rx_bytes"; }
 
 compare() {  # runs... : losses, grad norms, val losses and exported weights against r1
-  /usr/bin/python3 - "$work" "$@" <<'PY' || exit 1
-import json, struct, sys
+  PYTHONPATH="$here/../common" /usr/bin/python3 - "$work" "$@" <<'PY' || exit 1
+import sys
 import numpy as np
+import run_files
 work, names = sys.argv[1], sys.argv[2:]
-def metrics(run):
-    return [json.loads(l) for l in open(f"{work}/{run}/metrics.jsonl")]
-def weights(run):
-    b = open(f"{work}/{run}/hf/model.safetensors", "rb").read()
-    n = struct.unpack("<Q", b[:8])[0]
-    h = json.loads(b[8:8 + n])
-    return {k: np.frombuffer(b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]],
-                             dtype=np.float32) for k, v in h.items() if k != "__metadata__"}
+def metrics(run): return run_files.metrics(work, run)
+def weights(run): return run_files.weights(work, run)
 ref, wref = metrics("r1"), weights("r1")
 bad = []
 for run in names:
@@ -228,6 +230,55 @@ case $mode in
     echo "$name: ok over '$link' (FULL_SHARD 2 ranks $((t1 - t0)) s, HYBRID_SHARD 4 ranks" \
       "$((SECONDS - t1)) s; dropped ${drops:-?} packets on host a, ${drops_b:-?} on host b;" \
       "host a retransmitted ${retrans:-?} TCP segments)"
+    ;;
+  slowlink)
+    netns_up "$prefix" tbf rate 100mbit burst 256kb latency 200ms || fail "netns_hosts up with tbf"
+    sgd=(--set optimizer.type=SGD --set optimizer.params.lr=0.05 --set optimizer.params.momentum=0
+         --set optimizer.params.weight_decay=0 --set gradient_clipping=0)
+    fedavg=(--set local_sgd.sync_every=1 --set local_sgd.outer_optimizer.params.lr=1
+            --set local_sgd.outer_optimizer.params.momentum=0)
+    train_across sl_hybrid "$hosts4" 4 "${hybrid[@]}" "${sgd[@]}"
+    train_across sl_fedavg "$hosts4" 4 "${hybrid[@]}" "${sgd[@]}" "${fedavg[@]}"
+    st=("${hybrid[@]}" --set local_sgd.sync_every=4 --set local_sgd.fragments=2
+        --set local_sgd.fragment_sync_delay=1 --set local_sgd.outer_dtype=int8
+        --set zero_optimization.zero_quantized_gradients=true
+        --set zero_optimization.quantized_scope=all
+        --set checkpoint.every_steps=3 --set checkpoint.keep_last=0)
+    train_across sl_full "$hosts4" 4 "${st[@]}" --set checkpoint.dir="$work/ck_full"
+    for at in 3 6; do
+      mkdir -p "$work/ck_$at" && cp -r "$work/ck_full/step_$at" "$work/ck_$at/"
+      train_across sl_from$at "$hosts4" 4 "${st[@]}" --set checkpoint.dir="$work/ck_$at" \
+        --set checkpoint.resume=auto
+    done
+    PYTHONPATH="$here/../common" /usr/bin/python3 - "$work" <<'PY' || fail "slowlink"
+import sys
+import numpy as np
+import run_files
+work = sys.argv[1]
+def metrics(run): return run_files.metrics(work, run)
+def weights(run): return run_files.weights(work, run)
+bad = []
+m, r = metrics("sl_fedavg"), metrics("sl_hybrid")
+rel = max(abs(a[k] - b[k]) / abs(b[k]) for a, b in zip(m, r) for k in ("loss", "val_loss") if k in b)
+wa, wb = weights("sl_fedavg"), weights("sl_hybrid")
+dw = max(float(np.max(np.abs(wa[k] - wb[k]))) for k in wb)
+print(f"twohost: FedAvg H=1 vs HYBRID across hosts: losses within {rel:.1e} relative, weights within {dw:.1e}")
+if len(m) != len(r) or rel > 1e-5 or dw > 1e-5:
+    bad.append(f"FedAvg H=1 differs from HYBRID: {rel:.1e} relative loss, {dw:.1e} weights")
+full, wf = metrics("sl_full"), weights("sl_full")
+for at in (3, 6):
+    got = [(x["step"], x["loss"]) for x in metrics(f"sl_from{at}")]
+    want = [(x["step"], x["loss"]) for x in full if x["step"] > at]
+    w = weights(f"sl_from{at}")
+    same = sum(np.array_equal(w[k], wf[k]) for k in wf)
+    print(f"twohost: streaming DiLoCo resumed at step {at}: losses {'equal' if got == want else 'DIFFER'}, "
+          f"{same}/{len(wf)} weights equal bitwise")
+    if got != want or same != len(wf):
+        bad.append(f"resumed at {at}: not bitwise equal to the uninterrupted run")
+if bad:
+    print("twohost: FAIL: " + "; ".join(bad)); sys.exit(1)
+PY
+    echo "$name: ok"
     ;;
   partition)
     partition_run FULL_SHARD "$hosts2" 2 "${full[@]}"
