@@ -242,9 +242,9 @@ struct BudgetScope {
   ~BudgetScope() { MemTracker::global().set_budget(0); }
 };
 
-class Trainer {
+class Run {
  public:
-  Trainer(const TrainConfig& cfg, const TrainOptions& opts, Group& world, GroupPtr world_ptr)
+  Run(const TrainConfig& cfg, const TrainOptions& opts, Group& world, GroupPtr world_ptr)
       : cfg_(cfg), opts_(opts), world_(world), world_ptr_(std::move(world_ptr)),
         W_(world.size()), rank_(world.rank()), t_(cfg.parallelism.tensor),
         p_(cfg.parallelism.pipeline), D_(W_ / t_ / p_), prank_(rank_ / (W_ / p_)),
@@ -1246,7 +1246,7 @@ struct TrainSession::Impl {
   TrainConfig cfg;
   TrainOptions opts;
   GroupPtr world;
-  std::unique_ptr<Trainer> t;  // holds references to cfg and opts
+  std::unique_ptr<Run> t;  // holds references to cfg and opts
 };
 
 TrainSession::TrainSession(const TrainConfig& cfg_in, const TrainOptions& opts)
@@ -1297,7 +1297,7 @@ TrainSession::TrainSession(const TrainConfig& cfg_in, const TrainOptions& opts)
       resolve_auto_plan(cfg, world->size(), world->rank() == 0);
     }
     refuse_tensor_parallel_gaps(cfg, "train");  // (what "auto" chose)
-    I.t = std::make_unique<Trainer>(I.cfg, I.opts, *world, world);
+    I.t = std::make_unique<Run>(I.cfg, I.opts, *world, world);
     I.t->setup();
   });
 }
