@@ -17,7 +17,7 @@
 #                     other jobs on this machine); model state should fall as 1/N
 # Environment: THREADS (2), ROUNDS (2), STEPS (5), TORCH_DTYPE (fp32), STRATEGY (FULL_SHARD),
 # TORCH_PY (the python with PyTorch: /usr/bin/python3, Debian's 1.13), TORCH_ARGS (more
-# torch_step.py flags, e.g. --tuned: torch.compile with the loss inside, SDPA, fused AdamW;
+# torch_step.py flags, e.g. --tuned: torch.compile with the loss inside, fused AdamW;
 # needs torch >= 2.4, e.g. from PyPI in a venv).
 case "${1:-}" in -h | --help) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; exit 0 ;; esac
 set -euo pipefail
