@@ -105,7 +105,6 @@ PlanSetup setup_of(const TrainConfig& cfg, const PlanArgs& pa) {
 // The plan a run of the config executes on pa.world ranks (training step, or eval).
 StepPlan build_plan(const PlanArgs& pa, TrainConfig& cfg, int64_t& params, int64_t& largest) {
   cfg = load_config(pa.config, pa.overrides, pa.world);
-  const int world = pa.world;
   const Model whole = build_model(cfg.model);
   params = whole.num_params();
   // Tensor parallelism: tensor rank 0's units over the data-parallel ranks (every tensor rank's

@@ -20,6 +20,11 @@ if grep -rlF -e "$src" -e "$bin" "$prefix" --include='*.cmake' --include='*.pc' 
   echo "FAIL: the installed files above name the source or build folder"
   exit 1
 fi
+# Nor the archives' loaded data (SW_CHECK's __FILE__: -fmacro-prefix-map; debug sections aside).
+for a in "$prefix"/lib*/*.a; do
+  n=$(strings -d "$a" | grep -cF -e "$src/" -e "$bin/" || true)
+  [ "$n" = 0 ] || { echo "FAIL: $a names the source or build folder $n times"; exit 1; }
+done
 for internal in sharding planner engine checkpoint; do
   if [ -e "$prefix/include/$internal" ]; then echo "FAIL: internal headers installed ($internal/)"; exit 1; fi
 done
