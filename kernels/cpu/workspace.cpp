@@ -67,6 +67,16 @@ WorkspaceDecl declared_workspace(const StepShape& s) {
   // chunk x V).
   const int64_t max_a = std::max({N * std::max({C, F, Fo, QKV}), chunk * V});
   const int64_t max_b = std::max({QKV * C, Fo * C, F * C, N * std::max(C, F), V * C});
+  if (lowp_onednn(s.compute)) {
+    // The oneDNN path reads 16-bit operands in place (gemm_bf16.cpp, lmhead.cpp): an fp32-only
+    // dout feeding both products (the residual stream's gradient, N x C) narrowed once; the one
+    // fp32 operand oneDNN converts (gemm_onednn.cpp's slot 1: at most the widest block weight);
+    // the LM head's x (N x C), w (V x C) and a chunk's dlogits (chunk x V) handed over in bf16.
+    d.bytes += halves(N * C) + halves(std::max({QKV * C, Fo * C, F * C})) + halves(N * C) +
+               halves(V * C) + halves(chunk * V);
+    d.what += ", fp32 results before narrowing, bf16 operand copies (oneDNN)";
+    return d;
+  }
   if (path == LowpPath::Emulated) {
     // gemm_bf16.cpp: rounded fp32 copies of the blocks' operands, x or dout, the weight, and
     // a backward's x; the LM head's w and x rounded once per call (its products take them).
