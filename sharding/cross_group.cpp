@@ -40,14 +40,6 @@ void CrossGroup::start_round() {
   }
 }
 
-void CrossGroup::reset_momentum() {
-  for (Buffer& b : mom_) std::memset(b.data(), 0, b.bytes());
-}
-
-bool CrossGroup::in_flight(int u) const {
-  return static_cast<size_t>(u) < flight_.size() && flight_[static_cast<size_t>(u)] != 0;
-}
-
 void CrossGroup::quiesce() noexcept {
   for (Work& w : works_) {
     try {
@@ -98,11 +90,7 @@ void CrossGroup::reduce(SegmentRun& s, const Action& a) {
   if (o.bits != 0) {
     const int R = ctx_.cross->size();
     if (!qpeers_) qpeers_ = make_peer_comm(*ctx_.cross, "outer-quantised");
-    if (qerr1_[u].empty()) {
-      qerr1_[u] = Buffer(fbytes(n), Mem::Optimizer, Device::cpu());
-      qerr2_[u] = Buffer(fbytes(quant_ar_chunk(n, R)), Mem::Optimizer, Device::cpu());
-      qerr1_[u].zero(), qerr2_[u].zero();
-    }
+    ensure_residuals(u);
     QuantSpec q;
     q.bits = o.bits;
     q.block = kOuterQuantBlock;
@@ -186,7 +174,16 @@ float* CrossGroup::restore_delta(int u) {
   return delta_[i].f32();
 }
 
-std::vector<CrossGroup::Named> CrossGroup::state(bool create, int quant_bits, int cross_size) {
+// Unit u's error-feedback residuals of the quantised all-reduce (zeroed when made).
+void CrossGroup::ensure_residuals(size_t u) {
+  if (!qerr1_[u].empty()) return;
+  const int64_t n = units_[u]->shard_size();
+  qerr1_[u] = Buffer(fbytes(n), Mem::Optimizer, Device::cpu());
+  qerr2_[u] = Buffer(fbytes(quant_ar_chunk(n, ctx_.cross->size())), Mem::Optimizer, Device::cpu());
+  qerr1_[u].zero(), qerr2_[u].zero();
+}
+
+std::vector<CrossGroup::Named> CrossGroup::state(bool create, bool residuals) {
   std::vector<Named> out;
   if (!on()) return out;
   if (create) ensure();
@@ -202,11 +199,7 @@ std::vector<CrossGroup::Named> CrossGroup::state(bool create, int quant_bits, in
       wait_reduced(u, o);
     }
     if (flight_[u] == 2) out.push_back({p + "delta", delta_[u].f32(), n});
-    if (create && quant_bits != 0 && qerr1_[u].empty()) {
-      qerr1_[u] = Buffer(fbytes(n), Mem::Optimizer, Device::cpu());
-      qerr2_[u] = Buffer(fbytes(quant_ar_chunk(n, cross_size)), Mem::Optimizer, Device::cpu());
-      qerr1_[u].zero(), qerr2_[u].zero();
-    }
+    if (create && residuals) ensure_residuals(u);
     if (!qerr1_[u].empty()) {
       out.push_back({p + "qerr1", qerr1_[u].f32(), n});
       out.push_back({p + "qerr2", qerr2_[u].f32(),

@@ -34,28 +34,26 @@ class CrossGroup final : public Component {
   bool run(SegmentRun& s, int i) override;
   bool on() const { return ctx_.cross != nullptr; }
   // The round starts now: every unit's start := its master (after initialisation, a resume or
-  // an import); momentum kept (reset_momentum zeroes it).
+  // an import); the outer momentum is kept.
   void start_round();
-  void reset_momentum();
-  // Whether a unit's reduce is in flight (issued by a Reduce phase, not yet updated).
-  bool in_flight(int u) const;
   // Checkpoint access: named fp32 host buffers (unit u's round start "outer.u<u>.anchor" and
   // momentum "outer.u<u>.momentum"; a reduce in flight's pseudo-gradient "outer.u<u>.delta";
-  // quantised: the residuals "outer.u<u>.qerr1|qerr2"). create: makes the round's buffers and
-  // the residuals (zeroed) if they do not exist yet, for a load to write into. A restored
+  // quantised: the residuals "outer.u<u>.qerr1|qerr2"). create: makes the round's buffers (and,
+  // with `residuals`, the residuals, zeroed) if they do not exist yet, for a load to write into. A restored
   // in-flight delta is taken as reduced (its update waits for nothing).
   struct Named {
     std::string name;
     float* data;
     int64_t n;
   };
-  std::vector<Named> state(bool create, int quant_bits, int cross_size);
+  std::vector<Named> state(bool create, bool residuals = false);
   float* restore_delta(int u);  // unit u's reduced pseudo-gradient, to load (now in flight)
   bool restored = false;  // set by a checkpoint load that held the round's state
   void quiesce() noexcept;
 
  private:
   void ensure();
+  void ensure_residuals(size_t u);
   void reduce(SegmentRun& s, const Action& a);
   void update(SegmentRun& s, const Action& a);
   void wait_reduced(size_t u, const OuterArgs& o);

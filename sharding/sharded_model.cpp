@@ -498,7 +498,7 @@ bool ShardedModel::round_restored() const { return impl_->cross.restored; }
 std::vector<ShardedModel::NamedState> ShardedModel::extra_state() {
   Impl& I = *impl_;
   std::vector<NamedState> out;
-  for (const CrossGroup::Named& n : I.cross.state(false, 0, replicas()))
+  for (const CrossGroup::Named& n : I.cross.state(false))
     out.push_back({n.name, n.data, n.n});
   for (size_t u = 0; u < I.units.size(); ++u) {
     const std::string p = "qgz.u" + std::to_string(u) + ".";
@@ -532,8 +532,7 @@ float* ShardedModel::restore_target(const std::string& name, int64_t n) {
     if (what == "delta") {
       dst = I.cross.restore_delta(u), want = I.units[size_t(u)]->shard_size();
     } else {
-      for (const CrossGroup::Named& c : I.cross.state(true, what.rfind("qerr", 0) == 0 ? 8 : 0,
-                                                      replicas()))
+      for (const CrossGroup::Named& c : I.cross.state(true, what.rfind("qerr", 0) == 0))
         if (c.name == name) dst = c.data, want = c.n;
       if (what == "anchor") I.cross.restored = true;
     }

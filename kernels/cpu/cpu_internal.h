@@ -46,6 +46,31 @@ inline void broadcast_rows(float* out, const float* b, int N, int OC) {
   for (int n = 0; n < N; ++n) std::memcpy(out + (size_t)n * OC, b, sizeof(float) * OC);
 }
 
+// db (+)= the column sums of x (N x OC, row-major), each value read as fp32 through `load`:
+// every column summed over rows 0..N-1 in order by exactly one thread (blocks of 256 columns,
+// static schedule), so the result does not depend on the thread count, nor on whether x is fp32
+// or 16-bit widened as it is read (linear_backward's db, and its bf16 twin).
+template <class T, class Load>
+inline void column_sums(float* db, const T* x, int N, int OC, bool db_write, Load load) {
+  constexpr int CB = 256;
+  const int nblocks = (OC + CB - 1) / CB;
+#pragma omp parallel for schedule(static) if ((size_t)N * OC >= (1u << 16))
+  for (int blk = 0; blk < nblocks; ++blk) {
+    const int c0 = blk * CB, c1 = c0 + CB < OC ? c0 + CB : OC, w0 = c1 - c0;
+    float acc[CB];
+    for (int c = 0; c < w0; ++c) acc[c] = 0.f;
+    for (int n = 0; n < N; ++n) {
+      const T* row = x + (size_t)n * OC + c0;
+#pragma omp simd
+      for (int c = 0; c < w0; ++c) acc[c] += load(row[c]);
+    }
+    if (db_write)
+      for (int c = 0; c < w0; ++c) db[c0 + c] = acc[c];
+    else
+      for (int c = 0; c < w0; ++c) db[c0 + c] += acc[c];
+  }
+}
+
 // A workspace of at least `floats` floats in b, reallocated only when it must grow: callers
 // keep b (thread_local) between calls, since a fresh buffer of tens of MB is mmap'ed and
 // page-faulted on every call. Tracked as Mem::Workspace.

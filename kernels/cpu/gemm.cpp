@@ -120,25 +120,7 @@ void linear_backward(float* dinp, float* dw, float* db, const float* dout, const
     detail::sgemm(false, false, N, C, OC, 1.f, dout, OC, w, C, dinp_beta, dinp, C);
   if (dw && C > 0) detail::sgemm(true, false, OC, C, N, 1.f, dout, OC, inp, C, dw_beta, dw, C);
   if (db) {
-    // Column sums: each column is summed over rows 0..N-1 in order by exactly one thread (blocks
-    // of 256 columns, static schedule), so the result does not depend on the thread count.
-    constexpr int CB = 256;
-    const int nblocks = (OC + CB - 1) / CB;
-#pragma omp parallel for schedule(static) if ((size_t)N * OC >= (1u << 16))
-    for (int blk = 0; blk < nblocks; ++blk) {
-      const int c0 = blk * CB, c1 = c0 + CB < OC ? c0 + CB : OC, w0 = c1 - c0;
-      float acc[CB];
-      for (int c = 0; c < w0; ++c) acc[c] = 0.f;
-      for (int n = 0; n < N; ++n) {
-        const float* row = dout + (size_t)n * OC + c0;
-#pragma omp simd
-        for (int c = 0; c < w0; ++c) acc[c] += row[c];
-      }
-      if (db_write)
-        for (int c = 0; c < w0; ++c) db[c0 + c] = acc[c];
-      else
-        for (int c = 0; c < w0; ++c) db[c0 + c] += acc[c];
-    }
+    detail::column_sums(db, dout, N, OC, db_write, [](float v) { return v; });
   }
 }
 

@@ -377,27 +377,11 @@ const uint16_t* narrowed16(DType t, const float* x, size_t n) {
 }
 size_t extent(int r, int c) { return size_t(r > 0 ? r : 0) * size_t(c > 0 ? c : 0); }
 bool onednn_path(DType t) { return lowp_onednn(t); }
-// db (+)= colsum(dout) read from dout's bf16 values: linear_backward's column sums (blocks of
-// 256 columns, each summed over the rows in order by one thread) on the values widened as they
-// are read, so the same bits without widening dout into scratch first.
+// db (+)= colsum(dout) read from dout's bf16 values: linear_backward's column sums on the values
+// widened as they are read, so the same bits without widening dout into scratch first.
 void colsum_bf16(float* db, const uint16_t* d16, int N, int OC, bool db_write) {
-  constexpr int CB = 256;
-  const int nblocks = (OC + CB - 1) / CB;
-#pragma omp parallel for schedule(static) if ((size_t)N * OC >= (1u << 16))
-  for (int blk = 0; blk < nblocks; ++blk) {
-    const int c0 = blk * CB, c1 = c0 + CB < OC ? c0 + CB : OC, w0 = c1 - c0;
-    float acc[CB];
-    for (int c = 0; c < w0; ++c) acc[c] = 0.f;
-    for (int n = 0; n < N; ++n) {
-      const uint16_t* row = d16 + (size_t)n * OC + c0;
-#pragma omp simd
-      for (int c = 0; c < w0; ++c) acc[c] += std::bit_cast<float>(uint32_t{row[c]} << 16);
-    }
-    if (db_write)
-      for (int c = 0; c < w0; ++c) db[c0 + c] = acc[c];
-    else
-      for (int c = 0; c < w0; ++c) db[c0 + c] += acc[c];
-  }
+  detail::column_sums(db, d16, N, OC, db_write,
+                      [](uint16_t v) { return std::bit_cast<float>(uint32_t{v} << 16); });
 }
 }  // namespace
 
