@@ -18,7 +18,8 @@
 // once: the forward, dinp and dW products of a 124M block's four Linears and one 512-row
 // LM-head chunk's three, not weighted by the 12 layers or the number of chunks).
 //
-//   bench_gemm_bf16 [--threads 2] [--reps 5] [--rows 1024]
+//   bench_gemm_bf16 [--threads 2] [--reps 5] [--rows 1024] [--d 768] [--vocab 50257]
+// (--d, --vocab: another model's shapes, e.g. --d 384 --vocab 8192 --rows 2048)
 #include <omp.h>
 
 #include <algorithm>
@@ -55,20 +56,22 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int threads = 2, reps = 5, rows = 1024;
+  int threads = 2, reps = 5, rows = 1024, d = 768, vocab = 50257;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::atoi(argv[++i]) : 0; };
     if (a == "--threads") threads = next();
     else if (a == "--reps") reps = next();
     else if (a == "--rows") rows = next();
+    else if (a == "--d") d = next();
+    else if (a == "--vocab") vocab = next();
     else {
-      std::fprintf(stderr, "usage: bench_gemm_bf16 [--threads 2] [--reps 5] [--rows 1024]\n");
+      std::fprintf(stderr, "usage: bench_gemm_bf16 [--threads 2] [--reps 5] [--rows 1024] [--d 768] [--vocab 50257]\n");
       return 2;
     }
   }
   sw::set_num_threads(threads);
-  const int R = rows, C = 768, V = 50257;
+  const int R = rows, C = d, V = vocab;
   const std::vector<Shape> shapes = {
       {"qkv fwd      x@W^T", R, 3 * C, C, false, true},
       {"attproj fwd  x@W^T", R, C, C, false, true},
