@@ -1,0 +1,159 @@
+// The FP8 Ops decorator (kernels/fp8_ops.h): scaling, quantisation and the three products of a
+// Linear through a backend's Fp8Kernels; every other op goes to the wrapped bf16 Ops.
+#include "kernels/fp8_ops.h"
+
+#include <bit>
+#include <cstring>
+#include <string>
+
+#include "core/error.h"
+
+namespace sw {
+
+float round_fp8(float v, Fp8Format f) {
+  if (std::isnan(v)) return v;
+  const float mx = fp8_max(f);
+  const float a = std::fabs(v);
+  if (a >= mx) return std::copysign(mx, v);  // saturation (infinities included)
+  // E4M3: 3 mantissa bits, smallest normal 2^-6; E5M2: 2 bits, 2^-14.
+  const int mbits = f == Fp8Format::E4M3 ? 3 : 2;
+  const int emin = f == Fp8Format::E4M3 ? -6 : -14;
+  float r;
+  if (a >= std::ldexp(1.f, emin)) {
+    // Normal: keep mbits of fp32's 23-bit mantissa, round to nearest even on the bits.
+    const int shift = 23 - mbits;
+    uint32_t u = std::bit_cast<uint32_t>(a);
+    u += ((1u << (shift - 1)) - 1) + ((u >> shift) & 1u);
+    u &= ~((1u << shift) - 1);
+    r = std::bit_cast<float>(u);
+  } else {
+    // Subnormal of the format: multiples of 2^(emin - mbits), rounded to nearest even by fp32's
+    // own addition against a constant whose unit in the last place is that quantum.
+    const float big = std::ldexp(1.f, emin - mbits + 23);
+    volatile float t = a + big;  // (volatile: the sum must be rounded, not folded away)
+    r = t - big;
+  }
+  return std::copysign(r, v);
+}
+
+namespace {
+const Fp8Kernels* g_fp8[static_cast<size_t>(DeviceKind::Count)] = {};
+}  // namespace
+
+void register_fp8_kernels(DeviceKind kind, const Fp8Kernels* k) {
+  SW_CHECK(kind != DeviceKind::CPU && kind != DeviceKind::Count, "the CPU fp8 kernels are built in");
+  g_fp8[static_cast<size_t>(kind)] = k;
+}
+
+const Fp8Kernels* fp8_kernels(DeviceKind kind) {
+  if (kind == DeviceKind::CPU) return &cpu_fp8_kernels();
+  SW_CHECK(kind != DeviceKind::Count, "fp8_kernels: no such device kind");
+  return g_fp8[static_cast<size_t>(kind)];
+}
+
+namespace {
+const Fp8Kernels& kernels_of(const Ops& inner) {
+  if (inner.compute() != DType::BF16)
+    fail("kernels", std::string("fp8: the linears wrap bf16 Ops, not ") +
+                        dtype_name(inner.compute()) + " (fp8 needs bf16 mixed precision)");
+  const Fp8Kernels* k = fp8_kernels(inner.device().kind);
+  if (!k) fail("kernels", "fp8: no fp8 kernels for device " + inner.device().str() + " in this build");
+  return *k;
+}
+}  // namespace
+
+Fp8Ops::Fp8Ops(const Ops& inner, const Fp8Recipe& recipe)
+    : in_(inner), k_(kernels_of(inner)), recipe_(recipe) {
+  SW_CHECK(!recipe_.delayed || recipe_.amax_history >= 1, "fp8: amax_history must be >= 1");
+}
+
+std::shared_ptr<const Ops> make_fp8_ops(const Ops& inner, const Fp8Recipe& recipe) {
+  return std::make_shared<const Fp8Ops>(inner, recipe);
+}
+
+void Fp8Ops::scale_of(float* s, int role, Fp8Format f, Operand x, size_t n, const void* wkey,
+                      int C, int OC, bool record) const {
+  if (!recipe_.delayed) {
+    float* am = s + 2;  // (the caller's pair is followed by a free float: the amax)
+    k_.amax(am, x, n);
+    k_.scales(s, am, 1, f);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  Site& site = sites_[{wkey, C, OC}];
+  const int h = recipe_.amax_history;
+  if (!site.hist[role]) site.hist[role] = k_.alloc_floats(static_cast<size_t>(h));
+  float* hist = site.hist[role].get();
+  if (!site.started[role]) {
+    // The first call: its own amax (the zeroed history's other entries do not raise the max).
+    k_.amax(hist, x, n);
+    site.started[role] = true;
+    site.pos[role] = 1 % h;
+    k_.scales(s, hist, h, f);
+    return;
+  }
+  k_.scales(s, hist, h, f);  // the previous calls' amaxes
+  if (record) {
+    k_.amax(hist + site.pos[role], x, n);
+    site.pos[role] = (site.pos[role] + 1) % h;
+  }
+}
+
+void Fp8Ops::linear_forward(Out out, Operand inp, Operand w, const float* b, const float* res,
+                            int N, int C, int OC) const {
+  if (res && !out.f32) refuse("linear_forward", "res with a 16-bit out");
+  if (N <= 0 || OC <= 0 || C <= 0 || !k_.takes(N, OC, C))
+    return in_.linear_forward(out, inp, w, b, res, N, C, OC);
+  const size_t eb = k_.elem_bytes();
+  float* s = static_cast<float*>(k_.scratch(5, 8 * sizeof(float)));  // {sx, 1/sx, amax, -, sw, ...}
+  void* xq = k_.scratch(0, eb * size_t(N) * C);
+  void* wq = k_.scratch(1, eb * size_t(OC) * C);
+  const void* wkey = w.f32 ? static_cast<const void*>(w.f32) : w.lp;
+  scale_of(s, 0, Fp8Format::E4M3, inp, size_t(N) * C, wkey, C, OC, true);
+  scale_of(s + 4, 1, Fp8Format::E4M3, w, size_t(OC) * C, wkey, C, OC, true);
+  k_.quantize(xq, Fp8Format::E4M3, s, inp, N, C, false);
+  k_.quantize(wq, Fp8Format::E4M3, s + 4, w, OC, C, false);
+  k_.gemm(N, OC, C, xq, Fp8Format::E4M3, s, wq, Fp8Format::E4M3, s + 4, b, res, res ? 1.f : 0.f,
+          out);
+}
+
+void Fp8Ops::linear_backward(GradIn dinp, GradOut dw, GradOut db, Operand dout, Operand inp,
+                             Operand w, int N, int C, int OC) const {
+  if (N <= 0 || OC <= 0 || C <= 0 || (dinp && !k_.takes(N, C, OC)) || (dw && !k_.takes(OC, C, N)))
+    return in_.linear_backward(dinp, dw, db, dout, inp, w, N, C, OC);
+  // db: a sum, not a product: the wrapped Ops' column sums of dout's unquantised values.
+  if (db) in_.linear_backward(nullptr, nullptr, db, dout, inp, w, N, C, OC);
+  if (!dinp && !dw) return;
+  const size_t eb = k_.elem_bytes();
+  const void* wkey = w.f32 ? static_cast<const void*>(w.f32) : w.lp;
+  float* s = static_cast<float*>(k_.scratch(5, 12 * sizeof(float)));  // {sd | sw | sx} pairs + amax
+  scale_of(s, 2, Fp8Format::E5M2, dout, size_t(N) * OC, wkey, C, OC, true);
+  if (dinp) {
+    // dinp(N, C) = dout(N, OC) W(OC, C): K = OC, so W goes K-major as W^T (C, OC).
+    void* dq = k_.scratch(0, eb * size_t(N) * OC);
+    void* wqt = k_.scratch(1, eb * size_t(C) * OC);
+    scale_of(s + 4, 1, Fp8Format::E4M3, w, size_t(OC) * C, wkey, C, OC, false);
+    k_.quantize(dq, Fp8Format::E5M2, s, dout, N, OC, false);
+    k_.quantize(wqt, Fp8Format::E4M3, s + 4, w, OC, C, true);
+    if (dinp.f32) {
+      k_.gemm(N, C, OC, dq, Fp8Format::E5M2, s, wqt, Fp8Format::E4M3, s + 4, nullptr,
+              dinp.write ? nullptr : dinp.f32, dinp.write ? 0.f : 1.f, Out(dinp.f32));
+      if (dinp.lp) in_.narrow(in_.compute(), dinp.f32, dinp.lp, size_t(N) * C);
+    } else {
+      k_.gemm(N, C, OC, dq, Fp8Format::E5M2, s, wqt, Fp8Format::E4M3, s + 4, nullptr, nullptr,
+              0.f, Out(dinp.lp));
+    }
+  }
+  if (dw) {
+    // dW(OC, C) = dout^T(OC, N) x(N, C): K = N, both transposed to K-major.
+    void* dqt = k_.scratch(2, eb * size_t(OC) * N);
+    void* xqt = k_.scratch(3, eb * size_t(C) * N);
+    scale_of(s + 8, 0, Fp8Format::E4M3, inp, size_t(N) * C, wkey, C, OC, false);
+    k_.quantize(dqt, Fp8Format::E5M2, s, dout, N, OC, true);
+    k_.quantize(xqt, Fp8Format::E4M3, s + 8, inp, N, C, true);
+    k_.gemm(OC, C, N, dqt, Fp8Format::E5M2, s, xqt, Fp8Format::E4M3, s + 8, nullptr,
+            dw.write ? nullptr : dw.p, dw.beta(), Out(dw.p));
+  }
+}
+
+}  // namespace sw
