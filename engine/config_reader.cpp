@@ -222,6 +222,16 @@ void read_mixed_precision(const json& j, TrainConfig& cfg, const Ctx& c) {
   mp.reduce_dtype = mp.param_dtype;
   if (has(j, "mixed_precision.reduce_dtype"))
     mp.reduce_dtype = precision_from_name(str_at(j, "mixed_precision.reduce_dtype", c));
+  // fp8 (kernels/fp8_ops.h): bf16 products underneath; the delayed recipe's key only with it.
+  mp.fp8 = has(j, "fp8.enabled") && at(j, "fp8.enabled")->get<bool>();  // (kind checked)
+  mp.fp8_delayed = has(j, "fp8.recipe") && str_at(j, "fp8.recipe", c) == "delayed";
+  if (has(j, "fp8.amax_history")) {
+    if (!mp.fp8_delayed) c.bad("fp8.amax_history", "is read only with \"recipe\": \"delayed\"");
+    mp.fp8_amax_history = static_cast<int>(int_at(j, "fp8.amax_history", c));
+  }
+  if (mp.fp8 && mp.param_dtype != DType::BF16)
+    c.bad("fp8.enabled", std::string("needs bf16 mixed precision (\"bf16\": {\"enabled\": "
+                                     "true}); param_dtype is ") + dtype_name(mp.param_dtype));
   cfg.sharding.mixed_precision = mp;
 }
 

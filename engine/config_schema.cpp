@@ -545,6 +545,30 @@ Node mixed_precision_block() {
               })});
 }
 
+// fp8 (kernels/fp8_ops.h), read by config_reader.cpp read_mixed_precision (its rules: bf16
+// needed, amax_history only with the delayed recipe).
+Node fp8_block() {
+  return obj(
+      "fp8",
+      {writes(boolean("enabled", false,
+                      "FP8 linears (needs bf16): the transformer blocks' Linear products in "
+                      "E4M3 (forward) and E5M2 x E4M3 (gradients) with per-tensor scales, fp32 "
+                      "accumulation; the LM head, attention and norms stay bf16 / fp32"),
+              [](const TrainConfig& c) { return json(c.sharding.mixed_precision.fp8); }),
+       writes(string("recipe", "current", {"current", "delayed"},
+                     "the scales: `current` (fp8_max / amax of the tensor now) or `delayed` "
+                     "(the largest amax of the call site's last `amax_history` calls)"),
+              [](const TrainConfig& c) {
+                return json(c.sharding.mixed_precision.fp8_delayed ? "delayed" : "current");
+              }),
+       applies_when(writes(integer("amax_history", 16, 1, 1024,
+                                   "delayed recipe: amaxes kept per tensor of a call site"),
+                           [](const TrainConfig& c) {
+                             return json(c.sharding.mixed_precision.fp8_amax_history);
+                           }),
+                    [](const TrainConfig& c) { return c.sharding.mixed_precision.fp8_delayed; })});
+}
+
 Node offload_optimizer_block() {
   constexpr auto OO = &ShardingPolicy::offload_optimizer;
   Node b = obj(
@@ -984,7 +1008,7 @@ const Node& schema() {
     add({optimizer_block(), scheduler_block(),
          to(number("gradient_clipping", 1.0, kNonNegative, "global-norm clipping (0 = off)"),
             &TrainConfig::grad_clip),
-         bf16_block(), fp16_block(), mixed_precision_block(), zero_block()});
+         bf16_block(), fp16_block(), mixed_precision_block(), fp8_block(), zero_block()});
     add(sharding_keys());
     add({parallelism_block(), local_sgd_block(), checkpoint_block(), profile_block(), aio_block()});
     add(compat_keys());

@@ -29,6 +29,7 @@ using UnitList = std::vector<std::unique_ptr<FlatUnit>>;
 struct ModelContext {
   const Ops* ops = nullptr;          // utilities and the optimizer (fp32)
   const Ops* compute_ops = nullptr;  // what units run with: ops_for(device, param_dtype)
+  std::shared_ptr<const Ops> fp8_ops;  // policy fp8: the Fp8Ops compute_ops points to
   ShardingPolicy policy;
   // world: the group given at construction; shard, rep: the groups of the unit buffers'
   // collectives (on a device, device_group()s of shard_host and the replicate group);

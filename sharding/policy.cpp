@@ -187,6 +187,9 @@ void validate(const ShardingPolicy& p, int world, int units) {
     if (d != DType::F32 && d != DType::BF16 && d != DType::F16)
       bad_policy(key, std::string("unsupported dtype ") + dtype_name(d) +
                           " (fp32, bf16 or fp16)");
+  if (mp.fp8 && mp.param_dtype != DType::BF16)
+    bad_policy("fp8.enabled", "needs bf16 mixed precision (param_dtype bf16)");
+  if (mp.fp8_delayed) at_least("fp8.amax_history", mp.fp8_amax_history, 1);
   at_least("forward_prefetch", p.forward_prefetch, 0);
   at_least("backward_prefetch", p.backward_prefetch, 0);
   at_least("max_live_units", p.max_live_units, 0);

@@ -72,6 +72,12 @@ struct MixedPrecisionPolicy {
   // (sharding/unit_state.h): a 16-bit param_dtype on a device. The CPU's products pack from
   // fp32 (they round while packing), so it keeps none.
   bool weights16(bool on_device) const { return param_dtype != DType::F32 && on_device; }
+  // FP8 linears (the config's "fp8" block; kernels/fp8_ops.h): units compute with an Fp8Ops
+  // around the bf16 Ops, so the blocks' Linear products run E4M3 / E5M2 with per-tensor scales
+  // (current, or delayed over fp8_amax_history calls). Needs param_dtype BF16.
+  bool fp8 = false;
+  bool fp8_delayed = false;
+  int fp8_amax_history = 16;
 };
 
 // Activation checkpointing: which units drop their saved activations after forward and

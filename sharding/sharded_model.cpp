@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/launch.h"
 #include "core/rng.h"
+#include "kernels/fp8_ops.h"
 #include "sharding/sharded_model_impl.h"
 
 namespace sw {
@@ -109,6 +110,10 @@ ModelContext make_context(const Model& model, const Ops& ops, GroupPtr group,
   // in code is checked the same way.
   validate(policy, c.W, static_cast<int>(model.units.size()));
   c.compute_ops = mp.param_dtype == DType::F32 ? &ops : &ops_for(ops.device(), mp.param_dtype);
+  if (mp.fp8) {  // FP8 linears around the bf16 Ops (kernels/fp8_ops.h)
+    c.fp8_ops = make_fp8_ops(*c.compute_ops, Fp8Recipe{mp.fp8_delayed, mp.fp8_amax_history});
+    c.compute_ops = c.fp8_ops.get();
+  }
   c.plan_in.on_device = !ops.device().is_cpu();
   c.plan_in.compute = c.compute_ops->compute();
   c.S = c.plan_in.S;

@@ -122,6 +122,9 @@ TEST_CASE("config schema: a default-constructed TrainConfig agrees with the decl
                key == "optimizer.params.max_coeff" || key == "optimizer.params.min_coeff" ||
                key == "optimizer.params.bias_correction") {
       CHECK(v->is_null());  // SGD's, LARS's and Lamb's keys: null (not applicable) for AdamW
+    } else if (key == "fp8.amax_history") {  // null (not applicable) without the delayed recipe
+      CHECK(v->is_null());
+      CHECK(d.sharding.mixed_precision.fp8_amax_history == k["default"].get<int>());
     } else if (key == "shard_group_size") {  // null (not applicable) without HYBRID_SHARD
       CHECK(v->is_null());
       CHECK(d.sharding.shard_group_size == k["default"].get<int>());
