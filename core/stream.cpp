@@ -1,5 +1,7 @@
 #include "core/stream.h"
 
+#include <atomic>
+
 #include "core/clock.h"
 #include "core/error.h"
 
@@ -46,6 +48,12 @@ std::shared_ptr<Event> Stream::record_timed() { return std::make_shared<StampedE
 double Event::elapsed_since(Event&) {
   throw Error("stream: an event not made by Stream::record_timed() has no time");
 }
+
+namespace {
+std::atomic<int> g_stream_timing{0};
+}
+void hold_stream_timing(bool on) { g_stream_timing.fetch_add(on ? 1 : -1); }
+bool stream_timing() { return g_stream_timing.load(std::memory_order_relaxed) > 0; }
 
 StampedEvent::StampedEvent() : at_(trace_now()) {}
 

@@ -205,6 +205,13 @@ std::string chrome_trace_json(const ProfileData& d) {
     if (q >= used.size()) used.resize(q + 1, false);
     used[q] = true;
   }
+  // The device streams' tracks, after the queues', in order of first appearance: each action
+  // with a device interval is on its queue's track (as the others; compute's is the device's
+  // timeline there too) and on its stream's, with when the host issued it in the args.
+  std::vector<std::string> streams;
+  for (const TraceAction& a : d.actions)
+    if (!a.stream.empty()) index_of(streams, a.stream);
+  const int stream_tid0 = static_cast<int>(queues.size()) + 1;
 
   json ev = json::array();
   ev.push_back({{"ph", "M"}, {"pid", pid}, {"name", "process_name"},
@@ -219,6 +226,13 @@ std::string chrome_trace_json(const ProfileData& d) {
     ev.push_back({{"ph", "M"}, {"pid", pid}, {"tid", tid}, {"name", "thread_sort_index"},
                   {"args", {{"sort_index", tid}}}});
   }
+  for (size_t k = 0; k < streams.size(); ++k) {
+    const int tid = stream_tid0 + static_cast<int>(k);
+    ev.push_back({{"ph", "M"}, {"pid", pid}, {"tid", tid}, {"name", "thread_name"},
+                  {"args", {{"name", "stream: " + streams[k]}}}});
+    ev.push_back({{"ph", "M"}, {"pid", pid}, {"tid", tid}, {"name", "thread_sort_index"},
+                  {"args", {{"sort_index", tid}}}});
+  }
   for (const TraceAction& a : d.actions) {
     std::string name = a.kind.empty() ? "action" : a.kind;
     if (!a.unit_name.empty())
@@ -228,6 +242,11 @@ std::string chrome_trace_json(const ProfileData& d) {
     json args = {{"step", a.step}, {"micro", a.micro}, {"action", a.action},
                  {"unit", a.unit}, {"call", a.call}, {"bytes", a.bytes}};
     for (const auto& [k, v] : a.args) args[k] = v;  // NaN/inf are written as null
+    if (!a.stream.empty()) {
+      args["stream"] = a.stream;
+      args["issue_ts"] = us(a.host_begin);
+      args["issue_dur"] = us(std::max(a.host_end, a.host_begin)) - us(a.host_begin);
+    }
     const double b = us(a.t_begin), e = us(std::max(a.t_end, a.t_begin));
     ev.push_back({{"ph", "X"},
                   {"pid", pid},
@@ -237,6 +256,15 @@ std::string chrome_trace_json(const ProfileData& d) {
                   {"ts", b},
                   {"dur", e - b},
                   {"args", args}});
+    if (!a.stream.empty())
+      ev.push_back({{"ph", "X"},
+                    {"pid", pid},
+                    {"tid", stream_tid0 + index_of(streams, a.stream)},
+                    {"name", name},
+                    {"cat", "stream"},
+                    {"ts", b},
+                    {"dur", e - b},
+                    {"args", args}});
   }
   // Memory: one counter track per rank with a series per category (Perfetto stacks them).
   if (!d.mem.empty() || !d.mem_start.empty()) {

@@ -4,7 +4,9 @@
 //
 // Files (one set per rank, written by that rank):
 //   trace_rank<r>.json   Chrome trace event JSON (Perfetto, chrome://tracing): pid = rank,
-//                        one tid per queue, an "X" event per action, a "memory" counter
+//                        one tid per queue, an "X" event per action, a "memory" counter;
+//                        an action with a device interval (TraceAction::stream) also on a
+//                        track of its stream ("stream: nccl", ...), its issue in the args
 //   memory_rank<r>.svg   stacked step chart of bytes in use per category over time, the
 //                        total's peak marked, an optional predicted total dashed over it
 //   peaks_rank<r>.json   the peak of the total, when it happened, what each category held then,
@@ -34,6 +36,11 @@ struct TraceAction {
   std::string unit_name;
   int64_t bytes = 0;               // bytes moved (collectives, I/O)
   double t_begin = 0, t_end = 0;   // seconds, same clock as MemSample
+  // Where the device's interval is known (ActionRecord::stream): the stream that ran the work
+  // ("cuda compute", "nccl", "copy h2d", ...; empty: none) with [t_begin, t_end] its interval
+  // there, and [host_begin, host_end] when the host issued it.
+  std::string stream;
+  double host_begin = 0, host_end = 0;
   std::vector<std::pair<std::string, double>> args;  // extra numbers for the trace (loss, ...)
 };
 

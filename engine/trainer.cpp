@@ -197,6 +197,7 @@ class ProfileRecorder {
       if (r.unit >= 0) a.unit_name = sm.unit_name(r.unit);
       if (r.bucket >= 0) a.unit_name = "bucket " + std::to_string(r.bucket);
       a.t_begin = r.t_begin, a.t_end = std::max(r.t_begin, r.t_end);
+      if (r.stream) a.stream = r.stream, a.host_begin = r.host_begin, a.host_end = r.host_end;
       data_.actions.push_back(std::move(a));
     }
     er.records.clear();

@@ -1,8 +1,15 @@
 #include "sharding/action_records.h"
 
+#include <algorithm>
+
 #include "core/env.h"
+#include "core/error.h"
 
 namespace sw {
+
+ActionRecords::~ActionRecords() {
+  if (timing_held_) hold_stream_timing(false);
+}
 
 void ActionRecords::attach(StepRecorder* recorder) {
   settle_device_times();
@@ -10,6 +17,9 @@ void ActionRecords::attach(StepRecorder* recorder) {
   if (recorder) {
     device_times_ = stream_.native_handle() != nullptr || env_flag("SHARDWISE_PROFILE_DEVICE_TIMES");
   }
+  const bool hold = recorder && device_times_;  // the collectives and copies timed meanwhile
+  if (hold != timing_held_) hold_stream_timing(hold);
+  timing_held_ = hold;
 }
 
 double ActionRecords::now() const { return rec_ ? trace_clock() : 0; }
@@ -39,9 +49,28 @@ ActionRecord& ActionRecords::add(const StepPlan& plan, int i, double t0, double 
   return rec_->records.back();
 }
 
-void ActionRecords::push(ActionRecord r) {
+ActionRecord& ActionRecords::push(ActionRecord r) {
   r.segment = rec_->segments - 1;
   rec_->records.push_back(r);
+  return rec_->records.back();
+}
+
+void ActionRecords::device_span(const ActionRecord& r, std::shared_ptr<Event> e) {
+  if (!rec_ || !device_times_ || !e) return;
+  const Event::TimedSpan t = e->timed_span();
+  if (!t.begin || !t.end) return;
+  if (!dynamic_cast<StampedEvent*>(t.begin) || !dynamic_cast<StampedEvent*>(t.end)) tie();
+  const size_t i = static_cast<size_t>(&r - rec_->records.data());
+  SW_CHECK(i < rec_->records.size(), "action records: a device span of no current record");
+  spans_.push_back({i, r.action, r.segment, e, nullptr, t.begin, t.end, t.stream});
+}
+
+void ActionRecords::tie() {
+  if (ref_) return;
+  std::shared_ptr<Event> ref = stream_.record_timed();  // the host waits once
+  ref->synchronize();
+  ref_host_ = trace_clock();
+  ref_ = std::move(ref);  // (set only once the tie holds)
 }
 
 ActionRecord* ActionRecords::open_gather(int unit) {
@@ -67,12 +96,7 @@ void ActionRecords::take_host(std::vector<HostSpan> spans) {
 ActionRecords::Bracket ActionRecords::open(const StepPlan& plan, int i) {
   Bracket b;
   if (!rec_ || !device_times_ || plan.actions[size_t(i)].queue != Queue::Compute) return b;
-  if (!ref_) {  // ties the device's clock to the host's: the host waits once
-    std::shared_ptr<Event> ref = stream_.record_timed();
-    ref->synchronize();
-    ref_host_ = trace_clock();
-    ref_ = std::move(ref);  // (set only once the tie holds)
-  }
+  tie();  // ties the device's clock to the host's
   b.begin = stream_.record_timed();
   b.first = rec_->records.size();
   return b;
@@ -84,7 +108,8 @@ void ActionRecords::close(Bracket& b, int i) {
   for (size_t r = b.first; r < rec_->records.size(); ++r) {
     const ActionRecord& rec = rec_->records[r];
     if (rec.action == i && rec.queue == Queue::Compute)
-      spans_.push_back({r, rec.action, rec.segment, b.begin, end});
+      spans_.push_back({r, rec.action, rec.segment, b.begin, end, b.begin.get(), end.get(),
+                        stream_.name()});
   }
 }
 
@@ -94,14 +119,30 @@ void ActionRecords::settle_device_times() {
   std::vector<DeviceSpan> spans;
   spans.swap(spans_);
   std::shared_ptr<Event> ref = std::move(ref_);  // (leaves ref_ empty)
-  if (!rec_ || !ref) return;
+  if (!rec_ || spans.empty()) return;
+  // A host-run stream's stamped event is on the host's clock; a device's, through the tie.
+  auto at = [&](Event& e) {
+    if (auto* h = dynamic_cast<StampedEvent*>(&e)) return h->at();
+    SW_CHECK(ref != nullptr, "action records: a device span without the clock tie");
+    return ref_host_ + e.elapsed_since(*ref);
+  };
+  std::vector<char> settled(rec_->records.size(), 0);  // by an earlier span (a union)
   for (const DeviceSpan& d : spans) {
     if (d.record >= rec_->records.size()) continue;
     ActionRecord& r = rec_->records[d.record];
     if (r.action != d.action || r.segment != d.segment) continue;
-    const double b = d.begin->elapsed_since(*ref), e = d.end->elapsed_since(*ref);
-    r.t_begin = ref_host_ + b;
-    r.t_end = ref_host_ + e;
+    const double b = at(*d.b), e = at(*d.e);
+    if (settled[d.record]) {
+      r.t_begin = std::min(r.t_begin, b);
+      r.t_end = std::max(r.t_end, e);
+      continue;
+    }
+    settled[d.record] = 1;
+    r.host_begin = r.t_begin;
+    r.host_end = r.t_end;
+    r.t_begin = b;
+    r.t_end = e;
+    r.stream = d.stream;
   }
 }
 

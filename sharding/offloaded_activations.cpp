@@ -43,14 +43,14 @@ bool OffloadedActivations::run(SegmentRun& s, int i) {
         return false;  // recorded when its wait sees it
       }
       move_between_tiers(s, i);
-      return true;
+      return false;  // recorded there
     case ActionKind::FetchActs:
       if (file_) {
         fetch_from_file(s, i);
         return false;
       }
       move_between_tiers(s, i);
-      return true;
+      return false;
     case ActionKind::WaitActs:
       for (int w : a.waits) {
         if (file_)
@@ -81,6 +81,12 @@ void OffloadedActivations::move_between_tiers(SegmentRun& s, int i) {
     c.ev.push_back(copy_bytes_async(nb.data(), dev, x.data(), x.device(), x.bytes()));
     c.from.push_back(std::move(x));
     x = std::move(nb);
+  }
+  // Its record: the host's issue; on a device, where timed, the copies' interval on their
+  // copy stream (settled later).
+  if (records_.on()) {
+    const ActionRecord& r = records_.add(s.plan, i, s.t0, trace_clock());
+    for (const std::shared_ptr<Event>& e : c.ev) records_.device_span(r, e);
   }
   // The CPU's copies are memcpys, done now, and its plan frees what they read here; a device's
   // wait waits for them.

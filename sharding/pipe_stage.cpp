@@ -145,7 +145,7 @@ void PipeStage::finish(SegmentRun& s, int j) {
   if (records_.on()) {
     const double t1 = is.work.done_at() > 0 ? is.work.done_at() : records_.now();
     const double t0 = is.work.started_at() > 0 ? is.work.started_at() : is.t_issue;
-    records_.add(s.plan, j, t0, t1);
+    records_.device_span(records_.add(s.plan, j, t0, t1), std::make_shared<Work>(is.work));
   }
   const size_t slot = static_cast<size_t>(a.micro), c = static_cast<size_t>(a.chunk);
   if (a.kind == ActionKind::SendActs) acts_.edge(Activations::Edge::ActsOut, slot, c).release();

@@ -193,7 +193,7 @@ void Reductions::complete(int through) {
       rec.t_begin = done.work.started_at() > 0 ? done.work.started_at() : done.t_issue;
       rec.t_end = done.work.done_at() > 0 ? done.work.done_at() : trace_clock();
       rec.issued = done.seq;
-      records_.push(rec);
+      records_.device_span(records_.push(rec), std::make_shared<Work>(done.work));
     }
   }
 }

@@ -359,6 +359,12 @@ struct ActionRecord {
   int64_t bytes = 0;
   double t_begin = 0, t_end = 0;
   int issued = -1;  // a reduction: the order this rank issued it in (StepRecorder::issued)
+  // Settled with a device interval (ActionRecords::settle_device_times): the stream that ran
+  // the action's work ("cuda compute", "nccl", "copy h2d", ...) and [t_begin, t_end] its
+  // interval there; host_begin/host_end the times the record had before (the host's issue).
+  // Null: t_begin/t_end are the host's.
+  const char* stream = nullptr;
+  double host_begin = 0, host_end = 0;
 };
 double trace_clock();  // steady clock, seconds
 

@@ -42,6 +42,7 @@ bool UnitParams::run(SegmentRun& s, int i) {
         if (ActionRecord* r = records_.open_gather(a.unit)) {
           if (w.started_at() > 0) r->t_begin = std::max(r->t_begin, w.started_at());
           r->t_end = w.done_at() > 0 ? w.done_at() : t1;
+          records_.device_span(*r, std::make_shared<Work>(w));  // its stream's, where timed
         }
         records_.add(s.plan, i, s.t0, t1);
       }

@@ -36,7 +36,23 @@ class Event {
   /// work before `ref` had completed to when the work before this one had (the device's own
   /// clock on a GPU). Waits for both. An event made otherwise throws sw::Error.
   virtual double elapsed_since(Event& ref);
+  /// The profiler's device interval of the work this event marks, where that work ran on a
+  /// stream of its own (a collective on its group's stream, an asynchronous copy on a copy
+  /// stream) and was issued while timing was asked for (stream_timing()): the timed events
+  /// recorded on that stream just before and just after it (owned by this event, valid while
+  /// it lives) and the stream's name. Empty otherwise (the default).
+  struct TimedSpan {
+    Event* begin = nullptr;
+    Event* end = nullptr;
+    const char* stream = nullptr;
+  };
+  virtual TimedSpan timed_span() { return {}; }
 };
+
+/// While held (counted: one hold per attached profiler recorder), the backends give the
+/// collectives and asynchronous copies they issue a TimedSpan (Event::timed_span).
+void hold_stream_timing(bool on);
+bool stream_timing();
 
 class Stream {
  public:
@@ -94,9 +110,11 @@ std::shared_ptr<Event> completed_event();
 class StampedEvent final : public Event {
  public:
   StampedEvent();
+  explicit StampedEvent(double at) : at_(at) {}  // stamped with a time taken earlier
   bool query() override { return true; }
   void synchronize() override {}
   double elapsed_since(Event& ref) override;
+  double at() const { return at_; }  // the stamp (trace_now()'s clock)
 
  private:
   double at_;

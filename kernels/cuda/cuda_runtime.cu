@@ -159,6 +159,19 @@ void device_copy(void* dst, const void* src, size_t bytes, CopyDir dir, int devi
 // Host memory is pinned where it comes from the Tier::Host pool; a pageable one still copies,
 // but cudaMemcpyAsync then stages it through the driver and overlaps nothing.
 std::atomic<cudaStream_t> g_copy_streams[kMaxDevices][3];
+
+// A copy's completion event issued while stream_timing(): timed, with the timed event recorded
+// on its copy stream just before it (Event::timed_span).
+class TimedCopyEvent final : public CudaEvent {
+ public:
+  TimedCopyEvent(int device, std::shared_ptr<CudaEvent> begin, const char* stream)
+      : CudaEvent(device, true), begin_(std::move(begin)), stream_(stream) {}
+  TimedSpan timed_span() override { return {begin_.get(), this, stream_}; }
+
+ private:
+  std::shared_ptr<CudaEvent> begin_;
+  const char* stream_;
+};
 std::mutex g_copy_streams_mu;
 
 cudaStream_t copy_stream(int device, CopyDir dir) {
@@ -190,10 +203,21 @@ std::shared_ptr<Event> device_copy_async(void* dst, const void* src, size_t byte
   const cudaMemcpyKind kind = dir == CopyDir::HostToDevice   ? cudaMemcpyHostToDevice
                               : dir == CopyDir::DeviceToHost ? cudaMemcpyDeviceToHost
                                                              : cudaMemcpyDeviceToDevice;
+  // The profiler's device interval (stream_timing()): timed events on the copy stream around it.
+  std::shared_ptr<CudaEvent> begin;
+  if (stream_timing()) {
+    begin = std::make_shared<CudaEvent>(device, true);
+    begin->record(s);
+  }
   cuda_check(cudaMemcpyAsync(dst, src, bytes, kind, s), "cudaMemcpyAsync");
   if (dir != CopyDir::HostToDevice) cuda_record_stream(src, s, device);
   if (dir != CopyDir::DeviceToHost) cuda_record_stream(dst, s, device);
-  return cuda_record_event(s, device);
+  if (!begin) return cuda_record_event(s, device);
+  static const char* const names[] = {"copy h2d", "copy d2h", "copy d2d"};
+  auto end = std::make_shared<TimedCopyEvent>(device, std::move(begin),
+                                              names[static_cast<int>(dir)]);
+  end->record(s);
+  return end;
 }
 
 // ---- Host pinning (registered by cuda_current_device once a GPU is found).
@@ -282,6 +306,11 @@ double CudaEvent::elapsed_since(Event& ref) {
   if (!r || !r->timed_ || !timed_)
     fail("cuda", "an event timed against one made without timing (Stream::record_timed makes "
                  "both)");
+  // Any two timed events of one device, whatever streams recorded them (a copy stream's against
+  // the compute stream's reference: the profiler's tie); not across devices.
+  if (r->device_ != device_)
+    fail("cuda", "an event of device " + std::to_string(device_) + " timed against one of device " +
+                     std::to_string(r->device_));
   synchronize();
   r->synchronize();
   float ms = 0.f;

@@ -146,6 +146,10 @@ bool Work::test() {
 
 void* Work::native_handle() const { return s_ && s_->native ? s_->native->native_handle() : nullptr; }
 
+Event::TimedSpan Work::timed_span() {
+  if (!s_ || !s_->timed_begin || !s_->timed_end) return {};
+  return {s_->timed_begin.get(), s_->timed_end.get(), s_->stream};
+}
 uint64_t Work::seq() const { return s_ ? s_->seq : 0; }
 double sum_over_ranks(Group& g, double x) {
   if (g.size() == 1) return x;

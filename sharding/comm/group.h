@@ -117,6 +117,7 @@ class Work final : public Event {
   bool query() override { return test(); }
   void synchronize() override { wait(); }
   void* native_handle() const override;  // the device event of a device-stream collective
+  TimedSpan timed_span() override;        // where the backend timed it (stream_timing())
   uint64_t seq() const;  // the group's sequence number of this collective (0 for a no-op)
   // Once complete: when the backend started and finished executing it (steady clock seconds,
   // sw::trace_clock's; 0 for a default Work).

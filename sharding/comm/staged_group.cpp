@@ -24,6 +24,7 @@ DeviceGroupFactory g_factories[static_cast<size_t>(DeviceKind::Count)] = {};
 struct Job {
   Collective c;  // the caller's (device pointers)
   std::shared_ptr<detail::WorkState> state;
+  bool timed = false;  // issued while stream_timing(): stamped on the group's thread
 };
 
 class StagedGroup final : public Group {
@@ -57,7 +58,7 @@ class StagedGroup final : public Group {
     {
       std::lock_guard<std::mutex> l(mu_);
       s->seq = ++seq_;
-      queue_.push_back(Job{c, s});
+      queue_.push_back(Job{c, s, stream_timing()});
     }
     cv_.notify_all();
     return Work(std::move(s));
@@ -108,8 +109,13 @@ class StagedGroup final : public Group {
       } catch (const std::exception& e) {
         err = e.what();
       }
-      const double dt = trace_now() - job.state->t_start;
+      const double t_end = trace_now(), dt = t_end - job.state->t_start;
       stats_->add_op(detail::collective_bytes(job.c, size()), dt);
+      if (job.timed) {  // this thread is the group's stream: its host clock stamps
+        job.state->timed_begin = std::make_shared<StampedEvent>(job.state->t_start);
+        job.state->timed_end = std::make_shared<StampedEvent>(t_end);
+        job.state->stream = "staged comm";
+      }
       job.state->complete(std::move(err));
       {
         std::lock_guard<std::mutex> l(mu_);

@@ -50,6 +50,10 @@ struct WorkState {
   // synchronises on it (the host blocks), and Work::native_handle hands it to a device stream
   // (which waits without blocking the host). Errors surface through its synchronize().
   std::shared_ptr<Event> native;
+  // Issued while stream_timing(): the timed events around it on the stream that ran it (NCCL's
+  // stream; a staged group's thread: stamped events), set before it completes (Work::timed_span).
+  std::shared_ptr<Event> timed_begin, timed_end;
+  const char* stream = nullptr;
 
   void complete(std::string err) {
     {

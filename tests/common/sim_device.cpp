@@ -14,6 +14,7 @@
 #include <mutex>
 
 #include "core/alloc.h"
+#include "core/clock.h"
 #include "core/env.h"
 #include "core/error.h"
 #include "core/stream.h"
@@ -199,6 +200,38 @@ void count_sync() {
   if (!t_stream_wait) ++t_syncs;
 }
 
+// The device's timed events (its compute stream's record_timed, a timed copy's span), stamped
+// on the device's clock, which is not the host's (trace_now() + kDeviceClock, as a GPU counts
+// from its own origin): only a tie to the host (the profiler's reference event) makes host
+// times of them. As cudaEventElapsedTime, two timed events of this device time against each
+// other whatever stream recorded them; an event made otherwise (untimed, the host's stamped
+// one) throws sw::Error. A copy's events are stamped when its lane runs it (lazily, below), so
+// timing one makes it run.
+constexpr double kDeviceClock = 1.0e4;
+double device_now() { return sw::trace_now() + kDeviceClock; }
+struct Lane;
+class SimTimedEvent final : public sw::Event {
+ public:
+  SimTimedEvent() : at_(device_now()) {}                   // the compute stream: now
+  SimTimedEvent(Lane* lane, uint64_t seq) : lane_(lane), seq_(seq) {}  // a copy's: when it runs
+  bool query() override;
+  void synchronize() override { (void)query(); }
+  double elapsed_since(sw::Event& ref) override {
+    auto* r = dynamic_cast<SimTimedEvent*>(&ref);
+    if (!r)
+      sw::fail("sim", "an event timed against one that is not a timed event of this device");
+    synchronize();
+    r->synchronize();
+    return at_ - r->at_;
+  }
+  void stamp() { at_ = device_now(); }  // by the lane running the copy (under its mutex)
+
+ private:
+  Lane* lane_ = nullptr;
+  uint64_t seq_ = 0;
+  double at_ = 0;
+};
+
 // The compute stream: the calling thread, as the CPU's, with its waits told apart from the
 // host's own.
 class SimStream final : public sw::Stream {
@@ -216,6 +249,8 @@ class SimStream final : public sw::Stream {
     t_stream_wait = was;
   }
   void synchronize() override { count_sync(); }
+  // Its work has run when enqueued: a timed event of the device stamped now.
+  std::shared_ptr<sw::Event> record_timed() override { return std::make_shared<SimTimedEvent>(); }
 };
 SimStream g_stream;
 
@@ -586,6 +621,7 @@ struct Lane {
     void* dst;
     const void* src;
     size_t bytes;
+    std::shared_ptr<SimTimedEvent> begin, end;  // issued while sw::stream_timing()
   };
   std::mutex mu;
   std::deque<Job> jobs;
@@ -595,19 +631,32 @@ struct Lane {
     while (done < seq) {
       const Job j = jobs.front();
       jobs.pop_front();
+      if (j.begin) j.begin->stamp();
       {
         Open g;
         std::memcpy(j.dst, j.src, j.bytes);
       }
+      if (j.end) j.end->stamp();
       ++done;
     }
   }
 };
 Lane g_lanes[3];  // indexed by CopyDir
 
+bool SimTimedEvent::query() {
+  if (lane_) lane_->run_through(seq_);  // (a query runs the copy, as SimCopyEvent's)
+  return true;
+}
+
 class SimCopyEvent final : public sw::Event {
  public:
-  SimCopyEvent(Lane* lane, uint64_t seq) : lane_(lane), seq_(seq) {}
+  SimCopyEvent(Lane* lane, uint64_t seq, std::shared_ptr<SimTimedEvent> begin = nullptr,
+               std::shared_ptr<SimTimedEvent> end = nullptr, const char* stream = nullptr)
+      : lane_(lane), seq_(seq), begin_(std::move(begin)), end_(std::move(end)), stream_(stream) {}
+  TimedSpan timed_span() override {
+    if (!begin_) return {};
+    return {begin_.get(), end_.get(), stream_};
+  }
   bool query() override {
     // The copy is made to run (the latest a copy stream could have run it); a GPU's query
     // never blocks, so it is no synchronisation.
@@ -622,6 +671,8 @@ class SimCopyEvent final : public sw::Event {
  private:
   Lane* lane_;
   uint64_t seq_;
+  std::shared_ptr<SimTimedEvent> begin_, end_;
+  const char* stream_;
 };
 
 // Host pinning (core/alloc.h HostPinning), as a GPU backend registers it: nothing is locked,
@@ -654,8 +705,15 @@ std::shared_ptr<sw::Event> sim_copy_async(void* dst, const void* src, size_t byt
   std::shared_ptr<sw::Event> e;
   {
     std::lock_guard<std::mutex> l(lane.mu);
-    lane.jobs.push_back({dst, src, bytes});
-    e = std::make_shared<SimCopyEvent>(&lane, ++lane.issued);
+    const uint64_t seq = ++lane.issued;
+    std::shared_ptr<SimTimedEvent> b, en;
+    if (sw::stream_timing()) {  // the profiler's span: stamped when the lane runs the copy
+      b = std::make_shared<SimTimedEvent>(&lane, seq);
+      en = std::make_shared<SimTimedEvent>(&lane, seq);
+    }
+    lane.jobs.push_back({dst, src, bytes, b, en});
+    static const char* const names[] = {"sim copy h2d", "sim copy d2h", "sim copy d2d"};
+    e = std::make_shared<SimCopyEvent>(&lane, seq, b, en, names[static_cast<int>(dir)]);
   }
   // Pageable host memory: cudaMemcpyAsync waits for the stream and returns once the copy is
   // done (staged), so it is a synchronisation, and the copy runs now.

@@ -760,3 +760,119 @@ TEST_CASE("sim device: an evaluation synchronises the host with the device once"
     for (size_t i = 0; i < many.size(); ++i) CHECK(many[i] == got[i % data.size()]);
   }
 }
+
+TEST_CASE("sim device: timed events of any of its streams time against each other, nothing else",
+          "[device]") {
+  // As cudaEventElapsedTime: two timed events of the device, whatever stream recorded them (a
+  // copy stream's against the compute stream's), on the device's clock; an untimed event or the
+  // host's stamped one cannot be timed against them. A copy's events are stamped when its lane
+  // runs it, lazily: after the compute stream's event recorded once it was issued.
+  const size_t n = 256;
+  Buffer hb(n * 4, Mem::Params, Device::cpu(), Tier::Host);
+  Buffer d(n * 4, Mem::Params, Device::sim(0));
+  Stream& s = ops_for(Device::sim(0)).stream();
+  const std::shared_ptr<Event> untimed =
+      copy_bytes_async(d.data(), d.device(), hb.data(), Device::cpu(), n * 4);
+  CHECK(untimed->timed_span().begin == nullptr);  // issued while nobody asked for timing
+  untimed->synchronize();
+  hold_stream_timing(true);
+  const std::shared_ptr<Event> ref = s.record_timed();
+  const uint64_t done = swtest::sim_copies_done();
+  const std::shared_ptr<Event> down =
+      copy_bytes_async(hb.data(), Device::cpu(), d.data(), d.device(), n * 4);
+  hold_stream_timing(false);
+  const std::shared_ptr<Event> mid = s.record_timed();
+  const Event::TimedSpan t = down->timed_span();
+  REQUIRE(t.begin != nullptr);
+  REQUIRE(t.end != nullptr);
+  CHECK(std::string(t.stream) == "sim copy d2h");
+  CHECK(swtest::sim_copies_done() == done);  // not run yet
+  const double b = t.begin->elapsed_since(*ref), e = t.end->elapsed_since(*ref);
+  CHECK(swtest::sim_copies_done() == done + 1);  // timing it ran it
+  CHECK(b >= mid->elapsed_since(*ref));
+  CHECK(e >= b);
+  CHECK(t.end->elapsed_since(*t.begin) == e - b);
+  StampedEvent host;
+  CHECK_THROWS_AS(t.end->elapsed_since(host), Error);
+  CHECK_THROWS_AS(ref->elapsed_since(host), Error);
+  CHECK_THROWS_AS(host.elapsed_since(*ref), Error);
+  CHECK_THROWS_AS(t.end->elapsed_since(*s.record()), Error);
+}
+
+TEST_CASE("sim device: the recorder gives each copy and compute action its own stream's interval",
+          "[device]") {
+  // With device times (SHARDWISE_PROFILE_DEVICE_TIMES=1 on the sim; a GPU's are always timed)
+  // settle_recorder() gives every action whose work ran on a stream of its own that stream's
+  // interval and name: an activation copy's on its copy lane (which runs a copy only once it is
+  // waited for or queried: after the action that issued it returned), a compute action's on
+  // the compute stream (around its host times); all inside the recorded step, through the
+  // clock tie (the sim's device clock is not the host's). One rank has no collectives: the
+  // gathers and reductions are test_device_mpi's.
+  setenv("SHARDWISE_PROFILE_DEVICE_TIMES", "1", 1);
+  const ModelConfig cfg = tiny("gpt2");
+  ShardingPolicy p = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+  p.activation_checkpointing.offload_cpu = true;
+  Model m = build_model(cfg);
+  ShardedModel sm(m, ops_for(Device::sim(0)), 3, make_local_group(), p);
+  Data a(2, cfg.seq_len, 11, cfg.vocab_size);
+  sm.forward_backward(a.batch);  // warm-up
+  sm.optimizer_step(AdamWParams{}, 1e-3f, 1.f, 1);
+  sm.zero_grads();
+  StepRecorder rec;
+  const double before = trace_clock();
+  sm.set_recorder(&rec);
+  sm.forward_backward(a.batch);
+  sm.optimizer_step(AdamWParams{}, 1e-3f, 1.f, 2);
+  const std::vector<ActionRecord> host = rec.records;
+  sm.settle_recorder();
+  const double after = trace_clock();
+  sm.set_recorder(nullptr);
+  unsetenv("SHARDWISE_PROFILE_DEVICE_TIMES");
+  REQUIRE(rec.records.size() == host.size());
+  std::map<std::string, int> on;  // "<kind> on <stream>" -> records
+  for (size_t i = 0; i < host.size(); ++i) {
+    const ActionRecord &h = host[i], &d = rec.records[i];
+    const std::string kind = action_kind_name(d.kind);
+    INFO("record " << i << " " << kind << " (" << queue_name(d.queue) << "): host " << h.t_begin
+                   << ".." << h.t_end << ", settled " << d.t_begin << ".." << d.t_end << " on "
+                   << (d.stream ? d.stream : "-"));
+    CHECK(h.stream == nullptr);
+    CHECK(d.t_begin >= before);
+    CHECK(d.t_end <= after);
+    CHECK(d.t_begin <= d.t_end);
+    if (!d.stream) {  // the host's times: no work of its own on a device stream
+      CHECK(d.queue != Queue::Compute);
+      CHECK((d.queue == Queue::Host || d.kind == ActionKind::WaitReduce));
+      continue;
+    }
+    ++on[kind + " on " + d.stream];
+    CHECK(d.host_begin == h.t_begin);
+    CHECK(d.host_end == h.t_end);
+    if (d.kind == ActionKind::Gather || d.kind == ActionKind::ReduceScatter) {
+      CHECK(std::string(d.stream) == "staged comm");
+      CHECK(d.t_begin >= h.t_begin);
+      CHECK(d.t_end <= h.t_end);
+    } else if (d.kind == ActionKind::EvictActs || d.kind == ActionKind::FetchActs) {
+      CHECK(std::string(d.stream) ==
+            (d.kind == ActionKind::EvictActs ? "sim copy d2h" : "sim copy h2d"));
+      // The lane ran it once waited for or queried: in a later action than its issue.
+      size_t next = i + 1;
+      while (next < host.size() && host[next].queue != Queue::Compute) ++next;
+      CHECK(next < host.size());
+      if (next < host.size()) CHECK(d.t_begin >= host[next].t_begin);
+    } else {
+      CHECK(d.queue == Queue::Compute);
+      CHECK(std::string(d.stream) == "sim");
+      CHECK(d.t_begin <= h.t_begin + 1e-3);
+      CHECK(d.t_end >= h.t_end);
+    }
+  }
+  for (const auto& [k, n] : on) INFO(k << ": " << n);
+  int updates = 0;
+  for (const ActionRecord& h : host) updates += h.kind == ActionKind::OptimizerUpdate;
+  CHECK(on["evict_acts on sim copy d2h"] > 0);
+  CHECK(on["fetch_acts on sim copy h2d"] == on["evict_acts on sim copy d2h"]);
+  CHECK(on["forward on sim"] > 0);
+  CHECK(on["optimizer_update on sim"] == updates);
+  CHECK(updates > 0);
+}

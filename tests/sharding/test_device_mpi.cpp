@@ -130,3 +130,84 @@ TEST_CASE("sim device: a device group refuses native collectives it does not hav
   CHECK_THROWS_WITH(device_group(swtest::world(), Device::sim(0), DeviceComm::Native),
                     Catch::Contains("no native collectives for device sim:0"));
 }
+
+TEST_CASE("sim device, several ranks: the recorder gives each gather and reduction its stream's "
+          "interval", "[profile]") {
+  // With device times (SHARDWISE_PROFILE_DEVICE_TIMES=1; a GPU's are always on) each gather's
+  // and reduce-scatter's record is settled to the interval its collective ran on the device
+  // group's own stream (here the staged group's thread, which stamps it: inside when the group
+  // says it ran it, Work::started_at and done_at, the records' host times before the settle),
+  // named "staged comm"; the activation copies on their lanes and the compute actions on the
+  // compute stream; every interval inside the recorded step. (A gather the step issues for the
+  // next one stays open, on the host's times, until a later segment waits for it.)
+  setenv("SHARDWISE_PROFILE_DEVICE_TIMES", "1", 1);
+  const GroupPtr g = swtest::world();
+  ShardingPolicy p = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+  p.activation_checkpointing.offload_cpu = true;
+  const ModelConfig mc = swtest::tiny_config("gpt2");
+  const int B = 2, T = mc.seq_len;
+  Model m = build_model(mc);
+  ShardedModel sm(m, ops_for(Device::sim(0)), 4242, g, p);
+  swtest::Corpus corpus(mc.vocab_size);
+  std::vector<int32_t> in(size_t(B) * T), tg(size_t(B) * T);
+  const Batch batch{in.data(), tg.data(), B, T};
+  corpus.fill(0, int64_t{g->rank()} * B, B, T, in.data(), tg.data());
+  sm.forward_backward(batch);  // warm-up
+  sm.optimizer_step(AdamWParams{}, 1e-3f, 1.f, 1);
+  sm.zero_grads();
+  StepRecorder rec;
+  const double before = trace_clock();
+  sm.set_recorder(&rec);
+  sm.forward_backward(batch);
+  sm.optimizer_step(AdamWParams{}, 1e-3f, 1.f, 2);
+  const std::vector<ActionRecord> host = rec.records;
+  sm.settle_recorder();
+  const double after = trace_clock();
+  sm.set_recorder(nullptr);
+  unsetenv("SHARDWISE_PROFILE_DEVICE_TIMES");
+  CHECK(rec.records.size() == host.size());
+  std::map<std::string, int> on;  // "<kind> on <stream>" -> records
+  int gathers = 0, reductions = 0;
+  for (size_t i = 0; i < host.size() && i < rec.records.size(); ++i) {
+    const ActionRecord &h = host[i], &d = rec.records[i];
+    const std::string kind = action_kind_name(d.kind);
+    INFO("rank " << g->rank() << " record " << i << " " << kind << ": host " << h.t_begin << ".."
+                 << h.t_end << ", settled " << d.t_begin << ".." << d.t_end << " on "
+                 << (d.stream ? d.stream : "-"));
+    if (h.t_end < 0) {  // a gather issued for the next step, open until it is waited for
+      CHECK(d.kind == ActionKind::Gather);
+      CHECK(d.stream == nullptr);
+      continue;
+    }
+    gathers += d.kind == ActionKind::Gather;
+    reductions += d.kind == ActionKind::ReduceScatter;
+    CHECK(d.t_begin >= before);
+    CHECK(d.t_end <= after);
+    CHECK(d.t_begin <= d.t_end);
+    CHECK(d.stream != nullptr);
+    if (!d.stream) continue;
+    ++on[kind + " on " + d.stream];
+    CHECK(d.host_begin == h.t_begin);
+    CHECK(d.host_end == h.t_end);
+    if (d.kind == ActionKind::Gather || d.kind == ActionKind::ReduceScatter) {
+      CHECK(std::string(d.stream) == "staged comm");
+      CHECK(d.t_begin >= h.t_begin);
+      CHECK(d.t_end <= h.t_end);
+    } else if (d.kind == ActionKind::EvictActs || d.kind == ActionKind::FetchActs) {
+      CHECK(std::string(d.stream) ==
+            (d.kind == ActionKind::EvictActs ? "sim copy d2h" : "sim copy h2d"));
+      // The lane ran it once waited for or queried: in a later action than its issue.
+      size_t next = i + 1;
+      while (next < host.size() && host[next].queue != Queue::Compute) ++next;
+      CHECK(next < host.size());
+      if (next < host.size()) CHECK(d.t_begin >= host[next].t_begin);
+    } else {
+      CHECK(std::string(d.stream) == "sim");
+    }
+  }
+  CHECK(gathers > 0);
+  CHECK(reductions > 0);
+  CHECK(on["gather on staged comm"] == gathers);
+  CHECK(on["reduce_scatter on staged comm"] == reductions);
+  CHECK(on["evict_acts on sim copy d2h"] > 0);
+}

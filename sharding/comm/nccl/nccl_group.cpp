@@ -186,8 +186,9 @@ struct NcclComm {
 // The event a NCCL Work hands out: a CudaEvent whose host wait never blocks forever.
 class NcclEvent final : public CudaEvent {
  public:
-  NcclEvent(int device, std::shared_ptr<NcclComm> comm, std::string what, double timeout_s)
-      : CudaEvent(device), comm_(std::move(comm)), what_(std::move(what)), timeout_s_(timeout_s) {}
+  NcclEvent(int device, std::shared_ptr<NcclComm> comm, std::string what, double timeout_s,
+            bool timed = false)
+      : CudaEvent(device, timed), comm_(std::move(comm)), what_(std::move(what)), timeout_s_(timeout_s) {}
 
   // Not complete once the communicator was aborted (its kernels returned early): nothing may
   // go on with the result; synchronize names the failure.
@@ -332,6 +333,13 @@ class NcclGroup final : public Group {
               "cudaStreamWaitEvent (after)");
     else
       c.after.wait_done();
+    // The profiler's device interval (stream_timing()): timed events on this stream around it.
+    const bool timed = stream_timing();
+    std::shared_ptr<CudaEvent> begin;
+    if (timed) {
+      begin = std::make_shared<CudaEvent>(dev_.index, true);
+      begin->record(stream_);
+    }
 
     const size_t n = static_cast<size_t>(c.count);
     const ncclDataType_t t = nccl_type(c.dtype);
@@ -363,7 +371,7 @@ class NcclGroup final : public Group {
       cuda::divide(stream_, static_cast<int>(c.dtype), c.recv, static_cast<float>(size()), n);
     }
 
-    auto ev = std::make_shared<NcclEvent>(dev_.index, comm_, what, opts_.timeout_s);
+    auto ev = std::make_shared<NcclEvent>(dev_.index, comm_, what, opts_.timeout_s, timed);
     ev->record(stream_);
     if (watching_.load()) {
       std::lock_guard<std::mutex> l(wmu_);
@@ -374,6 +382,11 @@ class NcclGroup final : public Group {
     auto s = std::make_shared<detail::WorkState>();
     s->seq = seq;
     s->stats = stats_;
+    if (timed) {
+      s->timed_begin = std::move(begin);
+      s->timed_end = ev;
+      s->stream = "nccl";
+    }
     s->native = std::move(ev);  // done stays false: Work uses the event
     stats_->add_op(detail::collective_bytes(c, size()), 0.0);
     return Work(std::move(s));
