@@ -4,6 +4,7 @@
 
 #include "core/env.h"
 #include "core/error.h"
+#include "sharding/comm/group.h"
 
 namespace sw {
 
@@ -57,12 +58,10 @@ ActionRecord& ActionRecords::push(ActionRecord r) {
 
 void ActionRecords::device_span(const ActionRecord& r, std::shared_ptr<Event> e) {
   if (!rec_ || !device_times_ || !e) return;
-  const Event::TimedSpan t = e->timed_span();
-  if (!t.begin || !t.end) return;
-  if (!dynamic_cast<StampedEvent*>(t.begin) || !dynamic_cast<StampedEvent*>(t.end)) tie();
+  tie();  // (its events are read at the settle: a host-run stream sets them when it runs)
   const size_t i = static_cast<size_t>(&r - rec_->records.data());
   SW_CHECK(i < rec_->records.size(), "action records: a device span of no current record");
-  spans_.push_back({i, r.action, r.segment, e, nullptr, t.begin, t.end, t.stream});
+  spans_.push_back({i, r.action, r.segment, nullptr, std::move(e)});
 }
 
 void ActionRecords::tie() {
@@ -108,8 +107,7 @@ void ActionRecords::close(Bracket& b, int i) {
   for (size_t r = b.first; r < rec_->records.size(); ++r) {
     const ActionRecord& rec = rec_->records[r];
     if (rec.action == i && rec.queue == Queue::Compute)
-      spans_.push_back({r, rec.action, rec.segment, b.begin, end, b.begin.get(), end.get(),
-                        stream_.name()});
+      spans_.push_back({r, rec.action, rec.segment, b.begin, end});
   }
 }
 
@@ -131,7 +129,16 @@ void ActionRecords::settle_device_times() {
     if (d.record >= rec_->records.size()) continue;
     ActionRecord& r = rec_->records[d.record];
     if (r.action != d.action || r.segment != d.segment) continue;
-    const double b = at(*d.b), e = at(*d.e);
+    Event::TimedSpan t{d.begin.get(), d.end.get(), stream_.name()};  // a compute bracket
+    if (!d.begin) {  // an event whose work ran on a stream of its own: done by now
+      if (auto* w = dynamic_cast<Work*>(d.end.get()))
+        w->wait_done();  // (not the caller's exposed communication)
+      else
+        d.end->synchronize();
+      t = d.end->timed_span();
+      if (!t.begin || !t.end) continue;  // not timed: the host's times stay
+    }
+    const double b = at(*t.begin), e = at(*t.end);
     if (settled[d.record]) {
       r.t_begin = std::min(r.t_begin, b);
       r.t_end = std::max(r.t_end, e);
@@ -142,7 +149,7 @@ void ActionRecords::settle_device_times() {
     r.host_end = r.t_end;
     r.t_begin = b;
     r.t_end = e;
-    r.stream = d.stream;
+    r.stream = t.stream;
   }
 }
 

@@ -70,10 +70,9 @@ class ActionRecords {
   struct DeviceSpan {
     size_t record = 0;              // index in rec_->records
     int action = -1, segment = -1;  // that record's (checked: the records may have been taken)
-    std::shared_ptr<Event> begin, end;  // own the events below
-    Event* b = nullptr;
-    Event* e = nullptr;
-    const char* stream = nullptr;
+    // A compute bracket: its two timed events on the compute stream. Else (begin null) the
+    // event of work on a stream of its own, whose TimedSpan is read at the settle.
+    std::shared_ptr<Event> begin, end;
   };
   void tie();  // ref_ and ref_host_, once per settle
   Stream& stream_;

@@ -53,7 +53,11 @@ bool UnitParams::run(SegmentRun& s, int i) {
       return true;
     case ActionKind::Regather:
       fu.issue_regather();
-      return true;
+      if (records_.on()) {  // the host's issue; where timed, its collective's stream's interval
+        const ActionRecord& r = records_.add(s.plan, i, s.t0, trace_clock());
+        if (fu.gather_in_flight()) records_.device_span(r, std::make_shared<Work>(fu.gather_work()));
+      }
+      return false;
     default:
       SW_CHECK(false, std::string("unit parameters: not an action of theirs: ") +
                           action_kind_name(a.kind));

@@ -133,16 +133,18 @@ TEST_CASE("sim device: a device group refuses native collectives it does not hav
 
 TEST_CASE("sim device, several ranks: the recorder gives each gather and reduction its stream's "
           "interval", "[profile]") {
-  // With device times (SHARDWISE_PROFILE_DEVICE_TIMES=1; a GPU's are always on) each gather's
-  // and reduce-scatter's record is settled to the interval its collective ran on the device
-  // group's own stream (here the staged group's thread, which stamps it: inside when the group
-  // says it ran it, Work::started_at and done_at, the records' host times before the settle),
-  // named "staged comm"; the activation copies on their lanes and the compute actions on the
-  // compute stream; every interval inside the recorded step. (A gather the step issues for the
-  // next one stays open, on the host's times, until a later segment waits for it.)
+  // With device times (SHARDWISE_PROFILE_DEVICE_TIMES=1; a GPU's are always on) each gather's,
+  // regather's and reduce-scatter's record is settled to the interval its collective ran on the
+  // device group's own stream (here the staged group's thread, which stamps it: inside when the
+  // group says it ran it, Work::started_at and done_at, a gather's and a reduction's host times
+  // before the settle; a regather's after its issue), named "staged comm"; the activation copies
+  // on their lanes and the compute actions on the compute stream; every interval inside the
+  // recorded step. (A gather the step issues for the next one stays open, on the host's times,
+  // until a later segment waits for it.)
+  for (const ShardingStrategy st : {ShardingStrategy::FullShard, ShardingStrategy::ShardOptimizer}) {
   setenv("SHARDWISE_PROFILE_DEVICE_TIMES", "1", 1);
   const GroupPtr g = swtest::world();
-  ShardingPolicy p = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+  ShardingPolicy p = ShardingPolicy::for_strategy(st);
   p.activation_checkpointing.offload_cpu = true;
   const ModelConfig mc = swtest::tiny_config("gpt2");
   const int B = 2, T = mc.seq_len;
@@ -167,19 +169,21 @@ TEST_CASE("sim device, several ranks: the recorder gives each gather and reducti
   unsetenv("SHARDWISE_PROFILE_DEVICE_TIMES");
   CHECK(rec.records.size() == host.size());
   std::map<std::string, int> on;  // "<kind> on <stream>" -> records
-  int gathers = 0, reductions = 0;
+  int gathers = 0, regathers = 0, reductions = 0;
   for (size_t i = 0; i < host.size() && i < rec.records.size(); ++i) {
     const ActionRecord &h = host[i], &d = rec.records[i];
     const std::string kind = action_kind_name(d.kind);
-    INFO("rank " << g->rank() << " record " << i << " " << kind << ": host " << h.t_begin << ".."
-                 << h.t_end << ", settled " << d.t_begin << ".." << d.t_end << " on "
-                 << (d.stream ? d.stream : "-"));
+    INFO(strategy_name(st) << ", rank " << g->rank() << " record " << i << " " << kind
+                           << ": host " << h.t_begin << ".." << h.t_end << ", settled "
+                           << d.t_begin << ".." << d.t_end << " on "
+                           << (d.stream ? d.stream : "-"));
     if (h.t_end < 0) {  // a gather issued for the next step, open until it is waited for
       CHECK(d.kind == ActionKind::Gather);
       CHECK(d.stream == nullptr);
       continue;
     }
     gathers += d.kind == ActionKind::Gather;
+    regathers += d.kind == ActionKind::Regather;
     reductions += d.kind == ActionKind::ReduceScatter;
     CHECK(d.t_begin >= before);
     CHECK(d.t_end <= after);
@@ -193,6 +197,9 @@ TEST_CASE("sim device, several ranks: the recorder gives each gather and reducti
       CHECK(std::string(d.stream) == "staged comm");
       CHECK(d.t_begin >= h.t_begin);
       CHECK(d.t_end <= h.t_end);
+    } else if (d.kind == ActionKind::Regather) {
+      CHECK(std::string(d.stream) == "staged comm");
+      CHECK(d.t_begin >= h.t_begin);
     } else if (d.kind == ActionKind::EvictActs || d.kind == ActionKind::FetchActs) {
       CHECK(std::string(d.stream) ==
             (d.kind == ActionKind::EvictActs ? "sim copy d2h" : "sim copy h2d"));
@@ -205,9 +212,12 @@ TEST_CASE("sim device, several ranks: the recorder gives each gather and reducti
       CHECK(std::string(d.stream) == "sim");
     }
   }
-  CHECK(gathers > 0);
+  INFO(strategy_name(st));
+  CHECK(gathers + regathers > 0);
   CHECK(reductions > 0);
   CHECK(on["gather on staged comm"] == gathers);
+  CHECK(on["regather on staged comm"] == regathers);
   CHECK(on["reduce_scatter on staged comm"] == reductions);
   CHECK(on["evict_acts on sim copy d2h"] > 0);
+  }
 }
