@@ -196,6 +196,52 @@ TEST_CASE("profiler: chrome trace is valid JSON with one pid per rank and one ti
       CHECK(e["ts"].get<double>() == Approx(511000.0));
 }
 
+TEST_CASE("profiler: actions with a device interval are on their streams' tracks too") {
+  // Each action whose record carries a stream (the device's interval) stays on its queue's
+  // track and is also on one track per stream ("stream: <name>", after the queues', in order
+  // of first appearance) at the same times, with the host's issue in its args; an action
+  // without one is on its queue's track only.
+  ProfileData d = sample_data();
+  for (TraceAction& a : d.actions) {
+    if (a.queue == "compute") a.stream = "cuda compute";
+    if (a.queue == "gather" || a.queue == "reduce") a.stream = "nccl";
+    if (a.stream.empty()) continue;
+    a.host_begin = a.t_begin - 0.0005, a.host_end = a.t_begin - 0.0004;
+  }
+  const json doc = json::parse(chrome_trace_json(d));
+  std::map<int, std::string> tid_name;
+  std::map<int, int> sort;
+  for (const json& e : doc["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "thread_name") tid_name[e["tid"]] = e["args"]["name"];
+    if (e["ph"] == "M" && e["name"] == "thread_sort_index") sort[e["tid"]] = e["args"]["sort_index"];
+  }
+  std::vector<std::string> order;
+  for (const auto& [tid, n] : sort) order.push_back(tid_name.at(tid));
+  CHECK(order == std::vector<std::string>{"compute", "gather", "reduce", "io", "stream: nccl",
+                                          "stream: cuda compute"});
+  std::map<std::string, int> per_track;
+  std::map<std::pair<std::string, double>, int> twins;  // (name, ts) -> events
+  for (const json& e : doc["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    const std::string track = tid_name.at(e["tid"].get<int>());
+    ++per_track[track];
+    const json& a = e["args"];
+    if (track == "io") {
+      CHECK_FALSE(a.contains("stream"));
+      continue;
+    }
+    ++twins[{e["name"].get<std::string>(), e["ts"].get<double>()}];
+    const std::string stream = a.at("stream");
+    CHECK((track == "stream: " + stream || track == e["cat"].get<std::string>()));
+    CHECK(a.at("issue_ts").get<double>() == Approx(e["ts"].get<double>() - 500.0));
+    CHECK(a.at("issue_dur").get<double>() == Approx(100.0));
+  }
+  CHECK(per_track["stream: cuda compute"] == per_track["compute"]);
+  CHECK(per_track["stream: nccl"] == per_track["gather"] + per_track["reduce"]);
+  CHECK(per_track["io"] == 2);
+  for (const auto& [k, n] : twins) CHECK(n == 2);
+}
+
 TEST_CASE("profiler: invalid UTF-8 and non-finite args still give valid JSON") {
   ProfileData d;
   TraceAction a;
@@ -360,6 +406,77 @@ TEST_CASE("profiler: train records the profile block steps through the hook and 
   CHECK(p["peak_bytes"].get<int64_t>() == r.peaks.peak_bytes);
   CHECK(r.peaks.peak_per_category.at("params") > 0);
   CHECK(enginetest::read_bytes(r.svg_path).find("predicted total") != std::string::npos);
+}
+
+TEST_CASE("profiler: on a device the trace has a track per stream with the device's intervals") {
+  // train with profile on the sim device, its device times on (SHARDWISE_PROFILE_DEVICE_TIMES;
+  // a GPU's always are) and activations offloaded to the host: the trace has the compute
+  // stream's and both copy lanes' tracks; every compute action is on the compute stream's
+  // track, every evict/fetch of activations on its copy lane's (d2h, h2d), each inside its
+  // step and after its issue began; no number changes. (One rank: no collectives; their
+  // streams are test_device_mpi's.)
+  namespace fs = std::filesystem;
+  const fs::path dir = enginetest::make_test_dir("sw_profiler_streams");
+  fs::remove_all(dir / "plain"), fs::remove_all(dir / "prof");
+  const std::string data = enginetest::write_random_tokens(dir / "tok.bin", 4000, 32, 3);
+  auto config = [&](const std::string& run, std::vector<std::string> extra) {
+    std::vector<std::string> ov = {"data.train=" + data, "data.val=" + data,
+                                   "run_dir=" + (dir / run).string(), "device=sim"};
+    ov.insert(ov.end(), extra.begin(), extra.end());
+    return parse_config(R"({
+      "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+      "model": {"type": "gpt2", "vocab_size": 32, "n_layer": 2, "n_head": 2, "d_model": 32, "seq_len": 16},
+      "activation_checkpointing": {"mode": "off", "offload": "cpu"},
+      "train_steps": 4, "eval_every_steps": 0, "seed": 9, "threads": 2
+    })", "p.json", ov);
+  };
+  const TrainSummary plain = train(config("plain", {}), enginetest::quiet_options(false));
+  setenv("SHARDWISE_PROFILE_DEVICE_TIMES", "1", 1);
+  const TrainSummary prof = train(
+      config("prof", {"profile.enabled=true", "profile.start_step=2", "profile.num_steps=2"}),
+      enginetest::quiet_options(false));
+  unsetenv("SHARDWISE_PROFILE_DEVICE_TIMES");
+  CHECK(plain.last_loss == prof.last_loss);
+  const json t = json::parse(enginetest::read_bytes(prof.profile.trace_path));
+  std::map<int, std::string> track;
+  for (const json& e : t["traceEvents"])
+    if (e["ph"] == "M" && e["name"] == "thread_name") track[e["tid"]] = e["args"]["name"];
+  std::set<std::string> tracks;
+  for (const auto& [tid, n] : track) tracks.insert(n);
+  for (const char* n : {"compute", "io", "stream: sim", "stream: sim copy d2h", "stream: sim copy h2d"})
+    CHECK(tracks.count(n) == 1);
+  std::map<int, std::pair<double, double>> step;
+  for (const json& e : t["traceEvents"])
+    if (e["ph"] == "X" && e["name"] == "step")
+      step[e["args"]["step"]] = {e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()};
+  REQUIRE(step.size() == 2);
+  std::map<std::string, int> on;  // "<kind> on <track>" -> events on a stream's track
+  int planned_compute = 0;
+  for (const json& e : t["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    const std::string tr = track.at(e["tid"].get<int>()), kind = e["name"].get<std::string>().substr(0, e["name"].get<std::string>().find(' '));
+    const json& a = e["args"];
+    INFO(tr << ": " << e.dump());
+    const bool trainers = kind == "step" || kind == "forward_backward" || kind == "grad_norm" ||
+                          kind == "optimizer" || kind == "evaluate";  // its own, on the host
+    if (tr == "compute" && !trainers) {
+      ++planned_compute;
+      CHECK(a.at("stream") == "sim");
+    }
+    if (tr.rfind("stream: ", 0) != 0) continue;
+    ++on[kind + " on " + tr];
+    CHECK(tr == "stream: " + a.at("stream").get<std::string>());
+    const auto [b, en] = step.at(a["step"].get<int>());
+    CHECK(e["ts"].get<double>() >= b);
+    CHECK(e["ts"].get<double>() + e["dur"].get<double>() <= en);
+    CHECK(e["ts"].get<double>() >= a.at("issue_ts").get<double>() - 1e3);  // (the tie's slack, 1 ms)
+    if (kind == "evict_acts") CHECK(tr == "stream: sim copy d2h");
+    if (kind == "fetch_acts") CHECK(tr == "stream: sim copy h2d");
+  }
+  CHECK(planned_compute > 0);
+  CHECK(on["forward on stream: sim"] == 2 * 2 * 4);  // 2 steps, 2 micro-steps, 4 calls
+  CHECK(on["evict_acts on stream: sim copy d2h"] > 0);
+  CHECK(on["fetch_acts on stream: sim copy h2d"] == on["evict_acts on stream: sim copy d2h"]);
 }
 
 TEST_CASE("profiler: an unwritable profile.out stops train before the first step") {
