@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "core/alloc.h"
 #include "core/dtype.h"
@@ -25,7 +26,55 @@ namespace {
 // Parallel over rows only for large tensors and outside another parallel region.
 bool par(size_t n) { return n >= (size_t{1} << 16) && !omp_in_parallel(); }
 
-inline float load(Operand x, size_t i) { return x.f32 ? x.f32[i] : bf16_to_f32(x.lp[i]); }
+constexpr float pow2(int e) { return e >= 0 ? float(1ull << e) : 1.f / float(1ull << -e); }
+
+// round_fp8 (kernels/fp8_ops.cpp) without branches, so that the loops below vectorise; the same
+// values bit for bit (test_fp8 runs both over PyTorch's fixture): the normal range rounded on
+// the bits, the format's subnormals by fp32 addition of a constant whose last place is their
+// quantum, then saturation and NaN selected. Returns the bf16 bits of the result (exact).
+template <int MB, int EMIN>
+inline uint16_t q8(float v, float mx) {
+  const float a = std::fabs(v);
+  uint32_t u;
+  std::memcpy(&u, &a, 4);
+  constexpr int sh = 23 - MB;
+  u = (u + ((1u << (sh - 1)) - 1) + ((u >> sh) & 1u)) & ~((1u << sh) - 1);
+  float rn;
+  std::memcpy(&rn, &u, 4);
+  constexpr float big = pow2(EMIN - MB + 23), min_normal = pow2(EMIN);
+  const float rs = (a + big) - big;
+  float r = a < mx ? (a < min_normal ? rs : rn) : mx;
+  r = std::copysign(r, v);
+  uint32_t o;
+  std::memcpy(&o, &r, 4);
+  uint32_t vb;
+  std::memcpy(&vb, &v, 4);
+  // NaN: f32_to_bf16's quiet NaN of the input
+  return (vb & 0x7fffffffu) > 0x7f800000u ? static_cast<uint16_t>((vb >> 16) | 0x40)
+                                          : static_cast<uint16_t>(o >> 16);
+}
+
+// dst[i] = q8(src[i] * sc) over n values of one contiguous run.
+template <int MB, int EMIN, class T>
+inline void quant_run(uint16_t* dst, const T* src, size_t n, float sc, float mx) {
+#pragma omp simd
+  for (size_t i = 0; i < n; ++i) {
+    float v;
+    if constexpr (std::is_same_v<T, float>)
+      v = src[i];
+    else
+      v = bf16_to_f32(src[i]);
+    dst[i] = q8<MB, EMIN>(v * sc, mx);
+  }
+}
+
+template <class T>
+inline void quant_rows(Fp8Format f, uint16_t* dst, const T* src, size_t n, float sc) {
+  if (f == Fp8Format::E4M3)
+    quant_run<3, -6>(dst, src, n, sc, 448.f);
+  else
+    quant_run<2, -14>(dst, src, n, sc, 57344.f);
+}
 
 class CpuFp8 final : public Fp8Kernels {
  public:
@@ -34,10 +83,20 @@ class CpuFp8 final : public Fp8Kernels {
   void amax(float* out, Operand x, size_t n) const override {
     SW_CHECK(x.f32 || x.lp, "fp8 amax: no operand");
     float m = 0.f;
-#pragma omp parallel for schedule(static) reduction(max : m) if (par(n))
-    for (size_t i = 0; i < n; ++i) {
-      const float a = std::fabs(load(x, i));
-      if (a > m) m = a;  // (NaN compares false: skipped)
+    if (x.f32) {
+      const float* p = x.f32;
+#pragma omp parallel for simd schedule(static) reduction(max : m) if (par(n))
+      for (size_t i = 0; i < n; ++i) {
+        const float a = std::fabs(p[i]);
+        m = a > m ? a : m;  // (NaN compares false: skipped)
+      }
+    } else {
+      const uint16_t* p = x.lp;
+#pragma omp parallel for simd schedule(static) reduction(max : m) if (par(n))
+      for (size_t i = 0; i < n; ++i) {
+        const float a = std::fabs(bf16_to_f32(p[i]));
+        m = a > m ? a : m;
+      }
     }
     *out = m;
   }
@@ -57,23 +116,32 @@ class CpuFp8 final : public Fp8Kernels {
     const size_t n = size_t(rows) * cols;
     if (!transpose) {
 #pragma omp parallel for schedule(static) if (par(n))
-      for (int r = 0; r < rows; ++r)
-        for (int c = 0; c < cols; ++c) {
-          const size_t i = size_t(r) * cols + c;
-          o[i] = f32_to_bf16(round_fp8(load(x, i) * sc, f));
-        }
+      for (int r = 0; r < rows; ++r) {
+        const size_t i = size_t(r) * cols;
+        if (x.f32)
+          quant_rows(f, o + i, x.f32 + i, size_t(cols), sc);
+        else
+          quant_rows(f, o + i, x.lp + i, size_t(cols), sc);
+      }
       return;
     }
-    // (cols, rows): 32 x 32 tiles.
+    // (cols, rows): tiles of kT rows quantised into a row-major tile, then written transposed.
     constexpr int kT = 32;
     const int tr = (rows + kT - 1) / kT, tc = (cols + kT - 1) / kT;
 #pragma omp parallel for schedule(static) if (par(n))
     for (int t = 0; t < tr * tc; ++t) {
       const int r0 = (t / tc) * kT, c0 = (t % tc) * kT;
-      const int r1 = std::min(rows, r0 + kT), c1 = std::min(cols, c0 + kT);
-      for (int c = c0; c < c1; ++c)
-        for (int r = r0; r < r1; ++r)
-          o[size_t(c) * rows + r] = f32_to_bf16(round_fp8(load(x, size_t(r) * cols + c) * sc, f));
+      const int nr = std::min(rows, r0 + kT) - r0, nc = std::min(cols, c0 + kT) - c0;
+      uint16_t tile[kT * kT];
+      for (int r = 0; r < nr; ++r) {
+        const size_t i = size_t(r0 + r) * cols + c0;
+        if (x.f32)
+          quant_rows(f, tile + r * kT, x.f32 + i, size_t(nc), sc);
+        else
+          quant_rows(f, tile + r * kT, x.lp + i, size_t(nc), sc);
+      }
+      for (int c = 0; c < nc; ++c)
+        for (int r = 0; r < nr; ++r) o[size_t(c0 + c) * rows + r0 + r] = tile[r * kT + c];
     }
   }
 
