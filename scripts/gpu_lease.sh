@@ -7,7 +7,8 @@
 # torch.compile peer per model, then the plain peer (compile_plain: the figure before issue
 # 39), Shardwise's per-op times, the Llama's `shardwise profile` (its trace's tracks and device
 # times), eager, the cuBLAS attention path) with the time that is left. Logs, the table and op_times_*.tsv go to gpu_build/ inside
-# $OUT/gpu_lease.tgz (with gpu_vs_torch.txt and tests.txt beside it).
+# $OUT/gpu_lease.tgz (with gpu_vs_torch.txt and tests.txt beside it). After the profiler test,
+# `shardwise profile` on the GPU checked for the compute, copy (and NCCL) streams' tracks.
 #
 #   bash scripts/gpu_lease.sh [SECONDS]     (default 540: the device tool's 600 s per command,
 #                                            less a margin; carry [".gpu"])
@@ -31,6 +32,7 @@ if [ -n "${OUT:-}" ]; then
     cp "$OUT/gpu_build/gpu_vs_torch.txt" "$lease_out/" 2>/dev/null
     grep -hE 'tests passed|Test +#|\*\*\*' "$OUT"/gpu_build/cuda*.log >"$lease_out/tests.txt" 2>/dev/null
     tail -1 "$OUT/gpu_build/profiler_test.log" >>"$lease_out/tests.txt" 2>/dev/null
+    tail -1 "$OUT/gpu_build/profile_streams.log" >>"$lease_out/tests.txt" 2>/dev/null
     # The backend's one-line notices (a cuBLASLt epilogue refused, an NCCL watchdog abort),
     # counted per distinct line, from every log: what took a slower path without failing.
     grep -rhoE 'shardwise( cuda)?: .*(refused|watchdog).*' "$OUT" 2>/dev/null |
@@ -65,6 +67,51 @@ if [ -x build-gpu/tests/cuda/test_cuda ]; then
 else
   echo "gpu_lease: no build-gpu/tests/cuda/test_cuda: the profiler test did not run" | tee "$glog/profiler_test.log"
 fi
+# Issue 39 point 4 in one step (profile_streams.log, its verdict in tests.txt): the copy
+# streams' and NCCL's timed-event cases by name, then `shardwise profile` of a tiny GPT-2
+# (activations offloaded to the host: the copy streams; 2 ranks FULL_SHARD where 2 GPUs are:
+# NCCL's) whose trace must have the compute stream's, both copy streams' (and NCCL's) tracks,
+# each action there with a device interval inside its step, the copies' and NCCL's non-empty.
+ps=$glog/profile_streams.log
+{
+  build-gpu/tests/cuda/test_cuda -s "timed events on the copy streams*"
+  build-gpu/tests/cuda/test_nccl -s "*timed events on its stream*"
+  cmake --build build-gpu --target shardwise -j "$(nproc)" >/dev/null || echo "shardwise: build failed"
+  w=$(mktemp -d) np=1
+  seq 1 3000 | sed 's/^/the quick brown fox jumps over the lazy dog /' >"$w/t.txt"
+  build-gpu/tools/shardwise data prepare "$w/t.txt" --out "$w/tr.bin" --val "$w/va.bin" >/dev/null
+  cat >"$w/c.json" <<JSON
+{"model": {"type": "gpt2", "vocab_size": 256, "n_layer": 2, "n_head": 4, "d_model": 128,
+ "seq_len": 64}, "data": {"train": "$w/tr.bin", "val": "$w/va.bin"}, "device": "cuda",
+ "train_micro_batch_size_per_gpu": 4, "train_steps": 10, "run_dir": "$w/run",
+ "activation_checkpointing": {"mode": "off", "offload": "cpu"}}
+JSON
+  run=(build-gpu/tools/shardwise)
+  (($(nvidia-smi -L 2>/dev/null | wc -l) >= 2)) && command -v mpirun >/dev/null &&
+    np=2 run=(mpirun --allow-run-as-root -np 2 build-gpu/tools/shardwise)
+  timeout -k 5 90 "${run[@]}" profile "$w/c.json" --steps 3 --out "$w/prof" --quiet
+  python3 - "$w/prof" "$np" <<'PY'
+import json, sys
+d, np = sys.argv[1], int(sys.argv[2])
+want = ["cuda compute", "copy d2h", "copy h2d"] + (["nccl"] if np > 1 else [])
+for r in range(np):
+    ev = json.load(open(f"{d}/trace_rank{r}.json"))["traceEvents"]
+    tn = {e["tid"]: e["args"]["name"] for e in ev if e.get("name") == "thread_name"}
+    xs = [e for e in ev if e["ph"] == "X"]
+    steps = {e["args"]["step"]: (e["ts"], e["ts"] + e["dur"]) for e in xs if e["name"] == "step"}
+    for s in want:
+        on = [e for e in xs if tn[e["tid"]] == "stream: " + s]
+        assert on, f"rank {r}: no track 'stream: {s}' (tracks: {sorted(tn.values())})"
+        for e in on:
+            b, en = steps[e["args"]["step"]]
+            assert b - 1 <= e["ts"] and e["ts"] + e["dur"] <= en + 1, e
+        if s != "cuda compute": assert all(e["dur"] > 0 for e in on), (s, on)
+        print(f"rank {r}: stream {s}: {len(on)} actions, {sum(e['dur'] for e in on) / 1e3:.2f} ms")
+print(f"profile streams: ok ({np} rank(s); NCCL's track needs 2 GPUs)")
+PY
+  echo "gpu_lease: profile streams exit $?"
+} >"$ps" 2>&1
+tail -3 "$ps"
 left=$((deadline - SECONDS - 15))
 # Shardwise (cuDNN's attention, the default) against compile on the same machine first (the
 # 2026-11-27 lease had to divide by another call's compile figure), then where the steps go

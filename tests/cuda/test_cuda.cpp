@@ -155,6 +155,51 @@ TEST_CASE("timed events on the compute stream measure the device's work, not its
   CHECK_THROWS(e1->elapsed_since(host));
 }
 
+TEST_CASE("timed events on the copy streams time a copy's work against the compute stream's") {
+  // The profiler's device timeline of an asynchronous copy (issue 39): while stream_timing() is
+  // held, a copy's event carries timed events recorded on its copy stream around it
+  // (Event::timed_span), and cudaEventElapsedTime times them against a reference on the
+  // compute stream (any two timed events of one device). A copy made after 24 passes over
+  // 256 MB starts on the device only after them (it waits for the compute stream's work so
+  // far) and moves its 64 MiB in a positive time below 1 TB/s (no host link is faster); both
+  // directions, each on its stream; a copy issued without the hold has no span.
+  const Ops& ops = ops_for(gpu());
+  Stream& s = ops.stream();
+  const size_t n = size_t{64} << 20, c = size_t{16} << 20;  // floats: 256 MB, 64 MiB
+  Buffer x(n * 4, Mem::Workspace, gpu()), d(c * 4, Mem::Workspace, gpu());
+  Buffer h(c * 4, Mem::Workspace, Device::cpu(), Tier::Host);
+  REQUIRE(host_pinned(h.data()));
+  ops.fill(x.f32(), 1.f, n);
+  s.synchronize();
+  CHECK(copy_bytes_async(d.data(), gpu(), h.data(), Device::cpu(), c * 4)->timed_span().begin ==
+        nullptr);
+  hold_stream_timing(true);
+  const std::shared_ptr<Event> ref = s.record_timed();
+  for (int k = 0; k < 24; ++k) ops.scale(x.f32(), 1.f, n);
+  const std::shared_ptr<Event> busy = s.record_timed();
+  const std::shared_ptr<Event> up = copy_bytes_async(d.data(), gpu(), h.data(), Device::cpu(), c * 4);
+  const std::shared_ptr<Event> down =
+      copy_bytes_async(h.data(), Device::cpu(), d.data(), gpu(), c * 4, up.get());
+  hold_stream_timing(false);
+  const double compute_done = busy->elapsed_since(*ref);
+  double prev_end = 0;
+  for (const auto& [e, name] : {std::pair{up, "copy h2d"}, std::pair{down, "copy d2h"}}) {
+    const Event::TimedSpan t = e->timed_span();
+    REQUIRE(t.begin != nullptr);
+    REQUIRE(t.end != nullptr);
+    CHECK(std::string(t.stream) == name);
+    const double b = t.begin->elapsed_since(*ref), en = t.end->elapsed_since(*ref);
+    INFO(name << ": " << b * 1e3 << ".." << en * 1e3 << " ms after the reference; the compute "
+              "work ended at " << compute_done * 1e3 << " ms");
+    CHECK(b >= compute_done - 1e-6);
+    CHECK(b >= prev_end - 1e-6);  // the download waited for the upload
+    CHECK(en > b);
+    CHECK(double(c * 4) / (en - b) < 1e12);
+    prev_end = en;
+  }
+  CHECK_THROWS(up->timed_span().end->elapsed_since(*s.record()));
+}
+
 // The copy streams (copy_bytes_async): by default a copy starts after the compute stream's work
 // so far; with an event, after that event only; the compute stream waits for a copy natively.
 // Pinned host buffers (Tier::Host, > 1 MiB), so no copy makes the host wait for a held stream.

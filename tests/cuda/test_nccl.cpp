@@ -115,6 +115,44 @@ TEST_CASE("the compute stream waits for a NCCL Work on the device, not on the ho
   CHECK(y == x);
 }
 
+TEST_CASE("nccl group: a collective's timed events on its stream time against the compute stream's") {
+  // The profiler's device timeline of a collective (issue 39): issued while stream_timing() is
+  // held, its Work carries timed events recorded on the group's stream around it
+  // (Work::timed_span, "nccl"), timed against a reference on the compute stream (any two timed
+  // events of one device): it starts after the compute work issued before it (the group's
+  // stream waits for that), ends after it starts, and before a compute-stream event recorded
+  // after the compute stream waited for it. Issued without the hold: no span.
+  GroupPtr nccl = make_nccl_group(*make_local_group(), gpu());
+  REQUIRE(nccl != nullptr);
+  const Ops& ops = ops_for(gpu());
+  Stream& s = ops.stream();
+  const size_t n = size_t{64} << 20;
+  Buffer x(n * 4, Mem::Workspace, gpu()), y(n * 4, Mem::Communication, gpu());
+  ops.fill(x.f32(), 1.f, n);
+  Work plain = nccl->issue_all_reduce(x.f32(), y.f32(), int64_t(n), ReduceOp::Sum);
+  plain.wait();
+  CHECK(plain.timed_span().begin == nullptr);
+  hold_stream_timing(true);
+  const std::shared_ptr<Event> ref = s.record_timed();
+  for (int k = 0; k < 24; ++k) ops.scale(x.f32(), 1.f, n);
+  const std::shared_ptr<Event> busy = s.record_timed();
+  Work w = nccl->issue_all_reduce(x.f32(), y.f32(), int64_t(n), ReduceOp::Sum);
+  hold_stream_timing(false);
+  s.wait_event(w);
+  const std::shared_ptr<Event> after = s.record_timed();
+  const Event::TimedSpan t = w.timed_span();
+  REQUIRE(t.begin != nullptr);
+  REQUIRE(t.end != nullptr);
+  CHECK(std::string(t.stream) == "nccl");
+  const double c = busy->elapsed_since(*ref), b = t.begin->elapsed_since(*ref),
+               e = t.end->elapsed_since(*ref), a = after->elapsed_since(*ref);
+  INFO("compute work to " << c * 1e3 << " ms, the all-reduce " << b * 1e3 << ".." << e * 1e3
+                          << " ms, the compute stream after it " << a * 1e3 << " ms");
+  CHECK(b >= c - 1e-6);
+  CHECK(e > b);
+  CHECK(a >= e - 1e-6);
+}
+
 int main(int argc, char** argv) {
   if (cuda_device_count() == 0) {
     std::printf("no CUDA device: skipping the NCCL tests\n");
