@@ -153,26 +153,26 @@ class CpuFp8 final : public Fp8Kernels {
     const float alpha = sa[1] * sb[1];
     const uint16_t* a16 = static_cast<const uint16_t*>(A);
     const uint16_t* b16 = static_cast<const uint16_t*>(B);
-    // The product straight into D where nothing else is added but D itself.
-    const bool direct = D.f32 && !bias && (!Cin || Cin == D.f32);
-    const float beta0 = direct && Cin ? beta : 0.f;
+    // The product with alpha 1 into scratch, then the scales, bias and Cin in one pass: oneDNN
+    // keys its primitives by alpha (its output scale), and the scales change every call.
     thread_local Buffer tmp_buf;
-    float* acc = direct ? D.f32 : detail::grow_workspace(tmp_buf, size_t(M) * N);
-    product(M, N, K, alpha, a16, b16, beta0, acc);
-    if (direct) return;
+    float* acc = detail::grow_workspace(tmp_buf, size_t(M) * N);
+    product(M, N, K, a16, b16, acc);
     const size_t n = size_t(M) * N;
 #pragma omp parallel for schedule(static) if (par(n))
-    for (int r = 0; r < M; ++r)
+    for (int r = 0; r < M; ++r) {
+      const size_t o = size_t(r) * N;
+#pragma omp simd
       for (int c = 0; c < N; ++c) {
-        const size_t i = size_t(r) * N + c;
-        float v = acc[i];
+        float v = alpha * acc[o + c];
         if (bias) v += bias[c];
-        if (Cin) v += beta * Cin[i];
+        if (Cin) v += beta * Cin[o + c];
         if (D.f32)
-          D.f32[i] = v;
+          D.f32[o + c] = v;
         else
-          D.lp[i] = f32_to_bf16(v);
+          D.lp[o + c] = f32_to_bf16(v);
       }
+    }
   }
 
   void* scratch(int slot, size_t bytes) const override {
@@ -187,11 +187,10 @@ class CpuFp8 final : public Fp8Kernels {
   }
 
  private:
-  // C(M, N) = alpha * A(M, K) B(N, K)^T + beta * C from the bf16-held fp8 values.
-  static void product(int M, int N, int K, float alpha, const uint16_t* a16, const uint16_t* b16,
-                      float beta, float* C) {
+  // C(M, N) = A(M, K) B(N, K)^T from the bf16-held fp8 values.
+  static void product(int M, int N, int K, const uint16_t* a16, const uint16_t* b16, float* C) {
     if (cpu_has_avx512()) {
-      detail::gemm_bf16_onednn(false, true, M, N, K, alpha, nullptr, a16, K, nullptr, b16, K, beta,
+      detail::gemm_bf16_onednn(false, true, M, N, K, 1.f, nullptr, a16, K, nullptr, b16, K, 0.f,
                                C, N);
       return;
     }
@@ -200,7 +199,7 @@ class CpuFp8 final : public Fp8Kernels {
     float* bf = detail::grow_workspace(wb, size_t(N) * K);
     for (size_t i = 0; i < size_t(M) * K; ++i) af[i] = bf16_to_f32(a16[i]);
     for (size_t i = 0; i < size_t(N) * K; ++i) bf[i] = bf16_to_f32(b16[i]);
-    detail::sgemm(false, true, M, N, K, alpha, af, K, bf, K, beta, C, N);
+    detail::sgemm(false, true, M, N, K, 1.f, af, K, bf, K, 0.f, C, N);
   }
 };
 
