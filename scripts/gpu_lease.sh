@@ -7,8 +7,9 @@
 # torch.compile peer per model, then the plain peer (compile_plain: the figure before issue
 # 39), Shardwise's per-op times, the Llama's `shardwise profile` (its trace's tracks and device
 # times), eager, the cuBLAS attention path) with the time that is left. Logs, the table and op_times_*.tsv go to gpu_build/ inside
-# $OUT/gpu_lease.tgz (with gpu_vs_torch.txt and tests.txt beside it). After the profiler test,
-# `shardwise profile` on the GPU checked for the compute, copy (and NCCL) streams' tracks.
+# $OUT/gpu_lease.tgz (with gpu_vs_torch.txt and tests.txt beside it). Before the benchmark:
+# the fp8 linears' CUDA test and their bf16 / fp8 throughput on the 1.3B Llama (issue 39).
+# After the profiler test, `shardwise profile` on the GPU checked for the compute, copy (and NCCL) streams' tracks.
 #
 #   bash scripts/gpu_lease.sh [SECONDS]     (default 540: the device tool's 600 s per command,
 #                                            less a margin; carry [".gpu"])
@@ -112,6 +113,15 @@ PY
   echo "gpu_lease: profile streams exit $?"
 } >"$ps" 2>&1
 tail -3 "$ps"
+# FP8 linears (issue 39, point 3): the CUDA fp8 test by name (against the CPU twin), then the
+# 1.3B Llama's tokens/s in bf16 and fp8, a few steps each (scripts/gpu_fp8_step.sh:
+# fp8_throughput.log; ~1-2 minutes, capped at 150 s). GPU_LEASE_FP8=0 skips both.
+if [ "${GPU_LEASE_FP8:-1}" = 1 ] && [ -d build-gpu ]; then
+  (cd build-gpu && timeout -k 5 90 ctest -R '^cuda_fp8$' --output-on-failure) >"$glog/cuda_fp8.log" 2>&1
+  echo "gpu_lease: cuda_fp8 exit $? ($(grep -E 'tests passed|Test +#' "$glog/cuda_fp8.log" | tail -1))"
+  timeout -k 5 150 bash scripts/gpu_fp8_step.sh build-gpu "$glog" >"$glog/fp8_throughput.log" 2>&1
+  echo "gpu_lease: fp8 throughput exit $?: $(tail -1 "$glog/fp8_throughput.log")"
+fi
 left=$((deadline - SECONDS - 15))
 # Shardwise (cuDNN's attention, the default) against compile on the same machine first (the
 # 2026-11-27 lease had to divide by another call's compile figure), then where the steps go
