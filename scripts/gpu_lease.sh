@@ -75,8 +75,8 @@ fi
 # each action there with a device interval inside its step, the copies' and NCCL's non-empty.
 ps=$glog/profile_streams.log
 {
-  build-gpu/tests/cuda/test_cuda -s "timed events on the copy streams*"
-  build-gpu/tests/cuda/test_nccl -s "*timed events on its stream*"
+  timeout -k 5 60 build-gpu/tests/cuda/test_cuda -s "timed events on the copy streams*"
+  timeout -k 5 60 build-gpu/tests/cuda/test_nccl -s "*timed events on its stream*"
   cmake --build build-gpu --target shardwise -j "$(nproc)" >/dev/null || echo "shardwise: build failed"
   w=$(mktemp -d) np=1
   seq 1 3000 | sed 's/^/the quick brown fox jumps over the lazy dog /' >"$w/t.txt"
