@@ -301,6 +301,51 @@ TEST_CASE("cuda train: the recorder's compute actions carry the device's times")
   CHECK(later > 0);
 }
 
+TEST_CASE("cuda train: the recorder's activation copies carry their copy streams' times") {
+  // Activations offloaded to pinned host memory: each evict/fetch record is settled to the
+  // interval its copies ran on their copy stream ("copy d2h" / "copy h2d", Event::timed_span
+  // against the compute stream's reference), inside the recorded interval, a fetch starting
+  // after its issue began (it waits for the compute stream's work up to there); the compute
+  // actions name the compute stream.
+  const ModelConfig cfg = tiny("gpt2");
+  Model m = build_model(cfg);
+  ShardingPolicy pol = policy(DType::BF16);
+  pol.activation_checkpointing.offload_cpu = true;
+  ShardedModel sm(m, ops_for(gpu()), 4242, make_local_group(), pol);
+  const int B = 4, T = cfg.seq_len;
+  std::vector<int32_t> tok(size_t(B) * T, 3), tgt(size_t(B) * T, 4);
+  const Batch batch{tok.data(), tgt.data(), B, T};
+  sm.forward_backward(batch);
+  StepRecorder rec;
+  const double before = trace_clock();
+  sm.set_recorder(&rec);
+  sm.forward_backward(batch);
+  const std::vector<ActionRecord> host = rec.records;
+  sm.settle_recorder();
+  const double after = trace_clock();
+  sm.set_recorder(nullptr);
+  REQUIRE(rec.records.size() == host.size());
+  int evicts = 0, fetches = 0;
+  for (size_t i = 0; i < host.size(); ++i) {
+    const ActionRecord& d = rec.records[i];
+    INFO("record " << i << " " << action_kind_name(d.kind) << ": host " << host[i].t_begin
+                   << ".." << host[i].t_end << ", device " << d.t_begin << ".." << d.t_end
+                   << " on " << (d.stream ? d.stream : "-"));
+    if (d.queue == Queue::Compute) CHECK((d.stream && std::string(d.stream) == "cuda compute"));
+    if (d.kind != ActionKind::EvictActs && d.kind != ActionKind::FetchActs) continue;
+    CHECK(d.stream != nullptr);
+    if (!d.stream) continue;
+    CHECK(std::string(d.stream) == (d.kind == ActionKind::EvictActs ? "copy d2h" : "copy h2d"));
+    (d.kind == ActionKind::EvictActs ? evicts : fetches) += 1;
+    CHECK(d.t_begin >= before);
+    CHECK(d.t_end <= after);
+    CHECK(d.t_begin < d.t_end);
+    CHECK(d.t_end >= host[i].t_begin - 1e-4);
+  }
+  CHECK(evicts > 0);
+  CHECK(fetches == evicts);
+}
+
 TEST_CASE("cuda train: NCCL at one rank equals staging through the host") {
   const ModelConfig cfg = tiny("gpt2");
   ShardingPolicy pol = policy(DType::BF16);
