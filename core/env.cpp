@@ -75,8 +75,9 @@ const std::vector<EnvVar>& table() {
        "NCCL communicators in blocking mode (calls wait inside NCCL instead of polling "
        "against the time-out)"},
       {"SHARDWISE_PROFILE_DEVICE_TIMES", K::Flag, "", "off", "debug",
-       "the profiler settles device times over the host's stamped events where the device has "
-       "no timed events (tests the GPU path on the CPU)"},
+       "the profiler settles each action's interval on the stream that ran it where the compute "
+       "stream is no GPU's: the CPU's stamped events, the simulated device's streams (tests the "
+       "GPU path without one)"},
       {"SHARDWISE_LOWP_VERBOSE", K::Flag, "", "off", "debug",
        "print each bf16 matrix-product path the CPU's tuning chooses"},
       // ---- The test suite -----------------------------------------------------------------
