@@ -51,19 +51,26 @@ void TensorParallel::gather(TensorOp op, void* full, const void* mine, size_t by
   const int i = take(op, static_cast<int64_t>(bytes) * size());
   const double t0 = records_.now();
   // (bytes: whole 32-bit words where they can be, else 16-bit ones; the gather adds nothing)
-  if (bytes % 4 == 0)
-    ctx_.tensor->all_gather(mine, full, static_cast<int64_t>(bytes / 4), DType::F32);
-  else
-    ctx_.tensor->all_gather(mine, full, static_cast<int64_t>(bytes / 2), DType::BF16);
-  if (records_.on()) records_.add(seg_->plan, i, t0, trace_clock());
-  done_[size_t(i)] = 1;
+  Work w = bytes % 4 == 0
+               ? ctx_.tensor->issue_all_gather(mine, full, static_cast<int64_t>(bytes / 4), DType::F32)
+               : ctx_.tensor->issue_all_gather(mine, full, static_cast<int64_t>(bytes / 2), DType::BF16);
+  w.wait();
+  record(i, t0, w);
 }
 
 void TensorParallel::scatter(float* mine, const float* full, size_t n) {
   const int i = take(TensorOp::ScatterRows, static_cast<int64_t>(n) * 4 * size());
   const double t0 = records_.now();
-  ctx_.tensor->reduce_scatter(full, mine, static_cast<int64_t>(n), ReduceOp::Sum, DType::F32);
-  if (records_.on()) records_.add(seg_->plan, i, t0, trace_clock());
+  Work w = ctx_.tensor->issue_reduce_scatter(full, mine, static_cast<int64_t>(n), ReduceOp::Sum,
+                                             DType::F32);
+  w.wait();
+  record(i, t0, w);
+}
+
+// Action i done: its record (the host's times; where timed, its collective's stream's interval).
+void TensorParallel::record(int i, double t0, const Work& w) {
+  if (records_.on()) records_.device_span(records_.add(seg_->plan, i, t0, trace_clock()),
+                                          std::make_shared<Work>(w));
   done_[size_t(i)] = 1;
 }
 

@@ -42,6 +42,7 @@ class TensorParallel final : public Component, public TensorComm {
  private:
   // The next planned collective for the running action; checks it is `op` of `bytes`.
   int take(TensorOp op, int64_t bytes);
+  void record(int i, double t0, const Work& w);  // action i done (its collective: w)
   const ModelContext& ctx_;
   UnitList& units_;
   ActionRecords& records_;
