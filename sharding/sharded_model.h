@@ -259,10 +259,11 @@ class ShardedModel {
   StepPlan eval_plan(int B, int T) const;
   // While set (not null), the executor appends a record of every action it runs (begin and end
   // times; a collective's are when it started and finished executing) to *recorder.
-  // On a GPU, compute actions are recorded with the device's times (when the stream ran them,
-  // from timed events), filled in by settle_recorder() (it waits for the device) before the
-  // records are read, and by set_recorder itself for the recorder it replaces, which must
-  // therefore still exist (detach a recorder before destroying it).
+  // On a GPU, every action whose work ran on a device stream (compute, NCCL's, a copy stream)
+  // is recorded with that stream's times (when it ran there, from timed events;
+  // ActionRecord::stream names it), filled in by settle_recorder() (it waits for the device)
+  // before the records are read, and by set_recorder itself for the recorder it replaces,
+  // which must therefore still exist (detach a recorder before destroying it).
   void set_recorder(StepRecorder* recorder);
   void settle_recorder();
   // Communication time of the groups this model uses (comm_s, exposed_s summed over them).
