@@ -74,11 +74,18 @@ void TensorParallel::record(int i, double t0, const Work& w) {
   done_[size_t(i)] = 1;
 }
 
-void TensorParallel::reduce_grads(int u) {
+void TensorParallel::reduce_grads(int u) { sum_replicated(u); }
+
+std::vector<Work> TensorParallel::sum_replicated(int u) {
   FlatUnit& fu = *units_[size_t(u)];
   float* g = fu.grad_full();
-  for (const auto& r : fu.layout().replicated_runs())
-    ctx_.tensor->all_reduce(g + r.first, g + r.first, r.second - r.first, ReduceOp::Sum);
+  std::vector<Work> done;
+  for (const auto& r : fu.layout().replicated_runs()) {
+    done.push_back(
+        ctx_.tensor->issue_all_reduce(g + r.first, g + r.first, r.second - r.first, ReduceOp::Sum));
+    done.back().wait();
+  }
+  return done;
 }
 
 bool TensorParallel::run(SegmentRun& s, int i) {
@@ -92,8 +99,12 @@ bool TensorParallel::run(SegmentRun& s, int i) {
   }
   SW_CHECK(a.kind == ActionKind::TpReduceGrads,
            std::string("tensor parallel: not an action of theirs: ") + action_kind_name(a.kind));
-  reduce_grads(a.unit);
-  return true;
+  const std::vector<Work> done = sum_replicated(a.unit);
+  if (records_.on()) {  // the host's times; where timed, its collectives' stream's interval
+    const ActionRecord& r = records_.add(s.plan, i, s.t0, trace_clock());
+    for (const Work& w : done) records_.device_span(r, std::make_shared<Work>(w));
+  }
+  return false;
 }
 
 }  // namespace sw

@@ -43,6 +43,7 @@ class TensorParallel final : public Component, public TensorComm {
   // The next planned collective for the running action; checks it is `op` of `bytes`.
   int take(TensorOp op, int64_t bytes);
   void record(int i, double t0, const Work& w);  // action i done (its collective: w)
+  std::vector<Work> sum_replicated(int u);        // reduce_grads' all-reduces, each waited
   const ModelContext& ctx_;
   UnitList& units_;
   ActionRecords& records_;

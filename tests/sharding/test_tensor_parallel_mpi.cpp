@@ -331,6 +331,54 @@ TEST_CASE("tensor parallel on the simulated accelerator equals the CPU", "[tp_si
     }
 }
 
+TEST_CASE("tensor parallel on the simulated accelerator: its collectives' records carry their "
+          "stream's interval", "[tp_sim]") {
+  // With device times (SHARDWISE_PROFILE_DEVICE_TIMES=1; a GPU's always are) each tensor-queue
+  // record (a rows gather or scatter inside a call, a replicated gradient's sum) is settled to
+  // when its collective ran on the tensor group's stream (the staged group's thread: "staged
+  // comm"), inside the host's interval around it (issue to wait).
+  const GroupPtr g = world();
+  const int W = g->size(), r = g->rank(), t = 2, D = W / t, d = r / t;
+  GroupPtr tensor = g->split(d, r);
+  GroupPtr data = D > 1 ? g->split(r % t, r) : make_local_group();
+  const ModelConfig mc = tiny("gpt2");
+  Model m = build_model(mc, TensorSlice{r % t, t});
+  setenv("SHARDWISE_PROFILE_DEVICE_TIMES", "1", 1);
+  ShardedModel sm(m, ops_for(Device::sim(0)), 4242, data,
+                  ShardingPolicy::for_strategy(ShardingStrategy::FullShard), tensor);
+  Corpus corpus(mc.vocab_size);
+  const int B = 2, T = mc.seq_len;
+  std::vector<int32_t> in(size_t(B) * T), tg(size_t(B) * T);
+  const Batch batch{in.data(), tg.data(), B, T};
+  corpus.fill(0, int64_t{d} * B, B, T, in.data(), tg.data());
+  sm.forward_backward(batch);  // warm-up
+  sm.optimizer_step(OptimizerParams{}, 1e-3f, 1.f, 1);
+  sm.zero_grads();
+  StepRecorder rec;
+  sm.set_recorder(&rec);
+  sm.forward_backward(batch);
+  const std::vector<ActionRecord> host = rec.records;
+  sm.settle_recorder();
+  sm.set_recorder(nullptr);
+  unsetenv("SHARDWISE_PROFILE_DEVICE_TIMES");
+  CHECK(rec.records.size() == host.size());
+  int tensor_records = 0;
+  for (size_t i = 0; i < host.size() && i < rec.records.size(); ++i) {
+    const ActionRecord &h = host[i], &x = rec.records[i];
+    if (x.queue != Queue::Tensor) continue;
+    ++tensor_records;
+    INFO("rank " << r << " record " << i << " " << action_kind_name(x.kind) << ": host "
+                 << h.t_begin << ".." << h.t_end << ", settled " << x.t_begin << ".." << x.t_end);
+    CHECK(x.stream != nullptr);
+    if (!x.stream) continue;
+    CHECK(std::string(x.stream) == "staged comm");
+    CHECK(x.t_begin >= h.t_begin);
+    CHECK(x.t_end <= h.t_end);
+    CHECK(x.t_begin <= x.t_end);
+  }
+  CHECK(tensor_records > 0);
+}
+
 // LARS and Lamb (issue 38): each tensor's norms summed over the tensor group for split tensors
 // (replicated ones counted once), after the shard group; tensor 2 with FULL_SHARD and NO_SHARD
 // over the data ranks against one rank.
