@@ -130,11 +130,10 @@ void ActionRecords::settle_device_times() {
     ActionRecord& r = rec_->records[d.record];
     if (r.action != d.action || r.segment != d.segment) continue;
     Event::TimedSpan t{d.begin.get(), d.end.get(), stream_.name()};  // a compute bracket
-    if (!d.begin) {  // an event whose work ran on a stream of its own: done by now
-      if (auto* w = dynamic_cast<Work*>(d.end.get()))
-        w->wait_done();  // (not the caller's exposed communication)
-      else
-        d.end->synchronize();
+    if (!d.begin) {  // an event whose work ran on a stream of its own
+      // A group's thread sets a collective's span once it ran it: waited for (not counted as
+      // the caller's exposed communication). Timing any other span waits for its events.
+      if (auto* w = dynamic_cast<Work*>(d.end.get())) w->wait_done();
       t = d.end->timed_span();
       if (!t.begin || !t.end) continue;  // not timed: the host's times stay
     }
