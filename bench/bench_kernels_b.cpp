@@ -1,7 +1,10 @@
 // Throughput of the GEMM-heavy CPU kernels at GPT-2 124M shapes (B=4, T=256, C=768, H=12,
 // V=50257), each reported as a fraction of the plain sgemm rate measured in the same run.
 //
-//   bench_kernels_b [--threads N] [--reps R] [--quick] [--cpu]
+//   bench_kernels_b [--threads N] [--reps R] [--quick] [--cpu] [--bf16-attention]
+//
+// --bf16-attention: only the bf16 attention rows (issue 39's small GPT-2 shape; the fp32-FMA
+// tile products against the AVX512-BF16 ones, on a CPU that has it).
 //
 // --cpu times with the process's CPU clock instead of the wall clock: on a shared, busy machine
 // run it with --threads 1, where CPU time is the time the work itself took (with more threads
@@ -32,7 +35,9 @@
 #include <utility>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/rng.h"
+#include "kernels/cpu/attention_bf16.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/threads.h"
 
@@ -105,7 +110,7 @@ struct Gemm {
 
 int main(int argc, char** argv) {
   int threads = 2;
-  bool quick = false;
+  bool quick = false, attention_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
       threads = std::atoi(argv[++i]);
@@ -115,8 +120,12 @@ int main(int argc, char** argv) {
       quick = true, g_reps = 3;
     else if (!std::strcmp(argv[i], "--cpu"))
       g_cpu = true;
+    else if (!std::strcmp(argv[i], "--bf16-attention"))
+      attention_only = true;
     else {
-      std::fprintf(stderr, "usage: %s [--threads N] [--reps R] [--quick] [--cpu]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--threads N] [--reps R] [--quick] [--cpu] [--bf16-attention]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -132,6 +141,55 @@ int main(int argc, char** argv) {
       "OpenBLAS core %s\n",
       threads, g_reps, g_cpu ? "process CPU" : "wall", openblas_get_corename());
   std::printf("# GPT-2 124M shapes: B=%d T=%d C=%d H=%d hd=%d V=%d\n", B, T, C, H, hd, V);
+
+  // ---- 0. bf16 attention (issue 39's small GPT-2: B 8, T 256, H 6, hd 64) --------------------
+  // As the Ops call it in a bf16 step (16-bit qkv, out and dout read in place): the fp32-FMA
+  // tile products on rounded operands (the path without AVX512-BF16; "fma") against the
+  // vdpbf16ps ones ("native"), timed alternately.
+  if (sw::cpu::cpu_has_avx512_bf16()) {
+    const int Bs = 8, Hs = 6, Cs = Hs * hd, Ns = Bs * T, Rs = 3 * Cs;
+    auto b16 = [](const std::vector<float>& v) {
+      std::vector<uint16_t> r(v.size());
+      for (size_t i = 0; i < v.size(); ++i) r[i] = sw::f32_to_bf16(v[i]);
+      return r;
+    };
+    const auto q16 = b16(randv((size_t)Ns * Rs, 4)), d16 = b16(randv((size_t)Ns * Cs, 5));
+    std::vector<float> out((size_t)Ns * Cs), lse((size_t)Bs * Hs * T), dqkv((size_t)Ns * Rs);
+    sw::cpu::attention_forward(out.data(), lse.data(), nullptr, Bs, T, Hs, Hs, hd,
+                               sw::DType::BF16, q16.data());
+    const auto o16 = b16(out);
+    const double fl = 4.0 * Bs * Hs * hd * T * (T + 1) / 2.0;
+    auto fwd = [&](bool native) {
+      return [&, native] {
+        sw::cpu::set_attention_bf16_native(native);
+        sw::cpu::attention_forward(out.data(), lse.data(), nullptr, Bs, T, Hs, Hs, hd,
+                                   sw::DType::BF16, q16.data());
+      };
+    };
+    auto bwd = [&](bool native) {
+      return [&, native] {
+        sw::cpu::set_attention_bf16_native(native);
+        sw::cpu::attention_backward(dqkv.data(), nullptr, nullptr, nullptr, lse.data(), Bs, T, Hs,
+                                    Hs, hd, sw::DType::BF16, true, q16.data(), o16.data(),
+                                    d16.data());
+      };
+    };
+    const auto [tf0, tf1] = time_paired(fwd(false), fwd(true), 3 * g_reps);
+    const auto [tb0, tb1] = time_paired(bwd(false), bwd(true), 3 * g_reps);
+    sw::cpu::set_attention_bf16_native(true);
+    std::printf("\n## bf16 attention, B=%d T=%d H=%d hd=%d (16-bit operands): fma vs native\n",
+                Bs, T, Hs, hd);
+    std::printf("%-16s %9s %8s %9s %8s %8s\n", "op", "fma ms", "GFLOP/s", "native ms", "GFLOP/s",
+                "speedup");
+    auto row2 = [](const char* name, double flops, double t0, double t1) {
+      std::printf("%-16s %9.2f %8.1f %9.2f %8.1f %7.2fx\n", name, t0 * 1e3, flops / t0 / 1e9,
+                  t1 * 1e3, flops / t1 / 1e9, t0 / t1);
+    };
+    row2("attention fwd", fl, tf0, tf1);
+    row2("attention bwd", 2 * fl, tb0, tb1);
+  }
+
+  if (attention_only) return 0;
 
   // Buffers big enough for every shape.
   const size_t big = (size_t)std::max(V, 4 * C) * C;
