@@ -467,9 +467,11 @@ TEST_CASE("profiler: on a device the trace has a track per stream with the devic
     ++on[kind + " on " + tr];
     CHECK(tr == "stream: " + a.at("stream").get<std::string>());
     const auto [b, en] = step.at(a["step"].get<int>());
+    // (µs; 0.1 s of slack: the clock tie's error and a compute bracket's lead on its issue,
+    // microseconds unless the thread is preempted; the sim's clock is 1e4 s off the host's)
     CHECK(e["ts"].get<double>() >= b);
-    CHECK(e["ts"].get<double>() + e["dur"].get<double>() <= en);
-    CHECK(e["ts"].get<double>() >= a.at("issue_ts").get<double>() - 1e3);  // (the tie's slack, 1 ms)
+    CHECK(e["ts"].get<double>() + e["dur"].get<double>() <= en + 1e5);
+    CHECK(e["ts"].get<double>() >= a.at("issue_ts").get<double>() - 1e5);
     if (kind == "evict_acts") CHECK(tr == "stream: sim copy d2h");
     if (kind == "fetch_acts") CHECK(tr == "stream: sim copy h2d");
   }

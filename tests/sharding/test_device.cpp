@@ -829,6 +829,10 @@ TEST_CASE("sim device: the recorder gives each copy and compute action its own s
   sm.set_recorder(nullptr);
   unsetenv("SHARDWISE_PROFILE_DEVICE_TIMES");
   REQUIRE(rec.records.size() == host.size());
+  // The clock tie's error: the host's wake-up after the reference event (microseconds; more
+  // if the thread is preempted there on a loaded machine). The sim's device clock is 1e4 s off
+  // the host's, so a time not brought over by the tie is still far outside the bounds.
+  constexpr double kTie = 0.1;
   std::map<std::string, int> on;  // "<kind> on <stream>" -> records
   for (size_t i = 0; i < host.size(); ++i) {
     const ActionRecord &h = host[i], &d = rec.records[i];
@@ -838,7 +842,7 @@ TEST_CASE("sim device: the recorder gives each copy and compute action its own s
                    << (d.stream ? d.stream : "-"));
     CHECK(h.stream == nullptr);
     CHECK(d.t_begin >= before);
-    CHECK(d.t_end <= after);
+    CHECK(d.t_end <= after + kTie);
     CHECK(d.t_begin <= d.t_end);
     if (!d.stream) {  // the host's times: no work of its own on a device stream
       CHECK(d.queue != Queue::Compute);
@@ -863,7 +867,7 @@ TEST_CASE("sim device: the recorder gives each copy and compute action its own s
     } else {
       CHECK(d.queue == Queue::Compute);
       CHECK(std::string(d.stream) == "sim");
-      CHECK(d.t_begin <= h.t_begin + 1e-3);
+      CHECK(d.t_begin <= h.t_begin + kTie);
       CHECK(d.t_end >= h.t_end);
     }
   }

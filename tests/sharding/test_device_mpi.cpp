@@ -168,6 +168,10 @@ TEST_CASE("sim device, several ranks: the recorder gives each gather and reducti
   sm.set_recorder(nullptr);
   unsetenv("SHARDWISE_PROFILE_DEVICE_TIMES");
   CHECK(rec.records.size() == host.size());
+  // The clock tie's error: the host's wake-up after the reference event (microseconds; more
+  // if the thread is preempted there on a loaded machine). The sim's device clock is 1e4 s off
+  // the host's, so a time not brought over by the tie is still far outside the bounds.
+  constexpr double kTie = 0.1;
   std::map<std::string, int> on;  // "<kind> on <stream>" -> records
   int gathers = 0, regathers = 0, reductions = 0;
   for (size_t i = 0; i < host.size() && i < rec.records.size(); ++i) {
@@ -186,7 +190,7 @@ TEST_CASE("sim device, several ranks: the recorder gives each gather and reducti
     regathers += d.kind == ActionKind::Regather;
     reductions += d.kind == ActionKind::ReduceScatter;
     CHECK(d.t_begin >= before);
-    CHECK(d.t_end <= after);
+    CHECK(d.t_end <= after + kTie);
     CHECK(d.t_begin <= d.t_end);
     CHECK(d.stream != nullptr);
     if (!d.stream) continue;
