@@ -8,20 +8,26 @@
 //              [--prefetch N] [--max-live N] [--blocks-per-unit N] [--shard-group N]
 //              [--compute f32|bf16|f16]
 //
-// --compute picks the Ops the model computes with: ops_for(Device::cpu(), dtype) (bf16 / fp16:
-// matrix products on rounded operands with fp32 accumulation, see kernels/ops.h). The sgemm
-// roofline is fp32 sgemm whatever the compute dtype.
+// --compute bf16 / fp16 trains in mixed precision as `shardwise train` does with bf16 / fp16
+// enabled (MixedPrecisionPolicy::param_dtype: fp32 master weights, compute copies rounded, the
+// units computing with ops_for(Device::cpu(), dtype): matrix products on rounded operands with
+// fp32 accumulation, see kernels/ops.h; 16-bit weight copies where the products read them,
+// MixedPrecisionPolicy::weights16). The sgemm roofline is fp32 sgemm whatever the compute dtype.
 //
 // Under `mpirun -np N bench_step ...` every rank trains its own micro-batch of B rows with the
 // given strategy (world_group()); tokens/s counts all ranks (N*B*T per step). Rank 0 prints;
 // the table adds communication (comm_s: time the communication threads ran collectives;
 // exposed: time compute waited for them) and, per rank, the model state (params + grads +
 // optimizer bytes held between steps), the transient gathered buffers (communication peak)
-// and the peak of all tracked memory.
+// and the peak of all tracked memory. cpu_s: rank 0's process CPU time per step (median), the
+// work a step costs on a shared machine, where wall time also counts other jobs' turns (run
+// with OMP_WAIT_POLICY=PASSIVE so that waiting threads sleep instead of spinning).
 //
 // Training FLOPs per token = 6 * params + 12 * layers * d_model * T (forward + backward,
 // matmuls and attention scores; the PaLM/llm.c convention); roofline fraction = achieved
 // FLOP/s over OpenBLAS sgemm FLOP/s at the model's own GEMM shapes.
+#include <time.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -40,6 +46,15 @@
 #include "sharding/wrap.h"
 
 using namespace sw;
+
+// CPU seconds all of this process's threads have run (a step's work where the machine is shared:
+// wall time counts the other jobs' turns, this does not; with OMP_WAIT_POLICY=PASSIVE it counts
+// no spinning either).
+double process_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
 
 // sgemm GFLOP/s on the shapes a transformer step uses (N = B*T rows), median of reps.
 static double sgemm_gflops(const Ops& ops, int N, int C, int V) {
@@ -135,7 +150,8 @@ int main(int argc, char** argv) {
     }
   }
   set_num_threads(threads);
-  const Ops& ops = ops_for(Device::cpu(), compute);
+  const Ops& ops = ops_for(Device::cpu());
+  pol.mixed_precision.param_dtype = compute;
   const int T = mc.seq_len, N = B * T;
 
   // Every rank measures sgemm at once (they share the cores as training does); the roofline
@@ -174,12 +190,13 @@ int main(int argc, char** argv) {
   }
   Batch batch{tokens.data(), targets.data(), B, T};
   AdamWParams ap;
-  std::vector<double> times, comm, exposed;
+  std::vector<double> times, cpu, comm, exposed;
   double loss = 0;
   mt.reset_peaks();
   for (int s = 0; s < warmup + steps; ++s) {
     const CommStats c0 = sm.comm_stats();
     auto t0 = Clock::now();
+    const double cpu0 = process_cpu_s();
     sm.zero_grads();
     loss = sm.forward_backward(batch, 1.f);
     const double norm = sm.grad_norm();
@@ -189,6 +206,7 @@ int main(int argc, char** argv) {
     const CommStats c1 = sm.comm_stats();
     if (s >= warmup) {
       times.push_back(dt);
+      cpu.push_back(process_cpu_s() - cpu0);
       comm.push_back(c1.comm_s - c0.comm_s);
       exposed.push_back(c1.exposed_s - c0.exposed_s);
     }
@@ -199,7 +217,7 @@ int main(int argc, char** argv) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  const double step_s = median(times);
+  const double step_s = median(times), cpu_s = median(cpu);
   const double tps = double(W) * N / step_s;
   const double achieved = tps * flops_per_token / 1e9;
   const double comm_s = median(comm), exposed_s = median(exposed);
@@ -215,6 +233,7 @@ int main(int argc, char** argv) {
   std::printf("sgemm      %.1f GFLOP/s (model GEMM shapes, all ranks, same run)\n", gemm_rate);
   std::printf("step       %.3f s median of %d  -> %.1f tokens/s, %.1f GFLOP/s = %.0f%% of sgemm\n",
               step_s, steps, tps, achieved, 100.0 * achieved / gemm_rate);
+  std::printf("cpu        %.3f s of process CPU time per step (median; all threads)\n", cpu_s);
   std::printf("comm       %.3f s per step in collectives, %.3f s exposed (%.1f%% of the step)\n",
               comm_s, exposed_s, 100.0 * exposed_s / step_s);
   for (int r = 0; r < W; ++r)
@@ -225,11 +244,11 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"peer\": \"shardwise\", \"compute\": \"%s\", \"ranks\": %d, \"threads\": %d, "
       "\"strategy\": \"%s\", "
-      "\"params\": %.0f, \"step_s\": %.6f, \"tokens_per_s\": %.3f, \"gflops\": %.3f, "
+      "\"params\": %.0f, \"step_s\": %.6f, \"cpu_s\": %.6f, \"tokens_per_s\": %.3f, \"gflops\": %.3f, "
       "\"sgemm_gflops\": %.3f, \"roofline_frac\": %.4f, \"flops_per_token\": %.0f, "
       "\"comm_s\": %.6f, \"exposed_comm_s\": %.6f, \"model_state_bytes\": %.0f, "
       "\"peak_bytes\": %.0f}\n",
-      dtype_name(compute), W, threads, W > 1 ? strategy_name(pol.strategy) : "none", P, step_s, tps, achieved, gemm_rate,
+      dtype_name(compute), W, threads, W > 1 ? strategy_name(pol.strategy) : "none", P, step_s, cpu_s, tps, achieved, gemm_rate,
       achieved / gemm_rate, flops_per_token, comm_s, exposed_s, state_r[0], peak_r[0]);
   return 0;
 }

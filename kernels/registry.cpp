@@ -3,6 +3,7 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/ops.h"
 
 namespace sw {
@@ -57,6 +58,11 @@ void register_ops(DeviceKind kind, DType compute, const Ops* ops) {
 }
 
 const Ops& ops_for(Device device) { return ops_for(device, DType::F32); }
+
+bool products_read_weights16(Device device, DType compute) {
+  if (compute == DType::F32) return false;
+  return !device.is_cpu() || cpu::lowp_onednn(compute);
+}
 
 Device device_from_name(const std::string& name) {
   if (name == "cpu") return Device::cpu();

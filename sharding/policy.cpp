@@ -5,8 +5,14 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "kernels/ops.h"
 
 namespace sw {
+
+bool MixedPrecisionPolicy::weights16(bool on_device) const {
+  return param_dtype != DType::F32 &&
+         (on_device || products_read_weights16(Device::cpu(), param_dtype));
+}
 
 namespace {
 constexpr ShardingStrategy kAll[] = {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,

@@ -69,9 +69,10 @@ struct MixedPrecisionPolicy {
   bool enabled() const { return param_dtype != DType::F32 || reduce_dtype != DType::F32; }
   // Whether each unit keeps a 16-bit copy of its gathered parameters beside the fp32 ones, so
   // that the matrix products read the weights without narrowing them on each call
-  // (sharding/unit_state.h): a 16-bit param_dtype on a device. The CPU's products pack from
-  // fp32 (they round while packing), so it keeps none.
-  bool weights16(bool on_device) const { return param_dtype != DType::F32 && on_device; }
+  // (sharding/unit_state.h): a 16-bit param_dtype where the backend's products read 16-bit
+  // weights (products_read_weights16, kernels/ops.h): on a device, and on the CPU where its
+  // bf16 products run on oneDNN (the other CPU paths round fp32 while packing: none kept).
+  bool weights16(bool on_device) const;
   // FP8 linears (the config's "fp8" block; kernels/fp8_ops.h): units compute with an Fp8Ops
   // around the bf16 Ops, so the blocks' Linear products run E4M3 / E5M2 with per-tensor scales
   // (current, or delayed over fp8_amax_history calls). Needs param_dtype BF16.

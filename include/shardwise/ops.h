@@ -195,7 +195,8 @@ class Ops {
 
   /// ---- Linear: out(N,OC) = inp(N,C) @ w(OC,C)^T + b(OC) + res(N,OC) [b, res may be null].
   /// inp, w: any forms. out: fp32, or 16-bit (= narrow of the fp32 output, rounded once: a
-  /// product's output only element-wise ops read, the SwiGLU's gate|up, GPT-2's fc output).
+  /// product's output only element-wise ops read, the SwiGLU's gate|up, GPT-2's fc output; the
+  /// CPU's oneDNN bf16 path rounds in the product, an fp32-subnormal value to a signed zero).
   /// res (the residual stream, a block's "y = x + proj(h)") only with an fp32 out, which it
   /// does not overlap: the values of the product followed by residual_forward(out, out, res) up
   /// to the product's summation order where the backend adds res in the product itself
@@ -206,7 +207,7 @@ class Ops {
   /// dinp, dw, db may be null. dout, inp, w: any forms; db, a sum and not a product, sums
   /// dout's fp32 form where it has one, else its widened 16-bit values. dinp: fp32 added into
   /// or written, or 16-bit alone (written: an input gradient only an element-wise op or
-  /// attention reads, as autocast's backward gives a linear's).
+  /// attention reads, as autocast's backward gives a linear's; rounded as a 16-bit out).
   virtual void linear_backward(GradIn dinp, GradOut dw, GradOut db, Operand dout, Operand inp,
                                Operand w, int N, int C, int OC) const = 0;
 
@@ -526,6 +527,12 @@ const Ops& ops_for(Device device);
 /// fp32. On the CPU, BF16 uses AVX512-BF16 instructions when the CPU has them (detected at run
 /// time) and an exact-rounding fallback otherwise.
 const Ops& ops_for(Device device, DType compute);
+
+/// Whether the matrix products of ops_for(device, compute) read 16-bit weights in place (so a
+/// unit keeping a 16-bit copy of its weights saves a narrowing per product): devices in BF16 /
+/// F16; the CPU in BF16 where its products run on oneDNN (AVX-512), not on its own kernels,
+/// which round fp32 while packing.
+bool products_read_weights16(Device device, DType compute);
 
 /// The device a name means: "cpu"; "cuda" or "sim": the device this process's registered
 /// backend of that kind serves; "cuda:N". Throws sw::Error naming the value when this build has

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/alloc.h"
+#include "core/dtype.h"
 
 namespace sw::cpu::detail {
 
@@ -71,6 +72,27 @@ inline void column_sums(float* db, const T* x, int N, int OC, bool db_write, Loa
   }
 }
 
+// core/dtype.h f32_to_bf16, bit for bit (round to nearest even, NaN made quiet), written
+// without its early return so that `omp simd` loops vectorise it (a select per lane).
+inline uint16_t bf16_round(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet = (u >> 16) | 0x40u;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+}
+
+// A 16-bit value of kind K (1 bf16, 2 fp16), as narrow() writes it. K is a template argument:
+// a DType tested per element kept every loop that narrows scalar (f32_to_f16 is a call), GELU's
+// 16-bit output included (issue 39: 14% of the small bf16 model's step).
+template <int K>
+inline uint16_t to_kind(float f) {
+  static_assert(K == 1 || K == 2, "a 16-bit kind");
+  if constexpr (K == 1)
+    return bf16_round(f);
+  else
+    return f32_to_f16(f);
+}
+
 // A workspace of at least `floats` floats in b, reallocated only when it must grow: callers
 // keep b (thread_local) between calls, since a fresh buffer of tens of MB is mmap'ed and
 // page-faulted on every call. Tracked as Mem::Workspace.
@@ -113,6 +135,14 @@ void gemm_bf16_onednn(bool ta, bool tb, int M, int N, int K, float alpha, const 
 void gemm_bf16_onednn(bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
                       const uint16_t* A16, int lda, const float* B, const uint16_t* B16, int ldb,
                       float beta, float* C, int ldc);
+// The same with a bias row and/or a bf16 output, in the matmul itself: bias (N fp32 values, may
+// be null) gives C = alpha * acc + bias + beta * C, the bits of C first set to the broadcast
+// bias and beta = 1; C16 (non-null: C is then null and beta 0) receives the fp32 result rounded
+// to bf16 by oneDNN (round to nearest even; an fp32-subnormal result becomes a signed zero, as
+// vcvtneps2bf16 rounds: f32_to_bf16 would keep it).
+void gemm_bf16_onednn(bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
+                      const uint16_t* A16, int lda, const float* B, const uint16_t* B16, int ldb,
+                      float beta, float* C, int ldc, const float* bias, uint16_t* C16);
 // Measured flop rate of vdpbf16ps over that of fp32 FMA on this core (~2 where vdpbf16ps has
 // the FMA's throughput; ~0.5 on CPUs that run it at a quarter of the FMA's instruction rate).
 double dpbf16_flop_ratio();

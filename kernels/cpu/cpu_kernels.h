@@ -69,6 +69,16 @@ void linear_backward_lowp16(DType t, float* dinp, float* dw, float* db, const fl
                             const uint16_t* dout16, const float* inp, const uint16_t* inp16,
                             const float* w, const uint16_t* w16, int N, int C, int OC,
                             float dinp_beta, float dw_beta = 1.f, bool db_write = false);
+// The same with the 16-bit output (out16 / dinp16, written: t's values) formed in the product
+// itself where the path can (oneDNN: its bf16 output, gemm_bf16_onednn's rounding): true;
+// false, nothing written, on the other paths (the caller computes fp32 and narrows).
+bool linear_forward_lowp16_to16(DType t, uint16_t* out16, const float* inp, const uint16_t* inp16,
+                                const float* w, const uint16_t* w16, const float* b, int N, int C,
+                                int OC);
+bool linear_backward_lowp16_to16(DType t, uint16_t* dinp16, float* dw, float* db,
+                                 const float* dout, const uint16_t* dout16, const float* inp,
+                                 const uint16_t* inp16, const float* w, const uint16_t* w16,
+                                 int N, int C, int OC, float dw_beta, bool db_write);
 // dst[i] = src[i] rounded to t and back to fp32 (dst may equal src; F32 copies).
 void round_to(DType t, float* dst, const float* src, size_t n);
 
@@ -84,12 +94,16 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 // norm.cpp
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
                        const float* b, int N, int C);
+// dinp16 (may be null): also written with narrow(dt, dinp) of the sums, row by row in the same
+// pass (the Ops' residual gradient in both forms); the same for rmsnorm_backward.
 void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                        const float* w, const float* mean, const float* rstd, int N, int C);
+                        const float* w, const float* mean, const float* rstd, int N, int C,
+                        uint16_t* dinp16 = nullptr, DType dt = DType::BF16);
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C,
                      float eps);
 void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
-                      const float* rstd, int N, int C);
+                      const float* rstd, int N, int C, uint16_t* dinp16 = nullptr,
+                      DType dt = DType::BF16);
 // Floats of the calling thread's partials buffer a backward of N x C rows grows it to (both:
 // LayerNorm's dw and db; else RMSNorm's dw alone).
 size_t norm_partial_floats(int N, int C, bool both);
@@ -125,6 +139,9 @@ void gelu_forward_lp(DType dt, uint16_t* out, const uint16_t* inp, size_t n);
 // 16-bit one; the other null), widened as they are read.
 void gelu_backward_set(DType dt, float* dinp, const float* inp, const uint16_t* inp16,
                        const float* dout, const uint16_t* dout16, size_t n);
+// narrow(dt, gelu_backward_set) in one pass (Ops::gelu_backward's 16-bit dinp alone).
+void gelu_backward_lp_set(DType dt, uint16_t* dinp, const float* inp, const uint16_t* inp16,
+                          const float* dout, const uint16_t* dout16, size_t n);
 void swiglu_backward(float* dgu, const float* dout, const float* gu, int N, int F,
                      bool set = false);
 // narrow(dt, swiglu_backward(set = true)) in one pass (Ops::swiglu_backward's 16-bit dgu), dout and
@@ -186,6 +203,8 @@ size_t attention_tile_floats(int T, int hd);
 // the loss stay fp32. On the oneDNN path (lowp_onednn) the operands go to it in bf16: w16 (the
 // weight's bf16 form, exactly w's values, where the caller has one) or w narrowed once per
 // call, x narrowed once, dlogits narrowed in the row pass; the same bits as gemm_lowp's.
+// (w16: w's bf16 form where the caller has one; on the oneDNN bf16 path, lowp_onednn, w may
+// then be null: only w16 is read.)
 double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const float* w,
                    const int32_t* targets, int N, int C, int V, float grad_scale,
                    DType compute = DType::F32, const uint16_t* w16 = nullptr);

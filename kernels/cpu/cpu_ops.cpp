@@ -51,13 +51,18 @@ class CpuOps final : public Ops {
   }
 
   // Each operand in every form it has (a unit's weights come with both): the kernel reads the
-  // one its path reads fastest (cpu_kernels.h linear_forward_lowp16). A 16-bit output: the fp32 product in this thread's output scratch, narrowed. The residual:
+  // one its path reads fastest (cpu_kernels.h linear_forward_lowp16). A 16-bit output: the
+  // product's own bf16 output on the oneDNN path, else the fp32 product in this thread's output
+  // scratch, narrowed. The residual:
   // residual_forward after the product (the CPU fuses it into the norm after instead).
   void linear_forward(Out out, Operand inp, Operand w, const float* b, const float* res, int N,
                       int C, int OC) const override {
     if (out.lp) {
       if (out.f32 || res) refuse("linear_forward", "a 16-bit out with an fp32 one or res");
       require_lowp("linear_forward");
+      if (cpu::linear_forward_lowp16_to16(compute_, out.lp, inp.f32, inp.lp, w.f32, w.lp, b, N, C,
+                                          OC))
+        return;  // (oneDNN's bf16 output)
       const size_t no = extent(N, OC);
       float* o = out_scratch(no);
       product(o, inp, w, b, N, C, OC);
@@ -73,7 +78,12 @@ class CpuOps final : public Ops {
       refuse("linear_backward", "dinp 16-bit beside fp32 or added into");
     const bool lp = dout.has_lp() || inp.has_lp() || w.has_lp() || dinp.lp;
     if (lp) require_lowp("linear_backward");
-    // dinp 16-bit alone: its fp32 values in this thread's output scratch, narrowed.
+    // dinp 16-bit alone: written by the product where the path can (oneDNN's bf16 output), else
+    // its fp32 values in this thread's output scratch, narrowed.
+    if (dinp.lp && cpu::linear_backward_lowp16_to16(compute_, dinp.lp, dw.p, db.p, dout.f32,
+                                                    dout.lp, inp.f32, inp.lp, w.f32, w.lp, N, C,
+                                                    OC, dw.beta(), db.write))
+      return;
     const size_t ni = extent(N, C);
     float* d = dinp.lp ? out_scratch(ni) : dinp.f32;
     // Every form each operand has: the kernel reads the one its path reads fastest (oneDNN the
@@ -116,8 +126,7 @@ class CpuOps final : public Ops {
                           const float* w, const float* mean, const float* rstd, int N,
                           int C) const override {
     norm_dinp("layernorm_backward", dinp);
-    cpu::layernorm_backward(dinp.f32, dw, db, dout, inp, w, mean, rstd, N, C);
-    if (dinp.lp) cpu::narrow(compute_, dinp.f32, dinp.lp, extent(N, C));
+    cpu::layernorm_backward(dinp.f32, dw, db, dout, inp, w, mean, rstd, N, C, dinp.lp, compute_);
   }
   void rmsnorm_forward(Out out, float* rstd, NormIn inp, const float* w, int N, int C,
                        float eps) const override {
@@ -135,8 +144,7 @@ class CpuOps final : public Ops {
   void rmsnorm_backward(GradIn dinp, float* dw, const float* dout, const float* inp,
                         const float* w, const float* rstd, int N, int C) const override {
     norm_dinp("rmsnorm_backward", dinp);
-    cpu::rmsnorm_backward(dinp.f32, dw, dout, inp, w, rstd, N, C);
-    if (dinp.lp) cpu::narrow(compute_, dinp.f32, dinp.lp, extent(N, C));
+    cpu::rmsnorm_backward(dinp.f32, dw, dout, inp, w, rstd, N, C, dinp.lp, compute_);
   }
 
   void gelu_forward(Out out, Operand inp, size_t n) const override {
@@ -153,9 +161,11 @@ class CpuOps final : public Ops {
       return cpu::gelu_backward(dinp.f32, inp.f32, dout.f32, n, dinp.write);
     require_lowp("gelu_backward");
     if (!dinp.write || !dinp) refuse("gelu_backward", "16-bit forms without dinp written");
-    float* d = dinp.f32 ? dinp.f32 : out_scratch(n);  // (the 16-bit form alone: fp32 in scratch)
-    cpu::gelu_backward_set(compute_, d, inp.f32, lp_only(inp), dout.f32, lp_only(dout), n);
-    if (dinp.lp) narrow(compute_, d, dinp.lp, n);
+    if (!dinp.f32)  // the 16-bit form alone: narrowed as it is written
+      return cpu::gelu_backward_lp_set(compute_, dinp.lp, inp.f32, lp_only(inp), dout.f32,
+                                       lp_only(dout), n);
+    cpu::gelu_backward_set(compute_, dinp.f32, inp.f32, lp_only(inp), dout.f32, lp_only(dout), n);
+    if (dinp.lp) narrow(compute_, dinp.f32, dinp.lp, n);
   }
   void swiglu_forward(Out out, Operand gu, int N, int F) const override {
     if (out.lp) {
@@ -233,9 +243,11 @@ class CpuOps final : public Ops {
   double lmhead_xent(float* loss, float* dx, float* dw, const float* x, Operand w,
                      const int32_t* targets, int N, int C, int V,
                      float grad_scale) const override {
+    // The oneDNN path reads the bf16 form alone: a 16-bit-only w is not widened for it.
     Buffer tw;
-    return cpu::lmhead_xent(loss, dx, dw, x, weight_f32(w, V, C, tw), targets, N, C, V,
-                            grad_scale, compute_, w.lp);  // (the bf16 form: oneDNN reads it)
+    const bool lp_alone = !w.f32 && w.lp && cpu::lowp_onednn(compute_);
+    return cpu::lmhead_xent(loss, dx, dw, x, lp_alone ? nullptr : weight_f32(w, V, C, tw),
+                            targets, N, C, V, grad_scale, compute_, w.lp);
   }
   // Tensor parallelism (kernels/cpu/tp_kernels.cpp). The table and the head's weight as fp32
   // where given, else widened (the table's rows as embedding_forward widens them).

@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/cpu_internal.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 namespace sw::cpu {
@@ -64,26 +65,8 @@ inline float exp_clamped(float x) {
 constexpr float kSqrt2OverPi = 0.79788456080286535588f;
 constexpr float kGeluA = 0.044715f;
 
-// core/dtype.h f32_to_bf16, bit for bit (round to nearest even, NaN made quiet), written
-// without its early return so that `omp simd` loops vectorise it (a select per lane).
-inline uint16_t bf16_round(float f) {
-  const uint32_t u = std::bit_cast<uint32_t>(f);
-  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const uint32_t quiet = (u >> 16) | 0x40u;
-  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
-}
-
-// A 16-bit value of kind K (1 bf16, 2 fp16), as narrow() writes it. K is a template argument:
-// a DType tested per element kept every loop that narrows scalar (f32_to_f16 is a call), GELU's
-// 16-bit output included (issue 39: 14% of the small bf16 model's step).
-template <int K>
-inline uint16_t to_kind(float f) {
-  static_assert(K == 1 || K == 2, "a 16-bit kind");
-  if constexpr (K == 1)
-    return bf16_round(f);
-  else
-    return f32_to_f16(f);
-}
+using detail::bf16_round;
+using detail::to_kind;
 
 // An op's output element: the float itself, or (T = uint16_t: the Ops' 16-bit outputs) the
 // float narrowed to kind K, as narrow() would write it.
@@ -158,9 +141,10 @@ void gelu_forward_lp(DType dt, uint16_t* out, const uint16_t* inp, size_t n) {
 // second term is below 1e-30, so x is clamped there (no overflow to inf * 0).
 // Set: dinp = 0 + g (the value += gives on zeros, -0 included), dinp never read.
 // inp fp32, or 16-bit of kind K (in_value).
-// dout likewise (D).
-template <bool Set, int K = 0, class In = float, class D = float>
-void gelu_backward_t(float* dinp, const In* inp, const D* dout, size_t n) {
+// dout likewise (D). T = uint16_t: dinp written 16-bit, narrow of the fp32 values (Set only).
+template <bool Set, int K = 0, class In = float, class D = float, class T = float>
+void gelu_backward_t(T* dinp, const In* inp, const D* dout, size_t n) {
+  static_assert(Set || std::is_same_v<T, float>, "a 16-bit dinp is written, not added into");
 #pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMin)
   for (size_t i = 0; i < n; ++i) {
     const float x = clampf(in_value<K>(inp[i]), -10.f, 10.f);
@@ -171,7 +155,10 @@ void gelu_backward_t(float* dinp, const In* inp, const D* dout, size_t n) {
     const float s = 1.f / (1.f + e);
     const float one_minus_s = e * s;
     const float g = in_value<K>(dout[i]) * (s + 2.f * x * du * one_minus_s * s);
-    dinp[i] = (Set ? 0.f : dinp[i]) + g;
+    if constexpr (std::is_same_v<T, float>)
+      dinp[i] = (Set ? 0.f : dinp[i]) + g;
+    else
+      dinp[i] = out_value<T, K>(0.f + g);
   }
 }
 
@@ -186,6 +173,16 @@ void gelu_backward_set(DType dt, float* dinp, const float* inp, const uint16_t* 
   with_kind(dt, [&](auto k) {
     with_form(inp, inp16, [&](auto x) {
       with_form(dout, dout16, [&](auto d) { gelu_backward_t<true, decltype(k)::value>(dinp, x, d, n); });
+    });
+  });
+}
+
+void gelu_backward_lp_set(DType dt, uint16_t* dinp, const float* inp, const uint16_t* inp16,
+                          const float* dout, const uint16_t* dout16, size_t n) {
+  with_kind(dt, [&](auto k) {
+    with_form(inp, inp16, [&](auto x) {
+      with_form(dout, dout16,
+                [&](auto d) { gelu_backward_t<true, decltype(k)::value>(dinp, x, d, n); });
     });
   });
 }

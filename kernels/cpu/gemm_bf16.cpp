@@ -399,14 +399,14 @@ void linear_forward_lowp16(DType t, float* out, const float* inp, const uint16_t
                            int OC) {
   if (t == DType::F32) return linear_forward(out, inp, w, b, N, C, OC);
   if (N <= 0 || OC <= 0) return;
+  if (onednn_path(t) && C > 0)  // the 16-bit forms read in place; the bias added in the product
+    return detail::gemm_bf16_onednn(false, true, N, OC, C, 1.f, inp, inp16, C, w, w16, C, 0.f,
+                                    out, OC, b, nullptr);
   if (b) detail::broadcast_rows(out, b, N, OC);
   if (C <= 0) {
     if (!b) std::memset(out, 0, sizeof(float) * (size_t)N * OC);
     return;
   }
-  if (onednn_path(t))  // the 16-bit forms read in place
-    return detail::gemm_bf16_onednn(false, true, N, OC, C, 1.f, inp, inp16, C, w, w16, C,
-                                    b ? 1.f : 0.f, out, OC);
   if (!w) w = widened16(t, w16, extent(OC, C), 2);
   if (!inp && lowp_auto_path(t) == LowpPath::Emulated) {  // widened in the rounding pass
     detail::blas_select_core();
@@ -418,6 +418,30 @@ void linear_forward_lowp16(DType t, float* out, const float* inp, const uint16_t
   }
   if (!inp) inp = widened16(t, inp16, extent(N, C), 1);
   gemm_lowp(t, false, true, N, OC, C, 1.f, inp, C, w, C, b ? 1.f : 0.f, out, OC);
+}
+
+bool linear_forward_lowp16_to16(DType t, uint16_t* out16, const float* inp, const uint16_t* inp16,
+                                const float* w, const uint16_t* w16, const float* b, int N, int C,
+                                int OC) {
+  if (!onednn_path(t) || N <= 0 || OC <= 0 || C <= 0) return false;
+  detail::gemm_bf16_onednn(false, true, N, OC, C, 1.f, inp, inp16, C, w, w16, C, 0.f, nullptr,
+                           OC, b, out16);
+  return true;
+}
+
+bool linear_backward_lowp16_to16(DType t, uint16_t* dinp16, float* dw, float* db,
+                                 const float* dout, const uint16_t* dout16, const float* inp,
+                                 const uint16_t* inp16, const float* w, const uint16_t* w16,
+                                 int N, int C, int OC, float dw_beta, bool db_write) {
+  if (!onednn_path(t) || N <= 0 || OC <= 0 || C <= 0) return false;
+  const uint16_t* d16 = dout16 ? dout16 : dw ? narrowed16(t, dout, extent(N, OC)) : nullptr;
+  detail::gemm_bf16_onednn(false, false, N, C, OC, 1.f, dout, d16, OC, w, w16, C, 0.f, nullptr, C,
+                           nullptr, dinp16);
+  // dW and db as linear_backward_lowp16 forms them.
+  if (dw || db)
+    linear_backward_lowp16(t, nullptr, dw, db, dout, d16 ? d16 : dout16, inp, inp16, w, w16, N,
+                           C, OC, 0.f, dw_beta, db_write);
+  return true;
 }
 
 void linear_backward_lowp(DType t, float* dinp, float* dw, float* db, const float* dout,

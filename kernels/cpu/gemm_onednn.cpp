@@ -38,6 +38,7 @@ namespace {
 struct Key {
   int M, N, K, lda, ldb, ldc, threads;  // lda / ldb: the bf16 operands' (dense copies: their width)
   bool ta, tb;
+  bool bias, c16;        // a bias row; a bf16 C
   uint32_t alpha, beta;  // bit patterns
   bool operator==(const Key&) const = default;
 };
@@ -47,7 +48,7 @@ struct KeyHash {
     uint64_t h = 1469598103934665603ull;
     for (uint64_t v : {(uint64_t)k.M, (uint64_t)k.N, (uint64_t)k.K, (uint64_t)k.lda,
                        (uint64_t)k.ldb, (uint64_t)k.ldc,
-                       (uint64_t)k.threads, (uint64_t)(k.ta * 2 + k.tb), (uint64_t)k.alpha,
+                       (uint64_t)k.threads, (uint64_t)(k.ta * 2 + k.tb + 4 * k.bias + 8 * k.c16), (uint64_t)k.alpha,
                        (uint64_t)k.beta})
       h = (h ^ v) * 1099511628211ull;
     return h;
@@ -70,7 +71,7 @@ dnnl::matmul primitive(const Key& k) {
   // op(A) is (M, K): A is stored (M, K) row-major, or (K, M) when transposed.
   const dnnl::memory::desc a({k.M, k.K}, dt::bf16, k.ta ? dims{1, k.lda} : dims{k.lda, 1});
   const dnnl::memory::desc b({k.K, k.N}, dt::bf16, k.tb ? dims{1, k.ldb} : dims{k.ldb, 1});
-  const dnnl::memory::desc c({k.M, k.N}, dt::f32, dims{k.ldc, 1});
+  const dnnl::memory::desc c({k.M, k.N}, k.c16 ? dt::bf16 : dt::f32, dims{k.ldc, 1});
   dnnl::primitive_attr attr;
   float alpha, beta;
   std::memcpy(&alpha, &k.alpha, 4);
@@ -83,7 +84,10 @@ dnnl::matmul primitive(const Key& k) {
   }
   dnnl::matmul::primitive_desc pd;
   try {
-    pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine());
+    const dnnl::matmul::desc d =
+        k.bias ? dnnl::matmul::desc(a, b, dnnl::memory::desc({1, k.N}, dt::f32, dims{k.N, 1}), c)
+               : dnnl::matmul::desc(a, b, c);
+    pd = dnnl::matmul::primitive_desc(d, attr, engine());
   } catch (const dnnl::error& e) {
     fail("kernels", std::string("oneDNN bf16 matmul: no implementation (") + e.what() + ")");
   }
@@ -105,7 +109,15 @@ void gemm_bf16_onednn(bool ta, bool tb, int M, int N, int K, float alpha, const 
 void gemm_bf16_onednn(bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
                       const uint16_t* A16, int lda, const float* B, const uint16_t* B16, int ldb,
                       float beta, float* C, int ldc) {
+  gemm_bf16_onednn(ta, tb, M, N, K, alpha, A, A16, lda, B, B16, ldb, beta, C, ldc, nullptr,
+                   nullptr);
+}
+
+void gemm_bf16_onednn(bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
+                      const uint16_t* A16, int lda, const float* B, const uint16_t* B16, int ldb,
+                      float beta, float* C, int ldc, const float* bias, uint16_t* C16) {
   if (M <= 0 || N <= 0) return;
+  SW_CHECK(!C16 || (!C && beta == 0.f), "gemm_bf16_onednn: a bf16 C is written, not added into");
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   uint32_t ab, bb;
   const float beta0 = beta == 0.f ? 0.f : beta;  // -0 and +0 are the same primitive
@@ -113,7 +125,8 @@ void gemm_bf16_onednn(bool ta, bool tb, int M, int N, int K, float alpha, const 
   std::memcpy(&bb, &beta0, 4);
   const int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
   const dnnl::matmul mm =
-      primitive({M, N, K, A16 ? lda : ac, B16 ? ldb : bc, ldc, threads, ta, tb, ab, bb});
+      primitive({M, N, K, A16 ? lda : ac, B16 ? ldb : bc, ldc, threads, ta, tb, bias != nullptr,
+                 C16 != nullptr, ab, bb});
 
   // Both conversions in one pass, rows of A then rows of B; on the calling thread unless the
   // operands are huge (the LM head's weights): converting runs at ~15 GB/s of fp32 on one
@@ -146,9 +159,16 @@ void gemm_bf16_onednn(bool ta, bool tb, int M, int N, int K, float alpha, const 
   void* bp = B16 ? const_cast<uint16_t*>(B16) : b16;
   const dnnl::memory am({{M, K}, dt::bf16, ta ? dims{1, la} : dims{la, 1}}, eng, ap);
   const dnnl::memory bm({{K, N}, dt::bf16, tb ? dims{1, lb} : dims{lb, 1}}, eng, bp);
-  const dnnl::memory cm({{M, N}, dt::f32, dims{ldc, 1}}, eng, C);
+  const dnnl::memory cm({{M, N}, C16 ? dt::bf16 : dt::f32, dims{ldc, 1}}, eng,
+                        C16 ? static_cast<void*>(C16) : static_cast<void*>(C));
   thread_local dnnl::stream strm(eng);
-  mm.execute(strm, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  if (bias) {
+    const dnnl::memory biasm({{1, N}, dt::f32, dims{N, 1}}, eng, const_cast<float*>(bias));
+    mm.execute(strm, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_BIAS, biasm},
+                      {DNNL_ARG_DST, cm}});
+  } else {
+    mm.execute(strm, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  }
   strm.wait();
 }
 

@@ -161,11 +161,17 @@ double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const floa
       if (grad) {
         // dlogits = grad_scale * softmax - grad_scale * onehot(target)
         const float k = grad_scale / sum;
+        if (l16) {  // (the products read only these: written straight from the scaled values)
+          uint16_t* o = l16 + (size_t)r * V;
+#pragma omp simd
+          for (int v = 0; v < V; ++v) o[v] = detail::bf16_round(row[v] * k);
+          o[t] = detail::bf16_round(row[t] * k - grad_scale);
+          continue;
+        }
 #pragma omp simd
         for (int v = 0; v < V; ++v) row[v] *= k;
         row[t] -= grad_scale;
         if (lowp && !packs_round) round_to(compute, row, row, V);  // else the kernel rounds
-        if (l16) detail::to_bf16_rows(l16 + (size_t)r * V, row, 1, V, V);  // (this thread's row)
       }
     }
     for (int r = 0; r < nc; ++r) {

@@ -67,6 +67,17 @@ void reduce_blocks(float* out, const float* part, size_t stride, int nblocks, in
   }
 }
 
+// A backward's 16-bit form of its row of dinp (the Ops' residual gradient in both forms), written
+// while the row is in L1: narrow() of the fp32 sums, bit for bit.
+inline void narrow_row(DType dt, uint16_t* d16, const float* d, int C) {
+  if (dt == DType::BF16) {
+#pragma omp simd
+    for (int i = 0; i < C; ++i) d16[i] = detail::to_kind<1>(d[i]);
+  } else {
+    for (int i = 0; i < C; ++i) d16[i] = detail::to_kind<2>(d[i]);
+  }
+}
+
 // Row reductions. A single `omp simd reduction` accumulator serialises on the add latency
 // (~4 cycles per 16 floats); these keep kLanes = 64 independent partial sums (four vectors),
 // fold a tail of < 64 terms into the first lanes, and combine the lanes pairwise. The order is
@@ -262,7 +273,8 @@ size_t norm_partial_floats(int N, int C, bool both) {
 // Two passes over each row: (1) the two row means plus this block's dw/db partials, (2) dinp.
 // db may be null (bias-free LayerNorm).
 void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                        const float* w, const float* mean, const float* rstd, int N, int C) {
+                        const float* w, const float* mean, const float* rstd, int N, int C,
+                        uint16_t* dinp16, DType dt) {
   if (N <= 0 || C <= 0) return;
   const RowBlocks rb = row_blocks(N);
   const size_t Cp = padded(C);
@@ -303,6 +315,7 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
           const float xh = (x[i] - m) * r;
           dx[i] += r * (w[i] * g[i] - mean_wg - xh * mean_wgx);
         }
+        if (dinp16) narrow_row(dt, dinp16 + static_cast<size_t>(n) * C, dx, C);
       }
     }
     // (implicit barrier: all partials are written)
@@ -313,7 +326,7 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
 
 // dinp += rstd * (w g - x * rstd^2 * mean(w g x));  dw += sum_n g x rstd.
 void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
-                      const float* rstd, int N, int C) {
+                      const float* rstd, int N, int C, uint16_t* dinp16, DType dt) {
   if (N <= 0 || C <= 0) return;
   const RowBlocks rb = row_blocks(N);
   const size_t stride = padded(C);
@@ -343,6 +356,7 @@ void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* in
         const float k = r * r * lanes_total(acc) / C;
 #pragma omp simd
         for (int i = 0; i < C; ++i) dx[i] += r * (w[i] * g[i] - x[i] * k);
+        if (dinp16) narrow_row(dt, dinp16 + static_cast<size_t>(n) * C, dx, C);
       }
     }
     reduce_blocks(dw, part, stride, rb.count, C);

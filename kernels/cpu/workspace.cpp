@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cpu/attention_bf16.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/ops.h"
 
@@ -36,7 +37,7 @@ WorkspaceDecl declared_workspace(const StepShape& s) {
   const int64_t chunk = lmhead_chunk_rows(int(N), int(V));
   d.bytes = floats(chunk * V) + floats(chunk);
   // attention.cpp: every OpenMP thread's tile scratch (forward and backward share it).
-  d.bytes += threads * floats(int64_t(attention_tile_floats(s.T, int(hd))));
+  d.bytes += threads * floats(int64_t(attention_tile_floats(s.T, int(hd), s.compute)));
   // norm.cpp: the backward's dw (and LayerNorm's db) partials over row blocks of N rows.
   d.bytes += floats(int64_t(norm_partial_floats(int(N), int(C), !s.llama)));
   // rope.cpp: the (cos, sin) table.
@@ -52,13 +53,16 @@ WorkspaceDecl declared_workspace(const StepShape& s) {
   if (s.compute == DType::F32) return d;
 
   // 16-bit compute (the blocks' products take 16-bit inputs, models/unit.h ProductIn):
-  // attention.cpp: qkv widened, and in the backward the output and its gradient widened.
-  d.bytes += floats(N * QKV) + 2 * floats(N * C);
+  // attention.cpp: qkv widened, and in the backward the output and its gradient widened
+  // (none on the native bf16 path: it reads the 16-bit forms in place).
+  if (!(s.compute == DType::BF16 && attention_bf16_native()))
+    d.bytes += floats(N * QKV) + 2 * floats(N * C);
   // cpu_ops.cpp's output scratch: an fp32 result before it is narrowed: attention's output
-  // (N x C) and dqkv (N x QKV), GPT-2's fc output and the GELU's gradient (N x F), the
-  // Llama's gate|up (N x 2F), a product's input gradient kept 16-bit (N x C, N x F).
+  // (N x C) and dqkv (N x QKV); off the oneDNN path also a product's 16-bit output (GPT-2's fc
+  // output N x F, the Llama's gate|up N x 2F) or input gradient (N x C, N x F), which oneDNN
+  // writes in bf16 itself.
   const int64_t Fo = s.llama ? 2 * F : F;  // the widest product output of a block
-  d.bytes += floats(N * std::max({C, Fo, QKV}));
+  d.bytes += floats(N * (lowp_onednn(s.compute) ? std::max(C, QKV) : std::max({C, Fo, QKV})));
   const LowpPath path = lowp_auto_path(s.compute);
   const bool tuned = lowp_per_shape(s.compute);
   // The largest first and second operand of a product: forward x w^T (x: N x C or N x F; w:
@@ -68,12 +72,11 @@ WorkspaceDecl declared_workspace(const StepShape& s) {
   const int64_t max_a = std::max({N * std::max({C, F, Fo, QKV}), chunk * V});
   const int64_t max_b = std::max({QKV * C, Fo * C, F * C, N * std::max(C, F), V * C});
   if (lowp_onednn(s.compute)) {
-    // The oneDNN path reads 16-bit operands in place (gemm_bf16.cpp, lmhead.cpp): an fp32-only
-    // dout feeding both products (the residual stream's gradient, N x C) narrowed once; the one
-    // fp32 operand oneDNN converts (gemm_onednn.cpp's slot 1: at most the widest block weight);
-    // the LM head's x (N x C), w (V x C) and a chunk's dlogits (chunk x V) handed over in bf16.
-    d.bytes += halves(N * C) + halves(std::max({QKV * C, Fo * C, F * C})) + halves(N * C) +
-               halves(V * C) + halves(chunk * V);
+    // The oneDNN path reads 16-bit operands in place (gemm_bf16.cpp, lmhead.cpp), the weights
+    // included (the units keep bf16 copies: MixedPrecisionPolicy::weights16): an fp32-only
+    // dout feeding both products (the residual stream's gradient, N x C) narrowed once; the LM
+    // head's x (N x C) and a chunk's dlogits (chunk x V) handed over in bf16.
+    d.bytes += halves(N * C) + halves(N * C) + halves(chunk * V);
     d.what += ", fp32 results before narrowing, bf16 operand copies (oneDNN)";
     return d;
   }

@@ -21,6 +21,9 @@
 // path runs every path test above and is also compared with the emulated path to the
 // accumulation order (a few sqrt(K) fp32 epsilons); Auto's per-shape choice runs one of the
 // two paths bit for bit and leaves C as one call would (its timing runs use copies).
+// Attention in bf16 on vdpbf16ps (where the CPU has it) is checked by (a) and against its
+// FMA path (set_attention_bf16_native(false)) at the step's shapes and at edge shapes, with
+// 16-bit operands read in place giving the bits of fp32 ones, and 1 vs 2 threads.
 #include <omp.h>
 
 #include <algorithm>
@@ -33,6 +36,7 @@
 
 #include "core/device.h"
 #include "core/dtype.h"
+#include "kernels/cpu/attention_bf16.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/ops.h"
 #include "tests/kernels/kernel_test_util.h"
@@ -618,6 +622,134 @@ TEST_CASE("attention in bf16/fp16: forward vs rounded reference, both passes vs 
   }
 }
 
+TEST_CASE("attention bf16 on vdpbf16ps: production shapes vs rounded reference and FMA path") {
+  if (!sw::cpu::cpu_has_avx512_bf16()) return;  // the native path needs AVX512-BF16
+  using sw::cpu::attention_backward;
+  using sw::cpu::attention_forward;
+  const DType t = DType::BF16;
+  auto b16 = [](const Vec& v) {
+    std::vector<uint16_t> r(v.size());
+    for (size_t i = 0; i < v.size(); ++i) r[i] = sw::f32_to_bf16(v[i]);
+    return r;
+  };
+  struct Shape {
+    int B, T, H, KVH, hd;
+  };
+  // The step's shape family (hd 64, H 6): T 256 MHA; T 197 (no multiple of the tiles, odd:
+  // a zero-padded last pair of query and key rows) with GQA; odd hd (pairs padded along hd);
+  // hd 40 (20 pairs: one 16-word transpose block and a word-by-word rest).
+  for (Shape s : {Shape{2, 256, 6, 6, 64}, Shape{1, 197, 6, 2, 64}, Shape{1, 45, 2, 1, 7},
+                  Shape{2, 70, 3, 1, 40}}) {
+    const int B = s.B, T = s.T, H = s.H, KVH = s.KVH, hd = s.hd;
+    const int R = (H + 2 * KVH) * hd, CO = H * hd;
+    const Vec qkv = randv((size_t)B * T * R, 51 + T), dout = randv((size_t)B * T * CO, 53);
+    // Each path: forward and backward (set: dqkv's old contents, here NaN, not read).
+    auto run = [&](bool native, Vec& o, Vec& l, Vec& d) {
+      sw::cpu::set_attention_bf16_native(native);
+      o.assign((size_t)B * T * CO, 0.f), l.assign((size_t)B * H * T, 0.f);
+      d.assign((size_t)B * T * R, std::numeric_limits<float>::quiet_NaN());
+      attention_forward(o.data(), l.data(), qkv.data(), B, T, H, KVH, hd, t);
+      attention_backward(d.data(), dout.data(), qkv.data(), o.data(), l.data(), B, T, H, KVH, hd,
+                         t, true);
+      sw::cpu::set_attention_bf16_native(true);
+    };
+    Vec o, l, d, of, lf, df;
+    run(true, o, l, d);
+    run(false, of, lf, df);
+    // (a) the forward against the double reference on rounded operands (P rounded), as above.
+    DVec ref, spv;
+    attn_ref(t, qkv, B, T, H, KVH, hd, ref, spv);
+    double wa = 0, wf = 0;
+    for (size_t i = 0; i < o.size(); ++i) {
+      wa = std::max(wa, std::fabs(o[i] - ref[i]) / (u_low(t) * spv[i] + 1e-5));
+      wf = std::max(wf, std::fabs(of[i] - ref[i]) / (u_low(t) * spv[i] + 1e-5));
+    }
+    // Native vs the FMA path: the same rounded operands, products summed in another order, so
+    // the scores and lse agree to fp32 rounding and P, dS (formed in fp32, then rounded) may
+    // land on the neighbouring bf16 value: out within the bound of (a) of each other; lse to
+    // a few fp32 ulps of its magnitude; dqkv (sums of such terms, few of which flip) relative
+    // to its largest magnitude within u_low / 8 (measured <= 6e-5, i.e. u_low / 70).
+    double eo = 0, el = 0, ed = 0, md = 0;
+    for (size_t i = 0; i < o.size(); ++i)
+      eo = std::max(eo, std::fabs(o[i] - of[i]) / (2 * u_low(t) * spv[i] + 2e-5));
+    for (size_t i = 0; i < l.size(); ++i)
+      el = std::max(el, (double)std::fabs(l[i] - lf[i]) / (std::fabs(lf[i]) + 1));
+    for (size_t i = 0; i < d.size(); ++i)
+      ed = std::max(ed, (double)std::fabs(d[i] - df[i])), md = std::max(md, (double)std::fabs(df[i]));
+    REPORT("native attention B" << B << " T" << T << " H" << H << " KVH" << KVH << " hd" << hd
+                                << ": out err/bound " << wa << " (FMA path " << wf
+                                << "), native vs FMA: out " << eo << ", lse " << el << ", dqkv "
+                                << ed / md);
+    CHECK(wa <= 1.0);
+    CHECK(wf <= 1.0);
+    CHECK(eo <= 1.0);
+    CHECK(el < 64 * kU);
+    CHECK(ed / md < u_low(t) / 8);
+    // The Ops' 16-bit operands (qkv16, out16, dout16) read in place: the same values as the
+    // fp32 ones rounded, so the same bits.
+    const std::vector<uint16_t> q16 = b16(qkv), o16 = b16(o), d16 = b16(dout);
+    Vec o2((size_t)B * T * CO), l2((size_t)B * H * T), d2((size_t)B * T * R, 0.f),
+        d3((size_t)B * T * R, 0.f);
+    attention_forward(o2.data(), l2.data(), nullptr, B, T, H, KVH, hd, t, q16.data());
+    CHECK(same_bits(o, o2));
+    CHECK(same_bits(l, l2));
+    attention_backward(d2.data(), nullptr, nullptr, nullptr, l.data(), B, T, H, KVH, hd, t, true,
+                       q16.data(), o16.data(), d16.data());
+    const Vec ow = rounded(t, o), dw = rounded(t, dout);
+    attention_backward(d3.data(), dw.data(), qkv.data(), ow.data(), l.data(), B, T, H, KVH, hd, t,
+                       false);
+    CHECK(same_bits(d2, d3));
+    // Reruns and 1 vs 2 threads: bit-identical (tasks independent, fixed GQA order).
+    const int nt = omp_get_max_threads();
+    for (int threads : {1, 2}) {
+      omp_set_num_threads(threads);
+      Vec o1, l1, d1;
+      run(true, o1, l1, d1);
+      CHECK(same_bits(o, o1));
+      CHECK(same_bits(l, l1));
+      CHECK(same_bits(d, d1));
+    }
+    omp_set_num_threads(nt);
+  }
+}
+
+TEST_CASE("attention bf16 on vdpbf16ps: edge shapes (T, hd tiny or odd) against the FMA path") {
+  if (!sw::cpu::cpu_has_avx512_bf16()) return;
+  const DType t = DType::BF16;
+  double worst_a = 0, worst_d = 0;
+  for (int T : {1, 2, 5, 16, 17, 65, 130})
+    for (int hd : {1, 2, 3, 33})
+      for (auto [H, KVH] : {std::pair{1, 1}, {4, 2}}) {
+        const int B = 2, R = (H + 2 * KVH) * hd, CO = H * hd;
+        const Vec qkv = randv((size_t)B * T * R, 7 * T + hd), dout = randv((size_t)B * T * CO, 9);
+        Vec o[2], l[2], d[2];
+        for (int native : {0, 1}) {
+          sw::cpu::set_attention_bf16_native(native);
+          o[native].assign((size_t)B * T * CO, 0.f), l[native].assign((size_t)B * H * T, 0.f);
+          d[native].assign((size_t)B * T * R, 0.f);
+          sw::cpu::attention_forward(o[native].data(), l[native].data(), qkv.data(), B, T, H, KVH,
+                                     hd, t);
+          sw::cpu::attention_backward(d[native].data(), dout.data(), qkv.data(), o[native].data(),
+                                      l[native].data(), B, T, H, KVH, hd, t);
+        }
+        sw::cpu::set_attention_bf16_native(true);
+        DVec ref, spv;
+        attn_ref(t, qkv, B, T, H, KVH, hd, ref, spv);
+        double wa = 0, ed = 0, md = 0;
+        for (size_t i = 0; i < o[1].size(); ++i)
+          wa = std::max(wa, std::fabs(o[1][i] - ref[i]) / (u_low(t) * spv[i] + 1e-5));
+        for (size_t i = 0; i < d[1].size(); ++i)
+          ed = std::max(ed, (double)std::fabs(d[1][i] - d[0][i])),
+          md = std::max(md, (double)std::fabs(d[0][i]));
+        worst_a = std::max(worst_a, wa), worst_d = std::max(worst_d, ed / md);
+        INFO("T " << T << " hd " << hd << " H " << H << " KVH " << KVH);
+        CHECK(wa <= 1.0);
+        CHECK(ed <= md * u_low(t) / 8);
+      }
+  REPORT("native attention, edge shapes: out err/bound " << worst_a << ", dqkv vs FMA "
+                                                         << worst_d);
+}
+
 TEST_CASE("round_to is f32_to_bf16 / f32_to_f16 bit for bit (NaN, inf, subnormals, ties)") {
   // Random bit patterns (every exponent, NaNs included) plus special values; lengths not a
   // multiple of the vector width.
@@ -790,6 +922,92 @@ TEST_CASE("LM head in bf16: the weight's bf16 form given or not, the same bits")
     total[k] = sw::cpu::lmhead_xent(loss[k].data(), dx[k].data(), dw[k].data(), x.data(),
                                     w.data(), tg.data(), N, C, V, 0.5f, DType::BF16,
                                     k ? w16.data() : nullptr);
+  }
+  CHECK(total[0] == total[1]);
+  CHECK(same_bits(loss[0], loss[1]));
+  CHECK(same_bits(dx[0], dx[1]));
+  CHECK(same_bits(dw[0], dw[1]));
+}
+
+TEST_CASE("16-bit outputs the product writes itself are narrow() of the fp32 ones") {
+  // Issue 39: on the oneDNN path a linear's 16-bit output and its 16-bit input gradient come
+  // from oneDNN's bf16 output (bias added in the product), the GELU's 16-bit gradient is
+  // narrowed as it is written, and the LM head reads a 16-bit-only weight in place. Each must
+  // give the bits of the fp32 result narrowed (no fp32-subnormal values arise here), on every
+  // path (fp16 and non-oneDNN CPUs take the fp32-then-narrow route).
+  using sw::GradIn;
+  using sw::Operand;
+  for (DType t : {DType::BF16, DType::F16}) {
+    INFO(sw::dtype_name(t));
+    const sw::Ops& ops = sw::ops_for(sw::Device::cpu(), t);
+    const int N = 37, C = 70, OC = 45;
+    const Vec x = randv((size_t)N * C, 51), w = randv((size_t)OC * C, 52);
+    const Vec dout = randv((size_t)N * OC, 53), b = randv(OC, 54);
+    auto narrowed = [&](const Vec& v) {
+      std::vector<uint16_t> h(v.size());
+      sw::cpu::narrow(t, v.data(), h.data(), v.size());
+      return h;
+    };
+    for (const float* bias : {b.data(), (const float*)nullptr}) {
+      Vec out((size_t)N * OC);
+      std::vector<uint16_t> out16((size_t)N * OC);
+      ops.linear_forward(out.data(), x.data(), w.data(), bias, nullptr, N, C, OC);
+      ops.linear_forward(out16.data(), x.data(), w.data(), bias, nullptr, N, C, OC);
+      CHECK(out16 == narrowed(out));
+    }
+    // dinp 16-bit alone (written) beside dW and db, against the fp32 dinp narrowed.
+    Vec dx((size_t)N * C), dw((size_t)OC * C, 0.5f), db(OC, 0.25f);
+    Vec dw2 = dw, db2 = db;
+    std::vector<uint16_t> dx16((size_t)N * C);
+    ops.linear_backward(GradIn::set(dx.data()), dw.data(), db.data(), dout.data(), x.data(),
+                        w.data(), N, C, OC);
+    ops.linear_backward(GradIn::set(nullptr, dx16.data()), dw2.data(), db2.data(), dout.data(),
+                        x.data(), w.data(), N, C, OC);
+    CHECK(dx16 == narrowed(dx));
+    CHECK(same_bits(dw, dw2));
+    CHECK(same_bits(db, db2));
+    // GELU's gradient written 16-bit alone.
+    const size_t n = 1000;
+    const Vec gx = randv(n, 55), gd = randv(n, 56);
+    Vec g(n);
+    std::vector<uint16_t> g16(n);
+    ops.gelu_backward(GradIn::set(g.data()), gx.data(), gd.data(), n);
+    ops.gelu_backward(GradIn::set(nullptr, g16.data()), gx.data(), gd.data(), n);
+    CHECK(g16 == narrowed(g));
+    // The norms' backward: dinp added into, its 16-bit form written in the same pass.
+    const Vec nx = randv((size_t)N * C, 59), ng = randv((size_t)N * C, 60), nw = randv(C, 61);
+    Vec mean(N), rstd(N), ln((size_t)N * C);
+    ops.layernorm_forward(ln.data(), mean.data(), rstd.data(), nx.data(), nw.data(), nw.data(), N,
+                          C);
+    for (int rms = 0; rms < 2; ++rms) {
+      Vec d((size_t)N * C, 0.25f), dwn(C, 0.f), dbn(C, 0.f);
+      std::vector<uint16_t> d16((size_t)N * C);
+      if (rms)
+        ops.rmsnorm_backward(GradIn::add(d.data(), d16.data()), dwn.data(), ng.data(), nx.data(),
+                             nw.data(), rstd.data(), N, C);
+      else
+        ops.layernorm_backward(GradIn::add(d.data(), d16.data()), dwn.data(), dbn.data(),
+                               ng.data(), nx.data(), nw.data(), mean.data(), rstd.data(), N, C);
+      CHECK(d16 == narrowed(d));
+    }
+  }
+  // The LM head through the Ops with its weight 16-bit only (a unit's products_only table):
+  // the bits of the call given both forms.
+  const sw::Ops& ops = sw::ops_for(sw::Device::cpu(), DType::BF16);
+  const int N = 600, C = 64, V = 333;
+  const Vec x = randv((size_t)N * C, 57);
+  Vec w = randv((size_t)V * C, 58);
+  std::vector<uint16_t> w16((size_t)V * C);
+  sw::cpu::round_copy_lp(DType::BF16, w.data(), w16.data(), w.data(), w.size());
+  std::vector<int32_t> tg(N);
+  for (int i = 0; i < N; ++i) tg[i] = (i * 13) % V;
+  Vec loss[2], dx[2], dw[2];
+  double total[2];
+  for (int k = 0; k < 2; ++k) {
+    loss[k].assign(N, 0.f), dx[k].assign((size_t)N * C, 0.f), dw[k].assign((size_t)V * C, 0.f);
+    total[k] = ops.lmhead_xent(loss[k].data(), dx[k].data(), dw[k].data(), x.data(),
+                               k ? Operand(w16.data()) : Operand(w.data(), w16.data()),
+                               tg.data(), N, C, V, 1.f / N);
   }
   CHECK(total[0] == total[1]);
   CHECK(same_bits(loss[0], loss[1]));

@@ -184,8 +184,21 @@ struct Recorder : Unit {
   int num_calls() const override { return inner->num_calls(); }
   void forward(UnitCtx& ctx, int call, const float* x, float* y) override {
     const std::vector<ParamSpec> specs = inner->params();
-    for (size_t i = 0; i < specs.size(); ++i)
-      (*out)[specs[i].name].assign(ctx.param(i), ctx.param(i) + numel(specs[i].shape));
+    // A product's weight may be held 16-bit only (MixedPrecisionPolicy::weights16: the CPU's
+    // oneDNN bf16 path, a device): its values widened.
+    const DType dt = ctx.ops->compute();
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const Operand w = ctx.weight(i);
+      std::vector<float>& v = (*out)[specs[i].name];
+      const size_t n = size_t(numel(specs[i].shape));
+      if (w.f32) {
+        v.assign(w.f32, w.f32 + n);
+        continue;
+      }
+      v.resize(n);
+      for (size_t j = 0; j < n; ++j)
+        v[j] = dt == DType::BF16 ? bf16_to_f32(w.lp[j]) : f16_to_f32(w.lp[j]);
+    }
     inner->forward(ctx, call, x, y);
   }
   void backward(UnitCtx& ctx, int call, const float* x, const float* dy, float* dx) override {
@@ -223,10 +236,19 @@ TEST_CASE("mixed precision keeps the fp32 model state: a split master costs what
   const ModelConfig mc = tiny("gpt2");
   Model probe = build_model(mc);
   int64_t full = 0, shard = 0;  // floats summed over units: padded for one rank, shard for W
+  // Where units keep 16-bit weight copies (MixedPrecisionPolicy::weights16: the CPU's oneDNN
+  // bf16 path), a persistent full compute copy is the compact fp32 buffer (FlatLayout::compact)
+  // plus the 16-bit copy (2 bytes a value: padded / 2 floats); a sharded unit's gathered copy
+  // stays transient.
+  int64_t compact1 = 0, fullW = 0, compactW = 0;
   for (auto& u : probe.units) {
-    full += FlatLayout::build(u->params(), 1).padded;
-    shard += FlatLayout::build(u->params(), W).shard_size();
+    const FlatLayout l1 = FlatLayout::build(u->params(), 1), lW = FlatLayout::build(u->params(), W);
+    full += l1.padded, compact1 += l1.compact;
+    shard += lW.shard_size(), fullW += lW.padded, compactW += lW.compact;
   }
+  const bool w16 = mp(DType::BF16, DType::BF16).weights16(false);
+  const int64_t copy1 = w16 ? compact1 + full / 2 : full;    // a one-rank-layout compute copy
+  const int64_t copyW = w16 ? compactW + fullW / 2 : fullW;  // a W-rank-layout one
   struct Expect {
     ShardingStrategy s;
     int64_t params, grads, optim;  // floats; sharing the fp32 table's except where noted
@@ -234,13 +256,13 @@ TEST_CASE("mixed precision keeps the fp32 model state: a split master costs what
   const bool one = W == 1;
   for (const Expect& e : {
            // sharded: unchanged (the gathered copy is transient Communication)
-           Expect{ShardingStrategy::FullShard, one ? 2 * full : shard, one ? full : shard,
+           Expect{ShardingStrategy::FullShard, one ? full + copy1 : shard, one ? full : shard,
                   one ? 2 * full : 2 * shard},
            // stage 1: the master gets its own shard buffer beside the full compute copy
-           Expect{ShardingStrategy::ShardOptimizer, one ? 2 * full : shard * W + shard,
+           Expect{ShardingStrategy::ShardOptimizer, one ? full + copy1 : copyW + shard,
                   one ? full : shard * W + shard, one ? 2 * full : 2 * shard},
            // NO_SHARD / one rank: master + rounded compute copy
-           Expect{ShardingStrategy::NoShard, 2 * full, full, 2 * full}}) {
+           Expect{ShardingStrategy::NoShard, full + copy1, full, 2 * full}}) {
     INFO(strategy_name(e.s) << " W=" << W);
     const size_t p0 = mt.current(Mem::Params), g0 = mt.current(Mem::Grads),
                  o0 = mt.current(Mem::Optimizer);
