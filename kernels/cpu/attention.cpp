@@ -40,9 +40,10 @@
 // (fp32 ones rounded once, f32_to_bf16 bit for bit); softmax, lse, D and the accumulators
 // stay fp32, and fp32, fp16 and other CPUs take the FMA path. Same task split: results are
 // bit-identical run to run and for any thread count (test_bf16 checks 1 vs 2 threads).
-// Measured (bench_kernels_b --bf16-attention, B 8, T 256, H 6, hd 64, one Zen 5 core): the
-// products ~1.9x the FMA microkernel's rate, the whole kernel ~1.4x (forward) and ~1.6x
-// (backward); softmax and packing are now about half its time.
+// Measured (bench_kernels_b --bf16-attention, B 8, T 256, H 6, hd 64, Zen 5): the products
+// take ~1/2.1 of the FMA microkernel's time (perf samples); the whole kernel runs ~1.5x
+// faster on one core (CPU time; ~2.3x forward, ~1.7x backward on two, wall); softmax, packing
+// and the memory passes (D, dqkv) are now more than half of its time.
 #include <immintrin.h>
 #include <omp.h>
 
