@@ -41,7 +41,8 @@ const Fp8Kernels* g_fp8[static_cast<size_t>(DeviceKind::Count)] = {};
 }  // namespace
 
 void register_fp8_kernels(DeviceKind kind, const Fp8Kernels* k) {
-  SW_CHECK(kind != DeviceKind::CPU && kind != DeviceKind::Count, "the CPU fp8 kernels are built in");
+  SW_CHECK(kind != DeviceKind::CPU && kind != DeviceKind::Count,
+           "the CPU fp8 kernels are built in");
   g_fp8[static_cast<size_t>(kind)] = k;
 }
 
@@ -57,7 +58,8 @@ const Fp8Kernels& kernels_of(const Ops& inner) {
     fail("kernels", std::string("fp8: the linears wrap bf16 Ops, not ") +
                         dtype_name(inner.compute()) + " (fp8 needs bf16 mixed precision)");
   const Fp8Kernels* k = fp8_kernels(inner.device().kind);
-  if (!k) fail("kernels", "fp8: no fp8 kernels for device " + inner.device().str() + " in this build");
+  if (!k)
+    fail("kernels", "fp8: no fp8 kernels for device " + inner.device().str() + " in this build");
   return *k;
 }
 }  // namespace
@@ -71,8 +73,8 @@ std::shared_ptr<const Ops> make_fp8_ops(const Ops& inner, const Fp8Recipe& recip
   return std::make_shared<const Fp8Ops>(inner, recipe);
 }
 
-void Fp8Ops::scale_of(float* s, int role, Fp8Format f, Operand x, size_t n, const void* wkey,
-                      int C, int OC, bool record) const {
+void Fp8Ops::scale_of(float* s, int role, Fp8Format f, Operand x, size_t n, const void* wkey, int C,
+                      int OC, bool record) const {
   if (!recipe_.delayed) {
     float* am = s + 2;  // (the caller's pair is followed by a free float: the amax)
     k_.amax(am, x, n);
@@ -140,8 +142,8 @@ void Fp8Ops::linear_backward(GradIn dinp, GradOut dw, GradOut db, Operand dout, 
               dinp.write ? nullptr : dinp.f32, dinp.write ? 0.f : 1.f, Out(dinp.f32));
       if (dinp.lp) in_.narrow(in_.compute(), dinp.f32, dinp.lp, size_t(N) * C);
     } else {
-      k_.gemm(N, C, OC, dq, Fp8Format::E5M2, s, wqt, Fp8Format::E4M3, s + 4, nullptr, nullptr,
-              0.f, Out(dinp.lp));
+      k_.gemm(N, C, OC, dq, Fp8Format::E5M2, s, wqt, Fp8Format::E4M3, s + 4, nullptr, nullptr, 0.f,
+              Out(dinp.lp));
     }
   }
   if (dw) {

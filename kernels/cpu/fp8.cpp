@@ -190,8 +190,8 @@ class CpuFp8 final : public Fp8Kernels {
   // C(M, N) = A(M, K) B(N, K)^T from the bf16-held fp8 values.
   static void product(int M, int N, int K, const uint16_t* a16, const uint16_t* b16, float* C) {
     if (cpu_has_avx512()) {
-      detail::gemm_bf16_onednn(false, true, M, N, K, 1.f, nullptr, a16, K, nullptr, b16, K, 0.f,
-                               C, N);
+      detail::gemm_bf16_onednn(false, true, M, N, K, 1.f, nullptr, a16, K, nullptr, b16, K, 0.f, C,
+                               N);
       return;
     }
     thread_local Buffer wa, wb;

@@ -176,8 +176,8 @@ class CudaFp8 final : public Fp8Kernels {
     if (bias && !D.f32) acc = static_cast<float*>(scratch(4, sizeof(float) * size_t(M) * N));
     const bool out16 = !acc;
     if (Cin && Cin != acc) {
-      SW_CUDA_CHECK(cudaMemcpyAsync(acc, Cin, sizeof(float) * size_t(M) * N,
-                                    cudaMemcpyDeviceToDevice, st));
+      SW_CUDA_CHECK(
+          cudaMemcpyAsync(acc, Cin, sizeof(float) * size_t(M) * N, cudaMemcpyDeviceToDevice, st));
     }
     const float b = Cin ? beta : 0.f;
     Plan& p = plan(M, N, K, fa, fb, out16);
@@ -210,8 +210,8 @@ class CudaFp8 final : public Fp8Kernels {
   }
 
   std::shared_ptr<float> alloc_floats(size_t n) const override {
-    auto* b = new Buffer(std::max<size_t>(n, 1) * sizeof(float), Mem::Workspace,
-                         Device::cuda(device()));
+    auto* b =
+        new Buffer(std::max<size_t>(n, 1) * sizeof(float), Mem::Workspace, Device::cuda(device()));
     SW_CUDA_CHECK(cudaMemsetAsync(b->data(), 0, b->bytes(), stream()));
     return std::shared_ptr<float>(b->f32(), [b](float*) { delete b; });
   }
@@ -255,8 +255,10 @@ class CudaFp8 final : public Fp8Kernels {
     const cudaDataType_t dt = out16 ? CUDA_R_16BF : CUDA_R_32F;
     SW_CUDA_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N;
-    SW_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof(tA)));
-    SW_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof(tB)));
+    SW_CUDA_CHECK(
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof(tA)));
+    SW_CUDA_CHECK(
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof(tB)));
     const int8_t fast = 0;  // fp32 accumulation to the end
     SW_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast,
                                                  sizeof(fast)));
@@ -278,8 +280,8 @@ class CudaFp8 final : public Fp8Kernels {
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
     cublasLtMatmulHeuristicResult_t r{};
     int found = 0;
-    const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(lt(), p.desc, p.la, p.lb, p.lc, p.lc,
-                                                            pref, 1, &r, &found);
+    const cublasStatus_t s =
+        cublasLtMatmulAlgoGetHeuristic(lt(), p.desc, p.la, p.lb, p.lc, p.lc, pref, 1, &r, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (s != CUBLAS_STATUS_SUCCESS || found == 0)
       fail("kernels", "fp8: cuBLASLt offers no fp8 matmul for M " + std::to_string(M) + " N " +

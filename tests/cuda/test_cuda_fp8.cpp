@@ -106,8 +106,8 @@ std::vector<double> sabs(int M, int N, int K, const Vec& a, const Vec& b) {
 double worst(const Vec& got, const Vec& want, const std::vector<double>& bound, double rel) {
   double w = 0;
   for (size_t i = 0; i < got.size(); ++i)
-    w = std::max(w, std::fabs(double(got[i]) - want[i]) /
-                        (bound[i] + rel * std::fabs(want[i]) + 1e-30));
+    w = std::max(
+        w, std::fabs(double(got[i]) - want[i]) / (bound[i] + rel * std::fabs(want[i]) + 1e-30));
   return w;
 }
 
@@ -201,7 +201,8 @@ TEST_CASE("cuda fp8: the linear against the CPU twin") {
                          gdy.f32(), gx.f32(), gw.f32(), N, C, OC);
     auto rel_rms = [](const Vec& a, const Vec& r) {
       double n = 0, d = 0;
-      for (size_t i = 0; i < a.size(); ++i) n += (a[i] - r[i]) * double(a[i] - r[i]), d += r[i] * double(r[i]);
+      for (size_t i = 0; i < a.size(); ++i)
+        n += (a[i] - r[i]) * double(a[i] - r[i]), d += r[i] * double(r[i]);
       return std::sqrt(n / d);
     };
     const double ex = rel_rms(down(gdx.f32(), dx.size()), dx),

@@ -37,8 +37,8 @@ void check_tracks(const std::vector<double>& l, const std::vector<double>& ref, 
   CHECK(std::fabs(last - ref_last) < 0.03 * ref_last);
   CHECK(last < 0.5 * l[0]);  // fp8 learned
   if (sw::env_flag("SHARDWISE_TEST_MP_VERBOSE"))
-    std::printf("%s: worst window gap %.4f, last %.4f vs bf16 %.4f (%+.2f%%)\n", what, worst,
-                last, ref_last, 100 * (last / ref_last - 1));
+    std::printf("%s: worst window gap %.4f, last %.4f vs bf16 %.4f (%+.2f%%)\n", what, worst, last,
+                ref_last, 100 * (last / ref_last - 1));
 }
 
 }  // namespace
@@ -52,8 +52,8 @@ TEST_CASE("fp8: training tracks bf16 (current and delayed scaling)") {
   check_tracks(cur, bf16, "fp8 current");
   CHECK(cur != bf16);  // the fp8 products ran
   const std::vector<double> del = run(
-      "fp8_delayed", {"bf16.enabled=true", "fp8.enabled=true", "fp8.recipe=\"delayed\"",
-                      "fp8.amax_history=8"});
+      "fp8_delayed",
+      {"bf16.enabled=true", "fp8.enabled=true", "fp8.recipe=\"delayed\"", "fp8.amax_history=8"});
   check_tracks(del, bf16, "fp8 delayed");
   CHECK(del != cur);
 }
@@ -63,14 +63,16 @@ TEST_CASE("fp8: config errors name the file and key") {
                     Contains("mp.json: fp8.enabled: needs bf16 mixed precision"));
   CHECK_THROWS_WITH(config("e2", {"fp16.enabled=true", "fp8.enabled=true"}),
                     Contains("mp.json: fp8.enabled: needs bf16 mixed precision"));
-  CHECK_THROWS_WITH(config("e3", {"bf16.enabled=true", "fp8.enabled=true", "fp8.amax_history=4"}),
-                    Contains("mp.json: fp8.amax_history: is read only with \"recipe\": \"delayed\""));
+  CHECK_THROWS_WITH(
+      config("e3", {"bf16.enabled=true", "fp8.enabled=true", "fp8.amax_history=4"}),
+      Contains("mp.json: fp8.amax_history: is read only with \"recipe\": \"delayed\""));
   CHECK_THROWS_WITH(config("e4", {"bf16.enabled=true", "fp8.recipe=\"late\""}),
                     Contains("fp8.recipe"));
   CHECK_THROWS_WITH(config("e5", {"bf16.enabled=true", "fp8.gather_fp8=true"}),
                     Contains("fp8.gather_fp8"));
-  CHECK_THROWS_WITH(config("e6", {"bf16.enabled=true", "fp8.recipe=\"delayed\"", "fp8.amax_history=0"}),
-                    Contains("fp8.amax_history"));
+  CHECK_THROWS_WITH(
+      config("e6", {"bf16.enabled=true", "fp8.recipe=\"delayed\"", "fp8.amax_history=0"}),
+      Contains("fp8.amax_history"));
   const TrainConfig ok = config("ok", {"bf16.enabled=true", "fp8.enabled=true",
                                        "fp8.recipe=\"delayed\"", "fp8.amax_history=4"});
   CHECK(ok.sharding.mixed_precision.fp8_delayed);

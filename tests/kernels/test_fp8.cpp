@@ -29,9 +29,9 @@
 
 namespace {
 
+using sw::Fp8Format;
 using swtest::kU;
 using swtest::Vec;
-using sw::Fp8Format;
 
 float from_bits(uint32_t b) {
   float f;
@@ -196,7 +196,8 @@ TEST_CASE("fp8: scale and the CPU twin's quantize") {
 
 TEST_CASE("fp8: linear forward and backward against the double reference on quantised operands") {
   const sw::Fp8Ops ops(bf16(), {});
-  for (auto [N, C, OC] : {std::tuple{64, 48, 80}, std::tuple{33, 70, 19}, std::tuple{128, 256, 96}}) {
+  for (auto [N, C, OC] :
+       {std::tuple{64, 48, 80}, std::tuple{33, 70, 19}, std::tuple{128, 256, 96}}) {
     const Vec x = swtest::randv(size_t(N) * C, 1 + N, 1.f);
     const Vec w = swtest::randv(size_t(OC) * C, 2 + C, 0.05f);
     const Vec b = swtest::randv(size_t(OC), 3, 0.1f);
@@ -229,10 +230,12 @@ TEST_CASE("fp8: linear forward and backward against the double reference on quan
     ref_tn(N, C, OC, dq, transpose(wq, OC, C), id * iw, nullptr, ref, bound);
     std::vector<double> refw, boundw;
     ref_tn(OC, C, N, transpose(dq, N, OC), transpose(xq, N, C), id * ix, nullptr, refw, boundw);
-    const Vec dx0 = swtest::randv(size_t(N) * C, 11, 1e-3f), dw0 = swtest::randv(w.size(), 12, 1e-3f);
+    const Vec dx0 = swtest::randv(size_t(N) * C, 11, 1e-3f),
+              dw0 = swtest::randv(w.size(), 12, 1e-3f);
     Vec dx = dx0, dw = dw0, db(OC, 0.5f), db_ref(OC, 0.5f), dummy(size_t(OC) * C, 0.f);
     ops.linear_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, C, OC);
-    bf16().linear_backward(nullptr, nullptr, db_ref.data(), dy.data(), x.data(), w.data(), N, C, OC);
+    bf16().linear_backward(nullptr, nullptr, db_ref.data(), dy.data(), x.data(), w.data(), N, C,
+                           OC);
     CHECK(swtest::same_bits(db, db_ref));
     std::vector<double> r1 = ref, b1 = bound, r2 = refw, b2 = boundw;
     for (size_t i = 0; i < r1.size(); ++i) r1[i] += dx0[i], b1[i] += 2 * kU * std::fabs(r1[i]);
@@ -297,7 +300,7 @@ TEST_CASE("fp8: delayed scaling takes the scale from the amax history") {
   Vec xs = x;
   for (float& v : xs) v *= 0.25f;
   Vec y1(size_t(N) * OC), y2(y1.size());
-  ops.linear_forward(y1.data(), x.data(), w.data(), nullptr, nullptr, N, C, OC);  // current
+  ops.linear_forward(y1.data(), x.data(), w.data(), nullptr, nullptr, N, C, OC);   // current
   ops.linear_forward(y2.data(), xs.data(), w.data(), nullptr, nullptr, N, C, OC);  // history
   float amx = 0;
   for (float v : x) amx = std::max(amx, std::fabs(v));
