@@ -709,9 +709,10 @@ inline V16 lanes16(const float* x, int n) {
 }
 inline V16 lanes16(const uint16_t* x, int n) {
   typedef uint16_t U16 __attribute__((vector_size(32), aligned(2), may_alias));
-  I16 v{};
+  typedef uint32_t U32 __attribute__((vector_size(64)));
+  U32 v{};
   if (n >= 16)
-    v = __builtin_convertvector(*reinterpret_cast<const U16*>(x), I16);
+    v = __builtin_convertvector(*reinterpret_cast<const U16*>(x), U32);
   else
     for (int i = 0; i < n; ++i) v[i] = x[i];
   return (V16)(v << 16);
