@@ -38,7 +38,9 @@
 // sa = 1, sk = ld. Odd lengths and causal bounds round to whole pairs whose extra term is an
 // exact zero (a masked P / dS or zero padding). 16-bit qkv / out / dout are read in place
 // (fp32 ones rounded once, f32_to_bf16 bit for bit); softmax, lse, D and the accumulators
-// stay fp32, and fp32, fp16 and other CPUs take the FMA path. Same task split: results are
+// stay fp32; the output and (MHA) dqkv can be written 16-bit straight from the fp32 tiles
+// (attention_bf16_writes16: narrow()'s bits, no fp32 copy); fp32, fp16 and other CPUs take
+// the FMA path. Same task split: results are
 // bit-identical run to run and for any thread count (test_bf16 checks 1 vs 2 threads).
 // Measured (bench_kernels_b --bf16-attention, B 8, T 256, H 6, hd 64, Zen 5): the products
 // take ~1/2.1 of the FMA microkernel's time (perf samples); the whole kernel runs ~1.5x
@@ -407,6 +409,18 @@ inline void store_rows(float* dst, ptrdiff_t ldd, const float* src, ptrdiff_t ld
   }
 }
 
+// The same written 16-bit (Store::Set's values narrowed to bf16: narrow() of what the fp32 store
+// would hold).
+inline void store_rows_bf16(uint16_t* dst, ptrdiff_t ldd, const float* src, ptrdiff_t lds, int n,
+                            int hd) {
+  for (int j = 0; j < n; ++j) {
+    const float* s = src + j * lds;
+    uint16_t* t = dst + j * ldd;
+#pragma omp simd
+    for (int c = 0; c < hd; ++c) t[c] = detail::bf16_round(0.f + s[c]);
+  }
+}
+
 // Grouped attention's second backward pass (call inside a parallel region; an omp for):
 // dK/dV of kv head g (=)+= the partials of its query heads, in head order.
 void add_gqa_partials(float* dqkv, const float* part, int B, int T, int H, int KVH, int hd,
@@ -769,8 +783,9 @@ struct FwdDp {
 };
 
 // One forward task (b, h, query tile [i0, i1)) on the native path.
-void forward_task_dp(const FwdDp& w, float* out, float* lse, const uint16_t* q16, int b,
-                               int h, int i0, int i1, int T, int H, int KVH, int hd) {
+void forward_task_dp(const FwdDp& w, float* out, uint16_t* out16, float* lse,
+                     const uint16_t* q16, int b, int h, int i0, int i1, int T, int H, int KVH,
+                     int hd) {
   const int R = (H + 2 * KVH) * hd, CO = H * hd, g = h / (H / KVH), nq = i1 - i0;
   const DpLd L = dp_ld(hd);
   const int ldkt = padded_ld(kFwdBK), ldpw = padded_ld(kFwdBK / 2), hd16 = round16(hd);
@@ -795,14 +810,21 @@ void forward_task_dp(const FwdDp& w, float* out, float* lse, const uint16_t* q16
   for (int r = 0; r < nq; ++r) {
     const float inv = 1.0f / l[r];
     const float* ot = w.Ot + (size_t)r * L.ldh;
-    float* o = out + ((size_t)b * T + i0 + r) * CO + (size_t)h * hd;
-    for (int c = 0; c < hd; ++c) o[c] = ot[c] * inv;
+    const size_t at = ((size_t)b * T + i0 + r) * CO + (size_t)h * hd;
+    if (out16) {  // narrow() of the fp32 output
+      uint16_t* o = out16 + at;
+#pragma omp simd
+      for (int c = 0; c < hd; ++c) o[c] = detail::bf16_round(ot[c] * inv);
+    } else {
+      float* o = out + at;
+      for (int c = 0; c < hd; ++c) o[c] = ot[c] * inv;
+    }
     Ls[r] = m[r] + std::log(l[r]);
   }
 }
 
-void attention_forward_dp(float* out, float* lse, const float* qkv, const uint16_t* qkv16, int B,
-                          int T, int H, int KVH, int hd) {
+void attention_forward_dp(float* out, uint16_t* out16, float* lse, const float* qkv,
+                          const uint16_t* qkv16, int B, int T, int H, int KVH, int hd) {
   const int R = (H + 2 * KVH) * hd;
   const uint16_t* q16 = bf16_qkv(qkv, (size_t)B * T, R, qkv16);
   const int nqt = (T + kFwdBQ - 1) / kFwdBQ, ntasks = B * H * nqt;
@@ -825,7 +847,7 @@ void attention_forward_dp(float* out, float* lse, const float* qkv, const uint16
     for (int task = 0; task < ntasks; ++task) {
       const int qt = nqt - 1 - task % nqt, bh = task / nqt;
       const int i0 = qt * kFwdBQ, i1 = std::min(T, i0 + kFwdBQ);
-      forward_task_dp(w, out, lse, q16, bh / H, bh % H, i0, i1, T, H, KVH, hd);
+      forward_task_dp(w, out, out16, lse, q16, bh / H, bh % H, i0, i1, T, H, KVH, hd);
     }
   }
 }
@@ -851,7 +873,8 @@ struct BwdDp {
 
 // One backward task (b, h) on the native path: dQ into dqkv, dK/dV into dqkv (MHA) or into
 // this head's partials (GQA).
-void backward_task_dp(const BwdDp& w, float* dqkv, float* part, const float* dout,
+void backward_task_dp(const BwdDp& w, float* dqkv, uint16_t* dqkv16, float* part,
+                      const float* dout,
                                 const uint16_t* dout16, const uint16_t* q16, const float* out,
                                 const uint16_t* out16, const float* lse, int b, int h, int T,
                                 int H, int KVH, int hd, bool set) {
@@ -912,6 +935,12 @@ void backward_task_dp(const BwdDp& w, float* dqkv, float* part, const float* dou
       mm_dp(nq, hd16, nk, w.dSw, ldsw, 1, w.Kr, L.ldh, w.dQ + (size_t)i0 * L.ldh, L.ldh, true,
             Causal::kKUpTo, d);
     }
+    if (dqkv16) {  // (MHA, written: see attention_bf16_writes16)
+      uint16_t* k16 = dqkv16 + base + (size_t)j0 * R + (size_t)(H + g) * hd;
+      store_rows_bf16(k16, R, w.dK, L.ldh, nk, hd);
+      store_rows_bf16(k16 + (size_t)KVH * hd, R, w.dV, L.ldh, nk, hd);
+      continue;
+    }
     float* dK = gqa ? part + ((size_t)bh * 2 * T + j0) * hd
                     : dqkv + base + (size_t)j0 * R + (size_t)(H + g) * hd;
     float* dV =
@@ -920,10 +949,15 @@ void backward_task_dp(const BwdDp& w, float* dqkv, float* part, const float* dou
     store_rows(dK, gqa ? hd : R, w.dK, L.ldh, nk, hd, how);
     store_rows(dV, gqa ? hd : R, w.dV, L.ldh, nk, hd, how);
   }
-  store_rows(dqkv + base + (size_t)h * hd, R, w.dQ, L.ldh, T, hd, set ? Store::Set : Store::Add);
+  if (dqkv16)
+    store_rows_bf16(dqkv16 + base + (size_t)h * hd, R, w.dQ, L.ldh, T, hd);
+  else
+    store_rows(dqkv + base + (size_t)h * hd, R, w.dQ, L.ldh, T, hd,
+               set ? Store::Set : Store::Add);
 }
 
-void attention_backward_dp(float* dqkv, const float* dout, const float* qkv, const float* out,
+void attention_backward_dp(float* dqkv, uint16_t* dqkv16, const float* dout, const float* qkv,
+                           const float* out,
                            const float* lse, int B, int T, int H, int KVH, int hd, bool set,
                            const uint16_t* qkv16, const uint16_t* out16,
                            const uint16_t* dout16) {
@@ -958,7 +992,7 @@ void attention_backward_dp(float* dqkv, const float* dout, const float* qkv, con
     w.D = ws.carve((size_t)T);
 #pragma omp for schedule(dynamic, 1)
     for (int bh = 0; bh < B * H; ++bh)
-      backward_task_dp(w, dqkv, part, dout, dout16, q16, out, out16, lse, bh / H, bh % H, T, H,
+      backward_task_dp(w, dqkv, dqkv16, part, dout, dout16, q16, out, out16, lse, bh / H, bh % H, T, H,
                        KVH, hd, set);
     if (gqa) add_gqa_partials(dqkv, part, B, T, H, KVH, hd, set);
   }
@@ -973,6 +1007,30 @@ void check_shapes(int B, int T, int H, int KVH, int hd) {
 
 bool attention_bf16_native() { return g_native_allowed && cpu_has_avx512_bf16(); }
 void set_attention_bf16_native(bool allowed) { g_native_allowed = allowed; }
+
+bool attention_bf16_writes16(DType compute, int H, int KVH, bool backward) {
+  return compute == DType::BF16 && attention_bf16_native() && (!backward || H == KVH);
+}
+
+void attention_forward_bf16_out(uint16_t* out16, float* lse, const uint16_t* qkv16, int B, int T,
+                                int H, int KVH, int hd) {
+  check_shapes(B, T, H, KVH, hd);
+  SW_CHECK(attention_bf16_writes16(DType::BF16, H, KVH, false),
+           "attention: a 16-bit output written by the kernel needs the native bf16 path");
+  if (B == 0 || T == 0) return;
+  attention_forward_dp(nullptr, out16, lse, nullptr, qkv16, B, T, H, KVH, hd);
+}
+
+void attention_backward_bf16_out(uint16_t* dqkv16, const float* dout, const uint16_t* dout16,
+                                 const uint16_t* qkv16, const uint16_t* out16, const float* lse,
+                                 int B, int T, int H, int KVH, int hd) {
+  check_shapes(B, T, H, KVH, hd);
+  SW_CHECK(attention_bf16_writes16(DType::BF16, H, KVH, true),
+           "attention: a 16-bit dqkv written by the kernel needs the native bf16 path and MHA");
+  if (B == 0 || T == 0) return;
+  attention_backward_dp(nullptr, dqkv16, dout, nullptr, nullptr, lse, B, T, H, KVH, hd, true,
+                        qkv16, out16, dout16);
+}
 
 size_t attention_tile_floats(int T, int hd, DType compute) {
   if (compute == DType::BF16 && attention_bf16_native())
@@ -989,7 +1047,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
   const bool lowp = compute != DType::F32;
   SW_CHECK(lowp || !qkv16, "attention: 16-bit qkv needs BF16 / F16 compute");
   if (compute == DType::BF16 && attention_bf16_native())
-    return attention_forward_dp(out, lse, qkv, qkv16, B, T, H, KVH, hd);
+    return attention_forward_dp(out, nullptr, lse, qkv, qkv16, B, T, H, KVH, hd);
   if (lowp) qkv = rounded_qkv(compute, qkv, (size_t)B * T * R, qkv16);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int nqt = (T + kFwdBQ - 1) / kFwdBQ;
@@ -1049,8 +1107,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   SW_CHECK(lowp || (!qkv16 && !out16 && !dout16),
            "attention: 16-bit qkv / out / dout need BF16 / F16 compute");
   if (compute == DType::BF16 && attention_bf16_native())
-    return attention_backward_dp(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd, set, qkv16, out16,
-                                 dout16);
+    return attention_backward_dp(dqkv, nullptr, dout, qkv, out, lse, B, T, H, KVH, hd, set, qkv16,
+                                 out16, dout16);
   if (lowp) qkv = rounded_qkv(compute, qkv, (size_t)B * T * R, qkv16);
   if (out16) out = widened_out(compute, out16, (size_t)B * T * CO);
   if (dout16) dout = widened_out(compute, dout16, (size_t)B * T * CO, 1);

@@ -4,6 +4,7 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "kernels/cpu/attention_bf16.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/tp_kernels.h"
 #include "kernels/ops.h"
@@ -218,6 +219,8 @@ class CpuOps final : public Ops {
       return cpu::attention_forward(out.f32, lse, qkv.f32, B, T, H, KVH, hd, compute_);
     require_lowp("attention_forward");
     if (!out.lp || !qkv.lp) refuse("attention_forward", "one of out and qkv 16-bit");
+    if (cpu::attention_bf16_writes16(compute_, H, KVH, false))  // (narrowed as it is written)
+      return cpu::attention_forward_bf16_out(out.lp, lse, qkv.lp, B, T, H, KVH, hd);
     const size_t no = extent(B * T, H * hd);
     float* o = out_scratch(no);
     cpu::attention_forward(o, lse, nullptr, B, T, H, KVH, hd, compute_, qkv.lp);
@@ -231,6 +234,9 @@ class CpuOps final : public Ops {
                                      compute_, dqkv.write);
     require_lowp("attention_backward");
     attention_lp_forms(dqkv, qkv, out);
+    if (!dqkv.f32 && cpu::attention_bf16_writes16(compute_, H, KVH, true))
+      return cpu::attention_backward_bf16_out(dqkv.lp, dout.f32, lp_only(dout), qkv.lp, out.lp,
+                                              lse, B, T, H, KVH, hd);
     const size_t nq = extent(B * T, (H + 2 * KVH) * hd);
     float* d = dqkv.f32 ? dqkv.f32 : out_scratch(nq);
     cpu::attention_backward(d, dout.f32, nullptr, nullptr, lse, B, T, H, KVH, hd, compute_, true,

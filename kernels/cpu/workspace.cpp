@@ -58,11 +58,16 @@ WorkspaceDecl declared_workspace(const StepShape& s) {
   if (!(s.compute == DType::BF16 && attention_bf16_native()))
     d.bytes += floats(N * QKV) + 2 * floats(N * C);
   // cpu_ops.cpp's output scratch: an fp32 result before it is narrowed: attention's output
-  // (N x C) and dqkv (N x QKV); off the oneDNN path also a product's 16-bit output (GPT-2's fc
+  // (N x C) and dqkv (N x QKV), except where the native bf16 attention writes them 16-bit itself
+  // (the output; dqkv with MHA); off the oneDNN path also a product's 16-bit output (GPT-2's fc
   // output N x F, the Llama's gate|up N x 2F) or input gradient (N x C, N x F), which oneDNN
   // writes in bf16 itself.
   const int64_t Fo = s.llama ? 2 * F : F;  // the widest product output of a block
-  d.bytes += floats(N * (lowp_onednn(s.compute) ? std::max(C, QKV) : std::max({C, Fo, QKV})));
+  const int64_t att_out = attention_bf16_writes16(s.compute, int(H), int(KVH), false) ? 0 : C;
+  const int64_t att_dqkv = attention_bf16_writes16(s.compute, int(H), int(KVH), true) ? 0 : QKV;
+  const int64_t widest = lowp_onednn(s.compute) ? std::max(att_out, att_dqkv)
+                                                : std::max({C, Fo, QKV});  // (the Llama's qkv)
+  if (widest > 0) d.bytes += floats(N * widest);
   const LowpPath path = lowp_auto_path(s.compute);
   const bool tuned = lowp_per_shape(s.compute);
   // The largest first and second operand of a product: forward x w^T (x: N x C or N x F; w:

@@ -991,6 +991,35 @@ TEST_CASE("16-bit outputs the product writes itself are narrow() of the fp32 one
       CHECK(d16 == narrowed(d));
     }
   }
+  // Attention's 16-bit output and dqkv (the native bf16 path writes them itself; grouped heads'
+  // dqkv and the other paths narrow an fp32 result): narrow() of the kernel's fp32 values on the
+  // same 16-bit operands. MHA and GQA.
+  for (auto [H, KVH] : {std::pair{4, 4}, {4, 2}}) {
+    INFO("attention H " << H << " KVH " << KVH);
+    const sw::Ops& ops = sw::ops_for(sw::Device::cpu(), DType::BF16);
+    const int B = 2, T = 75, hd = 32, R = (H + 2 * KVH) * hd, CO = H * hd;
+    std::vector<uint16_t> q16((size_t)B * T * R), d16((size_t)B * T * CO);
+    const Vec q = randv(q16.size(), 62), dq = randv(d16.size(), 63);
+    sw::cpu::narrow(DType::BF16, q.data(), q16.data(), q.size());
+    sw::cpu::narrow(DType::BF16, dq.data(), d16.data(), dq.size());
+    Vec o32((size_t)B * T * CO), lse((size_t)B * H * T), lse2 = lse;
+    sw::cpu::attention_forward(o32.data(), lse.data(), nullptr, B, T, H, KVH, hd, DType::BF16,
+                               q16.data());
+    std::vector<uint16_t> o16((size_t)B * T * CO);
+    ops.attention_forward(o16.data(), lse2.data(), q16.data(), B, T, H, KVH, hd);
+    std::vector<uint16_t> o16ref(o16.size());
+    sw::cpu::narrow(DType::BF16, o32.data(), o16ref.data(), o32.size());
+    CHECK(o16 == o16ref);
+    CHECK(same_bits(lse, lse2));
+    Vec dqkv32((size_t)B * T * R);
+    sw::cpu::attention_backward(dqkv32.data(), nullptr, nullptr, nullptr, lse.data(), B, T, H,
+                                KVH, hd, DType::BF16, true, q16.data(), o16.data(), d16.data());
+    std::vector<uint16_t> g16((size_t)B * T * R), g16ref(g16.size());
+    ops.attention_backward(GradIn::set(nullptr, g16.data()), d16.data(), q16.data(), o16.data(),
+                           lse.data(), B, T, H, KVH, hd);
+    sw::cpu::narrow(DType::BF16, dqkv32.data(), g16ref.data(), dqkv32.size());
+    CHECK(g16 == g16ref);
+  }
   // The LM head through the Ops with its weight 16-bit only (a unit's products_only table):
   // the bits of the call given both forms.
   const sw::Ops& ops = sw::ops_for(sw::Device::cpu(), DType::BF16);
