@@ -65,7 +65,7 @@ const Fp8Kernels& kernels_of(const Ops& inner) {
 }  // namespace
 
 Fp8Ops::Fp8Ops(const Ops& inner, const Fp8Recipe& recipe)
-    : in_(inner), k_(kernels_of(inner)), recipe_(recipe) {
+    : ForwardingOps(inner), k_(kernels_of(inner)), recipe_(recipe) {
   SW_CHECK(!recipe_.delayed || recipe_.amax_history >= 1, "fp8: amax_history must be >= 1");
 }
 
