@@ -42,16 +42,18 @@ class Event {
   /// recorded on that stream just before and just after it (owned by this event, valid while
   /// it lives) and the stream's name. Empty otherwise (the default).
   struct TimedSpan {
-    Event* begin = nullptr;
-    Event* end = nullptr;
-    const char* stream = nullptr;
+    Event* begin = nullptr;        ///< timed event recorded on the stream just before the work
+    Event* end = nullptr;          ///< and just after it
+    const char* stream = nullptr;  ///< the stream's name ("nccl", "copy d2h", ...)
   };
+  /// This event's TimedSpan (see above); the default: none.
   virtual TimedSpan timed_span() { return {}; }
 };
 
 /// While held (counted: one hold per attached profiler recorder), the backends give the
 /// collectives and asynchronous copies they issue a TimedSpan (Event::timed_span).
 void hold_stream_timing(bool on);
+/// Whether a hold_stream_timing(true) is in force (backends ask before timing their work).
 bool stream_timing();
 
 class Stream {
@@ -110,11 +112,13 @@ std::shared_ptr<Event> completed_event();
 class StampedEvent final : public Event {
  public:
   StampedEvent();
-  explicit StampedEvent(double at) : at_(at) {}  // stamped with a time taken earlier
+  /// Stamped with a time taken earlier (trace_now()'s clock).
+  explicit StampedEvent(double at) : at_(at) {}
   bool query() override { return true; }
   void synchronize() override {}
   double elapsed_since(Event& ref) override;
-  double at() const { return at_; }  // the stamp (trace_now()'s clock)
+  /// The stamp (trace_now()'s clock).
+  double at() const { return at_; }
 
  private:
   double at_;
