@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "common/settled_step.h"
 #include "common/temp_dir.h"
 #include "core/env.h"
 #include "core/rng.h"
@@ -271,21 +272,12 @@ TEST_CASE("cuda train: the recorder's compute actions carry the device's times")
   std::vector<int32_t> tok(size_t(B) * T, 3), tgt(size_t(B) * T, 4);
   const Batch batch{tok.data(), tgt.data(), B, T};
   sm.forward_backward(batch);
-  StepRecorder rec;
-  const double before = trace_clock();
-  sm.set_recorder(&rec);
-  sm.forward_backward(batch);
-  sm.optimizer_step(AdamWParams{}, 1e-3f, 1.f, 1);
-  const std::vector<ActionRecord> host = rec.records;
-  sm.settle_recorder();
-  const double after = trace_clock();
-  sm.set_recorder(nullptr);
-  REQUIRE(rec.records.size() == host.size());
+  const auto [host, settled, before, after] = swtest::record_settled_step(sm, batch, 1);
   double prev_end = -1;
   int compute = 0, later = 0;
   for (size_t i = 0; i < host.size(); ++i) {
     if (host[i].queue != Queue::Compute) continue;
-    const ActionRecord& d = rec.records[i];
+    const ActionRecord& d = settled[i];
     INFO("record " << i << " " << action_kind_name(d.kind) << ": host " << host[i].t_begin
                    << ".." << host[i].t_end << ", device " << d.t_begin << ".." << d.t_end);
     ++compute;
@@ -316,18 +308,10 @@ TEST_CASE("cuda train: the recorder's activation copies carry their copy streams
   std::vector<int32_t> tok(size_t(B) * T, 3), tgt(size_t(B) * T, 4);
   const Batch batch{tok.data(), tgt.data(), B, T};
   sm.forward_backward(batch);
-  StepRecorder rec;
-  const double before = trace_clock();
-  sm.set_recorder(&rec);
-  sm.forward_backward(batch);
-  const std::vector<ActionRecord> host = rec.records;
-  sm.settle_recorder();
-  const double after = trace_clock();
-  sm.set_recorder(nullptr);
-  REQUIRE(rec.records.size() == host.size());
+  const auto [host, settled, before, after] = swtest::record_settled_step(sm, batch, 0);
   int evicts = 0, fetches = 0;
   for (size_t i = 0; i < host.size(); ++i) {
-    const ActionRecord& d = rec.records[i];
+    const ActionRecord& d = settled[i];
     INFO("record " << i << " " << action_kind_name(d.kind) << ": host " << host[i].t_begin
                    << ".." << host[i].t_end << ", device " << d.t_begin << ".." << d.t_end
                    << " on " << (d.stream ? d.stream : "-"));

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/plan_util.h"
+#include "common/settled_step.h"
 #include "common/sim_device.h"
 #include "common/temp_dir.h"
 #include "core/alloc.h"
@@ -818,24 +819,12 @@ TEST_CASE("sim device: the recorder gives each copy and compute action its own s
   sm.forward_backward(a.batch);  // warm-up
   sm.optimizer_step(AdamWParams{}, 1e-3f, 1.f, 1);
   sm.zero_grads();
-  StepRecorder rec;
-  const double before = trace_clock();
-  sm.set_recorder(&rec);
-  sm.forward_backward(a.batch);
-  sm.optimizer_step(AdamWParams{}, 1e-3f, 1.f, 2);
-  const std::vector<ActionRecord> host = rec.records;
-  sm.settle_recorder();
-  const double after = trace_clock();
-  sm.set_recorder(nullptr);
+  const auto [host, settled, before, after] = swtest::record_settled_step(sm, a.batch, 2);
   unsetenv("SHARDWISE_PROFILE_DEVICE_TIMES");
-  REQUIRE(rec.records.size() == host.size());
-  // The clock tie's error: the host's wake-up after the reference event (microseconds; more
-  // if the thread is preempted there on a loaded machine). The sim's device clock is 1e4 s off
-  // the host's, so a time not brought over by the tie is still far outside the bounds.
-  constexpr double kTie = 0.1;
+  constexpr double kTie = swtest::kSimClockTie;
   std::map<std::string, int> on;  // "<kind> on <stream>" -> records
   for (size_t i = 0; i < host.size(); ++i) {
-    const ActionRecord &h = host[i], &d = rec.records[i];
+    const ActionRecord &h = host[i], &d = settled[i];
     const std::string kind = action_kind_name(d.kind);
     INFO("record " << i << " " << kind << " (" << queue_name(d.queue) << "): host " << h.t_begin
                    << ".." << h.t_end << ", settled " << d.t_begin << ".." << d.t_end << " on "
@@ -850,21 +839,7 @@ TEST_CASE("sim device: the recorder gives each copy and compute action its own s
       continue;
     }
     ++on[kind + " on " + d.stream];
-    CHECK(d.host_begin == h.t_begin);
-    CHECK(d.host_end == h.t_end);
-    if (d.kind == ActionKind::Gather || d.kind == ActionKind::ReduceScatter) {
-      CHECK(std::string(d.stream) == "staged comm");
-      CHECK(d.t_begin >= h.t_begin);
-      CHECK(d.t_end <= h.t_end);
-    } else if (d.kind == ActionKind::EvictActs || d.kind == ActionKind::FetchActs) {
-      CHECK(std::string(d.stream) ==
-            (d.kind == ActionKind::EvictActs ? "sim copy d2h" : "sim copy h2d"));
-      // The lane ran it once waited for or queried: in a later action than its issue.
-      size_t next = i + 1;
-      while (next < host.size() && host[next].queue != Queue::Compute) ++next;
-      CHECK(next < host.size());
-      if (next < host.size()) CHECK(d.t_begin >= host[next].t_begin);
-    } else {
+    if (!swtest::check_sim_stream_record(host, settled, i)) {  // a compute action
       CHECK(d.queue == Queue::Compute);
       CHECK(std::string(d.stream) == "sim");
       CHECK(d.t_begin <= h.t_begin + kTie);
