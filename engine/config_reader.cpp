@@ -229,6 +229,16 @@ void read_mixed_precision(const json& j, TrainConfig& cfg, const Ctx& c) {
     if (!mp.fp8_delayed) c.bad("fp8.amax_history", "is read only with \"recipe\": \"delayed\"");
     mp.fp8_amax_history = static_cast<int>(int_at(j, "fp8.amax_history", c));
   }
+  if (has(j, "fp8.round_scales_to_power_of_2"))
+    mp.fp8_pow2 = at(j, "fp8.round_scales_to_power_of_2")->get<bool>();
+  mp.fp8_all_gather = has(j, "fp8.all_gather") && at(j, "fp8.all_gather")->get<bool>();
+  if (mp.fp8_all_gather && !mp.fp8) c.bad("fp8.all_gather", "needs \"enabled\": true");
+  if (mp.fp8_all_gather && cfg.parallelism.tensor > 1)
+    c.bad("fp8.all_gather", "is not available with tensor parallelism (parallelism."
+                            "tensor_parallel_degree > 1)");
+  if (mp.fp8_all_gather && mp.fp8_delayed)
+    c.bad("fp8.all_gather", "needs \"recipe\": \"current\" (a gathered weight's scale is its "
+                            "amax now)");
   if (mp.fp8 && mp.param_dtype != DType::BF16)
     c.bad("fp8.enabled", std::string("needs bf16 mixed precision (\"bf16\": {\"enabled\": "
                                      "true}); param_dtype is ") + dtype_name(mp.param_dtype));

@@ -561,6 +561,17 @@ Node fp8_block() {
               [](const TrainConfig& c) {
                 return json(c.sharding.mixed_precision.fp8_delayed ? "delayed" : "current");
               }),
+       writes(boolean("round_scales_to_power_of_2", false,
+                      "every fp8 scale rounded down to a power of two (exact scaling; "
+                      "`all_gather` implies it)"),
+              [](const TrainConfig& c) { return json(c.sharding.mixed_precision.fp8_pow2); }),
+       writes(boolean("all_gather", false,
+                      "FSDP gathers the products' weights as E4M3 bytes with one power-of-two "
+                      "scale per tensor, other parameters bf16 (about half the bytes); needs "
+                      "`current` and a sharded strategy on the CPU"),
+              [](const TrainConfig& c) {
+                return json(c.sharding.mixed_precision.fp8_all_gather);
+              }),
        applies_when(writes(integer("amax_history", 16, 1, 1024,
                                    "delayed recipe: amaxes kept per tensor of a call site"),
                            [](const TrainConfig& c) {

@@ -4,6 +4,7 @@
 
 #include <bit>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "core/error.h"
@@ -34,6 +35,32 @@ float round_fp8(float v, Fp8Format f) {
     r = t - big;
   }
   return std::copysign(r, v);
+}
+
+uint8_t fp8_e4m3_bits(float v) {
+  uint32_t u = std::bit_cast<uint32_t>(v);
+  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
+  u &= 0x7fffffffu;
+  if (u > 0x7f800000u) return sign | 0x7f;               // NaN
+  if (u >= 0x43e00000u) return sign | 0x7e;              // >= 448 (inf too): saturated to 448
+  if (u >= 0x3c800000u) {                                // >= 2^-6: normal
+    u += 0x7ffffu + ((u >> 20) & 1u);                    // nearest even on 3 mantissa bits
+    const uint32_t e = (u >> 23) - 127 + 7, m = (u >> 20) & 7u;  // (448 at most: e 15, m 6)
+    return static_cast<uint8_t>(sign | (e << 3) | m);
+  }
+  // Subnormal: multiples of 2^-9, rounded to nearest even by fp32's addition (2^-9 * 2^23 has
+  // a unit in the last place of 2^-9); 8 of them is the smallest normal, whose byte is 0x08.
+  volatile float t = std::bit_cast<float>(u) + 16384.f;  // 2^14: ulp 2^-9
+  const uint32_t m = static_cast<uint32_t>((t - 16384.f) * 512.f);
+  return static_cast<uint8_t>(sign | m);
+}
+
+float fp8_e4m3_value(uint8_t b) {
+  const float sign = (b & 0x80) ? -1.f : 1.f;
+  const int e = (b >> 3) & 15, m = b & 7;
+  if (e == 15 && m == 7) return std::numeric_limits<float>::quiet_NaN();
+  if (e == 0) return sign * std::ldexp(float(m), -9);
+  return sign * std::ldexp(float(8 + m), e - 7 - 3);
 }
 
 namespace {
@@ -78,7 +105,7 @@ void Fp8Ops::scale_of(float* s, int role, Fp8Format f, Operand x, size_t n, cons
   if (!recipe_.delayed) {
     float* am = s + 2;  // (the caller's pair is followed by a free float: the amax)
     k_.amax(am, x, n);
-    k_.scales(s, am, 1, f);
+    k_.scales(s, am, 1, f, recipe_.pow2);
     return;
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -91,10 +118,10 @@ void Fp8Ops::scale_of(float* s, int role, Fp8Format f, Operand x, size_t n, cons
     k_.amax(hist, x, n);
     site.started[role] = true;
     site.pos[role] = 1 % h;
-    k_.scales(s, hist, h, f);
+    k_.scales(s, hist, h, f, recipe_.pow2);
     return;
   }
-  k_.scales(s, hist, h, f);  // the previous calls' amaxes
+  k_.scales(s, hist, h, f, recipe_.pow2);  // the previous calls' amaxes
   if (record) {
     k_.amax(hist + site.pos[role], x, n);
     site.pos[role] = (site.pos[role] + 1) % h;

@@ -58,16 +58,30 @@ constexpr float fp8_max(Fp8Format f) { return f == Fp8Format::E4M3 ? 448.f : 573
 float round_fp8(float v, Fp8Format f);
 
 /// The per-tensor scale of a tensor whose largest magnitude is amax: fp8_max / max(amax, 1e-12)
-/// in fp32; 1 where amax is 0, negative, NaN or infinite.
-inline float fp8_scale(float amax, Fp8Format f) {
+/// in fp32; 1 where amax is 0, negative, NaN or infinite. pow2 (torchao's
+/// round_scales_to_power_of_2): that quotient rounded down to a power of two, so that x * scale
+/// and q / scale are exact (the format's relative precision is the same; amax * scale then lies
+/// in (fp8_max / 2, fp8_max]).
+inline float fp8_scale(float amax, Fp8Format f, bool pow2 = false) {
   if (!(amax > 0.f) || !std::isfinite(amax)) return 1.f;
-  return fp8_max(f) / (amax < 1e-12f ? 1e-12f : amax);
+  const float s = fp8_max(f) / (amax < 1e-12f ? 1e-12f : amax);
+  if (!pow2) return s;
+  int e = 0;
+  std::frexp(s, &e);  // s = m 2^e, m in [0.5, 1)
+  return std::ldexp(1.f, e - 1);
 }
+
+/// The E4M3 byte (torch.float8_e4m3fn's bits: sign, 4 exponent bits biased 7, 3 mantissa
+/// bits; 0x7F / 0xFF NaN) of round_fp8(v, E4M3): the same rounding and saturation.
+uint8_t fp8_e4m3_bits(float v);
+/// The value of an E4M3 byte (exact in fp32; 0x7F and 0xFF: NaN).
+float fp8_e4m3_value(uint8_t b);
 
 /// The fp8 block of the config (engine/config_schema.cpp "fp8").
 struct Fp8Recipe {
   bool delayed = false;   ///< "delayed" (else "current")
   int amax_history = 16;  ///< delayed: amaxes kept per tensor of a call site
+  bool pow2 = false;      ///< scales rounded down to powers of two (fp8_scale's pow2)
 };
 
 /// A backend's fp8 primitives. Every pointer is in the backend's memory (host for the CPU, the
@@ -81,8 +95,9 @@ class Fp8Kernels {
   /// *amax = max |x| over n values (x's fp32 form where it has one, else its widened bf16
   /// values); NaNs are skipped.
   virtual void amax(float* amax, Operand x, size_t n) const = 0;
-  /// s[0] = fp8_scale(max(amaxes[0..count)), f), s[1] = 1 / s[0].
-  virtual void scales(float* s, const float* amaxes, int count, Fp8Format f) const = 0;
+  /// s[0] = fp8_scale(max(amaxes[0..count)), f, pow2), s[1] = 1 / s[0].
+  virtual void scales(float* s, const float* amaxes, int count, Fp8Format f,
+                      bool pow2) const = 0;
   /// q = round_fp8(x * s[0], f) of the (rows, cols) row-major x, written (rows, cols), or with
   /// `transpose` (cols, rows).
   virtual void quantize(void* q, Fp8Format f, const float* s, Operand x, int rows, int cols,

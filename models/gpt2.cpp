@@ -166,15 +166,15 @@ class Block final : public Unit {
     return {
         spec(n + "ln_1.weight", {C}, Init::Ones, 0.f, n + "ln_1.weight"),
         spec(n + "ln_1.bias", {C}, Init::Zeros, 0.f, n + "ln_1.bias"),
-        product_weight(spec(n + "attn.c_attn.weight", {3 * C, C}, Init::Normal, 0.02f, n + "attn.c_attn.weight", true)),
+        linear_weight(spec(n + "attn.c_attn.weight", {3 * C, C}, Init::Normal, 0.02f, n + "attn.c_attn.weight", true)),
         spec(n + "attn.c_attn.bias", {3 * C}, Init::Zeros, 0.f, n + "attn.c_attn.bias"),
-        product_weight(spec(n + "attn.c_proj.weight", {C, C}, Init::Normal, res_std, n + "attn.c_proj.weight", true)),
+        linear_weight(spec(n + "attn.c_proj.weight", {C, C}, Init::Normal, res_std, n + "attn.c_proj.weight", true)),
         spec(n + "attn.c_proj.bias", {C}, Init::Zeros, 0.f, n + "attn.c_proj.bias"),
         spec(n + "ln_2.weight", {C}, Init::Ones, 0.f, n + "ln_2.weight"),
         spec(n + "ln_2.bias", {C}, Init::Zeros, 0.f, n + "ln_2.bias"),
-        product_weight(spec(n + "mlp.c_fc.weight", {F, C}, Init::Normal, 0.02f, n + "mlp.c_fc.weight", true)),
+        linear_weight(spec(n + "mlp.c_fc.weight", {F, C}, Init::Normal, 0.02f, n + "mlp.c_fc.weight", true)),
         spec(n + "mlp.c_fc.bias", {F}, Init::Zeros, 0.f, n + "mlp.c_fc.bias"),
-        product_weight(spec(n + "mlp.c_proj.weight", {C, F}, Init::Normal, res_std, n + "mlp.c_proj.weight", true)),
+        linear_weight(spec(n + "mlp.c_proj.weight", {C, F}, Init::Normal, res_std, n + "mlp.c_proj.weight", true)),
         spec(n + "mlp.c_proj.bias", {C}, Init::Zeros, 0.f, n + "mlp.c_proj.bias"),
     };
   }

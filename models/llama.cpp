@@ -81,14 +81,14 @@ class Block final : public Unit {
     const float res_std = 0.02f / std::sqrt(2.f * static_cast<float>(c_.n_layer));
     std::vector<ParamSpec> p = {
         spec(n + "input_layernorm.weight", {C}, Init::Ones, 0.f, hf + "input_layernorm.weight"),
-        product_weight(spec(n + "self_attn.q_proj.weight", {H * hd, C}, Init::Normal, 0.02f, hf + "self_attn.q_proj.weight")),
-        product_weight(spec(n + "self_attn.k_proj.weight", {KVH * hd, C}, Init::Normal, 0.02f, hf + "self_attn.k_proj.weight")),
-        product_weight(spec(n + "self_attn.v_proj.weight", {KVH * hd, C}, Init::Normal, 0.02f, hf + "self_attn.v_proj.weight")),
-        product_weight(spec(n + "self_attn.o_proj.weight", {C, H * hd}, Init::Normal, res_std, hf + "self_attn.o_proj.weight")),
+        linear_weight(spec(n + "self_attn.q_proj.weight", {H * hd, C}, Init::Normal, 0.02f, hf + "self_attn.q_proj.weight")),
+        linear_weight(spec(n + "self_attn.k_proj.weight", {KVH * hd, C}, Init::Normal, 0.02f, hf + "self_attn.k_proj.weight"), true),
+        linear_weight(spec(n + "self_attn.v_proj.weight", {KVH * hd, C}, Init::Normal, 0.02f, hf + "self_attn.v_proj.weight"), true),
+        linear_weight(spec(n + "self_attn.o_proj.weight", {C, H * hd}, Init::Normal, res_std, hf + "self_attn.o_proj.weight")),
         spec(n + "post_attention_layernorm.weight", {C}, Init::Ones, 0.f, hf + "post_attention_layernorm.weight"),
-        product_weight(spec(n + "mlp.gate_proj.weight", {F, C}, Init::Normal, 0.02f, hf + "mlp.gate_proj.weight")),
-        product_weight(spec(n + "mlp.up_proj.weight", {F, C}, Init::Normal, 0.02f, hf + "mlp.up_proj.weight")),
-        product_weight(spec(n + "mlp.down_proj.weight", {C, F}, Init::Normal, res_std, hf + "mlp.down_proj.weight")),
+        linear_weight(spec(n + "mlp.gate_proj.weight", {F, C}, Init::Normal, 0.02f, hf + "mlp.gate_proj.weight")),
+        linear_weight(spec(n + "mlp.up_proj.weight", {F, C}, Init::Normal, 0.02f, hf + "mlp.up_proj.weight"), true),
+        linear_weight(spec(n + "mlp.down_proj.weight", {C, F}, Init::Normal, res_std, hf + "mlp.down_proj.weight")),
     };
     if (c_.qkv_bias) {  // (H*hd), (KVH*hd), (KVH*hd): zeros, no weight decay
       const int64_t oc[3] = {H * hd, KVH * hd, KVH * hd};

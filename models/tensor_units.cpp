@@ -322,20 +322,20 @@ class Gpt2Block final : public Unit {
         spec(n + "ln_2.weight", {C}, Init::Ones, 0.f, n + "ln_2.weight"),
         spec(n + "ln_2.bias", {C}, Init::Zeros, 0.f, n + "ln_2.bias"),
         spec(n + "mlp.c_proj.bias", {C}, Init::Zeros, 0.f, n + "mlp.c_proj.bias"),
-        rows(product_weight(spec(n + "attn.c_attn.weight", {3 * C, C}, Init::Normal, 0.02f,
+        rows(linear_weight(spec(n + "attn.c_attn.weight", {3 * C, C}, Init::Normal, 0.02f,
                                  n + "attn.c_attn.weight", true)),
              qkv_rows),
         rows(spec(n + "attn.c_attn.bias", {3 * C}, Init::Zeros, 0.f, n + "attn.c_attn.bias"),
              qkv_rows),
-        cols(product_weight(spec(n + "attn.c_proj.weight", {C, C}, Init::Normal, res_std,
+        cols(linear_weight(spec(n + "attn.c_proj.weight", {C, C}, Init::Normal, res_std,
                                  n + "attn.c_proj.weight", true)),
              k * Cl, (k + 1) * Cl),
-        rows(product_weight(spec(n + "mlp.c_fc.weight", {F, C}, Init::Normal, 0.02f,
+        rows(linear_weight(spec(n + "mlp.c_fc.weight", {F, C}, Init::Normal, 0.02f,
                                  n + "mlp.c_fc.weight", true)),
              {{k * Fl, (k + 1) * Fl}}),
         rows(spec(n + "mlp.c_fc.bias", {F}, Init::Zeros, 0.f, n + "mlp.c_fc.bias"),
              {{k * Fl, (k + 1) * Fl}}),
-        cols(product_weight(spec(n + "mlp.c_proj.weight", {C, F}, Init::Normal, res_std,
+        cols(linear_weight(spec(n + "mlp.c_proj.weight", {C, F}, Init::Normal, res_std,
                                  n + "mlp.c_proj.weight", true)),
              k * Fl, (k + 1) * Fl),
     };
@@ -595,7 +595,7 @@ class LlamaBlock final : public Unit {
     p[post_] = spec(n + "post_attention_layernorm.weight", {C}, Init::Ones, 0.f,
                     hf + "post_attention_layernorm.weight");
     auto proj = [&](const char* w, int64_t oc, float sd) {
-      return product_weight(spec(n + "self_attn." + w + ".weight", {oc, C}, Init::Normal, sd,
+      return linear_weight(spec(n + "self_attn." + w + ".weight", {oc, C}, Init::Normal, sd,
                                  hf + "self_attn." + w + ".weight"));
     };
     p[qw_] = rows(proj("q_proj", H * hd, 0.02f), {{k * Hl * hd, (k + 1) * Hl * hd}});
@@ -606,16 +606,16 @@ class LlamaBlock final : public Unit {
       p[kw_] = rows(p[kw_], {{k * KVl * hd, (k + 1) * KVl * hd}});
       p[vw_] = rows(p[vw_], {{k * KVl * hd, (k + 1) * KVl * hd}});
     }
-    p[ow_] = cols(product_weight(spec(n + "self_attn.o_proj.weight", {C, H * hd}, Init::Normal,
+    p[ow_] = cols(linear_weight(spec(n + "self_attn.o_proj.weight", {C, H * hd}, Init::Normal,
                                       res_std, hf + "self_attn.o_proj.weight")),
                   k * Hl * hd, (k + 1) * Hl * hd);
-    p[gate_] = rows(product_weight(spec(n + "mlp.gate_proj.weight", {F, C}, Init::Normal, 0.02f,
+    p[gate_] = rows(linear_weight(spec(n + "mlp.gate_proj.weight", {F, C}, Init::Normal, 0.02f,
                                         hf + "mlp.gate_proj.weight")),
                     {{k * Fl, (k + 1) * Fl}});
-    p[up_] = rows(product_weight(spec(n + "mlp.up_proj.weight", {F, C}, Init::Normal, 0.02f,
+    p[up_] = rows(linear_weight(spec(n + "mlp.up_proj.weight", {F, C}, Init::Normal, 0.02f,
                                       hf + "mlp.up_proj.weight")),
                   {{k * Fl, (k + 1) * Fl}});
-    p[down_] = cols(product_weight(spec(n + "mlp.down_proj.weight", {C, F}, Init::Normal, res_std,
+    p[down_] = cols(linear_weight(spec(n + "mlp.down_proj.weight", {C, F}, Init::Normal, res_std,
                                         hf + "mlp.down_proj.weight")),
                     k * Fl, (k + 1) * Fl);
     if (c_.qkv_bias) {

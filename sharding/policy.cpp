@@ -196,6 +196,12 @@ void validate(const ShardingPolicy& p, int world, int units) {
   if (mp.fp8 && mp.param_dtype != DType::BF16)
     bad_policy("fp8.enabled", "needs bf16 mixed precision (param_dtype bf16)");
   if (mp.fp8_delayed) at_least("fp8.amax_history", mp.fp8_amax_history, 1);
+  if (mp.fp8_all_gather && !mp.fp8) bad_policy("fp8.all_gather", "needs fp8.enabled");
+  if (mp.fp8_all_gather && mp.fp8_delayed)
+    bad_policy("fp8.all_gather", "needs the current recipe (a gathered weight's scale is its "
+                                 "amax now), not delayed");
+  if (mp.fp8_all_gather && p.quantized.weights)
+    bad_policy("fp8.all_gather", "and zero_quantized_weights both compress the gather; choose one");
   at_least("forward_prefetch", p.forward_prefetch, 0);
   at_least("backward_prefetch", p.backward_prefetch, 0);
   at_least("max_live_units", p.max_live_units, 0);

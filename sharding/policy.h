@@ -79,6 +79,15 @@ struct MixedPrecisionPolicy {
   bool fp8 = false;
   bool fp8_delayed = false;
   int fp8_amax_history = 16;
+  // fp8.round_scales_to_power_of_2: every fp8 scale a power of two (kernels/fp8_ops.h).
+  bool fp8_pow2 = false;
+  // fp8.all_gather (torchtitan's enable_fsdp_float8_all_gather): a sharded unit gathers its
+  // products' weights as E4M3 bytes with one power-of-two scale per tensor (the amax of the
+  // whole tensor, one small all-reduce per gather), the other parameters bf16: about half the
+  // bytes of the bf16 gather, and the same values the fp8 products would quantise the weights
+  // to (sharding/unit_state.h). Needs the current recipe; implies fp8_pow2.
+  bool fp8_all_gather = false;
+  bool fp8_pow2_scales() const { return fp8_pow2 || fp8_all_gather; }
 };
 
 // Activation checkpointing: which units drop their saved activations after forward and

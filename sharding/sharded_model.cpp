@@ -111,7 +111,8 @@ ModelContext make_context(const Model& model, const Ops& ops, GroupPtr group,
   validate(policy, c.W, static_cast<int>(model.units.size()));
   c.compute_ops = mp.param_dtype == DType::F32 ? &ops : &ops_for(ops.device(), mp.param_dtype);
   if (mp.fp8) {  // FP8 linears around the bf16 Ops (kernels/fp8_ops.h)
-    c.fp8_ops = make_fp8_ops(*c.compute_ops, Fp8Recipe{mp.fp8_delayed, mp.fp8_amax_history});
+    c.fp8_ops = make_fp8_ops(*c.compute_ops, Fp8Recipe{mp.fp8_delayed, mp.fp8_amax_history,
+                                                             mp.fp8_pow2_scales()});
     c.compute_ops = c.fp8_ops.get();
   }
   c.plan_in.on_device = !ops.device().is_cpu();

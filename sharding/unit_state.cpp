@@ -1,10 +1,12 @@
 #include "sharding/unit_state.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
 #include "core/stream.h"
+#include "kernels/fp8_ops.h"
 
 namespace sw {
 
@@ -83,6 +85,15 @@ FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const O
       grad_shard_ = grads_.data();
       sstate_ = ShardedState::Unsharded;
       break;
+  }
+  if (mp.fp8_all_gather && kind == Kind::Sharded) {
+    if (!dev.is_cpu())
+      fail("sharding", "fp8.all_gather: the fp8 gather runs on CPU buffers in this build, not on " +
+                           dev.str());
+    if (!w16_)
+      fail("sharding", "fp8.all_gather: needs the units' 16-bit weight copies (bf16 products on "
+                       "oneDNN), which this build's CPU path does not keep");
+    build_fp8_gather();
   }
   if (w16_ && kind != Kind::Sharded) {  // persistent beside the compute copy: zeros, as it
     make_full16(Mem::Params);
@@ -197,6 +208,132 @@ void FlatUnit::issue_narrow_gather() {
   gather_ = shard_->issue_all_gather(front + rank_ * Sh, front, Sh, pdt_);
 }
 
+void FlatUnit::build_fp8_gather() {
+  // The tensors the fp8 products quantise: Linear weights kept 16-bit only, a packed one
+  // contiguous with the one before it joined to it (the product reads them as one tensor).
+  for (size_t s = 0; s < layout_.specs.size(); ++s) {
+    const FlatEntry& e = layout_.entries[s];
+    const ParamSpec& spec = layout_.specs[s];
+    if (!spec.linear || e.f32 >= 0 || e.numel <= 0) continue;
+    const bool joins = spec.packed_with_previous && s > 0 && layout_.specs[s - 1].linear &&
+                       !f8_tensors_.empty() && f8_tensors_.back().second == e.offset &&
+                       layout_.entries[s - 1].offset + layout_.entries[s - 1].numel == e.offset;
+    if (joins)
+      f8_tensors_.back().second = e.offset + e.numel;
+    else
+      f8_tensors_.emplace_back(e.offset, e.offset + e.numel);
+  }
+  std::sort(f8_tensors_.begin(), f8_tensors_.end());
+  if (f8_tensors_.empty()) return;  // no Linear weight (embeddings, norms): the bf16 gather
+  const int S = shard_->size();
+  const int64_t Sh = layout_.shard_size();
+  f8_segs_.assign(static_cast<size_t>(S), {});
+  for (int r = 0; r < S; ++r) {
+    const Range slice{r * Sh, (r + 1) * Sh};
+    std::vector<Fp8Seg>& segs = f8_segs_[static_cast<size_t>(r)];
+    int64_t codes = 0;
+    for (const FlatRun& run : layout_.runs) {
+      const Range x = intersect(slice, {run.lo, run.hi});
+      if (x.empty()) continue;
+      if (run.f32 >= 0) {
+        segs.push_back({x.lo, x.hi, 0, run.f32 + (x.lo - run.lo), -2});
+        continue;
+      }
+      // a 16-bit-only run: its tensors' pieces and the gaps between them
+      int64_t at = x.lo;
+      for (size_t t = 0; t < f8_tensors_.size() && at < x.hi; ++t) {
+        const Range piece = intersect(x, {f8_tensors_[t].first, f8_tensors_[t].second});
+        if (piece.empty()) continue;
+        if (piece.lo > at) segs.push_back({at, piece.lo, 0, -1, -1});
+        segs.push_back({piece.lo, piece.hi, 0, -1, static_cast<int>(t)});
+        at = piece.hi;
+      }
+      if (at < x.hi) segs.push_back({at, x.hi, 0, -1, -1});
+      codes += x.hi - x.lo;
+    }
+    // bytes first (in flat order), then the bf16 values from an even offset
+    int64_t cpos = 0, rpos = (codes + 1) / 2 * 2;
+    for (Fp8Seg& g : segs) {
+      int64_t& p = g.tensor == -2 ? rpos : cpos;
+      g.pos = p;
+      p += (g.hi - g.lo) * (g.tensor == -2 ? 2 : 1);
+    }
+    f8_slot_ = std::max(f8_slot_, rpos);
+  }
+  f8_slot_ = (f8_slot_ + 3) / 4 * 4;
+  // (Sh is a multiple of kAlign: 2 bytes a value is a multiple of 4.) The in-place unpacking
+  // needs every slot within the 16-bit copy's 2 * Sh bytes a rank.
+  SW_CHECK(f8_slot_ <= 2 * Sh, "fp8 gather: a slot larger than its share of the 16-bit copy");
+  f8_ = true;
+}
+
+void FlatUnit::issue_fp8_gather() {
+  const int64_t Sh = layout_.shard_size(), lo = rank_ * Sh;
+  const std::vector<Fp8Seg>& segs = f8_segs_[static_cast<size_t>(rank_)];
+  // Each tensor's amax over this slice, then over the shard group (NaNs skipped, as the fp8
+  // products' amax skips them); the amax of the bf16 values is the bf16 rounding of it.
+  std::vector<float> am(f8_tensors_.size(), 0.f), all(am.size(), 0.f);
+  for (const Fp8Seg& g : segs) {
+    if (g.tensor < 0) continue;
+    float m = am[static_cast<size_t>(g.tensor)];
+    for (const float* x = master_ + (g.lo - lo), *e = x + (g.hi - g.lo); x < e; ++x)
+      m = std::fmax(m, std::fabs(*x));
+    am[static_cast<size_t>(g.tensor)] = m;
+  }
+  shard_->all_reduce(am.data(), all.data(), static_cast<int64_t>(am.size()), ReduceOp::Max);
+  f8_scale_.resize(all.size());
+  for (size_t t = 0; t < all.size(); ++t)
+    f8_scale_[t] = fp8_scale(bf16_to_f32(f32_to_bf16(all[t])), Fp8Format::E4M3, true);
+  uint8_t* wire = reinterpret_cast<uint8_t*>(full16_);
+  uint8_t* mine = wire + rank_ * f8_slot_;
+  for (const Fp8Seg& g : segs) {
+    const float* x = master_ + (g.lo - lo);
+    const int64_t n = g.hi - g.lo;
+    if (g.tensor == -2) {
+      ops_->narrow(DType::BF16, x, mine + g.pos, static_cast<size_t>(n));
+      continue;
+    }
+    const float sc = g.tensor >= 0 ? f8_scale_[static_cast<size_t>(g.tensor)] : 1.f;
+    uint8_t* q = mine + g.pos;
+    for (int64_t i = 0; i < n; ++i) q[i] = fp8_e4m3_bits(bf16_to_f32(f32_to_bf16(x[i])) * sc);
+  }
+  // in place: each rank's slot at rank * slot of the 16-bit copy (bytes as bf16 pairs)
+  gather_ = shard_->issue_all_gather(mine, wire, f8_slot_ / 2, DType::BF16);
+  f8_in_flight_ = true;
+}
+
+void FlatUnit::finish_fp8_gather() {
+  f8_in_flight_ = false;
+  const uint8_t* wire = reinterpret_cast<const uint8_t*>(full16_);
+  const int S = shard_->size();
+  // 1. every slot's bf16 values widened into the fp32 buffer (before any byte is overwritten)
+  for (int r = 0; r < S; ++r)
+    for (const Fp8Seg& g : f8_segs_[static_cast<size_t>(r)])
+      if (g.tensor == -2)
+        ops_->widen(DType::BF16, wire + r * f8_slot_ + g.pos, full_ + g.f32,
+                    static_cast<size_t>(g.hi - g.lo));
+  // 2. the bytes decoded into the 16-bit copy, from the last value to the first: value i's
+  // byte lies at or below 2 i + 1 (a slot is at most 2 bytes a value, bytes precede the bf16
+  // values in it), so writing value i's two bytes never overwrites a byte still to be read.
+  uint16_t lut[256];
+  for (int r = S - 1; r >= 0; --r) {
+    const std::vector<Fp8Seg>& segs = f8_segs_[static_cast<size_t>(r)];
+    for (auto g = segs.rbegin(); g != segs.rend(); ++g) {
+      if (g->tensor == -2) continue;
+      const float inv = 1.f / (g->tensor >= 0 ? f8_scale_[static_cast<size_t>(g->tensor)] : 1.f);
+      for (int b = 0; b < 256; ++b)  // q / s: exact in bf16 (s a power of two)
+        lut[b] = f32_to_bf16(fp8_e4m3_value(static_cast<uint8_t>(b)) * inv);
+      const uint8_t* q = wire + r * f8_slot_ + g->pos;
+      for (int64_t i = g->hi - g->lo - 1; i >= 0; --i) full16_[g->lo + i] = lut[q[i]];
+    }
+  }
+  // 3. the bf16 values back into the 16-bit copy (narrow(widen(b)) == b)
+  for (int r = 0; r < S; ++r)
+    for (const Fp8Seg& g : f8_segs_[static_cast<size_t>(r)])
+      if (g.tensor == -2)
+        ops_->narrow(DType::BF16, full_ + g.f32, full16_ + g.lo, static_cast<size_t>(g.hi - g.lo));
+}
+
 void FlatUnit::set_quantized(const QuantSpec& q, bool weights, PeerComm* grad_peers,
                              QuantWorker* worker) {
   qworker_ = worker;
@@ -248,6 +385,8 @@ void FlatUnit::issue_unshard() {
       // NVMe: the staging buffer is free once issued; host shards: copied to the device first
       if (qw_)  // quantised from the (staged) master at once: a staging buffer is free after
         gather_ = issue_quantized_all_gather(*shard_, master_, Sh, qspec_, qwire_, qranks_.data());
+      else if (f8_)  // fp8 from the (staged) master at once, as above
+        issue_fp8_gather();
       else if (pdt_ != DType::F32 || pnvme_ || hm_)
         issue_narrow_gather();
       else
@@ -271,6 +410,7 @@ void FlatUnit::finish_gather() {
   ops_->stream().wait_event(gather_);
   gather_in_flight_ = false;
   sstate_ = ShardedState::Unsharded;
+  if (f8_in_flight_) return finish_fp8_gather();
   if (!qwire_.empty()) {  // quantised: every rank's slot dequantised, the own one included
     finish_quantized_all_gather(*shard_, qwire_, layout_.shard_size(), qspec_, full_,
                                 qranks_.data());

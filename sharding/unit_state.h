@@ -45,6 +45,17 @@
 //     A gather widens the fp32 runs only; kind C narrows the master into the 16-bit-only
 //     runs. -4 bytes per such parameter (GPT-2's and the Llama's blocks: all but norms and
 //     biases).
+//   fp8 all-gather (MixedPrecisionPolicy::fp8_all_gather; kind A with the 16-bit copy, on the
+//     CPU): each rank's slot carries its slice of the 16-bit-only parameters (the products'
+//     weights) as E4M3 bytes, q = fp8(bf16(master) * s) with one power-of-two scale s per
+//     tensor from the whole tensor's amax (a small all-reduce of the slices' amaxes at issue),
+//     and the rest as bf16. The slots are gathered into the 16-bit copy itself (a slot holds
+//     at most 2 bytes a value, so they fit) and unpacked in place: the bf16 values widened
+//     into the fp32 buffer first, then the bytes decoded to q / s (exact in bf16) from the
+//     last value to the first (a value's byte never lies above its 16-bit slot, so nothing
+//     unread is overwritten), then the bf16 values narrowed back. The weights then hold the
+//     values the fp8 products quantise them to (with power-of-two scales, that quantisation
+//     reproduces q exactly), so training is bit-identical to the bf16 gather's.
 //   reduce_dtype != F32: kinds A and B divide the unsharded gradients by the world size,
 //     narrow them in place (front half of their buffer) and sum them by reduce-scatter
 //     (HYBRID: then all-reduce) in reduce_dtype; the reduced block is widened and added into
@@ -327,6 +338,10 @@ class FlatUnit {
   void make_full16(Mem cat);   // allocates the (padded) 16-bit copy
   void finish_gather();        // waits for the gather; widens it when it ran in param_dtype
   void widen_runs();           // the 16-bit copy's fp32 runs into the (compact) fp32 buffer
+  // The fp8 all-gather (above): its tables, its issue and its unpacking.
+  void build_fp8_gather();
+  void issue_fp8_gather();
+  void finish_fp8_gather();
 
   Unit* unit_;
   int index_;
@@ -384,6 +399,19 @@ class FlatUnit {
   QuantWorker* qworker_ = nullptr;
   Buffer qwire_;                 // the packed shards of a quantised gather in flight
   Buffer qerr_;                  // (padded) error feedback of the quantised reduce-scatter
+  // fp8 all-gather: per rank, its slice as segments in flat order: E4M3 bytes (tensor: an index
+  // into f8_tensors_, or -1 for an alignment gap: scale 1) at slot byte `pos`, or bf16 values
+  // (tensor -2) at `pos`, their fp32 copy at `f32` in the compact buffer.
+  struct Fp8Seg {
+    int64_t lo = 0, hi = 0, pos = 0, f32 = -1;
+    int tensor = -1;
+  };
+  bool f8_ = false;                          // this unit gathers fp8
+  bool f8_in_flight_ = false;
+  int64_t f8_slot_ = 0;                      // bytes of one rank's slot
+  std::vector<std::vector<Fp8Seg>> f8_segs_;  // per rank
+  std::vector<std::pair<int64_t, int64_t>> f8_tensors_;  // [lo, hi) of each 16-bit-only tensor
+  std::vector<float> f8_scale_;              // the gather in flight's scale per tensor
   void wait_upload() const;
   void upload(void* dst, const void* src, size_t bytes);
   // An update running elsewhere (set_pending_update) and what waits for it.

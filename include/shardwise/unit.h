@@ -56,6 +56,13 @@ struct ParamSpec {
   /// Tensor parallelism: which part of a logical tensor this is (TensorSplit); `name` stays the
   /// logical tensor's.
   TensorSplit split{};
+  /// Read only by Ops::linear_forward / linear_backward (a Linear's weight; implies
+  /// products_only): the weights FP8 linears quantise, which `fp8.all_gather` gathers as fp8.
+  bool linear = false;
+  /// A Linear weight applied packed with the one declared before it (the Llama's k and v after
+  /// q, up after gate; Packed, models/packed.h): where the two are contiguous in the unit's
+  /// flat buffer the product reads them as one tensor, so fp8 scales them as one.
+  bool packed_with_previous = false;
 };
 
 /// A parameter as the built-in models declare them: weight decay on matrices only; hf the Hugging
@@ -66,6 +73,13 @@ ParamSpec param_spec(std::string name, Shape shape, Init init, float std, std::s
 /// `p` marked as read only through UnitCtx::weight (ParamSpec::products_only).
 inline ParamSpec product_weight(ParamSpec p) {
   p.products_only = true;
+  return p;
+}
+/// `p` marked as a Linear's weight (ParamSpec::linear, and products_only); packed: applied
+/// packed with the weight declared before it (ParamSpec::packed_with_previous).
+inline ParamSpec linear_weight(ParamSpec p, bool packed = false) {
+  p.products_only = p.linear = true;
+  p.packed_with_previous = packed;
   return p;
 }
 

@@ -101,10 +101,10 @@ class CpuFp8 final : public Fp8Kernels {
     *out = m;
   }
 
-  void scales(float* s, const float* amaxes, int count, Fp8Format f) const override {
+  void scales(float* s, const float* amaxes, int count, Fp8Format f, bool pow2) const override {
     float m = 0.f;
     for (int i = 0; i < count; ++i) m = std::max(m, amaxes[i]);
-    s[0] = fp8_scale(m, f);
+    s[0] = fp8_scale(m, f, pow2);
     s[1] = 1.f / s[0];
   }
 

@@ -60,11 +60,16 @@ __global__ void amax_kernel(unsigned int* out, const float* f, const uint16_t* h
   }
 }
 
-__global__ void scales_kernel(float* s, const float* amaxes, int count, float fmax) {
+__global__ void scales_kernel(float* s, const float* amaxes, int count, float fmax, bool pow2) {
   float m = 0.f;
   for (int i = 0; i < count; ++i) m = fmaxf(m, amaxes[i]);
   float sc = 1.f;
   if (m > 0.f && isfinite(m)) sc = fmax / (m < 1e-12f ? 1e-12f : m);
+  if (pow2 && sc != 1.f) {  // fp8_scale's pow2: rounded down to a power of two (sc finite, > 0)
+    int e = 0;
+    frexpf(sc, &e);
+    sc = ldexpf(1.f, e - 1);
+  }
   s[0] = sc;
   s[1] = 1.f / sc;
 }
@@ -138,8 +143,8 @@ class CudaFp8 final : public Fp8Kernels {
     SW_CUDA_LAUNCHED();
   }
 
-  void scales(float* s, const float* amaxes, int count, Fp8Format f) const override {
-    scales_kernel<<<1, 1, 0, stream()>>>(s, amaxes, count, fp8_max(f));
+  void scales(float* s, const float* amaxes, int count, Fp8Format f, bool pow2) const override {
+    scales_kernel<<<1, 1, 0, stream()>>>(s, amaxes, count, fp8_max(f), pow2);
     SW_CUDA_LAUNCHED();
   }
 

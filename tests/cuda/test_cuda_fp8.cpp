@@ -139,7 +139,7 @@ TEST_CASE("cuda fp8: amax, scales and quantize match the CPU twin bit for bit") 
         Buffer q(x.size() + 16, sw::Mem::Workspace, sw::test::gpu());
         float* sp = s.f32();
         g.amax(sp + 2, dx.f32(), x.size());
-        g.scales(sp, sp + 2, 1, fmt);
+        g.scales(sp, sp + 2, 1, fmt, false);
         g.quantize(q.data(), fmt, sp, dx.f32(), rows, cols, tr);
         const Vec hs = down(sp, 3);
         float am = 0;

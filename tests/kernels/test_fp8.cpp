@@ -153,6 +153,60 @@ TEST_CASE("fp8: round_fp8 is PyTorch's saturating cast, bit for bit") {
   }
   CHECK(nan == 4);  // +-NaN, both formats
   CHECK(inexact > 100);
+  // The E4M3 byte form (the fp8 all-gather's wire): the byte of the rounded value, bit for bit
+  // against PyTorch on the same inputs (value(bits(x)) == torch's cast; NaN stays NaN).
+  int bad_bytes = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const float want = from_bits(w4[i]), got = sw::fp8_e4m3_value(sw::fp8_e4m3_bits(xs[i]));
+    bad_bytes += std::isnan(want) ? !std::isnan(got) : to_bits(got) != to_bits(want);
+  }
+  CHECK(bad_bytes == 0);
+}
+
+TEST_CASE("fp8: the E4M3 byte form is torch.float8_e4m3fn's, and power-of-two scales") {
+  // Bytes every E4M3fn implementation agrees on: 1 = 0x38, 2 = 0x40, -1 = 0xB8, 448 = 0x7E,
+  // the smallest normal 2^-6 = 0x08, the smallest subnormal 2^-9 = 0x01; NaN 0x7F.
+  CHECK(sw::fp8_e4m3_bits(1.f) == 0x38);
+  CHECK(sw::fp8_e4m3_bits(2.f) == 0x40);
+  CHECK(sw::fp8_e4m3_bits(-1.f) == 0xB8);
+  CHECK(sw::fp8_e4m3_bits(448.f) == 0x7E);
+  CHECK(sw::fp8_e4m3_bits(1e9f) == 0x7E);
+  CHECK(sw::fp8_e4m3_bits(-INFINITY) == 0xFE);
+  CHECK(sw::fp8_e4m3_bits(std::ldexp(1.f, -6)) == 0x08);
+  CHECK(sw::fp8_e4m3_bits(std::ldexp(1.f, -9)) == 0x01);
+  CHECK((sw::fp8_e4m3_bits(NAN) & 0x7F) == 0x7F);
+  // Every byte round-trips (NaN aside), and the bytes' values are the format's 253 finite
+  // non-negative-or-negative values, each round_fp8's fixed point.
+  for (int b = 0; b < 256; ++b) {
+    if ((b & 0x7F) == 0x7F) {
+      CHECK(std::isnan(sw::fp8_e4m3_value(uint8_t(b))));
+      continue;
+    }
+    const float v = sw::fp8_e4m3_value(uint8_t(b));
+    INFO("byte " << b << " value " << v);
+    CHECK(sw::fp8_e4m3_bits(v) == b);
+    CHECK(sw::round_fp8(v, Fp8Format::E4M3) == v);
+  }
+  // A sweep of fp32 bit patterns (every 4099th): bits then value is round_fp8.
+  int bad = 0;
+  for (uint64_t u = 0; u < (uint64_t(1) << 32); u += 4099) {
+    const float x = from_bits(uint32_t(u));
+    const float got = sw::fp8_e4m3_value(sw::fp8_e4m3_bits(x)),
+                want = sw::round_fp8(x, Fp8Format::E4M3);
+    bad += std::isnan(want) ? !std::isnan(got) : to_bits(got) != to_bits(want);
+  }
+  CHECK(bad == 0);
+  // pow2: the largest power of two not above fp8_max / amax.
+  CHECK(sw::fp8_scale(2.f, Fp8Format::E4M3, true) == 128.f);  // 224 -> 128
+  CHECK(sw::fp8_scale(1.75f, Fp8Format::E4M3, true) == 256.f);  // exactly 256
+  CHECK(sw::fp8_scale(0.f, Fp8Format::E4M3, true) == 1.f);
+  for (float am : {1e-3f, 0.37f, 3.f, 447.f, 1e5f}) {
+    const float s = sw::fp8_scale(am, Fp8Format::E4M3, true);
+    int e = 0;
+    CHECK(std::frexp(s, &e) == 0.5f);
+    CHECK(am * s <= 448.f);
+    CHECK(am * s > 224.f);
+  }
 }
 
 TEST_CASE("fp8: scale and the CPU twin's quantize") {
@@ -177,8 +231,12 @@ TEST_CASE("fp8: scale and the CPU twin's quantize") {
         for (size_t i = 0; i < x.size(); ++i)
           am = std::max(am, std::fabs(lp ? sw::bf16_to_f32(x16[i]) : x[i]));
         REQUIRE(s[2] == am);
-        k.scales(s, s + 2, 1, fmt);
+        k.scales(s, s + 2, 1, fmt, false);
         REQUIRE(s[0] == sw::fp8_scale(am, fmt));
+        float s2[2];
+        k.scales(s2, s + 2, 1, fmt, true);
+        REQUIRE(s2[0] == sw::fp8_scale(am, fmt, true));
+        REQUIRE(s2[1] == 1.f / s2[0]);
         std::vector<uint16_t> q(x.size());
         k.quantize(q.data(), fmt, s, op, R, C, tr);
         int bad = 0;

@@ -35,6 +35,7 @@
 #include "core/dtype.h"
 #include "core/env.h"
 #include "core/rng.h"
+#include "kernels/fp8_ops.h"
 #include "kernels/ops.h"
 #include "kernels/threads.h"
 #include "models/model.h"
@@ -381,6 +382,120 @@ TEST_CASE("units compute with exactly the bf16 / fp16 rounding of the fp32 maste
         CHECK(moved > checked / 2);  // the masters really carry more precision than the copies
       }
     }
+}
+
+// fp8.all_gather (sharding/unit_state.h): the weights a unit computes with are exactly
+// fp8(bf16(master) * s) / s with s the power-of-two scale of the whole tensor's amax (computed
+// here from the gathered masters), the other parameters exactly bf16(master); training is
+// bit-identical to the bf16 gather's with the same fp8 recipe; the gathers move about half the
+// bytes.
+TEST_CASE("fp8 all-gather: the fp8 rounding of the masters, bit-identical training, half the "
+          "bytes", "[mp_fp8_gather]") {
+  const GroupPtr g = world();
+  const int W = g->size();
+  auto fp8_policy = [](bool gather, ShardingStrategy st) {
+    ShardingPolicy p = ShardingPolicy::for_strategy(st);
+    p.mixed_precision = mp(DType::BF16, DType::BF16);
+    p.mixed_precision.fp8 = true;
+    p.mixed_precision.fp8_pow2 = true;
+    p.mixed_precision.fp8_all_gather = gather;
+    return p;
+  };
+  REQUIRE(fp8_policy(true, ShardingStrategy::FullShard).mixed_precision.weights16(false));
+  for (const std::string type : {"gpt2", "llama"}) {
+    const ModelConfig mc = tiny(type);
+    const Corpus corpus(mc.vocab_size);
+    INFO(type << " W=" << W);
+    // (1) the values units compute with, after optimizer steps
+    std::map<std::string, std::vector<float>> seen;
+    Model m = build_model(mc);
+    for (auto& u : m.units) u = std::make_unique<Recorder>(std::move(u), &seen);
+    ShardedModel sm(m, cpu(), 11, g, fp8_policy(true, ShardingStrategy::FullShard));
+    std::vector<int32_t> in(2 * 16), tg(2 * 16);
+    const Batch batch{in.data(), tg.data(), 2, 16};
+    for (int s = 0; s < 3; ++s) {
+      corpus.fill(s, g->rank() * 2, 2, 16, in.data(), tg.data());
+      sm.zero_grads();
+      sm.forward_backward(batch);
+      sm.optimizer_step(AdamWParams{}, 1e-2f, 1.f, s + 1);
+    }
+    seen.clear();
+    sm.eval_loss(batch);
+    // Each Linear weight's amax, taken with the weights it is packed with (the Llama's q|k|v,
+    // gate|up: one tensor to the product, their sizes here keep them contiguous).
+    std::vector<float> amax;
+    std::vector<int> group;
+    sm.for_each_param([&](const ParamSpec& spec, const float* master) {
+      float am = 0;
+      for (int64_t i = 0; i < numel(spec.shape); ++i) am = std::max(am, std::fabs(master[i]));
+      const bool joins = spec.linear && spec.packed_with_previous && !group.empty();
+      group.push_back(joins ? group.back() : int(amax.size()));
+      if (joins)
+        amax[size_t(group.back())] = std::max(amax[size_t(group.back())], am);
+      amax.push_back(am);
+    });
+    size_t checked = 0, wrong = 0, fp8_vals = 0, coarser = 0, k = 0;
+    sm.for_each_param([&](const ParamSpec& spec, const float* master) {
+      const float am = amax[size_t(group[k++])];
+      const auto it = seen.find(spec.name);
+      CHECK(it != seen.end());
+      if (it == seen.end()) return;
+      const float sc = sw::fp8_scale(bf16_to_f32(f32_to_bf16(am)), sw::Fp8Format::E4M3, true);
+      for (int64_t i = 0; i < numel(spec.shape); ++i) {
+        const float b = bf16_to_f32(f32_to_bf16(master[i]));
+        const float want = spec.linear ? sw::round_fp8(b * sc, sw::Fp8Format::E4M3) / sc : b;
+        wrong += it->second[size_t(i)] != want;
+        fp8_vals += spec.linear;
+        coarser += spec.linear && want != b;
+        ++checked;
+      }
+    });
+    CHECK(checked == size_t(sm.num_params()));
+    CHECK(wrong == 0);
+    CHECK(fp8_vals > checked / 2);  // the blocks' weights went fp8
+    CHECK(coarser > fp8_vals / 2);  // and fp8 is coarser than bf16
+    // (2) bit-identical to the bf16 gather with the same recipe, FULL_SHARD and SHARD_GRAD_OP
+    for (ShardingStrategy st : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp}) {
+      INFO(strategy_name(st));
+      const RunResult a = train(g, fp8_policy(false, st), mc, 2, 1, 6);
+      const RunResult b = train(g, fp8_policy(true, st), mc, 2, 1, 6);
+      CHECK(a.losses == b.losses);
+      CHECK(a.norms == b.norms);
+      CHECK(a.params == b.params);
+    }
+    // (3) bytes of an evaluation's gathers: a Linear weight's values 1 byte, the rest of the
+    // padded buffer 2, plus every slot's rounding to 4 bytes, the amaxes' all-reduce (4 bytes
+    // a tensor) and the slots' imbalance (each is as large as the largest rank's: within 2%
+    // here); against the bf16 gather's 2 bytes a value
+    double bytes[2];
+    int64_t lower = 0, slack = 0;
+    for (auto& u : build_model(mc).units) {
+      const FlatLayout l = FlatLayout::build(u->params(), W);
+      int64_t lin = 0, tensors = 0;
+      for (const ParamSpec& ps : l.specs) lin += ps.linear ? numel(ps.shape) : 0;
+      for (const ParamSpec& ps : l.specs) tensors += ps.linear;
+      lower += lin + 2 * (l.padded - lin);
+      slack += lin > 0 ? 4 * W + 4 * tensors : 0;
+    }
+    for (int gather = 0; gather < 2; ++gather) {
+      Model mm = build_model(mc);
+      ShardedModel s2(mm, cpu(), 7, g, fp8_policy(gather == 1, ShardingStrategy::FullShard));
+      s2.reset_comm_stats();
+      s2.eval_loss(batch);
+      bytes[gather] = s2.comm_stats().bytes;
+    }
+    INFO("bf16 gather " << bytes[0] << " bytes, fp8 " << bytes[1] << ", lower bound " << lower);
+    if (W > 1) {
+      CHECK(bytes[1] >= double(lower));
+      CHECK(bytes[1] <= double(lower + slack) + 0.02 * double(lower));
+      CHECK(bytes[1] < 0.6 * bytes[0]);
+      if (g->rank() == 0 && sw::env_flag("SHARDWISE_TEST_PARITY_VERBOSE"))
+        std::printf("%s W=%d: fp8 gather %.0f bytes, bf16 %.0f (%.3f)\n", type.c_str(), W,
+                    bytes[1], bytes[0], bytes[1] / bytes[0]);
+    } else {
+      CHECK(bytes[1] == bytes[0]);
+    }
+  }
 }
 
 TEST_CASE("the gradient norm is the parameters' gradients' alone, step after step", "[mp_gaps]") {
