@@ -856,7 +856,7 @@ class Run {
     // (tensor parallelism: the kernels see one rank's heads, d_ff and vocabulary; the
     // groups' scratch counts with any group of more than one rank)
     const DevicePeak dp = device_peak(step_plan_, tensor_local_config(cfg_.model, t_), B_, T_,
-                                      cfg_.sharding.mixed_precision.param_dtype, W_,
+                                      cfg_.sharding.mixed_precision, W_,
                                       num_threads(), cfg_.device != "cpu");
     const PlanPeak& pk = dp.plan;
     const int64_t ws = dp.workspace;

@@ -431,16 +431,17 @@ PipelinePrediction predict_pipeline(const PlanSetup& s, const HardwareProfile* h
       block[p] = in.takes_input[p] && !in.is_loss[p];
       blocks |= block[p] != 0;
     }
-    const DType cdt = policy.mixed_precision.param_dtype;
+    const MixedPrecisionPolicy& mp = policy.mixed_precision;
+    const DType cdt = mp.param_dtype;
     const int threads = plan_threads(s.threads, s.world);
     int64_t tiles = 0;
     if (!blocks && !s.on_device) {  // no attention: its per-thread tiles (what threads multiply)
       const auto ws = [&](int t) {
-        return kernel_workspace(DeviceKind::CPU, step_shape(mc, in.B, in.T, cdt, t)).bytes;
+        return kernel_workspace(DeviceKind::CPU, step_shape(mc, in.B, in.T, cdt, t, mp.fp8)).bytes;
       };
       tiles = int64_t(threads) * (ws(2) - ws(1));
     }
-    DevicePeak dp = device_peak(pr.plan, mc, in.B, in.T, cdt, s.world, threads, s.on_device, &block);
+    DevicePeak dp = device_peak(pr.plan, mc, in.B, in.T, mp, s.world, threads, s.on_device, &block);
     dp.workspace -= tiles, dp.total -= tiles;
     if (tiles) dp.decl.what += " (no attention on this stage: its tiles not counted)";
     pr.peak = dp.plan;
@@ -451,7 +452,7 @@ PipelinePrediction predict_pipeline(const PlanSetup& s, const HardwareProfile* h
     pr.nvme = pr.plan.nvme_bytes;
     pr.rss = predict_rss(pr.plan, in, pr.device, pr.host, s.data_bytes, hw);
     r.device_max.push_back(
-        device_peak(upper[size_t(rank)], mc, in.B, in.T, cdt, s.world, threads, s.on_device, &block)
+        device_peak(upper[size_t(rank)], mc, in.B, in.T, mp, s.world, threads, s.on_device, &block)
             .total - tiles);
   }
   if (hw) {

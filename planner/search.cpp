@@ -75,7 +75,8 @@ ModelConfig tensor_local_config(const ModelConfig& mc, int t) {
   return c;
 }
 
-StepShape step_shape(const ModelConfig& mc, int B, int T, DType compute, int threads) {
+StepShape step_shape(const ModelConfig& mc, int B, int T, DType compute, int threads,
+                     bool fp8) {
   StepShape s;
   s.B = B, s.T = T;
   s.d_model = mc.d_model, s.n_head = mc.n_head, s.vocab = mc.vocab_size;
@@ -88,6 +89,7 @@ StepShape step_shape(const ModelConfig& mc, int B, int T, DType compute, int thr
   }
   s.compute = compute;
   s.threads = std::max(1, threads);
+  s.fp8 = fp8;
   return s;
 }
 
@@ -96,9 +98,9 @@ int64_t cuda_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute)
 }
 
 WorkspaceDecl plan_workspace(const ModelConfig& mc, int B, int T, DType compute, int world,
-                             int threads, int64_t comm_scratch, bool on_device) {
+                             int threads, int64_t comm_scratch, bool on_device, bool fp8) {
   WorkspaceDecl w = kernel_workspace(on_device ? DeviceKind::CUDA : DeviceKind::CPU,
-                                     step_shape(mc, B, T, compute, threads));
+                                     step_shape(mc, B, T, compute, threads, fp8));
   if (world > 1 && comm_scratch > 0) {
     w.bytes += comm_scratch;
     w.what += "; the communication groups' scratch";
@@ -149,10 +151,12 @@ PlanPeak replay_peak_alloc_first(const StepPlan& plan, int64_t backward_extra,
   return r;
 }
 
-DevicePeak device_peak(const StepPlan& plan, const ModelConfig& mc, int B, int T, DType compute,
-                       int world, int threads, bool on_device, const std::vector<uint8_t>* block) {
+DevicePeak device_peak(const StepPlan& plan, const ModelConfig& mc, int B, int T,
+                       const MixedPrecisionPolicy& mp, int world, int threads, bool on_device,
+                       const std::vector<uint8_t>* block) {
   DevicePeak d;
-  d.decl = plan_workspace(mc, B, T, compute, world, threads, comm_scratch_bytes(plan), on_device);
+  d.decl = plan_workspace(mc, B, T, mp.param_dtype, world, threads, comm_scratch_bytes(plan),
+                          on_device, mp.fp8);
   bool at_backward = false;
   d.plan = replay_peak_alloc_first(plan, d.decl.backward_transient, &at_backward, block);
   d.workspace = d.decl.bytes + (at_backward ? d.decl.backward_transient : 0);
@@ -196,8 +200,8 @@ Evaluated evaluate(Wrapped& w, const PlanSetup& s, const Candidate& c, const Har
   for (const PlanUnit& u : in.units) ti.grad_shard_floats += u.padded / in.S;
   const StepPlan plan = plan_step(in);
   const DevicePeak pk = device_peak(plan, tensor_local_config(s.model, s.tensor), in.B, in.T,
-                                    ti.compute, s.world, plan_threads(s.threads, s.world),
-                                    s.on_device);
+                                    in.policy.mixed_precision, s.world,
+                                    plan_threads(s.threads, s.world), s.on_device);
   Evaluated e;
   e.c = c;
   e.workspace = pk.workspace;
@@ -420,8 +424,7 @@ PlanPrediction predict_plan(Model model, const PlanSetup& s, const HardwareProfi
   declare_calls(r.input, model);
   r.plan = plan_step(r.input);
   const DevicePeak dp = device_peak(r.plan, tensor_local_config(s.model, s.tensor),
-                                    s.micro_batch, s.model.seq_len,
-                                    policy.mixed_precision.param_dtype, s.world,
+                                    s.micro_batch, s.model.seq_len, policy.mixed_precision, s.world,
                                     plan_threads(s.threads, s.world), s.on_device);
   r.peak = dp.plan;
   r.workspace = dp.workspace;

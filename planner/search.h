@@ -23,17 +23,19 @@ int64_t parse_budget(const std::string& text, const std::string& what);
 
 // The shapes of a training step of `mc` at B x T in `compute` precision, as the backends'
 // workspace declarations take them (kernels/ops.h StepShape; a Llama's d_ff 0 resolved as the
-// model resolves it); threads: the CPU backend's OpenMP threads per rank.
-StepShape step_shape(const ModelConfig& mc, int B, int T, DType compute, int threads = 1);
+// model resolves it); threads: the CPU backend's OpenMP threads per rank; fp8: the blocks'
+// linears in fp8 (MixedPrecisionPolicy::fp8).
+StepShape step_shape(const ModelConfig& mc, int B, int T, DType compute, int threads = 1,
+                     bool fp8 = false);
 // The threads per rank a run of `world` ranks on this machine uses for a config's `threads`
 // (0: the cores shared among the ranks; kernels/threads.h threads_for).
 int plan_threads(int threads, int world);
 // Memory the step plan does not hold but the tracked peak counts: the kernels' own scratch, as
 // the backend that runs the step declares it (kernels/ops.h kernel_workspace: the CUDA
 // backend's where on_device, else the CPU's; the planner knows no backend's internals), plus
-// `comm_scratch` (comm_scratch_bytes of the plan, counted when world > 1).
+// `comm_scratch` (comm_scratch_bytes of the plan, counted when world > 1). fp8: as step_shape.
 WorkspaceDecl plan_workspace(const ModelConfig& mc, int B, int T, DType compute, int world,
-                             int threads, int64_t comm_scratch, bool on_device);
+                             int threads, int64_t comm_scratch, bool on_device, bool fp8 = false);
 // The CUDA backend's declaration alone for this model (kernel_workspace(DeviceKind::CUDA, ...)).
 int64_t cuda_workspace_bytes(const ModelConfig& mc, int B, int T, DType compute);
 // What the MPI groups' scratch buffers (sharding/comm/mpi_group.cpp, grown to the largest need
@@ -97,8 +99,9 @@ struct DevicePeak {
   int64_t workspace = 0;  // of it, held at the peak
   int64_t total = 0;      // plan.total + workspace
 };
-DevicePeak device_peak(const StepPlan& plan, const ModelConfig& mc, int B, int T, DType compute,
-                       int world, int threads, bool on_device,
+// mp: the products' precision (param_dtype) and whether the linears are fp8.
+DevicePeak device_peak(const StepPlan& plan, const ModelConfig& mc, int B, int T,
+                       const MixedPrecisionPolicy& mp, int world, int threads, bool on_device,
                        const std::vector<uint8_t>* block = nullptr);
 
 // The process's resident set a rank reaches (its peak RSS, what metrics.jsonl reports as

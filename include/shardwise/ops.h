@@ -499,6 +499,7 @@ struct StepShape {
   bool llama = false;  ///< Llama blocks (RMSNorm, SwiGLU, RoPE, grouped kv heads); else GPT-2
   DType compute = DType::F32;  ///< the matrix products' precision (param_dtype)
   int threads = 1;             ///< the CPU backend's OpenMP threads per rank (kernels/threads.h)
+  bool fp8 = false;  ///< the blocks' linears in fp8 (kernels/fp8_ops.h Fp8Ops; compute BF16)
 };
 /// What a backend declares: `bytes` its kernels keep through the step (grow-only scratch, after
 /// the first step), `backward_transient` more that a block's backward holds only while one of

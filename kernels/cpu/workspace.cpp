@@ -8,7 +8,8 @@
 // tile scratch once per OpenMP thread. Grouped attention's expanded K and V live only inside
 // its backward call: a transient (WorkspaceDecl::backward_transient).
 // In 16-bit compute the products' scratch depends on the path gemm_lowp takes on this machine
-// (cpu_kernels.h LowpPath), which this asks for as the products do.
+// (cpu_kernels.h LowpPath), which this asks for as the products do. With fp8 linears
+// (StepShape::fp8) the blocks' products are fp8.cpp's instead (fp8_scratch below).
 #include <algorithm>
 #include <cstdint>
 
@@ -23,6 +24,19 @@ namespace {
 int64_t floats(int64_t n) { return 4 * std::max<int64_t>(n, 1); }
 // n 16-bit values in a float buffer (gemm_onednn.cpp's workspace: (n + 1) / 2 floats).
 int64_t halves(int64_t n) { return floats((n + 1) / 2); }
+
+// The fp8 linears (kernels/fp8_ops.cpp Fp8Ops over fp8.cpp's primitives) of the blocks' four
+// products, N rows each: inputs of C_in <= in columns, outputs of OC <= oc, weights of OC x C_in
+// <= wmax values. fp8.cpp keeps per slot the largest a call asked for, a quantised value in
+// 2 bytes: 0 x (forward) or dout (dinp), 1 w or w^T, 2 dout^T (dW), 3 x^T (dW), 5 the scale
+// pairs (12 floats; slot 4 unused); its gemm an fp32 result before the scales (N x OC forward,
+// N x C_in dinp, OC x C_in dW), and without AVX-512 the operands widened for sgemm.
+int64_t fp8_scratch(int64_t N, int64_t in, int64_t oc, int64_t wmax) {
+  int64_t b = halves(N * std::max(in, oc)) + halves(wmax) + halves(N * oc) + halves(N * in) +
+              floats(12) + floats(std::max({N * oc, N * in, wmax}));
+  if (!cpu_has_avx512()) b += floats(N * std::max(in, oc)) + floats(std::max(wmax, N * in));
+  return b;
+}
 }  // namespace
 
 WorkspaceDecl declared_workspace(const StepShape& s) {
@@ -65,11 +79,33 @@ WorkspaceDecl declared_workspace(const StepShape& s) {
   const int64_t Fo = s.llama ? 2 * F : F;  // the widest product output of a block
   const int64_t att_out = attention_bf16_writes16(s.compute, int(H), int(KVH), false) ? 0 : C;
   const int64_t att_dqkv = attention_bf16_writes16(s.compute, int(H), int(KVH), true) ? 0 : QKV;
-  const int64_t widest = lowp_onednn(s.compute) ? std::max(att_out, att_dqkv)
-                                                : std::max({C, Fo, QKV});  // (the Llama's qkv)
+  const int64_t widest = lowp_onednn(s.compute) || s.fp8 ? std::max(att_out, att_dqkv)
+                                                         : std::max({C, Fo, QKV});  // (Llama's qkv)
   if (widest > 0) d.bytes += floats(N * widest);
   const LowpPath path = lowp_auto_path(s.compute);
   const bool tuned = lowp_per_shape(s.compute);
+  if (s.fp8) {
+    // FP8 linears: the blocks' products are fp8.cpp's (fp8_scratch); the LM head's stay bf16.
+    d.bytes += fp8_scratch(N, std::max(C, F), std::max({QKV, C, Fo}), C * std::max({QKV, F, Fo}));
+    d.what += ", fp8 copies of the linears' operands and their fp32 results";
+    if (lowp_onednn(s.compute)) {
+      d.bytes += halves(N * C) + halves(chunk * V);  // the LM head's x and dlogits in bf16
+    } else if (path == LowpPath::Emulated) {
+      d.bytes += floats(V * C) + floats(N * C);  // the LM head's w and x rounded
+    } else if (tuned) {  // the LM head's products, per shape on oneDNN's bf16 copies
+      d.bytes += halves(chunk * std::max(C, V)) + halves(std::max(V * C, chunk * C));
+    }
+    if (s.llama) return d;
+    // GPT-2's biases: Fp8Ops takes db from the bf16 Ops (a db-only linear_backward), whose
+    // 16-bit operands are widened first (gemm_bf16.cpp widened16): dout (dfch, dqkv) and,
+    // emulated, only those calls' x (N x C), else every x; the weights (16-bit only: the units
+    // keep them so for oneDNN, MixedPrecisionPolicy::weights16).
+    d.bytes += floats(N * std::max(F, QKV)) +
+               floats(N * (path == LowpPath::Emulated ? C : std::max(C, F)));
+    if (lowp_onednn(s.compute)) d.bytes += floats(C * std::max(QKV, F));
+    d.what += ", the bias gradients' widened operands";
+    return d;
+  }
   // The largest first and second operand of a product: forward x w^T (x: N x C or N x F; w:
   // QKV x C, C x C, Fo x C, C x F), backward dout w and dout^T x (dout: N x QKV, N x C,
   // N x Fo), the LM head's x w^T, dlogits w, dlogits^T x (x: chunk x C; w: V x C; dlogits:
