@@ -2,10 +2,11 @@
 # `shardwise plan --json`'s device peak (tiers.device.peak_bytes: the plan's peak and the
 # kernel workspace the CPU backend declares) against the tracked peak a run of the config
 # reaches (metrics.jsonl's peak_mem_bytes over its steps), on small GPT-2 and Llama configs in
-# fp32, bf16, fp16 and fp8 (bf16 with fp8 linears, the current recipe), at 1 or 2 OpenMP
-# threads: within max(8 KiB, 0.2%). Small models are where kernel scratch the plan misses shows
-# (before it was declared: the CPU attention's per-thread tiles, its norm partials and RoPE
-# table, the step's loss sums, 2-5% of these; the fp8 linears' quantised copies).
+# fp32, bf16, fp16 and fp8 (bf16 with fp8 linears, the current recipe; fp8ag: with the fp8
+# all-gather), at 1 or 2 OpenMP threads: within max(8 KiB, 0.2%). Small models are where kernel
+# scratch the plan misses shows (before it was declared: the CPU attention's per-thread tiles,
+# its norm partials and RoPE table, the step's loss sums, 2-5% of these; the fp8 linears'
+# quantised copies).
 # Prints the table. The 2-rank set runs under mpirun (label mpi).
 # Usage: plan_vs_measured.sh SHARDWISE RANKS MPIEXEC [mpirun flags...]
 set -u
@@ -27,7 +28,8 @@ else
          llama_bf16_2 llama 256 4 8 4 2048 64  4 bf16 1 3
          gpt2_bf16_z2 gpt2  192 3 6 0 1024 128 2 bf16 1 2
          gpt2_fp8_2   gpt2  128 2 4 0 512  128 2 fp8  1 3
-         llama_fp8_2  llama 128 2 4 2 512  64  4 fp8  1 2"
+         llama_fp8_2  llama 128 2 4 2 512  64  4 fp8  1 2
+         gpt2_fp8ag_2 gpt2  128 2 4 0 512  128 2 fp8ag 1 3"
 fi
 printf "%-13s %6s %12s %12s %12s %12s %9s\n" config ranks plan_peak kernel_ws planned measured diff
 bad=0
@@ -39,6 +41,7 @@ while read -r name type d layers heads kv vocab T mb prec threads stage; do
   [ "$prec" = bf16 ] && mp=', "bf16": {"enabled": true}'
   [ "$prec" = fp16 ] && mp=', "fp16": {"enabled": true}'
   [ "$prec" = fp8 ] && mp=', "bf16": {"enabled": true}, "fp8": {"enabled": true}'
+  [ "$prec" = fp8ag ] && mp=', "bf16": {"enabled": true}, "fp8": {"enabled": true, "all_gather": true}'
   cat >"$work/$name.json" <<EOF
 {"model": {"type": "$type", "vocab_size": $vocab, "n_layer": $layers, "n_head": $heads,
            "d_model": $d, "seq_len": $T$kvkey},
