@@ -566,9 +566,9 @@ Node fp8_block() {
                       "`all_gather` implies it)"),
               [](const TrainConfig& c) { return json(c.sharding.mixed_precision.fp8_pow2); }),
        writes(boolean("all_gather", false,
-                      "FSDP gathers the products' weights as E4M3 bytes with one power-of-two "
-                      "scale per tensor, other parameters bf16 (about half the bytes); needs "
-                      "`current` and a sharded strategy on the CPU"),
+                      "sharded units gather their Linear weights as E4M3 bytes with one "
+                      "power-of-two scale per tensor, other parameters bf16 (about half the "
+                      "bytes; the same steps bit for bit); needs `current`; CPU only for now"),
               [](const TrainConfig& c) {
                 return json(c.sharding.mixed_precision.fp8_all_gather);
               }),

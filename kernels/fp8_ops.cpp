@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "core/error.h"
 
@@ -157,13 +158,19 @@ void Fp8Ops::linear_backward(GradIn dinp, GradOut dw, GradOut db, Operand dout, 
   const void* wkey = w.f32 ? static_cast<const void*>(w.f32) : w.lp;
   float* s = static_cast<float*>(k_.scratch(5, 12 * sizeof(float)));  // {sd | sw | sx} pairs + amax
   scale_of(s, 2, Fp8Format::E5M2, dout, size_t(N) * OC, wkey, C, OC, true);
+  // A product's operands in scratch slots (slot, slot + 1): dout in E5M2 (transposed or not)
+  // and t (rows x cols, tensor `role` of the site, its scale at st) in E4M3, transposed.
+  auto operands = [&](int slot, bool dout_t, int role, Operand t, int rows, int cols, float* st) {
+    void* dq = k_.scratch(slot, eb * size_t(N) * OC);
+    void* tq = k_.scratch(slot + 1, eb * size_t(rows) * cols);
+    scale_of(st, role, Fp8Format::E4M3, t, size_t(rows) * cols, wkey, C, OC, false);
+    k_.quantize(dq, Fp8Format::E5M2, s, dout, N, OC, dout_t);
+    k_.quantize(tq, Fp8Format::E4M3, st, t, rows, cols, true);
+    return std::pair<void*, void*>{dq, tq};
+  };
   if (dinp) {
     // dinp(N, C) = dout(N, OC) W(OC, C): K = OC, so W goes K-major as W^T (C, OC).
-    void* dq = k_.scratch(0, eb * size_t(N) * OC);
-    void* wqt = k_.scratch(1, eb * size_t(C) * OC);
-    scale_of(s + 4, 1, Fp8Format::E4M3, w, size_t(OC) * C, wkey, C, OC, false);
-    k_.quantize(dq, Fp8Format::E5M2, s, dout, N, OC, false);
-    k_.quantize(wqt, Fp8Format::E4M3, s + 4, w, OC, C, true);
+    const auto [dq, wqt] = operands(0, false, 1, w, OC, C, s + 4);
     if (dinp.f32) {
       k_.gemm(N, C, OC, dq, Fp8Format::E5M2, s, wqt, Fp8Format::E4M3, s + 4, nullptr,
               dinp.write ? nullptr : dinp.f32, dinp.write ? 0.f : 1.f, Out(dinp.f32));
@@ -175,11 +182,7 @@ void Fp8Ops::linear_backward(GradIn dinp, GradOut dw, GradOut db, Operand dout, 
   }
   if (dw) {
     // dW(OC, C) = dout^T(OC, N) x(N, C): K = N, both transposed to K-major.
-    void* dqt = k_.scratch(2, eb * size_t(OC) * N);
-    void* xqt = k_.scratch(3, eb * size_t(C) * N);
-    scale_of(s + 8, 0, Fp8Format::E4M3, inp, size_t(N) * C, wkey, C, OC, false);
-    k_.quantize(dqt, Fp8Format::E5M2, s, dout, N, OC, true);
-    k_.quantize(xqt, Fp8Format::E4M3, s + 8, inp, N, C, true);
+    const auto [dqt, xqt] = operands(2, true, 0, inp, N, C, s + 8);
     k_.gemm(OC, C, N, dqt, Fp8Format::E5M2, s, xqt, Fp8Format::E4M3, s + 8, nullptr,
             dw.write ? nullptr : dw.p, dw.beta(), Out(dw.p));
   }

@@ -28,12 +28,15 @@
 // is a bf16 value) and multiplies with the oneDNN bf16 GEMM: products of fp8 values are exact in
 // fp32, so it emulates an fp8 GEMM with fp32 accumulation up to the summation order. CUDA
 // (kernels/cuda/fp8.cu): one byte a value and cuBLASLt's fp8 matmul. The quantised copies are
-// backend scratch (Mem::Workspace) that the backends' workspace declarations do not count.
+// backend scratch (Mem::Workspace): the CPU's workspace declaration counts them
+// (kernels/cpu/workspace.cpp, StepShape::fp8); CUDA's does not yet.
 //
 // The LM head (lmhead_xent), attention and the norms stay in the wrapped Ops' bf16 / fp32. The
 // inference path's last-position logits, which the models compute with linear_forward, go fp8:
 // this decorator cannot tell that call from a block's product (a B-row product sampling reads).
-// No fp8 all-gather: units gather their bf16 weights as before.
+// fp8.all_gather (sharding/unit_state.h): sharded units gather their Linear weights as E4M3
+// bytes with power-of-two per-tensor scales (the recipe's pow2, which makes the quantisation
+// here reproduce those bytes exactly); this decorator still quantises every weight it is given.
 #pragma once
 #include <cmath>
 #include <cstdint>

@@ -73,6 +73,22 @@ TEST_CASE("fp8: config errors name the file and key") {
   CHECK_THROWS_WITH(
       config("e6", {"bf16.enabled=true", "fp8.recipe=\"delayed\"", "fp8.amax_history=0"}),
       Contains("fp8.amax_history"));
+  CHECK_THROWS_WITH(config("e7", {"bf16.enabled=true", "fp8.all_gather=true"}),
+                    Contains("mp.json: fp8.all_gather: needs \"enabled\": true"));
+  CHECK_THROWS_WITH(config("e8", {"bf16.enabled=true", "fp8.enabled=true", "fp8.all_gather=true",
+                                  "fp8.recipe=\"delayed\""}),
+                    Contains("mp.json: fp8.all_gather: needs \"recipe\": \"current\""));
+  CHECK_THROWS_WITH(config("e9", {"bf16.enabled=true", "fp8.enabled=true", "fp8.all_gather=1"}),
+                    Contains("fp8.all_gather"));
+  const TrainConfig ag = config("ag", {"bf16.enabled=true", "fp8.enabled=true",
+                                       "fp8.all_gather=true"});
+  CHECK(ag.sharding.mixed_precision.fp8_all_gather);
+  CHECK(ag.sharding.mixed_precision.fp8_pow2_scales());
+  CHECK(!ag.sharding.mixed_precision.fp8_pow2);
+  const TrainConfig p2 = config("p2", {"bf16.enabled=true", "fp8.enabled=true",
+                                       "fp8.round_scales_to_power_of_2=true"});
+  CHECK(p2.sharding.mixed_precision.fp8_pow2);
+  CHECK(!p2.sharding.mixed_precision.fp8_all_gather);
   const TrainConfig ok = config("ok", {"bf16.enabled=true", "fp8.enabled=true",
                                        "fp8.recipe=\"delayed\"", "fp8.amax_history=4"});
   CHECK(ok.sharding.mixed_precision.fp8_delayed);
