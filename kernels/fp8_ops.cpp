@@ -7,6 +7,7 @@
 #include <limits>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/error.h"
 
@@ -62,6 +63,29 @@ float fp8_e4m3_value(uint8_t b) {
   if (e == 15 && m == 7) return std::numeric_limits<float>::quiet_NaN();
   if (e == 0) return sign * std::ldexp(float(m), -9);
   return sign * std::ldexp(float(8 + m), e - 7 - 3);
+}
+
+void fp8_e4m3_encode_bf16(const float* x, int64_t n, float scale, uint8_t* q) {
+  int k = 0;
+  if (!(scale > 0.f) || std::frexp(scale, &k) != 0.5f)
+    fail("kernels", "fp8 encode: the scale " + std::to_string(scale) + " is not a power of two");
+  // fp8_e4m3_bits of bf16(x) * scale without branches (the loop vectorises): the product is
+  // exact (a power of two; an fp32 underflow or overflow lands on 0 or saturation alike).
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t ux = std::bit_cast<uint32_t>(x[i]);
+    const uint32_t bx = (ux + 0x7fffu + ((ux >> 16) & 1u)) & 0xffff0000u;  // bf16 (NaN: below)
+    const uint32_t u = std::bit_cast<uint32_t>(std::bit_cast<float>(bx) * scale);
+    const uint32_t sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+    const uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u);  // normal: 3 mantissa bits, even
+    const uint32_t normal = (((r >> 23) - 120u) << 3) | ((r >> 20) & 7u);
+    // subnormal: multiples of 2^-9 counted as ulps of 16384 + |v| (ulp 2^-9)
+    const uint32_t sub =
+        std::bit_cast<uint32_t>(std::bit_cast<float>(a) + 16384.f) - 0x46800000u;
+    uint32_t b = a >= 0x3c800000u ? normal : sub;
+    b = a >= 0x43e00000u ? 0x7eu : b;                      // >= 448, inf: saturated
+    b = (ux & 0x7fffffffu) > 0x7f800000u ? 0x7fu : b;      // NaN
+    q[i] = static_cast<uint8_t>(sign | b);
+  }
 }
 
 namespace {

@@ -270,20 +270,23 @@ void FlatUnit::build_fp8_gather() {
 void FlatUnit::issue_fp8_gather() {
   const int64_t Sh = layout_.shard_size(), lo = rank_ * Sh;
   const std::vector<Fp8Seg>& segs = f8_segs_[static_cast<size_t>(rank_)];
-  // Each tensor's amax over this slice, then over the shard group (NaNs skipped, as the fp8
-  // products' amax skips them); the amax of the bf16 values is the bf16 rounding of it.
-  std::vector<float> am(f8_tensors_.size(), 0.f), all(am.size(), 0.f);
-  for (const Fp8Seg& g : segs) {
-    if (g.tensor < 0) continue;
-    float m = am[static_cast<size_t>(g.tensor)];
-    for (const float* x = master_ + (g.lo - lo), *e = x + (g.hi - g.lo); x < e; ++x)
-      m = std::fmax(m, std::fabs(*x));
-    am[static_cast<size_t>(g.tensor)] = m;
+  if (!f8_fresh_) {
+    // Each tensor's amax over this slice, then over the shard group (NaNs skipped, as the fp8
+    // products' amax skips them); the amax of the bf16 values is the bf16 rounding of it.
+    std::vector<float> am(f8_tensors_.size(), 0.f), all(am.size(), 0.f);
+    for (const Fp8Seg& g : segs) {
+      if (g.tensor < 0) continue;
+      float m = am[static_cast<size_t>(g.tensor)];
+      for (const float* x = master_ + (g.lo - lo), *e = x + (g.hi - g.lo); x < e; ++x)
+        m = std::fmax(m, std::fabs(*x));
+      am[static_cast<size_t>(g.tensor)] = m;
+    }
+    shard_->all_reduce(am.data(), all.data(), static_cast<int64_t>(am.size()), ReduceOp::Max);
+    f8_scale_.resize(all.size());
+    for (size_t t = 0; t < all.size(); ++t)
+      f8_scale_[t] = fp8_scale(bf16_to_f32(f32_to_bf16(all[t])), Fp8Format::E4M3, true);
+    f8_fresh_ = true;
   }
-  shard_->all_reduce(am.data(), all.data(), static_cast<int64_t>(am.size()), ReduceOp::Max);
-  f8_scale_.resize(all.size());
-  for (size_t t = 0; t < all.size(); ++t)
-    f8_scale_[t] = fp8_scale(bf16_to_f32(f32_to_bf16(all[t])), Fp8Format::E4M3, true);
   uint8_t* wire = reinterpret_cast<uint8_t*>(full16_);
   uint8_t* mine = wire + rank_ * f8_slot_;
   for (const Fp8Seg& g : segs) {
@@ -294,8 +297,7 @@ void FlatUnit::issue_fp8_gather() {
       continue;
     }
     const float sc = g.tensor >= 0 ? f8_scale_[static_cast<size_t>(g.tensor)] : 1.f;
-    uint8_t* q = mine + g.pos;
-    for (int64_t i = 0; i < n; ++i) q[i] = fp8_e4m3_bits(bf16_to_f32(f32_to_bf16(x[i])) * sc);
+    fp8_e4m3_encode_bf16(x, n, sc, mine + g.pos);
   }
   // in place: each rank's slot at rank * slot of the 16-bit copy (bytes as bf16 pairs)
   gather_ = shard_->issue_all_gather(mine, wire, f8_slot_ / 2, DType::BF16);

@@ -270,7 +270,8 @@ class FlatUnit {
   // ---- Views -------------------------------------------------------------------------------
   // (shard) fp32 master; on the host (offload_param cpu on a device) after any upload of it
   // in flight has completed, so the caller may write it.
-  float* master() const { return settle(), wait_upload(), master_; }
+  // (Hands out a writable master: an fp8 gather's scales are taken again after it.)
+  float* master() const { return settle(), wait_upload(), f8_fresh_ = false, master_; }
   // The last upload from the host (null when done and waited for, or none): what an NVMe
   // staging slot it read must not be refilled before.
   std::shared_ptr<Event> upload_event() const { return up_; }
@@ -311,7 +312,7 @@ class FlatUnit {
   // export access). grads_zero(): the reduced gradients are all zero (nothing accumulated
   // since zero_grads), so the file's copy need not be read.
   bool params_on_nvme() const { return pnvme_; }
-  void stage_master(float* p) { settle(), master_ = p; }
+  void stage_master(float* p) { settle(), f8_fresh_ = false, master_ = p; }
   void stage_grad(float* g) { settle(), grad_shard_ = g; }
   bool grads_zero() const { return grads_zero_; }
   const std::vector<float*>& params() const { return settle(), params_; }  // per spec, into full
@@ -411,7 +412,11 @@ class FlatUnit {
   int64_t f8_slot_ = 0;                      // bytes of one rank's slot
   std::vector<std::vector<Fp8Seg>> f8_segs_;  // per rank
   std::vector<std::pair<int64_t, int64_t>> f8_tensors_;  // [lo, hi) of each 16-bit-only tensor
-  std::vector<float> f8_scale_;              // the gather in flight's scale per tensor
+  std::vector<float> f8_scale_;              // the last gather's scale per tensor
+  // f8_scale_ holds the scales of the master as it is: set by a gather, cleared by anything
+  // that hands out the master for writing (master(), stage_master): FULL_SHARD's backward
+  // gather reuses its forward's, without the amaxes' all-reduce.
+  mutable bool f8_fresh_ = false;
   void wait_upload() const;
   void upload(void* dst, const void* src, size_t bytes);
   // An update running elsewhere (set_pending_update) and what waits for it.

@@ -196,6 +196,24 @@ TEST_CASE("fp8: the E4M3 byte form is torch.float8_e4m3fn's, and power-of-two sc
     bad += std::isnan(want) ? !std::isnan(got) : to_bits(got) != to_bits(want);
   }
   CHECK(bad == 0);
+  // The gather's encoder: the same bytes as the definition for power-of-two scales, on random
+  // values of many magnitudes, specials and the fixture's inputs.
+  std::vector<float> xs = swtest::randv(4096, 11, 1.f);
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::ldexp(xs[i], int(i % 97) - 60);
+  for (float v : {0.f, -0.f, INFINITY, -INFINITY, NAN, 1e-40f, -3e38f, 448.f, 464.f, 0.0019531f})
+    xs.push_back(v);
+  for (float sc : {1.f, 0.00390625f, 32.f, 1024.f, std::ldexp(1.f, 40), std::ldexp(1.f, -100)}) {
+    std::vector<uint8_t> q(xs.size());
+    sw::fp8_e4m3_encode_bf16(xs.data(), int64_t(xs.size()), sc, q.data());
+    int wrong = 0;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const uint8_t want = sw::fp8_e4m3_bits(sw::bf16_to_f32(sw::f32_to_bf16(xs[i])) * sc);
+      wrong += std::isnan(xs[i]) ? (q[i] & 0x7F) != 0x7F : q[i] != want;
+    }
+    INFO("scale " << sc);
+    CHECK(wrong == 0);
+  }
+  CHECK_THROWS(sw::fp8_e4m3_encode_bf16(xs.data(), 1, 3.f, nullptr));
   // pow2: the largest power of two not above fp8_max / amax.
   CHECK(sw::fp8_scale(2.f, Fp8Format::E4M3, true) == 128.f);  // 224 -> 128
   CHECK(sw::fp8_scale(1.75f, Fp8Format::E4M3, true) == 256.f);  // exactly 256
