@@ -457,6 +457,14 @@ void linear_backward_lowp16(DType t, float* dinp, float* dw, float* db, const fl
                             float dinp_beta, float dw_beta, bool db_write) {
   if (t == DType::F32)
     return linear_backward(dinp, dw, db, dout, inp, w, N, C, OC, dinp_beta, dw_beta, db_write);
+  if (!dinp && !dw && db && N > 0 && OC > 0 && (dout || dout16)) {
+    // db alone (Fp8Ops's bias gradients): a column sum of dout, nothing widened
+    if (dout)
+      linear_backward(nullptr, nullptr, db, dout, nullptr, nullptr, N, C, OC, 1.f, 1.f, db_write);
+    else
+      colsum_bf16(db, dout16, N, OC, db_write);
+    return;
+  }
   if (onednn_path(t) && N > 0 && OC > 0 && C > 0 && (dinp || dw)) {
     // The 16-bit forms read in place; an fp32-only dout that feeds both products narrowed once.
     const uint16_t* d16 = dout16 ? dout16 : dinp && dw ? narrowed16(t, dout, extent(N, OC)) : nullptr;

@@ -95,15 +95,7 @@ WorkspaceDecl declared_workspace(const StepShape& s) {
     } else if (tuned) {  // the LM head's products, per shape on oneDNN's bf16 copies
       d.bytes += halves(chunk * std::max(C, V)) + halves(std::max(V * C, chunk * C));
     }
-    if (s.llama) return d;
-    // GPT-2's biases: Fp8Ops takes db from the bf16 Ops (a db-only linear_backward), whose
-    // 16-bit operands are widened first (gemm_bf16.cpp widened16): dout (dfch, dqkv) and,
-    // emulated, only those calls' x (N x C), else every x; the weights (16-bit only: the units
-    // keep them so for oneDNN, MixedPrecisionPolicy::weights16).
-    d.bytes += floats(N * std::max(F, QKV)) +
-               floats(N * (path == LowpPath::Emulated ? C : std::max(C, F)));
-    if (lowp_onednn(s.compute)) d.bytes += floats(C * std::max(QKV, F));
-    d.what += ", the bias gradients' widened operands";
+    // (GPT-2's biases: Fp8Ops takes db from the bf16 Ops, a column sum of dout: no scratch.)
     return d;
   }
   // The largest first and second operand of a product: forward x w^T (x: N x C or N x F; w:
