@@ -28,8 +28,9 @@
 // is a bf16 value) and multiplies with the oneDNN bf16 GEMM: products of fp8 values are exact in
 // fp32, so it emulates an fp8 GEMM with fp32 accumulation up to the summation order. CUDA
 // (kernels/cuda/fp8.cu): one byte a value and cuBLASLt's fp8 matmul. The quantised copies are
-// backend scratch (Mem::Workspace): the CPU's workspace declaration counts them
-// (kernels/cpu/workspace.cpp, StepShape::fp8); CUDA's does not yet.
+// backend scratch (Mem::Workspace) that the workspace declarations count (StepShape::fp8;
+// kernels/cpu/workspace.cpp exact against the tracked peak, kernels/cuda/workspace.cpp read
+// from fp8.cu, unchecked on a GPU).
 //
 // The LM head (lmhead_xent), attention and the norms stay in the wrapped Ops' bf16 / fp32. The
 // inference path's last-position logits, which the models compute with linear_forward, go fp8:

@@ -94,9 +94,22 @@ WorkspaceDecl declared_workspace(const StepShape& s) {
   // every shape): the default path then writes the fp32 product to a transient buffer of N x F
   // floats and narrows it. Not a slot (no slack), but alive at the forward's peak: the tracked
   // peaks were 127 MB (cuDNN attention) and 254 MB (cuBLAS) above the plan without it.
-  if (!llama && compute != DType::F32) {
+  if (!llama && compute != DType::F32 && !s.fp8) {
     b += 4 * N * F;
     what += ", GPT-2's fp32 fc product before narrowing";
+  }
+  if (s.fp8 && compute == DType::BF16) {
+    // FP8 linears (kernels/fp8_ops.cpp over fp8.cu): the blocks' products quantise into
+    // fp8.cu's grow-only slots, one byte a value, each kept at its largest request plus a
+    // quarter and 256 bytes: 0 x or dout, 1 w or w^T, 2 dout^T, 3 x^T, 4 (GPT-2's biased
+    // products with a 16-bit output) the fp32 product before the bias, 5 the scale pairs. Read
+    // from the code, not yet checked against a GPU's tracked peak.
+    const int64_t Fo = llama ? 2 * F : F, in = std::max(C, F), oc = std::max({qkv, C, Fo});
+    const int64_t r[6] = {N * std::max(in, oc), C * std::max({qkv, F, Fo}), N * oc, N * in,
+                          llama ? 0 : 4 * N * std::max(qkv, F), 48};
+    for (int64_t x : r)
+      if (x > 0) b += x + x / 4 + 256;
+    what += ", fp8 copies of the linears' operands";
   }
   WorkspaceDecl d;
   d.bytes = b + static_cast<int64_t>(kCublasWorkspace);
