@@ -394,7 +394,8 @@ TEST_CASE("fp8 all-gather: the fp8 rounding of the masters, bit-identical traini
   const GroupPtr g = world();
   const int W = g->size();
   auto fp8_policy = [](bool gather, ShardingStrategy st) {
-    ShardingPolicy p = ShardingPolicy::for_strategy(st);
+    ShardingPolicy p = st == ShardingStrategy::HybridShard ? hybrid_policy()
+                                                           : ShardingPolicy::for_strategy(st);
     p.mixed_precision = mp(DType::BF16, DType::BF16);
     p.mixed_precision.fp8 = true;
     p.mixed_precision.fp8_pow2 = true;
@@ -454,8 +455,10 @@ TEST_CASE("fp8 all-gather: the fp8 rounding of the masters, bit-identical traini
     CHECK(wrong == 0);
     CHECK(fp8_vals > checked / 2);  // the blocks' weights went fp8
     CHECK(coarser > fp8_vals / 2);  // and fp8 is coarser than bf16
-    // (2) bit-identical to the bf16 gather with the same recipe, FULL_SHARD and SHARD_GRAD_OP
-    for (ShardingStrategy st : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp}) {
+    // (2) bit-identical to the bf16 gather with the same recipe, FULL_SHARD, SHARD_GRAD_OP and
+    // HYBRID_SHARD (at 4 ranks: shard groups of 2, so the gather runs inside each)
+    for (ShardingStrategy st : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
+                                ShardingStrategy::HybridShard}) {
       INFO(strategy_name(st));
       for (int accum : {1, 2}) {  // (2: the gathers of several micro-steps reuse the scales)
         const RunResult a = train(g, fp8_policy(false, st), mc, 2, accum, 6);
