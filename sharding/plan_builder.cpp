@@ -281,7 +281,11 @@ int PlanBuilder::live() const {
 void PlanBuilder::issue(int u) {
   if (st_[size_t(u)] != St::Sharded) return;
   Action& a = add(ActionKind::Gather, Queue::Gather, u);
-  a.bytes = in_.units[size_t(u)].padded * static_cast<int64_t>(dtype_size(pdt()));
+  const PlanUnit& pu = in_.units[size_t(u)];
+  a.bytes = pu.padded * static_cast<int64_t>(dtype_size(pdt()));
+  // fp8.all_gather (sharding/unit_state.h): a Linear weight's value one byte, not two (the
+  // slots' rounding and the amaxes' small all-reduce left out)
+  if (in_.policy.mixed_precision.fp8_all_gather && pdt() == DType::BF16) a.bytes -= pu.linear;
   a.mem[kComm] = params_bytes(u);
   st_[size_t(u)] = St::InFlight;
   gather_at_[size_t(u)] = last_index();

@@ -90,6 +90,7 @@ PlanInput make_plan_input(const Model& model, const ShardingPolicy& policy, int 
     const FlatLayout L = FlatLayout::build(model.units[u]->params(), in.S);
     pu.padded = L.padded;
     pu.lp_only = L.lp_only();
+    for (const ParamSpec& ps : L.specs) pu.linear += ps.linear ? numel(ps.shape) : 0;
     for (const auto& r : L.replicated_runs()) pu.tp_replicated += r.second - r.first;
     pu.selective = model.units[u]->selective_recompute();
     pu.optimizer_offloaded =

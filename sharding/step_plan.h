@@ -127,6 +127,8 @@ struct PlanUnit {
   // Floats of it in 16-bit-only runs (FlatLayout::lp_only: ParamSpec::products_only), which
   // have no fp32 compute copy where units keep the 16-bit one (MixedPrecisionPolicy::weights16)
   int64_t lp_only = 0;
+  // Floats of its Linear weights (ParamSpec::linear): what fp8.all_gather moves at one byte.
+  int64_t linear = 0;
   int first_pos = -1, last_pos = -1;  // its first and last schedule positions (-1: not run)
   int bucket = -1;                    // NO_SHARD with replicas: its gradient bucket
   bool selective = false;  // Unit::selective_recompute(): Selective is not turned into Full

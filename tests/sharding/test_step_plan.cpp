@@ -115,6 +115,32 @@ TEST_CASE("FULL_SHARD plan: gathers and frees of a tiny GPT-2, by hand", "[plan]
   replay(p, true);
 }
 
+TEST_CASE("fp8.all_gather plans a Linear weight's value at one byte", "[plan]") {
+  Model m = build_model(tiny("gpt2", 2));
+  ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+  pol.mixed_precision.param_dtype = pol.mixed_precision.reduce_dtype = DType::BF16;
+  pol.mixed_precision.fp8 = true;
+  const StepPlan bf16 = plan_step(input(m, pol, 2));
+  pol.mixed_precision.fp8_all_gather = true;
+  const StepPlan fp8 = plan_step(input(m, pol, 2));
+  REQUIRE(bf16.actions.size() == fp8.actions.size());  // the same plan, fewer bytes
+  int blocks = 0;
+  for (size_t i = 0; i < fp8.actions.size(); ++i) {
+    const Action& a = fp8.actions[i];
+    CHECK(a.kind == bf16.actions[i].kind);
+    if (a.kind != ActionKind::Gather) {
+      CHECK(a.bytes == bf16.actions[i].bytes);
+      continue;
+    }
+    int64_t linear = 0;
+    for (const ParamSpec& ps : m.units[size_t(a.unit)]->params())
+      linear += ps.linear ? numel(ps.shape) : 0;
+    CHECK(a.bytes == bf16.actions[i].bytes - linear);
+    blocks += linear > 0;
+  }
+  CHECK(blocks >= 4);  // h.0 and h.1, gathered for forward and for backward
+}
+
 TEST_CASE("SHARD_GRAD_OP plan keeps forward's parameters until backward", "[plan]") {
   Model m = build_model(tiny("llama", 2));  // embed, h.0, h.1, head
   ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::ShardGradOp);
