@@ -415,7 +415,11 @@ class FlatUnit {
   std::vector<float> f8_scale_;              // the last gather's scale per tensor
   // f8_scale_ holds the scales of the master as it is: set by a gather, cleared by anything
   // that hands out the master for writing (master(), stage_master): FULL_SHARD's backward
-  // gather reuses its forward's, without the amaxes' all-reduce.
+  // gather reuses its forward's, without the amaxes' all-reduce (8% of a step of 2 ranks on
+  // one host). Whether a gather runs that all-reduce must be the same on every rank of the
+  // shard group, so those calls must be too: today every caller is a collective or a step
+  // every rank takes (an update, a checkpoint read or write, an import, DiLoCo's outer step,
+  // an NVMe staging); SHARDWISE_COMM_DEBUG=1 reports a rank that breaks this.
   mutable bool f8_fresh_ = false;
   void wait_upload() const;
   void upload(void* dst, const void* src, size_t bytes);
