@@ -39,23 +39,24 @@ float round_fp8(float v, Fp8Format f) {
   return std::copysign(r, v);
 }
 
-uint8_t fp8_e4m3_bits(float v) {
-  uint32_t u = std::bit_cast<uint32_t>(v);
-  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
-  u &= 0x7fffffffu;
-  if (u > 0x7f800000u) return sign | 0x7f;               // NaN
-  if (u >= 0x43e00000u) return sign | 0x7e;              // >= 448 (inf too): saturated to 448
-  if (u >= 0x3c800000u) {                                // >= 2^-6: normal
-    u += 0x7ffffu + ((u >> 20) & 1u);                    // nearest even on 3 mantissa bits
-    const uint32_t e = (u >> 23) - 127 + 7, m = (u >> 20) & 7u;  // (448 at most: e 15, m 6)
-    return static_cast<uint8_t>(sign | (e << 3) | m);
-  }
-  // Subnormal: multiples of 2^-9, rounded to nearest even by fp32's addition (2^-9 * 2^23 has
-  // a unit in the last place of 2^-9); 8 of them is the smallest normal, whose byte is 0x08.
-  volatile float t = std::bit_cast<float>(u) + 16384.f;  // 2^14: ulp 2^-9
-  const uint32_t m = static_cast<uint32_t>((t - 16384.f) * 512.f);
-  return static_cast<uint8_t>(sign | m);
+namespace {
+// The E4M3 byte of round_fp8(v, E4M3), without branches (so that a loop of it vectorises): the
+// normal range rounded to 3 mantissa bits (nearest even), the subnormals as multiples of 2^-9
+// counted in units in the last place of 16384 + |v| (2^-9: fp32's addition rounds to nearest
+// even), 8 of them the smallest normal (byte 0x08); >= 448 and inf saturated, NaN 0x7f.
+inline uint8_t e4m3_byte(float v) {
+  const uint32_t u = std::bit_cast<uint32_t>(v), sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+  const uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u);
+  const uint32_t normal = (((r >> 23) - 120u) << 3) | ((r >> 20) & 7u);  // e - 127 + 7, m
+  const uint32_t sub = std::bit_cast<uint32_t>(std::bit_cast<float>(a) + 16384.f) - 0x46800000u;
+  uint32_t b = a >= 0x3c800000u ? normal : sub;  // >= 2^-6: normal
+  b = a >= 0x43e00000u ? 0x7eu : b;
+  b = a > 0x7f800000u ? 0x7fu : b;
+  return static_cast<uint8_t>(sign | b);
 }
+}  // namespace
+
+uint8_t fp8_e4m3_bits(float v) { return e4m3_byte(v); }
 
 float fp8_e4m3_value(uint8_t b) {
   const float sign = (b & 0x80) ? -1.f : 1.f;
@@ -69,22 +70,14 @@ void fp8_e4m3_encode_bf16(const float* x, int64_t n, float scale, uint8_t* q) {
   int k = 0;
   if (!(scale > 0.f) || std::frexp(scale, &k) != 0.5f)
     fail("kernels", "fp8 encode: the scale " + std::to_string(scale) + " is not a power of two");
-  // fp8_e4m3_bits of bf16(x) * scale without branches (the loop vectorises): the product is
-  // exact (a power of two; an fp32 underflow or overflow lands on 0 or saturation alike).
+  // bf16(x) * scale is exact (a power of two; an fp32 underflow or overflow lands on 0 or
+  // saturation alike); the bf16 rounding keeps a NaN one.
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t ux = std::bit_cast<uint32_t>(x[i]);
-    const uint32_t bx = (ux + 0x7fffu + ((ux >> 16) & 1u)) & 0xffff0000u;  // bf16 (NaN: below)
-    const uint32_t u = std::bit_cast<uint32_t>(std::bit_cast<float>(bx) * scale);
-    const uint32_t sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
-    const uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u);  // normal: 3 mantissa bits, even
-    const uint32_t normal = (((r >> 23) - 120u) << 3) | ((r >> 20) & 7u);
-    // subnormal: multiples of 2^-9 counted as ulps of 16384 + |v| (ulp 2^-9)
-    const uint32_t sub =
-        std::bit_cast<uint32_t>(std::bit_cast<float>(a) + 16384.f) - 0x46800000u;
-    uint32_t b = a >= 0x3c800000u ? normal : sub;
-    b = a >= 0x43e00000u ? 0x7eu : b;                      // >= 448, inf: saturated
-    b = (ux & 0x7fffffffu) > 0x7f800000u ? 0x7fu : b;      // NaN
-    q[i] = static_cast<uint8_t>(sign | b);
+    const uint32_t bx = (ux & 0x7fffffffu) > 0x7f800000u
+                            ? (ux | 0x400000u) & 0xffff0000u
+                            : (ux + 0x7fffu + ((ux >> 16) & 1u)) & 0xffff0000u;
+    q[i] = e4m3_byte(std::bit_cast<float>(bx) * scale);
   }
 }
 

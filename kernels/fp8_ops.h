@@ -81,7 +81,7 @@ uint8_t fp8_e4m3_bits(float v);
 /// The value of an E4M3 byte (exact in fp32; 0x7F and 0xFF: NaN).
 float fp8_e4m3_value(uint8_t b);
 /// q[i] = fp8_e4m3_bits(bf16(x[i]) * scale) for n values, scale a power of two (fp8_scale's
-/// pow2; sw::Error otherwise): the bf16 rounding's bits with the exponent moved, looked up.
+/// pow2; sw::Error otherwise), in one branch-free loop.
 void fp8_e4m3_encode_bf16(const float* x, int64_t n, float scale, uint8_t* q);
 
 /// The fp8 block of the config (engine/config_schema.cpp "fp8").

@@ -301,11 +301,9 @@ void FlatUnit::issue_fp8_gather() {
   }
   // in place: each rank's slot at rank * slot of the 16-bit copy (bytes as bf16 pairs)
   gather_ = shard_->issue_all_gather(mine, wire, f8_slot_ / 2, DType::BF16);
-  f8_in_flight_ = true;
 }
 
 void FlatUnit::finish_fp8_gather() {
-  f8_in_flight_ = false;
   const uint8_t* wire = reinterpret_cast<const uint8_t*>(full16_);
   const int S = shard_->size();
   // 1. every slot's bf16 values widened into the fp32 buffer (before any byte is overwritten)
@@ -412,7 +410,7 @@ void FlatUnit::finish_gather() {
   ops_->stream().wait_event(gather_);
   gather_in_flight_ = false;
   sstate_ = ShardedState::Unsharded;
-  if (f8_in_flight_) return finish_fp8_gather();
+  if (f8_) return finish_fp8_gather();  // (a Sharded unit's: its gathers are all fp8)
   if (!qwire_.empty()) {  // quantised: every rank's slot dequantised, the own one included
     finish_quantized_all_gather(*shard_, qwire_, layout_.shard_size(), qspec_, full_,
                                 qranks_.data());

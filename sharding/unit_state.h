@@ -407,8 +407,7 @@ class FlatUnit {
     int64_t lo = 0, hi = 0, pos = 0, f32 = -1;
     int tensor = -1;
   };
-  bool f8_ = false;                          // this unit gathers fp8
-  bool f8_in_flight_ = false;
+  bool f8_ = false;                          // this unit gathers fp8 (every gather it issues)
   int64_t f8_slot_ = 0;                      // bytes of one rank's slot
   std::vector<std::vector<Fp8Seg>> f8_segs_;  // per rank
   std::vector<std::pair<int64_t, int64_t>> f8_tensors_;  // [lo, hi) of each 16-bit-only tensor
