@@ -122,6 +122,18 @@ void gemm_bf16_avx512(bool ta, bool tb, int M, int N, int K, float alpha, const 
 void gemm_lowp_fma_avx512(bool f16, bool ta, bool tb, int M, int N, int K, float alpha,
                           const float* A, int lda, const float* B, int ldb, float beta, float* C,
                           int ldc);
+// gemm_bf16_tn.cpp (AVX512-BF16 only): C(fp32, M x N) = alpha * A^T B + beta * C with A
+// (K x M) and B (K x N) bf16, row-major with row strides lda / ldb: the weight gradient
+// dout^T x on 16-bit operands. Bit-identical across runs and thread counts.
+void gemm_bf16_tn16_avx512(int M, int N, int K, float alpha, const uint16_t* A, int lda,
+                           const uint16_t* B, int ldb, float beta, float* C, int ldc);
+// The same file: C (M x N) = alpha * A op(B) + bias + beta * C with A (M x K) bf16 row-major
+// read in place, B bf16 (K x N, or N x K when tb), an optional fp32 bias row, and either an
+// fp32 C or a bf16 C16 (beta 0; rounded as f32_to_bf16). Returns false, doing nothing, where
+// it does not apply (K, lda odd or A not 4-byte aligned; tb with ldb odd; C16 with K > 2048).
+bool gemm_bf16_n16_avx512(bool tb, int M, int N, int K, float alpha, const uint16_t* A, int lda,
+                          const uint16_t* B, int ldb, float beta, float* C, int ldc,
+                          const float* bias, uint16_t* C16);
 // dst(rows, cols), dense bf16 = f32_to_bf16(src(rows, cols; row stride ld)), bit for bit, on
 // the calling thread (AVX-512F/BW; call only where the CPU has those).
 void to_bf16_rows(uint16_t* dst, const float* src, int rows, int cols, ptrdiff_t ld);
@@ -143,6 +155,18 @@ void gemm_bf16_onednn(bool ta, bool tb, int M, int N, int K, float alpha, const 
 void gemm_bf16_onednn(bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
                       const uint16_t* A16, int lda, const float* B, const uint16_t* B16, int ldb,
                       float beta, float* C, int ldc, const float* bias, uint16_t* C16);
+// The bf16 products of the 16-bit ops (the contract of the two overloads above): where both
+// operands are given in bf16 and the CPU has AVX512-BF16, Shardwise's own kernels
+// (gemm_bf16_tn.cpp: op(A) transposed or B read in place, measured 1.03-1.2x oneDNN 2.7 on the
+// step's shapes, bench/bench_gemm16); otherwise, or where they do not apply, oneDNN. The own
+// kernels round a bf16 output exactly as f32_to_bf16 (subnormals kept) and give the same bits
+// whatever the thread count.
+void gemm_bf16_16(bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
+                  const uint16_t* A16, int lda, const float* B, const uint16_t* B16, int ldb,
+                  float beta, float* C, int ldc);
+void gemm_bf16_16(bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
+                  const uint16_t* A16, int lda, const float* B, const uint16_t* B16, int ldb,
+                  float beta, float* C, int ldc, const float* bias, uint16_t* C16);
 // Measured flop rate of vdpbf16ps over that of fp32 FMA on this core (~2 where vdpbf16ps has
 // the FMA's throughput; ~0.5 on CPUs that run it at a quarter of the FMA's instruction rate).
 double dpbf16_flop_ratio();

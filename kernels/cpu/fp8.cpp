@@ -1,7 +1,7 @@
 // The CPU twin of the fp8 primitives (kernels/fp8_ops.h Fp8Kernels): exact fp8 values, an
 // emulated fp8 GEMM. A quantised value is stored as the bf16 that holds it (every E4M3 / E5M2
-// value is a bf16 value), so the product runs on oneDNN's bf16 matmul reading the operands in
-// place (detail::gemm_bf16_onednn; AVX-512 CPUs) or, elsewhere, OpenBLAS's sgemm on their
+// value is a bf16 value), so the product runs on a bf16 matmul reading the operands in place
+// (detail::gemm_bf16_16: own vdpbf16ps kernels or oneDNN; AVX-512 CPUs) or, elsewhere, OpenBLAS's sgemm on their
 // widened values: a product of two fp8 values has at most 8 significant bits, exact in fp32,
 // so either is an fp8 GEMM with fp32 accumulation up to the summation order. Scratch is
 // per thread (grow-only, tracked as Mem::Workspace).
@@ -190,7 +190,7 @@ class CpuFp8 final : public Fp8Kernels {
   // C(M, N) = A(M, K) B(N, K)^T from the bf16-held fp8 values.
   static void product(int M, int N, int K, const uint16_t* a16, const uint16_t* b16, float* C) {
     if (cpu_has_avx512()) {
-      detail::gemm_bf16_onednn(false, true, M, N, K, 1.f, nullptr, a16, K, nullptr, b16, K, 0.f, C,
+      detail::gemm_bf16_16(false, true, M, N, K, 1.f, nullptr, a16, K, nullptr, b16, K, 0.f, C,
                                N);
       return;
     }

@@ -400,7 +400,7 @@ void linear_forward_lowp16(DType t, float* out, const float* inp, const uint16_t
   if (t == DType::F32) return linear_forward(out, inp, w, b, N, C, OC);
   if (N <= 0 || OC <= 0) return;
   if (onednn_path(t) && C > 0)  // the 16-bit forms read in place; the bias added in the product
-    return detail::gemm_bf16_onednn(false, true, N, OC, C, 1.f, inp, inp16, C, w, w16, C, 0.f,
+    return detail::gemm_bf16_16(false, true, N, OC, C, 1.f, inp, inp16, C, w, w16, C, 0.f,
                                     out, OC, b, nullptr);
   if (b) detail::broadcast_rows(out, b, N, OC);
   if (C <= 0) {
@@ -424,7 +424,7 @@ bool linear_forward_lowp16_to16(DType t, uint16_t* out16, const float* inp, cons
                                 const float* w, const uint16_t* w16, const float* b, int N, int C,
                                 int OC) {
   if (!onednn_path(t) || N <= 0 || OC <= 0 || C <= 0) return false;
-  detail::gemm_bf16_onednn(false, true, N, OC, C, 1.f, inp, inp16, C, w, w16, C, 0.f, nullptr,
+  detail::gemm_bf16_16(false, true, N, OC, C, 1.f, inp, inp16, C, w, w16, C, 0.f, nullptr,
                            OC, b, out16);
   return true;
 }
@@ -435,7 +435,7 @@ bool linear_backward_lowp16_to16(DType t, uint16_t* dinp16, float* dw, float* db
                                  int N, int C, int OC, float dw_beta, bool db_write) {
   if (!onednn_path(t) || N <= 0 || OC <= 0 || C <= 0) return false;
   const uint16_t* d16 = dout16 ? dout16 : dw ? narrowed16(t, dout, extent(N, OC)) : nullptr;
-  detail::gemm_bf16_onednn(false, false, N, C, OC, 1.f, dout, d16, OC, w, w16, C, 0.f, nullptr, C,
+  detail::gemm_bf16_16(false, false, N, C, OC, 1.f, dout, d16, OC, w, w16, C, 0.f, nullptr, C,
                            nullptr, dinp16);
   // dW and db as linear_backward_lowp16 forms them.
   if (dw || db)
@@ -469,10 +469,10 @@ void linear_backward_lowp16(DType t, float* dinp, float* dw, float* db, const fl
     // The 16-bit forms read in place; an fp32-only dout that feeds both products narrowed once.
     const uint16_t* d16 = dout16 ? dout16 : dinp && dw ? narrowed16(t, dout, extent(N, OC)) : nullptr;
     if (dinp)
-      detail::gemm_bf16_onednn(false, false, N, C, OC, 1.f, dout, d16, OC, w, w16, C, dinp_beta,
+      detail::gemm_bf16_16(false, false, N, C, OC, 1.f, dout, d16, OC, w, w16, C, dinp_beta,
                                dinp, C);
     if (dw)
-      detail::gemm_bf16_onednn(true, false, OC, C, N, 1.f, dout, d16, OC, inp, inp16, C, dw_beta,
+      detail::gemm_bf16_16(true, false, OC, C, N, 1.f, dout, d16, OC, inp, inp16, C, dw_beta,
                                dw, C);
     if (db) {  // a sum, not a product: fp32 (the fp32 op's sums, from the bf16 values if need be)
       if (dout)

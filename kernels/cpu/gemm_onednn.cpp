@@ -30,6 +30,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "kernels/cpu/cpu_internal.h"
+#include "kernels/cpu/cpu_kernels.h"
 
 namespace sw::cpu::detail {
 
@@ -170,6 +171,34 @@ void gemm_bf16_onednn(bool ta, bool tb, int M, int N, int K, float alpha, const 
     mm.execute(strm, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
   }
   strm.wait();
+}
+
+// The own kernel for A read in place packs all of B (K x N) on every call: at fewer rows than
+// this it ran slower than oneDNN (the 512-row LM-head chunk x w^T: 0.84x; the step's Linears at
+// 1024 and 2048 rows: 0.98-1.11x, bench/bench_gemm16 --rows 1024 / 2048).
+constexpr int kOwnMinRows = 1024;
+
+void gemm_bf16_16(bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
+                  const uint16_t* A16, int lda, const float* B, const uint16_t* B16, int ldb,
+                  float beta, float* C, int ldc, const float* bias, uint16_t* C16) {
+  static const bool own = cpu_has_avx512_bf16();
+  if (own && A16 && B16 && !(ta && tb)) {
+    if (ta) {
+      if (!bias && !C16)
+        return gemm_bf16_tn16_avx512(M, N, K, alpha, A16, lda, B16, ldb, beta, C, ldc);
+    } else if (M >= kOwnMinRows &&
+               gemm_bf16_n16_avx512(tb, M, N, K, alpha, A16, lda, B16, ldb, beta, C, ldc, bias,
+                                    C16)) {
+      return;
+    }
+  }
+  gemm_bf16_onednn(ta, tb, M, N, K, alpha, A, A16, lda, B, B16, ldb, beta, C, ldc, bias, C16);
+}
+
+void gemm_bf16_16(bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
+                  const uint16_t* A16, int lda, const float* B, const uint16_t* B16, int ldb,
+                  float beta, float* C, int ldc) {
+  gemm_bf16_16(ta, tb, M, N, K, alpha, A, A16, lda, B, B16, ldb, beta, C, ldc, nullptr, nullptr);
 }
 
 }  // namespace sw::cpu::detail

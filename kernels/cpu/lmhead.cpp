@@ -114,7 +114,7 @@ double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const floa
     const int nc = std::min(chunk, N - n0);
     const float* xc = xr + (size_t)n0 * C;
     if (bf16_ops)
-      detail::gemm_bf16_onednn(false, true, nc, V, C, 1.f, nullptr, x16 + (size_t)n0 * C, C,
+      detail::gemm_bf16_16(false, true, nc, V, C, 1.f, nullptr, x16 + (size_t)n0 * C, C,
                                nullptr, w16, C, 0.f, logits, V);
     else
       mm(false, true, nc, V, C, xc, C, wr, C, 0.f, logits, V);
@@ -180,10 +180,10 @@ double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const floa
     }
     if (bf16_ops) {
       if (dx)
-        detail::gemm_bf16_onednn(false, false, nc, C, V, 1.f, nullptr, l16, V, nullptr, w16, C,
+        detail::gemm_bf16_16(false, false, nc, C, V, 1.f, nullptr, l16, V, nullptr, w16, C,
                                  1.f, dx + (size_t)n0 * C, C);
       if (dw)
-        detail::gemm_bf16_onednn(true, false, V, C, nc, 1.f, nullptr, l16, V, nullptr,
+        detail::gemm_bf16_16(true, false, V, C, nc, 1.f, nullptr, l16, V, nullptr,
                                  x16 + (size_t)n0 * C, C, 1.f, dw, C);
       continue;
     }

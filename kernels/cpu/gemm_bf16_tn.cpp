@@ -1,0 +1,329 @@
+// The weight-gradient product on 16-bit operands with AVX512-BF16: C(fp32, M x N) =
+// alpha * A^T B + beta * C, A bf16 (K x M, row stride lda), B bf16 (K x N, row stride ldb),
+// fp32 accumulation. K is the long side here (a step's tokens); A is the output gradient dout,
+// B the layer's input x, both row-major as the ops that produce them write them.
+//
+// Why a kernel of our own for this one case: vdpbf16ps multiplies pairs of bf16 along the
+// reduction, so both operands are packed "K-pair interleaved" (word = [row 2p, row 2p+1] of
+// one column). With K the row index of both operands that is an interleave of two rows: a
+// streaming pass, no transpose. oneDNN (Debian's 2.7) treats the transposed A as a strided
+// source and runs this product ~10-15% slower than a row-major one (bench/bench_gemm16).
+//
+// This file is compiled with -mavx512f -mavx512bw -mavx512vl -mavx512bf16 (kernels/CMakeLists);
+// nothing here may run unless cpu_has_avx512_bf16() said yes.
+//
+// Blocking: B is packed once, by all threads together, in blocks of kKP pairs; each thread
+// owns a slab of C's rows (or columns when N > M) and packs its own A block by block. The
+// microkernel keeps an 8 x 48 fp32 tile of C in 24 zmm registers over a whole K block: per
+// pair it loads 3 vectors of the B panel (L2) and broadcasts 8 words of the A panel (L1).
+// Summation order: per C element, pairs in order within a block, blocks in order, whatever
+// the thread count: results are bit-identical run to run and across thread counts.
+#include <immintrin.h>
+#include <omp.h>
+
+// GCC 12 warns about the undefined first operand inside its own AVX-512 intrinsics.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+
+#include "kernels/cpu/cpu_internal.h"
+
+namespace sw::cpu::detail {
+
+namespace {
+
+constexpr int kMR = 8;          // rows of C per tile (A words broadcast per pair)
+constexpr int kNV = 3;          // zmm vectors per tile row
+constexpr int kNR = 16 * kNV;   // columns of C per tile
+constexpr int kKP = 512;        // reduction pairs per block (1024 reduction indices)
+constexpr int kMC = 64;         // rows per A block (multiple of kMR)
+
+inline __mmask16 first_n(int n) {
+  return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
+}
+
+// 16 words [lo = r0[c], hi = r1[c]] for c < 16 (lanes >= n zero; r1 null: hi zero).
+inline __m512i interleave16(const uint16_t* r0, const uint16_t* r1, __mmask16 m) {
+  const __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r0));
+  if (!r1) return lo;
+  const __m512i hi = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r1));
+  return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+}
+
+struct Aligned {
+  uint32_t* p = nullptr;
+  size_t n = 0;
+  ~Aligned() { std::free(p); }
+  uint32_t* get(size_t words) {
+    if (words > n) {
+      std::free(p);
+      n = (words + 1023) / 1024 * 1024;
+      p = static_cast<uint32_t*>(std::aligned_alloc(64, n * 4));
+    }
+    return p;
+  }
+};
+
+// C[0:mr, 0:nr] = alpha * (A panel)(B panel) + (first ? beta * C : C) over kp pairs.
+// a: kMR words per pair; b: kNR words per pair.
+void ukernel(int kp, const uint32_t* __restrict a, const uint32_t* __restrict b, float* C,
+             ptrdiff_t ldc, int mr, int nr, float alpha, float beta) {
+  __m512 c[kMR][kNV];
+  for (int i = 0; i < kMR; ++i)
+    for (int v = 0; v < kNV; ++v) c[i][v] = _mm512_setzero_ps();
+  for (int p = 0; p < kp; ++p) {
+    __m512bh bv[kNV];
+    for (int v = 0; v < kNV; ++v) bv[v] = (__m512bh)_mm512_load_si512(b + 16 * v);
+    for (int i = 0; i < kMR; ++i) {
+      const __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[i]);
+      for (int v = 0; v < kNV; ++v) c[i][v] = _mm512_dpbf16_ps(c[i][v], av, bv[v]);
+    }
+    a += kMR;
+    b += kNR;
+  }
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  for (int i = 0; i < mr; ++i) {
+    float* row = C + i * ldc;
+    for (int v = 0; v < kNV && 16 * v < nr; ++v) {
+      const __mmask16 m = first_n(nr - 16 * v);
+      __m512 r = _mm512_mul_ps(va, c[i][v]);
+      if (beta != 0.f) r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, row + 16 * v), r);
+      _mm512_mask_storeu_ps(row + 16 * v, m, r);
+    }
+  }
+}
+
+}  // namespace
+
+void gemm_bf16_tn16_avx512(int M, int N, int K, float alpha, const uint16_t* A, int lda,
+                           const uint16_t* B, int ldb, float beta, float* C, int ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0 || alpha == 0.f) {
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < N; ++j) C[(size_t)i * ldc + j] = beta == 0.f ? 0.f : beta * C[(size_t)i * ldc + j];
+    return;
+  }
+  const int Kp = (K + 1) / 2;                      // reduction pairs
+  const int nblk = (Kp + kKP - 1) / kKP;           // K blocks
+  const int npan = (N + kNR - 1) / kNR;            // B panels
+  const size_t Npad = (size_t)npan * kNR;
+  static thread_local Aligned bbuf;  // the caller's thread owns the packed B
+  uint32_t* Bp = bbuf.get((size_t)Kp * Npad);
+  const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const double work = 2.0 * M * N * K;
+  const int T = work < 4e6 ? 1 : nt;
+  const bool by_rows = M >= N;
+#pragma omp parallel num_threads(T) if (T > 1)
+  {
+    const int t = omp_get_thread_num(), nth = omp_get_num_threads();
+    // Pack B: pair P of block kb = P / kKP lies at Bp + kb*kKP*Npad + panel*kNR*kpb + p*kNR.
+#pragma omp for schedule(static)
+    for (int P = 0; P < Kp; ++P) {
+      const int kb = P / kKP, p = P % kKP, kpb = std::min(kKP, Kp - kb * kKP);
+      const uint16_t* r0 = B + (size_t)(2 * P) * ldb;
+      const uint16_t* r1 = 2 * P + 1 < K ? r0 + ldb : nullptr;
+      uint32_t* blk = Bp + (size_t)kb * kKP * Npad + (size_t)p * kNR;
+      for (int j = 0; j < npan; ++j) {
+        uint32_t* d = blk + (size_t)j * kNR * kpb;
+        for (int v = 0; v < kNV; ++v) {
+          const int col = j * kNR + 16 * v;
+          const __mmask16 m = first_n(N - col);
+          _mm512_store_si512(d + 16 * v, interleave16(r0 + col, r1 ? r1 + col : nullptr, m));
+        }
+      }
+    }  // (implicit barrier)
+    // This thread's slab of C.
+    const int unit = by_rows ? kMR : kNR, extent = by_rows ? M : N;
+    const int units = (extent + unit - 1) / unit, per = (units + nth - 1) / nth;
+    const int lo = std::min(extent, t * per * unit), hi = std::min(extent, (t + 1) * per * unit);
+    const int m0 = by_rows ? lo : 0, m1 = by_rows ? hi : M;
+    const int j0 = by_rows ? 0 : lo / kNR, j1 = by_rows ? npan : (hi + kNR - 1) / kNR;
+    thread_local Aligned abuf;
+    uint32_t* Ap = abuf.get((size_t)kMC * kKP);
+    for (int ic = m0; ic < m1; ic += kMC) {
+      const int mc = std::min(kMC, m1 - ic);
+      for (int kb = 0; kb < nblk; ++kb) {
+        const int kpb = std::min(kKP, Kp - kb * kKP);
+        // Pack A rows [ic, ic+mc) over this block: panel q (rows ic + 8q ..) at q*kMR*kpb.
+        for (int p = 0; p < kpb; ++p) {
+          const int P = kb * kKP + p;
+          const uint16_t* r0 = A + (size_t)(2 * P) * lda + ic;
+          const uint16_t* r1 = 2 * P + 1 < K ? r0 + lda : nullptr;
+          for (int r = 0; r < mc; r += 16) {
+            const __m512i w = interleave16(r0 + r, r1 ? r1 + r : nullptr, first_n(mc - r));
+            uint32_t* d = Ap + (size_t)(r / kMR) * kMR * kpb + (size_t)p * kMR;
+            _mm256_store_si256(reinterpret_cast<__m256i*>(d), _mm512_castsi512_si256(w));
+            if (r + kMR < mc)
+              _mm256_store_si256(reinterpret_cast<__m256i*>(d + (size_t)kMR * kpb),
+                                 _mm512_extracti64x4_epi64(w, 1));
+          }
+        }
+        const uint32_t* bb = Bp + (size_t)kb * kKP * Npad;
+        for (int j = j0; j < j1; ++j) {
+          const int col = j * kNR, nr = std::min(kNR, N - col);
+          for (int ir = 0; ir < mc; ir += kMR)
+            ukernel(kpb, Ap + (size_t)(ir / kMR) * kMR * kpb, bb + (size_t)j * kNR * kpb,
+                    C + (size_t)(ic + ir) * ldc + col, ldc, std::min(kMR, mc - ir), nr, alpha,
+                    kb == 0 ? beta : 1.f);
+        }
+      }
+    }
+  }
+}
+
+
+namespace {
+
+constexpr int kKPn = 1024;  // pairs per block for A read in place (a whole K up to 2048)
+constexpr int kMCn = 48;    // rows per block (multiple of kMR)
+
+// Round to nearest even fp32 -> bf16 (the bf16 in the low half of each lane), exactly
+// core/dtype.h f32_to_bf16 (NaN kept quiet with its sign, subnormals kept).
+inline __m512i round_lo(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i one = _mm512_set1_epi32(1);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+  const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+      _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  return _mm512_srli_epi32(_mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000)), 16);
+}
+
+struct Epilogue {
+  float alpha, beta;    // beta applies on the first block only
+  const float* bias;    // added on the first block (null: none)
+  uint16_t* C16;        // bf16 output (single block only), row stride ldc
+};
+
+// C tile over kp pairs with A's rows read in place: row i's pair p is the 32-bit word
+// a[i][p] (the bf16 pair at A + row*lda + 2*(k0/2 + p)).
+void ukernel_direct(int kp, const uint32_t* const* a, const uint32_t* __restrict b, float* C,
+                    uint16_t* C16, ptrdiff_t ldc, int mr, int nr, int col, const Epilogue& e,
+                    bool first, bool last) {
+  __m512 c[kMR][kNV];
+  for (int i = 0; i < kMR; ++i)
+    for (int v = 0; v < kNV; ++v) c[i][v] = _mm512_setzero_ps();
+  const uint32_t *a0 = a[0], *a1 = a[1], *a2 = a[2], *a3 = a[3], *a4 = a[4], *a5 = a[5],
+                 *a6 = a[6], *a7 = a[7];
+  for (int p = 0; p < kp; ++p) {
+    __m512bh bv[kNV];
+    for (int v = 0; v < kNV; ++v) bv[v] = (__m512bh)_mm512_load_si512(b + 16 * v);
+    const uint32_t w[kMR] = {a0[p], a1[p], a2[p], a3[p], a4[p], a5[p], a6[p], a7[p]};
+    for (int i = 0; i < kMR; ++i) {
+      const __m512bh av = (__m512bh)_mm512_set1_epi32((int)w[i]);
+      for (int v = 0; v < kNV; ++v) c[i][v] = _mm512_dpbf16_ps(c[i][v], av, bv[v]);
+    }
+    b += kNR;
+  }
+  const __m512 va = _mm512_set1_ps(e.alpha), vb = _mm512_set1_ps(e.beta);
+  for (int i = 0; i < mr; ++i) {
+    for (int v = 0; v < kNV && 16 * v < nr; ++v) {
+      const __mmask16 m = first_n(nr - 16 * v);
+      __m512 r = _mm512_mul_ps(va, c[i][v]);
+      if (first && e.bias) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(m, e.bias + col + 16 * v));
+      if (C16) {  // single block: first and last
+        _mm512_mask_cvtepi32_storeu_epi16(C16 + i * ldc + col + 16 * v, m, round_lo(r));
+        continue;
+      }
+      float* dst = C + i * ldc + col + 16 * v;
+      if (!first)
+        r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(m, dst));
+      else if (e.beta != 0.f)
+        r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, dst), r);
+      _mm512_mask_storeu_ps(dst, m, r);
+    }
+  }
+  (void)last;
+}
+
+}  // namespace
+
+bool gemm_bf16_n16_avx512(bool tb, int M, int N, int K, float alpha, const uint16_t* A, int lda,
+                          const uint16_t* B, int ldb, float beta, float* C, int ldc,
+                          const float* bias, uint16_t* C16) {
+  if (M <= 0 || N <= 0) return true;
+  // A's rows are read as 32-bit pairs in place: K and lda even, A 4-byte aligned.
+  if (K <= 0 || (K & 1) || (lda & 1) || (reinterpret_cast<uintptr_t>(A) & 3)) return false;
+  if (tb && ((ldb & 1) || (reinterpret_cast<uintptr_t>(B) & 3))) return false;
+  const int Kp = K / 2, nblk = (Kp + kKPn - 1) / kKPn;
+  if (C16 && nblk > 1) return false;  // a bf16 output is written once
+  const int npan = (N + kNR - 1) / kNR;
+  const size_t Npad = (size_t)npan * kNR;
+  static thread_local Aligned bbuf;
+  uint32_t* Bp = bbuf.get((size_t)Kp * Npad);
+  const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const int T = 2.0 * M * N * K < 4e6 ? 1 : nt;
+  const bool by_rows = M >= N;
+  const Epilogue e{alpha, beta, bias, C16};
+  const uint32_t* Aw = reinterpret_cast<const uint32_t*>(A);
+  const ptrdiff_t ldaw = lda / 2;
+#pragma omp parallel num_threads(T) if (T > 1)
+  {
+    const int t = omp_get_thread_num(), nth = omp_get_num_threads();
+    // Pack B: pair P of block kb at Bp + kb*kKPn*Npad + panel*kNR*kpb + p*kNR.
+    if (tb) {  // B(k, n) = B[n*ldb + k]: the pair is one 32-bit word of row n; gathered
+      const uint32_t* Bw = reinterpret_cast<const uint32_t*>(B);
+      const __m512i idx = _mm512_mullo_epi32(
+          _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+          _mm512_set1_epi32(ldb / 2));
+      // One panel's 48 rows at a time (they stay in L1 while all their pairs are read).
+#pragma omp for schedule(static)
+      for (int j = 0; j < npan; ++j)
+        for (int P = 0; P < Kp; ++P) {
+          const int kb = P / kKPn, p = P % kKPn, kpb = std::min(kKPn, Kp - kb * kKPn);
+          uint32_t* d = Bp + (size_t)kb * kKPn * Npad + (size_t)j * kNR * kpb + (size_t)p * kNR;
+          for (int v = 0; v < kNV; ++v) {
+            const int col = j * kNR + 16 * v;
+            const __mmask16 m = first_n(N - col);
+            _mm512_store_si512(d + 16 * v,
+                               _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx,
+                                                           Bw + (size_t)col * (ldb / 2) + P, 4));
+          }
+        }
+    } else {  // B(k, n) = B[k*ldb + n]: two rows interleaved
+#pragma omp for schedule(static)
+      for (int P = 0; P < Kp; ++P) {
+        const int kb = P / kKPn, p = P % kKPn, kpb = std::min(kKPn, Kp - kb * kKPn);
+        const uint16_t* r0 = B + (size_t)(2 * P) * ldb;
+        uint32_t* blk = Bp + (size_t)kb * kKPn * Npad + (size_t)p * kNR;
+        for (int j = 0; j < npan; ++j)
+          for (int v = 0; v < kNV; ++v) {
+            const int col = j * kNR + 16 * v;
+            _mm512_store_si512(blk + (size_t)j * kNR * kpb + 16 * v,
+                               interleave16(r0 + col, r0 + ldb + col, first_n(N - col)));
+          }
+      }
+    }  // (implicit barrier)
+    const int unit = by_rows ? kMR : kNR, extent = by_rows ? M : N;
+    const int units = (extent + unit - 1) / unit, per = (units + nth - 1) / nth;
+    const int lo = std::min(extent, t * per * unit), hi = std::min(extent, (t + 1) * per * unit);
+    const int m0 = by_rows ? lo : 0, m1 = by_rows ? hi : M;
+    const int j0 = by_rows ? 0 : lo / kNR, j1 = by_rows ? npan : (hi + kNR - 1) / kNR;
+    for (int ic = m0; ic < m1; ic += kMCn) {
+      const int mc = std::min(kMCn, m1 - ic);
+      for (int kb = 0; kb < nblk; ++kb) {
+        const int kpb = std::min(kKPn, Kp - kb * kKPn);
+        const uint32_t* bb = Bp + (size_t)kb * kKPn * Npad;
+        for (int j = j0; j < j1; ++j) {
+          const int col = j * kNR, nr = std::min(kNR, N - col);
+          for (int ir = 0; ir < mc; ir += kMR) {
+            const int mr = std::min(kMR, mc - ir);
+            const uint32_t* ar[kMR];
+            for (int i = 0; i < kMR; ++i)  // rows past the tile's end repeat its last row
+              ar[i] = Aw + (size_t)(ic + ir + std::min(i, mr - 1)) * ldaw + (size_t)kb * kKPn;
+            const size_t row = (size_t)(ic + ir) * ldc;
+            ukernel_direct(kpb, ar, bb + (size_t)j * kNR * kpb, C ? C + row : nullptr,
+                           C16 ? C16 + row : nullptr, ldc, mr, nr, col, e, kb == 0,
+                           kb == nblk - 1);
+          }
+        }
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace sw::cpu::detail
