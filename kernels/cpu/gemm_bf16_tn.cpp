@@ -30,6 +30,7 @@
 #include <cstdlib>
 
 #include "kernels/cpu/cpu_internal.h"
+#include "kernels/cpu/transpose16.h"
 
 namespace sw::cpu::detail {
 
@@ -178,7 +179,8 @@ void gemm_bf16_tn16_avx512(int M, int N, int K, float alpha, const uint16_t* A, 
 namespace {
 
 constexpr int kKPn = 1024;  // pairs per block for A read in place (a whole K up to 2048)
-constexpr int kMCn = 48;    // rows per block (multiple of kMR)
+constexpr int kMCn = 8;     // rows per block: one tile (its 8 rows stay in L1 across a group)
+constexpr int kGroupBytes = 512 << 10;  // packed B visited per row block (half of L2)
 
 // Round to nearest even fp32 -> bf16 (the bf16 in the low half of each lane), exactly
 // core/dtype.h f32_to_bf16 (NaN kept quiet with its sign, subnormals kept).
@@ -264,23 +266,26 @@ bool gemm_bf16_n16_avx512(bool tb, int M, int N, int K, float alpha, const uint1
   {
     const int t = omp_get_thread_num(), nth = omp_get_num_threads();
     // Pack B: pair P of block kb at Bp + kb*kKPn*Npad + panel*kNR*kpb + p*kNR.
-    if (tb) {  // B(k, n) = B[n*ldb + k]: the pair is one 32-bit word of row n; gathered
+    if (tb) {  // B(k, n) = B[n*ldb + k]: the pair is one 32-bit word of row n
+      // 16 rows x 16 pairs at a time, transposed in registers; one panel's rows per thread
+      // at a time (kKPn is a multiple of 16: a run of 16 pairs lies in one block).
       const uint32_t* Bw = reinterpret_cast<const uint32_t*>(B);
-      const __m512i idx = _mm512_mullo_epi32(
-          _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-          _mm512_set1_epi32(ldb / 2));
-      // One panel's 48 rows at a time (they stay in L1 while all their pairs are read).
+      const ptrdiff_t ldbw = ldb / 2;
 #pragma omp for schedule(static)
       for (int j = 0; j < npan; ++j)
-        for (int P = 0; P < Kp; ++P) {
-          const int kb = P / kKPn, p = P % kKPn, kpb = std::min(kKPn, Kp - kb * kKPn);
-          uint32_t* d = Bp + (size_t)kb * kKPn * Npad + (size_t)j * kNR * kpb + (size_t)p * kNR;
-          for (int v = 0; v < kNV; ++v) {
-            const int col = j * kNR + 16 * v;
-            const __mmask16 m = first_n(N - col);
-            _mm512_store_si512(d + 16 * v,
-                               _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx,
-                                                           Bw + (size_t)col * (ldb / 2) + P, 4));
+        for (int v = 0; v < kNV; ++v) {
+          const int n0 = j * kNR + 16 * v, rows = std::clamp(N - n0, 0, 16);
+          for (int P0 = 0; P0 < Kp; P0 += 16) {
+            const int kb = P0 / kKPn, p0 = P0 % kKPn, kpb = std::min(kKPn, Kp - kb * kKPn);
+            const int np = std::min(16, Kp - P0);
+            const __mmask16 m = first_n(np);
+            __m512i r[16];
+            for (int l = 0; l < 16; ++l)
+              r[l] = l < rows ? _mm512_maskz_loadu_epi32(m, Bw + (size_t)(n0 + l) * ldbw + P0)
+                              : _mm512_setzero_si512();
+            transpose16(r);
+            uint32_t* d = Bp + (size_t)kb * kKPn * Npad + (size_t)j * kNR * kpb + 16 * v;
+            for (int q = 0; q < np; ++q) _mm512_store_si512(d + (size_t)(p0 + q) * kNR, r[q]);
           }
         }
     } else {  // B(k, n) = B[k*ldb + n]: two rows interleaved
@@ -302,22 +307,28 @@ bool gemm_bf16_n16_avx512(bool tb, int M, int N, int K, float alpha, const uint1
     const int lo = std::min(extent, t * per * unit), hi = std::min(extent, (t + 1) * per * unit);
     const int m0 = by_rows ? lo : 0, m1 = by_rows ? hi : M;
     const int j0 = by_rows ? 0 : lo / kNR, j1 = by_rows ? npan : (hi + kNR - 1) / kNR;
-    for (int ic = m0; ic < m1; ic += kMCn) {
-      const int mc = std::min(kMCn, m1 - ic);
-      for (int kb = 0; kb < nblk; ++kb) {
-        const int kpb = std::min(kKPn, Kp - kb * kKPn);
-        const uint32_t* bb = Bp + (size_t)kb * kKPn * Npad;
-        for (int j = j0; j < j1; ++j) {
-          const int col = j * kNR, nr = std::min(kNR, N - col);
-          for (int ir = 0; ir < mc; ir += kMR) {
-            const int mr = std::min(kMR, mc - ir);
-            const uint32_t* ar[kMR];
-            for (int i = 0; i < kMR; ++i)  // rows past the tile's end repeat its last row
-              ar[i] = Aw + (size_t)(ic + ir + std::min(i, mr - 1)) * ldaw + (size_t)kb * kKPn;
-            const size_t row = (size_t)(ic + ir) * ldc;
-            ukernel_direct(kpb, ar, bb + (size_t)j * kNR * kpb, C ? C + row : nullptr,
-                           C16 ? C16 + row : nullptr, ldc, mr, nr, col, e, kb == 0,
-                           kb == nblk - 1);
+    // Panels in groups whose packed B (one K block) stays in L2 while every row block of the
+    // slab passes over it; a row block's A rows stay in L1/L2 across the group's panels.
+    const int group = std::max(1, kGroupBytes / (std::min(kKPn, Kp) * kNR * 4));
+    for (int jg = j0; jg < j1; jg += group) {
+      const int jend = std::min(j1, jg + group);
+      for (int ic = m0; ic < m1; ic += kMCn) {
+        const int mc = std::min(kMCn, m1 - ic);
+        for (int kb = 0; kb < nblk; ++kb) {
+          const int kpb = std::min(kKPn, Kp - kb * kKPn);
+          const uint32_t* bb = Bp + (size_t)kb * kKPn * Npad;
+          for (int j = jg; j < jend; ++j) {
+            const int col = j * kNR, nr = std::min(kNR, N - col);
+            for (int ir = 0; ir < mc; ir += kMR) {
+              const int mr = std::min(kMR, mc - ir);
+              const uint32_t* ar[kMR];
+              for (int i = 0; i < kMR; ++i)  // rows past the tile's end repeat its last row
+                ar[i] = Aw + (size_t)(ic + ir + std::min(i, mr - 1)) * ldaw + (size_t)kb * kKPn;
+              const size_t row = (size_t)(ic + ir) * ldc;
+              ukernel_direct(kpb, ar, bb + (size_t)j * kNR * kpb, C ? C + row : nullptr,
+                             C16 ? C16 + row : nullptr, ldc, mr, nr, col, e, kb == 0,
+                             kb == nblk - 1);
+            }
           }
         }
       }

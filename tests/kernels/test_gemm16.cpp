@@ -5,8 +5,8 @@
 //     values is exact in fp32, so only fp32 accumulation errs, within the proven bound
 //     (K + 2) u (|alpha| sum_k |a_k b_k| + |bias| + |beta c|), u = 2^-24. Edge shapes: tiles
 //     cut short in rows and columns, odd K (the transposed-A kernel pads the last pair), row
-//     strides wider than the rows, K over one block (the partial sums carried in C), alpha,
-//     beta, a bias row.
+//     strides wider than the rows, K over one block (the partial sums carried in C), more
+//     panels than one L2 group, alpha, beta, a bias row.
 // (b) A bf16 output is the fp32 output of the same call rounded by f32_to_bf16, bit for bit
 //     (subnormals kept, unlike oneDNN's vcvtneps2bf16).
 // (c) One thread and two give the same bits (each C element is one thread's, same order).
@@ -119,6 +119,7 @@ const std::vector<Case> kCases = {
     {true, false, 8, 48, 64, 0, 1.f, 0.f, false},
     {true, false, 70, 100, 2101, 3, 0.5f, 1.f, false},
     {true, false, 130, 20, 1030, 0, -1.f, 0.25f, false},
+    {true, false, 150, 300, 1100, 0, 1.f, 0.f, false},  // panels in more than one group
     // A B and A B^T: tiles cut short, a bias, alpha / beta, wide rows, K over one block (2048)
     {false, false, 37, 53, 30, 0, 1.f, 0.f, false},
     {false, false, 45, 97, 4200, 2, 0.5f, 1.f, false},
