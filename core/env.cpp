@@ -63,7 +63,8 @@ const std::vector<EnvVar>& table() {
       {"SHARDWISE_LOWP_PATH", K::Text,
        "`native` \\| `fused` \\| `emulated` \\| `onednn` \\| `tuned`", "a rule of the CPU's "
        "features", "run",
-       "forces the CPU's bf16 matrix-product path for the process (`tuned`: timed per shape)"},
+       "forces the CPU's bf16 matrix-product path for the process (`tuned`: timed per shape; "
+       "`onednn`: also for products of 16-bit operands, which otherwise run own kernels)"},
       // ---- Diagnosing a run ---------------------------------------------------------------
       {"SHARDWISE_CUDA_OP_TIMES", K::Text, "`1` or a path", "off", "debug",
        "each CUDA op's total device time, printed at exit (`1`) or written to the path"},

@@ -10,7 +10,9 @@
 //    pass over the operands; an operand used by two products (dout in linear_backward) is
 //    rounded once, all of a call's operands in one parallel region;
 //  * onednn (BF16, AVX-512): gemm_onednn.cpp, dense bf16 copies of the operands, then
-//    oneDNN's bf16 matmul (fp32 output).
+//    oneDNN's bf16 matmul (fp32 output). On this path the 16-bit ops' products, whose operands
+//    are bf16 already, run own vdpbf16ps kernels where those apply (gemm_bf16_16,
+//    gemm_bf16_tn.cpp), unless SHARDWISE_LOWP_PATH=onednn asks for oneDNN throughout.
 // Auto: BF16 runs onednn where vdpbf16ps is faster than FMA (dpbf16_flop_ratio() > 1.2,
 // measured once per process with a wide margin either way: ~2x on the Zen 5 EPYC, ~0.5x on
 // the 4th-generation Xeon these kernels were developed on, where one vdpbf16ps issues at a
@@ -275,6 +277,11 @@ LowpPath shape_choice(LowpPath base, bool ta, bool tb, int M, int N, int K, floa
 
 bool cpu_has_avx512_bf16() { return hw_avx512_bf16(); }
 bool cpu_has_avx512() { return hw_avx512(); }
+
+bool detail::lowp_onednn_forced() {
+  static const bool forced = hw_avx512() && env_path() == "onednn";
+  return forced;
+}
 
 LowpPath lowp_auto_path(DType t) {
   // Without native: fused where AVX-512 exists unless SHARDWISE_LOWP_PATH=emulated.

@@ -181,7 +181,7 @@ constexpr int kOwnMinRows = 1024;
 void gemm_bf16_16(bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
                   const uint16_t* A16, int lda, const float* B, const uint16_t* B16, int ldb,
                   float beta, float* C, int ldc, const float* bias, uint16_t* C16) {
-  static const bool own = cpu_has_avx512_bf16();
+  static const bool own = cpu_has_avx512_bf16() && !lowp_onednn_forced();
   if (own && A16 && B16 && !(ta && tb)) {
     if (ta) {
       if (!bias && !C16)
