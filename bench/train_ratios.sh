@@ -8,8 +8,9 @@
 #   shard  FULL_SHARD 2 ranks x 1 thread vs fp32 1 x 2 (target >= 1)
 #   bf16   1 rank x 2 threads, bf16     vs fp32 (target >= 2 on CPUs with fast bf16 dot
 #                                          products, >= 0.95 elsewhere) and vs the best bf16
-#                                          GEMM rate over the model's shapes (bench_gemm_bf16's
-#                                          total, the fastest path; target >= 0.9)
+#                                          GEMM rate over the model's shapes (the fastest path's
+#                                          total in bench_gemm_bf16 or, on 16-bit operands,
+#                                          bench_gemm16; target >= 0.9)
 #   trace  configs/default.json, TRACE_STEPS steps, the profile block recording every step vs
 #          off (target: tracing costs <= 2%)
 # tokens/s of a run = median over its steps after WARMUP (metrics.jsonl). Training FLOPs per
@@ -64,6 +65,15 @@ tot = next(l for l in lines if l.startswith("total")).split()
 vals = dict(zip(hdr[-16:], tot[-15:]))
 best = max(float(vals[k]) for k in ("fused", "native", "onednn", "auto"))
 print("%.3f %.3f" % (best, float(vals["sgemm"])))')
+  # The step's own products read 16-bit operands in place (gemm_bf16_16): their rate over the
+  # same shapes, own kernels or oneDNN, is a limit too (bench_gemm16; AVX512-BF16 CPUs only).
+  bf16_limit=$($build/bench/bench_gemm16 --threads 2 --reps 3 --rows 1024 --d 768 --vocab 50304 |
+               $py -c '
+import sys
+best, sgemm = map(float, sys.argv[1].split())
+tot = [l.split() for l in sys.stdin.read().splitlines() if l.startswith("total")]
+if tot: best = max(best, float(tot[0][1]), float(tot[0][2]))
+print("%.3f %.3f" % (best, sgemm))' "$bf16_limit")
   fp32=$(run fp32 "$sw" train "${big[@]}" --set threads=2)
   shard=$(run shard "${mpirun[@]}" -np 2 "$sw" train "${big[@]}" --set threads=1)
   bf16=$(run bf16 "$sw" train "${big[@]}" --set threads=2 --set bf16.enabled=true)
