@@ -178,6 +178,9 @@ void gemm_bf16_tn16_avx512(int M, int N, int K, float alpha, const uint16_t* A, 
 
 namespace {
 
+// A bf16 pair read as one 32-bit word from 16-bit storage (may alias it).
+typedef uint32_t __attribute__((may_alias)) Word;
+
 constexpr int kKPn = 1024;  // pairs per block for A read in place (a whole K up to 2048)
 constexpr int kMCn = 8;     // rows per block: one tile (its 8 rows stay in L1 across a group)
 constexpr int kGroupBytes = 512 << 10;  // packed B visited per row block (half of L2)
@@ -202,13 +205,13 @@ struct Epilogue {
 
 // C tile over kp pairs with A's rows read in place: row i's pair p is the 32-bit word
 // a[i][p] (the bf16 pair at A + row*lda + 2*(k0/2 + p)).
-void ukernel_direct(int kp, const uint32_t* const* a, const uint32_t* __restrict b, float* C,
+void ukernel_direct(int kp, const Word* const* a, const uint32_t* __restrict b, float* C,
                     uint16_t* C16, ptrdiff_t ldc, int mr, int nr, int col, const Epilogue& e,
                     bool first, bool last) {
   __m512 c[kMR][kNV];
   for (int i = 0; i < kMR; ++i)
     for (int v = 0; v < kNV; ++v) c[i][v] = _mm512_setzero_ps();
-  const uint32_t *a0 = a[0], *a1 = a[1], *a2 = a[2], *a3 = a[3], *a4 = a[4], *a5 = a[5],
+  const Word *a0 = a[0], *a1 = a[1], *a2 = a[2], *a3 = a[3], *a4 = a[4], *a5 = a[5],
                  *a6 = a[6], *a7 = a[7];
   for (int p = 0; p < kp; ++p) {
     __m512bh bv[kNV];
@@ -260,7 +263,7 @@ bool gemm_bf16_n16_avx512(bool tb, int M, int N, int K, float alpha, const uint1
   const int T = 2.0 * M * N * K < 4e6 ? 1 : nt;
   const bool by_rows = M >= N;
   const Epilogue e{alpha, beta, bias, C16};
-  const uint32_t* Aw = reinterpret_cast<const uint32_t*>(A);
+  const Word* Aw = reinterpret_cast<const Word*>(A);
   const ptrdiff_t ldaw = lda / 2;
 #pragma omp parallel num_threads(T) if (T > 1)
   {
@@ -269,7 +272,7 @@ bool gemm_bf16_n16_avx512(bool tb, int M, int N, int K, float alpha, const uint1
     if (tb) {  // B(k, n) = B[n*ldb + k]: the pair is one 32-bit word of row n
       // 16 rows x 16 pairs at a time, transposed in registers; one panel's rows per thread
       // at a time (kKPn is a multiple of 16: a run of 16 pairs lies in one block).
-      const uint32_t* Bw = reinterpret_cast<const uint32_t*>(B);
+      const Word* Bw = reinterpret_cast<const Word*>(B);
       const ptrdiff_t ldbw = ldb / 2;
 #pragma omp for schedule(static)
       for (int j = 0; j < npan; ++j)
@@ -321,7 +324,7 @@ bool gemm_bf16_n16_avx512(bool tb, int M, int N, int K, float alpha, const uint1
             const int col = j * kNR, nr = std::min(kNR, N - col);
             for (int ir = 0; ir < mc; ir += kMR) {
               const int mr = std::min(kMR, mc - ir);
-              const uint32_t* ar[kMR];
+              const Word* ar[kMR];
               for (int i = 0; i < kMR; ++i)  // rows past the tile's end repeat its last row
                 ar[i] = Aw + (size_t)(ic + ir + std::min(i, mr - 1)) * ldaw + (size_t)kb * kKPn;
               const size_t row = (size_t)(ic + ir) * ldc;
