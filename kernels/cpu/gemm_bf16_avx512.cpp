@@ -41,7 +41,7 @@
 #include <memory>
 
 #include "kernels/cpu/cpu_internal.h"
-#include "kernels/cpu/transpose16.h"
+#include "kernels/cpu/avx512_pack.h"
 
 namespace sw::cpu::detail {
 
@@ -59,17 +59,6 @@ constexpr int kMC = 144;         // rows per A block (multiple of kMR)
 constexpr int kNC = 4096;        // columns per B block (multiple of kNR)
 
 inline __m512i splat(uint32_t x) { return _mm512_set1_epi32((int)x); }
-
-// Round-to-nearest-even fp32 -> bf16 on 16 lanes, the bf16 in the high half of each lane
-// (same arithmetic as f32_to_bf16; NaN keeps its sign and payload top bits and is made quiet).
-inline __m512i round_hi(__m512 x) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), splat(1));
-  const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, splat(0x7fff)));
-  const __mmask16 nan =
-      _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, splat(0x7fffffffu)), splat(0x7f800000u));
-  return _mm512_mask_or_epi32(r, nan, u, splat(0x00400000u));
-}
 
 // Lane i = [lo = bf16(a[i]), hi = bf16(b[i])].
 inline __m512i pair(__m512 a, __m512 b) {

@@ -1,9 +1,10 @@
-// The weight-gradient product on 16-bit operands with AVX512-BF16: C(fp32, M x N) =
-// alpha * A^T B + beta * C, A bf16 (K x M, row stride lda), B bf16 (K x N, row stride ldb),
-// fp32 accumulation. K is the long side here (a step's tokens); A is the output gradient dout,
-// B the layer's input x, both row-major as the ops that produce them write them.
+// The bf16 products of the 16-bit ops on AVX512-BF16 (cpu_internal.h gemm_bf16_16), both
+// operands bf16, fp32 accumulation, two kernels:
 //
-// Why a kernel of our own for this one case: vdpbf16ps multiplies pairs of bf16 along the
+// gemm_bf16_tn16_avx512, the weight gradient: C(fp32, M x N) = alpha * A^T B + beta * C, A bf16
+// (K x M, row stride lda), B bf16 (K x N, row stride ldb). K is the long side here (a step's
+// tokens); A is the output gradient dout, B the layer's input x, both row-major as the ops that
+// produce them write them. Why a kernel of our own for this case: vdpbf16ps multiplies pairs of bf16 along the
 // reduction, so both operands are packed "K-pair interleaved" (word = [row 2p, row 2p+1] of
 // one column). With K the row index of both operands that is an interleave of two rows: a
 // streaming pass, no transpose. oneDNN (Debian's 2.7) treats the transposed A as a strided
@@ -18,6 +19,13 @@
 // pair it loads 3 vectors of the B panel (L2) and broadcasts 8 words of the A panel (L1).
 // Summation order: per C element, pairs in order within a block, blocks in order, whatever
 // the thread count: results are bit-identical run to run and across thread counts.
+//
+// gemm_bf16_n16_avx512, the forward and input-gradient products: C = alpha * A op(B) + bias +
+// beta * C (or a bf16 C16), A (M x K) read in place: a row's pairs are its 32-bit words, so A
+// needs no packing. B is packed by all threads together (rows interleaved, or 16 x 16 register
+// transposes for B^T). Each thread's row slab runs one 8-row tile at a time (its rows stay in
+// L1) over groups of panels whose packed B stays in L2; the same 8 x 48 microkernel, with the
+// bias and the rounding to bf16 in its epilogue. Same summation-order guarantee.
 #include <immintrin.h>
 #include <omp.h>
 
@@ -30,7 +38,7 @@
 #include <cstdlib>
 
 #include "kernels/cpu/cpu_internal.h"
-#include "kernels/cpu/transpose16.h"
+#include "kernels/cpu/avx512_pack.h"
 
 namespace sw::cpu::detail {
 
@@ -185,18 +193,6 @@ constexpr int kKPn = 1024;  // pairs per block for A read in place (a whole K up
 constexpr int kMCn = 8;     // rows per block: one tile (its 8 rows stay in L1 across a group)
 constexpr int kGroupBytes = 512 << 10;  // packed B visited per row block (half of L2)
 
-// Round to nearest even fp32 -> bf16 (the bf16 in the low half of each lane), exactly
-// core/dtype.h f32_to_bf16 (NaN kept quiet with its sign, subnormals kept).
-inline __m512i round_lo(__m512 x) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i one = _mm512_set1_epi32(1);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
-  const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(
-      _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-  return _mm512_srli_epi32(_mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000)), 16);
-}
-
 struct Epilogue {
   float alpha, beta;    // beta applies on the first block only
   const float* bias;    // added on the first block (null: none)
@@ -230,7 +226,7 @@ void ukernel_direct(int kp, const Word* const* a, const uint32_t* __restrict b, 
       __m512 r = _mm512_mul_ps(va, c[i][v]);
       if (first && e.bias) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(m, e.bias + col + 16 * v));
       if (C16) {  // single block: first and last
-        _mm512_mask_cvtepi32_storeu_epi16(C16 + i * ldc + col + 16 * v, m, round_lo(r));
+        _mm512_mask_cvtepi32_storeu_epi16(C16 + i * ldc + col + 16 * v, m, _mm512_srli_epi32(round_hi(r), 16));
         continue;
       }
       float* dst = C + i * ldc + col + 16 * v;
