@@ -1,9 +1,12 @@
-// Pieces the bf16 GEMM kernels' packing and epilogues share (AVX-512F/BW): fp32 -> bf16 rounding
-// exactly as f32_to_bf16, and a 16 x 16 transpose of 32-bit words held in 16 zmm registers.
-// Include only from files compiled with -mavx512f -mavx512bw (kernels/CMakeLists).
+// Pieces the bf16 GEMM kernels share (AVX-512F/BW, and AVX512-BF16 for dp_panels): fp32 -> bf16
+// rounding exactly as f32_to_bf16, a 16 x 16 transpose of 32-bit words held in 16 zmm registers,
+// and the vdpbf16ps loop over packed panels. Include only from files compiled with -mavx512f
+// -mavx512bw -mavx512bf16 (kernels/CMakeLists).
 #pragma once
 
 #include <immintrin.h>
+
+#include <cstdint>
 
 namespace sw::cpu::detail {
 
@@ -39,6 +42,24 @@ inline void transpose16(__m512i* r) {
   tstage<4>(r);
   tstage<2>(r);
   tstage<1>(r);
+}
+
+// c (MR x NV vectors, fp32) += (A panel)(B panel) over kp pairs of K-pair interleaved words:
+// a holds MR words per pair (broadcast), b NV * 16 words per pair (64-byte aligned).
+template <int MR, int NV>
+__attribute__((always_inline)) inline void dp_panels(__m512 (&c)[MR][NV], int kp,
+                                                     const uint32_t* __restrict a,
+                                                     const uint32_t* __restrict b) {
+  for (int p = 0; p < kp; ++p) {
+    __m512bh bv[NV];
+    for (int v = 0; v < NV; ++v) bv[v] = (__m512bh)_mm512_load_si512(b + 16 * v);
+    for (int i = 0; i < MR; ++i) {
+      const __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[i]);
+      for (int v = 0; v < NV; ++v) c[i][v] = _mm512_dpbf16_ps(c[i][v], av, bv[v]);
+    }
+    a += MR;
+    b += 16 * NV;
+  }
 }
 
 }  // namespace sw::cpu::detail

@@ -220,16 +220,7 @@ void ukernel(int kp, const uint32_t* __restrict a, const uint32_t* __restrict b,
   __m512 c[kMR][kNV];
   for (int i = 0; i < kMR; ++i)
     for (int v = 0; v < kNV; ++v) c[i][v] = _mm512_setzero_ps();
-  for (int p = 0; p < kp; ++p) {
-    __m512bh bv[kNV];
-    for (int v = 0; v < kNV; ++v) bv[v] = (__m512bh)_mm512_load_si512(b + 16 * v);
-    for (int i = 0; i < kMR; ++i) {
-      const __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[i]);
-      for (int v = 0; v < kNV; ++v) c[i][v] = _mm512_dpbf16_ps(c[i][v], av, bv[v]);
-    }
-    a += kMR;
-    b += kNR;
-  }
+  dp_panels<kMR, kNV>(c, kp, a, b);
   store_tile(c, C, ldc, mr, nr, alpha);
 }
 

@@ -76,6 +76,18 @@ struct Aligned {
   }
 };
 
+struct Slab {
+  int m0, m1, j0, j1;  // rows [m0, m1) and panels [j0, j1) of C
+};
+// Thread t's of nth: rows in tiles (whole panels) when by_rows, else panels (all rows).
+Slab slab_of(int t, int nth, int M, int N, bool by_rows) {
+  const int unit = by_rows ? kMR : kNR, extent = by_rows ? M : N;
+  const int units = (extent + unit - 1) / unit, per = (units + nth - 1) / nth;
+  const int lo = std::min(extent, t * per * unit), hi = std::min(extent, (t + 1) * per * unit);
+  const int npan = (N + kNR - 1) / kNR;
+  return by_rows ? Slab{lo, hi, 0, npan} : Slab{0, M, lo / kNR, (hi + kNR - 1) / kNR};
+}
+
 // C[0:mr, 0:nr] = alpha * (A panel)(B panel) + (first ? beta * C : C) over kp pairs.
 // a: kMR words per pair; b: kNR words per pair.
 void ukernel(int kp, const uint32_t* __restrict a, const uint32_t* __restrict b, float* C,
@@ -83,16 +95,7 @@ void ukernel(int kp, const uint32_t* __restrict a, const uint32_t* __restrict b,
   __m512 c[kMR][kNV];
   for (int i = 0; i < kMR; ++i)
     for (int v = 0; v < kNV; ++v) c[i][v] = _mm512_setzero_ps();
-  for (int p = 0; p < kp; ++p) {
-    __m512bh bv[kNV];
-    for (int v = 0; v < kNV; ++v) bv[v] = (__m512bh)_mm512_load_si512(b + 16 * v);
-    for (int i = 0; i < kMR; ++i) {
-      const __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[i]);
-      for (int v = 0; v < kNV; ++v) c[i][v] = _mm512_dpbf16_ps(c[i][v], av, bv[v]);
-    }
-    a += kMR;
-    b += kNR;
-  }
+  dp_panels<kMR, kNV>(c, kp, a, b);
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
   for (int i = 0; i < mr; ++i) {
     float* row = C + i * ldc;
@@ -145,11 +148,7 @@ void gemm_bf16_tn16_avx512(int M, int N, int K, float alpha, const uint16_t* A, 
       }
     }  // (implicit barrier)
     // This thread's slab of C.
-    const int unit = by_rows ? kMR : kNR, extent = by_rows ? M : N;
-    const int units = (extent + unit - 1) / unit, per = (units + nth - 1) / nth;
-    const int lo = std::min(extent, t * per * unit), hi = std::min(extent, (t + 1) * per * unit);
-    const int m0 = by_rows ? lo : 0, m1 = by_rows ? hi : M;
-    const int j0 = by_rows ? 0 : lo / kNR, j1 = by_rows ? npan : (hi + kNR - 1) / kNR;
+    const auto [m0, m1, j0, j1] = slab_of(t, nth, M, N, by_rows);
     thread_local Aligned abuf;
     uint32_t* Ap = abuf.get((size_t)kMC * kKP);
     for (int ic = m0; ic < m1; ic += kMC) {
@@ -301,11 +300,7 @@ bool gemm_bf16_n16_avx512(bool tb, int M, int N, int K, float alpha, const uint1
           }
       }
     }  // (implicit barrier)
-    const int unit = by_rows ? kMR : kNR, extent = by_rows ? M : N;
-    const int units = (extent + unit - 1) / unit, per = (units + nth - 1) / nth;
-    const int lo = std::min(extent, t * per * unit), hi = std::min(extent, (t + 1) * per * unit);
-    const int m0 = by_rows ? lo : 0, m1 = by_rows ? hi : M;
-    const int j0 = by_rows ? 0 : lo / kNR, j1 = by_rows ? npan : (hi + kNR - 1) / kNR;
+    const auto [m0, m1, j0, j1] = slab_of(t, nth, M, N, by_rows);
     // Panels in groups whose packed B (one K block) stays in L2 while every row block of the
     // slab passes over it; a row block's A rows stay in L1/L2 across the group's panels.
     const int group = std::max(1, kGroupBytes / (std::min(kKPn, Kp) * kNR * 4));
