@@ -1,9 +1,9 @@
 // The step's bf16 products on 16-bit operands: oneDNN's matmul reading them in place
 // (gemm_bf16_onednn with both operands given in bf16) against what the step runs,
-// gemm_bf16_16 (Shardwise's own AVX512-BF16 kernels, gemm_bf16_tn.cpp), on the same operands. Prints GFLOP/s per shape
-// (median of --reps calls, the two interleaved call by call), the ratio own / oneDNN, and the
-// largest difference between the two results relative to the largest |C| (both accumulate in
-// fp32; only the summation order differs).
+// gemm_bf16_16 (Shardwise's own AVX512-BF16 kernels, gemm_bf16_tn.cpp), on the same operands.
+// Prints GFLOP/s per shape (median of --reps calls, the two interleaved call by call), the
+// ratio own / oneDNN, and the largest difference between the two results relative to the
+// largest |C| (both accumulate in fp32; only the summation order differs).
 //
 //   bench_gemm16 [--threads 2] [--reps 9] [--rows 2048] [--d 384] [--vocab 8192]
 // The shapes: the forward, input-gradient and weight-gradient products of a block's four
@@ -20,71 +20,34 @@
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/threads.h"
+#include "bench/gemm_shapes.h"
 
-namespace {
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-struct Shape {
-  const char* name;
-  int M, N, K;
-  bool ta, tb;
-};
-}  // namespace
+// (the shared helpers under short names)
+static double med(std::vector<double> v) { return gemm_bench_median(v); }
+static double now() { return gemm_bench_now_s(); }
 
 int main(int argc, char** argv) {
-  int threads = 2, reps = 9, rows = 2048, d = 384, vocab = 8192;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&] { return i + 1 < argc ? std::atoi(argv[++i]) : 0; };
-    if (a == "--threads") threads = next();
-    else if (a == "--reps") reps = next();
-    else if (a == "--rows") rows = next();
-    else if (a == "--d") d = next();
-    else if (a == "--vocab") vocab = next();
-    else {
-      std::fprintf(stderr, "usage: bench_gemm16 [--threads 2] [--reps 9] [--rows 2048] [--d 384] [--vocab 8192]\n");
-      return 2;
-    }
-  }
+  GemmBenchArgs args = {2, 9, 2048, 384, 8192};
+  if (!parse_gemm_bench_args(argc, argv, "bench_gemm16", args)) return 2;
+  const int threads = args.threads, reps = args.reps, rows = args.rows, d = args.d,
+            vocab = args.vocab;
   if (!sw::cpu::cpu_has_avx512_bf16()) {
     std::printf("bench_gemm16: this CPU has no AVX512-BF16; nothing to compare\n");
     return 0;
   }
   sw::set_num_threads(threads);
   {  // a second of work first: under bench/quiet.sh the first second is its own renicing pass
-    const double t0 = now_s();
+    const double t0 = now();
     volatile double acc = 0;
-    while (now_s() - t0 < 1.0) acc = acc + 1.0;
+    while (now() - t0 < 1.0) acc = acc + 1.0;
   }
-  const int R = rows, C = d;
-  const int V = vocab;
-  const std::vector<Shape> shapes = {
-      {"qkv fwd      x@W^T", R, 3 * C, C, false, true},
-      {"attproj fwd  x@W^T", R, C, C, false, true},
-      {"fc fwd       x@W^T", R, 4 * C, C, false, true},
-      {"proj fwd     x@W^T", R, C, 4 * C, false, true},
-      {"qkv dinp     dy@W", R, C, 3 * C, false, false},
-      {"attproj dinp dy@W", R, C, C, false, false},
-      {"fc dinp      dy@W", R, C, 4 * C, false, false},
-      {"proj dinp    dy@W", R, 4 * C, C, false, false},
-      {"qkv dW       dy^T@x", 3 * C, C, R, true, false},
-      {"attproj dW   dy^T@x", C, C, R, true, false},
-      {"fc dW        dy^T@x", 4 * C, C, R, true, false},
-      {"proj dW      dy^T@x", C, 4 * C, R, true, false},
-      {"lmhead fwd   x@w^T", 512, V, C, false, true},
-      {"lmhead dx    dl@w", 512, C, V, false, false},
-      {"lmhead dw    dl^T@x", V, C, 512, true, false},
-  };
-  std::printf("threads %d, reps %d\n%-20s %6s %6s %6s %9s %9s %7s %9s\n", threads, reps, "GFLOP/s (median)",
+  const int R = rows, C = d, V = vocab;
+  const std::vector<GemmShape> shapes = gpt2_gemm_shapes(R, C, V);
+  std::printf("threads %d, reps %d\n%-20s %6s %6s %6s %9s %9s %7s %9s\n", threads, reps,
+              "GFLOP/s (median)",
               "M", "N", "K", "onednn", "own", "own/dnn", "max|d|/|C|");
   double tf = 0, to = 0, tw = 0;
-  for (const Shape& s : shapes) {
+  for (const GemmShape& s : shapes) {
     std::vector<uint16_t> A((size_t)s.K * s.M), B((size_t)s.K * s.N);
     const int lda = s.ta ? s.M : s.K, ldb = s.tb ? s.K : s.N;
     uint32_t x = 12345;
@@ -104,9 +67,9 @@ int main(int argc, char** argv) {
                                     nullptr, B.data(), ldb, 0.f, Cw.data(), s.N);
     };
     auto timed = [](auto&& f) {
-      const double t0 = now_s();
+      const double t0 = now();
       f();
-      return now_s() - t0;
+      return now() - t0;
     };
     run_o();
     run_w();
@@ -120,7 +83,7 @@ int main(int argc, char** argv) {
       dmax = std::max(dmax, (double)std::fabs(Co[i] - Cw[i]));
       cmax = std::max(cmax, (double)std::fabs(Co[i]));
     }
-    const double fl = 2.0 * s.M * s.N * s.K, mo = median(t_o), mw = median(t_w);
+    const double fl = 2.0 * s.M * s.N * s.K, mo = med(t_o), mw = med(t_w);
     tf += fl, to += mo, tw += mw;
     std::printf("%-20s %6d %6d %6d %9.1f %9.1f %6.2fx %9.1e\n", s.name, s.M, s.N, s.K,
                 fl / mo / 1e9, fl / mw / 1e9, mo / mw, cmax > 0 ? dmax / cmax : 0.0);

@@ -33,62 +33,22 @@
 #include "core/dtype.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/threads.h"
+#include "bench/gemm_shapes.h"
 
 #include <dnnl.hpp>
 
-using Clock = std::chrono::steady_clock;
-
-namespace {
-
-struct Shape {
-  const char* name;
-  int M, N, K;
-  bool ta, tb;
-};
-
-double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-}  // namespace
+// (the shared helpers under short names)
+static double med(std::vector<double> v) { return gemm_bench_median(v); }
+static double now() { return gemm_bench_now_s(); }
 
 int main(int argc, char** argv) {
-  int threads = 2, reps = 5, rows = 1024, d = 768, vocab = 50257;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&] { return i + 1 < argc ? std::atoi(argv[++i]) : 0; };
-    if (a == "--threads") threads = next();
-    else if (a == "--reps") reps = next();
-    else if (a == "--rows") rows = next();
-    else if (a == "--d") d = next();
-    else if (a == "--vocab") vocab = next();
-    else {
-      std::fprintf(stderr, "usage: bench_gemm_bf16 [--threads 2] [--reps 5] [--rows 1024] [--d 768] [--vocab 50257]\n");
-      return 2;
-    }
-  }
+  GemmBenchArgs args = {2, 5, 1024, 768, 50257};
+  if (!parse_gemm_bench_args(argc, argv, "bench_gemm_bf16", args)) return 2;
+  const int threads = args.threads, reps = args.reps, rows = args.rows, d = args.d,
+            vocab = args.vocab;
   sw::set_num_threads(threads);
   const int R = rows, C = d, V = vocab;
-  const std::vector<Shape> shapes = {
-      {"qkv fwd      x@W^T", R, 3 * C, C, false, true},
-      {"attproj fwd  x@W^T", R, C, C, false, true},
-      {"fc fwd       x@W^T", R, 4 * C, C, false, true},
-      {"proj fwd     x@W^T", R, C, 4 * C, false, true},
-      {"qkv dinp     dy@W", R, C, 3 * C, false, false},
-      {"attproj dinp dy@W", R, C, C, false, false},
-      {"fc dinp      dy@W", R, C, 4 * C, false, false},
-      {"proj dinp    dy@W", R, 4 * C, C, false, false},
-      {"qkv dW       dy^T@x", 3 * C, C, R, true, false},
-      {"attproj dW   dy^T@x", C, C, R, true, false},
-      {"fc dW        dy^T@x", 4 * C, C, R, true, false},
-      {"proj dW      dy^T@x", C, 4 * C, R, true, false},
-      {"lmhead fwd   x@w^T", 512, V, C, false, true},
-      {"lmhead dx    dl@w", 512, C, V, false, false},
-      {"lmhead dw    dl^T@x", V, C, 512, true, false},
-  };
+  const std::vector<GemmShape> shapes = gpt2_gemm_shapes(R, C, V);
   const bool hw = sw::cpu::cpu_has_avx512_bf16();
   const bool hwf = sw::cpu::cpu_has_avx512();
   const sw::cpu::LowpPath ap = sw::cpu::lowp_auto_path(sw::DType::BF16);
@@ -105,7 +65,7 @@ int main(int argc, char** argv) {
               "M", "N", "K", "sgemm", "emul", "fused", "native", "onednn", "dnnl0", "auto",
               "fused/s", "nat/s", "dnn/s", "auto/s", "dnnl0/own", "choice");
   double tf = 0, ts = 0, te = 0, tu = 0, tn = 0, td = 0, to = 0, ta_ = 0;
-  for (const Shape& s : shapes) {
+  for (const GemmShape& s : shapes) {
     const int lda = s.ta ? s.M : s.K, ldb = s.tb ? s.K : s.N;
     std::vector<float> A((size_t)s.M * s.K), B((size_t)s.K * s.N), Cs((size_t)s.M * s.N),
         Ce((size_t)s.M * s.N), Cu((size_t)s.M * s.N), Cn((size_t)s.M * s.N),
@@ -163,9 +123,9 @@ int main(int argc, char** argv) {
       strm.wait();
     };
     auto timed = [](auto&& f) {
-      const double t0 = now_s();
+      const double t0 = now();
       f();
-      return now_s() - t0;
+      return now() - t0;
     };
     run_s();
     run_e();
@@ -185,9 +145,9 @@ int main(int argc, char** argv) {
       t_a.push_back(timed(run_a));
     }
     const double fl = 2.0 * s.M * s.N * s.K;
-    const double ms = median(t_s), me = median(t_e), mu = hwf ? median(t_u) : 0,
-                 mn = hw ? median(t_n) : 0, md = dnnl_on ? median(t_d) : 0,
-                 mo = dnnl_on ? median(t_o) : 0, ma = median(t_a);
+    const double ms = med(t_s), me = med(t_e), mu = hwf ? med(t_u) : 0,
+                 mn = hw ? med(t_n) : 0, md = dnnl_on ? med(t_d) : 0,
+                 mo = dnnl_on ? med(t_o) : 0, ma = med(t_a);
     tf += fl, ts += ms, te += me, tu += mu, tn += mn, td += md, to += mo, ta_ += ma;
     const sw::cpu::LowpPath ch = sw::cpu::lowp_shape_choice(s.ta, s.tb, s.M, s.N, s.K);
     auto row = [&](const char* name, int M, int N, int K, double fs, double ms_, double me_,
