@@ -205,7 +205,13 @@ class Block final : public Unit {
     const ProductIn fch_gelu = keep_input(ctx, kept::kFchGelu, sz(N, F));  // (N,F)
 
     ops.layernorm_forward(ln1.out(), ln1_mean, ln1_rstd, x, P(LN1W), P(LN1B), N, C);
-    ops.linear_forward(qkv.out(), ln1.operand(), W(QKVW), P(QKVB), nullptr, N, C, 3 * C);
+    if (qkv.lp) {  // the product in fp32 (scratch), narrowed into the kept 16-bit qkv
+      float* q32 = ctx.scratch->f32(sz(N, 3 * C));
+      ops.linear_forward(q32, ln1.operand(), W(QKVW), P(QKVB), nullptr, N, C, 3 * C);
+      ops.narrow(ops.compute(), q32, qkv.lp, sz(N, 3 * C));
+    } else {
+      ops.linear_forward(qkv.f32, ln1.operand(), W(QKVW), P(QKVB), nullptr, N, C, 3 * C);
+    }
     ops.attention_forward(atty.out(), lse, qkv.operand(), B, T, H, H, hd);
     linear_residual_layernorm_to(ops, x2, ln2, ln2_mean, ln2_rstd, atty.operand(), W(PROJW),
                                  P(PROJB), x, P(LN2W), P(LN2B), N, C, C);
@@ -216,7 +222,7 @@ class Block final : public Unit {
 
   // Forward keeps (in this order) ln1, ln1_mean, ln1_rstd, qkv, atty, lse, x2, ln2, ln2_mean,
   // ln2_rstd, fch, fch_gelu (ln1, qkv, atty, ln2, fch and fch_gelu 2 bytes a value with 16-bit
-  // products, each written 16-bit by its producer): in Saved when training, in scratch in
+  // products, qkv's fp32 product then in scratch): in Saved when training, in scratch in
   // inference. recompute_cheap: two (N) statistics in
   // scratch; backward: the six input gradients (written, not zeroed first).
   ActivationDecl declare_activations(int /*call*/, BatchShape shape) const override {
@@ -232,6 +238,10 @@ class Block final : public Unit {
       d.scratch_eval += shape.input_scratch(n);
     }
     d.saved_cheap = shape.input_bytes(N * C) * 2 + shape.input_bytes(N * F);  // ln1, ln2, fch_gelu
+    if (shape.lowp()) {  // qkv's fp32 product
+      d.scratch_fwd = scrb(N * 3 * C);
+      d.scratch_eval += scrb(N * 3 * C);
+    }
     d.scratch_logits = d.scratch_eval;
     d.scratch_recompute = 2 * scrb(N);
     // dfch_gelu, dfch, dln2, datty, dqkv, dln1 (all but dln2 and dln1 ProductIns)
