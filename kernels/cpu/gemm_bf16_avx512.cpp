@@ -224,20 +224,6 @@ void ukernel(int kp, const uint32_t* __restrict a, const uint32_t* __restrict b,
   store_tile(c, C, ldc, mr, nr, alpha);
 }
 
-struct Aligned {
-  uint32_t* p = nullptr;
-  size_t n = 0;
-  ~Aligned() { std::free(p); }
-  uint32_t* get(size_t words) {
-    if (words > n) {
-      std::free(p);
-      n = (words + 1023) / 1024 * 1024;
-      p = static_cast<uint32_t*>(std::aligned_alloc(64, n * 4));
-    }
-    return p;
-  }
-};
-
 // One thread's slab: rows [m0, m1), columns [n0, n1) of C.
 template <Kind kind>
 void slab(bool ta, bool tb, int m0, int m1, int n0, int n1, int K, float alpha, const float* A,

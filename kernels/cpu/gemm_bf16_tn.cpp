@@ -62,20 +62,6 @@ inline __m512i interleave16(const uint16_t* r0, const uint16_t* r1, __mmask16 m)
   return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
 }
 
-struct Aligned {
-  uint32_t* p = nullptr;
-  size_t n = 0;
-  ~Aligned() { std::free(p); }
-  uint32_t* get(size_t words) {
-    if (words > n) {
-      std::free(p);
-      n = (words + 1023) / 1024 * 1024;
-      p = static_cast<uint32_t*>(std::aligned_alloc(64, n * 4));
-    }
-    return p;
-  }
-};
-
 struct Slab {
   int m0, m1, j0, j1;  // rows [m0, m1) and panels [j0, j1) of C
 };
