@@ -1,6 +1,7 @@
 // The step's bf16 products on 16-bit operands: oneDNN's matmul reading them in place
 // (gemm_bf16_onednn with both operands given in bf16) against what the step runs,
-// gemm_bf16_16 (Shardwise's own AVX512-BF16 kernels, gemm_bf16_tn.cpp), on the same operands.
+// gemm_bf16_16 (Shardwise's own AVX512-BF16 kernels, gemm_bf16_tn.cpp; oneDNN itself where the
+// dispatcher keeps it, the LM head's 512-row x w^T and dl w), on the same operands.
 // Prints GFLOP/s per shape (median of --reps calls, the two interleaved call by call), the
 // ratio own / oneDNN, and the largest difference between the two results relative to the
 // largest |C| (both accumulate in fp32; only the summation order differs).
@@ -22,10 +23,6 @@
 #include "kernels/threads.h"
 #include "bench/gemm_shapes.h"
 
-// (the shared helpers under short names)
-static double med(std::vector<double> v) { return gemm_bench_median(v); }
-static double now() { return gemm_bench_now_s(); }
-
 int main(int argc, char** argv) {
   GemmBenchArgs args = {2, 9, 2048, 384, 8192};
   if (!parse_gemm_bench_args(argc, argv, "bench_gemm16", args)) return 2;
@@ -37,9 +34,9 @@ int main(int argc, char** argv) {
   }
   sw::set_num_threads(threads);
   {  // a second of work first: under bench/quiet.sh the first second is its own renicing pass
-    const double t0 = now();
+    const double t0 = now_s();
     volatile double acc = 0;
-    while (now() - t0 < 1.0) acc = acc + 1.0;
+    while (now_s() - t0 < 1.0) acc = acc + 1.0;
   }
   const int R = rows, C = d, V = vocab;
   const std::vector<GemmShape> shapes = gpt2_gemm_shapes(R, C, V);
@@ -66,11 +63,6 @@ int main(int argc, char** argv) {
       sw::cpu::detail::gemm_bf16_16(s.ta, s.tb, s.M, s.N, s.K, 1.f, nullptr, A.data(), lda,
                                     nullptr, B.data(), ldb, 0.f, Cw.data(), s.N);
     };
-    auto timed = [](auto&& f) {
-      const double t0 = now();
-      f();
-      return now() - t0;
-    };
     run_o();
     run_w();
     std::vector<double> t_o, t_w;
@@ -83,7 +75,7 @@ int main(int argc, char** argv) {
       dmax = std::max(dmax, (double)std::fabs(Co[i] - Cw[i]));
       cmax = std::max(cmax, (double)std::fabs(Co[i]));
     }
-    const double fl = 2.0 * s.M * s.N * s.K, mo = med(t_o), mw = med(t_w);
+    const double fl = 2.0 * s.M * s.N * s.K, mo = median(t_o), mw = median(t_w);
     tf += fl, to += mo, tw += mw;
     std::printf("%-20s %6d %6d %6d %9.1f %9.1f %6.2fx %9.1e\n", s.name, s.M, s.N, s.K,
                 fl / mo / 1e9, fl / mw / 1e9, mo / mw, cmax > 0 ? dmax / cmax : 0.0);

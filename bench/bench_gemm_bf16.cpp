@@ -37,10 +37,6 @@
 
 #include <dnnl.hpp>
 
-// (the shared helpers under short names)
-static double med(std::vector<double> v) { return gemm_bench_median(v); }
-static double now() { return gemm_bench_now_s(); }
-
 int main(int argc, char** argv) {
   GemmBenchArgs args = {2, 5, 1024, 768, 50257};
   if (!parse_gemm_bench_args(argc, argv, "bench_gemm_bf16", args)) return 2;
@@ -122,11 +118,6 @@ int main(int argc, char** argv) {
       mm.execute(strm, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
       strm.wait();
     };
-    auto timed = [](auto&& f) {
-      const double t0 = now();
-      f();
-      return now() - t0;
-    };
     run_s();
     run_e();
     run_u();
@@ -145,9 +136,9 @@ int main(int argc, char** argv) {
       t_a.push_back(timed(run_a));
     }
     const double fl = 2.0 * s.M * s.N * s.K;
-    const double ms = med(t_s), me = med(t_e), mu = hwf ? med(t_u) : 0,
-                 mn = hw ? med(t_n) : 0, md = dnnl_on ? med(t_d) : 0,
-                 mo = dnnl_on ? med(t_o) : 0, ma = med(t_a);
+    const double ms = median(t_s), me = median(t_e), mu = hwf ? median(t_u) : 0,
+                 mn = hw ? median(t_n) : 0, md = dnnl_on ? median(t_d) : 0,
+                 mo = dnnl_on ? median(t_o) : 0, ma = median(t_a);
     tf += fl, ts += ms, te += me, tu += mu, tn += mn, td += md, to += mo, ta_ += ma;
     const sw::cpu::LowpPath ch = sw::cpu::lowp_shape_choice(s.ta, s.tb, s.M, s.N, s.K);
     auto row = [&](const char* name, int M, int N, int K, double fs, double ms_, double me_,

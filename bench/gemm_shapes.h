@@ -37,12 +37,20 @@ inline std::vector<GemmShape> gpt2_gemm_shapes(int R, int C, int V) {
   };
 }
 
-inline double gemm_bench_now_s() {
+inline double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
-inline double gemm_bench_median(std::vector<double> v) {
+// Seconds one call of f takes.
+template <class F>
+double timed(F&& f) {
+  const double t0 = now_s();
+  f();
+  return now_s() - t0;
+}
+
+inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }

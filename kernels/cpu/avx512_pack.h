@@ -1,7 +1,7 @@
 // Pieces the bf16 GEMM kernels share (AVX-512F/BW, and AVX512-BF16 for dp_panels): the packing
-// buffer, fp32 -> bf16 rounding exactly as f32_to_bf16, a 16 x 16 transpose of 32-bit words held in 16 zmm registers,
-// and the vdpbf16ps loop over packed panels. Include only from files compiled with -mavx512f
-// -mavx512bw -mavx512bf16 (kernels/CMakeLists).
+// buffer, lane masks, fp32 -> bf16 rounding exactly as f32_to_bf16, a 16 x 16 transpose of
+// 32-bit words held in 16 zmm registers, and the vdpbf16ps loop over packed panels. Include
+// only from files compiled with -mavx512f -mavx512bw -mavx512bf16 (kernels/CMakeLists).
 #pragma once
 
 #include <immintrin.h>
@@ -25,6 +25,11 @@ struct Aligned {
     return p;
   }
 };
+
+// The first n of 16 lanes (n <= 0: none).
+inline __mmask16 first_n(int n) {
+  return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
+}
 
 // Round-to-nearest-even fp32 -> bf16 on 16 lanes, the bf16 in the high half of each lane
 // (same arithmetic as f32_to_bf16; NaN keeps its sign and payload top bits and is made quiet).

@@ -157,18 +157,16 @@ void gemm_bf16_onednn(bool ta, bool tb, int M, int N, int K, float alpha, const 
                       float beta, float* C, int ldc, const float* bias, uint16_t* C16);
 // True where SHARDWISE_LOWP_PATH=onednn (and the CPU has AVX-512): oneDNN for every product.
 bool lowp_onednn_forced();
-// The bf16 products of the 16-bit ops (the contract of the two overloads above): where both
+// The bf16 products of the 16-bit ops (the contract of the overload above): where both
 // operands are given in bf16, the CPU has AVX512-BF16 and oneDNN is not forced, Shardwise's
-// own kernels (gemm_bf16_tn.cpp: op(A) transposed or A read in place, 1.02-1.06x oneDNN 2.7
-// over the step's shapes, bench/bench_gemm16); otherwise, or where they do not apply, oneDNN.
-// The own kernels round a bf16 output exactly as f32_to_bf16 (subnormals kept) and give the
-// same bits whatever the thread count.
+// own kernels (gemm_bf16_tn.cpp: op(A) transposed, or A read in place at >= 1024 rows;
+// 1.02-1.06x oneDNN 2.7 over the step's shapes, bench/bench_gemm16); otherwise, or where they
+// do not apply, oneDNN. The own kernels round a bf16 output exactly as f32_to_bf16
+// (subnormals kept) and give the same bits whatever the thread count.
 void gemm_bf16_16(bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
                   const uint16_t* A16, int lda, const float* B, const uint16_t* B16, int ldb,
-                  float beta, float* C, int ldc);
-void gemm_bf16_16(bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
-                  const uint16_t* A16, int lda, const float* B, const uint16_t* B16, int ldb,
-                  float beta, float* C, int ldc, const float* bias, uint16_t* C16);
+                  float beta, float* C, int ldc, const float* bias = nullptr,
+                  uint16_t* C16 = nullptr);
 // Measured flop rate of vdpbf16ps over that of fp32 FMA on this core (~2 where vdpbf16ps has
 // the FMA's throughput; ~0.5 on CPUs that run it at a quarter of the FMA's instruction rate).
 double dpbf16_flop_ratio();

@@ -74,8 +74,6 @@ inline __m512i pairs_of_run(__m512 lo, __m512 hi) {
   return _mm512_permutex2var_epi16(round_hi(lo), idx, round_hi(hi));
 }
 
-inline __mmask16 first_n(int n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1); }
-
 // Panel of W lanes (W = kMR or kNR) over kc reduction indices from a source whose reduction
 // index is contiguous: element (lane l, k) = src[l*ld + k], lanes l < nl valid (others zero).
 // dst[p*W + l] = pair(k = 2p, 2p + 1), p < (kc+1)/2.

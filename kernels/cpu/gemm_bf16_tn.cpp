@@ -4,11 +4,12 @@
 // gemm_bf16_tn16_avx512, the weight gradient: C(fp32, M x N) = alpha * A^T B + beta * C, A bf16
 // (K x M, row stride lda), B bf16 (K x N, row stride ldb). K is the long side here (a step's
 // tokens); A is the output gradient dout, B the layer's input x, both row-major as the ops that
-// produce them write them. Why a kernel of our own for this case: vdpbf16ps multiplies pairs of bf16 along the
-// reduction, so both operands are packed "K-pair interleaved" (word = [row 2p, row 2p+1] of
-// one column). With K the row index of both operands that is an interleave of two rows: a
-// streaming pass, no transpose. oneDNN (Debian's 2.7) treats the transposed A as a strided
-// source and runs this product ~10-15% slower than a row-major one (bench/bench_gemm16).
+// produce them write them. Why a kernel of our own for this case: vdpbf16ps multiplies pairs of
+// bf16 along the reduction, so both operands are packed "K-pair interleaved" (word = [row 2p,
+// row 2p+1] of one column). With K the row index of both operands that is an interleave of two
+// rows: a streaming pass, no transpose. oneDNN (Debian's 2.7) treats the transposed A as a
+// strided source and ran this product 10-15% slower than a row-major one (a standalone matmul,
+// bench/results/bf16_small_2026-11-29.md).
 //
 // This file is compiled with -mavx512f -mavx512bw -mavx512vl -mavx512bf16 (kernels/CMakeLists);
 // nothing here may run unless cpu_has_avx512_bf16() said yes.
@@ -24,8 +25,8 @@
 // beta * C (or a bf16 C16), A (M x K) read in place: a row's pairs are its 32-bit words, so A
 // needs no packing. B is packed by all threads together (rows interleaved, or 16 x 16 register
 // transposes for B^T). Each thread's row slab runs one 8-row tile at a time (its rows stay in
-// L1) over groups of panels whose packed B stays in L2; the same 8 x 48 microkernel, with the
-// bias and the rounding to bf16 in its epilogue. Same summation-order guarantee.
+// L1) over groups of panels whose packed B stays in L2; the same 8 x 48 tile and epilogue, with
+// the bias and the rounding to bf16 in it. Same summation-order guarantee.
 #include <immintrin.h>
 #include <omp.h>
 
@@ -37,8 +38,8 @@
 #include <cstdint>
 #include <cstdlib>
 
-#include "kernels/cpu/cpu_internal.h"
 #include "kernels/cpu/avx512_pack.h"
+#include "kernels/cpu/cpu_internal.h"
 
 namespace sw::cpu::detail {
 
@@ -49,10 +50,6 @@ constexpr int kNV = 3;          // zmm vectors per tile row
 constexpr int kNR = 16 * kNV;   // columns of C per tile
 constexpr int kKP = 512;        // reduction pairs per block (1024 reduction indices)
 constexpr int kMC = 64;         // rows per A block (multiple of kMR)
-
-inline __mmask16 first_n(int n) {
-  return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
-}
 
 // 16 words [lo = r0[c], hi = r1[c]] for c < 16 (lanes >= n zero; r1 null: hi zero).
 inline __m512i interleave16(const uint16_t* r0, const uint16_t* r1, __mmask16 m) {
@@ -74,24 +71,48 @@ Slab slab_of(int t, int nth, int M, int N, bool by_rows) {
   return by_rows ? Slab{lo, hi, 0, npan} : Slab{0, M, lo / kNR, (hi + kNR - 1) / kNR};
 }
 
-// C[0:mr, 0:nr] = alpha * (A panel)(B panel) + (first ? beta * C : C) over kp pairs.
-// a: kMR words per pair; b: kNR words per pair.
+struct Epilogue {
+  float alpha, beta;    // beta applies on the first K block only
+  const float* bias;    // added on the first K block (null: none)
+  uint16_t* C16;        // bf16 output (one K block only), row stride ldc
+};
+
+// C[0:mr, col:col+nr] of the tile's rows at C / C16 from its accumulators: on the first K
+// block alpha * c + bias + beta * C (or its bf16, rounded as f32_to_bf16, into C16); on a
+// later one C + alpha * c.
+__attribute__((always_inline)) inline void store_tile(__m512 (&c)[kMR][kNV], float* C,
+                                                    uint16_t* C16, ptrdiff_t ldc, int mr, int nr,
+                                                    int col, const Epilogue& e, bool first) {
+  const __m512 va = _mm512_set1_ps(e.alpha), vb = _mm512_set1_ps(e.beta);
+  for (int i = 0; i < mr; ++i) {
+    for (int v = 0; v < kNV && 16 * v < nr; ++v) {
+      const __mmask16 m = first_n(nr - 16 * v);
+      __m512 r = _mm512_mul_ps(va, c[i][v]);
+      if (first && e.bias) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(m, e.bias + col + 16 * v));
+      if (C16) {  // one K block: first
+        _mm512_mask_cvtepi32_storeu_epi16(C16 + i * ldc + col + 16 * v, m,
+                                          _mm512_srli_epi32(round_hi(r), 16));
+        continue;
+      }
+      float* dst = C + i * ldc + col + 16 * v;
+      if (!first)
+        r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(m, dst));
+      else if (e.beta != 0.f)
+        r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, dst), r);
+      _mm512_mask_storeu_ps(dst, m, r);
+    }
+  }
+}
+
+// The C tile at C (row stride ldc, rows < mr, columns < nr) from packed panels over kp pairs
+// (a: kMR words per pair; b: kNR words per pair), stored as store_tile does.
 void ukernel(int kp, const uint32_t* __restrict a, const uint32_t* __restrict b, float* C,
-             ptrdiff_t ldc, int mr, int nr, float alpha, float beta) {
+             ptrdiff_t ldc, int mr, int nr, const Epilogue& e, bool first) {
   __m512 c[kMR][kNV];
   for (int i = 0; i < kMR; ++i)
     for (int v = 0; v < kNV; ++v) c[i][v] = _mm512_setzero_ps();
   dp_panels<kMR, kNV>(c, kp, a, b);
-  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-  for (int i = 0; i < mr; ++i) {
-    float* row = C + i * ldc;
-    for (int v = 0; v < kNV && 16 * v < nr; ++v) {
-      const __mmask16 m = first_n(nr - 16 * v);
-      __m512 r = _mm512_mul_ps(va, c[i][v]);
-      if (beta != 0.f) r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, row + 16 * v), r);
-      _mm512_mask_storeu_ps(row + 16 * v, m, r);
-    }
-  }
+  store_tile(c, C, nullptr, ldc, mr, nr, 0, e, first);
 }
 
 }  // namespace
@@ -101,7 +122,10 @@ void gemm_bf16_tn16_avx512(int M, int N, int K, float alpha, const uint16_t* A, 
   if (M <= 0 || N <= 0) return;
   if (K <= 0 || alpha == 0.f) {
     for (int i = 0; i < M; ++i)
-      for (int j = 0; j < N; ++j) C[(size_t)i * ldc + j] = beta == 0.f ? 0.f : beta * C[(size_t)i * ldc + j];
+      for (int j = 0; j < N; ++j) {
+        float& c = C[(size_t)i * ldc + j];
+        c = beta == 0.f ? 0.f : beta * c;
+      }
     return;
   }
   const int Kp = (K + 1) / 2;                      // reduction pairs
@@ -135,6 +159,7 @@ void gemm_bf16_tn16_avx512(int M, int N, int K, float alpha, const uint16_t* A, 
     }  // (implicit barrier)
     // This thread's slab of C.
     const auto [m0, m1, j0, j1] = slab_of(t, nth, M, N, by_rows);
+    const Epilogue e{alpha, beta, nullptr, nullptr};
     thread_local Aligned abuf;
     uint32_t* Ap = abuf.get((size_t)kMC * kKP);
     for (int ic = m0; ic < m1; ic += kMC) {
@@ -160,8 +185,8 @@ void gemm_bf16_tn16_avx512(int M, int N, int K, float alpha, const uint16_t* A, 
           const int col = j * kNR, nr = std::min(kNR, N - col);
           for (int ir = 0; ir < mc; ir += kMR)
             ukernel(kpb, Ap + (size_t)(ir / kMR) * kMR * kpb, bb + (size_t)j * kNR * kpb,
-                    C + (size_t)(ic + ir) * ldc + col, ldc, std::min(kMR, mc - ir), nr, alpha,
-                    kb == 0 ? beta : 1.f);
+                    C + (size_t)(ic + ir) * ldc + col, ldc, std::min(kMR, mc - ir), nr, e,
+                    kb == 0);
         }
       }
     }
@@ -175,25 +200,19 @@ namespace {
 typedef uint32_t __attribute__((may_alias)) Word;
 
 constexpr int kKPn = 1024;  // pairs per block for A read in place (a whole K up to 2048)
-constexpr int kMCn = 8;     // rows per block: one tile (its 8 rows stay in L1 across a group)
-constexpr int kGroupBytes = 512 << 10;  // packed B visited per row block (half of L2)
+constexpr int kGroupBytes = 512 << 10;  // packed B visited per 8-row tile (half of L2)
 
-struct Epilogue {
-  float alpha, beta;    // beta applies on the first block only
-  const float* bias;    // added on the first block (null: none)
-  uint16_t* C16;        // bf16 output (single block only), row stride ldc
-};
-
-// C tile over kp pairs with A's rows read in place: row i's pair p is the 32-bit word
-// a[i][p] (the bf16 pair at A + row*lda + 2*(k0/2 + p)).
+// The C tile over kp pairs with A's rows read in place: row i's pair p is the 32-bit word
+// a[i][p] (the bf16 pair at A + row*lda + 2*(k0/2 + p)); b: kNR words per pair. Stored at
+// columns [col, col + nr) as store_tile does.
 void ukernel_direct(int kp, const Word* const* a, const uint32_t* __restrict b, float* C,
                     uint16_t* C16, ptrdiff_t ldc, int mr, int nr, int col, const Epilogue& e,
-                    bool first, bool last) {
+                    bool first) {
   __m512 c[kMR][kNV];
   for (int i = 0; i < kMR; ++i)
     for (int v = 0; v < kNV; ++v) c[i][v] = _mm512_setzero_ps();
   const Word *a0 = a[0], *a1 = a[1], *a2 = a[2], *a3 = a[3], *a4 = a[4], *a5 = a[5],
-                 *a6 = a[6], *a7 = a[7];
+             *a6 = a[6], *a7 = a[7];
   for (int p = 0; p < kp; ++p) {
     __m512bh bv[kNV];
     for (int v = 0; v < kNV; ++v) bv[v] = (__m512bh)_mm512_load_si512(b + 16 * v);
@@ -204,25 +223,7 @@ void ukernel_direct(int kp, const Word* const* a, const uint32_t* __restrict b, 
     }
     b += kNR;
   }
-  const __m512 va = _mm512_set1_ps(e.alpha), vb = _mm512_set1_ps(e.beta);
-  for (int i = 0; i < mr; ++i) {
-    for (int v = 0; v < kNV && 16 * v < nr; ++v) {
-      const __mmask16 m = first_n(nr - 16 * v);
-      __m512 r = _mm512_mul_ps(va, c[i][v]);
-      if (first && e.bias) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(m, e.bias + col + 16 * v));
-      if (C16) {  // single block: first and last
-        _mm512_mask_cvtepi32_storeu_epi16(C16 + i * ldc + col + 16 * v, m, _mm512_srli_epi32(round_hi(r), 16));
-        continue;
-      }
-      float* dst = C + i * ldc + col + 16 * v;
-      if (!first)
-        r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(m, dst));
-      else if (e.beta != 0.f)
-        r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, dst), r);
-      _mm512_mask_storeu_ps(dst, m, r);
-    }
-  }
-  (void)last;
+  store_tile(c, C, C16, ldc, mr, nr, col, e, first);
 }
 
 }  // namespace
@@ -287,29 +288,24 @@ bool gemm_bf16_n16_avx512(bool tb, int M, int N, int K, float alpha, const uint1
       }
     }  // (implicit barrier)
     const auto [m0, m1, j0, j1] = slab_of(t, nth, M, N, by_rows);
-    // Panels in groups whose packed B (one K block) stays in L2 while every row block of the
-    // slab passes over it; a row block's A rows stay in L1/L2 across the group's panels.
+    // Panels in groups whose packed B (one K block) stays in L2 while every 8-row tile of the
+    // slab passes over it; a tile's A rows stay in L1 across the group's panels.
     const int group = std::max(1, kGroupBytes / (std::min(kKPn, Kp) * kNR * 4));
     for (int jg = j0; jg < j1; jg += group) {
       const int jend = std::min(j1, jg + group);
-      for (int ic = m0; ic < m1; ic += kMCn) {
-        const int mc = std::min(kMCn, m1 - ic);
+      for (int ir = m0; ir < m1; ir += kMR) {  // one 8-row tile
+        const int mr = std::min(kMR, m1 - ir);
         for (int kb = 0; kb < nblk; ++kb) {
           const int kpb = std::min(kKPn, Kp - kb * kKPn);
           const uint32_t* bb = Bp + (size_t)kb * kKPn * Npad;
-          for (int j = jg; j < jend; ++j) {
-            const int col = j * kNR, nr = std::min(kNR, N - col);
-            for (int ir = 0; ir < mc; ir += kMR) {
-              const int mr = std::min(kMR, mc - ir);
-              const Word* ar[kMR];
-              for (int i = 0; i < kMR; ++i)  // rows past the tile's end repeat its last row
-                ar[i] = Aw + (size_t)(ic + ir + std::min(i, mr - 1)) * ldaw + (size_t)kb * kKPn;
-              const size_t row = (size_t)(ic + ir) * ldc;
-              ukernel_direct(kpb, ar, bb + (size_t)j * kNR * kpb, C ? C + row : nullptr,
-                             C16 ? C16 + row : nullptr, ldc, mr, nr, col, e, kb == 0,
-                             kb == nblk - 1);
-            }
-          }
+          const Word* ar[kMR];
+          for (int i = 0; i < kMR; ++i)  // rows past the tile's end repeat its last row
+            ar[i] = Aw + (size_t)(ir + std::min(i, mr - 1)) * ldaw + (size_t)kb * kKPn;
+          const size_t row = (size_t)ir * ldc;
+          for (int j = jg; j < jend; ++j)
+            ukernel_direct(kpb, ar, bb + (size_t)j * kNR * kpb, C ? C + row : nullptr,
+                           C16 ? C16 + row : nullptr, ldc, mr, std::min(kNR, N - j * kNR),
+                           j * kNR, e, kb == 0);
         }
       }
     }

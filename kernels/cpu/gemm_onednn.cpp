@@ -195,10 +195,4 @@ void gemm_bf16_16(bool ta, bool tb, int M, int N, int K, float alpha, const floa
   gemm_bf16_onednn(ta, tb, M, N, K, alpha, A, A16, lda, B, B16, ldb, beta, C, ldc, bias, C16);
 }
 
-void gemm_bf16_16(bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
-                  const uint16_t* A16, int lda, const float* B, const uint16_t* B16, int ldb,
-                  float beta, float* C, int ldc) {
-  gemm_bf16_16(ta, tb, M, N, K, alpha, A, A16, lda, B, B16, ldb, beta, C, ldc, nullptr, nullptr);
-}
-
 }  // namespace sw::cpu::detail
