@@ -84,8 +84,15 @@ __attribute__((always_inline)) inline void store_tile(__m512 (&c)[kMR][kNV], flo
                                                     uint16_t* C16, ptrdiff_t ldc, int mr, int nr,
                                                     int col, const Epilogue& e, bool first) {
   const __m512 va = _mm512_set1_ps(e.alpha), vb = _mm512_set1_ps(e.beta);
-  for (int i = 0; i < mr; ++i) {
-    for (int v = 0; v < kNV && 16 * v < nr; ++v) {
+  // Constant trip counts, unrolled, with the bounds as guards: every c[i][v] is then a fixed
+  // register (variable bounds made GCC keep the tile in a stack array, spilled after the
+  // product loop and zeroed there before it: ~4% of the kernel's time).
+#pragma GCC unroll 8
+  for (int i = 0; i < kMR; ++i) {
+    if (i >= mr) continue;
+#pragma GCC unroll 3
+    for (int v = 0; v < kNV; ++v) {
+      if (16 * v >= nr) continue;
       const __mmask16 m = first_n(nr - 16 * v);
       __m512 r = _mm512_mul_ps(va, c[i][v]);
       if (first && e.bias) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(m, e.bias + col + 16 * v));

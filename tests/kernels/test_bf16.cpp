@@ -861,6 +861,53 @@ TEST_CASE("narrow, widen, round_copy and the 16-bit GELU/SwiGLU outputs: core/dt
   }
 }
 
+// The 16-bit-input GELU runs by table (elementwise.cpp): every one of the 65536 inputs, NaN and
+// inf included, against the formula loops on the widened values, bit for bit.
+TEST_CASE("GELU on 16-bit inputs (by table) = the fp32 formula on the widened values for every input") {
+  constexpr size_t n = size_t{1} << 16;
+  auto to16 = [](DType t, float f) { return t == DType::BF16 ? sw::f32_to_bf16(f) : sw::f32_to_f16(f); };
+  auto to32 = [](DType t, uint16_t h) { return t == DType::BF16 ? sw::bf16_to_f32(h) : sw::f16_to_f32(h); };
+  for (DType t : {DType::BF16, DType::F16}) {
+    INFO(sw::dtype_name(t));
+    std::vector<uint16_t> x16(2 * n), d16(2 * n), got(2 * n), want(2 * n);
+    for (size_t i = 0; i < 2 * n; ++i) x16[i] = static_cast<uint16_t>(i * 40503u);  // each twice
+    const Vec d = randv(2 * n, 71, 4.f);
+    sw::cpu::narrow(t, d.data(), d16.data(), 2 * n);
+    Vec x(2 * n), dw(2 * n), f(2 * n), g(2 * n), g_tab(2 * n);
+    sw::cpu::widen(t, x16.data(), x.data(), 2 * n);
+    sw::cpu::widen(t, d16.data(), dw.data(), 2 * n);
+    auto bits_equal = [](uint16_t a, uint16_t b, float fa) { return a == b || std::isnan(fa); };
+    // Forward: the 16-bit output.
+    sw::cpu::gelu_forward(f.data(), x.data(), 2 * n);
+    for (size_t i = 0; i < 2 * n; ++i) want[i] = to16(t, f[i]);
+    sw::cpu::gelu_forward_lp(t, got.data(), x16.data(), 2 * n);
+    size_t bad = 0;
+    for (size_t i = 0; i < 2 * n; ++i) bad += !bits_equal(got[i], want[i], f[i]);
+    CHECK(bad == 0);
+    bad = 0;
+    for (size_t i = 0; i < 2 * n; ++i)  // NaN in, NaN out
+      if (std::isnan(f[i])) bad += !std::isnan(to32(t, got[i]));
+    CHECK(bad == 0);
+    // Backward, written: fp32 and 16-bit dinp, dout fp32 and 16-bit.
+    sw::cpu::gelu_backward_set(t, g.data(), x.data(), nullptr, dw.data(), nullptr, 2 * n);
+    for (const bool d_is16 : {false, true}) {
+      INFO("dout 16-bit " << d_is16);
+      sw::cpu::gelu_backward_set(t, g_tab.data(), nullptr, x16.data(), d_is16 ? nullptr : dw.data(),
+                                 d_is16 ? d16.data() : nullptr, 2 * n);
+      bad = 0;
+      for (size_t i = 0; i < 2 * n; ++i)
+        bad += !(std::memcmp(&g[i], &g_tab[i], 4) == 0 || (std::isnan(g[i]) && std::isnan(g_tab[i])));
+      CHECK(bad == 0);
+      for (size_t i = 0; i < 2 * n; ++i) want[i] = to16(t, g[i]);
+      sw::cpu::gelu_backward_lp_set(t, got.data(), nullptr, x16.data(), d_is16 ? nullptr : dw.data(),
+                                    d_is16 ? d16.data() : nullptr, 2 * n);
+      bad = 0;
+      for (size_t i = 0; i < 2 * n; ++i) bad += !bits_equal(got[i], want[i], g[i]);
+      CHECK(bad == 0);
+    }
+  }
+}
+
 TEST_CASE("linear in bf16/fp16: operands fp32, 16-bit or both give the same bits") {
   // Issue 39: the oneDNN path reads a 16-bit operand in place and the others widen it; every
   // combination of forms (the fp32 form exactly the 16-bit one widened, as sharding/unit_state.h
