@@ -14,8 +14,9 @@
 // This file is compiled with -mavx512f -mavx512bw -mavx512vl -mavx512bf16 (kernels/CMakeLists);
 // nothing here may run unless cpu_has_avx512_bf16() said yes.
 //
-// Blocking: B is packed once, by all threads together, in blocks of kKP pairs; each thread
-// owns a slab of C's rows (or columns when N > M) and packs its own A block by block. The
+// Blocking: B is packed once, by all threads together, in blocks of kKP pairs; threads take
+// blocks of kMC rows of C dynamically (or, when N > M, each owns a slab of C's columns) and
+// pack their own A block by block. The
 // microkernel keeps an 8 x 48 fp32 tile of C in 24 zmm registers over a whole K block: per
 // pair it loads 3 vectors of the B panel (L2) and broadcasts 8 words of the A panel (L1).
 // Summation order: per C element, pairs in order within a block, blocks in order, whatever
@@ -24,9 +25,10 @@
 // gemm_bf16_n16_avx512, the forward and input-gradient products: C = alpha * A op(B) + bias +
 // beta * C (or a bf16 C16), A (M x K) read in place: a row's pairs are its 32-bit words, so A
 // needs no packing. B is packed by all threads together (rows interleaved, or 16 x 16 register
-// transposes for B^T). Each thread's row slab runs one 8-row tile at a time (its rows stay in
-// L1) over groups of panels whose packed B stays in L2; the same 8 x 48 tile and epilogue, with
-// the bias and the rounding to bf16 in it. Same summation-order guarantee.
+// transposes for B^T). Threads take work items (64 rows x a group of panels whose packed B stays
+// in L2) dynamically and run them one 8-row tile at a time (its rows stay in L1 across the
+// group's panels); the same 8 x 48 tile and epilogue, with the bias and the rounding to bf16 in
+// it. Same summation-order guarantee.
 #include <immintrin.h>
 #include <omp.h>
 
@@ -37,6 +39,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <utility>
 
 #include "kernels/cpu/avx512_pack.h"
 #include "kernels/cpu/cpu_internal.h"
@@ -59,16 +62,10 @@ inline __m512i interleave16(const uint16_t* r0, const uint16_t* r1, __mmask16 m)
   return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
 }
 
-struct Slab {
-  int m0, m1, j0, j1;  // rows [m0, m1) and panels [j0, j1) of C
-};
-// Thread t's of nth: rows in tiles (whole panels) when by_rows, else panels (all rows).
-Slab slab_of(int t, int nth, int M, int N, bool by_rows) {
-  const int unit = by_rows ? kMR : kNR, extent = by_rows ? M : N;
-  const int units = (extent + unit - 1) / unit, per = (units + nth - 1) / nth;
-  const int lo = std::min(extent, t * per * unit), hi = std::min(extent, (t + 1) * per * unit);
-  const int npan = (N + kNR - 1) / kNR;
-  return by_rows ? Slab{lo, hi, 0, npan} : Slab{0, M, lo / kNR, (hi + kNR - 1) / kNR};
+// Thread t's of nth panels [j0, j1) of C's N columns (whole panels).
+std::pair<int, int> panels_of(int t, int nth, int N) {
+  const int npan = (N + kNR - 1) / kNR, per = (npan + nth - 1) / nth;
+  return {std::min(npan, t * per), std::min(npan, (t + 1) * per)};
 }
 
 struct Epilogue {
@@ -164,13 +161,11 @@ void gemm_bf16_tn16_avx512(int M, int N, int K, float alpha, const uint16_t* A, 
         }
       }
     }  // (implicit barrier)
-    // This thread's slab of C.
-    const auto [m0, m1, j0, j1] = slab_of(t, nth, M, N, by_rows);
     const Epilogue e{alpha, beta, nullptr, nullptr};
     thread_local Aligned abuf;
     uint32_t* Ap = abuf.get((size_t)kMC * kKP);
-    for (int ic = m0; ic < m1; ic += kMC) {
-      const int mc = std::min(kMC, m1 - ic);
+    // C's rows [ic, ic + mc) at panels [j0, j1): A's rows packed block by block, then the tiles.
+    auto rows_block = [&](int ic, int mc, int j0, int j1) {
       for (int kb = 0; kb < nblk; ++kb) {
         const int kpb = std::min(kKP, Kp - kb * kKP);
         // Pack A rows [ic, ic+mc) over this block: panel q (rows ic + 8q ..) at q*kMR*kpb.
@@ -196,6 +191,16 @@ void gemm_bf16_tn16_avx512(int M, int N, int K, float alpha, const uint16_t* A, 
                     kb == 0);
         }
       }
+    };
+    if (by_rows) {
+      // Row blocks handed out dynamically (a static half each left one thread waiting at the
+      // region's end: the two vCPUs do not run at one speed). Sums do not depend on the thread.
+      const int nblocks = (M + kMC - 1) / kMC;
+#pragma omp for schedule(dynamic, 1) nowait
+      for (int b = 0; b < nblocks; ++b) rows_block(b * kMC, std::min(kMC, M - b * kMC), 0, npan);
+    } else {  // this thread's panels, all rows (every thread packs all of A)
+      const auto [j0, j1] = panels_of(t, nth, N);
+      for (int ic = 0; ic < M; ic += kMC) rows_block(ic, std::min(kMC, M - ic), j0, j1);
     }
   }
 }
@@ -250,13 +255,11 @@ bool gemm_bf16_n16_avx512(bool tb, int M, int N, int K, float alpha, const uint1
   uint32_t* Bp = bbuf.get((size_t)Kp * Npad);
   const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
   const int T = 2.0 * M * N * K < 4e6 ? 1 : nt;
-  const bool by_rows = M >= N;
   const Epilogue e{alpha, beta, bias, C16};
   const Word* Aw = reinterpret_cast<const Word*>(A);
   const ptrdiff_t ldaw = lda / 2;
 #pragma omp parallel num_threads(T) if (T > 1)
   {
-    const int t = omp_get_thread_num(), nth = omp_get_num_threads();
     // Pack B: pair P of block kb at Bp + kb*kKPn*Npad + panel*kNR*kpb + p*kNR.
     if (tb) {  // B(k, n) = B[n*ldb + k]: the pair is one 32-bit word of row n
       // 16 rows x 16 pairs at a time, transposed in registers; one panel's rows per thread
@@ -294,12 +297,19 @@ bool gemm_bf16_n16_avx512(bool tb, int M, int N, int K, float alpha, const uint1
           }
       }
     }  // (implicit barrier)
-    const auto [m0, m1, j0, j1] = slab_of(t, nth, M, N, by_rows);
-    // Panels in groups whose packed B (one K block) stays in L2 while every 8-row tile of the
-    // slab passes over it; a tile's A rows stay in L1 across the group's panels.
+    // Panels in groups whose packed B (one K block) stays in L2 while every 8-row tile of an
+    // item passes over it; a tile's A rows stay in L1 across the group's panels.
     const int group = std::max(1, kGroupBytes / (std::min(kKPn, Kp) * kNR * 4));
-    for (int jg = j0; jg < j1; jg += group) {
-      const int jend = std::min(j1, jg + group);
+    // Work items (a panel group x kRowsItem rows, group-major) handed out dynamically: a static
+    // half each left one thread waiting for the other at the region's end for ~4% of the
+    // kernel's time in the small model's step (the two vCPUs do not run at one speed). Which
+    // thread computes a tile does not change its sums.
+    constexpr int kRowsItem = 8 * kMR;
+    const int ngroups = (npan + group - 1) / group, nrow_items = (M + kRowsItem - 1) / kRowsItem;
+#pragma omp for schedule(dynamic, 1) nowait
+    for (int item = 0; item < ngroups * nrow_items; ++item) {
+      const int jg = item / nrow_items * group, jend = std::min(npan, jg + group);
+      const int m0 = item % nrow_items * kRowsItem, m1 = std::min(M, m0 + kRowsItem);
       for (int ir = m0; ir < m1; ir += kMR) {  // one 8-row tile
         const int mr = std::min(kMR, m1 - ir);
         for (int kb = 0; kb < nblk; ++kb) {
