@@ -24,8 +24,11 @@ constexpr size_t kParallelMin = size_t{1} << 15;  // elements
 //   p -= (lr / (1 - beta1^step)) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
 // which is p -= lr * (mhat / (sqrt(vhat) + eps) + wd * p) with p the value before the step.
 // Scalar coefficients are formed in double (as PyTorch does in Python) and rounded once.
-void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
-           float beta2, float eps, float wd, int step, float grad_mult) {
+namespace {
+// K 0: no 16-bit copy; 1 bf16, 2 fp16: p16 = narrow(K, the updated param) in the same pass.
+template <int K>
+void adamw_t(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
+             float beta2, float eps, float wd, int step, float grad_mult, uint16_t* p16) {
   const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), step);
   const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), step);
   const float step_size = static_cast<float>(static_cast<double>(lr) / bc1);
@@ -36,8 +39,28 @@ void adamw(float* param, const float* grad, float* m, float* v, size_t n, float 
   for (size_t i = 0; i < n; ++i) {
     mom.update(grad[i] * grad_mult, m[i], v[i]);
     const float denom = std::sqrt(v[i]) * inv_bc2_sqrt + eps;
-    param[i] = param[i] * decay - step_size * (m[i] / denom);
+    const float p = param[i] * decay - step_size * (m[i] / denom);
+    param[i] = p;
+    if constexpr (K != 0) p16[i] = detail::to_kind<K>(p);
   }
+}
+}  // namespace
+
+void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
+           float beta2, float eps, float wd, int step, float grad_mult) {
+  adamw_t<0>(param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult, nullptr);
+}
+
+// The updated parameters' 16-bit copy written in the same pass (Ops::adamw's copies: the
+// compute copies of a unit's weights): narrow(dt, param) after adamw, one pass instead of two
+// over param (~0.6% of the small bf16 model's step on the CPU).
+void adamw16(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
+             float beta2, float eps, float wd, int step, float grad_mult, DType dt,
+             uint16_t* param16) {
+  if (dt == DType::BF16)
+    adamw_t<1>(param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult, param16);
+  else
+    adamw_t<2>(param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult, param16);
 }
 
 }  // namespace sw::cpu

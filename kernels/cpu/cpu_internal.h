@@ -48,12 +48,20 @@ inline void broadcast_rows(float* out, const float* b, int N, int OC) {
 }
 
 // db (+)= the column sums of x (N x OC, row-major), each value read as fp32 through `load`:
-// every column summed over rows 0..N-1 in order by exactly one thread (blocks of 256 columns,
-// static schedule), so the result does not depend on the thread count, nor on whether x is fp32
-// or 16-bit widened as it is read (linear_backward's db, and its bf16 twin).
-template <class T, class Load>
-inline void column_sums(float* db, const T* x, int N, int OC, bool db_write, Load load) {
-  constexpr int CB = 256;
+// every column summed over rows 0..N-1 in order by exactly one thread (blocks of 64 columns,
+// static schedule), so the result does not depend on the thread count or the block width, nor
+// on whether x is fp32 or 16-bit widened as it is read (linear_backward's db, and its bf16
+// twin). `also(row, c0, w0)`, when given, sees each block of each row as it is read (the fused
+// narrow of narrow_column_sums). Blocks of 64 columns: at 256, OC = 384 split 256 / 128 between
+// two threads (OC 1152: 3 / 2 blocks).
+struct NoAlso {
+  template <class T>
+  void operator()(const T*, size_t, int) const {}
+};
+template <class T, class Load, class Also = NoAlso>
+inline void column_sums(float* db, const T* x, int N, int OC, bool db_write, Load load,
+                        Also also = {}) {
+  constexpr int CB = 64;
   const int nblocks = (OC + CB - 1) / CB;
 #pragma omp parallel for schedule(static) if ((size_t)N * OC >= (1u << 16))
   for (int blk = 0; blk < nblocks; ++blk) {
@@ -62,6 +70,7 @@ inline void column_sums(float* db, const T* x, int N, int OC, bool db_write, Loa
     for (int c = 0; c < w0; ++c) acc[c] = 0.f;
     for (int n = 0; n < N; ++n) {
       const T* row = x + (size_t)n * OC + c0;
+      also(row, (size_t)n * OC + c0, w0);
 #pragma omp simd
       for (int c = 0; c < w0; ++c) acc[c] += load(row[c]);
     }

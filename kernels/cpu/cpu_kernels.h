@@ -214,6 +214,10 @@ int lmhead_chunk_rows(int N, int V);
 // adamw.cpp
 void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
            float beta2, float eps, float wd, int step, float grad_mult);
+// adamw, then param16 = narrow(dt, param) (dt BF16 or F16), in one pass.
+void adamw16(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
+             float beta2, float eps, float wd, int step, float grad_mult, DType dt,
+             uint16_t* param16);
 
 // optimizers.cpp (Ops::sgd, lamb_prepare, add_scaled)
 void sgd(float* param, const float* grad, float* m, size_t n, float lr, float momentum,

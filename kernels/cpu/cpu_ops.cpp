@@ -291,10 +291,15 @@ class CpuOps final : public Ops {
     cpu::xent_shard_backward(dh, dw.p, dw.beta(), h, weight_f32(w, V, C, tw), lse,
                              targets, v_lo, N, C, V, grad_scale, compute_);
   }
-  // The copies through the fp32 ops (Ops::adamw_through_copies).
+  // The copies: a 16-bit one alone in AdamW's pass, others through the fp32 ops
+  // (Ops::adamw_through_copies).
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
              float beta2, float eps, float wd, int step, float grad_mult,
              const AdamWCopies& copies = {}) const override {
+    if (copies.dt != DType::F32 && copies.param16 && !copies.param32 &&
+        copies.grad_dt == DType::F32)  // the 16-bit copy alone: written in the same pass
+      return cpu::adamw16(param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult,
+                          copies.dt, copies.param16);
     if (copies.dt != DType::F32)
       return adamw_through_copies(param, grad, m, v, n, lr, beta1, beta2, eps, wd, step,
                                   grad_mult, copies);

@@ -382,6 +382,18 @@ const uint16_t* narrowed16(DType t, const float* x, size_t n) {
   narrow(t, x, d, n);
   return d;
 }
+// narrowed16 (bf16) and, in the same pass over x, db (+)= x's column sums: linear_backward's
+// sums of the fp32 dout, the same bits (column_sums), without a second read of dout.
+const uint16_t* narrowed16_colsum(const float* x, int N, int OC, float* db, bool db_write) {
+  thread_local Buffer buf;
+  auto* d = reinterpret_cast<uint16_t*>(detail::grow_workspace(buf, ((size_t)N * OC + 1) / 2));
+  detail::column_sums(db, x, N, OC, db_write, [](float v) { return v; },
+                      [d](const float* row, size_t at, int w) {
+#pragma omp simd
+                        for (int c = 0; c < w; ++c) d[at + c] = detail::bf16_round(row[c]);
+                      });
+  return d;
+}
 size_t extent(int r, int c) { return size_t(r > 0 ? r : 0) * size_t(c > 0 ? c : 0); }
 bool onednn_path(DType t) { return lowp_onednn(t); }
 // db (+)= colsum(dout) read from dout's bf16 values: linear_backward's column sums on the values
@@ -441,13 +453,18 @@ bool linear_backward_lowp16_to16(DType t, uint16_t* dinp16, float* dw, float* db
                                  const uint16_t* inp16, const float* w, const uint16_t* w16,
                                  int N, int C, int OC, float dw_beta, bool db_write) {
   if (!onednn_path(t) || N <= 0 || OC <= 0 || C <= 0) return false;
-  const uint16_t* d16 = dout16 ? dout16 : dw ? narrowed16(t, dout, extent(N, OC)) : nullptr;
+  // An fp32-only dout narrowed once for both products, db's column sums taken in that pass.
+  const bool db_fused = !dout16 && dw && db;
+  const uint16_t* d16 = dout16     ? dout16
+                        : db_fused ? narrowed16_colsum(dout, N, OC, db, db_write)
+                        : dw       ? narrowed16(t, dout, extent(N, OC))
+                                   : nullptr;
   detail::gemm_bf16_16(false, false, N, C, OC, 1.f, dout, d16, OC, w, w16, C, 0.f, nullptr, C,
                            nullptr, dinp16);
   // dW and db as linear_backward_lowp16 forms them.
-  if (dw || db)
-    linear_backward_lowp16(t, nullptr, dw, db, dout, d16 ? d16 : dout16, inp, inp16, w, w16, N,
-                           C, OC, 0.f, dw_beta, db_write);
+  if (dw || (db && !db_fused))
+    linear_backward_lowp16(t, nullptr, dw, db_fused ? nullptr : db, dout, d16 ? d16 : dout16,
+                           inp, inp16, w, w16, N, C, OC, 0.f, dw_beta, db_write);
   return true;
 }
 
@@ -473,15 +490,20 @@ void linear_backward_lowp16(DType t, float* dinp, float* dw, float* db, const fl
     return;
   }
   if (onednn_path(t) && N > 0 && OC > 0 && C > 0 && (dinp || dw)) {
-    // The 16-bit forms read in place; an fp32-only dout that feeds both products narrowed once.
-    const uint16_t* d16 = dout16 ? dout16 : dinp && dw ? narrowed16(t, dout, extent(N, OC)) : nullptr;
+    // The 16-bit forms read in place; an fp32-only dout that feeds both products narrowed once
+    // (db's column sums taken in that pass).
+    const bool db_fused = !dout16 && dinp && dw && db;
+    const uint16_t* d16 = dout16         ? dout16
+                          : db_fused     ? narrowed16_colsum(dout, N, OC, db, db_write)
+                          : dinp && dw   ? narrowed16(t, dout, extent(N, OC))
+                                         : nullptr;
     if (dinp)
       detail::gemm_bf16_16(false, false, N, C, OC, 1.f, dout, d16, OC, w, w16, C, dinp_beta,
                                dinp, C);
     if (dw)
       detail::gemm_bf16_16(true, false, OC, C, N, 1.f, dout, d16, OC, inp, inp16, C, dw_beta,
                                dw, C);
-    if (db) {  // a sum, not a product: fp32 (the fp32 op's sums, from the bf16 values if need be)
+    if (db && !db_fused) {  // a sum, not a product: fp32 (the fp32 op's sums, from the bf16 values if need be)
       if (dout)
         linear_backward(nullptr, nullptr, db, dout, inp, w, N, C, OC, 1.f, 1.f, db_write);
       else

@@ -861,6 +861,34 @@ TEST_CASE("narrow, widen, round_copy and the 16-bit GELU/SwiGLU outputs: core/dt
   }
 }
 
+// Ops::adamw with a 16-bit copy alone writes it in AdamW's pass (cpu_ops.cpp): the same bits
+// as adamw and then narrow, and the same fp32 state; the other copy forms unchanged.
+TEST_CASE("AdamW writing the 16-bit weight copy in its pass = adamw then narrow") {
+  const size_t n = 70001;  // > 32K: the parallel path, and a ragged tail
+  const Vec p0 = randv(n, 81), g = randv(n, 82, 0.1f), m0 = randv(n, 83, 0.01f);
+  Vec v0 = randv(n, 84, 0.01f);
+  for (float& x : v0) x = x * x;
+  for (DType t : {DType::BF16, DType::F16}) {
+    INFO(sw::dtype_name(t));
+    const sw::Ops& ops = sw::ops_for(sw::Device::cpu(), t);
+    Vec p1 = p0, m1 = m0, v1 = v0, p2 = p0, m2 = m0, v2 = v0;
+    std::vector<uint16_t> c1(n), c2(n);
+    for (int step = 1; step <= 3; ++step) {
+      sw::cpu::adamw(p1.data(), g.data(), m1.data(), v1.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f,
+                     0.1f, step, 0.5f);
+      sw::cpu::narrow(t, p1.data(), c1.data(), n);
+      sw::AdamWCopies c;
+      c.dt = t, c.param16 = c2.data();
+      ops.adamw(p2.data(), g.data(), m2.data(), v2.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                step, 0.5f, c);
+      CHECK(same_bits(p1, p2));
+      CHECK(same_bits(m1, m2));
+      CHECK(same_bits(v1, v2));
+      CHECK(c1 == c2);
+    }
+  }
+}
+
 // The 16-bit-input GELU runs by table (elementwise.cpp): every one of the 65536 inputs, NaN and
 // inf included, against the formula loops on the widened values, bit for bit.
 TEST_CASE("GELU on 16-bit inputs (by table) = the fp32 formula on the widened values for every input") {
