@@ -130,9 +130,7 @@ double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const floa
         if (l16) std::memset(l16 + (size_t)r * V, 0, sizeof(uint16_t) * V);
         continue;
       }
-      float mx = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : mx)
-      for (int v = 0; v < V; ++v) mx = std::max(mx, row[v]);
+      const float mx = detail::row_max(row, V);
       const float lt = row[t];
       // The sum of exp(logit - max): in float within blocks of kSumBlock logits (vectorised;
       // one block, as before, up to 2^20), the blocks added in double. One float accumulator

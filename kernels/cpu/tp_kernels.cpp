@@ -160,9 +160,7 @@ void xent_shard_stats(float* stats, const float* h, const float* w, const int32_
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < nc; ++r) {
       const float* row = logits + (size_t)r * V;
-      float mx = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : mx)
-      for (int v = 0; v < V; ++v) mx = std::max(mx, row[v]);
+      const float mx = detail::row_max(row, V);
       // lmhead_xent's sum: float within blocks of kSumBlock logits, the blocks in double.
       double block_sums = 0.0;
       for (int v0 = 0, v1; v0 < V; v0 = v1) {
