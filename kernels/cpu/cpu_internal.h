@@ -169,7 +169,8 @@ void gemm_bf16_onednn(bool ta, bool tb, int M, int N, int K, float alpha, const 
 bool lowp_onednn_forced();
 // The bf16 products of the 16-bit ops (the contract of the overload above): where both
 // operands are given in bf16, the CPU has AVX512-BF16 and oneDNN is not forced, Shardwise's
-// own kernels (gemm_bf16_tn.cpp: op(A) transposed, or A read in place at >= 1024 rows;
+// own kernels (gemm_bf16_tn.cpp: op(A) transposed, or A read in place at >= 1024 rows or in a
+// ReusePackedB scope;
 // 1.02-1.06x oneDNN 2.7 over the step's shapes, bench/bench_gemm16); otherwise, or where they
 // do not apply, oneDNN. The own kernels round a bf16 output exactly as f32_to_bf16
 // (subnormals kept) and give the same bits whatever the thread count.
@@ -177,6 +178,18 @@ void gemm_bf16_16(bool ta, bool tb, int M, int N, int K, float alpha, const floa
                   const uint16_t* A16, int lda, const float* B, const uint16_t* B16, int ldb,
                   float beta, float* C, int ldc, const float* bias = nullptr,
                   uint16_t* C16 = nullptr);
+// While one of these lives on a thread, gemm_bf16_16's own A op(B) kernel keeps the packed
+// form of the last two B operands it multiplied by (keyed by pointer, tb, N, K, ldb) and packs
+// such a B again only after the scope: for a caller that multiplies by the same unchanged
+// matrix several times (the LM head's weight, once per row chunk, forward and dx); the kernel
+// then also runs below its row threshold. B must not change while the scope lives. Scopes nest.
+struct ReusePackedB {
+  ReusePackedB();
+  ~ReusePackedB();
+  ReusePackedB(const ReusePackedB&) = delete;
+  ReusePackedB& operator=(const ReusePackedB&) = delete;
+};
+bool reuse_packed_b();  // one lives on this thread
 // Measured flop rate of vdpbf16ps over that of fp32 FMA on this core (~2 where vdpbf16ps has
 // the FMA's throughput; ~0.5 on CPUs that run it at a quarter of the FMA's instruction rate).
 double dpbf16_flop_ratio();

@@ -240,6 +240,49 @@ void ukernel_direct(int kp, const Word* const* a, const uint32_t* __restrict b, 
 
 }  // namespace
 
+namespace {
+
+// The packed B of gemm_bf16_n16_avx512: one buffer per thread outside a ReusePackedB scope;
+// inside one, the last two B operands' packed forms, kept while the scope lives.
+thread_local int g_reuse_depth = 0;
+struct PackedB {
+  Aligned buf;
+  const uint16_t* B = nullptr;
+  bool tb = false;
+  int N = 0, K = 0, ldb = 0;
+  unsigned long use = 0;  // last use (least recently used slot is refilled)
+};
+thread_local PackedB g_packed[2];
+thread_local unsigned long g_uses = 0;
+
+// The buffer for B's packed form (words), and whether it holds that form already.
+uint32_t* packed_b_slot(const uint16_t* B, bool tb, int N, int K, int ldb, size_t words,
+                        bool* packed) {
+  *packed = false;
+  if (g_reuse_depth == 0) {
+    g_packed[0].B = nullptr;
+    return g_packed[0].buf.get(words);
+  }
+  for (PackedB& s : g_packed)
+    if (s.B == B && s.tb == tb && s.N == N && s.K == K && s.ldb == ldb) {
+      s.use = ++g_uses;
+      *packed = true;
+      return s.buf.get(words);
+    }
+  PackedB& s = g_packed[0].use <= g_packed[1].use ? g_packed[0] : g_packed[1];
+  s.B = B, s.tb = tb, s.N = N, s.K = K, s.ldb = ldb, s.use = ++g_uses;
+  return s.buf.get(words);
+}
+
+}  // namespace
+
+ReusePackedB::ReusePackedB() { ++g_reuse_depth; }
+ReusePackedB::~ReusePackedB() {
+  if (--g_reuse_depth == 0)
+    for (PackedB& s : g_packed) s.B = nullptr;
+}
+bool reuse_packed_b() { return g_reuse_depth > 0; }
+
 bool gemm_bf16_n16_avx512(bool tb, int M, int N, int K, float alpha, const uint16_t* A, int lda,
                           const uint16_t* B, int ldb, float beta, float* C, int ldc,
                           const float* bias, uint16_t* C16) {
@@ -251,8 +294,8 @@ bool gemm_bf16_n16_avx512(bool tb, int M, int N, int K, float alpha, const uint1
   if (C16 && nblk > 1) return false;  // a bf16 output is written once
   const int npan = (N + kNR - 1) / kNR;
   const size_t Npad = (size_t)npan * kNR;
-  static thread_local Aligned bbuf;
-  uint32_t* Bp = bbuf.get((size_t)Kp * Npad);
+  bool packed = false;  // B found packed already (a ReusePackedB scope)
+  uint32_t* Bp = packed_b_slot(B, tb, N, K, ldb, (size_t)Kp * Npad, &packed);
   const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
   const int T = 2.0 * M * N * K < 4e6 ? 1 : nt;
   const Epilogue e{alpha, beta, bias, C16};
@@ -261,7 +304,8 @@ bool gemm_bf16_n16_avx512(bool tb, int M, int N, int K, float alpha, const uint1
 #pragma omp parallel num_threads(T) if (T > 1)
   {
     // Pack B: pair P of block kb at Bp + kb*kKPn*Npad + panel*kNR*kpb + p*kNR.
-    if (tb) {  // B(k, n) = B[n*ldb + k]: the pair is one 32-bit word of row n
+    if (packed) {  // (kept from an earlier call in a ReusePackedB scope)
+    } else if (tb) {  // B(k, n) = B[n*ldb + k]: the pair is one 32-bit word of row n
       // 16 rows x 16 pairs at a time, transposed in registers; one panel's rows per thread
       // at a time (kKPn is a multiple of 16: a run of 16 pairs lies in one block).
       const Word* Bw = reinterpret_cast<const Word*>(B);

@@ -175,7 +175,8 @@ void gemm_bf16_onednn(bool ta, bool tb, int M, int N, int K, float alpha, const 
 
 // The own kernel for A read in place packs all of B (K x N) on every call: at fewer rows than
 // this it ran slower than oneDNN (the 512-row LM-head chunk x w^T: 0.84x; the step's Linears at
-// 1024 and 2048 rows: 0.98-1.11x, bench/bench_gemm16 --rows 1024 / 2048).
+// 1024 and 2048 rows: 0.98-1.11x, bench/bench_gemm16 --rows 1024 / 2048), unless a
+// ReusePackedB scope spares the packing after the first call.
 constexpr int kOwnMinRows = 1024;
 
 void gemm_bf16_16(bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
@@ -186,7 +187,7 @@ void gemm_bf16_16(bool ta, bool tb, int M, int N, int K, float alpha, const floa
     if (ta) {
       if (!bias && !C16)
         return gemm_bf16_tn16_avx512(M, N, K, alpha, A16, lda, B16, ldb, beta, C, ldc);
-    } else if (M >= kOwnMinRows &&
+    } else if ((M >= kOwnMinRows || reuse_packed_b()) &&
                gemm_bf16_n16_avx512(tb, M, N, K, alpha, A16, lda, B16, ldb, beta, C, ldc, bias,
                                     C16)) {
       return;

@@ -108,6 +108,8 @@ double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const floa
 
   double total = 0.0;
   thread_local Buffer rlbuf;  // per-row losses of a chunk
+  // w's packed forms (x w^T, dlogits w) made once for all chunks by the own bf16 kernels.
+  const detail::ReusePackedB reuse_w;
   float* rl = detail::grow_workspace(rlbuf, (size_t)chunk);
 
   for (int n0 = 0; n0 < N; n0 += chunk) {

@@ -221,3 +221,39 @@ TEST_CASE("own bf16 kernels decline what they do not cover, and the dispatcher t
     CHECK(worst_vs_reference(c, o, C) <= 1.0);
   }
 }
+
+// A ReusePackedB scope: the own A op(B) kernel packs each B once and reuses the packed form for
+// later products by the same B (the LM head's chunks): the same bits as packing every time,
+// with two Bs alternating (forward w^T and dx w, two slots), and nothing stale once the scope
+// has ended (B changed after it: the next product sees the change).
+TEST_CASE("own bf16 kernels: a packed B reused inside a ReusePackedB scope gives the same bits") {
+  if (!sw::cpu::cpu_has_avx512_bf16()) return;
+  const Case fwd{false, true, 1024, 200, 96, 2, 1.f, 0.f, true};
+  const Case dx{false, false, 1024, 96, 200, 0, 1.f, 1.f, false};
+  Operands of = make(fwd, 400), od = make(dx, 401);
+  std::vector<float> want_f(of.C0.size()), want_d = od.C0;
+  REQUIRE(own(fwd, of, want_f));
+  REQUIRE(own(dx, od, want_d));
+  {
+    const sw::cpu::detail::ReusePackedB scope;
+    CHECK(sw::cpu::detail::reuse_packed_b());
+    for (int rep = 0; rep < 3; ++rep) {  // rep 0 packs, 1 and 2 reuse
+      std::vector<float> Cf(of.C0.size()), Cd = od.C0;
+      REQUIRE(own(fwd, of, Cf));
+      REQUIRE(own(dx, od, Cd));
+      CHECK(std::memcmp(Cf.data(), want_f.data(), Cf.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(Cd.data(), want_d.data(), Cd.size() * sizeof(float)) == 0);
+    }
+  }
+  CHECK_FALSE(sw::cpu::detail::reuse_packed_b());
+  // B changed after the scope (same pointer): a new scope packs it again.
+  for (auto& v : of.B) v = f32_to_bf16(-bf16_to_f32(v));
+  std::vector<float> neg(of.C0.size()), got(of.C0.size());
+  {
+    const sw::cpu::detail::ReusePackedB scope;
+    REQUIRE(own(fwd, of, got));
+  }
+  REQUIRE(own(fwd, of, neg));  // (outside a scope: packed afresh)
+  CHECK(std::memcmp(got.data(), neg.data(), got.size() * sizeof(float)) == 0);
+  CHECK(worst_vs_reference(fwd, of, got) <= 1.0);
+}
