@@ -179,17 +179,18 @@ void gemm_bf16_16(bool ta, bool tb, int M, int N, int K, float alpha, const floa
                   float beta, float* C, int ldc, const float* bias = nullptr,
                   uint16_t* C16 = nullptr);
 // While one of these lives on a thread, gemm_bf16_16's own A op(B) kernel keeps the packed
-// form of the last two B operands it multiplied by (keyed by pointer, tb, N, K, ldb) and packs
-// such a B again only after the scope: for a caller that multiplies by the same unchanged
-// matrix several times (the LM head's weight, once per row chunk, forward and dx); the kernel
-// then also runs below its row threshold. B must not change while the scope lives. Scopes nest.
+// form of the last two B operands it multiplied by (keyed by pointer, tb, N, K, ldb; packed
+// forms up to 16 MiB) and packs such a B again only after the scope: for a caller that
+// multiplies by the same unchanged matrix several times (the LM head's weight, once per row
+// chunk, forward and dx); the kernel then also runs below its row threshold. B must not change
+// while the scope lives. Scopes nest.
 struct ReusePackedB {
   ReusePackedB();
   ~ReusePackedB();
   ReusePackedB(const ReusePackedB&) = delete;
   ReusePackedB& operator=(const ReusePackedB&) = delete;
 };
-bool reuse_packed_b();  // one lives on this thread
+bool reuse_packed_b(int N, int K);  // one lives on this thread, and a K x N B's form is kept
 // Measured flop rate of vdpbf16ps over that of fp32 FMA on this core (~2 where vdpbf16ps has
 // the FMA's throughput; ~0.5 on CPUs that run it at a quarter of the FMA's instruction rate).
 double dpbf16_flop_ratio();

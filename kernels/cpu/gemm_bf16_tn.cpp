@@ -245,6 +245,10 @@ namespace {
 // The packed B of gemm_bf16_n16_avx512: one buffer per thread outside a ReusePackedB scope;
 // inside one, the last two B operands' packed forms, kept while the scope lives.
 thread_local int g_reuse_depth = 0;
+// A B whose packed form is larger is not kept (packed per call, as outside a scope): two slots
+// of at most this per thread, outside the memory tracker like the per-call buffer (the small
+// model's LM head: 6.3 MB each; GPT-2's, 77 MB, is not kept and its chunks run oneDNN).
+constexpr size_t kReuseMaxBytes = size_t{16} << 20;
 struct PackedB {
   Aligned buf;
   const uint16_t* B = nullptr;
@@ -259,7 +263,7 @@ thread_local unsigned long g_uses = 0;
 uint32_t* packed_b_slot(const uint16_t* B, bool tb, int N, int K, int ldb, size_t words,
                         bool* packed) {
   *packed = false;
-  if (g_reuse_depth == 0) {
+  if (g_reuse_depth == 0 || !reuse_packed_b(N, K)) {
     g_packed[0].B = nullptr;
     return g_packed[0].buf.get(words);
   }
@@ -281,7 +285,10 @@ ReusePackedB::~ReusePackedB() {
   if (--g_reuse_depth == 0)
     for (PackedB& s : g_packed) s.B = nullptr;
 }
-bool reuse_packed_b() { return g_reuse_depth > 0; }
+bool reuse_packed_b(int N, int K) {
+  const size_t bytes = size_t((K + 1) / 2) * size_t((N + kNR - 1) / kNR * kNR) * 4;
+  return g_reuse_depth > 0 && bytes <= kReuseMaxBytes;
+}
 
 bool gemm_bf16_n16_avx512(bool tb, int M, int N, int K, float alpha, const uint16_t* A, int lda,
                           const uint16_t* B, int ldb, float beta, float* C, int ldc,

@@ -187,7 +187,7 @@ void gemm_bf16_16(bool ta, bool tb, int M, int N, int K, float alpha, const floa
     if (ta) {
       if (!bias && !C16)
         return gemm_bf16_tn16_avx512(M, N, K, alpha, A16, lda, B16, ldb, beta, C, ldc);
-    } else if ((M >= kOwnMinRows || reuse_packed_b()) &&
+    } else if ((M >= kOwnMinRows || reuse_packed_b(N, K)) &&
                gemm_bf16_n16_avx512(tb, M, N, K, alpha, A16, lda, B16, ldb, beta, C, ldc, bias,
                                     C16)) {
       return;

@@ -236,7 +236,8 @@ TEST_CASE("own bf16 kernels: a packed B reused inside a ReusePackedB scope gives
   REQUIRE(own(dx, od, want_d));
   {
     const sw::cpu::detail::ReusePackedB scope;
-    CHECK(sw::cpu::detail::reuse_packed_b());
+    CHECK(sw::cpu::detail::reuse_packed_b(fwd.N, fwd.K));
+    CHECK_FALSE(sw::cpu::detail::reuse_packed_b(50257, 768));  // (77 MB packed: not kept)
     for (int rep = 0; rep < 3; ++rep) {  // rep 0 packs, 1 and 2 reuse
       std::vector<float> Cf(of.C0.size()), Cd = od.C0;
       REQUIRE(own(fwd, of, Cf));
@@ -245,7 +246,7 @@ TEST_CASE("own bf16 kernels: a packed B reused inside a ReusePackedB scope gives
       CHECK(std::memcmp(Cd.data(), want_d.data(), Cd.size() * sizeof(float)) == 0);
     }
   }
-  CHECK_FALSE(sw::cpu::detail::reuse_packed_b());
+  CHECK_FALSE(sw::cpu::detail::reuse_packed_b(fwd.N, fwd.K));
   // B changed after the scope (same pointer): a new scope packs it again.
   for (auto& v : of.B) v = f32_to_bf16(-bf16_to_f32(v));
   std::vector<float> neg(of.C0.size()), got(of.C0.size());
