@@ -52,9 +52,9 @@ inline void broadcast_rows(float* out, const float* b, int N, int OC) {
 // every column summed over rows 0..N-1 in order by exactly one thread (blocks of 64 columns,
 // static schedule), so the result does not depend on the thread count or the block width, nor
 // on whether x is fp32 or 16-bit widened as it is read (linear_backward's db, and its bf16
-// twin). `also(row, c0, w0)`, when given, sees each block of each row as it is read (the fused
-// narrow of narrow_column_sums). Blocks of 64 columns: at 256, OC = 384 split 256 / 128 between
-// two threads (OC 1152: 3 / 2 blocks).
+// twin). `also(row, at, w)`, when given, sees each block of each row as it is read (row: w values
+// at offset `at` of x; gemm_bf16.cpp's narrowed16_colsum narrows them there). Blocks of 64
+// columns: at 256, OC = 384 split 256 / 128 between two threads (OC 1152: 3 / 2 blocks).
 struct NoAlso {
   template <class T>
   void operator()(const T*, size_t, int) const {}
@@ -170,9 +170,8 @@ bool lowp_onednn_forced();
 // The bf16 products of the 16-bit ops (the contract of the overload above): where both
 // operands are given in bf16, the CPU has AVX512-BF16 and oneDNN is not forced, Shardwise's
 // own kernels (gemm_bf16_tn.cpp: op(A) transposed, or A read in place at >= 1024 rows or in a
-// ReusePackedB scope;
-// 1.02-1.06x oneDNN 2.7 over the step's shapes, bench/bench_gemm16); otherwise, or where they
-// do not apply, oneDNN. The own kernels round a bf16 output exactly as f32_to_bf16
+// ReusePackedB scope; 1.02-1.06x oneDNN 2.7 over the step's shapes, bench/bench_gemm16);
+// otherwise, or where they do not apply, oneDNN. The own kernels round a bf16 output exactly as f32_to_bf16
 // (subnormals kept) and give the same bits whatever the thread count.
 void gemm_bf16_16(bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
                   const uint16_t* A16, int lda, const float* B, const uint16_t* B16, int ldb,

@@ -374,19 +374,21 @@ const float* widened16(DType t, const uint16_t* x16, size_t n, int slot) {
   widen(t, x16, d, n);
   return d;
 }
-// An fp32 operand narrowed once into this thread's grow-only bf16 scratch, for the two oneDNN
-// products that read it (dout in linear_backward).
-const uint16_t* narrowed16(DType t, const float* x, size_t n) {
+// This thread's grow-only bf16 scratch for an fp32 operand narrowed once for the two products
+// that read it (dout in linear_backward), by narrowed16 or narrowed16_colsum.
+uint16_t* narrowed16_scratch(size_t n) {
   thread_local Buffer buf;
-  auto* d = reinterpret_cast<uint16_t*>(detail::grow_workspace(buf, (n + 1) / 2));
+  return reinterpret_cast<uint16_t*>(detail::grow_workspace(buf, (n + 1) / 2));
+}
+const uint16_t* narrowed16(DType t, const float* x, size_t n) {
+  uint16_t* d = narrowed16_scratch(n);
   narrow(t, x, d, n);
   return d;
 }
 // narrowed16 (bf16) and, in the same pass over x, db (+)= x's column sums: linear_backward's
 // sums of the fp32 dout, the same bits (column_sums), without a second read of dout.
 const uint16_t* narrowed16_colsum(const float* x, int N, int OC, float* db, bool db_write) {
-  thread_local Buffer buf;
-  auto* d = reinterpret_cast<uint16_t*>(detail::grow_workspace(buf, ((size_t)N * OC + 1) / 2));
+  uint16_t* d = narrowed16_scratch((size_t)N * OC);
   detail::column_sums(db, x, N, OC, db_write, [](float v) { return v; },
                       [d](const float* row, size_t at, int w) {
 #pragma omp simd
@@ -503,7 +505,7 @@ void linear_backward_lowp16(DType t, float* dinp, float* dw, float* db, const fl
     if (dw)
       detail::gemm_bf16_16(true, false, OC, C, N, 1.f, dout, d16, OC, inp, inp16, C, dw_beta,
                                dw, C);
-    if (db && !db_fused) {  // a sum, not a product: fp32 (the fp32 op's sums, from the bf16 values if need be)
+    if (db && !db_fused) {  // a sum, not a product: fp32 (the fp32 op's sums, or from bf16)
       if (dout)
         linear_backward(nullptr, nullptr, db, dout, inp, w, N, C, OC, 1.f, 1.f, db_write);
       else

@@ -311,8 +311,8 @@ bool gemm_bf16_n16_avx512(bool tb, int M, int N, int K, float alpha, const uint1
 #pragma omp parallel num_threads(T) if (T > 1)
   {
     // Pack B: pair P of block kb at Bp + kb*kKPn*Npad + panel*kNR*kpb + p*kNR.
-    if (packed) {  // (kept from an earlier call in a ReusePackedB scope)
-    } else if (tb) {  // B(k, n) = B[n*ldb + k]: the pair is one 32-bit word of row n
+    // (Nothing to pack where `packed`: kept from an earlier call in a ReusePackedB scope.)
+    if (!packed && tb) {  // B(k, n) = B[n*ldb + k]: the pair is one 32-bit word of row n
       // 16 rows x 16 pairs at a time, transposed in registers; one panel's rows per thread
       // at a time (kKPn is a multiple of 16: a run of 16 pairs lies in one block).
       const Word* Bw = reinterpret_cast<const Word*>(B);
@@ -334,7 +334,7 @@ bool gemm_bf16_n16_avx512(bool tb, int M, int N, int K, float alpha, const uint1
             for (int q = 0; q < np; ++q) _mm512_store_si512(d + (size_t)(p0 + q) * kNR, r[q]);
           }
         }
-    } else {  // B(k, n) = B[k*ldb + n]: two rows interleaved
+    } else if (!packed) {  // B(k, n) = B[k*ldb + n]: two rows interleaved
 #pragma omp for schedule(static)
       for (int P = 0; P < Kp; ++P) {
         const int kb = P / kKPn, p = P % kKPn, kpb = std::min(kKPn, Kp - kb * kKPn);
