@@ -44,19 +44,52 @@ for v in "${variants[@]}"; do
   run2 half_$async "${vargs[@]}" --resume auto
   grep -q "resumed from $work/half_$async/checkpoints/step_4 at step 4" "$work/half_$async.log" ||
     { cat "$work/half_$async.log"; fail "half_$async: no 'resumed from' line"; }
-  cmp "$work/full_$async/hf/model.safetensors" "$work/half_$async/hf/model.safetensors" ||
-    fail "async=$async: the resumed run's weights differ from the uninterrupted run's"
-  /usr/bin/python3 - "$work/full_$async/metrics.jsonl" "$work/half_$async/metrics.jsonl" <<'PY' || fail "async=$async: metrics differ"
-import json, sys
-a = [json.loads(l) for l in open(sys.argv[1])]
-b = [json.loads(l) for l in open(sys.argv[2])]
-assert len(a) == len(b) == 8, (len(a), len(b))
+  # Metrics and weights compared together, so that a failure says how the runs diverged: the
+  # steps whose figures differ, and per tensor the count of differing elements and the largest
+  # difference (one element in the last bits of an fp32 master, or the whole model).
+  /usr/bin/python3 - "$work/full_$async" "$work/half_$async" <<'PY' || fail "async=$async: the resumed run differs from the uninterrupted one (above)"
+import json, struct, sys
+from array import array
+full, half = sys.argv[1], sys.argv[2]
+bad = []
+a = [json.loads(l) for l in open(full + "/metrics.jsonl")]
+b = [json.loads(l) for l in open(half + "/metrics.jsonl")]
+if not len(a) == len(b) == 8:
+    bad.append(f"metrics: {len(a)} and {len(b)} lines, 8 expected")
 for x, y in zip(a, b):
-    for k in ("step", "loss", "grad_norm", "lr"):
-        assert x[k] == y[k], (x["step"], k, x[k], y[k])
-    if x["step"] > 4:  # the stopped run also validated at its last step, 4
-        assert x.get("val_loss") == y.get("val_loss"), (x["step"], x.get("val_loss"), y.get("val_loss"))
+    keys = ["step", "loss", "grad_norm", "lr"] + (["val_loss"] if x["step"] > 4 else [])
+    for k in keys:  # (the stopped run also validated at its last step, 4)
+        if x.get(k) != y.get(k):
+            bad.append(f"step {x['step']} {k}: {x.get(k)!r} uninterrupted, {y.get(k)!r} resumed")
+def tensors(path):  # name -> (dtype, raw bytes)
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    head = json.loads(raw[8:8 + n])
+    return {k: (v["dtype"], raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
+            for k, v in head.items() if k != "__metadata__"}
+ta, tb = tensors(full + "/hf/model.safetensors"), tensors(half + "/hf/model.safetensors")
+if sorted(ta) != sorted(tb):
+    bad.append(f"weights: tensors {sorted(ta)} and {sorted(tb)}")
+for k in sorted(set(ta) & set(tb)):
+    (dx, x), (dy, y) = ta[k], tb[k]
+    if dx != dy or len(x) != len(y):
+        bad.append(f"weights {k}: {dx} x {len(x)} bytes and {dy} x {len(y)} bytes")
+        continue
+    if x == y:
+        continue
+    w = 4 if dx == "F32" else 2
+    diff = [i for i in range(len(x) // w) if x[i * w:(i + 1) * w] != y[i * w:(i + 1) * w]]
+    line = f"weights {k}: {len(diff)} of {len(x) // w} elements differ (first at {diff[0]}"
+    if dx == "F32":
+        fx, fy = array("f", x), array("f", y)
+        line += f", largest difference {max(abs(fx[i] - fy[i]) for i in diff):.3g}"
+    bad.append(line + ")")
+for line in bad:
+    print("  " + line)
+sys.exit(1 if bad else 0)
 PY
+  cmp -s "$work/full_$async/hf/model.safetensors" "$work/half_$async/hf/model.safetensors" ||
+    fail "async=$async: the exported files differ (their tensors do not)"
   if [ "$async" = fp16_stage0 ]; then
     grep -q '"overflow":true' "$work/full_$async/metrics.jsonl" ||
       fail "fp16_stage0: no step overflowed, so the loss scaler's resume is not exercised"
