@@ -192,6 +192,7 @@ struct ReusePackedB {
 bool reuse_packed_b(int N, int K);  // one lives on this thread, and a K x N B's form is kept
 // Measured flop rate of vdpbf16ps over that of fp32 FMA on this core (~2 where vdpbf16ps has
 // the FMA's throughput; ~0.5 on CPUs that run it at a quarter of the FMA's instruction rate).
+// Printed with SHARDWISE_LOWP_VERBOSE; the path itself is chosen by vendor (choose_native).
 double dpbf16_flop_ratio();
 
 // exp(x) in fp32, branch-free so loops over it vectorise (AVX-512 / AVX2 with -O3).

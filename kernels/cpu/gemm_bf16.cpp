@@ -13,11 +13,11 @@
 //    oneDNN's bf16 matmul (fp32 output). On this path the 16-bit ops' products, whose operands
 //    are bf16 already, run own vdpbf16ps kernels where those apply (gemm_bf16_16,
 //    gemm_bf16_tn.cpp), unless SHARDWISE_LOWP_PATH=onednn asks for oneDNN throughout.
-// Auto: BF16 runs onednn where vdpbf16ps is faster than FMA (dpbf16_flop_ratio() > 1.2,
-// measured once per process with a wide margin either way: ~2x on the Zen 5 EPYC, ~0.5x on
-// the 4th-generation Xeon these kernels were developed on, where one vdpbf16ps issues at a
-// quarter of the FMA's rate, so bf16 cannot beat fp32 there), else fused where AVX-512
-// exists, else emulated. SHARDWISE_LOWP_PATH=native|fused|emulated|onednn overrides Auto; =tuned
+// Auto: BF16 runs onednn where vdpbf16ps is faster than FMA (choose_native: AMD's CPUs, where
+// it measures 2x FMA's flops on Zen 4 and Zen 5; ~0.5x on the 4th-generation Xeon these kernels
+// were developed on, where one vdpbf16ps issues at a quarter of the FMA's rate, so bf16 cannot
+// beat fp32 there; a rule, not a timing, so every process of a job sums alike), else fused
+// where AVX-512 exists, else emulated. SHARDWISE_LOWP_PATH=native|fused|emulated|onednn overrides Auto; =tuned
 // picks per shape between the own kernel and onednn by timing both on the first call
 // (shape_choice: faster, but two processes may choose differently and so differ in summation
 // order). Tests and the bench force one path per call.
@@ -96,11 +96,28 @@ std::string env_path() {
   return e;
 }
 
+bool cpu_is_amd() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+  return b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // "AuthenticAMD"
+}
+
+// Whether vdpbf16ps outruns FMA, by the CPU's vendor and never by a timing: every process of a
+// job, a resumed one included, must take the same path, or their sums differ in the last bits
+// (a per-process measurement near its threshold, or taken on a loaded machine, could flip). The
+// rule is what the measurement (detail::dpbf16_flop_ratio, vdpbf16ps against FMA flops) gives
+// on the CPUs with AVX512-BF16 measured: 2.0 on AMD's Zen 4 and Zen 5 (one vdpbf16ps per cycle,
+// like FMA's rate in flops halved), ~0.5 on Intel's 4th-generation Xeon (a quarter of the FMA's
+// issue rate; Cooper Lake also issues it on one port). SHARDWISE_LOWP_VERBOSE prints both.
 bool choose_native() {
   if (!hw_avx512_bf16()) return false;
   const std::string e = env_path();
   if (!e.empty() && e != "tuned") return e == "native" || e == "onednn";
-  return detail::dpbf16_flop_ratio() > 1.2;
+  const bool native = cpu_is_amd();
+  if (env_flag("SHARDWISE_LOWP_VERBOSE"))
+    std::fprintf(stderr, "[kernels] bf16 products: %s by vendor (vdpbf16ps/FMA flops measured %.2fx)\n",
+                 native ? "vdpbf16ps" : "FMA", detail::dpbf16_flop_ratio());
+  return native;
 }
 
 inline float round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
