@@ -17,10 +17,10 @@
 // it measures 2x FMA's flops on Zen 4 and Zen 5; ~0.5x on the 4th-generation Xeon these kernels
 // were developed on, where one vdpbf16ps issues at a quarter of the FMA's rate, so bf16 cannot
 // beat fp32 there; a rule, not a timing, so every process of a job sums alike), else fused
-// where AVX-512 exists, else emulated. SHARDWISE_LOWP_PATH=native|fused|emulated|onednn overrides Auto; =tuned
-// picks per shape between the own kernel and onednn by timing both on the first call
-// (shape_choice: faster, but two processes may choose differently and so differ in summation
-// order). Tests and the bench force one path per call.
+// where AVX-512 exists, else emulated. SHARDWISE_LOWP_PATH=native|fused|emulated|onednn
+// overrides Auto; =tuned picks per shape between the own kernel and onednn by timing both on
+// the first call (shape_choice: faster, but two processes may choose differently and so differ
+// in summation order). Tests and the bench force one path per call.
 //
 // F16 has no native path: x86 has no fp16 dot product with fp32 accumulation below AMX-FP16,
 // so fp16 compute brings no speed on the CPU; it exists for the fp16 mixed-precision mode
@@ -106,16 +106,17 @@ bool cpu_is_amd() {
 // job, a resumed one included, must take the same path, or their sums differ in the last bits
 // (a per-process measurement near its threshold, or taken on a loaded machine, could flip). The
 // rule is what the measurement (detail::dpbf16_flop_ratio, vdpbf16ps against FMA flops) gives
-// on the CPUs with AVX512-BF16 measured: 2.0 on AMD's Zen 4 and Zen 5 (one vdpbf16ps per cycle,
-// like FMA's rate in flops halved), ~0.5 on Intel's 4th-generation Xeon (a quarter of the FMA's
-// issue rate; Cooper Lake also issues it on one port). SHARDWISE_LOWP_VERBOSE prints both.
+// on the CPUs with AVX512-BF16 measured: 2.0 on AMD's Zen 4 and Zen 5 (a vdpbf16ps does twice an
+// FMA's flops at the FMA's issue rate), ~0.5 on Intel's 4th-generation Xeon (a quarter of the
+// FMA's issue rate); other CPUs are not measured. SHARDWISE_LOWP_VERBOSE prints both.
 bool choose_native() {
   if (!hw_avx512_bf16()) return false;
   const std::string e = env_path();
   if (!e.empty() && e != "tuned") return e == "native" || e == "onednn";
   const bool native = cpu_is_amd();
   if (env_flag("SHARDWISE_LOWP_VERBOSE"))
-    std::fprintf(stderr, "[kernels] bf16 products: %s by vendor (vdpbf16ps/FMA flops measured %.2fx)\n",
+    std::fprintf(stderr,
+                 "[kernels] bf16 products: %s by vendor (vdpbf16ps/FMA flops measured %.2fx)\n",
                  native ? "vdpbf16ps" : "FMA", detail::dpbf16_flop_ratio());
   return native;
 }
