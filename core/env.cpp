@@ -80,7 +80,8 @@ const std::vector<EnvVar>& table() {
        "stream is no GPU's: the CPU's stamped events, the simulated device's streams (tests the "
        "GPU path without one)"},
       {"SHARDWISE_LOWP_VERBOSE", K::Flag, "", "off", "debug",
-       "print the bf16 products' path (vdpbf16ps or FMA, by vendor, beside the measured flop ratio) and each shape's choice under SHARDWISE_LOWP_PATH=tuned"},
+       "print the bf16 products' path (vdpbf16ps or FMA, by vendor, beside the measured flop "
+       "ratio) and each shape's choice under SHARDWISE_LOWP_PATH=tuned"},
       // ---- The test suite -----------------------------------------------------------------
       {"SHARDWISE_COMM_DELAY_US", K::Integer, "microseconds in [0, 1e8]", "0", "test",
        "sleep a random 0..N µs before each collective (exposes missing waits)", 0, 1e8},

@@ -171,8 +171,8 @@ bool lowp_onednn_forced();
 // operands are given in bf16, the CPU has AVX512-BF16 and oneDNN is not forced, Shardwise's
 // own kernels (gemm_bf16_tn.cpp: op(A) transposed, or A read in place at >= 1024 rows or in a
 // ReusePackedB scope; 1.02-1.06x oneDNN 2.7 over the step's shapes, bench/bench_gemm16);
-// otherwise, or where they do not apply, oneDNN. The own kernels round a bf16 output exactly as f32_to_bf16
-// (subnormals kept) and give the same bits whatever the thread count.
+// otherwise, or where they do not apply, oneDNN. The own kernels round a bf16 output exactly as
+// f32_to_bf16 (subnormals kept) and give the same bits whatever the thread count.
 void gemm_bf16_16(bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
                   const uint16_t* A16, int lda, const float* B, const uint16_t* B16, int ldb,
                   float beta, float* C, int ldc, const float* bias = nullptr,

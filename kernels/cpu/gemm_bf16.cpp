@@ -96,12 +96,6 @@ std::string env_path() {
   return e;
 }
 
-bool cpu_is_amd() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
-  return b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // "AuthenticAMD"
-}
-
 // Whether vdpbf16ps outruns FMA, by the CPU's vendor and never by a timing: every process of a
 // job, a resumed one included, must take the same path, or their sums differ in the last bits
 // (a per-process measurement near its threshold, or taken on a loaded machine, could flip). The
@@ -113,7 +107,8 @@ bool choose_native() {
   if (!hw_avx512_bf16()) return false;
   const std::string e = env_path();
   if (!e.empty() && e != "tuned") return e == "native" || e == "onednn";
-  const bool native = cpu_is_amd();
+  __builtin_cpu_init();
+  const bool native = __builtin_cpu_is("amd");
   if (env_flag("SHARDWISE_LOWP_VERBOSE"))
     std::fprintf(stderr,
                  "[kernels] bf16 products: %s by vendor (vdpbf16ps/FMA flops measured %.2fx)\n",

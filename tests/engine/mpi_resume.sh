@@ -47,13 +47,13 @@ for v in "${variants[@]}"; do
   # Metrics and weights compared together, so that a failure says how the runs diverged: the
   # steps whose figures differ, and per tensor the count of differing elements and the largest
   # difference (one element in the last bits of an fp32 master, or the whole model).
-  /usr/bin/python3 - "$work/full_$async" "$work/half_$async" <<'PY' || fail "async=$async: the resumed run differs from the uninterrupted one (above)"
-import json, struct, sys
-from array import array
-full, half = sys.argv[1], sys.argv[2]
+  PYTHONPATH="$(dirname "${BASH_SOURCE[0]}")/../common" /usr/bin/python3 - "$work" "$async" <<'PY' || fail "async=$async: the resumed run differs from the uninterrupted one (above)"
+import sys
+import numpy as np
+import run_files
+work, v = sys.argv[1], sys.argv[2]
 bad = []
-a = [json.loads(l) for l in open(full + "/metrics.jsonl")]
-b = [json.loads(l) for l in open(half + "/metrics.jsonl")]
+a, b = run_files.metrics(work, f"full_{v}"), run_files.metrics(work, f"half_{v}")
 if not len(a) == len(b) == 8:
     bad.append(f"metrics: {len(a)} and {len(b)} lines, 8 expected")
 for x, y in zip(a, b):
@@ -61,29 +61,19 @@ for x, y in zip(a, b):
     for k in keys:  # (the stopped run also validated at its last step, 4)
         if x.get(k) != y.get(k):
             bad.append(f"step {x['step']} {k}: {x.get(k)!r} uninterrupted, {y.get(k)!r} resumed")
-def tensors(path):  # name -> (dtype, raw bytes)
-    raw = open(path, "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    head = json.loads(raw[8:8 + n])
-    return {k: (v["dtype"], raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
-            for k, v in head.items() if k != "__metadata__"}
-ta, tb = tensors(full + "/hf/model.safetensors"), tensors(half + "/hf/model.safetensors")
-if sorted(ta) != sorted(tb):
-    bad.append(f"weights: tensors {sorted(ta)} and {sorted(tb)}")
-for k in sorted(set(ta) & set(tb)):
-    (dx, x), (dy, y) = ta[k], tb[k]
-    if dx != dy or len(x) != len(y):
-        bad.append(f"weights {k}: {dx} x {len(x)} bytes and {dy} x {len(y)} bytes")
+wa, wb = run_files.weights(work, f"full_{v}"), run_files.weights(work, f"half_{v}")
+if sorted(wa) != sorted(wb):
+    bad.append(f"weights: tensors {sorted(wa)} and {sorted(wb)}")
+for k in sorted(set(wa) & set(wb)):
+    x, y = wa[k], wb[k]
+    if x.size != y.size:
+        bad.append(f"weights {k}: {x.size} and {y.size} elements")
         continue
-    if x == y:
-        continue
-    w = 4 if dx == "F32" else 2
-    diff = [i for i in range(len(x) // w) if x[i * w:(i + 1) * w] != y[i * w:(i + 1) * w]]
-    line = f"weights {k}: {len(diff)} of {len(x) // w} elements differ (first at {diff[0]}"
-    if dx == "F32":
-        fx, fy = array("f", x), array("f", y)
-        line += f", largest difference {max(abs(fx[i] - fy[i]) for i in diff):.3g}"
-    bad.append(line + ")")
+    diff = np.flatnonzero(x.view(np.uint32) != y.view(np.uint32))
+    if diff.size:
+        big = float(np.max(np.abs(x[diff].astype(np.float64) - y[diff])))
+        bad.append(f"weights {k}: {diff.size} of {x.size} elements differ "
+                   f"(first at {diff[0]}, largest difference {big:.3g})")
 for line in bad:
     print("  " + line)
 sys.exit(1 if bad else 0)
