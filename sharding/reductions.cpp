@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "kernels/threads.h"
 #include "sharding/comm/quantize.h"
 #include "sharding/offloaded_state.h"
 #include "sharding/unit_state.h"
@@ -31,7 +32,8 @@ void setup_quantized(ModelContext& c) {
   c.quant_weights = q.weights && shard_dim;
   if (q.gradients && shard_dim) c.qshard = make_peer_comm(*c.shard, "qgz-shard");
   if (q.gradients && c.R > 1 && c.S > 1) c.qrep = make_peer_comm(*c.rep, "qgz-replica");
-  if (c.qshard || c.qrep) c.qworker = std::make_shared<QuantWorker>();
+  if (c.qshard || c.qrep)
+    c.qworker = std::make_shared<QuantWorker>([t = num_threads()] { set_num_threads(t); });
 }
 
 Reductions::Reductions(const ModelContext& ctx, UnitList& units, ActionRecords& records,

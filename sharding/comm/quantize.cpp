@@ -406,7 +406,8 @@ void quantized_all_reduce(PeerComm& pc, float* buf, int64_t n, float* err1, floa
   }
 }
 
-QuantWorker::QuantWorker() : thread_([this] { loop(); }) {}
+QuantWorker::QuantWorker(std::function<void()> on_start)
+    : thread_([this, f = std::move(on_start)] { loop(f); }) {}
 
 QuantWorker::~QuantWorker() {
   {
@@ -427,7 +428,8 @@ Work QuantWorker::issue(std::function<void()> fn) {
   return Work(st);
 }
 
-void QuantWorker::loop() {
+void QuantWorker::loop(const std::function<void()>& on_start) {
+  if (on_start) on_start();
   for (;;) {
     std::pair<std::function<void()>, std::shared_ptr<detail::WorkState>> job;
     {

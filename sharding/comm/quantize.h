@@ -113,17 +113,19 @@ struct WorkState;
 // order issued (a PeerComm's tags are reused by every call, so calls on it must not interleave;
 // one worker per model serves its shard and replica transports), so that they overlap the
 // caller's compute. Each issue returns a Work completed when its function returned (failed with
-// its exception's text). The destructor finishes what was issued.
+// its exception's text). The destructor finishes what was issued. `on_start` runs first on the
+// new thread: the kernels' thread count, which a new thread does not inherit (OpenMP's team size
+// is per thread; unset, the quantisers' parallel loops would open one thread per core).
 class QuantWorker {
  public:
-  QuantWorker();
+  explicit QuantWorker(std::function<void()> on_start = {});
   ~QuantWorker();
   QuantWorker(const QuantWorker&) = delete;
   QuantWorker& operator=(const QuantWorker&) = delete;
   Work issue(std::function<void()> fn);
 
  private:
-  void loop();
+  void loop(const std::function<void()>& on_start);
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::pair<std::function<void()>, std::shared_ptr<detail::WorkState>>> q_;

@@ -2,6 +2,7 @@
 // and error feedback, against a scalar reference written here; the quantised collectives on a
 // one-rank group. The multi-rank collectives: test_quantize_mpi.cpp.
 #include <catch2/catch.hpp>
+#include <omp.h>
 #include <cmath>
 #include <random>
 #include <stdexcept>
@@ -219,4 +220,17 @@ TEST_CASE("quantize: the worker runs calls in issue order, off the caller, failu
   for (int i = 0; i < 50; ++i) CHECK(order[size_t(i)] == i);
   CHECK(order.back() == -1);
   CHECK(ran != caller);
+}
+
+TEST_CASE("quantize: the worker's thread runs on_start before any call (its OpenMP team size)",
+          "[quantize]") {
+  // A new thread starts from OpenMP's initial team size, not the caller's: the model passes
+  // set_num_threads(its count) as on_start so the quantisers' parallel loops keep to it.
+  const int want = omp_get_max_threads() > 1 ? 1 : 2;
+  int seen = 0;
+  {
+    QuantWorker qw([want] { omp_set_num_threads(want); });
+    qw.issue([&seen] { seen = omp_get_max_threads(); }).wait();
+  }
+  CHECK(seen == want);
 }
