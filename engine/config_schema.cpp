@@ -772,6 +772,13 @@ std::vector<Node> sharding_keys() {
                    "units behind whose all-gathers backward issues"),
                0, 1024),
           read_prefetch, S, &ShardingPolicy::backward_prefetch),
+      to(boolean("release_grads", false,
+                 "free each unit's gradients once its optimizer update has read them and "
+                 "allocate them again at its next backward, so none are held between steps "
+                 "(PyTorch's `zero_grad(set_to_none=True)`); a unit's own buffer on the "
+                 "device only: not NO_SHARD's buckets, stage 1's full gradients, or with "
+                 "offloaded parameters or optimizer state"),
+         S, &ShardingPolicy::release_grads),
       to(integer("max_live_units", 0, 0, IMAX,
                  "cap on units gathered at once, prefetches included (0 = none)"),
          S, &ShardingPolicy::max_live_units),

@@ -9,6 +9,7 @@ namespace sw {
 namespace {
 constexpr size_t kComm = static_cast<size_t>(Mem::Communication);
 constexpr size_t kAct = static_cast<size_t>(Mem::Activations);
+constexpr size_t kGrads = static_cast<size_t>(Mem::Grads);
 }  // namespace
 
 PlanBuilder::PlanBuilder(const PlanInput& in)
@@ -17,6 +18,9 @@ PlanBuilder::PlanBuilder(const PlanInput& in)
   st_.assign(U, St::Unsharded);
   gather_at_.assign(U, -1);
   has_grads_.assign(U, in.kind != UnitKind::Sharded);
+  shard_grads_.assign(U, false);
+  for (size_t u = 0; u < U; ++u)  // released: a Whole unit's buffer is made by its backward
+    if (in.kind == UnitKind::Whole && releases_grads(in, int(u))) has_grads_[u] = false;
   if (in.kind == UnitKind::Sharded) st_.assign(U, St::Sharded);
   for (size_t u = 0; u < U && u < in.carried.size(); ++u)
     if (in.carried[u] && in.kind != UnitKind::Whole) {
@@ -82,7 +86,16 @@ void PlanBuilder::optimizer(bool flush) {
     if (in_.kind == UnitKind::FullReplicated) wait(ui);  // a previous regather
     drop_stale_gather(ui);
     const PlanUnit& pu = in_.units[u];
-    if (!pu.optimizer_nvme && !pu.params_nvme) add(ActionKind::OptimizerUpdate, Queue::Compute, ui);
+    if (!pu.optimizer_nvme && !pu.params_nvme) {
+      Action& up = add(ActionKind::OptimizerUpdate, Queue::Compute, ui);
+      // release_grads: the update frees what the step allocated (Updates::run).
+      if (releases_grads(in_, ui)) {
+        if (in_.kind == UnitKind::Whole && has_grads_[u]) up.mem[kGrads] -= fbytes(ui);
+        if (in_.kind == UnitKind::Sharded && shard_grads_[u]) up.mem[kGrads] -= fbytes(ui) / in_.S;
+        if (in_.kind == UnitKind::Whole) has_grads_[u] = false;
+        shard_grads_[u] = false;
+      }
+    }
     state_io_.update_pieces(ui);  // (streamed: its pieces through the staging)
     if (in_.kind == UnitKind::FullReplicated) {
       Action& a = add(ActionKind::Regather, Queue::Gather, ui);
@@ -325,10 +338,11 @@ void PlanBuilder::drop_stale_gather(int u) {
   free(u);
 }
 
-// FlatUnit::ensure_grads: a Sharded unit's unsharded gradients are transient.
+// FlatUnit::ensure_grads: a Sharded unit's unsharded gradients are transient; a Whole unit's
+// are made here under release_grads (freed by its update).
 void PlanBuilder::ensure_grads(Action& a, int u) {
   if (has_grads_[size_t(u)]) return;
-  a.mem[kComm] += fbytes(u);
+  a.mem[in_.kind == UnitKind::Whole ? kGrads : kComm] += fbytes(u);
   has_grads_[size_t(u)] = true;
 }
 
@@ -467,9 +481,17 @@ void PlanBuilder::wait_reductions(size_t n) {
   Action& w = add(ActionKind::WaitReduce, Queue::Compute);
   std::vector<int> done;
   for (size_t k = 0; k < n; ++k) {
-    w.waits.push_back(inflight_[k].first);
-    w.mem[kComm] -= inflight_[k].second;
-    done.push_back(inflight_[k].first);
+    const Reduction& r = inflight_[k];
+    w.waits.push_back(r.at);
+    w.mem[kComm] -= r.freed;
+    done.push_back(r.at);
+    // release_grads: the reduced shard it adds into is made by the unit's first one
+    // (FlatUnit::accumulate_reduced).
+    if (r.unit >= 0 && in_.kind == UnitKind::Sharded && releases_grads(in_, r.unit) &&
+        !shard_grads_[size_t(r.unit)]) {
+      w.mem[kGrads] += fbytes(r.unit) / in_.S;
+      shard_grads_[size_t(r.unit)] = true;
+    }
   }
   inflight_.erase(inflight_.begin(), inflight_.begin() + static_cast<std::ptrdiff_t>(n));
   state_io_.write_back(done, last_index());
@@ -496,7 +518,7 @@ void PlanBuilder::reduce_unit(int u) {
         freed = fbytes(u);
         has_grads_[size_t(u)] = false;
       }
-      inflight_.emplace_back(last, freed);
+      inflight_.push_back({last, freed, u});
       break;
     }
     case UnitKind::Whole:
@@ -510,7 +532,7 @@ void PlanBuilder::reduce_unit(int u) {
           ar.bucket = b;
           ar.bytes = (bk.hi - bk.lo) * rb;
           ready_[size_t(b)] = 0;
-          inflight_.emplace_back(last_index(), 0);
+          inflight_.push_back({last_index(), 0, -1});
         }
       }
       break;

@@ -104,7 +104,15 @@ class PlanBuilder {
   std::vector<int> recv_at_[2];
   std::vector<int> pending_sends_, older_sends_;
   std::vector<int> ready_;  // NO_SHARD: per bucket, members whose backward is done
-  std::vector<std::pair<int, int64_t>> inflight_;  // reductions: (last action, bytes freed)
+  struct Reduction {
+    int at;          // its last action
+    int64_t freed;   // the transient gradients its completion frees
+    int unit;        // -1: a NO_SHARD bucket's
+  };
+  std::vector<Reduction> inflight_;  // reductions issued, not yet waited for
+  // release_grads (releases_grads): per unit, its step's gradient storage is allocated (a
+  // Whole unit's: has_grads_; a sharded unit's reduced shard: here).
+  std::vector<bool> shard_grads_;
   int micro_ = 0;
   bool last_ = true;  // the micro-step being planned is the step's last
   ActivationIoPlan acts_io_;

@@ -15,8 +15,11 @@ void plan_memory(const PlanInput& in, StepPlan& plan) {
   const bool w16 = in.policy.mixed_precision.weights16(in.on_device);
   int64_t max_scratch = 0;
   for (const CallMemory& c : in.calls) max_scratch = std::max(max_scratch, c.scratch);
-  for (const PlanUnit& u : in.units) {
+  for (size_t ui = 0; ui < in.units.size(); ++ui) {
+    const PlanUnit& u = in.units[ui];
     const int64_t full = u.padded * 4, shard = full / in.S;
+    // release_grads: allocated and freed within the step (PlanBuilder), never held across it.
+    const bool held = !releases_grads(in, static_cast<int>(ui));
     // Offloaded parameters: the master (and reduced gradient) shard on the host tier.
     auto add_m = [&](Mem m, int64_t bytes) {
       if (u.params_offloaded)
@@ -34,7 +37,7 @@ void plan_memory(const PlanInput& in, StepPlan& plan) {
           break;
         }
         add_m(Mem::Params, shard);
-        add_m(Mem::Grads, shard);
+        if (held) add_m(Mem::Grads, shard);
         break;
       case UnitKind::FullReplicated:
         add_p(Mem::Params, fullp);
@@ -45,7 +48,7 @@ void plan_memory(const PlanInput& in, StepPlan& plan) {
       case UnitKind::Whole:
         add_p(Mem::Params, fullp);
         if (split) add_m(Mem::Params, full);
-        add_p(Mem::Grads, full);  // its own buffer or its region of the bucket buffer
+        if (held) add_p(Mem::Grads, full);  // its own buffer or its region of the bucket buffer
         break;
     }
     if (u.params_nvme) plan.nvme_bytes += 2 * shard;

@@ -112,6 +112,7 @@ std::string ShardingPolicy::describe() const {
   if (strategy == ShardingStrategy::HybridShard)
     d += ", shard_group_size=" + std::to_string(shard_group_size);
   if (strategy == ShardingStrategy::NoShard) d += ", bucket_bytes=" + std::to_string(bucket_bytes);
+  if (release_grads) d += ", release_grads=1";
   return d + ")";
 }
 

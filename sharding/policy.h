@@ -222,6 +222,14 @@ struct ShardingPolicy {
   // flight; prefetches that would exceed it are not issued (a unit that is needed now is
   // always gathered). 0 = no cap (the prefetch depths bound it).
   int max_live_units = 0;
+  // Free each unit's gradients once its optimizer update has read them, and allocate them
+  // again (zero) at its next backward, so that no gradient memory is held between steps
+  // (PyTorch's zero_grad(set_to_none=True) under FSDP2). Applies to units whose gradients are
+  // their own buffer on the compute device: a Whole unit's (one rank; not a NO_SHARD bucket's
+  // region) and a sharded unit's reduced shard; not where the optimizer or the parameters are
+  // offloaded, nor stage 1's persistent full gradients (releases_grads in step_plan.h).
+  // Values are unchanged; a read between the update and the next backward sees zeros.
+  bool release_grads = false;
   GradAccumMode accum = GradAccumMode::ReduceEachMicroStep;
   // NO_SHARD: gradients are all-reduced in buckets of about this many bytes, each issued as
   // soon as the last unit in it has finished its backward (DDP's bucket_cap_mb, 25 MiB).

@@ -216,7 +216,8 @@ ShardedModel::Impl::Impl(Model& model, const Ops& ops, GroupPtr group, const Sha
     units.push_back(std::make_unique<FlatUnit>(model.units[u].get(), static_cast<int>(u), kind,
                                                ctx.shard.get(), ops,
                                                reductions.bucket_region(static_cast<int>(u)),
-                                               policy.mixed_precision, opt_tier, param_tier));
+                                               policy.mixed_precision, opt_tier, param_tier,
+                                               releases_grads(in, static_cast<int>(u))));
     FlatUnit& fu = *units.back();
     fu.set_quantized(ctx.quant, ctx.quant_weights, ctx.qshard.get(), ctx.qworker.get());
     fu.first_pos = in.units[u].first_pos;

@@ -42,6 +42,14 @@ ActionKind tensor_action_kind(TensorOp op) {
 
 double trace_clock() { return trace_now(); }
 
+bool releases_grads(const PlanInput& in, int u) {
+  const PlanUnit& pu = in.units[static_cast<size_t>(u)];
+  if (!in.policy.release_grads || pu.optimizer_offloaded || pu.params_offloaded ||
+      pu.params_nvme)
+    return false;
+  return in.kind == UnitKind::Sharded || (in.kind == UnitKind::Whole && pu.bucket < 0);
+}
+
 PlanInput make_plan_input(const Model& model, const ShardingPolicy& policy, int world) {
   PlanInput in;
   in.policy = policy;

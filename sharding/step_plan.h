@@ -211,6 +211,12 @@ struct PlanInput {
 // shard_group_size must already be resolved for HYBRID_SHARD; 0 = the world). Throws
 // sw::Error("sharding: ...") for an invalid schedule or group size.
 PlanInput make_plan_input(const Model& model, const ShardingPolicy& policy, int world);
+
+// policy.release_grads applies to unit u (ShardingPolicy::release_grads): its gradients are
+// allocated by its first backward (a Whole unit's, Mem::Grads) or its first reduction (a
+// sharded unit's reduced shard) of the step and freed by its optimizer update.
+bool releases_grads(const PlanInput& in, int u);
+
 // Fills in.calls from the units' declarations (Unit::declare_activations) for in.B x in.T.
 void declare_calls(PlanInput& in, const Model& model);
 

@@ -33,9 +33,8 @@ void UnitGrads::make_persistent(float* region) {
   point();
 }
 
-void UnitGrads::allocate() {
-  buf_ = Buffer(static_cast<size_t>(layout_->padded) * sizeof(float), Mem::Communication,
-                ops_->device());
+void UnitGrads::allocate(Mem cat) {
+  buf_ = Buffer(static_cast<size_t>(layout_->padded) * sizeof(float), cat, ops_->device());
   data_ = buf_.f32();
   point();
   if (!lazy_) {

@@ -28,8 +28,9 @@ class UnitGrads {
   void init(const FlatLayout& layout, const Ops& ops, DType rdt, bool lazy, bool regap);
   // Persistent: `region` (a bucket's), or a zeroed buffer of its own (Mem::Grads).
   void make_persistent(float* region);
-  // Transient (a sharded unit's, Mem::Communication): allocated zeroed (unwritten where lazy).
-  void allocate();
+  // Transient (a sharded unit's, Mem::Communication; a released Whole unit's, Mem::Grads):
+  // allocated zeroed (unwritten where lazy).
+  void allocate(Mem cat = Mem::Communication);
   // Transient: freed (what was left unwritten or unrounded goes with it).
   void release();
   // Zeroed: unwritten where lazy, else filled; a pending rounding dropped.

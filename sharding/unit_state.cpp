@@ -34,7 +34,7 @@ size_t fbytes(int64_t n) { return static_cast<size_t>(n) * sizeof(float); }
 
 FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const Ops& ops,
                    float* bucket_grads, const MixedPrecisionPolicy& mp, Tier opt_tier,
-                   Tier param_tier)
+                   Tier param_tier, bool release_grads)
     : unit_(unit), index_(index), kind_(kind), shard_(shard_group), ops_(&ops),
       pdt_(mp.param_dtype), rdt_(mp.reduce_dtype) {
   // Kinds B/C keep a persistent full buffer the unit computes with; its master needs a buffer
@@ -43,6 +43,10 @@ FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const O
   w16_ = mp.weights16(!ops.device().is_cpu());
   const int S = shard_->size();
   pnvme_ = param_tier == Tier::Nvme;
+  release_ = release_grads;
+  SW_CHECK(!release_ || ((kind == Kind::Whole && !bucket_grads) ||
+                         (kind == Kind::Sharded && param_tier == Tier::Device)),
+           "release_grads: only a Whole unit's own gradients or a sharded unit's device shard");
   // On a device, shards on the host tier or staged from NVMe are host memory.
   hm_ = param_tier != Tier::Device && !ops.device().is_cpu();
   SW_CHECK(!pnvme_ || kind == Kind::Sharded, "NVMe parameters need a sharded unit");
@@ -69,7 +73,7 @@ FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const O
     case Kind::Sharded:
       if (pnvme_) break;  // staged from the file (OffloadedState, offload/param_file.h)
       master_ = zeroed(master_buf_, Sh, Mem::Params, param_tier);
-      grad_shard_ = zeroed(grad_shard_buf_, Sh, Mem::Grads, param_tier);
+      if (!release_) grad_shard_ = zeroed(grad_shard_buf_, Sh, Mem::Grads, param_tier);
       break;
     case Kind::FullReplicated:
       full_ = zeroed(full_buf_, F, Mem::Params);
@@ -81,8 +85,8 @@ FlatUnit::FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const O
     case Kind::Whole:
       full_ = zeroed(full_buf_, F, Mem::Params);
       master_ = split_ ? zeroed(master_buf_, P, Mem::Params, param_tier) : full_;
-      grads_.make_persistent(bucket_grads);
-      grad_shard_ = grads_.data();
+      if (!release_) grads_.make_persistent(bucket_grads);
+      grad_shard_ = grads_.data();  // (null while released)
       sstate_ = ShardedState::Unsharded;
       break;
   }
@@ -499,12 +503,32 @@ void FlatUnit::to_post_backward() {
 void FlatUnit::ensure_grads() {
   settle();
   if (grads_.allocated()) return;
+  if (kind_ == Kind::Whole) {  // released (the gradients of its step: Mem::Grads)
+    SW_CHECK(release_, "persistent gradients are always allocated");
+    grads_.allocate(Mem::Grads);
+    grad_shard_ = grads_.data();
+    return;
+  }
   SW_CHECK(kind_ == Kind::Sharded, "persistent gradients are always allocated");
   grads_.allocate();
 }
 
+void FlatUnit::remake_grads() const {
+  if (!release_) return;
+  FlatUnit& self = const_cast<FlatUnit&>(*this);
+  if (kind_ == Kind::Whole && !grads_.allocated()) self.ensure_grads();
+  if (kind_ == Kind::Sharded && !grad_shard_) {
+    const size_t Sh = static_cast<size_t>(layout_.shard_size());
+    self.grad_shard_buf_ = Buffer(fbytes(layout_.shard_size()), Mem::Grads, ops_->device());
+    self.grad_shard_ = self.grad_shard_buf_.f32();
+    ops_->fill(self.grad_shard_, 0.f, Sh);
+    self.grads_zero_ = true;
+  }
+}
+
 const float* FlatUnit::grad_shard_rounding(DType* round) const {
   settle();
+  remake_grads();
   if (kind_ == Kind::Whole) grads_.zero_unwritten();  // (grad_shard)
   *round = grads_.rounding_left() ? rdt_ : DType::F32;
   return grad_shard_;
@@ -526,7 +550,7 @@ void* FlatUnit::reduced_block() const {
 void FlatUnit::round_grads() {
   settle();
   SW_CHECK(kind_ == Kind::Whole, "round_grads is for whole units");
-  if (rdt_ == DType::F32) return;
+  if (rdt_ == DType::F32 || !grads_.allocated()) return;  // (released: zeros)
   if (ops_->rounds_grads_on_read())
     grads_.leave_rounding();
   else
@@ -566,6 +590,7 @@ Work FlatUnit::issue_reduce_scatter(int replicas) {
 void FlatUnit::accumulate_reduced() {
   settle();
   SW_CHECK(kind_ != Kind::Whole && grads_.allocated(), "nothing to accumulate");
+  remake_grads();  // (release_grads: the step's first reduction makes the shard)
   const size_t Sh = static_cast<size_t>(layout_.shard_size());
   SW_CHECK(grad_shard_, "unit '" + unit_->name() + "': its gradients on NVMe were not staged");
   if (pnvme_ && grads_zero_) ops_on(grad_device()).fill(grad_shard_, 0.f, Sh);  // file's: stale
@@ -624,14 +649,24 @@ void FlatUnit::zero_grads() {
   switch (kind_) {
     case Kind::Sharded:
       grads_.release();
-      if (!pnvme_) ops_on(grad_device()).fill(grad_shard_, 0.f, Sh);
+      if (release_) {
+        grad_shard_buf_.release();
+        grad_shard_ = nullptr;
+      } else if (!pnvme_) {
+        ops_on(grad_device()).fill(grad_shard_, 0.f, Sh);
+      }
       break;
     case Kind::FullReplicated:
       grads_.zero();
       ops_on(grad_device()).fill(grad_shard_, 0.f, Sh);
       break;
     case Kind::Whole:
-      grads_.zero();
+      if (release_) {
+        grads_.release();
+        grad_shard_ = nullptr;
+      } else {
+        grads_.zero();
+      }
       break;
   }
   grads_zero_ = true;
@@ -646,6 +681,7 @@ void FlatUnit::gather_params_into(float* out) const {
 }
 void FlatUnit::gather_grads_into(float* out) const {
   settle();
+  remake_grads();
   if (kind_ == Kind::Whole) grads_.write_unwritten();  // (grad_shard)
   gather_shard_into(grad_shard_, grad_device(), out);
 }

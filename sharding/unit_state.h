@@ -111,10 +111,14 @@ class FlatUnit {
   // region of the model's bucket buffer (padded floats), or null to allocate its own.
   // `opt_tier`: where the AdamW moments live (Tier::Host: offloaded, outside the device's
   // budget; sharding/policy.h OptimizerOffload). `param_tier`: where a Kind::Sharded unit's
-  // master shard and reduced gradient shard live (ParamOffload).
+  // master shard and reduced gradient shard live (ParamOffload). `release_grads`
+  // (ShardingPolicy::release_grads, where step_plan.h's releases_grads says it applies: a
+  // Whole unit's own buffer, a Sharded unit's reduced shard on the device tier): those
+  // gradients are not allocated here but by the first backward (Whole, ensure_grads) or the
+  // first reduction (Sharded, accumulate_reduced) of a step, and zero_grads frees them.
   FlatUnit(Unit* unit, int index, Kind kind, Group* shard_group, const Ops& ops,
            float* bucket_grads, const MixedPrecisionPolicy& mp = {}, Tier opt_tier = Tier::Device,
-           Tier param_tier = Tier::Device);
+           Tier param_tier = Tier::Device, bool release_grads = false);
   FlatUnit(const FlatUnit&) = delete;
   FlatUnit& operator=(const FlatUnit&) = delete;
   ~FlatUnit();
@@ -201,8 +205,13 @@ class FlatUnit {
   void to_idle() { tstate_ = TrainingState::Idle; }
 
   // ---- Gradients ---------------------------------------------------------------------------
-  // Makes the unsharded gradient buffer exist (transient ones are allocated zeroed).
+  // Makes the unsharded gradient buffer exist (transient ones, and a released Whole unit's,
+  // are allocated zeroed).
   void ensure_grads();
+  // release_grads: the gradients are freed between zero_grads and the next backward; every
+  // view below makes them again (zero) where it is read, but grads() (per-parameter pointers:
+  // null while released) and grad_full() of a sharded unit (its transient buffer).
+  bool releases_grads() const { return release_; }
   // Zeroed unsharded gradients are not filled at once: their parameters' ranges stay
   // unwritten (zero in value; the alignment gaps and padding are zeros in memory), each until
   // the first op that produces it writes it (UnitCtx::grad_out: a GEMM with beta = 0 instead of
@@ -250,7 +259,8 @@ class FlatUnit {
   // be rounded to as they are read (F32: none): for the readers that round as they go
   // (Ops::sum_squares_rounded_into, adamw_copies' grad_dt).
   const float* grad_shard_rounding(DType* round) const;
-  // Zeroes the reduced gradients and drops (or zeroes) the unsharded ones.
+  // Zeroes the reduced gradients and drops (or zeroes) the unsharded ones; with release_grads
+  // frees what it released (after an update in flight, as for zeroing).
   void zero_grads();
 
   // ---- An update running elsewhere ---------------------------------------------------------
@@ -281,11 +291,14 @@ class FlatUnit {
   // buffer of their own, which unwritten unsharded gradients do not concern)
   float* grad_shard() const {
     settle();
+    remake_grads();
     if (kind_ == Kind::Whole) grads_.write_unwritten();
     return grad_shard_;
   }
   // (padded) unsharded gradients
-  float* grad_full() const { return settle(), grads_.write_unwritten(), grads_.data(); }
+  float* grad_full() const {
+    return settle(), remake_grads(), grads_.write_unwritten(), grads_.data();
+  }
   // AdamW moments (shard). Tier::Nvme units have none in memory except while the executor has
   // staged them (stage_moments), for their update or a checkpoint read.
   float* adam_m() const { return settle(), m_ptr_; }
@@ -371,6 +384,10 @@ class FlatUnit {
   // A shard (master or gradients, on `where`) gathered into `out` on the Ops' device.
   void gather_shard_into(const float* shard, Device where, float* out) const;
   bool grads_zero_ = true;
+  bool release_ = false;  // release_grads (the constructor's)
+  // release_: a released gradient buffer (Whole: the unsharded one; Sharded: the reduced
+  // shard) made again, zero, for a reader.
+  void remake_grads() const;
   UnitGrads grads_;        // (padded) unsharded grads: what is unwritten, a rounding left
   Buffer grad_shard_buf_;  // (shard) reduced grads, Kinds Sharded/FullReplicated
   float* master_ = nullptr;

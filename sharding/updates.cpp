@@ -29,6 +29,9 @@ bool Updates::run(SegmentRun& s, int i) {
     fu.zero_grads();
     zero_after_[size_t(a.unit)] = false;
   }
+  // release_grads: freed as soon as the update has read them (the plan's OptimizerUpdate
+  // frees them; a later zero_grads finds nothing to do).
+  if (hi == fu.shard_size() && fu.releases_grads()) fu.zero_grads();
   return true;
 }
 

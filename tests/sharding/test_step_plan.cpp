@@ -501,3 +501,64 @@ TEST_CASE("Tensor parallel plan: in-call collectives and replicated gradients, b
     }
   }
 }
+
+TEST_CASE("release_grads: the gradients live from the backward to the update, as planned", "[plan]") {
+  // One rank (Whole units), two micro-steps: the plan holds no gradients between steps, makes
+  // each unit's at its first backward (the fused head's at its loss forward) and frees them at
+  // its update; the executor's tracked Mem::Grads follows it, and the weights are those of
+  // persistent gradients bit for bit.
+  for (DType dt : {DType::F32, DType::BF16}) {
+    std::vector<std::vector<float>> weights;
+    for (bool release : {false, true}) {
+      Model m = build_model(tiny("llama", 3));
+      ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+      pol.release_grads = release;
+      pol.mixed_precision.param_dtype = pol.mixed_precision.reduce_dtype = dt;
+      const size_t g0 = MemTracker::global().current(Mem::Grads);  // (before the model's)
+      ShardedModel sm(m, ops_for(Device::cpu()), 7, make_local_group(), pol);
+      const int B = 2, T = 16;
+      std::vector<int32_t> tok(static_cast<size_t>(B) * T);
+      for (size_t i = 0; i < tok.size(); ++i) tok[i] = static_cast<int32_t>((i * 7 + 3) % 50);
+      const Batch batch{tok.data(), tok.data() + 1, B, T - 1};
+      const StepPlan plan = sm.step_plan(B, T - 1, 2);
+      INFO((release ? "released" : "persistent") << " gradients, " << dtype_name(dt));
+      const size_t Gi = static_cast<size_t>(Mem::Grads);
+      const MemDeltas peak = replay(plan, true);
+      for (int step = 1; step <= 3; ++step) {
+        MemTracker::global().reset_peaks();
+        sm.micro_step(batch, 0.5f, false);
+        sm.micro_step(batch, 0.5f, true);
+        sm.optimizer_step(AdamWParams{}, 1e-2f, 1.f, step);
+        sm.zero_grads();
+        // Between steps: none held (released), or all (persistent: the plan's persistent).
+        const int64_t now = static_cast<int64_t>(MemTracker::global().current(Mem::Grads) - g0);
+        CHECK(now == (release ? 0 : plan.persistent[Gi]));
+        CHECK((plan.persistent[Gi] == 0 || !release));
+        // The step's tracked peak is the plan's.
+        CHECK(static_cast<int64_t>(MemTracker::global().peak(Mem::Grads) - g0) ==
+              peak[Gi] + plan.persistent[Gi]);
+      }
+      if (release) {
+        int64_t made = 0, freed = 0;
+        for (const Action& a : plan.actions) {
+          if (a.mem[Gi] > 0) {
+            made += a.mem[Gi];
+            CHECK((a.kind == ActionKind::Backward || a.kind == ActionKind::Forward));
+          }
+          if (a.mem[Gi] < 0) {
+            freed -= a.mem[Gi];
+            CHECK(a.kind == ActionKind::OptimizerUpdate);
+          }
+        }
+        CHECK(made > 0);
+        CHECK(made == freed);
+      }
+      std::vector<float> w;
+      sm.for_each_param([&](const ParamSpec& ps, const float* d) {
+        w.insert(w.end(), d, d + numel(ps.shape));
+      });
+      weights.push_back(std::move(w));
+    }
+    CHECK(weights[0] == weights[1]);
+  }
+}
