@@ -412,6 +412,56 @@ TEST_CASE("N ranks execute exactly the step plan: memory peaks as planned", "[pl
     }
 }
 
+// release_grads: each strategy trains bit for bit as with persistent gradients; where it
+// applies (the sharded strategies' reduced shards) no gradient memory is left between steps and
+// the step's tracked gradient peak is the plan's; stage 1 and NO_SHARD keep theirs.
+TEST_CASE("release_grads: bit-identical, gradients freed between steps as planned", "[memory]") {
+  const GroupPtr g = world();
+  std::vector<std::pair<std::string, ShardingPolicy>> pols = {
+      {"FULL_SHARD", ShardingPolicy::for_strategy(ShardingStrategy::FullShard)},
+      {"SHARD_GRAD_OP", ShardingPolicy::for_strategy(ShardingStrategy::ShardGradOp)},
+      {"SHARD_OPTIMIZER", ShardingPolicy::for_strategy(ShardingStrategy::ShardOptimizer)},
+      {"NO_SHARD", ShardingPolicy::for_strategy(ShardingStrategy::NoShard)},
+      {"HYBRID_SHARD", hybrid_policy()}};
+  pols[3].second.bucket_bytes = 16 << 10;
+  for (auto& [name, pol] : pols) {
+    INFO(name << " rank " << g->rank());
+    ShardingPolicy rel = pol;
+    rel.release_grads = true;
+    CHECK(bit_identical(train(g, pol, tiny("llama"), 2, 2, 4), train(g, rel, tiny("llama"), 2, 2, 4)));
+    ModelConfig mc = tiny("gpt2");
+    mc.n_layer = 3;
+    const size_t G = size_t(Mem::Grads);
+    MemTracker& mt = MemTracker::global();
+    const size_t g0 = mt.current(Mem::Grads);  // (before the model's)
+    Model m = build_model(mc);
+    ShardedModel sm(m, cpu(), 3, g, rel);
+    const int B = 2, T = mc.seq_len;
+    std::vector<int32_t> tok(size_t(B) * T);
+    for (size_t i = 0; i < tok.size(); ++i) tok[i] = int32_t((i * 5 + g->rank()) % 64);
+    const Batch batch{tok.data(), tok.data(), B, T};
+    const StepPlan plan = sm.step_plan(B, T, 2);
+    const swtest::Replay rp = swtest::replay(plan);
+    CHECK(!rp.negative);
+    CHECK(rp.end[G] == plan.initial[G]);
+    // (HYBRID at an odd world: shard groups of one rank, NO_SHARD's buckets)
+    const bool applies = pol.strategy == ShardingStrategy::FullShard ||
+                         pol.strategy == ShardingStrategy::ShardGradOp ||
+                         (pol.strategy == ShardingStrategy::HybridShard && g->size() % 2 == 0);
+    CHECK((plan.persistent[G] == 0) == applies);
+    for (int step = 1; step <= 2; ++step) {
+      mt.reset_peaks();
+      sm.forward_backward(batch, 0.5f, false);
+      sm.forward_backward(batch, 0.5f, true);
+      sm.grad_norm();
+      sm.optimizer_step(AdamWParams{}, 1e-3f, 1.f, step);
+      CHECK(int64_t(mt.current(Mem::Grads) - g0) == plan.persistent[G]);
+      CHECK(int64_t(mt.peak(Mem::Grads) - g0) == rp.peak[G] + plan.persistent[G]);
+      sm.zero_grads();
+    }
+  }
+}
+
 // Optimizer state on the host tier (offload_optimizer.device = cpu), all of it or half the
 // units: bit-identical training, and the device tier holds only the units not offloaded.
 TEST_CASE("offload_optimizer cpu: bit-identical, moments on the host tier", "[offload]") {
