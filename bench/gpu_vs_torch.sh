@@ -3,7 +3,8 @@
 # one command: GPT-2 124M (T 1024) and a 1.3B Llama (T 2048), bf16 compute with fp32 master
 # weights and AdamW, the same shapes and micro-batch for every engine. Shardwise runs the way
 # users run it (`shardwise train`: trainer loop, data loader, metrics), 1 rank (sharding is
-# trivial), no offload, no activation checkpointing; tokens/s is the median over the steps after
+# trivial), no offload, no activation checkpointing, gradients freed between steps
+# (release_grads, as the peer's zero_grad(set_to_none=True)); tokens/s is the median over the steps after
 # the warm-up from its metrics.jsonl. PyTorch (bench/torch_gpu_step.py) runs eager and
 # torch.compile, tuned as issue 39 asks ("pytorch compile": the loss inside the compiled graph,
 # the fastest SDPA backend by timing, fused q|k|v and gate|up, fused AdamW, no host
@@ -44,14 +45,19 @@
 #                      shardwise_profile: `shardwise profile` (the warm-up steps and one
 #                      more, all but the first recorded) into profile_MODEL/, with the
 #                      compute track's busy share of each recorded step;
+#                      shardwise_selective: selective activation checkpointing (norms and
+#                      activation functions recomputed in backward, as torch.compile's
+#                      partitioner recomputes pointwise ops: 3.4 GiB less at the 1.3B Llama);
 #                      shardwise_chunkN: the cuBLAS attention path with N query rows per
 #                      chunk, SHARDWISE_CUDA_ATTENTION_CHUNK=N, e.g. 32 keeps a 1.3B Llama's
 #                      scores in L2, by default up to 256 MiB of them), e.g. to measure
 #                      what matters most first when the budget is short; default: per model,
 #                      shardwise, compile, compile_plain, eager, then on a GPU shardwise_cublas and
 #                      shardwise_optimes
-# Memory (shardwise plan on a device, cuDNN's attention): Shardwise GPT-2 B 16 13.5 GiB, Llama
-# B 4 52.6 GiB (an H200 measured 13.52 and 52.60 GiB; the cuBLAS path 13.40 and 52.33).
+# Memory (`shardwise plan` of these configs on a device, cuDNN's attention, 2026-11-30): GPT-2 B 16
+# 9.76 GiB (selective 8.10), Llama B 4 34.23 GiB (selective 30.81); without release_grads 10.08
+# and 39.06, which an H200 measured (10.01 and 39.04 GiB, 2026-11-28). The tuned peer measured
+# 8.4 and 33.6 GiB there.
 # The token files are uniform random ids over each model's vocabulary, written in llm.c's format
 # here (`shardwise data prepare` tokenises bytes: 256 ids only). MFU = tokens/s x (6 N + 12 L d T)
 # / peak, N from the shape (torch_gpu_step.py --shape-only; PyTorch's model has the same count).
@@ -148,8 +154,8 @@ if [ -n "$order" ]; then
     m=${p%%:*} e=${p#*:}
     [[ $p == *:* && ($m == gpt2 || $m == llama) ]] ||
       { echo "gpu_vs_torch: --order: '$p' is not MODEL:ENGINE with MODEL gpt2 or llama" >&2; exit 2; }
-    case $e in shardwise | shardwise_flash | shardwise_cudnn | shardwise_cublas | shardwise_optimes | shardwise_cudnn_optimes | shardwise_profile | shardwise_chunk[1-9]* | compile | eager | compile_plain | eager_plain) ;;
-      *) echo "gpu_vs_torch: --order: engine '$e' is not shardwise, shardwise_flash, shardwise_cudnn, shardwise_cublas, shardwise_optimes, shardwise_cudnn_optimes, shardwise_profile, shardwise_chunkN, compile, eager, compile_plain or eager_plain" >&2; exit 2 ;;
+    case $e in shardwise | shardwise_flash | shardwise_cudnn | shardwise_cublas | shardwise_optimes | shardwise_cudnn_optimes | shardwise_profile | shardwise_selective | shardwise_chunk[1-9]* | compile | eager | compile_plain | eager_plain) ;;
+      *) echo "gpu_vs_torch: --order: engine '$e' is not shardwise, shardwise_flash, shardwise_cudnn, shardwise_cublas, shardwise_optimes, shardwise_cudnn_optimes, shardwise_profile, shardwise_selective, shardwise_chunkN, compile, eager, compile_plain or eager_plain" >&2; exit 2 ;;
     esac
     plan+=("$p")
     [[ " $models " == *" $m "* ]] || models="$models${models:+ }$m"
@@ -221,7 +227,7 @@ run_shardwise() {
     return
   fi
   "$py" - "${shape_json[$m]}" "$work/$m.bin" "$dir" "$device" "$((${warmup_of[$m]} + ${steps_of[$m]}))" \
-    "$threads_cpu" >"$dir/config_in.json" <<'PY'
+    "$threads_cpu" "$variant" >"$dir/config_in.json" <<'PY'
 import json, sys
 s = json.loads(sys.argv[1])
 model = {"type": s["model"], "vocab_size": s["vocab"], "n_layer": s["layers"], "n_head": s["heads"],
@@ -238,9 +244,13 @@ cfg = {"model": model, "data": {"train": sys.argv[2]}, "run_dir": sys.argv[3] + 
                                                   "weight_decay": 0.1}},
        "scheduler": {"type": "Constant"}, "gradient_clipping": 1.0,
        "zero_optimization": {"stage": 3}, "activation_checkpointing": "off",
+       # the peer's zero_grad(set_to_none=True): no gradient memory between steps
+       "release_grads": True,
        "eval_every_steps": 0, "log_every_steps": 1}
 if sys.argv[4] == "cpu":
     cfg["threads"] = int(sys.argv[6])
+if sys.argv[7] == "selective":  # norms and activation functions recomputed in backward
+    cfg["activation_checkpointing"] = "selective"
 print(json.dumps(cfg, indent=1))
 PY
   # What `shardwise plan` predicts for the run's device peak (the same attention path), beside
@@ -305,7 +315,7 @@ elif sys.argv[11] == "profile":
     rec["variant"] = "profiled"
 elif sys.argv[11] == "cudnn_optimes":
     rec["variant"] = "cudnn-attn op-times"
-elif sys.argv[11].startswith("chunk"):
+elif sys.argv[11].startswith("chunk") or sys.argv[11] == "selective":
     rec["variant"] = sys.argv[11]
 lines = []
 try:
@@ -418,6 +428,7 @@ for ((r = 1; r <= rounds; r++)); do
       shardwise_profile) line=$(run_shardwise "$m" "$r" profile) ;;
       shardwise_cudnn_optimes) line=$(run_shardwise "$m" "$r" cudnn_optimes) ;;
       shardwise_chunk*) line=$(run_shardwise "$m" "$r" "${e#shardwise_}") ;;
+      shardwise_selective) line=$(run_shardwise "$m" "$r" selective) ;;
       *) line=$(run_torch "$m" "$e" "$r") ;;
     esac
     echo "$line" >>"$results"
@@ -457,7 +468,7 @@ for m in models:
     ref_plain = best.get((m, "pytorch compile-plain"), {}).get("tokens_per_s")
     chunks = sorted({e for (mm, e) in best if mm == m and e.startswith("shardwise chunk")},
                     key=lambda e: int(e[len("shardwise chunk"):]))
-    for e in ["shardwise", "shardwise cudnn-attn", "shardwise cublas-attn", "shardwise flash-attn",
+    for e in ["shardwise", "shardwise selective", "shardwise cudnn-attn", "shardwise cublas-attn", "shardwise flash-attn",
               "shardwise op-times", "shardwise profiled",
               "shardwise cudnn-attn op-times", *chunks,
               "pytorch eager-plain", "pytorch eager", "pytorch compile-plain", "pytorch compile"]:

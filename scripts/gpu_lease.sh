@@ -127,7 +127,7 @@ left=$((deadline - SECONDS - 15))
 # 2026-11-27 lease had to divide by another call's compile figure), then where the steps go
 # (op times; the Llama's profile, whose trace has the device's times), then the rest.
 # compile is the tuned peer (issue 39), compile_plain the plain user's (the earlier figure).
-order=${GPU_LEASE_ORDER:-llama:shardwise,llama:compile,gpt2:shardwise,gpt2:compile,llama:compile_plain,gpt2:compile_plain,llama:shardwise_optimes,gpt2:shardwise_optimes,llama:shardwise_profile,llama:eager,gpt2:eager,llama:shardwise_cublas,gpt2:shardwise_cublas}
+order=${GPU_LEASE_ORDER:-llama:shardwise,llama:compile,gpt2:shardwise,gpt2:compile,llama:compile_plain,gpt2:compile_plain,llama:shardwise_selective,gpt2:shardwise_selective,llama:shardwise_optimes,gpt2:shardwise_optimes,llama:shardwise_profile,llama:eager,gpt2:eager,llama:shardwise_cublas,gpt2:shardwise_cublas}
 if ((left < 60)); then
   echo "gpu_lease: ${left}s left, no time for the benchmark"
   exit 1
