@@ -38,6 +38,7 @@ ShardingPolicy policy_of(const ShardedOptions& o, int world) {
     fail("sharded_model", "ShardedOptions: strategy: HYBRID_SHARD is not offered here (it needs "
                           "shard groups); use FULL_SHARD, SHARD_GRAD_OP, SHARD_OPTIMIZER or "
                           "NO_SHARD, or the Trainer (shardwise/trainer.h)");
+  p.release_grads = o.release_grads;
   validate(p, world);
   return p;
 }

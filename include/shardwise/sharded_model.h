@@ -58,6 +58,9 @@ struct ShardedOptions {
   float momentum = 0.0f;       ///< SGD, LARS
   /// Gradients are scaled down to this global L2 norm when above it (0: no clipping).
   float clip_grad_norm = 1.0f;
+  /// Free each unit's gradients once its update has read them, so none are held between
+  /// steps (PyTorch's zero_grad(set_to_none=True)); the config key release_grads.
+  bool release_grads = false;
 };
 
 /// What one training step did (identical on every rank).

@@ -57,9 +57,12 @@ bool one_line(const std::string& s) { return !s.empty() && s.find('\n') == std::
 }  // namespace
 
 TEST_CASE("api::ShardedModel trains as the engine's own loop does, bit for bit", "[api]") {
-  sw::Model a = tiny::custom_model(), b = tiny::custom_model();
+  sw::Model a = tiny::custom_model(), b = tiny::custom_model(), c = tiny::custom_model();
   const sw::api::ShardedOptions o = options();
   sw::api::ShardedModel api(a, o);
+  sw::api::ShardedOptions o_rel = o;  // gradients freed between steps: the same bits
+  o_rel.release_grads = true;
+  sw::api::ShardedModel rel(c, o_rel);
   // The reference: the internal ShardedModel driven by hand (zero, forward+backward, global
   // norm, clip to clip_grad_norm, AdamW at lr).
   sw::ShardedModel ref(b, sw::ops_for(sw::Device::cpu()), o.seed, sw::make_local_group(),
@@ -72,6 +75,7 @@ TEST_CASE("api::ShardedModel trains as the engine's own loop does, bit for bit",
   for (int s = 1; s <= 12; ++s) {
     const sw::Batch batch = t.make(4, 8, unsigned(s));
     const sw::api::StepResult r = api.train_step(batch);
+    const sw::api::StepResult rr = rel.train_step(batch);
     ref.zero_grads();
     const double loss = ref.forward_backward(batch, 1.f);
     const double norm = ref.grad_norm();
@@ -79,6 +83,8 @@ TEST_CASE("api::ShardedModel trains as the engine's own loop does, bit for bit",
     CHECK(r.step == s);
     CHECK(r.loss == loss);
     CHECK(r.grad_norm == norm);
+    CHECK(rr.loss == loss);
+    CHECK(rr.grad_norm == norm);
     if (s == 1) first = r.loss;
     last = r.loss;
   }
