@@ -190,6 +190,19 @@ ShardingPolicy hybrid_policy() {
   return p;
 }
 
+// Each strategy by name, with its defaults (NO_SHARD: small buckets, so the tiny models have
+// several).
+std::vector<std::pair<std::string, ShardingPolicy>> every_strategy() {
+  std::vector<std::pair<std::string, ShardingPolicy>> pols = {
+      {"FULL_SHARD", ShardingPolicy::for_strategy(ShardingStrategy::FullShard)},
+      {"SHARD_GRAD_OP", ShardingPolicy::for_strategy(ShardingStrategy::ShardGradOp)},
+      {"SHARD_OPTIMIZER", ShardingPolicy::for_strategy(ShardingStrategy::ShardOptimizer)},
+      {"NO_SHARD", ShardingPolicy::for_strategy(ShardingStrategy::NoShard)},
+      {"HYBRID_SHARD", hybrid_policy()}};
+  pols[3].second.bucket_bytes = 16 << 10;
+  return pols;
+}
+
 }  // namespace
 
 TEST_CASE("FULL_SHARD matches one rank: deterministic under any prefetch", "[full_shard]") {
@@ -362,13 +375,7 @@ TEST_CASE("FULL_SHARD keeps at most max_live_units gathered", "[memory]") {
 // (Communication above the start, Activations) equal the plan's, to the byte.
 TEST_CASE("N ranks execute exactly the step plan: memory peaks as planned", "[plan]") {
   const GroupPtr g = world();
-  std::vector<std::pair<std::string, ShardingPolicy>> pols = {
-      {"FULL_SHARD", ShardingPolicy::for_strategy(ShardingStrategy::FullShard)},
-      {"SHARD_GRAD_OP", ShardingPolicy::for_strategy(ShardingStrategy::ShardGradOp)},
-      {"SHARD_OPTIMIZER", ShardingPolicy::for_strategy(ShardingStrategy::ShardOptimizer)},
-      {"NO_SHARD", ShardingPolicy::for_strategy(ShardingStrategy::NoShard)},
-      {"HYBRID_SHARD", hybrid_policy()}};
-  pols[3].second.bucket_bytes = 16 << 10;
+  std::vector<std::pair<std::string, ShardingPolicy>> pols = every_strategy();
   ShardingPolicy deep = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
   deep.forward_prefetch = deep.backward_prefetch = 3;
   deep.max_live_units = 2;
@@ -417,13 +424,7 @@ TEST_CASE("N ranks execute exactly the step plan: memory peaks as planned", "[pl
 // the step's tracked gradient peak is the plan's; stage 1 and NO_SHARD keep theirs.
 TEST_CASE("release_grads: bit-identical, gradients freed between steps as planned", "[memory]") {
   const GroupPtr g = world();
-  std::vector<std::pair<std::string, ShardingPolicy>> pols = {
-      {"FULL_SHARD", ShardingPolicy::for_strategy(ShardingStrategy::FullShard)},
-      {"SHARD_GRAD_OP", ShardingPolicy::for_strategy(ShardingStrategy::ShardGradOp)},
-      {"SHARD_OPTIMIZER", ShardingPolicy::for_strategy(ShardingStrategy::ShardOptimizer)},
-      {"NO_SHARD", ShardingPolicy::for_strategy(ShardingStrategy::NoShard)},
-      {"HYBRID_SHARD", hybrid_policy()}};
-  pols[3].second.bucket_bytes = 16 << 10;
+  std::vector<std::pair<std::string, ShardingPolicy>> pols = every_strategy();
   for (auto& [name, pol] : pols) {
     INFO(name << " rank " << g->rank());
     ShardingPolicy rel = pol;
