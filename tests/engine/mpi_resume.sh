@@ -3,7 +3,8 @@
 # uninterrupted 2-rank run (label mpi), with sync and async saves, and under mixed precision
 # (bf16 with stage 1, whose persistent full buffer is a rounded compute copy beside the fp32
 # master; fp16 with NO_SHARD and a loss scale that overflows, so the scaler's state and the
-# count of applied optimizer steps must survive the resume): every step's loss, grad norm and
+# count of applied optimizer steps must survive the resume; bf16 with release_grads, whose
+# gradients are freed between steps): every step's loss, grad norm and
 # validation loss, and the exported weights, must be identical.
 # Usage: mpi_resume.sh SHARDWISE MPIEXEC [mpirun flags...]
 # "Stopped at step 4" is a run of train_steps 4 whose LR schedule is that of 8 steps
@@ -34,6 +35,7 @@ variants=(
   "sync|--set checkpoint.async=false"
   "async|--set checkpoint.async=true"
   "bf16_stage1|--set bf16.enabled=true --set zero_optimization.stage=1"
+  "bf16_release_grads|--set bf16.enabled=true --set release_grads=true"
   "fp16_stage0|--set fp16.enabled=true --set fp16.initial_scale_power=24 --set fp16.loss_scale_window=2 --set zero_optimization.stage=0"
 )
 for v in "${variants[@]}"; do
@@ -85,4 +87,4 @@ PY
       fail "fp16_stage0: no step overflowed, so the loss scaler's resume is not exercised"
   fi
 done
-echo "mpi_resume: OK (2 ranks; sync, async, bf16 stage 1, fp16 NO_SHARD with overflows: losses and weights identical after resume)"
+echo "mpi_resume: OK (2 ranks; sync, async, bf16 stage 1, bf16 with release_grads, fp16 NO_SHARD with overflows: losses and weights identical after resume)"
