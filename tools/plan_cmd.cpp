@@ -367,6 +367,9 @@ struct PlanReport {
   std::string ds_formula{};
   std::string at = "before the step";  // where the device peaks, in words
   nlohmann::json action = nullptr;     // and as data
+  // The device peak with release_grads on, where the config has it off and it would be lower
+  // (0: no such saving).
+  int64_t released_peak = 0;
 };
 
 void print_plan_json(const PlanReport& r) {
@@ -412,6 +415,8 @@ void print_plan_json(const PlanReport& r) {
                   {"baseline_measured", pred.rss.baseline_measured}}},
          {"step_time", pred.timed ? time_json(pred.time) : nlohmann::json(nullptr)}});
   j["deepspeed_estimate"] = {{"formula", r.ds_formula}, {"bytes", r.ds}};
+  j["release_grads_device_peak_bytes"] =
+      r.released_peak ? nlohmann::json(r.released_peak) : nlohmann::json(nullptr);
   j["hardware"] = r.hw ? nlohmann::json(r.hw->name) : nlohmann::json(nullptr);
   j["step_time"] = pred.timed ? time_json(pred.time) : nlohmann::json(nullptr);
   std::cout << j.dump(2) << "\n";
@@ -500,6 +505,10 @@ void print_plan_text(const PlanReport& r) {
               pred.rss.untouched ? (" - staging pages no transfer writes " + gib(pred.rss.untouched)).c_str() : "");
   std::printf("DeepSpeed's model-states estimate: %s per rank (%s)\n", gib(r.ds).c_str(),
               r.ds_formula.c_str());
+  if (r.released_peak)
+    std::printf("with release_grads: device peak %s (%s less; gradients freed between steps, "
+                "as PyTorch's zero_grad(set_to_none=True))\n",
+                gib(r.released_peak).c_str(), gib(pred.device - r.released_peak).c_str());
   print_step_time(r);
   if (!r.pa.svg.empty()) std::printf("drawing written to %s\n", r.pa.svg.c_str());
 }
@@ -734,6 +743,12 @@ int cmd_plan(const PlanArgs& pa) {
   // predict memory only (an explicit --hardware without collectives is an error).
   r.no_coll = hw && pa.world > 1 && !hw->has_collectives && pa.hardware.empty();
   r.pred = predict_plan(setup_of(cfg, pa), hw && !r.no_coll ? &*hw : nullptr);
+  if (!cfg.sharding.release_grads) {  // what release_grads would save (memory only)
+    PlanSetup rel = setup_of(cfg, pa);
+    rel.policy.release_grads = true;
+    const int64_t peak = predict_plan(rel, nullptr).device;
+    if (peak < r.pred.device) r.released_peak = peak;
+  }
   const StepPlan& plan = r.pred.plan;
   const PlanPeak& pk = r.pred.peak;
   const int N = pa.world;

@@ -543,6 +543,12 @@ TEST_CASE("cli: plan predicts each rank's peak per tier and category") {
   REQUIRE(t.rc == 0);
   CHECK(has(t.out, "device peak"));
   CHECK(has(t.out, "DeepSpeed's model-states estimate"));
+  // What release_grads would save, said where it is off (and only there).
+  CHECK(has(t.out, "with release_grads: device peak"));
+  const Result tr = sw_run(d, {"plan", "cfg.json", "--world-size", "2", "--set", "release_grads=true"});
+  REQUIRE(tr.rc == 0);
+  CHECK(has(tr.out, "device peak"));
+  CHECK(!has(tr.out, "with release_grads"));
   const Result j = sw_run(d, {"plan", "cfg.json", "--world-size", "2", "--json", "--set",
                               "zero_optimization.offload_param.device=nvme", "--set",
                               "zero_optimization.offload_param.nvme_path=/nonexistent", "--set",
