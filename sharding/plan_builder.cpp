@@ -90,10 +90,9 @@ void PlanBuilder::optimizer(bool flush) {
       Action& up = add(ActionKind::OptimizerUpdate, Queue::Compute, ui);
       // release_grads: the update frees what the step allocated (Updates::run).
       if (releases_grads(in_, ui)) {
-        if (in_.kind == UnitKind::Whole && has_grads_[u]) up.mem[kGrads] -= fbytes(ui);
-        if (in_.kind == UnitKind::Sharded && shard_grads_[u]) up.mem[kGrads] -= fbytes(ui) / in_.S;
-        if (in_.kind == UnitKind::Whole) has_grads_[u] = false;
-        shard_grads_[u] = false;
+        std::vector<bool>& made = in_.kind == UnitKind::Whole ? has_grads_ : shard_grads_;
+        if (made[u]) up.mem[kGrads] -= released_bytes(ui);
+        made[u] = false;
       }
     }
     state_io_.update_pieces(ui);  // (streamed: its pieces through the staging)
@@ -489,7 +488,7 @@ void PlanBuilder::wait_reductions(size_t n) {
     // (FlatUnit::accumulate_reduced).
     if (r.unit >= 0 && in_.kind == UnitKind::Sharded && releases_grads(in_, r.unit) &&
         !shard_grads_[size_t(r.unit)]) {
-      w.mem[kGrads] += fbytes(r.unit) / in_.S;
+      w.mem[kGrads] += released_bytes(r.unit);
       shard_grads_[size_t(r.unit)] = true;
     }
   }

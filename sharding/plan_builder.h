@@ -71,6 +71,11 @@ class PlanBuilder {
   DType pdt() const { return in_.policy.mixed_precision.param_dtype; }
   DType rdt() const { return in_.policy.mixed_precision.reduce_dtype; }
   int64_t fbytes(int u) const { return in_.units[size_t(u)].padded * 4; }
+  // release_grads: what unit u's step allocates and its update frees (a Whole unit's
+  // gradients, a Sharded unit's reduced shard).
+  int64_t released_bytes(int u) const {
+    return in_.kind == UnitKind::Whole ? fbytes(u) : fbytes(u) / in_.S;
+  }
   int64_t params_bytes(int u) const;
   int live() const;
   void issue(int u);
