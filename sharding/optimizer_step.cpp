@@ -32,6 +32,7 @@ double ShardedModel::grad_norm() const {
   const bool skip_rep = I.ctx.tensor && I.ctx.tensor->rank() != 0;
   for (size_t u = 0; u < U; ++u) {
     const FlatUnit& fu = *I.units[u];
+    if (fu.grads_released()) continue;  // (zero: not made again to be summed)
     if (skip_rep && !fu.layout().replicated_runs().empty()) {
       SW_CHECK(!fu.params_on_nvme(), "tensor parallelism with NVMe parameters");
       const bool off = fu.grad_device() != ops.device();  // (host shards: summed there)

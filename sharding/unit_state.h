@@ -212,6 +212,11 @@ class FlatUnit {
   // view below makes them again (zero) where it is read, but grads() (per-parameter pointers:
   // null while released) and grad_full() of a sharded unit (its transient buffer).
   bool releases_grads() const { return release_; }
+  // Released now (nothing allocated, all zero in value): the gradients' readers that only sum
+  // them (grad_norm) skip the unit instead of making them again.
+  bool grads_released() const {
+    return release_ && !pending_ && (kind_ == Kind::Whole ? !grads_.allocated() : !grad_shard_);
+  }
   // Zeroed unsharded gradients are not filled at once: their parameters' ranges stay
   // unwritten (zero in value; the alignment gaps and padding are zeros in memory), each until
   // the first op that produces it writes it (UnitCtx::grad_out: a GEMM with beta = 0 instead of

@@ -529,6 +529,16 @@ TEST_CASE("release_grads: the gradients live from the backward to the update, as
         sm.micro_step(batch, 0.5f, false);
         sm.micro_step(batch, 0.5f, true);
         sm.optimizer_step(AdamWParams{}, 1e-2f, 1.f, step);
+        const auto held = [&] {
+          return static_cast<int64_t>(MemTracker::global().current(Mem::Grads) - g0);
+        };
+        // The update itself freed them (where the plan frees them), and the norm read between
+        // the update and the next backward neither makes them again nor sees anything.
+        CHECK(held() == (release ? 0 : plan.persistent[Gi]));
+        if (release) {
+          CHECK(sm.grad_norm() == 0.0);
+          CHECK(held() == 0);
+        }
         sm.zero_grads();
         // Between steps: none held (released), or all (persistent: the plan's persistent).
         const int64_t now = static_cast<int64_t>(MemTracker::global().current(Mem::Grads) - g0);
