@@ -12,6 +12,9 @@
 #   bf16              Shardwise fp32, Shardwise bf16 compute (--compute bf16) and PyTorch bf16
 #                     autocast, 1 process x THREADS each, alternating; ratios bf16/fp32 and
 #                     bf16/PyTorch-bf16 (issue 4 targets: >= 1.6x and >= 1.3x)
+#   peers             Shardwise, the tuned PyTorch (--tuned) and the plain one per round, in
+#                     TORCH_DTYPE (bf16: Shardwise --compute bf16); per-round ratios, means,
+#                     medians (issue 39 point 5: bf16, d 384, 6 layers, vocab 8192, B 8)
 #   memory            per-rank memory of STRATEGY at world 1, 2 and 4 (MEM_ARGS: the shape for
 #                     all three, default a 6-layer d=512 GPT-2 so that 4 ranks fit beside the
 #                     other jobs on this machine); model state should fall as 1/N
@@ -127,6 +130,40 @@ med = lambda v: sorted(v)[len(v) // 2]
 print(f"median {med(f32):20.1f}  {med(b16):20.1f}  {med(pt):18.1f}  {med(b16) / med(f32):8.2f}x"
       f"  {med(b16) / med(pt):11.2f}x")
 PY
+elif [ "$mode" = peers ]; then
+  # Per round: Shardwise, the tuned PyTorch (torch_step.py --tuned) and the plain one, each
+  # 1 process x THREADS, in TORCH_DTYPE (bench_step --compute bf16 for bf16), so that a slow
+  # spell of the machine falls on all three of a round alike.
+  dt=${TORCH_DTYPE:-fp32}
+  compute=f32
+  [ "$dt" = bf16 ] && compute=bf16
+  args=(--threads "$threads" --steps "$steps" --compute "$compute" "$@")
+  targs=(--threads "$threads" --steps "$steps" --dtype "$dt" "${shape[@]}" "${torch_extra[@]}")
+  sw=() tu=() pl=()
+  for ((r = 1; r <= rounds; r++)); do
+    line=$("$build/bench/bench_step" "${args[@]}" | tail -1)
+    sw+=("$(echo "$line" | tps)")
+    line=$("${torch_env[@]}" "$tpy" "$here/torch_step.py" "${targs[@]}" --tuned 2>/dev/null | tail -1)
+    tu+=("$(echo "$line" | tps)")
+    line=$("${torch_env[@]}" "$tpy" "$here/torch_step.py" "${targs[@]}" 2>/dev/null | tail -1)
+    pl+=("$(echo "$line" | tps)")
+    echo "round $r: shardwise ${sw[-1]}  tuned ${tu[-1]}  plain ${pl[-1]}" >&2
+  done
+  "$py" - "${sw[*]}" "${tu[*]}" "${pl[*]}" <<'PY'
+import statistics as st
+import sys
+sw, tu, pl = ([float(x) for x in a.split()] for a in sys.argv[1:4])
+print("round  shardwise tok/s  tuned tok/s  plain tok/s  /tuned  /plain")
+for i in range(len(sw)):
+    print(f"{i + 1:5d}  {sw[i]:15.1f}  {tu[i]:11.1f}  {pl[i]:11.1f}  {sw[i] / tu[i]:5.2f}x"
+          f"  {sw[i] / pl[i]:5.2f}x")
+r = [a / b for a, b in zip(sw, tu)]
+print(f"mean   {st.mean(sw):15.1f}  {st.mean(tu):11.1f}  {st.mean(pl):11.1f}"
+      f"  {st.mean(sw) / st.mean(tu):5.2f}x  {st.mean(sw) / st.mean(pl):5.2f}x")
+print(f"median {st.median(sw):15.1f}  {st.median(tu):11.1f}  {st.median(pl):11.1f}"
+      f"  {st.median(sw) / st.median(tu):5.2f}x  {st.median(sw) / st.median(pl):5.2f}x")
+print(f"per-round ratio to tuned: median {st.median(r):.2f}x, range {min(r):.2f}-{max(r):.2f}x")
+PY
 elif [ "$mode" = memory ]; then
   read -r -a mem_args <<<"${MEM_ARGS:---d 512 --layers 6 --heads 8 --T 128 --B 2}"
   for np in 1 2 4; do
@@ -139,6 +176,6 @@ elif [ "$mode" = memory ]; then
     fi
   done
 else
-  echo "step.sh: unknown MODE '$mode' (single, mpi, bf16 or memory)" >&2
+  echo "step.sh: unknown MODE '$mode' (single, mpi, bf16, peers or memory)" >&2
   exit 2
 fi
