@@ -54,6 +54,34 @@ else
 fi
 torch_env=(env OMP_WAIT_POLICY=PASSIVE ${torch_core:+OPENBLAS_CORETYPE=$torch_core})
 tps() { "$py" -c 'import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])[sys.argv[1]])' "${1:-tokens_per_s}"; }
+# rounds_table LABELS RATIOS COL...: one row per round of the columns (each COL the rounds'
+# tokens/s, space-separated; LABELS "a|b|c" names them) and the ratios RATIOS names
+# ("i/j:label ..."), then the best, mean and median rows (ratios of those figures) and the
+# per-round ratios' median and range.
+rounds_table() {
+  "$py" - "$@" <<'PY'
+import statistics as st
+import sys
+labels = sys.argv[1].split("|")
+ratios = [(int(p.split(":")[0].split("/")[0]), int(p.split(":")[0].split("/")[1]), p.split(":", 1)[1])
+          for p in sys.argv[2].split()]
+cols = [[float(x) for x in a.split()] for a in sys.argv[3:]]
+w = [max(11, len(l)) for l in labels]
+rw = [max(6, len(r[2])) for r in ratios]
+print("round  " + "  ".join(f"{l:>{n}}" for l, n in zip(labels, w)) + "  " +
+      "  ".join(f"{r[2]:>{n}}" for r, n in zip(ratios, rw)))
+def row(name, v):
+    print(f"{name:6s} " + "  ".join(f"{x:{n}.1f}" for x, n in zip(v, w)) + "  " +
+          "  ".join(f"{v[a] / v[b]:{n - 1}.2f}x" for (a, b, _), n in zip(ratios, rw)))
+for i in range(len(cols[0])):
+    row(f"{i + 1:5d}", [c[i] for c in cols])
+for name, f in (("best", max), ("mean", st.mean), ("median", st.median)):
+    row(name, [f(c) for c in cols])
+for a, b, name in ratios:
+    r = [x / y for x, y in zip(cols[a], cols[b])]
+    print(f"per-round {name}: median {st.median(r):.2f}x, range {min(r):.2f}-{max(r):.2f}x")
+PY
+}
 
 if [ "$mode" = single ]; then
   args=(--threads "$threads" --steps "$steps" "$@")
@@ -117,19 +145,9 @@ elif [ "$mode" = bf16 ]; then
     echo "$line" >&2
     pt+=("$(echo "$line" | tps)")
   done
-  "$py" - "${f32[*]}" "${b16[*]}" "${pt[*]}" <<'PY'
-import sys
-f32, b16, pt = ([float(x) for x in a.split()] for a in sys.argv[1:4])
-print("round  shardwise fp32 tok/s  shardwise bf16 tok/s  pytorch bf16 tok/s  bf16/fp32  bf16/pt-bf16")
-for i in range(len(f32)):
-    print(f"{i + 1:5d}  {f32[i]:20.1f}  {b16[i]:20.1f}  {pt[i]:18.1f}  {b16[i] / f32[i]:8.2f}x"
-          f"  {b16[i] / pt[i]:11.2f}x")
-print(f"best   {max(f32):20.1f}  {max(b16):20.1f}  {max(pt):18.1f}  {max(b16) / max(f32):8.2f}x"
-      f"  {max(b16) / max(pt):11.2f}x  (targets >= 1.6x, >= 1.3x)")
-med = lambda v: sorted(v)[len(v) // 2]
-print(f"median {med(f32):20.1f}  {med(b16):20.1f}  {med(pt):18.1f}  {med(b16) / med(f32):8.2f}x"
-      f"  {med(b16) / med(pt):11.2f}x")
-PY
+  rounds_table "shardwise fp32 tok/s|shardwise bf16 tok/s|pytorch bf16 tok/s" \
+    "1/0:bf16/fp32 1/2:bf16/pt-bf16" "${f32[*]}" "${b16[*]}" "${pt[*]}"
+  echo "(issue 4 targets: bf16/fp32 >= 1.6x, bf16/pt-bf16 >= 1.3x)"
 elif [ "$mode" = peers ]; then
   # Per round: Shardwise, the tuned PyTorch (torch_step.py --tuned) and the plain one, each
   # 1 process x THREADS, in TORCH_DTYPE (bench_step --compute bf16 for bf16), so that a slow
@@ -149,21 +167,8 @@ elif [ "$mode" = peers ]; then
     pl+=("$(echo "$line" | tps)")
     echo "round $r: shardwise ${sw[-1]}  tuned ${tu[-1]}  plain ${pl[-1]}" >&2
   done
-  "$py" - "${sw[*]}" "${tu[*]}" "${pl[*]}" <<'PY'
-import statistics as st
-import sys
-sw, tu, pl = ([float(x) for x in a.split()] for a in sys.argv[1:4])
-print("round  shardwise tok/s  tuned tok/s  plain tok/s  /tuned  /plain")
-for i in range(len(sw)):
-    print(f"{i + 1:5d}  {sw[i]:15.1f}  {tu[i]:11.1f}  {pl[i]:11.1f}  {sw[i] / tu[i]:5.2f}x"
-          f"  {sw[i] / pl[i]:5.2f}x")
-r = [a / b for a, b in zip(sw, tu)]
-print(f"mean   {st.mean(sw):15.1f}  {st.mean(tu):11.1f}  {st.mean(pl):11.1f}"
-      f"  {st.mean(sw) / st.mean(tu):5.2f}x  {st.mean(sw) / st.mean(pl):5.2f}x")
-print(f"median {st.median(sw):15.1f}  {st.median(tu):11.1f}  {st.median(pl):11.1f}"
-      f"  {st.median(sw) / st.median(tu):5.2f}x  {st.median(sw) / st.median(pl):5.2f}x")
-print(f"per-round ratio to tuned: median {st.median(r):.2f}x, range {min(r):.2f}-{max(r):.2f}x")
-PY
+  rounds_table "shardwise tok/s|tuned tok/s|plain tok/s" "0/1:/tuned 0/2:/plain" \
+    "${sw[*]}" "${tu[*]}" "${pl[*]}"
 elif [ "$mode" = memory ]; then
   read -r -a mem_args <<<"${MEM_ARGS:---d 512 --layers 6 --heads 8 --T 128 --B 2}"
   for np in 1 2 4; do
