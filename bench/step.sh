@@ -54,6 +54,19 @@ else
 fi
 torch_env=(env OMP_WAIT_POLICY=PASSIVE ${torch_core:+OPENBLAS_CORETYPE=$torch_core})
 tps() { "$py" -c 'import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])[sys.argv[1]])' "${1:-tokens_per_s}"; }
+# tps for a peer that may not run here (torch_step.py's status "unavailable": a torch without
+# compile or SDPA): nan, and its reason on stderr.
+tps_or_nan() {
+  "$py" -c '
+import json, sys
+lines = sys.stdin.read().strip().splitlines()
+r = json.loads(lines[-1]) if lines else {"error": "no output"}
+if "tokens_per_s" in r:
+    print(r["tokens_per_s"])
+else:
+    print("nan")
+    print("step.sh: " + r.get("mode", "peer") + " peer: " + r.get("error", r.get("status", "?")), file=sys.stderr)'
+}
 # rounds_table LABELS RATIOS COL...: one row per round of the columns (each COL the rounds'
 # tokens/s, space-separated; LABELS "a|b|c" names them) and the ratios RATIOS names
 # ("i/j:label ..."), then the best, mean and median rows (ratios of those figures) and the
@@ -162,9 +175,9 @@ elif [ "$mode" = peers ]; then
     line=$("$build/bench/bench_step" "${args[@]}" | tail -1)
     sw+=("$(echo "$line" | tps)")
     line=$("${torch_env[@]}" "$tpy" "$here/torch_step.py" "${targs[@]}" --tuned 2>/dev/null | tail -1)
-    tu+=("$(echo "$line" | tps)")
+    tu+=("$(echo "$line" | tps_or_nan)")
     line=$("${torch_env[@]}" "$tpy" "$here/torch_step.py" "${targs[@]}" 2>/dev/null | tail -1)
-    pl+=("$(echo "$line" | tps)")
+    pl+=("$(echo "$line" | tps_or_nan)")
     echo "round $r: shardwise ${sw[-1]}  tuned ${tu[-1]}  plain ${pl[-1]}" >&2
   done
   rounds_table "shardwise tok/s|tuned tok/s|plain tok/s" "0/1:/tuned 0/2:/plain" \
