@@ -514,10 +514,11 @@ void FlatUnit::ensure_grads() {
 }
 
 void FlatUnit::remake_grads() const {
-  if (!release_) return;
+  if (!grads_released()) return;  // (callers settle first: no update pending)
   FlatUnit& self = const_cast<FlatUnit&>(*this);
-  if (kind_ == Kind::Whole && !grads_.allocated()) self.ensure_grads();
-  if (kind_ == Kind::Sharded && !grad_shard_) {
+  if (kind_ == Kind::Whole) {
+    self.ensure_grads();
+  } else {
     const size_t Sh = static_cast<size_t>(layout_.shard_size());
     self.grad_shard_buf_ = Buffer(fbytes(layout_.shard_size()), Mem::Grads, ops_->device());
     self.grad_shard_ = self.grad_shard_buf_.f32();

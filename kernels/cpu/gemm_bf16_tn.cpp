@@ -74,6 +74,17 @@ struct Epilogue {
   uint16_t* C16;        // bf16 output (one K block only), row stride ldc
 };
 
+// The cache lines of `rows` rows of `bytes` bytes each, `ld` bytes apart from p: a tile's
+// destination in C, asked for before its products (a C that has left the caches, such as the LM
+// head's dw accumulated across its chunks, otherwise costs a demand miss per line after them).
+inline void prefetch_rows(const void* p, ptrdiff_t ld, int rows, int bytes) {
+  for (int i = 0; i < rows; ++i) {
+    const char* row = static_cast<const char*>(p) + i * ld;
+    for (int off = 0; off < bytes; off += 64) _mm_prefetch(row + off, _MM_HINT_T0);
+    _mm_prefetch(row + bytes - 1, _MM_HINT_T0);  // (a row that does not start on a line)
+  }
+}
+
 // C[0:mr, col:col+nr] of the tile's rows at C / C16 from its accumulators: on the first K
 // block alpha * c + bias + beta * C (or its bf16, rounded as f32_to_bf16, into C16); on a
 // later one C + alpha * c.
@@ -112,14 +123,7 @@ __attribute__((always_inline)) inline void store_tile(__m512 (&c)[kMR][kNV], flo
 // (a: kMR words per pair; b: kNR words per pair), stored as store_tile does.
 void ukernel(int kp, const uint32_t* __restrict a, const uint32_t* __restrict b, float* C,
              ptrdiff_t ldc, int mr, int nr, const Epilogue& e, bool first) {
-  // The tile's rows of C, which store_tile reads (accumulating) or writes, asked for before the
-  // products: a C that left the caches (the LM head's dw across its chunks) otherwise costs
-  // a demand miss per line after them.
-  for (int i = 0; i < mr; ++i) {
-    const char* row = reinterpret_cast<const char*>(C + i * ldc);
-    for (int off = 0; off < nr * 4; off += 64) _mm_prefetch(row + off, _MM_HINT_T0);
-    _mm_prefetch(row + nr * 4 - 1, _MM_HINT_T0);
-  }
+  prefetch_rows(C, ldc * 4, mr, nr * 4);
   __m512 c[kMR][kNV];
   for (int i = 0; i < kMR; ++i)
     for (int v = 0; v < kNV; ++v) c[i][v] = _mm512_setzero_ps();
@@ -228,14 +232,10 @@ constexpr int kGroupBytes = 512 << 10;  // packed B visited per 8-row tile (half
 void ukernel_direct(int kp, const Word* const* a, const uint32_t* __restrict b, float* C,
                     uint16_t* C16, ptrdiff_t ldc, int mr, int nr, int col, const Epilogue& e,
                     bool first) {
-  // The tile's destination lines asked for before the products (as ukernel's).
-  for (int i = 0; i < mr; ++i) {
-    const char* row = C16 ? reinterpret_cast<const char*>(C16 + i * ldc + col)
-                          : reinterpret_cast<const char*>(C + i * ldc + col);
-    const int bytes = nr * (C16 ? 2 : 4);
-    for (int off = 0; off < bytes; off += 64) _mm_prefetch(row + off, _MM_HINT_T0);
-    _mm_prefetch(row + bytes - 1, _MM_HINT_T0);
-  }
+  if (C16)
+    prefetch_rows(C16 + col, ldc * 2, mr, nr * 2);
+  else
+    prefetch_rows(C + col, ldc * 4, mr, nr * 4);
   __m512 c[kMR][kNV];
   for (int i = 0; i < kMR; ++i)
     for (int v = 0; v < kNV; ++v) c[i][v] = _mm512_setzero_ps();

@@ -541,8 +541,7 @@ TEST_CASE("release_grads: the gradients live from the backward to the update, as
         }
         sm.zero_grads();
         // Between steps: none held (released), or all (persistent: the plan's persistent).
-        const int64_t now = static_cast<int64_t>(MemTracker::global().current(Mem::Grads) - g0);
-        CHECK(now == (release ? 0 : plan.persistent[Gi]));
+        CHECK(held() == (release ? 0 : plan.persistent[Gi]));
         CHECK((plan.persistent[Gi] == 0 || !release));
         // The step's tracked peak is the plan's.
         CHECK(static_cast<int64_t>(MemTracker::global().peak(Mem::Grads) - g0) ==
