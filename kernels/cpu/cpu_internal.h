@@ -132,6 +132,18 @@ void gemm_bf16_avx512(bool ta, bool tb, int M, int N, int K, float alpha, const 
 void gemm_lowp_fma_avx512(bool f16, bool ta, bool tb, int M, int N, int K, float alpha,
                           const float* A, int lda, const float* B, int ldb, float beta, float* C,
                           int ldc);
+// The own bf16 kernels' blocking (gemm_bf16_tn.cpp), shared with the replay of their packing
+// buffers (own16_pack_bytes), which runs on any CPU.
+namespace own16 {
+inline constexpr int kNR = 48;        // columns of C per tile: B is packed in panels this wide
+inline constexpr int kKP = 512;       // tn: reduction pairs per block
+inline constexpr int kMC = 64;        // tn: rows of C per A block
+inline constexpr int kMinRows = 1024;  // n16 outside a ReusePackedB scope: rows of A at least
+inline constexpr double kMinWork = 4e6;  // flops below which a product runs on one thread
+// A packed B kept in a ReusePackedB scope: at most this many bytes (two slots per thread).
+inline constexpr size_t kReuseMaxBytes = size_t{16} << 20;
+inline constexpr size_t panels_pad(int N) { return size_t(N + kNR - 1) / kNR * kNR; }
+}  // namespace own16
 // gemm_bf16_tn.cpp (AVX512-BF16 only): C(fp32, M x N) = alpha * A^T B + beta * C with A
 // (K x M) and B (K x N) bf16, row-major with row strides lda / ldb: the weight gradient
 // dout^T x on 16-bit operands. Bit-identical across runs and thread counts.
@@ -190,6 +202,8 @@ struct ReusePackedB {
   ReusePackedB& operator=(const ReusePackedB&) = delete;
 };
 bool reuse_packed_b(int N, int K);  // one lives on this thread, and a K x N B's form is kept
+// Whether gemm_bf16_16 runs the own kernels on this process (AVX512-BF16, oneDNN not forced).
+bool own16_kernels();
 // Measured flop rate of vdpbf16ps over that of fp32 FMA on this core (~2 where vdpbf16ps has
 // the FMA's throughput; ~0.5 on CPUs that run it at a quarter of the FMA's instruction rate).
 // Printed with SHARDWISE_LOWP_VERBOSE; the path itself is chosen by vendor (choose_native).

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "core/dtype.h"
 #include "kernels/ops.h"  // RopeSpec
@@ -210,6 +211,22 @@ double lmhead_xent(float* loss, float* dx, float* dw, const float* x, const floa
                    DType compute = DType::F32, const uint16_t* w16 = nullptr);
 // Rows per chunk of N rows at vocabulary V (the logits chunk is that many rows of V floats).
 int lmhead_chunk_rows(int N, int V);
+
+// gemm_onednn.cpp: a product a step hands the bf16 products with both operands in bf16
+// (detail::gemm_bf16_16; its own kernels' candidates), for own16_pack_bytes.
+struct Own16Call {
+  bool ta = false, tb = false;
+  int M = 0, N = 0, K = 0;
+  bool c16 = false;  // a bf16 output
+  int scope = 0;     // the ReusePackedB scope it runs in (0: none; one scope's calls adjacent)
+  int b = 0;         // its B: calls of a scope with the same b, tb, N and K multiply one matrix
+};
+// The bytes the own bf16 kernels' packing buffers hold after `calls` ran in order on one
+// calling thread with `threads` OpenMP threads, as gemm_bf16_16 dispatches them in this
+// process: the buffers are grow-only and kept per thread, tracked as Mem::Workspace (the
+// transposed kernel's packed B and every team thread's A block; the other kernel's per-call
+// packed B and its two ReusePackedB slots). 0 where own16_kernels() is false.
+int64_t own16_pack_bytes(const std::vector<Own16Call>& calls, int threads);
 
 // adamw.cpp
 void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,

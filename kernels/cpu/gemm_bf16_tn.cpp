@@ -48,11 +48,18 @@ namespace sw::cpu::detail {
 
 namespace {
 
-constexpr int kMR = 8;          // rows of C per tile (A words broadcast per pair)
-constexpr int kNV = 3;          // zmm vectors per tile row
-constexpr int kNR = 16 * kNV;   // columns of C per tile
-constexpr int kKP = 512;        // reduction pairs per block (1024 reduction indices)
-constexpr int kMC = 64;         // rows per A block (multiple of kMR)
+constexpr int kMR = 8;                // rows of C per tile (A words broadcast per pair)
+constexpr int kNV = 3;                // zmm vectors per tile row
+constexpr int kNR = own16::kNR;       // columns of C per tile
+constexpr int kKP = own16::kKP;       // reduction pairs per block (1024 reduction indices)
+constexpr int kMC = own16::kMC;       // rows per A block (multiple of kMR)
+static_assert(kNR == 16 * kNV && kMC % kMR == 0, "the tile and the blocks");
+
+// A packing buffer of `words` 32-bit words in b: grow-only (callers keep b thread_local), tracked
+// as Mem::Workspace (cpu_kernels.h own16_pack_bytes replays their sizes for the planner).
+inline uint32_t* pack_words(Buffer& b, size_t words) {
+  return reinterpret_cast<uint32_t*>(grow_workspace(b, words));
+}
 
 // 16 words [lo = r0[c], hi = r1[c]] for c < 16 (lanes >= n zero; r1 null: hi zero).
 inline __m512i interleave16(const uint16_t* r0, const uint16_t* r1, __mmask16 m) {
@@ -148,11 +155,11 @@ void gemm_bf16_tn16_avx512(int M, int N, int K, float alpha, const uint16_t* A, 
   const int nblk = (Kp + kKP - 1) / kKP;           // K blocks
   const int npan = (N + kNR - 1) / kNR;            // B panels
   const size_t Npad = (size_t)npan * kNR;
-  static thread_local Aligned bbuf;  // the caller's thread owns the packed B
-  uint32_t* Bp = bbuf.get((size_t)Kp * Npad);
+  static thread_local Buffer bbuf;  // the caller's thread owns the packed B
+  uint32_t* Bp = pack_words(bbuf, (size_t)Kp * Npad);
   const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
   const double work = 2.0 * M * N * K;
-  const int T = work < 4e6 ? 1 : nt;
+  const int T = work < own16::kMinWork ? 1 : nt;
   const bool by_rows = M >= N;
 #pragma omp parallel num_threads(T) if (T > 1)
   {
@@ -174,8 +181,8 @@ void gemm_bf16_tn16_avx512(int M, int N, int K, float alpha, const uint16_t* A, 
       }
     }  // (implicit barrier)
     const Epilogue e{alpha, beta, nullptr, nullptr};
-    thread_local Aligned abuf;
-    uint32_t* Ap = abuf.get((size_t)kMC * kKP);
+    thread_local Buffer abuf;
+    uint32_t* Ap = pack_words(abuf, (size_t)kMC * kKP);
     // C's rows [ic, ic + mc) at panels [j0, j1): A's rows packed block by block, then the tiles.
     auto rows_block = [&](int ic, int mc, int j0, int j1) {
       for (int kb = 0; kb < nblk; ++kb) {
@@ -262,11 +269,11 @@ namespace {
 // inside one, the last two B operands' packed forms, kept while the scope lives.
 thread_local int g_reuse_depth = 0;
 // A B whose packed form is larger is not kept (packed per call, as outside a scope): two slots
-// of at most this per thread, outside the memory tracker like the per-call buffer (the small
-// model's LM head: 6.3 MB each; GPT-2's, 77 MB, is not kept and its chunks run oneDNN).
-constexpr size_t kReuseMaxBytes = size_t{16} << 20;
+// of at most this per thread, tracked like the per-call buffer (the small model's LM head: 6.3
+// MB each; GPT-2's, 77 MB, is not kept and its chunks run oneDNN).
+constexpr size_t kReuseMaxBytes = own16::kReuseMaxBytes;
 struct PackedB {
-  Aligned buf;
+  Buffer buf;
   const uint16_t* B = nullptr;
   bool tb = false;
   int N = 0, K = 0, ldb = 0;
@@ -281,17 +288,17 @@ uint32_t* packed_b_slot(const uint16_t* B, bool tb, int N, int K, int ldb, size_
   *packed = false;
   if (g_reuse_depth == 0 || !reuse_packed_b(N, K)) {
     g_packed[0].B = nullptr;
-    return g_packed[0].buf.get(words);
+    return pack_words(g_packed[0].buf, words);
   }
   for (PackedB& s : g_packed)
     if (s.B == B && s.tb == tb && s.N == N && s.K == K && s.ldb == ldb) {
       s.use = ++g_uses;
       *packed = true;
-      return s.buf.get(words);
+      return pack_words(s.buf, words);
     }
   PackedB& s = g_packed[0].use <= g_packed[1].use ? g_packed[0] : g_packed[1];
   s.B = B, s.tb = tb, s.N = N, s.K = K, s.ldb = ldb, s.use = ++g_uses;
-  return s.buf.get(words);
+  return pack_words(s.buf, words);
 }
 
 }  // namespace
@@ -320,7 +327,7 @@ bool gemm_bf16_n16_avx512(bool tb, int M, int N, int K, float alpha, const uint1
   bool packed = false;  // B found packed already (a ReusePackedB scope)
   uint32_t* Bp = packed_b_slot(B, tb, N, K, ldb, (size_t)Kp * Npad, &packed);
   const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
-  const int T = 2.0 * M * N * K < 4e6 ? 1 : nt;
+  const int T = 2.0 * M * N * K < own16::kMinWork ? 1 : nt;
   const Epilogue e{alpha, beta, bias, C16};
   const Word* Aw = reinterpret_cast<const Word*>(A);
   const ptrdiff_t ldaw = lda / 2;

@@ -174,15 +174,20 @@ void gemm_bf16_onednn(bool ta, bool tb, int M, int N, int K, float alpha, const 
 }
 
 // The own kernel for A read in place packs all of B (K x N) on every call: at fewer rows than
-// this it ran slower than oneDNN (the 512-row LM-head chunk x w^T: 0.84x; the step's Linears at
-// 1024 and 2048 rows: 0.98-1.11x, bench/bench_gemm16 --rows 1024 / 2048), unless a
-// ReusePackedB scope spares the packing after the first call.
-constexpr int kOwnMinRows = 1024;
+// own16::kMinRows (1024) it ran slower than oneDNN (the 512-row LM-head chunk x w^T: 0.84x; the
+// step's Linears at 1024 and 2048 rows: 0.98-1.11x, bench/bench_gemm16 --rows 1024 / 2048),
+// unless a ReusePackedB scope spares the packing after the first call.
+constexpr int kOwnMinRows = own16::kMinRows;
+
+bool own16_kernels() {
+  static const bool own = cpu_has_avx512_bf16() && !lowp_onednn_forced();
+  return own;
+}
 
 void gemm_bf16_16(bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
                   const uint16_t* A16, int lda, const float* B, const uint16_t* B16, int ldb,
                   float beta, float* C, int ldc, const float* bias, uint16_t* C16) {
-  static const bool own = cpu_has_avx512_bf16() && !lowp_onednn_forced();
+  static const bool own = own16_kernels();
   if (own && A16 && B16 && !(ta && tb)) {
     if (ta) {
       if (!bias && !C16)
@@ -197,3 +202,65 @@ void gemm_bf16_16(bool ta, bool tb, int M, int N, int K, float alpha, const floa
 }
 
 }  // namespace sw::cpu::detail
+
+namespace sw::cpu {
+
+// The buffers of gemm_bf16_tn.cpp as its kernels size them (words of 4 bytes, grown to the
+// largest request), for the calls gemm_bf16_16 above hands them (both operands in bf16 is the
+// caller's promise), with the gates of gemm_bf16_n16_avx512 that return before packing (an odd
+// K; a bf16 output over more than one K block) and its slots' least-recently-used refill.
+int64_t own16_pack_bytes(const std::vector<Own16Call>& calls, int threads) {
+  if (!detail::own16_kernels()) return 0;
+  size_t tn_b = 0, n16_b = 0;  // words: the tn kernel's packed B; slot 0 (also the per-call B)
+  int a_threads = 0;           // team threads that packed a tn A block
+  struct Slot {
+    bool held = false;  // a packed form kept in a live scope
+    int b = 0, N = 0, K = 0;
+    bool tb = false;
+    unsigned long use = 0;
+    size_t words = 0;
+  } slot[2];
+  unsigned long uses = 0;
+  int scope = 0;
+  auto keep = [](int N, int K) {
+    return size_t((K + 1) / 2) * detail::own16::panels_pad(N) * 4 <= detail::own16::kReuseMaxBytes;
+  };
+  for (const Own16Call& c : calls) {
+    if (c.scope != scope) {  // leaving a scope forgets the kept forms (ReusePackedB's end)
+      if (scope != 0) slot[0].held = slot[1].held = false;
+      scope = c.scope;
+    }
+    if (c.M <= 0 || c.N <= 0 || c.K <= 0 || (c.ta && c.tb)) continue;
+    if (c.ta) {
+      if (c.c16) continue;  // (oneDNN's)
+      tn_b = std::max(tn_b, size_t((c.K + 1) / 2) * detail::own16::panels_pad(c.N));
+      const bool team = 2.0 * c.M * c.N * c.K >= detail::own16::kMinWork;
+      a_threads = std::max(a_threads, team ? std::max(1, threads) : 1);
+      continue;
+    }
+    const bool kept = scope != 0 && keep(c.N, c.K);
+    if (!(c.M >= detail::own16::kMinRows || kept)) continue;
+    const int Kp = c.K / 2;
+    if (c.K % 2 || (c.c16 && Kp > 1024)) continue;  // (gemm_bf16_n16_avx512 declines)
+    const size_t words = size_t(Kp) * detail::own16::panels_pad(c.N);
+    if (!kept) {
+      slot[0].held = false;
+      slot[0].words = std::max(slot[0].words, words);
+      continue;
+    }
+    Slot* s = nullptr;
+    for (Slot& x : slot)
+      if (x.held && x.b == c.b && x.tb == c.tb && x.N == c.N && x.K == c.K) s = &x;
+    if (!s) {
+      s = slot[0].use <= slot[1].use ? &slot[0] : &slot[1];
+      s->held = true, s->b = c.b, s->tb = c.tb, s->N = c.N, s->K = c.K;
+    }
+    s->use = ++uses;
+    s->words = std::max(s->words, words);
+  }
+  n16_b = slot[0].words;
+  const size_t a_words = size_t(detail::own16::kMC) * detail::own16::kKP;
+  return 4 * int64_t(tn_b + n16_b + slot[1].words + size_t(a_threads) * a_words);
+}
+
+}  // namespace sw::cpu

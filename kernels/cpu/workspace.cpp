@@ -12,6 +12,7 @@
 // (StepShape::fp8) the blocks' products are fp8.cpp's instead (fp8_scratch below).
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/cpu/attention_bf16.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -36,6 +37,61 @@ int64_t fp8_scratch(int64_t N, int64_t in, int64_t oc, int64_t wmax) {
               floats(12) + floats(std::max({N * oc, N * in, wmax}));
   if (!cpu_has_avx512()) b += floats(N * std::max(in, oc)) + floats(std::max(wmax, N * in));
   return b;
+}
+// The own bf16 kernels' packing buffers (gemm_bf16_tn.cpp, replayed by own16_pack_bytes) after
+// three steps of the products that reach them: each block's linears (blocks: their forward,
+// input-gradient and weight-gradient products as gemm_bf16.cpp's oneDNN path hands them over;
+// fp8: fp8.cpp's three x B^T products of each) and, with lm, the LM head's (its bf16 operands), chunk by chunk in one
+// ReusePackedB scope per step (lmhead.cpp). Which outputs are bf16 matters only past 2048
+// reduction indices: the blocks' bf16 outputs (the qkv and fc / gate|up forward, the attention
+// output's and fc-proj / down input gradients) all reduce over d_model.
+int64_t own16_bytes(const StepShape& s, int64_t N, int64_t chunk, bool blocks16, bool fp8,
+                    bool lm) {
+  const int64_t C = s.d_model, V = s.vocab;
+  const int64_t H = std::max(1, s.n_head), hd = C / H;
+  const int64_t KVH = s.n_kv_head > 0 ? s.n_kv_head : H;
+  const int64_t F = s.d_ff > 0 ? s.d_ff : 4 * C, Fo = s.llama ? 2 * F : F;
+  struct Linear {
+    int64_t in, out;
+    bool out16, dinp16;  // forward output, input gradient in bf16
+  };
+  const Linear lin[4] = {{C, (H + 2 * KVH) * hd, true, false},
+                         {C, C, false, true},
+                         {C, Fo, true, false},
+                         {F, C, false, true}};
+  const int n = int(N);
+  std::vector<Own16Call> calls;
+  auto add = [&](bool ta, bool tb, int64_t M, int64_t Nn, int64_t K, bool c16, int scope) {
+    Own16Call c;
+    c.ta = ta, c.tb = tb, c.M = int(M), c.N = int(Nn), c.K = int(K), c.c16 = c16, c.scope = scope;
+    c.b = 1;
+    calls.push_back(c);
+  };
+  for (int step = 1; step <= 3; ++step) {
+    for (const Linear& l : lin) {
+      if (blocks16) add(false, true, n, l.out, l.in, l.out16, 0);
+      if (fp8) add(false, true, n, l.out, l.in, false, 0);
+    }
+    if (lm && V > 0 && C > 0)
+      for (int64_t n0 = 0; n0 < N; n0 += chunk) {
+        const int64_t nc = std::min(chunk, N - n0);
+        add(false, true, nc, V, C, false, step);
+        add(false, false, nc, C, V, false, step);
+        add(true, false, V, C, nc, false, step);
+      }
+    for (int i = 3; i >= 0; --i) {
+      const Linear& l = lin[i];
+      if (blocks16) {
+        add(false, false, n, l.in, l.out, l.dinp16, 0);
+        add(true, false, l.out, l.in, n, false, 0);
+      }
+      if (fp8) {
+        add(false, true, n, l.in, l.out, false, 0);
+        add(false, true, l.out, l.in, n, false, 0);
+      }
+    }
+  }
+  return own16_pack_bytes(calls, s.threads);
 }
 }  // namespace
 
@@ -96,6 +152,10 @@ WorkspaceDecl declared_workspace(const StepShape& s) {
       d.bytes += halves(chunk * std::max(C, V)) + halves(std::max(V * C, chunk * C));
     }
     // (GPT-2's biases: Fp8Ops takes db from the bf16 Ops, a column sum of dout: no scratch.)
+    if (const int64_t own = own16_bytes(s, N, chunk, false, true, lowp_onednn(s.compute))) {
+      d.bytes += own;
+      d.what += ", the own bf16 kernels' packed operands";
+    }
     return d;
   }
   // The largest first and second operand of a product: forward x w^T (x: N x C or N x F; w:
@@ -111,6 +171,10 @@ WorkspaceDecl declared_workspace(const StepShape& s) {
     // head's x (N x C) and a chunk's dlogits (chunk x V) handed over in bf16.
     d.bytes += halves(N * C) + halves(N * C) + halves(chunk * V);
     d.what += ", fp32 results before narrowing, bf16 operand copies (oneDNN)";
+    if (const int64_t own = own16_bytes(s, N, chunk, true, false, true)) {
+      d.bytes += own;
+      d.what += ", the own bf16 kernels' packed operands";
+    }
     return d;
   }
   if (path == LowpPath::Emulated) {

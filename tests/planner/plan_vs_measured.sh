@@ -6,7 +6,8 @@
 # all-gather), at 1 or 2 OpenMP threads: within max(8 KiB, 0.2%). Small models are where kernel
 # scratch the plan misses shows (before it was declared: the CPU attention's per-thread tiles,
 # its norm partials and RoPE table, the step's loss sums, 2-5% of these; the fp8 linears'
-# quantised copies).
+# quantised copies; the own bf16 kernels' packed operands, whose blocks' forward and input-
+# gradient products run from 1024 tokens on: the *_1k cases).
 # Prints the table. The 2-rank set runs under mpirun (label mpi).
 # Usage: plan_vs_measured.sh SHARDWISE RANKS MPIEXEC [mpirun flags...]
 set -u
@@ -22,7 +23,9 @@ if [ "$ranks" = 1 ]; then
          llama_bf16   llama 64  2 4 4 256  256 1 bf16 2 3
          llama_fp16   llama 128 3 4 2 512  64  4 fp16 1 3
          gpt2_fp8     gpt2  128 2 4 0 512  128 4 fp8  2 3
-         llama_fp8    llama 128 3 4 2 512  64  4 fp8  1 3"
+         llama_fp8    llama 128 3 4 2 512  64  4 fp8  1 3
+         gpt2_bf16_1k gpt2  96  2 4 0 256  256 4 bf16 2 3
+         llama_fp8_1k llama 64  2 4 2 256  128 8 fp8  2 3"
 else
   cases="gpt2_f32_2   gpt2  128 2 4 0 512  128 4 f32  1 3
          llama_bf16_2 llama 256 4 8 4 2048 64  4 bf16 1 3
