@@ -752,12 +752,12 @@ inline DpLd dp_ld(int hd) {
   const int hp = (hd + 1) / 2;
   return {hp, padded_ld(hp), padded_ld(hd)};
 }
-// The forward's scratch: S (scores, then P in fp32), K^T pairs, V row pairs, P's pairs along
-// the keys, the Q tile (bf16) and the output accumulator.
-size_t fwd_dp_tile_floats(int hd) {
+// The forward's scratch: S (scores, then P in fp32), a head's K^T pairs and V row pairs (all
+// T keys), P's pairs along the keys, the Q tile (bf16) and the output accumulator.
+size_t fwd_dp_tile_floats(int T, int hd) {
   const DpLd L = dp_ld(hd);
-  return tile_floats({(size_t)kFwdBQ * kFwdBK, (size_t)L.hp * padded_ld(kFwdBK),
-                      (size_t)kFwdBK / 2 * L.ldh, (size_t)kFwdBQ * padded_ld(kFwdBK / 2),
+  return tile_floats({(size_t)kFwdBQ * kFwdBK, (size_t)L.hp * padded_ld(T),
+                      (size_t)(T + 1) / 2 * L.ldh, (size_t)kFwdBQ * padded_ld(kFwdBK / 2),
                       (size_t)kFwdBQ * L.ldq, (size_t)kFwdBQ * L.ldh});
 }
 // The backward's: Q and dO of one head as bf16 rows (A operands) and as row pairs (B
@@ -775,36 +775,34 @@ size_t bwd_dp_tile_floats(int T, int hd) {
 
 struct FwdDp {
   float* S;
-  uint32_t* KT;
-  uint32_t* Vr;
+  uint32_t* KT;  // the head's keys' pairs, transposed (row stride padded_ld(T) words)
+  uint32_t* Vr;  // the head's values as row pairs
   uint32_t* Pw;
   uint16_t* Qa;
   float* Ot;
 };
 
-// One forward task (b, h, query tile [i0, i1)) on the native path.
-void forward_task_dp(const FwdDp& w, float* out, uint16_t* out16, float* lse,
+// One forward task's query tile [i0, i1) of (b, h) on the native path, the head's K^T and V
+// packed in w already.
+void forward_tile_dp(const FwdDp& w, float* out, uint16_t* out16, float* lse,
                      const uint16_t* q16, int b, int h, int i0, int i1, int T, int H, int KVH,
                      int hd) {
-  const int R = (H + 2 * KVH) * hd, CO = H * hd, g = h / (H / KVH), nq = i1 - i0;
+  const int R = (H + 2 * KVH) * hd, CO = H * hd, nq = i1 - i0;
   const DpLd L = dp_ld(hd);
-  const int ldkt = padded_ld(kFwdBK), ldpw = padded_ld(kFwdBK / 2), hd16 = round16(hd);
+  const int ldkt = padded_ld(T), ldpw = padded_ld(kFwdBK / 2), hd16 = round16(hd);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const uint16_t* K = q16 + (size_t)b * T * R + (size_t)(H + g) * hd;
-  const uint16_t* V = q16 + (size_t)b * T * R + (size_t)(H + KVH + g) * hd;
   copy_rows16(w.Qa, 2 * L.ldq, q16 + ((size_t)b * T + i0) * R + (size_t)h * hd, R, nq, hd);
   const uint32_t* Qw = reinterpret_cast<const uint32_t*>(w.Qa);
   float m[kFwdBQ], l[kFwdBQ];
   for (int r = 0; r < nq; ++r) m[r] = -std::numeric_limits<float>::infinity(), l[r] = 0.f;
-  for (int j0 = 0; j0 < i1; j0 += kFwdBK) {
+  for (int j0 = 0; j0 < i1; j0 += kFwdBK) {  // (j0 even: V's row pairs of the tile at j0 / 2)
     const int j1 = std::min(i1, j0 + kFwdBK), nk = j1 - j0, ldp = round16(nk);
-    pack_pairs_t(w.KT, ldkt, K + (size_t)j0 * R, R, nk, hd);
-    pack_row_pairs(w.Vr, L.ldh, V + (size_t)j0 * R, R, nk, hd);
-    mm_dp(nq, ldp, hd, Qw, L.ldq, 1, w.KT, ldkt, w.S, ldp, false, Causal::kColsUpTo, i0 - j0);
+    mm_dp(nq, ldp, hd, Qw, L.ldq, 1, w.KT + j0, ldkt, w.S, ldp, false, Causal::kColsUpTo,
+          i0 - j0);
     softmax_pack_dp(w.S, ldp, nq, nk, i0 - j0, j0 > 0, scale, m, l, w.Ot, L.ldh, hd, w.Pw, ldpw);
     // Ot (+)= P V_j; the first key tile overwrites.
-    mm_dp(nq, hd16, nk, w.Pw, ldpw, 1, w.Vr, L.ldh, w.Ot, L.ldh, j0 > 0, Causal::kKUpTo,
-          i0 - j0);
+    mm_dp(nq, hd16, nk, w.Pw, ldpw, 1, w.Vr + (size_t)(j0 / 2) * L.ldh, L.ldh, w.Ot, L.ldh,
+          j0 > 0, Causal::kKUpTo, i0 - j0);
   }
   float* Ls = lse + ((size_t)b * H + h) * T + i0;
   for (int r = 0; r < nq; ++r) {
@@ -827,27 +825,31 @@ void attention_forward_dp(float* out, uint16_t* out16, float* lse, const float* 
                           const uint16_t* qkv16, int B, int T, int H, int KVH, int hd) {
   const int R = (H + 2 * KVH) * hd;
   const uint16_t* q16 = bf16_qkv(qkv, (size_t)B * T, R, qkv16);
-  const int nqt = (T + kFwdBQ - 1) / kFwdBQ, ntasks = B * H * nqt;
+  const int nqt = (T + kFwdBQ - 1) / kFwdBQ, ntasks = B * H;
   const DpLd L = dp_ld(hd);
 #pragma omp parallel
   {
-    TileScratch ws{tile_workspace(fwd_dp_tile_floats(hd))};
+    TileScratch ws{tile_workspace(fwd_dp_tile_floats(T, hd))};
     FwdDp w;
     w.S = ws.carve((size_t)kFwdBQ * kFwdBK);
-    w.KT = reinterpret_cast<uint32_t*>(ws.carve((size_t)L.hp * padded_ld(kFwdBK)));
-    w.Vr = reinterpret_cast<uint32_t*>(ws.carve((size_t)kFwdBK / 2 * L.ldh));
+    w.KT = reinterpret_cast<uint32_t*>(ws.carve((size_t)L.hp * padded_ld(T)));
+    w.Vr = reinterpret_cast<uint32_t*>(ws.carve((size_t)(T + 1) / 2 * L.ldh));
     w.Pw = reinterpret_cast<uint32_t*>(ws.carve((size_t)kFwdBQ * padded_ld(kFwdBK / 2)));
     w.Qa = reinterpret_cast<uint16_t*>(ws.carve((size_t)kFwdBQ * L.ldq));
     w.Ot = ws.carve((size_t)kFwdBQ * L.ldh);
-    // A head's query tiles one after the other (heaviest first), so the key and value rows
-    // that each packs are still in cache from the last (the FMA path's order, all heads per
-    // tile, read the whole qkv from memory once per tile: ~20% of this kernel's time); each
-    // task's result is schedule-independent.
+    // One task per head: its keys and values packed once, then its query tiles (the tiles
+    // as tasks repacked each tile's visible keys: 2.5 packings of a head at T 256, ~20% of
+    // this kernel's time). Each tile's result is schedule-independent.
 #pragma omp for schedule(dynamic, 1)
-    for (int task = 0; task < ntasks; ++task) {
-      const int qt = nqt - 1 - task % nqt, bh = task / nqt;
-      const int i0 = qt * kFwdBQ, i1 = std::min(T, i0 + kFwdBQ);
-      forward_task_dp(w, out, out16, lse, q16, bh / H, bh % H, i0, i1, T, H, KVH, hd);
+    for (int bh = 0; bh < ntasks; ++bh) {
+      const int b = bh / H, h = bh % H, g = h / (H / KVH);
+      const uint16_t* K = q16 + (size_t)b * T * R + (size_t)(H + g) * hd;
+      pack_pairs_t(w.KT, padded_ld(T), K, R, T, hd);
+      pack_row_pairs(w.Vr, L.ldh, K + (size_t)KVH * hd, R, T, hd);
+      for (int qt = nqt - 1; qt >= 0; --qt) {
+        const int i0 = qt * kFwdBQ, i1 = std::min(T, i0 + kFwdBQ);
+        forward_tile_dp(w, out, out16, lse, q16, b, h, i0, i1, T, H, KVH, hd);
+      }
     }
   }
 }
@@ -898,8 +900,16 @@ void backward_task_dp(const BwdDp& w, float* dqkv, uint16_t* dqkv16, float* part
   std::fill(w.dQ, w.dQ + (size_t)T * L.ldh, 0.f);
   // D = rowsum(dout * out) in fp32 from the fp32 (or the 16-bit, widened) values: the same
   // 16-lane sum whichever form each has (one summation order, so the same bits).
+  // (The output's rows are first read here, from memory: asked for 8 rows ahead, ~4% of the
+  // backward at B 8, T 256, hd 64.)
+  const char* o_bytes = out16 ? reinterpret_cast<const char*>(out16 + obase)
+                              : reinterpret_cast<const char*>(out + obase);
+  const size_t o_elem = out16 ? sizeof(uint16_t) : sizeof(float);
   for (int i = 0; i < T; ++i) {
     const size_t at = obase + (size_t)i * CO;
+    if (i + 8 < T)
+      for (size_t o = 0; o < hd * o_elem; o += 64)
+        __builtin_prefetch(o_bytes + ((size_t)(i + 8) * CO) * o_elem + o, 0, 3);
     V16 acc{};
     for (int c = 0; c < hd; c += 16)
       acc += (out16 ? lanes16(out16 + at + c, hd - c) : lanes16(out + at + c, hd - c)) *
@@ -1034,7 +1044,7 @@ void attention_backward_bf16_out(uint16_t* dqkv16, const float* dout, const uint
 
 size_t attention_tile_floats(int T, int hd, DType compute) {
   if (compute == DType::BF16 && attention_bf16_native())
-    return std::max(fwd_dp_tile_floats(hd), bwd_dp_tile_floats(T, hd));
+    return std::max(fwd_dp_tile_floats(T, hd), bwd_dp_tile_floats(T, hd));
   return std::max(fwd_tile_floats(hd), bwd_tile_floats(T, hd));
 }
 size_t attention_tile_floats(int T, int hd) { return attention_tile_floats(T, hd, DType::F32); }
