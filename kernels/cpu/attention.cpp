@@ -3,7 +3,8 @@
 // qkv: (B, T, R) with R = (H + 2*KVH) * hd, each row laid out [q heads | k heads | v heads];
 // query head h reads kv head g = h / (H / KVH). out: (B, T, H*hd). lse: (B, H, T).
 //
-// Forward: one task per (b, h, query tile of kFwdBQ rows). Keys are visited in tiles of kFwdBK
+// Forward: one task per (b, h, query tile of kFwdBQ rows) (on the native bf16 path one per
+// (b, h), its keys packed once for its query tiles). Keys are visited in tiles of kFwdBK
 // columns up to the tile's last row (tiles wholly above the diagonal are skipped) with an
 // online softmax (running max m, running sum l, output rescaled when m grows), so a thread
 // holds one kFwdBQ x kFwdBK score tile, never a (T, T) matrix. Tasks are independent, so any
