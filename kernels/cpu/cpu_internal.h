@@ -146,9 +146,12 @@ inline constexpr size_t panels_pad(int N) { return size_t(N + kNR - 1) / kNR * k
 }  // namespace own16
 // gemm_bf16_tn.cpp (AVX512-BF16 only): C(fp32, M x N) = alpha * A^T B + beta * C with A
 // (K x M) and B (K x N) bf16, row-major with row strides lda / ldb: the weight gradient
-// dout^T x on 16-bit operands. Bit-identical across runs and thread counts.
+// dout^T x on 16-bit operands. Bit-identical across runs and thread counts. db (M floats, may
+// be null): also A's column sums, the bias gradient, taken as A is packed (column_sums' bits:
+// fp32, rows in order), written (db_write) or added.
 void gemm_bf16_tn16_avx512(int M, int N, int K, float alpha, const uint16_t* A, int lda,
-                           const uint16_t* B, int ldb, float beta, float* C, int ldc);
+                           const uint16_t* B, int ldb, float beta, float* C, int ldc,
+                           float* db = nullptr, bool db_write = false);
 // The same file: C (M x N) = alpha * A op(B) + bias + beta * C with A (M x K) bf16 row-major
 // read in place, B bf16 (K x N, or N x K when tb), an optional fp32 bias row, and either an
 // fp32 C or a bf16 C16 (beta 0; rounded as f32_to_bf16). Returns false, doing nothing, where
@@ -189,6 +192,11 @@ void gemm_bf16_16(bool ta, bool tb, int M, int N, int K, float alpha, const floa
                   const uint16_t* A16, int lda, const float* B, const uint16_t* B16, int ldb,
                   float beta, float* C, int ldc, const float* bias = nullptr,
                   uint16_t* C16 = nullptr);
+// The weight gradient C = dout^T x (A16: dout, K x M; B16: x, K x N; C = beta * C + ...) with
+// dout's column sums into db (written where db_write, else added) in the same pass, where the
+// own kernel runs it (gemm_bf16_16's conditions); false, having done nothing, elsewhere.
+bool gemm_bf16_16_dw_db(int M, int N, int K, const uint16_t* A16, int lda, const uint16_t* B16,
+                        int ldb, float beta, float* C, int ldc, float* db, bool db_write);
 // While one of these lives on a thread, gemm_bf16_16's own A op(B) kernel keeps the packed
 // form of the last two B operands it multiplied by (keyed by pointer, tb, N, K, ldb; packed
 // forms up to 16 MiB) and packs such a B again only after the scope: for a caller that

@@ -515,10 +515,15 @@ void linear_backward_lowp16(DType t, float* dinp, float* dw, float* db, const fl
     if (dinp)
       detail::gemm_bf16_16(false, false, N, C, OC, 1.f, dout, d16, OC, w, w16, C, dinp_beta,
                                dinp, C);
-    if (dw)
+    // db from a bf16-only dout: its column sums taken as the own weight-gradient kernel packs
+    // dout (the same bits as colsum_bf16), where that kernel runs.
+    const bool db_in_dw = dw && db && !db_fused && !dout && dout16 &&
+                          detail::gemm_bf16_16_dw_db(OC, C, N, dout16, OC, inp16, C, dw_beta, dw,
+                                                     C, db, db_write);
+    if (dw && !db_in_dw)
       detail::gemm_bf16_16(true, false, OC, C, N, 1.f, dout, d16, OC, inp, inp16, C, dw_beta,
                                dw, C);
-    if (db && !db_fused) {  // a sum, not a product: fp32 (the fp32 op's sums, or from bf16)
+    if (db && !db_fused && !db_in_dw) {  // a sum, not a product: fp32 (the fp32 op's sums, or from bf16)
       if (dout)
         linear_backward(nullptr, nullptr, db, dout, inp, w, N, C, OC, 1.f, 1.f, db_write);
       else

@@ -53,7 +53,7 @@ constexpr int kNV = 3;                // zmm vectors per tile row
 constexpr int kNR = own16::kNR;       // columns of C per tile
 constexpr int kKP = own16::kKP;       // reduction pairs per block (1024 reduction indices)
 constexpr int kMC = own16::kMC;       // rows per A block (multiple of kMR)
-static_assert(kNR == 16 * kNV && kMC % kMR == 0, "the tile and the blocks");
+static_assert(kNR == 16 * kNV && kMC % kMR == 0 && kMC % 16 == 0, "the tile and the blocks");
 
 // A packing buffer of `words` 32-bit words in b: grow-only (callers keep b thread_local), tracked
 // as Mem::Workspace (cpu_kernels.h own16_pack_bytes replays their sizes for the planner).
@@ -141,8 +141,12 @@ void ukernel(int kp, const uint32_t* __restrict a, const uint32_t* __restrict b,
 }  // namespace
 
 void gemm_bf16_tn16_avx512(int M, int N, int K, float alpha, const uint16_t* A, int lda,
-                           const uint16_t* B, int ldb, float beta, float* C, int ldc) {
+                           const uint16_t* B, int ldb, float beta, float* C, int ldc, float* db,
+                           bool db_write) {
   if (M <= 0 || N <= 0) return;
+  if (db && (K <= 0 || alpha == 0.f)) {  // (no rows: sums of nothing)
+    if (db_write) std::fill(db, db + M, 0.f);
+  }
   if (K <= 0 || alpha == 0.f) {
     for (int i = 0; i < M; ++i)
       for (int j = 0; j < N; ++j) {
@@ -184,7 +188,12 @@ void gemm_bf16_tn16_avx512(int M, int N, int K, float alpha, const uint16_t* A, 
     thread_local Buffer abuf;
     uint32_t* Ap = pack_words(abuf, (size_t)kMC * kKP);
     // C's rows [ic, ic + mc) at panels [j0, j1): A's rows packed block by block, then the tiles.
-    auto rows_block = [&](int ic, int mc, int j0, int j1) {
+    // sums (db): also A's column sums over [ic, ic + mc), row by row in order as they are packed
+    // (column_sums' order and fp32 adds: the same bits), into db.
+    auto rows_block = [&](int ic, int mc, int j0, int j1, bool sums) {
+      __m512 cs[kMC / 16];
+      for (__m512& v : cs) v = _mm512_setzero_ps();
+      const __m512i hi16 = _mm512_set1_epi32(int(0xffff0000u));
       for (int kb = 0; kb < nblk; ++kb) {
         const int kpb = std::min(kKP, Kp - kb * kKP);
         // Pack A rows [ic, ic+mc) over this block: panel q (rows ic + 8q ..) at q*kMR*kpb.
@@ -194,6 +203,11 @@ void gemm_bf16_tn16_avx512(int M, int N, int K, float alpha, const uint16_t* A, 
           const uint16_t* r1 = 2 * P + 1 < K ? r0 + lda : nullptr;
           for (int r = 0; r < mc; r += 16) {
             const __m512i w = interleave16(r0 + r, r1 ? r1 + r : nullptr, first_n(mc - r));
+            if (sums) {  // row 2P's values, then row 2P + 1's (where there is one)
+              cs[r / 16] = _mm512_add_ps(cs[r / 16], _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+              if (r1)
+                cs[r / 16] = _mm512_add_ps(cs[r / 16], _mm512_castsi512_ps(_mm512_and_si512(w, hi16)));
+            }
             uint32_t* d = Ap + (size_t)(r / kMR) * kMR * kpb + (size_t)p * kMR;
             _mm256_store_si256(reinterpret_cast<__m256i*>(d), _mm512_castsi512_si256(w));
             if (r + kMR < mc)
@@ -210,16 +224,25 @@ void gemm_bf16_tn16_avx512(int M, int N, int K, float alpha, const uint16_t* A, 
                     kb == 0);
         }
       }
+      if (sums)
+        for (int r = 0; r < mc; r += 16) {
+          const __mmask16 m = first_n(mc - r);
+          float* d = db + ic + r;
+          _mm512_mask_storeu_ps(d, m, db_write ? cs[r / 16]
+                                               : _mm512_add_ps(_mm512_maskz_loadu_ps(m, d), cs[r / 16]));
+        }
     };
     if (by_rows) {
       // Row blocks handed out dynamically (a static half each left one thread waiting at the
       // region's end: the two vCPUs do not run at one speed). Sums do not depend on the thread.
       const int nblocks = (M + kMC - 1) / kMC;
 #pragma omp for schedule(dynamic, 1) nowait
-      for (int b = 0; b < nblocks; ++b) rows_block(b * kMC, std::min(kMC, M - b * kMC), 0, npan);
-    } else {  // this thread's panels, all rows (every thread packs all of A)
+      for (int b = 0; b < nblocks; ++b)
+        rows_block(b * kMC, std::min(kMC, M - b * kMC), 0, npan, db != nullptr);
+    } else {  // this thread's panels, all rows (every thread packs all of A; thread 0 sums)
       const auto [j0, j1] = panels_of(t, nth, N);
-      for (int ic = 0; ic < M; ic += kMC) rows_block(ic, std::min(kMC, M - ic), j0, j1);
+      for (int ic = 0; ic < M; ic += kMC)
+        rows_block(ic, std::min(kMC, M - ic), j0, j1, db != nullptr && t == 0);
     }
   }
 }

@@ -201,6 +201,13 @@ void gemm_bf16_16(bool ta, bool tb, int M, int N, int K, float alpha, const floa
   gemm_bf16_onednn(ta, tb, M, N, K, alpha, A, A16, lda, B, B16, ldb, beta, C, ldc, bias, C16);
 }
 
+bool gemm_bf16_16_dw_db(int M, int N, int K, const uint16_t* A16, int lda, const uint16_t* B16,
+                        int ldb, float beta, float* C, int ldc, float* db, bool db_write) {
+  if (!own16_kernels() || !A16 || !B16) return false;
+  gemm_bf16_tn16_avx512(M, N, K, 1.f, A16, lda, B16, ldb, beta, C, ldc, db, db_write);
+  return true;
+}
+
 }  // namespace sw::cpu::detail
 
 namespace sw::cpu {

@@ -258,3 +258,39 @@ TEST_CASE("own bf16 kernels: a packed B reused inside a ReusePackedB scope gives
   CHECK(std::memcmp(got.data(), neg.data(), got.size() * sizeof(float)) == 0);
   CHECK(worst_vs_reference(fwd, of, got) <= 1.0);
 }
+
+// (e) The weight-gradient kernel's bias gradient (gemm_bf16_16_dw_db): dout's column sums taken
+// as it packs dout are column_sums' bits (fp32, rows in order), written or added, on one
+// thread and two, in both of the kernel's splits (rows of C by blocks; columns of C with every
+// thread packing all of dout, M < N), with short row blocks and an odd K. dout's values span
+// 2^-11..2^11 so that a different summation order rounds differently (with values of one
+// magnitude every order gives the same sums); the product itself is left to (a)-(c).
+TEST_CASE("own bf16 kernels: the bias gradient summed while packing is column_sums' bits") {
+  if (!sw::cpu::cpu_has_avx512_bf16()) return;
+  const int saved = omp_get_max_threads();
+  const int shapes[][3] = {{2048, 1152, 384}, {2048, 384, 1536}, {777, 130, 100},
+                           {515, 300, 70},    {64, 33, 64},      {1, 64, 64}};  // K, M, N
+  uint32_t x = 11;
+  auto rnd = [&] {
+    x = x * 1664525u + 1013904223u;
+    return (float)((x >> 8) & 0xffff) / 32768.f - 1.f;
+  };
+  for (const auto& s : shapes)
+    for (int threads : {1, 2})
+      for (bool write : {true, false}) {
+        const int K = s[0], M = s[1], N = s[2];
+        INFO("K" << K << " M" << M << " N" << N << " threads " << threads << " write " << write);
+        std::vector<uint16_t> d16((size_t)K * M), x16((size_t)K * N);
+        for (auto& v : d16) v = f32_to_bf16(rnd() * std::exp2(11.f * rnd()));
+        for (auto& v : x16) v = f32_to_bf16(rnd());
+        std::vector<float> dw((size_t)M * N), db(M), want(M);
+        for (int i = 0; i < M; ++i) db[i] = want[i] = rnd();
+        sw::cpu::detail::column_sums(want.data(), d16.data(), K, M, write,
+                                     [](uint16_t v) { return bf16_to_f32(v); });
+        omp_set_num_threads(threads);
+        REQUIRE(sw::cpu::detail::gemm_bf16_16_dw_db(M, N, K, d16.data(), M, x16.data(), N, 0.f,
+                                                    dw.data(), N, db.data(), write));
+        CHECK(std::memcmp(db.data(), want.data(), M * sizeof(float)) == 0);
+      }
+  omp_set_num_threads(saved);
+}
