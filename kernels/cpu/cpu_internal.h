@@ -138,6 +138,7 @@ namespace own16 {
 inline constexpr int kNR = 48;        // columns of C per tile: B is packed in panels this wide
 inline constexpr int kKP = 512;       // tn: reduction pairs per block
 inline constexpr int kMC = 64;        // tn: rows of C per A block
+inline constexpr int kKPn = 1024;     // n16: reduction pairs per block (A read in place)
 inline constexpr int kMinRows = 1024;  // n16 outside a ReusePackedB scope: rows of A at least
 inline constexpr double kMinWork = 4e6;  // flops below which a product runs on one thread
 // A packed B kept in a ReusePackedB scope: at most this many bytes (two slots per thread).

@@ -253,7 +253,7 @@ namespace {
 // A bf16 pair read as one 32-bit word from 16-bit storage (may alias it).
 typedef uint32_t __attribute__((may_alias)) Word;
 
-constexpr int kKPn = 1024;  // pairs per block for A read in place (a whole K up to 2048)
+constexpr int kKPn = own16::kKPn;  // pairs per block for A read in place (a whole K up to 2048)
 constexpr int kGroupBytes = 512 << 10;  // packed B visited per 8-row tile (half of L2)
 
 // The C tile over kp pairs with A's rows read in place: row i's pair p is the 32-bit word

@@ -218,7 +218,7 @@ namespace sw::cpu {
 // K; a bf16 output over more than one K block) and its slots' least-recently-used refill.
 int64_t own16_pack_bytes(const std::vector<Own16Call>& calls, int threads) {
   if (!detail::own16_kernels()) return 0;
-  size_t tn_b = 0, n16_b = 0;  // words: the tn kernel's packed B; slot 0 (also the per-call B)
+  size_t tn_b = 0;  // words: the tn kernel's packed B (the n16 kernel's: slot 0, also per call)
   int a_threads = 0;           // team threads that packed a tn A block
   struct Slot {
     bool held = false;  // a packed form kept in a live scope
@@ -248,7 +248,7 @@ int64_t own16_pack_bytes(const std::vector<Own16Call>& calls, int threads) {
     const bool kept = scope != 0 && keep(c.N, c.K);
     if (!(c.M >= detail::own16::kMinRows || kept)) continue;
     const int Kp = c.K / 2;
-    if (c.K % 2 || (c.c16 && Kp > 1024)) continue;  // (gemm_bf16_n16_avx512 declines)
+    if (c.K % 2 || (c.c16 && Kp > detail::own16::kKPn)) continue;  // (the kernel declines)
     const size_t words = size_t(Kp) * detail::own16::panels_pad(c.N);
     if (!kept) {
       slot[0].held = false;
@@ -265,9 +265,8 @@ int64_t own16_pack_bytes(const std::vector<Own16Call>& calls, int threads) {
     s->use = ++uses;
     s->words = std::max(s->words, words);
   }
-  n16_b = slot[0].words;
   const size_t a_words = size_t(detail::own16::kMC) * detail::own16::kKP;
-  return 4 * int64_t(tn_b + n16_b + slot[1].words + size_t(a_threads) * a_words);
+  return 4 * int64_t(tn_b + slot[0].words + slot[1].words + size_t(a_threads) * a_words);
 }
 
 }  // namespace sw::cpu
