@@ -149,7 +149,7 @@ inline constexpr size_t panels_pad(int N) { return size_t(N + kNR - 1) / kNR * k
 // (K x M) and B (K x N) bf16, row-major with row strides lda / ldb: the weight gradient
 // dout^T x on 16-bit operands. Bit-identical across runs and thread counts. db (M floats, may
 // be null): also A's column sums, the bias gradient, taken as A is packed (column_sums' bits:
-// fp32, rows in order), written (db_write) or added.
+// fp32, rows in order), written (db_write) or added; with alpha 0 nothing is packed, so none.
 void gemm_bf16_tn16_avx512(int M, int N, int K, float alpha, const uint16_t* A, int lda,
                            const uint16_t* B, int ldb, float beta, float* C, int ldc,
                            float* db = nullptr, bool db_write = false);

@@ -218,8 +218,8 @@ struct Own16Call {
   bool ta = false, tb = false;
   int M = 0, N = 0, K = 0;
   bool c16 = false;  // a bf16 output
-  int scope = 0;     // the ReusePackedB scope it runs in (0: none; one scope's calls adjacent)
-  int b = 0;         // its B: calls of a scope with the same b, tb, N and K multiply one matrix
+  int scope = 0;     // the ReusePackedB scope it runs in (0: none; one scope's calls adjacent;
+                     // its calls with the same tb, N and K multiply one matrix)
 };
 // The bytes the own bf16 kernels' packing buffers hold after `calls` ran in order on one
 // calling thread with `threads` OpenMP threads, as gemm_bf16_16 dispatches them in this

@@ -523,7 +523,7 @@ void linear_backward_lowp16(DType t, float* dinp, float* dw, float* db, const fl
     if (dw && !db_in_dw)
       detail::gemm_bf16_16(true, false, OC, C, N, 1.f, dout, d16, OC, inp, inp16, C, dw_beta,
                                dw, C);
-    if (db && !db_fused && !db_in_dw) {  // a sum, not a product: fp32 (the fp32 op's sums, or from bf16)
+    if (db && !db_fused && !db_in_dw) {  // a sum: fp32 (the fp32 op's sums, or from bf16)
       if (dout)
         linear_backward(nullptr, nullptr, db, dout, inp, w, N, C, OC, 1.f, 1.f, db_write);
       else

@@ -144,10 +144,8 @@ void gemm_bf16_tn16_avx512(int M, int N, int K, float alpha, const uint16_t* A, 
                            const uint16_t* B, int ldb, float beta, float* C, int ldc, float* db,
                            bool db_write) {
   if (M <= 0 || N <= 0) return;
-  if (db && (K <= 0 || alpha == 0.f)) {  // (no rows: sums of nothing)
-    if (db_write) std::fill(db, db + M, 0.f);
-  }
-  if (K <= 0 || alpha == 0.f) {
+  if (K <= 0 || alpha == 0.f) {  // (db: the sums are taken only where the products run)
+    if (db && db_write) std::fill(db, db + M, 0.f);
     for (int i = 0; i < M; ++i)
       for (int j = 0; j < N; ++j) {
         float& c = C[(size_t)i * ldc + j];
@@ -204,9 +202,9 @@ void gemm_bf16_tn16_avx512(int M, int N, int K, float alpha, const uint16_t* A, 
           for (int r = 0; r < mc; r += 16) {
             const __m512i w = interleave16(r0 + r, r1 ? r1 + r : nullptr, first_n(mc - r));
             if (sums) {  // row 2P's values, then row 2P + 1's (where there is one)
-              cs[r / 16] = _mm512_add_ps(cs[r / 16], _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
-              if (r1)
-                cs[r / 16] = _mm512_add_ps(cs[r / 16], _mm512_castsi512_ps(_mm512_and_si512(w, hi16)));
+              __m512& v = cs[r / 16];
+              v = _mm512_add_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+              if (r1) v = _mm512_add_ps(v, _mm512_castsi512_ps(_mm512_and_si512(w, hi16)));
             }
             uint32_t* d = Ap + (size_t)(r / kMR) * kMR * kpb + (size_t)p * kMR;
             _mm256_store_si256(reinterpret_cast<__m256i*>(d), _mm512_castsi512_si256(w));
@@ -228,8 +226,8 @@ void gemm_bf16_tn16_avx512(int M, int N, int K, float alpha, const uint16_t* A, 
         for (int r = 0; r < mc; r += 16) {
           const __mmask16 m = first_n(mc - r);
           float* d = db + ic + r;
-          _mm512_mask_storeu_ps(d, m, db_write ? cs[r / 16]
-                                               : _mm512_add_ps(_mm512_maskz_loadu_ps(m, d), cs[r / 16]));
+          const __m512 v = cs[r / 16];
+          _mm512_mask_storeu_ps(d, m, db_write ? v : _mm512_add_ps(_mm512_maskz_loadu_ps(m, d), v));
         }
     };
     if (by_rows) {

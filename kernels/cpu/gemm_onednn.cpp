@@ -177,7 +177,6 @@ void gemm_bf16_onednn(bool ta, bool tb, int M, int N, int K, float alpha, const 
 // own16::kMinRows (1024) it ran slower than oneDNN (the 512-row LM-head chunk x w^T: 0.84x; the
 // step's Linears at 1024 and 2048 rows: 0.98-1.11x, bench/bench_gemm16 --rows 1024 / 2048),
 // unless a ReusePackedB scope spares the packing after the first call.
-constexpr int kOwnMinRows = own16::kMinRows;
 
 bool own16_kernels() {
   static const bool own = cpu_has_avx512_bf16() && !lowp_onednn_forced();
@@ -192,7 +191,7 @@ void gemm_bf16_16(bool ta, bool tb, int M, int N, int K, float alpha, const floa
     if (ta) {
       if (!bias && !C16)
         return gemm_bf16_tn16_avx512(M, N, K, alpha, A16, lda, B16, ldb, beta, C, ldc);
-    } else if ((M >= kOwnMinRows || reuse_packed_b(N, K)) &&
+    } else if ((M >= own16::kMinRows || reuse_packed_b(N, K)) &&
                gemm_bf16_n16_avx512(tb, M, N, K, alpha, A16, lda, B16, ldb, beta, C, ldc, bias,
                                     C16)) {
       return;
@@ -222,7 +221,7 @@ int64_t own16_pack_bytes(const std::vector<Own16Call>& calls, int threads) {
   int a_threads = 0;           // team threads that packed a tn A block
   struct Slot {
     bool held = false;  // a packed form kept in a live scope
-    int b = 0, N = 0, K = 0;
+    int N = 0, K = 0;
     bool tb = false;
     unsigned long use = 0;
     size_t words = 0;
@@ -257,10 +256,10 @@ int64_t own16_pack_bytes(const std::vector<Own16Call>& calls, int threads) {
     }
     Slot* s = nullptr;
     for (Slot& x : slot)
-      if (x.held && x.b == c.b && x.tb == c.tb && x.N == c.N && x.K == c.K) s = &x;
+      if (x.held && x.tb == c.tb && x.N == c.N && x.K == c.K) s = &x;
     if (!s) {
       s = slot[0].use <= slot[1].use ? &slot[0] : &slot[1];
-      s->held = true, s->b = c.b, s->tb = c.tb, s->N = c.N, s->K = c.K;
+      s->held = true, s->tb = c.tb, s->N = c.N, s->K = c.K;
     }
     s->use = ++uses;
     s->words = std::max(s->words, words);

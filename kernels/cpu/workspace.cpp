@@ -38,33 +38,35 @@ int64_t fp8_scratch(int64_t N, int64_t in, int64_t oc, int64_t wmax) {
   if (!cpu_has_avx512()) b += floats(N * std::max(in, oc)) + floats(std::max(wmax, N * in));
   return b;
 }
+// The block's widths declared_workspace derives from a StepShape.
+struct Widths {
+  int64_t C, V, QKV, F, Fo;  // d_model, vocabulary, q|k|v, d_ff, fc / gate|up output
+};
+
 // The own bf16 kernels' packing buffers (gemm_bf16_tn.cpp, replayed by own16_pack_bytes) after
 // three steps of the products that reach them: each block's linears (blocks: their forward,
 // input-gradient and weight-gradient products as gemm_bf16.cpp's oneDNN path hands them over;
-// fp8: fp8.cpp's three x B^T products of each) and, with lm, the LM head's (its bf16 operands), chunk by chunk in one
-// ReusePackedB scope per step (lmhead.cpp). Which outputs are bf16 matters only past 2048
-// reduction indices: the blocks' bf16 outputs (the qkv and fc / gate|up forward, the attention
-// output's and fc-proj / down input gradients) all reduce over d_model.
-int64_t own16_bytes(const StepShape& s, int64_t N, int64_t chunk, bool blocks16, bool fp8,
-                    bool lm) {
-  const int64_t C = s.d_model, V = s.vocab;
-  const int64_t H = std::max(1, s.n_head), hd = C / H;
-  const int64_t KVH = s.n_kv_head > 0 ? s.n_kv_head : H;
-  const int64_t F = s.d_ff > 0 ? s.d_ff : 4 * C, Fo = s.llama ? 2 * F : F;
+// fp8: fp8.cpp's three x B^T products of each) and, with lm, the LM head's (bf16 operands),
+// chunk by chunk in one ReusePackedB scope per step (lmhead.cpp). Which outputs are bf16
+// matters only past 2048 reduction indices: the blocks' bf16 outputs (the qkv and fc /
+// gate|up forward, the attention output's and fc-proj / down input gradients) all reduce over
+// d_model.
+int64_t own16_bytes(const Widths& w, int threads, int64_t N, int64_t chunk, bool blocks16,
+                    bool fp8, bool lm) {
+  const int64_t C = w.C, V = w.V, F = w.F;
   struct Linear {
     int64_t in, out;
     bool out16, dinp16;  // forward output, input gradient in bf16
   };
-  const Linear lin[4] = {{C, (H + 2 * KVH) * hd, true, false},
+  const Linear lin[4] = {{C, w.QKV, true, false},
                          {C, C, false, true},
-                         {C, Fo, true, false},
+                         {C, w.Fo, true, false},
                          {F, C, false, true}};
   const int n = int(N);
   std::vector<Own16Call> calls;
   auto add = [&](bool ta, bool tb, int64_t M, int64_t Nn, int64_t K, bool c16, int scope) {
     Own16Call c;
     c.ta = ta, c.tb = tb, c.M = int(M), c.N = int(Nn), c.K = int(K), c.c16 = c16, c.scope = scope;
-    c.b = 1;
     calls.push_back(c);
   };
   for (int step = 1; step <= 3; ++step) {
@@ -91,7 +93,7 @@ int64_t own16_bytes(const StepShape& s, int64_t N, int64_t chunk, bool blocks16,
       }
     }
   }
-  return own16_pack_bytes(calls, s.threads);
+  return own16_pack_bytes(calls, threads);
 }
 }  // namespace
 
@@ -152,7 +154,9 @@ WorkspaceDecl declared_workspace(const StepShape& s) {
       d.bytes += halves(chunk * std::max(C, V)) + halves(std::max(V * C, chunk * C));
     }
     // (GPT-2's biases: Fp8Ops takes db from the bf16 Ops, a column sum of dout: no scratch.)
-    if (const int64_t own = own16_bytes(s, N, chunk, false, true, lowp_onednn(s.compute))) {
+    const Widths w{C, V, QKV, F, Fo};
+    const bool lm = lowp_onednn(s.compute);  // (the LM head's products on bf16 operands)
+    if (const int64_t own = own16_bytes(w, threads, N, chunk, false, true, lm)) {
       d.bytes += own;
       d.what += ", the own bf16 kernels' packed operands";
     }
@@ -171,7 +175,8 @@ WorkspaceDecl declared_workspace(const StepShape& s) {
     // head's x (N x C) and a chunk's dlogits (chunk x V) handed over in bf16.
     d.bytes += halves(N * C) + halves(N * C) + halves(chunk * V);
     d.what += ", fp32 results before narrowing, bf16 operand copies (oneDNN)";
-    if (const int64_t own = own16_bytes(s, N, chunk, true, false, true)) {
+    const Widths w{C, V, QKV, F, Fo};
+    if (const int64_t own = own16_bytes(w, threads, N, chunk, true, false, true)) {
       d.bytes += own;
       d.what += ", the own bf16 kernels' packed operands";
     }
