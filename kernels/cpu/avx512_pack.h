@@ -1,30 +1,14 @@
-// Pieces the bf16 GEMM kernels share (AVX-512F/BW, and AVX512-BF16 for dp_panels): the packing
-// buffer, lane masks, fp32 -> bf16 rounding exactly as f32_to_bf16, a 16 x 16 transpose of
-// 32-bit words held in 16 zmm registers, and the vdpbf16ps loop over packed panels. Include
-// only from files compiled with -mavx512f -mavx512bw -mavx512bf16 (kernels/CMakeLists).
+// Pieces the bf16 GEMM kernels share (AVX-512F/BW, and AVX512-BF16 for dp_panels): lane masks,
+// fp32 -> bf16 rounding exactly as f32_to_bf16, a 16 x 16 transpose of 32-bit words held in 16
+// zmm registers, and the vdpbf16ps loop over packed panels. Include only from files compiled
+// with -mavx512f -mavx512bw -mavx512bf16 (kernels/CMakeLists).
 #pragma once
 
 #include <immintrin.h>
 
 #include <cstdint>
-#include <cstdlib>
 
 namespace sw::cpu::detail {
-
-// A grow-only, 64-byte aligned buffer of 32-bit words (packed panels; one per thread).
-struct Aligned {
-  uint32_t* p = nullptr;
-  size_t n = 0;
-  ~Aligned() { std::free(p); }
-  uint32_t* get(size_t words) {
-    if (words > n) {
-      std::free(p);
-      n = (words + 1023) / 1024 * 1024;
-      p = static_cast<uint32_t*>(std::aligned_alloc(64, n * 4));
-    }
-    return p;
-  }
-};
 
 // The first n of 16 lanes (n <= 0: none).
 inline __mmask16 first_n(int n) {

@@ -132,6 +132,18 @@ void gemm_bf16_avx512(bool ta, bool tb, int M, int N, int K, float alpha, const 
 void gemm_lowp_fma_avx512(bool f16, bool ta, bool tb, int M, int N, int K, float alpha,
                           const float* A, int lda, const float* B, int ldb, float beta, float* C,
                           int ldc);
+// The blocking of gemm_bf16_avx512.cpp (the native and fused kernels), shared with the replay
+// of their packing buffers (lowp_pack_bytes), which runs on any CPU: each team thread's packed
+// A block (kMC rows) and packed B block (its slab's columns up to kNC, in kNR-column panels),
+// both kUnitsMax 32-bit words per row or column.
+namespace lowp_pack {
+inline constexpr int kMR = 6;           // rows of C per microkernel tile
+inline constexpr int kNR = 64;          // columns of C per tile
+inline constexpr int kUnitsMax = 256;   // words per packed row or column of a K block
+inline constexpr int kMC = 144;         // rows per A block (a multiple of kMR)
+inline constexpr int kNC = 4096;        // columns per B block (a multiple of kNR)
+inline constexpr double kMinWork = 4e6;  // flops below which a product runs on one thread
+}  // namespace lowp_pack
 // The own bf16 kernels' blocking (gemm_bf16_tn.cpp), shared with the replay of their packing
 // buffers (own16_pack_bytes), which runs on any CPU.
 namespace own16 {

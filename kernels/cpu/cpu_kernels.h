@@ -227,6 +227,13 @@ struct Own16Call {
 // transposed kernel's packed B and every team thread's A block; the other kernel's per-call
 // packed B and its two ReusePackedB slots). 0 where own16_kernels() is false.
 int64_t own16_pack_bytes(const std::vector<Own16Call>& calls, int threads);
+// gemm_bf16.cpp: the bytes the native and fused kernels' packing buffers (gemm_bf16_avx512.cpp)
+// hold after `calls` (products on fp32 operands, ta, tb, M, N, K; c16 and scope not read) ran on
+// one calling thread with `threads` OpenMP threads, every one of them on that path (gemm_lowp's
+// LowpPath::Native or Fused; with per-shape choice each shape's first call times it there):
+// grow-only per team thread, tracked as Mem::Workspace, a packed A block and a packed B block
+// the size of the thread's slab of columns.
+int64_t lowp_pack_bytes(const std::vector<Own16Call>& calls, int threads);
 
 // adamw.cpp
 void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,

@@ -288,6 +288,32 @@ LowpPath shape_choice(LowpPath base, bool ta, bool tb, int M, int N, int K, floa
 
 }  // namespace
 
+int64_t lowp_pack_bytes(const std::vector<Own16Call>& calls, int threads) {
+  namespace lp = detail::lowp_pack;
+  // Per team thread t, the largest B block it packed (words; 0: it never ran a slab).
+  std::vector<size_t> b_words(size_t(std::max(1, threads)), 0);
+  for (const Own16Call& c : calls) {
+    if (c.M <= 0 || c.N <= 0 || c.K <= 0) continue;  // (gemm_lowp returns before the kernel)
+    // gemm_bf16_avx512.cpp run(): the team, one slab per thread (rows when M >= N, else
+    // columns, in whole tiles); slab(): an empty slab packs nothing.
+    const int T = 2.0 * c.M * c.N * c.K < lp::kMinWork ? 1 : std::max(1, threads);
+    const bool by_rows = c.M >= c.N;
+    const int unit = by_rows ? lp::kMR : lp::kNR, extent = by_rows ? c.M : c.N;
+    const int per = ((extent + unit - 1) / unit + T - 1) / T;
+    for (int t = 0; t < T; ++t) {
+      const int a = std::min(extent, t * per * unit), b = std::min(extent, (t + 1) * per * unit);
+      if (b <= a) continue;
+      const int cols = by_rows ? c.N : b - a;
+      const size_t nc = size_t(std::min(lp::kNC, (cols + lp::kNR - 1) / lp::kNR * lp::kNR));
+      b_words[size_t(t)] = std::max(b_words[size_t(t)], nc * lp::kUnitsMax);
+    }
+  }
+  int64_t bytes = 0;
+  for (size_t w : b_words)
+    if (w > 0) bytes += 4 * int64_t(w + size_t(lp::kMC) * lp::kUnitsMax);
+  return bytes;
+}
+
 bool cpu_has_avx512_bf16() { return hw_avx512_bf16(); }
 bool cpu_has_avx512() { return hw_avx512(); }
 

@@ -47,16 +47,18 @@ namespace sw::cpu::detail {
 
 namespace {
 
-constexpr int kMR = 6;           // rows of C per microkernel tile
-constexpr int kNV = 4;           // zmm vectors per tile row
-constexpr int kNR = 16 * kNV;    // columns of C per tile
+constexpr int kMR = lowp_pack::kMR;  // rows of C per microkernel tile
+constexpr int kNV = 4;                // zmm vectors per tile row
+constexpr int kNR = 16 * kNV;         // columns of C per tile
 // Reduction indices per block: 192 for vdpbf16ps (96 pair words per lane, a 24 KiB B
 // micro-panel), 256 for FMA (one fp32 word per index; 128 and 384 measured no better, within
 // the noise of a shared machine).
 constexpr int kKCdp = 192, kKCfma = 256;
-constexpr int kUnitsMax = 256;  // words per lane per block, the larger of the two
-constexpr int kMC = 144;         // rows per A block (multiple of kMR)
-constexpr int kNC = 4096;        // columns per B block (multiple of kNR)
+constexpr int kUnitsMax = lowp_pack::kUnitsMax;  // words per lane per block, the larger of the two
+constexpr int kMC = lowp_pack::kMC;  // rows per A block (multiple of kMR)
+constexpr int kNC = lowp_pack::kNC;  // columns per B block (multiple of kNR)
+static_assert(kNR == lowp_pack::kNR && kKCfma <= kUnitsMax && (kKCdp + 1) / 2 <= kUnitsMax,
+              "the replay's blocking (cpu_internal.h lowp_pack)");
 
 inline __m512i splat(uint32_t x) { return _mm512_set1_epi32((int)x); }
 
@@ -237,10 +239,11 @@ void slab(bool ta, bool tb, int m0, int m1, int n0, int n1, int K, float alpha, 
   if (K <= 0 || alpha == 0.f) return;
   constexpr bool dp = kind == Kind::Dp;
   constexpr int KC = dp ? kKCdp : kKCfma;
-  thread_local Aligned abuf, bbuf;
+  // Grow-only per thread, tracked as Mem::Workspace (lowp_pack_bytes replays their sizes).
+  thread_local Buffer abuf, bbuf;
   const int ncmax = std::min(kNC, (n1 - n0 + kNR - 1) / kNR * kNR);
-  uint32_t* Bp = bbuf.get((size_t)ncmax * kUnitsMax);
-  uint32_t* Ap = abuf.get((size_t)kMC * kUnitsMax);
+  uint32_t* Bp = reinterpret_cast<uint32_t*>(grow_workspace(bbuf, (size_t)ncmax * kUnitsMax));
+  uint32_t* Ap = reinterpret_cast<uint32_t*>(grow_workspace(abuf, (size_t)kMC * kUnitsMax));
   for (int jc = n0; jc < n1; jc += kNC) {
     const int nc = std::min(kNC, n1 - jc);
     for (int pc = 0; pc < K; pc += KC) {
@@ -334,7 +337,7 @@ void run(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int
   if (M <= 0 || N <= 0) return;
   const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
   const double work = 2.0 * M * N * std::max(K, 1);
-  const int T = work < 4e6 ? 1 : nt;
+  const int T = work < lowp_pack::kMinWork ? 1 : nt;
   const bool by_rows = M >= N;
   const int unit = by_rows ? kMR : kNR, extent = by_rows ? M : N;
   const int units = (extent + unit - 1) / unit;

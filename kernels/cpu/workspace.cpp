@@ -43,16 +43,16 @@ struct Widths {
   int64_t C, V, QKV, F, Fo;  // d_model, vocabulary, q|k|v, d_ff, fc / gate|up output
 };
 
-// The own bf16 kernels' packing buffers (gemm_bf16_tn.cpp, replayed by own16_pack_bytes) after
-// three steps of the products that reach them: each block's linears (blocks: their forward,
+// The products of three steps as the bf16 kernels receive them (Own16Call), for the replays
+// of their packing buffers: each block's linears (blocks: their forward,
 // input-gradient and weight-gradient products as gemm_bf16.cpp's oneDNN path hands them over;
 // fp8: fp8.cpp's three x B^T products of each) and, with lm, the LM head's (bf16 operands),
 // chunk by chunk in one ReusePackedB scope per step (lmhead.cpp). Which outputs are bf16
 // matters only past 2048 reduction indices: the blocks' bf16 outputs (the qkv and fc /
 // gate|up forward, the attention output's and fc-proj / down input gradients) all reduce over
 // d_model.
-int64_t own16_bytes(const Widths& w, int threads, int64_t N, int64_t chunk, bool blocks16,
-                    bool fp8, bool lm) {
+std::vector<Own16Call> step_calls(const Widths& w, int64_t N, int64_t chunk, bool blocks16,
+                                  bool fp8, bool lm) {
   const int64_t C = w.C, V = w.V, F = w.F;
   struct Linear {
     int64_t in, out;
@@ -93,7 +93,17 @@ int64_t own16_bytes(const Widths& w, int threads, int64_t N, int64_t chunk, bool
       }
     }
   }
-  return own16_pack_bytes(calls, threads);
+  return calls;
+}
+int64_t own16_bytes(const Widths& w, int threads, int64_t N, int64_t chunk, bool blocks16,
+                    bool fp8, bool lm) {
+  return own16_pack_bytes(step_calls(w, N, chunk, blocks16, fp8, lm), threads);
+}
+// The native and fused kernels' packing buffers (gemm_bf16_avx512.cpp, replayed by
+// lowp_pack_bytes) where gemm_lowp takes those paths: the blocks' three products of each linear
+// (blocks) and the LM head's, on fp32 operands (the same shapes as above).
+int64_t lowp_native_bytes(const Widths& w, int threads, int64_t N, int64_t chunk, bool blocks) {
+  return lowp_pack_bytes(step_calls(w, N, chunk, blocks, false, true), threads);
 }
 }  // namespace
 
@@ -153,6 +163,10 @@ WorkspaceDecl declared_workspace(const StepShape& s) {
     } else if (tuned) {  // the LM head's products, per shape on oneDNN's bf16 copies
       d.bytes += halves(chunk * std::max(C, V)) + halves(std::max(V * C, chunk * C));
     }
+    if (path == LowpPath::Native || path == LowpPath::Fused) {
+      d.bytes += lowp_native_bytes(Widths{C, V, QKV, F, Fo}, threads, N, chunk, false);
+      d.what += ", the native / fused kernels' packed operands (the LM head)";
+    }
     // (GPT-2's biases: Fp8Ops takes db from the bf16 Ops, a column sum of dout: no scratch.)
     const Widths w{C, V, QKV, F, Fo};
     const bool lm = lowp_onednn(s.compute);  // (the LM head's products on bf16 operands)
@@ -199,11 +213,14 @@ WorkspaceDecl declared_workspace(const StepShape& s) {
   d.bytes += floats(N * (s.llama ? std::max(2 * F, QKV) : std::max(F, QKV))) +
              floats(N * std::max(C, F));
   if (path == LowpPath::OneDnn || tuned) {
-    // gemm_onednn.cpp: bf16 copies of each product's two operands (the pack buffers of the
-    // native and fused kernels are not tracked).
+    // gemm_onednn.cpp: bf16 copies of each product's two operands.
     d.bytes += halves(max_a) + halves(max_b);
   }
   d.what += ", 16-bit operand copies and fp32 results before narrowing";
+  if (path == LowpPath::Native || path == LowpPath::Fused) {
+    d.bytes += lowp_native_bytes(Widths{C, V, QKV, F, Fo}, threads, N, chunk, true);
+    d.what += ", the native / fused kernels' packed operands";
+  }
   return d;
 }
 
