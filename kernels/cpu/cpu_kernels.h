@@ -31,24 +31,27 @@ void linear_backward(float* dinp, float* dw, float* db, const float* dout, const
 // (gemm_bf16.cpp): Native = AVX512-BF16 vdpbf16ps kernels (BF16 only), Fused = AVX-512 FMA
 // kernels rounding while packing, Emulated = rounded copies + sgemm. Auto resolves to
 // lowp_auto_path(t); a forced path throws where the CPU lacks it (and Native for F16).
-// OneDnn = oneDNN's bf16 matmul on bf16 copies of the operands (BF16 only, AVX-512). For BF16,
-// Auto also chooses per shape: on the first call of each (M, N, K, transposes) it times its
-// own kernel (Native or Fused) against OneDnn on that call's operands and keeps the faster
-// for the process (SHARDWISE_LOWP_PATH=native|fused|emulated|onednn disables that and forces
-// one).
+// OneDnn = oneDNN's bf16 matmul on bf16 copies of the operands (BF16 only, AVX-512). With
+// SHARDWISE_LOWP_PATH=tuned, Auto chooses per shape for BF16: on the first call of each (M, N,
+// K, transposes) it times the own kernel (lowp_own_path: Native or Fused) against OneDnn on
+// that call's operands and keeps the faster for the process (native|fused|emulated|onednn force
+// one path).
 enum class LowpPath { Auto, Native, Fused, Emulated, OneDnn };
 bool cpu_has_avx512_bf16();  // the CPU has AVX512-BF16 (Native possible)
 bool cpu_has_avx512();       // the CPU has AVX-512F/BW (Fused possible)
 bool bf16_native();          // Auto runs Native for BF16 (faster than FMA, or forced)
-LowpPath lowp_auto_path(DType t);  // Auto's own kernel for t (fixed for the process)
-bool lowp_per_shape(DType t);      // Auto also chooses between that and OneDnn per shape
+LowpPath lowp_auto_path(DType t);  // Auto's path for t (fixed for the process)
+bool lowp_per_shape(DType t);      // Auto chooses between lowp_own_path and OneDnn per shape
+// The own kernel for t: Native where BF16 runs vdpbf16ps (bf16_native), else Fused where
+// AVX-512 exists, else Emulated. What the per-shape choice times against OneDnn.
+LowpPath lowp_own_path(DType t);
 // Whether every product of dtype t goes to oneDNN (Auto resolves to OneDnn, no per-shape
 // choice): the path that reads bf16 operands as they are (detail::gemm_bf16_onednn).
 bool lowp_onednn(DType t);
 // The per-shape choice made for that shape so far (Auto: not yet called), with the best times
-// measured (seconds) when it was made.
+// measured (seconds) when it was made and the own kernel they were measured on (own_path).
 LowpPath lowp_shape_choice(bool ta, bool tb, int M, int N, int K, double* t_own = nullptr,
-                           double* t_onednn = nullptr);
+                           double* t_onednn = nullptr, LowpPath* own_path = nullptr);
 void gemm_lowp(DType t, bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
                int lda, const float* B, int ldb, float beta, float* C, int ldc,
                LowpPath path = LowpPath::Auto);

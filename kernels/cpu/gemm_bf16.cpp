@@ -237,6 +237,7 @@ struct ShapeHash {
 struct ShapeChoice {
   LowpPath path;
   double t_base, t_onednn;  // best measured seconds
+  LowpPath base;            // the own kernel timed (Native or Fused)
 };
 std::mutex g_shape_mu;
 std::unordered_map<ShapeKey, ShapeChoice, ShapeHash> g_shape_choice;
@@ -277,7 +278,7 @@ LowpPath shape_choice(LowpPath base, bool ta, bool tb, int M, int N, int K, floa
     tb_ = std::min(tb_, once(base));
     td = std::min(td, once(LowpPath::OneDnn));
   }
-  const ShapeChoice c{td < tb_ ? LowpPath::OneDnn : base, tb_, td};
+  const ShapeChoice c{td < tb_ ? LowpPath::OneDnn : base, tb_, td, base};
   if (env_flag("SHARDWISE_LOWP_VERBOSE"))
     std::fprintf(stderr, "[kernels] bf16 gemm M%d N%d K%d ta%d tb%d: %s %.3f ms, onednn %.3f ms -> %s\n",
                  M, N, K, (int)ta, (int)tb, base == LowpPath::Native ? "native" : "fused",
@@ -343,13 +344,19 @@ bool lowp_per_shape(DType t) {
 }
 
 LowpPath lowp_shape_choice(bool ta, bool tb, int M, int N, int K, double* t_own,
-                           double* t_onednn) {
+                           double* t_onednn, LowpPath* own_path) {
   std::lock_guard<std::mutex> lock(g_shape_mu);
   auto it = g_shape_choice.find(ShapeKey{M, N, K, ta, tb});
   if (it == g_shape_choice.end()) return LowpPath::Auto;
   if (t_own) *t_own = it->second.t_base;
   if (t_onednn) *t_onednn = it->second.t_onednn;
+  if (own_path) *own_path = it->second.base;
   return it->second.path;
+}
+
+LowpPath lowp_own_path(DType t) {
+  if (t == DType::BF16 && bf16_native()) return LowpPath::Native;
+  return hw_avx512() ? LowpPath::Fused : LowpPath::Emulated;
 }
 
 bool bf16_native() {
@@ -387,7 +394,9 @@ void gemm_lowp(DType t, bool ta, bool tb, int M, int N, int K, float alpha, cons
   if (K <= 0) return gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);  // C = beta C
   detail::blas_select_core();
   const bool per_shape = path == LowpPath::Auto && lowp_per_shape(t);
-  path = resolve(t, path);
+  // (per shape: the own kernel against oneDNN; Auto's path itself is oneDNN where bf16 runs
+  // vdpbf16ps, which timed against itself chose nothing)
+  path = per_shape ? lowp_own_path(t) : resolve(t, path);
   if (per_shape)
     path = shape_choice(path, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   if (path == LowpPath::OneDnn)

@@ -152,6 +152,10 @@ WorkspaceDecl declared_workspace(const StepShape& s) {
   if (widest > 0) d.bytes += floats(N * widest);
   const LowpPath path = lowp_auto_path(s.compute);
   const bool tuned = lowp_per_shape(s.compute);
+  // The native / fused kernels run where Auto's path is one of them, and with per-shape choice
+  // (tuned) on every shape's first call, which times the own kernel against oneDNN.
+  const LowpPath own = tuned ? lowp_own_path(s.compute) : path;
+  const bool own_packs = own == LowpPath::Native || own == LowpPath::Fused;
   if (s.fp8) {
     // FP8 linears: the blocks' products are fp8.cpp's (fp8_scratch); the LM head's stay bf16.
     d.bytes += fp8_scratch(N, std::max(C, F), std::max({QKV, C, Fo}), C * std::max({QKV, F, Fo}));
@@ -163,7 +167,7 @@ WorkspaceDecl declared_workspace(const StepShape& s) {
     } else if (tuned) {  // the LM head's products, per shape on oneDNN's bf16 copies
       d.bytes += halves(chunk * std::max(C, V)) + halves(std::max(V * C, chunk * C));
     }
-    if (path == LowpPath::Native || path == LowpPath::Fused) {
+    if (own_packs) {
       d.bytes += lowp_native_bytes(Widths{C, V, QKV, F, Fo}, threads, N, chunk, false);
       d.what += ", the native / fused kernels' packed operands (the LM head)";
     }
@@ -217,7 +221,7 @@ WorkspaceDecl declared_workspace(const StepShape& s) {
     d.bytes += halves(max_a) + halves(max_b);
   }
   d.what += ", 16-bit operand copies and fp32 results before narrowing";
-  if (path == LowpPath::Native || path == LowpPath::Fused) {
+  if (own_packs) {
     d.bytes += lowp_native_bytes(Widths{C, V, QKV, F, Fo}, threads, N, chunk, true);
     d.what += ", the native / fused kernels' packed operands";
   }

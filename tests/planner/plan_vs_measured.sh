@@ -2,13 +2,13 @@
 # `shardwise plan --json`'s device peak (tiers.device.peak_bytes: the plan's peak and the
 # kernel workspace the CPU backend declares) against the tracked peak a run of the config
 # reaches (metrics.jsonl's peak_mem_bytes over its steps), on small GPT-2 and Llama configs in
-# fp32, bf16 (bf16n: on the native kernels, not oneDNN), fp16 and fp8 (bf16 with fp8 linears,
+# fp32, bf16 (bf16n: on the native kernels, not oneDNN; bf16t: per-shape choice), fp16 and fp8 (bf16 with fp8 linears,
 # the current recipe; fp8ag: with the fp8 all-gather), at 1 or 2 OpenMP threads: within
 # max(8 KiB, 0.2%). Small models are where kernel scratch the plan misses shows (before it was
 # declared: the CPU attention's per-thread tiles, its norm partials and RoPE table, the step's
 # loss sums, 2-5% of these; the fp8 linears' quantised copies; the own bf16 kernels' packed
 # operands, whose blocks' forward and input-gradient products run from 1024 tokens on: the *_1k
-# cases; the native and fused kernels' packed operands: the fp16 and bf16n cases).
+# cases; the native and fused kernels' packed operands: the fp16, bf16n and bf16t cases).
 # Prints the table. The 2-rank set runs under mpirun (label mpi).
 # Usage: plan_vs_measured.sh SHARDWISE RANKS MPIEXEC [mpirun flags...]
 set -u
@@ -25,6 +25,7 @@ if [ "$ranks" = 1 ]; then
          llama_fp16   llama 128 3 4 2 512  64  4 fp16 1 3
          gpt2_fp16    gpt2  96  2 4 0 2048 64  4 fp16 2 3
          gpt2_bf16n   gpt2  96  2 4 0 512  128 4 bf16n 2 3
+         gpt2_bf16t   gpt2  96  2 4 0 512  128 4 bf16t 2 3
          gpt2_fp8     gpt2  128 2 4 0 512  128 4 fp8  2 3
          llama_fp8    llama 128 3 4 2 512  64  4 fp8  1 3
          gpt2_bf16_1k gpt2  96  2 4 0 256  256 4 bf16 2 3
@@ -47,12 +48,14 @@ while read -r name type d layers heads kv vocab T mb prec threads stage; do
   mp=""
   [ "$prec" = bf16 ] && mp=', "bf16": {"enabled": true}'
   # bf16n: bf16 on our native kernels (gemm_bf16_avx512.cpp) instead of oneDNN, where the CPU
-  # has AVX512-BF16 (fp16 takes the fused kernels of the same file wherever AVX-512 is).
+  # has AVX512-BF16 (fp16 takes the fused kernels of the same file wherever AVX-512 is); bf16t:
+  # each product shape timed on the own kernel and oneDNN (both paths' scratch).
   lowp=()
   if [ "$prec" = bf16n ]; then
     grep -qw avx512_bf16 /proc/cpuinfo || { echo "$name: skipped (no AVX512-BF16)"; continue; }
     mp=', "bf16": {"enabled": true}' lowp=(SHARDWISE_LOWP_PATH=native)
   fi
+  [ "$prec" = bf16t ] && mp=', "bf16": {"enabled": true}' lowp=(SHARDWISE_LOWP_PATH=tuned)
   [ "$prec" = fp16 ] && mp=', "fp16": {"enabled": true}'
   [ "$prec" = fp8 ] && mp=', "bf16": {"enabled": true}, "fp8": {"enabled": true}'
   [ "$prec" = fp8ag ] && mp=', "bf16": {"enabled": true}, "fp8": {"enabled": true, "all_gather": true}'
