@@ -2,9 +2,9 @@
 # `shardwise plan --json`'s device peak (tiers.device.peak_bytes: the plan's peak and the
 # kernel workspace the CPU backend declares) against the tracked peak a run of the config
 # reaches (metrics.jsonl's peak_mem_bytes over its steps), on small GPT-2 and Llama configs in
-# fp32, bf16 (bf16n: on the native kernels, not oneDNN; bf16t: per-shape choice), fp16 and fp8 (bf16 with fp8 linears,
-# the current recipe; fp8ag: with the fp8 all-gather), at 1 or 2 OpenMP threads: within
-# max(8 KiB, 0.2%). Small models are where kernel scratch the plan misses shows (before it was
+# fp32, bf16 (bf16n: on the native kernels, not oneDNN; bf16t: per-shape choice), fp16 and fp8
+# (bf16 with fp8 linears, the current recipe; fp8ag: with the fp8 all-gather), at 1 or 2 OpenMP
+# threads: within max(8 KiB, 0.2%). Small models are where kernel scratch the plan misses shows (before it was
 # declared: the CPU attention's per-thread tiles, its norm partials and RoPE table, the step's
 # loss sums, 2-5% of these; the fp8 linears' quantised copies; the own bf16 kernels' packed
 # operands, whose blocks' forward and input-gradient products run from 1024 tokens on: the *_1k
