@@ -44,13 +44,12 @@ struct Widths {
 };
 
 // The products of three steps as the bf16 kernels receive them (Own16Call), for the replays
-// of their packing buffers: each block's linears (blocks: their forward,
-// input-gradient and weight-gradient products as gemm_bf16.cpp's oneDNN path hands them over;
-// fp8: fp8.cpp's three x B^T products of each) and, with lm, the LM head's (bf16 operands),
-// chunk by chunk in one ReusePackedB scope per step (lmhead.cpp). Which outputs are bf16
-// matters only past 2048 reduction indices: the blocks' bf16 outputs (the qkv and fc /
-// gate|up forward, the attention output's and fc-proj / down input gradients) all reduce over
-// d_model.
+// of their packing buffers: each block's linears (blocks16: their forward, input-gradient and
+// weight-gradient products as gemm_bf16.cpp hands them over; fp8: fp8.cpp's three x B^T
+// products of each) and, with lm, the LM head's, chunk by chunk in one ReusePackedB scope per
+// step (lmhead.cpp). Which outputs are bf16 matters only past 2048 reduction indices (the own
+// kernels): the blocks' bf16 outputs (the qkv and fc / gate|up forward, the attention output's
+// and fc-proj / down input gradients) all reduce over d_model.
 std::vector<Own16Call> step_calls(const Widths& w, int64_t N, int64_t chunk, bool blocks16,
                                   bool fp8, bool lm) {
   const int64_t C = w.C, V = w.V, F = w.F;
