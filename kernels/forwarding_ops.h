@@ -18,7 +18,7 @@ class ForwardingOps : public Ops {
   Stream& stream() const override { return in_.stream(); }
   DType compute() const override { return in_.compute(); }
   bool fuses_product_residual() const override { return in_.fuses_product_residual(); }
-  bool rounds_grads_on_read() const override { return in_.rounds_grads_on_read(); }
+  bool rounds_grads_on_read(DType dt) const override { return in_.rounds_grads_on_read(dt); }
   bool prefers_lp_operands() const override { return in_.prefers_lp_operands(); }
 
   void gemm(bool ta, bool tb, int M, int N, int K, float alpha, Operand A, int lda, Operand B,

@@ -552,7 +552,7 @@ void FlatUnit::round_grads() {
   settle();
   SW_CHECK(kind_ == Kind::Whole, "round_grads is for whole units");
   if (rdt_ == DType::F32 || !grads_.allocated()) return;  // (released: zeros)
-  if (ops_->rounds_grads_on_read())
+  if (ops_->rounds_grads_on_read(rdt_))
     grads_.leave_rounding();
   else
     grads_.round();

@@ -255,10 +255,10 @@ class FlatUnit {
   void reduced_in_place() { dirty_ = false; }
   // Kind::Whole without replicas: rounds the gradients to reduce_dtype (where a multi-rank
   // run would narrow them for its reduction); a no-op for F32. Where the Ops round gradients
-  // as they read them (Ops::rounds_grads_on_read: CUDA), the rounding is left pending: the
-  // step's norm and update read the gradients rounded (grad_shard_rounding) without a pass
-  // of their own, and any other reader (every view below, the next call that produces
-  // gradients) rounds them in place first.
+  // as they read them (Ops::rounds_grads_on_read: CUDA; the CPU to bf16), the rounding is left
+  // pending: the step's norm and update read the gradients rounded (grad_shard_rounding)
+  // without a pass of their own, and any other reader (every view below, the next call that
+  // produces gradients) rounds them in place first.
   void round_grads();
   // The reduced gradients (unwritten ones zeroed) and, in *round, the type they are still to
   // be rounded to as they are read (F32: none): for the readers that round as they go

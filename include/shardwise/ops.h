@@ -391,11 +391,11 @@ class Ops {
   void adamw_copies(float* param, const float* grad, float* m, float* v, size_t n, float lr,
                     float beta1, float beta2, float eps, float wd, int step, float grad_mult,
                     DType dt, float* param32, uint16_t* param16, DType grad_dt) const;
-  /// True where adamw's copies and sum_squares_rounded_into round the gradients they read as
-  /// they go: a one-rank unit then leaves rounding its gradients to reduce_dtype to those
-  /// readers instead of a pass of its own (FlatUnit::round_grads). CUDA; the simulated device,
-  /// for the engine's tests.
-  virtual bool rounds_grads_on_read() const { return false; }
+  /// True where adamw's copies and sum_squares_rounded_into round the gradients they read to dt
+  /// (BF16 / F16) as they go: a one-rank unit then leaves rounding its gradients to
+  /// reduce_dtype to those readers instead of a pass of its own (FlatUnit::round_grads). CUDA;
+  /// the CPU for BF16; the simulated device, for the engine's tests.
+  virtual bool rounds_grads_on_read(DType /*dt*/) const { return false; }
   /// True where a product given an Operand with both forms reads the 16-bit one (CUDA; the
   /// simulated device, for the engine's tests): the engine then keeps the residual stream's
   /// gradient in both forms from unit to unit in backward (UnitCtx::grad16), so that the

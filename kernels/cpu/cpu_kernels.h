@@ -154,6 +154,9 @@ void swiglu_backward_lp_set(DType dt, uint16_t* dgu, const float* dout, const ui
                             const float* gu, const uint16_t* gu16, int N, int F);
 void residual_forward(float* out, const float* a, const float* b, size_t n);
 double sum_squares(const float* x, size_t n);
+// sum_squares of x's values rounded to bf16 as they are read (round_to's values: the same bits
+// as sum_squares after round_to(BF16, x) in place).
+double sum_squares_bf16(const float* x, size_t n);
 void scale(float* x, float a, size_t n);
 void fill(float* x, float v, size_t n);
 void add_inplace(float* y, const float* x, size_t n);
@@ -241,10 +244,11 @@ int64_t lowp_pack_bytes(const std::vector<Own16Call>& calls, int threads);
 // adamw.cpp
 void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
            float beta2, float eps, float wd, int step, float grad_mult);
-// adamw, then param16 = narrow(dt, param) (dt BF16 or F16), in one pass.
+// adamw, then param16 = narrow(dt, param) (dt BF16 or F16), in one pass; grad_dt BF16: the
+// gradients read rounded to bf16 (the same bits as round_to(BF16, grad) first; F32: as they are).
 void adamw16(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
              float beta2, float eps, float wd, int step, float grad_mult, DType dt,
-             uint16_t* param16);
+             uint16_t* param16, DType grad_dt = DType::F32);
 
 // optimizers.cpp (Ops::sgd, lamb_prepare, add_scaled)
 void sgd(float* param, const float* grad, float* m, size_t n, float lr, float momentum,

@@ -297,9 +297,10 @@ class CpuOps final : public Ops {
              float beta2, float eps, float wd, int step, float grad_mult,
              const AdamWCopies& copies = {}) const override {
     if (copies.dt != DType::F32 && copies.param16 && !copies.param32 &&
-        copies.grad_dt == DType::F32)  // the 16-bit copy alone: written in the same pass
+        (copies.grad_dt == DType::F32 || copies.grad_dt == DType::BF16))
+      // the 16-bit copy alone: written in the same pass (gradients rounded as they are read)
       return cpu::adamw16(param, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_mult,
-                          copies.dt, copies.param16);
+                          copies.dt, copies.param16, copies.grad_dt);
     if (copies.dt != DType::F32)
       return adamw_through_copies(param, grad, m, v, n, lr, beta1, beta2, eps, wd, step,
                                   grad_mult, copies);
@@ -317,12 +318,21 @@ class CpuOps final : public Ops {
   void add_scaled(float* y, float a, const float* x, size_t n) const override {
     cpu::add_scaled(y, a, x, n);
   }
-  // Host memory either way; rounded values through copies (Ops::sums_rounded_through_copies).
+  // Host memory either way; values rounded to bf16 as they are read, to fp16 through copies
+  // (Ops::sums_rounded_through_copies).
   void sums_of_squares(const float* const* xs, const size_t* ns, int k, double* out,
                        SumsTo /*to*/, DType dt = DType::F32) const override {
+    if (dt == DType::BF16) {
+      for (int i = 0; i < k; ++i) out[i] = cpu::sum_squares_bf16(xs[i], ns[i]);
+      return;
+    }
     if (dt != DType::F32) return sums_rounded_through_copies(dt, xs, ns, k, out);
     for (int i = 0; i < k; ++i) out[i] = cpu::sum_squares(xs[i], ns[i]);
   }
+  // A one-rank unit's gradients rounded to bf16 by their readers (AdamW's pass and the norm's
+  // sums, above), not in a pass of their own (~1.5 ms of the small bf16 model's step). fp16
+  // keeps the pass (rounding on read would go through copies here).
+  bool rounds_grads_on_read(DType dt) const override { return dt == DType::BF16; }
   void scale(float* x, float a, size_t n) const override { cpu::scale(x, a, n); }
   void fill(float* x, float v, size_t n) const override { cpu::fill(x, v, n); }
   void add_inplace(float* y, const float* x, size_t n) const override {

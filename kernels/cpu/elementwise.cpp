@@ -335,13 +335,27 @@ void residual_forward(float* out, const float* a, const float* b, size_t n) {
 // Sum of squares in double. The vector is cut into fixed chunks of kChunk elements; each chunk
 // is summed (vectorised, in double), then the chunk sums are added in index order. The result
 // depends only on n and the data, not on the thread count.
-double sum_squares(const float* x, size_t n) {
+namespace {
+// x's value as read: as it is, or (R) rounded to bf16 (round_row's bits: nearest even, NaN quiet).
+template <bool R>
+inline float read_value(float x) {
+  if constexpr (R)
+    return std::bit_cast<float>(static_cast<uint32_t>(detail::bf16_round(x)) << 16);
+  else
+    return x;
+}
+
+template <bool R>
+double sum_squares_t(const float* x, size_t n) {
   constexpr size_t kChunk = size_t{1} << 16;
   const size_t nchunks = (n + kChunk - 1) / kChunk;
   if (nchunks <= 1) {
     double s = 0;
 #pragma omp simd reduction(+ : s)
-    for (size_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
+    for (size_t i = 0; i < n; ++i) {
+      const double v = read_value<R>(x[i]);
+      s += v * v;
+    }
     return s;
   }
   thread_local std::vector<double> partial;  // grows only; one slot per chunk
@@ -352,13 +366,20 @@ double sum_squares(const float* x, size_t n) {
     const size_t i0 = c * kChunk, i1 = std::min(n, i0 + kChunk);
     double s = 0;
 #pragma omp simd reduction(+ : s)
-    for (size_t i = i0; i < i1; ++i) s += static_cast<double>(x[i]) * x[i];
+    for (size_t i = i0; i < i1; ++i) {
+      const double v = read_value<R>(x[i]);
+      s += v * v;
+    }
     part[c] = s;
   }
   double s = 0;
   for (size_t c = 0; c < nchunks; ++c) s += part[c];
   return s;
 }
+}  // namespace
+
+double sum_squares(const float* x, size_t n) { return sum_squares_t<false>(x, n); }
+double sum_squares_bf16(const float* x, size_t n) { return sum_squares_t<true>(x, n); }
 
 void scale(float* x, float a, size_t n) {
 #pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMin)

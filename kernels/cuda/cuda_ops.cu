@@ -985,7 +985,7 @@ class CudaOps final : public Ops {
     SW_OP_TIME();
     cuda::add_scaled(begin(), y, a, x, n);
   }
-  bool rounds_grads_on_read() const override { return true; }
+  bool rounds_grads_on_read(DType) const override { return true; }
   bool prefers_lp_operands() const override { return true; }  // (cuBLAS takes them as they are)
 
   // Each sum into device memory (sums_into: the values rounded as the kernel reads them where

@@ -13,7 +13,9 @@ class ForwardingOps : public sw::ForwardingOps {
   explicit ForwardingOps(const sw::Ops& base) : sw::ForwardingOps(base), base_(base) {}
   // Ops' own defaults, not the base's (see above): a test's override of an op reaches them.
   bool fuses_product_residual() const override { return sw::Ops::fuses_product_residual(); }
-  bool rounds_grads_on_read() const override { return sw::Ops::rounds_grads_on_read(); }
+  bool rounds_grads_on_read(sw::DType dt) const override {
+    return sw::Ops::rounds_grads_on_read(dt);
+  }
   bool prefers_lp_operands() const override { return sw::Ops::prefers_lp_operands(); }
   void lmhead_xent_into(double* total, float* loss, float* dx, float* dw, const float* x,
                         sw::Operand w, const int32_t* targets, int N, int C, int V,

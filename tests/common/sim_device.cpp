@@ -523,7 +523,7 @@ class SimOps final : public sw::Ops {
   }
   // As CUDA, a one-rank unit's gradients rounded by their readers (the CPU's: a rounded
   // copy), so that the engine's tests run that path.
-  bool rounds_grads_on_read() const override { return true; }
+  bool rounds_grads_on_read(sw::DType) const override { return true; }
   bool prefers_lp_operands() const override { return true; }  // as CUDA (as_device_reads)
   bool fuses_product_residual() const override { return true; }  // as CUDA, to test that path
   // Rounded sums through copies in this device's scratch (Ops::sums_rounded_through_copies:

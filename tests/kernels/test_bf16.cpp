@@ -27,8 +27,10 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -892,6 +894,57 @@ TEST_CASE("AdamW writing the 16-bit weight copy in its pass = adamw then narrow"
       CHECK(c1 == c2);
     }
   }
+}
+
+// A one-rank unit's gradients rounded to bf16 by their readers on the CPU (Ops::
+// rounds_grads_on_read): AdamW's pass (grad_dt BF16) and the norm's sums read them rounded, the
+// same bits as rounding them in place first (round_to) and reading that. Gradients spanning
+// magnitudes, with exact ties (round to even up and down), NaN and inf.
+TEST_CASE("bf16 gradients rounded as AdamW and the norm read them = rounded in place first") {
+  const sw::Ops& ops = sw::ops_for(sw::Device::cpu(), DType::BF16);
+  for (DType c : {DType::F32, DType::BF16, DType::F16}) {  // (whatever the Ops' compute)
+    CHECK(sw::ops_for(sw::Device::cpu(), c).rounds_grads_on_read(DType::BF16));
+    CHECK(!sw::ops_for(sw::Device::cpu(), c).rounds_grads_on_read(DType::F16));
+  }
+  const size_t n = 70001 + (size_t{1} << 17);  // several sums chunks, parallel, a ragged tail
+  const Vec p0 = randv(n, 91), m0 = randv(n, 93, 0.01f);
+  Vec g = randv(n, 92), v0 = randv(n, 94, 0.01f);
+  for (float& x : v0) x = x * x;
+  for (size_t i = 0; i < n; ++i) g[i] *= std::ldexp(1.f, int(i % 41) - 20);
+  for (size_t i = 0; i < n; i += 97)  // ties: the low half exactly 0x8000, both parities
+    g[i] = std::bit_cast<float>((std::bit_cast<uint32_t>(g[i]) & 0xffff0000u) | 0x8000u);
+  Vec gr = g;
+  sw::cpu::round_to(DType::BF16, gr.data(), gr.data(), n);
+  size_t changed = 0;
+  for (size_t i = 0; i < n; ++i) changed += std::bit_cast<uint32_t>(g[i]) != std::bit_cast<uint32_t>(gr[i]);
+  REQUIRE(changed > n / 2);  // (the rounding matters: most values move)
+  Vec p1 = p0, m1 = m0, v1 = v0, p2 = p0, m2 = m0, v2 = v0;
+  std::vector<uint16_t> c1(n), c2(n);
+  for (int step = 1; step <= 2; ++step) {
+    sw::cpu::adamw16(p1.data(), gr.data(), m1.data(), v1.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f,
+                     0.1f, step, 0.5f, DType::BF16, c1.data());
+    ops.adamw_copies(p2.data(), g.data(), m2.data(), v2.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f,
+                     0.1f, step, 0.5f, DType::BF16, nullptr, c2.data(), DType::BF16);
+    CHECK(same_bits(p1, p2));
+    CHECK(same_bits(m1, m2));
+    CHECK(same_bits(v1, v2));
+    CHECK(c1 == c2);
+  }
+  // The sums: one buffer, several at once, and a NaN and an inf (NaN either way).
+  const float* xs[2] = {g.data(), g.data() + 5};
+  const size_t ns[2] = {n, 1000};
+  double got[2], want[2];
+  ops.sum_squares_rounded_into(DType::BF16, xs, ns, 2, got);
+  want[0] = sw::cpu::sum_squares(gr.data(), n), want[1] = sw::cpu::sum_squares(gr.data() + 5, 1000);
+  CHECK(std::bit_cast<uint64_t>(got[0]) == std::bit_cast<uint64_t>(want[0]));
+  CHECK(std::bit_cast<uint64_t>(got[1]) == std::bit_cast<uint64_t>(want[1]));
+  Vec bad(std::begin(g), std::begin(g) + 300);
+  bad[7] = std::numeric_limits<float>::infinity();
+  bad[200] = std::numeric_limits<float>::quiet_NaN();
+  const float* xb = bad.data();
+  const size_t nb = bad.size();
+  ops.sum_squares_rounded_into(DType::BF16, &xb, &nb, 1, got);
+  CHECK(std::isnan(got[0]));
 }
 
 // The 16-bit-input GELU runs by table (elementwise.cpp): every one of the 65536 inputs, NaN and
