@@ -916,7 +916,8 @@ TEST_CASE("bf16 gradients rounded as AdamW and the norm read them = rounded in p
   Vec gr = g;
   sw::cpu::round_to(DType::BF16, gr.data(), gr.data(), n);
   size_t changed = 0;
-  for (size_t i = 0; i < n; ++i) changed += std::bit_cast<uint32_t>(g[i]) != std::bit_cast<uint32_t>(gr[i]);
+  for (size_t i = 0; i < n; ++i)
+    changed += std::bit_cast<uint32_t>(g[i]) != std::bit_cast<uint32_t>(gr[i]);
   REQUIRE(changed > n / 2);  // (the rounding matters: most values move)
   Vec p1 = p0, m1 = m0, v1 = v0, p2 = p0, m2 = m0, v2 = v0;
   std::vector<uint16_t> c1(n), c2(n);
