@@ -6,9 +6,7 @@
 // Note: the loop vectorises only when the build passes -fno-math-errno; otherwise GCC keeps a
 // scalar errno path for sqrt of a negative number (v >= 0 here, so it is never taken) and the
 // loop runs ~2x slower. The `optimize` attribute/pragma does not lift this in GCC 12.
-#include <bit>
 #include <cmath>
-#include <cstdint>
 
 #include "core/error.h"
 #include "kernels/cpu/cpu_internal.h"
@@ -42,8 +40,7 @@ void adamw_t(float* param, const float* grad, float* m, float* v, size_t n, floa
   const detail::AdamMoments mom(beta1, beta2);
 #pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMin)
   for (size_t i = 0; i < n; ++i) {
-    float g = grad[i];
-    if constexpr (G) g = std::bit_cast<float>(static_cast<uint32_t>(detail::bf16_round(g)) << 16);
+    const float g = G ? detail::bf16_rounded(grad[i]) : grad[i];
     mom.update(g * grad_mult, m[i], v[i]);
     const float denom = std::sqrt(v[i]) * inv_bc2_sqrt + eps;
     const float p = param[i] * decay - step_size * (m[i] / denom);

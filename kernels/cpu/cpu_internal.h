@@ -90,6 +90,11 @@ inline uint16_t bf16_round(float f) {
   const uint32_t quiet = (u >> 16) | 0x40u;
   return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
 }
+// The same rounded value as a float (round_to(BF16)'s value of f), for loops that read fp32
+// values rounded as they go.
+inline float bf16_rounded(float f) {
+  return std::bit_cast<float>(static_cast<uint32_t>(bf16_round(f)) << 16);
+}
 
 // A 16-bit value of kind K (1 bf16, 2 fp16), as narrow() writes it. K is a template argument:
 // a DType tested per element kept every loop that narrows scalar (f32_to_f16 is a call), GELU's

@@ -332,19 +332,11 @@ void residual_forward(float* out, const float* a, const float* b, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
+namespace {
 // Sum of squares in double. The vector is cut into fixed chunks of kChunk elements; each chunk
 // is summed (vectorised, in double), then the chunk sums are added in index order. The result
-// depends only on n and the data, not on the thread count.
-namespace {
-// x's value as read: as it is, or (R) rounded to bf16 (round_row's bits: nearest even, NaN quiet).
-template <bool R>
-inline float read_value(float x) {
-  if constexpr (R)
-    return std::bit_cast<float>(static_cast<uint32_t>(detail::bf16_round(x)) << 16);
-  else
-    return x;
-}
-
+// depends only on n and the data, not on the thread count. R: each value rounded to bf16 as it
+// is read (round_to's values).
 template <bool R>
 double sum_squares_t(const float* x, size_t n) {
   constexpr size_t kChunk = size_t{1} << 16;
@@ -353,7 +345,7 @@ double sum_squares_t(const float* x, size_t n) {
     double s = 0;
 #pragma omp simd reduction(+ : s)
     for (size_t i = 0; i < n; ++i) {
-      const double v = read_value<R>(x[i]);
+      const double v = R ? detail::bf16_rounded(x[i]) : x[i];
       s += v * v;
     }
     return s;
@@ -367,7 +359,7 @@ double sum_squares_t(const float* x, size_t n) {
     double s = 0;
 #pragma omp simd reduction(+ : s)
     for (size_t i = i0; i < i1; ++i) {
-      const double v = read_value<R>(x[i]);
+      const double v = R ? detail::bf16_rounded(x[i]) : x[i];
       s += v * v;
     }
     part[c] = s;

@@ -144,6 +144,7 @@ WorkspaceDecl declared_workspace(const StepShape& s) {
   // output N x F, the Llama's gate|up N x 2F) or input gradient (N x C, N x F), which oneDNN
   // writes in bf16 itself.
   const int64_t Fo = s.llama ? 2 * F : F;  // the widest product output of a block
+  const Widths w{C, V, QKV, F, Fo};
   const int64_t att_out = attention_bf16_writes16(s.compute, int(H), int(KVH), false) ? 0 : C;
   const int64_t att_dqkv = attention_bf16_writes16(s.compute, int(H), int(KVH), true) ? 0 : QKV;
   const int64_t widest = lowp_onednn(s.compute) || s.fp8 ? std::max(att_out, att_dqkv)
@@ -167,11 +168,10 @@ WorkspaceDecl declared_workspace(const StepShape& s) {
       d.bytes += halves(chunk * std::max(C, V)) + halves(std::max(V * C, chunk * C));
     }
     if (own_packs) {
-      d.bytes += lowp_native_bytes(Widths{C, V, QKV, F, Fo}, threads, N, chunk, false);
+      d.bytes += lowp_native_bytes(w, threads, N, chunk, false);
       d.what += ", the native / fused kernels' packed operands (the LM head)";
     }
     // (GPT-2's biases: Fp8Ops takes db from the bf16 Ops, a column sum of dout: no scratch.)
-    const Widths w{C, V, QKV, F, Fo};
     const bool lm = lowp_onednn(s.compute);  // (the LM head's products on bf16 operands)
     if (const int64_t own = own16_bytes(w, threads, N, chunk, false, true, lm)) {
       d.bytes += own;
@@ -192,7 +192,6 @@ WorkspaceDecl declared_workspace(const StepShape& s) {
     // head's x (N x C) and a chunk's dlogits (chunk x V) handed over in bf16.
     d.bytes += halves(N * C) + halves(N * C) + halves(chunk * V);
     d.what += ", fp32 results before narrowing, bf16 operand copies (oneDNN)";
-    const Widths w{C, V, QKV, F, Fo};
     if (const int64_t own = own16_bytes(w, threads, N, chunk, true, false, true)) {
       d.bytes += own;
       d.what += ", the own bf16 kernels' packed operands";
@@ -221,7 +220,7 @@ WorkspaceDecl declared_workspace(const StepShape& s) {
   }
   d.what += ", 16-bit operand copies and fp32 results before narrowing";
   if (own_packs) {
-    d.bytes += lowp_native_bytes(Widths{C, V, QKV, F, Fo}, threads, N, chunk, true);
+    d.bytes += lowp_native_bytes(w, threads, N, chunk, true);
     d.what += ", the native / fused kernels' packed operands";
   }
   return d;
