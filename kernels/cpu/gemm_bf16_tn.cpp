@@ -83,14 +83,23 @@ struct Epilogue {
 
 // The cache lines of `rows` rows of `bytes` bytes each, `ld` bytes apart from p: a tile's
 // destination in C, asked for before its products (a C that has left the caches, such as the LM
-// head's dw accumulated across its chunks, otherwise costs a demand miss per line after them).
+// head's dw accumulated across its chunks, otherwise costs a demand miss per line after them),
+// with the intent to write them (prefetchw: the store then finds each line owned; the LM head's
+// dw 1.5-3% faster than a read prefetch, the other products unchanged).
 inline void prefetch_rows(const void* p, ptrdiff_t ld, int rows, int bytes) {
   for (int i = 0; i < rows; ++i) {
     const char* row = static_cast<const char*>(p) + i * ld;
-    for (int off = 0; off < bytes; off += 64) _mm_prefetch(row + off, _MM_HINT_T0);
-    _mm_prefetch(row + bytes - 1, _MM_HINT_T0);  // (a row that does not start on a line)
+    for (int off = 0; off < bytes; off += 64) _mm_prefetch(row + off, _MM_HINT_ET0);
+    _mm_prefetch(row + bytes - 1, _MM_HINT_ET0);  // (a row that does not start on a line)
   }
 }
+
+// Pairs ahead that the tn kernel's A packing asks for: its rows are a block's 64 columns of
+// K rows lda apart (the LM head's dw: 128 bytes every 16 KB), a pattern the hardware
+// prefetchers do not follow, so each pair's lines were demand misses. Measured (a block's four
+// weight-gradient products and the LM head's dw, in-process A/B, 2 threads): 4 pairs ahead
+// 1-8% faster per product, the LM head's dw 4-6%; 2 about as 4; 8 and 16 less.
+constexpr int kPackAhead = 4;
 
 // C[0:mr, col:col+nr] of the tile's rows at C / C16 from its accumulators: on the first K
 // block alpha * c + bias + beta * C (or its bf16, rounded as f32_to_bf16, into C16); on a
@@ -199,6 +208,13 @@ void gemm_bf16_tn16_avx512(int M, int N, int K, float alpha, const uint16_t* A, 
           const int P = kb * kKP + p;
           const uint16_t* r0 = A + (size_t)(2 * P) * lda + ic;
           const uint16_t* r1 = 2 * P + 1 < K ? r0 + lda : nullptr;
+          if (2 * (P + kPackAhead) + 1 < K) {  // both rows of pair P + kPackAhead
+            const char* q = reinterpret_cast<const char*>(r0 + (size_t)(2 * kPackAhead) * lda);
+            for (const char* row : {q, q + (size_t)2 * lda}) {
+              for (int off = 0; off < 2 * mc; off += 64) _mm_prefetch(row + off, _MM_HINT_T0);
+              _mm_prefetch(row + 2 * mc - 1, _MM_HINT_T0);  // (a row not starting on a line)
+            }
+          }
           for (int r = 0; r < mc; r += 16) {
             const __m512i w = interleave16(r0 + r, r1 ? r1 + r : nullptr, first_n(mc - r));
             if (sums) {  // row 2P's values, then row 2P + 1's (where there is one)
