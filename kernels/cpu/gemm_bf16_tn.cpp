@@ -53,6 +53,7 @@ constexpr int kNV = 3;                // zmm vectors per tile row
 constexpr int kNR = own16::kNR;       // columns of C per tile
 constexpr int kKP = own16::kKP;       // reduction pairs per block (1024 reduction indices)
 constexpr int kMC = own16::kMC;       // rows per A block (multiple of kMR)
+constexpr int kTailRows = 2 * kMR;    // rows per block or work item at the end of a product
 static_assert(kNR == 16 * kNV && kMC % kMR == 0 && kMC % 16 == 0, "the tile and the blocks");
 
 // A packing buffer of `words` 32-bit words in b: grow-only (callers keep b thread_local), tracked
@@ -248,11 +249,19 @@ void gemm_bf16_tn16_avx512(int M, int N, int K, float alpha, const uint16_t* A, 
     };
     if (by_rows) {
       // Row blocks handed out dynamically (a static half each left one thread waiting at the
-      // region's end: the two vCPUs do not run at one speed). Sums do not depend on the thread.
-      const int nblocks = (M + kMC - 1) / kMC;
+      // region's end: the two vCPUs do not run at one speed), the last rows in short blocks
+      // (kTailRows) so that the thread done first waits for a short one at most: a kMC-row block
+      // of a block's weight gradient is ~0.4 ms, the one wait a call. Sums do not depend on the
+      // thread or the blocks.
+      const int tail = std::min(M, 2 * nth * kMC), head = M - tail;
+      const int nhead = (head + kMC - 1) / kMC;
+      const int nblocks = nhead + (tail + kTailRows - 1) / kTailRows;
 #pragma omp for schedule(dynamic, 1) nowait
-      for (int b = 0; b < nblocks; ++b)
-        rows_block(b * kMC, std::min(kMC, M - b * kMC), 0, npan, db != nullptr);
+      for (int b = 0; b < nblocks; ++b) {
+        const int r0 = b < nhead ? b * kMC : head + (b - nhead) * kTailRows;
+        const int r1 = std::min(b < nhead ? head : M, r0 + (b < nhead ? kMC : kTailRows));
+        rows_block(r0, r1 - r0, 0, npan, db != nullptr);
+      }
     } else {  // this thread's panels, all rows (every thread packs all of A; thread 0 sums)
       const auto [j0, j1] = panels_of(t, nth, N);
       for (int ic = 0; ic < M; ic += kMC)
@@ -415,12 +424,26 @@ bool gemm_bf16_n16_avx512(bool tb, int M, int N, int K, float alpha, const uint1
     // half each left one thread waiting for the other at the region's end for ~4% of the
     // kernel's time in the small model's step (the two vCPUs do not run at one speed). Which
     // thread computes a tile does not change its sums.
+    // The last group's last rows go in short items (kTailRows), as the tn kernel's blocks.
     constexpr int kRowsItem = 8 * kMR;
     const int ngroups = (npan + group - 1) / group, nrow_items = (M + kRowsItem - 1) / kRowsItem;
+    const int tail = std::min(M, 2 * omp_get_num_threads() * kRowsItem), head = M - tail;
+    const int nhead = (head + kRowsItem - 1) / kRowsItem;  // the last group's long items
+    const int before = (ngroups - 1) * nrow_items;          // the other groups' items
+    const int nitems = before + nhead + (tail + kTailRows - 1) / kTailRows;
 #pragma omp for schedule(dynamic, 1) nowait
-    for (int item = 0; item < ngroups * nrow_items; ++item) {
-      const int jg = item / nrow_items * group, jend = std::min(npan, jg + group);
-      const int m0 = item % nrow_items * kRowsItem, m1 = std::min(M, m0 + kRowsItem);
+    for (int item = 0; item < nitems; ++item) {
+      int jg, m0, m1;
+      if (item < before) {
+        jg = item / nrow_items * group;
+        m0 = item % nrow_items * kRowsItem, m1 = std::min(M, m0 + kRowsItem);
+      } else {
+        const int it = item - before;
+        jg = (ngroups - 1) * group;
+        m0 = it < nhead ? it * kRowsItem : head + (it - nhead) * kTailRows;
+        m1 = std::min(it < nhead ? head : M, m0 + (it < nhead ? kRowsItem : kTailRows));
+      }
+      const int jend = std::min(npan, jg + group);
       for (int ir = m0; ir < m1; ir += kMR) {  // one 8-row tile
         const int mr = std::min(kMR, m1 - ir);
         for (int kb = 0; kb < nblk; ++kb) {
