@@ -73,6 +73,7 @@ rows=(
   "gpt2s-np2-z1-full|gpt2s|2||zero_optimization.stage=1 activation_checkpointing=\"full\""
   "gpt2s-np2-bpu2-parcpu|gpt2s|2||blocks_per_unit=2 $par_cpu"
   "llamas-np1-off|llamas|1||"
+  "llamas-np1-bf16|llamas|1||bf16.enabled=true"
   "llamas-np2-z3-sel|llamas|2||activation_checkpointing=\"selective\""
   "gpt2t-np3-z3-sel|gpt2t|3||activation_checkpointing=\"selective\""
   "gpt2t-np4-hybrid|gpt2t|4||$hybrid"
@@ -81,6 +82,7 @@ rows=(
   "gpt2m-np2-bpu3-sel|gpt2m|2|new|blocks_per_unit=3 activation_checkpointing=\"selective\""
   "gpt2m-np4-hybrid-full|gpt2m|4|new|$hybrid activation_checkpointing=\"full\""
   "llamam-np1-acc3|llamam|1|new|train_micro_batch_size_per_gpu=1 gradient_accumulation_steps=3"
+  "gpt2m-np1-bf16|gpt2m|1|new|bf16.enabled=true"
   "llamam-np2-z2-optcpu|llamam|2|new|zero_optimization.stage=2 $opt_cpu"
   "llamam-np3-parnvme|llamam|3|new|$par_nvme $opt_nvme"
 )

@@ -61,6 +61,35 @@ std::string fmt(const char* f, double a, double b = 0) {
   return buf;
 }
 
+// v in the 16-bit form of dt (narrow's bits).
+std::vector<uint16_t> narrowed(const Ops& ops, DType dt, const std::vector<float>& v) {
+  std::vector<uint16_t> r(v.size());
+  ops.narrow(dt, v.data(), r.data(), v.size());
+  return r;
+}
+
+// One product of the step in 16-bit compute, as the step runs it: a linear op with the
+// activations in the compute precision and the weight in both forms (a unit's rounded fp32
+// copy and its 16-bit one), rather than gemm() on fp32 operands, which rounds them on every
+// call (on the CPU's bf16 path the step's products read the 16-bit forms in place: the small
+// GPT-2's weight gradients ran 1.5-2x faster than gemm() measured them, and the plan's step
+// came out ~30% long). Shapes: x @ w^T (!ta, tb) is linear_forward; dy @ w (!ta, !tb) the
+// input gradient; dy^T @ x (ta) the weight gradient. A (and B, as the activation of the
+// weight gradient) 16-bit; B as the weight in both forms.
+void product16(const Ops& ops, const CostOp& g, const float* B, const uint16_t* A16,
+               const uint16_t* B16, float* C) {
+  const int M = int(g.m), N = int(g.n), K = int(g.k);
+  if (!g.ta && g.tb)
+    ops.linear_forward(C, A16, Operand(B, B16), nullptr, nullptr, M, K, N);
+  else if (!g.ta)
+    ops.linear_backward(GradIn::set(C), nullptr, nullptr, A16, nullptr, Operand(B, B16), M, N,
+                        K);
+  else if (!g.tb)
+    ops.linear_backward(nullptr, GradOut(C, true), nullptr, A16, B16, nullptr, K, N, M);
+  else  // (no product of a step has this form)
+    ops.gemm(true, true, M, N, K, 1.f, A16, K, B16, N, 0.f, C, N);
+}
+
 // after(dt): called once each precision's products were measured (bf16 first: its kernels
 // leave OpenBLAS's buffers untouched, so the process's resident set can be read for each).
 void measure_compute(const CalibrateOptions& opt, HardwareProfile& hw,
@@ -77,8 +106,14 @@ void measure_compute(const CalibrateOptions& opt, HardwareProfile& hw,
       const std::vector<float> A = filled(size_t(M) * K, 1), B = filled(size_t(K) * N, 2);
       std::vector<float> C(size_t(M) * N, 0.f);
       const int lda = g.ta ? M : K, ldb = g.tb ? K : N;
+      const bool lp = dt != DType::F32;
+      const std::vector<uint16_t> A16 = lp ? narrowed(ops, dt, A) : std::vector<uint16_t>{},
+                                  B16 = lp ? narrowed(ops, dt, B) : std::vector<uint16_t>{};
       const double t = time_it([&] {
-        ops.gemm(g.ta, g.tb, M, N, K, 1.f, A.data(), lda, B.data(), ldb, 0.f, C.data(), N);
+        if (lp)
+          product16(ops, g, B.data(), A16.data(), B16.data(), C.data());
+        else
+          ops.gemm(g.ta, g.tb, M, N, K, 1.f, A.data(), lda, B.data(), ldb, 0.f, C.data(), N);
       }, opt.min_seconds);
       const double f = 2.0 * M * N * K;
       hw.gemm_shapes.push_back({g.m, g.n, g.k, g.ta, g.tb, dt, f / t});
@@ -95,11 +130,24 @@ void measure_compute(const CalibrateOptions& opt, HardwareProfile& hw,
       const size_t qkv_n = size_t(B) * T * (H + 2 * KVH) * hd, out_n = size_t(B) * T * H * hd;
       const std::vector<float> qkv = filled(qkv_n, 3), dout = filled(out_n, 4);
       std::vector<float> out(out_n), lse(size_t(B) * H * T), dqkv(qkv_n);
-      const double tf = time_it([&] { ops.attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, KVH, hd); },
-                                opt.min_seconds);
-      const double tb = time_it([&] {
-        ops.attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, H, KVH, hd);
-      }, opt.min_seconds);
+      double tf = 0, tb = 0;
+      if (dt == DType::F32) {
+        tf = time_it([&] { ops.attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, KVH, hd); },
+                     opt.min_seconds);
+        tb = time_it([&] {
+          ops.attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, H, KVH, hd);
+        }, opt.min_seconds);
+      } else {  // as the step: qkv, out, dout and dqkv in the compute precision
+        const std::vector<uint16_t> qkv16 = narrowed(ops, dt, qkv), dout16 = narrowed(ops, dt, dout);
+        std::vector<uint16_t> out16(out_n), dqkv16(qkv_n);
+        tf = time_it([&] {
+          ops.attention_forward(out16.data(), lse.data(), qkv16.data(), B, T, H, KVH, hd);
+        }, opt.min_seconds);
+        tb = time_it([&] {
+          ops.attention_backward(GradIn::set(nullptr, dqkv16.data()), dout16.data(), qkv16.data(),
+                                 out16.data(), lse.data(), B, T, H, KVH, hd);
+        }, opt.min_seconds);
+      }
       const double att = 2.0 * B * H * double(T) * T * hd;
       const double r = 3.5 * att / (tf + tb);
       (dt == DType::F32 ? hw.attention_f32 : hw.attention_bf16) = r;
@@ -112,8 +160,11 @@ void measure_compute(const CalibrateOptions& opt, HardwareProfile& hw,
       std::vector<float> loss(static_cast<size_t>(N)), dx(static_cast<size_t>(N) * C), dw(static_cast<size_t>(V) * C);
       std::vector<int32_t> tg(static_cast<size_t>(N));
       for (int i = 0; i < N; ++i) tg[size_t(i)] = int32_t((i * 7919) % V);
+      // The weight in both forms where the step's head has them (16-bit compute).
+      const std::vector<uint16_t> w16 = dt != DType::F32 ? narrowed(ops, dt, w) : std::vector<uint16_t>{};
+      const Operand wo = w16.empty() ? Operand(w.data()) : Operand(w.data(), w16.data());
       const double t = time_it([&] {
-        ops.lmhead_xent(loss.data(), dx.data(), dw.data(), x.data(), w.data(), tg.data(), N, C, V, 1.f);
+        ops.lmhead_xent(loss.data(), dx.data(), dw.data(), x.data(), wo, tg.data(), N, C, V, 1.f);
       }, opt.min_seconds);
       const double r = 6.0 * N * double(V) * C / t;
       (dt == DType::F32 ? hw.lmhead_f32 : hw.lmhead_bf16) = r;
