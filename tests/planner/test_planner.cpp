@@ -430,7 +430,11 @@ TEST_CASE("calibration at one rank writes a profile that parses, without collect
   opt.shapes.gemms = {};
   CostOp g;
   g.kind = CostOp::Gemm, g.m = 64, g.n = 96, g.k = 32, g.tb = true;
-  opt.shapes.gemms.push_back(g);
+  opt.shapes.gemms.push_back(g);  // x w^T
+  g.tb = false;
+  opt.shapes.gemms.push_back(g);  // dy w
+  g.ta = true;
+  opt.shapes.gemms.push_back(g);  // dy^T x (bf16: each form through the linear op of the step)
   opt.shapes.B = 2, opt.shapes.T = 32, opt.shapes.H = 2, opt.shapes.KVH = 2, opt.shapes.hd = 16;
   opt.shapes.lm_N = 64, opt.shapes.lm_C = 32, opt.shapes.lm_V = 128;
   opt.shapes.N = 64, opt.shapes.C = 32;
@@ -439,12 +443,15 @@ TEST_CASE("calibration at one rank writes a profile that parses, without collect
   opt.min_seconds = 0.01;
   const HardwareProfile hw = calibrate(opt, nullptr);
   CHECK_FALSE(hw.has_collectives);
-  REQUIRE(hw.gemm_shapes.size() == 2);  // f32 and bf16
+  REQUIRE(hw.gemm_shapes.size() == 6);  // f32 and bf16
   CHECK(hw.gemm_shapes[0].tb);
+  for (const GemmPoint& p : hw.gemm_shapes) CHECK(p.flops > 0);
   CHECK(hw.gemm_f32 > 0);
   CHECK(hw.gemm_bf16 > 0);
   CHECK(hw.attention_f32 > 0);
+  CHECK(hw.attention_bf16 > 0);
   CHECK(hw.lmhead_f32 > 0);
+  CHECK(hw.lmhead_bf16 > 0);
   CHECK(hw.elementwise_bps > 0);
   CHECK(hw.optimizer_fps > 0);
   CHECK(hw.disk_read_bps > 0);
