@@ -65,6 +65,7 @@
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/attention_mm.h"
 #include "kernels/cuda/attention_path.h"
+#include "kernels/cuda/cublas_lazy.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/cuda_runtime.h"
@@ -91,6 +92,9 @@ void check(cublasStatus_t s, const char* what, const char* file, int line) {
 }  // namespace cuda
 
 namespace {
+
+// cuBLAS / cuBLASLt, loaded on first use (cublas_lazy.h).
+inline const cuda::CublasApi& cublas() { return cuda::cublas_api(); }
 
 using cuda::check;
 
@@ -153,23 +157,23 @@ class CudaDevice {
       SW_CUDA_CHECK(cudaSetDevice(dev_));
       cudaStream_t st = nullptr;
       SW_CUDA_CHECK(cudaStreamCreate(&st));
-      SW_CUDA_CHECK(cublasCreate(&blas_));
-      SW_CUDA_CHECK(cublasSetStream(blas_, st));
+      SW_CUDA_CHECK(cublas().Create(&blas_));
+      SW_CUDA_CHECK(cublas().SetStream(blas_, st));
       // fp32 products in fp32 (no TF32 tensor-op rounding).
       // A product written 16-bit (gemm16_out16) sums in fp32 to the end: no split-K
       // reduction in the output's precision, so it is rounded once, as kernels/ops.h says
       // (no effect on fp32 outputs).
-      SW_CUDA_CHECK(cublasSetMathMode(
+      SW_CUDA_CHECK(cublas().SetMathMode(
           blas_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
                                            CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
       // cuBLAS's workspace, from the tracked allocator: kCublasWorkspace, what NVIDIA's cuBLAS
       // guide recommends for Hopper and PyTorch sets there (without one, cuBLAS keeps a
       // smaller default of its own, outside the tracker). bench_cuda_gemm times both.
       blas_ws_ = Buffer(cuda::kCublasWorkspace, Mem::Workspace, Device::cuda(dev_));
-      SW_CUDA_CHECK(cublasSetWorkspace(blas_, blas_ws_.data(), cuda::kCublasWorkspace));
+      SW_CUDA_CHECK(cublas().SetWorkspace(blas_, blas_ws_.data(), cuda::kCublasWorkspace));
       // cuBLASLt (the products with a bias epilogue) runs on the same stream and shares that
       // workspace: one stream orders their uses.
-      SW_CUDA_CHECK(cublasLtCreate(&lt_));
+      SW_CUDA_CHECK(cublas().LtCreate(&lt_));
       stream_.device = dev_;
       stream_.stream = st;
     });
@@ -1199,14 +1203,14 @@ class CudaOps final : public Ops {
         SW_CUDA_CHECK(cudaMemset2DAsync(C, sizeof(float) * size_t(ldc), 0,
                                         sizeof(float) * size_t(N), size_t(M), s));
       else if (beta != 1.f)  // (in place: cuBLAS allows C = A with the same leading dimension)
-        SW_CUDA_CHECK(cublasSgeam(d_.blas(), CUBLAS_OP_N, CUBLAS_OP_N, N, M, &beta, C, ldc,
-                                  &zero, C, ldc, C, ldc));
+        SW_CUDA_CHECK(cublas().Sgeam(d_.blas(), CUBLAS_OP_N, CUBLAS_OP_N, N, M, &beta, C, ldc,
+                                     &zero, C, ldc, C, ldc));
       return;
     }
-    SW_CUDA_CHECK(cublasGemmEx(d_.blas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N,
-                               ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, CUDA_R_32F,
-                               ldb, A, CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc,
-                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    SW_CUDA_CHECK(cublas().GemmEx(d_.blas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                  ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, CUDA_R_32F,
+                                  ldb, A, CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc,
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
   // src(rows, cols; row stride ld) narrowed to compute_ into a dense (rows, cols) copy in the
@@ -1230,10 +1234,10 @@ class CudaOps final : public Ops {
     if (M <= 0 || N <= 0) return;
     const OpScope scope(d_, "gemm16");
     const cudaDataType_t t = compute_ == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
-    SW_CUDA_CHECK(cublasGemmEx(d_.blas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N,
-                               ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, t, ldb, A, t,
-                               lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
-                               CUBLAS_GEMM_DEFAULT));
+    SW_CUDA_CHECK(cublas().GemmEx(d_.blas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                  ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, t, ldb, A, t,
+                                  lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
   }
 
   // C (M, N) = op(A) op(B) in the compute precision (alpha 1, beta 0): cuBLAS sums in fp32 and
@@ -1244,9 +1248,10 @@ class CudaOps final : public Ops {
     const OpScope scope(d_, "gemm16_out16");
     const cudaDataType_t t = compute_ == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
     const float one = 1.f, zero = 0.f;
-    SW_CUDA_CHECK(cublasGemmEx(d_.blas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N,
-                               ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &one, B, t, ldb, A, t, lda,
-                               &zero, C, t, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    SW_CUDA_CHECK(cublas().GemmEx(d_.blas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                  ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &one, B, t, ldb, A, t,
+                                  lda, &zero, C, t, ldc, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
   }
 
   // The low-precision forward product with its bias and / or the residual stream added, out(N,
@@ -1295,13 +1300,13 @@ class CudaOps final : public Ops {
       const cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
       const cublasLtEpilogue_t epi = b ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
       const cudaDataType_t bias_t = CUDA_R_32F;
-      cublasStatus_t st = cublasLtMatmulDescCreate(&q.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+      cublasStatus_t st = cublas().LtMatmulDescCreate(&q.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
       if (st != CUBLAS_STATUS_SUCCESS) {
         refuse("descriptor", int(st));
         return q;
       }
       auto set = [&](cublasLtMatmulDescAttributes_t a, const void* v, size_t n) {
-        if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulDescSetAttribute(q.desc, a, v, n);
+        if (st == CUBLAS_STATUS_SUCCESS) st = cublas().LtMatmulDescSetAttribute(q.desc, a, v, n);
       };
       set(CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa));
       set(CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb));
@@ -1315,14 +1320,14 @@ class CudaOps final : public Ops {
         refuse("descriptor attribute", int(st));
         return q;
       }
-      if ((st = cublasLtMatrixLayoutCreate(&q.la, t, C, OC, C)) != CUBLAS_STATUS_SUCCESS ||
-          (st = cublasLtMatrixLayoutCreate(&q.lb, t, C, N, C)) != CUBLAS_STATUS_SUCCESS ||
-          (st = cublasLtMatrixLayoutCreate(&q.lc, dtype, OC, N, OC)) != CUBLAS_STATUS_SUCCESS) {
+      if ((st = cublas().LtMatrixLayoutCreate(&q.la, t, C, OC, C)) != CUBLAS_STATUS_SUCCESS ||
+          (st = cublas().LtMatrixLayoutCreate(&q.lb, t, C, N, C)) != CUBLAS_STATUS_SUCCESS ||
+          (st = cublas().LtMatrixLayoutCreate(&q.lc, dtype, OC, N, OC)) != CUBLAS_STATUS_SUCCESS) {
         refuse("layout", int(st));
         return q;
       }
       cublasLtMatmulPreference_t pref = nullptr;
-      if ((st = cublasLtMatmulPreferenceCreate(&pref)) != CUBLAS_STATUS_SUCCESS) {
+      if ((st = cublas().LtMatmulPreferenceCreate(&pref)) != CUBLAS_STATUS_SUCCESS) {
         refuse("preference", int(st));
         return q;
       }
@@ -1332,7 +1337,8 @@ class CudaOps final : public Ops {
       // Split-K parts summed in fp32 (never in a 16-bit D: one rounding, kernels/ops.h).
       const uint32_t red = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
       auto pset = [&](cublasLtMatmulPreferenceAttributes_t a, const void* v, size_t n) {
-        if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulPreferenceSetAttribute(pref, a, v, n);
+        if (st == CUBLAS_STATUS_SUCCESS)
+          st = cublas().LtMatmulPreferenceSetAttribute(pref, a, v, n);
       };
       pset(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
       pset(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a_al, sizeof(a_al));
@@ -1343,15 +1349,15 @@ class CudaOps final : public Ops {
       cublasLtMatmulHeuristicResult_t r{};
       int got = 0;
       if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulAlgoGetHeuristic(d_.lt(), q.desc, q.la, q.lb, q.lc, q.lc, pref, 1, &r,
-                                            &got);
+        st = cublas().LtMatmulAlgoGetHeuristic(d_.lt(), q.desc, q.la, q.lb, q.lc, q.lc, pref, 1, &r,
+                                               &got);
       q.ok = st == CUBLAS_STATUS_SUCCESS && got > 0 && r.state == CUBLAS_STATUS_SUCCESS;
       if (q.ok)
         q.algo = r.algo;
       else
         refuse(st != CUBLAS_STATUS_SUCCESS ? "preference or heuristic" : "no algorithm",
                int(st != CUBLAS_STATUS_SUCCESS ? st : r.state));
-      cublasLtMatmulPreferenceDestroy(pref);
+      cublas().LtMatmulPreferenceDestroy(pref);
       return q;
     });
     if (!p.ok) return false;
@@ -1361,11 +1367,11 @@ class CudaOps final : public Ops {
     // (the descriptor is shared by the shape's calls; one host thread uses these Ops)
     cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
     if (b)
-      st = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                          sizeof(bias));
+      st = cublas().LtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                             sizeof(bias));
     if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmul(d_.lt(), p.desc, &alpha, w16, p.la, x16, p.lb, &beta, c, p.lc, out,
-                          p.lc, &p.algo, d_.blas_workspace(), cuda::kCublasWorkspace, s);
+      st = cublas().LtMatmul(d_.lt(), p.desc, &alpha, w16, p.la, x16, p.lb, &beta, c, p.lc, out,
+                             p.lc, &p.algo, d_.blas_workspace(), cuda::kCublasWorkspace, s);
     if (st != CUBLAS_STATUS_SUCCESS) {
       refuse("matmul", int(st));
       p.ok = false;  // this shape takes the other path from now on
@@ -1381,7 +1387,7 @@ class CudaOps final : public Ops {
     if (M <= 0 || N <= 0 || batch == 0) return;
     const OpScope scope(d_, "gemm16_batched");
     const cudaDataType_t t = compute_ == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
-    SW_CUDA_CHECK(cublasGemmStridedBatchedEx(
+    SW_CUDA_CHECK(cublas().GemmStridedBatchedEx(
         d_.blas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha,
         B, t, ldb, static_cast<long long>(sb), A, t, lda, static_cast<long long>(sa), &beta, C,
         CUDA_R_32F, ldc, static_cast<long long>(sc), static_cast<int>(batch), CUBLAS_COMPUTE_32F,

@@ -30,6 +30,7 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "kernels/cuda/cublas_lazy.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_runtime.h"
 #include "kernels/fp8_ops.h"
@@ -37,6 +38,9 @@
 namespace sw {
 
 namespace {
+
+// cuBLAS / cuBLASLt, loaded on first use (cublas_lazy.h).
+inline const cuda::CublasApi& cublas() { return cuda::cublas_api(); }
 
 constexpr size_t kLtWorkspace = size_t{32} << 20;
 
@@ -191,12 +195,12 @@ class CudaFp8 final : public Fp8Kernels {
     // matA = B (row-major N x K), matB = A: their inverse scales.
     const float* a_inv = sb + 1;
     const float* b_inv = sa + 1;
-    SW_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-                                                 &a_inv, sizeof(a_inv)));
-    SW_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-                                                 &b_inv, sizeof(b_inv)));
-    SW_CUDA_CHECK(cublasLtMatmul(lt(), p.desc, &one, B, p.la, A, p.lb, &b, d, p.lc, d, p.lc,
-                                 &p.algo, ws_.data(), kLtWorkspace, st));
+    SW_CUDA_CHECK(cublas().LtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                    &a_inv, sizeof(a_inv)));
+    SW_CUDA_CHECK(cublas().LtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                    &b_inv, sizeof(b_inv)));
+    SW_CUDA_CHECK(cublas().LtMatmul(lt(), p.desc, &one, B, p.la, A, p.lb, &b, d, p.lc, d, p.lc,
+                                    &p.algo, ws_.data(), kLtWorkspace, st));
     if (bias) {
       const size_t n = size_t(M) * N;
       bias_kernel<<<grid_for(n), 256, 0, st>>>(D.f32, D.f32 ? nullptr : D.lp, acc, bias, M, N);
@@ -246,7 +250,7 @@ class CudaFp8 final : public Fp8Kernels {
       // The bf16 Ops' compute stream: the decorator's products order with the wrapped ops.
       st_ = static_cast<cudaStream_t>(
           ops_for(Device::cuda(dev_), DType::BF16).stream().native_handle());
-      SW_CUDA_CHECK(cublasLtCreate(&lt_));
+      SW_CUDA_CHECK(cublas().LtCreate(&lt_));
       ws_ = Buffer(kLtWorkspace, Mem::Workspace, Device::cuda(dev_));
     });
   }
@@ -258,36 +262,36 @@ class CudaFp8 final : public Fp8Kernels {
     if (it != plans_.end()) return it->second;
     Plan p;
     const cudaDataType_t dt = out16 ? CUDA_R_16BF : CUDA_R_32F;
-    SW_CUDA_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    SW_CUDA_CHECK(cublas().LtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N;
     SW_CUDA_CHECK(
-        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof(tA)));
+        cublas().LtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof(tA)));
     SW_CUDA_CHECK(
-        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof(tB)));
+        cublas().LtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof(tB)));
     const int8_t fast = 0;  // fp32 accumulation to the end
-    SW_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast,
-                                                 sizeof(fast)));
+    SW_CUDA_CHECK(cublas().LtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast,
+                                                    sizeof(fast)));
     // The scale pointers' values are set per call; the heuristic needs them set (any device
     // pointer of the right alignment).
     const float* dummy = static_cast<const float*>(ws_.data());
-    SW_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-                                                 &dummy, sizeof(dummy)));
-    SW_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-                                                 &dummy, sizeof(dummy)));
+    SW_CUDA_CHECK(cublas().LtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                    &dummy, sizeof(dummy)));
+    SW_CUDA_CHECK(cublas().LtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                    &dummy, sizeof(dummy)));
     // matA: B as column-major (K, N), ld K; matB: A as (K, M), ld K; C / D: (N, M), ld N.
-    SW_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p.la, fp8_type(fb), K, N, K));
-    SW_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p.lb, fp8_type(fa), K, M, K));
-    SW_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p.lc, dt, N, M, N));
+    SW_CUDA_CHECK(cublas().LtMatrixLayoutCreate(&p.la, fp8_type(fb), K, N, K));
+    SW_CUDA_CHECK(cublas().LtMatrixLayoutCreate(&p.lb, fp8_type(fa), K, M, K));
+    SW_CUDA_CHECK(cublas().LtMatrixLayoutCreate(&p.lc, dt, N, M, N));
     cublasLtMatmulPreference_t pref = nullptr;
-    SW_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    SW_CUDA_CHECK(cublas().LtMatmulPreferenceCreate(&pref));
     const size_t ws = kLtWorkspace;
-    SW_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
+    SW_CUDA_CHECK(cublas().LtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
     cublasLtMatmulHeuristicResult_t r{};
     int found = 0;
-    const cublasStatus_t s =
-        cublasLtMatmulAlgoGetHeuristic(lt(), p.desc, p.la, p.lb, p.lc, p.lc, pref, 1, &r, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
+    const cublasStatus_t s = cublas().LtMatmulAlgoGetHeuristic(lt(), p.desc, p.la, p.lb, p.lc,
+                                                               p.lc, pref, 1, &r, &found);
+    cublas().LtMatmulPreferenceDestroy(pref);
     if (s != CUBLAS_STATUS_SUCCESS || found == 0)
       fail("kernels", "fp8: cuBLASLt offers no fp8 matmul for M " + std::to_string(M) + " N " +
                           std::to_string(N) + " K " + std::to_string(K) +

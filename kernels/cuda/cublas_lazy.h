@@ -1,0 +1,62 @@
+// cuBLAS and cuBLASLt, loaded when the CUDA backend first needs them rather than by the dynamic
+// linker at program start.
+//
+// Why: libcublasLt runs ~6,500 static constructors when it is loaded, which fill ~200 MB of its
+// data: a process that links it is 212 MB resident (and ~70 ms older) before main(), whether or
+// not it ever uses a GPU (a CPU rank of `shardwise train`: 262 MB at start, 50 MB without).
+// So the executables do not link cuBLAS; the backend calls it through the pointers below,
+// resolved with dlopen / dlsym on the first call of cublas_api() (the first CUDA Ops' device
+// set-up), and a CPU-only process never loads it.
+//
+// The pointers have the headers' own types (decltype of the declared functions, after
+// cublas_v2.h's renaming macros, e.g. cublasCreate -> cublasCreate_v2), and are looked up by
+// those exported names, so a call through them is the call the headers declare.
+#pragma once
+#include <cublasLt.h>
+#include <cublas_v2.h>
+
+namespace sw::cuda {
+
+// The exported forms of the two products C++ overloads (cublas_api.h adds inline ones taking a
+// cudaDataType compute type): the cublasComputeType_t ones, which the backend calls.
+using CublasGemmEx = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t,
+                                        int, int, int, const void*, const void*, cudaDataType,
+                                        int, const void*, cudaDataType, int, const void*, void*,
+                                        cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+using CublasGemmStridedBatchedEx = cublasStatus_t (*)(
+    cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*, const void*,
+    cudaDataType, int, long long, const void*, cudaDataType, int, long long, const void*, void*,
+    cudaDataType, int, long long, int, cublasComputeType_t, cublasGemmAlgo_t);
+
+struct CublasApi {
+  decltype(&cublasCreate) Create;
+  decltype(&cublasSetStream) SetStream;
+  decltype(&cublasSetMathMode) SetMathMode;
+  decltype(&cublasSetWorkspace) SetWorkspace;
+  CublasGemmEx GemmEx;
+  CublasGemmStridedBatchedEx GemmStridedBatchedEx;
+  decltype(&cublasSgeam) Sgeam;
+  decltype(&cublasLtGetVersion) LtGetVersion;
+  decltype(&cublasLtCreate) LtCreate;
+  decltype(&cublasLtMatmul) LtMatmul;
+  decltype(&cublasLtMatmulAlgoGetHeuristic) LtMatmulAlgoGetHeuristic;
+  decltype(&cublasLtMatmulDescCreate) LtMatmulDescCreate;
+  decltype(&cublasLtMatmulDescDestroy) LtMatmulDescDestroy;
+  decltype(&cublasLtMatmulDescSetAttribute) LtMatmulDescSetAttribute;
+  decltype(&cublasLtMatmulPreferenceCreate) LtMatmulPreferenceCreate;
+  decltype(&cublasLtMatmulPreferenceDestroy) LtMatmulPreferenceDestroy;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) LtMatmulPreferenceSetAttribute;
+  decltype(&cublasLtMatrixLayoutCreate) LtMatrixLayoutCreate;
+  decltype(&cublasLtMatrixLayoutDestroy) LtMatrixLayoutDestroy;
+};
+
+// The entry points, libcublasLt.so.<major> and libcublas.so.<major> (the headers' major
+// version) loaded on the first call: by the dynamic linker's search (the executable's RUNPATH,
+// LD_LIBRARY_PATH, the system's), else from the folder libcudart was loaded from. sw::Error
+// naming the library or symbol and dlerror()'s reason where that fails. Thread-safe.
+const CublasApi& cublas_api();
+// Whether cublas_api() has loaded them in this process (the test that a CPU-only run does
+// not).
+bool cublas_loaded();
+
+}  // namespace sw::cuda
