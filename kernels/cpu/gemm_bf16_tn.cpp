@@ -230,14 +230,17 @@ void gemm_bf16_tn16_avx512(int M, int N, int K, float alpha, const uint16_t* A, 
                                  _mm512_extracti64x4_epi64(w, 1));
           }
         }
+        // Row tiles outer: a tile's A panel (kMR words a pair) stays in L1 across the panels
+        // of B, which stream from L2 either way (the LM head's dw 1-3% faster than panels
+        // outer, 12% in a slow spell; the block's weight gradients unchanged).
         const uint32_t* bb = Bp + (size_t)kb * kKP * Npad;
-        for (int j = j0; j < j1; ++j) {
-          const int col = j * kNR, nr = std::min(kNR, N - col);
-          for (int ir = 0; ir < mc; ir += kMR)
+        for (int ir = 0; ir < mc; ir += kMR)
+          for (int j = j0; j < j1; ++j) {
+            const int col = j * kNR, nr = std::min(kNR, N - col);
             ukernel(kpb, Ap + (size_t)(ir / kMR) * kMR * kpb, bb + (size_t)j * kNR * kpb,
                     C + (size_t)(ic + ir) * ldc + col, ldc, std::min(kMR, mc - ir), nr, e,
                     kb == 0);
-        }
+          }
       }
       if (sums)
         for (int r = 0; r < mc; r += 16) {
