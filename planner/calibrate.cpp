@@ -74,8 +74,9 @@ std::vector<uint16_t> narrowed(const Ops& ops, DType dt, const std::vector<float
 // call (on the CPU's bf16 path the step's products read the 16-bit forms in place: the small
 // GPT-2's weight gradients ran 1.5-2x faster than gemm() measured them, and the plan's step
 // came out ~30% long). Shapes: x @ w^T (!ta, tb) is linear_forward; dy @ w (!ta, !tb) the
-// input gradient; dy^T @ x (ta) the weight gradient. A (and B, as the activation of the
-// weight gradient) 16-bit; B as the weight in both forms.
+// input gradient; dy^T @ x (ta, !tb) the weight gradient (A^T B^T, which no step has, is
+// not one). A (and B, as the activation of the weight gradient) 16-bit; B as the weight in
+// both forms.
 void product16(const Ops& ops, const CostOp& g, const float* B, const uint16_t* A16,
                const uint16_t* B16, float* C) {
   const int M = int(g.m), N = int(g.n), K = int(g.k);
@@ -84,10 +85,8 @@ void product16(const Ops& ops, const CostOp& g, const float* B, const uint16_t* 
   else if (!g.ta)
     ops.linear_backward(GradIn::set(C), nullptr, nullptr, A16, nullptr, Operand(B, B16), M, N,
                         K);
-  else if (!g.tb)
+  else
     ops.linear_backward(nullptr, GradOut(C, true), nullptr, A16, B16, nullptr, K, N, M);
-  else  // (no product of a step has this form)
-    ops.gemm(true, true, M, N, K, 1.f, A16, K, B16, N, 0.f, C, N);
 }
 
 // after(dt): called once each precision's products were measured (bf16 first: its kernels
@@ -106,7 +105,7 @@ void measure_compute(const CalibrateOptions& opt, HardwareProfile& hw,
       const std::vector<float> A = filled(size_t(M) * K, 1), B = filled(size_t(K) * N, 2);
       std::vector<float> C(size_t(M) * N, 0.f);
       const int lda = g.ta ? M : K, ldb = g.tb ? K : N;
-      const bool lp = dt != DType::F32;
+      const bool lp = dt != DType::F32 && !(g.ta && g.tb);  // (A^T B^T: gemm, as fp32)
       const std::vector<uint16_t> A16 = lp ? narrowed(ops, dt, A) : std::vector<uint16_t>{},
                                   B16 = lp ? narrowed(ops, dt, B) : std::vector<uint16_t>{};
       const double t = time_it([&] {
@@ -132,13 +131,16 @@ void measure_compute(const CalibrateOptions& opt, HardwareProfile& hw,
       std::vector<float> out(out_n), lse(size_t(B) * H * T), dqkv(qkv_n);
       double tf = 0, tb = 0;
       if (dt == DType::F32) {
-        tf = time_it([&] { ops.attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, KVH, hd); },
-                     opt.min_seconds);
+        tf = time_it([&] {
+          ops.attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, KVH, hd);
+        }, opt.min_seconds);
         tb = time_it([&] {
-          ops.attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, H, KVH, hd);
+          ops.attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B,
+                                 T, H, KVH, hd);
         }, opt.min_seconds);
       } else {  // as the step: qkv, out, dout and dqkv in the compute precision
-        const std::vector<uint16_t> qkv16 = narrowed(ops, dt, qkv), dout16 = narrowed(ops, dt, dout);
+        const std::vector<uint16_t> qkv16 = narrowed(ops, dt, qkv),
+                                    dout16 = narrowed(ops, dt, dout);
         std::vector<uint16_t> out16(out_n), dqkv16(qkv_n);
         tf = time_it([&] {
           ops.attention_forward(out16.data(), lse.data(), qkv16.data(), B, T, H, KVH, hd);
@@ -161,7 +163,8 @@ void measure_compute(const CalibrateOptions& opt, HardwareProfile& hw,
       std::vector<int32_t> tg(static_cast<size_t>(N));
       for (int i = 0; i < N; ++i) tg[size_t(i)] = int32_t((i * 7919) % V);
       // The weight in both forms where the step's head has them (16-bit compute).
-      const std::vector<uint16_t> w16 = dt != DType::F32 ? narrowed(ops, dt, w) : std::vector<uint16_t>{};
+      const std::vector<uint16_t> w16 =
+          dt != DType::F32 ? narrowed(ops, dt, w) : std::vector<uint16_t>{};
       const Operand wo = w16.empty() ? Operand(w.data()) : Operand(w.data(), w16.data());
       const double t = time_it([&] {
         ops.lmhead_xent(loss.data(), dx.data(), dw.data(), x.data(), wo, tg.data(), N, C, V, 1.f);

@@ -76,6 +76,23 @@ std::pair<int, int> panels_of(int t, int nth, int N) {
   return {std::min(npan, t * per), std::min(npan, (t + 1) * per)};
 }
 
+// Rows [0, M) cut into the spans the threads take dynamically: `rows` rows each, the last
+// min(M, 2 x threads x rows) in kTailRows spans, so that the thread done first waits for a
+// short one at most (a 64-row block of a weight gradient is ~0.4 ms, the one wait a call).
+struct RowSpans {
+  int M, rows, head, nhead, count;
+  RowSpans(int M_, int rows_, int threads)
+      : M(M_), rows(rows_), head(M_ - std::min(M_, 2 * threads * rows_)),
+        nhead((head + rows_ - 1) / rows_),
+        count(nhead + (M_ - head + kTailRows - 1) / kTailRows) {}
+  // Span b's rows [first, second).
+  std::pair<int, int> operator[](int b) const {
+    if (b < nhead) return {b * rows, std::min(head, (b + 1) * rows)};
+    const int r0 = head + (b - nhead) * kTailRows;
+    return {r0, std::min(M, r0 + kTailRows)};
+  }
+};
+
 struct Epilogue {
   float alpha, beta;    // beta applies on the first K block only
   const float* bias;    // added on the first K block (null: none)
@@ -252,17 +269,12 @@ void gemm_bf16_tn16_avx512(int M, int N, int K, float alpha, const uint16_t* A, 
     };
     if (by_rows) {
       // Row blocks handed out dynamically (a static half each left one thread waiting at the
-      // region's end: the two vCPUs do not run at one speed), the last rows in short blocks
-      // (kTailRows) so that the thread done first waits for a short one at most: a kMC-row block
-      // of a block's weight gradient is ~0.4 ms, the one wait a call. Sums do not depend on the
-      // thread or the blocks.
-      const int tail = std::min(M, 2 * nth * kMC), head = M - tail;
-      const int nhead = (head + kMC - 1) / kMC;
-      const int nblocks = nhead + (tail + kTailRows - 1) / kTailRows;
+      // region's end: the two vCPUs do not run at one speed), short ones last (RowSpans). Sums
+      // do not depend on the thread or the blocks.
+      const RowSpans spans(M, kMC, nth);
 #pragma omp for schedule(dynamic, 1) nowait
-      for (int b = 0; b < nblocks; ++b) {
-        const int r0 = b < nhead ? b * kMC : head + (b - nhead) * kTailRows;
-        const int r1 = std::min(b < nhead ? head : M, r0 + (b < nhead ? kMC : kTailRows));
+      for (int b = 0; b < spans.count; ++b) {
+        const auto [r0, r1] = spans[b];
         rows_block(r0, r1 - r0, 0, npan, db != nullptr);
       }
     } else {  // this thread's panels, all rows (every thread packs all of A; thread 0 sums)
@@ -427,25 +439,17 @@ bool gemm_bf16_n16_avx512(bool tb, int M, int N, int K, float alpha, const uint1
     // half each left one thread waiting for the other at the region's end for ~4% of the
     // kernel's time in the small model's step (the two vCPUs do not run at one speed). Which
     // thread computes a tile does not change its sums.
-    // The last group's last rows go in short items (kTailRows), as the tn kernel's blocks.
+    // The last group's rows in RowSpans (short items last), the others' in kRowsItem rows.
     constexpr int kRowsItem = 8 * kMR;
     const int ngroups = (npan + group - 1) / group, nrow_items = (M + kRowsItem - 1) / kRowsItem;
-    const int tail = std::min(M, 2 * omp_get_num_threads() * kRowsItem), head = M - tail;
-    const int nhead = (head + kRowsItem - 1) / kRowsItem;  // the last group's long items
-    const int before = (ngroups - 1) * nrow_items;          // the other groups' items
-    const int nitems = before + nhead + (tail + kTailRows - 1) / kTailRows;
+    const RowSpans last(M, kRowsItem, omp_get_num_threads());
+    const int before = (ngroups - 1) * nrow_items;  // the other groups' items
 #pragma omp for schedule(dynamic, 1) nowait
-    for (int item = 0; item < nitems; ++item) {
-      int jg, m0, m1;
-      if (item < before) {
-        jg = item / nrow_items * group;
-        m0 = item % nrow_items * kRowsItem, m1 = std::min(M, m0 + kRowsItem);
-      } else {
-        const int it = item - before;
-        jg = (ngroups - 1) * group;
-        m0 = it < nhead ? it * kRowsItem : head + (it - nhead) * kTailRows;
-        m1 = std::min(it < nhead ? head : M, m0 + (it < nhead ? kRowsItem : kTailRows));
-      }
+    for (int item = 0; item < before + last.count; ++item) {
+      const int jg = (item < before ? item / nrow_items : ngroups - 1) * group;
+      const int r = item % nrow_items * kRowsItem;
+      const auto [m0, m1] = item < before ? std::pair<int, int>{r, std::min(M, r + kRowsItem)}
+                                          : last[item - before];
       const int jend = std::min(npan, jg + group);
       for (int ir = m0; ir < m1; ir += kMR) {  // one 8-row tile
         const int mr = std::min(kMR, m1 - ir);
