@@ -5,7 +5,6 @@
 #include <dlfcn.h>
 
 #include <atomic>
-#include <mutex>
 #include <string>
 
 #include "core/error.h"
