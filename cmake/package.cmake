@@ -32,7 +32,6 @@ install(EXPORT ShardwiseTargets NAMESPACE Shardwise:: FILE ShardwiseTargets.cmak
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/Shardwise COMPONENT dev)
 
 set(SW_PACKAGE_HAS_CUDA FALSE)
-set(SW_PACKAGE_CUDA_NVRTC FALSE)
 set(SW_PACKAGE_CUDA_HINTS "")
 if(TARGET sw_cuda)
   set(SW_PACKAGE_HAS_CUDA TRUE)
@@ -55,10 +54,6 @@ if(TARGET sw_cuda)
           ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev)
   install(EXPORT ShardwiseCudaTargets NAMESPACE Shardwise:: FILE ShardwiseCudaTargets.cmake
           DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/Shardwise COMPONENT dev)
-  get_target_property(sw_cuda_links sw_cuda INTERFACE_LINK_LIBRARIES)
-  if("CUDA::nvrtc" IN_LIST sw_cuda_links)  # cuDNN's fused attention was built
-    set(SW_PACKAGE_CUDA_NVRTC TRUE)
-  endif()
   foreach(lib ${SW_NCCL} ${SW_CUDNN})
     get_filename_component(dir ${lib} DIRECTORY)
     string(APPEND SW_PACKAGE_CUDA_HINTS " ${dir}")

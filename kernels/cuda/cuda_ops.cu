@@ -65,7 +65,7 @@
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/attention_mm.h"
 #include "kernels/cuda/attention_path.h"
-#include "kernels/cuda/cublas_lazy.h"
+#include "kernels/cuda/lazy_load.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/cuda_runtime.h"
@@ -93,7 +93,7 @@ void check(cublasStatus_t s, const char* what, const char* file, int line) {
 
 namespace {
 
-// cuBLAS / cuBLASLt, loaded on first use (cublas_lazy.h).
+// cuBLAS / cuBLASLt, loaded on first use (lazy_load.h).
 inline const cuda::CublasApi& cublas() { return cuda::cublas_api(); }
 
 using cuda::check;

@@ -30,7 +30,7 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
-#include "kernels/cuda/cublas_lazy.h"
+#include "kernels/cuda/lazy_load.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_runtime.h"
 #include "kernels/fp8_ops.h"
@@ -39,7 +39,7 @@ namespace sw {
 
 namespace {
 
-// cuBLAS / cuBLASLt, loaded on first use (cublas_lazy.h).
+// cuBLAS / cuBLASLt, loaded on first use (lazy_load.h).
 inline const cuda::CublasApi& cublas() { return cuda::cublas_api(); }
 
 constexpr size_t kLtWorkspace = size_t{32} << 20;

@@ -1,16 +1,20 @@
-// cuBLAS and cuBLASLt are loaded when the CUDA backend first needs them (kernels/cuda/
-// cublas_lazy.h), not by the dynamic linker at start: a process that runs only CPU ops never
+// cuBLAS, cuBLASLt and NVRTC are loaded when the CUDA backend first needs them (kernels/cuda/
+// lazy_load.h), not by the dynamic linker at start: a process that runs only CPU ops never
 // maps them (libcublasLt's static constructors alone make a process ~210 MB resident). Runs
-// on any machine with the toolkit's libraries, GPU or not (label unit).
+// on any machine with the toolkit's libraries, GPU or not (label unit): NVRTC compiles without
+// a device.
 #include <catch2/catch.hpp>
 
 #include <cublasLt.h>
+#ifdef SW_HAVE_CUDNN_SDPA
+#include <nvrtc.h>
+#endif
 
 #include <fstream>
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/cublas_lazy.h"
+#include "kernels/cuda/lazy_load.h"
 #include "kernels/ops.h"
 
 namespace {
@@ -37,6 +41,8 @@ TEST_CASE("cuBLAS is not loaded by a process that runs CPU ops, and loads on fir
   }
   CHECK_FALSE(mapped("libcublas"));
   CHECK_FALSE(sw::cuda::cublas_loaded());
+  CHECK_FALSE(mapped("libnvrtc"));
+  CHECK_FALSE(sw::cuda::nvrtc_loaded());
 
   const sw::cuda::CublasApi& api = sw::cuda::cublas_api();
   CHECK(sw::cuda::cublas_loaded());
@@ -72,3 +78,52 @@ TEST_CASE("cuBLAS is not loaded by a process that runs CPU ops, and loads on fir
   // Loaded once: the same table.
   CHECK(&sw::cuda::cublas_api() == &api);
 }
+
+#ifdef SW_HAVE_CUDNN_SDPA
+// The entry points the cuDNN frontend's headers call (its engines compiled at run time) are
+// lazy_load.cpp's: the first call loads libnvrtc, each forwards to the library's own. A kernel
+// compiled to a cubin for sm_90 and a program that does not compile, through them.
+TEST_CASE("NVRTC is loaded by the first nvrtc call, which compiles through the library") {
+  CHECK_FALSE(mapped("libnvrtc"));
+  CHECK_FALSE(sw::cuda::nvrtc_loaded());
+  auto compile = [](const char* src, std::string& log, std::vector<char>& cubin) {
+    nvrtcProgram prog = nullptr;
+    REQUIRE(nvrtcCreateProgram(&prog, src, "lazy.cu", 0, nullptr, nullptr) == NVRTC_SUCCESS);
+    const char* opts[] = {"-arch=sm_90"};
+    const nvrtcResult r = nvrtcCompileProgram(prog, 1, opts);
+    size_t n = 0;
+    REQUIRE(nvrtcGetProgramLogSize(prog, &n) == NVRTC_SUCCESS);
+    log.assign(n, '\0');
+    REQUIRE(nvrtcGetProgramLog(prog, log.data()) == NVRTC_SUCCESS);
+    if (r == NVRTC_SUCCESS) {
+      REQUIRE(nvrtcGetCUBINSize(prog, &n) == NVRTC_SUCCESS);
+      cubin.assign(n, 0);
+      REQUIRE(nvrtcGetCUBIN(prog, cubin.data()) == NVRTC_SUCCESS);
+    }
+    REQUIRE(nvrtcDestroyProgram(&prog) == NVRTC_SUCCESS);
+    CHECK(prog == nullptr);
+    return r;
+  };
+  std::string log;
+  std::vector<char> cubin;
+  const char* axpy =
+      "extern \"C\" __global__ void axpy(float a, const float* x, float* y, int n) {\n"
+      "  int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+      "  if (i < n) y[i] += a * x[i];\n"
+      "}\n";
+  CHECK(compile(axpy, log, cubin) == NVRTC_SUCCESS);
+  CHECK(sw::cuda::nvrtc_loaded());
+  CHECK(mapped("libnvrtc.so"));
+  // An ELF image naming the kernel.
+  REQUIRE(cubin.size() > 64);
+  CHECK(std::string(cubin.data() + 1, 3) == "ELF");
+  CHECK(std::string(cubin.begin(), cubin.end()).find("axpy") != std::string::npos);
+
+  // A compile error comes back as the library reports it, with its log.
+  cubin.clear();
+  CHECK(compile("__global__ void broken() { undeclared_name = 1; }\n", log, cubin) ==
+        NVRTC_ERROR_COMPILATION);
+  CHECK(log.find("undeclared_name") != std::string::npos);
+  CHECK(cubin.empty());
+}
+#endif

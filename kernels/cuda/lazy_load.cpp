@@ -1,11 +1,15 @@
-// cublas_lazy.h: cuBLAS / cuBLASLt resolved with dlopen on first use.
-#include "kernels/cuda/cublas_lazy.h"
+// lazy_load.h: cuBLAS / cuBLASLt and NVRTC resolved with dlopen on first use.
+#include "kernels/cuda/lazy_load.h"
 
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
 #include <atomic>
 #include <string>
+
+#ifdef SW_HAVE_CUDNN_SDPA
+#include <nvrtc.h>
+#endif
 
 #include "core/error.h"
 
@@ -28,7 +32,7 @@ std::string cudart_dir() {
   return slash == std::string::npos ? std::string() : f.substr(0, slash + 1);
 }
 
-void* open_lib(const std::string& name) {
+void* open_lib(const std::string& name, const char* purpose) {
   if (void* h = dlopen(name.c_str(), RTLD_NOW | RTLD_GLOBAL)) return h;
   const char* e = dlerror();
   std::string why = e ? e : "not found";
@@ -37,7 +41,7 @@ void* open_lib(const std::string& name) {
     if (void* h = dlopen((dir + name).c_str(), RTLD_NOW | RTLD_GLOBAL)) return h;
     if (const char* e2 = dlerror()) why += "; " + std::string(e2);
   }
-  throw Error("cuda: cannot load " + name + " (the CUDA backend's products; searched the " +
+  throw Error("cuda: cannot load " + name + " (" + purpose + "; searched the " +
               "library path" + (dir.empty() ? std::string() : " and " + dir) + "): " + why);
 }
 
@@ -55,8 +59,8 @@ void bind(F& f, void* lib, const char* lib_name, const char* sym) {
 CublasApi load() {
   const std::string major = std::to_string(CUBLAS_VER_MAJOR);
   const std::string lt_name = "libcublasLt.so." + major, blas_name = "libcublas.so." + major;
-  void* lt = open_lib(lt_name);
-  void* blas = open_lib(blas_name);
+  void* lt = open_lib(lt_name, "the CUDA backend's products");
+  void* blas = open_lib(blas_name, "the CUDA backend's products");
   CublasApi a{};
 #define SW_BIND(lib, field, fn) bind(a.field, lib, lib##_name.c_str(), SW_CUBLAS_STR(fn))
   SW_BIND(blas, Create, cublasCreate);
@@ -95,4 +99,76 @@ const CublasApi& cublas_api() {
 
 bool cublas_loaded() { return g_loaded.load(); }
 
+#ifdef SW_HAVE_CUDNN_SDPA
+namespace {
+
+std::atomic<bool> g_nvrtc_loaded{false};
+
+struct NvrtcApi {
+  decltype(&nvrtcCreateProgram) CreateProgram;
+  decltype(&nvrtcDestroyProgram) DestroyProgram;
+  decltype(&nvrtcCompileProgram) CompileProgram;
+  decltype(&nvrtcGetCUBINSize) GetCUBINSize;
+  decltype(&nvrtcGetCUBIN) GetCUBIN;
+  decltype(&nvrtcGetProgramLogSize) GetProgramLogSize;
+  decltype(&nvrtcGetProgramLog) GetProgramLog;
+};
+
+const NvrtcApi& nvrtc() {
+  static const NvrtcApi api = [] {
+    // (libnvrtc's soname follows CUDA's major version: libnvrtc.so.13 for CUDA 13.x.)
+    const std::string name = "libnvrtc.so." + std::to_string(CUDART_VERSION / 1000);
+    void* lib = open_lib(name, "cuDNN's run-time compiled engines");
+    NvrtcApi a{};
+    const char* n = name.c_str();
+    bind(a.CreateProgram, lib, n, "nvrtcCreateProgram");
+    bind(a.DestroyProgram, lib, n, "nvrtcDestroyProgram");
+    bind(a.CompileProgram, lib, n, "nvrtcCompileProgram");
+    bind(a.GetCUBINSize, lib, n, "nvrtcGetCUBINSize");
+    bind(a.GetCUBIN, lib, n, "nvrtcGetCUBIN");
+    bind(a.GetProgramLogSize, lib, n, "nvrtcGetProgramLogSize");
+    bind(a.GetProgramLog, lib, n, "nvrtcGetProgramLog");
+    g_nvrtc_loaded.store(true);
+    return a;
+  }();
+  return api;
+}
+
+}  // namespace
+
+bool nvrtc_loaded() { return g_nvrtc_loaded.load(); }
+#else
+bool nvrtc_loaded() { return false; }
+#endif
+
 }  // namespace sw::cuda
+
+#ifdef SW_HAVE_CUDNN_SDPA
+// The NVRTC entry points the cuDNN frontend's headers call (the ones the executables would
+// otherwise import from libnvrtc), each forwarding to the library's own, loaded on first call.
+extern "C" {
+nvrtcResult nvrtcCreateProgram(nvrtcProgram* prog, const char* src, const char* name,
+                               int numHeaders, const char* const* headers,
+                               const char* const* includeNames) {
+  return sw::cuda::nvrtc().CreateProgram(prog, src, name, numHeaders, headers, includeNames);
+}
+nvrtcResult nvrtcDestroyProgram(nvrtcProgram* prog) {
+  return sw::cuda::nvrtc().DestroyProgram(prog);
+}
+nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions, const char* const* options) {
+  return sw::cuda::nvrtc().CompileProgram(prog, numOptions, options);
+}
+nvrtcResult nvrtcGetCUBINSize(nvrtcProgram prog, size_t* cubinSizeRet) {
+  return sw::cuda::nvrtc().GetCUBINSize(prog, cubinSizeRet);
+}
+nvrtcResult nvrtcGetCUBIN(nvrtcProgram prog, char* cubin) {
+  return sw::cuda::nvrtc().GetCUBIN(prog, cubin);
+}
+nvrtcResult nvrtcGetProgramLogSize(nvrtcProgram prog, size_t* logSizeRet) {
+  return sw::cuda::nvrtc().GetProgramLogSize(prog, logSizeRet);
+}
+nvrtcResult nvrtcGetProgramLog(nvrtcProgram prog, char* log) {
+  return sw::cuda::nvrtc().GetProgramLog(prog, log);
+}
+}
+#endif

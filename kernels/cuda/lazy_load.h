@@ -1,12 +1,15 @@
-// cuBLAS and cuBLASLt, loaded when the CUDA backend first needs them rather than by the dynamic
-// linker at program start.
+// CUDA toolkit libraries loaded when the backend first needs them rather than by the dynamic
+// linker at program start: cuBLAS / cuBLASLt (every product) and NVRTC (only cuDNN frontend
+// engines compiled at run time, which the backend's graphs do not select).
 //
 // Why: libcublasLt runs ~6,500 static constructors when it is loaded, which fill ~200 MB of its
 // data: a process that links it is 212 MB resident (and ~70 ms older) before main(), whether or
 // not it ever uses a GPU (a CPU rank of `shardwise train`: 262 MB at start, 50 MB without).
-// So the executables do not link cuBLAS; the backend calls it through the pointers below,
-// resolved with dlopen / dlsym on the first call of cublas_api() (the first CUDA Ops' device
-// set-up), and a CPU-only process never loads it.
+// libnvrtc's make another 27 MB. So the executables link neither. The backend calls cuBLAS
+// through the pointers below, resolved with dlopen / dlsym on the first call of cublas_api()
+// (the first CUDA Ops' device set-up); the cuDNN frontend's calls of nvrtc* resolve to
+// definitions in lazy_load.cpp that load libnvrtc on their first call. A CPU-only process
+// loads neither.
 //
 // The pointers have the headers' own types (decltype of the declared functions, after
 // cublas_v2.h's renaming macros, e.g. cublasCreate -> cublasCreate_v2), and are looked up by
@@ -58,5 +61,11 @@ const CublasApi& cublas_api();
 // Whether cublas_api() has loaded them in this process (the test that a CPU-only run does
 // not).
 bool cublas_loaded();
+
+// Whether an nvrtc* call has loaded libnvrtc.so.<major> (CUDA's major version) in this process.
+// Only where cuDNN's fused attention is built (SW_HAVE_CUDNN_SDPA); the definitions of the
+// frontend's nvrtc* entry points then come from lazy_load.cpp, and a failure to load the
+// library is an sw::Error naming it.
+bool nvrtc_loaded();
 
 }  // namespace sw::cuda
