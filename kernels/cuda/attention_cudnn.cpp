@@ -24,6 +24,8 @@
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 #include <cudnn_frontend.h>
+
+#include "kernels/cuda/lazy_load.h"
 #endif
 
 namespace sw::cuda {
@@ -134,8 +136,12 @@ std::shared_ptr<fe::graph::Graph> define(const AttnShape& s, bool backward, int 
 // (handle), or, without one, for the device g's properties describe (handle null: cuDNN's
 // ahead-of-time path). Returns "" or the step that failed with cuDNN's reason.
 std::string finish(fe::graph::Graph& g, cudnnHandle_t h, int64_t* workspace) {
-  auto refused = [](const char* step, fe::error_t e) {
-    return std::string(step) + ": " + e.get_message();
+  // cuDNN's engines compiled at run time open libnvrtc, which no executable links (lazy_load.h).
+  const std::string nvrtc_missing = nvrtc_preload();
+  auto refused = [&](const char* step, fe::error_t e) {
+    return std::string(step) + ": " + e.get_message() +
+           (nvrtc_missing.empty() ? "" : " (NVRTC, for cuDNN's run-time compiled engines: " +
+                                             nvrtc_missing + ")");
   };
   fe::error_t e = g.validate();
   if (!e.is_good()) return refused("validate", e);

@@ -137,8 +137,18 @@ const NvrtcApi& nvrtc() {
 }  // namespace
 
 bool nvrtc_loaded() { return g_nvrtc_loaded.load(); }
+
+std::string nvrtc_preload() {
+  try {
+    nvrtc();
+    return "";
+  } catch (const std::exception& e) {  // (a static whose initialiser threw is tried again)
+    return e.what();
+  }
+}
 #else
 bool nvrtc_loaded() { return false; }
+std::string nvrtc_preload() { return "this build has no cuDNN attention"; }
 #endif
 
 }  // namespace sw::cuda

@@ -18,6 +18,8 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
+#include <string>
+
 namespace sw::cuda {
 
 // The exported forms of the two products C++ overloads (cublas_api.h adds inline ones taking a
@@ -62,10 +64,15 @@ const CublasApi& cublas_api();
 // not).
 bool cublas_loaded();
 
-// Whether an nvrtc* call has loaded libnvrtc.so.<major> (CUDA's major version) in this process.
-// Only where cuDNN's fused attention is built (SW_HAVE_CUDNN_SDPA); the definitions of the
-// frontend's nvrtc* entry points then come from lazy_load.cpp, and a failure to load the
-// library is an sw::Error naming it.
+// Whether libnvrtc.so.<major> (CUDA's major version) is loaded in this process: by an nvrtc*
+// call or nvrtc_preload(). Only where cuDNN's fused attention is built (SW_HAVE_CUDNN_SDPA); the
+// definitions of the frontend's nvrtc* entry points then come from lazy_load.cpp, and a failure
+// to load the library is an sw::Error naming it.
 bool nvrtc_loaded();
+// Loads libnvrtc (RTLD_GLOBAL) if it is not yet: "" once it is, else why not (each call retries).
+// cuDNN's own run-time compiled engines (its SDPA among them) open libnvrtc by its soname,
+// which then finds this copy: attention_cudnn.cpp calls it before building a graph, so those
+// engines see the library a linked one gave them, found the same way.
+std::string nvrtc_preload();
 
 }  // namespace sw::cuda

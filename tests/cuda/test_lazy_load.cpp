@@ -7,6 +7,8 @@
 
 #include <cublasLt.h>
 #ifdef SW_HAVE_CUDNN_SDPA
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <nvrtc.h>
 #endif
 
@@ -125,5 +127,13 @@ TEST_CASE("NVRTC is loaded by the first nvrtc call, which compiles through the l
         NVRTC_ERROR_COMPILATION);
   CHECK(log.find("undeclared_name") != std::string::npos);
   CHECK(cubin.empty());
+
+  // What cuDNN's run-time compiled engines do: open the library by its soname, which finds the
+  // copy loaded here (attention_cudnn.cpp preloads it before building a graph).
+  CHECK(sw::cuda::nvrtc_preload().empty());
+  const std::string soname = "libnvrtc.so." + std::to_string(CUDART_VERSION / 1000);
+  void* h = dlopen(soname.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  CHECK(h != nullptr);
+  if (h) dlclose(h);
 }
 #endif
