@@ -34,6 +34,7 @@
 #include "checkpoint/hf_export.h"
 #include "checkpoint/hf_layout.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/save_memory.h"
 #include "core/alloc.h"
 #include "core/env.h"
 #include "core/error.h"
@@ -352,9 +353,9 @@ void alloc_image(CheckpointSnapshot& s, bool huge) {
     const size_t skip = (kAioAlign - reinterpret_cast<uintptr_t>(s.data.data()) % kAioAlign) % kAioAlign;
     return s.data.bytes() >= need + skip;
   };
-  if (!fits()) {
-    s.data = Buffer(need, Mem::Checkpoint);
-    if (!fits()) s.data = Buffer(need + kAioAlign, Mem::Checkpoint);
+  if (!fits()) {  // (host memory whatever the model's device: the host tier)
+    s.data = Buffer(need, Mem::Checkpoint, Device::cpu(), Tier::Host);
+    if (!fits()) s.data = Buffer(need + kAioAlign, Mem::Checkpoint, Device::cpu(), Tier::Host);
   }
   auto* p = static_cast<unsigned char*>(s.data.data());
   s.image = p + (kAioAlign - reinterpret_cast<uintptr_t>(p) % kAioAlign) % kAioAlign;
@@ -468,9 +469,12 @@ constexpr int kIoDepth = 32;
 // Synchronous saves: the model's memory is not aligned like the file, so it is copied (and
 // checksummed in the same pass) into a ring of kRing staging chunks of kStageChunk bytes
 // (128 MiB while a save runs); the disk writes kRing - 1 chunks while the next is filled.
-constexpr size_t kStageChunk = size_t{8} << 20;
-constexpr int kRing = 16;
-static_assert(kStageChunk % kAioAlign == 0, "staging chunks keep file offsets aligned");
+// (Mapped for the save alone: the cache would keep them resident between saves. The planner
+// counts them while a save runs: save_memory.h.)
+constexpr size_t kStageChunk = size_t{kCkptStageChunk};
+constexpr int kRing = kCkptRing;
+static_assert(kStageChunk % kAioAlign == 0 && kCkptAlign == kAioAlign,
+              "staging chunks keep file offsets aligned");
 
 // SHARDWISE_CKPT_O_DIRECT=0: buffered shard reads and writes (the same bytes through the page
 // cache), for file systems whose O_DIRECT misbehaves and for tests comparing the two.
@@ -555,7 +559,7 @@ void write_main(const CheckpointSnapshot& s, const std::string& tmp_dir) {
       // (No more chunks than the file needs: a small checkpoint takes one, not 128 MiB.)
       const uint64_t chunks = (total + kStageChunk - 1) / kStageChunk;
       for (uint64_t i = 0; i < std::min<uint64_t>(kRing, chunks); ++i)
-        ring.push_back(aligned_staging(kStageChunk));
+        ring.push_back(aligned_staging(kStageChunk, Mem::Checkpoint, Tier::Host, true, true));
       const int R = static_cast<int>(ring.size());
       // The file is produced in order: the header, then each tensor's blocks. A chunk is a
       // list of runs (one tensor's bytes inside the chunk), each cut into segments at block
@@ -985,7 +989,9 @@ void load_file(const SafeTensorsReader& r, uint64_t block_bytes,
   const size_t want = std::min(kLoadRing, pieces.size());
   if (ring.size() < want || (!ring.empty() && ring[0].capacity() < cap)) {
     ring.clear();
-    for (size_t i = 0; i < want; ++i) ring.push_back(aligned_staging(static_cast<size_t>(cap)));
+    for (size_t i = 0; i < want; ++i)
+      ring.push_back(
+          aligned_staging(static_cast<size_t>(cap), Mem::Checkpoint, Tier::Host, true, true));
   }
   const size_t R = ring.size();
   const AioFile f = AioFile::open(r.path(), /*writable=*/false, want_o_direct());

@@ -40,6 +40,8 @@ PlanSetup plan_setup(const TrainConfig& cfg, int world) {
   s.accum = cfg.grad_accum;
   s.on_device = cfg.device != "cpu";
   s.threads = cfg.threads;
+  s.checkpoint_saves = cfg.checkpoint.every_steps > 0;
+  s.checkpoint_async = cfg.checkpoint.async;
   // Resident (RSS): every token file of data.train / data.val (a file, directory or glob) and
   // the mask files beside them. A spec that names nothing counts 0 (the trainer reports it).
   for (const std::string& spec : {cfg.train_data, cfg.val_data}) {

@@ -874,9 +874,12 @@ class Run {
       const int64_t host = host_bytes(step_plan_);
       PlanInput pin = make_plan_input(model_, sm_->policy(), D_);
       pin.on_device = cfg_.device != "cpu";
-      const RssPrediction rss = predict_rss(step_plan_, pin, pk.total + ws, host,
-                                            int64_t(train_data_ ? train_data_->map_bytes() : 0) +
-                                                int64_t(val_data_ ? val_data_->map_bytes() : 0),
+      PlanSetup ps;
+      ps.data_bytes = int64_t(train_data_ ? train_data_->map_bytes() : 0) +
+                      int64_t(val_data_ ? val_data_->map_bytes() : 0);
+      ps.checkpoint_saves = cfg_.checkpoint.every_steps > 0;
+      ps.checkpoint_async = cfg_.checkpoint.async;
+      const RssPrediction rss = predict_rss(step_plan_, pin, pk.total + ws, host, ps,
                                             hw ? &*hw : nullptr);
       j["rss_bytes"] = rss.total;
       j["rss_baseline_bytes"] = rss.baseline;

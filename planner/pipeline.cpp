@@ -450,7 +450,7 @@ PipelinePrediction predict_pipeline(const PlanSetup& s, const HardwareProfile* h
     pr.device = dp.total;
     pr.host = host_bytes(pr.plan);
     pr.nvme = pr.plan.nvme_bytes;
-    pr.rss = predict_rss(pr.plan, in, pr.device, pr.host, s.data_bytes, hw);
+    pr.rss = predict_rss(pr.plan, in, pr.device, pr.host, s, hw);
     r.device_max.push_back(
         device_peak(upper[size_t(rank)], mc, in.B, in.T, mp, s.world, threads, s.on_device, &block)
             .total - tiles);

@@ -11,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "checkpoint/save_memory.h"
 #include "core/alloc.h"
 #include "core/bytes.h"
 #include "core/error.h"
@@ -246,17 +247,26 @@ int64_t default_baseline_rss(int world) {
   return (world > 1 ? int64_t{21} : int64_t{11}) << 20;
 }
 
+int64_t checkpoint_file_bytes(const PlanInput& in) {
+  int64_t floats = 0;
+  for (const PlanUnit& u : in.units)  // (sharded: the rank's shard; else the whole buffer)
+    floats += in.kind == UnitKind::Sharded ? u.padded / std::max(1, in.S) : u.padded;
+  return 3 * 4 * floats;
+}
+
 RssPrediction predict_rss(const StepPlan& plan, const PlanInput& in, int64_t device,
-                          int64_t host, int64_t data_bytes, const HardwareProfile* hw) {
+                          int64_t host, const PlanSetup& s, const HardwareProfile* hw) {
   RssPrediction r;
-  r.data = data_bytes;
+  r.data = s.data_bytes;
+  if (s.checkpoint_saves)
+    r.checkpoint = checkpoint_save_bytes(checkpoint_file_bytes(in), s.checkpoint_async);
   if (in.on_device) {  // device memory is not the process's RSS: the host tier, data, baseline
     r.tracked = host;
     r.baseline_measured = hw && hw->baseline_rss_bytes > 0;
     r.baseline = r.baseline_measured ? static_cast<int64_t>(hw->baseline_rss_bytes)
                                      : default_baseline_rss(in.W);
     r.untouched = untouched_staging_bytes(plan);
-    r.total = r.tracked + r.data + r.baseline - r.untouched;
+    r.total = r.tracked + r.data + r.baseline + r.checkpoint - r.untouched;
     return r;
   }
   r.tracked = device + host;
@@ -298,7 +308,7 @@ RssPrediction predict_rss(const StepPlan& plan, const PlanInput& in, int64_t dev
                           : hw                                        ? hw->baseline_rss_bytes
                                                                       : 0.0;
   r.baseline = r.baseline_measured ? static_cast<int64_t>(measured) : default_baseline_rss(in.W);
-  r.total = r.tracked + r.rounding + r.data + r.baseline - r.untouched;
+  r.total = r.tracked + r.rounding + r.data + r.baseline + r.checkpoint - r.untouched;
   return r;
 }
 
@@ -432,7 +442,7 @@ PlanPrediction predict_plan(Model model, const PlanSetup& s, const HardwareProfi
   r.device = dp.total;
   r.host = host_bytes(r.plan);
   r.nvme = r.plan.nvme_bytes;
-  r.rss = predict_rss(r.plan, r.input, r.device, r.host, s.data_bytes, hw);
+  r.rss = predict_rss(r.plan, r.input, r.device, r.host, s, hw);
   if (hw) {
     const TimeInputs ti = time_inputs(model, r.input);
     r.time = predict_step_time(r.plan, r.input, ti, *hw);

@@ -59,6 +59,9 @@ struct PlanSetup {
   int blocks_per_unit = 1;
   int micro_batch = 1, accum = 1;
   int64_t data_bytes = 0;  // the token files (data.train, data.val): mapped and read whole
+  // Checkpoint saves (checkpoint.every_steps > 0, checkpoint.async): their host memory
+  // (RssPrediction::checkpoint).
+  bool checkpoint_saves = false, checkpoint_async = false;
   bool on_device = false;  // the config's device is not the CPU (PlanInput::on_device)
   int threads = 0;         // the config's threads per rank (0: the cores among the ranks)
   // Tensor parallelism (parallelism.tensor_parallel_degree): world = data-parallel ranks x
@@ -120,11 +123,15 @@ DevicePeak device_peak(const StepPlan& plan, const ModelConfig& mc, int B, int T
 // On a device (PlanInput::on_device) the device tier is not resident memory: tracked is the
 // host tier alone, no rounding is counted, and the CUDA runtime's own memory is not modelled.
 struct RssPrediction {
-  // total = tracked + rounding + data + baseline - untouched. untouched: pages of the NVMe
-  // staging buffers that no transfer of the plan writes (each buffer is sized for the largest
-  // unit's shard or optimizer piece; buffers are not zeroed, so pages nobody writes are never
-  // resident).
+  // total = tracked + rounding + data + baseline + checkpoint - untouched. untouched: pages of
+  // the NVMe staging buffers that no transfer of the plan writes (each buffer is sized for the
+  // largest unit's shard or optimizer piece; buffers are not zeroed, so pages nobody writes are
+  // never resident). checkpoint: what a save holds (checkpoint/save_memory.h) where the run
+  // saves: an async save's snapshot of the rank's master weights and moments, held for the
+  // run; a sync save's staging ring while it runs (between steps: the step's blocks stay
+  // cached, so it adds to their peak).
   int64_t tracked = 0, rounding = 0, data = 0, baseline = 0, untouched = 0, total = 0;
+  int64_t checkpoint = 0;
   bool baseline_measured = false;  // from the profile, not the default
 };
 // Measured once on the development machine (a 2-core EPYC VM, OpenBLAS, OpenMPI 4, 2 OpenMP
@@ -137,7 +144,10 @@ int64_t default_baseline_rss(int world);
 // The bytes of the plan's NVMe staging buffers that none of its transfers writes (whole pages).
 int64_t untouched_staging_bytes(const StepPlan& plan);
 RssPrediction predict_rss(const StepPlan& plan, const PlanInput& in, int64_t device,
-                          int64_t host, int64_t data_bytes, const HardwareProfile* hw);
+                          int64_t host, const PlanSetup& s, const HardwareProfile* hw);
+// The bytes of a rank's checkpoint shard file: its share of every unit's master weights and
+// AdamW moments in fp32 (checkpoint/sharded_checkpoint.cpp; the header's few KB aside).
+int64_t checkpoint_file_bytes(const PlanInput& in);
 
 // A call of a unit that does not declare its activation sizes (Unit::declare_activations
 // returns known = false) at a batch shape.

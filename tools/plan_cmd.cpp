@@ -410,6 +410,7 @@ void print_plan_json(const PlanReport& r) {
          {"rss_bytes", pred.rss.total},
          {"rss", {{"tracked_bytes", pred.rss.tracked}, {"rounding_bytes", pred.rss.rounding},
                   {"data_bytes", pred.rss.data},
+                  {"checkpoint_bytes", pred.rss.checkpoint},
                   {"untouched_staging_bytes", pred.rss.untouched},
                   {"baseline_bytes", pred.rss.baseline},
                   {"baseline_measured", pred.rss.baseline_measured}}},
@@ -494,14 +495,17 @@ void print_plan_text(const PlanReport& r) {
               host ? ")" : "");
   std::printf("  nvme        %s%s\n", gib(plan.nvme_bytes).c_str(),
               plan.nvme_bytes ? " (offload files)" : "");
+  const std::string ckpt =
+      pred.rss.checkpoint == 0 ? "" : " + checkpoint saves " + gib(pred.rss.checkpoint);
   std::printf("  process RSS %s = %s + allocator rounding %s + token files %s + "
-              "process baseline %s (%s)%s\n",
+              "process baseline %s (%s)%s%s\n",
               gib(pred.rss.total).c_str(),
               pred.input.on_device ? "host (the device's memory is not resident here)"
                                    : "device + host",
               gib(pred.rss.rounding).c_str(), gib(pred.rss.data).c_str(),
               gib(pred.rss.baseline).c_str(),
               pred.rss.baseline_measured ? "calibrated" : "default: run `plan --calibrate`",
+              ckpt.c_str(),
               pred.rss.untouched ? (" - staging pages no transfer writes " + gib(pred.rss.untouched)).c_str() : "");
   std::printf("DeepSpeed's model-states estimate: %s per rank (%s)\n", gib(r.ds).c_str(),
               r.ds_formula.c_str());

@@ -209,11 +209,11 @@ TEST_CASE("ckpt io: reserved snapshot memory is taken over by the first snapshot
   st.step = 1;
   SnapshotPtr reserved = reserve_snapshot(sm);
   prefault_snapshot(*reserved);
-  MemTracker::global().reset_peaks();
-  const size_t before = MemTracker::global().current(Mem::Checkpoint);
+  MemTracker::of(Tier::Host).reset_peaks();
+  const size_t before = MemTracker::of(Tier::Host).current(Mem::Checkpoint);
   CHECK(before >= static_cast<size_t>(snapshot_bytes(*reserved)));
   SnapshotPtr snap = snapshot_checkpoint(sm, st, std::move(reserved));
-  CHECK(MemTracker::global().peak(Mem::Checkpoint) == before);  // no second buffer
+  CHECK(MemTracker::of(Tier::Host).peak(Mem::Checkpoint) == before);  // no second buffer
   write_snapshot(*snap, dir.file("a.tmp"));
   REQUIRE(commit_checkpoint(sm.group(), *snap, true, dir.file("a.tmp"), dir.file("a")));
   save_checkpoint(sm, st, dir.file("b"));

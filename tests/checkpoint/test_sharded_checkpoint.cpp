@@ -19,6 +19,7 @@
 #include "checkpoint/crc32c.h"
 #include "checkpoint/export.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/save_memory.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "tests/checkpoint/ckpt_state_util.h"
 #include "core/alloc.h"
@@ -171,11 +172,11 @@ TEST_CASE("checkpoint: direct save and (reused) snapshot write identical files",
   train(sm, 1);
   st.step = 2;
   // Reusing `first`'s memory: no second full-size buffer is ever allocated.
-  MemTracker::global().reset_peaks();
-  const size_t before = MemTracker::global().current(Mem::Checkpoint);
-  CHECK(before >= static_cast<size_t>(snapshot_bytes(*first)));  // snapshots count as checkpoint
+  MemTracker::of(Tier::Host).reset_peaks();
+  const size_t before = MemTracker::of(Tier::Host).current(Mem::Checkpoint);
+  CHECK(before >= static_cast<size_t>(snapshot_bytes(*first)));  // checkpoint, host tier
   SnapshotPtr snap = snapshot_checkpoint(sm, st, std::move(first));
-  CHECK(MemTracker::global().peak(Mem::Checkpoint) == before);
+  CHECK(MemTracker::of(Tier::Host).peak(Mem::Checkpoint) == before);
   save_checkpoint(sm, st, dir.file("direct"));
   const auto master2 = state(sm, SK::Master);
   train(sm, 1);  // the snapshot must not see this step
@@ -381,4 +382,37 @@ TEST_CASE("checkpoint: shardwise ckpt verify / inspect / export", "[checkpoint][
                       Catch::Contains("rank_0.safetensors: tensor 'u") &&
                       Catch::Contains("checksum mismatch"));
   CHECK(std::count(err.begin(), err.end(), '\n') == 1);
+}
+
+// What a save holds in host memory, as the planner counts it (checkpoint/save_memory.h): a
+// synchronous save's staging ring (mapped for the save alone: nothing stays resident or
+// cached after it) and an asynchronous save's snapshot image (held), each against the shard
+// file the save wrote.
+TEST_CASE("checkpoint: a save's host memory is what checkpoint_save_bytes says", "[checkpoint]") {
+  sttest::TempDir dir("ckpt_memory");
+  ModelConfig c = tiny();
+  c.vocab_size = 4099;
+  c.d_model = 128;
+  Model m = build_model(c);
+  ShardedModel sm(m, cpu(), 5);
+  train(sm, 1);
+  TrainState st;
+  st.step = 1;
+  MemTracker& host = MemTracker::of(Tier::Host);
+  release_cached();
+  const size_t before = host.current(Mem::Checkpoint), cached0 = cached_bytes();
+  host.reset_peaks();
+  save_checkpoint(sm, st, dir.file("sync"));
+  const int64_t file =
+      int64_t(std::filesystem::file_size(dir.file("sync") + "/rank_0.safetensors"));
+  REQUIRE(file > (int64_t{9} << 20));  // more than one staging chunk
+  CHECK(int64_t(host.peak(Mem::Checkpoint) - before) == checkpoint_save_bytes(file, false));
+  CHECK(host.current(Mem::Checkpoint) == before);
+  CHECK(cached_bytes() == cached0);  // the ring went back to the OS, not to the cache
+
+  SnapshotPtr snap = snapshot_checkpoint(sm, st);
+  const int64_t held = int64_t(host.current(Mem::Checkpoint) - before);
+  CHECK(held <= checkpoint_save_bytes(file, true));
+  CHECK(held >= file);
+  CHECK(file - snapshot_bytes(*snap) < 65536);  // (snapshot_bytes: the data, not the header)
 }

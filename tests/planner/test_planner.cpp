@@ -20,6 +20,8 @@
 
 #include "../common/mpi_test_util.h"
 #include "../common/temp_dir.h"
+#include "checkpoint/save_memory.h"
+#include "checkpoint/sharded_checkpoint.h"
 #include "core/error.h"
 #include "engine/config.h"
 #include "engine/plan_setup.h"
@@ -778,6 +780,49 @@ TEST_CASE("plan: predicted RSS is tracked + rounding + token files + the process
   bad["process"] = {{"baseline_rss_bytes", -1}};
   CHECK_THROWS_WITH(hardware_from_json_text(bad.dump(), "h.json"),
                     Catch::Contains("process.baseline_rss_bytes"));
+}
+
+// The RSS model's checkpoint term: a rank's shard file as the planner sizes it against the
+// file a save writes (its data: the rank's master weights and two AdamW moments), and the
+// plan's figure for a run that saves (checkpoint.every_steps): the sync staging ring or the
+// async snapshot (checkpoint/save_memory.h, whose figures the checkpoint tests hold a save to).
+TEST_CASE("plan: checkpoint saves add what a save of the rank's shard file holds", "[planner]") {
+  swtest::TempDir dir("planner_ckpt");
+  ModelConfig mc = swtest::tiny_config("gpt2", 2);
+  mc.vocab_size = 4099, mc.d_model = 128, mc.n_head = 2;
+  Model m = build_model(mc);
+  const ShardingPolicy pol = ShardingPolicy::for_strategy(ShardingStrategy::FullShard);
+  ShardedModel sm(m, ops_for(Device::cpu()), 3, make_local_group(), pol);
+  save_checkpoint(sm, TrainState{}, (dir.path / "ck").string());
+  const int64_t file = int64_t(fs::file_size(dir.path / "ck" / "rank_0.safetensors"));
+  const int64_t predicted = checkpoint_file_bytes(make_plan_input(m, pol, 1));
+  CHECK(predicted <= file);
+  CHECK(file - predicted < 65536);  // the header
+  REQUIRE(file > (int64_t{9} << 20));  // two staging chunks
+
+  write_config(dir.path / "cfg.json");
+  auto rss_of = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"plan", "cfg.json", "--world-size", "2", "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const Run r = shardwise(args, dir.path);
+    REQUIRE(r.rc == 0);
+    return nlohmann::json::parse(r.out)["ranks"][0];
+  };
+  const nlohmann::json off = rss_of({});
+  CHECK(off["rss"]["checkpoint_bytes"].get<int64_t>() == 0);
+  for (const bool async : {false, true}) {
+    INFO("async " << async);
+    const std::string mode = std::string("checkpoint.async=") + (async ? "true" : "false");
+    const nlohmann::json on = rss_of({"--set", "checkpoint.every_steps=10", "--set", mode});
+    ModelConfig tc;  // write_config's model, at its 2 ranks
+    tc.type = "gpt2", tc.vocab_size = 256, tc.n_layer = 4, tc.n_head = 2, tc.d_model = 64;
+    tc.seq_len = 64;
+    const int64_t shard = checkpoint_file_bytes(make_plan_input(build_model(tc), pol, 2));
+    const int64_t ck = on["rss"]["checkpoint_bytes"].get<int64_t>();
+    CHECK(ck == checkpoint_save_bytes(shard, async));
+    CHECK(on["rss_bytes"].get<int64_t>() == off["rss_bytes"].get<int64_t>() + ck);
+    CHECK(on["tiers"]["device"]["peak_bytes"] == off["tiers"]["device"]["peak_bytes"]);
+  }
 }
 
 // The RSS model's staging term against the kernel's own count: with parameters and the
