@@ -85,6 +85,8 @@ rows=(
   "gpt2m-np1-bf16|gpt2m|1|new|bf16.enabled=true"
   "llamam-np2-z2-optcpu|llamam|2|new|zero_optimization.stage=2 $opt_cpu"
   "llamam-np3-parnvme|llamam|3|new|$par_nvme $opt_nvme"
+  "gpt2s-np1-bf16-ckpt|gpt2s|1||bf16.enabled=true checkpoint.every_steps=2"
+  "llamam-np2-ckpt-async|llamam|2|new|checkpoint.every_steps=2 checkpoint.async=true"
 )
 want=("$@")
 
