@@ -49,6 +49,15 @@ ModelConfig tiny(const std::string& type = "gpt2") {
   return c;
 }
 
+// Tensors spanning several checksum blocks (256 KiB) and ending mid-block, a file of several
+// write chunks: wte is 4099 x 128 floats = 2.0 MiB + a partial block.
+ModelConfig wide() {
+  ModelConfig c = tiny();
+  c.vocab_size = 4099;
+  c.d_model = 128;
+  return c;
+}
+
 void train(ShardedModel& sm, int steps) { ckpttest::train(sm, steps, 48); }
 using ckpttest::bit_equal;
 using ckpttest::state;
@@ -159,10 +168,7 @@ TEST_CASE("checkpoint: save -> load is bit-identical (master, m, v, train state)
 // several checksum blocks (256 KiB), end mid-block, and the file spans several write chunks.
 TEST_CASE("checkpoint: direct save and (reused) snapshot write identical files", "[checkpoint]") {
   sttest::TempDir dir("ckpt_paths");
-  ModelConfig c = tiny();
-  c.vocab_size = 4099;  // wte: 4099 x 128 floats = 2.0 MiB + a partial block
-  c.d_model = 128;
-  Model m = build_model(c);
+  Model m = build_model(wide());
   ShardedModel sm(m, cpu(), 5);
   train(sm, 1);
   TrainState st;
@@ -185,7 +191,7 @@ TEST_CASE("checkpoint: direct save and (reused) snapshot write identical files",
   for (const char* f : {"/rank_0.safetensors", "/metadata.json"})
     CHECK(slurp(dir.file("direct") + f) == slurp(dir.file("snap") + f));
   verify_checkpoint(dir.file("snap"));
-  Model m2 = build_model(c);
+  Model m2 = build_model(wide());
   ShardedModel b(m2, cpu(), 99);
   CHECK(load_checkpoint(b, dir.file("snap")).step == 2);
   CHECK(bit_equal(state(b, SK::Master), master2));
@@ -390,10 +396,7 @@ TEST_CASE("checkpoint: shardwise ckpt verify / inspect / export", "[checkpoint][
 // file the save wrote.
 TEST_CASE("checkpoint: a save's host memory is what checkpoint_save_bytes says", "[checkpoint]") {
   sttest::TempDir dir("ckpt_memory");
-  ModelConfig c = tiny();
-  c.vocab_size = 4099;
-  c.d_model = 128;
-  Model m = build_model(c);
+  Model m = build_model(wide());
   ShardedModel sm(m, cpu(), 5);
   train(sm, 1);
   TrainState st;
