@@ -874,11 +874,9 @@ class Run {
       const int64_t host = host_bytes(step_plan_);
       PlanInput pin = make_plan_input(model_, sm_->policy(), D_);
       pin.on_device = cfg_.device != "cpu";
-      PlanSetup ps;
+      PlanSetup ps = plan_setup(cfg_, W_);  // (the config as `plan` sees it; the data mapped)
       ps.data_bytes = int64_t(train_data_ ? train_data_->map_bytes() : 0) +
                       int64_t(val_data_ ? val_data_->map_bytes() : 0);
-      ps.checkpoint_saves = cfg_.checkpoint.every_steps > 0;
-      ps.checkpoint_async = cfg_.checkpoint.async;
       const RssPrediction rss = predict_rss(step_plan_, pin, pk.total + ws, host, ps,
                                             hw ? &*hw : nullptr);
       j["rss_bytes"] = rss.total;

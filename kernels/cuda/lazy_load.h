@@ -5,7 +5,7 @@
 // Why: libcublasLt runs ~6,500 static constructors when it is loaded, which fill ~200 MB of its
 // data: a process that links it is 212 MB resident (and ~70 ms older) before main(), whether or
 // not it ever uses a GPU (a CPU rank of `shardwise train`: 262 MB at start, 50 MB without).
-// libnvrtc's make another 27 MB. So the executables link neither. The backend calls cuBLAS
+// Loading libnvrtc costs another 27 MB. So the executables link neither. The backend calls cuBLAS
 // through the pointers below, resolved with dlopen / dlsym on the first call of cublas_api()
 // (the first CUDA Ops' device set-up); the cuDNN frontend's calls of nvrtc* resolve to
 // definitions in lazy_load.cpp that load libnvrtc on their first call. A CPU-only process

@@ -810,14 +810,13 @@ TEST_CASE("plan: checkpoint saves add what a save of the rank's shard file holds
   };
   const nlohmann::json off = rss_of({});
   CHECK(off["rss"]["checkpoint_bytes"].get<int64_t>() == 0);
+  // The config's model at its 2 ranks.
+  const ModelConfig tc = load_config((dir.path / "cfg.json").string()).model;
+  const int64_t shard = checkpoint_file_bytes(make_plan_input(build_model(tc), pol, 2));
   for (const bool async : {false, true}) {
     INFO("async " << async);
     const std::string mode = std::string("checkpoint.async=") + (async ? "true" : "false");
     const nlohmann::json on = rss_of({"--set", "checkpoint.every_steps=10", "--set", mode});
-    ModelConfig tc;  // write_config's model, at its 2 ranks
-    tc.type = "gpt2", tc.vocab_size = 256, tc.n_layer = 4, tc.n_head = 2, tc.d_model = 64;
-    tc.seq_len = 64;
-    const int64_t shard = checkpoint_file_bytes(make_plan_input(build_model(tc), pol, 2));
     const int64_t ck = on["rss"]["checkpoint_bytes"].get<int64_t>();
     CHECK(ck == checkpoint_save_bytes(shard, async));
     CHECK(on["rss_bytes"].get<int64_t>() == off["rss_bytes"].get<int64_t>() + ck);
