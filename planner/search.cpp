@@ -249,8 +249,9 @@ int64_t default_baseline_rss(int world) {
 
 int64_t checkpoint_file_bytes(const PlanInput& in) {
   int64_t floats = 0;
-  for (const PlanUnit& u : in.units)  // (sharded: the rank's shard; else the whole buffer)
-    floats += in.kind == UnitKind::Sharded ? u.padded / std::max(1, in.S) : u.padded;
+  // ShardedModel::owned_range: whatever the unit kind, the rank's shard of the S-way split,
+  // cut again among the R replicas that hold it: a 1 / (S x R) part.
+  for (const PlanUnit& u : in.units) floats += u.padded / std::max(1, in.S * in.R);
   return 3 * 4 * floats;
 }
 

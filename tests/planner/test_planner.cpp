@@ -799,6 +799,14 @@ TEST_CASE("plan: checkpoint saves add what a save of the rank's shard file holds
   CHECK(predicted <= file);
   CHECK(file - predicted < 65536);  // the header
   REQUIRE(file > (int64_t{9} << 20));  // two staging chunks
+  // Every rank writes the same part whatever the strategy (owned_range): at 2 ranks, half.
+  for (ShardingStrategy st : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
+                              ShardingStrategy::NoShard}) {
+    INFO("strategy " << int(st));
+    const int64_t half =
+        checkpoint_file_bytes(make_plan_input(m, ShardingPolicy::for_strategy(st), 2));
+    CHECK(std::abs(2 * half - predicted) <= predicted / 100);  // (padding aside)
+  }
 
   write_config(dir.path / "cfg.json");
   auto rss_of = [&](std::vector<std::string> extra) {
