@@ -70,9 +70,10 @@ else:
 # rounds_table LABELS RATIOS COL...: one row per round of the columns (each COL the rounds'
 # tokens/s, space-separated; LABELS "a|b|c" names them) and the ratios RATIOS names
 # ("i/j:label ..."), then the best, mean and median rows (ratios of those figures) and the
-# per-round ratios' median and range.
+# per-round ratios' median and range, and a 90% interval of the ratio of the means.
 rounds_table() {
   "$py" - "$@" <<'PY'
+import random
 import statistics as st
 import sys
 labels = sys.argv[1].split("|")
@@ -90,9 +91,19 @@ for i in range(len(cols[0])):
     row(f"{i + 1:5d}", [c[i] for c in cols])
 for name, f in (("best", max), ("mean", st.mean), ("median", st.median)):
     row(name, [f(c) for c in cols])
+# The ratio of the means with a 90% interval from resampling whole rounds (each round's figures
+# stay together: they ran back to back, in the same spell of a shared machine), fixed seed.
+rng = random.Random(1)
+n = len(cols[0])
+picks = [[rng.randrange(n) for _ in range(n)] for _ in range(4000)] if n > 1 else []
 for a, b, name in ratios:
     r = [x / y for x, y in zip(cols[a], cols[b])]
-    print(f"per-round {name}: median {st.median(r):.2f}x, range {min(r):.2f}-{max(r):.2f}x")
+    line = f"per-round {name}: median {st.median(r):.2f}x, range {min(r):.2f}-{max(r):.2f}x"
+    if picks:
+        boot = sorted(sum(cols[a][i] for i in p) / sum(cols[b][i] for i in p) for p in picks)
+        lo, hi = boot[len(boot) // 20], boot[-len(boot) // 20 - 1]
+        line += f"; mean ratio 90% interval {lo:.2f}-{hi:.2f}x"
+    print(line)
 PY
 }
 
