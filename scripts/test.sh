@@ -3,7 +3,8 @@
 # Extra arguments go to ctest, e.g. `bash scripts/test.sh -L unit` for the quick subset.
 #
 # Sanitizer passes (docs/ARCHITECTURE.md, "Fuzzing and sanitizers"), each in its own build
-# directory (-O1, no CUDA, no benchmarks), with the suppressions in scripts/sanitizers/:
+# directory (-O1, the tests' own sources -O0, no CUDA, no benchmarks), with the suppressions in
+# scripts/sanitizers/:
 #   --sanitize=address,undefined  build-asan: ASan + UBSan (any report fails the test); runs the
 #                                 unit and mpi labels unless ctest arguments are given.
 #   --sanitize=thread             build-tsan: TSan; runs the tests with threads of their own
@@ -24,7 +25,9 @@ for a in "$@"; do
 done
 bash scripts/setup.sh
 if [[ -z "$sanitize" ]]; then
-  bash scripts/build.sh
+  # The tests' own sources at -O1 (tests/CMakeLists.txt, SW_TEST_OPT): the library they check
+  # stays at -O3, and their compile time falls by 40%.
+  CMAKE_ARGS="${CMAKE_ARGS:-} -DSW_TEST_OPT=-O1" bash scripts/build.sh
   cd build
   ctest --output-on-failure -j "${CTEST_JOBS:-2}" --timeout 900 "${args[@]}"
   exit
@@ -63,13 +66,17 @@ esac
 flags="$flags -fno-omit-frame-pointer -g1 -O1 -DNDEBUG"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=None "-DCMAKE_CXX_FLAGS=$flags" \
   "-DCMAKE_C_FLAGS=$flags" "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=$sanitize" -DSW_CUDA=OFF \
-  -DSW_BENCH=OFF "${cmake_extra[@]}" >/dev/null
+  -DSW_BENCH=OFF -DSW_TEST_OPT=-O0 "${cmake_extra[@]}" >/dev/null
 cmake --build "$build" -j "${JOBS:-$(nproc)}"
 cd "$build"
 run() { ctest --output-on-failure -j "${CTEST_JOBS:-2}" --timeout 1800 "$@"; }
 if [[ -n "${asan_default:-}" ]]; then
   rc=0
-  run -L unit || rc=1
+  # Three numeric-curve tests take 320 s of the unit label's 410 s under ASan (hundreds of
+  # training steps through kernels the other tests cover); they run in the normal pass.
+  curves='^(search: the rule changes the real search|fp8: training tracks bf16'
+  curves+='|mixed precision: bf16 and fp16 track the fp32 loss curve)'
+  run -L unit -E "$curves" || rc=1
   # mixed_precision_np4_mp_hybrid_shard: its bf16 parameter tolerance (0.05) is calibrated on
   # the -O3 build's summation order; at -O1 it measures 0.0519 (no sanitizer report). It runs
   # in the normal pass.
