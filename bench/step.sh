@@ -15,6 +15,9 @@
 #   peers             Shardwise, the tuned PyTorch (--tuned) and the plain one per round, in
 #                     TORCH_DTYPE (bf16: Shardwise --compute bf16); per-round ratios, means,
 #                     medians (issue 39 point 5: bf16, d 384, 6 layers, vocab 8192, B 8)
+#   pool              no runs: `MODE=pool bench/step.sh LOG...` pools the rounds of peers runs'
+#                     saved output (their "round N: shardwise ..." lines) into one table, the
+#                     interval resampled over all of them
 #   memory            per-rank memory of STRATEGY at world 1, 2 and 4 (MEM_ARGS: the shape for
 #                     all three, default a 6-layer d=512 GPT-2 so that 4 ranks fit beside the
 #                     other jobs on this machine); model state should fall as 1/N
@@ -24,6 +27,7 @@
 # needs torch >= 2.4, e.g. from PyPI in a venv).
 case "${1:-}" in -h | --help) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; exit 0 ;; esac
 set -euo pipefail
+logs=("$@")
 build=${1:-build}
 shift || true
 [ "${1:-}" = "--" ] && shift
@@ -193,6 +197,19 @@ elif [ "$mode" = peers ]; then
   done
   rounds_table "shardwise tok/s|tuned tok/s|plain tok/s" "0/1:/tuned 0/2:/plain" \
     "${sw[*]}" "${tu[*]}" "${pl[*]}"
+elif [ "$mode" = pool ]; then
+  ((${#logs[@]})) || { echo "step.sh: MODE=pool needs the peers runs' logs" >&2; exit 2; }
+  sw=() tu=() pl=()
+  for f in "${logs[@]}"; do
+    [ -r "$f" ] || { echo "step.sh: $f: cannot read" >&2; exit 2; }
+    while read -r _ _ _ s _ t _ p; do
+      sw+=("$s") tu+=("$t") pl+=("$p")
+    done < <(grep -E '^round [0-9]+: shardwise ' "$f")
+  done
+  ((${#sw[@]})) || { echo "step.sh: no 'round N: shardwise' lines in ${logs[*]}" >&2; exit 2; }
+  echo "pooled: ${#sw[@]} rounds from ${#logs[@]} run(s)"
+  rounds_table "shardwise tok/s|tuned tok/s|plain tok/s" "0/1:/tuned 0/2:/plain" \
+    "${sw[*]}" "${tu[*]}" "${pl[*]}"
 elif [ "$mode" = memory ]; then
   read -r -a mem_args <<<"${MEM_ARGS:---d 512 --layers 6 --heads 8 --T 128 --B 2}"
   for np in 1 2 4; do
@@ -205,6 +222,6 @@ elif [ "$mode" = memory ]; then
     fi
   done
 else
-  echo "step.sh: unknown MODE '$mode' (single, mpi, bf16, peers or memory)" >&2
+  echo "step.sh: unknown MODE '$mode' (single, mpi, bf16, peers, pool or memory)" >&2
   exit 2
 fi
