@@ -111,6 +111,13 @@ for a, b, name in ratios:
 PY
 }
 
+# The peers table over the rounds in sw, tu, pl (MODE=peers runs them; MODE=pool reads their
+# "round N: shardwise S  tuned T  plain P" lines back from saved output).
+peers_table() {
+  rounds_table "shardwise tok/s|tuned tok/s|plain tok/s" "0/1:/tuned 0/2:/plain" \
+    "${sw[*]}" "${tu[*]}" "${pl[*]}"
+}
+
 if [ "$mode" = single ]; then
   args=(--threads "$threads" --steps "$steps" "$@")
   torch_args=(--threads "$threads" --steps "$steps" --dtype "${TORCH_DTYPE:-fp32}" "${shape[@]}")
@@ -195,8 +202,7 @@ elif [ "$mode" = peers ]; then
     pl+=("$(echo "$line" | tps_or_nan)")
     echo "round $r: shardwise ${sw[-1]}  tuned ${tu[-1]}  plain ${pl[-1]}" >&2
   done
-  rounds_table "shardwise tok/s|tuned tok/s|plain tok/s" "0/1:/tuned 0/2:/plain" \
-    "${sw[*]}" "${tu[*]}" "${pl[*]}"
+  peers_table
 elif [ "$mode" = pool ]; then
   ((${#logs[@]})) || { echo "step.sh: MODE=pool needs the peers runs' logs" >&2; exit 2; }
   sw=() tu=() pl=()
@@ -208,8 +214,7 @@ elif [ "$mode" = pool ]; then
   done
   ((${#sw[@]})) || { echo "step.sh: no 'round N: shardwise' lines in ${logs[*]}" >&2; exit 2; }
   echo "pooled: ${#sw[@]} rounds from ${#logs[@]} run(s)"
-  rounds_table "shardwise tok/s|tuned tok/s|plain tok/s" "0/1:/tuned 0/2:/plain" \
-    "${sw[*]}" "${tu[*]}" "${pl[*]}"
+  peers_table
 elif [ "$mode" = memory ]; then
   read -r -a mem_args <<<"${MEM_ARGS:---d 512 --layers 6 --heads 8 --T 128 --B 2}"
   for np in 1 2 4; do
